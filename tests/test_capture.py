@@ -1,0 +1,179 @@
+import pytest
+import torch
+
+from unicache_lib import stats as S
+from unicache_lib.capture import AttentionCapture, CaptureError, find_attention_modules
+from unicache_lib.capture.runner import capture_samples
+from unicache_lib.modality import SpanError, Spans
+
+
+def _hooks(model):
+    """Hooks installed by a capture (transformers adds hooks of its own, which are not counted)."""
+    return sum(isinstance(getattr(fn, "__self__", None), AttentionCapture)
+               for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks) for fn in d.values())
+
+
+def test_finds_language_and_vision_modules(llava):
+    model, _ = llava
+    lang = find_attention_modules(model)
+    assert [li for li, _ in lang.values()] == [0, 1, 2]
+    assert all("language_model" in n for n in lang)
+    vis = find_attention_modules(model, part="vision")
+    assert len(vis) == 2 and all("vision_tower" in n for n in vis)
+    assert len(find_attention_modules(model, part="all")) == 5
+    with pytest.raises(CaptureError, match="no attention modules matched"):
+        find_attention_modules(model, modules=["nope"])
+
+
+def test_outputs_identical_and_full_equals_stats(llava, one_input):
+    model, _ = llava
+    inputs, spans = one_input
+    n_hooks = _hooks(model)  # transformers keeps a few hooks of its own
+    with torch.no_grad():
+        ref = model(**inputs).logits
+        with AttentionCapture(model, "full", spans=spans) as full:
+            a = model(**inputs).logits
+        with AttentionCapture(model, "stats", spans=spans) as st:
+            b = model(**inputs).logits
+        way1 = model(**inputs, output_attentions=True).attentions
+    assert torch.equal(a, ref) and torch.equal(b, ref)
+    assert _hooks(model) == n_hooks
+    for r in full.result:
+        assert torch.equal(r.probs, way1[r.layer][0].float())
+        post = S.layer_statistics(r.probs, spans)
+        for k, v in st.result[r.layer].data.items():
+            assert torch.allclose(v.nan_to_num(), post[k].nan_to_num(), atol=1e-6), k
+
+
+def test_recompute_keeps_sdpa_and_matches_eager(random_llava_dir, llava, one_input):
+    from unicache_lib.zoo.loaders import load_understanding
+
+    eager, _ = llava
+    inputs, spans = one_input
+    sdpa, _ = load_understanding(str(random_llava_dir), attn_implementation="sdpa")
+    with torch.no_grad():
+        ref = sdpa(**inputs).logits
+        with AttentionCapture(sdpa, "recompute", spans=spans) as re:
+            out = sdpa(**inputs).logits
+        with AttentionCapture(eager, "stats", spans=spans) as st:
+            eager(**inputs)
+    assert torch.equal(out, ref)  # the forward itself stayed on sdpa
+    assert sdpa.config._attn_implementation == "sdpa"
+    for r in st.result:  # grouped-query heads (4 query, 2 key) handled
+        for k, v in r.data.items():
+            assert torch.allclose(re.result[r.layer].data[k].nan_to_num(), v.nan_to_num(), atol=1e-4), k
+
+
+def test_restored_after_exception(llava, one_input):
+    model, _ = llava
+    inputs, _ = one_input
+    before = _hooks(model)
+    with pytest.raises(RuntimeError, match="boom"):
+        with AttentionCapture(model, "stats"):
+            model(**inputs)
+            raise RuntimeError("boom")
+    assert _hooks(model) == before
+
+
+def test_recompute_restored_after_exception(random_llava_dir):
+    from unicache_lib.zoo.loaders import load_understanding
+
+    sdpa, _ = load_understanding(str(random_llava_dir), attn_implementation="sdpa")
+    with pytest.raises(KeyError):
+        with AttentionCapture(sdpa, "recompute"):
+            raise KeyError("x")
+    assert sdpa.config._attn_implementation == "sdpa"
+
+
+def test_sdpa_without_weights_names_the_fix(random_llava_dir, one_input):
+    from unicache_lib.zoo.loaders import load_understanding
+
+    sdpa, _ = load_understanding(str(random_llava_dir), attn_implementation="sdpa")
+    before = _hooks(sdpa)
+    with pytest.raises(CaptureError, match="attn_implementation='eager' or use capture mode 'recompute'"):
+        with AttentionCapture(sdpa, "stats"):
+            sdpa(**one_input[0])
+    assert _hooks(sdpa) == before
+
+
+def test_bad_inputs(llava, one_input, samples):
+    model, processor = llava
+    inputs, spans = one_input
+    before = _hooks(model)
+    with pytest.raises(CaptureError, match="recorded nothing"):
+        with AttentionCapture(model, "stats"):
+            pass
+    with pytest.raises(CaptureError, match="not an attention module"):
+        with AttentionCapture(model, modules=[r".*layers\.0\.mlp"]):
+            model(**inputs)
+    with pytest.raises(SpanError, match="spans cover"):
+        with AttentionCapture(model, "stats", spans=Spans.from_kinds([0] * (len(spans) - 1))):
+            model(**inputs)
+    with pytest.raises(CaptureError, match="layers \\[7\\] do not exist"):
+        AttentionCapture(model, layers=[7])
+    with pytest.raises(ValueError, match="mode must be"):
+        AttentionCapture(model, mode="everything")
+    b = processor(images=[samples[0].image, samples[3].image],
+                  text=["user : <image> what color is the circle ?", "user : <image> is there a red circle at all ?"],
+                  return_tensors="pt", padding=True)
+    assert (b["attention_mask"] == 0).any()
+    with pytest.raises(CaptureError, match="batch size 1"):
+        with AttentionCapture(model, "stats"):
+            model(**b)
+    assert _hooks(model) == before
+
+
+def test_nan_weights_are_reported(llava, one_input):
+    model, _ = llava
+    attn = model.model.language_model.layers[1].self_attn
+
+    def poison(mod, args, out):
+        w = out[1].clone()
+        w[0, 0, 0, 0] = float("nan")
+        return out[0], w
+
+    h = attn.register_forward_hook(poison)
+    try:
+        with pytest.raises(S.AttentionValueError, match="NaN/inf"):
+            with AttentionCapture(model, "stats", layers=[1]):
+                model(**one_input[0])
+    finally:
+        h.remove()
+
+
+def test_fp16_model_statistics_match_fp32(random_llava_dir, samples):
+    from unicache_lib.zoo.loaders import load_understanding
+
+    m32, proc = load_understanding(str(random_llava_dir))
+    m16, _ = load_understanding(str(random_llava_dir), dtype=torch.float16)
+    r32 = capture_samples(m32, proc, samples[:1], mode="stats", progress=False)
+    r16 = capture_samples(m16, proc, samples[:1], mode="stats", progress=False)
+    for a, b in zip(r32, r16):
+        assert b.data["entropy"].dtype == torch.float32
+        assert torch.allclose(a.data["entropy"], b.data["entropy"], atol=2e-2)
+        assert torch.allclose(a.data["blocks"], b.data["blocks"], atol=1e-2)
+
+
+def test_layer_subset_strides_and_wrappers(llava, one_input):
+    model, _ = llava
+    inputs, spans = one_input
+    wrapped = torch.nn.DataParallel(model)
+    with AttentionCapture(wrapped, "full", layers=[-1], query_stride=2, key_stride=3) as cap:
+        model(**inputs)
+    assert cap.result.layers == [2]
+    r = cap.result[-1]
+    S_ = len(spans)
+    assert r.probs.shape == (4, (S_ + 1) // 2, (S_ + 2) // 3)
+    compiled = torch.compile(model)  # only unwrapped here, never run
+    with AttentionCapture(compiled, "stats", layers=[0]) as cap2:
+        model(**inputs)
+    assert cap2.result.layers == [0]
+
+
+def test_capture_in_layer_batches_equals_one_pass(llava, samples):
+    model, proc = llava
+    one = capture_samples(model, proc, samples[:2], mode="full", progress=False)
+    batched = capture_samples(model, proc, samples[:2], mode="full", layer_batch=2, progress=False)
+    assert [r.key for r in one] != [] and sorted(r.key for r in one) == sorted(r.key for r in batched)
+    for r in batched:
+        assert torch.equal(r.probs, one[r.sample, r.layer].probs)

@@ -1,0 +1,38 @@
+"""Every notebook runs end to end with its quick parameters, and says something checkable."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.notebook
+
+
+def run_notebook(name: str, out_dir: Path, **params) -> Path:
+    import papermill as pm
+
+    out_nb = out_dir / name
+    pm.execute_notebook(str(ROOT / "notebooks" / name), str(out_nb), parameters={"OUT_DIR": str(out_dir), **params},
+                        cwd=str(ROOT), kernel_name="python3", progress_bar=False)
+    return out_nb
+
+
+def scoreboard(out_dir: Path) -> dict:
+    rows = json.loads((out_dir / "scoreboard.json").read_text())
+    return {r["claim"]: r for r in rows}
+
+
+def test_01_capture_quick(tmp_path):
+    run_notebook("01_capture.ipynb", tmp_path, PER_TYPE=1, ANCHOR_K=4)
+    board = scoreboard(tmp_path)
+    assert set(board) == {"M1", "M2", "M3", "M4"}
+    for r in board.values():
+        assert r["value"] is not None and math.isfinite(r["value"]) and r["n"] >= 1
+        assert r["verdict"] in {"holds", "partly", "does not hold", "not measurable here"}
+    assert board["M2"]["value"] < 5e-5 and board["M2"]["verdict"] == "holds"  # same capture twice
+    assert board["M1"]["value"] > 0  # fp16 arithmetic is not exact
+    assert 0 <= board["M3"]["value"] <= 1
+    assert board["M4"]["value"] == 0 and board["M4"]["n"] == 5  # quick run: 5 samples, not the full 20
+    assert (tmp_path / "store" / "index-rank00000.json").exists()
+    assert (tmp_path / "layer_curves.png").stat().st_size > 1000

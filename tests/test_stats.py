@@ -1,0 +1,144 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unicache_lib import stats as S
+from unicache_lib.modality import BLOCKS, Spans
+
+from .conftest import random_probs
+
+
+def test_uniform_and_one_hot_entropy():
+    n = 7
+    P = torch.full((2, 3, n), 1.0 / n)
+    assert torch.allclose(S.row_entropy(P), torch.full((2, 3), math.log(n)), atol=1e-6)
+    one = torch.zeros(3, n)
+    one[torch.arange(3), torch.tensor([0, 4, 6])] = 1.0
+    assert torch.equal(S.row_entropy(one), torch.zeros(3))  # 0 log 0 is 0, not NaN
+
+
+def test_normalised_entropy_causal_rows():
+    # causal uniform map: row i is uniform over i+1 keys -> normalised entropy 1, row 0 undefined
+    S_ = 5
+    P = torch.tril(torch.ones(S_, S_))
+    P = P / P.sum(-1, keepdim=True)
+    ne = S.normalised_entropy(P)
+    assert math.isnan(ne[0].item())
+    assert torch.allclose(ne[1:], torch.ones(S_ - 1), atol=1e-6)
+
+
+def test_hand_computed_small_map():
+    P = torch.tensor([[1.0, 0.0, 0.0], [0.25, 0.75, 0.0], [0.2, 0.3, 0.5]])
+    assert torch.allclose(S.max_weight(P), torch.tensor([1.0, 0.75, 0.5]))
+    assert torch.allclose(S.read_frequency(P), torch.tensor([1.45, 1.05, 0.5]))
+    # normalised: key 0 seen by 3 queries, key 1 by 2, key 2 by 1
+    assert torch.allclose(S.read_frequency(P, normalise=True), torch.tensor([1.45 / 3, 1.05 / 2, 0.5]))
+    assert torch.allclose(S.diagonal_concentration(P), torch.tensor((1.0 + 0.75 + 0.5) / 3))
+    # distances: row0 0; row1 0.25*1; row2 0.2*2 + 0.3*1
+    assert torch.allclose(S.mean_attention_distance(P), torch.tensor((0 + 0.25 + 0.7) / 3))
+    sp = Spans.from_kinds([1, 1, 0])  # two image tokens then one text token
+    shares = S.block_shares(P, sp)
+    expected = {"image->image": 1.0 + 1.0, "text->text": 0.5, "image->text": 0.0, "text->image": 0.5}
+    for i, name in enumerate(BLOCKS):
+        assert shares[i].item() == pytest.approx(expected[name] / 3)
+    assert S.cross_modal_share(P, sp).item() == pytest.approx(0.5 / 3)
+    assert torch.allclose(S.text_read_frequency(P, sp), torch.tensor([0.2, 0.3, 0.5]))
+
+
+def test_head_variance_zero_for_uniform_and_similarity():
+    S_ = 6
+    P = torch.tril(torch.ones(S_, S_))
+    P = (P / P.sum(-1, keepdim=True)).expand(3, S_, S_)
+    assert torch.allclose(S.head_variance(P), torch.zeros(3), atol=1e-8)
+    sim = S.head_similarity(P)
+    assert torch.allclose(sim, torch.ones(3, 3), atol=1e-6)
+    assert S.mean_offdiag(sim).item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_gini_and_top_share():
+    assert S.gini(torch.ones(10)).item() == pytest.approx(0.0, abs=1e-6)
+    x = torch.zeros(10)
+    x[3] = 5
+    assert S.gini(x).item() == pytest.approx(0.9, abs=1e-6)
+    assert S.top_share(x, 0.1).item() == pytest.approx(1.0)
+
+
+def test_nan_inf_weights_are_an_error():
+    P = torch.full((2, 4, 4), 0.25)
+    P[0, 1, 2] = float("nan")
+    with pytest.raises(S.AttentionValueError, match="NaN/inf"):
+        S.layer_statistics(P)
+    P[0, 1, 2] = float("inf")
+    with pytest.raises(S.AttentionValueError):
+        S.row_entropy(P)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_weights_give_fp32_statistics(dtype):
+    rng = np.random.default_rng(0)
+    P = random_probs(rng, (4, 20, 20))
+    lo = P.to(dtype)
+    ref = S.layer_statistics(lo.float())  # the same weights, upcast by hand
+    got = S.layer_statistics(lo)
+    for k in ref:
+        assert got[k].dtype == torch.float32
+        assert torch.allclose(got[k].nan_to_num(), ref[k].nan_to_num(), atol=1e-6), k
+    # and they stay close to the fp32 statistics of the unrounded map
+    assert (S.row_entropy(lo) - S.row_entropy(P)).abs().max() < 0.05
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 24), heads=st.integers(1, 4), causal=st.booleans(),
+       n_img=st.integers(0, 24))
+def test_properties(seed, n, heads, causal, n_img):
+    rng = np.random.default_rng(seed)
+    P = random_probs(rng, (heads, n, n), causal=causal)
+    h = S.row_entropy(P)
+    vis = S.visible_keys(P, causal).float()
+    assert (h >= -1e-5).all() and (h <= torch.log(vis) + 1e-4).all()
+    ne = S.normalised_entropy(P, causal)
+    fin = ne[~ne.isnan()]
+    assert ((fin >= -1e-5) & (fin <= 1 + 1e-4)).all()
+    # read frequency sums to the number of query rows
+    assert torch.allclose(S.read_frequency(P, causal=causal).sum(-1), torch.full((heads,), float(n)), atol=1e-3)
+    kinds = [1] * min(n_img, n) + [0] * (n - min(n_img, n))
+    shares = S.block_shares(P, Spans.from_kinds(kinds))
+    assert torch.allclose(shares.sum(-1), torch.ones(heads), atol=1e-5)
+    assert (shares >= 0).all()
+
+
+def test_stats_shapes_and_spans_mismatch():
+    rng = np.random.default_rng(1)
+    P = random_probs(rng, (3, 10, 10))
+    out = S.layer_statistics(P, Spans.from_kinds([1] * 4 + [0] * 6))
+    assert out["entropy"].shape == (3, 10) and out["head_sim"].shape == (3, 3) and out["blocks"].shape == (3, 4)
+    with pytest.raises(ValueError, match="spans cover 9 positions"):
+        S.layer_statistics(P, Spans.from_kinds([1] * 3 + [0] * 6))
+    with pytest.raises(ValueError, match=r"\[heads, Sq, Sk\]"):
+        S.layer_statistics(P[None])
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 20), sq=st.integers(1, 20), causal=st.booleans(),
+       n_img=st.integers(1, 20))
+def test_fused_layer_statistics_equal_individual_functions(seed, n, sq, causal, n_img):
+    rng = np.random.default_rng(seed)
+    sq = min(sq, n)
+    P = random_probs(rng, (3, n, n), causal=causal)[:, n - sq:]  # the last sq query rows
+    sp = Spans.from_kinds([1] * min(n_img, n) + [0] * (n - min(n_img, n)))
+    got = S.layer_statistics(P, sp, causal)
+    want = {
+        "entropy": S.row_entropy(P), "norm_entropy": S.normalised_entropy(P, causal),
+        "max_weight": S.max_weight(P), "read_freq": S.read_frequency(P, False, causal),
+        "read_freq_norm": S.read_frequency(P, True, causal), "diag": S.diagonal_concentration(P),
+        "distance": S.mean_attention_distance(P), "variance": S.head_variance(P, causal),
+        "head_sim": S.head_similarity(P), "blocks": S.block_shares(P, sp),
+        "text_read_freq": S.text_read_frequency(P, sp),
+    }
+    assert set(got) == set(want) == set(S.LAYER_STATS)
+    for k in want:
+        assert torch.allclose(got[k].nan_to_num(-1), want[k].nan_to_num(-1), atol=1e-5), k

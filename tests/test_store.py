@@ -1,0 +1,120 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+from unicache_lib import store as store_mod
+from unicache_lib.capture.record import Record
+from unicache_lib.modality import Spans
+from unicache_lib.store import Store, StoreError, shard_samples
+
+
+def rec(sample, layer, step=-1, seed=0, mode="stats"):
+    g = torch.Generator().manual_seed(seed * 100 + layer)
+    data = {"entropy": torch.rand(4, 9, generator=g), "head_sim": torch.rand(4, 4, generator=g)}
+    return Record(sample=str(sample), layer=layer, part="language", mode=mode, data=data,
+                  spans=Spans.from_kinds([1] * 5 + [0] * 4), step=step, seq_len=9, heads=4)
+
+
+def same(a: Record, b: Record):
+    assert a.key == b.key and a.spans == b.spans and a.seq_len == b.seq_len and a.mode == b.mode
+    assert sorted(a.data) == sorted(b.data)
+    for k in a.data:
+        assert torch.equal(a.data[k], b.data[k])
+
+
+def test_roundtrip_exact(tmp_path):
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    recs = [rec(s, l, seed=s) for s in range(3) for l in range(2)]
+    assert st.write(recs) == 6
+    back = st.read()
+    assert len(back) == 6
+    for a, b in zip(recs, back):
+        same(a, b)
+    assert [r.sample for r in st.read(layer=1)] == ["0", "1", "2"]
+    meta = st.read_meta()
+    assert meta["model"] == "m" and meta["library_version"]
+    # one compressed file per layer per chunk
+    assert sorted(p.name for p in (tmp_path / "s").rglob("*.npz")) == ["L0000_language.npz", "L0001_language.npz"]
+    assert st.verify() == []
+
+
+def test_never_overwrites(tmp_path):
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    st.write([rec(0, 0)])
+    before = st.read()
+    with pytest.raises(StoreError, match="already stored"):
+        st.write([rec(1, 0), rec(0, 0, seed=9)])
+    assert len(st.read()) == 1  # the failed write added nothing (not even sample 1)
+    same(before[0], st.read()[0])
+    with pytest.raises(StoreError, match="holds model"):
+        Store(tmp_path / "s", meta={"model": "other"}).write([rec(5, 0)])
+
+
+def test_interrupted_write_leaves_previous_store(tmp_path, monkeypatch):
+    st = Store(tmp_path / "s")
+    st.write([rec(0, 0), rec(0, 1)])
+    real = store_mod._atomic_write_bytes
+
+    def crash_on_index(path, data):
+        if path.name.startswith("index-"):
+            raise KeyboardInterrupt("power cut")
+        real(path, data)
+
+    monkeypatch.setattr(store_mod, "_atomic_write_bytes", crash_on_index)
+    with pytest.raises(KeyboardInterrupt):
+        st.write([rec(1, 0), rec(1, 1)])
+    monkeypatch.undo()
+    assert {r.sample for r in st.read()} == {"0"}  # previous content intact and readable
+    assert any("orphaned chunk" in p for p in st.verify())
+    # resume: the missing sample is written to a fresh chunk, the orphan is never reused
+    assert st.missing(["0", "1"], [0, 1]) == ["1"]
+    st.write([rec(1, 0), rec(1, 1)])
+    assert {r.sample for r in st.read()} == {"0", "1"}
+    assert not list((tmp_path / "s").rglob("*.tmp"))
+
+
+def test_missing_and_corrupt_files_are_reported(tmp_path):
+    st = Store(tmp_path / "s")
+    st.write([rec(0, 0), rec(0, 1)])
+    f = next((tmp_path / "s").rglob("L0001_language.npz"))
+    f.write_bytes(f.read_bytes()[:-10] + b"0123456789")
+    with pytest.raises(StoreError, match="corrupt"):
+        st.read(layer=1)
+    assert len(st.read(layer=0)) == 1  # the sound file still reads
+    f.unlink()
+    with pytest.raises(StoreError, match="missing"):
+        st.read(layer=1)
+    (tmp_path / "s" / "index-rank00000.json").write_text("{not json")
+    with pytest.raises(StoreError, match="corrupt"):
+        st.read()
+    with pytest.raises(StoreError, match="no store"):
+        Store(tmp_path / "nothing").read()
+
+
+def test_ranks_merge_and_refuse_duplicates(tmp_path):
+    samples = [str(i) for i in range(7)]
+    parts = [shard_samples(samples, r, 3) for r in range(3)]
+    assert sorted(sum(parts, [])) == samples and all(set(a).isdisjoint(b) for a in parts for b in parts if a is not b)
+    for r, mine in enumerate(parts):
+        Store(tmp_path / "s", rank=r).write([rec(s, 0) for s in mine])
+    assert sorted(r.sample for r in Store(tmp_path / "s").read()) == samples
+    with pytest.raises(StoreError, match="already stored"):  # a later writer sees every rank's keys
+        Store(tmp_path / "s", rank=5).write([rec(0, 0)])
+    # two ranks running at the same time cannot see each other: the reader catches the duplicate
+    Store(tmp_path / "t", rank=5).write([rec(0, 0)])
+    shutil.copytree(tmp_path / "t" / "rank00005", tmp_path / "s" / "rank00005")
+    shutil.copy(tmp_path / "t" / "index-rank00005.json", tmp_path / "s")
+    with pytest.raises(StoreError, match="two ranks captured the same sample"):
+        Store(tmp_path / "s").read()
+    with pytest.raises(ValueError):
+        shard_samples(samples, 3, 3)
+
+
+def test_diffusion_steps_are_separate_records(tmp_path):
+    st = Store(tmp_path / "s")
+    st.write([rec(0, 0, step=t) for t in range(3)])
+    assert [r.step for r in st.read(step=2)] == [2]
+    idx = json.loads((tmp_path / "s" / "index-rank00000.json").read_text())
+    assert {e["step"] for e in idx["records"]} == {0, 1, 2}

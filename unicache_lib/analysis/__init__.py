@@ -1,0 +1,1 @@
+"""Analyses built on captured statistics: anchors, token classes, step dynamics."""

@@ -1,0 +1,46 @@
+"""Capture the standard sample set with N processes, each writing its own part of one store.
+
+    torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out outputs/store
+    accelerate launch --num_processes 2 -m unicache_lib.capture.distributed --out outputs/store
+
+Each rank (``RANK`` / ``WORLD_SIZE`` from the launcher) takes a disjoint slice of the samples
+(:func:`~unicache_lib.store.shard_samples`) and writes ``index-rankNNNNN.json`` plus its own chunk
+folders; readers merge the parts through the indexes. No process group is needed: ranks never
+write the same file. A model too big for one device loads with ``--device-map auto``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+
+def main(argv=None):
+    from ..store import Store, shard_samples
+    from ..world import samples as sample_set
+    from ..zoo.loaders import load_understanding
+    from .runner import capture_samples
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-llava")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--mode", default="stats", choices=["stats", "full", "recompute"])
+    ap.add_argument("--n-samples", type=int, default=20)
+    ap.add_argument("--layer-batch", type=int, default=0)
+    ap.add_argument("--device-map", default=None)
+    args = ap.parse_args(argv)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    torch.set_num_threads(1)
+    attn = "sdpa" if args.mode == "recompute" else "eager"
+    model, processor = load_understanding(args.model, attn_implementation=attn, device_map=args.device_map)
+    mine = shard_samples(sample_set.load()[: args.n_samples], rank, world)
+    store = Store(args.out, rank=rank, meta={"model": args.model, "dtype": str(next(model.parameters()).dtype),
+                                             "world_size": world})
+    res = capture_samples(model, processor, mine, store=store, mode=args.mode,
+                          layer_batch=args.layer_batch or None, progress=rank == 0)
+    print(f"rank {rank}/{world}: captured {len(res.samples)} samples, {len(res)} records")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Attention statistics: tensors in, tensors out, always in float32.
+
+Every function takes attention probabilities ``P`` of shape ``[..., Sq, Sk]`` (rows sum to 1; the
+leading dims are usually ``[heads]`` or ``[batch, heads]``) and casts them to float32 first, so fp16
+or bf16 weights give the same statistics as an fp32 reference (claim M1).
+
+Causal maps: when ``Sq < Sk`` the queries are taken to be the *last* ``Sq`` positions (a decode
+step or a strided capture says so through ``query_positions``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .modality import BLOCKS, IMAGE, TEXT, Spans
+
+
+class AttentionValueError(ValueError):
+    """Attention weights that are not probabilities (NaN / inf / negative)."""
+
+
+def as_probs(P: torch.Tensor, check: bool = True) -> torch.Tensor:
+    """``P`` as float32; with ``check``, NaN or inf values raise :class:`AttentionValueError`."""
+    P = torch.as_tensor(P).float()
+    if check and not torch.isfinite(P).all():
+        n = int((~torch.isfinite(P)).sum())
+        raise AttentionValueError(
+            f"attention weights contain {n} NaN/inf values: the forward overflowed (fp16?) or a mask "
+            f"row is fully masked; rerun in float32 or bfloat16"
+        )
+    return P
+
+
+def _query_positions(P: torch.Tensor, query_positions=None) -> torch.Tensor:
+    sq, sk = P.shape[-2], P.shape[-1]
+    if query_positions is None:
+        return torch.arange(sk - sq, sk, device=P.device)
+    return torch.as_tensor(query_positions, device=P.device)
+
+
+def visible_keys(P: torch.Tensor, causal: bool = True, query_positions=None) -> torch.Tensor:
+    """``[Sq]`` number of keys each query row can see (``Sk`` for non-causal maps)."""
+    sk = P.shape[-1]
+    if not causal:
+        return torch.full((P.shape[-2],), sk, device=P.device)
+    return _query_positions(P, query_positions) + 1
+
+
+def row_entropy(P: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy of each row in nats: ``[..., Sq]``; zero probabilities contribute 0."""
+    P = as_probs(P)
+    return -torch.special.xlogy(P, P).sum(-1)
+
+
+def normalised_entropy(P: torch.Tensor, causal: bool = True, query_positions=None,
+                       entropy: torch.Tensor | None = None) -> torch.Tensor:
+    """Row entropy divided by ``log(#visible keys)``: ``[..., Sq]`` in [0, 1]; 1 = uniform over what the
+    row can see. Rows that see a single key have no spread to measure and give NaN."""
+    n = visible_keys(P, causal, query_positions).float()
+    h = row_entropy(P) if entropy is None else entropy
+    denom = torch.log(n)
+    return torch.where(n > 1, h / denom.clamp(min=1e-12), torch.full_like(h, float("nan")))
+
+
+def max_weight(P: torch.Tensor) -> torch.Tensor:
+    """Largest weight of each row: ``[..., Sq]``."""
+    return as_probs(P).amax(-1)
+
+
+def diagonal_concentration(P: torch.Tensor, width: int = 0, query_positions=None) -> torch.Tensor:
+    """Mean mass within ``width`` positions of the diagonal (``|q - k| <= width``): ``[...]``."""
+    P = as_probs(P)
+    q = _query_positions(P, query_positions)
+    if width == 0:  # a gather, no S^2 temporary
+        return P[..., torch.arange(P.shape[-2], device=P.device), q].mean(-1)
+    k = torch.arange(P.shape[-1], device=P.device)
+    band = ((q[:, None] - k[None, :]).abs() <= width).float()
+    return (P * band).sum(-1).mean(-1)
+
+
+def mean_attention_distance(P: torch.Tensor, query_positions=None, causal: bool = False) -> torch.Tensor:
+    """Expected ``|q - k|`` under each row, averaged over rows: ``[...]`` (in positions).
+
+    With ``causal`` (keys never after the query) this is ``q - E[k]``, one matrix-vector product.
+    """
+    P = as_probs(P)
+    q = _query_positions(P, query_positions).float()
+    k = torch.arange(P.shape[-1], device=P.device, dtype=torch.float32)
+    if causal:
+        return (q * P.sum(-1) - P @ k).mean(-1)
+    d = (q[:, None] - k[None, :]).abs()
+    return (P * d).sum(-1).mean(-1)
+
+
+def head_variance(P: torch.Tensor, causal: bool = True, query_positions=None) -> torch.Tensor:
+    """Per-head variance of the weights over each row's visible keys, averaged over rows: ``[...]``.
+    Near 0 means near-uniform rows (the study's 'low variance' pruning signal)."""
+    P = as_probs(P)
+    n = visible_keys(P, causal, query_positions).float()
+    # rows sum to 1 over their n visible keys (mean 1/n), so var = sum(p^2)/n - 1/n^2
+    sumsq = torch.linalg.vector_norm(P, dim=-1) ** 2
+    return (sumsq / n - 1.0 / n**2).mean(-1)
+
+
+def read_frequency(P: torch.Tensor, normalise: bool = False, causal: bool = True, query_positions=None) -> torch.Tensor:
+    """How much each key is read: column sums over query rows, ``[..., Sk]``.
+
+    Un-normalised, the result sums to the number of query rows. With ``normalise`` each column is
+    divided by how many queries could see that key (under a causal mask early keys are visible to
+    more queries, which otherwise inflates them).
+    """
+    P = as_probs(P)
+    col = P.sum(-2)
+    if not normalise:
+        return col
+    return col / queries_seeing(P, causal, query_positions)
+
+
+def queries_seeing(P: torch.Tensor, causal: bool = True, query_positions=None) -> torch.Tensor:
+    """``[Sk]`` how many query rows can see each key."""
+    q = _query_positions(P, query_positions)
+    k = torch.arange(P.shape[-1], device=P.device)
+    if not causal:
+        return torch.full((P.shape[-1],), float(P.shape[-2]), device=P.device)
+    return (q[:, None] >= k[None, :]).sum(0).float().clamp(min=1)
+
+
+def block_mass(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
+    """Attention mass in the four modality blocks, ``[..., 4]`` in :data:`BLOCKS` order."""
+    P = as_probs(P)
+    spans.check(P.shape[-1], "attention map's key axis")
+    kinds = torch.as_tensor(spans.array, device=P.device)
+    qk = kinds[_query_positions(P, query_positions)]
+    to = {"image": P @ (kinds == IMAGE).float(), "text": P @ (kinds == TEXT).float()}  # [..., Sq] each
+    frm = {"image": (qk == IMAGE).float(), "text": (qk == TEXT).float()}
+    out = [to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)]
+    return torch.stack(out, -1)
+
+
+def block_shares(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
+    """The four blocks as shares of all attention mass: ``[..., 4]``, sums to 1."""
+    m = block_mass(P, spans, query_positions)
+    return m / m.sum(-1, keepdim=True).clamp(min=1e-12)
+
+
+def cross_modal_share(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
+    """Share of attention mass that crosses modalities (image->text + text->image): ``[...]``."""
+    s = block_shares(P, spans, query_positions)
+    return s[..., BLOCKS.index("image->text")] + s[..., BLOCKS.index("text->image")]
+
+
+def head_similarity(P: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity between the flattened maps of every pair of heads: ``[..., H, H]``
+    for ``P`` of shape ``[..., H, Sq, Sk]``."""
+    P = as_probs(P)
+    f = P.flatten(-2)
+    gram = f @ f.transpose(-1, -2)
+    norm = gram.diagonal(dim1=-2, dim2=-1).clamp(min=1e-24).sqrt()
+    return gram / (norm[..., :, None] * norm[..., None, :])
+
+
+def mean_offdiag(S: torch.Tensor) -> torch.Tensor:
+    """Mean of the off-diagonal entries of ``[..., H, H]`` similarity matrices: ``[...]``."""
+    h = S.shape[-1]
+    if h < 2:
+        return torch.full(S.shape[:-2], float("nan"))
+    off = ~torch.eye(h, dtype=torch.bool, device=S.device)
+    return S[..., off].reshape(*S.shape[:-2], h * (h - 1)).mean(-1)
+
+
+def gini(x: torch.Tensor) -> torch.Tensor:
+    """Gini coefficient of non-negative values along the last axis: 0 equal, -> 1 concentrated."""
+    x = torch.as_tensor(x).float().sort(-1).values
+    n = x.shape[-1]
+    idx = torch.arange(1, n + 1, dtype=torch.float32, device=x.device)
+    tot = x.sum(-1).clamp(min=1e-12)
+    return ((2 * idx - n - 1) * x).sum(-1) / (n * tot)
+
+
+def top_share(x: torch.Tensor, fraction: float = 0.1) -> torch.Tensor:
+    """Share of the total held by the top ``fraction`` of entries along the last axis."""
+    x = torch.as_tensor(x).float()
+    k = max(1, math.ceil(fraction * x.shape[-1]))
+    return x.topk(k, -1).values.sum(-1) / x.sum(-1).clamp(min=1e-12)
+
+
+# The statistics a capture in ``stats`` mode keeps for one layer, and their shapes for H heads,
+# S positions. Nothing here is of size S^2.
+LAYER_STATS = {
+    "entropy": "[H, Sq] row entropy (nats)",
+    "norm_entropy": "[H, Sq] entropy / log(#visible keys)",
+    "max_weight": "[H, Sq] largest weight per row",
+    "read_freq": "[H, Sk] column sums",
+    "read_freq_norm": "[H, Sk] column sums / #queries that see the key",
+    "diag": "[H] mass on the diagonal",
+    "distance": "[H] mean attention distance",
+    "variance": "[H] mean within-row variance",
+    "head_sim": "[H, H] cosine similarity of head maps",
+    "blocks": "[H, 4] four-block shares (only with spans)",
+    "text_read_freq": "[H, Sk] column sums over text query rows only (only with spans)",
+}
+
+
+def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool = True,
+                     query_positions=None) -> dict[str, torch.Tensor]:
+    """All of :data:`LAYER_STATS` for one layer's map ``P [H, Sq, Sk]`` (float32, same device).
+
+    Equal to calling the individual functions (tested), but fused so the map is read about six
+    times instead of twenty: the row-side quantities (expected key position, row mass, mass on
+    image and text keys) come from one matrix product with a few key-indicator columns, the
+    column-side ones (read frequency overall and by text queries) from another. NaN/inf anywhere
+    in ``P`` shows up in those products and raises :class:`AttentionValueError`.
+    """
+    P = torch.as_tensor(P).float()
+    if P.dim() != 3:
+        raise ValueError(f"layer_statistics expects one sample's map [heads, Sq, Sk], got shape {tuple(P.shape)}")
+    H, sq, sk = P.shape
+    dev = P.device
+    q = _query_positions(P, query_positions)
+    kpos = torch.arange(sk, device=dev, dtype=torch.float32)
+    key_cols = [kpos, torch.ones(sk, device=dev)]
+    q_rows = [torch.ones(sq, device=dev)]
+    if spans is not None:
+        spans.check(sk, "attention map's key axis")
+        kinds = torch.as_tensor(spans.array, device=dev)
+        key_cols += [(kinds == IMAGE).float(), (kinds == TEXT).float()]
+        qk = kinds[q]
+        q_rows += [(qk == TEXT).float(), (qk == IMAGE).float()]
+    R = P @ torch.stack(key_cols, -1)  # [H, Sq, c]
+    C = torch.stack(q_rows, 0) @ P  # [H, r, Sk]
+    if not (torch.isfinite(R).all() and torch.isfinite(C).all()):
+        raise AttentionValueError(
+            "attention weights contain NaN/inf values: the forward overflowed (fp16?) or a mask row is "
+            "fully masked; rerun in float32 or bfloat16"
+        )
+    n = visible_keys(P, causal, query_positions).float()
+    h = -torch.special.xlogy(P, P).sum(-1)
+    rf = C[:, 0]
+    if causal:
+        distance = (q.float() * R[..., 1] - R[..., 0]).mean(-1)
+    else:
+        distance = mean_attention_distance(P, query_positions, causal=False)
+    sumsq = torch.linalg.vector_norm(P, dim=-1) ** 2
+    out = {
+        "entropy": h,
+        "norm_entropy": normalised_entropy(P, causal, query_positions, entropy=h),
+        "max_weight": P.amax(-1),
+        "read_freq": rf,
+        "read_freq_norm": rf / queries_seeing(P, causal, query_positions),
+        "diag": P[:, torch.arange(sq, device=dev), q].mean(-1),
+        "distance": distance,
+        "variance": (sumsq / n - 1.0 / n**2).mean(-1),
+        "head_sim": head_similarity(P),
+    }
+    if spans is not None:
+        to = {"image": R[..., 2], "text": R[..., 3]}
+        frm = {"text": q_rows[1], "image": q_rows[2]}
+        mass = torch.stack([to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)], -1)
+        out["blocks"] = mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)
+        out["text_read_freq"] = C[:, 1]
+    return out
+
+
+def text_read_frequency(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
+    """Column sums over the text query rows only: ``[..., Sk]`` (how much text reads each key)."""
+    P = as_probs(P)
+    spans.check(P.shape[-1], "attention map's key axis")
+    qk = torch.as_tensor(spans.array, device=P.device)[_query_positions(P, query_positions)]
+    return (qk == TEXT).float() @ P
+
+
+def entropy_in_dtype(P: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Row entropy computed *in* ``dtype`` (weights cast first), returned as float32.
+
+    Only for showing the precision trap of claim M1; use :func:`row_entropy` for real work.
+    """
+    Q = torch.as_tensor(P).to(dtype)
+    return (-(Q * torch.log(Q.clamp(min=torch.finfo(dtype).tiny))).sum(-1)).float()

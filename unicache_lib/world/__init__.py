@@ -1,0 +1,1 @@
+"""The synthetic world: scenes, questions, prompts, masks and the standard sample set."""

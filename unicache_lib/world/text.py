@@ -1,0 +1,151 @@
+"""Questions, one-word answers, captions and generation prompts for the synthetic world.
+
+Answers are balanced per question type: the answer is drawn first and the scene is built to make
+it true, so a model that ignores the image can do no better than ``1 / #answers`` of that type.
+Every question is answerable from its image (colours and positions are distinct within a scene).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .scenes import COLOURS, POSITIONS, SCENE_TYPES, SHAPES, Scene, make_scene
+
+QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "position", "exists", "count")
+COUNT_WORDS = ("zero", "one", "two", "three", "four")
+PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles"}
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "colour": tuple(COLOURS),
+    "shape": SHAPES,
+    "position": tuple(POSITIONS),
+    "exists": ("yes", "no"),
+    "count": COUNT_WORDS[:4],
+}
+CAPTION_QUESTION = "describe the image ."
+# canonical reading order for captions
+POSITION_ORDER = ("left", "top", "centre", "bottom", "right")
+
+# Token classes used by the text->image analyses (function words are the rest).
+OBJECT_WORDS = frozenset(SHAPES) | frozenset(PLURAL.values()) | {"object", "objects"}
+ATTRIBUTE_WORDS = frozenset(COLOURS)
+POSITION_WORDS = frozenset(POSITIONS) | {"side"}
+PUNCTUATION = frozenset({"?", ".", ",", ":"})
+
+
+@dataclass
+class QA:
+    """One question about one scene."""
+
+    scene: Scene
+    qtype: str
+    question: str
+    answer: str
+    target: int | None  # index of the object the question is about (None when absent / count)
+
+
+def _scene_type(rng, scene_types):
+    return str(rng.choice(scene_types))
+
+
+def make_qa(
+    rng: np.random.Generator,
+    qtype: str | None = None,
+    scene_type: str | None = None,
+    size: int = 64,
+    scene_types: tuple[str, ...] = SCENE_TYPES,
+    qtypes: tuple[str, ...] = QUESTION_TYPES,
+) -> QA:
+    """Draw a question type (or use ``qtype``), a balanced answer, then a scene where it is true."""
+    qtype = qtype or str(rng.choice(qtypes))
+    if qtype not in QUESTION_TYPES:
+        raise ValueError(f"unknown question type {qtype!r}; expected one of {QUESTION_TYPES}")
+    st = scene_type or _scene_type(rng, scene_types)
+    answer = str(rng.choice(ANSWERS[qtype]))
+    if qtype == "colour":
+        shape = str(rng.choice(SHAPES))
+        sc = make_scene(rng, st, size, fixed=[{"colour": answer, "shape": shape}], forbid_shapes=(shape,))
+        return QA(sc, qtype, f"what color is the {shape} ?", answer, 0)
+    if qtype == "shape":
+        sc = make_scene(rng, st, size, fixed=[{"shape": answer}])
+        return QA(sc, qtype, f"what shape is the {sc.objects[0].colour} object ?", answer, 0)
+    if qtype == "position":
+        sc = make_scene(rng, st, size, fixed=[{"position": answer}])
+        return QA(sc, qtype, f"where is the {sc.objects[0].name} ?", answer, 0)
+    if qtype == "exists":
+        sc = make_scene(rng, st, size)
+        if answer == "yes":
+            t = int(rng.integers(len(sc.objects)))
+            return QA(sc, qtype, f"is there a {sc.objects[t].name} ?", answer, t)
+        present = {(o.colour, o.shape) for o in sc.objects}
+        # hard negatives: share the colour or the shape of a present object
+        ref = sc.objects[int(rng.integers(len(sc.objects)))]
+        cands = [(ref.colour, s) for s in SHAPES] + [(c, ref.shape) for c in COLOURS]
+        cands = [c for c in cands if c not in present] or [
+            (c, s) for c in COLOURS for s in SHAPES if (c, s) not in present
+        ]
+        c, s = cands[int(rng.integers(len(cands)))]
+        return QA(sc, qtype, f"is there a {c} {s} ?", answer, None)
+    # count
+    k = COUNT_WORDS.index(answer)
+    shape = str(rng.choice(SHAPES))
+    n = max(k, int(rng.integers(max(k, 1), 5)))
+    fixed = [{"shape": shape}] * k
+    if st == "single" and n > 1:
+        st = "clutter"
+    sc = make_scene(rng, st, size, n_objects=max(n, 1), fixed=fixed, forbid_shapes=(shape,))
+    return QA(sc, qtype, f"how many {PLURAL[shape]} ?", answer, None)
+
+
+def caption(scene: Scene) -> str:
+    """Objects in reading order, e.g. ``"red circle left , blue square top"``."""
+    objs = sorted(scene.objects, key=lambda o: POSITION_ORDER.index(o.position))
+    return " , ".join(f"{o.colour} {o.shape} {o.position}" for o in objs)
+
+
+_POS_PHRASE = {
+    "left": "on the left", "right": "on the right", "top": "at the top",
+    "bottom": "at the bottom", "centre": "in the centre",
+}
+_FILLERS = (
+    "the background is plain and dark",
+    "nothing else is shown in the picture",
+    "there is no text and there are no lines",
+    "the objects do not touch each other",
+    "the picture is small and simple",
+    "every shape is drawn with one flat color",
+)
+
+
+def short_prompt(objects) -> str:
+    """``"a red circle on the left"`` (and ``"and a blue square at the top"`` for more)."""
+    parts = [f"a {o['colour']} {o['shape']} {_POS_PHRASE[o['position']]}" for o in objects]
+    return " and ".join(parts)
+
+
+def long_prompt(objects, rng: np.random.Generator, min_words: int = 30) -> str:
+    """A 30+ word prompt: the objects plus distractor clauses that do not change the picture."""
+    body = " , and also ".join(f"a {o['colour']} {o['shape']} {_POS_PHRASE[o['position']]}" for o in objects)
+    words = f"a picture that shows {body} .".split()
+    fillers = list(_FILLERS)
+    rng.shuffle(fillers)
+    for f in fillers:
+        if len(words) >= min_words:
+            break
+        words += f.split() + ["."]
+    return " ".join(words)
+
+
+def vocabulary() -> list[str]:
+    """Every word the world can produce (questions, answers, captions, prompts)."""
+    words: set[str] = set()
+    words |= set(COLOURS) | set(SHAPES) | set(POSITIONS) | set(PLURAL.values()) | set(COUNT_WORDS)
+    words |= {"yes", "no", "user", "assistant", ":", "?", ".", ","}
+    for q in ("what color is the", "what shape is the object", "where is the", "is there a",
+              "how many", CAPTION_QUESTION, "a picture that shows and also"):
+        words |= set(q.split())
+    for p in _POS_PHRASE.values():
+        words |= set(p.split())
+    for f in _FILLERS:
+        words |= set(f.split())
+    return sorted(words)

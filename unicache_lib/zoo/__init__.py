@@ -1,0 +1,1 @@
+"""Model building, training scripts and loaders."""

@@ -1,0 +1,79 @@
+"""The library's sampling loop for the tiny generators (and any SD3 / PixArt transformer in pixel
+or latent space), on a real diffusers scheduler, with classifier-free guidance and step callbacks.
+
+Capture and reuse code hang on the callbacks: each callback object may define
+``on_step_begin(step, timestep)`` and ``on_step_end(step, timestep, sample)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .tiny_generators import Generator, TextConditioning, encode_prompts, transformer_forward
+
+
+def initial_noise(seeds: list[int], shape: tuple[int, int, int]) -> torch.Tensor:
+    """``[B, C, H, W]`` standard normal noise, one generator per sample, so a sample's noise does
+    not depend on which other prompts share its batch."""
+    return torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(int(s))) for s in seeds])
+
+
+@torch.no_grad()
+def sample(
+    gen: Generator,
+    prompts: list[str],
+    steps: int = 20,
+    guidance: float = 3.0,
+    seed: int | list[int] = 0,
+    callbacks: list | tuple = (),
+    progress: bool = False,
+) -> torch.Tensor:
+    """Generate images for ``prompts``.
+
+    Args:
+        steps: number of denoising steps (scheduler ``set_timesteps``).
+        guidance: classifier-free guidance scale; 1.0 disables the unconditional branch.
+        seed: one int (sample ``i`` uses ``seed + i``) or one seed per prompt.
+        callbacks: objects with optional ``on_step_begin(step, t)`` / ``on_step_end(step, t, x)``.
+    Returns:
+        ``[B, 3, H, W]`` float32 images in ``[0, 1]`` (pixel-space models).
+    """
+    if not prompts:
+        raise ValueError("prompts is empty: pass at least one prompt")
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(prompts))]
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    cfg = gen.transformer.config
+    c = cfg.in_channels
+    x = initial_noise(seeds, (c, cfg.sample_size, cfg.sample_size))
+    dtype = next(gen.transformer.parameters()).dtype
+    cond = encode_prompts(gen.text_encoder, gen.tokenizer, prompts)
+    use_cfg = guidance != 1.0
+    if use_cfg:  # batch order [uncond, cond], as diffusers' FasterCache expects
+        un = encode_prompts(gen.text_encoder, gen.tokenizer, [""] * len(prompts))
+        cond = TextConditioning(torch.cat([un.hidden, cond.hidden]), torch.cat([un.pooled, cond.pooled]),
+                                torch.cat([un.mask, cond.mask]))
+    cond = TextConditioning(cond.hidden.to(dtype), cond.pooled.to(dtype), cond.mask)
+    sched = gen.scheduler
+    sched.set_timesteps(steps)
+    for i, t in enumerate(tqdm(sched.timesteps, desc="sampling", disable=not progress)):
+        for cb in callbacks:
+            if hasattr(cb, "on_step_begin"):
+                cb.on_step_begin(i, float(t))
+        xin = torch.cat([x, x]) if use_cfg else x
+        tt = t.expand(xin.shape[0]).to(dtype)
+        v = transformer_forward(gen.transformer, gen.family, xin.to(dtype), tt, cond).float()
+        if use_cfg:
+            v_un, v_c = v.chunk(2)
+            v = v_un + guidance * (v_c - v_un)
+        x = sched.step(v, t, x, return_dict=False)[0]
+        for cb in callbacks:
+            if hasattr(cb, "on_step_end"):
+                cb.on_step_end(i, float(t), x)
+    return ((x.clamp(-1, 1) + 1) / 2).float()
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """``[B, 3, H, W]`` in [0, 1] -> ``[B, H, W, 3]`` uint8."""
+    return (images.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)

@@ -1,0 +1,124 @@
+"""The tiny text-to-image generators: an MMDiT (SD3 class) and a cross-attention DiT (PixArt class).
+
+Both are stock diffusers transformers in pixel space (32x32 RGB, patch 4 -> 64 image tokens),
+conditioned by a small ``CLIPTextModelWithProjection`` over the world's word-level tokenizer and
+trained with rectified flow (the objective of diffusers' ``FlowMatchEulerDiscreteScheduler``).
+
+A checkpoint folder holds ``transformer/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/`` and
+``model_card.json``, the same sub-folder layout as a diffusers pipeline repository.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("sd3", "pixart")
+IMAGE_SIZE, PATCH, MAX_TEXT = 32, 4, 48
+
+
+def build_text_encoder(tokenizer, hidden=128, layers=2):
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    cfg = CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, max_position_embeddings=MAX_TEXT, projection_dim=hidden,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return CLIPTextModelWithProjection(cfg)
+
+
+def build_transformer(family: str, text_dim=128, layers=4, heads=4, head_dim=32):
+    from diffusers import PixArtTransformer2DModel, SD3Transformer2DModel
+
+    if family == "sd3":
+        return SD3Transformer2DModel(
+            sample_size=IMAGE_SIZE, patch_size=PATCH, in_channels=3, out_channels=3, num_layers=layers,
+            attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=text_dim,
+            caption_projection_dim=heads * head_dim, pooled_projection_dim=text_dim,
+            pos_embed_max_size=IMAGE_SIZE // PATCH,
+        )
+    if family == "pixart":
+        return PixArtTransformer2DModel(
+            sample_size=IMAGE_SIZE, patch_size=PATCH, in_channels=3, out_channels=3, num_layers=layers,
+            attention_head_dim=head_dim, num_attention_heads=heads, cross_attention_dim=heads * head_dim,
+            caption_channels=text_dim, norm_type="ada_norm_single", use_additional_conditions=False,
+            norm_num_groups=1,
+        )
+    raise ValueError(f"unknown generator family {family!r}; expected one of {FAMILIES}")
+
+
+def tokenize_prompts(tokenizer, prompts: list[str], max_len: int = MAX_TEXT):
+    """``input_ids [B, max_len]`` and ``attention_mask [B, max_len]``: ``<s> words </s>`` then padding.
+
+    Unknown words map to ``<unk>``; prompts longer than ``max_len`` raise (no silent truncation).
+    """
+    vocab = tokenizer.get_vocab()
+    ids = torch.full((len(prompts), max_len), vocab["<pad>"], dtype=torch.long)
+    mask = torch.zeros((len(prompts), max_len), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        row = [vocab["<s>"]] + [vocab.get(w, vocab["<unk>"]) for w in p.split()] + [vocab["</s>"]]
+        if len(row) > max_len:
+            raise ValueError(f"prompt has {len(row)} tokens, more than the text encoder's {max_len}: {p[:60]!r}...")
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+@dataclass
+class TextConditioning:
+    """What the transformer needs from the prompt.
+
+    ``hidden``: ``[B, T, D]`` per-token states; ``pooled``: ``[B, D]``; ``mask``: ``[B, T]`` (1 = real
+    token). ``n_tokens``: real tokens per prompt (``<s>`` and ``</s>`` included).
+    """
+
+    hidden: torch.Tensor
+    pooled: torch.Tensor
+    mask: torch.Tensor
+
+    @property
+    def n_tokens(self) -> list[int]:
+        return self.mask.sum(-1).tolist()
+
+
+def encode_prompts(text_encoder, tokenizer, prompts: list[str]) -> TextConditioning:
+    ids, mask = tokenize_prompts(tokenizer, prompts)
+    out = text_encoder(input_ids=ids, attention_mask=mask)
+    return TextConditioning(out.last_hidden_state, out.text_embeds, mask)
+
+
+def transformer_forward(transformer, family: str, x, t, cond: TextConditioning):
+    """One velocity prediction. ``x [B, 3, H, W]``; ``t [B]`` on the 0-1000 scale."""
+    if family == "sd3":
+        return transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond.hidden,
+                           pooled_projections=cond.pooled, return_dict=False)[0]
+    return transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond.hidden,
+                       encoder_attention_mask=cond.mask,
+                       added_cond_kwargs={"resolution": None, "aspect_ratio": None}, return_dict=False)[0]
+
+
+@dataclass
+class Generator:
+    """A loaded text-to-image generator: the pieces plus its family ('sd3' or 'pixart')."""
+
+    family: str
+    transformer: torch.nn.Module
+    text_encoder: torch.nn.Module
+    tokenizer: object
+    scheduler: object
+    path: str = ""
+
+    @property
+    def image_tokens(self) -> int:
+        c = self.transformer.config
+        return (c.sample_size // c.patch_size) ** 2
+
+    def save_pretrained(self, out: str | Path) -> None:
+        out = Path(out)
+        self.transformer.save_pretrained(out / "transformer")
+        self.text_encoder.save_pretrained(out / "text_encoder")
+        self.tokenizer.save_pretrained(out / "tokenizer")
+        self.scheduler.save_pretrained(out / "scheduler")

@@ -1,0 +1,113 @@
+"""Build the tiny LLaVA (CLIP vision tower + Llama language model) and its processor.
+
+The model is a stock ``transformers.LlavaForConditionalGeneration``: once saved with
+``save_pretrained`` it loads through exactly the path a user takes with
+``llava-hf/llava-1.5-7b-hf``. Prompt layout, as in LLaVA-1.5: image first, then the text::
+
+    <s> user : <image>x64 {question} assistant : {answer} </s>
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..world.text import vocabulary
+
+SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
+PROMPT = "user : <image> {question} assistant :"
+
+
+def build_tokenizer():
+    """Word-level fast tokenizer over the world's vocabulary; ``<image>`` is a special token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIAL + vocabulary())}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="<pad>", additional_special_tokens=["<image>"],
+    )
+    fast.padding_side = "left"  # batched generation pads on the left
+    return fast
+
+
+def build_processor(tokenizer, image_size: int = 64, patch: int = 8):
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    ip = CLIPImageProcessor(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
+        do_resize=True, do_center_crop=True, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+    )
+    return LlavaProcessor(
+        image_processor=ip, tokenizer=tokenizer, patch_size=patch,
+        vision_feature_select_strategy="default", num_additional_image_tokens=1,
+    )
+
+
+def build_config(tokenizer, image_size=64, patch=8, vision_hidden=128, vision_layers=2,
+                 lm_hidden=128, lm_layers=4, lm_heads=8, kv_heads=8):
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    vc = CLIPVisionConfig(
+        hidden_size=vision_hidden, intermediate_size=4 * vision_hidden, num_hidden_layers=vision_layers,
+        num_attention_heads=4, image_size=image_size, patch_size=patch, projection_dim=vision_hidden,
+    )
+    tc = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=lm_hidden, intermediate_size=4 * lm_hidden,
+        num_hidden_layers=lm_layers, num_attention_heads=lm_heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )
+    n_img = (image_size // patch) ** 2
+    return LlavaConfig(
+        vision_config=vc, text_config=tc, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1, vision_feature_select_strategy="default", image_seq_length=n_img,
+        projector_hidden_act="gelu",
+    )
+
+
+def pixel_values(images_uint8: np.ndarray) -> torch.Tensor:
+    """``[B, H, W, 3]`` uint8 -> ``[B, 3, H, W]`` float32 normalised like the image processor."""
+    x = torch.from_numpy(np.ascontiguousarray(images_uint8)).float().div_(255.0)
+    return x.permute(0, 3, 1, 2).sub_(0.5).div_(0.5).contiguous()
+
+
+def encode(tokenizer, questions: list[str], answers: list[str] | None, n_image_tokens: int):
+    """Token ids for a batch, identical to what the processor produces (tested).
+
+    Returns ``input_ids [B, S]``, ``attention_mask [B, S]`` and, when answers are given,
+    ``labels [B, S]`` (-100 everywhere except the answer tokens and the closing ``</s>``).
+    Prompts without answers are left-padded (ready for generation); training batches are
+    right-padded.
+    """
+    vocab = tokenizer.get_vocab()
+    img = vocab["<image>"]
+    rows, labs = [], []
+    for i, q in enumerate(questions):
+        prompt = [vocab["<s>"], vocab["user"], vocab[":"]] + [img] * n_image_tokens
+        prompt += [vocab.get(w, vocab["<unk>"]) for w in q.split()] + [vocab["assistant"], vocab[":"]]
+        if answers is None:
+            rows.append(prompt)
+            continue
+        ans = [vocab[w] for w in answers[i].split()] + [vocab["</s>"]]
+        rows.append(prompt + ans)
+        labs.append([-100] * len(prompt) + ans)
+    S = max(len(r) for r in rows)
+    pad = vocab["<pad>"]
+    ids = torch.full((len(rows), S), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), S), dtype=torch.long)
+    labels = torch.full((len(rows), S), -100, dtype=torch.long) if answers is not None else None
+    for i, r in enumerate(rows):
+        if answers is None:  # left pad
+            ids[i, S - len(r):] = torch.tensor(r)
+            mask[i, S - len(r):] = 1
+        else:
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+            labels[i, : len(r)] = torch.tensor(labs[i])
+    return ids, mask, labels

@@ -1,0 +1,246 @@
+"""Train the shipped tiny LLaVA from scratch on the synthetic world.
+
+    python -m unicache_lib.zoo.train_llava --out data/models/tiny-llava --seed 0
+
+Two stages (a one-stage run from scratch collapses to the text prior, see the model card):
+
+a. The CLIP vision tower alone, with linear heads that classify every patch as background or
+   colour x shape x position of the object covering it, plus the patch's row and column.
+b. The whole LLaVA with the tower frozen: projector and language model learn to answer one
+   question (or write one caption) per image; the loss is on the answer tokens only.
+
+A model card (config, data, accuracy per question type, image-shuffle control, time, seed) is
+written next to the weights.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..world.scenes import COLOURS, POSITIONS, SHAPES, patch_grid_masks
+from ..world.text import CAPTION_QUESTION, QA, caption, make_qa
+from . import tiny_llava as tl
+
+TRAIN_QTYPES = ("colour", "shape", "position", "exists")
+IMAGE_SIZE, PATCH = 64, 8
+N_IMG = (IMAGE_SIZE // PATCH) ** 2
+
+
+def patch_labels(qa: QA) -> np.ndarray:
+    """``[N_IMG]`` class per patch: 0 background, else 1 + colour*15 + shape*5 + position."""
+    idx = patch_grid_masks(qa.scene.masks, PATCH)
+    out = np.zeros_like(idx)
+    cols, shps, poss = list(COLOURS), list(SHAPES), list(POSITIONS)
+    for i, o in enumerate(qa.scene.objects):
+        out[idx == i] = 1 + cols.index(o.colour) * 15 + shps.index(o.shape) * 5 + poss.index(o.position)
+    return out
+
+
+def sample_batch(rng, n, single_only=False, caption_rate=0.16):
+    items = []
+    for _ in range(n):
+        st = ("single",) if single_only else None
+        kw = {"scene_types": st} if st else {}
+        if rng.random() < caption_rate:
+            qa = make_qa(rng, "exists", **kw)
+            items.append((qa, CAPTION_QUESTION, caption(qa.scene)))
+        else:
+            qa = make_qa(rng, qtypes=TRAIN_QTYPES, **kw)
+            items.append((qa, qa.question, qa.answer))
+    return items
+
+
+def lr_at(step, total, warmup, floor=0.02):
+    if step < warmup:
+        return (step + 1) / warmup
+    p = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
+
+
+def train_tower(model, rng, steps, batch, lr, log):
+    tower = model.model.vision_tower
+    d = tower.config.hidden_size
+    g = N_IMG ** 0.5
+    heads = torch.nn.ModuleDict({
+        "cls": torch.nn.Linear(d, 1 + len(COLOURS) * 15), "row": torch.nn.Linear(d, int(g)),
+        "col": torch.nn.Linear(d, int(g)),
+    })
+    params = list(tower.parameters()) + list(heads.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    rows = torch.arange(N_IMG) // int(g)
+    cols = torch.arange(N_IMG) % int(g)
+    bar = tqdm(range(steps), desc="stage a: vision tower", mininterval=5)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr * lr_at(step, steps, 100)
+        items = [make_qa(rng, qtypes=TRAIN_QTYPES) for _ in range(batch)]
+        px = tl.pixel_values(np.stack([q.scene.uint8() for q in items]))
+        y = torch.from_numpy(np.stack([patch_labels(q) for q in items]))
+        h = tower(px, output_hidden_states=True).hidden_states[-1][:, 1:]
+        logits = heads["cls"](h)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss = loss + 0.5 * torch.nn.functional.cross_entropy(heads["row"](h).flatten(0, 1), rows.repeat(batch))
+        loss = loss + 0.5 * torch.nn.functional.cross_entropy(heads["col"](h).flatten(0, 1), cols.repeat(batch))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            acc = (logits.argmax(-1) == y).float().mean().item()
+            bar.set_postfix(loss=f"{loss.item():.3f}", patch_acc=f"{acc:.4f}")
+            log.append({"stage": "a", "step": step, "loss": loss.item(), "patch_acc": acc})
+    return log[-1]["patch_acc"] if log else float("nan")
+
+
+@torch.no_grad()
+def answer_questions(model, tokenizer, questions, images_uint8, batch=100):
+    """Greedy one-token answers. Returns a list of words."""
+    out = []
+    model.eval()
+    for s in range(0, len(questions), batch):
+        ids, mask, _ = tl.encode(tokenizer, questions[s : s + batch], None, N_IMG)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                       pixel_values=tl.pixel_values(images_uint8[s : s + batch])).logits[:, -1]
+        out += tokenizer.convert_ids_to_tokens(logits.argmax(-1).tolist())
+    return out
+
+
+@torch.no_grad()
+def generate_captions(model, tokenizer, images_uint8, max_new_tokens=16, batch=50):
+    """Greedy captions via ``model.generate``. Returns a list of strings."""
+    out = []
+    model.eval()
+    for s in range(0, len(images_uint8), batch):
+        n = len(images_uint8[s : s + batch])
+        ids, mask, _ = tl.encode(tokenizer, [CAPTION_QUESTION] * n, None, N_IMG)
+        gen = model.generate(input_ids=ids, attention_mask=mask,
+                             pixel_values=tl.pixel_values(images_uint8[s : s + batch]),
+                             max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        out += tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
+    return [" ".join(c.split()) for c in out]
+
+
+def heldout_set(n=1500, seed=12345, qtypes=TRAIN_QTYPES):
+    """The fixed held-out questions (balanced over ``qtypes`` and the five scene types)."""
+    rng = np.random.default_rng(seed)
+    return [make_qa(rng, qtypes[i % len(qtypes)]) for i in range(n)]
+
+
+def evaluate(model, tokenizer, qas, shuffle_seed=None) -> dict:
+    """Exact-match accuracy overall and per question type (optionally with images shuffled)."""
+    imgs = np.stack([q.scene.uint8() for q in qas])
+    if shuffle_seed is not None:
+        imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
+    pred = answer_questions(model, tokenizer, [q.question for q in qas], imgs)
+    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
+    per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
+    return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
+
+
+def evaluate_captions(model, tokenizer, scenes) -> dict:
+    caps = generate_captions(model, tokenizer, np.stack([s.uint8() for s in scenes]))
+    exact = [c == caption(s) for c, s in zip(caps, scenes)]
+    named = []
+    for c, s in zip(caps, scenes):
+        named += [f"{o.colour} {o.shape}" in c for o in s.objects]
+    return {"exact": float(np.mean(exact)), "objects_named": float(np.mean(named)), "n": len(scenes),
+            "examples": [[caption(s), c] for s, c in list(zip(scenes, caps))[:5]]}
+
+
+def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qas=None):
+    model.model.vision_tower.requires_grad_(False)
+    proj = list(model.model.multi_modal_projector.parameters())
+    rest = [p for n, p in model.named_parameters()
+            if p.requires_grad and "multi_modal_projector" not in n and "vision_tower" not in n]
+    opt = torch.optim.AdamW([{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}],
+                            lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warm = min(150, steps // 10 + 1)
+    bar = tqdm(range(steps), desc="stage b: projector + language model", mininterval=5)
+    for step in bar:
+        model.train()
+        model.model.vision_tower.eval()
+        for g in opt.param_groups:
+            g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
+        items = sample_batch(rng, batch, single_only=step < 0.08 * steps)
+        ids, mask, labels = tl.encode(tokenizer, [q for _, q, _ in items], [a for _, _, a in items], N_IMG)
+        px = tl.pixel_values(np.stack([qa.scene.uint8() for qa, _, _ in items]))
+        out = model(input_ids=ids, attention_mask=mask, pixel_values=px)
+        # the label of position t is predicted from position t-1
+        logits = out.logits[:, :-1].flatten(0, 1)
+        loss = torch.nn.functional.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            log.append({"stage": "b", "step": step, "loss": loss.item()})
+        if eval_every and eval_qas and (step + 1) % eval_every == 0:
+            r = evaluate(model, tokenizer, eval_qas)
+            log.append({"stage": "b", "step": step, "eval": r})
+            tqdm.write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="data/models/tiny-llava")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps-a", type=int, default=1100)
+    ap.add_argument("--steps-b", type=int, default=4200)
+    ap.add_argument("--batch-a", type=int, default=64)
+    ap.add_argument("--batch-b", type=int, default=48)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--n-heldout", type=int, default=1500)
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--n-captions", type=int, default=200)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    t0 = time.time()
+    tok = tl.build_tokenizer()
+    proc = tl.build_processor(tok, IMAGE_SIZE, PATCH)
+    from transformers import LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration(tl.build_config(tok, IMAGE_SIZE, PATCH))
+    log: list = []
+    patch_acc = train_tower(model, rng, args.steps_a, args.batch_a, args.lr, log)
+    t_a = time.time() - t0
+    quick = heldout_set(200, seed=999) if args.eval_every else None
+    train_lm(model, tok, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick)
+    train_min = (time.time() - t0) / 60
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(out)
+    proc.save_pretrained(out)
+    # the bar is measured on what ships: the fp16 checkpoint, reloaded through from_pretrained
+    model = LlavaForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
+    held = heldout_set(args.n_heldout)
+    res = evaluate(model, tok, held)
+    shuf = evaluate(model, tok, held, shuffle_seed=1)
+    cap = evaluate_captions(model, tok, [q.scene for q in heldout_set(args.n_captions, seed=4321)])
+    card = {
+        "model": "tiny-llava", "class": "LlavaForConditionalGeneration", "seed": args.seed,
+        "args": vars(args), "prompt": tl.PROMPT, "image_size": IMAGE_SIZE, "patch": PATCH,
+        "image_tokens": N_IMG, "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
+        "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a / 60, "train_minutes": train_min,
+        "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",
+        "torch": torch.__version__, "log": log,
+    }
+    (out / "model_card.json").write_text(json.dumps(card, indent=1))
+    print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "train_minutes")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
