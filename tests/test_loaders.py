@@ -114,3 +114,24 @@ def test_dit_family_is_recognised(tmp_path):
     DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=3, out_channels=3, num_layers=1,
                           sample_size=8, patch_size=2, norm_num_groups=1).save_pretrained(tmp_path / "transformer")
     assert load_transformer(str(tmp_path))[1] == "dit"
+
+
+def test_qwen2_vl_capture(tokenizer):
+    # Qwen2-VL's processor needs torchvision too: ids by hand, 8x8 patches merged 2x2 -> 16 image tokens
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from unicache_lib.capture import find_attention_modules
+
+    img_id = tokenizer.convert_tokens_to_ids("<image>")
+    cfg = Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2, patch_size=4, spatial_merge_size=2,
+                           temporal_patch_size=2, in_channels=3),
+        image_token_id=img_id, video_token_id=tokenizer.unk_token_id, vision_start_token_id=tokenizer.bos_token_id)
+    model = Qwen2VLForConditionalGeneration(cfg).eval()
+    assert len(find_attention_modules(model, part="vision")) == 2  # model.visual.blocks.N.attn
+    ids = torch.tensor([[tokenizer.bos_token_id] + [img_id] * 16 + tokenizer.encode("what color ?", add_special_tokens=False)])
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(64, 3 * 2 * 4 * 4), "image_grid_thw": torch.tensor([[1, 8, 8]])}
+    _check_capture(model, inputs, 16)

@@ -138,6 +138,7 @@ def test_fused_layer_statistics_equal_individual_functions(seed, n, sq, causal, 
         "distance": S.mean_attention_distance(P), "variance": S.head_variance(P, causal),
         "head_sim": S.head_similarity(P), "blocks": S.block_shares(P, sp),
         "text_read_freq": S.text_read_frequency(P, sp),
+        "image_share": P[..., :, torch.as_tensor(sp.array) == 1].sum(-1),
     }
     assert set(got) == set(want) == set(S.LAYER_STATS)
     for k in want:

@@ -199,6 +199,7 @@ LAYER_STATS = {
     "head_sim": "[H, H] cosine similarity of head maps",
     "blocks": "[H, 4] four-block shares (only with spans)",
     "text_read_freq": "[H, Sk] column sums over text query rows only (only with spans)",
+    "image_share": "[H, Sq] each query row's mass on image keys (only with spans)",
 }
 
 
@@ -259,6 +260,7 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool =
         mass = torch.stack([to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)], -1)
         out["blocks"] = mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)
         out["text_read_freq"] = C[:, 1]
+        out["image_share"] = R[..., 2]
     return out
 
 

@@ -32,7 +32,7 @@ from .record import CaptureResult, Record
 MODES = ("full", "stats", "recompute")
 _RECOMPUTE_NAME = "unicache_recompute"
 # default discovery: decoder / encoder layers' attention modules
-_ATTN_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|attn|self_attention)$")
+_ATTN_RE = re.compile(r"(?:^|\.)(?:layers|blocks)\.(\d+)\.(?:self_attn|attn|self_attention)$")
 
 
 class CaptureError(RuntimeError):
