@@ -94,3 +94,100 @@ def save(fig, out_dir: str | Path, name: str) -> Path:
     p = out / f"{name}.png"
     fig.savefig(p, dpi=110, bbox_inches="tight")
     return p
+
+
+def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV read frequency", log: bool = True):
+    """``reads [n_layers, S]`` (e.g. normalised read frequency, mean over heads) as a layer x position
+    heatmap; the image block is marked. Anchors show up as vertical bands."""
+    plt = _plt()
+    R = _np(reads)
+    if R.ndim != 2:
+        raise ValueError(f"expected [n_layers, seq], got shape {R.shape}")
+    fig, ax = plt.subplots(figsize=(7, 2.6))
+    im = ax.imshow(np.log10(R + 1e-6) if log else R, aspect="auto", cmap="magma", interpolation="nearest")
+    if spans is not None:
+        spans.check(R.shape[1], "read-frequency row")
+        a, b = spans.image_range()
+        ax.axvline(a - 0.5, color="c", lw=1)
+        ax.axvline(b - 0.5, color="c", lw=1)
+        ax.text((a + b) / 2, -0.7, "image", color="c", ha="center", fontsize=8)
+    ax.set_xlabel("key position")
+    ax.set_ylabel("layer")
+    ax.set_title(title + (" (log10)" if log else ""), fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    return fig
+
+
+def per_layer_boxes(values, title: str = "", ylabel: str = ""):
+    """``values [n_layers, n]`` (e.g. per-head cross-modal share): one box per layer."""
+    plt = _plt()
+    V = _np(values)
+    if V.ndim != 2:
+        raise ValueError(f"expected [n_layers, n], got shape {V.shape}")
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.boxplot([v[~np.isnan(v)] for v in V], positions=np.arange(len(V)))
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6):
+    """A token's attention over the image patches (``weights [n_patches]``, row-major square grid)
+    upsampled over ``image [H, W, 3]``."""
+    plt = _plt()
+    w = _np(weights).ravel()
+    g = int(round(len(w) ** 0.5))
+    if g * g != len(w):
+        raise ValueError(f"{len(w)} patch weights do not form a square grid")
+    img = np.asarray(image)
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(3, 3))
+    ax.imshow(img)
+    ax.imshow(w.reshape(g, g), cmap="inferno", alpha=alpha, extent=(0, img.shape[1], img.shape[0], 0),
+              interpolation="nearest")
+    ax.set_axis_off()
+    ax.set_title(title, fontsize=9)
+    return fig or ax.figure
+
+
+def blocked_map(probs, spans: Spans, title: str = "", ax=None):
+    """One head's map ``[S, S]`` with positions regrouped image-first, text-second, so the four
+    modality blocks are contiguous; block borders drawn."""
+    plt = _plt()
+    P = _np(probs)
+    if P.ndim != 2 or P.shape[0] != P.shape[1]:
+        raise ValueError(f"blocked_map expects one head's square map [S, S], got shape {P.shape}")
+    spans.check(P.shape[0])
+    order = np.concatenate([spans.image_index, spans.text_index])
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(4, 4))
+    ax.imshow(np.log10(P[np.ix_(order, order)] + 1e-6), cmap="viridis", interpolation="nearest")
+    n = spans.n_image - 0.5
+    ax.axhline(n, color="w", lw=0.8)
+    ax.axvline(n, color="w", lw=0.8)
+    ax.set_xlabel("keys: image | text")
+    ax.set_ylabel("queries: image | text")
+    ax.set_title(title + " (log10)", fontsize=9)
+    return fig or ax.figure
+
+
+def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | None = None, title: str = ""):
+    """Three views of one head: raw map, modality-blocked map, and the chosen query token's attention
+    over the image. ``probs [S, S]``; ``token_pos`` indexes the sequence."""
+    plt = _plt()
+    P = _np(probs)
+    if not 0 <= token_pos < P.shape[0]:
+        raise ValueError(f"token_pos {token_pos} outside the sequence of {P.shape[0]}")
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
+    attention_map(P, spans, f"{title} raw", ax=axes[0])
+    blocked_map(P, spans, "blocked", ax=axes[1])
+    a, b = spans.image_range()
+    name = tokens[token_pos] if tokens else str(token_pos)
+    image_overlay(image, P[token_pos, a:b], f"query {token_pos} {name!r} -> image", ax=axes[2])
+    fig.tight_layout()
+    return fig
