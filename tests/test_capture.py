@@ -177,3 +177,20 @@ def test_capture_in_layer_batches_equals_one_pass(llava, samples):
     assert [r.key for r in one] != [] and sorted(r.key for r in one) == sorted(r.key for r in batched)
     for r in batched:
         assert torch.equal(r.probs, one[r.sample, r.layer].probs)
+
+
+def test_decode_capture_records_every_step(llava, samples):
+    from unicache_lib.capture.decode import decode_with_capture, producing_rows
+
+    model, proc = llava
+    toks, res = decode_with_capture(model, proc, samples[0].image, "describe the image .", "s", max_new_tokens=4)
+    assert 1 <= len(toks) <= 4
+    assert res.samples == [f"s/t{k}" for k in range(len(toks) + 1)]
+    first = res["s/t1", 0]
+    assert first.data["image_share"].shape == (4, 1)  # one query row per decode step
+    assert first.seq_len == res["s/t0", 0].seq_len + 1
+    share = first.data["image_share"][:, 0]
+    assert ((share >= 0) & (share <= 1 + 1e-5)).all()
+    rows = producing_rows(res, "s", len(toks), layer=0)
+    assert rows.shape == (len(toks), 4)
+    assert torch.equal(rows[0], res["s/t0", 0].data["image_share"][:, -1])  # last prompt row made token 1
