@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 > /dev/null
+	# headless Chromium for the browser test (Debian package; Playwright never downloads one)
+	@command -v chromium > /dev/null || { apt-get update -qq && apt-get install -y -qq chromium > /dev/null; } \
+	  || echo "could not install chromium (not root?): the browser test will be skipped"
 	@touch $(STAMP)
 
 ## run: execute every notebook on the shipped models; executed copies and figures under outputs/
@@ -60,7 +63,10 @@ benchmark: setup
 ## models: retrain the shipped models from scratch (about 1.5 h of CPU in all; not part of CI)
 models: setup
 	$(BIN)/python -m unicache_lib.world.samples --out data/samples
-	$(BIN)/python -m unicache_lib.zoo.train_llava --out data/models/tiny-llava --seed 0
+	$(BIN)/python -m unicache_lib.zoo.train_llava --out runs/tiny-llava-a --seed 0
+	# second stage-b run weighted towards the shape-located questions (see the model card)
+	$(BIN)/python -m unicache_lib.zoo.train_llava --init-from runs/tiny-llava-a --out data/models/tiny-llava --seed 1 \
+	  --steps-a 0 --steps-b 2500 --lr 1e-3 --qtype-weights colour=3,exists=2
 	$(BIN)/python -m unicache_lib.zoo.train_generator --family sd3 --out data/models/tiny-mmdit --seed 0
 	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --out data/models/tiny-pixart --seed 0
 

@@ -36,3 +36,19 @@ def test_01_capture_quick(tmp_path):
     assert board["M4"]["value"] == 0 and board["M4"]["n"] == 5  # quick run: 5 samples, not the full 20
     assert (tmp_path / "store" / "index-rank00000.json").exists()
     assert (tmp_path / "layer_curves.png").stat().st_size > 1000
+
+
+def test_02_understanding_maps_quick(tmp_path):
+    run_notebook("02_understanding_maps.ipynb", tmp_path, PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2)
+    board = scoreboard(tmp_path)
+    assert set(board) == {"U1", "U2a", "U2b", "U3", "U4", "U5", "U6", "U8", "U9", "U11", "U13"}
+    for r in board.values():
+        assert r["value"] is not None and math.isfinite(r["value"]), r
+        assert r["n"] >= 1 and r["verdict"] in {"holds", "partly", "does not hold"}
+    assert board["U1"]["n"] == 5  # one sample per scene type
+    assert 0.1 <= board["U1"]["value"] <= 1  # the top 10% hold at least their own share
+    for fig in ("focus_per_layer", "read_frequency_heatmap", "head_cross_modal"):
+        assert (tmp_path / f"{fig}.png").stat().st_size > 1000
+    from unicache_lib.store import Store
+
+    assert Store(tmp_path / "stats").verify() == [] and len(Store(tmp_path / "maps").read()) == 5 * 4

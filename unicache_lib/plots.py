@@ -22,7 +22,7 @@ def _np(x) -> np.ndarray:
     return x.detach().float().cpu().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float32)
 
 
-def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", bands: int = 3):
+def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", bands: bool = True):
     """Per-layer curves with spread. ``values``: name -> ``[n_samples, n_layers]``; the line is the
     mean over samples, the shaded band +-1 standard deviation; shallow/middle/deep bands marked."""
     plt = _plt()
@@ -38,11 +38,13 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
         ax.plot(x, m, marker="o", label=f"{name} (n={v.shape[0]})")
         ax.fill_between(x, m - s, m + s, alpha=0.2)
     if n_layers and bands:
-        edges = np.linspace(-0.5, n_layers - 0.5, bands + 1)
-        for i, lab in enumerate(["shallow", "middle", "deep"][:bands]):
-            ax.axvspan(edges[i], edges[i + 1], color=f"C{i}", alpha=0.04)
-            ax.text((edges[i] + edges[i + 1]) / 2, 1.0, lab, transform=ax.get_xaxis_transform(),
-                    ha="center", va="bottom", fontsize=8)
+        from .analysis.layers import band_layers
+
+        for i, (lab, ls) in enumerate(band_layers(n_layers).items()):
+            if ls:
+                ax.axvspan(ls[0] - 0.5, ls[-1] + 0.5, color=f"C{i}", alpha=0.05)
+                ax.text((ls[0] + ls[-1]) / 2, 1.0, lab, transform=ax.get_xaxis_transform(),
+                        ha="center", va="bottom", fontsize=8)
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
     ax.set_title(title, pad=14)

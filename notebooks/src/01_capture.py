@@ -16,7 +16,7 @@
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"          # shipped name, local path or hub id of a LLaVA-family model
-PER_TYPE = 4                  # standard samples per scene type (4 x 5 types = the full set of 20)
+PER_TYPE = 4                  # standard samples per scene type; 4 gives the full set of 20
 OUT_DIR = "outputs/01_capture"
 ANCHOR_K = 6                  # anchors per sample for claim M3
 SEED = 0

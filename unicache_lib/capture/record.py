@@ -60,6 +60,13 @@ class CaptureResult:
         self.records: list[Record] = []
         self.part = part
 
+    @classmethod
+    def from_records(cls, records, part: str = "language") -> "CaptureResult":
+        """Wrap records (e.g. read back from a store)."""
+        res = cls(part)
+        res.records = list(records)
+        return res
+
     def __len__(self) -> int:
         return len(self.records)
 

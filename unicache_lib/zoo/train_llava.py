@@ -43,7 +43,9 @@ def patch_labels(qa: QA) -> np.ndarray:
     return out
 
 
-def sample_batch(rng, n, single_only=False, caption_rate=0.16):
+def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None):
+    """``n`` (qa, question, answer) items; ``weights`` (question type -> weight) skews the mix."""
+    w = np.array([(weights or {}).get(t, 1.0) for t in TRAIN_QTYPES], float)
     items = []
     for _ in range(n):
         st = ("single",) if single_only else None
@@ -52,7 +54,7 @@ def sample_batch(rng, n, single_only=False, caption_rate=0.16):
             qa = make_qa(rng, "exists", **kw)
             items.append((qa, CAPTION_QUESTION, caption(qa.scene)))
         else:
-            qa = make_qa(rng, qtypes=TRAIN_QTYPES, **kw)
+            qa = make_qa(rng, str(rng.choice(TRAIN_QTYPES, p=w / w.sum())), **kw)
             items.append((qa, qa.question, qa.answer))
     return items
 
@@ -156,7 +158,8 @@ def evaluate_captions(model, tokenizer, scenes) -> dict:
             "examples": [[caption(s), c] for s, c in list(zip(scenes, caps))[:5]]}
 
 
-def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qas=None):
+def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, weights=None,
+             single_frac=0.08):
     model.model.vision_tower.requires_grad_(False)
     proj = list(model.model.multi_modal_projector.parameters())
     rest = [p for n, p in model.named_parameters()
@@ -170,7 +173,7 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
         model.model.vision_tower.eval()
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
-        items = sample_batch(rng, batch, single_only=step < 0.08 * steps)
+        items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights)
         ids, mask, labels = tl.encode(tokenizer, [q for _, q, _ in items], [a for _, _, a in items], N_IMG)
         px = tl.pixel_values(np.stack([qa.scene.uint8() for qa, _, _ in items]))
         out = model(input_ids=ids, attention_mask=mask, pixel_values=px)
@@ -203,22 +206,38 @@ def main(argv=None):
     ap.add_argument("--n-heldout", type=int, default=1500)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--n-captions", type=int, default=200)
+    ap.add_argument("--qtype-weights", default="", help="e.g. colour=2,exists=2 (others 1)")
+    ap.add_argument("--init-from", default=None,
+                    help="continue from a saved checkpoint (stage b only; pass --steps-a 0); the card keeps the earlier run")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    tok = tl.build_tokenizer()
-    proc = tl.build_processor(tok, IMAGE_SIZE, PATCH)
     from transformers import LlavaForConditionalGeneration
 
-    model = LlavaForConditionalGeneration(tl.build_config(tok, IMAGE_SIZE, PATCH))
+    previous = None
+    if args.init_from:
+        from transformers import AutoProcessor
+
+        proc = AutoProcessor.from_pretrained(args.init_from)
+        tok = proc.tokenizer
+        model = LlavaForConditionalGeneration.from_pretrained(args.init_from, dtype=torch.float32)
+        prev_card = Path(args.init_from) / "model_card.json"
+        previous = json.loads(prev_card.read_text()) if prev_card.exists() else None
+    else:
+        tok = tl.build_tokenizer()
+        proc = tl.build_processor(tok, IMAGE_SIZE, PATCH)
+        model = LlavaForConditionalGeneration(tl.build_config(tok, IMAGE_SIZE, PATCH))
     log: list = []
-    patch_acc = train_tower(model, rng, args.steps_a, args.batch_a, args.lr, log)
+    patch_acc = train_tower(model, rng, args.steps_a, args.batch_a, args.lr, log) if args.steps_a else \
+        (previous or {}).get("stage_a_patch_accuracy", float("nan"))
     t_a = time.time() - t0
     quick = heldout_set(200, seed=999) if args.eval_every else None
-    train_lm(model, tok, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick)
+    weights = {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
+    train_lm(model, tok, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick, weights,
+             single_frac=0.0 if args.init_from else 0.08)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,7 +255,7 @@ def main(argv=None):
         "image_tokens": N_IMG, "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
         "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a / 60, "train_minutes": train_min,
         "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",
-        "torch": torch.__version__, "log": log,
+        "torch": torch.__version__, "log": log, "previous_run": previous,
     }
     (out / "model_card.json").write_text(json.dumps(card, indent=1))
     print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "train_minutes")}, indent=1))

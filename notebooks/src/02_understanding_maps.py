@@ -1,0 +1,327 @@
+# %% [markdown]
+# # 02 · Attention maps of an understanding model (LLaVA-style)
+#
+# **What you will learn**
+# - how entropy, focus, locality and head diversity change with depth, with both readings of the study
+#   (U2a: shallow local → deep global; U2b: shallow uniform → deep focused) measured side by side;
+# - which image positions the text reads ("visual anchors"), whether they persist across layers, images
+#   and scene types, and where they sit relative to the objects;
+# - how much each kind of word reads the image, and how that changes while the model writes a caption;
+# - whether a word that names an object looks at *that* object rather than at the others;
+# - how to explore maps interactively with sample / layer / head / token controls.
+#
+# **What it needs**: notebook 01's ideas (capture, store). Runs on the shipped `tiny-llava` (4 language
+# layers × 8 heads, 64 image tokens, image first then text) or any LLaVA-family checkpoint as `MODEL`.
+# Direction convention: `text->image` = text queries reading image keys.
+#
+# Everything below reads from the stores this run writes; re-running a plot never re-runs the model.
+
+# %% tags=["parameters"]
+MODEL = "tiny-llava"
+PER_TYPE = 4                  # standard samples per scene type; 4 gives all 20
+MAP_PER_TYPE = 4              # samples per type whose full maps are kept (for the widget)
+TOP_K = 6                     # anchors per (sample, layer)
+N_CAPTIONS = 10               # samples captioned for the decoding dynamics
+OUT_DIR = "outputs/02_understanding_maps"
+SEED = 0
+
+# %%
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from unicache_lib import plots
+from unicache_lib.analysis import anchors as A
+from unicache_lib.analysis.layers import band_layers
+from unicache_lib.analysis.localisation import object_word_selectivity
+from unicache_lib.analysis.token_classes import CLASSES, token_class
+from unicache_lib.analysis.understanding import anchor_sets, head_table, layer_table, token_flow
+from unicache_lib.capture.decode import decode_with_capture, producing_rows
+from unicache_lib.capture.record import CaptureResult
+from unicache_lib.capture.runner import capture_samples, model_inputs
+from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.store import Store
+from unicache_lib.widgets import attention_explorer
+from unicache_lib.world import samples as sample_set
+from unicache_lib.world.scenes import SCENE_TYPES
+from unicache_lib.zoo.controls import untrained_language_model
+from unicache_lib.zoo.loaders import load_understanding
+
+torch.manual_seed(SEED)
+out = Path(OUT_DIR)
+out.mkdir(parents=True, exist_ok=True)
+model, processor = load_understanding(MODEL, attn_implementation="eager")
+tok = processor.tokenizer
+samples = sample_set.load(per_type=PER_TYPE)
+scene_of = {s.id: s.scene_type for s in samples}
+n_layers = model.config.text_config.num_hidden_layers
+bands = band_layers(n_layers)
+print(f"{MODEL}: {n_layers} layers, {model.config.text_config.num_attention_heads} heads; "
+      f"{len(samples)} samples over {len(set(scene_of.values()))} scene types; bands {bands}")
+
+# %% [markdown]
+# ## 1. Capture once
+#
+# Statistics for every sample and layer go to one store, full maps for a subset to another (the widget
+# needs maps; a 7B model's maps would be 2.4 GB per sample, so keep `MAP_PER_TYPE` small there).
+
+# %%
+stores = {name: out / name for name in ("stats", "maps")}
+for p in stores.values():
+    if p.exists():
+        shutil.rmtree(p)  # this notebook's own output of an earlier run
+meta = {"model": MODEL, "dtype": str(next(model.parameters()).dtype)}
+capture_samples(model, processor, samples, Store(stores["stats"], meta=meta), mode="stats", progress=False)
+map_samples = sample_set.load(per_type=min(MAP_PER_TYPE, PER_TYPE))
+capture_samples(model, processor, map_samples, Store(stores["maps"], meta=meta), mode="full", progress=False)
+recs = Store(stores["stats"]).read()
+maps = Store(stores["maps"]).read()
+tokens = {s.id: tok.convert_ids_to_tokens(model_inputs(processor, s.image, s.question)["input_ids"][0].tolist())
+          for s in samples}
+L = layer_table(recs, scene_of)
+H = head_table(recs)
+print(f"stats store: {len(recs)} records ({L['sample'].nunique()} samples x {L.layer.nunique()} layers); "
+      f"maps store: {len(maps)} records")
+
+# %% [markdown]
+# ## 2. How attention changes with depth
+#
+# Mean over samples (band: ±1 standard deviation across samples). Normalised entropy is 1 for a row that
+# spreads evenly over everything it can see; mean attention distance is in token positions.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+def per_layer(col):
+    return L.pivot(index="sample", columns="layer", values=col).to_numpy()
+
+fig = plots.layer_curves({"normalised entropy": per_layer("norm_entropy"), "mean max weight": per_layer("max_weight"),
+                          "diagonal mass": per_layer("diag")}, "focus per layer")
+_ = plots.save(fig, out, "focus_per_layer")
+fig = plots.layer_curves({"mean attention distance": per_layer("distance")}, "locality per layer", "positions")
+_ = plots.save(fig, out, "distance_per_layer")
+depth = L.groupby("band")[["norm_entropy", "max_weight", "distance", "variance", "cross_modal", "head_max_weight"]].mean()
+print(depth.loc[["shallow", "middle", "deep"]].round(3).to_string())
+
+# %% [markdown]
+# ## 3. Which positions are read: the read-frequency heatmap
+#
+# Column sums of the attention map, divided by how many queries can see each key (early keys are visible
+# to more queries under the causal mask). Vertical bright lines that run through many layers are anchors.
+
+# %%
+s0 = samples[0].id
+rf = np.stack([r.data["read_freq_norm"].mean(0).numpy() for r in sorted((r for r in recs if r.sample == s0), key=lambda r: r.layer)])
+sp0 = next(r.spans for r in recs if r.sample == s0)
+fig = plots.read_frequency_heatmap(rf, sp0, f"normalised read frequency, sample {s0}")
+_ = plots.save(fig, out, "read_frequency_heatmap")
+img_reads = np.stack([[A.image_reads(r).numpy() for r in sorted((r for r in recs if r.sample == s), key=lambda r: r.layer)]
+                      for s in L["sample"].unique()])  # [samples, layers, n_image]
+fig = plots.read_frequency_heatmap(img_reads.mean(0), None, f"text->image reads over the image block, mean of {len(img_reads)} samples")
+_ = plots.save(fig, out, "image_reads_heatmap")
+
+# %% [markdown]
+# ## 4. Visual anchors
+#
+# Per sample and layer, the `TOP_K` image positions the text reads most. How concentrated are the reads
+# (U1), do anchors persist (U3), and where do they sit (U4)? Chance for a random set of k of 64 positions:
+# Jaccard ≈ k/(128-k).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+AS = anchor_sets(recs, TOP_K)
+persist = np.mean([A.layer_persistence(img_reads[i], TOP_K) for i in range(len(img_reads))], 0)
+mid = bands["middle"][0]
+shallow_mid = float(persist[bands["shallow"][0], mid])
+stab = {li: A.group_stability({s: AS[(s, li)] for s in L["sample"].unique()}, scene_of) for li in range(n_layers)}
+patch = model.config.vision_config.patch_size
+placement = pd.DataFrame([{"sample": s.id, "layer": li, **A.anchor_placement(AS[(s.id, li)], A.patch_kinds(s.masks, patch))}
+                          for s in samples for li in range(n_layers)])
+chance_jaccard = TOP_K / (2 * 64 - TOP_K)
+print("anchor Jaccard between layers (mean over samples):\n", np.round(persist, 2))
+print(f"layer {bands['shallow'][0]} vs layer {mid}: {shallow_mid:.2f} (chance {chance_jaccard:.2f})")
+print(pd.DataFrame(stab).T[["within", "across", "n_within", "n_across"]].round(3).to_string())
+print(placement.groupby("layer")[["object", "object_chance", "edge", "edge_chance", "background", "background_chance"]].mean().round(3).to_string())
+
+# %%
+# sink test: share of the text's reads that land on the first 3 positions (before the image) vs on the anchors
+sink, anchor_mass = [], []
+for r in recs:
+    t = r.data["text_read_freq"].mean(0)
+    a, _ = r.spans.image_range()
+    sink.append(float(t[:3].sum() / t.sum()))
+    anchor_mass.append(float(t[a + AS[(r.sample, r.layer)]].sum() / t.sum()))
+print(f"text reads on the first 3 positions: {np.mean(sink):.3f}; on the {TOP_K} image anchors: {np.mean(anchor_mass):.3f} "
+      f"({len(recs)} sample-layers)")
+
+# %% [markdown]
+# ## 5. Which words read the image
+#
+# Every text position after the image, its share of attention on image keys (mean over heads), grouped by
+# token class and layer band.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+F = token_flow(recs, tokens, set(tok.all_special_tokens))
+flow = F.pivot_table(index="class", columns="band", values="image_share", aggfunc="mean").reindex(
+    [c for c in CLASSES if c in set(F["class"])])[["shallow", "middle", "deep"]]
+counts = F[F.layer == 0].groupby("class").size()
+print(flow.round(3).assign(n_tokens=counts).to_string())
+content = F[F["class"].isin(["object", "attribute", "position"])].image_share.mean()
+function = F[F["class"].isin(["function", "punctuation"])].image_share.mean()
+print(f"content words {content:.3f} vs function words and punctuation {function:.3f}")
+
+# %% [markdown]
+# ## 6. Does an object word look at its object?
+#
+# For every object of every multi-object sample we ask *where is the {colour} {shape} ?* and take the shape
+# word's attention over the image: mean weight per patch on the named object divided by the mean weight
+# per patch on the *other* objects (selectivity; 1 = no preference). The control is the same model with its
+# language model and projector re-initialised (vision tower unchanged).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+loc = object_word_selectivity(model, processor, samples)
+ctrl = object_word_selectivity(untrained_language_model(model, SEED), processor, samples)
+sel = pd.DataFrame({"trained": loc.groupby("layer").selectivity.median(), "untrained LM": ctrl.groupby("layer").selectivity.median(),
+                    "trained top-1 on target": loc.groupby("layer").top_on_target.mean(),
+                    "untrained top-1 on target": ctrl.groupby("layer").top_on_target.mean()})
+n_loc = loc[loc.layer == 0].shape[0]
+print(f"{n_loc} object questions (median selectivity per layer):\n{sel.round(2).to_string()}")
+
+# %% [markdown]
+# ## 7. Modality blocks and head roles
+
+# %%
+# NBVAL_CHECK_OUTPUT
+blocks = L.groupby("layer")[["image->image", "text->text", "image->text", "text->image", "cross_modal"]].mean()
+print(blocks.round(3).to_string())
+fig = plots.per_layer_boxes(H.groupby(["layer", "head"]).cross_modal.mean().unstack().to_numpy(),
+                            "per-head cross-modal share", "share")
+_ = plots.save(fig, out, "head_cross_modal")
+focused = H.groupby(["layer", "head"]).max_weight.mean().unstack()
+frac_focused = (focused > 0.45).mean(1)
+print("share of heads whose largest weight exceeds 0.45, per layer:", frac_focused.round(2).to_dict())
+
+# %% [markdown]
+# ## 8. Decoding: image reads while writing a caption
+#
+# Greedy captions (*describe the image .*) with the capture on; for every generated token the share of
+# image keys in the attention row that produced it.
+
+# %%
+rows = []
+for s in samples[:N_CAPTIONS]:
+    gen_toks, res = decode_with_capture(model, processor, s.image, "describe the image .", s.id, max_new_tokens=16)
+    for li in range(n_layers):
+        share = producing_rows(res, s.id, len(gen_toks), li).mean(1)
+        rows += [{"sample": s.id, "layer": li, "k": k, "token": t, "class": token_class(t), "image_share": float(v)}
+                 for k, (t, v) in enumerate(zip(gen_toks, share.tolist()))]
+D = pd.DataFrame(rows)
+print("example caption:", " ".join(D[(D["sample"] == samples[0].id) & (D.layer == 0)].token))
+dec = D.groupby("class").image_share.agg(["mean", "count"])
+print(dec.round(3).to_string())
+
+# %% [markdown]
+# ## 9. Scene types
+
+# %%
+# NBVAL_CHECK_OUTPUT
+by_type = L.groupby("scene_type")[["norm_entropy", "max_weight", "cross_modal", "top10_share", "gini"]].mean()
+print(by_type.round(3).to_string())
+
+# %% [markdown]
+# ## 10. Explore
+#
+# Sample, layer, head and query token; left to right: the raw map, the map regrouped into modality blocks,
+# and the chosen token's attention over the image. (Moves redraw from the maps store; no model run.)
+
+# %% tags=["nbval-ignore-output"]
+explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens)
+explorer
+
+# %% [markdown]
+# ## 11. Claims scoreboard
+#
+# Rules first (fixed before any number below is computed), then the measurements.
+
+# %%
+board = Scoreboard()
+board.rule("U1", "holds if the top 10% of image positions take >= 50% of the text's image reads (chance 10%); partly if >= 25%",
+           lambda v: "holds" if v >= 0.5 else "partly" if v >= 0.25 else "does not hold")
+board.rule("U2a", "holds if, from shallow to deep band, mean attention distance rises by >= 10% AND normalised entropy by >= 0.02; partly if one does",
+           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+board.rule("U2b", "holds if shallow normalised entropy >= 0.8 AND some deep head's max weight > 0.45; partly if one",
+           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+board.rule("U3", "holds if shallow-vs-middle anchor Jaccard >= 3x chance AND within-type > across-type Jaccard; partly if one",
+           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+board.rule("U4", "holds if anchors lie on objects >= 1.5x as often as random patches do, and the text reads its anchors more than the "
+           "first 3 positions (not a sink); partly if one", lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+board.rule("U5", "holds if content words' image share >= 2x that of function words and punctuation; partly if >= 1.2x",
+           lambda v: "holds" if v >= 2 else "partly" if v >= 1.2 else "does not hold")
+board.rule("U6", "holds if generated content words read the image >= 1.2x as much as generated punctuation/function words; partly if >= 1.1x",
+           lambda v: "holds" if v >= 1.2 else "partly" if v >= 1.1 else "does not hold")
+board.rule("U8", "holds if every layer has some but not all heads with max weight > 0.45; partly if most layers do",
+           lambda v: "holds" if v == 1 else "partly" if v >= 0.5 else "does not hold")
+board.rule("U9", "holds if image->image is the largest block in every layer and cross-modal share >= 15% everywhere; partly if only the first",
+           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+board.rule("U11", "holds if the best layer's median selectivity >= 1.5 and >= 1.5x the untrained-LM control; partly if >= 1.1x the control",
+           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+board.rule("U13", "holds if the shallow band's cross-modal share is 20-50% AND middle-band entropy is >= 0.02 below shallow; partly if one",
+           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+n_s = L["sample"].nunique()
+u1 = L.top10_share.mean()
+board.measure("U1", u1, n_s, f"top-10% share {u1:.2f}, Gini {L.gini.mean():.2f}")
+d_up = depth.loc["deep", "distance"] >= 1.1 * depth.loc["shallow", "distance"]
+e_up = depth.loc["deep", "norm_entropy"] >= depth.loc["shallow", "norm_entropy"] + 0.02
+board.measure("U2a", int(d_up) + int(e_up), n_s, f"distance {depth.loc['shallow', 'distance']:.1f}→{depth.loc['deep', 'distance']:.1f}, "
+              f"entropy {depth.loc['shallow', 'norm_entropy']:.2f}→{depth.loc['deep', 'norm_entropy']:.2f}")
+deep_max = H[H.layer.isin(bands["deep"])].groupby("head").max_weight.mean().max()
+u2b = int(depth.loc["shallow", "norm_entropy"] >= 0.8) + int(deep_max > 0.45)
+board.measure("U2b", u2b, n_s, f"shallow entropy {depth.loc['shallow', 'norm_entropy']:.2f}, top deep head max weight {deep_max:.2f}")
+within = pd.Series([v["within"] for v in stab.values()]).mean()  # NaN when no scene type has two samples
+across = pd.Series([v["across"] for v in stab.values()]).mean()
+board.measure("U3", int(shallow_mid >= 3 * chance_jaccard) + int(bool(within > across)), n_s,
+              f"layer Jaccard {shallow_mid:.2f} (chance {chance_jaccard:.2f}); within-type {within:.2f} vs across {across:.2f}")
+obj_ratio = placement.object.mean() / max(placement.object_chance.mean(), 1e-9)
+board.measure("U4", int(obj_ratio >= 1.5) + int(np.mean(anchor_mass) > np.mean(sink)), n_s,
+              f"on objects {obj_ratio:.2f}x chance; anchor mass {np.mean(anchor_mass):.2f} vs first-3 {np.mean(sink):.2f}")
+board.measure("U5", content / function, len(F), f"{content:.3f} / {function:.3f} = {content / function:.2f}x")
+dc = D[D["class"].isin(["object", "attribute", "position"])].image_share.mean()
+df_ = D[D["class"].isin(["function", "punctuation"])].image_share.mean()
+board.measure("U6", dc / df_ if df_ > 0 else float("nan"), D["sample"].nunique(), f"{dc:.3f} / {df_:.3f} = {dc / df_:.2f}x")
+ok_layers = ((frac_focused > 0) & (frac_focused < 1)).mean()
+board.measure("U8", ok_layers, n_s, f"layers with some-but-not-all focused heads: {ok_layers:.2f}")
+dominant = (blocks[["image->image", "text->text", "image->text", "text->image"]].idxmax(1) == "image->image").all()
+u9 = int(dominant) + int(dominant and (blocks.cross_modal >= 0.15).all())
+board.measure("U9", u9, n_s, f"image->image largest in all layers: {bool(dominant)}; min cross-modal {blocks.cross_modal.min():.2f}")
+best = sel["trained"].idxmax()
+u11 = int(sel.loc[best, "trained"] >= 1.5 and sel.loc[best, "trained"] >= 1.5 * sel.loc[best, "untrained LM"]) + \
+    int(sel.loc[best, "trained"] >= 1.1 * sel.loc[best, "untrained LM"])
+board.measure("U11", u11, n_loc, f"layer {best}: {sel.loc[best, 'trained']:.2f} vs control {sel.loc[best, 'untrained LM']:.2f}")
+u13 = int(0.2 <= depth.loc["shallow", "cross_modal"] <= 0.5) + int(depth.loc["middle", "norm_entropy"] <= depth.loc["shallow", "norm_entropy"] - 0.02)
+board.measure("U13", u13, n_s, f"shallow cross-modal {depth.loc['shallow', 'cross_modal']:.2f}; entropy shallow "
+              f"{depth.loc['shallow', 'norm_entropy']:.2f} / middle {depth.loc['middle', 'norm_entropy']:.2f}")
+board.save(out / "scoreboard.json")
+print({c: r.verdict for c, r in board.rows.items()})
+
+# %%
+board.table()
+
+# %% [markdown]
+# **Reading the scoreboard.** Each verdict above is what the shipped model does, not what the study says.
+# A claim that does not hold on a 4-layer model trained on coloured shapes is a finding about that model;
+# run the notebook on a real checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU and `PER_TYPE = 4`)
+# to see whether it holds there.
+#
+# ## Exercises
+# 1. Set `TOP_K = 3` and `TOP_K = 12`. Which anchor conclusions survive?
+# 2. Change the token classes in `unicache_lib.analysis.token_classes` to count "color" as a function word. Does U5 change?
+# 3. Run section 6 on `shape` questions (*what shape is the red object ?*) with the colour word as the query. Is colour a better
+#    pointer than shape?
+# 4. In the explorer, find a head whose image-overlay for the last token lights up only the asked object.

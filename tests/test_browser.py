@@ -1,0 +1,77 @@
+"""A real reader: JupyterLab on loopback, notebook 02 opened in headless Chromium, run, the layer
+slider moved with the keyboard, and the picture must change."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.notebook
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_layer_slider_redraws_in_jupyterlab(tmp_path):
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed: `make setup` installs it (apt-get install chromium)")
+        pytest.skip("chromium not installed (make setup installs it)")
+    pw = pytest.importorskip("playwright.sync_api")
+    sync_playwright, expect = pw.sync_playwright, pw.expect
+    import papermill as pm
+
+    nb = tmp_path / "02.ipynb"
+    pm.execute_notebook(str(ROOT / "notebooks" / "02_understanding_maps.ipynb"), str(nb), prepare_only=True,
+                        parameters={"PER_TYPE": 1, "MAP_PER_TYPE": 1, "N_CAPTIONS": 1, "OUT_DIR": str(tmp_path / "out")})
+    port = _free_port()
+    lab = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
+         "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={tmp_path}", "--LabApp.news_url="],
+        stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        for _ in range(90):
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                time.sleep(1)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run", "--disable-quic"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/lab/tree/02.ipynb")
+            page.wait_for_selector(".jp-Notebook", timeout=90_000)
+            try:  # a kernel picker may come up first
+                page.locator(".jp-Dialog button", has_text="Select").click(timeout=5_000)
+            except Exception:
+                pass
+            page.wait_for_selector("text=Kernel status: Idle", state="attached", timeout=90_000)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            img = page.locator(".widget-output img").first
+            img.wait_for(timeout=300_000)
+            before = img.get_attribute("src")
+            layer = page.locator(".widget-hslider", has_text="layer")
+            layer.locator(".noUi-handle").focus()
+            page.keyboard.press("ArrowRight")
+            page.wait_for_function(
+                "s => { const i = document.querySelector('.widget-output img'); return i && i.src !== s; }",
+                arg=before, timeout=60_000)
+            expect(layer.locator(".widget-readout")).to_have_text("1", timeout=10_000)
+            page.screenshot(path=str(tmp_path / "after.png"))
+            browser.close()
+    finally:
+        lab.terminate()
+        lab.wait(30)
+    assert (tmp_path / "out" / "scoreboard.json").exists()  # the whole notebook ran in the browser

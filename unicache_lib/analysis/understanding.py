@@ -1,0 +1,98 @@
+"""Tidy tables from stats-mode records of an understanding model (one row per sample x layer, per
+head, or per text token), the raw material of notebook 02's figures and claims."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..modality import BLOCKS
+from ..stats import gini, top_share
+from .anchors import image_reads
+from .layers import layer_band
+from .token_classes import token_class
+
+
+# Row summaries (max weight, entropy) skip the first rows of a causal map: a row that sees one key
+# puts weight 1 on it, which would make every head look "focused".
+MIN_KEYS = 16
+
+
+def _n_layers(records) -> int:
+    return max(r.layer for r in records) + 1
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``[H, Sq]`` -> the rows that see at least MIN_KEYS keys (prompt captures: Sq == Sk)."""
+    return t[:, MIN_KEYS - 1:] if t.shape[1] >= MIN_KEYS else t
+
+
+def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
+    """One row per (sample, layer): statistics averaged over heads (and over query rows that see at
+    least ``MIN_KEYS`` keys)."""
+    n = _n_layers(records)
+    rows = []
+    for r in records:
+        d = r.data
+        row = {
+            "sample": r.sample, "layer": r.layer, "band": layer_band(r.layer, n),
+            "scene_type": (scene_of or {}).get(r.sample, ""),
+            "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"]))),
+            "max_weight": float(_rows(d["max_weight"]).mean()),
+            "head_max_weight": float(_rows(d["max_weight"]).amax(-1).max()),
+            "diag": float(d["diag"].mean()), "distance": float(d["distance"].mean()),
+            "variance": float(d["variance"].mean()),
+        }
+        if "blocks" in d:
+            b = d["blocks"].mean(0)
+            row.update({name: float(b[i]) for i, name in enumerate(BLOCKS)})
+            row["cross_modal"] = row["image->text"] + row["text->image"]
+            reads = image_reads(r)
+            row["top10_share"] = float(top_share(reads, 0.1))
+            row["gini"] = float(gini(reads))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def head_table(records) -> pd.DataFrame:
+    """One row per (sample, layer, head): the head's largest weight, mean normalised entropy and
+    cross-modal share."""
+    rows = []
+    for r in records:
+        d = r.data
+        cm = d["blocks"][:, BLOCKS.index("image->text")] + d["blocks"][:, BLOCKS.index("text->image")] \
+            if "blocks" in d else torch.full((r.heads,), float("nan"))
+        for h in range(r.heads):
+            rows.append({"sample": r.sample, "layer": r.layer, "head": h,
+                         "max_weight": float(_rows(d["max_weight"])[h].max()),
+                         "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"])[h])),
+                         "cross_modal": float(cm[h])})
+    return pd.DataFrame(rows)
+
+
+def token_flow(records, tokens: dict[str, list[str]], special: set[str] | frozenset = frozenset()) -> pd.DataFrame:
+    """One row per (sample, layer, text query position): the token, its class and its share of
+    attention on image keys (mean over heads). Positions before the image (the prompt prefix) are
+    kept; image positions are not rows."""
+    n = _n_layers(records)
+    rows = []
+    for r in records:
+        if "image_share" not in r.data:
+            raise ValueError("records hold no image_share: capture in stats mode with spans")
+        share = r.data["image_share"].mean(0)
+        toks = tokens[r.sample]
+        a, _ = r.spans.image_range()
+        for pos in r.spans.text_index:
+            if pos < a:  # the prompt prefix cannot see the image (causal): no reading to measure
+                continue
+            rows.append({"sample": r.sample, "layer": r.layer, "band": layer_band(r.layer, n), "pos": int(pos),
+                         "token": toks[pos], "class": token_class(toks[pos], special),
+                         "image_share": float(share[pos])})
+    return pd.DataFrame(rows)
+
+
+def anchor_sets(records, k: int) -> dict[tuple[str, int], np.ndarray]:
+    """(sample, layer) -> indices of the top-``k`` image positions read by the text."""
+    from .anchors import top_anchors
+
+    return {(r.sample, r.layer): top_anchors(image_reads(r), k) for r in records}

@@ -1,0 +1,26 @@
+"""Control models: the same architecture with parts re-initialised, for chance baselines."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+def untrained_language_model(model, seed: int = 0):
+    """A copy of a LLaVA-style model whose language model and projector are re-initialised (the
+    vision tower keeps its trained weights): what an attention measure gives without any learned
+    text-image binding."""
+    ctrl = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    parts = [ctrl.model.language_model, ctrl.model.multi_modal_projector, ctrl.lm_head]
+    for part in parts:
+        for m in part.modules():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+            if "norm" in type(m).__name__.lower() and getattr(m, "weight", None) is not None:
+                torch.nn.init.ones_(m.weight)  # RMSNorm has no reset_parameters
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                torch.nn.init.normal_(m.weight, std=ctrl.config.text_config.initializer_range)
+                if getattr(m, "bias", None) is not None:
+                    torch.nn.init.zeros_(m.bias)
+    return ctrl.eval()
