@@ -3,7 +3,9 @@
 The map size depends only on layers, heads and length, so the model is a Llama with that shape
 and a narrow head dimension (4), which keeps a CPU run short. Each configuration runs in its own
 process; peak extra memory is the rise of the process's peak RSS over a warm plain forward of
-the same attention implementation, time is the median of ``--repeats`` forwards.
+the same attention implementation, time is the median of ``--repeats`` forwards. glibc's mmap
+threshold is pinned (``MALLOC_MMAP_THRESHOLD_``) so freed tensors go back to the OS and the peak RSS
+tracks live memory rather than allocator caching.
 
     python benchmarks/capture_overhead.py            # or: make benchmark
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -68,21 +71,27 @@ def main(argv=None):
     ap.add_argument("--n-image", type=int, default=576)
     ap.add_argument("--n-text", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads in every configuration")
     ap.add_argument("--child", choices=CONFIGS)
     args = ap.parse_args(argv)
     shape = (args.layers, args.heads, args.n_image, args.n_text, args.repeats)
     if args.child:
+        import torch
+
+        torch.set_num_threads(args.threads)
         print(json.dumps(child(args.child, *shape)))
         return
     rows = {}
     for c in CONFIGS:
         p = subprocess.run([sys.executable, __file__, "--child", c, "--layers", str(args.layers), "--heads",
                             str(args.heads), "--n-image", str(args.n_image), "--n-text", str(args.n_text),
-                            "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
+                            "--repeats", str(args.repeats), "--threads", str(args.threads)],
+                           capture_output=True, text=True, check=True,
+                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"})
         rows[c] = json.loads(p.stdout.strip().splitlines()[-1])
     S = args.n_image + args.n_text
     print(f"capture overhead, {args.layers} layers x {args.heads} heads, sequence {S} "
-          f"({args.n_image} image + {args.n_text} text), median of {args.repeats} forwards, CPU")
+          f"({args.n_image} image + {args.n_text} text), median of {args.repeats} forwards, CPU, {args.threads} thread(s)")
     print(f"{'config':<18}{'impl':<8}{'time (s)':>10}{'x eager':>9}{'extra peak MB':>15}{'kept MB':>10}")
     for c, r in rows.items():
         print(f"{c:<18}{r['impl']:<8}{r['time_s']:>10.3f}{r['time_s'] / rows['eager']['time_s']:>9.2f}"

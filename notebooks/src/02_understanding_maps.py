@@ -20,6 +20,7 @@
 MODEL = "tiny-llava"
 PER_TYPE = 4                  # standard samples per scene type; 4 gives all 20
 MAP_PER_TYPE = 4              # samples per type whose full maps are kept (for the widget)
+LAYERS = None                 # language layers to capture, e.g. [0, 15, 31] on a 7B model; None = all
 TOP_K = 6                     # anchors per (sample, layer)
 N_CAPTIONS = 10               # samples captioned for the decoding dynamics
 OUT_DIR = "outputs/02_understanding_maps"
@@ -74,15 +75,17 @@ for p in stores.values():
     if p.exists():
         shutil.rmtree(p)  # this notebook's own output of an earlier run
 meta = {"model": MODEL, "dtype": str(next(model.parameters()).dtype)}
-capture_samples(model, processor, samples, Store(stores["stats"], meta=meta), mode="stats", progress=False)
+capture_samples(model, processor, samples, Store(stores["stats"], meta=meta), mode="stats", layers=LAYERS, progress=False)
 map_samples = sample_set.load(per_type=min(MAP_PER_TYPE, PER_TYPE))
-capture_samples(model, processor, map_samples, Store(stores["maps"], meta=meta), mode="full", progress=False)
+capture_samples(model, processor, map_samples, Store(stores["maps"], meta=meta), mode="full", layers=LAYERS, progress=False)
 recs = Store(stores["stats"]).read()
 maps = Store(stores["maps"]).read()
 tokens = {s.id: tok.convert_ids_to_tokens(model_inputs(processor, s.image, s.question)["input_ids"][0].tolist())
           for s in samples}
 L = layer_table(recs, scene_of)
 H = head_table(recs)
+captured = sorted(L["layer"].unique())
+bands = {b: [li for li in ls if li in captured] for b, ls in bands.items()}  # bands of the captured layers
 print(f"stats store: {len(recs)} records ({L['sample'].nunique()} samples x {L.layer.nunique()} layers); "
       f"maps store: {len(maps)} records")
 
@@ -102,6 +105,8 @@ fig = plots.layer_curves({"normalised entropy": per_layer("norm_entropy"), "mean
 _ = plots.save(fig, out, "focus_per_layer")
 fig = plots.layer_curves({"mean attention distance": per_layer("distance")}, "locality per layer", "positions")
 _ = plots.save(fig, out, "distance_per_layer")
+fig = plots.layer_curves({"per-head variance": per_layer("variance")}, "within-row variance per layer (0 = uniform rows)")
+_ = plots.save(fig, out, "variance_per_layer")
 depth = L.groupby("band")[["norm_entropy", "max_weight", "distance", "variance", "cross_modal", "head_max_weight"]].mean()
 print(depth.loc[["shallow", "middle", "deep"]].round(3).to_string())
 
@@ -133,15 +138,15 @@ _ = plots.save(fig, out, "image_reads_heatmap")
 # NBVAL_CHECK_OUTPUT
 AS = anchor_sets(recs, TOP_K)
 persist = np.mean([A.layer_persistence(img_reads[i], TOP_K) for i in range(len(img_reads))], 0)
-mid = bands["middle"][0]
-shallow_mid = float(persist[bands["shallow"][0], mid])
-stab = {li: A.group_stability({s: AS[(s, li)] for s in L["sample"].unique()}, scene_of) for li in range(n_layers)}
+lo, mid = bands["shallow"][0], bands["middle"][0]
+shallow_mid = float(persist[captured.index(lo), captured.index(mid)])
+stab = {li: A.group_stability({s: AS[(s, li)] for s in L["sample"].unique()}, scene_of) for li in captured}
 patch = model.config.vision_config.patch_size
 placement = pd.DataFrame([{"sample": s.id, "layer": li, **A.anchor_placement(AS[(s.id, li)], A.patch_kinds(s.masks, patch))}
-                          for s in samples for li in range(n_layers)])
+                          for s in samples for li in captured])
 chance_jaccard = TOP_K / (2 * 64 - TOP_K)
 print("anchor Jaccard between layers (mean over samples):\n", np.round(persist, 2))
-print(f"layer {bands['shallow'][0]} vs layer {mid}: {shallow_mid:.2f} (chance {chance_jaccard:.2f})")
+print(f"layer {lo} vs layer {mid}: {shallow_mid:.2f} (chance {chance_jaccard:.2f})")
 print(pd.DataFrame(stab).T[["within", "across", "n_within", "n_across"]].round(3).to_string())
 print(placement.groupby("layer")[["object", "object_chance", "edge", "edge_chance", "background", "background_chance"]].mean().round(3).to_string())
 
@@ -214,8 +219,9 @@ print("share of heads whose largest weight exceeds 0.45, per layer:", frac_focus
 # %%
 rows = []
 for s in samples[:N_CAPTIONS]:
-    gen_toks, res = decode_with_capture(model, processor, s.image, "describe the image .", s.id, max_new_tokens=16)
-    for li in range(n_layers):
+    gen_toks, res = decode_with_capture(model, processor, s.image, "describe the image .", s.id, max_new_tokens=16,
+                                        layers=LAYERS)
+    for li in captured:
         share = producing_rows(res, s.id, len(gen_toks), li).mean(1)
         rows += [{"sample": s.id, "layer": li, "k": k, "token": t, "class": token_class(t), "image_share": float(v)}
                  for k, (t, v) in enumerate(zip(gen_toks, share.tolist()))]
@@ -223,6 +229,10 @@ D = pd.DataFrame(rows)
 print("example caption:", " ".join(D[(D["sample"] == samples[0].id) & (D.layer == 0)].token))
 dec = D.groupby("class").image_share.agg(["mean", "count"])
 print(dec.round(3).to_string())
+one = D[(D["sample"] == samples[0].id)].groupby(["k", "token"]).image_share.mean().reset_index()
+fig = plots.bars({f"{r.k}:{r.token}": r.image_share for r in one.itertuples()},
+                 f"image share of each generated token, {samples[0].id} (mean over layers and heads)", "share")
+_ = plots.save(fig, out, "decoding_image_share")
 
 # %% [markdown]
 # ## 9. Scene types
