@@ -150,10 +150,10 @@ def cross_modal_share(P: torch.Tensor, spans: Spans, query_positions=None) -> to
     return s[..., BLOCKS.index("image->text")] + s[..., BLOCKS.index("text->image")]
 
 
-def head_similarity(P: torch.Tensor) -> torch.Tensor:
+def head_similarity(P: torch.Tensor, check: bool = True) -> torch.Tensor:
     """Cosine similarity between the flattened maps of every pair of heads: ``[..., H, H]``
     for ``P`` of shape ``[..., H, Sq, Sk]``."""
-    P = as_probs(P)
+    P = as_probs(P, check)
     f = P.flatten(-2)
     gram = f @ f.transpose(-1, -2)
     norm = gram.diagonal(dim1=-2, dim2=-1).clamp(min=1e-24).sqrt()
@@ -236,7 +236,7 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool =
             "fully masked; rerun in float32 or bfloat16"
         )
     n = visible_keys(P, causal, query_positions).float()
-    h = -torch.special.xlogy(P, P).sum(-1)
+    h = _causal_entropy(P, q) if causal else -torch.special.xlogy(P, P).sum(-1)
     rf = C[:, 0]
     if causal:
         distance = (q.float() * R[..., 1] - R[..., 0]).mean(-1)
@@ -252,7 +252,7 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool =
         "diag": P[:, torch.arange(sq, device=dev), q].mean(-1),
         "distance": distance,
         "variance": (sumsq / n - 1.0 / n**2).mean(-1),
-        "head_sim": head_similarity(P),
+        "head_sim": head_similarity(P, check=False),  # already checked through R and C
     }
     if spans is not None:
         to = {"image": R[..., 2], "text": R[..., 3]}
@@ -262,6 +262,20 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool =
         out["text_read_freq"] = C[:, 1]
         out["image_share"] = R[..., 2]
     return out
+
+
+def _causal_entropy(P: torch.Tensor, q: torch.Tensor, blocks: int = 8) -> torch.Tensor:
+    """Row entropy of a causal map computing logs only left of the diagonal, in row blocks (the
+    masked upper triangle is exactly 0 and contributes nothing): about half the work of
+    :func:`row_entropy` on a square map, same result."""
+    H, sq, sk = P.shape
+    h = torch.empty(H, sq, device=P.device)
+    step = -(-sq // blocks)
+    for r0 in range(0, sq, step):
+        r1 = min(sq, r0 + step)
+        blk = P[:, r0:r1, : int(q[r1 - 1]) + 1]
+        h[:, r0:r1] = -torch.special.xlogy(blk, blk).sum(-1)
+    return h
 
 
 def text_read_frequency(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
