@@ -179,7 +179,7 @@ class AttentionCapture:
             raise CaptureError(f"{name}: expected attention weights [batch, heads, q, k], got {tuple(probs.shape)}")
         part = part_of(name)
         for b in range(probs.shape[0]):
-            P = S.as_probs(probs[b].detach())
+            P = S.as_probs(probs[b].detach(), check=mode == "full")  # stats mode checks inside layer_statistics
             sq, sk = P.shape[-2:]
             sp = self._spans_for(b) if part == "language" else None
             if sp is not None:
