@@ -208,7 +208,7 @@ fig = plots.per_layer_boxes(H.groupby(["layer", "head"]).cross_modal.mean().unst
 _ = plots.save(fig, out, "head_cross_modal")
 focused = H.groupby(["layer", "head"]).max_weight.mean().unstack()
 frac_focused = (focused > 0.45).mean(1)
-print("share of heads whose largest weight exceeds 0.45, per layer:", frac_focused.round(2).to_dict())
+print("share of heads whose rows put > 0.45 on one key (on average), per layer:", frac_focused.round(2).to_dict())
 
 # %% [markdown]
 # ## 8. Decoding: image reads while writing a caption
@@ -263,7 +263,7 @@ board.rule("U1", "holds if the top 10% of image positions take >= 50% of the tex
            lambda v: "holds" if v >= 0.5 else "partly" if v >= 0.25 else "does not hold")
 board.rule("U2a", "holds if, from shallow to deep band, mean attention distance rises by >= 10% AND normalised entropy by >= 0.02; partly if one does",
            lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
-board.rule("U2b", "holds if shallow normalised entropy >= 0.8 AND some deep head's max weight > 0.45; partly if one",
+board.rule("U2b", "holds if shallow normalised entropy >= 0.8 AND some deep head's rows put > 0.45 on one key on average; partly if one",
            lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
 board.rule("U3", "holds if shallow-vs-middle anchor Jaccard >= 3x chance AND within-type > across-type Jaccard; partly if one",
            lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))

@@ -39,7 +39,7 @@ def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
             "scene_type": (scene_of or {}).get(r.sample, ""),
             "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"]))),
             "max_weight": float(_rows(d["max_weight"]).mean()),
-            "head_max_weight": float(_rows(d["max_weight"]).amax(-1).max()),
+            "head_max_weight": float(_rows(d["max_weight"]).mean(-1).max()),  # the most focused head
             "diag": float(d["diag"].mean()), "distance": float(d["distance"].mean()),
             "variance": float(d["variance"].mean()),
         }
@@ -55,8 +55,8 @@ def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
 
 
 def head_table(records) -> pd.DataFrame:
-    """One row per (sample, layer, head): the head's largest weight, mean normalised entropy and
-    cross-modal share."""
+    """One row per (sample, layer, head): the head's typical focus (largest weight of a row, averaged
+    over rows), mean normalised entropy and cross-modal share."""
     rows = []
     for r in records:
         d = r.data
@@ -64,7 +64,7 @@ def head_table(records) -> pd.DataFrame:
             if "blocks" in d else torch.full((r.heads,), float("nan"))
         for h in range(r.heads):
             rows.append({"sample": r.sample, "layer": r.layer, "head": h,
-                         "max_weight": float(_rows(d["max_weight"])[h].max()),
+                         "max_weight": float(_rows(d["max_weight"])[h].mean()),
                          "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"])[h])),
                          "cross_modal": float(cm[h])})
     return pd.DataFrame(rows)
