@@ -20,7 +20,7 @@
 MODEL = "tiny-llava"
 PER_TYPE = 4                  # standard samples per scene type; 4 gives all 20
 MAP_PER_TYPE = 4              # samples per type whose full maps are kept (for the widget)
-LAYERS = None                 # language layers to capture, e.g. [0, 15, 31] on a 7B model; None = all
+LAYERS = None                 # language layers to capture, e.g. [0, 15, 31] on a 7B model; None means all
 TOP_K = 6                     # anchors per (sample, layer)
 N_CAPTIONS = 10               # samples captioned for the decoding dynamics
 OUT_DIR = "outputs/02_understanding_maps"
