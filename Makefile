@@ -9,7 +9,6 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export PYTHONHASHSEED := 0
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
-export MPLBACKEND := Agg
 
 .PHONY: setup run test test-fast notebooks lab benchmark models clean-outputs
 
