@@ -5,7 +5,7 @@ import torch
 
 from unicache_lib.analysis.anchors import batching_overlap, top_anchors
 from unicache_lib.modality import SpanError, Spans, spans_from_input_ids
-from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.scoreboard import Scoreboard, criteria_met
 from unicache_lib.similarity import cosine, jaccard
 
 
@@ -63,3 +63,7 @@ def test_similarity_and_anchor_helpers():
         rows.append(r)
     diff = batching_overlap(rows, 2)
     assert diff["mean_jaccard"] < 0.5 and not math.isnan(diff["mean_jaccard"])
+
+
+def test_criteria_met():
+    assert [criteria_met(v) for v in (2, 1, 0)] == ["holds", "partly", "does not hold"]

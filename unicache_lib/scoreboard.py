@@ -46,6 +46,11 @@ CLAIMS: dict[str, str] = {
 }
 
 
+def criteria_met(v: float) -> str:
+    """Verdict for a rule of two criteria measured as how many are met: 2 holds, 1 partly."""
+    return {2: "holds", 1: "partly"}.get(int(v), "does not hold")
+
+
 @dataclass
 class Row:
     claim: str

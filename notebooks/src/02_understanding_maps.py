@@ -43,7 +43,7 @@ from unicache_lib.analysis.understanding import anchor_sets, head_table, layer_t
 from unicache_lib.capture.decode import decode_with_capture, producing_rows
 from unicache_lib.capture.record import CaptureResult
 from unicache_lib.capture.runner import capture_samples, model_inputs
-from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.scoreboard import Scoreboard, criteria_met
 from unicache_lib.store import Store
 from unicache_lib.widgets import attention_explorer
 from unicache_lib.world import samples as sample_set
@@ -262,13 +262,13 @@ board = Scoreboard()
 board.rule("U1", "holds if the top 10% of image positions take >= 50% of the text's image reads (chance 10%); partly if >= 25%",
            lambda v: "holds" if v >= 0.5 else "partly" if v >= 0.25 else "does not hold")
 board.rule("U2a", "holds if, from shallow to deep band, mean attention distance rises by >= 10% AND normalised entropy by >= 0.02; partly if one does",
-           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+           criteria_met)
 board.rule("U2b", "holds if shallow normalised entropy >= 0.8 AND some deep head's rows put > 0.45 on one key on average; partly if one",
-           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+           criteria_met)
 board.rule("U3", "holds if shallow-vs-middle anchor Jaccard >= 3x chance AND within-type > across-type Jaccard; partly if one",
-           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+           criteria_met)
 board.rule("U4", "holds if anchors lie on objects >= 1.5x as often as random patches do, and the text reads its anchors more than the "
-           "first 3 positions (not a sink); partly if one", lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+           "first 3 positions (not a sink); partly if one", criteria_met)
 board.rule("U5", "holds if content words' image share >= 2x that of function words and punctuation; partly if >= 1.2x",
            lambda v: "holds" if v >= 2 else "partly" if v >= 1.2 else "does not hold")
 board.rule("U6", "holds if generated content words read the image >= 1.2x as much as generated punctuation/function words; partly if >= 1.1x",
@@ -276,11 +276,11 @@ board.rule("U6", "holds if generated content words read the image >= 1.2x as muc
 board.rule("U8", "holds if every layer has some but not all heads with max weight > 0.45; partly if most layers do",
            lambda v: "holds" if v == 1 else "partly" if v >= 0.5 else "does not hold")
 board.rule("U9", "holds if image->image is the largest block in every layer and cross-modal share >= 15% everywhere; partly if only the first",
-           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+           criteria_met)
 board.rule("U11", "holds if the best layer's median selectivity >= 1.5 and >= 1.5x the untrained-LM control; partly if >= 1.1x the control",
-           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+           criteria_met)
 board.rule("U13", "holds if the shallow band's cross-modal share is 20-50% AND middle-band entropy is >= 0.02 below shallow; partly if one",
-           lambda v: {2: "holds", 1: "partly"}.get(int(v), "does not hold"))
+           criteria_met)
 
 # %%
 # NBVAL_CHECK_OUTPUT

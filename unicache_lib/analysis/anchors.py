@@ -67,7 +67,7 @@ PATCH_KINDS = ("object", "edge", "background")
 
 
 def patch_kinds(masks: np.ndarray, patch: int) -> np.ndarray:
-    """``[n_patches]`` index into :data:`PATCH_KINDS`: object (>= 75% covered by one object), edge
+    """``[n_patches]`` index into :data:`PATCH_KINDS`: object (>= 75% covered by objects), edge
     (partly covered: an object boundary, the high-contrast patches), background (no object)."""
     n, h, w = masks.shape
     cover = masks.any(0).reshape(h // patch, patch, w // patch, patch).mean(axis=(1, 3)).ravel()

@@ -1,7 +1,5 @@
-"""Layer bands (shallow / middle / deep) and per-layer tables read from a store."""
+"""Layer bands: shallow / middle / deep thirds of a model's depth."""
 from __future__ import annotations
-
-import numpy as np
 
 BANDS: tuple[str, ...] = ("shallow", "middle", "deep")
 
@@ -19,16 +17,3 @@ def band_layers(n_layers: int) -> dict[str, list[int]]:
         out[layer_band(i, n_layers)].append(i)
     return out
 
-
-def per_sample_layer(records, fn) -> tuple[np.ndarray, list[str]]:
-    """``[n_samples, n_layers]`` array of ``fn(record)`` (a float) over records of one part,
-    with the sample order."""
-    samples = list(dict.fromkeys(r.sample for r in records))
-    layers = sorted({r.layer for r in records})
-    pos = {(r.sample, r.layer): r for r in records}
-    out = np.full((len(samples), len(layers)), np.nan)
-    for i, s in enumerate(samples):
-        for j, li in enumerate(layers):
-            if (s, li) in pos:
-                out[i, j] = fn(pos[(s, li)])
-    return out, samples
