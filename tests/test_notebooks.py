@@ -52,3 +52,28 @@ def test_02_understanding_maps_quick(tmp_path):
     from unicache_lib.store import Store
 
     assert Store(tmp_path / "stats").verify() == [] and len(Store(tmp_path / "maps").read()) == 5 * 4
+
+
+def test_03_diffusion_steps_quick(tmp_path):
+    run_notebook("03_diffusion_steps.ipynb", tmp_path, N_SINGLE=2, N_PAIRS=2, STEPS=5, MAP_PROMPTS=1,
+                 UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
+    board = scoreboard(tmp_path)
+    assert set(board) == {"G1", "G2", "G4", "G5", "G6", "G7", "G9"}
+    for r in board.values():
+        assert r["value"] is not None and math.isfinite(r["value"]), r
+        assert r["n"] >= 1 and r["verdict"] in {"holds", "partly", "does not hold"}
+    assert board["G1"]["n"] == 4 and 0 <= board["G1"]["value"] <= 1
+    assert board["G5"]["value"] == pytest.approx(64 / 48)  # 64 image tokens vs 48 text positions on both
+    for v in ("G2", "G4", "G6", "G7", "G9"):
+        assert board[v]["value"] in (0, 1, 2)
+    from unicache_lib.store import Store
+
+    for m in ("tiny-mmdit", "tiny-pixart"):
+        s = Store(tmp_path / "store" / m)
+        assert s.verify() == []
+        recs = s.read(layer=0, step=4)
+        assert len({r.sample for r in recs}) == 8  # 4 prompts x short/long, every one at the last step
+        assert len(Store(tmp_path / "maps" / m).read(step=0)) > 0
+    assert (tmp_path / "understanding_stats" / "meta.json").exists()  # notebook 02's store was absent
+    for fig in ("entropy_per_step", "adjacent_similarity", "text_conditioning", "layer_step_grid", "word_regions_tiny-pixart"):
+        assert (tmp_path / f"{fig}.png").stat().st_size > 1000

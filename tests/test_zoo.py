@@ -66,14 +66,21 @@ def test_generators_follow_colour(generator_scores, name):
     assert card["eval_short_prompts"]["n"] >= 100
 
 
-@pytest.mark.parametrize("name", [
-    "tiny-mmdit",
-    pytest.param("tiny-pixart", marks=pytest.mark.xfail(
-        strict=True, reason="known shortfall: the shipped PixArt ignores position words (~chance); see its model card")),
-])
+@pytest.mark.parametrize("name", ["tiny-mmdit", "tiny-pixart"])
 def test_generators_follow_position(generator_scores, name):
     r = generator_scores[name]
     assert r["position"] >= 0.80, r
+
+
+@pytest.mark.parametrize("name", [
+    "tiny-mmdit",
+    pytest.param("tiny-pixart", marks=pytest.mark.xfail(
+        strict=True, reason="known shortfall: the shipped PixArt draws the asked shape ~50% of the time (target 70%); "
+                            "see its model card")),
+])
+def test_generators_shape_target(generator_scores, name):
+    r = generator_scores[name]
+    assert r["shape"] >= 0.70, r
 
 
 def test_training_scripts_smoke(tmp_path):
@@ -90,4 +97,6 @@ def test_training_scripts_smoke(tmp_path):
                               "--n-eval", "4", "--eval-every", "0"])
         card = json.loads((tmp_path / fam / "model_card.json").read_text())
         assert card["family"] == fam and card["eval_short_prompts"]["n"] == 4
-        assert load_generator(str(tmp_path / fam)).family == fam
+        g = load_generator(str(tmp_path / fam))
+        assert g.family == fam
+        assert type(g.text_encoder).__name__ == {"sd3": "CLIPTextModelWithProjection", "pixart": "T5EncoderModel"}[fam]

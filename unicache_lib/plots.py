@@ -193,3 +193,80 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
     image_overlay(image, P[token_pos, a:b], f"query {token_pos} {name!r} -> image", ax=axes[2])
     fig.tight_layout()
     return fig
+
+
+def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", threshold: float | None = None,
+                ax=None):
+    """Per-step curves with spread and the study's phases shaded (early 0-20%, middle 20-60%, late).
+
+    ``values``: name -> ``[n_samples, n_steps]`` (NaN allowed, e.g. step 0 of a similarity); line =
+    mean over samples, band = +-1 standard deviation. ``threshold`` draws a horizontal line.
+    """
+    plt = _plt()
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+    n_steps = None
+    for name, v in values.items():
+        v = _np(v)
+        if v.ndim != 2:
+            raise ValueError(f"{name}: expected [n_samples, n_steps], got shape {v.shape}")
+        n_steps = v.shape[1]
+        x = np.arange(n_steps)
+        with np.errstate(all="ignore"):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                m, s = np.nanmean(v, 0), np.nanstd(v, 0)
+        ax.plot(x, m, marker=".", label=f"{name} (n={v.shape[0]})")
+        ax.fill_between(x, m - s, m + s, alpha=0.2)
+    if n_steps:
+        for i, (lab, lo, hi) in enumerate((("early", 0, 0.2), ("middle", 0.2, 0.6), ("late", 0.6, 1.0))):
+            ax.axvspan(lo * n_steps - 0.5, hi * n_steps - 0.5, color=f"C{i}", alpha=0.05)
+            ax.text((lo + hi) / 2 * n_steps - 0.5, 1.0, lab, transform=ax.get_xaxis_transform(), ha="center",
+                    va="bottom", fontsize=8)
+    if threshold is not None:
+        ax.axhline(threshold, color="k", ls="--", lw=0.8)
+    ax.set_xlabel("denoising step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, pad=14, fontsize=10)
+    ax.legend(fontsize=7)
+    if fig is not None:
+        fig.tight_layout()
+    return fig or ax.figure
+
+
+def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, vmax=None):
+    """``grid [n_layers, n_steps]`` as a heatmap (layer rows, step columns)."""
+    plt = _plt()
+    G = _np(grid)
+    if G.ndim != 2:
+        raise ValueError(f"expected [n_layers, n_steps], got shape {G.shape}")
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 0.5 * G.shape[0] + 1.5))
+    im = ax.imshow(G, aspect="auto", cmap="viridis", interpolation="nearest", vmin=vmin, vmax=vmax)
+    ax.set_xlabel("denoising step")
+    ax.set_ylabel("layer")
+    ax.set_yticks(range(G.shape[0]))
+    ax.set_title(title, fontsize=9)
+    ax.figure.colorbar(im, ax=ax, fraction=0.04, label=cbar)
+    if fig is not None:
+        fig.tight_layout()
+    return fig or ax.figure
+
+
+def word_regions(image, maps: dict[str, np.ndarray], title: str = ""):
+    """The generated ``image`` next to each word's attention over the image patches."""
+    plt = _plt()
+    n = len(maps) + 1
+    fig, axes = plt.subplots(1, n, figsize=(2.1 * n, 2.4))
+    axes[0].imshow(np.asarray(image))
+    axes[0].set_axis_off()
+    axes[0].set_title("generated", fontsize=8)
+    for ax, (w, m) in zip(axes[1:], maps.items()):
+        image_overlay(image, m, repr(w), ax=ax)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

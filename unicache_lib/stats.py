@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .modality import BLOCKS, IMAGE, TEXT, Spans
@@ -293,3 +294,74 @@ def entropy_in_dtype(P: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """
     Q = torch.as_tensor(P).to(dtype)
     return (-(Q * torch.log(Q.clamp(min=torch.finfo(dtype).tiny))).sum(-1)).float()
+
+
+# What a diffusion capture keeps for one (sample, part, layer, step); H heads, Si image queries,
+# Tr real text keys. Block order is :data:`~unicache_lib.modality.BLOCKS`.
+STEP_STATS = {
+    "blocks": "[H, 4] four-block shares of all attention mass",
+    "block_entropy": "[H, 4] mean normalised entropy of the src queries' rows restricted to dst keys",
+    "row_entropy": "[H, 2] mean normalised entropy of whole rows: image queries, text queries",
+    "max_weight": "[H, 2] mean row maximum: image queries, text queries",
+    "text_share": "[H] mean mass of image queries on text keys (padding included)",
+    "text_entropy": "[H] mean normalised entropy of image queries over the real text keys",
+    "word_map": "[Si, Tr] head-mean attention of each image query on each real text key",
+    "head_sim": "[H, H] cosine similarity of head maps",
+}
+
+
+def _mean_norm_entropy(P: torch.Tensor) -> torch.Tensor:
+    """``P [H, n, k]`` rows renormalised to sum 1 -> ``[H]`` mean entropy / log(k) (NaN if k < 2)."""
+    k = P.shape[-1]
+    if P.shape[-2] == 0 or k < 2:
+        return torch.full(P.shape[:1], float("nan"), device=P.device)
+    R = P / P.sum(-1, keepdim=True).clamp(min=1e-30)
+    return (-torch.special.xlogy(R, R).sum(-1) / math.log(k)).mean(-1)
+
+
+def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]:
+    """:data:`STEP_STATS` of one (non-causal) diffusion attention map.
+
+    Args:
+        P: ``[H, Sq, Sk]`` probabilities (any dtype; computed in float32).
+        q_kinds / k_kinds: ``[Sq]`` / ``[Sk]`` modality of each query / key (IMAGE or TEXT).
+        k_real: ``[Sk]`` bool, False for padding keys (excluded from ``text_entropy`` and
+            ``word_map``); None = all real.
+    """
+    P = as_probs(P)
+    if P.dim() != 3:
+        raise ValueError(f"step_statistics expects [heads, Sq, Sk], got {tuple(P.shape)}")
+    H, sq, sk = P.shape
+    dev = P.device
+    qk = torch.as_tensor(np.asarray(q_kinds), device=dev)
+    kk = torch.as_tensor(np.asarray(k_kinds), device=dev)
+    if len(qk) != sq or len(kk) != sk:
+        raise ValueError(f"kinds cover {len(qk)} queries / {len(kk)} keys, the map is {sq} x {sk}")
+    real = torch.ones(sk, dtype=torch.bool, device=dev) if k_real is None else torch.as_tensor(np.asarray(k_real), device=dev)
+    nan = torch.full((H,), float("nan"), device=dev)
+    sel = {"image": (qk == IMAGE, kk == IMAGE), "text": (qk == TEXT, kk == TEXT)}
+    mass, bent = [], []
+    for blk in BLOCKS:
+        src, dst = blk.split("->")
+        qs, ks = sel[src][0], sel[dst][1]
+        sub = P[:, qs][:, :, ks]
+        mass.append(sub.sum((-1, -2)))
+        bent.append(_mean_norm_entropy(sub) if sub.shape[-2] else nan)
+    mass = torch.stack(mass, -1)
+    iq, tq = sel["image"][0], sel["text"][0]
+    text_real = (kk == TEXT) & real
+    img_rows = P[:, iq]
+    on_text = img_rows[:, :, text_real]
+    out = {
+        "blocks": mass / mass.sum(-1, keepdim=True).clamp(min=1e-30),
+        "block_entropy": torch.stack(bent, -1),
+        "row_entropy": torch.stack([_mean_norm_entropy(P[:, iq]) if iq.any() else nan,
+                                    _mean_norm_entropy(P[:, tq]) if tq.any() else nan], -1),
+        "max_weight": torch.stack([P[:, iq].amax(-1).mean(-1) if iq.any() else nan,
+                                   P[:, tq].amax(-1).mean(-1) if tq.any() else nan], -1),
+        "text_share": img_rows[:, :, kk == TEXT].sum(-1).mean(-1) if iq.any() else nan,
+        "text_entropy": _mean_norm_entropy(on_text) if on_text.shape[-1] else nan,
+        "word_map": on_text.mean(0),
+        "head_sim": head_similarity(P, check=False),
+    }
+    return out

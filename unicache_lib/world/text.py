@@ -149,3 +149,29 @@ def vocabulary() -> list[str]:
     for f in _FILLERS:
         words |= set(f.split())
     return sorted(words)
+
+
+def prompt_set(n_single: int, n_pairs: int, seed: int = 0) -> list[dict]:
+    """Generation prompts with what they ask for: ``{"id", "objects", "short", "long", "pair"}``.
+
+    ``n_single`` one-object prompts cycle evenly through colour x shape x position; ``n_pairs``
+    two-object prompts put two different shapes left and right, alternately in the *same* colour
+    (``pair="same"``, the binding test of G9) and in two colours (``pair="different"``).
+    """
+    rng = np.random.default_rng(seed)
+    colours, shapes, positions = list(COLOURS), list(SHAPES), list(POSITIONS)
+    combos = [(c, s, p) for c in colours for s in shapes for p in positions]
+    order = rng.permutation(len(combos))
+    out = []
+    for i in range(n_single):
+        c, s, p = combos[order[i % len(combos)]]
+        objs = [{"colour": c, "shape": s, "position": p}]
+        out.append({"id": f"s{i}", "objects": objs, "pair": "", "short": short_prompt(objs), "long": long_prompt(objs, rng)})
+    for i in range(n_pairs):
+        c1 = colours[rng.integers(len(colours))]
+        c2 = c1 if i % 2 == 0 else colours[(colours.index(c1) + 1 + rng.integers(len(colours) - 1)) % len(colours)]
+        s1, s2 = rng.choice(shapes, 2, replace=False)
+        objs = [{"colour": c1, "shape": str(s1), "position": "left"}, {"colour": c2, "shape": str(s2), "position": "right"}]
+        out.append({"id": f"p{i}", "objects": objs, "pair": "same" if c1 == c2 else "different",
+                    "short": short_prompt(objs), "long": long_prompt(objs, rng)})
+    return out

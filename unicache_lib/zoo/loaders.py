@@ -106,13 +106,17 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype = torch.float32
     way; use :func:`load_transformer` for that and drive the pipeline with its own callbacks.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
-    from transformers import AutoTokenizer, CLIPTextModelWithProjection
+    from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
     from .tiny_generators import Generator
 
     where = resolve(name_or_path)
     transformer, fam = load_transformer(where, dtype)
-    te = CLIPTextModelWithProjection.from_pretrained(Path(where) / "text_encoder", dtype=dtype).eval()
+    te_cls = {"clip_text_model": CLIPTextModelWithProjection, "t5": T5EncoderModel}
+    mt = _read_config(where, "text_encoder").get("model_type")
+    if mt not in te_cls:
+        raise UnsupportedModelError(f"text encoder model_type {mt!r} is not supported; supported: {', '.join(te_cls)}")
+    te = te_cls[mt].from_pretrained(Path(where) / "text_encoder", dtype=dtype).eval()
     tok = AutoTokenizer.from_pretrained(Path(where) / "tokenizer")
     sched = FlowMatchEulerDiscreteScheduler.from_pretrained(Path(where) / "scheduler")
     return Generator(fam, transformer, te, tok, sched, str(where))

@@ -2,7 +2,9 @@
 or latent space), on a real diffusers scheduler, with classifier-free guidance and step callbacks.
 
 Capture and reuse code hang on the callbacks: each callback object may define
-``on_step_begin(step, timestep)`` and ``on_step_end(step, timestep, sample)``.
+``on_step_begin(step, timestep)``, ``on_velocity(step, timestep, v_uncond, v_cond)`` (guidance on:
+the two velocity predictions ``[B, C, H, W]`` before they are combined) and
+``on_step_end(step, timestep, sample)``.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def sample(
         steps: number of denoising steps (scheduler ``set_timesteps``).
         guidance: classifier-free guidance scale; 1.0 disables the unconditional branch.
         seed: one int (sample ``i`` uses ``seed + i``) or one seed per prompt.
-        callbacks: objects with optional ``on_step_begin(step, t)`` / ``on_step_end(step, t, x)``.
+        callbacks: objects with optional ``on_step_begin`` / ``on_velocity`` / ``on_step_end`` (module doc).
     Returns:
         ``[B, 3, H, W]`` float32 images in ``[0, 1]`` (pixel-space models).
     """
@@ -66,6 +68,9 @@ def sample(
         v = transformer_forward(gen.transformer, gen.family, xin.to(dtype), tt, cond).float()
         if use_cfg:
             v_un, v_c = v.chunk(2)
+            for cb in callbacks:
+                if hasattr(cb, "on_velocity"):
+                    cb.on_velocity(i, float(t), v_un, v_c)
             v = v_un + guidance * (v_c - v_un)
         x = sched.step(v, t, x, return_dict=False)[0]
         for cb in callbacks:

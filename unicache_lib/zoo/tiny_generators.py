@@ -1,8 +1,12 @@
 """The tiny text-to-image generators: an MMDiT (SD3 class) and a cross-attention DiT (PixArt class).
 
 Both are stock diffusers transformers in pixel space (32x32 RGB, patch 4 -> 64 image tokens),
-conditioned by a small ``CLIPTextModelWithProjection`` over the world's word-level tokenizer and
-trained with rectified flow (the objective of diffusers' ``FlowMatchEulerDiscreteScheduler``).
+conditioned by a small text encoder over the world's word-level tokenizer, as their real
+counterparts are: a ``CLIPTextModelWithProjection`` for the MMDiT (per-token states plus the pooled
+vector SD3 feeds to its adaLN) and a bidirectional ``T5EncoderModel`` for PixArt (which reads the
+prompt only through cross-attention; with a *causal* CLIP encoder its image queries settled on the
+first tokens, whose states never see the position words at the end of the prompt). Trained with
+rectified flow (the objective of diffusers' ``FlowMatchEulerDiscreteScheduler``).
 
 A checkpoint folder holds ``transformer/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/`` and
 ``model_card.json``, the same sub-folder layout as a diffusers pipeline repository.
@@ -15,11 +19,21 @@ from pathlib import Path
 import torch
 
 FAMILIES = ("sd3", "pixart")
+TEXT_ENCODERS = {"sd3": "clip", "pixart": "t5"}
 IMAGE_SIZE, PATCH, MAX_TEXT = 32, 4, 48
 
 
-def build_text_encoder(tokenizer, hidden=128, layers=2):
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip"):
+    """A tiny text encoder: ``"clip"`` (causal, with a pooled projection) or ``"t5"`` (bidirectional)."""
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    if kind == "t5":
+        cfg = T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=hidden // 4, d_ff=4 * hidden,
+                       num_layers=layers, num_heads=4, pad_token_id=tokenizer.pad_token_id,
+                       eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
+        return T5EncoderModel(cfg)
+    if kind != "clip":
+        raise ValueError(f"text encoder kind must be 'clip' or 't5', got {kind!r}")
 
     cfg = CLIPTextConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
@@ -87,7 +101,11 @@ class TextConditioning:
 def encode_prompts(text_encoder, tokenizer, prompts: list[str]) -> TextConditioning:
     ids, mask = tokenize_prompts(tokenizer, prompts)
     out = text_encoder(input_ids=ids, attention_mask=mask)
-    return TextConditioning(out.last_hidden_state, out.text_embeds, mask)
+    pooled = getattr(out, "text_embeds", None)
+    if pooled is None:  # T5: mean of the real tokens' states (PixArt does not use it)
+        m = mask[..., None].to(out.last_hidden_state.dtype)
+        pooled = (out.last_hidden_state * m).sum(1) / m.sum(1).clamp(min=1)
+    return TextConditioning(out.last_hidden_state, pooled, mask)
 
 
 def transformer_forward(transformer, family: str, x, t, cond: TextConditioning):

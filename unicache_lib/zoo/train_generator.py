@@ -69,7 +69,11 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--n-eval", type=int, default=120)
     ap.add_argument("--eval-every", type=int, default=1000)
+    ap.add_argument("--init-from", default=None, help="continue from a saved generator folder")
+    ap.add_argument("--text-encoder", choices=("clip", "t5"), default=None,
+                    help="default: the family's real kind (sd3: clip, pixart: t5)")
     args = ap.parse_args(argv)
+    args.text_encoder = args.text_encoder or tg.TEXT_ENCODERS[args.family]
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -78,8 +82,15 @@ def main(argv=None):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     tok = build_tokenizer()
-    gen = tg.Generator(args.family, tg.build_transformer(args.family), tg.build_text_encoder(tok), tok,
-                       FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0))
+    if args.init_from:
+        from .loaders import load_generator
+
+        gen = load_generator(args.init_from)  # float32 weights
+        if gen.family != args.family:
+            raise SystemExit(f"--init-from {args.init_from} is a {gen.family} model, not {args.family}")
+    else:
+        gen = tg.Generator(args.family, tg.build_transformer(args.family), tg.build_text_encoder(tok, kind=args.text_encoder),
+                           tok, FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0))
     params = list(gen.transformer.parameters()) + list(gen.text_encoder.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
     warm = 200

@@ -1,0 +1,78 @@
+"""Step statistics and the step-evolution helpers, on hand-made cases."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from unicache_lib.analysis import generation as G
+from unicache_lib.modality import BLOCKS, IMAGE, TEXT
+from unicache_lib.stats import step_statistics
+from unicache_lib.world.text import prompt_set
+
+
+def test_step_statistics_hand_case():
+    # 2 image queries + 1 text query; keys: 2 image + 2 text (the last text key is padding)
+    P = torch.tensor([[[0.5, 0.5, 0.0, 0.0],     # image row: all on image keys, uniform
+                       [0.25, 0.25, 0.5, 0.0],   # image row: half on the real text key
+                       [0.0, 0.0, 0.5, 0.5]]])   # text row
+    q = [IMAGE, IMAGE, TEXT]
+    k = [IMAGE, IMAGE, TEXT, TEXT]
+    s = step_statistics(P, q, k, k_real=[True, True, True, False])
+    blocks = dict(zip(BLOCKS, s["blocks"][0].tolist()))
+    assert blocks["image->image"] == pytest.approx(1.5 / 3)
+    assert blocks["image->text"] == pytest.approx(0.5 / 3)
+    assert blocks["text->text"] == pytest.approx(1 / 3)
+    assert blocks["text->image"] == pytest.approx(0.0)
+    assert s["text_share"][0] == pytest.approx(0.25)
+    assert s["word_map"].shape == (2, 1) and s["word_map"][1, 0] == pytest.approx(0.5)
+    # image->image restricted rows are uniform over 2 keys: normalised entropy 1
+    assert s["block_entropy"][0, BLOCKS.index("image->image")] == pytest.approx(1.0)
+    # text row over all 4 keys: two halves -> log 2 / log 4
+    assert s["row_entropy"][0, 1] == pytest.approx(math.log(2) / math.log(4))
+    assert s["max_weight"][0, 0] == pytest.approx(0.5)
+
+
+def test_step_statistics_shape_errors():
+    with pytest.raises(ValueError, match="kinds cover"):
+        step_statistics(torch.ones(1, 2, 2) / 2, [IMAGE], [IMAGE, IMAGE])
+
+
+def test_phases_follow_the_study():
+    phases = [G.phase_of(s, 20) for s in range(20)]
+    assert phases.count("early") == 4 and phases.count("middle") == 8 and phases.count("late") == 8
+    with pytest.raises(ValueError):
+        G.phase_of(20, 20)
+
+
+def test_knee():
+    assert G.knee([np.nan, 0.3, 0.5, 0.8, 0.9, 0.95], 0.7) == 3
+    assert G.knee([np.nan, 0.9, 0.5, 0.8], 0.7) == 3  # a dip later moves the knee
+    assert G.knee([np.nan, 0.9, 0.95], 0.7) == 1
+    assert G.knee([np.nan, 0.5, 0.6], 0.7) is None
+
+
+def test_regions_and_chance():
+    w = np.array([0.1, 0.5, 0.3, 0.05])
+    assert G.top_region(w, 2).tolist() == [False, True, True, False]
+    assert G.iou(G.top_region(w, 2), [False, True, False, True]) == pytest.approx(1 / 3)
+    # chance IoU matches a simulation of random k-subsets
+    rng = np.random.default_rng(0)
+    n, k = 64, 8
+    fixed = np.zeros(n, bool)
+    fixed[:k] = True
+    sims = [G.iou(fixed, rng.permutation(fixed)) for _ in range(4000)]
+    assert G.chance_iou(k, n) == pytest.approx(np.mean(sims), abs=0.01)
+
+
+def test_prompt_set_is_deterministic_and_balanced():
+    a, b = prompt_set(20, 8, seed=3), prompt_set(20, 8, seed=3)
+    assert a == b
+    pairs = [p for p in a if p["pair"]]
+    assert [p["pair"] for p in pairs] == ["same", "different"] * 4
+    for p in pairs:
+        c = [o["colour"] for o in p["objects"]]
+        assert (c[0] == c[1]) == (p["pair"] == "same")
+        assert p["objects"][0]["shape"] != p["objects"][1]["shape"]
+    for p in a:
+        assert len(p["long"].split()) >= 30 and all(o["colour"] in p["short"] for o in p["objects"])

@@ -1,0 +1,120 @@
+"""Step-evolution analysis of diffusion captures: tidy tables, phases, knees, word->region maps.
+
+Inputs are records of :class:`~unicache_lib.capture.diffusion.DiffusionCapture` (from its result or
+read back from a store); outputs are pandas tables and numpy arrays for plots and the scoreboard.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from ..modality import BLOCKS
+from ..stats import mean_offdiag
+
+PHASES: tuple[str, ...] = ("early", "middle", "late")
+_BLK = {"image->image": "ii", "text->text": "tt", "image->text": "it", "text->image": "ti"}
+
+
+def phase_of(step: int, n_steps: int) -> str:
+    """The study's phases: first 20% of the steps early, 20-60% middle, last 40% late."""
+    if not 0 <= step < n_steps:
+        raise ValueError(f"step {step} outside 0..{n_steps - 1}")
+    f = step / n_steps
+    return "early" if f < 0.2 else ("middle" if f < 0.6 else "late")
+
+
+def step_table(records) -> pd.DataFrame:
+    """One row per (sample, part, layer, step): head means of every scalar statistic.
+
+    Columns: ``img_entropy`` / ``txt_entropy`` (normalised entropy of image / text query rows),
+    ``img_max``, ``text_share``, ``text_entropy``, ``share_<blk>`` and ``entropy_<blk>`` for the four
+    blocks (``ii``, ``tt``, ``it``, ``ti``; X->Y as in :mod:`~unicache_lib.modality`), ``sim`` (adjacent-
+    step cosine of the whole map), ``sim_<blk>``, ``out_sim_img`` / ``out_sim_txt``, ``redundancy``
+    (mean pairwise head similarity), ``phase``, ``timestep`` and the record meta's ``kind`` / ``pair``.
+    """
+    rows = []
+    n_steps = {}
+    warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)  # blocks a part does not have
+    for r in records:
+        n_steps[r.sample] = max(n_steps.get(r.sample, 0), r.step + 1)
+    for r in records:
+        d = r.data
+        nm = lambda k: np.nanmean(d[k].numpy(), 0)  # noqa: E731 - head mean
+        re, mw, sp, be, sh = nm("row_entropy"), nm("max_weight"), nm("sim_prev"), nm("block_entropy"), nm("blocks")
+        row = {"sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
+               "phase": phase_of(r.step, n_steps[r.sample]), "timestep": r.meta.get("timestep"),
+               "kind": r.meta.get("kind", ""), "pair": r.meta.get("pair", ""),
+               "img_entropy": re[0], "txt_entropy": re[1], "img_max": mw[0],
+               "text_share": float(d["text_share"].mean()), "text_entropy": float(np.nanmean(d["text_entropy"].numpy())),
+               "sim": float(np.nanmean(d["sim_prev_all"].numpy())) if r.step > 0 else np.nan,
+               "out_sim_img": float(d["out_sim_prev"][0]), "out_sim_txt": float(d["out_sim_prev"][1]),
+               "redundancy": float(mean_offdiag(d["head_sim"]))}
+        for i, b in enumerate(BLOCKS):
+            row[f"share_{_BLK[b]}"] = sh[i]
+            row[f"entropy_{_BLK[b]}"] = be[i]
+            row[f"sim_{_BLK[b]}"] = sp[i]
+        rows.append(row)
+    if not rows:
+        raise ValueError("no records: capture a sampling run first")
+    return pd.DataFrame(rows)
+
+
+def knee(sim, threshold: float = 0.7) -> int | None:
+    """First step ``s >= 1`` from which the adjacent-step similarity stays ``>= threshold``
+    (``sim[s]`` compares step s with s-1; ``sim[0]`` is ignored). None if it never settles."""
+    sim = np.asarray(sim, dtype=float)
+    for s in range(1, len(sim)):
+        if np.all(sim[s:] >= threshold):
+            return s
+    return None
+
+
+def word_positions(tokens: list[str], word: str) -> list[int]:
+    """Indices of ``word`` in a prompt's tokens (in order of appearance)."""
+    return [i for i, t in enumerate(tokens) if t == word]
+
+
+def word_maps(records, sample: str, steps=None, layers=None) -> np.ndarray:
+    """``[T_real, S_image]``: each real text token's attention from the image queries, averaged over
+    heads (already in the record), the chosen steps and layers (None = all)."""
+    maps = [r.data["word_map"].numpy() for r in records
+            if r.sample == sample and "word_map" in r.data and r.data["word_map"].shape[-1] > 0
+            and (steps is None or r.step in steps) and (layers is None or r.layer in layers)]
+    if not maps:
+        raise KeyError(f"no word maps for sample {sample!r}: capture cross or joint attention with text tokens")
+    return np.mean(maps, 0).T
+
+
+def top_region(weights, k: int) -> np.ndarray:
+    """Boolean mask of the ``k`` largest entries (ties broken by position; ``k`` clipped to size)."""
+    w = np.asarray(weights, dtype=float).ravel()
+    k = int(np.clip(k, 0, w.size))
+    out = np.zeros(w.size, bool)
+    out[np.argsort(-w, kind="stable")[:k]] = True
+    return out
+
+
+def iou(a, b) -> float:
+    a, b = np.asarray(a, bool).ravel(), np.asarray(b, bool).ravel()
+    u = (a | b).sum()
+    return float((a & b).sum() / u) if u else float("nan")
+
+
+def chance_iou(k: int, n: int) -> float:
+    """Expected IoU of a random ``k``-subset of ``n`` positions with a fixed ``k``-subset."""
+    if not 0 < k <= n:
+        return float("nan")
+    inter = k * k / n
+    return inter / (2 * k - inter)
+
+
+def head_redundancy(records) -> pd.DataFrame:
+    """Mean pairwise head-map similarity per (sample, layer) for records that hold ``head_sim``
+    (diffusion or understanding captures alike)."""
+    rows = [{"sample": r.sample, "layer": r.layer, "step": r.step, "redundancy": float(mean_offdiag(r.data["head_sim"]))}
+            for r in records if "head_sim" in r.data]
+    if not rows:
+        raise ValueError("no record holds head_sim: capture in stats mode")
+    return pd.DataFrame(rows)

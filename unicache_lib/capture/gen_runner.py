@@ -1,0 +1,88 @@
+"""Run a generator over prompts under :class:`~unicache_lib.capture.diffusion.DiffusionCapture`.
+
+One sampling run per batch of prompts; records go to a store under ``{run}/{prompt id}`` so
+two runs (e.g. short and long prompts, or two seeds) never share a sample id, and the per-step
+guidance strength (how far the conditional velocity is from the unconditional one) is kept
+alongside.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..zoo.sampling import sample, to_uint8
+from ..zoo.tiny_generators import Generator, tokenize_prompts
+from .diffusion import DiffusionCapture
+from .record import CaptureResult
+
+
+class GuidanceProbe:
+    """Sampling-loop callback: per sample and step, ``||v_cond - v_uncond|| / ||v_uncond||``
+    (the relative pull of the prompt on the update)."""
+
+    def __init__(self):
+        self.rows: list[np.ndarray] = []
+
+    def on_velocity(self, step, timestep, v_un, v_c):
+        d = (v_c - v_un).flatten(1).norm(dim=1) / v_un.flatten(1).norm(dim=1).clamp(min=1e-12)
+        self.rows.append(d.float().cpu().numpy())
+
+    @property
+    def values(self) -> np.ndarray:
+        """``[n_samples, n_steps]``."""
+        return np.stack(self.rows, 1) if self.rows else np.zeros((0, 0))
+
+
+def prompt_tokens(gen: Generator, prompts: list[str]) -> list[list[str]]:
+    """The real (non-padding) text tokens the model sees for each prompt, in order."""
+    ids, mask = tokenize_prompts(gen.tokenizer, prompts)
+    return [gen.tokenizer.convert_ids_to_tokens(row[: int(m.sum())].tolist()) for row, m in zip(ids, mask)]
+
+
+@dataclass
+class GenerationRun:
+    """What :func:`capture_generation` returns: images ``[N, H, W, 3]`` uint8, the records, the
+    guidance strength ``[N, steps]``, sample ids and tokens in prompt order."""
+
+    images: np.ndarray
+    result: CaptureResult
+    guidance: np.ndarray
+    sample_ids: list[str]
+    tokens: list[list[str]]
+    meta: list[dict] = field(default_factory=list)
+
+
+def capture_generation(gen: Generator, prompts: list[str], run: str, store=None, steps: int = 20,
+                       guidance: float = 3.0, seed: int = 0, mode: str = "stats", layers=None,
+                       parts=None, meta: list[dict] | None = None, batch: int = 8,
+                       query_stride: int = 1, progress: bool = True) -> GenerationRun:
+    """Sample ``prompts`` (seed ``seed + i`` for prompt ``i``) with capture on.
+
+    Args:
+        run: prefix of the sample ids (``"{run}/{i}"``); must be new to ``store``.
+        meta: one dict per prompt, stored in each record's meta (e.g. ``{"kind": "long"}``).
+        batch: prompts per sampling run (memory: capture holds one map per prompt and layer).
+    """
+    if meta is not None and len(meta) != len(prompts):
+        raise ValueError(f"{len(meta)} meta dicts for {len(prompts)} prompts")
+    ids = [f"{run}/{i}" for i in range(len(prompts))]
+    toks = prompt_tokens(gen, prompts)
+    imgs, res, probe_rows = [], CaptureResult(), []
+    starts = range(0, len(prompts), batch)
+    for s in tqdm(starts, desc=f"capture {run}", disable=not progress):
+        sl = slice(s, s + batch)
+        probe = GuidanceProbe()
+        m = [{"prompt": p, **(meta[i] if meta else {})} for i, p in zip(range(s, s + batch), prompts[sl])]
+        with DiffusionCapture(gen.transformer, ids[sl], mode=mode, layers=layers, parts=parts,
+                              text_tokens=toks[sl], store=store, meta=m, query_stride=query_stride) as cap:
+            x = sample(gen, prompts[sl], steps, guidance, seed=[seed + i for i in range(s, min(s + batch, len(prompts)))],
+                       callbacks=[cap, probe])
+        imgs.append(to_uint8(x))
+        res.records += cap.result.records
+        probe_rows.append(probe.values)
+    g = np.concatenate(probe_rows) if guidance != 1.0 else np.zeros((len(prompts), 0))
+    return GenerationRun(np.concatenate(imgs), res, g, ids, toks,
+                         [{"prompt": p, **(meta[i] if meta else {})} for i, p in enumerate(prompts)])
+
