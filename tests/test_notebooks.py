@@ -77,3 +77,17 @@ def test_03_diffusion_steps_quick(tmp_path):
     assert (tmp_path / "understanding_stats" / "meta.json").exists()  # notebook 02's store was absent
     for fig in ("entropy_per_step", "adjacent_similarity", "text_conditioning", "layer_step_grid", "word_regions_tiny-pixart"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
+
+
+def test_04_head_pruning_quick(tmp_path):
+    run_notebook("04_head_pruning.ipynb", tmp_path, N_QUESTIONS=100, N_GRADIENT=16, FRACTIONS=[0.0, 0.1, 0.2], RANDOM_SEEDS=2,
+                 N_PROMPTS=4, STEPS=4, TIMING_REPEATS=2, UNDERSTANDING_STORE=str(tmp_path / "none"),
+                 GENERATION_STORE=str(tmp_path / "none"))
+    board = scoreboard(tmp_path)
+    assert set(board) == {"P1", "P2", "P3"}
+    for r in board.values():
+        assert r["value"] in (0, 1, 2) and r["n"] == 100 and r["verdict"] in {"holds", "partly", "does not hold"}
+    for fig in ("head_scores", "understanding_pruning", "generation_pruning"):
+        assert (tmp_path / f"{fig}.png").stat().st_size > 1000
+    assert (tmp_path / "understanding_stats" / "meta.json").exists()
+    assert (tmp_path / "generation_stats" / "tiny-pixart" / "meta.json").exists()

@@ -307,6 +307,7 @@ STEP_STATS = {
     "text_entropy": "[H] mean normalised entropy of image queries over the real text keys",
     "word_map": "[Si, Tr] head-mean attention of each image query on each real text key",
     "head_sim": "[H, H] cosine similarity of head maps",
+    "variance": "[H] mean within-row variance of the image queries' rows (0 = uniform)",
 }
 
 
@@ -363,5 +364,6 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         "text_entropy": _mean_norm_entropy(on_text) if on_text.shape[-1] else nan,
         "word_map": on_text.mean(0),
         "head_sim": head_similarity(P, check=False),
+        "variance": ((img_rows ** 2).sum(-1) / sk - 1.0 / sk**2).mean(-1) if iq.any() else nan,
     }
     return out

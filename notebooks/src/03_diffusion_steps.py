@@ -41,7 +41,7 @@ import torch
 from unicache_lib import plots
 from unicache_lib.analysis import generation as G
 from unicache_lib.capture.gen_runner import capture_generation
-from unicache_lib.capture.record import CaptureResult
+from unicache_lib.capture.runner import stats_store_or_capture
 from unicache_lib.scoreboard import Scoreboard, criteria_met
 from unicache_lib.store import Store
 from unicache_lib.widgets import step_explorer
@@ -308,17 +308,8 @@ print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x
 
 # %%
 # NBVAL_CHECK_OUTPUT
-ustore = Path(UNDERSTANDING_STORE)
-if not (ustore / "meta.json").exists():
-    from unicache_lib.capture.runner import capture_samples
-    from unicache_lib.world import samples as sample_set
-    from unicache_lib.zoo.loaders import load_understanding
-
-    ustore = out / "understanding_stats"
-    if ustore.exists():
-        shutil.rmtree(ustore)
-    umodel, uproc = load_understanding(UNDERSTANDING_MODEL, attn_implementation="eager")
-    capture_samples(umodel, uproc, sample_set.load(), Store(ustore, meta={"model": UNDERSTANDING_MODEL}), progress=False)
+ustore, fresh = stats_store_or_capture(UNDERSTANDING_STORE, out / "understanding_stats", UNDERSTANDING_MODEL)
+if fresh:
     print(f"notebook 02's store not found: captured {UNDERSTANDING_MODEL} on the standard set into {ustore}")
 U = G.head_redundancy(Store(ustore).read())
 red = {m: T[(T.model == m) & (T.kind == "short")].groupby("part").redundancy.mean() for m in MODELS}

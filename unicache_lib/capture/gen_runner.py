@@ -86,3 +86,24 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
     return GenerationRun(np.concatenate(imgs), res, g, ids, toks,
                          [{"prompt": p, **(meta[i] if meta else {})} for i, p in enumerate(prompts)])
 
+
+
+def generation_store_or_capture(path, fallback, gen: Generator, model_name: str, n_prompts: int = 8, steps: int = 20,
+                                guidance: float = 3.0, seed: int = 0):
+    """A generator's stats store at ``path`` (notebook 03 writes one per model), or a fresh capture
+    of ``n_prompts`` short single-object prompts into ``fallback``. Returns ``(path, captured)``."""
+    import shutil
+    from pathlib import Path
+
+    from ..store import Store
+    from ..world.text import prompt_set
+
+    path, fallback = Path(path), Path(fallback)
+    if (path / "meta.json").exists():
+        return path, False
+    if fallback.exists():
+        shutil.rmtree(fallback)
+    prompts = [p["short"] for p in prompt_set(n_prompts, 0, seed)]
+    capture_generation(gen, prompts, "short", Store(fallback, meta={"model": model_name}), steps, guidance, seed,
+                       progress=False)
+    return fallback, True

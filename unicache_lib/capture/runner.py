@@ -87,3 +87,22 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
             store.write([r for r in recs if key_str(r.key) not in have])
         result.records += recs
     return result
+
+
+def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progress: bool = False):
+    """The understanding model's stats store at ``path`` (notebook 02 writes one), or, when there
+    is none, a fresh capture of the standard sample set into ``fallback``. Returns ``(path, captured)``."""
+    import shutil
+    from pathlib import Path
+
+    from ..world import samples as sample_set
+    from ..zoo.loaders import load_understanding
+
+    path, fallback = Path(path), Path(fallback)
+    if (path / "meta.json").exists():
+        return path, False
+    if fallback.exists():
+        shutil.rmtree(fallback)  # the caller's own output of an earlier run
+    model, proc = load_understanding(model_name, attn_implementation="eager")
+    capture_samples(model, proc, sample_set.load(), Store(fallback, meta={"model": model_name}), progress=progress)
+    return fallback, True

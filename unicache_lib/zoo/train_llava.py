@@ -101,18 +101,22 @@ def train_tower(model, rng, steps, batch, lr, log):
     return log[-1]["patch_acc"] if log else float("nan")
 
 
-@torch.no_grad()
-def answer_questions(model, tokenizer, questions, images_uint8, batch=100):
-    """Greedy one-token answers. Returns a list of words."""
+def answer_logits(model, tokenizer, questions, images_uint8, batch=100) -> torch.Tensor:
+    """``[N, vocab]`` float32 logits of the first answer token (gradients flow when enabled)."""
     out = []
     model.eval()
     for s in range(0, len(questions), batch):
         ids, mask, _ = tl.encode(tokenizer, questions[s : s + batch], None, N_IMG)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                       pixel_values=tl.pixel_values(images_uint8[s : s + batch])).logits[:, -1]
-        out += tokenizer.convert_ids_to_tokens(logits.argmax(-1).tolist())
-    return out
+        out.append(model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         pixel_values=tl.pixel_values(images_uint8[s : s + batch])).logits[:, -1].float())
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def answer_questions(model, tokenizer, questions, images_uint8, batch=100):
+    """Greedy one-token answers. Returns a list of words."""
+    return tokenizer.convert_ids_to_tokens(answer_logits(model, tokenizer, questions, images_uint8, batch).argmax(-1).tolist())
 
 
 @torch.no_grad()

@@ -1,0 +1,173 @@
+"""Which heads a model has, exact head masking, and physical removal of heads.
+
+A *unit* is one attention module; its heads are numbered 0..H-1. Masking multiplies each head's
+slice of the attention output by 0 or 1 right before the output projection (a forward pre-hook on
+``o_proj`` / ``to_out[0]``, and ``to_add_out`` for an MMDiT's text stream), so a masked head adds
+nothing, whatever attention kernel runs. Hooks are removed on exit, also on error.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..capture.vlm import find_attention_modules, unwrap
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One attention module: ``name`` in the model, its ``layer`` index, ``part`` (``"language"``,
+    ``"joint"``, ``"self"``, ``"cross"``), ``heads`` and ``head_dim``."""
+
+    name: str
+    layer: int
+    part: str
+    heads: int
+    head_dim: int
+
+
+def _out_projections(module) -> list[torch.nn.Linear]:
+    if hasattr(module, "o_proj"):
+        return [module.o_proj]
+    outs = [module.to_out[0]]
+    if getattr(module, "to_add_out", None) is not None:
+        outs.append(module.to_add_out)
+    return outs
+
+
+class HeadSpace:
+    """The prunable heads of a model, as an ordered list of :class:`Unit`."""
+
+    def __init__(self, model, units: list[Unit]):
+        self.model = unwrap(model)
+        self.units = units
+        mods = dict(self.model.named_modules())
+        self.modules = [mods[u.name] for u in units]
+
+    @classmethod
+    def of(cls, model, part: str = "language") -> "HeadSpace":
+        """Discover units: a transformers VLM's language layers, or every attention module of a
+        diffusers transformer (``part`` is then ignored)."""
+        model = unwrap(model)
+        units = []
+        if any(hasattr(m, "to_q") and hasattr(m, "processor") for m in model.modules()):
+            from ..capture.diffusion import find_diffusion_attention
+
+            for name, (layer, p, mod) in find_diffusion_attention(model).items():
+                units.append(Unit(name, layer, p, mod.heads, mod.to_q.out_features // mod.heads))
+        else:
+            for name, (layer, mod) in find_attention_modules(model, part).items():
+                cfg = getattr(mod, "config", None)
+                heads = getattr(cfg, "num_attention_heads", None) or mod.q_proj.out_features // mod.head_dim
+                units.append(Unit(name, layer, part, int(heads), int(mod.head_dim)))
+        return cls(model, units)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(units, max heads)``; score arrays have this shape (NaN beyond a unit's heads)."""
+        return len(self.units), max(u.heads for u in self.units)
+
+    @property
+    def n_heads(self) -> int:
+        return sum(u.heads for u in self.units)
+
+    def ones(self) -> torch.Tensor:
+        return torch.ones(self.shape)
+
+    def keep_mask(self, scores, fraction: float, eligible=None) -> torch.Tensor:
+        """``[units, heads]`` 0/1 mask that prunes ``round(fraction * n_heads)`` heads with the lowest
+        ``scores`` (ties: lower unit, then lower head first). ``eligible`` (bool, same shape) limits
+        which heads may be pruned. At least one head per unit is always kept."""
+        if not 0 <= fraction < 1:
+            raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+        s = np.asarray(scores, dtype=float)
+        if s.shape != self.shape:
+            raise ValueError(f"scores have shape {s.shape}, the head space is {self.shape}")
+        elig = np.ones(self.shape, bool) if eligible is None else np.asarray(eligible, bool)
+        for i, u in enumerate(self.units):
+            elig[i, u.heads:] = False
+        if np.isnan(s[elig]).any():
+            raise ValueError("scores contain NaN for prunable heads")
+        n = int(round(fraction * self.n_heads))
+        keep = np.ones(self.shape)
+        left = np.array([u.heads for u in self.units])
+        flat = [(s[i, h], i, h) for i in range(len(self.units)) for h in range(self.units[i].heads) if elig[i, h]]
+        for _, i, h in sorted(flat)[: len(flat)]:
+            if n == 0:
+                break
+            if left[i] > 1:
+                keep[i, h] = 0
+                left[i] -= 1
+                n -= 1
+        return torch.tensor(keep, dtype=torch.float32)
+
+
+class HeadMask:
+    """Context manager: multiply each head's output by ``mask[unit, head]`` (0 = pruned).
+
+    ``mask`` may require grad (the gradient scorer differentiates through it).
+    """
+
+    def __init__(self, space: HeadSpace, mask: torch.Tensor):
+        if tuple(mask.shape) != space.shape:
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, the head space is {space.shape}")
+        self.space, self.mask = space, mask
+        self._stack: ExitStack | None = None
+
+    def _hook(self, i: int, unit: Unit):
+        def pre(module, args):
+            x = args[0]
+            m = self.mask[i, : unit.heads].to(x.dtype).to(x.device)
+            y = (x.unflatten(-1, (unit.heads, unit.head_dim)) * m[:, None]).flatten(-2)
+            return (y, *args[1:])
+        return pre
+
+    def __enter__(self) -> "HeadMask":
+        self._stack = ExitStack()
+        try:
+            for i, (u, mod) in enumerate(zip(self.space.units, self.space.modules)):
+                for lin in _out_projections(mod):
+                    self._stack.callback(lin.register_forward_pre_hook(self._hook(i, u)).remove)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        return False
+
+
+@torch.no_grad()
+def prune_physically(space: HeadSpace, keep: torch.Tensor) -> dict[str, int]:
+    """Remove pruned heads from the weights (in place): rows of the q/k/v projections, columns of
+    the output projection. Supported for transformers attention with as many key/value heads as
+    query heads (Llama-style ``q_proj``/``k_proj``/``v_proj``/``o_proj``); the model then runs
+    fewer FLOPs. Returns ``{unit name: heads kept}``. Equivalent to :class:`HeadMask` (tested)."""
+    out = {}
+    for i, (u, mod) in enumerate(zip(space.units, space.modules)):
+        if not hasattr(mod, "o_proj"):
+            raise NotImplementedError(f"{u.name}: physical pruning supports transformers q/k/v/o attention; "
+                                      f"use HeadMask for diffusers modules")
+        if mod.k_proj.out_features != mod.q_proj.out_features:
+            raise NotImplementedError(f"{u.name}: grouped-query attention (fewer KV heads) is not supported; use HeadMask")
+        kept = [h for h in range(u.heads) if keep[i, h] > 0]
+        idx = torch.cat([torch.arange(h * u.head_dim, (h + 1) * u.head_dim) for h in kept])
+        for name in ("q_proj", "k_proj", "v_proj"):
+            lin = getattr(mod, name)
+            new = torch.nn.Linear(lin.in_features, len(idx), bias=lin.bias is not None, dtype=lin.weight.dtype,
+                                  device=lin.weight.device)
+            new.weight.copy_(lin.weight[idx])
+            if lin.bias is not None:
+                new.bias.copy_(lin.bias[idx])
+            setattr(mod, name, new)
+        o = mod.o_proj
+        new = torch.nn.Linear(len(idx), o.out_features, bias=o.bias is not None, dtype=o.weight.dtype, device=o.weight.device)
+        new.weight.copy_(o.weight[:, idx])
+        if o.bias is not None:
+            new.bias.copy_(o.bias)
+        mod.o_proj = new
+        out[u.name] = len(kept)
+    return out

@@ -1,0 +1,52 @@
+"""Image quality against a reference: PSNR and SSIM (float32, images in [0, 1] or uint8).
+
+Used wherever a change to a generator (pruned heads, reused attention) is judged by what it does
+to the picture: the reference is the unchanged model's image for the same prompt and seed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def _as_float(x) -> torch.Tensor:
+    """``[N, H, W, C]`` uint8 / float -> ``[N, C, H, W]`` float32 in [0, 1]."""
+    t = torch.as_tensor(np.asarray(x))
+    if t.dim() == 3:
+        t = t[None]
+    t = t.float() / 255.0 if t.dtype == torch.uint8 or t.max() > 1.5 else t.float()
+    return t.permute(0, 3, 1, 2)
+
+
+def psnr(images, reference, max_value: float = 1.0) -> np.ndarray:
+    """Per-image PSNR in dB ``[N]``; identical images give ``inf``."""
+    a, b = _as_float(images), _as_float(reference)
+    if a.shape != b.shape:
+        raise ValueError(f"image shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    mse = ((a - b) ** 2).flatten(1).mean(1)
+    with np.errstate(divide="ignore"):
+        return (10 * np.log10(max_value**2 / mse.numpy())).astype(np.float64)
+
+
+def ssim(images, reference, window: int = 7, sigma: float = 1.5) -> np.ndarray:
+    """Per-image SSIM ``[N]`` (Wang et al. 2004; Gaussian window, channels averaged), 1 = identical."""
+    a, b = _as_float(images), _as_float(reference)
+    if a.shape != b.shape:
+        raise ValueError(f"image shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    c = a.shape[1]
+    x = torch.arange(window, dtype=torch.float32) - (window - 1) / 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    g = g / g.sum()
+    k = (g[:, None] * g[None, :]).expand(c, 1, window, window)
+
+    def blur(t):
+        return F.conv2d(t, k, groups=c)
+
+    mu_a, mu_b = blur(a), blur(b)
+    saa = blur(a * a) - mu_a**2
+    sbb = blur(b * b) - mu_b**2
+    sab = blur(a * b) - mu_a * mu_b
+    c1, c2 = 0.01**2, 0.03**2
+    m = ((2 * mu_a * mu_b + c1) * (2 * sab + c2)) / ((mu_a**2 + mu_b**2 + c1) * (saa + sbb + c2))
+    return m.flatten(1).mean(1).numpy().astype(np.float64)
