@@ -91,3 +91,22 @@ def test_04_head_pruning_quick(tmp_path):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
     assert (tmp_path / "understanding_stats" / "meta.json").exists()
     assert (tmp_path / "generation_stats" / "tiny-pixart" / "meta.json").exists()
+
+
+def test_05_caching_quick(tmp_path):
+    run_notebook("05_caching.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5], N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=1)
+    board = scoreboard(tmp_path)
+    assert set(board) == {"U7", "G3", "G8"}
+    for r in board.values():
+        assert r["value"] in (0, 1, 2) and r["verdict"] in {"holds", "partly", "does not hold"}
+    import pandas as pd
+
+    rows = pd.read_csv(tmp_path / "eviction_rows.csv")
+    assert rows.question.nunique() == 6 and set(rows.budget) == {0.25, 0.5}
+    assert {"full", "h2o", "snapkv", "streaming", "fastv", "unicache", "oracle", "random", "kvpress:snapkv",
+            "kvpress:adakv_snapkv"} <= set(rows.method)
+    full = rows[rows.method == "full"]
+    assert (full.kl.abs() < 1e-6).all() and full.agree.all() and (full.kv_fraction == 1).all()
+    assert (rows[(rows.kind == "policy") & (rows.method != "full")].kv_fraction < 1).all()
+    for fig in ("eviction", "simulation_vs_real", "reuse_pareto"):
+        assert (tmp_path / f"{fig}.png").stat().st_size > 1000

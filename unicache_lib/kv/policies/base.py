@@ -1,0 +1,93 @@
+"""The eviction-policy interface and its registry.
+
+A policy picks, for every layer, which *image* positions of the context keep their keys and
+values; non-image context positions are always kept. ``budget`` is the fraction of image
+positions kept, the same count in every layer (a transformers cache is rectangular across
+layers: one causal mask serves them all).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+POLICIES: dict[str, type["EvictionPolicy"]] = {}
+
+
+def register(cls):
+    if cls.name in POLICIES:
+        raise KeyError(f"policy {cls.name!r} registered twice")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+@dataclass
+class EvictionContext:
+    """What a policy may look at.
+
+    ``seq_len``: context length C; ``image_positions [n_image]``; ``n_layers``; ``attentions``: per
+    layer ``[H, C, C]`` float32 prefill attention (empty if not captured); ``future``: per layer
+    ``[C]`` attention mass the question's queries put on each context key (oracle only).
+    """
+
+    seq_len: int
+    image_positions: torch.Tensor
+    n_layers: int
+    attentions: list
+    seed: int = 0
+    future: list | None = None
+
+    @property
+    def n_image(self) -> int:
+        return len(self.image_positions)
+
+    def k(self, budget: float) -> int:
+        if not 0 <= budget <= 1:
+            raise ValueError(f"budget is a fraction of image tokens in [0, 1], got {budget}")
+        return int(round(budget * self.n_image))
+
+    def assemble(self, chosen: list) -> list[torch.Tensor]:
+        """Per layer: non-image positions plus the chosen image positions (indices into the image
+        block, 0..n_image-1), as sorted sequence positions."""
+        img = self.image_positions
+        other = torch.tensor(sorted(set(range(self.seq_len)) - set(img.tolist())), dtype=torch.long)
+        out = []
+        for ch in chosen:
+            ch = torch.as_tensor(np.asarray(ch), dtype=torch.long).reshape(-1)
+            out.append(torch.cat([other, img[ch]]).sort().values)
+        return out
+
+    def image_reads(self, layer: int) -> torch.Tensor:
+        """``[n_image]``: attention each image key receives from all context queries, mean over heads."""
+        if not self.attentions:
+            raise ValueError("this policy needs the prefill attention: prefill(..., attentions=True) on an eager model")
+        return self.attentions[layer].mean(0).sum(0)[self.image_positions]
+
+
+class EvictionPolicy:
+    """Subclasses set ``name``, ``needs_attention`` and implement ``choose``."""
+
+    name = ""
+    needs_attention = False
+    description = ""
+
+    def choose(self, ctx: EvictionContext, k: int) -> list:  # pragma: no cover - interface
+        """Per layer, ``k`` indices into the image block."""
+        raise NotImplementedError
+
+    def select(self, ctx: EvictionContext, budget: float) -> list[torch.Tensor]:
+        k = ctx.k(budget)
+        chosen = self.choose(ctx, k)
+        if len(chosen) != ctx.n_layers:
+            raise RuntimeError(f"policy {self.name!r} chose for {len(chosen)} layers, the model has {ctx.n_layers}")
+        for c in chosen:
+            if len(set(np.asarray(c).tolist())) != k:
+                raise RuntimeError(f"policy {self.name!r} kept {len(c)} image positions, budget allows {k}")
+        return ctx.assemble(chosen)
+
+
+def top_k(scores, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest scores (stable: earlier index wins ties)."""
+    s = np.asarray(torch.as_tensor(scores).float())
+    return np.argsort(-s, kind="stable")[:k]

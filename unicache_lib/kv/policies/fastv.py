@@ -1,0 +1,18 @@
+"""FastV (Chen et al., 2024): after layer K, drop the image tokens the last position attends least.
+
+As KV eviction: one ranking, from layer ``K - 1``'s attention of the last context position, applied
+to every layer (FastV keeps all tokens below K; a rectangular cache cannot, so the budget binds
+everywhere)."""
+from .base import EvictionPolicy, register, top_k
+
+
+@register
+class FastV(EvictionPolicy):
+    name, needs_attention = "fastv", True
+    description = "rank image tokens by the last position's attention at layer K-1 (K=2)"
+    K = 2
+
+    def choose(self, ctx, k):
+        li = min(self.K - 1, ctx.n_layers - 1)
+        scores = ctx.attentions[li][:, -1, ctx.image_positions].mean(0)
+        return [top_k(scores, k)] * ctx.n_layers

@@ -1,0 +1,40 @@
+"""The study's own rule ("UniCache"): keep visual anchors everywhere; evict by locality in shallow
+layers (a spatially even grid covers what local heads need) and by content in deeper layers
+(the most-read positions, kept conservatively).
+
+Shallow layers keep a quarter of their budget as anchors (the positions the shallow layers read
+most; they persist upward, claim U3) and the rest as an even grid over the image; middle and deep
+layers keep the positions they read most. ``swap_bands=True`` swaps the two rules (grid deep,
+content shallow), the control for claim U7. The study also protects what the question's content
+words read; with the image cached before the question arrives that is not known yet, so it is
+left out here.
+"""
+import numpy as np
+
+from ...analysis.layers import band_layers
+from .base import EvictionPolicy, register, top_k
+
+
+@register
+class UniCache(EvictionPolicy):
+    name, needs_attention = "unicache", True
+    description = "anchors + spatial grid in shallow layers, most-read positions deeper"
+
+    def __init__(self, swap_bands: bool = False):
+        self.swap_bands = swap_bands
+
+    def choose(self, ctx, k):
+        bands = band_layers(ctx.n_layers)
+        shallow_reads = sum(ctx.image_reads(li) for li in bands["shallow"]).numpy()
+        anchors = [int(i) for i in top_k(shallow_reads, k // 4)]
+        rest = [i for i in range(ctx.n_image) if i not in anchors]
+        m = k - len(anchors)
+        grid = [rest[int(j)] for j in np.linspace(0, len(rest) - 1, m).round()] if m > 0 else []
+        local = np.array(anchors + grid, dtype=int)
+        out = []
+        for li in range(ctx.n_layers):
+            if (li in bands["shallow"]) != self.swap_bands:
+                out.append(local)
+            else:
+                out.append(top_k(ctx.image_reads(li).numpy() + 1e-3 * shallow_reads, k))
+        return out
