@@ -110,3 +110,15 @@ def test_05_caching_quick(tmp_path):
     assert (rows[(rows.kind == "policy") & (rows.method != "full")].kv_fraction < 1).all()
     for fig in ("eviction", "simulation_vs_real", "reuse_pareto"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
+
+
+def test_06_diagnostics_quick(tmp_path):
+    run_notebook("06_diagnostics.ipynb", tmp_path, N_QUESTIONS=60, PER_TYPE=1, UNDERSTANDING_STORE=str(tmp_path / "none"),
+                 GENERATION_STORE=str(tmp_path / "none" / "tiny-mmdit"))
+    board = scoreboard(tmp_path)
+    assert set(board) == {"U10", "U12"}
+    assert board["U10"]["n"] == 5 and board["U12"]["n"] == 60
+    assert board["U10"]["verdict"] in {"holds", "partly"}  # the masked variant always trips the detector
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert page.count("<img") >= 4 and "http" not in page.split("<body>")[1]  # self-contained
+    assert (tmp_path / "neglect_detector.png").stat().st_size > 1000

@@ -50,6 +50,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; stored files are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -1,0 +1,81 @@
+"""Diagnostics: AUROC on hand cases, detector verdicts on healthy and broken models, the report."""
+import copy
+
+import numpy as np
+import pytest
+
+from unicache_lib.diagnostics.roc import auroc, rank_average
+
+
+def test_auroc_hand_cases():
+    assert auroc([0.9, 0.8, 0.2, 0.1], [1, 1, 0, 0]) == 1.0
+    assert auroc([0.1, 0.2, 0.8, 0.9], [1, 1, 0, 0]) == 0.0
+    assert auroc([0.5, 0.5, 0.5, 0.5], [1, 0, 1, 0]) == 0.5  # ties count half
+    # 3 positives x 2 negatives: pairs won 5 of 6
+    assert auroc([0.9, 0.7, 0.3, 0.4, 0.1], [1, 1, 1, 0, 0]) == pytest.approx(5 / 6)
+    assert np.isnan(auroc([0.1, 0.2], [0, 0]))
+    with pytest.raises(ValueError):
+        auroc([0.1, 0.2], [1])
+    assert np.allclose(rank_average([1, 2, 3], [3, 2, 1]), 2 / 3)
+
+
+@pytest.fixture(scope="module")
+def llava():
+    from unicache_lib.world import samples as sample_set
+    from unicache_lib.zoo.loaders import load_understanding
+
+    m, p = load_understanding("tiny-llava")
+    return m, p, sample_set.load(per_type=1)
+
+
+def test_detector_quiet_when_healthy_fires_when_masked(llava):
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.diagnostics.broken import mask_image_attention, zero_image_features
+    from unicache_lib.diagnostics.neglect import detect_neglect, image_dependence
+
+    m, p, ss = llava
+    healthy = detect_neglect(capture_samples(m, p, ss, progress=False).records)
+    assert not healthy.fires and healthy.shares.min() > 0.15
+    for k in (1, 3):
+        with mask_image_attention(m, k):
+            v = detect_neglect(capture_samples(m, p, ss, progress=False).records)
+        assert v.fires and v.first_cutoff_layer == k and (v.shares[k:] < 1e-6).all()
+    # restored: the healthy shares come back exactly
+    again = detect_neglect(capture_samples(m, p, ss, progress=False).records)
+    assert np.allclose(again.shares, healthy.shares)
+    dep = image_dependence(m, p, ss)
+    with zero_image_features(m):
+        assert image_dependence(m, p, ss) < 1e-3 < dep  # the image no longer matters
+
+
+def test_answer_attention_columns(llava):
+    from unicache_lib.diagnostics.hallucination import answer_attention
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    m, p, _ = llava
+    A = answer_attention(m, p, heldout_set(8, seed=1), progress=False)
+    assert len(A) == 8 and A.coverage.between(0, 1).all() and A.concentration.between(0, 1).all()
+    assert A.confidence.between(0, 1).all() and A.correct.dtype == bool
+
+
+def test_report_renders_from_small_stores(llava, tmp_path):
+    from unicache_lib.capture.gen_runner import capture_generation
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.diagnostics.report import build_report, main
+    from unicache_lib.store import Store
+    from unicache_lib.zoo.loaders import load_generator
+
+    m, p, ss = llava
+    capture_samples(m, p, ss[:2], Store(tmp_path / "u", meta={"model": "tiny-llava"}), progress=False)
+    capture_generation(load_generator("tiny-pixart"), ["a red circle on the left"], "r", Store(tmp_path / "g"), steps=3,
+                       progress=False)
+    page = build_report({"llava": tmp_path / "u", "pixart": tmp_path / "g"}, tmp_path / "rep")
+    text = page.read_text()
+    assert text.count("<img") == 4 + 2 and "neglect detector: healthy" in text
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "report.html").write_text("not ours")
+    with pytest.raises(FileExistsError):
+        build_report({"llava": tmp_path / "u"}, tmp_path / "other")
+    assert (tmp_path / "other" / "report.html").read_text() == "not ours"
+    main([str(tmp_path / "u"), f"px={tmp_path / 'g'}", "--out", str(tmp_path / "cli")])
+    assert (tmp_path / "cli" / "report.html").exists()

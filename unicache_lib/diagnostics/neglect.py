@@ -1,0 +1,71 @@
+"""Modality-neglect detector (claims U9, U10): does the text still read the image, layer by layer?
+
+Signal per layer: the share of the text queries' attention mass that lands on image keys, mean
+over heads and samples, from stats-mode capture records (``blocks``). The study's thresholds: under
+~15% in a concatenation model the text is not reaching the image (warning); under ~5% a layer marks
+a modality cut-off (the detector fires and names the first such layer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..modality import BLOCKS
+
+WARN, CUTOFF = 0.15, 0.05
+
+
+def text_image_share(records) -> np.ndarray:
+    """``[n_layers]``: text queries' share of attention on image keys (mean over samples, heads)."""
+    by_layer: dict[int, list[float]] = {}
+    for r in records:
+        if "blocks" not in r.data:
+            raise ValueError("records lack 'blocks': capture in stats mode with modality spans")
+        b = r.data["blocks"].float()  # [H, 4] shares of all mass
+        ti, tt = b[:, BLOCKS.index("text->image")], b[:, BLOCKS.index("text->text")]
+        by_layer.setdefault(r.layer, []).append(float((ti / (ti + tt).clamp(min=1e-12)).mean()))
+    return np.array([np.mean(by_layer[li]) for li in sorted(by_layer)])
+
+
+@dataclass
+class NeglectVerdict:
+    shares: np.ndarray
+    fires: bool
+    first_cutoff_layer: int | None
+    warn_layers: list[int]
+
+    def __str__(self) -> str:
+        s = ", ".join(f"L{i} {v:.1%}" for i, v in enumerate(self.shares))
+        if self.fires:
+            return f"MODALITY CUT-OFF from layer {self.first_cutoff_layer} (share < {CUTOFF:.0%}): {s}"
+        if self.warn_layers:
+            return f"warning: text reads the image weakly in layers {self.warn_layers} (< {WARN:.0%}): {s}"
+        return f"healthy: {s}"
+
+
+def detect_neglect(records, cutoff: float = CUTOFF, warn: float = WARN) -> NeglectVerdict:
+    """Fires when any layer's text->image share is below ``cutoff``."""
+    sh = text_image_share(records)
+    low = [i for i, v in enumerate(sh) if v < cutoff]
+    return NeglectVerdict(sh, bool(low), low[0] if low else None, [i for i, v in enumerate(sh) if v < warn])
+
+
+def image_dependence(model, processor, samples, seed: int = 0) -> float:
+    """Mean KL(answer with its image || answer with another sample's image) over ``samples``: how much
+    the answers depend on the image at all. Near 0 = the image is ignored, whatever the attention
+    shares say (the complement the attention-share detector needs, see notebook 06)."""
+    import torch
+
+    from ..capture.runner import model_inputs
+
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(samples))
+    perm = np.where(perm == np.arange(len(samples)), np.roll(perm, 1), perm)
+    kls = []
+    with torch.no_grad():
+        for i, s in enumerate(samples):
+            a = torch.log_softmax(model(**model_inputs(processor, s.image, s.question)).logits[0, -1].float(), -1)
+            b = torch.log_softmax(model(**model_inputs(processor, samples[perm[i]].image, s.question)).logits[0, -1].float(), -1)
+            kls.append(float((a.exp() * (a - b)).sum()))
+    return float(np.mean(kls))
