@@ -59,9 +59,10 @@ notebooks: setup
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks
 
-## benchmark: capture overhead at LLaVA-1.5-7B's attention shape, ratios measured side by side
+## benchmark: capture overhead, KV eviction and cross-step reuse; ratios measured side by side
 benchmark: setup
 	$(BIN)/python benchmarks/capture_overhead.py
+	$(BIN)/python benchmarks/caching.py
 
 ## models: retrain the shipped models from scratch (about 1.5 h of CPU in all; not part of CI)
 models: setup
@@ -71,7 +72,9 @@ models: setup
 	$(BIN)/python -m unicache_lib.zoo.train_llava --init-from runs/tiny-llava-a --out data/models/tiny-llava --seed 1 \
 	  --steps-a 0 --steps-b 2500 --lr 1e-3 --qtype-weights colour=3,exists=2
 	$(BIN)/python -m unicache_lib.zoo.train_generator --family sd3 --out data/models/tiny-mmdit --seed 0
-	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --out data/models/tiny-pixart --seed 0
+	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --out runs/tiny-pixart-a --seed 0 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --init-from runs/tiny-pixart-a --out data/models/tiny-pixart \
+	  --steps 3000 --lr 5e-4 --seed 1 --threads 1
 
 clean-outputs:
 	rm -rf outputs

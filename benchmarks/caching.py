@@ -1,0 +1,78 @@
+"""Caching benchmarks, every ratio measured side by side in one run.
+
+1. KV eviction at LLaVA-1.5-7B's attention shape (32 layers x 32 heads, 576 image tokens + a short
+   text context; narrow head dimension so a CPU run stays short): bytes held and the time of one
+   decode step on the full cache vs caches evicted to 50 / 25 / 10 % of the image positions.
+2. Cross-step reuse on the shipped generators: wall-clock of a batch over interleaved repeats, every
+   workbench policy and diffusers cache, speed-up relative to no reuse.
+
+    python benchmarks/caching.py            # or: make benchmark
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def eviction(layers=32, heads=32, head_dim=8, n_image=576, n_text=40, repeats=30):
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    from unicache_lib.kv.cache import evict, kv_bytes
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=heads * head_dim, intermediate_size=heads * head_dim * 2,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).eval()
+    C = 5 + n_image + n_text
+    ids = torch.randint(0, 512, (1, C))
+    with torch.no_grad():
+        cache = DynamicCache()
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+    image = torch.arange(5, 5 + n_image)
+    other = torch.tensor([i for i in range(C) if not 5 <= i < 5 + n_image])
+    caches = {"full": cache}
+    for b in (0.5, 0.25, 0.1):
+        keep_img = image[torch.randperm(n_image, generator=torch.Generator().manual_seed(0))[: round(b * n_image)]]
+        caches[f"{b:.0%} image KV"] = evict(cache, [torch.cat([other, keep_img]).sort().values] * layers)
+    times = {k: [] for k in caches}
+    with torch.no_grad():
+        for _ in range(repeats):
+            for k, c in caches.items():
+                held = c.get_seq_length()
+                t0 = time.perf_counter()
+                model(input_ids=torch.tensor([[1]]), past_key_values=c, position_ids=torch.tensor([[C]]),
+                      attention_mask=torch.ones(1, held + 1, dtype=torch.long), use_cache=True)
+                times[k].append(time.perf_counter() - t0)
+                for layer in c.layers:  # drop the decoded token again: every repeat sees the same cache
+                    layer.keys, layer.values = layer.keys[:, :, :held], layer.values[:, :, :held]
+    full_b, full_t = kv_bytes(caches["full"]), statistics.median(times["full"])
+    print(f"\nKV eviction, {layers} layers x {heads} heads, context {C} ({n_image} image), {repeats} interleaved repeats")
+    print(f"{'cache':>16} {'KV MB':>8} {'bytes/full':>10} {'decode ms':>10} {'time/full':>10}")
+    for k, c in caches.items():
+        t = statistics.median(times[k])
+        print(f"{k:>16} {kv_bytes(c) / 1e6:8.2f} {kv_bytes(c) / full_b:10.3f} {1e3 * t:10.2f} {t / full_t:10.3f}")
+
+
+def reuse(steps=20, prompts=8, repeats=5):
+    from unicache_lib.reuse.evaluate import methods_for, run_reuse
+    from unicache_lib.world.text import prompt_set
+    from unicache_lib.zoo.loaders import load_generator
+
+    ps = prompt_set(prompts, 0, 0)
+    texts, objs = [p["short"] for p in ps], [p["objects"][0] for p in ps]
+    for name in ("tiny-mmdit", "tiny-pixart"):
+        gen = load_generator(name)
+        df = run_reuse(gen, methods_for(gen, steps, 3.0, texts[:4]), texts, objs, steps, 3.0, 0, prompts, repeats, progress=False)
+        print(f"\ncross-step reuse on {name}: {prompts} prompts x {steps} steps, {repeats} interleaved repeats")
+        print(df[["speedup", "median_s", "iqr_s", "computed", "ssim", "note"]].round(3).to_string())
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    eviction(repeats=6 * a.repeats)
+    reuse(repeats=a.repeats)
