@@ -46,9 +46,11 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest tests -q -m "not notebook and not slow"
 
-## notebooks: rebuild the committed notebooks from notebooks/src and execute them in place (full parameters)
+## notebooks: rebuild the committed notebooks from notebooks/src and execute them in place (full parameters);
+##            NB=03 rebuilds one
+NB ?= [0-9][0-9]
 notebooks: setup
-	@for src in notebooks/src/[0-9][0-9]_*.py; do \
+	@for src in notebooks/src/$(NB)_*.py; do \
 	  nb=notebooks/$$(basename $${src%.py}).ipynb; echo "== $$nb"; \
 	  $(BIN)/python tools/py2nb.py "$$src" "$$nb" && \
 	  $(BIN)/papermill --cwd . -k python3 "$$nb" "$$nb" || exit 1; \

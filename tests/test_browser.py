@@ -1,5 +1,6 @@
-"""A real reader: JupyterLab on loopback, notebook 02 opened in headless Chromium, run, the layer
-slider moved with the keyboard, and the picture must change."""
+"""A real reader: JupyterLab on loopback, a notebook opened in headless Chromium, run, a slider of
+its explorer widget moved with the keyboard, and the picture must change (notebook 02: the layer
+slider of the attention explorer; notebook 03: the step slider of the step explorer)."""
 import os
 import shutil
 import socket
@@ -21,7 +22,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_layer_slider_redraws_in_jupyterlab(tmp_path):
+CASES = {
+    "02_understanding_maps": ({"PER_TYPE": 1, "MAP_PER_TYPE": 1, "N_CAPTIONS": 1}, "layer"),
+    "03_diffusion_steps": ({"N_SINGLE": 2, "N_PAIRS": 2, "STEPS": 5, "MAP_PROMPTS": 1, "UNDERSTANDING_STORE": "no-such-store"}, "step"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_slider_redraws_in_jupyterlab(tmp_path, name):
+    params, slider = CASES[name]
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed: `make setup` installs it (apt-get install chromium)")
@@ -30,11 +39,11 @@ def test_layer_slider_redraws_in_jupyterlab(tmp_path):
     sync_playwright, expect = pw.sync_playwright, pw.expect
     import papermill as pm
 
-    nb = tmp_path / "02.ipynb"
+    nb = tmp_path / "nb.ipynb"
     import nbformat
 
-    pm.execute_notebook(str(ROOT / "notebooks" / "02_understanding_maps.ipynb"), str(nb), prepare_only=True,
-                        parameters={"PER_TYPE": 1, "MAP_PER_TYPE": 1, "N_CAPTIONS": 1, "OUT_DIR": str(tmp_path / "out")})
+    pm.execute_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"), str(nb), prepare_only=True,
+                        parameters={**params, "OUT_DIR": str(tmp_path / "out")})
     # open it as a reader who cleared the committed outputs: no saved widget state to restore, so
     # every widget on the page comes from this run's kernel
     book = nbformat.read(nb, as_version=4)
@@ -60,7 +69,7 @@ def test_layer_slider_redraws_in_jupyterlab(tmp_path):
                 "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--no-first-run", "--disable-quic"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"http://127.0.0.1:{port}/lab/tree/02.ipynb")
+            page.goto(f"http://127.0.0.1:{port}/lab/tree/nb.ipynb")
             page.wait_for_selector(".jp-Notebook", timeout=90_000)
             try:  # a kernel picker may come up first
                 page.locator(".jp-Dialog button", has_text="Select").click(timeout=5_000)
@@ -72,7 +81,7 @@ def test_layer_slider_redraws_in_jupyterlab(tmp_path):
             img = page.locator(".widget-output img").first
             img.wait_for(timeout=300_000)
             before = img.get_attribute("src")
-            layer = page.locator(".widget-hslider", has_text="layer")
+            layer = page.locator(".widget-hslider", has_text=slider)
             layer.locator(".noUi-handle").focus()
             page.keyboard.press("ArrowRight")
             page.wait_for_function(

@@ -43,6 +43,8 @@ def convert(src: str):
         elif kind is not None:
             cur.append(line)
     flush()
+    for i, c in enumerate(cells):
+        c.id = f"cell-{i:03d}"  # stable ids: rebuilding a notebook does not churn its JSON
     nb.cells = cells
     return nb
 

@@ -19,8 +19,8 @@
 
 # %% tags=["parameters"]
 MODELS = ["tiny-mmdit", "tiny-pixart"]
-N_SINGLE = 20                 # one-object prompts (each once short and once long)
-N_PAIRS = 12                  # two-object prompts, half of them with both objects in one colour
+N_SINGLE = 16                 # one-object prompts (each once short and once long)
+N_PAIRS = 8                   # two-object prompts, half of them with both objects in one colour
 STEPS = 20                    # denoising steps
 GUIDANCE = 3.0                # classifier-free guidance scale
 SEED = 0                      # prompt i is sampled with seed SEED + i

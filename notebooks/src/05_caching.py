@@ -19,14 +19,14 @@
 # %% tags=["parameters"]
 UNDERSTANDING_MODEL = "tiny-llava"
 GENERATORS = ["tiny-mmdit", "tiny-pixart"]
-N_EVICTION = 200              # questions for the eviction sweep
+N_EVICTION = 150              # questions for the eviction sweep
 BUDGETS = [0.1, 0.25, 0.5, 0.75]
 PEERS = True                  # also run the kvpress presses
 N_PROMPTS = 32                # single-object prompts for the reuse sweep
 STEPS = 20
 GUIDANCE = 3.0
 TIMING_PROMPTS = 8
-REPEATS = 5
+REPEATS = 4
 SEED = 0
 OUT_DIR = "outputs/05_caching"
 

@@ -88,8 +88,11 @@ def sweep_understanding(model, tokenizer, space, scores: dict, fractions, qas, r
     for label, s in tqdm(scores.items(), desc="pruning sweep", disable=not progress):
         for f in fractions:
             keep = space.keep_mask(s, f)
-            with HeadMask(space, keep):
-                lp = answer_logprobs(model, tokenizer, qas)
+            if f == 0:  # nothing pruned: the reference itself
+                lp = ref
+            else:
+                with HeadMask(space, keep):
+                    lp = answer_logprobs(model, tokenizer, qas)
             rows.append({"scorer": label, "fraction": f, "pruned": int((keep[:, :] == 0).sum()),
                          **understanding_metrics(lp, ref, tokenizer, qas)})
     return pd.DataFrame(rows)

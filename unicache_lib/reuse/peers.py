@@ -65,6 +65,13 @@ class DiffusersCache:
             return MagCacheConfig(mag_ratios=self.calibration, num_inference_steps=self.n_steps, threshold=0.06, max_skip_steps=3)
 
     def __enter__(self):
+        import logging
+        import warnings
+
+        # FasterCache announces itself as experimental on every application and trips a torch.meshgrid
+        # deprecation warning; both once per run would bury a notebook's output
+        logging.getLogger("diffusers.hooks.faster_cache").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", message="torch.meshgrid", category=UserWarning)
         from diffusers.hooks import (apply_faster_cache, apply_first_block_cache, apply_mag_cache,
                                      apply_pyramid_attention_broadcast, apply_taylorseer_cache)
 
