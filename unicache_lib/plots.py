@@ -4,6 +4,7 @@ Widgets (``widgets.py``) only call these functions.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -213,12 +214,9 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
             raise ValueError(f"{name}: expected [n_samples, n_steps], got shape {v.shape}")
         n_steps = v.shape[1]
         x = np.arange(n_steps)
-        with np.errstate(all="ignore"):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                m, s = np.nanmean(v, 0), np.nanstd(v, 0)
+        with warnings.catch_warnings():  # an all-NaN column (step 0 of a similarity) is expected
+            warnings.simplefilter("ignore", RuntimeWarning)
+            m, s = np.nanmean(v, 0), np.nanstd(v, 0)
         ax.plot(x, m, marker=".", label=f"{name} (n={v.shape[0]})")
         ax.fill_between(x, m - s, m + s, alpha=0.2)
     if n_steps:

@@ -32,7 +32,6 @@ pipelines); ``branch="cond"`` (default) records the conditional half.
 """
 from __future__ import annotations
 
-import math
 from contextlib import ExitStack
 
 import numpy as np
@@ -383,8 +382,3 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
             out_sim[1] = float(cosine(out_txt.flatten(), po_txt.flatten()))
     return {"sim_prev": sim_blocks, "sim_prev_all": sim_all, "out_sim_prev": out_sim}
 
-
-def text_share_bound(n_image: int, n_text: int) -> float:
-    """Share of image-query attention on text keys if attention were uniform over the joint
-    sequence: the baseline a measured text share should be read against."""
-    return n_text / (n_image + n_text) if n_image + n_text else math.nan
