@@ -23,21 +23,31 @@ def _np(x) -> np.ndarray:
     return x.detach().float().cpu().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float32)
 
 
+def _mean_bands(ax, values: dict, axis_name: str, marker: str) -> int | None:
+    """Plot each ``[n_samples, n]`` array of ``values`` as its mean over samples with a +-1 s.d. band;
+    returns ``n`` (None for no values). NaN entries are skipped (an all-NaN column, e.g. step 0 of an
+    adjacent-step similarity, gives a gap)."""
+    n = None
+    for name, v in values.items():
+        v = _np(v)
+        if v.ndim != 2:
+            raise ValueError(f"{name}: expected [n_samples, {axis_name}], got shape {v.shape}")
+        n = v.shape[1]
+        x = np.arange(n)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            m, s = np.nanmean(v, 0), np.nanstd(v, 0)
+        ax.plot(x, m, marker=marker, label=f"{name} (n={v.shape[0]})")
+        ax.fill_between(x, m - s, m + s, alpha=0.2)
+    return n
+
+
 def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", bands: bool = True):
     """Per-layer curves with spread. ``values``: name -> ``[n_samples, n_layers]``; the line is the
     mean over samples, the shaded band +-1 standard deviation; shallow/middle/deep bands marked."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    n_layers = None
-    for name, v in values.items():
-        v = _np(v)
-        if v.ndim != 2:
-            raise ValueError(f"{name}: expected [n_samples, n_layers], got shape {v.shape}")
-        n_layers = v.shape[1]
-        x = np.arange(n_layers)
-        m, s = np.nanmean(v, 0), np.nanstd(v, 0)
-        ax.plot(x, m, marker="o", label=f"{name} (n={v.shape[0]})")
-        ax.fill_between(x, m - s, m + s, alpha=0.2)
+    n_layers = _mean_bands(ax, values, "n_layers", "o")
     if n_layers and bands:
         from .analysis.layers import band_layers
 
@@ -207,18 +217,7 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(6, 3.2))
-    n_steps = None
-    for name, v in values.items():
-        v = _np(v)
-        if v.ndim != 2:
-            raise ValueError(f"{name}: expected [n_samples, n_steps], got shape {v.shape}")
-        n_steps = v.shape[1]
-        x = np.arange(n_steps)
-        with warnings.catch_warnings():  # an all-NaN column (step 0 of a similarity) is expected
-            warnings.simplefilter("ignore", RuntimeWarning)
-            m, s = np.nanmean(v, 0), np.nanstd(v, 0)
-        ax.plot(x, m, marker=".", label=f"{name} (n={v.shape[0]})")
-        ax.fill_between(x, m - s, m + s, alpha=0.2)
+    n_steps = _mean_bands(ax, values, "n_steps", ".")
     if n_steps:
         for i, (lab, lo, hi) in enumerate((("early", 0, 0.2), ("middle", 0.2, 0.6), ("late", 0.6, 1.0))):
             ax.axvspan(lo * n_steps - 0.5, hi * n_steps - 0.5, color=f"C{i}", alpha=0.05)

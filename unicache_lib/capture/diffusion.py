@@ -73,6 +73,22 @@ def find_diffusion_attention(transformer) -> dict[str, tuple[int, str, torch.nn.
     return dict(sorted(out.items(), key=lambda kv: (kv[1][0], kv[1][1])))
 
 
+def wrap_processors(targets: dict, make) -> ExitStack:
+    """Install ``make(name, layer, part, original_processor)`` as the processor of every module in
+    ``targets`` (as returned by :func:`find_diffusion_attention`). Closing the returned stack puts the
+    originals back; if installing fails half-way, what was installed is undone before raising."""
+    stack = ExitStack()
+    try:
+        for name, (layer, part, mod) in targets.items():
+            orig = mod.processor
+            stack.callback(setattr, mod, "processor", orig)
+            mod.processor = make(name, layer, part, orig)
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
 def _heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:
     b, s, d = x.shape
     return x.view(b, s, heads, d // heads).transpose(1, 2)
@@ -333,17 +349,8 @@ class DiffusionCapture:
                     f"sample ids {clash[:3]} are already in the store {self.store.path}: a new sampling run "
                     f"needs new ids (e.g. prefix them with a run name), so steps of two runs never mix"
                 )
-        self._stack = ExitStack()
-        try:
-            h = self.transformer.register_forward_pre_hook(self._see_timestep, with_kwargs=True)
-            self._stack.callback(h.remove)
-            for name, (layer, part, mod) in self.targets.items():
-                orig = mod.processor
-                self._stack.callback(setattr, mod, "processor", orig)
-                mod.processor = _Wrapped(self, orig, name, layer, part)
-        except BaseException:
-            self._stack.close()
-            raise
+        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _Wrapped(self, orig, name, layer, part))
+        self._stack.callback(self.transformer.register_forward_pre_hook(self._see_timestep, with_kwargs=True).remove)
         return self
 
     def __exit__(self, exc_type, *exc):

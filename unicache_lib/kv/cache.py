@@ -50,7 +50,7 @@ class Prefill:
     attentions: list
     split: PromptSplit
 
-    def context(self, layers: int | None = None, seed: int = 0, future=None):
+    def context(self, seed: int = 0, future=None):
         from .policies.base import EvictionContext
 
         return EvictionContext(self.split.context_ids.shape[1], self.split.image_positions,

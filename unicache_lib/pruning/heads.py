@@ -94,7 +94,7 @@ class HeadSpace:
         keep = np.ones(self.shape)
         left = np.array([u.heads for u in self.units])
         flat = [(s[i, h], i, h) for i in range(len(self.units)) for h in range(self.units[i].heads) if elig[i, h]]
-        for _, i, h in sorted(flat)[: len(flat)]:
+        for _, i, h in sorted(flat):
             if n == 0:
                 break
             if left[i] > 1:

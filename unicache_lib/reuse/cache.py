@@ -18,7 +18,7 @@ from contextlib import ExitStack
 import torch
 import torch.nn.functional as F
 
-from ..capture.diffusion import _heads_view, find_diffusion_attention
+from ..capture.diffusion import _heads_view, find_diffusion_attention, wrap_processors
 from ..similarity import cosine
 
 
@@ -54,9 +54,8 @@ class _ReuseProcessor:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kw):
         rc = self.rc
         pol = rc.policy
-        sim = (float(cosine(hidden_states.flatten(), self.inp.flatten()))
-               if self.inp is not None and getattr(pol, "uses_similarity", False) else math.nan)
-        d = pol.decide(rc.step, rc.n_steps, sim, key=self.name) if pol.name == "adaptive" else pol.decide(rc.step, rc.n_steps, sim)
+        sim = float(cosine(hidden_states.flatten(), self.inp.flatten())) if self.inp is not None and pol.uses_similarity else math.nan
+        d = pol.decide(rc.step, rc.n_steps, sim, key=self.name)
         if d == "reuse" and self.out is not None:
             rc.calls += 1
             return self.out
@@ -97,15 +96,7 @@ class ReuseCache:
         return self.work / self.calls if self.calls else math.nan
 
     def __enter__(self):
-        self._stack = ExitStack()
-        try:
-            for name, (_, part, mod) in self.targets.items():
-                orig = mod.processor
-                self._stack.callback(setattr, mod, "processor", orig)
-                mod.processor = _ReuseProcessor(self, orig, name, part)
-        except BaseException:
-            self._stack.close()
-            raise
+        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _ReuseProcessor(self, orig, name, part))
         return self
 
     def __exit__(self, *exc):
@@ -123,11 +114,7 @@ class AttentionCallCounter:
         self._stack: ExitStack | None = None
 
     def __enter__(self):
-        self._stack = ExitStack()
-        for _, (_, _, mod) in self.targets.items():
-            orig = mod.processor
-            self._stack.callback(setattr, mod, "processor", orig)
-            mod.processor = _Counting(self, orig)
+        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _Counting(self, orig))
         return self
 
     def __exit__(self, *exc):

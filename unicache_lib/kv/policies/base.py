@@ -12,14 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ...registry import registrar
+
 POLICIES: dict[str, type["EvictionPolicy"]] = {}
-
-
-def register(cls):
-    if cls.name in POLICIES:
-        raise KeyError(f"policy {cls.name!r} registered twice")
-    POLICIES[cls.name] = cls
-    return cls
+register = registrar(POLICIES, "policy")
 
 
 @dataclass

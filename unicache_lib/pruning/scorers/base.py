@@ -11,16 +11,11 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ...registry import registrar
 from ..heads import HeadSpace
 
 SCORERS: dict[str, type["HeadScorer"]] = {}
-
-
-def register(cls):
-    if cls.name in SCORERS:
-        raise KeyError(f"scorer {cls.name!r} registered twice")
-    SCORERS[cls.name] = cls
-    return cls
+register = registrar(SCORERS, "scorer")
 
 
 @dataclass

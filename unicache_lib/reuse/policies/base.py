@@ -7,26 +7,25 @@ from the attention it would skip).
 """
 from __future__ import annotations
 
+from ...registry import registrar
+
 REUSE_POLICIES: dict[str, type["ReusePolicy"]] = {}
-
-
-def register(cls):
-    if cls.name in REUSE_POLICIES:
-        raise KeyError(f"reuse policy {cls.name!r} registered twice")
-    REUSE_POLICIES[cls.name] = cls
-    return cls
+register = registrar(REUSE_POLICIES, "reuse policy")
 
 
 class ReusePolicy:
-    """``decide(step, n_steps, similarity) -> "compute" | "reuse" | "reuse_text"``.
+    """``decide(step, n_steps, similarity, key) -> "compute" | "reuse" | "reuse_text"``.
 
     ``similarity``: cosine between this step's input to the module and its input at the last
-    computed step (NaN at step 0). ``reuse_text`` reuses only the text side (joint attention: the
+    computed step (NaN at step 0, and unless the policy sets ``uses_similarity``). ``key``: the
+    attention module's name, for policies that keep per-module state. ``reuse_text`` reuses only the text side (joint attention: the
     text stream's output; cross-attention: the text keys and values) and computes the image side.
     """
 
     name = ""
     description = ""
 
-    def decide(self, step: int, n_steps: int, similarity: float) -> str:  # pragma: no cover - interface
+    uses_similarity = False
+
+    def decide(self, step: int, n_steps: int, similarity: float, key=None) -> str:  # pragma: no cover - interface
         raise NotImplementedError

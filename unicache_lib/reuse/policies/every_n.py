@@ -7,5 +7,5 @@ class EveryN(ReusePolicy):
     name, description = "every_2", "compute on even steps, reuse on odd ones"
     n = 2
 
-    def decide(self, step, n_steps, similarity):
+    def decide(self, step, n_steps, similarity, key=None):
         return "compute" if step % self.n == 0 or step == n_steps - 1 else "reuse"

@@ -6,5 +6,5 @@ from .base import ReusePolicy, register
 class NoReuse(ReusePolicy):
     name, description = "none", "always compute"
 
-    def decide(self, step, n_steps, similarity):
+    def decide(self, step, n_steps, similarity, key=None):
         return "compute"

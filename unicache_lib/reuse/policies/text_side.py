@@ -7,5 +7,5 @@ from .base import ReusePolicy, register
 class TextSide(ReusePolicy):
     name, description = "text_side", "reuse the text side every step after the first; compute the image side"
 
-    def decide(self, step, n_steps, similarity):
+    def decide(self, step, n_steps, similarity, key=None):
         return "reuse_text" if step > 0 else "compute"
