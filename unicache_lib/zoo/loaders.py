@@ -63,6 +63,21 @@ def _read_config(where, sub: str = "") -> dict:
     return json.loads(Path(hf_hub_download(str(where), f"{sub + '/' if sub else ''}config.json")).read_text())
 
 
+def model_card(name_or_path) -> dict:
+    """The ``model_card.json`` of a local model folder (shipped models and rehearsal stand-ins have
+    one); ``{}`` for folders without one and for hub ids."""
+    p = Path(str(resolve(name_or_path)))
+    f = p / "model_card.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+def is_stand_in(name_or_path) -> bool:
+    """True for a random-weight stand-in (its card says ``"stand_in": true``): it exercises code
+    paths, memory and time at a real model's shapes, and its statistics mean nothing, so notebooks
+    show "not meaningful (random weights)" instead of verdicts."""
+    return bool(model_card(name_or_path).get("stand_in", False))
+
+
 def understanding_family(name_or_path) -> str:
     cfg = _read_config(resolve(name_or_path))
     mt = cfg.get("model_type")
