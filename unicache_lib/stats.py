@@ -4,21 +4,38 @@ Every function takes attention probabilities ``P`` of shape ``[..., Sq, Sk]`` (r
 leading dims are usually ``[heads]`` or ``[batch, heads]``) and casts them to float32 first, so fp16
 or bf16 weights give the same statistics as an fp32 reference (claim M1).
 
+**The mask.** Visible-key counts (the normaliser of entropy), the read-frequency normaliser, the
+distance and the variance depend on which keys each query could see. Functions take ``causal``:
+``True`` (a causal mask is assumed: key ``k`` visible to query ``q`` iff ``k <= q``), ``False`` (every
+key visible) or a bool tensor ``[Sq, Sk]`` giving the mask that was actually applied (capture reads it
+from the model; sliding windows, bidirectional image blocks and prefix-LM masks differ from causal).
+A map that puts mass on keys its mask hides raises :class:`AttentionMaskError` instead of giving
+wrong numbers. A query row that sees no key at all (a gated row, e.g. text before the image in a
+cross-attention layer) is *dead*: its row statistics are NaN and it adds nothing to column sums.
+
 Causal maps: when ``Sq < Sk`` the queries are taken to be the *last* ``Sq`` positions (a decode
 step or a strided capture says so through ``query_positions``).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .modality import BLOCKS, IMAGE, TEXT, Spans
 
+# mass on hidden keys above this (per row) means the map and the mask disagree
+HIDDEN_MASS_TOL = 1e-3
+
 
 class AttentionValueError(ValueError):
     """Attention weights that are not probabilities (NaN / inf / negative)."""
+
+
+class AttentionMaskError(ValueError):
+    """A map with attention mass on keys its (assumed or applied) mask hides."""
 
 
 def as_probs(P: torch.Tensor, check: bool = True) -> torch.Tensor:
@@ -40,12 +57,81 @@ def _query_positions(P: torch.Tensor, query_positions=None) -> torch.Tensor:
     return torch.as_tensor(query_positions, device=P.device)
 
 
-def visible_keys(P: torch.Tensor, causal: bool = True, query_positions=None) -> torch.Tensor:
+@dataclass
+class Visibility:
+    """Which keys each query row could see: ``kind`` is ``"all"``, ``"causal"`` or ``"mask"`` (then
+    ``V [Sq, Sk]`` bool holds it); ``q [Sq]`` are the query positions."""
+
+    kind: str
+    q: torch.Tensor
+    sk: int
+    V: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, P: torch.Tensor, causal=True, query_positions=None) -> "Visibility":
+        q = _query_positions(P, query_positions)
+        sq, sk = P.shape[-2], P.shape[-1]
+        if not torch.is_tensor(causal):
+            return cls("causal" if causal else "all", q, sk)
+        V = causal.to(device=P.device, dtype=torch.bool)
+        if V.shape[-2:] != (sq, sk):
+            raise AttentionMaskError(f"mask of shape {tuple(V.shape)} for a map of {sq} x {sk}")
+        if V.dim() > 2:
+            if not bool((V == V[:1]).all()):
+                raise AttentionMaskError("per-head masks are not supported: every head must see the same keys")
+            V = V.reshape(-1, sq, sk)[0]
+        if bool(V.all()):
+            return cls("all", q, sk)
+        if bool(torch.equal(V, torch.arange(sk, device=V.device)[None, :] <= q[:, None])):
+            return cls("causal", q, sk)
+        return cls("mask", q, sk, V)
+
+    def counts(self) -> torch.Tensor:
+        """``[Sq]`` visible keys per query row (0 for a dead row)."""
+        if self.kind == "all":
+            return torch.full((len(self.q),), self.sk, device=self.q.device)
+        if self.kind == "causal":
+            return (self.q + 1).clamp(max=self.sk)
+        return self.V.sum(-1)
+
+    def seeing(self) -> torch.Tensor:
+        """``[Sk]`` how many query rows can see each key (at least 1, to divide by)."""
+        if self.kind == "all":
+            return torch.full((self.sk,), float(len(self.q)), device=self.q.device)
+        if self.kind == "causal":
+            k = torch.arange(self.sk, device=self.q.device)
+            return (self.q[:, None] >= k[None, :]).sum(0).float().clamp(min=1)
+        return self.V.sum(-2).float().clamp(min=1)
+
+    def hidden_mass(self, P: torch.Tensor) -> torch.Tensor:
+        """``[..., Sq]`` mass each row puts on keys it cannot see."""
+        if self.kind == "all":
+            return torch.zeros(P.shape[:-1], device=P.device)
+        if self.kind == "causal":
+            k = torch.arange(self.sk, device=P.device)
+            return torch.where(k[None, :] > self.q[:, None], P, 0).sum(-1)
+        return torch.where(self.V, 0, P).sum(-1)
+
+
+def check_mask(P: torch.Tensor, vis: "Visibility", what: str = "attention map", hidden=None) -> None:
+    """Raise :class:`AttentionMaskError` when a live row puts more than :data:`HIDDEN_MASS_TOL` on
+    keys the mask hides (``hidden``: that mass per row, when already computed)."""
+    hidden = vis.hidden_mass(P) if hidden is None else hidden
+    live = vis.counts() > 0
+    worst = float(hidden[..., live].max()) if bool(live.any()) and hidden.numel() else 0.0
+    if worst > HIDDEN_MASS_TOL:
+        expect = {"causal": "a causal mask", "mask": "the mask the model applied"}.get(vis.kind, "no mask")
+        raise AttentionMaskError(
+            f"the {what} puts up to {worst:.3f} of a row's mass on keys that {expect} hides: the map and the "
+            f"mask disagree (the model does not use the mask assumed here, e.g. bidirectional image blocks, a "
+            f"prefix-LM or sliding-window mask). Capture through AttentionCapture, which reads the mask the model "
+            f"applied, or pass that mask (a bool [Sq, Sk] tensor) as `causal`."
+        )
+
+
+def visible_keys(P: torch.Tensor, causal=True, query_positions=None) -> torch.Tensor:
     """``[Sq]`` number of keys each query row can see (``Sk`` for non-causal maps)."""
-    sk = P.shape[-1]
-    if not causal:
-        return torch.full((P.shape[-2],), sk, device=P.device)
-    return _query_positions(P, query_positions) + 1
+    return Visibility.of(P, causal, query_positions).counts()
 
 
 def row_entropy(P: torch.Tensor) -> torch.Tensor:
@@ -54,11 +140,16 @@ def row_entropy(P: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(P, P).sum(-1)
 
 
-def normalised_entropy(P: torch.Tensor, causal: bool = True, query_positions=None,
+def normalised_entropy(P: torch.Tensor, causal=True, query_positions=None,
                        entropy: torch.Tensor | None = None) -> torch.Tensor:
     """Row entropy divided by ``log(#visible keys)``: ``[..., Sq]`` in [0, 1]; 1 = uniform over what the
-    row can see. Rows that see a single key have no spread to measure and give NaN."""
-    n = visible_keys(P, causal, query_positions).float()
+    row can see. Rows that see a single key (or none) have no spread to measure and give NaN.
+    Raises :class:`AttentionMaskError` when rows put mass on keys the mask hides."""
+    vis = Visibility.of(P, causal, query_positions)
+    if entropy is None:
+        P = as_probs(P)
+        check_mask(P, vis)
+    n = vis.counts().float()
     h = row_entropy(P) if entropy is None else entropy
     denom = torch.log(n)
     return torch.where(n > 1, h / denom.clamp(min=1e-12), torch.full_like(h, float("nan")))
@@ -80,31 +171,37 @@ def diagonal_concentration(P: torch.Tensor, width: int = 0, query_positions=None
     return (P * band).sum(-1).mean(-1)
 
 
-def mean_attention_distance(P: torch.Tensor, query_positions=None, causal: bool = False) -> torch.Tensor:
+def mean_attention_distance(P: torch.Tensor, query_positions=None, causal=False) -> torch.Tensor:
     """Expected ``|q - k|`` under each row, averaged over rows: ``[...]`` (in positions).
 
-    With ``causal`` (keys never after the query) this is ``q - E[k]``, one matrix-vector product.
+    With a causal mask (keys never after the query) this is ``q - E[k]``, one matrix-vector product;
+    with any other mask the general sum, which does not depend on the mask (hidden keys hold 0).
     """
     P = as_probs(P)
-    q = _query_positions(P, query_positions).float()
+    vis = Visibility.of(P, causal, query_positions)
+    q = vis.q.float()
     k = torch.arange(P.shape[-1], device=P.device, dtype=torch.float32)
-    if causal:
+    if vis.kind == "causal":
+        check_mask(P, vis)
         return (q * P.sum(-1) - P @ k).mean(-1)
     d = (q[:, None] - k[None, :]).abs()
     return (P * d).sum(-1).mean(-1)
 
 
-def head_variance(P: torch.Tensor, causal: bool = True, query_positions=None) -> torch.Tensor:
-    """Per-head variance of the weights over each row's visible keys, averaged over rows: ``[...]``.
+def head_variance(P: torch.Tensor, causal=True, query_positions=None) -> torch.Tensor:
+    """Per-head variance of the weights over each row's visible keys, averaged over live rows: ``[...]``.
     Near 0 means near-uniform rows (the study's 'low variance' pruning signal)."""
     P = as_probs(P)
-    n = visible_keys(P, causal, query_positions).float()
+    vis = Visibility.of(P, causal, query_positions)
+    check_mask(P, vis)
+    n = vis.counts().float()
     # rows sum to 1 over their n visible keys (mean 1/n), so var = sum(p^2)/n - 1/n^2
     sumsq = torch.linalg.vector_norm(P, dim=-1) ** 2
-    return (sumsq / n - 1.0 / n**2).mean(-1)
+    v = sumsq / n - 1.0 / n**2
+    return v[..., n > 0].mean(-1)
 
 
-def read_frequency(P: torch.Tensor, normalise: bool = False, causal: bool = True, query_positions=None) -> torch.Tensor:
+def read_frequency(P: torch.Tensor, normalise: bool = False, causal=True, query_positions=None) -> torch.Tensor:
     """How much each key is read: column sums over query rows, ``[..., Sk]``.
 
     Un-normalised, the result sums to the number of query rows. With ``normalise`` each column is
@@ -118,13 +215,9 @@ def read_frequency(P: torch.Tensor, normalise: bool = False, causal: bool = True
     return col / queries_seeing(P, causal, query_positions)
 
 
-def queries_seeing(P: torch.Tensor, causal: bool = True, query_positions=None) -> torch.Tensor:
+def queries_seeing(P: torch.Tensor, causal=True, query_positions=None) -> torch.Tensor:
     """``[Sk]`` how many query rows can see each key."""
-    q = _query_positions(P, query_positions)
-    k = torch.arange(P.shape[-1], device=P.device)
-    if not causal:
-        return torch.full((P.shape[-1],), float(P.shape[-2]), device=P.device)
-    return (q[:, None] >= k[None, :]).sum(0).float().clamp(min=1)
+    return Visibility.of(P, causal, query_positions).seeing()
 
 
 def block_mass(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
@@ -204,22 +297,35 @@ LAYER_STATS = {
 }
 
 
-def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool = True,
-                     query_positions=None) -> dict[str, torch.Tensor]:
+def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal=True, query_positions=None,
+                     query_kinds=None) -> dict[str, torch.Tensor]:
     """All of :data:`LAYER_STATS` for one layer's map ``P [H, Sq, Sk]`` (float32, same device).
+
+    Args:
+        causal: the mask (module doc): ``True`` / ``False`` or the applied mask as bool ``[Sq, Sk]``.
+        spans: modality of the *keys* (and, for self-attention, of the queries by position).
+        query_kinds: ``[Sq]`` modality of each query row when the queries are another sequence than
+            the keys (cross-attention: text queries over vision tokens); position statistics
+            (``diag``, ``distance``) are then NaN.
 
     Equal to calling the individual functions (tested), but fused so the map is read about six
     times instead of twenty: the row-side quantities (expected key position, row mass, mass on
     image and text keys) come from one matrix product with a few key-indicator columns, the
     column-side ones (read frequency overall and by text queries) from another. NaN/inf anywhere
-    in ``P`` shows up in those products and raises :class:`AttentionValueError`.
+    in ``P`` shows up in those products and raises :class:`AttentionValueError`; mass on keys the
+    mask hides raises :class:`AttentionMaskError`.
     """
     P = torch.as_tensor(P).float()
     if P.dim() != 3:
         raise ValueError(f"layer_statistics expects one sample's map [heads, Sq, Sk], got shape {tuple(P.shape)}")
     H, sq, sk = P.shape
     dev = P.device
-    q = _query_positions(P, query_positions)
+    vis = Visibility.of(P, causal, query_positions)
+    q = vis.q
+    n = vis.counts().float()
+    dead = n == 0
+    if bool(dead.any()):  # gated rows: not read, so not counted
+        P = P.masked_fill(dead[None, :, None], 0.0)
     kpos = torch.arange(sk, device=dev, dtype=torch.float32)
     key_cols = [kpos, torch.ones(sk, device=dev)]
     q_rows = [torch.ones(sq, device=dev)]
@@ -227,7 +333,12 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool =
         spans.check(sk, "attention map's key axis")
         kinds = torch.as_tensor(spans.array, device=dev)
         key_cols += [(kinds == IMAGE).float(), (kinds == TEXT).float()]
-        qk = kinds[q]
+        if query_kinds is not None:
+            qk = torch.as_tensor(np.asarray(query_kinds), device=dev)
+            if len(qk) != sq:
+                raise ValueError(f"query_kinds cover {len(qk)} rows, the map has {sq}")
+        else:
+            qk = kinds[q]
         q_rows += [(qk == TEXT).float(), (qk == IMAGE).float()]
     R = P @ torch.stack(key_cols, -1)  # [H, Sq, c]
     C = torch.stack(q_rows, 0) @ P  # [H, r, Sk]
@@ -236,23 +347,37 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool =
             "attention weights contain NaN/inf values: the forward overflowed (fp16?) or a mask row is "
             "fully masked; rerun in float32 or bfloat16"
         )
-    n = visible_keys(P, causal, query_positions).float()
-    h = _causal_entropy(P, q) if causal else -torch.special.xlogy(P, P).sum(-1)
-    rf = C[:, 0]
-    if causal:
-        distance = (q.float() * R[..., 1] - R[..., 0]).mean(-1)
+    if vis.kind == "causal":
+        h, seen = _causal_entropy(P, q)
+        check_mask(P, vis, hidden=R[..., 1] - seen)
     else:
-        distance = mean_attention_distance(P, query_positions, causal=False)
+        h = -torch.special.xlogy(P, P).sum(-1)
+        if vis.kind == "mask":
+            check_mask(P, vis)
+    nan = torch.tensor(float("nan"), device=dev)
+    live = ~dead
+    rf = C[:, 0]
+    if query_kinds is not None:
+        distance = torch.full((H,), float("nan"), device=dev)
+        diag = torch.full((H,), float("nan"), device=dev)
+    else:
+        if vis.kind == "causal":
+            per_row = q.float() * R[..., 1] - R[..., 0]
+        else:
+            per_row = (P * (q.float()[:, None] - kpos[None, :]).abs()).sum(-1)
+        distance = per_row[:, live].mean(-1)
+        diag = P[:, torch.arange(sq, device=dev), q.clamp(max=sk - 1)][:, live].mean(-1)
     sumsq = torch.linalg.vector_norm(P, dim=-1) ** 2
+    var = sumsq / n - 1.0 / n**2
     out = {
-        "entropy": h,
+        "entropy": torch.where(dead, nan, h),
         "norm_entropy": normalised_entropy(P, causal, query_positions, entropy=h),
-        "max_weight": P.amax(-1),
+        "max_weight": torch.where(dead, nan, P.amax(-1)),
         "read_freq": rf,
-        "read_freq_norm": rf / queries_seeing(P, causal, query_positions),
-        "diag": P[:, torch.arange(sq, device=dev), q].mean(-1),
+        "read_freq_norm": rf / vis.seeing(),
+        "diag": diag,
         "distance": distance,
-        "variance": (sumsq / n - 1.0 / n**2).mean(-1),
+        "variance": var[:, live].mean(-1),
         "head_sim": head_similarity(P, check=False),  # already checked through R and C
     }
     if spans is not None:
@@ -261,22 +386,27 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal: bool =
         mass = torch.stack([to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)], -1)
         out["blocks"] = mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)
         out["text_read_freq"] = C[:, 1]
-        out["image_share"] = R[..., 2]
+        out["image_share"] = torch.where(dead, nan, R[..., 2])
     return out
 
 
-def _causal_entropy(P: torch.Tensor, q: torch.Tensor, blocks: int = 8) -> torch.Tensor:
+def _causal_entropy(P: torch.Tensor, q: torch.Tensor, blocks: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Row entropy of a causal map computing logs only left of the diagonal, in row blocks (the
     masked upper triangle is exactly 0 and contributes nothing): about half the work of
-    :func:`row_entropy` on a square map, same result."""
+    :func:`row_entropy` on a square map, same result. Also returns each row's mass on its visible
+    keys ``[H, Sq]`` (for the hidden-mass check)."""
     H, sq, sk = P.shape
     h = torch.empty(H, sq, device=P.device)
+    seen = torch.empty(H, sq, device=P.device)
     step = -(-sq // blocks)
     for r0 in range(0, sq, step):
         r1 = min(sq, r0 + step)
         blk = P[:, r0:r1, : int(q[r1 - 1]) + 1]
         h[:, r0:r1] = -torch.special.xlogy(blk, blk).sum(-1)
-    return h
+        k = torch.arange(blk.shape[-1], device=P.device)
+        inside = k[None, :] <= q[r0:r1, None]
+        seen[:, r0:r1] = torch.where(inside, blk, 0).sum(-1)
+    return h, seen
 
 
 def text_read_frequency(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:

@@ -8,37 +8,52 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from ..modality import spans_from_input_ids
 from ..store import Store, key_str
 from .record import CaptureResult
-from .vlm import AttentionCapture, find_attention_modules
+from .vlm import AttentionCapture, attention_sites, find_attention_modules
 
 TINY_PROMPT = "user : <image> {question} assistant :"
 
 
-def build_prompt(processor, question: str) -> str:
-    """The model's own chat template when the processor has one (real checkpoints), else the
-    tiny models' ``user : <image> {question} assistant :``."""
-    if getattr(processor, "chat_template", None):
-        conv = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
-        return processor.apply_chat_template(conv, add_generation_prompt=True)
-    return TINY_PROMPT.format(question=question)
+def build_prompt(processor, question: str, family=None) -> str:
+    """The model's own chat template when the processor has one (real checkpoints), else the family's
+    plain layout (the tiny models' ``user : <image> {question} assistant :``)."""
+    if family is None:
+        from ..families import FAMILIES
+
+        family = FAMILIES["LLaVA-1.5"]
+    return family.prompt(processor, question)
 
 
-def model_inputs(processor, image, question: str, device=None) -> dict:
-    """Processor output for one (image, question), batch size 1, on ``device``."""
-    enc = processor(images=[image], text=[build_prompt(processor, question)], return_tensors="pt")
-    return {k: (v.to(device) if device is not None and torch.is_tensor(v) else v) for k, v in enc.items()}
+def model_inputs(processor, image, question: str, device=None, family=None, dtype=None) -> dict:
+    """Processor output for one (image, question), batch size 1, on ``device``; floating inputs
+    (pixel values) in ``dtype`` when given (the model's weight dtype)."""
+    enc = processor(images=[image], text=[build_prompt(processor, question, family)], return_tensors="pt")
+    return {k: _to(v, device, dtype) for k, v in enc.items()}
+
+
+def _to(v, device, dtype):
+    if not torch.is_tensor(v):
+        return v
+    if dtype is not None and v.is_floating_point():
+        v = v.to(dtype)
+    return v.to(device) if device is not None else v
+
+
+def inputs_for(model, processor, image, question: str) -> dict:
+    """:func:`model_inputs` for ``model``: its family's prompt, its device and weight dtype."""
+    from ..families import family_of
+
+    p = next(model.parameters())
+    return model_inputs(processor, image, question, p.device, family_of(model), p.dtype)
 
 
 def spans_fn(model):
-    """``input_ids -> Spans`` for this model (image token id and count from its config)."""
-    cfg = model.config
-    tid = getattr(cfg, "image_token_id", None) or getattr(cfg, "image_token_index", None)
-    if tid is None:
-        raise ValueError(f"{type(model).__name__} config has no image_token_id: pass spans explicitly")
-    n = getattr(cfg, "image_seq_length", None) if cfg.model_type == "llava" else None
-    return lambda ids: spans_from_input_ids(ids, tid, n)
+    """``input_ids -> Spans`` of the self-attention sequence for this model (from its family)."""
+    from ..families import family_of
+
+    fam = family_of(model)
+    return lambda ids, inputs=None: fam.spans(model.config, ids, inputs)
 
 
 def layer_batches(model, batch: int | None, part: str = "language") -> list[list[int]]:
@@ -64,22 +79,20 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     Returns:
         The records captured by this call.
     """
-    device = next(model.parameters()).device
     groups = [list(layers)] if layers is not None else layer_batches(model, layer_batch, part)
     if layers is not None and layer_batch:
         groups = [groups[0][i : i + layer_batch] for i in range(0, len(groups[0]), layer_batch)]
-    all_layers = [li for g in groups for li in g]
+    wanted = {(s.part, s.layer) for s in attention_sites(model, part) if s.layer in {li for g in groups for li in g}}
     todo = list(samples)
     if store is not None:
-        left = set(store.missing([s.id for s in todo], all_layers, part))
-        todo = [s for s in todo if s.id in left]
+        have = store.keys()
+        todo = [s for s in todo if any(key_str((s.id, p, li, -1)) not in have for p, li in wanted)]
     result = CaptureResult(part)
-    spans = spans_fn(model) if part == "language" else None
     for s in tqdm(todo, desc=f"capture ({mode})", disable=not progress):
-        inputs = model_inputs(processor, s.image, s.question, device)
+        inputs = inputs_for(model, processor, s.image, s.question)
         recs = []
         for g in groups:
-            with AttentionCapture(model, mode, layers=g, part=part, spans=spans, sample_ids=[s.id]) as cap:
+            with AttentionCapture(model, mode, layers=g, part=part, sample_ids=[s.id]) as cap:
                 model(**inputs)
             recs += cap.result.records
         if store is not None:  # layers stored by an earlier, narrower capture are kept, not rewritten

@@ -1,24 +1,38 @@
-"""Capture attention from a Hugging Face transformers model (LLaVA family first).
+"""Capture attention from a Hugging Face transformers vision-language model.
 
-    with AttentionCapture(model, mode="stats", spans=spans) as cap:
+    with AttentionCapture(model, mode="stats") as cap:
         model(**inputs)
     cap.result[0].data["entropy"]      # [heads, seq]
 
 Modes and what they cost (H heads, S positions, per captured layer and sample):
 
-``full``       probabilities kept as float32 on the CPU: H*S*S*4 bytes. Needs eager attention.
+``full``       probabilities kept as float32 on the CPU: H*S*S*4 bytes (plus the S*S mask). Needs eager
+               attention.
 ``stats``      :func:`~unicache_lib.stats.layer_statistics` computed inside the hook, in float32 on
                the model's device; only O(H*S) numbers survive the layer. Needs eager attention.
 ``recompute``  keeps the model on its fast kernel (sdpa): a registered attention function calls
                sdpa for the output and recomputes ``softmax(q k^T * scale + mask)`` from the layer's
                post-rotary queries and keys for the statistics (or, with ``keep="full"``, the map).
-               Costs one extra QK^T per captured layer; nothing changes in the model's output.
+               The mask is the one transformers builds for sdpa (registered under the same name),
+               so sliding windows, bidirectional image blocks, prefix-LM and padding masks are kept and
+               the output is bit-identical to plain sdpa. Costs one extra QK^T per captured layer.
+
+**Masks.** Statistics use the mask the model actually applied, read at each attention call (eager: the
+``attention_mask`` the module receives; recompute: the mask passed to sdpa, or sdpa's own implicit
+causal mask), never ``module.is_causal``. A map with mass on keys that mask hides raises.
+
+**Families.** Which modules attend, in which part, and where the image sits comes from the model's
+family adapter (:mod:`unicache_lib.families`); a model of an unknown family is refused with the list of
+supported ones. Parts: ``language`` (the decoder's self-attention), ``cross`` (cross-attention layers
+over the vision tokens, Mllama) and ``vision`` (the vision tower). ``part="language"`` captures the
+language model, i.e. its self- *and* cross-attention layers.
 
 The model is restored exactly on exit (hooks removed, attention implementation reset), also when
 the body raises.
 """
 from __future__ import annotations
 
+import inspect
 import re
 from contextlib import ExitStack
 from typing import Callable, Iterable
@@ -26,13 +40,12 @@ from typing import Callable, Iterable
 import torch
 
 from .. import stats as S
-from ..modality import Spans
+from ..modality import TEXT, Spans
 from .record import CaptureResult, Record
 
 MODES = ("full", "stats", "recompute")
+PARTS = ("language", "cross", "vision")
 _RECOMPUTE_NAME = "unicache_recompute"
-# default discovery: decoder / encoder layers' attention modules
-_ATTN_RE = re.compile(r"(?:^|\.)(?:layers|blocks)\.(\d+)\.(?:self_attn|attn|self_attention)$")
 
 
 class CaptureError(RuntimeError):
@@ -53,68 +66,108 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def part_of(name: str) -> str:
-    return "vision" if ("vision" in name or "visual" in name) else "language"
+def expand_parts(part: str | Iterable[str]) -> tuple[str, ...]:
+    """``"language"`` -> self- and cross-attention of the language model; ``"all"`` -> every part."""
+    asked = PARTS if part == "all" else ((part,) if isinstance(part, str) else tuple(part))
+    bad = set(asked) - set(PARTS)
+    if bad:
+        raise ValueError(f"part must be one of {PARTS} or 'all', got {sorted(bad)}")
+    out = set(asked) | ({"cross"} if "language" in asked else set())
+    return tuple(p for p in PARTS if p in out)
 
 
-def find_attention_modules(model: torch.nn.Module, part: str | Iterable[str] = "language",
-                           modules: Iterable[str] | Callable | None = None) -> dict[str, tuple[int, torch.nn.Module]]:
-    """Attention modules to hook: ``{qualified name: (layer index, module)}`` in layer order.
+def attention_sites(model: torch.nn.Module, part: str | Iterable[str] = "language",
+                    modules: Iterable[str] | Callable | None = None) -> list:
+    """The attention modules to hook, as :class:`~unicache_lib.families.Site` (name, layer, part,
+    module), in layer order per part.
 
     Args:
-        part: ``"language"``, ``"vision"``, ``"all"`` or a list of those (default discovery only).
+        part: ``"language"`` (self + cross attention of the language model), ``"cross"``,
+            ``"vision"``, ``"all"`` or a list of those.
         modules: explicit module names (exact or regex), or a callable ``(name, module) -> bool``;
-            overrides the default discovery.
+            overrides the family's list (a module the family does not list gets the layer index
+            in its name and the part ``language``, or ``vision`` when its name says so).
+    Raises:
+        UnsupportedModelError: the model is of no registered family (the message lists them).
     """
+    from ..families import Site, family_of
+
     model = unwrap(model)
-    parts = {"language", "vision"} if part == "all" else ({part} if isinstance(part, str) else set(part))
-    found = {}
-    for name, mod in model.named_modules():
-        if modules is not None:
-            if callable(modules):
-                ok = modules(name, mod)
-            else:
-                ok = any(name == m or re.fullmatch(m, name) for m in modules)
+    fam = family_of(model)
+    if modules is None:
+        sites = fam.sites(model, expand_parts(part))
+    else:
+        known = {s.name: s for s in fam.sites(model, PARTS)}
+        sites = []
+        for name, mod in model.named_modules():
+            ok = modules(name, mod) if callable(modules) else any(name == m or re.fullmatch(m, name) for m in modules)
             if not ok:
                 continue
-            m = re.search(r"layers\.(\d+)\.", name + ".")
-            layer = int(m.group(1)) if m else len(found)
-        else:
-            m = _ATTN_RE.search(name)
-            if not m or part_of(name) not in parts:
+            if name in known:
+                sites.append(known[name])
                 continue
-            layer = int(m.group(1))
-        found[name] = (layer, mod)
-    if not found:
+            m = re.search(r"(?:layers|blocks|layer)\.(\d+)\.", name + ".")
+            kind = "vision" if ("vision" in name or "visual" in name) else "language"
+            sites.append(Site(name, int(m.group(1)) if m else len(sites), kind, mod))
+    if not sites:
         raise CaptureError(
             f"no attention modules matched (part={part!r}, modules={modules!r}) in {type(model).__name__}. "
             f"Pass modules=[...] with names from model.named_modules(), e.g. "
             f"'model.language_model.layers.0.self_attn'"
         )
-    return dict(sorted(found.items(), key=lambda kv: (part_of(kv[0]), kv[1][0])))
+    return sorted(sites, key=lambda s: (s.part == "vision", s.layer))
+
+
+def find_attention_modules(model: torch.nn.Module, part: str | Iterable[str] = "language",
+                           modules: Iterable[str] | Callable | None = None) -> dict[str, tuple[int, torch.nn.Module]]:
+    """``{qualified name: (layer index, module)}`` of :func:`attention_sites`."""
+    return {s.name: (s.layer, s.module) for s in attention_sites(model, part, modules)}
+
+
+def visible_from_mask(mask: torch.Tensor | None, sq: int, sk: int, row: int = 0) -> torch.Tensor | None:
+    """The bool ``[Sq, Sk]`` visibility of batch row ``row`` of an attention mask as transformers
+    passes it (bool: True = attend; float: additive, large negative = hidden), or None for no mask."""
+    if mask is None:
+        return None
+    if mask.dim() != 4:
+        raise CaptureError(f"expected a 4-D attention mask [batch, 1, q, k], got shape {tuple(mask.shape)}")
+    m = mask[row if mask.shape[0] > 1 else 0]
+    if m.shape[0] != 1 and not bool((m == m[:1]).all()):
+        raise CaptureError("per-head attention masks are not supported by capture")
+    m = m[0][..., -sq:, :sk] if m.shape[-2] >= sq else m[0][..., :sk]
+    if m.dtype == torch.bool:
+        vis = m
+    else:
+        vis = torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
+    return vis.expand(sq, sk)
 
 
 class AttentionCapture:
     """Context manager that records attention of a transformers model, one record per sample,
-    layer and forward call.
+    attention module and forward call.
 
     Args:
-        model: a transformers model (DataParallel / DDP / compiled wrappers are unwrapped).
+        model: a transformers model of a supported family (DataParallel / DDP / compiled wrappers are
+            unwrapped).
         mode: ``"full"``, ``"stats"`` or ``"recompute"`` (see the module doc for costs).
         layers: layer indices to capture (negative allowed); None = all. Capture big models in
             batches of layers by running the same inputs with different subsets.
-        part: ``"language"`` (default), ``"vision"`` or ``"all"``.
-        modules: explicit module names / regexes / filter callable (overrides discovery).
-        spans: modality spans of the sequence (or a callable ``input_ids -> Spans``) for the
-            four-block statistics; None skips them.
+        part: ``"language"`` (default: self- and cross-attention of the language model), ``"cross"``,
+            ``"vision"`` or ``"all"``.
+        modules: explicit module names / regexes / filter callable (overrides the family's list).
+        spans: modality spans of the self-attention sequence, a callable ``input_ids -> Spans``,
+            ``"auto"`` (default: from the family adapter and the forward's inputs) or None (skip the
+            four-block statistics). Cross-attention keys are always the image span.
         sample_ids: ids for successive samples; default ``"0", "1", ...``.
         query_stride / key_stride: keep every k-th query row / key column of full maps.
         keep: with ``mode="recompute"``, ``"stats"`` (default) or ``"full"``.
     """
 
     def __init__(self, model, mode: str = "stats", layers: Iterable[int] | None = None, part="language",
-                 modules=None, spans: Spans | Callable | None = None, sample_ids: Iterable[str] | None = None,
+                 modules=None, spans: Spans | Callable | str | None = "auto", sample_ids: Iterable[str] | None = None,
                  query_stride: int = 1, key_stride: int = 1, keep: str = "stats"):
+        from ..families import family_of
+
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if keep not in ("stats", "full"):
@@ -122,24 +175,42 @@ class AttentionCapture:
         if query_stride < 1 or key_stride < 1:
             raise ValueError("strides must be >= 1")
         self.model = unwrap(model)
+        self.family = family_of(self.model)
         self.mode, self.keep = mode, keep
-        self.targets = find_attention_modules(self.model, part, modules)
-        all_layers = sorted({layer for layer, _ in self.targets.values()})
+        sites = attention_sites(self.model, part, modules)
         if layers is not None:
+            layers = list(layers)
+            by_part: dict[str, list[int]] = {}
+            for s in sites:
+                by_part.setdefault(s.part, []).append(s.layer)
+            all_layers = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
+            bad = [i for i in layers if not isinstance(i, (int,)) or isinstance(i, bool)]
+            if bad:
+                raise CaptureError(f"layers must be integers, got {bad!r}")
+            out_of_range = [i for i in layers if i < -len(all_layers)]
+            if out_of_range:
+                raise CaptureError(f"layers {out_of_range} do not exist; the model has layers {all_layers}")
             want = {all_layers[i] if i < 0 else i for i in layers}
-            missing = want - set(all_layers)
+            missing = want - {s.layer for s in sites}
             if missing:
                 raise CaptureError(f"layers {sorted(missing)} do not exist; the model has layers {all_layers}")
-            self.targets = {n: (li, m) for n, (li, m) in self.targets.items() if li in want}
+            sites = [s for s in sites if s.layer in want]
+        self.sites = sites
+        self.targets = {s.name: (s.layer, s.module) for s in sites}
         self.spans = spans
         self.sample_ids = iter(sample_ids) if sample_ids is not None else None
         self.query_stride, self.key_stride = query_stride, key_stride
         self.result = CaptureResult()
         self._stack: ExitStack | None = None
-        self._by_module = {id(m): (n, li) for n, (li, m) in self.targets.items()}
+        self._by_module = {id(s.module): s for s in sites}
+        self._gates = {}
+        gate_src = getattr(self.family, "row_gates", None)
+        self._gate_defs = gate_src(self.model) if gate_src else {}
         self._current: list[str] = []
         self._n_forward = 0
-        self._input_ids = None
+        self._inputs: dict = {}
+        self._seen: set = set()
+        self._mask_arg: dict = {}
 
     # ---- sample bookkeeping -------------------------------------------------------------------
     def _begin_forward(self, module, args, kwargs):
@@ -155,7 +226,8 @@ class AttentionCapture:
                 "the batch is padded (attention_mask has zeros): padding positions would mix into the "
                 "statistics and shift positions between samples. Capture one sample per forward (batch size 1)."
             )
-        self._input_ids = ids
+        self._inputs = dict(kwargs, input_ids=ids)
+        self._seen = set()
         names = []
         for _ in range(bsz):
             nxt = next(self.sample_ids, None) if self.sample_ids is not None else None
@@ -163,65 +235,109 @@ class AttentionCapture:
             self._n_forward += 1
         self._current = names
 
-    def _spans_for(self, row: int) -> Spans | None:
-        if self.spans is None:
+    def _spans_for(self, row: int, site, sk: int) -> Spans | None:
+        """Modality of the keys of one batch row of one attention call (None: no block statistics)."""
+        if site.part == "vision":
             return None
-        if isinstance(self.spans, Spans):
+        if site.part == "cross":
+            return self.family.cross_spans(sk)
+        if self.spans is None or isinstance(self.spans, Spans):
             return self.spans
-        if self._input_ids is None:
-            raise CaptureError("spans is a callable of input_ids, but the forward got no input_ids")
-        return self.spans(self._input_ids[row : row + 1])
+        ids = self._inputs.get("input_ids")
+        if ids is None:
+            raise CaptureError("spans are derived from input_ids, but the forward got none: pass spans=Spans(...)")
+        if isinstance(self.spans, str):
+            if self.spans != "auto":
+                raise ValueError(f"spans must be a Spans, a callable, 'auto' or None, got {self.spans!r}")
+            return self.family.spans(self.model.config, ids[row : row + 1], self._inputs)
+        return self.spans(ids[row : row + 1])
 
     # ---- recording ----------------------------------------------------------------------------
-    def _record(self, name: str, layer: int, probs: torch.Tensor, causal: bool, mode: str):
-        """``probs [B, H, Sq, Sk]`` (any dtype/device) -> one record per batch row."""
+    def _record(self, site, probs: torch.Tensor, mask, mode: str):
+        """``probs [B, H, Sq, Sk]`` (any dtype/device) and the mask applied -> one record per batch row."""
         if probs.dim() != 4:
-            raise CaptureError(f"{name}: expected attention weights [batch, heads, q, k], got {tuple(probs.shape)}")
-        part = part_of(name)
+            raise CaptureError(f"{site.name}: expected attention weights [batch, heads, q, k], got {tuple(probs.shape)}")
         for b in range(probs.shape[0]):
+            sample = self._current[b] if b < len(self._current) else str(b)
+            key = (sample, site.part, site.layer)
+            if key in self._seen:
+                raise CaptureError(
+                    f"{site.name} attended more than once in one forward (e.g. window or chunked attention in a vision "
+                    f"tower): its map is computed piecewise and one record per layer would be wrong. Capture another "
+                    f"part (part='language') or pick modules that attend once per forward."
+                )
+            self._seen.add(key)
             P = S.as_probs(probs[b].detach(), check=mode == "full")  # stats mode checks inside layer_statistics
             sq, sk = P.shape[-2:]
-            sp = self._spans_for(b) if part == "language" else None
+            vis = visible_from_mask(mask, sq, sk, b)
+            gate = self._gates.get(site.name)
+            if gate is not None:  # rows whose output is discarded (text before the image): dead rows
+                live = (gate[b if gate.shape[0] > 1 else 0].reshape(-1)[-sq:] != 0).to(P.device)
+                vis = (torch.ones(sq, sk, dtype=torch.bool, device=P.device) if vis is None else vis) & live[:, None]
+            vis = vis.to(P.device) if vis is not None else None
+            causal = vis if vis is not None else False
+            sp = self._spans_for(b, site, sk)
             if sp is not None:
-                sp.check(sk, f"{name} attention map")
-            qpos = torch.arange(sk - sq, sk)
+                sp.check(sk, f"{site.name} attention map")
+            cross = site.part == "cross"  # queries are text positions, keys the vision tokens
+            qpos = None if cross else torch.arange(sk - sq, sk)
             if mode == "full":
+                S.check_mask(P, S.Visibility.of(P, causal), f"{site.name} attention map")
                 qi = torch.arange(0, sq, self.query_stride)
                 ki = torch.arange(0, sk, self.key_stride)
-                data = {"probs": P[:, qi][:, :, ki].cpu() if (self.query_stride > 1 or self.key_stride > 1)
-                        else P.cpu().clone()}
+                strided = self.query_stride > 1 or self.key_stride > 1
+                data = {"probs": P[:, qi][:, :, ki].cpu() if strided else P.cpu().clone()}
+                if vis is not None and not bool(vis.all()):
+                    data["visible"] = (vis[qi][:, ki] if strided else vis).cpu().clone()
             else:
-                data = {k: v.cpu() for k, v in S.layer_statistics(P, sp, causal, qpos).items()}
-            sample = self._current[b] if b < len(self._current) else str(b)
+                stats = S.layer_statistics(P, sp, causal, qpos, [TEXT] * sq if cross else None)
+                data = {k: v.cpu() for k, v in stats.items()}
             self.result.records.append(Record(
-                sample=sample, layer=layer, part=part, mode=mode, data=data, spans=sp, seq_len=sk,
+                sample=sample, layer=site.layer, part=site.part, mode=mode, data=data, spans=sp, seq_len=sk,
                 heads=P.shape[0], query_stride=self.query_stride if mode == "full" else 1,
                 key_stride=self.key_stride if mode == "full" else 1,
             ))
 
-    def _hook(self, module, args, output):
-        name, layer = self._by_module[id(module)]
+    def _mask_of(self, module, args, kwargs):
+        if "attention_mask" in kwargs:
+            return kwargs["attention_mask"]
+        sig = self._mask_arg.get(id(module))
+        if sig is None:
+            sig = self._mask_arg[id(module)] = inspect.signature(module.forward)
+        try:
+            return sig.bind_partial(*args, **kwargs).arguments.get("attention_mask")
+        except TypeError:
+            return None
+
+    def _hook(self, module, args, kwargs, output):
+        site = self._by_module[id(module)]
         if not isinstance(output, tuple):
             raise CaptureError(
-                f"{name} ({type(module).__name__}) returned a single tensor, not (output, weights): it is not "
+                f"{site.name} ({type(module).__name__}) returned a single tensor, not (output, weights): it is not "
                 f"an attention module. Hook the layer's self_attn (see find_attention_modules(model))"
             )
         weights = output[1] if len(output) > 1 else None
         if weights is None:
             impl = getattr(getattr(self.model, "config", None), "_attn_implementation", "?")
             raise CaptureError(
-                f"attention weights are not returned under {impl!r} ({name}): load with "
+                f"attention weights are not returned under {impl!r} ({site.name}): load with "
                 f"attn_implementation='eager' or use capture mode 'recompute'"
             )
-        self._record(name, layer, weights, getattr(module, "is_causal", True), self.mode)
+        # eager attention applies exactly the mask it receives (none at all when it gets None)
+        self._record(site, weights, self._mask_of(module, args, kwargs), self.mode)
+
+    def _gate_hook(self, name, kwarg):
+        def pre(module, args, kwargs):
+            self._gates[name] = kwargs.get(kwarg)
+        return pre
 
     def _recompute_fn(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kw)
-        hit = self._by_module.get(id(module))
-        if hit is not None:
+        site = self._by_module.get(id(module))
+        if site is not None:
             with torch.no_grad():
                 q, k = query.float(), key.float()
                 if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat key heads
@@ -229,16 +345,21 @@ class AttentionCapture:
                 scale = scaling if scaling is not None else q.shape[-1] ** -0.5
                 logits = (q @ k.transpose(-1, -2)) * scale
                 sq, sk = logits.shape[-2:]
-                causal = bool(getattr(module, "is_causal", False))
+                # exactly sdpa's rule (transformers' sdpa_attention_forward): causal only without a mask
+                flag = kw.get("is_causal")
+                flag = flag if flag is not None else getattr(module, "is_causal", True)
+                implicit = bool(sq > 1 and attention_mask is None and flag)
                 if attention_mask is not None:
-                    m = attention_mask[..., :sq, :sk]
+                    m = attention_mask[..., :sk]
                     logits = logits.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else logits + m.float()
-                elif causal and sq > 1:
-                    qpos = torch.arange(sk - sq, sk, device=logits.device)
-                    logits = logits.masked_fill(torch.arange(sk, device=logits.device)[None, :] > qpos[:, None],
+                elif implicit:  # torch's is_causal: top-left aligned lower triangle
+                    logits = logits.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=logits.device).triu(1),
                                                 float("-inf"))
                 probs = torch.softmax(logits, -1)
-                self._record(hit[0], hit[1], probs, causal, "full" if self.keep == "full" else "stats")
+                vis_mask = attention_mask
+                if vis_mask is None and implicit:
+                    vis_mask = ~torch.ones(sq, sk, dtype=torch.bool, device=logits.device).triu(1)[None, None]
+                self._record(site, probs, vis_mask, "full" if self.keep == "full" else "stats")
         return out
 
     # ---- context management --------------------------------------------------------------------
@@ -246,11 +367,15 @@ class AttentionCapture:
         self._stack = ExitStack()
         try:
             self._stack.enter_context(_pre_hook(self.model, self._begin_forward))
+            for name, (layer, kwarg) in self._gate_defs.items():
+                if name in self.targets:
+                    self._stack.callback(layer.register_forward_pre_hook(self._gate_hook(name, kwarg),
+                                                                         with_kwargs=True).remove)
             if self.mode == "recompute":
                 self._stack.enter_context(_attn_impl(self.model, self._recompute_fn))
             else:
-                for name, (_, mod) in self.targets.items():
-                    self._stack.callback(mod.register_forward_hook(self._hook).remove)
+                for s in self.sites:
+                    self._stack.callback(s.module.register_forward_hook(self._hook, with_kwargs=True).remove)
         except BaseException:
             self._stack.close()
             raise
@@ -278,16 +403,19 @@ class _pre_hook:
 
 class _attn_impl:
     """Route every attention call of ``model`` through ``fn`` (registered in transformers'
-    ``AttentionInterface``), restoring the previous implementation on exit."""
+    ``AttentionInterface``, with sdpa's mask function registered under the same name so the model
+    builds the masks sdpa would get), restoring the previous implementation on exit."""
 
     def __init__(self, model, fn):
         self.model, self.fn = model, fn
 
     def __enter__(self):
         from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
         self.old = self.model.config._attn_implementation
         AttentionInterface.register(_RECOMPUTE_NAME, self.fn)
+        AttentionMaskInterface.register(_RECOMPUTE_NAME, sdpa_mask)
         self.model.set_attn_implementation(_RECOMPUTE_NAME)
 
     def __exit__(self, *exc):

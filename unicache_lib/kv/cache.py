@@ -3,14 +3,20 @@
 The context is everything up to and including the last image token; the question (and the
 assistant prefix) comes after, as in a multi-turn chat where the image is cached once and
 questions arrive later. Eviction happens between the two, so every answer token is produced on
-the compressed cache. Positions continue from the *original* context length (rotary embeddings of
-kept keys were applied at their original positions), which is why the answer is decoded with an
-own loop rather than ``generate()`` (that would re-feed the context).
+the compressed cache. Positions continue from the *original* context (rotary embeddings of kept
+keys were applied at their original positions; M-RoPE families continue from the image's largest
+position), which is why the answer is decoded with an own loop rather than ``generate()`` (that
+would re-feed the context).
+
+Where the image KV lives depends on the family (:mod:`unicache_lib.families`): for models that
+splice image tokens into the sequence it is those positions in every self-attention layer; for a
+cross-attention VLM (Mllama) it is the vision-token keys and values of the cross-attention layers,
+while the self-attention cache holds only text.
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,72 +25,193 @@ from ..capture.runner import build_prompt
 
 @dataclass
 class PromptSplit:
-    """``context_ids [1, C]`` (ends with the last image token), ``question_ids [1, Q]``, the image
-    inputs, and which context positions are image tokens (``image_positions [n_image]``)."""
+    """``context_ids [1, C]`` (ends with the last image token), ``question_ids [1, Q]``, the processor
+    output of the whole prompt (``inputs``), which context positions are image tokens
+    (``image_positions [n_image]``) and the family adapter."""
 
     context_ids: torch.Tensor
     question_ids: torch.Tensor
     pixel_values: torch.Tensor
     image_positions: torch.Tensor
     extra: dict
+    inputs: dict = field(default_factory=dict)
+    family: object = None
+
+    @property
+    def full_ids(self) -> torch.Tensor:
+        return torch.cat([self.context_ids, self.question_ids], 1)
 
 
-def split_prompt(processor, image, question: str, image_token_id: int | None = None) -> PromptSplit:
-    enc = processor(images=[image], text=[build_prompt(processor, question)], return_tensors="pt")
+def _family_of_processor(processor):
+    from ..families import FAMILIES, UnsupportedModelError, supported
+
+    name = type(processor).__name__
+    for fam in FAMILIES.values():
+        if any(name == f"{mc.replace('ForConditionalGeneration', '')}Processor" for mc in (fam.model_class,)):
+            return fam
+    raise UnsupportedModelError(f"cannot tell the model family from a {name}: pass model= (supported: {supported()})")
+
+
+def split_prompt(processor, image, question: str, image_token_id: int | None = None, model=None) -> PromptSplit:
+    """Encode one (image, question) prompt and cut it after the last image token.
+
+    ``model`` (recommended) names the family; without it the family is inferred from the processor's
+    class. Per-token processor outputs (``token_type_ids``, Mllama's ``cross_attention_mask``) are
+    cut with the ids.
+    """
+    from ..families import family_of
+
+    fam = family_of(model) if model is not None else _family_of_processor(processor)
+    enc = processor(images=[image], text=[build_prompt(processor, question, fam)], return_tensors="pt")
+    if image_token_id is None:
+        image_token_id = getattr(processor, "image_token_id", None)
+    if image_token_id is None:
+        image_token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    return split_inputs(fam, dict(enc), image_token_id)
+
+
+def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
+    """:func:`split_prompt` for inputs already encoded (e.g. built by hand when a processor is not
+    available): ``enc`` holds ``input_ids [1, S]`` and the image inputs; ``image_token_id`` is the
+    token after whose last occurrence the context ends (``model.config.image_token_id``)."""
     ids = enc["input_ids"]
-    tid = image_token_id if image_token_id is not None else processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    if ids.shape[0] != 1:
+        raise ValueError(f"one prompt at a time: got a batch of {ids.shape[0]}")
+    tid = int(image_token_id)
     img = (ids[0] == tid).nonzero().flatten()
     if len(img) == 0:
-        raise ValueError("the prompt has no image tokens: check the processor's image token")
+        raise ValueError(f"the prompt has no image token (id {tid}): the processor did not insert the image; check the "
+                         f"prompt contains the family's image marker {family.image_marker!r}")
     cut = int(img[-1]) + 1
-    extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values")}
-    return PromptSplit(ids[:, :cut], ids[:, cut:], enc["pixel_values"], img, extra)
+    S = ids.shape[1]
+    extra = {}
+    for k, v in enc.items():
+        if k in ("input_ids", "attention_mask", "pixel_values", "labels"):
+            continue
+        if k in family.token_fields and torch.is_tensor(v) and v.dim() >= 2 and v.shape[1] == S:
+            v = v[:, :cut]
+        extra[k] = v
+    image_positions = torch.empty(0, dtype=torch.long) if family.cross_attention else img
+    return PromptSplit(ids[:, :cut], ids[:, cut:], enc.get("pixel_values"), image_positions, extra, dict(enc), family)
+
+
+@dataclass
+class ImageKV:
+    """Where the image's keys and values live in a prefilled cache: ``layers`` (cache layer index of
+    each policy layer), ``positions [n_image]`` (cache positions of the image entries in those
+    layers) and ``keep_always [m]`` (positions every policy keeps there, e.g. the text of the context)."""
+
+    layers: list[int]
+    positions: torch.Tensor
+    keep_always: torch.Tensor
+    length: int
+    key_index: torch.Tensor | None = None  # columns of the prefill maps that the cache still holds
 
 
 @dataclass
 class Prefill:
-    """The context's cache, its last-position logits, and per-layer attention ``[H, C, C]`` (float32;
-    empty when not requested)."""
+    """The context's cache, per image-KV layer the context's attention ``[H, C, K]`` (float32; empty
+    when not requested), the split, and where the image KV lives."""
 
     cache: object
     attentions: list
     split: PromptSplit
+    image_kv: ImageKV = None
+    positions: torch.Tensor | None = None
 
     def context(self, seed: int = 0, future=None):
         from .policies.base import EvictionContext
 
-        return EvictionContext(self.split.context_ids.shape[1], self.split.image_positions,
-                               len(self.cache.layers), self.attentions, seed, future)
+        kv = self.image_kv
+        return EvictionContext(kv.length, kv.positions, len(kv.layers), self.attentions, seed, future,
+                               cache_layers=kv.layers, n_cache_layers=len(self.cache.layers),
+                               keep_always=kv.keep_always)
 
 
 @torch.no_grad()
 def prefill(model, split: PromptSplit, attentions: bool = True) -> Prefill:
-    """Run the context once. ``attentions`` needs an eager model (``output_attentions``)."""
+    """Run the context once. ``attentions`` needs an eager model (the maps are captured)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache()
-    out = model(input_ids=split.context_ids, pixel_values=split.pixel_values, past_key_values=cache, use_cache=True,
-                output_attentions=attentions, **split.extra)
-    att = [a[0].float() for a in out.attentions] if attentions else []
-    if attentions and any(a is None for a in out.attentions or [None]):
-        raise RuntimeError("attention weights are not returned under sdpa: load with attn_implementation='eager'")
-    return Prefill(out.past_key_values, att, split)
+    from ..capture.vlm import AttentionCapture
+    from ..families import family_of
+
+    fam = family_of(model)
+    split.family = fam
+    dev = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    full_pos = fam.position_ids(model, split.full_ids.to(dev), _to(split.inputs, dev, dtype))
+    cache = DynamicCache(config=model.config)
+    kw = dict(input_ids=split.context_ids.to(dev), past_key_values=cache, use_cache=True,
+              **_to(split.extra, dev, dtype))
+    if split.pixel_values is not None:
+        kw["pixel_values"] = split.pixel_values.to(dev, dtype)
+    if full_pos is not None:
+        kw["position_ids"] = full_pos[..., : split.context_ids.shape[1]]
+    maps = []
+    if attentions:
+        if model.config._attn_implementation != "eager":
+            raise RuntimeError("attention weights are not returned under sdpa: load with attn_implementation='eager'")
+        with AttentionCapture(model, "full", part=image_kv_part(fam), spans=None) as cap:
+            out = model(**kw)
+        maps = [r.probs for r in sorted(cap.result.records, key=lambda r: r.layer)]
+    else:
+        out = model(**kw)
+    image_kv = locate_image_kv(fam, model, out.past_key_values, split)
+    if image_kv.key_index is not None:  # the family trimmed the cache (e.g. padded tiles): trim the maps alike
+        maps = [m[..., image_kv.key_index] for m in maps]
+    return Prefill(out.past_key_values, maps, split, image_kv, full_pos)
 
 
-def evict(cache, keep: list[torch.Tensor]):
-    """A copy of ``cache`` holding, in layer ``l``, only the positions ``keep[l]`` (sorted, same count in
-    every layer: one causal mask serves all layers). The original cache is left intact."""
+def image_kv_part(family) -> str:
+    """The capture part whose keys hold the image: ``cross`` for cross-attention VLMs, else ``language``."""
+    return "cross" if family.cross_attention else "language"
+
+
+def locate_image_kv(family, model, cache, split: PromptSplit) -> ImageKV:
+    """Where the image KV of a fresh prefill lives (the family may trim the cache, e.g. padded tiles)."""
+    custom = getattr(family, "image_kv", None)
+    if custom is not None:
+        return custom(model, cache, split)
+    C = split.context_ids.shape[1]
+    img = split.image_positions
+    other = torch.tensor(sorted(set(range(C)) - set(img.tolist())), dtype=torch.long)
+    _check_windows(cache, C + split.question_ids.shape[1])
+    return ImageKV(list(range(len(cache.layers))), img, other, C)
+
+
+def _check_windows(cache, needed: int) -> None:
+    for i, layer in enumerate(cache.layers):
+        w = getattr(layer, "sliding_window", None)
+        if w is not None and needed >= w:
+            raise ValueError(
+                f"cache layer {i} is a sliding-window layer (window {w}) and the context plus question need {needed} "
+                f"positions: it no longer holds the whole image, so evicting from it is not defined. Use a shorter "
+                f"prompt or a model without sliding windows for eviction experiments."
+            )
+
+
+def evict(cache, keep: list):
+    """A copy of ``cache`` holding, in layer ``l``, only the positions ``keep[l]`` (None = the layer is
+    left as it is). Evicted layers must keep the same number of positions (one mask serves them).
+    The original cache is left intact."""
     if len(keep) != len(cache.layers):
         raise ValueError(f"{len(keep)} keep lists for {len(cache.layers)} cache layers")
-    counts = {len(k) for k in keep}
-    if len(counts) != 1:
-        raise ValueError(f"every layer must keep the same number of positions, got {sorted(counts)}")
+    counts = {len(k) for k in keep if k is not None}
+    if len(counts) > 1:
+        raise ValueError(f"every evicted layer must keep the same number of positions, got {sorted(counts)}")
     new = copy.copy(cache)
     new.layers = [copy.copy(layer) for layer in cache.layers]
     for layer, idx in zip(new.layers, keep):
+        if idx is None:
+            continue
         idx = torch.as_tensor(idx, dtype=torch.long).sort().values.to(layer.keys.device)
+        if len(idx) and (int(idx[-1]) >= layer.keys.shape[-2] or int(idx[0]) < 0):
+            raise ValueError(f"keep positions up to {int(idx[-1])} for a cache layer of {layer.keys.shape[-2]}")
         layer.keys = layer.keys.index_select(-2, idx)
         layer.values = layer.values.index_select(-2, idx)
+        if hasattr(layer, "cumulative_length"):  # sliding-window layers count what they hold
+            layer.cumulative_length = layer.keys.shape[-2]
     return new
 
 
@@ -96,28 +223,60 @@ def kv_bytes(cache) -> int:
 
 @torch.no_grad()
 def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_id: int | None = None,
-           output_attentions: bool = False):
+           output_attentions: bool = False, positions: torch.Tensor | None = None):
     """Feed the question on ``cache`` (which is extended in place) and decode greedily.
 
-    Returns ``(first_logits [vocab] float32, generated ids list, attentions of the question pass or None)``.
-    Positions continue from the original context length whatever the cache holds.
+    Returns ``(first_logits [vocab] float32, generated ids list, attentions or None)``; with
+    ``output_attentions`` (eager) the question pass's attention of every image-KV layer,
+    ``[1, H, Q, K]`` each (K = the keys that layer holds). Positions continue from the original
+    context whatever the cache holds.
     """
+    from ..capture.vlm import AttentionCapture
+    from ..families import family_of
+
+    fam = family_of(model)
+    dev = next(model.parameters()).device
     c = split.context_ids.shape[1]
-    held = cache.get_seq_length()
-    q = split.question_ids
-    pos = torch.arange(c, c + q.shape[1])[None]
-    out = model(input_ids=q, past_key_values=cache, position_ids=pos, attention_mask=torch.ones(1, held + q.shape[1], dtype=torch.long),
-                use_cache=True, output_attentions=output_attentions)
+    q = split.question_ids.to(dev)
+    full_pos = positions if positions is not None else fam.position_ids(
+        model, split.full_ids.to(dev), _to(split.inputs, dev, next(model.parameters()).dtype))
+    pos = fam.text_positions(model, full_pos, c, q.shape[1], dev)
+    atts = None
+    if output_attentions:
+        with AttentionCapture(model, "full", part=image_kv_part(fam), spans=None) as cap:
+            out = forward_question(fam, model, q, cache, pos)
+        atts = [r.probs[None] for r in sorted(cap.result.records, key=lambda r: r.layer)]
+    else:
+        out = forward_question(fam, model, q, cache, pos)
     first = out.logits[0, -1].float()
     ids = [int(first.argmax())]
-    nxt, p = ids[0], c + q.shape[1]
+    nxt, p = ids[0], pos[..., -1:] + 1
     for _ in range(max_new_tokens - 1):
         if eos_token_id is not None and nxt == eos_token_id:
             break
-        held = cache.get_seq_length()
-        o = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, position_ids=torch.tensor([[p]]),
-                  attention_mask=torch.ones(1, held + 1, dtype=torch.long), use_cache=True)
+        o = forward_question(fam, model, torch.tensor([[nxt]], device=dev), cache, p)
         nxt = int(o.logits[0, -1].argmax())
         ids.append(nxt)
-        p += 1
-    return first, ids, (out.attentions if output_attentions else None)
+        p = p + 1
+    return first, ids, atts
+
+
+def forward_question(family, model, ids, cache, positions):
+    """One forward of text tokens ``ids [1, n]`` on ``cache`` at rotary ``positions``."""
+    custom = getattr(family, "forward_text", None)
+    if custom is not None:
+        return custom(model, ids, cache, positions)
+    held = cache.get_seq_length()
+    return model(input_ids=ids, past_key_values=cache, position_ids=positions,
+                 attention_mask=torch.ones(1, held + ids.shape[1], dtype=torch.long, device=ids.device), use_cache=True)
+
+
+def _to(d: dict, device, dtype) -> dict:
+    out = {}
+    for k, v in d.items():
+        if torch.is_tensor(v):
+            v = v.to(device)
+            if v.is_floating_point() and dtype is not None:
+                v = v.to(dtype)
+        out[k] = v
+    return out

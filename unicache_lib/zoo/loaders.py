@@ -1,7 +1,8 @@
 """One loader per side: the shipped default, a local path or a hub id of a supported family.
 
-Understanding side (transformers): LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision / -interleave, Qwen2-VL.
-Generation side (diffusers): SD3 (MMDiT), PixArt-alpha / -sigma, DiT.
+Understanding side (transformers): every family registered in :mod:`unicache_lib.families` (LLaVA-1.5,
+LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Gemma 3, Idefics3/SmolVLM, InternVL, PaliGemma,
+Mllama). Generation side (diffusers): SD3 (MMDiT), PixArt-alpha / -sigma, DiT.
 
 Both go through the real ``from_pretrained`` code path, so ``load_understanding("tiny-llava")`` and
 ``load_understanding("llava-hf/llava-1.5-7b-hf")`` differ only in where the files come from.
@@ -14,25 +15,52 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as _hf_logging
 
+from ..families import UnsupportedModelError, family_for_type
+
 _hf_logging.disable_progress_bar()  # weight-loading bars would flood notebooks and test logs
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixart": "generation"}
 
-# config.json model_type -> transformers class name
-UNDERSTANDING_FAMILIES = {
-    "llava": "LlavaForConditionalGeneration",
-    "llava_next": "LlavaNextForConditionalGeneration",
-    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
-    "qwen2_vl": "Qwen2VLForConditionalGeneration",
-}
 # transformer/config.json _class_name -> family tag used by the sampling loop and capture
 GENERATION_FAMILIES = {"SD3Transformer2DModel": "sd3", "PixArtTransformer2DModel": "pixart",
                        "DiTTransformer2DModel": "dit"}
 
 
-class UnsupportedModelError(ValueError):
-    """The checkpoint is not of a family the workbench knows how to capture."""
+DEVICES = ("cpu", "cuda", "auto")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """``"cpu"``, ``"cuda"`` (or ``"cuda:1"``), ``"auto"`` (CUDA when present, else the CPU)."""
+    if isinstance(device, torch.device):
+        return device
+    device = "auto" if device is None else str(device)
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"DEVICE={device!r} but torch sees no CUDA device (torch {torch.__version__} built "
+                         f"{'with' if torch.version.cuda else 'without'} CUDA): use DEVICE='cpu' or 'auto'")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"DEVICE must be one of {DEVICES} (or 'cuda:N'), got {device!r}")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: torch.device | str = "cpu") -> torch.dtype:
+    """Weight dtype: a ``torch.dtype``, a name (``"float16"``, ``"bf16"``, ...), or ``"auto"`` (bfloat16 on
+    a GPU that supports it, float16 on other GPUs, float32 on the CPU). Statistics are fp32 whatever
+    the weights are."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    dtype = "auto" if dtype is None else str(dtype).replace("torch.", "")
+    if dtype == "auto":
+        if torch.device(device).type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"DTYPE must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
 
 
 def resolve(name_or_path: str | Path) -> Path | str:
@@ -79,38 +107,78 @@ def is_stand_in(name_or_path) -> bool:
 
 
 def understanding_family(name_or_path) -> str:
-    cfg = _read_config(resolve(name_or_path))
-    mt = cfg.get("model_type")
-    if mt not in UNDERSTANDING_FAMILIES:
-        raise UnsupportedModelError(
-            f"model_type {mt!r} is not a supported understanding family; supported: "
-            f"{', '.join(UNDERSTANDING_FAMILIES)} (LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision/-interleave, Qwen2-VL)"
-        )
+    """The ``model_type`` of a checkpoint, checked against the registered families (an unknown one
+    raises :class:`UnsupportedModelError` naming the supported families and how to add one)."""
+    mt = _read_config(resolve(name_or_path)).get("model_type")
+    family_for_type(mt)
     return mt
 
 
 def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "eager",
-                       dtype: torch.dtype = torch.float32, device_map=None):
-    """Load a vision-language model and its processor.
+                       dtype: torch.dtype | str = torch.float32, device_map=None, device: str | None = None):
+    """Load a vision-language model of a supported family and its processor.
 
     Args:
         attn_implementation: ``"eager"`` returns attention weights (capture modes ``full``/``stats``);
             ``"sdpa"`` keeps the fast kernel (use capture mode ``recompute``).
-        device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to spread a 13B model over devices).
+        dtype: weight dtype (``torch.float16``, ``"bfloat16"``, ``"auto"``, ...); a 7B model needs 14 GB in
+            half precision and 28 GB in float32. Statistics are computed in float32 regardless.
+        device: ``"cpu"``, ``"cuda"`` or ``"auto"``; the model is moved there (inputs follow the model).
+        device_map: passed to ``from_pretrained`` instead (e.g. ``"auto"`` to spread a big model over GPUs).
     Returns:
         ``(model, processor)``, model in eval mode.
     """
     import transformers
-    from transformers import AutoProcessor
 
     where = resolve(name_or_path)
-    fam = understanding_family(name_or_path)
-    cls = getattr(transformers, UNDERSTANDING_FAMILIES[fam])
-    model = cls.from_pretrained(where, dtype=dtype, attn_implementation=attn_implementation,
-                                device_map=device_map)
+    mt = understanding_family(name_or_path)
+    fam = family_for_type(mt)
+    dev = resolve_device(device) if device is not None else None
+    dt = resolve_dtype(dtype, dev or "cpu")
+    cls = getattr(transformers, fam.model_class_for(mt))
+    model = cls.from_pretrained(where, dtype=dt, attn_implementation=attn_implementation, device_map=device_map)
+    if dev is not None and device_map is None:
+        model.to(dev)
     model.eval()
-    processor = AutoProcessor.from_pretrained(where)
-    return model, processor
+    return model, load_processor(where, fam)
+
+
+def load_processor(where, family):
+    """The checkpoint's processor. Where its class requires a video processor and torchvision is not
+    installed, the same class is loaded without its video part (images only), with a warning."""
+    import warnings
+
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(where)
+    except (ImportError, OSError, TypeError, ValueError) as e:
+        import importlib.util
+
+        chain = f"{e!r} {e.__cause__!r}".lower()
+        if importlib.util.find_spec("torchvision") is not None:
+            raise
+        if not family.needs_video_processor:
+            if "torchvision" not in chain:
+                raise
+            raise RuntimeError(
+                f"the processor of {where} needs torchvision, which is not installed (on this machine it cannot be "
+                f"installed beside torch 2.13.0). Install torchvision where you can, or encode the prompt yourself "
+                f"and pass it to the model (kv.split_inputs takes an encoded prompt)") from e
+        first = e
+    import transformers
+
+    from ..families.base import images_only
+
+    p = Path(str(where))
+    cfg = json.loads((p / "processor_config.json").read_text()) if (p / "processor_config.json").is_file() else {}
+    name = cfg.get("processor_class") or family.model_class.replace("ForConditionalGeneration", "Processor")
+    try:
+        proc = images_only(getattr(transformers, name)).from_pretrained(where)
+    except Exception as e:  # noqa: BLE001 - report both failures
+        raise RuntimeError(f"could not load the processor of {where}: {first!r}; images-only fallback: {e!r}") from e
+    warnings.warn(f"torchvision is not installed: {name} loaded without its video processor (images only)", stacklevel=2)
+    return proc
 
 
 def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype = torch.float32):

@@ -17,12 +17,20 @@ SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
 PROMPT = "user : <image> {question} assistant :"
 
 
-def build_tokenizer():
-    """Word-level fast tokenizer over the world's vocabulary; ``<image>`` is a special token."""
+def build_tokenizer(extra_special=(), named: dict | None = None):
+    """Word-level fast tokenizer over the world's vocabulary; ``<image>`` is a special token.
+
+    ``extra_special``: more special tokens (e.g. a model family's image markers), appended after the
+    world's vocabulary so the shipped ids stay as they are; ``named``: special tokens the family's
+    processor reads as tokenizer attributes (``{"boi_token": "<start_of_image>"}``).
+    """
+    named = dict(named or {})
+    extra_special = list(extra_special) + list(named.values())
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(SPECIAL + vocabulary())}
+    extra = [t for t in dict.fromkeys(extra_special) if t not in SPECIAL]
+    vocab = {t: i for i, t in enumerate(SPECIAL + vocabulary() + extra)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(
@@ -30,7 +38,8 @@ def build_tokenizer():
     )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        pad_token="<pad>", additional_special_tokens=["<image>"],
+        pad_token="<pad>", additional_special_tokens=["<image>"] + extra,
+        **({"extra_special_tokens": named} if named else {}),
     )
     fast.padding_side = "left"  # batched generation pads on the left
     return fast

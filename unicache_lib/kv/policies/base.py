@@ -22,9 +22,12 @@ register = registrar(POLICIES, "policy")
 class EvictionContext:
     """What a policy may look at.
 
-    ``seq_len``: context length C; ``image_positions [n_image]``; ``n_layers``; ``attentions``: per
-    layer ``[H, C, C]`` float32 prefill attention (empty if not captured); ``future``: per layer
-    ``[C]`` attention mass the question's queries put on each context key (oracle only).
+    ``seq_len``: length C of the image-holding cache layers; ``image_positions [n_image]`` in them;
+    ``n_layers``: how many layers hold image KV (policy layer ``i`` is cache layer
+    ``cache_layers[i]``, all cache layers by default); ``attentions``: per such layer ``[H, Cq, C]``
+    float32 prefill attention (empty if not captured); ``future``: per such layer ``[C]`` attention mass
+    the question's queries put on each key (oracle only); ``keep_always``: positions every policy keeps
+    (default: every non-image position).
     """
 
     seq_len: int
@@ -33,6 +36,9 @@ class EvictionContext:
     attentions: list
     seed: int = 0
     future: list | None = None
+    cache_layers: list | None = None
+    n_cache_layers: int | None = None
+    keep_always: torch.Tensor | None = None
 
     @property
     def n_image(self) -> int:
@@ -43,15 +49,23 @@ class EvictionContext:
             raise ValueError(f"budget is a fraction of image tokens in [0, 1], got {budget}")
         return int(round(budget * self.n_image))
 
-    def assemble(self, chosen: list) -> list[torch.Tensor]:
-        """Per layer: non-image positions plus the chosen image positions (indices into the image
-        block, 0..n_image-1), as sorted sequence positions."""
+    def assemble(self, chosen: list) -> list:
+        """Per cache layer: the always-kept positions plus the chosen image positions (indices into
+        the image block, 0..n_image-1), as sorted cache positions; None for cache layers that hold no
+        image KV (left as they are)."""
         img = self.image_positions
-        other = torch.tensor(sorted(set(range(self.seq_len)) - set(img.tolist())), dtype=torch.long)
-        out = []
+        other = self.keep_always
+        if other is None:
+            other = torch.tensor(sorted(set(range(self.seq_len)) - set(img.tolist())), dtype=torch.long)
+        per = []
         for ch in chosen:
             ch = torch.as_tensor(np.asarray(ch), dtype=torch.long).reshape(-1)
-            out.append(torch.cat([other, img[ch]]).sort().values)
+            per.append(torch.cat([other, img[ch]]).sort().values)
+        if self.cache_layers is None or list(self.cache_layers) == list(range(self.n_cache_layers or len(per))):
+            return per
+        out: list = [None] * self.n_cache_layers
+        for li, keep in zip(self.cache_layers, per):
+            out[li] = keep
         return out
 
     def image_reads(self, layer: int) -> torch.Tensor:

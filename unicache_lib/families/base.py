@@ -1,0 +1,261 @@
+"""What the workbench must know about one family of vision-language models, in one place.
+
+Capture, eviction, the loaders and the broken-model diagnostics ask a :class:`VLMFamily` instead of
+guessing from module names: which modules attend and in which part (``language`` self-attention,
+``cross`` attention to the vision tokens, ``vision``), which positions are image tokens, which module
+produces the image features, how to lay out a prompt, and how to continue positions after a cached
+context. A model whose ``config.model_type`` no registered family claims gets
+:class:`UnsupportedModelError`, from the loader and from ``AttentionCapture`` alike.
+
+Adding a family = one file in this package (a subclass registered with ``@register``) plus its tiny
+config in ``tests/test_families.py``; the parametrised suite there then checks spans, capture against
+a ground-truth map, output equality and eviction for it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from ..modality import Spans, spans_from_input_ids
+from ..registry import registrar
+
+FAMILIES: dict[str, "VLMFamily"] = {}
+_register = registrar(FAMILIES, "model family")
+
+HOW_TO_ADD = ("To add one: write unicache_lib/families/<name>.py with a VLMFamily subclass (model_types, model_class, "
+              "language_model, projector) registered with @register, and add its tiny config to tests/test_families.py.")
+
+
+class UnsupportedModelError(ValueError):
+    """The model is not of a family the workbench knows how to capture."""
+
+
+def register(cls):
+    """Class decorator: register one instance of a :class:`VLMFamily` subclass under ``cls.name``."""
+    _register(cls)
+    FAMILIES[cls.name] = cls()
+    return cls
+
+
+def supported() -> str:
+    """``"LLaVA-1.5 (llava), ..."``: the registered families and the model types they claim."""
+    return ", ".join(f"{f.name} ({'/'.join(f.model_types)})" for f in FAMILIES.values())
+
+
+def family_for_type(model_type: str | None) -> "VLMFamily":
+    for fam in FAMILIES.values():
+        if model_type in fam.model_types:
+            return fam
+    raise UnsupportedModelError(
+        f"model_type {model_type!r} is not a supported vision-language family. Supported: {supported()}. {HOW_TO_ADD}"
+    )
+
+
+def family_of(model) -> "VLMFamily":
+    """The family of a transformers model (wrappers such as DataParallel or ``torch.compile`` unwrapped)."""
+    from ..capture.vlm import unwrap
+
+    cfg = getattr(unwrap(model), "config", None)
+    return family_for_type(getattr(cfg, "model_type", None))
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attention module to capture: qualified ``name``, ``layer`` index, ``part`` and the module."""
+
+    name: str
+    layer: int
+    part: str
+    module: torch.nn.Module = field(compare=False, repr=False)
+
+
+_VISION_ATTN = re.compile(r"(?:^|\.)(?:layers|blocks|layer)\.(\d+)\.(?:self_attn|attn|self_attention|attention)$")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes for building a model of a family from code (tests: tiny; rehearsal stand-ins: a real
+    model's token counts and depth with reduced width). ``extra`` holds family-specific settings."""
+
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 8
+    vision_layers: int = 2
+    vision_heads: int = 2
+    vision_head_dim: int = 8
+    image_size: int = 32
+    patch: int = 8
+    sliding_window: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def hidden(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def vision_hidden(self) -> int:
+        return self.vision_heads * self.vision_head_dim
+
+
+class VLMFamily:
+    """Base class: the LLaVA-style answer to every question; families override what differs.
+
+    Class attributes: ``name`` (shown to users), ``model_types`` (``config.model_type`` values
+    claimed), ``model_class`` (the transformers class the loader uses), ``image_marker`` (what a
+    prompt contains where the image goes), ``special_tokens`` (what a tokenizer needs for the
+    family's prompts), ``token_fields`` (processor outputs with one entry per token, sliced with the
+    ids), ``needs_video_processor`` (its processor class requires a video processor, i.e.
+    torchvision), ``cross_attention`` (image reached through cross-attention layers, not tokens).
+    """
+
+    name = ""
+    model_types: tuple[str, ...] = ()
+    model_class = ""
+    image_marker = "<image>"
+    special_tokens: tuple[str, ...] = ("<image>",)
+    token_fields: tuple[str, ...] = ("token_type_ids", "mm_token_type_ids")
+    needs_video_processor = False
+    cross_attention = False
+
+    # ---- modules ----------------------------------------------------------------------------------
+    def language_model(self, model) -> torch.nn.Module:
+        """The text decoder (it has ``.layers``)."""
+        return model.model.language_model
+
+    def vision_model(self, model) -> torch.nn.Module:
+        return model.model.vision_tower
+
+    def projector(self, model) -> torch.nn.Module:
+        """The module whose output is the image features that enter the language model."""
+        return model.model.multi_modal_projector
+
+    def sites(self, model, parts=("language",)) -> list[Site]:
+        """Attention modules of the requested parts (``language``, ``cross``, ``vision``), in order:
+        language-model layers by index (self and cross attention in one numbering), then vision."""
+        names = {id(m): n for n, m in model.named_modules()}
+        out = []
+        if {"language", "cross"} & set(parts):
+            for i, layer in enumerate(self.language_model(model).layers):
+                for attr, part in (("self_attn", "language"), ("cross_attn", "cross")):
+                    mod = getattr(layer, attr, None)
+                    if mod is not None and part in parts:
+                        out.append(Site(names[id(mod)], i, part, mod))
+        if "vision" in parts:
+            vis = self.vision_model(model)
+            prefix = names[id(vis)]
+            for n, m in vis.named_modules():
+                hit = _VISION_ATTN.search(n)
+                if hit:
+                    out.append(Site(f"{prefix}.{n}", int(hit.group(1)), "vision", m))
+        return out
+
+    def model_class_for(self, model_type: str) -> str:
+        """The transformers class for a checkpoint of ``model_type`` (one of ``model_types``)."""
+        return self.model_class
+
+    # ---- tokens and spans -------------------------------------------------------------------------
+    def image_token_id(self, config) -> int:
+        tid = getattr(config, "image_token_id", None)
+        if tid is None:
+            tid = getattr(config, "image_token_index", None)
+        if tid is None:
+            raise UnsupportedModelError(f"{self.name}: the config has no image_token_id / image_token_index")
+        return int(tid)
+
+    def expected_image_tokens(self, config, inputs: dict) -> int | None:
+        """How many image tokens the processor should have placed for ``inputs`` (None = no check)."""
+        return None
+
+    def spans(self, config, input_ids, inputs: dict | None = None) -> Spans:
+        """Modality of every position of the language model's self-attention sequence."""
+        n = self.expected_image_tokens(config, inputs or {})
+        return spans_from_input_ids(input_ids, self.image_token_id(config), n)
+
+    def image_grid(self, config, inputs: dict) -> tuple[int, int] | None:
+        """``(rows, cols)`` of the first image's tokens as laid out over the picture, or None when the
+        tokens are not one regular grid over the whole image (tiles, pooling with newlines)."""
+        return None
+
+    def grid_tokens(self, config, inputs: dict) -> torch.Tensor | None:
+        """Indices, within the image span, of the tokens that form :meth:`image_grid` (row-major)."""
+        g = self.image_grid(config, inputs)
+        return None if g is None else torch.arange(g[0] * g[1])
+
+    # ---- prompts and positions --------------------------------------------------------------------
+    def prompt(self, processor, question: str) -> str:
+        """One user turn with one image: the processor's chat template when it has one (real
+        checkpoints), else the family's plain layout (the shipped tiny models)."""
+        if getattr(processor, "chat_template", None):
+            conv = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+            return processor.apply_chat_template(conv, add_generation_prompt=True)
+        return self.layout.format(image=self.image_marker, question=question)
+
+    def position_ids(self, model, input_ids, inputs: dict) -> torch.Tensor | None:
+        """Rotary positions of a whole prompt when they are not ``0..S-1`` (M-RoPE), else None."""
+        return None
+
+    def text_positions(self, model, full_positions, start: int, n: int, device=None) -> torch.Tensor:
+        """Positions of ``n`` tokens that continue a prompt at sequence index ``start``."""
+        if full_positions is None:
+            return torch.arange(start, start + n, device=device)[None]
+        last = full_positions[..., :start].amax(-1, keepdim=True)
+        base = full_positions[..., start:start + n]
+        if base.shape[-1] == n:
+            return base.to(device)
+        return (last + 1 + torch.arange(n, device=last.device)).to(device)
+
+    def context_note(self) -> str:
+        """What changes when the context (image) is cached before the question arrives (notebook 05)."""
+        return ""
+
+    # ---- building from code (tests: tiny shapes; rehearsal stand-ins: real shapes, reduced width) ---
+    layout = "user : {image} {question} assistant :"
+    named_tokens: dict = {}
+
+    def tokenizer(self):
+        """The world's word-level tokenizer with this family's special tokens."""
+        from ..zoo.tiny_llava import build_tokenizer
+
+        return build_tokenizer(self.special_tokens, self.named_tokens)
+
+    def config(self, tok, shape: Shape):  # pragma: no cover - interface
+        """A config of this family at ``shape`` for the world tokenizer ``tok``."""
+        raise NotImplementedError
+
+    def processor(self, tok, shape: Shape):
+        """The family's own processor class for images of ``shape.image_size``, with a chat template in
+        the family's layout; None where it cannot be built on this machine."""
+        return None
+
+
+def chat_template(layout: str, image: str) -> str:
+    """A minimal chat template: ``layout`` with ``{image}`` (one marker per image item of the user
+    turn) and ``{question}`` (the user turn's text). Real checkpoints bring their own template."""
+    pre, rest = layout.split("{image}")
+    mid, post = rest.split("{question}")
+    user = "{% for m in messages if m.role == 'user' %}"
+    imgs = "{% for c in m.content if c.type == 'image' %}" + image + "{% endfor %}"
+    text = "{% for c in m.content if c.type == 'text' %}{{ c.text }}{% endfor %}"
+    return user + pre + imgs + mid + text + "{% endfor %}" + post
+
+
+def images_only(processor_cls):
+    """``processor_cls`` accepting ``video_processor=None``: its image and text logic unchanged, video
+    inputs refused. For machines without torchvision (required by every video processor)."""
+
+    class ImagesOnly(processor_cls):
+        @classmethod
+        def get_attributes(cls):
+            return [a for a in super().get_attributes() if "video" not in a]
+
+        def __call__(self, *args, videos=None, **kwargs):
+            if videos is not None:
+                raise ValueError("this processor was loaded without its video processor (torchvision is not "
+                                 "installed): pass images only")
+            return super().__call__(*args, **kwargs)
+
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = processor_cls.__name__
+    return ImagesOnly

@@ -1,0 +1,70 @@
+"""Idefics3 and SmolVLM: SigLIP-style tower, pixel shuffle (``scale_factor``) in the connector, image
+tokens wrapped in ``<fake_token_around_image>`` markers, Llama-style causal decoder at
+``model.model.text_model``. Large images are split into tiles, each its own block of tokens."""
+from __future__ import annotations
+
+from .base import VLMFamily, chat_template, register
+
+
+@register
+class Idefics3(VLMFamily):
+    name = "Idefics3/SmolVLM"
+    model_types = ("idefics3", "smolvlm")
+    model_class = "Idefics3ForConditionalGeneration"
+    special_tokens = ("<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>")
+
+    def model_class_for(self, model_type: str) -> str:
+        return "SmolVLMForConditionalGeneration" if model_type == "smolvlm" else self.model_class
+
+    def language_model(self, model):
+        return model.model.text_model
+
+    def vision_model(self, model):
+        return model.model.vision_model
+
+    def projector(self, model):
+        return model.model.connector
+
+    def expected_image_tokens(self, config, inputs):
+        pv = inputs.get("pixel_values")
+        if pv is None:
+            return None
+        v = config.vision_config
+        per_tile = (v.image_size // v.patch_size) ** 2 // config.scale_factor ** 2
+        pam = inputs.get("pixel_attention_mask")
+        tiles = int(pam.flatten(0, -3).any(-1).any(-1).sum()) if pam is not None else int(pv.shape[0] * pv.shape[1])
+        return tiles * per_tile
+
+    def image_grid(self, config, inputs):
+        pv = inputs.get("pixel_values")
+        if pv is None or pv.shape[1] != 1:
+            return None  # split into tiles
+        v = config.vision_config
+        side = v.image_size // v.patch_size // config.scale_factor
+        return (side, side)
+
+    def config(self, tok, shape, smol: bool = False):
+        import transformers
+        from transformers import LlamaConfig
+
+        text = LlamaConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+                           num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                           num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, pad_token_id=tok.pad_token_id,
+                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+        kind = "SmolVLM" if smol else "Idefics3"
+        vc = getattr(transformers, f"{kind}VisionConfig")(
+            hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+            num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
+            image_size=shape.image_size, patch_size=shape.patch)
+        return getattr(transformers, f"{kind}Config")(vision_config=vc, text_config=text, scale_factor=2,
+                                                     image_token_id=tok.convert_tokens_to_ids("<image>"),
+                                                     pad_token_id=tok.pad_token_id)
+
+    def processor(self, tok, shape):
+        from transformers import Idefics3ImageProcessor, Idefics3Processor
+
+        s = shape.image_size
+        ip = Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": s}, max_image_size={"longest_edge": s})
+        per_tile = (s // shape.patch) ** 2 // 4
+        return Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=per_tile,
+                                 chat_template=chat_template(self.layout, "<image>"))

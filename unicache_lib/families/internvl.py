@@ -1,0 +1,53 @@
+"""InternVL (2.5 / 3, transformers-native): InternViT tower, pixel shuffle (``downsample_ratio``),
+``<img> <IMG_CONTEXT>... </img>`` per tile, Qwen2 / Llama decoder. Its processor class requires a
+video processor (torchvision)."""
+from __future__ import annotations
+
+from .base import VLMFamily, chat_template, images_only, register
+
+
+@register
+class InternVL(VLMFamily):
+    name = "InternVL"
+    model_types = ("internvl",)
+    model_class = "InternVLForConditionalGeneration"
+    image_marker = "<IMG_CONTEXT>"
+    special_tokens = ("<video>",)
+    named_tokens = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                    "video_token": "<video>"}
+    needs_video_processor = True
+
+    def expected_image_tokens(self, config, inputs):
+        pv = inputs.get("pixel_values")
+        return None if pv is None else int(pv.shape[0]) * int(config.image_seq_length)
+
+    def image_grid(self, config, inputs):
+        pv = inputs.get("pixel_values")
+        if pv is None or pv.shape[0] != 1:
+            return None  # several tiles
+        v = config.vision_config
+        side = int(v.image_size[0] // v.patch_size[0] * config.downsample_ratio)
+        return (side, side)
+
+    def config(self, tok, shape):
+        from transformers import InternVLConfig, Qwen2Config
+
+        text = Qwen2Config(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+                           num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                           num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, tie_word_embeddings=False,
+                           pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        vc = dict(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+                  num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
+                  image_size=[shape.image_size] * 2, patch_size=[shape.patch] * 2)
+        n = (shape.image_size // shape.patch) ** 2 // 4
+        return InternVLConfig(vision_config=vc, text_config=text, image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),
+                              image_seq_length=n, downsample_ratio=0.5, vision_feature_layer=-1)
+
+    def processor(self, tok, shape):
+        from transformers import GotOcr2ImageProcessor, InternVLProcessor
+
+        s = shape.image_size
+        ip = GotOcr2ImageProcessor(size={"height": s, "width": s}, crop_to_patches=False)
+        return images_only(InternVLProcessor)(image_processor=ip, tokenizer=tok, video_processor=None,
+                                              image_seq_length=(s // shape.patch) ** 2 // 4,
+                                              chat_template=chat_template(self.layout, self.image_marker))

@@ -1,0 +1,143 @@
+"""LLaVA-1.5, LLaVA-NeXT and LLaVA-OneVision: a vision tower, a projector, image tokens spliced into
+a causal language model (Llama, Mistral, Vicuna, Qwen2)."""
+from __future__ import annotations
+
+from .base import Shape, VLMFamily, chat_template, images_only, register
+
+
+def _clip(shape: Shape, **kw):
+    from transformers import CLIPVisionConfig
+
+    return CLIPVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+                            num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
+                            image_size=shape.image_size, patch_size=shape.patch, projection_dim=shape.vision_hidden, **kw)
+
+
+def _text(cls, tok, shape: Shape, **kw):
+    return cls(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+               num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+               head_dim=shape.head_dim, max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
+               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False, **kw)
+
+
+def _clip_processor(shape: Shape, cls_name: str = "CLIPImageProcessor", **kw):
+    import transformers
+
+    s = shape.image_size
+    return getattr(transformers, cls_name)(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
+                                           image_mean=[0.5] * 3, image_std=[0.5] * 3, **kw)
+
+
+@register
+class Llava(VLMFamily):
+    """LLaVA-1.5 (``llava-hf/llava-1.5-7b-hf``): 576 image tokens (24 x 24 patches of a 336-px CLIP
+    ViT-L/14 with the class token dropped), Llama/Vicuna language model, plain causal mask."""
+
+    name = "LLaVA-1.5"
+    model_types = ("llava",)
+    model_class = "LlavaForConditionalGeneration"
+
+    def expected_image_tokens(self, config, inputs):
+        n = getattr(config, "image_seq_length", None)
+        return int(n) if n and inputs.get("pixel_values") is not None else None
+
+    def image_grid(self, config, inputs):
+        v = config.vision_config
+        side = v.image_size // v.patch_size
+        return (side, side)
+
+    def config(self, tok, shape):
+        from transformers import LlamaConfig, LlavaConfig, MistralConfig
+
+        text = (_text(MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
+                else _text(LlamaConfig, tok, shape))
+        n = (shape.image_size // shape.patch) ** 2
+        return LlavaConfig(vision_config=_clip(shape), text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                           vision_feature_layer=shape.extra.get("vision_feature_layer", -1),
+                           vision_feature_select_strategy="default", image_seq_length=n)
+
+    def processor(self, tok, shape):
+        from transformers import LlavaProcessor
+
+        return LlavaProcessor(image_processor=_clip_processor(shape), tokenizer=tok, patch_size=shape.patch,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=chat_template(self.layout, "<image>"))
+
+
+@register
+class LlavaNext(Llava):
+    """LLaVA-NeXT ("anyres"): a base image plus tiles of the best-fitting grid, with a learned newline
+    token after each row of tiles, so the image tokens are not one regular grid. Mistral-based
+    checkpoints use a sliding-window mask."""
+
+    name = "LLaVA-NeXT"
+    model_types = ("llava_next",)
+    model_class = "LlavaNextForConditionalGeneration"
+
+    def expected_image_tokens(self, config, inputs):
+        return None
+
+    def image_grid(self, config, inputs):
+        return None
+
+    def config(self, tok, shape):
+        from transformers import LlamaConfig, LlavaNextConfig, MistralConfig
+
+        text = (_text(MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
+                else _text(LlamaConfig, tok, shape))
+        s = shape.image_size
+        return LlavaNextConfig(vision_config=_clip(shape), text_config=text, image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]],
+                               image_token_id=tok.convert_tokens_to_ids("<image>"), vision_feature_layer=-1)
+
+    def processor(self, tok, shape):
+        from transformers import LlavaNextImageProcessor, LlavaNextProcessor
+
+        s = shape.image_size
+        ip = LlavaNextImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
+                                     image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]])
+        return LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=shape.patch,
+                                  vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                  chat_template=chat_template(self.layout, "<image>"))
+
+
+@register
+class LlavaOnevision(Llava):
+    """LLaVA-OneVision / -interleave: SigLIP tower, anyres tiles pooled and unpadded with newline
+    tokens, Qwen2 language model. Its processor class requires a video processor (torchvision)."""
+
+    name = "LLaVA-OneVision"
+    model_types = ("llava_onevision",)
+    model_class = "LlavaOnevisionForConditionalGeneration"
+    needs_video_processor = True
+
+    def expected_image_tokens(self, config, inputs):
+        return None
+
+    def image_grid(self, config, inputs):
+        return None
+
+    def config(self, tok, shape):
+        from transformers import LlavaOnevisionConfig, Qwen2Config, SiglipVisionConfig
+
+        vc = SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+                                num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
+                                image_size=shape.image_size, patch_size=shape.patch)
+        s = shape.image_size
+        return LlavaOnevisionConfig(vision_config=vc, text_config=_text(Qwen2Config, tok, shape),
+                                    image_token_id=tok.convert_tokens_to_ids("<image>"),
+                                    video_token_id=tok.convert_tokens_to_ids("<video>"), image_grid_pinpoints=[[s, s]],
+                                    vision_feature_layer=-1, vision_feature_select_strategy="full")
+
+    special_tokens = ("<image>", "<video>")
+
+    def processor(self, tok, shape):
+        from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionProcessor
+
+        s = shape.image_size
+        ip = LlavaOnevisionImageProcessor(size={"height": s, "width": s}, image_grid_pinpoints=[[s, s]],
+                                          image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        side = s // shape.patch
+        return images_only(LlavaOnevisionProcessor)(
+            image_processor=ip, tokenizer=tok, video_processor=None, num_image_tokens=side * side,
+            vision_feature_select_strategy="full", chat_template=chat_template(self.layout, "<image>"))
+

@@ -1,0 +1,147 @@
+"""Mllama (Llama-3.2-Vision): the image never enters the token sequence. The vision encoder's
+tokens (every tile: a class token plus a patch grid; padded tiles masked) are read by
+*cross-attention* layers inserted among the text self-attention layers (every 5th layer in the
+11B/90B checkpoints). The single ``<|image|>`` token only marks where the image was; text before it
+cannot read the image (its cross-attention output is zeroed).
+
+Captured parts: ``language`` (text self-attention, all positions text) and ``cross`` (text queries
+over the vision-token keys, the vision tokens being the image span). For KV eviction the image KV
+is the cross-attention layers' cache: evicting image entries means dropping vision-token keys and
+values there, while the self-attention cache holds only text.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..modality import IMAGE, TEXT, Spans
+from .base import Site, VLMFamily, chat_template, register
+
+
+@register
+class Mllama(VLMFamily):
+    name = "Mllama"
+    model_types = ("mllama",)
+    model_class = "MllamaForConditionalGeneration"
+    image_marker = "<|image|>"
+    special_tokens = ("<|image|>", "<|python_tag|>")
+    token_fields = ("cross_attention_mask",)
+    cross_attention = True
+    layout = "{image} user : {question} assistant :"
+
+    def vision_model(self, model):
+        return model.model.vision_model
+
+    def sites(self, model, parts=("language",)):
+        out = [s for s in super().sites(model, tuple(p for p in parts if p != "vision"))]
+        if "vision" in parts:  # local layers, then the global ones numbered after them
+            vis = self.vision_model(model)
+            prefix = {id(m): n for n, m in model.named_modules()}
+            local = list(vis.transformer.layers)
+            for i, layer in enumerate(local + list(vis.global_transformer.layers)):
+                out.append(Site(prefix[id(layer.self_attn)], i, "vision", layer.self_attn))
+        return out
+
+    def spans(self, config, input_ids, inputs=None):
+        """Self-attention sequence: text only (``<|image|>`` is a marker, not image content)."""
+        ids = torch.as_tensor(input_ids)
+        return Spans((TEXT,) * ids.shape[-1])
+
+    def cross_spans(self, n_keys: int) -> Spans:
+        """The cross-attention keys: all vision tokens (padded tiles included; the mask hides them)."""
+        return Spans((IMAGE,) * n_keys)
+
+    def row_gates(self, model) -> dict:
+        """``{cross site name: (decoder layer, kwarg)}``: rows whose gate is 0 never reach the output
+        (text before the image), so their cross-attention rows are not read."""
+        lm = self.language_model(model)
+        names = {id(m): n for n, m in model.named_modules()}
+        return {names[id(layer.cross_attn)]: (layer, "full_text_row_masked_out_mask")
+                for layer in lm.layers if hasattr(layer, "cross_attn")}
+
+    def tokens_per_tile(self, config) -> int:
+        v = config.vision_config
+        return (v.image_size // v.patch_size) ** 2 + 1
+
+    def image_grid(self, config, inputs):
+        ids = inputs.get("aspect_ratio_ids")
+        if ids is None or int(ids.flatten()[0]) != 1:  # aspect ratio id 1 = one tile (1 x 1 canvas)
+            return None
+        v = config.vision_config
+        side = v.image_size // v.patch_size
+        return (side, side)
+
+    def grid_tokens(self, config, inputs):
+        """Indices of the grid tokens within the image span: the first tile, after its class token."""
+        g = self.image_grid(config, inputs)
+        return None if g is None else torch.arange(1, 1 + g[0] * g[1])
+
+    def projector(self, model):
+        return model.model.multi_modal_projector
+
+    # ---- eviction: the image KV is the cross-attention layers' cache -----------------------------
+    def cross_layers(self, model) -> list[int]:
+        return list(model.config.text_config.cross_attention_layers)
+
+    def image_kv(self, model, cache, split):
+        """Trim the cross-attention caches to the vision tokens of real tiles (padded tiles are masked,
+        so dropping them is exact) and say where the image KV is: every position of those layers."""
+        from ..kv.cache import ImageKV
+
+        arm = split.extra.get("aspect_ratio_mask")
+        per_tile = self.tokens_per_tile(model.config)
+        tiles = arm.reshape(-1).nonzero().flatten() if arm is not None else torch.arange(0)
+        valid = (tiles[:, None] * per_tile + torch.arange(per_tile)[None, :]).reshape(-1)
+        layers = self.cross_layers(model)
+        for li in layers:
+            layer = cache.layers[li]
+            if layer.keys.shape[-2] <= int(valid.max()):
+                raise ValueError(f"cross-attention cache layer {li} holds {layer.keys.shape[-2]} vision tokens, "
+                                 f"fewer than the {int(valid.max()) + 1} the tiles imply")
+            idx = valid.to(layer.keys.device)
+            layer.keys, layer.values = layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)
+        n = len(valid)
+        return ImageKV(layers, torch.arange(n), torch.empty(0, dtype=torch.long), n, key_index=valid)
+
+    def forward_text(self, model, ids, cache, positions):
+        """Text tokens after the image on a (possibly evicted) cache: self-attention continues the text
+        cache; every cross-attention layer reads all vision tokens its cache still holds."""
+        from types import SimpleNamespace
+
+        cross = self.cross_layers(model)
+        self_idx = next(i for i in range(len(cache.layers)) if i not in cross)
+        held = cache.get_seq_length(self_idx)
+        n = ids.shape[1]
+        K = cache.layers[cross[0]].keys.shape[-2]
+        dev, dtype = ids.device, next(model.parameters()).dtype
+        out = model.model.language_model(
+            input_ids=ids, attention_mask=torch.ones(1, held + n, dtype=torch.long, device=dev), position_ids=positions,
+            cross_attention_mask=torch.zeros(1, 1, n, K, dtype=dtype, device=dev),
+            full_text_row_masked_out_mask=torch.ones(1, 1, n, 1, dtype=dtype, device=dev),
+            past_key_values=cache, use_cache=True, cache_position=torch.arange(held, held + n, device=dev))
+        return SimpleNamespace(logits=model.lm_head(out.last_hidden_state))
+
+    def config(self, tok, shape):
+        from transformers import MllamaConfig
+
+        every = shape.extra.get("cross_every", 2)  # Llama-3.2-Vision: 5 (layers 3, 8, 13, ...)
+        cross = [i for i in range(shape.layers) if i % every == 3 % every]
+        vis_layers = shape.vision_layers
+        inter = shape.extra.get("intermediate_layers_indices", [0])
+        text = dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+                    num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                    num_key_value_heads=shape.kv_heads, cross_attention_layers=cross, pad_token_id=tok.pad_token_id,
+                    bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
+                    max_position_embeddings=4096)
+        vision = dict(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+                      num_hidden_layers=vis_layers, num_global_layers=shape.extra.get("global_layers", 1),
+                      num_attention_heads=shape.vision_heads, image_size=shape.image_size, patch_size=shape.patch,
+                      intermediate_layers_indices=inter, vision_output_dim=shape.vision_hidden * (len(inter) + 1),
+                      max_num_tiles=4)
+        return MllamaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<|image|>"))
+
+    def processor(self, tok, shape):
+        from transformers import MllamaImageProcessor, MllamaProcessor
+
+        s = shape.image_size
+        ip = MllamaImageProcessor(size={"height": s, "width": s}, max_image_tiles=4)
+        return MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))
