@@ -27,12 +27,12 @@ def _ctx(model, proc, recs, qas, seed=0):
     ids = torch.tensor(proc.tokenizer.convert_tokens_to_ids([q.answer for q in qas]))
 
     def loss():
-        from unicache_lib.zoo.train_llava import answer_logits
+        from unicache_lib.capture.runner import answer_logits
 
         imgs = np.stack([q.scene.uint8() for q in qas])
-        return torch.nn.functional.cross_entropy(answer_logits(model, proc.tokenizer, [q.question for q in qas], imgs), ids)
+        return torch.nn.functional.cross_entropy(answer_logits(model, proc, [q.question for q in qas], imgs), ids)
 
-    assert answer_logprobs(model, proc.tokenizer, qas[:2]).shape[0] == 2
+    assert answer_logprobs(model, proc, qas[:2]).shape[0] == 2
     return ScoringContext(space, recs, [loss], seed)
 
 

@@ -66,20 +66,39 @@ def group_stability(anchor_sets: dict[str, np.ndarray], groups: dict[str, str]) 
 PATCH_KINDS = ("object", "edge", "background")
 
 
-def patch_kinds(masks: np.ndarray, patch: int) -> np.ndarray:
-    """``[n_patches]`` index into :data:`PATCH_KINDS`: object (>= 75% covered by objects), edge
-    (partly covered: an object boundary, the high-contrast patches), background (no object)."""
-    n, h, w = masks.shape
-    cover = masks.any(0).reshape(h // patch, patch, w // patch, patch).mean(axis=(1, 3)).ravel()
+def patch_kinds(masks: np.ndarray, grid) -> np.ndarray:
+    """``[cells]`` index into :data:`PATCH_KINDS`: object (>= 75% covered by objects), edge (partly
+    covered: an object boundary, the high-contrast patches), background (no object). ``grid``: patch
+    side in pixels or ``(rows, cols)`` of image tokens (:func:`~unicache_lib.world.scenes.grid_cover`)."""
+    from ..world.scenes import grid_cover
+
+    cover = grid_cover(masks.any(0, keepdims=True), grid)[0]
     return np.where(cover >= 0.75, 0, np.where(cover > 0, 1, 2))
+
+
+def token_kinds(masks: np.ndarray, n_image: int, grid, grid_tokens=None) -> np.ndarray:
+    """``[n_image]`` :func:`patch_kinds` of every image token; -1 for tokens that are not a cell of the
+    picture's grid (a class token, a padded tile, another tile). ``grid_tokens``: indices of the grid
+    cells' tokens within the image span (default: the first rows*cols tokens)."""
+    kinds = patch_kinds(masks, grid)
+    out = np.full(n_image, -1, np.int64)
+    idx = np.arange(len(kinds)) if grid_tokens is None else np.asarray(grid_tokens)
+    if len(idx) != len(kinds) or (len(idx) and idx.max() >= n_image):
+        raise ValueError(f"{len(kinds)} grid cells for {len(idx)} grid tokens of {n_image} image tokens")
+    out[idx] = kinds
+    return out
 
 
 def anchor_placement(anchors, kinds: np.ndarray) -> dict:
     """Where anchors fall vs chance: share of anchors on each patch kind, and the share of all
-    patches of that kind (what a random choice of anchors would give)."""
+    patches of that kind (what a random choice of anchors would give). Tokens of kind -1 (not on the
+    picture's grid) count in neither."""
     anchors = np.asarray(anchors)
+    kinds = np.asarray(kinds)
+    on = kinds[anchors] if len(anchors) else kinds[:0]
+    on, all_ = on[on >= 0], kinds[kinds >= 0]
     out = {}
     for i, name in enumerate(PATCH_KINDS):
-        out[name] = float(np.mean(kinds[anchors] == i)) if len(anchors) else float("nan")
-        out[f"{name}_chance"] = float(np.mean(kinds == i))
+        out[name] = float(np.mean(on == i)) if len(on) else float("nan")
+        out[f"{name}_chance"] = float(np.mean(all_ == i)) if len(all_) else float("nan")
     return out

@@ -34,9 +34,14 @@ def selectivity(weights, patch_object: np.ndarray, target: int) -> float:
     return float(w[on].mean() / denom) if denom > 0 else float("inf")
 
 
-def object_word_selectivity(model, processor, samples, patch: int | None = None) -> "pd.DataFrame":
+def object_word_selectivity(model, processor, samples, grid=None) -> "pd.DataFrame":
     """Ask ``where is the {colour} {shape} ?`` about every object of every multi-object sample, and
     measure the shape word's attention on that object vs the other objects, per layer.
+
+    The map read is the one whose keys are the image: the language model's self-attention (image
+    tokens in the sequence) or, for a cross-attention VLM, its cross-attention layers. The image
+    tokens are placed over the picture by the family's token grid (``grid=(rows, cols)`` overrides
+    it); a family whose tokens form no single grid (tiles with newline tokens) raises.
 
     Returns one row per (sample, object, layer): ``selectivity`` (mean over heads of the map,
     then :func:`selectivity`) and ``top_on_target`` (is the most-attended patch on the object).
@@ -44,26 +49,37 @@ def object_word_selectivity(model, processor, samples, patch: int | None = None)
     import pandas as pd
 
     from ..capture import AttentionCapture
-    from ..capture.runner import model_inputs, spans_fn
+    from ..capture.runner import inputs_for
+    from ..families import family_of
+    from ..kv.cache import image_kv_part
     from ..world.scenes import patch_grid_masks
 
-    patch = patch or model.config.vision_config.patch_size
+    fam = family_of(model)
+    part = image_kv_part(fam)
     rows = []
     for s in samples:
         if len(s.objects) < 2:
             continue
-        po = patch_grid_masks(s.masks, patch)
         for t, o in enumerate(s.objects):
             q = f"where is the {o['colour']} {o['shape']} ?"
-            inputs = model_inputs(processor, s.image, q)
-            sp = spans_fn(model)(inputs["input_ids"])
+            inputs = inputs_for(model, processor, s.image, q)
+            g = grid or fam.image_grid(model.config, inputs)
+            if g is None:
+                raise ValueError(f"{fam.name}: the image tokens of this input form no single grid over the picture "
+                                 f"(tiles / newline tokens); pass grid=(rows, cols) for a layout you know")
+            po = patch_grid_masks(s.masks, g)
+            cells = fam.grid_tokens(model.config, inputs) if grid is None else torch.arange(len(po))
             toks = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
             pos = max(i for i, w in enumerate(toks) if w == o["shape"])
-            a, b = sp.image_range()
-            with torch.no_grad(), AttentionCapture(model, "full", spans=sp) as cap:
+            with torch.no_grad(), AttentionCapture(model, "full", part=part) as cap:
                 model(**inputs)
-            for r in cap.result:
-                w = r.probs[:, pos, a:b].mean(0)
+            for r in cap.result.select(part=part):
+                if part == "cross":
+                    w_img = r.probs[:, pos, :]
+                else:
+                    a, b = r.spans.image_range()
+                    w_img = r.probs[:, pos, a:b]
+                w = w_img.mean(0)[cells]
                 rows.append({"sample": s.id, "object": t, "layer": r.layer,
                              "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t)})
     return pd.DataFrame(rows)

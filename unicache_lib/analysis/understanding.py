@@ -22,8 +22,11 @@ def _n_layers(records) -> int:
     return max(r.layer for r in records) + 1
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """``[H, Sq]`` -> the rows that see at least MIN_KEYS keys (prompt captures: Sq == Sk)."""
+def _rows(t: torch.Tensor, part: str = "language") -> torch.Tensor:
+    """``[H, Sq]`` -> the rows that see at least MIN_KEYS keys (self-attention prompt captures: Sq ==
+    Sk). Cross-attention rows all see the vision tokens: none skipped (dead rows are NaN)."""
+    if part == "cross":
+        return t
     return t[:, MIN_KEYS - 1:] if t.shape[1] >= MIN_KEYS else t
 
 
@@ -37,9 +40,10 @@ def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
         row = {
             "sample": r.sample, "layer": r.layer, "band": layer_band(r.layer, n),
             "scene_type": (scene_of or {}).get(r.sample, ""),
-            "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"]))),
-            "max_weight": float(_rows(d["max_weight"]).mean()),
-            "head_max_weight": float(_rows(d["max_weight"]).mean(-1).max()),  # the most focused head
+            "part": r.part,
+            "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"], r.part))),
+            "max_weight": float(torch.nanmean(_rows(d["max_weight"], r.part))),
+            "head_max_weight": float(torch.nanmean(_rows(d["max_weight"], r.part), -1).max()),  # the most focused head
             "diag": float(d["diag"].mean()), "distance": float(d["distance"].mean()),
             "variance": float(d["variance"].mean()),
         }
@@ -63,17 +67,18 @@ def head_table(records) -> pd.DataFrame:
         cm = d["blocks"][:, BLOCKS.index("image->text")] + d["blocks"][:, BLOCKS.index("text->image")] \
             if "blocks" in d else torch.full((r.heads,), float("nan"))
         for h in range(r.heads):
-            rows.append({"sample": r.sample, "layer": r.layer, "head": h,
-                         "max_weight": float(_rows(d["max_weight"])[h].mean()),
-                         "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"])[h])),
+            rows.append({"sample": r.sample, "layer": r.layer, "part": r.part, "head": h,
+                         "max_weight": float(torch.nanmean(_rows(d["max_weight"], r.part)[h])),
+                         "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"], r.part)[h])),
                          "cross_modal": float(cm[h])})
     return pd.DataFrame(rows)
 
 
 def token_flow(records, tokens: dict[str, list[str]], special: set[str] | frozenset = frozenset()) -> pd.DataFrame:
     """One row per (sample, layer, text query position): the token, its class and its share of
-    attention on image keys (mean over heads). Positions before the image (the prompt prefix) are
-    kept; image positions are not rows."""
+    attention on image keys (mean over heads). Positions before the image (the prompt prefix) cannot
+    read it and are left out; image positions are not rows. Cross-attention records: every text
+    position whose row reads the vision tokens (rows before the image are dead, NaN)."""
     n = _n_layers(records)
     rows = []
     for r in records:
@@ -81,10 +86,12 @@ def token_flow(records, tokens: dict[str, list[str]], special: set[str] | frozen
             raise ValueError("records hold no image_share: capture in stats mode with spans")
         share = r.data["image_share"].mean(0)
         toks = tokens[r.sample]
-        a, _ = r.spans.image_range()
-        for pos in r.spans.text_index:
-            if pos < a:  # the prompt prefix cannot see the image (causal): no reading to measure
-                continue
+        if r.part == "cross":
+            positions = [p for p in range(len(share)) if not bool(share[p].isnan())]
+        else:
+            a, _ = r.spans.image_range()
+            positions = [p for p in r.spans.text_index if p >= a]  # the prefix cannot see the image (causal)
+        for pos in positions:
             rows.append({"sample": r.sample, "layer": r.layer, "band": layer_band(r.layer, n), "pos": int(pos),
                          "token": toks[pos], "class": token_class(toks[pos], special),
                          "image_share": float(share[pos])})

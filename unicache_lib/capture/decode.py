@@ -11,7 +11,7 @@ import torch
 
 from ..modality import TEXT, Spans
 from .record import CaptureResult
-from .runner import model_inputs, spans_fn
+from .runner import inputs_for
 from .vlm import AttentionCapture
 
 
@@ -26,11 +26,16 @@ def decode_with_capture(model, processor, image, question: str, sample_id: str =
         whose single query is generated token ``k``. The attention that *produced* token ``k`` is the
         last query row of forward ``t{k-1}`` (use :func:`producing_rows`).
     """
+    from ..families import family_of
+
     tok = processor.tokenizer
-    inputs = model_inputs(processor, image, question, next(model.parameters()).device)
-    kinds = list(spans_fn(model)(inputs["input_ids"]).kinds)
+    fam = family_of(model)
+    inputs = inputs_for(model, processor, image, question)
+    kinds = list(fam.spans(model.config, inputs["input_ids"], inputs).kinds)
+    positions = fam.position_ids(model, inputs["input_ids"], inputs)
     result = CaptureResult()
     generated: list[int] = []
+    step_kw = {k: v for k, v in inputs.items() if k in fam.token_fields and k != "token_type_ids"}
     with AttentionCapture(model, mode, layers=layers, spans=Spans(tuple(kinds)), sample_ids=[f"{sample_id}/t0"]) as cap:
         out = model(**inputs, use_cache=True)
         for k in range(1, max_new_tokens + 1):
@@ -41,13 +46,29 @@ def decode_with_capture(model, processor, image, question: str, sample_id: str =
             kinds.append(TEXT)
             cap.spans = Spans(tuple(kinds))
             cap.sample_ids = iter([f"{sample_id}/t{k}"])
+            n = len(kinds)
+            extra = {}
+            if positions is not None:  # M-RoPE: continue from the largest position so far
+                extra["position_ids"] = fam.text_positions(model, positions, n - 1, 1, positions.device)
+                positions = torch.cat([positions, extra["position_ids"]], -1)
+            for key, v in step_kw.items():  # per-token inputs (Mllama's cross mask): the new row repeats the last
+                step_kw[key] = torch.cat([v, v[:, -1:]], 1)
+                extra[key] = step_kw[key]
             out = model(input_ids=torch.tensor([[nxt]], device=inputs["input_ids"].device),
-                        past_key_values=out.past_key_values, use_cache=True)
+                        attention_mask=torch.ones(1, n, dtype=torch.long, device=inputs["input_ids"].device),
+                        past_key_values=out.past_key_values, use_cache=True, **extra)
     result.records = cap.result.records
     return tok.convert_ids_to_tokens(generated), result
 
 
-def producing_rows(result: CaptureResult, sample_id: str, n_tokens: int, layer: int, name: str = "image_share"):
-    """``[n_tokens, H]``: statistic ``name`` of the query row that produced each generated token."""
-    rows = [result[f"{sample_id}/t{k}", layer].data[name][:, -1] for k in range(n_tokens)]
+def producing_rows(result: CaptureResult, sample_id: str, n_tokens: int, layer: int, name: str = "image_share",
+                   part: str | None = None):
+    """``[n_tokens, H]``: statistic ``name`` of the query row that produced each generated token
+    (``part``: ``"cross"`` for a cross-attention layer; default: the record of that layer)."""
+    rows = []
+    for k in range(n_tokens):
+        found = result.select(f"{sample_id}/t{k}", layer, part)
+        if not found:
+            raise KeyError(f"no record for {sample_id}/t{k}, layer {layer}, part {part!r}")
+        rows.append(found[0].data[name][:, -1])
     return torch.stack(rows)

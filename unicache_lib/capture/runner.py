@@ -5,6 +5,7 @@ continues where it stopped and a finished one is a no-op.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -46,6 +47,32 @@ def inputs_for(model, processor, image, question: str) -> dict:
 
     p = next(model.parameters())
     return model_inputs(processor, image, question, p.device, family_of(model), p.dtype)
+
+
+def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -> torch.Tensor:
+    """``[N, vocab]`` float32 logits of the first answer token for (question, image) pairs (gradients
+    flow when enabled). The shipped tiny layout runs in padded batches; every other model runs one
+    prompt at a time through its processor and family prompt (no padding, so no position shifts)."""
+    from ..families import family_of
+
+    if _tiny_layout(model, processor):
+        from ..zoo.train_llava import answer_logits as tiny
+
+        return tiny(model, processor.tokenizer, list(questions), np.asarray(images_uint8), batch)
+    fam = family_of(model)
+    p = next(model.parameters())
+    out = [model(**model_inputs(processor, img, q, p.device, fam, p.dtype)).logits[0, -1].float()
+           for q, img in zip(questions, images_uint8)]
+    return torch.stack(out)
+
+
+def _tiny_layout(model, processor) -> bool:
+    """The shipped tiny LLaVA's layout (plain prompt, 64 image tokens, no chat template)."""
+    from ..zoo.train_llava import N_IMG
+
+    cfg = model.config
+    return (cfg.model_type == "llava" and getattr(cfg, "image_seq_length", None) == N_IMG
+            and not getattr(processor, "chat_template", None) and cfg.vision_config.image_size == 64)
 
 
 def spans_fn(model):

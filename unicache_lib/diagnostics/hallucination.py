@@ -12,30 +12,35 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..capture.runner import model_inputs
-
 
 @torch.no_grad()
 def answer_attention(model, processor, qas, progress: bool = True) -> pd.DataFrame:
     """One row per question: qtype, answer, prediction, correct, confidence, coverage, concentration.
-    Needs an eager model (attention weights)."""
+    Needs an eager model (attention weights). The layers read are those whose keys include the image
+    (a cross-attention VLM: its cross-attention layers)."""
+    from ..capture import AttentionCapture
+    from ..capture.runner import inputs_for
+    from ..families import family_of
+    from ..kv.cache import image_kv_part
+
     tok = processor.tokenizer
-    tid = model.config.image_token_id
+    fam = family_of(model)
+    part = image_kv_part(fam)
     rows = []
     for q in tqdm(qas, desc="answers", disable=not progress):
-        inp = model_inputs(processor, q.scene.uint8(), q.question)
-        out = model(**inp, output_attentions=True)
-        if out.attentions is None or out.attentions[0] is None:
-            raise RuntimeError("attention weights are not returned under sdpa: load with attn_implementation='eager'")
-        img = (inp["input_ids"][0] == tid)
+        inp = inputs_for(model, processor, q.scene.uint8(), q.question)
+        with AttentionCapture(model, "full", part=part) as cap:
+            out = model(**inp)
         p = torch.softmax(out.logits[0, -1].float(), -1)
         cov, conc = [], []
-        for a in out.attentions:
-            row = a[0, :, -1].float()  # [H, S]
+        for r in cap.result.select(part=part):
+            row = r.probs[:, -1]  # [H, Sk]: the answer position
+            img = torch.as_tensor(r.spans.array == 1)  # cross-attention: every key is a vision token
             on = row[:, img]
             mass = on.sum(-1)
-            r = on / mass.clamp(min=1e-12)[:, None]
-            h = -(torch.special.xlogy(r, r)).sum(-1) / np.log(on.shape[-1])
+            d = on / mass.clamp(min=1e-12)[:, None]
+            seen = r.data["visible"][-1][img] if "visible" in r.data else torch.ones(len(on[0]), dtype=torch.bool)
+            h = -(torch.special.xlogy(d, d)).sum(-1) / np.log(max(int(seen.sum()), 2))  # over the image keys it sees
             cov.append(mass.mean())
             conc.append((1 - h).mean())
         pred = tok.convert_ids_to_tokens(int(p.argmax()))

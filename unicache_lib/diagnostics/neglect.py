@@ -57,7 +57,7 @@ def image_dependence(model, processor, samples, seed: int = 0) -> float:
     shares say (the complement the attention-share detector needs, see notebook 06)."""
     import torch
 
-    from ..capture.runner import model_inputs
+    from ..capture.runner import inputs_for
 
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(samples))
@@ -65,7 +65,7 @@ def image_dependence(model, processor, samples, seed: int = 0) -> float:
     kls = []
     with torch.no_grad():
         for i, s in enumerate(samples):
-            a = torch.log_softmax(model(**model_inputs(processor, s.image, s.question)).logits[0, -1].float(), -1)
-            b = torch.log_softmax(model(**model_inputs(processor, samples[perm[i]].image, s.question)).logits[0, -1].float(), -1)
+            a = torch.log_softmax(model(**inputs_for(model, processor, s.image, s.question)).logits[0, -1].float(), -1)
+            b = torch.log_softmax(model(**inputs_for(model, processor, samples[perm[i]].image, s.question)).logits[0, -1].float(), -1)
             kls.append(float((a.exp() * (a - b)).sum()))
     return float(np.mean(kls))

@@ -31,18 +31,25 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     attention on context keys that the kept positions carry; policies only)."""
     from .peers import attention_implementation, compression_ratio, needs_sdpa
 
+    from ..families import family_of
+
     policies = policies if policies is not None else {n: c() for n, c in POLICIES.items()}
+    fam = family_of(model)
+    if peers and fam.cross_attention:
+        raise ValueError(f"{fam.name}: kvpress presses compress self-attention caches during prefill; the image KV of a "
+                         f"cross-attention VLM lives in its cross-attention layers, which the presses do not touch. "
+                         f"Run without peers (PEERS=False).")
     tok = processor.tokenizer
     rows = []
     for qi, q in enumerate(tqdm(qas, desc="eviction", disable=not progress)):
-        sp = split_prompt(processor, q.scene.uint8(), q.question)
-        C, n_img = sp.context_ids.shape[1], len(sp.image_positions)
+        sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
         pre = prefill(model, sp, attentions=True)
+        C, n_img = sp.context_ids.shape[1], pre.context().n_image
         full_cache = evict(pre.cache, POLICIES["full"]().select(pre.context(), 1.0))
         full_bytes = kv_bytes(full_cache)
         ref, _, atts = answer(model, full_cache, sp, output_attentions=True)
         ref_lp = torch.log_softmax(ref, -1)
-        future = _future(atts, C)
+        future = _future(atts, pre.context().seq_len)
         ctx = pre.context(seed=seed + qi, future=future)
 
         def row(method, kind, b, logits, nbytes, ms, retained):
@@ -61,7 +68,8 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
                 t0 = time.perf_counter()
                 logits, _, _ = answer(model, cache, sp)
                 ms = 1e3 * (time.perf_counter() - t0)
-                ret = float(np.mean([float(f[k].sum() / f.sum()) for f, k in zip(future, keep)]))
+                kept = [k for k in keep if k is not None] if len(keep) != len(future) else keep
+                ret = float(np.mean([float(f[k].sum() / f.sum()) for f, k in zip(future, kept)]))
                 rows.append(row(name, "policy", b, logits, nbytes, ms, ret))
         for name, make in (peers or {}).items():
             for b in budgets:

@@ -10,16 +10,17 @@ from ..world.segment import score_object
 
 
 @torch.no_grad()
-def answer_logprobs(model, tokenizer, qas, batch: int = 100) -> torch.Tensor:
+def answer_logprobs(model, processor, qas, batch: int = 100) -> torch.Tensor:
     """``[N, vocab]`` log-probabilities of the first answer token for world questions."""
-    from ..zoo.train_llava import answer_logits
+    from ..capture.runner import answer_logits
 
     imgs = np.stack([q.scene.uint8() for q in qas])
-    return torch.log_softmax(answer_logits(model, tokenizer, [q.question for q in qas], imgs, batch), -1)
+    return torch.log_softmax(answer_logits(model, processor, [q.question for q in qas], imgs, batch), -1)
 
 
-def understanding_metrics(logp: torch.Tensor, ref_logp: torch.Tensor, tokenizer, qas) -> dict:
+def understanding_metrics(logp: torch.Tensor, ref_logp: torch.Tensor, processor, qas) -> dict:
     """Exact-match accuracy, agreement with the reference answers and mean KL(ref || this)."""
+    tokenizer = getattr(processor, "tokenizer", processor)
     pred = tokenizer.convert_ids_to_tokens(logp.argmax(-1).tolist())
     ok = np.array([p == q.answer for p, q in zip(pred, qas)])
     kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
@@ -36,18 +37,18 @@ def generation_metrics(images: np.ndarray, reference: np.ndarray, objects: list[
             **{k: float(np.mean([s[k] for s in scores])) for k in ("colour", "position", "shape")}, "n": len(images)}
 
 
-def understanding_loss_fns(model, tokenizer, qas, batch: int = 32) -> list:
+def understanding_loss_fns(model, processor, qas, batch: int = 32) -> list:
     """Closures: cross-entropy of the answer token on batches of ``qas`` (for the gradient scorer)."""
-    from ..zoo.train_llava import answer_logits
+    from ..capture.runner import answer_logits
 
     fns = []
     for s in range(0, len(qas), batch):
         chunk = qas[s : s + batch]
-        ids = torch.tensor(tokenizer.convert_tokens_to_ids([q.answer for q in chunk]))
+        ids = torch.tensor(processor.tokenizer.convert_tokens_to_ids([q.answer for q in chunk]))
         imgs = np.stack([q.scene.uint8() for q in chunk])
         qs = [q.question for q in chunk]
         fns.append(lambda qs=qs, imgs=imgs, ids=ids: torch.nn.functional.cross_entropy(
-            answer_logits(model, tokenizer, qs, imgs, batch=len(qs)), ids))
+            answer_logits(model, processor, qs, imgs, batch=len(qs)), ids.to(next(model.parameters()).device)))
     return fns
 
 
@@ -75,7 +76,7 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int = 16, seed: int = 0)
     return fns
 
 
-def sweep_understanding(model, tokenizer, space, scores: dict, fractions, qas, ref_logp=None, progress=True):
+def sweep_understanding(model, processor, space, scores: dict, fractions, qas, ref_logp=None, progress=True):
     """Accuracy / agreement / KL for every (scorer, fraction). ``scores``: label -> ``[units, heads]``.
     Returns a tidy DataFrame with one row per (label, fraction)."""
     import pandas as pd
@@ -83,7 +84,7 @@ def sweep_understanding(model, tokenizer, space, scores: dict, fractions, qas, r
 
     from .heads import HeadMask
 
-    ref = answer_logprobs(model, tokenizer, qas) if ref_logp is None else ref_logp
+    ref = answer_logprobs(model, processor, qas) if ref_logp is None else ref_logp
     rows = []
     for label, s in tqdm(scores.items(), desc="pruning sweep", disable=not progress):
         for f in fractions:
@@ -92,9 +93,9 @@ def sweep_understanding(model, tokenizer, space, scores: dict, fractions, qas, r
                 lp = ref
             else:
                 with HeadMask(space, keep):
-                    lp = answer_logprobs(model, tokenizer, qas)
+                    lp = answer_logprobs(model, processor, qas)
             rows.append({"scorer": label, "fraction": f, "pruned": int((keep[:, :] == 0).sum()),
-                         **understanding_metrics(lp, ref, tokenizer, qas)})
+                         **understanding_metrics(lp, ref, processor, qas)})
     return pd.DataFrame(rows)
 
 

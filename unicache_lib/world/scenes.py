@@ -222,22 +222,44 @@ def make_scene(
     return Scene(scene_type, objs, img, masks, extras)
 
 
-def patch_grid_masks(masks: np.ndarray, patch: int, min_cover: float = 0.25) -> np.ndarray:
-    """Which patches belong to which object.
+def grid_cover(masks: np.ndarray, grid) -> np.ndarray:
+    """``[n, cells]`` share of each grid cell covered by each mask, row-major.
+
+    ``grid``: a patch side in pixels (cells are exact ``patch x patch`` blocks; the side must divide
+    the image) or ``(rows, cols)`` of the model's image tokens over the picture (cells of
+    ``H/rows x W/cols`` pixels, any sizes: a 64-px scene under a 24 x 24 token grid).
+    """
+    n, h, w = masks.shape
+    if isinstance(grid, (int, np.integer)):
+        if h % grid or w % grid:
+            raise ValueError(f"image side {h}x{w} is not a multiple of the patch size {grid}")
+        return masks.reshape(n, h // grid, grid, w // grid, grid).mean(axis=(2, 4)).reshape(n, -1)
+    rows, cols = (int(x) for x in grid)
+    r_edges = np.linspace(0, h, rows + 1)
+    c_edges = np.linspace(0, w, cols + 1)
+    # a cell covers pixel i with the overlap of [i, i+1) and the cell's span (fractional at the borders)
+    def weights(edges, size):
+        i = np.arange(size)
+        lo, hi = edges[:-1, None], edges[1:, None]
+        return np.clip(np.minimum(hi, i + 1) - np.maximum(lo, i), 0, None) / (hi - lo)
+    wr, wc = weights(r_edges, h), weights(c_edges, w)  # [rows, H], [cols, W]
+    cover = np.einsum("rh,nhw,cw->nrc", wr, masks.astype(np.float64), wc)
+    return cover.reshape(n, -1)
+
+
+def patch_grid_masks(masks: np.ndarray, grid, min_cover: float = 0.25) -> np.ndarray:
+    """Which patches (grid cells) belong to which object.
 
     Args:
         masks: bool ``[n, H, W]``.
-        patch: patch side in pixels.
+        grid: patch side in pixels, or ``(rows, cols)`` of image tokens (:func:`grid_cover`).
     Returns:
-        int64 ``[H/patch * W/patch]``: index of the object covering the patch (largest cover, at
-        least ``min_cover`` of the patch), or -1 for background. Row-major, as vision towers order
-        their patch tokens.
+        int64 ``[cells]``: index of the object covering the cell (largest cover, at least
+        ``min_cover`` of the cell), or -1 for background. Row-major, as vision towers order their
+        patch tokens.
     """
-    n, h, w = masks.shape
-    if h % patch or w % patch:
-        raise ValueError(f"image side {h}x{w} is not a multiple of the patch size {patch}")
-    cover = masks.reshape(n, h // patch, patch, w // patch, patch).mean(axis=(2, 4)).reshape(n, -1)
-    if n == 0:
+    cover = grid_cover(masks, grid)
+    if masks.shape[0] == 0:
         return np.full(cover.shape[1], -1, np.int64)
     best = cover.argmax(0)
     return np.where(cover.max(0) >= min_cover, best, -1).astype(np.int64)

@@ -7,12 +7,15 @@ import torch
 
 
 def untrained_language_model(model, seed: int = 0):
-    """A copy of a LLaVA-style model whose language model and projector are re-initialised (the
+    """A copy of a vision-language model whose language model and projector are re-initialised (the
     vision tower keeps its trained weights): what an attention measure gives without any learned
     text-image binding."""
+    from ..families import family_of
+
+    fam = family_of(model)
     ctrl = copy.deepcopy(model)
     torch.manual_seed(seed)
-    parts = [ctrl.model.language_model, ctrl.model.multi_modal_projector, ctrl.lm_head]
+    parts = [fam.language_model(ctrl), fam.projector(ctrl), ctrl.lm_head]
     for part in parts:
         for m in part.modules():
             if hasattr(m, "reset_parameters"):
@@ -20,7 +23,8 @@ def untrained_language_model(model, seed: int = 0):
             if "norm" in type(m).__name__.lower() and getattr(m, "weight", None) is not None:
                 torch.nn.init.ones_(m.weight)  # RMSNorm has no reset_parameters
             if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
-                torch.nn.init.normal_(m.weight, std=ctrl.config.text_config.initializer_range)
+                std = getattr(ctrl.config.get_text_config(), "initializer_range", 0.02)
+                torch.nn.init.normal_(m.weight, std=std)
                 if getattr(m, "bias", None) is not None:
                     torch.nn.init.zeros_(m.bias)
     return ctrl.eval()
