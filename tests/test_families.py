@@ -15,6 +15,7 @@ import torch
 
 from unicache_lib import stats as S
 from unicache_lib.capture import AttentionCapture
+from unicache_lib.capture.vlm import attn_implementations, set_attn_implementations
 from unicache_lib.families import FAMILIES, Shape, UnsupportedModelError, family_of
 from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill
 from unicache_lib.kv.cache import split_inputs, split_prompt
@@ -56,7 +57,7 @@ def _build(case, tmp_path_factory, samples):
         tok.save_pretrained(d)
         with pytest.raises(RuntimeError, match="needs torchvision"):
             load_understanding(str(d))
-        model = getattr(transformers, fam.model_class_for("smolvlm")).from_pretrained(d, attn_implementation="eager").eval()
+        model = getattr(transformers, fam.model_class_for("smolvlm")).from_pretrained(d, attn_implementation={"text_config": "eager", "vision_config": "sdpa"}).eval()
         proc = None
         n = (shape.image_size // shape.patch) ** 2 // 4
         words = ["<s>", "user", ":", "<fake_token_around_image>", "<global-img>"] + ["<image>"] * n + \
@@ -114,13 +115,13 @@ def ground_truth(model, inputs):
 
     AttentionInterface.register("unicache_gt", attend)
     AttentionMaskInterface.register("unicache_gt", eager_mask)
-    old = model.config._attn_implementation
-    model.set_attn_implementation("unicache_gt")
+    old = attn_implementations(model)
+    set_attn_implementations(model, {**old, "text_config": "unicache_gt"})  # the language model's attention
     try:
         with torch.no_grad():
             model(**inputs)
     finally:
-        model.set_attn_implementation(old)
+        set_attn_implementations(model, old)
     return maps
 
 
@@ -183,7 +184,8 @@ def test_capture_modes_match_ground_truth_and_leave_outputs_identical(case):
             sdpa(**inputs)
     assert torch.equal(out_full, ref_eager) and torch.equal(out_stats, ref_eager)  # hooks only read
     assert torch.equal(out_re, ref_sdpa)  # the forward stays on sdpa with sdpa's own masks
-    assert sdpa.config._attn_implementation == "sdpa" and model.config._attn_implementation == "eager"
+    assert attn_implementations(sdpa) == {"text_config": "sdpa", "vision_config": "sdpa"}
+    assert attn_implementations(model) == {"text_config": "eager", "vision_config": "sdpa"}  # restored, part by part
     sites = {s.name: s for s in fam.sites(model, ("language", "cross"))}
     parts = {r.part for r in caps["stats"].result}
     assert parts == ({"language", "cross"} if fam.cross_attention else {"language"})

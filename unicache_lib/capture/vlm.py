@@ -318,10 +318,12 @@ class AttentionCapture:
             )
         weights = output[1] if len(output) > 1 else None
         if weights is None:
-            impl = getattr(getattr(self.model, "config", None), "_attn_implementation", "?")
+            impl = getattr(getattr(module, "config", None), "_attn_implementation", None) or \
+                language_attn_implementation(self.model)
+            fix = "vision_attn_implementation='eager'" if site.part == "vision" else "attn_implementation='eager'"
             raise CaptureError(
-                f"attention weights are not returned under {impl!r} ({site.name}): load with "
-                f"attn_implementation='eager' or use capture mode 'recompute'"
+                f"attention weights are not returned under {impl!r} ({site.name}): load with {fix} "
+                f"or use capture mode 'recompute'"
             )
         # eager attention applies exactly the mask it receives (none at all when it gets None)
         self._record(site, weights, self._mask_of(module, args, kwargs), self.mode)
@@ -372,7 +374,7 @@ class AttentionCapture:
                     self._stack.callback(layer.register_forward_pre_hook(self._gate_hook(name, kwarg),
                                                                          with_kwargs=True).remove)
             if self.mode == "recompute":
-                self._stack.enter_context(_attn_impl(self.model, self._recompute_fn))
+                self._stack.enter_context(_attn_impl(self.model, self._recompute_fn, {s.part for s in self.sites}))
             else:
                 for s in self.sites:
                     self._stack.callback(s.module.register_forward_hook(self._hook, with_kwargs=True).remove)
@@ -401,22 +403,44 @@ class _pre_hook:
         self.h.remove()
 
 
-class _attn_impl:
-    """Route every attention call of ``model`` through ``fn`` (registered in transformers'
-    ``AttentionInterface``, with sdpa's mask function registered under the same name so the model
-    builds the masks sdpa would get), restoring the previous implementation on exit."""
+def attn_implementations(model) -> dict | str:
+    """The attention implementation of each sub-model (``{"text_config": "eager", "vision_config":
+    "sdpa"}``), or one name for a model without sub-configs; :func:`set_attn_implementations` restores it."""
+    cfg = unwrap(model).config
+    subs = {n: getattr(cfg, n) for n in getattr(cfg, "sub_configs", {}) if getattr(cfg, n, None) is not None}
+    return {n: c._attn_implementation for n, c in subs.items()} or cfg._attn_implementation
 
-    def __init__(self, model, fn):
+
+def set_attn_implementations(model, impls: dict | str) -> None:
+    unwrap(model).set_attn_implementation(impls)
+
+
+def language_attn_implementation(model) -> str:
+    """The attention implementation of the language model (what capture of its layers meets)."""
+    impls = attn_implementations(model)
+    return impls.get("text_config", next(iter(impls.values()))) if isinstance(impls, dict) else impls
+
+
+class _attn_impl:
+    """Route every attention call of the captured sub-models through ``fn`` (registered in
+    transformers' ``AttentionInterface``, with sdpa's mask function registered under the same name so
+    the model builds the masks sdpa would get), restoring every sub-model's implementation on exit."""
+
+    def __init__(self, model, fn, parts=("language",)):
         self.model, self.fn = model, fn
+        self.subs = ({"text_config"} if {"language", "cross"} & set(parts) else set()) | (
+            {"vision_config"} if "vision" in parts else set())
 
     def __enter__(self):
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-        self.old = self.model.config._attn_implementation
+        self.old = attn_implementations(self.model)
         AttentionInterface.register(_RECOMPUTE_NAME, self.fn)
         AttentionMaskInterface.register(_RECOMPUTE_NAME, sdpa_mask)
-        self.model.set_attn_implementation(_RECOMPUTE_NAME)
+        new = ({k: (_RECOMPUTE_NAME if k in self.subs else v) for k, v in self.old.items()}
+               if isinstance(self.old, dict) else _RECOMPUTE_NAME)
+        set_attn_implementations(self.model, new)
 
     def __exit__(self, *exc):
-        self.model.set_attn_implementation(self.old)
+        set_attn_implementations(self.model, self.old)

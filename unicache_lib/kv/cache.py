@@ -150,7 +150,9 @@ def prefill(model, split: PromptSplit, attentions: bool = True) -> Prefill:
         kw["position_ids"] = full_pos[..., : split.context_ids.shape[1]]
     maps = []
     if attentions:
-        if model.config._attn_implementation != "eager":
+        from ..capture.vlm import language_attn_implementation
+
+        if language_attn_implementation(model) != "eager":
             raise RuntimeError("attention weights are not returned under sdpa: load with attn_implementation='eager'")
         with AttentionCapture(model, "full", part=image_kv_part(fam), spans=None) as cap:
             out = model(**kw)

@@ -29,6 +29,7 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     the full cache), kl (KL(full || evicted) at the first answer token), kv_bytes, kv_fraction (of the
     full cache), ms (question + answer on the compressed cache), retained (share of the question's
     attention on context keys that the kept positions carry; policies only)."""
+    from ..capture.vlm import language_attn_implementation
     from .peers import attention_implementation, compression_ratio, needs_sdpa
 
     from ..families import family_of
@@ -74,7 +75,7 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
         for name, make in (peers or {}).items():
             for b in budgets:
                 press = make(compression_ratio(C, n_img, b))
-                impl = "sdpa" if needs_sdpa(name) else model.config._attn_implementation
+                impl = "sdpa" if needs_sdpa(name) else language_attn_implementation(model)
                 with attention_implementation(model, impl):
                     with press(model):
                         pp = prefill(model, sp, attentions=False)

@@ -34,12 +34,14 @@ def needs_sdpa(name: str) -> bool:
 def attention_implementation(model, impl: str):
     """Temporarily switch the attention implementation (restored on exit, also on error); clears
     kvpress's per-module head masks afterwards so they cannot leak into the next run."""
-    old = model.config._attn_implementation
-    model.set_attn_implementation(impl)
+    from ..capture.vlm import attn_implementations, set_attn_implementations
+
+    old = attn_implementations(model)
+    set_attn_implementations(model, {**old, "text_config": impl} if isinstance(old, dict) else impl)
     try:
         yield
     finally:
-        model.set_attn_implementation(old)
+        set_attn_implementations(model, old)
         for m in model.modules():
             if getattr(m, "masked_key_indices", None) is not None:
                 m.masked_key_indices = None

@@ -115,12 +115,15 @@ def understanding_family(name_or_path) -> str:
 
 
 def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "eager",
-                       dtype: torch.dtype | str = torch.float32, device_map=None, device: str | None = None):
+                       dtype: torch.dtype | str = torch.float32, device_map=None, device: str | None = None,
+                       vision_attn_implementation: str = "sdpa"):
     """Load a vision-language model of a supported family and its processor.
 
     Args:
-        attn_implementation: ``"eager"`` returns attention weights (capture modes ``full``/``stats``);
-            ``"sdpa"`` keeps the fast kernel (use capture mode ``recompute``).
+        attn_implementation: of the language model: ``"eager"`` returns attention weights (capture
+            modes ``full``/``stats``); ``"sdpa"`` keeps the fast kernel (use capture mode ``recompute``).
+        vision_attn_implementation: of the vision tower; ``"sdpa"`` by default (fast, no weights kept;
+            capture ``part="vision"`` needs ``"eager"`` or mode ``recompute``).
         dtype: weight dtype (``torch.float16``, ``"bfloat16"``, ``"auto"``, ...); a 7B model needs 14 GB in
             half precision and 28 GB in float32. Statistics are computed in float32 regardless.
         device: ``"cpu"``, ``"cuda"`` or ``"auto"``; the model is moved there (inputs follow the model).
@@ -136,7 +139,8 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
     dev = resolve_device(device) if device is not None else None
     dt = resolve_dtype(dtype, dev or "cpu")
     cls = getattr(transformers, fam.model_class_for(mt))
-    model = cls.from_pretrained(where, dtype=dt, attn_implementation=attn_implementation, device_map=device_map)
+    impl = {"text_config": attn_implementation, "vision_config": vision_attn_implementation}
+    model = cls.from_pretrained(where, dtype=dt, attn_implementation=impl, device_map=device_map)
     if dev is not None and device_map is None:
         model.to(dev)
     model.eval()

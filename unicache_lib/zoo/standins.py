@@ -1,0 +1,110 @@
+"""Random-weight stand-ins of real checkpoints, for the real-shape rehearsal.
+
+Each stand-in is built from its family adapter with the real model's token counts and depth (image
+tokens per image, language and vision layers, heads, key-value heads, cross-attention layout) and
+a reduced width (head dimension, vision width), saved with ``save_pretrained`` next to its processor
+and a model card that says ``"stand_in": true``. They test code paths, memory and time at real
+shapes; their attention statistics mean nothing, and notebooks show "not meaningful (random
+weights)" instead of verdicts for them.
+
+    python -m unicache_lib.zoo.standins --out outputs/rehearsal/models            # all three
+    python -m unicache_lib.zoo.standins --out DIR --only llava-1.5-7b
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..families import FAMILIES, Shape
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """``family``: adapter name; ``imitates``: the hub checkpoint; ``real``: the real config's sizes
+    (published ``config.json``); ``shape``: what is built (real counts, reduced width)."""
+
+    family: str
+    imitates: str
+    real: dict
+    shape: Shape
+    notes: str = ""
+    image_tokens: int = 0
+    extra_card: dict = field(default_factory=dict)
+
+
+STANDINS: dict[str, StandIn] = {
+    "llava-1.5-7b": StandIn(
+        "LLaVA-1.5", "llava-hf/llava-1.5-7b-hf",
+        real={"text": "Llama 32 layers x 32 heads x 128 (hidden 4096), 32 KV heads",
+              "vision": "CLIP ViT-L/14-336: 24 layers x 16 heads, hidden 1024", "image_tokens": 576},
+        shape=Shape(layers=32, heads=32, kv_heads=32, head_dim=8, vision_layers=24, vision_heads=16, vision_head_dim=4,
+                    image_size=336, patch=14, extra={"vision_feature_layer": -2}),
+        image_tokens=576),
+    "qwen2-vl-2b": StandIn(
+        "Qwen2-VL", "Qwen/Qwen2-VL-2B-Instruct",
+        real={"text": "Qwen2 28 layers x 12 heads x 128 (hidden 1536), 2 KV heads, M-RoPE [16, 24, 24]",
+              "vision": "ViT 32 blocks x 16 heads, hidden 1280, patch 14, 2x2 merge",
+              "image_tokens": "dynamic: 256 for a 448 x 448 image"},
+        shape=Shape(layers=28, heads=12, kv_heads=2, head_dim=8, vision_layers=32, vision_heads=16, vision_head_dim=4,
+                    image_size=448, patch=14),
+        notes="the processor resizes every image to 448 x 448 pixels (min_pixels = max_pixels), so each image "
+              "has 256 tokens, as a 448-px photo has on the real model", image_tokens=256),
+    "llama-3.2-11b-vision": StandIn(
+        "Mllama", "meta-llama/Llama-3.2-11B-Vision-Instruct",
+        real={"text": "Llama 40 layers (cross-attention at 3, 8, ..., 38) x 32 heads x 128 (hidden 4096), 8 KV heads",
+              "vision": "32 + 8 global layers x 16 heads, hidden 1280, 560-px tiles, patch 14, up to 4 tiles",
+              "image_tokens": "4 tiles x 1601 vision tokens (cross-attention keys)"},
+        shape=Shape(layers=40, heads=32, kv_heads=8, head_dim=8, vision_layers=4, vision_heads=4, vision_head_dim=8,
+                    image_size=560, patch=14,
+                    extra={"cross_every": 5, "global_layers": 1, "intermediate_layers_indices": [1, 3]}),
+        notes="the vision encoder is 4 + 1 layers instead of 32 + 8: it attends jointly over all 4 tiles (6,432 "
+              "tokens), which at full depth takes about a minute per image on 2 CPU cores; its output, the 4 x 1601 "
+              "cross-attention keys, has the real count", image_tokens=4 * 1601),
+}
+
+
+def build(name: str, out: Path, seed: int = 0) -> Path:
+    """Build the stand-in ``name`` into ``out / name`` (config, random weights, processor, card)."""
+    import transformers
+
+    if name not in STANDINS:
+        raise KeyError(f"unknown stand-in {name!r}; known: {', '.join(STANDINS)}")
+    spec = STANDINS[name]
+    fam = FAMILIES[spec.family]
+    t0 = time.perf_counter()
+    tok = fam.tokenizer()
+    cfg = fam.config(tok, spec.shape)
+    torch.manual_seed(seed)
+    model = getattr(transformers, fam.model_class_for(cfg.model_type))(cfg).eval()
+    d = Path(out) / name
+    d.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(d)
+    fam.processor(tok, spec.shape).save_pretrained(d)
+    n_params = sum(p.numel() for p in model.parameters())
+    card = {"model": name, "stand_in": True, "imitates": spec.imitates, "family": spec.family, "seed": seed,
+            "class": type(model).__name__, "real": spec.real, "shape": asdict(spec.shape), "parameters": n_params,
+            "image_tokens": spec.image_tokens, "notes": spec.notes,
+            "what_it_is_for": "code paths, memory and time at the real model's token counts and depth; random "
+                              "weights, so no statistic or verdict of it means anything",
+            "build_seconds": round(time.perf_counter() - t0, 1)}
+    (d / "model_card.json").write_text(json.dumps(card, indent=1))
+    return d
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="outputs/rehearsal/models")
+    ap.add_argument("--only", nargs="*", default=None, help=f"subset of {', '.join(STANDINS)}")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    for name in a.only or STANDINS:
+        print(build(name, Path(a.out), a.seed))
+
+
+if __name__ == "__main__":
+    main()
