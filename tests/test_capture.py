@@ -40,7 +40,7 @@ def test_outputs_identical_and_full_equals_stats(llava, one_input):
     assert _hooks(model) == n_hooks
     for r in full.result:
         assert torch.equal(r.probs, way1[r.layer][0].float())
-        post = S.layer_statistics(r.probs, spans)
+        post = r.statistics()
         for k, v in st.result[r.layer].data.items():
             assert torch.allclose(v.nan_to_num(), post[k].nan_to_num(), atol=1e-6), k
 
@@ -194,3 +194,22 @@ def test_decode_capture_records_every_step(llava, samples):
     rows = producing_rows(res, "s", len(toks), layer=0)
     assert rows.shape == (len(toks), 4)
     assert torch.equal(rows[0], res["s/t0", 0].data["image_share"][:, -1])  # last prompt row made token 1
+
+
+def test_full_capture_memory_estimate_is_exact_and_the_budget_is_enforced(llava, samples):
+    from unicache_lib.capture.runner import inputs_for
+    from unicache_lib.capture.vlm import full_capture_bytes
+
+    model, proc = llava
+    inputs = inputs_for(model, proc, samples[0].image, samples[0].question)
+    est = full_capture_bytes(model, inputs)
+    with torch.no_grad(), AttentionCapture(model, "full") as cap:
+        model(**inputs)
+    assert est == cap.result.nbytes()  # probabilities (float32) + the mask (bool), every layer
+    budget = 1.5 * est / 2**30  # room for one sample's maps, not two
+    with pytest.raises(CaptureError, match="mode='stats'.*LAYERS="):
+        capture_samples(model, proc, samples[:2], mode="full", memory_budget_gb=budget, progress=False)
+    # the fixes the message names: statistics only, or fewer layers
+    assert len(capture_samples(model, proc, samples[:2], mode="stats", memory_budget_gb=budget, progress=False)) == 6
+    sub = capture_samples(model, proc, samples[:2], mode="full", layers=[0], memory_budget_gb=budget, progress=False)
+    assert sub.layers == [0] and sub.nbytes() < budget * 2**30

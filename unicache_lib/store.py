@@ -164,7 +164,8 @@ class Store:
             arrays = {}
             for j, i in enumerate(idx):
                 for name, t in records[i].data.items():
-                    arrays[f"r{j}__{name}"] = t.detach().float().cpu().numpy()
+                    t = t.detach().cpu()
+                    arrays[f"r{j}__{name}"] = (t if t.dtype == torch.bool else t.float()).numpy()
             buf = io.BytesIO()
             np.savez_compressed(buf, **arrays)
             data = buf.getvalue()

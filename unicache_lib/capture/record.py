@@ -14,8 +14,10 @@ from ..modality import Spans
 class Record:
     """One layer's attention for one sample.
 
-    ``data`` holds float32 CPU tensors: ``{"probs": [H, Sq, Sk]}`` in full mode, the
-    :data:`~unicache_lib.stats.LAYER_STATS` dict in stats mode. ``step`` is the denoising step for
+    ``data`` holds CPU tensors: in full mode ``{"probs": [H, Sq, Sk] float32, "visible": [Sq, Sk] bool}``
+    (the probabilities and the mask the model applied), in stats mode the float32
+    :data:`~unicache_lib.stats.LAYER_STATS` dict. ``part``: ``language``, ``cross`` (queries are the
+    text positions, keys the vision tokens), ``vision``, or a generator's part. ``step`` is the denoising step for
     generators (-1 for understanding models). ``query_stride`` / ``key_stride`` say how a full
     map was thinned (1 = every position).
     """
@@ -46,6 +48,28 @@ class Record:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.data.values())
+
+    @property
+    def visible(self) -> torch.Tensor:
+        """``[Sq, Sk]`` bool: the keys each query could see under the mask the model applied."""
+        if "visible" not in self.data:
+            raise KeyError(f"record {self.key} holds no mask (captured in {self.mode!r} mode, or by a version that did "
+                           f"not keep masks): capture it again in full mode")
+        return self.data["visible"] > 0.5 if self.data["visible"].dtype != torch.bool else self.data["visible"]
+
+    def statistics(self) -> dict[str, torch.Tensor]:
+        """:func:`~unicache_lib.stats.layer_statistics` of a full-mode map, under its own mask, spans and
+        part (what stats mode would have recorded; strided maps excepted)."""
+        from .. import stats as S
+        from ..modality import TEXT
+
+        if self.query_stride > 1 or self.key_stride > 1:
+            raise ValueError(f"record {self.key} is strided: its statistics would not be the layer's")
+        P = self.probs
+        sq, sk = P.shape[-2:]
+        cross = self.part == "cross"
+        qpos = None if cross else torch.arange(sk - sq, sk)
+        return S.layer_statistics(P, self.spans, self.visible, qpos, [TEXT] * sq if cross else None)
 
 
 class CaptureResult:
@@ -101,7 +125,9 @@ class CaptureResult:
             key = (None, key)
         sample, layer, *rest = key
         step = rest[0] if rest else None
-        found = self.select(sample, layer, self.part if any(r.part == self.part for r in self.records) else None, step)
+        found = self.select(sample, layer, None, step)
+        if len({r.part for r in found}) > 1:  # e.g. language and vision layer 0: the result's own part first
+            found = [r for r in found if r.part == self.part] or found
         if not found:
             raise KeyError(f"no record for sample={sample!r} layer={layer} step={step}; captured layers: "
                            f"{self.layers}, samples: {self.samples[:5]}{'...' if len(self.samples) > 5 else ''}")

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from ..store import Store, key_str
 from .record import CaptureResult
-from .vlm import AttentionCapture, attention_sites, find_attention_modules
+from .vlm import AttentionCapture, attention_sites, check_memory, find_attention_modules, full_capture_bytes
 
 TINY_PROMPT = "user : <image> {question} assistant :"
 
@@ -94,7 +94,7 @@ def layer_batches(model, batch: int | None, part: str = "language") -> list[list
 @torch.no_grad()
 def capture_samples(model, processor, samples, store: Store | None = None, mode: str = "stats",
                     layers=None, layer_batch: int | None = None, part: str = "language",
-                    progress: bool = True) -> CaptureResult:
+                    progress: bool = True, memory_budget_gb: float | None = None) -> CaptureResult:
     """Run ``model`` on each sample (image + its question) under :class:`AttentionCapture`.
 
     Args:
@@ -103,6 +103,8 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
             skipped (resume); the returned result then holds only what this call captured.
         layers: layer subset; ``layer_batch``: capture at most this many layers per forward
             (big models: less memory per pass, one forward per batch of layers).
+        memory_budget_gb: with ``mode="full"``, the maps the call returns are estimated first (printed)
+            and an estimate over this budget raises :class:`CaptureError` before any forward.
     Returns:
         The records captured by this call.
     """
@@ -115,6 +117,10 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         have = store.keys()
         todo = [s for s in todo if any(key_str((s.id, p, li, -1)) not in have for p, li in wanted)]
     result = CaptureResult(part)
+    if mode == "full" and todo:
+        first = inputs_for(model, processor, todo[0].image, todo[0].question)
+        per = full_capture_bytes(model, first, [li for g in groups for li in g], part)
+        check_memory(per * len(todo), memory_budget_gb, f"full maps of {len(todo)} samples")
     for s in tqdm(todo, desc=f"capture ({mode})", disable=not progress):
         inputs = inputs_for(model, processor, s.image, s.question)
         recs = []

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterable
 
 import torch
@@ -287,8 +287,8 @@ class AttentionCapture:
                 ki = torch.arange(0, sk, self.key_stride)
                 strided = self.query_stride > 1 or self.key_stride > 1
                 data = {"probs": P[:, qi][:, :, ki].cpu() if strided else P.cpu().clone()}
-                if vis is not None and not bool(vis.all()):
-                    data["visible"] = (vis[qi][:, ki] if strided else vis).cpu().clone()
+                v = vis if vis is not None else torch.ones(sq, sk, dtype=torch.bool)
+                data["visible"] = (v[qi][:, ki] if strided else v).cpu().clone()
             else:
                 stats = S.layer_statistics(P, sp, causal, qpos, [TEXT] * sq if cross else None)
                 data = {k: v.cpu() for k, v in stats.items()}
@@ -419,6 +419,49 @@ def language_attn_implementation(model) -> str:
     """The attention implementation of the language model (what capture of its layers meets)."""
     impls = attn_implementations(model)
     return impls.get("text_config", next(iter(impls.values()))) if isinstance(impls, dict) else impls
+
+
+@contextmanager
+def language_attention(model, impl: str):
+    """Run the language model under attention implementation ``impl`` inside the block (e.g. ``"sdpa"``
+    to compare with the fast kernel without loading the model twice); every sub-model's
+    implementation is restored on exit, also on error."""
+    old = attn_implementations(model)
+    set_attn_implementations(model, {**old, "text_config": impl} if isinstance(old, dict) else impl)
+    try:
+        yield model
+    finally:
+        set_attn_implementations(model, old)
+
+
+def full_capture_bytes(model, inputs: dict, layers=None, part="language") -> int:
+    """Bytes a ``full`` capture keeps for one forward of ``inputs``: per captured attention module
+    ``heads x Sq x Sk`` float32 probabilities plus the ``Sq x Sk`` mask. Cross-attention keys are the
+    vision tokens (counted from the family)."""
+    from ..families import family_of
+
+    fam = family_of(model)
+    S = int(inputs["input_ids"].shape[-1])
+    sites = attention_sites(model, part)
+    if layers is not None:
+        want = set(layers)
+        sites = [s for s in sites if s.layer in want]
+    total = 0
+    for s in sites:
+        heads = getattr(s.module, "num_heads", None) or model.config.get_text_config().num_attention_heads
+        sk = fam.cross_keys(model.config, inputs) if s.part == "cross" else S
+        total += S * sk * (4 * int(heads) + 1)
+    return total
+
+
+def check_memory(n_bytes: int, budget_gb: float | None, what: str = "a full capture") -> None:
+    """Print the estimate; raise :class:`CaptureError` naming the alternatives when it is over budget."""
+    print(f"{what}: about {n_bytes / 2**30:.2f} GB of attention maps (budget {budget_gb} GB)")
+    if budget_gb is not None and n_bytes > budget_gb * 2**30:
+        raise CaptureError(
+            f"{what} would keep {n_bytes / 2**30:.1f} GB of maps, over MEMORY_BUDGET_GB={budget_gb}: use mode='stats' "
+            f"(statistics only, O(heads x seq) per layer), capture a subset of layers (LAYERS=[...]) or in layer "
+            f"batches (layer_batch=...), keep the maps of fewer samples, or raise the budget")
 
 
 class _attn_impl:

@@ -108,7 +108,8 @@ class VLMFamily:
     prompt contains where the image goes), ``special_tokens`` (what a tokenizer needs for the
     family's prompts), ``token_fields`` (processor outputs with one entry per token, sliced with the
     ids), ``needs_video_processor`` (its processor class requires a video processor, i.e.
-    torchvision), ``cross_attention`` (image reached through cross-attention layers, not tokens).
+    torchvision), ``cross_attention`` (image reached through cross-attention layers, not tokens) and
+    ``image_part`` (the capture part whose keys are the image).
     """
 
     name = ""
@@ -119,6 +120,7 @@ class VLMFamily:
     token_fields: tuple[str, ...] = ("token_type_ids", "mm_token_type_ids")
     needs_video_processor = False
     cross_attention = False
+    image_part = "language"  # the captured part whose keys are the image (Mllama: "cross")
 
     # ---- modules ----------------------------------------------------------------------------------
     def language_model(self, model) -> torch.nn.Module:
@@ -173,6 +175,10 @@ class VLMFamily:
         """Modality of every position of the language model's self-attention sequence."""
         n = self.expected_image_tokens(config, inputs or {})
         return spans_from_input_ids(input_ids, self.image_token_id(config), n)
+
+    def cross_keys(self, config, inputs: dict) -> int:
+        """Number of cross-attention keys (vision tokens) for ``inputs``; 0 for a family without them."""
+        return 0
 
     def image_grid(self, config, inputs: dict) -> tuple[int, int] | None:
         """``(rows, cols)`` of the first image's tokens as laid out over the picture, or None when the

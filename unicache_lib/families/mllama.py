@@ -26,6 +26,7 @@ class Mllama(VLMFamily):
     special_tokens = ("<|image|>", "<|python_tag|>")
     token_fields = ("cross_attention_mask",)
     cross_attention = True
+    image_part = "cross"
     layout = "{image} user : {question} assistant :"
 
     def vision_model(self, model):
@@ -57,6 +58,11 @@ class Mllama(VLMFamily):
         names = {id(m): n for n, m in model.named_modules()}
         return {names[id(layer.cross_attn)]: (layer, "full_text_row_masked_out_mask")
                 for layer in lm.layers if hasattr(layer, "cross_attn")}
+
+    def cross_keys(self, config, inputs):
+        pv = inputs.get("pixel_values")
+        n_img = int(pv.shape[1]) if pv is not None else 1
+        return n_img * config.vision_config.max_num_tiles * self.tokens_per_tile(config)
 
     def tokens_per_tile(self, config) -> int:
         v = config.vision_config

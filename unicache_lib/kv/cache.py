@@ -167,7 +167,7 @@ def prefill(model, split: PromptSplit, attentions: bool = True) -> Prefill:
 
 def image_kv_part(family) -> str:
     """The capture part whose keys hold the image: ``cross`` for cross-attention VLMs, else ``language``."""
-    return "cross" if family.cross_attention else "language"
+    return family.image_part
 
 
 def locate_image_kv(family, model, cache, split: PromptSplit) -> ImageKV:
