@@ -47,14 +47,14 @@ def test_explorer_redraws_on_slider_moves():
 
     rng = np.random.default_rng(1)
     res = CaptureResult()
-    for layer in range(3):
+    for layer in (0, 2, 5):  # a layer subset, as LAYERS=[...] captures
         res.records.append(Record("s0", layer, "language", "full", {"probs": random_probs(rng, (2, 22, 22))}, SP,
                                   seq_len=22, heads=2))
     panel = attention_explorer(res, {"s0": np.zeros((32, 32, 3), np.uint8)}, {"s0": [f"t{i}" for i in range(22)]})
     controls = {w.description: w for box in panel.children[:2] for w in box.children}
     assert set(controls) == {"sample", "token", "layer", "head"}
-    assert controls["layer"].max == 2 and controls["head"].max == 1
-    controls["layer"].value = 2  # redraws without error
+    assert controls["layer"].options == (0, 2, 5) and controls["head"].max == 1  # only captured layers
+    controls["layer"].value = 5  # redraws without error
     controls["head"].value = 1
     with pytest.raises(ValueError, match="full-mode"):
         stats_only = CaptureResult()

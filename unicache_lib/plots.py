@@ -147,20 +147,30 @@ def per_layer_boxes(values, title: str = "", ylabel: str = ""):
     return fig
 
 
-def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6):
-    """A token's attention over the image patches (``weights [n_patches]``, row-major square grid)
-    upsampled over ``image [H, W, 3]``."""
+def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, grid=None, grid_tokens=None):
+    """A token's attention over the image tokens (``weights [n_image]``) upsampled over ``image [H, W, 3]``.
+
+    ``grid``: ``(rows, cols)`` of the image tokens over the picture (default: a square grid of all of
+    them); ``grid_tokens``: which of the weights form that grid (e.g. one tile without its class token).
+    """
     plt = _plt()
     w = _np(weights).ravel()
-    g = int(round(len(w) ** 0.5))
-    if g * g != len(w):
-        raise ValueError(f"{len(w)} patch weights do not form a square grid")
+    if grid_tokens is not None:
+        w = w[np.asarray(grid_tokens)]
+    if grid is None:
+        g = int(round(len(w) ** 0.5))
+        if g * g != len(w):
+            raise ValueError(f"{len(w)} image-token weights do not form a square grid: pass grid=(rows, cols)")
+        grid = (g, g)
+    rows, cols = grid
+    if rows * cols != len(w):
+        raise ValueError(f"{len(w)} image-token weights for a {rows} x {cols} grid")
     img = np.asarray(image)
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(3, 3))
     ax.imshow(img)
-    ax.imshow(w.reshape(g, g), cmap="inferno", alpha=alpha, extent=(0, img.shape[1], img.shape[0], 0),
+    ax.imshow(w.reshape(rows, cols), cmap="inferno", alpha=alpha, extent=(0, img.shape[1], img.shape[0], 0),
               interpolation="nearest")
     ax.set_axis_off()
     ax.set_title(title, fontsize=9)
@@ -189,19 +199,31 @@ def blocked_map(probs, spans: Spans, title: str = "", ax=None):
     return fig or ax.figure
 
 
-def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | None = None, title: str = ""):
-    """Three views of one head: raw map, modality-blocked map, and the chosen query token's attention
-    over the image. ``probs [S, S]``; ``token_pos`` indexes the sequence."""
+def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | None = None, title: str = "",
+              cross: bool = False, grid=None, grid_tokens=None):
+    """Views of one head: raw map, modality-blocked map (self-attention only), and the chosen query
+    token's attention over the image. ``probs [S, S]`` (``[T, V]`` text queries over vision tokens with
+    ``cross``); ``token_pos`` indexes the text sequence; ``grid`` / ``grid_tokens`` as in :func:`image_overlay`."""
     plt = _plt()
     P = _np(probs)
     if not 0 <= token_pos < P.shape[0]:
         raise ValueError(f"token_pos {token_pos} outside the sequence of {P.shape[0]}")
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
-    attention_map(P, spans, f"{title} raw", ax=axes[0])
-    blocked_map(P, spans, "blocked", ax=axes[1])
-    a, b = spans.image_range()
+    fig, axes = plt.subplots(1, 2 if cross else 3, figsize=(8 if cross else 11, 3.6))
     name = tokens[token_pos] if tokens else str(token_pos)
-    image_overlay(image, P[token_pos, a:b], f"query {token_pos} {name!r} -> image", ax=axes[2])
+    if cross:
+        ax = axes[0]
+        ax.imshow(np.log10(P + 1e-6), aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_xlabel("keys: vision tokens")
+        ax.set_ylabel("queries: text")
+        ax.set_title(f"{title} cross-attention (log10)", fontsize=9)
+        image_overlay(image, P[token_pos], f"query {token_pos} {name!r} -> image", ax=axes[1], grid=grid,
+                      grid_tokens=grid_tokens)
+    else:
+        attention_map(P, spans, f"{title} raw", ax=axes[0])
+        blocked_map(P, spans, "blocked", ax=axes[1])
+        a, b = spans.image_range()
+        image_overlay(image, P[token_pos, a:b], f"query {token_pos} {name!r} -> image", ax=axes[2], grid=grid,
+                      grid_tokens=grid_tokens)
     fig.tight_layout()
     return fig
 

@@ -6,13 +6,15 @@ from . import plots
 from .capture.record import CaptureResult
 
 
-def attention_explorer(result: CaptureResult, images: dict, tokens: dict):
+def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids: dict | None = None):
     """Sample / layer / head / token controls over full-mode records.
 
     Args:
-        result: full-mode records (``probs [H, S, S]``) with spans.
+        result: full-mode records (``probs [H, S, S]``, or cross-attention ``[H, T, V]``) with spans;
+            the layer slider steps through the captured layers only.
         images: sample id -> ``[H, W, 3]`` uint8 image.
         tokens: sample id -> list of token strings (length S).
+        grids: sample id -> ``(grid, grid_tokens)`` of its image tokens over the picture (default: square).
     Returns:
         an ``ipywidgets.VBox`` (display it, or let it be the cell's last expression).
     """
@@ -25,12 +27,13 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict):
     samples = result.samples
     r0 = result[samples[0], result.layers[0]]
     sample = W.Dropdown(options=samples, description="sample")
-    layer = W.IntSlider(min=result.layers[0], max=result.layers[-1], description="layer", continuous_update=False)
+    layer = W.SelectionSlider(options=result.layers, description="layer", continuous_update=False)
     head = W.IntSlider(min=0, max=r0.heads - 1, description="head", continuous_update=False)
 
     def text_positions(s):
-        sp = result[s, result.layers[0]].spans
-        return [(f"{i}: {tokens[s][i]}", int(i)) for i in sp.text_index]
+        r = result[s, result.layers[0]]
+        idx = range(r.probs.shape[1]) if r.part == "cross" else r.spans.text_index
+        return [(f"{i}: {tokens[s][i]}", int(i)) for i in idx]
 
     opts = text_positions(samples[0])
     token = W.Dropdown(options=opts, value=opts[-1][1], description="token")
@@ -40,8 +43,10 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict):
         rec = result[sample.value, layer.value]
         with out:
             out.clear_output(wait=True)
+            grid, cells = (grids or {}).get(sample.value, (None, None))
             fig = plots.map_panel(rec.probs[head.value], rec.spans, images[sample.value], token.value,
-                                  tokens[sample.value], f"{sample.value} L{layer.value} H{head.value}")
+                                  tokens[sample.value], f"{sample.value} L{layer.value} H{head.value}",
+                                  cross=rec.part == "cross", grid=grid, grid_tokens=cells)
             display(fig)
             plt.close(fig)
 

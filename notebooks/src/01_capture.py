@@ -10,12 +10,16 @@
 # - the method claims M1–M4, measured on the model you run, in the scoreboard at the end.
 #
 # **What it needs**: the shipped `tiny-llava` (a stock `LlavaForConditionalGeneration`, 64 image tokens,
-# 4 language layers × 8 heads, trained here on the synthetic world) or any LLaVA-family checkpoint
-# passed as `MODEL`. CPU is enough. Direction convention used throughout: `text->image` means *text
-# queries reading image keys*.
+# 4 language layers × 8 heads, trained here on the synthetic world) or a checkpoint of any supported
+# family passed as `MODEL` (LLaVA-1.5 / -NeXT / -OneVision, Qwen2-VL, Qwen2.5-VL, Gemma 3, Idefics3 /
+# SmolVLM, InternVL, PaliGemma, Mllama), on `DEVICE` in `DTYPE`. CPU is enough for the shipped model.
+# Direction convention used throughout: `text->image` means *text queries reading image keys*.
 
 # %% tags=["parameters"]
-MODEL = "tiny-llava"          # shipped name, local path or hub id of a LLaVA-family model
+MODEL = "tiny-llava"          # shipped name, local path or hub id of a supported vision-language model
+DEVICE = "auto"               # "cpu", "cuda" or "auto" (CUDA when present)
+DTYPE = "auto"                # weights: "auto" (bf16/fp16 on a GPU, fp32 on the CPU), "float32", "bfloat16", "float16"
+MEMORY_BUDGET_GB = 8          # full-map captures estimated above this raise (use stats mode or fewer layers)
 PER_TYPE = 4                  # standard samples per scene type; 4 gives the full set of 20
 OUT_DIR = "outputs/01_capture"
 ANCHOR_K = 6                  # anchors per sample for claim M3
@@ -32,7 +36,9 @@ import torch
 from unicache_lib import plots, stats
 from unicache_lib.analysis.anchors import batching_overlap, image_reads
 from unicache_lib.capture import AttentionCapture, CaptureError, find_attention_modules
-from unicache_lib.capture.runner import capture_samples, model_inputs, spans_fn
+from unicache_lib.capture.runner import build_prompt, capture_samples, inputs_for
+from unicache_lib.capture.vlm import check_memory, full_capture_bytes, language_attention
+from unicache_lib.families import family_of
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store
 from unicache_lib.world import samples as sample_set
@@ -42,11 +48,12 @@ torch.manual_seed(SEED)
 torch.set_num_threads(min(2, torch.get_num_threads()))
 out = Path(OUT_DIR)
 out.mkdir(parents=True, exist_ok=True)
-model, processor = load_understanding(MODEL, attn_implementation="eager")
+model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
+family = family_of(model)
 samples = sample_set.load(per_type=PER_TYPE)
-cfg = model.config
-print(f"model: {MODEL} ({type(model).__name__}), language layers: {cfg.text_config.num_hidden_layers}, "
-      f"heads: {cfg.text_config.num_attention_heads}, image tokens: {cfg.image_seq_length}")
+tcfg = model.config.get_text_config()
+print(f"model: {MODEL} ({type(model).__name__}, family {family.name}) on {next(model.parameters()).device}, "
+      f"weights {next(model.parameters()).dtype}; language layers: {tcfg.num_hidden_layers}, heads: {tcfg.num_attention_heads}")
 print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.scene_type for s in samples})}")
 
 # %% [markdown]
@@ -64,34 +71,39 @@ print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.sce
 # %%
 # NBVAL_CHECK_OUTPUT
 s0 = samples[0]
-inputs = model_inputs(processor, s0.image, s0.question)
-spans = spans_fn(model)(inputs["input_ids"])
+inputs = inputs_for(model, processor, s0.image, s0.question)
+spans = family.spans(model.config, inputs["input_ids"], inputs)
+check_memory(full_capture_bytes(model, inputs), MEMORY_BUDGET_GB, "a full capture of one sample")
 with torch.no_grad():
     way1 = model(**inputs, output_attentions=True).attentions
-    with AttentionCapture(model, mode="full", spans=spans) as cap:
+    with AttentionCapture(model, mode="full") as cap:
         model(**inputs)
-diff = max((way1[r.layer][0].float() - r.probs).abs().max().item() for r in cap.result)
+diff = max((way1[r.layer][0].float().cpu() - r.probs).abs().max().item() for r in cap.result)
 print(f"sample {s0.id}: {s0.question!r} -> sequence of {len(spans)} tokens "
       f"({spans.n_image} image, {spans.n_text} text)")
+if family.cross_attention:
+    print(f"cross-attention layers {sorted({r.layer for r in cap.result if r.part == 'cross'})} read "
+          f"{cap.result.select(part='cross')[0].seq_len} vision tokens")
 print(f"output_attentions vs hooks: {len(way1)} layers, max |difference| = {diff:.1e}")
 
 # %%
-model_sdpa, _ = load_understanding(MODEL, attn_implementation="sdpa")
-with torch.no_grad():
-    att = model_sdpa(**inputs, output_attentions=True).attentions
+with torch.no_grad(), language_attention(model, "sdpa"):  # the same weights on the fused kernel
+    att = model(**inputs, output_attentions=True).attentions
 print("under sdpa, output_attentions gives:", None if att is None else [type(a).__name__ for a in att][:2])
 
 # %% [markdown]
 # ## 2. Finding the attention modules
 #
-# The capture looks for `layers.N.self_attn` under the language model (and, with `part="vision"`, under the
-# vision tower). You can also pass explicit names, regular expressions, or a filter function.
+# The model's *family adapter* says which modules attend (`unicache_lib.families`): the language model's
+# `layers.N.self_attn` (and, for a cross-attention VLM such as Mllama, `layers.N.cross_attn` as part
+# `cross`), and with `part="vision"` the vision tower's. A model of another family is refused with the list
+# of supported ones. You can also pass explicit names, regular expressions, or a filter function.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 lang = find_attention_modules(model)
 vis = find_attention_modules(model, part="vision")
-print(f"{len(lang)} language attention modules, e.g. {next(iter(lang))}")
+print(f"{family.name}: {len(lang)} language attention modules, e.g. {next(iter(lang))}")
 print(f"{len(vis)} vision attention modules, e.g. {next(iter(vis))}")
 
 # %% [markdown]
@@ -104,12 +116,12 @@ print(f"{len(vis)} vision attention modules, e.g. {next(iter(vis))}")
 # %%
 print(pd.Series(stats.LAYER_STATS, name="shape").to_frame().to_string())
 with torch.no_grad():
-    with AttentionCapture(model, mode="stats", spans=spans) as cap_stats:
+    with AttentionCapture(model, mode="stats") as cap_stats:
         model(**inputs)
-    with AttentionCapture(model_sdpa, mode="recompute", spans=spans) as cap_re:
-        model_sdpa(**inputs)
+    with language_attention(model, "sdpa"), AttentionCapture(model, mode="recompute") as cap_re:
+        model(**inputs)
 full_vs_stats = max(
-    (stats.layer_statistics(r.probs, spans)[k] - cap_stats.result[r.layer].data[k]).abs().nan_to_num().max().item()
+    (r.statistics()[k] - cap_stats.result[r.layer].data[k]).abs().nan_to_num().max().item()
     for r in cap.result for k in cap_stats.result[r.layer].data)
 re_vs_stats = max(
     (cap_re.result[r.layer].data[k] - r.data[k]).abs().nan_to_num().max().item()
@@ -122,8 +134,16 @@ fig = plots.bars({k: v / 1024 for k, v in memory.items()}, "memory kept per samp
 _ = plots.save(fig, out, "memory_by_mode")
 
 # %% [markdown]
-# At LLaVA-1.5's size (32 layers × 32 heads, ~780 tokens) a full capture is ~2.5 GB per sample, and the
-# statistics ~10 MB. `make benchmark` measures the capture overhead at that shape.
+# At LLaVA-1.5's size (32 layers × 32 heads, ~600 tokens) a full capture is ~1.5 GB per sample, and the
+# statistics ~10 MB: the estimate printed above comes from `full_capture_bytes`, and every full capture in
+# the notebooks is checked against `MEMORY_BUDGET_GB` before the model runs. `make benchmark` measures the
+# capture overhead at that shape.
+#
+# **The mask is read, not assumed.** Every statistic that depends on which keys a query could see (the
+# normaliser of entropy, read-frequency per visible query, distance) uses the mask the model applied at
+# that call: Gemma 3's image tokens see each other both ways, PaliGemma's prompt is a bidirectional prefix,
+# Mistral-based models slide a window, Mllama's padded tiles are masked. A map with mass where its mask
+# hides keys raises instead of giving numbers.
 #
 # ## 4. Capturing in batches of layers
 #
@@ -132,9 +152,11 @@ _ = plots.save(fig, out, "memory_by_mode")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-in_batches = capture_samples(model, processor, samples[:1], mode="full", layer_batch=2, progress=False)
+in_batches = capture_samples(model, processor, samples[:1], mode="full", layer_batch=2, progress=False,
+                             memory_budget_gb=MEMORY_BUDGET_GB)
 same = all(torch.equal(r.probs, cap.result[r.layer].probs) for r in in_batches)
-print(f"layers captured in batches of 2: {[r.layer for r in in_batches]}; identical to one pass: {same}")
+print(f"layers captured in batches of 2: {[r.layer for r in in_batches][:8]}{' ...' if len(in_batches) > 8 else ''}; "
+      f"identical to one pass: {same}")
 
 # %% [markdown]
 # ## 5. The store: capture once, analyse many times
@@ -183,16 +205,20 @@ def message(fn):
     return "no error"
 
 def wrong_module():
-    with AttentionCapture(model, modules=[r"model\.language_model\.layers\.0\.mlp"]):
+    mlp = next(iter(lang)).replace("self_attn", "mlp").replace("cross_attn", "mlp")
+    with AttentionCapture(model, modules=[mlp]):
         model(**inputs)
 
 def sdpa_weights():
-    with AttentionCapture(model_sdpa, mode="stats"):
-        model_sdpa(**inputs)
+    with language_attention(model, "sdpa"), AttentionCapture(model, mode="stats"):
+        model(**inputs)
 
 def padded_batch():
-    b = processor(images=[s.image for s in samples[:2]], text=[f"user : <image> {s.question} assistant :" for s in samples[:2]],
-                  return_tensors="pt", padding=True)
+    n0 = len(samples[0].question.split())
+    two = samples[:1] + [s for s in samples if len(s.question.split()) != n0][:1]  # two lengths: one gets padded
+    b = processor(images=[[s.image] for s in two] if family.cross_attention else [s.image for s in two],
+                  text=[build_prompt(processor, s.question, family) for s in two], return_tensors="pt", padding=True)
+    b = {k: v.to(next(model.parameters()).device) for k, v in b.items()}
     if not (b["attention_mask"] == 0).any():
         raise CaptureError("(these two questions have equal length, so no padding was needed)")
     with AttentionCapture(model, mode="stats"):
@@ -226,7 +252,7 @@ m1 = max((stats.entropy_in_dtype(r.probs, torch.float16) - stats.row_entropy(r.p
 res2 = capture_samples(model, processor, samples, mode="stats", progress=False)
 m2 = max((a.data[k] - b.data[k]).abs().nan_to_num().max().item() for a, b in zip(res, res2) for k in a.data)
 # M3: per-sample anchors vs anchors of the batch average (deepest layer)
-deep = res.layers[-1]
+deep = max(r.layer for r in res if r.part == family.image_part)  # the deepest layer that reads the image
 m3 = batching_overlap([image_reads(res[s, deep]) for s in res.samples], ANCHOR_K)
 # M4: the standard set
 types = {s.scene_type for s in samples}

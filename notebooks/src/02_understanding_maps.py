@@ -11,13 +11,24 @@
 # - how to explore maps interactively with sample / layer / head / token controls.
 #
 # **What it needs**: notebook 01's ideas (capture, store). Runs on the shipped `tiny-llava` (4 language
-# layers × 8 heads, 64 image tokens, image first then text) or any LLaVA-family checkpoint as `MODEL`.
-# Direction convention: `text->image` = text queries reading image keys.
+# layers × 8 heads, 64 image tokens, image first then text) or a checkpoint of any supported family as
+# `MODEL`, on `DEVICE` in `DTYPE`. Direction convention: `text->image` = text queries reading image keys.
+#
+# **Cross-attention VLMs (Mllama / Llama-3.2-Vision).** There the image never enters the token sequence:
+# text self-attention layers alternate with *cross-attention* layers whose keys are the vision tokens.
+# Everything below that asks "what does the text read in the image" is then measured on the cross-attention
+# layers (part `cross`); shares such as `text->image` are 1 there by construction (a cross layer reads
+# nothing but the image), so the four-block split and the content-vs-function-word share do not measure
+# the claims and are marked "not measurable here"; anchors, focus per layer, localisation and decoding
+# dynamics are measured as for any VLM.
 #
 # Everything below reads from the stores this run writes; re-running a plot never re-runs the model.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
+DEVICE = "auto"               # "cpu", "cuda" or "auto"
+DTYPE = "auto"                # weights; statistics are fp32 always
+MEMORY_BUDGET_GB = 8          # full maps (explorer) estimated above this raise: lower MAP_PER_TYPE or set LAYERS
 PER_TYPE = 4                  # standard samples per scene type; 4 gives all 20
 MAP_PER_TYPE = 4              # samples per type whose full maps are kept (for the widget)
 LAYERS = None                 # language layers to capture, e.g. [0, 15, 31] on a 7B model; None means all
@@ -42,7 +53,8 @@ from unicache_lib.analysis.token_classes import CLASSES, token_class
 from unicache_lib.analysis.understanding import anchor_sets, head_table, layer_table, token_flow
 from unicache_lib.capture.decode import decode_with_capture, producing_rows
 from unicache_lib.capture.record import CaptureResult
-from unicache_lib.capture.runner import capture_samples, model_inputs
+from unicache_lib.capture.runner import capture_samples, inputs_for
+from unicache_lib.families import family_of
 from unicache_lib.scoreboard import Scoreboard, criteria_met
 from unicache_lib.store import Store
 from unicache_lib.widgets import attention_explorer
@@ -54,14 +66,17 @@ from unicache_lib.zoo.loaders import load_understanding
 torch.manual_seed(SEED)
 out = Path(OUT_DIR)
 out.mkdir(parents=True, exist_ok=True)
-model, processor = load_understanding(MODEL, attn_implementation="eager")
+model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
+family = family_of(model)
+PART = family.image_part      # the captured part whose keys are the image ("cross" for Mllama)
+CROSS = PART == "cross"
 tok = processor.tokenizer
 samples = sample_set.load(per_type=PER_TYPE)
 scene_of = {s.id: s.scene_type for s in samples}
-n_layers = model.config.text_config.num_hidden_layers
+n_layers = model.config.get_text_config().num_hidden_layers
 bands = band_layers(n_layers)
-print(f"{MODEL}: {n_layers} layers, {model.config.text_config.num_attention_heads} heads; "
-      f"{len(samples)} samples over {len(set(scene_of.values()))} scene types; bands {bands}")
+print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_config().num_attention_heads} heads; "
+      f"{len(samples)} samples over {len(set(scene_of.values()))} scene types; bands {bands}; image read in part {PART!r}")
 
 # %% [markdown]
 # ## 1. Capture once
@@ -77,17 +92,20 @@ for p in stores.values():
 meta = {"model": MODEL, "dtype": str(next(model.parameters()).dtype)}
 capture_samples(model, processor, samples, Store(stores["stats"], meta=meta), mode="stats", layers=LAYERS, progress=False)
 map_samples = sample_set.load(per_type=min(MAP_PER_TYPE, PER_TYPE))
-capture_samples(model, processor, map_samples, Store(stores["maps"], meta=meta), mode="full", layers=LAYERS, progress=False)
-recs = Store(stores["stats"]).read()
-maps = Store(stores["maps"]).read()
-tokens = {s.id: tok.convert_ids_to_tokens(model_inputs(processor, s.image, s.question)["input_ids"][0].tolist())
-          for s in samples}
+capture_samples(model, processor, map_samples, Store(stores["maps"], meta=meta), mode="full", layers=LAYERS, part=PART,
+                progress=False, memory_budget_gb=MEMORY_BUDGET_GB)
+all_recs = Store(stores["stats"]).read()
+recs = [r for r in all_recs if r.part == PART]  # the layers whose keys are the image
+maps = Store(stores["maps"]).read(part=PART)
+enc = {s.id: inputs_for(model, processor, s.image, s.question) for s in samples}
+tokens = {s.id: tok.convert_ids_to_tokens(enc[s.id]["input_ids"][0].tolist()) for s in samples}
+grids = {s.id: (family.image_grid(model.config, enc[s.id]), family.grid_tokens(model.config, enc[s.id])) for s in samples}
 L = layer_table(recs, scene_of)
 H = head_table(recs)
 captured = sorted(L["layer"].unique())
 bands = {b: [li for li in ls if li in captured] for b, ls in bands.items()}  # bands of the captured layers
-print(f"stats store: {len(recs)} records ({L['sample'].nunique()} samples x {L.layer.nunique()} layers); "
-      f"maps store: {len(maps)} records")
+print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['sample'].nunique()} samples x "
+      f"{L.layer.nunique()} layers); maps store: {len(maps)} records")
 
 # %% [markdown]
 # ## 2. How attention changes with depth
@@ -131,8 +149,8 @@ _ = plots.save(fig, out, "image_reads_heatmap")
 # ## 4. Visual anchors
 #
 # Per sample and layer, the `TOP_K` image positions the text reads most. How concentrated are the reads
-# (U1), do anchors persist (U3), and where do they sit (U4)? Chance for a random set of k of 64 positions:
-# Jaccard ≈ k/(128-k).
+# (U1), do anchors persist (U3), and where do they sit (U4)? Chance for a random set of k of n image
+# positions: Jaccard ≈ k/(2n-k).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -141,10 +159,12 @@ persist = np.mean([A.layer_persistence(img_reads[i], TOP_K) for i in range(len(i
 lo, mid = bands["shallow"][0], bands["middle"][0]
 shallow_mid = float(persist[captured.index(lo), captured.index(mid)])
 stab = {li: A.group_stability({s: AS[(s, li)] for s in L["sample"].unique()}, scene_of) for li in captured}
-patch = model.config.vision_config.patch_size
-placement = pd.DataFrame([{"sample": s.id, "layer": li, **A.anchor_placement(AS[(s.id, li)], A.patch_kinds(s.masks, patch))}
+n_image = img_reads.shape[-1]
+kinds = {s.id: A.token_kinds(s.masks, n_image, *grids[s.id]) if grids[s.id][0] else np.full(n_image, -1)
+         for s in samples}  # object / edge / background under each image token (-1: not on the picture's grid)
+placement = pd.DataFrame([{"sample": s.id, "layer": li, **A.anchor_placement(AS[(s.id, li)], kinds[s.id])}
                           for s in samples for li in captured])
-chance_jaccard = TOP_K / (2 * 64 - TOP_K)
+chance_jaccard = TOP_K / (2 * n_image - TOP_K)
 print("anchor Jaccard between layers (mean over samples):\n", np.round(persist, 2))
 print(f"layer {lo} vs layer {mid}: {shallow_mid:.2f} (chance {chance_jaccard:.2f})")
 print(pd.DataFrame(stab).T[["within", "across", "n_within", "n_across"]].round(3).to_string())
@@ -152,11 +172,12 @@ print(placement.groupby("layer")[["object", "object_chance", "edge", "edge_chanc
 
 # %%
 # sink test: share of the text's reads that land on the first 3 positions (before the image) vs on the anchors
+# (a cross-attention layer's keys are all vision tokens: there is no text sink to compare with)
 sink, anchor_mass = [], []
 for r in recs:
     t = r.data["text_read_freq"].mean(0)
     a, _ = r.spans.image_range()
-    sink.append(float(t[:3].sum() / t.sum()))
+    sink.append(float("nan") if CROSS else float(t[:3].sum() / t.sum()))
     anchor_mass.append(float(t[a + AS[(r.sample, r.layer)]].sum() / t.sum()))
 print(f"text reads on the first 3 positions: {np.mean(sink):.3f}; on the {TOP_K} image anchors: {np.mean(anchor_mass):.3f} "
       f"({len(recs)} sample-layers)")
@@ -172,7 +193,7 @@ print(f"text reads on the first 3 positions: {np.mean(sink):.3f}; on the {TOP_K}
 F = token_flow(recs, tokens, set(tok.all_special_tokens))
 flow = F.pivot_table(index="class", columns="band", values="image_share", aggfunc="mean").reindex(
     [c for c in CLASSES if c in set(F["class"])])[["shallow", "middle", "deep"]]
-counts = F[F.layer == 0].groupby("class").size()
+counts = F[F.layer == captured[0]].groupby("class").size()
 print(flow.round(3).assign(n_tokens=counts).to_string())
 content = F[F["class"].isin(["object", "attribute", "position"])].image_share.mean()
 function = F[F["class"].isin(["function", "punctuation"])].image_share.mean()
@@ -193,7 +214,7 @@ ctrl = object_word_selectivity(untrained_language_model(model, SEED), processor,
 sel = pd.DataFrame({"trained": loc.groupby("layer").selectivity.median(), "untrained LM": ctrl.groupby("layer").selectivity.median(),
                     "trained top-1 on target": loc.groupby("layer").top_on_target.mean(),
                     "untrained top-1 on target": ctrl.groupby("layer").top_on_target.mean()})
-n_loc = loc[loc.layer == 0].shape[0]
+n_loc = loc[loc.layer == loc.layer.min()].shape[0]
 print(f"{n_loc} object questions (median selectivity per layer):\n{sel.round(2).to_string()}")
 
 # %% [markdown]
@@ -222,11 +243,11 @@ for s in samples[:N_CAPTIONS]:
     gen_toks, res = decode_with_capture(model, processor, s.image, "describe the image .", s.id, max_new_tokens=16,
                                         layers=LAYERS)
     for li in captured:
-        share = producing_rows(res, s.id, len(gen_toks), li).mean(1)
+        share = producing_rows(res, s.id, len(gen_toks), li, part=PART).mean(1)
         rows += [{"sample": s.id, "layer": li, "k": k, "token": t, "class": token_class(t), "image_share": float(v)}
                  for k, (t, v) in enumerate(zip(gen_toks, share.tolist()))]
 D = pd.DataFrame(rows)
-print("example caption:", " ".join(D[(D["sample"] == samples[0].id) & (D.layer == 0)].token))
+print("example caption:", " ".join(D[(D["sample"] == samples[0].id) & (D.layer == captured[0])].token))
 dec = D.groupby("class").image_share.agg(["mean", "count"])
 print(dec.round(3).to_string())
 one = D[(D["sample"] == samples[0].id)].groupby(["k", "token"]).image_share.mean().reset_index()
@@ -249,7 +270,7 @@ print(by_type.round(3).to_string())
 # and the chosen token's attention over the image. (Moves redraw from the maps store; no model run.)
 
 # %% tags=["nbval-ignore-output"]
-explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens)
+explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids)
 explorer
 
 # %% [markdown]
