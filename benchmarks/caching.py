@@ -56,23 +56,26 @@ def eviction(layers=32, heads=32, head_dim=8, n_image=576, n_text=40, repeats=30
         print(f"{k:>16} {kv_bytes(c) / 1e6:8.2f} {kv_bytes(c) / full_b:10.3f} {1e3 * t:10.2f} {t / full_t:10.3f}")
 
 
-def reuse(steps=20, prompts=8, repeats=5):
+def reuse(steps=20, prompts=8, repeats=10):
     from unicache_lib.reuse.evaluate import methods_for, run_reuse
     from unicache_lib.world.text import prompt_set
     from unicache_lib.zoo.loaders import load_generator
 
-    ps = prompt_set(prompts, 0, 0)
-    texts, objs = [p["short"] for p in ps], [p["objects"][0] for p in ps]
+    ps = prompt_set(prompts + 4, 0, 0)  # the last 4 are held out for MagCache's calibration
+    texts, objs = [p["short"] for p in ps[:prompts]], [p["objects"][0] for p in ps[:prompts]]
+    calib = [p["short"] for p in ps[prompts:]]
     for name in ("tiny-mmdit", "tiny-pixart"):
         gen = load_generator(name)
-        df = run_reuse(gen, methods_for(gen, steps, 3.0, texts[:4]), texts, objs, steps, 3.0, 0, prompts, repeats, progress=False)
-        print(f"\ncross-step reuse on {name}: {prompts} prompts x {steps} steps, {repeats} interleaved repeats")
-        print(df[["speedup", "median_s", "iqr_s", "computed", "ssim", "note"]].round(3).to_string())
+        df = run_reuse(gen, methods_for(gen, steps, 3.0, calib, scored_prompts=texts), texts, objs, steps, 3.0, 0, prompts,
+                       repeats, progress=False)
+        print(f"\ncross-step reuse on {name}: {prompts} prompts x {steps} steps, {repeats} interleaved repeats in shuffled order"
+              " (speed-up: median paired ratio, 95% bootstrap interval over repeats)")
+        print(df[["speedup", "speedup_lo", "speedup_hi", "median_s", "iqr_s", "computed", "ssim", "note"]].round(3).to_string())
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args()
-    eviction(repeats=6 * a.repeats)
+    eviction(repeats=3 * a.repeats)
     reuse(repeats=a.repeats)
