@@ -92,6 +92,8 @@ def test_speedup_interval_and_interleaved_timings():
 
 def test_n_to_settle():
     iv = I.Interval(0.52, 0.48, 0.56, 100, "questions", se=0.02)
-    # half-width 1.96 * 0.02 = 0.039 must shrink to the gap 0.02: n * (0.039 / 0.02)^2 ~ 385
-    assert I.n_to_settle(iv, 0.5) == pytest.approx(385, abs=2)
+    # the side towards 0.5 is 0.04 wide and must shrink to the gap 0.02: n * (0.04 / 0.02)^2 = 400
+    assert I.n_to_settle(iv, 0.5) == 400
+    # a skewed interval: the side that crosses the threshold decides
+    assert I.n_to_settle(I.Interval(1.06, 1.05, 2.0, 3, "samples", se=0.2), 1.5) == pytest.approx(3 * (0.94 / 0.44) ** 2, abs=1)
     assert I.n_to_settle(I.Interval(0.5, 0.4, 0.6, 10, "samples", se=0.05), 0.5) == float("inf")

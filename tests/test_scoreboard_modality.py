@@ -44,15 +44,17 @@ def test_verdicts_are_decided_on_the_interval():
     b.rule("U5", "ratio > 2", above=2.0)
     b.rule("U6", "ratio > 1.2", above=1.2)
     b.rule("U13", "share in [0.2, 0.5]", between=(0.2, 0.5))
+    b.rule("M1", "signed bias beyond 1e-4", outside=(-1e-4, 1e-4))
+    b.measure("M1", -3e-4, (-4e-4, -2e-4), 20, "samples")
     b.measure("U1", 0.52, (0.48, 0.56), 100, "questions")            # straddles: inconclusive
     b.measure("U5", 1.5, (1.2, 1.8), 20, "samples")                   # wholly below: does not hold
     b.measure("U6", I.Interval(1.5, 1.3, 1.7, 10, "samples", 0.1))   # wholly above: holds
     b.measure("U13", 0.6, (0.55, 0.65), 20, "samples")                # outside the band
     v = b.verdicts()
-    assert v == {"U1": "inconclusive", "U5": "does not hold", "U6": "holds", "U13": "does not hold"}
+    assert v == {"U1": "inconclusive", "U5": "does not hold", "U6": "holds", "U13": "does not hold", "M1": "holds"}
     t = b.table()
     assert "would settle it" in t.loc["U1", "note"] and t.loc["U1", "unit"] == "questions"
-    assert t.loc["U6", "interval (95%)"] == "[1.3, 1.7]" and t.loc["U6", "n"] == 10
+    assert t.loc["U6", "interval (95%)"] == "[1.3, 1.7]" and t.loc["U6", "n"] == "10"
     assert list(t.columns) == ["statement", "measured", "value", "interval (95%)", "n", "unit", "rule", "verdict", "note"]
 
 

@@ -206,13 +206,16 @@ def interleaved_timings(fns: dict[str, Callable[[], object]], repeats: int = MIN
     return out
 
 
-def n_to_settle(iv: Interval, threshold: float, z: float = 1.96) -> float:
+def n_to_settle(iv: Interval, threshold: float) -> float:
     """Rough number of units that would put the interval wholly on one side of ``threshold`` if the
-    value stayed where it is: the half-width shrinks as 1/sqrt(n), so
-    ``n * ((z * se) / |value - threshold|)^2`` (se from the bootstrap; half the interval's width / z
-    when it is missing). ``inf`` when the value sits on the threshold."""
+    value stayed where it is. An interval's half-width shrinks as 1/sqrt(n), so with ``w`` the
+    distance from the value to the interval's end on the threshold's side (``z * se`` of a normal
+    interval) it takes ``n * (w / |value - threshold|)^2`` units. ``inf`` when the value sits on the
+    threshold. Rough: it ignores that the value itself moves with more data."""
     gap = abs(iv.value - threshold)
-    se = iv.se if np.isfinite(iv.se) and iv.se > 0 else (iv.hi - iv.lo) / (2 * z)
     if gap == 0:
         return float("inf")
-    return float(max(iv.n, np.ceil(iv.n * ((z * se) / gap) ** 2)))
+    w = (iv.hi - iv.value) if threshold > iv.value else (iv.value - iv.lo)
+    if not w > 0:
+        w = 1.96 * iv.se if np.isfinite(iv.se) else 0.0
+    return float(max(iv.n, np.ceil(iv.n * (w / gap) ** 2)))

@@ -66,39 +66,45 @@ CLAIMS: dict[str, str] = {
 @dataclass(frozen=True)
 class Criterion:
     """One threshold test on one interval: the claim needs the value ``above`` a threshold, ``below``
-    it, or ``between`` two bounds (exactly one of them)."""
+    it, ``between`` two bounds or ``outside`` them (exactly one of the four)."""
 
     above: float | None = None
     below: float | None = None
     between: tuple[float, float] | None = None
+    outside: tuple[float, float] | None = None
 
     def __post_init__(self):
-        if sum(x is not None for x in (self.above, self.below, self.between)) != 1:
-            raise ValueError("a criterion needs exactly one of above=, below=, between=(lo, hi)")
-        if self.between is not None and not self.between[0] < self.between[1]:
-            raise ValueError(f"between=(lo, hi) needs lo < hi, got {self.between}")
+        if sum(x is not None for x in (self.above, self.below, self.between, self.outside)) != 1:
+            raise ValueError("a criterion needs exactly one of above=, below=, between=(lo, hi), outside=(lo, hi)")
+        band = self.between or self.outside
+        if band is not None and not band[0] < band[1]:
+            raise ValueError(f"a band (lo, hi) needs lo < hi, got {band}")
 
     def decide(self, lo: float, hi: float) -> str:
         if self.above is not None:
             return HOLDS if lo > self.above else NOT if hi <= self.above else INCONCLUSIVE
         if self.below is not None:
             return HOLDS if hi < self.below else NOT if lo >= self.below else INCONCLUSIVE
-        a, b = self.between
-        if a <= lo and hi <= b:
-            return HOLDS
-        return NOT if hi < a or lo > b else INCONCLUSIVE
+        a, b = self.between or self.outside
+        inside = a <= lo and hi <= b
+        beyond = hi < a or lo > b
+        if self.between is not None:
+            return HOLDS if inside else NOT if beyond else INCONCLUSIVE
+        return HOLDS if beyond else NOT if inside else INCONCLUSIVE
 
     def nearest_threshold(self, value: float) -> float:
-        if self.between is None:
+        band = self.between or self.outside
+        if band is None:
             return self.above if self.above is not None else self.below
-        return min(self.between, key=lambda t: abs(value - t))
+        return min(band, key=lambda t: abs(value - t))
 
     def __str__(self) -> str:
         if self.above is not None:
             return f"> {self.above:g}"
         if self.below is not None:
             return f"< {self.below:g}"
-        return f"in [{self.between[0]:g}, {self.between[1]:g}]"
+        a, b = self.between or self.outside
+        return f"{'in' if self.between else 'outside'} [{a:g}, {b:g}]"
 
 
 @dataclass
@@ -191,22 +197,24 @@ class Scoreboard:
         self.unstable = set(unstable)
 
     def rule(self, claim: str, text: str, above: float | None = None, below: float | None = None,
-             between: tuple[float, float] | None = None, criteria: dict[str, dict] | None = None) -> None:
+             between: tuple[float, float] | None = None, outside: tuple[float, float] | None = None,
+             criteria: dict[str, dict] | None = None) -> None:
         """Fix the verdict rule of ``claim`` before measuring it. One criterion: ``above=`` / ``below=`` /
-        ``between=``. Several (each decided on its own interval): ``criteria={"a": {"above": 0.8}, "b": ...}``.
-        ``text`` says what is measured, over which unit the interval runs and the threshold(s)."""
+        ``between=`` / ``outside=``. Several (each decided on its own interval):
+        ``criteria={"a": {"above": 0.8}, "b": {"below": 0.6}}``. ``text`` says what is measured, over
+        which unit the interval runs and the threshold(s)."""
         if claim not in CLAIMS:
             raise KeyError(f"unknown claim id {claim!r}; known: {', '.join(CLAIMS)}")
         if claim in self.rows and self.rows[claim].measured:
             raise RuntimeError(f"the rule for {claim} must be written before its measurement")
         if criteria is not None:
-            if any(x is not None for x in (above, below, between)):
+            if any(x is not None for x in (above, below, between, outside)):
                 raise ValueError("pass either criteria={...} or one of above= / below= / between=, not both")
             if len(criteria) < 2:
                 raise ValueError("criteria={...} is for two or more criteria; use above= / below= / between= for one")
             crit = {k: Criterion(**v) for k, v in criteria.items()}
         else:
-            crit = {"": Criterion(above, below, between)}
+            crit = {"": Criterion(above, below, between, outside)}
         self.rows[claim] = Row(claim, text, crit, random_weights=self.random_weights, unstable=claim in self.unstable)
 
     def measure(self, claim: str, value: float | Interval | None, interval: tuple[float, float] | None = None,
@@ -252,7 +260,7 @@ class Scoreboard:
         interval = "; ".join(f"{tag(k)}[{_fmt(m.lo)}, {_fmt(m.hi)}]" if m and m.value is not None else f"{tag(k)}-" for k, m in ms)
         ns = {m.n for _, m in ms if m and m.n is not None}
         units = {m.unit for _, m in ms if m and m.unit}
-        n = ns.pop() if len(ns) == 1 else "; ".join(f"{tag(k)}{m.n}" for k, m in ms if m and m.n is not None) or None
+        n = str(ns.pop()) if len(ns) == 1 else "; ".join(f"{tag(k)}{m.n}" for k, m in ms if m and m.n is not None) or "-"
         unit = units.pop() if len(units) == 1 else "; ".join(f"{tag(k)}{m.unit}" for k, m in ms if m and m.unit)
         return {"value": value, "interval": interval, "n": n, "unit": unit}
 
