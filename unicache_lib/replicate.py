@@ -129,8 +129,7 @@ def readme_section(df, quick: bool = False) -> str:
              "A claim whose verdict changes with the sample set is noted \"unstable across sample sets\" on its scoreboard."
              + (" **Quick parameters: a smoke run, nothing is decided on it.**" if quick else ""), "",
              head, "|" + "---|" * (len(seeds) + 3)]
-    for r in df.itertuples(index=False):
-        d = r._asdict()
+    for d in df.to_dict("records"):
         lines.append(f"| {d['notebook'][:2]} | {d['claim']} | " + " | ".join(str(d[s]) for s in seeds)
                      + f" | {'yes' if d['stable'] else '**no**'} |")
     unstable = df[~df.stable]

@@ -408,7 +408,8 @@ board.show()
 # **Reading the scoreboard.** Each verdict above is what the shipped model does, not what the study says.
 # A claim that does not hold on a 4-layer model trained on coloured shapes is a finding about that model;
 # run the notebook on a real checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU and `PER_TYPE = 4`)
-# to see whether it holds there.
+# to see whether it holds there. "Inconclusive" means 20 samples cannot tell at that threshold: the note says
+# roughly how many would (`PER_TYPE` scales the set; `SAMPLE_SEED` draws another one to check a verdict).
 #
 # ## Exercises
 # 1. Set `TOP_K = 3` and `TOP_K = 12`. Which anchor conclusions survive?

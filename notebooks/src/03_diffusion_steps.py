@@ -29,7 +29,7 @@ MAP_PROMPTS = 2               # prompts whose full maps are kept for the widget
 UNDERSTANDING_MODEL = "tiny-llava"
 UNDERSTANDING_STORE = "outputs/02_understanding_maps/stats"
 OUT_DIR = "outputs/03_diffusion_steps"
-SAMPLE_SEED = 2024            # standard set behind the understanding store (G7); 2024 = the shipped set
+SAMPLE_SEED = 2024            # standard set behind the understanding store for G7, 2024 is the shipped set
 
 # %%
 import shutil

@@ -26,7 +26,7 @@ N_PROMPTS = 32                # single-object prompts for the reuse sweep
 STEPS = 20
 GUIDANCE = 3.0
 TIMING_PROMPTS = 8
-REPEATS = 10                  # interleaved timing rounds (shuffled order); a wall-clock verdict needs >= 10
+REPEATS = 10                  # interleaved timing rounds in shuffled order, a wall-clock verdict needs 10 or more
 SEED = 0
 OUT_DIR = "outputs/05_caching"
 
@@ -266,7 +266,9 @@ board.show()
 # 1.6–2.4× on real DiTs with thousands of image tokens; at 64 image tokens a large share of each step is
 # fixed overhead (embedding, normalisation, the MLPs, the Python loop), so the same fraction of skipped
 # attention buys less wall-clock here. Compare the `computed` column across methods for the part that
-# transfers, and rerun on a real checkpoint to see the wall-clock side.
+# transfers, and rerun on a real checkpoint to see the wall-clock side. Read every speed-up with its interval:
+# a method that computes as much as no reuse (text-side reuse on PixArt skips only the text K/V projections)
+# should show an interval around 1, and one that does not is telling you how noisy the clock is.
 #
 # ## Exercises
 # 1. Write a policy that keeps the anchors of notebook 02 (top read frequency from *text* queries of the
