@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 # costs nothing measurable when the machine is idle.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup run test test-fast notebooks lab benchmark models clean-outputs
+.PHONY: setup run test test-fast notebooks lab benchmark replicate models clean-outputs
 
 setup: $(STAMP)
 
@@ -65,6 +65,12 @@ lab: setup
 benchmark: setup
 	$(BIN)/python benchmarks/capture_overhead.py
 	$(BIN)/python benchmarks/caching.py
+
+## replicate: notebooks 02-06 on two further sample / question / prompt seeds with full parameters (hours on a
+##            CPU; not part of CI) -> data/replicate/verdicts.csv and the README's replication table.
+##            QUICK=1: tiny parameters, a smoke run that writes under outputs/replicate only
+replicate: setup
+	$(BIN)/python -m unicache_lib.replicate --seeds 1 2 $(if $(QUICK),--quick)
 
 ## models: retrain the shipped models from scratch (about 1.5 h of CPU in all; not part of CI)
 models: setup

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
@@ -20,6 +19,7 @@ import torch
 def eviction(layers=32, heads=32, head_dim=8, n_image=576, n_text=40, repeats=30):
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+    from unicache_lib.intervals import interleaved_timings, speedup_interval
     from unicache_lib.kv.cache import evict, kv_bytes
 
     torch.manual_seed(0)
@@ -37,42 +37,50 @@ def eviction(layers=32, heads=32, head_dim=8, n_image=576, n_text=40, repeats=30
     for b in (0.5, 0.25, 0.1):
         keep_img = image[torch.randperm(n_image, generator=torch.Generator().manual_seed(0))[: round(b * n_image)]]
         caches[f"{b:.0%} image KV"] = evict(cache, [torch.cat([other, keep_img]).sort().values] * layers)
-    times = {k: [] for k in caches}
+    held = {k: c.get_seq_length() for k, c in caches.items()}
+
+    def trim():  # drop any decoded token again: every call sees the same cache
+        for k, c in caches.items():
+            for layer in c.layers:
+                layer.keys, layer.values = layer.keys[:, :, :held[k]], layer.values[:, :, :held[k]]
+
+    def step(c, n):
+        return lambda: model(input_ids=torch.tensor([[1]]), past_key_values=c, position_ids=torch.tensor([[C]]),
+                             attention_mask=torch.ones(1, n + 1, dtype=torch.long), use_cache=True)
+
     with torch.no_grad():
-        for _ in range(repeats):
-            for k, c in caches.items():
-                held = c.get_seq_length()
-                t0 = time.perf_counter()
-                model(input_ids=torch.tensor([[1]]), past_key_values=c, position_ids=torch.tensor([[C]]),
-                      attention_mask=torch.ones(1, held + 1, dtype=torch.long), use_cache=True)
-                times[k].append(time.perf_counter() - t0)
-                for layer in c.layers:  # drop the decoded token again: every repeat sees the same cache
-                    layer.keys, layer.values = layer.keys[:, :, :held], layer.values[:, :, :held]
+        times = interleaved_timings({k: step(c, held[k]) for k, c in caches.items()}, repeats, before=trim)
     full_b, full_t = kv_bytes(caches["full"]), statistics.median(times["full"])
-    print(f"\nKV eviction, {layers} layers x {heads} heads, context {C} ({n_image} image), {repeats} interleaved repeats")
-    print(f"{'cache':>16} {'KV MB':>8} {'bytes/full':>10} {'decode ms':>10} {'time/full':>10}")
+    print(f"\nKV eviction, {layers} layers x {heads} heads, context {C} ({n_image} image), {repeats} interleaved repeats "
+          "in shuffled order (time/full: median paired ratio with its 95% interval over repeats)")
+    print(f"{'cache':>16} {'KV MB':>8} {'bytes/full':>10} {'decode ms':>10} {'time/full':>22}")
     for k, c in caches.items():
         t = statistics.median(times[k])
-        print(f"{k:>16} {kv_bytes(c) / 1e6:8.2f} {kv_bytes(c) / full_b:10.3f} {1e3 * t:10.2f} {t / full_t:10.3f}")
+        r = speedup_interval(times[k], times["full"], min_repeats=2)  # this cache's time / the full cache's
+        print(f"{k:>16} {kv_bytes(c) / 1e6:8.2f} {kv_bytes(c) / full_b:10.3f} {1e3 * t:10.2f} "
+              f"{r.value:8.3f} [{r.lo:.3f}, {r.hi:.3f}]")
 
 
-def reuse(steps=20, prompts=8, repeats=5):
+def reuse(steps=20, prompts=8, repeats=10):
     from unicache_lib.reuse.evaluate import methods_for, run_reuse
     from unicache_lib.world.text import prompt_set
     from unicache_lib.zoo.loaders import load_generator
 
-    ps = prompt_set(prompts, 0, 0)
-    texts, objs = [p["short"] for p in ps], [p["objects"][0] for p in ps]
+    ps = prompt_set(prompts + 4, 0, 0)  # the last 4 are held out for MagCache's calibration
+    texts, objs = [p["short"] for p in ps[:prompts]], [p["objects"][0] for p in ps[:prompts]]
+    calib = [p["short"] for p in ps[prompts:]]
     for name in ("tiny-mmdit", "tiny-pixart"):
         gen = load_generator(name)
-        df = run_reuse(gen, methods_for(gen, steps, 3.0, texts[:4]), texts, objs, steps, 3.0, 0, prompts, repeats, progress=False)
-        print(f"\ncross-step reuse on {name}: {prompts} prompts x {steps} steps, {repeats} interleaved repeats")
-        print(df[["speedup", "median_s", "iqr_s", "computed", "ssim", "note"]].round(3).to_string())
+        df = run_reuse(gen, methods_for(gen, steps, 3.0, calib, scored_prompts=texts), texts, objs, steps, 3.0, 0, prompts,
+                       repeats, progress=False)
+        print(f"\ncross-step reuse on {name}: {prompts} prompts x {steps} steps, {repeats} interleaved repeats in shuffled order"
+              " (speed-up: median paired ratio, 95% bootstrap interval over repeats)")
+        print(df[["speedup", "speedup_lo", "speedup_hi", "median_s", "iqr_s", "computed", "ssim", "note"]].round(3).to_string())
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args()
-    eviction(repeats=6 * a.repeats)
+    eviction(repeats=3 * a.repeats)
     reuse(repeats=a.repeats)

@@ -42,10 +42,31 @@ def test_detector_quiet_when_healthy_fires_when_masked(llava):
         assert v.fires and v.first_cutoff_layer == k and (v.shares[k:] < 1e-6).all()
     # restored: the healthy shares come back exactly
     again = detect_neglect(capture_samples(m, p, ss, progress=False).records)
-    assert np.allclose(again.shares, healthy.shares)
+    assert np.array_equal(again.shares, healthy.shares)
     dep = image_dependence(m, p, ss)
     with zero_image_features(m):
         assert image_dependence(m, p, ss) < 1e-3 < dep  # the image no longer matters
+
+
+def test_zeroed_image_values_cut_the_image_off_without_moving_attention(llava):
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.diagnostics.broken import zero_image_values
+    from unicache_lib.diagnostics.neglect import detect_neglect, image_dependence
+
+    m, p, ss = llava
+    healthy = detect_neglect(capture_samples(m, p, ss, progress=False).records)
+    dep = image_dependence(m, p, ss)
+    with zero_image_values(m, 0):
+        broken = detect_neglect(capture_samples(m, p, ss, progress=False).records)
+        dep0 = image_dependence(m, p, ss)
+    # layer 0's map is computed before any value is read: it cannot move. The answers lose most of
+    # their dependence on the image (what is left flows through the attention weights themselves:
+    # image keys still decide how much mass the text values get)
+    assert abs(broken.shares[0] - healthy.shares[0]) < 1e-6
+    assert dep0 < 0.5 * dep
+    assert not broken.fires  # a share detector does not see this cut-off
+    again = detect_neglect(capture_samples(m, p, ss, progress=False).records)
+    assert np.array_equal(again.shares, healthy.shares)  # restored exactly
 
 
 def test_answer_attention_columns(llava):

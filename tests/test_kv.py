@@ -42,7 +42,10 @@ def test_policy_contract(setup, name, budget):
     again = pol.select(pre.context(seed=3, future=future), budget)
     assert all(torch.equal(a, b) for a, b in zip(keep, again))  # deterministic
     cache = evict(pre.cache, keep)
-    assert kv_bytes(cache) <= kv_bytes(pre.cache)
+    # the evicted cache holds exactly the kept positions' bytes (every position costs the same)
+    assert kv_bytes(cache) * C == kv_bytes(pre.cache) * len(keep[0])
+    if name != "full":
+        assert kv_bytes(cache) < kv_bytes(pre.cache)
     assert pre.cache.get_seq_length() == C  # the original cache is untouched
     logits, _, _ = answer(model, cache, sp)
     assert logits.isfinite().all()
@@ -78,3 +81,95 @@ def test_eviction_changes_answers_and_errors_are_clear(setup):
     a, _, _ = answer(model, nothing, sp)
     b, _, _ = answer(model, full, sp)
     assert (a - b).abs().max() > 1e-3  # without the image the answer distribution moves
+
+
+@pytest.mark.parametrize("name", ["h2o", "snapkv", "unicache", "random"])
+def test_answer_on_evicted_cache_equals_one_masked_forward(setup, name):
+    """Eviction is exactly "the question cannot see the evicted keys": one forward of context +
+    question with a per-layer 4-D mask hiding those keys from the question rows gives the same logits."""
+    from unicache_lib.diagnostics.broken import hide_keys
+
+    model, proc, sp, pre, future = setup
+    keep = POLICIES[name]().select(pre.context(seed=1, future=future), 0.25)
+    logits, _, _ = answer(model, evict(pre.cache, keep), sp)
+    C = sp.context_ids.shape[1]
+
+    def hidden(layer, ids):
+        h = torch.zeros(len(ids), len(ids), dtype=torch.bool)
+        gone = torch.ones(C, dtype=torch.bool)
+        gone[keep[layer]] = False
+        h[C:, :C] = gone  # question rows may not read evicted context keys; context rows see everything
+        return h
+
+    full_ids = torch.cat([sp.context_ids, sp.question_ids], 1)
+    with torch.no_grad(), hide_keys(model, hidden):
+        ref = model(input_ids=full_ids, pixel_values=sp.pixel_values).logits[0, -1].float()
+    assert (logits - ref).abs().max() <= 1e-5
+    with torch.no_grad():
+        unmasked = model(input_ids=full_ids, pixel_values=sp.pixel_values).logits[0, -1].float()
+    assert (logits - unmasked).abs().max() > 1e-3  # the mask is what makes them equal
+
+
+def _snapkv_scores(model, sp, window):
+    """Per layer, the scores SnapKV computed ``[kv_heads, C]`` and the press itself."""
+    import kvpress
+
+    from unicache_lib.kv.peers import compression_ratio
+
+    press = kvpress.SnapKVPress(compression_ratio=compression_ratio(sp.context_ids.shape[1], len(sp.image_positions), 0.25),
+                                window_size=window)
+    seen = []
+    score = press.score
+
+    def recording(*a, **k):
+        s = score(*a, **k)
+        seen.append(s[0].float().clone())
+        return s
+
+    press.score = recording
+    with press(model):
+        prefill(model, sp, attentions=False)
+    return seen
+
+
+def test_snapkv_window_sized_to_the_context_breaks_the_ties(setup):
+    from unicache_lib.kv.peers import KVPRESS_DEFAULT_WINDOW, observation_window
+
+    model, proc, sp, pre, _ = setup
+    C, n_img = sp.context_ids.shape[1], len(sp.image_positions)
+    assert C == 67 and n_img == 64  # the shipped model's context: "user :" + 64 image tokens
+    w = observation_window(C)
+    assert w == 8 and observation_window(700) == KVPRESS_DEFAULT_WINDOW
+    image = sp.image_positions
+    # kvpress's default window: the 64 image keys all sit in the window and tie
+    default = _snapkv_scores(model, sp, KVPRESS_DEFAULT_WINDOW)
+    assert all(len(torch.unique(s[:, image[-KVPRESS_DEFAULT_WINDOW + 3:]])) == 1 for s in default)
+    # sized window: the scored image keys (all but the window) differ within every head of every layer,
+    # and the heads do not all rank them alike
+    sized = _snapkv_scores(model, sp, w)
+    assert len(sized) == len(pre.cache.layers)
+    scored = image[image < C - w]
+    for s in sized:
+        sc = s[:, scored]
+        assert (sc.max(-1).values > sc.min(-1).values).all()
+        assert len(torch.unique(sc)) > sc.shape[-1]
+    tops = {tuple(s[h, scored].topk(8).indices.sort().values.tolist()) for s in sized for h in range(s.shape[0])}
+    assert len(tops) > 1
+    with pytest.raises(ValueError, match="nothing to score"):
+        observation_window(1)
+
+
+def test_adakv_masks_and_keeps_full_memory(setup):
+    from unicache_lib.kv.peers import ADAKV, MASKED_LABEL, attention_implementation, compression_ratio, press_factories
+
+    model, proc, sp, pre, _ = setup
+    assert MASKED_LABEL in ADAKV
+    C, n_img = sp.context_ids.shape[1], len(sp.image_positions)
+    press = press_factories()[ADAKV](compression_ratio(C, n_img, 0.25), C)
+    with attention_implementation(model, "sdpa"):
+        with press(model):
+            pp = prefill(model, sp, attentions=False)
+        masked = [m.masked_key_indices for m in model.modules() if getattr(m, "masked_key_indices", None) is not None]
+        assert len(masked) == len(pre.cache.layers) and all(len(m[2]) > 0 for m in masked)  # keys are masked ...
+        assert kv_bytes(pp.cache) == kv_bytes(pre.cache)  # ... and nothing is freed
+    assert all(getattr(m, "masked_key_indices", None) is None for m in model.modules())  # cleared on exit

@@ -23,17 +23,30 @@ def scoreboard(out_dir: Path) -> dict:
     return {r["claim"]: r for r in rows}
 
 
+VERDICTS = {"holds", "partly", "does not hold", "inconclusive", "not measurable here"}
+
+
+def check_rows(board: dict, claims: set) -> None:
+    """Every row: a finite value inside its interval, n >= 2 units named, a verdict of the vocabulary."""
+    assert set(board) == claims
+    for r in board.values():
+        assert r["verdict"] in VERDICTS, r
+        if r["verdict"] == "not measurable here":
+            assert r["note"], r
+            continue
+        for c in r["criteria"]:
+            assert c["value"] is not None and math.isfinite(c["value"]), r
+            assert c["lo"] <= c["value"] <= c["hi"] and c["n"] >= 2 and c["unit"], r
+
+
 def test_01_capture_quick(tmp_path):
     run_notebook("01_capture.ipynb", tmp_path, PER_TYPE=1, ANCHOR_K=4)
     board = scoreboard(tmp_path)
-    assert set(board) == {"M1", "M2", "M3", "M4"}
-    for r in board.values():
-        assert r["value"] is not None and math.isfinite(r["value"]) and r["n"] >= 1
-        assert r["verdict"] in {"holds", "partly", "does not hold", "not measurable here"}
-    assert board["M2"]["value"] < 5e-5 and board["M2"]["verdict"] == "holds"  # same capture twice
-    assert board["M1"]["value"] > 0  # fp16 arithmetic is not exact
-    assert 0 <= board["M3"]["value"] <= 1
-    assert board["M4"]["value"] == 0 and board["M4"]["n"] == 5  # quick run: 5 samples, not the full 20
+    check_rows(board, {"M1", "M2", "M3", "M4"})
+    assert board["M2"]["hi"] < 5e-5 and board["M2"]["verdict"] == "holds"  # same capture twice
+    assert {c["name"] for c in board["M1"]["criteria"]} == {"entropy", "max_weight", "sum_sq"}
+    assert 0 <= board["M3"]["lo"] <= board["M3"]["hi"] <= 1 and board["M3"]["unit"] == "samples"
+    assert board["M4"]["n"] == 5 and board["M4"]["value"] > 0  # two disjoint sets of 5 never agree exactly
     assert (tmp_path / "store" / "index-rank00000.json").exists()
     assert (tmp_path / "layer_curves.png").stat().st_size > 1000
 
@@ -41,31 +54,43 @@ def test_01_capture_quick(tmp_path):
 def test_02_understanding_maps_quick(tmp_path):
     run_notebook("02_understanding_maps.ipynb", tmp_path, PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2)
     board = scoreboard(tmp_path)
-    assert set(board) == {"U1", "U2a", "U2b", "U3", "U4", "U5", "U6", "U8", "U9", "U11", "U13"}
-    for r in board.values():
-        assert r["value"] is not None and math.isfinite(r["value"]), r
-        assert r["n"] >= 1 and r["verdict"] in {"holds", "partly", "does not hold"}
-    assert board["U1"]["n"] == 5  # one sample per scene type
-    assert 0.1 <= board["U1"]["value"] <= 1  # the top 10% hold at least their own share
+    check_rows(board, {"U1", "U2a", "U2b", "U3", "U4", "U5", "U6", "U8", "U9", "U11", "U13"})
+    assert board["U1"]["n"] == 5 and board["U1"]["unit"] == "samples"  # one sample per scene type
+    assert 0.1 <= board["U1"]["lo"] <= board["U1"]["hi"] <= 1  # the top 10% hold at least their own share
+    assert board["U3"]["verdict"] == "not measurable here"  # one sample per type: no within-type pairs
+    assert board["U6"]["unit"] == "captions" and board["U6"]["n"] == 2
     for fig in ("focus_per_layer", "read_frequency_heatmap", "head_cross_modal"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
     from unicache_lib.store import Store
 
     assert Store(tmp_path / "stats").verify() == [] and len(Store(tmp_path / "maps").read()) == 5 * 4
+    assert Store(tmp_path / "stats").read_meta()["sample_seed"] == 2024
+
+
+def test_02_other_sample_seed(tmp_path):
+    """SAMPLE_SEED builds another standard set: other images, other numbers, same recipe."""
+    run_notebook("02_understanding_maps.ipynb", tmp_path, PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2, SAMPLE_SEED=7)
+    board = scoreboard(tmp_path)
+    assert board["U1"]["n"] == 5
+    from unicache_lib.store import Store
+
+    assert Store(tmp_path / "stats").read_meta()["sample_seed"] == 7
+    from unicache_lib.capture.runner import stats_store_or_capture
+
+    with pytest.raises(ValueError, match="sample seed 7, not 2024"):
+        stats_store_or_capture(tmp_path / "stats", tmp_path / "fallback")
 
 
 def test_03_diffusion_steps_quick(tmp_path):
     run_notebook("03_diffusion_steps.ipynb", tmp_path, N_SINGLE=2, N_PAIRS=2, STEPS=5, MAP_PROMPTS=1,
                  UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
     board = scoreboard(tmp_path)
-    assert set(board) == {"G1", "G2", "G4", "G5", "G6", "G7", "G9"}
-    for r in board.values():
-        assert r["value"] is not None and math.isfinite(r["value"]), r
-        assert r["n"] >= 1 and r["verdict"] in {"holds", "partly", "does not hold"}
-    assert board["G1"]["n"] == 4 and 0 <= board["G1"]["value"] <= 1
-    assert board["G5"]["value"] == pytest.approx(64 / 48)  # 64 image tokens vs 48 text positions on both
-    for v in ("G2", "G4", "G6", "G7", "G9"):
-        assert board[v]["value"] in (0, 1, 2)
+    check_rows(board, {"G1", "G2", "G4", "G5", "G6", "G7", "G9"})
+    assert board["G1"]["n"] == 4 and board["G1"]["unit"] == "prompts"
+    assert board["G5"]["value"] == board["G5"]["lo"] == board["G5"]["hi"] == pytest.approx(64 / 48)  # exact counts
+    assert board["G5"]["verdict"] == "does not hold"
+    assert board["G9"]["verdict"] == "not measurable here"  # one pair prompt of each kind
+    assert {c["name"] for c in board["G6"]["criteria"]} == {"a", "b", "c"}
     from unicache_lib.store import Store
 
     for m in ("tiny-mmdit", "tiny-pixart"):
@@ -84,9 +109,11 @@ def test_04_head_pruning_quick(tmp_path):
                  N_PROMPTS=4, STEPS=4, TIMING_REPEATS=2, UNDERSTANDING_STORE=str(tmp_path / "none"),
                  GENERATION_STORE=str(tmp_path / "none"))
     board = scoreboard(tmp_path)
-    assert set(board) == {"P1", "P2", "P3"}
+    check_rows(board, {"P1", "P2", "P3"})
     for r in board.values():
-        assert r["value"] in (0, 1, 2) and r["n"] == 100 and r["verdict"] in {"holds", "partly", "does not hold"}
+        assert r["n"] == 100 and r["unit"] == "questions"
+    p3b = next(c for c in board["P3"]["criteria"] if c["name"] == "b")
+    assert p3b["unit"] == "samples" and p3b["n"] == 20
     for fig in ("head_scores", "understanding_pruning", "generation_pruning"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
     assert (tmp_path / "understanding_stats" / "meta.json").exists()
@@ -94,20 +121,22 @@ def test_04_head_pruning_quick(tmp_path):
 
 
 def test_05_caching_quick(tmp_path):
-    run_notebook("05_caching.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5], N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=1)
+    run_notebook("05_caching.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5], N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=2)
     board = scoreboard(tmp_path)
-    assert set(board) == {"U7", "G3", "G8"}
-    for r in board.values():
-        assert r["value"] in (0, 1, 2) and r["verdict"] in {"holds", "partly", "does not hold"}
+    check_rows(board, {"U7", "G3", "G8"})
+    assert board["U7"]["n"] == 6 and board["U7"]["unit"] == "questions"
+    assert board["G8"]["verdict"] == "not measurable here" and "needs >= 10" in board["G8"]["note"]  # 2 timing rounds
     import pandas as pd
 
     rows = pd.read_csv(tmp_path / "eviction_rows.csv")
     assert rows.question.nunique() == 6 and set(rows.budget) == {0.25, 0.5}
-    assert {"full", "h2o", "snapkv", "streaming", "fastv", "unicache", "oracle", "random", "kvpress:snapkv",
-            "kvpress:adakv_snapkv"} <= set(rows.method)
+    adakv = "kvpress:adakv_snapkv (masked, full memory)"
+    assert {"full", "h2o", "snapkv", "streaming", "fastv", "unicache", "oracle", "random", "kvpress:snapkv", adakv} <= set(rows.method)
     full = rows[rows.method == "full"]
     assert (full.kl.abs() < 1e-6).all() and full.agree.all() and (full.kv_fraction == 1).all()
     assert (rows[(rows.kind == "policy") & (rows.method != "full")].kv_fraction < 1).all()
+    assert (rows[rows.method == adakv].kv_fraction == 1).all() and (rows[rows.method == adakv].memory == "masked, full memory").all()
+    assert (rows[rows.method == "kvpress:snapkv"].kv_fraction < 1).all()
     for fig in ("eviction", "simulation_vs_real", "reuse_pareto"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
 
@@ -116,9 +145,10 @@ def test_06_diagnostics_quick(tmp_path):
     run_notebook("06_diagnostics.ipynb", tmp_path, N_QUESTIONS=60, PER_TYPE=1, UNDERSTANDING_STORE=str(tmp_path / "none"),
                  GENERATION_STORE=str(tmp_path / "none" / "tiny-mmdit"))
     board = scoreboard(tmp_path)
-    assert set(board) == {"U10", "U12"}
+    check_rows(board, {"U10", "U12"})
     assert board["U10"]["n"] == 5 and board["U12"]["n"] == 60
-    assert board["U10"]["verdict"] in {"holds", "partly"}  # the masked variant always trips the detector
+    u10a = board["U10"]["criteria"][0]
+    assert u10a["name"] == "a" and u10a["verdict"] == "holds"  # the healthy model stays above the cut-off
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count("<img") >= 4 and "http" not in page.split("<body>")[1]  # self-contained
     assert (tmp_path / "neglect_detector.png").stat().st_size > 1000

@@ -5,32 +5,87 @@ import torch
 
 from unicache_lib.analysis.anchors import batching_overlap, top_anchors
 from unicache_lib.modality import SpanError, Spans, spans_from_input_ids
-from unicache_lib.scoreboard import Scoreboard, criteria_met
+from unicache_lib import intervals as I
+from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.similarity import cosine, jaccard
 
 
 def test_rules_come_before_measurements():
     b = Scoreboard()
     with pytest.raises(KeyError, match="write the verdict rule"):
-        b.measure("M1", 0.1, 3)
-    b.rule("M1", "holds if > 0", lambda v: "holds" if v > 0 else "does not hold")
-    b.rule("M2", "holds if < 1", lambda v: "holds" if v < 1 else "does not hold")
-    b.measure("M1", 0.5, 3)
+        b.measure("M1", 0.1, (0.0, 0.2), 3, "samples")
+    b.rule("M1", "holds if > 0", above=0.0)
+    b.rule("M2", "holds if < 1", below=1.0)
+    b.measure("M1", 0.5, (0.4, 0.6), 3, "samples")
     with pytest.raises(RuntimeError, match="before its measurement"):
-        b.rule("M1", "changed my mind", lambda v: "holds")
-    with pytest.raises(RuntimeError, match="no measurement"):
+        b.rule("M1", "changed my mind", above=1.0)
+    with pytest.raises(RuntimeError, match="no \\(complete\\) measurement"):
         b.table()
-    b.measure("M2", float("nan"), 0)
+    b.measure("M2", None, note="needs two sample sets")
     t = b.table()
     assert list(t.index) == ["M1", "M2"] and t.loc["M1", "verdict"] == "holds"
-    assert t.loc["M2", "verdict"] == "not measurable here"
+    assert t.loc["M2", "verdict"] == "not measurable here" and "two sample sets" in t.loc["M2", "note"]
     with pytest.raises(KeyError, match="unknown claim"):
-        b.rule("Z9", "", lambda v: "holds")
-    bad = Scoreboard()
-    bad.rule("M3", "typo", lambda v: "yes")
-    bad.measure("M3", 1.0, 1)
-    with pytest.raises(ValueError, match="not one of"):
-        bad.table()
+        b.rule("Z9", "", above=0)
+    with pytest.raises(ValueError, match="exactly one of"):
+        b.rule("M3", "no threshold")
+    with pytest.raises(ValueError, match="outside its interval"):
+        b.rule("M3", "x", above=0.0)
+        b.measure("M3", 2.0, (0.0, 1.0), 5, "samples")
+    with pytest.raises(ValueError, match="interval=\\(lo, hi\\), n and unit"):
+        b.measure("M3", 0.5)
+    with pytest.raises(ValueError, match="say in note"):
+        b.measure("M3", None)
+
+
+def test_verdicts_are_decided_on_the_interval():
+    b = Scoreboard()
+    b.rule("U1", "share > 0.5", above=0.5)
+    b.rule("U5", "ratio > 2", above=2.0)
+    b.rule("U6", "ratio > 1.2", above=1.2)
+    b.rule("U13", "share in [0.2, 0.5]", between=(0.2, 0.5))
+    b.rule("M1", "signed bias beyond 1e-4", outside=(-1e-4, 1e-4))
+    b.measure("M1", -3e-4, (-4e-4, -2e-4), 20, "samples")
+    b.measure("U1", 0.52, (0.48, 0.56), 100, "questions")            # straddles: inconclusive
+    b.measure("U5", 1.5, (1.2, 1.8), 20, "samples")                   # wholly below: does not hold
+    b.measure("U6", I.Interval(1.5, 1.3, 1.7, 10, "samples", 0.1))   # wholly above: holds
+    b.measure("U13", 0.6, (0.55, 0.65), 20, "samples")                # outside the band
+    v = b.verdicts()
+    assert v == {"U1": "inconclusive", "U5": "does not hold", "U6": "holds", "U13": "does not hold", "M1": "holds"}
+    t = b.table()
+    assert "would settle it" in t.loc["U1", "note"] and t.loc["U1", "unit"] == "questions"
+    assert t.loc["U6", "interval (95%)"] == "[1.3, 1.7]" and t.loc["U6", "n"] == "10"
+    assert list(t.columns) == ["statement", "measured", "value", "interval (95%)", "n", "unit", "rule", "verdict", "note"]
+
+
+def test_two_criteria_partly_and_inconclusive():
+    b = Scoreboard()
+    b.rule("P1", "(a) drop at 10% < 1 pt, (b) extra drop at 20% > 0.5 pt", criteria={"a": {"below": 0.01}, "b": {"above": 0.005}})
+    with pytest.raises(KeyError, match="criteria"):
+        b.measure("P1", 0.0, (0.0, 0.0), 10, "questions")
+    b.measure("P1", 0.0, (-0.002, 0.004), 1000, "questions", criterion="a")
+    b.measure("P1", 0.001, (-0.003, 0.004), 1000, "questions", criterion="b")
+    assert b.verdicts()["P1"] == "partly"  # (a) holds, (b) does not
+    c = Scoreboard()
+    c.rule("P1", "same", criteria={"a": {"below": 0.01}, "b": {"above": 0.005}})
+    c.measure("P1", 0.009, (0.002, 0.016), 1000, "questions", criterion="a")
+    c.measure("P1", 0.04, (0.03, 0.05), 1000, "questions", criterion="b")
+    assert c.verdicts()["P1"] == "inconclusive" and c.table().loc["P1", "note"].startswith("(a) interval straddles 0.01")
+
+
+def test_random_weights_and_unstable_notes(tmp_path):
+    import json
+
+    b = Scoreboard(random_weights=True, unstable={"U1"})
+    b.rule("U1", "share > 0.5", above=0.5)
+    b.measure("U1", 0.9, (0.8, 0.95), 5, "samples")
+    t = b.table()
+    assert t.loc["U1", "verdict"] == "not meaningful (random weights)" and t.loc["U1", "value"] == "0.9"
+    assert "unstable across sample sets" in t.loc["U1", "note"]
+    b.save(tmp_path / "s.json")
+    row = json.loads((tmp_path / "s.json").read_text())[0]
+    assert (row["value"], row["lo"], row["hi"], row["n"], row["unit"]) == (0.9, 0.8, 0.95, 5, "samples")
+    assert row["criteria"][0]["verdict"] == "holds"  # the interval's own decision, kept for the record
 
 
 def test_spans_from_ids_and_errors():
@@ -63,7 +118,3 @@ def test_similarity_and_anchor_helpers():
         rows.append(r)
     diff = batching_overlap(rows, 2)
     assert diff["mean_jaccard"] < 0.5 and not math.isnan(diff["mean_jaccard"])
-
-
-def test_criteria_met():
-    assert [criteria_met(v) for v in (2, 1, 0)] == ["holds", "partly", "does not hold"]

@@ -1,16 +1,33 @@
-"""The claims scoreboard that closes every analysis notebook.
+"""The claims scoreboard that closes every analysis notebook; verdicts are decided on intervals.
 
-A notebook declares each claim's verdict rule *before* it measures (``board.rule(...)``), then
-records the measurement (``board.measure(...)``); the verdict is computed from the rule, never
-typed in. Claim texts paraphrase the study's write-ups (ids as in the project's CLAIMS list).
+A notebook fixes each claim's rule *before* it measures (``board.rule``): a threshold, which side of
+it the claim needs, and in words which 95% interval decides. It then records the measurement
+(``board.measure``): the value, its interval (:mod:`unicache_lib.intervals`), n and the unit the
+interval is over. The verdict is computed, never typed in:
+
+- **holds**: the whole interval clears the threshold;
+- **does not hold**: the whole interval lies on the other side;
+- **inconclusive**: the interval straddles the threshold; the note gives a rough n that would settle
+  it (see :func:`unicache_lib.intervals.n_to_settle`);
+- **partly**: only for a rule of two or more criteria, each decided on its own interval, where some
+  hold and the others do not (any inconclusive criterion makes the row inconclusive);
+- **not measurable here**: no value (the note says why);
+- **not meaningful (random weights)**: every row of a board built for a random-weight stand-in model
+  (``Scoreboard(random_weights=True)``); values and intervals are still shown.
+
+Claim texts paraphrase the study's write-ups (ids as in the project's CLAIMS list).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
-VERDICTS = ("holds", "partly", "does not hold", "not measurable here")
+from .intervals import Interval, n_to_settle
+
+HOLDS, NOT, INCONCLUSIVE, PARTLY = "holds", "does not hold", "inconclusive", "partly"
+NOT_MEASURABLE, RANDOM_WEIGHTS = "not measurable here", "not meaningful (random weights)"
+VERDICTS = (HOLDS, PARTLY, NOT, INCONCLUSIVE, NOT_MEASURABLE, RANDOM_WEIGHTS)
+UNSTABLE = "unstable across sample sets"
 
 CLAIMS: dict[str, str] = {
     "M1": "Statistics computed in fp16 are biased; compute them in fp32.",
@@ -46,75 +63,252 @@ CLAIMS: dict[str, str] = {
 }
 
 
-def criteria_met(v: float) -> str:
-    """Verdict for a rule of two criteria measured as how many are met: 2 holds, 1 partly."""
-    return {2: "holds", 1: "partly"}.get(int(v), "does not hold")
+@dataclass(frozen=True)
+class Criterion:
+    """One threshold test on one interval: the claim needs the value ``above`` a threshold, ``below``
+    it, ``between`` two bounds or ``outside`` them (exactly one of the four)."""
+
+    above: float | None = None
+    below: float | None = None
+    between: tuple[float, float] | None = None
+    outside: tuple[float, float] | None = None
+
+    def __post_init__(self):
+        if sum(x is not None for x in (self.above, self.below, self.between, self.outside)) != 1:
+            raise ValueError("a criterion needs exactly one of above=, below=, between=(lo, hi), outside=(lo, hi)")
+        band = self.between or self.outside
+        if band is not None and not band[0] < band[1]:
+            raise ValueError(f"a band (lo, hi) needs lo < hi, got {band}")
+
+    def decide(self, lo: float, hi: float) -> str:
+        if self.above is not None:
+            return HOLDS if lo > self.above else NOT if hi <= self.above else INCONCLUSIVE
+        if self.below is not None:
+            return HOLDS if hi < self.below else NOT if lo >= self.below else INCONCLUSIVE
+        a, b = self.between or self.outside
+        inside = a <= lo and hi <= b
+        beyond = hi < a or lo > b
+        if self.between is not None:
+            return HOLDS if inside else NOT if beyond else INCONCLUSIVE
+        return HOLDS if beyond else NOT if inside else INCONCLUSIVE
+
+    def nearest_threshold(self, value: float) -> float:
+        band = self.between or self.outside
+        if band is None:
+            return self.above if self.above is not None else self.below
+        return min(band, key=lambda t: abs(value - t))
+
+    def __str__(self) -> str:
+        if self.above is not None:
+            return f"> {self.above:g}"
+        if self.below is not None:
+            return f"< {self.below:g}"
+        a, b = self.between or self.outside
+        return f"{'in' if self.between else 'outside'} [{a:g}, {b:g}]"
+
+
+@dataclass
+class Measurement:
+    value: float | None
+    lo: float = math.nan
+    hi: float = math.nan
+    n: int | None = None
+    unit: str = ""
+    se: float = math.nan
+
+    def interval(self) -> Interval:
+        return Interval(self.value, self.lo, self.hi, self.n or 0, self.unit, self.se)
 
 
 @dataclass
 class Row:
     claim: str
     rule_text: str
-    decide: Callable[[float], str]
-    value: float | None = None
+    criteria: dict[str, Criterion]
+    measured: dict[str, Measurement] = field(default_factory=dict)
     shown: str = ""
-    n: int | None = None
     note: str = ""
-    extra: dict = field(default_factory=dict)
+    random_weights: bool = False
+    unstable: bool = False
+
+    def _criterion_verdicts(self) -> dict[str, str]:
+        return {k: c.decide(self.measured[k].lo, self.measured[k].hi) for k, c in self.criteria.items()}
+
+    @property
+    def complete(self) -> bool:
+        return set(self.measured) == set(self.criteria) or self.not_measurable
+
+    @property
+    def not_measurable(self) -> bool:
+        return any(m.value is None or (isinstance(m.value, float) and math.isnan(m.value)) for m in self.measured.values())
 
     @property
     def verdict(self) -> str:
-        if self.value is None or (isinstance(self.value, float) and math.isnan(self.value)):
-            return "not measurable here"
-        v = self.decide(self.value)
-        if v not in VERDICTS:
-            raise ValueError(f"rule for {self.claim} returned {v!r}, not one of {VERDICTS}")
-        return v
+        if self.not_measurable or not self.measured:
+            return NOT_MEASURABLE
+        if self.random_weights:
+            return RANDOM_WEIGHTS
+        vs = set(self._criterion_verdicts().values())
+        if INCONCLUSIVE in vs:
+            return INCONCLUSIVE
+        if vs == {HOLDS}:
+            return HOLDS
+        if vs == {NOT}:
+            return NOT
+        return PARTLY
+
+    def settle_note(self) -> str:
+        """For an inconclusive row: per undecided criterion, the rough n that would settle it."""
+        parts = []
+        for k, v in self._criterion_verdicts().items():
+            if v != INCONCLUSIVE:
+                continue
+            m, c = self.measured[k], self.criteria[k]
+            need = n_to_settle(m.interval(), c.nearest_threshold(m.value))
+            tag = f"({k}) " if len(self.criteria) > 1 else ""
+            parts.append(f"{tag}interval straddles {c.nearest_threshold(m.value):g}: "
+                         + (f"about {need:,.0f} {m.unit} would settle it" if math.isfinite(need) else "value sits on the threshold"))
+        return "; ".join(parts)
+
+    def full_note(self) -> str:
+        notes = [self.note] if self.note else []
+        if self.verdict == INCONCLUSIVE:
+            notes.append(self.settle_note())
+        if self.unstable:
+            notes.append(UNSTABLE)
+        return "; ".join(notes)
+
+
+def _fmt(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
 
 
 class Scoreboard:
-    """Rules first, then measurements, then ``table()`` (a pandas DataFrame)."""
+    """Rules first, then measurements, then ``table()`` (a pandas DataFrame) or ``show()``.
 
-    def __init__(self):
+    ``random_weights``: the model is a random-weight stand-in; every verdict reads
+    "not meaningful (random weights)". ``unstable``: claim ids whose verdict differed across sample
+    sets in the committed replication table (:func:`unicache_lib.replicate.unstable_claims`).
+    """
+
+    def __init__(self, random_weights: bool = False, unstable=()):
         self.rows: dict[str, Row] = {}
+        self.random_weights = bool(random_weights)
+        self.unstable = set(unstable)
 
-    def rule(self, claim: str, text: str, decide: Callable[[float], str]) -> None:
+    def rule(self, claim: str, text: str, above: float | None = None, below: float | None = None,
+             between: tuple[float, float] | None = None, outside: tuple[float, float] | None = None,
+             criteria: dict[str, dict] | None = None) -> None:
+        """Fix the verdict rule of ``claim`` before measuring it. One criterion: ``above=`` / ``below=`` /
+        ``between=`` / ``outside=``. Several (each decided on its own interval):
+        ``criteria={"a": {"above": 0.8}, "b": {"below": 0.6}}``. ``text`` says what is measured, over
+        which unit the interval runs and the threshold(s)."""
         if claim not in CLAIMS:
             raise KeyError(f"unknown claim id {claim!r}; known: {', '.join(CLAIMS)}")
-        if claim in self.rows and self.rows[claim].value is not None:
+        if claim in self.rows and self.rows[claim].measured:
             raise RuntimeError(f"the rule for {claim} must be written before its measurement")
-        self.rows[claim] = Row(claim, text, decide)
+        if criteria is not None:
+            if any(x is not None for x in (above, below, between, outside)):
+                raise ValueError("pass either criteria={...} or one of above= / below= / between=, not both")
+            if len(criteria) < 2:
+                raise ValueError("criteria={...} is for two or more criteria; use above= / below= / between= for one")
+            crit = {k: Criterion(**v) for k, v in criteria.items()}
+        else:
+            crit = {"": Criterion(above, below, between, outside)}
+        self.rows[claim] = Row(claim, text, crit, random_weights=self.random_weights, unstable=claim in self.unstable)
 
-    def measure(self, claim: str, value: float, n: int, shown: str | None = None, note: str = "") -> None:
+    def measure(self, claim: str, value: float | Interval | None, interval: tuple[float, float] | None = None,
+                n: int | None = None, unit: str | None = None, criterion: str | None = None, shown: str = "",
+                note: str = "") -> None:
+        """Record one criterion's measurement: an :class:`~unicache_lib.intervals.Interval`, or ``value``
+        with ``interval=(lo, hi)``, ``n`` and ``unit``. ``value=None`` (with a ``note`` saying why) marks
+        the claim "not measurable here". ``shown``: the measured numbers in words for the table."""
         if claim not in self.rows:
             raise KeyError(f"write the verdict rule for {claim} (board.rule) before measuring it")
         r = self.rows[claim]
-        r.value = float(value) if value is not None else None
-        r.n, r.note = int(n), note
-        r.shown = shown if shown is not None else (f"{value:.4g}" if value is not None else "-")
+        key = "" if criterion is None else criterion
+        if key not in r.criteria and value is not None:
+            raise KeyError(f"{claim}'s rule has criteria {list(r.criteria)}; pass criterion= one of them")
+        if value is None:
+            if not note:
+                raise ValueError(f"{claim}: say in note= why it is not measurable here")
+            r.measured[key if key in r.criteria else next(iter(r.criteria))] = Measurement(None)
+        else:
+            if isinstance(value, Interval):
+                m = Measurement(value.value, value.lo, value.hi, value.n, value.unit, value.se)
+            else:
+                if interval is None or n is None or not unit:
+                    raise ValueError(f"{claim}: a measurement needs interval=(lo, hi), n and unit (or an Interval)")
+                m = Measurement(float(value), float(interval[0]), float(interval[1]), int(n), unit)
+            if not (m.lo <= m.value <= m.hi):
+                raise ValueError(f"{claim}: value {m.value} lies outside its interval [{m.lo}, {m.hi}]")
+            r.measured[key] = m
+        if shown:
+            r.shown = f"{r.shown}; {shown}" if r.shown else shown
+        if note:
+            r.note = f"{r.note}; {note}" if r.note else note
+
+    def _check_complete(self):
+        missing = [c for c, r in self.rows.items() if not r.complete]
+        if missing:
+            raise RuntimeError(f"claims with a rule but no (complete) measurement: {missing}")
+
+    def _cells(self, r: Row) -> dict:
+        ms = [(k, r.measured.get(k)) for k in r.criteria]
+        tag = (lambda k: f"({k}) ") if len(r.criteria) > 1 else (lambda k: "")
+        value = "; ".join(f"{tag(k)}{_fmt(m.value if m else None)}" for k, m in ms)
+        interval = "; ".join(f"{tag(k)}[{_fmt(m.lo)}, {_fmt(m.hi)}]" if m and m.value is not None else f"{tag(k)}-" for k, m in ms)
+        ns = {m.n for _, m in ms if m and m.n is not None}
+        units = {m.unit for _, m in ms if m and m.unit}
+        n = str(ns.pop()) if len(ns) == 1 else "; ".join(f"{tag(k)}{m.n}" for k, m in ms if m and m.n is not None) or "-"
+        unit = units.pop() if len(units) == 1 else "; ".join(f"{tag(k)}{m.unit}" for k, m in ms if m and m.unit)
+        return {"value": value, "interval": interval, "n": n, "unit": unit}
 
     def table(self):
+        """One row per claim: statement, measured, value, interval, n, unit, rule, verdict, note."""
         import pandas as pd
 
-        missing = [c for c, r in self.rows.items() if r.value is None and not r.note]
-        if missing:
-            raise RuntimeError(f"claims with a rule but no measurement: {missing}")
-        return pd.DataFrame([{
-            "claim": r.claim, "statement": CLAIMS[r.claim], "measured": r.shown, "n": r.n,
-            "rule": r.rule_text, "verdict": r.verdict, "note": r.note,
-        } for r in self.rows.values()]).set_index("claim")
+        self._check_complete()
+        rows = []
+        for r in self.rows.values():
+            c = self._cells(r)
+            rows.append({"claim": r.claim, "statement": CLAIMS[r.claim], "measured": r.shown, "value": c["value"],
+                         "interval (95%)": c["interval"], "n": c["n"], "unit": c["unit"], "rule": r.rule_text,
+                         "verdict": r.verdict, "note": r.full_note()})
+        return pd.DataFrame(rows).set_index("claim")
+
+    def show(self):
+        """Display the table with nothing truncated (notebooks: the last line of the scoreboard cell)."""
+        import pandas as pd
+        from IPython.display import display
+
+        with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
+            display(self.table())
 
     def save(self, path) -> None:
-        """Write the rows as JSON (atomically) for tests and the report."""
+        """Write the rows as JSON (atomically) for tests, the report and the replication table.
+        Top-level ``value`` / ``lo`` / ``hi`` / ``n`` / ``unit`` are the (first) criterion's; every
+        criterion is listed under ``criteria``."""
         import json
+        from pathlib import Path
 
         from .store import _atomic_write_bytes
 
-        rows = [{"claim": r.claim, "value": r.value, "shown": r.shown, "n": r.n, "rule": r.rule_text,
-                 "verdict": r.verdict, "note": r.note} for r in self.rows.values()]
-        from pathlib import Path
-
-        _atomic_write_bytes(Path(path), json.dumps(rows, indent=1).encode())
+        self._check_complete()
+        out = []
+        for r in self.rows.values():
+            first = r.measured.get(next(iter(r.criteria)), Measurement(None))
+            crit = [{"name": k, "threshold": str(c), "value": m.value, "lo": _nan_none(m.lo), "hi": _nan_none(m.hi), "n": m.n,
+                     "unit": m.unit, "verdict": c.decide(m.lo, m.hi) if m.value is not None else NOT_MEASURABLE}
+                    for k, c in r.criteria.items() for m in [r.measured.get(k, Measurement(None))]]
+            out.append({"claim": r.claim, "value": first.value, "lo": _nan_none(first.lo), "hi": _nan_none(first.hi),
+                        "n": first.n, "unit": first.unit, "shown": r.shown, "rule": r.rule_text, "verdict": r.verdict,
+                        "note": r.full_note(), "criteria": crit})
+        _atomic_write_bytes(Path(path), json.dumps(out, indent=1).encode())
 
     def verdicts(self) -> dict[str, str]:
         return {c: r.verdict for c, r in self.rows.items()}
+
+
+def _nan_none(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x

@@ -426,6 +426,14 @@ def entropy_in_dtype(P: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (-(Q * torch.log(Q.clamp(min=torch.finfo(dtype).tiny))).sum(-1)).float()
 
 
+def row_statistics_in_dtype(P: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``entropy``, ``max_weight`` and ``sum_sq`` (the sum of squared weights behind head variance) of
+    every row of ``P [..., Sq, Sk]``, computed *in* ``dtype`` and returned as float32 ``[..., Sq]``.
+    Only for claim M1 (what half-precision arithmetic does to statistics); real work uses float32."""
+    Q = torch.as_tensor(P).to(dtype)
+    return {"entropy": entropy_in_dtype(P, dtype), "max_weight": Q.amax(-1).float(), "sum_sq": (Q * Q).sum(-1).float()}
+
+
 # What a diffusion capture keeps for one (sample, part, layer, step); H heads, Si image queries,
 # Tr real text keys. Block order is :data:`~unicache_lib.modality.BLOCKS`.
 STEP_STATS = {

@@ -51,9 +51,10 @@ def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
             b = d["blocks"].mean(0)
             row.update({name: float(b[i]) for i, name in enumerate(BLOCKS)})
             row["cross_modal"] = row["image->text"] + row["text->image"]
-            reads = image_reads(r)
-            row["top10_share"] = float(top_share(reads, 0.1))
-            row["gini"] = float(gini(reads))
+            if r.spans is not None and r.spans.n_image:  # (a cross-attention VLM's self layers hold no image)
+                reads = image_reads(r)
+                row["top10_share"] = float(top_share(reads, 0.1))
+                row["gini"] = float(gini(reads))
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -135,9 +135,13 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     return result
 
 
-def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progress: bool = False):
+def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progress: bool = False,
+                           sample_seed: int | None = None):
     """The understanding model's stats store at ``path`` (notebook 02 writes one), or, when there
-    is none, a fresh capture of the standard sample set into ``fallback``. Returns ``(path, captured)``."""
+    is none, a fresh capture of the standard sample set (built from ``sample_seed``; ``None``: the
+    shipped set) into ``fallback``. A store captured on another sample set is refused. Returns
+    ``(path, captured)``."""
+    import json
     import shutil
     from pathlib import Path
 
@@ -145,10 +149,16 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
     from ..zoo.loaders import load_understanding
 
     path, fallback = Path(path), Path(fallback)
+    want = sample_set.SEED if sample_seed is None else int(sample_seed)
     if (path / "meta.json").exists():
+        have = json.loads((path / "meta.json").read_text()).get("sample_seed", sample_set.SEED)
+        if int(have) != want:
+            raise ValueError(f"the store at {path} was captured on the standard set of sample seed {have}, not {want}: "
+                             "point to the store of the same sample set, or to a missing path to capture afresh")
         return path, False
     if fallback.exists():
         shutil.rmtree(fallback)  # the caller's own output of an earlier run
     model, proc = load_understanding(model_name, attn_implementation="eager")
-    capture_samples(model, proc, sample_set.load(), Store(fallback, meta={"model": model_name}), progress=progress)
+    capture_samples(model, proc, sample_set.load(seed=want), Store(fallback, meta={"model": model_name, "sample_seed": want}),
+                    progress=progress)
     return fallback, True

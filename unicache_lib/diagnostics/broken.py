@@ -1,11 +1,16 @@
 """Deliberately broken variants of a vision-language model, for testing the neglect detector.
 
 Each is a context manager that restores the model on exit (also on error):
-``zero_image_features`` (the projector's output replaced by zeros), ``mask_image_attention``
-(from layer ``k`` on, text queries may not attend to image keys; for a cross-attention VLM, the
-cross-attention layers from ``k`` on are cut off: their output is gated to zero); a blank image is a
-change of input, :func:`blank_image`. Which module is the projector and where the image sits come
-from the model's family adapter.
+``zero_image_features`` (the projector's output replaced by zeros: image tokens carry nothing),
+``zero_image_values`` (from layer ``k`` on, reading an image key returns nothing),
+``mask_image_attention`` (from layer ``k`` on, text queries may not attend to image keys: caught
+by construction, since it forces the text->image share to 0); a blank image is a change of input,
+:func:`blank_image`. :func:`hide_keys` is the general per-layer attention mask underneath.
+
+Which module is the projector and which positions are image tokens come from the model's family
+adapter. For a cross-attention VLM (Mllama) the image is read only by the cross-attention layers:
+"masking image attention" there gates those layers' output to zero (as for text before the image),
+and "zeroing image values" zeroes their value vectors.
 """
 from __future__ import annotations
 
@@ -34,9 +39,57 @@ def blank_image(image: np.ndarray) -> np.ndarray:
     return np.broadcast_to(image.reshape(-1, image.shape[-1]).mean(0).astype(image.dtype), image.shape).copy()
 
 
+def _image_positions(model):
+    """``input_ids [1, S], forward kwargs -> bool [S]``: the image tokens of the self-attention sequence."""
+    from ..families import family_of
+
+    fam = family_of(model)
+    return lambda ids, kwargs: torch.as_tensor(fam.spans(model.config, ids[:1], kwargs).array == 1, device=ids.device)
+
+
+@contextmanager
+def hide_keys(model, hidden):
+    """Hide (query, key) pairs from the language model's self-attention, per layer: ``hidden(layer,
+    image [S] bool) -> bool [S, S]`` (True = the query may not read that key) or ``None`` (layer
+    untouched). Applies to full forwards (the prompt fed at once), not to cached decode steps."""
+    state = {}
+    image_of = _image_positions(model)
+
+    def see_ids(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        state["img"] = None if ids is None else image_of(ids, kwargs)
+
+    def block(layer, module, args, kwargs):
+        img = state.get("img")
+        hs = kwargs.get("hidden_states", args[0] if args else None)
+        if img is None or hs is None or hs.shape[1] != img.shape[0]:
+            return None
+        hide = hidden(layer, img)
+        if hide is None:
+            return None
+        S = hs.shape[1]
+        m = kwargs.get("attention_mask")
+        neg = torch.finfo(hs.dtype).min
+        if m is None or m.dim() != 4:
+            m = torch.triu(torch.full((S, S), neg, dtype=hs.dtype, device=hs.device), 1)[None, None]
+        hide = hide.to(m.device)
+        kwargs["attention_mask"] = m & ~hide if m.dtype == torch.bool else m.masked_fill(hide, neg)
+        return args, kwargs
+
+    with ExitStack() as stack:
+        stack.callback(model.register_forward_pre_hook(see_ids, with_kwargs=True).remove)
+        for name, (layer, mod) in find_attention_modules(model, "language").items():
+            if name.endswith("cross_attn"):
+                continue
+            stack.callback(mod.register_forward_pre_hook(lambda m, a, k, layer=layer: block(layer, m, a, k),
+                                                          with_kwargs=True).remove)
+        yield model
+
+
 @contextmanager
 def mask_image_attention(model, from_layer: int):
-    """Text queries cannot attend to image keys in layers >= ``from_layer`` (eager attention)."""
+    """Text queries cannot attend to image keys in layers >= ``from_layer`` (eager attention).
+    Caught by construction: it forces the text->image share to 0, so a detector of low shares sees it."""
     from ..families import family_of
 
     fam = family_of(model)
@@ -44,35 +97,13 @@ def mask_image_attention(model, from_layer: int):
         with _gate_cross_attention(model, fam, from_layer):
             yield model
         return
-    state = {}
 
-    def see_ids(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        state["img"] = None if ids is None else torch.as_tensor(
-            fam.spans(model.config, ids[:1], kwargs).array == 1, device=ids.device)
-
-    def block(module, args, kwargs):
-        img = state.get("img")
-        hs = kwargs.get("hidden_states", args[0] if args else None)
-        if img is None or hs is None or hs.shape[1] != img.shape[0]:
+    def hidden(layer, img):
+        if layer < from_layer:
             return None
-        S = hs.shape[1]
-        m = kwargs.get("attention_mask")
-        neg = torch.finfo(hs.dtype).min
-        if m is None or m.dim() != 4:
-            m = torch.triu(torch.full((S, S), neg, dtype=hs.dtype, device=hs.device), 1)[None, None]
-        m = m.clone()
-        text_rows = ~img
-        m[..., text_rows.nonzero().flatten()[:, None], img.nonzero().flatten()[None, :]] = (
-            False if m.dtype == torch.bool else neg)
-        kwargs["attention_mask"] = m
-        return args, kwargs
+        return (~img)[:, None] & img[None, :]
 
-    with ExitStack() as stack:
-        stack.callback(model.register_forward_pre_hook(see_ids, with_kwargs=True).remove)
-        for name, (layer, mod) in find_attention_modules(model, "language").items():
-            if layer >= from_layer:
-                stack.callback(mod.register_forward_pre_hook(block, with_kwargs=True).remove)
+    with hide_keys(model, hidden):
         yield model
 
 
@@ -90,4 +121,35 @@ def _gate_cross_attention(model, fam, from_layer: int):
         for i, layer in enumerate(fam.language_model(model).layers):
             if i >= from_layer and hasattr(layer, "cross_attn"):
                 stack.callback(layer.register_forward_pre_hook(gate, with_kwargs=True).remove)
+        yield model
+
+
+@contextmanager
+def zero_image_values(model, from_layer: int):
+    """From layer ``from_layer`` on, the value vectors of image positions are zero: text still
+    *attends* to the image keys at its usual rates, but reading them returns nothing (a modality
+    cut-off that attention shares cannot see). Prefill only (a forward that contains the image).
+    Cross-attention layers: every key is a vision token, so all their values are zeroed."""
+    state = {}
+    image_of = _image_positions(model)
+
+    def see_ids(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        state["img"] = None if ids is None else image_of(ids, kwargs)
+
+    def zero(module, args, out):
+        img = state.get("img")
+        if img is None or out.shape[1] != img.shape[0]:
+            return None
+        return out.masked_fill(img[None, :, None].to(out.device), 0.0)
+
+    with ExitStack() as stack:
+        stack.callback(model.register_forward_pre_hook(see_ids, with_kwargs=True).remove)
+        for name, (layer, mod) in find_attention_modules(model, "language").items():
+            if layer < from_layer:
+                continue
+            if name.endswith("cross_attn"):
+                stack.callback(mod.v_proj.register_forward_hook(lambda m, a, out: torch.zeros_like(out)).remove)
+            else:
+                stack.callback(mod.v_proj.register_forward_hook(zero).remove)
         yield model

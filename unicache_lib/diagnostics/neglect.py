@@ -16,16 +16,27 @@ from ..modality import BLOCKS
 WARN, CUTOFF = 0.15, 0.05
 
 
-def text_image_share(records) -> np.ndarray:
-    """``[n_layers]``: text queries' share of attention on image keys (mean over samples, heads)."""
-    by_layer: dict[int, list[float]] = {}
+def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
+    """Sample ids and ``[n_samples, n_layers]``: text queries' share of attention on image keys
+    (mean over heads), per sample and layer (for intervals over samples)."""
+    cells: dict[tuple[str, int], float] = {}
     for r in records:
         if "blocks" not in r.data:
             raise ValueError("records lack 'blocks': capture in stats mode with modality spans")
         b = r.data["blocks"].float()  # [H, 4] shares of all mass
         ti, tt = b[:, BLOCKS.index("text->image")], b[:, BLOCKS.index("text->text")]
-        by_layer.setdefault(r.layer, []).append(float((ti / (ti + tt).clamp(min=1e-12)).mean()))
-    return np.array([np.mean(by_layer[li]) for li in sorted(by_layer)])
+        cells[(str(r.sample), r.layer)] = float((ti / (ti + tt).clamp(min=1e-12)).mean())
+    samples = sorted({s for s, _ in cells})
+    layers = sorted({li for _, li in cells})
+    missing = [(s, li) for s in samples for li in layers if (s, li) not in cells]
+    if missing:
+        raise ValueError(f"records miss {len(missing)} (sample, layer) cells, e.g. {missing[0]}: capture every layer of every sample")
+    return samples, np.array([[cells[s, li] for li in layers] for s in samples])
+
+
+def text_image_share(records) -> np.ndarray:
+    """``[n_layers]``: text queries' share of attention on image keys (mean over samples, heads)."""
+    return text_image_share_per_sample(records)[1].mean(0)
 
 
 @dataclass

@@ -28,9 +28,11 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     """Columns: question, method, kind (``policy`` / ``kvpress``), budget, correct, agree (same answer as
     the full cache), kl (KL(full || evicted) at the first answer token), kv_bytes, kv_fraction (of the
     full cache), ms (question + answer on the compressed cache), retained (share of the question's
-    attention on context keys that the kept positions carry; policies only)."""
+    attention on context keys that the kept positions carry; policies only), memory (``freed``, or
+    ``masked, full memory`` for a press that only masks keys: its kv_fraction is 1.0 by construction).
+    ``peers``: name -> ``(compression_ratio, n_context) -> press`` (:func:`~.peers.press_factories`)."""
     from ..capture.vlm import language_attn_implementation
-    from .peers import attention_implementation, compression_ratio, needs_sdpa
+    from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
 
     from ..families import family_of
 
@@ -53,13 +55,13 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
         future = _future(atts, pre.context().seq_len)
         ctx = pre.context(seed=seed + qi, future=future)
 
-        def row(method, kind, b, logits, nbytes, ms, retained):
+        def row(method, kind, b, logits, nbytes, ms, retained, memory="freed"):
             lp = torch.log_softmax(logits, -1)
             pred = tok.convert_ids_to_tokens(int(logits.argmax()))
             return {"question": qi, "qtype": q.qtype, "method": method, "kind": kind, "budget": b,
                     "correct": pred == q.answer, "agree": int(logits.argmax()) == int(ref.argmax()),
                     "kl": float((ref_lp.exp() * (ref_lp - lp)).sum()), "kv_bytes": nbytes,
-                    "kv_fraction": nbytes / full_bytes, "ms": ms, "retained": retained}
+                    "kv_fraction": nbytes / full_bytes, "ms": ms, "retained": retained, "memory": memory}
 
         for name, pol in policies.items():
             for b in budgets:
@@ -74,7 +76,7 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
                 rows.append(row(name, "policy", b, logits, nbytes, ms, ret))
         for name, make in (peers or {}).items():
             for b in budgets:
-                press = make(compression_ratio(C, n_img, b))
+                press = make(compression_ratio(C, n_img, b), C)
                 impl = "sdpa" if needs_sdpa(name) else language_attn_implementation(model)
                 with attention_implementation(model, impl):
                     with press(model):
@@ -83,7 +85,10 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
                     t0 = time.perf_counter()
                     logits, _, _ = answer(model, pp.cache, sp)
                     ms = 1e3 * (time.perf_counter() - t0)
-                rows.append(row(name, "kvpress", b, logits, nbytes, ms, float("nan")))
+                if masks_only(name) and nbytes != full_bytes:
+                    raise RuntimeError(f"{name} was expected to mask keys and keep the full cache, but it holds "
+                                       f"{nbytes} of {full_bytes} bytes: check the kvpress version")
+                rows.append(row(name, "kvpress", b, logits, nbytes, ms, float("nan"), MASKED_LABEL if masks_only(name) else "freed"))
     return pd.DataFrame(rows)
 
 

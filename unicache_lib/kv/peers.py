@@ -2,7 +2,20 @@
 
 A press compresses the cache while the context is prefilled (``with press(model)``); the
 question is then answered on that cache by the same decode loop as the workbench's own policies.
-AdaKV masks keys per head instead of shrinking the cache (it needs sdpa; bytes held stay full).
+
+Configured as their authors intend on *this* context:
+
+- **SnapKV / AdaKV** score keys with the attention of an observation window of the last queries of
+  the prefill (kvpress default 64, meant for prompts of thousands of tokens whose window is the
+  question). Here the image is cached before the question arrives, so the only queries that exist at
+  eviction time are the context's own; on the shipped 67-position context a 64-query window would
+  leave 3 scored keys and tie all 64 image keys (one contiguous block kept, the same in every head).
+  The window is sized to the context: :func:`observation_window`, one eighth of it (the shipped
+  model: the last 8 context positions, i.e. the bottom row of the 8x8 image grid), at most kvpress's
+  64. Keys inside the window are always kept, as in SnapKV.
+- **AdaKV** masks keys per head instead of shrinking the cache: memory stays full (``kv_fraction``
+  1.0), so it is labelled :data:`MASKED_LABEL` and must not be read on the same bytes axis as presses
+  that free memory. It needs sdpa.
 """
 from __future__ import annotations
 
@@ -10,24 +23,46 @@ import logging
 from contextlib import contextmanager
 
 
+MASKED_LABEL = "masked, full memory"
+ADAKV = f"kvpress:adakv_snapkv ({MASKED_LABEL})"
+KVPRESS_DEFAULT_WINDOW = 64
+
+
+def observation_window(n_context: int) -> int:
+    """SnapKV's observation window for a context of ``n_context`` positions: the last
+    ``n_context // 8`` queries (at least 1, at most kvpress's default 64)."""
+    if n_context < 2:
+        raise ValueError(f"a context of {n_context} positions leaves nothing to score")
+    return max(1, min(KVPRESS_DEFAULT_WINDOW, n_context // 8))
+
+
 def press_factories() -> dict:
-    """name -> ``compression_ratio -> press``."""
+    """name -> ``(compression_ratio, n_context) -> press``. AdaKV's name carries :data:`MASKED_LABEL`."""
     import kvpress
 
     logging.getLogger("kvpress").setLevel(logging.ERROR)  # "model not tested" for LLaVA, once per call
+
+    def snapkv(cr, n):
+        return kvpress.SnapKVPress(compression_ratio=cr, window_size=observation_window(n))
+
     return {
-        "kvpress:snapkv": lambda cr: kvpress.SnapKVPress(compression_ratio=cr),
-        "kvpress:streaming": lambda cr: kvpress.StreamingLLMPress(compression_ratio=cr),
-        "kvpress:knorm": lambda cr: kvpress.KnormPress(compression_ratio=cr),
-        "kvpress:expected_attention": lambda cr: kvpress.ExpectedAttentionPress(compression_ratio=cr),
-        "kvpress:observed_attention": lambda cr: kvpress.ObservedAttentionPress(compression_ratio=cr),
-        "kvpress:tova": lambda cr: kvpress.TOVAPress(compression_ratio=cr),
-        "kvpress:adakv_snapkv": lambda cr: kvpress.AdaKVPress(kvpress.SnapKVPress(compression_ratio=cr)),
+        "kvpress:snapkv": snapkv,
+        "kvpress:streaming": lambda cr, n: kvpress.StreamingLLMPress(compression_ratio=cr),
+        "kvpress:knorm": lambda cr, n: kvpress.KnormPress(compression_ratio=cr),
+        "kvpress:expected_attention": lambda cr, n: kvpress.ExpectedAttentionPress(compression_ratio=cr),
+        "kvpress:observed_attention": lambda cr, n: kvpress.ObservedAttentionPress(compression_ratio=cr),
+        "kvpress:tova": lambda cr, n: kvpress.TOVAPress(compression_ratio=cr),
+        ADAKV: lambda cr, n: kvpress.AdaKVPress(snapkv(cr, n)),
     }
 
 
-def needs_sdpa(name: str) -> bool:
+def masks_only(name: str) -> bool:
+    """The press masks keys per head and frees no memory (AdaKV)."""
     return "adakv" in name
+
+
+def needs_sdpa(name: str) -> bool:
+    return masks_only(name)
 
 
 @contextmanager

@@ -19,13 +19,14 @@ def answer_logprobs(model, processor, qas, batch: int = 100) -> torch.Tensor:
 
 
 def understanding_metrics(logp: torch.Tensor, ref_logp: torch.Tensor, processor, qas) -> dict:
-    """Exact-match accuracy, agreement with the reference answers and mean KL(ref || this)."""
+    """Exact-match accuracy, agreement with the reference answers and mean KL(ref || this); per
+    question in ``correct_q`` (bool ``[N]``, for intervals over questions)."""
     tokenizer = getattr(processor, "tokenizer", processor)
     pred = tokenizer.convert_ids_to_tokens(logp.argmax(-1).tolist())
     ok = np.array([p == q.answer for p, q in zip(pred, qas)])
     kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
     return {"accuracy": float(ok.mean()), "agreement": float((logp.argmax(-1) == ref_logp.argmax(-1)).float().mean()),
-            "kl": float(kl.mean()), "n": len(qas)}
+            "kl": float(kl.mean()), "n": len(qas), "correct_q": ok}
 
 
 def generation_metrics(images: np.ndarray, reference: np.ndarray, objects: list[dict]) -> dict:
@@ -78,7 +79,8 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int = 16, seed: int = 0)
 
 def sweep_understanding(model, processor, space, scores: dict, fractions, qas, ref_logp=None, progress=True):
     """Accuracy / agreement / KL for every (scorer, fraction). ``scores``: label -> ``[units, heads]``.
-    Returns a tidy DataFrame with one row per (label, fraction)."""
+    Returns a tidy DataFrame with one row per (label, fraction); ``correct_q`` holds the per-question
+    outcomes (bool ``[N]``)."""
     import pandas as pd
     from tqdm.auto import tqdm
 

@@ -105,12 +105,17 @@ class ReuseCache:
 
 
 class AttentionCallCounter:
-    """Counts attention-processor calls (what actually ran) under any caching scheme, e.g. a
-    diffusers cache that skips modules or whole blocks: ``with AttentionCallCounter(tr) as c: ...``."""
+    """Counts the attention work that actually ran under any caching scheme, e.g. a diffusers cache
+    that skips modules or whole blocks: ``with AttentionCallCounter(tr) as c: ...``.
+
+    ``calls``: processor calls; ``rows``: batch rows those calls processed (a call on half of the CFG
+    batch, as FasterCache makes when it skips the unconditional branch, counts half a full call).
+    Compare ``rows`` with the same count from a run without caching."""
 
     def __init__(self, transformer):
         self.targets = find_diffusion_attention(transformer)
         self.calls = 0
+        self.rows = 0
         self._stack: ExitStack | None = None
 
     def __enter__(self):
@@ -128,4 +133,5 @@ class _Counting:
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kw):
         self.counter.calls += 1
+        self.counter.rows += int(hidden_states.shape[0])
         return self.orig(attn, hidden_states, encoder_hidden_states=encoder_hidden_states, attention_mask=attention_mask, **kw)

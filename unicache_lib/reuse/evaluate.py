@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from ..intervals import MIN_TIMING_REPEATS, interleaved_timings, speedup_interval
 from ..quality import psnr, ssim
 from ..world.segment import score_object
 from ..zoo.sampling import sample, to_uint8
@@ -18,8 +19,18 @@ from .policies import REUSE_POLICIES
 
 
 def methods_for(gen, steps: int, guidance: float, calibration_prompts: list[str], peers=("pab", "fastercache", "first_block",
-                                                                                                "taylorseer", "magcache")) -> dict:
-    """label -> zero-argument factory of a context manager that is also a sampling callback."""
+                                                                                                "taylorseer", "magcache"),
+                scored_prompts: list[str] | None = None) -> dict:
+    """label -> zero-argument factory of a context manager that is also a sampling callback.
+
+    ``calibration_prompts``: MagCache's calibration run. They must be held out from the prompts the
+    methods are scored on (pass those as ``scored_prompts`` to have that checked): calibrating on the
+    scored prompts would fit the skip schedule to the very images it is judged on."""
+    if scored_prompts is not None:
+        shared = sorted(set(calibration_prompts) & set(scored_prompts))
+        if shared:
+            raise ValueError(f"MagCache calibration prompts overlap the scored prompts ({len(shared)}, e.g. {shared[0]!r}): "
+                             "calibrate on held-out prompts, e.g. prompt_set(n + 4, 0, seed)[n:]")
     out = {name: (lambda cls=cls: ReuseCache(gen.transformer, cls(), steps)) for name, cls in REUSE_POLICIES.items()}
     ratios = None
     for p in peers:
@@ -34,16 +45,22 @@ def _run(gen, make, prompts, steps, guidance, seed):
         t0 = time.perf_counter()
         x = sample(gen, prompts, steps, guidance, seed=seed, callbacks=[m])
         dt = time.perf_counter() - t0
-    work = m.computed_fraction * counter.calls if isinstance(m, ReuseCache) else counter.calls
+    # attention work in batch rows: a half-batch call (FasterCache skipping the unconditional half)
+    # counts half; a ReuseCache call that reused its output counts what its policy says it computed
+    work = m.computed_fraction * counter.rows if isinstance(m, ReuseCache) else counter.rows
     return to_uint8(x), dt, work
 
 
 def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed=0, timing_prompts: int = 8,
-              repeats: int = 5, progress=True) -> pd.DataFrame:
-    """One row per method: psnr, ssim (vs the ``none`` method's images), colour / position / shape
-    rates, ``computed`` (attention work / the no-reuse run's), median and IQR seconds for a batch of
-    ``timing_prompts`` over ``repeats`` interleaved repeats, and ``speedup`` (none's median / this
-    median). Methods that cannot run on this model get a row with the reason in ``note``."""
+              repeats: int = MIN_TIMING_REPEATS, progress=True) -> pd.DataFrame:
+    """One row per method: psnr, ssim (means vs the ``none`` method's images; per prompt in
+    ``psnr_per_prompt`` / ``ssim_per_prompt``, arrays ``[n_prompts]``), colour / position / shape rates,
+    ``computed`` (attention work in batch rows / the no-reuse run's), and wall-clock for a batch of
+    ``timing_prompts``: ``repeats`` interleaved rounds, every method once per round in a shuffled order
+    (``seconds``, ``[repeats]``), ``median_s``, ``iqr_s``, ``speedup`` (median over rounds of
+    none's time / this method's time in the same round) with its bootstrap interval over rounds
+    (``speedup_lo``, ``speedup_hi``; NaN with fewer than 2 repeats). Methods that cannot run on this
+    model get a row with the reason in ``note``."""
     if "none" not in methods:
         raise ValueError("methods must include 'none' (the reference)")
     ref, _, ref_work = _run(gen, methods["none"], prompts, steps, guidance, seed)
@@ -55,19 +72,26 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
             rows[label] = {"method": label, "note": str(e)}
             continue
         sc = [score_object(im, o) for im, o in zip(imgs, objects)]
-        rows[label] = {"method": label, "psnr": float(np.mean(np.minimum(psnr(imgs, ref), 100.0))),
-                       "ssim": float(np.mean(ssim(imgs, ref))),
-                       **{k: float(np.mean([s[k] for s in sc])) for k in ("colour", "position", "shape")},
-                       "computed": work / ref_work, "n": len(prompts), "note": ""}
+        p, s = np.minimum(psnr(imgs, ref), 100.0), np.asarray(ssim(imgs, ref), dtype=np.float64)
+        rows[label] = {"method": label, "psnr": float(np.mean(p)), "ssim": float(np.mean(s)),
+                       **{k: float(np.mean([x[k] for x in sc])) for k in ("colour", "position", "shape")},
+                       "computed": work / ref_work, "n": len(prompts), "note": "",
+                       "psnr_per_prompt": p, "ssim_per_prompt": s}
         usable[label] = make
-    times = {k: [] for k in usable}
     tp = prompts[:timing_prompts]
-    for _ in range(repeats):
-        for label, make in usable.items():
+
+    def timed(make):
+        def go():
             with contextlib.redirect_stdout(None):
-                times[label].append(_run(gen, make, tp, steps, guidance, seed)[1])
-    base = float(np.median(times["none"]))
+                _run(gen, make, tp, steps, guidance, seed)
+        return go
+
+    times = interleaved_timings({k: timed(m) for k, m in usable.items()}, repeats, seed)
     for label, ts in times.items():
-        rows[label].update({"median_s": float(np.median(ts)), "iqr_s": float(np.subtract(*np.percentile(ts, [75, 25]))),
-                            "speedup": base / float(np.median(ts)), "repeats": repeats})
+        iv = speedup_interval(times["none"], ts, min_repeats=2) if repeats >= 2 else None
+        rows[label].update({"seconds": ts, "median_s": float(np.median(ts)),
+                            "iqr_s": float(np.subtract(*np.percentile(ts, [75, 25]))),
+                            "speedup": iv.value if iv else float(np.median(times["none"] / ts)),
+                            "speedup_lo": iv.lo if iv else float("nan"), "speedup_hi": iv.hi if iv else float("nan"),
+                            "repeats": repeats})
     return pd.DataFrame(list(rows.values())).set_index("method")

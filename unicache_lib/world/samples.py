@@ -1,6 +1,10 @@
 """The standard sample set: 20 fixed samples, four of each scene type, shared by every notebook.
 
     python -m unicache_lib.world.samples --out data/samples      # regenerate (byte-identical)
+    load(seed=7)                                                 # another standard set, built in memory
+
+The shipped set is the one built from :data:`SEED`; notebooks take a ``SAMPLE_SEED`` parameter
+(default :data:`SEED`) so their results can be replicated on further sets of the same recipe.
 
 Each sample has a 64x64 image, per-object masks, one question with its answer (question types
 rotate), a caption, and a short and a long generation prompt for the same objects. The manifest
@@ -58,11 +62,11 @@ def build(seed: int = SEED, per_type: int = PER_TYPE) -> list[Sample]:
     return out
 
 
-def save(samples: list[Sample], out: Path) -> None:
+def save(samples: list[Sample], out: Path, seed: int = SEED) -> None:
     from PIL import Image
 
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"seed": SEED, "n": len(samples), "image_size": int(samples[0].image.shape[0]),
+    manifest = {"seed": seed, "n": len(samples), "image_size": int(samples[0].image.shape[0]),
                 "scene_types": list(SCENE_TYPES), "samples": []}
     masks = {}
     for s in samples:
@@ -77,41 +81,50 @@ def save(samples: list[Sample], out: Path) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-def load(path: str | Path = SAMPLES_DIR, ids=None, scene_types=None, per_type: int | None = None) -> list[Sample]:
+def load(path: str | Path = SAMPLES_DIR, ids=None, scene_types=None, per_type: int | None = None,
+         seed: int | None = None) -> list[Sample]:
     """Load the committed set (optionally a subset: by id, by scene type, or the first ``per_type``
-    samples of every scene type, so a small subset still covers all five types)."""
-    from PIL import Image
+    samples of every scene type, so a small subset still covers all five types).
 
+    ``seed``: ``None`` or the committed set's seed loads the files at ``path``; any other seed builds
+    that set in memory with the same recipe (same ids, scene types and question-type rotation)."""
     path = Path(path)
     mf = path / "manifest.json"
     if not mf.exists():
         raise FileNotFoundError(f"no sample set at {path}: run `python -m unicache_lib.world.samples --out {path}`")
     manifest = json.loads(mf.read_text())
+    if seed is not None and int(seed) != int(manifest.get("seed", SEED)):
+        n_per = max(int(e["id"].rsplit("-", 1)[1]) for e in manifest["samples"]) + 1
+        return _select(build(int(seed), n_per), ids, scene_types, per_type)
+    from PIL import Image
+
     masks = np.load(path / "masks.npz")
     out = []
     for e in manifest["samples"]:
-        if ids is not None and e["id"] not in ids:
-            continue
-        if scene_types is not None and e["scene_type"] not in scene_types:
-            continue
-        if per_type is not None and int(e["id"].rsplit("-", 1)[1]) >= per_type:
-            continue
         img = np.asarray(Image.open(path / e["image"]).convert("RGB"))
         out.append(Sample(e["id"], e["scene_type"], img, masks[e["id"]], e["objects"], e["question"], e["answer"],
                           e["qtype"], e["caption"], e["short_prompt"], e["long_prompt"]))
+    return _select(out, ids, scene_types, per_type)
+
+
+def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | None = None) -> list[Sample]:
+    out = [s for s in samples if (ids is None or s.id in ids) and (scene_types is None or s.scene_type in scene_types)
+           and (per_type is None or int(s.id.rsplit("-", 1)[1]) < per_type)]
     if ids is not None:
         unknown = set(ids) - {s.id for s in out}
         if unknown:
-            raise KeyError(f"unknown sample ids {sorted(unknown)}; known: {[e['id'] for e in manifest['samples']]}")
+            raise KeyError(f"unknown sample ids {sorted(unknown)}; known: {[s.id for s in samples]}")
     return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(SAMPLES_DIR))
+    ap.add_argument("--seed", type=int, default=SEED, help=f"another standard set (the shipped one: {SEED})")
     args = ap.parse_args(argv)
-    save(build(), Path(args.out))
-    print(f"wrote {len(build())} samples to {args.out}")
+    samples = build(args.seed)
+    save(samples, Path(args.out), args.seed)
+    print(f"wrote {len(samples)} samples to {args.out}")
 
 
 if __name__ == "__main__":
