@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 # costs nothing measurable when the machine is idle.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup run test test-fast notebooks lab benchmark replicate models clean-outputs
+.PHONY: setup run test test-fast notebooks lab benchmark replicate rehearsal gpu-rehearsal models clean-outputs
 
 setup: $(STAMP)
 
@@ -65,6 +65,18 @@ lab: setup
 benchmark: setup
 	$(BIN)/python benchmarks/capture_overhead.py
 	$(BIN)/python benchmarks/caching.py
+
+## rehearsal: random-weight stand-ins of LLaVA-1.5-7B, Qwen2-VL-2B and Llama-3.2-11B-Vision (real token counts and
+##            depth, reduced width) through notebooks 01, 02, 04, 05 and 06 by parameters only; wall-clock and peak
+##            RSS per notebook and model -> benchmarks/results/rehearsal.csv and the README table (about an hour on
+##            2 CPU cores; not part of CI, a slice of it is in `make test`)
+rehearsal: setup
+	$(BIN)/python -m unicache_lib.rehearsal
+
+## gpu-rehearsal: on a CUDA machine, the rehearsal at LLaVA-1.5-7B's real width in fp16, capture overhead and
+##            decode-step time / KV bytes at 25% and 10% of the image KV; on a CPU machine it says so and exits 0
+gpu-rehearsal: setup
+	$(BIN)/python benchmarks/gpu_rehearsal.py
 
 ## replicate: notebooks 02-06 on two further sample / question / prompt seeds with full parameters (hours on a
 ##            CPU; not part of CI) -> data/replicate/verdicts.csv and the README's replication table.

@@ -14,7 +14,9 @@
 
 # %% tags=["parameters"]
 UNDERSTANDING_MODEL = "tiny-llava"
-GENERATORS = ["tiny-mmdit", "tiny-pixart"]
+DEVICE = "auto"               # "cpu", "cuda" or "auto"
+DTYPE = "auto"                # weights; statistics are fp32 always
+GENERATORS = ["tiny-mmdit", "tiny-pixart"]   # [] skips the generator half
 N_QUESTIONS = 1000            # held-out questions for accuracy and KL
 N_GRADIENT = 128              # other questions for the gradient scorer
 FRACTIONS = [0.0, 0.1, 0.2, 0.3, 0.5]
@@ -24,6 +26,7 @@ STEPS = 20
 GUIDANCE = 3.0
 SEED = 0
 TIMING_REPEATS = 15
+PER_TYPE = 4                  # standard samples per scene type for P3's capture (4 = all 20)
 UNDERSTANDING_STORE = "outputs/02_understanding_maps/stats"
 GENERATION_STORE = "outputs/03_diffusion_steps/store"
 OUT_DIR = "outputs/04_head_pruning"
@@ -40,7 +43,7 @@ import torch
 from unicache_lib import plots
 from unicache_lib.analysis.layers import band_layers
 from unicache_lib.capture.gen_runner import generation_store_or_capture
-from unicache_lib.capture.runner import capture_samples, model_inputs, stats_store_or_capture
+from unicache_lib.capture.runner import capture_samples, stats_store_or_capture
 from unicache_lib.pruning import SCORERS, HeadMask, HeadSpace, ScoringContext, prune_physically
 from unicache_lib.pruning import evaluate as E
 from unicache_lib.pruning.scorers import head_statistics
@@ -56,12 +59,12 @@ from unicache_lib.zoo.train_llava import heldout_set
 torch.manual_seed(SEED)
 out = Path(OUT_DIR)
 out.mkdir(parents=True, exist_ok=True)
-model, processor = load_understanding(UNDERSTANDING_MODEL, attn_implementation="eager")
-tok = processor.tokenizer
+model, processor = load_understanding(UNDERSTANDING_MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 space = HeadSpace.of(model)
 qas = heldout_set(N_QUESTIONS, seed=12345 + SEED)  # SEED 0: the fixed held-out set
 grad_qas = heldout_set(N_GRADIENT, seed=SEED + 777)
-ustore, fresh = stats_store_or_capture(UNDERSTANDING_STORE, out / "understanding_stats", UNDERSTANDING_MODEL, sample_seed=SAMPLE_SEED)
+ustore, fresh = stats_store_or_capture(UNDERSTANDING_STORE, out / "understanding_stats", UNDERSTANDING_MODEL,
+                                       sample_seed=SAMPLE_SEED, model=model, processor=processor)
 urecs = Store(ustore).read()
 print(f"{UNDERSTANDING_MODEL}: {len(space.units)} layers x {space.shape[1]} heads = {space.n_heads} heads; "
       f"{len(qas)} held-out questions; statistics from {len(urecs)} records in {ustore}{' (captured now)' if fresh else ''}")
@@ -75,7 +78,7 @@ print("scorers:", ", ".join(f"{n} ({c.description})" for n, c in SCORERS.items()
 # head mask held at 1.
 
 # %%
-ctx = ScoringContext(space, urecs, E.understanding_loss_fns(model, tok, grad_qas), SEED)
+ctx = ScoringContext(space, urecs, E.understanding_loss_fns(model, processor, grad_qas), SEED)
 scores = {name: cls()(ctx) for name, cls in SCORERS.items() if name != "random"}
 for s in range(RANDOM_SEEDS):
     scores[f"random#{s}"] = SCORERS["random"]()(ScoringContext(space, seed=SEED + s))
@@ -108,8 +111,8 @@ print(pd.DataFrame([[rank_corr(scores[a], scores[b]) for b in names] for a in na
 # distribution, averaged over questions. The random scorer is repeated over seeds: its band is a 95% t-interval.
 
 # %%
-ref_logp = E.answer_logprobs(model, tok, qas)
-U = E.sweep_understanding(model, tok, space, scores, FRACTIONS, qas, ref_logp, progress=False)
+ref_logp = E.answer_logprobs(model, processor, qas)
+U = E.sweep_understanding(model, processor, space, scores, FRACTIONS, qas, ref_logp, progress=False)
 U["family"] = U.scorer.str.replace(r"#\d+$", "", regex=True)
 
 # %%
@@ -168,7 +171,7 @@ rand_shallow = np.zeros(space.shape, bool)
 cells = [(li, h) for li in shallow for h in range(space.shape[1])]
 for i in rng.choice(len(cells), n_uniform, replace=False):
     rand_shallow[cells[i]] = True
-std_samples = sample_set.load(seed=SAMPLE_SEED)
+std_samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
 
 
 def deep_changes(keep):
@@ -182,7 +185,7 @@ def deep_changes(keep):
             continue
         rows.append({"sample": a.sample, "layer": a.layer,
                      "d_entropy": float((a.data["norm_entropy"] - b.data["norm_entropy"]).abs().nanmean()),
-                     "d_image_share": float((a.data["image_share"] - b.data["image_share"]).abs().mean())})
+                     "d_image_share": float((a.data["image_share"] - b.data["image_share"]).abs().nanmean())})
     return pd.DataFrame(rows)
 
 
@@ -190,7 +193,7 @@ p3, p3_changes = {}, {}
 for label, sel in (("near-uniform shallow heads", uniform), ("random shallow heads", rand_shallow)):
     keep = torch.tensor(~sel, dtype=torch.float32)
     with HeadMask(space, keep):
-        m = E.understanding_metrics(E.answer_logprobs(model, tok, qas), ref_logp, tok, qas)
+        m = E.understanding_metrics(E.answer_logprobs(model, processor, qas), ref_logp, processor, qas)
     ch = p3_changes[label] = deep_changes(keep)
     p3[label] = {"heads pruned": int(sel.sum()), **m, "deep d_entropy": ch.d_entropy.mean(), "deep d_image_share": ch.d_image_share.mean()}
     print(f"{label}: per deeper layer\n{ch.drop(columns='sample').groupby('layer').mean().round(4).to_string()}")
@@ -224,29 +227,32 @@ for gname in GENERATORS:
     df, gen_refs[gname] = E.sweep_generation(gen, gspace, gscores, FRACTIONS, gprompts, objs, STEPS, GUIDANCE, SEED, progress=False)
     gen_rows.append(df.assign(model=gname))
     print(f"{gname}: {len(gspace.units)} units x {gspace.shape[1]} heads; statistics from {gstore}{' (captured now)' if gfresh else ''}")
-Gdf = pd.concat(gen_rows, ignore_index=True)
+Gdf = pd.concat(gen_rows, ignore_index=True) if gen_rows else pd.DataFrame(columns=["model", "scorer", "fraction"])
 Gdf["family"] = Gdf.scorer.str.replace(r"#\d+$", "", regex=True)
+if not GENERATORS:
+    print("GENERATORS is empty: the generator half is skipped")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for metric in ("ssim", "position"):
+for metric in ("ssim", "position") if GENERATORS else ():
     print(f"{metric} (n = {N_PROMPTS} prompts; random: mean of {RANDOM_SEEDS} seeds)")
     print(Gdf.pivot_table(index=["model", "family"], columns="fraction", values=metric, aggfunc="mean").round(3).to_string())
 
 # %%
-fig, axes = plt.subplots(1, 2 * len(GENERATORS), figsize=(5 * len(GENERATORS) + 2, 3.4))
-for j, gname in enumerate(GENERATORS):
-    for k, (metric, lab) in enumerate((("ssim", "SSIM vs unpruned"), ("colour", "colour correct"))):
-        ax = axes[2 * j + k]
-        for fam, (x, m, h) in curves(Gdf[Gdf.model == gname], metric).items():
-            ax.plot(x, m, marker="o", label=fam, ls="--" if fam == "random" else "-")
-            if fam == "random":
-                ax.fill_between(x, m - h, m + h, alpha=0.2, color=ax.lines[-1].get_color())
-        ax.set_title(f"{gname}: {lab}", fontsize=9)
-        ax.set_xlabel("fraction pruned")
-axes[0].legend(fontsize=6)
-fig.tight_layout()
-_ = plots.save(fig, out, "generation_pruning")
+if GENERATORS:
+    fig, axes = plt.subplots(1, 2 * len(GENERATORS), figsize=(5 * len(GENERATORS) + 2, 3.4))
+    for j, gname in enumerate(GENERATORS):
+        for k, (metric, lab) in enumerate((("ssim", "SSIM vs unpruned"), ("colour", "colour correct"))):
+            ax = axes[2 * j + k]
+            for fam, (x, m, h) in curves(Gdf[Gdf.model == gname], metric).items():
+                ax.plot(x, m, marker="o", label=fam, ls="--" if fam == "random" else "-")
+                if fam == "random":
+                    ax.fill_between(x, m - h, m + h, alpha=0.2, color=ax.lines[-1].get_color())
+            ax.set_title(f"{gname}: {lab}", fontsize=9)
+            ax.set_xlabel("fraction pruned")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    _ = plots.save(fig, out, "generation_pruning")
 
 # %% [markdown]
 # ## 5. Physical pruning: does it run faster?
@@ -258,18 +264,25 @@ _ = plots.save(fig, out, "generation_pruning")
 # %%
 keep30 = space.keep_mask(scores["attention_combined"], 0.3)
 small = copy.deepcopy(model)
-kept = prune_physically(HeadSpace.of(small), keep30)
+try:
+    kept = prune_physically(HeadSpace.of(small), keep30)
+except NotImplementedError as err:  # e.g. grouped-query attention: query heads share key/value heads
+    kept, TIMING_REPEATS = None, 0
+    print(f"physical pruning is not available for this model ({err}); HeadMask results above still hold")
 batch = qas[:100]
-with torch.no_grad():
-    with HeadMask(space, keep30):
-        masked_lp = E.answer_logprobs(model, tok, batch)
-    small_lp = E.answer_logprobs(small, tok, batch)
-same = float((masked_lp - small_lp).abs().max())
-times = interleaved_timings({"full": lambda: E.answer_logprobs(model, tok, batch),
-                             "pruned 30%": lambda: E.answer_logprobs(small, tok, batch)}, TIMING_REPEATS, SEED)
-tt = pd.DataFrame({k: {"median ms": 1e3 * np.median(v), "IQR ms": 1e3 * (np.percentile(v, 75) - np.percentile(v, 25))} for k, v in times.items()}).T
-print(f"heads kept per layer: {list(kept.values())}; max |log p(masked) - log p(pruned)| = {same:.1e}")
-print(tt.round(2).to_string())
+if kept is not None:
+    with torch.no_grad():
+        with HeadMask(space, keep30):
+            masked_lp = E.answer_logprobs(model, processor, batch)
+        small_lp = E.answer_logprobs(small, processor, batch)
+    same = float((masked_lp - small_lp).abs().max())
+    times = interleaved_timings({"full": lambda: E.answer_logprobs(model, processor, batch),
+                                 "pruned 30%": lambda: E.answer_logprobs(small, processor, batch)}, TIMING_REPEATS, SEED)
+    tt = pd.DataFrame({k: {"median ms": 1e3 * np.median(v), "IQR ms": 1e3 * (np.percentile(v, 75) - np.percentile(v, 25))}
+                       for k, v in times.items()}).T
+    print(f"heads kept per layer: {list(kept.values())}; max |log p(masked) - log p(pruned)| = {same:.1e}")
+    print(tt.round(2).to_string())
+del small
 if TIMING_REPEATS >= 2:
     sp = speedup_interval(times["full"], times["pruned 30%"], min_repeats=2)
     print(f"speed-up {sp.value:.2f}x [{sp.lo:.2f}, {sp.hi:.2f}] over {TIMING_REPEATS} shuffled interleaved repeats "
@@ -302,10 +315,14 @@ def correct(family, fraction):
     return np.mean(np.stack(d.correct_q.to_list()).astype(float), 0)
 
 
-c0, c10, c20 = (correct("attention_combined", f) for f in (0.0, 0.1, 0.2))  # FRACTIONS must hold these
+c0, c10 = (correct("attention_combined", f) for f in (0.0, 0.1))  # FRACTIONS must hold 0.0 and 0.1
 board.measure("P1", difference_interval(c0, c10, "questions"), criterion="a")
-board.measure("P1", difference_interval(c10, c20, "questions"), criterion="b",
-              shown=f"drop at 10%: {100 * (c0 - c10).mean():.1f} pt, at 20%: {100 * (c0 - c20).mean():.1f} pt")
+if 0.2 in FRACTIONS:
+    c20 = correct("attention_combined", 0.2)
+    board.measure("P1", difference_interval(c10, c20, "questions"), criterion="b",
+                  shown=f"drop at 10%: {100 * (c0 - c10).mean():.1f} pt, at 20%: {100 * (c0 - c20).mean():.1f} pt")
+else:
+    board.measure("P1", None, criterion="b", note="FRACTIONS has no 0.2")
 pruned_f = [f for f in FRACTIONS if f > 0]
 mean_over_f = {fam: np.mean([correct(fam, f) for f in pruned_f], 0) for fam in acc_tab.index}
 board.measure("P2", difference_interval(mean_over_f["attention_combined"], mean_over_f["weight_norm"], "questions"), criterion="a")

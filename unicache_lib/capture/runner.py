@@ -136,11 +136,11 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
 
 
 def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progress: bool = False,
-                           sample_seed: int | None = None):
+                           sample_seed: int | None = None, model=None, processor=None):
     """The understanding model's stats store at ``path`` (notebook 02 writes one), or, when there
     is none, a fresh capture of the standard sample set (built from ``sample_seed``; ``None``: the
-    shipped set) into ``fallback``. A store captured on another sample set is refused. Returns
-    ``(path, captured)``."""
+    shipped set) into ``fallback``, with ``model`` / ``processor`` when given (else ``model_name`` is
+    loaded). A store of another model or another sample set is refused. Returns ``(path, captured)``."""
     import json
     import shutil
     from pathlib import Path
@@ -151,14 +151,19 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
     path, fallback = Path(path), Path(fallback)
     want = sample_set.SEED if sample_seed is None else int(sample_seed)
     if (path / "meta.json").exists():
-        have = json.loads((path / "meta.json").read_text()).get("sample_seed", sample_set.SEED)
+        meta = json.loads((path / "meta.json").read_text())
+        have = meta.get("sample_seed", sample_set.SEED)
         if int(have) != want:
             raise ValueError(f"the store at {path} was captured on the standard set of sample seed {have}, not {want}: "
                              "point to the store of the same sample set, or to a missing path to capture afresh")
+        if meta.get("model", model_name) != model_name:
+            raise ValueError(f"the store at {path} holds {meta['model']!r}, not {model_name!r}: point to that model's "
+                             "store (notebook 02's OUT_DIR/stats), or to a missing path to capture afresh")
         return path, False
     if fallback.exists():
         shutil.rmtree(fallback)  # the caller's own output of an earlier run
-    model, proc = load_understanding(model_name, attn_implementation="eager")
-    capture_samples(model, proc, sample_set.load(seed=want), Store(fallback, meta={"model": model_name, "sample_seed": want}),
-                    progress=progress)
+    if model is None:
+        model, processor = load_understanding(model_name, attn_implementation="eager")
+    capture_samples(model, processor, sample_set.load(seed=want),
+                    Store(fallback, meta={"model": model_name, "sample_seed": want}), progress=progress)
     return fallback, True

@@ -14,7 +14,7 @@ def _clip(shape: Shape, **kw):
 
 
 def _text(cls, tok, shape: Shape, **kw):
-    return cls(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+    return cls(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=shape.extra.get("intermediate", 4 * shape.hidden),
                num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
                head_dim=shape.head_dim, max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False, **kw)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ class StandIn:
     shape: Shape
     notes: str = ""
     image_tokens: int = 0
-    extra_card: dict = field(default_factory=dict)
+    real_width: Shape | None = None  # the real widths too (for a GPU: `gpu-rehearsal`)
 
 
 STANDINS: dict[str, StandIn] = {
@@ -44,7 +44,9 @@ STANDINS: dict[str, StandIn] = {
               "vision": "CLIP ViT-L/14-336: 24 layers x 16 heads, hidden 1024", "image_tokens": 576},
         shape=Shape(layers=32, heads=32, kv_heads=32, head_dim=8, vision_layers=24, vision_heads=16, vision_head_dim=4,
                     image_size=336, patch=14, extra={"vision_feature_layer": -2}),
-        image_tokens=576),
+        image_tokens=576,
+        real_width=Shape(layers=32, heads=32, kv_heads=32, head_dim=128, vision_layers=24, vision_heads=16, vision_head_dim=64,
+                         image_size=336, patch=14, extra={"vision_feature_layer": -2, "intermediate": 11008})),
     "qwen2-vl-2b": StandIn(
         "Qwen2-VL", "Qwen/Qwen2-VL-2B-Instruct",
         real={"text": "Qwen2 28 layers x 12 heads x 128 (hidden 1536), 2 KV heads, M-RoPE [16, 24, 24]",
@@ -68,26 +70,42 @@ STANDINS: dict[str, StandIn] = {
 }
 
 
-def build(name: str, out: Path, seed: int = 0) -> Path:
-    """Build the stand-in ``name`` into ``out / name`` (config, random weights, processor, card)."""
+def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device: str = "cpu",
+          dtype: torch.dtype = torch.float32) -> Path:
+    """Build the stand-in ``name`` into ``out / name`` (config, random weights, processor, card).
+
+    ``real_width``: the real model's widths too (LLaVA-1.5-7B: hidden 4096, about 7B parameters; build it
+    on a GPU with ``device="cuda", dtype=torch.float16``, where the weights are created directly).
+    """
     import transformers
 
     if name not in STANDINS:
         raise KeyError(f"unknown stand-in {name!r}; known: {', '.join(STANDINS)}")
     spec = STANDINS[name]
+    shape = spec.real_width if real_width else spec.shape
+    if shape is None:
+        raise ValueError(f"stand-in {name!r} has no real-width shape; real widths exist for "
+                         f"{', '.join(n for n, s in STANDINS.items() if s.real_width)}")
     fam = FAMILIES[spec.family]
     t0 = time.perf_counter()
     tok = fam.tokenizer()
-    cfg = fam.config(tok, spec.shape)
+    cfg = fam.config(tok, shape)
     torch.manual_seed(seed)
-    model = getattr(transformers, fam.model_class_for(cfg.model_type))(cfg).eval()
-    d = Path(out) / name
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = getattr(transformers, fam.model_class_for(cfg.model_type))(cfg).eval()
+    finally:
+        torch.set_default_dtype(old)
+    d = Path(out) / (name + ("-real-width" if real_width else ""))
     d.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(d)
-    fam.processor(tok, spec.shape).save_pretrained(d)
+    fam.processor(tok, shape).save_pretrained(d)
     n_params = sum(p.numel() for p in model.parameters())
     card = {"model": name, "stand_in": True, "imitates": spec.imitates, "family": spec.family, "seed": seed,
-            "class": type(model).__name__, "real": spec.real, "shape": asdict(spec.shape), "parameters": n_params,
+            "class": type(model).__name__, "real": spec.real, "shape": asdict(shape), "parameters": n_params,
+            "real_width": real_width,
             "image_tokens": spec.image_tokens, "notes": spec.notes,
             "what_it_is_for": "code paths, memory and time at the real model's token counts and depth; random "
                               "weights, so no statistic or verdict of it means anything",
