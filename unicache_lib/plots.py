@@ -75,10 +75,9 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
         fig, ax = plt.subplots(figsize=(4, 4))
     img = np.log10(P + 1e-6) if log else P
     ax.imshow(img, cmap="viridis", interpolation="nearest", aspect="auto")
-    if spans is not None:
-        spans.check(P.shape[-1])
-        a, b = spans.image_range()
-        ax.axvspan(a - 0.5, b - 0.5, fill=False, edgecolor="w", lw=0.8)
+    block = _image_block(spans, P.shape[-1])
+    if block:
+        ax.axvspan(block[0] - 0.5, block[1] - 0.5, fill=False, edgecolor="w", lw=0.8)
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
     ax.set_title(title + (" (log10)" if log else ""), fontsize=9)
@@ -100,6 +99,17 @@ def bars(values: dict[str, float], title: str = "", ylabel: str = "", log: bool 
     return fig
 
 
+def _image_block(spans: Spans | None, n: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the image tokens when they are one block (to mark on a figure), else None."""
+    if spans is None:
+        return None
+    spans.check(n, "figure's key axis")
+    idx = spans.image_index
+    if len(idx) == 0 or idx[-1] - idx[0] + 1 != len(idx):
+        return None
+    return int(idx[0]), int(idx[-1]) + 1
+
+
 def save(fig, out_dir: str | Path, name: str) -> Path:
     """Save ``fig`` as ``out_dir/name.png`` (directory created) and return the path."""
     out = Path(out_dir)
@@ -118,9 +128,9 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
         raise ValueError(f"expected [n_layers, seq], got shape {R.shape}")
     fig, ax = plt.subplots(figsize=(7, 2.6))
     im = ax.imshow(np.log10(R + 1e-6) if log else R, aspect="auto", cmap="magma", interpolation="nearest")
-    if spans is not None:
-        spans.check(R.shape[1], "read-frequency row")
-        a, b = spans.image_range()
+    block = _image_block(spans, R.shape[1])
+    if block:
+        a, b = block
         ax.axvline(a - 0.5, color="c", lw=1)
         ax.axvline(b - 0.5, color="c", lw=1)
         ax.text((a + b) / 2, -0.7, "image", color="c", ha="center", fontsize=8)
@@ -221,8 +231,7 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
     else:
         attention_map(P, spans, f"{title} raw", ax=axes[0])
         blocked_map(P, spans, "blocked", ax=axes[1])
-        a, b = spans.image_range()
-        image_overlay(image, P[token_pos, a:b], f"query {token_pos} {name!r} -> image", ax=axes[2], grid=grid,
+        image_overlay(image, P[token_pos, spans.image_index], f"query {token_pos} {name!r} -> image", ax=axes[2], grid=grid,
                       grid_tokens=grid_tokens)
     fig.tight_layout()
     return fig

@@ -179,9 +179,9 @@ print(placement.groupby("layer")[["object", "object_chance", "edge", "edge_chanc
 sink, anchor_mass = [], []
 for r in recs:
     t = r.data["text_read_freq"].mean(0)
-    a, _ = r.spans.image_range()
+    img_idx = r.spans.image_index
     sink.append(float("nan") if CROSS else float(t[:3].sum() / t.sum()))
-    anchor_mass.append(float(t[a + AS[(r.sample, r.layer)]].sum() / t.sum()))
+    anchor_mass.append(float(t[img_idx[AS[(r.sample, r.layer)]]].sum() / t.sum()))
 print(f"text reads on the first 3 positions: {np.mean(sink):.3f}; on the {TOP_K} image anchors: {np.mean(anchor_mass):.3f} "
       f"({len(recs)} sample-layers)")
 
@@ -331,8 +331,11 @@ def band(c, b, idx):
 
 
 board.measure("U1", over_samples(lambda i: X["top10_share"][i].mean()), shown=f"top-10% share, Gini {L.gini.mean():.2f}")
-board.measure("U2a", over_samples(lambda i: band("distance", "deep", i) / band("distance", "shallow", i)), criterion="a",
-              shown=f"distance {depth.loc['shallow', 'distance']:.1f}→{depth.loc['deep', 'distance']:.1f}")
+if CROSS:
+    board.measure("U2a", None, criterion="a", note="cross-attention: text queries over vision tokens have no attention distance")
+else:
+    board.measure("U2a", over_samples(lambda i: band("distance", "deep", i) / band("distance", "shallow", i)), criterion="a",
+                  shown=f"distance {depth.loc['shallow', 'distance']:.1f}→{depth.loc['deep', 'distance']:.1f}")
 board.measure("U2a", over_samples(lambda i: band("norm_entropy", "deep", i) - band("norm_entropy", "shallow", i)), criterion="b",
               shown=f"entropy {depth.loc['shallow', 'norm_entropy']:.2f}→{depth.loc['deep', 'norm_entropy']:.2f}")
 HM = np.stack([H[H["sample"] == s].pivot(index="layer", columns="head", values="max_weight").loc[captured].to_numpy() for s in ids])
@@ -389,11 +392,15 @@ CONTENT, FUNCTION = ["object", "attribute", "position"], ["function", "punctuati
 cw, fw = class_sums(F, CONTENT), class_sums(F, FUNCTION)
 if CROSS:
     board.measure("U5", None, note=BY)
+elif not (cw[:, 1].sum() and fw[:, 1].sum()):
+    board.measure("U5", None, note="the questions hold no content word or no function word to compare")
 else:
     board.measure("U5", over_samples(ratio_of_means(cw, fw)), shown=f"{content:.3f} / {function:.3f} over {len(F)} token rows")
 dcw, dfw = class_sums(D, CONTENT), class_sums(D, FUNCTION)
 if CROSS:
     board.measure("U6", None, note=BY)
+elif not (dcw[:, 1].sum() and dfw[:, 1].sum()):
+    board.measure("U6", None, note="the captions hold no content word or no function word to compare")
 elif D["sample"].nunique() >= 2:
     board.measure("U6", over_samples(ratio_of_means(dcw, dfw), list(range(D["sample"].nunique())), "captions"),
                   shown=f"{D['sample'].nunique()} greedy captions")

@@ -19,8 +19,11 @@ def image_reads(record, heads: str = "mean") -> torch.Tensor:
     rf = record.data.get("text_read_freq")
     if rf is None:
         rf = text_read_frequency(record.probs, record.spans)
-    a, b = record.spans.image_range()
-    return rf[:, a:b].mean(0) if heads == "mean" else rf[:, a:b]
+    idx = torch.as_tensor(record.spans.image_index)  # image tokens in sequence order (tiles may be apart)
+    if len(idx) == 0:
+        raise ValueError(f"record {record.key} has no image keys (a cross-attention VLM's self-attention layer?): "
+                         "read the image where its keys are (part 'cross')")
+    return rf[:, idx].mean(0) if heads == "mean" else rf[:, idx]
 
 
 def top_anchors(reads, k: int) -> np.ndarray:

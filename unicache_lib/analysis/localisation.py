@@ -77,8 +77,7 @@ def object_word_selectivity(model, processor, samples, grid=None) -> "pd.DataFra
                 if part == "cross":
                     w_img = r.probs[:, pos, :]
                 else:
-                    a, b = r.spans.image_range()
-                    w_img = r.probs[:, pos, a:b]
+                    w_img = r.probs[:, pos, torch.as_tensor(r.spans.image_index)]
                 w = w_img.mean(0)[cells]
                 rows.append({"sample": s.id, "object": t, "layer": r.layer,
                              "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t)})

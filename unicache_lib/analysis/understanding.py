@@ -90,7 +90,7 @@ def token_flow(records, tokens: dict[str, list[str]], special: set[str] | frozen
         if r.part == "cross":
             positions = [p for p in range(len(share)) if not bool(share[p].isnan())]
         else:
-            a, _ = r.spans.image_range()
+            a = int(r.spans.image_index[0])
             positions = [p for p in r.spans.text_index if p >= a]  # the prefix cannot see the image (causal)
         for pos in positions:
             rows.append({"sample": r.sample, "layer": r.layer, "band": layer_band(r.layer, n), "pos": int(pos),

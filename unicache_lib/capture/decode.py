@@ -54,8 +54,9 @@ def decode_with_capture(model, processor, image, question: str, sample_id: str =
             for key, v in step_kw.items():  # per-token inputs (Mllama's cross mask): the new row repeats the last
                 step_kw[key] = torch.cat([v, v[:, -1:]], 1)
                 extra[key] = step_kw[key]
-            out = model(input_ids=torch.tensor([[nxt]], device=inputs["input_ids"].device),
-                        attention_mask=torch.ones(1, n, dtype=torch.long, device=inputs["input_ids"].device),
+            dev = inputs["input_ids"].device
+            out = model(input_ids=torch.tensor([[nxt]], device=dev), attention_mask=torch.ones(1, n, dtype=torch.long, device=dev),
+                        cache_position=torch.tensor([n - 1], device=dev),  # Mllama slices its cross mask with it
                         past_key_values=out.past_key_values, use_cache=True, **extra)
     result.records = cap.result.records
     return tok.convert_ids_to_tokens(generated), result

@@ -36,7 +36,7 @@ def _understanding_figures(label, recs, out):
     rf = np.stack([r.data["read_freq_norm"].mean(0).numpy() for r in mine])
     figs.append(plots.save(plots.read_frequency_heatmap(rf, mine[0].spans, f"{label}: read frequency, sample {s0}"),
                            out, f"{label}_read_frequency"))
-    if "blocks" in recs[0].data:
+    if "blocks" in recs[0].data and all(r.spans is not None and r.spans.n_image for r in recs):
         from ..modality import BLOCKS
 
         b = np.mean([r.data["blocks"].mean(0).numpy() for r in recs], 0)
@@ -81,7 +81,16 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
         if not recs:
             raise ValueError(f"store {path} holds no records")
         gen = any(r.step >= 0 for r in recs)
-        figs, notes = (_generation_figures if gen else _understanding_figures)(label, recs, out)
+        if gen:
+            figs, notes = _generation_figures(label, recs, out)
+        else:  # one set of figures per part (a cross-attention VLM: self- and cross-attention layers)
+            parts = sorted({r.part for r in recs})
+            figs, notes = [], []
+            for part in parts:
+                f, n = _understanding_figures(label if len(parts) == 1 else f"{label}_{part}",
+                                              [r for r in recs if r.part == part], out)
+                figs += f
+                notes += [f"{part}: {x}" if len(parts) > 1 else x for x in n]
         plt.close("all")
         imgs = "".join(f'<img alt="{html.escape(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
                        for p in figs)

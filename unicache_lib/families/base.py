@@ -231,6 +231,10 @@ class VLMFamily:
         """A config of this family at ``shape`` for the world tokenizer ``tok``."""
         raise NotImplementedError
 
+    def activate(self, model) -> None:
+        """Make a randomly initialised model use every path (a no-op for most families); tests and
+        stand-ins call it after building from a config."""
+
     def processor(self, tok, shape: Shape):
         """The family's own processor class for images of ``shape.image_size``, with a chat template in
         the family's layout; None where it cannot be built on this machine."""

@@ -84,6 +84,15 @@ class Mllama(VLMFamily):
     def projector(self, model):
         return model.model.multi_modal_projector
 
+    def activate(self, model) -> None:
+        """Open the cross-attention gates: they are initialised at 0 (tanh(0) = 0), so a random model's
+        cross-attention layers would change nothing and every image path would go untested."""
+        with torch.no_grad():
+            for layer in self.language_model(model).layers:
+                for name in ("cross_attn_attn_gate", "cross_attn_mlp_gate"):
+                    if hasattr(layer, name):
+                        getattr(layer, name).fill_(1.0)
+
     # ---- eviction: the image KV is the cross-attention layers' cache -----------------------------
     def cross_layers(self, model) -> list[int]:
         return list(model.config.text_config.cross_attention_layers)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..capture.vlm import find_attention_modules, unwrap
+from ..capture.vlm import attention_sites, unwrap
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,11 @@ class HeadSpace:
             for name, (layer, p, mod) in find_diffusion_attention(model).items():
                 units.append(Unit(name, layer, p, mod.heads, mod.to_q.out_features // mod.heads))
         else:
-            for name, (layer, mod) in find_attention_modules(model, part).items():
+            for site in attention_sites(model, part):  # a cross-attention VLM's cross layers are part "cross"
+                mod = site.module
                 cfg = getattr(mod, "config", None)
                 heads = getattr(cfg, "num_attention_heads", None) or mod.q_proj.out_features // mod.head_dim
-                units.append(Unit(name, layer, part, int(heads), int(mod.head_dim)))
+                units.append(Unit(site.name, site.layer, site.part, int(heads), int(mod.head_dim)))
         return cls(model, units)
 
     @property

@@ -96,6 +96,7 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
     try:
         with torch.device(device):
             model = getattr(transformers, fam.model_class_for(cfg.model_type))(cfg).eval()
+        fam.activate(model)
     finally:
         torch.set_default_dtype(old)
     d = Path(out) / (name + ("-real-width" if real_width else ""))
