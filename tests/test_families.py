@@ -305,3 +305,23 @@ def test_statistics_refuse_a_map_that_breaks_its_mask():
     with pytest.raises(S.AttentionMaskError, match="causal mask"):
         S.layer_statistics(bidirectional, None, True)
     assert float(S.layer_statistics(bidirectional, None, False)["norm_entropy"].max()) <= 1 + 1e-6
+
+
+def test_decode_capture_follows_generate(case):
+    """Greedy decoding with capture at every step produces the tokens of transformers' own generate()
+    (positions, masks and per-token inputs continued correctly), one record per step and layer."""
+    from unicache_lib.capture.decode import decode_with_capture
+
+    name, model, sdpa, proc, inputs, fam, image = case
+    if proc is None:
+        pytest.skip("no processor without torchvision (SmolVLM)")
+    toks, res = decode_with_capture(model, proc, image, QUESTION, "s", max_new_tokens=4)
+    with torch.no_grad():
+        gen = model.generate(**inputs, max_new_tokens=4, do_sample=False, min_new_tokens=4, eos_token_id=None,
+                             pad_token_id=proc.tokenizer.pad_token_id)
+    want = proc.tokenizer.convert_ids_to_tokens(gen[0, inputs["input_ids"].shape[1]:].tolist())
+    assert toks == want[: len(toks)] and len(toks) >= 1
+    steps = {r.sample for r in res}
+    assert steps == {f"s/t{k}" for k in range(len(toks) + 1)}
+    last = [r for r in res if r.sample == f"s/t{len(toks)}" and r.part == fam.image_part]
+    assert last and all(r.data["norm_entropy"].shape[-1] == 1 for r in last)  # one query row per decode step

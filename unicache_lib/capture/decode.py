@@ -49,7 +49,7 @@ def decode_with_capture(model, processor, image, question: str, sample_id: str =
             n = len(kinds)
             extra = {}
             if positions is not None:  # M-RoPE: continue from the largest position so far
-                extra["position_ids"] = fam.text_positions(model, positions, n - 1, 1, positions.device)
+                extra["position_ids"] = fam.text_positions(positions, n - 1, 1, positions.device)
                 positions = torch.cat([positions, extra["position_ids"]], -1)
             for key, v in step_kw.items():  # per-token inputs (Mllama's cross mask): the new row repeats the last
                 step_kw[key] = torch.cat([v, v[:, -1:]], 1)

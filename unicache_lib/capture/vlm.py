@@ -124,6 +124,11 @@ def find_attention_modules(model: torch.nn.Module, part: str | Iterable[str] = "
     return {s.name: (s.layer, s.module) for s in attention_sites(model, part, modules)}
 
 
+def _slides(module) -> bool:
+    """Whether an attention module may attend over a sliding window (its own setting, or its config's)."""
+    return bool(getattr(module, "sliding_window", None) or getattr(getattr(module, "config", None), "sliding_window", None))
+
+
 def visible_from_mask(mask: torch.Tensor | None, sq: int, sk: int, row: int = 0) -> torch.Tensor | None:
     """The bool ``[Sq, Sk]`` visibility of batch row ``row`` of an attention mask as transformers
     passes it (bool: True = attend; float: additive, large negative = hidden), or None for no mask."""
@@ -277,6 +282,8 @@ class AttentionCapture:
             vis = vis.to(P.device) if vis is not None else None
             causal = vis if vis is not None else False
             sp = self._spans_for(b, site, sk)
+            if sp is not None and len(sp) > sk and _slides(site.module):
+                sp = Spans(sp.kinds[-sk:])  # a sliding-window layer's cache holds only the last keys
             if sp is not None:
                 sp.check(sk, f"{site.name} attention map")
             cross = site.part == "cross"  # queries are text positions, keys the vision tokens

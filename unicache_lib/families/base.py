@@ -203,15 +203,15 @@ class VLMFamily:
         """Rotary positions of a whole prompt when they are not ``0..S-1`` (M-RoPE), else None."""
         return None
 
-    def text_positions(self, model, full_positions, start: int, n: int, device=None) -> torch.Tensor:
-        """Positions of ``n`` tokens that continue a prompt at sequence index ``start``."""
+    @staticmethod
+    def text_positions(full_positions, start: int, n: int, device=None) -> torch.Tensor:
+        """Positions of ``n`` text tokens at sequence index ``start``: ``[1, n]`` (``start..start+n-1``), or
+        with M-RoPE positions of the prompt (``[3, 1, S]``) one past the largest position before ``start``
+        in every stream, as Qwen2-VL numbers text after an image."""
         if full_positions is None:
             return torch.arange(start, start + n, device=device)[None]
-        last = full_positions[..., :start].amax(-1, keepdim=True)
-        base = full_positions[..., start:start + n]
-        if base.shape[-1] == n:
-            return base.to(device)
-        return (last + 1 + torch.arange(n, device=last.device)).to(device)
+        last = full_positions[..., :start].amax()
+        return (last + 1 + torch.arange(n, device=full_positions.device)).expand(*full_positions.shape[:-1], n).to(device)
 
     def context_note(self) -> str:
         """What changes when the context (image) is cached before the question arrives (notebook 05)."""

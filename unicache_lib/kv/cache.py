@@ -242,7 +242,7 @@ def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_
     q = split.question_ids.to(dev)
     full_pos = positions if positions is not None else fam.position_ids(
         model, split.full_ids.to(dev), _to(split.inputs, dev, next(model.parameters()).dtype))
-    pos = fam.text_positions(model, full_pos, c, q.shape[1], dev)
+    pos = fam.text_positions(full_pos, c, q.shape[1], dev)
     atts = None
     if output_attentions:
         with AttentionCapture(model, "full", part=image_kv_part(fam), spans=None) as cap:
