@@ -94,8 +94,8 @@ def test_answer_on_evicted_cache_equals_one_masked_forward(setup, name):
     logits, _, _ = answer(model, evict(pre.cache, keep), sp)
     C = sp.context_ids.shape[1]
 
-    def hidden(layer, ids):
-        h = torch.zeros(len(ids), len(ids), dtype=torch.bool)
+    def hidden(layer, img):  # img: [S] bool, the image tokens of the forward's sequence
+        h = torch.zeros(len(img), len(img), dtype=torch.bool)
         gone = torch.ones(C, dtype=torch.bool)
         gone[keep[layer]] = False
         h[C:, :C] = gone  # question rows may not read evicted context keys; context rows see everything

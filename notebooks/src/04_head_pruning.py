@@ -10,7 +10,9 @@
 # - whether near-uniform shallow heads can go without consequence for the layers above them.
 #
 # **What it needs**: the stats stores of notebooks 02 and 03 (captured here if absent). Runs on the shipped
-# `tiny-llava`, `tiny-mmdit` and `tiny-pixart`, or on any checkpoint of their families.
+# `tiny-llava`, `tiny-mmdit` and `tiny-pixart`; the understanding side on a checkpoint of any supported
+# vision-language family (`UNDERSTANDING_MODEL`, `DEVICE`, `DTYPE`), the generator side on SD3 / PixArt
+# families (`GENERATORS`, `[]` to skip it). A cross-attention VLM's cross-attention heads are units too.
 
 # %% tags=["parameters"]
 UNDERSTANDING_MODEL = "tiny-llava"

@@ -11,7 +11,9 @@
 #   study's schedules and for diffusers' own caches (PAB, FasterCache, FirstBlockCache, TaylorSeer, MagCache).
 #
 # **What it needs**: notebooks 02 and 03 for the ideas; it measures everything it shows. Runs on the shipped
-# `tiny-llava`, `tiny-mmdit` and `tiny-pixart` or checkpoints of their families.
+# `tiny-llava`, `tiny-mmdit` and `tiny-pixart`; the eviction half on a checkpoint of any supported
+# vision-language family (`UNDERSTANDING_MODEL`, `DEVICE`, `DTYPE`), the reuse half on SD3 / PixArt families
+# (`GENERATORS`, `[]` to skip it).
 #
 # **Setting.** The image is prefilled once ("user : <image>"); the question arrives after the cache was
 # compressed, as in a multi-turn chat. Every answer token is therefore produced on the compressed cache.

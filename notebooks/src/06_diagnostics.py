@@ -9,7 +9,8 @@
 # - how to turn any stores into a report (figures plus one offline HTML page), here and from the shell.
 #
 # **What it needs**: notebooks 02 and 03 for the ideas and, for the report, their stores (captured here if
-# absent). Runs on the shipped `tiny-llava` or a LLaVA-family checkpoint.
+# absent). Runs on the shipped `tiny-llava` or a checkpoint of any supported vision-language family (`MODEL`,
+# `DEVICE`, `DTYPE`).
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
