@@ -68,8 +68,8 @@ benchmark: setup
 
 ## rehearsal: random-weight stand-ins of LLaVA-1.5-7B, Qwen2-VL-2B and Llama-3.2-11B-Vision (real token counts and
 ##            depth, reduced width) through notebooks 01, 02, 04, 05 and 06 by parameters only; wall-clock and peak
-##            RSS per notebook and model -> benchmarks/results/rehearsal.csv and the README table (about an hour on
-##            2 CPU cores; not part of CI, a slice of it is in `make test`)
+##            RSS per notebook and model -> benchmarks/results/rehearsal.csv and the README table (about 35 minutes
+##            on 2 CPU cores; not part of CI, a slice of it is in `make test`)
 rehearsal: setup
 	$(BIN)/python -m unicache_lib.rehearsal
 

@@ -213,3 +213,29 @@ def test_full_capture_memory_estimate_is_exact_and_the_budget_is_enforced(llava,
     assert len(capture_samples(model, proc, samples[:2], mode="stats", memory_budget_gb=budget, progress=False)) == 6
     sub = capture_samples(model, proc, samples[:2], mode="full", layers=[0], memory_budget_gb=budget, progress=False)
     assert sub.layers == [0] and sub.nbytes() < budget * 2**30
+
+
+def test_recompute_leaves_no_function_behind_and_negative_layers_resolve(random_llava_dir, samples):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from unicache_lib.capture.vlm import _RECOMPUTE_NAME
+    from unicache_lib.zoo.loaders import load_understanding
+
+    from unicache_lib.capture.runner import inputs_for
+
+    sdpa, proc = load_understanding(str(random_llava_dir), attn_implementation="sdpa")
+    inputs = inputs_for(sdpa, proc, samples[0].image, samples[0].question)
+    with torch.no_grad(), AttentionCapture(sdpa, "recompute") as outer:
+        with AttentionCapture(sdpa, "recompute", layers=[0]) as inner:
+            sdpa(**inputs)
+        sdpa(**inputs)  # the inner capture has exited: the outer one's function must be back in place
+    assert inner.result.layers == [0] and len(outer.result) == 3  # the second forward reached the outer capture
+    assert outer.result.layers == [0, 1, 2]
+    assert _RECOMPUTE_NAME not in AttentionInterface._global_mapping  # nothing keeps the capture (or its model) alive
+    assert _RECOMPUTE_NAME not in AttentionMaskInterface._global_mapping
+    model, _ = load_understanding(str(random_llava_dir))
+    last = capture_samples(model, proc, samples[:1], layers=[-1], progress=False)
+    assert last.layers == [2]
+    with pytest.raises(ValueError, match="do not exist"):
+        capture_samples(model, proc, samples[:1], layers=[-9], progress=False)

@@ -33,7 +33,7 @@ CASES = {
     "smolvlm": ("Idefics3/SmolVLM", Shape(), "causal"),
     "internvl": ("InternVL", Shape(), "causal"),
     "paligemma": ("PaliGemma", Shape(), "prefix-LM"),
-    "mllama": ("Mllama", Shape(layers=4), "cross-attention, padded tiles"),
+    "mllama": ("Mllama", Shape(layers=4, image_size=64, patch=16), "cross-attention, padded tiles"),  # 1 tile of 4
 }
 QUESTION = "what color is the triangle ?"
 
@@ -159,8 +159,10 @@ def test_family_is_recognised_and_spans_are_the_injected_positions(case):
         assert vision.shape[0] * vision.shape[1] == n_vision
         with torch.no_grad(), AttentionCapture(model, "stats", part="cross") as cap:
             model(**inputs)
-        assert {r.seq_len for r in cap.result} == {n_vision}
-        assert all(r.spans.n_image == n_vision for r in cap.result)
+        real = int(inputs["aspect_ratio_mask"].sum()) * fam.tokens_per_tile(model.config)  # tiles the image fills
+        assert 0 < real < n_vision  # the test image fills one of four tiles: three are padding
+        assert {r.seq_len for r in cap.result} == {real}  # padded tiles' keys (masked for everyone) dropped
+        assert all(r.spans.n_image == real for r in cap.result)
         return
     emb = seen["inputs_embeds"][0]
     plain = model.get_input_embeddings()(ids)[0]
@@ -196,9 +198,12 @@ def test_capture_modes_match_ground_truth_and_leave_outputs_identical(case):
         P, vis = gt[site_name]
         live = _live_rows(fam, model, inputs, site)
         vis = vis & live[:, None]
+        if site.part == "cross":  # keys no live row can see (padded tiles) are not part of the image
+            P, vis = P[..., vis.any(0)], vis[:, vis.any(0)]
         for mode in ("full", "recompute_full"):
             r = caps[mode].result.select(layer=site.layer, part=site.part)[0]
             assert torch.allclose(r.probs[:, live].double(), P[:, live], atol=1e-5), (mode, site_name)
+            assert torch.equal(r.visible, vis), (mode, site_name)  # the mask the model applied, as recorded
         sp = fam.cross_spans(P.shape[-1]) if site.part == "cross" else spans
         qk = [0] * P.shape[-2] if site.part == "cross" else None
         qpos = None if site.part == "cross" else torch.arange(P.shape[-1] - P.shape[-2], P.shape[-1])
@@ -257,10 +262,14 @@ def _evict_and_answer(name, model, proc, inputs, fam, image):
     ctx = pre.context(seed=0)
     full = evict(pre.cache, POLICIES["full"]().select(ctx, 1.0))
     logits, _, _ = answer(model, full, sp)
+    one_pass = dict(inputs)
+    if name == "paligemma":  # prefix-LM: with the image cached first, only the image is the prefix; the rest is causal
+        tt = torch.ones_like(inputs["input_ids"])
+        tt[:, : sp.context_ids.shape[1]] = 0
+        one_pass["token_type_ids"] = tt
     with torch.no_grad():
-        ref = model(**inputs).logits[0, -1].float()
-    if name != "paligemma":  # prefix-LM: the image cannot read a question that arrives later (see its family)
-        assert torch.allclose(logits, ref, atol=1e-4), (logits - ref).abs().max()
+        ref = model(**one_pass).logits[0, -1].float()
+    assert torch.allclose(logits, ref, atol=1e-4), (logits - ref).abs().max()
     half = evict(pre.cache, POLICIES["random"]().select(ctx, 0.5))
     k = round(0.5 * ctx.n_image)
     kept = ctx.keep_always.numel() if ctx.keep_always is not None else ctx.seq_len - ctx.n_image
@@ -325,3 +334,56 @@ def test_decode_capture_follows_generate(case):
     assert steps == {f"s/t{k}" for k in range(len(toks) + 1)}
     last = [r for r in res if r.sample == f"s/t{len(toks)}" and r.part == fam.image_part]
     assert last and all(r.data["norm_entropy"].shape[-1] == 1 for r in last)  # one query row per decode step
+
+
+def test_recompute_refuses_soft_capped_attention_and_eager_capture_works(samples):
+    """PaliGemma 2 (Gemma-2 text model) soft-caps its attention logits; sdpa ignores that, so a recomputed
+    map would describe another attention than the model's. Recompute refuses; the fix it names works."""
+    import transformers
+    from transformers import Gemma2Config
+
+    from unicache_lib.capture import CaptureError
+
+    fam = FAMILIES["PaliGemma"]
+    tok = fam.tokenizer()
+    shape = Shape()
+    cfg = fam.config(tok, shape)
+    cfg.text_config = Gemma2Config(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+                                   num_hidden_layers=2, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                                   head_dim=shape.head_dim, attn_logit_softcapping=50.0, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = transformers.PaliGemmaForConditionalGeneration(cfg).eval()
+    proc = fam.processor(tok, shape)
+    inputs = dict(proc(images=[samples[0].image], text=[fam.prompt(proc, QUESTION)], return_tensors="pt"))
+    set_attn_implementations(model, {"text_config": "sdpa", "vision_config": "sdpa"})
+    with pytest.raises(CaptureError, match="soft-caps .* attn_implementation='eager'"):
+        with torch.no_grad(), AttentionCapture(model, "recompute"):
+            model(**inputs)
+    set_attn_implementations(model, {"text_config": "eager", "vision_config": "sdpa"})
+    with torch.no_grad(), AttentionCapture(model, "stats") as cap:
+        model(**inputs)
+    assert len(cap.result) == 2 and all(torch.isfinite(r.data["entropy"]).all() for r in cap.result)
+
+
+def test_a_family_file_registers_itself_as_the_error_message_says():
+    """HOW_TO_ADD: a VLMFamily subclass in a new file of unicache_lib/families, decorated with @register, is
+    found by family_for_type without touching any other file."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    import unicache_lib.families as F
+
+    path = Path(F.__path__[0]) / "zz_toy_family_for_test.py"
+    path.write_text("from .base import VLMFamily, register\n\n\n@register\nclass Toy(VLMFamily):\n    name = 'Toy'\n"
+                    "    model_types = ('toy_vlm',)\n    model_class = 'LlavaForConditionalGeneration'\n")
+    try:
+        with pytest.raises(UnsupportedModelError, match="To add one"):
+            F.family_for_type("toy_vlm")
+        importlib.reload(F)
+        assert F.family_for_type("toy_vlm").name == "Toy"
+    finally:
+        path.unlink()
+        FAMILIES.pop("Toy", None)
+        sys.modules.pop("unicache_lib.families.zz_toy_family_for_test", None)
+    assert len(FAMILIES) == 10

@@ -22,7 +22,10 @@ def test_stand_in_configs_have_the_real_token_counts_and_depth(name, samples):
     cfg = fam.config(tok, spec.shape)
     proc = fam.processor(tok, spec.shape)
     enc = proc(images=[samples[0].image], text=[fam.prompt(proc, samples[0].question)], return_tensors="pt")
-    n = fam.cross_keys(cfg, enc) if fam.cross_attention else fam.spans(cfg, enc["input_ids"], enc).n_image
+    if fam.cross_attention:  # the processor's tiles (all of them: padded ones too) times the tokens of one tile
+        n = enc["pixel_values"].shape[2] * fam.tokens_per_tile(cfg)
+    else:
+        n = fam.spans(cfg, enc["input_ids"], enc).n_image
     assert n == spec.image_tokens
     text = cfg.get_text_config()
     assert text.num_hidden_layers == spec.shape.layers and text.num_attention_heads == spec.shape.heads

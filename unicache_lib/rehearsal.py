@@ -130,9 +130,11 @@ def write_results(rows: list[dict], csv: Path = RESULTS_CSV, readme: Path | None
         lines.append(f"| {nb} | " + " | ".join(cells) + " |")
     cpu = f"{os.cpu_count()} cores, {platform.machine()}"
     total = f"; the whole run took {total_s / 60:.0f} minutes" if total_s else ""
+    seen = sorted({v.strip() for vs in df.verdicts for v in str(vs).split(";")})
     text = (f"{BEGIN}\n" + "\n".join(lines) + f"\n\nDevice {df.device.iloc[0]}, weights {df.dtype.iloc[0]}, {cpu}{total}. "
-            f"Every scoreboard row reads \"not meaningful (random weights)\", or \"not measurable here\" where a measurement "
-            f"is undefined (e.g. a share that is 1 by construction on a cross-attention VLM). Source: `{_rel(csv)}`.\n{END}")
+            f"Verdicts on the stand-ins' scoreboards: {', '.join(repr(v) for v in seen)} (random weights decide nothing; "
+            f"'not measurable here' where a measurement is undefined, e.g. a share that is 1 by construction on a "
+            f"cross-attention VLM). Source: `{_rel(csv)}`.\n{END}")
     body = readme.read_text()
     if BEGIN in body and END in body:
         body = body[: body.index(BEGIN)] + text + body[body.index(END) + len(END):]

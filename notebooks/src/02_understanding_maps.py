@@ -85,7 +85,8 @@ print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_confi
 # ## 1. Capture once
 #
 # Statistics for every sample and layer go to one store, full maps for a subset to another (the widget
-# needs maps; a 7B model's maps would be 2.4 GB per sample, so keep `MAP_PER_TYPE` small there).
+# needs maps; a 7B model's maps are about 1.3 GB per sample, so keep `MAP_PER_TYPE` small there; the estimate
+# is checked against `MEMORY_BUDGET_GB` first).
 
 # %%
 stores = {name: out / name for name in ("stats", "maps")}

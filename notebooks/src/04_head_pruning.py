@@ -47,6 +47,7 @@ from unicache_lib.analysis.layers import band_layers
 from unicache_lib.capture.gen_runner import generation_store_or_capture
 from unicache_lib.capture.runner import capture_samples, stats_store_or_capture
 from unicache_lib.pruning import SCORERS, HeadMask, HeadSpace, ScoringContext, prune_physically
+from unicache_lib.pruning.heads import physical_pruning_unsupported
 from unicache_lib.pruning import evaluate as E
 from unicache_lib.pruning.scorers import head_statistics
 from unicache_lib.intervals import difference_interval, interleaved_timings, mean_interval, speedup_interval
@@ -265,12 +266,13 @@ if GENERATORS:
 
 # %%
 keep30 = space.keep_mask(scores["attention_combined"], 0.3)
-small = copy.deepcopy(model)
-try:
+why_not = physical_pruning_unsupported(space)  # e.g. grouped-query attention: query heads share key/value heads
+if why_not:
+    kept, small, TIMING_REPEATS = None, None, 0
+    print(f"physical pruning is not available for this model ({why_not}); the HeadMask results above still hold")
+else:
+    small = copy.deepcopy(model)  # a second copy of the model: only when it can be pruned
     kept = prune_physically(HeadSpace.of(small), keep30)
-except NotImplementedError as err:  # e.g. grouped-query attention: query heads share key/value heads
-    kept, TIMING_REPEATS = None, 0
-    print(f"physical pruning is not available for this model ({err}); HeadMask results above still hold")
 batch = qas[:100]
 if kept is not None:
     with torch.no_grad():

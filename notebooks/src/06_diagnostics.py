@@ -219,7 +219,10 @@ else:
                   + f" of {', '.join(not_by_construction)}; healthy quiet: {not bool(det.loc['healthy', 'fires'])}")
 cov, conf, wr = -A.coverage.to_numpy(), -A.confidence.to_numpy(), wrong.to_numpy()
 Q = list(range(len(A)))
-if 2 <= int(wrong.sum()) <= len(A) - 2:
+if family.cross_attention:
+    board.measure("U12", None, note="cross-attention VLM: the answer reads the image only in cross-attention layers, whose "
+                  "keys are all vision tokens, so its coverage is 1 by construction")
+elif 2 <= int(wrong.sum()) <= len(A) - 2:
     board.measure("U12", bootstrap(Q, lambda u: auroc(cov[u], wr[u]), "questions"), criterion="a")
     board.measure("U12", bootstrap(Q, lambda u: auroc(cov[u], wr[u]) - auroc(conf[u], wr[u]), "questions"), criterion="b",
                   shown=f"coverage AUROC {roc.iloc[0]:.2f} vs confidence {roc.iloc[2]:.2f} ({int(wrong.sum())} wrong answers)")

@@ -51,11 +51,10 @@ def object_word_selectivity(model, processor, samples, grid=None) -> "pd.DataFra
     from ..capture import AttentionCapture
     from ..capture.runner import inputs_for
     from ..families import family_of
-    from ..kv.cache import image_kv_part
     from ..world.scenes import patch_grid_masks
 
     fam = family_of(model)
-    part = image_kv_part(fam)
+    part = fam.image_part
     rows = []
     for s in samples:
         if len(s.objects) < 2:

@@ -13,9 +13,6 @@ from ..store import Store, key_str
 from .record import CaptureResult
 from .vlm import AttentionCapture, attention_sites, check_memory, find_attention_modules, full_capture_bytes
 
-TINY_PROMPT = "user : <image> {question} assistant :"
-
-
 def build_prompt(processor, question: str, family=None) -> str:
     """The model's own chat template when the processor has one (real checkpoints), else the family's
     plain layout (the tiny models' ``user : <image> {question} assistant :``)."""
@@ -30,15 +27,17 @@ def model_inputs(processor, image, question: str, device=None, family=None, dtyp
     """Processor output for one (image, question), batch size 1, on ``device``; floating inputs
     (pixel values) in ``dtype`` when given (the model's weight dtype)."""
     enc = processor(images=[image], text=[build_prompt(processor, question, family)], return_tensors="pt")
-    return {k: _to(v, device, dtype) for k, v in enc.items()}
+    return to_model(enc, device, dtype)
 
 
-def _to(v, device, dtype):
-    if not torch.is_tensor(v):
-        return v
-    if dtype is not None and v.is_floating_point():
-        v = v.to(dtype)
-    return v.to(device) if device is not None else v
+def to_model(inputs: dict, device=None, dtype=None) -> dict:
+    """Tensors of ``inputs`` on ``device``, floating ones (pixel values) in ``dtype``; the rest unchanged."""
+    out = {}
+    for k, v in inputs.items():
+        if torch.is_tensor(v):
+            v = v.to(device=device, dtype=dtype if (dtype is not None and v.is_floating_point()) else v.dtype)
+        out[k] = v
+    return out
 
 
 def inputs_for(model, processor, image, question: str) -> dict:
@@ -108,10 +107,19 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     Returns:
         The records captured by this call.
     """
+    sites = attention_sites(model, part)
+    if layers is not None:  # negative indices count from the last layer, as in AttentionCapture
+        have = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
+        bad = [li for li in layers if not -len(have) <= li < (have[-1] + 1 if have else 0)]
+        if bad:
+            raise ValueError(f"layers {bad} do not exist; the model has layers {have}")
+        layers = [have[li] if li < 0 else li for li in layers]
     groups = [list(layers)] if layers is not None else layer_batches(model, layer_batch, part)
     if layers is not None and layer_batch:
         groups = [groups[0][i : i + layer_batch] for i in range(0, len(groups[0]), layer_batch)]
-    wanted = {(s.part, s.layer) for s in attention_sites(model, part) if s.layer in {li for g in groups for li in g}}
+    wanted = {(s.part, s.layer) for s in sites if s.layer in {li for g in groups for li in g}}
+    if not wanted:
+        raise ValueError(f"no attention module of part {part!r} in layers {layers}")
     todo = list(samples)
     if store is not None:
         have = store.keys()

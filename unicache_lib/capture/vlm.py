@@ -201,6 +201,7 @@ class AttentionCapture:
                 raise CaptureError(f"layers {sorted(missing)} do not exist; the model has layers {all_layers}")
             sites = [s for s in sites if s.layer in want]
         self.sites = sites
+        self._family_sites = {s.name for s in self.family.sites(self.model, PARTS)}
         self.targets = {s.name: (s.layer, s.module) for s in sites}
         self.spans = spans
         self.sample_ids = iter(sample_ids) if sample_ids is not None else None
@@ -280,6 +281,9 @@ class AttentionCapture:
                 live = (gate[b if gate.shape[0] > 1 else 0].reshape(-1)[-sq:] != 0).to(P.device)
                 vis = (torch.ones(sq, sk, dtype=torch.bool, device=P.device) if vis is None else vis) & live[:, None]
             vis = vis.to(P.device) if vis is not None else None
+            if site.part == "cross" and vis is not None and bool(vis.any()) and not bool(vis.any(0).all()):
+                seen = vis.any(0)  # keys no query can see (padded tiles): not part of the image, dropped
+                P, vis, sk = P[..., seen], vis[:, seen], int(seen.sum())
             causal = vis if vis is not None else False
             sp = self._spans_for(b, site, sk)
             if sp is not None and len(sp) > sk and _slides(site.module):
@@ -319,6 +323,9 @@ class AttentionCapture:
     def _hook(self, module, args, kwargs, output):
         site = self._by_module[id(module)]
         if not isinstance(output, tuple):
+            if site.name in self._family_sites:  # an attention module that never hands out its weights
+                raise CaptureError(f"{site.name} ({type(module).__name__}) never returns its attention weights, under any "
+                                   f"implementation: capture it with mode='recompute'")
             raise CaptureError(
                 f"{site.name} ({type(module).__name__}) returned a single tensor, not (output, weights): it is not "
                 f"an attention module. Hook the layer's self_attn (see find_attention_modules(model))"
@@ -346,6 +353,11 @@ class AttentionCapture:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kw)
         site = self._by_module.get(id(module))
+        if site is not None and kw.get("softcap") is not None:
+            raise CaptureError(
+                f"{site.name} soft-caps its attention logits (softcap={kw['softcap']}), which sdpa ignores: under sdpa the "
+                f"model computes another attention than its own, and a recomputed map would describe that one. Load with "
+                f"attn_implementation='eager' and capture in mode 'stats' or 'full'")
         if site is not None:
             with torch.no_grad():
                 q, k = query.float(), key.float()
@@ -467,8 +479,8 @@ def check_memory(n_bytes: int, budget_gb: float | None, what: str = "a full capt
     if budget_gb is not None and n_bytes > budget_gb * 2**30:
         raise CaptureError(
             f"{what} would keep {n_bytes / 2**30:.1f} GB of maps, over MEMORY_BUDGET_GB={budget_gb}: use mode='stats' "
-            f"(statistics only, O(heads x seq) per layer), capture a subset of layers (LAYERS=[...]) or in layer "
-            f"batches (layer_batch=...), keep the maps of fewer samples, or raise the budget")
+            f"(statistics only, O(heads x seq) per layer), capture a subset of layers (LAYERS=[...]), keep the maps "
+            f"of fewer samples, or raise the budget")
 
 
 class _attn_impl:
@@ -486,6 +498,8 @@ class _attn_impl:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
         self.old = attn_implementations(self.model)
+        # the registries are global: keep what was there (an enclosing capture's function) to put it back
+        self.before = [(iface, iface._global_mapping.get(_RECOMPUTE_NAME)) for iface in (AttentionInterface, AttentionMaskInterface)]
         AttentionInterface.register(_RECOMPUTE_NAME, self.fn)
         AttentionMaskInterface.register(_RECOMPUTE_NAME, sdpa_mask)
         new = ({k: (_RECOMPUTE_NAME if k in self.subs else v) for k, v in self.old.items()}
@@ -494,3 +508,8 @@ class _attn_impl:
 
     def __exit__(self, *exc):
         set_attn_implementations(self.model, self.old)
+        for iface, fn in self.before:  # no reference to this capture (and its model) stays behind
+            if fn is None:
+                iface._global_mapping.pop(_RECOMPUTE_NAME, None)
+            else:
+                iface._global_mapping[_RECOMPUTE_NAME] = fn

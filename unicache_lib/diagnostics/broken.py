@@ -39,12 +39,21 @@ def blank_image(image: np.ndarray) -> np.ndarray:
     return np.broadcast_to(image.reshape(-1, image.shape[-1]).mean(0).astype(image.dtype), image.shape).copy()
 
 
-def _image_positions(model):
-    """``input_ids [1, S], forward kwargs -> bool [S]``: the image tokens of the self-attention sequence."""
+def _track_image(model, stack: ExitStack) -> dict:
+    """A pre-hook on ``model`` (removed by ``stack``) keeping each forward's image tokens, bool ``[S]`` of
+    the self-attention sequence, in the returned dict under ``"img"`` (None without ``input_ids``)."""
     from ..families import family_of
 
     fam = family_of(model)
-    return lambda ids, kwargs: torch.as_tensor(fam.spans(model.config, ids[:1], kwargs).array == 1, device=ids.device)
+    state: dict = {}
+
+    def see(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        state["img"] = None if ids is None else torch.as_tensor(fam.spans(model.config, ids[:1], kwargs).array == 1,
+                                                                  device=ids.device)
+
+    stack.callback(model.register_forward_pre_hook(see, with_kwargs=True).remove)
+    return state
 
 
 @contextmanager
@@ -52,13 +61,6 @@ def hide_keys(model, hidden):
     """Hide (query, key) pairs from the language model's self-attention, per layer: ``hidden(layer,
     image [S] bool) -> bool [S, S]`` (True = the query may not read that key) or ``None`` (layer
     untouched). Applies to full forwards (the prompt fed at once), not to cached decode steps."""
-    state = {}
-    image_of = _image_positions(model)
-
-    def see_ids(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        state["img"] = None if ids is None else image_of(ids, kwargs)
-
     def block(layer, module, args, kwargs):
         img = state.get("img")
         hs = kwargs.get("hidden_states", args[0] if args else None)
@@ -77,7 +79,7 @@ def hide_keys(model, hidden):
         return args, kwargs
 
     with ExitStack() as stack:
-        stack.callback(model.register_forward_pre_hook(see_ids, with_kwargs=True).remove)
+        state = _track_image(model, stack)
         for name, (layer, mod) in find_attention_modules(model, "language").items():
             if name.endswith("cross_attn"):
                 continue
@@ -130,13 +132,6 @@ def zero_image_values(model, from_layer: int):
     *attends* to the image keys at its usual rates, but reading them returns nothing (a modality
     cut-off that attention shares cannot see). Prefill only (a forward that contains the image).
     Cross-attention layers: every key is a vision token, so all their values are zeroed."""
-    state = {}
-    image_of = _image_positions(model)
-
-    def see_ids(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        state["img"] = None if ids is None else image_of(ids, kwargs)
-
     def zero(module, args, out):
         img = state.get("img")
         if img is None or out.shape[1] != img.shape[0]:
@@ -144,7 +139,7 @@ def zero_image_values(model, from_layer: int):
         return out.masked_fill(img[None, :, None].to(out.device), 0.0)
 
     with ExitStack() as stack:
-        stack.callback(model.register_forward_pre_hook(see_ids, with_kwargs=True).remove)
+        state = _track_image(model, stack)
         for name, (layer, mod) in find_attention_modules(model, "language").items():
             if layer < from_layer:
                 continue

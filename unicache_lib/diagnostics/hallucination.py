@@ -21,11 +21,10 @@ def answer_attention(model, processor, qas, progress: bool = True) -> pd.DataFra
     from ..capture import AttentionCapture
     from ..capture.runner import inputs_for
     from ..families import family_of
-    from ..kv.cache import image_kv_part
 
     tok = processor.tokenizer
     fam = family_of(model)
-    part = image_kv_part(fam)
+    part = fam.image_part
     rows = []
     for q in tqdm(qas, desc="answers", disable=not progress):
         inp = inputs_for(model, processor, q.scene.uint8(), q.question)

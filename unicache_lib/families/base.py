@@ -25,7 +25,8 @@ FAMILIES: dict[str, "VLMFamily"] = {}
 _register = registrar(FAMILIES, "model family")
 
 HOW_TO_ADD = ("To add one: write unicache_lib/families/<name>.py with a VLMFamily subclass (model_types, model_class, "
-              "language_model, projector) registered with @register, and add its tiny config to tests/test_families.py.")
+              "language_model, projector, config) decorated with @register (every module of that package is imported, "
+              "so the file registers itself), and add its tiny config to CASES in tests/test_families.py.")
 
 
 class UnsupportedModelError(ValueError):

@@ -48,7 +48,8 @@ class Mllama(VLMFamily):
         return Spans((TEXT,) * ids.shape[-1])
 
     def cross_spans(self, n_keys: int) -> Spans:
-        """The cross-attention keys: all vision tokens (padded tiles included; the mask hides them)."""
+        """The cross-attention keys as captured: the vision tokens of the real tiles (capture drops padded
+        tiles' keys, which the mask hides from every query)."""
         return Spans((IMAGE,) * n_keys)
 
     def row_gates(self, model) -> dict:
@@ -60,9 +61,13 @@ class Mllama(VLMFamily):
                 for layer in lm.layers if hasattr(layer, "cross_attn")}
 
     def cross_keys(self, config, inputs):
+        """Vision tokens of the real tiles (``aspect_ratio_mask``): the keys capture keeps (padded tiles,
+        masked for every query, are dropped)."""
+        arm = inputs.get("aspect_ratio_mask")
+        if arm is not None:
+            return int(arm.sum()) * self.tokens_per_tile(config)
         pv = inputs.get("pixel_values")
-        n_img = int(pv.shape[1]) if pv is not None else 1
-        return n_img * config.vision_config.max_num_tiles * self.tokens_per_tile(config)
+        return (int(pv.shape[1]) if pv is not None else 1) * config.vision_config.max_num_tiles * self.tokens_per_tile(config)
 
     def tokens_per_tile(self, config) -> int:
         v = config.vision_config
@@ -80,9 +85,6 @@ class Mllama(VLMFamily):
         """Indices of the grid tokens within the image span: the first tile, after its class token."""
         g = self.image_grid(config, inputs)
         return None if g is None else torch.arange(1, 1 + g[0] * g[1])
-
-    def projector(self, model):
-        return model.model.multi_modal_projector
 
     def activate(self, model) -> None:
         """Open the cross-attention gates: they are initialised at 0 (tanh(0) = 0), so a random model's

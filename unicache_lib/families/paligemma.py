@@ -3,6 +3,8 @@ mask lets the image and the prompt attend to each other bidirectionally (``token
 prefix, 1 for the answer), so neither ``is_causal`` nor a causal mask describes what is applied."""
 from __future__ import annotations
 
+import torch
+
 from .base import VLMFamily, register
 
 
@@ -22,6 +24,11 @@ class PaliGemma(VLMFamily):
         v = config.vision_config
         side = v.image_size // v.patch_size
         return (side, side)
+
+    def position_ids(self, model, input_ids, inputs):
+        """PaliGemma numbers positions from 1 (``cache_position + 1``)."""
+        S = torch.as_tensor(input_ids).shape[-1]
+        return torch.arange(1, S + 1, device=torch.as_tensor(input_ids).device)[None]
 
     def context_note(self):
         return ("PaliGemma's prefix-LM mask lets image tokens read the prompt that follows them. With the image "

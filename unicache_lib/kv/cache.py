@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..capture.runner import build_prompt
+from ..capture.runner import build_prompt, to_model
 
 
 @dataclass
@@ -106,6 +106,7 @@ class ImageKV:
     keep_always: torch.Tensor
     length: int
     key_index: torch.Tensor | None = None  # columns of the prefill maps that the cache still holds
+    grid: torch.Tensor | None = None  # indices into the image block that tile the picture row by row
 
 
 @dataclass
@@ -125,7 +126,7 @@ class Prefill:
         kv = self.image_kv
         return EvictionContext(kv.length, kv.positions, len(kv.layers), self.attentions, seed, future,
                                cache_layers=kv.layers, n_cache_layers=len(self.cache.layers),
-                               keep_always=kv.keep_always)
+                               keep_always=kv.keep_always, grid=kv.grid)
 
 
 @torch.no_grad()
@@ -140,10 +141,10 @@ def prefill(model, split: PromptSplit, attentions: bool = True) -> Prefill:
     split.family = fam
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    full_pos = fam.position_ids(model, split.full_ids.to(dev), _to(split.inputs, dev, dtype))
+    full_pos = fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype))
     cache = DynamicCache(config=model.config)
     kw = dict(input_ids=split.context_ids.to(dev), past_key_values=cache, use_cache=True,
-              **_to(split.extra, dev, dtype))
+              **to_model(split.extra, dev, dtype))
     if split.pixel_values is not None:
         kw["pixel_values"] = split.pixel_values.to(dev, dtype)
     if full_pos is not None:
@@ -152,22 +153,20 @@ def prefill(model, split: PromptSplit, attentions: bool = True) -> Prefill:
     if attentions:
         from ..capture.vlm import language_attn_implementation
 
-        if language_attn_implementation(model) != "eager":
-            raise RuntimeError("attention weights are not returned under sdpa: load with attn_implementation='eager'")
-        with AttentionCapture(model, "full", part=image_kv_part(fam), spans=None) as cap:
+        impl = language_attn_implementation(model)
+        if impl != "eager":
+            raise RuntimeError(f"prefill reads the context's attention, which {impl!r} does not return: load with "
+                               f"attn_implementation='eager' (or call prefill(..., attentions=False) for policies that need none)")
+        with AttentionCapture(model, "full", part=fam.image_part, spans=None) as cap:
             out = model(**kw)
         maps = [r.probs for r in sorted(cap.result.records, key=lambda r: r.layer)]
     else:
         out = model(**kw)
     image_kv = locate_image_kv(fam, model, out.past_key_values, split)
+    image_kv.grid = fam.grid_tokens(model.config, split.inputs)
     if image_kv.key_index is not None:  # the family trimmed the cache (e.g. padded tiles): trim the maps alike
         maps = [m[..., image_kv.key_index] for m in maps]
     return Prefill(out.past_key_values, maps, split, image_kv, full_pos)
-
-
-def image_kv_part(family) -> str:
-    """The capture part whose keys hold the image: ``cross`` for cross-attention VLMs, else ``language``."""
-    return family.image_part
 
 
 def locate_image_kv(family, model, cache, split: PromptSplit) -> ImageKV:
@@ -241,11 +240,11 @@ def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_
     c = split.context_ids.shape[1]
     q = split.question_ids.to(dev)
     full_pos = positions if positions is not None else fam.position_ids(
-        model, split.full_ids.to(dev), _to(split.inputs, dev, next(model.parameters()).dtype))
+        model, split.full_ids.to(dev), to_model(split.inputs, dev, next(model.parameters()).dtype))
     pos = fam.text_positions(full_pos, c, q.shape[1], dev)
     atts = None
     if output_attentions:
-        with AttentionCapture(model, "full", part=image_kv_part(fam), spans=None) as cap:
+        with AttentionCapture(model, "full", part=fam.image_part, spans=None) as cap:
             out = forward_question(fam, model, q, cache, pos)
         atts = [r.probs[None] for r in sorted(cap.result.records, key=lambda r: r.layer)]
     else:
@@ -272,13 +271,3 @@ def forward_question(family, model, ids, cache, positions):
     return model(input_ids=ids, past_key_values=cache, position_ids=positions,
                  attention_mask=torch.ones(1, held + ids.shape[1], dtype=torch.long, device=ids.device), use_cache=True)
 
-
-def _to(d: dict, device, dtype) -> dict:
-    out = {}
-    for k, v in d.items():
-        if torch.is_tensor(v):
-            v = v.to(device)
-            if v.is_floating_point() and dtype is not None:
-                v = v.to(dtype)
-        out[k] = v
-    return out

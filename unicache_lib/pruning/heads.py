@@ -141,19 +141,27 @@ class HeadMask:
         return False
 
 
+def physical_pruning_unsupported(space: HeadSpace) -> str | None:
+    """Why :func:`prune_physically` cannot slice this model's heads out, or None when it can."""
+    for u, mod in zip(space.units, space.modules):
+        if not hasattr(mod, "o_proj"):
+            return f"{u.name}: physical pruning supports transformers q/k/v/o attention; use HeadMask for diffusers modules"
+        if mod.k_proj.out_features != mod.q_proj.out_features:
+            return f"{u.name}: grouped-query attention (fewer KV heads than query heads) is not supported; use HeadMask"
+    return None
+
+
 @torch.no_grad()
 def prune_physically(space: HeadSpace, keep: torch.Tensor) -> dict[str, int]:
     """Remove pruned heads from the weights (in place): rows of the q/k/v projections, columns of
     the output projection. Supported for transformers attention with as many key/value heads as
     query heads (Llama-style ``q_proj``/``k_proj``/``v_proj``/``o_proj``); the model then runs
     fewer FLOPs. Returns ``{unit name: heads kept}``. Equivalent to :class:`HeadMask` (tested)."""
+    why = physical_pruning_unsupported(space)
+    if why:  # checked for every unit first: nothing is half-pruned
+        raise NotImplementedError(why)
     out = {}
     for i, (u, mod) in enumerate(zip(space.units, space.modules)):
-        if not hasattr(mod, "o_proj"):
-            raise NotImplementedError(f"{u.name}: physical pruning supports transformers q/k/v/o attention; "
-                                      f"use HeadMask for diffusers modules")
-        if mod.k_proj.out_features != mod.q_proj.out_features:
-            raise NotImplementedError(f"{u.name}: grouped-query attention (fewer KV heads) is not supported; use HeadMask")
         kept = [h for h in range(u.heads) if keep[i, h] > 0]
         idx = torch.cat([torch.arange(h * u.head_dim, (h + 1) * u.head_dim) for h in kept])
         for name in ("q_proj", "k_proj", "v_proj"):

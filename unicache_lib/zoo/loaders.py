@@ -56,7 +56,7 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: torch.device
     dtype = "auto" if dtype is None else str(dtype).replace("torch.", "")
     if dtype == "auto":
         if torch.device(device).type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"DTYPE must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
@@ -137,7 +137,8 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
     mt = understanding_family(name_or_path)
     fam = family_for_type(mt)
     dev = resolve_device(device) if device is not None else None
-    dt = resolve_dtype(dtype, dev or "cpu")
+    where_weights = dev or ("cuda" if device_map is not None and torch.cuda.is_available() else "cpu")
+    dt = resolve_dtype(dtype, where_weights)
     cls = getattr(transformers, fam.model_class_for(mt))
     impl = {"text_config": attn_implementation, "vision_config": vision_attn_implementation}
     model = cls.from_pretrained(where, dtype=dt, attn_implementation=impl, device_map=device_map)

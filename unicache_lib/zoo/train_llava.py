@@ -105,11 +105,13 @@ def answer_logits(model, tokenizer, questions, images_uint8, batch=100) -> torch
     """``[N, vocab]`` float32 logits of the first answer token (gradients flow when enabled)."""
     out = []
     model.eval()
+    p = next(model.parameters())
     for s in range(0, len(questions), batch):
         ids, mask, _ = tl.encode(tokenizer, questions[s : s + batch], None, N_IMG)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out.append(model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         pixel_values=tl.pixel_values(images_uint8[s : s + batch])).logits[:, -1].float())
+        px = tl.pixel_values(images_uint8[s : s + batch]).to(p.device, p.dtype)
+        out.append(model(input_ids=ids.to(p.device), attention_mask=mask.to(p.device), position_ids=pos.to(p.device),
+                         pixel_values=px).logits[:, -1].float())
     return torch.cat(out)
 
 

@@ -27,7 +27,8 @@ class EvictionContext:
     ``cache_layers[i]``, all cache layers by default); ``attentions``: per such layer ``[H, Cq, C]``
     float32 prefill attention (empty if not captured); ``future``: per such layer ``[C]`` attention mass
     the question's queries put on each key (oracle only); ``keep_always``: positions every policy keeps
-    (default: every non-image position).
+    (default: every non-image position); ``grid``: indices into the image block of the tokens that tile the
+    picture row by row (None: the family's image tokens form no single grid).
     """
 
     seq_len: int
@@ -39,6 +40,7 @@ class EvictionContext:
     cache_layers: list | None = None
     n_cache_layers: int | None = None
     keep_always: torch.Tensor | None = None
+    grid: torch.Tensor | None = None
 
     @property
     def n_image(self) -> int:

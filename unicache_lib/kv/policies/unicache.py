@@ -27,9 +27,13 @@ class UniCache(EvictionPolicy):
         bands = band_layers(ctx.n_layers)
         shallow_reads = sum(ctx.image_reads(li) for li in bands["shallow"]).numpy()
         anchors = [int(i) for i in top_k(shallow_reads, k // 4)]
-        rest = [i for i in range(ctx.n_image) if i not in anchors]
+        # the picture's token grid in row-major order (tiles, class and newline tokens are not on it)
+        cells = [int(i) for i in (ctx.grid if ctx.grid is not None else range(ctx.n_image))]
+        rest = [i for i in cells if i not in anchors]
         m = k - len(anchors)
-        grid = [rest[int(j)] for j in np.linspace(0, len(rest) - 1, m).round()] if m > 0 else []
+        grid = [rest[int(j)] for j in np.linspace(0, len(rest) - 1, min(m, len(rest))).round()] if m > 0 else []
+        if len(grid) < m:  # more budget than grid cells: the rest in sequence order
+            grid += [i for i in range(ctx.n_image) if i not in anchors and i not in grid][: m - len(grid)]
         local = np.array(anchors + grid, dtype=int)
         out = []
         for li in range(ctx.n_layers):

@@ -16,7 +16,9 @@ class WeightNorm(HeadScorer):
         for i, (u, mod) in enumerate(zip(sp.units, sp.modules)):
             v = (mod.v_proj if hasattr(mod, "v_proj") else mod.to_v).weight.detach().float()
             o = _out_projections(mod)[0].weight.detach().float()
+            group = max(1, u.heads // max(1, v.shape[0] // u.head_dim))  # query heads per value head (GQA)
             for h in range(u.heads):
                 sl = slice(h * u.head_dim, (h + 1) * u.head_dim)
-                out[i, h] = float(v[sl].norm() * o[:, sl].norm())
+                vs = slice((h // group) * u.head_dim, (h // group + 1) * u.head_dim)  # the value head it reads
+                out[i, h] = float(v[vs].norm() * o[:, sl].norm())
         return out
