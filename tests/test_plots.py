@@ -60,3 +60,15 @@ def test_explorer_redraws_on_slider_moves():
         stats_only = CaptureResult()
         stats_only.records.append(Record("s0", 0, "language", "stats", {"entropy": torch.zeros(2, 22)}, SP))
         attention_explorer(stats_only, {}, {})
+
+
+def test_layer_curves_plot_at_the_captured_layer_numbers():
+    from unicache_lib import plots
+
+    fig = plots.layer_curves({"x": np.random.default_rng(0).random((3, 3))}, layers=[0, 15, 31], n_layers=32)
+    ax = fig.axes[0]
+    assert list(ax.lines[0].get_xdata()) == [0, 15, 31]  # a layer subset is not relabelled 0, 1, 2
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "15", "31"]
+    assert {t.get_text() for t in ax.texts} == {"shallow", "middle", "deep"}
+    with pytest.raises(ValueError, match="3 columns for 2 positions"):
+        plots.layer_curves({"x": np.zeros((2, 3))}, layers=[0, 1])

@@ -23,17 +23,19 @@ def _np(x) -> np.ndarray:
     return x.detach().float().cpu().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float32)
 
 
-def _mean_bands(ax, values: dict, axis_name: str, marker: str) -> int | None:
-    """Plot each ``[n_samples, n]`` array of ``values`` as its mean over samples with a +-1 s.d. band;
-    returns ``n`` (None for no values). NaN entries are skipped (an all-NaN column, e.g. step 0 of an
-    adjacent-step similarity, gives a gap)."""
+def _mean_bands(ax, values: dict, axis_name: str, marker: str, x=None) -> int | None:
+    """Plot each ``[n_samples, n]`` array of ``values`` as its mean over samples with a +-1 s.d. band,
+    at positions ``x`` (default ``0..n-1``); returns ``n`` (None for no values). NaN entries are skipped
+    (an all-NaN column, e.g. step 0 of an adjacent-step similarity, gives a gap)."""
     n = None
     for name, v in values.items():
         v = _np(v)
         if v.ndim != 2:
             raise ValueError(f"{name}: expected [n_samples, {axis_name}], got shape {v.shape}")
         n = v.shape[1]
-        x = np.arange(n)
+        if x is not None and len(x) != n:
+            raise ValueError(f"{name}: {n} columns for {len(x)} positions")
+        x = np.arange(n) if x is None else np.asarray(x)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             m, s = np.nanmean(v, 0), np.nanstd(v, 0)
@@ -42,20 +44,29 @@ def _mean_bands(ax, values: dict, axis_name: str, marker: str) -> int | None:
     return n
 
 
-def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", bands: bool = True):
-    """Per-layer curves with spread. ``values``: name -> ``[n_samples, n_layers]``; the line is the
-    mean over samples, the shaded band +-1 standard deviation; shallow/middle/deep bands marked."""
+def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", bands: bool = True,
+                 layers=None, n_layers: int | None = None):
+    """Per-layer curves with spread. ``values``: name -> ``[n_samples, n]``; the line is the mean over
+    samples, the shaded band +-1 standard deviation; shallow/middle/deep bands marked.
+
+    ``layers``: the layer index of each column (a subset such as ``[0, 15, 31]``, or a cross-attention
+    VLM's cross layers ``[3, 8, ...]``; default ``0..n-1``); ``n_layers``: the model's depth, for the bands.
+    """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    n_layers = _mean_bands(ax, values, "n_layers", "o")
-    if n_layers and bands:
+    n = _mean_bands(ax, values, "n_layers", "o", layers)
+    x = list(range(n)) if (layers is None and n) else list(layers or [])
+    if n and bands:
         from .analysis.layers import band_layers
 
-        for i, (lab, ls) in enumerate(band_layers(n_layers).items()):
-            if ls:
-                ax.axvspan(ls[0] - 0.5, ls[-1] + 0.5, color=f"C{i}", alpha=0.05)
-                ax.text((ls[0] + ls[-1]) / 2, 1.0, lab, transform=ax.get_xaxis_transform(),
+        for i, (lab, ls) in enumerate(band_layers(n_layers or max(x) + 1).items()):
+            inside = [li for li in x if li in ls]
+            if inside:
+                ax.axvspan(inside[0] - 0.5, inside[-1] + 0.5, color=f"C{i}", alpha=0.05)
+                ax.text((inside[0] + inside[-1]) / 2, 1.0, lab, transform=ax.get_xaxis_transform(),
                         ha="center", va="bottom", fontsize=8)
+    if x and len(x) <= 40:
+        ax.set_xticks(x, [str(li) for li in x], fontsize=7 if len(x) > 16 else None)
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
     ax.set_title(title, pad=14)

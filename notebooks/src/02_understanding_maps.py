@@ -123,11 +123,13 @@ def per_layer(col):
     return L.pivot(index="sample", columns="layer", values=col).to_numpy()
 
 fig = plots.layer_curves({"normalised entropy": per_layer("norm_entropy"), "mean max weight": per_layer("max_weight"),
-                          "diagonal mass": per_layer("diag")}, "focus per layer")
+                          "diagonal mass": per_layer("diag")}, "focus per layer", layers=captured, n_layers=n_layers)
 _ = plots.save(fig, out, "focus_per_layer")
-fig = plots.layer_curves({"mean attention distance": per_layer("distance")}, "locality per layer", "positions")
+fig = plots.layer_curves({"mean attention distance": per_layer("distance")}, "locality per layer", "positions",
+                         layers=captured, n_layers=n_layers)
 _ = plots.save(fig, out, "distance_per_layer")
-fig = plots.layer_curves({"per-head variance": per_layer("variance")}, "within-row variance per layer (0 = uniform rows)")
+fig = plots.layer_curves({"per-head variance": per_layer("variance")}, "within-row variance per layer (0 = uniform rows)",
+                         layers=captured, n_layers=n_layers)
 _ = plots.save(fig, out, "variance_per_layer")
 depth = L.groupby("band")[["norm_entropy", "max_weight", "distance", "variance", "cross_modal", "head_max_weight"]].mean()
 print(depth.loc[["shallow", "middle", "deep"]].round(3).to_string())

@@ -30,7 +30,8 @@ def _understanding_figures(label, recs, out):
     figs, notes = [], []
     per = lambda c: L.pivot(index="sample", columns="layer", values=c).to_numpy()  # noqa: E731
     figs.append(plots.save(plots.layer_curves({"normalised entropy": per("norm_entropy"), "max weight": per("max_weight")},
-                                              f"{label}: focus per layer"), out, f"{label}_entropy"))
+                                              f"{label}: focus per layer", layers=sorted(L.layer.unique())),
+                           out, f"{label}_entropy"))
     s0 = recs[0].sample
     mine = sorted((r for r in recs if r.sample == s0), key=lambda r: r.layer)
     rf = np.stack([r.data["read_freq_norm"].mean(0).numpy() for r in mine])
