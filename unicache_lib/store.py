@@ -13,6 +13,16 @@ ignored (``verify`` reports it). A record key (sample, part, layer, step) can be
 writing it again raises instead of silently overwriting, and ``missing`` tells a resumed capture
 what is left to do. Several processes (``torchrun`` / ``accelerate launch`` ranks) write their own
 index and folders; readers merge all indexes and refuse duplicates.
+
+One writer per rank: the first write takes an exclusive OS lock (``.lock-rank00000``, see
+:mod:`unicache_lib.locks`) held until :meth:`Store.close` (or the object is dropped, or the process
+ends or crashes); a second process writing the same rank is refused with the holder's pid, host and
+start time. :func:`remove_store` deletes a store only when no other process writes to it.
+
+Damage: :meth:`Store.damaged` lists records whose file is missing or fails its checksum; reading
+other records keeps working; :meth:`Store.repair` drops the damaged records from the index (their
+files are kept, renamed ``*.damaged``) and removes leftovers of interrupted writes, so
+:meth:`Store.missing` reports those samples and a resumed capture recaptures them.
 """
 from __future__ import annotations
 
@@ -20,6 +30,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,6 +38,7 @@ import numpy as np
 import torch
 
 from .capture.record import Record
+from .locks import LockedError, acquire, forget, held_here
 from .modality import Spans
 
 FORMAT = 1
@@ -34,6 +46,25 @@ FORMAT = 1
 
 class StoreError(RuntimeError):
     """A store that is missing, corrupt, or would be overwritten."""
+
+
+class StoreLockedError(StoreError, LockedError):
+    """Another process is writing this store (the same rank). ``holder``: its pid, host, since, cmd."""
+
+    def __init__(self, message: str, holder: dict):
+        LockedError.__init__(self, message, holder)
+
+
+_ENTRY_KEYS = {"key", "sample", "part", "layer", "step", "file", "slot", "arrays"}
+_LOCK_ADVICE = ("Wait for it to finish or stop it (a JupyterLab kernel: call store.close() there or restart the kernel), "
+                "or write to another folder (another OUT_DIR; a distributed capture gives each process its own rank).")
+
+
+def _locked(path: Path, what: str):
+    try:
+        return acquire(path, what, _LOCK_ADVICE)
+    except LockedError as e:
+        raise StoreLockedError(str(e), e.holder) from None
 
 
 def library_version() -> str:
@@ -75,27 +106,86 @@ class Store:
 
     def __init__(self, path, rank: int = 0, meta: dict | None = None):
         self.path = Path(path)
-        self.rank = int(rank)
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"{self.path} is a file, not a store folder: pass the folder a capture writes to "
+                             f"(e.g. outputs/02_understanding_maps/stats)")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise TypeError(f"rank must be an int >= 0, got {rank!r}")
+        self.rank = rank
         self.meta = dict(meta or {})
+        self._lock = None
+
+    # ---- the writer lock -----------------------------------------------------------------------
+    def _lock_path(self, rank: int | None = None) -> Path:
+        return self.path / f".lock-rank{self.rank if rank is None else rank:05d}"
+
+    def _writer_lock(self):
+        """This writer's lock, taken on first use and kept until :meth:`close`."""
+        if self._lock is not None and not self._lock.valid():  # the store was removed under us
+            self._lock.release()
+            self._lock = None
+        if self._lock is None:
+            self._lock = _locked(self._lock_path(), f"rank {self.rank} of store {self.path}")
+        return self._lock
+
+    def close(self) -> None:
+        """Release the writer lock (reading needs no lock). Also done when the object is dropped or the
+        process ends."""
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     # ---- index ---------------------------------------------------------------------------------
     def _index_path(self, rank: int | None = None) -> Path:
         return self.path / f"index-rank{self.rank if rank is None else rank:05d}.json"
 
     def _load_index(self, p: Path) -> dict:
+        fix = (f"Move it aside (rename it to {p.name}.bad) and run the capture again: a resumed capture recaptures "
+               f"every sample that no index lists")
         try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise StoreError(f"index {p} is corrupt ({e}); restore it from a backup or delete the store "
-                             f"and capture again") from e
+            idx = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StoreError(f"index {p} is corrupt ({e}). {fix}") from e
+        recs = idx.get("records") if isinstance(idx, dict) else None
+        bad = not isinstance(recs, list) or any(not isinstance(e, dict) or not _ENTRY_KEYS <= e.keys() for e in recs)
+        if bad:
+            found = f"a {type(idx).__name__} with keys {sorted(idx)[:6]}" if isinstance(idx, dict) else type(idx).__name__
+            raise StoreError(f"index {p} is not a store index (expected {{'records': [...]}} with one entry per record, "
+                             f"found {found}). {fix}")
+        return idx
+
+    def _indexes(self) -> list[tuple[int, Path, list[dict]]]:
+        """``(rank, index path, entries)`` of every rank's index."""
+        out = []
+        for p in sorted(self.path.glob("index-rank*.json")):
+            try:
+                rank = int(p.name[len("index-rank"):-len(".json")])
+            except ValueError:
+                continue
+            out.append((rank, p, self._load_index(p)["records"]))
+        return out
 
     def index(self) -> list[dict]:
         """Every committed record's entry, merged over all ranks."""
         if not self.path.exists():
             raise StoreError(f"no store at {self.path}: run a capture that writes to it first")
+        if not self.path.is_dir():
+            raise StoreError(f"{self.path} is a file, not a store folder")
         entries, seen = [], {}
-        for p in sorted(self.path.glob("index-rank*.json")):
-            for e in self._load_index(p)["records"]:
+        for _, p, recs in self._indexes():
+            for e in recs:
                 k = e["key"]
                 if k in seen:
                     raise StoreError(f"record {k} is in both {seen[k]} and {p.name}: two ranks captured the "
@@ -125,7 +215,7 @@ class Store:
     def _check_meta(self):
         mp = self.path / "meta.json"
         if mp.exists():
-            old = json.loads(mp.read_text())
+            old = self.read_meta()
             for k in ("model",):
                 if k in self.meta and k in old and self.meta[k] != old[k]:
                     raise StoreError(f"store {self.path} holds {k}={old[k]!r}, this capture is {self.meta[k]!r}: "
@@ -142,6 +232,10 @@ class Store:
         if not records:
             return 0
         self.path.mkdir(parents=True, exist_ok=True)
+        with self._writer_lock().mutex:
+            return self._write(records)
+
+    def _write(self, records: list[Record]) -> int:
         self._check_meta()
         have = self.keys()
         keys = [key_str(r.key) for r in records]
@@ -189,17 +283,28 @@ class Store:
         mp = self.path / "meta.json"
         if not mp.exists():
             raise StoreError(f"{self.path} has no meta.json: not a store, or nothing was written yet")
-        return json.loads(mp.read_text())
+        try:
+            meta = json.loads(mp.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StoreError(f"{mp} is corrupt ({e}): it only describes the store (model, dtype); rewrite it as "
+                             f'{{"model": "<name>"}} or capture again into a new folder') from e
+        if not isinstance(meta, dict):
+            raise StoreError(f"{mp} holds a {type(meta).__name__}, not an object: rewrite it as {{\"model\": \"<name>\"}}")
+        return meta
 
     def _open(self, rel: str, digest: str | None = None):
         p = self.path / rel
+        fix = (f"Run Store({str(self.path)!r}).repair() to drop its records from the index (the other records stay "
+               f"readable), then run the capture again: a resumed capture recaptures exactly those samples")
         if not p.exists():
-            raise StoreError(f"file {rel} listed in the index is missing from {self.path}: restore it, or delete "
-                             f"its records and capture those samples again")
+            raise StoreError(f"file {rel} listed in the index is missing from {self.path}. {fix}")
         data = p.read_bytes()
         if digest and hashlib.sha256(data).hexdigest() != digest:
-            raise StoreError(f"file {rel} in {self.path} is corrupt (checksum mismatch): capture its samples again")
-        return np.load(io.BytesIO(data))
+            raise StoreError(f"file {rel} in {self.path} is corrupt (checksum mismatch). {fix}")
+        try:
+            return np.load(io.BytesIO(data))
+        except Exception as e:  # noqa: BLE001 - an unreadable archive without a recorded checksum
+            raise StoreError(f"file {rel} in {self.path} cannot be read ({e}). {fix}") from e
 
     def read(self, sample=None, layer=None, part=None, step=None) -> list[Record]:
         """Records matching the filters (None = any), in index order, exactly as written."""
@@ -220,20 +325,118 @@ class Store:
             ))
         return out
 
-    def verify(self) -> list[str]:
-        """Problems found (missing / corrupt files, orphaned chunks); empty when the store is sound."""
-        problems, used = [], set()
+    def damaged(self) -> dict[str, list[str]]:
+        """Damaged records: ``{file: [record keys]}`` for every indexed file that is missing, unreadable or
+        fails its checksum. Reads every file once (use it to check a store, not in a loop)."""
+        by_file: dict[str, list[dict]] = {}
         for e in self.index():
-            used.add(e["file"].rsplit("/", 1)[0])
+            by_file.setdefault(e["file"], []).append(e)
+        out = {}
+        for f, ents in by_file.items():
             try:
-                self._open(e["file"], e.get("sha256"))
-            except StoreError as err:
-                problems.append(str(err))
-        for d in sorted(self.path.glob("rank*/chunk*")):
-            rel = d.relative_to(self.path).as_posix()
-            if rel not in used:
-                problems.append(f"orphaned chunk {rel} (an interrupted write); it is ignored and can be deleted")
-        return sorted(set(problems))
+                z = self._open(f, ents[0].get("sha256"))
+                names = set(z.files)
+                if any(f"r{e['slot']}__{n}" not in names for e in ents for n in e["arrays"]):
+                    raise StoreError("arrays missing")
+            except StoreError:
+                out[f] = [e["key"] for e in ents]
+        return out
+
+    def _leftovers(self) -> list[Path]:
+        """Traces of interrupted writes: temporary files and chunk folders no index lists."""
+        used = {e["file"].rsplit("/", 1)[0] for e in self.index()}
+        tmp = sorted(self.path.rglob(".*.tmp"))
+        orphans = [d for d in sorted(self.path.glob("rank*/chunk*")) if d.relative_to(self.path).as_posix() not in used]
+        return tmp + orphans
+
+    def verify(self) -> list[str]:
+        """Problems found, one line each: damaged records (missing or corrupt files, with their record
+        keys) and leftovers of interrupted writes (ignored by readers; :meth:`repair` removes them).
+        Empty when the store is sound."""
+        problems = []
+        for f, keys in self.damaged().items():
+            problems.append(f"damaged file {f}: {len(keys)} record(s) unreadable ({', '.join(keys[:3])}"
+                            f"{', ...' if len(keys) > 3 else ''}); Store.repair() drops them so a resumed capture "
+                            f"recaptures them")
+        for p in self._leftovers():
+            rel = p.relative_to(self.path).as_posix()
+            problems.append(f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
+                            if p.is_dir() else f"temporary file {rel} left by an interrupted write; it is ignored, "
+                            f"Store.repair() removes it")
+        return problems
+
+    def drop(self, keys) -> list[str]:
+        """Remove the records ``keys`` (``"sample|part|layer|step"``) from their ranks' indexes, atomically
+        per index, under each rank's writer lock. Their data files stay on disk. Returns the keys dropped."""
+        keys = set(keys)
+        dropped = []
+        for rank, p, _ in self._indexes():
+            lock = _locked(self._lock_path(rank), f"rank {rank} of store {self.path}")
+            try:
+                with lock.mutex:
+                    idx = self._load_index(p)
+                    keep = [e for e in idx["records"] if e["key"] not in keys]
+                    if len(keep) < len(idx["records"]):
+                        dropped += [e["key"] for e in idx["records"] if e["key"] in keys]
+                        _atomic_write_bytes(p, json.dumps({**idx, "records": keep}).encode())
+            finally:
+                lock.release()
+        return dropped
+
+    def repair(self) -> list[str]:
+        """Make a damaged store whole again: drop damaged records from the index (their files are kept,
+        renamed ``*.damaged``), delete leftovers of interrupted writes. Refused (StoreLockedError) while
+        another process writes any rank. Afterwards :meth:`missing` lists the dropped samples and a
+        resumed capture recaptures them. Returns the record keys dropped."""
+        ranks = sorted({r for r, _, _ in self._indexes()}
+                       | {int(p.name[len(".lock-rank"):]) for p in self.path.glob(".lock-rank*")
+                          if p.name[len(".lock-rank"):].isdigit()})
+        locks = []
+        try:
+            for r in ranks:  # nobody else may write while we decide what is an orphan
+                locks.append(_locked(self._lock_path(r), f"rank {r} of store {self.path}"))
+            bad = self.damaged()
+            dropped = self.drop([k for keys in bad.values() for k in keys])
+            for f in bad:
+                if (self.path / f).exists():
+                    os.replace(self.path / f, self.path / (f + ".damaged"))
+            for p in self._leftovers():
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            return dropped
+        finally:
+            for lk in locks:
+                lk.release()
+
+
+def remove_store(path) -> bool:
+    """Delete the store folder ``path`` (a notebook's own output of an earlier run), refused with
+    :class:`StoreLockedError` while another process writes to it, and refused for a folder that holds
+    anything but a store. A writer of this process is released first (re-running a notebook cell).
+    Returns True if something was removed."""
+    p = Path(path)
+    if not p.exists():
+        return False
+    if not p.is_dir():
+        raise StoreError(f"{p} is a file, not a store folder; remove it yourself if it is yours")
+    def ours(q: Path) -> bool:
+        n = q.name
+        return (n == "meta.json" or n.startswith(("index-rank", ".lock-rank")) or (n.startswith(".") and n.endswith(".tmp"))
+                or (q.is_dir() and n.startswith("rank")))
+    other = [q.name for q in p.iterdir() if not ours(q)]
+    if other:
+        raise StoreError(f"{p} holds more than a store ({', '.join(sorted(other)[:5])}): not removed. Point OUT_DIR to "
+                         f"a folder of its own")
+    locks = []
+    try:
+        for lp in sorted(p.glob(".lock-rank*")):
+            if held_here(lp) is not None:
+                forget(lp)  # this process's own earlier writer (a re-run cell): its lock goes with the files
+            locks.append(_locked(lp, f"store {p}"))
+        shutil.rmtree(p)
+    finally:
+        for lk in locks:
+            lk.release()
+    return True
 
 
 def shard_samples(samples: list, rank: int, world_size: int) -> list:

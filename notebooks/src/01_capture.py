@@ -27,7 +27,6 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +41,7 @@ from unicache_lib.capture.vlm import check_memory, full_capture_bytes, language_
 from unicache_lib.families import family_of
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.store import Store
+from unicache_lib.store import Store, remove_store
 from unicache_lib.world import samples as sample_set
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
 
@@ -170,7 +169,7 @@ print(f"layers captured in batches of 2: {[r.layer for r in in_batches][:8]}{' .
 # %%
 store_dir = out / "store"
 if store_dir.exists():
-    shutil.rmtree(store_dir)  # this notebook's own output from an earlier run
+    remove_store(store_dir)  # this notebook's own output from an earlier run (refused while another process writes it)
 store = Store(store_dir, meta={"model": MODEL, "dtype": str(next(model.parameters()).dtype), "sample_seed": SAMPLE_SEED})
 res = capture_samples(model, processor, samples, store=store, mode="stats")
 again = capture_samples(model, processor, samples, store=store, mode="stats", progress=False)

@@ -39,7 +39,6 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +58,7 @@ from unicache_lib.families import family_of
 from unicache_lib.intervals import bootstrap
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.store import Store
+from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import attention_explorer
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.scenes import SCENE_TYPES
@@ -92,7 +91,7 @@ print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_confi
 stores = {name: out / name for name in ("stats", "maps")}
 for p in stores.values():
     if p.exists():
-        shutil.rmtree(p)  # this notebook's own output of an earlier run
+        remove_store(p)  # this notebook's own output of an earlier run (refused while another process writes it)
 meta = {"model": MODEL, "dtype": str(next(model.parameters()).dtype), "sample_seed": SAMPLE_SEED}
 capture_samples(model, processor, samples, Store(stores["stats"], meta=meta), mode="stats", layers=LAYERS, progress=False)
 map_samples = sample_set.load(per_type=min(MAP_PER_TYPE, PER_TYPE), seed=SAMPLE_SEED)

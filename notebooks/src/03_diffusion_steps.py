@@ -32,7 +32,6 @@ OUT_DIR = "outputs/03_diffusion_steps"
 SAMPLE_SEED = 2024            # standard set behind the understanding store for G7, 2024 is the shipped set
 
 # %%
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +45,7 @@ from unicache_lib.capture.runner import stats_store_or_capture
 from unicache_lib.intervals import bootstrap, grouped
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.store import Store
+from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import step_explorer
 from unicache_lib.world.scenes import patch_grid_masks
 from unicache_lib.world.segment import colour_mask, score_object
@@ -93,7 +92,7 @@ runs = {}
 for m, g in gens.items():
     for p in (out / "store" / m, out / "maps" / m):
         if p.exists():
-            shutil.rmtree(p)  # this notebook's own output of an earlier run
+            remove_store(p)  # this notebook's own output of an earlier run (refused while another process writes it)
     store = Store(out / "store" / m, meta={"model": m})
     for kind in ("short", "long"):
         meta = [{"kind": kind, "pair": p["pair"], "id": p["id"]} for p in prompts]

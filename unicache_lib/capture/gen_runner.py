@@ -92,17 +92,16 @@ def generation_store_or_capture(path, fallback, gen: Generator, model_name: str,
                                 guidance: float = 3.0, seed: int = 0):
     """A generator's stats store at ``path`` (notebook 03 writes one per model), or a fresh capture
     of ``n_prompts`` short single-object prompts into ``fallback``. Returns ``(path, captured)``."""
-    import shutil
     from pathlib import Path
 
-    from ..store import Store
+    from ..store import Store, remove_store
     from ..world.text import prompt_set
 
     path, fallback = Path(path), Path(fallback)
     if (path / "meta.json").exists():
         return path, False
     if fallback.exists():
-        shutil.rmtree(fallback)
+        remove_store(fallback)  # the caller's own output of an earlier run (refused while another process writes it)
     prompts = [p["short"] for p in prompt_set(n_prompts, 0, seed)]
     capture_generation(gen, prompts, "short", Store(fallback, meta={"model": model_name}), steps, guidance, seed,
                        progress=False)

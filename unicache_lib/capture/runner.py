@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..store import Store, key_str
+from ..store import Store, key_str, remove_store
 from .record import CaptureResult
 from .vlm import AttentionCapture, attention_sites, check_memory, find_attention_modules, full_capture_bytes
 
@@ -150,7 +150,6 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
     shipped set) into ``fallback``, with ``model`` / ``processor`` when given (else ``model_name`` is
     loaded). A store of another model or another sample set is refused. Returns ``(path, captured)``."""
     import json
-    import shutil
     from pathlib import Path
 
     from ..world import samples as sample_set
@@ -169,7 +168,7 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
                              "store (notebook 02's OUT_DIR/stats), or to a missing path to capture afresh")
         return path, False
     if fallback.exists():
-        shutil.rmtree(fallback)  # the caller's own output of an earlier run
+        remove_store(fallback)  # the caller's own output of an earlier run (refused while another process writes it)
     if model is None:
         model, processor = load_understanding(model_name, attn_implementation="eager")
     capture_samples(model, processor, sample_set.load(seed=want),

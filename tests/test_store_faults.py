@@ -1,0 +1,223 @@
+"""The store under faults, with real processes: two writers at once, SIGKILL at random points, flipped
+bytes, malformed indexes. README's fault table quotes the counts defined here (``KILL_TRIALS`` ...)."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from unicache_lib.capture.record import Record
+from unicache_lib.modality import Spans
+from unicache_lib.store import Store, StoreError, StoreLockedError, remove_store
+
+ROOT = Path(__file__).resolve().parents[1]
+KILL_TRIALS = 24      # SIGKILL at a random moment of a writing process
+CONCURRENT_TRIALS = 3  # two processes writing the same store and rank
+N_SAMPLES, N_LAYERS, WIDTH = 20, 4, 2048
+
+
+def rec(sample: int, layer: int) -> Record:
+    """A record whose content is a function of its key (so any record read back can be checked)."""
+    g = torch.Generator().manual_seed(sample * 100 + layer)
+    data = {"entropy": torch.rand(8, WIDTH, generator=g), "mass": torch.rand(8, 3, generator=g)}
+    return Record(sample=str(sample), layer=layer, part="language", mode="stats", data=data,
+                  spans=Spans.from_kinds([1] * 5 + [0] * 4), seq_len=9, heads=8)
+
+
+WRITER = textwrap.dedent(f"""
+    import sys, time
+    sys.path.insert(0, {str(ROOT)!r})
+    from tests.test_store_faults import rec, N_SAMPLES, N_LAYERS
+    from unicache_lib.store import Store, StoreLockedError
+    path, delay, hold = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    st = Store(path, meta={{"model": "m"}})
+    todo = st.missing([str(s) for s in range(N_SAMPLES)], range(N_LAYERS)) if st.path.exists() else range(N_SAMPLES)
+    try:
+        for i, s in enumerate(todo):
+            st.write([rec(int(s), li) for li in range(N_LAYERS)])
+            print("wrote", s, flush=True)
+            if i == 0 and hold != "-":  # keep the lock until the parent says go
+                while not __import__("os").path.exists(hold):
+                    time.sleep(0.02)
+            time.sleep(delay)
+    except StoreLockedError as e:
+        print("REFUSED", e, file=sys.stderr, flush=True)
+        sys.exit(3)
+    print("done", flush=True)
+""")
+
+
+def writer(path, delay=0.0, hold="-"):
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(delay), str(hold)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def wait_for_line(proc, prefix, timeout=120):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        line = proc.stdout.readline()
+        if line.startswith(prefix):
+            return line
+        if not line and proc.poll() is not None:
+            raise AssertionError(f"writer exited ({proc.returncode}): {proc.stderr.read()}")
+    raise AssertionError("writer too slow")
+
+
+def check_intact(st: Store) -> set[str]:
+    """Every indexed record reads back equal to what was written; returns the samples stored."""
+    got = st.read()
+    for r in got:
+        want = rec(int(r.sample), r.layer)
+        assert all(torch.equal(r.data[k], want.data[k]) for k in want.data), r.key
+    return {r.sample for r in got}
+
+
+@pytest.mark.parametrize("trial", range(CONCURRENT_TRIALS))
+def test_second_writer_is_refused_and_nothing_is_lost(tmp_path, trial):
+    path, go = tmp_path / "store", tmp_path / "go"
+    a = writer(path, hold=go)
+    wait_for_line(a, "wrote")  # a holds the lock now
+    b = writer(path)
+    _, err = b.communicate(timeout=120)
+    assert b.returncode == 3, err
+    assert f"pid {a.pid} on host" in err and "since" in err and "another folder" in err
+    go.touch()
+    out, err = a.communicate(timeout=120)
+    assert a.returncode == 0 and "done" in out, err
+    st = Store(path)
+    assert check_intact(st) == {str(s) for s in range(N_SAMPLES)}
+    assert len(st.index()) == N_SAMPLES * N_LAYERS and st.verify() == []
+
+
+def test_other_ranks_write_alongside_and_locks_are_released(tmp_path):
+    a, b = Store(tmp_path / "s", rank=0), Store(tmp_path / "s", rank=1)
+    full = lambda s: [rec(s, li) for li in range(N_LAYERS)]  # noqa: E731
+    a.write(full(0))
+    b.write(full(1))  # another rank: its own lock
+    same_process = Store(tmp_path / "s", rank=0)
+    same_process.write(full(2))  # this process's own writer is shared, not refused
+    child = writer(tmp_path / "s")  # another process, rank 0: refused while we hold it
+    assert child.wait(timeout=120) == 3 and f"pid {os.getpid()}" in child.stderr.read()
+    a.close(), same_process.close()
+    child = writer(tmp_path / "s")  # released: the child writes the rest
+    assert child.wait(timeout=120) == 0, child.stderr.read()
+    assert check_intact(Store(tmp_path / "s")) == {str(s) for s in range(N_SAMPLES)}
+
+
+def test_sigkill_at_random_points(tmp_path):
+    rng = random.Random(0)
+    torn = 0
+    for trial in range(KILL_TRIALS):
+        path = tmp_path / f"s{trial}"
+        w = writer(path)
+        wait_for_line(w, "wrote")
+        time.sleep(rng.uniform(0.0, 0.25))
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+        st = Store(path)
+        before = check_intact(st)  # what was committed reads back exactly; nothing half-written is indexed
+        assert len(before) >= 1 and st.damaged() == {}
+        torn += any("orphaned" in p or "temporary" in p for p in st.verify())
+        # the OS released the dead writer's lock: a resumed capture (this process) completes the store
+        for s in st.missing([str(s) for s in range(N_SAMPLES)], range(N_LAYERS)):
+            st.write([rec(int(s), li) for li in range(N_LAYERS)])
+        st.repair()
+        assert check_intact(st) == {str(s) for s in range(N_SAMPLES)} and st.verify() == []
+        assert before <= {r.sample for r in st.read()}
+        st.close()
+    # report how many kills landed inside a write (the case the atomic renames are for)
+    print(f"{KILL_TRIALS} kills, {torn} inside a write")
+
+
+def test_flipped_byte_detected_then_repaired_by_recapture(tmp_path, llava, samples):
+    from unicache_lib.capture.runner import capture_samples
+
+    model, processor = llava
+    some = samples[:4]
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    capture_samples(model, processor, some, st, mode="stats", layers=[0, 1], progress=False)
+    original = {r.key: r for r in st.read()}
+    victim = next(e for e in st.index() if e["sample"] == some[2].id and e["layer"] == 1)
+    f = st.path / victim["file"]
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    f.write_bytes(bytes(raw))
+
+    assert list(st.damaged()) == [victim["file"]]
+    assert any(victim["key"] in p for p in st.verify())
+    with pytest.raises(StoreError, match=r"repair\(\)"):
+        st.read()
+    assert len(st.read(sample=some[0].id)) == 2  # undamaged records stay readable
+    # the error's advice, followed: repair, then the same capture call resumes
+    dropped = st.repair()
+    assert dropped == [victim["key"]] and Store(st.path).verify() == []
+    assert st.missing([s.id for s in some], [0, 1]) == [some[2].id]
+    again = capture_samples(model, processor, some, st, mode="stats", layers=[0, 1], progress=False)
+    assert {r.sample for r in again.records} == {some[2].id}  # only the damaged sample was captured again
+    back = {r.key: r for r in st.read()}
+    assert back.keys() == original.keys()
+    for k, r in back.items():
+        for n in r.data:
+            assert torch.equal(r.data[n].nan_to_num(), original[k].data[n].nan_to_num())
+    assert (f.parent / (f.name + ".damaged")).exists()  # the damaged file is kept for inspection
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", '{"records": 3}', '{"records": [{"key": "x"}]}', "not json"])
+def test_malformed_index_gets_an_actionable_error(tmp_path, content):
+    st = Store(tmp_path / "s")
+    st.write([rec(0, 0), rec(1, 0)])
+    other = Store(tmp_path / "s", rank=1)
+    other.write([rec(2, 0)])
+    idx = st.path / "index-rank00000.json"
+    idx.write_text(content)
+    with pytest.raises(StoreError, match="rename it to index-rank00000.json.bad"):
+        Store(st.path).index()
+    idx.rename(idx.with_name(idx.name + ".bad"))  # the advice, followed
+    assert Store(st.path).missing(["0", "1", "2"], [0]) == ["0", "1"]
+    st.write([rec(0, 0), rec(1, 0)])  # the resumed capture
+    assert check_intact(Store(st.path)) == {"0", "1", "2"}
+
+
+def test_not_a_folder_and_bad_meta(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(StoreError, match="is a file, not a store folder"):
+        Store(f)
+    with pytest.raises(StoreError, match="is a file"):
+        remove_store(f)
+    st = Store(tmp_path / "s")
+    st.write([rec(0, 0)])
+    (st.path / "meta.json").write_text("{")
+    with pytest.raises(StoreError, match="meta.json is corrupt"):
+        st.read_meta()
+    with pytest.raises(TypeError, match="rank"):
+        Store(tmp_path / "s", rank="0")
+
+
+def test_remove_store_respects_other_writers(tmp_path):
+    path, go = tmp_path / "store", tmp_path / "go"
+    a = writer(path, hold=go)
+    wait_for_line(a, "wrote")
+    with pytest.raises(StoreLockedError, match=f"pid {a.pid}"):
+        remove_store(path)  # e.g. `make run` while the notebook runs in JupyterLab
+    go.touch()
+    assert a.wait(timeout=120) == 0
+    assert remove_store(path) and not path.exists()
+    # this process's own writer (a re-run notebook cell) does not block it
+    st = Store(path)
+    st.write([rec(0, 0)])
+    assert remove_store(path) and not path.exists()
+    st.write([rec(1, 0)])  # the old object takes a fresh lock on the new folder
+    assert {r.sample for r in Store(path).read()} == {"1"}
+    # a folder that holds more than a store is never removed
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="more than a store"):
+        remove_store(path)
+    assert (path / "notes.txt").exists()

@@ -1,0 +1,140 @@
+"""Exclusive writer locks held by the operating system (``flock``), so they cannot go stale: the OS
+drops a lock when its holder exits, crashes or is killed, and a lock file left behind holds nothing.
+
+One :class:`WriterLock` per lock file and process: a second request from the same process shares it
+(the notebook that re-runs a cell is the same writer), a request from another process fails at once
+with :class:`LockedError` naming the holder (pid, host, since when, command).
+
+Linux and macOS (``fcntl``); on a file system without ``flock`` support (some network mounts) taking a
+lock raises ``OSError`` from the OS rather than pretending to hold it.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+class LockedError(RuntimeError):
+    """Another process holds the lock. ``holder`` is what it wrote into the lock file (may be ``{}``)."""
+
+    def __init__(self, message: str, holder: dict):
+        super().__init__(message)
+        self.holder = holder
+
+
+def describe(holder: dict) -> str:
+    """``pid 123 on host x since 2026-11-30 12:00:01 UTC (python -m ...)`` from a lock file's content."""
+    if not holder:
+        return "another process (it has not written its name yet)"
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder.get("since", 0)))
+    cmd = holder.get("cmd", "")
+    return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} since {since}"
+            + (f" ({cmd[:120]})" if cmd else ""))
+
+
+def read_holder(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+_HELD: dict[str, "WriterLock"] = {}  # lock file (absolute path) -> the lock this process holds on it
+_HELD_GUARD = threading.Lock()
+
+
+class WriterLock:
+    """An exclusive ``flock`` on ``path``, shared within this process (reference-counted).
+
+    Use :func:`acquire` rather than the constructor. ``mutex`` serialises threads of this process that
+    write through the same lock.
+    """
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd, self.users = path, fd, 0
+        self.mutex = threading.RLock()
+
+    def valid(self) -> bool:
+        """True while the file we hold is still the one at ``path`` (not deleted or replaced)."""
+        try:
+            return self.fd >= 0 and os.fstat(self.fd).st_ino == os.stat(self.path).st_ino
+        except OSError:
+            return False
+
+    def release(self) -> None:
+        """Drop one user; the OS lock is released when the last user of this process lets go."""
+        with _HELD_GUARD:
+            self.users -= 1
+            if self.users > 0:
+                return
+            self._close()
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = -1
+        if _HELD.get(str(self.path)) is self:
+            del _HELD[str(self.path)]
+
+
+def acquire(path, what: str, advice: str) -> WriterLock:
+    """Take (or share, within this process) the exclusive lock on ``path``.
+
+    Args:
+        what: what the lock protects, for the error ("rank 0 of store runs/x").
+        advice: what a refused user can do, appended to the error.
+    Raises:
+        LockedError: another process holds it; the message names the holder.
+    """
+    path = Path(os.path.abspath(path))
+    with _HELD_GUARD:
+        held = _HELD.get(str(path))
+        if held is not None and held.valid():
+            held.users += 1
+            return held
+        if held is not None:  # the file was removed (e.g. by remove_store in this process): start over
+            held._close()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(10):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                holder = read_holder(path)
+                raise LockedError(f"{what} is being written by {describe(holder)}. {advice}", holder) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            lock = WriterLock(path, fd)
+            if not lock.valid():  # removed between our open and our flock: take the new file instead
+                os.close(fd)
+                continue
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                    "cmd": " ".join(sys.argv)}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+            lock.users = 1
+            _HELD[str(path)] = lock
+            return lock
+        raise OSError(f"could not lock {path}: it was removed and re-created 10 times while we tried")
+
+
+def held_here(path) -> WriterLock | None:
+    """The lock this process holds on ``path``, if any."""
+    lock = _HELD.get(os.path.abspath(path))
+    return lock if lock is not None and lock.valid() else None
+
+
+def forget(path) -> None:
+    """Release this process's lock on ``path`` whatever its user count (its file is being removed)."""
+    with _HELD_GUARD:
+        lock = _HELD.get(os.path.abspath(path))
+        if lock is not None:
+            lock._close()
