@@ -7,119 +7,254 @@ embedded, no network needed to open it).
 or from a shell: ``unicache-report outputs/02_understanding_maps/stats --out outputs/report``.
 Understanding stores (step -1) get entropy curves, a read-frequency heatmap, modality bars, the
 anchors over the image grid and the neglect verdict; generator stores (steps >= 0) get step curves.
+An understanding store captured in ``full`` mode (maps instead of statistics) is reported from the
+statistics of its maps (:meth:`~unicache_lib.capture.record.Record.statistics`, the numbers a
+``stats`` capture of the same samples records).
+
+Every store is read and checked before anything is written: a missing, empty, damaged or unusable
+store raises :class:`ReportError` (the CLI prints it as one line and exits with status 2) and leaves
+the output directory untouched. Figures are drawn in a temporary directory and copied into place
+(each file atomically, the page last) only when all of them were drawn.
 """
 from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import html
+import os
+import re
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .. import plots
-from ..store import Store, _atomic_write_bytes
+from ..store import Store, StoreError, _atomic_write_bytes
 from .neglect import detect_neglect
 
+MARK = "<!-- unicache-report -->"
+# What the figures read from each record: understanding records (stats mode) and generator records.
+UNDERSTANDING_KEYS = ("norm_entropy", "max_weight", "read_freq_norm", "diag", "distance", "variance")
+GENERATOR_KEYS = ("row_entropy", "max_weight", "sim_prev", "block_entropy", "blocks", "text_share",
+                  "text_entropy", "sim_prev_all", "out_sim_prev", "head_sim")
 
-def _understanding_figures(label, recs, out):
+
+class ReportError(ValueError):
+    """A store (or output directory) the report cannot use; the message is one line saying why."""
+
+
+def _understanding_figures(label, recs, out, stem=None):
     from ..analysis.anchors import image_reads
     from ..analysis.understanding import layer_table
 
+    stem = stem or label
     L = layer_table(recs)
     figs, notes = [], []
     per = lambda c: L.pivot(index="sample", columns="layer", values=c).to_numpy()  # noqa: E731
     figs.append(plots.save(plots.layer_curves({"normalised entropy": per("norm_entropy"), "max weight": per("max_weight")},
                                               f"{label}: focus per layer", layers=sorted(L.layer.unique())),
-                           out, f"{label}_entropy"))
+                           out, f"{stem}_entropy"))
     s0 = recs[0].sample
     mine = sorted((r for r in recs if r.sample == s0), key=lambda r: r.layer)
     rf = np.stack([r.data["read_freq_norm"].mean(0).numpy() for r in mine])
     figs.append(plots.save(plots.read_frequency_heatmap(rf, mine[0].spans, f"{label}: read frequency, sample {s0}"),
-                           out, f"{label}_read_frequency"))
+                           out, f"{stem}_read_frequency"))
     if "blocks" in recs[0].data and all(r.spans is not None and r.spans.n_image for r in recs):
         from ..modality import BLOCKS
 
         b = np.mean([r.data["blocks"].mean(0).numpy() for r in recs], 0)
         figs.append(plots.save(plots.bars(dict(zip(BLOCKS, map(float, b))), f"{label}: modality blocks (mean of {len(recs)} records)",
-                                          "share"), out, f"{label}_blocks"))
+                                          "share"), out, f"{stem}_blocks"))
         reads = np.mean([image_reads(r).numpy() for r in recs], 0)
         g = int(round(len(reads) ** 0.5))
         if g * g == len(reads):
             fig = plots.layer_step_grid(reads.reshape(g, g), f"{label}: where text reads the image (anchors bright)", "reads")
             fig.axes[0].set_xlabel("patch column")
             fig.axes[0].set_ylabel("patch row")
-            figs.append(plots.save(fig, out, f"{label}_anchors"))
+            figs.append(plots.save(fig, out, f"{stem}_anchors"))
         notes.append(f"neglect detector: {detect_neglect(recs)}")
     notes.append(f"{L['sample'].nunique()} samples x {L.layer.nunique()} layers")
     return figs, notes
 
 
-def _generation_figures(label, recs, out):
+def _generation_figures(label, recs, out, stem=None):
     from ..analysis.generation import step_table
 
+    stem = stem or label
     T = step_table(recs)
     figs = []
     for part, d in T.groupby("part"):
         vals = {c: d.groupby(["sample", "step"])[c].mean().unstack("step").to_numpy()
                 for c in ("img_entropy", "sim", "text_share") if d[c].notna().any()}
-        figs.append(plots.save(plots.step_curves(vals, f"{label} · {part}: per step (mean over layers)"), out, f"{label}_{part}_steps"))
+        figs.append(plots.save(plots.step_curves(vals, f"{label} · {part}: per step (mean over layers)"), out, f"{stem}_{part}_steps"))
     return figs, [f"{T['sample'].nunique()} prompts x {T.layer.nunique()} layers x {T.step.nunique()} steps"]
+
+
+def _from_maps(r, path):
+    """A full-mode understanding record (of the store at ``path``) as the stats-mode record of the same map."""
+    if r.query_stride > 1 or r.key_stride > 1:
+        raise ReportError(f"store {path}: record {r.key} holds a strided map (query_stride={r.query_stride}, key_stride={r.key_stride}), "
+                          f"whose statistics are not the layer's: capture in stats mode, or in full mode without strides")
+    try:
+        stats = r.statistics()
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise ReportError(f"store {path}: record {r.key}: its map gives no statistics ({e})") from e
+    return dataclasses.replace(r, mode="stats", data=stats)
+
+
+def load_store(path):
+    """``(records, meta, note)`` of the store at ``path``, checked for what the report draws.
+
+    Full-mode understanding records (attention maps) are replaced by the statistics of their maps
+    (``note`` then says so; otherwise it is empty). Raises :class:`ReportError` for a path that is
+    missing, a file, an empty folder or not a store, a damaged store (:class:`StoreError`: corrupt
+    index, missing or corrupt chunk), a store without records, and records the report cannot draw.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ReportError(f"no store at {p}: the path does not exist")
+    if not p.is_dir():
+        raise ReportError(f"{p} is a file, not a store directory")
+    has_meta, has_index = (p / "meta.json").exists(), any(p.glob("index-rank*.json"))
+    if not (has_meta or has_index):
+        what = "an empty directory" if not any(p.iterdir()) else "a directory without meta.json or index-rank*.json"
+        raise ReportError(f"{p} is not a capture store ({what}): run a capture that writes to it first")
+    store = Store(p)
+    try:
+        meta = store.read_meta() if has_meta else {}
+        recs = store.read()
+    except StoreError as e:
+        raise ReportError(str(e)) from e
+    except (ValueError, KeyError, TypeError, OSError) as e:  # JSON of the wrong shape, unreadable chunk
+        raise ReportError(f"store {p} is damaged ({type(e).__name__}: {e})") from e
+    if not recs:
+        raise ReportError(f"store {p} holds no records: run a capture that writes to it first")
+    gen = any(r.step >= 0 for r in recs)
+    note = ""
+    if not gen and any("probs" in r.data and "norm_entropy" not in r.data for r in recs):
+        recs = [_from_maps(r, p) if "norm_entropy" not in r.data and "probs" in r.data else r for r in recs]
+        note = "statistics computed from the attention maps of a full-mode capture"
+    need = GENERATOR_KEYS if gen else UNDERSTANDING_KEYS
+    for r in recs:
+        lack = [k for k in need if k not in r.data]
+        if lack:
+            raise ReportError(f"store {p}: record {r.key} ({r.mode} mode) lacks {', '.join(lack)}, which the "
+                              f"{'generator' if gen else 'understanding'} report needs")
+    return recs, meta, note
+
+
+def _stem(label: str, taken: set) -> str:
+    """A file-name prefix for ``label``, not in ``taken`` (and added to it)."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "store"
+    stem, i = base, 2
+    while stem.lower() in taken:
+        stem, i = f"{base}-{i}", i + 1
+    taken.add(stem.lower())
+    return stem
 
 
 def build_report(stores: dict, out_dir, title: str = "UniCache attention report") -> Path:
     """Write ``out_dir/report.html`` and the PNGs it shows; returns the HTML path. ``stores``: label ->
-    store directory. Refuses to overwrite an existing report unless it was written by this function."""
+    store directory; each label gets its own section and its own file names.
+
+    All stores are read and checked first (:func:`load_store`); any :class:`ReportError` leaves
+    ``out_dir`` untouched. Refuses (``FileExistsError``) to overwrite an existing report unless it was
+    written by this function."""
     import matplotlib.pyplot as plt
 
     out = Path(out_dir)
     page = out / "report.html"
-    if page.exists() and "<!-- unicache-report -->" not in page.read_text()[:200]:
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"output {out} is a file: choose a directory")
+    if page.exists() and (not page.is_file() or MARK not in page.read_text(errors="replace")[:200]):
         raise FileExistsError(f"{page} exists and was not written by build_report: choose another out_dir")
-    sections = []
-    for label, path in stores.items():
-        recs = Store(path).read()
-        if not recs:
-            raise ValueError(f"store {path} holds no records")
-        gen = any(r.step >= 0 for r in recs)
-        if gen:
-            figs, notes = _generation_figures(label, recs, out)
-        else:  # one set of figures per part (a cross-attention VLM: self- and cross-attention layers)
-            parts = sorted({r.part for r in recs})
-            figs, notes = [], []
-            for part in parts:
-                f, n = _understanding_figures(label if len(parts) == 1 else f"{label}_{part}",
-                                              [r for r in recs if r.part == part], out)
-                figs += f
-                notes += [f"{part}: {x}" if len(parts) > 1 else x for x in n]
-        plt.close("all")
-        imgs = "".join(f'<img alt="{html.escape(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
-                       for p in figs)
-        meta = Store(path).read_meta()
-        sections.append(f"<h2>{html.escape(label)} <small>({'generator' if gen else 'understanding'}; "
-                        f"{html.escape(str(meta.get('model', '?')))}, {len(recs)} records)</small></h2>"
-                        + "".join(f"<p>{html.escape(n)}</p>" for n in notes) + f"<div>{imgs}</div>")
-    doc = ("<!-- unicache-report -->\n<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) +
-           "</title><style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:48%;margin:4px}"
-           "</style></head><body><h1>" + html.escape(title) + "</h1>" + "".join(sections) + "</body></html>")
+    if not stores:
+        raise ReportError("no stores given")
+    loaded = {label: load_store(path) for label, path in stores.items()}  # everything checked before drawing
+    sections, taken = [], set()
+    with tempfile.TemporaryDirectory(prefix="unicache-report-") as tmp:
+        files = []
+        for label, (recs, meta, note) in loaded.items():
+            stem = _stem(str(label), taken)
+            gen = any(r.step >= 0 for r in recs)
+            if gen:
+                figs, notes = _generation_figures(label, recs, tmp, stem)
+            else:  # one set of figures per part (a cross-attention VLM: self- and cross-attention layers)
+                parts = sorted({r.part for r in recs})
+                figs, notes = [], []
+                for part in parts:
+                    one = len(parts) == 1
+                    f, n = _understanding_figures(label if one else f"{label}_{part}",
+                                                  [r for r in recs if r.part == part], tmp, stem if one else f"{stem}_{part}")
+                    figs += f
+                    notes += [x if one else f"{part}: {x}" for x in n]
+            plt.close("all")
+            files += figs
+            imgs = "".join(f'<img alt="{html.escape(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
+                           for p in figs)
+            sections.append(f"<h2>{html.escape(str(label))} <small>({'generator' if gen else 'understanding'}; "
+                            f"{html.escape(str(meta.get('model', '?')))}, {len(recs)} records)</small></h2>"
+                            + "".join(f"<p>{html.escape(n)}</p>" for n in ([note] if note else []) + notes)
+                            + f"<div>{imgs}</div>")
+        doc = (f"{MARK}\n<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) +
+               "</title><style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:48%;margin:4px}"
+               "</style></head><body><h1>" + html.escape(title) + "</h1>" + "".join(sections) + "</body></html>")
+        for f in files:  # all drawn: now into place, the page last
+            _atomic_write_bytes(out / f.name, f.read_bytes())
     _atomic_write_bytes(page, doc.encode())
     return page
 
 
+def cli_stores(args: list[str]) -> dict:
+    """``label -> path`` from the CLI's ``PATH`` / ``LABEL=PATH`` arguments. A plain path is labelled
+    by its folder name, or, where folder names collide (``runs/a/store``, ``runs/b/store``), by as many
+    trailing folders as tell them apart (``a/store``, ``b/store``). Raises :class:`ReportError` for a
+    store or label given twice."""
+    named = [tuple(s.split("=", 1)) for s in args if "=" in s]
+    plain = [s for s in args if "=" not in s]
+    full = [Path(os.path.abspath(s)) for s in plain]  # the names as given (symlinks kept)
+    real = [Path(s).resolve() for s in plain]
+    dup = [s for s, f in zip(plain, real) if real.count(f) > 1]
+    if dup:
+        raise ReportError(f"store {dup[0]} is given twice")
+    depth = [1] * len(plain)
+    while True:
+        labels = [str(f) if d >= len(f.parts) else "/".join(f.parts[-d:]) for f, d in zip(full, depth)]
+        clash = [i for i, lab in enumerate(labels) if labels.count(lab) > 1]
+        if not clash:
+            break
+        for i in clash:
+            depth[i] += 1
+    stores = {}
+    for label, path in named + list(zip(labels, plain)):
+        if label in stores:
+            raise ReportError(f"label {label!r} names two stores: give each store its own LABEL=PATH")
+        stores[label] = path
+    return stores
+
+
 def main(argv=None):
+    """The ``unicache-report`` command. Prints the page's path; exits with status 2 and a one-line
+    message (no traceback) when a store is missing, empty, damaged or unusable, or the output
+    directory holds a page it did not write; nothing is written then."""
     ap = argparse.ArgumentParser(description="Build an offline HTML attention report from capture stores.")
-    ap.add_argument("stores", nargs="+", help="store directories (label = folder name, or LABEL=PATH)")
+    ap.add_argument("stores", nargs="+", help="store directories (label = folder name, with parent folders "
+                                                "where names collide; or LABEL=PATH)")
     ap.add_argument("--out", required=True, help="output directory for report.html and the figures")
     ap.add_argument("--title", default="UniCache attention report")
     args = ap.parse_args(argv)
     import matplotlib
 
     matplotlib.use("Agg")
-    stores = {}
-    for s in args.stores:
-        label, _, path = s.partition("=") if "=" in s else (Path(s).name, "", s)
-        stores[label] = path
-    print(build_report(stores, args.out, args.title))
+    try:
+        page = build_report(cli_stores(args.stores), args.out, args.title)
+    except (ReportError, FileExistsError) as e:
+        msg = " ".join(str(e).split())
+        print(f"unicache-report: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+    print(page)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,161 @@
+"""``unicache-report`` on faulty inputs (one-line error, exit status 2, nothing written), on a maps store
+(full mode: statistics from the maps, equal to a stats capture) and on stores whose folders share a name.
+
+The CLI runs as a subprocess (``python -m unicache_lib.diagnostics.report``) from the repository root, so
+the tests exercise this checkout's code, the exit status and stderr exactly as a shell sees them.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_report(*args):
+    """Run the CLI; returns the finished process (text stdout / stderr)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE", "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, "-m", "unicache_lib.diagnostics.report", *map(str, args)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def snapshot(d: Path) -> dict:
+    """``relative path -> bytes`` of every file under ``d`` (empty when ``d`` does not exist)."""
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()} if d.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """The same two samples captured by the shipped tiny-llava in stats mode (``runs/a/store``) and in
+    full mode (``runs/b/store``): two stores whose folders share the name ``store``."""
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.store import Store
+    from unicache_lib.world import samples as sample_set
+    from unicache_lib.zoo.loaders import load_understanding
+
+    root = tmp_path_factory.mktemp("report")
+    m, p = load_understanding("tiny-llava")
+    ss = sample_set.load(per_type=1)[:2]
+    a, b = root / "runs" / "a" / "store", root / "runs" / "b" / "store"
+    capture_samples(m, p, ss, Store(a, meta={"model": "tiny-llava"}), mode="stats", progress=False)
+    capture_samples(m, p, ss, Store(b, meta={"model": "tiny-llava"}), mode="full", progress=False)
+    return a, b
+
+
+def _strided_maps_store(path):
+    """A full-mode store whose one map was thinned (query_stride 2): its statistics are not the layer's."""
+    from unicache_lib.capture.record import Record
+    from unicache_lib.store import Store
+
+    P = torch.full((2, 2, 4), 0.25)
+    Store(path, meta={"model": "x"}).write([Record("s", 0, "language", "full", {"probs": P, "visible": torch.ones(2, 4, dtype=torch.bool)},
+                                                   query_stride=2)])
+
+
+def _make_fault(kind, tmp, good):
+    """Build the faulty input ``kind`` under ``tmp``; returns the CLI's store arguments."""
+    import shutil
+
+    if kind == "missing":
+        return [tmp / "nowhere"]
+    if kind == "empty_dir":
+        (tmp / "empty").mkdir()
+        return [tmp / "empty"]
+    if kind == "regular_file":
+        (tmp / "file").write_text("not a store")
+        return [tmp / "file"]
+    if kind == "not_a_store":
+        (tmp / "other").mkdir()
+        (tmp / "other" / "notes.txt").write_text("hello")
+        return [tmp / "other"]
+    if kind == "no_records":  # meta.json written, nothing committed
+        (tmp / "meta_only").mkdir()
+        (tmp / "meta_only" / "meta.json").write_text('{"format": 1, "model": "x"}')
+        return [tmp / "meta_only"]
+    if kind == "damaged_index":  # StoreError from Store.index()
+        shutil.copytree(good, tmp / "damaged")
+        (tmp / "damaged" / "index-rank00000.json").write_text('{"records": [')
+        return [tmp / "damaged"]
+    if kind == "corrupt_chunk":  # StoreError from Store.read(): checksum mismatch
+        shutil.copytree(good, tmp / "corrupt")
+        f = sorted((tmp / "corrupt").rglob("*.npz"))[0]
+        f.write_bytes(f.read_bytes() + b"xx")
+        return [tmp / "corrupt"]
+    if kind == "strided_maps":
+        _strided_maps_store(tmp / "strided")
+        return [tmp / "strided"]
+    if kind == "good_then_missing":  # the good store must not get its figures written
+        return [good, tmp / "nowhere"]
+    if kind == "label_twice":
+        return [f"x={good}", f"x={good}"]
+    raise ValueError(kind)
+
+
+FAULTS = ["missing", "empty_dir", "regular_file", "not_a_store", "no_records", "damaged_index", "corrupt_chunk",
+          "strided_maps", "good_then_missing", "label_twice"]
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_report_fault_is_one_line_exit_2_nothing_written(kind, stores, tmp_path):
+    args = _make_fault(kind, tmp_path, stores[0])
+    out = tmp_path / "out"
+    r = run_report(*args, "--out", out)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("unicache-report: error: "), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert not out.exists()
+
+
+def test_failed_run_leaves_an_earlier_report_untouched(stores, tmp_path):
+    out = tmp_path / "out"
+    assert run_report(stores[0], "--out", out).returncode == 0
+    before = snapshot(out)
+    r = run_report(stores[1], tmp_path / "nowhere", "--out", out)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert snapshot(out) == before  # no new figure, the page unchanged
+
+
+def test_maps_store_statistics_equal_a_stats_capture(stores):
+    from unicache_lib.diagnostics.report import load_store
+
+    (st, _, note_st), (mp, _, note_mp) = load_store(stores[0]), load_store(stores[1])
+    assert note_st == "" and "full-mode" in note_mp
+    assert {r.mode for r in mp} == {"stats"}
+    by_key = {r.key: r for r in st}
+    assert len(mp) == len(st) == len(by_key) and set(by_key) == {r.key for r in mp}
+    for r in mp:
+        ref = by_key[r.key].data
+        assert set(r.data) == set(ref), r.key
+        for k, v in ref.items():
+            assert torch.allclose(r.data[k].nan_to_num(), v.nan_to_num(), atol=1e-5), (r.key, k)
+
+
+def test_same_folder_names_get_their_own_sections_and_files(stores, tmp_path):
+    out = tmp_path / "out"
+    r = run_report(*stores, "--out", out)
+    assert r.returncode == 0, r.stderr
+    page = (out / "report.html").read_text()
+    assert "<h2>a/store <small>" in page and "<h2>b/store <small>" in page
+    assert page.count("<img") == 8  # four figures each: none dropped
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert len(pngs) == 8 and sum(n.startswith("a_store_") for n in pngs) == 4 and sum(n.startswith("b_store_") for n in pngs) == 4
+    # the maps store reports the same neglect verdict as the stats capture of the same samples
+    verdicts = [line for line in page.split("<p>") if line.startswith("neglect detector")]
+    assert len(verdicts) == 2 and verdicts[0] == verdicts[1]
+    assert "statistics computed from the attention maps" in page
+
+
+def test_cli_labels():
+    from unicache_lib.diagnostics.report import ReportError, cli_stores
+
+    assert list(cli_stores(["runs/a/store", "runs/b/store", "x/other"])) == ["a/store", "b/store", "other"]
+    assert list(cli_stores(["p/a/s", "q/a/s"])) == ["p/a/s", "q/a/s"]
+    assert cli_stores(["lbl=some/path"]) == {"lbl": "some/path"}
+    with pytest.raises(ReportError, match="given twice"):
+        cli_stores(["runs/a/store", "runs/a/../a/store"])
+    with pytest.raises(ReportError, match="names two stores"):
+        cli_stores(["store=x", "runs/store"])
