@@ -20,7 +20,6 @@ def test_unsupported_family_lists_the_supported_ones(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         understanding_family(tmp_path / "empty")
-    assert resolve("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"  # hub ids pass through
 
 
 @pytest.mark.parametrize("family", ["sd3", "pixart"])
@@ -69,3 +68,160 @@ def test_device_and_dtype_parameters(random_llava_dir):
     model, _ = load_understanding(str(random_llava_dir), dtype="bfloat16", device="auto")
     p = next(model.parameters())
     assert p.dtype == torch.bfloat16 and p.device.type == resolve_device("auto").type
+
+
+# --- names fail at once, without the network (issue #15) ---------------------------------------------------------
+
+@pytest.fixture()
+def online(monkeypatch):
+    """Offline mode unset, and any network attempt recorded and refused (so a regression fails, not hangs)."""
+    import socket
+
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network attempted in a test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    return attempts
+
+
+def test_a_typo_fails_at_once_listing_the_shipped_models_and_families(online):
+    import time
+
+    from unicache_lib.zoo.loaders import SHIPPED, ModelNotFoundError
+
+    for load, typo, meant in [(load_understanding, "tiny-llama", "tiny-llava"), (load_generator, "tiny-mdit", "tiny-mmdit")]:
+        t0 = time.perf_counter()
+        with pytest.raises(ModelNotFoundError, match=f"Did you mean '{meant}'") as e:
+            load(typo)
+        assert time.perf_counter() - t0 < 5
+        msg = str(e.value)
+        assert all(name in msg for name in SHIPPED)
+        assert "LLaVA-1.5 (llava)" in msg and "Qwen2-VL" in msg and "sd3 (SD3Transformer2DModel)" in msg
+    assert online == []  # no network attempt at all
+
+
+def test_a_missing_folder_says_no_such_folder(tmp_path, online):
+    from unicache_lib.zoo.loaders import ModelNotFoundError
+
+    for missing in [str(tmp_path / "nope"), "./no/such/folder", "~/no-such-model-folder", tmp_path / "nope"]:
+        with pytest.raises(ModelNotFoundError, match="no such folder"):
+            load_understanding(missing)
+    assert online == []
+
+
+def test_a_hub_id_offline_must_be_in_the_cache(tmp_path, monkeypatch):
+    import time
+
+    import huggingface_hub.constants
+
+    from unicache_lib.zoo.loaders import ModelNotFoundError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.perf_counter()
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache while offline mode is on"):
+        load_understanding("llava-hf/llava-1.5-7b-hf")
+    assert time.perf_counter() - t0 < 5
+    snap = tmp_path / "hub" / "models--llava-hf--llava-1.5-7b-hf"  # a cached snapshot passes through
+    (snap / "snapshots" / ("a" * 40)).mkdir(parents=True)
+    (snap / "refs").mkdir()
+    (snap / "refs" / "main").write_text("a" * 40)
+    assert resolve("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"
+
+
+def test_a_hub_id_passes_through_when_online(online):
+    assert resolve("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"  # from_pretrained downloads it
+    assert online == []
+
+
+# --- weight checksums (issue #15) ---------------------------------------------------------------------------------
+
+def _flip_4kb(f):
+    b = bytearray(f.read_bytes())
+    mid = len(b) // 2
+    b[mid:mid + 4096] = bytes(x ^ 0xFF for x in b[mid:mid + 4096])
+    f.write_bytes(bytes(b))
+
+
+def _suggested_command(msg: str, starts: str) -> list[str]:
+    import re
+    import shlex
+
+    (cmd,) = [c for c in re.findall(r"`([^`]+)`", msg) if c.startswith(starts)]
+    return shlex.split(cmd)
+
+
+def test_corrupted_weights_are_named_and_the_suggested_fixes_work(tmp_path):
+    import hashlib
+    import shutil
+    import subprocess
+    import sys
+
+    from unicache_lib.zoo.loaders import MODELS_DIR, ChecksumError
+
+    d = tmp_path / "llava"
+    shutil.copytree(MODELS_DIR / "tiny-llava", d)
+    expected = json.loads((d / "model_card.json").read_text())["checksums"]["model.safetensors"]
+    _flip_4kb(d / "model.safetensors")
+    actual = hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+    with pytest.raises(ChecksumError) as e:
+        load_understanding(str(d))
+    msg = str(e.value)
+    assert str(d / "model.safetensors") in msg and expected in msg and actual in msg and "verify=False" in msg
+    load_understanding(str(d), verify=False)  # loading an edited model on purpose
+    cmd = _suggested_command(msg, "python -m unicache_lib.zoo.checksums")  # or recording its new weights
+    subprocess.run([sys.executable, *cmd[1:]], check=True, capture_output=True)
+    load_understanding(str(d))
+    (d / "extra.bin").write_bytes(b"x")  # a weight file the card does not record
+    with pytest.raises(ChecksumError, match="extra.bin is not recorded"):
+        load_understanding(str(d))
+
+
+def test_a_damaged_generator_names_its_file(tmp_path):
+    import shutil
+
+    from unicache_lib.zoo.loaders import MODELS_DIR, ChecksumError
+
+    d = tmp_path / "mmdit"
+    shutil.copytree(MODELS_DIR / "tiny-mmdit", d)
+    _flip_4kb(d / "text_encoder" / "model.safetensors")
+    with pytest.raises(ChecksumError, match="text_encoder/model.safetensors is corrupted"):
+        load_generator(str(d))
+    with pytest.raises(ChecksumError, match="text_encoder/model.safetensors"):
+        load_transformer(str(d))
+    assert load_generator(str(d), verify=False).family == "sd3"
+    shutil.copy(MODELS_DIR / "tiny-mmdit" / "text_encoder" / "model.safetensors", d / "text_encoder")
+    (d / "transformer" / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(ChecksumError, match="diffusion_pytorch_model.safetensors is missing"):
+        load_transformer(str(d))
+
+
+def test_a_damaged_shipped_model_is_restored_by_the_suggested_git_command(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    from unicache_lib.zoo import loaders
+
+    repo = tmp_path / "repo"  # a clone of its own, so the real data/models is never touched
+    shutil.copytree(loaders.MODELS_DIR / "tiny-llava", repo / "data" / "models" / "tiny-llava")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "models"]):
+        subprocess.run(git + args, cwd=repo, check=True, capture_output=True)
+    monkeypatch.setattr(loaders, "MODELS_DIR", repo / "data" / "models")
+    _flip_4kb(repo / "data" / "models" / "tiny-llava" / "model.safetensors")
+    with pytest.raises(loaders.ChecksumError, match="restore the shipped copy with `git -C ") as e:
+        load_understanding("tiny-llava")
+    subprocess.run(_suggested_command(str(e.value), "git "), check=True, capture_output=True)
+    load_understanding("tiny-llava")
+    card = repo / "data" / "models" / "tiny-llava" / "model_card.json"  # a shipped card must record checksums
+    card.write_text(json.dumps({k: v for k, v in json.loads(card.read_text()).items() if k != "checksums"}, indent=1))
+    with pytest.raises(loaders.ChecksumError, match="records no weight checksums"):
+        load_understanding("tiny-llava")

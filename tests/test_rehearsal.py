@@ -64,3 +64,19 @@ def test_gpu_script_code_path_on_the_cpu(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     for line in ("stats     / eager", "recompute / sdpa", "10% image KV"):
         assert line in r.stdout
+
+
+def test_a_stand_in_card_records_its_weight_checksums(tmp_path):
+    from unicache_lib.zoo.checksums import weight_checksums
+    from unicache_lib.zoo.loaders import ChecksumError, load_understanding
+    from unicache_lib.zoo.standins import build
+
+    d = build("qwen2-vl-2b", tmp_path)
+    card = json.loads((d / "model_card.json").read_text())
+    assert card["stand_in"] and list(card["checksums"]) == ["model.safetensors"]
+    assert card["checksums"] == weight_checksums(d)
+    with (d / "model.safetensors").open("r+b") as f:  # damaged after it was written: the loader says so
+        f.seek(-4096, 2)
+        f.write(bytes(4096))
+    with pytest.raises(ChecksumError, match="model.safetensors is corrupted"):
+        load_understanding(str(d))

@@ -6,12 +6,26 @@ import numpy as np
 import pytest
 import torch
 
-from unicache_lib.zoo.loaders import MODELS_DIR, load_generator, load_understanding
+from unicache_lib.zoo.loaders import MODELS_DIR, SHIPPED, load_generator, load_understanding
 
 
 def test_shipped_weights_fit_the_size_budget():
     total = sum(f.stat().st_size for f in MODELS_DIR.rglob("*.safetensors"))
     assert 0 < total <= 40 * 2**20, f"{total / 2**20:.1f} MB"
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_cards_record_the_checksum_of_every_weight_file(name):
+    import time
+
+    from unicache_lib.zoo.checksums import _digests, verify_checksums, weight_checksums
+
+    card = json.loads((MODELS_DIR / name / "model_card.json").read_text())
+    assert card["checksums"] and card["checksums"] == weight_checksums(MODELS_DIR / name)
+    _digests.clear()
+    t0 = time.perf_counter()
+    assert verify_checksums(MODELS_DIR / name, required=True) == len(card["checksums"])
+    assert time.perf_counter() - t0 < 2  # a few MB
 
 
 def test_tiny_llava_meets_its_bar_and_uses_the_image():
@@ -84,14 +98,19 @@ def test_training_scripts_smoke(tmp_path):
     train_llava.main(["--out", str(tmp_path / "llava"), "--steps-a", "2", "--steps-b", "2", "--batch-a", "4",
                       "--batch-b", "4", "--n-heldout", "8", "--eval-every", "0", "--n-captions", "4"])
     card = json.loads((tmp_path / "llava" / "model_card.json").read_text())
+    assert list(card["checksums"]) == ["model.safetensors"]
     assert card["heldout"]["n"] == 8 and set(card["heldout"]["per_type"]) == {"colour", "shape", "position", "exists"}
     model, _ = load_understanding(str(tmp_path / "llava"))
     assert model.config.image_seq_length == 64
     for fam in ("sd3", "pixart"):
+        stale = {"checksums": {"transformer/diffusion_pytorch_model.safetensors": "0" * 64}}  # an earlier run's card
+        (tmp_path / fam).mkdir()
+        (tmp_path / fam / "model_card.json").write_text(json.dumps(stale))
         train_generator.main(["--family", fam, "--out", str(tmp_path / fam), "--steps", "2", "--batch", "4",
                               "--n-eval", "4", "--eval-every", "0"])
         card = json.loads((tmp_path / fam / "model_card.json").read_text())
         assert card["family"] == fam and card["eval_short_prompts"]["n"] == 4
+        assert sorted(card["checksums"]) == ["text_encoder/model.safetensors", "transformer/diffusion_pytorch_model.safetensors"]
         g = load_generator(str(tmp_path / fam))
         assert g.family == fam
         assert type(g.text_encoder).__name__ == {"sd3": "CLIPTextModelWithProjection", "pixart": "T5EncoderModel"}[fam]

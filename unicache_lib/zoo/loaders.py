@@ -5,17 +5,25 @@ LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Gemma 3, Idefics3/SmolVLM, In
 Mllama). Generation side (diffusers): SD3 (MMDiT), PixArt-alpha / -sigma, DiT.
 
 Both go through the real ``from_pretrained`` code path, so ``load_understanding("tiny-llava")`` and
-``load_understanding("llava-hf/llava-1.5-7b-hf")`` differ only in where the files come from.
+``load_understanding("llava-hf/llava-1.5-7b-hf")`` differ only in where the files come from. Where is
+decided by :func:`resolve` without the network (a typo fails at once, naming the shipped models), and
+a local folder's weights are checked against the sha256 checksums of its ``model_card.json`` first
+(:mod:`unicache_lib.zoo.checksums`; ``verify=False`` skips the check).
 """
 from __future__ import annotations
 
+import difflib
 import json
+import os
+import re
+import shlex
 from pathlib import Path
 
 import torch
 from transformers.utils import logging as _hf_logging
 
-from ..families import UnsupportedModelError, family_for_type
+from ..families import UnsupportedModelError, family_for_type, supported
+from .checksums import ChecksumError, verify_checksums  # noqa: F401 - ChecksumError is re-exported
 
 _hf_logging.disable_progress_bar()  # weight-loading bars would flood notebooks and test logs
 
@@ -63,9 +71,48 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: torch.device
     return DTYPES[dtype]
 
 
+class ModelNotFoundError(FileNotFoundError):
+    """A model name that is not a shipped model, an existing folder or a usable hub id; raised at once,
+    before any download is attempted."""
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo_id, local_files_only=True)  # reads the local cache only, never the network
+    except Exception:  # noqa: BLE001 - LocalEntryNotFoundError, or an unreadable cache: not usable offline
+        return False
+    return True
+
+
+def _unknown_name_message(name: str) -> str:
+    close = difflib.get_close_matches(name, SHIPPED, n=1)
+    shipped = ", ".join(f"{n} ({side})" for n, side in SHIPPED.items())
+    gen = ", ".join(f"{tag} ({cls})" for cls, tag in GENERATION_FAMILIES.items())
+    return (f"{name!r} is not a shipped model, an existing folder or a Hugging Face hub id (org/name)."
+            f"{f' Did you mean {close[0]!r}?' if close else ''} Shipped models: {shipped}. Supported understanding "
+            f"families: {supported()}. Supported generation families: {gen}.")
+
+
 def resolve(name_or_path: str | Path) -> Path | str:
-    """A shipped model name -> its folder under ``data/models``; an existing path -> itself; anything
-    else is returned unchanged (a hub id, resolved by ``from_pretrained``)."""
+    """Where a model comes from, decided without touching the network.
+
+    A shipped model name -> its folder under ``data/models``; an existing path -> itself; a hub id
+    (``org/name``) -> unchanged, for ``from_pretrained`` to fetch (offline, it must already be in the local
+    Hugging Face cache). Anything else raises :class:`ModelNotFoundError` at once: a path-like string
+    ("no such folder"), a hub id missing from the cache in offline mode, or a name (with the shipped models,
+    the supported families and the closest shipped name).
+    """
     name = str(name_or_path)
     if name in SHIPPED:
         p = MODELS_DIR / name
@@ -76,7 +123,31 @@ def resolve(name_or_path: str | Path) -> Path | str:
             )
         return p
     p = Path(name).expanduser()
-    return p if p.exists() else name
+    if p.exists():
+        return p
+    if HUB_ID.fullmatch(name) and not isinstance(name_or_path, Path):
+        if _offline() and not _in_hub_cache(name):
+            raise ModelNotFoundError(
+                f"{name!r} is not a folder, and as a hub id it is not in the local Hugging Face cache while offline "
+                f"mode is on (HF_HUB_OFFLINE=1): download it once with network access (unset HF_HUB_OFFLINE), or "
+                f"pass the folder of a local copy.")
+        return name
+    if isinstance(name_or_path, Path) or any(sep and sep in name for sep in (os.sep, os.altsep)) or name[:1] in ".~/":
+        raise ModelNotFoundError(f"no such folder: {p.absolute()} (from {name!r})")
+    raise ModelNotFoundError(_unknown_name_message(name))
+
+
+def _verified(where, verify: bool):
+    """``where`` after checking its weights against its card (local folders; a shipped model must have
+    checksums). The error of a shipped model says how to restore it."""
+    if verify and isinstance(where, Path):
+        remedy = None
+        if where.resolve().parent == MODELS_DIR.resolve() and where.name in SHIPPED:
+            remedy = (f"restore the shipped copy with `git -C {shlex.quote(str(MODELS_DIR.parents[1]))} checkout -- "
+                      f"data/models/{where.name}` (or re-clone the repository; `make models` retrains it), or pass "
+                      f"verify=False to load it as it is")
+        verify_checksums(where, remedy, required=remedy is not None)
+    return where
 
 
 def _read_config(where, sub: str = "") -> dict:
@@ -116,7 +187,7 @@ def understanding_family(name_or_path) -> str:
 
 def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "eager",
                        dtype: torch.dtype | str = torch.float32, device_map=None, device: str | None = None,
-                       vision_attn_implementation: str = "sdpa"):
+                       vision_attn_implementation: str = "sdpa", verify: bool = True):
     """Load a vision-language model of a supported family and its processor.
 
     Args:
@@ -128,13 +199,18 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
             half precision and 28 GB in float32. Statistics are computed in float32 regardless.
         device: ``"cpu"``, ``"cuda"`` or ``"auto"``; the model is moved there (inputs follow the model).
         device_map: passed to ``from_pretrained`` instead (e.g. ``"auto"`` to spread a big model over GPUs).
+        verify: check the weight files against the sha256 checksums of the folder's ``model_card.json``
+            (shipped models always have them); ``False`` loads a model whose weights you changed on purpose.
+    Raises:
+        ModelNotFoundError: an unknown name, a missing folder, or a hub id not cached while offline.
+        ChecksumError: a weight file that differs from its recorded checksum (named in the message).
     Returns:
         ``(model, processor)``, model in eval mode.
     """
     import transformers
 
-    where = resolve(name_or_path)
-    mt = understanding_family(name_or_path)
+    where = _verified(resolve(name_or_path), verify)
+    mt = understanding_family(where)
     fam = family_for_type(mt)
     dev = resolve_device(device) if device is not None else None
     where_weights = dev or ("cuda" if device_map is not None and torch.cuda.is_available() else "cpu")
@@ -186,20 +262,21 @@ def load_processor(where, family):
     return proc
 
 
-def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype = torch.float32):
+def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype = torch.float32, verify: bool = True):
     """Load a text-to-image generator folder (``transformer/``, ``text_encoder/``, ``tokenizer/``,
     ``scheduler/``) into a :class:`~unicache_lib.zoo.tiny_generators.Generator`.
 
     A full diffusers pipeline repository (SD3 / PixArt, with a VAE) loads its transformer the same
     way; use :func:`load_transformer` for that and drive the pipeline with its own callbacks.
+    ``verify``: check the weights against the card's checksums, as :func:`load_understanding` does.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
     from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
     from .tiny_generators import Generator
 
-    where = resolve(name_or_path)
-    transformer, fam = load_transformer(where, dtype)
+    where = _verified(resolve(name_or_path), verify)
+    transformer, fam = load_transformer(where, dtype, verify=False)  # verified just above
     te_cls = {"clip_text_model": CLIPTextModelWithProjection, "t5": T5EncoderModel}
     mt = _read_config(where, "text_encoder").get("model_type")
     if mt not in te_cls:
@@ -210,11 +287,12 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype = torch.float32
     return Generator(fam, transformer, te, tok, sched, str(where))
 
 
-def load_transformer(name_or_path, dtype: torch.dtype = torch.float32):
-    """The denoising transformer of a generator: ``(module, family)``."""
+def load_transformer(name_or_path, dtype: torch.dtype = torch.float32, verify: bool = True):
+    """The denoising transformer of a generator: ``(module, family)``. ``verify``: check the folder's
+    weights against its card's checksums first."""
     import diffusers
 
-    where = resolve(name_or_path)
+    where = _verified(resolve(name_or_path), verify)
     cls_name = _read_config(where, "transformer").get("_class_name")
     if cls_name not in GENERATION_FAMILIES:
         raise UnsupportedModelError(

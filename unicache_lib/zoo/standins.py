@@ -13,7 +13,6 @@ weights)" instead of verdicts for them.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..families import FAMILIES, Shape
+from .checksums import write_card
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
             "what_it_is_for": "code paths, memory and time at the real model's token counts and depth; random "
                               "weights, so no statistic or verdict of it means anything",
             "build_seconds": round(time.perf_counter() - t0, 1)}
-    (d / "model_card.json").write_text(json.dumps(card, indent=1))
+    write_card(d, card)
     return d
 
 

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from ..world.scenes import COLOURS, POSITIONS, SHAPES, patch_grid_masks
 from ..world.text import CAPTION_QUESTION, QA, caption, make_qa
 from . import tiny_llava as tl
+from .checksums import write_card
 
 TRAIN_QTYPES = ("colour", "shape", "position", "exists")
 IMAGE_SIZE, PATCH = 64, 8
@@ -263,7 +264,7 @@ def main(argv=None):
         "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",
         "torch": torch.__version__, "log": log, "previous_run": previous,
     }
-    (out / "model_card.json").write_text(json.dumps(card, indent=1))
+    write_card(out, card)
     print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "train_minutes")}, indent=1))
 
 

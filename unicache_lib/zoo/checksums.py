@@ -1,0 +1,111 @@
+"""sha256 of a model folder's weight files: recorded in its ``model_card.json``, checked when it loads.
+
+Every writer of a model card (the training scripts, the stand-ins) goes through :func:`write_card`,
+which adds ``"checksums": {"relative/path": "sha256hex", ...}`` for each weight file under the folder
+(``*.safetensors``, ``*.bin``; for a generator the files under ``transformer/``, ``text_encoder/``, ...).
+The loaders call :func:`verify_checksums`. After changing a model's weights on purpose, record the new
+ones with
+
+    python -m unicache_lib.zoo.checksums FOLDER [FOLDER ...]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+from pathlib import Path
+
+CARD = "model_card.json"
+KEY = "checksums"
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+_digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: a notebook reloading rehashes nothing
+
+
+class ChecksumError(OSError):
+    """A weight file of a model folder is not the one its ``model_card.json`` records (changed, missing or
+    unrecorded). The message names the file, both digests and how to restore or accept it."""
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 hex digest of a file, cached per (path, size, modification time) within the process."""
+    path = Path(path).resolve()
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _digests:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _digests[key] = h.hexdigest()
+    return _digests[key]
+
+
+def weight_files(folder: str | Path) -> list[str]:
+    """The relative posix paths of the weight files under ``folder``, sorted."""
+    folder = Path(folder)
+    return sorted(f.relative_to(folder).as_posix() for f in folder.rglob("*")
+                  if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES))
+
+
+def weight_checksums(folder: str | Path) -> dict[str, str]:
+    """``{relative posix path: sha256}`` of every weight file under ``folder``, sorted by path."""
+    return {rel: sha256_file(Path(folder) / rel) for rel in weight_files(folder)}
+
+
+def write_card(folder: str | Path, card: dict) -> Path:
+    """Write ``card`` as ``folder/model_card.json`` (``indent=1``) with the checksums of the weights now in
+    ``folder`` under ``"checksums"`` (last key; a previous value is replaced). Returns the card's path."""
+    folder = Path(folder)
+    card = {k: v for k, v in card.items() if k != KEY} | {KEY: weight_checksums(folder)}
+    (folder / CARD).write_text(json.dumps(card, indent=1))
+    return folder / CARD
+
+
+def verify_checksums(folder: str | Path, remedy: str | None = None, required: bool = False) -> int:
+    """Check the weight files of ``folder`` against its card's ``"checksums"``; returns how many were checked.
+
+    A folder without a card, or whose card records no checksums, passes (0 checked) unless ``required``.
+    Raises :class:`ChecksumError` naming the first file that differs (with both digests), is missing, or
+    is a weight file the card does not record. ``remedy``: what the message tells the user to do.
+    """
+    folder = Path(folder)
+    card_path = folder / CARD
+    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+    remedy = remedy or (f"re-copy or re-save the model; if you changed its weights on purpose, load it with verify=False "
+                        f"or record the new checksums with `python -m unicache_lib.zoo.checksums {shlex.quote(str(folder))}`")
+    expected = card.get(KEY)
+    if expected is None:
+        if required:
+            raise ChecksumError(f"{card_path} records no weight checksums. To fix: {remedy}")
+        return 0
+    for rel, digest in expected.items():
+        f = folder / rel
+        if not f.is_file():
+            raise ChecksumError(f"weight file {f} is missing (recorded in {card_path}). To fix: {remedy}")
+        actual = sha256_file(f)
+        if actual != digest:
+            raise ChecksumError(f"weight file {f} is corrupted or changed: sha256 {actual}, but {card_path} records "
+                                f"{digest}. To fix: {remedy}")
+    extra = sorted(set(weight_files(folder)) - set(expected))
+    if extra:
+        raise ChecksumError(f"weight file {folder / extra[0]} is not recorded in {card_path}'s checksums. To fix: {remedy}")
+    return len(expected)
+
+
+def main(argv=None) -> None:
+    """Record the current weights' checksums in each folder's card (the rest of the card is kept)."""
+    ap = argparse.ArgumentParser(description="Record the sha256 of each weight file in FOLDER/model_card.json.")
+    ap.add_argument("folders", nargs="+", type=Path)
+    for folder in ap.parse_args(argv).folders:
+        if not folder.is_dir():
+            raise SystemExit(f"no such folder: {folder}")
+        card_path = folder / CARD
+        card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+        n = len(json.loads(write_card(folder, card).read_text())[KEY])
+        print(f"{card_path}: {n} weight files recorded")
+
+
+if __name__ == "__main__":
+    main()
