@@ -151,6 +151,17 @@ def test_bad_use_gives_clear_errors(gen):
     assert all(type(m.processor).__name__.endswith("Processor2_0") for _, _, m in find_diffusion_attention(gen.transformer).values())
 
 
+def test_a_block_that_does_not_exist_names_the_valid_range_and_negative_blocks_work(gen):
+    blocks = sorted({li for li, _, _ in find_diffusion_attention(gen.transformer).values()})
+    n = len(blocks)
+    with pytest.raises(ValueError, match=rf"layers \[-{n + 5}\] do not exist: the transformer has {n} layers .* "
+                                         rf"negative indices -{n}\.\.-1 count from the last \(-1 = layer {blocks[-1]}"):
+        DiffusionCapture(gen.transformer, ["a"], layers=[-(n + 5)])  # was a bare IndexError
+    with DiffusionCapture(gen.transformer, ["a", "b"], layers=[-1]) as cap:  # the fix the message names
+        sample(gen, PROMPTS, steps=1, callbacks=[cap])
+    assert cap.result.layers == [blocks[-1]]
+
+
 def test_store_duplicate_is_refused_without_loss(tmp_path):
     gen = load_generator("tiny-pixart")
     store = Store(tmp_path / "s")

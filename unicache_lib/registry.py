@@ -1,6 +1,43 @@
-"""Registries of pluggable pieces (head scorers, eviction policies, reuse policies): each piece is a
-class with a ``name``, in its own module, decorated once with the registry's ``register``."""
+"""Registries of pluggable pieces (head scorers, eviction policies, reuse policies, model families):
+each piece is a class with a ``name``, in its own module, decorated once with the registry's
+``register``. A :class:`Registry` is a dict whose unknown names raise :class:`UnknownNameError`
+listing the registered names (and the closest one), not a bare ``KeyError: 'nope'``."""
 from __future__ import annotations
+
+import difflib
+
+
+class UnknownNameError(KeyError):
+    """A name no piece is registered under; the message lists the registered names.
+
+    A ``KeyError`` (so ``except KeyError`` and ``dict.get`` idioms keep working) whose ``str()`` is the
+    message itself, not its quoted repr."""
+
+    def __init__(self, message: str, name=None, known=()):
+        super().__init__(message)
+        self.name, self.known = name, tuple(known)
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry(dict):
+    """``name -> piece``; looking up a missing name raises :class:`UnknownNameError` naming the
+    ``kind`` of piece, the registered names and the closest match."""
+
+    def __init__(self, kind: str, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kind = kind
+
+    def __missing__(self, name):
+        known = sorted(self)
+        close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5) if isinstance(name, str) else []
+        guess = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownNameError(f"unknown {self.kind} {name!r}.{guess} Registered: {', '.join(map(repr, known)) or 'none'}.",
+                               name, known)
+
+    def __reduce__(self):  # pickle / copy keep the kind
+        return (type(self), (self.kind, dict(self)))
 
 
 def registrar(registry: dict, kind: str):

@@ -202,11 +202,10 @@ class DiffusionCapture:
         found = find_diffusion_attention(self.transformer)
         have_layers = sorted({li for li, _, _ in found.values()})
         have_parts = sorted({p for _, p, _ in found.values()})
-        if layers is not None:
-            want = {have_layers[i] if i < 0 else i for i in layers}
-            bad = want - set(have_layers)
-            if bad:
-                raise CaptureError(f"layers {sorted(bad)} do not exist; the transformer has blocks {have_layers}")
+        if layers is not None:  # negative indices count from the last block
+            from ..inputs import resolve_layers
+
+            want = set(resolve_layers(layers, have_layers, "the transformer"))
             found = {n: v for n, v in found.items() if v[0] in want}
         if parts is not None:
             bad = set(parts) - set(have_parts)

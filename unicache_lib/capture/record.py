@@ -113,9 +113,12 @@ class CaptureResult:
         return sum(r.nbytes() for r in self.records)
 
     def select(self, sample=None, layer=None, part=None, step=None) -> list[Record]:
-        layers = self.layers
+        """Records matching every given field; ``layer`` may be negative (``-1``: the last captured
+        layer; out of range: :class:`~unicache_lib.inputs.LayerError` naming the captured layers)."""
         if layer is not None and layer < 0:
-            layer = layers[layer]
+            from ..inputs import resolve_layers
+
+            layer = resolve_layers([layer], self.layers, "the capture result")[0]
         return [r for r in self.records
                 if (sample is None or r.sample == sample) and (layer is None or r.layer == layer)
                 and (part is None or r.part == part) and (step is None or r.step == step)]

@@ -15,19 +15,27 @@ from .vlm import AttentionCapture, attention_sites, check_memory, find_attention
 
 def build_prompt(processor, question: str, family=None) -> str:
     """The model's own chat template when the processor has one (real checkpoints), else the family's
-    plain layout (the tiny models' ``user : <image> {question} assistant :``)."""
-    if family is None:
-        from ..families import FAMILIES
+    plain layout (the tiny models' ``user : <image> {question} assistant :``). A question that already
+    holds the image marker is refused (:class:`~unicache_lib.inputs.PromptError`)."""
+    from ..inputs import check_question, default_family
 
-        family = FAMILIES["LLaVA-1.5"]
-    return family.prompt(processor, question)
+    family = default_family(family)
+    return family.prompt(processor, check_question(question, family))
 
 
-def model_inputs(processor, image, question: str, device=None, family=None, dtype=None) -> dict:
+def model_inputs(processor, image, question: str | None, device=None, family=None, dtype=None, *,
+                 prompt: str | None = None) -> dict:
     """Processor output for one (image, question), batch size 1, on ``device``; floating inputs
-    (pixel values) in ``dtype`` when given (the model's weight dtype)."""
-    enc = processor(images=[image], text=[build_prompt(processor, question, family)], return_tensors="pt")
-    return to_model(enc, device, dtype)
+    (pixel values) in ``dtype`` when given (the model's weight dtype).
+
+    ``image``: anything :func:`~unicache_lib.inputs.prepare_image` accepts (uint8 RGB, grayscale,
+    RGBA, float in [0, 1], PIL, tensors; converted exactly, else refused with what to pass).
+    ``prompt``: a whole prompt of your own instead of the family's template around ``question``; it
+    must hold the family's image marker (e.g. ``<image>``) once.
+    """
+    from ..inputs import encode
+
+    return to_model(encode(processor, image, question, family, prompt), device, dtype)
 
 
 def to_model(inputs: dict, device=None, dtype=None) -> dict:
@@ -40,28 +48,38 @@ def to_model(inputs: dict, device=None, dtype=None) -> dict:
     return out
 
 
-def inputs_for(model, processor, image, question: str) -> dict:
+def inputs_for(model, processor, image, question: str | None, *, prompt: str | None = None) -> dict:
     """:func:`model_inputs` for ``model``: its family's prompt, its device and weight dtype."""
     from ..families import family_of
 
     p = next(model.parameters())
-    return model_inputs(processor, image, question, p.device, family_of(model), p.dtype)
+    return model_inputs(processor, image, question, p.device, family_of(model), p.dtype, prompt=prompt)
 
 
 def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -> torch.Tensor:
     """``[N, vocab]`` float32 logits of the first answer token for (question, image) pairs (gradients
     flow when enabled). The shipped tiny layout runs in padded batches; every other model runs one
-    prompt at a time through its processor and family prompt (no padding, so no position shifts)."""
+    prompt at a time through its processor and family prompt (no padding, so no position shifts).
+    Images go through :func:`~unicache_lib.inputs.prepare_image` first (uint8 RGB; float [0, 1],
+    grayscale and RGBA images converted exactly), whichever path runs them."""
     from ..families import family_of
+    from ..inputs import check_question, prepare_image
 
-    if _tiny_layout(model, processor):
+    images = [prepare_image(im) for im in images_uint8]  # floats in [0, 1], grayscale, RGBA: converted once
+    questions = list(questions)
+    if len(images) != len(questions):
+        raise ValueError(f"{len(questions)} questions for {len(images)} images")
+    fam = family_of(model)
+    side = model.config.vision_config.image_size if _tiny_layout(model, processor) else None
+    if side and images and all(im.shape[:2] == (side, side) for im in images):  # images of another size: processor
         from ..zoo.train_llava import answer_logits as tiny
 
-        return tiny(model, processor.tokenizer, list(questions), np.asarray(images_uint8), batch)
-    fam = family_of(model)
+        for q in questions:
+            check_question(q, fam)
+        return tiny(model, processor.tokenizer, questions, np.stack(images), batch)
     p = next(model.parameters())
     out = [model(**model_inputs(processor, img, q, p.device, fam, p.dtype)).logits[0, -1].float()
-           for q, img in zip(questions, images_uint8)]
+           for q, img in zip(questions, images)]
     return torch.stack(out)
 
 
@@ -107,13 +125,12 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     Returns:
         The records captured by this call.
     """
+    from ..inputs import resolve_layers
+
     sites = attention_sites(model, part)
     if layers is not None:  # negative indices count from the last layer, as in AttentionCapture
         have = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
-        bad = [li for li in layers if not -len(have) <= li < (have[-1] + 1 if have else 0)]
-        if bad:
-            raise ValueError(f"layers {bad} do not exist; the model has layers {have}")
-        layers = [have[li] if li < 0 else li for li in layers]
+        layers = resolve_layers(layers, have, f"the model's {part} part")
     groups = [list(layers)] if layers is not None else layer_batches(model, layer_batch, part)
     if layers is not None and layer_batch:
         groups = [groups[0][i : i + layer_batch] for i in range(0, len(groups[0]), layer_batch)]

@@ -155,14 +155,18 @@ class AttentionCapture:
         model: a transformers model of a supported family (DataParallel / DDP / compiled wrappers are
             unwrapped).
         mode: ``"full"``, ``"stats"`` or ``"recompute"`` (see the module doc for costs).
-        layers: layer indices to capture (negative allowed); None = all. Capture big models in
-            batches of layers by running the same inputs with different subsets.
+        layers: layer indices to capture (negative allowed: ``-1`` is the last); None = all. Capture big
+            models in batches of layers by running the same inputs with different subsets. An index
+            that does not exist raises :class:`~unicache_lib.inputs.LayerError` (a ``ValueError``)
+            with the valid range.
         part: ``"language"`` (default: self- and cross-attention of the language model), ``"cross"``,
             ``"vision"`` or ``"all"``.
         modules: explicit module names / regexes / filter callable (overrides the family's list).
         spans: modality spans of the self-attention sequence, a callable ``input_ids -> Spans``,
             ``"auto"`` (default: from the family adapter and the forward's inputs) or None (skip the
-            four-block statistics). Cross-attention keys are always the image span.
+            four-block statistics). Cross-attention keys are always the image span. Spans (or a
+            callable's spans) whose image positions are not the image tokens of the forward's
+            ``input_ids`` raise :class:`~unicache_lib.modality.SpanError` before the model runs.
         sample_ids: ids for successive samples; default ``"0", "1", ...``.
         query_stride / key_stride: keep every k-th query row / key column of full maps.
         keep: with ``mode="recompute"``, ``"stats"`` (default) or ``"full"``.
@@ -183,22 +187,11 @@ class AttentionCapture:
         self.family = family_of(self.model)
         self.mode, self.keep = mode, keep
         sites = attention_sites(self.model, part, modules)
-        if layers is not None:
-            layers = list(layers)
-            by_part: dict[str, list[int]] = {}
-            for s in sites:
-                by_part.setdefault(s.part, []).append(s.layer)
+        if layers is not None:  # negative indices count from the last; a bad index is a LayerError (ValueError)
+            from ..inputs import resolve_layers
+
             all_layers = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
-            bad = [i for i in layers if not isinstance(i, (int,)) or isinstance(i, bool)]
-            if bad:
-                raise CaptureError(f"layers must be integers, got {bad!r}")
-            out_of_range = [i for i in layers if i < -len(all_layers)]
-            if out_of_range:
-                raise CaptureError(f"layers {out_of_range} do not exist; the model has layers {all_layers}")
-            want = {all_layers[i] if i < 0 else i for i in layers}
-            missing = want - {s.layer for s in sites}
-            if missing:
-                raise CaptureError(f"layers {sorted(missing)} do not exist; the model has layers {all_layers}")
+            want = set(resolve_layers(layers, all_layers, f"the model's {part} part"))
             sites = [s for s in sites if s.layer in want]
         self.sites = sites
         self._family_sites = {s.name for s in self.family.sites(self.model, PARTS)}
@@ -233,6 +226,7 @@ class AttentionCapture:
                 "statistics and shift positions between samples. Capture one sample per forward (batch size 1)."
             )
         self._inputs = dict(kwargs, input_ids=ids)
+        self._check_inputs(ids)
         self._seen = set()
         names = []
         for _ in range(bsz):
@@ -240,6 +234,22 @@ class AttentionCapture:
             names.append(str(nxt) if nxt is not None else str(self._n_forward))
             self._n_forward += 1
         self._current = names
+
+    def _check_inputs(self, ids) -> None:
+        """Before the model runs: an image without image tokens in the prompt, and user spans whose
+        image positions are not the prompt's image tokens, are refused with what to do
+        (:mod:`unicache_lib.inputs`)."""
+        from ..inputs import check_image_tokens, check_spans
+
+        if ids is None:
+            return
+        check_image_tokens(self.family, self.model.config, ids, self._inputs)
+        if self.spans is None or isinstance(self.spans, str):
+            return
+        for row in range(ids.shape[0]):
+            sp = self.spans if isinstance(self.spans, Spans) else self.spans(ids[row : row + 1])
+            if isinstance(sp, Spans):
+                check_spans(sp, self.family, self.model.config, ids[row : row + 1], self._inputs)
 
     def _spans_for(self, row: int, site, sk: int) -> Spans | None:
         """Modality of the keys of one batch row of one attention call (None: no block statistics)."""

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..modality import Spans, spans_from_input_ids
-from ..registry import registrar
+from ..registry import Registry, registrar
 
-FAMILIES: dict[str, "VLMFamily"] = {}
+FAMILIES: dict[str, "VLMFamily"] = Registry("model family")
 _register = registrar(FAMILIES, "model family")
 
 HOW_TO_ADD = ("To add one: write unicache_lib/families/<name>.py with a VLMFamily subclass (model_types, model_class, "

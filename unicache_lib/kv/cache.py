@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..capture.runner import build_prompt, to_model
+from ..capture.runner import to_model
 
 
 @dataclass
@@ -52,17 +52,20 @@ def _family_of_processor(processor):
     raise UnsupportedModelError(f"cannot tell the model family from a {name}: pass model= (supported: {supported()})")
 
 
-def split_prompt(processor, image, question: str, image_token_id: int | None = None, model=None) -> PromptSplit:
+def split_prompt(processor, image, question: str | None, image_token_id: int | None = None, model=None, *,
+                 prompt: str | None = None) -> PromptSplit:
     """Encode one (image, question) prompt and cut it after the last image token.
 
     ``model`` (recommended) names the family; without it the family is inferred from the processor's
     class. Per-token processor outputs (``token_type_ids``, Mllama's ``cross_attention_mask``) are
-    cut with the ids.
+    cut with the ids. The image and the prompt (``prompt``: a whole prompt of your own instead of the
+    family's template around ``question``) are checked by :func:`unicache_lib.inputs.encode`.
     """
     from ..families import family_of
+    from ..inputs import encode
 
     fam = family_of(model) if model is not None else _family_of_processor(processor)
-    enc = processor(images=[image], text=[build_prompt(processor, question, fam)], return_tensors="pt")
+    enc = encode(processor, image, question, fam, prompt)
     if image_token_id is None:
         image_token_id = getattr(processor, "image_token_id", None)
     if image_token_id is None:
@@ -80,8 +83,11 @@ def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
     tid = int(image_token_id)
     img = (ids[0] == tid).nonzero().flatten()
     if len(img) == 0:
-        raise ValueError(f"the prompt has no image token (id {tid}): the processor did not insert the image; check the "
-                         f"prompt contains the family's image marker {family.image_marker!r}")
+        from ..inputs import PromptError
+
+        raise PromptError(f"the prompt has no image token (id {tid}): the processor did not insert the image; put the "
+                          f"family's image marker {family.image_marker!r} in the prompt where the image goes, or build the "
+                          f"inputs with split_prompt(processor, image, question, model=model)")
     cut = int(img[-1]) + 1
     S = ids.shape[1]
     extra = {}

@@ -35,7 +35,10 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
 
     from ..families import family_of
+    from ..inputs import check_fractions
 
+    check_fractions(budgets, "budget", meaning="of the image tokens kept")  # before any question runs
+    budgets = list(budgets)
     policies = policies if policies is not None else {n: c() for n, c in POLICIES.items()}
     fam = family_of(model)
     if peers and fam.cross_attention:

@@ -85,5 +85,8 @@ def attention_implementation(model, impl: str):
 def compression_ratio(n_context: int, n_image: int, budget: float) -> float:
     """The kvpress ratio that leaves as many context positions as a policy keeping ``budget`` of the
     image positions and every other context position."""
+    from ..inputs import check_fraction
+
+    budget = check_fraction(budget, "budget", meaning="of the image tokens kept")
     kept = (n_context - n_image) + round(budget * n_image)
     return 1.0 - (kept + 0.5) / n_context  # kvpress keeps int(n * (1 - ratio)) positions

@@ -84,8 +84,11 @@ def sweep_understanding(model, processor, space, scores: dict, fractions, qas, r
     import pandas as pd
     from tqdm.auto import tqdm
 
+    from ..inputs import check_fractions
     from .heads import HeadMask
 
+    check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
+    fractions = list(fractions)
     ref = answer_logprobs(model, processor, qas) if ref_logp is None else ref_logp
     rows = []
     for label, s in tqdm(scores.items(), desc="pruning sweep", disable=not progress):
@@ -107,9 +110,12 @@ def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, step
     import pandas as pd
     from tqdm.auto import tqdm
 
+    from ..inputs import check_fractions
     from ..zoo.sampling import sample, to_uint8
     from .heads import HeadMask
 
+    check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
+    fractions = list(fractions)
     ref = to_uint8(sample(gen, prompts, steps, guidance, seed=seed))
     rows = []
     for label, s in tqdm(scores.items(), desc="pruning sweep", disable=not progress):

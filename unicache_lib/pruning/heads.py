@@ -81,8 +81,9 @@ class HeadSpace:
         """``[units, heads]`` 0/1 mask that prunes ``round(fraction * n_heads)`` heads with the lowest
         ``scores`` (ties: lower unit, then lower head first). ``eligible`` (bool, same shape) limits
         which heads may be pruned. At least one head per unit is always kept."""
-        if not 0 <= fraction < 1:
-            raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+        from ..inputs import check_fraction
+
+        fraction = check_fraction(fraction, "fraction", upper_inclusive=False, meaning="of the heads pruned")
         s = np.asarray(scores, dtype=float)
         if s.shape != self.shape:
             raise ValueError(f"scores have shape {s.shape}, the head space is {self.shape}")

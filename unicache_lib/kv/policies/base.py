@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...registry import registrar
+from ...registry import Registry, registrar
 
-POLICIES: dict[str, type["EvictionPolicy"]] = {}
+POLICIES: dict[str, type["EvictionPolicy"]] = Registry("eviction policy")
 register = registrar(POLICIES, "policy")
 
 
@@ -47,8 +47,11 @@ class EvictionContext:
         return len(self.image_positions)
 
     def k(self, budget: float) -> int:
-        if not 0 <= budget <= 1:
-            raise ValueError(f"budget is a fraction of image tokens in [0, 1], got {budget}")
+        """Image positions kept at ``budget`` (a fraction of the image tokens in [0, 1]; a string or a
+        count is refused by :func:`~unicache_lib.inputs.check_fraction`)."""
+        from ...inputs import check_fraction
+
+        budget = check_fraction(budget, "budget", meaning="of the image tokens kept")
         return int(round(budget * self.n_image))
 
     def assemble(self, chosen: list) -> list:
@@ -89,6 +92,8 @@ class EvictionPolicy:
         raise NotImplementedError
 
     def select(self, ctx: EvictionContext, budget: float) -> list[torch.Tensor]:
+        """Per cache layer, the positions kept when ``budget`` (a fraction in [0, 1]) of the image
+        tokens stays (see :meth:`EvictionContext.assemble`)."""
         k = ctx.k(budget)
         chosen = self.choose(ctx, k)
         if len(chosen) != ctx.n_layers:

@@ -10,4 +10,6 @@ class Full(EvictionPolicy):
     description = "no eviction"
 
     def select(self, ctx, budget):
+        """Every position, whatever ``budget`` (which is still checked: a string is refused)."""
+        ctx.k(budget)
         return ctx.assemble([np.arange(ctx.n_image)] * ctx.n_layers)

@@ -11,10 +11,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...registry import registrar
+from ...registry import Registry, registrar
 from ..heads import HeadSpace
 
-SCORERS: dict[str, type["HeadScorer"]] = {}
+SCORERS: dict[str, type["HeadScorer"]] = Registry("head scorer")
 register = registrar(SCORERS, "scorer")
 
 
