@@ -221,3 +221,30 @@ def test_remove_store_respects_other_writers(tmp_path):
     with pytest.raises(StoreError, match="more than a store"):
         remove_store(path)
     assert (path / "notes.txt").exists()
+
+
+def test_readme_fault_table_counts_come_from_the_tests():
+    """Each row's "tried" equals the number of test cases of the tests it names (the SIGKILL test
+    counts its KILL_TRIALS kills), so README cannot drift from the tests."""
+    import importlib
+    import re
+
+    def cases(fn):
+        n = 1
+        for m in getattr(fn, "pytestmark", []):
+            if m.name == "parametrize":
+                n *= len(m.args[1])
+        return n
+
+    mods = [importlib.import_module(f"tests.{m}") for m in ("test_store_faults", "test_report", "test_loaders", "test_inputs")]
+    funcs = {k: v for m in mods for k, v in vars(m).items() if k.startswith("test_")}
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("<!-- faults:begin -->"):text.index("<!-- faults:end -->")]
+    rows = [r for r in table.splitlines() if r.startswith("| ") and not r.startswith("| Fault") and "---" not in r]
+    assert len(rows) >= 10
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        names = re.findall(r"`(test_\w+)`", cells[3])
+        assert names and all(n in funcs for n in names), r
+        want = sum(KILL_TRIALS if n == "test_sigkill_at_random_points" else cases(funcs[n]) for n in names)
+        assert int(cells[1]) == want, (r, want)
