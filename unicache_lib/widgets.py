@@ -101,15 +101,19 @@ def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str |
         r = by[(sample.value, layer.value, step.value)]
         P = r.probs[head.value]
         n_img, n_real = r.meta["n_image"], r.meta["n_text_real"]
-        col = (n_img + word.value) if r.part == "joint" else word.value
+        joint = r.part == "joint"
+        text_first = joint and r.meta.get("token_order", "image|text").startswith("text")  # Flux: [text | image]
+        img0 = r.meta["n_text"] if text_first else 0  # first image row / column
+        col = (0 if text_first else n_img) + word.value if joint else word.value
         with out:
             out.clear_output(wait=True)
             fig, axes = plt.subplots(1, 2, figsize=(8, 3.6))
             plots.attention_map(P, None, f"{r.part} L{r.layer} H{head.value} step {r.step}", ax=axes[0])
-            if r.part == "joint":
-                axes[0].axvline(n_img - 0.5, color="w", lw=0.8)
-                axes[0].axhline(n_img - 0.5, color="w", lw=0.8)
-            plots.image_overlay(images[sample.value], P[:n_img, col],
+            if joint:
+                cut = (r.meta["n_text"] if text_first else n_img) - 0.5
+                axes[0].axvline(cut, color="w", lw=0.8)
+                axes[0].axhline(cut, color="w", lw=0.8)
+            plots.image_overlay(images[sample.value], P[img0:img0 + n_img, col],
                                 f"image -> {tokens[sample.value][word.value]!r}", ax=axes[1])
             fig.tight_layout()
             display(fig)

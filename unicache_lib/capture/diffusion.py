@@ -1,4 +1,5 @@
-"""Capture attention from a diffusers transformer (SD3 MMDiT, PixArt, DiT) step by step.
+"""Capture attention from a diffusers transformer step by step, for every generator family of
+:mod:`unicache_lib.gen_families` (SD3 / SD3.5, PixArt, Flux.1, Sana, HunyuanDiT, DiT).
 
     with DiffusionCapture(gen.transformer, sample_ids=["p0", "p1"], store=store) as cap:
         sample(gen, prompts, steps=20, callbacks=[cap])           # the library's loop
@@ -8,10 +9,15 @@
 
 Each attention module's processor is wrapped: the original processor computes the output (so the
 model's output is bit-identical to an uncaptured run), and the wrapper recomputes
-``softmax(q k^T / sqrt(d) + mask)`` in float32 from the module's own projections. One record per
+``softmax(q k^T / sqrt(d) + mask)`` in float32 from the module's own projections, as the family's
+adapter says that processor forms it (qk norms, rotary embeddings, masks). One record per
 (sample, part, layer, step) goes to :attr:`result` and, when a store is given, to the store at the
-end of every step. Parts: ``"joint"`` (SD3: the joint sequence ``[image | text]``), ``"self"``
-(image self-attention of PixArt / DiT) and ``"cross"`` (PixArt: image queries, text keys).
+end of every step. Parts: ``"joint"`` (one sequence of image and text tokens: SD3 ``[image | text]``,
+Flux ``[text | image]``, in ``meta["token_order"]``), ``"self"`` (image self-attention) and
+``"cross"`` (image queries, text keys). Flux records carry ``meta["block"]`` (``"double"`` /
+``"single"``; single-stream blocks are numbered after the double-stream ones). Modules without a
+softmax map (Sana's linear self-attention) are not captured: :attr:`DiffusionCapture.not_captured`
+lists them and a warning says so.
 
 Record contents (``mode="stats"``, H heads; nothing of size S^2 survives):
 :func:`~unicache_lib.stats.step_statistics` plus the adjacent-step similarities computed here
@@ -32,12 +38,16 @@ pipelines); ``branch="cond"`` (default) records the conditional half.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import warnings
 from contextlib import ExitStack
 
 import numpy as np
 import torch
 
 from .. import stats as S
+from ..gen_families.base import heads_view
 from ..modality import BLOCKS, IMAGE, TEXT
 from ..similarity import cosine
 from .record import CaptureResult, Record
@@ -45,112 +55,106 @@ from .vlm import CaptureError, unwrap
 
 PARTS = ("joint", "self", "cross")
 BRANCHES = ("cond", "uncond")
-_SUPPORTED = ("JointAttnProcessor2_0", "AttnProcessor2_0")
 
 
 def find_diffusion_attention(transformer) -> dict[str, tuple[int, str, torch.nn.Module]]:
-    """``{module name: (block index, part, module)}`` for every attention module of a diffusers
-    transformer, in block order. Raises :class:`CaptureError` when there are none."""
-    import re
+    """``{module name: (layer, part, module)}`` for every attention module of a diffusers transformer
+    that has a softmax map, in layer order, as its generator family
+    (:func:`~unicache_lib.gen_families.gen_family_of`) lays them out. Raises
+    :class:`~unicache_lib.families.UnsupportedModelError` for a transformer no family claims."""
+    from ..gen_families import gen_family_of
 
-    out = {}
-    for name, mod in unwrap(transformer).named_modules():
-        if not hasattr(mod, "processor") or not hasattr(mod, "to_q"):
-            continue
-        m = re.search(r"(?:transformer_blocks|blocks|layers)\.(\d+)\.", name + ".")
-        if not m:
-            continue
-        if getattr(mod, "add_q_proj", None) is not None:
-            part = "joint"
-        elif getattr(mod, "is_cross_attention", False):
-            part = "cross"
-        else:
-            part = "self"
-        out[name] = (int(m.group(1)), part, mod)
-    if not out:
-        raise CaptureError(f"{type(transformer).__name__} has no diffusers attention modules "
-                           f"(transformer_blocks.N.attn*): pass the pipeline's .transformer")
-    return dict(sorted(out.items(), key=lambda kv: (kv[1][0], kv[1][1])))
+    tr = unwrap(transformer)
+    return {s.name: (s.layer, s.part, s.module) for s in gen_family_of(tr).sites(tr) if s.captured}
 
 
 def wrap_processors(targets: dict, make) -> ExitStack:
     """Install ``make(name, layer, part, original_processor)`` as the processor of every module in
     ``targets`` (as returned by :func:`find_diffusion_attention`). Closing the returned stack puts the
-    originals back; if installing fails half-way, what was installed is undone before raising."""
+    originals back; if installing fails half-way, what was installed is undone before raising.
+
+    diffusers' ``Attention.forward`` passes a processor only the keyword arguments its ``__call__``
+    names (HunyuanDiT's ``image_rotary_emb``), so each wrapper shows the original's signature."""
     stack = ExitStack()
     try:
         for name, (layer, part, mod) in targets.items():
             orig = mod.processor
             stack.callback(setattr, mod, "processor", orig)
-            mod.processor = make(name, layer, part, orig)
+            w = make(name, layer, part, orig)
+            _show_signature(w, orig)
+            mod.processor = w
     except BaseException:
         stack.close()
         raise
     return stack
 
 
+def _show_signature(wrapper, orig) -> None:
+    """Make ``inspect.signature(wrapper.__call__)`` the original processor's (calls still go to the
+    wrapper's class ``__call__``)."""
+    cls_call = type(wrapper).__call__
+
+    @functools.wraps(orig.__call__)
+    def call(*args, **kwargs):
+        return cls_call(wrapper, *args, **kwargs)
+
+    try:
+        wrapper.__call__ = call
+    except AttributeError:  # __slots__: diffusers then passes only the arguments it names
+        pass
+
+
 def _heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:
-    b, s, d = x.shape
-    return x.view(b, s, heads, d // heads).transpose(1, 2)
+    return heads_view(x, heads)
 
 
-def attention_probs(attn, part: str, hidden_states, encoder_hidden_states=None, attention_mask=None) -> torch.Tensor:
-    """``[B, H, Sq, Sk]`` float32 attention probabilities of one diffusers ``Attention`` call,
-    recomputed from its projections exactly as ``JointAttnProcessor2_0`` / ``AttnProcessor2_0``
-    form them (same norms, same 1/sqrt(head_dim) scale, same additive mask).
+def _innermost(processor):
+    """The processor doing the work under wrappers that keep it as ``.orig`` (capture, reuse, spies)."""
+    while hasattr(processor, "orig"):
+        processor = processor.orig
+    return processor
 
-    ``joint``: ``Sq = Sk = S_image + S_text`` in the order ``[image | text]``; ``cross``:
-    ``Sq = S_image``, ``Sk = S_text``; ``self``: ``Sq = Sk = S_image``.
+
+def attention_probs(attn, part: str, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                    **kwargs) -> torch.Tensor:
+    """``[B, H, Sq, Sk]`` float32 attention probabilities of one diffusers attention call, recomputed
+    from the module's own projections exactly as its processor forms them (same norms, rotary
+    embeddings, scale and mask): the processor's generator family knows how
+    (:attr:`~unicache_lib.gen_families.GenFamily.processors`). ``kwargs``: the processor's other
+    arguments (``image_rotary_emb``, ``temb``); ``processor=`` names the processor when ``attn.processor``
+    is a wrapper that does not keep it as ``.orig``.
+
+    ``joint``: ``Sq = Sk = S_image + S_text`` in the family's order (SD3 ``[image | text]``, Flux
+    ``[text | image]``; a Flux single-stream block gets the joined sequence as ``hidden_states``);
+    ``cross``: ``Sq = S_image``, ``Sk = S_text``; ``self``: ``Sq = Sk = S_image``.
     """
-    h = hidden_states
-    if h.dim() == 4:
-        raise CaptureError("4-D (convolutional) attention inputs are not supported; capture transformer blocks")
-    if attn.group_norm is not None:
-        h = attn.group_norm(h.transpose(1, 2)).transpose(1, 2)
-    q = _heads_view(attn.to_q(h), attn.heads)
-    if part == "cross":
-        e = encoder_hidden_states
-        if attn.norm_cross:
-            e = attn.norm_encoder_hidden_states(e)
-    else:
-        e = h
-    k = _heads_view(attn.to_k(e), attn.heads)
-    if attn.norm_q is not None:
-        q = attn.norm_q(q)
-    if attn.norm_k is not None:
-        k = attn.norm_k(k)
-    if part == "joint":
-        if encoder_hidden_states is None:
-            raise CaptureError("joint attention called without encoder_hidden_states")
-        eq = _heads_view(attn.add_q_proj(encoder_hidden_states), attn.heads)
-        ek = _heads_view(attn.add_k_proj(encoder_hidden_states), attn.heads)
-        if attn.norm_added_q is not None:
-            eq = attn.norm_added_q(eq)
-        if attn.norm_added_k is not None:
-            ek = attn.norm_added_k(ek)
-        q, k = torch.cat([q, eq], 2), torch.cat([k, ek], 2)
-    q, k = q.float(), k.float()
-    logits = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # sdpa's default scale, as the processors use
-    if attention_mask is not None and part != "joint":
-        b = hidden_states.shape[0]
-        m = attn.prepare_attention_mask(attention_mask, k.shape[2], b)
-        m = m.view(b, attn.heads, -1, m.shape[-1])
-        logits = logits.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else logits + m.float()
-    return torch.softmax(logits, -1)
+    from ..gen_families import processor_probs
+
+    proc = kwargs.pop("processor", None)
+    proc = _innermost(attn.processor) if proc is None else proc
+    if part == "cross" and encoder_hidden_states is None:
+        raise CaptureError("cross-attention called without encoder_hidden_states")
+    return processor_probs(type(proc).__name__)(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
 
 
 class _Wrapped:
     """The processor installed on one attention module: output from the original processor,
     probabilities recomputed for the capture."""
 
-    def __init__(self, cap: "DiffusionCapture", orig, name: str, layer: int, part: str):
-        self.cap, self.orig, self.name, self.layer, self.part = cap, orig, name, layer, part
+    def __init__(self, cap: "DiffusionCapture", orig, site):
+        self.cap, self.orig, self.site = cap, orig, site
+        self.name, self.layer, self.part = site.name, site.layer, site.part
+        # names of the arguments after (attn, hidden_states, encoder_hidden_states, attention_mask), for
+        # processors called positionally (FluxAttention passes image_rotary_emb fifth)
+        params = inspect.signature(orig.__call__).parameters.values()
+        self._extra = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][4:]
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
-        out = self.orig(attn, hidden_states, encoder_hidden_states=encoder_hidden_states,
-                        attention_mask=attention_mask, **kwargs)
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):
+        out = self.orig(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
         with torch.no_grad():
-            probs = attention_probs(attn, self.part, hidden_states, encoder_hidden_states, attention_mask)
+            extra = {**dict(zip(self._extra, args)), **kwargs}
+            probs = self.cap.family.probs(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                          processor=self.orig, **extra)
             self.cap._record(self, probs, out, encoder_hidden_states, attention_mask)
         return out
 
@@ -159,8 +163,9 @@ class DiffusionCapture:
     """Context manager recording a diffusers transformer's attention per denoising step.
 
     Args:
-        transformer: ``SD3Transformer2DModel`` / ``PixArtTransformer2DModel`` / ``DiTTransformer2DModel``
-            (wrappers unwrapped).
+        transformer: a diffusers transformer of a supported generator family (wrappers unwrapped);
+            others raise :class:`~unicache_lib.families.UnsupportedModelError`, processors the family
+            cannot recompute raise :class:`CaptureError` with the fix.
         sample_ids: one id per prompt of the sampling run (the conditional half of a CFG batch);
             ids must be new to the store: a second run writes under new ids, so steps of two runs
             never mix.
@@ -199,33 +204,46 @@ class DiffusionCapture:
         if len(metas) != len(self.sample_ids):
             raise ValueError(f"{len(metas)} meta dicts for {len(self.sample_ids)} samples")
         self.metas = metas
-        found = find_diffusion_attention(self.transformer)
-        have_layers = sorted({li for li, _, _ in found.values()})
-        have_parts = sorted({p for _, p, _ in found.values()})
+        from ..gen_families import gen_family_of
+
+        self.family = gen_family_of(self.transformer)
+        all_sites = self.family.sites(self.transformer)
+        #: module name -> why it is not captured (Sana's linear self-attention has no softmax map)
+        self.not_captured = {s.name: self.family.uncaptured[s.part] for s in all_sites if not s.captured}
+        found = {s.name: s for s in all_sites if s.captured}
+        if not found:
+            raise CaptureError(f"{type(self.transformer).__name__} has no attention module with a softmax map to capture")
+        have_layers = sorted({s.layer for s in found.values()})
+        have_parts = sorted({s.part for s in found.values()})
         if layers is not None:  # negative indices count from the last block
             from ..inputs import resolve_layers
 
             want = set(resolve_layers(layers, have_layers, "the transformer"))
-            found = {n: v for n, v in found.items() if v[0] in want}
+            found = {n: s for n, s in found.items() if s.layer in want}
         if parts is not None:
+            hidden = sorted(set(parts) & set(self.family.uncaptured))
+            if hidden:
+                raise CaptureError(f"part {hidden[0]!r} of {self.family.name} cannot be captured: "
+                                   f"{self.family.uncaptured[hidden[0]]}. Capturable parts: {have_parts}")
             bad = set(parts) - set(have_parts)
             if bad:
                 raise CaptureError(f"parts {sorted(bad)} not in this transformer; it has {have_parts}")
-            found = {n: v for n, v in found.items() if v[1] in set(parts)}
-        for n, (_, _, mod) in found.items():
-            pname = type(mod.processor).__name__
-            if pname not in _SUPPORTED:
-                raise CaptureError(
-                    f"{n} uses {pname}; capture recomputes attention as {' / '.join(_SUPPORTED)} do. Reset it with "
-                    f"transformer.set_default_attn_processor() or unfuse QKV projections before capturing"
-                )
-        self.targets = found
+            found = {n: s for n, s in found.items() if s.part in set(parts)}
+        for s in found.values():
+            self.family.check_processor(s, s.module.processor)
+        if parts is None and self.not_captured:
+            why = "; ".join(sorted({self.family.uncaptured[s.part] for s in all_sites if not s.captured}))
+            warnings.warn(f"{len(self.not_captured)} attention modules of this {self.family.name} transformer are not "
+                          f"captured (listed in .not_captured): {why}", stacklevel=2)
+        self.sites = found
+        self.targets = {n: (s.layer, s.part, s.module) for n, s in found.items()}
         self.result = CaptureResult(part=have_parts[0])
         self.step = 0
         self.timestep = float("nan")
         self._pending: list[Record] = []
         self._seen: set = set()
         self._prev: dict = {}
+        self._ctx: dict = {}
         self._stack: ExitStack | None = None
 
     # ---- steps ---------------------------------------------------------------------------------
@@ -244,12 +262,20 @@ class DiffusionCapture:
         self.timestep = float("nan")
         return callback_kwargs
 
-    def _see_timestep(self, module, args, kwargs):
+    def _see_forward(self, module, args, kwargs):
+        """Transformer forward pre-hook: the timestep, and what the family reads from the forward's
+        arguments (text length, text padding mask)."""
+        if args:  # positional call: name the arguments
+            try:
+                kwargs = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                pass
         t = kwargs.get("timestep")
         if torch.is_tensor(t) and t.numel():
             self.timestep = float(t.reshape(-1)[0])
         elif isinstance(t, (int, float)):
             self.timestep = float(t)
+        self._ctx = self.family.forward_context(kwargs)
 
     # ---- recording -----------------------------------------------------------------------------
     def _rows(self, batch: int) -> range:
@@ -263,18 +289,28 @@ class DiffusionCapture:
         raise CaptureError(f"the transformer got a batch of {batch} for {n} sample_ids: expected {n} "
                            f"(no guidance) or {2 * n} ([uncond | cond]); pass one id per prompt")
 
-    def _real_text(self, j: int, n_text: int, mask_row) -> np.ndarray:
-        """Boolean ``[n_text]``: which text positions are real tokens (not padding)."""
-        if self.text_tokens is not None:
-            n = len(self.text_tokens[j])
-            if n > n_text:
-                raise CaptureError(f"sample {self.sample_ids[j]!r} has {n} text tokens but the model got {n_text}")
-            real = np.zeros(n_text, bool)
-            real[:n] = True
-            return real
-        if mask_row is not None:  # PixArt's additive mask: 0 for real keys, -10000 for padding
-            return (mask_row.reshape(-1)[-n_text:].float() > -1).cpu().numpy()
-        return np.ones(n_text, bool)
+    def _real_text(self, j: int, b: int, n_text: int, mask_row) -> np.ndarray:
+        """Boolean ``[n_text]``: which text positions of batch row ``b`` (sample ``j``) are real tokens.
+
+        From the transformer's text mask (forward arguments) or the attention mask; with ``text_tokens``
+        the tokens sit where that mask puts real tokens when the counts agree (HunyuanDiT: CLIP tokens,
+        padding, T5 tokens), else first (the text sequence starts with them)."""
+        known = None
+        ctx_real = self._ctx.get("text_real")
+        if ctx_real is not None and ctx_real.shape[-1] == n_text and ctx_real.shape[0] > b:
+            known = ctx_real[b].cpu().numpy().astype(bool)
+        elif mask_row is not None:  # PixArt / Sana's additive mask: 0 for real keys, -10000 for padding
+            known = (mask_row.reshape(-1)[-n_text:].float() > -1).cpu().numpy()
+        if self.text_tokens is None:
+            return np.ones(n_text, bool) if known is None else known
+        n = len(self.text_tokens[j])
+        if n > n_text:
+            raise CaptureError(f"sample {self.sample_ids[j]!r} has {n} text tokens but the model got {n_text}")
+        if known is not None and int(known.sum()) == n:
+            return known
+        real = np.zeros(n_text, bool)
+        real[:n] = True
+        return real
 
     def _record(self, w: _Wrapped, probs: torch.Tensor, out, enc, mask) -> None:
         rows = self._rows(probs.shape[0])
@@ -285,34 +321,30 @@ class DiffusionCapture:
                 f"(callbacks=[cap]) or a pipeline's callback_on_step_end=cap.pipeline_callback"
             )
         self._seen.add(key0)
-        if w.part == "joint":
-            n_img = probs.shape[-1] - enc.shape[1]
-            out_img, out_txt = out if isinstance(out, tuple) else (out, None)
-        elif w.part == "cross":
-            n_img = probs.shape[-2]
-            out_img, out_txt = out, None
+        fam, part = self.family, w.part
+        n_q, n_k = probs.shape[-2:]
+        if part == "joint":  # a Flux single-stream block gets the joined sequence: its text length comes from the forward
+            n_text = enc.shape[1] if enc is not None else self._ctx.get("n_text")
+            if n_text is None:
+                raise CaptureError(f"{w.name} attends over a joined sequence whose text length is unknown: run the "
+                                   f"transformer itself (its forward's encoder_hidden_states give the length)")
         else:
-            n_img = probs.shape[-1]
-            out_img, out_txt = out, None
+            n_text = n_k if part == "cross" else 0
+        n_img = n_q if part == "cross" else n_k - n_text
+        qk, kk = fam.kinds(part, n_q, n_k, n_text)
+        out_img, out_txt = fam.split_output(part, out, n_text)
         for j, b in enumerate(rows):
             P = probs[b]
-            n_text = P.shape[-1] - n_img if w.part == "joint" else (P.shape[-1] if w.part == "cross" else 0)
-            mrow = mask[b] if (mask is not None and w.part == "cross") else None
-            real = self._real_text(j, n_text, mrow) if n_text else np.zeros(0, bool)
-            if w.part == "joint":
-                qk = kk = np.r_[np.full(n_img, IMAGE), np.full(n_text, TEXT)]
-                kreal = np.r_[np.ones(n_img, bool), real]
-            elif w.part == "cross":
-                qk, kk, kreal = np.full(n_img, IMAGE), np.full(n_text, TEXT), real
-            else:
-                qk = kk = np.full(n_img, IMAGE)
-                kreal = np.ones(n_img, bool)
+            mrow = mask[b] if (mask is not None and part == "cross") else None
+            real = self._real_text(j, b, n_text, mrow) if n_text else np.zeros(0, bool)
+            kreal = np.ones(n_k, bool)
+            kreal[kk == TEXT] = real
             data = S.step_statistics(P, qk, kk, kreal)
             sid = self.sample_ids[j]
             prev_key = (sid, w.name)
             Pk = P[:, :: self.query_stride] if self.query_stride > 1 else P
             oi = out_img[b].float()
-            ot = out_txt[b].float() if (out_txt is not None and w.part == "joint") else None
+            ot = out_txt[b].float() if (out_txt is not None and part == "joint") else None
             prev = self._prev.get(prev_key)
             data.update(_adjacent(Pk, oi, ot, prev, qk[:: self.query_stride], kk))
             if self.adjacent:
@@ -320,7 +352,9 @@ class DiffusionCapture:
             if self.mode == "full":
                 data["probs"] = Pk.cpu().clone()
             meta = {"timestep": self.timestep, "n_image": int(n_img), "n_text": int(n_text),
-                    "n_text_real": int(real.sum()), **self.metas[j]}
+                    "n_text_real": int(real.sum()), **w.site.meta, **self.metas[j]}
+            if part == "joint":
+                meta["token_order"] = "|".join(fam.joint_order)
             if self.text_tokens is not None:
                 meta["tokens"] = list(self.text_tokens[j])
             self._pending.append(Record(
@@ -348,8 +382,8 @@ class DiffusionCapture:
                     f"sample ids {clash[:3]} are already in the store {self.store.path}: a new sampling run "
                     f"needs new ids (e.g. prefix them with a run name), so steps of two runs never mix"
                 )
-        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _Wrapped(self, orig, name, layer, part))
-        self._stack.callback(self.transformer.register_forward_pre_hook(self._see_timestep, with_kwargs=True).remove)
+        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _Wrapped(self, orig, self.sites[name]))
+        self._stack.callback(self.transformer.register_forward_pre_hook(self._see_forward, with_kwargs=True).remove)
         return self
 
     def __exit__(self, exc_type, *exc):

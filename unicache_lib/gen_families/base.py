@@ -1,0 +1,287 @@
+"""What the workbench must know about one family of diffusion transformers (generators), in one place.
+
+Capture (and reuse, peers, pipeline loading) ask a :class:`GenFamily` instead of guessing from module
+names: which diffusers transformer and pipeline classes it covers, which attention modules it has, in
+which layer and part (``joint``, ``self``, ``cross``), the token order of its joint sequence, and how
+each of its attention processors forms the softmax map (so capture recomputes exactly that map).
+
+    fam = gen_family_of(pipe.transformer)          # or gen_family_for("FluxPipeline")
+    fam.pipeline_classes                           # ("FluxPipeline", "FluxImg2ImgPipeline")
+    fam.modules(pipe.transformer, "joint")         # {"transformer_blocks.0.attn": <FluxAttention>, ...}
+    fam.sites(pipe.transformer)                    # [GenSite(name, layer, part, module, captured, meta), ...]
+
+A transformer whose class no registered family claims gets :class:`UnsupportedModelError` (the VLM
+families' error: one error for "the workbench does not know this model").
+
+Adding a family = one file in this package (a :class:`GenFamily` subclass registered with
+``@register``) plus a tiny config in :data:`unicache_lib.zoo.tiny_random.TINY` (and its inputs in
+``forward_inputs``); the parametrised suite
+in ``tests/test_gen_families.py`` then checks outputs, maps, parts and spans for it.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..capture.vlm import CaptureError, unwrap
+from ..families.base import UnsupportedModelError
+from ..modality import IMAGE, TEXT
+from ..registry import Registry, registrar
+
+GEN_FAMILIES: dict[str, "GenFamily"] = Registry("generator family")
+_register = registrar(GEN_FAMILIES, "generator family")
+
+HOW_TO_ADD = ("To add a family: write unicache_lib/gen_families/<name>.py with a GenFamily subclass (name, "
+              "transformer_classes, pipeline_classes, site_patterns, processors, default_processors) decorated with "
+              "@register (every module of that package is imported, so the file registers itself), and add a tiny "
+              "config to TINY (and its inputs to forward_inputs) in unicache_lib/zoo/tiny_random.py so "
+              "tests/test_gen_families.py checks it.")
+
+
+def register(cls):
+    """Class decorator: register one instance of a :class:`GenFamily` subclass under ``cls.name``."""
+    _register(cls)
+    GEN_FAMILIES[cls.name] = cls()
+    return cls
+
+
+def supported() -> str:
+    """``"SD3 (SD3Transformer2DModel), ..."``: the registered families and the classes they claim."""
+    return ", ".join(f"{f.name} ({'/'.join(f.transformer_classes)})" for f in GEN_FAMILIES.values())
+
+
+def gen_family_for(class_name: str) -> "GenFamily":
+    """The family claiming a diffusers transformer or pipeline class name (``"FluxPipeline"``,
+    ``"SanaTransformer2DModel"``; e.g. a checkpoint's ``model_index.json`` ``_class_name``)."""
+    for fam in GEN_FAMILIES.values():
+        if class_name in fam.transformer_classes or class_name in fam.pipeline_classes:
+            return fam
+    raise UnsupportedModelError(f"{class_name!r} is not a supported generator class. Supported generator families: "
+                                f"{supported()}. {HOW_TO_ADD}")
+
+
+def gen_family_of(transformer) -> "GenFamily":
+    """The family of a diffusers transformer (wrappers unwrapped), by its exact class name: a subclass
+    may change attention, so it is claimed explicitly (the error says how)."""
+    tr = unwrap(transformer)
+    cls = type(tr).__name__
+    for fam in GEN_FAMILIES.values():
+        if cls in fam.transformer_classes:
+            return fam
+    hint = ""
+    if hasattr(tr, "transformer") and not isinstance(tr, torch.nn.Module):
+        hint = " This looks like a pipeline: pass pipe.transformer."
+    for base in type(tr).__mro__[1:]:
+        fam = next((f for f in GEN_FAMILIES.values() if base.__name__ in f.transformer_classes), None)
+        if fam is not None:
+            a = type(fam)
+            hint = (f" {cls} subclasses {base.__name__} ({fam.name}); if its attention is unchanged, claim it with "
+                    f"`@register class Mine({a.__module__}.{a.__name__}): name = 'mine'; transformer_classes = ({cls!r},)` "
+                    f"(register from unicache_lib.gen_families).")
+            break
+    raise UnsupportedModelError(f"{cls} is not a supported generator transformer.{hint} Supported generator families: "
+                                f"{supported()}. {HOW_TO_ADD}")
+
+
+def restore_processors(transformer) -> None:
+    """Give every attention module of ``transformer`` its family's stock diffusers processor (what a
+    freshly loaded model has): the fix for a processor capture cannot recompute."""
+    tr = unwrap(transformer)
+    gen_family_of(tr).restore_processors(tr)
+
+
+def processor_probs(processor_name: str) -> Callable:
+    """The map recomputation of a processor class any registered family knows; CaptureError otherwise."""
+    for fam in GEN_FAMILIES.values():
+        if processor_name in fam.processors:
+            return fam.processors[processor_name]
+    known = sorted({p for f in GEN_FAMILIES.values() for p in f.processors})
+    raise CaptureError(f"no generator family knows the attention processor {processor_name}; capture recomputes "
+                       f"the maps of {', '.join(known)}. Put the stock processors back with "
+                       f"unicache_lib.gen_families.restore_processors(transformer).")
+
+
+@dataclass(frozen=True)
+class GenSite:
+    """One attention module: qualified ``name``, ``layer`` (block index; Flux numbers single-stream
+    blocks after the double-stream ones), ``part``, the module, whether it has a softmax map to capture
+    (Sana's linear attention has none) and ``meta`` copied into every record (Flux: ``{"block": ...}``)."""
+
+    name: str
+    layer: int
+    part: str
+    module: torch.nn.Module = field(compare=False, repr=False)
+    captured: bool = True
+    meta: dict = field(default_factory=dict, compare=False)
+
+
+# ---- map recomputation shared by families ------------------------------------------------------------
+def heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """``[B, S, H*D] -> [B, H, S, D]``."""
+    b, s, d = x.shape
+    return x.view(b, s, heads, d // heads).transpose(1, 2)
+
+
+def softmax_map(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(D) + mask)`` in float32: ``q [B, H, Sq, D]``, ``k [B, H, Sk, D]``, ``mask``
+    broadcastable to ``[B, H, Sq, Sk]`` (bool: True = attend; float: added) -> ``[B, H, Sq, Sk]``.
+    The scale is scaled_dot_product_attention's default, which every processor here uses."""
+    logits = (q.float() @ k.float().transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask.float()
+    return torch.softmax(logits, -1)
+
+
+def sdpa_mask(attn, mask, n_keys: int, batch: int):
+    """The mask as AttnProcessor2_0 and its kin hand it to sdpa: ``[B, H, Sq or 1, Sk]`` (None stays None)."""
+    if mask is None:
+        return None
+    m = attn.prepare_attention_mask(mask, n_keys, batch)
+    return m.view(batch, attn.heads, -1, m.shape[-1])
+
+
+def standard_qk(attn, hidden_states, encoder_hidden_states=None, temb=None):
+    """Queries and keys ``[B, H, S, D]`` as ``AttnProcessor2_0`` forms them (spatial / group norm,
+    cross norm, per-head qk norm), the hidden states flattened to ``[B, S, C]`` as it does."""
+    h = hidden_states
+    if attn.spatial_norm is not None:
+        h = attn.spatial_norm(h, temb)
+    if h.dim() == 4:
+        h = h.flatten(2).transpose(1, 2)
+    if attn.group_norm is not None:
+        h = attn.group_norm(h.transpose(1, 2)).transpose(1, 2)
+    e = encoder_hidden_states
+    if e is None:
+        e = h
+    elif attn.norm_cross:
+        e = attn.norm_encoder_hidden_states(e)
+    q, k = heads_view(attn.to_q(h), attn.heads), heads_view(attn.to_k(e), attn.heads)
+    if attn.norm_q is not None:
+        q = attn.norm_q(q)
+    if attn.norm_k is not None:
+        k = attn.norm_k(k)
+    return q, k
+
+
+def standard_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **_):
+    """``AttnProcessor2_0``'s map ``[B, H, Sq, Sk]`` (self-attention: keys = the image; cross: the text)."""
+    q, k = standard_qk(attn, hidden_states, encoder_hidden_states, temb)
+    return softmax_map(q, k, sdpa_mask(attn, attention_mask, k.shape[2], q.shape[0]))
+
+
+# ---- the adapter ------------------------------------------------------------------------------------
+class GenFamily:
+    """Base class: one family of diffusers transformers. Families set the class attributes and override
+    what differs (:meth:`sites` for Flux's two block kinds, :meth:`forward_context` for HunyuanDiT's two
+    text encoders).
+
+    Class attributes: ``name`` (shown to users), ``transformer_classes`` / ``pipeline_classes``
+    (diffusers class names claimed), ``site_patterns`` (``(regex, part)``: a module name matching the
+    regex, block index in group 1, is an attention module of that part), ``parts`` (parts with a
+    softmax map), ``uncaptured`` (part -> why it has no map), ``joint_order`` (token order of a joint
+    sequence), ``processors`` (processor class name -> function recomputing its map, called as
+    ``fn(attn, hidden_states, encoder_hidden_states, attention_mask, **processor_kwargs) -> [B, H, Sq, Sk]``)
+    and ``default_processors`` (part -> ``"module:Class"`` of the stock diffusers processor).
+    """
+
+    name = ""
+    transformer_classes: tuple[str, ...] = ()
+    pipeline_classes: tuple[str, ...] = ()
+    site_patterns: tuple[tuple[str, str], ...] = ()
+    parts: tuple[str, ...] = ()
+    uncaptured: dict[str, str] = {}
+    joint_order: tuple[str, str] = ("image", "text")
+    processors: dict[str, Callable] = {}
+    default_processors: dict[str, str] = {}
+
+    # ---- modules ------------------------------------------------------------------------------------
+    def sites(self, transformer) -> list[GenSite]:
+        """Every attention module (captured or not), sorted by (layer, part)."""
+        out = []
+        for name, mod in unwrap(transformer).named_modules():
+            for pat, part in self.site_patterns:
+                m = re.fullmatch(pat, name)
+                if m:
+                    out.append(GenSite(name, int(m.group(1)), part, mod, part not in self.uncaptured))
+        return sorted(out, key=lambda s: (s.layer, s.part))
+
+    def modules(self, transformer, part: str | None = None, captured_only: bool = True) -> dict[str, torch.nn.Module]:
+        """``{module name: attention module}`` of one part (None = all), in layer order."""
+        return {s.name: s.module for s in self.sites(transformer)
+                if (part is None or s.part == part) and (s.captured or not captured_only)}
+
+    def default_processor(self, part: str):
+        """The stock diffusers processor class of ``part``."""
+        mod, cls = self.default_processors[part].split(":")
+        return getattr(importlib.import_module(mod), cls)
+
+    def restore_processors(self, transformer) -> None:
+        """Set every attention module's processor back to the family's stock one."""
+        for s in self.sites(transformer):
+            s.module.set_processor(self.default_processor(s.part)())
+
+    # ---- maps ---------------------------------------------------------------------------------------
+    def check_processor(self, site: GenSite, processor) -> None:
+        """CaptureError (with a fix that works) unless this family can recompute ``processor``'s map."""
+        pname = type(processor).__name__
+        if pname in self.processors:
+            return
+        cls = self.default_processor(site.part)
+        fused = (" (fused QKV projections: transformer.unfuse_qkv_projections() also restores the processors)"
+                 if "Fused" in pname else "")
+        raise CaptureError(
+            f"{site.name} of this {self.name} transformer uses {pname}, whose attention map capture cannot "
+            f"recompute (it knows {', '.join(self.processors)}). Put the stock processors back with "
+            f"unicache_lib.gen_families.restore_processors(transformer){fused}, or for this module: "
+            f"transformer.get_submodule({site.name!r}).set_processor({cls.__name__}()) with {cls.__name__} from "
+            f"{cls.__module__}; then capture."
+        )
+
+    def probs(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *, processor,
+              **kwargs) -> torch.Tensor:
+        """``[B, H, Sq, Sk]`` float32 map of one call of ``attn`` whose processor is ``processor``,
+        recomputed from the module's own projections exactly as that processor forms it; ``kwargs`` are
+        the processor's other arguments (``image_rotary_emb``, ``temb``). Joint maps are in
+        :attr:`joint_order`."""
+        fn = self.processors.get(type(processor).__name__)
+        if fn is None:
+            raise CaptureError(f"{self.name} cannot recompute the map of {type(processor).__name__}; "
+                               f"known: {', '.join(self.processors)}")
+        return fn(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
+
+    # ---- token layout -------------------------------------------------------------------------------
+    def forward_context(self, kwargs: dict) -> dict:
+        """What capture reads from the transformer's forward arguments: ``n_text`` (text tokens the blocks
+        attend to; None = unknown) and ``text_real`` (``[B, n_text]`` bool, False for padding; None = unknown)."""
+        e, m = kwargs.get("encoder_hidden_states"), kwargs.get("encoder_attention_mask")
+        n = int(e.shape[1]) if torch.is_tensor(e) and e.dim() == 3 else None
+        real = (m > 0.5) if torch.is_tensor(m) and m.dim() == 2 and m.shape[-1] == n else None
+        return {"n_text": n, "text_real": real}
+
+    def kinds(self, part: str, n_query: int, n_key: int, n_text: int) -> tuple[np.ndarray, np.ndarray]:
+        """Modality (IMAGE / TEXT) of every query ``[Sq]`` and key ``[Sk]`` of a map of ``part``; a joint
+        map holds ``n_text`` text tokens, in :attr:`joint_order`."""
+        if part == "self":
+            return np.full(n_query, IMAGE), np.full(n_key, IMAGE)
+        if part == "cross":
+            return np.full(n_query, IMAGE), np.full(n_key, TEXT)
+        span = {"image": np.full(n_key - n_text, IMAGE), "text": np.full(n_text, TEXT)}
+        k = np.concatenate([span[x] for x in self.joint_order])
+        return k, k
+
+    def split_output(self, part: str, out, n_text: int):
+        """``(image side [B, S_img, C], text side [B, S_text, C] or None)`` of a processor's output.
+        Joint processors return ``(image, text)``; a joint sequence returned whole (Flux's single-stream
+        blocks) is split by :attr:`joint_order`."""
+        if isinstance(out, tuple):
+            return out[0], out[1]
+        if part != "joint" or not n_text:
+            return out, None
+        if self.joint_order[0] == "text":
+            return out[:, n_text:], out[:, :n_text]
+        return out[:, :-n_text], out[:, -n_text:]

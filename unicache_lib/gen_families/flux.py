@@ -1,0 +1,54 @@
+"""Flux.1: double-stream blocks (``transformer_blocks.N.attn``: separate image and text projections,
+one attention over ``[text | image]``) then single-stream blocks (``single_transformer_blocks.N.attn``:
+the processor gets the already joined ``[text | image]`` sequence and no text argument). Both are part
+``joint``; single blocks are numbered after the double ones (layer = n_double + N) and records carry
+``meta["block"]`` = ``"double"`` / ``"single"``. Rotary embeddings act on queries and keys of both."""
+from __future__ import annotations
+
+import torch
+
+from .base import GenFamily, GenSite, register, softmax_map
+
+
+def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None, **_):
+    """``FluxAttnProcessor``'s map ``[B, H, S, S]`` over ``[text | image]``: diffusers' own projection
+    helper (fused or not) and ``apply_rotary_emb``, in the processor's ``[B, S, H, D]`` layout."""
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+    q, k, _, eq, ek, _ = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    q = attn.norm_q(q.unflatten(-1, (-1, attn.head_dim)))
+    k = attn.norm_k(k.unflatten(-1, (-1, attn.head_dim)))
+    if attn.added_kv_proj_dim is not None:
+        eq = attn.norm_added_q(eq.unflatten(-1, (-1, attn.head_dim)))
+        ek = attn.norm_added_k(ek.unflatten(-1, (-1, attn.head_dim)))
+        q, k = torch.cat([eq, q], 1), torch.cat([ek, k], 1)
+    if image_rotary_emb is not None:
+        q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
+        k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+    mask = attention_mask
+    if mask is not None and mask.dim() == 2:  # [B, Sk], as diffusers' native backend reshapes it
+        mask = mask[:, None, None]
+    return softmax_map(q.transpose(1, 2), k.transpose(1, 2), mask)
+
+
+@register
+class Flux(GenFamily):
+    name = "Flux"
+    transformer_classes = ("FluxTransformer2DModel",)
+    pipeline_classes = ("FluxPipeline", "FluxImg2ImgPipeline")
+    site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"single_transformer_blocks\.(\d+)\.attn", "joint"))
+    parts = ("joint",)
+    joint_order = ("text", "image")
+    processors = {"FluxAttnProcessor": flux_probs}
+    default_processors = {"joint": "diffusers.models.transformers.transformer_flux:FluxAttnProcessor"}
+
+    def sites(self, transformer):
+        sites = super().sites(transformer)
+        n_double = sum(s.name.startswith("transformer_blocks.") for s in sites)
+        out = []
+        for s in sites:
+            single = s.name.startswith("single_")
+            out.append(GenSite(s.name, s.layer + n_double * single, s.part, s.module, s.captured,
+                               {"block": "single" if single else "double"}))
+        return sorted(out, key=lambda s: s.layer)

@@ -1,0 +1,44 @@
+"""HunyuanDiT: image self-attention (``attn1``) and cross-attention (``attn2``) to the text of two
+encoders, CLIP/BERT then T5, concatenated by the transformer. Rotary embeddings act on the image queries
+(and on the keys of self-attention). Padding text is not masked: the transformer replaces it with a
+learned padding embedding, which the image still attends to; capture marks it not real."""
+from __future__ import annotations
+
+import torch
+
+from .base import GenFamily, register, sdpa_mask, softmax_map, standard_qk
+
+
+def hunyuan_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
+                  image_rotary_emb=None, **_):
+    """``HunyuanAttnProcessor2_0``'s map ``[B, H, Sq, Sk]``: ``AttnProcessor2_0`` plus rotary embeddings
+    applied with diffusers' own ``apply_rotary_emb``, as the processor does."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    q, k = standard_qk(attn, hidden_states, encoder_hidden_states, temb)
+    if image_rotary_emb is not None:
+        q = apply_rotary_emb(q, image_rotary_emb)
+        if not attn.is_cross_attention:
+            k = apply_rotary_emb(k, image_rotary_emb)
+    return softmax_map(q, k, sdpa_mask(attn, attention_mask, k.shape[2], q.shape[0]))
+
+
+@register
+class HunyuanDiT(GenFamily):
+    name = "HunyuanDiT"
+    transformer_classes = ("HunyuanDiT2DModel",)
+    pipeline_classes = ("HunyuanDiTPipeline",)
+    site_patterns = ((r"blocks\.(\d+)\.attn1", "self"), (r"blocks\.(\d+)\.attn2", "cross"))
+    parts = ("self", "cross")
+    processors = {"HunyuanAttnProcessor2_0": hunyuan_probs}
+    default_processors = {"self": "diffusers.models.attention_processor:HunyuanAttnProcessor2_0",
+                          "cross": "diffusers.models.attention_processor:HunyuanAttnProcessor2_0"}
+
+    def forward_context(self, kwargs):
+        """Cross-attention keys = CLIP/BERT tokens then T5 tokens; real = the two text masks joined."""
+        e, e5 = kwargs.get("encoder_hidden_states"), kwargs.get("encoder_hidden_states_t5")
+        if not (torch.is_tensor(e) and torch.is_tensor(e5)):
+            return super().forward_context(kwargs)
+        m, m5 = kwargs.get("text_embedding_mask"), kwargs.get("text_embedding_mask_t5")
+        real = torch.cat([m, m5], -1) > 0 if torch.is_tensor(m) and torch.is_tensor(m5) else None
+        return {"n_text": int(e.shape[1] + e5.shape[1]), "text_real": real}

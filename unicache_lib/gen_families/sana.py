@@ -1,0 +1,32 @@
+"""Sana: *linear* self-attention over the image (``attn1``, ReLU kernel: no softmax map, so nothing to
+capture) and softmax cross-attention from the image to the text (``attn2``, padding keys masked)."""
+from __future__ import annotations
+
+from .base import GenFamily, heads_view, register, sdpa_mask, softmax_map
+
+
+def sana_cross_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **_):
+    """``SanaAttnProcessor2_0``'s map ``[B, H, S_img, S_txt]``: q/k norms act on the projections before
+    the split into heads (unlike ``AttnProcessor2_0``)."""
+    e = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+    q, k = attn.to_q(hidden_states), attn.to_k(e)
+    if attn.norm_q is not None:
+        q = attn.norm_q(q)
+    if attn.norm_k is not None:
+        k = attn.norm_k(k)
+    q, k = heads_view(q, attn.heads), heads_view(k, attn.heads)
+    return softmax_map(q, k, sdpa_mask(attn, attention_mask, k.shape[2], q.shape[0]))
+
+
+@register
+class Sana(GenFamily):
+    name = "Sana"
+    transformer_classes = ("SanaTransformer2DModel",)
+    pipeline_classes = ("SanaPipeline", "SanaSprintPipeline")
+    site_patterns = ((r"transformer_blocks\.(\d+)\.attn1", "self"), (r"transformer_blocks\.(\d+)\.attn2", "cross"))
+    parts = ("cross",)
+    uncaptured = {"self": "Sana's self-attention is linear attention (SanaLinearAttnProcessor2_0: ReLU(q) (ReLU(k)^T v), "
+                          "normalised per query): it forms no softmax map, so there is no map to capture"}
+    processors = {"SanaAttnProcessor2_0": sana_cross_probs}
+    default_processors = {"self": "diffusers.models.attention_processor:SanaLinearAttnProcessor2_0",
+                          "cross": "diffusers.models.transformers.sana_transformer:SanaAttnProcessor2_0"}

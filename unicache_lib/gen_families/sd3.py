@@ -1,0 +1,42 @@
+"""Stable Diffusion 3 / 3.5 (MMDiT): every block attends over the joint sequence ``[image | text]``
+(``attn``); SD3.5's dual-attention blocks add image-only self-attention (``attn2``), and SD3.5 normalises
+queries and keys per head (RMS), the text stream's with ``norm_added_q`` / ``norm_added_k``."""
+from __future__ import annotations
+
+import torch
+
+from .base import GenFamily, heads_view, register, softmax_map
+
+
+def joint_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **_):
+    """``JointAttnProcessor2_0``'s map: ``[B, H, S_img + S_txt, S_img + S_txt]`` over ``[image | text]``,
+    or ``[B, H, S_img, S_img]`` when called without text (SD3.5's ``attn2``). The processor ignores
+    ``attention_mask`` (SD3 attends to padding), so does this."""
+    h = hidden_states
+    q, k = heads_view(attn.to_q(h), attn.heads), heads_view(attn.to_k(h), attn.heads)
+    if attn.norm_q is not None:
+        q = attn.norm_q(q)
+    if attn.norm_k is not None:
+        k = attn.norm_k(k)
+    e = encoder_hidden_states
+    if e is not None:
+        eq, ek = heads_view(attn.add_q_proj(e), attn.heads), heads_view(attn.add_k_proj(e), attn.heads)
+        if attn.norm_added_q is not None:
+            eq = attn.norm_added_q(eq)
+        if attn.norm_added_k is not None:
+            ek = attn.norm_added_k(ek)
+        q, k = torch.cat([q, eq], 2), torch.cat([k, ek], 2)
+    return softmax_map(q, k)
+
+
+@register
+class SD3(GenFamily):
+    name = "SD3"
+    transformer_classes = ("SD3Transformer2DModel",)
+    pipeline_classes = ("StableDiffusion3Pipeline", "StableDiffusion3Img2ImgPipeline")
+    site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"transformer_blocks\.(\d+)\.attn2", "self"))
+    parts = ("joint", "self")
+    joint_order = ("image", "text")
+    processors = {"JointAttnProcessor2_0": joint_probs}
+    default_processors = {"joint": "diffusers.models.attention_processor:JointAttnProcessor2_0",
+                          "self": "diffusers.models.attention_processor:JointAttnProcessor2_0"}
