@@ -5,7 +5,7 @@ import torch
 from unicache_lib.capture.diffusion import find_diffusion_attention
 from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
 from unicache_lib.reuse.cache import AttentionCallCounter
-from unicache_lib.reuse.peers import PEERS, DiffusersCache, PeerUnsupported, magcache_ratios
+from unicache_lib.reuse.peers import FAMILY_PEERS, PEERS, DiffusersCache, PeerUnsupported, magcache_ratios
 from unicache_lib.zoo.loaders import load_generator
 from unicache_lib.zoo.sampling import sample
 
@@ -61,8 +61,8 @@ def test_diffusers_peers_run_skip_work_or_say_why(gen, kind):
     try:
         with DiffusersCache(gen, kind, steps, calibration=ratios) as pc, AttentionCallCounter(gen.transformer) as counter:
             out = sample(gen, PROMPTS, steps, seed=0, callbacks=[pc])
-    except PeerUnsupported as e:
-        assert gen.family == "sd3" and kind in ("first_block", "taylorseer") and "context_pre_only" in str(e)
+    except PeerUnsupported as e:  # only where the family table refuses it, with its reason
+        assert str(e) == FAMILY_PEERS[gen.family].unsupported[kind]
         return
     assert out.shape == gen.ref.shape and out.isfinite().all()
     assert 0 < counter.rows < full_rows  # it computed less than everything

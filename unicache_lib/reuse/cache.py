@@ -4,14 +4,35 @@
         sample(gen, prompts, 20, callbacks=[rc])
     rc.computed_fraction        # share of attention work actually done
 
-Each attention module's processor is wrapped. On ``compute`` the original processor runs and its
-output (and input) are kept; on ``reuse`` the kept output is returned without running attention;
-on ``reuse_text`` only the image side is computed (joint attention: image queries over all keys,
-the text stream's output reused; cross-attention: the text keys/values, which never change, are
-reused). Processors are restored on exit, also on error.
+Each attention module's processor is wrapped; modules are keyed by name only (no block numbers: Flux's
+single-stream blocks repeat the double-stream blocks' numbers). On ``compute`` the original processor
+runs and its output (and input) are kept; on ``reuse`` the kept output is returned without running
+attention; on ``reuse_text`` only the image side is computed, by module kind (from the module's
+structure, not its name):
+
+- joint attention (SD3 / SD3.5 ``attn``, Flux double-stream ``attn``): image queries over all keys (this
+  step's text keys and values), the text stream's output reused; rotary embeddings (Flux) applied to the
+  image queries with the image positions' part of the table and to all keys, as ``FluxAttnProcessor``
+  does; counted as ``n_image / (n_image + n_text)`` of a call.
+- Flux single-stream ``attn`` (one ``[text | image]`` sequence): the same, image query rows only, the text
+  rows of the kept output reused; the text length is taken from the double-stream calls of the same
+  forward (full compute when not known yet).
+- cross-attention (PixArt, Sana, HunyuanDiT ``attn2``): the text keys and values, which do not change
+  within a run, are projected once and reused; the original processor does everything else (masks, the
+  rotary embedding HunyuanDiT applies to the queries, Sana's norms), so the output is the processor's
+  own; counted as a full call (only the projections are saved).
+- self-attention (PixArt / Sana / HunyuanDiT / DiT ``attn1``, SD3.5 ``attn2``) has no text side: computed in
+  full, counted as a full call. Sana's linear self-attention is reused (``reuse``) as a whole output like
+  any other.
+- any other processor (fused projections, an attention mask on joint attention, a processor not named
+  above): full compute, counted as a full call.
+
+Processors are restored on exit, also on error.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from contextlib import ExitStack
 
@@ -22,69 +43,179 @@ from ..capture.diffusion import _heads_view, find_diffusion_attention, wrap_proc
 from ..similarity import cosine
 
 
-class _ReuseProcessor:
-    def __init__(self, rc: "ReuseCache", orig, name: str, part: str):
-        self.rc, self.orig, self.name, self.part = rc, orig, name, part
-        self.out = self.inp = self.kv = None
+def attention_modules(transformer) -> dict[str, torch.nn.Module]:
+    """``{module name: attention module}`` of a diffusers transformer (or a Generator's)."""
+    transformer = getattr(transformer, "transformer", transformer)
+    return {name: mod for name, (_, _, mod) in find_diffusion_attention(transformer).items()}
 
-    def _image_side_joint(self, attn, h, e):
-        b = h.shape[0]
-        q = _heads_view(attn.to_q(h), attn.heads)
-        k = torch.cat([_heads_view(attn.to_k(h), attn.heads), _heads_view(attn.add_k_proj(e), attn.heads)], 2)
-        v = torch.cat([_heads_view(attn.to_v(h), attn.heads), _heads_view(attn.add_v_proj(e), attn.heads)], 2)
-        if attn.norm_q is not None:
-            q = attn.norm_q(q)
-        if attn.norm_k is not None:
-            n = h.shape[1]
-            k = torch.cat([attn.norm_k(k[:, :, :n]), attn.norm_added_k(k[:, :, n:]) if attn.norm_added_k is not None else k[:, :, n:]], 2)
-        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, -1, attn.heads * q.shape[-1]).to(q.dtype)
-        return attn.to_out[1](attn.to_out[0](o))
 
-    def _image_side_cross(self, attn, h, e, mask):
-        b = h.shape[0]
-        if self.kv is None:
-            self.kv = (_heads_view(attn.to_k(e), attn.heads), _heads_view(attn.to_v(e), attn.heads))
-        k, v = self.kv
-        q = _heads_view(attn.to_q(h), attn.heads)
-        if mask is not None:
-            mask = attn.prepare_attention_mask(mask, e.shape[1], b).view(b, attn.heads, -1, mask.shape[-1])
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, -1, attn.heads * q.shape[-1])
-        return attn.to_out[1](attn.to_out[0](o.to(q.dtype)))
+def module_kind(mod) -> str:
+    """``joint`` / ``single`` (Flux single-stream) / ``cross`` / ``self``, from the module's structure."""
+    if getattr(mod, "add_k_proj", None) is not None:
+        return "joint"
+    if getattr(mod, "is_cross_attention", False):
+        return "cross"
+    if type(mod).__name__ == "FluxAttention":  # no added projections: a single-stream block
+        return "single"
+    return "self"
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kw):
-        rc = self.rc
-        pol = rc.policy
-        sim = float(cosine(hidden_states.flatten(), self.inp.flatten())) if self.inp is not None and pol.uses_similarity else math.nan
+
+class _Wrapper:
+    """Base of the processors installed on attention modules: calls pass through to ``orig`` unchanged.
+
+    diffusers' ``Attention.forward`` hands a processor only the keyword arguments named in
+    ``inspect.signature(processor.__call__)`` (HunyuanDiT's ``image_rotary_emb`` among them) and
+    ``FluxAttention`` passes ``image_rotary_emb`` positionally: the wrapper accepts anything and advertises
+    the original processor's signature, so nothing is dropped."""
+
+    def __init__(self, orig):
+        self.orig = orig
+        P = inspect.Parameter
+        sig = inspect.signature(orig.forward if isinstance(orig, torch.nn.Module) else orig.__call__)
+        self._names = [p.name for p in sig.parameters.values() if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)][1:]
+        call = functools.partial(type(self).__call__, self)
+        functools.update_wrapper(call, orig.__call__)
+        self.__call__ = call  # what inspect.signature(processor.__call__) sees; calls go through the class
+
+    def _arguments(self, args, kwargs) -> dict:
+        a = dict(zip(self._names, args))
+        a.update(kwargs)
+        return a
+
+
+class _Replay(torch.nn.Module):
+    """Stands in for a projection: its output for this input shape, computed once."""
+
+    def __init__(self, inner, store: dict, key: str):
+        super().__init__()
+        self.inner, self.store, self.key = inner, store, key
+
+    def forward(self, x):
+        v = self.store.get(self.key)
+        if v is None or v.shape[:-1] != x.shape[:-1]:
+            v = self.store[self.key] = self.inner(x)
+        return v
+
+
+_CROSS_PROCESSORS = ("AttnProcessor2_0", "SanaAttnProcessor2_0", "HunyuanAttnProcessor2_0")
+
+
+class _ReuseProcessor(_Wrapper):
+    def __init__(self, rc: "ReuseCache", orig, name: str, kind: str):
+        super().__init__(orig)
+        self.rc, self.name, self.kind = rc, name, kind
+        self.pname = type(orig).__name__
+        self.out = self.inp = None
+        self.kv: dict = {}
+
+    # ---- image side only ----------------------------------------------------------------------------
+    def _image_side(self, attn, h, e, mask, rope, args, kwargs):
+        """(output, share of a full call's work) or None where only a full compute is implemented."""
+        out = self.out
+        if self.kind == "joint" and isinstance(out, tuple) and e is not None and mask is None:
+            n_img, n_txt = h.shape[1], e.shape[1]
+            if self.pname == "JointAttnProcessor2_0" and out[1] is not None:
+                return (_image_side_sd3(attn, h, e), out[1]), n_img / (n_img + n_txt)
+            if self.pname == "FluxAttnProcessor" and not getattr(attn, "fused_projections", False):
+                return (_image_side_flux(attn, h, e, rope), out[1]), n_img / (n_img + n_txt)
+        if (self.kind == "single" and self.pname == "FluxAttnProcessor" and torch.is_tensor(out) and mask is None
+                and self.rc._n_text and out.shape[:2] == h.shape[:2] and not getattr(attn, "fused_projections", False)):
+            n_txt = self.rc._n_text
+            img = _image_side_flux(attn, h[:, n_txt:], None, rope, keys=h)
+            return torch.cat([out[:, :n_txt], img], 1), (h.shape[1] - n_txt) / h.shape[1]
+        if self.kind == "cross" and self.pname in _CROSS_PROCESSORS and e is not None:
+            saved = attn._modules["to_k"], attn._modules["to_v"]
+            attn._modules["to_k"], attn._modules["to_v"] = _Replay(saved[0], self.kv, "k"), _Replay(saved[1], self.kv, "v")
+            try:
+                return self.orig(attn, *args, **kwargs), 1.0
+            finally:
+                attn._modules["to_k"], attn._modules["to_v"] = saved
+        return None
+
+    def __call__(self, attn, *args, **kwargs):
+        rc, pol = self.rc, self.rc.policy
+        a = self._arguments(args, kwargs)
+        h, e = a.get("hidden_states"), a.get("encoder_hidden_states")
+        if not torch.is_tensor(h):  # a call this wrapper cannot read: pass it through, as a full compute
+            rc.work += 1.0
+            rc.calls += 1
+            return self.orig(attn, *args, **kwargs)
+        if self.kind == "joint" and e is not None:
+            rc._n_text = int(e.shape[1])
+        fresh = self.inp is None or self.inp.shape != h.shape  # nothing kept for inputs of this shape
+        sim = float(cosine(h.flatten(), self.inp.flatten())) if not fresh and pol.uses_similarity else math.nan
         d = pol.decide(rc.step, rc.n_steps, sim, key=self.name)
-        if d == "reuse" and self.out is not None:
+        if d == "reuse" and not fresh:
             rc.calls += 1
             return self.out
-        if d == "reuse_text" and self.part == "joint" and isinstance(self.out, tuple):
-            n_img, n_txt = hidden_states.shape[1], encoder_hidden_states.shape[1]
-            rc.work += n_img / (n_img + n_txt)
-            rc.calls += 1
-            return self._image_side_joint(attn, hidden_states, encoder_hidden_states), self.out[1]
-        if d == "reuse_text" and self.part == "cross":
-            rc.work += 1.0  # the attention itself is computed; only the text K/V projections are saved
-            rc.calls += 1
-            return self._image_side_cross(attn, hidden_states, encoder_hidden_states, attention_mask)
-        out = self.orig(attn, hidden_states, encoder_hidden_states=encoder_hidden_states, attention_mask=attention_mask, **kw)
-        self.out, self.inp = out, hidden_states.detach()
+        if d == "reuse_text" and not fresh:
+            got = self._image_side(attn, h, e, a.get("attention_mask"), a.get("image_rotary_emb"), args, kwargs)
+            if got is not None:
+                rc.work += got[1]
+                rc.calls += 1
+                return got[0]
+        out = self.orig(attn, *args, **kwargs)
+        self.out, self.inp = out, h.detach()
         rc.work += 1.0
         rc.calls += 1
         return out
 
 
+def _image_side_sd3(attn, h, e):
+    """``JointAttnProcessor2_0``'s image output alone: image queries over ``[image | text]`` keys."""
+    b = h.shape[0]
+    q = _heads_view(attn.to_q(h), attn.heads)
+    k = _heads_view(attn.to_k(h), attn.heads)
+    ek = _heads_view(attn.add_k_proj(e), attn.heads)
+    if attn.norm_q is not None:
+        q = attn.norm_q(q)
+    if attn.norm_k is not None:
+        k = attn.norm_k(k)
+    if attn.norm_added_k is not None:
+        ek = attn.norm_added_k(ek)
+    k = torch.cat([k, ek], 2)
+    v = torch.cat([_heads_view(attn.to_v(h), attn.heads), _heads_view(attn.add_v_proj(e), attn.heads)], 2)
+    o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, -1, attn.heads * q.shape[-1]).to(q.dtype)
+    return attn.to_out[1](attn.to_out[0](o))
+
+
+def _image_side_flux(attn, h, e, rope, keys=None):
+    """``FluxAttnProcessor``'s image rows alone. Double stream: ``h`` image tokens, ``e`` text tokens, keys
+    ``[text | image]``; single stream: ``h`` the image part of the sequence ``keys`` (``[text | image]``)
+    and no output projection (``pre_only``). Rotary embeddings as the processor applies them."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    heads = lambda x: x.unflatten(-1, (-1, attn.head_dim))  # noqa: E731  [B, S, H, D]
+    q = attn.norm_q(heads(attn.to_q(h)))
+    if keys is None:
+        k = torch.cat([attn.norm_added_k(heads(attn.add_k_proj(e))), attn.norm_k(heads(attn.to_k(h)))], 1)
+        v = torch.cat([heads(attn.add_v_proj(e)), heads(attn.to_v(h))], 1)
+    else:
+        k, v = attn.norm_k(heads(attn.to_k(keys))), heads(attn.to_v(keys))
+    if rope is not None:
+        n = k.shape[1] - q.shape[1]  # text positions come first in the table
+        q = apply_rotary_emb(q, tuple(r[n:] for r in rope), sequence_dim=1)
+        k = apply_rotary_emb(k, rope, sequence_dim=1)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    o = o.flatten(2, 3).to(q.dtype)
+    if keys is not None:
+        return o
+    return attn.to_out[1](attn.to_out[0](o))
+
+
 class ReuseCache:
     """Context manager applying a :class:`~unicache_lib.reuse.policies.base.ReusePolicy` to every
-    attention module of ``transformer`` over one sampling run of ``n_steps`` (library loop callback)."""
+    attention module of ``transformer`` (a diffusers transformer or a Generator) over one sampling run
+    of ``n_steps`` (library loop callback: ``on_step_begin(step, timestep)``)."""
 
     def __init__(self, transformer, policy, n_steps: int):
-        self.transformer, self.policy, self.n_steps = transformer, policy, n_steps
-        self.targets = find_diffusion_attention(transformer)
+        self.transformer = getattr(transformer, "transformer", transformer)
+        self.policy, self.n_steps = policy, n_steps
+        self.targets = find_diffusion_attention(self.transformer)
         self.step = 0
         self.work = 0.0
         self.calls = 0
+        self._n_text = None
         self._stack: ExitStack | None = None
 
     def on_step_begin(self, step, timestep):
@@ -96,7 +227,8 @@ class ReuseCache:
         return self.work / self.calls if self.calls else math.nan
 
     def __enter__(self):
-        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _ReuseProcessor(self, orig, name, part))
+        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _ReuseProcessor(
+            self, orig, name, module_kind(self.targets[name][2])))
         return self
 
     def __exit__(self, *exc):
@@ -113,7 +245,7 @@ class AttentionCallCounter:
     Compare ``rows`` with the same count from a run without caching."""
 
     def __init__(self, transformer):
-        self.targets = find_diffusion_attention(transformer)
+        self.targets = find_diffusion_attention(getattr(transformer, "transformer", transformer))
         self.calls = 0
         self.rows = 0
         self._stack: ExitStack | None = None
@@ -127,11 +259,13 @@ class AttentionCallCounter:
         return False
 
 
-class _Counting:
+class _Counting(_Wrapper):
     def __init__(self, counter, orig):
-        self.counter, self.orig = counter, orig
+        super().__init__(orig)
+        self.counter = counter
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kw):
+    def __call__(self, attn, *args, **kwargs):
+        h = args[0] if args else kwargs["hidden_states"]
         self.counter.calls += 1
-        self.counter.rows += int(hidden_states.shape[0])
-        return self.orig(attn, hidden_states, encoder_hidden_states=encoder_hidden_states, attention_mask=attention_mask, **kw)
+        self.counter.rows += int(h.shape[0])
+        return self.orig(attn, *args, **kwargs)

@@ -1,12 +1,46 @@
-"""diffusers' own caches as peers, driven from the library's sampling loop.
+"""diffusers' own caches as peers, driven from the library's sampling loop, on every generator family.
 
-Neither ``SD3Transformer2DModel`` nor ``PixArtTransformer2DModel`` has ``CacheMixin`` (no
-``enable_cache``), so the hooks are applied with ``diffusers.hooks.apply_*`` and the per-call cache
-context a pipeline would set is set here, at every step, around the one CFG-batched call.
-Known limits on these models (diffusers 0.42.1) are raised as :class:`PeerUnsupported` with the
-reason, not hidden.
+    with DiffusersCache(gen, "taylorseer", n_steps=20) as pc:    # gen: a library Generator ...
+        sample(gen, prompts, 20, callbacks=[pc])
+    with DiffusersCache(transformer, "pab", n_steps=4) as pc:     # ... or a bare diffusers transformer
+        for i, t in enumerate(timesteps):
+            pc.on_step_begin(i, t); transformer(**inputs); pc.on_step_end(i, t, None)
+
+Of the supported transformers only Flux has ``CacheMixin`` (``enable_cache``), so every cache is applied
+with ``diffusers.hooks.apply_*`` and the per-call cache context a pipeline would set with
+``transformer.cache_context(...)`` is set here, at every step, around the one (CFG-batched) call.
+
+How each cache is configured on each family is in ONE table, :data:`FAMILY_PEERS`: the module names the
+caches' identifiers must match on that family (diffusers' defaults assume ``transformer_blocks.N.attn`` or
+``attn1``-style names and miss e.g. HunyuanDiT's ``blocks.N.attn1``), which keyword arguments carry the
+``[uncond | cond]`` batch (FasterCache splits only those), whether the model is guidance-distilled, the
+diffusers block classes the block-level caches need metadata for, and, per peer, what the family needs
+that diffusers 0.42.1 does not do (each such gap was checked by running the cache unmodified; the tests
+in ``tests/test_gen_reuse.py`` re-check every stated failure). A peer that cannot run raises
+:class:`PeerUnsupported` with the reason. :func:`family_of` maps a transformer to its family by class.
+
+Settings are the authors' defaults unless the family needs otherwise:
+
+- PAB: spatial broadcast range 2, cross-attention range 6 (the paper's pyramid: cross-attention is the
+  most similar across steps and is broadcast longest), both within timesteps (100, 800), as in diffusers'
+  example; on the modules the family table names (joint attention counts as spatial: it is not
+  cross-attention).
+- FasterCache: diffusers' defaults (attention every 2nd call within timesteps (-1, 681), the unconditional
+  half of the batch every 5th call within (-1, 641), attention weight 0.3 as in diffusers' example),
+  ``tensor_format="BCHW"``; guidance-distilled families (Flux) and runs without CFG skip no batch half
+  (``is_guidance_distilled=True``, as diffusers' own Flux tests configure it).
+- FirstBlockCache: threshold 0.2 (diffusers' example; its default 0.05 never skips on the tiny models).
+- TaylorSeer: diffusers' defaults (full compute for 3 steps, then one computed step every 5, first
+  order) on the family's attention modules, factors in the model's dtype.
+- MagCache: diffusers' defaults (threshold 0.06, at most 3 skipped steps in a row, no skipping in the
+  first 20% of steps) with magnitude ratios from a calibration run (:func:`magcache_ratios`).
 """
 from __future__ import annotations
+
+import ast
+import contextlib
+import io
+from dataclasses import dataclass, field
 
 PEERS = ("pab", "fastercache", "first_block", "taylorseer", "magcache")
 
@@ -15,54 +49,237 @@ class PeerUnsupported(RuntimeError):
     """This diffusers cache cannot run on this model (the message says why)."""
 
 
-class DiffusersCache:
-    """Sampling-loop callback and context manager for one diffusers cache on ``gen.transformer``."""
+@dataclass(frozen=True)
+class FamilyPeers:
+    """How diffusers' caches are set up on one generator family (module names as its transformer has them).
 
-    def __init__(self, gen, kind: str, n_steps: int, guidance: float = 3.0, calibration: list | None = None):
+    ``attention``: regex (``re.fullmatch``) of every attention module's name; TaylorSeer caches these.
+    ``spatial`` / ``cross``: regexes (``re.search``) of the self- or joint-attention modules (PAB spatial,
+    FasterCache) and of the cross-attention modules (PAB cross; None: the family has none).
+    ``cfg_kwargs``: the forward keyword arguments that carry the ``[uncond | cond]`` batch, which
+    FasterCache halves when it skips the unconditional branch (every batched tensor argument must be here,
+    and nothing else: an unbatched tensor halved, or a batched one left whole, breaks the call).
+    ``guidance_distilled``: the model takes guidance as an input and is run without a CFG batch.
+    ``blocks``: diffusers block class name -> ``(hidden_states index, encoder_hidden_states index)`` in
+    its output, registered with diffusers' ``TransformerBlockRegistry`` for FirstBlockCache and MagCache
+    while the cache is applied, where diffusers 0.42.1 has no entry (it raises "Model class ... not
+    registered").
+    ``tail_passes_encoder``: the last block returns ``None`` for the text stream (SD3's
+    ``context_pre_only`` block); FirstBlockCache's tail hook subtracts from it and fails
+    (``TypeError: unsupported operand type(s) for -: 'NoneType' and 'Tensor'``), so while FirstBlockCache
+    is applied the last block hands its text input back in place of ``None`` (the model discards it).
+    ``unsupported``: peer -> the reason it cannot run on this family at all (checked by a test that tries it).
+    ``unsupported_when``: peer -> ``(transformer attribute, reason)``: it cannot run on a transformer of this
+    family whose attribute is true (FasterCache: only where it would halve the batch).
+    ``notes``: caveats that do not stop a peer from running.
+    """
+
+    attention: str
+    spatial: tuple[str, ...]
+    cross: tuple[str, ...] | None
+    cfg_kwargs: tuple[str, ...]
+    guidance_distilled: bool = False
+    blocks: dict = field(default_factory=dict)
+    tail_passes_encoder: bool = False
+    unsupported: dict = field(default_factory=dict)
+    unsupported_when: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)
+
+
+FAMILY_PEERS: dict[str, FamilyPeers] = {
+    # MMDiT: joint attention transformer_blocks.N.attn; SD3.5's dual-attention blocks add an image-only
+    # self-attention transformer_blocks.N.attn2; the last block is context_pre_only
+    "sd3": FamilyPeers(
+        attention=r"transformer_blocks\.\d+\.attn2?",
+        spatial=(r"^transformer_blocks\.\d+\.attn2?$",), cross=None,
+        cfg_kwargs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
+        tail_passes_encoder=True),
+    # cross-attention DiT: self-attention attn1, cross-attention attn2 (text mask)
+    "pixart": FamilyPeers(
+        attention=r"transformer_blocks\.\d+\.attn[12]",
+        spatial=(r"^transformer_blocks\.\d+\.attn1$",), cross=(r"^transformer_blocks\.\d+\.attn2$",),
+        cfg_kwargs=("hidden_states", "encoder_hidden_states", "encoder_attention_mask", "timestep"),
+        unsupported_when={"fastercache": (
+            "use_additional_conditions",
+            "FasterCache: this PixArt (use_additional_conditions, e.g. PixArt-alpha at 1024 px) gets its resolution "
+            "and aspect-ratio conditions inside added_cond_kwargs, a dict FasterCache does not halve when it skips "
+            "the unconditional branch, so that call mixes a half batch with full-batch conditions and fails")}),
+    # double-stream transformer_blocks.N.attn (joint, rotary) and single-stream single_transformer_blocks.N.attn
+    # (one [text | image] sequence); FLUX.1 is guidance-distilled (guidance is an input, no CFG batch)
+    "flux": FamilyPeers(
+        attention=r"(single_)?transformer_blocks\.\d+\.attn",
+        spatial=(r"^(single_)?transformer_blocks\.\d+\.attn$",), cross=None,
+        cfg_kwargs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
+        guidance_distilled=True,
+        notes={"fastercache": "no unconditional-branch skipping (guidance-distilled, as diffusers configures Flux); "
+                              "its frequency split also assumes BCHW/BCFHW outputs, not Flux's packed [B, S, C] tokens",
+               "magcache": "diffusers ships FLUX_MAG_RATIOS for FLUX.1-dev at 28 steps; calibrate for other checkpoints"}),
+    # linear self-attention attn1, softmax cross-attention attn2 (text mask)
+    "sana": FamilyPeers(
+        attention=r"transformer_blocks\.\d+\.attn[12]",
+        spatial=(r"^transformer_blocks\.\d+\.attn1$",), cross=(r"^transformer_blocks\.\d+\.attn2$",),
+        cfg_kwargs=("hidden_states", "encoder_hidden_states", "encoder_attention_mask", "timestep"),
+        blocks={"SanaTransformerBlock": (0, None)}),
+    # blocks.N.attn1 (self, rotary) and blocks.N.attn2 (cross; rotary on the queries); two text encoders
+    "hunyuan": FamilyPeers(
+        attention=r"blocks\.\d+\.attn[12]",
+        spatial=(r"^blocks\.\d+\.attn1$",), cross=(r"^blocks\.\d+\.attn2$",),
+        cfg_kwargs=("hidden_states", "timestep", "encoder_hidden_states", "text_embedding_mask",
+                    "encoder_hidden_states_t5", "text_embedding_mask_t5", "image_meta_size", "style"),
+        blocks={"HunyuanDiTBlock": (0, None)}),
+    # class-conditioned DiT: self-attention attn1 only
+    "dit": FamilyPeers(
+        attention=r"transformer_blocks\.\d+\.attn1",
+        spatial=(r"^transformer_blocks\.\d+\.attn1$",), cross=None,
+        cfg_kwargs=("hidden_states", "timestep", "class_labels"),
+        notes={"fastercache": "assumes the batch is [uncond | cond] (the library's loop); diffusers' DiTPipeline "
+                              "batches [cond | uncond], where it would approximate the conditional half"}),
+}
+FAMILY_ALIASES = {"sd3.5": "sd3"}
+
+# transformer class -> family (a stand-in for the generator-family adapter registry)
+_CLASS_FAMILY = {"SD3Transformer2DModel": "sd3", "PixArtTransformer2DModel": "pixart", "FluxTransformer2DModel": "flux",
+                 "SanaTransformer2DModel": "sana", "HunyuanDiT2DModel": "hunyuan", "DiTTransformer2DModel": "dit"}
+
+
+def family_of(transformer) -> str:
+    """The :data:`FAMILY_PEERS` key of a diffusers transformer, from its class."""
+    from ..capture.vlm import unwrap
+
+    name = type(unwrap(transformer)).__name__
+    if name not in _CLASS_FAMILY:
+        raise PeerUnsupported(f"no peer configuration for {name}; known transformers: {', '.join(_CLASS_FAMILY)}")
+    return _CLASS_FAMILY[name]
+
+
+def _resolve(target) -> tuple[object, str]:
+    """(transformer, family) of a library Generator (``.transformer``, ``.family``) or a bare transformer."""
+    from ..capture.vlm import unwrap
+
+    tr = getattr(target, "transformer", None)
+    if tr is None:
+        tr = target
+    tr = unwrap(tr)
+    fam = getattr(target, "family", None) if tr is not target else None
+    fam = FAMILY_ALIASES.get(fam, fam)
+    if fam not in FAMILY_PEERS:
+        fam = family_of(tr)
+    return tr, fam
+
+
+class _PassEncoderThrough:
+    """diffusers hook for SD3's last block (see ``FamilyPeers.tail_passes_encoder``)."""
+
+    name = "unicache_tail_passes_encoder"
+
+    @staticmethod
+    def make():
+        from diffusers.hooks import ModelHook
+
+        class Hook(ModelHook):
+            def new_forward(self, module, *args, **kwargs):
+                out = self.fn_ref.original_forward(*args, **kwargs)
+                if isinstance(out, tuple) and out[0] is None:
+                    enc = kwargs["encoder_hidden_states"] if "encoder_hidden_states" in kwargs else args[1]
+                    out = (enc, *out[1:])
+                return out
+
+        return Hook()
+
+
+_REGISTERED: dict = {}  # block class -> number of DiffusersCache contexts that registered it
+
+
+class DiffusersCache:
+    """Sampling-loop callback and context manager for one diffusers cache.
+
+    ``target``: a library ``Generator`` (``.transformer``, ``.family``) or a bare diffusers transformer
+    (family from its class). ``guidance``: the run's CFG scale; 1.0 means the batch has no
+    unconditional half (FasterCache then skips none). ``calibration``: MagCache's ratios
+    (:func:`magcache_ratios`), or ``"calibrate"`` for the calibration run itself."""
+
+    def __init__(self, target, kind: str, n_steps: int, guidance: float = 3.0, calibration: list | str | None = None):
         if kind not in PEERS:
             raise ValueError(f"unknown peer {kind!r}; choose from {PEERS}")
-        self.gen, self.kind, self.n_steps, self.guidance = gen, kind, n_steps, guidance
+        self.transformer, self.family = _resolve(target)
+        self.spec = FAMILY_PEERS[self.family]
+        self.kind, self.n_steps, self.guidance = kind, n_steps, guidance
         self.calibration = calibration
         self.t = 1000.0
         self.step = 0
+        self._added: list = []
+        self._registered: list = []
 
-    def _config(self):
+    def config(self):
+        """The diffusers config object for this peer on this family (raises :class:`PeerUnsupported`)."""
         from diffusers.hooks import (FasterCacheConfig, FirstBlockCacheConfig, MagCacheConfig,
                                      PyramidAttentionBroadcastConfig, TaylorSeerCacheConfig)
 
-        fam = self.gen.family
+        spec, tr = self.spec, self.transformer
+        if self.kind in spec.unsupported:
+            raise PeerUnsupported(spec.unsupported[self.kind])
+        distilled = spec.guidance_distilled or self.guidance == 1.0  # no [uncond | cond] batch to halve
+        if self.kind in spec.unsupported_when and not (self.kind == "fastercache" and distilled):
+            attr, reason = spec.unsupported_when[self.kind]
+            if getattr(tr, attr, False):
+                raise PeerUnsupported(reason)
         if self.kind == "pab":
-            ids = ("transformer_blocks",)
             return PyramidAttentionBroadcastConfig(
                 spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 800),
-                spatial_attention_block_identifiers=ids, cross_attention_block_skip_range=None if fam == "sd3" else 3,
-                cross_attention_timestep_skip_range=(100, 800), current_timestep_callback=lambda: self.t)
+                spatial_attention_block_identifiers=spec.spatial,
+                cross_attention_block_skip_range=6 if spec.cross else None,
+                cross_attention_timestep_skip_range=(100, 800), cross_attention_block_identifiers=spec.cross or (),
+                current_timestep_callback=lambda: self.t)
         if self.kind == "fastercache":
             return FasterCacheConfig(
-                spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 681),
                 current_timestep_callback=lambda: self.t, attention_weight_callback=lambda _: 0.3,
-                unconditional_batch_skip_range=5, unconditional_batch_timestep_skip_range=(-1, 781),
-                spatial_attention_block_identifiers=("transformer_blocks",), tensor_format="BCHW",
-                is_guidance_distilled=False,
-                _unconditional_conditional_input_kwargs_identifiers=("hidden_states", "encoder_hidden_states", "timestep",
-                                                                      "pooled_projections", "encoder_attention_mask"))
+                spatial_attention_block_identifiers=spec.spatial, tensor_format="BCHW", is_guidance_distilled=distilled,
+                _unconditional_conditional_input_kwargs_identifiers=spec.cfg_kwargs)
         if self.kind == "first_block":
-            if fam == "sd3":
-                raise PeerUnsupported("FirstBlockCache: SD3's last block (context_pre_only=True) returns no encoder "
-                                      "states, which the cache's tail hook expects")
-            return FirstBlockCacheConfig(threshold=0.2)  # 0.05 never skipped on the tiny PixArt
+            return FirstBlockCacheConfig(threshold=0.2)
         if self.kind == "taylorseer":
-            if fam == "sd3":
-                raise PeerUnsupported("TaylorSeer: SD3's last block (context_pre_only=True) returns no encoder states")
-            return TaylorSeerCacheConfig(cache_interval=3, disable_cache_before_step=3, max_order=1,
-                                         taylor_factors_dtype=self.gen.transformer.dtype,
-                                         cache_identifiers=[r"transformer_blocks\.\d+\.attn1", r"transformer_blocks\.\d+\.attn2"])
+            return TaylorSeerCacheConfig(taylor_factors_dtype=next(tr.parameters()).dtype,
+                                         cache_identifiers=[spec.attention])
         if self.kind == "magcache":
-            if self.calibration == "calibrate":
+            if isinstance(self.calibration, str) and self.calibration == "calibrate":
                 return MagCacheConfig(calibrate=True, num_inference_steps=self.n_steps)
-            if not self.calibration:
+            if self.calibration is None or len(self.calibration) == 0:
                 raise PeerUnsupported("MagCache needs mag_ratios from a calibration run: magcache_ratios(gen, ...)")
-            return MagCacheConfig(mag_ratios=self.calibration, num_inference_steps=self.n_steps, threshold=0.06, max_skip_steps=3)
+            return MagCacheConfig(mag_ratios=list(self.calibration), num_inference_steps=self.n_steps)
+
+    # ---- applying and removing ---------------------------------------------------------------------
+    def _hooks(self) -> list:
+        """(module, hook name) of every diffusers hook on the transformer, in registration order per module."""
+        from diffusers.hooks import HookRegistry
+
+        return [(m, name) for m in self.transformer.modules() if isinstance(getattr(m, "_diffusers_hook", None), HookRegistry)
+                for name in m._diffusers_hook._hook_order]
+
+    def _register_blocks(self):
+        from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+
+        TransformerBlockRegistry._register()  # diffusers' own entries first
+        for m in self.transformer.modules():
+            cls = type(m)
+            if cls.__name__ in self.spec.blocks and cls not in self._registered:
+                if cls not in TransformerBlockRegistry._registry:
+                    h, e = self.spec.blocks[cls.__name__]
+                    TransformerBlockRegistry.register(cls, TransformerBlockMetadata(return_hidden_states_index=h,
+                                                                                    return_encoder_hidden_states_index=e))
+                    _REGISTERED[cls] = 0
+                if cls in _REGISTERED:
+                    _REGISTERED[cls] += 1
+                    self._registered.append(cls)
+
+    def _unregister_blocks(self):
+        from diffusers.hooks._helpers import TransformerBlockRegistry
+
+        for cls in self._registered:
+            _REGISTERED[cls] -= 1
+            if _REGISTERED[cls] == 0:
+                del _REGISTERED[cls]
+                TransformerBlockRegistry._registry.pop(cls, None)
+        self._registered = []
 
     def __enter__(self):
         import logging
@@ -72,62 +289,95 @@ class DiffusersCache:
         # deprecation warning; both once per run would bury a notebook's output
         logging.getLogger("diffusers.hooks.faster_cache").setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", message="torch.meshgrid", category=UserWarning)
-        from diffusers.hooks import (apply_faster_cache, apply_first_block_cache, apply_mag_cache,
+        from diffusers.hooks import (HookRegistry, apply_faster_cache, apply_first_block_cache, apply_mag_cache,
                                      apply_pyramid_attention_broadcast, apply_taylorseer_cache)
 
         apply = {"pab": apply_pyramid_attention_broadcast, "fastercache": apply_faster_cache,
                  "first_block": apply_first_block_cache, "taylorseer": apply_taylorseer_cache, "magcache": apply_mag_cache}
-        cfg = self._config()
-        apply[self.kind](self.gen.transformer, cfg)
+        cfg = self.config()
+        before = self._hooks()
+        try:
+            if self.kind in ("first_block", "magcache"):
+                self._register_blocks()
+            if self.kind == "first_block" and self.spec.tail_passes_encoder:
+                tail = _last_block(self.transformer)
+                HookRegistry.check_if_exists_or_initialize(tail).register_hook(_PassEncoderThrough.make(),
+                                                                               _PassEncoderThrough.name)
+            apply[self.kind](self.transformer, cfg)
+        except BaseException:
+            self._added = [h for h in self._hooks() if h not in before]
+            self._remove()
+            raise
+        self._added = [h for h in self._hooks() if h not in before]
         self._forget_child_registries()
         return self
 
     def _forget_child_registries(self):
         """diffusers caches each registry's list of child registries on first use; after hooks are
         added or removed that list is stale (a cache context would then miss the new hooks)."""
-        for m in self.gen.transformer.modules():
+        for m in self.transformer.modules():
             reg = getattr(m, "_diffusers_hook", None)
             if reg is not None and hasattr(reg, "_child_registries_cache"):
                 reg._child_registries_cache = None
+
+    def _remove(self):
+        # newest first on each module: diffusers' remove_hook unlinks a hook that others were stacked on
+        # from the registry but not from the newer hooks' saved forwards, which would keep it running
+        for m, name in reversed(self._added):
+            m._diffusers_hook.remove_hook(name, recurse=False)
+        self._added = []
+        self._unregister_blocks()
+        self._forget_child_registries()
 
     def on_step_begin(self, step, timestep):
         from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
         self.step, self.t = int(step), float(timestep)
-        _set_cache_context(self.gen.transformer, CacheContext("cfg", step_index=int(step), num_inference_steps=self.n_steps,
-                                                              timestep=float(timestep)))
+        _set_cache_context(self.transformer, CacheContext("cfg", step_index=int(step), num_inference_steps=self.n_steps,
+                                                          timestep=float(timestep)))
 
     def on_step_end(self, step, timestep, sample):
         from diffusers.hooks.hooks import _set_cache_context
 
-        _set_cache_context(self.gen.transformer, None)
+        _set_cache_context(self.transformer, None)
 
     def __exit__(self, *exc):
-        from diffusers.hooks import HookRegistry
-
-        tr = self.gen.transformer
-        for m in tr.modules():
-            reg = getattr(m, "_diffusers_hook", None)
-            if isinstance(reg, HookRegistry):
-                for name in list(reg.hooks):
-                    reg.remove_hook(name, recurse=False)
-        self._forget_child_registries()
+        self._remove()
         return False
 
 
-def magcache_ratios(gen, prompts: list[str], n_steps: int, guidance: float = 3.0, seed: int = 0) -> list[float]:
-    """MagCache's magnitude ratios for this model and schedule, from one calibration run (diffusers
-    prints them at the end of the run; they are read back from that output)."""
-    import ast
-    import contextlib
-    import io
+def _last_block(transformer):
+    """The last block of the transformer's block lists, as FirstBlockCache picks its tail block."""
+    import torch
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
 
+    blocks = [b for name, sub in transformer.named_children()
+              if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(sub, torch.nn.ModuleList) for b in sub]
+    return blocks[-1]
+
+
+def ratios_from_output(text: str) -> list[float]:
+    """MagCache's calibration ratios from what its calibration run printed (the last list printed)."""
+    lists = [ln for ln in text.splitlines() if ln.strip().startswith("[")]
+    if not lists:
+        raise PeerUnsupported("MagCache calibration printed no ratios (did the run reach num_inference_steps?)")
+    return [float(x) for x in ast.literal_eval(lists[-1].strip())]
+
+
+def calibrate_magcache(target, n_steps: int, run, guidance: float = 3.0) -> list[float]:
+    """MagCache's magnitude ratios from one calibration run: ``run(callback)`` must make the ``n_steps``
+    denoising calls with ``callback``'s ``on_step_begin`` / ``on_step_end`` around each (diffusers prints
+    the ratios at the end of the run; they are read back from that output)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), DiffusersCache(target, "magcache", n_steps, guidance, calibration="calibrate") as pc:
+        run(pc)
+    return ratios_from_output(buf.getvalue())
+
+
+def magcache_ratios(gen, prompts: list[str], n_steps: int, guidance: float = 3.0, seed: int = 0) -> list[float]:
+    """MagCache's magnitude ratios for this generator and schedule, from one calibration run of the
+    library's loop on ``prompts`` (hold them out from the prompts the methods are scored on)."""
     from ..zoo.sampling import sample
 
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), DiffusersCache(gen, "magcache", n_steps, guidance, calibration="calibrate") as pc:
-        sample(gen, prompts, n_steps, guidance, seed=seed, callbacks=[pc])
-    lists = [ln for ln in buf.getvalue().splitlines() if ln.strip().startswith("[")]
-    if not lists:
-        raise PeerUnsupported("MagCache calibration printed no ratios")
-    return [float(x) for x in ast.literal_eval(lists[-1].strip())]
+    return calibrate_magcache(gen, n_steps, lambda pc: sample(gen, prompts, n_steps, guidance, seed=seed, callbacks=[pc]),
+                              guidance)
