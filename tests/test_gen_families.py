@@ -296,3 +296,13 @@ def test_lookup_by_class_name():
     assert gen_family_for("StableDiffusion3Pipeline").transformer_classes == ("SD3Transformer2DModel",)
     with pytest.raises(UnsupportedModelError, match="'UNet2DConditionModel' is not a supported generator class"):
         gen_family_for("UNet2DConditionModel")
+
+
+def test_every_family_has_a_key_with_peer_configuration_and_a_tiny_config():
+    from unicache_lib.reuse.peers import FAMILY_PEERS
+    from unicache_lib.zoo.tiny_random import TINY
+
+    keys = [GEN_FAMILIES[n].key for n in GEN_FAMILIES]
+    assert all(keys) and len(set(keys)) == len(keys)
+    assert set(keys) <= set(FAMILY_PEERS)
+    assert set(keys) <= {k.split(".")[0] for k in TINY}

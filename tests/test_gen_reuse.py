@@ -97,7 +97,9 @@ def test_generator_or_transformer():
     tr = tiny_transformer("sd3.5")
     gen = SimpleNamespace(transformer=tr, family="sd3.5")
     assert DiffusersCache(gen, "pab", 4).family == DiffusersCache(tr, "pab", 4).family == "sd3"
-    with pytest.raises(PeerUnsupported, match="no peer configuration"):
+    from unicache_lib.families import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="Supported generator families"):
         DiffusersCache(torch.nn.Linear(2, 2), "pab", 4)
 
 

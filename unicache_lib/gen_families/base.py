@@ -180,7 +180,7 @@ class GenFamily:
     what differs (:meth:`sites` for Flux's two block kinds, :meth:`forward_context` for HunyuanDiT's two
     text encoders).
 
-    Class attributes: ``name`` (shown to users), ``transformer_classes`` / ``pipeline_classes``
+    Class attributes: ``name`` (shown to users), ``key`` (short lower-case tag: ``"sd3"``, ``"flux"``...), ``transformer_classes`` / ``pipeline_classes``
     (diffusers class names claimed), ``site_patterns`` (``(regex, part)``: a module name matching the
     regex, block index in group 1, is an attention module of that part), ``parts`` (parts with a
     softmax map), ``uncaptured`` (part -> why it has no map), ``joint_order`` (token order of a joint
@@ -190,6 +190,7 @@ class GenFamily:
     """
 
     name = ""
+    key = ""  # short tag used by the generator object, the peers' table and the tiny configs ("sd3", "flux", ...)
     transformer_classes: tuple[str, ...] = ()
     pipeline_classes: tuple[str, ...] = ()
     site_patterns: tuple[tuple[str, str], ...] = ()

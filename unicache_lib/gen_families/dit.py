@@ -7,6 +7,7 @@ from .base import GenFamily, register, standard_probs
 @register
 class DiT(GenFamily):
     name = "DiT"
+    key = "dit"
     transformer_classes = ("DiTTransformer2DModel",)
     pipeline_classes = ("DiTPipeline",)
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn1", "self"),)

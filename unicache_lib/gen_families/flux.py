@@ -35,6 +35,7 @@ def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=N
 @register
 class Flux(GenFamily):
     name = "Flux"
+    key = "flux"
     transformer_classes = ("FluxTransformer2DModel",)
     pipeline_classes = ("FluxPipeline", "FluxImg2ImgPipeline")
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"single_transformer_blocks\.(\d+)\.attn", "joint"))

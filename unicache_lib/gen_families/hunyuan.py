@@ -26,6 +26,7 @@ def hunyuan_probs(attn, hidden_states, encoder_hidden_states=None, attention_mas
 @register
 class HunyuanDiT(GenFamily):
     name = "HunyuanDiT"
+    key = "hunyuan"
     transformer_classes = ("HunyuanDiT2DModel",)
     pipeline_classes = ("HunyuanDiTPipeline",)
     site_patterns = ((r"blocks\.(\d+)\.attn1", "self"), (r"blocks\.(\d+)\.attn2", "cross"))

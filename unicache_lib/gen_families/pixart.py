@@ -8,6 +8,7 @@ from .base import GenFamily, register, standard_probs
 @register
 class PixArt(GenFamily):
     name = "PixArt"
+    key = "pixart"
     transformer_classes = ("PixArtTransformer2DModel",)
     pipeline_classes = ("PixArtAlphaPipeline", "PixArtSigmaPipeline")
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn1", "self"), (r"transformer_blocks\.(\d+)\.attn2", "cross"))

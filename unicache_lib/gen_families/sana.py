@@ -21,6 +21,7 @@ def sana_cross_probs(attn, hidden_states, encoder_hidden_states=None, attention_
 @register
 class Sana(GenFamily):
     name = "Sana"
+    key = "sana"
     transformer_classes = ("SanaTransformer2DModel",)
     pipeline_classes = ("SanaPipeline", "SanaSprintPipeline")
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn1", "self"), (r"transformer_blocks\.(\d+)\.attn2", "cross"))

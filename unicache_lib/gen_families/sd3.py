@@ -32,6 +32,7 @@ def joint_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=
 @register
 class SD3(GenFamily):
     name = "SD3"
+    key = "sd3"
     transformer_classes = ("SD3Transformer2DModel",)
     pipeline_classes = ("StableDiffusion3Pipeline", "StableDiffusion3Img2ImgPipeline")
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"transformer_blocks\.(\d+)\.attn2", "self"))

@@ -17,7 +17,7 @@ caches' identifiers must match on that family (diffusers' defaults assume ``tran
 diffusers block classes the block-level caches need metadata for, and, per peer, what the family needs
 that diffusers 0.42.1 does not do (each such gap was checked by running the cache unmodified; the tests
 in ``tests/test_gen_reuse.py`` re-check every stated failure). A peer that cannot run raises
-:class:`PeerUnsupported` with the reason. :func:`family_of` maps a transformer to its family by class.
+:class:`PeerUnsupported` with the reason. :func:`family_of` maps a transformer to its family through the generator-family registry.
 
 Settings are the authors' defaults unless the family needs otherwise:
 
@@ -137,19 +137,15 @@ FAMILY_PEERS: dict[str, FamilyPeers] = {
 }
 FAMILY_ALIASES = {"sd3.5": "sd3"}
 
-# transformer class -> family (a stand-in for the generator-family adapter registry)
-_CLASS_FAMILY = {"SD3Transformer2DModel": "sd3", "PixArtTransformer2DModel": "pixart", "FluxTransformer2DModel": "flux",
-                 "SanaTransformer2DModel": "sana", "HunyuanDiT2DModel": "hunyuan", "DiTTransformer2DModel": "dit"}
-
-
 def family_of(transformer) -> str:
-    """The :data:`FAMILY_PEERS` key of a diffusers transformer, from its class."""
-    from ..capture.vlm import unwrap
+    """The :data:`FAMILY_PEERS` key of a diffusers transformer: its generator family's ``key``
+    (:func:`unicache_lib.gen_families.gen_family_of`, which names the supported families otherwise)."""
+    from ..gen_families import gen_family_of
 
-    name = type(unwrap(transformer)).__name__
-    if name not in _CLASS_FAMILY:
-        raise PeerUnsupported(f"no peer configuration for {name}; known transformers: {', '.join(_CLASS_FAMILY)}")
-    return _CLASS_FAMILY[name]
+    key = gen_family_of(transformer).key
+    if key not in FAMILY_PEERS:
+        raise PeerUnsupported(f"no peer configuration for family {key!r}; configured: {', '.join(FAMILY_PEERS)}")
+    return key
 
 
 def _resolve(target) -> tuple[object, str]:
