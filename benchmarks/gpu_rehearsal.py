@@ -8,7 +8,13 @@ When CUDA is present: builds a random-weight LLaVA-1.5-7B stand-in at its real w
 2. KV eviction: bytes held and the time of one decode step on the full cache and at 25% and 10% of the
    image KV (same interleaved protocol);
 3. (unless ``--skip-notebooks``) the rehearsal notebooks 01, 02, 04, 05, 06 on that model through
-   papermill with ``DEVICE="cuda", DTYPE="float16"`` (by parameters only), wall-clock and peak host RSS.
+   papermill with ``DEVICE="cuda", DTYPE="float16"`` (by parameters only), wall-clock and peak host RSS;
+4. (unless ``--skip-generators``) cross-step reuse at real width and 1,024 px (4,096 image tokens):
+   random-weight SD3-medium- (24 joint blocks, 24 x 64 heads, 333 text tokens, CFG batch of 2) and
+   FLUX.1-dev-shaped (19 double + 38 single blocks, 24 x 128 heads, 512 text tokens, bf16) transformers
+   run ``--gen-steps`` denoising steps under every reuse policy of the workbench and every diffusers
+   cache; the speed-up over no reuse per method, from interleaved repeats, with the share of attention
+   work computed. A method that cannot run on a family prints its reason.
 
 On a machine without CUDA it prints why and exits 0 (``--cpu-smoke`` checks the script itself on a CPU with
 the reduced-width stand-in). Meant to finish in under 10 minutes on one GPU.
@@ -32,6 +38,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--skip-notebooks", action="store_true")
+    ap.add_argument("--skip-generators", action="store_true")
+    ap.add_argument("--only-generators", action="store_true", help="skip the LLaVA part (parts 1-3)")
+    ap.add_argument("--gen-steps", type=int, default=10)
+    ap.add_argument("--gen-repeats", type=int, default=5)
     ap.add_argument("--notebooks", nargs="*", default=None)
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_rehearsal"))
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -47,6 +57,16 @@ def main(argv=None) -> int:
         return 0
     t_start = time.perf_counter()
     out = Path(a.out)
+    if not a.only_generators:
+        understanding(a, out, device, dtype, real)
+    if not a.skip_generators:
+        generators(a, device, real)
+    print(f"\ngpu-rehearsal: {time.perf_counter() - t_start:.0f} s in all")
+    return 0
+
+
+def understanding(a, out: Path, device: str, dtype: torch.dtype, real: bool) -> None:
+    """Parts 1-3: capture overhead, KV eviction and the notebooks on the LLaVA-1.5-7B stand-in."""
     from unicache_lib.capture import AttentionCapture
     from unicache_lib.capture.runner import inputs_for
     from unicache_lib.capture.vlm import language_attention
@@ -142,8 +162,118 @@ def main(argv=None) -> int:
         for nb in a.notebooks or NOTEBOOKS:
             res = _isolated(nb, notebook_params(nb, path, out / "runs", "cuda", "float16"), out / "runs" / f"{nb}.ipynb")
             print(f"  {nb:24s} {res['wall_s']:7.1f} s, peak host RSS {res['peak_rss_mb'] / 1024:.1f} GB")
-    print(f"\ngpu-rehearsal: {time.perf_counter() - t_start:.0f} s in all")
-    return 0
+
+
+# real configs (diffusers' config.json of the repositories named), at 1,024 px
+GENERATOR_SHAPES = {
+    "sd3-medium": ("sd3", "SD3Transformer2DModel", dict(
+        sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, attention_head_dim=64,
+        num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
+        pos_embed_max_size=192), {"latent": 128, "text": 333, "batch": 2}),
+    "flux-dev": ("flux", "FluxTransformer2DModel", dict(
+        patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
+        joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56)),
+     {"latent": 64, "text": 512, "batch": 1}),  # 128x128 latents packed 2x2: 64x64 = 4,096 tokens
+}
+
+
+def generator_inputs(family: str, tr, shape: dict, device, dtype) -> dict:
+    """One denoising call's inputs at the shape's token counts (random values)."""
+    g = torch.Generator().manual_seed(0)
+    c, b, n, t = tr.config, shape["batch"], shape["latent"], shape["text"]
+    rn = lambda *s: torch.randn(*s, generator=g).to(device, dtype)  # noqa: E731
+    if family == "sd3":
+        return dict(hidden_states=rn(b, c.in_channels, n, n), encoder_hidden_states=rn(b, t, c.joint_attention_dim),
+                    pooled_projections=rn(b, c.pooled_projection_dim), timestep=torch.full((b,), 1000.0, device=device, dtype=dtype))
+    img_ids = torch.zeros(n, n, 3)
+    img_ids[..., 1], img_ids[..., 2] = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    kw = dict(hidden_states=rn(b, n * n, c.in_channels), encoder_hidden_states=rn(b, t, c.joint_attention_dim),
+              pooled_projections=rn(b, c.pooled_projection_dim), timestep=torch.ones(b, device=device, dtype=dtype),
+              img_ids=img_ids.reshape(-1, 3).to(device, dtype), txt_ids=torch.zeros(t, 3, device=device, dtype=dtype))
+    if c.guidance_embeds:
+        kw["guidance"] = torch.full((b,), 3.5, device=device, dtype=dtype)
+    return kw
+
+
+def generators(a, device: str, real: bool) -> None:
+    """Part 4: per-step reuse speed-ups at real width on SD3-medium- and FLUX.1-dev-shaped transformers."""
+    import contextlib
+    import io
+    import logging
+
+    import diffusers
+
+    from unicache_lib.intervals import interleaved_timings, speedup_interval
+    from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
+    from unicache_lib.reuse.cache import AttentionCallCounter
+    from unicache_lib.reuse.peers import PEERS, DiffusersCache, PeerUnsupported, calibrate_magcache
+    from unicache_lib.zoo.tiny_random import TINY, forward_inputs, tiny_transformer
+
+    logging.getLogger("diffusers").setLevel(logging.ERROR)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    n_steps = a.gen_steps
+    for label, (family, cls, cfg, shape) in GENERATOR_SHAPES.items():
+        dtype = (torch.bfloat16 if family == "flux" else torch.float16) if real else torch.float32
+        t0 = time.perf_counter()
+        if real:
+            with torch.device(device):
+                tr = getattr(diffusers, cls)(**cfg).to(dtype).eval()
+            inputs = generator_inputs(family, tr, shape, device, dtype)
+        else:  # smoke: the tiny random transformer of the family, tiny inputs
+            tr = tiny_transformer(family)
+            inputs = forward_inputs(family, tr, batch=shape["batch"], n_text=5)
+        n_img = inputs["hidden_states"].shape[1] if inputs["hidden_states"].dim() == 3 else \
+            (inputs["hidden_states"].shape[-1] // tr.config.patch_size) ** 2
+        print(f"\n{label}{'' if real else ' (smoke: tiny random)'}: {sum(p.numel() for p in tr.parameters()) / 1e9:.2f}B "
+              f"parameters, {dtype}, {n_img} image + {inputs['encoder_hidden_states'].shape[1]} text tokens, batch "
+              f"{inputs['hidden_states'].shape[0]}, {n_steps} steps (built in {time.perf_counter() - t0:.0f} s)")
+        timesteps = [1000.0 * (1 - i / n_steps) for i in range(n_steps)]
+
+        def denoise(callbacks=()):
+            x = inputs["hidden_states"]
+            with torch.no_grad():
+                for i, t in enumerate(timesteps):
+                    for cb in callbacks:
+                        cb.on_step_begin(i, t)
+                    tt = torch.full_like(inputs["timestep"], t / 1000 if family == "flux" else t)
+                    out = tr(**dict(inputs, hidden_states=x, timestep=tt, return_dict=False))[0]
+                    for cb in callbacks:
+                        if hasattr(cb, "on_step_end"):
+                            cb.on_step_end(i, t, None)
+                    x = x - (1.0 / n_steps) * out[:, : x.shape[1]] if x.dim() == 4 else x - (1.0 / n_steps) * out
+            sync()
+
+        ratios = None
+        with contextlib.suppress(PeerUnsupported):
+            ratios = calibrate_magcache(tr, n_steps, lambda pc: denoise([pc]))
+        methods = {name: (lambda cls=c: ReuseCache(tr, cls(), n_steps)) for name, c in REUSE_POLICIES.items()}
+        for p in PEERS:
+            methods[f"diffusers:{p}"] = lambda p=p: DiffusersCache(tr, p, n_steps, calibration=ratios)
+        runnable, work = {}, {}
+        with AttentionCallCounter(tr) as ref:
+            denoise()
+        for name, make in methods.items():
+            try:
+                with make() as m, AttentionCallCounter(tr) as cnt, contextlib.redirect_stdout(io.StringIO()):
+                    denoise([m])
+            except PeerUnsupported as e:
+                print(f"  {name:24s} cannot run: {e}")
+                continue
+            work[name] = (m.computed_fraction * cnt.rows if isinstance(m, ReuseCache) else cnt.rows) / ref.rows
+
+            def run(make=make):
+                with make() as m, contextlib.redirect_stdout(io.StringIO()):
+                    denoise([m])
+            runnable[name] = run
+        T = interleaved_timings(runnable, a.gen_repeats)
+        print(f"  speed-up over no reuse ({a.gen_repeats} interleaved repeats, median [95% interval]), attention work computed")
+        for name in runnable:
+            iv = speedup_interval(T["none"], T[name], min_repeats=2)
+            print(f"  {name:24s} {iv.value:6.2f}x [{iv.lo:.2f}, {iv.hi:.2f}]   computed {work[name]:.2f}   "
+                  f"{1e3 * float(torch.tensor(T[name]).median()) / n_steps:8.1f} ms/step")
+        del tr, inputs
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
