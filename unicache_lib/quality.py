@@ -1,4 +1,6 @@
-"""Image quality against a reference: PSNR and SSIM (float32, images in [0, 1] or uint8).
+"""Image quality against a reference: PSNR and SSIM (float32, images in [0, 1] or uint8; channels last
+``[N, H, W, C]`` as :func:`~unicache_lib.zoo.sampling.to_uint8` gives, or channels first ``[N, C, H, W]``
+as :func:`~unicache_lib.zoo.sampling.sample` returns).
 
 Used wherever a change to a generator (pruned heads, reused attention) is judged by what it does
 to the picture: the reference is the unchanged model's image for the same prompt and seed.
@@ -11,11 +13,14 @@ import torch.nn.functional as F
 
 
 def _as_float(x) -> torch.Tensor:
-    """``[N, H, W, C]`` uint8 / float -> ``[N, C, H, W]`` float32 in [0, 1]."""
-    t = torch.as_tensor(np.asarray(x))
+    """``[N, H, W, C]`` (or ``[N, C, H, W]``: C of 1 or 3 first and not last) uint8 / float ->
+    ``[N, C, H, W]`` float32 in [0, 1]; channels last wins when both ends could be channels."""
+    t = torch.as_tensor(np.asarray(x.detach().cpu() if torch.is_tensor(x) else x))
     if t.dim() == 3:
         t = t[None]
     t = t.float() / 255.0 if t.dtype == torch.uint8 or t.max() > 1.5 else t.float()
+    if t.shape[-1] not in (1, 3) and t.shape[1] in (1, 3):
+        return t  # channels first already
     return t.permute(0, 3, 1, 2)
 
 

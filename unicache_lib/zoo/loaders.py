@@ -2,7 +2,9 @@
 
 Understanding side (transformers): every family registered in :mod:`unicache_lib.families` (LLaVA-1.5,
 LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Gemma 3, Idefics3/SmolVLM, InternVL, PaliGemma,
-Mllama). Generation side (diffusers): SD3 (MMDiT), PixArt-alpha / -sigma, DiT.
+Mllama). Generation side (diffusers): the tiny layout (SD3 MMDiT, PixArt, DiT transformers with one text
+encoder, sampled by the library's loop) and diffusers pipeline folders of SD3 / SD3.5, PixArt-alpha /
+-sigma, Flux.1 dev / schnell and Sana (:data:`PIPELINE_FAMILIES`, sampled through the pipeline).
 
 Both go through the real ``from_pretrained`` code path, so ``load_understanding("tiny-llava")`` and
 ``load_understanding("llava-hf/llava-1.5-7b-hf")`` differ only in where the files come from. Where is
@@ -33,6 +35,10 @@ SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixa
 # transformer/config.json _class_name -> family tag used by the sampling loop and capture
 GENERATION_FAMILIES = {"SD3Transformer2DModel": "sd3", "PixArtTransformer2DModel": "pixart",
                        "DiTTransformer2DModel": "dit"}
+# model_index.json _class_name -> family tag of a diffusers pipeline folder. The one place that maps pipeline
+# classes to families; to be replaced by the pipeline_classes of the unicache_lib.gen_families registry.
+PIPELINE_FAMILIES = {"StableDiffusion3Pipeline": "sd3", "PixArtAlphaPipeline": "pixart",
+                     "PixArtSigmaPipeline": "pixart", "FluxPipeline": "flux", "SanaPipeline": "sana"}
 
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -98,7 +104,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 def _unknown_name_message(name: str) -> str:
     close = difflib.get_close_matches(name, SHIPPED, n=1)
     shipped = ", ".join(f"{n} ({side})" for n, side in SHIPPED.items())
-    gen = ", ".join(f"{tag} ({cls})" for cls, tag in GENERATION_FAMILIES.items())
+    gen = ", ".join(f"{tag} ({cls})" for cls, tag in (GENERATION_FAMILIES | PIPELINE_FAMILIES).items())
     return (f"{name!r} is not a shipped model, an existing folder or a Hugging Face hub id (org/name)."
             f"{f' Did you mean {close[0]!r}?' if close else ''} Shipped models: {shipped}. Supported understanding "
             f"families: {supported()}. Supported generation families: {gen}.")
@@ -150,16 +156,28 @@ def _verified(where, verify: bool):
     return where
 
 
-def _read_config(where, sub: str = "") -> dict:
+def _read_config(where, sub: str = "", name: str = "config.json") -> dict:
     p = Path(where)
     if p.exists():
-        f = p / sub / "config.json"
+        f = p / sub / name
         if not f.exists():
-            raise FileNotFoundError(f"no config.json in {p / sub}: is this a model folder?")
+            raise FileNotFoundError(f"no {name} in {p / sub}: is this a model folder?")
         return json.loads(f.read_text())
     from huggingface_hub import hf_hub_download  # a hub id: the real download path (offline here)
 
-    return json.loads(Path(hf_hub_download(str(where), f"{sub + '/' if sub else ''}config.json")).read_text())
+    return json.loads(Path(hf_hub_download(str(where), f"{sub + '/' if sub else ''}{name}")).read_text())
+
+
+def _model_index(where) -> dict | None:
+    """The ``model_index.json`` of a diffusers pipeline folder (or cached hub repository); None without one."""
+    try:
+        return _read_config(where, name="model_index.json")
+    except FileNotFoundError:
+        return None
+    except Exception:  # noqa: BLE001 - a hub id without one (EntryNotFound, or not cached offline)
+        if Path(str(where)).exists():
+            raise
+        return None
 
 
 def model_card(name_or_path) -> dict:
@@ -262,21 +280,82 @@ def load_processor(where, family):
     return proc
 
 
-def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype = torch.float32, verify: bool = True):
-    """Load a text-to-image generator folder (``transformer/``, ``text_encoder/``, ``tokenizer/``,
-    ``scheduler/``) into a :class:`~unicache_lib.zoo.tiny_generators.Generator`.
+def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.float32, device: str | None = None,
+                   verify: bool = True, image_size: int | None = None, max_sequence_length: int | None = None):
+    """Load a text-to-image generator for :func:`unicache_lib.zoo.sampling.sample` and the capture code.
 
-    A full diffusers pipeline repository (SD3 / PixArt, with a VAE) loads its transformer the same
-    way; use :func:`load_transformer` for that and drive the pipeline with its own callbacks.
-    ``verify``: check the weights against the card's checksums, as :func:`load_understanding` does.
+    Two layouts:
+
+    * a diffusers pipeline folder (``model_index.json``) of SD3 / SD3.5 (``StableDiffusion3Pipeline``),
+      PixArt-alpha / -sigma, Flux.1 dev / schnell (``FluxPipeline``) or Sana, loaded with
+      ``DiffusionPipeline.from_pretrained`` into a :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`
+      (sampled through the pipeline: its scheduler, guidance and VAE decode);
+    * the tiny layout (``transformer/``, one ``text_encoder/``, ``tokenizer/``, ``scheduler/``: the shipped
+      ``tiny-mmdit`` / ``tiny-pixart``) into a :class:`~unicache_lib.zoo.tiny_generators.Generator`
+      (sampled by the library's pixel-space loop).
+
+    Both have ``family`` (``"sd3"``, ``"pixart"``, ``"flux"``, ``"sana"``), ``transformer``, ``path``,
+    ``pipe`` (None for the tiny layout), ``image_size`` (pixels), ``image_tokens`` and ``text_tokens`` (per
+    prompt).
+
+    Args:
+        dtype: weight dtype (``torch.float16``, ``"bfloat16"``, ``"auto"``: as :func:`resolve_dtype`).
+        device: ``"cpu"``, ``"cuda"``, ``"auto"`` (:func:`resolve_device`); None leaves the weights on the CPU.
+        verify: check the weights against the sha256 checksums of the folder's ``model_card.json``.
+        image_size: pipelines: side of the square images to generate, in pixels; None: the card's
+            ``"image_size"`` (stand-ins), else the pipeline's default (``default_sample_size * 8``).
+        max_sequence_length: pipelines: T5 / Gemma prompt length; None: the card's, else the pipeline's
+            default (SD3 256, PixArt-alpha 120, PixArt-sigma 300, Flux.1-dev 512, Flux.1-schnell 256, Sana 300).
+    Raises:
+        ModelNotFoundError: an unknown name, a missing folder, or a hub id not cached while offline.
+        UnsupportedModelError: a pipeline class or transformer / text-encoder class not supported (named).
+        ChecksumError: a weight file that differs from its recorded checksum.
     """
+    where = _verified(resolve(name_or_path), verify)
+    dev = resolve_device(device) if device is not None else None
+    dt = resolve_dtype(dtype, dev or "cpu")
+    index = _model_index(where)
+    if index is not None:
+        gen = _load_pipeline(where, index, dt, image_size, max_sequence_length)
+    else:
+        gen = _load_tiny_layout(where, dt)
+    if dev is not None and gen.pipe is not None:
+        gen.pipe.to(dev)
+    elif dev is not None:
+        gen.transformer.to(dev)
+        gen.text_encoder.to(dev)
+    return gen
+
+
+def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | None, max_sequence_length: int | None):
+    """A diffusers pipeline folder -> :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`."""
+    from diffusers import DiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
+
+    from .pipelines import PipelineGenerator, default_image_size, default_max_sequence_length
+
+    diffusers_logging.disable_progress_bar()  # "Loading pipeline components" bars, as for transformers above
+
+    cls_name = index.get("_class_name")
+    if cls_name not in PIPELINE_FAMILIES:
+        raise UnsupportedModelError(
+            f"diffusers pipeline {cls_name!r} ({where}) is not supported; supported pipelines: "
+            f"{', '.join(f'{c} ({f})' for c, f in PIPELINE_FAMILIES.items())}")
+    pipe = DiffusionPipeline.from_pretrained(where, dtype=dtype)  # every model in eval mode
+    card = model_card(where) if Path(str(where)).exists() else {}
+    size = image_size or card.get("image_size") or default_image_size(pipe)
+    msl = max_sequence_length or card.get("max_sequence_length") or default_max_sequence_length(pipe)
+    return PipelineGenerator(PIPELINE_FAMILIES[cls_name], pipe, str(where), int(size), int(msl))
+
+
+def _load_tiny_layout(where, dtype: torch.dtype):
+    """``transformer/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/`` -> :class:`Generator`."""
     from diffusers import FlowMatchEulerDiscreteScheduler
     from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
     from .tiny_generators import Generator
 
-    where = _verified(resolve(name_or_path), verify)
-    transformer, fam = load_transformer(where, dtype, verify=False)  # verified just above
+    transformer, fam = load_transformer(where, dtype, verify=False)  # verified by the caller
     te_cls = {"clip_text_model": CLIPTextModelWithProjection, "t5": T5EncoderModel}
     mt = _read_config(where, "text_encoder").get("model_type")
     if mt not in te_cls:
@@ -299,5 +378,5 @@ def load_transformer(name_or_path, dtype: torch.dtype = torch.float32, verify: b
             f"transformer class {cls_name!r} is not a supported generation family; supported: "
             f"{', '.join(GENERATION_FAMILIES)} (SD3 / SD3.5, PixArt-alpha / -sigma, DiT)"
         )
-    model = getattr(diffusers, cls_name).from_pretrained(where, subfolder="transformer", torch_dtype=dtype)
+    model = getattr(diffusers, cls_name).from_pretrained(where, subfolder="transformer", dtype=dtype)
     return model.eval(), GENERATION_FAMILIES[cls_name]

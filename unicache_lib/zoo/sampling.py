@@ -1,10 +1,11 @@
-"""The library's sampling loop for the tiny generators (and any SD3 / PixArt transformer in pixel
-or latent space), on a real diffusers scheduler, with classifier-free guidance and step callbacks.
+"""Sampling with step callbacks: the library's loop for the tiny generators (SD3 / PixArt transformers in
+pixel space, on a real diffusers scheduler, with classifier-free guidance), and a diffusers pipeline's own
+``__call__`` for pipeline folders (:mod:`unicache_lib.zoo.pipelines`: SD3, PixArt, Flux, Sana, VAE-decoded).
 
 Capture and reuse code hang on the callbacks: each callback object may define
 ``on_step_begin(step, timestep)``, ``on_velocity(step, timestep, v_uncond, v_cond)`` (guidance on:
-the two velocity predictions ``[B, C, H, W]`` before they are combined) and
-``on_step_end(step, timestep, sample)``.
+the two velocity predictions ``[B, C, H, W]`` before they are combined; never for Flux) and
+``on_step_end(step, timestep, sample)`` (the tiny loop: pixels; a pipeline: its latents).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .pipelines import PipelineGenerator, sample_pipeline
 from .tiny_generators import Generator, TextConditioning, encode_prompts, transformer_forward
 
 
@@ -23,7 +25,7 @@ def initial_noise(seeds: list[int], shape: tuple[int, int, int]) -> torch.Tensor
 
 @torch.no_grad()
 def sample(
-    gen: Generator,
+    gen: Generator | PipelineGenerator,
     prompts: list[str],
     steps: int = 20,
     guidance: float = 3.0,
@@ -31,24 +33,29 @@ def sample(
     callbacks: list | tuple = (),
     progress: bool = False,
 ) -> torch.Tensor:
-    """Generate images for ``prompts``.
+    """Generate images for ``prompts``: a tiny-layout generator with the library's loop, a pipeline
+    (``gen.pipe`` set) through the pipeline itself (:func:`~unicache_lib.zoo.pipelines.sample_pipeline`).
 
     Args:
         steps: number of denoising steps (scheduler ``set_timesteps``).
-        guidance: classifier-free guidance scale; 1.0 disables the unconditional branch.
+        guidance: classifier-free guidance scale; 1.0 disables the unconditional branch (pipelines: > 1
+            enables it; Flux.1-dev: the distilled guidance scale; Flux.1-schnell: ignored).
         seed: one int (sample ``i`` uses ``seed + i``) or one seed per prompt.
         callbacks: objects with optional ``on_step_begin`` / ``on_velocity`` / ``on_step_end`` (module doc).
     Returns:
-        ``[B, 3, H, W]`` float32 images in ``[0, 1]`` (pixel-space models).
+        ``[B, 3, H, W]`` float32 images in ``[0, 1]`` on the CPU (pixel-space models: the sample;
+        pipelines: the VAE-decoded latents, ``H = W = gen.image_size``).
     """
     if not prompts:
         raise ValueError("prompts is empty: pass at least one prompt")
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(prompts))]
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    if gen.pipe is not None:
+        return sample_pipeline(gen, list(prompts), steps, guidance, seeds, callbacks, progress)
     cfg = gen.transformer.config
     c = cfg.in_channels
-    x = initial_noise(seeds, (c, cfg.sample_size, cfg.sample_size))
+    x = initial_noise(seeds, (c, cfg.sample_size, cfg.sample_size)).to(gen.transformer.device)
     dtype = next(gen.transformer.parameters()).dtype
     cond = encode_prompts(gen.text_encoder, gen.tokenizer, prompts)
     use_cfg = guidance != 1.0
@@ -58,7 +65,7 @@ def sample(
                                 torch.cat([un.mask, cond.mask]))
     cond = TextConditioning(cond.hidden.to(dtype), cond.pooled.to(dtype), cond.mask)
     sched = gen.scheduler
-    sched.set_timesteps(steps)
+    sched.set_timesteps(steps, device=x.device)
     for i, t in enumerate(tqdm(sched.timesteps, desc="sampling", disable=not progress)):
         for cb in callbacks:
             if hasattr(cb, "on_step_begin"):
@@ -76,7 +83,7 @@ def sample(
         for cb in callbacks:
             if hasattr(cb, "on_step_end"):
                 cb.on_step_end(i, float(t), x)
-    return ((x.clamp(-1, 1) + 1) / 2).float()
+    return ((x.clamp(-1, 1) + 1) / 2).float().cpu()
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:

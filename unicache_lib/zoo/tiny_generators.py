@@ -23,9 +23,12 @@ TEXT_ENCODERS = {"sd3": "clip", "pixart": "t5"}
 IMAGE_SIZE, PATCH, MAX_TEXT = 32, 4, 48
 
 
-def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip"):
-    """A tiny text encoder: ``"clip"`` (causal, with a pooled projection) or ``"t5"`` (bidirectional)."""
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_positions: int = MAX_TEXT,
+                       projection: bool = True):
+    """A tiny text encoder: ``"clip"`` (causal, with a pooled projection; ``projection=False``: a plain
+    ``CLIPTextModel``, as Flux uses) or ``"t5"`` (bidirectional). ``max_positions``: CLIP's position
+    table (77 in real checkpoints)."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     if kind == "t5":
         cfg = T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=hidden // 4, d_ff=4 * hidden,
@@ -37,11 +40,11 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip"):
 
     cfg = CLIPTextConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, max_position_embeddings=MAX_TEXT, projection_dim=hidden,
+        num_attention_heads=4, max_position_embeddings=max_positions, projection_dim=hidden,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return CLIPTextModelWithProjection(cfg)
+    return CLIPTextModelWithProjection(cfg) if projection else CLIPTextModel(cfg)
 
 
 def build_transformer(family: str, text_dim=128, layers=4, heads=4, head_dim=32):
@@ -99,7 +102,7 @@ class TextConditioning:
 
 
 def encode_prompts(text_encoder, tokenizer, prompts: list[str]) -> TextConditioning:
-    ids, mask = tokenize_prompts(tokenizer, prompts)
+    ids, mask = (t.to(text_encoder.device) for t in tokenize_prompts(tokenizer, prompts))
     out = text_encoder(input_ids=ids, attention_mask=mask)
     pooled = getattr(out, "text_embeds", None)
     if pooled is None:  # T5: mean of the real tokens' states (PixArt does not use it)
@@ -120,7 +123,13 @@ def transformer_forward(transformer, family: str, x, t, cond: TextConditioning):
 
 @dataclass
 class Generator:
-    """A loaded text-to-image generator: the pieces plus its family ('sd3' or 'pixart')."""
+    """A loaded tiny-layout text-to-image generator: the pieces plus its family ('sd3' or 'pixart').
+
+    Sampled by the library's own pixel-space loop (:func:`unicache_lib.zoo.sampling.sample`); a diffusers
+    pipeline folder loads into :class:`~unicache_lib.zoo.pipelines.PipelineGenerator` instead, which has
+    the same ``family`` / ``transformer`` / ``path`` / ``image_tokens`` / ``image_size`` / ``text_tokens``
+    / ``pipe`` fields (``pipe`` is None here).
+    """
 
     family: str
     transformer: torch.nn.Module
@@ -128,11 +137,22 @@ class Generator:
     tokenizer: object
     scheduler: object
     path: str = ""
+    pipe: object = None  # no diffusers pipeline: the library's loop samples this generator
 
     @property
     def image_tokens(self) -> int:
         c = self.transformer.config
         return (c.sample_size // c.patch_size) ** 2
+
+    @property
+    def image_size(self) -> int:
+        """Side of the generated (square, pixel-space) image in pixels."""
+        return int(self.transformer.config.sample_size)
+
+    @property
+    def text_tokens(self) -> int:
+        """Text positions per prompt the transformer sees (real tokens then padding)."""
+        return MAX_TEXT
 
     def save_pretrained(self, out: str | Path) -> None:
         out = Path(out)

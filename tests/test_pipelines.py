@@ -1,0 +1,172 @@
+"""Generators that are diffusers pipeline folders: loading, sampling through the pipeline, step callbacks.
+
+Every family is a tiny random pipeline built in code (unicache_lib.zoo.tiny_pipelines): tiny transformer,
+text encoders and VAE, the real scheduler class, saved with save_pretrained and loaded back through
+DiffusionPipeline.from_pretrained. The slow tests build the real-shape stand-ins and time one step.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from unicache_lib.zoo import tiny_pipelines as tp
+from unicache_lib.zoo.loaders import UnsupportedModelError, load_generator
+from unicache_lib.zoo.sampling import sample
+
+PROMPTS = ["a red circle on the left", "two blue squares at the top"]
+SEEDS = [3, 5]
+# kind -> (family, batches CFG as [uncond | cond], default max_sequence_length)
+EXPECTED = {"sd3": ("sd3", True, 256), "sd3.5": ("sd3", True, 256), "pixart-alpha": ("pixart", True, 120),
+            "pixart-sigma": ("pixart", True, 300), "flux-schnell": ("flux", False, 256),
+            "flux-dev": ("flux", False, 512), "sana": ("sana", True, 300)}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipelines")
+    return {kind: tp.build_tiny(kind, root / kind) for kind in EXPECTED}
+
+
+class Recorder:
+    """Step callbacks and transformer calls, in the order they happen."""
+
+    def __init__(self, transformer):
+        self.events = []
+        self.handle = transformer.register_forward_hook(lambda m, a, o: self.events.append(("call",)))
+
+    def on_step_begin(self, step, t):
+        self.events.append(("begin", step, t))
+
+    def on_velocity(self, step, t, v_un, v_c):
+        self.events.append(("velocity", step, t, tuple(v_un.shape), tuple(v_c.shape)))
+
+    def on_step_end(self, step, t, latents):
+        self.events.append(("end", step, t))
+
+
+def hook_counts(module):
+    return len(module._forward_pre_hooks), len(module._forward_hooks)
+
+
+def direct_call(gen, guidance):
+    """The pipeline called by hand with the same seeds, size and prompt length."""
+    extra = {}
+    if gen.family in ("pixart", "sana"):
+        extra = {"use_resolution_binning": False, "clean_caption": False}
+    return gen.pipe(prompt=PROMPTS, num_inference_steps=2, guidance_scale=guidance,
+                    generator=[torch.Generator().manual_seed(s) for s in SEEDS], height=gen.image_size,
+                    width=gen.image_size, output_type="pt", max_sequence_length=gen.max_sequence_length, **extra).images
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_pipeline_loads_and_samples_like_the_pipeline(folders, kind):
+    family, cfg, msl = EXPECTED[kind]
+    gen = load_generator(folders[kind])
+    assert gen.family == family and type(gen.pipe).__name__ == tp.KINDS[kind][0]
+    assert gen.path == str(folders[kind]) and gen.max_sequence_length == msl
+    assert gen.text_tokens == msl + (77 if family == "sd3" else 0)
+    assert gen.image_tokens == {"sd3": 16, "pixart": 16, "flux": 16, "sana": 64}[family]
+    if kind == "sd3.5":
+        assert gen.transformer.config.dual_attention_layers and gen.transformer.config.qk_norm == "rms_norm"
+    if family == "flux":
+        assert gen.guidance_distilled == (kind == "flux-dev")
+
+    tr = gen.transformer
+    before = hook_counts(tr)
+    rec = Recorder(tr)
+    x = sample(gen, PROMPTS, steps=2, guidance=3.0, seed=SEEDS, callbacks=[rec])
+    rec.handle.remove()
+    assert hook_counts(tr) == before  # sample's hooks are gone
+    assert x.shape == (2, 3, gen.image_size, gen.image_size) and x.dtype == torch.float32
+    assert 0 <= x.min() and x.max() <= 1
+    assert torch.equal(x, direct_call(gen, 3.0).float())
+
+    ts = [float(t) for t in gen.pipe.scheduler.timesteps]
+    h = gen.image_size // gen.pipe.vae_scale_factor
+    c = gen.pipe.vae.config.latent_channels
+    want = []
+    for i in range(2):
+        want += [("begin", i, ts[i]), ("call",)]
+        if cfg:
+            want.append(("velocity", i, ts[i], (2, c, h, h), (2, c, h, h)))
+        want.append(("end", i, ts[i]))
+    assert rec.events == want
+
+
+@pytest.mark.parametrize("kind", ["sd3", "pixart-sigma"])
+def test_hooks_are_removed_when_a_callback_fails(folders, kind):
+    gen = load_generator(folders[kind])
+    before = hook_counts(gen.transformer)
+
+    class Boom:
+        def on_step_end(self, step, t, latents):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        sample(gen, PROMPTS[:1], steps=2, callbacks=[Boom()])
+    assert hook_counts(gen.transformer) == before
+    assert sample(gen, PROMPTS[:1], steps=1).shape == (1, 3, 16, 16)  # no callbacks: no hooks at all
+    assert hook_counts(gen.transformer) == before
+
+
+def test_no_guidance_means_no_velocity(folders):
+    gen = load_generator(folders["sd3"])
+    rec = Recorder(gen.transformer)
+    sample(gen, PROMPTS[:1], steps=2, guidance=1.0, callbacks=[rec])
+    assert [e[0] for e in rec.events] == ["begin", "call", "end"] * 2
+
+
+def test_device_dtype_and_overrides(folders):
+    gen = load_generator(folders["flux-dev"], dtype="auto", device="cpu", image_size=32, max_sequence_length=64)
+    assert gen.transformer.dtype == torch.float32 and gen.transformer.device.type == "cpu"
+    assert (gen.image_size, gen.image_tokens, gen.text_tokens) == (32, 64, 64)
+    assert sample(gen, PROMPTS[:1], steps=1).shape == (1, 3, 32, 32)
+
+
+def test_unsupported_pipeline_names_the_supported_ones(folders, tmp_path):
+    index = json.loads((folders["sd3"] / "model_index.json").read_text())
+    (tmp_path / "model_index.json").write_text(json.dumps(index | {"_class_name": "StableDiffusionPipeline"}))
+    supported = r"StableDiffusion3Pipeline.*PixArtAlphaPipeline.*PixArtSigmaPipeline.*FluxPipeline.*SanaPipeline"
+    with pytest.raises(UnsupportedModelError, match=r"'StableDiffusionPipeline'.*" + supported):
+        load_generator(tmp_path)
+
+
+def test_tiny_layout_is_unchanged():
+    gen = load_generator("tiny-mmdit")
+    assert gen.pipe is None and gen.family == "sd3"
+    assert (gen.image_size, gen.image_tokens, gen.text_tokens) == (32, 64, 48)
+
+
+def test_quality_takes_decoded_pixels_at_512():
+    from unicache_lib.quality import psnr, ssim
+    from unicache_lib.zoo.sampling import to_uint8
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(2, 3, 512, 512, generator=g)
+    b = (a + 0.05 * torch.randn(a.shape, generator=g)).clamp(0, 1)
+    p, s = psnr(a, b), ssim(a, b)  # channels first, as sample() returns
+    assert p.shape == (2,) and 20 < p.min() and 0.9 < s.min() < 1
+    assert abs(psnr(to_uint8(a), to_uint8(b)) - p).max() < 0.05 and abs(ssim(to_uint8(a), to_uint8(b)) - s).max() < 1e-3
+    assert torch.isinf(torch.as_tensor(psnr(a, a))).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sd3-medium", "pixart-sigma", "flux-dev"])
+def test_real_shape_standin_runs_one_step(tmp_path, name):
+    """Build the stand-in and run one denoising step in a child process (its own peak RSS)."""
+    from unicache_lib.zoo.gen_standins import GEN_STANDINS
+    from unicache_lib.zoo.loaders import is_stand_in, model_card
+
+    out = subprocess.run([sys.executable, "-m", "unicache_lib.zoo.gen_standins", "--out", str(tmp_path), "--only", name,
+                          "--step"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\n{name}: {row} full-map memory {model_card(tmp_path / name)['full_map_memory']}")
+    spec = GEN_STANDINS[name]
+    assert row["image"] == [1, 3, 512, 512]
+    assert row["image_tokens"] == spec.image_tokens == 1024 and row["text_tokens"] == spec.text_tokens
+    card = model_card(tmp_path / name)
+    assert is_stand_in(tmp_path / name) and card["imitates"] == spec.imitates and card["checksums"]
+    assert row["peak_rss_mb"] < 24 * 1024

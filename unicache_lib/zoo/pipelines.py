@@ -1,0 +1,194 @@
+"""Generators that are diffusers pipelines (SD3 / SD3.5, PixArt-alpha / -sigma, Flux.1 dev / schnell, Sana),
+sampled through the pipeline's own ``__call__``: its scheduler, guidance, text encoders and VAE decode.
+
+:func:`unicache_lib.zoo.loaders.load_generator` returns a :class:`PipelineGenerator` for a pipeline folder
+(one with ``model_index.json``); :func:`unicache_lib.zoo.sampling.sample` hands it to :func:`sample_pipeline`,
+which adapts the library's step callbacks to the pipeline:
+
+``on_step_begin(step, t)``   from a forward pre-hook on the transformer, before the first transformer call
+                             of each step (``t`` read from ``pipe.scheduler.timesteps[step]``, 0-1000 scale)
+``on_velocity(step, t, u, c)``  from a forward hook on the transformer, where the pipeline batches
+                             classifier-free guidance as ``[uncond | cond]`` (SD3, PixArt, Sana with
+                             guidance > 1): the two predictions ``[B, C, h, w]`` before they are combined
+                             (noise for PixArt's DPM-Solver, velocity for the flow-matching models; PixArt's
+                             learned-variance channels are dropped, as the pipeline drops them). **Flux is
+                             never called**: dev is guidance-distilled (the scale enters the transformer as
+                             an embedding) and schnell has no guidance, so there is one branch.
+``on_step_end(step, t, latents)``  from the pipeline's ``callback_on_step_end`` (PixArt: its ``callback``
+                             with ``callback_steps=1``), with the latents after the step (``[B, C, h, w]``;
+                             Flux: packed ``[B, h/2 * w/2, 4C]``)
+
+The hooks are removed when the call returns or raises.
+"""
+from __future__ import annotations
+
+import inspect
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import torch
+
+# max_sequence_length where the pipeline's __call__ default is not the checkpoint's (FLUX.1-schnell: 256)
+SCHNELL_MAX_SEQUENCE_LENGTH = 256
+
+
+@dataclass
+class PipelineGenerator:
+    """A loaded diffusers text-to-image pipeline, usable wherever a tiny-layout
+    :class:`~unicache_lib.zoo.tiny_generators.Generator` is.
+
+    ``family``: ``"sd3"``, ``"pixart"``, ``"flux"`` or ``"sana"``; ``pipe``: the pipeline; ``path``: where it
+    was loaded from; ``image_size``: side of the (square) images :func:`~unicache_lib.zoo.sampling.sample`
+    asks for, in pixels; ``max_sequence_length``: the T5 / Gemma prompt length passed to the pipeline.
+    """
+
+    family: str
+    pipe: object
+    path: str = ""
+    image_size: int = 512
+    max_sequence_length: int = 256
+
+    @property
+    def transformer(self) -> torch.nn.Module:
+        return self.pipe.transformer
+
+    @property
+    def scheduler(self):
+        return self.pipe.scheduler
+
+    @property
+    def pipeline_class(self) -> str:
+        return type(self.pipe).__name__
+
+    @property
+    def guidance_distilled(self) -> bool:
+        """Flux.1-dev: the guidance scale is an input of the transformer (no unconditional branch)."""
+        return bool(getattr(self.transformer.config, "guidance_embeds", False))
+
+    @property
+    def latent_size(self) -> int:
+        """Side of the latent the VAE decodes (``image_size / 8`` for SD3, PixArt and Flux)."""
+        return self.image_size // self.pipe.vae_scale_factor
+
+    @property
+    def image_tokens(self) -> int:
+        """Image tokens per image: ``(latent side / patch)^2`` (Flux packs 2 x 2 latent patches)."""
+        patch = 2 if self.family == "flux" else self.transformer.config.patch_size
+        return (self.latent_size // patch) ** 2
+
+    @property
+    def text_tokens(self) -> int:
+        """Text positions per prompt the transformer sees: SD3 concatenates CLIP's 77 and T5's
+        ``max_sequence_length``; the others see ``max_sequence_length`` (padding included)."""
+        if self.family == "sd3":
+            return self.pipe.tokenizer_max_length + self.max_sequence_length
+        return self.max_sequence_length
+
+
+def default_max_sequence_length(pipe) -> int:
+    """The pipeline ``__call__``'s default (SD3 256, PixArt-alpha 120, PixArt-sigma 300, Flux 512, Sana 300),
+    except FLUX.1-schnell (no guidance embedding), whose T5 was trained with 256."""
+    if type(pipe).__name__ == "FluxPipeline" and not pipe.transformer.config.guidance_embeds:
+        return SCHNELL_MAX_SEQUENCE_LENGTH
+    return int(inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default)
+
+
+def default_image_size(pipe) -> int:
+    """Side in pixels the pipeline generates by default: ``default_sample_size * vae_scale_factor``
+    (SD3-medium 1024, PixArt-sigma-512 512, Flux 1024, Sana-1024 1024)."""
+    size = getattr(pipe, "default_sample_size", None) or pipe.transformer.config.sample_size
+    return int(size) * int(pipe.vae_scale_factor)
+
+
+def pipeline_kwargs(gen: PipelineGenerator, prompts: list[str], steps: int, guidance: float, seeds: list[int]) -> dict:
+    """The arguments :func:`sample_pipeline` calls ``gen.pipe`` with (callbacks aside): one CPU
+    ``torch.Generator`` per prompt (a sample's noise does not depend on its batch), the generator's square
+    size, ``output_type="pt"``, and ``max_sequence_length``. Where the pipeline has them, resolution binning
+    is off (the size is used as given) and caption cleaning is off (it needs bs4 / ftfy)."""
+    params = inspect.signature(type(gen.pipe).__call__).parameters
+    kw = dict(prompt=list(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance),
+              generator=[torch.Generator().manual_seed(int(s)) for s in seeds], height=gen.image_size,
+              width=gen.image_size, output_type="pt", return_dict=False, max_sequence_length=gen.max_sequence_length)
+    if "use_resolution_binning" in params:
+        kw["use_resolution_binning"] = False
+    if "clean_caption" in params:
+        kw["clean_caption"] = False
+    return kw
+
+
+class _StepHooks:
+    """Adapts the library's step callbacks to one pipeline call (see the module doc)."""
+
+    def __init__(self, gen: PipelineGenerator, callbacks, batch: int):
+        self.gen, self.callbacks, self.batch = gen, list(callbacks), batch
+        self.step, self.begun, self.ended = 0, False, 0
+
+    def _t(self, step: int) -> float:
+        ts = self.gen.scheduler.timesteps
+        return float(ts[step]) if step < len(ts) else float("nan")
+
+    def _emit(self, name: str, *args) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, name, None)
+            if fn is not None:
+                fn(*args)
+
+    def _begin(self) -> None:
+        if not self.begun:
+            self.begun = True
+            self._emit("on_step_begin", self.step, self._t(self.step))
+
+    def pre_hook(self, module, args, kwargs):
+        self._begin()
+
+    def post_hook(self, module, args, kwargs, output):
+        out = output[0] if isinstance(output, tuple) else getattr(output, "sample", output)
+        if out.shape[0] != 2 * self.batch:  # one branch (Flux; guidance <= 1): no velocity pair
+            return
+        latent_c = self.gen.pipe.vae.config.latent_channels
+        if out.ndim == 4 and out.shape[1] == 2 * latent_c:  # PixArt / Sana learned variance: the pipeline drops it
+            out = out[:, :latent_c]
+        v_un, v_c = out.float().chunk(2)
+        self._emit("on_velocity", self.step, self._t(self.step), v_un, v_c)
+
+    def end(self, latents) -> None:
+        self._begin()  # a step without a transformer call still opens before it closes
+        self._emit("on_step_end", self.step, self._t(self.step), latents)
+        self.step, self.begun, self.ended = self.step + 1, False, self.ended + 1
+
+    def callback_on_step_end(self, pipe, i, t, callback_kwargs: dict) -> dict:
+        self.end(callback_kwargs["latents"])
+        return callback_kwargs
+
+    def legacy_callback(self, i, t, latents) -> None:
+        self.end(latents)
+
+
+@torch.no_grad()
+def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guidance: float, seeds: list[int],
+                    callbacks=(), progress: bool = False) -> torch.Tensor:
+    """Generate through ``gen.pipe`` with the library's callbacks (module doc).
+
+    Returns:
+        ``[B, 3, image_size, image_size]`` float32 decoded pixels in ``[0, 1]`` on the CPU, equal to
+        ``gen.pipe(**pipeline_kwargs(gen, prompts, steps, guidance, seeds))[0]``.
+    """
+    pipe = gen.pipe
+    kw = pipeline_kwargs(gen, prompts, steps, guidance, seeds)
+    hooks = _StepHooks(gen, callbacks, len(prompts))
+    if callbacks:
+        if "callback_on_step_end" in inspect.signature(type(pipe).__call__).parameters:
+            kw |= dict(callback_on_step_end=hooks.callback_on_step_end, callback_on_step_end_tensor_inputs=["latents"])
+        else:  # PixArt: only the legacy per-step callback
+            kw |= dict(callback=hooks.legacy_callback, callback_steps=1)
+    pipe.set_progress_bar_config(disable=not progress)
+    with ExitStack() as stack:
+        if callbacks:
+            stack.callback(gen.transformer.register_forward_pre_hook(hooks.pre_hook, with_kwargs=True).remove)
+            stack.callback(gen.transformer.register_forward_hook(hooks.post_hook, with_kwargs=True).remove)
+        images = pipe(**kw)[0]
+    if callbacks and hooks.ended != len(pipe.scheduler.timesteps):
+        n = len(pipe.scheduler.timesteps)
+        raise RuntimeError(f"{type(pipe).__name__} reported {hooks.ended} of {n} steps to its step callback "
+                           f"(a multi-order scheduler?): the step callbacks cannot be trusted")
+    return images.float().cpu()
