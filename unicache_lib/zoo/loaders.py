@@ -25,6 +25,8 @@ import torch
 from transformers.utils import logging as _hf_logging
 
 from ..families import UnsupportedModelError, family_for_type, supported
+from ..gen_families import GEN_FAMILIES, gen_family_for
+from ..gen_families import supported as gen_supported
 from .checksums import ChecksumError, verify_checksums  # noqa: F401 - ChecksumError is re-exported
 
 _hf_logging.disable_progress_bar()  # weight-loading bars would flood notebooks and test logs
@@ -32,13 +34,12 @@ _hf_logging.disable_progress_bar()  # weight-loading bars would flood notebooks 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixart": "generation"}
 
-# transformer/config.json _class_name -> family tag used by the sampling loop and capture
-GENERATION_FAMILIES = {"SD3Transformer2DModel": "sd3", "PixArtTransformer2DModel": "pixart",
-                       "DiTTransformer2DModel": "dit"}
-# model_index.json _class_name -> family tag of a diffusers pipeline folder. The one place that maps pipeline
-# classes to families; to be replaced by the pipeline_classes of the unicache_lib.gen_families registry.
-PIPELINE_FAMILIES = {"StableDiffusion3Pipeline": "sd3", "PixArtAlphaPipeline": "pixart",
-                     "PixArtSigmaPipeline": "pixart", "FluxPipeline": "flux", "SanaPipeline": "sana"}
+# transformer/config.json _class_name -> family key (capture, reuse and peers know every registered family)
+GENERATION_FAMILIES = {cls: fam.key for fam in GEN_FAMILIES.values() for cls in fam.transformer_classes}
+# model_index.json _class_name -> family key: the pipelines :func:`~unicache_lib.zoo.sampling.sample` drives
+# (their step callbacks, guidance batching and decoding are handled in :mod:`unicache_lib.zoo.pipelines`)
+SAMPLED_PIPELINES = ("StableDiffusion3Pipeline", "PixArtAlphaPipeline", "PixArtSigmaPipeline", "FluxPipeline", "SanaPipeline")
+PIPELINE_FAMILIES = {cls: gen_family_for(cls).key for cls in SAMPLED_PIPELINES}
 
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -375,8 +376,7 @@ def load_transformer(name_or_path, dtype: torch.dtype = torch.float32, verify: b
     cls_name = _read_config(where, "transformer").get("_class_name")
     if cls_name not in GENERATION_FAMILIES:
         raise UnsupportedModelError(
-            f"transformer class {cls_name!r} is not a supported generation family; supported: "
-            f"{', '.join(GENERATION_FAMILIES)} (SD3 / SD3.5, PixArt-alpha / -sigma, DiT)"
+            f"transformer class {cls_name!r} is not a supported generation family; supported: {gen_supported()}"
         )
     model = getattr(diffusers, cls_name).from_pretrained(where, subfolder="transformer", dtype=dtype)
     return model.eval(), GENERATION_FAMILIES[cls_name]
