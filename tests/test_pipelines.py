@@ -8,12 +8,13 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from unicache_lib.zoo import tiny_pipelines as tp
 from unicache_lib.zoo.loaders import UnsupportedModelError, load_generator
-from unicache_lib.zoo.sampling import sample
+from unicache_lib.zoo.sampling import sample, to_uint8
 
 PROMPTS = ["a red circle on the left", "two blue squares at the top"]
 SEEDS = [3, 5]
@@ -170,3 +171,35 @@ def test_real_shape_standin_runs_one_step(tmp_path, name):
     card = model_card(tmp_path / name)
     assert is_stand_in(tmp_path / name) and card["imitates"] == spec.imitates and card["checksums"]
     assert row["peak_rss_mb"] < 24 * 1024
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_capture_through_the_pipeline(folders, kind, tmp_path):
+    """capture_generation on a pipeline: decoded images equal to an uncaptured run, records for every
+    step and captured block, the real text positions named (SD3: CLIP's copy of a word first), word maps
+    over the image tokens."""
+    from unicache_lib.analysis.generation import word_maps, word_positions
+    from unicache_lib.capture.gen_runner import capture_generation, prompt_tokens
+    from unicache_lib.store import Store
+
+    gen = load_generator(folders[kind])
+    family = EXPECTED[kind][0]
+    run = capture_generation(gen, PROMPTS, "p", Store(tmp_path / "s"), steps=2, guidance=3.0, seed=SEEDS[0], progress=False)
+    again = sample(gen, PROMPTS, steps=2, guidance=3.0, seed=[SEEDS[0], SEEDS[0] + 1])
+    assert np.array_equal(run.images, to_uint8(again))  # capture changes no pixel
+    recs = run.result.records
+    assert {r.step for r in recs} == {0, 1} and {r.sample for r in recs} == {"p/0", "p/1"}
+    assert len(Store(tmp_path / "s").read()) == len(recs)
+    names = prompt_tokens(gen, PROMPTS)
+    if family == "sana":
+        assert names is None and run.tokens == [[], []]
+        return
+    assert all(len(n) == gen.text_tokens for n in names)
+    real = [t for t in names[0] if t is not None]
+    assert run.tokens[0] == real and "red" in real
+    text_recs = [r for r in recs if r.sample == "p/0" and r.meta.get("n_text", 0)]
+    assert text_recs and all(r.meta["n_text_real"] == len(real) for r in text_recs)
+    W = word_maps(recs, "p/0")
+    assert W.shape == (len(real), gen.image_tokens)
+    if family == "sd3":  # the CLIP copy comes first; the T5 copy is named apart
+        assert word_positions(real, "red") == [real.index("red")] and "t5:red" in real

@@ -171,10 +171,11 @@ class DiffusionCapture:
             never mix.
         mode: ``"stats"`` or ``"full"`` (stats plus the map).
         layers / parts: subsets of block indices and of ``PARTS``; None = all.
-        text_tokens: per sample, the text tokens' names (``["<s>", "a", "red", ...]``) for the real
-            (non-padding) text positions, which come first in the text sequence. Needed for word maps
-            and for separating padding on SD3 (which attends to padding); None = every text position
-            is real.
+        text_tokens: per sample, either the names of the real (non-padding) text tokens
+            (``["<s>", "a", "red", ...]``), which come first in the text sequence, or one name per text
+            position with ``None`` at padding (a pipeline's ``token_names``: SD3's CLIP then T5 segments).
+            Needed for word maps and for separating padding on SD3 (which attends to padding); None =
+            real positions from the model's text mask, or all of them.
         branch: ``"cond"`` or ``"uncond"`` half of a CFG batch.
         store: a :class:`~unicache_lib.store.Store`; records are written at the end of each step.
         adjacent: keep the previous step's map for the step-to-step similarities.
@@ -303,7 +304,10 @@ class DiffusionCapture:
             known = (mask_row.reshape(-1)[-n_text:].float() > -1).cpu().numpy()
         if self.text_tokens is None:
             return np.ones(n_text, bool) if known is None else known
-        n = len(self.text_tokens[j])
+        toks = self.text_tokens[j]
+        if len(toks) == n_text and any(t is None for t in toks):  # one name per position, None at padding
+            return np.array([t is not None for t in toks])
+        n = len(toks)
         if n > n_text:
             raise CaptureError(f"sample {self.sample_ids[j]!r} has {n} text tokens but the model got {n_text}")
         if known is not None and int(known.sum()) == n:
@@ -356,7 +360,7 @@ class DiffusionCapture:
             if part == "joint":
                 meta["token_order"] = "|".join(fam.joint_order)
             if self.text_tokens is not None:
-                meta["tokens"] = list(self.text_tokens[j])
+                meta["tokens"] = [t for t in self.text_tokens[j] if t is not None]
             self._pending.append(Record(
                 sample=sid, layer=w.layer, part=w.part, mode=self.mode,
                 data={k: v.detach().float().cpu() for k, v in data.items()}, step=self.step,

@@ -35,8 +35,12 @@ class GuidanceProbe:
         return np.stack(self.rows, 1) if self.rows else np.zeros((0, 0))
 
 
-def prompt_tokens(gen: Generator, prompts: list[str]) -> list[list[str]]:
-    """The real (non-padding) text tokens the model sees for each prompt, in order."""
+def prompt_tokens(gen: Generator, prompts: list[str]) -> list[list[str]] | list[list[str | None]] | None:
+    """The text tokens the model sees for each prompt: the tiny layout's real tokens in order; for a
+    pipeline, one name per text position with ``None`` at padding (``PipelineGenerator.token_names``;
+    ``None`` where the pipeline's positions cannot be named)."""
+    if hasattr(gen, "token_names"):
+        return gen.token_names(prompts)
     ids, mask = tokenize_prompts(gen.tokenizer, prompts)
     return [gen.tokenizer.convert_ids_to_tokens(row[: int(m.sum())].tolist()) for row, m in zip(ids, mask)]
 
@@ -76,14 +80,15 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
         probe = GuidanceProbe()
         m = [{"prompt": p, **(meta[i] if meta else {})} for i, p in zip(range(s, s + batch), prompts[sl])]
         with DiffusionCapture(gen.transformer, ids[sl], mode=mode, layers=layers, parts=parts,
-                              text_tokens=toks[sl], store=store, meta=m, query_stride=query_stride) as cap:
+                              text_tokens=toks[sl] if toks is not None else None, store=store, meta=m, query_stride=query_stride) as cap:
             x = sample(gen, prompts[sl], steps, guidance, seed=[seed + i for i in range(s, min(s + batch, len(prompts)))],
                        callbacks=[cap, probe])
         imgs.append(to_uint8(x))
         res.records += cap.result.records
         probe_rows.append(probe.values)
     g = np.concatenate(probe_rows) if guidance != 1.0 else np.zeros((len(prompts), 0))
-    return GenerationRun(np.concatenate(imgs), res, g, ids, toks,
+    real = [[t for t in row if t is not None] for row in toks] if toks is not None else [[] for _ in prompts]
+    return GenerationRun(np.concatenate(imgs), res, g, ids, real,
                          [{"prompt": p, **(meta[i] if meta else {})} for i, p in enumerate(prompts)])
 
 

@@ -85,6 +85,35 @@ class PipelineGenerator:
         return self.max_sequence_length
 
 
+    def token_names(self, prompts: list[str]) -> list[list[str | None]] | None:
+        """Per prompt, the name of every text position the transformer sees, ``None`` at padding.
+
+        SD3: CLIP's 77 positions, then T5's ``max_sequence_length`` (the T5 copy of a word is named
+        ``"t5:<word>"``, so word maps read the CLIP copy, which comes first); PixArt / Flux: the T5
+        positions. Sub-word markers (``</w>``, ``▁``) are stripped. ``None`` for Sana, whose pipeline
+        prepends an instruction to every prompt and keeps its last tokens: positions are then not named
+        rather than named wrongly (capture still separates padding by the pipeline's own mask)."""
+        if self.family == "sana":
+            return None
+
+        def names(tok, length, prefix=""):
+            enc = tok(list(prompts), padding="max_length", max_length=length, truncation=True, add_special_tokens=True)
+            out = []
+            for ids, mask in zip(enc["input_ids"], enc["attention_mask"]):
+                toks = tok.convert_ids_to_tokens(ids)
+                out.append([prefix + t.replace("</w>", "").lstrip("▁Ġ") if m else None for t, m in zip(toks, mask)])
+            return out
+
+        if self.family == "sd3":
+            clip = names(self.pipe.tokenizer, self.pipe.tokenizer_max_length)
+            if getattr(self.pipe, "tokenizer_3", None) is None:  # no T5: the pipeline feeds zeros there
+                return [c + [None] * self.max_sequence_length for c in clip]
+            t5 = names(self.pipe.tokenizer_3, self.max_sequence_length, "t5:")
+            return [c + t for c, t in zip(clip, t5)]
+        tok = self.pipe.tokenizer_2 if self.family == "flux" else self.pipe.tokenizer
+        return names(tok, self.max_sequence_length)
+
+
 def default_max_sequence_length(pipe) -> int:
     """The pipeline ``__call__``'s default (SD3 256, PixArt-alpha 120, PixArt-sigma 300, Flux 512, Sana 300),
     except FLUX.1-schnell (no guidance embedding), whose T5 was trained with 256."""
