@@ -41,7 +41,9 @@ class AttentionMaskError(ValueError):
 def as_probs(P: torch.Tensor, check: bool = True) -> torch.Tensor:
     """``P`` as float32; with ``check``, NaN or inf values raise :class:`AttentionValueError`."""
     P = torch.as_tensor(P).float()
-    if check and not torch.isfinite(P).all():
+    # a NaN or inf anywhere makes the sum non-finite (weights are at most 1, so a finite map cannot
+    # overflow it): one reduction instead of a boolean map-sized pass
+    if check and not bool(torch.isfinite(P.sum())):
         n = int((~torch.isfinite(P)).sum())
         raise AttentionValueError(
             f"attention weights contain {n} NaN/inf values: the forward overflowed (fp16?) or a mask "
@@ -458,6 +460,17 @@ def _mean_norm_entropy(P: torch.Tensor) -> torch.Tensor:
     return (-torch.special.xlogy(R, R).sum(-1) / math.log(k)).mean(-1)
 
 
+def _group_entropy(plogp_sum: torch.Tensor, mass: torch.Tensor, k: int) -> torch.Tensor:
+    """Normalised entropy of rows restricted to a key group and renormalised, from the group's
+    ``sum p log p`` and mass: ``H = log m - (sum p log p) / m``, divided by log(k); 0 for rows with no
+    mass there (as renormalising an all-zero row gives), NaN when the group has fewer than 2 keys."""
+    if k < 2:
+        return torch.full_like(mass, float("nan"))
+    m = mass.clamp(min=1e-30)
+    h = (torch.log(m) - plogp_sum / m) / math.log(k)
+    return torch.where(mass > 0, h, torch.zeros_like(h))
+
+
 def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]:
     """:data:`STEP_STATS` of one (non-causal) diffusion attention map.
 
@@ -466,6 +479,11 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         q_kinds / k_kinds: ``[Sq]`` / ``[Sk]`` modality of each query / key (IMAGE or TEXT).
         k_real: ``[Sk]`` bool, False for padding keys (excluded from ``text_entropy`` and
             ``word_map``); None = all real.
+
+    Fused: one pass for ``p log p``, one product with a ``[Sk, 4]`` key-group indicator for every
+    group's mass and ``sum p log p`` per row (entropies of renormalised sub-rows follow from those), one
+    Gram product for head similarity; no sub-map is copied, so memory stays at a few map-sized buffers
+    (SD3-medium at 1,024 px: 24 heads x 4,429^2).
     """
     P = as_probs(P)
     if P.dim() != 3:
@@ -478,30 +496,38 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         raise ValueError(f"kinds cover {len(qk)} queries / {len(kk)} keys, the map is {sq} x {sk}")
     real = torch.ones(sk, dtype=torch.bool, device=dev) if k_real is None else torch.as_tensor(np.asarray(k_real), device=dev)
     nan = torch.full((H,), float("nan"), device=dev)
-    sel = {"image": (qk == IMAGE, kk == IMAGE), "text": (qk == TEXT, kk == TEXT)}
-    mass, bent = [], []
+    ki, kt = kk == IMAGE, kk == TEXT
+    text_real = kt & real
+    # key groups: image, text (padding included), real text, all
+    G = torch.stack([ki, kt, text_real, torch.ones_like(ki)], -1).float()  # [Sk, 4]
+    mass = P @ G  # [H, Sq, 4]
+    ent = torch.special.xlogy(P, P) @ G  # sum p log p per row and group
+    widths = [int(ki.sum()), int(kt.sum()), int(text_real.sum()), sk]
+    iq, tq = qk == IMAGE, qk == TEXT
+
+    def rows_mean(x, q):  # x [H, Sq] -> [H], mean over the query rows q
+        return x[:, q].mean(-1) if bool(q.any()) else nan
+
+    block_mass, bent = [], []
     for blk in BLOCKS:
         src, dst = blk.split("->")
-        qs, ks = sel[src][0], sel[dst][1]
-        sub = P[:, qs][:, :, ks]
-        mass.append(sub.sum((-1, -2)))
-        bent.append(_mean_norm_entropy(sub) if sub.shape[-2] else nan)
-    mass = torch.stack(mass, -1)
-    iq, tq = sel["image"][0], sel["text"][0]
-    text_real = (kk == TEXT) & real
-    img_rows = P[:, iq]
-    on_text = img_rows[:, :, text_real]
+        q = iq if src == "image" else tq
+        g = 0 if dst == "image" else 1
+        block_mass.append(mass[:, q, g].sum(-1))
+        bent.append(rows_mean(_group_entropy(ent[..., g], mass[..., g], widths[g]), q) if widths[g] and bool(q.any()) else nan)
+    block_mass = torch.stack(block_mass, -1)
+    whole = _group_entropy(ent[..., 3], mass[..., 3], sk)
+    rowmax = P.amax(-1)
+    mean_map = P.mean(0)  # [Sq, Sk]
     out = {
-        "blocks": mass / mass.sum(-1, keepdim=True).clamp(min=1e-30),
+        "blocks": block_mass / block_mass.sum(-1, keepdim=True).clamp(min=1e-30),
         "block_entropy": torch.stack(bent, -1),
-        "row_entropy": torch.stack([_mean_norm_entropy(P[:, iq]) if iq.any() else nan,
-                                    _mean_norm_entropy(P[:, tq]) if tq.any() else nan], -1),
-        "max_weight": torch.stack([P[:, iq].amax(-1).mean(-1) if iq.any() else nan,
-                                   P[:, tq].amax(-1).mean(-1) if tq.any() else nan], -1),
-        "text_share": img_rows[:, :, kk == TEXT].sum(-1).mean(-1) if iq.any() else nan,
-        "text_entropy": _mean_norm_entropy(on_text) if on_text.shape[-1] else nan,
-        "word_map": on_text.mean(0),
+        "row_entropy": torch.stack([rows_mean(whole, iq), rows_mean(whole, tq)], -1),
+        "max_weight": torch.stack([rows_mean(rowmax, iq), rows_mean(rowmax, tq)], -1),
+        "text_share": rows_mean(mass[..., 1], iq),
+        "text_entropy": rows_mean(_group_entropy(ent[..., 2], mass[..., 2], widths[2]), iq) if widths[2] and bool(iq.any()) else nan,
+        "word_map": mean_map[iq][:, text_real],
         "head_sim": head_similarity(P, check=False),
-        "variance": ((img_rows ** 2).sum(-1) / sk - 1.0 / sk**2).mean(-1) if iq.any() else nan,
+        "variance": rows_mean((P * P).sum(-1) / sk - 1.0 / sk**2, iq),
     }
     return out

@@ -153,9 +153,19 @@ class _Wrapped:
         out = self.orig(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
         with torch.no_grad():
             extra = {**dict(zip(self._extra, args)), **kwargs}
-            probs = self.cap.family.probs(attn, hidden_states, encoder_hidden_states, attention_mask,
-                                          processor=self.orig, **extra)
-            self.cap._record(self, probs, out, encoder_hidden_states, attention_mask)
+            B = hidden_states.shape[0]
+            rows = list(self.cap._rows(B))
+            h, e, m = hidden_states, encoder_hidden_states, attention_mask
+            if len(rows) < B:  # recompute the recorded half of a CFG batch only
+                idx = torch.tensor(rows, device=hidden_states.device)
+
+                def sel(t):
+                    return t.index_select(0, idx) if torch.is_tensor(t) and t.dim() >= 2 and t.shape[0] == B else t
+
+                h, e, m = sel(h), sel(e), sel(m)
+                extra = {k: sel(v) for k, v in extra.items()}
+            probs = self.cap.family.probs(attn, h, e, m, processor=self.orig, **extra)
+            self.cap._record(self, probs, out, encoder_hidden_states, attention_mask, rows)
         return out
 
 
@@ -316,8 +326,8 @@ class DiffusionCapture:
         real[:n] = True
         return real
 
-    def _record(self, w: _Wrapped, probs: torch.Tensor, out, enc, mask) -> None:
-        rows = self._rows(probs.shape[0])
+    def _record(self, w: _Wrapped, probs: torch.Tensor, out, enc, mask, rows) -> None:
+        """``probs [len(rows), H, Sq, Sk]``: the maps of batch rows ``rows`` (of ``out``, ``enc``, ``mask``)."""
         key0 = (w.name, self.step)
         if key0 in self._seen:
             raise CaptureError(
@@ -338,7 +348,7 @@ class DiffusionCapture:
         qk, kk = fam.kinds(part, n_q, n_k, n_text)
         out_img, out_txt = fam.split_output(part, out, n_text)
         for j, b in enumerate(rows):
-            P = probs[b]
+            P = probs[j]
             mrow = mask[b] if (mask is not None and part == "cross") else None
             real = self._real_text(j, b, n_text, mrow) if n_text else np.zeros(0, bool)
             kreal = np.ones(n_k, bool)
@@ -412,15 +422,23 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
     out_sim = torch.full((2,), nan)
     if prev is not None:
         pP, po_img, po_txt = prev
-        sim_all = cosine(P.flatten(1), pP.flatten(1)).cpu()
-        qk, kk = torch.as_tensor(q_kinds), torch.as_tensor(k_kinds)
+        # per key group (image, text): sums of a*b, a^2, b^2 over each query row, from one product each
+        # with a [Sk, 2] indicator (no sub-map is copied); blocks and the whole map follow by summing rows
+        qk, kk = torch.as_tensor(q_kinds).to(P.device), torch.as_tensor(k_kinds).to(P.device)
+        G = torch.stack([kk == IMAGE, kk == TEXT], -1).to(P.dtype)
+        ab, aa, bb = (P * pP) @ G, (P * P) @ G, (pP * pP) @ G  # [H, Sq, 2]
+
+        def cos(num, x, y):
+            den = (x * y).sqrt()
+            return torch.where(den > 0, num / den.clamp(min=1e-30), torch.zeros_like(num))
+
+        sim_all = cos(ab.sum((1, 2)), aa.sum((1, 2)), bb.sum((1, 2))).cpu()
         for i, blk in enumerate(BLOCKS):
             src, dst = blk.split("->")
-            qs = (qk == (IMAGE if src == "image" else TEXT)).to(P.device)
-            ks = (kk == (IMAGE if dst == "image" else TEXT)).to(P.device)
-            if qs.any() and ks.any():
-                a, b = P[:, qs][:, :, ks], pP[:, qs][:, :, ks]
-                sim_blocks[:, i] = cosine(a.flatten(1), b.flatten(1)).cpu()
+            qs = qk == (IMAGE if src == "image" else TEXT)
+            g = 0 if dst == "image" else 1
+            if qs.any() and G[:, g].any():
+                sim_blocks[:, i] = cos(ab[:, qs, g].sum(-1), aa[:, qs, g].sum(-1), bb[:, qs, g].sum(-1)).cpu()
         out_sim[0] = float(cosine(out_img.flatten(), po_img.flatten()))
         if out_txt is not None and po_txt is not None:
             out_sim[1] = float(cosine(out_txt.flatten(), po_txt.flatten()))
