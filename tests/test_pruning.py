@@ -1,4 +1,6 @@
-"""One shared suite over every head scorer, plus exact masking and physical pruning."""
+"""One shared suite over every head scorer, plus exact masking and physical pruning; the generator half on
+the tiny layout and on tiny random diffusers pipelines of every kind (SD3/SD3.5, PixArt-alpha/-sigma, Flux dev/schnell,
+Sana) and HunyuanDiT."""
 import numpy as np
 import pytest
 import torch
@@ -144,3 +146,246 @@ def test_quality_metrics():
     assert (psnr(b, a) > psnr(c, a)).all() and (ssim(b, a) > ssim(c, a)).all()
     with pytest.raises(ValueError, match="shapes differ"):
         psnr(a[:, :16], a)
+
+
+# ---- diffusers pipeline generators (tiny random pipelines of every kind) --------------------------------
+PIPE_KINDS = ["sd3", "sd3.5", "pixart-alpha", "pixart-sigma", "flux-schnell", "flux-dev", "sana"]
+# kind -> (units, heads), [uncond | cond] batching under guidance > 1
+PIPE_SPACES = {"sd3": ((2, 2), True), "sd3.5": ((5, 2), True), "pixart-alpha": ((4, 2), True),
+               "pixart-sigma": ((4, 2), True), "flux-schnell": ((4, 2), False), "flux-dev": ((4, 2), False),
+               "sana": ((4, 2), True)}
+PROMPT = ["a red circle on the left"]
+
+
+@pytest.fixture(scope="module")
+def pipe_folders(tmp_path_factory):
+    from unicache_lib.zoo import tiny_pipelines as tp
+
+    root = tmp_path_factory.mktemp("pruning_pipes")
+    return {kind: tp.build_tiny(kind, root / kind) for kind in PIPE_KINDS}
+
+
+def _pipe(pipe_folders, kind):
+    from unicache_lib.zoo.loaders import load_generator
+
+    return load_generator(pipe_folders[kind])
+
+
+def _hooks(module):
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in module.modules())
+
+
+def _zeroed_heads(space, i, heads):
+    """A copy of the model with the output-projection columns of ``heads`` of unit ``i`` zeroed (for
+    Flux's single-stream attention: the attention columns of the block's proj_out)."""
+    import copy
+
+    from unicache_lib.pruning.heads import _out_projections, _output_weight
+
+    m = copy.deepcopy(space.model)
+    sp = HeadSpace(m, space.units)
+    u, mod = sp.units[i], sp.modules[i]
+    ws = [lin.weight for lin in _out_projections(mod)] or [_output_weight(m, u.name, mod)]
+    with torch.no_grad():
+        for w in ws:
+            for h in heads:
+                w[:, h * u.head_dim:(h + 1) * u.head_dim] = 0
+    return m
+
+
+@pytest.mark.parametrize("kind", PIPE_KINDS)
+def test_pipeline_head_space_and_exact_masking(pipe_folders, kind):
+    """Every family's heads (Flux double + single blocks, SD3.5's attn2, Sana's linear self-attention)
+    mask exactly: masking a head equals zeroing the weights that read it; all ones changes no pixel;
+    masking all heads of any one unit changes the image; physical pruning refuses."""
+    from unicache_lib.pruning.evaluate import record_transformer_call
+    from unicache_lib.zoo.sampling import sample
+
+    gen = _pipe(pipe_folders, kind)
+    tr = gen.transformer
+    space = HeadSpace.of(tr)
+    assert space.shape == PIPE_SPACES[kind][0]
+    if kind.startswith("flux"):
+        blocks = [u.name.split(".")[0] for u in space.units]
+        assert blocks == ["transformer_blocks"] * 2 + ["single_transformer_blocks"] * 2
+        assert [u.layer for u in space.units] == [0, 1, 2, 3]
+    if kind == "sd3.5":
+        assert [u.part for u in space.units] == ["joint", "self", "joint", "self", "joint"]
+    if kind == "sana":
+        assert [(u.part, u.mapped) for u in space.units] == [("cross", True), ("self", False)] * 2
+        assert HeadSpace.of(tr, mapless=False).shape == (2, 2)
+    else:
+        assert all(u.mapped for u in space.units)
+
+    kw, _ = record_transformer_call(gen, PROMPT, 2, 3.0, [0])
+    with torch.no_grad():
+        base = tr(**kw)[0]
+        for i, u in enumerate(space.units):  # head 1 of each unit: mask == zeroed output columns, and it matters
+            mask = space.ones()
+            mask[i, 1] = 0
+            with HeadMask(space, mask):
+                masked = tr(**kw)[0]
+            assert torch.allclose(masked, _zeroed_heads(space, i, [1])(**kw)[0], atol=1e-6), u.name
+            assert (masked - base).abs().max() > 1e-5, u.name
+
+    hooks = _hooks(tr)
+    ref = sample(gen, PROMPT, steps=2, seed=0)
+    with HeadMask(space, space.ones()):
+        assert torch.equal(sample(gen, PROMPT, steps=2, seed=0), ref)
+    for i, u in enumerate(space.units):
+        mask = space.ones()
+        mask[i] = 0
+        with HeadMask(space, mask):
+            assert (sample(gen, PROMPT, steps=2, seed=0) - ref).abs().max() > 1e-4, u.name
+    assert _hooks(tr) == hooks
+    with pytest.raises(NotImplementedError, match="HeadMask"):
+        prune_physically(space, space.ones())
+
+
+@pytest.mark.parametrize("kind", PIPE_KINDS)
+def test_pipeline_gradient_scorer(pipe_folders, kind):
+    """The loss closures run on the pipeline: finite losses whose gradient w.r.t. the head mask reaches
+    every unit; the gradient scorer gives finite, non-constant scores; deterministic; no hook left."""
+    from unicache_lib.pruning.evaluate import generation_loss_fns
+
+    gen = _pipe(pipe_folders, kind)
+    space = HeadSpace.of(gen.transformer)
+    hooks = _hooks(gen.transformer)
+    fns = generation_loss_fns(gen, n_batches=2, batch=2, seed=1)
+    assert len(fns) == 2
+    mask = space.ones().requires_grad_(True)
+    with HeadMask(space, mask):
+        losses = [fn() for fn in fns]
+        assert all(loss.ndim == 0 and torch.isfinite(loss) for loss in losses)
+        (g,) = torch.autograd.grad(sum(losses), mask)
+    assert torch.isfinite(g).all() and (g.abs().sum(1) > 0).all()  # every unit
+    s = SCORERS["gradient"]()(ScoringContext(space, loss_fns=fns))
+    assert s.shape == space.shape and np.isfinite(s).all() and s.std() > 0
+    again = generation_loss_fns(gen, n_batches=2, batch=2, seed=1)
+    with torch.no_grad():
+        assert [f().item() for f in again] == [f().item() for f in fns]
+        assert again[0]().item() != generation_loss_fns(gen, n_batches=1, batch=2, seed=2)[0]().item()
+    assert _hooks(gen.transformer) == hooks
+
+
+@pytest.mark.parametrize("kind", PIPE_KINDS)
+def test_pipeline_loss_is_the_pipelines_own_call(pipe_folders, kind):
+    """The recorded arguments reproduce the pipeline's conditional prediction; the timestep scale is the
+    pipeline's; the noising is the family's objective (PixArt: DDPM's add_noise)."""
+    from diffusers import DDPMScheduler
+
+    from unicache_lib.pruning.evaluate import flow_timestep, pipeline_loss_batches, record_transformer_call
+
+    gen = _pipe(pipe_folders, kind)
+    tr, fam = gen.transformer, gen.family
+    seen = []
+    h = tr.register_forward_hook(lambda m, a, o: seen.append(o[0] if isinstance(o, tuple) else o.sample))
+    try:
+        kw, latents = record_transformer_call(gen, PROMPT * 2, 2, 3.0, [0, 1])
+    finally:
+        h.remove()
+    cfg = PIPE_SPACES[kind][1]
+    assert seen[0].shape[0] == (4 if cfg else 2) and kw["hidden_states"].shape[0] == 2
+    assert latents.shape == kw["hidden_states"].shape
+    with torch.no_grad():
+        assert torch.allclose(tr(**kw)[0], seen[0][-2:], atol=1e-5)  # the conditional rows, recomputed
+    sched = gen.scheduler
+    if fam == "pixart":
+        assert torch.equal(kw["timestep"], sched.timesteps[0].expand(2))
+    else:  # step 0's noise level, passed as the pipeline passes it
+        assert torch.allclose(kw["timestep"].float(), flow_timestep(gen, sched.sigmas[:1]).expand(2), atol=1e-4)
+
+    (lb,) = pipeline_loss_batches(gen, n_batches=1, batch=3, seed=0)
+    assert len(lb.prompts) == 3 and "hidden_states" not in lb.kwargs and "timestep" not in lb.kwargs
+    if fam == "pixart":
+        assert lb.objective == "epsilon" and torch.equal(lb.target, lb.noise)
+        ddpm = DDPMScheduler.from_config(sched.config)
+        assert torch.allclose(lb.xt, ddpm.add_noise(lb.x0, lb.noise, lb.level), atol=1e-5)
+    else:
+        assert lb.objective == "flow" and torch.equal(lb.target, lb.noise - lb.x0)
+        s = lb.level.view(-1, *[1] * (lb.x0.dim() - 1))
+        assert torch.allclose(lb.xt, (1 - s) * lb.x0 + s * lb.noise) and ((0 < lb.level) & (lb.level < 1)).all()
+        assert torch.equal(lb.timestep, flow_timestep(gen, lb.level))
+    if kind == "flux-dev":
+        assert torch.equal(lb.kwargs["guidance"], torch.ones(3))
+    if kind == "flux-schnell":
+        assert lb.kwargs["guidance"] is None
+
+
+def test_pipeline_loss_refuses_other_objectives(pipe_folders):
+    from diffusers import DDPMScheduler, DPMSolverMultistepScheduler
+
+    from unicache_lib.pruning.evaluate import generation_loss_fns
+
+    gen = _pipe(pipe_folders, "pixart-sigma")
+    gen.pipe.scheduler = DPMSolverMultistepScheduler.from_config(gen.scheduler.config, prediction_type="v_prediction")
+    with pytest.raises(NotImplementedError, match=r"pixart.*'v_prediction'.*epsilon"):
+        generation_loss_fns(gen)
+    gen = _pipe(pipe_folders, "sd3")
+    gen.pipe.scheduler = DDPMScheduler()
+    with pytest.raises(NotImplementedError, match=r"sd3: .*DDPMScheduler.*not flow matching"):
+        generation_loss_fns(gen)
+    gen.family = "hunyuan"
+    with pytest.raises(NotImplementedError, match=r"'hunyuan'.*no training objective"):
+        generation_loss_fns(gen)
+
+
+@pytest.mark.parametrize("kind", PIPE_KINDS)
+def test_pipeline_sweep(pipe_folders, kind):
+    """A 2-step sweep at one fraction on the decoded images: PSNR / SSIM vs unpruned, prompt following."""
+    from unicache_lib.pruning.evaluate import sweep_generation
+    from unicache_lib.world.text import prompt_set
+
+    gen = _pipe(pipe_folders, kind)
+    space = HeadSpace.of(gen.transformer)
+    ps = prompt_set(2, 0, seed=0)
+    scores = {"weight_norm": SCORERS["weight_norm"]()(ScoringContext(space))}
+    df, ref = sweep_generation(gen, space, scores, [0.5], [p["short"] for p in ps], [p["objects"][0] for p in ps],
+                               steps=2, guidance=3.0, seed=0, progress=False)
+    assert ref.shape == (2, gen.image_size, gen.image_size, 3) and ref.dtype == np.uint8
+    assert len(df) == 1 and df.pruned.iloc[0] == space.n_heads // 2
+    row = df.iloc[0]
+    assert np.isfinite(row.psnr) and row.psnr < 100 and -1 <= row.ssim < 1
+    assert {"colour", "position", "shape"} <= set(df.columns) and row.n == 2
+
+
+def test_statistics_scorers_refuse_mapless_units(pipe_folders):
+    gen = _pipe(pipe_folders, "sana")
+    space = HeadSpace.of(gen.transformer)
+    with pytest.raises(ValueError, match=r"linear attention.*mapless=False"):
+        SCORERS["low_variance"]()(ScoringContext(space, records=[object()]))
+    assert np.isfinite(SCORERS["weight_norm"]()(ScoringContext(space))).all()
+
+
+def test_hunyuan_heads_mask_exactly():
+    from unicache_lib.zoo.tiny_random import forward_inputs, tiny_transformer
+
+    tr = tiny_transformer("hunyuan")
+    space = HeadSpace.of(tr)
+    assert space.shape == (4, 2) and {u.part for u in space.units} == {"self", "cross"}
+    kw = forward_inputs("hunyuan", tr)
+    with torch.no_grad():
+        base = tr(**kw)[0]
+        with HeadMask(space, space.ones()):
+            assert torch.equal(tr(**kw)[0], base)
+        for i in range(len(space.units)):
+            mask = space.ones()
+            mask[i, 0] = 0
+            with HeadMask(space, mask):
+                masked = tr(**kw)[0]
+            assert torch.allclose(masked, _zeroed_heads(space, i, [0])(**kw)[0], atol=1e-6)
+            assert (masked - base).abs().max() > 1e-5
+
+
+def test_prompt_following_checker_at_pipeline_sizes():
+    """The world's checker works on decoded images of any square size (thresholds are fractions)."""
+    from unicache_lib.world.scenes import make_scene
+    from unicache_lib.world.segment import score_object
+
+    rng = np.random.default_rng(0)
+    for size in (32, 512):
+        for _ in range(4):
+            sc = make_scene(rng, "single", size, n_objects=1, radius_range=(0.16, 0.20))
+            assert score_object(sc.uint8(), sc.describe()[0]) == {"colour": True, "position": True, "shape": True}
+    with pytest.raises(ValueError, match="square"):
+        score_object(np.zeros((512, 256, 3), np.uint8), {"colour": "red", "shape": "circle", "position": "left"})

@@ -2,6 +2,10 @@
 quality and prompt following for the generators. Always against the unpruned model's own outputs."""
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -31,7 +35,9 @@ def understanding_metrics(logp: torch.Tensor, ref_logp: torch.Tensor, processor,
 
 def generation_metrics(images: np.ndarray, reference: np.ndarray, objects: list[dict]) -> dict:
     """PSNR / SSIM vs the reference images and colour / position / shape following rates
-    (``objects``: the one object each single-object prompt asks for)."""
+    (``objects``: the one object each single-object prompt asks for). ``images`` / ``reference``:
+    ``[N, H, W, 3]`` uint8 of any square size (the tiny generators' 32 px, a pipeline's decoded 512 or
+    1024 px): the prompt-following checker measures in fractions of the image side and area."""
     p = psnr(images, reference)
     scores = [score_object(im, o) for im, o in zip(images, objects)]
     return {"psnr": float(np.mean(np.minimum(p, 100.0))), "ssim": float(np.mean(ssim(images, reference))),
@@ -53,8 +59,53 @@ def understanding_loss_fns(model, processor, qas, batch: int = 32) -> list:
     return fns
 
 
-def generation_loss_fns(gen, n_batches: int = 4, batch: int = 16, seed: int = 0) -> list:
-    """Closures: the rectified-flow training loss on fixed synthetic batches (gradient scorer)."""
+def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed: int = 0, *, steps: int = 2,
+                        guidance: float = 3.0) -> list:
+    """Closures returning the generator's denoising training loss on fixed batches, for the gradient scorer
+    (the gradient of the loss w.r.t. a head mask ranks heads, Michel et al.). Deterministic in ``seed``.
+
+    **Tiny layout** (``gen.pipe`` None; ``batch`` defaults to 16): the rectified-flow training loss on
+    synthetic pixel-space examples of the world (image and prompt, as in training), the prompts through
+    the tiny text encoder: ``x_t = (1 - s) x0 + s eps``, ``s = sigmoid(N(0, 1))``, timestep ``1000 s``,
+    ``MSE(v, eps - x0)``. ``steps`` and ``guidance`` are not used.
+
+    **Pipeline** (:class:`~unicache_lib.zoo.pipelines.PipelineGenerator`; ``batch`` defaults to 4): latent
+    models have no training images here, so the clean latents ``x0`` are the pipeline's own samples and the
+    conditioning is the pipeline's own. Per batch: ``batch`` prompts of
+    :func:`~unicache_lib.world.text.prompt_set` (30% two-object, short or long wording at random, as the
+    tiny examples) are sampled with ``sample(gen, prompts, steps, guidance)`` while a forward pre-hook on the
+    transformer records the arguments of its first call (text embeddings, pooled projections, masks,
+    PixArt's added conditions, Flux's position ids and guidance, exactly as the pipeline passes them; where
+    the pipeline batches classifier-free guidance as ``[uncond | cond]``, the conditional rows only) and
+    ``on_step_end`` the final latents ``x0`` (Flux: packed, as its transformer takes them). Fresh noise
+    ``eps`` and noise levels, fixed per closure, then give the family's own objective, the transformer
+    called with the recorded arguments, ``hidden_states = x_t`` and the noise level's timestep:
+
+    - SD3 / SD3.5, Flux, Sana: flow matching, ``x_t = (1 - s) x0 + s eps``, ``s = sigmoid(N(0, 1))``,
+      loss ``MSE(v, eps - x0)``; the timestep as the pipeline passes it at noise level ``s``
+      (:func:`flow_timestep`; ``N`` = the scheduler's ``num_train_timesteps``): ``s N`` for SD3, ``s N / 1000``
+      for Flux (its pipeline divides by 1000, its transformer multiplies back), ``int(s N) timestep_scale``
+      for Sana (DPM-Solver keeps integer timesteps). Flux.1-dev (guidance
+      distilled) gets the guidance input 1.0: the loss is minimised by the conditional velocity, which is
+      what the distilled model predicts at guidance 1 (at the sampling guidance it predicts the guided
+      velocity, whose target is not ``eps - x0``). Flux.1-schnell has no guidance input.
+    - PixArt-alpha / -sigma: epsilon prediction (DDPM), integer ``t`` uniform in ``[0, N)``,
+      ``x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps`` with ``abar`` the scheduler's ``alphas_cumprod``,
+      loss ``MSE(first C output channels, eps)`` (the learned-variance channels dropped, as the pipeline
+      drops them; a Sana transformer with twice the latent channels out is treated the same way, as its
+      pipeline does).
+
+    The sampling runs here (``n_batches`` pipeline calls of ``steps`` steps; few steps are cheap but give
+    rougher ``x0``); each closure is one transformer forward. Raises NotImplementedError naming the family
+    where the checkpoint's objective is not the one above (a PixArt scheduler that does not predict
+    epsilon, an SD3 / Flux / Sana scheduler that is not flow matching) or the family has no known
+    objective: never an approximation.
+    """
+    if n_batches < 1 or (batch is not None and batch < 1):
+        raise ValueError(f"n_batches and batch must be at least 1, got {n_batches} and {batch}")
+    if getattr(gen, "pipe", None) is not None:
+        return _pipeline_loss_fns(gen, n_batches, 4 if batch is None else batch, seed, steps, guidance)
+    batch = 16 if batch is None else batch
     from ..zoo import tiny_generators as tg
     from ..zoo.train_generator import training_example
 
@@ -75,6 +126,180 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int = 16, seed: int = 0)
             return torch.nn.functional.mse_loss(v.float(), noise - x0)
         fns.append(fn)
     return fns
+
+
+# family -> transformer timestep from the scheduler's timestep for noise level s (scheduler timestep = s * n,
+# n = num_train_timesteps), as the pipeline passes it
+_FLOW_TIMESTEP = {
+    "sd3": lambda t, tr: t,
+    "flux": lambda t, tr: t / 1000,
+    "sana": lambda t, tr: t * float(tr.config.timestep_scale),
+}
+
+
+def flow_timestep(gen, s: torch.Tensor) -> torch.Tensor:
+    """The transformer timestep a flow-matching pipeline passes at noise level ``s``: the scheduler's
+    timestep ``s N`` (``N = num_train_timesteps``; truncated to an integer where the scheduler keeps integer
+    timesteps, as DPM-Solver does for Sana), then SD3: as is, Flux: ``/ 1000``, Sana: ``* timestep_scale``."""
+    t = s.double() * int(gen.scheduler.config.num_train_timesteps)
+    if not torch.is_floating_point(torch.as_tensor(gen.scheduler.timesteps)):
+        t = t.floor()
+    return _FLOW_TIMESTEP[gen.family](t, gen.transformer).float()
+
+
+def generation_objective(gen) -> str:
+    """``"flow"`` (SD3 / SD3.5, Flux, Sana with a flow-matching scheduler) or ``"epsilon"`` (PixArt with an
+    epsilon-predicting scheduler): the training objective :func:`generation_loss_fns` uses for a pipeline.
+    NotImplementedError, naming the family and why, for anything else."""
+    fam, sched = gen.family, gen.scheduler
+    cname, pred = type(sched).__name__, sched.config.get("prediction_type")
+    if fam in _FLOW_TIMESTEP:
+        if cname.startswith("FlowMatch") or pred == "flow_prediction":
+            return "flow"
+        raise NotImplementedError(
+            f"{fam}: the pipeline's scheduler {cname} (prediction_type {pred!r}) is not flow matching, so the "
+            f"checkpoint's training objective is not the flow-matching loss generation_loss_fns implements for {fam}")
+    if fam == "pixart":
+        if pred == "epsilon" and getattr(sched, "alphas_cumprod", None) is not None:
+            return "epsilon"
+        raise NotImplementedError(
+            f"pixart: the pipeline's scheduler {cname} predicts {pred!r}, not epsilon (or has no alphas_cumprod); "
+            f"generation_loss_fns implements PixArt's epsilon-prediction DDPM loss only")
+    raise NotImplementedError(f"generation family {fam!r}: no training objective is known to generation_loss_fns "
+                              f"(known: {', '.join([*_FLOW_TIMESTEP, 'pixart'])})")
+
+
+class _FirstCall:
+    """Records the transformer's first call (arguments by name) and the latents after the last step."""
+
+    def __init__(self, transformer):
+        self.sig = inspect.signature(transformer.forward)
+        self.kwargs: dict | None = None
+        self.latents: torch.Tensor | None = None
+
+    def pre_hook(self, module, args, kwargs):
+        if self.kwargs is not None:
+            return
+        out = {}
+        for name, v in self.sig.bind(*args, **kwargs).arguments.items():
+            kind = self.sig.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                out.update(v)
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                if v:
+                    raise RuntimeError(f"the transformer was called with {len(v)} extra positional arguments")
+            else:
+                out[name] = v
+        self.kwargs = out
+
+    def on_step_end(self, step, t, latents):
+        self.latents = latents.detach().clone()
+
+
+def _cond_rows(v, rows: int, b: int):
+    """The conditional half ``[b:]`` of every tensor batched as ``[uncond | cond]`` (``rows = 2b``)."""
+    if torch.is_tensor(v):
+        return v[b:] if v.dim() and v.shape[0] == rows else v
+    if isinstance(v, dict):
+        return {k: _cond_rows(x, rows, b) for k, x in v.items()}
+    return v
+
+
+def record_transformer_call(gen, prompts: list[str], steps: int, guidance: float, seed) -> tuple[dict, torch.Tensor]:
+    """Sample ``prompts`` through the pipeline (:func:`~unicache_lib.zoo.sampling.sample`) and return
+    ``(kwargs, latents)``: the arguments of the transformer's first call by name, exactly as the pipeline
+    passed them (where it batches classifier-free guidance as ``[uncond | cond]``, the conditional rows
+    only), and the latents after the last step (``on_step_end``; Flux: packed)."""
+    from ..zoo.sampling import sample
+
+    tr = gen.transformer
+    rec = _FirstCall(tr)
+    handle = tr.register_forward_pre_hook(rec.pre_hook, with_kwargs=True)
+    try:
+        sample(gen, prompts, steps, guidance, seed=seed, callbacks=[rec])
+    finally:
+        handle.remove()
+    kw, b = rec.kwargs, len(prompts)
+    rows = kw["hidden_states"].shape[0]
+    if rows == 2 * b:
+        kw = {k: _cond_rows(v, rows, b) for k, v in kw.items()}
+    elif rows != b:
+        raise RuntimeError(f"{gen.family}: the transformer saw {rows} rows for {b} prompts")
+    if rec.latents.shape != kw["hidden_states"].shape:
+        raise RuntimeError(f"{gen.family}: final latents {tuple(rec.latents.shape)} are not shaped as the "
+                           f"transformer's input {tuple(kw['hidden_states'].shape)}")
+    return kw, rec.latents
+
+
+@dataclass
+class LossBatch:
+    """One batch of a pipeline's :func:`generation_loss_fns` loss. ``kwargs``: the transformer's recorded
+    arguments (conditional rows; ``hidden_states`` and ``timestep`` left out; Flux.1-dev's guidance set to
+    1); ``x0``: clean latents (the pipeline's samples), ``noise``, ``level`` (flow: ``s [B]``; PixArt:
+    integer ``t [B]``), ``xt`` and ``timestep`` as the transformer takes them, ``target`` (float32)."""
+
+    prompts: list
+    objective: str
+    kwargs: dict
+    x0: torch.Tensor
+    noise: torch.Tensor
+    level: torch.Tensor
+    xt: torch.Tensor
+    timestep: torch.Tensor
+    target: torch.Tensor
+
+
+def pipeline_loss_batches(gen, n_batches: int = 4, batch: int = 4, seed: int = 0, steps: int = 2,
+                          guidance: float = 3.0) -> list[LossBatch]:
+    """The fixed batches behind a pipeline's :func:`generation_loss_fns` (its docstring says what they are)."""
+    from ..world.text import prompt_set
+
+    objective = generation_objective(gen)  # before any sampling
+    tr, sched, fam = gen.transformer, gen.scheduler, gen.family
+    n_train = int(sched.config.num_train_timesteps)
+    rng = np.random.default_rng(seed)
+    n = n_batches * batch
+    n_pairs = int(round(0.3 * n))
+    items = prompt_set(n - n_pairs, n_pairs, seed)
+    prompts = [items[j]["long"] if rng.random() < 0.5 else items[j]["short"] for j in rng.permutation(n)]
+    out = []
+    for b in range(n_batches):
+        ps = prompts[b * batch : (b + 1) * batch]
+        kw, latents = record_transformer_call(gen, ps, steps, guidance, [seed + b * batch + i for i in range(len(ps))])
+        x_in, t_in = kw.pop("hidden_states"), kw.pop("timestep")
+        device = x_in.device
+        x0 = latents.to(device=device, dtype=torch.float32)
+        noise = torch.from_numpy(rng.standard_normal(tuple(x0.shape))).float().to(device)
+        view = (-1,) + (1,) * (x0.dim() - 1)
+        if objective == "flow":
+            level = torch.sigmoid(torch.from_numpy(rng.normal(0, 1, len(ps))).float())
+            s = level.view(view).to(device)
+            xt, target, t = (1 - s) * x0 + s * noise, noise - x0, flow_timestep(gen, level)
+            if fam == "flux" and kw.get("guidance") is not None:  # guidance-distilled: the conditional velocity
+                kw["guidance"] = torch.ones_like(kw["guidance"])
+        else:
+            level = t = torch.from_numpy(rng.integers(0, n_train, len(ps)))
+            abar = sched.alphas_cumprod[level].float().view(view).to(device)
+            xt, target = abar.sqrt() * x0 + (1 - abar).sqrt() * noise, noise
+        kw["return_dict"] = False
+        out.append(LossBatch(ps, objective, kw, x0, noise, level, xt.to(x_in.dtype),
+                             t.to(device=device, dtype=t_in.dtype), target))
+    return out
+
+
+def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, guidance: float) -> list:
+    tr = gen.transformer
+    latent_c = int(tr.config.in_channels)
+    learned_sigma = gen.family in ("pixart", "sana") and int(tr.config.out_channels) // 2 == latent_c
+
+    def fn(lb: LossBatch):
+        out = tr(**lb.kwargs, hidden_states=lb.xt, timestep=lb.timestep)
+        out = out[0] if isinstance(out, (tuple, list)) else out.sample
+        if learned_sigma:  # as the pipeline: the first latent_c channels predict the noise
+            out = out[:, :latent_c]
+        return torch.nn.functional.mse_loss(out.float(), lb.target)
+
+    return [functools.partial(fn, lb) for lb in pipeline_loss_batches(gen, n_batches, batch, seed, steps, guidance)]
 
 
 def sweep_understanding(model, processor, space, scores: dict, fractions, qas, ref_logp=None, progress=True):
@@ -106,7 +331,10 @@ def sweep_understanding(model, processor, space, scores: dict, fractions, qas, r
 
 def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, steps=20, guidance=3.0, seed=0,
                      progress=True):
-    """PSNR / SSIM vs the unpruned images and prompt following for every (scorer, fraction)."""
+    """PSNR / SSIM vs the unpruned images and prompt following for every (scorer, fraction), on the
+    decoded images of ``sample(gen, prompts, steps, guidance, seed)``: the tiny generators' pixels or a
+    pipeline's VAE-decoded output (:class:`~unicache_lib.zoo.pipelines.PipelineGenerator`), every run with
+    the same seeds. Returns ``(DataFrame with one row per (scorer, fraction), reference uint8 images)``."""
     import pandas as pd
     from tqdm.auto import tqdm
 

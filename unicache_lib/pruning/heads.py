@@ -3,7 +3,12 @@
 A *unit* is one attention module; its heads are numbered 0..H-1. Masking multiplies each head's
 slice of the attention output by 0 or 1 right before the output projection (a forward pre-hook on
 ``o_proj`` / ``to_out[0]``, and ``to_add_out`` for an MMDiT's text stream), so a masked head adds
-nothing, whatever attention kernel runs. Hooks are removed on exit, also on error.
+nothing, whatever attention kernel runs. Flux's single-stream attention has no output projection of
+its own (``pre_only``: the block's ``proj_out`` mixes it with the MLP branch), so there the module's
+own output ``[B, S, heads * head_dim]`` is multiplied (a forward hook): the same product, one step
+earlier. Sana's linear self-attention keeps heads apart up to ``to_out[0]`` (``ReLU(q) (ReLU(k)^T v)``
+per head, flattened head-major), so its heads are masked like any other. Hooks are removed on exit,
+also on error.
 """
 from __future__ import annotations
 
@@ -19,22 +24,46 @@ from ..capture.vlm import attention_sites, unwrap
 @dataclass(frozen=True)
 class Unit:
     """One attention module: ``name`` in the model, its ``layer`` index, ``part`` (``"language"``,
-    ``"joint"``, ``"self"``, ``"cross"``), ``heads`` and ``head_dim``."""
+    ``"joint"``, ``"self"``, ``"cross"``), ``heads`` and ``head_dim``. ``mapped``: the module forms a
+    softmax map that capture records (False for Sana's linear self-attention: maskable, but the
+    attention-statistics scorers have nothing to score it by)."""
 
     name: str
     layer: int
     part: str
     heads: int
     head_dim: int
+    mapped: bool = True
 
 
 def _out_projections(module) -> list[torch.nn.Linear]:
+    """The linear layers whose *input* is the heads' concatenated output (empty for Flux's
+    single-stream attention, which has none: see :func:`_output_weight`)."""
     if hasattr(module, "o_proj"):
         return [module.o_proj]
-    outs = [module.to_out[0]]
+    to_out = getattr(module, "to_out", None)
+    if to_out is None:
+        return []
+    outs = [to_out[0]]
     if getattr(module, "to_add_out", None) is not None:
         outs.append(module.to_add_out)
     return outs
+
+
+def _output_weight(model, name: str, module) -> torch.Tensor:
+    """``[out, heads * head_dim]``: the weight the heads' output is multiplied by (the image stream's
+    where there are two). Flux single-stream attention: the first ``heads * head_dim`` input columns of
+    the block's ``proj_out`` (which reads ``[attention | MLP]``)."""
+    outs = _out_projections(module)
+    if outs:
+        return outs[0].weight
+    parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+    inner = module.to_q.out_features
+    proj = getattr(parent, "proj_out", None)
+    if isinstance(proj, torch.nn.Linear) and proj.in_features > inner:
+        return proj.weight[:, :inner]
+    raise NotImplementedError(f"{name} ({type(module).__name__}) has no output projection and its block no "
+                              f"proj_out reading [attention | MLP]: the heads' output weight is unknown")
 
 
 class HeadSpace:
@@ -47,16 +76,26 @@ class HeadSpace:
         self.modules = [mods[u.name] for u in units]
 
     @classmethod
-    def of(cls, model, part: str = "language") -> "HeadSpace":
+    def of(cls, model, part: str = "language", mapless: bool = True) -> "HeadSpace":
         """Discover units: a transformers VLM's language layers, or every attention module of a
-        diffusers transformer (``part`` is then ignored)."""
+        diffusers transformer as its generator family lays them out (``part`` is then ignored): SD3's
+        joint blocks and SD3.5's image-only ``attn2``, Flux's double- then single-stream blocks, PixArt's,
+        Sana's and HunyuanDiT's self- and cross-attention.
+
+        ``mapless`` (diffusers): include the attention modules that form no softmax map (Sana's linear
+        self-attention; :attr:`Unit.mapped` False). They mask exactly, and the gradient, weight-norm and
+        random scorers score them, but the attention-statistics scorers cannot (they raise): pass
+        ``mapless=False`` to prune the softmax attention only."""
         model = unwrap(model)
         units = []
         if any(hasattr(m, "to_q") and hasattr(m, "processor") for m in model.modules()):
-            from ..capture.diffusion import find_diffusion_attention
+            from ..gen_families import gen_family_of
 
-            for name, (layer, p, mod) in find_diffusion_attention(model).items():
-                units.append(Unit(name, layer, p, mod.heads, mod.to_q.out_features // mod.heads))
+            for s in gen_family_of(model).sites(model):
+                if s.captured or mapless:
+                    mod = s.module
+                    head_dim = mod.to_q.out_features // mod.heads
+                    units.append(Unit(s.name, s.layer, s.part, mod.heads, head_dim, s.captured))
         else:
             for site in attention_sites(model, part):  # a cross-attention VLM's cross layers are part "cross"
                 mod = site.module
@@ -118,20 +157,33 @@ class HeadMask:
         self.space, self.mask = space, mask
         self._stack: ExitStack | None = None
 
+    def _apply(self, i: int, unit: Unit, x: torch.Tensor) -> torch.Tensor:
+        m = self.mask[i, : unit.heads].to(x.dtype).to(x.device)
+        return (x.unflatten(-1, (unit.heads, unit.head_dim)) * m[:, None]).flatten(-2)
+
     def _hook(self, i: int, unit: Unit):
         def pre(module, args):
-            x = args[0]
-            m = self.mask[i, : unit.heads].to(x.dtype).to(x.device)
-            y = (x.unflatten(-1, (unit.heads, unit.head_dim)) * m[:, None]).flatten(-2)
-            return (y, *args[1:])
+            return (self._apply(i, unit, args[0]), *args[1:])
         return pre
+
+    def _output_hook(self, i: int, unit: Unit):
+        def post(module, args, output):
+            if not torch.is_tensor(output):
+                raise RuntimeError(f"{unit.name}: expected the attention output [B, S, heads * head_dim], got "
+                                   f"{type(output).__name__}")
+            return self._apply(i, unit, output)
+        return post
 
     def __enter__(self) -> "HeadMask":
         self._stack = ExitStack()
         try:
             for i, (u, mod) in enumerate(zip(self.space.units, self.space.modules)):
-                for lin in _out_projections(mod):
+                outs = _out_projections(mod)
+                for lin in outs:
                     self._stack.callback(lin.register_forward_pre_hook(self._hook(i, u)).remove)
+                if not outs:  # Flux single-stream (pre_only): mask the module's own output
+                    _output_weight(self.space.model, u.name, mod)  # a known layout, or a clear error
+                    self._stack.callback(mod.register_forward_hook(self._output_hook(i, u)).remove)
         except BaseException:
             self._stack.close()
             raise
@@ -146,7 +198,8 @@ def physical_pruning_unsupported(space: HeadSpace) -> str | None:
     """Why :func:`prune_physically` cannot slice this model's heads out, or None when it can."""
     for u, mod in zip(space.units, space.modules):
         if not hasattr(mod, "o_proj"):
-            return f"{u.name}: physical pruning supports transformers q/k/v/o attention; use HeadMask for diffusers modules"
+            return (f"{u.name} ({type(mod).__name__}): physical pruning supports transformers q/k/v/o attention "
+                    f"(Llama-style q_proj/k_proj/v_proj/o_proj); use HeadMask for diffusers modules")
         if mod.k_proj.out_features != mod.q_proj.out_features:
             return f"{u.name}: grouped-query attention (fewer KV heads than query heads) is not supported; use HeadMask"
     return None

@@ -62,8 +62,12 @@ def score_object(image: np.ndarray, obj: dict, min_fraction: float = 0.012) -> d
 
     Colour is correct when the object's colour is the most frequent non-background palette colour
     and covers at least ``min_fraction`` of the image (12 pixels of a 32x32 image; a drawn object
-    covers ~80). Position and shape are judged on the pixels of that colour.
+    covers ~80). Position and shape are judged on the pixels of that colour. Every threshold is a
+    fraction of the image (area, side), so any square size works (a pipeline's 512 or 1024 px).
     """
+    if image.ndim != 3 or image.shape[0] != image.shape[1]:
+        raise ValueError(f"score_object takes a square [H, W, 3] image (shapes and positions are judged on a "
+                         f"square canvas, at any size), got shape {image.shape}")
     lab = colour_labels(image)
     counts = np.bincount(lab[lab > 0].ravel(), minlength=len(_NAMES))
     k = _NAMES.index(obj["colour"])

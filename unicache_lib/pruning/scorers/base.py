@@ -61,8 +61,18 @@ class HeadScorer:
 def head_statistics(ctx: ScoringContext) -> dict[str, np.ndarray]:
     """Per-head attention statistics averaged over every record of each unit: ``variance``,
     ``entropy`` (normalised) and ``max_sim`` (largest similarity to another head of the unit), each
-    ``[units, heads]`` (NaN beyond a unit's heads)."""
+    ``[units, heads]`` (NaN beyond a unit's heads). Raises ValueError for a space holding units without a
+    softmax map (Sana's linear self-attention, :attr:`~unicache_lib.pruning.heads.Unit.mapped` False)."""
     space = ctx.space
+    mapless = [u for u in space.units if not getattr(u, "mapped", True)]
+    if mapless:
+        from ...gen_families import gen_family_of
+
+        why = gen_family_of(space.model).uncaptured.get(mapless[0].part, "it forms no softmax map")
+        raise ValueError(f"{len(mapless)} units have no attention map to take statistics of "
+                         f"({mapless[0].name}: {why}); the attention-statistics scorers cannot score them. Build the "
+                         f"space without them, HeadSpace.of(transformer, mapless=False), or use the gradient / "
+                         f"weight_norm / random scorers")
     by_unit = {(u.layer, u.part): i for i, u in enumerate(space.units)}
     acc = {k: [[] for _ in space.units] for k in ("variance", "entropy", "max_sim")}
     for r in ctx.records:

@@ -1,7 +1,7 @@
 """Weight-norm importance: ||W_v[head]|| * ||W_o[:, head]|| (how much the head can write)."""
 import numpy as np
 
-from ..heads import _out_projections
+from ..heads import _output_weight
 from .base import HeadScorer, register
 
 
@@ -15,7 +15,7 @@ class WeightNorm(HeadScorer):
         out = np.full(sp.shape, np.nan)
         for i, (u, mod) in enumerate(zip(sp.units, sp.modules)):
             v = (mod.v_proj if hasattr(mod, "v_proj") else mod.to_v).weight.detach().float()
-            o = _out_projections(mod)[0].weight.detach().float()
+            o = _output_weight(sp.model, u.name, mod).detach().float()
             group = max(1, u.heads // max(1, v.shape[0] // u.head_dim))  # query heads per value head (GQA)
             for h in range(u.heads):
                 sl = slice(h * u.head_dim, (h + 1) * u.head_dim)
