@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 # costs nothing measurable when the machine is idle.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup run test test-fast notebooks lab benchmark replicate rehearsal gpu-rehearsal models clean-outputs
+.PHONY: setup run test test-fast notebooks lab benchmark replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 setup: $(STAMP)
 
@@ -72,6 +72,12 @@ benchmark: setup
 ##            on 2 CPU cores; not part of CI, a slice of it is in `make test`)
 rehearsal: setup
 	$(BIN)/python -m unicache_lib.rehearsal
+
+## rehearsal-gen: pipeline stand-ins of SD3-medium, PixArt-Sigma and FLUX.1-dev (512 px: 1,024 image tokens, real depth
+##            and text lengths, reduced head width, tiny random VAE) through notebooks 03, 04 and 05 by parameters only;
+##            wall-clock, peak RSS and reuse speed-ups -> benchmarks/results/rehearsal_generation.csv and the README table
+rehearsal-gen: setup
+	$(BIN)/python -m unicache_lib.rehearsal --side generation
 
 ## gpu-rehearsal: on a CUDA machine, the rehearsal at LLaVA-1.5-7B's real width in fp16, capture overhead and
 ##            decode-step time / KV bytes at 25% and 10% of the image KV; on a CPU machine it says so and exits 0

@@ -14,11 +14,19 @@
 # **What it needs**: notebook 01 (capture, store) and, for head redundancy, notebook 02's store (captured
 # here if absent). Runs on the shipped `tiny-mmdit` (SD3 class: joint attention over `[image | text]`) and
 # `tiny-pixart` (PixArt class: image self-attention plus image→text cross-attention), 64 image tokens and
-# 48 text positions each, or on any SD3 / PixArt transformer in their place.
+# 48 text positions each, or, by parameters only, on a diffusers pipeline folder of SD3 / SD3.5,
+# PixArt-α / Σ, Flux.1 or Sana (`MODELS`, `DEVICE`, `DTYPE`; at real sizes capture a subset of blocks with
+# `LAYERS` and thin the kept maps with `MAP_QUERY_STRIDE`). Flux's double- and single-stream blocks both
+# attend over the joint `[text | image]` sequence (part `joint`); Sana's linear self-attention forms no
+# softmax map and is not captured (its cross-attention is).
 # Direction convention: `X->Y` = queries of X reading keys of Y.
 
 # %% tags=["parameters"]
-MODELS = ["tiny-mmdit", "tiny-pixart"]
+MODELS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or diffusers pipeline folders
+DEVICE = "cpu"                # "cpu", "cuda" or "auto" (generators)
+DTYPE = "float32"             # weights; statistics are fp32 always
+LAYERS = None                 # blocks to capture (None = all; e.g. [0, 11, 23] on a 24-block model)
+MAP_QUERY_STRIDE = 1          # keep every k-th query row of the widget's full maps (memory at real sizes)
 N_SINGLE = 16                 # one-object prompts (each once short and once long)
 N_PAIRS = 8                   # two-object prompts, half of them with both objects in one colour
 STEPS = 20                    # denoising steps
@@ -50,17 +58,22 @@ from unicache_lib.widgets import step_explorer
 from unicache_lib.world.scenes import patch_grid_masks
 from unicache_lib.world.segment import colour_mask, score_object
 from unicache_lib.world.text import prompt_set
-from unicache_lib.zoo.loaders import is_stand_in, load_generator
+from unicache_lib.gen_families import gen_family_of
+from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
 
 torch.manual_seed(SEED)
 out = Path(OUT_DIR)
 out.mkdir(parents=True, exist_ok=True)
-gens = {m: load_generator(m) for m in MODELS}
+paths = {model_label(m): m for m in MODELS}  # from here on a model is named by its label (outputs go under it)
+gens = {m: load_generator(p, dtype=DTYPE, device=DEVICE) for m, p in paths.items()}
+MODELS = list(gens)
 prompts = prompt_set(N_SINGLE, N_PAIRS, SEED)
 for m, g in gens.items():
-    c = g.transformer.config
-    print(f"{m}: {type(g.transformer).__name__}, {c.num_layers} blocks x {c.num_attention_heads} heads, "
-          f"{g.image_tokens} image tokens")
+    fam = gen_family_of(g.transformer)
+    sites = fam.sites(g.transformer)
+    print(f"{m}: {type(g.transformer).__name__} ({fam.name}), {len({s.layer for s in sites})} blocks x "
+          f"{sites[0].module.heads} heads, {g.image_tokens} image tokens, {g.image_size} px"
+          + (f", sampled through {type(g.pipe).__name__}" if getattr(g, "pipe", None) is not None else ""))
 print(f"{len(prompts)} prompts ({N_SINGLE} single, {N_PAIRS} pairs), each short and long; {STEPS} steps, guidance {GUIDANCE}")
 print("e.g.", repr(prompts[0]["short"]), "/", repr(prompts[0]["long"]))
 
@@ -97,9 +110,9 @@ for m, g in gens.items():
     for kind in ("short", "long"):
         meta = [{"kind": kind, "pair": p["pair"], "id": p["id"]} for p in prompts]
         runs[m, kind] = capture_generation(g, [p[kind] for p in prompts], kind, store, STEPS, GUIDANCE, SEED,
-                                           meta=meta, progress=False)
+                                           meta=meta, layers=LAYERS, progress=False)
     maps = capture_generation(g, [p["short"] for p in prompts[:MAP_PROMPTS]], "maps", Store(out / "maps" / m, meta={"model": m}),
-                              STEPS, GUIDANCE, SEED, mode="full", progress=False)
+                              STEPS, GUIDANCE, SEED, mode="full", layers=LAYERS, query_stride=MAP_QUERY_STRIDE, progress=False)
     runs[m, "maps"] = maps
 T = pd.concat([G.step_table(Store(out / "store" / m).read()).assign(model=m) for m in MODELS], ignore_index=True)
 print(T.groupby(["model", "part"]).agg(records=("step", "size"), prompts=("sample", "nunique"),
@@ -291,8 +304,8 @@ if len(jall):
 # NBVAL_CHECK_OUTPUT
 kv = []
 for m, g in gens.items():
-    c = g.transformer.config
-    per_tok = 2 * c.num_attention_heads * c.attention_head_dim * 2  # K and V, fp16 bytes
+    a = gen_family_of(g.transformer).sites(g.transformer)[0].module
+    per_tok = 2 * a.heads * (a.to_k.out_features // a.heads) * 2  # K and V, fp16 bytes
     n_text = max(r.meta["n_text"] for r in runs[m, "short"].result.records)
     real = np.mean([len(t) for t in runs[m, "short"].tokens] + [len(t) for t in runs[m, "long"].tokens])
     kv.append({"model": m, "image tokens": g.image_tokens, "text positions": n_text, "real text tokens (mean)": real,
@@ -335,9 +348,9 @@ print(per_layer_red.round(3).to_string())
 
 # %%
 # NBVAL_CHECK_OUTPUT
-patch = gens[MODELS[0]].transformer.config.patch_size
 rows = []
 for m in MODELS:
+    patch = gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))  # pixels per image token side
     recs = runs[m, "short"].result.records
     run = runs[m, "short"]
     for i, p in enumerate(prompts):
@@ -411,7 +424,7 @@ explorer
 
 # %%
 # NBVAL_CHECK_OUTPUT
-board = Scoreboard(random_weights=any(is_stand_in(m) for m in MODELS), unstable=unstable_claims([*MODELS, UNDERSTANDING_MODEL]))
+board = Scoreboard(random_weights=any(is_stand_in(p) for p in paths.values()), unstable=unstable_claims([*MODELS, UNDERSTANDING_MODEL]))
 board.rule("G1", "image-query normalised entropy, early-phase mean minus late-phase mean (over parts and layers), on the "
            "weaker model, above 0.02", above=0.02)
 board.rule("G2", "adjacent-step cosine similarity of the maps: (a) late phase, weaker model, above 0.8, (b) early phase, "

@@ -11,14 +11,17 @@
 #
 # **What it needs**: the stats stores of notebooks 02 and 03 (captured here if absent). Runs on the shipped
 # `tiny-llava`, `tiny-mmdit` and `tiny-pixart`; the understanding side on a checkpoint of any supported
-# vision-language family (`UNDERSTANDING_MODEL`, `DEVICE`, `DTYPE`), the generator side on SD3 / PixArt
-# families (`GENERATORS`, `[]` to skip it). A cross-attention VLM's cross-attention heads are units too.
+# vision-language family (`UNDERSTANDING_MODEL`, `DEVICE`, `DTYPE`), the generator side on the shipped
+# generators or diffusers pipeline folders of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana (`GENERATORS`, same
+# `DEVICE` / `DTYPE`; `[]` skips it), sampled through the pipeline and judged on decoded pixels. A
+# cross-attention VLM's cross-attention heads are units too; Sana's linear self-attention heads are not
+# scored here (they form no attention map for the statistics scorers).
 
 # %% tags=["parameters"]
 UNDERSTANDING_MODEL = "tiny-llava"
 DEVICE = "auto"               # "cpu", "cuda" or "auto"
 DTYPE = "auto"                # weights; statistics are fp32 always
-GENERATORS = ["tiny-mmdit", "tiny-pixart"]   # [] skips the generator half
+GENERATORS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or pipeline folders; [] skips the generator half
 N_QUESTIONS = 1000            # held-out questions for accuracy and KL
 N_GRADIENT = 128              # other questions for the gradient scorer
 FRACTIONS = [0.0, 0.1, 0.2, 0.3, 0.5]
@@ -56,7 +59,7 @@ from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.text import prompt_set
-from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding
+from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding, model_label
 from unicache_lib.zoo.train_llava import heldout_set
 
 torch.manual_seed(SEED)
@@ -218,9 +221,10 @@ print(p3[["heads pruned", "accuracy", "kl", "deep d_entropy", "deep d_image_shar
 gen_rows, gen_refs = [], {}
 objs = [p["objects"][0] for p in prompt_set(N_PROMPTS, 0, SEED)]
 gprompts = [p["short"] for p in prompt_set(N_PROMPTS, 0, SEED)]
-for gname in GENERATORS:
-    gen = load_generator(gname)
-    gspace = HeadSpace.of(gen.transformer)
+gpaths = {model_label(g): g for g in GENERATORS}  # outputs and tables use the label, never a full path
+for gname, gpath in gpaths.items():
+    gen = load_generator(gpath, dtype=DTYPE, device=DEVICE)
+    gspace = HeadSpace.of(gen.transformer, mapless=False)  # heads with an attention map (not Sana's linear ones)
     gstore, gfresh = generation_store_or_capture(Path(GENERATION_STORE) / gname, out / "generation_stats" / gname, gen, gname,
                                                  steps=STEPS, guidance=GUIDANCE, seed=SEED)
     gctx = ScoringContext(gspace, Store(gstore).read(), E.generation_loss_fns(gen, seed=SEED), SEED)
@@ -244,7 +248,7 @@ for metric in ("ssim", "position") if GENERATORS else ():
 # %%
 if GENERATORS:
     fig, axes = plt.subplots(1, 2 * len(GENERATORS), figsize=(5 * len(GENERATORS) + 2, 3.4))
-    for j, gname in enumerate(GENERATORS):
+    for j, gname in enumerate(gpaths):
         for k, (metric, lab) in enumerate((("ssim", "SSIM vs unpruned"), ("colour", "colour correct"))):
             ax = axes[2 * j + k]
             for fam, (x, m, h) in curves(Gdf[Gdf.model == gname], metric).items():
@@ -303,7 +307,8 @@ if TIMING_REPEATS >= 2:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-board = Scoreboard(random_weights=is_stand_in(UNDERSTANDING_MODEL), unstable=unstable_claims([UNDERSTANDING_MODEL, *GENERATORS]))
+board = Scoreboard(random_weights=any(is_stand_in(m) for m in [UNDERSTANDING_MODEL, *GENERATORS]),
+                   unstable=unstable_claims([UNDERSTANDING_MODEL, *gpaths]))
 board.rule("P1", "combined attention-statistics scorer: (a) accuracy drop from pruning 10% below 0.01 (1 point), (b) further "
            "drop from 10% to 20% above 0.005 (half a point)", criteria={"a": {"below": 0.01}, "b": {"above": 0.005}})
 board.rule("P2", "accuracy averaged over the pruned fractions (> 0), combined statistics scorer minus (a) weight norms, (b) "

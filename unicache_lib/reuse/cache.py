@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import time
 from contextlib import ExitStack
 
 import torch
@@ -242,12 +243,14 @@ class AttentionCallCounter:
 
     ``calls``: processor calls; ``rows``: batch rows those calls processed (a call on half of the CFG
     batch, as FasterCache makes when it skips the unconditional branch, counts half a full call).
-    Compare ``rows`` with the same count from a run without caching."""
+    Compare ``rows`` with the same count from a run without caching. ``seconds``: wall-clock spent inside
+    the attention processors (CUDA synchronised around each call, so only meaningful for profiling)."""
 
     def __init__(self, transformer):
         self.targets = find_diffusion_attention(getattr(transformer, "transformer", transformer))
         self.calls = 0
         self.rows = 0
+        self.seconds = 0.0
         self._stack: ExitStack | None = None
 
     def __enter__(self):
@@ -268,4 +271,10 @@ class _Counting(_Wrapper):
         h = args[0] if args else kwargs["hidden_states"]
         self.counter.calls += 1
         self.counter.rows += int(h.shape[0])
-        return self.orig(attn, *args, **kwargs)
+        sync = torch.cuda.synchronize if h.is_cuda else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        out = self.orig(attn, *args, **kwargs)
+        sync()
+        self.counter.seconds += time.perf_counter() - t0
+        return out

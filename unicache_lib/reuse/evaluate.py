@@ -95,3 +95,21 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
                             "speedup_lo": iv.lo if iv else float("nan"), "speedup_hi": iv.hi if iv else float("nan"),
                             "repeats": repeats})
     return pd.DataFrame(list(rows.values())).set_index("method")
+
+
+def attention_share(gen, prompts, steps: int = 20, guidance: float = 3.0, seed: int = 0, repeats: int = 3) -> dict:
+    """How much of a sampling run the attention processors take: ``{"share", "cap", "step_s"}``, medians
+    over ``repeats`` runs after a warm-up. ``share`` = seconds inside the attention processors / seconds of
+    the whole run (text encoding and decoding included); ``cap`` = ``1 / (1 - share)``, the largest
+    speed-up any attention-only reuse can reach (skipping every attention call, nothing else)."""
+    shares, totals = [], []
+    sample(gen, prompts, steps, guidance, seed=seed)  # warm-up
+    for _ in range(repeats):
+        with AttentionCallCounter(gen.transformer) as c:
+            t0 = time.perf_counter()
+            sample(gen, prompts, steps, guidance, seed=seed)
+            total = time.perf_counter() - t0
+        shares.append(c.seconds / total)
+        totals.append(total)
+    share = float(np.median(shares))
+    return {"share": share, "cap": 1.0 / max(1e-9, 1.0 - share), "step_s": float(np.median(totals)) / steps}

@@ -181,6 +181,19 @@ def _model_index(where) -> dict | None:
         return None
 
 
+def model_label(name_or_path) -> str:
+    """A short name for a model, safe as a folder name and a table label: a shipped name as it is, a
+    folder by its own name, a hub id ``org/name`` as ``org--name``. (Joining a full path to an output
+    folder would point back at the model's own folder.)"""
+    name = str(name_or_path)
+    if name in SHIPPED:
+        return name
+    p = Path(name).expanduser()
+    if p.exists():
+        return p.resolve().name
+    return name.strip("/").replace("/", "--")
+
+
 def model_card(name_or_path) -> dict:
     """The ``model_card.json`` of a local model folder (shipped models and rehearsal stand-ins have
     one); ``{}`` for folders without one and for hub ids."""
