@@ -80,3 +80,19 @@ def test_a_stand_in_card_records_its_weight_checksums(tmp_path):
         f.write(bytes(4096))
     with pytest.raises(ChecksumError, match="model.safetensors is corrupted"):
         load_understanding(str(d))
+
+
+def test_generator_rehearsal_passes_only_parameters_the_notebooks_declare(tmp_path):
+    """Every parameter the generator rehearsal passes is declared in the notebook's parameters cell (so it
+    changes nothing but parameters), and capture keeps the first, middle and last block."""
+    import nbformat
+
+    from unicache_lib.rehearsal import GEN_NOTEBOOKS, gen_notebook_params
+
+    for nb in GEN_NOTEBOOKS:
+        book = nbformat.read(ROOT / "notebooks" / f"{nb}.ipynb", as_version=4)
+        cell = next(c for c in book.cells if "parameters" in c.get("metadata", {}).get("tags", []))
+        declared = {line.split("=")[0].strip() for line in cell.source.splitlines() if "=" in line and not line.startswith("#")}
+        params = gen_notebook_params(nb, tmp_path / "m", tmp_path, "cpu", "float32", blocks=57)
+        assert set(params) <= declared, (nb, set(params) - declared)
+    assert gen_notebook_params("03_diffusion_steps", tmp_path, tmp_path, "cpu", "float32", 57)["LAYERS"] == [0, 28, 56]

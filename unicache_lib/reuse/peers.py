@@ -16,7 +16,7 @@ caches' identifiers must match on that family (diffusers' defaults assume ``tran
 ``[uncond | cond]`` batch (FasterCache splits only those), whether the model is guidance-distilled, the
 diffusers block classes the block-level caches need metadata for, and, per peer, what the family needs
 that diffusers 0.42.1 does not do (each such gap was checked by running the cache unmodified; the tests
-in ``tests/test_gen_reuse.py`` re-check every stated failure). A peer that cannot run raises
+in ``tests/test_gen_families.py`` re-check every stated failure). A peer that cannot run raises
 :class:`PeerUnsupported` with the reason. :func:`family_of` maps a transformer to its family through the generator-family registry.
 
 Settings are the authors' defaults unless the family needs otherwise:
