@@ -68,8 +68,9 @@ def gen_notebook_params(nb: str, model_dir: Path, out: Path, device: str, dtype:
                  UNDERSTANDING_STORE=str(out / "no-understanding-store"))
     else:
         p.update(GENERATORS=[str(model_dir)])
-    if nb == "04_head_pruning":  # the statistics notebook 03 stored for this model, as a user would chain them
-        p.update(GENERATION_STORE=str(out / "03_diffusion_steps" / "store"), UNDERSTANDING_STORE=str(out / "no-understanding-store"))
+    if nb == "04_head_pruning":  # statistics of every block (notebook 03 here keeps three): captured by 04 itself
+        p.update(GENERATION_STORE=str(out / "no-generation-store"), GEN_STATS_PROMPTS=1,
+                 UNDERSTANDING_STORE=str(out / "no-understanding-store"))
     return p
 
 

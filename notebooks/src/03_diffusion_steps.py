@@ -95,7 +95,7 @@ from unicache_lib.zoo.sampling import sample
 for m, g in gens.items():
     few = [p["short"] for p in prompts[:2]]
     plain = sample(g, few, STEPS, GUIDANCE, seed=SEED)
-    with DiffusionCapture(g.transformer, ["check/0", "check/1"]) as cap:
+    with DiffusionCapture(g.transformer, ["check/0", "check/1"], layers=LAYERS) as cap:
         captured = sample(g, few, STEPS, GUIDANCE, seed=SEED, callbacks=[cap])
     print(f"{m}: max |image with capture - without| = {float((plain - captured).abs().max()):.1e} "
           f"over {len(cap.result)} records")

@@ -34,6 +34,7 @@ TIMING_REPEATS = 15
 PER_TYPE = 4                  # standard samples per scene type for P3's capture (4 = all 20)
 UNDERSTANDING_STORE = "outputs/02_understanding_maps/stats"
 GENERATION_STORE = "outputs/03_diffusion_steps/store"
+GEN_STATS_PROMPTS = 8         # prompts captured (every block) when GENERATION_STORE has no store for a generator
 OUT_DIR = "outputs/04_head_pruning"
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
@@ -226,7 +227,7 @@ for gname, gpath in gpaths.items():
     gen = load_generator(gpath, dtype=DTYPE, device=DEVICE)
     gspace = HeadSpace.of(gen.transformer, mapless=False)  # heads with an attention map (not Sana's linear ones)
     gstore, gfresh = generation_store_or_capture(Path(GENERATION_STORE) / gname, out / "generation_stats" / gname, gen, gname,
-                                                 steps=STEPS, guidance=GUIDANCE, seed=SEED)
+                                                 n_prompts=GEN_STATS_PROMPTS, steps=STEPS, guidance=GUIDANCE, seed=SEED)
     gctx = ScoringContext(gspace, Store(gstore).read(), E.generation_loss_fns(gen, seed=SEED), SEED)
     gscores = {name: cls()(gctx) for name, cls in SCORERS.items() if name != "random"}
     for s in range(RANDOM_SEEDS):
