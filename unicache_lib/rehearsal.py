@@ -190,10 +190,7 @@ def write_results(rows: list[dict], csv: Path = RESULTS_CSV, readme: Path | None
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    tmp = csv.with_suffix(".tmp")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, csv)
+    _write_csv(df, csv)
     if readme is None:
         return
     wide = df.pivot(index="notebook", columns="model", values=["wall_s", "peak_rss_mb"])
@@ -210,14 +207,7 @@ def write_results(rows: list[dict], csv: Path = RESULTS_CSV, readme: Path | None
             f"Verdicts on the stand-ins' scoreboards: {', '.join(repr(v) for v in seen)} (random weights decide nothing; "
             f"'not measurable here' where a measurement is undefined, e.g. a share that is 1 by construction on a "
             f"cross-attention VLM). Source: `{_rel(csv)}`.\n{END}")
-    body = readme.read_text()
-    if BEGIN in body and END in body:
-        body = body[: body.index(BEGIN)] + text + body[body.index(END) + len(END):]
-    else:
-        body += "\n" + text + "\n"
-    tmp = readme.with_suffix(".tmp")
-    tmp.write_text(body)
-    os.replace(tmp, readme)
+    _replace_section(readme, BEGIN, END, text)
 
 
 def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CSV, readme: Path | None = ROOT / "README.md",
@@ -227,10 +217,7 @@ def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CS
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    tmp = csv.with_suffix(".tmp")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, csv)
+    _write_csv(df, csv)
     if readme is None:
         return
     models = list(dict.fromkeys(df.model))
@@ -250,9 +237,22 @@ def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CS
             f"{os.cpu_count()} cores{total}. Cross-step reuse, speed-up over no reuse (median of 2 interleaved rounds, one "
             f"prompt, 3 steps: a smoke measurement, see notebook 05 for intervals):\n" + "\n".join(speed)
             + f"\n- shipped generators (64 image tokens, notebook 05's committed run): {shipped}\n\nSource: `{_rel(csv)}`.\n{GEN_END}")
+    _replace_section(readme, GEN_BEGIN, GEN_END, text)
+
+
+def _write_csv(df, csv: Path) -> None:
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    tmp = csv.with_suffix(".tmp")
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, csv)
+
+
+def _replace_section(readme: Path, begin: str, end: str, text: str) -> None:
+    """Put ``text`` (which starts with ``begin`` and ends with ``end``) in place of that section of
+    ``readme``, or append it; written atomically."""
     body = readme.read_text()
-    if GEN_BEGIN in body and GEN_END in body:
-        body = body[: body.index(GEN_BEGIN)] + text + body[body.index(GEN_END) + len(GEN_END):]
+    if begin in body and end in body:
+        body = body[: body.index(begin)] + text + body[body.index(end) + len(end):]
     else:
         body += "\n" + text + "\n"
     tmp = readme.with_suffix(".tmp")
