@@ -55,8 +55,8 @@ GEN_PARAMS = {
     "03_diffusion_steps": {"N_SINGLE": 1, "N_PAIRS": 2, "STEPS": 3, "MAP_PROMPTS": 1, "MAP_QUERY_STRIDE": 4},
     "04_head_pruning": {"N_QUESTIONS": 10, "N_GRADIENT": 4, "FRACTIONS": [0.0, 0.1], "RANDOM_SEEDS": 1, "TIMING_REPEATS": 2,
                         "PER_TYPE": 1, "N_PROMPTS": 1, "STEPS": 3},
-    "05_caching": {"N_EVICTION": 5, "BUDGETS": [0.25], "PEERS": False, "N_PROMPTS": 1, "STEPS": 3, "TIMING_PROMPTS": 1,
-                   "REPEATS": 2},
+    "05_caching": {"N_EVICTION": 5, "BUDGETS": [0.25], "PEERS": False, "N_PROMPTS": 2, "STEPS": 3, "TIMING_PROMPTS": 1,
+                   "REPEATS": 2},  # 2 prompts: an interval needs two units
 }
 
 
@@ -136,9 +136,15 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
 def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32",
                         progress: bool = True) -> list[dict]:
     """Build each pipeline stand-in and run the generator ``notebooks`` on it; one row per (model, notebook),
-    with notebook 05's reuse speed-ups in ``reuse``."""
+    with notebook 05's reuse speed-ups in ``reuse``. Each finished row is also appended to
+    ``out/partial.csv``, and pairs already there are not run again (a failed or interrupted run resumes)."""
+    import pandas as pd
+
     from .zoo import gen_standins
 
+    partial = out / "partial.csv"
+    done = {(r["model"], r["notebook"]): r for r in pd.read_csv(partial, keep_default_na=False).to_dict("records")} \
+        if partial.exists() else {}
     rows = []
     for name in models:
         t0 = time.perf_counter()
@@ -147,6 +153,9 @@ def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype
         card = json.loads((model_dir / "model_card.json").read_text())
         blocks = sum(int(x) for x in re.findall(r"\d+", card["blocks"]))
         for nb in notebooks:
+            if (name, nb) in done:
+                rows.append(done[(name, nb)])
+                continue
             res = _isolated(nb, gen_notebook_params(nb, model_dir, out / name, device, dtype, blocks), out / name / f"{nb}.ipynb")
             board = json.loads((out / name / nb / "scoreboard.json").read_text())
             row = {"model": name, "imitates": card["imitates"], "notebook": nb, **res, "device": device, "dtype": dtype,
@@ -155,6 +164,7 @@ def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype
             if nb == "05_caching":
                 row["reuse"] = reuse_summary(out / name / nb)
             rows.append(row)
+            _write_csv(pd.DataFrame([*done.values(), *[r for r in rows if (r["model"], r["notebook"]) not in done]]), partial)
             if progress:
                 print(f"{name:14s} {nb:20s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['reuse']}", flush=True)
     return rows
