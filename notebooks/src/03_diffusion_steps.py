@@ -501,8 +501,12 @@ board.measure("G7", grouped({"gen": list(gen_red), "und": list(u_red)}, "prompts
 pid = [p["id"] for p in prompts]
 Rl = R[R.role != "binding overlap"]
 iou_sum = [Rl[Rl.model == m].groupby("prompt")[["iou", "chance"]].sum().reindex(pid).fillna(0).to_numpy() for m in MODELS]
-board.measure("G9", bootstrap(P, lambda u: min(a[u, 0].sum() / a[u, 1].sum() for a in iou_sum), "prompts"), criterion="a",
-              shown="; ".join(f"{m}: IoU {loc.loc[m].iou.mean():.2f} (chance {loc.loc[m].chance.mean():.2f})" for m in MODELS))
+undrawn = [m for m, a in zip(MODELS, iou_sum) if a[:, 1].sum() == 0]
+if undrawn:  # no prompt's object was drawn: a word's region has nothing to be compared with
+    board.measure("G9", None, criterion="a", note=f"{', '.join(undrawn)} drew none of the prompts' objects")
+else:
+    board.measure("G9", bootstrap(P, lambda u: min(a[u, 0].sum() / a[u, 1].sum() for a in iou_sum), "prompts"), criterion="a",
+                  shown="; ".join(f"{m}: IoU {loc.loc[m].iou.mean():.2f} (chance {loc.loc[m].chance.mean():.2f})" for m in MODELS))
 Rb = R[R.role == "binding overlap"].pivot_table(index="prompt", columns="model", values="iou")
 kinds = {k: [p["id"] for p in prompts if p["pair"] == k and p["id"] in Rb.index] for k in ("same", "different")}
 if min(len(v) for v in kinds.values()) >= 2:
