@@ -268,7 +268,7 @@ for m in MODELS:
         row = {"model": m, "kind": k}
         for f in G.PHASES:
             idx = [s for s in range(STEPS) if G.phase_of(s, STEPS) == f]
-            row[f"guidance {f}"] = np.nanmean(gv[:, idx]) if np.isfinite(gv[:, idx]).any() else float("nan")
+            row[f"guidance {f}"] = np.nanmean(gv[:, idx]) if gv.shape[1] == STEPS and np.isfinite(gv[:, idx]).any() else float("nan")
         for f in G.PHASES:
             row[f"text entropy {f}"] = ph.loc[f, "text_entropy"]
         row["text share early"], row["text share late"] = ph.loc["early", "text_share"], ph.loc["late", "text_share"]
