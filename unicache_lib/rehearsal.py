@@ -236,8 +236,8 @@ def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CS
     for nb in dict.fromkeys(df.notebook):
         cells = []
         for m in models:
-            r = df[(df.notebook == nb) & (df.model == m)].iloc[0]
-            cells.append(f"{r.wall_s:.0f} s / {r.peak_rss_mb / 1024:.1f} GB")
+            r = df[(df.notebook == nb) & (df.model == m)]
+            cells.append(f"{r.wall_s.iloc[0]:.0f} s / {r.peak_rss_mb.iloc[0] / 1024:.1f} GB" if len(r) else "not run")
         lines.append(f"| {nb} | " + " | ".join(cells) + " |")
     speed = [f"- {m} ({df[df.model == m].iloc[0].image_tokens} image + {df[df.model == m].iloc[0].text_tokens} text tokens, "
              f"{df[df.model == m].iloc[0].blocks} blocks): {df[(df.model == m) & (df.notebook == '05_caching')].reuse.iloc[0]}"
