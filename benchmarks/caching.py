@@ -2,7 +2,8 @@
 
 1. KV eviction at LLaVA-1.5-7B's attention shape (32 layers x 32 heads, 576 image tokens + a short
    text context; narrow head dimension so a CPU run stays short): bytes held and the time of one
-   decode step on the full cache vs caches evicted to 50 / 25 / 10 % of the image positions.
+   decode step on the full cache vs caches evicted by `key_coverage` to 50 / 25 / 10 % of the image
+   positions, and what choosing costs (`key_coverage`'s k-center cover vs H2O's top-k) once per image.
 2. Cross-step reuse on the shipped generators: wall-clock of a batch over interleaved repeats, every
    workbench policy and diffusers cache, speed-up relative to no reuse.
 
@@ -25,18 +26,32 @@ def eviction(layers=32, heads=32, head_dim=8, n_image=576, n_text=40, repeats=30
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=512, hidden_size=heads * head_dim, intermediate_size=heads * head_dim * 2,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=4096)
+    from unicache_lib.kv.policies import POLICIES, EvictionContext
+
+    cfg._attn_implementation = "eager"
     model = LlamaForCausalLM(cfg).eval()
     C = 5 + n_image + n_text
     ids = torch.randint(0, 512, (1, C))
     with torch.no_grad():
         cache = DynamicCache()
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, output_attentions=True)
     image = torch.arange(5, 5 + n_image)
-    other = torch.tensor([i for i in range(C) if not 5 <= i < 5 + n_image])
+    reads = [(lambda li=li: (cache.layers[li].keys[0], cache.layers[li].values[0])) for li in range(layers)]
+    ctx = EvictionContext(C, image, layers, [a[0].float() for a in out.attentions], kv=reads)
+    del out
+    choosers = {n: (lambda n=n, b=b: POLICIES[n]().select(ctx, b)) for n in ("key_coverage", "h2o") for b in (0.25,)}
+    choose_t = interleaved_timings(choosers, max(3, repeats // 5))
+    print(f"\nchoosing 25% of {n_image} image positions in {layers} layers, once per image (median of {max(3, repeats // 5)}): "
+          + ", ".join(f"{n} {1e3 * statistics.median(t):.0f} ms" for n, t in choose_t.items()))
+    from unicache_lib.kv.policies.key_coverage import farthest_point
+
+    wide = torch.randn(n_image, 4096)  # one layer's image keys at LLaVA-1.5-7B's real width (32 heads x 128)
+    t = interleaved_timings({"cover": lambda: farthest_point(wide, n_image // 4, 0)}, 3)["cover"]
+    print(f"key_coverage at the real width (keys {n_image} x 4096 per layer): {1e3 * statistics.median(t):.0f} ms per layer, "
+          f"~{layers * statistics.median(t):.1f} s per image on this CPU for {layers} layers (once per image, not per token)")
     caches = {"full": cache}
     for b in (0.5, 0.25, 0.1):
-        keep_img = image[torch.randperm(n_image, generator=torch.Generator().manual_seed(0))[: round(b * n_image)]]
-        caches[f"{b:.0%} image KV"] = evict(cache, [torch.cat([other, keep_img]).sort().values] * layers)
+        caches[f"{b:.0%} image KV"] = evict(cache, POLICIES["key_coverage"]().select(ctx, b))
     held = {k: c.get_seq_length() for k, c in caches.items()}
 
     def trim():  # drop any decoded token again: every call sees the same cache
@@ -51,6 +66,9 @@ def eviction(layers=32, heads=32, head_dim=8, n_image=576, n_text=40, repeats=30
     with torch.no_grad():
         times = interleaved_timings({k: step(c, held[k]) for k, c in caches.items()}, repeats, before=trim)
     full_b, full_t = kv_bytes(caches["full"]), statistics.median(times["full"])
+    real = {k: c.get_seq_length() * layers * 2 * 4096 * 2 / 1e6 for k, c in caches.items()}  # fp16, hidden 4096
+    print("\nKV held at LLaVA-1.5-7B's real width (fp16, 32 layers x 4096 x K and V): "
+          + ", ".join(f"{k} {v:.0f} MB" for k, v in real.items()))
     print(f"\nKV eviction, {layers} layers x {heads} heads, context {C} ({n_image} image), {repeats} interleaved repeats "
           "in shuffled order (time/full: median paired ratio with its 95% interval over repeats)")
     print(f"{'cache':>16} {'KV MB':>8} {'bytes/full':>10} {'decode ms':>10} {'time/full':>22}")

@@ -281,6 +281,29 @@ def _evict_and_answer(name, model, proc, inputs, fam, image):
     out, ids, _ = answer(model, half, sp, max_new_tokens=3)
     assert out.isfinite().all() and len(ids) >= 1
     assert (out - logits).abs().max() > 1e-6  # the image KV that was dropped mattered: the path is live
+    # the key-coverage policy reads every family's cached image keys (Mllama: the cross-attention layers')
+    cover = evict(pre.cache, POLICIES["key_coverage"]().select(ctx, 0.25))
+    assert kv_bytes(cover) == kv_bytes(evict(pre.cache, POLICIES["random"]().select(ctx, 0.25)))
+    assert answer(model, cover, sp)[0].isfinite().all()
+    _prefill_stage(model, sp, ctx)
+
+
+def _prefill_stage(model, sp, ctx):
+    """Prefill-stage pruning (DivPrune) runs where the family feeds its language model a plain sequence, and
+    is refused, naming the alternative, where it would feed wrong positions or masks."""
+    from dataclasses import replace
+
+    from unicache_lib.kv.cache import prefill_pruned
+
+    pol, k = POLICIES["divprune"](), ctx.k(0.25)
+    pick = lambda f: pol.choose(replace(ctx, n_layers=1, features=f), k)[0]  # noqa: E731
+    try:
+        pp, reduced, keep = prefill_pruned(model, sp, pick)
+    except ValueError as e:
+        assert "cache-stage policy" in str(e)
+        return
+    assert len(keep) == sp.context_ids.shape[1] - len(sp.image_positions) + k
+    assert answer(model, pp.cache, reduced)[0].isfinite().all()
 
 
 def test_unknown_family_is_refused_by_loader_and_capture(tmp_path, tokenizer):

@@ -28,6 +28,8 @@ def test_policy_contract(setup, name, budget):
     model, proc, sp, pre, future = setup
     ctx = pre.context(seed=3, future=future)
     pol = POLICIES[name]()
+    if pol.stage == "prefill":
+        return _prefill_stage_contract(model, sp, pre, pol, budget)
     keep = pol.select(ctx, budget)
     assert len(keep) == len(pre.cache.layers)
     n_img = len(sp.image_positions)
@@ -49,6 +51,99 @@ def test_policy_contract(setup, name, budget):
     assert pre.cache.get_seq_length() == C  # the original cache is untouched
     logits, _, _ = answer(model, cache, sp)
     assert logits.isfinite().all()
+
+
+def _prefill_stage_contract(model, sp, pre, pol, budget):
+    """A prefill-stage policy: the language model's prefill runs on the kept tokens only (counted), the cache
+    holds exactly them, the choice is deterministic and the answer on it is finite."""
+    from dataclasses import replace
+
+    from unicache_lib.kv.cache import prefill_pruned
+
+    ctx = pre.context(seed=3)
+    k = ctx.k(budget)
+    n_img, C = len(sp.image_positions), sp.context_ids.shape[1]
+    seen = []
+    layer0 = model.model.language_model.layers[0]
+    h = layer0.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+    try:
+        runs = [prefill_pruned(model, sp, lambda f: pol.choose(replace(ctx, n_layers=1, features=f), k)[0]) for _ in range(2)]
+    finally:
+        h.remove()
+    (pp, reduced, keep), (_, _, keep2) = runs
+    assert torch.equal(keep, keep2)  # deterministic
+    assert seen == [C - n_img + k] * 2  # the prefill ran on the kept tokens only: the work saved, counted
+    assert len(set(keep.tolist()) & set(sp.image_positions.tolist())) == k
+    assert set(range(C)) - set(sp.image_positions.tolist()) <= set(keep.tolist())
+    assert pp.cache.get_seq_length() == C - n_img + k
+    assert kv_bytes(pp.cache) * C == kv_bytes(pre.cache) * (C - n_img + k)
+    logits, _, _ = answer(model, pp.cache, reduced)
+    assert logits.isfinite().all()
+
+
+@pytest.mark.parametrize("renumber", [False, True])
+def test_prefill_pruning_equals_one_forward_over_the_kept_tokens(setup, renumber):
+    """Prefill on kept tokens + the question on that cache == one forward over [kept context | question] with
+    the same positions; keeping every image token (original positions) reproduces the full cache exactly."""
+    from unicache_lib.kv.cache import prefill_pruned
+
+    model, proc, sp, pre, _ = setup
+    img = sp.image_positions
+    sub = torch.arange(0, len(img), 3)
+    pp, reduced, keep = prefill_pruned(model, sp, lambda f: sub, renumber=renumber)
+    logits, _, _ = answer(model, pp.cache, reduced)
+    with torch.no_grad():
+        emb = {}
+        hook = model.model.language_model.register_forward_pre_hook(
+            lambda m, a, kw: emb.update(x=kw["inputs_embeds"]), with_kwargs=True)
+        try:
+            model(input_ids=sp.full_ids, pixel_values=sp.pixel_values)
+        finally:
+            hook.remove()
+        C, Q = sp.context_ids.shape[1], sp.question_ids.shape[1]
+        rows = torch.cat([keep, torch.arange(C, C + Q)])
+        pos = torch.arange(len(rows)) if renumber else rows
+        ref = model.model.language_model(inputs_embeds=emb["x"][:, rows], position_ids=pos[None]).last_hidden_state
+        ref = model.lm_head(ref)[0, -1].float()
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+    pp_all, same, _ = prefill_pruned(model, sp, lambda f: torch.arange(len(img)), renumber=False)
+    full = evict(pre.cache, POLICIES["full"]().select(pre.context(), 1.0))
+    assert torch.equal(answer(model, pp_all.cache, same)[0], answer(model, full, sp)[0])
+
+
+def test_prefill_pruning_refuses_what_it_cannot_do(setup):
+    from unicache_lib.kv.cache import prefill_pruned
+
+    model, proc, sp, pre, _ = setup
+    with pytest.raises(RuntimeError, match="distinct indices"):
+        prefill_pruned(model, sp, lambda f: [0, 0])
+    with pytest.raises(ValueError, match="features before the prefill"):
+        POLICIES["divprune"]().choose(pre.context(), 3)
+
+
+def test_key_coverage_is_a_k_center_cover():
+    from unicache_lib.kv.policies.key_coverage import farthest_point
+
+    x = torch.tensor([[0.0], [1.0], [2.0], [10.0], [10.5], [4.0]])
+    assert farthest_point(x, 3, start=0) == [0, 4, 5]  # the far end, then the middle of the largest gap
+    assert farthest_point(x, 0, start=0) == []
+    assert sorted(farthest_point(x, 6, start=2)) == list(range(6))
+
+
+def test_divprune_max_min_diversity_matches_a_brute_force_greedy():
+    from unicache_lib.kv.policies.divprune import max_min_diverse
+
+    g = torch.Generator().manual_seed(0)
+    f = torch.randn(20, 5, generator=g)
+    got = max_min_diverse(f, 6)
+    x = torch.nn.functional.normalize(f, dim=-1)
+    d = 1 - x @ x.T
+    nn2 = d.sort(0).values[1]  # each token's nearest other token
+    want = [int(nn2.argmax())]
+    while len(want) < 6:
+        rest = [i for i in range(20) if i not in want]
+        want.append(max(rest, key=lambda i: min(float(d[i, j]) for j in want)))
+    assert got == want
 
 
 def test_full_policy_and_decode_loop_equal_plain_forward_and_generate(setup):

@@ -60,6 +60,14 @@ CLAIMS: dict[str, str] = {
     "P1": "Pruning 10% of heads by attention statistics barely hurts; 20% starts to hurt.",
     "P2": "Scoring heads by attention statistics is more stable than by weight norms.",
     "P3": "Near-uniform shallow heads are not automatically redundant.",
+    # the workbench's own targets for policies designed from these measurements (notebook 05), held out
+    "E1": "Target: a designed eviction policy keeps >= 99% of full-cache accuracy at 25% of the image KV.",
+    "E2": "Target: the designed eviction policy keeps >= 97% of full-cache accuracy at 10% of the image KV.",
+    "E3": "Target: its answers stay close to the full cache's: mean KL <= 0.05 at 25%.",
+    "E4": "Target: it is at least as accurate as every peer (kvpress, DivPrune, FastV ...) at every budget.",
+    "R1": "Target: a designed step-reuse policy reaches >= 2x wall-clock at >= 42 dB PSNR on both generators.",
+    "R2": "Target: it sits >= 3 dB above simply sampling with fewer steps at equal wall-clock.",
+    "R3": "Target: it is Pareto-ahead of every diffusers cache on (PSNR, wall-clock) and (PSNR, FLOPs).",
 }
 
 

@@ -130,14 +130,17 @@ class Prefill:
         from .policies.base import EvictionContext
 
         kv = self.image_kv
+        layers = self.cache.layers
+        reads = [(lambda li=li: (layers[li].keys[0], layers[li].values[0])) for li in kv.layers]
         return EvictionContext(kv.length, kv.positions, len(kv.layers), self.attentions, seed, future,
                                cache_layers=kv.layers, n_cache_layers=len(self.cache.layers),
-                               keep_always=kv.keep_always, grid=kv.grid)
+                               keep_always=kv.keep_always, grid=kv.grid, kv=reads)
 
 
 @torch.no_grad()
-def prefill(model, split: PromptSplit, attentions: bool = True) -> Prefill:
-    """Run the context once. ``attentions`` needs an eager model (the maps are captured)."""
+def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = True) -> Prefill:
+    """Run the context once. ``attentions`` needs an eager model (the maps are captured). ``locate=False``
+    leaves ``image_kv`` unset (the caller locates it, e.g. after pruning the sequence)."""
     from transformers import DynamicCache
 
     from ..capture.vlm import AttentionCapture
@@ -168,11 +171,87 @@ def prefill(model, split: PromptSplit, attentions: bool = True) -> Prefill:
         maps = [r.probs for r in sorted(cap.result.records, key=lambda r: r.layer)]
     else:
         out = model(**kw)
+    if not locate:
+        return Prefill(out.past_key_values, maps, split, None, full_pos)
     image_kv = locate_image_kv(fam, model, out.past_key_values, split)
     image_kv.grid = fam.grid_tokens(model.config, split.inputs)
     if image_kv.key_index is not None:  # the family trimmed the cache (e.g. padded tiles): trim the maps alike
         maps = [m[..., image_kv.key_index] for m in maps]
     return Prefill(out.past_key_values, maps, split, image_kv, full_pos)
+
+
+class PrefillPruningUnsupported(ValueError):
+    """This family cannot be pruned before its language model (the message says why and what to use)."""
+
+
+@torch.no_grad()
+def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> tuple[Prefill, PromptSplit, torch.Tensor]:
+    """Prefill the context with image tokens dropped *before* the language model (prefill-stage pruning, as
+    DivPrune or VisionZip do it): the prefill itself runs on the kept tokens only.
+
+    ``choose(features)``: ``features [n_image, D]`` float32, the image embeddings the language model would
+    receive; returns indices into the image block to keep. ``renumber``: the kept context gets consecutive
+    positions, as when the pruned sequence is fed to the model (the published methods' setting), and the
+    question continues from its length; else every kept token keeps its original position and the question
+    continues from the original length, as after cache eviction. Returns the prefill of the kept context (no
+    attention maps), the split to answer on and the kept context positions ``[C']`` (indices into the
+    original context).
+    Families with their own position scheme (M-RoPE), their own mask (a dict or 4-D mask handed to the
+    language model) or cross-attention image KV are refused: the pruned sequence would be fed wrong positions
+    or masks.
+    """
+    from ..families import family_of
+
+    fam = family_of(model)
+    dev = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    if fam.cross_attention or fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype)) is not None:
+        raise PrefillPruningUnsupported(f"{fam.name}: prefill-stage pruning is implemented for families that splice image tokens into a "
+                         f"sequence with positions 0..S-1; this one {'keeps its image KV in cross-attention layers' if fam.cross_attention else 'numbers positions itself (M-RoPE)'}. "
+                         f"Use a cache-stage policy (evicted after the prefill) instead.")
+    img = split.image_positions
+    C = split.context_ids.shape[1]
+    state = {}
+
+    def prune(module, args, kwargs):
+        if "keep" in state:  # only the prefill call
+            return None
+        emb = kwargs.get("inputs_embeds")
+        if emb is None or emb.shape[1] != C:
+            raise RuntimeError(f"{fam.name}: the language model was not handed the {C} context embeddings as "
+                               f"inputs_embeds, so the image tokens cannot be pruned before it")
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not (torch.is_tensor(mask) and mask.dim() == 2):
+            raise PrefillPruningUnsupported(f"{fam.name}: the model hands its language model a prebuilt {type(mask).__name__} mask; "
+                             f"prefill-stage pruning only rewrites a 2-D padding mask. Use a cache-stage policy.")
+        chosen = torch.as_tensor(choose(emb[0, img.to(emb.device)].float()), dtype=torch.long).reshape(-1).cpu()
+        if len(set(chosen.tolist())) != len(chosen) or (len(chosen) and (chosen.min() < 0 or chosen.max() >= len(img))):
+            raise RuntimeError(f"a prefill-stage policy must choose distinct indices in 0..{len(img) - 1}")
+        other = torch.tensor(sorted(set(range(C)) - set(img.tolist())), dtype=torch.long)
+        keep = torch.cat([other, img[chosen]]).sort().values
+        state["keep"] = keep
+        kwargs["inputs_embeds"] = emb[:, keep.to(emb.device)]
+        if mask is not None:
+            kwargs["attention_mask"] = mask[:, keep.to(mask.device)]
+        kwargs["cache_position"] = torch.arange(len(keep), device=emb.device)
+        kwargs["position_ids"] = None if renumber else keep[None].to(emb.device)  # None: consecutive
+        return args, kwargs
+
+    handle = fam.language_model(model).register_forward_pre_hook(prune, with_kwargs=True)
+    try:
+        cache_split = PromptSplit(split.context_ids, split.question_ids, split.pixel_values, img, split.extra,
+                                  split.inputs, fam)
+        out = prefill(model, cache_split, attentions=False, locate=False)
+    finally:
+        handle.remove()
+    keep = state["keep"]
+    kept_img = torch.isin(keep, img).nonzero().flatten()
+    # answered with the original split (positions from the original length) unless renumbered
+    reduced = PromptSplit(split.context_ids[:, keep], split.question_ids, None, kept_img, {}, {}, fam)
+    out.split = reduced if renumber else split
+    out.image_kv = locate_image_kv(fam, model, out.cache, reduced)
+    out.positions = None
+    return out, out.split, keep
 
 
 def locate_image_kv(family, model, cache, split: PromptSplit) -> ImageKV:

@@ -7,13 +7,14 @@ budget) evict a copy of the cache and answer on it. One tidy row per (question, 
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .cache import answer, evict, kv_bytes, prefill, split_prompt
+from .cache import PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt
 from .policies import POLICIES
 
 
@@ -29,8 +30,12 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     the full cache), kl (KL(full || evicted) at the first answer token), kv_bytes, kv_fraction (of the
     full cache), ms (question + answer on the compressed cache), retained (share of the question's
     attention on context keys that the kept positions carry; policies only), memory (``freed``, or
-    ``masked, full memory`` for a press that only masks keys: its kv_fraction is 1.0 by construction).
-    ``peers``: name -> ``(compression_ratio, n_context) -> press`` (:func:`~.peers.press_factories`)."""
+    ``masked, full memory`` for a press that only masks keys: its kv_fraction is 1.0 by construction),
+    prefill_tokens (context positions the prefill ran on) and prefill_ms (that prefill without attention
+    capture: a cache-stage policy or press pays the full prefill, a prefill-stage policy only its kept tokens).
+    ``peers``: name -> ``(compression_ratio, n_context) -> press`` (:func:`~.peers.press_factories`).
+    A prefill-stage policy the family cannot run (:class:`~.cache.PrefillPruningUnsupported`) is left out with a
+    warning; ``result.attrs["skipped"]`` maps its name to the reason."""
     from ..capture.vlm import language_attn_implementation
     from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
 
@@ -46,7 +51,7 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
                          f"cross-attention VLM lives in its cross-attention layers, which the presses do not touch. "
                          f"Run without peers (PEERS=False).")
     tok = processor.tokenizer
-    rows = []
+    rows, skipped = [], {}
     for qi, q in enumerate(tqdm(qas, desc="eviction", disable=not progress)):
         sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
         pre = prefill(model, sp, attentions=True)
@@ -57,17 +62,30 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
         ref_lp = torch.log_softmax(ref, -1)
         future = _future(atts, pre.context().seq_len)
         ctx = pre.context(seed=seed + qi, future=future)
+        t0 = time.perf_counter()
+        prefill(model, sp, attentions=False)
+        full_prefill_ms = 1e3 * (time.perf_counter() - t0)
 
-        def row(method, kind, b, logits, nbytes, ms, retained, memory="freed"):
+        def row(method, kind, b, logits, nbytes, ms, retained, memory="freed", prefill_tokens=C, prefill_ms=None):
             lp = torch.log_softmax(logits, -1)
             pred = tok.convert_ids_to_tokens(int(logits.argmax()))
-            return {"question": qi, "qtype": q.qtype, "method": method, "kind": kind, "budget": b,
+            return {"question": qi, "qtype": q.qtype, "scene": q.scene.scene_type, "method": method, "kind": kind, "budget": b,
                     "correct": pred == q.answer, "agree": int(logits.argmax()) == int(ref.argmax()),
                     "kl": float((ref_lp.exp() * (ref_lp - lp)).sum()), "kv_bytes": nbytes,
-                    "kv_fraction": nbytes / full_bytes, "ms": ms, "retained": retained, "memory": memory}
+                    "kv_fraction": nbytes / full_bytes, "ms": ms, "retained": retained, "memory": memory,
+                    "prefill_tokens": prefill_tokens, "prefill_ms": full_prefill_ms if prefill_ms is None else prefill_ms}
 
         for name, pol in policies.items():
             for b in budgets:
+                if getattr(pol, "stage", "cache") == "prefill":
+                    if name in skipped:
+                        continue
+                    try:
+                        rows.append(_prefill_stage_row(model, sp, pol, ctx, b, future, row))
+                    except PrefillPruningUnsupported as e:
+                        skipped[name] = str(e)
+                        warnings.warn(f"{name} skipped: {e}", stacklevel=2)
+                    continue
                 keep = pol.select(ctx, b)
                 cache = evict(pre.cache, keep)
                 nbytes = kv_bytes(cache)
@@ -92,12 +110,87 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
                     raise RuntimeError(f"{name} was expected to mask keys and keep the full cache, but it holds "
                                        f"{nbytes} of {full_bytes} bytes: check the kvpress version")
                 rows.append(row(name, "kvpress", b, logits, nbytes, ms, float("nan"), MASKED_LABEL if masks_only(name) else "freed"))
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs["skipped"] = skipped
+    return out
+
+
+def _prefill_stage_row(model, sp, pol, ctx, budget, future, row) -> dict:
+    """One row for a prefill-stage policy: prune the image tokens before the language model, prefill on the
+    kept tokens (timed), answer on that cache."""
+    from dataclasses import replace
+
+    k = ctx.k(budget)
+
+    def pick(features):
+        chosen = pol.choose(replace(ctx, n_layers=1, attentions=[], kv=None, features=features), k)
+        if len(chosen) != 1 or len(set(np.asarray(chosen[0]).tolist())) != k:
+            raise RuntimeError(f"prefill-stage policy {pol.name!r} must return one list of {k} distinct indices")
+        return chosen[0]
+
+    t0 = time.perf_counter()
+    pre, reduced, keep = prefill_pruned(model, sp, pick, renumber=pol.renumber)
+    pms = 1e3 * (time.perf_counter() - t0)
+    nbytes = kv_bytes(pre.cache)
+    t0 = time.perf_counter()
+    logits, _, _ = answer(model, pre.cache, reduced)
+    ms = 1e3 * (time.perf_counter() - t0)
+    ret = float(np.mean([float(f[keep].sum() / f.sum()) for f in future]))
+    return row(pol.name, "policy", budget, logits, nbytes, ms, ret, prefill_tokens=len(keep), prefill_ms=pms)
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Mean of every metric per (method, budget), with the question count."""
     g = df.groupby(["kind", "method", "budget"])
-    out = g[["correct", "agree", "kl", "kv_fraction", "ms", "retained"]].mean()
+    out = g[["correct", "agree", "kl", "kv_fraction", "ms", "retained", "prefill_tokens", "prefill_ms"]].mean()
     out["n"] = g.size()
     return out.rename(columns={"correct": "accuracy"})
+
+
+def correct_matrix(df: pd.DataFrame, method: str, budget: float | None = None) -> np.ndarray:
+    """``[n_questions]`` 0/1 correctness of ``method`` at ``budget`` (the full cache: any budget), by question."""
+    d = df[df.method == method]
+    if budget is not None and method != "full":
+        d = d[d.budget == budget]
+    d = d.drop_duplicates("question").sort_values("question")
+    if d.empty:
+        raise KeyError(f"no rows for {method!r} at budget {budget}")
+    return d.correct.to_numpy(dtype=float)
+
+
+def against_peers(df: pd.DataFrame, method: str, peers: list[str]) -> pd.DataFrame:
+    """Paired accuracy difference ``method - peer`` per (budget, peer), 95% bootstrap interval over questions.
+    Columns: budget, peer, method_acc, peer_acc, diff, lo, hi, verdict (``ahead`` / ``behind`` where the
+    interval excludes 0, else ``tie``)."""
+    from ..intervals import difference_interval
+
+    rows = []
+    for b in sorted(df[df.method == method].budget.unique()):
+        a = correct_matrix(df, method, b)
+        for p in peers:
+            if not ((df.method == p) & (df.budget == b)).any():
+                continue
+            c = correct_matrix(df, p, b)
+            iv = difference_interval(a, c, "questions")
+            rows.append({"budget": b, "peer": p, "method_acc": a.mean(), "peer_acc": c.mean(), "diff": iv.value,
+                         "lo": iv.lo, "hi": iv.hi,
+                         "verdict": "ahead" if iv.lo > 0 else "behind" if iv.hi < 0 else "tie"})
+    return pd.DataFrame(rows)
+
+
+def worst_peer_difference(df: pd.DataFrame, method: str, peers: list[str]):
+    """The smallest ``mean(method) - mean(peer)`` accuracy difference over every (budget, peer) cell, with a
+    95% bootstrap interval over questions (the minimum is recomputed on every resample)."""
+    from ..intervals import bootstrap
+
+    cells = [(b, p) for b in sorted(df[df.method == method].budget.unique()) for p in peers
+             if ((df.method == p) & (df.budget == b)).any()]
+    diffs = np.stack([correct_matrix(df, method, b) - correct_matrix(df, p, b) for b, p in cells])  # [cells, n]
+    return bootstrap(list(range(diffs.shape[1])), lambda u: diffs[:, u].mean(1).min(), "questions")
+
+
+def share_of_full(df: pd.DataFrame, method: str, budget: float):
+    """``method``'s accuracy at ``budget`` / the full cache's, paired over questions, with its interval."""
+    from ..intervals import ratio_interval
+
+    return ratio_interval(correct_matrix(df, method, budget), correct_matrix(df, "full"), "questions")

@@ -1,5 +1,5 @@
 """Eviction policies, one per module, all registered in :data:`POLICIES` on import."""
-from . import fastv, full, h2o, oracle, random_policy, snapkv, streaming, unicache  # noqa: F401
+from . import divprune, fastv, full, h2o, key_coverage, oracle, random_policy, snapkv, streaming, unicache  # noqa: F401
 from .base import POLICIES, EvictionContext, EvictionPolicy
 
 __all__ = ["POLICIES", "EvictionContext", "EvictionPolicy"]

@@ -28,7 +28,10 @@ class EvictionContext:
     float32 prefill attention (empty if not captured); ``future``: per such layer ``[C]`` attention mass
     the question's queries put on each key (oracle only); ``keep_always``: positions every policy keeps
     (default: every non-image position); ``grid``: indices into the image block of the tokens that tile the
-    picture row by row (None: the family's image tokens form no single grid).
+    picture row by row (None: the family's image tokens form no single grid); ``kv``: per such layer a
+    zero-argument callable returning that layer's cached ``(keys, values)``, each ``[H_kv, C, D]`` (read
+    lazily: a 7B model's float32 copies of every layer would not fit beside it); ``features``: ``[n_image, D]``
+    the image embeddings the language model receives (prefill-stage policies only).
     """
 
     seq_len: int
@@ -41,6 +44,8 @@ class EvictionContext:
     n_cache_layers: int | None = None
     keep_always: torch.Tensor | None = None
     grid: torch.Tensor | None = None
+    kv: list | None = None
+    features: torch.Tensor | None = None
 
     @property
     def n_image(self) -> int:
@@ -80,12 +85,31 @@ class EvictionContext:
         return self.attentions[layer].mean(0).sum(0)[self.image_positions]
 
 
+    def image_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(keys, values)`` of the image positions in policy layer ``layer``, each ``[H_kv, n_image, D]``
+        float32 (keys after the rotary embedding, as cached)."""
+        if not self.kv:
+            raise ValueError("this policy reads the cached keys and values: build the context with Prefill.context()")
+        k, v = self.kv[layer]()
+        idx = self.image_positions.to(k.device)
+        return k.index_select(-2, idx).float(), v.index_select(-2, idx).float()
+
+
 class EvictionPolicy:
-    """Subclasses set ``name``, ``needs_attention`` and implement ``choose``."""
+    """Subclasses set ``name``, ``needs_attention`` and implement ``choose``.
+
+    ``stage``: ``"cache"`` (default) — the context is prefilled in full and the policy chooses what the cache
+    keeps afterwards, per layer; ``"prefill"`` — the policy chooses image tokens from ``ctx.features`` before
+    the language model runs, the context is prefilled on the kept tokens only (prefill compute saved too) and
+    ``choose`` returns one index list (``ctx.n_layers`` is 1). ``renumber`` (prefill stage): the kept tokens
+    get consecutive positions, as when the pruned sequence is fed to the model (else their original ones).
+    """
 
     name = ""
     needs_attention = False
     description = ""
+    stage = "cache"
+    renumber = True
 
     def choose(self, ctx: EvictionContext, k: int) -> list:  # pragma: no cover - interface
         """Per layer, ``k`` indices into the image block."""
