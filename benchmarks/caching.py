@@ -4,6 +4,10 @@
    text context; narrow head dimension so a CPU run stays short): bytes held and the time of one
    decode step on the full cache vs caches evicted by `key_coverage` to 50 / 25 / 10 % of the image
    positions, and what choosing costs (`key_coverage`'s k-center cover vs H2O's top-k) once per image.
+1b. The same on the LLaVA-1.5-7B stand-in (random weights from the real config: 576 image tokens, 32 layers,
+   reduced width) on one real question: `key_coverage` (cache stage: full prefill, then evicted) beside
+   DivPrune (prefill stage: only the kept tokens are prefilled) at 25 / 10 %: KV bytes, prefill time and
+   the time of one decode step, each relative to the full cache.
 2. Cross-step reuse on the shipped generators: wall-clock of a batch over interleaved repeats, every
    workbench policy and diffusers cache, speed-up relative to no reuse.
 
@@ -79,6 +83,61 @@ def eviction(layers=32, heads=32, head_dim=8, n_image=576, n_text=40, repeats=30
               f"{r.value:8.3f} [{r.lo:.3f}, {r.hi:.3f}]")
 
 
+def eviction_standin(repeats=10):
+    import tempfile
+    from dataclasses import replace
+
+    from unicache_lib.intervals import interleaved_timings, speedup_interval
+    from unicache_lib.kv import POLICIES, evict, kv_bytes, prefill, split_prompt
+    from unicache_lib.kv.cache import forward_question, prefill_pruned
+    from unicache_lib.zoo import standins
+    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, proc = load_understanding(str(standins.build("llava-1.5-7b", tmp)), attn_implementation="eager")
+    q = heldout_set(1, seed=7000)[0]
+    sp = split_prompt(proc, q.scene.uint8(), q.question, model=model)
+    pre = prefill(model, sp)
+    ctx = pre.context()
+    C, n_img = sp.context_ids.shape[1], ctx.n_image
+    runs = {"full": (lambda: prefill(model, sp, attentions=False), lambda p: (p.cache, sp))}
+    for b in (0.25, 0.1):
+        keep = POLICIES["key_coverage"]().select(ctx, b)
+        runs[f"key_coverage {b:.0%}"] = (lambda: prefill(model, sp, attentions=False),
+                                         lambda p, keep=keep: (evict(p.cache, keep), sp))
+        k = ctx.k(b)
+        pick = lambda f, k=k: POLICIES["divprune"]().choose(replace(ctx, n_layers=1, features=f), k)[0]  # noqa: E731
+        runs[f"divprune {b:.0%}"] = (lambda pick=pick: prefill_pruned(model, sp, pick)[0],
+                                     lambda p: (p.cache, p.split))
+    built = {n: after(make()) for n, (make, after) in runs.items()}
+    held = {n: c.get_seq_length() for n, (c, _) in built.items()}
+    dev = next(model.parameters()).device
+
+    def trim():
+        for n, (c, _) in built.items():
+            for layer in c.layers:
+                layer.keys, layer.values = layer.keys[:, :, :held[n]], layer.values[:, :, :held[n]]
+
+    def step(n):
+        c, s = built[n]
+        pos = torch.tensor([[s.context_ids.shape[1]]], device=dev)
+        return lambda: forward_question(s.family or sp.family, model, s.question_ids[:, :1].to(dev), c, pos)
+
+    with torch.no_grad():
+        pre_t = interleaved_timings({n: make for n, (make, _) in runs.items()}, max(3, repeats // 2))
+        dec_t = interleaved_timings({n: step(n) for n in built}, repeats, before=trim)
+    full_b = kv_bytes(built["full"][0])
+    print(f"\nLLaVA-1.5-7B stand-in (random weights, {C}-position context with {n_img} image tokens, 32 layers, reduced "
+          f"width), one question; times relative to the full cache: median paired ratio [95% interval over repeats]")
+    print(f"{'cache':>18} {'positions':>9} {'bytes/full':>10} {'prefill/full':>22} {'decode step/full':>22}")
+    for n in built:
+        p = speedup_interval(pre_t[n], pre_t["full"], min_repeats=2)
+        d = speedup_interval(dec_t[n], dec_t["full"], min_repeats=2)
+        print(f"{n:>18} {held[n]:9d} {kv_bytes(built[n][0]) / full_b:10.3f} {p.value:8.3f} [{p.lo:.3f}, {p.hi:.3f}] "
+              f"{d.value:8.3f} [{d.lo:.3f}, {d.hi:.3f}]")
+
+
 def reuse(steps=20, prompts=8, repeats=10):
     from unicache_lib.reuse.evaluate import methods_for, run_reuse
     from unicache_lib.world.text import prompt_set
@@ -101,4 +160,5 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args()
     eviction(repeats=3 * a.repeats)
+    eviction_standin(repeats=a.repeats)
     reuse(repeats=a.repeats)
