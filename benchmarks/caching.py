@@ -9,7 +9,12 @@
    DivPrune (prefill stage: only the kept tokens are prefilled) at 25 / 10 %: KV bytes, prefill time and
    the time of one decode step, each relative to the full cache.
 2. Cross-step reuse on the shipped generators: wall-clock of a batch over interleaved repeats, every
-   workbench policy and diffusers cache, speed-up relative to no reuse.
+   workbench policy and diffusers cache and the fewer-step control (``steps:N``), speed-up relative to no
+   reuse, attention work and whole-transformer FLOPs, and each method's PSNR margin over the fewer-step
+   control at its own speed-up and FLOPs.
+3. The step-skip policy on the SD3-medium pipeline stand-in (real depth, heads and token counts, random
+   weights; built into a temporary folder): wall-clock of the whole pipeline call (text encoders, the
+   denoising loop, VAE decode) with and without step skipping, interleaved, and the transformer calls run.
 
     python benchmarks/caching.py            # or: make benchmark
 """
@@ -139,6 +144,7 @@ def eviction_standin(repeats=10):
 
 
 def reuse(steps=20, prompts=8, repeats=10):
+    from unicache_lib.reuse.control import control_table
     from unicache_lib.reuse.evaluate import methods_for, run_reuse
     from unicache_lib.world.text import prompt_set
     from unicache_lib.zoo.loaders import load_generator
@@ -148,17 +154,62 @@ def reuse(steps=20, prompts=8, repeats=10):
     calib = [p["short"] for p in ps[prompts:]]
     for name in ("tiny-mmdit", "tiny-pixart"):
         gen = load_generator(name)
-        df = run_reuse(gen, methods_for(gen, steps, 3.0, calib, scored_prompts=texts), texts, objs, steps, 3.0, 0, prompts,
-                       repeats, progress=False)
+        methods = methods_for(gen, steps, 3.0, calib, scored_prompts=texts, fewer_steps=range(6, steps))
+        df = run_reuse(gen, methods, texts, objs, steps, 3.0, 0, prompts, repeats, progress=False)
         print(f"\ncross-step reuse on {name}: {prompts} prompts x {steps} steps, {repeats} interleaved repeats in shuffled order"
               " (speed-up: median paired ratio, 95% bootstrap interval over repeats)")
-        print(df[["speedup", "speedup_lo", "speedup_hi", "median_s", "iqr_s", "computed", "ssim", "note"]].round(3).to_string())
+        print(df[["speedup", "speedup_lo", "speedup_hi", "median_s", "iqr_s", "computed", "flops", "psnr", "ssim",
+                  "note"]].round(3).to_string())
+        print("PSNR margin over fewer-step sampling at the same speed-up / FLOPs (dB, 95% interval over prompts):")
+        print(control_table(df).round(2).to_string())
+
+
+def standin_step_skip(name="sd3-medium", steps=8, repeats=3, prompts=("a red circle on the left",)):
+    """Step-skip vs no reuse on a pipeline stand-in: whole-call wall-clock, interleaved ``repeats`` rounds."""
+    import tempfile
+
+    import numpy as np
+
+    from unicache_lib.intervals import interleaved_timings
+    from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
+    from unicache_lib.zoo import gen_standins
+    from unicache_lib.zoo.loaders import load_generator
+    from unicache_lib.zoo.sampling import sample
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = load_generator(gen_standins.build(name, tmp))
+        counts = {}
+
+        def run(policy):
+            def go():
+                with ReuseCache(gen, REUSE_POLICIES[policy](), steps) as rc:
+                    sample(gen, list(prompts), steps, 3.0, seed=0, callbacks=[rc])
+                counts[policy] = (rc.forward_computed, rc.forward_calls)
+            return go
+
+        run("none")()  # warm-up
+        times = interleaved_timings({p: run(p) for p in ("none", "step_skip")}, repeats)
+    ratios = times["none"] / times["step_skip"]
+    print(f"
+step_skip on the {name} stand-in ({gen.image_tokens} image tokens, {steps} steps, {len(prompts)} prompt, "
+          f"guidance 3.0), {repeats} interleaved rounds")
+    print(f"{'method':>10} {'median s':>9} {'transformer calls run':>22}")
+    for p in ("none", "step_skip"):
+        print(f"{p:>10} {np.median(times[p]):9.2f} {counts[p][0]:>12d} of {counts[p][1]}")
+    print(f"speed-up (median paired ratio): {np.median(ratios):.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=8, help="scored prompts of the reuse table (32: the notebook's)")
+    ap.add_argument("--standin-steps", type=int, default=8)
+    ap.add_argument("--parts", nargs="*", default=["eviction", "reuse", "standin"], choices=["eviction", "reuse", "standin"])
     a = ap.parse_args()
-    eviction(repeats=3 * a.repeats)
-    eviction_standin(repeats=a.repeats)
-    reuse(repeats=a.repeats)
+    if "eviction" in a.parts:
+        eviction(repeats=3 * a.repeats)
+        eviction_standin(repeats=a.repeats)
+    if "reuse" in a.parts:
+        reuse(prompts=a.prompts, repeats=a.repeats)
+    if "standin" in a.parts:
+        standin_step_skip(steps=a.standin_steps)

@@ -471,6 +471,26 @@ def test_reuse_keys_on_names_not_block_numbers():
     assert {"transformer_blocks.0.attn", "single_transformer_blocks.0.attn"} <= set(seen)
 
 
+def test_step_skip_skips_whole_transformer_calls(f):
+    """The step-level policy on every family: skipped steps never run a block (counted), the stand-in output
+    has the model's shape, and the forward is the class's own again afterwards."""
+    from unicache_lib.reuse.policies.step_skip import StepSkip
+
+    pol = StepSkip()
+    blocks = [m for n, m in f.tr.named_children() if isinstance(m, torch.nn.ModuleList)][0]
+    ran = [0]
+    h = blocks[0].register_forward_pre_hook(lambda *a: ran.__setitem__(0, ran[0] + 1))
+    try:
+        with ReuseCache(f.tr, pol, N) as rc:
+            outs = steps(f, [rc])
+    finally:
+        h.remove()
+    assert _good(outs, f.ref)
+    assert ran[0] == rc.forward_computed < N == rc.forward_calls
+    assert torch.equal(outs[0], f.ref[0])  # computed steps before any skip are the model's own
+    _untouched(f)
+
+
 # ---- diffusers' caches --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", PEERS)
 def test_peer_runs_and_skips_or_fails_as_stated(f, kind):

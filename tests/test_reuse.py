@@ -1,10 +1,12 @@
 """One shared suite over every cross-step reuse policy, and diffusers' caches as peers."""
+import numpy as np
 import pytest
 import torch
 
 from unicache_lib.capture.diffusion import find_diffusion_attention
 from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
 from unicache_lib.reuse.cache import AttentionCallCounter
+from unicache_lib.reuse.flops import TransformerFlops
 from unicache_lib.reuse.peers import FAMILY_PEERS, PEERS, DiffusersCache, PeerUnsupported, magcache_ratios
 from unicache_lib.zoo.loaders import load_generator
 from unicache_lib.zoo.sampling import sample
@@ -59,7 +61,8 @@ def test_diffusers_peers_run_skip_work_or_say_why(gen, kind):
         assert len(ratios) == steps and all(r > 0 for r in ratios)
     full_rows = steps * len(find_diffusion_attention(gen.transformer)) * 2 * len(PROMPTS)  # steps x modules x CFG batch
     try:
-        with DiffusersCache(gen, kind, steps, calibration=ratios) as pc, AttentionCallCounter(gen.transformer) as counter:
+        with DiffusersCache(gen, kind, steps, calibration=ratios) as pc, AttentionCallCounter(gen.transformer) as counter, \
+                TransformerFlops(gen.transformer) as fl:
             out = sample(gen, PROMPTS, steps, seed=0, callbacks=[pc])
     except PeerUnsupported as e:  # only where the family table refuses it, with its reason
         assert str(e) == FAMILY_PEERS[gen.family].unsupported[kind]
@@ -67,9 +70,10 @@ def test_diffusers_peers_run_skip_work_or_say_why(gen, kind):
     assert out.shape == gen.ref.shape and out.isfinite().all()
     assert 0 < counter.rows < full_rows  # it computed less than everything
     # hooks are gone afterwards: the plain model gives the uncached images, computing everything
-    with AttentionCallCounter(gen.transformer) as plain:
+    with AttentionCallCounter(gen.transformer) as plain, TransformerFlops(gen.transformer) as plain_fl:
         ref = sample(gen, PROMPTS, steps, seed=0)
     assert plain.rows == full_rows
+    assert 0 < fl.flops < plain_fl.flops  # whole-transformer FLOPs show the skipped work too
     assert (out - ref).abs().max() > 0  # skipping changed the image a little
     assert torch.equal(sample(gen, PROMPTS, 8, seed=0), gen.ref)
 
@@ -86,3 +90,197 @@ def test_magcache_calibration_must_be_held_out(gen):
 
     with pytest.raises(ValueError, match="held-out prompts"):
         methods_for(gen, 4, 3.0, PROMPTS[:1], peers=("magcache",), scored_prompts=PROMPTS)
+
+
+# ---- step-level reuse: skipping whole transformer calls ----------------------------------------------------
+from unicache_lib.reuse.policies.step_skip import StepSkip, extrapolate, step_schedule  # noqa: E402
+
+
+def _block_calls(gen):
+    """A counter of the transformer's real computations: calls of its first block."""
+    n = [0]
+    blocks = gen.transformer.transformer_blocks
+    h = blocks[0].register_forward_pre_hook(lambda *a: n.__setitem__(0, n[0] + 1))
+    return n, h
+
+
+def _own_forward(module):
+    """The module's forward is its class's own (diffusers' hooks, once removed, leave that bound method
+    as an instance attribute: that counts as restored too)."""
+    return getattr(module.forward, "__func__", None) is type(module).forward
+
+
+def test_step_schedule_relative_to_n_steps():
+    for n in range(1, 41):
+        s = step_schedule(n, 0.2, 0.1, 3)
+        assert len(s) == n and s[0] and s[-1]
+    assert step_schedule(20, 0.2, 0.1, 1) == [True] * 20
+    assert sum(step_schedule(20, 0.2, 0.1, 3)) < 20
+    with pytest.raises(ValueError, match="stride"):
+        step_schedule(20, 0.2, 0.1, 0)
+
+
+def test_step_skip_really_skips_transformer_calls(gen):
+    pol = StepSkip()
+    n, h = _block_calls(gen)
+    try:
+        with ReuseCache(gen.transformer, pol, 20) as rc:
+            out = sample(gen, PROMPTS, 20, seed=0, callbacks=[rc])
+    finally:
+        h.remove()
+    want = sum(pol.schedule(20))
+    assert n[0] == rc.forward_computed == want < 20  # the work saved is work not done
+    assert rc.forward_calls == 20 and rc.computed_fraction == want / 20
+    assert out.isfinite().all() and _own_forward(gen.transformer)
+
+
+def test_step_skip_computing_every_step_is_exact(gen):
+    with ReuseCache(gen.transformer, StepSkip(stride=1), 8) as rc:
+        out = sample(gen, PROMPTS, 8, seed=0, callbacks=[rc])
+    assert torch.equal(out, gen.ref) and rc.computed_fraction == 1
+
+
+@pytest.mark.parametrize("n_steps", [2, 3, 4])
+def test_step_skip_smoke_few_steps(gen, n_steps):
+    with ReuseCache(gen.transformer, StepSkip(), n_steps) as rc:
+        out = sample(gen, PROMPTS, n_steps, seed=0, callbacks=[rc])
+    assert out.isfinite().all() and 0 < rc.computed_fraction <= 1
+
+
+class _Linear(torch.nn.Module):
+    """A fake transformer whose output is ``a + b * t**2`` (quadratic in the timestep), in any of the
+    three output forms."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.form, self.calls = form, 0
+
+    def forward(self, hidden_states, timestep, return_dict=True):
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+        self.calls += 1
+        out = hidden_states + 0.5 * timestep.view(-1, 1) ** 2
+        if self.form == "tensor":
+            return out
+        if self.form == "tuple":
+            return (out, "extra")
+        return Transformer2DModelOutput(sample=out)
+
+
+@pytest.mark.parametrize("form", ["tensor", "tuple", "object"])
+@pytest.mark.parametrize("order", [1, 2])
+def test_step_skip_extrapolates_as_stated(form, order):
+    """Steps 0..2 computed, step 3 skipped: the output is the damped extrapolation of the computed ones."""
+    tr = _Linear(form)
+    pol = StepSkip(head=0.6, tail=0.2, stride=5, weight=0.5, order=order)  # 5 steps: C C C . C
+    assert pol.schedule(5) == [True, True, True, False, True]
+    rc = ReuseCache(tr, pol, 5)
+    x = torch.arange(6.0).view(2, 3)
+    ts = [9.0, 7.0, 4.0, 2.0, 1.0]
+    outs = []
+    with rc:
+        for i, t in enumerate(ts):
+            rc.on_step_begin(i, t)
+            o = tr(hidden_states=x, timestep=torch.full((2,), t))
+            outs.append(o)
+    assert tr.calls == 4 and rc.forward_computed == 4
+    got = outs[3] if form == "tensor" else outs[3][0]
+    if form == "tuple":
+        assert outs[3][1] == "extra"
+    if form == "object":
+        assert torch.equal(got, outs[3].sample)
+    f = lambda t: x + 0.5 * t**2  # noqa: E731
+    w = 0.5
+    if order == 1:  # out = o1 + w (o1 - o0) (t - t1) / (t1 - t0)
+        want = f(4.0) + w * (f(4.0) - f(7.0)) * (2.0 - 4.0) / (4.0 - 7.0)
+    else:  # the quadratic through three points is exact on a quadratic: damped towards it
+        want = f(4.0) + w * (f(2.0) - f(4.0))
+    assert torch.allclose(got, want, atol=1e-5)
+    assert _own_forward(tr)
+
+
+def test_extrapolate_checks_its_points():
+    o = torch.ones(2)
+    with pytest.raises(ValueError, match=">= 2 points"):
+        extrapolate([1.0], [o], 0.5, 0.5)
+    with pytest.raises(ValueError, match="share a timestep"):
+        extrapolate([1.0, 1.0], [o, o], 0.5, 0.5)
+
+
+def test_step_skip_restores_forward_on_error(gen):
+    class Boom(StepSkip):
+        def decide(self, step, n_steps, similarity, key="transformer"):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with ReuseCache(gen.transformer, Boom(), 4) as rc:
+            sample(gen, PROMPTS, 4, seed=0, callbacks=[rc])
+    assert _own_forward(gen.transformer)
+    assert torch.equal(sample(gen, PROMPTS, 8, seed=0), gen.ref)
+
+
+# ---- whole-transformer FLOPs -------------------------------------------------------------------------------
+def test_flops_match_a_hand_count():
+    from unicache_lib.reuse.flops import TransformerFlops
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 16)
+
+        def forward(self, x):  # x [B, S, 8] -> 4 heads of 4 over S tokens
+            q = self.proj(x).unflatten(-1, (4, 4)).transpose(1, 2)  # [B, 4, S, 4]
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    m = Tiny()
+    B, S = 2, 5
+    with TransformerFlops(m) as fl, torch.no_grad():
+        m(torch.randn(B, S, 8))
+        m(torch.randn(B, S, 8))
+    linear = 2 * B * S * 8 * 16
+    sdpa = 2 * (2 * B * 4 * S * S * 4)  # q k^T and p v, 2 flops per multiply-add
+    assert fl.calls == 2 and fl.per_call == [linear + sdpa] * 2 and fl.flops == 2 * (linear + sdpa)
+
+
+def test_run_reuse_flops_and_fewer_step_control(gen):
+    from unicache_lib.reuse.control import control_psnr_at, control_table
+    from unicache_lib.reuse.evaluate import run_reuse
+    from unicache_lib.reuse.control import fewer_steps_methods
+
+    steps = 6
+    methods = {"none": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["none"](), steps),
+               "every_2": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["every_2"](), steps),
+               "step_skip": lambda: ReuseCache(gen.transformer, StepSkip(), steps)} | fewer_steps_methods([3, 5])
+    objs = [{"colour": "red", "shape": "circle", "position": "left"}, {"colour": "blue", "shape": "square", "position": "top"}]
+    df = run_reuse(gen, methods, PROMPTS, objs, steps, 3.0, 0, timing_prompts=1, repeats=2, progress=False)
+    assert df.loc["none", "flops"] == 1.0 and df.loc["none", "computed"] == 1.0
+    assert df.loc["every_2", "flops"] < 1 and df.loc["every_2", "computed"] < 1  # attention skipped, MLPs not
+    skip = sum(StepSkip().schedule(steps)) / steps
+    assert df.loc["step_skip", "flops"] == pytest.approx(skip) and df.loc["step_skip", "computed"] == pytest.approx(skip)
+    assert df.loc["steps:3", "flops"] == pytest.approx(0.5) and df.loc["steps:5", "flops"] == pytest.approx(5 / 6)
+    assert df.loc["every_2", "flops"] > df.loc["every_2", "computed"]  # attention is only part of the FLOPs
+    # the control interpolated at its own points is itself; in between, linear per prompt
+    ctrl = df.loc[["steps:3", "steps:5"]]
+    for by in ("flops", "speedup"):
+        assert np.allclose(control_psnr_at(ctrl, float(ctrl.loc["steps:3", by]), by), ctrl.loc["steps:3", "psnr_per_prompt"])
+    mid = control_psnr_at(ctrl, 2 / 3, "flops")
+    assert np.allclose(mid, 0.5 * (ctrl.loc["steps:3", "psnr_per_prompt"] + ctrl.loc["steps:5", "psnr_per_prompt"]))
+    with pytest.raises(ValueError, match="outside the fewer-step control's range"):
+        control_psnr_at(ctrl, 0.1, "flops")
+    tab = control_table(df)
+    assert "steps:3" not in tab.index and {"none", "step_skip"} <= set(tab.index)
+    assert np.isnan(tab.loc["none", "margin_flops"]) and "outside" in tab.loc["none", "ctrl_note"]  # 1.0 > 5/6
+    assert np.isfinite(tab.loc["step_skip", "margin_flops"])
+
+
+def test_fewer_steps_curve(gen):
+    from unicache_lib.reuse.control import fewer_steps_curve
+    from unicache_lib.zoo.sampling import to_uint8
+
+    ref = to_uint8(sample(gen, PROMPTS, 4, seed=0))
+    df = fewer_steps_curve(gen, PROMPTS, ref, [2, 3, 4], 3.0, 0, full_steps=4, repeats=2, timing_prompts=1)
+    assert list(df.index) == [2, 3, 4]
+    assert df.loc[4, "psnr"] == 100.0 and df.loc[2, "psnr"] < 100  # the full run is the reference itself
+    assert np.allclose(df["flops"], [0.5, 0.75, 1.0])
+    assert {"speedup", "speedup_lo", "speedup_hi"} <= set(df.columns)
+    assert df.loc[2, "psnr_per_prompt"].shape == (len(PROMPTS),)

@@ -27,6 +27,13 @@ structure, not its name):
 - any other processor (fused projections, an attention mask on joint attention, a processor not named
   above): full compute, counted as a full call.
 
+A step-level policy (``policy.level == "step"``, e.g. ``step_skip``) is asked once per transformer call
+instead: the transformer's ``forward`` is replaced for the run (restored on exit, also on error); a
+computed call's output is kept with its timestep, a skipped call returns the policy's extrapolation from
+the kept outputs in the same form as the model's (a tensor, a tuple whose first item is the prediction, or
+an output object with ``.sample``). Work is counted in attention calls all the same: a skipped transformer
+call skips every attention module once.
+
 Processors are restored on exit, also on error.
 """
 from __future__ import annotations
@@ -41,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ..capture.diffusion import _heads_view, find_diffusion_attention, wrap_processors
+from ..families import UnsupportedModelError
 from ..similarity import cosine
 
 
@@ -162,6 +170,46 @@ class _ReuseProcessor(_Wrapper):
         return out
 
 
+def _prediction(out) -> torch.Tensor:
+    """The model's prediction in a transformer's output: a tensor, a tuple's first item, or ``.sample``."""
+    if torch.is_tensor(out):
+        return out
+    if isinstance(out, tuple) and out and torch.is_tensor(out[0]):
+        return out[0]
+    if torch.is_tensor(getattr(out, "sample", None)):
+        return out.sample
+    raise TypeError(f"cannot find the prediction in a transformer output of type {type(out).__name__}: "
+                    "expected a tensor, a tuple whose first item is one, or an object with .sample")
+
+
+def _with_prediction(template, pred: torch.Tensor):
+    """``template`` (a kept output) with its prediction replaced by ``pred``, in the same form."""
+    if torch.is_tensor(template):
+        return pred
+    if isinstance(template, tuple):
+        return (pred,) + tuple(template[1:])
+    if hasattr(template, "keys"):  # a diffusers BaseOutput (an ordered dict dataclass)
+        return type(template)(**{**dict(template.items()), "sample": pred})
+    raise TypeError(f"cannot rebuild a transformer output of type {type(template).__name__}")
+
+
+def _replace_forward(module: torch.nn.Module, fn):
+    """Make ``module.forward(*a, **kw)`` call ``fn(original_forward, *a, **kw)``; returns the undo (which
+    restores an instance-level forward that was there, or removes ours so the class's forward is back).
+    Forward hooks still run: they sit in ``__call__``, around ``forward``."""
+    had = "forward" in module.__dict__
+    prev = module.__dict__.get("forward")
+    orig = module.forward
+    module.forward = functools.partial(fn, orig)
+
+    def undo():
+        if had:
+            module.forward = prev
+        else:
+            module.__dict__.pop("forward", None)
+    return undo
+
+
 def _image_side_sd3(attn, h, e):
     """``JointAttnProcessor2_0``'s image output alone: image queries over ``[image | text]`` keys."""
     b = h.shape[0]
@@ -212,25 +260,81 @@ class ReuseCache:
     def __init__(self, transformer, policy, n_steps: int):
         self.transformer = getattr(transformer, "transformer", transformer)
         self.policy, self.n_steps = policy, n_steps
-        self.targets = find_diffusion_attention(self.transformer)
+        self.level = getattr(policy, "level", "attention")
+        if self.level not in ("attention", "step"):
+            raise ValueError(f"policy {type(policy).__name__} has level {self.level!r}; expected 'attention' or 'step'")
+        if self.level == "step":  # attention modules only size the work count: a model without known ones
+            try:                  # counts each transformer call as one unit
+                self.targets = find_diffusion_attention(self.transformer)
+            except UnsupportedModelError:
+                self.targets = {}
+        else:
+            self.targets = find_diffusion_attention(self.transformer)
         self.step = 0
+        self.t = math.nan
         self.work = 0.0
         self.calls = 0
+        self.forward_calls = self.forward_computed = 0  # step level: transformer calls made / actually run
         self._n_text = None
+        self._call_in_step = 0
+        self._history: dict = {}  # step level: call index within a step -> ([timesteps], [outputs])
         self._stack: ExitStack | None = None
 
     def on_step_begin(self, step, timestep):
         self.step = int(step)
+        self.t = float(timestep)
+        self._call_in_step = 0
 
     @property
     def computed_fraction(self) -> float:
         """Attention work done / attention calls made (1.0 = nothing reused)."""
         return self.work / self.calls if self.calls else math.nan
 
+    @property
+    def processor_fraction(self) -> float:
+        """Share of the attention calls that reached the processors which did their full work: what a
+        count of processor calls (:class:`AttentionCallCounter`) must be scaled by to give the work done.
+        Step level: 1.0 (a skipped transformer call never reaches the processors)."""
+        return 1.0 if self.level == "step" else self.computed_fraction
+
     def __enter__(self):
+        if self.level == "step":
+            self._stack = ExitStack()
+            self._stack.callback(_replace_forward(self.transformer, self._step_forward))
+            return self
         self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _ReuseProcessor(
             self, orig, name, module_kind(self.targets[name][2])))
         return self
+
+    def _step_forward(self, orig, *args, **kwargs):
+        """The transformer's forward under a step-level policy (see the module doc)."""
+        n_attn = max(1, len(self.targets))
+        key = self._call_in_step  # a pipeline calling the model twice per step keeps two histories
+        self._call_in_step += 1
+        t = self.t if math.isfinite(self.t) else float(self.step)
+        ts, outs = self._history.setdefault(key, ([], []))
+        self.forward_calls += 1
+        self.calls += n_attn
+        d = self.policy.decide(self.step, self.n_steps, math.nan, key="transformer")
+        if d not in ("compute", "reuse"):
+            raise ValueError(f"step-level policy {self.policy.name!r} answered {d!r}; expected 'compute' or 'reuse'")
+        h = kwargs.get("hidden_states", args[0] if args else None)
+        same_batch = bool(outs) and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])
+        if d == "reuse" and same_batch and len(outs) >= self.policy.min_history and t not in ts:
+            pred = self.policy.extrapolate(ts, [o[0] for o in outs], t)
+            return _with_prediction(outs[-1][1], pred)
+        out = orig(*args, **kwargs)
+        pred = _prediction(out)
+        if outs and outs[-1][0].shape != pred.shape:  # another batch: the history does not apply
+            ts.clear()
+            outs.clear()
+        ts.append(t)
+        outs.append((pred.detach(), out))
+        keep = max(3, self.policy.min_history)
+        del ts[:-keep], outs[:-keep]
+        self.forward_computed += 1
+        self.work += n_attn
+        return out
 
     def __exit__(self, *exc):
         self._stack.close()

@@ -1,5 +1,7 @@
 """Every reuse method on the same prompts and seeds: quality against the no-reuse images, prompt
-following, attention work done, and wall-clock measured side by side (interleaved repeats)."""
+following, attention work done, whole-transformer FLOPs, and wall-clock measured side by side
+(interleaved repeats). Fewer-step sampling, the control, runs as ``steps:N`` methods in the same table
+(:mod:`unicache_lib.reuse.control`)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,14 +16,19 @@ from ..quality import psnr, ssim
 from ..world.segment import score_object
 from ..zoo.sampling import sample, to_uint8
 from .cache import AttentionCallCounter, ReuseCache
+from .control import fewer_steps_methods
+from .flops import TransformerFlops
 from .peers import DiffusersCache, PeerUnsupported, magcache_ratios
 from .policies import REUSE_POLICIES
 
 
 def methods_for(gen, steps: int, guidance: float, calibration_prompts: list[str], peers=("pab", "fastercache", "first_block",
                                                                                                 "taylorseer", "magcache"),
-                scored_prompts: list[str] | None = None) -> dict:
+                scored_prompts: list[str] | None = None, fewer_steps=()) -> dict:
     """label -> zero-argument factory of a context manager that is also a sampling callback.
+
+    Every registered reuse policy (attention-level and step-level alike), each diffusers cache in ``peers``,
+    and a ``steps:N`` fewer-step control for each ``N`` in ``fewer_steps``.
 
     ``calibration_prompts``: MagCache's calibration run. They must be held out from the prompts the
     methods are scored on (pass those as ``scored_prompts`` to have that checked): calibrating on the
@@ -37,25 +44,37 @@ def methods_for(gen, steps: int, guidance: float, calibration_prompts: list[str]
         if p == "magcache":
             ratios = magcache_ratios(gen, calibration_prompts, steps, guidance)
         out[f"diffusers:{p}"] = lambda p=p: DiffusersCache(gen, p, steps, guidance, calibration=ratios)
-    return out
+    return out | fewer_steps_methods(fewer_steps)
 
 
-def _run(gen, make, prompts, steps, guidance, seed):
-    with make() as m, AttentionCallCounter(gen.transformer) as counter:
-        t0 = time.perf_counter()
-        x = sample(gen, prompts, steps, guidance, seed=seed, callbacks=[m])
-        dt = time.perf_counter() - t0
+def _run(gen, make, prompts, steps, guidance, seed, count=True):
+    """(images ``[B, H, W, 3]`` uint8, seconds, attention work in batch rows, transformer FLOPs). A method
+    with ``sample_steps`` (the fewer-step control) samples with that many steps instead of ``steps``.
+    ``count=False``: no counters (the timed runs), work and FLOPs NaN."""
+    with make() as m:
+        n = getattr(m, "sample_steps", steps)
+        if not count:
+            t0 = time.perf_counter()
+            x = sample(gen, prompts, n, guidance, seed=seed, callbacks=[m])
+            return to_uint8(x), time.perf_counter() - t0, float("nan"), float("nan")
+        with AttentionCallCounter(gen.transformer) as counter, TransformerFlops(gen.transformer) as fl:
+            t0 = time.perf_counter()
+            x = sample(gen, prompts, n, guidance, seed=seed, callbacks=[m])
+            dt = time.perf_counter() - t0
     # attention work in batch rows: a half-batch call (FasterCache skipping the unconditional half)
-    # counts half; a ReuseCache call that reused its output counts what its policy says it computed
-    work = m.computed_fraction * counter.rows if isinstance(m, ReuseCache) else counter.rows
-    return to_uint8(x), dt, work
+    # counts half; a ReuseCache call that reused its output counts what its policy says it computed (a
+    # step-level policy's skipped calls never reach the processors: the counter already misses them)
+    work = m.processor_fraction * counter.rows if isinstance(m, ReuseCache) else counter.rows
+    return to_uint8(x), dt, work, fl.flops
 
 
 def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed=0, timing_prompts: int = 8,
               repeats: int = MIN_TIMING_REPEATS, progress=True) -> pd.DataFrame:
     """One row per method: psnr, ssim (means vs the ``none`` method's images; per prompt in
     ``psnr_per_prompt`` / ``ssim_per_prompt``, arrays ``[n_prompts]``), colour / position / shape rates,
-    ``computed`` (attention work in batch rows / the no-reuse run's), and wall-clock for a batch of
+    ``computed`` (attention work in batch rows / the no-reuse run's), ``flops`` (FLOPs the transformer
+    executed over the whole scored run, every layer counted: :class:`~unicache_lib.reuse.flops.TransformerFlops`
+    / the no-reuse run's; counted during the scored run itself, on all prompts), and wall-clock for a batch of
     ``timing_prompts``: ``repeats`` interleaved rounds, every method once per round in a shuffled order
     (``seconds``, ``[repeats]``), ``median_s``, ``iqr_s``, ``speedup`` (median over rounds of
     none's time / this method's time in the same round) with its bootstrap interval over rounds
@@ -63,11 +82,11 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
     model get a row with the reason in ``note``."""
     if "none" not in methods:
         raise ValueError("methods must include 'none' (the reference)")
-    ref, _, ref_work = _run(gen, methods["none"], prompts, steps, guidance, seed)
+    ref, _, ref_work, ref_flops = _run(gen, methods["none"], prompts, steps, guidance, seed)
     rows, usable = {}, {}
     for label, make in tqdm(methods.items(), desc="reuse methods", disable=not progress):
         try:
-            imgs, _, work = _run(gen, make, prompts, steps, guidance, seed)
+            imgs, _, work, flops = _run(gen, make, prompts, steps, guidance, seed)
         except PeerUnsupported as e:
             rows[label] = {"method": label, "note": str(e)}
             continue
@@ -75,7 +94,7 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
         p, s = np.minimum(psnr(imgs, ref), 100.0), np.asarray(ssim(imgs, ref), dtype=np.float64)
         rows[label] = {"method": label, "psnr": float(np.mean(p)), "ssim": float(np.mean(s)),
                        **{k: float(np.mean([x[k] for x in sc])) for k in ("colour", "position", "shape")},
-                       "computed": work / ref_work, "n": len(prompts), "note": "",
+                       "computed": work / ref_work, "flops": flops / ref_flops, "n": len(prompts), "note": "",
                        "psnr_per_prompt": p, "ssim_per_prompt": s}
         usable[label] = make
     tp = prompts[:timing_prompts]
@@ -83,7 +102,7 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
     def timed(make):
         def go():
             with contextlib.redirect_stdout(None):
-                _run(gen, make, tp, steps, guidance, seed)
+                _run(gen, make, tp, steps, guidance, seed, count=False)
         return go
 
     times = interleaved_timings({k: timed(m) for k, m in usable.items()}, repeats, seed)

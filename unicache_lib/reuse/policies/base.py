@@ -20,12 +20,24 @@ class ReusePolicy:
     computed step (NaN at step 0, and unless the policy sets ``uses_similarity``). ``key``: the
     attention module's name, for policies that keep per-module state. ``reuse_text`` reuses only the text side (joint attention: the
     text stream's output; cross-attention: the text keys and values) and computes the image side.
+
+    ``level``: ``"attention"`` (the default): ``decide`` is asked per attention module and call, as above.
+    ``"step"``: ``decide(step, n_steps, nan, key="transformer")`` is asked once per transformer call, and
+    ``"reuse"`` skips the whole call; the policy then supplies the stand-in output with
+    ``extrapolate(timesteps, outputs, t)`` from the outputs of the computed calls (oldest first; at least
+    ``min_history`` of them, else the call is computed).
     """
 
     name = ""
     description = ""
 
     uses_similarity = False
+    level = "attention"
+    min_history = 2
 
     def decide(self, step: int, n_steps: int, similarity: float, key=None) -> str:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def extrapolate(self, timesteps: list[float], outputs: list, t: float):  # pragma: no cover - interface
+        """Step-level policies: the model output ``[B, ...]`` standing in for a skipped call at ``t``."""
+        raise NotImplementedError(f"{type(self).__name__} is not a step-level policy")

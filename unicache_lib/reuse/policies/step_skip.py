@@ -1,0 +1,84 @@
+"""Skip whole transformer calls on chosen denoising steps; stand in for each skipped call with a damped
+polynomial extrapolation of the model output from the last computed steps (a step-level policy,
+``level = "step"``: :class:`~unicache_lib.reuse.cache.ReuseCache` hooks the transformer's forward).
+
+Order 1 (the default): with ``(t0, o0)``, ``(t1, o1)`` the last two computed steps (timestep units, as the
+sampling loop reports them) and ``t`` this step's timestep,
+
+    out = o1 + w * (o1 - o0) * (t - t1) / (t1 - t0)
+
+Order 2: the quadratic through the last three computed points, damped the same way
+(``out = o_last + w * (P(t) - o_last)``); with only two computed points so far, order 1. Fewer than two
+computed points: the call is computed (whatever the schedule says).
+
+Schedule, relative to ``n_steps`` so it works for any step count: the first ``head`` share of the steps
+(at least two) and the last ``tail`` share (at least one) are computed, and in between every
+``stride``-th step; everything else is extrapolated.
+
+The defaults were chosen by ``benchmarks/tune_step_skip.py`` on DESIGN prompts only:
+``prompt_set(52, 0, 0)[36:52]`` (16 one-object prompts, sampled with seed 1000), disjoint by construction
+from the notebook's scored prompts ``prompt_set(36, 0, 0)`` (the first 36 of the same permutation of the
+90 colour x shape x position combinations), on tiny-mmdit and tiny-pixart at 20 steps, guidance 3.0,
+PSNR against each generator's own 20-step images. See that script's output for the grid.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import ReusePolicy, register
+
+
+def step_schedule(n_steps: int, head: float, tail: float, stride: int) -> list[bool]:
+    """``[n_steps]`` booleans, True where the transformer is called: the first ``max(2, round(head * n))``
+    steps (two computed points before any extrapolation), the last ``max(1, round(tail * n))``, and every
+    ``stride``-th step (``step % stride == 0``) in between."""
+    if n_steps < 1:
+        raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+    h = min(n_steps, max(2, round(head * n_steps)))
+    k = min(n_steps, max(1, round(tail * n_steps)))
+    return [i < h or i >= n_steps - k or i % stride == 0 for i in range(n_steps)]
+
+
+def extrapolate(ts: list[float], outs: list[torch.Tensor], t: float, weight: float) -> torch.Tensor:
+    """Damped polynomial extrapolation to ``t`` through the points ``(ts[i], outs[i])`` (order
+    ``len(ts) - 1``; outputs all of one shape ``[B, ...]``): ``outs[-1] + weight * (P(t) - outs[-1])``,
+    with ``P`` the Lagrange polynomial. Arithmetic in float32 (returned in the outputs' dtype); equal
+    timesteps raise (the points give no slope)."""
+    if len(ts) != len(outs) or len(ts) < 2:
+        raise ValueError(f"need >= 2 points with one output each, got {len(ts)} timesteps and {len(outs)} outputs")
+    if len(set(ts)) != len(ts):
+        raise ValueError(f"extrapolation points share a timestep ({ts}): no slope to extrapolate")
+    last = outs[-1].float()
+    p = torch.zeros_like(last)
+    for i, (ti, oi) in enumerate(zip(ts, outs)):
+        li = 1.0
+        for j, tj in enumerate(ts):
+            if j != i:
+                li *= (t - tj) / (ti - tj)
+        p = p + li * oi.float()
+    return (last + weight * (p - last)).to(outs[-1].dtype)
+
+
+@register
+class StepSkip(ReusePolicy):
+    name, description = "step_skip", "skip whole transformer calls mid-run; damped linear extrapolation of the output"
+    level = "step"
+
+    def __init__(self, head: float = 0.1, tail: float = 0.05, stride: int = 3, weight: float = 0.5, order: int = 1):
+        if order not in (1, 2):
+            raise ValueError(f"order must be 1 or 2, got {order}")
+        self.head, self.tail, self.stride, self.weight, self.order = head, tail, stride, weight, order
+
+    def schedule(self, n_steps: int) -> list[bool]:
+        return step_schedule(n_steps, self.head, self.tail, self.stride)
+
+    def decide(self, step, n_steps, similarity, key="transformer"):
+        sched = self.schedule(n_steps)
+        return "compute" if step >= len(sched) or sched[step] else "reuse"
+
+    def extrapolate(self, ts: list[float], outs: list[torch.Tensor], t: float) -> torch.Tensor:
+        """The stand-in output for a skipped call from the computed history (oldest first)."""
+        n = self.order + 1
+        return extrapolate(ts[-n:], outs[-n:], t, self.weight)
