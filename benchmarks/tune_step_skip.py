@@ -48,7 +48,7 @@ def main(argv=None):
     heads, tails, strides = (0.1, 0.15, 0.2, 0.25), (0.05, 0.1, 0.15), (3, 4)
     weights, orders = (0.25, 0.5, 0.75, 1.0), (1, 2)
     if a.quick:
-        heads, tails, strides, weights, orders = (0.2,), (0.1,), (3,), (0.5,), (1,)
+        heads, tails, strides, weights, orders = (0.1,), (0.05,), (3,), (0.5,), (1,)
     schedules = {}
     for h, t, s in itertools.product(heads, tails, strides):
         sch = tuple(step_schedule(STEPS, h, t, s))

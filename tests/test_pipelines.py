@@ -203,3 +203,25 @@ def test_capture_through_the_pipeline(folders, kind, tmp_path):
     assert W.shape == (len(real), gen.image_tokens)
     if family == "sd3":  # the CLIP copy comes first; the T5 copy is named apart
         assert word_positions(real, "red") == [real.index("red")] and "t5:red" in real
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_step_skip_through_the_pipeline(folders, kind):
+    """The step-level reuse policy on a pipeline generator: whole transformer calls skipped (counted on the
+    first block), a finite image of the pipeline's shape, the forward restored."""
+    from unicache_lib.reuse import ReuseCache
+    from unicache_lib.reuse.policies.step_skip import StepSkip
+
+    gen = load_generator(folders[kind])
+    first = [m for m in gen.transformer.children() if isinstance(m, torch.nn.ModuleList)][0][0]
+    ran = [0]
+    h = first.register_forward_pre_hook(lambda *a: ran.__setitem__(0, ran[0] + 1))
+    pol, n = StepSkip(), 6
+    try:
+        with ReuseCache(gen, pol, n) as rc:
+            x = sample(gen, PROMPTS, n, 3.0, seed=SEEDS, callbacks=[rc])
+    finally:
+        h.remove()
+    assert ran[0] == rc.forward_computed == sum(pol.schedule(n)) < n == rc.forward_calls
+    assert x.shape == (len(PROMPTS), 3, gen.image_size, gen.image_size) and x.isfinite().all()
+    assert getattr(gen.transformer.forward, "__func__", None) is type(gen.transformer).forward
