@@ -11,7 +11,9 @@
 #   tuned on design questions, scored on held-out ones;
 # - when the cheap simulation (attention mass retained) predicts real accuracy;
 # - how reusing attention across denoising steps trades quality for speed on both generators, for the
-#   study's schedules and for diffusers' own caches (PAB, FasterCache, FirstBlockCache, TaylorSeer, MagCache).
+#   study's schedules and for diffusers' own caches (PAB, FasterCache, FirstBlockCache, TaylorSeer, MagCache);
+# - why every reuse method must be compared with simply sampling with fewer steps, and how a policy built from
+#   notebook 03's step similarity (`step_skip`: skip whole steps, extrapolate the model output) clears that bar.
 #
 # **What it needs**: notebooks 02 and 03 for the ideas; it measures everything it shows. Runs on the shipped
 # `tiny-llava`, `tiny-mmdit` and `tiny-pixart`; the eviction half on a checkpoint of any supported
@@ -36,6 +38,7 @@ STEPS = 20
 GUIDANCE = 3.0
 TIMING_PROMPTS = 8
 REPEATS = 10                  # interleaved timing rounds in shuffled order, a wall-clock verdict needs 10 or more
+FEWER_STEPS = None            # step counts of the fewer-step control; None: 35-80% of STEPS
 SEED = 0
 OUT_DIR = "outputs/05_caching"
 
@@ -54,8 +57,10 @@ from unicache_lib.families import family_of
 from unicache_lib.kv import POLICIES
 from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full, summary, worst_peer_difference
 from unicache_lib.kv.peers import press_factories
-from unicache_lib.reuse.evaluate import methods_for, run_reuse
-from unicache_lib.intervals import MIN_TIMING_REPEATS, Interval, bootstrap, difference_interval
+from unicache_lib.reuse.control import control_table
+from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
+from unicache_lib.reuse.evaluate import methods_for, pareto_check, run_reuse, versus
+from unicache_lib.intervals import MIN_TIMING_REPEATS, Interval, bootstrap, difference_interval, mean_interval, proportion_interval
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.world.text import prompt_set
@@ -212,8 +217,6 @@ print("At LLaVA-1.5-7B's shape (576 image tokens, 32 layers) bytes, decode-step 
 # intervals over questions; up and to the left is better.
 
 # %%
-from unicache_lib.intervals import proportion_interval
-
 fig, ax = plt.subplots(figsize=(7.5, 4.5))
 freed = R[(R.memory == "freed") & (R.method != "full")]
 for i, (m, d) in enumerate(freed.groupby("method")):
@@ -282,7 +285,21 @@ print(f"mean accuracy gap, locality-shallow minus locality-deep: {100 * u7_iv.va
 # skipping the unconditional branch — counts half), and speed-up is the median over `REPEATS` interleaved
 # rounds (every method once per round, in a shuffled order) of the no-reuse time divided by the method's time
 # in the same round, for a `TIMING_PROMPTS`-prompt batch, with a 95% bootstrap interval over the rounds.
+# `flops` counts what the *whole* transformer executed (MLPs, projections and attention, every layer) relative
+# to no reuse — attention is under half of a step here, so `computed` alone flatters attention-only reuse.
 # MagCache is calibrated on 4 held-out prompts, not on the ones it is scored on.
+#
+# **The control.** Rows `steps:N` sample with N instead of `STEPS` steps and nothing else — the cheapest way to
+# save work. A reuse method earns its machinery only where its images beat the control's at the same wall-clock
+# and the same FLOPs.
+#
+# **`step_skip`**, the policy designed from notebook 03: adjacent steps' attention and outputs are most similar
+# in the middle of the run and least at the start (G2), and the output changes smoothly with the timestep. So it
+# computes the first and last steps and every 3rd step in between (9 of 20), and on a skipped step returns the
+# last computed output moved half-way along the line through the last two (`out = o1 + 0.5 (o1 - o0)(t - t1)/(t1 -
+# t0)`). Plain reuse of the last output (weight 0) is only a coarser Euler grid — 1.3–2.8 dB worse on the design
+# prompts. Schedule and weight were chosen on 16 *design* prompts (`benchmarks/tune_step_skip.py`, grid in
+# `benchmarks/results/tune_step_skip.txt`), disjoint from the prompts scored here.
 
 # %%
 gprompts = prompt_set(N_PROMPTS + 4, 0, SEED)  # the first N_PROMPTS are scored, the last 4 calibrate MagCache
@@ -290,28 +307,33 @@ objs = [p["objects"][0] for p in gprompts[:N_PROMPTS]]
 texts = [p["short"] for p in gprompts[:N_PROMPTS]]
 calibration = [p["short"] for p in gprompts[N_PROMPTS:]]
 RU, gfamily = {}, {}
+NEW_REUSE, MILD = "step_skip", "step_skip (stride 2)"
 gpaths = {model_label(g): g for g in GENERATORS}  # tables use the label, never a full path
 for gname, gpath in gpaths.items():
     gen = load_generator(gpath, dtype=DTYPE, device=DEVICE)
     gfamily[gname] = gen.family
-    RU[gname] = run_reuse(gen, methods_for(gen, STEPS, GUIDANCE, calibration, scored_prompts=texts), texts, objs, STEPS, GUIDANCE,
-                          SEED, TIMING_PROMPTS, REPEATS, progress=False)
+    fewer = FEWER_STEPS or sorted({max(1, round(f * STEPS)) for f in (0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8)} - {STEPS})
+    methods = methods_for(gen, STEPS, GUIDANCE, calibration, scored_prompts=texts, fewer_steps=fewer)
+    # a milder point of the same policy (every 2nd step in the middle), for the Pareto comparison of section 4b
+    methods[MILD] = lambda gen=gen: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](stride=2), STEPS)
+    RU[gname] = run_reuse(gen, methods, texts, objs, STEPS, GUIDANCE, SEED, TIMING_PROMPTS, REPEATS, progress=False)
 if not GENERATORS:
     print("GENERATORS is empty: cross-step reuse is skipped")
 reuse = pd.concat(RU, names=["model"]) if RU else pd.DataFrame(
-    columns=["psnr", "ssim", "colour", "position", "computed", "note", "speedup", "speedup_lo", "speedup_hi", "median_s", "iqr_s"])
+    columns=["psnr", "ssim", "colour", "position", "computed", "flops", "note", "speedup", "speedup_lo", "speedup_hi",
+             "median_s", "iqr_s"])
 
 # %%
 # NBVAL_CHECK_OUTPUT
 print(f"n = {N_PROMPTS} prompts")
-print(reuse[["psnr", "ssim", "colour", "position", "computed"]].round(3).to_string())
+print(reuse[["psnr", "ssim", "colour", "position", "computed", "flops"]].round(3).to_string())
 print(reuse.loc[reuse.note != "", ["note"]].to_string())
 
 # %%
 # timings vary from run to run; the table above is the checked part
 print(f"speed-up: median paired ratio over {REPEATS} shuffled interleaved rounds, 95% interval over rounds")
-print(reuse[["speedup", "speedup_lo", "speedup_hi", "median_s", "iqr_s", "computed"]].round(3).to_string())
-cols = ["psnr", "ssim", "computed", "speedup", "speedup_lo", "speedup_hi", "note"]
+print(reuse[["speedup", "speedup_lo", "speedup_hi", "median_s", "iqr_s", "computed", "flops"]].round(3).to_string())
+cols = ["psnr", "ssim", "computed", "flops", "speedup", "speedup_lo", "speedup_hi", "note"]
 if RU:  # the reuse table as a file, for the rehearsal's README table
     reuse.reset_index()[["model", "method", *cols]].to_csv(out / "reuse.csv", index=False)
 fig, axes = plt.subplots(1, max(1, len(gpaths)), figsize=(6 * max(1, len(gpaths)), 4), squeeze=False)
@@ -326,6 +348,61 @@ for ax, gname in zip(axes[0], gpaths):
     ax.set_title(f"{gname}: speed vs quality (circles: workbench, squares: diffusers)", fontsize=9)
 fig.tight_layout()
 _ = plots.save(fig, out, "reuse_pareto")
+
+# %% [markdown]
+# ### 4b. Against fewer steps, and against the diffusers caches
+#
+# Each method's PSNR minus the fewer-step control's at the method's own FLOPs (deterministic: counted) and at
+# its own wall-clock speed-up (from the timing rounds), in dB with a 95% interval over prompts; the control is
+# interpolated between the step counts that bracket the method. Positive: the method beats sampling with fewer
+# steps. "outside" means the method saves more or less than any control point measured.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+CT = {g: control_table(RU[g]) for g in gpaths}
+for g, t in CT.items():
+    print(f"{g}: PSNR over the fewer-step control at equal FLOPs (dB)")
+    print(t[["margin_flops", "margin_flops_lo", "margin_flops_hi"]].join(RU[g][["psnr", "flops"]]).round(2).to_string())
+
+# %%
+# timings vary from run to run: the margins at equal wall-clock and the head-to-head speed ratios below
+for g, t in CT.items():
+    print(f"{g}: PSNR over the fewer-step control at equal wall-clock (dB)")
+    print(t[["margin_speedup", "margin_speedup_lo", "margin_speedup_hi"]].join(RU[g][["psnr", "speedup"]]).round(2).to_string())
+DIFFUSERS = [m for m in reuse.index.get_level_values("method").unique() if m.startswith("diffusers:")]
+VS = {g: versus(RU[g], NEW_REUSE, DIFFUSERS) for g in gpaths}
+for g, v in VS.items():
+    print(f"{g}: {NEW_REUSE} against each diffusers cache (PSNR difference, dB; their time / its time; FLOPs ratio)")
+    print(v.round(3).to_string())
+PARETO = {(g, by): pareto_check(RU[g], [NEW_REUSE, MILD], DIFFUSERS, by) for g in gpaths for by in ("speedup", "flops")}
+for (g, by), t in PARETO.items():
+    print(f"{g}: each diffusers cache against the best step_skip setting that saves at least as much ({by}); PSNR difference, dB")
+    print(t.round(2).to_string())
+
+# %%
+fig, axes = plt.subplots(max(1, len(gpaths)), 2, figsize=(12, 4.2 * max(1, len(gpaths))), squeeze=False)
+for row, g in zip(axes, gpaths):
+    d = RU[g].dropna(subset=["psnr"])
+    ctrl = d[[str(i).startswith("steps:") for i in d.index]].sort_values("flops")
+    for ax, by, lab in ((row[0], "speedup", "wall-clock speed-up (median paired ratio)"), (row[1], "flops", "transformer FLOPs / no reuse")):
+        ax.plot(ctrl[by], ctrl.psnr, "k.-", lw=1, label="fewer steps (control)")
+        for n, r in ctrl.iterrows():
+            ax.annotate(n.split(":")[1], (r[by], r.psnr), fontsize=6, xytext=(2, -8), textcoords="offset points")
+        for i, (m, r) in enumerate(d.drop(index=ctrl.index).drop(index="none", errors="ignore").iterrows()):
+            xerr = ([[r.speedup - r.speedup_lo], [r.speedup_hi - r.speedup]] if by == "speedup" and np.isfinite(r.speedup_lo) else None)
+            ax.errorbar(r[by], r.psnr, xerr=xerr, marker="*" if m == NEW_REUSE else "s" if m.startswith("diffusers:") else "o",
+                        ms=12 if m == NEW_REUSE else 6, color=plt.cm.tab10(i % 10), capsize=2, ls="none",
+                        label=m.replace("diffusers:", "d:"))
+        ax.axhline(42, color="grey", lw=0.6, ls=":")
+        ax.set_xlabel(lab)
+        ax.set_ylabel("PSNR vs no reuse (dB)")
+        if by == "flops":
+            ax.invert_xaxis()
+    row[0].set_title(f"{g}: quality vs speed (star: step_skip, squares: diffusers, dots: fewer steps)", fontsize=9)
+    row[1].set_title(f"{g}: quality vs work (right = less work)", fontsize=9)
+    row[1].legend(fontsize=6, ncol=2, loc="lower left")
+fig.tight_layout()
+_ = plots.save(fig, out, "reuse_vs_control")
 
 # %% [markdown]
 # **How far can attention-only reuse go?** Reusing attention skips only the attention processors; the MLPs,
@@ -362,6 +439,15 @@ board.rule("E2", f"{NEW} accuracy at 10% / the full cache's, above 0.97", above=
 board.rule("E3", f"{NEW} mean KL(full || evicted) at 25%, interval over questions, below 0.05 nats", below=0.05)
 board.rule("E4", f"{NEW} minus every peer (kvpress presses, DivPrune, FastV, SnapKV, H2O, StreamingLLM), the worst "
            "(budget, peer) cell of the paired accuracy difference, interval over questions, above -0.01 (1 point)", above=-0.01)
+board.rule("R1", f"{NEW_REUSE} on every generator: (a) wall-clock speed-up (interval over >= {MIN_TIMING_REPEATS} "
+           "timing rounds, the slower generator) above 2.0, (b) mean PSNR vs no reuse (interval over prompts, the lower "
+           "generator) above 42 dB", criteria={"a": {"above": 2.0}, "b": {"above": 42.0}})
+board.rule("R2", f"{NEW_REUSE} PSNR minus the fewer-step control's at its own wall-clock speed-up (interval over prompts, "
+           "the generator with the smaller margin) above 3 dB", above=3.0)
+board.rule("R3", f"every diffusers cache (diffusers' settings) on every generator against the best {NEW_REUSE} setting "
+           "(every 3rd or every 2nd step in the middle) that saves at least as much: the smallest paired PSNR difference, "
+           "ours minus theirs (interval over prompts), above 0 dB, (a) at equal or higher wall-clock speed-up, (b) at equal "
+           "or fewer transformer FLOPs", criteria={"a": {"above": 0.0}, "b": {"above": 0.0}})
 board.rule("G3", "weaker generator: (a) SSIM of reuse in the last third of the steps above 0.98, (b) that SSIM minus "
            "reusing throughout (every 2nd step) above 0", criteria={"a": {"above": 0.98}, "b": {"above": 0.0}})
 board.rule("G8", f"joint-attention model, text-side reuse: (a) speed-up above 1.10 (interval over >= {MIN_TIMING_REPEATS} "
@@ -373,8 +459,6 @@ if family.image_grid(model.config, inputs_for(model, processor, q0.scene.uint8()
 else:
     board.measure("U7", u7_iv, shown=f"vs swapped {100 * u7_iv.value:+.1f} pt (mean over {len(BUDGETS)} budgets)")
 
-
-from unicache_lib.intervals import mean_interval
 
 for cid, b in (("E1", 0.25), ("E2", 0.1)):
     if b in BUDGETS and R[R.method == "full"].correct.any():
@@ -402,6 +486,47 @@ def ssim_of(g, method):
 
 
 P = list(range(N_PROMPTS))
+if gpaths and all(NEW_REUSE in RU[g].index for g in gpaths):
+    slow = min(gpaths, key=lambda g: RU[g].loc[NEW_REUSE, "speedup"])
+    st_ = RU[slow].loc[NEW_REUSE]
+    if REPEATS >= MIN_TIMING_REPEATS:
+        board.measure("R1", Interval(st_.speedup, st_.speedup_lo, st_.speedup_hi, REPEATS, "timing rounds"), criterion="a",
+                      shown=", ".join(f"{g}: {RU[g].loc[NEW_REUSE, 'speedup']:.2f}x at {RU[g].loc[NEW_REUSE, 'psnr']:.1f} dB"
+                                      for g in gpaths))
+    else:
+        board.measure("R1", None, criterion="a", note=f"{REPEATS} timing rounds; a wall-clock verdict needs >= {MIN_TIMING_REPEATS}")
+    low = min(gpaths, key=lambda g: RU[g].loc[NEW_REUSE, "psnr"])
+    board.measure("R1", mean_interval(np.asarray(RU[low].loc[NEW_REUSE, "psnr_per_prompt"], float), "prompts"), criterion="b")
+    margins = {g: CT[g].loc[NEW_REUSE] for g in gpaths}
+    if all(np.isfinite(m.margin_speedup) for m in margins.values()) and REPEATS >= MIN_TIMING_REPEATS:
+        g2 = min(margins, key=lambda g: margins[g].margin_speedup)
+        m2 = margins[g2]
+        board.measure("R2", Interval(m2.margin_speedup, m2.margin_speedup_lo, m2.margin_speedup_hi, N_PROMPTS, "prompts"),
+                      shown=", ".join(f"{g}: {m.margin_speedup:+.1f} dB at equal time, {m.margin_flops:+.1f} dB at equal "
+                                      "FLOPs" for g, m in margins.items()))
+    else:
+        board.measure("R2", None, note="; ".join(f"{g}: {m.ctrl_note}" for g, m in margins.items() if m.ctrl_note)
+                      or f"{REPEATS} timing rounds; a wall-clock comparison needs >= {MIN_TIMING_REPEATS}")
+    for crit, by in (("a", "speedup"), ("b", "flops")):
+        if by == "speedup" and REPEATS < MIN_TIMING_REPEATS:
+            board.measure("R3", None, criterion=crit, note=f"{REPEATS} timing rounds")
+            continue
+        cells = [(g, o, r.match) for g in gpaths for o, r in PARETO[(g, by)].iterrows() if r.match is not None]
+        unmatched = [f"{o} on {g}" for g in gpaths for o, r in PARETO[(g, by)].iterrows() if r.match is None]
+        if not cells:
+            board.measure("R3", None, criterion=crit, note="no diffusers cache ran" if not unmatched else
+                          f"saves more than every {NEW_REUSE} setting: {', '.join(unmatched)}")
+            continue
+        pp = {c: np.asarray(RU[c[0]].loc[c[2], "psnr_per_prompt"], float) - np.asarray(RU[c[0]].loc[c[1], "psnr_per_prompt"], float)
+              for c in cells}
+        worst = min(cells, key=lambda c: pp[c].mean())
+        board.measure("R3", bootstrap(P, lambda u: min(pp[c][u].mean() for c in cells), "prompts"), criterion=crit,
+                      shown=f"({crit}) closest: {worst[1]} on {worst[0]} vs {worst[2]} ({pp[worst].mean():+.1f} dB)",
+                      note=f"not compared, saving more than every {NEW_REUSE} setting: {', '.join(unmatched)}" if unmatched else "")
+else:
+    for cid, crits in (("R1", ("a", "b")), ("R2", (None,)), ("R3", ("a", "b"))):
+        for crit in crits:
+            board.measure(cid, None, criterion=crit, note="GENERATORS is empty")
 if not gpaths:
     for crit in ("a", "b"):
         board.measure("G3", None, criterion=crit, note="GENERATORS is empty")
