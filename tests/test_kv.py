@@ -268,3 +268,27 @@ def test_adakv_masks_and_keeps_full_memory(setup):
         assert len(masked) == len(pre.cache.layers) and all(len(m[2]) > 0 for m in masked)  # keys are masked ...
         assert kv_bytes(pp.cache) == kv_bytes(pre.cache)  # ... and nothing is freed
     assert all(getattr(m, "masked_key_indices", None) is None for m in model.modules())  # cleared on exit
+
+
+def test_run_eviction_prefill_stage_rows_and_peer_comparison(setup):
+    import pandas as pd
+
+    from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full, worst_peer_difference
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    model, proc, *_ = setup
+    qas = heldout_set(3, seed=5)
+    pols = {n: POLICIES[n]() for n in ("full", "key_coverage", "divprune", "random")}
+    R = run_eviction(model, proc, qas, [0.25], pols, None, 0, progress=False)
+    assert R.attrs["skipped"] == {}
+    C = R[R.method == "full"].prefill_tokens.iloc[0]
+    dp, kc = R[R.method == "divprune"], R[R.method == "key_coverage"]
+    assert (dp.prefill_tokens < C).all() and (kc.prefill_tokens == C).all()  # only DivPrune prefilled fewer tokens
+    assert np.allclose(dp.kv_fraction.to_numpy(), kc.kv_fraction.to_numpy())  # the same budget, the same bytes
+    # the comparison helpers on a hand-made table: 4 questions, ours right on all, a peer wrong on one
+    t = pd.DataFrame([{"question": q, "method": m, "budget": 0.25, "correct": ok}
+                      for q in range(4) for m, ok in (("full", True), ("ours", True), ("peer", q != 2))])
+    v = against_peers(t, "ours", ["peer", "absent"])
+    assert list(v.peer) == ["peer"] and v["diff"].iloc[0] == pytest.approx(0.25)
+    assert worst_peer_difference(t, "ours", ["peer"]).value == pytest.approx(0.25)
+    assert share_of_full(t, "peer", 0.25).value == pytest.approx(0.75)

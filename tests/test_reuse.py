@@ -284,3 +284,37 @@ def test_fewer_steps_curve(gen):
     assert np.allclose(df["flops"], [0.5, 0.75, 1.0])
     assert {"speedup", "speedup_lo", "speedup_hi"} <= set(df.columns)
     assert df.loc[2, "psnr_per_prompt"].shape == (len(PROMPTS),)
+
+
+def _table():
+    """A run_reuse-like table: ours fast and good, a slower better peer, a slower worse peer, a faster worse peer."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(0, 0.3, 16)
+
+    def row(psnr, speed, flops, t):
+        return {"psnr": psnr, "psnr_per_prompt": psnr + base, "speedup": speed, "flops": flops,
+                "seconds": t * (1 + 0.01 * rng.normal(size=10))}
+    return pd.DataFrame({"ours": row(45.0, 2.0, 0.45, 1.0), "mild": row(50.0, 1.5, 0.6, 1.33),
+                         "peer_slow_good": row(48.0, 1.2, 0.8, 1.66), "peer_slow_bad": row(40.0, 1.3, 0.7, 1.54),
+                         "peer_fast": row(30.0, 3.0, 0.3, 0.66), "broken": {"psnr": np.nan}}).T
+
+
+def test_pareto_check_picks_the_best_of_ours_that_saves_as_much():
+    from unicache_lib.reuse.evaluate import pareto_check, versus
+
+    df = _table()
+    p = pareto_check(df, ["ours", "mild"], ["peer_slow_good", "peer_slow_bad", "peer_fast", "broken", "absent"])
+    assert list(p.index) == ["peer_slow_good", "peer_slow_bad", "peer_fast"]  # what did not run is left out
+    assert p.loc["peer_slow_good", "match"] == "mild" and p.loc["peer_slow_good", "psnr_diff"] == pytest.approx(2.0)
+    assert p.loc["peer_slow_bad", "match"] == "mild"  # the better of the two that are at least as fast
+    assert p.loc["peer_fast", "match"] is None and np.isnan(p.loc["peer_fast", "psnr_diff"])  # faster than all of ours
+    f = pareto_check(df, ["ours"], ["peer_slow_good"], by="flops")
+    assert f.loc["peer_slow_good", "psnr_diff"] == pytest.approx(-3.0)
+    assert f.loc["peer_slow_good", "lo"] <= -3.0 <= f.loc["peer_slow_good", "hi"]
+    with pytest.raises(ValueError, match="speedup' or 'flops"):
+        pareto_check(df, ["ours"], ["peer_fast"], by="time")
+    v = versus(df, "ours", ["peer_slow_bad", "peer_slow_good"])
+    assert v.loc["peer_slow_bad", "dominates"] and not v.loc["peer_slow_good", "dominates"]
+    assert v.loc["peer_slow_bad", "speed_ratio"] == pytest.approx(1.54, rel=0.05)
