@@ -56,6 +56,9 @@ def test_verdicts_are_decided_on_the_interval():
     assert "would settle it" in t.loc["U1", "note"] and t.loc["U1", "unit"] == "questions"
     assert t.loc["U6", "interval (95%)"] == "[1.3, 1.7]" and t.loc["U6", "n"] == "10"
     assert list(t.columns) == ["statement", "measured", "value", "interval (95%)", "n", "unit", "rule", "verdict", "note"]
+    b.rule("E2", "share > 0.97", above=0.97)
+    b.measure("E2", 0.97001, (0.93, 1.0), 150, "questions")  # on the threshold: no n worth quoting
+    assert "no practical n settles it" in b.table().loc["E2", "note"]
 
 
 def test_two_criteria_partly_and_inconclusive():

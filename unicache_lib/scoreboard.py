@@ -175,7 +175,8 @@ class Row:
             need = n_to_settle(m.interval(), c.nearest_threshold(m.value))
             tag = f"({k}) " if len(self.criteria) > 1 else ""
             parts.append(f"{tag}interval straddles {c.nearest_threshold(m.value):g}: "
-                         + (f"about {need:,.0f} {m.unit} would settle it" if math.isfinite(need) else "value sits on the threshold"))
+                         + (f"about {need:,.0f} {m.unit} would settle it" if math.isfinite(need) and need <= 100 * max(1, m.n or 1)
+                            else "the value sits on the threshold: no practical n settles it"))
         return "; ".join(parts)
 
     def full_note(self) -> str:
