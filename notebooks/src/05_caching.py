@@ -425,10 +425,11 @@ fig.tight_layout()
 _ = plots.save(fig, out, "reuse_vs_control")
 
 # %% [markdown]
-# **What this run shows.** Fewer steps is a hard control: every diffusers cache lies 6–21 dB *below* it at its own
-# speed-up, and so do the study's attention-level schedules where they are comparable — on these models a cache
-# that skips attention calls is worse than simply sampling with fewer steps. `step_skip` is the only method above
-# the control, about 3 dB at equal wall-clock and 3.5 dB at equal FLOPs on both generators, at about 2.1× wall-clock
+# **What this run shows.** Fewer steps is a hard control: every diffusers cache the control's range reaches lies
+# 6–21 dB *below* it at its own speed-up (the rest are slower than 16 of 20 steps and no better), and so do the
+# study's attention-level schedules — on these models a cache that skips attention calls is worse than simply
+# sampling with fewer steps. `step_skip` is the only method above
+# the control, about 3 dB at equal wall-clock and 3.5 dB at equal FLOPs on both generators, at 2.1–2.2× wall-clock
 # (9 of 20 transformer calls). On the MMDiT it stays at 45 dB; on PixArt it reaches 41.3 dB, 0.7 dB short of the
 # 42-dB target (the design prompts gave 43.5 dB: the held-out ones are harder for PixArt, and nothing was re-tuned on
 # them). Its milder setting (every 2nd step, about 1.65×) beats every diffusers cache on the MMDiT by 3 dB or more
