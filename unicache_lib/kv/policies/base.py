@@ -132,3 +132,19 @@ def top_k(scores, k: int) -> np.ndarray:
     """Indices of the ``k`` largest scores (stable: earlier index wins ties)."""
     s = np.asarray(torch.as_tensor(scores).float())
     return np.argsort(-s, kind="stable")[:k]
+
+
+def greedy_max_min(dist: torch.Tensor, k: int, start: int) -> list[int]:
+    """Greedy max-min selection (k-center) on a distance matrix ``dist [n, n]``: ``min(k, n)`` indices, the first
+    ``start``, each next the index farthest from its nearest chosen one."""
+    if k <= 0:
+        return []
+    chosen = [int(start)]
+    nearest = dist[start].clone()
+    nearest[start] = -1.0
+    while len(chosen) < min(k, dist.shape[0]):
+        j = int(nearest.argmax())
+        chosen.append(j)
+        nearest = torch.minimum(nearest, dist[j])
+        nearest[chosen] = -1.0
+    return chosen

@@ -16,7 +16,7 @@ there to run it exactly as published.
 """
 import torch
 
-from .base import EvictionPolicy, register
+from .base import EvictionPolicy, greedy_max_min, register
 
 
 def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
@@ -24,21 +24,12 @@ def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
     selection order."""
     x = torch.nn.functional.normalize(features.float(), dim=-1)
     dist = 1.0 - x @ x.T  # [n, n]
-    n = dist.shape[0]
     if k <= 0:
         return []
-    if n == 1:
+    if dist.shape[0] == 1:
         return [0]
     first = int(dist.topk(2, dim=0, largest=False).values[1].argmax())  # the farthest nearest neighbour
-    chosen = [first]
-    nearest = dist[first].clone()
-    nearest[first] = -1.0
-    for _ in range(k - 1):
-        j = int(nearest.argmax())
-        chosen.append(j)
-        nearest = torch.minimum(nearest, dist[j])
-        nearest[chosen] = -1.0
-    return chosen
+    return greedy_max_min(dist, k, first)
 
 
 @register
