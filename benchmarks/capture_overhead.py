@@ -1,7 +1,8 @@
 """Capture overhead at LLaVA-1.5-7B's attention shape: 32 layers x 32 heads, 576 image + 200 text tokens.
 
-The map size depends only on layers, heads and length, so the model is a Llama with that shape
-and a narrow head dimension (4), which keeps a CPU run short. Each configuration runs in its own
+The map size depends only on layers, heads and length, so the model is a LLaVA (built from the workbench's
+LLaVA-1.5 family adapter, as the rehearsal stand-ins are) with that shape, a narrow head dimension (4) and a
+one-layer vision tower, which keeps a CPU run short. Each configuration runs in its own
 process; peak extra memory is the rise of the process's peak RSS over a warm plain forward of
 the same attention implementation, time is the median of ``--repeats`` forwards. glibc's mmap
 threshold is pinned (``MALLOC_MMAP_THRESHOLD_``) so freed tensors go back to the OS and the peak RSS
@@ -28,35 +29,47 @@ CONFIGS = ("eager", "output_attentions", "stats", "sdpa", "recompute")
 
 def child(config: str, layers: int, heads: int, n_image: int, n_text: int, repeats: int) -> dict:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     from unicache_lib.capture import AttentionCapture
+    from unicache_lib.families import FAMILIES
+    from unicache_lib.families.base import Shape
     from unicache_lib.modality import Spans
 
     torch.manual_seed(0)
     impl = "sdpa" if config in ("sdpa", "recompute") else "eager"
-    cfg = LlamaConfig(vocab_size=512, hidden_size=heads * 4, intermediate_size=heads * 8, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=4096)
-    model = LlamaForCausalLM(cfg).eval()
+    side = int(round(n_image ** 0.5))
+    if side * side != n_image:
+        raise SystemExit(f"--n-image must be a square number of patches (LLaVA's grid), got {n_image}")
+    fam = FAMILIES["LLaVA-1.5"]
+    tok = fam.tokenizer()
+    shape = Shape(layers=layers, heads=heads, kv_heads=heads, head_dim=4, vision_layers=1, vision_heads=1,
+                  vision_head_dim=8, image_size=side * 14, patch=14)
+    cfg = fam.config(tok, shape)
+    model = getattr(transformers, fam.model_class_for(cfg.model_type))(cfg).eval()
     model.set_attn_implementation(impl)
-    S = n_image + n_text
-    ids = torch.randint(0, 512, (1, S))
+    img_id = cfg.image_token_id
+    text = torch.randint(5, len(tok), (n_text,))
+    text[text == img_id] = 5
+    ids = torch.cat([text[:5], torch.full((n_image,), img_id), text[5:]])[None]
+    pix = torch.randn(1, 3, side * 14, side * 14)
     spans = Spans.from_kinds([0] * 5 + [1] * n_image + [0] * (n_text - 5))
+    run = lambda **kw: model(input_ids=ids, pixel_values=pix, **kw)  # noqa: E731
     with torch.no_grad():
-        model(input_ids=ids)  # warm-up
+        run()  # warm-up
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         times, kept = [], 0
         for _ in range(repeats):
             t = time.perf_counter()
             if config == "output_attentions":
-                out = model(input_ids=ids, output_attentions=True)
+                out = run(output_attentions=True)
                 kept = sum(a.numel() * a.element_size() for a in out.attentions)
             elif config in ("stats", "recompute"):
                 with AttentionCapture(model, mode=config, spans=spans) as cap:
-                    model(input_ids=ids)
+                    run()
                 kept = cap.result.nbytes()
             else:
-                model(input_ids=ids)
+                run()
             times.append(time.perf_counter() - t)
             out = cap = None
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
