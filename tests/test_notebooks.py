@@ -123,21 +123,29 @@ def test_04_head_pruning_quick(tmp_path):
 def test_05_caching_quick(tmp_path):
     run_notebook("05_caching.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5], N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=2)
     board = scoreboard(tmp_path)
-    check_rows(board, {"U7", "G3", "G8"})
+    check_rows(board, {"U7", "G3", "G8", "E1", "E2", "E3", "E4", "R1", "R2", "R3"})
     assert board["U7"]["n"] == 6 and board["U7"]["unit"] == "questions"
+    assert board["E1"]["n"] == 6 and board["E2"]["verdict"] == "not measurable here" and "0.1 not in BUDGETS" in board["E2"]["note"]
+    assert board["R2"]["verdict"] == "not measurable here"  # 2 timing rounds: no wall-clock comparison
     assert board["G8"]["verdict"] == "not measurable here" and "needs >= 10" in board["G8"]["note"]  # 2 timing rounds
     import pandas as pd
 
     rows = pd.read_csv(tmp_path / "eviction_rows.csv")
     assert rows.question.nunique() == 6 and set(rows.budget) == {0.25, 0.5}
     adakv = "kvpress:adakv_snapkv (masked, full memory)"
-    assert {"full", "h2o", "snapkv", "streaming", "fastv", "unicache", "oracle", "random", "kvpress:snapkv", adakv} <= set(rows.method)
+    assert {"full", "h2o", "snapkv", "streaming", "fastv", "unicache", "oracle", "random", "kvpress:snapkv", adakv,
+            "key_coverage", "divprune"} <= set(rows.method)
+    dp = rows[rows.method == "divprune"]
+    assert (dp.prefill_tokens < rows[rows.method == "full"].prefill_tokens.max()).all()  # pruned before the prefill
     full = rows[rows.method == "full"]
     assert (full.kl.abs() < 1e-6).all() and full.agree.all() and (full.kv_fraction == 1).all()
     assert (rows[(rows.kind == "policy") & (rows.method != "full")].kv_fraction < 1).all()
     assert (rows[rows.method == adakv].kv_fraction == 1).all() and (rows[rows.method == adakv].memory == "masked, full memory").all()
     assert (rows[rows.method == "kvpress:snapkv"].kv_fraction < 1).all()
-    for fig in ("eviction", "simulation_vs_real", "reuse_pareto"):
+    reuse = pd.read_csv(tmp_path / "reuse.csv")
+    assert {"step_skip", "step_skip (stride 2)", "steps:2", "steps:4"} <= set(reuse.method)
+    assert (reuse[reuse.method == "step_skip"].flops < 1).all()
+    for fig in ("eviction", "simulation_vs_real", "reuse_pareto", "eviction_pareto", "reuse_vs_control"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
 
 
