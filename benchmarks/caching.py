@@ -90,7 +90,6 @@ def eviction(layers=32, heads=32, head_dim=8, n_image=576, n_text=40, repeats=30
 
 def eviction_standin(repeats=10):
     import tempfile
-    from dataclasses import replace
 
     from unicache_lib.intervals import interleaved_timings, speedup_interval
     from unicache_lib.kv import POLICIES, evict, kv_bytes, prefill, split_prompt
@@ -111,8 +110,7 @@ def eviction_standin(repeats=10):
         keep = POLICIES["key_coverage"]().select(ctx, b)
         runs[f"key_coverage {b:.0%}"] = (lambda: prefill(model, sp, attentions=False),
                                          lambda p, keep=keep: (evict(p.cache, keep), sp))
-        k = ctx.k(b)
-        pick = lambda f, k=k: POLICIES["divprune"]().choose(replace(ctx, n_layers=1, features=f), k)[0]  # noqa: E731
+        pick = POLICIES["divprune"]().token_picker(ctx, b)
         runs[f"divprune {b:.0%}"] = (lambda pick=pick: prefill_pruned(model, sp, pick)[0],
                                      lambda p: (p.cache, p.split))
     built = {n: after(make()) for n, (make, after) in runs.items()}

@@ -291,14 +291,12 @@ def _evict_and_answer(name, model, proc, inputs, fam, image):
 def _prefill_stage(model, sp, ctx):
     """Prefill-stage pruning (DivPrune) runs where the family feeds its language model a plain sequence, and
     is refused, naming the alternative, where it would feed wrong positions or masks."""
-    from dataclasses import replace
 
     from unicache_lib.kv.cache import prefill_pruned
 
-    pol, k = POLICIES["divprune"](), ctx.k(0.25)
-    pick = lambda f: pol.choose(replace(ctx, n_layers=1, features=f), k)[0]  # noqa: E731
+    k = ctx.k(0.25)
     try:
-        pp, reduced, keep = prefill_pruned(model, sp, pick)
+        pp, reduced, keep = prefill_pruned(model, sp, POLICIES["divprune"]().token_picker(ctx, 0.25))
     except ValueError as e:
         assert "cache-stage policy" in str(e)
         return

@@ -56,8 +56,6 @@ def test_policy_contract(setup, name, budget):
 def _prefill_stage_contract(model, sp, pre, pol, budget):
     """A prefill-stage policy: the language model's prefill runs on the kept tokens only (counted), the cache
     holds exactly them, the choice is deterministic and the answer on it is finite."""
-    from dataclasses import replace
-
     from unicache_lib.kv.cache import prefill_pruned
 
     ctx = pre.context(seed=3)
@@ -67,7 +65,7 @@ def _prefill_stage_contract(model, sp, pre, pol, budget):
     layer0 = model.model.language_model.layers[0]
     h = layer0.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
     try:
-        runs = [prefill_pruned(model, sp, lambda f: pol.choose(replace(ctx, n_layers=1, features=f), k)[0]) for _ in range(2)]
+        runs = [prefill_pruned(model, sp, pol.token_picker(ctx, budget)) for _ in range(2)]
     finally:
         h.remove()
     (pp, reduced, keep), (_, _, keep2) = runs

@@ -239,9 +239,7 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
 
     handle = fam.language_model(model).register_forward_pre_hook(prune, with_kwargs=True)
     try:
-        cache_split = PromptSplit(split.context_ids, split.question_ids, split.pixel_values, img, split.extra,
-                                  split.inputs, fam)
-        out = prefill(model, cache_split, attentions=False, locate=False)
+        out = prefill(model, split, attentions=False, locate=False)
     finally:
         handle.remove()
     keep = state["keep"]
@@ -250,7 +248,6 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
     reduced = PromptSplit(split.context_ids[:, keep], split.question_ids, None, kept_img, {}, {}, fam)
     out.split = reduced if renumber else split
     out.image_kv = locate_image_kv(fam, model, out.cache, reduced)
-    out.positions = None
     return out, out.split, keep
 
 

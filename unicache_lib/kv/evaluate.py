@@ -93,8 +93,7 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
                 logits, _, _ = answer(model, cache, sp)
                 ms = 1e3 * (time.perf_counter() - t0)
                 kept = [k for k in keep if k is not None] if len(keep) != len(future) else keep
-                ret = float(np.mean([float(f[k].sum() / f.sum()) for f, k in zip(future, kept)]))
-                rows.append(row(name, "policy", b, logits, nbytes, ms, ret))
+                rows.append(row(name, "policy", b, logits, nbytes, ms, _retained(future, kept)))
         for name, make in (peers or {}).items():
             for b in budgets:
                 press = make(compression_ratio(C, n_img, b), C)
@@ -118,25 +117,21 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
 def _prefill_stage_row(model, sp, pol, ctx, budget, future, row) -> dict:
     """One row for a prefill-stage policy: prune the image tokens before the language model, prefill on the
     kept tokens (timed), answer on that cache."""
-    from dataclasses import replace
-
-    k = ctx.k(budget)
-
-    def pick(features):
-        chosen = pol.choose(replace(ctx, n_layers=1, attentions=[], kv=None, features=features), k)
-        if len(chosen) != 1 or len(set(np.asarray(chosen[0]).tolist())) != k:
-            raise RuntimeError(f"prefill-stage policy {pol.name!r} must return one list of {k} distinct indices")
-        return chosen[0]
-
     t0 = time.perf_counter()
-    pre, reduced, keep = prefill_pruned(model, sp, pick, renumber=pol.renumber)
+    pre, reduced, keep = prefill_pruned(model, sp, pol.token_picker(ctx, budget), renumber=pol.renumber)
     pms = 1e3 * (time.perf_counter() - t0)
     nbytes = kv_bytes(pre.cache)
     t0 = time.perf_counter()
     logits, _, _ = answer(model, pre.cache, reduced)
     ms = 1e3 * (time.perf_counter() - t0)
-    ret = float(np.mean([float(f[keep].sum() / f.sum()) for f in future]))
-    return row(pol.name, "policy", budget, logits, nbytes, ms, ret, prefill_tokens=len(keep), prefill_ms=pms)
+    return row(pol.name, "policy", budget, logits, nbytes, ms, _retained(future, [keep] * len(future)),
+               prefill_tokens=len(keep), prefill_ms=pms)
+
+
+def _retained(future: list, keeps: list) -> float:
+    """Share of the question's attention on context keys that the kept positions carry, mean over layers
+    (``future``: per layer ``[C]``; ``keeps``: per layer the kept positions)."""
+    return float(np.mean([float(f[k].sum() / f.sum()) for f, k in zip(future, keeps)]))
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:

@@ -134,6 +134,19 @@ def attention_share(gen, prompts, steps: int = 20, guidance: float = 3.0, seed: 
     return {"share": share, "cap": 1.0 / max(1e-9, 1.0 - share), "step_s": float(np.median(totals)) / steps}
 
 
+def _ran(df: pd.DataFrame, methods: list[str]) -> list[str]:
+    """The ``methods`` that ran on this table (a row with a PSNR; a peer that could not run has only a note)."""
+    return [m for m in methods if m in df.index and np.isfinite(df.loc[m].get("psnr", np.nan))]
+
+
+def _psnr_gap(df: pd.DataFrame, a: str, b: str):
+    """PSNR of ``a`` minus ``b`` (dB), mean over prompts, with its paired 95% interval over prompts."""
+    from ..intervals import difference_interval
+
+    return difference_interval(np.asarray(df.loc[a, "psnr_per_prompt"], float), np.asarray(df.loc[b, "psnr_per_prompt"], float),
+                               "prompts")
+
+
 def versus(df: pd.DataFrame, method: str, others: list[str]) -> pd.DataFrame:
     """``method`` against each of ``others`` on one generator's :func:`run_reuse` table, one row per other method:
     ``psnr_diff`` (method - other, dB, mean over prompts) with its paired 95% interval over prompts
@@ -141,15 +154,13 @@ def versus(df: pd.DataFrame, method: str, others: list[str]) -> pd.DataFrame:
     rounds, >1: the method is faster) with its interval over rounds; ``flops_ratio`` (the method's FLOPs / the
     other's, a count); ``dominates``: ahead on PSNR and on speed, both intervals excluding a tie, and no more
     FLOPs. Others that did not run (a ``note``) are left out."""
-    from ..intervals import difference_interval, speedup_interval
+    from ..intervals import speedup_interval
 
     m = df.loc[method]
     rows = []
-    for o in others:
-        if o not in df.index or not np.isfinite(df.loc[o].get("psnr", np.nan)):
-            continue
+    for o in _ran(df, others):
         r = df.loc[o]
-        p = difference_interval(np.asarray(m.psnr_per_prompt, float), np.asarray(r.psnr_per_prompt, float), "prompts")
+        p = _psnr_gap(df, method, o)
         s = speedup_interval(np.asarray(r.seconds, float), np.asarray(m.seconds, float), min_repeats=2)
         rows.append({"other": o, "psnr_diff": p.value, "psnr_lo": p.lo, "psnr_hi": p.hi, "speed_ratio": s.value,
                      "speed_lo": s.lo, "speed_hi": s.hi, "flops_ratio": float(m.flops / r.flops),
@@ -162,20 +173,16 @@ def pareto_check(df: pd.DataFrame, ours: list[str], others: list[str], by: str =
     least as much (``by="speedup"``: a median speed-up at least the other's; ``by="flops"``: no more FLOPs), the
     one with the best PSNR, and the paired PSNR difference (ours - other, dB) with its 95% interval over prompts.
     ``match`` is None (difference NaN) where none of ours saves as much. Others that did not run are left out."""
-    from ..intervals import difference_interval
-
     if by not in ("speedup", "flops"):
         raise ValueError(f"by must be 'speedup' or 'flops', got {by!r}")
     rows = []
-    for o in others:
-        if o not in df.index or not np.isfinite(df.loc[o].get("psnr", np.nan)):
-            continue
+    for o in _ran(df, others):
         r = df.loc[o]
         ok = [m for m in ours if m in df.index and (df.loc[m, by] >= r[by] if by == "speedup" else df.loc[m, by] <= r[by])]
         if not ok:
             rows.append({"other": o, "match": None, "psnr_diff": np.nan, "lo": np.nan, "hi": np.nan})
             continue
         m = max(ok, key=lambda x: df.loc[x, "psnr"])
-        iv = difference_interval(np.asarray(df.loc[m, "psnr_per_prompt"], float), np.asarray(r.psnr_per_prompt, float), "prompts")
+        iv = _psnr_gap(df, m, o)
         rows.append({"other": o, "match": m, "psnr_diff": iv.value, "lo": iv.lo, "hi": iv.hi})
     return pd.DataFrame(rows).set_index("other") if rows else pd.DataFrame()

@@ -127,6 +127,21 @@ class EvictionPolicy:
                 raise RuntimeError(f"policy {self.name!r} kept {len(c)} image positions, budget allows {k}")
         return ctx.assemble(chosen)
 
+    def token_picker(self, ctx: EvictionContext, budget: float):
+        """Prefill-stage policies: the ``choose(features [n_image, D]) -> indices`` callable that
+        :func:`~unicache_lib.kv.cache.prefill_pruned` takes, keeping ``budget`` of the image tokens and checking
+        that the policy returned one list of that many distinct indices."""
+        from dataclasses import replace
+
+        k = ctx.k(budget)
+
+        def pick(features):
+            chosen = self.choose(replace(ctx, n_layers=1, attentions=[], kv=None, features=features), k)
+            if len(chosen) != 1 or len(set(np.asarray(chosen[0]).tolist())) != k:
+                raise RuntimeError(f"prefill-stage policy {self.name!r} must return one list of {k} distinct indices")
+            return chosen[0]
+        return pick
+
 
 def top_k(scores, k: int) -> np.ndarray:
     """Indices of the ``k`` largest scores (stable: earlier index wins ties)."""
