@@ -1,17 +1,24 @@
-"""Capture overhead at LLaVA-1.5-7B's attention shape: 32 layers x 32 heads, 576 image + 200 text tokens.
+"""Capture overhead in the two regimes a user meets, from one run.
 
-The map size depends only on layers, heads and length, so the model is a LLaVA (built from the workbench's
-LLaVA-1.5 family adapter, as the rehearsal stand-ins are) with that shape, a narrow head dimension (4) and a
-one-layer vision tower, which keeps a CPU run short. Each configuration runs in its own
-process; peak extra memory is the rise of the process's peak RSS over a warm plain forward of
-the same attention implementation, time is the median of ``--repeats`` forwards. glibc's mmap
-threshold is pinned (``MALLOC_MMAP_THRESHOLD_``) so freed tensors go back to the OS and the peak RSS
-tracks live memory rather than allocator caching.
+* **attention-dominated** (``narrow``): a LLaVA at LLaVA-1.5-7B's attention shape (32 layers x 32 heads,
+  576 image + 200 text tokens) with a head dimension of 4 and a one-layer vision tower, so the attention maps
+  (32 x 776^2 per layer) dominate the forward: the worst case for a capture, and where long sequences live.
+* **real width** (``real``): a few LLaVA-1.5-7B layers at full width (hidden 4096, 32 heads x 128, MLP 11,008),
+  same 776 tokens: projections and MLPs dominate, as on the real model.
+* **SD3-medium joint block** (``sd3``): one MMDiT block of SD3-medium's shape (24 heads x 64) at 1024 px:
+  4,096 image + 333 text tokens, every denoising step; time and peak memory of a stats capture.
 
-    python benchmarks/capture_overhead.py            # or: make benchmark
+Timings come from interleaved repeats in one process (each repeat runs every configuration once, in a
+rotating order), reported as the median with the range; ratios are taken per repeat (paired) and reported
+the same way. Peak extra memory is measured in a fresh process per configuration: the rise of the process's
+peak RSS over a warm plain forward, with glibc's mmap threshold pinned (``MALLOC_MMAP_THRESHOLD_``) so freed
+tensors go back to the OS and the peak RSS tracks live memory rather than allocator caching.
 
-Targets (issue 2): stats mode holds at most 1/10 of the extra memory of output_attentions, at no
-more than 1.5x the forward time of plain eager; recompute keeps the forward on sdpa.
+    python benchmarks/capture_overhead.py            # or: make benchmark (about 10 minutes on 2 CPU cores)
+    python benchmarks/capture_overhead.py --regimes narrow --repeats 5
+
+Targets, attention-dominated shape: stats mode within 1.3x the plain eager forward and at most 1/10 of the
+extra memory of ``output_attentions``; recompute within 4x the plain sdpa forward.
 """
 from __future__ import annotations
 
@@ -24,98 +31,228 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("eager", "output_attentions", "stats", "sdpa", "recompute")
+NARROW = ("eager", "output_attentions", "stats", "sdpa", "recompute")
+REAL = ("eager", "stats", "sdpa", "recompute")
+SD3 = ("plain", "stats")
+TARGETS = {"stats / eager": 1.3, "recompute / sdpa": 4.0}
 
 
-def child(config: str, layers: int, heads: int, n_image: int, n_text: int, repeats: int) -> dict:
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---- the models ---------------------------------------------------------------------------------------
+def llava(layers: int, heads: int, head_dim: int, n_image: int, n_text: int, intermediate: int | None = None):
+    """A random LLaVA-1.5 (the workbench's family adapter) of this attention shape and its inputs."""
     import torch
     import transformers
 
-    from unicache_lib.capture import AttentionCapture
     from unicache_lib.families import FAMILIES
     from unicache_lib.families.base import Shape
     from unicache_lib.modality import Spans
 
     torch.manual_seed(0)
-    impl = "sdpa" if config in ("sdpa", "recompute") else "eager"
     side = int(round(n_image ** 0.5))
     if side * side != n_image:
         raise SystemExit(f"--n-image must be a square number of patches (LLaVA's grid), got {n_image}")
     fam = FAMILIES["LLaVA-1.5"]
     tok = fam.tokenizer()
-    shape = Shape(layers=layers, heads=heads, kv_heads=heads, head_dim=4, vision_layers=1, vision_heads=1,
+    shape = Shape(layers=layers, heads=heads, kv_heads=heads, head_dim=head_dim, vision_layers=1, vision_heads=1,
                   vision_head_dim=8, image_size=side * 14, patch=14)
     cfg = fam.config(tok, shape)
+    if intermediate:
+        cfg.text_config.intermediate_size = intermediate
     model = getattr(transformers, fam.model_class_for(cfg.model_type))(cfg).eval()
-    model.set_attn_implementation(impl)
-    img_id = cfg.image_token_id
     text = torch.randint(5, len(tok), (n_text,))
-    text[text == img_id] = 5
-    ids = torch.cat([text[:5], torch.full((n_image,), img_id), text[5:]])[None]
-    pix = torch.randn(1, 3, side * 14, side * 14)
-    spans = Spans.from_kinds([0] * 5 + [1] * n_image + [0] * (n_text - 5))
-    run = lambda **kw: model(input_ids=ids, pixel_values=pix, **kw)  # noqa: E731
+    text[text == cfg.image_token_id] = 5
+    ids = torch.cat([text[:5], torch.full((n_image,), cfg.image_token_id), text[5:]])[None]
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(1, 3, side * 14, side * 14)}
+    return model, inputs, Spans.from_kinds([0] * 5 + [1] * n_image + [0] * (n_text - 5))
+
+
+def llava_runner(model, inputs, spans, config: str):
+    """A no-argument callable running one forward under ``config``; returns the bytes it kept."""
+    from unicache_lib.capture import AttentionCapture
+
+    impl = "sdpa" if config in ("sdpa", "recompute") else "eager"
+
+    def run():
+        if model.config._attn_implementation != impl:
+            model.set_attn_implementation(impl)
+        if config == "output_attentions":
+            out = model(**inputs, output_attentions=True)
+            return sum(a.numel() * a.element_size() for a in out.attentions)
+        if config in ("stats", "recompute"):
+            with AttentionCapture(model, mode=config, spans=spans) as cap:
+                model(**inputs)
+            return cap.result.nbytes()
+        model(**inputs)
+        return 0
+    return run
+
+
+def sd3_block(image_tokens: int, text_tokens: int, heads: int = 24, head_dim: int = 64):
+    """One SD3-medium joint block (random weights) and the inputs of one denoising step at this size."""
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    side = int(round(image_tokens ** 0.5))
+    tr = SD3Transformer2DModel(sample_size=side * 2, patch_size=2, in_channels=16, out_channels=16, num_layers=1,
+                               num_attention_heads=heads, attention_head_dim=head_dim, joint_attention_dim=4096,
+                               caption_projection_dim=heads * head_dim, pooled_projection_dim=2048,
+                               pos_embed_max_size=max(192, side)).eval()
+    kw = {"hidden_states": torch.randn(1, 16, side * 2, side * 2), "encoder_hidden_states": torch.randn(1, text_tokens, 4096),
+          "pooled_projections": torch.randn(1, 2048), "timestep": torch.tensor([500.0])}
+    return tr, kw
+
+
+def sd3_runner(tr, kw, config: str):
+    from unicache_lib.capture.diffusion import DiffusionCapture
+
+    def run():
+        if config == "plain":
+            tr(**kw)
+            return 0
+        with DiffusionCapture(tr, ["s"], adjacent=False) as cap:
+            cap.on_step_begin(0, 500.0)
+            tr(**kw)
+            cap.on_step_end(0, 500.0)
+        return cap.result.nbytes()
+    return run
+
+
+def build(regime: str, a):
+    if regime == "narrow":
+        return llava(a.layers, a.heads, a.head_dim, a.n_image, a.n_text), NARROW, llava_runner
+    if regime == "real":
+        return llava(a.real_layers, 32, 128, a.n_image, a.n_text, intermediate=11008), REAL, llava_runner
+    return sd3_block(a.sd3_image, a.sd3_text), SD3, sd3_runner
+
+
+# ---- measurements (each in a child process) -------------------------------------------------------------
+def time_child(regime: str, a) -> dict:
+    """Interleaved repeats of every configuration of ``regime`` in this process."""
+    import torch
+
+    built, configs, runner = build(regime, a)
+    runs = {c: runner(*built, c) for c in configs}
+    times = {c: [] for c in configs}
+    kept = {}
     with torch.no_grad():
-        run()  # warm-up
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        times, kept = [], 0
-        for _ in range(repeats):
-            t = time.perf_counter()
-            if config == "output_attentions":
-                out = run(output_attentions=True)
-                kept = sum(a.numel() * a.element_size() for a in out.attentions)
-            elif config in ("stats", "recompute"):
-                with AttentionCapture(model, mode=config, spans=spans) as cap:
-                    run()
-                kept = cap.result.nbytes()
-            else:
-                run()
-            times.append(time.perf_counter() - t)
-            out = cap = None
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"config": config, "impl": model.config._attn_implementation, "time_s": statistics.median(times),
-            "times": times, "extra_peak_mb": (peak - base) / 1024, "kept_mb": kept / 2**20}
+        for c in configs:  # warm-up, once each
+            kept[c] = runs[c]()
+        for r in range(a.repeats):
+            order = configs[r % len(configs):] + configs[: r % len(configs)]
+            for c in order:
+                t = time.perf_counter()
+                runs[c]()
+                times[c].append(time.perf_counter() - t)
+    return {"regime": regime, "times": times, "kept_mb": {c: b / 2**20 for c, b in kept.items()}}
+
+
+def memory_child(regime: str, config: str, a) -> dict:
+    """Peak RSS rise of one configuration over a warm plain forward, in a fresh process."""
+    import torch
+
+    built, configs, runner = build(regime, a)
+    plain = runner(*built, configs[0] if config not in ("sdpa", "recompute") else "sdpa")
+    run = runner(*built, config)
+    with torch.no_grad():
+        plain()
+        base = peak_mb()
+        kept = run()
+        extra = peak_mb() - base
+    return {"regime": regime, "config": config, "extra_peak_mb": extra, "kept_mb": kept / 2**20, "base_mb": base}
+
+
+def _child(args: list[str], a) -> dict:
+    cmd = [sys.executable, __file__, *args, *_shape_args(a)]
+    p = subprocess.run(cmd, capture_output=True, text=True,
+                       env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"})
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _shape_args(a) -> list[str]:
+    return ["--layers", str(a.layers), "--heads", str(a.heads), "--head-dim", str(a.head_dim), "--n-image",
+            str(a.n_image), "--n-text", str(a.n_text), "--repeats", str(a.repeats), "--threads", str(a.threads),
+            "--real-layers", str(a.real_layers), "--sd3-image", str(a.sd3_image), "--sd3-text", str(a.sd3_text)]
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3g} [{min(xs):.3g}, {max(xs):.3g}]"
+
+
+def report(regime: str, timing: dict, memory: dict, a) -> list[str]:
+    t = timing["times"]
+    lines = []
+    if regime == "narrow":
+        head = (f"attention-dominated: LLaVA, {a.layers} layers x {a.heads} heads x head dim {a.head_dim}, sequence "
+                f"{a.n_image + a.n_text} ({a.n_image} image + {a.n_text} text)")
+    elif regime == "real":
+        head = (f"real width: {a.real_layers} LLaVA-1.5-7B layers (hidden 4096, 32 heads x 128, MLP 11008), sequence "
+                f"{a.n_image + a.n_text}")
+    else:
+        head = f"SD3-medium joint block (24 heads x 64) at 1024 px: {a.sd3_image} image + {a.sd3_text} text tokens"
+    lines.append(f"\n{head}; {a.repeats} interleaved repeats, {a.threads} thread(s); time: median [min, max]")
+    lines.append(f"{'config':<18}{'time (s)':>26}{'extra peak MB':>15}{'kept MB':>10}")
+    for c, ts in t.items():
+        m = memory.get(c, {})
+        lines.append(f"{c:<18}{spread(ts):>26}{m.get('extra_peak_mb', float('nan')):>15.1f}"
+                     f"{timing['kept_mb'][c]:>10.2f}")
+    pairs = [("stats", "eager"), ("recompute", "sdpa")] if regime != "sd3" else [("stats", "plain")]
+    for x, y in pairs:
+        ratio = [u / v for u, v in zip(t[x], t[y])]
+        name = f"{x} / {y}"
+        target = TARGETS.get(name) if regime == "narrow" else None
+        verdict = "" if target is None else (f"  (target <= {target}) " + ("PASS" if max(ratio) <= target else
+                                             "MISS" if min(ratio) > target else "within the spread"))
+        lines.append(f"{name:<18} time ratio {spread(ratio)}{verdict}")
+    if regime == "narrow" and "output_attentions" in memory:
+        r = memory["stats"]["extra_peak_mb"] / max(memory["output_attentions"]["extra_peak_mb"], 1e-9)
+        lines.append(f"stats extra memory / output_attentions extra memory = {r:.3f}  (target <= 0.100) "
+                     f"{'PASS' if r <= 0.1 else 'MISS'}")
+    if regime == "sd3":
+        lines.append(f"SD3 block: one map is 24 x {a.sd3_image + a.sd3_text}^2 x 4 bytes = "
+                     f"{24 * (a.sd3_image + a.sd3_text) ** 2 * 4 / 2**20:.0f} MB; process peak RSS with the stats capture "
+                     f"{memory['stats']['base_mb'] + memory['stats']['extra_peak_mb']:.0f} MB, plain forward "
+                     f"{memory['stats']['base_mb']:.0f} MB")
+    return lines
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--regimes", nargs="+", default=["narrow", "real", "sd3"], choices=["narrow", "real", "sd3"])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--head-dim", type=int, default=4)
     ap.add_argument("--n-image", type=int, default=576)
     ap.add_argument("--n-text", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--real-layers", type=int, default=2)
+    ap.add_argument("--sd3-image", type=int, default=4096)
+    ap.add_argument("--sd3-text", type=int, default=333)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every configuration")
-    ap.add_argument("--child", choices=CONFIGS)
-    args = ap.parse_args(argv)
-    shape = (args.layers, args.heads, args.n_image, args.n_text, args.repeats)
-    if args.child:
+    ap.add_argument("--no-memory", action="store_true", help="timings only")
+    ap.add_argument("--time", choices=["narrow", "real", "sd3"], help=argparse.SUPPRESS)
+    ap.add_argument("--memory", nargs=2, metavar=("REGIME", "CONFIG"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.time or a.memory:
         import torch
 
-        torch.set_num_threads(args.threads)
-        print(json.dumps(child(args.child, *shape)))
+        torch.set_num_threads(a.threads)
+        print(json.dumps(time_child(a.time, a) if a.time else memory_child(*a.memory, a)))
         return
-    rows = {}
-    for c in CONFIGS:
-        p = subprocess.run([sys.executable, __file__, "--child", c, "--layers", str(args.layers), "--heads",
-                            str(args.heads), "--n-image", str(args.n_image), "--n-text", str(args.n_text),
-                            "--repeats", str(args.repeats), "--threads", str(args.threads)],
-                           capture_output=True, text=True, check=True,
-                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"})
-        rows[c] = json.loads(p.stdout.strip().splitlines()[-1])
-    S = args.n_image + args.n_text
-    print(f"capture overhead, {args.layers} layers x {args.heads} heads, sequence {S} "
-          f"({args.n_image} image + {args.n_text} text), median of {args.repeats} forwards, CPU, {args.threads} thread(s)")
-    print(f"{'config':<18}{'impl':<8}{'time (s)':>10}{'x eager':>9}{'extra peak MB':>15}{'kept MB':>10}")
-    for c, r in rows.items():
-        print(f"{c:<18}{r['impl']:<8}{r['time_s']:>10.3f}{r['time_s'] / rows['eager']['time_s']:>9.2f}"
-              f"{r['extra_peak_mb']:>15.1f}{r['kept_mb']:>10.2f}")
-    mem_ratio = rows["stats"]["extra_peak_mb"] / max(rows["output_attentions"]["extra_peak_mb"], 1e-9)
-    time_ratio = rows["stats"]["time_s"] / rows["eager"]["time_s"]
-    print(f"\nstats extra memory / output_attentions extra memory = {mem_ratio:.3f}  (target <= 0.100) "
-          f"{'PASS' if mem_ratio <= 0.1 else 'MISS'}")
-    print(f"stats time / plain eager time = {time_ratio:.2f}  (target <= 1.50) {'PASS' if time_ratio <= 1.5 else 'MISS'}")
-    print(f"recompute forward runs on: {rows['recompute']['impl']}; recompute time / plain sdpa = "
-          f"{rows['recompute']['time_s'] / rows['sdpa']['time_s']:.2f}")
+    lines = []
+    for regime in a.regimes:
+        print(f"== {regime}", file=sys.stderr, flush=True)
+        timing = _child(["--time", regime], a)
+        memory = {} if a.no_memory else {c: _child(["--memory", regime, c], a) for c in timing["times"]
+                                         if regime != "real" or c in ("eager", "stats")}
+        lines += report(regime, timing, memory, a)
+        print("\n".join(report(regime, timing, memory, a)), flush=True)
 
 
 if __name__ == "__main__":

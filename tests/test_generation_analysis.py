@@ -78,7 +78,7 @@ def test_prompt_set_is_deterministic_and_balanced():
         assert len(p["long"].split()) >= 30 and all(o["colour"] in p["short"] for o in p["objects"])
 
 
-def test_fused_step_statistics_equal_the_direct_definitions():
+def test_fused_step_statistics_equal_the_direct_definitions(monkeypatch):
     """The fused step statistics (group sums, entropies from sum p log p) equal the definitions computed
     on copied sub-maps, on random maps with every part's layout and masked padding."""
     import math
@@ -119,3 +119,8 @@ def test_fused_step_statistics_equal_the_direct_definitions():
         on_text = P[:, iq][:, :, torch.as_tensor(real) & kt]
         torch.testing.assert_close(got["text_entropy"], ent(on_text), equal_nan=True, atol=1e-5, rtol=0)
         torch.testing.assert_close(got["word_map"], on_text.mean(0), atol=1e-6, rtol=0)
+        with monkeypatch.context() as m:  # read two query rows at a time: the same statistics
+            m.setattr("unicache_lib.stats.CHUNK_BYTES", 2 * 3 * len(kk) * 4)
+            chunked = step_statistics(P, qk, kk, real)
+        for k in got:
+            torch.testing.assert_close(chunked[k], got[k], equal_nan=True, atol=1e-6, rtol=0)

@@ -143,3 +143,55 @@ def test_fused_layer_statistics_equal_individual_functions(seed, n, sq, causal, 
     assert set(got) == set(want) == set(S.LAYER_STATS)
     for k in want:
         assert torch.allclose(got[k].nan_to_num(-1), want[k].nan_to_num(-1), atol=1e-5), k
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 40), sq=st.integers(1, 40), kind=st.sampled_from(["causal", "all", "mask"]),
+       rows_per_chunk=st.integers(1, 7), dead=st.booleans())
+def test_row_chunks_give_the_one_chunk_statistics(seed, n, sq, kind, rows_per_chunk, dead):
+    """The map read one chunk of query rows at a time (a few rows per chunk) gives the statistics of one pass."""
+    rng = np.random.default_rng(seed)
+    sq = min(sq, n)
+    H = 3
+    if kind == "mask":
+        V = torch.from_numpy(rng.random((sq, n)) < 0.6)
+        V[:, 0] = True
+        if dead:
+            V[0] = False  # a gated row sees nothing
+        logits = torch.from_numpy(rng.normal(0, 2, (H, sq, n))).float().masked_fill(~V, float("-inf"))
+        P = torch.nan_to_num(torch.softmax(logits, -1))
+        causal = V
+    else:
+        P = random_probs(rng, (H, n, n), causal=kind == "causal")[:, n - sq:]
+        causal = kind == "causal"
+    sp = Spans.from_kinds(list(rng.integers(0, 2, n)))
+    one = S.layer_statistics(P, sp, causal, chunk_bytes=1 << 30)
+    many = S.layer_statistics(P, sp, causal, chunk_bytes=rows_per_chunk * H * n * 4)
+    assert len(S.row_chunks(H, sq, n, rows_per_chunk * H * n * 4)) == -(-sq // rows_per_chunk)
+    for k in one:
+        assert torch.allclose(one[k].nan_to_num(-1), many[k].nan_to_num(-1), atol=1e-5), k
+
+
+@pytest.mark.parametrize("mask", ["causal", "additive", "none", "dead"])
+def test_statistics_from_logits_equal_those_of_the_softmaxed_map(mask):
+    """LogitRows (capture mode recompute) never forms the whole map and takes entropy from the logits
+    (logsumexp - sum p l); the statistics equal those of the map softmaxed in one piece."""
+    g = torch.Generator().manual_seed(0)
+    H, sq, D = 4, 23, 8
+    q, k = torch.randn(H, sq, D, generator=g), torch.randn(H, sq, D, generator=g)
+    tri = ~torch.ones(sq, sq, dtype=torch.bool).triu(1)
+    m = {"causal": tri, "none": None, "dead": tri.clone(),
+         "additive": torch.where(tri, 0.0, torch.finfo(torch.float32).min)}[mask]
+    if mask == "dead":
+        m[:3] = False  # rows that see nothing (gated)
+    logits = (q @ k.transpose(-1, -2)) * 0.3
+    if m is not None:
+        logits = logits.masked_fill(~tri if mask == "additive" else ~m, float("-inf"))
+    P = torch.nan_to_num(torch.softmax(logits, -1))
+    vis = m if m is not None and m.dtype == torch.bool else (tri if mask == "additive" else False)
+    sp = Spans.from_kinds([0] * 3 + [1] * 12 + [0] * 8)
+    want = S.layer_statistics(P, sp, vis)
+    got = S.layer_statistics(S.LogitRows(q, k, 0.3, m), sp, vis, chunk_bytes=5 * H * sq * 4)
+    for name in want:
+        assert torch.allclose(got[name].nan_to_num(-1), want[name].nan_to_num(-1), atol=1e-5), name
+    assert torch.allclose(S.LogitRows(q, k, 0.3, m).materialize().nan_to_num(), P, atol=1e-6)

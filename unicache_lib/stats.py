@@ -299,9 +299,72 @@ LAYER_STATS = {
 }
 
 
-def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal=True, query_positions=None,
-                     query_kinds=None) -> dict[str, torch.Tensor]:
-    """All of :data:`LAYER_STATS` for one layer's map ``P [H, Sq, Sk]`` (float32, same device).
+# row chunks of the map are processed one at a time: about this many bytes of float32 per chunk, so a
+# chunk and its few temporaries stay in cache and no temporary is of the map's size
+CHUNK_BYTES = 2 << 20
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def row_chunks(heads: int, sq: int, sk: int, chunk_bytes: int | None = None) -> list[tuple[int, int]]:
+    """``[(r0, r1), ...]`` query-row ranges of about ``chunk_bytes`` (None: :data:`CHUNK_BYTES`) of float32
+    ``[heads, r1 - r0, sk]`` each."""
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    step = max(1, int(chunk_bytes) // max(1, heads * sk * 4))
+    return [(r0, min(sq, r0 + step)) for r0 in range(0, sq, step)]
+
+
+class LogitRows:
+    """An attention map given by its logits, softmaxed one row chunk at a time, so the whole
+    ``[H, Sq, Sk]`` map never exists (capture mode ``recompute``).
+
+    Args:
+        query: ``[H, Sq, D]`` and ``key``: ``[H, Sk, D]`` (post-rotary; key heads already repeated for
+            grouped-query attention), any float dtype (computed in float32).
+        scale: the logit scale. ``mask``: None, bool ``[Sq, Sk]`` (True = attend) or additive float
+            ``[Sq, Sk]`` added to the scaled logits.
+    """
+
+    def __init__(self, query: torch.Tensor, key: torch.Tensor, scale: float, mask: torch.Tensor | None = None):
+        self.q, self.k, self.scale = query, key, float(scale)
+        self.shape = (query.shape[0], query.shape[1], key.shape[1])
+        self.device = query.device
+        self.visible, self.bias = None, None
+        if mask is not None:
+            if mask.dtype == torch.bool:
+                self.visible = mask
+            else:  # additive: hidden where -inf or near the dtype's minimum, a bias where finite and non-zero
+                m = mask.float()
+                self.visible = torch.isfinite(m) & (m > torch.finfo(mask.dtype).min / 2)
+                bias = torch.where(self.visible, m, 0.0)
+                self.bias = bias if bool(bias.any()) else None
+
+    def rows(self, r0: int, r1: int, k1: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probabilities ``[H, r1 - r0, k1]`` (float32) of query rows ``r0:r1`` over keys ``:k1`` (keys past
+        ``k1`` must be hidden from these rows) and the rows' entropy ``[H, r1 - r0]`` in nats, from the
+        logits (``H = logsumexp(l) - sum p l``: no logarithm per entry)."""
+        k1 = self.shape[2] if k1 is None else k1
+        logits = torch.matmul(self.q[:, r0:r1].float(), self.k[:, :k1].float().transpose(-1, -2)).mul_(self.scale)
+        if self.bias is not None:
+            logits.add_(self.bias[r0:r1, :k1])
+        hide = None if self.visible is None else ~self.visible[r0:r1, :k1]
+        if hide is not None:
+            logits.masked_fill_(hide, float("-inf"))
+        lse = torch.logsumexp(logits, -1, keepdim=True)
+        p = logits.sub(lse).exp_()
+        if hide is not None:  # hidden keys: p = 0, and l = 0 keeps them out of sum p l
+            logits.masked_fill_(hide, 0.0)
+        pl = logits.mul_(p).sum(-1)
+        return p, (lse[..., 0] - pl).clamp(min=0.0)
+
+    def materialize(self) -> torch.Tensor:
+        """The whole map ``[H, Sq, Sk]`` (float32)."""
+        return self.rows(0, self.shape[1])[0]
+
+
+def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions=None,
+                     query_kinds=None, chunk_bytes: int | None = None) -> dict[str, torch.Tensor]:
+    """All of :data:`LAYER_STATS` for one layer's map ``P [H, Sq, Sk]`` (any float dtype; computed in
+    float32) or a :class:`LogitRows` (the map from its logits, never materialised).
 
     Args:
         causal: the mask (module doc): ``True`` / ``False`` or the applied mask as bool ``[Sq, Sk]``.
@@ -309,25 +372,27 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal=True, q
         query_kinds: ``[Sq]`` modality of each query row when the queries are another sequence than
             the keys (cross-attention: text queries over vision tokens); position statistics
             (``diag``, ``distance``) are then NaN.
+        chunk_bytes: the map is read one chunk of query rows at a time (about this many bytes of
+            float32 each): every statistic of a chunk is taken while it is in cache, temporaries are
+            chunk-sized, and under a causal mask only the keys left of each chunk's last row are read
+            again after the finiteness and hidden-mass checks.
 
-    Equal to calling the individual functions (tested), but fused so the map is read about six
-    times instead of twenty: the row-side quantities (expected key position, row mass, mass on
-    image and text keys) come from one matrix product with a few key-indicator columns, the
-    column-side ones (read frequency overall and by text queries) from another. NaN/inf anywhere
-    in ``P`` shows up in those products and raises :class:`AttentionValueError`; mass on keys the
-    mask hides raises :class:`AttentionMaskError`.
+    Equal to calling the individual functions (tested). NaN/inf anywhere in ``P`` raises
+    :class:`AttentionValueError`; mass on keys the mask hides raises :class:`AttentionMaskError`.
     """
-    P = torch.as_tensor(P).float()
-    if P.dim() != 3:
-        raise ValueError(f"layer_statistics expects one sample's map [heads, Sq, Sk], got shape {tuple(P.shape)}")
-    H, sq, sk = P.shape
+    if isinstance(P, LogitRows):
+        source, shape = P, P.shape
+    else:
+        P = torch.as_tensor(P)
+        if P.dim() != 3:
+            raise ValueError(f"layer_statistics expects one sample's map [heads, Sq, Sk], got shape {tuple(P.shape)}")
+        source, shape = None, tuple(P.shape)
+    H, sq, sk = shape
     dev = P.device
-    vis = Visibility.of(P, causal, query_positions)
+    vis = Visibility.of(torch.empty(1, device=dev).expand(sq, sk), causal, query_positions)
     q = vis.q
     n = vis.counts().float()
     dead = n == 0
-    if bool(dead.any()):  # gated rows: not read, so not counted
-        P = P.masked_fill(dead[None, :, None], 0.0)
     kpos = torch.arange(sk, device=dev, dtype=torch.float32)
     key_cols = [kpos, torch.ones(sk, device=dev)]
     q_rows = [torch.ones(sq, device=dev)]
@@ -342,20 +407,67 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal=True, q
         else:
             qk = kinds[q]
         q_rows += [(qk == TEXT).float(), (qk == IMAGE).float()]
-    R = P @ torch.stack(key_cols, -1)  # [H, Sq, c]
-    C = torch.stack(q_rows, 0) @ P  # [H, r, Sk]
-    if not (torch.isfinite(R).all() and torch.isfinite(C).all()):
-        raise AttentionValueError(
-            "attention weights contain NaN/inf values: the forward overflowed (fp16?) or a mask row is "
-            "fully masked; rerun in float32 or bfloat16"
-        )
-    if vis.kind == "causal":
-        h, seen = _causal_entropy(P, q)
-        check_mask(P, vis, hidden=R[..., 1] - seen)
-    else:
-        h = -torch.special.xlogy(P, P).sum(-1)
-        if vis.kind == "mask":
-            check_mask(P, vis)
+    K = torch.stack(key_cols, -1)  # [Sk, c]
+    Q = torch.stack(q_rows, 0)  # [r, Sq]
+    R = torch.empty(H, sq, K.shape[1], device=dev)  # row products with the key columns
+    C = torch.zeros(H, Q.shape[0], sk, device=dev)  # column sums by query-row group
+    hidden = torch.zeros(H, sq, device=dev)
+    h = torch.empty(H, sq, device=dev)
+    sumsq = torch.empty(H, sq, device=dev)
+    rowmax = torch.empty(H, sq, device=dev)
+    dist = torch.empty(H, sq, device=dev) if (query_kinds is None and vis.kind != "causal") else None
+    gram = torch.zeros(H, H, device=dev)
+    dg = torch.empty(H, sq, device=dev)
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+    buf = torch.empty(max(chunk_bytes // 4, H * sk), device=dev)
+    for r0, r1 in row_chunks(H, sq, sk, chunk_bytes):
+        k1 = min(sk, int(q[r1 - 1]) + 1) if vis.kind == "causal" else sk
+        gone = dead[r0:r1] if bool(dead[r0:r1].any()) else None  # gated rows: not read, so not counted
+        if source is not None:
+            blk, ent = source.rows(r0, r1, k1)
+            if gone is not None:
+                blk, ent = blk.masked_fill(gone[None, :, None], 0.0), ent.masked_fill(gone[None], 0.0)
+        else:
+            full = P[:, r0:r1].float()
+            if gone is not None:
+                full = full.masked_fill(gone[None, :, None], 0.0)
+            tot = full.sum(-1)
+            if not bool(torch.isfinite(tot).all()):
+                _raise_nonfinite()
+            blk, ent = full[..., :k1].contiguous(), None  # one copy in cache, or none (k1 = Sk)
+        c = r1 - r0
+        flat = blk.view(H * c, k1)
+        for j in range(K.shape[1]):  # matrix-vector products: a skinny matrix product is several times slower
+            R[:, r0:r1, j] = (flat.sum(-1) if j == 1 else torch.mv(flat, K[:k1, j])).view(H, c)
+        if source is None and k1 < sk:  # keys right of the chunk's last row are hidden from all its rows
+            hidden[:, r0:r1] = tot - R[:, r0:r1, 1]
+        dg[:, r0:r1] = blk[:, torch.arange(c, device=dev), q[r0:r1].clamp(max=k1 - 1)]
+        if ent is None:
+            w = buf[: H * c * k1].view(H, c, k1)
+            torch.clamp_min(blk, _TINY, out=w).log_().mul_(blk)  # p log p, 0 where p = 0
+            ent = -w.sum(-1)
+        h[:, r0:r1] = ent
+        C[..., :k1] += torch.matmul(Q[:, r0:r1], blk)
+        sumsq[:, r0:r1] = torch.linalg.vector_norm(blk, dim=-1).square_()
+        rowmax[:, r0:r1] = blk.amax(-1)
+        f = blk.view(H, -1)
+        gram.addmm_(f, f.T)
+        if vis.kind == "causal":
+            lo = int(q[r0]) + 1  # keys a chunk row may not see lie right of its own position
+            if lo < k1:
+                tri = blk[..., lo:]
+                right = torch.arange(lo, k1, device=dev)[None, :] > q[r0:r1, None]
+                hidden[:, r0:r1] += torch.where(right, tri, 0.0).sum(-1)
+        elif vis.kind == "mask":
+            hidden[:, r0:r1] = torch.where(vis.V[r0:r1], 0.0, blk).sum(-1)
+        if dist is not None:
+            w = buf[: H * c * k1].view(H, c, k1)
+            d = (q[r0:r1, None].float() - kpos[None, :k1]).abs()
+            dist[:, r0:r1] = torch.mul(blk, d, out=w).sum(-1)
+    if not (torch.isfinite(R).all() and torch.isfinite(C).all() and torch.isfinite(h).all()):
+        _raise_nonfinite()
+    if vis.kind != "all":
+        check_mask(None, vis, hidden=hidden)
     nan = torch.tensor(float("nan"), device=dev)
     live = ~dead
     rf = C[:, 0]
@@ -363,52 +475,37 @@ def layer_statistics(P: torch.Tensor, spans: Spans | None = None, causal=True, q
         distance = torch.full((H,), float("nan"), device=dev)
         diag = torch.full((H,), float("nan"), device=dev)
     else:
-        if vis.kind == "causal":
-            per_row = q.float() * R[..., 1] - R[..., 0]
-        else:
-            per_row = (P * (q.float()[:, None] - kpos[None, :]).abs()).sum(-1)
+        per_row = q.float() * R[..., 1] - R[..., 0] if vis.kind == "causal" else dist
         distance = per_row[:, live].mean(-1)
-        diag = P[:, torch.arange(sq, device=dev), q.clamp(max=sk - 1)][:, live].mean(-1)
-    sumsq = torch.linalg.vector_norm(P, dim=-1) ** 2
+        diag = dg[:, live].mean(-1)
     var = sumsq / n - 1.0 / n**2
+    norm = gram.diagonal().clamp(min=1e-24).sqrt()
     out = {
         "entropy": torch.where(dead, nan, h),
-        "norm_entropy": normalised_entropy(P, causal, query_positions, entropy=h),
-        "max_weight": torch.where(dead, nan, P.amax(-1)),
+        "norm_entropy": torch.where(n > 1, h / torch.log(n).clamp(min=1e-12), nan),
+        "max_weight": torch.where(dead, nan, rowmax),
         "read_freq": rf,
         "read_freq_norm": rf / vis.seeing(),
         "diag": diag,
         "distance": distance,
         "variance": var[:, live].mean(-1),
-        "head_sim": head_similarity(P, check=False),  # already checked through R and C
+        "head_sim": gram / (norm[:, None] * norm[None, :]),
     }
     if spans is not None:
         to = {"image": R[..., 2], "text": R[..., 3]}
         frm = {"text": q_rows[1], "image": q_rows[2]}
-        mass = torch.stack([to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)], -1)
-        out["blocks"] = mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)
+        block = torch.stack([to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)], -1)
+        out["blocks"] = block / block.sum(-1, keepdim=True).clamp(min=1e-12)
         out["text_read_freq"] = C[:, 1]
         out["image_share"] = torch.where(dead, nan, R[..., 2])
     return out
 
 
-def _causal_entropy(P: torch.Tensor, q: torch.Tensor, blocks: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row entropy of a causal map computing logs only left of the diagonal, in row blocks (the
-    masked upper triangle is exactly 0 and contributes nothing): about half the work of
-    :func:`row_entropy` on a square map, same result. Also returns each row's mass on its visible
-    keys ``[H, Sq]`` (for the hidden-mass check)."""
-    H, sq, sk = P.shape
-    h = torch.empty(H, sq, device=P.device)
-    seen = torch.empty(H, sq, device=P.device)
-    step = -(-sq // blocks)
-    for r0 in range(0, sq, step):
-        r1 = min(sq, r0 + step)
-        blk = P[:, r0:r1, : int(q[r1 - 1]) + 1]
-        h[:, r0:r1] = -torch.special.xlogy(blk, blk).sum(-1)
-        k = torch.arange(blk.shape[-1], device=P.device)
-        inside = k[None, :] <= q[r0:r1, None]
-        seen[:, r0:r1] = torch.where(inside, blk, 0).sum(-1)
-    return h, seen
+def _raise_nonfinite():
+    raise AttentionValueError(
+        "attention weights contain NaN/inf values: the forward overflowed (fp16?) or a mask row is "
+        "fully masked; rerun in float32 or bfloat16"
+    )
 
 
 def text_read_frequency(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
@@ -480,12 +577,13 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         k_real: ``[Sk]`` bool, False for padding keys (excluded from ``text_entropy`` and
             ``word_map``); None = all real.
 
-    Fused: one pass for ``p log p``, one product with a ``[Sk, 4]`` key-group indicator for every
-    group's mass and ``sum p log p`` per row (entropies of renormalised sub-rows follow from those), one
-    Gram product for head similarity; no sub-map is copied, so memory stays at a few map-sized buffers
-    (SD3-medium at 1,024 px: 24 heads x 4,429^2).
+    Read one chunk of query rows at a time (:data:`CHUNK_BYTES`): per chunk one ``p log p`` pass and
+    matrix-vector products with the key-group indicators give every group's mass and ``sum p log p`` per
+    row (entropies of renormalised sub-rows follow from those), and the chunk's share of the head Gram
+    matrix. Temporaries are chunk-sized, so beyond the map itself memory stays bounded (SD3-medium at
+    1,024 px: 24 heads x 4,429^2 = 1.9 GB of float32 per map).
     """
-    P = as_probs(P)
+    P = torch.as_tensor(P)
     if P.dim() != 3:
         raise ValueError(f"step_statistics expects [heads, Sq, Sk], got {tuple(P.shape)}")
     H, sq, sk = P.shape
@@ -500,10 +598,35 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
     text_real = kt & real
     # key groups: image, text (padding included), real text, all
     G = torch.stack([ki, kt, text_real, torch.ones_like(ki)], -1).float()  # [Sk, 4]
-    mass = P @ G  # [H, Sq, 4]
-    ent = torch.special.xlogy(P, P) @ G  # sum p log p per row and group
     widths = [int(ki.sum()), int(kt.sum()), int(text_real.sum()), sk]
     iq, tq = qk == IMAGE, qk == TEXT
+    # one chunk of query rows at a time: sums per row and key group of p and of p log p, row maxima and sums
+    # of squares, the head Gram matrix and the head-mean word map; temporaries are chunk-sized
+    mass = torch.empty(H, sq, 4, device=dev)
+    ent = torch.empty(H, sq, 4, device=dev)
+    rowmax = torch.empty(H, sq, device=dev)
+    sumsq = torch.empty(H, sq, device=dev)
+    gram = torch.zeros(H, H, device=dev)
+    word = torch.empty(sq, int(text_real.sum()), device=dev)
+    buf = torch.empty(max(CHUNK_BYTES // 4, H * sk), device=dev)
+    for r0, r1 in row_chunks(H, sq, sk):
+        blk = P[:, r0:r1].float().contiguous()
+        c = r1 - r0
+        flat = blk.view(H * c, sk)
+        w = buf[: H * c * sk].view(H * c, sk)
+        torch.clamp_min(flat, _TINY, out=w).log_().mul_(flat)  # p log p, 0 where p = 0
+        for g in range(4):
+            mass[:, r0:r1, g] = (flat.sum(-1) if g == 3 else torch.mv(flat, G[:, g])).view(H, c)
+            ent[:, r0:r1, g] = (w.sum(-1) if g == 3 else torch.mv(w, G[:, g])).view(H, c)
+        rowmax[:, r0:r1] = blk.amax(-1)
+        sumsq[:, r0:r1] = torch.linalg.vector_norm(blk, dim=-1).square_()
+        f = blk.view(H, -1)
+        gram.addmm_(f, f.T)
+        word[r0:r1] = blk[..., text_real].mean(0)
+    if not (torch.isfinite(mass).all() and torch.isfinite(ent).all() and torch.isfinite(gram).all()):
+        raise AttentionValueError(
+            "attention weights contain NaN/inf values: the forward overflowed (fp16?) or a mask row is fully "
+            "masked; rerun in float32 or bfloat16")
 
     def rows_mean(x, q):  # x [H, Sq] -> [H], mean over the query rows q
         return x[:, q].mean(-1) if bool(q.any()) else nan
@@ -517,8 +640,7 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         bent.append(rows_mean(_group_entropy(ent[..., g], mass[..., g], widths[g]), q) if widths[g] and bool(q.any()) else nan)
     block_mass = torch.stack(block_mass, -1)
     whole = _group_entropy(ent[..., 3], mass[..., 3], sk)
-    rowmax = P.amax(-1)
-    mean_map = P.mean(0)  # [Sq, Sk]
+    norm = gram.diagonal().clamp(min=1e-24).sqrt()
     out = {
         "blocks": block_mass / block_mass.sum(-1, keepdim=True).clamp(min=1e-30),
         "block_entropy": torch.stack(bent, -1),
@@ -526,8 +648,8 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         "max_weight": torch.stack([rows_mean(rowmax, iq), rows_mean(rowmax, tq)], -1),
         "text_share": rows_mean(mass[..., 1], iq),
         "text_entropy": rows_mean(_group_entropy(ent[..., 2], mass[..., 2], widths[2]), iq) if widths[2] and bool(iq.any()) else nan,
-        "word_map": mean_map[iq][:, text_real],
-        "head_sim": head_similarity(P, check=False),
-        "variance": rows_mean((P * P).sum(-1) / sk - 1.0 / sk**2, iq),
+        "word_map": word[iq],
+        "head_sim": gram / (norm[:, None] * norm[None, :]),
+        "variance": rows_mean(sumsq / sk - 1.0 / sk**2, iq),
     }
     return out

@@ -422,11 +422,16 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
     out_sim = torch.full((2,), nan)
     if prev is not None:
         pP, po_img, po_txt = prev
-        # per key group (image, text): sums of a*b, a^2, b^2 over each query row, from one product each
-        # with a [Sk, 2] indicator (no sub-map is copied); blocks and the whole map follow by summing rows
+        # per key group (image, text): sums of a*b, a^2, b^2 over each query row, one chunk of query rows at a
+        # time (chunk-sized temporaries); blocks and the whole map follow by summing rows
         qk, kk = torch.as_tensor(q_kinds).to(P.device), torch.as_tensor(k_kinds).to(P.device)
-        G = torch.stack([kk == IMAGE, kk == TEXT], -1).to(P.dtype)
-        ab, aa, bb = (P * pP) @ G, (P * P) @ G, (pP * pP) @ G  # [H, Sq, 2]
+        G = torch.stack([kk == IMAGE, kk == TEXT], -1).float()
+        H, sq, sk = P.shape
+        ab, aa, bb = (torch.empty(H, sq, 2, device=P.device) for _ in range(3))
+        for r0, r1 in S.row_chunks(H, sq, sk):
+            a, b = P[:, r0:r1].float(), pP[:, r0:r1].float()
+            for out, x in ((ab, a * b), (aa, a * a), (bb, b * b)):
+                out[:, r0:r1] = x @ G
 
         def cos(num, x, y):
             den = (x * y).sqrt()

@@ -270,10 +270,11 @@ class AttentionCapture:
 
     # ---- recording ----------------------------------------------------------------------------
     def _record(self, site, probs: torch.Tensor, mask, mode: str):
-        """``probs [B, H, Sq, Sk]`` (any dtype/device) and the mask applied -> one record per batch row."""
-        if probs.dim() != 4:
+        """``probs [B, H, Sq, Sk]`` (any dtype/device), or one :class:`~unicache_lib.stats.LogitRows` per batch
+        row (recompute), and the mask applied -> one record per batch row."""
+        if torch.is_tensor(probs) and probs.dim() != 4:
             raise CaptureError(f"{site.name}: expected attention weights [batch, heads, q, k], got {tuple(probs.shape)}")
-        for b in range(probs.shape[0]):
+        for b in range(len(probs)):
             sample = self._current[b] if b < len(self._current) else str(b)
             key = (sample, site.part, site.layer)
             if key in self._seen:
@@ -283,7 +284,9 @@ class AttentionCapture:
                     f"part (part='language') or pick modules that attend once per forward."
                 )
             self._seen.add(key)
-            P = S.as_probs(probs[b].detach(), check=mode == "full")  # stats mode checks inside layer_statistics
+            P = probs[b]
+            if torch.is_tensor(P):
+                P = S.as_probs(P.detach(), check=mode == "full")  # stats mode checks inside layer_statistics
             sq, sk = P.shape[-2:]
             vis = visible_from_mask(mask, sq, sk, b)
             gate = self._gates.get(site.name)
@@ -293,6 +296,7 @@ class AttentionCapture:
             vis = vis.to(P.device) if vis is not None else None
             if site.part == "cross" and vis is not None and bool(vis.any()) and not bool(vis.any(0).all()):
                 seen = vis.any(0)  # keys no query can see (padded tiles): not part of the image, dropped
+                P = P.materialize() if isinstance(P, S.LogitRows) else P
                 P, vis, sk = P[..., seen], vis[:, seen], int(seen.sum())
             causal = vis if vis is not None else False
             sp = self._spans_for(b, site, sk)
@@ -303,6 +307,7 @@ class AttentionCapture:
             cross = site.part == "cross"  # queries are text positions, keys the vision tokens
             qpos = None if cross else torch.arange(sk - sq, sk)
             if mode == "full":
+                P = P.materialize() if isinstance(P, S.LogitRows) else P
                 S.check_mask(P, S.Visibility.of(P, causal), f"{site.name} attention map")
                 qi = torch.arange(0, sq, self.query_stride)
                 ki = torch.arange(0, sk, self.key_stride)
@@ -370,27 +375,25 @@ class AttentionCapture:
                 f"attn_implementation='eager' and capture in mode 'stats' or 'full'")
         if site is not None:
             with torch.no_grad():
-                q, k = query.float(), key.float()
+                q, k = query, key
                 if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat key heads
                     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
                 scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-                logits = (q @ k.transpose(-1, -2)) * scale
-                sq, sk = logits.shape[-2:]
+                sq, sk = q.shape[-2], k.shape[-2]
                 # exactly sdpa's rule (transformers' sdpa_attention_forward): causal only without a mask
                 flag = kw.get("is_causal")
                 flag = flag if flag is not None else getattr(module, "is_causal", True)
                 implicit = bool(sq > 1 and attention_mask is None and flag)
-                if attention_mask is not None:
-                    m = attention_mask[..., :sk]
-                    logits = logits.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else logits + m.float()
-                elif implicit:  # torch's is_causal: top-left aligned lower triangle
-                    logits = logits.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=logits.device).triu(1),
-                                                float("-inf"))
-                probs = torch.softmax(logits, -1)
-                vis_mask = attention_mask
-                if vis_mask is None and implicit:
-                    vis_mask = ~torch.ones(sq, sk, dtype=torch.bool, device=logits.device).triu(1)[None, None]
-                self._record(site, probs, vis_mask, "full" if self.keep == "full" else "stats")
+                mask = attention_mask[..., :sk] if attention_mask is not None else None
+                if implicit:  # torch's is_causal: top-left aligned lower triangle
+                    mask = ~torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1)[None, None]
+                if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1):
+                    raise CaptureError(f"{site.name}: expected an attention mask [batch, 1, q, k], got {tuple(mask.shape)}")
+                # the map of each batch row from its logits, one chunk of query rows at a time (never whole
+                # in stats mode); keep="full" materialises it
+                maps = [S.LogitRows(q[b], k[b], scale, None if mask is None else mask[b if mask.shape[0] > 1 else 0, 0])
+                        for b in range(q.shape[0])]
+                self._record(site, maps, mask, "full" if self.keep == "full" else "stats")
         return out
 
     # ---- context management --------------------------------------------------------------------
