@@ -95,7 +95,8 @@ gpu-rehearsal: setup
 replicate: setup
 	$(BIN)/python -m unicache_lib.replicate --seeds 1 2 $(if $(QUICK),--quick)
 
-## models: retrain the shipped models from scratch (about 1.5 h of CPU in all; not part of CI)
+## models: retrain the shipped models from scratch (about 3 h of CPU in all: the model cards record 188 training
+##         minutes, one thread per run; not part of CI)
 models: setup
 	$(BIN)/python -m unicache_lib.world.samples --out data/samples
 	$(BIN)/python -m unicache_lib.zoo.train_llava --out runs/tiny-llava-a --seed 0
