@@ -16,6 +16,8 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: setup run test test-fast notebooks lab benchmark replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
+## setup: create .venv (torch pinned first, then the project with its dev extra) and the python3 kernel; runs
+##        again only when pyproject.toml changed (every other target depends on it)
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -43,6 +45,7 @@ test: setup
 	$(BIN)/python -m pytest tests -q
 	$(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:randomly -q $(NOTEBOOKS)
 
+## test-fast: unit tests only (no notebook runs, nothing marked slow), a few minutes
 test-fast: setup
 	$(BIN)/python -m pytest tests -q -m "not notebook and not slow"
 
@@ -57,9 +60,11 @@ notebooks: setup
 	  $(BIN)/python tools/clean_nb.py "$$nb"; \
 	done
 
-## lab: JupyterLab with ipywidgets working
+## lab: JupyterLab with ipywidgets working, on notebooks/ (relative OUT_DIR and stores still go to the repository's
+##      outputs/, see unicache_lib.paths); --allow-root is added only when run as root (EUID=0)
+EUID ?= $(shell id -u)
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(EUID)),--allow-root)
 
 ## benchmark: capture overhead, KV eviction and cross-step reuse; ratios measured side by side
 benchmark: setup
@@ -90,7 +95,8 @@ gpu-rehearsal: setup
 replicate: setup
 	$(BIN)/python -m unicache_lib.replicate --seeds 1 2 $(if $(QUICK),--quick)
 
-## models: retrain the shipped models from scratch (about 1.5 h of CPU in all; not part of CI)
+## models: retrain the shipped models from scratch (about 3 h of CPU in all: the model cards record 188 training
+##         minutes, one thread per run; not part of CI)
 models: setup
 	$(BIN)/python -m unicache_lib.world.samples --out data/samples
 	$(BIN)/python -m unicache_lib.zoo.train_llava --out runs/tiny-llava-a --seed 0
@@ -102,5 +108,6 @@ models: setup
 	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --init-from runs/tiny-pixart-a --out data/models/tiny-pixart \
 	  --steps 3000 --lr 5e-4 --seed 1 --threads 1
 
+## clean-outputs: delete outputs/ (executed notebooks, figures, scoreboards, stores); committed files are untouched
 clean-outputs:
 	rm -rf outputs

@@ -1,4 +1,4 @@
-"""Every bad input gets an error a user can act on (issue #15), on the shipped tiny LLaVA: layer
+"""Every bad input gets an error a user can act on, on the shipped tiny LLaVA: layer
 indices, misplaced spans, images (float, grayscale, RGBA, too small, ...), prompts without the image
 marker, unknown registry names and budgets of the wrong type. Where a message names a fix, the fix
 is run too."""

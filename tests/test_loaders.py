@@ -70,7 +70,7 @@ def test_device_and_dtype_parameters(random_llava_dir):
     assert p.dtype == torch.bfloat16 and p.device.type == resolve_device("auto").type
 
 
-# --- names fail at once, without the network (issue #15) ---------------------------------------------------------
+# --- names fail at once, without the network ---------------------------------------------------------------------
 
 @pytest.fixture()
 def online(monkeypatch):
@@ -142,7 +142,7 @@ def test_a_hub_id_passes_through_when_online(online):
     assert online == []
 
 
-# --- weight checksums (issue #15) ---------------------------------------------------------------------------------
+# --- weight checksums ---------------------------------------------------------------------------------------------
 
 def _flip_4kb(f):
     b = bytearray(f.read_bytes())

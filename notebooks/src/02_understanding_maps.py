@@ -39,8 +39,6 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import torch
@@ -56,6 +54,7 @@ from unicache_lib.capture.record import CaptureResult
 from unicache_lib.capture.runner import capture_samples, inputs_for
 from unicache_lib.families import family_of
 from unicache_lib.intervals import bootstrap
+from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store, remove_store
@@ -66,7 +65,7 @@ from unicache_lib.zoo.controls import untrained_language_model
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
 
 torch.manual_seed(SEED)
-out = Path(OUT_DIR)
+out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
 model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 family = family_of(model)

@@ -40,8 +40,6 @@ OUT_DIR = "outputs/03_diffusion_steps"
 SAMPLE_SEED = 2024            # standard set behind the understanding store for G7, 2024 is the shipped set
 
 # %%
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import torch
@@ -51,6 +49,7 @@ from unicache_lib.analysis import generation as G
 from unicache_lib.capture.gen_runner import capture_generation
 from unicache_lib.capture.runner import stats_store_or_capture
 from unicache_lib.intervals import bootstrap, grouped
+from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store, remove_store
@@ -62,7 +61,7 @@ from unicache_lib.gen_families import gen_family_of
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
 
 torch.manual_seed(SEED)
-out = Path(OUT_DIR)
+out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
 paths = {model_label(m): m for m in MODELS}  # from here on a model is named by its label (outputs go under it)
 gens = {m: load_generator(p, dtype=DTYPE, device=DEVICE) for m, p in paths.items()}
@@ -324,7 +323,7 @@ print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x
 
 # %%
 # NBVAL_CHECK_OUTPUT
-ustore, fresh = stats_store_or_capture(UNDERSTANDING_STORE, out / "understanding_stats", UNDERSTANDING_MODEL, sample_seed=SAMPLE_SEED)
+ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", UNDERSTANDING_MODEL, sample_seed=SAMPLE_SEED)
 if fresh:
     print(f"notebook 02's store not found: captured {UNDERSTANDING_MODEL} on the standard set into {ustore}")
 U = G.head_redundancy(Store(ustore).read())

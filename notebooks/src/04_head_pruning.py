@@ -40,7 +40,6 @@ SAMPLE_SEED = 2024            # the shipped standard set; another seed builds an
 
 # %%
 import copy
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -50,6 +49,7 @@ from unicache_lib import plots
 from unicache_lib.analysis.layers import band_layers
 from unicache_lib.capture.gen_runner import generation_store_or_capture
 from unicache_lib.capture.runner import capture_samples, stats_store_or_capture
+from unicache_lib.paths import project_path
 from unicache_lib.pruning import SCORERS, HeadMask, HeadSpace, ScoringContext, prune_physically
 from unicache_lib.pruning.heads import physical_pruning_unsupported
 from unicache_lib.pruning import evaluate as E
@@ -64,13 +64,13 @@ from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understan
 from unicache_lib.zoo.train_llava import heldout_set
 
 torch.manual_seed(SEED)
-out = Path(OUT_DIR)
+out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
 model, processor = load_understanding(UNDERSTANDING_MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 space = HeadSpace.of(model)
 qas = heldout_set(N_QUESTIONS, seed=12345 + SEED)  # SEED 0: the fixed held-out set
 grad_qas = heldout_set(N_GRADIENT, seed=SEED + 777)
-ustore, fresh = stats_store_or_capture(UNDERSTANDING_STORE, out / "understanding_stats", UNDERSTANDING_MODEL,
+ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", UNDERSTANDING_MODEL,
                                        sample_seed=SAMPLE_SEED, model=model, processor=processor)
 urecs = Store(ustore).read()
 print(f"{UNDERSTANDING_MODEL}: {len(space.units)} layers x {space.shape[1]} heads = {space.n_heads} heads; "
@@ -226,7 +226,7 @@ gpaths = {model_label(g): g for g in GENERATORS}  # outputs and tables use the l
 for gname, gpath in gpaths.items():
     gen = load_generator(gpath, dtype=DTYPE, device=DEVICE)
     gspace = HeadSpace.of(gen.transformer, mapless=False)  # heads with an attention map (not Sana's linear ones)
-    gstore, gfresh = generation_store_or_capture(Path(GENERATION_STORE) / gname, out / "generation_stats" / gname, gen, gname,
+    gstore, gfresh = generation_store_or_capture(project_path(GENERATION_STORE) / gname, out / "generation_stats" / gname, gen, gname,
                                                  n_prompts=GEN_STATS_PROMPTS, steps=STEPS, guidance=GUIDANCE, seed=SEED)
     gctx = ScoringContext(gspace, Store(gstore).read(), E.generation_loss_fns(gen, seed=SEED), SEED)
     gscores = {name: cls()(gctx) for name, cls in SCORERS.items() if name != "random"}

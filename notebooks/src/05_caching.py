@@ -43,8 +43,6 @@ SEED = 0
 OUT_DIR = "outputs/05_caching"
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -57,6 +55,7 @@ from unicache_lib.families import family_of
 from unicache_lib.kv import POLICIES
 from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full, summary, worst_peer_difference
 from unicache_lib.kv.peers import press_factories
+from unicache_lib.paths import project_path
 from unicache_lib.reuse.control import control_table
 from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
 from unicache_lib.reuse.evaluate import methods_for, pareto_check, run_reuse, versus
@@ -68,7 +67,7 @@ from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understan
 from unicache_lib.zoo.train_llava import heldout_set
 
 torch.manual_seed(SEED)
-out = Path(OUT_DIR)
+out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
 model, processor = load_understanding(UNDERSTANDING_MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 family = family_of(model)

@@ -44,6 +44,7 @@ from unicache_lib.diagnostics.report import build_report
 from unicache_lib.diagnostics.roc import auroc, rank_average
 from unicache_lib.families import family_of
 from unicache_lib.intervals import bootstrap
+from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.world import samples as sample_set
@@ -51,7 +52,7 @@ from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understan
 from unicache_lib.zoo.train_llava import heldout_set
 
 torch.manual_seed(SEED)
-out = Path(OUT_DIR)
+out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
 model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 family = family_of(model)
@@ -170,12 +171,12 @@ _ = plots.save(fig, out, "neglect_detector")
 # network). From a shell: `unicache-report outputs/02_understanding_maps/stats tiny-mmdit=outputs/03_diffusion_steps/store/tiny-mmdit --out outputs/report`.
 
 # %%
-ustore, _ = stats_store_or_capture(UNDERSTANDING_STORE, out / "understanding_stats", MODEL, sample_seed=SAMPLE_SEED,
+ustore, _ = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", MODEL, sample_seed=SAMPLE_SEED,
                                    model=model, processor=processor)
 stores = {Path(MODEL).name: ustore}
 if GENERATION_STORE:
     gname = Path(GENERATION_STORE).name
-    stores[gname], _ = generation_store_or_capture(GENERATION_STORE, out / "generation_stats" / gname, load_generator(gname), gname)
+    stores[gname], _ = generation_store_or_capture(project_path(GENERATION_STORE), out / "generation_stats" / gname, load_generator(gname), gname)
 page = build_report(stores, out / "report")
 print(f"report: {page} ({page.stat().st_size // 1024} KB, {page.read_text().count('<img')} figures)")
 
