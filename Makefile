@@ -46,13 +46,13 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest tests -q -m "not notebook and not slow"
 
-## notebooks: rebuild the committed notebooks from notebooks/src and execute them in place (full parameters);
-##            NB=03 rebuilds one
+## notebooks: rebuild the committed notebooks from notebooks/src (jupytext, paired: cell ids kept) and execute
+##            them in place (full parameters); NB=03 rebuilds one
 NB ?= [0-9][0-9]
 notebooks: setup
 	@for src in notebooks/src/$(NB)_*.py; do \
 	  nb=notebooks/$$(basename $${src%.py}).ipynb; echo "== $$nb"; \
-	  $(BIN)/python tools/py2nb.py "$$src" "$$nb" && \
+	  $(BIN)/jupytext --quiet --update --to ipynb $$(test -f "$$nb" || echo --set-kernel python3) --output "$$nb" "$$src" && \
 	  $(BIN)/papermill --cwd . -k python3 "$$nb" "$$nb" || exit 1; \
 	  $(BIN)/python tools/clean_nb.py "$$nb"; \
 	done

@@ -87,7 +87,8 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
         src = ROOT / "notebooks" / "src" / f"{nb}.py"
         defaults = parameters(src)
         built = base / f"{nb}.ipynb"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "py2nb.py"), str(src), str(built)], check=True)
+        subprocess.run([sys.executable, "-m", "jupytext", "--quiet", "--to", "ipynb", "--set-kernel", "python3",
+                        "--output", str(built), str(src)], check=True)
         params = {"OUT_DIR": str(base / nb), "SEED": seed, **(QUICK[nb] if quick else {})}
         if "SAMPLE_SEED" in defaults and sample_seed is not None:
             params["SAMPLE_SEED"] = sample_seed

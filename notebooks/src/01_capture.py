@@ -187,6 +187,7 @@ mw = np.stack([[r.data["max_weight"].numpy().mean() for r in sorted(res.select(s
 fig = plots.layer_curves({"normalised entropy": ent, "mean max weight": mw}, "per-layer statistics from the store")
 _ = plots.save(fig, out, "layer_curves")
 
+
 # %% [markdown]
 # ## 6. The troubleshooting table, live
 #

@@ -110,6 +110,7 @@ bands = {b: [li for li in ls if li in captured] for b, ls in bands.items()}  # b
 print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['sample'].nunique()} samples x "
       f"{L.layer.nunique()} layers); maps store: {len(maps)} records")
 
+
 # %% [markdown]
 # ## 2. How attention changes with depth
 #

@@ -150,6 +150,7 @@ for i, m in enumerate(MODELS):
 fig.tight_layout()
 _ = plots.save(fig, out, "samples")
 
+
 # %% [markdown]
 # ## 3. From diffuse to focused? Entropy per step and layer (G1)
 #

@@ -101,6 +101,7 @@ for ax, n in zip(axes, names):
 fig.tight_layout()
 _ = plots.save(fig, out, "head_scores")
 
+
 # %%
 # NBVAL_CHECK_OUTPUT
 def rank_corr(a, b):
