@@ -13,6 +13,9 @@ export HF_HUB_OFFLINE := 1
 # process on a 2-core machine, that made sampling 18x slower (61 s vs 3.4 s measured). Passive waiting
 # costs nothing measurable when the machine is idle.
 export OMP_WAIT_POLICY ?= PASSIVE
+# Progress bars (unicache_lib/progress.py) off where notebooks are executed by papermill, so executed and
+# committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
+run test notebooks: export UNICACHE_PROGRESS = 0
 
 .PHONY: setup run test test-fast notebooks lab benchmark replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 

@@ -94,8 +94,10 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
         print(json.dumps(child(args.child, *shape)))
         return
+    from unicache_lib.progress import bar
+
     rows = {}
-    for c in CONFIGS:
+    for c in bar(CONFIGS, desc="configs"):
         p = subprocess.run([sys.executable, __file__, "--child", c, "--layers", str(args.layers), "--heads",
                             str(args.heads), "--n-image", str(args.n_image), "--n-text", str(args.n_text),
                             "--repeats", str(args.repeats), "--threads", str(args.threads)],

@@ -78,6 +78,8 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
     """Build and execute notebooks 02-06 for one seed; returns notebook -> scoreboard rows."""
     import papermill as pm
 
+    from .progress import enabled
+
     base = out / label
     base.mkdir(parents=True, exist_ok=True)
     stores = {"UNDERSTANDING_STORE": str(base / "02_understanding_maps" / "stats"),
@@ -98,7 +100,7 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
         print(f"== {label}: {nb} {params}", flush=True)
         try:
             pm.execute_notebook(str(built), str(base / f"{nb}.executed.ipynb"), parameters=params, cwd=str(ROOT),
-                                kernel_name="python3", progress_bar=False)
+                                kernel_name="python3", progress_bar=enabled())
         except Exception as e:  # papermill's error names the failing cell
             raise RuntimeError(f"notebook {nb} failed for {label} (parameters {params}): {e}; "
                                f"the partly executed notebook is {base / f'{nb}.executed.ipynb'}") from e
