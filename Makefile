@@ -13,6 +13,9 @@ export HF_HUB_OFFLINE := 1
 # process on a 2-core machine, that made sampling 18x slower (61 s vs 3.4 s measured). Passive waiting
 # costs nothing measurable when the machine is idle.
 export OMP_WAIT_POLICY ?= PASSIVE
+# Progress bars (unicache_lib/progress.py) off where notebooks are executed by papermill, so executed and
+# committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
+run test notebooks: export UNICACHE_PROGRESS = 0
 
 .PHONY: setup run test test-fast notebooks lab benchmark replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
@@ -49,13 +52,13 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest tests -q -m "not notebook and not slow"
 
-## notebooks: rebuild the committed notebooks from notebooks/src and execute them in place (full parameters);
-##            NB=03 rebuilds one
+## notebooks: rebuild the committed notebooks from notebooks/src (jupytext, paired: cell ids kept) and execute
+##            them in place (full parameters); NB=03 rebuilds one
 NB ?= [0-9][0-9]
 notebooks: setup
 	@for src in notebooks/src/$(NB)_*.py; do \
 	  nb=notebooks/$$(basename $${src%.py}).ipynb; echo "== $$nb"; \
-	  $(BIN)/python tools/py2nb.py "$$src" "$$nb" && \
+	  $(BIN)/jupytext --quiet --update --to ipynb $$(test -f "$$nb" || echo --set-kernel python3) --output "$$nb" "$$src" && \
 	  $(BIN)/papermill --cwd . -k python3 "$$nb" "$$nb" || exit 1; \
 	  $(BIN)/python tools/clean_nb.py "$$nb"; \
 	done

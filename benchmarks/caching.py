@@ -153,7 +153,7 @@ def reuse(steps=20, prompts=8, repeats=10):
     for name in ("tiny-mmdit", "tiny-pixart"):
         gen = load_generator(name)
         methods = methods_for(gen, steps, 3.0, calib, scored_prompts=texts, fewer_steps=range(6, steps))
-        df = run_reuse(gen, methods, texts, objs, steps, 3.0, 0, prompts, repeats, progress=False)
+        df = run_reuse(gen, methods, texts, objs, steps, 3.0, 0, prompts, repeats)
         print(f"\ncross-step reuse on {name}: {prompts} prompts x {steps} steps, {repeats} interleaved repeats in shuffled order"
               " (speed-up: median paired ratio, 95% bootstrap interval over repeats)")
         print(df[["speedup", "speedup_lo", "speedup_hi", "median_s", "iqr_s", "computed", "flops", "psnr", "ssim",

@@ -245,13 +245,14 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
         print(json.dumps(time_child(a.time, a) if a.time else memory_child(*a.memory, a)))
         return
-    lines = []
+    from unicache_lib.progress import bar
+
     for regime in a.regimes:
         print(f"== {regime}", file=sys.stderr, flush=True)
         timing = _child(["--time", regime], a)
-        memory = {} if a.no_memory else {c: _child(["--memory", regime, c], a) for c in timing["times"]
-                                         if regime != "real" or c in ("eager", "stats")}
-        lines += report(regime, timing, memory, a)
+        configs = [c for c in timing["times"] if regime != "real" or c in ("eager", "stats")]
+        memory = {} if a.no_memory else {c: _child(["--memory", regime, c], a)
+                                         for c in bar(configs, desc=f"{regime}: peak memory per configuration")}
         print("\n".join(report(regime, timing, memory, a)), flush=True)
 
 

@@ -67,7 +67,7 @@ def main():
                 Variant("keys, 25% anchors first", anchors=0.25), Variant("keys, read-weighted a=0.2", alpha=0.2),
                 Variant("keys, read-weighted a=1", alpha=1.0)]
     policies = {"full": POLICIES["full"](), **{v.name: v for v in variants}}
-    s = summary(run_eviction(model, processor, design, [0.05, 0.1, 0.25], policies, None, 0, progress=True)).loc["policy"]
+    s = summary(run_eviction(model, processor, design, [0.05, 0.1, 0.25], policies, None, 0)).loc["policy"]
     print(f"design set: {len(design)} questions (heldout_set(100, seed=7000)), tiny-llava")
     print("accuracy\n" + s["accuracy"].unstack("budget").round(3).to_string())
     print("KL(full || evicted), nats\n" + s["kl"].unstack("budget").round(3).to_string())

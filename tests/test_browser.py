@@ -16,6 +16,12 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.notebook
 
 
+@pytest.fixture(autouse=True)
+def _no_progress_bars(monkeypatch):
+    """Kernels started here inherit it: no bar output in the executed notebooks (unicache_lib/progress.py)."""
+    monkeypatch.setenv("UNICACHE_PROGRESS", "0")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,6 +9,12 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.notebook
 
 
+@pytest.fixture(autouse=True)
+def _no_progress_bars(monkeypatch):
+    """Kernels started here inherit it: no bar output in the executed notebooks (unicache_lib/progress.py)."""
+    monkeypatch.setenv("UNICACHE_PROGRESS", "0")
+
+
 def run_notebook(name: str, out_dir: Path, **params) -> Path:
     import papermill as pm
 

@@ -1,5 +1,13 @@
-"""Drop volatile metadata (papermill timings, execution timestamps) from executed notebooks, so a
-re-execution that computes the same numbers leaves the committed file unchanged."""
+"""Drop volatile metadata from executed notebooks, so a re-execution that computes the same numbers
+leaves the committed file unchanged, and so that the jupytext pairing (notebooks/jupytext.toml) writes
+clean sources: papermill's run timings and paths, per-cell execution timestamps, and the empty
+``papermill`` / ``tags`` entries papermill adds to every cell (left in, a notebook saved in JupyterLab
+would write ``tags=[]`` into every cell header of its source).
+
+    python tools/clean_nb.py notebooks/01_capture.ipynb ...
+
+Not nbstripout: it cannot drop a ``tags`` entry only when it is empty, and by default drops the
+widget state the committed notebooks keep."""
 import sys
 
 import nbformat
@@ -11,5 +19,7 @@ for path in sys.argv[1:]:
         pm.pop(k, None)
     for c in nb.cells:
         c.metadata.pop("execution", None)
-        c.metadata.get("papermill", {}).clear()
+        c.metadata.pop("papermill", None)
+        if c.metadata.get("tags") == []:
+            del c.metadata["tags"]
     nbformat.write(nb, path)

@@ -90,7 +90,8 @@ def run_measured(nb: str, params: dict, out_nb: Path, timeout: int = 7200) -> di
     out_nb.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "papermill", "--cwd", str(ROOT), "-k", "python3", "--no-progress-bar",
            str(src), str(out_nb), "-y", json.dumps(params)]
-    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), HF_HUB_OFFLINE="1",
+               UNICACHE_PROGRESS="0")  # no bars drawn inside the timed kernel
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -108,11 +109,14 @@ def run_measured(nb: str, params: dict, out_nb: Path, timeout: int = 7200) -> di
     return {"wall_s": round(wall, 1), "peak_rss_mb": round(peak)}
 
 
-def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32", progress: bool = True) -> list[dict]:
-    """Build each stand-in and run ``notebooks`` on it. Returns one row per (model, notebook)."""
+def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32", progress: bool | None = None) -> list[dict]:
+    """Build each stand-in and run ``notebooks`` on it. Returns one row per (model, notebook). ``progress``: a bar
+    over the runs and a line per run (None: :func:`unicache_lib.progress.enabled`; False: silent)."""
+    from .progress import bar
     from .zoo import standins
 
     rows = []
+    runs = bar(total=len(models) * len(notebooks), progress=progress, desc="rehearsal")
     for name in models:
         t0 = time.perf_counter()
         model_dir = standins.build(name, out / "models")
@@ -128,24 +132,28 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
                    "image_tokens": card["image_tokens"], "layers": card["shape"]["layers"], "verdicts": "; ".join(verdicts),
                    "build_s": round(build_s, 1)}
             rows.append(row)
-            if progress:
-                print(f"{name:22s} {nb:24s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['verdicts']}", flush=True)
+            runs.update()
+            if progress is not False:
+                runs.write(f"{name:22s} {nb:24s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['verdicts']}")
+    runs.close()
     return rows
 
 
 def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32",
-                        progress: bool = True) -> list[dict]:
+                        progress: bool | None = None) -> list[dict]:
     """Build each pipeline stand-in and run the generator ``notebooks`` on it; one row per (model, notebook),
     with notebook 05's reuse speed-ups in ``reuse``. Each finished row is also appended to
     ``out/partial.csv``, and pairs already there are not run again (a failed or interrupted run resumes)."""
     import pandas as pd
 
+    from .progress import bar
     from .zoo import gen_standins
 
     partial = out / "partial.csv"
     done = {(r["model"], r["notebook"]): r for r in pd.read_csv(partial, keep_default_na=False).to_dict("records")} \
         if partial.exists() else {}
     rows = []
+    runs = bar(total=len(models) * len(notebooks), progress=progress, desc="rehearsal (generation)")
     for name in models:
         t0 = time.perf_counter()
         model_dir = gen_standins.build(name, out / "models")
@@ -153,6 +161,7 @@ def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype
         card = json.loads((model_dir / "model_card.json").read_text())
         blocks = sum(int(x) for x in re.findall(r"\d+", card["blocks"]))
         for nb in notebooks:
+            runs.update()
             if (name, nb) in done:
                 rows.append(done[(name, nb)])
                 continue
@@ -165,8 +174,9 @@ def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype
                 row["reuse"] = reuse_summary(out / name / nb)
             rows.append(row)
             _write_csv(pd.DataFrame([*done.values(), *[r for r in rows if (r["model"], r["notebook"]) not in done]]), partial)
-            if progress:
-                print(f"{name:14s} {nb:20s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['reuse']}", flush=True)
+            if progress is not False:
+                runs.write(f"{name:14s} {nb:20s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['reuse']}")
+    runs.close()
     return rows
 
 

@@ -78,6 +78,8 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
     """Build and execute notebooks 02-06 for one seed; returns notebook -> scoreboard rows."""
     import papermill as pm
 
+    from .progress import enabled
+
     base = out / label
     base.mkdir(parents=True, exist_ok=True)
     stores = {"UNDERSTANDING_STORE": str(base / "02_understanding_maps" / "stats"),
@@ -87,7 +89,8 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
         src = ROOT / "notebooks" / "src" / f"{nb}.py"
         defaults = parameters(src)
         built = base / f"{nb}.ipynb"
-        subprocess.run([sys.executable, str(ROOT / "tools" / "py2nb.py"), str(src), str(built)], check=True)
+        subprocess.run([sys.executable, "-m", "jupytext", "--quiet", "--to", "ipynb", "--set-kernel", "python3",
+                        "--output", str(built), str(src)], check=True)
         params = {"OUT_DIR": str(base / nb), "SEED": seed, **(QUICK[nb] if quick else {})}
         if "SAMPLE_SEED" in defaults and sample_seed is not None:
             params["SAMPLE_SEED"] = sample_seed
@@ -97,7 +100,7 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
         print(f"== {label}: {nb} {params}", flush=True)
         try:
             pm.execute_notebook(str(built), str(base / f"{nb}.executed.ipynb"), parameters=params, cwd=str(ROOT),
-                                kernel_name="python3", progress_bar=False)
+                                kernel_name="python3", progress_bar=enabled())
         except Exception as e:  # papermill's error names the failing cell
             raise RuntimeError(f"notebook {nb} failed for {label} (parameters {params}): {e}; "
                                f"the partly executed notebook is {base / f'{nb}.executed.ipynb'}") from e

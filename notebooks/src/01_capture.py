@@ -152,7 +152,7 @@ _ = plots.save(fig, out, "memory_by_mode")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-in_batches = capture_samples(model, processor, samples[:1], mode="full", layer_batch=2, progress=False,
+in_batches = capture_samples(model, processor, samples[:1], mode="full", layer_batch=2,
                              memory_budget_gb=MEMORY_BUDGET_GB)
 same = all(torch.equal(r.probs, cap.result[r.layer].probs) for r in in_batches)
 print(f"layers captured in batches of 2: {[r.layer for r in in_batches][:8]}{' ...' if len(in_batches) > 8 else ''}; "
@@ -171,7 +171,7 @@ if store_dir.exists():
     remove_store(store_dir)  # this notebook's own output from an earlier run (refused while another process writes it)
 store = Store(store_dir, meta={"model": MODEL, "dtype": str(next(model.parameters()).dtype), "sample_seed": SAMPLE_SEED})
 res = capture_samples(model, processor, samples, store=store, mode="stats")
-again = capture_samples(model, processor, samples, store=store, mode="stats", progress=False)
+again = capture_samples(model, processor, samples, store=store, mode="stats")
 back = store.read(layer=0)
 roundtrip = max((b.data[k] - res[b.sample, 0].data[k]).abs().nan_to_num().max().item() for b in back for k in b.data)
 print(f"captured {len(res.samples)} samples x {len(res.layers)} layers = {len(res)} records; "
@@ -185,6 +185,7 @@ mw = np.stack([[r.data["max_weight"].numpy().mean() for r in sorted(res.select(s
                for s in res.samples])
 fig = plots.layer_curves({"normalised entropy": ent, "mean max weight": mw}, "per-layer statistics from the store")
 _ = plots.save(fig, out, "layer_curves")
+
 
 # %% [markdown]
 # ## 6. The troubleshooting table, live
@@ -259,13 +260,14 @@ board.rule("M4", "holds if every headline statistic (per-sample mean over layers
 # NBVAL_CHECK_OUTPUT
 from unicache_lib.analysis.understanding import layer_table
 from unicache_lib.intervals import bootstrap, grouped, mean_interval
+from unicache_lib.progress import bar
 
 # M1: the same full maps, statistics in fp16 arithmetic vs fp32, one signed mean per sample (one sample's maps
 # held at a time)
 bias = {k: [] for k in ("entropy", "max_weight", "sum_sq")}
 check_memory(full_capture_bytes(model, inputs), MEMORY_BUDGET_GB, "M1, one sample's full maps at a time")
-for s in samples:
-    full = capture_samples(model, processor, [s], mode="full", progress=False)
+for s in bar(samples, desc="M1: fp16 vs fp32 statistics"):
+    full = capture_samples(model, processor, [s], mode="full", progress=False)  # one sample: the loop's bar is enough
     per = [(stats.row_statistics_in_dtype(r.probs, torch.float16), stats.row_statistics_in_dtype(r.probs, torch.float32))
            for r in full]
     for k in bias:
@@ -275,7 +277,7 @@ for k, iv in m1.items():
     board.measure("M1", iv, criterion=k)
 print("M1 signed mean fp16 - fp32:", "; ".join(f"{k} {iv.value:+.2e} [{iv.lo:+.2e}, {iv.hi:+.2e}]" for k, iv in m1.items()))
 # M2: capture the whole set again; the largest difference per sample
-res2 = capture_samples(model, processor, samples, mode="stats", progress=False)
+res2 = capture_samples(model, processor, samples, mode="stats")
 per_sample = {}
 for a, b in zip(res, res2):
     d = max((a.data[k] - b.data[k]).abs().nan_to_num().max().item() for k in a.data)
@@ -290,7 +292,7 @@ board.measure("M3", m3, shown=f"mean Jaccard {m3.value:.2f} (layer {deep})")
 # M4: a second, disjoint standard set; headline statistics per sample (mean over layers)
 HEADLINE = ["norm_entropy", "max_weight", "cross_modal", "top10_share"]
 other = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED + 1)
-res_b = capture_samples(model, processor, other, mode="stats", progress=False)
+res_b = capture_samples(model, processor, other, mode="stats")
 per_a = layer_table([r for r in res if r.part == family.image_part]).groupby("sample")[HEADLINE].mean()
 per_b = layer_table([r for r in res_b if r.part == family.image_part]).groupby("sample")[HEADLINE].mean()
 

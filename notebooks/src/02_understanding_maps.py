@@ -92,10 +92,10 @@ for p in stores.values():
     if p.exists():
         remove_store(p)  # this notebook's own output of an earlier run (refused while another process writes it)
 meta = {"model": MODEL, "dtype": str(next(model.parameters()).dtype), "sample_seed": SAMPLE_SEED}
-capture_samples(model, processor, samples, Store(stores["stats"], meta=meta), mode="stats", layers=LAYERS, progress=False)
+capture_samples(model, processor, samples, Store(stores["stats"], meta=meta), mode="stats", layers=LAYERS)
 map_samples = sample_set.load(per_type=min(MAP_PER_TYPE, PER_TYPE), seed=SAMPLE_SEED)
 capture_samples(model, processor, map_samples, Store(stores["maps"], meta=meta), mode="full", layers=LAYERS, part=PART,
-                progress=False, memory_budget_gb=MEMORY_BUDGET_GB)
+                memory_budget_gb=MEMORY_BUDGET_GB)
 all_recs = Store(stores["stats"]).read()
 recs = [r for r in all_recs if r.part == PART]  # the layers whose keys are the image
 maps = Store(stores["maps"]).read(part=PART)
@@ -108,6 +108,7 @@ captured = sorted(L["layer"].unique())
 bands = {b: [li for li in ls if li in captured] for b, ls in bands.items()}  # bands of the captured layers
 print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['sample'].nunique()} samples x "
       f"{L.layer.nunique()} layers); maps store: {len(maps)} records")
+
 
 # %% [markdown]
 # ## 2. How attention changes with depth

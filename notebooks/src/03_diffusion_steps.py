@@ -109,9 +109,9 @@ for m, g in gens.items():
     for kind in ("short", "long"):
         meta = [{"kind": kind, "pair": p["pair"], "id": p["id"]} for p in prompts]
         runs[m, kind] = capture_generation(g, [p[kind] for p in prompts], kind, store, STEPS, GUIDANCE, SEED,
-                                           meta=meta, layers=LAYERS, progress=False)
+                                           meta=meta, layers=LAYERS)
     maps = capture_generation(g, [p["short"] for p in prompts[:MAP_PROMPTS]], "maps", Store(out / "maps" / m, meta={"model": m}),
-                              STEPS, GUIDANCE, SEED, mode="full", layers=LAYERS, query_stride=MAP_QUERY_STRIDE, progress=False)
+                              STEPS, GUIDANCE, SEED, mode="full", layers=LAYERS, query_stride=MAP_QUERY_STRIDE)
     runs[m, "maps"] = maps
 T = pd.concat([G.step_table(Store(out / "store" / m).read()).assign(model=m) for m in MODELS], ignore_index=True)
 print(T.groupby(["model", "part"]).agg(records=("step", "size"), prompts=("sample", "nunique"),
@@ -148,6 +148,7 @@ for i, m in enumerate(MODELS):
     axes[i][0].text(-4, 16, m, rotation=90, va="center", ha="right", fontsize=8)
 fig.tight_layout()
 _ = plots.save(fig, out, "samples")
+
 
 # %% [markdown]
 # ## 3. From diffuse to focused? Entropy per step and layer (G1)

@@ -101,6 +101,7 @@ for ax, n in zip(axes, names):
 fig.tight_layout()
 _ = plots.save(fig, out, "head_scores")
 
+
 # %%
 # NBVAL_CHECK_OUTPUT
 def rank_corr(a, b):
@@ -119,7 +120,7 @@ print(pd.DataFrame([[rank_corr(scores[a], scores[b]) for b in names] for a in na
 
 # %%
 ref_logp = E.answer_logprobs(model, processor, qas)
-U = E.sweep_understanding(model, processor, space, scores, FRACTIONS, qas, ref_logp, progress=False)
+U = E.sweep_understanding(model, processor, space, scores, FRACTIONS, qas, ref_logp)
 U["family"] = U.scorer.str.replace(r"#\d+$", "", regex=True)
 
 # %%
@@ -183,9 +184,9 @@ std_samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
 
 def deep_changes(keep):
     """Per (sample, deeper layer): mean |change| of normalised entropy and image share vs the unpruned model."""
-    base = capture_samples(model, processor, std_samples, progress=False).records
+    base = capture_samples(model, processor, std_samples).records
     with HeadMask(space, keep):
-        pruned = capture_samples(model, processor, std_samples, progress=False).records
+        pruned = capture_samples(model, processor, std_samples).records
     rows = []
     for a, b in zip(base, pruned):
         if a.layer in shallow:
@@ -232,7 +233,7 @@ for gname, gpath in gpaths.items():
     gscores = {name: cls()(gctx) for name, cls in SCORERS.items() if name != "random"}
     for s in range(RANDOM_SEEDS):
         gscores[f"random#{s}"] = SCORERS["random"]()(ScoringContext(gspace, seed=SEED + s))
-    df, gen_refs[gname] = E.sweep_generation(gen, gspace, gscores, FRACTIONS, gprompts, objs, STEPS, GUIDANCE, SEED, progress=False)
+    df, gen_refs[gname] = E.sweep_generation(gen, gspace, gscores, FRACTIONS, gprompts, objs, STEPS, GUIDANCE, SEED)
     gen_rows.append(df.assign(model=gname))
     print(f"{gname}: {len(gspace.units)} units x {gspace.shape[1]} heads; statistics from {gstore}{' (captured now)' if gfresh else ''}")
 Gdf = pd.concat(gen_rows, ignore_index=True) if gen_rows else pd.DataFrame(columns=["model", "scorer", "fraction"])

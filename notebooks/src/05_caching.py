@@ -107,7 +107,7 @@ if family.context_note():
 # %%
 policies = {n: c() for n, c in POLICIES.items()}
 policies["unicache_swapped"] = POLICIES["unicache"](swap_bands=True)  # control for U7 (rules of the bands swapped)
-R = run_eviction(model, processor, qas, BUDGETS, policies, press_factories() if PEERS else None, SEED, progress=False)
+R = run_eviction(model, processor, qas, BUDGETS, policies, press_factories() if PEERS else None, SEED)
 for name, why in R.attrs["skipped"].items():
     print(f"{name} left out: {why}")
 S = summary(R)
@@ -331,7 +331,7 @@ for gname, gpath in gpaths.items():
     methods = methods_for(gen, STEPS, GUIDANCE, calibration, scored_prompts=texts, fewer_steps=fewer)
     # a milder point of the same policy (every 2nd step in the middle), for the Pareto comparison of section 4b
     methods[MILD] = lambda gen=gen: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](stride=2), STEPS)
-    RU[gname] = run_reuse(gen, methods, texts, objs, STEPS, GUIDANCE, SEED, TIMING_PROMPTS, REPEATS, progress=False)
+    RU[gname] = run_reuse(gen, methods, texts, objs, STEPS, GUIDANCE, SEED, TIMING_PROMPTS, REPEATS)
 if not GENERATORS:
     print("GENERATORS is empty: cross-step reuse is skipped")
 reuse = pd.concat(RU, names=["model"]) if RU else pd.DataFrame(

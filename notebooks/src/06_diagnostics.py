@@ -71,7 +71,7 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 
 # %%
 # NBVAL_CHECK_OUTPUT
-A = answer_attention(model, processor, qas, progress=False)
+A = answer_attention(model, processor, qas)
 wrong = ~A.correct
 print(f"{int(wrong.sum())} wrong answers of {len(A)}; accuracy per type: {A.groupby('qtype').correct.mean().round(3).to_dict()}")
 print("wrong answers by type:", A[wrong].groupby(["qtype", "answer"]).size().to_dict())
@@ -125,16 +125,16 @@ masked_name = f"masked from L{MASK_FROM_LAYER}"
 BREAKS = {"healthy": "nothing", "zeroed features": "what the image tokens carry", "blank image": "the picture's content",
           "zeroed image values": "what reading an image key returns", masked_name: "text->image attention (caught by construction)"}
 variants = {}
-variants["healthy"] = (capture_samples(model, processor, samples, progress=False).records, image_dependence(model, processor, samples, SEED))
+variants["healthy"] = (capture_samples(model, processor, samples).records, image_dependence(model, processor, samples, SEED))
 with zero_image_features(model):
-    variants["zeroed features"] = (capture_samples(model, processor, samples, progress=False).records,
+    variants["zeroed features"] = (capture_samples(model, processor, samples).records,
                                    image_dependence(model, processor, samples, SEED))
-variants["blank image"] = (capture_samples(model, processor, blank, progress=False).records, image_dependence(model, processor, blank, SEED))
+variants["blank image"] = (capture_samples(model, processor, blank).records, image_dependence(model, processor, blank, SEED))
 with zero_image_values(model, 0):
-    variants["zeroed image values"] = (capture_samples(model, processor, samples, progress=False).records,
+    variants["zeroed image values"] = (capture_samples(model, processor, samples).records,
                                        image_dependence(model, processor, samples, SEED))
 with mask_image_attention(model, MASK_FROM_LAYER):
-    variants[masked_name] = (capture_samples(model, processor, samples, progress=False).records,
+    variants[masked_name] = (capture_samples(model, processor, samples).records,
                              image_dependence(model, processor, samples, SEED))
 det, shares = {}, {}
 for name, (recs, dep) in variants.items():

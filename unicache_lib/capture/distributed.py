@@ -38,7 +38,7 @@ def main(argv=None):
     store = Store(args.out, rank=rank, meta={"model": args.model, "dtype": str(next(model.parameters()).dtype),
                                              "world_size": world})
     res = capture_samples(model, processor, mine, store=store, mode=args.mode,
-                          layer_batch=args.layer_batch or None, progress=rank == 0)
+                          layer_batch=args.layer_batch or None, progress=None if rank == 0 else False)
     print(f"rank {rank}/{world}: captured {len(res.samples)} samples, {len(res)} records")
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from ..zoo.sampling import sample, to_uint8
 from ..zoo.tiny_generators import Generator, tokenize_prompts
 from .diffusion import DiffusionCapture
@@ -61,7 +61,7 @@ class GenerationRun:
 def capture_generation(gen: Generator, prompts: list[str], run: str, store=None, steps: int = 20,
                        guidance: float = 3.0, seed: int = 0, mode: str = "stats", layers=None,
                        parts=None, meta: list[dict] | None = None, batch: int = 8,
-                       query_stride: int = 1, progress: bool = True) -> GenerationRun:
+                       query_stride: int = 1, progress: bool | None = None) -> GenerationRun:
     """Sample ``prompts`` (seed ``seed + i`` for prompt ``i``) with capture on.
 
     Args:
@@ -75,7 +75,7 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
     toks = prompt_tokens(gen, prompts)
     imgs, res, probe_rows = [], CaptureResult(), []
     starts = range(0, len(prompts), batch)
-    for s in tqdm(starts, desc=f"capture {run}", disable=not progress):
+    for s in bar(starts, progress, desc=f"capture {run}"):
         sl = slice(s, s + batch)
         probe = GuidanceProbe()
         m = [{"prompt": p, **(meta[i] if meta else {})} for i, p in zip(range(s, s + batch), prompts[sl])]
@@ -108,6 +108,5 @@ def generation_store_or_capture(path, fallback, gen: Generator, model_name: str,
     if fallback.exists():
         remove_store(fallback)  # the caller's own output of an earlier run (refused while another process writes it)
     prompts = [p["short"] for p in prompt_set(n_prompts, 0, seed)]
-    capture_generation(gen, prompts, "short", Store(fallback, meta={"model": model_name}), steps, guidance, seed,
-                       progress=False)
+    capture_generation(gen, prompts, "short", Store(fallback, meta={"model": model_name}), steps, guidance, seed)
     return fallback, True

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from ..store import Store, key_str, remove_store
 from .record import CaptureResult
 from .vlm import AttentionCapture, attention_sites, check_memory, find_attention_modules, full_capture_bytes
@@ -111,7 +111,7 @@ def layer_batches(model, batch: int | None, part: str = "language") -> list[list
 @torch.no_grad()
 def capture_samples(model, processor, samples, store: Store | None = None, mode: str = "stats",
                     layers=None, layer_batch: int | None = None, part: str = "language",
-                    progress: bool = True, memory_budget_gb: float | None = None) -> CaptureResult:
+                    progress: bool | None = None, memory_budget_gb: float | None = None) -> CaptureResult:
     """Run ``model`` on each sample (image + its question) under :class:`AttentionCapture`.
 
     Args:
@@ -146,7 +146,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         first = inputs_for(model, processor, todo[0].image, todo[0].question)
         per = full_capture_bytes(model, first, [li for g in groups for li in g], part)
         check_memory(per * len(todo), memory_budget_gb, f"full maps of {len(todo)} samples")
-    for s in tqdm(todo, desc=f"capture ({mode})", disable=not progress):
+    for s in bar(todo, progress, desc=f"capture ({mode})"):
         inputs = inputs_for(model, processor, s.image, s.question)
         recs = []
         for g in groups:
@@ -160,7 +160,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     return result
 
 
-def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progress: bool = False,
+def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progress: bool | None = None,
                            sample_seed: int | None = None, model=None, processor=None):
     """The understanding model's stats store at ``path`` (notebook 02 writes one), or, when there
     is none, a fresh capture of the standard sample set (built from ``sample_seed``; ``None``: the

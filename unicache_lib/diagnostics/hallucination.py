@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+
+from ..progress import bar
 
 
 @torch.no_grad()
-def answer_attention(model, processor, qas, progress: bool = True) -> pd.DataFrame:
+def answer_attention(model, processor, qas, progress: bool | None = None) -> pd.DataFrame:
     """One row per question: qtype, answer, prediction, correct, confidence, coverage, concentration.
     Needs an eager model (attention weights). The layers read are those whose keys include the image
     (a cross-attention VLM: its cross-attention layers)."""
@@ -26,7 +27,7 @@ def answer_attention(model, processor, qas, progress: bool = True) -> pd.DataFra
     fam = family_of(model)
     part = fam.image_part
     rows = []
-    for q in tqdm(qas, desc="answers", disable=not progress):
+    for q in bar(qas, progress, desc="answers"):
         inp = inputs_for(model, processor, q.scene.uint8(), q.question)
         with AttentionCapture(model, "full", part=part) as cap:
             out = model(**inp)

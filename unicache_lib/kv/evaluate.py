@@ -12,8 +12,8 @@ import warnings
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .cache import PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt
 from .policies import POLICIES
 
@@ -25,7 +25,7 @@ def _future(atts, n_context: int) -> list[torch.Tensor]:
 
 
 def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | None = None, seed: int = 0,
-                 progress: bool = True) -> pd.DataFrame:
+                 progress: bool | None = None) -> pd.DataFrame:
     """Columns: question, method, kind (``policy`` / ``kvpress``), budget, correct, agree (same answer as
     the full cache), kl (KL(full || evicted) at the first answer token), kv_bytes, kv_fraction (of the
     full cache), ms (question + answer on the compressed cache), retained (share of the question's
@@ -52,7 +52,7 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
                          f"Run without peers (PEERS=False).")
     tok = processor.tokenizer
     rows, skipped = [], {}
-    for qi, q in enumerate(tqdm(qas, desc="eviction", disable=not progress)):
+    for qi, q in enumerate(bar(qas, progress, desc="eviction")):
         sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
         pre = prefill(model, sp, attentions=True)
         C, n_img = sp.context_ids.shape[1], pre.context().n_image

@@ -302,12 +302,12 @@ def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, g
     return [functools.partial(fn, lb) for lb in pipeline_loss_batches(gen, n_batches, batch, seed, steps, guidance)]
 
 
-def sweep_understanding(model, processor, space, scores: dict, fractions, qas, ref_logp=None, progress=True):
+def sweep_understanding(model, processor, space, scores: dict, fractions, qas, ref_logp=None, progress: bool | None = None):
     """Accuracy / agreement / KL for every (scorer, fraction). ``scores``: label -> ``[units, heads]``.
     Returns a tidy DataFrame with one row per (label, fraction); ``correct_q`` holds the per-question
     outcomes (bool ``[N]``)."""
     import pandas as pd
-    from tqdm.auto import tqdm
+    from ..progress import bar
 
     from ..inputs import check_fractions
     from .heads import HeadMask
@@ -316,7 +316,7 @@ def sweep_understanding(model, processor, space, scores: dict, fractions, qas, r
     fractions = list(fractions)
     ref = answer_logprobs(model, processor, qas) if ref_logp is None else ref_logp
     rows = []
-    for label, s in tqdm(scores.items(), desc="pruning sweep", disable=not progress):
+    for label, s in bar(scores.items(), progress, desc="pruning sweep"):
         for f in fractions:
             keep = space.keep_mask(s, f)
             if f == 0:  # nothing pruned: the reference itself
@@ -330,13 +330,13 @@ def sweep_understanding(model, processor, space, scores: dict, fractions, qas, r
 
 
 def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, steps=20, guidance=3.0, seed=0,
-                     progress=True):
+                     progress: bool | None = None):
     """PSNR / SSIM vs the unpruned images and prompt following for every (scorer, fraction), on the
     decoded images of ``sample(gen, prompts, steps, guidance, seed)``: the tiny generators' pixels or a
     pipeline's VAE-decoded output (:class:`~unicache_lib.zoo.pipelines.PipelineGenerator`), every run with
     the same seeds. Returns ``(DataFrame with one row per (scorer, fraction), reference uint8 images)``."""
     import pandas as pd
-    from tqdm.auto import tqdm
+    from ..progress import bar
 
     from ..inputs import check_fractions
     from ..zoo.sampling import sample, to_uint8
@@ -346,7 +346,7 @@ def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, step
     fractions = list(fractions)
     ref = to_uint8(sample(gen, prompts, steps, guidance, seed=seed))
     rows = []
-    for label, s in tqdm(scores.items(), desc="pruning sweep", disable=not progress):
+    for label, s in bar(scores.items(), progress, desc="pruning sweep"):
         for f in fractions:
             keep = space.keep_mask(s, f)
             with HeadMask(space, keep):

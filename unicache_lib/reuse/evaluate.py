@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from ..intervals import MIN_TIMING_REPEATS, interleaved_timings, speedup_interval
 from ..quality import psnr, ssim
 from ..world.segment import score_object
@@ -69,7 +69,7 @@ def _run(gen, make, prompts, steps, guidance, seed, count=True):
 
 
 def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed=0, timing_prompts: int = 8,
-              repeats: int = MIN_TIMING_REPEATS, progress=True) -> pd.DataFrame:
+              repeats: int = MIN_TIMING_REPEATS, progress: bool | None = None) -> pd.DataFrame:
     """One row per method: psnr, ssim (means vs the ``none`` method's images; per prompt in
     ``psnr_per_prompt`` / ``ssim_per_prompt``, arrays ``[n_prompts]``), colour / position / shape rates,
     ``computed`` (attention work in batch rows / the no-reuse run's), ``flops`` (FLOPs the transformer
@@ -84,7 +84,7 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
         raise ValueError("methods must include 'none' (the reference)")
     ref, _, ref_work, ref_flops = _run(gen, methods["none"], prompts, steps, guidance, seed)
     rows, usable = {}, {}
-    for label, make in tqdm(methods.items(), desc="reuse methods", disable=not progress):
+    for label, make in bar(methods.items(), progress, desc="reuse methods"):
         try:
             imgs, _, work, flops = _run(gen, make, prompts, steps, guidance, seed)
         except PeerUnsupported as e:

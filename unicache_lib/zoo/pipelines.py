@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..progress import shown
+
 # max_sequence_length where the pipeline's __call__ default is not the checkpoint's (FLUX.1-schnell: 256)
 SCHNELL_MAX_SEQUENCE_LENGTH = 256
 
@@ -195,7 +197,7 @@ class _StepHooks:
 
 @torch.no_grad()
 def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guidance: float, seeds: list[int],
-                    callbacks=(), progress: bool = False) -> torch.Tensor:
+                    callbacks=(), progress: bool | None = False) -> torch.Tensor:
     """Generate through ``gen.pipe`` with the library's callbacks (module doc).
 
     Returns:
@@ -210,7 +212,7 @@ def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guid
             kw |= dict(callback_on_step_end=hooks.callback_on_step_end, callback_on_step_end_tensor_inputs=["latents"])
         else:  # PixArt: only the legacy per-step callback
             kw |= dict(callback=hooks.legacy_callback, callback_steps=1)
-    pipe.set_progress_bar_config(disable=not progress)
+    pipe.set_progress_bar_config(disable=not shown(progress), leave=False)
     with ExitStack() as stack:
         if callbacks:
             stack.callback(gen.transformer.register_forward_pre_hook(hooks.pre_hook, with_kwargs=True).remove)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .pipelines import PipelineGenerator, sample_pipeline
 from .tiny_generators import Generator, TextConditioning, encode_prompts, transformer_forward
 
@@ -31,7 +31,7 @@ def sample(
     guidance: float = 3.0,
     seed: int | list[int] = 0,
     callbacks: list | tuple = (),
-    progress: bool = False,
+    progress: bool | None = False,
 ) -> torch.Tensor:
     """Generate images for ``prompts``: a tiny-layout generator with the library's loop, a pipeline
     (``gen.pipe`` set) through the pipeline itself (:func:`~unicache_lib.zoo.pipelines.sample_pipeline`).
@@ -42,6 +42,8 @@ def sample(
             enables it; Flux.1-dev: the distilled guidance scale; Flux.1-schnell: ignored).
         seed: one int (sample ``i`` uses ``seed + i``) or one seed per prompt.
         callbacks: objects with optional ``on_step_begin`` / ``on_velocity`` / ``on_step_end`` (module doc).
+        progress: a bar over the steps (None: :func:`unicache_lib.progress.enabled`). Off by default: the
+            callers' loops (capture, sweeps, timing rounds) carry the bar, and timed runs must not draw one.
     Returns:
         ``[B, 3, H, W]`` float32 images in ``[0, 1]`` on the CPU (pixel-space models: the sample;
         pipelines: the VAE-decoded latents, ``H = W = gen.image_size``).
@@ -66,7 +68,7 @@ def sample(
     cond = TextConditioning(cond.hidden.to(dtype), cond.pooled.to(dtype), cond.mask)
     sched = gen.scheduler
     sched.set_timesteps(steps, device=x.device)
-    for i, t in enumerate(tqdm(sched.timesteps, desc="sampling", disable=not progress)):
+    for i, t in enumerate(bar(sched.timesteps, progress, desc="sampling", leave=False)):
         for cb in callbacks:
             if hasattr(cb, "on_step_begin"):
                 cb.on_step_begin(i, float(t))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar, write
 from ..world.scenes import COLOURS, POSITIONS, SHAPES, make_scene
 from ..world.segment import score_object
 from ..world.text import long_prompt, short_prompt
@@ -97,7 +97,7 @@ def main(argv=None):
     warm = 200
     log = []
     quick = eval_prompts(30, seed=5)
-    bar = tqdm(range(args.steps), desc=f"training tiny {args.family}", mininterval=5)
+    bar = bar(range(args.steps), desc=f"training tiny {args.family}", mininterval=5)
     for step in bar:
         gen.transformer.train()
         gen.text_encoder.train()
@@ -127,7 +127,7 @@ def main(argv=None):
             gen.text_encoder.eval()
             r = evaluate(gen, quick, steps=12)
             log.append({"step": step, "eval": r})
-            tqdm.write(f"step {step + 1}: {r}")
+            write(f"step {step + 1}: {r}")
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
     gen.transformer.to(torch.float16)

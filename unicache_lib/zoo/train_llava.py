@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar, write
 from ..world.scenes import COLOURS, POSITIONS, SHAPES, patch_grid_masks
 from ..world.text import CAPTION_QUESTION, QA, caption, make_qa
 from . import tiny_llava as tl
@@ -79,7 +79,7 @@ def train_tower(model, rng, steps, batch, lr, log):
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     rows = torch.arange(N_IMG) // int(g)
     cols = torch.arange(N_IMG) % int(g)
-    bar = tqdm(range(steps), desc="stage a: vision tower", mininterval=5)
+    bar = bar(range(steps), desc="stage a: vision tower", mininterval=5)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr * lr_at(step, steps, 100)
@@ -174,7 +174,7 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
     opt = torch.optim.AdamW([{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}],
                             lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warm = min(150, steps // 10 + 1)
-    bar = tqdm(range(steps), desc="stage b: projector + language model", mininterval=5)
+    bar = bar(range(steps), desc="stage b: projector + language model", mininterval=5)
     for step in bar:
         model.train()
         model.model.vision_tower.eval()
@@ -197,7 +197,7 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
         if eval_every and eval_qas and (step + 1) % eval_every == 0:
             r = evaluate(model, tokenizer, eval_qas)
             log.append({"stage": "b", "step": step, "eval": r})
-            tqdm.write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}")
+            write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}")
 
 
 def main(argv=None):
