@@ -52,7 +52,7 @@ def test_explorer_redraws_on_slider_moves():
                                   seq_len=22, heads=2))
     panel = attention_explorer(res, {"s0": np.zeros((32, 32, 3), np.uint8)}, {"s0": [f"t{i}" for i in range(22)]})
     controls = {w.description: w for box in panel.children[:2] for w in box.children}
-    assert set(controls) == {"sample", "token", "layer", "head"}
+    assert set(controls) == {"sample", "query token", "layer", "head"}
     assert controls["layer"].options == (0, 2, 5) and controls["head"].max == 1  # only captured layers
     controls["layer"].value = 5  # redraws without error
     controls["head"].value = 1
