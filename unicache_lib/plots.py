@@ -38,8 +38,8 @@ def _span_legend(ax):
     """The legend of a map's span lines in a row of its own above the axes (the title raised over it),
     so it covers neither the data, the axis labels nor the title."""
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, frameon=False, handlelength=1.2,
-              borderaxespad=0.1, ncol=2)
-    ax.set_title(ax.get_title(), fontsize=9, pad=14)
+              borderaxespad=0.0, borderpad=0.2, ncol=2)
+    ax.set_title(ax.get_title(), fontsize=9, pad=17)
 
 
 def _integer_ticks(*axes):
