@@ -183,3 +183,18 @@ def test_layer_curves_plot_at_the_captured_layer_numbers():
     assert {t.get_text() for t in ax.texts} == {"shallow", "middle", "deep"}
     with pytest.raises(ValueError, match="3 columns for 2 positions"):
         plots.layer_curves({"x": np.zeros((2, 3))}, layers=[0, 1])
+
+
+def test_grid_panels_label_their_scale():
+    rng = np.random.default_rng(0)
+    own = plots.grid_panels({"a": rng.random((4, 8)), "b": 10 * rng.random((4, 8))}, "head", "layer", "importance")
+    labels = [ax.images[-1].colorbar.ax.get_ylabel() for ax in _heatmap_axes(own)]
+    assert labels == ["importance (per-panel scale)"] * 2
+    shared = plots.grid_panels({"a": rng.random((4, 8)), "b": 10 * rng.random((4, 8))}, "head", "layer", "importance",
+                               shared=True)
+    clims = {ax.images[-1].get_clim() for ax in _heatmap_axes(shared)}
+    assert len(clims) == 1 and [ax.images[-1].colorbar.ax.get_ylabel() for ax in _heatmap_axes(shared)] == ["importance"] * 2
+    with pytest.raises(ValueError, match=r"\[rows, cols\]"):
+        plots.grid_panels({"a": rng.random(4)}, "head", "layer", "importance")
+    fig = plots.layer_step_grid(rng.random((3, 5)), layers=[0, 11, 23])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["0", "11", "23"]

@@ -338,8 +338,9 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
     return fig or ax.figure
 
 
-def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, vmax=None):
-    """``grid [n_layers, n_steps]`` as a heatmap (layer rows, step columns)."""
+def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, vmax=None, layers=None):
+    """``grid [n_layers, n_steps]`` as a heatmap (layer rows, step columns) with a colour bar labelled
+    ``cbar``; ``layers``: the layer number of each row (a subset such as ``[0, 11, 23]``; default 0..)."""
     plt = _plt()
     G = _np(grid)
     if G.ndim != 2:
@@ -350,7 +351,9 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
     im = ax.imshow(G, aspect="auto", cmap="viridis", interpolation="nearest", vmin=vmin, vmax=vmax)
     ax.set_xlabel("denoising step")
     ax.set_ylabel("layer")
-    ax.set_yticks(range(G.shape[0]))
+    if layers is not None and len(layers) != G.shape[0]:
+        raise ValueError(f"{len(layers)} layer numbers for {G.shape[0]} rows")
+    ax.set_yticks(range(G.shape[0]), [str(li) for li in (range(G.shape[0]) if layers is None else layers)])
     ax.set_title(title, fontsize=9)
     ax.figure.colorbar(im, ax=ax, fraction=0.04, label=cbar)
     if fig is not None:
@@ -430,5 +433,27 @@ def step_panel(rec, head: int, image, word: int, tokens: list[str], title: str =
     image_overlay(image, P[img0:img0 + n_img, col], f"image reading word {quoted(word, tokens[word])}", ax=axes[1])
     if title:
         fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool = False):
+    """One heatmap per entry of ``grids`` (name -> ``[rows, cols]``, e.g. a scorer's ``[n_layers, n_heads]``
+    head scores), side by side, each with a colour bar labelled ``cbar``: on one shared colour scale with
+    ``shared``, else each on its own scale (and ``cbar`` is suffixed "(per-panel scale)")."""
+    plt = _plt()
+    G = {n: _np(g) for n, g in grids.items()}
+    bad = {n: g.shape for n, g in G.items() if g.ndim != 2}
+    if not G or bad:
+        raise ValueError(f"grid_panels expects name -> [rows, cols] grids, got shapes {bad or 'none'}")
+    lo, hi = (min(np.nanmin(g) for g in G.values()), max(np.nanmax(g) for g in G.values())) if shared else (None, None)
+    fig, axes = plt.subplots(1, len(G), figsize=(2.9 * len(G), 2.8), squeeze=False)
+    for ax, (n, g) in zip(axes[0], G.items()):
+        im = ax.imshow(g, cmap="viridis", aspect="auto", interpolation="nearest", vmin=lo, vmax=hi)
+        ax.set_title(n, fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        _integer_ticks(ax.xaxis, ax.yaxis)
+        _colorbar(ax, im, cbar if shared else f"{cbar} (per-panel scale)")
     fig.tight_layout()
     return fig
