@@ -1,6 +1,7 @@
-"""A real reader: JupyterLab on loopback, a notebook opened in headless Chromium, run, a slider of
-its explorer widget moved with the keyboard, and the picture must change (notebook 02: the layer
-slider of the attention explorer; notebook 03: the step slider of the step explorer)."""
+"""A real reader: JupyterLab on loopback, a notebook built from its source opened in headless Chromium,
+run, a slider of its explorer widget moved with the keyboard, and the picture must change (notebook 02:
+the layer slider of the attention explorer, over all layers and over a LAYERS subset, where the next
+stop is the next captured layer; notebook 03: the step slider of the step explorer)."""
 import os
 import shutil
 import socket
@@ -28,15 +29,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-CASES = {
-    "02_understanding_maps": ({"PER_TYPE": 1, "MAP_PER_TYPE": 1, "N_CAPTIONS": 1}, "layer"),
-    "03_diffusion_steps": ({"N_SINGLE": 2, "N_PAIRS": 2, "STEPS": 5, "MAP_PROMPTS": 1, "UNDERSTANDING_STORE": "no-such-store"}, "step"),
+Q02 = {"PER_TYPE": 1, "MAP_PER_TYPE": 1, "N_CAPTIONS": 1}
+CASES = {  # case -> (notebook, parameters, slider, its readout after one step right)
+    "02_understanding_maps": ("02_understanding_maps", Q02, "layer", "1"),
+    # tiny-llava has 4 language layers (bands: shallow 0, middle 1-2, deep 3; the notebook needs a layer of each);
+    # with LAYERS=[0, 2, 3] the slider's next stop after 0 is layer 2, not the uncaptured 1
+    "02_layer_subset": ("02_understanding_maps", {**Q02, "LAYERS": [0, 2, 3]}, "layer", "2"),
+    "03_diffusion_steps": ("03_diffusion_steps", {"N_SINGLE": 2, "N_PAIRS": 2, "STEPS": 5, "MAP_PROMPTS": 1,
+                                                  "UNDERSTANDING_STORE": "no-such-store"}, "step", "1"),
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_slider_redraws_in_jupyterlab(tmp_path, name):
-    params, slider = CASES[name]
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_slider_redraws_in_jupyterlab(tmp_path, case):
+    name, params, slider, readout = CASES[case]
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed: `make setup` installs it (apt-get install chromium)")
@@ -48,7 +54,10 @@ def test_slider_redraws_in_jupyterlab(tmp_path, name):
     nb = tmp_path / "nb.ipynb"
     import nbformat
 
-    pm.execute_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"), str(nb), prepare_only=True,
+    src = tmp_path / "src.ipynb"  # the current source, not the committed (maybe older) notebook
+    subprocess.run([sys.executable, str(ROOT / "tools" / "py2nb.py"), str(ROOT / "notebooks" / "src" / f"{name}.py"),
+                    str(src)], check=True)
+    pm.execute_notebook(str(src), str(nb), prepare_only=True,
                         parameters={**params, "OUT_DIR": str(tmp_path / "out")})
     # open it as a reader who cleared the committed outputs: no saved widget state to restore, so
     # every widget on the page comes from this run's kernel
@@ -59,10 +68,11 @@ def test_slider_redraws_in_jupyterlab(tmp_path, name):
             cell.outputs, cell.execution_count = [], None
     nbformat.write(book, nb)
     port = _free_port()
-    lab = subprocess.Popen(
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    lab = subprocess.Popen(  # the kernel imports this checkout's unicache_lib
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
          "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={tmp_path}", "--LabApp.news_url="],
-        stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT)
+        stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT, env=env)
     try:
         for _ in range(90):
             try:
@@ -93,7 +103,7 @@ def test_slider_redraws_in_jupyterlab(tmp_path, name):
             page.wait_for_function(
                 "s => { const i = document.querySelector('.widget-output img'); return i && i.src !== s; }",
                 arg=before, timeout=60_000)
-            expect(layer.locator(".widget-readout")).to_have_text("1", timeout=10_000)
+            expect(layer.locator(".widget-readout")).to_have_text(readout, timeout=10_000)
             page.screenshot(path=str(tmp_path / "after.png"))
             browser.close()
     finally:

@@ -14,6 +14,14 @@ from .conftest import random_probs
 SP = Spans.from_kinds([0] * 2 + [1] * 16 + [0] * 4)
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 def test_figures_render_and_validate(tmp_path):
     rng = np.random.default_rng(0)
     P = random_probs(rng, (2, 22, 22))
@@ -42,24 +50,127 @@ def test_figures_render_and_validate(tmp_path):
         plots.read_frequency_heatmap(rng.random((4, 21)), SP)
 
 
-def test_explorer_redraws_on_slider_moves():
+def _heatmap_axes(fig):
+    """Axes of ``fig`` showing a heatmap (their top image is data, not a plain picture or a colour bar)."""
+    cbar_axes = {im.colorbar.ax for ax in fig.axes for im in ax.images if im.colorbar is not None}
+    return [ax for ax in fig.axes if ax.images and ax not in cbar_axes and ax.images[-1].get_array().ndim == 2]
+
+
+def _labels_overlap(fig) -> list[tuple[str, str]]:
+    """Pairs of titles, suptitle, legends and axis labels whose drawn boxes intersect."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    items = [(f"suptitle {fig._suptitle.get_text()!r}", fig._suptitle)] if fig._suptitle else []
+    for i, ax in enumerate(fig.axes):
+        items += [(f"ax{i} {name} {t.get_text()!r}", t) for name, t in
+                  (("title", ax.title), ("xlabel", ax.xaxis.label), ("ylabel", ax.yaxis.label)) if t.get_text()]
+        if ax.get_legend():
+            items.append((f"ax{i} legend", ax.get_legend()))
+    boxes = [(n, a.get_window_extent(r)) for n, a in items]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+
+
+def test_every_heatmap_has_a_labelled_colour_bar_and_span_legend():
+    rng = np.random.default_rng(0)
+    P = random_probs(rng, (2, 22, 22))
+    img = np.zeros((32, 32, 3), np.uint8)
+    legends = {"image keys": plots.attention_map(P[0], SP), "image | text border": plots.blocked_map(P[0], SP),
+               "image block": plots.read_frequency_heatmap(rng.random((4, 22)), SP, "a rather long title, sample x")}
+    figs = [*legends.values(), plots.image_overlay(img, rng.random(16)), plots.word_regions(img, {"red": rng.random(16)}),
+            plots.step_panel(_full("p0", 1, n=20, step=3, part="joint", meta={"n_image": 16, "n_text": 4}), 1, img, 2,
+                             ["a", "red", "cube", "."], "joint · step 3 · layer 1 · head 1"),
+            plots.map_panel(P[1], SP, img, 21, [f"t{i}" for i in range(21)] + [":"], "sample s0 · layer 2 · head 1",
+                            question="where is the red circle ?")]
+    for fig in figs:
+        heat = _heatmap_axes(fig)
+        assert heat, fig
+        for ax in heat:
+            cb = ax.images[-1].colorbar
+            assert cb is not None and cb.ax.get_ylabel(), f"no labelled colour bar on {ax.get_title()!r}"
+        assert not _labels_overlap(fig), _labels_overlap(fig)
+    for label, fig in [*legends.items(), ("image | text border", figs[-2])]:  # figs[-2]: the step panel's joint map
+        assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [label]
+    panel = figs[-1]
+    assert "(log10)" not in " ".join(ax.get_title() for ax in panel.axes)  # the log is in the colour bar label
+    assert panel.axes[0].images[-1].colorbar.ax.get_ylabel() == "log10(attention weight)"
+    assert "query token 21 ':'" in panel.axes[2].get_title()  # punctuation quoted
+    assert "where is the red circle ?" in panel._suptitle.get_text()
+    fig = plots.read_frequency_heatmap(rng.random((3, 22)), SP, layers=[0, 15, 31])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["0", "15", "31"]
+    with pytest.raises(ValueError, match="2 layer numbers for 3 rows"):
+        plots.read_frequency_heatmap(rng.random((3, 22)), SP, layers=[0, 1])
+
+
+def test_line_styles_are_distinct_and_one_legend_is_shared():
+    import matplotlib.pyplot as plt
+
+    names = [f"m{i}" for i in range(15)] + ["m0"]
+    st = plots.line_styles(names)
+    assert len(st) == 15 and len({(tuple(v["color"]), v["marker"]) for v in st.values()}) == 15
+    assert len({tuple(v["color"]) for v in st.values()}) == 15  # 15 colours, none reused
+    fig, axes = plt.subplots(1, 2)
+    for ax in axes:
+        for n in names[:3]:
+            ax.plot([0, 1], [0, 1], label=n, **st[n])
+    plots.shared_legend(fig, axes)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["m0", "m1", "m2"]
+    with pytest.raises(ValueError, match="no labelled lines"):
+        plots.shared_legend(*plt.subplots(1, 2))
+
+
+def _full(sample, layer, heads=2, n=22, step=-1, part="language", meta=None, rng=None):
+    rng = rng or np.random.default_rng(layer * 100 + max(step, 0))
+    return Record(sample, layer, part, "full", {"probs": random_probs(rng, (heads, n, n))}, SP if part == "language" else None,
+                  step=step, seq_len=n, heads=heads, meta=meta or {})
+
+
+def test_explorer_offers_only_captured_layers_and_redraws_at_each():
     from unicache_lib.widgets import attention_explorer
 
-    rng = np.random.default_rng(1)
-    res = CaptureResult()
-    for layer in (0, 2, 5):  # a layer subset, as LAYERS=[...] captures
-        res.records.append(Record("s0", layer, "language", "full", {"probs": random_probs(rng, (2, 22, 22))}, SP,
-                                  seq_len=22, heads=2))
-    panel = attention_explorer(res, {"s0": np.zeros((32, 32, 3), np.uint8)}, {"s0": [f"t{i}" for i in range(22)]})
+    res = CaptureResult.from_records([_full(s, layer) for s in ("s0", "s1") for layer in (0, 2, 5)])  # LAYERS=[0, 2, 5]
+    toks = {s: [f"t{i}" for i in range(21)] + [":"] for s in ("s0", "s1")}
+    imgs = {s: np.zeros((32, 32, 3), np.uint8) for s in ("s0", "s1")}
+    panel = attention_explorer(res, imgs, toks, questions={"s0": "where is the red circle ?"})
     controls = {w.description: w for box in panel.children[:2] for w in box.children}
-    assert set(controls) == {"sample", "token", "layer", "head"}
+    assert set(controls) == {"sample", "query token", "layer", "head"}
     assert controls["layer"].options == (0, 2, 5) and controls["head"].max == 1  # only captured layers
-    controls["layer"].value = 5  # redraws without error
+    assert controls["query token"].label == "21 ':'"
+    seen = []
+    for layer in (2, 5, 0):  # every stop of the slider redraws (a missing record would raise here)
+        controls["layer"].value = layer
+        seen.append(panel.caption.value)
+        assert f"layer {layer}" in seen[-1] and "where is the red circle ?" in seen[-1] and "21 &#x27;:&#x27;" in seen[-1]
     controls["head"].value = 1
+    controls["sample"].value = "s1"
+    assert "sample s1" in panel.caption.value and "head 1" in panel.caption.value
+    holey = CaptureResult.from_records([_full("s0", 0), _full("s0", 2), _full("s1", 0)])  # s1 lacks layer 2
+    with pytest.raises(ValueError, match=r"'sample': 's1', 'layer': 2.*capture them all alike"):
+        attention_explorer(holey, imgs, toks)
+    with pytest.raises(ValueError, match="tokens has no entry for sample 's1'"):
+        attention_explorer(res, imgs, {"s0": toks["s0"]})
     with pytest.raises(ValueError, match="full-mode"):
         stats_only = CaptureResult()
         stats_only.records.append(Record("s0", 0, "language", "stats", {"entropy": torch.zeros(2, 22)}, SP))
         attention_explorer(stats_only, {}, {})
+
+
+def test_step_explorer_offers_only_captured_steps_and_layers():
+    from unicache_lib.widgets import step_explorer
+
+    meta = {"n_image": 16, "n_text": 4, "n_text_real": 4, "prompt": "a red cube ."}
+    recs = [_full("p0", layer, n=20, step=step, part="joint", meta=meta) for layer in (0, 3) for step in (0, 4, 9)]
+    toks = {"p0": ["a", "red", "cube", "."]}
+    panel = step_explorer(CaptureResult.from_records(recs), {"p0": np.zeros((32, 32, 3), np.uint8)}, toks)
+    controls = {w.description: w for box in panel.children[:2] for w in box.children}
+    assert controls["step"].options == (0, 4, 9) and controls["layer"].options == (0, 3)
+    assert controls["word"].options[3] == ("3 '.'", 3)
+    for layer in (3, 0):
+        controls["layer"].value = layer
+        for step in (4, 9, 0):
+            controls["step"].value = step
+            assert f"step {step} · layer {layer}" in panel.caption.value and "a red cube ." in panel.caption.value
+    with pytest.raises(ValueError, match="'step': 9"):
+        step_explorer(CaptureResult.from_records(recs[:-1]), {"p0": None}, toks)
 
 
 def test_layer_curves_plot_at_the_captured_layer_numbers():
@@ -72,3 +183,18 @@ def test_layer_curves_plot_at_the_captured_layer_numbers():
     assert {t.get_text() for t in ax.texts} == {"shallow", "middle", "deep"}
     with pytest.raises(ValueError, match="3 columns for 2 positions"):
         plots.layer_curves({"x": np.zeros((2, 3))}, layers=[0, 1])
+
+
+def test_grid_panels_label_their_scale():
+    rng = np.random.default_rng(0)
+    own = plots.grid_panels({"a": rng.random((4, 8)), "b": 10 * rng.random((4, 8))}, "head", "layer", "importance")
+    labels = [ax.images[-1].colorbar.ax.get_ylabel() for ax in _heatmap_axes(own)]
+    assert labels == ["importance (per-panel scale)"] * 2
+    shared = plots.grid_panels({"a": rng.random((4, 8)), "b": 10 * rng.random((4, 8))}, "head", "layer", "importance",
+                               shared=True)
+    clims = {ax.images[-1].get_clim() for ax in _heatmap_axes(shared)}
+    assert len(clims) == 1 and [ax.images[-1].colorbar.ax.get_ylabel() for ax in _heatmap_axes(shared)] == ["importance"] * 2
+    with pytest.raises(ValueError, match=r"\[rows, cols\]"):
+        plots.grid_panels({"a": rng.random(4)}, "head", "layer", "importance")
+    fig = plots.layer_step_grid(rng.random((3, 5)), layers=[0, 11, 23])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["0", "11", "23"]

@@ -23,6 +23,42 @@ def _np(x) -> np.ndarray:
     return x.detach().float().cpu().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float32)
 
 
+SPAN_COLOUR = "red"  # image/text boundaries on every map (legend entry: what the line marks)
+
+
+def _colorbar(ax, im, label: str):
+    """A colour bar beside ``ax`` for ``im``, labelled with the quantity and its unit (or scale)."""
+    cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    cb.set_label(label, fontsize=8)
+    cb.ax.tick_params(labelsize=7)
+    return cb
+
+
+def _span_legend(ax):
+    """The legend of a map's span lines in a row of its own above the axes (the title raised over it),
+    so it covers neither the data, the axis labels nor the title."""
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, frameon=False, handlelength=1.2,
+              borderaxespad=0.0, borderpad=0.2, ncol=2)
+    ax.set_title(ax.get_title(), fontsize=9, pad=17)
+
+
+def _integer_ticks(*axes):
+    """Whole-number ticks on position / layer axes (no 2.5th token)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _weight_label(log: bool) -> str:
+    return "log10(attention weight)" if log else "attention weight"
+
+
+def quoted(pos: int, token: str) -> str:
+    """``74 ':'``: a position and its token, quoted so punctuation and spaces stay readable."""
+    return f"{pos} {token!r}"
+
+
 def _mean_bands(ax, values: dict, axis_name: str, marker: str, x=None) -> int | None:
     """Plot each ``[n_samples, n]`` array of ``values`` as its mean over samples with a +-1 s.d. band,
     at positions ``x`` (default ``0..n-1``); returns ``n`` (None for no values). NaN entries are skipped
@@ -75,23 +111,29 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
     return fig
 
 
-def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool = True, ax=None):
-    """One head's map ``[Sq, Sk]`` with the image block outlined."""
+def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool = True, ax=None,
+                  cbar: bool = True):
+    """One head's map ``probs [Sq, Sk]`` with a colour bar; the image keys (one block in ``spans``,
+    which covers ``Sk``) are outlined and named in a legend."""
     plt = _plt()
     P = _np(probs)
     if P.ndim != 2:
         raise ValueError(f"attention_map expects one head's map [Sq, Sk], got shape {P.shape}: pick a head first")
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(4, 4))
-    img = np.log10(P + 1e-6) if log else P
-    ax.imshow(img, cmap="viridis", interpolation="nearest", aspect="auto")
+        fig, ax = plt.subplots(figsize=(4.6, 4))
+    im = ax.imshow(np.log10(P + 1e-6) if log else P, cmap="viridis", interpolation="nearest", aspect="auto")
     block = _image_block(spans, P.shape[-1])
     if block:
-        ax.axvspan(block[0] - 0.5, block[1] - 0.5, fill=False, edgecolor="w", lw=0.8)
+        ax.axvspan(block[0] - 0.5, block[1] - 0.5, fill=False, edgecolor=SPAN_COLOUR, lw=1, label="image keys")
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
-    ax.set_title(title + (" (log10)" if log else ""), fontsize=9)
+    ax.set_title(title, fontsize=9)
+    _integer_ticks(ax.xaxis, ax.yaxis)
+    if block:
+        _span_legend(ax)
+    if cbar:
+        _colorbar(ax, im, _weight_label(log))
     return fig or ax.figure
 
 
@@ -130,25 +172,33 @@ def save(fig, out_dir: str | Path, name: str) -> Path:
     return p
 
 
-def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV read frequency", log: bool = True):
+def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV read frequency", log: bool = True,
+                           quantity: str = "normalised read frequency", layers=None):
     """``reads [n_layers, S]`` (e.g. normalised read frequency, mean over heads) as a layer x position
-    heatmap; the image block is marked. Anchors show up as vertical bands."""
+    heatmap, coloured by ``quantity`` (log10 with ``log``); the image block (``spans`` over ``S``) is
+    marked by two lines named in a legend. ``layers``: the layer number of each row (a subset such as
+    ``[0, 15, 31]``; default ``0..n_layers-1``). Anchors show up as vertical bands."""
     plt = _plt()
     R = _np(reads)
     if R.ndim != 2:
         raise ValueError(f"expected [n_layers, seq], got shape {R.shape}")
-    fig, ax = plt.subplots(figsize=(7, 2.6))
+    fig, ax = plt.subplots(figsize=(7, 2.8))
     im = ax.imshow(np.log10(R + 1e-6) if log else R, aspect="auto", cmap="magma", interpolation="nearest")
     block = _image_block(spans, R.shape[1])
     if block:
-        a, b = block
-        ax.axvline(a - 0.5, color="c", lw=1)
-        ax.axvline(b - 0.5, color="c", lw=1)
-        ax.text((a + b) / 2, -0.7, "image", color="c", ha="center", fontsize=8)
+        ax.axvline(block[0] - 0.5, color="c", lw=1, label="image block")
+        ax.axvline(block[1] - 0.5, color="c", lw=1)
+    _integer_ticks(ax.xaxis, ax.yaxis)
+    if layers is not None:
+        if len(layers) != R.shape[0]:
+            raise ValueError(f"{len(layers)} layer numbers for {R.shape[0]} rows")
+        ax.set_yticks(range(len(layers)), [str(li) for li in layers])
     ax.set_xlabel("key position")
     ax.set_ylabel("layer")
-    ax.set_title(title + (" (log10)" if log else ""), fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.03)
+    ax.set_title(title, fontsize=9)
+    if block:
+        _span_legend(ax)
+    _colorbar(ax, im, f"log10({quantity})" if log else quantity)
     fig.tight_layout()
     return fig
 
@@ -168,8 +218,10 @@ def per_layer_boxes(values, title: str = "", ylabel: str = ""):
     return fig
 
 
-def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, grid=None, grid_tokens=None):
-    """A token's attention over the image tokens (``weights [n_image]``) upsampled over ``image [H, W, 3]``.
+def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, grid=None, grid_tokens=None,
+                  cbar: str | None = "attention weight"):
+    """A token's attention over the image tokens (``weights [n_image]``) upsampled over ``image [H, W, 3]``,
+    with a colour bar labelled ``cbar`` (None: no colour bar).
 
     ``grid``: ``(rows, cols)`` of the image tokens over the picture (default: a square grid of all of
     them); ``grid_tokens``: which of the weights form that grid (e.g. one tile without its class token).
@@ -189,18 +241,21 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
     img = np.asarray(image)
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(3, 3))
+        fig, ax = plt.subplots(figsize=(3.6, 3))
     ax.imshow(img)
-    ax.imshow(w.reshape(rows, cols), cmap="inferno", alpha=alpha, extent=(0, img.shape[1], img.shape[0], 0),
-              interpolation="nearest")
+    im = ax.imshow(w.reshape(rows, cols), cmap="inferno", alpha=alpha, extent=(0, img.shape[1], img.shape[0], 0),
+                   interpolation="nearest")
     ax.set_axis_off()
     ax.set_title(title, fontsize=9)
+    if cbar:
+        _colorbar(ax, im, cbar)
     return fig or ax.figure
 
 
-def blocked_map(probs, spans: Spans, title: str = "", ax=None):
-    """One head's map ``[S, S]`` with positions regrouped image-first, text-second, so the four
-    modality blocks are contiguous; block borders drawn."""
+def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=None, log: bool = True):
+    """One head's map ``probs [S, S]`` (``spans`` over ``S``) with positions regrouped image-first,
+    text-second, so the four modality blocks are contiguous; the image|text border is drawn and named
+    in a legend; colour bar of the (log10) weight."""
     plt = _plt()
     P = _np(probs)
     if P.ndim != 2 or P.shape[0] != P.shape[1]:
@@ -209,41 +264,48 @@ def blocked_map(probs, spans: Spans, title: str = "", ax=None):
     order = np.concatenate([spans.image_index, spans.text_index])
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(4, 4))
-    ax.imshow(np.log10(P[np.ix_(order, order)] + 1e-6), cmap="viridis", interpolation="nearest")
+        fig, ax = plt.subplots(figsize=(4.6, 4))
+    Q = P[np.ix_(order, order)]
+    im = ax.imshow(np.log10(Q + 1e-6) if log else Q, cmap="viridis", interpolation="nearest")
     n = spans.n_image - 0.5
-    ax.axhline(n, color="w", lw=0.8)
-    ax.axvline(n, color="w", lw=0.8)
+    ax.axhline(n, color=SPAN_COLOUR, lw=1, label="image | text border")
+    ax.axvline(n, color=SPAN_COLOUR, lw=1)
     ax.set_xlabel("keys: image | text")
     ax.set_ylabel("queries: image | text")
-    ax.set_title(title + " (log10)", fontsize=9)
+    ax.set_title(title, fontsize=9)
+    _integer_ticks(ax.xaxis, ax.yaxis)
+    _span_legend(ax)
+    _colorbar(ax, im, _weight_label(log))
     return fig or ax.figure
 
 
 def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | None = None, title: str = "",
-              cross: bool = False, grid=None, grid_tokens=None):
+              cross: bool = False, grid=None, grid_tokens=None, question: str | None = None):
     """Views of one head: raw map, modality-blocked map (self-attention only), and the chosen query
-    token's attention over the image. ``probs [S, S]`` (``[T, V]`` text queries over vision tokens with
-    ``cross``); ``token_pos`` indexes the text sequence; ``grid`` / ``grid_tokens`` as in :func:`image_overlay`."""
+    token's attention over the image, each with a colour bar. ``probs [S, S]`` (``[T, V]`` text queries
+    over vision tokens with ``cross``); ``spans`` over ``S``; ``token_pos`` indexes the text sequence,
+    ``tokens`` its strings; ``title`` (e.g. sample, layer, head) and ``question`` head the figure;
+    ``grid`` / ``grid_tokens`` as in :func:`image_overlay`."""
     plt = _plt()
     P = _np(probs)
     if not 0 <= token_pos < P.shape[0]:
         raise ValueError(f"token_pos {token_pos} outside the sequence of {P.shape[0]}")
-    fig, axes = plt.subplots(1, 2 if cross else 3, figsize=(8 if cross else 11, 3.6))
-    name = tokens[token_pos] if tokens else str(token_pos)
+    fig, axes = plt.subplots(1, 2 if cross else 3, figsize=(9 if cross else 14, 4.2))
+    query = quoted(token_pos, tokens[token_pos]) if tokens else str(token_pos)
     if cross:
-        ax = axes[0]
-        ax.imshow(np.log10(P + 1e-6), aspect="auto", cmap="viridis", interpolation="nearest")
-        ax.set_xlabel("keys: vision tokens")
-        ax.set_ylabel("queries: text")
-        ax.set_title(f"{title} cross-attention (log10)", fontsize=9)
-        image_overlay(image, P[token_pos], f"query {token_pos} {name!r} -> image", ax=axes[1], grid=grid,
-                      grid_tokens=grid_tokens)
+        attention_map(P, None, "cross-attention: text queries x vision keys", ax=axes[0])
+        axes[0].set_xlabel("key: vision token")
+        axes[0].set_ylabel("query: text position")
+        pick = P[token_pos]
     else:
-        attention_map(P, spans, f"{title} raw", ax=axes[0])
-        blocked_map(P, spans, "blocked", ax=axes[1])
-        image_overlay(image, P[token_pos, spans.image_index], f"query {token_pos} {name!r} -> image", ax=axes[2], grid=grid,
-                      grid_tokens=grid_tokens)
+        attention_map(P, spans, "all positions, in sequence order", ax=axes[0])
+        blocked_map(P, spans, "regrouped: image first, then text", ax=axes[1])
+        pick = P[token_pos, spans.image_index]
+    image_overlay(image, pick, f"query token {query} reading the image", ax=axes[-1], grid=grid,
+                  grid_tokens=grid_tokens)
+    head = " · ".join(t for t in (title, f"question: {question!r}" if question else "") if t)
+    if head:
+        fig.suptitle(head, fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -276,8 +338,9 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
     return fig or ax.figure
 
 
-def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, vmax=None):
-    """``grid [n_layers, n_steps]`` as a heatmap (layer rows, step columns)."""
+def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, vmax=None, layers=None):
+    """``grid [n_layers, n_steps]`` as a heatmap (layer rows, step columns) with a colour bar labelled
+    ``cbar``; ``layers``: the layer number of each row (a subset such as ``[0, 11, 23]``; default 0..)."""
     plt = _plt()
     G = _np(grid)
     if G.ndim != 2:
@@ -288,7 +351,9 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
     im = ax.imshow(G, aspect="auto", cmap="viridis", interpolation="nearest", vmin=vmin, vmax=vmax)
     ax.set_xlabel("denoising step")
     ax.set_ylabel("layer")
-    ax.set_yticks(range(G.shape[0]))
+    if layers is not None and len(layers) != G.shape[0]:
+        raise ValueError(f"{len(layers)} layer numbers for {G.shape[0]} rows")
+    ax.set_yticks(range(G.shape[0]), [str(li) for li in (range(G.shape[0]) if layers is None else layers)])
     ax.set_title(title, fontsize=9)
     ax.figure.colorbar(im, ax=ax, fraction=0.04, label=cbar)
     if fig is not None:
@@ -297,15 +362,98 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
 
 
 def word_regions(image, maps: dict[str, np.ndarray], title: str = ""):
-    """The generated ``image`` next to each word's attention over the image patches."""
+    """The generated ``image [H, W, 3]`` next to each word's attention over the image patches
+    (``maps``: word -> ``[n_image]`` weights on a square grid), each with its own colour bar."""
     plt = _plt()
     n = len(maps) + 1
-    fig, axes = plt.subplots(1, n, figsize=(2.1 * n, 2.4))
+    fig, axes = plt.subplots(1, n, figsize=(2.6 * n, 2.4))
     axes[0].imshow(np.asarray(image))
     axes[0].set_axis_off()
     axes[0].set_title("generated", fontsize=8)
     for ax, (w, m) in zip(axes[1:], maps.items()):
-        image_overlay(image, m, repr(w), ax=ax)
+        image_overlay(image, m, repr(w), ax=ax, cbar="attention weight (own scale)")
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+MARKERS = "ovs^D<>ph*Xd8P"
+
+
+def line_styles(names) -> dict[str, dict]:
+    """name -> ``{"color", "marker"}``, distinct for every name (tab20 colours, then the markers cycle
+    too), in the order given; pass ``**styles[name]`` to ``ax.plot`` so one name looks the same on
+    every panel of a figure."""
+    plt = _plt()
+    colours = plt.get_cmap("tab20").colors
+    names = list(dict.fromkeys(names))
+    if len(names) > len(colours) * len(MARKERS):
+        raise ValueError(f"{len(names)} lines are too many to tell apart: plot fewer per figure")
+    return {n: {"color": colours[i % len(colours)], "marker": MARKERS[i % len(MARKERS)]} for i, n in enumerate(names)}
+
+
+def shared_legend(fig, axes, ncol: int = 4, fontsize: int = 7):
+    """One legend for all ``axes`` of ``fig`` (each label once, first occurrence wins), under the figure
+    (call after ``tight_layout``; :func:`save` and notebooks' inline display crop to include it)."""
+    handles = {}
+    for ax in np.ravel(axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if not handles:
+        raise ValueError("shared_legend: no labelled lines on these axes (pass label= to ax.plot)")
+    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, fontsize=fontsize,
+               frameon=False, bbox_to_anchor=(0.5, 0.0))
+    return fig
+
+
+def step_panel(rec, head: int, image, word: int, tokens: list[str], title: str = ""):
+    """One diffusion record's head next to a word's attention over the generated image.
+
+    ``rec``: a full-mode record, ``probs [H, Sq, Sk]`` (joint: ``[image | text]`` both ways, or
+    ``[text | image]`` with meta ``token_order``; cross: image queries x text keys) with meta
+    ``n_image``, ``n_text``; ``image [H, W, 3]``; ``word`` indexes ``tokens`` (the real text tokens).
+    """
+    plt = _plt()
+    P = _np(rec.probs[head])
+    n_img, joint = rec.meta["n_image"], rec.part == "joint"
+    text_first = joint and rec.meta.get("token_order", "image|text").startswith("text")  # Flux: [text | image]
+    img0 = rec.meta["n_text"] if text_first else 0  # first image row / column
+    col = (0 if text_first else n_img) + word if joint else word
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 4))
+    attention_map(P, None, f"{rec.part} attention" + (": image and text" if joint else ": image queries x text keys"),
+                  ax=axes[0])
+    if joint:
+        cut = (rec.meta["n_text"] if text_first else n_img) - 0.5
+        axes[0].axvline(cut, color=SPAN_COLOUR, lw=1, label="text | image border" if text_first else "image | text border")
+        axes[0].axhline(cut, color=SPAN_COLOUR, lw=1)
+        _span_legend(axes[0])
+    else:
+        axes[0].set_xlabel("key: text token")
+        axes[0].set_ylabel("query: image token")
+    image_overlay(image, P[img0:img0 + n_img, col], f"image reading word {quoted(word, tokens[word])}", ax=axes[1])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool = False):
+    """One heatmap per entry of ``grids`` (name -> ``[rows, cols]``, e.g. a scorer's ``[n_layers, n_heads]``
+    head scores), side by side, each with a colour bar labelled ``cbar``: on one shared colour scale with
+    ``shared``, else each on its own scale (and ``cbar`` is suffixed "(per-panel scale)")."""
+    plt = _plt()
+    G = {n: _np(g) for n, g in grids.items()}
+    bad = {n: g.shape for n, g in G.items() if g.ndim != 2}
+    if not G or bad:
+        raise ValueError(f"grid_panels expects name -> [rows, cols] grids, got shapes {bad or 'none'}")
+    lo, hi = (min(np.nanmin(g) for g in G.values()), max(np.nanmax(g) for g in G.values())) if shared else (None, None)
+    fig, axes = plt.subplots(1, len(G), figsize=(2.9 * len(G), 2.8), squeeze=False)
+    for ax, (n, g) in zip(axes[0], G.items()):
+        im = ax.imshow(g, cmap="viridis", aspect="auto", interpolation="nearest", vmin=lo, vmax=hi)
+        ax.set_title(n, fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        _integer_ticks(ax.xaxis, ax.yaxis)
+        _colorbar(ax, im, cbar if shared else f"{cbar} (per-panel scale)")
     fig.tight_layout()
     return fig

@@ -1,54 +1,110 @@
 """ipywidgets panels. Thin: every picture comes from a function in :mod:`unicache_lib.plots`,
-which works the same without widgets."""
+which works the same without widgets.
+
+Sliders offer only what was captured (a ``LAYERS=[0, 15, 31]`` capture gives a layer slider with
+those three stops), and an incomplete capture (a layer or step missing for some sample) is refused
+when the panel is built, so no slider position can reach a missing record."""
 from __future__ import annotations
 
+from itertools import product
+
 from . import plots
-from .capture.record import CaptureResult
+from .capture.record import CaptureResult, Record
+from .plots import quoted
 
 
-def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids: dict | None = None):
-    """Sample / layer / head / token controls over full-mode records.
+def _index(recs: list[Record], fields: tuple[str, ...], what: str) -> tuple[dict, list[list]]:
+    """``{(field values): record}`` over ``recs`` and the captured values of each field (samples in
+    capture order, the rest sorted); raises ValueError naming the first missing combination, so the
+    explorer's sliders never reach a record that is not there."""
+    by = {tuple(getattr(r, f) for f in fields): r for r in recs}
+    axes = [list(dict.fromkeys(k[i] for k in by)) for i in range(len(fields))]
+    axes = [axes[0]] + [sorted(a) for a in axes[1:]]
+    missing = [k for k in product(*axes) if k not in by]
+    if missing:
+        raise ValueError(f"{what}: no record for {dict(zip(fields, missing[0]))} ({len(missing)} of "
+                         f"{len(by) + len(missing)} combinations missing); every sample needs the same "
+                         f"{' and '.join(f + 's' for f in fields[1:])}: capture them all alike, or pass only "
+                         f"the complete samples (CaptureResult.from_records([...]))")
+    return by, axes
 
-    Args:
-        result: full-mode records (``probs [H, S, S]``, or cross-attention ``[H, T, V]``) with spans;
-            the layer slider steps through the captured layers only.
-        images: sample id -> ``[H, W, 3]`` uint8 image.
-        tokens: sample id -> list of token strings (length S).
-        grids: sample id -> ``(grid, grid_tokens)`` of its image tokens over the picture (default: square).
-    Returns:
-        an ``ipywidgets.VBox`` (display it, or let it be the cell's last expression).
-    """
-    import ipywidgets as W
+
+def _heads(recs: list[Record], what: str) -> int:
+    """The one head count of ``recs`` (each ``probs [H, ...]``); raises if the records disagree."""
+    heads = {int(r.probs.shape[0]) for r in recs}
+    if len(heads) != 1:
+        raise ValueError(f"{what}: records with different head counts {sorted(heads)}: pass one part's records")
+    return heads.pop()
+
+
+def _need(mapping: dict, keys, name: str, what: str):
+    """Raise (at construction, not in a slider callback) when ``mapping`` lacks one of ``keys``."""
+    gone = [k for k in keys if k not in mapping]
+    if gone:
+        raise ValueError(f"{what}: {name} has no entry for sample {gone[0]!r}: pass {name} for every sample")
+
+
+def _show(out, fig):
+    """Replace what ``out`` shows with ``fig`` (then closed, so figures do not pile up)."""
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    if not result.records or "probs" not in result.records[0].data:
+    with out:
+        out.clear_output(wait=True)
+        display(fig)
+    plt.close(fig)
+
+
+def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids: dict | None = None,
+                       questions: dict | None = None):
+    """Sample / layer / head / query-token controls over full-mode records.
+
+    Args:
+        result: full-mode records (``probs [H, S, S]``, or cross-attention ``[H, T, V]``) with spans,
+            of one part (``result.part`` if several); every sample must have the same layers. The
+            layer slider offers the captured layers only.
+        images: sample id -> ``[H, W, 3]`` uint8 image.
+        tokens: sample id -> list of token strings (length S).
+        grids: sample id -> ``(grid, grid_tokens)`` of its image tokens over the picture (default: square).
+        questions: sample id -> the question asked (shown above the picture).
+    Returns:
+        an ``ipywidgets.VBox`` (display it, or let it be the cell's last expression); its ``caption``
+        (an ``HTML`` widget) names the sample, layer, head, question and query token in words.
+    """
+    import ipywidgets as W
+
+    what = "attention_explorer"
+    recs = [r for r in result.records if "probs" in r.data]
+    if not recs:
         raise ValueError("attention_explorer needs full-mode records (capture with mode='full')")
-    samples = result.samples
-    r0 = result[samples[0], result.layers[0]]
+    parts = {r.part for r in recs}
+    part = result.part if result.part in parts else recs[0].part
+    recs = [r for r in recs if r.part == part]
+    by, (samples, layers) = _index(recs, ("sample", "layer"), what)
+    for name, m in (("images", images), ("tokens", tokens)):
+        _need(m, samples, name, what)
     sample = W.Dropdown(options=samples, description="sample")
-    layer = W.SelectionSlider(options=result.layers, description="layer", continuous_update=False)
-    head = W.IntSlider(min=0, max=r0.heads - 1, description="head", continuous_update=False)
+    layer = W.SelectionSlider(options=layers, description="layer", continuous_update=False)
+    head = W.IntSlider(min=0, max=_heads(recs, what) - 1, description="head", continuous_update=False)
 
     def text_positions(s):
-        r = result[s, result.layers[0]]
+        r = by[s, layers[0]]
         idx = range(r.probs.shape[1]) if r.part == "cross" else r.spans.text_index
-        return [(f"{i}: {tokens[s][i]}", int(i)) for i in idx]
+        return [(quoted(int(i), tokens[s][i]), int(i)) for i in idx]
 
     opts = text_positions(samples[0])
-    token = W.Dropdown(options=opts, value=opts[-1][1], description="token")
-    out = W.Output()
+    token = W.Dropdown(options=opts, value=opts[-1][1], description="query token")
+    caption, out = W.HTML(), W.Output()
 
     def draw(*_):
-        rec = result[sample.value, layer.value]
-        with out:
-            out.clear_output(wait=True)
-            grid, cells = (grids or {}).get(sample.value, (None, None))
-            fig = plots.map_panel(rec.probs[head.value], rec.spans, images[sample.value], token.value,
-                                  tokens[sample.value], f"{sample.value} L{layer.value} H{head.value}",
-                                  cross=rec.part == "cross", grid=grid, grid_tokens=cells)
-            display(fig)
-            plt.close(fig)
+        s, rec = sample.value, by[sample.value, layer.value]
+        q = (questions or {}).get(s)
+        title = f"sample {s} · layer {layer.value} · head {head.value}"
+        caption.value = (f"<b>{title}</b>" + (f" · question: <i>{_html(q)}</i>" if q else "")
+                         + f" · query token: <code>{_html(quoted(token.value, tokens[s][token.value]))}</code>")
+        grid, cells = (grids or {}).get(s, (None, None))
+        _show(out, plots.map_panel(rec.probs[head.value], rec.spans, images[s], token.value, tokens[s], title,
+                                   cross=rec.part == "cross", grid=grid, grid_tokens=cells, question=q))
 
     def new_sample(change):
         token.options = text_positions(change["new"])
@@ -59,65 +115,62 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
     for w in (layer, head, token):
         w.observe(draw, names="value")
     draw()
-    return W.VBox([W.HBox([sample, token]), W.HBox([layer, head]), out])
+    panel = W.VBox([W.HBox([sample, token]), W.HBox([layer, head]), caption, out])
+    panel.caption = caption
+    return panel
+
+
+def _html(text: str) -> str:
+    import html
+
+    return html.escape(str(text))
 
 
 def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str | None = None):
     """Step / layer / head sliders and a word selector over full-mode diffusion records.
 
-    Left: the head's map at that step and layer (joint: ``[image | text]`` both ways; cross: image
-    queries x text keys). Right: the chosen word's column over the generated image.
+    Left: the head's map ``probs [H, Sq, Sk]`` at that step and layer (joint: ``[image | text]`` both
+    ways, the border named in a legend; cross: image queries x text keys). Right: the chosen word's
+    column over the generated image. Step and layer sliders offer the captured steps and layers only;
+    every prompt must have the same (layer, step) records.
 
     Args:
         result: full-mode records of :class:`~unicache_lib.capture.diffusion.DiffusionCapture`.
         images: sample id -> generated ``[H, W, 3]`` uint8 image.
         tokens: sample id -> real text tokens.
         part: ``"joint"`` or ``"cross"`` (default: the first part holding text keys).
+    Returns:
+        an ``ipywidgets.VBox`` with a ``caption`` (``HTML``) naming prompt, step, layer, head and word.
     """
     import ipywidgets as W
-    import matplotlib.pyplot as plt
-    from IPython.display import display
 
+    what = "step_explorer"
     recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
             and (part is None or r.part == part)]
     if not recs:
         raise ValueError("step_explorer needs full-mode records with text keys (DiffusionCapture(mode='full'))")
-    samples = list(dict.fromkeys(r.sample for r in recs))
-    by = {(r.sample, r.layer, r.step): r for r in recs}
-    layers = sorted({r.layer for r in recs})
-    steps = sorted({r.step for r in recs})
+    recs = [r for r in recs if r.part == recs[0].part]
+    by, (samples, layers, steps) = _index(recs, ("sample", "layer", "step"), what)
+    for name, m in (("images", images), ("tokens", tokens)):
+        _need(m, samples, name, what)
     sample = W.Dropdown(options=samples, description="prompt")
-    step = W.IntSlider(min=steps[0], max=steps[-1], description="step", continuous_update=False)
-    layer = W.IntSlider(min=layers[0], max=layers[-1], description="layer", continuous_update=False)
-    head = W.IntSlider(min=0, max=recs[0].heads - 1, description="head", continuous_update=False)
+    step = W.SelectionSlider(options=steps, description="step", continuous_update=False)
+    layer = W.SelectionSlider(options=layers, description="layer", continuous_update=False)
+    head = W.IntSlider(min=0, max=_heads(recs, what) - 1, description="head", continuous_update=False)
 
     def word_options(s):
-        return [(f"{i}: {t}", i) for i, t in enumerate(tokens[s])]
+        return [(quoted(i, t), i) for i, t in enumerate(tokens[s])]
 
     word = W.Dropdown(options=word_options(samples[0]), description="word")
-    out = W.Output()
+    caption, out = W.HTML(), W.Output()
 
     def draw(*_):
-        r = by[(sample.value, layer.value, step.value)]
-        P = r.probs[head.value]
-        n_img, n_real = r.meta["n_image"], r.meta["n_text_real"]
-        joint = r.part == "joint"
-        text_first = joint and r.meta.get("token_order", "image|text").startswith("text")  # Flux: [text | image]
-        img0 = r.meta["n_text"] if text_first else 0  # first image row / column
-        col = (0 if text_first else n_img) + word.value if joint else word.value
-        with out:
-            out.clear_output(wait=True)
-            fig, axes = plt.subplots(1, 2, figsize=(8, 3.6))
-            plots.attention_map(P, None, f"{r.part} L{r.layer} H{head.value} step {r.step}", ax=axes[0])
-            if joint:
-                cut = (r.meta["n_text"] if text_first else n_img) - 0.5
-                axes[0].axvline(cut, color="w", lw=0.8)
-                axes[0].axhline(cut, color="w", lw=0.8)
-            plots.image_overlay(images[sample.value], P[img0:img0 + n_img, col],
-                                f"image -> {tokens[sample.value][word.value]!r}", ax=axes[1])
-            fig.tight_layout()
-            display(fig)
-            plt.close(fig)
+        r = by[sample.value, layer.value, step.value]
+        prompt = r.meta.get("prompt")
+        title = f"{r.part} · step {r.step} · layer {r.layer} · head {head.value}"
+        caption.value = (f"<b>{title}</b>" + (f" · prompt: <i>{_html(prompt)}</i>" if prompt else "")
+                         + f" · word: <code>{_html(quoted(word.value, tokens[sample.value][word.value]))}</code>")
+        _show(out, plots.step_panel(r, head.value, images[sample.value], word.value, tokens[sample.value], title))
 
     def new_sample(change):
         word.options = word_options(change["new"])
@@ -127,4 +180,6 @@ def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str |
     for w in (step, layer, head, word):
         w.observe(draw, names="value")
     draw()
-    return W.VBox([W.HBox([sample, word]), W.HBox([step, layer, head]), out])
+    panel = W.VBox([W.HBox([sample, word]), W.HBox([step, layer, head]), caption, out])
+    panel.caption = caption
+    return panel

@@ -183,7 +183,8 @@ ent = np.stack([[np.nanmean(r.data["norm_entropy"].numpy()) for r in sorted(res.
                 for s in res.samples])
 mw = np.stack([[r.data["max_weight"].numpy().mean() for r in sorted(res.select(sample=s), key=lambda r: r.layer)]
                for s in res.samples])
-fig = plots.layer_curves({"normalised entropy": ent, "mean max weight": mw}, "per-layer statistics from the store")
+fig = plots.layer_curves({"normalised entropy": ent, "mean max weight": mw}, "per-layer statistics from the store",
+                         "value (0 to 1)")
 _ = plots.save(fig, out, "layer_curves")
 
 

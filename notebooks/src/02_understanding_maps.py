@@ -122,13 +122,14 @@ def per_layer(col):
     return L.pivot(index="sample", columns="layer", values=col).to_numpy()
 
 fig = plots.layer_curves({"normalised entropy": per_layer("norm_entropy"), "mean max weight": per_layer("max_weight"),
-                          "diagonal mass": per_layer("diag")}, "focus per layer", layers=captured, n_layers=n_layers)
+                          "diagonal mass": per_layer("diag")}, "focus per layer", "value (0 to 1)", layers=captured,
+                         n_layers=n_layers)
 _ = plots.save(fig, out, "focus_per_layer")
 fig = plots.layer_curves({"mean attention distance": per_layer("distance")}, "locality per layer", "positions",
                          layers=captured, n_layers=n_layers)
 _ = plots.save(fig, out, "distance_per_layer")
 fig = plots.layer_curves({"per-head variance": per_layer("variance")}, "within-row variance per layer (0 = uniform rows)",
-                         layers=captured, n_layers=n_layers)
+                         "variance of a row's weights", layers=captured, n_layers=n_layers)
 _ = plots.save(fig, out, "variance_per_layer")
 depth = L.groupby("band")[["norm_entropy", "max_weight", "distance", "variance", "cross_modal", "head_max_weight"]].mean()
 print(depth.loc[["shallow", "middle", "deep"]].round(3).to_string())
@@ -143,11 +144,12 @@ print(depth.loc[["shallow", "middle", "deep"]].round(3).to_string())
 s0 = samples[0].id
 rf = np.stack([r.data["read_freq_norm"].mean(0).numpy() for r in sorted((r for r in recs if r.sample == s0), key=lambda r: r.layer)])
 sp0 = next(r.spans for r in recs if r.sample == s0)
-fig = plots.read_frequency_heatmap(rf, sp0, f"normalised read frequency, sample {s0}")
+fig = plots.read_frequency_heatmap(rf, sp0, f"normalised read frequency, sample {s0}", layers=captured)
 _ = plots.save(fig, out, "read_frequency_heatmap")
 img_reads = np.stack([[A.image_reads(r).numpy() for r in sorted((r for r in recs if r.sample == s), key=lambda r: r.layer)]
                       for s in L["sample"].unique()])  # [samples, layers, n_image]
-fig = plots.read_frequency_heatmap(img_reads.mean(0), None, f"text->image reads over the image block, mean of {len(img_reads)} samples")
+fig = plots.read_frequency_heatmap(img_reads.mean(0), None, f"text->image reads over the image block, mean of {len(img_reads)} samples",
+                                   quantity="text read frequency", layers=captured)
 _ = plots.save(fig, out, "image_reads_heatmap")
 
 # %% [markdown]
@@ -275,7 +277,8 @@ print(by_type.round(3).to_string())
 # and the chosen token's attention over the image. (Moves redraw from the maps store; no model run.)
 
 # %% tags=["nbval-ignore-output"]
-explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids)
+explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids,
+                              questions={s.id: s.question for s in map_samples})
 explorer
 
 # %% [markdown]

@@ -175,8 +175,8 @@ _ = plots.save(fig, out, "entropy_per_step")
 fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 2.8), squeeze=False)
 for ax, (m, p) in zip(axes[0], views):
     d = T[(T.model == m) & (T.part == p) & (T.kind == "short")]
-    plots.layer_step_grid(d.groupby(["layer", "step"]).img_entropy.mean().unstack("step").to_numpy(),
-                          f"{m} · {p}: entropy", "normalised entropy", ax=ax)
+    grid = d.groupby(["layer", "step"]).img_entropy.mean().unstack("step")
+    plots.layer_step_grid(grid.to_numpy(), f"{m} · {p}: entropy", "normalised entropy", ax=ax, layers=list(grid.index))
 fig.tight_layout()
 _ = plots.save(fig, out, "layer_step_grid")
 

@@ -92,13 +92,8 @@ for s in range(RANDOM_SEEDS):
 import matplotlib.pyplot as plt
 
 names = [n for n in scores if not n.startswith("random")]
-fig, axes = plt.subplots(1, len(names), figsize=(2.3 * len(names), 2.6))
-for ax, n in zip(axes, names):
-    ax.imshow(scores[n], cmap="viridis", aspect="auto")
-    ax.set_title(n, fontsize=8)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-fig.tight_layout()
+# scorers have different units, so each grid has its own colour scale (read the ranking, not the colours across panels)
+fig = plots.grid_panels({n: scores[n] for n in names}, "head", "layer", "importance")
 _ = plots.save(fig, out, "head_scores")
 
 
@@ -250,17 +245,19 @@ for metric in ("ssim", "position") if GENERATORS else ():
 # %%
 if GENERATORS:
     fig, axes = plt.subplots(1, 2 * len(GENERATORS), figsize=(5 * len(GENERATORS) + 2, 3.4))
+    style = plots.line_styles(sorted(Gdf.family.unique()))  # one look per scorer family on every panel
     for j, gname in enumerate(gpaths):
         for k, (metric, lab) in enumerate((("ssim", "SSIM vs unpruned"), ("colour", "colour correct"))):
             ax = axes[2 * j + k]
             for fam, (x, m, h) in curves(Gdf[Gdf.model == gname], metric).items():
-                ax.plot(x, m, marker="o", label=fam, ls="--" if fam == "random" else "-")
+                ax.plot(x, m, label=fam, ls="--" if fam == "random" else "-", **style[fam])
                 if fam == "random":
                     ax.fill_between(x, m - h, m + h, alpha=0.2, color=ax.lines[-1].get_color())
             ax.set_title(f"{gname}: {lab}", fontsize=9)
             ax.set_xlabel("fraction pruned")
-    axes[0].legend(fontsize=6)
+            ax.set_ylabel(lab)
     fig.tight_layout()
+    plots.shared_legend(fig, axes, ncol=6)
     _ = plots.save(fig, out, "generation_pruning")
 
 # %% [markdown]

@@ -119,6 +119,9 @@ print(f"n = {len(qas)} questions per row")
 print(S[["accuracy", "agree", "kl", "kv_fraction", "retained"]].round(3).to_string())
 
 # %%
+from matplotlib.ticker import NullLocator
+
+style = plots.line_styles(sorted(set(R.method) - {"full"}))  # a colour and a marker of its own for every method
 fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
 for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accuracy", "KL(full || evicted), nats", "same answer as full cache")):
     for (kind, method), d in R.groupby(["kind", "method"]):
@@ -127,17 +130,18 @@ for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accur
         g = d.groupby("budget")[metric].mean()
         masked = "masked, full memory" in method
         prefill_stage = getattr(policies.get(method), "stage", "cache") == "prefill"
-        ax.plot(g.index, g.values, marker="x" if masked else "o", ls=":" if masked else "--" if kind == "kvpress" else
-                "-." if prefill_stage else "-", label=method, lw=2.5 if method in ("unicache", "key_coverage") else 1)
-    ax.set_xlabel("image KV budget")
+        ax.plot(g.index, g.values, ls=":" if masked else "--" if kind == "kvpress" else "-." if prefill_stage else "-",
+                label=method, lw=2.5 if method in ("unicache", "key_coverage") else 1, **style[method])
+    ax.set_xlabel("image KV budget (share of image positions kept)")
     ax.set_ylabel(lab)
     ax.set_xscale("log")
     ax.set_xticks(BUDGETS, [f"{b:.0%}" for b in BUDGETS])
-axes[0].axhline(R[R.method == "full"].correct.mean(), color="k", lw=0.8, ls=":")
-axes[2].legend(fontsize=6, ncol=2)
+    ax.xaxis.set_minor_locator(NullLocator())  # only the budgets are labelled (no log minor labels among them)
+axes[0].axhline(R[R.method == "full"].correct.mean(), color="k", lw=0.8, ls=":", label="full cache (accuracy)")
 fig.suptitle(f"KV eviction on {UNDERSTANDING_MODEL} (solid: cache-stage policies, dash-dot: pruned before the prefill, dashed: "
              f"kvpress, dotted: masked with full memory held), n = {len(qas)}", fontsize=10)
 fig.tight_layout()
+plots.shared_legend(fig, axes, ncol=6, fontsize=8)
 _ = plots.save(fig, out, "eviction")
 
 # %% [markdown]
