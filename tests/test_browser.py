@@ -55,8 +55,8 @@ def test_slider_redraws_in_jupyterlab(tmp_path, case):
     import nbformat
 
     src = tmp_path / "src.ipynb"  # the current source, not the committed (maybe older) notebook
-    subprocess.run([sys.executable, str(ROOT / "tools" / "py2nb.py"), str(ROOT / "notebooks" / "src" / f"{name}.py"),
-                    str(src)], check=True)
+    subprocess.run([sys.executable, "-m", "jupytext", "--quiet", "--to", "ipynb", "--set-kernel", "python3", "--output",
+                    str(src), str(ROOT / "notebooks" / "src" / f"{name}.py")], check=True)
     pm.execute_notebook(str(src), str(nb), prepare_only=True,
                         parameters={**params, "OUT_DIR": str(tmp_path / "out")})
     # open it as a reader who cleared the committed outputs: no saved widget state to restore, so
