@@ -41,3 +41,19 @@ def test_token_classes(tokenizer):
     ids = tokenizer("where is the red circle ?")["input_ids"]
     assert classify_ids(tokenizer, ids) == ["special", "function", "function", "function", "attribute", "object",
                                             "punctuation"]
+
+
+def test_a_layer_subset_must_cover_every_band_and_the_suggested_fix_does():
+    from unicache_lib.analysis.layers import band_layers, require_bands
+
+    assert require_bands([0, 2, 3], 4) == {"shallow": [0], "middle": [2], "deep": [3]}
+    assert require_bands([0, 15, -1], 32) == {"shallow": [0], "middle": [15], "deep": [31]}
+    with pytest.raises(ValueError, match=r"deep \(layers 3-3\).*LAYERS = \[0, 2, 3\]"):
+        require_bands([0, 2], 4)
+    for layers, n in (([0, 2], 4), ([31], 32), ([0, 1], 24)):
+        with pytest.raises(ValueError) as e:
+            require_bands(layers, n)
+        fix = eval(str(e.value).rsplit("LAYERS = ", 1)[1])
+        assert set(layers) <= set(fix) and all(require_bands(fix, n)[b] for b in band_layers(n))
+    with pytest.raises(ValueError, match="outside"):
+        require_bands([4], 4)

@@ -45,7 +45,7 @@ import torch
 
 from unicache_lib import plots
 from unicache_lib.analysis import anchors as A
-from unicache_lib.analysis.layers import band_layers
+from unicache_lib.analysis.layers import band_layers, require_bands
 from unicache_lib.analysis.localisation import object_word_selectivity
 from unicache_lib.analysis.token_classes import CLASSES, token_class
 from unicache_lib.analysis.understanding import anchor_sets, head_table, layer_table, token_flow
@@ -75,7 +75,7 @@ tok = processor.tokenizer
 samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
 scene_of = {s.id: s.scene_type for s in samples}
 n_layers = model.config.get_text_config().num_hidden_layers
-bands = band_layers(n_layers)
+bands = band_layers(n_layers) if LAYERS is None else require_bands(LAYERS, n_layers)  # a subset needs every band
 print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_config().num_attention_heads} heads; "
       f"{len(samples)} samples over {len(set(scene_of.values()))} scene types; bands {bands}; image read in part {PART!r}")
 
@@ -105,7 +105,7 @@ grids = {s.id: (family.image_grid(model.config, enc[s.id]), family.grid_tokens(m
 L = layer_table(recs, scene_of)
 H = head_table(recs)
 captured = sorted(L["layer"].unique())
-bands = {b: [li for li in ls if li in captured] for b, ls in bands.items()}  # bands of the captured layers
+bands = require_bands(captured, n_layers, "the captured layers")  # (cross-attention models: the layers that read the image)
 print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['sample'].nunique()} samples x "
       f"{L.layer.nunique()} layers); maps store: {len(maps)} records")
 

@@ -17,3 +17,23 @@ def band_layers(n_layers: int) -> dict[str, list[int]]:
         out[layer_band(i, n_layers)].append(i)
     return out
 
+
+
+def require_bands(layers, n_layers: int, name: str = "LAYERS") -> dict[str, list[int]]:
+    """The captured ``layers`` of each band; raises ValueError when a band has none (the depth comparisons
+    need at least one layer per band), naming the missing bands and a layer list that covers them.
+    Negative layers count from the last, as in capture."""
+    have = sorted({li % n_layers if -n_layers <= li < n_layers else _out_of_range(li, n_layers) for li in layers})
+    out = {b: [li for li in ls if li in have] for b, ls in band_layers(n_layers).items()}
+    missing = [b for b, ls in out.items() if not ls]
+    if missing:
+        full = band_layers(n_layers)
+        fix = sorted(set(have) | {full[b][len(full[b]) // 2] for b in missing})
+        spans = ", ".join(f"{b} (layers {full[b][0]}-{full[b][-1]})" for b in missing)
+        raise ValueError(f"{name} = {list(layers)} has no layer in the {spans} band(s) of this {n_layers}-layer model: "
+                         f"the notebook compares shallow, middle and deep layers and needs one of each, e.g. {name} = {fix}")
+    return out
+
+
+def _out_of_range(li: int, n_layers: int):
+    raise ValueError(f"layer {li} outside -{n_layers}..{n_layers - 1}")
