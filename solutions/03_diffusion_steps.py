@@ -49,29 +49,33 @@ def exercise_1(quick: bool = False) -> dict:
     before, so a reuse policy could reuse at most ``steps - knee`` steps of that layer; a policy that reuses
     whole steps is bound by the latest knee over the model's layers (no knee: nothing to skip).
 
-    Expected on the shipped generators, measured (20 steps; the quick run uses 8): at 0.7 every layer settles
-    within the first step or two; at 0.9 most layers still have a knee, a little later; at 0.95 the knees
-    move later still and some layers lose theirs (their similarity dips below 0.95 at some late step).
-    The step count a whole-step policy could skip therefore shrinks as the threshold rises: the table
-    reports it per model and threshold.
+    Expected on the shipped generators, measured — a nearly trivial answer: at 20 steps every layer of both
+    models has its knee at step 1 at 0.7, 0.9 *and* 0.95 (adjacent maps are above 0.95 from the first step on),
+    so by this criterion a policy could reuse 19 of 20 steps; only at 0.99 do knees move. With 8 steps (quick
+    run) the steps are farther apart and the MMDiT's similarity dips under 0.95 late in the run: its whole-step
+    count falls from 7 to 1 at 0.95. Map similarity alone overstates what can be skipped: notebook 05 shows
+    that reusing that much loses to simply sampling with fewer steps.
     """
     from unicache_lib.analysis import generation as G
 
     steps = _steps(quick)
-    rows = []
+    rows, min_sim = [], {}
     for m in MODELS:
         T = G.step_table(_short_run(m, 2 if quick else 8, steps).result.records)
+        min_sim[m] = T[T.step > 0].groupby(["part", "layer", "step"]).sim.mean().min()
         for (p, li), d in T.groupby(["part", "layer"]):
             curve = d.groupby("step").sim.mean().to_numpy()
-            for th in (0.7, 0.9, 0.95):
+            for th in (0.7, 0.9, 0.95, 0.99):
                 k = G.knee(curve, th)
                 rows.append({"model": m, "part": p, "layer": li, "threshold": th, "knee": k,
                              "skippable": 0 if k is None else steps - k})
     K = pd.DataFrame(rows)
+    K.attrs["min_sim"] = min_sim
     per_model = K.groupby(["model", "threshold"]).agg(
         layers_with_knee=("knee", lambda s: int(s.notna().sum())), layers=("knee", "size"),
         whole_step_skippable=("skippable", "min"), mean_layer_skippable=("skippable", "mean"))
-    return {"steps": steps, "per model": "\n" + per_model.round(1).to_string(), "_per_model": per_model, "_knees": K}
+    low = {m: round(float(T_min), 4) for m, T_min in K.attrs.get("min_sim", {}).items()}
+    return {"lowest adjacent-step similarity after step 0": low, "steps": steps, "per model": "\n" + per_model.round(1).to_string(), "_per_model": per_model, "_knees": K}
 
 
 def exercise_2(quick: bool = False) -> dict:
@@ -83,11 +87,11 @@ def exercise_2(quick: bool = False) -> dict:
     ``text_share`` (image queries' mass on text keys; 1 by construction for PixArt's cross-attention) and
     ``text_entropy`` (normalised entropy of that mass over the text positions).
 
-    Expected, measured: with an empty prompt the image queries' text attention has no words to pick from: on
-    the MMDiT the text share falls (the image reads itself) and on both models the text entropy of the
-    unconditional branch is higher than the conditional one's — the mass spreads evenly over padding/special
-    positions instead of concentrating on colour and shape words. The unconditional branch attends to
-    "nothing in particular", which is the baseline guidance subtracts.
+    Expected, measured (20 steps, 8 prompts): with an empty prompt the image queries have no words to pick
+    from: the unconditional branch's text entropy is near 1 on both models (0.98 MMDiT, 0.99 PixArt) against
+    0.90 / 0.50 for the prompt, i.e. its text attention is spread evenly over whatever text positions exist,
+    and on the MMDiT the text share falls (0.23 -> 0.19: the image reads itself more). The unconditional
+    branch attends to "nothing in particular" — the baseline that guidance subtracts.
     """
     from unicache_lib.analysis import generation as G
     from unicache_lib.capture.diffusion import DiffusionCapture
@@ -137,10 +141,11 @@ def exercise_3(quick: bool = False) -> dict:
     different-shape pairs. Same word twice: the only thing that can tell the two tokens apart is their
     position in the prompt.
 
-    Expected on the shipped generators, measured: no — with the same colour and shape the two shape words'
-    regions overlap almost completely (IoU near 1 on the MMDiT; high on PixArt) — the two tokens carry the same
-    embedding up to position, so the image reads them alike — while same-colour pairs with two different
-    shapes overlap less. Nothing in the word maps binds "circle #1" to the left object.
+    Expected on the shipped generators, measured (8 pairs of each kind, 20 steps): no. On PixArt the two
+    shape words' regions are *identical* (IoU 1.00; two different shapes: 0.07, chance 0.07): its text encoder
+    gives the repeated word the same output, so the image reads both alike. On the MMDiT they overlap 0.37
+    against 0.30 for two different shapes (chance 0.07): they never separated well there, and the repeated
+    word makes it slightly worse. Nothing in the word maps binds "circle #1" to the left object.
     """
     from unicache_lib.analysis import generation as G
     from unicache_lib.capture.gen_runner import capture_generation
@@ -195,14 +200,15 @@ def exercise_4(quick: bool = False) -> dict:
         W = G.word_maps(run.result.records, sid)  # [tokens, image]
         per_tok = W.mean(1)
         for t, v in zip(run.tokens[i], per_tok):
-            role = ("colour" if t in COLOURS else "shape" if t in SHAPES else "position" if t in pos_words else "function")
+            role = ("colour" if t in COLOURS else "shape" if t in SHAPES else "position" if t in pos_words
+                    else "end of text" if t.startswith("<") or t.startswith("[") else "function")
             rows.append({"prompt": i, "token": t, "role": role, "share": float(v)})
-        rows.append({"prompt": i, "token": "<padding / end>", "role": "padding", "share": float(1 - per_tok.sum())})
     D = pd.DataFrame(rows)
-    by_role = D.groupby("role").share.mean().sort_values(ascending=False)
-    real = D[D.role != "padding"].groupby("prompt").share.sum().mean()
-    out = {"share on real prompt tokens": round(float(real), 3), "mean share per token, by role": by_role.round(4).to_dict(),
-           "_by_role": by_role, "_real": real}
+    by_role = D.groupby(["prompt", "role"]).share.sum().unstack().fillna(0).mean().sort_values(ascending=False)
+    by_token = D.groupby("token").share.mean().sort_values(ascending=False)
+    real = D.groupby("prompt").share.sum().mean()
+    out = {"share on real prompt tokens": round(float(real), 3), "share per prompt, by role (sum over the role's tokens)": by_role.round(4).to_dict(),
+           "most-read tokens": by_token.head(8).round(3).to_dict(), "_by_role": by_role, "_real": real}
     if not quick:
         from unicache_lib.capture.gen_runner import capture_generation
         from unicache_lib.widgets import step_explorer
