@@ -77,8 +77,9 @@ def exercise_1(quick: bool = False) -> dict:
         eligible[bands[band]] = True
         for n_heads in (2, 4):
             keep = space.keep_mask(scores, n_heads / space.n_heads, eligible=eligible)
+            acc = _accuracy(keep, nq)
             rows.append({"band": band, "layers": bands[band], "heads pruned": int((keep == 0).sum()),
-                         "accuracy": _accuracy(keep, nq), "drop": base - _accuracy(keep, nq)})
+                         "accuracy": acc, "drop": base - acc})
     t = pd.DataFrame(rows)
     return {"unpruned accuracy": round(base, 3), "table": "\n" + t.round(3).to_string(index=False), "_t": t, "_base": base}
 
