@@ -195,8 +195,8 @@ def test_05_anchor_policy_registered_and_behind_key_coverage(s05):
 
     S = s05.exercise_1(quick=True)["_S"]
     assert "notebook_anchors" in POLICIES
-    assert S.loc["notebook_anchors", 0.1] < S.loc["key_coverage", 0.1]
-    assert S.loc["notebook_anchors", 0.1] <= S.loc["random", 0.1]
+    assert S.loc["notebook_anchors", 0.1] < S.loc["key_coverage", 0.1] - 0.2
+    assert S.loc["notebook_anchors", 0.25] >= S.loc["h2o", 0.25]
 
 
 def test_05_adaptive_never_beats_the_static_schedule(s05):
