@@ -75,11 +75,13 @@ def exercise_1(quick: bool = False) -> dict:
         persist = np.mean([A.layer_persistence(img_reads[i], k)[layers.index(lo), layers.index(mid)] for i in range(len(samples))])
         chance = k / (2 * n_image - k)
         pl = pd.DataFrame([A.anchor_placement(AS[(s.id, li)], kinds[s.id]) for s in samples for li in layers])
-        stab = [A.group_stability({s.id: AS[(s.id, li)] for s in samples}, scene_of) for li in layers]
-        within_across = float(np.nanmean([v["within"] - v["across"] for v in stab]))
+        within_across = float("nan")  # needs two samples of a scene type
+        if len(samples) > len(set(scene_of.values())):
+            stab = [A.group_stability({s.id: AS[(s.id, li)] for s in samples}, scene_of) for li in layers]
+            within_across = float(np.nanmean([v["within"] - v["across"] for v in stab]))
         table[k] = {"U3a Jaccard": persist, "chance": chance, "U3a / chance": persist / chance,
                     "U3a holds (> 3x chance)": bool(persist > 3 * chance),
-                    "U3b within - across": within_across if len(samples) > 5 else float("nan"),
+                    "U3b within - across": within_across,
                     "U4a object / chance": pl.object.mean() / pl.object_chance.mean(),
                     "U4a holds (> 1.5)": bool(pl.object.mean() / pl.object_chance.mean() > 1.5)}
     t = pd.DataFrame(table).T
