@@ -229,3 +229,26 @@ def test_05_own_model_calls_run_on_a_random_stand_in(s05):
     r = s05.exercise_5(quick=True)
     assert r["methods"] == ["divprune", "full", "key_coverage", "random"]
     assert r["rows"] == r["_n"] * 4
+
+
+def test_library_options_the_solutions_use_refuse_bad_input_with_a_working_fix(s02):
+    """object_word_selectivity(question=, query=) and answer_attention(layers=): the errors and the fixes they name."""
+    from unicache_lib.analysis.localisation import object_word_selectivity
+    from unicache_lib.diagnostics.hallucination import answer_attention
+    from unicache_lib.world import samples as sample_set
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    model, processor = s02._model()
+    multi = [s for s in sample_set.load(per_type=1) if len(s.objects) >= 2][:1]
+    with pytest.raises(ValueError, match="query='last'"):
+        object_word_selectivity(model, processor, multi, question="where is the {shape} ?", query="colour")
+    with pytest.raises(ValueError, match="query must be one of"):
+        object_word_selectivity(model, processor, multi, query="object")
+    ok = object_word_selectivity(model, processor, multi, question="where is the {shape} ?", query="last")
+    assert len(ok) == len(multi[0].objects) * 4 and np.isfinite(ok.selectivity).all()
+    qas = heldout_set(2, seed=1)
+    with pytest.raises(ValueError, match="pass indices of those"):
+        answer_attention(model, processor, qas, progress=False, layers=[99])
+    one = answer_attention(model, processor, qas, progress=False, layers=[0])
+    every = answer_attention(model, processor, qas, progress=False)
+    assert (one.coverage != every.coverage).any() and (one.prediction == every.prediction).all()
