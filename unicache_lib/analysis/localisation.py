@@ -34,17 +34,26 @@ def selectivity(weights, patch_object: np.ndarray, target: int) -> float:
     return float(w[on].mean() / denom) if denom > 0 else float("inf")
 
 
-def object_word_selectivity(model, processor, samples, grid=None) -> "pd.DataFrame":
-    """Ask ``where is the {colour} {shape} ?`` about every object of every multi-object sample, and
-    measure the shape word's attention on that object vs the other objects, per layer.
+QUERIES = ("shape", "colour", "last")
+
+
+def object_word_selectivity(model, processor, samples, grid=None, question: str = "where is the {colour} {shape} ?",
+                            query: str = "shape", per_head: bool = False) -> "pd.DataFrame":
+    """Ask ``question`` (default ``where is the {colour} {shape} ?``) about every object of every multi-object
+    sample, and measure the ``query`` position's attention on that object vs the other objects, per layer.
+
+    ``question`` is formatted with the object's ``colour`` and ``shape`` (e.g. ``"what shape is the {colour}
+    object ?"``); ``query`` is the position read: ``"shape"`` / ``"colour"`` (the last occurrence of the object's
+    shape / colour word, which the question must contain) or ``"last"`` (the last prompt position, the one that
+    produces the answer). ``per_head``: one row per head (column ``head``) instead of the mean over heads.
 
     The map read is the one whose keys are the image: the language model's self-attention (image
     tokens in the sequence) or, for a cross-attention VLM, its cross-attention layers. The image
     tokens are placed over the picture by the family's token grid (``grid=(rows, cols)`` overrides
     it); a family whose tokens form no single grid (tiles with newline tokens) raises.
 
-    Returns one row per (sample, object, layer): ``selectivity`` (mean over heads of the map,
-    then :func:`selectivity`) and ``top_on_target`` (is the most-attended patch on the object).
+    Returns one row per (sample, object, layer), or per (sample, object, layer, head) with ``per_head``:
+    ``selectivity`` (of the map averaged over heads, or of one head's, then :func:`selectivity`) and ``top_on_target`` (is the most-attended patch on the object).
     """
     import pandas as pd
 
@@ -53,6 +62,8 @@ def object_word_selectivity(model, processor, samples, grid=None) -> "pd.DataFra
     from ..families import family_of
     from ..world.scenes import patch_grid_masks
 
+    if query not in QUERIES:
+        raise ValueError(f"query must be one of {QUERIES}, got {query!r}")
     fam = family_of(model)
     part = fam.image_part
     rows = []
@@ -60,7 +71,7 @@ def object_word_selectivity(model, processor, samples, grid=None) -> "pd.DataFra
         if len(s.objects) < 2:
             continue
         for t, o in enumerate(s.objects):
-            q = f"where is the {o['colour']} {o['shape']} ?"
+            q = question.format(colour=o["colour"], shape=o["shape"])
             inputs = inputs_for(model, processor, s.image, q)
             g = grid or fam.image_grid(model.config, inputs)
             if g is None:
@@ -69,7 +80,14 @@ def object_word_selectivity(model, processor, samples, grid=None) -> "pd.DataFra
             po = patch_grid_masks(s.masks, g)
             cells = fam.grid_tokens(model.config, inputs) if grid is None else torch.arange(len(po))
             toks = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
-            pos = max(i for i, w in enumerate(toks) if w == o["shape"])
+            if query == "last":
+                pos = len(toks) - 1
+            else:
+                hits = [i for i, w in enumerate(toks) if w == o[query]]
+                if not hits:
+                    raise ValueError(f"query {query!r}: the question {q!r} does not contain the object's {query} word "
+                                     f"{o[query]!r}; put {{{query}}} in the question or use query='last'")
+                pos = hits[-1]
             with torch.no_grad(), AttentionCapture(model, "full", part=part) as cap:
                 model(**inputs)
             for r in cap.result.select(part=part):
@@ -77,7 +95,8 @@ def object_word_selectivity(model, processor, samples, grid=None) -> "pd.DataFra
                     w_img = r.probs[:, pos, :]
                 else:
                     w_img = r.probs[:, pos, torch.as_tensor(r.spans.image_index)]
-                w = w_img.mean(0)[cells]
-                rows.append({"sample": s.id, "object": t, "layer": r.layer,
-                             "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t)})
+                per = list(enumerate(w_img[:, cells])) if per_head else [(None, w_img.mean(0)[cells])]
+                for h, w in per:
+                    rows.append({"sample": s.id, "object": t, "layer": r.layer, **({"head": h} if per_head else {}),
+                                 "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t)})
     return pd.DataFrame(rows)

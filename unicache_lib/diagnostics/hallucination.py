@@ -15,10 +15,11 @@ from ..progress import bar
 
 
 @torch.no_grad()
-def answer_attention(model, processor, qas, progress: bool | None = None) -> pd.DataFrame:
+def answer_attention(model, processor, qas, progress: bool | None = None, layers=None) -> pd.DataFrame:
     """One row per question: qtype, answer, prediction, correct, confidence, coverage, concentration.
     Needs an eager model (attention weights). The layers read are those whose keys include the image
-    (a cross-attention VLM: its cross-attention layers)."""
+    (a cross-attention VLM: its cross-attention layers); ``layers`` (indices of those layers, e.g. the
+    shallow band) averages coverage and concentration over these only (None: all)."""
     from ..capture import AttentionCapture
     from ..capture.runner import inputs_for
     from ..families import family_of
@@ -34,6 +35,8 @@ def answer_attention(model, processor, qas, progress: bool | None = None) -> pd.
         p = torch.softmax(out.logits[0, -1].float(), -1)
         cov, conc = [], []
         for r in cap.result.select(part=part):
+            if layers is not None and r.layer not in layers:
+                continue
             row = r.probs[:, -1]  # [H, Sk]: the answer position
             img = torch.as_tensor(r.spans.array == 1)  # cross-attention: every key is a vision token
             on = row[:, img]
@@ -43,6 +46,9 @@ def answer_attention(model, processor, qas, progress: bool | None = None) -> pd.
             h = -(torch.special.xlogy(d, d)).sum(-1) / np.log(max(int(seen.sum()), 2))  # over the image keys it sees
             cov.append(mass.mean())
             conc.append((1 - h).mean())
+        if not cov:
+            raise ValueError(f"layers {list(layers)}: none of them is a captured {part!r} layer "
+                             f"({sorted({r.layer for r in cap.result.select(part=part)})}); pass indices of those")
         pred = tok.convert_ids_to_tokens(int(p.argmax()))
         rows.append({"qtype": q.qtype, "question": q.question, "answer": q.answer, "prediction": pred,
                      "correct": pred == q.answer, "confidence": float(p.max()),

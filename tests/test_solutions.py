@@ -1,0 +1,254 @@
+"""Every notebook's exercise solutions (solutions/NN_topic.py) run in quick mode on the shipped models, and the
+outcome each docstring states is asserted where it is checkable."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+
+
+def load(name: str):
+    if str(SOLUTIONS) not in sys.path:
+        sys.path.insert(0, str(SOLUTIONS))
+    spec = importlib.util.spec_from_file_location(f"solution_{name}", SOLUTIONS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def s01():
+    return load("01_capture")
+
+
+@pytest.fixture(scope="module")
+def s02():
+    return load("02_understanding_maps")
+
+
+def test_every_notebook_exercise_has_a_solution():
+    import re
+
+    for src in sorted((SOLUTIONS.parent / "notebooks" / "src").glob("0[1-6]_*.py")):
+        text = src.read_text()
+        n = len(re.findall(r"^# (\d+)\. ", text.split("## Exercises")[1], re.M))
+        mod = load(src.stem)
+        have = sorted(int(a.split("_")[1]) for a in dir(mod) if a.startswith("exercise_"))
+        assert have == list(range(1, n + 1)), f"{src.stem}: exercises 1..{n}, solutions {have}"
+        for k in have:
+            doc = getattr(mod, f"exercise_{k}").__doc__
+            assert doc and "Expected" in doc, f"{src.stem} exercise {k}: the docstring states no expected outcome"
+
+
+def test_01_vision_tower_is_more_focused_than_the_language_model(s01):
+    r = s01.exercise_1(quick=True)
+    assert len(r["_vision"]) == 2 and len(r["_language"]) == 4
+    assert r["_vision"].max() < r["_language"].min()  # vision curve below the language curve at every depth
+    assert 0.4 < r["_vision"].mean() < 0.7
+
+
+def test_01_batch_averaging_loses_anchors_as_the_batch_grows(s01):
+    by = s01.exercise_2(quick=True)["_by_size"]
+    sizes = sorted(by)
+    assert by[1] == 1.0 and sizes[-1] == 5
+    assert all(by[a] >= by[b] for a, b in zip(sizes, sizes[1:]))  # non-increasing with the batch size
+    assert by[5] < 0.5  # M3 holds for the whole set
+
+
+def test_01_fp16_means_match_to_3_decimals_single_entries_do_not(s01):
+    r = s01.exercise_3(quick=True)
+    assert r["_entropy_gap"] < 5e-4  # per-layer mean entropy equal to 3 decimals
+    assert max(r["_median"].values()) < 1e-3
+    assert r["_worst"]["max_weight"] > 5e-4  # the largest single difference is beyond the 3rd decimal
+
+
+def test_01_two_ranks_write_one_store(s01):
+    r = s01.exercise_4(quick=True)
+    assert r["index files"] == ["index-rank00000.json", "index-rank00001.json"]
+    assert r["problems"] == [] and r["samples"] == r["_n"] and r["records"] == 4 * r["_n"]
+
+
+def test_02_anchor_conclusions_by_top_k(s02):
+    t = s02.exercise_1(quick=True)["_table"]
+    assert t["U4a holds (> 1.5)"].all()  # anchors on objects at every k
+    assert bool(t.loc[3, "U3a holds (> 3x chance)"]) and not bool(t.loc[12, "U3a holds (> 3x chance)"])
+    assert t.loc[3, "U4a object / chance"] > t.loc[12, "U4a object / chance"]
+
+
+def test_02_color_as_function_word_barely_moves_u5(s02):
+    r = s02.exercise_2(quick=True)
+    assert r["_n_color"] > 0
+    assert r["_after"] < r["_before"]  # a high-reading word moved to the function class
+    assert abs(r["_after"] - r["_before"]) / r["_before"] < 0.05 and r["_before"] < 2 and r["_after"] < 2
+
+
+def test_02_colour_word_is_a_better_pointer(s02):
+    t = s02.exercise_3(quick=True)["_table"]
+    assert t.iloc[:, 1].max() > 2 * t.iloc[:, 0].max()  # colour query's best layer vs the shape word's
+
+
+def test_02_a_layer_1_head_finds_the_asked_object(s02):
+    r = s02.exercise_4(quick=True)
+    assert r["best head (layer, head)"][0] == 1 and r["its top patch on the asked object"] >= 0.9
+    assert r["best head's hit rate per layer"][0] < 0.5
+
+
+@pytest.fixture(scope="module")
+def s03():
+    return load("03_diffusion_steps")
+
+
+def test_03_knees_by_threshold(s03):
+    t = s03.exercise_1(quick=True)["_per_model"]
+    for m in ("tiny-mmdit", "tiny-pixart"):
+        d = t.loc[m]
+        assert d.loc[0.7, "layers_with_knee"] == d.loc[0.7, "layers"]  # every layer settles at 0.7
+        skip = d.whole_step_skippable.to_numpy()
+        assert all(a >= b for a, b in zip(skip, skip[1:]))  # a stricter threshold never skips more
+        assert d.loc[0.99, "layers_with_knee"] < d.loc[0.7, "layers_with_knee"]
+
+
+def test_03_unconditional_branch_spreads_its_text_attention(s03):
+    t = s03.exercise_2(quick=True)["_table"]
+    for m in ("tiny-mmdit", "tiny-pixart"):
+        assert t.loc[(m, "uncond"), "text_entropy"] > t.loc[(m, "cond"), "text_entropy"] + 0.05
+        assert t.loc[(m, "uncond"), "text_entropy"] > 0.95
+    assert t.loc[("tiny-mmdit", "uncond"), "text_share"] < t.loc[("tiny-mmdit", "cond"), "text_share"]
+
+
+def test_03_repeated_shape_word_regions_do_not_separate(s03):
+    t = s03.exercise_3(quick=True)["_table"]
+    same, two = "same colour, same shape", "same colour, two shapes"
+    assert t.loc[("tiny-pixart", same), "overlap"] > 0.9 > t.loc[("tiny-pixart", two), "overlap"]
+    for m in ("tiny-mmdit", "tiny-pixart"):
+        assert t.loc[(m, same), "overlap"] > 3 * t.loc[(m, same), "chance"]
+
+
+def test_03_pixart_reads_end_of_text_and_not_position_words(s03):
+    r = s03.exercise_4(quick=True)
+    assert r["_real"] == pytest.approx(1.0, abs=1e-3)
+    assert r["_by_role"].idxmax() == "end of text" and r["_by_role"]["position"] < 0.05
+
+
+@pytest.fixture(scope="module")
+def s04():
+    return load("04_head_pruning")
+
+
+def test_04_diffuse_heads_are_dispensable_deep_not_shallow(s04):
+    r = s04.exercise_1(quick=True)
+    t = r["_t"].set_index(["band", "heads pruned"])
+    assert t.loc[("deep", 2), "drop"] <= 0.02 and t.loc[("deep", 4), "drop"] <= 0.02
+    assert t.loc[("shallow", 4), "drop"] >= 0.2
+
+
+def test_04_own_scorer_registered_and_behind_gradient(s04):
+    r = s04.exercise_2(quick=True)
+    from unicache_lib.pruning import SCORERS
+
+    assert r["registered"] and "image_share" in SCORERS
+    assert r["_mean"]["gradient"] > r["_mean"]["image_share"] + 0.05
+
+
+def test_04_few_gradient_questions_suffice(s04):
+    m = s04.exercise_3(quick=True)["_mean"]
+    assert m["gradient n=8"] > m["random"] + 0.1 and m["gradient n=32"] > m["random"] + 0.1
+    assert m["gradient n=2"] < m["gradient n=8"]
+
+
+@pytest.fixture(scope="module")
+def s06():
+    return load("06_diagnostics")
+
+
+def test_06_earlier_cutoff_costs_more_accuracy(s06):
+    t = s06.exercise_1(quick=True)["_t"]
+    acc = t.accuracy
+    assert acc[1] < acc[2] <= acc[3] < acc["none"]
+    assert acc[1] < 0.5 and acc["none"] > 0.9
+    assert [t.loc[L, "first cut-off layer"] for L in (1, 2, 3)] == [1, 2, 3]
+
+
+def test_06_shallow_coverage_does_not_beat_confidence(s06):
+    a = s06.exercise_2(quick=True)["_auroc"]
+    conf = a.pop("confidence (baseline)")
+    assert len(a) == 2 and all(v < conf for v in a.values())
+
+
+def test_06_shuffled_images_are_no_modality_cutoff(s06):
+    t = s06.exercise_3(quick=True)["_t"]
+    assert not t.loc["shuffled images", "fires"] and not t.loc["healthy", "fires"]
+    assert t.loc["shuffled images", "accuracy"] < t.loc["healthy", "accuracy"] - 0.3
+    assert t.loc["shuffled images", "image dependence (KL)"] > 1.0
+
+
+@pytest.fixture(scope="module")
+def s05():
+    return load("05_caching")
+
+
+def test_05_anchor_policy_registered_and_behind_key_coverage(s05):
+    from unicache_lib.kv import POLICIES
+
+    S = s05.exercise_1(quick=True)["_S"]
+    assert "notebook_anchors" in POLICIES
+    assert S.loc["notebook_anchors", 0.1] < S.loc["key_coverage", 0.1] - 0.2
+    assert S.loc["notebook_anchors", 0.25] >= S.loc["h2o", 0.25]
+
+
+def test_05_adaptive_never_beats_the_static_schedule(s05):
+    r = s05.exercise_2(quick=True)
+    t = r["_t"]
+    reusing = t[t.computed < 1]
+    assert len(reusing) >= 1 and (reusing["beats static"] == "no (dominated)").all()
+    assert (t[t.method != "adaptive 0.99"]["beats static"] == "reuses nothing").all()  # 8 steps: too strict to reuse
+    assert Path(r["figure"]).stat().st_size > 1000
+
+
+def test_05_absent_objects_under_eviction(s05):
+    w = s05.exercise_3(quick=True)["_wrong"]
+    from unicache_lib.kv import POLICIES
+
+    assert set(w.index) >= set(POLICIES) - {"notebook_anchors"} and list(w.columns) == [0.1, 0.25]
+    assert ((w >= 0) & (w <= 1)).all().all()
+    assert w.loc["full"].nunique() == 1  # the full cache does not depend on the budget
+
+
+def test_05_extrapolation_beats_plain_reuse_at_20_steps(s05):
+    t = s05.exercise_4(quick=True)["_t"]
+    a, b = t.loc[("tiny-mmdit", "step_skip")], t.loc[("tiny-mmdit", "step_skip (weight 0)")]
+    assert a.flops == b.flops == pytest.approx(0.45)
+    assert a["margin at equal FLOPs (dB)"] > b["margin at equal FLOPs (dB)"] + 1.0
+    assert a.psnr > b.psnr
+
+
+def test_05_own_model_calls_run_on_a_random_stand_in(s05):
+    r = s05.exercise_5(quick=True)
+    assert r["methods"] == ["divprune", "full", "key_coverage", "random"]
+    assert r["rows"] == r["_n"] * 4
+
+
+def test_library_options_the_solutions_use_refuse_bad_input_with_a_working_fix(s02):
+    """object_word_selectivity(question=, query=) and answer_attention(layers=): the errors and the fixes they name."""
+    from unicache_lib.analysis.localisation import object_word_selectivity
+    from unicache_lib.diagnostics.hallucination import answer_attention
+    from unicache_lib.world import samples as sample_set
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    model, processor = s02._model()
+    multi = [s for s in sample_set.load(per_type=1) if len(s.objects) >= 2][:1]
+    with pytest.raises(ValueError, match="query='last'"):
+        object_word_selectivity(model, processor, multi, question="where is the {shape} ?", query="colour")
+    with pytest.raises(ValueError, match="query must be one of"):
+        object_word_selectivity(model, processor, multi, query="object")
+    ok = object_word_selectivity(model, processor, multi, question="where is the {shape} ?", query="last")
+    assert len(ok) == len(multi[0].objects) * 4 and np.isfinite(ok.selectivity).all()
+    qas = heldout_set(2, seed=1)
+    with pytest.raises(ValueError, match="pass indices of those"):
+        answer_attention(model, processor, qas, progress=False, layers=[99])
+    one = answer_attention(model, processor, qas, progress=False, layers=[0])
+    every = answer_attention(model, processor, qas, progress=False)
+    assert (one.coverage != every.coverage).any() and (one.prediction == every.prediction).all()
