@@ -12,7 +12,8 @@ Timings come from interleaved repeats in one process (each repeat runs every con
 rotating order), reported as the median with the range; ratios are taken per repeat (paired) and reported
 the same way. Peak extra memory is measured in a fresh process per configuration: the rise of the process's
 peak RSS over a warm plain forward, with glibc's mmap threshold pinned (``MALLOC_MMAP_THRESHOLD_``) so freed
-tensors go back to the OS and the peak RSS tracks live memory rather than allocator caching.
+tensors go back to the OS and the peak RSS tracks live memory rather than allocator caching (timings run
+with the allocator's defaults, as a user's process does).
 
     python benchmarks/capture_overhead.py            # or: make benchmark (about 10 minutes on 2 CPU cores)
     python benchmarks/capture_overhead.py --regimes narrow --repeats 5
@@ -66,7 +67,9 @@ def llava(layers: int, heads: int, head_dim: int, n_image: int, n_text: int, int
     text = torch.randint(5, len(tok), (n_text,))
     text[text == cfg.image_token_id] = 5
     ids = torch.cat([text[:5], torch.full((n_image,), cfg.image_token_id), text[5:]])[None]
-    inputs = {"input_ids": ids, "pixel_values": torch.randn(1, 3, side * 14, side * 14)}
+    # logits of the last position only (as a generation prefill): the LM head over every position would be a
+    # fixed cost that dilutes every ratio
+    inputs = {"input_ids": ids, "pixel_values": torch.randn(1, 3, side * 14, side * 14), "logits_to_keep": 1}
     return model, inputs, Spans.from_kinds([0] * 5 + [1] * n_image + [0] * (n_text - 5))
 
 
@@ -168,8 +171,10 @@ def memory_child(regime: str, config: str, a) -> dict:
 
 def _child(args: list[str], a) -> dict:
     cmd = [sys.executable, __file__, *args, *_shape_args(a)]
-    p = subprocess.run(cmd, capture_output=True, text=True,
-                       env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"})
+    env = dict(os.environ)
+    if args[0] == "--memory":  # freed memory goes back to the OS, so the peak RSS tracks live tensors (timings: default)
+        env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -301,7 +301,7 @@ LAYER_STATS = {
 
 # row chunks of the map are processed one at a time: about this many bytes of float32 per chunk, so a
 # chunk and its few temporaries stay in cache and no temporary is of the map's size
-CHUNK_BYTES = 2 << 20
+CHUNK_BYTES = 4 << 20
 _TINY = torch.finfo(torch.float32).tiny
 
 
@@ -338,23 +338,32 @@ class LogitRows:
                 bias = torch.where(self.visible, m, 0.0)
                 self.bias = bias if bool(bias.any()) else None
 
-    def rows(self, r0: int, r1: int, k1: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows(self, r0: int, r1: int, k1: int | None = None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Probabilities ``[H, r1 - r0, k1]`` (float32) of query rows ``r0:r1`` over keys ``:k1`` (keys past
         ``k1`` must be hidden from these rows) and the rows' entropy ``[H, r1 - r0]`` in nats, from the
-        logits (``H = logsumexp(l) - sum p l``: no logarithm per entry)."""
+        logits (``H = logsumexp(l) - sum p l``: no logarithm per entry). ``out``: a float32 buffer of at least
+        ``H * (r1 - r0) * k1`` elements to hold the probabilities (no allocation per chunk)."""
         k1 = self.shape[2] if k1 is None else k1
         logits = torch.matmul(self.q[:, r0:r1].float(), self.k[:, :k1].float().transpose(-1, -2)).mul_(self.scale)
         if self.bias is not None:
             logits.add_(self.bias[r0:r1, :k1])
-        hide = None if self.visible is None else ~self.visible[r0:r1, :k1]
-        if hide is not None:
-            logits.masked_fill_(hide, float("-inf"))
-        lse = torch.logsumexp(logits, -1, keepdim=True)
-        p = logits.sub(lse).exp_()
+        hide, lo = None, 0
+        if self.visible is not None:
+            hide = ~self.visible[r0:r1, :k1]
+            cols = hide.any(0).nonzero()
+            lo = int(cols[0]) if len(cols) else k1  # only columns lo: hold hidden keys (a causal chunk: a triangle)
+            hide = hide[:, lo:]
+            logits[..., lo:].masked_fill_(hide, float("-inf"))
+        m = logits.amax(-1, keepdim=True)
+        logits.sub_(m)  # logits now hold l - max
+        p = logits.exp() if out is None else torch.exp(logits, out=out[: logits.numel()].view(logits.shape))
+        z = p.sum(-1, keepdim=True)
+        p.div_(z)
         if hide is not None:  # hidden keys: p = 0, and l = 0 keeps them out of sum p l
-            logits.masked_fill_(hide, 0.0)
-        pl = logits.mul_(p).sum(-1)
-        return p, (lse[..., 0] - pl).clamp(min=0.0)
+            logits[..., lo:].masked_fill_(hide, 0.0)
+        # H = logsumexp(l) - sum p l = log z - sum p (l - max)
+        ent = torch.log(z[..., 0]) - logits.mul_(p).sum(-1)
+        return p, ent.clamp_(min=0.0)
 
     def materialize(self) -> torch.Tensor:
         """The whole map ``[H, Sq, Sk]`` (float32)."""
@@ -408,8 +417,12 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
             qk = kinds[q]
         q_rows += [(qk == TEXT).float(), (qk == IMAGE).float()]
     K = torch.stack(key_cols, -1)  # [Sk, c]
+    runs = None  # the image keys as contiguous runs [a, b): their mass is a slice sum
+    if spans is not None:
+        edges = np.flatnonzero(np.diff(np.r_[0, (np.asarray(spans.array) == IMAGE).astype(np.int8), 0]))
+        runs = list(zip(edges[::2].tolist(), edges[1::2].tolist()))
     Q = torch.stack(q_rows, 0)  # [r, Sq]
-    R = torch.empty(H, sq, K.shape[1], device=dev)  # row products with the key columns
+    R = torch.zeros(H, sq, K.shape[1], device=dev)  # row products with the key columns
     C = torch.zeros(H, Q.shape[0], sk, device=dev)  # column sums by query-row group
     hidden = torch.zeros(H, sq, device=dev)
     h = torch.empty(H, sq, device=dev)
@@ -419,39 +432,51 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
     gram = torch.zeros(H, H, device=dev)
     dg = torch.empty(H, sq, device=dev)
     chunk_bytes = CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
-    buf = torch.empty(max(chunk_bytes // 4, H * sk), device=dev)
+    size = max(chunk_bytes // 4, H * sk)
+    buf, held = torch.empty(size, device=dev), torch.empty(size, device=dev)  # temporaries; the chunk itself
     for r0, r1 in row_chunks(H, sq, sk, chunk_bytes):
         k1 = min(sk, int(q[r1 - 1]) + 1) if vis.kind == "causal" else sk
         gone = dead[r0:r1] if bool(dead[r0:r1].any()) else None  # gated rows: not read, so not counted
         if source is not None:
-            blk, ent = source.rows(r0, r1, k1)
+            blk, ent = source.rows(r0, r1, k1, out=held)
             if gone is not None:
                 blk, ent = blk.masked_fill(gone[None, :, None], 0.0), ent.masked_fill(gone[None], 0.0)
         else:
-            full = P[:, r0:r1].float()
+            blk, ent = held[: H * (r1 - r0) * k1].view(H, r1 - r0, k1), None
+            blk.copy_(P[:, r0:r1, :k1])  # one copy of the chunk, in cache and in float32
             if gone is not None:
-                full = full.masked_fill(gone[None, :, None], 0.0)
-            tot = full.sum(-1)
-            if not bool(torch.isfinite(tot).all()):
-                _raise_nonfinite()
-            blk, ent = full[..., :k1].contiguous(), None  # one copy in cache, or none (k1 = Sk)
+                blk = blk.masked_fill(gone[None, :, None], 0.0)
+            if k1 < sk:  # keys right of the chunk's last row are hidden from all its rows: read once, for the check
+                right = P[:, r0:r1, k1:].float().sum(-1)
+                if gone is not None:
+                    right = right.masked_fill(gone[None], 0.0)
+                if not bool(torch.isfinite(right).all()):
+                    _raise_nonfinite()
+                hidden[:, r0:r1] = right
         c = r1 - r0
         flat = blk.view(H * c, k1)
-        for j in range(K.shape[1]):  # matrix-vector products: a skinny matrix product is several times slower
-            R[:, r0:r1, j] = (flat.sum(-1) if j == 1 else torch.mv(flat, K[:k1, j])).view(H, c)
-        if source is None and k1 < sk:  # keys right of the chunk's last row are hidden from all its rows
-            hidden[:, r0:r1] = tot - R[:, r0:r1, 1]
+        R[:, r0:r1, 0] = torch.mv(flat, kpos[:k1]).view(H, c)  # matrix-vector products and slice sums: a skinny
+        R[:, r0:r1, 1] = flat.sum(-1).view(H, c)  # matrix product is several times slower
+        if runs is not None:
+            R[:, r0:r1, 2] = sum((blk[..., a:min(b, k1)].sum(-1) for a, b in runs if a < k1),
+                                 torch.zeros(H, c, device=dev)) if len(runs) <= 8 else torch.mv(flat, K[:k1, 2]).view(H, c)
         dg[:, r0:r1] = blk[:, torch.arange(c, device=dev), q[r0:r1].clamp(max=k1 - 1)]
         if ent is None:
             w = buf[: H * c * k1].view(H, c, k1)
             torch.clamp_min(blk, _TINY, out=w).log_().mul_(blk)  # p log p, 0 where p = 0
             ent = -w.sum(-1)
         h[:, r0:r1] = ent
-        C[..., :k1] += torch.matmul(Q[:, r0:r1], blk)
+        colsum = blk.sum(1)  # [H, k1]
+        C[:, 0, :k1] += colsum
+        for j in range(1, Q.shape[0]):  # text / image query rows: usually all or none of a chunk's rows
+            qj = Q[j, r0:r1]
+            if bool((qj == 1).all()):
+                C[:, j, :k1] += colsum
+            elif bool(qj.any()):
+                C[:, j, :k1] += torch.matmul(qj, blk)
         sumsq[:, r0:r1] = torch.linalg.vector_norm(blk, dim=-1).square_()
         rowmax[:, r0:r1] = blk.amax(-1)
-        f = blk.view(H, -1)
-        gram.addmm_(f, f.T)
+        gram.addmm_(flat.view(H, -1), flat.view(H, -1).T)
         if vis.kind == "causal":
             lo = int(q[r0]) + 1  # keys a chunk row may not see lie right of its own position
             if lo < k1:
@@ -492,6 +517,7 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
         "head_sim": gram / (norm[:, None] * norm[None, :]),
     }
     if spans is not None:
+        R[..., 3] = R[..., 1] - R[..., 2]  # every key is image or text
         to = {"image": R[..., 2], "text": R[..., 3]}
         frm = {"text": q_rows[1], "image": q_rows[2]}
         block = torch.stack([to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)], -1)
