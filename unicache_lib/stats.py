@@ -302,15 +302,22 @@ LAYER_STATS = {
 # row chunks of the map are processed one at a time: about this many bytes of float32 per chunk, so a
 # chunk and its few temporaries stay in cache and no temporary is of the map's size
 CHUNK_BYTES = 4 << 20
+# on an accelerator the chunk is about launches, not caches: a few large chunks (memory still bounded)
+DEVICE_CHUNK_BYTES = 256 << 20
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def row_chunks(heads: int, sq: int, sk: int, chunk_bytes: int | None = None) -> list[tuple[int, int]]:
-    """``[(r0, r1), ...]`` query-row ranges of about ``chunk_bytes`` (None: :data:`CHUNK_BYTES`) of float32
-    ``[heads, r1 - r0, sk]`` each."""
-    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+def row_chunks(heads: int, sq: int, sk: int, chunk_bytes: int | None = None, device=None) -> list[tuple[int, int]]:
+    """``[(r0, r1), ...]`` query-row ranges of about ``chunk_bytes`` of float32 ``[heads, r1 - r0, sk]`` each
+    (None: :data:`CHUNK_BYTES` on a CPU ``device``, :data:`DEVICE_CHUNK_BYTES` on an accelerator)."""
+    chunk_bytes = default_chunk_bytes(device) if chunk_bytes is None else chunk_bytes
     step = max(1, int(chunk_bytes) // max(1, heads * sk * 4))
     return [(r0, min(sq, r0 + step)) for r0 in range(0, sq, step)]
+
+
+def default_chunk_bytes(device=None) -> int:
+    """Bytes of float32 per row chunk on ``device`` (None or CPU: :data:`CHUNK_BYTES`)."""
+    return CHUNK_BYTES if device is None or torch.device(device).type == "cpu" else DEVICE_CHUNK_BYTES
 
 
 class LogitRows:
@@ -382,9 +389,9 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
             the keys (cross-attention: text queries over vision tokens); position statistics
             (``diag``, ``distance``) are then NaN.
         chunk_bytes: the map is read one chunk of query rows at a time (about this many bytes of
-            float32 each): every statistic of a chunk is taken while it is in cache, temporaries are
-            chunk-sized, and under a causal mask only the keys left of each chunk's last row are read
-            again after the finiteness and hidden-mass checks.
+            float32 each; None: :func:`default_chunk_bytes` of the map's device): every statistic of a
+            chunk is taken while it is in cache, temporaries are chunk-sized, and under a causal mask the
+            keys right of a chunk's last row are read once, for the finiteness and hidden-mass checks.
 
     Equal to calling the individual functions (tested). NaN/inf anywhere in ``P`` raises
     :class:`AttentionValueError`; mass on keys the mask hides raises :class:`AttentionMaskError`.
@@ -431,7 +438,7 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
     dist = torch.empty(H, sq, device=dev) if (query_kinds is None and vis.kind != "causal") else None
     gram = torch.zeros(H, H, device=dev)
     dg = torch.empty(H, sq, device=dev)
-    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+    chunk_bytes = default_chunk_bytes(dev) if chunk_bytes is None else int(chunk_bytes)
     size = max(chunk_bytes // 4, H * sk)
     buf, held = torch.empty(size, device=dev), torch.empty(size, device=dev)  # temporaries; the chunk itself
     for r0, r1 in row_chunks(H, sq, sk, chunk_bytes):
@@ -461,11 +468,6 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
             R[:, r0:r1, 2] = sum((blk[..., a:min(b, k1)].sum(-1) for a, b in runs if a < k1),
                                  torch.zeros(H, c, device=dev)) if len(runs) <= 8 else torch.mv(flat, K[:k1, 2]).view(H, c)
         dg[:, r0:r1] = blk[:, torch.arange(c, device=dev), q[r0:r1].clamp(max=k1 - 1)]
-        if ent is None:
-            w = buf[: H * c * k1].view(H, c, k1)
-            torch.clamp_min(blk, _TINY, out=w).log_().mul_(blk)  # p log p, 0 where p = 0
-            ent = -w.sum(-1)
-        h[:, r0:r1] = ent
         colsum = blk.sum(1)  # [H, k1]
         C[:, 0, :k1] += colsum
         for j in range(1, Q.shape[0]):  # text / image query rows: usually all or none of a chunk's rows
@@ -489,6 +491,10 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
             w = buf[: H * c * k1].view(H, c, k1)
             d = (q[r0:r1, None].float() - kpos[None, :k1]).abs()
             dist[:, r0:r1] = torch.mul(blk, d, out=w).sum(-1)
+        if ent is None:  # last, as it changes the chunk (our own copy) in place: zeros -> the smallest normal
+            w = buf[: H * c * k1].view(H, c, k1)  # number, whose p log p (-9e-37) is nothing next to a row's entropy
+            ent = -torch.linalg.vecdot(blk, torch.log(blk.clamp_min_(_TINY), out=w))
+        h[:, r0:r1] = ent
     if not (torch.isfinite(R).all() and torch.isfinite(C).all() and torch.isfinite(h).all()):
         _raise_nonfinite()
     if vis.kind != "all":
@@ -634,8 +640,8 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
     sumsq = torch.empty(H, sq, device=dev)
     gram = torch.zeros(H, H, device=dev)
     word = torch.empty(sq, int(text_real.sum()), device=dev)
-    buf = torch.empty(max(CHUNK_BYTES // 4, H * sk), device=dev)
-    for r0, r1 in row_chunks(H, sq, sk):
+    buf = torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
+    for r0, r1 in row_chunks(H, sq, sk, device=dev):
         blk = P[:, r0:r1].float().contiguous()
         c = r1 - r0
         flat = blk.view(H * c, sk)

@@ -428,7 +428,7 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
         G = torch.stack([kk == IMAGE, kk == TEXT], -1).float()
         H, sq, sk = P.shape
         ab, aa, bb = (torch.empty(H, sq, 2, device=P.device) for _ in range(3))
-        for r0, r1 in S.row_chunks(H, sq, sk):
+        for r0, r1 in S.row_chunks(H, sq, sk, device=P.device):
             a, b = P[:, r0:r1].float(), pP[:, r0:r1].float()
             for out, x in ((ab, a * b), (aa, a * a), (bb, b * b)):
                 out[:, r0:r1] = x @ G
