@@ -151,3 +151,20 @@ def test_show_displays_long_statements_and_rules_whole(monkeypatch):
     assert max(len(line) for line in text.splitlines()) <= 100  # wrapped, not one endless line
     assert long_rule.replace("'", "&#x27;") in html and S.CLAIMS["U1"] in html and "pre-wrap" in html
     assert "..." not in text and "\u2026" not in text
+
+
+def test_wrapped_table_shows_every_cell_whole():
+    import re
+
+    import pandas as pd
+
+    from unicache_lib.tables import WrappedTable
+
+    advice = "keep the first positions of the cache whatever the budget, " * 4  # 240 characters
+    t = WrappedTable(pd.DataFrame({"measurement": ["sink share"], "value here": ["0.33"], "what to do": [advice]}))
+    text, html = repr(t), t._repr_html_()
+    assert text.startswith("sink share\n") and "value here" in text
+    assert re.sub(r"\s+", " ", advice).strip() in re.sub(r"\s+", " ", " ".join(line[14:] for line in text.splitlines()))
+    assert max(len(line) for line in text.splitlines()) <= 100 and advice in html and "pre-wrap" in html
+    with pytest.raises(ValueError, match="at least one column"):
+        WrappedTable(pd.DataFrame())

@@ -56,7 +56,6 @@ SAMPLE_SEED = 2024            # the shipped standard set; another seed builds an
 import numpy as np
 import pandas as pd
 import torch
-from IPython.display import display
 
 from unicache_lib import plots
 from unicache_lib.analysis import anchors as A
@@ -72,6 +71,7 @@ from unicache_lib.families import family_of
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import attention_explorer
 from unicache_lib.world import samples as sample_set
@@ -215,13 +215,14 @@ fig = plots.read_frequency_heatmap(img_reads.mean(0), None, f"the text's reads o
 _ = plots.save(fig, out, "image_reads_heatmap")
 
 # %% [markdown]
-# **What to look at.** In the first heatmap, the columns of the first few positions (before the image) and
-# the last text positions are bright in every layer: that is where a causal model parks attention
-# ([sinks](../docs/GLOSSARY.md#sink)). Inside the image block, look for *columns*: a position bright in every
-# layer is read whatever the depth (an anchor); a bright cell in one row only is a one-layer read. The second
-# heatmap averages over samples, so what survives there is a position read on *every* picture — a position
-# bias, not content (objects move between pictures). Healthy: the per-sample map has a few bright image
-# columns, the average is flatter. Unhealthy: the image block is dark everywhere (the text ignores the image).
+# **What to look at.** In the first heatmap (one sample, `single-0` in the committed run), the first positions
+# (before the image) are bright in layer 0: the [sink](../docs/GLOSSARY.md#sink). Inside the image block, look for
+# *columns*: a position bright in several layers is read whatever the depth (an anchor); here two image positions
+# (near keys 28 and 36) stay bright from layer 1 to layer 3 — notebook 01's map of the same sample shows them as
+# vertical lines read by almost every query. A bright cell in one row only is a one-layer read. The second heatmap
+# averages over samples, so what survives there is a position read on *every* picture — a position bias, not
+# content (objects move between pictures). Healthy: a few bright image columns per sample, a flatter average.
+# Unhealthy: the image block dark everywhere (the text ignores the image).
 #
 # ## 4. Visual anchors
 #
@@ -511,13 +512,14 @@ board.show()
 # NBVAL_CHECK_OUTPUT
 v = board.verdicts()
 print(f"- Depth: normalised entropy goes {depth.loc['shallow', 'norm_entropy']:.2f} → {depth.loc['deep', 'norm_entropy']:.2f} "
-      f"from the shallow to the deep band: rows spread out with depth (U2a (b) yes, U2b no: {v['U2b']}).")
+      f"from the shallow to the deep band (U2a {v['U2a']}, U2b {v['U2b']}).")
 print(f"- Image reads are only mildly uneven: the top 10% of image positions take {L.top10_share.mean():.2f} of the text's "
       f"image reads (chance 0.10, the claim needs 0.5: U1 {v['U1']}).")
 print(f"- Anchors land on objects ({obj_ratio:.1f}x chance) but the first 3 positions take more of the text's reads "
       f"({np.mean(sink):.2f}) than the {TOP_K} anchors ({np.mean(anchor_mass):.2f}): U4 {v['U4']}.")
-print(f"- Every word class reads the image; content vs function words {content:.2f} vs {function:.2f} (U5 {v['U5']}); "
-      f"deep punctuation reads it most.")
+print(f"- Content vs function words and punctuation read the image {content:.2f} vs {function:.2f} (U5 {v['U5']}); "
+      f"in the deep band punctuation {flow.loc['punctuation', 'deep']:.2f}, object words {flow.loc['object', 'deep']:.2f}."
+      if {"punctuation", "object"} <= set(flow.index) else "")
 print(f"- Object words do not look at their object: median selectivity {sel['trained'].max():.2f} at best, "
       f"below 1 in layers {away} (U11 {v['U11']}).")
 print(f"- Text and image meet in every layer: cross-modal share {blocks.cross_modal.min():.2f}-{blocks.cross_modal.max():.2f} (U9 {v['U9']}).")
@@ -547,8 +549,7 @@ decisions = pd.DataFrame([
     ("share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict()),
      "few focused heads: the diffuse ones are pruning candidates, but test it (P3)", "04: FRACTIONS"),
 ], columns=["measurement", "value here", "what it suggests on your model", "where"])
-with pd.option_context("display.max_colwidth", None):  # every cell whole
-    display(decisions)
+WrappedTable(decisions)  # every cell whole, also as plain text
 
 # %% [markdown]
 # ## Exercises
