@@ -57,3 +57,51 @@ def test_a_layer_subset_must_cover_every_band_and_the_suggested_fix_does():
         assert set(layers) <= set(fix) and all(require_bands(fix, n)[b] for b in band_layers(n))
     with pytest.raises(ValueError, match="outside"):
         require_bands([4], 4)
+
+
+def test_query_over_image_picks_one_row_on_the_image_keys():
+    from unicache_lib.analysis.localisation import query_over_image
+    from unicache_lib.capture.record import Record
+    from unicache_lib.modality import Spans
+
+    sp = Spans.joint(4, 3, image_first=True)  # positions 0-3 image, 4-6 text
+    P = torch.zeros(2, 7, 7)
+    P[0, 6, 1], P[0, 6, 4] = 0.5, 0.5  # head 0: query 6 reads image key 1 and text key 4
+    P[1, 6, 2] = 1.0  # head 1: query 6 reads image key 2
+    recs = [Record("s", li, "language", "full", {"probs": P * (li + 1) / (li + 1)}, sp) for li in (1, 0)]
+    m = query_over_image(recs, "s", 6)
+    assert list(m) == [0, 1]  # layer order
+    np.testing.assert_allclose(m[0], [0, 0.25, 0.5, 0])  # mean over heads, image keys only
+    np.testing.assert_allclose(query_over_image(recs, "s", 6, head=1)[1], [0, 0, 1, 0])
+    with pytest.raises(ValueError, match="outside the 7 query rows"):
+        query_over_image(recs, "s", 7)
+    with pytest.raises(ValueError, match="no record of sample"):
+        query_over_image(recs, "t", 6)
+    stats = [Record("s", 0, "language", "stats", {"max_weight": torch.zeros(2, 7)}, sp)]
+    with pytest.raises(ValueError, match="mode='full'"):
+        query_over_image(stats, "s", 6)
+
+
+def test_word_and_localisation_claims_are_measured_on_sample_intervals():
+    import pandas as pd
+
+    from unicache_lib.analysis.understanding_claims import measure_localisation_claims, measure_word_claims
+    from unicache_lib.scoreboard import Scoreboard
+
+    rng = np.random.default_rng(0)
+    rows = [{"sample": f"s{i}", "class": c, "image_share": share + 0.02 * rng.standard_normal()}
+            for i in range(8) for c, share in (("object", 0.8), ("attribute", 0.7), ("function", 0.2), ("punctuation", 0.3))]
+    F = pd.DataFrame(rows)
+    b = Scoreboard()
+    b.rule("U5", "ratio above 2", above=2.0)
+    b.rule("U6", "ratio above 1.2", above=1.2)
+    measure_word_claims(b, F, F.iloc[:4], cross=False)  # the 'captions' of one sample: too few
+    assert b.rows["U5"].verdict == "holds" and 2.5 < b.rows["U5"].measured[""].value < 3.5
+    assert b.rows["U6"].verdict == "not measurable here" and "fewer than 2 captions" in b.rows["U6"].note
+    # selectivity: the trained model prefers its object (3) where the control does not (1), in layer 1 only
+    loc = pd.DataFrame([{"sample": f"s{i}", "layer": li, "selectivity": (3.0 if li == 1 else 1.0) + 0.1 * rng.random()}
+                        for i in range(6) for li in (0, 1) for _ in range(2)])
+    ctrl = loc.assign(selectivity=1.0)
+    b.rule("U11", "(a) above 1.5, (b) ratio above 1.5", criteria={"a": {"above": 1.5}, "b": {"above": 1.5}})
+    measure_localisation_claims(b, loc, ctrl)
+    assert b.rows["U11"].verdict == "holds" and b.rows["U11"].shown.startswith("layer 1, 12 object questions")

@@ -198,3 +198,14 @@ def test_grid_panels_label_their_scale():
         plots.grid_panels({"a": rng.random(4)}, "head", "layer", "importance")
     fig = plots.layer_step_grid(rng.random((3, 5)), layers=[0, 11, 23])
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["0", "11", "23"]
+
+
+def test_layer_overlays_one_panel_per_layer(tmp_path):
+    rng = np.random.default_rng(0)
+    img = np.zeros((32, 32, 3), np.uint8)
+    fig = plots.layer_overlays(img, {0: rng.random(16), 3: rng.random(16)}, "object word 'circle' reading the image")
+    assert len([a for a in fig.axes if a.get_title()]) == 3  # the picture + one panel per layer (colour bars untitled)
+    assert [a.get_title().split(" (")[0] for a in fig.axes if a.get_title()] == ["the picture", "layer 0", "layer 3"]
+    assert plots.save(fig, tmp_path, "overlays").stat().st_size > 1000
+    with pytest.raises(ValueError, match="at least one layer"):
+        plots.layer_overlays(img, {})

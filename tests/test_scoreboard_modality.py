@@ -121,3 +121,50 @@ def test_similarity_and_anchor_helpers():
         rows.append(r)
     diff = batching_overlap(rows, 2)
     assert diff["mean_jaccard"] < 0.5 and not math.isnan(diff["mean_jaccard"])
+
+
+def test_show_displays_long_statements_and_rules_whole(monkeypatch):
+    """No column is cut: a 200-character statement (here the rule text), the claim's own statement and a long
+    note appear whole, in the plain-text rendering (committed notebooks, nbval) and in the HTML one."""
+    import re
+
+    import unicache_lib.scoreboard as S
+
+    words = ("share of the text's image reads on the top ten percent of image positions, mean over layers and heads, "
+             "decided on the bootstrap interval over samples; chance is one tenth; holds above one half, else it does not")
+    long_rule = words[:200].rstrip()
+    long_rule += "x" * (200 - len(long_rule))
+    assert len(long_rule) == 200
+    b = Scoreboard()
+    b.rule("U1", long_rule, above=0.5)
+    b.measure("U1", 0.52, (0.48, 0.56), 100, "questions", shown="measured " * 15)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    b.show()
+    assert len(shown) == 1
+    text, html = repr(shown[0]), shown[0]._repr_html_()
+    squash = lambda s: re.sub(r"\s+", " ", s).strip()  # wrapping only adds line breaks and indentation
+    flat = squash(" ".join(line[S.ScoreboardView.LABEL:] for line in text.splitlines()))  # the field labels stripped
+    assert long_rule in flat  # the 200-character text, whole
+    assert S.CLAIMS["U1"] in flat and squash("measured " * 15) in flat
+    assert "inconclusive" in text and "would settle it" in flat
+    assert max(len(line) for line in text.splitlines()) <= 100  # wrapped, not one endless line
+    assert long_rule.replace("'", "&#x27;") in html and S.CLAIMS["U1"] in html and "pre-wrap" in html
+    assert "..." not in text and "\u2026" not in text
+
+
+def test_wrapped_table_shows_every_cell_whole():
+    import re
+
+    import pandas as pd
+
+    from unicache_lib.tables import WrappedTable
+
+    advice = "keep the first positions of the cache whatever the budget, " * 4  # 240 characters
+    t = WrappedTable(pd.DataFrame({"measurement": ["sink share"], "value here": ["0.33"], "what to do": [advice]}))
+    text, html = repr(t), t._repr_html_()
+    assert text.startswith("sink share\n") and "value here" in text
+    assert re.sub(r"\s+", " ", advice).strip() in re.sub(r"\s+", " ", " ".join(line[14:] for line in text.splitlines()))
+    assert max(len(line) for line in text.splitlines()) <= 100 and advice in html and "pre-wrap" in html
+    with pytest.raises(ValueError, match="at least one column"):
+        WrappedTable(pd.DataFrame())

@@ -65,10 +65,17 @@ def test_01_fp16_means_match_to_3_decimals_single_entries_do_not(s01):
     assert r["_worst"]["max_weight"] > 5e-4  # the largest single difference is beyond the 3rd decimal
 
 
-def test_01_two_ranks_write_one_store(s01):
+def test_01_two_ranks_write_one_store_and_resume(s01):
     r = s01.exercise_4(quick=True)
     assert r["index files"] == ["index-rank00000.json", "index-rank00001.json"]
     assert r["problems"] == [] and r["samples"] == r["_n"] and r["records"] == 4 * r["_n"]
+    assert r["_again"] == 0 and r["_first"] == r["records"]  # the second run resumes: nothing captured twice
+
+
+def test_01_own_checkpoint_m2_is_code_m3_is_model(s01):
+    t = s01.exercise_5(quick=True)["_table"]
+    assert (t["M2 max |difference|"] == 0).all()
+    assert t.loc["random LM", "M3 mean Jaccard (k=6)"] > t.loc["trained", "M3 mean Jaccard (k=6)"] + 0.05
 
 
 def test_02_anchor_conclusions_by_top_k(s02):
@@ -88,6 +95,14 @@ def test_02_color_as_function_word_barely_moves_u5(s02):
 def test_02_colour_word_is_a_better_pointer(s02):
     t = s02.exercise_3(quick=True)["_table"]
     assert t.iloc[:, 1].max() > 2 * t.iloc[:, 0].max()  # colour query's best layer vs the shape word's
+
+
+def test_02_random_weights_look_uniform_and_ungrounded(s02):
+    t = s02.exercise_5(quick=True)["_table"]
+    for b in ("shallow", "middle", "deep"):
+        assert t.loc["random LM", f"entropy {b}"] > 0.95 > t.loc["trained", f"entropy {b}"]
+    assert t.loc["random LM", "focused heads"] == 0
+    assert t.loc["random LM", "anchors on objects / chance"] < 1.5 < t.loc["trained", "anchors on objects / chance"]
 
 
 def test_02_a_layer_1_head_finds_the_asked_object(s02):

@@ -252,6 +252,30 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
     return fig or ax.figure
 
 
+def layer_overlays(image, maps: dict, title: str = "", grid=None, grid_tokens=None, label: str = "layer"):
+    """The picture, then one panel per layer with a query's attention laid over it.
+
+    ``image [H, W, 3]``; ``maps``: layer -> ``[n_image]`` weights (e.g.
+    :func:`unicache_lib.analysis.localisation.query_over_image`); each panel on its own colour scale
+    (labelled), as the weights' range changes a lot with depth. ``grid`` / ``grid_tokens`` as in
+    :func:`image_overlay`."""
+    plt = _plt()
+    if not maps:
+        raise ValueError("layer_overlays needs at least one layer's weights")
+    n = len(maps) + 1
+    fig, axes = plt.subplots(1, n, figsize=(2.7 * n, 2.6))
+    axes[0].imshow(np.asarray(image))
+    axes[0].set_axis_off()
+    axes[0].set_title("the picture", fontsize=9)
+    for ax, (li, w) in zip(axes[1:], maps.items()):
+        image_overlay(image, w, f"{label} {li} (max {float(np.max(_np(w))):.2f})", ax=ax, grid=grid,
+                      grid_tokens=grid_tokens, cbar="weight (own scale)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=None, log: bool = True):
     """One head's map ``probs [S, S]`` (``spans`` over ``S``) with positions regrouped image-first,
     text-second, so the four modality blocks are contiguous; the image|text border is drawn and named

@@ -287,12 +287,16 @@ class Scoreboard:
         return pd.DataFrame(rows).set_index("claim")
 
     def show(self):
-        """Display the table with nothing truncated (notebooks: the last line of the scoreboard cell)."""
-        import pandas as pd
+        """Display the table with nothing truncated (notebooks: the last line of the scoreboard cell):
+        every cell whole and wrapped, as HTML in a notebook and as one block per claim in plain text
+        (what a committed notebook shows without HTML, and what nbval compares)."""
         from IPython.display import display
 
-        with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
-            display(self.table())
+        display(self.view())
+
+    def view(self) -> "ScoreboardView":
+        """The table as an object that renders whole: ``_repr_html_`` (wrapped cells) and ``repr`` (plain text)."""
+        return ScoreboardView(self.table())
 
     def save(self, path) -> None:
         """Write the rows as JSON (atomically) for tests, the report and the replication table.
@@ -317,6 +321,53 @@ class Scoreboard:
 
     def verdicts(self) -> dict[str, str]:
         return {c: r.verdict for c, r in self.rows.items()}
+
+
+class ScoreboardView:
+    """A scoreboard table (:meth:`Scoreboard.table`) rendered with every cell whole.
+
+    HTML: a table whose cells wrap (``white-space: pre-wrap``), claims' statements and rules included.
+    Plain text: one block per claim, each field on its own wrapped lines (``width`` characters), so a
+    statement or rule of any length appears whole.
+    """
+
+    FIELDS = ("statement", "measured", "value", "interval (95%)", "n", "unit", "rule", "note")
+    LABEL = 2 + max(len(f) for f in FIELDS) + 2  # indent, the longest field name, a gap: where the text starts
+
+    def __init__(self, table, width: int = 100):
+        self.table = table
+        self.width = int(width)
+
+    def __repr__(self) -> str:
+        import textwrap
+
+        label = self.LABEL
+        lines = []
+        for claim, row in self.table.iterrows():
+            lines.append(f"{claim} · {row['verdict']}")
+            for f in self.FIELDS:
+                text = str(row[f]).strip()
+                if not text or (f in ("n", "unit") and text == "-"):
+                    continue
+                wrapped = textwrap.wrap(text, self.width - label, break_long_words=False, break_on_hyphens=False) or [""]
+                lines += [f"  {f if i == 0 else '':<{label - 2}}{w}" for i, w in enumerate(wrapped)]
+            lines.append("")
+        return "\n".join(lines).rstrip() + "\n"
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        cols = ["claim", *self.table.columns]
+        wide = {"statement": "16em", "rule": "18em", "note": "14em", "measured": "12em"}
+        head = "".join(f'<th style="text-align:left">{escape(c)}</th>' for c in cols)
+        body = []
+        for claim, row in self.table.iterrows():
+            cells = [claim, *(row[c] for c in self.table.columns)]
+            body.append("<tr>" + "".join(
+                f'<td style="text-align:left; vertical-align:top; white-space:pre-wrap; word-break:normal;'
+                f'{" min-width:" + wide[c] + ";" if c in wide else ""}">{escape(str(v))}</td>'
+                for c, v in zip(cols, cells)) + "</tr>")
+        return f'<table class="unicache-scoreboard"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def _nan_none(x):

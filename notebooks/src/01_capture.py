@@ -14,6 +14,16 @@
 # family passed as `MODEL` (LLaVA-1.5 / -NeXT / -OneVision, Qwen2-VL, Qwen2.5-VL, Gemma 3, Idefics3 /
 # SmolVLM, InternVL, PaliGemma, Mllama), on `DEVICE` in `DTYPE`. CPU is enough for the shipped model.
 # Direction convention used throughout: `text->image` means *text queries reading image keys*.
+#
+# **The claims this notebook tests** (the method claims: whether the measurements themselves can be
+# trusted before any of them feeds a cache decision; every term is defined in [the glossary](../docs/GLOSSARY.md)):
+#
+# | id | claim (the study's) | why it matters for caching |
+# |---|---|---|
+# | M1 | statistics computed in fp16 are biased; compute them in fp32 | an eviction score with a bias ranks keys wrongly, consistently |
+# | M2 | with fixed seeds, statistics reproduce to 4 decimals | a policy designed on one capture must see the same numbers on the next |
+# | M3 | batch-averaging samples washes out [anchor](../docs/GLOSSARY.md#anchors) positions; capture per sample | a cache is per request: averaged anchors are anchors no request has |
+# | M4 | a fixed standard set of ~20 samples makes numbers comparable | lets you compare your model's numbers with the shipped model's |
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"          # shipped name, local path or hub id of a supported vision-language model
@@ -40,6 +50,7 @@ from unicache_lib.families import family_of
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store, remove_store
 from unicache_lib.world import samples as sample_set
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
@@ -66,7 +77,9 @@ print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.sce
 # 3. **Reading it back from logs or outputs** – does not work: a model's outputs (logits, hidden
 #    states) do not contain the attention, and fused kernels (sdpa, flash) never materialise it.
 #
-# The first two must agree exactly. We check that on one sample:
+# The first two must agree exactly. We check that on one sample (the figure below it shows what one head's map
+# of that sample looks like: the sequence is 64 image tokens then the question; the right panel lays the last
+# question token's attention over the picture):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -85,6 +98,22 @@ if family.cross_attention:
     print(f"cross-attention layers {sorted({r.layer for r in cap.result if r.part == 'cross'})} read "
           f"{cap.result.select(part='cross')[0].seq_len} vision tokens")
 print(f"output_attentions vs hooks: {len(way1)} layers, max |difference| = {diff:.1e}")
+
+# %%
+toks0 = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
+r0 = cap.result[0]
+fig = plots.map_panel(r0.probs[0], r0.spans, s0.image, (r0.probs.shape[1] if r0.part == "cross" else len(toks0)) - 1, toks0,
+                      f"sample {s0.id} · layer {r0.layer} · head 0", cross=r0.part == "cross",
+                      grid=family.image_grid(model.config, inputs), grid_tokens=family.grid_tokens(model.config, inputs),
+                      question=s0.question)
+_ = plots.save(fig, out, "one_map")
+
+# %% [markdown]
+# **What to look at.** The difference printed above must be exactly 0 (the hooks see the very tensor the model
+# returns); anything else means the hook sits on the wrong module. In the map, the bright diagonal band is each
+# token reading its neighbours, the bright first columns are the [sink](../docs/GLOSSARY.md#sink), and the image
+# block (the first 64 positions after the prompt's start) is what the text rows read of the picture. The second
+# cell shows the fused kernel returning no weights at all: that is why capture needs eager attention or `recompute`.
 
 # %%
 with torch.no_grad(), language_attention(model, "sdpa"):  # the same weights on the fused kernel
@@ -132,6 +161,7 @@ print(f"stats mode vs statistics of full maps: max |diff| = {full_vs_stats:.1e};
       f"recompute (sdpa) vs stats (eager): max |diff| = {re_vs_stats:.1e}")
 fig = plots.bars({k: v / 1024 for k, v in memory.items()}, "memory kept per sample", "KiB", log=True)
 _ = plots.save(fig, out, "memory_by_mode")
+print(f"stats mode keeps {memory['full'] / memory['stats']:.0f}x less than full maps for this sample")
 
 # %% [markdown]
 # At LLaVA-1.5's size (32 layers × 32 heads, 587 tokens) a full capture is about 1.3 GB per sample (measured on
@@ -187,6 +217,15 @@ fig = plots.layer_curves({"normalised entropy": ent, "mean max weight": mw}, "pe
                          "value (0 to 1)")
 _ = plots.save(fig, out, "layer_curves")
 
+# %% [markdown]
+# **What to look at.** Two statistics read back from the store, per layer, mean over samples (band: ±1 standard
+# deviation). [Normalised entropy](../docs/GLOSSARY.md#normalised-entropy) is 1 for a row spread evenly over what it
+# can see; [max weight](../docs/GLOSSARY.md#max-weight) is the row's largest weight. The two move in opposite
+# directions, as they should (a focused row has low entropy and a high max). On the shipped model entropy rises
+# with depth (rows spread out); notebook 02 asks what that means. An unhealthy capture shows flat lines at exactly 1
+# and 1/S (uniform rows: wrong module, or a model that was never trained) or a band of zero width (every sample
+# the same: the image is not reaching the model).
+
 
 # %% [markdown]
 # ## 6. The troubleshooting table, live
@@ -196,6 +235,10 @@ _ = plots.save(fig, out, "layer_curves")
 # | nothing recorded, or nonsense | hook on the wrong module | error naming the module and what to hook |
 # | weights are `None` | model runs sdpa / flash | error naming the fix (eager, or mode `recompute`) |
 # | anchors blur | batch > 1 averaged together | padded batches are refused; measure per sample (M3) |
+#
+# *Anchors* are, per sample and layer, the image positions the text reads most (the top `ANCHOR_K`;
+# [glossary](../docs/GLOSSARY.md#anchors)); two anchor sets are compared by their [Jaccard](../docs/GLOSSARY.md#jaccard)
+# overlap |A ∩ B| / |A ∪ B| (1 = the same positions, 0 = disjoint).
 # | entropy off in the 3rd decimal | statistics computed in fp16 | everything is cast to fp32 (M1) |
 
 # %%
@@ -231,11 +274,15 @@ for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa
     print(f"- {name}:\n    {message(fn)}")
 
 # %% [markdown]
+# Each mistake stops with an error that names the cause and the fix, instead of returning numbers. (fp16
+# statistics, the fourth row, are not an error: every statistic casts to fp32, and M1 below measures whether it matters.)
+
+# %% [markdown]
 # ## 7. The method claims, measured
 #
-# Every verdict is decided on a 95% bootstrap interval over the samples (2,000 resamples, fixed seed):
+# Every verdict is decided on a 95% [bootstrap interval](../docs/GLOSSARY.md#bootstrap-interval) over the samples (2,000 resamples, fixed seed):
 # "holds" only if the whole interval clears the threshold, "does not hold" only if it lies wholly on the
-# other side, otherwise "inconclusive" with a rough number of samples that would settle it. The rules are
+# other side, otherwise "[inconclusive](../docs/GLOSSARY.md#inconclusive)" with a rough number of samples that would settle it. The rules are
 # fixed here, before any number below is computed.
 #
 # - **M1** asks whether half precision *biases* statistics, so it is measured on the signed mean
@@ -311,6 +358,13 @@ print(f"M2 {m2} | M3 {m3} | M4 {m4}")
 print(gaps.round(4).to_string())
 
 # %% [markdown]
+# **Reading the M4 table.** Set A is the shipped standard set, set B a disjoint one of the same recipe; `A - B` is
+# what changing the sample set moves each headline statistic, and the split-half column is the same within one
+# set (plain sampling noise). Healthy: `A - B` no larger than the split-half differences (here both are a few
+# thousandths, except the top-10% share whose split-half gap is larger than the between-set one): numbers from the
+# fixed set can then be compared across models.
+
+# %% [markdown]
 # ## Claims scoreboard
 
 # %%
@@ -327,9 +381,60 @@ board.show()
 # on the fixed set can be compared across models; the split-half column shows how much of the
 # difference is plain sampling noise within one set.
 #
+# ## What this notebook showed on the shipped model
+
+# %%
+# NBVAL_CHECK_OUTPUT
+v = board.verdicts()
+print(f"- Hooks and output_attentions agree exactly (max |difference| {diff:.0e}); stats and recompute modes agree with full "
+      f"maps to {max(full_vs_stats, re_vs_stats):.0e}; stats keep {memory['full'] / memory['stats']:.0f}x less memory.")
+worst_bias = max(abs(iv.value) for iv in m1.values())
+print(f"- M1 {v['M1']}: the signed fp16 bias is at most {worst_bias:.0e}, "
+      f"{'inside' if worst_bias < BIAS else 'outside'} ±{BIAS:g}.")
+print(f"- M2 {v['M2']}: two captures differ by at most {m2.value:.0e}.")
+print(f"- M3 {v['M3']}: a sample keeps a Jaccard of {m3.value:.2f} of its top-{ANCHOR_K} anchors after batch averaging.")
+print(f"- M4 {v['M4']}: the largest headline difference between two disjoint sets is {m4.value:.3f}.")
+
+# %%
+decisions = pd.DataFrame([
+    ("fp16 bias of the statistics (M1)", f"{max(abs(iv.value) for iv in m1.values()):.0e}",
+     "capture your model in bf16/fp16 if memory needs it: the statistics are cast to fp32, the bias is negligible",
+     "DTYPE"),
+    ("max |difference| between two captures (M2)", f"{m2.value:.0e}",
+     "non-zero: a non-deterministic kernel or unfixed seed; fix it before comparing policies", "01 §7, SEED"),
+    (f"anchor Jaccard after batch averaging (M3, k={ANCHOR_K})", f"{m3.value:.2f}",
+     "below ~0.5: never design a cache policy on batch-averaged maps; capture per sample", "ANCHOR_K, capture_samples"),
+    ("largest between-set difference (M4)", f"{m4.value:.3f}",
+     "above ~0.02: use more samples per type before comparing models", "PER_TYPE, SAMPLE_SEED"),
+    ("bytes of a full capture vs stats (this model)", f"{memory['full']:,} vs {memory['stats']:,}",
+     "at 7B size a full capture is ~1.3 GB per sample: capture stats, or full maps for a few layers", "MEMORY_BUDGET_GB, 02: LAYERS"),
+], columns=["measurement", "value here", "what it suggests on your model", "where"])
+WrappedTable(decisions)  # every cell whole, also as plain text
+
+# %% [markdown]
 # ## Exercises
-# 1. Capture the vision tower (`part="vision"`) and compare its per-layer entropy curve to the language model's.
-# 2. Rerun with `PER_TYPE = 1` and `ANCHOR_K = 3`: how does M3's overlap change with the batch size?
-# 3. Load the model in `torch.float16` (`load_understanding(MODEL, dtype=torch.float16)`) and check that the
-#    statistics of the `stats` mode still match the fp32 model to 3 decimals.
-# 4. Write a store with two processes: `torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out /tmp/store`.
+#
+# Solutions with measured outcomes: `solutions/01_capture.py` (`python solutions/01_capture.py --only K`).
+#
+# 1. ★ Capture the vision tower (`part="vision"`; load with `vision_attn_implementation="eager"`) and compare its
+#    per-layer entropy curve to the language model's. *Expected:* the vision tower is more focused at every depth
+#    (normalised entropy ~0.55 in both vision layers vs 0.65 → 0.85 in the language model).
+# 2. ★ Rerun M3 with `PER_TYPE = 1` and `ANCHOR_K = 3`: how does the overlap change with the batch size?
+#    *Expected:* 1.0 for a batch of one, then falling fast (~0.5 at 2, ~0.35 from 3 on): the first few samples in a
+#    batch do the damage.
+# 3. ★★ Load the model in `torch.float16` (`load_understanding(MODEL, dtype="float16")`) and check that the statistics of
+#    the `stats` mode still match the fp32 model to 3 decimals. *Expected:* the means do (per-layer entropy equal to
+#    4 decimals), single entries do not (largest differences a few 1e-3, ~3e-2 for unnormalised read frequency).
+# 4. ★★ Write one store with two processes (`torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out
+#    /tmp/store`), then run the same command again. Does the second run capture anything, and does the merged store
+#    hold every sample exactly once? *Expected:* two index files (one per rank), `Store.verify()` returns `[]`, 20
+#    samples × 4 layers = 80 records split half and half, and the second run captures 0 samples on each rank
+#    (resume) and leaves 80 records.
+# 5. ★★★ On your own checkpoint: run this notebook with papermill on a random-weight
+#    [stand-in](../docs/GLOSSARY.md#stand-in) of a real model (`python -m unicache_lib.rehearsal --models qwen2-vl-2b
+#    --notebooks 01_capture --no-readme`), or on a real checkpoint (`papermill notebooks/01_capture.ipynb out.ipynb -p
+#    MODEL <path or hub id> -p DEVICE cuda`), and compare its M-claims with this run's. *Expected:* on the stand-in
+#    every verdict reads "not meaningful (random weights)"; M2's value stays 0 (repeatability belongs to the code,
+#    not to the weights), while M3 measures the model: a random-weight language model's rows are uniform, its
+#    "anchors" a position pattern shared by every picture, and batch averaging keeps more of them (Jaccard ~0.44
+#    against the trained model's ~0.30 on 5 samples). A real checkpoint should look like the trained model.

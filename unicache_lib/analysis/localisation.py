@@ -100,3 +100,28 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
                     rows.append({"sample": s.id, "object": t, "layer": r.layer, **({"head": h} if per_head else {}),
                                  "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t)})
     return pd.DataFrame(rows)
+
+
+def query_over_image(records, sample: str, query_pos: int, head: int | None = None) -> dict[int, np.ndarray]:
+    """One query position's attention over the image, layer by layer, from full-mode records.
+
+    Args:
+        records: full-mode records (``probs [H, S, S]`` with spans, or cross-attention ``[H, T, V]``).
+        sample: the sample id; ``query_pos``: the query's index in the sequence (cross-attention: in the text).
+        head: one head, or None for the mean over heads.
+    Returns:
+        layer -> ``[n_image]`` weights on the image keys (cross-attention: on the vision tokens), in layer order.
+    """
+    out = {}
+    for r in sorted((r for r in records if r.sample == sample), key=lambda r: r.layer):
+        if "probs" not in r.data:
+            raise ValueError(f"record ({sample}, layer {r.layer}) holds no full map: capture it with mode='full'")
+        P = r.probs.float()
+        if not 0 <= query_pos < P.shape[-2]:
+            raise ValueError(f"query_pos {query_pos} outside the {P.shape[-2]} query rows of sample {sample}")
+        P = P.mean(0) if head is None else P[head]
+        row = P[query_pos] if r.part == "cross" else P[query_pos, r.spans.image_index]
+        out[r.layer] = row.numpy()
+    if not out:
+        raise ValueError(f"no record of sample {sample!r} among the {len(records)} records given")
+    return out

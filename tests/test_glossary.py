@@ -1,0 +1,44 @@
+"""docs/GLOSSARY.md: every `GLOSSARY.md#anchor` link in the notebooks' sources, the solutions, the README and
+the docs points at a `## term` heading of the glossary (GitHub's anchors: lower case, spaces as hyphens,
+punctuation dropped), and the terms the notebooks rely on are there."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GLOSSARY = ROOT / "docs" / "GLOSSARY.md"
+LINK = re.compile(r"GLOSSARY\.md#([A-Za-z0-9_-]+)")
+
+
+def anchor(heading: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation other than hyphens and underscores dropped, spaces -> '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors() -> set[str]:
+    return {anchor(m) for m in re.findall(r"^## (.+)$", GLOSSARY.read_text(), re.M)}
+
+
+def test_anchor_rule():
+    assert anchor("PSNR and SSIM") == "psnr-and-ssim" and anchor("Top-10% share") == "top-10-share"
+    assert anchor("KV cache") == "kv-cache"
+
+
+def test_every_glossary_link_resolves():
+    have = anchors()
+    files = [*ROOT.glob("notebooks/src/*.py"), *ROOT.glob("solutions/*.py"), ROOT / "README.md",
+             *(p for p in ROOT.glob("docs/*.md") if p != GLOSSARY)]
+    broken = [(f.relative_to(ROOT).as_posix(), a) for f in files for a in LINK.findall(f.read_text()) if a not in have]
+    broken += [("docs/GLOSSARY.md", a) for a in re.findall(r"\]\(#([\w-]+)\)", GLOSSARY.read_text()) if a not in have]
+    assert not broken, f"links to glossary anchors that do not exist (add a `## term` heading or fix the link): {broken}"
+
+
+def test_the_terms_the_notebooks_rely_on_are_defined():
+    need = {"jaccard", "anchors", "sink", "gini", "depth-bands", "knee", "phase", "redundancy", "cfg", "psnr-and-ssim",
+            "h2o", "snapkv", "fastv", "kvpress-presses", "normalised-entropy", "read-frequency", "selectivity",
+            "cross-modal-share", "head-roles", "kv-cache", "eviction", "reuse", "stand-in", "bootstrap-interval",
+            "inconclusive", "modality-blocks", "image-share"}
+    assert need <= anchors(), f"missing from docs/GLOSSARY.md: {sorted(need - anchors())}"
+    text = re.sub(r"\s+", " ", GLOSSARY.read_text())  # phrases may wrap across lines
+    assert "100 dB" in text and "shallow band is one layer" in text
+    assert "text→image share of all attention" in text and "image share of text queries' reads" in text
+    assert "docs/GLOSSARY.md" in (ROOT / "README.md").read_text()

@@ -1,0 +1,44 @@
+"""Small tables shown whole in a notebook: every cell wrapped, nothing cut to pandas' 50 characters.
+
+:class:`WrappedTable` renders a DataFrame as HTML with wrapping cells (what JupyterLab and GitHub show) and as
+plain text with one block per row, each field on its own wrapped lines (what a committed notebook's text
+output and nbval compare), e.g. the decision tables "measurement -> what to do on your model".
+"""
+from __future__ import annotations
+
+import textwrap
+from html import escape
+
+
+class WrappedTable:
+    """``WrappedTable(df)`` as a cell's last expression (or ``display(...)``) shows ``df`` whole.
+
+    Plain text: per row, the first column's value as a heading, then ``column  value`` lines wrapped at ``width``
+    characters (long words are not broken, so nothing is altered but whitespace).
+    """
+
+    def __init__(self, df, width: int = 100):
+        if df is None or not len(df.columns):
+            raise ValueError("WrappedTable needs a DataFrame with at least one column")
+        self.df = df.reset_index(drop=True)
+        self.width = int(width)
+
+    def __repr__(self) -> str:
+        head, *rest = list(self.df.columns)
+        label = 2 + max((len(str(c)) for c in rest), default=0) + 2
+        lines = []
+        for _, row in self.df.iterrows():
+            lines.append(str(row[head]))
+            for c in rest:
+                wrapped = textwrap.wrap(str(row[c]), max(20, self.width - label), break_long_words=False,
+                                        break_on_hyphens=False) or [""]
+                lines += [f"  {str(c) if i == 0 else '':<{label - 2}}{w}" for i, w in enumerate(wrapped)]
+            lines.append("")
+        return "\n".join(lines).rstrip() + "\n"
+
+    def _repr_html_(self) -> str:
+        cell = 'style="text-align:left; vertical-align:top; white-space:pre-wrap"'
+        head = "".join(f"<th {cell}>{escape(str(c))}</th>" for c in self.df.columns)
+        body = "".join("<tr>" + "".join(f"<td {cell}>{escape(str(v))}</td>" for v in row) + "</tr>"
+                       for row in self.df.itertuples(index=False))
+        return f'<table class="unicache-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
