@@ -168,6 +168,14 @@ def test_04_few_gradient_questions_suffice(s04):
     assert m["gradient n=2"] < m["gradient n=8"]
 
 
+def test_04_p3_procedure_runs_on_a_grouped_query_stand_in(s04):
+    r = s04.exercise_4(quick=True)
+    assert r["layers x heads"] == (3, 4) and r["heads pruned"] >= 1
+    for m in r["_moves"].values():
+        assert len(m) == r["_n"] == 5 and (m >= 0).all()
+    assert "samples" in r["near-uniform minus random (deeper entropy move)"]
+
+
 @pytest.fixture(scope="module")
 def s06():
     return load("06_diagnostics")
