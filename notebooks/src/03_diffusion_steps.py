@@ -126,7 +126,7 @@ for m, run in look.items():
 # Then each word's panel: healthy is a bright blob on *its* object and dark elsewhere; unhealthy is the
 # same blob under every word, or brightness on the background. **This run** (the lines above): the MMDiT drew
 # what was asked, an orange circle on the left and an orange square on the right, but its word maps barely sit
-# on them (IoU 0.1–0.3 against a chance of 0.08). PixArt failed the prompt: the left circle is missing ("not
+# on them (IoU 0–0.3 against a chance of ~0.08). PixArt failed the prompt: the left circle is missing ("not
 # what was asked" above), yet its colour word lands on the one object it drew (IoU ~0.7). Section 2 counts such
 # failures over all pair prompts (the MMDiT also draws two squares for a circle and a square, or swaps the
 # shapes), and section 9 measures the word maps over all prompts (claim G9).
