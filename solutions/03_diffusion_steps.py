@@ -39,43 +39,40 @@ def _short_run(name, n_prompts, steps):
     return capture_generation(_gen(name), prompts, "short", None, steps, GUIDANCE, SEED, progress=False)
 
 
-def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1: set ``THRESHOLD = 0.9`` and ``0.95``: which layers still have a knee, and how many steps
-    could a reuse policy skip on each model?
-
-    The adjacent-step cosine of the maps per (model, part, layer) is the notebook's ``sim`` column
-    (:func:`~unicache_lib.analysis.generation.step_table`); :func:`~unicache_lib.analysis.generation.knee` gives
-    the first step from which it stays above the threshold. From the knee on, every step looks like the one
-    before, so a reuse policy could reuse at most ``steps - knee`` steps of that layer; a policy that reuses
-    whole steps is bound by the latest knee over the model's layers (no knee: nothing to skip).
-
-    Expected on the shipped generators, measured — a nearly trivial answer: at 20 steps every layer of both
-    models has its knee at step 1 at 0.7, 0.9 *and* 0.95 (adjacent maps are above 0.95 from the first step on),
-    so by this criterion a policy could reuse 19 of 20 steps; only at 0.99 do knees move. With 8 steps (quick
-    run) the steps are farther apart and the MMDiT's similarity dips under 0.95 late in the run: its whole-step
-    count falls from 7 to 1 at 0.95. Map similarity alone overstates what can be skipped: notebook 05 shows
-    that reusing that much loses to simply sampling with fewer steps.
-    """
+def _knees(name, n_prompts, steps, thresholds):
+    """Knee table and whole-step reuse window per threshold (the notebook's section 4)."""
     from unicache_lib.analysis import generation as G
 
-    steps = _steps(quick)
-    rows, min_sim = [], {}
-    for m in MODELS:
-        T = G.step_table(_short_run(m, 2 if quick else 8, steps).result.records)
-        min_sim[m] = T[T.step > 0].groupby(["part", "layer", "step"]).sim.mean().min()
-        for (p, li), d in T.groupby(["part", "layer"]):
-            curve = d.groupby("step").sim.mean().to_numpy()
-            for th in (0.7, 0.9, 0.95, 0.99):
-                k = G.knee(curve, th)
-                rows.append({"model": m, "part": p, "layer": li, "threshold": th, "knee": k,
-                             "skippable": 0 if k is None else steps - k})
-    K = pd.DataFrame(rows)
-    K.attrs["min_sim"] = min_sim
-    per_model = K.groupby(["model", "threshold"]).agg(
-        layers_with_knee=("knee", lambda s: int(s.notna().sum())), layers=("knee", "size"),
-        whole_step_skippable=("skippable", "min"), mean_layer_skippable=("skippable", "mean"))
-    low = {m: round(float(T_min), 4) for m, T_min in K.attrs.get("min_sim", {}).items()}
-    return {"lowest adjacent-step similarity after step 0": low, "steps": steps, "per model": "\n" + per_model.round(1).to_string(), "_per_model": per_model, "_knees": K}
+    T = G.step_table(_short_run(name, n_prompts, steps).result.records).assign(model=name)
+    K = G.knee_table(T, thresholds)
+    return K, {t: G.reuse_window(K.loc[name, f"knee (maps) @{t:g}"], steps) for t in thresholds}
+
+
+def exercise_1(quick: bool = False) -> dict:
+    """Exercise 1 (★★): fewer, farther steps. Rerun section 4 with ``STEPS = 8`` instead of 20 and read the
+    knees at 0.95 and 0.99: from which step could whole steps be reused on each model, and how many?
+
+    At 20 steps the curves sit near 0.99 from step 1 on (section 4). Eight steps are 2.5x farther apart, so
+    adjacent steps differ more: does the reuse window (:func:`~unicache_lib.analysis.generation.reuse_window`,
+    the latest knee over the model's layers; the last step is always computed) shrink?
+
+    Expected on the shipped generators, measured (quick run, 2 prompts): yes. At 20 steps every layer of both
+    models has settled above 0.95 by step 1 (window: steps 1..18, 18 of 20 reusable); at 8 steps the lowest
+    adjacent cosine falls from ~0.98 to ~0.94: the MMDiT's last layer settles only at step 7, so no whole step is
+    left to reuse at 0.95 (0 of 8), and PixArt's window starts at step 2 (5 of 8). At 0.99 some layer never
+    settles at either step count: no whole-step window. Map similarity is a property of the *step spacing*,
+    not of the model alone:
+    a knee measured at 20 steps does not carry over to an 8-step schedule.
+    """
+    rows = []
+    for steps in (20, 8):
+        for m in MODELS:
+            K, win = _knees(m, 2 if quick else 8, steps, (0.95, 0.99))
+            for t, w in win.items():
+                rows.append({"model": m, "steps": steps, "threshold": t, "window start": w["start"],
+                             "reusable steps": w["reusable"], "lowest cosine": round(float(K["min sim"].min()), 4)})
+    R = pd.DataFrame(rows).set_index(["model", "steps", "threshold"])
+    return {"table": "\n" + R.to_string(), "_table": R}
 
 
 def exercise_2(quick: bool = False) -> dict:
@@ -220,6 +217,42 @@ def exercise_4(quick: bool = False) -> dict:
         step_explorer(maps.result, dict(zip(maps.sample_ids, maps.images)), dict(zip(maps.sample_ids, maps.tokens)))
         out["widget"] = "step_explorer built on a full-mode capture of one prompt (display it in a notebook)"
     return out
+
+
+def exercise_5(quick: bool = False) -> dict:
+    """Exercise 5 (★★★, on your own checkpoint): run the notebook on a diffusers pipeline folder of SD3 / PixArt /
+    Flux / Sana with papermill, e.g.
+    ``papermill notebooks/03_diffusion_steps.ipynb out.ipynb -p MODELS '["/path/to/sd3"]' -p DEVICE cuda
+    -p LAYERS '[0, 11, 23]' -p MAP_QUERY_STRIDE 8``, and compare with the shipped models: the lowest adjacent-step
+    cosine (here >= 0.97), the knee at 0.7 (here step 1 everywhere) and the reuse window the decision table
+    prints; then set notebook 05's ``step_skip`` ``head`` from that window.
+
+    The calls, shown on a random-weight SD3-class stand-in built like the tests' pipeline folders
+    (:func:`~unicache_lib.zoo.tiny_pipelines.build_tiny`): load it with ``load_generator``, capture a few
+    prompts' steps, and read knees and window as the notebook does.
+
+    Expected on the stand-in: the code path runs end to end through a diffusers pipeline (joint attention,
+    part ``joint``) and gives one knee per captured block; its numbers mean nothing (random weights). On a real
+    SD3 at 1024² the study expects early cosines of 0.3–0.5, i.e. the 0.7 knee a few steps in, not at step 1.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from unicache_lib.analysis import generation as G
+    from unicache_lib.capture.gen_runner import capture_generation
+    from unicache_lib.world.text import prompt_set
+    from unicache_lib.zoo import tiny_pipelines as tp
+    from unicache_lib.zoo.loaders import is_stand_in, load_generator
+
+    steps = 4 if quick else 8
+    d = tp.build_tiny("sd3", Path(tempfile.mkdtemp()) / "sd3-stand-in")
+    gen = load_generator(str(d))
+    run = capture_generation(gen, [p["short"] for p in prompt_set(2, 0, SEED)], "own", None, steps, GUIDANCE, SEED, progress=False)
+    T = G.step_table(run.result.records).assign(model="stand-in")
+    K = G.knee_table(T, (0.7, 0.99))
+    win = {t: G.reuse_window(K.loc["stand-in", f"knee (maps) @{t:g}"], steps) for t in (0.7, 0.99)}
+    return {"stand-in": str(d), "random weights": is_stand_in(str(d)), "parts": sorted(T.part.unique()),
+            "knees": "\n" + K.round(3).to_string(), "windows": win, "_K": K, "_steps": steps}
 
 
 if __name__ == "__main__":

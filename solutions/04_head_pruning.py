@@ -177,5 +177,61 @@ def exercise_3(quick: bool = False) -> dict:
     return {"mean accuracy over pruned fractions": mean_pruned.round(3).to_dict(), "_mean": mean_pruned, "_sizes": sizes}
 
 
+def exercise_4(quick: bool = False) -> dict:
+    """Exercise 4 (★★★, on your own checkpoint): run the notebook with papermill on your vision-language model
+    (``-p UNDERSTANDING_MODEL /path -p GENERATORS '[]'``) and read section 3: do the near-uniform shallow heads
+    still beat their random control, on accuracy and on the deeper layers?
+
+    Shown on a random-weight stand-in of the LLaVA family (3 layers, 4 heads, grouped-query attention: 2 key/value
+    heads), built like the tests' ``random_llava_dir``: the section-3 procedure, i.e. the shallow band's
+    near-uniform heads (normalised entropy >= the band's median) masked exactly, against as many random shallow
+    heads (:func:`~unicache_lib.pruning.downstream.random_heads`), with the deeper layers' entropy move of each
+    (:func:`~unicache_lib.pruning.downstream.downstream_changes`) and the paired difference over samples.
+
+    Expected on the stand-in: the procedure runs end to end on another depth and on grouped-query attention, and
+    gives one deeper-layer move per sample for both selections; the numbers mean nothing (random weights). On
+    your trained model, a "near-uniform minus random" interval that straddles 0 means the deeper-layer half of
+    P3 is not supported there either.
+    """
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    from unicache_lib.analysis.layers import band_layers
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.intervals import difference_interval
+    from unicache_lib.pruning import HeadSpace, ScoringContext
+    from unicache_lib.pruning.downstream import downstream_changes, random_heads
+    from unicache_lib.pruning.scorers import head_statistics
+    from unicache_lib.world import samples as sample_set
+    from unicache_lib.zoo import tiny_llava as tl
+    from unicache_lib.zoo.loaders import load_understanding
+
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp()) / "random-llava"
+    tok = tl.build_tokenizer()
+    torch.manual_seed(SEED)
+    LlavaForConditionalGeneration(tl.build_config(tok, lm_layers=3, lm_heads=4, kv_heads=2)).save_pretrained(d)
+    tl.build_processor(tok).save_pretrained(d)
+    model, processor = load_understanding(str(d), attn_implementation="eager", verify=False)
+    space = HeadSpace.of(model)
+    samples = sample_set.load(per_type=1 if quick else 4, seed=SAMPLE_SEED)
+    base = capture_samples(model, processor, samples, progress=False).records
+    shallow = band_layers(len(space.units))["shallow"]
+    ent = head_statistics(ScoringContext(space, base, seed=SEED))["entropy"][shallow]
+    uniform = np.zeros(space.shape, bool)
+    uniform[shallow] = ent >= np.median(ent)
+    band = np.zeros(space.shape, bool)
+    band[shallow] = True
+    moves = {}
+    for label, sel in (("near-uniform", uniform), ("random", random_heads(band, int(uniform.sum()), SEED))):
+        ch = downstream_changes(model, processor, space, samples, torch.tensor(~sel, dtype=torch.float32), shallow, base)
+        moves[label] = ch.groupby("sample").d_entropy.mean()
+    iv = difference_interval(moves["near-uniform"].to_numpy(), moves["random"].reindex(moves["near-uniform"].index).to_numpy(), "samples")
+    return {"stand-in": str(d), "layers x heads": tuple(space.shape), "shallow band": shallow, "heads pruned": int(uniform.sum()),
+            "near-uniform minus random (deeper entropy move)": str(iv), "_moves": moves, "_n": len(samples)}
+
+
 if __name__ == "__main__":
     _common.run_all(sys.modules[__name__], _common.parse(__doc__))

@@ -124,3 +124,62 @@ def test_fused_step_statistics_equal_the_direct_definitions(monkeypatch):
             chunked = step_statistics(P, qk, kk, real)
         for k in got:
             torch.testing.assert_close(chunked[k], got[k], equal_nan=True, atol=1e-6, rtol=0)
+
+
+def _two_blue(shapes=("circle", "circle"), size=32):
+    """A generated-looking image: two blue objects left and right on the dark background."""
+    from unicache_lib.world.scenes import BACKGROUND, COLOURS, shape_mask
+
+    img = np.tile(np.array(BACKGROUND, np.float32), (size, size, 1))
+    for s, cx in zip(shapes, (0.19 * size, 0.81 * size)):
+        img[shape_mask(s, cx, size / 2, 0.14 * size, size)] = COLOURS["blue"]
+    return img
+
+
+PAIR = {"id": "p0", "pair": "same", "objects": [{"colour": "blue", "shape": "circle", "position": "left"},
+                                                {"colour": "blue", "shape": "square", "position": "right"}]}
+
+
+def test_object_masks_split_a_same_colour_pair_at_the_middle():
+    from unicache_lib.analysis.word_regions import object_masks
+
+    m = object_masks(_two_blue(), PAIR)
+    assert m.shape == (2, 32, 32)
+    assert m[0, :, 16:].sum() == 0 and m[1, :, :16].sum() == 0 and m[0].sum() > 20 and m[1].sum() > 20
+    together = object_masks(_two_blue(), {**PAIR, "pair": "different"})
+    assert (together[0] == together[1]).all()  # one colour, no split: both masks hold both blobs
+    with pytest.raises(ValueError, match="prompt_set"):
+        object_masks(_two_blue(), {"id": "x"})
+    with pytest.raises(ValueError, match=r"\[H, W, 3\]"):
+        object_masks(np.zeros((32, 32)), PAIR)
+
+
+def test_drawn_objects_reads_back_a_shape_the_prompt_did_not_ask_for():
+    from unicache_lib.analysis.word_regions import drawn_objects
+
+    got = drawn_objects(_two_blue(("circle", "circle")), PAIR)  # asked circle + square, drew two circles
+    assert [g["drawn"] for g in got] == ["circle", "circle"] and [g["shape_ok"] for g in got] == [True, False]
+    assert got[1]["asked"] == "blue square, right" and got[1]["position"] == "right"
+    ok = drawn_objects(_two_blue(("circle", "square")), PAIR)
+    assert all(g["shape_ok"] for g in ok)
+    red = {**PAIR, "objects": [{**o, "colour": "red"} for o in PAIR["objects"]]}
+    assert [g["drawn"] for g in drawn_objects(_two_blue(), red)] == [None, None]  # nothing red drawn
+
+
+def test_knee_table_and_reuse_window():
+    import pandas as pd
+
+    # two layers over 5 steps: layer 0 settles above 0.9 from step 1, layer 1 only from step 3
+    sims = {0: [np.nan, 0.95, 0.96, 0.97, 0.98], 1: [np.nan, 0.5, 0.8, 0.95, 0.99]}
+    T = pd.DataFrame([{"model": "m", "part": "joint", "layer": li, "step": s, "sim": v, "out_sim_img": 1.0}
+                      for li, c in sims.items() for s, v in enumerate(c)])
+    K = G.knee_table(T, (0.7, 0.9))
+    assert K.loc[("m", "joint", 0), "knee (maps) @0.9"] == 1 and K.loc[("m", "joint", 1), "knee (maps) @0.9"] == 3
+    assert K.loc[("m", "joint", 1), "knee (maps) @0.7"] == 2 and K.loc[("m", "joint", 1), "min sim"] == pytest.approx(0.5)
+    w = G.reuse_window(K["knee (maps) @0.9"], 5)
+    assert w == {"start": 3, "reusable": 1, "head": 0.6}  # the latest layer decides; the last step is computed
+    assert G.reuse_window([1, np.nan], 5)["start"] is None  # a layer that never settles: no whole-step reuse
+    with pytest.raises(ValueError, match="one knee per layer"):
+        G.reuse_window([], 5)
+    with pytest.raises(ValueError, match="n_steps"):
+        G.reuse_window([1], 1)

@@ -389,3 +389,36 @@ def test_prompt_following_checker_at_pipeline_sizes():
             assert score_object(sc.uint8(), sc.describe()[0]) == {"colour": True, "position": True, "shape": True}
     with pytest.raises(ValueError, match="square"):
         score_object(np.zeros((512, 256, 3), np.uint8), {"colour": "red", "shape": "circle", "position": "left"})
+
+
+def test_random_heads_is_a_seeded_draw_among_the_eligible():
+    from unicache_lib.pruning.downstream import random_heads
+
+    eligible = np.zeros((4, 8), bool)
+    eligible[0] = True
+    a = random_heads(eligible, 3, seed=0)
+    assert a.sum() == 3 and not (a & ~eligible).any()
+    assert (a == random_heads(eligible, 3, seed=0)).all()
+    assert any((random_heads(eligible, 3, seed=s) != a).any() for s in range(1, 5))
+    with pytest.raises(ValueError, match="eligible"):
+        random_heads(eligible, 9, seed=0)
+
+
+def test_downstream_changes_zero_unpruned_and_moved_by_a_shallow_head(vlm):
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.pruning.downstream import downstream_changes
+    from unicache_lib.world import samples as sample_set
+
+    model, proc, _, _ = vlm
+    space = HeadSpace.of(model)
+    samples = sample_set.load(per_type=1)[:2]
+    base = capture_samples(model, proc, samples, progress=False).records
+    none = downstream_changes(model, proc, space, samples, space.ones(), skip_layers=[0], base=base)
+    assert set(none.layer) == set(range(1, len(space.units))) and none["sample"].nunique() == 2
+    assert (none[["d_entropy", "d_image_share"]].abs() < 1e-6).all().all()  # nothing masked: nothing moves
+    keep = space.ones().clone()
+    keep[0, :4] = 0
+    moved = downstream_changes(model, proc, space, samples, keep, skip_layers=[0], base=base)
+    assert (moved.d_entropy > 1e-4).all()  # every deeper layer notices half of layer 0's heads gone
+    with pytest.raises(ValueError, match="base="):
+        downstream_changes(model, proc, space, samples, keep, base=base[:-1])

@@ -116,14 +116,23 @@ def s03():
     return load("03_diffusion_steps")
 
 
-def test_03_knees_by_threshold(s03):
-    t = s03.exercise_1(quick=True)["_per_model"]
+def test_03_fewer_steps_shrink_the_reuse_window(s03):
+    t = s03.exercise_1(quick=True)["_table"]
     for m in ("tiny-mmdit", "tiny-pixart"):
-        d = t.loc[m]
-        assert d.loc[0.7, "layers_with_knee"] == d.loc[0.7, "layers"]  # every layer settles at 0.7
-        skip = d.whole_step_skippable.to_numpy()
-        assert all(a >= b for a, b in zip(skip, skip[1:]))  # a stricter threshold never skips more
-        assert d.loc[0.99, "layers_with_knee"] < d.loc[0.7, "layers_with_knee"]
+        assert t.loc[(m, 20, 0.95), "window start"] == 1 and t.loc[(m, 20, 0.95), "reusable steps"] == 18
+        assert t.loc[(m, 8, 0.95), "reusable steps"] < 8 - 2  # farther steps: the window starts later
+        assert t.loc[(m, 8, 0.95), "lowest cosine"] < t.loc[(m, 20, 0.95), "lowest cosine"]
+        for steps in (20, 8):  # a stricter threshold never reuses more
+            assert t.loc[(m, steps, 0.99), "reusable steps"] <= t.loc[(m, steps, 0.95), "reusable steps"]
+    assert t.loc[("tiny-mmdit", 8, 0.95), "reusable steps"] == 0
+
+
+def test_03_own_checkpoint_calls_run_on_a_pipeline_stand_in(s03):
+    r = s03.exercise_5(quick=True)
+    assert r["random weights"] and r["parts"] == ["joint"]
+    K = r["_K"]
+    assert len(K) >= 2 and (K["n_steps"] == r["_steps"]).all() and "knee (maps) @0.99" in K
+    assert set(r["windows"]) == {0.7, 0.99}
 
 
 def test_03_unconditional_branch_spreads_its_text_attention(s03):
@@ -172,6 +181,14 @@ def test_04_few_gradient_questions_suffice(s04):
     m = s04.exercise_3(quick=True)["_mean"]
     assert m["gradient n=8"] > m["random"] + 0.1 and m["gradient n=32"] > m["random"] + 0.1
     assert m["gradient n=2"] < m["gradient n=8"]
+
+
+def test_04_p3_procedure_runs_on_a_grouped_query_stand_in(s04):
+    r = s04.exercise_4(quick=True)
+    assert r["layers x heads"] == (3, 4) and r["heads pruned"] >= 1
+    for m in r["_moves"].values():
+        assert len(m) == r["_n"] == 5 and (m >= 0).all()
+    assert "samples" in r["near-uniform minus random (deeper entropy move)"]
 
 
 @pytest.fixture(scope="module")

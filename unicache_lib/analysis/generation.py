@@ -71,6 +71,50 @@ def knee(sim, threshold: float = 0.7) -> int | None:
     return None
 
 
+def knee_table(steps: pd.DataFrame, thresholds=(0.7,), by=("model", "part", "layer")) -> pd.DataFrame:
+    """Knees per layer at each threshold, of the map (``sim``) and output (``out_sim_img``) curves.
+
+    Args:
+        steps: a :func:`step_table` (rows of one step count), with the ``by`` columns.
+        thresholds: adjacent-step cosines that count as "alike".
+    Returns:
+        One row per ``by`` group: ``knee (maps) @t`` / ``knee (outputs) @t`` for each threshold ``t``
+        (NaN: the curve never settles), ``min sim`` (lowest map cosine after step 0) and ``n_steps``.
+    """
+    rows = []
+    for key, d in steps.groupby(list(by)):
+        curve_map = d.groupby("step").sim.mean().to_numpy()
+        curve_out = d.groupby("step").out_sim_img.mean().to_numpy()
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        for t in thresholds:
+            for name, c in (("maps", curve_map), ("outputs", curve_out)):
+                k = knee(c, t)
+                row[f"knee ({name}) @{t:g}"] = np.nan if k is None else k
+        row["min sim"] = float(np.nanmin(curve_map[1:])) if len(curve_map) > 1 else np.nan
+        row["n_steps"] = len(curve_map)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(list(by))
+
+
+def reuse_window(knees, n_steps: int) -> dict:
+    """The reuse a set of per-layer knees (one model, one threshold) allows for whole-step reuse.
+
+    A step can be skipped as a whole only once *every* layer has settled: the window starts at the latest
+    knee. Returns ``start`` (None if some layer never settles), ``reusable`` (steps from ``start`` on, the
+    last one always computed: ``n_steps - start - 1``) and ``head``: the share of the steps computed before
+    reuse may begin, ``start / n_steps`` (notebook 05's ``step_skip`` policy's ``head`` argument).
+    """
+    k = np.asarray(knees, dtype=float)
+    if k.size == 0:
+        raise ValueError("no knees: pass one knee per layer (knee_table's column for one model)")
+    if n_steps < 2:
+        raise ValueError(f"n_steps must be >= 2 for adjacent steps, got {n_steps}")
+    if np.isnan(k).any():
+        return {"start": None, "reusable": 0, "head": 1.0}
+    start = int(k.max())
+    return {"start": start, "reusable": max(0, n_steps - start - 1), "head": round(start / n_steps, 3)}
+
+
 def word_positions(tokens: list[str], word: str) -> list[int]:
     """Indices of ``word`` in a prompt's tokens (in order of appearance)."""
     return [i for i, t in enumerate(tokens) if t == word]

@@ -1,0 +1,101 @@
+"""Does a prompt word look at what it names in the generated image? (claim G9; notebook 03, sections 0 and 9)
+
+A generated image is segmented by the prompt's colours (:func:`object_masks`); each object's patches are
+compared with the patches a word's attention ranks highest (:func:`word_region_table`), and the shapes the
+generator actually drew are read back (:func:`drawn_objects`) so a word map is never judged against an object
+the model did not draw.
+
+    masks = object_masks(image, prompt)               # bool [n_objects, H, W]
+    drawn_objects(image, prompt)                      # [{"asked": "red square", "drawn": "circle", ...}, ...]
+    word_region_table(run, prompts, patch=4)          # one row per (prompt, object, word role)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..world.scenes import patch_grid_masks
+from ..world.segment import classify_shape, colour_mask, nearest_position
+from . import generation as G
+
+BINDING_SHARE = 0.125  # the shape words' regions compared for binding: the top 12.5% of the image patches
+
+
+def object_masks(image: np.ndarray, prompt: dict) -> np.ndarray:
+    """Bool ``[n_objects, H, W]``: the pixels of each object of ``prompt`` (a :func:`~unicache_lib.world.text.prompt_set`
+    entry with ``objects``, each with a ``colour``, and ``pair`` = ``"same"`` / ``"different"`` / ``""``) in the
+    generated ``image [H, W, 3]``, segmented by colour. Two objects of one colour cannot be told apart by colour:
+    the picture is split at the middle, the first object's pixels on the left, the second's on the right (the
+    prompt set places such pairs left and right)."""
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[-1] != 3:
+        raise ValueError(f"object_masks takes a generated image [H, W, 3], got shape {image.shape}")
+    objs = prompt.get("objects")
+    if not objs:
+        raise ValueError("the prompt has no 'objects': pass an entry of unicache_lib.world.text.prompt_set")
+    masks = []
+    for j, o in enumerate(objs):
+        cm = colour_mask(image, o["colour"])
+        if prompt.get("pair") == "same":
+            half = np.zeros_like(cm)
+            half[:, : cm.shape[1] // 2] = j == 0
+            half[:, cm.shape[1] // 2:] = j == 1
+            cm = cm & half
+        masks.append(cm)
+    return np.stack(masks)
+
+
+def drawn_objects(image: np.ndarray, prompt: dict, min_pixels: int = 3) -> list[dict]:
+    """What the generator drew for each asked object: ``asked`` ("red square, left"), ``drawn`` (the shape the
+    object's pixels look like, :func:`~unicache_lib.world.segment.classify_shape`; None when fewer than
+    ``min_pixels`` pixels have its colour), ``position`` (nearest named position) and ``shape_ok``."""
+    rows = []
+    for o, m in zip(prompt["objects"], object_masks(image, prompt)):
+        shape = classify_shape(m) if m.sum() >= min_pixels else None
+        rows.append({"asked": f"{o['colour']} {o['shape']}, {o['position']}", "drawn": shape,
+                     "position": nearest_position(m) if shape else None, "shape_ok": shape == o["shape"]})
+    return rows
+
+
+def word_region_table(run, prompts: list[dict], patch: int) -> pd.DataFrame:
+    """Word regions against the drawn objects, for every prompt of a captured sampling run.
+
+    Args:
+        run: a :class:`~unicache_lib.capture.gen_runner.GenerationRun` of ``prompts`` (stats or full mode,
+            cross or joint attention: the records hold ``word_map``).
+        prompts: the ``prompt_set`` entries, in the run's order.
+        patch: pixels per image-token side (``image_size // sqrt(image_tokens)``).
+    Returns:
+        One row per (prompt, object, role) with ``role`` "colour" / "shape": ``iou`` of the word's top-``k``
+        patches (its attention averaged over heads, layers and steps, :func:`~.generation.word_maps`) with the
+        object's ``k`` patches, and ``chance`` (a random ``k``-patch region's expected IoU); objects not drawn
+        (no patch) are skipped. Plus, for two-object prompts, one row with ``role`` "binding overlap": IoU of
+        the two shape words' top-12.5% regions (``object`` = -1). Columns: prompt, pair, object, role, iou,
+        chance, k.
+    """
+    if len(prompts) > len(run.sample_ids):
+        raise ValueError(f"{len(prompts)} prompts for a run of {len(run.sample_ids)}: pass the run's own prompts")
+    recs, rows = run.result.records, []
+    for i, p in enumerate(prompts):
+        toks = run.tokens[i]
+        W = G.word_maps(recs, run.sample_ids[i])  # [tokens, image]
+        grid = patch_grid_masks(object_masks(run.images[i], p), patch)
+        for j, o in enumerate(p["objects"]):
+            obj_patches = grid == j
+            k = int(obj_patches.sum())
+            if k == 0:
+                continue  # the object was not drawn: nothing to compare with
+            for role in ("colour", "shape"):
+                pos = G.word_positions(toks, o[role])
+                if pos:
+                    w = W[pos[min(j, len(pos) - 1)]]
+                    rows.append({"prompt": p["id"], "pair": p["pair"], "object": j, "role": role,
+                                 "iou": G.iou(G.top_region(w, k), obj_patches), "chance": G.chance_iou(k, W.shape[1]), "k": k})
+        if p["pair"]:
+            pos = [G.word_positions(toks, o["shape"]) for o in p["objects"]]
+            if all(pos):
+                kk = max(1, int(round(BINDING_SHARE * W.shape[1])))
+                rows.append({"prompt": p["id"], "pair": p["pair"], "object": -1, "role": "binding overlap",
+                             "iou": G.iou(G.top_region(W[pos[0][0]], kk), G.top_region(W[pos[1][0]], kk)),
+                             "chance": G.chance_iou(kk, W.shape[1]), "k": kk})
+    return pd.DataFrame(rows, columns=["prompt", "pair", "object", "role", "iou", "chance", "k"])
