@@ -135,11 +135,15 @@ def test_explorer_offers_only_captured_layers_and_redraws_at_each():
     assert set(controls) == {"sample", "query token", "layer", "head"}
     assert controls["layer"].options == (0, 2, 5) and controls["head"].max == 1  # only captured layers
     assert controls["query token"].label == "21 ':'"
-    seen = []
+    seen, pngs = [], []
+    picture = panel.children[-1]
     for layer in (2, 5, 0):  # every stop of the slider redraws (a missing record would raise here)
         controls["layer"].value = layer
         seen.append(panel.caption.value)
+        (shown,) = picture.outputs  # the picture is the Output widget's state (one PNG), not captured output
+        pngs.append(shown["data"]["image/png"])
         assert f"layer {layer}" in seen[-1] and "where is the red circle ?" in seen[-1] and "21 &#x27;:&#x27;" in seen[-1]
+    assert len(set(pngs)) == 3  # a new picture at every layer
     controls["head"].value = 1
     controls["sample"].value = "s1"
     assert "sample s1" in panel.caption.value and "head 1" in panel.caption.value

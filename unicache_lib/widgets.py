@@ -45,14 +45,22 @@ def _need(mapping: dict, keys, name: str, what: str):
 
 
 def _show(out, fig):
-    """Replace what ``out`` shows with ``fig`` (then closed, so figures do not pile up)."""
-    import matplotlib.pyplot as plt
-    from IPython.display import display
+    """Replace what ``out`` shows with ``fig`` as a PNG (then closed, so figures do not pile up).
 
-    with out:
-        out.clear_output(wait=True)
-        display(fig)
+    The picture is set as the Output widget's state, not captured with ``with out:`` /
+    ``clear_output(wait=True)``: headless executors (papermill / nbclient) intercept captured output
+    through the kernel's message ids, and that path intermittently left a run waiting forever on the
+    explorer cell (nbclient issue 312); a state update has no such path."""
+    import base64
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
+    out.outputs = ({"output_type": "display_data", "metadata": {},
+                    "data": {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": repr(fig)}},)
 
 
 def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids: dict | None = None,
