@@ -213,3 +213,13 @@ def test_layer_overlays_one_panel_per_layer(tmp_path):
     assert plots.save(fig, tmp_path, "overlays").stat().st_size > 1000
     with pytest.raises(ValueError, match="at least one layer"):
         plots.layer_overlays(img, {})
+
+
+def test_layer_overlays_draw_the_picture_then_one_panel_per_layer():
+    img = np.zeros((32, 32, 3), np.uint8)
+    rng = np.random.default_rng(0)
+    fig = plots.layer_overlays(img, {0: rng.random(16), 3: rng.random(16)}, "a question")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles[0] == "the picture" and titles[1].startswith("layer 0") and titles[2].startswith("layer 3")
+    with pytest.raises(ValueError, match="at least one layer"):
+        plots.layer_overlays(img, {})

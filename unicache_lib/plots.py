@@ -259,14 +259,9 @@ def layer_overlays(image, maps: dict, title: str = "", grid=None, grid_tokens=No
     :func:`unicache_lib.analysis.localisation.query_over_image`); each panel on its own colour scale
     (labelled), as the weights' range changes a lot with depth. ``grid`` / ``grid_tokens`` as in
     :func:`image_overlay`."""
-    plt = _plt()
     if not maps:
         raise ValueError("layer_overlays needs at least one layer's weights")
-    n = len(maps) + 1
-    fig, axes = plt.subplots(1, n, figsize=(2.7 * n, 2.6))
-    axes[0].imshow(np.asarray(image))
-    axes[0].set_axis_off()
-    axes[0].set_title("the picture", fontsize=9)
+    fig, axes = _picture_row(image, "the picture", len(maps), (2.7, 2.6), 9)
     for ax, (li, w) in zip(axes[1:], maps.items()):
         image_overlay(image, w, f"{label} {li} (max {float(np.max(_np(w))):.2f})", ax=ax, grid=grid,
                       grid_tokens=grid_tokens, cbar="weight (own scale)")
@@ -385,15 +380,20 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
     return fig or ax.figure
 
 
+def _picture_row(image, title: str, n_panels: int, panel_size: tuple[float, float], fontsize: int):
+    """A figure of ``1 + n_panels`` axes in a row, the first showing ``image [H, W, 3]`` under ``title``."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, n_panels + 1, figsize=(panel_size[0] * (n_panels + 1), panel_size[1]))
+    axes[0].imshow(np.asarray(image))
+    axes[0].set_axis_off()
+    axes[0].set_title(title, fontsize=fontsize)
+    return fig, axes
+
+
 def word_regions(image, maps: dict[str, np.ndarray], title: str = ""):
     """The generated ``image [H, W, 3]`` next to each word's attention over the image patches
     (``maps``: word -> ``[n_image]`` weights on a square grid), each with its own colour bar."""
-    plt = _plt()
-    n = len(maps) + 1
-    fig, axes = plt.subplots(1, n, figsize=(2.6 * n, 2.4))
-    axes[0].imshow(np.asarray(image))
-    axes[0].set_axis_off()
-    axes[0].set_title("generated", fontsize=8)
+    fig, axes = _picture_row(image, "generated", len(maps), (2.6, 2.4), 8)
     for ax, (w, m) in zip(axes[1:], maps.items()):
         image_overlay(image, m, repr(w), ax=ax, cbar="attention weight (own scale)")
     fig.suptitle(title, fontsize=9)
