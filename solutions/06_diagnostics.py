@@ -93,9 +93,9 @@ def exercise_2(quick: bool = False) -> dict:
     (:func:`~unicache_lib.diagnostics.roc.auroc_table`).
 
     Expected on tiny-llava, measured (1500 questions, 20 wrong; quick: 200, 4 wrong): all-layer coverage is
-    *inverted* — AUROC 0.31 in the claim's direction, i.e. wrong answers read the image more, strength 0.69, with
-    an interval wholly below 0.5; shallow-only coverage sits at chance (0.49, interval across 0.5). Confidence
-    (0.95) stays far ahead of both. With 20 wrong answers (18 of them "yes" to an absent object) the intervals
+    *inverted* — AUROC 0.31 [0.23, 0.39] in the claim's direction, i.e. wrong answers read the image more, strength
+    0.69, the interval wholly below 0.5; shallow-only coverage sits at chance (0.49 [0.38, 0.60], across 0.5). Confidence
+    (0.95 [0.94, 0.97]) stays far ahead of both. With 20 wrong answers (18 of them "yes" to an absent object) the intervals
     are about ±0.1 wide: enough to rule out a 0.7 detector in the claim's direction, not to say how coverage
     behaves on other kinds of error. The quick run (4 wrong) gives 0.46 / 0.65 / 0.92 with intervals too wide
     to read a direction.

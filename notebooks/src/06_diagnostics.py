@@ -153,8 +153,10 @@ if "lo" in roc:
         w = auroc_interval(-A.coverage[absent], wrong[absent])
         print(f"Within the {int(absent.sum())} absent-object questions only ({int((wrong & absent).sum())} wrong): coverage AUROC "
               f"{w.value:.2f} [{w.lo:.2f}, {w.hi:.2f}] ({read_auroc(w)['direction']}; separates: {read_auroc(w)['separates']}).")
-    print(f"What {n_wrong} wrong answers can show: an AUROC to about ±{(roc.hi - roc.lo).max() / 2:.2f}, enough to tell "
-          "whether the signal clears a 0.7 bar or points the other way. What they cannot show: how the score behaves on "
+    half = float((roc.hi - roc.lo).max() / 2)
+    print(f"What {n_wrong} wrong answers can show: an AUROC to about ±{half:.2f}, " + ("enough to tell whether a signal clears "
+          "a 0.7 bar or points the other way" if half < 0.15 else "too wide to place a signal against a 0.7 bar") +
+          ". What they cannot show: how the score behaves on "
           f"error types that barely occur here ({A[wrong].groupby(['qtype', 'answer']).size().to_dict()}), or on a model "
           "that errs for other reasons.")
 
@@ -364,7 +366,8 @@ decide = pd.DataFrame([
      "what it suggests on your model": "any attention signal must beat this; if it does not, monitor confidence instead",
      "where": "§1"},
     {"measurement": "wrong answers available", "value here": f"{n_wrong} of {len(A)}",
-     "what it suggests on your model": "under ~50 wrong answers an AUROC is good to about ±0.1: decide on the interval only",
+     "what it suggests on your model": (f"an AUROC is good to about ±{half:.2f} here: " if "lo" in roc else "")
+     + "decide on the interval only, and raise N_QUESTIONS until the wrong answers number dozens",
      "where": "N_QUESTIONS"},
     {"measurement": "healthy lowest image share of text queries' reads", "value here": f"{hl.min():.3f}",
      "what it suggests on your model": f"under {CUTOFF:.0%}: a modality cut-off, check the layer; above: the share says "
