@@ -353,5 +353,8 @@ def test_readings_flag_a_bit_identical_method_as_a_no_op():
     r = readings(df)
     assert r["none"] == "reference" and r["steps:8"].startswith("control")
     assert r["text_side"].startswith("no-op on this family") and "8% of FLOPs" in r["text_side"]
+    assert r["none"] == "reference"
+    idle = readings(df.assign(flops=1.0))  # identical with every FLOP run: a schedule that skipped nothing
+    assert idle["text_side"].startswith("reuses nothing") and "bit-identical" in idle["text_side"]
     assert r["step_skip"] == ""  # one identical prompt is not a no-op
     assert r["diffusers:x"] == "did not run: unsupported here"

@@ -442,14 +442,14 @@ print(reuse.loc[reuse.note != "", ["note"]].to_string())
 # **How to read the table.** PSNR is in dB against the no-reuse image of the same prompt and seed: above ~40 dB
 # differences are invisible, 30 dB is a visibly altered image. **100 dB stands for "identical"**: bit-identical
 # images have an infinite PSNR, capped at 100 so that means stay finite — the `none` row by definition, and any
-# method whose `reading` says "no-op on this family". `colour` / `position`: share of images whose object still has
+# method whose `reading` says "bit-identical". `colour` / `position`: share of images whose object still has
 # the prompt's colour / position. `computed` counts attention work, `flops` the whole transformer's. Healthy: a
 # method far below 1 in `flops` at 40+ dB. The lines below are printed from this run.
 
 # %%
 for g in RU:
     for m, why in readings(RU[g]).items():
-        if why.startswith("no-op"):
+        if "bit-identical" in why:
             r = RU[g].loc[m]
             print(f"{g} · {m}: {why}; computed {r.computed:.2f}, speed-up {r.speedup:.2f}x.")
             if gfamily[g] not in ("sd3", "flux") and m == "text_side":
@@ -471,7 +471,7 @@ if RU:  # the reuse table as a file, for the rehearsal's README table
     reuse.reset_index()[["model", "method", *cols]].to_csv(out / "reuse.csv", index=False)
 fig, axes = plt.subplots(1, max(1, len(gpaths)), figsize=(6 * max(1, len(gpaths)), 4), squeeze=False)
 for ax, gname in zip(axes[0], gpaths):
-    noop = readings(RU[gname]).str.startswith("no-op")
+    noop = readings(RU[gname]).str.contains("bit-identical")
     d = RU[gname][~noop].dropna(subset=["ssim"])  # a no-op row would sit at SSIM 1 and mislead: named in the title
     for i, (m, r) in enumerate(d.iterrows()):
         ax.errorbar(r.speedup, r.ssim, xerr=[[r.speedup - r.speedup_lo], [r.speedup_hi - r.speedup]] if np.isfinite(r.speedup_lo) else None,
@@ -480,7 +480,7 @@ for ax, gname in zip(axes[0], gpaths):
     ax.set_xlabel("speed-up (median paired ratio, 95% interval over rounds)")
     ax.set_ylabel("SSIM vs no reuse")
     ax.set_title(f"{gname}: speed vs quality (circles: workbench, squares: diffusers)"
-                 + (f"\nnot shown, no-op on this family: {', '.join(noop[noop].index)}" if noop.any() else ""), fontsize=9)
+                 + (f"\nnot shown, bit-identical to no reuse: {', '.join(noop[noop].index)}" if noop.any() else ""), fontsize=9)
 fig.tight_layout()
 _ = plots.save(fig, out, "reuse_pareto")
 
@@ -773,10 +773,13 @@ for g in gpaths:
     c = CT[g].loc[NEW_REUSE]
     rows.append({"measurement": f"{g}: {NEW_REUSE} over fewer steps at equal FLOPs / wall-clock",
                  "value here": f"{c.margin_flops:+.1f} / {c.margin_speedup:+.1f} dB",
-                 "what it suggests on your model": "positive with an interval above 0: use step_skip (tune its schedule on "
-                 "design prompts); otherwise sample with fewer steps — it is free", "where": "§4b: GENERATORS, STEPS, FEWER_STEPS"})
+                 "what it suggests on your model": ("use step_skip: it beats fewer steps here (interval above 0); tune its "
+                 "schedule on your design prompts" if c.margin_flops_lo > 0 else "sample with fewer steps: step_skip does not "
+                 "beat it here (tune its schedule on design prompts before trying again)")
+                 + "; a diffusers cache must clear the same control before you adopt it",
+                 "where": "§4b: GENERATORS, STEPS, FEWER_STEPS"})
     noop = readings(RU[g])
-    noop = list(noop[noop.str.startswith("no-op")].index)
+    noop = list(noop[noop.str.startswith("no-op on this family")].index)
     if noop:
         rows.append({"measurement": f"{g}: methods bit-identical to no reuse", "value here": ", ".join(noop),
                      "what it suggests on your model": "exact caches on this family (e.g. cross-attention text K/V): always "

@@ -193,9 +193,11 @@ def pareto_check(df: pd.DataFrame, ours: list[str], others: list[str], by: str =
 def readings(df: pd.DataFrame) -> pd.Series:
     """Per method of one generator's :func:`run_reuse` table, what its row *is*, for a ``reading`` column:
     ``"reference"`` (``none``), ``"control (fewer steps)"`` (``steps:N``), ``"no-op on this family: bit-identical
-    to no reuse (PSNR capped at 100), saves X% of FLOPs"`` (every prompt's PSNR at the cap: the method changed no
-    pixel, e.g. text-side reuse on a cross-attention DiT, whose text keys and values do not change across steps),
-    ``"did not run: ..."`` (a ``note``), else ``""``."""
+    to no reuse ..., an exact cache saving X% of FLOPs"`` (every prompt's PSNR at the cap while fewer FLOPs ran: the
+    method changed no pixel, e.g. text-side reuse on a cross-attention DiT, whose text keys and values do not change
+    across steps), ``"reuses nothing at these settings: bit-identical ..."`` (at the cap with all FLOPs run, e.g. a
+    schedule with too few steps to skip any), ``"did not run: ..."`` (a ``note``), else ``""``. Every reading of a
+    bit-identical row contains ``"bit-identical"``."""
     out = {}
     for m, r in df.iterrows():
         pp = r.get("psnr_per_prompt")
@@ -206,8 +208,9 @@ def readings(df: pd.DataFrame) -> pd.Series:
         elif isinstance(r.get("note"), str) and r.get("note"):
             out[m] = f"did not run: {r.note}"
         elif pp is not None and np.size(pp) and bool(np.all(np.asarray(pp, float) >= PSNR_CAP)):
-            out[m] = (f"no-op on this family: bit-identical to no reuse (PSNR capped at {PSNR_CAP:.0f}), saves "
-                      f"{1 - r.flops:.0%} of FLOPs")
+            out[m] = (f"no-op on this family: bit-identical to no reuse (PSNR capped at {PSNR_CAP:.0f}), an exact cache "
+                      f"saving {1 - r.flops:.0%} of FLOPs" if r.flops < 1 - 1e-9 else
+                      "reuses nothing at these settings: bit-identical to no reuse (too few steps for its schedule?)")
         else:
             out[m] = ""
     return pd.Series(out, name="reading")
