@@ -83,7 +83,7 @@ def _eviction(qas, budgets, names, extra=None, model_name=UNDERSTANDING_MODEL):
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1: write a policy that keeps the anchors of notebook 02 (top read frequency from *text* queries
+    """Exercise 1 (★★): write a policy that keeps the anchors of notebook 02 (top read frequency from *text* queries
     of the standard samples) and register it. Where does it land?
 
     ``NotebookAnchors`` (defined and registered here as ``notebook_anchors``; to keep it, move the class into a
@@ -121,7 +121,7 @@ def _reuse(gen_name, methods: dict, n_prompts, steps):
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2: change ``Adaptive.threshold`` (0.99, 0.999) and plot its Pareto points. Is the adaptive rule
+    """Exercise 2 (★★): change ``Adaptive.threshold`` (0.99, 0.999) and plot its Pareto points. Is the adaptive rule
     ever better than the static schedule at equal ``computed``?
 
     ``adaptive`` at thresholds 0.99, 0.995 (default) and 0.999 and the static schedules (``static_last_third``,
@@ -180,7 +180,7 @@ def exercise_2(quick: bool = False) -> dict:
 
 
 def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3: run the eviction sweep with questions about absent objects only (``heldout_set`` filtered by
+    """Exercise 3 (★): run the eviction sweep with questions about absent objects only (``heldout_set`` filtered by
     ``qtype == "exists"`` and answer "no"). Which policies make the model see things that are not there?
 
     Every registered policy (the study's rule, StreamingLLM, H2O, SnapKV, FastV, random, the oracle,
@@ -209,7 +209,7 @@ def exercise_3(quick: bool = False) -> dict:
 
 
 def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4: ``step_skip`` with ``weight=0`` reuses the last computed output unchanged. Add it as a method and
+    """Exercise 4 (★★): ``step_skip`` with ``weight=0`` reuses the last computed output unchanged. Add it as a method and
     compare its margin over the fewer-step control with the default's: what does the extrapolation buy?
 
     ``step_skip`` (weight 0.5, the default) and ``step_skip`` with ``weight=0`` (same schedule, plain reuse) are run
@@ -244,7 +244,7 @@ def exercise_4(quick: bool = False) -> dict:
 
 
 def exercise_5(quick: bool = False) -> dict:
-    """Exercise 5: on your own model, does ``key_coverage`` still beat DivPrune and the kvpress presses, and does
+    """Exercise 5 (★★★, on your own checkpoint): on your own model, does ``key_coverage`` still beat DivPrune and the kvpress presses, and does
     ``step_skip`` still beat fewer steps? Tune on your own design prompts first.
 
     The calls are the notebook's with ``UNDERSTANDING_MODEL`` / ``GENERATORS`` set to your checkpoints; tune first

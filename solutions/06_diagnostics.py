@@ -56,7 +56,7 @@ def _detector(samples):
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1: mask image attention from layer 1, then from layer 3: does accuracy fall with the first
+    """Exercise 1 (★): mask image attention from layer 1, then from layer 3: does accuracy fall with the first
     cut-off layer?
 
     :func:`~unicache_lib.diagnostics.broken.mask_image_attention` hides the image keys from text queries in every
@@ -83,20 +83,26 @@ def exercise_1(quick: bool = False) -> dict:
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2: swap coverage for the *shallow* layers' coverage only. Does the AUROC change?
+    """Exercise 2 (★★): swap coverage for the *shallow* layers' coverage only. Does the AUROC change, and in which
+    direction? Report it with its stratified interval.
 
     :func:`~unicache_lib.diagnostics.hallucination.answer_attention` takes ``layers=`` (here the shallow band of
     :func:`~unicache_lib.analysis.layers.band_layers`, layer 0 on 4 layers); the AUROC of low coverage for wrong
-    answers is compared with the all-layer coverage's and with the confidence baseline.
+    answers is compared with the all-layer coverage's and with the confidence baseline, each with a 95% interval
+    that resamples wrong and right answers apart and its direction named
+    (:func:`~unicache_lib.diagnostics.roc.auroc_table`).
 
-    Expected on tiny-llava, measured (1500 questions, 20 wrong; quick: 200, 4 wrong): it changes, but only from
-    "worse than chance" to "chance": all-layer coverage 0.31 (quick 0.46), shallow-only 0.49 (quick 0.65),
-    against the confidence baseline's 0.95 (quick 0.92). On this model the answer position's attention on the
-    image does not separate wrong answers at any depth; so few wrong answers make these AUROCs coarse.
+    Expected on tiny-llava, measured (1500 questions, 20 wrong; quick: 200, 4 wrong): all-layer coverage is
+    *inverted* — AUROC 0.31 [0.23, 0.39] in the claim's direction, i.e. wrong answers read the image more, strength
+    0.69, the interval wholly below 0.5; shallow-only coverage sits at chance (0.49 [0.38, 0.60], across 0.5). Confidence
+    (0.95 [0.94, 0.97]) stays far ahead of both. With 20 wrong answers (18 of them "yes" to an absent object) the intervals
+    are about ±0.1 wide: enough to rule out a 0.7 detector in the claim's direction, not to say how coverage
+    behaves on other kinds of error. The quick run (4 wrong) gives 0.46 / 0.65 / 0.92 with intervals too wide
+    to read a direction.
     """
     from unicache_lib.analysis.layers import band_layers
     from unicache_lib.diagnostics.hallucination import answer_attention
-    from unicache_lib.diagnostics.roc import auroc
+    from unicache_lib.diagnostics.roc import auroc_table
 
     model, processor = _model()
     qas = list(_qas(200 if quick else 1500))
@@ -105,14 +111,14 @@ def exercise_2(quick: bool = False) -> dict:
     every = answer_attention(model, processor, qas, progress=False)
     low = answer_attention(model, processor, qas, progress=False, layers=shallow)
     wrong = ~every.correct
-    res = {"coverage, all layers": auroc(-every.coverage, wrong), f"coverage, shallow layers {shallow}": auroc(-low.coverage, wrong),
-           "confidence (baseline)": auroc(-every.confidence, wrong)}
-    return {"wrong answers": int(wrong.sum()), "of": len(qas), "AUROC": {k: round(float(v), 3) for k, v in res.items()},
-            "_auroc": res}
+    t = auroc_table({"coverage, all layers": -every.coverage, f"coverage, shallow layers {shallow}": -low.coverage,
+                     "confidence (baseline)": -every.confidence}, wrong)
+    return {"wrong answers": int(wrong.sum()), "of": len(qas), "AUROC": "\n" + t.round(3).to_string(),
+            "_auroc": t.auroc.to_dict(), "_table": t}
 
 
 def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3: add another broken variant — images shuffled across samples — and predict the detector's
+    """Exercise 3 (★★): add another broken variant — images shuffled across samples — and predict the detector's
     verdict first. Is it a modality cut-off at all?
 
     Prediction: the detector stays quiet. It measures how much the text *reads* the image tokens, and a
@@ -142,6 +148,73 @@ def exercise_3(quick: bool = False) -> dict:
                       "image dependence (KL)": image_dependence(model, processor, ss, SEED), "accuracy": _accuracy(qq)}
     t = pd.DataFrame(rows).T
     return {"table": "\n" + t.to_string(float_format=lambda x: f"{x:.3f}"), "_t": t}
+
+
+def _random_llava():
+    """A random-weight LLaVA-family stand-in (3 layers, 4 heads, grouped-query attention), built once in a temp folder."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    from unicache_lib.zoo import tiny_llava as tl
+    from unicache_lib.zoo.loaders import load_understanding
+
+    d = Path(tempfile.gettempdir()) / "unicache-solutions-06" / "random-llava"
+    if not (d / "config.json").exists():
+        tok = tl.build_tokenizer()
+        torch.manual_seed(SEED)
+        LlavaForConditionalGeneration(tl.build_config(tok, lm_layers=3, lm_heads=4, kv_heads=2)).save_pretrained(d)
+        tl.build_processor(tok).save_pretrained(d)
+    return d, load_understanding(str(d), attn_implementation="eager", verify=False)
+
+
+def exercise_4(quick: bool = False) -> dict:
+    """Exercise 4 (★★★, on your own checkpoint): run the notebook on your model and compare with the shipped one:
+    the healthy lowest share against 5%, the blank image's image dependence against the healthy one, and the
+    coverage AUROC — its direction and whether its interval excludes 0.5. How many wrong answers, and is that
+    enough to decide U12?
+
+    The notebook's calls with ``MODEL`` set to a checkpoint (papermill: ``-p MODEL /path/to/llava``); here on a
+    random-weight stand-in of the LLaVA family (3 layers, 4 heads, grouped-query attention): the neglect detector
+    and image dependence on the standard samples (healthy and blank image), then ``answer_attention`` on held-out
+    questions and :func:`~unicache_lib.diagnostics.roc.auroc_interval` on its wrong answers.
+
+    Expected on the stand-in: everything runs on another architecture; the detector is quiet (the random model's
+    attention is spread over the 64 image positions, so the image share of the text queries' reads is high, not
+    under 5%); image dependence is small for both the healthy and the blank input (random weights barely use the
+    picture, so it cannot tell them apart); and the model answers (almost) nothing right, so the AUROC is refused
+    with an error that names the fix ("at least 2 of each ... raise N_QUESTIONS") — raising N does not help a
+    model that is never right: U12 needs a checkpoint with both right and wrong answers.
+    """
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.diagnostics.broken import blank_image
+    from unicache_lib.diagnostics.hallucination import answer_attention
+    from unicache_lib.diagnostics.neglect import detect_neglect, image_dependence
+    from unicache_lib.diagnostics.roc import auroc_interval, read_auroc
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    d, (model, processor) = _random_llava()
+    samples = _samples(quick)
+    blank = [copy.copy(s) for s in samples]
+    for s in blank:
+        s.image = blank_image(s.image)
+    rows = {}
+    for name, ss in (("healthy", samples), ("blank image", blank)):
+        v = detect_neglect(capture_samples(model, processor, ss, progress=False).records)
+        rows[name] = {"fires": v.fires, "lowest share": float(v.shares.min()),
+                      "image dependence (KL)": image_dependence(model, processor, ss, SEED)}
+    A = answer_attention(model, processor, heldout_set(20 if quick else 200, seed=SEED + 4242, qtypes=QTYPES), progress=False)
+    wrong = ~A.correct.to_numpy()
+    try:
+        iv = auroc_interval(-A.coverage.to_numpy(), wrong)
+        u12 = f"coverage AUROC {iv} ({read_auroc(iv)})"
+    except ValueError as e:
+        u12 = f"refused: {e}"
+    t = pd.DataFrame(rows).T
+    return {"stand-in": str(d), "detector": "\n" + t.to_string(float_format=lambda x: f"{x:.3f}"),
+            "wrong answers": f"{int(wrong.sum())} of {len(A)}", "U12": u12, "_t": t, "_wrong": int(wrong.sum()), "_n": len(A)}
 
 
 if __name__ == "__main__":

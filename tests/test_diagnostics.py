@@ -19,6 +19,31 @@ def test_auroc_hand_cases():
     assert np.allclose(rank_average([1, 2, 3], [3, 2, 1]), 2 / 3)
 
 
+def test_auroc_interval_is_stratified_and_reads_the_direction():
+    from unicache_lib.diagnostics.roc import auroc_interval, auroc_table, read_auroc
+
+    rng = np.random.default_rng(0)
+    y = np.r_[np.ones(20, bool), np.zeros(480, bool)]
+    s = np.r_[rng.normal(-1, 1, 20), rng.normal(0, 1, 480)]  # positives score LOWER: inverted separation
+    iv = auroc_interval(s, y)
+    assert iv.value == pytest.approx(auroc(s, y)) and iv.lo <= iv.value <= iv.hi and iv.hi < 0.5
+    assert iv.n == 500 and "20 positive, 480 negative" in iv.unit
+    r = read_auroc(iv)
+    assert r["direction"] == "inverted" and r["separates"] == "yes" and r["strength"] == pytest.approx(1 - iv.value)
+    # a score that carries nothing: the interval straddles 0.5 and the reading says so
+    flat = read_auroc(auroc_interval(rng.normal(0, 1, 500), y))
+    assert flat["separates"].startswith("no evidence")
+    # paired difference: a score against itself is exactly 0 on every resample
+    d = auroc_interval(s, y, versus=s)
+    assert d.value == 0 and d.lo == 0 and d.hi == 0
+    t = auroc_table({"low": s, "high": -s}, y)
+    assert list(t.direction) == ["inverted", "as oriented"] and t.strength.nunique() == 1
+    with pytest.raises(ValueError, match="at least 2 of each"):
+        auroc_interval(s[:21], y[:21] & False | (np.arange(21) == 0))
+    ok = np.arange(21) < 2  # the fix the error names: more positives -> it runs
+    assert np.isfinite(auroc_interval(s[:21], ok).value)
+
+
 @pytest.fixture(scope="module")
 def llava():
     from unicache_lib.world import samples as sample_set

@@ -290,3 +290,16 @@ def test_run_eviction_prefill_stage_rows_and_peer_comparison(setup):
     assert list(v.peer) == ["peer"] and v["diff"].iloc[0] == pytest.approx(0.25)
     assert worst_peer_difference(t, "ours", ["peer"]).value == pytest.approx(0.25)
     assert share_of_full(t, "peer", 0.25).value == pytest.approx(0.75)
+
+
+def test_per_question_accuracy_averages_over_budgets():
+    import pandas as pd
+
+    from unicache_lib.kv.evaluate import per_question_accuracy
+
+    t = pd.DataFrame([{"kind": "policy", "question": q, "method": "p", "budget": b, "correct": (q + i) % 2 == 0}
+                      for q in (2, 0, 1) for i, b in enumerate((0.1, 0.25, 0.5))])
+    a = per_question_accuracy(t, "p")
+    assert a.shape == (3,) and a[0] == pytest.approx(2 / 3) and a[1] == pytest.approx(1 / 3)  # sorted by question
+    with pytest.raises(KeyError, match="run it in run_eviction"):
+        per_question_accuracy(t, "absent")

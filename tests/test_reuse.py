@@ -318,3 +318,43 @@ def test_pareto_check_picks_the_best_of_ours_that_saves_as_much():
     v = versus(df, "ours", ["peer_slow_bad", "peer_slow_good"])
     assert v.loc["peer_slow_bad", "dominates"] and not v.loc["peer_slow_good", "dominates"]
     assert v.loc["peer_slow_bad", "speed_ratio"] == pytest.approx(1.54, rel=0.05)
+
+
+def test_worst_pareto_gap_and_worst_generator_take_the_smallest_cell():
+    from unicache_lib.reuse.evaluate import pareto_check, worst_generator, worst_pareto_gap
+
+    a, b = _table(), _table()
+    b.loc["peer_slow_good", "psnr_per_prompt"] = b.loc["peer_slow_good", "psnr_per_prompt"] + 1.5  # closer on b
+    tables = {"a": a, "b": b}
+    pareto = {g: pareto_check(t, ["ours", "mild"], ["peer_slow_good", "peer_fast"]) for g, t in tables.items()}
+    iv, worst, unmatched = worst_pareto_gap(tables, pareto)
+    assert worst[:3] == ("b", "peer_slow_good", "mild") and worst[3] == pytest.approx(0.5)  # 50 - 49.5
+    assert iv.value == pytest.approx(0.5) and iv.lo <= 0.5 <= iv.hi and iv.unit == "prompts"
+    assert unmatched == ["peer_fast on a", "peer_fast on b"]  # faster than every setting of ours: not compared
+    none = worst_pareto_gap(tables, {g: pareto_check(t, ["ours"], ["peer_fast"]) for g, t in tables.items()})
+    assert none[0] is None and none[1] is None
+    g = worst_generator(tables, "mild", "psnr_per_prompt", minus="peer_slow_good")
+    assert g.value == pytest.approx(0.5)
+    short = {"a": a, "b": b.assign(psnr_per_prompt=[np.zeros(3)] * len(b))}
+    with pytest.raises(ValueError, match="same prompts"):
+        worst_generator(short, "mild", "psnr_per_prompt")
+
+
+def test_readings_flag_a_bit_identical_method_as_a_no_op():
+    import pandas as pd
+
+    from unicache_lib.reuse.evaluate import PSNR_CAP, readings
+
+    df = pd.DataFrame({"none": {"psnr_per_prompt": np.full(4, PSNR_CAP), "flops": 1.0, "note": ""},
+                       "text_side": {"psnr_per_prompt": np.full(4, PSNR_CAP), "flops": 0.924, "note": ""},
+                       "step_skip": {"psnr_per_prompt": np.array([45.0, 100.0, 44.0, 46.0]), "flops": 0.45, "note": ""},
+                       "steps:8": {"psnr_per_prompt": np.full(4, 39.0), "flops": 0.4, "note": ""},
+                       "diffusers:x": {"psnr_per_prompt": None, "flops": np.nan, "note": "unsupported here"}}).T
+    r = readings(df)
+    assert r["none"] == "reference" and r["steps:8"].startswith("control")
+    assert r["text_side"].startswith("no-op on this family") and "8% of FLOPs" in r["text_side"]
+    assert r["none"] == "reference"
+    idle = readings(df.assign(flops=1.0))  # identical with every FLOP run: a schedule that skipped nothing
+    assert idle["text_side"].startswith("reuses nothing") and "bit-identical" in idle["text_side"]
+    assert r["step_skip"] == ""  # one identical prompt is not a no-op
+    assert r["diffusers:x"] == "did not run: unsupported here"

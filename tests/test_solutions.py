@@ -205,9 +205,20 @@ def test_06_earlier_cutoff_costs_more_accuracy(s06):
 
 
 def test_06_shallow_coverage_does_not_beat_confidence(s06):
-    a = s06.exercise_2(quick=True)["_auroc"]
+    r = s06.exercise_2(quick=True)
+    a = r["_auroc"]
     conf = a.pop("confidence (baseline)")
     assert len(a) == 2 and all(v < conf for v in a.values())
+    t = r["_table"]  # every AUROC with its stratified interval and a named direction
+    assert ((t.lo <= t.auroc) & (t.auroc <= t.hi)).all() and set(t.direction) <= {"as oriented", "inverted", "none"}
+
+
+def test_06_own_checkpoint_calls_run_and_refuse_an_auroc_without_right_answers(s06):
+    r = s06.exercise_4(quick=True)
+    t = r["_t"]
+    assert not t.fires.any() and (t["lowest share"] > 0.05).all()  # random attention spreads over the image: quiet
+    assert (t["image dependence (KL)"] < 0.1).all()  # random weights barely use the picture
+    assert r["_wrong"] == r["_n"] and r["U12"].startswith("refused") and "at least 2 of each" in r["U12"]
 
 
 def test_06_shuffled_images_are_no_modality_cutoff(s06):

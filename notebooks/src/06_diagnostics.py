@@ -1,16 +1,33 @@
 # %% [markdown]
 # # 06 · Diagnostics: a hallucination signal, a modality-neglect detector, and a one-call report
 #
+# **The claims this notebook tests** (ids as in `CLAIMS` of [unicache_lib/scoreboard.py](../unicache_lib/scoreboard.py); the scoreboard at the end decides
+# each on a rule written before the numbers):
+#
+# | id | claim (one line) | why it matters for caching |
+# |---|---|---|
+# | U10 | A layer whose share of cross-modal attention falls under ~5% marks a modality cut-off ("modality neglect"). | an eviction rule that keeps few image keys in a layer can *cause* such a cut-off; a cheap detector would let a cache watch for it |
+# | U12 | A noun whose attention barely covers the image is likely hallucinated. | if low coverage flags wrong answers, a cache could keep more image KV exactly when coverage drops |
+#
 # **What you will learn**
 # - whether the attention of the position that produces an answer tells right answers from wrong ones —
-#   including "is there a …?" questions about absent objects — next to the model's own confidence;
-# - how the study's modality-neglect detector (text→image share per layer, ~5% cut-off) behaves on a healthy
-#   model and on three deliberately broken ones, and what it cannot see;
+#   including "is there a …?" questions about absent objects — next to the model's own confidence, and how to
+#   read an [AUROC](../docs/GLOSSARY.md#auroc) whose direction is not the one you expected, with an interval that
+#   respects how few errors there are;
+# - how the study's modality-neglect detector (per layer, the *image share of the text queries' reads*, ~5%
+#   cut-off) behaves on a healthy model and on three deliberately broken ones, and what it cannot see;
 # - how to turn any stores into a report (figures plus one offline HTML page), here and from the shell.
 #
 # **What it needs**: notebooks 02 and 03 for the ideas and, for the report, their stores (captured here if
 # absent). Runs on the shipped `tiny-llava` or a checkpoint of any supported vision-language family (`MODEL`,
 # `DEVICE`, `DTYPE`).
+#
+# **Terms.** [AUROC](../docs/GLOSSARY.md#auroc): the probability that a randomly drawn wrong answer scores as more
+# suspect than a randomly drawn right one (0.5: chance; 1: perfect; 0: perfect *in the other direction*).
+# **Image share of text queries' reads** (the detector's signal): of the attention that text queries spend on
+# the context's image and text keys, the part on image keys, per layer — not notebook 02's `text->image`, which
+# is that block's share of the *whole* attention map. [Modality neglect](../docs/GLOSSARY.md#modality-neglect):
+# a layer from which the text no longer reads the image.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -41,7 +58,7 @@ from unicache_lib.diagnostics.broken import blank_image, mask_image_attention, z
 from unicache_lib.diagnostics.hallucination import answer_attention
 from unicache_lib.diagnostics.neglect import CUTOFF, WARN, detect_neglect, image_dependence, text_image_share_per_sample
 from unicache_lib.diagnostics.report import build_report
-from unicache_lib.diagnostics.roc import auroc, rank_average
+from unicache_lib.diagnostics.roc import auroc, auroc_interval, auroc_table, rank_average, read_auroc
 from unicache_lib.families import family_of
 from unicache_lib.intervals import bootstrap
 from unicache_lib.paths import project_path
@@ -57,6 +74,22 @@ out.mkdir(parents=True, exist_ok=True)
 model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 family = family_of(model)
 qas = heldout_set(N_QUESTIONS, seed=SEED + 4242, qtypes=("exists", "colour", "exists", "shape", "position"))
+
+# %% [markdown]
+# **The questions, before any number.** Each held-out question is asked about a 64×64 scene of one to four
+# simple objects; two in five ask "is there a …?", and half of those name an object that is *not* there — the
+# place a model hallucinates.
+
+# %%
+fig, axes = plt.subplots(1, 5, figsize=(12, 2.8))
+for ax, q in zip(axes, qas[:5]):
+    ax.imshow(q.scene.uint8())
+    ax.set_title(f"{q.question}\n-> {q.answer} ({q.qtype})", fontsize=7)
+    ax.axis("off")
+fig.tight_layout()
+_ = plots.save(fig, out, "questions")
+
+# %%
 print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} of them 'is there a ...?' "
       f"({sum(q.qtype == 'exists' and q.answer == 'no' for q in qas)} about absent objects)")
 
@@ -67,7 +100,10 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 # **coverage** = its attention mass on image keys; **concentration** = 1 − normalised entropy of that mass
 # over the image; **confidence** = the answer's softmax probability. AUROC for detecting *wrong* answers
 # (0.5 = no better than chance), each score oriented so that low coverage / concentration / confidence means
-# "suspect".
+# "suspect" — the claim's direction. An AUROC *below* 0.5 is not "no signal": it separates in the inverted
+# direction (wrong answers score *higher*), with strength max(AUROC, 1 − AUROC). Each AUROC gets a 95% bootstrap
+# interval that resamples wrong and right answers separately (stratified): with only a few wrong answers a plain
+# resample would let their count drift.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -75,13 +111,15 @@ A = answer_attention(model, processor, qas)
 wrong = ~A.correct
 print(f"{int(wrong.sum())} wrong answers of {len(A)}; accuracy per type: {A.groupby('qtype').correct.mean().round(3).to_dict()}")
 print("wrong answers by type:", A[wrong].groupby(["qtype", "answer"]).size().to_dict())
-roc = pd.Series({
-    "coverage (low = suspect)": auroc(-A.coverage, wrong),
-    "concentration (low = suspect)": auroc(-A.concentration, wrong),
-    "confidence (baseline)": auroc(-A.confidence, wrong),
-    "coverage + confidence (rank mean)": auroc(rank_average(-A.coverage, -A.confidence), wrong),
-}, name="AUROC")
-print(roc.round(3).to_string())
+SCORES = {"coverage (low = suspect)": -A.coverage, "concentration (low = suspect)": -A.concentration,
+          "confidence (baseline)": -A.confidence, "coverage + confidence (rank mean)": rank_average(-A.coverage, -A.confidence)}
+if 2 <= int(wrong.sum()) <= len(A) - 2:
+    roc = auroc_table(SCORES, wrong)
+    print(f"AUROC for wrong answers, 95% interval resampling the {int(wrong.sum())} wrong and {int((~wrong).sum())} right apart")
+    print(roc.round(3).to_string())
+else:
+    roc = pd.DataFrame({"auroc": {k: auroc(v, wrong) for k, v in SCORES.items()}})
+    print(f"{int(wrong.sum())} wrong answers: too few for an interval (raise N_QUESTIONS)")
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
@@ -94,16 +132,54 @@ fig.tight_layout()
 _ = plots.save(fig, out, "hallucination_signal")
 
 # %% [markdown]
+# **How to read the table and the histograms.** Healthy for the claim: the orange (wrong) coverage histogram
+# sits to the *left* of the blue one and the coverage AUROC is well above 0.5 with an interval that stays above it.
+# Unhealthy: the histograms overlap (AUROC near 0.5, interval across it) — or, as can happen, the wrong answers sit
+# to the *right* (AUROC below 0.5: wrong answers read the image *more*). The sentences below are printed from this
+# run's numbers.
+
+# %%
+n_wrong = int(wrong.sum())
+if "lo" in roc:
+    c, f = roc.loc["coverage (low = suspect)"], roc.loc["confidence (baseline)"]
+    print(f"Coverage: AUROC {c.auroc:.2f} [{c.lo:.2f}, {c.hi:.2f}] as the claim orients it -> direction {c.direction}, "
+          f"strength {c.strength:.2f}; separates: {c.separates}.")
+    if c.direction == "inverted" and c.separates == "yes":
+        print(f"  Read it as: wrong answers put MORE of their attention on the image than right ones (strength {c.strength:.2f}), "
+              "the opposite of U12's mechanism.")
+    print(f"Confidence: AUROC {f.auroc:.2f} [{f.lo:.2f}, {f.hi:.2f}] -> the baseline to beat.")
+    absent = ((A.qtype == "exists") & (A.answer == "no")).to_numpy()
+    if 2 <= int((wrong & absent).sum()) <= int(absent.sum()) - 2:
+        w = auroc_interval(-A.coverage[absent], wrong[absent])
+        print(f"Within the {int(absent.sum())} absent-object questions only ({int((wrong & absent).sum())} wrong): coverage AUROC "
+              f"{w.value:.2f} [{w.lo:.2f}, {w.hi:.2f}] ({read_auroc(w)['direction']}; separates: {read_auroc(w)['separates']}).")
+    half = float((roc.hi - roc.lo).max() / 2)
+    print(f"What {n_wrong} wrong answers can show: an AUROC to about ±{half:.2f}, " + ("enough to tell whether a signal clears "
+          "a 0.7 bar or points the other way" if half < 0.15 else "too wide to place a signal against a 0.7 bar") +
+          ". What they cannot show: how the score behaves on "
+          f"error types that barely occur here ({A[wrong].groupby(['qtype', 'answer']).size().to_dict()}), or on a model "
+          "that errs for other reasons.")
+
+# %% [markdown]
+# **What this run shows (shipped model, 1500 questions).** The coverage signal is real but points the other way:
+# AUROC 0.31 [0.23, 0.39] in the claim's direction is 0.69 inverted, and within the 284 absent-object questions,
+# where 18 of the 20 errors sit (the model says "yes" to an object that is not there), it is 0.11 [0.06, 0.18] —
+# a hallucinating answer reads the image *harder*, as if searching for the object, not less. Confidence (0.95)
+# separates far better than either direction of coverage. Twenty errors of one kind make this a hypothesis to test
+# on a larger model, not a rule: a detector keyed on *high* coverage would need held-out errors of every type.
+
+# %% [markdown]
 # ## 2. The modality-neglect detector (U10), healthy and broken
 #
-# Per layer, the share of the text queries' attention that lands on image keys, over the standard samples.
-# The detector fires when a layer falls under 5% (and warns under 15%). Broken variants, each labelled with
+# Per layer, the **image share of the text queries' reads**: of the attention mass the text queries put on the
+# context (image and text keys), the part on image keys, over the standard samples. The detector fires when a
+# layer falls under 5% (and warns under 15%). Broken variants, each labelled with
 # what it breaks:
 # - **zeroed features**: what the image tokens carry (the projector's output replaced by zeros);
 # - **blank image**: the picture's content (every pixel set to the image's mean colour);
 # - **zeroed image values**: what reading an image key returns (the value vectors of image positions are zero
 #   in every layer; the attention weights are untouched);
-# - **masked attention**: the text→image attention itself, from layer `MASK_FROM_LAYER` on. This one is
+# - **masked attention**: the text queries' attention on the image itself, from layer `MASK_FROM_LAYER` on. This one is
 #   *caught by construction* (it forces the share to 0), so it checks the detector's plumbing and does not
 #   count for U10.
 #
@@ -111,7 +187,7 @@ _ = plots.save(fig, out, "hallucination_signal")
 # answer with the sample's image and with another sample's image (near 0 = the image is ignored).
 #
 # **A cross-attention VLM** (Mllama) reads the image only in its cross-attention layers, whose keys are all
-# vision tokens: their text→image share is 1 by construction, and the self-attention layers never see the
+# vision tokens: their image share of the text queries' reads is 1 by construction, and the self-attention layers never see the
 # image. The share detector then says nothing, and U10 is "not measurable here"; the variants still run (the
 # masked one gates the cross-attention layers off), and image dependence still tells healthy from broken.
 
@@ -123,7 +199,7 @@ for s in blank:
     s.image = blank_image(s.image)
 masked_name = f"masked from L{MASK_FROM_LAYER}"
 BREAKS = {"healthy": "nothing", "zeroed features": "what the image tokens carry", "blank image": "the picture's content",
-          "zeroed image values": "what reading an image key returns", masked_name: "text->image attention (caught by construction)"}
+          "zeroed image values": "what reading an image key returns", masked_name: "text queries' attention on the image (caught by construction)"}
 variants = {}
 variants["healthy"] = (capture_samples(model, processor, samples).records, image_dependence(model, processor, samples, SEED))
 with zero_image_features(model):
@@ -146,7 +222,7 @@ for name, (recs, dep) in variants.items():
                  "first cut-off layer": None if v.first_cutoff_layer is None else layers[v.first_cutoff_layer],
                  "image dependence (KL)": dep}
 det = pd.DataFrame(det).T
-print(f"text->image share per layer over {len(samples)} samples (cut-off {CUTOFF:.0%}, warning {WARN:.0%})")
+print(f"image share of text queries' reads, per layer, over {len(samples)} samples (cut-off {CUTOFF:.0%}, warning {WARN:.0%})")
 print(det.to_string(float_format=lambda x: f"{x:.3f}"))
 
 # %%
@@ -159,10 +235,30 @@ ax.axhline(CUTOFF, color="r", ls="--", lw=0.8)
 ax.axhline(WARN, color="orange", ls=":", lw=0.8)
 ax.set_xticks(range(len(layer_cols)), [c[1:] for c in layer_cols])
 ax.set_xlabel("layer")
-ax.set_ylabel("text->image share")
+ax.set_ylabel("image share of text queries' reads")
 ax.legend(fontsize=7)
 fig.tight_layout()
 _ = plots.save(fig, out, "neglect_detector")
+
+# %% [markdown]
+# **How to read the detector.** A healthy model's curve stays well above the dashed 5% line in every layer, and
+# its image dependence (last column) is large; neglect shows as a curve that drops under the line from some layer
+# on. The question this table answers is whether the detector sees the three breaks that are *not* forced onto
+# the share. The sentences below are printed from this run's numbers.
+
+# %%
+hl = det.loc["healthy", layer_cols].astype(float)
+dep0 = det.loc["healthy", "image dependence (KL)"]
+print(f"Healthy: lowest layer {hl.idxmin()} at {hl.min():.3f} (cut-off {CUTOFF:.0%}); image dependence KL {dep0:.2f}.")
+for n in [n for n in det.index if n not in ("healthy", masked_name)]:
+    r = det.loc[n]
+    dep = r["image dependence (KL)"]
+    print(f"{n}: fires {bool(r.fires)}, lowest share {r[layer_cols].astype(float).min():.3f}, image dependence {dep:.3f} -> "
+          + ("the share sees it" if r.fires else "the share misses it; " + (
+              "image dependence catches it (near 0)" if dep < 0.1 * dep0 else
+              f"image dependence keeps {dep / dep0:.0%} of the healthy value: only the answers' accuracy would tell")))
+print(f"{masked_name}: fires {bool(det.loc[masked_name, 'fires'])} from layer {det.loc[masked_name, 'first cut-off layer']} "
+      "(by construction: it zeroes the very share the detector reads).")
 
 # %% [markdown]
 # ## 3. One call, one report
@@ -180,6 +276,12 @@ if GENERATION_STORE:
 page = build_report(stores, out / "report")
 print(f"report: {page} ({page.stat().st_size // 1024} KB, {page.read_text().count('<img')} figures)")
 
+# %% [markdown]
+# The page below is the report itself. A kernel-less viewer (GitHub) shows an empty frame: open
+# `outputs/06_diagnostics/report/report.html`, or see notebooks 02 and 03, whose figures it gathers. Look for the
+# same curves as there, side by side for the two model kinds; a figure missing from the page means its store
+# lacked that statistic.
+
 # %% tags=["nbval-ignore-output"]
 import warnings
 
@@ -192,16 +294,18 @@ with warnings.catch_warnings():
 # %% [markdown]
 # ## 4. Claims scoreboard
 #
-# U10 is decided on the per-layer text→image shares, resampled over the standard samples (95% bootstrap
+# U10 is decided on the per-layer image shares of the text queries' reads, resampled over the standard samples (95% bootstrap
 # interval), and only on broken variants that the share is not forced to catch; U12 on AUROCs resampled over
-# the questions. "holds" only if the whole interval clears the threshold, "does not hold" only if it lies
+# the questions, wrong and right answers apart (stratified), in the claim's direction (low coverage = suspect):
+# an AUROC interval wholly below 0.7 is "does not hold" whichever way it points, and the `measured` column names
+# the direction. "holds" only if the whole interval clears the threshold, "does not hold" only if it lies
 # wholly on the other side, else "inconclusive" with a rough n that would settle it; "partly": one criterion
 # holds and the other does not.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
-board.rule("U10", f"(a) healthy model: its lowest layer's text->image share above the {CUTOFF:.0%} cut-off (quiet), (b) broken "
+board.rule("U10", f"(a) healthy model: its lowest layer's image share of text queries' reads above the {CUTOFF:.0%} cut-off (quiet), (b) broken "
            f"variants not caught by construction (zeroed features, blank image, zeroed image values): the highest of their "
            f"lowest-layer shares below {CUTOFF:.0%} (the detector fires on every one)",
            criteria={"a": {"above": CUTOFF}, "b": {"below": CUTOFF}})
@@ -211,7 +315,7 @@ S_idx = list(range(len(samples)))
 not_by_construction = [n for n in variants if n not in ("healthy", masked_name)]
 if family.cross_attention:
     for crit in ("a", "b"):
-        board.measure("U10", None, criterion=crit, note="cross-attention VLM: a cross layer's text->image share is 1 by "
+        board.measure("U10", None, criterion=crit, note="cross-attention VLM: a cross layer's image share of text queries' reads is 1 by "
                       "construction and self-attention layers never see the image")
 else:
     board.measure("U10", bootstrap(S_idx, lambda u: shares["healthy"][u].mean(0).min(), "samples"), criterion="a")
@@ -219,14 +323,15 @@ else:
                   criterion="b", shown="fires on: " + (", ".join(n for n in not_by_construction if det.loc[n, "fires"]) or "none")
                   + f" of {', '.join(not_by_construction)}; healthy quiet: {not bool(det.loc['healthy', 'fires'])}")
 cov, conf, wr = -A.coverage.to_numpy(), -A.confidence.to_numpy(), wrong.to_numpy()
-Q = list(range(len(A)))
 if family.cross_attention:
     board.measure("U12", None, note="cross-attention VLM: the answer reads the image only in cross-attention layers, whose "
                   "keys are all vision tokens, so its coverage is 1 by construction")
 elif 2 <= int(wrong.sum()) <= len(A) - 2:
-    board.measure("U12", bootstrap(Q, lambda u: auroc(cov[u], wr[u]), "questions"), criterion="a")
-    board.measure("U12", bootstrap(Q, lambda u: auroc(cov[u], wr[u]) - auroc(conf[u], wr[u]), "questions"), criterion="b",
-                  shown=f"coverage AUROC {roc.iloc[0]:.2f} vs confidence {roc.iloc[2]:.2f} ({int(wrong.sum())} wrong answers)")
+    u12 = auroc_interval(cov, wr)
+    board.measure("U12", u12, criterion="a")
+    board.measure("U12", auroc_interval(cov, wr, versus=conf), criterion="b",
+                  shown=f"coverage AUROC {u12.value:.2f} ({read_auroc(u12)['direction']}, strength {read_auroc(u12)['strength']:.2f}) "
+                  f"vs confidence {auroc(conf, wr):.2f} ({int(wrong.sum())} wrong answers)")
 else:
     board.measure("U12", None, note=f"{int(wrong.sum())} wrong answers of {len(A)}: an AUROC needs at least 2 of each (raise N_QUESTIONS)")
 board.save(out / "scoreboard.json")
@@ -236,17 +341,73 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the results.** An attention share measures *where* the text looks, not whether what it finds there
-# carries anything: with the image features zeroed, the picture blank or the image values zeroed, the text
-# still "reads" the image tokens at healthy rates, and only a check on the answers themselves (image
-# dependence) notices. The masked variant is the only one the detector catches, and it is caught because it
-# was built by zeroing the very share the detector reads. Pair the
-# two in practice. On this model the answer position's attention coverage does not separate wrong answers —
-# confidence does; a larger model that hallucinates for lack of looking may behave differently, which is why
-# the notebook measures rather than assumes.
+# **Reading the scoreboard.** U10 reads "partly" when the healthy model is quiet (a) but the detector misses the
+# breaks that are not forced onto the share (b): an attention share measures *where* the text looks, not whether
+# what it finds there carries anything. U12 is decided in the claim's own direction; a "does not hold" whose
+# `measured` column says "inverted" means wrong answers read the image *more*, not that attention is useless.
 #
+# ## Recap: what this notebook showed on the shipped model
+#
+# The sentences and the table below are built from this run's numbers.
+
+# %%
+c = roc.loc["coverage (low = suspect)"]
+recap = [
+    f"U12: coverage AUROC {c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}], direction {c.direction} (strength {c.strength:.2f})"
+                                            if "lo" in roc else "") + f", on {n_wrong} wrong answers of {len(A)}; "
+    f"the model's confidence reaches {roc.loc['confidence (baseline)', 'auroc']:.2f}.",
+    f"U10: healthy lowest share {hl.min():.3f} (quiet); the detector fires on "
+    f"{', '.join(n for n in not_by_construction if det.loc[n, 'fires']) or 'none'} of the {len(not_by_construction)} breaks "
+    "not forced onto the share; image dependence (KL) drops to "
+    + ", ".join(f"{n} {det.loc[n, 'image dependence (KL)']:.2f}" for n in not_by_construction)
+    + f" against healthy {dep0:.2f}.",
+    f"Verdicts: {', '.join(f'{k} {r.verdict}' for k, r in board.rows.items())}.",
+]
+print("\n".join("- " + s for s in recap))
+decide = pd.DataFrame([
+    {"measurement": "coverage AUROC for wrong answers (claim's direction)",
+     "value here": f"{c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}] {c.direction}" if "lo" in roc else ""),
+     "what it suggests on your model": "use low coverage as a hallucination flag only if the interval sits above 0.7; "
+     "inverted or straddling 0.5: do not key a cache's behaviour on it",
+     "where": "§1, MODEL, N_QUESTIONS (more questions = more wrong answers)"},
+    {"measurement": "confidence AUROC (baseline)", "value here": f"{roc.loc['confidence (baseline)', 'auroc']:.2f}",
+     "what it suggests on your model": "any attention signal must beat this; if it does not, monitor confidence instead",
+     "where": "§1"},
+    {"measurement": "wrong answers available", "value here": f"{n_wrong} of {len(A)}",
+     "what it suggests on your model": (f"an AUROC is good to about ±{half:.2f} here: " if "lo" in roc else "")
+     + "decide on the interval only, and raise N_QUESTIONS until the wrong answers number dozens",
+     "where": "N_QUESTIONS"},
+    {"measurement": "healthy lowest image share of text queries' reads", "value here": f"{hl.min():.3f}",
+     "what it suggests on your model": f"under {CUTOFF:.0%}: a modality cut-off, check the layer; above: the share says "
+     "nothing about whether the image content arrives", "where": "§2, PER_TYPE"},
+    {"measurement": "image dependence of the breaks the share misses", "value here":
+     ", ".join(f"{n}: {det.loc[n, 'image dependence (KL)']:.2f}" for n in not_by_construction if not det.loc[n, "fires"]) or "-",
+     "what it suggests on your model": "run image_dependence beside the share after any cache or pruning change: it "
+     "catches a blank or zeroed image the share misses", "where": "§2 (image_dependence)"},
+])
+with pd.option_context("display.max_colwidth", None, "display.width", 250):
+    print(decide.to_string(index=False))
+
+# %% [markdown]
 # ## Exercises
-# 1. Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer?
-# 2. Swap coverage for the *shallow* layers' coverage only. Does the AUROC change?
-# 3. Add another broken variant — images shuffled across samples — and predict the detector's verdict first. Is it
-#    a modality cut-off at all?
+#
+# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Solutions: `solutions/06_diagnostics.py`.
+#
+# 1. ★ Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer?
+#    *Expected on tiny-llava:* yes — 0.987 unmasked, 0.90 from layer 3, 0.86 from layer 2, 0.33 from layer 1; the
+#    detector's first cut-off layer equals the masked layer every time.
+# 2. ★★ Swap coverage for the *shallow* layers' coverage only (`answer_attention(..., layers=...)`). Does the
+#    AUROC change, and in which direction? Report it with its stratified interval. *Expected:* all-layer coverage
+#    is inverted (0.31, i.e. 0.69 the other way); shallow-only sits near chance (about 0.49, interval across
+#    0.5); confidence (0.95) stays far ahead.
+# 3. ★★ Add another broken variant — images shuffled across samples — and predict the detector's verdict first.
+#    Is it a modality cut-off at all? *Expected:* the detector stays quiet and image dependence stays high, while
+#    accuracy falls to about 0.32: the model reads the wrong image fully; only the answers tell.
+# 4. ★★★ On your own checkpoint: run this notebook with papermill on your model
+#    (`papermill notebooks/06_diagnostics.ipynb out.ipynb -p MODEL /path/to/llava -p N_QUESTIONS 1500`) and
+#    compare with the shipped model: the healthy lowest share against 5%, the image dependence of the blank image
+#    against the healthy one, and the coverage AUROC — its direction and whether its interval excludes 0.5.
+#    How many wrong answers did you get, and is that enough to decide U12? *Expected (shown in the solution on a
+#    random-weight stand-in):* the detector and image dependence run on any family; a model with random weights
+#    answers (almost) nothing right, so the AUROC is refused with an error naming the fix — a checkpoint needs
+#    both right and wrong answers before U12 can be read.

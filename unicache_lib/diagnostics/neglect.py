@@ -47,7 +47,7 @@ class NeglectVerdict:
     warn_layers: list[int]
 
     def __str__(self) -> str:
-        s = ", ".join(f"L{i} {v:.1%}" for i, v in enumerate(self.shares))
+        s = "image share of text queries' reads " + ", ".join(f"L{i} {v:.1%}" for i, v in enumerate(self.shares))
         if self.fires:
             return f"MODALITY CUT-OFF from layer {self.first_cutoff_layer} (share < {CUTOFF:.0%}): {s}"
         if self.warn_layers:
@@ -56,7 +56,7 @@ class NeglectVerdict:
 
 
 def detect_neglect(records, cutoff: float = CUTOFF, warn: float = WARN) -> NeglectVerdict:
-    """Fires when any layer's text->image share is below ``cutoff``."""
+    """Fires when any layer's image share of the text queries' reads is below ``cutoff``."""
     sh = text_image_share(records)
     low = [i for i, v in enumerate(sh) if v < cutoff]
     return NeglectVerdict(sh, bool(low), low[0] if low else None, [i for i, v in enumerate(sh) if v < warn])

@@ -153,6 +153,15 @@ def correct_matrix(df: pd.DataFrame, method: str, budget: float | None = None) -
     return d.correct.to_numpy(dtype=float)
 
 
+def per_question_accuracy(df: pd.DataFrame, method: str) -> np.ndarray:
+    """``[n_questions]``: ``method``'s accuracy per question averaged over the budgets it ran at (sorted by
+    question), e.g. for a paired comparison of two policies over all budgets at once (claim U7)."""
+    d = df[(df.kind == "policy") & (df.method == method)]
+    if d.empty:
+        raise KeyError(f"no policy rows for {method!r}: run it in run_eviction first")
+    return d.groupby("question").correct.mean().sort_index().to_numpy(dtype=float)
+
+
 def against_peers(df: pd.DataFrame, method: str, peers: list[str]) -> pd.DataFrame:
     """Paired accuracy difference ``method - peer`` per (budget, peer), 95% bootstrap interval over questions.
     Columns: budget, peer, method_acc, peer_acc, diff, lo, hi, verdict (``ahead`` / ``behind`` where the

@@ -21,6 +21,8 @@ from .flops import TransformerFlops
 from .peers import DiffusersCache, PeerUnsupported, magcache_ratios
 from .policies import REUSE_POLICIES
 
+PSNR_CAP = 100.0  # dB: bit-identical images have an infinite PSNR; it is capped here so that means stay finite
+
 
 def methods_for(gen, steps: int, guidance: float, calibration_prompts: list[str], peers=("pab", "fastercache", "first_block",
                                                                                                 "taylorseer", "magcache"),
@@ -91,7 +93,7 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
             rows[label] = {"method": label, "note": str(e)}
             continue
         sc = [score_object(im, o) for im, o in zip(imgs, objects)]
-        p, s = np.minimum(psnr(imgs, ref), 100.0), np.asarray(ssim(imgs, ref), dtype=np.float64)
+        p, s = np.minimum(psnr(imgs, ref), PSNR_CAP), np.asarray(ssim(imgs, ref), dtype=np.float64)
         rows[label] = {"method": label, "psnr": float(np.mean(p)), "ssim": float(np.mean(s)),
                        **{k: float(np.mean([x[k] for x in sc])) for k in ("colour", "position", "shape")},
                        "computed": work / ref_work, "flops": flops / ref_flops, "n": len(prompts), "note": "",
@@ -186,3 +188,69 @@ def pareto_check(df: pd.DataFrame, ours: list[str], others: list[str], by: str =
         iv = _psnr_gap(df, m, o)
         rows.append({"other": o, "match": m, "psnr_diff": iv.value, "lo": iv.lo, "hi": iv.hi})
     return pd.DataFrame(rows).set_index("other") if rows else pd.DataFrame()
+
+
+def readings(df: pd.DataFrame) -> pd.Series:
+    """Per method of one generator's :func:`run_reuse` table, what its row *is*, for a ``reading`` column:
+    ``"reference"`` (``none``), ``"control (fewer steps)"`` (``steps:N``), ``"no-op on this family: bit-identical
+    to no reuse ..., an exact cache saving X% of FLOPs"`` (every prompt's PSNR at the cap while fewer FLOPs ran: the
+    method changed no pixel, e.g. text-side reuse on a cross-attention DiT, whose text keys and values do not change
+    across steps), ``"reuses nothing at these settings: bit-identical ..."`` (at the cap with all FLOPs run, e.g. a
+    schedule with too few steps to skip any), ``"did not run: ..."`` (a ``note``), else ``""``. Every reading of a
+    bit-identical row contains ``"bit-identical"``."""
+    out = {}
+    for m, r in df.iterrows():
+        pp = r.get("psnr_per_prompt")
+        if m == "none":
+            out[m] = "reference"
+        elif str(m).startswith("steps:"):
+            out[m] = "control (fewer steps)"
+        elif isinstance(r.get("note"), str) and r.get("note"):
+            out[m] = f"did not run: {r.note}"
+        elif pp is not None and np.size(pp) and bool(np.all(np.asarray(pp, float) >= PSNR_CAP)):
+            out[m] = (f"no-op on this family: bit-identical to no reuse (PSNR capped at {PSNR_CAP:.0f}), an exact cache "
+                      f"saving {1 - r.flops:.0%} of FLOPs" if r.flops < 1 - 1e-9 else
+                      "reuses nothing at these settings: bit-identical to no reuse (too few steps for its schedule?)")
+        else:
+            out[m] = ""
+    return pd.Series(out, name="reading")
+
+
+def worst_pareto_gap(tables: dict, pareto: dict):
+    """R3's statistic over several generators. ``tables``: generator -> :func:`run_reuse` table; ``pareto``:
+    generator -> :func:`pareto_check` table of the same criterion. Over every (generator, other method) cell with a
+    match, the paired per-prompt PSNR difference (match - other, dB): returns ``(interval, worst, unmatched)`` —
+    the bootstrap interval over prompts of the *smallest* cell mean (recomputed on every resample; None when no
+    cell has a match), the worst cell ``(generator, other, match, mean difference)`` and the ``"other on
+    generator"`` cells no setting of ours saves as much as. Prompts must be the same on every generator."""
+    from ..intervals import bootstrap
+
+    cells = [(g, o, r.match) for g, p in pareto.items() for o, r in p.iterrows() if r.match is not None]
+    unmatched = [f"{o} on {g}" for g, p in pareto.items() for o, r in p.iterrows() if r.match is None]
+    if not cells:
+        return None, None, unmatched
+    pp = {c: np.asarray(tables[c[0]].loc[c[2], "psnr_per_prompt"], float) - np.asarray(tables[c[0]].loc[c[1], "psnr_per_prompt"], float)
+          for c in cells}
+    n = {len(v) for v in pp.values()}
+    if len(n) != 1:
+        raise ValueError(f"per-prompt PSNRs of different lengths {sorted(n)}: score every generator on the same prompts")
+    worst = min(cells, key=lambda c: pp[c].mean())
+    iv = bootstrap(list(range(n.pop())), lambda u: min(pp[c][u].mean() for c in cells), "prompts")
+    return iv, (*worst, float(pp[worst].mean())), unmatched
+
+
+def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", minus: str | None = None):
+    """The lower of the generators' mean ``column`` (per prompt, e.g. SSIM) of ``method`` — or of ``method`` minus
+    ``minus``, paired per prompt — with a bootstrap interval over prompts (the minimum over generators recomputed
+    on every resample). ``tables``: generator -> :func:`run_reuse` table, scored on the same prompts."""
+    from ..intervals import bootstrap
+
+    def per_prompt(df):
+        v = np.asarray(df.loc[method, column], float)
+        return v - np.asarray(df.loc[minus, column], float) if minus else v
+
+    vals = {g: per_prompt(df) for g, df in tables.items()}
+    n = {len(v) for v in vals.values()}
+    if len(n) != 1:
+        raise ValueError(f"{column} of different lengths {sorted(n)}: score every generator on the same prompts")
+    return bootstrap(list(range(n.pop())), lambda u: min(v[u].mean() for v in vals.values()), "prompts")
