@@ -69,7 +69,8 @@ EUID ?= $(shell id -u)
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(EUID)),--allow-root)
 
-## benchmark: capture overhead, KV eviction and cross-step reuse; ratios measured side by side
+## benchmark: capture overhead (attention-dominated and real-width LLaVA shapes, an SD3-medium block), KV eviction and
+##            cross-step reuse; ratios measured side by side (the capture-overhead part: about 20 minutes on 2 CPU cores)
 benchmark: setup
 	$(BIN)/python benchmarks/capture_overhead.py
 	$(BIN)/python benchmarks/caching.py
