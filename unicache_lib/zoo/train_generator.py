@@ -97,8 +97,8 @@ def main(argv=None):
     warm = 200
     log = []
     quick = eval_prompts(30, seed=5)
-    bar = bar(range(args.steps), desc=f"training tiny {args.family}", mininterval=5)
-    for step in bar:
+    pbar = bar(range(args.steps), desc=f"training tiny {args.family}", mininterval=5)
+    for step in pbar:
         gen.transformer.train()
         gen.text_encoder.train()
         p = (step - warm) / max(1, args.steps - warm)
@@ -120,7 +120,7 @@ def main(argv=None):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
+            pbar.set_postfix(loss=f"{loss.item():.4f}")
             log.append({"step": step, "loss": loss.item()})
         if args.eval_every and (step + 1) % args.eval_every == 0:
             gen.transformer.eval()

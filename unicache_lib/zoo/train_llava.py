@@ -79,8 +79,8 @@ def train_tower(model, rng, steps, batch, lr, log):
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     rows = torch.arange(N_IMG) // int(g)
     cols = torch.arange(N_IMG) % int(g)
-    bar = bar(range(steps), desc="stage a: vision tower", mininterval=5)
-    for step in bar:
+    pbar = bar(range(steps), desc="stage a: vision tower", mininterval=5)
+    for step in pbar:
         for group in opt.param_groups:
             group["lr"] = lr * lr_at(step, steps, 100)
         items = [make_qa(rng, qtypes=TRAIN_QTYPES) for _ in range(batch)]
@@ -97,7 +97,7 @@ def train_tower(model, rng, steps, batch, lr, log):
         opt.step()
         if step % 50 == 0 or step == steps - 1:
             acc = (logits.argmax(-1) == y).float().mean().item()
-            bar.set_postfix(loss=f"{loss.item():.3f}", patch_acc=f"{acc:.4f}")
+            pbar.set_postfix(loss=f"{loss.item():.3f}", patch_acc=f"{acc:.4f}")
             log.append({"stage": "a", "step": step, "loss": loss.item(), "patch_acc": acc})
     return log[-1]["patch_acc"] if log else float("nan")
 
@@ -174,8 +174,8 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
     opt = torch.optim.AdamW([{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}],
                             lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warm = min(150, steps // 10 + 1)
-    bar = bar(range(steps), desc="stage b: projector + language model", mininterval=5)
-    for step in bar:
+    pbar = bar(range(steps), desc="stage b: projector + language model", mininterval=5)
+    for step in pbar:
         model.train()
         model.model.vision_tower.eval()
         for g in opt.param_groups:
@@ -192,7 +192,7 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
         torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
         opt.step()
         if step % 50 == 0 or step == steps - 1:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            pbar.set_postfix(loss=f"{loss.item():.3f}")
             log.append({"stage": "b", "step": step, "loss": loss.item()})
         if eval_every and eval_qas and (step + 1) % eval_every == 0:
             r = evaluate(model, tokenizer, eval_qas)
