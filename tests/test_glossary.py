@@ -34,7 +34,7 @@ def test_every_glossary_link_resolves():
 
 def test_the_terms_the_notebooks_rely_on_are_defined():
     need = {"jaccard", "anchors", "sink", "gini", "depth-bands", "knee", "phase", "redundancy", "cfg", "psnr-and-ssim",
-            "h2o", "snapkv", "fastv", "kvpress-presses", "normalised-entropy", "read-frequency", "selectivity",
+            "h2o", "snapkv", "fastv", "kvpress-presses", "streamingllm", "normalised-entropy", "read-frequency", "selectivity",
             "cross-modal-share", "head-roles", "kv-cache", "eviction", "reuse", "stand-in", "bootstrap-interval",
             "inconclusive", "modality-blocks", "image-share"}
     assert need <= anchors(), f"missing from docs/GLOSSARY.md: {sorted(need - anchors())}"

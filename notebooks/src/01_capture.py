@@ -392,8 +392,8 @@ board.show()
 # thousandths is not enough: M4 holds only if the *upper bound* of that difference's 95% interval is below
 # 0.02. On the shipped model the interval's upper bound is 0.0345, past 0.02, so M4 is inconclusive: 20 samples
 # per set do not yet show that numbers from the fixed set can be compared across models at 2 decimals, and the
-# note estimates that about 80 samples per set would settle it (both printed again below). The split-half column shows how much of the
-# difference is plain sampling noise within one set.
+# note estimates that about 80 samples per set would settle it (both printed again below). The split-half
+# column shows how much of the difference is plain sampling noise within one set.
 #
 # ## What this notebook showed on the shipped model
 
