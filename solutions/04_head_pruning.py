@@ -49,19 +49,18 @@ def _accuracy(keep, n_questions):
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1: prune by ``high_entropy`` only in the deep band (``space.keep_mask(..., eligible=...)``). Is
-    diffuse attention in deep layers as dispensable as in shallow ones?
+    """Exercise 1: prune by ``high_entropy`` in the deep band only, then in the shallow band only
+    (``space.keep_mask(..., eligible=...)``). Are diffuse heads as costly to lose in deep layers as in shallow ones?
 
     The ``high_entropy`` scorer ranks heads by their rows' normalised entropy (most diffuse = pruned first).
     ``eligible`` limits the pruning to one band (:func:`~unicache_lib.analysis.layers.band_layers`: on 4 layers,
     shallow = layer 0, deep = layer 3); 2 and 4 heads (of 32; a quarter and a half of the band's heads) are pruned
     in the shallow band and, separately, in the deep band, and the held-out accuracy is compared.
 
-    Expected on tiny-llava, measured (100 questions in quick mode; unpruned 0.97): the other way round —
-    diffuse attention is dispensable in the deep band and *not* in the shallow one. Pruning layer 3's 2 or 4
-    most diffuse heads costs nothing (0.97 -> 0.97), pruning layer 0's costs 29 and 62 points (0.68, 0.35):
-    the shallow "near-uniform" heads spread the image content over the sequence, and every layer above
-    depends on that.
+    Expected on tiny-llava, measured (100 questions in quick mode; unpruned 0.97): no — shallow diffuse heads
+    are costly and deep ones free. Pruning layer 3's 2 or 4 most diffuse heads costs nothing (0.97 -> 0.97),
+    pruning layer 0's costs 29 and 62 points (0.68, 0.35): the shallow "near-uniform" heads spread the image
+    content over the sequence, and every layer above depends on that.
     """
     from unicache_lib.analysis.layers import band_layers
     from unicache_lib.pruning import SCORERS, ScoringContext

@@ -294,6 +294,15 @@ g1_layers = phase_tab["early-late"] >= 0.02
 print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to late: {int(g1_layers.sum())} of {len(g1_layers)}")
 
 # %% [markdown]
+# **What to look at.** Coarse to fine would be an entropy curve that falls (and a max-weight curve that rises)
+# from the first step to the last, in every panel and every row of the grids. **This run**: only PixArt's
+# cross-attention does that throughout (entropy 0.44 → 0.32 in layer 0, a fall in all four layers); the
+# MMDiT's entropy dips and then *rises* over the late steps in blocks 0–1 (by 0.16 and 0.14) and falls only in
+# block 3 (0.05), and PixArt's self-attention falls in layers 1–2 only (0.03 each). That makes 7 of 12 cells
+# that fall by ≥ 0.02, but the scoreboard judges the weaker model over all its layers, and the MMDiT's mean
+# rises (G1 does not hold).
+
+# %% [markdown]
 # For the joint attention each of the four blocks has its own entropy (rows restricted to one block's keys
 # and renormalised):
 
@@ -303,6 +312,12 @@ jt = T[(T.part == "joint") & (T.kind == "short")]
 if len(jt):
     print(jt.groupby("phase")[["entropy_ii", "entropy_it", "entropy_ti", "entropy_tt", "share_ii", "share_it", "share_ti", "share_tt"]]
           .mean().loc[list(G.PHASES)].round(3).to_string())
+
+# %% [markdown]
+# **This run**: every block of the MMDiT's joint map grows *more* diffuse late, most of all the text queries'
+# rows (text→image 0.84 → 0.95, text→text 0.87 → 0.96), so the late rise above is not an image-side effect
+# alone. The blocks' shares of the attention mass stay put from phase to phase (image→image ~0.44,
+# image→text ~0.13): the steps change how evenly each block spreads, not where the mass goes.
 
 # %% [markdown]
 # ## 4. When do adjacent steps look alike? (G2)
@@ -390,6 +405,29 @@ for m in MODELS:
         cond_rows.append(row)
 cond = pd.DataFrame(cond_rows).set_index(["model", "kind"])
 print(cond.round(3).to_string())
+for m in MODELS:  # the phase means above hide the last step: read it per step
+    g_step = gdf[(gdf.model == m) & (gdf.kind == "short")].drop(columns=["model", "kind"]).to_numpy(dtype=float)
+    if g_step.shape[1] == STEPS and np.isfinite(g_step).any():
+        g_step = np.nanmean(g_step, 0)
+        print(f"{m} (short): guidance strength {g_step[0]:.2f} at step 0, lowest {np.nanmin(g_step):.2f} (step {int(np.nanargmin(g_step))}), "
+              f"{g_step[-1]:.2f} at the last step ({STEPS - 1}): "
+              + ("the last step pulls harder than the first" if g_step[-1] > g_step[0] else "the first step pulls hardest"))
+
+# %% [markdown]
+# **What to look at.** G6 expects the guidance curve high at the start and low after it, and the long prompts'
+# text entropy close to 1 (near-uniform, "collapsed") in the middle phase, well above the short prompts'.
+# **This run**: guidance is strongest early *on average over a phase* (MMDiT 0.18 early, 0.07 middle, 0.09
+# late; PixArt 0.13 / 0.05 / 0.04), but both curves spike again at the very last step, and the MMDiT's
+# spike rises above its step 0 (the lines printed above). The phase means hide that spike: a schedule that
+# drops the guidance or the prompt side after the first steps would miss the last one. Long prompts do not
+# collapse: their middle-phase text entropy is 0.84 on the MMDiT and 0.73 on PixArt, below the 0.9 of G6
+# (b); on PixArt it is clearly higher than the short prompts' (0.55), on the MMDiT hardly (0.83).
+#
+# The MMDiT's text share is the same for short and long prompts (0.235 early and late) because it counts
+# all 48 text positions, padding included (`text_share` in `unicache_lib/stats.py`): a short prompt fills
+# the same 48 positions as a long one, the rest with padding, so the share says how much the image queries
+# read the text *stream*, not how much they read the prompt's words. The text entropy counts the real prompt
+# tokens only, and it is the measure that separates short from long.
 
 # %% [markdown]
 # ## 6. Joint attention: which side is steadier? (G4)
@@ -409,6 +447,14 @@ if len(jall):
     fig = plots.step_curves({b: per_step(js, f"sim_{b}") for b in ("it", "ti", "ii", "tt")},
                             "joint blocks: cosine with previous step", "cosine")
     _ = plots.save(fig, out, "joint_asymmetry")
+
+# %% [markdown]
+# **What to look at.** G4 expects the image→text block (`it`) to change clearly more from step to step than
+# the text→image block (`ti`): a lower curve and a larger spread. **This run**: all four blocks stay between
+# 0.98 and 1.0 (they move most at the first steps and again near the end, together), and image→text changes
+# only ~1.2× as much as text→image (the scoreboard's G4 (a): 1.22, against the 1.5 the claim asks); the two
+# output streams differ even less (1.14). On this model neither side of the joint attention is the safer one
+# to reuse.
 
 # %% [markdown]
 # ## 7. Where is the cache pressure? (G5)
@@ -432,6 +478,13 @@ print(kv.round(2).to_string())
 print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x); PixArt-alpha 1024: 4096 vs 120 (34x)")
 
 # %% [markdown]
+# **This run**: both shipped generators hold 64 image tokens against 48 text positions, so the image side
+# needs only 1.33× the text side's keys and values (32 KiB against 24 KiB per layer in fp16), far from the
+# 4× of G5; about half of the text positions are padding (24 real tokens on average, short and long prompts
+# together). At 1024² the image side is 12–34× larger (the last line): G5's verdict here is a matter of the
+# toy resolution, not of the architecture.
+
+# %% [markdown]
 # ## 8. Are a generator's heads more alike than an understanding model's? (G7)
 #
 # Mean pairwise cosine similarity of the head maps within a layer (1 = every head draws the same map). The
@@ -452,6 +505,14 @@ print(red_tab.round(3).to_string())
 per_layer_red = pd.concat([T[(T.model == m) & (T.kind == "short")].groupby("layer").redundancy.mean().rename(m) for m in MODELS]
                           + [U.groupby("layer").redundancy.mean().rename("understanding")], axis=1)
 print(per_layer_red.round(3).to_string())
+
+# %% [markdown]
+# **What to look at.** G7 asks whether the generators' heads are more alike (higher mean cosine) than the
+# understanding model's, and the claim is about generators in general, so the scoreboard takes the weaker
+# one. **This run**: PixArt's heads are clearly more alike than tiny-llava's (0.75 against 0.44 overall,
+# 0.68–0.81 in every layer; its cross-attention heads 0.93), the MMDiT's are not (0.41, 0.22–0.54 per layer
+# against the understanding model's 0.28–0.57). G7 therefore fails on the MMDiT only; PixArt's
+# cross-attention heads are the ones that could share maps (notebook 04).
 
 # %% [markdown]
 # ## 9. Does a word look at what it names? (G9)
@@ -481,8 +542,13 @@ for m in MODELS:
 # words apart (low overlap) whatever the colours; the study expected more overlap for same-colour pairs.
 # **This run**: PixArt's cross-attention localises (its colour words most, several times chance), the MMDiT's
 # joint attention hardly does (around chance): a word map is a usable pointer only on the cross-attention
-# model. The overlap rows rest on few pairs each and on the objects actually drawn (section 0 showed both
-# models failing a pair), so read them with the scoreboard's interval, not as a ranking.
+# model. The overlap rows rest on few pairs each and on the objects actually drawn (section 0 showed PixArt
+# failing a pair; section 2 counts the MMDiT's failures in other pairs), so read them with the scoreboard's
+# interval, not as a ranking. **A caveat on G9 (b)**: PixArt drew only one object in every same-colour pair
+# (4 of 4, "one missing" in section 2), so its same-colour overlap of 0.000 measures two shape words over a
+# picture with one object, not binding; the "does not hold" of G9 (b) rests on that number (the weaker
+# model's). The MMDiT, which drew two objects in every same-colour pair, shows the direction the study
+# expected (overlap 0.42 same-colour against 0.13 different-colour).
 
 # %%
 for m in MODELS:
@@ -492,6 +558,13 @@ for m in MODELS:
     show = {t: W[j] for j, t in enumerate(run.tokens[i]) if t in {o[r] for o in prompts[i]["objects"] for r in ("colour", "shape")}}
     fig = plots.word_regions(run.images[i], show, f"{m}: {prompts[i]['short']!r} ({prompts[i]['pair']} colour)")
     _ = plots.save(fig, out, f"word_regions_{m}")
+
+# %% [markdown]
+# **This run** (a green circle left, a blue triangle right): the MMDiT drew both objects as asked, yet its
+# word maps do not sit on them — 'blue' lights the *green* circle and 'green' and 'circle' spread along a
+# band across both objects. PixArt drew two triangles with the colours on swapped sides, and its colour
+# words follow the colours it drew ('green' on the right object, 'blue' on the left): a word map points at
+# what was drawn, which is why section 9 scores word maps only against drawn objects.
 
 # %% [markdown]
 # ## 10. Explore: step, layer, head and word
@@ -653,18 +726,25 @@ board.show()
 #
 # - **Capture is free of side effects**: images with and without it are identical (difference 0).
 # - **A first picture already shows the limits** (section 0): on a same-colour circle-and-square prompt the
-#   MMDiT drew two squares and PixArt one object; word maps are only judged against objects actually drawn.
-# - **G1, coarse to fine, does not hold**: averaged over layers the image queries' entropy does not fall from
-#   the early to the late phase (on the MMDiT it rises in the first two blocks); only PixArt's
-#   cross-attention focuses as the study describes.
+#   MMDiT drew what was asked (circle left, square right) but its word maps barely sit on the objects; PixArt
+#   drew only the square. The MMDiT's own pair failures are in other pairs (two of one shape, swapped shapes;
+#   section 2). Word maps are only judged against objects actually drawn.
+# - **G1, coarse to fine, does not hold**: averaged over layers the MMDiT's image-query entropy rises from the
+#   early to the late phase (by 0.14–0.16 in its first two blocks), and the claim is judged on the weaker
+#   model. 7 of 12 (model, part, layer) cells do fall by ≥ 0.02: all four layers of PixArt's cross-attention,
+#   which focuses as the study describes, PixArt's self-attention layers 1–2 and the MMDiT's block 3.
 # - **G2, adjacent steps**: the late phase is as alike as claimed (> 0.99), but so is the early phase: no
 #   step is below 0.97, the knee at 0.7 is step 1 everywhere and carries no information; the 0.99 line and
 #   the step count (exercise 1) are what move the knees.
 # - **G4–G7**: the text and image sides are equally steady (no side is safer to reuse); the image side holds
 #   only 1.33× the text side's keys and values at 32×32 pixels (12–34× at 1024²); guidance is strongest in the
-#   early steps; the generators' heads are not more alike than the understanding model's (PixArt's
-#   cross-attention heads are, 0.93).
+#   early phase on average, but both models spike again at the last step (the MMDiT's above its step 0, which
+#   the phase means hide), and long prompts do not collapse (middle-phase text entropy 0.84 / 0.73, below
+#   0.9). G7 fails on the weaker model only: PixArt's heads *are* more alike than the understanding model's
+#   (0.75 against 0.44, 0.68–0.81 in every layer; its cross-attention heads 0.93), the MMDiT's are not (0.41).
 # - **G9**: PixArt's colour words find their objects (several times chance IoU), the MMDiT's words do not.
+#   The binding half (b) rests on PixArt's same-colour overlap of 0.000, measured on pictures where PixArt
+#   drew one object in all 4 same-colour pairs: it says nothing about binding.
 #
 # The decision table turns this run's numbers into settings for your model (the reuse window is the one
 # notebook 05's policies take):
@@ -706,7 +786,18 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
     display(pd.DataFrame(w_rows).set_index("measurement"))
 
 # %% [markdown]
+# **Reading the table.** On the shipped generators the 0.7 knee is step 1 everywhere and at 0.99 some layer
+# never settles, so no whole-step window is trustworthy: keep `step_skip`'s default head or let the 0.99
+# `adaptive` rule decide per step in notebook 05. Word maps are a usable pointer on PixArt (6.3× chance) but not
+# on the MMDiT (1.0×), neither the text side (1.22) nor the image keys (1.33×) earn a policy of their own at
+# this size, and only PixArt's head redundancy (0.75 against 0.44) points to notebook 04.
+
+# %% [markdown]
 # ## Exercises
+#
+# Graded ★ (a parameter or a filter) to ★★★ (your own checkpoint); numbered as in the solutions file. Solutions
+# with measured outcomes: `solutions/03_diffusion_steps.py` (`python solutions/03_diffusion_steps.py --only K`).
+#
 # 1. ★★ Fewer, farther steps: rerun with `STEPS = 8` and read section 4's knees at 0.95 and 0.99. From which
 #    step could whole steps be reused on each model, and how many? *Expected*: at 20 steps every layer
 #    settles above 0.95 by step 1 (18 of 20 steps reusable); at 8 steps the lowest cosine falls to ~0.94, the
