@@ -64,6 +64,7 @@ from unicache_lib.intervals import bootstrap
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.tables import WrappedTable
 from unicache_lib.world import samples as sample_set
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding
 from unicache_lib.zoo.train_llava import heldout_set
@@ -97,8 +98,8 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 # ## 1. Does a wrong answer look at the image less? (U12)
 #
 # For every question, the query that produces the answer (the last prompt position), in every layer:
-# **coverage** = its attention mass on image keys; **concentration** = 1 − normalised entropy of that mass
-# over the image; **confidence** = the answer's softmax probability. AUROC for detecting *wrong* answers
+# **coverage** = its attention mass on image keys; **concentration** = 1 −
+# [normalised entropy](../docs/GLOSSARY.md#normalised-entropy) of that mass over the image; **confidence** = the answer's softmax probability. AUROC for detecting *wrong* answers
 # (0.5 = no better than chance), each score oriented so that low coverage / concentration / confidence means
 # "suspect" — the claim's direction. An AUROC *below* 0.5 is not "no signal": it separates in the inverted
 # direction (wrong answers score *higher*), with strength max(AUROC, 1 − AUROC). Each AUROC gets a 95% bootstrap
@@ -183,8 +184,9 @@ if "lo" in roc:
 #   *caught by construction* (it forces the share to 0), so it checks the detector's plumbing and does not
 #   count for U10.
 #
-# Next to it, a check that does not look at attention at all: **image dependence**, the mean KL between the
-# answer with the sample's image and with another sample's image (near 0 = the image is ignored).
+# Next to it, a check that does not look at attention at all: **image dependence**, the mean
+# [KL](../docs/GLOSSARY.md#kl) between the answer distribution with the sample's image and with another sample's
+# image, in nats (near 0 = the image is ignored).
 #
 # **A cross-attention VLM** (Mllama) reads the image only in its cross-attention layers, whose keys are all
 # vision tokens: their image share of the text queries' reads is 1 by construction, and the self-attention layers never see the
@@ -256,7 +258,10 @@ for n in [n for n in det.index if n not in ("healthy", masked_name)]:
     print(f"{n}: fires {bool(r.fires)}, lowest share {r[layer_cols].astype(float).min():.3f}, image dependence {dep:.3f} -> "
           + ("the share sees it" if r.fires else "the share misses it; " + (
               "image dependence catches it (near 0)" if dep < 0.1 * dep0 else
-              f"image dependence keeps {dep / dep0:.0%} of the healthy value: only the answers' accuracy would tell")))
+              f"image dependence keeps {dep / dep0:.0%} of the healthy value, so it misses it too. Only the answers' "
+              "accuracy could tell, and it is not measured here per variant: to measure it, run answer_attention(model, "
+              "processor, qas) with the variant applied (inside its context manager, or on its images) and compare "
+              f".correct.mean() with the healthy model's {A.correct.mean():.3f}")))
 print(f"{masked_name}: fires {bool(det.loc[masked_name, 'fires'])} from layer {det.loc[masked_name, 'first cut-off layer']} "
       "(by construction: it zeroes the very share the detector reads).")
 
@@ -277,19 +282,26 @@ page = build_report(stores, out / "report")
 print(f"report: {page} ({page.stat().st_size // 1024} KB, {page.read_text().count('<img')} figures)")
 
 # %% [markdown]
-# The page below is the report itself. A kernel-less viewer (GitHub) shows an empty frame: open
-# `outputs/06_diagnostics/report/report.html`, or see notebooks 02 and 03, whose figures it gathers. Look for the
-# same curves as there, side by side for the two model kinds; a figure missing from the page means its store
-# lacked that statistic.
+# The page below is the report itself, followed by the same figures as static images (the PNG files `build_report`
+# writes next to the page), which is what a kernel-less viewer such as GitHub shows: there the frame stays empty.
+# The page is written to `report.html` in the `report` folder under `OUT_DIR` (here
+# `outputs/06_diagnostics/report/report.html`, path printed above); open it in any browser, offline — the figures
+# are embedded. Look for the same curves as in notebooks 02 and 03, whose figures it gathers, side by side for the
+# two model kinds; a figure missing from the page means its store lacked that statistic.
 
 # %% tags=["nbval-ignore-output"]
+import html
+import re
 import warnings
 
-from IPython.display import HTML, display
+from IPython.display import HTML, Image, display
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # IPython suggests IFrame, which needs a served path; srcdoc embeds the page
     display(HTML(f'<iframe srcdoc="{page.read_text().replace(chr(34), "&quot;")}" width="100%" height="500"></iframe>'))
+# the page's own figures as static images (its <img alt> names the PNG beside it), for viewers without a kernel
+for stem in re.findall(r'<img alt="([^"]+)"', page.read_text()):
+    display(Image(filename=str(page.parent / f"{html.unescape(stem)}.png")))
 
 # %% [markdown]
 # ## 4. Claims scoreboard
@@ -346,6 +358,17 @@ board.show()
 # what it finds there carries anything. U12 is decided in the claim's own direction; a "does not hold" whose
 # `measured` column says "inverted" means wrong answers read the image *more*, not that attention is useless.
 #
+# **What was measured in place of the claims' wording.** Both verdicts rest on a stand-in quantity, and they hold
+# or fail for that quantity only:
+# - **U12** speaks of a *noun's* attention (a generated word naming an object). The answers here are one word and
+#   the study's nouns are not located in them, so coverage is measured at the *last prompt position* — the query
+#   that produces the answer (§1) — not at a noun's position. A noun-level test needs captions and the positions of
+#   their nouns.
+# - **U10** speaks of a layer's [cross-modal share](../docs/GLOSSARY.md#cross-modal-share). The scoreboard row keeps
+#   the claim's wording, but what it measures is the [image share](../docs/GLOSSARY.md#image-share) *of the text
+#   queries' reads*: of the attention the text queries put on the context's image and text keys, the part on
+#   image keys (§2) — not the cross-modal blocks' share of the whole attention map.
+#
 # ## Recap: what this notebook showed on the shipped model
 #
 # The sentences and the table below are built from this run's numbers.
@@ -364,6 +387,10 @@ recap = [
     f"Verdicts: {', '.join(f'{k} {r.verdict}' for k, r in board.rows.items())}.",
 ]
 print("\n".join("- " + s for s in recap))
+missed_by_share = [n for n in not_by_construction if not det.loc[n, "fires"]]
+caught_by_dependence = [n for n in missed_by_share if det.loc[n, "image dependence (KL)"] < 0.1 * dep0]  # as in §2
+missed_by_both = [n for n in missed_by_share if n not in caught_by_dependence]
+missed_text = ", ".join(f"{n} (keeps {det.loc[n, 'image dependence (KL)'] / dep0:.0%} of the healthy KL)" for n in missed_by_both)
 decide = pd.DataFrame([
     {"measurement": "coverage AUROC for wrong answers (claim's direction)",
      "value here": f"{c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}] {c.direction}" if "lo" in roc else ""),
@@ -382,11 +409,13 @@ decide = pd.DataFrame([
      "nothing about whether the image content arrives", "where": "§2, PER_TYPE"},
     {"measurement": "image dependence of the breaks the share misses", "value here":
      ", ".join(f"{n}: {det.loc[n, 'image dependence (KL)']:.2f}" for n in not_by_construction if not det.loc[n, "fires"]) or "-",
-     "what it suggests on your model": "run image_dependence beside the share after any cache or pruning change: it "
-     "catches a blank or zeroed image the share misses", "where": "§2 (image_dependence)"},
+     "what it suggests on your model": "run image_dependence beside the share after any cache or pruning change: here it "
+     f"catches {' and '.join(caught_by_dependence) or 'none of them'} (KL near 0), which the share misses"
+     + (f"; it does not catch {missed_text}: neither signal sees that break, check the answers' accuracy"
+        if missed_by_both else ""),
+     "where": "§2 (image_dependence)"},
 ])
-with pd.option_context("display.max_colwidth", None, "display.width", 250):
-    print(decide.to_string(index=False))
+WrappedTable(decide)  # every cell whole, also as plain text
 
 # %% [markdown]
 # ## Exercises
