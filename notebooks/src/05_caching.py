@@ -599,7 +599,7 @@ _ = plots.save(fig, out, "reuse_vs_control")
 
 # %% [markdown]
 # **What this run shows.** Fewer steps is a hard control: every diffusers cache the control's range reaches lies
-# about 11–21 dB *below* it at its own wall-clock speed-up and 6–17 dB below it at its own FLOPs (the lines printed
+# roughly 8–20 dB *below* it at its own wall-clock speed-up (timings move with the machine) and 6–17 dB below it at its own FLOPs (the lines printed
 # above the figure; the rest are slower than 16 of 20 steps and no better). The study's attention-level schedules
 # can be compared only on PixArt and only at equal FLOPs — `adaptive` (−16.0 dB) and every 2nd step (−10.7 dB) lie
 # below the control there; everywhere else (all of them on the MMDiT, and at equal wall-clock on both) they save
