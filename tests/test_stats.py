@@ -195,3 +195,15 @@ def test_statistics_from_logits_equal_those_of_the_softmaxed_map(mask):
     for name in want:
         assert torch.allclose(got[name].nan_to_num(-1), want[name].nan_to_num(-1), atol=1e-5), name
     assert torch.allclose(S.LogitRows(q, k, 0.3, m).materialize().nan_to_num(), P, atol=1e-6)
+
+
+def test_logit_rows_take_a_padding_row_mask_over_every_query():
+    """A mask of one row ``[1, Sk]`` (padding only) holds for every query row, as sdpa broadcasts it; a
+    mask with more rows than queries is read from its last rows, as capture reads the applied mask."""
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 6, 4, generator=g), torch.randn(2, 6, 4, generator=g)
+    pad = torch.tensor([[True] * 5 + [False]])
+    want = torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~pad, float("-inf")), -1)
+    assert torch.allclose(S.LogitRows(q, k, 1.0, pad).materialize(), want, atol=1e-6)
+    tall = torch.cat([torch.zeros(3, 6, dtype=torch.bool), pad.expand(6, 6)])  # 9 rows: the last 6 apply
+    assert torch.allclose(S.LogitRows(q, k, 1.0, tall).materialize(), want, atol=1e-6)

@@ -251,7 +251,11 @@ def head_similarity(P: torch.Tensor, check: bool = True) -> torch.Tensor:
     for ``P`` of shape ``[..., H, Sq, Sk]``."""
     P = as_probs(P, check)
     f = P.flatten(-2)
-    gram = f @ f.transpose(-1, -2)
+    return _cosine(f @ f.transpose(-1, -2))
+
+
+def _cosine(gram: torch.Tensor) -> torch.Tensor:
+    """Cosine similarities ``[..., H, H]`` from a Gram matrix of inner products ``[..., H, H]``."""
     norm = gram.diagonal(dim1=-2, dim2=-1).clamp(min=1e-24).sqrt()
     return gram / (norm[..., :, None] * norm[..., None, :])
 
@@ -336,7 +340,8 @@ class LogitRows:
         self.shape = (query.shape[0], query.shape[1], key.shape[1])
         self.device = query.device
         self.visible, self.bias = None, None
-        if mask is not None:
+        if mask is not None:  # the last Sq rows, as capture reads the mask; one row broadcasts over the queries
+            mask = mask[-self.shape[1]:].expand(self.shape[1], self.shape[2])
             if mask.dtype == torch.bool:
                 self.visible = mask
             else:  # additive: hidden where -inf or near the dtype's minimum, a bias where finite and non-zero
@@ -410,12 +415,10 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
     n = vis.counts().float()
     dead = n == 0
     kpos = torch.arange(sk, device=dev, dtype=torch.float32)
-    key_cols = [kpos, torch.ones(sk, device=dev)]
     q_rows = [torch.ones(sq, device=dev)]
     if spans is not None:
         spans.check(sk, "attention map's key axis")
         kinds = torch.as_tensor(spans.array, device=dev)
-        key_cols += [(kinds == IMAGE).float(), (kinds == TEXT).float()]
         if query_kinds is not None:
             qk = torch.as_tensor(np.asarray(query_kinds), device=dev)
             if len(qk) != sq:
@@ -423,13 +426,13 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
         else:
             qk = kinds[q]
         q_rows += [(qk == TEXT).float(), (qk == IMAGE).float()]
-    K = torch.stack(key_cols, -1)  # [Sk, c]
     runs = None  # the image keys as contiguous runs [a, b): their mass is a slice sum
     if spans is not None:
+        image_keys = (kinds == IMAGE).float()
         edges = np.flatnonzero(np.diff(np.r_[0, (np.asarray(spans.array) == IMAGE).astype(np.int8), 0]))
         runs = list(zip(edges[::2].tolist(), edges[1::2].tolist()))
     Q = torch.stack(q_rows, 0)  # [r, Sq]
-    R = torch.zeros(H, sq, K.shape[1], device=dev)  # row products with the key columns
+    R = torch.zeros(H, sq, 2 if spans is None else 4, device=dev)  # per row: sum k p, mass, image mass, text mass
     C = torch.zeros(H, Q.shape[0], sk, device=dev)  # column sums by query-row group
     hidden = torch.zeros(H, sq, device=dev)
     h = torch.empty(H, sq, device=dev)
@@ -466,7 +469,7 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
         R[:, r0:r1, 1] = flat.sum(-1).view(H, c)  # matrix product is several times slower
         if runs is not None:
             R[:, r0:r1, 2] = sum((blk[..., a:min(b, k1)].sum(-1) for a, b in runs if a < k1),
-                                 torch.zeros(H, c, device=dev)) if len(runs) <= 8 else torch.mv(flat, K[:k1, 2]).view(H, c)
+                                 torch.zeros(H, c, device=dev)) if len(runs) <= 8 else torch.mv(flat, image_keys[:k1]).view(H, c)
         dg[:, r0:r1] = blk[:, torch.arange(c, device=dev), q[r0:r1].clamp(max=k1 - 1)]
         colsum = blk.sum(1)  # [H, k1]
         C[:, 0, :k1] += colsum
@@ -510,7 +513,6 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
         distance = per_row[:, live].mean(-1)
         diag = dg[:, live].mean(-1)
     var = sumsq / n - 1.0 / n**2
-    norm = gram.diagonal().clamp(min=1e-24).sqrt()
     out = {
         "entropy": torch.where(dead, nan, h),
         "norm_entropy": torch.where(n > 1, h / torch.log(n).clamp(min=1e-12), nan),
@@ -520,7 +522,7 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
         "diag": diag,
         "distance": distance,
         "variance": var[:, live].mean(-1),
-        "head_sim": gram / (norm[:, None] * norm[None, :]),
+        "head_sim": _cosine(gram),
     }
     if spans is not None:
         R[..., 3] = R[..., 1] - R[..., 2]  # every key is image or text
@@ -656,9 +658,7 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         gram.addmm_(f, f.T)
         word[r0:r1] = blk[..., text_real].mean(0)
     if not (torch.isfinite(mass).all() and torch.isfinite(ent).all() and torch.isfinite(gram).all()):
-        raise AttentionValueError(
-            "attention weights contain NaN/inf values: the forward overflowed (fp16?) or a mask row is fully "
-            "masked; rerun in float32 or bfloat16")
+        _raise_nonfinite()
 
     def rows_mean(x, q):  # x [H, Sq] -> [H], mean over the query rows q
         return x[:, q].mean(-1) if bool(q.any()) else nan
@@ -672,7 +672,6 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         bent.append(rows_mean(_group_entropy(ent[..., g], mass[..., g], widths[g]), q) if widths[g] and bool(q.any()) else nan)
     block_mass = torch.stack(block_mass, -1)
     whole = _group_entropy(ent[..., 3], mass[..., 3], sk)
-    norm = gram.diagonal().clamp(min=1e-24).sqrt()
     out = {
         "blocks": block_mass / block_mass.sum(-1, keepdim=True).clamp(min=1e-30),
         "block_entropy": torch.stack(bent, -1),
@@ -681,7 +680,7 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
         "text_share": rows_mean(mass[..., 1], iq),
         "text_entropy": rows_mean(_group_entropy(ent[..., 2], mass[..., 2], widths[2]), iq) if widths[2] and bool(iq.any()) else nan,
         "word_map": word[iq],
-        "head_sim": gram / (norm[:, None] * norm[None, :]),
+        "head_sim": _cosine(gram),
         "variance": rows_mean(sumsq / sk - 1.0 / sk**2, iq),
     }
     return out

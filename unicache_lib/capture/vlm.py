@@ -387,10 +387,9 @@ class AttentionCapture:
                 mask = attention_mask[..., :sk] if attention_mask is not None else None
                 if implicit:  # torch's is_causal: top-left aligned lower triangle
                     mask = ~torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1)[None, None]
-                if mask is not None and (mask.dim() != 4 or mask.shape[1] != 1):
-                    raise CaptureError(f"{site.name}: expected an attention mask [batch, 1, q, k], got {tuple(mask.shape)}")
                 # the map of each batch row from its logits, one chunk of query rows at a time (never whole
-                # in stats mode); keep="full" materialises it
+                # in stats mode); keep="full" materialises it. A mask of another layout (not 4-D, per head) is
+                # refused by _record (visible_from_mask) before any statistic is taken
                 maps = [S.LogitRows(q[b], k[b], scale, None if mask is None else mask[b if mask.shape[0] > 1 else 0, 0])
                         for b in range(q.shape[0])]
                 self._record(site, maps, mask, "full" if self.keep == "full" else "stats")
