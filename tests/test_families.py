@@ -6,7 +6,8 @@ ground-truth map computed from the model's own queries, keys and full mask (floa
 with capture is bit-identical to the output without; and eviction runs end to end
 (``split_prompt`` -> ``prefill`` -> ``evict`` -> ``answer``). Masks that are not plain causal are part of
 the configs: a sliding window (LLaVA-NeXT on Mistral, Gemma 3), bidirectional image blocks (Gemma 3), a
-prefix-LM (PaliGemma), cross-attention with padded tiles (Mllama).
+prefix-LM (PaliGemma), cross-attention with padded tiles (Mllama). The encoder families (ViLT, CLIP: no
+decoder, no KV cache) and Janus's drawing mode have their suite in ``tests/test_architectures.py``.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ CASES = {
     "internvl": ("InternVL", Shape(), "causal"),
     "paligemma": ("PaliGemma", Shape(), "prefix-LM"),
     "mllama": ("Mllama", Shape(layers=4, image_size=64, patch=16), "cross-attention, padded tiles"),  # 1 tile of 4
+    "janus": ("Janus", Shape(), "causal"),  # understanding mode; drawing: tests/test_architectures.py
 }
 QUESTION = "what color is the triangle ?"
 
@@ -188,8 +190,9 @@ def test_capture_modes_match_ground_truth_and_leave_outputs_identical(case):
             sdpa(**inputs)
     assert torch.equal(out_full, ref_eager) and torch.equal(out_stats, ref_eager)  # hooks only read
     assert torch.equal(out_re, ref_sdpa)  # the forward stays on sdpa with sdpa's own masks
-    assert attn_implementations(sdpa) == {"text_config": "sdpa", "vision_config": "sdpa"}
-    assert attn_implementations(model) == {"text_config": "eager", "vision_config": "sdpa"}  # restored, part by part
+    tv = lambda m: {k: v for k, v in attn_implementations(m).items() if k in ("text_config", "vision_config")}  # noqa: E731
+    assert tv(sdpa) == {"text_config": "sdpa", "vision_config": "sdpa"}
+    assert tv(model) == {"text_config": "eager", "vision_config": "sdpa"}  # restored, part by part
     sites = {s.name: s for s in fam.sites(model, ("language", "cross"))}
     parts = {r.part for r in caps["stats"].result}
     assert parts == ({"language", "cross"} if fam.cross_attention else {"language"})

@@ -174,7 +174,7 @@ def check_question(question, family=None) -> str:
     fam = default_family(family)
     if not isinstance(question, str):
         raise TypeError(f"the question must be a string, got {type(question).__name__}")
-    if fam.image_marker in question:
+    if fam.image_marker and fam.image_marker in question:  # encoder families (ViLT, CLIP) have no marker
         raise PromptError(
             f"the question contains the image marker {fam.image_marker!r}: pass the question alone (the {fam.name} prompt "
             f"template adds the marker once), or pass a whole prompt of your own as prompt=...")
@@ -187,6 +187,8 @@ def check_prompt(prompt, family=None, n_images: int = 1) -> str:
     fam = default_family(family)
     if not isinstance(prompt, str):
         raise TypeError(f"the prompt must be a string, got {type(prompt).__name__}")
+    if not fam.image_marker:  # the image is not in the text (ViLT, CLIP): any text will do
+        return prompt
     n = prompt.count(fam.image_marker)
     helper = ("or pass the question alone and let the family lay out the prompt: "
               "unicache_lib.capture.runner.build_prompt(processor, question, family) "

@@ -60,6 +60,12 @@ CLAIMS: dict[str, str] = {
     "P1": "Pruning 10% of heads by attention statistics barely hurts; 20% starts to hurt.",
     "P2": "Scoring heads by attention statistics is more stable than by weight norms.",
     "P3": "Near-uniform shallow heads are not automatically redundant.",
+    "A1": "Single-stream fusion (ViLT): image-image attention dominates; text barely shapes the image tokens.",
+    "A2": "Fusion encoder: a cross-modal share under ~15% means the text is not injected into the image tokens.",
+    "A3": "Cross-attention VLM: low cross layers spread, middle ones focus on the named object, top ones refine.",
+    "A4": "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
+    "A5": "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
+    "A6": "Unified model: after an image-heavy token the next reads the image less; late image-share drops go with drift.",
     # the workbench's own targets for policies designed from these measurements (notebook 05), held out
     "E1": "Target: a designed eviction policy keeps >= 99% of full-cache accuracy at 25% of the image KV.",
     "E2": "Target: the designed eviction policy keeps >= 97% of full-cache accuracy at 10% of the image KV.",

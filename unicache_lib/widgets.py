@@ -128,6 +128,35 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
     return panel
 
 
+def model_explorer(per_model: dict):
+    """A model dropdown over :func:`attention_explorer` panels, one per model.
+
+    Args:
+        per_model: model label -> ``(result, images, tokens, grids, questions)``, the arguments of
+            :func:`attention_explorer` for that model's full-mode capture.
+    Returns:
+        an ``ipywidgets.VBox``: the dropdown, then the chosen model's explorer (built when first chosen).
+    """
+    import ipywidgets as W
+
+    if not per_model:
+        raise ValueError("model_explorer needs at least one model's full-mode capture")
+    built: dict = {}
+    pick = W.Dropdown(options=list(per_model), description="model")
+    box = W.VBox()
+
+    def show(*_):
+        if pick.value not in built:
+            built[pick.value] = attention_explorer(*per_model[pick.value])
+        box.children = (built[pick.value],)
+
+    pick.observe(show, names="value")
+    show()
+    panel = W.VBox([pick, box])
+    panel.explorers = built
+    return panel
+
+
 def _html(text: str) -> str:
     import html
 

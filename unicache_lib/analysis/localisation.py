@@ -53,7 +53,9 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
     it); a family whose tokens form no single grid (tiles with newline tokens) raises.
 
     Returns one row per (sample, object, layer), or per (sample, object, layer, head) with ``per_head``:
-    ``selectivity`` (of the map averaged over heads, or of one head's, then :func:`selectivity`) and ``top_on_target`` (is the most-attended patch on the object).
+    ``selectivity`` (of the map averaged over heads, or of one head's, then :func:`selectivity`), ``top_on_target`` (is
+    the most-attended patch on the object), ``iou`` (the word's k most-read patches against the object's k patches)
+    and ``chance_iou`` (the same for k random patches).
     """
     import pandas as pd
 
@@ -61,6 +63,7 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
     from ..capture.runner import inputs_for
     from ..families import family_of
     from ..world.scenes import patch_grid_masks
+    from .generation import chance_iou, iou, top_region
 
     if query not in QUERIES:
         raise ValueError(f"query must be one of {QUERIES}, got {query!r}")
@@ -96,9 +99,12 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
                 else:
                     w_img = r.probs[:, pos, torch.as_tensor(r.spans.image_index)]
                 per = list(enumerate(w_img[:, cells])) if per_head else [(None, w_img.mean(0)[cells])]
+                k = int((po == t).sum())
                 for h, w in per:
                     rows.append({"sample": s.id, "object": t, "layer": r.layer, **({"head": h} if per_head else {}),
-                                 "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t)})
+                                 "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t),
+                                 "iou": iou(top_region(w.numpy(), k), po == t) if k else float("nan"),
+                                 "chance_iou": chance_iou(k, len(po))})
     return pd.DataFrame(rows)
 
 

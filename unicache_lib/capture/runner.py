@@ -53,7 +53,8 @@ def inputs_for(model, processor, image, question: str | None, *, prompt: str | N
     from ..families import family_of
 
     p = next(model.parameters())
-    return model_inputs(processor, image, question, p.device, family_of(model), p.dtype, prompt=prompt)
+    fam = family_of(model)
+    return fam.canonical_inputs(model, model_inputs(processor, image, question, p.device, fam, p.dtype, prompt=prompt))
 
 
 def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -> torch.Tensor:

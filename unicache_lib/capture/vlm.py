@@ -185,6 +185,9 @@ class AttentionCapture:
             raise ValueError("strides must be >= 1")
         self.model = unwrap(model)
         self.family = family_of(self.model)
+        if mode == "recompute" and not getattr(self.family, "attention_interface", True):
+            raise CaptureError(f"{self.family.name} computes attention inside its own modules, not through transformers' "
+                               f"attention interface, so mode 'recompute' cannot reach it: use mode 'stats' or 'full'")
         self.mode, self.keep = mode, keep
         sites = attention_sites(self.model, part, modules)
         if layers is not None:  # negative indices count from the last; a bad index is a LayerError (ValueError)
@@ -407,7 +410,10 @@ class AttentionCapture:
             if self.mode == "recompute":
                 self._stack.enter_context(_attn_impl(self.model, self._recompute_fn, {s.part for s in self.sites}))
             else:
+                ask = getattr(self.family, "weights_argument", None)  # modules that return weights only when asked
                 for s in self.sites:
+                    if ask is not None:
+                        self._stack.callback(s.module.register_forward_pre_hook(_ask_weights(*ask), with_kwargs=True).remove)
                     self._stack.callback(s.module.register_forward_hook(self._hook, with_kwargs=True).remove)
         except BaseException:
             self._stack.close()
@@ -421,6 +427,18 @@ class AttentionCapture:
             raise CaptureError("the capture recorded nothing: run the model inside the `with` block "
                                "(and check that the chosen layers run in that forward)")
         return False
+
+
+def _ask_weights(index: int, name: str):
+    """A pre-hook that turns on the module's own switch for returning its weights (``output_attentions``,
+    positional at ``index`` or by keyword); what the module computes is unchanged."""
+    def pre(module, args, kwargs):
+        if len(args) > index:
+            args = args[:index] + (True,) + args[index + 1:]
+        else:
+            kwargs = dict(kwargs, **{name: True})
+        return args, kwargs
+    return pre
 
 
 class _pre_hook:

@@ -155,6 +155,16 @@ class VLMFamily:
                     out.append(Site(f"{prefix}.{n}", int(hit.group(1)), "vision", m))
         return out
 
+    def adapt_processor(self, processor, config):
+        """The loaded processor, fixed where its class hard-codes what the checkpoint's config says (Janus: the
+        image token count). Most families: unchanged."""
+        return processor
+
+    def canonical_inputs(self, model, inputs: dict) -> dict:
+        """The processor's inputs as capture and the analyses run them (ViLT: image patches in grid order);
+        the model's output is the same. Most families: unchanged."""
+        return inputs
+
     def model_class_for(self, model_type: str) -> str:
         """The transformers class for a checkpoint of ``model_type`` (one of ``model_types``)."""
         return self.model_class

@@ -153,12 +153,14 @@ class Mllama(VLMFamily):
                       num_hidden_layers=vis_layers, num_global_layers=shape.extra.get("global_layers", 1),
                       num_attention_heads=shape.vision_heads, image_size=shape.image_size, patch_size=shape.patch,
                       intermediate_layers_indices=inter, vision_output_dim=shape.vision_hidden * (len(inter) + 1),
-                      max_num_tiles=4)
+                      max_num_tiles=shape.extra.get("max_tiles", 4))
+        if vision["max_num_tiles"] != 4:  # one tile: the only canvas is 1 x 1
+            vision["supported_aspect_ratios"] = [[1, 1]]
         return MllamaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<|image|>"))
 
     def processor(self, tok, shape):
         from transformers import MllamaImageProcessor, MllamaProcessor
 
         s = shape.image_size
-        ip = MllamaImageProcessor(size={"height": s, "width": s}, max_image_tiles=4)
+        ip = MllamaImageProcessor(size={"height": s, "width": s}, max_image_tiles=shape.extra.get("max_tiles", 4))
         return MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))

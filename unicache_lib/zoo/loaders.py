@@ -32,7 +32,9 @@ from .checksums import ChecksumError, verify_checksums  # noqa: F401 - ChecksumE
 _hf_logging.disable_progress_bar()  # weight-loading bars would flood notebooks and test logs
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
-SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixart": "generation"}
+SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixart": "generation",
+           "tiny-mllama": "understanding", "tiny-vilt": "understanding", "tiny-clip": "understanding",
+           "tiny-janus": "understanding"}
 
 # transformer/config.json _class_name -> family key (capture, reuse and peers know every registered family)
 GENERATION_FAMILIES = {cls: fam.key for fam in GEN_FAMILIES.values() for cls in fam.transformer_classes}
@@ -253,7 +255,7 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
     if dev is not None and device_map is None:
         model.to(dev)
     model.eval()
-    return model, load_processor(where, fam)
+    return model, fam.adapt_processor(load_processor(where, fam), model.config)
 
 
 def load_processor(where, family):

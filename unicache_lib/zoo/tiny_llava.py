@@ -17,12 +17,13 @@ SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
 PROMPT = "user : <image> {question} assistant :"
 
 
-def build_tokenizer(extra_special=(), named: dict | None = None):
+def build_tokenizer(extra_special=(), named: dict | None = None, close: bool = False):
     """Word-level fast tokenizer over the world's vocabulary; ``<image>`` is a special token.
 
     ``extra_special``: more special tokens (e.g. a model family's image markers), appended after the
     world's vocabulary so the shipped ids stay as they are; ``named``: special tokens the family's
-    processor reads as tokenizer attributes (``{"boi_token": "<start_of_image>"}``).
+    processor reads as tokenizer attributes (``{"boi_token": "<start_of_image>"}``); ``close``: end every
+    text with ``</s>`` too (a CLIP text tower pools at its end token).
     """
     named = dict(named or {})
     extra_special = list(extra_special) + list(named.values())
@@ -34,7 +35,8 @@ def build_tokenizer(extra_special=(), named: dict | None = None):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])]
+        single="<s> $A </s>" if close else "<s> $A", pair="<s> $A $B </s>" if close else "<s> $A $B",
+        special_tokens=[("<s>", vocab["<s>"])] + ([("</s>", vocab["</s>"])] if close else []),
     )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",

@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 from ..progress import bar, write
-from ..world.scenes import COLOURS, POSITIONS, SHAPES, patch_grid_masks
 from ..world.text import CAPTION_QUESTION, QA, caption, make_qa
 from . import tiny_llava as tl
 from .checksums import write_card
+from .patch_heads import patch_labels as _patch_labels
+from .patch_heads import train_patch_heads
 
 TRAIN_QTYPES = ("colour", "shape", "position", "exists")
 IMAGE_SIZE, PATCH = 64, 8
@@ -36,12 +37,7 @@ N_IMG = (IMAGE_SIZE // PATCH) ** 2
 
 def patch_labels(qa: QA) -> np.ndarray:
     """``[N_IMG]`` class per patch: 0 background, else 1 + colour*15 + shape*5 + position."""
-    idx = patch_grid_masks(qa.scene.masks, PATCH)
-    out = np.zeros_like(idx)
-    cols, shps, poss = list(COLOURS), list(SHAPES), list(POSITIONS)
-    for i, o in enumerate(qa.scene.objects):
-        out[idx == i] = 1 + cols.index(o.colour) * 15 + shps.index(o.shape) * 5 + poss.index(o.position)
-    return out
+    return _patch_labels(qa.scene, PATCH)
 
 
 def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None):
@@ -69,37 +65,9 @@ def lr_at(step, total, warmup, floor=0.02):
 
 def train_tower(model, rng, steps, batch, lr, log):
     tower = model.model.vision_tower
-    d = tower.config.hidden_size
-    g = N_IMG ** 0.5
-    heads = torch.nn.ModuleDict({
-        "cls": torch.nn.Linear(d, 1 + len(COLOURS) * 15), "row": torch.nn.Linear(d, int(g)),
-        "col": torch.nn.Linear(d, int(g)),
-    })
-    params = list(tower.parameters()) + list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    rows = torch.arange(N_IMG) // int(g)
-    cols = torch.arange(N_IMG) % int(g)
-    pbar = bar(range(steps), desc="stage a: vision tower", mininterval=5)
-    for step in pbar:
-        for group in opt.param_groups:
-            group["lr"] = lr * lr_at(step, steps, 100)
-        items = [make_qa(rng, qtypes=TRAIN_QTYPES) for _ in range(batch)]
-        px = tl.pixel_values(np.stack([q.scene.uint8() for q in items]))
-        y = torch.from_numpy(np.stack([patch_labels(q) for q in items]))
-        h = tower(px, output_hidden_states=True).hidden_states[-1][:, 1:]
-        logits = heads["cls"](h)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
-        loss = loss + 0.5 * torch.nn.functional.cross_entropy(heads["row"](h).flatten(0, 1), rows.repeat(batch))
-        loss = loss + 0.5 * torch.nn.functional.cross_entropy(heads["col"](h).flatten(0, 1), cols.repeat(batch))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            acc = (logits.argmax(-1) == y).float().mean().item()
-            pbar.set_postfix(loss=f"{loss.item():.3f}", patch_acc=f"{acc:.4f}")
-            log.append({"stage": "a", "step": step, "loss": loss.item(), "patch_acc": acc})
-    return log[-1]["patch_acc"] if log else float("nan")
+    return train_patch_heads(
+        lambda imgs: tower(tl.pixel_values(imgs), output_hidden_states=True).hidden_states[-1][:, 1:],
+        tower.parameters(), tower.config.hidden_size, int(N_IMG ** 0.5), PATCH, rng, steps, batch, lr, log)
 
 
 def answer_logits(model, tokenizer, questions, images_uint8, batch=100) -> torch.Tensor:

@@ -1,0 +1,194 @@
+"""The study's other architectures: one suite over the encoder families (ViLT single stream, CLIP dual tower) built
+tiny from code, plus Janus's drawing mode and the measurements notebook 07 takes from them.
+
+For each encoder family: it saves and loads through ``load_understanding``; its spans split the stream as the model
+lays it out; ``full`` and ``stats`` capture equal the model's own ``output_attentions`` maps (and CLIP's
+``recompute`` too) with outputs bit-identical to a forward without capture; a grid laid over the picture is only
+given where the image positions are known to be the grid.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from unicache_lib import stats as S
+from unicache_lib.capture import AttentionCapture
+from unicache_lib.capture.vlm import CaptureError
+from unicache_lib.families import FAMILIES, Shape, family_of
+from unicache_lib.modality import IMAGE, TEXT
+
+ENCODERS = {"vilt": ("ViLT", Shape(layers=2, heads=2, head_dim=8, image_size=32, patch=8)),
+            "clip": ("CLIP", Shape(layers=2, heads=2, head_dim=8, vision_layers=2, vision_heads=2, vision_head_dim=8,
+                                   image_size=32, patch=8))}
+QUESTION = "where is the red circle ?"
+
+
+@pytest.fixture(scope="module", params=sorted(ENCODERS))
+def encoder(request, tmp_path_factory, samples):
+    import transformers
+
+    from unicache_lib.zoo.loaders import load_understanding
+
+    fam_name, shape = ENCODERS[request.param]
+    fam = FAMILIES[fam_name]
+    tok = fam.tokenizer()
+    cfg = fam.config(tok, shape)
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp(request.param)
+    getattr(transformers, fam.model_class)(cfg).save_pretrained(d)
+    fam.processor(tok, shape).save_pretrained(d)
+    model, proc = load_understanding(str(d), attn_implementation="eager", vision_attn_implementation="eager")
+    from unicache_lib.capture.runner import inputs_for
+
+    inputs = inputs_for(model, proc, samples[3].image, QUESTION)
+    return request.param, model, proc, inputs, fam
+
+
+def _reference(model, inputs):
+    """``{(part, layer): [H, S, S]}`` from the model's own ``output_attentions``."""
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True)
+    if hasattr(out, "vision_model_output"):
+        return out, {**{("language", i): a[0] for i, a in enumerate(out.text_model_output.attentions)},
+                     **{("vision", i): a[0] for i, a in enumerate(out.vision_model_output.attentions)}}
+    return out, {("language", i): a[0] for i, a in enumerate(out.attentions)}
+
+
+def test_encoder_family_is_recognised_and_spans_split_the_stream(encoder):
+    name, model, proc, inputs, fam = encoder
+    assert family_of(model) is fam
+    ids = inputs["input_ids"]
+    spans = fam.spans(model.config, ids, inputs)
+    if name == "vilt":  # [text | image class token, 16 patches]
+        assert spans.kinds == (TEXT,) * ids.shape[1] + (IMAGE,) * (1 + 16)
+        assert fam.image_grid(model.config, inputs) == (4, 4)
+    else:  # the text tower holds text only; the image tower's grid follows its class token
+        assert spans.kinds == (TEXT,) * ids.shape[1]
+        assert fam.grid_tokens(model.config, inputs).tolist() == list(range(1, 17))
+
+
+def test_full_and_stats_capture_equal_the_models_own_maps(encoder):
+    name, model, proc, inputs, fam = encoder
+    ref_out, ref = _reference(model, inputs)
+    hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
+    before = hooks()
+    with torch.no_grad():
+        plain = model(**inputs)
+        with AttentionCapture(model, "full", part="all" if name == "clip" else "language") as full:
+            out_full = model(**inputs)
+        with AttentionCapture(model, "stats", part="all" if name == "clip" else "language") as st:
+            out_stats = model(**inputs)
+    key = "logits" if name == "vilt" else "logits_per_image"
+    assert torch.equal(getattr(out_full, key), getattr(plain, key)) and torch.equal(getattr(out_stats, key), getattr(plain, key))
+    assert {(r.part, r.layer) for r in full.result} == set(ref)
+    for r in full.result:
+        assert torch.allclose(r.probs, ref[r.part, r.layer], atol=1e-6), (r.part, r.layer)
+    for r in st.result:
+        sp = r.spans
+        want = S.layer_statistics(ref[r.part, r.layer].float(), sp, name == "clip" and r.part == "language",
+                                  torch.arange(r.seq_len), None)
+        for k in ("norm_entropy", "max_weight") + (("image_share", "blocks") if sp is not None else ()):
+            assert torch.allclose(r.data[k].nan_to_num(-7.0), want[k].nan_to_num(-7.0), atol=1e-5), (r.part, r.layer, k)
+    assert hooks() == before  # every capture hook is gone
+
+
+def test_vilt_grid_needs_grid_ordered_inputs_and_keeps_the_answer(encoder):
+    name, model, proc, inputs, fam = encoder
+    if name != "vilt":
+        pytest.skip("ViLT only")
+    from unicache_lib.capture.runner import model_inputs
+    from unicache_lib.families.vilt import grid_ordered
+
+    raw = model_inputs(proc, np.zeros((32, 32, 3), np.uint8), QUESTION, family=fam)
+    with pytest.raises(ValueError, match="random order"):  # the processor's own inputs: no grid is claimed
+        fam.grid_tokens(model.config, raw)
+    g = grid_ordered(model, raw)  # what the error says to do
+    assert fam.grid_tokens(model.config, g).tolist() == list(range(1, 17))
+    with torch.no_grad():
+        a, b = model(**raw).logits, model(**g).logits
+    assert torch.allclose(a, b, atol=1e-5)  # the same answer: only the order of the image positions changed
+    # grid order is real: position 1 + r * 4 + c holds patch (r, c) of a picture with one bright cell
+    img = np.zeros((32, 32, 3), np.uint8)
+    img[8:16, 16:24] = 255  # cell (1, 2)
+    g = grid_ordered(model, model_inputs(proc, img, QUESTION, family=fam))
+    patches = g["image_embeds"][0, 1:] - model.vilt.embeddings.position_embeddings[0, 1:]  # remove the positions
+    bright = int((patches - patches.median(0).values).norm(dim=-1).argmax())
+    assert bright == 1 * 4 + 2
+
+
+def test_vilt_refuses_recompute_with_the_fix(encoder):
+    name, model, proc, inputs, fam = encoder
+    if name != "vilt":
+        pytest.skip("ViLT only")
+    with pytest.raises(CaptureError, match="mode 'stats' or 'full'"):
+        AttentionCapture(model, "recompute")
+
+
+def test_clip_recompute_matches_and_keeps_the_similarity(encoder):
+    name, model, proc, inputs, fam = encoder
+    if name != "clip":
+        pytest.skip("CLIP only")
+    ref_out, ref = _reference(model, inputs)
+    sdpa = type(model).from_pretrained(model.name_or_path, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        plain = sdpa(**inputs).logits_per_image
+        with AttentionCapture(sdpa, "recompute", part="all", keep="full") as cap:
+            out = sdpa(**inputs).logits_per_image
+    assert torch.equal(out, plain)
+    for r in cap.result:
+        assert torch.allclose(r.probs, ref[r.part, r.layer], atol=1e-5)
+
+
+def test_blinding_image_queries_removes_exactly_their_text_reads(encoder):
+    name, model, proc, inputs, fam = encoder
+    if name != "vilt":
+        pytest.skip("ViLT only")
+    from unicache_lib.analysis.architectures import image_queries_blind_to_text
+
+    n_img = fam.n_image(model.config, inputs)
+    with torch.no_grad(), image_queries_blind_to_text(model, n_img), AttentionCapture(model, "full") as cap:
+        model(**inputs)
+    for r in cap.result:
+        img = torch.as_tensor(r.spans.array == IMAGE)
+        assert float(r.probs[:, img][:, :, ~img].abs().max()) == 0.0  # image rows: nothing on text keys
+        assert float(r.probs[:, ~img][:, :, img].sum()) > 0  # the text still reads the image
+    assert not any(m._forward_pre_hooks for s in fam.sites(model, ("language",)) for m in [s.module])  # removed on exit
+
+
+def test_caption_errors_and_lag1():
+    from unicache_lib.analysis.architectures import caption_errors, lag1
+    from unicache_lib.world.scenes import make_scene
+
+    sc = make_scene(np.random.default_rng(0), "single", 64, fixed=[{"colour": "red", "shape": "circle", "position": "left"}])
+    assert caption_errors("red circle left".split(), sc).tolist() == [False, False, False]
+    assert caption_errors("blue circle top".split(), sc).tolist() == [True, False, True]
+    alt = [np.array([1.0, 0.0, 1.0, 0.0, 1.0]), np.array([0.0, 1.0, 0.0, 1.0, 0.0])]
+    assert lag1(alt) < -0.9  # high then low then high: suppression
+    smooth = [np.array([1.0, 1.0, 0.0, 0.0]), np.array([0.0, 0.0, 1.0, 1.0])]
+    assert lag1(smooth) > 0
+
+
+def test_janus_drawing_capture_equals_generate_and_counts_the_image_span(tmp_path_factory):
+    """The capture loop draws the same tokens as ``model.generate(generation_mode="image")`` (torch.equal) and records
+    one step per drawn token with the image span growing by one each step."""
+    from unicache_lib.capture.unified import generate_image_with_capture
+    from unicache_lib.zoo.loaders import load_understanding
+
+    model, proc = load_understanding("tiny-janus", attn_implementation="eager")
+    for prompt in ("a red circle on the left", "a blue square at the top"):
+        inp = proc(text=[f"user : {prompt} assistant :"], generation_mode="image", return_tensors="pt")
+        tokens, res = generate_image_with_capture(model, inp["input_ids"], layers=[0, -1])
+        ref = model.generate(inp["input_ids"], attention_mask=inp["attention_mask"], generation_mode="image",
+                             guidance_scale=3.0, do_sample=False, num_return_sequences=1)
+        assert torch.equal(tokens, ref[0].cpu())
+        assert len(set(tokens.tolist())) > 1  # a real drawing, not one repeated token
+        n = model.config.vision_config.num_image_tokens
+        steps = sorted({int(r.sample.rsplit("/t", 1)[1]) for r in res.records})
+        assert steps == list(range(n)) and len(res.records) == 2 * n
+        P = inp["input_ids"].shape[1]
+        for r in res.records:
+            k = int(r.sample.rsplit("/t", 1)[1])
+            assert r.spans.n_image == k and len(r.spans) == P + k
+    with pytest.raises(ValueError, match="begin_of_image"):
+        generate_image_with_capture(model, proc(text=["user : a red circle"], return_tensors="pt")["input_ids"])

@@ -1,0 +1,91 @@
+"""A unified model (Janus) drawing an image, with attention captured at every generated image token.
+
+Janus draws an image as ``n`` VQ tokens, one per step, with classifier-free guidance: a conditional row (the
+prompt) and an unconditional row (every prompt token but ``<s>`` and ``<begin_of_image>`` replaced by the pad
+token) run side by side and the generation head's scores are mixed as ``uncond + g * (cond - uncond)``.
+:func:`generate_image_with_capture` runs exactly that loop (the tokens equal ``model.generate(...,
+generation_mode="image")``'s, tested) and records the conditional row of every step as sample
+``"{sample_id}/t{k}"`` (``k = 0`` is the prompt; step ``k`` is the forward whose single query is image token
+``k - 1``). Spans: the prompt is text, the generated image tokens so far are the image span — so a step's
+``image_share`` is how much the token being drawn reads the image drawn so far, against the prompt.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..modality import IMAGE, TEXT, Spans
+from .record import CaptureResult
+from .vlm import AttentionCapture, CaptureError
+
+
+def _check(model):
+    from ..families import family_of
+
+    fam = family_of(model)
+    if fam.name != "Janus":
+        raise CaptureError(f"image generation capture needs a Janus model (generation_head, generation_embeddings); "
+                           f"got {fam.name}")
+    gc = model.generation_config
+    kw = getattr(gc, "generation_kwargs", None) or {}
+    if "boi_token_id" not in kw:
+        raise CaptureError("the model's generation_config has no generation_kwargs['boi_token_id'] (the "
+                           "<begin_of_image> token id): set it, as Janus checkpoints do, before generating images")
+    return kw["boi_token_id"]
+
+
+@torch.no_grad()
+def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float = 3.0, sample_id: str = "0",
+                                mode: str = "stats", layers=None, capture: bool = True):
+    """Greedy, guided image generation for ONE prompt (``input_ids [1, P]`` ending with ``<begin_of_image>``,
+    e.g. ``processor(text=[prompt], generation_mode="image")["input_ids"]``), capturing the language model.
+
+    Returns ``(tokens [n_image_tokens], result)``: the VQ token ids (decode with ``model.decode_image_tokens``)
+    and one record per step and layer of the conditional row (``result`` is empty with ``capture=False``).
+    """
+    boi = _check(model)
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"pass one prompt: input_ids of shape [1, P], got {tuple(input_ids.shape)}")
+    if int(input_ids[0, -1]) != boi:
+        raise ValueError(f"the prompt must end with <begin_of_image> (id {boi}): encode it with "
+                         f"processor(text=[prompt], generation_mode='image')")
+    gc = model.generation_config
+    n = int(model.config.vision_config.num_image_tokens)
+    dev = next(model.parameters()).device
+    ids = input_ids.to(dev)
+    uncond = ids.clone()
+    uncond[(uncond != gc.bos_token_id) & (uncond != boi)] = gc.pad_token_id
+    emb = model.get_input_embeddings()(torch.cat([ids, uncond]))
+    P = ids.shape[1]
+    hidden = {}
+    hook = model.model.language_model.register_forward_hook(lambda m, a, k, out: hidden.__setitem__("h", out.last_hidden_state),
+                                                            with_kwargs=True)
+    cap = AttentionCapture(model, mode, layers=layers, spans=Spans((TEXT,) * P), sample_ids=[f"{sample_id}/t0", "uncond"]) \
+        if capture else None
+    tokens = torch.zeros(n, dtype=torch.long, device=dev)
+    try:
+        if cap is not None:
+            cap.__enter__()
+        cache = None
+        for k in range(n):
+            L = P + k
+            out = model(inputs_embeds=emb, attention_mask=torch.ones(2, L, dtype=torch.long, device=dev),
+                        past_key_values=cache, use_cache=True, cache_position=torch.arange(L - emb.shape[1], L, device=dev),
+                        logits_to_keep=1)
+            cache = out.past_key_values
+            scores = model.model.generation_head(hidden["h"][:, -1]).float()
+            mixed = scores[1] + guidance * (scores[0] - scores[1])
+            tokens[k] = mixed.argmax()
+            emb = model.prepare_embeddings_for_image_generation(tokens[k].repeat(2)[:, None])
+            if cap is not None:
+                cap.spans = Spans((TEXT,) * P + (IMAGE,) * (k + 1))
+                cap.sample_ids = iter([f"{sample_id}/t{k + 1}", "uncond"])
+    finally:
+        hook.remove()
+        if cap is not None:
+            cap.__exit__(None, None, None)
+    result = CaptureResult()
+    if cap is not None:
+        # the unconditional row is guidance machinery, not the drawing: keep the conditional row only;
+        # the last step's forward (after the last token) never ran, so steps are t0 .. t{n-1}
+        result.records = [r for r in cap.result.records if r.sample != "uncond"]
+    return tokens.cpu(), result

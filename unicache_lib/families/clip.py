@@ -1,0 +1,92 @@
+"""CLIP: two towers that never attend to each other. The text tower (causal, pooled at its end token) and the
+image tower (a class token plus patches, pooled at the class token) meet only in the similarity of their
+projected, normalised embeddings (``logits_per_image``).
+
+Captured parts: ``language`` = the text tower, ``vision`` = the image tower (class token at position 0,
+then the patch grid). There are no image keys in the text tower, so its four-block statistics are all
+text; what the study asks of a dual tower (key-region focus, A4) is read from the image tower's
+class-token row (:func:`unicache_lib.analysis.architectures.cls_focus`).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..modality import TEXT, Spans
+from .base import Shape, Site, UnsupportedModelError, VLMFamily, register
+
+
+@register
+class Clip(VLMFamily):
+    """CLIP (``openai/clip-vit-base-patch32``: 7 x 7 patches + class token, 77-token text)."""
+
+    name = "CLIP"
+    model_types = ("clip",)
+    model_class = "CLIPModel"
+    image_marker = None
+    special_tokens = ()
+    token_fields = ()
+    layout = "{question}"
+
+    def language_model(self, model):
+        return model.text_model.encoder
+
+    def vision_model(self, model):
+        return model.vision_model
+
+    def projector(self, model):
+        return model.visual_projection
+
+    def sites(self, model, parts=("language",)):
+        names = {id(m): n for n, m in model.named_modules()}
+        out = []
+        if "language" in parts:
+            out += [Site(names[id(l.self_attn)], i, "language", l.self_attn) for i, l in enumerate(model.text_model.encoder.layers)]
+        if "vision" in parts:
+            out += [Site(names[id(l.self_attn)], i, "vision", l.self_attn) for i, l in enumerate(model.vision_model.encoder.layers)]
+        return out
+
+    def image_token_id(self, config):
+        raise UnsupportedModelError("CLIP has no image token: the image goes to its own tower")
+
+    def spans(self, config, input_ids, inputs=None):
+        """The text tower's sequence: text only."""
+        return Spans((TEXT,) * torch.as_tensor(input_ids).shape[-1])
+
+    def image_grid(self, config, inputs):
+        v = config.vision_config
+        side = v.image_size // v.patch_size
+        return (side, side)
+
+    def grid_tokens(self, config, inputs):
+        """The patch grid within the image tower's sequence: after the class token."""
+        g = self.image_grid(config, inputs)
+        return torch.arange(1, 1 + g[0] * g[1])
+
+    def config(self, tok, shape: Shape):
+        from transformers import CLIPConfig
+
+        proj = shape.extra.get("projection_dim", shape.hidden)
+        text = dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+                    num_hidden_layers=shape.layers, num_attention_heads=shape.heads, max_position_embeddings=32,
+                    pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                    projection_dim=proj)
+        vision = dict(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+                      num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
+                      image_size=shape.image_size, patch_size=shape.patch, projection_dim=proj)
+        return CLIPConfig(text_config=text, vision_config=vision, projection_dim=proj)
+
+    def tokenizer(self):
+        """The world tokenizer closing every text with ``</s>``, where the text tower pools."""
+        from ..zoo.tiny_llava import build_tokenizer
+
+        tok = build_tokenizer(close=True)
+        tok.padding_side = "right"
+        return tok
+
+    def processor(self, tok, shape: Shape):
+        from transformers import CLIPImageProcessor, CLIPProcessor
+
+        s = shape.image_size
+        ip = CLIPImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
+                                image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        return CLIPProcessor(image_processor=ip, tokenizer=tok)

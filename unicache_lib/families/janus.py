@@ -1,0 +1,71 @@
+"""Janus (DeepSeek): one Llama language model that *understands* images through a SigLIP-style encoder
+and an aligner (image tokens spliced into the prompt, as LLaVA does) and *generates* images as discrete
+VQ tokens (``generation_embeddings`` + ``generation_aligner`` in, ``generation_head`` out, decoded by the
+VQ-VAE). Understanding mode is captured like LLaVA: part ``language``, the ``<image_placeholder>``
+positions are the image span. Generation mode (the generated VQ tokens as their own span) is captured by
+:func:`unicache_lib.capture.unified.capture_image_generation`.
+"""
+from __future__ import annotations
+
+from .base import Shape, VLMFamily, chat_template, register
+
+
+@register
+class Janus(VLMFamily):
+    """Janus-1.3B / Janus-Pro: 576 image tokens (384 px, patch 16) for understanding, 576 VQ tokens
+    (16x downsampling) for generation, Llama language model, plain causal mask."""
+
+    name = "Janus"
+    model_types = ("janus",)
+    model_class = "JanusForConditionalGeneration"
+    image_marker = "<image_placeholder>"
+    special_tokens = ("<image_placeholder>", "<begin_of_image>", "<end_of_image>")
+    named_tokens = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
+
+    def projector(self, model):
+        return model.model.aligner
+
+    def vision_model(self, model):
+        return model.model.vision_model
+
+    def expected_image_tokens(self, config, inputs):
+        return int(config.vision_config.num_image_tokens) if inputs.get("pixel_values") is not None else None
+
+    def image_grid(self, config, inputs):
+        v = config.vision_config
+        side = v.image_size // v.patch_size
+        return (side, side)
+
+    def adapt_processor(self, processor, config):
+        """``JanusProcessor`` always expands ``<image_placeholder>`` to 576 tokens (its ``__init__`` sets it);
+        a checkpoint of another size needs its own count, from the vision config."""
+        processor.num_image_tokens = int(config.vision_config.num_image_tokens)
+        return processor
+
+    def config(self, tok, shape: Shape):
+        from transformers import JanusConfig
+
+        side = shape.image_size // shape.patch
+        text = dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+                    num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                    head_dim=shape.head_dim, max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
+                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+        vision = dict(hidden_size=shape.vision_hidden, num_hidden_layers=shape.vision_layers,
+                      num_attention_heads=shape.vision_heads, image_size=shape.image_size, patch_size=shape.patch,
+                      projection_dim=shape.hidden, num_image_tokens=side * side, depth=2)
+        levels = shape.extra.get("vq_levels", 4)  # 2 ** (levels - 1) downsampling: 8x at 4 levels
+        vq = dict(embed_dim=shape.extra.get("vq_dim", 8), num_embeddings=shape.extra.get("vq_codes", 128),
+                  latent_channels=shape.extra.get("vq_latent", 64), base_channels=shape.extra.get("vq_base", 32),
+                  channel_multiplier=[1, 1, 2, 2, 4][:levels], num_res_blocks=1, projection_dim=shape.hidden,
+                  image_token_embed_dim=shape.hidden, num_hidden_layers=2)
+        return JanusConfig(text_config=text, vision_config=vision, vq_config=vq,
+                           image_token_id=tok.convert_tokens_to_ids(self.image_marker))
+
+    def processor(self, tok, shape: Shape):
+        from transformers import JanusImageProcessor, JanusProcessor
+
+        s = shape.image_size
+        ip = JanusImageProcessor(size={"height": s, "width": s}, min_size=s, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        proc = JanusProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))
+        proc.num_image_tokens = (s // shape.patch) ** 2
+        return proc

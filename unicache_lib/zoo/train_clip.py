@@ -1,0 +1,157 @@
+"""Train the shipped tiny CLIP (``CLIPModel``, dual towers) contrastively on scenes and their captions.
+
+    python -m unicache_lib.zoo.train_clip --out data/models/tiny-clip --seed 0
+
+One stage: the symmetric contrastive loss over the batch (each scene against the other scenes' captions,
+and back), plus the patch heads of :mod:`unicache_lib.zoo.patch_heads` on the image tower's last layer
+(weight ``--aux``; without them the tower learns colour and misses position). Captions name every object
+with its colour, shape and position (``"red circle left , blue square top"``). The card records
+text->image recall@1 over 200 held-out scenes (a scene whose caption equals the query's counts as found:
+identical captions cannot be told apart) and the control with captions shuffled across scenes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..progress import bar, write
+from ..world.text import caption
+from .checksums import write_card
+from .patch_heads import PatchHeads, patch_labels
+from .train_llava import TRAIN_QTYPES, heldout_set, lr_at
+
+IMAGE_SIZE, PATCH = 64, 8
+GRID = IMAGE_SIZE // PATCH
+
+
+def build(seed: int, layers: int = 4, heads: int = 8, head_dim: int = 16):
+    """-> (model, processor): CLIP at tiny width; the text tower pools at ``</s>``, which the tokenizer appends."""
+    from transformers import CLIPModel
+
+    from ..families import FAMILIES
+    from ..families.base import Shape
+
+    fam = FAMILIES["CLIP"]
+    tok = fam.tokenizer()
+    shape = Shape(layers=layers, heads=heads, head_dim=head_dim, vision_layers=layers, vision_heads=heads,
+                  vision_head_dim=head_dim, image_size=IMAGE_SIZE, patch=PATCH)
+    torch.manual_seed(seed)
+    return CLIPModel(fam.config(tok, shape)), fam.processor(tok, shape)
+
+
+def encode(processor, texts, images_uint8) -> dict:
+    return dict(processor(text=list(texts), images=list(images_uint8), return_tensors="pt", padding=True))
+
+
+@torch.no_grad()
+def embed(model, processor, scenes, batch=100) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2-normalised ``(image [N, proj], text [N, proj])`` embeddings of scenes and their captions."""
+    model.eval()
+    im, tx = [], []
+    for s in range(0, len(scenes), batch):
+        part = scenes[s : s + batch]
+        out = model(**encode(processor, [caption(x) for x in part], np.stack([x.uint8() for x in part])))
+        im.append(out.image_embeds.float())
+        tx.append(out.text_embeds.float())
+    return torch.cat(im), torch.cat(tx)
+
+
+def recall_at_1(model, processor, scenes, shuffle_seed=None) -> dict:
+    """Text->image and image->text recall@1; a hit is any item with the same caption as the right one.
+    ``shuffle_seed``: the control, captions shuffled across scenes before querying (expect chance,
+    ``(1 + mean_duplicate_captions) / n``)."""
+    img, txt = embed(model, processor, scenes)
+    caps = np.array([caption(s) for s in scenes])
+    if shuffle_seed is not None:  # the control: scene i is queried with another scene's caption (chance level)
+        txt = txt[np.random.default_rng(shuffle_seed).permutation(len(scenes))]
+    sim = txt @ img.T  # [text, image]
+    t2i = caps[sim.argmax(1).numpy()] == caps
+    i2t = caps[sim.argmax(0).numpy()] == caps
+    dup = float(np.mean([(caps == c).sum() - 1 for c in caps]))
+    return {"text_to_image": float(t2i.mean()), "image_to_text": float(i2t.mean()), "n": len(scenes),
+            "mean_duplicate_captions": dup}
+
+
+def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_scenes=None):
+    from ..world.text import make_qa
+
+    heads = PatchHeads(model.config.vision_config.hidden_size, GRID)
+    params = list(model.parameters()) + list(heads.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    F = torch.nn.functional
+    pbar = bar(range(steps), desc="CLIP: contrastive + patch heads", mininterval=5)
+    for step in pbar:
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = lr * lr_at(step, steps, min(150, steps // 10 + 1))
+        scenes = [make_qa(rng, qtypes=TRAIN_QTYPES).scene for _ in range(batch)]
+        caps = [caption(s) for s in scenes]
+        out = model(**encode(processor, caps, np.stack([s.uint8() for s in scenes])), output_hidden_states=True)
+        # scenes with the same caption are positives of each other, not negatives
+        same = torch.tensor([[a == b for b in caps] for a in caps], dtype=torch.float32)
+        target = same / same.sum(1, keepdim=True)
+        lt = out.logits_per_text
+        loss = 0.5 * (F.cross_entropy(lt, target) + F.cross_entropy(lt.T, target))
+        feats = out.vision_model_output.last_hidden_state[:, 1:]
+        aux_loss, patch_acc = heads.loss(feats, torch.from_numpy(np.stack([patch_labels(s, PATCH) for s in scenes])))
+        opt.zero_grad()
+        (loss + aux * aux_loss).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            acc = (lt.argmax(1) == torch.arange(batch)).float().mean().item()
+            pbar.set_postfix(loss=f"{loss.item():.3f}", batch_r1=f"{acc:.2f}", patch_acc=f"{patch_acc:.3f}")
+            log.append({"step": step, "loss": loss.item(), "aux_loss": aux_loss.item(), "batch_recall": acc,
+                        "patch_acc": patch_acc})
+        if eval_every and eval_scenes and (step + 1) % eval_every == 0:
+            r = recall_at_1(model, processor, eval_scenes)
+            log.append({"step": step, "eval": r})
+            write(f"step {step + 1}: held-out recall@1 {r}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="data/models/tiny-clip")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--n-heldout", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=500)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    t0 = time.time()
+    model, proc = build(args.seed)
+    log: list = []
+    train(model, proc, rng, args.steps, args.batch, args.lr, args.aux, log, args.eval_every,
+          [q.scene for q in heldout_set(200, seed=999)] if args.eval_every else None)
+    train_min = (time.time() - t0) / 60
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(out)
+    proc.save_pretrained(out)
+    model = type(model).from_pretrained(out, dtype=torch.float32)
+    held = [q.scene for q in heldout_set(args.n_heldout)]
+    card = {
+        "model": "tiny-clip", "class": type(model).__name__, "family": "CLIP", "seed": args.seed, "args": vars(args),
+        "text": "a caption, e.g. 'red circle left , blue square top' (the tokenizer adds <s> and </s>)",
+        "image_size": IMAGE_SIZE, "patch": PATCH, "recipe": (__doc__ or "").strip().split("\n\n", 2)[2],
+        "train_minutes": train_min, "heldout_recall": recall_at_1(model, proc, held),
+        "heldout_recall_captions_shuffled": recall_at_1(model, proc, held, shuffle_seed=1),
+        "storage_dtype": "float16", "torch": torch.__version__, "log": log,
+    }
+    write_card(out, card)
+    print(json.dumps({k: card[k] for k in ("heldout_recall", "heldout_recall_captions_shuffled", "train_minutes")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

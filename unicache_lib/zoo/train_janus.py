@@ -1,0 +1,308 @@
+"""Train the shipped tiny Janus (``JanusForConditionalGeneration``): one language model that answers and
+captions images *and* draws them as VQ tokens.
+
+    python -m unicache_lib.zoo.train_janus --out data/models/tiny-janus --seed 0
+
+Stages (each a small model trained here on the synthetic world):
+
+vq. The VQ-VAE (``model.model.vqmodel``, 4x downsampling of the scene at 32 px -> 8 x 8 tokens from a
+    128-entry codebook; generated images are 32 px, understanding reads 64 px) as an autoencoder: reconstruction MSE plus the codebook/commitment loss, straight-through
+    gradients, codebook rows kept at unit norm (``JanusVQVAE.decode`` looks entries up L2-normalised, so
+    encoding and decoding then agree) and unused rows restarted on encoder outputs.
+a.  The understanding encoder alone with patch heads (:mod:`unicache_lib.zoo.patch_heads`).
+b.  Aligner, language model and the generation modules with encoder and VQ-VAE frozen; every step one
+    understanding batch (one question or caption per image, loss on the answer) and one generation batch
+    (a one-object prompt, loss on its scene's 64 VQ tokens; 10% of prompts blanked to pad tokens as
+    ``generate`` does for the unconditional half of classifier-free guidance).
+
+The card records held-out VQA accuracy per question type, the image-shuffle control, captions, the
+VQ-VAE's reconstruction (PSNR and the world's checker on reconstructions) and generated images scored by
+the world's checker (:func:`unicache_lib.world.segment.score_object`) with guidance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..progress import bar, write
+from ..world.scenes import make_scene
+from ..world.segment import score_object
+from ..world.text import short_prompt
+from .checksums import write_card
+from .patch_heads import train_patch_heads
+from .train_generator import eval_prompts
+from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, sample_batch
+from .train_vlm import GRID, IMAGE_SIZE, PATCH, encode, evaluate, evaluate_captions
+
+GEN_LAYOUT = "user : {prompt} assistant :"
+F = torch.nn.functional
+
+
+def shape():
+    from ..families.base import Shape
+
+    return Shape(layers=4, heads=8, kv_heads=8, head_dim=16, vision_layers=2, vision_heads=4, vision_head_dim=32,
+                 image_size=IMAGE_SIZE, patch=PATCH, extra={"vq_levels": 3})
+
+
+def build(seed: int):
+    """-> (model, processor) at the shipped shape, generation config set for ``generate(generation_mode="image")``."""
+    from transformers import JanusForConditionalGeneration
+
+    from ..families import FAMILIES
+
+    fam = FAMILIES["Janus"]
+    tok = fam.tokenizer()
+    torch.manual_seed(seed)
+    model = JanusForConditionalGeneration(fam.config(tok, shape()))
+    from transformers import GenerationConfig
+
+    # an explicit generation config (one derived from the model config is rebuilt on load, losing boi_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, guidance_scale=3.0,
+        max_length=256, num_return_sequences=1,
+        generation_kwargs={"boi_token_id": tok.convert_tokens_to_ids("<begin_of_image>")})
+    return model, fam.processor(tok, shape())
+
+
+VQ_SIZE = 32  # the VQ-VAE works on the scene at half resolution (4x cheaper on 2 CPU cores)
+
+
+def pixels(processor, images_uint8) -> torch.Tensor:
+    return processor.image_processor(list(images_uint8), return_tensors="pt")["pixel_values"]
+
+
+def vq_pixels(processor, images_uint8) -> torch.Tensor:
+    """``[B, 3, 32, 32]``: the processor's pixels averaged 2 x 2, what the VQ-VAE encodes and decodes."""
+    return F.avg_pool2d(pixels(processor, images_uint8), IMAGE_SIZE // VQ_SIZE)
+
+
+def to_uint8(decoded: torch.Tensor) -> np.ndarray:
+    """``decode_image_tokens`` output ``[B, H, W, 3]`` in the processor's [-1, 1] -> uint8."""
+    return ((decoded.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
+
+
+def quantize(vq, px):
+    """Straight-through quantisation of ``px`` -> (decoded pixels, codebook loss, token ids ``[B, n]``)."""
+    h = vq.quant_conv(vq.encoder(px))
+    q, loss, idx = vq.quantize(h)
+    return vq.decoder(vq.post_quant_conv(q)), loss, idx.view(px.shape[0], -1)
+
+
+def train_vq(vq, processor, rng, steps, batch, lr, log) -> dict:
+    params = [p for p in vq.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    emb = vq.quantize.embedding.weight
+    with torch.no_grad():
+        emb.copy_(F.normalize(emb, dim=-1))
+    usage = torch.zeros(emb.shape[0])
+    from ..world.text import make_qa
+
+    pbar = bar(range(steps), desc="vq: VQ-VAE", mininterval=5)
+    for step in pbar:
+        vq.train()
+        for g in opt.param_groups:
+            g["lr"] = lr * lr_at(step, steps, min(100, steps // 10 + 1))
+        scenes = [make_qa(rng, qtypes=TRAIN_QTYPES).scene for _ in range(batch)]
+        px = vq_pixels(processor, np.stack([s.uint8() for s in scenes]))
+        rec, cb_loss, idx = quantize(vq, px)
+        loss = F.mse_loss(rec, px) + cb_loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        with torch.no_grad():
+            emb.copy_(F.normalize(emb, dim=-1))
+            usage.mul_(0.99).add_(torch.bincount(idx.flatten(), minlength=emb.shape[0]).float())
+            dead = (usage < 1e-3).nonzero().flatten()
+            if step % 50 == 0 and step < 0.8 * steps and len(dead):  # restart unused rows on encoder outputs
+                h = vq.quant_conv(vq.encoder(px)).permute(0, 2, 3, 1).reshape(-1, emb.shape[1])
+                pick = h[torch.from_numpy(rng.choice(len(h), len(dead), replace=len(dead) > len(h)))]
+                emb[dead] = F.normalize(pick, dim=-1)
+                usage[dead] = 1.0
+        if step % 50 == 0 or step == steps - 1:
+            mse = F.mse_loss(rec, px).item()
+            pbar.set_postfix(mse=f"{mse:.4f}", codes=int((usage > 1e-3).sum()))
+            log.append({"stage": "vq", "step": step, "mse": mse, "codebook_loss": cb_loss.item(),
+                        "codes_in_use": int((usage > 1e-3).sum())})
+    return log[-1] if log else {}
+
+
+@torch.no_grad()
+def vq_quality(model, processor, n=100, seed=31) -> dict:
+    """PSNR of VQ reconstructions (through ``encode`` + ``decode_image_tokens``, as generation decodes) and the
+    world's checker on reconstructions of one-object scenes."""
+    rng = np.random.default_rng(seed)
+    objs = eval_prompts(n, seed=seed)
+    imgs = np.stack([make_scene(rng, "single", IMAGE_SIZE, fixed=[o]).uint8() for o in objs])
+    vq = model.model.vqmodel.eval()
+    px = vq_pixels(processor, imgs)
+    tokens = vq.encode(px).image_tokens.view(len(imgs), -1)
+    rec = to_uint8(model.decode_image_tokens(tokens))
+    ref = to_uint8(px.permute(0, 2, 3, 1))
+    mse = ((rec.astype(np.float64) - ref) ** 2).mean(axis=(1, 2, 3))
+    scores = [score_object(r, o) for r, o in zip(rec, objs)]
+    return {"psnr_db": float(np.mean(10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-9)))), "n": n} | {
+        k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
+
+
+def gen_batch(rng, n):
+    """``n`` one-object generation items: (prompt, scene)."""
+    from .train_generator import eval_prompts as _combos
+
+    out = []
+    for o in _combos(n, seed=int(rng.integers(1 << 31))):
+        out.append((short_prompt([o]), make_scene(rng, "single", IMAGE_SIZE, fixed=[o])))
+    return out
+
+
+def gen_inputs(processor, prompts) -> dict:
+    """Prompts for image generation as ``generate(generation_mode="image")`` takes them (``<begin_of_image>`` last)."""
+    processor.tokenizer.padding_side = "left"
+    return dict(processor(text=[GEN_LAYOUT.format(prompt=p) for p in prompts], generation_mode="image",
+                          return_tensors="pt", padding=True))
+
+
+def generation_loss(model, processor, prompts, codes, blank=0.1, rng=None):
+    """Teacher-forced cross-entropy of the VQ tokens ``codes [B, n]`` after ``prompts``."""
+    tok = processor.tokenizer
+    inp = gen_inputs(processor, prompts)
+    ids = inp["input_ids"].clone()
+    if blank and rng is not None:  # the unconditional rows of classifier-free guidance: all but <s> and <boi> -> pad
+        rows = torch.from_numpy(rng.random(len(ids)) < blank)
+        keep = (ids == tok.bos_token_id) | (ids == model.generation_config.generation_kwargs["boi_token_id"])
+        ids[rows[:, None] & ~keep] = tok.pad_token_id
+    P = ids.shape[1]
+    emb = torch.cat([model.get_input_embeddings()(ids), model.prepare_embeddings_for_image_generation(codes[:, :-1])], 1)
+    mask = torch.cat([inp["attention_mask"], torch.ones_like(codes[:, :-1])], 1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    h = model.model.language_model(inputs_embeds=emb, attention_mask=mask, position_ids=pos).last_hidden_state
+    logits = model.model.generation_head(h[:, P - 1 :])
+    return F.cross_entropy(logits.flatten(0, 1), codes.flatten())
+
+
+@torch.no_grad()
+def generate_images(model, processor, prompts, guidance=3.0, batch=50) -> np.ndarray:
+    """Greedy, classifier-free-guided generation through ``generate(generation_mode="image")`` -> uint8 images."""
+    model.eval()
+    out = []
+    for s in range(0, len(prompts), batch):
+        inp = gen_inputs(processor, prompts[s : s + batch])
+        tokens = model.generate(inp["input_ids"], attention_mask=inp["attention_mask"], generation_mode="image",
+                                guidance_scale=guidance, do_sample=False, num_return_sequences=1)
+        out.append(to_uint8(model.decode_image_tokens(tokens)))
+    return np.concatenate(out)
+
+
+def evaluate_generation(model, processor, n=100, guidance=3.0) -> dict:
+    objs = eval_prompts(n)
+    imgs = generate_images(model, processor, [short_prompt([o]) for o in objs], guidance)
+    scores = [score_object(im, o) for im, o in zip(imgs, objs)]
+    return {k: float(np.mean([s[k] for s in scores])) for k in scores[0]} | {"n": n, "guidance": guidance}
+
+
+def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None):
+    m = model.model
+    for part in (m.vision_model, m.vqmodel):
+        part.requires_grad_(False)
+    proj = list(m.aligner.parameters()) + list(m.generation_aligner.parameters())
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith(
+        ("model.aligner", "model.generation_aligner"))]
+    opt = torch.optim.AdamW([{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}],
+                            lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warm = min(150, steps // 10 + 1)
+    pbar = bar(range(steps), desc="stage b: understanding + generation", mininterval=5)
+    for step in pbar:
+        model.train()
+        m.vision_model.eval()
+        m.vqmodel.eval()
+        for g in opt.param_groups:
+            g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
+        items = sample_batch(rng, batch, single_only=step < 0.08 * steps)
+        inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
+                             [a for _, _, a in items])
+        logits = model(**inp).logits[:, :-1].flatten(0, 1)
+        u_loss = F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
+        gen = gen_batch(rng, batch)
+        with torch.no_grad():
+            codes = m.vqmodel.encode(vq_pixels(processor, np.stack([s.uint8() for _, s in gen]))).image_tokens.view(batch, -1)
+        g_loss = generation_loss(model, processor, [p for p, _ in gen], codes, rng=rng)
+        opt.zero_grad()
+        (u_loss + g_loss).backward()
+        torch.nn.utils.clip_grad_norm_(proj + rest, 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            pbar.set_postfix(answer_loss=f"{u_loss.item():.3f}", image_loss=f"{g_loss.item():.3f}")
+            log.append({"stage": "b", "step": step, "answer_loss": u_loss.item(), "image_loss": g_loss.item()})
+        if eval_every and eval_qas and (step + 1) % eval_every == 0:
+            r = evaluate(fam, model, processor, eval_qas)
+            gq = evaluate_generation(model, processor, n=30)
+            log.append({"stage": "b", "step": step, "eval": r, "generation": gq})
+            write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}; generation {gq}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="data/models/tiny-janus")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps-vq", type=int, default=1000)
+    ap.add_argument("--steps-a", type=int, default=1100)
+    ap.add_argument("--steps-b", type=int, default=3000)
+    ap.add_argument("--batch-vq", type=int, default=32)
+    ap.add_argument("--batch-a", type=int, default=64)
+    ap.add_argument("--batch-b", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--n-heldout", type=int, default=1500)
+    ap.add_argument("--n-generate", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--n-captions", type=int, default=200)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from ..families import FAMILIES
+
+    fam = FAMILIES["Janus"]
+    rng = np.random.default_rng(args.seed)
+    t0 = time.time()
+    model, proc = build(args.seed)
+    log: list = []
+    train_vq(model.model.vqmodel, proc, rng, args.steps_vq, args.batch_vq, 1e-3, log)
+    vq_min = (time.time() - t0) / 60
+    tower = model.model.vision_model
+    patch_acc = train_patch_heads(lambda imgs: tower(pixels(proc, imgs)).last_hidden_state, tower.parameters(),
+                                  tower.config.hidden_size, GRID, PATCH, rng, args.steps_a, args.batch_a, args.lr, log)
+    a_min = (time.time() - t0) / 60 - vq_min
+    train_lm(fam, model, proc, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every,
+             heldout_set(200, seed=999) if args.eval_every else None)
+    train_min = (time.time() - t0) / 60
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(out)
+    proc.save_pretrained(out)
+    model = type(model).from_pretrained(out, dtype=torch.float32)
+    fam.adapt_processor(proc, model.config)
+    held = heldout_set(args.n_heldout)
+    card = {
+        "model": "tiny-janus", "class": type(model).__name__, "family": "Janus", "seed": args.seed, "args": vars(args),
+        "prompt": fam.layout, "generation_prompt": GEN_LAYOUT + " <begin_of_image>", "image_size": IMAGE_SIZE,
+        "patch": PATCH, "vq_tokens": GRID * GRID, "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
+        "recipe": (__doc__ or "").strip().split("\n\n", 2)[2], "vq_minutes": vq_min, "stage_a_minutes": a_min,
+        "stage_a_patch_accuracy": patch_acc, "train_minutes": train_min,
+        "heldout": evaluate(fam, model, proc, held), "heldout_images_shuffled": evaluate(fam, model, proc, held, shuffle_seed=1),
+        "captions": evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)]),
+        "vq_reconstruction": vq_quality(model, proc), "generation": evaluate_generation(model, proc, args.n_generate),
+        "storage_dtype": "float16", "torch": torch.__version__, "log": log,
+    }
+    write_card(out, card)
+    print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "vq_reconstruction",
+                                           "generation", "train_minutes")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Train the shipped tiny ViLT (``ViltForQuestionAnswering``, single-stream fusion) on the world's questions.
+
+    python -m unicache_lib.zoo.train_vilt --out data/models/tiny-vilt --seed 0
+
+One stage: the answer classifier's cross-entropy on the pooled first text token, plus the patch heads of
+:mod:`unicache_lib.zoo.patch_heads` on the last layer's image tokens (weight ``--aux``), which keeps the
+image path from collapsing to the text prior. Image tokens are fed in grid order
+(:func:`unicache_lib.families.vilt.grid_ordered`) so the patch labels line up. The card records held-out
+accuracy per question type and the image-shuffle control.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..families.vilt import grid_ordered
+from ..progress import bar, write
+from ..world.text import ANSWERS
+from .checksums import write_card
+from .patch_heads import PatchHeads, patch_labels
+from .train_llava import TRAIN_QTYPES, heldout_set, lr_at
+from .train_llava import sample_batch as _sample
+
+IMAGE_SIZE, PATCH = 64, 8
+GRID = IMAGE_SIZE // PATCH
+LABELS = sorted({a for t in TRAIN_QTYPES for a in ANSWERS[t]})
+
+
+def build(seed: int, layers: int = 6, heads: int = 8, head_dim: int = 16):
+    """-> (model, processor): a ViLT at tiny width over the world tokenizer, answer classes :data:`LABELS`."""
+    from transformers import ViltForQuestionAnswering
+
+    from ..families import FAMILIES
+    from ..families.base import Shape
+
+    fam = FAMILIES["ViLT"]
+    tok = fam.tokenizer()
+    shape = Shape(layers=layers, heads=heads, head_dim=head_dim, image_size=IMAGE_SIZE, patch=PATCH, extra={"labels": LABELS})
+    torch.manual_seed(seed)
+    return ViltForQuestionAnswering(fam.config(tok, shape)), fam.processor(tok, shape)
+
+
+def encode(processor, questions, images_uint8) -> dict:
+    return dict(processor(images=list(images_uint8), text=list(questions), return_tensors="pt", padding=True))
+
+
+def forward(model, processor, questions, images_uint8):
+    """-> (answer logits ``[B, n_labels]``, last hidden states ``[B, S, d]``), image tokens in grid order."""
+    inp = grid_ordered(model, encode(processor, questions, images_uint8))
+    out = model.vilt(**inp)
+    return model.classifier(out.pooler_output), out.last_hidden_state
+
+
+@torch.no_grad()
+def evaluate(model, processor, qas, shuffle_seed=None, batch=100) -> dict:
+    model.eval()
+    imgs = np.stack([q.scene.uint8() for q in qas])
+    if shuffle_seed is not None:
+        imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
+    pred = []
+    for s in range(0, len(qas), batch):
+        logits = model(**encode(processor, [q.question for q in qas[s : s + batch]], imgs[s : s + batch])).logits
+        pred += [model.config.id2label[int(i)] for i in logits.argmax(-1)]
+    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
+    per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
+    return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
+
+
+def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_qas=None):
+    heads = PatchHeads(model.config.hidden_size, GRID)
+    params = list(model.parameters()) + list(heads.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    label2id = model.config.label2id
+    pbar = bar(range(steps), desc="ViLT: answers + patch heads", mininterval=5)
+    for step in pbar:
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = lr * lr_at(step, steps, min(150, steps // 10 + 1))
+        items = _sample(rng, batch, caption_rate=0.0)
+        imgs = np.stack([qa.scene.uint8() for qa, _, _ in items])
+        logits, hidden = forward(model, processor, [q for _, q, _ in items], imgs)
+        y = torch.tensor([label2id[a] for _, _, a in items])
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        n_img = 1 + GRID * GRID
+        pl = torch.from_numpy(np.stack([patch_labels(qa.scene, PATCH) for qa, _, _ in items]))
+        aux_loss, patch_acc = heads.loss(hidden[:, -n_img + 1:], pl)
+        total = loss + aux * aux_loss
+        opt.zero_grad()
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            acc = (logits.argmax(-1) == y).float().mean().item()
+            pbar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}", patch_acc=f"{patch_acc:.3f}")
+            log.append({"step": step, "loss": loss.item(), "aux_loss": aux_loss.item(), "train_acc": acc,
+                        "patch_acc": patch_acc})
+        if eval_every and eval_qas and (step + 1) % eval_every == 0:
+            r = evaluate(model, processor, eval_qas)
+            log.append({"step": step, "eval": r})
+            write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="data/models/tiny-vilt")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--batch", type=int, default=48)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--n-heldout", type=int, default=1500)
+    ap.add_argument("--eval-every", type=int, default=500)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(args.seed)
+    t0 = time.time()
+    model, proc = build(args.seed)
+    log: list = []
+    train(model, proc, rng, args.steps, args.batch, args.lr, args.aux, log, args.eval_every,
+          heldout_set(200, seed=999) if args.eval_every else None)
+    train_min = (time.time() - t0) / 60
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(out)
+    proc.save_pretrained(out)
+    model = type(model).from_pretrained(out, dtype=torch.float32)
+    held = heldout_set(args.n_heldout)
+    card = {
+        "model": "tiny-vilt", "class": type(model).__name__, "family": "ViLT", "seed": args.seed, "args": vars(args),
+        "prompt": "{question} (text first, then the image's class token and 64 patches)", "image_size": IMAGE_SIZE,
+        "patch": PATCH, "trained_question_types": list(TRAIN_QTYPES), "recipe": (__doc__ or "").strip().split("\n\n", 2)[2],
+        "train_minutes": train_min, "heldout": evaluate(model, proc, held),
+        "heldout_images_shuffled": evaluate(model, proc, held, shuffle_seed=1), "storage_dtype": "float16",
+        "torch": torch.__version__, "log": log,
+    }
+    write_card(out, card)
+    print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "train_minutes")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Train a shipped tiny VLM of a registered family through its own processor: tiny-mllama (cross-attention
+layers) and the understanding side of tiny-janus.
+
+    python -m unicache_lib.zoo.train_vlm --family Mllama --out data/models/tiny-mllama --seed 0
+
+The tiny-llava recipe (:mod:`unicache_lib.zoo.train_llava`), with every batch encoded by the family's
+processor (so prompts, image tokens, cross-attention masks and pixel values are exactly what a user's
+``processor(...)`` call gives):
+
+a. the vision tower alone, with patch heads (:mod:`unicache_lib.zoo.patch_heads`);
+b. the rest with the tower frozen: one question (or caption) per image, loss on the answer tokens only.
+
+A model card (config, data, accuracy per question type, image-shuffle control, captions, time, seed,
+log and weight checksums) is written next to the weights.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..progress import bar, write
+from ..world.text import CAPTION_QUESTION, caption
+from .checksums import write_card
+from .patch_heads import train_patch_heads
+from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, sample_batch
+
+IMAGE_SIZE, PATCH = 64, 8
+GRID = IMAGE_SIZE // PATCH
+
+
+class Recipe:
+    """What differs between families: how to build the model and where its patch features are."""
+
+    family = ""
+    model_name = ""
+
+    def build(self, seed: int):
+        """-> (model, processor) built from code at the shipped shape."""
+        raise NotImplementedError
+
+    def patch_features(self, model, processor, images_uint8) -> torch.Tensor:
+        """``[B, GRID*GRID, d]`` features of the grid patches (row-major) from the vision tower."""
+        raise NotImplementedError
+
+    def tower(self, model) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def tower_dim(self, model) -> int:
+        raise NotImplementedError
+
+    def lm_params(self, model) -> tuple[list, list]:
+        """(projector-like params trained at 3x the rate, the other trainable params)."""
+        raise NotImplementedError
+
+
+def encode(fam, processor, questions, images_uint8, answers=None) -> tuple[dict, torch.Tensor | None]:
+    """Processor inputs for a batch (left-padded, with ``position_ids`` that skip the padding) and, when
+    answers are given, labels ``[B, S]`` that are -100 except on the answer tokens and the closing ``</s>``."""
+    tok = processor.tokenizer
+    prompts = [fam.prompt(processor, q) for q in questions]
+    n_ans = None
+    if answers is not None:
+        n_ans = [len(a.split()) + 1 for a in answers]
+        prompts = [f"{p} {a} {tok.eos_token}" for p, a in zip(prompts, answers)]
+    tok.padding_side = "left"
+    inp = processor(text=prompts, images=[[im] for im in images_uint8], return_tensors="pt", padding=True)
+    mask = inp["attention_mask"]
+    inp["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    if answers is None:
+        return dict(inp), None
+    labels = torch.full_like(inp["input_ids"], -100)
+    for i, n in enumerate(n_ans):
+        labels[i, -n:] = inp["input_ids"][i, -n:]
+    return dict(inp), labels
+
+
+def answer_logits(fam, model, processor, questions, images_uint8, batch=100) -> torch.Tensor:
+    """``[N, vocab]`` float32 logits of the first answer token."""
+    out = []
+    model.eval()
+    p = next(model.parameters())
+    for s in range(0, len(questions), batch):
+        inp, _ = encode(fam, processor, questions[s : s + batch], images_uint8[s : s + batch])
+        inp = {k: (v.to(p.device, p.dtype) if v.is_floating_point() else v.to(p.device)) for k, v in inp.items()}
+        out.append(model(**inp).logits[:, -1].float())
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def evaluate(fam, model, processor, qas, shuffle_seed=None) -> dict:
+    """Exact-match accuracy overall and per question type (optionally with images shuffled across questions)."""
+    imgs = np.stack([q.scene.uint8() for q in qas])
+    if shuffle_seed is not None:
+        imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
+    ids = answer_logits(fam, model, processor, [q.question for q in qas], imgs).argmax(-1).tolist()
+    pred = processor.tokenizer.convert_ids_to_tokens(ids)
+    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
+    per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
+    return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
+
+
+@torch.no_grad()
+def generate_captions(fam, model, processor, images_uint8, max_new_tokens=16, batch=50) -> list[str]:
+    """Greedy captions through ``model.generate``."""
+    tok = processor.tokenizer
+    out = []
+    model.eval()
+    for s in range(0, len(images_uint8), batch):
+        imgs = images_uint8[s : s + batch]
+        inp, _ = encode(fam, processor, [CAPTION_QUESTION] * len(imgs), imgs)
+        inp.pop("position_ids")
+        gen = model.generate(**inp, max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        out += tok.batch_decode(gen[:, inp["input_ids"].shape[1]:], skip_special_tokens=True)
+    return [" ".join(c.split()) for c in out]
+
+
+def evaluate_captions(fam, model, processor, scenes) -> dict:
+    caps = generate_captions(fam, model, processor, np.stack([s.uint8() for s in scenes]))
+    named = [f"{o.colour} {o.shape}" in c for c, s in zip(caps, scenes) for o in s.objects]
+    return {"exact": float(np.mean([c == caption(s) for c, s in zip(caps, scenes)])),
+            "objects_named": float(np.mean(named)), "n": len(scenes),
+            "examples": [[caption(s), c] for s, c in list(zip(scenes, caps))[:5]]}
+
+
+def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, single_frac=0.08):
+    tower = recipe.tower(model)
+    tower.requires_grad_(False)
+    proj, rest = recipe.lm_params(model)
+    opt = torch.optim.AdamW([{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}],
+                            lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warm = min(150, steps // 10 + 1)
+    pbar = bar(range(steps), desc="stage b: language model", mininterval=5)
+    for step in pbar:
+        model.train()
+        tower.eval()
+        for g in opt.param_groups:
+            g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
+        items = sample_batch(rng, batch, single_only=step < single_frac * steps)
+        inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
+                             [a for _, _, a in items])
+        logits = model(**inp).logits[:, :-1].flatten(0, 1)  # the label of position t is predicted at t-1
+        loss = torch.nn.functional.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(proj + rest, 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            pbar.set_postfix(loss=f"{loss.item():.3f}")
+            log.append({"stage": "b", "step": step, "loss": loss.item()})
+        if eval_every and eval_qas and (step + 1) % eval_every == 0:
+            r = evaluate(fam, model, processor, eval_qas)
+            log.append({"stage": "b", "step": step, "eval": r})
+            write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}")
+
+
+class MllamaRecipe(Recipe):
+    """Llama-3.2-Vision layout at tiny width: a one-tile 64 px vision encoder (2 local + 1 global layers),
+    a text model of 6 layers of which 1, 3 and 5 are cross-attention layers (low / middle / top)."""
+
+    family = "Mllama"
+    model_name = "tiny-mllama"
+
+    def shape(self):
+        from ..families.base import Shape
+
+        return Shape(layers=6, heads=8, kv_heads=8, head_dim=16, vision_layers=2, vision_heads=4, vision_head_dim=32,
+                     image_size=IMAGE_SIZE, patch=PATCH,
+                     extra={"cross_every": 2, "global_layers": 1, "intermediate_layers_indices": [1], "max_tiles": 1})
+
+    def build(self, seed):
+        from transformers import MllamaForConditionalGeneration
+
+        from ..families import FAMILIES
+
+        fam = FAMILIES[self.family]
+        tok = fam.tokenizer()
+        torch.manual_seed(seed)
+        model = MllamaForConditionalGeneration(fam.config(tok, self.shape()))
+        fam.activate(model)  # cross-attention gates start open (tanh(1)), not at 0
+        return model, fam.processor(tok, self.shape())
+
+    def tower(self, model):
+        return model.model.vision_model
+
+    def tower_dim(self, model):
+        return model.config.vision_config.vision_output_dim
+
+    def patch_features(self, model, processor, images_uint8):
+        px = processor.image_processor([[im] for im in images_uint8], return_tensors="pt")
+        h = self.tower(model)(px["pixel_values"], px["aspect_ratio_ids"], px["aspect_ratio_mask"]).last_hidden_state
+        return h[:, 0, 0, 1 : 1 + GRID * GRID]  # first image, first tile, after the class token
+
+    def lm_params(self, model):
+        proj = list(model.model.multi_modal_projector.parameters())
+        rest = [p for n, p in model.named_parameters()
+                if p.requires_grad and "multi_modal_projector" not in n and "vision_model" not in n]
+        return proj, rest
+
+
+RECIPES = {r.family: r for r in (MllamaRecipe(),)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", default="Mllama", choices=sorted(RECIPES))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps-a", type=int, default=1100)
+    ap.add_argument("--steps-b", type=int, default=3000)
+    ap.add_argument("--batch-a", type=int, default=64)
+    ap.add_argument("--batch-b", type=int, default=48)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--n-heldout", type=int, default=1500)
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--n-captions", type=int, default=200)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from ..families import FAMILIES
+
+    recipe = RECIPES[args.family]
+    fam = FAMILIES[recipe.family]
+    rng = np.random.default_rng(args.seed)
+    t0 = time.time()
+    model, proc = recipe.build(args.seed)
+    log: list = []
+    patch_acc = train_patch_heads(lambda imgs: recipe.patch_features(model, proc, imgs), recipe.tower(model).parameters(),
+                                  recipe.tower_dim(model), GRID, PATCH, rng, args.steps_a, args.batch_a, args.lr, log)
+    t_a = time.time() - t0
+    quick = heldout_set(200, seed=999) if args.eval_every else None
+    train_lm(recipe, fam, model, proc, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick)
+    train_min = (time.time() - t0) / 60
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.float16).save_pretrained(out)
+    proc.save_pretrained(out)
+    # the bar is measured on what ships: the fp16 checkpoint reloaded through from_pretrained
+    model = type(model).from_pretrained(out, dtype=torch.float32)
+    held = heldout_set(args.n_heldout)
+    res = evaluate(fam, model, proc, held)
+    shuf = evaluate(fam, model, proc, held, shuffle_seed=1)
+    cap = evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)])
+    card = {
+        "model": recipe.model_name, "class": type(model).__name__, "family": recipe.family, "seed": args.seed,
+        "args": vars(args), "prompt": fam.layout, "image_size": IMAGE_SIZE, "patch": PATCH,
+        "trained_question_types": list(TRAIN_QTYPES) + ["caption"], "recipe": (recipe.__doc__ or "").strip(),
+        "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a / 60, "train_minutes": train_min,
+        "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",
+        "torch": torch.__version__, "log": log,
+    }
+    write_card(out, card)
+    print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "train_minutes")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
