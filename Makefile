@@ -99,8 +99,8 @@ gpu-rehearsal: setup
 replicate: setup
 	$(BIN)/python -m unicache_lib.replicate --seeds 1 2 $(if $(QUICK),--quick)
 
-## models: retrain the shipped models from scratch (about 3 h of CPU in all: the model cards record 188 training
-##         minutes, one thread per run; not part of CI)
+## models: retrain the shipped models from scratch (about 7 h of CPU in all: the model cards record the training
+##         minutes of every run, one thread each; not part of CI)
 models: setup
 	$(BIN)/python -m unicache_lib.world.samples --out data/samples
 	$(BIN)/python -m unicache_lib.zoo.train_llava --out runs/tiny-llava-a --seed 0
@@ -111,6 +111,15 @@ models: setup
 	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --out runs/tiny-pixart-a --seed 0 --threads 1
 	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --init-from runs/tiny-pixart-a --out data/models/tiny-pixart \
 	  --steps 3000 --lr 5e-4 --seed 1 --threads 1
+	# the study's other architectures (notebook 07)
+	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --out runs/tiny-mllama-a --seed 0 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-a --out data/models/tiny-mllama \
+	  --seed 1 --steps-a 0 --steps-b 2500 --lr 1e-3 --qtype-weights exists=3,position=2 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train_vilt --out runs/tiny-vilt-a --seed 0 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train_vilt --init-from runs/tiny-vilt-a --out data/models/tiny-vilt --seed 1 --steps 1500 \
+	  --lr 5e-4 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train_clip --out data/models/tiny-clip --seed 0 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train_janus --out data/models/tiny-janus --seed 0 --threads 1 --eval-every 1000
 
 ## clean-outputs: delete outputs/ (executed notebooks, figures, scoreboards, stores); committed files are untouched
 clean-outputs:

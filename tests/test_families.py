@@ -322,7 +322,7 @@ def test_unknown_family_is_refused_by_loader_and_capture(tmp_path, tokenizer):
         assert "'llama'" in msg and "To add one" in msg
         for fam in FAMILIES.values():
             assert fam.name in msg
-    assert len(FAMILIES) == 10
+    assert len(FAMILIES) == 13
 
 
 def test_statistics_refuse_a_map_that_breaks_its_mask():
@@ -410,4 +410,4 @@ def test_a_family_file_registers_itself_as_the_error_message_says():
         path.unlink()
         FAMILIES.pop("Toy", None)
         sys.modules.pop("unicache_lib.families.zz_toy_family_for_test", None)
-    assert len(FAMILIES) == 10
+    assert len(FAMILIES) == 13

@@ -97,7 +97,7 @@ def test_a_typo_fails_at_once_listing_the_shipped_models_and_families(online):
 
     from unicache_lib.zoo.loaders import SHIPPED, ModelNotFoundError
 
-    for load, typo, meant in [(load_understanding, "tiny-llama", "tiny-llava"), (load_generator, "tiny-mdit", "tiny-mmdit")]:
+    for load, typo, meant in [(load_understanding, "tiny-lava", "tiny-llava"), (load_generator, "tiny-mdit", "tiny-mmdit")]:
         t0 = time.perf_counter()
         with pytest.raises(ModelNotFoundError, match=f"Did you mean '{meant}'") as e:
             load(typo)

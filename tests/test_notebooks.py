@@ -166,3 +166,27 @@ def test_06_diagnostics_quick(tmp_path):
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count("<img") >= 4 and "http" not in page.split("<body>")[1]  # self-contained
     assert (tmp_path / "neglect_detector.png").stat().st_size > 1000
+
+
+def test_07_architectures_quick(tmp_path):
+    run_notebook("07_architectures.ipynb", tmp_path, PER_TYPE=1, N_QUESTIONS=60, N_CAPTIONS=4, N_GEN_PROMPTS=2,
+                 GEN_STEPS=3, N_DRAWINGS=1)
+    board = scoreboard(tmp_path)
+    check_rows(board, {"A1", "A2", "A3", "A4", "A5", "A6"})
+    assert board["A1"]["n"] == 5 and board["A1"]["unit"] == "samples"
+    a2 = {c["name"]: c for c in board["A2"]["criteria"]}
+    assert a2["b"]["n"] == 60 and a2["b"]["unit"] == "questions"  # the ablation is scored per held-out question
+    assert {c["name"] for c in board["A3"]["criteria"]} == {"a", "b", "c", "d"}
+    assert board["A5"]["unit"] == "images" and board["A5"]["n"] >= 2
+    for fig in ("reading_by_depth", "head_roles", "vilt_blocks", "janus_drawing"):
+        assert (tmp_path / f"{fig}.png").stat().st_size > 1000
+
+
+def test_07_leaves_a_model_out_by_parameter(tmp_path):
+    """A role set to None drops its sections; its claims say why they are not measured."""
+    run_notebook("07_architectures.ipynb", tmp_path, PER_TYPE=1, N_QUESTIONS=20, N_CAPTIONS=2, N_GEN_PROMPTS=2,
+                 GEN_STEPS=2, N_DRAWINGS=1, LLAVA=None, VILT=None, CLIP=None, MMDIT=None, PIXART=None)
+    board = scoreboard(tmp_path)
+    for c in ("A1", "A2", "A4"):
+        assert board[c]["verdict"] == "not measurable here" and "= None" in board[c]["note"]
+    assert board["A3"]["verdict"] != "not measurable here"

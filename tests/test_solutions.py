@@ -32,7 +32,7 @@ def s02():
 def test_every_notebook_exercise_has_a_solution():
     import re
 
-    for src in sorted((SOLUTIONS.parent / "notebooks" / "src").glob("0[1-6]_*.py")):
+    for src in sorted((SOLUTIONS.parent / "notebooks" / "src").glob("0[1-7]_*.py")):
         text = src.read_text()
         n = len(re.findall(r"^# (\d+)\. ", text.split("## Exercises")[1], re.M))
         mod = load(src.stem)
@@ -295,3 +295,24 @@ def test_library_options_the_solutions_use_refuse_bad_input_with_a_working_fix(s
     one = answer_attention(model, processor, qas, progress=False, layers=[0])
     every = answer_attention(model, processor, qas, progress=False)
     assert (one.coverage != every.coverage).any() and (one.prediction == every.prediction).all()
+
+
+@pytest.fixture(scope="module")
+def s07():
+    return load("07_architectures")
+
+
+def test_07_vilt_needs_its_text_to_read_the_image(s07):
+    acc = s07.exercise_1(quick=True)["_acc"]
+    assert acc["healthy"] >= 0.9 and acc["text blind to the image"] <= 0.5, acc
+
+
+def test_07_mllama_question_focus_per_cross_layer(s07):
+    by = s07.exercise_2(quick=True)["_by_layer"]
+    assert list(by.index) == [1, 3, 5]  # the three cross-attention layers
+    assert by.iou.max() > by.chance_iou.max()  # some cross layer lands on the asked object more than chance
+
+
+def test_07_janus_task_switch_per_layer(s07):
+    t = s07.exercise_3(quick=True)["_by_layer"]
+    assert list(t.index) == [0, 1, 2, 3] and t[["describe", "answer"]].stack().between(0, 1).all()

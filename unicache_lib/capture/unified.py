@@ -11,6 +11,8 @@ generation_mode="image")``'s, tested) and records the conditional row of every s
 """
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import torch
 
 from ..modality import IMAGE, TEXT, Spans
@@ -57,14 +59,15 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
     emb = model.get_input_embeddings()(torch.cat([ids, uncond]))
     P = ids.shape[1]
     hidden = {}
-    hook = model.model.language_model.register_forward_hook(lambda m, a, k, out: hidden.__setitem__("h", out.last_hidden_state),
-                                                            with_kwargs=True)
     cap = AttentionCapture(model, mode, layers=layers, spans=Spans((TEXT,) * P), sample_ids=[f"{sample_id}/t0", "uncond"]) \
         if capture else None
     tokens = torch.zeros(n, dtype=torch.long, device=dev)
-    try:
+    with ExitStack() as stack:  # the hook and the capture are removed on exit, also on error
+        h = model.model.language_model.register_forward_hook(
+            lambda m, a, k, out: hidden.__setitem__("h", out.last_hidden_state), with_kwargs=True)
+        stack.callback(h.remove)
         if cap is not None:
-            cap.__enter__()
+            stack.enter_context(cap)
         cache = None
         for k in range(n):
             L = P + k
@@ -73,16 +76,12 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
                         logits_to_keep=1)
             cache = out.past_key_values
             scores = model.model.generation_head(hidden["h"][:, -1]).float()
-            mixed = scores[1] + guidance * (scores[0] - scores[1])
+            mixed = scores[1] + guidance * (scores[0] - scores[1])  # uncond + g * (cond - uncond)
             tokens[k] = mixed.argmax()
             emb = model.prepare_embeddings_for_image_generation(tokens[k].repeat(2)[:, None])
             if cap is not None:
                 cap.spans = Spans((TEXT,) * P + (IMAGE,) * (k + 1))
                 cap.sample_ids = iter([f"{sample_id}/t{k + 1}", "uncond"])
-    finally:
-        hook.remove()
-        if cap is not None:
-            cap.__exit__(None, None, None)
     result = CaptureResult()
     if cap is not None:
         # the unconditional row is guidance machinery, not the drawing: keep the conditional row only;

@@ -22,6 +22,7 @@ import torch
 from ..progress import bar, write
 from ..world.text import caption
 from .checksums import write_card
+from .shipping import load_previous, save_and_reload
 from .patch_heads import PatchHeads, patch_labels
 from .train_llava import TRAIN_QTYPES, heldout_set, lr_at
 
@@ -123,6 +124,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--init-from", default=None,
+                    help="continue from a saved checkpoint (a second schedule); the card keeps the earlier run")
     ap.add_argument("--n-heldout", type=int, default=200)
     ap.add_argument("--eval-every", type=int, default=500)
     args = ap.parse_args(argv)
@@ -130,16 +133,17 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    model, proc = build(args.seed)
+    previous = None
+    if args.init_from:
+        model, proc, previous = load_previous(args.init_from, "CLIPModel")
+    else:
+        model, proc = build(args.seed)
     log: list = []
     train(model, proc, rng, args.steps, args.batch, args.lr, args.aux, log, args.eval_every,
           [q.scene for q in heldout_set(200, seed=999)] if args.eval_every else None)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(out)
-    proc.save_pretrained(out)
-    model = type(model).from_pretrained(out, dtype=torch.float32)
+    model = save_and_reload(model, proc, out)  # every number below is measured on what ships
     held = [q.scene for q in heldout_set(args.n_heldout)]
     card = {
         "model": "tiny-clip", "class": type(model).__name__, "family": "CLIP", "seed": args.seed, "args": vars(args),
@@ -147,7 +151,7 @@ def main(argv=None):
         "image_size": IMAGE_SIZE, "patch": PATCH, "recipe": (__doc__ or "").strip().split("\n\n", 2)[2],
         "train_minutes": train_min, "heldout_recall": recall_at_1(model, proc, held),
         "heldout_recall_captions_shuffled": recall_at_1(model, proc, held, shuffle_seed=1),
-        "storage_dtype": "float16", "torch": torch.__version__, "log": log,
+        "storage_dtype": "float16", "torch": torch.__version__, "log": log, "previous_run": previous,
     }
     write_card(out, card)
     print(json.dumps({k: card[k] for k in ("heldout_recall", "heldout_recall_captions_shuffled", "train_minutes")}, indent=1))

@@ -34,6 +34,7 @@ from ..world.scenes import make_scene
 from ..world.segment import score_object
 from ..world.text import short_prompt
 from .checksums import write_card
+from .shipping import save_and_reload
 from .patch_heads import train_patch_heads
 from .train_generator import eval_prompts
 from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, sample_batch
@@ -187,23 +188,28 @@ def generation_loss(model, processor, prompts, codes, blank=0.1, rng=None):
 
 
 @torch.no_grad()
-def generate_images(model, processor, prompts, guidance=3.0, batch=50) -> np.ndarray:
-    """Greedy, classifier-free-guided generation through ``generate(generation_mode="image")`` -> uint8 images."""
+def generate_images(model, processor, prompts, guidance=3.0, batch=50, sample_seed: int | None = None) -> np.ndarray:
+    """Guided generation through ``generate(generation_mode="image")`` -> uint8 images: greedy, or sampled at
+    temperature 1 from ``torch.manual_seed(sample_seed)`` (what Janus's own examples do)."""
     model.eval()
     out = []
+    if sample_seed is not None:
+        torch.manual_seed(sample_seed)
     for s in range(0, len(prompts), batch):
         inp = gen_inputs(processor, prompts[s : s + batch])
         tokens = model.generate(inp["input_ids"], attention_mask=inp["attention_mask"], generation_mode="image",
-                                guidance_scale=guidance, do_sample=False, num_return_sequences=1)
+                                guidance_scale=guidance, do_sample=sample_seed is not None, num_return_sequences=1)
         out.append(to_uint8(model.decode_image_tokens(tokens)))
     return np.concatenate(out)
 
 
-def evaluate_generation(model, processor, n=100, guidance=3.0) -> dict:
+def evaluate_generation(model, processor, n=100, guidance=3.0, sample_seed: int | None = None) -> dict:
+    """Colour / position / shape of ``n`` one-object drawings by the world's checker (greedy unless ``sample_seed``)."""
     objs = eval_prompts(n)
-    imgs = generate_images(model, processor, [short_prompt([o]) for o in objs], guidance)
+    imgs = generate_images(model, processor, [short_prompt([o]) for o in objs], guidance, sample_seed=sample_seed)
     scores = [score_object(im, o) for im, o in zip(imgs, objs)]
-    return {k: float(np.mean([s[k] for s in scores])) for k in scores[0]} | {"n": n, "guidance": guidance}
+    return {k: float(np.mean([s[k] for s in scores])) for k in scores[0]} | {
+        "n": n, "guidance": guidance, "decoding": "greedy" if sample_seed is None else f"sampled (seed {sample_seed})"}
 
 
 def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None):
@@ -282,10 +288,7 @@ def main(argv=None):
              heldout_set(200, seed=999) if args.eval_every else None)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(out)
-    proc.save_pretrained(out)
-    model = type(model).from_pretrained(out, dtype=torch.float32)
+    model = save_and_reload(model, proc, out)  # every number below is measured on what ships
     fam.adapt_processor(proc, model.config)
     held = heldout_set(args.n_heldout)
     card = {
@@ -297,6 +300,7 @@ def main(argv=None):
         "heldout": evaluate(fam, model, proc, held), "heldout_images_shuffled": evaluate(fam, model, proc, held, shuffle_seed=1),
         "captions": evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)]),
         "vq_reconstruction": vq_quality(model, proc), "generation": evaluate_generation(model, proc, args.n_generate),
+        "generation_sampled": evaluate_generation(model, proc, args.n_generate, sample_seed=0),
         "storage_dtype": "float16", "torch": torch.__version__, "log": log,
     }
     write_card(out, card)

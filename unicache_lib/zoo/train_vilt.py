@@ -22,6 +22,7 @@ from ..families.vilt import grid_ordered
 from ..progress import bar, write
 from ..world.text import ANSWERS
 from .checksums import write_card
+from .shipping import load_previous, save_and_reload
 from .patch_heads import PatchHeads, patch_labels
 from .train_llava import TRAIN_QTYPES, heldout_set, lr_at
 from .train_llava import sample_batch as _sample
@@ -64,7 +65,8 @@ def evaluate(model, processor, qas, shuffle_seed=None, batch=100) -> dict:
         imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
     pred = []
     for s in range(0, len(qas), batch):
-        logits = model(**encode(processor, [q.question for q in qas[s : s + batch]], imgs[s : s + batch])).logits
+        inp = grid_ordered(model, encode(processor, [q.question for q in qas[s : s + batch]], imgs[s : s + batch]))
+        logits = model(**inp).logits  # (grid order: the same answers on every run)
         pred += [model.config.id2label[int(i)] for i in logits.argmax(-1)]
     ok = np.array([p == q.answer for p, q in zip(pred, qas)])
     per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
@@ -114,6 +116,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--init-from", default=None,
+                    help="continue from a saved checkpoint (a second schedule); the card keeps the earlier run")
     ap.add_argument("--n-heldout", type=int, default=1500)
     ap.add_argument("--eval-every", type=int, default=500)
     args = ap.parse_args(argv)
@@ -121,16 +125,17 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    model, proc = build(args.seed)
+    previous = None
+    if args.init_from:
+        model, proc, previous = load_previous(args.init_from, "ViltForQuestionAnswering")
+    else:
+        model, proc = build(args.seed)
     log: list = []
     train(model, proc, rng, args.steps, args.batch, args.lr, args.aux, log, args.eval_every,
           heldout_set(200, seed=999) if args.eval_every else None)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(out)
-    proc.save_pretrained(out)
-    model = type(model).from_pretrained(out, dtype=torch.float32)
+    model = save_and_reload(model, proc, out)  # every number below is measured on what ships
     held = heldout_set(args.n_heldout)
     card = {
         "model": "tiny-vilt", "class": type(model).__name__, "family": "ViLT", "seed": args.seed, "args": vars(args),
@@ -138,7 +143,7 @@ def main(argv=None):
         "patch": PATCH, "trained_question_types": list(TRAIN_QTYPES), "recipe": (__doc__ or "").strip().split("\n\n", 2)[2],
         "train_minutes": train_min, "heldout": evaluate(model, proc, held),
         "heldout_images_shuffled": evaluate(model, proc, held, shuffle_seed=1), "storage_dtype": "float16",
-        "torch": torch.__version__, "log": log,
+        "torch": torch.__version__, "log": log, "previous_run": previous,
     }
     write_card(out, card)
     print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "train_minutes")}, indent=1))

@@ -26,6 +26,7 @@ import torch
 from ..progress import bar, write
 from ..world.text import CAPTION_QUESTION, caption
 from .checksums import write_card
+from .shipping import load_previous, save_and_reload
 from .patch_heads import train_patch_heads
 from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, sample_batch
 
@@ -128,7 +129,8 @@ def evaluate_captions(fam, model, processor, scenes) -> dict:
             "examples": [[caption(s), c] for s, c in list(zip(scenes, caps))[:5]]}
 
 
-def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, single_frac=0.08):
+def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, single_frac=0.08,
+             weights=None):
     tower = recipe.tower(model)
     tower.requires_grad_(False)
     proj, rest = recipe.lm_params(model)
@@ -141,7 +143,7 @@ def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_eve
         tower.eval()
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
-        items = sample_batch(rng, batch, single_only=step < single_frac * steps)
+        items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights)
         inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
                              [a for _, _, a in items])
         logits = model(**inp).logits[:, :-1].flatten(0, 1)  # the label of position t is predicted at t-1
@@ -220,6 +222,9 @@ def main(argv=None):
     ap.add_argument("--n-heldout", type=int, default=1500)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--n-captions", type=int, default=200)
+    ap.add_argument("--init-from", default=None,
+                    help="continue from a saved checkpoint (stage b only; pass --steps-a 0); the card keeps the earlier run")
+    ap.add_argument("--qtype-weights", default="", help="e.g. exists=3 (others 1): skew the question mix")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -229,20 +234,24 @@ def main(argv=None):
     fam = FAMILIES[recipe.family]
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    model, proc = recipe.build(args.seed)
+    previous = None
+    if args.init_from:
+        model, proc, previous = load_previous(args.init_from, fam.model_class)
+        proc = fam.adapt_processor(proc, model.config)
+    else:
+        model, proc = recipe.build(args.seed)
     log: list = []
     patch_acc = train_patch_heads(lambda imgs: recipe.patch_features(model, proc, imgs), recipe.tower(model).parameters(),
-                                  recipe.tower_dim(model), GRID, PATCH, rng, args.steps_a, args.batch_a, args.lr, log)
+                                  recipe.tower_dim(model), GRID, PATCH, rng, args.steps_a, args.batch_a, args.lr, log) \
+        if args.steps_a else (previous or {}).get("stage_a_patch_accuracy", float("nan"))
     t_a = time.time() - t0
     quick = heldout_set(200, seed=999) if args.eval_every else None
-    train_lm(recipe, fam, model, proc, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick)
+    weights = {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
+    train_lm(recipe, fam, model, proc, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick,
+             single_frac=0.0 if args.init_from else 0.08, weights=weights)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(out)
-    proc.save_pretrained(out)
-    # the bar is measured on what ships: the fp16 checkpoint reloaded through from_pretrained
-    model = type(model).from_pretrained(out, dtype=torch.float32)
+    model = save_and_reload(model, proc, out)  # every number below is measured on what ships
     held = heldout_set(args.n_heldout)
     res = evaluate(fam, model, proc, held)
     shuf = evaluate(fam, model, proc, held, shuffle_seed=1)
@@ -253,7 +262,7 @@ def main(argv=None):
         "trained_question_types": list(TRAIN_QTYPES) + ["caption"], "recipe": (recipe.__doc__ or "").strip(),
         "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a / 60, "train_minutes": train_min,
         "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",
-        "torch": torch.__version__, "log": log,
+        "torch": torch.__version__, "log": log, "previous_run": previous,
     }
     write_card(out, card)
     print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "train_minutes")}, indent=1))
