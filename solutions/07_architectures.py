@@ -94,8 +94,8 @@ def exercise_3(quick: bool = False) -> dict:
     """Exercise 3 (★★★): A5 per layer. In which layers does the answer token read the image more than the caption
     tokens do?
 
-    Expected on tiny-janus: see the printed table (image share of the producing query per layer, describing vs
-    answering, on the same images).
+    Expected on tiny-janus (20 images): answering reads the image less in layers 0-1 (0.33 vs 0.49, 0.71 vs 0.77) and a
+    little more in layers 2-3 (0.76 vs 0.70, 0.68 vs 0.66); over all layers the two tasks are about equal (A5).
     """
     from unicache_lib.analysis.architectures import generated_share
     from unicache_lib.capture.decode import decode_with_capture
@@ -113,7 +113,7 @@ def exercise_3(quick: bool = False) -> dict:
         a = generated_share(ares, f"a{i}", 1)[0]
         rows += [{"image": i, "layer": li, "describe": float(d[li]), "answer": float(a[li])} for li in range(len(d))]
     t = pd.DataFrame(rows).groupby("layer")[["describe", "answer"]].mean()
-    t["answer - describe"] = t.answer - t.describe
+    t["answer - describe"] = t["answer"] - t["describe"]
     print(t.round(3).to_string())
     return {"_by_layer": t}
 

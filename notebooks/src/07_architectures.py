@@ -157,6 +157,19 @@ def card_line(role, name):
 WrappedTable(pd.DataFrame([card_line(r, n) for r, n in NAME.items() if n is not None]))
 
 # %% [markdown]
+# **Not every model reached its bar.** Training ran on two CPU cores with a fixed budget; a card whose target was
+# not reached says so, and the measurements below are taken on the model as it is. Read those sections with the
+# shortfall in mind: a model that answers "is there a …?" at chance has not learned to bind colour and shape on
+# one object, and a model whose drawings ignore the prompt shows how drawing attention looks *without* conditioning.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for role, name in NAME.items():
+    target = model_card(name).get("target", {}) if name is not None else {}
+    if target and not target.get("reached", True):
+        print(f"{role} ({name}): {target['note']}\n")
+
+# %% [markdown]
 # ## 2. Capture once per model
 #
 # Each understanding-side model reads the 20 standard samples with their questions, in `stats` mode (statistics
@@ -427,9 +440,12 @@ if ML in models:
 # %%
 # NBVAL_CHECK_OUTPUT
 if ML in models:
-    summary = CW.groupby("level", sort=False).agg(
-        entropy=("norm_entropy", "mean"), object_focus=("object_focus", "mean"),
-        half_selectivity=("half_selectivity", "mean"), background=("background_mass", "mean"))
+    obj_words = CW[CW.kind != "position"]  # colour and shape words: their object; position words: their half
+    summary = pd.DataFrame({
+        "entropy": CW.groupby("level", sort=False).norm_entropy.mean(),
+        "object_focus (colour, shape words)": obj_words.groupby("level", sort=False).object_focus.mean(),
+        "half_selectivity (position words)": CW.groupby("level", sort=False).half_selectivity.mean(),
+        "background": CW.groupby("level", sort=False).background_mass.mean()})
     print(summary.round(3).to_string())
 
 # %% [markdown]
@@ -594,8 +610,10 @@ elif JN in models:
         board.measure("A6", auroc_interval(-TH.share.to_numpy(), TH.error.to_numpy(), unit="caption thirds"),
                       criterion="b", shown="AUROC, low share -> error")
     else:
+        a6 = bootstrap(series, AR.lag1, "captions")
         board.measure("A6", None, criterion="b", note=f"{int(TH.error.sum())} of {len(TH)} caption thirds hold an error: "
-                      "too few errors to tell drift from chance (raise N_CAPTIONS)")
+                      f"too few errors to tell drift from chance (raise N_CAPTIONS); (a) alone: lag-1 correlation "
+                      f"{a6.value:.2f} [{a6.lo:.2f}, {a6.hi:.2f}] over {a6.n} captions")
 else:
     board.measure("A5", None, note="no unified model (UNIFIED = None)")
     board.measure("A6", None, note="no unified model (UNIFIED = None)")
@@ -620,7 +638,8 @@ if VL in models:
           + ("the text *is* injected into the image tokens and the answer needs it." if healthy.mean() - blind.mean() > 0.02
              else "the image tokens do not need the text."))
 if ML in models and len(cross_layers) == 3:
-    s3 = CW.groupby("level").agg(e=("norm_entropy", "mean"), f=("object_focus", "mean"), b=("background_mass", "mean"))
+    s3 = pd.DataFrame({"e": CW.groupby("level").norm_entropy.mean(), "f": obj_words.groupby("level").object_focus.mean(),
+                       "b": CW.groupby("level").background_mass.mean()})
     print(f"- Mllama's cross-attention layers, low / middle / top: entropy {s3.e['low']:.2f} / {s3.e['middle']:.2f} / "
           f"{s3.e['top']:.2f}, object focus {s3.f['low']:.1f} / {s3.f['middle']:.1f} / {s3.f['top']:.1f}x, background "
           f"{s3.b['low']:.2f} / {s3.b['middle']:.2f} / {s3.b['top']:.2f} (A3 {v['A3']}).")
@@ -652,4 +671,6 @@ if JN in models and len(describe) >= 2:
 #    word's [selectivity](../docs/GLOSSARY.md#selectivity) is below 1 in every layer (0.77 / 0.74 / 0.62): its
 #    attention covers the asked object more than chance, but per patch it reads the other objects as much or more.
 # 3. ★★★ Measure A5 per layer instead of over all layers: in which layers does answering read the image more than
-#    describing? *Expected:* EXP3
+#    describing? *Expected:* on tiny-janus (20 images) answering reads the image *less* in layers 0–1
+#    (0.33 vs 0.49, 0.71 vs 0.77) and a little more in layers 2–3 (0.76 vs 0.70, 0.68 vs 0.66): averaged over layers
+#    the two tasks are about equal, which is what A5 found.
