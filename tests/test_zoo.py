@@ -106,24 +106,18 @@ def test_tiny_clip_retrieves_the_scene_its_caption_describes():
     assert card["heldout_recall"]["n"] == 200 and card["heldout_recall"]["text_to_image"] >= 0.90
 
 
-def test_tiny_janus_drawing_path_works_and_its_card_states_the_shortfall():
-    """The VQ-VAE reconstructs what the world's checker needs, the model draws non-blank images through
-    ``generate(generation_mode="image")``, and a drawing score under the issue's bars (colour 90%, position 80%) is
-    stated on the card, never left silent."""
-    from unicache_lib.world.segment import colour_labels
-    from unicache_lib.world.text import short_prompt
-    from unicache_lib.zoo.train_janus import eval_prompts, generate_images, vq_quality
+def test_tiny_janus_draws_what_the_prompt_asks():
+    """Colour and position of 40 one-object drawings (guided, greedy), by the world's checker: the issue's bars."""
+    from unicache_lib.zoo.train_janus import evaluate_generation, vq_quality
 
     model, proc = load_understanding("tiny-janus")
-    rec = vq_quality(model, proc, n=20)
+    r = evaluate_generation(model, proc, n=40)
+    assert r["colour"] >= 0.9 and r["position"] >= 0.8, r
+    rec = vq_quality(model, proc, n=20)  # the VQ-VAE alone: what any drawing is limited by
     assert rec["colour"] >= 0.9 and rec["position"] >= 0.9 and rec["psnr_db"] > 25, rec
-    imgs = generate_images(model, proc, [short_prompt([o]) for o in eval_prompts(8)])
-    assert imgs.shape == (8, 32, 32, 3) and min(float((colour_labels(im) > 0).mean()) for im in imgs) > 0.02
     card = json.loads((MODELS_DIR / "tiny-janus" / "model_card.json").read_text())
-    g = card["generation"]
-    assert g["n"] >= 100
-    if g["colour"] < 0.9 or g["position"] < 0.8:
-        assert card["target"]["reached"] is False and "do not follow the prompt" in card["target"]["note"]
+    assert card["generation"]["n"] >= 100 and card["generation"]["colour"] >= 0.9
+    assert card["target"]["reached"]["understanding"] is False  # 77% < 90%: stated, not silent
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ b.  Aligner, language model and the generation modules with encoder and VQ-VAE f
 
 The card records held-out VQA accuracy per question type, the image-shuffle control, captions, the
 VQ-VAE's reconstruction (PSNR and the world's checker on reconstructions) and generated images scored by
-the world's checker (:func:`unicache_lib.world.segment.score_object`) with guidance.
+the world's checker (:func:`unicache_lib.world.segment.score_object`) with guidance, drawn by the workbench's own
+guided loop (:func:`generate_images` says why not ``model.generate``).
 """
 from __future__ import annotations
 
@@ -188,28 +189,28 @@ def generation_loss(model, processor, prompts, codes, blank=0.1, rng=None):
 
 
 @torch.no_grad()
-def generate_images(model, processor, prompts, guidance=3.0, batch=50, sample_seed: int | None = None) -> np.ndarray:
-    """Guided generation through ``generate(generation_mode="image")`` -> uint8 images: greedy, or sampled at
-    temperature 1 from ``torch.manual_seed(sample_seed)`` (what Janus's own examples do)."""
+def generate_images(model, processor, prompts, guidance=3.0) -> np.ndarray:
+    """Greedy, classifier-free-guided drawings -> uint8 images ``[N, 32, 32, 3]``, one prompt at a time through
+    :func:`unicache_lib.capture.unified.generate_image_with_capture` (capture off). Not ``model.generate(...,
+    generation_mode="image")``: in transformers 5.2 that loop feeds ``<begin_of_image>`` again at every step instead
+    of the token just drawn (``prepare_inputs_for_generation`` keeps ``inputs_embeds`` only on a first iteration that
+    Janus never marks), so its images do not follow the prompt."""
+    from ..capture.unified import generate_image_with_capture
+
     model.eval()
     out = []
-    if sample_seed is not None:
-        torch.manual_seed(sample_seed)
-    for s in range(0, len(prompts), batch):
-        inp = gen_inputs(processor, prompts[s : s + batch])
-        tokens = model.generate(inp["input_ids"], attention_mask=inp["attention_mask"], generation_mode="image",
-                                guidance_scale=guidance, do_sample=sample_seed is not None, num_return_sequences=1)
-        out.append(to_uint8(model.decode_image_tokens(tokens)))
-    return np.concatenate(out)
+    for p in prompts:
+        tokens, _ = generate_image_with_capture(model, gen_inputs(processor, [p])["input_ids"], guidance, capture=False)
+        out.append(to_uint8(model.decode_image_tokens(tokens[None].to(next(model.parameters()).device)))[0])
+    return np.stack(out)
 
 
-def evaluate_generation(model, processor, n=100, guidance=3.0, sample_seed: int | None = None) -> dict:
-    """Colour / position / shape of ``n`` one-object drawings by the world's checker (greedy unless ``sample_seed``)."""
+def evaluate_generation(model, processor, n=100, guidance=3.0) -> dict:
+    """Colour / position / shape of ``n`` one-object drawings (greedy, guided) by the world's checker."""
     objs = eval_prompts(n)
-    imgs = generate_images(model, processor, [short_prompt([o]) for o in objs], guidance, sample_seed=sample_seed)
+    imgs = generate_images(model, processor, [short_prompt([o]) for o in objs], guidance)
     scores = [score_object(im, o) for im, o in zip(imgs, objs)]
-    return {k: float(np.mean([s[k] for s in scores])) for k in scores[0]} | {
-        "n": n, "guidance": guidance, "decoding": "greedy" if sample_seed is None else f"sampled (seed {sample_seed})"}
+    return {k: float(np.mean([s[k] for s in scores])) for k in scores[0]} | {"n": n, "guidance": guidance}
 
 
 def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None):
@@ -300,7 +301,6 @@ def main(argv=None):
         "heldout": evaluate(fam, model, proc, held), "heldout_images_shuffled": evaluate(fam, model, proc, held, shuffle_seed=1),
         "captions": evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)]),
         "vq_reconstruction": vq_quality(model, proc), "generation": evaluate_generation(model, proc, args.n_generate),
-        "generation_sampled": evaluate_generation(model, proc, args.n_generate, sample_seed=0),
         "storage_dtype": "float16", "torch": torch.__version__, "log": log,
     }
     write_card(out, card)
