@@ -122,6 +122,9 @@ def image_queries_blind_to_text(model, n_image: int):
     from ..families import family_of
 
     fam = family_of(model)
+    if fam.name != "ViLT":  # other families pass their masks otherwise (kwargs, causal implied): a mask added here would
+        raise ValueError(f"image_queries_blind_to_text edits ViLT's additive attention mask; {fam.name} builds its masks "
+                         f"otherwise and would attend over a mask this hook did not mean. Pass a ViLT model")
     handles = []
 
     def pre(module, args, kwargs):

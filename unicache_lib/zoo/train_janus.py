@@ -155,10 +155,8 @@ def vq_quality(model, processor, n=100, seed=31) -> dict:
 
 def gen_batch(rng, n):
     """``n`` one-object generation items: (prompt, scene)."""
-    from .train_generator import eval_prompts as _combos
-
     out = []
-    for o in _combos(n, seed=int(rng.integers(1 << 31))):
+    for o in eval_prompts(n, seed=int(rng.integers(1 << 31))):
         out.append((short_prompt([o]), make_scene(rng, "single", IMAGE_SIZE, fixed=[o])))
     return out
 

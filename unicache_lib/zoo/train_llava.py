@@ -114,23 +114,35 @@ def heldout_set(n=1500, seed=12345, qtypes=TRAIN_QTYPES):
 
 def evaluate(model, tokenizer, qas, shuffle_seed=None) -> dict:
     """Exact-match accuracy overall and per question type (optionally with images shuffled)."""
+    imgs = question_images(qas, shuffle_seed)
+    return score_answers(answer_questions(model, tokenizer, [q.question for q in qas], imgs), qas)
+
+
+def question_images(qas, shuffle_seed=None) -> np.ndarray:
+    """``[N, H, W, 3]`` uint8 images of ``qas``, shuffled across questions with ``shuffle_seed`` (the control)."""
     imgs = np.stack([q.scene.uint8() for q in qas])
     if shuffle_seed is not None:
         imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
-    pred = answer_questions(model, tokenizer, [q.question for q in qas], imgs)
+    return imgs
+
+
+def score_answers(pred: list[str], qas) -> dict:
+    """Exact-match accuracy of predicted answer words, overall and per question type (every card's ``heldout``)."""
     ok = np.array([p == q.answer for p, q in zip(pred, qas)])
     per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
     return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
 
 
-def evaluate_captions(model, tokenizer, scenes) -> dict:
-    caps = generate_captions(model, tokenizer, np.stack([s.uint8() for s in scenes]))
-    exact = [c == caption(s) for c, s in zip(caps, scenes)]
-    named = []
-    for c, s in zip(caps, scenes):
-        named += [f"{o.colour} {o.shape}" in c for o in s.objects]
-    return {"exact": float(np.mean(exact)), "objects_named": float(np.mean(named)), "n": len(scenes),
+def score_captions(caps: list[str], scenes) -> dict:
+    """Captions against the scenes: exact match, share of objects named (colour and shape), a few examples."""
+    named = [f"{o.colour} {o.shape}" in c for c, s in zip(caps, scenes) for o in s.objects]
+    return {"exact": float(np.mean([c == caption(s) for c, s in zip(caps, scenes)])),
+            "objects_named": float(np.mean(named)), "n": len(scenes),
             "examples": [[caption(s), c] for s, c in list(zip(scenes, caps))[:5]]}
+
+
+def evaluate_captions(model, tokenizer, scenes) -> dict:
+    return score_captions(generate_captions(model, tokenizer, np.stack([s.uint8() for s in scenes])), scenes)
 
 
 def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, weights=None,

@@ -24,7 +24,7 @@ from ..world.text import ANSWERS
 from .checksums import write_card
 from .shipping import load_previous, save_and_reload
 from .patch_heads import PatchHeads, patch_labels
-from .train_llava import TRAIN_QTYPES, heldout_set, lr_at
+from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, question_images, score_answers
 from .train_llava import sample_batch as _sample
 
 IMAGE_SIZE, PATCH = 64, 8
@@ -60,17 +60,13 @@ def forward(model, processor, questions, images_uint8):
 @torch.no_grad()
 def evaluate(model, processor, qas, shuffle_seed=None, batch=100) -> dict:
     model.eval()
-    imgs = np.stack([q.scene.uint8() for q in qas])
-    if shuffle_seed is not None:
-        imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
+    imgs = question_images(qas, shuffle_seed)
     pred = []
     for s in range(0, len(qas), batch):
         inp = grid_ordered(model, encode(processor, [q.question for q in qas[s : s + batch]], imgs[s : s + batch]))
         logits = model(**inp).logits  # (grid order: the same answers on every run)
         pred += [model.config.id2label[int(i)] for i in logits.argmax(-1)]
-    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
-    per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
-    return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
+    return score_answers(pred, qas)
 
 
 def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_qas=None):

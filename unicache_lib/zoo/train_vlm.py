@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from ..progress import bar, write
-from ..world.text import CAPTION_QUESTION, caption
+from ..world.text import CAPTION_QUESTION
 from .checksums import write_card
 from .shipping import load_previous, save_and_reload
 from .patch_heads import train_patch_heads
-from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, sample_batch
+from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, question_images, sample_batch, score_answers, score_captions
 
 IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
@@ -95,14 +95,8 @@ def answer_logits(fam, model, processor, questions, images_uint8, batch=100) -> 
 @torch.no_grad()
 def evaluate(fam, model, processor, qas, shuffle_seed=None) -> dict:
     """Exact-match accuracy overall and per question type (optionally with images shuffled across questions)."""
-    imgs = np.stack([q.scene.uint8() for q in qas])
-    if shuffle_seed is not None:
-        imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
-    ids = answer_logits(fam, model, processor, [q.question for q in qas], imgs).argmax(-1).tolist()
-    pred = processor.tokenizer.convert_ids_to_tokens(ids)
-    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
-    per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
-    return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
+    ids = answer_logits(fam, model, processor, [q.question for q in qas], question_images(qas, shuffle_seed)).argmax(-1)
+    return score_answers(processor.tokenizer.convert_ids_to_tokens(ids.tolist()), qas)
 
 
 @torch.no_grad()
@@ -122,11 +116,7 @@ def generate_captions(fam, model, processor, images_uint8, max_new_tokens=16, ba
 
 
 def evaluate_captions(fam, model, processor, scenes) -> dict:
-    caps = generate_captions(fam, model, processor, np.stack([s.uint8() for s in scenes]))
-    named = [f"{o.colour} {o.shape}" in c for c, s in zip(caps, scenes) for o in s.objects]
-    return {"exact": float(np.mean([c == caption(s) for c, s in zip(caps, scenes)])),
-            "objects_named": float(np.mean(named)), "n": len(scenes),
-            "examples": [[caption(s), c] for s, c in list(zip(scenes, caps))[:5]]}
+    return score_captions(generate_captions(fam, model, processor, np.stack([s.uint8() for s in scenes])), scenes)
 
 
 def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, single_frac=0.08,
