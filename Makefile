@@ -43,10 +43,12 @@ run: setup
 	done
 	@echo "executed notebooks: outputs/notebooks/ ; figures and scoreboards: outputs/<notebook>/"
 
-## test: unit tests, quick papermill runs of every notebook, nbval on the committed notebooks
+## test: unit tests (quick papermill runs of every notebook, the browser test) and nbval on the committed notebooks,
+##       side by side on 2 cores, one thread each; prints each stage's time (docs/TESTING.md)
+# the clock starts when make does, so the set-up time is printed with the stages
+TEST_T0 := $(shell date +%s)
 test: setup
-	$(BIN)/python -m pytest tests -q
-	$(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:randomly -q $(NOTEBOOKS)
+	$(BIN)/python tools/run_tests.py --setup-seconds $$(( $$(date +%s) - $(TEST_T0) ))
 
 ## test-fast: unit tests only (no notebook runs, nothing marked slow), a few minutes
 test-fast: setup

@@ -27,3 +27,39 @@ def test_lab_adds_allow_root_only_for_root(euid, flag):
     lab = [line for line in out.splitlines() if "jupyter lab" in line]
     assert len(lab) == 1 and "--notebook-dir=notebooks" in lab[0]
     assert ("--allow-root" in lab[0]) is flag
+
+
+def test_make_test_runs_both_stages_and_nbval_under_another_thread_count(monkeypatch):
+    """`make test` goes through tools/run_tests.py; its nbval stage runs with 1 thread by default while the committed
+    notebooks were executed with 2, so every run checks that the checked outputs survive another reduction order
+    (docs/TESTING.md), and it applies the workbook's rule for checked outputs (tests/nbval_digits.py)."""
+    import subprocess as sp
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import run_tests
+    finally:
+        sys.path.pop(0)
+    assert re.search(r"^test: setup\n\t\$\(BIN\)/python tools/run_tests\.py", MAKEFILE, re.M)
+    calls = []
+
+    class Done:
+        returncode = 0
+
+        def __init__(self, cmd, cwd, env, **kw):
+            calls.append((cmd, env))
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(sp, "Popen", Done)
+    monkeypatch.setattr(sp, "call", lambda cmd, cwd, env: calls.append((cmd, env)) or 0)
+    assert run_tests.main(["--setup-seconds", "3"]) == 0
+    stages = {("nbval" if "--nbval-lax" in cmd else "unit"): env for cmd, env in calls}
+    assert set(stages) == {"unit", "nbval"}
+    assert stages["nbval"]["OMP_NUM_THREADS"] == "1" and stages["unit"]["OMP_NUM_THREADS"] == "1"
+    nbval_cmd = next(cmd for cmd, _ in calls if "--nbval-lax" in cmd)
+    assert "tests.nbval_digits" in nbval_cmd and sum(c.endswith(".ipynb") for c in nbval_cmd) >= 7
+    with pytest.raises(SystemExit):
+        run_tests.main(["--nbval-threads", "0"])

@@ -37,6 +37,8 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
+import json
+
 import numpy as np
 import pandas as pd
 import torch
@@ -333,7 +335,10 @@ for s in bar(samples, desc="M1: fp16 vs fp32 statistics"):
 m1 = {k: mean_interval(v, "samples") for k, v in bias.items()}
 for k, iv in m1.items():
     board.measure("M1", iv, criterion=k)
-print("M1 signed mean fp16 - fp32:", "; ".join(f"{k} {iv.value:+.2e} [{iv.lo:+.2e}, {iv.hi:+.2e}]" for k, iv in m1.items()))
+# fp16 arithmetic moves these digits from machine to machine: the check against ±BIAS is printed, the values are in
+# scoreboard.json (docs/TESTING.md, "Checked outputs")
+print("M1 signed mean fp16 - fp32, 95% interval:", "; ".join(
+    f"{k} {'inside' if -BIAS < iv.lo and iv.hi < BIAS else 'NOT inside'} ±{BIAS:g}" for k, iv in m1.items()))
 # M2: capture the whole set again; the largest difference per sample
 res2 = capture_samples(model, processor, samples, mode="stats")
 per_sample = {}
@@ -400,8 +405,14 @@ board.show()
 # %%
 # NBVAL_CHECK_OUTPUT
 v = board.verdicts()
+# a difference between two fp32 computations of one number is reduction-order noise: printed as a check against
+# a tolerance (docs/TESTING.md, "Checked outputs"); the exact values go to agreement.json
+AGREE_TOL = 1e-5
+agreement = {"hooks_vs_output_attentions": diff, "stats_vs_full": full_vs_stats, "recompute_vs_stats": re_vs_stats}
+(out / "agreement.json").write_text(json.dumps(agreement, indent=1))
 print(f"- Hooks and output_attentions agree exactly (max |difference| {diff:.0e}); stats and recompute modes agree with full "
-      f"maps to {max(full_vs_stats, re_vs_stats):.0e}; stats keep {memory['full'] / memory['stats']:.0f}x less memory.")
+      f"maps {'within' if max(full_vs_stats, re_vs_stats) < AGREE_TOL else 'NOT within'} {AGREE_TOL:.0e}; "
+      f"stats keep {memory['full'] / memory['stats']:.0f}x less memory.")
 worst_bias = max(abs(iv.value) for iv in m1.values())
 print(f"- M1 {v['M1']}: the signed fp16 bias is at most {worst_bias:.0e}, "
       f"{'inside' if worst_bias < BIAS else 'outside'} ±{BIAS:g}.")
