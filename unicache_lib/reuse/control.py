@@ -86,6 +86,28 @@ def control_rows(df: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
+def _steps(label) -> int:
+    return int(str(label)[len(PREFIX):]) if str(label).startswith(PREFIX) else int(label)
+
+
+def check_monotone(control: pd.DataFrame, by: str) -> None:
+    """Refuse a control sweep whose cost is not monotone in its step count: more steps must cost more FLOPs and give
+    a smaller speed-up. Interpolating a scrambled sweep (a loaded machine's timings: 10 steps 1.79x, 8 steps 2.27x,
+    9 steps 2.68x) would read a margin off a curve that does not exist. Raises ``ValueError`` naming the offending
+    step counts; the fix is to re-time (more interleaved repeats, an idle machine)."""
+    steps = np.array([_steps(i) for i in control.index])
+    order = np.argsort(steps)
+    steps, xs = steps[order], control[by].to_numpy(dtype=np.float64)[order]
+    # speed-up falls as steps rise; FLOPs rise
+    bad = np.flatnonzero(np.diff(xs) >= 0) if by == "speedup" else np.flatnonzero(np.diff(xs) <= 0)
+    if len(bad):
+        pairs = ", ".join(f"{steps[i]} steps {xs[i]:.3g} vs {steps[i + 1]} steps {xs[i + 1]:.3g}" for i in bad)
+        want = "fall" if by == "speedup" else "rise"
+        raise ValueError(f"the fewer-step control's {by} does not {want} with the step count ({pairs}): its cost is "
+                         f"not monotone, so no margin is read off it; re-time the sweep (more interleaved repeats, an "
+                         f"idle machine)" + ("" if by == "speedup" else " or check the FLOP counter"))
+
+
 def control_psnr_at(control: pd.DataFrame, x: float, by: str = "speedup") -> np.ndarray:
     """The control's PSNR per prompt ``[n_prompts]`` at ``by`` = ``x`` (``"speedup"``: wall-clock speed-up;
     ``"flops"``: FLOPs fraction), linear in ``x`` between the two step counts that bracket it. ``x`` outside
@@ -94,10 +116,11 @@ def control_psnr_at(control: pd.DataFrame, x: float, by: str = "speedup") -> np.
         raise ValueError(f"by must be 'speedup' or 'flops', got {by!r}")
     xs = control[by].to_numpy(dtype=np.float64)
     ys = np.stack([np.asarray(p, dtype=np.float64) for p in control["psnr_per_prompt"]])  # [n_points, n_prompts]
-    order = np.argsort(xs)
-    xs, ys = xs[order], ys[order]
     if not np.isfinite(xs).all():
         raise ValueError(f"the control's {by} has non-finite values: {xs}")
+    check_monotone(control, by)
+    order = np.argsort(xs)
+    xs, ys = xs[order], ys[order]
     if not xs[0] <= x <= xs[-1]:
         raise ValueError(f"{by} = {x:.3g} is outside the fewer-step control's range [{xs[0]:.3g}, {xs[-1]:.3g}]: "
                          "add step counts to the control")
