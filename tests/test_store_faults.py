@@ -248,3 +248,98 @@ def test_readme_fault_table_counts_come_from_the_tests():
         assert names and all(n in funcs for n in names), r
         want = sum(KILL_TRIALS if n == "test_sigkill_at_random_points" else cases(funcs[n]) for n in names)
         assert int(cells[1]) == want, (r, want)
+
+
+FORK_TRIALS = 20  # a writer that forks children which write the same store
+
+
+def _child_writes(path, inherited, start, q):
+    """In a forked child: write through the parent's Store object (``inherited``) or a new one; report the outcome."""
+    try:
+        st = inherited if inherited is not None else Store(path, meta={"model": "m"})
+        st.write([rec(start, li) for li in range(N_LAYERS)])
+        q.put(("wrote", ""))
+    except (StoreError, StoreLockedError) as e:
+        q.put(("refused", str(e)))
+    except Exception as e:  # noqa: BLE001 - anything else is a failure the test reports
+        q.put(("error", f"{type(e).__name__}: {e}"))
+
+
+@pytest.mark.parametrize("inherit", [True, False], ids=["inherited-store", "new-store"])
+def test_a_forked_child_is_refused_and_no_acknowledged_write_is_lost(tmp_path, inherit):
+    """multiprocessing 'fork': a child of a writer, writing the same store and rank through the parent's Store or a
+    new one, is refused with the reason; every write the parent acknowledged is indexed and reads back intact."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    path = tmp_path / "store"
+    parent = Store(path, meta={"model": "m"})
+    acknowledged = set()
+    for trial in range(FORK_TRIALS):
+        parent.write([rec(2 * trial, li) for li in range(N_LAYERS)])
+        acknowledged.add(str(2 * trial))
+        q = ctx.Queue()
+        child = ctx.Process(target=_child_writes, args=(path, parent if inherit else None, 2 * trial + 1, q))
+        child.start()
+        outcome, msg = q.get(timeout=60)
+        child.join(60)
+        assert outcome == "refused", msg
+        if inherit:
+            assert "inherited by process" in msg and "through a fork" in msg and "rank=" in msg, msg
+        else:
+            assert f"pid {os.getpid()} on host" in msg, msg
+    parent.close()
+    st = Store(path)
+    assert check_intact(st) == acknowledged and len(st.index()) == FORK_TRIALS * N_LAYERS and st.verify() == []
+
+
+def test_spawned_process_is_refused_while_the_writer_lives(tmp_path):
+    import multiprocessing as mp
+
+    path = tmp_path / "store"
+    parent = Store(path, meta={"model": "m"})
+    parent.write([rec(0, li) for li in range(N_LAYERS)])
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    child = ctx.Process(target=_child_writes, args=(path, None, 1, q))
+    child.start()
+    outcome, msg = q.get(timeout=120)
+    child.join(60)
+    assert outcome == "refused" and f"pid {os.getpid()} on host" in msg, msg
+    parent.close()
+    assert check_intact(Store(path)) == {"0"}
+
+
+FORKING_WRITER = textwrap.dedent(f"""
+    import os, sys, time
+    sys.path.insert(0, {str(ROOT)!r})
+    from tests.test_store_faults import rec, N_LAYERS
+    from unicache_lib.store import Store
+    st = Store(sys.argv[1], meta={{"model": "m"}})
+    st.write([rec(0, li) for li in range(N_LAYERS)])
+    pid = os.fork()
+    if pid == 0:  # the child outlives its parent
+        time.sleep(60)
+        os._exit(0)
+    print("child", pid, flush=True)
+    os._exit(0)  # the writer dies without closing anything
+""")
+
+
+def test_a_dead_writers_lock_is_free_while_its_forked_child_lives(tmp_path):
+    path = tmp_path / "store"
+    p = subprocess.run([sys.executable, "-c", FORKING_WRITER, str(path)], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    child = int(p.stdout.split()[1])
+    try:
+        os.kill(child, 0)  # still alive
+        st = Store(path)
+        st.write([rec(1, li) for li in range(N_LAYERS)])  # the lock is free: no refusal naming the dead pid
+        st.close()
+        assert check_intact(Store(path)) == {"0", "1"}
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

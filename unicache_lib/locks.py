@@ -58,6 +58,7 @@ class WriterLock:
 
     def __init__(self, path: Path, fd: int):
         self.path, self.fd, self.users = path, fd, 0
+        self.pid = os.getpid()  # the process that took it; a forked child has another pid and holds nothing
         self.mutex = threading.RLock()
 
     def valid(self) -> bool:
@@ -124,6 +125,26 @@ def acquire(path, what: str, advice: str) -> WriterLock:
             _HELD[str(path)] = lock
             return lock
         raise OSError(f"could not lock {path}: it was removed and re-created 10 times while we tried")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits its parent's lock descriptors and the table of held locks. Both are dropped in the
+    child: its copies of the descriptors are closed (closing a copy leaves the parent's ``flock`` in place, but once
+    the parent exits no living child keeps the lock held), and a child that asks for a lock asks the OS afresh, so
+    while the parent holds it the child is refused instead of writing beside it."""
+    global _HELD_GUARD
+    for lock in list(_HELD.values()):
+        if lock.fd >= 0:
+            try:
+                os.close(lock.fd)
+            except OSError:
+                pass
+            lock.fd = -1
+    _HELD.clear()
+    _HELD_GUARD = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def held_here(path) -> WriterLock | None:

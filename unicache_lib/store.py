@@ -121,6 +121,12 @@ class Store:
 
     def _writer_lock(self):
         """This writer's lock, taken on first use and kept until :meth:`close`."""
+        if self._lock is not None and self._lock.pid != os.getpid():
+            raise StoreError(
+                f"this Store of {self.path} (rank {self.rank}) was opened for writing by process {self._lock.pid} and "
+                f"inherited by process {os.getpid()} through a fork: a forked child must not write through its "
+                f"parent's writer (their index updates would overwrite each other). Write from one process, or open "
+                f"Store(path, rank=<a rank of its own>) in the child (a distributed capture gives every process its rank)")
         if self._lock is not None and not self._lock.valid():  # the store was removed under us
             self._lock.release()
             self._lock = None
