@@ -343,3 +343,66 @@ def test_a_dead_writers_lock_is_free_while_its_forked_child_lives(tmp_path):
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.parametrize("where", ["dotdot", "absolute", "symlink"])
+def test_an_index_entry_outside_the_store_is_damaged_and_never_touched(tmp_path, where):
+    """A hand-edited index naming ../other/notes.txt, an absolute path or a symlink that leaves the store: verify lists
+    it, read refuses it, repair drops it from the index and neither renames nor deletes the file outside."""
+    path, other = tmp_path / "store", tmp_path / "other"
+    other.mkdir()
+    notes = other / "notes.txt"
+    notes.write_text("not yours")
+    st = Store(path, meta={"model": "m"})
+    st.write([rec(0, li) for li in range(N_LAYERS)])
+    st.write([rec(1, li) for li in range(N_LAYERS)])
+    st.close()
+    ip = path / "index-rank00000.json"
+    idx = json.loads(ip.read_text())
+    victim = idx["records"][0]
+    if where == "dotdot":
+        victim["file"] = "../other/notes.txt"
+    elif where == "absolute":
+        victim["file"] = str(notes)
+    else:
+        (path / "rank00000" / "escape.npz").symlink_to(notes)
+        victim["file"] = "rank00000/escape.npz"
+    ip.write_text(json.dumps(idx))
+    st = Store(path)
+    assert any(victim["key"] in p for p in st.verify())
+    with pytest.raises(StoreError, match="outside"):
+        st.read(sample="0")
+    dropped = st.repair()
+    assert dropped == [victim["key"]]
+    assert notes.read_text() == "not yours" and not (other / "notes.txt.damaged").exists()
+    assert st.verify() == [] and check_intact(st) == {"0", "1"}  # the other records of sample 0 stay
+
+
+def test_repair_keeps_the_damaged_copy_when_every_file_of_a_chunk_is_damaged(tmp_path):
+    st = Store(tmp_path / "store", meta={"model": "m"})
+    st.write([rec(0, 0)])  # one chunk, one file
+    st.write([rec(1, 0)])
+    st.close()
+    f = next((tmp_path / "store" / "rank00000" / "chunk000000").glob("*.npz"))
+    f.write_bytes(b"garbage")
+    st = Store(tmp_path / "store")
+    first = json.loads((tmp_path / "store" / "index-rank00000.json").read_text())["records"][0]["key"]
+    assert st.repair() == [first]
+    assert (f.parent / (f.name + ".damaged")).read_bytes() == b"garbage"  # kept, as the README promises
+    assert st.verify() == [] and check_intact(st) == {"1"}
+
+
+def test_a_record_replaced_by_a_folder_is_damaged_not_a_crash(tmp_path):
+    st = Store(tmp_path / "store", meta={"model": "m"})
+    st.write([rec(0, 0)])
+    st.close()
+    f = next((tmp_path / "store" / "rank00000" / "chunk000000").glob("*.npz"))
+    f.unlink()
+    f.mkdir()
+    st = Store(tmp_path / "store")
+    assert any("not a file" in p or "damaged" in p for p in st.verify())
+    with pytest.raises(StoreError, match="not a file"):
+        st.read()
+    key = st.index()[0]["key"]
+    assert st.repair() == [key] and st.index() == [] and (f.parent / (f.name + ".damaged")).is_dir()  # kept
+    assert st.verify() == []

@@ -298,12 +298,30 @@ class Store:
             raise StoreError(f"{mp} holds a {type(meta).__name__}, not an object: rewrite it as {{\"model\": \"<name>\"}}")
         return meta
 
-    def _open(self, rel: str, digest: str | None = None):
+    def _inside(self, rel) -> Path | None:
+        """``self.path / rel`` when ``rel`` names a file of this store (a relative path that stays inside it, also
+        after symlinks are resolved); None for ``..``, an absolute path, a symlink that leaves the store, or not a
+        string. An index entry naming such a path is a damaged record: never opened, renamed or deleted."""
+        if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+            return None
         p = self.path / rel
+        try:
+            p.resolve().relative_to(self.path.resolve())
+        except ValueError:
+            return None
+        return p
+
+    def _open(self, rel: str, digest: str | None = None):
         fix = (f"Run Store({str(self.path)!r}).repair() to drop its records from the index (the other records stay "
                f"readable), then run the capture again: a resumed capture recaptures exactly those samples")
+        p = self._inside(rel)
+        if p is None:
+            raise StoreError(f"the index lists {rel!r}, a path outside {self.path}: a hand-edited or damaged index. "
+                             f"It is never opened. {fix}")
         if not p.exists():
             raise StoreError(f"file {rel} listed in the index is missing from {self.path}. {fix}")
+        if not p.is_file():
+            raise StoreError(f"{rel} listed in the index is not a file in {self.path} (a folder?). {fix}")
         data = p.read_bytes()
         if digest and hashlib.sha256(data).hexdigest() != digest:
             raise StoreError(f"file {rel} in {self.path} is corrupt (checksum mismatch). {fix}")
@@ -350,9 +368,11 @@ class Store:
 
     def _leftovers(self) -> list[Path]:
         """Traces of interrupted writes: temporary files and chunk folders no index lists."""
-        used = {e["file"].rsplit("/", 1)[0] for e in self.index()}
+        used = {str(e["file"]).rsplit("/", 1)[0] for e in self.index()}
         tmp = sorted(self.path.rglob(".*.tmp"))
-        orphans = [d for d in sorted(self.path.glob("rank*/chunk*")) if d.relative_to(self.path).as_posix() not in used]
+        # a chunk whose every record was damaged keeps its *.damaged files (repair's promise): not an orphan
+        orphans = [d for d in sorted(self.path.glob("rank*/chunk*"))
+                   if d.relative_to(self.path).as_posix() not in used and not any(d.glob("*.damaged"))]
         return tmp + orphans
 
     def verify(self) -> list[str]:
@@ -404,8 +424,9 @@ class Store:
             bad = self.damaged()
             dropped = self.drop([k for keys in bad.values() for k in keys])
             for f in bad:
-                if (self.path / f).exists():
-                    os.replace(self.path / f, self.path / (f + ".damaged"))
+                p = self._inside(f)  # a path outside the store is dropped from the index, never touched
+                if p is not None and (p.exists() or p.is_symlink()):
+                    os.replace(p, p.with_name(p.name + ".damaged"))
             for p in self._leftovers():
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
             return dropped
