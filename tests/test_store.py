@@ -118,3 +118,28 @@ def test_diffusion_steps_are_separate_records(tmp_path):
     assert [r.step for r in st.read(step=2)] == [2]
     idx = json.loads((tmp_path / "s" / "index-rank00000.json").read_text())
     assert {e["step"] for e in idx["records"]} == {0, 1, 2}
+
+
+def test_resume_refuses_another_mode_dtype_or_model_and_names_the_fix(tmp_path):
+    st = Store(tmp_path / "s", meta={"model": "m", "dtype": "torch.float32"})
+    st.write([rec(0, 0)])
+    st.close()
+    with pytest.raises(StoreError, match=r"holds mode='stats' records, this capture is mode='full'.*new folder"):
+        Store(tmp_path / "s", meta={"model": "m", "dtype": "torch.float32"}).write([rec(1, 0, mode="full")])
+    with pytest.raises(StoreError, match=r"dtype='torch.float32', this capture is dtype='torch.bfloat16'.*remove_store"):
+        Store(tmp_path / "s", meta={"model": "m", "dtype": "torch.bfloat16"}).write([rec(1, 0)])
+    with pytest.raises(StoreError, match="holds model='m'"):
+        Store(tmp_path / "s", meta={"model": "other"}).check_resume()
+    assert Store(tmp_path / "s").read_meta()["dtype"] == "torch.float32" and len(Store(tmp_path / "s").read()) == 1
+    # the fix the message names: a new folder takes the other mode
+    assert Store(tmp_path / "s-full", meta={"model": "m"}).write([rec(1, 0, mode="full")]) == 1
+
+
+def test_resumed_capture_in_another_mode_is_refused_before_skipping_anything(tmp_path, llava, samples):
+    from unicache_lib.capture.runner import capture_samples
+
+    model, processor = llava
+    st = Store(tmp_path / "s", meta={"model": "random-llava"})
+    capture_samples(model, processor, samples[:1], store=st, mode="stats", layers=[0], progress=False)
+    with pytest.raises(StoreError, match="this capture is mode='full'"):  # it would have skipped sample 0 as done
+        capture_samples(model, processor, samples[:1], store=st, mode="full", layers=[0], progress=False)

@@ -218,15 +218,32 @@ class Store:
         return [s for s in samples if any(key_str((str(s), part, int(li), step)) not in have for li in layers)]
 
     # ---- writing -------------------------------------------------------------------------------
+    RESUME_KEYS = ("model", "dtype")  # meta fields a resumed capture must share with the store
+
+    def check_resume(self, mode: str | None = None) -> None:
+        """Refuse to add to this store what does not belong beside what it holds: another model or weight dtype (its
+        ``meta``) or records of another capture ``mode``. Capture calls it before deciding what is already done,
+        so a resumed capture never mixes (nor silently skips samples stored in another mode). Raises
+        :class:`StoreError` naming the difference and how to start a new store."""
+        if (self.path / "meta.json").exists():
+            old = self.read_meta()
+            for k in self.RESUME_KEYS:
+                if k in self.meta and k in old and self.meta[k] != old[k]:
+                    raise StoreError(f"store {self.path} holds {k}={old[k]!r}, this capture is {k}={self.meta[k]!r}: "
+                                     f"one store holds one {k}. Write to a new folder, or remove_store({str(self.path)!r}) "
+                                     f"to start this one again")
+        if mode is not None and self.path.exists():
+            other = sorted({e["mode"] for e in self.index()} - {mode})
+            if other:
+                raise StoreError(f"store {self.path} holds mode={other[0]!r} records, this capture is mode={mode!r}: "
+                                 f"one store holds one capture mode. Write to a new folder (e.g. {self.path.name}-{mode}), "
+                                 f"or remove_store({str(self.path)!r}) to start this one again")
+
     def _check_meta(self):
         mp = self.path / "meta.json"
         if mp.exists():
-            old = self.read_meta()
-            for k in ("model",):
-                if k in self.meta and k in old and self.meta[k] != old[k]:
-                    raise StoreError(f"store {self.path} holds {k}={old[k]!r}, this capture is {self.meta[k]!r}: "
-                                     f"write to another directory")
-            return old
+            self.check_resume()
+            return self.read_meta()
         meta = {"format": FORMAT, "library_version": library_version(), **self.meta}
         _atomic_write_bytes(mp, json.dumps(meta, indent=1).encode())
         return meta
@@ -243,6 +260,10 @@ class Store:
 
     def _write(self, records: list[Record]) -> int:
         self._check_meta()
+        modes = {r.mode for r in records}
+        if len(modes) > 1:
+            raise StoreError(f"one write mixes capture modes {sorted(modes)}: one store holds one mode")
+        self.check_resume(mode=next(iter(modes)))
         have = self.keys()
         keys = [key_str(r.key) for r in records]
         dup = [k for k in keys if k in have] or [k for i, k in enumerate(keys) if k in keys[:i]]

@@ -140,6 +140,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         raise ValueError(f"no attention module of part {part!r} in layers {layers}")
     todo = list(samples)
     if store is not None:
+        store.check_resume(mode=mode)  # another model, dtype or mode is refused before anything is skipped
         have = store.keys()
         todo = [s for s in todo if any(key_str((s.id, p, li, -1)) not in have for p, li in wanted)]
     result = CaptureResult(part)
