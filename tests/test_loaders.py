@@ -225,3 +225,23 @@ def test_a_damaged_shipped_model_is_restored_by_the_suggested_git_command(tmp_pa
     card.write_text(json.dumps({k: v for k, v in json.loads(card.read_text()).items() if k != "checksums"}, indent=1))
     with pytest.raises(loaders.ChecksumError, match="records no weight checksums"):
         load_understanding("tiny-llava")
+
+
+def test_an_in_place_edit_with_size_and_mtime_restored_is_still_caught(tmp_path):
+    """The digest cache must not hide an edit: the weights verified once (cached), then 4 KB flipped in place with the
+    size unchanged and the modification time put back, must fail the next load."""
+    import os
+    import shutil
+
+    from unicache_lib.zoo.loaders import MODELS_DIR, ChecksumError
+
+    d = tmp_path / "llava"
+    shutil.copytree(MODELS_DIR / "tiny-llava", d)
+    load_understanding(str(d))  # verified, digest cached
+    f = d / "model.safetensors"
+    st = f.stat()
+    _flip_4kb(f)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(ChecksumError, match="model.safetensors"):
+        load_understanding(str(d))

@@ -135,6 +135,23 @@ def test_step_skip_really_skips_transformer_calls(gen):
     assert out.isfinite().all() and _own_forward(gen.transformer)
 
 
+@pytest.mark.parametrize("policy", ["step_skip", "every_2"])
+def test_a_run_with_another_step_count_than_the_schedule_is_refused(gen, policy):
+    """ReuseCache(n_steps=20) sampled with 10 steps would reuse nothing it planned to (computed 1.0), and a 10-step
+    plan on 20 steps would reuse from the wrong step: both refused, naming the step counts and the fix."""
+    make = (lambda n: ReuseCache(gen.transformer, StepSkip(), n)) if policy == "step_skip" else \
+        (lambda n: ReuseCache(gen.transformer, REUSE_POLICIES["every_2"](), n))
+    with pytest.raises(ValueError, match=r"built for n_steps=6 but the run had 3 steps.*n_steps=3"):
+        with make(6) as rc:
+            sample(gen, PROMPTS[:1], 3, seed=0, callbacks=[rc])
+    with pytest.raises(ValueError, match=r"built for n_steps=3 but the run reached step 3"):
+        with make(3) as rc:
+            sample(gen, PROMPTS[:1], 6, seed=0, callbacks=[rc])
+    assert _own_forward(gen.transformer)  # restored after either refusal
+    with make(3) as rc:  # the fix: the same step count
+        sample(gen, PROMPTS[:1], 3, seed=0, callbacks=[rc])
+
+
 def test_step_skip_computing_every_step_is_exact(gen):
     with ReuseCache(gen.transformer, StepSkip(stride=1), 8) as rc:
         out = sample(gen, PROMPTS, 8, seed=0, callbacks=[rc])

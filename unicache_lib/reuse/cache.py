@@ -281,7 +281,13 @@ class ReuseCache:
         self._stack: ExitStack | None = None
 
     def on_step_begin(self, step, timestep):
-        self.step = int(step)
+        step = int(step)
+        if step >= self.n_steps:
+            raise ValueError(f"ReuseCache was built for n_steps={self.n_steps} but the run reached step {step}: its "
+                             f"schedule (which steps to compute, how far to reuse) is for another run. Build it with "
+                             f"n_steps equal to the sampler's step count")
+        self.step = step
+        self._last_step = max(getattr(self, "_last_step", -1), step)
         self.t = float(timestep)
         self._call_in_step = 0
 
@@ -338,6 +344,11 @@ class ReuseCache:
 
     def __exit__(self, *exc):
         self._stack.close()
+        last = getattr(self, "_last_step", -1)
+        if exc[0] is None and 0 <= last < self.n_steps - 1:
+            raise ValueError(f"ReuseCache was built for n_steps={self.n_steps} but the run had {last + 1} steps: its "
+                             f"decisions were made on another schedule (a 20-step plan on 10 steps reuses nothing it "
+                             f"meant to). Build it with n_steps={last + 1}")
         return False
 
 

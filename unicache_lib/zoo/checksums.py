@@ -20,7 +20,9 @@ CARD = "model_card.json"
 KEY = "checksums"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
-_digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: a notebook reloading rehashes nothing
+# (path, inode, size, mtime_ns, ctime_ns) -> sha256: a notebook reloading rehashes nothing. ctime is in the key because
+# an in-place edit that restores size and mtime (os.utime) cannot restore it: the change time moves with every write.
+_digests: dict[tuple[str, int, int, int, int], str] = {}
 
 
 class ChecksumError(OSError):
@@ -29,10 +31,11 @@ class ChecksumError(OSError):
 
 
 def sha256_file(path: str | Path) -> str:
-    """The sha256 hex digest of a file, cached per (path, size, modification time) within the process."""
+    """The sha256 hex digest of a file, cached within the process per (path, inode, size, modification and change
+    time): a file edited in place is hashed again even when its size and modification time were put back."""
     path = Path(path).resolve()
     st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if key not in _digests:
         h = hashlib.sha256()
         with open(path, "rb") as f:
