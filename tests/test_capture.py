@@ -239,3 +239,44 @@ def test_recompute_leaves_no_function_behind_and_negative_layers_resolve(random_
     assert last.layers == [2]
     with pytest.raises(ValueError, match="do not exist"):
         capture_samples(model, proc, samples[:1], layers=[-9], progress=False)
+
+
+def test_capture_refuses_attention_dropout_in_train_mode_reentry_and_overlong_sequences(llava, one_input):
+    """Three silent wrong results refused with the fix: dropped-out weights recorded as probabilities, a capture
+    entered inside itself (hooks installed twice), and positions past max_position_embeddings."""
+    from unicache_lib.capture import AttentionCapture, CaptureError
+
+    model, _ = llava
+    inputs, _ = one_input
+    cfg = model.config.get_text_config()
+    old_p = cfg.attention_dropout
+    try:
+        for layer in model.model.language_model.layers:
+            layer.self_attn.attention_dropout = 0.1
+        model.train()
+        with pytest.raises(CaptureError, match=r"train\(\) mode with attention dropout.*model.eval\(\)"):
+            with AttentionCapture(model, mode="stats"):
+                model(**inputs)
+        model.eval()  # the fix
+        with AttentionCapture(model, mode="stats") as cap:
+            model(**inputs)
+        assert len(cap.result) > 0
+    finally:
+        for layer in model.model.language_model.layers:
+            layer.self_attn.attention_dropout = old_p
+        model.eval()
+    n_hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    cap = AttentionCapture(model, mode="stats")
+    with cap:
+        with pytest.raises(CaptureError, match="already active"):
+            cap.__enter__()
+        model(**inputs)
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == n_hooks  # none left
+    limit = cfg.max_position_embeddings
+    try:
+        cfg.max_position_embeddings = inputs["input_ids"].shape[1] - 1
+        with pytest.raises(CaptureError, match=r"more than the model's max_position_embeddings.*Shorten the prompt"):
+            with AttentionCapture(model, mode="stats"):
+                model(**inputs)
+    finally:
+        cfg.max_position_embeddings = limit

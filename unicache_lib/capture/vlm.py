@@ -229,6 +229,7 @@ class AttentionCapture:
                 "statistics and shift positions between samples. Capture one sample per forward (batch size 1)."
             )
         self._inputs = dict(kwargs, input_ids=ids)
+        self._check_length(ids if ids is not None else kwargs.get("inputs_embeds"))
         self._check_inputs(ids)
         self._seen = set()
         names = []
@@ -237,6 +238,19 @@ class AttentionCapture:
             names.append(str(nxt) if nxt is not None else str(self._n_forward))
             self._n_forward += 1
         self._current = names
+
+    def _check_length(self, x) -> None:
+        """A sequence longer than the language model's ``max_position_embeddings`` runs on positions the model was
+        never trained on (rotary angles it has not seen): refused rather than measured."""
+        if x is None or not torch.is_tensor(x) or x.dim() < 2:
+            return
+        cfg = unwrap(self.model).config
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        limit = getattr(text, "max_position_embeddings", None)
+        if isinstance(limit, int) and x.shape[1] > limit:
+            raise CaptureError(f"the sequence has {x.shape[1]} tokens, more than the model's max_position_embeddings "
+                               f"= {limit}: positions past it were never trained. Shorten the prompt (or fewer image "
+                               f"tokens), or use a checkpoint with a longer context")
 
     def _check_inputs(self, ids) -> None:
         """Before the model runs: an image without image tokens in the prompt, and user spans whose
@@ -399,7 +413,29 @@ class AttentionCapture:
         return out
 
     # ---- context management --------------------------------------------------------------------
+    def _dropout_in_training(self) -> list[str]:
+        """Attention modules that would drop out attention weights now: in ``train()`` mode with a dropout > 0."""
+        out = []
+        for s in self.sites:
+            m = s.module
+            p = getattr(m, "attention_dropout", None)
+            if p is None:
+                p = getattr(getattr(m, "dropout", None), "p", getattr(m, "dropout", 0.0))
+            if m.training and isinstance(p, (int, float)) and p > 0:
+                out.append(f"{s.name} (dropout {p:g})")
+        return out
+
     def __enter__(self) -> "AttentionCapture":
+        if self._stack is not None:
+            raise CaptureError("this AttentionCapture is already active: a capture cannot be entered inside itself "
+                               "(its hooks would be installed twice and the outer exit would leave some behind). Use "
+                               "one `with AttentionCapture(...)` block, or a second AttentionCapture object")
+        dropping = self._dropout_in_training()
+        if dropping:
+            raise CaptureError(f"the model is in train() mode with attention dropout ({', '.join(dropping[:2])}"
+                               f"{', ...' if len(dropping) > 2 else ''}): the weights it returns are dropped-out "
+                               f"probabilities whose rows do not sum to 1, not attention. Call model.eval() before "
+                               f"capturing")
         self._stack = ExitStack()
         try:
             self._stack.enter_context(_pre_hook(self.model, self._begin_forward))
