@@ -159,6 +159,23 @@ def test_blinding_image_queries_removes_exactly_their_text_reads(encoder):
     assert not any(m._forward_pre_hooks for s in fam.sites(model, ("language",)) for m in [s.module])  # removed on exit
 
 
+def test_phrase_errors_flag_wrong_bindings_and_hard_scenes_have_four_objects():
+    from unicache_lib.analysis.architectures import hard_caption_scenes, phrase_errors
+    from unicache_lib.world.scenes import make_scene
+    from unicache_lib.world.text import caption
+
+    sc = make_scene(np.random.default_rng(0), "clutter", 64, n_objects=2)
+    a, b = sc.objects
+    right = caption(sc).split()
+    assert not phrase_errors(right, sc).any()
+    swapped = f"{a.colour} {b.shape} {a.position} , {b.colour} {b.shape} {b.position}".split()
+    want_wrong = a.shape != b.shape  # a's colour bound to b's shape: names no object
+    assert phrase_errors(swapped, sc).tolist() == [want_wrong] * 3 + [False] * 4
+    assert phrase_errors(right[:2], sc).all()  # a cut-off phrase names no object either
+    scenes = hard_caption_scenes(6, seed=1)
+    assert [len(s.objects) for s in scenes] == [4] * 6 and len({s.scene_type for s in scenes}) == 2
+
+
 def test_caption_errors_and_lag1():
     from unicache_lib.analysis.architectures import caption_errors, lag1
     from unicache_lib.world.scenes import make_scene

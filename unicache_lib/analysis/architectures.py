@@ -246,3 +246,30 @@ def caption_errors(tokens: list[str], scene) -> np.ndarray:
         kind = next((k for k, v in vocab.items() if w in v), None)
         out.append(bool(kind is not None and w not in have[kind]))
     return np.array(out, bool)
+
+
+def phrase_errors(tokens: list[str], scene) -> np.ndarray:
+    """Per caption token: does it belong to a ``colour shape position`` phrase (captions list objects as such phrases
+    separated by ``,``) that names no object of the scene? A wrong binding counts (``red square`` where the scene has
+    a red circle and a blue square), and so does every attribute :func:`caption_errors` flags; commas are never
+    errors. ``[len(tokens)]`` bool."""
+    objects = {(o.colour, o.shape, o.position) for o in scene.objects}
+    out = np.zeros(len(tokens), bool)
+    start = 0
+    for i in range(len(tokens) + 1):
+        if i == len(tokens) or tokens[i] == ",":
+            if i > start and tuple(tokens[start:i]) not in objects:
+                out[start:i] = True
+            start = i + 1
+    return out
+
+
+def hard_caption_scenes(n: int, seed: int = 0, size: int = 64) -> list:
+    """``n`` scenes on which the shipped captioners make errors (A6 needs some): four objects each, cluttered and
+    overlapping scenes alternating (the standard set has 1-4 objects and is captioned ~98% exactly)."""
+    from ..world.scenes import make_scene
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1 scenes, got {n}")
+    rng = np.random.default_rng(seed)
+    return [make_scene(rng, ("clutter", "overlap")[i % 2], size, n_objects=4) for i in range(n)]
