@@ -236,7 +236,8 @@ def test_readme_fault_table_counts_come_from_the_tests():
                 n *= len(m.args[1])
         return n
 
-    mods = [importlib.import_module(f"tests.{m}") for m in ("test_store_faults", "test_report", "test_loaders", "test_inputs")]
+    mods = [importlib.import_module(f"tests.{m}") for m in ("test_store_faults", "test_store", "test_report", "test_loaders",
+                                                               "test_inputs", "test_capture", "test_reuse")]
     funcs = {k: v for m in mods for k, v in vars(m).items() if k.startswith("test_")}
     text = (ROOT / "README.md").read_text()
     table = text[text.index("<!-- faults:begin -->"):text.index("<!-- faults:end -->")]
