@@ -115,8 +115,17 @@ models: setup
 	  --steps 3000 --lr 5e-4 --seed 1 --threads 1
 	# the study's other architectures (notebook 07)
 	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --out runs/tiny-mllama-a --seed 0 --threads 1
-	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-a --out data/models/tiny-mllama \
+	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-a --out runs/tiny-mllama-b \
 	  --seed 1 --steps-a 0 --steps-b 2500 --lr 1e-3 --qtype-weights exists=3,position=2 --threads 1
+	# "is there a ...?" stays at chance through both: one-object scenes with random absent negatives unlock it, then
+	# hard negatives on every scene type (see the model card and its previous runs)
+	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-b --out runs/tiny-mllama-c \
+	  --seed 2 --steps-a 0 --steps-b 600 --lr 2e-3 --qtype-weights exists=20 --single-frac 1 --exists-negatives random \
+	  --threads 1 --eval-every 200
+	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-c --out runs/tiny-mllama-d \
+	  --seed 3 --steps-a 0 --steps-b 2500 --lr 1.5e-3 --qtype-weights exists=3,position=2,shape=2 --threads 1 --eval-every 250
+	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-d --out data/models/tiny-mllama \
+	  --seed 4 --steps-a 0 --steps-b 1800 --lr 1e-3 --qtype-weights exists=4,position=2,shape=2 --threads 1 --eval-every 300
 	$(BIN)/python -m unicache_lib.zoo.train_vilt --out runs/tiny-vilt-a --seed 0 --threads 1
 	$(BIN)/python -m unicache_lib.zoo.train_vilt --init-from runs/tiny-vilt-a --out data/models/tiny-vilt --seed 1 --steps 1500 \
 	  --lr 5e-4 --threads 1

@@ -170,7 +170,7 @@ def test_06_diagnostics_quick(tmp_path):
 
 def test_07_architectures_quick(tmp_path):
     run_notebook("07_architectures.ipynb", tmp_path, PER_TYPE=1, N_QUESTIONS=60, N_CAPTIONS=4, N_GEN_PROMPTS=2,
-                 GEN_STEPS=3, N_DRAWINGS=1)
+                 GEN_STEPS=3, N_DRAWINGS=1, DRIFT_CAPTIONS=6)
     board = scoreboard(tmp_path)
     check_rows(board, {"A1", "A2", "A3", "A4", "A5", "A6"})
     assert board["A1"]["n"] == 5 and board["A1"]["unit"] == "samples"
@@ -185,7 +185,7 @@ def test_07_architectures_quick(tmp_path):
 def test_07_leaves_a_model_out_by_parameter(tmp_path):
     """A role set to None drops its sections; its claims say why they are not measured."""
     run_notebook("07_architectures.ipynb", tmp_path, PER_TYPE=1, N_QUESTIONS=20, N_CAPTIONS=2, N_GEN_PROMPTS=2,
-                 GEN_STEPS=2, N_DRAWINGS=1, LLAVA=None, VILT=None, CLIP=None, MMDIT=None, PIXART=None)
+                 GEN_STEPS=2, N_DRAWINGS=1, DRIFT_CAPTIONS=3, LLAVA=None, VILT=None, CLIP=None, MMDIT=None, PIXART=None)
     board = scoreboard(tmp_path)
     for c in ("A1", "A2", "A4"):
         assert board[c]["verdict"] == "not measurable here" and "= None" in board[c]["note"]

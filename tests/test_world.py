@@ -53,6 +53,29 @@ def test_answers_balanced_and_true(qtype):
             assert sum(o.shape == shape for o in objs) == ["zero", "one", "two", "three"].index(q.answer)
 
 
+def test_exists_negatives_hard_by_default_random_on_request():
+    """Held-out "is there a ...?" negatives share a colour or a shape with a present object; the training
+    curriculum's ``exists_negatives="random"`` asks for any absent colour x shape, mostly of a colour the scene lacks."""
+    def negatives(kind):
+        rng = np.random.default_rng(3)
+        qas = [make_qa(rng, "exists", **({"exists_negatives": kind} if kind else {})) for _ in range(400)]
+        return [q for q in qas if q.answer == "no"]
+
+    hard, random_ = negatives(None), negatives("random")
+    for qs in (hard, random_):
+        for q in qs:
+            c, s = q.question.split()[-3:-1]
+            assert (c, s) not in {(o.colour, o.shape) for o in q.scene.objects}
+    shares = lambda q: any(o.colour == q.question.split()[-3] or o.shape == q.question.split()[-2]
+                           for o in q.scene.objects)
+    assert all(shares(q) for q in hard)
+    colour_absent = np.mean([q.question.split()[-3] not in {o.colour for o in q.scene.objects} for q in random_])
+    assert colour_absent > 0.4, colour_absent
+    assert [q.question for q in negatives("hard")] == [q.question for q in hard]  # the default is "hard"
+    with pytest.raises(ValueError, match="exists_negatives"):
+        make_qa(np.random.default_rng(0), "exists", exists_negatives="easy", scene_type="single")
+
+
 def test_text_uses_only_the_vocabulary():
     rng = np.random.default_rng(0)
     vocab = set(vocabulary())

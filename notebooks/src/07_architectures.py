@@ -42,7 +42,8 @@ DEVICE = "auto"               # "cpu", "cuda" or "auto"
 DTYPE = "auto"                # weights; statistics are fp32 always
 PER_TYPE = 4                  # standard samples per scene type (4: all 20)
 N_QUESTIONS = 400             # held-out questions for ViLT's accuracy with and without image->text (A2)
-N_CAPTIONS = 20               # captions per model for A3 (teacher-forced) and A5 / A6 (decoded)
+N_CAPTIONS = 20               # captions per model for A3 (teacher-forced) and A5 / A6 (a) (decoded)
+DRIFT_CAPTIONS = 60           # A6 (b): captions of four-object scenes, where the captioner does make errors
 N_GEN_PROMPTS = 8             # generator prompts for the side-by-side profile and word -> region IoU
 GEN_STEPS = 10                # sampling steps of those generator runs
 N_DRAWINGS = 4                # images the unified model draws with capture on
@@ -124,8 +125,9 @@ board.rule("A5", "Janus, same images: (a) image share of the answer token minus 
            "tokens above 0; (b) their ratio above 1.2 (the study: ~60% / ~40% = 1.5)",
            criteria={"a": {"above": 0.0}, "b": {"above": 1.2}})
 board.rule("A6", "Janus captions: (a) lag-1 correlation of the per-token image share (each position's mean removed) "
-           "below 0 (suppression); (b) AUROC of a low third-of-caption image share for an error in that third above "
-           "0.6 (drift)", criteria={"a": {"below": 0.0}, "b": {"above": 0.6}})
+           "below 0 (suppression); (b) on captions of four-object scenes, AUROC of a low third-of-caption image share "
+           "for an error in that third (a phrase naming no object of the scene) above 0.6 (drift)",
+           criteria={"a": {"below": 0.0}, "b": {"above": 0.6}})
 
 # %% [markdown]
 # ## 1. The models
@@ -158,9 +160,9 @@ WrappedTable(pd.DataFrame([card_line(r, n) for r, n in NAME.items() if n is not 
 
 # %% [markdown]
 # **Not every model reached its bar.** Training ran on two CPU cores with a fixed budget; a card whose target was
-# not reached says so, and the measurements below are taken on the model as it is. Read those sections with the
-# shortfall in mind: a model that answers "is there a …?" at chance has not learned to bind colour and shape on
-# one object.
+# not reached says so (tiny-janus), and the measurements below are taken on the model as it is. Read those sections
+# with the shortfall in mind: a model that answers "is there a …?" at chance has not learned to bind colour and shape
+# on one object. (tiny-mllama sat there too until a one-object curriculum unlocked it: its card.)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -488,8 +490,10 @@ if CL in models:
 # **Task switch.** The same images, two prompts: `describe the image .` (a caption of several tokens) and one
 # question (one answer token). For every generated token, the image share of the query that produced it (mean over
 # heads and layers). **Suppression**: does a token that read the image heavily make the next one read it less?
-# **Drift**: is a third of a caption with a low image share more likely to contain a wrong colour, shape or
-# position word?
+# **Drift**: is a third of a caption with a low image share more likely to hold an error? The standard set is
+# captioned almost exactly, so drift is measured on `DRIFT_CAPTIONS` captions of four-object scenes (cluttered and
+# overlapping), where the captioner does slip; an error is a `colour shape position` phrase that names no object of
+# the scene (a wrong word or a wrong binding).
 
 # %%
 JN = "Janus (unified)"
@@ -506,21 +510,26 @@ if JN in models:
         sh = AR.generated_share(res, f"d{i}", len(toks)).mean(-1)
         describe.append(float(sh.mean()))
         series.append(sh)
-        err = AR.caption_errors(toks, q.scene)
-        for k, idx in enumerate(np.array_split(np.arange(len(toks)), 3)):
-            if len(idx):
-                thirds.append({"caption": i, "third": k, "share": float(sh[idx].mean()), "error": bool(err[idx].any())})
         atoks, ares = decode_with_capture(jm, jp, q.scene.uint8(), q.question, sample_id=f"a{i}", max_new_tokens=1)
         answer.append(float(AR.generated_share(ares, f"a{i}", 1).mean()))
     describe, answer = np.array(describe), np.array(answer)
+    # drift (A6 b) needs errors: captions of four-object scenes, where the standard set's ~98% exact captions slip
+    for i, sc in enumerate(AR.hard_caption_scenes(DRIFT_CAPTIONS, seed=SEED + 7)):
+        toks, res = decode_with_capture(jm, jp, sc.uint8(), CAPTION_QUESTION, sample_id=f"h{i}", max_new_tokens=16)
+        if toks:
+            sh, err = AR.generated_share(res, f"h{i}", len(toks)).mean(-1), AR.phrase_errors(toks, sc)
+            thirds += [{"caption": i, "third": k, "share": float(sh[idx].mean()), "error": bool(err[idx].any())}
+                       for k, idx in enumerate(np.array_split(np.arange(len(toks)), 3)) if len(idx)]
     TH = pd.DataFrame(thirds, columns=["caption", "third", "share", "error"])
 
 # %%
 # NBVAL_CHECK_OUTPUT
 if JN in models:
     print(f"image share of the generated tokens: describing {describe.mean():.3f}, answering {answer.mean():.3f} "
-          f"({len(describe)} of {len(jq)} images: the others got an empty caption); captions with a wrong attribute word in some third: "
-          f"{TH.groupby('caption').error.any().mean():.2f}")
+          f"({len(describe)} of {len(jq)} images: the others got an empty caption)")
+    print(f"four-object scenes: {TH.caption.nunique()} captions, {TH.groupby('caption').error.any().mean():.2f} of them with "
+          f"a phrase naming no object; {int(TH.error.sum())} of {len(TH)} thirds hold an error; image share of thirds "
+          f"with an error {TH[TH.error].share.mean():.3f} vs without {TH[~TH.error].share.mean():.3f}")
     if series:
         print(f"pooled lag-1 correlation of the per-token image share (positions' means removed): {AR.lag1(series):.3f}")
 
@@ -613,7 +622,7 @@ elif JN in models:
     else:
         a6 = bootstrap(series, AR.lag1, "captions")
         board.measure("A6", None, criterion="b", note=f"{int(TH.error.sum())} of {len(TH)} caption thirds hold an error: "
-                      f"too few errors to tell drift from chance (raise N_CAPTIONS); (a) alone: lag-1 correlation "
+                      f"too few errors to tell drift from chance (raise DRIFT_CAPTIONS); (a) alone: lag-1 correlation "
                       f"{a6.value:.2f} [{a6.lo:.2f}, {a6.hi:.2f}] over {a6.n} captions")
 else:
     board.measure("A5", None, note="no unified model (UNIFIED = None)")
@@ -649,8 +658,9 @@ if CL in models:
           f"cover {last.area_share.mean():.2f} of the picture (A4 {v['A4']}).")
 if JN in models and len(describe) >= 2:
     print(f"- Janus reads the image {describe.mean():.2f} while describing and {answer.mean():.2f} while answering "
-          f"(the study: ~0.40 / ~0.60; A5 {v['A5']}); lag-1 correlation of the per-token share {AR.lag1(series):.2f} "
-          f"(A6 {v['A6']}).")
+          f"(the study: ~0.40 / ~0.60; A5 {v['A5']}); lag-1 correlation of the per-token share {AR.lag1(series):.2f}; "
+          f"on four-object scenes a third with an error reads the image {TH[TH.error].share.mean():.2f} vs "
+          f"{TH[~TH.error].share.mean():.2f} without (A6 {v['A6']}).")
 
 # %% [markdown]
 # **Reading the scoreboard.** Each verdict is what these small models trained on coloured shapes do, not what the
@@ -668,8 +678,8 @@ if JN in models and len(describe) >= 2:
 #    the text must read the image; compare with section 8, where the image queries lose the text.
 # 2. ★★ Repeat section 9's object-word focus with the question `where is the {colour} {shape} ?` (the shape word's
 #    row, `object_word_selectivity`) instead of captions: which cross-attention layer focuses hardest? *Expected:*
-#    the middle layer (3) lands best — median IoU 0.20 against 0.09 in layers 1 and 5 (chance 0.05) — yet the shape
-#    word's [selectivity](../docs/GLOSSARY.md#selectivity) is below 1 in every layer (0.77 / 0.74 / 0.62): its
+#    the low layer (1) lands best — median IoU 0.23 against 0.14 in layer 3 and 0.20 in layer 5 (chance 0.05) — yet
+#    the shape word's [selectivity](../docs/GLOSSARY.md#selectivity) is below 1 in every layer (0.96 / 0.69 / 0.82): its
 #    attention covers the asked object more than chance, but per patch it reads the other objects as much or more.
 # 3. ★★★ Measure A5 per layer instead of over all layers: in which layers does answering read the image more than
 #    describing? *Expected:* on tiny-janus (20 images) answering reads the image *less* in layers 0–1

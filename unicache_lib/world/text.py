@@ -55,8 +55,15 @@ def make_qa(
     size: int = 64,
     scene_types: tuple[str, ...] = SCENE_TYPES,
     qtypes: tuple[str, ...] = QUESTION_TYPES,
+    exists_negatives: str = "hard",
 ) -> QA:
-    """Draw a question type (or use ``qtype``), a balanced answer, then a scene where it is true."""
+    """Draw a question type (or use ``qtype``), a balanced answer, then a scene where it is true.
+
+    ``exists_negatives`` (a training curriculum; every held-out set uses ``"hard"``): ``"hard"`` asks for an
+    absent object that shares the colour or the shape of a present one; ``"random"`` for any absent
+    colour x shape (most of them have a colour the scene lacks)."""
+    if exists_negatives not in ("hard", "random"):
+        raise ValueError(f"exists_negatives must be 'hard' or 'random', not {exists_negatives!r}")
     qtype = qtype or str(rng.choice(qtypes))
     if qtype not in QUESTION_TYPES:
         raise ValueError(f"unknown question type {qtype!r}; expected one of {QUESTION_TYPES}")
@@ -78,6 +85,10 @@ def make_qa(
             t = int(rng.integers(len(sc.objects)))
             return QA(sc, qtype, f"is there a {sc.objects[t].name} ?", answer, t)
         present = {(o.colour, o.shape) for o in sc.objects}
+        if exists_negatives == "random":
+            cands = [(c, s) for c in COLOURS for s in SHAPES if (c, s) not in present]
+            c, s = cands[int(rng.integers(len(cands)))]
+            return QA(sc, qtype, f"is there a {c} {s} ?", answer, None)
         # hard negatives: share the colour or the shape of a present object
         ref = sc.objects[int(rng.integers(len(sc.objects)))]
         cands = [(ref.colour, s) for s in SHAPES] + [(c, ref.shape) for c in COLOURS]

@@ -35,7 +35,7 @@ from ..world.scenes import make_scene
 from ..world.segment import score_object
 from ..world.text import short_prompt
 from .checksums import write_card
-from .shipping import save_and_reload
+from .shipping import load_previous, save_and_reload
 from .patch_heads import train_patch_heads
 from .train_generator import eval_prompts
 from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, sample_batch
@@ -211,7 +211,10 @@ def evaluate_generation(model, processor, n=100, guidance=3.0) -> dict:
     return {k: float(np.mean([s[k] for s in scores])) for k in scores[0]} | {"n": n, "guidance": guidance}
 
 
-def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None):
+def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, single_frac=0.08,
+             weights=None, exists_negatives="hard"):
+    """Stage b. The first ``single_frac`` of the understanding batches use one-object scenes only; ``weights`` and
+    ``exists_negatives`` shape the question mix (:func:`unicache_lib.zoo.train_llava.sample_batch`)."""
     m = model.model
     for part in (m.vision_model, m.vqmodel):
         part.requires_grad_(False)
@@ -228,7 +231,8 @@ def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, ev
         m.vqmodel.eval()
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
-        items = sample_batch(rng, batch, single_only=step < 0.08 * steps)
+        items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights,
+                             exists_negatives=exists_negatives)
         inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
                              [a for _, _, a in items])
         logits = model(**inp).logits[:, :-1].flatten(0, 1)
@@ -267,6 +271,14 @@ def main(argv=None):
     ap.add_argument("--n-generate", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--n-captions", type=int, default=200)
+    ap.add_argument("--init-from", default=None,
+                    help="continue stage b from a saved checkpoint (pass --steps-vq 0 --steps-a 0); the card keeps the earlier run")
+    ap.add_argument("--qtype-weights", default="", help="e.g. colour=3,exists=3 (others 1): skew the question mix")
+    ap.add_argument("--single-frac", type=float, default=None,
+                    help="share of stage-b steps on one-object scenes only (default: 0.08, or 0 with --init-from)")
+    ap.add_argument("--exists-negatives", default="hard", choices=("hard", "random"),
+                    help="'is there a ...?' negatives in training: 'hard' (as every held-out set) or 'random' (any absent "
+                         "colour x shape): an easier curriculum")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -275,16 +287,29 @@ def main(argv=None):
     fam = FAMILIES["Janus"]
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    model, proc = build(args.seed)
+    previous = None
+    if args.init_from:
+        model, proc, previous = load_previous(args.init_from, fam.model_class)
+        fam.adapt_processor(proc, model.config)
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(args.init_from)  # keeps boi_token_id
+    else:
+        model, proc = build(args.seed)
     log: list = []
-    train_vq(model.model.vqmodel, proc, rng, args.steps_vq, args.batch_vq, 1e-3, log)
+    if args.steps_vq:
+        train_vq(model.model.vqmodel, proc, rng, args.steps_vq, args.batch_vq, 1e-3, log)
     vq_min = (time.time() - t0) / 60
     tower = model.model.vision_model
     patch_acc = train_patch_heads(lambda imgs: tower(pixels(proc, imgs)).last_hidden_state, tower.parameters(),
-                                  tower.config.hidden_size, GRID, PATCH, rng, args.steps_a, args.batch_a, args.lr, log)
+                                  tower.config.hidden_size, GRID, PATCH, rng, args.steps_a, args.batch_a, args.lr, log) \
+        if args.steps_a else (previous or {}).get("stage_a_patch_accuracy", float("nan"))
     a_min = (time.time() - t0) / 60 - vq_min
+    weights = {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
     train_lm(fam, model, proc, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every,
-             heldout_set(200, seed=999) if args.eval_every else None)
+             heldout_set(200, seed=999) if args.eval_every else None,
+             single_frac=args.single_frac if args.single_frac is not None else (0.0 if args.init_from else 0.08),
+             weights=weights, exists_negatives=args.exists_negatives)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
     model = save_and_reload(model, proc, out)  # every number below is measured on what ships
@@ -299,7 +324,7 @@ def main(argv=None):
         "heldout": evaluate(fam, model, proc, held), "heldout_images_shuffled": evaluate(fam, model, proc, held, shuffle_seed=1),
         "captions": evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)]),
         "vq_reconstruction": vq_quality(model, proc), "generation": evaluate_generation(model, proc, args.n_generate),
-        "storage_dtype": "float16", "torch": torch.__version__, "log": log,
+        "storage_dtype": "float16", "torch": torch.__version__, "log": log, "previous_run": previous,
     }
     write_card(out, card)
     print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "vq_reconstruction",

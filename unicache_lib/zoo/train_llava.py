@@ -40,8 +40,9 @@ def patch_labels(qa: QA) -> np.ndarray:
     return _patch_labels(qa.scene, PATCH)
 
 
-def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None):
-    """``n`` (qa, question, answer) items; ``weights`` (question type -> weight) skews the mix."""
+def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None, exists_negatives="hard"):
+    """``n`` (qa, question, answer) items; ``weights`` (question type -> weight) skews the mix;
+    ``exists_negatives`` is passed to :func:`make_qa` (``"hard"``: the held-out kind)."""
     w = np.array([(weights or {}).get(t, 1.0) for t in TRAIN_QTYPES], float)
     items = []
     for _ in range(n):
@@ -51,7 +52,10 @@ def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None):
             qa = make_qa(rng, "exists", **kw)
             items.append((qa, CAPTION_QUESTION, caption(qa.scene)))
         else:
-            qa = make_qa(rng, str(rng.choice(TRAIN_QTYPES, p=w / w.sum())), **kw)
+            qt = str(rng.choice(TRAIN_QTYPES, p=w / w.sum()))
+            if qt == "exists" and exists_negatives != "hard":
+                kw["exists_negatives"] = exists_negatives
+            qa = make_qa(rng, qt, **kw)
             items.append((qa, qa.question, qa.answer))
     return items
 

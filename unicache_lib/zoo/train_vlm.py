@@ -120,7 +120,9 @@ def evaluate_captions(fam, model, processor, scenes) -> dict:
 
 
 def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, single_frac=0.08,
-             weights=None):
+             weights=None, exists_negatives="hard"):
+    """Stage b: everything but the (frozen) vision tower. The first ``single_frac`` of the steps use one-object
+    scenes only; ``exists_negatives`` is how the "is there a ...?" negatives are drawn (:func:`sample_batch`)."""
     tower = recipe.tower(model)
     tower.requires_grad_(False)
     proj, rest = recipe.lm_params(model)
@@ -133,7 +135,8 @@ def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_eve
         tower.eval()
         for g in opt.param_groups:
             g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
-        items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights)
+        items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights,
+                             exists_negatives=exists_negatives)
         inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
                              [a for _, _, a in items])
         logits = model(**inp).logits[:, :-1].flatten(0, 1)  # the label of position t is predicted at t-1
@@ -215,6 +218,11 @@ def main(argv=None):
     ap.add_argument("--init-from", default=None,
                     help="continue from a saved checkpoint (stage b only; pass --steps-a 0); the card keeps the earlier run")
     ap.add_argument("--qtype-weights", default="", help="e.g. exists=3 (others 1): skew the question mix")
+    ap.add_argument("--single-frac", type=float, default=None,
+                    help="share of stage-b steps on one-object scenes only (default: 0.08, or 0 with --init-from)")
+    ap.add_argument("--exists-negatives", default="hard", choices=("hard", "random"),
+                    help="'is there a ...?' negatives in training: 'hard' (share a colour or shape with a present object, "
+                         "as every held-out set) or 'random' (any absent colour x shape): an easier curriculum")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -238,7 +246,8 @@ def main(argv=None):
     quick = heldout_set(200, seed=999) if args.eval_every else None
     weights = {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
     train_lm(recipe, fam, model, proc, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick,
-             single_frac=0.0 if args.init_from else 0.08, weights=weights)
+             single_frac=args.single_frac if args.single_frac is not None else (0.0 if args.init_from else 0.08),
+             weights=weights, exists_negatives=args.exists_negatives)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
     model = save_and_reload(model, proc, out)  # every number below is measured on what ships
