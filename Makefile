@@ -65,11 +65,13 @@ notebooks: setup
 	  $(BIN)/python tools/clean_nb.py "$$nb"; \
 	done
 
-## lab: JupyterLab with ipywidgets working, on notebooks/ (relative OUT_DIR and stores still go to the repository's
-##      outputs/, see unicache_lib.paths); --allow-root is added only when run as root (EUID=0)
+## lab: JupyterLab with ipywidgets working, serving the repository root and opening on notebooks/, so the notebooks'
+##      links into docs/ (the glossary) open in the lab (tests/test_browser.py clicks one); relative OUT_DIR and stores
+##      go to the repository's outputs/ (unicache_lib.paths); --allow-root is added only when run as root (EUID=0)
 EUID ?= $(shell id -u)
+LAB_FLAGS := --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(EUID)),--allow-root)
+	$(BIN)/jupyter lab $(LAB_FLAGS) $(if $(filter 0,$(EUID)),--allow-root)
 
 ## benchmark: capture overhead (attention-dominated and real-width LLaVA shapes, an SD3-medium block), KV eviction and
 ##            cross-step reuse; ratios measured side by side (the capture-overhead part: about 20 minutes on 2 CPU cores)

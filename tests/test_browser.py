@@ -1,13 +1,17 @@
 """A real reader: JupyterLab on loopback, a notebook built from its source opened in headless Chromium,
 run, a slider of its explorer widget moved with the keyboard, and the picture must change (notebook 02:
 the layer slider of the attention explorer, over all layers and over a LAYERS subset, where the next
-stop is the next captured layer; notebook 03: the step slider of the step explorer)."""
+stop is the next captured layer; notebook 03: the step slider of the step explorer; notebook 07: the layer slider
+of the model explorer). And a glossary link clicked in a notebook served as `make lab` serves it opens the
+glossary scrolled to its term."""
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,14 +44,70 @@ CASES = {  # case -> (notebook, parameters, slider, its readout after one step r
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_slider_redraws_in_jupyterlab(tmp_path, case):
-    name, params, slider, readout = CASES[case]
+def _need_browser():
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed: `make setup` installs it (apt-get install chromium)")
         pytest.skip("chromium not installed (make setup installs it)")
-    pw = pytest.importorskip("playwright.sync_api")
+    return pytest.importorskip("playwright.sync_api")
+
+
+@contextmanager
+def _lab(root: Path, log: Path, extra=()):
+    """JupyterLab on a free loopback port serving ``root``; yields its base URL; stopped on exit, even on error."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    lab = subprocess.Popen(  # the kernel imports this checkout's unicache_lib
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
+         "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}", "--LabApp.news_url=", *extra],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+    try:
+        for _ in range(90):
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                time.sleep(1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        lab.terminate()
+        lab.wait(30)
+
+
+def _browser(p):
+    return p.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"])
+
+
+def test_glossary_link_opens_its_term_in_make_lab(tmp_path):
+    """`make lab` serves the repository root (its LAB_FLAGS, read from the Makefile), so a notebook's
+    `../docs/GLOSSARY.md#anchors` resolves; clicking it opens the glossary with the term's heading in view."""
+    pw = _need_browser()
+    flags = re.search(r"^LAB_FLAGS := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    root = next(f.split("=", 1)[1] for f in flags if f.startswith("--ServerApp.root_dir="))
+    assert (ROOT / root).resolve() == ROOT, "make lab must serve the repository root for docs/ links to open"
+    with _lab(ROOT, tmp_path / "lab.log", [f for f in flags if not f.startswith("--ServerApp.root_dir=")]) as url, \
+            pw.sync_playwright() as p:
+        browser = _browser(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/lab/tree/notebooks/01_capture.ipynb")
+        page.wait_for_selector(".jp-Notebook", timeout=90_000)
+        link = page.locator(".jp-RenderedMarkdown a[href$='GLOSSARY.md#anchors'], "
+                            ".jp-RenderedMarkdown a[href*='GLOSSARY.md?'][href$='#anchors']").first
+        link.click(timeout=60_000)
+        heading = page.locator(".jp-MarkdownViewer [data-jupyter-id='anchors']")
+        heading.wait_for(timeout=60_000)
+        pw.expect(heading).to_be_in_viewport(timeout=30_000)
+        page.screenshot(path=str(tmp_path / "glossary.png"))
+        assert "Anchors" in page.locator(".jp-MarkdownViewer").inner_text()
+        browser.close()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_slider_redraws_in_jupyterlab(tmp_path, case):
+    name, params, slider, readout = CASES[case]
+    pw = _need_browser()
     sync_playwright, expect = pw.sync_playwright, pw.expect
     import papermill as pm
 
@@ -67,46 +127,28 @@ def test_slider_redraws_in_jupyterlab(tmp_path, case):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nbformat.write(book, nb)
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    lab = subprocess.Popen(  # the kernel imports this checkout's unicache_lib
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
-         "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={tmp_path}", "--LabApp.news_url="],
-        stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT, env=env)
-    try:
-        for _ in range(90):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(1)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run", "--disable-quic"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"http://127.0.0.1:{port}/lab/tree/nb.ipynb")
-            page.wait_for_selector(".jp-Notebook", timeout=90_000)
-            try:  # a kernel picker may come up first
-                page.locator(".jp-Dialog button", has_text="Select").click(timeout=5_000)
-            except Exception:
-                pass
-            page.wait_for_selector("text=Kernel status: Idle", state="attached", timeout=90_000)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-            img = page.locator(".widget-output img").first
-            img.wait_for(timeout=300_000)
-            before = img.get_attribute("src")
-            layer = page.locator(".widget-hslider", has_text=slider)
-            layer.locator(".noUi-handle").focus()
-            page.keyboard.press("ArrowRight")
-            page.wait_for_function(
-                "s => { const i = document.querySelector('.widget-output img'); return i && i.src !== s; }",
-                arg=before, timeout=60_000)
-            expect(layer.locator(".widget-readout")).to_have_text(readout, timeout=10_000)
-            page.screenshot(path=str(tmp_path / "after.png"))
-            browser.close()
-    finally:
-        lab.terminate()
-        lab.wait(30)
+    with _lab(tmp_path, tmp_path / "lab.log") as url, sync_playwright() as p:
+        browser = _browser(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/lab/tree/nb.ipynb")
+        page.wait_for_selector(".jp-Notebook", timeout=90_000)
+        try:  # a kernel picker may come up first
+            page.locator(".jp-Dialog button", has_text="Select").click(timeout=5_000)
+        except Exception:
+            pass
+        page.wait_for_selector("text=Kernel status: Idle", state="attached", timeout=90_000)
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        img = page.locator(".widget-output img").first
+        img.wait_for(timeout=300_000)
+        before = img.get_attribute("src")
+        layer = page.locator(".widget-hslider", has_text=slider)
+        layer.locator(".noUi-handle").focus()
+        page.keyboard.press("ArrowRight")
+        page.wait_for_function(
+            "s => { const i = document.querySelector('.widget-output img'); return i && i.src !== s; }",
+            arg=before, timeout=60_000)
+        expect(layer.locator(".widget-readout")).to_have_text(readout, timeout=10_000)
+        page.screenshot(path=str(tmp_path / "after.png"))
+        browser.close()
     assert (tmp_path / "out" / "scoreboard.json").exists()  # the whole notebook ran in the browser

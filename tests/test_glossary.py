@@ -18,9 +18,31 @@ def anchors() -> set[str]:
     return {anchor(m) for m in re.findall(r"^## (.+)$", GLOSSARY.read_text(), re.M)}
 
 
+def jupyter_anchor(heading: str) -> str:
+    """JupyterLab's (and nbconvert's) heading id: the text with spaces as hyphens, case and punctuation kept."""
+    return heading.strip().replace(" ", "-")
+
+
 def test_anchor_rule():
     assert anchor("PSNR and SSIM") == "psnr-and-ssim" and anchor("Top-10% share") == "top-10-share"
     assert anchor("KV cache") == "kv-cache"
+    assert jupyter_anchor("KV cache") == "KV-cache" != anchor("KV cache")  # why the headings are lower case
+
+
+def test_glossary_anchors_are_the_same_on_github_and_in_jupyterlab():
+    """A link `GLOSSARY.md#kv-cache` opened in JupyterLab scrolls to the heading whose id is exactly `kv-cache`:
+    a heading `KV cache` would get `KV-cache` there and the link would open the page at its top."""
+    bad = [h for h in re.findall(r"^## (.+)$", GLOSSARY.read_text(), re.M) if jupyter_anchor(h) != anchor(h)]
+    assert not bad, f"glossary headings whose JupyterLab anchor differs from GitHub's (write them in lower case, " \
+                    f"letters, digits, spaces and hyphens only): {bad}"
+
+
+def test_notebooks_link_into_markdown_pages_only_where_jupyterlab_can_follow():
+    """Outside the glossary, a notebook's link into a .md page carries no #fragment (README and docs headings are
+    capitalised: their GitHub anchor does not exist in JupyterLab)."""
+    bad = [(f.name, m) for f in ROOT.glob("notebooks/src/*.py")
+           for m in re.findall(r"\]\(([^)\s]*\.md#[^)\s]*)\)", f.read_text()) if "GLOSSARY.md#" not in m]
+    assert not bad, f"links with a fragment into a markdown page other than the glossary: {bad}"
 
 
 def test_every_glossary_link_resolves():

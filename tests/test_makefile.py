@@ -25,7 +25,7 @@ def test_every_target_has_a_help_line_and_a_readme_entry():
 def test_lab_adds_allow_root_only_for_root(euid, flag):
     out = subprocess.run(["make", "-n", "lab", f"EUID={euid}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     lab = [line for line in out.splitlines() if "jupyter lab" in line]
-    assert len(lab) == 1 and "--notebook-dir=notebooks" in lab[0]
+    assert len(lab) == 1 and "--ServerApp.root_dir=." in lab[0] and "--LabApp.default_url=/lab/tree/notebooks" in lab[0]
     assert ("--allow-root" in lab[0]) is flag
 
 
