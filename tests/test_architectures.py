@@ -9,6 +9,7 @@ given where the image positions are known to be the grid.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -220,3 +221,94 @@ def test_janus_drawing_is_self_consistent_and_counts_the_image_span():
             assert r.spans.n_image == k and len(r.spans) == P + k
     with pytest.raises(ValueError, match="begin_of_image"):
         generate_image_with_capture(model, proc(text=["user : a red circle"], return_tensors="pt")["input_ids"])
+
+
+def test_fusion_correct_blinding_one_layer_changes_less_than_all(encoder):
+    """``fusion_correct`` on a tiny random ViLT: blinding no layer is the model's own answers (repeatable), a layer
+    that does not exist is refused naming the layers there are, and the per-layer mask only touches that layer."""
+    name, model, proc, inputs, fam = encoder
+    if name != "vilt":
+        return
+    from unicache_lib.analysis.architectures import fusion_correct, image_queries_blind_to_text
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    qas = heldout_set(12, seed=3)
+    a, b = fusion_correct(model, proc, qas, batch=5), fusion_correct(model, proc, qas, batch=12)
+    assert a.shape == (12,) and np.array_equal(a, b)  # batching does not change an answer
+    with pytest.raises(ValueError, match=r"layers \[7\] are not self-attention layers.*\[0, 1\]"):
+        with image_queries_blind_to_text(model, fam.n_image(model.config, inputs), layers=[7]):
+            pass
+    n_img = fam.n_image(model.config, inputs)
+    with torch.no_grad(), image_queries_blind_to_text(model, n_img, layers=[1]), AttentionCapture(model, "full") as cap:
+        model(**inputs)
+    for r in cap.result:
+        img = torch.as_tensor(r.spans.array == IMAGE)
+        on_text = float(r.probs[:, img][:, :, ~img].sum())
+        assert (on_text == 0.0) == (r.layer == 1)  # only layer 1's image queries lose the text
+
+
+def test_capture_both_towers_keeps_the_image_tower_blind_to_the_caption(encoder, samples):
+    name, model, proc, inputs, fam = encoder
+    if name != "clip":
+        return
+    from unicache_lib.analysis.architectures import capture_both_towers
+
+    few = samples[:3]
+    true = capture_both_towers(model, proc, few, mode="full", part="vision")
+    swapped = [s.__class__(**{**s.__dict__, "caption": few[(i + 1) % 3].caption}) for i, s in enumerate(few)]
+    other = capture_both_towers(model, proc, swapped, mode="full", part="vision")
+    assert len(true.records) == 3 * model.config.vision_config.num_hidden_layers
+    assert all(torch.equal(a.probs, b.probs) for a, b in zip(true.records, other.records))
+    both = capture_both_towers(model, proc, few[:1], mode="stats", part="all")
+    assert {r.part for r in both.records} == {"vision", "language"}
+
+
+def test_drawing_label_never_calls_an_unjudged_position_wrong():
+    from unicache_lib.analysis.architectures import drawing_label
+
+    assert drawing_label({"colour": False, "position": False}) == "colour wrong (position not judged)"
+    assert drawing_label({"colour": True, "position": False}) == "colour ok, position wrong"
+    assert drawing_label({"colour": True, "position": True}) == "colour ok, position ok"
+
+
+def test_layout_masks_match_each_architectures_rule():
+    from unicache_lib.analysis.architectures import layout_masks
+
+    L = layout_masks(n_image=4, n_text=2)
+    assert len(L) == 7
+    q, k, m = L["LLaVA: concat decoder"]
+    assert m.shape == (6, 6) and not m[0, 1] and m[5].all()  # causal: the first image token sees only itself
+    q, k, m = L["CLIP: dual tower"]
+    img, txt = np.array([c == "I" for c in q]), np.array([c == "T" for c in q])
+    assert not m[img][:, txt].any() and not m[txt][:, img].any()  # the towers never read each other
+    q, k, m = L["Mllama: a cross-attention layer"]
+    assert set(q) == {"T"} and set(k) == {"I"} and m.all()
+    for name, (q, k, m) in L.items():
+        assert m.shape == (len(q), len(k)) and m.any(1).all(), name  # every query reads something
+
+
+def test_claims_rules_come_before_numbers_and_missing_models_are_not_measurable():
+    from unicache_lib.analysis import architecture_claims as ACL
+    from unicache_lib.scoreboard import Scoreboard
+
+    board = Scoreboard()
+    ACL.declare(board)
+    assert set(board.rows) == set(ACL.RULES) == {f"A{i}" for i in range(1, 7)}
+    ACL.measure_fusion(board, None, None, None)
+    ACL.measure_cross_layers(board, None)
+    ACL.measure_dual_tower(board, None)
+    ACL.measure_unified(board, None, None, [], None, 0)
+    assert set(board.verdicts().values()) == {"not measurable here"}
+    # a unified model whose captions hold no error: A5 and A6 (a) measured, A6 (b) says why it is not
+    b2 = Scoreboard()
+    ACL.declare(b2)
+    rng = np.random.default_rng(0)
+    d, a = rng.uniform(0.3, 0.4, 12), rng.uniform(0.6, 0.7, 12)
+    series = [rng.normal(size=8) for _ in range(12)]
+    thirds = pd.DataFrame({"share": rng.uniform(size=30), "error": [False] * 30})
+    ACL.measure_unified(b2, d, a, series, thirds, 12)
+    ACL.measure_fusion(b2, None, None, None)
+    ACL.measure_cross_layers(b2, None)
+    ACL.measure_dual_tower(b2, None)
+    assert b2.verdicts()["A5"] == "holds"  # 0.65 / 0.35: both criteria clear their thresholds
+    assert "0 of 30 caption thirds hold an error" in b2.table().loc["A6", "note"]

@@ -128,13 +128,14 @@ def test_explorer_offers_only_captured_layers_and_redraws_at_each():
     from unicache_lib.widgets import attention_explorer
 
     res = CaptureResult.from_records([_full(s, layer) for s in ("s0", "s1") for layer in (0, 2, 5)])  # LAYERS=[0, 2, 5]
-    toks = {s: [f"t{i}" for i in range(21)] + [":"] for s in ("s0", "s1")}
+    toks = {s: [f"t{i}" for i in range(19)] + ["circle", "?", ":"] for s in ("s0", "s1")}
     imgs = {s: np.zeros((32, 32, 3), np.uint8) for s in ("s0", "s1")}
     panel = attention_explorer(res, imgs, toks, questions={"s0": "where is the red circle ?"})
     controls = {w.description: w for box in panel.children[:2] for w in box.children}
     assert set(controls) == {"sample", "query token", "layer", "head"}
     assert controls["layer"].options == (0, 2, 5) and controls["head"].max == 1  # only captured layers
-    assert controls["query token"].label == "21 ':'"
+    assert controls["query token"].label == "19 'circle'"  # opens on the object word, not the closing ':'
+    assert [o[1] for o in controls["query token"].options] == [0, 1, 18, 19, 20, 21]  # every text position offered
     seen, pngs = [], []
     picture = panel.children[-1]
     for layer in (2, 5, 0):  # every stop of the slider redraws (a missing record would raise here)
@@ -142,7 +143,7 @@ def test_explorer_offers_only_captured_layers_and_redraws_at_each():
         seen.append(panel.caption.value)
         (shown,) = picture.outputs  # the picture is the Output widget's state (one PNG), not captured output
         pngs.append(shown["data"]["image/png"])
-        assert f"layer {layer}" in seen[-1] and "where is the red circle ?" in seen[-1] and "21 &#x27;:&#x27;" in seen[-1]
+        assert f"layer {layer}" in seen[-1] and "where is the red circle ?" in seen[-1] and "19 &#x27;circle&#x27;" in seen[-1]
     assert len(set(pngs)) == 3  # a new picture at every layer
     controls["head"].value = 1
     controls["sample"].value = "s1"
@@ -223,3 +224,15 @@ def test_layer_overlays_draw_the_picture_then_one_panel_per_layer():
     assert titles[0] == "the picture" and titles[1].startswith("layer 0") and titles[2].startswith("layer 3")
     with pytest.raises(ValueError, match="at least one layer"):
         plots.layer_overlays(img, {})
+
+
+def test_first_looks_query_a_content_word():
+    from unicache_lib.analysis.token_classes import content_position
+
+    toks = ["<s>", "where", "is", "the", "red", "circle", "?", "ASSISTANT", ":"]
+    assert content_position(toks, range(len(toks))) == 5  # the object word, not ':' or '?'
+    assert content_position(toks, range(5)) == 4  # a colour when no object word is offered
+    assert content_position(["where", "is", "it", "?"], range(4)) == 2  # then any word
+    assert content_position(["?", ":"], [0, 1]) == 1  # then the last position
+    with pytest.raises(ValueError, match="at least one position"):
+        content_position(toks, [])

@@ -481,3 +481,40 @@ def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool =
         _colorbar(ax, im, cbar if shared else f"{cbar} (per-panel scale)")
     fig.tight_layout()
     return fig
+
+
+LAYOUT_COLOURS = {"image->image": "#f4a261", "image->text": "#264653", "text->image": "#e76f51", "text->text": "#2a9d8f"}
+
+
+def attention_layouts(layouts: dict, title: str = "who can read whom: query rows x key columns"):
+    """One small panel per architecture: which queries (rows) may read which keys (columns), coloured by
+    the modality pair (``X->Y``: queries of X reading keys of Y; white: masked). ``layouts``: name ->
+    ``(query kinds, key kinds, allowed [n_q, n_k] bool)`` with kinds ``"I"``/``"T"`` per position, e.g.
+    :func:`unicache_lib.analysis.architectures.layout_masks`."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    plt = _plt()
+    names = list(LAYOUT_COLOURS)
+    cmap = ListedColormap(["white"] + [LAYOUT_COLOURS[n] for n in names])
+    fig, axes = plt.subplots(1, len(layouts), figsize=(2.1 * len(layouts), 2.9))
+    for ax, (name, (q, k, allowed)) in zip(np.atleast_1d(axes), layouts.items()):
+        code = np.zeros(allowed.shape, int)
+        for i, qa in enumerate(q):
+            for j, ka in enumerate(k):
+                pair = f"{'image' if qa == 'I' else 'text'}->{'image' if ka == 'I' else 'text'}"
+                code[i, j] = names.index(pair) + 1 if allowed[i, j] else 0
+        ax.imshow(code, cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
+        ax.set_xticks(range(len(k)), ["img" if a == "I" else "txt" for a in k], fontsize=5, rotation=90)
+        ax.set_yticks(range(len(q)), ["img" if a == "I" else "txt" for a in q], fontsize=5)
+        ax.set_xticks(np.arange(-0.5, len(k)), minor=True)
+        ax.set_yticks(np.arange(-0.5, len(q)), minor=True)
+        ax.grid(which="minor", color="0.85", linewidth=0.5)
+        ax.tick_params(which="both", length=0)
+        ax.set_title(name.replace(": ", "\n"), fontsize=8)
+    np.atleast_1d(axes)[0].set(xlabel="key", ylabel="query")
+    fig.legend(handles=[Patch(color=LAYOUT_COLOURS[n], label=n) for n in names] + [Patch(facecolor="white",
+               edgecolor="0.7", label="masked")], loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

@@ -9,6 +9,7 @@ from __future__ import annotations
 from itertools import product
 
 from . import plots
+from .analysis.token_classes import content_position
 from .capture.record import CaptureResult, Record
 from .plots import quoted
 
@@ -77,7 +78,8 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
         questions: sample id -> the question asked (shown above the picture).
     Returns:
         an ``ipywidgets.VBox`` (display it, or let it be the cell's last expression); its ``caption``
-        (an ``HTML`` widget) names the sample, layer, head, question and query token in words.
+        (an ``HTML`` widget) names the sample, layer, head, question and query token in words. It opens on the
+        last text position naming an object or a colour (:func:`~unicache_lib.analysis.token_classes.content_position`).
     """
     import ipywidgets as W
 
@@ -100,8 +102,11 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
         idx = range(r.probs.shape[1]) if r.part == "cross" else r.spans.text_index
         return [(quoted(int(i), tokens[s][i]), int(i)) for i in idx]
 
+    def first_query(s):  # a content word (an object or colour), not the prompt's closing punctuation
+        return content_position(tokens[s], [p for _, p in text_positions(s)])
+
     opts = text_positions(samples[0])
-    token = W.Dropdown(options=opts, value=opts[-1][1], description="query token")
+    token = W.Dropdown(options=opts, value=first_query(samples[0]), description="query token")
     caption, out = W.HTML(), W.Output()
 
     def draw(*_):
@@ -116,7 +121,7 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
 
     def new_sample(change):
         token.options = text_positions(change["new"])
-        token.value = token.options[-1][1]
+        token.value = first_query(change["new"])
         draw()
 
     sample.observe(new_sample, names="value")

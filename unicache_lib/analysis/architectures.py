@@ -115,16 +115,23 @@ def four_block_rows(records) -> pd.DataFrame:
 
 
 @contextmanager
-def image_queries_blind_to_text(model, n_image: int):
+def image_queries_blind_to_text(model, n_image: int, layers=None):
     """Inside the block, ViLT's image queries (the last ``n_image`` positions) cannot see the text keys: a
-    pre-hook on every self-attention module adds a 4-D mask with ``-inf`` on (image row, text column). The
-    text still reads the image. Hooks are removed on exit, also on error."""
+    pre-hook on every self-attention module (or those of ``layers``, layer indices) adds a 4-D mask with ``-inf``
+    on (image row, text column). The text still reads the image. Hooks are removed on exit, also on error."""
     from ..families import family_of
 
     fam = family_of(model)
     if fam.name != "ViLT":  # other families pass their masks otherwise (kwargs, causal implied): a mask added here would
         raise ValueError(f"image_queries_blind_to_text edits ViLT's additive attention mask; {fam.name} builds its masks "
                          f"otherwise and would attend over a mask this hook did not mean. Pass a ViLT model")
+    sites = fam.sites(model, ("language",))
+    if layers is not None:
+        unknown = sorted(set(layers) - {x.layer for x in sites})
+        if unknown:
+            raise ValueError(f"layers {unknown} are not self-attention layers of this model (it has "
+                             f"{sorted(x.layer for x in sites)})")
+        sites = [x for x in sites if x.layer in set(layers)]
     handles = []
 
     def pre(module, args, kwargs):
@@ -141,7 +148,7 @@ def image_queries_blind_to_text(model, n_image: int):
         return args, kwargs
 
     try:
-        for s in fam.sites(model, ("language",)):
+        for s in sites:
             handles.append(s.module.register_forward_pre_hook(pre, with_kwargs=True))
         yield model
     finally:
@@ -273,3 +280,165 @@ def hard_caption_scenes(n: int, seed: int = 0, size: int = 64) -> list:
         raise ValueError(f"n must be >= 1 scenes, got {n}")
     rng = np.random.default_rng(seed)
     return [make_scene(rng, ("clutter", "overlap")[i % 2], size, n_objects=4) for i in range(n)]
+
+
+# --- the runs behind notebook 07's sections: each a model run with capture, returning the table it measures ---
+
+def capture_both_towers(model, processor, samples, mode: str = "stats", part: str = "all"):
+    """A dual tower (CLIP) on each sample's image and its caption, one forward per sample (the towers never read
+    each other, so a batch would only mix padding in); a :class:`~unicache_lib.capture.record.CaptureResult`."""
+    from ..capture import AttentionCapture
+    from ..capture.record import CaptureResult
+
+    res = CaptureResult()
+    for s in samples:
+        inp = {k: v.to(model.device) for k, v in processor(text=[s.caption], images=[s.image], return_tensors="pt").items()}
+        with torch.no_grad(), AttentionCapture(model, mode, part=part, sample_ids=[s.id]) as cap:
+            model(**inp)
+        res.records += cap.result.records
+    return res
+
+
+@torch.no_grad()
+def fusion_correct(model, processor, questions, blind: bool = False, batch: int = 100, layers=None) -> np.ndarray:
+    """A fusion encoder (ViLT) answering held-out ``questions`` (``heldout_set`` items): ``[n]`` 1.0 where the top
+    answer is right; ``blind``: every image query's attention on text keys masked, in every layer or in ``layers``
+    (:func:`image_queries_blind_to_text`). Patches go in grid order, so runs repeat exactly."""
+    from ..families import family_of
+    from ..zoo.train_vilt import encode
+
+    fam, ok = family_of(model), []
+    for i in range(0, len(questions), batch):
+        part = questions[i: i + batch]
+        inp = {k: v.to(model.device) for k, v in encode(processor, [q.question for q in part],
+                                                        np.stack([q.scene.uint8() for q in part])).items()}
+        inp = fam.canonical_inputs(model, inp)
+        if blind:
+            with image_queries_blind_to_text(model, n_image=fam.n_image(model.config, inp), layers=layers):
+                logits = model(**inp).logits
+        else:
+            logits = model(**inp).logits
+        ok += [model.config.id2label[int(j)] == q.answer for j, q in zip(logits.argmax(-1), part)]
+    return np.array(ok, float)
+
+
+def cross_caption_rows(model, processor, scenes) -> pd.DataFrame:
+    """A cross-attention VLM (Mllama) reading teacher-forced true captions of ``scenes``: :func:`caption_word_rows`
+    for every caption, with ``level`` (low / middle / top when there are three cross layers, else ``cross k``) and
+    ``object_focus`` (object mass / area share) added; ``sample`` is ``c{i}``."""
+    from ..capture import AttentionCapture
+    from ..capture.runner import inputs_for
+    from ..families import family_of
+    from ..world.text import CAPTION_QUESTION, caption
+
+    fam, rows = family_of(model), []
+    for i, sc in enumerate(scenes):
+        inputs = inputs_for(model, processor, sc.uint8(), None, prompt=f"{fam.prompt(processor, CAPTION_QUESTION)} {caption(sc)}")
+        with torch.no_grad(), AttentionCapture(model, "full", part="cross", sample_ids=[f"c{i}"]) as cap:
+            model(**inputs)
+        toks = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
+        rows.append(caption_word_rows(cap.result.records, toks, sc, fam.grid_tokens(model.config, inputs),
+                                      fam.image_grid(model.config, inputs)))
+    CW = pd.concat(rows, ignore_index=True)
+    layers = sorted(CW.layer.unique())
+    names = ("low", "middle", "top") if len(layers) == 3 else [f"cross {k}" for k in range(len(layers))]
+    CW["level"] = CW.layer.map(dict(zip(layers, names)))
+    CW["object_focus"] = CW.object_mass / CW.area_share
+    return CW
+
+
+def task_switch(model, processor, questions, max_new_tokens: int = 16):
+    """A unified model (Janus) on the images of ``questions``: describe each (``CAPTION_QUESTION``, up to
+    ``max_new_tokens``) and answer its question (one token). Returns ``(describe [n], answer [n], series)``: per
+    image the mean image share of the caption's tokens and of the answer token, and each caption's per-token image
+    share ``[tokens]`` (mean over layers). An image whose caption comes out empty is left out of both tasks."""
+    from ..capture.decode import decode_with_capture
+    from ..world.text import CAPTION_QUESTION
+
+    describe, answer, series = [], [], []
+    for i, q in enumerate(questions):
+        toks, res = decode_with_capture(model, processor, q.scene.uint8(), CAPTION_QUESTION, sample_id=f"d{i}",
+                                        max_new_tokens=max_new_tokens)
+        if not toks:
+            continue
+        sh = generated_share(res, f"d{i}", len(toks)).mean(-1)
+        describe.append(float(sh.mean()))
+        series.append(sh)
+        _, ares = decode_with_capture(model, processor, q.scene.uint8(), q.question, sample_id=f"a{i}", max_new_tokens=1)
+        answer.append(float(generated_share(ares, f"a{i}", 1).mean()))
+    return np.array(describe), np.array(answer), series
+
+
+def caption_thirds(model, processor, scenes, max_new_tokens: int = 16) -> pd.DataFrame:
+    """Captions of ``scenes`` (e.g. :func:`hard_caption_scenes`) cut in thirds: one row per (caption, third) with
+    the third's mean image share and whether it holds an error (:func:`phrase_errors`); the rows A6 (b) scores."""
+    from ..capture.decode import decode_with_capture
+    from ..world.text import CAPTION_QUESTION
+
+    rows = []
+    for i, sc in enumerate(scenes):
+        toks, res = decode_with_capture(model, processor, sc.uint8(), CAPTION_QUESTION, sample_id=f"h{i}",
+                                        max_new_tokens=max_new_tokens)
+        if toks:
+            sh, err = generated_share(res, f"h{i}", len(toks)).mean(-1), phrase_errors(toks, sc)
+            rows += [{"caption": i, "third": k, "share": float(sh[idx].mean()), "error": bool(err[idx].any())}
+                     for k, idx in enumerate(np.array_split(np.arange(len(toks)), 3)) if len(idx)]
+    return pd.DataFrame(rows, columns=["caption", "third", "share", "error"])
+
+
+def draw_with_capture(model, processor, prompts) -> list[dict]:
+    """A unified model drawing one image per prompt (``prompt_set`` items) with capture on. Per drawing: ``image``
+    ``[H, W, 3]`` uint8, ``score`` (:func:`~unicache_lib.world.segment.score_object` on its first object:
+    colour / position / shape; position and shape are judged only where the colour is right) and ``curve``:
+    the image share of the query producing each image token after the first (mean over layers and heads)."""
+    from ..capture.unified import generate_image_with_capture
+    from ..world.segment import score_object
+
+    out = []
+    for i, p in enumerate(prompts):
+        conv = [{"role": "user", "content": [{"type": "text", "text": p["short"]}]}]  # the checkpoint's chat layout
+        ids = processor(text=[processor.apply_chat_template(conv, add_generation_prompt=True)], generation_mode="image",
+                        return_tensors="pt")["input_ids"]
+        tokens, res = generate_image_with_capture(model, ids, sample_id=f"g{i}")
+        img = ((model.decode_image_tokens(tokens[None].to(model.device)).float().clamp(-1, 1) + 1) * 127.5).round()
+        img = img[0].byte().cpu().numpy()
+        steps = sorted({int(r.sample.rsplit("/t", 1)[1]) for r in res.records})[1:]
+        curve = [np.nanmean([float(r.data["image_share"].float()[:, -1].mean()) for r in res.select(f"g{i}/t{k}")])
+                 for k in steps]
+        out.append({"prompt": p["short"], "image": img, "score": score_object(img, p["objects"][0]), "curve": curve})
+    return out
+
+
+def drawing_label(score: dict) -> str:
+    """A drawing's verdict in words: position and shape are judged on the pixels of the asked colour, so when the
+    colour is wrong they are "not judged", not "wrong"."""
+    if not score["colour"]:
+        return "colour wrong (position not judged)"
+    return f"colour ok, position {'ok' if score['position'] else 'wrong'}"
+
+
+def layout_masks(n_image: int = 5, n_text: int = 3) -> dict[str, tuple[str, str, np.ndarray]]:
+    """The seven ways notebook 07's models let queries read keys, as toy sequences of ``n_image`` image (``I``) and
+    ``n_text`` text (``T``) tokens: name -> ``(query kinds, key kinds, allowed [n_queries, n_keys] bool)``. For the
+    picture that opens the notebook (:func:`unicache_lib.plots.attention_layouts`); the real models' spans are
+    read from each family's adapter when it is captured."""
+    I, T = "I" * n_image, "T" * n_text
+
+    def causal(n):
+        return np.tril(np.ones((n, n), bool))
+
+    def full(q, k):
+        return np.ones((len(q), len(k)), bool)
+
+    tower = np.zeros((n_image + n_text,) * 2, bool)
+    tower[:n_image, :n_image] = True
+    tower[n_image:, n_image:] = causal(n_text)
+    return {
+        "LLaVA: concat decoder": (I + T, I + T, causal(n_image + n_text)),
+        "ViLT: fusion encoder": (T + I, T + I, full(T + I, T + I)),
+        "Mllama: a cross-attention layer": (T, I, full(T, I)),
+        "CLIP: dual tower": (I + T, I + T, tower),
+        "Janus: unified, drawing": (T + I, T + I, causal(n_image + n_text)),
+        "MMDiT: joint attention": (I + T, I + T, full(I + T, I + T)),
+        "PixArt: self + cross": (I, I + T, full(I, I + T)),
+    }

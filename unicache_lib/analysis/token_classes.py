@@ -32,3 +32,16 @@ def classify_ids(tokenizer, input_ids) -> list[str]:
     toks = tokenizer.convert_ids_to_tokens(ids)
     special = set(tokenizer.all_special_tokens)
     return [token_class(t, special) for t in toks]
+
+
+def content_position(tokens: list[str], positions) -> int:
+    """The position a first look should query: the last of ``positions`` whose token names an object or a colour
+    (then: any word; then: the last position), never punctuation such as the ``:`` that ends a prompt."""
+    positions = [int(p) for p in positions]
+    if not positions:
+        raise ValueError("content_position needs at least one position")
+    for wanted in (("object", "attribute"), ("object", "attribute", "position", "function")):
+        hits = [p for p in positions if token_class(tokens[p]) in wanted]
+        if hits:
+            return hits[-1]
+    return positions[-1]

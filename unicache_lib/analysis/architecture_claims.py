@@ -1,0 +1,138 @@
+"""Notebook 07's claims (A1-A6) as data, and their measurements on a
+:class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's scoreboard cell reads as a few calls.
+
+:data:`RULES` holds each claim's rule text and thresholds (fixed before any number is computed);
+:func:`declare` writes them on a board. One ``measure_*`` function per architecture records its claims
+from the tables the notebook built, or marks them "not measurable here" with the reason when the model
+was left out (its parameter set to ``None``) or the run gave nothing to compare:
+
+- :func:`measure_fusion`: A1, A2 (a fusion encoder, ViLT);
+- :func:`measure_cross_layers`: A3 (a cross-attention VLM, Mllama);
+- :func:`measure_dual_tower`: A4 (a dual tower, CLIP);
+- :func:`measure_unified`: A5, A6 (a unified model, Janus).
+
+Every interval resamples the stated unit: samples, questions (paired), captions, images, caption thirds.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..intervals import bootstrap, difference_interval, mean_interval, ratio_interval
+
+RULES: dict[str, tuple[str, dict]] = {
+    "A1": ("ViLT, mean over layers: (a) image queries' share on image keys above 0.5; (b) image queries' share on "
+           "text keys / the text's share of the positions (what even attention would give it) below 1",
+           {"a": {"above": 0.5}, "b": {"below": 1.0}}),
+    "A2": ("ViLT: (a) cross-modal share of the healthy model (mean over layers) below 0.15; (b) accuracy lost when "
+           "image queries cannot see the text below 0.02 (text that is not injected cannot be missed)",
+           {"a": {"below": 0.15}, "b": {"below": 0.02}}),
+    "A3": ("Mllama, teacher-forced captions, cross layers low / middle / top: (a) low minus middle normalised "
+           "entropy of the caption words above 0.02 (spread, then focus); (b) middle: object words' mass on their "
+           "object / its area share above 1.5; (c) middle: position words' mass on the matching half / the opposite "
+           "half above 1.5; (d) middle minus top background mass above 0 (refine). The study's ~35% cross-modal share "
+           "is not a criterion: a cross-attention layer reads only the image",
+           {"a": {"above": 0.02}, "b": {"above": 1.5}, "c": {"above": 1.5}, "d": {"above": 0.0}}),
+    "A4": ("CLIP image tower, last layer: the class token's attention mass on the objects the caption names / "
+           "their area share above 1.5", {"": {"above": 1.5}}),
+    "A5": ("Janus, same images: (a) image share of the answer token minus the mean image share of the caption "
+           "tokens above 0; (b) their ratio above 1.2 (the study: ~60% / ~40% = 1.5)",
+           {"a": {"above": 0.0}, "b": {"above": 1.2}}),
+    "A6": ("Janus captions: (a) lag-1 correlation of the per-token image share (each position's mean removed) "
+           "below 0 (suppression); (b) on captions of four-object scenes, AUROC of a low third-of-caption image share "
+           "for an error in that third (a phrase naming no object of the scene) above 0.6 (drift)",
+           {"a": {"below": 0.0}, "b": {"above": 0.6}}),
+}
+
+
+def declare(board) -> None:
+    """Write every rule of :data:`RULES` on ``board`` (before any measurement)."""
+    for claim, (text, criteria) in RULES.items():
+        if list(criteria) == [""]:
+            board.rule(claim, text, **criteria[""])
+        else:
+            board.rule(claim, text, criteria=criteria)
+
+
+def measure_fusion(board, fb: pd.DataFrame | None, healthy: np.ndarray | None, blind: np.ndarray | None) -> None:
+    """A1, A2 from ViLT's per-sample block shares ``fb`` (columns ``image_queries_on_image``,
+    ``image_queries_on_text``, ``text_position_share``, ``cross_modal``) and its per-question correctness ``[n]``
+    healthy and with the image queries blind to the text; ``fb=None``: no fusion encoder."""
+    if fb is None:
+        for c in ("A1", "A2"):
+            board.measure(c, None, note="no fusion encoder (VILT = None)")
+        return
+    board.measure("A1", mean_interval(fb.image_queries_on_image, "samples"), criterion="a",
+                  shown="image queries' share on image keys")
+    board.measure("A1", ratio_interval(fb.image_queries_on_text, fb.text_position_share, "samples"), criterion="b",
+                  shown="image queries' share on text / text's share of positions")
+    board.measure("A2", mean_interval(fb.cross_modal, "samples"), criterion="a", shown="healthy cross-modal share")
+    board.measure("A2", difference_interval(healthy, blind, "questions"), criterion="b",
+                  shown="accuracy healthy minus image-queries-blind")
+
+
+def _level(g: pd.DataFrame, level: str, col: str) -> float:
+    return g.loc[g.level == level, col].mean()
+
+
+def measure_cross_layers(board, CW: pd.DataFrame | None) -> None:
+    """A3 from the caption-word rows ``CW`` of the cross-attention layers (columns ``sample``, ``level`` in
+    low / middle / top, ``kind``, ``norm_entropy``, ``object_focus``, ``half_selectivity``, ``background_mass``),
+    resampled by caption; ``None`` or not three cross layers: not measurable."""
+    if CW is None or CW.level.nunique() != 3 or set(CW.level) != {"low", "middle", "top"}:
+        board.measure("A3", None, note="needs a cross-attention VLM with three cross-attention layers (low, middle, top)")
+        return
+    caps = [g for _, g in CW.groupby("sample")]
+    middle = lambda gs: pd.concat(gs).query("level == 'middle'")  # noqa: E731
+    stats = {
+        "a": (lambda gs: np.mean([_level(g, "low", "norm_entropy") - _level(g, "middle", "norm_entropy") for g in gs]),
+              "low minus middle entropy"),
+        "b": (lambda gs: middle(gs).query("kind != 'position'").object_focus.mean(), "middle: object focus"),
+        "c": (lambda gs: middle(gs).half_selectivity.mean(), "middle: half selectivity"),
+        "d": (lambda gs: np.mean([_level(g, "middle", "background_mass") - _level(g, "top", "background_mass")
+                                  for g in gs]), "middle minus top background mass"),
+    }
+    for k, (stat, shown) in stats.items():
+        board.measure("A3", bootstrap(caps, stat, "captions"), criterion=k, shown=shown)
+
+
+def measure_dual_tower(board, CF: pd.DataFrame | None) -> None:
+    """A4 from the class token's focus rows ``CF`` (``layer``, ``object_mass``, ``area_share`` per sample), last
+    layer, as a ratio of means over samples; ``None``: no dual tower."""
+    if CF is None:
+        board.measure("A4", None, note="no dual-tower model (CLIP = None)")
+        return
+    last = CF[CF.layer == CF.layer.max()]
+    board.measure("A4", ratio_interval(last.object_mass, last.area_share, "samples"),
+                  shown="class token: object mass / area share (last layer)")
+
+
+def measure_unified(board, describe, answer, series: list, thirds: pd.DataFrame | None, n_asked: int) -> None:
+    """A5, A6 from Janus's per-image mean image share while describing ``describe [n]`` and answering
+    ``answer [n]``, the per-caption token series (``series``: list of ``[tokens]``) and the caption thirds of the
+    four-object scenes (``thirds``: ``share``, ``error``); ``describe=None``: no unified model. Fewer than two
+    non-empty captions, or fewer than two thirds with and without an error, make the claim (criterion) not
+    measurable, saying how many there were."""
+    from ..diagnostics.roc import auroc_interval
+    from .architectures import lag1
+
+    if describe is None:
+        for c in ("A5", "A6"):
+            board.measure(c, None, note="no unified model (UNIFIED = None)")
+        return
+    if len(describe) < 2:
+        for c in ("A5", "A6"):
+            board.measure(c, None, note=f"{len(describe)} of {n_asked} captions were not empty: nothing to compare")
+        return
+    board.measure("A5", difference_interval(answer, describe, "images"), criterion="a", shown="answer minus describe")
+    board.measure("A5", ratio_interval(answer, describe, "images"), criterion="b", shown="answer / describe")
+    a6 = bootstrap(series, lag1, "captions")
+    board.measure("A6", a6, criterion="a", shown="lag-1 correlation")
+    n_err = 0 if thirds is None else int(thirds.error.sum())
+    if thirds is not None and n_err >= 2 and (~thirds.error).sum() >= 2:
+        board.measure("A6", auroc_interval(-thirds.share.to_numpy(), thirds.error.to_numpy(), unit="caption thirds"),
+                      criterion="b", shown="AUROC, low share -> error")
+    else:
+        board.measure("A6", None, criterion="b", note=f"{n_err} of {0 if thirds is None else len(thirds)} caption thirds "
+                      f"hold an error: too few errors to tell drift from chance (raise DRIFT_CAPTIONS); (a) alone: "
+                      f"lag-1 correlation {a6.value:.2f} [{a6.lo:.2f}, {a6.hi:.2f}] over {a6.n} captions")
