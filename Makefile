@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
 run test notebooks: export UNICACHE_PROGRESS = 0
 
-.PHONY: setup run test test-fast notebooks lab benchmark replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
+.PHONY: setup run test test-fast notebooks docs lab benchmark replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 ## setup: create .venv (torch pinned first, then the project with its dev extra) and the python3 kernel; runs
 ##        again only when pyproject.toml changed (every other target depends on it)
@@ -55,15 +55,22 @@ test-fast: setup
 	$(BIN)/python -m pytest tests -q -m "not notebook and not slow"
 
 ## notebooks: rebuild the committed notebooks from notebooks/src (jupytext, paired: cell ids kept) and execute
-##            them in place (full parameters); NB=03 rebuilds one
+##            them in place (full parameters); NB=03 rebuilds one. Each notebook's scoreboard and run time are kept
+##            in data/results/ (tools/record_results.py, before clean_nb drops papermill's timings); then `make docs`
 NB ?= [0-9][0-9]
 notebooks: setup
 	@for src in notebooks/src/$(NB)_*.py; do \
 	  nb=notebooks/$$(basename $${src%.py}).ipynb; echo "== $$nb"; \
 	  $(BIN)/jupytext --quiet --update --to ipynb $$(test -f "$$nb" || echo --set-kernel python3) --output "$$nb" "$$src" && \
 	  $(BIN)/papermill --cwd . -k python3 "$$nb" "$$nb" || exit 1; \
+	  $(BIN)/python tools/record_results.py "$$nb" || exit 1; \
 	  $(BIN)/python tools/clean_nb.py "$$nb"; \
 	done
+
+## docs: refresh every generated number in README.md and docs/*.md from the committed file it comes from (markers
+##       <!--num SOURCE-->...<!--/num-->, tools/doc_numbers.py); tests/test_doc_numbers.py fails while one differs
+docs: setup
+	$(BIN)/python tools/doc_numbers.py --write
 
 ## lab: JupyterLab with ipywidgets working, serving the repository root and opening on notebooks/, so the notebooks'
 ##      links into docs/ (the glossary) open in the lab (tests/test_browser.py clicks one); relative OUT_DIR and stores
@@ -81,14 +88,14 @@ benchmark: setup
 
 ## rehearsal: random-weight stand-ins of LLaVA-1.5-7B, Qwen2-VL-2B and Llama-3.2-11B-Vision (real token counts and
 ##            depth, reduced width) through notebooks 01, 02, 04, 05 and 06 by parameters only; wall-clock and peak
-##            RSS per notebook and model -> benchmarks/results/rehearsal.csv and the README table (about 35 minutes
+##            RSS per notebook and model -> benchmarks/results/rehearsal.csv and docs/REHEARSAL.md (about 35 minutes
 ##            on 2 CPU cores; not part of CI, a slice of it is in `make test`)
 rehearsal: setup
 	$(BIN)/python -m unicache_lib.rehearsal
 
 ## rehearsal-gen: pipeline stand-ins of SD3-medium, PixArt-Sigma and FLUX.1-dev (512 px: 1,024 image tokens, real depth
 ##            and text lengths, reduced head width, tiny random VAE) through notebooks 03, 04 and 05 by parameters only;
-##            wall-clock, peak RSS and reuse speed-ups -> benchmarks/results/rehearsal_generation.csv and the README table
+##            wall-clock, peak RSS and reuse speed-ups -> benchmarks/results/rehearsal_generation.csv and docs/REHEARSAL.md
 rehearsal-gen: setup
 	$(BIN)/python -m unicache_lib.rehearsal --side generation
 
@@ -98,13 +105,13 @@ gpu-rehearsal: setup
 	$(BIN)/python benchmarks/gpu_rehearsal.py
 
 ## replicate: notebooks 02-06 on two further sample / question / prompt seeds with full parameters (hours on a
-##            CPU; not part of CI) -> data/replicate/verdicts.csv and the README's replication table.
+##            CPU; not part of CI) -> data/replicate/verdicts.csv and the replication table in docs/VERDICTS.md.
 ##            QUICK=1: tiny parameters, a smoke run that writes under outputs/replicate only
 replicate: setup
 	$(BIN)/python -m unicache_lib.replicate --seeds 1 2 $(if $(QUICK),--quick)
 
-## models: retrain the shipped models from scratch (about 7 h of CPU in all: the model cards record the training
-##         minutes of every run, one thread each; not part of CI)
+## models: retrain the shipped models from scratch (hours of CPU, one thread per run: the model cards record every
+##         run's training minutes and README.md gives their sum; not part of CI)
 models: setup
 	$(BIN)/python -m unicache_lib.world.samples --out data/samples
 	$(BIN)/python -m unicache_lib.zoo.train_llava --out runs/tiny-llava-a --seed 0

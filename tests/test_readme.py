@@ -1,4 +1,4 @@
-"""Every ```python block of README.md and docs/FORKING.md runs as written.
+"""Every ```python block of README.md and of the docs/ pages runs as written.
 
 Each document's blocks run top to bottom in one namespace (as a reader pastes them into one session),
 offline, on the shipped models, in a temporary working directory so nothing lands in the repository.
@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/FORKING.md"]
+FENCE_START = "```python"
+# README.md and every docs/ page with a python block (README.md and docs/FORKING.md must have one); each page's blocks
+# run in a namespace of their own, so a page never depends on another
+DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")
+                             if FENCE_START in p.read_text() and p.name != "FORKING.md"), "docs/FORKING.md"]
 FENCE = re.compile(r"^```python(?P<info>[^\n`]*)\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
 
 
@@ -66,6 +70,12 @@ def test_every_python_block_runs(doc, tmp_path, monkeypatch):
     run_blocks(doc, blocks)
 
 
+def test_the_pages_with_python_blocks_are_all_run():
+    assert {"README.md", "docs/FORKING.md", "docs/MODELS.md", "docs/CAPTURE.md", "docs/CACHING.md"} <= set(DOCS)
+
+
+# the per-notebook table of docs/LAYOUT.md lists the claims each notebook measures
+LAYOUT = "docs/LAYOUT.md"
 NOTEBOOK_ROW = re.compile(r"^\| `notebooks/(\d\d)_\w+\.ipynb` \|.*; claims ([^|]*?)(?: and targets ([^|]*))? \|$", re.M)
 
 
@@ -78,11 +88,27 @@ def _expand(listing: str) -> set[str]:
     return out
 
 
-def test_readme_lists_exactly_the_claims_each_notebook_measures():
-    rows = NOTEBOOK_ROW.findall((ROOT / "README.md").read_text())
+def measured_claims(src: str) -> set[str]:
+    """The claims a notebook's source rules on: its own ``board.rule("X", ...)`` calls, plus the claims whose rules it
+    declares as data in a library module (``from unicache_lib.analysis import architecture_claims``: its ``RULES``)."""
+    import importlib
+
+    claims = set(re.findall(r'board\.rule\("(\w+)"', src))
+    for mod in re.findall(r"^from unicache_lib\.analysis import (\w+_claims)\b", src, re.M):
+        claims |= set(getattr(importlib.import_module(f"unicache_lib.analysis.{mod}"), "RULES", {}))
+    return claims
+
+
+def test_measured_claims_reads_rules_in_the_source_and_rules_declared_as_data():
+    src = 'board.rule("U1", "x", above=0.5)\nfrom unicache_lib.analysis import architecture_claims as ACL\n'
+    assert {"U1", "A1"} <= measured_claims(src)
+
+
+def test_layout_lists_exactly_the_claims_each_notebook_measures():
+    rows = NOTEBOOK_ROW.findall((ROOT / LAYOUT).read_text())
     assert [nb for nb, *_ in rows] == ["01", "02", "03", "04", "05", "06", "07"]
     for nb, claims, targets in rows:
         src = next((ROOT / "notebooks" / "src").glob(f"{nb}_*.py")).read_text()
-        measured = set(re.findall(r'board\.rule\("(\w+)"', src))
+        measured = measured_claims(src)
         listed = _expand(claims) | (_expand(targets) if targets else set())
-        assert listed == measured, f"notebook {nb}: README lists {sorted(listed)}, its scoreboard has {sorted(measured)}"
+        assert listed == measured, f"notebook {nb}: {LAYOUT} lists {sorted(listed)}, its scoreboard has {sorted(measured)}"

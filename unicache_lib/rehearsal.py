@@ -9,7 +9,7 @@ Llama-3.2-11B-Vision shapes: real token counts and depth, reduced width) and run
 (one pruning fraction), 05 (two budgets, no peers) and 06 on each through papermill, **by parameters
 only** (model path, device, dtype, small sample counts). Each run is a separate process whose wall-clock
 and peak resident memory (the notebook kernel included) are recorded in :data:`RESULTS_CSV` and in the
-README table between :data:`BEGIN` and :data:`END`. Stand-ins carry random weights: their scoreboards
+table in docs/REHEARSAL.md between :data:`BEGIN` and :data:`END`. Stand-ins carry random weights: their scoreboards
 read "not meaningful (random weights)"; what the rehearsal proves is that every code path runs at real
 shapes, and what it costs.
 
@@ -18,7 +18,7 @@ part; the eviction part on the shipped tiny-llava with five questions) on the pi
 :mod:`unicache_lib.zoo.gen_standins` (SD3-medium, PixArt-Sigma and FLUX.1-dev at 512 px: 1,024 image tokens,
 real depth and text lengths, reduced head width, tiny random VAE), sampled through the real pipeline classes.
 Capture keeps the first, middle and last block (``LAYERS``), as one would at real sizes on a small machine.
-Its table goes to :data:`GEN_RESULTS_CSV` and the README between :data:`GEN_BEGIN` and :data:`GEN_END`, with
+Its table goes to :data:`GEN_RESULTS_CSV` and docs/REHEARSAL.md between :data:`GEN_BEGIN` and :data:`GEN_END`, with
 each stand-in's cross-step reuse speed-ups beside the shipped generators' (notebook 05's committed run).
 """
 from __future__ import annotations
@@ -204,7 +204,7 @@ def _isolated(nb: str, params: dict, out_nb: Path) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def write_results(rows: list[dict], csv: Path = RESULTS_CSV, readme: Path | None = ROOT / "README.md",
+def write_results(rows: list[dict], csv: Path = RESULTS_CSV, readme: Path | None = ROOT / "docs" / "REHEARSAL.md",
                   total_s: float | None = None) -> None:
     """The table as CSV (atomically) and as the README section between the markers."""
     import pandas as pd
@@ -230,7 +230,7 @@ def write_results(rows: list[dict], csv: Path = RESULTS_CSV, readme: Path | None
     _replace_section(readme, BEGIN, END, text)
 
 
-def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CSV, readme: Path | None = ROOT / "README.md",
+def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CSV, readme: Path | None = ROOT / "docs" / "REHEARSAL.md",
                       total_s: float | None = None) -> None:
     """The generator table as CSV (atomically) and as the README section between the generator markers;
     ``shipped``: the shipped generators' speed-ups (from notebook 05's committed run) for the last line."""
@@ -314,7 +314,7 @@ def main(argv=None):
         if a.no_readme:
             write_gen_results(rows, shipped, out / "rehearsal_generation.csv", None, total)
         else:
-            write_gen_results(rows, shipped, GEN_RESULTS_CSV, ROOT / "README.md", total)
+            write_gen_results(rows, shipped, GEN_RESULTS_CSV, ROOT / "docs" / "REHEARSAL.md", total)
         print(f"rehearsal (generation): {len(rows)} runs in {total / 60:.1f} min")
         return
     a.models = a.models or list(STANDINS)
@@ -328,7 +328,7 @@ def main(argv=None):
     if a.no_readme:
         write_results(rows, out / "rehearsal.csv", None, total)
     else:
-        write_results(rows, RESULTS_CSV, ROOT / "README.md", total)
+        write_results(rows, RESULTS_CSV, ROOT / "docs" / "REHEARSAL.md", total)
     print(f"rehearsal: {len(rows)} runs in {total / 60:.1f} min")
 
 

@@ -7,7 +7,7 @@ Each seed ``s`` runs every notebook with ``SAMPLE_SEED = s`` (another standard s
 and ``SEED = s`` (other held-out questions and prompts), next to the shipped run (``SAMPLE_SEED`` =
 the committed set, ``SEED = 0``). Notebooks are built from ``notebooks/src`` into the output folder, so
 the run always matches the sources. Every scoreboard's verdicts go into one table, one row per claim
-and one column per seed, written as CSV (:data:`VERDICTS_CSV`) and as a README section between
+and one column per seed, written as CSV (:data:`VERDICTS_CSV`) and as a section of docs/VERDICTS.md between
 :data:`BEGIN` and :data:`END`. A claim whose verdict differs across the columns is "unstable across
 sample sets"; :func:`unstable_claims` hands those ids to :class:`~unicache_lib.scoreboard.Scoreboard`,
 which notes it on the committed scoreboards.
@@ -159,7 +159,7 @@ def main(argv=None):
     ap.add_argument("--out", default="outputs/replicate", help="executed notebooks and their outputs")
     ap.add_argument("--quick", action="store_true", help="tiny parameters (a smoke run; writes under --out unless told)")
     ap.add_argument("--csv", default=None, help=f"verdict table (default {VERDICTS_CSV.relative_to(ROOT)}; --quick: OUT/verdicts.csv)")
-    ap.add_argument("--readme", default=None, help="README to update (default README.md; --quick: OUT/README-section.md)")
+    ap.add_argument("--readme", default=None, help="page to update (default docs/VERDICTS.md; --quick: OUT/README-section.md)")
     a = ap.parse_args(argv)
     if any(s == sample_set.SEED for s in a.seeds):
         ap.error(f"seed {sample_set.SEED} is the shipped standard set; pick further seeds")
@@ -173,7 +173,7 @@ def main(argv=None):
     df.to_csv(csv, index=False)
     section = readme_section(df, a.quick)
     if a.readme or not a.quick:
-        update_readme(Path(a.readme) if a.readme else ROOT / "README.md", section)
+        update_readme(Path(a.readme) if a.readme else ROOT / "docs" / "VERDICTS.md", section)
     else:
         (out / "README-section.md").write_text(section + "\n")
     print(df.to_string(index=False))

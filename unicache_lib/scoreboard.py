@@ -198,6 +198,35 @@ def _fmt(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
 
 
+def _cells(ms: list[tuple[str, Measurement | None]]) -> dict:
+    """The value, interval, n and unit cells of one row from its criteria's measurements, in rule order."""
+    tag = (lambda k: f"({k}) ") if len(ms) > 1 else (lambda k: "")
+    value = "; ".join(f"{tag(k)}{_fmt(m.value if m else None)}" for k, m in ms)
+    interval = "; ".join(f"{tag(k)}[{_fmt(m.lo)}, {_fmt(m.hi)}]" if m and m.value is not None else f"{tag(k)}-" for k, m in ms)
+    ns = {m.n for _, m in ms if m and m.n is not None}
+    units = {m.unit for _, m in ms if m and m.unit}
+    n = str(ns.pop()) if len(ns) == 1 else "; ".join(f"{tag(k)}{m.n}" for k, m in ms if m and m.n is not None) or "-"
+    unit = units.pop() if len(units) == 1 else "; ".join(f"{tag(k)}{m.unit}" for k, m in ms if m and m.unit)
+    return {"value": value, "interval": interval, "n": n, "unit": unit}
+
+
+def saved_table(rows: list[dict]):
+    """:meth:`Scoreboard.table` rebuilt from a saved scoreboard (the JSON of :meth:`Scoreboard.save`), so a saved
+    file can be compared with what a notebook printed (``repr(ScoreboardView(saved_table(rows)))``)."""
+    import pandas as pd
+
+    out = []
+    for r in rows:
+        ms = [(c["name"], Measurement(None) if c["value"] is None else
+               Measurement(c["value"], math.nan if c["lo"] is None else c["lo"], math.nan if c["hi"] is None else c["hi"],
+                           c["n"], c["unit"] or "")) for c in r["criteria"]]
+        c = _cells([(k, None if m.value is None else m) for k, m in ms])
+        out.append({"claim": r["claim"], "statement": CLAIMS[r["claim"]], "measured": r["shown"], "value": c["value"],
+                    "interval (95%)": c["interval"], "n": c["n"], "unit": c["unit"], "rule": r["rule"],
+                    "verdict": r["verdict"], "note": r["note"]})
+    return pd.DataFrame(out).set_index("claim")
+
+
 class Scoreboard:
     """Rules first, then measurements, then ``table()`` (a pandas DataFrame) or ``show()``.
 
@@ -269,15 +298,7 @@ class Scoreboard:
             raise RuntimeError(f"claims with a rule but no (complete) measurement: {missing}")
 
     def _cells(self, r: Row) -> dict:
-        ms = [(k, r.measured.get(k)) for k in r.criteria]
-        tag = (lambda k: f"({k}) ") if len(r.criteria) > 1 else (lambda k: "")
-        value = "; ".join(f"{tag(k)}{_fmt(m.value if m else None)}" for k, m in ms)
-        interval = "; ".join(f"{tag(k)}[{_fmt(m.lo)}, {_fmt(m.hi)}]" if m and m.value is not None else f"{tag(k)}-" for k, m in ms)
-        ns = {m.n for _, m in ms if m and m.n is not None}
-        units = {m.unit for _, m in ms if m and m.unit}
-        n = str(ns.pop()) if len(ns) == 1 else "; ".join(f"{tag(k)}{m.n}" for k, m in ms if m and m.n is not None) or "-"
-        unit = units.pop() if len(units) == 1 else "; ".join(f"{tag(k)}{m.unit}" for k, m in ms if m and m.unit)
-        return {"value": value, "interval": interval, "n": n, "unit": unit}
+        return _cells([(k, r.measured.get(k)) for k in r.criteria])
 
     def table(self):
         """One row per claim: statement, measured, value, interval, n, unit, rule, verdict, note."""

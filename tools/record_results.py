@@ -1,0 +1,62 @@
+"""After `make notebooks` executes a notebook: keep its scoreboard and its run time as committed results.
+
+    python tools/record_results.py notebooks/05_caching.ipynb [...]
+
+For each executed notebook ``notebooks/NN_topic.ipynb`` (run by papermill with its default ``OUT_DIR``,
+``outputs/NN_topic``), writes atomically
+
+- ``data/results/NN_topic.json``: a copy of ``outputs/NN_topic/scoreboard.json``, the claims the notebook measured;
+- ``data/results/NN_topic.run.json``: papermill's run time of the notebook (``duration_s``), when it ran, and the
+  machine's core count.
+
+It must run before tools/clean_nb.py, which drops papermill's timings from the committed notebook. It refuses a
+scoreboard older than the run (the notebook did not write one this time) and a notebook papermill did not finish.
+README.md and docs/ quote these files through number markers (tools/doc_numbers.py); `make docs` refreshes them.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def record(notebook: Path, root: Path = ROOT) -> tuple[Path, Path]:
+    """Write ``data/results/<nb>.json`` and ``<nb>.run.json`` for one executed notebook; returns both paths."""
+    notebook = Path(notebook)
+    name = notebook.stem
+    pm = json.loads(notebook.read_text()).get("metadata", {}).get("papermill", {})
+    if pm.get("duration") is None or pm.get("start_time") is None or pm.get("exception"):
+        raise SystemExit(f"{notebook}: papermill recorded no finished run (record before tools/clean_nb.py strips it)")
+    board = root / "outputs" / name / "scoreboard.json"
+    if not board.is_file():
+        raise SystemExit(f"{notebook}: no {board.relative_to(root)} (the notebook writes it to its OUT_DIR)")
+    started = dt.datetime.fromisoformat(pm["start_time"]).timestamp()
+    if board.stat().st_mtime < started:
+        raise SystemExit(f"{board.relative_to(root)} is older than this run of {notebook}: not copied")
+    json.loads(board.read_text())  # a scoreboard that does not parse is not copied
+    out = root / "data" / "results" / f"{name}.json"
+    _atomic_write(out, board.read_bytes())
+    run = {"notebook": name, "duration_s": round(float(pm["duration"]), 1), "end_time": pm.get("end_time"),
+           "cpu_count": os.cpu_count(), "machine": platform.machine(),
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    run_file = root / "data" / "results" / f"{name}.run.json"
+    _atomic_write(run_file, (json.dumps(run, indent=1) + "\n").encode())
+    return out, run_file
+
+
+if __name__ == "__main__":
+    for nb in sys.argv[1:]:
+        for p in record(Path(nb)):
+            print(f"wrote {p.relative_to(ROOT)}")
