@@ -139,7 +139,15 @@ models: setup
 	$(BIN)/python -m unicache_lib.zoo.train_vilt --init-from runs/tiny-vilt-a --out data/models/tiny-vilt --seed 1 --steps 1500 \
 	  --lr 5e-4 --threads 1
 	$(BIN)/python -m unicache_lib.zoo.train_clip --out data/models/tiny-clip --seed 0 --threads 1
-	$(BIN)/python -m unicache_lib.zoo.train_janus --out data/models/tiny-janus --seed 0 --threads 1 --eval-every 1000
+	$(BIN)/python -m unicache_lib.zoo.train_janus --out runs/tiny-janus-a --seed 0 --threads 1 --eval-every 1000
+	# Janus too: "is there a ...?" at chance and colour at 0.63 after the first run; the one-object curriculum, then
+	# colour and existence weighted on every scene type (the model card's target note and previous_run)
+	$(BIN)/python -m unicache_lib.zoo.train_janus --init-from runs/tiny-janus-a --out runs/tiny-janus-c --seed 2 \
+	  --steps-vq 0 --steps-a 0 --steps-b 400 --lr 2e-3 --qtype-weights exists=20 --single-frac 1 --exists-negatives random \
+	  --n-heldout 200 --n-generate 20 --n-captions 20 --threads 1 --eval-every 200
+	$(BIN)/python -m unicache_lib.zoo.train_janus --init-from runs/tiny-janus-c --out data/models/tiny-janus --seed 3 \
+	  --steps-vq 0 --steps-a 0 --steps-b 800 --lr 1.5e-3 --qtype-weights colour=3,exists=3 --single-frac 0.25 \
+	  --exists-negatives random --n-heldout 1500 --threads 1 --eval-every 200
 
 ## clean-outputs: delete outputs/ (executed notebooks, figures, scoreboards, stores); committed files are untouched
 clean-outputs:

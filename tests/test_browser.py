@@ -41,6 +41,9 @@ CASES = {  # case -> (notebook, parameters, slider, its readout after one step r
     "02_layer_subset": ("02_understanding_maps", {**Q02, "LAYERS": [0, 2, 3]}, "layer", "2"),
     "03_diffusion_steps": ("03_diffusion_steps", {"N_SINGLE": 2, "N_PAIRS": 2, "STEPS": 5, "MAP_PROMPTS": 1,
                                                   "UNDERSTANDING_STORE": "no-such-store"}, "step", "1"),
+    # the model explorer opens on LLaVA (4 language layers, all captured): one step right is layer 1
+    "07_architectures": ("07_architectures", {"PER_TYPE": 1, "N_QUESTIONS": 20, "N_CAPTIONS": 2, "DRIFT_CAPTIONS": 2,
+                                              "N_GEN_PROMPTS": 2, "GEN_STEPS": 2, "N_DRAWINGS": 1}, "layer", "1"),
 }
 
 

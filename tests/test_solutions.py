@@ -316,3 +316,23 @@ def test_07_mllama_question_focus_per_cross_layer(s07):
 def test_07_janus_task_switch_per_layer(s07):
     t = s07.exercise_3(quick=True)["_by_layer"]
     assert list(t.index) == [0, 1, 2, 3] and t[["describe", "answer"]].stack().between(0, 1).all()
+
+
+def test_07_lower_focus_cut_off_adds_focused_heads_keeps_the_ranking(s07):
+    t = s07.exercise_4(quick=True)["_focused"]
+    assert (t[0.3] >= t[0.45]).all()  # a lower cut-off can only add focused heads
+    assert t.loc["tiny-llava", 0.3] > t.loc["tiny-vilt", 0.3]  # and the more focused model stays ahead
+
+
+def test_07_clip_image_tower_ignores_the_caption(s07):
+    out = s07.exercise_5(quick=True)["_out"]
+    assert out["vision maps identical"] and out["n_maps"] > 0  # torch.equal, map by map
+    assert out["slot i, true captions"] > out["slot i, shuffled captions"] and out["own caption found, shuffled"] >= 0.8
+
+
+def test_07_vilt_one_blind_layer_costs_between_none_and_all(s07):
+    acc = s07.exercise_6(quick=True)["_acc"]
+    layers = {k: v for k, v in acc.items() if k.startswith("layer")}
+    assert len(layers) == 6 and acc["all"] < acc["none"] - 0.1
+    assert all(acc["all"] - 0.05 <= v <= acc["none"] + 1e-9 for v in layers.values()), acc
+    assert min(layers, key=layers.get) == "layer 1"  # the layer whose text injection the answer needs most

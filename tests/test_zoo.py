@@ -67,8 +67,8 @@ def test_tiny_llava_captions_name_the_objects():
 
 # ---- the study's other architectures (notebook 07): each re-checked on a slice of its card's held-out set ----------
 # The issue's targets: 95% (Mllama, ViLT), 90% (Janus answers), recall@1 90% (CLIP), drawn colour 90% / position 80%
-# (Janus). A bar below its target is what the shipped model reached in the CPU budget, as its card and notebook 07 say.
-BAR_VILT, BAR_MLLAMA, BAR_JANUS = 0.95, 0.95, 0.72
+# (Janus). The slice bars sit a little under the cards' (300 questions wobble more than 1,500).
+BAR_VILT, BAR_MLLAMA, BAR_JANUS = 0.95, 0.95, 0.88  # Janus: 0.913 on its card's 1,500 (bar 0.90)
 VQA_BARS = {"tiny-mllama": BAR_MLLAMA, "tiny-vilt": BAR_VILT, "tiny-janus": BAR_JANUS}
 
 
@@ -117,7 +117,9 @@ def test_tiny_janus_draws_what_the_prompt_asks():
     assert rec["colour"] >= 0.9 and rec["position"] >= 0.9 and rec["psnr_db"] > 25, rec
     card = json.loads((MODELS_DIR / "tiny-janus" / "model_card.json").read_text())
     assert card["generation"]["n"] >= 100 and card["generation"]["colour"] >= 0.9
-    assert card["target"]["reached"]["understanding"] is False  # 77% < 90%: stated, not silent
+    assert card["target"]["reached"] == {"understanding": True, "generation": True}
+    per_type = card["heldout"]["per_type"]
+    assert card["heldout"]["accuracy"] >= 0.9 and min(per_type.values()) >= 0.85, card["heldout"]  # issue 30's bars
 
 
 @pytest.fixture(scope="module")

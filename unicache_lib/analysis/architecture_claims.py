@@ -82,15 +82,24 @@ def measure_cross_layers(board, CW: pd.DataFrame | None) -> None:
     if CW is None or CW.level.nunique() != 3 or set(CW.level) != {"low", "middle", "top"}:
         board.measure("A3", None, note="needs a cross-attention VLM with three cross-attention layers (low, middle, top)")
         return
-    caps = [g for _, g in CW.groupby("sample")]
-    middle = lambda gs: pd.concat(gs).query("level == 'middle'")  # noqa: E731
+    # one row of sums per caption, so each bootstrap resample is a few array sums, not pandas over every word:
+    # (a), (d): per-caption differences, averaged over captions; (b), (c): word means pooled over the resampled
+    # captions (sum over their words / number of words), exactly what concatenating their rows would give
+    per = []
+    for _, g in CW.groupby("sample"):
+        mid = g[g.level == "middle"]
+        focus, half = mid.loc[mid.kind != "position", "object_focus"].dropna(), mid.half_selectivity.dropna()
+        per.append([_level(g, "low", "norm_entropy") - _level(g, "middle", "norm_entropy"),
+                    focus.sum(), len(focus), half.sum(), len(half),
+                    _level(g, "middle", "background_mass") - _level(g, "top", "background_mass")])
+    per = np.asarray(per, float)
+    caps = list(per)
+    rows = lambda us: np.asarray(us)  # noqa: E731
     stats = {
-        "a": (lambda gs: np.mean([_level(g, "low", "norm_entropy") - _level(g, "middle", "norm_entropy") for g in gs]),
-              "low minus middle entropy"),
-        "b": (lambda gs: middle(gs).query("kind != 'position'").object_focus.mean(), "middle: object focus"),
-        "c": (lambda gs: middle(gs).half_selectivity.mean(), "middle: half selectivity"),
-        "d": (lambda gs: np.mean([_level(g, "middle", "background_mass") - _level(g, "top", "background_mass")
-                                  for g in gs]), "middle minus top background mass"),
+        "a": (lambda us: rows(us)[:, 0].mean(), "low minus middle entropy"),
+        "b": (lambda us: rows(us)[:, 1].sum() / rows(us)[:, 2].sum(), "middle: object focus"),
+        "c": (lambda us: rows(us)[:, 3].sum() / rows(us)[:, 4].sum(), "middle: half selectivity"),
+        "d": (lambda us: rows(us)[:, 5].mean(), "middle minus top background mass"),
     }
     for k, (stat, shown) in stats.items():
         board.measure("A3", bootstrap(caps, stat, "captions"), criterion=k, shown=shown)
