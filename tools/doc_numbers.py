@@ -40,12 +40,13 @@ import argparse
 import csv
 import json
 import math
-import os
 import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from unicache_lib.store import _atomic_write_bytes  # the store's write: a unique temp file, fsync, replace
 
 ROOT = Path(__file__).resolve().parents[1]
 # where a marker's source may live: committed results, model cards and the committed notebooks' metadata
@@ -400,9 +401,7 @@ def write(files=None, root: Path = ROOT) -> list[str]:
         if "".join(out) != text:
             new_texts[f] = "".join(out)
     for f, body in new_texts.items():
-        tmp = f.with_name(f".{f.name}.tmp")
-        tmp.write_text(body)
-        os.replace(tmp, f)
+        _atomic_write_bytes(f, body.encode())
     return changes
 
 

@@ -22,14 +22,9 @@ import platform
 import sys
 from pathlib import Path
 
+from unicache_lib.store import _atomic_write_bytes  # the store's write: a unique temp file, fsync, replace
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def record(notebook: Path, root: Path = ROOT) -> tuple[Path, Path]:
@@ -47,12 +42,12 @@ def record(notebook: Path, root: Path = ROOT) -> tuple[Path, Path]:
         raise SystemExit(f"{board.relative_to(root)} is older than this run of {notebook}: not copied")
     json.loads(board.read_text())  # a scoreboard that does not parse is not copied
     out = root / "data" / "results" / f"{name}.json"
-    _atomic_write(out, board.read_bytes())
+    _atomic_write_bytes(out, board.read_bytes())
     run = {"notebook": name, "duration_s": round(float(pm["duration"]), 1), "end_time": pm.get("end_time"),
            "cpu_count": os.cpu_count(), "machine": platform.machine(),
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     run_file = root / "data" / "results" / f"{name}.run.json"
-    _atomic_write(run_file, (json.dumps(run, indent=1) + "\n").encode())
+    _atomic_write_bytes(run_file, (json.dumps(run, indent=1) + "\n").encode())
     return out, run_file
 
 

@@ -305,13 +305,13 @@ def fusion_correct(model, processor, questions, blind: bool = False, batch: int 
     answer is right; ``blind``: every image query's attention on text keys masked, in every layer or in ``layers``
     (:func:`image_queries_blind_to_text`). Patches go in grid order, so runs repeat exactly."""
     from ..families import family_of
-    from ..zoo.train_vilt import encode
 
     fam, ok = family_of(model), []
     for i in range(0, len(questions), batch):
         part = questions[i: i + batch]
-        inp = {k: v.to(model.device) for k, v in encode(processor, [q.question for q in part],
-                                                        np.stack([q.scene.uint8() for q in part])).items()}
+        inp = processor(images=[q.scene.uint8() for q in part], text=[q.question for q in part], return_tensors="pt",
+                        padding=True)
+        inp = {k: v.to(model.device) for k, v in inp.items()}
         inp = fam.canonical_inputs(model, inp)
         if blind:
             with image_queries_blind_to_text(model, n_image=fam.n_image(model.config, inp), layers=layers):
@@ -391,7 +391,7 @@ def draw_with_capture(model, processor, prompts) -> list[dict]:
     ``[H, W, 3]`` uint8, ``score`` (:func:`~unicache_lib.world.segment.score_object` on its first object:
     colour / position / shape; position and shape are judged only where the colour is right) and ``curve``:
     the image share of the query producing each image token after the first (mean over layers and heads)."""
-    from ..capture.unified import generate_image_with_capture
+    from ..capture.unified import generate_image_with_capture, to_uint8
     from ..world.segment import score_object
 
     out = []
@@ -400,8 +400,7 @@ def draw_with_capture(model, processor, prompts) -> list[dict]:
         ids = processor(text=[processor.apply_chat_template(conv, add_generation_prompt=True)], generation_mode="image",
                         return_tensors="pt")["input_ids"]
         tokens, res = generate_image_with_capture(model, ids, sample_id=f"g{i}")
-        img = ((model.decode_image_tokens(tokens[None].to(model.device)).float().clamp(-1, 1) + 1) * 127.5).round()
-        img = img[0].byte().cpu().numpy()
+        img = to_uint8(model.decode_image_tokens(tokens[None].to(model.device)))[0]
         steps = sorted({int(r.sample.rsplit("/t", 1)[1]) for r in res.records})[1:]
         curve = [np.nanmean([float(r.data["image_share"].float()[:, -1].mean()) for r in res.select(f"g{i}/t{k}")])
                  for k in steps]

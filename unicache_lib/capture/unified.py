@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
+import numpy as np
 import torch
 
 from ..modality import IMAGE, TEXT, Spans
@@ -88,3 +89,8 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
         # the last step's forward (after the last token) never ran, so steps are t0 .. t{n-1}
         result.records = [r for r in cap.result.records if r.sample != "uncond"]
     return tokens.cpu(), result
+
+
+def to_uint8(decoded: torch.Tensor) -> np.ndarray:
+    """``model.decode_image_tokens`` output ``[B, H, W, 3]`` in the processor's [-1, 1] -> uint8 ``[B, H, W, 3]``."""
+    return ((decoded.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..capture.unified import to_uint8
 from ..progress import bar, write
 from ..world.scenes import make_scene
 from ..world.segment import score_object
@@ -82,11 +83,6 @@ def pixels(processor, images_uint8) -> torch.Tensor:
 def vq_pixels(processor, images_uint8) -> torch.Tensor:
     """``[B, 3, 32, 32]``: the processor's pixels averaged 2 x 2, what the VQ-VAE encodes and decodes."""
     return F.avg_pool2d(pixels(processor, images_uint8), IMAGE_SIZE // VQ_SIZE)
-
-
-def to_uint8(decoded: torch.Tensor) -> np.ndarray:
-    """``decode_image_tokens`` output ``[B, H, W, 3]`` in the processor's [-1, 1] -> uint8."""
-    return ((decoded.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
 
 
 def quantize(vq, px):
