@@ -227,10 +227,15 @@ def test_fusion_correct_blinding_one_layer_changes_less_than_all(encoder):
     """``fusion_correct`` on a tiny random ViLT: blinding no layer is the model's own answers (repeatable), a layer
     that does not exist is refused naming the layers there are, and the per-layer mask only touches that layer."""
     name, model, proc, inputs, fam = encoder
-    if name != "vilt":
-        pytest.skip("a fusion encoder's accuracy: ViLT only")
-    from unicache_lib.analysis.architectures import fusion_correct, image_queries_blind_to_text
+    from unicache_lib.analysis.architectures import capture_both_towers, fusion_correct, image_queries_blind_to_text
     from unicache_lib.zoo.train_llava import heldout_set
+
+    if name != "vilt":  # each run refuses the other family, naming the call to use instead
+        with pytest.raises(ValueError, match="Pass a ViLT model"):
+            fusion_correct(model, proc, heldout_set(2, seed=3))
+        return
+    with pytest.raises(ValueError, match="capture_samples"):
+        capture_both_towers(model, proc, [])
 
     qas = heldout_set(12, seed=3)
     a, b = fusion_correct(model, proc, qas, batch=5), fusion_correct(model, proc, qas, batch=12)

@@ -289,7 +289,11 @@ def capture_both_towers(model, processor, samples, mode: str = "stats", part: st
     each other, so a batch would only mix padding in); a :class:`~unicache_lib.capture.record.CaptureResult`."""
     from ..capture import AttentionCapture
     from ..capture.record import CaptureResult
+    from ..families import family_of
 
+    if family_of(model).name != "CLIP":  # one forward of image and caption is only "both towers" for a dual tower
+        raise ValueError(f"capture_both_towers runs a dual-tower model (CLIP) on image and caption; "
+                         f"{family_of(model).name} reads them in one model. Capture it with capture.runner.capture_samples")
     res = CaptureResult()
     for s in samples:
         inp = {k: v.to(model.device) for k, v in processor(text=[s.caption], images=[s.image], return_tensors="pt").items()}
@@ -307,6 +311,9 @@ def fusion_correct(model, processor, questions, blind: bool = False, batch: int 
     from ..families import family_of
 
     fam, ok = family_of(model), []
+    if fam.name != "ViLT":  # answers come from a classifier over id2label, the processor takes images and text at once
+        raise ValueError(f"fusion_correct scores a ViLT-style fusion encoder's classifier answers; {fam.name} answers by "
+                         f"generating text. Pass a ViLT model (for a decoder VLM: unicache_lib.capture.runner.answer_logits)")
     for i in range(0, len(questions), batch):
         part = questions[i: i + batch]
         inp = processor(images=[q.scene.uint8() for q in part], text=[q.question for q in part], return_tensors="pt",
