@@ -87,14 +87,14 @@ benchmark: setup
 	$(BIN)/python benchmarks/caching.py
 
 ## rehearsal: random-weight stand-ins of LLaVA-1.5-7B, Qwen2-VL-2B and Llama-3.2-11B-Vision (real token counts and
-##            depth, reduced width) through notebooks 01, 02, 04, 05 and 06 by parameters only; wall-clock and peak
+##            depth, reduced width) through notebooks 01, 02, 04, 05 and 07 by parameters only; wall-clock and peak
 ##            RSS per notebook and model -> benchmarks/results/rehearsal.csv and docs/REHEARSAL.md (about 35 minutes
 ##            on 2 CPU cores; not part of CI, a slice of it is in `make test`)
 rehearsal: setup
 	$(BIN)/python -m unicache_lib.rehearsal
 
 ## rehearsal-gen: pipeline stand-ins of SD3-medium, PixArt-Sigma and FLUX.1-dev (512 px: 1,024 image tokens, real depth
-##            and text lengths, reduced head width, tiny random VAE) through notebooks 03, 04 and 05 by parameters only;
+##            and text lengths, reduced head width, tiny random VAE) through notebooks 03, 04 and 06 by parameters only;
 ##            wall-clock, peak RSS and reuse speed-ups -> benchmarks/results/rehearsal_generation.csv and docs/REHEARSAL.md
 rehearsal-gen: setup
 	$(BIN)/python -m unicache_lib.rehearsal --side generation
@@ -104,7 +104,7 @@ rehearsal-gen: setup
 gpu-rehearsal: setup
 	$(BIN)/python benchmarks/gpu_rehearsal.py
 
-## replicate: notebooks 02-06 on two further sample / question / prompt seeds with full parameters (hours on a
+## replicate: notebooks 02-07 on two further sample / question / prompt seeds with full parameters (hours on a
 ##            CPU; not part of CI) -> data/replicate/verdicts.csv and the replication table in docs/VERDICTS.md.
 ##            QUICK=1: tiny parameters, a smoke run that writes under outputs/replicate only
 replicate: setup
@@ -122,7 +122,7 @@ models: setup
 	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --out runs/tiny-pixart-a --seed 0 --threads 1
 	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --init-from runs/tiny-pixart-a --out data/models/tiny-pixart \
 	  --steps 3000 --lr 5e-4 --seed 1 --threads 1
-	# the study's other architectures (notebook 07)
+	# the study's other architectures (notebook 08)
 	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --out runs/tiny-mllama-a --seed 0 --threads 1
 	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-a --out runs/tiny-mllama-b \
 	  --seed 1 --steps-a 0 --steps-b 2500 --lr 1e-3 --qtype-weights exists=3,position=2 --threads 1

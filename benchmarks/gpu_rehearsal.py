@@ -7,7 +7,7 @@ When CUDA is present: builds a random-weight LLaVA-1.5-7B stand-in at its real w
    ``stats`` mode vs the plain eager forward, ``recompute`` mode vs the plain sdpa forward;
 2. KV eviction: bytes held and the time of one decode step on the full cache and at 25% and 10% of the
    image KV (same interleaved protocol);
-3. (unless ``--skip-notebooks``) the rehearsal notebooks 01, 02, 04, 05, 06 on that model through
+3. (unless ``--skip-notebooks``) the rehearsal notebooks 01, 02, 04, 05, 07 on that model through
    papermill with ``DEVICE="cuda", DTYPE="float16"`` (by parameters only), wall-clock and peak host RSS;
 4. (unless ``--skip-generators``) cross-step reuse at real width and 1,024 px (4,096 image tokens):
    random-weight SD3-medium- (24 joint blocks, 24 x 64 heads, 333 text tokens, CFG batch of 2) and

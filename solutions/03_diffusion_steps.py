@@ -225,7 +225,7 @@ def exercise_5(quick: bool = False) -> dict:
     ``papermill notebooks/03_diffusion_steps.ipynb out.ipynb -p MODELS '["/path/to/sd3"]' -p DEVICE cuda
     -p LAYERS '[0, 11, 23]' -p MAP_QUERY_STRIDE 8``, and compare with the shipped models: the lowest adjacent-step
     cosine (here >= 0.97), the knee at 0.7 (here step 1 everywhere) and the reuse window the decision table
-    prints; then set notebook 05's ``step_skip`` ``head`` from that window.
+    prints; then set notebook 06's ``step_skip`` ``head`` from that window.
 
     The calls, shown on a random-weight SD3-class stand-in built like the tests' pipeline folders
     (:func:`~unicache_lib.zoo.tiny_pipelines.build_tiny`): load it with ``load_generator``, capture a few

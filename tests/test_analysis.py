@@ -105,3 +105,30 @@ def test_word_and_localisation_claims_are_measured_on_sample_intervals():
     b.rule("U11", "(a) above 1.5, (b) ratio above 1.5", criteria={"a": {"above": 1.5}, "b": {"above": 1.5}})
     measure_localisation_claims(b, loc, ctrl)
     assert b.rows["U11"].verdict == "holds" and b.rows["U11"].shown.startswith("layer 1, 12 object questions")
+
+
+def test_every_lesson_declares_its_rules_as_data_on_a_fresh_board():
+    """Each lesson's claims module: its rule tables write cleanly on a board (known claim ids, valid criteria), the
+    text parameters are filled, and a rule cannot be rewritten once its claim is measured."""
+    import importlib
+
+    import pytest
+
+    from unicache_lib.scoreboard import Scoreboard
+
+    tables = {"capture_claims": ["RULES"], "diffusion_claims": ["RULES"], "pruning_claims": ["RULES"],
+              "diagnostics_claims": ["RULES"], "architecture_claims": ["RULES"],
+              "caching_claims": ["EVICTION_RULES", "REUSE_RULES"]}
+    for mod, names in tables.items():
+        m = importlib.import_module(f"unicache_lib.analysis.{mod}")
+        for name in names:
+            board = Scoreboard()
+            board.declare(getattr(m, name), k=6) if mod == "capture_claims" else board.declare(getattr(m, name))
+            assert set(board.rows) == set(getattr(m, name)), (mod, name)
+            assert all("{" not in r.rule_text for r in board.rows.values()), f"{mod}.{name}: an unfilled text field"
+    board = Scoreboard()
+    board.declare(importlib.import_module("unicache_lib.analysis.capture_claims").RULES, k=3)
+    assert "top-3 anchors" in board.rows["M3"].rule_text
+    board.measure("M2", 0.0, interval=(0.0, 0.0), n=5, unit="samples")
+    with pytest.raises(RuntimeError, match="before its measurement"):
+        board.declare({"M2": ("again", {"": {"below": 1.0}})})

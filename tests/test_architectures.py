@@ -1,5 +1,5 @@
 """The study's other architectures: one suite over the encoder families (ViLT single stream, CLIP dual tower) built
-tiny from code, plus Janus's drawing mode and the measurements notebook 07 takes from them.
+tiny from code, plus Janus's drawing mode and the measurements notebook 08 takes from them.
 
 For each encoder family: it saves and loads through ``load_understanding``; its spans split the stream as the model
 lays it out; ``full`` and ``stats`` capture equal the model's own ``output_attentions`` maps (and CLIP's

@@ -1,7 +1,7 @@
 """A real reader: JupyterLab on loopback, a notebook built from its source opened in headless Chromium,
 run, a slider of its explorer widget moved with the keyboard, and the picture must change (notebook 02:
 the layer slider of the attention explorer, over all layers and over a LAYERS subset, where the next
-stop is the next captured layer; notebook 03: the step slider of the step explorer; notebook 07: the layer slider
+stop is the next captured layer; notebook 03: the step slider of the step explorer; notebook 08: the layer slider
 of the model explorer). And a glossary link clicked in a notebook served as `make lab` serves it opens the
 glossary scrolled to its term."""
 import os
@@ -42,7 +42,7 @@ CASES = {  # case -> (notebook, parameters, slider, its readout after one step r
     "03_diffusion_steps": ("03_diffusion_steps", {"N_SINGLE": 2, "N_PAIRS": 2, "STEPS": 5, "MAP_PROMPTS": 1,
                                                   "UNDERSTANDING_STORE": "no-such-store"}, "step", "1"),
     # the model explorer opens on LLaVA (4 language layers, all captured): one step right is layer 1
-    "07_architectures": ("07_architectures", {"PER_TYPE": 1, "N_QUESTIONS": 20, "N_CAPTIONS": 2, "DRIFT_CAPTIONS": 2,
+    "08_architectures": ("08_architectures", {"PER_TYPE": 1, "N_QUESTIONS": 20, "N_CAPTIONS": 2, "DRIFT_CAPTIONS": 2,
                                               "N_GEN_PROMPTS": 2, "GEN_STEPS": 2, "N_DRAWINGS": 1}, "layer", "1"),
 }
 

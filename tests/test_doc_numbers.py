@@ -247,3 +247,11 @@ def test_record_results_keeps_the_scoreboard_and_the_run_time_and_refuses_a_stal
     nb.write_text(json.dumps({"cells": [], "metadata": {"papermill": {}}}))  # timings already stripped
     with pytest.raises(SystemExit, match="no finished run"):
         rr.record(nb, tmp_path)
+    # a lesson that rules on no claim (the primer) gets its run time only; one that builds a board must have written it
+    primer = tmp_path / "notebooks" / "00_p.ipynb"
+    primer.write_text(json.dumps({"cells": [{"source": "print(1)"}], "metadata": {"papermill": pm}}))
+    (written,) = rr.record(primer, tmp_path)
+    assert written.name == "00_p.run.json" and not (tmp_path / "data" / "results" / "00_p.json").exists()
+    primer.write_text(json.dumps({"cells": [{"source": "board = Scoreboard()"}], "metadata": {"papermill": pm}}))
+    with pytest.raises(SystemExit, match="no outputs/00_p/scoreboard.json"):
+        rr.record(primer, tmp_path)

@@ -64,3 +64,29 @@ def test_the_terms_the_notebooks_rely_on_are_defined():
     assert "100 dB" in text and "shallow band is one layer" in text
     assert "text→image share of all attention" in text and "image share of text queries' reads" in text
     assert "docs/GLOSSARY.md" in (ROOT / "README.md").read_text()
+
+
+# Terms of art the lessons use, as they are written in the notebooks' prose -> their glossary anchor. A lesson that
+# uses one needs its entry; the test names every missing one (add a `## term` heading, lower case, to docs/GLOSSARY.md).
+TERMS = {"eager": "eager", "observation window": "observation-window", "teacher-forced": "teacher-forced",
+         "binding": "binding", "diffusers cache": "diffusers-caches", "FirstBlockCache": "diffusers-caches",
+         "MagCache": "diffusers-caches", "sink": "sink", "anchor": "anchors", "Gini": "gini", "knee": "knee",
+         "CFG": "cfg", "PSNR": "psnr-and-ssim", "H2O": "h2o", "SnapKV": "snapkv", "FastV": "fastv", "DivPrune": "divprune",
+         "StreamingLLM": "streamingllm", "kvpress": "kvpress-presses", "oracle": "oracle", "Pareto": "pareto",
+         "KL": "kl", "AUROC": "auroc", "stand-in": "stand-in", "depth band": "depth-bands", "modality block": "modality-blocks",
+         "cross-modal share": "cross-modal-share", "selectivity": "selectivity", "lag-1": "lag-1-correlation",
+         "Jaccard": "jaccard", "KV cache": "kv-cache", "normalised entropy": "normalised-entropy"}
+
+
+def _uses(text: str, term: str) -> bool:
+    return re.search(r"\b" + re.escape(term), text) is not None
+
+
+def test_every_term_a_lesson_uses_is_in_the_glossary():
+    sources = {p.stem: p.read_text() for p in sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py"))}
+    have = anchors()
+    missing = [(t, a, [n for n, s in sources.items() if _uses(s, t)]) for t, a in TERMS.items() if a not in have]
+    missing = [(t, a, used) for t, a, used in missing if used]
+    assert not missing, "terms the notebooks use with no glossary entry: " + ", ".join(
+        f"{t!r} (used in {', '.join(used)}; add '## {a.replace('-', ' ')}')" for t, a, used in missing)
+    assert have >= {"eager", "observation-window", "teacher-forced", "binding", "diffusers-caches"}

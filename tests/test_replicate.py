@@ -22,8 +22,9 @@ def _runs(u1_by_seed: dict) -> dict:
 def test_notebook_defaults_and_models():
     p = R.parameters(SRC / "02_understanding_maps.py")
     assert p["MODEL"] == "tiny-llava" and p["SAMPLE_SEED"] == 2024 and p["SEED"] == 0
-    assert R.models_of(R.parameters(SRC / "05_caching.py")) == "tiny-llava+tiny-mmdit+tiny-pixart"
-    assert "SAMPLE_SEED" not in R.parameters(SRC / "05_caching.py")  # 05 does not use the standard set
+    assert R.models_of(R.parameters(SRC / "05_kv_eviction.py")) == "tiny-llava"
+    assert R.models_of(R.parameters(SRC / "06_step_reuse.py")) == "tiny-mmdit+tiny-pixart"
+    assert "SAMPLE_SEED" not in R.parameters(SRC / "05_kv_eviction.py")  # 05 does not use the standard set
     for nb in R.NOTEBOOKS:  # every notebook the tool runs takes the parameters it passes
         assert {"SEED", "OUT_DIR"} <= set(R.parameters(SRC / f"{nb}.py"))
         assert set(R.QUICK[nb]) <= set(R.parameters(SRC / f"{nb}.py"))

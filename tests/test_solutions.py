@@ -32,12 +32,14 @@ def s02():
 def test_every_notebook_exercise_has_a_solution():
     import re
 
-    for src in sorted((SOLUTIONS.parent / "notebooks" / "src").glob("0[1-7]_*.py")):
+    for src in sorted((SOLUTIONS.parent / "notebooks" / "src").glob("0[1-9]_*.py")):
         text = src.read_text()
         n = len(re.findall(r"^# (\d+)\. ", text.split("## Exercises")[1], re.M))
         mod = load(src.stem)
         have = sorted(int(a.split("_")[1]) for a in dir(mod) if a.startswith("exercise_"))
         assert have == list(range(1, n + 1)), f"{src.stem}: exercises 1..{n}, solutions {have}"
+        starters = sorted(int(k) for k in re.findall(r"^# Exercise (\d+) starter", text, re.M))
+        assert starters == list(range(1, n + 1)), f"{src.stem}: exercises 1..{n}, starter cells for {starters}"
         for k in have:
             doc = getattr(mod, f"exercise_{k}").__doc__
             assert doc and "Expected" in doc, f"{src.stem} exercise {k}: the docstring states no expected outcome"
@@ -193,7 +195,7 @@ def test_04_p3_procedure_runs_on_a_grouped_query_stand_in(s04):
 
 @pytest.fixture(scope="module")
 def s06():
-    return load("06_diagnostics")
+    return load("07_diagnostics")
 
 
 def test_06_earlier_cutoff_costs_more_accuracy(s06):
@@ -228,9 +230,24 @@ def test_06_shuffled_images_are_no_modality_cutoff(s06):
     assert t.loc["shuffled images", "image dependence (KL)"] > 1.0
 
 
+def test_00_first_token_near_uniform_and_heads_differ_on_the_image():
+    s00 = load("00_primer")
+    out = s00.exercise_1(quick=True)["_out"]
+    for name in ("short", "long"):
+        layers = [v for k, v in out[name].items() if k.startswith("layer")]
+        assert len(layers) == 4 and all(0.5 * out[name]["uniform"] < v < 2 * out[name]["uniform"] for v in layers)
+    per_head = s00.exercise_2(quick=True)["_per_head"]
+    assert len(per_head) == 8 and per_head.max() > 0.95 and per_head.min() < 0.5  # heads read the image very differently
+
+
 @pytest.fixture(scope="module")
 def s05():
-    return load("05_caching")
+    return load("05_kv_eviction")
+
+
+@pytest.fixture(scope="module")
+def s06():
+    return load("06_step_reuse")
 
 
 def test_05_anchor_policy_registered_and_behind_key_coverage(s05):
@@ -242,17 +259,8 @@ def test_05_anchor_policy_registered_and_behind_key_coverage(s05):
     assert S.loc["notebook_anchors", 0.25] >= S.loc["h2o", 0.25]
 
 
-def test_05_adaptive_never_beats_the_static_schedule(s05):
-    r = s05.exercise_2(quick=True)
-    t = r["_t"]
-    reusing = t[t.computed < 1]
-    assert len(reusing) >= 1 and (reusing["beats static"] == "no (dominated)").all()
-    assert (t[t.method != "adaptive 0.99"]["beats static"] == "reuses nothing").all()  # 8 steps: too strict to reuse
-    assert Path(r["figure"]).stat().st_size > 1000
-
-
 def test_05_absent_objects_under_eviction(s05):
-    w = s05.exercise_3(quick=True)["_wrong"]
+    w = s05.exercise_2(quick=True)["_wrong"]
     from unicache_lib.kv import POLICIES
 
     assert set(w.index) >= set(POLICIES) - {"notebook_anchors"} and list(w.columns) == [0.1, 0.25]
@@ -260,18 +268,35 @@ def test_05_absent_objects_under_eviction(s05):
     assert w.loc["full"].nunique() == 1  # the full cache does not depend on the budget
 
 
-def test_05_extrapolation_beats_plain_reuse_at_20_steps(s05):
-    t = s05.exercise_4(quick=True)["_t"]
+def test_05_own_model_calls_run_on_a_random_stand_in(s05):
+    r = s05.exercise_3(quick=True)
+    assert r["methods"] == ["divprune", "full", "key_coverage", "random"]
+    assert r["rows"] == r["_n"] * 4
+
+
+def test_06_adaptive_never_beats_the_static_schedule(s06):
+    r = s06.exercise_1(quick=True)
+    t = r["_t"]
+    reusing = t[t.computed < 1]
+    assert len(reusing) >= 1 and (reusing["beats static"] == "no (dominated)").all()
+    assert (t[t.method != "adaptive 0.99"]["beats static"] == "reuses nothing").all()  # 8 steps: too strict to reuse
+    assert Path(r["figure"]).stat().st_size > 1000
+
+
+def test_06_extrapolation_beats_plain_reuse_at_20_steps(s06):
+    t = s06.exercise_2(quick=True)["_t"]
     a, b = t.loc[("tiny-mmdit", "step_skip")], t.loc[("tiny-mmdit", "step_skip (weight 0)")]
     assert a.flops == b.flops == pytest.approx(0.45)
     assert a["margin at equal FLOPs (dB)"] > b["margin at equal FLOPs (dB)"] + 1.0
     assert a.psnr > b.psnr
 
 
-def test_05_own_model_calls_run_on_a_random_stand_in(s05):
-    r = s05.exercise_5(quick=True)
-    assert r["methods"] == ["divprune", "full", "key_coverage", "random"]
-    assert r["rows"] == r["_n"] * 4
+def test_06_own_pipeline_calls_run_on_a_random_stand_in(s06):
+    r = s06.exercise_3(quick=True)
+    df = r["_df"]
+    assert r["family"] == "sana" and {"none", "step_skip", "steps:9"} <= set(df.index)
+    assert df.loc["step_skip", "flops"] == pytest.approx(0.45) == df.loc["steps:9", "flops"]  # 9 of 20 calls either way
+    assert df.loc["none", "psnr"] == 100.0
 
 
 def test_library_options_the_solutions_use_refuse_bad_input_with_a_working_fix(s02):
@@ -299,7 +324,7 @@ def test_library_options_the_solutions_use_refuse_bad_input_with_a_working_fix(s
 
 @pytest.fixture(scope="module")
 def s07():
-    return load("07_architectures")
+    return load("08_architectures")
 
 
 def test_07_vilt_needs_its_text_to_read_the_image(s07):

@@ -65,7 +65,7 @@ def test_tiny_llava_captions_name_the_objects():
     assert r["objects_named"] >= 0.8, r
 
 
-# ---- the study's other architectures (notebook 07): each re-checked on a slice of its card's held-out set ----------
+# ---- the study's other architectures (notebook 08): each re-checked on a slice of its card's held-out set ----------
 # The issue's targets: 95% (Mllama, ViLT), 90% (Janus answers), recall@1 90% (CLIP), drawn colour 90% / position 80%
 # (Janus). The slice bars sit a little under the cards' (300 questions wobble more than 1,500).
 BAR_VILT, BAR_MLLAMA, BAR_JANUS = 0.95, 0.95, 0.88  # Janus: 0.913 on its card's 1,500 (bar 0.90)
@@ -174,7 +174,7 @@ def test_training_scripts_smoke(tmp_path):
 
 
 def test_architecture_training_scripts_smoke(tmp_path):
-    """Every training script of notebook 07's models runs, writes a card with checksums, loads through
+    """Every training script of notebook 08's models runs, writes a card with checksums, loads through
     ``load_understanding``, and continues from a saved checkpoint (``--init-from``, recorded on the card)."""
     from unicache_lib.zoo import train_clip, train_janus, train_vilt, train_vlm
 

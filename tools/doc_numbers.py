@@ -13,14 +13,14 @@ with spaces is quoted); the text up to ``<!--/num-->`` is what the reader sees, 
 put through the options. Sources are committed files only (:data:`SOURCE_DIRS`):
 
 - ``file.json#a.b[2].c`` (also ``.ipynb``): a dotted path; ``[k=v]`` picks the first list item whose ``k`` is
-  ``v`` (``data/results/07_architectures.json#[claim=A1].criteria[name=a].value``), ``[3]`` an index;
+  ``v`` (``data/results/08_architectures.json#[claim=A1].criteria[name=a].value``), ``[3]`` an index;
 - ``file.csv#[k=v,k2=v2].column``: the one row matching every ``k=v``; ``sum(column)``, ``sum([k=v].column)``,
   ``count()``, ``count([k=v])`` aggregate;
 - ``"file.txt#first line > next line"``: the first line holding ``first line``, then from there the first line
   holding ``next line`` (as many steps as needed), as text;
 - ``"notebook.ipynb#out:first line > next line"``: the same over the printed outputs of the committed notebook's
   code cells (stream text and ``text/plain``, in cell order), for a number a notebook prints but no results file
-  holds (``"notebooks/05_caching.ipynb#out:tiny-pixart: PSNR over > step_skip@4"``);
+  holds (``"notebooks/06_step_reuse.ipynb#out:tiny-pixart: PSNR over > step_skip@4"``);
 - any of these followed by ``@k``: the k-th number (from 0) in the text selected, e.g. a benchmark row or a
   model card's note (``"benchmarks/results/capture_overhead.txt#real width > stats / eager@0"``);
 - ``@name`` or ``@name:argument``: a value derived in :data:`DERIVED` from committed files (the sum of the model
@@ -305,7 +305,7 @@ WORDS_PER_MINUTE = 200
 
 
 def read_minutes(root: Path, notebook: str) -> int:
-    """``@read_minutes:05_caching``: the committed notebook's markdown at 200 words a minute, rounded up to 5
+    """``@read_minutes:05_kv_eviction``: the committed notebook's markdown at 200 words a minute, rounded up to 5
     minutes (figures, tables and running cells not counted)."""
     f = root / "notebooks" / f"{notebook}.ipynb"
     if not f.is_file():

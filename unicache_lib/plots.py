@@ -219,12 +219,15 @@ def per_layer_boxes(values, title: str = "", ylabel: str = ""):
 
 
 def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, grid=None, grid_tokens=None,
-                  cbar: str | None = "attention weight"):
+                  cbar: str | None = "attention weight", vmin: float | None = None, vmax: float | None = None,
+                  chance: float | None = None):
     """A token's attention over the image tokens (``weights [n_image]``) upsampled over ``image [H, W, 3]``,
     with a colour bar labelled ``cbar`` (None: no colour bar).
 
     ``grid``: ``(rows, cols)`` of the image tokens over the picture (default: a square grid of all of
     them); ``grid_tokens``: which of the weights form that grid (e.g. one tile without its class token).
+    ``vmin`` / ``vmax``: a fixed colour scale (e.g. shared by several panels); ``chance``: the weight a key would get
+    if the query read evenly, marked on the colour bar, so a near-uniform map does not look hot.
     """
     plt = _plt()
     w = _np(weights).ravel()
@@ -244,11 +247,14 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
         fig, ax = plt.subplots(figsize=(3.6, 3))
     ax.imshow(img)
     im = ax.imshow(w.reshape(rows, cols), cmap="inferno", alpha=alpha, extent=(0, img.shape[1], img.shape[0], 0),
-                   interpolation="nearest")
+                   interpolation="nearest", vmin=vmin, vmax=vmax)
     ax.set_axis_off()
     ax.set_title(title, fontsize=9)
     if cbar:
-        _colorbar(ax, im, cbar)
+        cb = _colorbar(ax, im, cbar)
+        if chance is not None and cb is not None:
+            cb.ax.axhline(chance, color="cyan", lw=1.5)
+            cb.ax.text(1.05, chance, "even", transform=cb.ax.get_yaxis_transform(), fontsize=6, color="k", va="bottom")
     return fig or ax.figure
 
 
@@ -301,7 +307,9 @@ def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=N
 def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | None = None, title: str = "",
               cross: bool = False, grid=None, grid_tokens=None, question: str | None = None):
     """Views of one head: raw map, modality-blocked map (self-attention only), and the chosen query
-    token's attention over the image, each with a colour bar. ``probs [S, S]`` (``[T, V]`` text queries
+    token's attention over the image in multiples of the uniform weight (1 = what the row would give every key it
+    can see if it read evenly, so a near-uniform row does not look hot and a faint one does not look empty), each
+    with a colour bar. ``probs [S, S]`` (``[T, V]`` text queries
     over vision tokens with ``cross``); ``spans`` over ``S``; ``token_pos`` indexes the text sequence,
     ``tokens`` its strings; ``title`` (e.g. sample, layer, head) and ``question`` head the figure;
     ``grid`` / ``grid_tokens`` as in :func:`image_overlay`."""
@@ -320,8 +328,9 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
         attention_map(P, spans, "all positions, in sequence order", ax=axes[0])
         blocked_map(P, spans, "regrouped: image first, then text", ax=axes[1])
         pick = P[token_pos, spans.image_index]
-    image_overlay(image, pick, f"query token {query} reading the image", ax=axes[-1], grid=grid,
-                  grid_tokens=grid_tokens)
+    visible = P.shape[1] if cross else token_pos + 1  # keys the query row can see (causal self-attention)
+    image_overlay(image, pick * visible, f"query token {query} reading the image", ax=axes[-1], grid=grid,
+                  grid_tokens=grid_tokens, cbar="× uniform (1 = even over the visible keys)")
     head = " · ".join(t for t in (title, f"question: {question!r}" if question else "") if t)
     if head:
         fig.suptitle(head, fontsize=10)
@@ -390,12 +399,15 @@ def _picture_row(image, title: str, n_panels: int, panel_size: tuple[float, floa
     return fig, axes
 
 
-def word_regions(image, maps: dict[str, np.ndarray], title: str = ""):
+def word_regions(image, maps: dict[str, np.ndarray], title: str = "", chance: float | None = None):
     """The generated ``image [H, W, 3]`` next to each word's attention over the image patches
-    (``maps``: word -> ``[n_image]`` weights on a square grid), each with its own colour bar."""
+    (``maps``: word -> ``[n_image]`` weights on a square grid), all on one colour scale from 0 to the largest weight
+    (so a word whose map is nearly flat looks flat, not hot); ``chance``: the even-reading level, marked on each
+    colour bar."""
     fig, axes = _picture_row(image, "generated", len(maps), (2.6, 2.4), 8)
+    top = max(float(_np(m).max()) for m in maps.values()) if maps else 1.0
     for ax, (w, m) in zip(axes[1:], maps.items()):
-        image_overlay(image, m, repr(w), ax=ax, cbar="attention weight (own scale)")
+        image_overlay(image, m, repr(w), ax=ax, cbar="attention weight (shared scale)", vmin=0.0, vmax=top, chance=chance)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
@@ -518,3 +530,154 @@ def attention_layouts(layouts: dict, title: str = "who can read whom: query rows
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
+
+
+# One colour per method across the whole workbook: the same method looks the same in every figure of every notebook.
+# The designed policies (key_coverage, step_skip) are always DESIGNED_COLOUR and drawn thick; references black;
+# controls grey. A name not listed gets a colour fixed by its name (not by its position in a figure).
+DESIGNED_COLOUR = "#d62728"
+METHOD_COLOURS = {
+    "key_coverage": DESIGNED_COLOUR, "step_skip": DESIGNED_COLOUR, "step_skip (stride 2)": "#ff9896",
+    "full": "black", "none": "black", "random": "#7f7f7f", "oracle": "#17becf", "steps": "#555555",
+    "divprune": "#1f77b4", "h2o": "#ff7f0e", "snapkv": "#2ca02c", "fastv": "#9467bd", "streaming": "#8c564b",
+    "unicache": "#e377c2", "unicache_swapped": "#f7b6d2",
+    "kvpress:expected_attention": "#bcbd22", "kvpress:observed_attention": "#dbdb8d", "kvpress:snapkv": "#98df8a",
+    "kvpress:tova": "#c5b0d5", "kvpress:knorm": "#c49c94", "kvpress:streaming": "#c7c7c7",
+    "diffusers:pab": "#aec7e8", "diffusers:fastercache": "#ffbb78", "diffusers:first_block": "#1f77b4",
+    "diffusers:taylorseer": "#9467bd", "diffusers:magcache": "#2ca02c",
+    "adaptive": "#e377c2", "every_2": "#8c564b", "static_last_third": "#17becf", "text_side": "#bcbd22",
+}
+DESIGNED = ("key_coverage", "step_skip")
+MAX_METHODS = 6  # methods per chart; the rest go in tables
+
+
+def method_style(name: str) -> dict:
+    """``{"color", "marker", "lw"}`` for a method, the same in every figure of the workbook: :data:`METHOD_COLOURS`
+    (fewer-step controls ``steps:N`` share one grey; a press labelled with a note, e.g. ``kvpress:adakv_snapkv (masked,
+    full memory)``, is looked up without it), else a tab20 colour chosen from the name's checksum. The designed
+    policies are thick."""
+    import zlib
+
+    base = str(name).split(" (")[0] if str(name) not in METHOD_COLOURS else str(name)
+    key = "steps" if base.startswith("steps:") else base
+    if key in METHOD_COLOURS:
+        colour = METHOD_COLOURS[key]
+    else:
+        colour = _plt().get_cmap("tab20").colors[zlib.crc32(key.encode()) % 20]
+    designed = any(base.startswith(d) for d in DESIGNED)
+    return {"color": colour, "marker": "*" if designed else MARKERS[zlib.crc32(key.encode()) % len(MARKERS)],
+            "lw": 2.5 if designed else 1.2}
+
+
+def check_methods(names, limit: int = MAX_METHODS) -> list:
+    """The methods of one chart, refused beyond ``limit`` (a chart of 18 lines teaches nothing: plot the few
+    that decide, put the rest in a table)."""
+    names = list(dict.fromkeys(names))
+    if len(names) > limit:
+        raise ValueError(f"{len(names)} methods on one chart ({', '.join(map(str, names))}); at most {limit}: "
+                         "plot the ones the lesson compares and give the rest as a table")
+    return names
+
+
+def kept_patches(image, kept: dict, answers: dict | None = None, title: str = "", grid=None):
+    """What each eviction policy keeps of one image: one panel per policy, the picture dimmed where the policy
+    dropped a patch and shown where it kept it. ``kept``: name -> ``[n_patches]`` share of the image-KV layers
+    that keep each patch (1: every layer; a prefill-stage policy keeps the same patches in all), in row-major
+    grid order; ``answers``: name -> the answer given on that cache (shown under the panel); ``grid``: ``(rows,
+    cols)`` (default square)."""
+    plt = _plt()
+    if not kept:
+        raise ValueError("kept_patches: no policy given")
+    img = np.asarray(image).astype(np.float32) / (255.0 if np.asarray(image).dtype == np.uint8 else 1.0)
+    fig, axes = plt.subplots(1, len(kept) + 1, figsize=(2.6 * (len(kept) + 1), 2.9))
+    axes[0].imshow(img)
+    axes[0].set_title("the image", fontsize=9)
+    for ax, (name, share) in zip(axes[1:], kept.items()):
+        s = _np(share).ravel()
+        rows, cols = grid or (int(round(len(s) ** 0.5)),) * 2
+        if rows * cols != len(s):
+            raise ValueError(f"{name}: {len(s)} patch shares for a {rows} x {cols} grid: pass grid=(rows, cols)")
+        up = np.kron(s.reshape(rows, cols), np.ones((img.shape[0] // rows + 1, img.shape[1] // cols + 1)))
+        up = up[:img.shape[0], :img.shape[1], None]
+        ax.imshow(img * (0.15 + 0.85 * up))  # dropped patches dark, kept ones as they are
+        c = method_style(name)["color"]
+        for sp in ax.spines.values():
+            sp.set_edgecolor(c)
+            sp.set_linewidth(3)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(name, fontsize=9, color=c)
+        if answers and name in answers:
+            ax.set_xlabel(answers[name], fontsize=8)
+    axes[0].set_axis_off()
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title: str = ""):
+    """Images of one prompt under each reuse method side by side (PSNR vs the uncached image in the title), and
+    under each a strip of the ``steps`` denoising steps: dark where the transformer ran, light where its output was
+    reused or predicted. ``schedules``: name -> booleans, one per step the method samples (``steps`` of them, or
+    fewer for the fewer-step control, drawn stretched over the same width: a coarser grid), or None when the
+    method decides inside a step (a strip would mislead; "decided per block" is written instead)."""
+    plt = _plt()
+    if not images:
+        raise ValueError("reuse_gallery: no image given")
+    n = len(images)
+    fig, axes = plt.subplots(2, n, figsize=(2.5 * n, 3.3), gridspec_kw={"height_ratios": [8, 1]}, squeeze=False)
+    for j, (name, im) in enumerate(images.items()):
+        c = method_style(name)["color"]
+        ax = axes[0, j]
+        ax.imshow(np.asarray(im))
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for sp in ax.spines.values():
+            sp.set_edgecolor(c)
+            sp.set_linewidth(3)
+        p = psnrs.get(name)
+        label = "uncached (reference)" if name == "none" else "identical" if p is not None and p >= 100 else (
+            "" if p is None else f"{p:.1f} dB")
+        ax.set_title(f"{name}\n{label}", fontsize=8, color=c)
+        s = axes[1, j]
+        sched = schedules.get(name)
+        s.set_xticks([])
+        s.set_yticks([])
+        if sched is None:
+            s.text(0.5, 0.5, "decided per block", ha="center", va="center", fontsize=7, transform=s.transAxes)
+            continue
+        sched = np.asarray(sched, dtype=float)
+        s.imshow(sched[None, :], cmap="Greys", vmin=-0.3, vmax=1, aspect="auto", extent=(0, steps, 0, 1))
+        s.set_xlim(0, steps)
+        s.set_xlabel(f"{int(sched.sum())} of {steps} steps run" if len(sched) == steps
+                     else f"{len(sched)} steps: a coarser grid", fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = True):
+    """One head's map ``probs [S, S]`` over a short text, its rows and columns labelled with the ``tokens`` (``[S]``);
+    keys a query cannot see (the causal mask: above the diagonal) are drawn grey, so "zero because masked" and
+    "zero because not read" look different. Linear colour scale, weights in [0, 1]."""
+    plt = _plt()
+    P = _np(probs)
+    if P.ndim != 2 or P.shape[0] != P.shape[1] or P.shape[0] != len(tokens):
+        raise ValueError(f"token_map expects one head's square map [S, S] and S tokens, got {P.shape} and {len(tokens)} tokens")
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(4.8, 4.2))
+    masked = np.triu(np.ones_like(P, dtype=bool), 1)
+    cmap = plt.get_cmap("viridis").copy()
+    cmap.set_bad("#d9d9d9")
+    im = ax.imshow(np.ma.masked_array(P, masked), cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
+    ax.set_xlabel("key (what is read)")
+    ax.set_ylabel("query (who reads)")
+    ax.set_title(title, fontsize=9)
+    if cbar:
+        _colorbar(ax, im, "attention weight (grey: masked)")
+    return fig or ax.figure

@@ -66,7 +66,7 @@ CLAIMS: dict[str, str] = {
     "A4": "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
     "A5": "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
     "A6": "Unified model: after an image-heavy token the next reads the image less; late image-share drops go with drift.",
-    # the workbench's own targets for policies designed from these measurements (notebook 05), held out
+    # the workbench's own targets for policies designed from these measurements (notebooks 05 and 06), held out
     "E1": "Target: a designed eviction policy keeps >= 99% of full-cache accuracy at 25% of the image KV.",
     "E2": "Target: the designed eviction policy keeps >= 97% of full-cache accuracy at 10% of the image KV.",
     "E3": "Target: its answers stay close to the full cache's: mean KL <= 0.05 at 25%.",
@@ -261,6 +261,16 @@ class Scoreboard:
             crit = {"": Criterion(above, below, between, outside)}
         self.rows[claim] = Row(claim, text, crit, random_weights=self.random_weights, unstable=claim in self.unstable)
 
+    def declare(self, rules: dict[str, tuple[str, dict]], **fmt) -> None:
+        """Write a lesson's rules as data (``claim -> (text, {criterion: {"above": x} ...})``, one criterion named
+        ``""``), before any measurement; ``fmt`` fills ``{name}`` fields of the texts (e.g. a notebook parameter)."""
+        for claim, (text, criteria) in rules.items():
+            text = text.format(**fmt) if fmt else text
+            if list(criteria) == [""]:
+                self.rule(claim, text, **criteria[""])
+            else:
+                self.rule(claim, text, criteria=criteria)
+
     def measure(self, claim: str, value: float | Interval | None, interval: tuple[float, float] | None = None,
                 n: int | None = None, unit: str | None = None, criterion: str | None = None, shown: str = "",
                 note: str = "") -> None:
@@ -348,6 +358,25 @@ class Scoreboard:
 
     def verdicts(self) -> dict[str, str]:
         return {c: r.verdict for c, r in self.rows.items()}
+
+    def why_inconclusive(self) -> list[str]:
+        """Per inconclusive claim: each undecided criterion's interval, the threshold it straddles, which side the
+        point estimate is on and how far from the threshold, then the rough n that would settle it
+        (:meth:`Row.settle_note`)."""
+        lines = []
+        for cid, r in self.rows.items():
+            if r.verdict != INCONCLUSIVE:
+                continue
+            for k, crit in r.criteria.items():
+                m = r.measured[k]
+                if crit.decide(m.lo, m.hi) != INCONCLUSIVE:
+                    continue
+                side = "on the claim's side" if crit.decide(m.value, m.value) == HOLDS else "on the other side"
+                lines.append(f"{cid} ({k})" * (len(r.criteria) > 1) + cid * (len(r.criteria) == 1)
+                             + f": {m.value:.4g} [{m.lo:.4g}, {m.hi:.4g}] over {m.n} {m.unit}, needs {crit}: the point "
+                             f"estimate is {side}, {abs(m.value - crit.nearest_threshold(m.value)):.3g} from the threshold")
+            lines.append(f"    -> {r.settle_note()}")
+        return lines
 
 
 class ScoreboardView:

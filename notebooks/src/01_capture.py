@@ -44,7 +44,9 @@ import pandas as pd
 import torch
 
 from unicache_lib import plots, stats
+from unicache_lib.analysis import capture_claims as CL
 from unicache_lib.analysis.anchors import batching_overlap, image_reads
+from unicache_lib.analysis.token_classes import content_position
 from unicache_lib.capture import AttentionCapture, CaptureError, find_attention_modules
 from unicache_lib.capture.runner import build_prompt, capture_samples, inputs_for
 from unicache_lib.capture.vlm import check_memory, full_capture_bytes, language_attention
@@ -80,8 +82,9 @@ print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.sce
 #    states) do not contain the attention, and fused kernels (sdpa, flash) never materialise it.
 #
 # The first two must agree exactly. We check that on one sample (the figure below it shows what one head's map
-# of that sample looks like: the sequence is 64 image tokens then the question; the right panel lays the last
-# question token's attention over the picture):
+# of that sample looks like: the sequence is 64 image tokens then the question; the right panel lays the attention of
+# a content word of the question — an object or a colour, never the `:` that ends the prompt — over the picture, in
+# multiples of the uniform weight, so 1 means "read like every other visible key"):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -104,7 +107,8 @@ print(f"output_attentions vs hooks: {len(way1)} layers, max |difference| = {diff
 # %%
 toks0 = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
 r0 = cap.result[0]
-fig = plots.map_panel(r0.probs[0], r0.spans, s0.image, (r0.probs.shape[1] if r0.part == "cross" else len(toks0)) - 1, toks0,
+word0 = content_position(toks0, r0.spans.text_index) if r0.part != "cross" else r0.probs.shape[1] - 1  # an object or colour word
+fig = plots.map_panel(r0.probs[0], r0.spans, s0.image, word0, toks0,
                       f"sample {s0.id} · layer {r0.layer} · head 0", cross=r0.part == "cross",
                       grid=family.image_grid(model.config, inputs), grid_tokens=family.grid_tokens(model.config, inputs),
                       question=s0.question)
@@ -116,6 +120,7 @@ _ = plots.save(fig, out, "one_map")
 # token reading its neighbours, the bright first columns are the [sink](../docs/GLOSSARY.md#sink), and the image
 # block (the first 64 positions after the prompt's start) is what the text rows read of the picture. The second
 # cell shows the fused kernel returning no weights at all: that is why capture needs eager attention or `recompute`.
+# In the right panel a patch at 1 is read like every other visible key; the word's object should stand out above it.
 
 # %%
 with torch.no_grad(), language_attention(model, "sdpa"):  # the same weights on the fused kernel
@@ -303,72 +308,23 @@ for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa
 #   on the 10% most-read image positions; 0.1 when every position is read equally).
 
 # %%
-BIAS = 1e-4   # a bias visible at the 4th decimal
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
-board.rule("M1", f"per statistic (entropy, max weight, sum of squared weights), the signed mean fp16−fp32 difference "
-           f"lies outside ±{BIAS:g} over its whole 95% interval over samples; holds if for every statistic, partly if for some",
-           criteria={k: {"outside": (-BIAS, BIAS)} for k in ("entropy", "max_weight", "sum_sq")})
-board.rule("M2", "holds if the largest |difference| of any statistic between two captures (95% bootstrap interval over "
-           "samples of the per-sample maximum) stays below 5e-5 (equal to 4 decimals)", below=5e-5)
-board.rule("M3", f"holds if a sample keeps < 50% of its top-{ANCHOR_K} anchors after batch averaging (mean Jaccard, "
-           "95% interval over samples, below 0.5)", below=0.5)
-board.rule("M4", "holds if every headline statistic (per-sample mean over layers of normalised entropy, max weight, "
-           "cross-modal share, top-10% read share) differs by < 0.02 between two disjoint standard sets: the largest "
-           "difference's 95% interval (bootstrap over both sets' samples) below 0.02", below=0.02)
+CL.declare(board, ANCHOR_K)  # the rules of M1-M4, as data in unicache_lib/analysis/capture_claims.py
+BIAS = CL.BIAS
+for claim, r in board.rows.items():
+    print(f"{claim}: {r.rule_text}")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from unicache_lib.analysis.understanding import layer_table
-from unicache_lib.intervals import bootstrap, grouped, mean_interval
-from unicache_lib.progress import bar
-
-# M1: the same full maps, statistics in fp16 arithmetic vs fp32, one signed mean per sample (one sample's maps
-# held at a time)
-bias = {k: [] for k in ("entropy", "max_weight", "sum_sq")}
-check_memory(full_capture_bytes(model, inputs), MEMORY_BUDGET_GB, "M1, one sample's full maps at a time")
-for s in bar(samples, desc="M1: fp16 vs fp32 statistics"):
-    full = capture_samples(model, processor, [s], mode="full", progress=False)  # one sample: the loop's bar is enough
-    per = [(stats.row_statistics_in_dtype(r.probs, torch.float16), stats.row_statistics_in_dtype(r.probs, torch.float32))
-           for r in full]
-    for k in bias:
-        bias[k].append(float(np.mean([(lo[k] - hi[k]).mean().item() for lo, hi in per])))
-m1 = {k: mean_interval(v, "samples") for k, v in bias.items()}
-for k, iv in m1.items():
-    board.measure("M1", iv, criterion=k)
+check = lambda: check_memory(full_capture_bytes(model, inputs), MEMORY_BUDGET_GB, "M1, one sample's full maps at a time")
+m1 = CL.measure_fp16_bias(board, model, processor, samples, check)
 # fp16 arithmetic moves these digits from machine to machine: the check against ±BIAS is printed, the values are in
 # scoreboard.json (docs/TESTING.md, "Checked outputs")
 print("M1 signed mean fp16 - fp32, 95% interval:", "; ".join(
     f"{k} {'inside' if -BIAS < iv.lo and iv.hi < BIAS else 'NOT inside'} ±{BIAS:g}" for k, iv in m1.items()))
-# M2: capture the whole set again; the largest difference per sample
-res2 = capture_samples(model, processor, samples, mode="stats")
-per_sample = {}
-for a, b in zip(res, res2):
-    d = max((a.data[k] - b.data[k]).abs().nan_to_num().max().item() for k in a.data)
-    per_sample[a.sample] = max(per_sample.get(a.sample, 0.0), d)
-m2 = bootstrap(list(per_sample.values()), max, "samples")
-board.measure("M2", m2, shown=f"max |Δ| = {m2.value:.1e}")
-# M3: per-sample anchors vs anchors of the batch average (deepest layer)
-deep = max(r.layer for r in res if r.part == family.image_part)  # the deepest layer that reads the image
-ov = batching_overlap([image_reads(res[s, deep]) for s in res.samples], ANCHOR_K)
-m3 = mean_interval(ov["per_sample"], "samples")
-board.measure("M3", m3, shown=f"mean Jaccard {m3.value:.2f} (layer {deep})")
-# M4: a second, disjoint standard set; headline statistics per sample (mean over layers)
-HEADLINE = ["norm_entropy", "max_weight", "cross_modal", "top10_share"]
-other = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED + 1)
-res_b = capture_samples(model, processor, other, mode="stats")
-per_a = layer_table([r for r in res if r.part == family.image_part]).groupby("sample")[HEADLINE].mean()
-per_b = layer_table([r for r in res_b if r.part == family.image_part]).groupby("sample")[HEADLINE].mean()
-
-def largest_gap(d):
-    return float(np.max(np.abs(np.mean(d["a"], 0) - np.mean(d["b"], 0))))
-
-m4 = grouped({"a": list(per_a.to_numpy()), "b": list(per_b.to_numpy())}, "samples per set", largest_gap)
-gaps = pd.DataFrame({"set A": per_a.mean(), "set B": per_b.mean(), "A - B": per_a.mean() - per_b.mean()})
-half = per_a.index.str.rsplit("-", n=1).str[1].astype(int) < PER_TYPE / 2  # first half of every scene type
-if PER_TYPE >= 2:
-    gaps["half 1 - half 2 of A"] = per_a[half].mean() - per_a[~half].mean()
-board.measure("M4", m4, shown=f"largest between-set difference {m4.value:.3f} ({gaps['A - B'].abs().idxmax()}); "
-              f"{len(other)} samples of SAMPLE_SEED {SAMPLE_SEED + 1}")
+m2 = CL.measure_repeatability(board, model, processor, samples, res)  # a second capture of the same samples
+m3 = CL.measure_batch_anchors(board, res, family.image_part, ANCHOR_K)  # deepest layer that reads the image
+m4, gaps = CL.measure_between_sets(board, model, processor, res, family.image_part, PER_TYPE, SAMPLE_SEED)
 print(f"M2 {m2} | M3 {m3} | M4 {m4}")
 print(gaps.round(4).to_string())
 
@@ -391,7 +347,8 @@ board.show()
 # **Reading the scoreboard.** M1 is about arithmetic, not about the model: half-precision arithmetic
 # rounds every weight, and the question is whether the rounding leans one way (a bias that averaging
 # cannot remove) — the signed mean and its interval answer that, per statistic; every statistic in
-# `unicache_lib.stats` casts to fp32 first either way. M2 says captures are repeatable on one machine.
+# `unicache_lib.stats` casts to fp32 first either way. M1 is the study's warning, so "does not hold" is the good news:
+# fp16 arithmetic does not bias these statistics on this model. M2 says captures are repeatable on one machine.
 # M3 shows how much a batch-averaged anchor set misrepresents the individual samples. M4 compares two
 # disjoint sets drawn by the same recipe. Its point value (the largest headline difference) being a few
 # thousandths is not enough: M4 holds only if the *upper bound* of that difference's 95% interval is below
@@ -447,12 +404,13 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 # what you do on your own model, and the parameter or notebook where you act; an interval is quoted where the
 # scoreboard decides on one, and the M4 row reads its upper bound, because a small point difference does not make two
 # sample sets comparable while the interval still reaches past 0.02. Run the notebook on your model (exercise 5)
-# and read its "value here" column against these thresholds before trusting numbers from notebooks 02–06.
+# and read its "value here" column against these thresholds before trusting numbers from notebooks 02–08.
 
 # %% [markdown]
 # ## Exercises
 #
-# Solutions with measured outcomes: `solutions/01_capture.py` (`python solutions/01_capture.py --only K`).
+# Solutions with measured outcomes: `solutions/01_capture.py` (`python solutions/01_capture.py --only K`). Each exercise has a starter cell
+# below the list.
 #
 # 1. ★ Capture the vision tower (`part="vision"`; load with `vision_attn_implementation="eager"`) and compare its
 #    per-layer entropy curve to the language model's. *Expected:* the vision tower is more focused at every depth
@@ -476,3 +434,28 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 #    not to the weights), while M3 measures the model: a random-weight language model's rows are uniform, its
 #    "anchors" a position pattern shared by every picture, and batch averaging keeps more of them (Jaccard ~0.44
 #    against the trained model's ~0.30 on 5 samples). A real checkpoint should look like the trained model.
+
+# %%
+# Exercise 1 starter: the vision tower, beside the language model (§4's entropy curve)
+# vis_model, vis_proc = load_understanding(MODEL, attn_implementation="eager", vision_attn_implementation="eager")
+# with AttentionCapture(vis_model, part="vision", mode="stats") as cap: vis_model(**inputs)
+print(f"language layers: {len(lang)}, vision layers: {len(vis)}; next: compare stats.normalised_entropy per layer")
+
+# %%
+# Exercise 2 starter: M3 with a batch of one sample per scene type and three anchors
+# CL.measure_batch_anchors(board_for_you, res_small, family.image_part, 3) on capture_samples(..., sample_set.load(per_type=1, ...))
+print(f"now: PER_TYPE={PER_TYPE}, ANCHOR_K={ANCHOR_K}; rerun with papermill -p PER_TYPE 1 -p ANCHOR_K 3")
+
+# %%
+# Exercise 3 starter: the same statistics from a float16 model
+# model16, _ = load_understanding(MODEL, attn_implementation="eager", dtype="float16")
+# compare capture_samples(model16, processor, samples, mode="stats") with `res`, record by record
+print(f"{len(res)} fp32 records to compare against")
+
+# %%
+# Exercise 4 starter: one store, two processes
+print("torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out /tmp/store   # run it twice; then Store('/tmp/store').verify()")
+
+# %%
+# Exercise 5 starter: this lesson on a stand-in or your checkpoint
+print("python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme")

@@ -80,6 +80,7 @@ from unicache_lib.world.scenes import SCENE_TYPES
 from unicache_lib.zoo.controls import untrained_language_model
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
 
+# %%
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
@@ -356,7 +357,7 @@ print(f"layers where the object word looks AWAY from its object (median selectiv
 # The map cut into four [modality blocks](../docs/GLOSSARY.md#modality-blocks), each as a share of *all* the
 # attention in the layer, and the [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) (image→text +
 # text→image). Note: "text→image share of all attention" is small partly because the text has ~11 query rows
-# against 64 image rows; notebook 06's "image share of text queries' reads" divides by the text rows only and
+# against 64 image rows; notebook 07's "image share of text queries' reads" divides by the text rows only and
 # is much larger. Then [head roles](../docs/GLOSSARY.md#head-roles): how many heads are focused.
 
 # %%
@@ -374,7 +375,7 @@ print("share of heads whose rows put > 0.45 on one key (on average), per layer:"
 # %% [markdown]
 # **What to look at.** image→image dominates every layer (the 64 image rows read mostly each other), and the
 # cross-modal share stays around 0.17–0.25: text and image do meet in every layer. Unhealthy would be a layer
-# whose cross-modal share falls under ~0.05 (a modality cut-off, U10, notebook 06). The box plot shows the
+# whose cross-modal share falls under ~0.05 (a modality cut-off, U10, notebook 07). The box plot shows the
 # spread over heads: a wide box means some heads specialise in crossing modalities. The focused-heads line is
 # the surprise of this section: only layer 0 has focused heads (about 1 in 8); from layer 1 on, no head puts
 # more than 0.45 on one key on average — the study's "a few focused heads in every layer" (U8) is not this model.
@@ -586,7 +587,8 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Solutions with measured outcomes: `solutions/02_understanding_maps.py` (`python solutions/02_understanding_maps.py --only K`).
+# Solutions with measured outcomes: `solutions/02_understanding_maps.py` (`python solutions/02_understanding_maps.py --only K`). Each exercise has a starter cell
+# below the list.
 #
 # 1. ★ Set `TOP_K = 3` and `TOP_K = 12`. Which anchor conclusions survive? *Expected:* anchors stay on objects at
 #    every k (U4 (a): ~5.7x / 4.6x / 3.3x chance at k = 3 / 6 / 12); "anchors persist across layers" (U3 (a)) holds
@@ -611,3 +613,26 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 #    (random weights)"; a random-weight language model's rows are uniform (normalised entropy 1.00 in every band,
 #    against 0.67 → 0.84 here), no head is focused, and its anchors sit on objects no more than chance (U4 (a) under
 #    1, against ~4x here) — the pattern of an untrained model, against which a real checkpoint's numbers are read.
+
+# %%
+# Exercise 1 starter: anchors at another k
+print(f"TOP_K is {TOP_K}; rerun with papermill -p TOP_K 3 and -p TOP_K 12, then compare U3 (a) and U4 (a)")
+
+# %%
+# Exercise 2 starter: "color" as a function word
+# the token-flow table has one row per (sample, token class): relabel "color" before grouping, then recompute U5
+print(token_class("color"), "->", "function (your relabelling)")
+
+# %%
+# Exercise 3 starter: the colour word as the pointer
+# object_word_selectivity(model, processor, samples, question="what shape is the {colour} object ?", query="colour")
+print("section 6 used the shape word of 'where is the {colour} {shape} ?'")
+
+# %%
+# Exercise 4 starter: the head that finds the asked object
+# object_word_selectivity(model, processor, samples, query="last", per_head=True) -> one row per (layer, head)
+print("or: move the explorer's layer and head sliders with the last token selected")
+
+# %%
+# Exercise 5 starter: this lesson on a stand-in or your checkpoint
+print("python -m unicache_lib.zoo.standins --out outputs/rehearsal/models --only llava-1.5-7b")

@@ -26,7 +26,7 @@
 # | id | claim | why it matters for caching | section |
 # |---|---|---|---|
 # | G1 | early (noisy) steps attend diffusely, late steps concentrate | sharp, settled late maps are the cheap ones to reuse | 3 |
-# | G2 | adjacent steps' maps are ~0.3–0.5 alike early, > 0.8 late; 0.7 after the knee marks safe reuse | where a reuse schedule may start (notebook 05's `step_skip` / `adaptive`) | 4 |
+# | G2 | adjacent steps' maps are ~0.3–0.5 alike early, > 0.8 late; 0.7 after the knee marks safe reuse | where a reuse schedule may start (notebook 06's `step_skip` / `adaptive`) | 4 |
 # | G4 | in joint attention text→image is steady, image→text varies | text-side keys/values are the safer ones to reuse (05's `text_side`) | 6 |
 # | G5 | image tokens far outnumber text tokens | cache memory goes to the image side | 7 |
 # | G6 | text conditioning is strongest early; long prompts' text attention goes near-uniform mid-run | whether the prompt side can be cached after the first steps | 5 |
@@ -65,10 +65,10 @@ import pandas as pd
 import torch
 
 from unicache_lib import plots
+from unicache_lib.analysis import diffusion_claims as DC
 from unicache_lib.analysis import generation as G
 from unicache_lib.capture.gen_runner import capture_generation
 from unicache_lib.capture.runner import stats_store_or_capture
-from unicache_lib.intervals import bootstrap, grouped
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
@@ -93,7 +93,8 @@ prompts = prompt_set(N_SINGLE, N_PAIRS, SEED)
 # One two-object prompt (the first pair of the set; prompt *i* is always sampled with seed `SEED + i`, so
 # this is the very image the later sections measure). Left, what each generator drew; right, the image
 # queries' attention to each colour and shape word, averaged over heads, layers and steps, laid over the
-# picture (each panel has its own colour scale).
+# picture. All of a figure's panels share one colour scale from 0, so a word whose map is nearly flat looks flat,
+# not hot: compare the panels' brightness, not only where each is brightest.
 
 # %%
 from unicache_lib.analysis.word_regions import drawn_objects, word_region_table
@@ -340,8 +341,8 @@ _ = plots.save(fig, out, "adjacent_similarity")
 # %% [markdown]
 # **What to look at.** A healthy curve for reuse starts low (the first steps reorganise the picture) and
 # climbs over the threshold: the knee is where reuse may begin. A curve that never clears it means that
-# layer must be computed every step. **This run**: every curve sits near 0.99 from step 1 on, far above the
-# 0.7 line, so at 0.7 the knee is step 1 for every layer of both models. That does not say "reuse
+# layer must be computed every step. **This run**: every curve sits at 0.94 or above from step 1 on (most near
+# 0.99), far above the 0.7 line, so at 0.7 the knee is step 1 for every layer of both models. That does not say "reuse
 # everything"; it says a 0.7 threshold cannot tell these layers apart: on toy generators with 64 image
 # tokens adjacent steps are nearly identical from the start (the study's 0.3–0.5 early similarity comes from
 # 1024² images). Only the stricter 0.99 line cuts through the curves, so the table gives the knees at both.
@@ -613,99 +614,16 @@ explorer
 # %%
 # NBVAL_CHECK_OUTPUT
 board = Scoreboard(random_weights=any(is_stand_in(p) for p in paths.values()), unstable=unstable_claims([*MODELS, UNDERSTANDING_MODEL]))
-board.rule("G1", "image-query normalised entropy, early-phase mean minus late-phase mean (over parts and layers), on the "
-           "weaker model, above 0.02", above=0.02)
-board.rule("G2", "adjacent-step cosine similarity of the maps: (a) late phase, weaker model, above 0.8, (b) early phase, "
-           "most similar model, below 0.6", criteria={"a": {"above": 0.8}, "b": {"below": 0.6}})
-board.rule("G4", "MMDiT, mean step-to-step change (1 - cosine): (a) image->text map / text->image map above 1.5, (b) image "
-           "stream's attention output / text stream's above 1.5", criteria={"a": {"above": 1.5}, "b": {"above": 1.5}})
-board.rule("G5", "image / text KV bytes per attention layer, weaker model, above 4", above=4.0)
-board.rule("G6", "weaker model: (a) short prompts' guidance strength, early minus late, above 0, (b) long prompts' "
-           "middle-phase text entropy above 0.9, (c) that entropy minus the short prompts' above 0.05",
-           criteria={"a": {"above": 0.0}, "b": {"above": 0.9}, "c": {"above": 0.05}})
-board.rule("G7", "mean head redundancy, weaker generator minus the understanding model, above 0.05 (prompts and samples "
-           "resampled separately)", above=0.05)
-board.rule("G9", "weaker model: (a) object words' region IoU / a random region's above 2, (b) shape-word region overlap, "
-           "same-colour minus different-colour pairs, above 0 (pair prompts resampled within their kind)",
-           criteria={"a": {"above": 2.0}, "b": {"above": 0.0}})
-
-T["prompt"] = T["sample"].str.split("/").str[1].astype(int)
+DC.declare(board)  # the rules, as data in unicache_lib/analysis/diffusion_claims.py
+T = DC.with_prompt(T)
 n_prompts = len(prompts)
-P = list(range(n_prompts))
-
-
-def by_prompt(df, col):
-    """``[n_prompts]``: ``col`` averaged over everything else, per prompt index."""
-    return df.groupby("prompt")[col].mean().reindex(P).to_numpy()
-
-
-def weakest(arrays, reduce=min):
-    """Statistic over resampled prompt indices: the weaker model's mean."""
-    return lambda u: reduce(a[np.asarray(u)].mean() for a in arrays)
-
-
-short = T[T.kind == "short"]
-phase = {f: short[short.phase == f] for f in G.PHASES}
-drop = [by_prompt(phase["early"][phase["early"].model == m], "img_entropy") - by_prompt(phase["late"][phase["late"].model == m], "img_entropy")
-        for m in MODELS]
-board.measure("G1", bootstrap(P, weakest(drop), "prompts"), shown=f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02")
-late = [by_prompt(phase["late"][phase["late"].model == m], "sim") for m in MODELS]
-early = [by_prompt(phase["early"][phase["early"].model == m], "sim") for m in MODELS]
-board.measure("G2", bootstrap(P, weakest(late), "prompts"), criterion="a")
-if all(np.isfinite(a).all() for a in early):
-    board.measure("G2", bootstrap(P, weakest(early, max), "prompts"), criterion="b", shown="; ".join(
-        f"{m}: early {knees.loc[m]['early sim'].mean():.2f}, late {knees.loc[m]['late sim'].mean():.2f}" for m in MODELS))
-else:
-    board.measure("G2", None, criterion="b", note=f"the early phase of {STEPS} steps has no step with a previous step")
-if len(jall):
-    jp = jall.assign(prompt=jall["sample"].str.split("/").str[1].astype(int))
-    change = {c: 1 - by_prompt(jp, c) for c in ("sim_it", "sim_ti", "out_sim_img", "out_sim_txt")}
-    board.measure("G4", bootstrap(P, lambda u: change["sim_it"][u].mean() / change["sim_ti"][u].mean(), "prompts"), criterion="a",
-                  shown=f"text->image {asym.sim_ti.mean():.4f} vs image->text {asym.sim_it.mean():.4f}")
-    board.measure("G4", bootstrap(P, lambda u: change["out_sim_img"][u].mean() / change["out_sim_txt"][u].mean(), "prompts"),
-                  criterion="b", shown=f"outputs text {asym.out_sim_txt.mean():.4f} vs image {asym.out_sim_img.mean():.4f}")
-else:
-    board.measure("G4", None, note="no joint-attention model in MODELS")
-ratio = [np.full(n_prompts, kv.loc[m, "image/text"]) for m in MODELS]  # token counts: exact, the interval is a point
-board.measure("G5", bootstrap(P, weakest(ratio), "prompts"), shown=", ".join(f"{m}: {v:.2f}x" for m, v in kv["image/text"].items()))
-gsteps = {f: [s_ for s_ in range(STEPS) if G.phase_of(s_, STEPS) == f] for f in G.PHASES}
-gdrop = []
-for m in MODELS:
-    gv = gdf[(gdf.model == m) & (gdf.kind == "short")].drop(columns=["model", "kind"]).to_numpy(dtype=float)
-    if np.isfinite(gv).any():  # guidance-distilled models (no unconditional branch) have no guidance strength
-        gdrop.append(gv[:, gsteps["early"]].mean(1) - gv[:, gsteps["late"]].mean(1))
-mid = {(m, k): by_prompt(T[(T.model == m) & (T.kind == k) & (T.part != "self") & (T.phase == "middle")], "text_entropy")
-       for m in MODELS for k in ("short", "long")}
-if gdrop:
-    board.measure("G6", bootstrap(P, weakest(gdrop), "prompts"), criterion="a")
-else:
-    board.measure("G6", None, criterion="a", note="no model in MODELS has an unconditional branch (guidance-distilled)")
-board.measure("G6", bootstrap(P, weakest([mid[m, "long"] for m in MODELS]), "prompts"), criterion="b")
-board.measure("G6", bootstrap(P, weakest([mid[m, "long"] - mid[m, "short"] for m in MODELS]), "prompts"), criterion="c", shown="; ".join(
-    f"{m}: guidance {cond.loc[(m, 'short')]['guidance early']:.2f}→{cond.loc[(m, 'short')]['guidance late']:.2f}, "
-    f"middle text entropy long {cond.loc[(m, 'long')]['text entropy middle']:.2f} / short {cond.loc[(m, 'short')]['text entropy middle']:.2f}"
-    for m in MODELS))
-gen_red = np.stack([by_prompt(short[short.model == m], "redundancy") for m in MODELS], 1)  # [prompts, models]
-u_red = U.groupby("sample").redundancy.mean().to_numpy()
-board.measure("G7", grouped({"gen": list(gen_red), "und": list(u_red)}, "prompts / samples",
-                            lambda d: np.min(np.mean(d["gen"], 0)) - np.mean(d["und"])),
-              shown=", ".join(f"{m} {v:.2f}" for m, v in zip(MODELS, gen_red.mean(0))) + f" vs understanding {u_red.mean():.2f}")
-pid = [p["id"] for p in prompts]
-Rl = R[R.role != "binding overlap"]
-iou_sum = [Rl[Rl.model == m].groupby("prompt")[["iou", "chance"]].sum().reindex(pid).fillna(0).to_numpy() for m in MODELS]
-undrawn = [m for m, a in zip(MODELS, iou_sum) if a[:, 1].sum() == 0]
-if undrawn:  # no prompt's object was drawn: a word's region has nothing to be compared with
-    board.measure("G9", None, criterion="a", note=f"{', '.join(undrawn)} drew none of the prompts' objects")
-else:
-    board.measure("G9", bootstrap(P, lambda u: min(a[u, 0].sum() / a[u, 1].sum() for a in iou_sum), "prompts"), criterion="a",
-                  shown="; ".join(f"{m}: IoU {loc.loc[m].iou.mean():.2f} (chance {loc.loc[m].chance.mean():.2f})" for m in MODELS))
-Rb = R[R.role == "binding overlap"].pivot_table(index="prompt", columns="model", values="iou")
-kinds = {k: [p["id"] for p in prompts if p["pair"] == k and p["id"] in Rb.index] for k in ("same", "different")}
-if min(len(v) for v in kinds.values()) >= 2:
-    board.measure("G9", grouped({k: list(Rb.loc[v, MODELS].to_numpy()) for k, v in kinds.items()}, "pair prompts per kind",
-                                lambda d: np.min(np.mean(d["same"], 0) - np.mean(d["different"], 0))), criterion="b")
-else:
-    board.measure("G9", None, criterion="b", note="fewer than 2 pair prompts of each kind (N_PAIRS >= 4 needed)")
+drop = DC.measure_focus_and_similarity(board, T, MODELS, n_prompts, f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02",
+                                       knees, STEPS)
+change = DC.measure_joint_asymmetry(board, jall, n_prompts, asym if len(jall) else None)
+DC.measure_cache_pressure(board, kv, MODELS, n_prompts)
+DC.measure_conditioning(board, T, gdf, cond, MODELS, n_prompts, STEPS)
+gen_red, u_red = DC.measure_redundancy(board, T, U, MODELS, n_prompts)
+DC.measure_word_regions(board, R, loc, MODELS, prompts)
 board.save(out / "scoreboard.json")
 print({c: r.verdict for c, r in board.rows.items()})
 
@@ -747,7 +665,7 @@ board.show()
 #   drew one object in all 4 same-colour pairs: it says nothing about binding.
 #
 # The decision table turns this run's numbers into settings for your model (the reuse window is the one
-# notebook 05's policies take):
+# notebook 06's policies take):
 
 # %%
 from IPython.display import display
@@ -760,9 +678,11 @@ for m in MODELS:
                    "value here": f"{start(wl, THRESHOLD)}; {start(ws, STRICT_THRESHOLD)}; lowest {knees.loc[m, 'min sim'].min():.3f}",
                    "what it suggests on your model": "a knee at step 1 for every layer at 0.7 says the threshold is too loose: judge at the "
                    "stricter one; start reuse no earlier than the latest knee",
-                   "notebook / parameter": (f"05: REUSE_POLICIES['step_skip'](head={ws['head']}) (the first head share of STEPS is computed) "
-                                            if ws["start"] is not None else "05: keep step_skip's default head (0.1) ")
-                   + f"or REUSE_POLICIES['adaptive'](threshold={STRICT_THRESHOLD:g}); 05's STEPS = {STEPS} (knees move with the step count)"})
+                   "notebook / parameter": (f"06: REUSE_POLICIES['step_skip'](head={ws['head']}) (the first head share of STEPS is computed) "
+                                            if ws["start"] is not None else "06: keep step_skip's default head (0.1) ")
+                   + f"or REUSE_POLICIES['adaptive'](threshold={STRICT_THRESHOLD:g}); 06's STEPS = {STEPS} (knees move with the step count)"})
+
+# %%
 drop_by_model = {m: float(d.mean()) for m, d in zip(MODELS, drop)}
 w_rows.append({"measurement": "image-query entropy, early minus late (G1)", "value here": ", ".join(f"{m} {v:+.3f}" for m, v in drop_by_model.items()),
                "what it suggests on your model": "> 0.02: late steps are focused, pick reuse steps late; <= 0: choose them by similarity, not focus",
@@ -770,10 +690,10 @@ w_rows.append({"measurement": "image-query entropy, early minus late (G1)", "val
 if len(jall):
     w_rows.append({"measurement": "MMDiT change, image->text / text->image (G4)", "value here": f"{change['sim_it'].mean() / change['sim_ti'].mean():.2f}",
                    "what it suggests on your model": "> 1.5: the text side is steadier, reuse it first; near 1: no side is safer",
-                   "notebook / parameter": "05: the text_side policy (REUSE_POLICIES['text_side'])"})
+                   "notebook / parameter": "06: the text_side policy (REUSE_POLICIES['text_side'])"})
 w_rows.append({"measurement": "image / text KV bytes per layer (G5)", "value here": ", ".join(f"{m} {v:.2f}x" for m, v in kv["image/text"].items()),
                "what it suggests on your model": "> 4: the cache pressure is on the image side, evict or reuse image keys first",
-               "notebook / parameter": "05: BUDGETS (eviction), GENERATORS (reuse)"})
+               "notebook / parameter": "05: BUDGETS (eviction), 06: GENERATORS (reuse)"})
 w_rows.append({"measurement": "head redundancy, generators vs understanding (G7)",
                "value here": ", ".join(f"{m} {v:.2f}" for m, v in zip(MODELS, gen_red.mean(0))) + f" vs {u_red.mean():.2f}",
                "what it suggests on your model": "well above the understanding model: heads could share maps or be pruned",
@@ -788,7 +708,7 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 # %% [markdown]
 # **Reading the table.** On the shipped generators the 0.7 knee is step 1 everywhere and at 0.99 some layer
 # never settles, so no whole-step window is trustworthy: keep `step_skip`'s default head or let the 0.99
-# `adaptive` rule decide per step in notebook 05. Word maps are a usable pointer on PixArt (6.3× chance) but not
+# `adaptive` rule decide per step in notebook 06. Word maps are a usable pointer on PixArt (6.3× chance) but not
 # on the MMDiT (1.0×), neither the text side (1.22) nor the image keys (1.33×) earn a policy of their own at
 # this size, and only PixArt's head redundancy (0.75 against 0.44) points to notebook 04.
 
@@ -796,7 +716,8 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 # ## Exercises
 #
 # Graded ★ (a parameter or a filter) to ★★★ (your own checkpoint); numbered as in the solutions file. Solutions
-# with measured outcomes: `solutions/03_diffusion_steps.py` (`python solutions/03_diffusion_steps.py --only K`).
+# with measured outcomes: `solutions/03_diffusion_steps.py` (`python solutions/03_diffusion_steps.py --only K`). Each exercise has a starter cell
+# below the list.
 #
 # 1. ★★ Fewer, farther steps: rerun with `STEPS = 8` and read section 4's knees at 0.95 and 0.99. From which
 #    step could whole steps be reused on each model, and how many? *Expected*: at 20 steps every layer
@@ -813,5 +734,27 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 # 5. ★★★ On your own checkpoint: run this notebook with papermill on a diffusers SD3 / PixArt / Flux / Sana
 #    folder (`-p MODELS '["/path"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]' -p MAP_QUERY_STRIDE 8`). Compare the
 #    lowest adjacent cosine (here >= 0.97) and the 0.7 knee (here step 1) with the study's 0.3–0.5 early
-#    similarity, then set notebook 05's `step_skip` `head` from the reuse window the decision table prints.
+#    similarity, then set notebook 06's `step_skip` `head` from the reuse window the decision table prints.
 #    *Expected* on a real 1024² model: the 0.7 knee a few steps in, not at step 1.
+
+# %%
+# Exercise 1 starter: fewer, farther steps
+print(f"STEPS is {STEPS}; rerun with papermill -p STEPS 8 and read §4's knee table at 0.95 and 0.99")
+
+# %%
+# Exercise 2 starter: the unconditional branch
+# with DiffusionCapture(gens[m0], branch="uncond", ...) as cap: sample(gens[m0], [prompts[0]["short"]], STEPS, GUIDANCE)
+print(f"compare its text entropy with the conditional rows of T for {m0}")
+
+# %%
+# Exercise 3 starter: pairs of one colour and one shape
+# edit a pair prompt so both objects share colour and shape, then word_region_table(...) as in §9
+print(prompts[N_SINGLE]["short"] if N_PAIRS else "N_PAIRS is 0: no pair prompts")
+
+# %%
+# Exercise 4 starter: the step explorer on PixArt
+print("m0 = 'tiny-pixart', then rerun the explorer cell of §10")
+
+# %%
+# Exercise 5 starter: this lesson on your pipeline
+print("papermill notebooks/03_diffusion_steps.ipynb out.ipynb -p MODELS '[\"/path\"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]'")

@@ -67,16 +67,16 @@ import pandas as pd
 import torch
 
 from unicache_lib import plots
+from unicache_lib.analysis import pruning_claims as PC
 from unicache_lib.analysis.layers import band_layers
 from unicache_lib.capture.gen_runner import generation_store_or_capture
-from unicache_lib.capture.runner import capture_samples, stats_store_or_capture
+from unicache_lib.capture.runner import stats_store_or_capture
 from unicache_lib.paths import project_path
 from unicache_lib.pruning import SCORERS, HeadMask, HeadSpace, ScoringContext, prune_physically
 from unicache_lib.pruning.heads import physical_pruning_unsupported
 from unicache_lib.pruning import evaluate as E
-from unicache_lib.pruning.downstream import downstream_changes, random_heads
 from unicache_lib.pruning.scorers import head_statistics
-from unicache_lib.intervals import difference_interval, interleaved_timings, speedup_interval
+from unicache_lib.intervals import interleaved_timings, speedup_interval
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store
@@ -85,6 +85,7 @@ from unicache_lib.world.text import prompt_set
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding, model_label
 from unicache_lib.zoo.train_llava import heldout_set
 
+# %%
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
@@ -222,37 +223,19 @@ _ = plots.save(fig, out, "understanding_pruning")
 # NBVAL_CHECK_OUTPUT
 hs = head_statistics(ctx)
 shallow = band_layers(len(space.units))["shallow"]
-ent = hs["entropy"][shallow]
-uniform = np.zeros(space.shape, bool)
-uniform[shallow] = ent >= np.median(ent)
-n_uniform = int(uniform.sum())
-in_band = np.zeros(space.shape, bool)
-in_band[shallow] = True
 std_samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
-base_recs = capture_samples(model, processor, std_samples).records
-selections = {"near-uniform shallow heads": uniform}
-selections.update({f"random shallow heads #{s}": random_heads(in_band, n_uniform, SEED + s) for s in range(RANDOM_SEEDS)})
-p3, p3_changes = {}, {}
-for label, sel in selections.items():
-    keep = torch.tensor(~sel, dtype=torch.float32)
-    with HeadMask(space, keep):
-        m = E.understanding_metrics(E.answer_logprobs(model, processor, qas), ref_logp, processor, qas)
-    ch = p3_changes[label] = downstream_changes(model, processor, space, std_samples, keep, skip_layers=shallow, base=base_recs)
-    p3[label] = {"heads pruned": int(sel.sum()), **m, "deep d_entropy": ch.d_entropy.mean(), "deep d_image_share": ch.d_image_share.mean()}
-p3 = pd.DataFrame(p3).T
-rand_labels = [k for k in selections if k.startswith("random")]
-per_layer = pd.concat({"near-uniform": p3_changes["near-uniform shallow heads"].groupby("layer").d_entropy.mean(),
-                       "random (mean)": pd.concat([p3_changes[k] for k in rand_labels]).groupby("layer").d_entropy.mean()}, axis=1)
+exp = PC.near_uniform_experiment(model, processor, space, qas, ref_logp, std_samples, hs["entropy"], shallow, RANDOM_SEEDS, SEED)
+p3, rand_labels = exp["table"], exp["random"]
 base_acc = float(acc_tab[0.0].iloc[0])
 print(f"unpruned accuracy {base_acc:.3f}; shallow band = layers {shallow}, mean normalised entropy of the pruned heads "
-      f"{ent[ent >= np.median(ent)].mean():.3f}; control: {len(rand_labels)} random draws of {n_uniform} shallow heads")
+      f"{exp['entropy']:.3f}; control: {len(rand_labels)} random draws of {exp['n']} shallow heads")
 print(p3[["heads pruned", "accuracy", "kl", "deep d_entropy", "deep d_image_share"]].astype(float).round(4).to_string())
-print("deeper layers' entropy move per layer:\n" + per_layer.round(4).to_string())
-per_sample = {k: v.groupby("sample").d_entropy.mean() for k, v in p3_changes.items()}
-excess = per_sample["near-uniform shallow heads"] - pd.concat([per_sample[k] for k in rand_labels], axis=1).mean(1)
+print("deeper layers' entropy move per layer:\n" + exp["per_layer"].round(4).to_string())
+deep_move, rand_move = PC.per_sample_moves(exp)
+excess = deep_move - rand_move
 print(f"near-uniform minus random: deeper entropy {excess.mean():+.4f} per sample "
       f"({int((excess > 0).sum())} of {len(excess)} samples move more); accuracy "
-      f"{p3.loc['near-uniform shallow heads', 'accuracy'] - p3.loc[rand_labels, 'accuracy'].mean():+.3f}")
+      f"{p3.loc[PC.NEAR_UNIFORM, 'accuracy'] - p3.loc[rand_labels, 'accuracy'].mean():+.3f}")
 
 # %% [markdown]
 # **What to look at.** The first row against the random rows: an effect the random rows show as well is the
@@ -389,42 +372,9 @@ if TIMING_REPEATS >= 2:
 # NBVAL_CHECK_OUTPUT
 board = Scoreboard(random_weights=any(is_stand_in(m) for m in [UNDERSTANDING_MODEL, *GENERATORS]),
                    unstable=unstable_claims([UNDERSTANDING_MODEL, *gpaths]))
-board.rule("P1", "combined attention-statistics scorer: (a) accuracy drop from pruning 10% below 0.01 (1 point), (b) further "
-           "drop from 10% to 20% above 0.005 (half a point)", criteria={"a": {"below": 0.01}, "b": {"above": 0.005}})
-board.rule("P2", "accuracy averaged over the pruned fractions (> 0), combined statistics scorer minus (a) weight norms, (b) "
-           "random's mean over seeds, each above 0", criteria={"a": {"above": 0.0}, "b": {"above": 0.0}})
-board.rule("P3", "pruning only the near-uniform shallow heads: (a) accuracy drop above 0.01 (1 point, interval over "
-           "questions), (b) the deeper layers' normalised-entropy move (mean |change|) minus the move from pruning as many "
-           "random shallow heads (mean over the random draws), above 0 (paired interval over samples)",
-           criteria={"a": {"above": 0.01}, "b": {"above": 0.0}})
-
-
-def correct(family, fraction):
-    """Per-question outcomes ``[N]`` (float), averaged over seeds for a repeated scorer."""
-    d = U[(U.family == family) & (U.fraction == fraction)]
-    return np.mean(np.stack(d.correct_q.to_list()).astype(float), 0)
-
-
-c0, c10 = (correct("attention_combined", f) for f in (0.0, 0.1))  # FRACTIONS must hold 0.0 and 0.1
-board.measure("P1", difference_interval(c0, c10, "questions"), criterion="a")
-if 0.2 in FRACTIONS:
-    c20 = correct("attention_combined", 0.2)
-    board.measure("P1", difference_interval(c10, c20, "questions"), criterion="b",
-                  shown=f"drop at 10%: {100 * (c0 - c10).mean():.1f} pt, at 20%: {100 * (c0 - c20).mean():.1f} pt")
-else:
-    board.measure("P1", None, criterion="b", note="FRACTIONS has no 0.2")
-pruned_f = [f for f in FRACTIONS if f > 0]
-mean_over_f = {fam: np.mean([correct(fam, f) for f in pruned_f], 0) for fam in acc_tab.index}
-board.measure("P2", difference_interval(mean_over_f["attention_combined"], mean_over_f["weight_norm"], "questions"), criterion="a")
-board.measure("P2", difference_interval(mean_over_f["attention_combined"], mean_over_f["random"], "questions"), criterion="b",
-              shown=", ".join(f"{k} {v.mean():.3f}" for k, v in sorted(mean_over_f.items(), key=lambda kv: -kv[1].mean())))
-u = p3.loc["near-uniform shallow heads"]
-board.measure("P3", difference_interval(c0, u["correct_q"].astype(float), "questions"), criterion="a")
-rand_move = pd.concat([per_sample[k] for k in rand_labels], axis=1).mean(1)
-deep_move = per_sample["near-uniform shallow heads"].reindex(rand_move.index)
-board.measure("P3", difference_interval(deep_move.to_numpy(), rand_move.to_numpy(), "samples"), criterion="b",
-              shown=f"{int(u['heads pruned'])} heads: accuracy {base_acc:.3f}→{u['accuracy']:.3f} (random shallow: "
-                    f"{p3.loc[rand_labels, 'accuracy'].mean():.3f}), deeper entropy moves {deep_move.mean():.3f} vs random {rand_move.mean():.3f}")
+PC.declare(board)  # the rules of P1-P3, as data in unicache_lib/analysis/pruning_claims.py
+mean_over_f = PC.measure(board, U, FRACTIONS, acc_tab.index, exp, base_acc)
+u = p3.loc[PC.NEAR_UNIFORM]
 board.save(out / "scoreboard.json")
 print({c: r.verdict for c, r in board.rows.items()})
 
@@ -497,7 +447,8 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 # ## Exercises
 #
 # Graded ★ (a parameter) to ★★★ (your own checkpoint). Solutions with measured outcomes:
-# `solutions/04_head_pruning.py` (`python solutions/04_head_pruning.py --only K`).
+# `solutions/04_head_pruning.py` (`python solutions/04_head_pruning.py --only K`). Each exercise has a starter cell
+# below the list.
 #
 # 1. ★★ Prune by `high_entropy` in the deep band only, then in the shallow band only
 #    (`space.keep_mask(..., eligible=...)`). Are diffuse heads as costly to lose in deep layers as in shallow
@@ -513,3 +464,24 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 #    near-uniform shallow heads still beat their random control on accuracy, and on the deeper layers?
 #    *Expected*: the run works on other families (grouped-query attention included; physical pruning is then
 #    skipped with a reason); compare the "minus random" numbers, not the raw drops.
+
+# %%
+# Exercise 1 starter: high_entropy pruning in one band at a time
+# keep = space.keep_mask(SCORERS["high_entropy"]().score(ctx), 0.1, eligible=<bool [layers, heads], True in one band>)
+print(f"bands: {band_layers(len(space.units))}")
+
+# %%
+# Exercise 2 starter: a scorer of your own
+# @register
+# class MyScorer(HeadScorer):
+#     name = "my_scorer"
+#     def score(self, ctx): return <float array [layers, heads], high = keep>
+print("registered scorers:", ", ".join(SCORERS))
+
+# %%
+# Exercise 3 starter: the gradient scorer on fewer questions
+print(f"N_GRADIENT is {N_GRADIENT}; rerun section 2 with papermill -p N_GRADIENT 2, 8, 32")
+
+# %%
+# Exercise 4 starter: this lesson on your checkpoint
+print("papermill notebooks/04_head_pruning.ipynb out.ipynb -p UNDERSTANDING_MODEL /path -p GENERATORS '[]'")

@@ -1,4 +1,4 @@
-"""Notebook 07's claims (A1-A6) as data, and their measurements on a
+"""Notebook 08's claims (A1-A6) as data, and their measurements on a
 :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's scoreboard cell reads as a few calls.
 
 :data:`RULES` holds each claim's rule text and thresholds (fixed before any number is computed);
@@ -47,11 +47,7 @@ RULES: dict[str, tuple[str, dict]] = {
 
 def declare(board) -> None:
     """Write every rule of :data:`RULES` on ``board`` (before any measurement)."""
-    for claim, (text, criteria) in RULES.items():
-        if list(criteria) == [""]:
-            board.rule(claim, text, **criteria[""])
-        else:
-            board.rule(claim, text, criteria=criteria)
+    board.declare(RULES)
 
 
 def measure_fusion(board, fb: pd.DataFrame | None, healthy: np.ndarray | None, blind: np.ndarray | None) -> None:

@@ -1,4 +1,4 @@
-"""Measurements of notebook 07 that only the study's other architectures need (claims A1-A6).
+"""Measurements of notebook 08 that only the study's other architectures need (claims A1-A6).
 
 Every function takes records captured by :class:`~unicache_lib.capture.AttentionCapture` (or the models
 themselves, for the ablation and the decoding runs) and returns tidy tables whose rows are the units the
@@ -282,7 +282,7 @@ def hard_caption_scenes(n: int, seed: int = 0, size: int = 64) -> list:
     return [make_scene(rng, ("clutter", "overlap")[i % 2], size, n_objects=4) for i in range(n)]
 
 
-# --- the runs behind notebook 07's sections: each a model run with capture, returning the table it measures ---
+# --- the runs behind notebook 08's sections: each a model run with capture, returning the table it measures ---
 
 def capture_both_towers(model, processor, samples, mode: str = "stats", part: str = "all"):
     """A dual tower (CLIP) on each sample's image and its caption, one forward per sample (the towers never read
@@ -424,7 +424,7 @@ def drawing_label(score: dict) -> str:
 
 
 def layout_masks(n_image: int = 5, n_text: int = 3) -> dict[str, tuple[str, str, np.ndarray]]:
-    """The seven ways notebook 07's models let queries read keys, as toy sequences of ``n_image`` image (``I``) and
+    """The seven ways notebook 08's models let queries read keys, as toy sequences of ``n_image`` image (``I``) and
     ``n_text`` text (``T``) tokens: name -> ``(query kinds, key kinds, allowed [n_queries, n_keys] bool)``. For the
     picture that opens the notebook (:func:`unicache_lib.plots.attention_layouts`); the real models' spans are
     read from each family's adapter when it is captured."""

@@ -102,7 +102,7 @@ def reuse_window(knees, n_steps: int) -> dict:
     A step can be skipped as a whole only once *every* layer has settled: the window starts at the latest
     knee. Returns ``start`` (None if some layer never settles), ``reusable`` (steps from ``start`` on, the
     last one always computed: ``n_steps - start - 1``) and ``head``: the share of the steps computed before
-    reuse may begin, ``start / n_steps`` (notebook 05's ``step_skip`` policy's ``head`` argument).
+    reuse may begin, ``start / n_steps`` (notebook 06's ``step_skip`` policy's ``head`` argument).
     """
     k = np.asarray(knees, dtype=float)
     if k.size == 0:

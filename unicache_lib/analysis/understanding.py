@@ -15,7 +15,7 @@ from .token_classes import token_class
 
 # What a reader sees for the four block columns of :func:`layer_table` (the stored keys stay
 # ``unicache_lib.modality.BLOCKS``): each is a share of the *whole map's* mass, so "text->image" here is small
-# when the text has few query rows. Not notebook 06's "image share of text queries' reads" (the text rows only).
+# when the text has few query rows. Not notebook 07's "image share of text queries' reads" (the text rows only).
 BLOCK_LABELS: dict[str, str] = {
     "image->image": "image→image share of all attention", "text->text": "text→text share of all attention",
     "image->text": "image→text share of all attention", "text->image": "text→image share of all attention",

@@ -65,7 +65,7 @@ def detect_neglect(records, cutoff: float = CUTOFF, warn: float = WARN) -> Negle
 def image_dependence(model, processor, samples, seed: int = 0) -> float:
     """Mean KL(answer with its image || answer with another sample's image) over ``samples``: how much
     the answers depend on the image at all. Near 0 = the image is ignored, whatever the attention
-    shares say (the complement the attention-share detector needs, see notebook 06)."""
+    shares say (the complement the attention-share detector needs, see notebook 07)."""
     import torch
 
     from ..capture.runner import inputs_for

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from ..progress import bar
+from ..world.scenes import grid_cover
 from .cache import PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt
 from .policies import POLICIES
 
@@ -198,3 +199,52 @@ def share_of_full(df: pd.DataFrame, method: str, budget: float):
     from ..intervals import ratio_interval
 
     return ratio_interval(correct_matrix(df, method, budget), correct_matrix(df, "full"), "questions")
+
+
+@torch.no_grad()
+def kept_patches(model, processor, qa, budget: float, policies: dict, seed: int = 0) -> dict:
+    """What each policy keeps of one question's image, and what the model then answers: for the lesson's first
+    picture. ``qa``: a question (``scene``, ``question``, ``answer``); ``policies``: name -> policy (cache- or
+    prefill-stage). Returns name -> ``{"share": [n_grid] float32 (share of the image-KV layers that keep each
+    patch, row-major over the picture), "answer": str, "correct": bool, "objects": how many of the scene's objects
+    keep at least one of their patches in at least half of the layers}``, plus ``"full"`` (every patch, the full
+    cache's answer). Raises when the family's image tokens form no single grid over the picture (nothing to
+    draw on)."""
+    split = split_prompt(processor, qa.scene.uint8(), qa.question, model=model)
+    pre = prefill(model, split, attentions=True)
+    ctx = pre.context(seed=seed)
+    if ctx.grid is None:
+        raise ValueError("this family's image tokens form no single grid over the picture: there is no patch to draw "
+                         "(run the measurements of this notebook; only the picture needs a grid)")
+    grid = ctx.grid.cpu()
+    pos_to_img = {int(p): i for i, p in enumerate(ctx.image_positions.tolist())}
+    tok = processor.tokenizer
+
+    side = int(round(len(grid) ** 0.5))
+    on = grid_cover(np.asarray(qa.scene.masks), (side, side)) > 0  # [n_objects, n_grid]: patches each object touches
+    masks = qa.scene.masks
+
+    def said(logits, share=None):
+        a = tok.convert_ids_to_tokens(int(logits.argmax()))
+        objects = len(masks) if share is None else int(sum((share[o] >= 0.5).any() for o in on))
+        return {"answer": a, "correct": a == qa.answer, "objects": objects}
+
+    full = evict(pre.cache, POLICIES["full"]().select(ctx, 1.0))
+    out = {"full": {"share": np.ones(len(grid), np.float32), **said(answer(model, full, split)[0])}}
+    for name, pol in policies.items():
+        if getattr(pol, "stage", "cache") == "prefill":
+            pp, reduced, keep = prefill_pruned(model, split, pol.token_picker(ctx, budget), renumber=pol.renumber)
+            per_layer = [keep]
+            logits = answer(model, pp.cache, reduced)[0]
+        else:
+            keep = pol.select(ctx, budget)
+            per_layer = [k for k in keep if k is not None]
+            logits = answer(model, evict(pre.cache, keep), split)[0]
+        counts = np.zeros(ctx.n_image, np.float32)
+        for k in per_layer:
+            for p in k.tolist():
+                if p in pos_to_img:
+                    counts[pos_to_img[p]] += 1
+        share = counts[grid.numpy()] / len(per_layer)
+        out[name] = {"share": share, **said(logits, share)}
+    return out

@@ -254,3 +254,35 @@ def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", 
     if len(n) != 1:
         raise ValueError(f"{column} of different lengths {sorted(n)}: score every generator on the same prompts")
     return bootstrap(list(range(n.pop())), lambda u: min(v[u].mean() for v in vals.values()), "prompts")
+
+
+def schedule_of(method) -> list[bool] | None:
+    """Which of its steps a method runs the transformer on, from the object its factory builds: a step-level
+    :class:`ReuseCache` its policy's schedule, the fewer-step control all of its own (shorter) steps, no reuse all;
+    None where the method decides per block or per call inside a step (attention-level schedules, diffusers
+    caches), where a per-step strip would mislead."""
+    n = getattr(method, "sample_steps", None)
+    if n is not None:
+        return [True] * int(n)
+    if isinstance(method, ReuseCache):
+        if method.level == "step" and hasattr(method.policy, "schedule"):
+            return list(method.policy.schedule(method.n_steps))
+        if method.policy.name == "none":
+            return [True] * method.n_steps
+    return None
+
+
+def gallery(gen, methods: dict, prompt: str, steps: int = 20, guidance: float = 3.0, seed: int = 0) -> dict:
+    """One prompt sampled under each method (``methods``: name -> factory, as :func:`methods_for` builds them; must
+    hold ``none``). Returns name -> ``{"image": [H, W, 3] uint8, "psnr": dB against ``none`` (capped at
+    :data:`PSNR_CAP`), "schedule": :func:`schedule_of`}``: the lesson's first picture of cross-step reuse."""
+    if "none" not in methods:
+        raise ValueError("methods must include 'none' (the reference)")
+    out = {}
+    for name, make in methods.items():
+        imgs, _, _, _ = _run(gen, make, [prompt], steps, guidance, seed, count=False)
+        out[name] = {"image": imgs[0], "schedule": schedule_of(make())}
+    ref = out["none"]["image"][None]
+    for v in out.values():
+        v["psnr"] = float(min(psnr(v["image"][None], ref)[0], PSNR_CAP))
+    return out

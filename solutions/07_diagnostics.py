@@ -1,6 +1,6 @@
-"""Solutions to the exercises of notebook 06 (diagnostics), on ``tiny-llava``.
+"""Solutions to the exercises of notebook 07 (diagnostics), on ``tiny-llava``.
 
-Run ``python solutions/06_diagnostics.py [--quick] [--only K]``. For your own model change ``MODEL``.
+Run ``python solutions/07_diagnostics.py [--quick] [--only K]``. For your own model change ``MODEL``.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 06 · Diagnostics: a hallucination signal, a modality-neglect detector, and a one-call report
+# # 07 · Diagnostics: a hallucination signal, a modality-neglect detector, and a one-call report
 #
 # **The claims this notebook tests** (ids as in `CLAIMS` of [unicache_lib/scoreboard.py](../unicache_lib/scoreboard.py); the scoreboard at the end decides
 # each on a rule written before the numbers):
@@ -39,11 +39,10 @@ MASK_FROM_LAYER = 2           # the broken variant that masks image attention fr
 UNDERSTANDING_STORE = "outputs/02_understanding_maps/stats"
 GENERATION_STORE = "outputs/03_diffusion_steps/store/tiny-mmdit"   # None: the report covers the understanding model only
 SEED = 0
-OUT_DIR = "outputs/06_diagnostics"
+OUT_DIR = "outputs/07_diagnostics"
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
-import copy
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -52,19 +51,17 @@ import pandas as pd
 import torch
 
 from unicache_lib import plots
+from unicache_lib.analysis import diagnostics_claims as DG
 from unicache_lib.capture.gen_runner import generation_store_or_capture
-from unicache_lib.capture.runner import capture_samples, stats_store_or_capture
-from unicache_lib.diagnostics.broken import blank_image, mask_image_attention, zero_image_features, zero_image_values
+from unicache_lib.capture.runner import stats_store_or_capture
 from unicache_lib.diagnostics.hallucination import answer_attention
-from unicache_lib.diagnostics.neglect import CUTOFF, WARN, detect_neglect, image_dependence, text_image_share_per_sample
+from unicache_lib.diagnostics.neglect import CUTOFF, WARN
 from unicache_lib.diagnostics.report import build_report
 from unicache_lib.diagnostics.roc import auroc, auroc_interval, auroc_table, rank_average, read_auroc
 from unicache_lib.families import family_of
-from unicache_lib.intervals import bootstrap
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.tables import WrappedTable
 from unicache_lib.world import samples as sample_set
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding
 from unicache_lib.zoo.train_llava import heldout_set
@@ -196,34 +193,9 @@ if "lo" in roc:
 # %%
 # NBVAL_CHECK_OUTPUT
 samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
-blank = [copy.copy(s) for s in samples]
-for s in blank:
-    s.image = blank_image(s.image)
-masked_name = f"masked from L{MASK_FROM_LAYER}"
-BREAKS = {"healthy": "nothing", "zeroed features": "what the image tokens carry", "blank image": "the picture's content",
-          "zeroed image values": "what reading an image key returns", masked_name: "text queries' attention on the image (caught by construction)"}
-variants = {}
-variants["healthy"] = (capture_samples(model, processor, samples).records, image_dependence(model, processor, samples, SEED))
-with zero_image_features(model):
-    variants["zeroed features"] = (capture_samples(model, processor, samples).records,
-                                   image_dependence(model, processor, samples, SEED))
-variants["blank image"] = (capture_samples(model, processor, blank).records, image_dependence(model, processor, blank, SEED))
-with zero_image_values(model, 0):
-    variants["zeroed image values"] = (capture_samples(model, processor, samples).records,
-                                       image_dependence(model, processor, samples, SEED))
-with mask_image_attention(model, MASK_FROM_LAYER):
-    variants[masked_name] = (capture_samples(model, processor, samples).records,
-                             image_dependence(model, processor, samples, SEED))
-det, shares = {}, {}
-for name, (recs, dep) in variants.items():
-    recs = [r for r in recs if r.part == family.image_part]  # the layers whose keys hold the image
-    layers = sorted({r.layer for r in recs})
-    v = detect_neglect(recs)
-    shares[name] = text_image_share_per_sample(recs)[1]  # [samples, layers]
-    det[name] = {"breaks": BREAKS[name], **{f"L{layers[i]}": s for i, s in enumerate(v.shares)}, "fires": v.fires,
-                 "first cut-off layer": None if v.first_cutoff_layer is None else layers[v.first_cutoff_layer],
-                 "image dependence (KL)": dep}
-det = pd.DataFrame(det).T
+masked_name = DG.masked_name(MASK_FROM_LAYER)
+variants, BREAKS = DG.broken_variants(model, processor, samples, MASK_FROM_LAYER, SEED)  # healthy + four breaks
+det, shares = DG.detector_table(variants, BREAKS, family.image_part)
 print(f"image share of text queries' reads, per layer, over {len(samples)} samples (cut-off {CUTOFF:.0%}, warning {WARN:.0%})")
 print(det.to_string(float_format=lambda x: f"{x:.3f}"))
 
@@ -285,7 +257,7 @@ print(f"report: {page} ({page.stat().st_size // 1024} KB, {page.read_text().coun
 # The page below is the report itself, followed by the same figures as static images (the PNG files `build_report`
 # writes next to the page), which is what a kernel-less viewer such as GitHub shows: there the frame stays empty.
 # The page is written to `report.html` in the `report` folder under `OUT_DIR` (here
-# `outputs/06_diagnostics/report/report.html`, path printed above); open it in any browser, offline — the figures
+# `outputs/07_diagnostics/report/report.html`, path printed above); open it in any browser, offline — the figures
 # are embedded. Look for the same curves as in notebooks 02 and 03, whose figures it gathers, side by side for the
 # two model kinds; a figure missing from the page means its store lacked that statistic.
 
@@ -317,35 +289,9 @@ for stem in re.findall(r'<img alt="([^"]+)"', page.read_text()):
 # %%
 # NBVAL_CHECK_OUTPUT
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
-board.rule("U10", f"(a) healthy model: its lowest layer's image share of text queries' reads above the {CUTOFF:.0%} cut-off (quiet), (b) broken "
-           f"variants not caught by construction (zeroed features, blank image, zeroed image values): the highest of their "
-           f"lowest-layer shares below {CUTOFF:.0%} (the detector fires on every one)",
-           criteria={"a": {"above": CUTOFF}, "b": {"below": CUTOFF}})
-board.rule("U12", "(a) AUROC of low coverage for wrong answers above 0.7, (b) that AUROC minus the confidence baseline's above 0",
-           criteria={"a": {"above": 0.7}, "b": {"above": 0.0}})
-S_idx = list(range(len(samples)))
-not_by_construction = [n for n in variants if n not in ("healthy", masked_name)]
-if family.cross_attention:
-    for crit in ("a", "b"):
-        board.measure("U10", None, criterion=crit, note="cross-attention VLM: a cross layer's image share of text queries' reads is 1 by "
-                      "construction and self-attention layers never see the image")
-else:
-    board.measure("U10", bootstrap(S_idx, lambda u: shares["healthy"][u].mean(0).min(), "samples"), criterion="a")
-    board.measure("U10", bootstrap(S_idx, lambda u: max(shares[n][u].mean(0).min() for n in not_by_construction), "samples"),
-                  criterion="b", shown="fires on: " + (", ".join(n for n in not_by_construction if det.loc[n, "fires"]) or "none")
-                  + f" of {', '.join(not_by_construction)}; healthy quiet: {not bool(det.loc['healthy', 'fires'])}")
-cov, conf, wr = -A.coverage.to_numpy(), -A.confidence.to_numpy(), wrong.to_numpy()
-if family.cross_attention:
-    board.measure("U12", None, note="cross-attention VLM: the answer reads the image only in cross-attention layers, whose "
-                  "keys are all vision tokens, so its coverage is 1 by construction")
-elif 2 <= int(wrong.sum()) <= len(A) - 2:
-    u12 = auroc_interval(cov, wr)
-    board.measure("U12", u12, criterion="a")
-    board.measure("U12", auroc_interval(cov, wr, versus=conf), criterion="b",
-                  shown=f"coverage AUROC {u12.value:.2f} ({read_auroc(u12)['direction']}, strength {read_auroc(u12)['strength']:.2f}) "
-                  f"vs confidence {auroc(conf, wr):.2f} ({int(wrong.sum())} wrong answers)")
-else:
-    board.measure("U12", None, note=f"{int(wrong.sum())} wrong answers of {len(A)}: an AUROC needs at least 2 of each (raise N_QUESTIONS)")
+DG.declare(board)  # the rules of U10 and U12, as data in unicache_lib/analysis/diagnostics_claims.py
+DG.measure_neglect(board, det, shares, family.cross_attention)
+DG.measure_hallucination(board, A.coverage.to_numpy(), A.confidence.to_numpy(), wrong.to_numpy(), family.cross_attention)
 board.save(out / "scoreboard.json")
 print({c: r.verdict for c, r in board.rows.items()})
 
@@ -374,53 +320,16 @@ board.show()
 # The sentences and the table below are built from this run's numbers.
 
 # %%
-c = roc.loc["coverage (low = suspect)"]
-recap = [
-    f"U12: coverage AUROC {c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}], direction {c.direction} (strength {c.strength:.2f})"
-                                            if "lo" in roc else "") + f", on {n_wrong} wrong answers of {len(A)}; "
-    f"the model's confidence reaches {roc.loc['confidence (baseline)', 'auroc']:.2f}.",
-    f"U10: healthy lowest share {hl.min():.3f} (quiet); the detector fires on "
-    f"{', '.join(n for n in not_by_construction if det.loc[n, 'fires']) or 'none'} of the {len(not_by_construction)} breaks "
-    "not forced onto the share; image dependence (KL) drops to "
-    + ", ".join(f"{n} {det.loc[n, 'image dependence (KL)']:.2f}" for n in not_by_construction)
-    + f" against healthy {dep0:.2f}.",
-    f"Verdicts: {', '.join(f'{k} {r.verdict}' for k, r in board.rows.items())}.",
-]
-print("\n".join("- " + s for s in recap))
-missed_by_share = [n for n in not_by_construction if not det.loc[n, "fires"]]
-caught_by_dependence = [n for n in missed_by_share if det.loc[n, "image dependence (KL)"] < 0.1 * dep0]  # as in §2
-missed_by_both = [n for n in missed_by_share if n not in caught_by_dependence]
-missed_text = ", ".join(f"{n} (keeps {det.loc[n, 'image dependence (KL)'] / dep0:.0%} of the healthy KL)" for n in missed_by_both)
-decide = pd.DataFrame([
-    {"measurement": "coverage AUROC for wrong answers (claim's direction)",
-     "value here": f"{c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}] {c.direction}" if "lo" in roc else ""),
-     "what it suggests on your model": "use low coverage as a hallucination flag only if the interval sits above 0.7; "
-     "inverted or straddling 0.5: do not key a cache's behaviour on it",
-     "where": "§1, MODEL, N_QUESTIONS (more questions = more wrong answers)"},
-    {"measurement": "confidence AUROC (baseline)", "value here": f"{roc.loc['confidence (baseline)', 'auroc']:.2f}",
-     "what it suggests on your model": "any attention signal must beat this; if it does not, monitor confidence instead",
-     "where": "§1"},
-    {"measurement": "wrong answers available", "value here": f"{n_wrong} of {len(A)}",
-     "what it suggests on your model": (f"an AUROC is good to about ±{half:.2f} here: " if "lo" in roc else "")
-     + "decide on the interval only, and raise N_QUESTIONS until the wrong answers number dozens",
-     "where": "N_QUESTIONS"},
-    {"measurement": "healthy lowest image share of text queries' reads", "value here": f"{hl.min():.3f}",
-     "what it suggests on your model": f"under {CUTOFF:.0%}: a modality cut-off, check the layer; above: the share says "
-     "nothing about whether the image content arrives", "where": "§2, PER_TYPE"},
-    {"measurement": "image dependence of the breaks the share misses", "value here":
-     ", ".join(f"{n}: {det.loc[n, 'image dependence (KL)']:.2f}" for n in not_by_construction if not det.loc[n, "fires"]) or "-",
-     "what it suggests on your model": "run image_dependence beside the share after any cache or pruning change: here it "
-     f"catches {' and '.join(caught_by_dependence) or 'none of them'} (KL near 0), which the share misses"
-     + (f"; it does not catch {missed_text}: neither signal sees that break, check the answers' accuracy"
-        if missed_by_both else ""),
-     "where": "§2 (image_dependence)"},
-])
-WrappedTable(decide)  # every cell whole, also as plain text
+print("\n".join("- " + line for line in DG.recap(roc, det, n_wrong, len(A), board)))
+
+# %%
+DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Solutions: `solutions/06_diagnostics.py`.
+# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Solutions: `solutions/07_diagnostics.py`. Each exercise has a starter cell
+# below the list.
 #
 # 1. ★ Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer?
 #    *Expected on tiny-llava:* yes — 0.987 unmasked, 0.90 from layer 3, 0.86 from layer 2, 0.33 from layer 1; the
@@ -433,10 +342,29 @@ WrappedTable(decide)  # every cell whole, also as plain text
 #    Is it a modality cut-off at all? *Expected:* the detector stays quiet and image dependence stays high, while
 #    accuracy falls to about 0.32: the model reads the wrong image fully; only the answers tell.
 # 4. ★★★ On your own checkpoint: run this notebook with papermill on your model
-#    (`papermill notebooks/06_diagnostics.ipynb out.ipynb -p MODEL /path/to/llava -p N_QUESTIONS 1500`) and
+#    (`papermill notebooks/07_diagnostics.ipynb out.ipynb -p MODEL /path/to/llava -p N_QUESTIONS 1500`) and
 #    compare with the shipped model: the healthy lowest share against 5%, the image dependence of the blank image
 #    against the healthy one, and the coverage AUROC — its direction and whether its interval excludes 0.5.
 #    How many wrong answers did you get, and is that enough to decide U12? *Expected (shown in the solution on a
 #    random-weight stand-in):* the detector and image dependence run on any family; a model with random weights
 #    answers (almost) nothing right, so the AUROC is refused with an error naming the fix — a checkpoint needs
 #    both right and wrong answers before U12 can be read.
+
+# %%
+# Exercise 1 starter: masking from another layer
+# with mask_image_attention(model, 1): capture_samples(...) and answer_attention(model, processor, qas)
+print(f"MASK_FROM_LAYER is {MASK_FROM_LAYER}; rerun with papermill -p MASK_FROM_LAYER 1 and 3")
+
+# %%
+# Exercise 2 starter: shallow-layer coverage only
+# answer_attention(model, processor, qas, layers=[0, 1]) -> the coverage column; then auroc_interval(-coverage, wrong)
+print(f"{len(A)} questions, {n_wrong} wrong answers")
+
+# %%
+# Exercise 3 starter: images shuffled across samples
+# shuffled = [copy of s with the image of samples[(i + 1) % n]]; then DG.detector_table on its capture
+print(f"{len(samples)} samples to shuffle")
+
+# %%
+# Exercise 4 starter: this lesson on your checkpoint
+print("papermill notebooks/07_diagnostics.ipynb out.ipynb -p MODEL /path/to/llava -p N_QUESTIONS 1500")

@@ -1,8 +1,7 @@
-"""Solutions to the exercises of notebook 05 (KV eviction and cross-step reuse), on the shipped ``tiny-llava``,
-``tiny-mmdit`` and ``tiny-pixart``.
+"""Solutions to the exercises of notebook 05 (KV eviction), on the shipped ``tiny-llava``.
 
-Run ``python solutions/05_caching.py [--quick] [--only K]``. Change ``UNDERSTANDING_MODEL`` / ``GENERATORS`` for
-your own models (exercise 5 shows the calls on a random-weight stand-in).
+Run ``python solutions/05_kv_eviction.py [--quick] [--only K]``. Change ``UNDERSTANDING_MODEL`` for your own model
+(exercise 3 shows the calls on a random-weight stand-in).
 """
 from __future__ import annotations
 
@@ -16,8 +15,6 @@ import numpy as np
 import pandas as pd
 
 UNDERSTANDING_MODEL = "tiny-llava"
-GENERATORS = ["tiny-mmdit", "tiny-pixart"]
-GUIDANCE = 3.0
 SEED = 0
 SAMPLE_SEED = 2024
 OUT = Path(tempfile.gettempdir()) / "unicache-solutions-05"
@@ -28,13 +25,6 @@ def _model(name=UNDERSTANDING_MODEL):
     from unicache_lib.zoo.loaders import load_understanding
 
     return load_understanding(name, attn_implementation="eager")
-
-
-@functools.lru_cache(maxsize=None)
-def _gen(name):
-    from unicache_lib.zoo.loaders import load_generator
-
-    return load_generator(name)
 
 
 def _anchor_policy():
@@ -83,7 +73,7 @@ def _eviction(qas, budgets, names, extra=None, model_name=UNDERSTANDING_MODEL):
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★★): write a policy that keeps the anchors of notebook 02 (top read frequency from *text* queries
+    """Exercise 1 (★★★, a new file under ``unicache_lib/kv/policies/``): write a policy that keeps the anchors of notebook 02 (top read frequency from *text* queries
     of the standard samples) and register it. Where does it land?
 
     ``NotebookAnchors`` (defined and registered here as ``notebook_anchors``; to keep it, move the class into a
@@ -111,76 +101,8 @@ def exercise_1(quick: bool = False) -> dict:
     return {"questions": len(qas), "accuracy": "\n" + S.round(3).to_string(), "_S": S}
 
 
-def _reuse(gen_name, methods: dict, n_prompts, steps):
-    from unicache_lib.reuse.evaluate import run_reuse
-    from unicache_lib.world.text import prompt_set
-
-    ps = prompt_set(n_prompts, 0, SEED)
-    return run_reuse(_gen(gen_name), methods, [p["short"] for p in ps], [p["objects"][0] for p in ps], steps, GUIDANCE,
-                     SEED, timing_prompts=1, repeats=2, progress=False)
-
-
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2 (★★): change ``Adaptive.threshold`` (0.99, 0.999) and plot its Pareto points. Is the adaptive rule
-    ever better than the static schedule at equal ``computed``?
-
-    ``adaptive`` at thresholds 0.99, 0.995 (default) and 0.999 and the static schedules (``static_last_third``,
-    ``every_2``) are run with :func:`~unicache_lib.reuse.evaluate.run_reuse` on each generator; PSNR against
-    no reuse is plotted over ``computed`` (saved under the temp folder). An adaptive point "beats the static
-    schedule" when no static point computes as little or less at an equal or higher PSNR.
-
-    Expected on the shipped generators, measured (20 steps, 16 prompts): the threshold trades work for quality
-    as expected — computed 0.47 / 0.60 / 0.97 at 0.99 / 0.995 / 0.999 (tiny-mmdit: 39.7 / 44.4 / 65.0 dB) — but
-    the adaptive rule is never better at equal ``computed``: the one point inside the static schedules' range
-    (0.995, computed 0.60) is dominated by ``every_2``, which computes less (0.55) at a higher PSNR (47.7 vs 44.4
-    dB on tiny-mmdit, 39.1 vs 35.2 on tiny-pixart); 0.99 computes less and 0.999 more than any static point, so
-    they are not comparable. The quick run (8 steps, tiny-mmdit) is sharper: 0.995 and 0.999 reuse nothing,
-    and 0.99 at computed 0.875 is dominated by ``static_last_third`` at the same 0.875 (49.8 vs 64.8 dB).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
-
-    steps = 8 if quick else 20
-    out, rows = {}, []
-    OUT.mkdir(parents=True, exist_ok=True)
-    gens = GENERATORS[:1] if quick else GENERATORS  # quick: tiny-mmdit only
-    fig, axes = plt.subplots(1, len(gens), figsize=(5 * len(gens), 3.5), squeeze=False)
-    for ax, g in zip(axes[0], gens):
-        gen = _gen(g)
-        methods = {n: (lambda n=n: ReuseCache(gen.transformer, REUSE_POLICIES[n](), steps)) for n in ("none", "static_last_third", "every_2")}
-        for th in (0.99, 0.995, 0.999):
-            methods[f"adaptive {th}"] = lambda th=th: ReuseCache(gen.transformer, REUSE_POLICIES["adaptive"](threshold=th), steps)
-        df = _reuse(g, methods, 2 if quick else 16, steps)
-        static = df.loc[["static_last_third", "every_2"]]
-        for m in [m for m in df.index if m.startswith("adaptive")]:
-            r = df.loc[m]
-            dominated = bool(((static.computed <= r.computed + 1e-9) & (static.psnr >= r.psnr)).any())
-            verdict = ("reuses nothing" if r.computed >= 1 else "no (dominated)" if dominated
-                       else "not comparable (outside the static range)"
-                       if not static.computed.min() <= r.computed <= static.computed.max() else "yes")
-            rows.append({"model": g, "method": m, "computed": r.computed, "psnr": r.psnr, "beats static": verdict})
-        for m, r in df.drop(index="none").iterrows():
-            ax.plot(r.computed, min(r.psnr, 100), "o" if m.startswith("adaptive") else "s", label=m)
-        ax.set_xlabel("computed (attention work / no reuse)")
-        ax.set_ylabel("PSNR vs no reuse (dB)")
-        ax.set_title(g, fontsize=9)
-        ax.legend(fontsize=6)
-        out[g] = df[["computed", "psnr", "ssim"]]
-    fig.tight_layout()
-    fig.savefig(OUT / "adaptive_pareto.png", dpi=80)
-    plt.close(fig)
-    t = pd.DataFrame(rows)
-    table = pd.concat(out, names=["model"])
-    return {"table": "\n" + table.round(3).to_string(), "adaptive points": "\n" + t.round(3).to_string(index=False),
-            "figure": str(OUT / "adaptive_pareto.png"), "_t": t, "_table": table}
-
-
-def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3 (★): run the eviction sweep with questions about absent objects only (``heldout_set`` filtered by
+    """Exercise 2 (★): run the eviction sweep with questions about absent objects only (``heldout_set`` filtered by
     ``qtype == "exists"`` and answer "no"). Which policies make the model see things that are not there?
 
     Every registered policy (the study's rule, StreamingLLM, H2O, SnapKV, FastV, random, the oracle,
@@ -208,51 +130,16 @@ def exercise_3(quick: bool = False) -> dict:
             "_wrong": wrong}
 
 
-def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4 (★★): ``step_skip`` with ``weight=0`` reuses the last computed output unchanged. Add it as a method and
-    compare its margin over the fewer-step control with the default's: what does the extrapolation buy?
+def exercise_3(quick: bool = False) -> dict:
+    """Exercise 3 (★★★, on your own checkpoint): on your own model, does ``key_coverage`` still beat DivPrune and the
+    kvpress presses, and does random still beat the score-based rules? Tune on your own design questions first.
 
-    ``step_skip`` (weight 0.5, the default) and ``step_skip`` with ``weight=0`` (same schedule, plain reuse) are run
-    beside the fewer-step control (``steps:N``) with :func:`~unicache_lib.reuse.evaluate.run_reuse`;
-    :func:`~unicache_lib.reuse.control.control_table` gives each method's PSNR margin over the control at equal
-    FLOPs (counted, so deterministic; the wall-clock margin needs 10+ timing rounds).
-
-    Expected on the shipped generators, measured (20 steps, 16 prompts): both compute the same 9 of 20 steps
-    (FLOPs 0.45), and the extrapolation buys 3.2 dB on tiny-mmdit (46.2 vs 43.0 dB) and 1.9 dB on tiny-pixart
-    (40.5 vs 38.6): the margin over the fewer-step control at equal FLOPs is +4.4 / +2.9 dB with it and only
-    +1.2 / +1.0 dB without — plain reuse is little more than a coarser Euler grid. The quick run (tiny-mmdit,
-    2 prompts, 20 steps) shows the same ordering. At 10 steps the schedule leaves too few computed points and
-    the extrapolation stops paying (tiny-mmdit: -2.2 dB against weight 0): tune it for your step count.
-    """
-    from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
-    from unicache_lib.reuse.control import control_table, fewer_steps_methods
-
-    steps = 20
-    rows = {}
-    for g in GENERATORS[:1] if quick else GENERATORS:
-        gen = _gen(g)
-        methods = {"none": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["none"](), steps),
-                   "step_skip": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](), steps),
-                   "step_skip (weight 0)": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](weight=0.0), steps)}
-        fewer = [8, 12] if quick else sorted({max(2, round(f * steps)) for f in (0.35, 0.45, 0.6, 0.8)} - {steps})
-        df = _reuse(g, methods | fewer_steps_methods(fewer), 2 if quick else 16, steps)
-        ct = control_table(df)
-        for m in ("step_skip", "step_skip (weight 0)"):
-            rows[(g, m)] = {"psnr": df.loc[m, "psnr"], "flops": df.loc[m, "flops"], "margin at equal FLOPs (dB)": ct.loc[m, "margin_flops"]}
-    t = pd.DataFrame(rows).T
-    return {"steps": steps, "table": "\n" + t.round(3).to_string(), "_t": t}
-
-
-def exercise_5(quick: bool = False) -> dict:
-    """Exercise 5 (★★★, on your own checkpoint): on your own model, does ``key_coverage`` still beat DivPrune and the kvpress presses, and does
-    ``step_skip`` still beat fewer steps? Tune on your own design prompts first.
-
-    The calls are the notebook's with ``UNDERSTANDING_MODEL`` / ``GENERATORS`` set to your checkpoints; tune first
-    with ``python benchmarks/tune_key_coverage.py`` and ``python benchmarks/tune_step_skip.py`` (their design sets
-    are disjoint from the scored ones; point them at your model the same way). Shown here on a random-weight
+    The calls are the notebook's with ``UNDERSTANDING_MODEL`` set to your checkpoint; tune first with ``python
+    benchmarks/tune_key_coverage.py`` (its design set is disjoint from the scored one; point it at your model the
+    same way). Shown here on a random-weight
     stand-in of the LLaVA family (built like the tests' ``random_llava_dir``: 3 layers, 4 heads, grouped-query
     attention): ``key_coverage``, ``divprune`` and ``random`` swept at 25% with the kvpress presses when kvpress is
-    installed. For the generator half, run exercise 4 with ``GENERATORS = ["/path/to/your/pipeline"]``.
+    installed. For a pipeline, see notebook 06's exercise 3.
 
     Expected on the stand-in: the sweep runs end to end on another architecture (grouped-query attention, another
     depth) and yields one row per question and method; the accuracy numbers are meaningless (random weights

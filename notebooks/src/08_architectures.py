@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 07 · The study's other architectures, side by side
+# # 08 · The study's other architectures, side by side
 #
 # **What you will learn**
 # - how five ways of joining image and text change *where* and *how much* the text reads the image, layer by
@@ -47,7 +47,7 @@ DRIFT_CAPTIONS = 180          # A6 (b): captions of four-object scenes, where th
 N_GEN_PROMPTS = 8             # generator prompts for the side-by-side profile and word -> region IoU
 GEN_STEPS = 10                # sampling steps of those generator runs
 N_DRAWINGS = 4                # images the unified model draws with capture on
-OUT_DIR = "outputs/07_architectures"
+OUT_DIR = "outputs/08_architectures"
 SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
@@ -668,7 +668,8 @@ WrappedTable(pd.DataFrame(decisions, columns=["measurement", "value here", "what
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Solutions: `solutions/07_architectures.py`.
+# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Solutions: `solutions/08_architectures.py`. Each exercise has a starter cell
+# below the list.
 #
 # 1. ★★ In section 8, blind the *text* to the image instead (mask text queries on image keys). What happens to
 #    ViLT's accuracy, and what does that say about where the answer is read? *Expected:* accuracy falls from 0.998 to 0.283 on
@@ -697,3 +698,27 @@ WrappedTable(pd.DataFrame(decisions, columns=["measurement", "value here", "what
 #    0.998 healthy and 0.560 with every layer blind; one layer at a time, layer 1 costs most (0.735), then layer 2
 #    (0.925) and layer 0 (0.988); layers 3–5 alone cost nothing (0.998). The text is injected early: a cache policy
 #    may drop text keys for image queries in the top half of this stream, not in the bottom.
+
+# %%
+# Exercise 1 starter: blind the text to the image
+print("with text_queries_blind_to_image(model, n_image): the ViLT forward of section 8 (see solutions/08_architectures.py)")
+
+# %%
+# Exercise 2 starter: the shape word of a question
+print("unicache_lib.analysis.localisation.object_word_selectivity(mllama, processor, samples) on the Mllama role")
+
+# %%
+# Exercise 3 starter: A5 per layer
+print("keep the per-layer image shares of describing and answering instead of their mean over layers")
+
+# %%
+# Exercise 4 starter: a lower focused cut-off
+print("AR.head_roles(records, name, focused=0.3)")
+
+# %%
+# Exercise 5 starter: CLIP with shuffled captions
+print("AR.capture_both_towers on re-captioned samples, then torch.equal map by map")
+
+# %%
+# Exercise 6 starter: ViLT blind in one layer
+print("AR.fusion_correct(..., blind=True, layers=[k]) for k in range(6)")

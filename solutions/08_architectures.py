@@ -1,6 +1,6 @@
-"""Solutions to the exercises of notebook 07 (the study's other architectures), on the shipped tiny models.
+"""Solutions to the exercises of notebook 08 (the study's other architectures), on the shipped tiny models.
 
-Run ``python solutions/07_architectures.py [--quick] [--only K]``. For your own checkpoints change the names below.
+Run ``python solutions/08_architectures.py [--quick] [--only K]``. For your own checkpoints change the names below.
 """
 from __future__ import annotations
 

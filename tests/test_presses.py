@@ -1,0 +1,79 @@
+"""KeyCoveragePress (unicache_lib/kv/presses.py): the designed eviction policy as a kvpress press keeps, in every layer,
+exactly what the workbench's key_coverage policy keeps, and answers identically; its refusals name the fix."""
+import pytest
+import torch
+
+from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill, split_prompt
+from unicache_lib.kv.peers import attention_implementation, compression_ratio
+from unicache_lib.kv.presses import KeyCoveragePress, image_token_id_of
+
+
+@pytest.fixture(scope="module")
+def llava():
+    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    model, processor = load_understanding("tiny-llava", attn_implementation="eager")
+    return model, processor, heldout_set(4, seed=2024)
+
+
+@pytest.mark.parametrize("budget", [0.1, 0.25, 0.5])
+def test_press_keeps_what_the_policy_keeps_and_answers_the_same(llava, budget):
+    model, processor, qas = llava
+    for q in qas:
+        sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
+        pre = prefill(model, sp, attentions=True)
+        ctx = pre.context()
+        keep = POLICIES["key_coverage"]().select(ctx, budget)
+        policy_cache = evict(pre.cache, keep)
+        C = sp.context_ids.shape[1]
+        press = KeyCoveragePress(compression_ratio=compression_ratio(C, ctx.n_image, budget))
+        with press(model):
+            pressed = prefill(model, sp, attentions=False)
+        for li, k in enumerate(keep):
+            a, b = policy_cache.layers[li], pressed.cache.layers[li]
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), f"layer {li}: kept other positions"
+        assert kv_bytes(pressed.cache) == kv_bytes(policy_cache)
+        assert torch.equal(answer(model, policy_cache, sp)[0], answer(model, pressed.cache, sp)[0])
+        assert press._image is None  # the prompt's positions are not carried to the next call
+
+
+def test_press_compresses_image_positions_only(llava):
+    model, processor, qas = llava
+    sp = split_prompt(processor, qas[0].scene.uint8(), qas[0].question, model=model)
+    C = sp.context_ids.shape[1]
+    is_image = sp.context_ids[0] == image_token_id_of(model.config)
+    n_text = C - int(is_image.sum())
+    full = prefill(model, sp, attentions=False).cache.layers[0].keys
+    for ratio, kept in ((0.5, int(C * 0.5)), (0.99, n_text + 1)):  # 0.99: more than the image holds, one image key stays
+        with KeyCoveragePress(compression_ratio=ratio)(model):
+            pressed = prefill(model, sp, attentions=False)
+        keys = pressed.cache.layers[0].keys
+        assert keys.shape[2] == kept  # as many as any kvpress press keeps at this ratio
+        text = full[:, :, ~is_image]  # every text position is kept, in order, at the front and back of the image
+        first = int(is_image.nonzero()[0])
+        assert torch.equal(keys[:, :, :first], text[:, :, :first]) and torch.equal(keys[:, :, kept - (n_text - first):],
+                                                                                     text[:, :, first:])
+
+
+def test_press_refusals_name_the_fix(llava):
+    model, processor, qas = llava
+    sp = split_prompt(processor, qas[0].scene.uint8(), qas[0].question, model=model)
+    with pytest.raises(ValueError, match=r"compression_ratio must be in \[0, 1\)"):
+        KeyCoveragePress(compression_ratio=1.0)
+    with attention_implementation(model, "sdpa"), pytest.raises(ValueError, match="attn_implementation='eager'"):
+        with KeyCoveragePress(compression_ratio=0.5)(model):
+            prefill(model, sp, attentions=False)
+    # the fix the message names: eager attention (the fixture's model) compresses
+    with KeyCoveragePress(compression_ratio=0.5)(model):
+        assert prefill(model, sp, attentions=False).cache.layers[0].keys.shape[2] < sp.context_ids.shape[1]
+
+    class NoImageToken:
+        text_config = None
+    with pytest.raises(ValueError, match=r"pass KeyCoveragePress\(image_token_id=\.\.\.\)"):
+        image_token_id_of(NoImageToken())
+    # the fix: an explicit id works without the config naming one
+    with KeyCoveragePress(compression_ratio=0.5, image_token_id=image_token_id_of(model.config))(model):
+        prefill(model, sp, attentions=False)
+    with pytest.raises(RuntimeError, match="outside `with press"):
+        KeyCoveragePress(compression_ratio=0.5).compress(None, None, torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2), None, {})

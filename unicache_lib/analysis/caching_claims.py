@@ -1,0 +1,278 @@
+"""The caching lessons' claims as data, and their measurements on a :class:`~unicache_lib.scoreboard.Scoreboard`, so
+each notebook's scoreboard cell reads as a few calls (notebook 05: KV eviction, U7 and E1-E4; notebook 06:
+cross-step reuse, R1-R3, G3 and G8).
+
+:data:`EVICTION_RULES` and :data:`REUSE_RULES` hold each claim's rule text and thresholds, fixed before any number
+is computed; :func:`declare` writes them on a board. :func:`measure_eviction` and :func:`measure_reuse` record the
+measurements from the tables the notebooks built, or mark a claim "not measurable here" with the reason (a budget
+or generator left out by parameter, too few timing rounds, a family without an image grid). The recap and the
+measurement -> action table of each lesson are built here too (:func:`eviction_recap`, :func:`eviction_decisions`,
+:func:`reuse_recap`, :func:`reuse_decisions`), from the same tables.
+
+Units resampled: questions (paired) for eviction, prompts for quality, timing rounds for wall-clock.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..intervals import MIN_TIMING_REPEATS, Interval, mean_interval
+
+NEW, NEW_REUSE, MILD = "key_coverage", "step_skip", "step_skip (stride 2)"
+PEERS = ("divprune", "fastv", "snapkv", "h2o", "streaming")  # the eviction peers beside every kvpress press
+ATTENTION_LEVEL = ("adaptive", "every_2", "static_last_third", "text_side")  # the study's attention-level schedules
+
+EVICTION_RULES: dict[str, tuple[str, dict]] = {
+    "U7": ("accuracy of locality in the shallow band + content deeper minus the swapped assignment, per question "
+           "averaged over the budgets, above 0.01 (1 point)", {"": {"above": 0.01}}),
+    "E1": (f"{NEW} accuracy at 25% of the image KV / the full cache's, held-out questions (ratio of means, 95% "
+           "interval over questions), above 0.99", {"": {"above": 0.99}}),
+    "E2": (f"{NEW} accuracy at 10% / the full cache's, above 0.97", {"": {"above": 0.97}}),
+    "E3": (f"{NEW} mean KL(full || evicted) at 25%, interval over questions, below 0.05 nats", {"": {"below": 0.05}}),
+    "E4": (f"{NEW} minus every peer (kvpress presses, DivPrune, FastV, SnapKV, H2O, StreamingLLM), the worst "
+           "(budget, peer) cell of the paired accuracy difference, interval over questions, above -0.01 (1 point)",
+           {"": {"above": -0.01}}),
+}
+REUSE_RULES: dict[str, tuple[str, dict]] = {
+    "R1": (f"{NEW_REUSE} on every generator: (a) wall-clock speed-up (interval over >= {MIN_TIMING_REPEATS} timing "
+           "rounds, the slower generator) above 2.0, (b) mean PSNR vs no reuse (interval over prompts, the lower "
+           "generator) above 42 dB", {"a": {"above": 2.0}, "b": {"above": 42.0}}),
+    "R2": (f"{NEW_REUSE} PSNR minus the fewer-step control's at its own wall-clock speed-up (interval over prompts, "
+           "the generator with the smaller margin) above 3 dB", {"": {"above": 3.0}}),
+    "R3": (f"every diffusers cache (diffusers' settings) on every generator against the best {NEW_REUSE} setting "
+           "(every 3rd or every 2nd step in the middle) that saves at least as much: the smallest paired PSNR "
+           "difference, ours minus theirs (interval over prompts), above 0 dB, (a) at equal or higher wall-clock "
+           "speed-up, (b) at equal or fewer transformer FLOPs", {"a": {"above": 0.0}, "b": {"above": 0.0}}),
+    "G3": ("weaker generator: (a) SSIM of reuse in the last third of the steps above 0.98, (b) that SSIM minus "
+           "reusing throughout (every 2nd step) above 0", {"a": {"above": 0.98}, "b": {"above": 0.0}}),
+    "G8": (f"joint-attention model, text-side reuse: (a) speed-up above 1.10 (interval over >= {MIN_TIMING_REPEATS} "
+           "shuffled interleaved rounds), (b) SSIM above 0.98", {"a": {"above": 1.10}, "b": {"above": 0.98}}),
+}
+
+
+def declare(board, rules: dict) -> None:
+    """Write every rule of ``rules`` (:data:`EVICTION_RULES` or :data:`REUSE_RULES`) on ``board``, before any
+    measurement."""
+    board.declare(rules)
+
+
+def measure_eviction(board, R: pd.DataFrame, budgets, u7: Interval | None, peer_methods: list[str],
+                     grid_note: str | None = None) -> None:
+    """U7 and E1-E4 from the eviction rows ``R`` (:func:`~unicache_lib.kv.evaluate.run_eviction`). ``u7``: the paired
+    interval of locality-shallow minus swapped (None with ``grid_note``, the reason: the family's image tokens form
+    no grid); ``peer_methods``: the peers E4 compares with."""
+    from ..kv.evaluate import against_peers, share_of_full, worst_peer_difference
+
+    if u7 is None:
+        board.measure("U7", None, note=grid_note or "not measured")
+    else:
+        board.measure("U7", u7, shown=f"vs swapped {100 * u7.value:+.1f} pt (mean over {len(budgets)} budgets)")
+    full = R[R.method == "full"].correct
+    for cid, b in (("E1", 0.25), ("E2", 0.1)):
+        if b in budgets and full.any():
+            board.measure(cid, share_of_full(R, NEW, b), shown=f"{R[(R.method == NEW) & (R.budget == b)].correct.mean():.3f} "
+                          f"vs full {full.mean():.3f}")
+        else:
+            board.measure(cid, None, note=f"budget {b} not in BUDGETS" if b not in budgets else "the full cache answers "
+                          "nothing correctly, so a share of its accuracy is undefined")
+    if 0.25 in budgets:
+        board.measure("E3", mean_interval(R[(R.method == NEW) & (R.budget == 0.25)].sort_values("question").kl, "questions"))
+    else:
+        board.measure("E3", None, note="budget 0.25 not in BUDGETS")
+    vs = against_peers(R, NEW, peer_methods)
+    if len(vs):
+        w = vs.loc[vs["diff"].idxmin()]
+        board.measure("E4", worst_peer_difference(R, NEW, peer_methods), shown=f"worst: {w.peer} at {w.budget:.0%} "
+                      f"({w['diff']:+.3f}); ahead in {(vs.verdict == 'ahead').sum()} of {len(vs)} cells, behind in "
+                      f"{(vs.verdict == 'behind').sum()}")
+    else:
+        board.measure("E4", None, note="no peer ran (PEERS=False and no peer policy)")
+
+
+def _not_measured(board, claims: dict, note: str) -> None:
+    for cid, crits in claims.items():
+        for crit in crits:
+            board.measure(cid, None, criterion=crit, note=note)
+
+
+def measure_reuse(board, RU: dict, CT: dict, pareto: dict, families: dict, repeats: int) -> None:
+    """R1-R3, G3 and G8 from the per-generator reuse tables ``RU`` (:func:`~unicache_lib.reuse.evaluate.run_reuse`),
+    their control tables ``CT`` (:func:`~unicache_lib.reuse.control.control_table`), the Pareto checks ``pareto``
+    (``(generator, "speedup" | "flops") -> table``, :func:`~unicache_lib.reuse.evaluate.pareto_check`), the families
+    (generator -> family name) and the number of timing rounds."""
+    from ..reuse.evaluate import worst_generator, worst_pareto_gap
+
+    gens = list(RU)
+    timed = repeats >= MIN_TIMING_REPEATS
+    few = f"{repeats} timing rounds; a wall-clock verdict needs >= {MIN_TIMING_REPEATS}"
+    if not gens:
+        _not_measured(board, {"R1": "ab", "R2": [None], "R3": "ab", "G3": "ab", "G8": "ab"}, "GENERATORS is empty")
+        return
+    if all(NEW_REUSE in RU[g].index for g in gens):
+        slow = min(gens, key=lambda g: RU[g].loc[NEW_REUSE, "speedup"])
+        s = RU[slow].loc[NEW_REUSE]
+        shown = ", ".join(f"{g}: {RU[g].loc[NEW_REUSE, 'speedup']:.2f}x at {RU[g].loc[NEW_REUSE, 'psnr']:.1f} dB" for g in gens)
+        board.measure("R1", Interval(s.speedup, s.speedup_lo, s.speedup_hi, repeats, "timing rounds") if timed else None,
+                      criterion="a", shown=shown, note="" if timed else few)
+        low = min(gens, key=lambda g: RU[g].loc[NEW_REUSE, "psnr"])
+        board.measure("R1", mean_interval(np.asarray(RU[low].loc[NEW_REUSE, "psnr_per_prompt"], float), "prompts"), criterion="b")
+        margins = {g: CT[g].loc[NEW_REUSE] for g in gens}
+        if all(np.isfinite(m.margin_speedup) for m in margins.values()) and timed:
+            g2 = min(margins, key=lambda g: margins[g].margin_speedup)
+            m2 = margins[g2]
+            board.measure("R2", Interval(m2.margin_speedup, m2.margin_speedup_lo, m2.margin_speedup_hi,
+                                         len(RU[g2].loc[NEW_REUSE, "psnr_per_prompt"]), "prompts"),
+                          shown=", ".join(f"{g}: {m.margin_speedup:+.1f} dB at equal time, {m.margin_flops:+.1f} dB at "
+                                          "equal FLOPs" for g, m in margins.items()))
+        else:
+            board.measure("R2", None, note="; ".join(f"{g}: {m.ctrl_note}" for g, m in margins.items() if m.ctrl_note) or few)
+        for crit, by in (("a", "speedup"), ("b", "flops")):
+            if by == "speedup" and not timed:
+                board.measure("R3", None, criterion=crit, note=few)
+                continue
+            iv, worst, unmatched = worst_pareto_gap(RU, {g: pareto[(g, by)] for g in gens})
+            if iv is None:
+                board.measure("R3", None, criterion=crit, note="no diffusers cache ran" if not unmatched else
+                              f"saves more than every {NEW_REUSE} setting: {', '.join(unmatched)}")
+                continue
+            board.measure("R3", iv, criterion=crit, shown=f"({crit}) closest: {worst[1]} on {worst[0]} vs {worst[2]} "
+                          f"({worst[3]:+.1f} dB)", note=f"not compared, saving more than every {NEW_REUSE} setting: "
+                          f"{', '.join(unmatched)}" if unmatched else "")
+    else:
+        _not_measured(board, {"R1": "ab", "R2": [None], "R3": "ab"}, f"{NEW_REUSE} did not run on every generator")
+    last = "static_last_third"
+    if all(RU[g].loc[last, "computed"] < 1 for g in gens):
+        board.measure("G3", worst_generator(RU, last), criterion="a")
+    else:
+        board.measure("G3", None, criterion="a", note="the last-third schedule reuses nothing at this step count on some generator")
+    board.measure("G3", worst_generator(RU, last, minus="every_2"), criterion="b", shown="; ".join(
+        f"{g}: last third SSIM {RU[g].loc[last, 'ssim']:.3f} at {RU[g].loc[last, 'computed']:.0%} computed, every 2nd "
+        f"{RU[g].loc['every_2', 'ssim']:.3f}" for g in gens))
+    joint = [g for g in gens if families[g] in ("sd3", "flux")]  # text-side reuse needs a joint text stream
+    if not joint:
+        _not_measured(board, {"G8": "ab"}, "no joint-attention generator in GENERATORS")
+        return
+    t = RU[joint[0]].loc["text_side"]
+    board.measure("G8", Interval(t.speedup, t.speedup_lo, t.speedup_hi, repeats, "timing rounds") if timed else None,
+                  criterion="a", note="" if timed else few)
+    board.measure("G8", worst_generator({joint[0]: RU[joint[0]]}, "text_side"), criterion="b",
+                  shown=f"{joint[0]}: speed-up {t.speedup:.2f}x [{t.speedup_lo:.2f}, {t.speedup_hi:.2f}], SSIM {t.ssim:.3f}, "
+                  f"{t.computed:.0%} of attention computed")
+
+
+def accuracy_table(S: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy per method (rows, workbench policies and kvpress presses together) and budget (columns), from
+    :func:`~unicache_lib.kv.evaluate.summary`."""
+    return S["accuracy"].droplevel("kind").unstack("budget")
+
+
+def score_rules(acc: pd.DataFrame) -> list[str]:
+    """The score-based rules among ``acc``'s rows: those that keep the top positions by a per-position score
+    (attention read, or key norm), the kvpress presses included; StreamingLLM keeps by recency and is not one."""
+    return [m for m in acc.index if m in ("unicache", "h2o", "snapkv", "fastv")
+            or (m.startswith("kvpress:") and "streaming" not in m)]
+
+
+def below_random(acc: pd.DataFrame, budgets) -> dict:
+    """budget -> the score-based rules (:func:`score_rules`) whose accuracy is below ``random``'s ({} without a
+    random row)."""
+    if "random" not in acc.index:
+        return {}
+    rules = score_rules(acc)
+    return {b: [m for m in rules if acc.loc[m, b] < acc.loc["random", b]] for b in budgets}
+
+
+def _at(acc, m, b) -> float:
+    return float(acc.loc[m, b]) if m in acc.index and b in acc.columns else float("nan")
+
+
+def eviction_recap(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float, board) -> list[str]:
+    """The eviction lesson's recap, one line per finding, printed from this run's numbers."""
+    full = _at(acc, "full", budgets[0])
+    br = below_random(acc, budgets)
+    k = len(score_rules(acc))
+    lines = [f"Eviction ({n} questions, full cache {full:.3f}): " + "; ".join(
+        f"{b:.0%}: {NEW} {_at(acc, NEW, b):.3f}, divprune {_at(acc, 'divprune', b):.3f}, h2o {_at(acc, 'h2o', b):.3f}, "
+        f"unicache {_at(acc, 'unicache', b):.3f}, random {_at(acc, 'random', b):.3f}" for b in budgets),
+        "Coverage beats score: score-based rules below random, per budget: " + ("; ".join(
+            f"{b:.0%}: " + (f"all {len(v)}" if len(v) == k else f"{len(v)} of {k}" + (f" ({', '.join(v)})" if v else ""))
+            for b, v in br.items()) or "no random row")
+        + (f"; U7's band split: {100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]." if u7 else "."),
+        f"The simulation (retained attention) ranks policies with rho {rho:.2f}; decide on real answers.",
+        "Verdicts: " + ", ".join(f"{c} {r.verdict}" for c, r in board.rows.items())]
+    return lines
+
+
+def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float):
+    """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`)."""
+    from ..tables import WrappedTable
+
+    full, rows = _at(acc, "full", budgets[0]), []
+    for b in budgets:
+        cand = {m: _at(acc, m, b) for m in (NEW, "divprune", "h2o", "snapkv", "unicache", "random", "kvpress:expected_attention")}
+        cand = {m: v for m, v in cand.items() if np.isfinite(v)}
+        best, second = sorted(cand, key=cand.get, reverse=True)[:2]
+        gap = round((cand[best] - cand[second]) * n)
+        rows.append({"measurement": f"accuracy at {b:.0%} of the image KV (full {full:.3f})",
+                     "value here": ", ".join(f"{m} {v:.3f}" for m, v in cand.items()),
+                     "what it suggests on your model": (f"{best} or {second}: within {gap} question(s), a tie at n = {n}"
+                                                        if gap <= 2 else f"pick {best}")
+                     + ("; DivPrune also saves prefill compute, key_coverage leaves the prefill untouched"
+                        if {best, second} == {NEW, "divprune"} else "")
+                     + (f"; score-based H2O is {100 * (cand[best] - cand['h2o']):.0f} pt behind" if "h2o" in cand else ""),
+                     "where": "§2-§3: UNDERSTANDING_MODEL, BUDGETS, N_EVICTION"})
+    rows.append({"measurement": "random minus the study's rule (unicache), per budget",
+                 "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
+                 "what it suggests on your model": "if random ties or beats a score-based rule, reads are concentrated "
+                 "(notebook 02): use a coverage policy, not a most-read one", "where": "§2, notebook 02 (Gini, anchors)"})
+    if u7 is not None:
+        rows.append({"measurement": "U7: locality-shallow minus swapped", "value here": f"{100 * u7.value:+.1f} pt "
+                     f"[{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]", "what it suggests on your model": "an interval across 0: "
+                     "do not build a per-band rule; one coverage rule for every layer", "where": "§5"})
+    rows.append({"measurement": "rho(retained, accuracy)", "value here": f"{rho:.2f}", "what it suggests on your model":
+                 "above ~0.6: screen candidate policies with the simulation, then confirm the best few on real answers",
+                 "where": "§4"})
+    return WrappedTable(pd.DataFrame(rows))
+
+
+def reuse_recap(RU: dict, CT: dict, shares: dict, board) -> list[str]:
+    """The reuse lesson's recap, one line per generator and the verdicts, printed from this run's numbers."""
+    lines = []
+    for g in RU:
+        r, c = RU[g].loc[NEW_REUSE], CT[g].loc[NEW_REUSE]
+        dif = CT[g].loc[[m for m in CT[g].index if str(m).startswith("diffusers:")], "margin_flops"].dropna()
+        lines.append(f"{g}: {NEW_REUSE} {r.psnr:.1f} dB at {r.speedup:.2f}x ({r.flops:.2f} of the FLOPs), {c.margin_flops:+.1f} "
+                     f"dB over fewer steps at equal FLOPs" + (f"; diffusers caches (default settings) {dif.min():+.1f} to "
+                     f"{dif.max():+.1f} dB against the same control" if len(dif) else "")
+                     + (f"; attention is {shares[g]['share']:.0%} of a run (attention-only cap {shares[g]['cap']:.2f}x)."
+                        if g in shares else "."))
+    lines.append("Verdicts: " + ", ".join(f"{c} {r.verdict}" for c, r in board.rows.items()))
+    return lines
+
+
+def reuse_decisions(RU: dict, CT: dict, shares: dict):
+    """The measurement -> action table of the reuse lesson (a :class:`~unicache_lib.tables.WrappedTable`)."""
+    from ..reuse.evaluate import readings
+    from ..tables import WrappedTable
+
+    rows = []
+    for g in RU:
+        c = CT[g].loc[NEW_REUSE]
+        rows.append({"measurement": f"{g}: {NEW_REUSE} over fewer steps at equal FLOPs / wall-clock",
+                     "value here": f"{c.margin_flops:+.1f} / {c.margin_speedup:+.1f} dB",
+                     "what it suggests on your model": ("use step_skip: it beats fewer steps here (interval above 0); "
+                     "tune its schedule on your design prompts" if c.margin_flops_lo > 0 else "sample with fewer steps: "
+                     "step_skip does not beat it here (tune its schedule on design prompts before trying again)")
+                     + "; a diffusers cache must clear the same control before you adopt it",
+                     "where": "§3: GENERATORS, STEPS, FEWER_STEPS"})
+        noop = readings(RU[g])
+        noop = list(noop[noop.str.startswith("no-op on this family")].index)
+        if noop:
+            rows.append({"measurement": f"{g}: methods bit-identical to no reuse", "value here": ", ".join(noop),
+                         "what it suggests on your model": "exact caches on this family (e.g. cross-attention text K/V): "
+                         "always on, they save only their projections", "where": "§2 (reading column)"})
+        if g in shares:
+            rows.append({"measurement": f"{g}: attention share of a sampling run", "value here": f"{shares[g]['share']:.0%}",
+                         "what it suggests on your model": f"attention-only reuse can reach at most {shares[g]['cap']:.2f}x: "
+                         "to go further skip whole blocks or steps", "where": "§4 (attention_share)"})
+    return WrappedTable(pd.DataFrame(rows))

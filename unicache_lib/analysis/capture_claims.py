@@ -1,0 +1,119 @@
+"""Notebook 01's method claims (M1-M4) as data, and their measurements on a
+:class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's claims cell reads as a few calls.
+
+:data:`RULES` holds each claim's rule text and thresholds, fixed before any number is computed; :func:`declare` writes
+them on a board. One ``measure_*`` function per claim captures what it needs and records its interval:
+
+- :func:`measure_fp16_bias`: M1, the signed mean fp16 - fp32 difference of row statistics, per sample;
+- :func:`measure_repeatability`: M2, the largest difference between two captures of the same samples;
+- :func:`measure_batch_anchors`: M3, how many of a sample's anchors survive batch averaging;
+- :func:`measure_between_sets`: M4, headline statistics on a second, disjoint standard set.
+
+Every interval resamples samples (2,000 bootstrap resamples, fixed seed).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..intervals import bootstrap, grouped, mean_interval
+
+BIAS = 1e-4  # a bias visible at the 4th decimal
+STATISTICS = ("entropy", "max_weight", "sum_sq")  # the row statistics M1 computes in both precisions
+HEADLINE = ["norm_entropy", "max_weight", "cross_modal", "top10_share"]  # M4's per-sample statistics
+
+RULES: dict[str, tuple[str, dict]] = {
+    "M1": (f"per statistic (entropy, max weight, sum of squared weights), the signed mean fp16−fp32 difference lies "
+           f"outside ±{BIAS:g} over its whole 95% interval over samples; holds if for every statistic, partly if for some",
+           {k: {"outside": (-BIAS, BIAS)} for k in STATISTICS}),
+    "M2": ("holds if the largest |difference| of any statistic between two captures (95% bootstrap interval over "
+           "samples of the per-sample maximum) stays below 5e-5 (equal to 4 decimals)", {"": {"below": 5e-5}}),
+    "M3": ("holds if a sample keeps < 50% of its top-{k} anchors after batch averaging (mean Jaccard, 95% interval over "
+           "samples, below 0.5)", {"": {"below": 0.5}}),
+    "M4": ("holds if every headline statistic (per-sample mean over layers of normalised entropy, max weight, "
+           "cross-modal share, top-10% read share) differs by < 0.02 between two disjoint standard sets: the largest "
+           "difference's 95% interval (bootstrap over both sets' samples) below 0.02", {"": {"below": 0.02}}),
+}
+
+
+def declare(board, anchor_k: int) -> None:
+    """Write every rule of :data:`RULES` on ``board`` before any measurement (``anchor_k``: M3's top-k)."""
+    board.declare(RULES, k=anchor_k)
+
+
+def measure_fp16_bias(board, model, processor, samples, memory_check=None) -> dict:
+    """M1: per sample, full maps captured one sample at a time (``memory_check()`` first, if given), each row statistic
+    computed in fp16 and in fp32 arithmetic; the per-sample signed mean difference per statistic, its interval over
+    samples recorded per criterion. Returns statistic -> :class:`~unicache_lib.intervals.Interval`."""
+    from ..capture.runner import capture_samples
+    from ..progress import bar
+    from ..stats import row_statistics_in_dtype
+
+    if memory_check is not None:
+        memory_check()
+    bias = {k: [] for k in STATISTICS}
+    for s in bar(samples, desc="M1: fp16 vs fp32 statistics"):
+        full = capture_samples(model, processor, [s], mode="full", progress=False)  # one sample's maps at a time
+        per = [(row_statistics_in_dtype(r.probs, torch.float16), row_statistics_in_dtype(r.probs, torch.float32))
+               for r in full]
+        for k in bias:
+            bias[k].append(float(np.mean([(lo[k] - hi[k]).mean().item() for lo, hi in per])))
+    m1 = {k: mean_interval(v, "samples") for k, v in bias.items()}
+    for k, iv in m1.items():
+        board.measure("M1", iv, criterion=k)
+    return m1
+
+
+def measure_repeatability(board, model, processor, samples, res):
+    """M2: capture ``samples`` again in ``stats`` mode; per sample the largest |difference| of any statistic from the
+    first capture ``res``; the interval of the maximum over samples."""
+    from ..capture.runner import capture_samples
+
+    res2 = capture_samples(model, processor, samples, mode="stats")
+    per_sample = {}
+    for a, b in zip(res, res2):
+        d = max((a.data[k] - b.data[k]).abs().nan_to_num().max().item() for k in a.data)
+        per_sample[a.sample] = max(per_sample.get(a.sample, 0.0), d)
+    m2 = bootstrap(list(per_sample.values()), max, "samples")
+    board.measure("M2", m2, shown=f"max |Δ| = {m2.value:.1e}")
+    return m2
+
+
+def measure_batch_anchors(board, res, image_part: str, anchor_k: int):
+    """M3: in the deepest layer that reads the image, each sample's top-``anchor_k`` anchors against the anchors of the
+    batch-averaged reads (Jaccard per sample, mean interval over samples)."""
+    from .anchors import batching_overlap, image_reads
+
+    deep = max(r.layer for r in res if r.part == image_part)
+    ov = batching_overlap([image_reads(res[s, deep]) for s in res.samples], anchor_k)
+    m3 = mean_interval(ov["per_sample"], "samples")
+    board.measure("M3", m3, shown=f"mean Jaccard {m3.value:.2f} (layer {deep})")
+    return m3
+
+
+def _largest_gap(d) -> float:
+    return float(np.max(np.abs(np.mean(d["a"], 0) - np.mean(d["b"], 0))))
+
+
+def measure_between_sets(board, model, processor, res, image_part: str, per_type: int, sample_seed: int):
+    """M4: the standard set of ``sample_seed + 1`` (disjoint, same recipe) captured in ``stats`` mode; the headline
+    statistics per sample (mean over layers) of both sets; the largest between-set difference with its interval
+    (bootstrap over both sets' samples). Returns the interval and a table per statistic: set A, set B, A - B and,
+    with ``per_type >= 2``, the split-half difference within set A (plain sampling noise)."""
+    from ..capture.runner import capture_samples
+    from ..world import samples as sample_set
+    from .understanding import layer_table
+
+    other = sample_set.load(per_type=per_type, seed=sample_seed + 1)
+    res_b = capture_samples(model, processor, other, mode="stats")
+    per_a = layer_table([r for r in res if r.part == image_part]).groupby("sample")[HEADLINE].mean()
+    per_b = layer_table([r for r in res_b if r.part == image_part]).groupby("sample")[HEADLINE].mean()
+    m4 = grouped({"a": list(per_a.to_numpy()), "b": list(per_b.to_numpy())}, "samples per set", _largest_gap)
+    gaps = pd.DataFrame({"set A": per_a.mean(), "set B": per_b.mean(), "A - B": per_a.mean() - per_b.mean()})
+    half = per_a.index.str.rsplit("-", n=1).str[1].astype(int) < per_type / 2  # first half of every scene type
+    if per_type >= 2:
+        gaps["half 1 - half 2 of A"] = per_a[half].mean() - per_a[~half].mean()
+    board.measure("M4", m4, shown=f"largest between-set difference {m4.value:.3f} ({gaps['A - B'].abs().idxmax()}); "
+                  f"{len(other)} samples of SAMPLE_SEED {sample_seed + 1}")
+    return m4, gaps

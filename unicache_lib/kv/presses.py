@@ -1,0 +1,112 @@
+"""The workbench's designed eviction policy as a drop-in kvpress press: take ``key_coverage`` out of the notebook into
+the stack you run.
+
+    from unicache_lib.kv.presses import KeyCoveragePress
+
+    press = KeyCoveragePress(compression_ratio=0.7)      # kvpress's meaning: the share of the prompt's KV removed
+    with press(model):                                     # a vision-language model loaded with attn_implementation="eager"
+        model(**inputs)                                    # the prefill: every language layer's cache is compressed
+
+**What it compresses.** Only image positions: text positions (the system prompt, the question, special tokens) are
+always kept, and the prompt keeps as many positions as any kvpress press would at that ratio
+(``kvpress.utils.compute_n_kept``), the removed ones all image positions (at most all of them but one). The image positions are found from the ``input_ids`` of the forward it wraps, by the model config's
+image token id (``image_token_id`` / ``image_token_index``: LLaVA, LLaVA-NeXT, Qwen2-VL / 2.5-VL, Gemma 3); pass
+``image_token_id`` for a model whose config names it otherwise.
+
+**What it keeps.** In every layer, exactly what :class:`~unicache_lib.kv.policies.key_coverage.KeyCoverage` keeps in
+the workbench's harness (tested with ``torch.equal``): a k-center cover of that layer's cached image keys (after the
+rotary embedding, all key heads side by side), started at the image position the prompt reads most in that layer.
+The start needs that layer's attention weights, which kvpress hands to a press only under eager attention; under
+sdpa or flash attention the press refuses with the fix, rather than choosing a different start silently.
+
+One prompt at a time (batch 1), as the workbench's harness; kvpress's own pipeline runs one prompt per call too.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from .policies.key_coverage import farthest_point
+
+try:  # kvpress is a dependency of the project; the import error, if any, names the install
+    from kvpress.presses.base_press import BasePress
+    from kvpress.utils import compute_n_kept
+except ImportError as e:  # pragma: no cover - environment without kvpress
+    raise ImportError("KeyCoveragePress needs NVIDIA kvpress (`pip install kvpress`, transformers<5.3)") from e
+
+
+def image_token_id_of(config) -> int:
+    """The id of the image placeholder token in ``config`` (or its text config), or a ValueError naming the fix."""
+    for c in (config, getattr(config, "text_config", None)):
+        for name in ("image_token_id", "image_token_index"):
+            v = getattr(c, name, None) if c is not None else None
+            if isinstance(v, int):
+                return v
+    raise ValueError(f"{type(config).__name__} names no image token id (image_token_id / image_token_index): pass "
+                     "KeyCoveragePress(image_token_id=...) with the id your processor puts at image positions")
+
+
+@dataclass
+class KeyCoveragePress(BasePress):
+    """``compression_ratio``: the share of the prompt's KV pairs removed, all from image positions (kvpress's meaning
+    of the ratio, so it drops into code written for other presses); ``image_token_id``: None to read it from the
+    model config."""
+
+    compression_ratio: float = 0.0
+    image_token_id: int | None = None
+    _image: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        if not 0 <= self.compression_ratio < 1:
+            raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio!r}")
+
+    def post_init_from_model(self, model):
+        if self.image_token_id is None:
+            self.image_token_id = image_token_id_of(model.config)
+
+    def _read_input_ids(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            raise ValueError("KeyCoveragePress finds the image positions from input_ids; this forward got inputs_embeds "
+                             "only: pass input_ids (with the image placeholder tokens) to the model")
+        if ids.shape[0] != 1:
+            raise ValueError(f"KeyCoveragePress compresses one prompt at a time, got a batch of {ids.shape[0]}: loop over "
+                             "the prompts")
+        self._image = (ids[0] == self.image_token_id).nonzero().flatten()
+
+    @contextmanager
+    def __call__(self, model):
+        self.post_init_from_model(model)
+        pre = model.register_forward_pre_hook(self._read_input_ids, with_kwargs=True)  # before the layers' hooks fire
+        try:
+            with super().__call__(model):
+                yield
+        finally:
+            pre.remove()
+            self._image = None
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        """``keys`` / ``values`` ``[1, H_kv, S, D]`` -> the same with the dropped image positions removed."""
+        img = self._image
+        S = keys.shape[2]
+        if img is None:
+            raise RuntimeError("KeyCoveragePress was called outside `with press(model):`, so it never saw the prompt")
+        n = len(img)
+        kept = min(n, max(1, compute_n_kept(S, self.compression_ratio) - (S - n)))  # kvpress's rounding, image only
+        if n == 0 or kept == n:
+            return keys, values
+        if attentions is None:
+            raise ValueError("KeyCoveragePress starts each layer's cover at the image position the prompt reads most, "
+                             "which needs the attention weights: load the model with attn_implementation='eager' (or "
+                             "switch the language model to eager for the prefill)")
+        img = img.to(keys.device)
+        x = keys[0].index_select(1, img).permute(1, 0, 2).reshape(n, -1).float()  # [n_image, H_kv * D]
+        reads = attentions[0].float().mean(0).sum(0).index_select(0, img)  # each image key's reads, mean over heads
+        chosen = farthest_point(x, kept, int(reads.argmax()))
+        keep = torch.ones(S, dtype=torch.bool, device=keys.device)
+        keep[img] = False
+        keep[img[torch.as_tensor(chosen, device=keys.device)]] = True
+        idx = keep.nonzero().flatten()
+        return keys.index_select(2, idx), values.index_select(2, idx)
