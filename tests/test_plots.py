@@ -236,3 +236,43 @@ def test_first_looks_query_a_content_word():
     assert content_position(["?", ":"], [0, 1]) == 1  # then the last position
     with pytest.raises(ValueError, match="at least one position"):
         content_position(toks, [])
+
+
+def test_one_colour_per_method_across_the_workbook():
+    from unicache_lib import plots
+
+    a, b = plots.method_style("key_coverage"), plots.method_style("step_skip")
+    assert a["color"] == b["color"] == plots.DESIGNED_COLOUR and a["lw"] > plots.method_style("h2o")["lw"]
+    assert plots.method_style("steps:7") == plots.method_style("steps:12")  # every fewer-step control one grey
+    masked = "kvpress:adakv_snapkv (masked, full memory)"
+    assert plots.method_style(masked)["color"] == plots.method_style("kvpress:adakv_snapkv")["color"]
+    unknown = plots.method_style("my_new_policy")
+    assert unknown == plots.method_style("my_new_policy")  # fixed by the name, not by its place in a figure
+    assert unknown["color"] not in (plots.METHOD_COLOURS["random"], plots.METHOD_COLOURS["steps"], plots.DESIGNED_COLOUR)
+    with pytest.raises(ValueError, match="at most 6: plot the ones the lesson compares"):
+        plots.check_methods([f"m{i}" for i in range(7)])
+    assert plots.check_methods(["a", "b", "a"]) == ["a", "b"]
+
+
+def test_lesson_pictures_kept_patches_gallery_and_token_map():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from unicache_lib import plots
+
+    img = np.zeros((16, 16, 3), np.uint8)
+    fig = plots.kept_patches(img, {"h2o": np.r_[np.ones(2), np.zeros(14)], "key_coverage": np.full(16, 0.5)},
+                             {"h2o": "answers 'x'"}, "t")
+    assert len(fig.axes) == 3
+    with pytest.raises(ValueError, match="pass grid=\\(rows, cols\\)"):
+        plots.kept_patches(img, {"h2o": np.ones(15)})
+    fig = plots.reuse_gallery({"none": img, "step_skip": img, "steps:3": img, "diffusers:pab": img},
+                              {"none": 100.0, "step_skip": 41.0, "steps:3": 35.0}, {"none": [True] * 5,
+                              "step_skip": [True, True, False, True, True], "steps:3": [True] * 3, "diffusers:pab": None}, 5)
+    labels = [ax.get_xlabel() for ax in fig.axes]
+    assert "4 of 5 steps run" in labels and "3 steps: a coarser grid" in labels
+    assert any(t.get_text() == "decided per block" for ax in fig.axes for t in ax.texts)
+    P = torch.tril(torch.ones(3, 3)) / torch.arange(1, 4)[:, None]
+    plots.token_map(P, ["a", "b", "c"])
+    with pytest.raises(ValueError, match="S tokens"):
+        plots.token_map(P, ["a", "b"])

@@ -194,20 +194,20 @@ def test_04_p3_procedure_runs_on_a_grouped_query_stand_in(s04):
 
 
 @pytest.fixture(scope="module")
-def s06():
+def s07():
     return load("07_diagnostics")
 
 
-def test_06_earlier_cutoff_costs_more_accuracy(s06):
-    t = s06.exercise_1(quick=True)["_t"]
+def test_07_earlier_cutoff_costs_more_accuracy(s07):
+    t = s07.exercise_1(quick=True)["_t"]
     acc = t.accuracy
     assert acc[1] < acc[2] <= acc[3] < acc["none"]
     assert acc[1] < 0.5 and acc["none"] > 0.9
     assert [t.loc[L, "first cut-off layer"] for L in (1, 2, 3)] == [1, 2, 3]
 
 
-def test_06_shallow_coverage_does_not_beat_confidence(s06):
-    r = s06.exercise_2(quick=True)
+def test_07_shallow_coverage_does_not_beat_confidence(s07):
+    r = s07.exercise_2(quick=True)
     a = r["_auroc"]
     conf = a.pop("confidence (baseline)")
     assert len(a) == 2 and all(v < conf for v in a.values())
@@ -215,16 +215,16 @@ def test_06_shallow_coverage_does_not_beat_confidence(s06):
     assert ((t.lo <= t.auroc) & (t.auroc <= t.hi)).all() and set(t.direction) <= {"as oriented", "inverted", "none"}
 
 
-def test_06_own_checkpoint_calls_run_and_refuse_an_auroc_without_right_answers(s06):
-    r = s06.exercise_4(quick=True)
+def test_07_own_checkpoint_calls_run_and_refuse_an_auroc_without_right_answers(s07):
+    r = s07.exercise_4(quick=True)
     t = r["_t"]
     assert not t.fires.any() and (t["lowest share"] > 0.05).all()  # random attention spreads over the image: quiet
     assert (t["image dependence (KL)"] < 0.1).all()  # random weights barely use the picture
     assert r["_wrong"] == r["_n"] and r["U12"].startswith("refused") and "at least 2 of each" in r["U12"]
 
 
-def test_06_shuffled_images_are_no_modality_cutoff(s06):
-    t = s06.exercise_3(quick=True)["_t"]
+def test_07_shuffled_images_are_no_modality_cutoff(s07):
+    t = s07.exercise_3(quick=True)["_t"]
     assert not t.loc["shuffled images", "fires"] and not t.loc["healthy", "fires"]
     assert t.loc["shuffled images", "accuracy"] < t.loc["healthy", "accuracy"] - 0.3
     assert t.loc["shuffled images", "image dependence (KL)"] > 1.0
@@ -323,40 +323,40 @@ def test_library_options_the_solutions_use_refuse_bad_input_with_a_working_fix(s
 
 
 @pytest.fixture(scope="module")
-def s07():
+def s08():
     return load("08_architectures")
 
 
-def test_07_vilt_needs_its_text_to_read_the_image(s07):
-    acc = s07.exercise_1(quick=True)["_acc"]
+def test_08_vilt_needs_its_text_to_read_the_image(s08):
+    acc = s08.exercise_1(quick=True)["_acc"]
     assert acc["healthy"] >= 0.9 and acc["text blind to the image"] <= 0.5, acc
 
 
-def test_07_mllama_question_focus_per_cross_layer(s07):
-    by = s07.exercise_2(quick=True)["_by_layer"]
+def test_08_mllama_question_focus_per_cross_layer(s08):
+    by = s08.exercise_2(quick=True)["_by_layer"]
     assert list(by.index) == [1, 3, 5]  # the three cross-attention layers
     assert by.iou.max() > by.chance_iou.max()  # some cross layer lands on the asked object more than chance
 
 
-def test_07_janus_task_switch_per_layer(s07):
-    t = s07.exercise_3(quick=True)["_by_layer"]
+def test_08_janus_task_switch_per_layer(s08):
+    t = s08.exercise_3(quick=True)["_by_layer"]
     assert list(t.index) == [0, 1, 2, 3] and t[["describe", "answer"]].stack().between(0, 1).all()
 
 
-def test_07_lower_focus_cut_off_adds_focused_heads_keeps_the_ranking(s07):
-    t = s07.exercise_4(quick=True)["_focused"]
+def test_08_lower_focus_cut_off_adds_focused_heads_keeps_the_ranking(s08):
+    t = s08.exercise_4(quick=True)["_focused"]
     assert (t[0.3] >= t[0.45]).all()  # a lower cut-off can only add focused heads
     assert t.loc["tiny-llava", 0.3] > t.loc["tiny-vilt", 0.3]  # and the more focused model stays ahead
 
 
-def test_07_clip_image_tower_ignores_the_caption(s07):
-    out = s07.exercise_5(quick=True)["_out"]
+def test_08_clip_image_tower_ignores_the_caption(s08):
+    out = s08.exercise_5(quick=True)["_out"]
     assert out["vision maps identical"] and out["n_maps"] > 0  # torch.equal, map by map
     assert out["slot i, true captions"] > out["slot i, shuffled captions"] and out["own caption found, shuffled"] >= 0.8
 
 
-def test_07_vilt_one_blind_layer_costs_between_none_and_all(s07):
-    acc = s07.exercise_6(quick=True)["_acc"]
+def test_08_vilt_one_blind_layer_costs_between_none_and_all(s08):
+    acc = s08.exercise_6(quick=True)["_acc"]
     layers = {k: v for k, v in acc.items() if k.startswith("layer")}
     assert len(layers) == 6 and acc["all"] < acc["none"] - 0.1
     assert all(acc["all"] - 0.05 <= v <= acc["none"] + 1e-9 for v in layers.values()), acc

@@ -546,6 +546,9 @@ METHOD_COLOURS = {
     "diffusers:pab": "#aec7e8", "diffusers:fastercache": "#ffbb78", "diffusers:first_block": "#1f77b4",
     "diffusers:taylorseer": "#9467bd", "diffusers:magcache": "#2ca02c",
     "adaptive": "#e377c2", "every_2": "#8c564b", "static_last_third": "#17becf", "text_side": "#bcbd22",
+    # head scorers (notebook 04)
+    "attention_combined": "#1f77b4", "gradient": "#2ca02c", "high_entropy": "#ff7f0e", "low_variance": "#e377c2",
+    "weight_norm": "#8c564b", "redundancy": "#17becf",
 }
 DESIGNED = ("key_coverage", "step_skip")
 MAX_METHODS = 6  # methods per chart; the rest go in tables
@@ -554,8 +557,8 @@ MAX_METHODS = 6  # methods per chart; the rest go in tables
 def method_style(name: str) -> dict:
     """``{"color", "marker", "lw"}`` for a method, the same in every figure of the workbook: :data:`METHOD_COLOURS`
     (fewer-step controls ``steps:N`` share one grey; a press labelled with a note, e.g. ``kvpress:adakv_snapkv (masked,
-    full memory)``, is looked up without it), else a tab20 colour chosen from the name's checksum. The designed
-    policies are thick."""
+    full memory)``, is looked up without it), else a tab10 colour (never the controls' grey) chosen from the name's
+    checksum. The designed policies are thick."""
     import zlib
 
     base = str(name).split(" (")[0] if str(name) not in METHOD_COLOURS else str(name)
@@ -563,7 +566,8 @@ def method_style(name: str) -> dict:
     if key in METHOD_COLOURS:
         colour = METHOD_COLOURS[key]
     else:
-        colour = _plt().get_cmap("tab20").colors[zlib.crc32(key.encode()) % 20]
+        strong = [c for i, c in enumerate(_plt().get_cmap("tab10").colors) if i != 7]  # no grey: grey is the controls'
+        colour = strong[zlib.crc32(key.encode()) % len(strong)]
     designed = any(base.startswith(d) for d in DESIGNED)
     return {"color": colour, "marker": "*" if designed else MARKERS[zlib.crc32(key.encode()) % len(MARKERS)],
             "lw": 2.5 if designed else 1.2}

@@ -189,10 +189,12 @@ print("KL(unpruned || pruned), nats")
 print(kl_tab.round(4).to_string())
 
 # %%
+CHARTED = [f for f in ("attention_combined", "gradient", "high_entropy", "low_variance", "weight_norm", "random")
+           if f in set(U.family)]  # six on a chart (every scorer is in the tables above)
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
 for ax, metric, lab in ((axes[0], "accuracy", "exact-match accuracy"), (axes[1], "kl", "KL to unpruned (nats)")):
-    for fam, (x, m, h) in curves(U, metric).items():
-        ax.plot(x, m, marker="o", label=fam, ls="--" if fam == "random" else "-")
+    for fam, (x, m, h) in curves(U[U.family.isin(plots.check_methods(CHARTED))], metric).items():
+        ax.plot(x, m, label=fam, ls="--" if fam == "random" else "-", **plots.method_style(fam))
         if fam == "random":
             ax.fill_between(x, m - h, m + h, alpha=0.2, color=ax.lines[-1].get_color())
     ax.set_xlabel("fraction of heads pruned")
@@ -205,7 +207,7 @@ _ = plots.save(fig, out, "understanding_pruning")
 # %% [markdown]
 # **What to look at.** Each scorer's curve against random's dashed one (its band: the 95% interval over the
 # random seeds): a useful scorer stays near the unpruned accuracy and near zero KL well past the fraction where
-# random has fallen. **This run**: random loses 17 points at 10% (0.806) and falls to 0.38 at 50% (KL 5.1
+# random has fallen (six scorers are drawn; `redundancy` is in the tables above). **This run**: random loses 17 points at 10% (0.806) and falls to 0.38 at 50% (KL 5.1
 # nats), while every scorer keeps at least 0.969 at 10%. The gradient is best throughout (0.965 at 30%, 0.917
 # at 50%, KL at most 0.25 nats); the statistics scorers and the weight norms end 29–41 points down at 50% (KL
 # 1.4–3.2 nats), still far above random, and close to one another (P2 in the recap).
@@ -290,12 +292,11 @@ for metric in ("ssim", "position") if GENERATORS else ():
 # %%
 if GENERATORS:
     fig, axes = plt.subplots(1, 2 * len(GENERATORS), figsize=(5 * len(GENERATORS) + 2, 3.4))
-    style = plots.line_styles(sorted(Gdf.family.unique()))  # one look per scorer family on every panel
     for j, gname in enumerate(gpaths):
         for k, (metric, lab) in enumerate((("ssim", "SSIM vs unpruned"), ("colour", "colour correct"))):
             ax = axes[2 * j + k]
-            for fam, (x, m, h) in curves(Gdf[Gdf.model == gname], metric).items():
-                ax.plot(x, m, label=fam, ls="--" if fam == "random" else "-", **style[fam])
+            for fam, (x, m, h) in curves(Gdf[(Gdf.model == gname) & Gdf.family.isin(CHARTED)], metric).items():
+                ax.plot(x, m, label=fam, ls="--" if fam == "random" else "-", **plots.method_style(fam))
                 if fam == "random":
                     ax.fill_between(x, m - h, m + h, alpha=0.2, color=ax.lines[-1].get_color())
             ax.set_title(f"{gname}: {lab}", fontsize=9)
@@ -314,7 +315,7 @@ if GENERATORS:
 # PixArt the statistics scorers fall *below* random: attention_combined's SSIM is 0.661 / 0.553 / 0.367 at
 # 20 / 30 / 50% against random's 0.715 / 0.662 / 0.543 (high_entropy below random from 20%, low_variance
 # from 30%), and its position score 0.69 / 0.38 / 0.13 against 0.71 / 0.60 / 0.38, while the gradient and
-# redundancy stay above random. By this notebook's own method that is the key generator result: on PixArt
+# redundancy (in the table; the figure draws six scorers) stay above random. By this notebook's own method that is the key generator result: on PixArt
 # the attention statistics pick heads that are *worse* to lose than random ones.
 
 # %% [markdown]
