@@ -3,9 +3,10 @@ exactly what the workbench's key_coverage policy keeps, and answers identically;
 import pytest
 import torch
 
+from unicache_lib.families import family_of
 from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill, split_prompt
 from unicache_lib.kv.peers import attention_implementation, compression_ratio
-from unicache_lib.kv.presses import KeyCoveragePress, image_token_id_of
+from unicache_lib.kv.presses import KeyCoveragePress
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_press_compresses_image_positions_only(llava):
     model, processor, qas = llava
     sp = split_prompt(processor, qas[0].scene.uint8(), qas[0].question, model=model)
     C = sp.context_ids.shape[1]
-    is_image = sp.context_ids[0] == image_token_id_of(model.config)
+    is_image = sp.context_ids[0] == family_of(model).image_token_id(model.config)
     n_text = C - int(is_image.sum())
     full = prefill(model, sp, attentions=False).cache.layers[0].keys
     for ratio, kept in ((0.5, int(C * 0.5)), (0.99, n_text + 1)):  # 0.99: more than the image holds, one image key stays
@@ -56,7 +57,7 @@ def test_press_compresses_image_positions_only(llava):
                                                                                      text[:, :, first:])
 
 
-def test_press_refusals_name_the_fix(llava):
+def test_press_refusals_name_the_fix(llava, monkeypatch):
     model, processor, qas = llava
     sp = split_prompt(processor, qas[0].scene.uint8(), qas[0].question, model=model)
     with pytest.raises(ValueError, match=r"compression_ratio must be in \[0, 1\)"):
@@ -68,12 +69,25 @@ def test_press_refusals_name_the_fix(llava):
     with KeyCoveragePress(compression_ratio=0.5)(model):
         assert prefill(model, sp, attentions=False).cache.layers[0].keys.shape[2] < sp.context_ids.shape[1]
 
-    class NoImageToken:
-        text_config = None
+    tid = family_of(model).image_token_id(model.config)
+    monkeypatch.setattr(model.config, "image_token_index", None)  # a config that names no image token
     with pytest.raises(ValueError, match=r"pass KeyCoveragePress\(image_token_id=\.\.\.\)"):
-        image_token_id_of(NoImageToken())
-    # the fix: an explicit id works without the config naming one
-    with KeyCoveragePress(compression_ratio=0.5, image_token_id=image_token_id_of(model.config))(model):
-        prefill(model, sp, attentions=False)
+        with KeyCoveragePress(compression_ratio=0.5)(model):
+            pass
+    explicit = KeyCoveragePress(compression_ratio=0.5, image_token_id=tid)
+    explicit.post_init_from_model(model)  # the fix: an explicit id needs nothing from the config
+    monkeypatch.undo()  # (LLaVA's own forward needs the config's id to place the image features)
+    with explicit(model):
+        assert prefill(model, sp, attentions=False).cache.layers[0].keys.shape[2] < sp.context_ids.shape[1]
     with pytest.raises(RuntimeError, match="outside `with press"):
         KeyCoveragePress(compression_ratio=0.5).compress(None, None, torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2), None, {})
+
+
+def test_press_refuses_a_cross_attention_vlm():
+    """Mllama keeps its image KV in cross-attention layers: a press would compress nothing of the image, silently."""
+    from unicache_lib.zoo.loaders import load_understanding
+
+    mllama, _ = load_understanding("tiny-mllama", attn_implementation="eager")
+    with pytest.raises(ValueError, match="cross-attention layers.*run_eviction"):
+        with KeyCoveragePress(compression_ratio=0.5)(mllama):
+            pass

@@ -123,13 +123,16 @@ def measure_hallucination(board, coverage: np.ndarray, confidence: np.ndarray, w
                       "(raise N_QUESTIONS)")
 
 
+def _healthy(det: pd.DataFrame) -> tuple[pd.Series, float, list[str]]:
+    """The healthy model's image share per layer, its image dependence, and the breaks not forced onto the share."""
+    layer_cols = [k for k in det.columns if str(k).startswith("L")]
+    return det.loc[HEALTHY, layer_cols].astype(float), det.loc[HEALTHY, "image dependence (KL)"], not_by_construction(det)
+
+
 def recap(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int, board) -> list[str]:
     """The lesson's recap, one line per claim, from this run's tables."""
     c = roc.loc["coverage (low = suspect)"]
-    layer_cols = [k for k in det.columns if str(k).startswith("L")]
-    hl = det.loc[HEALTHY, layer_cols].astype(float)
-    dep0 = det.loc[HEALTHY, "image dependence (KL)"]
-    others = not_by_construction(det)
+    hl, dep0, others = _healthy(det)
     return [
         f"U12: coverage AUROC {c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}], direction {c.direction} (strength "
                                                 f"{c.strength:.2f})" if "lo" in roc else "")
@@ -146,10 +149,7 @@ def decisions(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int):
     from ..tables import WrappedTable
 
     c = roc.loc["coverage (low = suspect)"]
-    layer_cols = [k for k in det.columns if str(k).startswith("L")]
-    hl = det.loc[HEALTHY, layer_cols].astype(float)
-    dep0 = det.loc[HEALTHY, "image dependence (KL)"]
-    others = not_by_construction(det)
+    hl, dep0, others = _healthy(det)
     missed = [x for x in others if not det.loc[x, "fires"]]
     caught = [x for x in missed if det.loc[x, "image dependence (KL)"] < 0.1 * dep0]  # as in §2
     both = ", ".join(f"{x} (keeps {det.loc[x, 'image dependence (KL)'] / dep0:.0%} of the healthy KL)" for x in missed

@@ -222,11 +222,10 @@ def kept_patches(model, processor, qa, budget: float, policies: dict, seed: int 
 
     side = int(round(len(grid) ** 0.5))
     on = grid_cover(np.asarray(qa.scene.masks), (side, side)) > 0  # [n_objects, n_grid]: patches each object touches
-    masks = qa.scene.masks
 
     def said(logits, share=None):
         a = tok.convert_ids_to_tokens(int(logits.argmax()))
-        objects = len(masks) if share is None else int(sum((share[o] >= 0.5).any() for o in on))
+        objects = len(on) if share is None else int(sum((share[o] >= 0.5).any() for o in on))
         return {"answer": a, "correct": a == qa.answer, "objects": objects}
 
     full = evict(pre.cache, POLICIES["full"]().select(ctx, 1.0))

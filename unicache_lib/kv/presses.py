@@ -9,9 +9,9 @@ the stack you run.
 
 **What it compresses.** Only image positions: text positions (the system prompt, the question, special tokens) are
 always kept, and the prompt keeps as many positions as any kvpress press would at that ratio
-(``kvpress.utils.compute_n_kept``), the removed ones all image positions (at most all of them but one). The image positions are found from the ``input_ids`` of the forward it wraps, by the model config's
-image token id (``image_token_id`` / ``image_token_index``: LLaVA, LLaVA-NeXT, Qwen2-VL / 2.5-VL, Gemma 3); pass
-``image_token_id`` for a model whose config names it otherwise.
+(``kvpress.utils.compute_n_kept``), the removed ones all image positions (at most all of them but one). The image positions are found from the ``input_ids`` of the forward it wraps, by the image token id
+the model's family adapter reads from its config (``families``); pass ``image_token_id`` for a model whose config names
+it otherwise. A cross-attention VLM (Mllama), whose image KV is not in the self-attention cache, is refused.
 
 **What it keeps.** In every layer, exactly what :class:`~unicache_lib.kv.policies.key_coverage.KeyCoverage` keeps in
 the workbench's harness (tested with ``torch.equal``): a k-center cover of that layer's cached image keys (after the
@@ -37,17 +37,6 @@ except ImportError as e:  # pragma: no cover - environment without kvpress
     raise ImportError("KeyCoveragePress needs NVIDIA kvpress (`pip install kvpress`, transformers<5.3)") from e
 
 
-def image_token_id_of(config) -> int:
-    """The id of the image placeholder token in ``config`` (or its text config), or a ValueError naming the fix."""
-    for c in (config, getattr(config, "text_config", None)):
-        for name in ("image_token_id", "image_token_index"):
-            v = getattr(c, name, None) if c is not None else None
-            if isinstance(v, int):
-                return v
-    raise ValueError(f"{type(config).__name__} names no image token id (image_token_id / image_token_index): pass "
-                     "KeyCoveragePress(image_token_id=...) with the id your processor puts at image positions")
-
-
 @dataclass
 class KeyCoveragePress(BasePress):
     """``compression_ratio``: the share of the prompt's KV pairs removed, all from image positions (kvpress's meaning
@@ -63,8 +52,18 @@ class KeyCoveragePress(BasePress):
             raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio!r}")
 
     def post_init_from_model(self, model):
+        from ..families import UnsupportedModelError, family_of
+
+        fam = family_of(model)  # an unsupported model is refused here, with the supported families listed
+        if fam.cross_attention:
+            raise ValueError(f"{fam.name}: the image KV lives in cross-attention layers, which kvpress presses do not "
+                             "touch; evict it with the workbench's policies (run_eviction) instead")
         if self.image_token_id is None:
-            self.image_token_id = image_token_id_of(model.config)
+            try:
+                self.image_token_id = fam.image_token_id(model.config)  # the family adapter knows its image token
+            except UnsupportedModelError as e:
+                raise ValueError(f"{e}: pass KeyCoveragePress(image_token_id=...) with the id your processor puts at "
+                                 "image positions") from e
 
     def _read_input_ids(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
