@@ -138,6 +138,15 @@ def test_00_primer_quick(tmp_path):
     assert "of its weight on the 64 image keys" in text and "× uniform" not in text  # the label is in the figure
 
 
+def test_00_primer_on_a_cross_attention_vlm_says_what_it_cannot_draw(tmp_path):
+    """Mllama keeps the image out of the self-attention sequence: §4 says "not measurable here" and the run completes."""
+    out = run_notebook("00_primer.ipynb", tmp_path, MODEL="tiny-mllama")
+    text = "\n".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code"
+                     for o in c.get("outputs", []))
+    assert "§4 not measurable here: Mllama" in text and not (tmp_path / "image_in_the_map.png").exists()
+    assert (tmp_path / "heads.png").stat().st_size > 1000
+
+
 def test_05_kv_eviction_quick(tmp_path):
     run_notebook("05_kv_eviction.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5])
     board = scoreboard(tmp_path)

@@ -155,28 +155,35 @@ inputs = inputs_for(model, processor, s.image, s.question)
 toks = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
 with torch.no_grad(), AttentionCapture(model, mode="full") as cap:
     model(**inputs)
-r = [x for x in cap.result if x.part == family.image_part or x.part == "language"][LAYER]
-P, spans = r.probs.float().mean(0), r.spans  # mean over heads, for the picture only
-word = content_position(toks, spans.text_index)
-img = P[word, spans.image_index]
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-plots.blocked_map(P, spans, f"layer {r.layer}, mean over heads: image | text", ax=axes[0])
-grid = family.image_grid(model.config, inputs)
-plots.image_overlay(s.image, img * (word + 1), f"'{toks[word]}' reads the picture (layer {r.layer})", ax=axes[1],
-                    grid=grid, grid_tokens=family.grid_tokens(model.config, inputs),
-                    cbar="× uniform (1 = every visible key read equally)")
-fig.tight_layout()
-_ = plots.save(fig, out, "image_in_the_map")
-shares = stats.block_shares(P, spans)
-print(f"sample {s.id}: '{s.question}', {spans.n_image} image + {spans.n_text} text positions")
-print("share of all attention per block: " + ", ".join(f"{b} {v:.2f}" for b, v in zip(BLOCKS, shares.tolist())))
-print(f"'{toks[word]}' (position {word}) puts {img.sum():.2f} of its weight on the {spans.n_image} image keys; its "
-      f"most-read patch gets {img.max() * (word + 1):.1f}x the uniform level")
-named = [i for i, o in enumerate(s.objects) if toks[word] in (o["shape"], o["colour"])]  # the object the word names
-if named and grid is not None:
-    on = patch_grid_masks(s.masks, grid) == named[0]
-    print(f"on the {s.objects[named[0]]['colour']} {s.objects[named[0]]['shape']}'s {on.sum()} patches: {img[on].sum() / img.sum():.2f} "
-          f"of that image weight, where its share of the patches is {on.mean():.2f}")
+maps = [x for x in cap.result if x.part == family.image_part and x.probs.shape[-1] == x.probs.shape[-2]]
+if not maps:  # e.g. Mllama: the image is read through cross-attention layers, never placed in the sequence
+    print(f"§4 not measurable here: {family.name} keeps the image out of the self-attention sequence, so no map has an "
+          "image block; notebook 08 shows what its cross-attention layers read")
+
+# %%
+if maps:
+    r = maps[LAYER]
+    P, spans = r.probs.float().mean(0), r.spans  # mean over heads, for the picture only
+    word = content_position(toks, spans.text_index)
+    img = P[word, spans.image_index]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    plots.blocked_map(P, spans, f"layer {r.layer}, mean over heads: image | text", ax=axes[0])
+    grid = family.image_grid(model.config, inputs)
+    plots.image_overlay(s.image, img * (word + 1), f"'{toks[word]}' reads the picture (layer {r.layer})", ax=axes[1],
+                        grid=grid, grid_tokens=family.grid_tokens(model.config, inputs),
+                        cbar="× uniform (1 = every visible key read equally)")
+    fig.tight_layout()
+    _ = plots.save(fig, out, "image_in_the_map")
+    shares = stats.block_shares(P, spans)
+    print(f"sample {s.id}: '{s.question}', {spans.n_image} image + {spans.n_text} text positions")
+    print("share of all attention per block: " + ", ".join(f"{b} {v:.2f}" for b, v in zip(BLOCKS, shares.tolist())))
+    print(f"'{toks[word]}' (position {word}) puts {img.sum():.2f} of its weight on the {spans.n_image} image keys; its "
+          f"most-read patch gets {img.max() * (word + 1):.1f}x the uniform level")
+    named = [i for i, o in enumerate(s.objects) if toks[word] in (o["shape"], o["colour"])]  # the object the word names
+    if named and grid is not None:
+        on = patch_grid_masks(s.masks, grid) == named[0]
+        print(f"on the {s.objects[named[0]]['colour']} {s.objects[named[0]]['shape']}'s {on.sum()} patches: {img[on].sum() / img.sum():.2f} "
+              f"of that image weight, where its share of the patches is {on.mean():.2f}")
 
 # %% [markdown]
 # **What to look at.** Left, on a log10 colour scale (−6 to 0: each step is ten times less weight), positions are
@@ -223,5 +230,6 @@ print(processor.tokenizer.tokenize(longer), "-> capture it as in §2 and plot pl
 
 # %%
 # Exercise 2 starter: the content word's weight on the image, head by head
-per_head = r.probs[:, word, spans.image_index].float().sum(-1)
-print(f"{len(per_head)} heads; next: which is largest, and how far apart are they?")
+if maps:
+    per_head = r.probs[:, word, spans.image_index].float().sum(-1)
+    print(f"{len(per_head)} heads; next: which is largest, and how far apart are they?")
