@@ -401,3 +401,24 @@ def test_readings_flag_a_bit_identical_method_as_a_no_op():
     assert idle["text_side"].startswith("reuses nothing") and "bit-identical" in idle["text_side"]
     assert r["step_skip"] == ""  # one identical prompt is not a no-op
     assert r["diffusers:x"] == "did not run: unsupported here"
+
+
+def test_gallery_leaves_out_a_cache_the_model_cannot_run(gen):
+    """The reuse lesson's first picture: every method that runs is drawn with its steps; one that cannot run on this
+    family is left out with a warning naming it (as run_reuse leaves it out of its table), not a crash."""
+    from unicache_lib.reuse.evaluate import gallery
+
+    class Unsupported:
+        def __enter__(self):
+            raise PeerUnsupported("no such block on this family (test)")
+
+        def __exit__(self, *exc):
+            return False
+
+    methods = {"none": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["none"](), 4),
+               "step_skip": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](), 4),
+               "diffusers:broken": Unsupported}
+    with pytest.warns(UserWarning, match="diffusers:broken left out of the picture: no such block"):
+        G = gallery(gen, methods, "a red circle on the left", steps=4)
+    assert list(G) == ["none", "step_skip"] and G["none"]["psnr"] == 100.0
+    assert G["none"]["schedule"] == [True] * 4 and G["step_skip"]["schedule"] == REUSE_POLICIES["step_skip"]().schedule(4)

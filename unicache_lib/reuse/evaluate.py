@@ -275,12 +275,20 @@ def schedule_of(method) -> list[bool] | None:
 def gallery(gen, methods: dict, prompt: str, steps: int = 20, guidance: float = 3.0, seed: int = 0) -> dict:
     """One prompt sampled under each method (``methods``: name -> factory, as :func:`methods_for` builds them; must
     hold ``none``). Returns name -> ``{"image": [H, W, 3] uint8, "psnr": dB against ``none`` (capped at
-    :data:`PSNR_CAP`), "schedule": :func:`schedule_of`}``: the lesson's first picture of cross-step reuse."""
+    :data:`PSNR_CAP`), "schedule": :func:`schedule_of`}``: the lesson's first picture of cross-step reuse. A diffusers
+    cache that cannot run on this model (:class:`PeerUnsupported`) is left out with a warning naming why, as
+    :func:`run_reuse` leaves it out of its table."""
+    import warnings
+
     if "none" not in methods:
         raise ValueError("methods must include 'none' (the reference)")
     out = {}
     for name, make in methods.items():
-        imgs, _, _, _ = _run(gen, make, [prompt], steps, guidance, seed, count=False)
+        try:
+            imgs, _, _, _ = _run(gen, make, [prompt], steps, guidance, seed, count=False)
+        except PeerUnsupported as e:
+            warnings.warn(f"{name} left out of the picture: {e}", stacklevel=2)
+            continue
         out[name] = {"image": imgs[0], "schedule": schedule_of(make())}
     ref = out["none"]["image"][None]
     for v in out.values():
