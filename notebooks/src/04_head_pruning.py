@@ -364,7 +364,7 @@ if TIMING_REPEATS >= 2:
 # ## 6. Claims scoreboard
 #
 # Accuracy differences are paired over the `N_QUESTIONS` questions (the same questions under both settings),
-# with a 95% bootstrap interval over questions; the deeper layers' entropy change is resampled over the
+# with a 95% interval over questions; the deeper layers' entropy change is resampled over the
 # standard samples. "holds" only if the whole interval clears the threshold, "does not hold" only if it lies
 # wholly on the other side, else "inconclusive" with a rough n that would settle it; "partly": some criteria
 # hold and the others do not.

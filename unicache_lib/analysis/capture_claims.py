@@ -27,7 +27,7 @@ RULES: dict[str, tuple[str, dict]] = {
     "M1": (f"per statistic (entropy, max weight, sum of squared weights), the signed mean fp16−fp32 difference lies "
            f"outside ±{BIAS:g} over its whole 95% interval over samples; holds if for every statistic, partly if for some",
            {k: {"outside": (-BIAS, BIAS)} for k in STATISTICS}),
-    "M2": ("holds if the largest |difference| of any statistic between two captures (95% bootstrap interval over "
+    "M2": ("holds if the largest |difference| of any statistic between two captures (95% interval over "
            "samples of the per-sample maximum) stays below 5e-5 (equal to 4 decimals)", {"": {"below": 5e-5}}),
     "M3": ("holds if a sample keeps < 50% of its top-{k} anchors after batch averaging (mean Jaccard, 95% interval over "
            "samples, below 0.5)", {"": {"below": 0.5}}),
