@@ -39,6 +39,8 @@
 # - how a policy designed from this workbook's own measurements (`key_coverage`) does against all of them and
 #   against DivPrune, which prunes image tokens before the prefill — tuned on design questions, scored on held-out
 #   ones;
+# - whether selecting tokens beats simply pooling the image (the control the field now asks for), and which half of
+#   the design — where it selects, or how — carries the gain;
 # - when the cheap simulation (attention mass retained) predicts real accuracy.
 #
 # **What it needs**: notebook 02 for the idea that a question's reads pile onto one object; it measures everything it
@@ -190,7 +192,7 @@ full_acc = float(acc.loc["full"].iloc[0])
 # %%
 from matplotlib.ticker import NullLocator
 
-SHOWN = [m for m in (NEW, "divprune", "kvpress:expected_attention", "unicache", "h2o", "random") if m in set(R.method)]
+SHOWN = [m for m in (NEW, "divprune", "kvpress:expected_attention", "unicache", "pooling", "random") if m in set(R.method)]
 fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
 for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accuracy", "KL(full || evicted), nats",
                                                               "same answer as full cache")):
@@ -202,7 +204,7 @@ for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accur
     ax.xaxis.set_minor_locator(NullLocator())  # only the budgets are labelled (no log minor labels among them)
 axes[0].axhline(full_acc, color="k", lw=0.8, ls=":", label="full cache (accuracy)")
 fig.suptitle(f"KV eviction on {UNDERSTANDING_MODEL}, n = {len(qas)} held-out questions: the designed policy (red), the "
-             "two peers closest to it, two score rules and random; every method is in the table below", fontsize=10)
+             "two peers closest to it, the study's score rule and two controls (pooling, random); every method is in the table below", fontsize=10)
 fig.tight_layout()
 plots.shared_legend(fig, axes, ncol=7, fontsize=8)
 _ = plots.save(fig, out, "eviction")
@@ -340,6 +342,24 @@ for col, label in (("subset", "scene"), ("qtype", "question type")):
 # (DivPrune loses one scene at 10%), so the flattering world is not what carries it. Most remaining errors sit in
 # "is there …?" questions (one is a position question at 10%) (0.919 at 10–25% against 0.946 for the full cache): to answer "no" the model must not
 # find the absent object anywhere, and to answer "yes" the one patch that shows it must have survived.
+
+# %% [markdown]
+# **Two controls: is selecting better than pooling, and which half of the design carries the gain?** Simply
+# downsampling the image beats many published token-pruning methods (VTC-Bench, arXiv 2510.07143), so `pooling`
+# average-pools the projected image features to a coarser grid with at most the budget's tokens (2×2 at 25%) and
+# prefills only those. And `key_coverage` differs from DivPrune in two ways — *where* it selects (each layer's
+# cached keys after the prefill, or the projected features once before it) and *how* (a Euclidean cover from the
+# most-read position, or DivPrune's cosine max-min) — so two ablations swap one each (`kv/policies/ablations.py`).
+# Each row: `key_coverage` minus the other, paired over the same questions, with its 95% interval.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ctl = CC.controls_table(R)
+print(ctl[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(3).to_string(index=False))
+print("\n".join(f"{p}: {why}" for p, why in CC.CONTROLS.items()))
+
+# %% [markdown]
+# READING_CONTROLS
 
 # %% [markdown]
 # **What the prefill-stage peer saves.** A cache-stage policy pays the whole prefill and then frees memory;
