@@ -186,3 +186,21 @@ def test_continuous_statistics_use_bca_and_say_so():
         assert iv.method.startswith(("BCa", "expanded bootstrap percentile")) and iv.lo < iv.value < iv.hi
     iv = I.mean_interval(np.full(5, 0.3), "samples")
     assert iv.lo == iv.hi == 0.3 and iv.method == I.IDENTICAL  # zero width only when every unit is identical
+
+
+def test_largest_gap_is_decided_statistic_by_statistic():
+    """M4's interval: the farthest any per-statistic interval reaches (intersection-union), not a bootstrap of the
+    maximum (biased upward by each resample's noise)."""
+    import pandas as pd
+
+    from unicache_lib.analysis.capture_claims import largest_gap
+
+    rng = np.random.default_rng(3)
+    a = pd.DataFrame({"x": rng.normal(0.5, 0.01, 40), "y": rng.normal(0.2, 0.01, 40)})
+    b = pd.DataFrame({"x": rng.normal(0.5, 0.01, 40), "y": rng.normal(0.23, 0.01, 40)})
+    iv = largest_gap(a, b)
+    per = {c: I.difference_interval(a[c], b[c], "samples per set", paired=False) for c in a}
+    assert iv.value == pytest.approx(max(abs(v.value) for v in per.values()))
+    assert iv.hi == pytest.approx(max(max(abs(v.lo), abs(v.hi)) for v in per.values()))
+    assert 0.02 < iv.lo < iv.value < iv.hi  # y's gap (~0.03) is clearly above 0.02: "below 0.02" does not hold
+    assert largest_gap(a, a.sample(frac=1, random_state=0).reset_index(drop=True)).hi < 0.01  # same set: tiny

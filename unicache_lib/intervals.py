@@ -19,6 +19,7 @@ resample) is identical, and its method says so.
     ratio_interval(a, b, "samples")                  # mean(a) / mean(b)
     proportion_interval(ok, "questions")             # per-unit 0/1 outcomes
     bootstrap(units, statistic, "prompts")           # anything: statistic(list of units) -> float
+    extreme_of([iv_a, iv_b], min)                    # the weakest of several cells, from their own intervals
     speedup_interval(base_s, method_s)               # paired timing repeats -> speed-up
     interleaved_timings({"a": f, "b": g}, repeats=10)    # shuffled order in every repeat
 
@@ -269,6 +270,24 @@ def grouped(values: dict, unit: str, statistic: Callable[[dict], float], n_boot:
         return float(statistic({k: [seqs[k][int(i)] for i in ix] for k, ix in zip(keys, idx)}))
     return _bca(tuple(np.arange(len(seqs[k])) for k in keys), stat, value, n, unit, level, n_boot, seed,
                 vectorized=False)
+
+
+def extreme_of(cells, reduce=min) -> Interval:
+    """The smallest (``reduce=min``) or largest (``reduce=max``) of several cells' values — the weakest model, the
+    worst (budget, peer) cell — with its interval built from the cells' own intervals: ``[reduce(lo), reduce(hi)]``.
+    Read against a threshold this is the intersection-union rule: "every cell above t" holds exactly when every
+    cell's interval clears t, and does not hold when some cell's whole interval is below it. (A bootstrap of the
+    minimum itself is biased — every resample's noise lowers it — and no bootstrap interval is reliable for it.)
+    ``cells``: Intervals (a list, or a dict name -> Interval); nested use composes (the largest of minima)."""
+    ivs = list(cells.values()) if isinstance(cells, dict) else list(cells)
+    if not ivs:
+        raise ValueError("extreme_of needs at least one cell")
+    if reduce not in (min, max):
+        raise ValueError("reduce must be min or max")
+    units = {i.unit for i in ivs}
+    return Interval(float(reduce(i.value for i in ivs)), float(reduce(i.lo for i in ivs)), float(reduce(i.hi for i in ivs)),
+                    min(i.n for i in ivs), units.pop() if len(units) == 1 else " / ".join(sorted(units)),
+                    method=f"{reduce.__name__} of {len(ivs)} cells' intervals (intersection-union)")
 
 
 def speedup_interval(base_seconds, method_seconds, n_boot: int = N_BOOT, seed: int = SEED, level: float = LEVEL,
