@@ -44,3 +44,34 @@ def test_caching_benchmark_eviction_runs_at_a_tiny_shape(capsys):
     caching.eviction(layers=2, heads=2, head_dim=4, n_image=16, n_text=4, repeats=2)
     out = capsys.readouterr().out
     assert "key_coverage" in out and "25% image KV" in out
+
+
+def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, monkeypatch):
+    """`make evaluate`: two ranks' shards merge into exactly the one-process rows (so N processes settle the same
+    verdicts), the questions are disjoint from the design and notebook sets, and a missing or foreign shard is refused."""
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    def key(q):
+        return q.question, q.scene.uint8().tobytes()
+    qs = E.question_set(40)
+    assert not {key(q) for q in qs} & {key(q) for q in heldout_set(100, seed=7000) + heldout_set(150, seed=2024)}
+    one, two = tmp_path / "one", tmp_path / "two"
+    E.run_shard(4, 0, 1, one, peers=False, budgets=(0.1, 0.25), progress=False)
+    E.run_shard(4, 1, 2, two, peers=False, budgets=(0.1, 0.25), progress=False)
+    with pytest.raises(RuntimeError, match="a shard is missing"):
+        E.merge(two)
+    E.run_shard(4, 0, 2, two, peers=False, budgets=(0.1, 0.25), progress=False)
+    pd.testing.assert_frame_equal(E.merge(one), E.merge(two))
+    claims, controls = E.decide(E.merge(two))
+    assert list(claims.claim) == ["E1", "E2", "E3", "E4"] and set(controls.peer) == {"pooling", "key_coverage_features",
+                                                                                      "divprune_keys", "divprune"}
+    E.run_shard(4, 0, 1, two, peers=False, budgets=(0.1,), progress=False)  # a shard of another run
+    with pytest.raises(RuntimeError, match="different runs"):
+        E.merge(two)
