@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         claims, controls = decide(R)
         args.results.mkdir(parents=True, exist_ok=True)
         claims.assign(model=R.attrs["model"], processes=R.attrs["world"]).to_csv(args.results / "evaluate_eviction.csv", index=False)
-        controls.to_csv(args.results / "evaluate_controls.csv", index=False)
+        controls.assign(model=R.attrs["model"], n=R.attrs["n"]).to_csv(args.results / "evaluate_controls.csv", index=False)
         print(f"{R.attrs['n']} questions over {R.attrs['world']} process(es), slowest shard {R.attrs['seconds'] / 60:.1f} min")
         print(claims[["claim", "value", "lo", "hi", "n", "verdict", "shown"]].round(4).to_string(index=False))
         print(controls[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(4).to_string(index=False))

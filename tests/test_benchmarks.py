@@ -72,6 +72,20 @@ def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, 
     claims, controls = E.decide(E.merge(two))
     assert list(claims.claim) == ["E1", "E2", "E3", "E4"] and set(controls.peer) == {"pooling", "key_coverage_features",
                                                                                       "divprune_keys", "divprune"}
+    # the notebook reads the committed result only for the model it was run on, and says it decided the row
+    from unicache_lib.analysis import caching_claims as CC
+    from unicache_lib.scoreboard import Scoreboard
+
+    assert E.main(["--merge", "--out", str(two), "--results", str(tmp_path / "res")]) == 0
+    d = CC.decisive("tiny-llava", results=tmp_path / "res")
+    assert list(d.index) == ["E1", "E2", "E3", "E4"] and CC.decisive("tiny-mllama", results=tmp_path / "res") is None
+    assert CC.decisive("tiny-llava", "controls", results=tmp_path / "res").n.eq(4).all()
+    board = Scoreboard()
+    CC.declare(board, CC.EVICTION_RULES)
+    R = E.merge(one)
+    CC.measure_eviction(board, R, [0.1, 0.25], None, ["divprune"], decisive=d.drop(index="E3"))
+    assert board.rows["E1"].shown.startswith("decided by the decisive run") and board.rows["E1"].measured[""].value == d.loc["E1", "value"]
+    assert not board.rows["E3"].shown.startswith("decided")  # no decisive row: this run decides
     E.run_shard(4, 0, 1, two, peers=False, budgets=(0.1,), progress=False)  # a shard of another run
     with pytest.raises(RuntimeError, match="different runs"):
         E.merge(two)

@@ -13,12 +13,15 @@ Units resampled: questions (paired) for eviction, prompts for quality, timing ro
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from ..intervals import MIN_TIMING_REPEATS, Interval, mean_interval
 
 NEW, NEW_REUSE, MILD = "key_coverage", "step_skip", "step_skip (stride 2)"
+DECISIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # make evaluate's committed results
 PEERS = ("divprune", "fastv", "snapkv", "h2o", "streaming")  # the eviction peers beside every kvpress press
 ATTENTION_LEVEL = ("adaptive", "every_2", "static_last_third", "text_side")  # the study's attention-level schedules
 
@@ -56,35 +59,59 @@ def declare(board, rules: dict) -> None:
     board.declare(rules)
 
 
+def decisive(model_name: str, table: str = "eviction", results=None) -> pd.DataFrame | None:
+    """A committed decisive run (``make evaluate``: ``benchmarks/results/evaluate_<table>.csv``; ``eviction``: one row
+    per claim E1-E4, indexed by claim; ``controls``: :func:`controls_table` on its questions) when it was run on
+    ``model_name``; None otherwise (no such file, or another model)."""
+    path = Path(results or DECISIVE) / f"evaluate_{table}.csv"
+    if not path.exists():
+        return None
+    d = pd.read_csv(path)
+    if not len(d) or not (d.model == model_name).all():
+        return None
+    return d.set_index("claim") if table == "eviction" else d
+
+
 def measure_eviction(board, R: pd.DataFrame, budgets, u7: Interval | None, peer_methods: list[str],
-                     grid_note: str | None = None) -> None:
+                     grid_note: str | None = None, decisive: pd.DataFrame | None = None) -> None:
     """U7 and E1-E4 from the eviction rows ``R`` (:func:`~unicache_lib.kv.evaluate.run_eviction`). ``u7``: the paired
     interval of locality-shallow minus swapped (None with ``grid_note``, the reason: the family's image tokens form
-    no grid); ``peer_methods``: the peers E4 compares with."""
+    no grid); ``peer_methods``: the peers E4 compares with. ``decisive`` (:func:`decisive`): where it has a
+    claim, that claim is decided on the decisive run's interval and its row says so, with this run's beside it."""
     from ..kv.evaluate import against_peers, share_of_full, worst_peer_difference
 
     if u7 is None:
         board.measure("U7", None, note=grid_note or "not measured")
     else:
         board.measure("U7", u7, shown=f"vs swapped {100 * u7.value:+.1f} pt (mean over {len(budgets)} budgets)")
+
+    def record(cid, iv: Interval, shown: str = "") -> None:
+        if decisive is None or cid not in decisive.index:
+            return board.measure(cid, iv, shown=shown)
+        d = decisive.loc[cid]
+        board.measure(cid, Interval(float(d.value), float(d.lo), float(d.hi), int(d.n), str(d.unit)),
+                      shown=f"decided by the decisive run (make evaluate, {int(d.n)} new {d.unit}"
+                      + (f"; {d.shown}" if isinstance(d.shown, str) and d.shown else "") + f"); this run's {iv.n}: "
+                      f"{iv.value:.3f} [{iv.lo:.3f}, {iv.hi:.3f}]" + (f", {shown}" if shown else ""))
+
     full = R[R.method == "full"].correct
     for cid, b in (("E1", 0.25), ("E2", 0.1)):
         if b in budgets and full.any():
-            board.measure(cid, share_of_full(R, NEW, b), shown=f"{R[(R.method == NEW) & (R.budget == b)].correct.mean():.3f} "
-                          f"vs full {full.mean():.3f}")
+            record(cid, share_of_full(R, NEW, b), f"{R[(R.method == NEW) & (R.budget == b)].correct.mean():.3f} "
+                   f"vs full {full.mean():.3f}")
         else:
             board.measure(cid, None, note=f"budget {b} not in BUDGETS" if b not in budgets else "the full cache answers "
                           "nothing correctly, so a share of its accuracy is undefined")
     if 0.25 in budgets:
-        board.measure("E3", mean_interval(R[(R.method == NEW) & (R.budget == 0.25)].sort_values("question").kl, "questions"))
+        record("E3", mean_interval(R[(R.method == NEW) & (R.budget == 0.25)].sort_values("question").kl, "questions"))
     else:
         board.measure("E3", None, note="budget 0.25 not in BUDGETS")
     vs = against_peers(R, NEW, peer_methods)
     if len(vs):
         w = vs.loc[vs["diff"].idxmin()]
-        board.measure("E4", worst_peer_difference(R, NEW, peer_methods), shown=f"worst: {w.peer} at {w.budget:.0%} "
-                      f"({w['diff']:+.3f}); ahead in {(vs.verdict == 'ahead').sum()} of {len(vs)} cells, behind in "
-                      f"{(vs.verdict == 'behind').sum()}")
+        record("E4", worst_peer_difference(R, NEW, peer_methods), f"worst: {w.peer} at {w.budget:.0%} "
+               f"({w['diff']:+.3f}); ahead in {(vs.verdict == 'ahead').sum()} of {len(vs)} cells, behind in "
+               f"{(vs.verdict == 'behind').sum()}")
     else:
         board.measure("E4", None, note="no peer ran (PEERS=False and no peer policy)")
 
