@@ -118,13 +118,19 @@ def decide(R: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     CC.declare(board, CC.EVICTION_RULES)
     peers = [m for m in R.method.unique() if m.startswith("kvpress:") or m in CC.PEERS]
     CC.measure_eviction(board, R, sorted(R.budget.unique()), None, peers, grid_note="not part of the decisive run")
+    from unicache_lib.intervals import n_to_settle
+    from unicache_lib.scoreboard import INCONCLUSIVE
+
     rows = []
+    per_question = R.attrs.get("seconds", float("nan")) * R.attrs.get("world", 1) / max(R.attrs.get("n", 1), 1)
     for cid, row in board.rows.items():
         if cid == "U7":
             continue
-        m = row.measured[""]
+        m, crit = row.measured[""], row.criteria[""]
+        need = n_to_settle(m.interval(), crit.nearest_threshold(m.value)) if row.verdict == INCONCLUSIVE else float("nan")
         rows.append({"claim": cid, "value": m.value, "lo": m.lo, "hi": m.hi, "n": m.n, "unit": m.unit,
-                     "rule": str(row.criteria[""]), "verdict": row.verdict, "shown": row.shown or ""})
+                     "rule": str(crit), "verdict": row.verdict, "shown": row.shown or "",
+                     "n_to_settle": need, "cpu_hours_to_settle": need * per_question / 3600})
     return pd.DataFrame(rows), CC.controls_table(R)
 
 
@@ -144,7 +150,7 @@ def main(argv=None) -> int:
         claims.assign(model=R.attrs["model"], processes=R.attrs["world"]).to_csv(args.results / "evaluate_eviction.csv", index=False)
         controls.assign(model=R.attrs["model"], n=R.attrs["n"]).to_csv(args.results / "evaluate_controls.csv", index=False)
         print(f"{R.attrs['n']} questions over {R.attrs['world']} process(es), slowest shard {R.attrs['seconds'] / 60:.1f} min")
-        print(claims[["claim", "value", "lo", "hi", "n", "verdict", "shown"]].round(4).to_string(index=False))
+        print(claims[["claim", "value", "lo", "hi", "n", "verdict", "n_to_settle", "cpu_hours_to_settle"]].round(4).to_string(index=False))
         print(controls[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(4).to_string(index=False))
         return 0
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
