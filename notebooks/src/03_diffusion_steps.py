@@ -60,6 +60,11 @@ OUT_DIR = "outputs/03_diffusion_steps"
 SAMPLE_SEED = 2024            # standard set behind the understanding store for G7, 2024 is the shipped set
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import numpy as np
 import pandas as pd
 import torch

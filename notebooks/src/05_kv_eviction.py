@@ -62,6 +62,11 @@ SEED = 0
 OUT_DIR = "outputs/05_kv_eviction"
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import inspect
 
 import matplotlib.pyplot as plt

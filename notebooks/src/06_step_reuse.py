@@ -57,6 +57,11 @@ SEED = 0
 OUT_DIR = "outputs/06_step_reuse"
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
