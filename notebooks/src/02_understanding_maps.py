@@ -281,11 +281,11 @@ print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccar
 # **Reading the anchor tables.** The Jaccard matrix: the diagonal is 1; healthy persistence is off-diagonal
 # values well above chance. Here the means are 0.23–0.45 against a chance of 0.05 (the text keeps reading some of
 # the same positions through the layers, though most of the set changes), but U3 (a) asks for more than 3x chance
-# (0.148) between layers 0 and 1, and that pair's 95% interval over samples, [0.144, 0.336], still reaches below
+# (0.148) between layers 0 and 1, and that pair's 95% interval over samples, [0.142, 0.354], still reaches below
 # the bar: persistence across layers is *not yet shown* on 20 samples (scoreboard: U3 inconclusive). The stability
 # table compares anchor sets of pictures of the same scene type (`within`) and of different types (`across`):
 # within exceeds across in layers 0, 2 and 3 on average (not in layer 1), but U3 (b)'s interval for within minus
-# across, [−0.025, 0.150], includes 0: that anchors follow the layout of a scene type is not yet shown either.
+# across, [−0.038, 0.157], includes 0: that anchors follow the layout of a scene type is not yet shown either.
 # The placement table is the clearest result: anchors sit on object patches 3.5–5x more often than random
 # patches would (object vs object_chance), and almost never on background in the deep layers. The last cell is the
 # [sink](../docs/GLOSSARY.md#sink) test: the first 3 positions (before the image) take more of the text's
@@ -519,7 +519,7 @@ board.show()
 # **Reading the scoreboard.** Each verdict above is what the shipped model does, not what the study says.
 # A claim that does not hold on a 4-layer model trained on coloured shapes is a finding about that model;
 # run the notebook on a real checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU and `PER_TYPE = 4`)
-# to see whether it holds there. [Inconclusive](../docs/GLOSSARY.md#inconclusive) means 20 samples cannot tell at
+# to see whether it holds there. [Inconclusive](../docs/GLOSSARY.md#inconclusive) means the samples measured cannot tell at
 # that threshold: the note says roughly how many would (`PER_TYPE` scales the set; `SAMPLE_SEED` draws another one to
 # check a verdict). Each verdict is decided on a [95% interval](../docs/GLOSSARY.md#interval) over the
 # samples; the [verdicts](../docs/GLOSSARY.md#verdicts) are defined in the glossary.
@@ -617,7 +617,7 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 #    table and the U-claims' values with this run's. *Expected on the stand-in:* every verdict reads "not meaningful
 #    (random weights)"; a random-weight language model's rows are uniform (normalised entropy 1.00 in every band,
 #    against 0.67 → 0.84 here), no head is focused, and its anchors sit on objects no more than chance (U4 (a) under
-#    1, against ~4x here) — the pattern of an untrained model, against which a real checkpoint's numbers are read.
+#    1, against ~4.6x here) — the pattern of an untrained model, against which a real checkpoint's numbers are read.
 
 # %%
 # Exercise 1 starter: anchors at another k
