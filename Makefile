@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
 run test notebooks: export UNICACHE_PROGRESS = 0
 
-.PHONY: setup run test test-fast notebooks docs lab benchmark replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
+.PHONY: setup run test test-fast notebooks docs lab benchmark evaluate replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 ## setup: create .venv (torch pinned first, then the project with its dev extra) and the python3 kernel; runs
 ##        again only when pyproject.toml changed (every other target depends on it)
@@ -105,6 +105,16 @@ rehearsal-gen: setup
 ##            decode-step time / KV bytes at 25% and 10% of the image KV; on a CPU machine it says so and exits 0
 gpu-rehearsal: setup
 	$(BIN)/python benchmarks/gpu_rehearsal.py
+
+## evaluate: the decisive runs of notebook 05's eviction targets (E1-E4) and controls on 2,700 new held-out questions,
+##           NPROC processes (default 2; torchrun, one shard per rank) then the merge -> benchmarks/results/evaluate_*.csv
+##           (about 35 minutes on 2 CPU cores; not part of CI). QUESTIONS=... for another size.
+NPROC ?= 2
+QUESTIONS ?= 2700
+evaluate: setup
+	rm -f outputs/evaluate/rows-rank*
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) benchmarks/evaluate.py --questions $(QUESTIONS)
+	$(BIN)/python benchmarks/evaluate.py --merge
 
 ## replicate: notebooks 02-07 on two further sample / question / prompt seeds with full parameters (hours on a
 ##            CPU; not part of CI) -> data/replicate/verdicts.csv and the replication table in docs/VERDICTS.md.

@@ -59,3 +59,48 @@ def test_store_scale_runs_small_and_times_the_write_path():
     report = "\n".join(text)
     for check in ("write at 200 / write at 40", "open, 200 records", "one-sample read, 200 records"):
         assert check in report and "(target <=" in report.split(check)[1].splitlines()[0]
+
+
+def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, monkeypatch):
+    """`make evaluate`: two ranks' shards merge into exactly the one-process rows (so N processes settle the same
+    verdicts), the questions are disjoint from the design and notebook sets, and a missing or foreign shard is refused."""
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    def key(q):
+        return q.question, q.scene.uint8().tobytes()
+    qs = E.question_set(40)
+    assert not {key(q) for q in qs} & {key(q) for q in heldout_set(100, seed=7000) + heldout_set(150, seed=2024)}
+    one, two = tmp_path / "one", tmp_path / "two"
+    E.run_shard(4, 0, 1, one, peers=False, budgets=(0.1, 0.25), progress=False)
+    E.run_shard(4, 1, 2, two, peers=False, budgets=(0.1, 0.25), progress=False)
+    with pytest.raises(RuntimeError, match="a shard is missing"):
+        E.merge(two)
+    E.run_shard(4, 0, 2, two, peers=False, budgets=(0.1, 0.25), progress=False)
+    pd.testing.assert_frame_equal(E.merge(one), E.merge(two))
+    claims, controls = E.decide(E.merge(two))
+    assert list(claims.claim) == ["E1", "E2", "E3", "E4"] and set(controls.peer) == {"pooling", "key_coverage_features",
+                                                                                      "divprune_keys", "divprune"}
+    # the notebook reads the committed result only for the model it was run on, and says it decided the row
+    from unicache_lib.analysis import caching_claims as CC
+    from unicache_lib.scoreboard import Scoreboard
+
+    assert E.main(["--merge", "--out", str(two), "--results", str(tmp_path / "res")]) == 0
+    d = CC.decisive("tiny-llava", results=tmp_path / "res")
+    assert list(d.index) == ["E1", "E2", "E3", "E4"] and CC.decisive("tiny-mllama", results=tmp_path / "res") is None
+    assert CC.decisive("tiny-llava", "controls", results=tmp_path / "res").n.eq(4).all()
+    board = Scoreboard()
+    CC.declare(board, CC.EVICTION_RULES)
+    R = E.merge(one)
+    CC.measure_eviction(board, R, [0.1, 0.25], None, ["divprune"], decisive=d.drop(index="E3"))
+    assert board.rows["E1"].shown.startswith("decided by the decisive run") and board.rows["E1"].measured[""].value == d.loc["E1", "value"]
+    assert not board.rows["E3"].shown.startswith("decided")  # no decisive row: this run decides
+    E.run_shard(4, 0, 1, two, peers=False, budgets=(0.1,), progress=False)  # a shard of another run
+    with pytest.raises(RuntimeError, match="different runs"):
+        E.merge(two)

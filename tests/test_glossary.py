@@ -57,7 +57,7 @@ def test_every_glossary_link_resolves():
 def test_the_terms_the_notebooks_rely_on_are_defined():
     need = {"jaccard", "anchors", "sink", "gini", "depth-bands", "knee", "phase", "redundancy", "cfg", "psnr-and-ssim",
             "h2o", "snapkv", "fastv", "kvpress-presses", "streamingllm", "normalised-entropy", "read-frequency", "selectivity",
-            "cross-modal-share", "head-roles", "kv-cache", "eviction", "reuse", "stand-in", "bootstrap-interval",
+            "cross-modal-share", "head-roles", "kv-cache", "eviction", "reuse", "stand-in", "interval",
             "inconclusive", "modality-blocks", "image-share", "streamingllm", "divprune", "oracle", "pareto", "kl"}
     assert need <= anchors(), f"missing from docs/GLOSSARY.md: {sorted(need - anchors())}"
     text = re.sub(r"\s+", " ", GLOSSARY.read_text())  # phrases may wrap across lines

@@ -70,6 +70,9 @@ def _prefill_stage_contract(model, sp, pre, pol, budget):
         h.remove()
     (pp, reduced, keep), (_, _, keep2) = runs
     assert torch.equal(keep, keep2)  # deterministic
+    if not pol.exact_budget:  # a merge (pooling) keeps as many tokens as its coarser grid has, never more than k
+        k = len(set(keep.tolist()) & set(sp.image_positions.tolist()))
+        assert 0 < k <= ctx.k(budget)
     assert seen == [C - n_img + k] * 2  # the prefill ran on the kept tokens only: the work saved, counted
     assert len(set(keep.tolist()) & set(sp.image_positions.tolist())) == k
     assert set(range(C)) - set(sp.image_positions.tolist()) <= set(keep.tolist())
@@ -303,3 +306,58 @@ def test_per_question_accuracy_averages_over_budgets():
     assert a.shape == (3,) and a[0] == pytest.approx(2 / 3) and a[1] == pytest.approx(1 / 3)  # sorted by question
     with pytest.raises(KeyError, match="run it in run_eviction"):
         per_question_accuracy(t, "absent")
+
+
+def test_pooling_feeds_the_average_of_each_window(setup):
+    """The pooling control hands the language model, at each window's centre patch, the mean of the window's
+    projected features (adaptive_avg_pool2d over the image grid), and nothing else of the image."""
+    import math
+
+    import torch.nn.functional as F
+
+    from unicache_lib.kv.cache import prefill_pruned
+    from unicache_lib.kv.policies.pooling import pooled_grid
+
+    model, proc, sp, pre, _ = setup
+    ctx = pre.context(seed=3)
+    side = math.isqrt(len(ctx.grid))
+    got, full = {}, {}
+    layer0 = model.model.language_model.layers[0]  # its input is the (pruned) embeddings, after the pruning hook
+    h = layer0.register_forward_pre_hook(lambda m, a: [got.setdefault("emb", a[0].clone()), None][1])
+    try:
+        prefill_pruned(model, sp, POLICIES["pooling"]().token_picker(ctx, 0.25), renumber=False)
+    finally:
+        h.remove()
+    h = layer0.register_forward_pre_hook(lambda m, a: [full.setdefault("emb", a[0].clone()), None][1])
+    try:
+        prefill(model, sp, attentions=False)
+    finally:
+        h.remove()
+    img = sp.image_positions
+    feats = full["emb"][0, img][ctx.grid].float()  # [side * side, D]
+    a, b = pooled_grid(side, ctx.k(0.25))
+    assert (a, b) == (side // 2, side // 2)  # 25% of a square grid is 2 x 2 pooling
+    want = F.adaptive_avg_pool2d(feats.T.reshape(1, -1, side, side), (a, b))[0].reshape(feats.shape[1], -1).T
+    C = sp.context_ids.shape[1]
+    assert got["emb"].shape[1] == C - len(img) + a * b
+    pooled = got["emb"][0, int(img[0]):int(img[0]) + a * b].float()  # the kept image tokens, in grid order
+    torch.testing.assert_close(pooled, want.to(pooled.dtype).float(), rtol=0, atol=1e-6)
+
+
+def test_ablations_swap_one_part_of_the_design(setup):
+    """divprune_keys runs DivPrune's rule on each layer's cached keys; key_coverage_features runs key_coverage's
+    k-center on the projected features before the prefill, from the largest-norm one."""
+    from unicache_lib.kv.policies.divprune import max_min_diverse
+    from unicache_lib.kv.policies.key_coverage import farthest_point
+
+    model, proc, sp, pre, _ = setup
+    ctx = pre.context(seed=3)
+    k = ctx.k(0.25)
+    chosen = POLICIES["divprune_keys"]().choose(ctx, k)
+    keys, _ = ctx.image_kv(1)
+    assert chosen[1] == max_min_diverse(keys.permute(1, 0, 2).reshape(ctx.n_image, -1), k)
+    assert len({tuple(c) for c in chosen}) > 1  # each layer chooses for itself
+    x = torch.randn(30, 8)
+    from dataclasses import replace
+    got = POLICIES["key_coverage_features"]().choose(replace(ctx, features=x), 5)[0]
+    assert got == farthest_point(x, 5, int(x.norm(dim=1).argmax())) and got[0] == int(x.norm(dim=1).argmax())

@@ -225,3 +225,36 @@ def test_step_skip_through_the_pipeline(folders, kind):
     assert ran[0] == rc.forward_computed == sum(pol.schedule(n)) < n == rc.forward_calls
     assert x.shape == (len(PROMPTS), 3, gen.image_size, gen.image_size) and x.isfinite().all()
     assert getattr(gen.transformer.forward, "__func__", None) is type(gen.transformer).forward
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_step_skip_as_a_diffusers_hook(folders, kind):
+    """apply_step_skip in the pipeline's own HookRegistry makes the same transformer calls and the same images
+    as ReuseCache with step_skip (torch.equal where the transformer gets the scheduler's timesteps; Flux gets
+    t / 1000, equal to float rounding), resets between pipeline calls, and comes off cleanly."""
+    from diffusers.hooks import HookRegistry
+
+    from unicache_lib.reuse import ReuseCache
+    from unicache_lib.reuse.diffusers_hook import StepSkipConfig, apply_step_skip, remove_step_skip
+    from unicache_lib.reuse.policies.step_skip import StepSkip
+
+    gen, n = load_generator(folders[kind]), 6
+    with ReuseCache(gen, StepSkip(), n) as rc:
+        ref = sample(gen, PROMPTS, n, 3.0, seed=SEEDS, callbacks=[rc])
+    hook = apply_step_skip(gen.transformer, StepSkipConfig(num_inference_steps=n))
+    try:
+        with pytest.raises(ValueError, match="already applied"):
+            apply_step_skip(gen.transformer, StepSkipConfig(num_inference_steps=n))
+        runs = [sample(gen, PROMPTS, n, 3.0, seed=SEEDS) for _ in range(2)]  # state reset between pipeline calls
+        assert hook.calls == 2 * rc.forward_calls and hook.computed == 2 * rc.forward_computed < hook.calls
+        with pytest.raises(ValueError, match="num_inference_steps=6"):
+            sample(gen, PROMPTS, n + 2, 3.0, seed=SEEDS)
+    finally:
+        assert remove_step_skip(gen.transformer)
+    assert torch.equal(runs[0], runs[1])
+    if EXPECTED[kind][0] == "flux":
+        torch.testing.assert_close(runs[0], ref, rtol=0, atol=1e-5)
+    else:
+        assert torch.equal(runs[0], ref)
+    assert HookRegistry.check_if_exists_or_initialize(gen.transformer).get_hook("step_skip") is None
+    assert not remove_step_skip(gen.transformer)

@@ -422,3 +422,42 @@ def test_gallery_leaves_out_a_cache_the_model_cannot_run(gen):
         G = gallery(gen, methods, "a red circle on the left", steps=4)
     assert list(G) == ["none", "step_skip"] and G["none"]["psnr"] == 100.0
     assert G["none"]["schedule"] == [True] * 4 and G["step_skip"]["schedule"] == REUSE_POLICIES["step_skip"]().schedule(4)
+
+
+def test_step_skip_hook_matches_reuse_cache_on_the_library_sampler(gen):
+    """The diffusers hook on a tiny generator sampled by the library loop: the images of ReuseCache + step_skip
+    (torch.equal) with the same transformer calls, twice in a row (a new run is told by its rising timestep)."""
+    from unicache_lib.reuse.diffusers_hook import StepSkipConfig, apply_step_skip, remove_step_skip
+
+    with ReuseCache(gen.transformer, StepSkip(), 20) as rc:
+        ref = sample(gen, PROMPTS, 20, seed=0, callbacks=[rc])
+    hook = apply_step_skip(gen.transformer, StepSkipConfig(num_inference_steps=20))
+    try:
+        runs = [sample(gen, PROMPTS, 20, seed=0) for _ in range(2)]
+    finally:
+        remove_step_skip(gen.transformer)
+    assert torch.equal(runs[0], ref) and torch.equal(runs[1], ref)
+    assert hook.computed == 2 * rc.forward_computed == 2 * 9 and hook.calls == 2 * 20
+    assert StepSkipConfig(20).schedule() == "CC.C..C..C..C..C..CC"
+
+
+def test_calibrate_step_skip_picks_from_its_grid(gen):
+    from unicache_lib.reuse.diffusers_hook import calibrate_step_skip
+    from unicache_lib.zoo.sampling import to_uint8
+
+    cfg, rows = calibrate_step_skip(lambda: to_uint8(sample(gen, PROMPTS, 8, seed=0)), to_uint8(gen.ref), 8,
+                                    gen.transformer, strides=(2, 3), weights=(0.0, 0.5))
+    assert len(rows) == 4 and {(r["stride"], r["weight"]) for r in rows} == {(2, 0.0), (2, 0.5), (3, 0.0), (3, 0.5)}
+    best = max(r["psnr"] for r in rows)
+    chosen = next(r for r in rows if (r["stride"], r["weight"]) == (cfg.stride, cfg.weight))
+    assert chosen["psnr"] >= best - 1.0 and all(0 < r["computed"] < 1 for r in rows)
+    assert cfg.num_inference_steps == 8
+
+
+def test_step_skip_hook_refuses_a_module_without_timestep():
+    from unicache_lib.reuse.diffusers_hook import StepSkipConfig, apply_step_skip
+
+    with pytest.raises(ValueError, match="takes no `timestep`"):
+        apply_step_skip(torch.nn.Linear(2, 2), StepSkipConfig(num_inference_steps=4))
+    with pytest.raises(ValueError, match="num_inference_steps must be >= 1"):
+        StepSkipConfig(num_inference_steps=0)

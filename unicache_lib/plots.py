@@ -541,6 +541,7 @@ METHOD_COLOURS = {
     "full": "black", "none": "black", "random": "#7f7f7f", "oracle": "#17becf", "steps": "#555555",
     "divprune": "#1f77b4", "h2o": "#ff7f0e", "snapkv": "#2ca02c", "fastv": "#9467bd", "streaming": "#8c564b",
     "unicache": "#e377c2", "unicache_swapped": "#f7b6d2",
+    "pooling": "#8c6d31", "divprune_keys": "#9ecae1", "key_coverage_features": "#fc9272",  # control and ablations
     "kvpress:expected_attention": "#bcbd22", "kvpress:observed_attention": "#dbdb8d", "kvpress:snapkv": "#98df8a",
     "kvpress:tova": "#c5b0d5", "kvpress:knorm": "#c49c94", "kvpress:streaming": "#c7c7c7",
     "diffusers:pab": "#aec7e8", "diffusers:fastercache": "#ffbb78", "diffusers:first_block": "#1f77b4",
@@ -568,7 +569,7 @@ def method_style(name: str) -> dict:
     else:
         strong = [c for i, c in enumerate(_plt().get_cmap("tab10").colors) if i != 7]  # no grey: grey is the controls'
         colour = strong[zlib.crc32(key.encode()) % len(strong)]
-    designed = any(base.startswith(d) for d in DESIGNED)
+    designed = base.split(" (")[0] in DESIGNED  # step_skip (stride 2) too, not the ablation key_coverage_features
     return {"color": colour, "marker": "*" if designed else MARKERS[zlib.crc32(key.encode()) % len(MARKERS)],
             "lw": 2.5 if designed else 1.2}
 

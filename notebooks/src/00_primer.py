@@ -32,6 +32,11 @@ SEED = 0
 OUT_DIR = "outputs/00_primer"
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import matplotlib.pyplot as plt
 import numpy as np
 import torch

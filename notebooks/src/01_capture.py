@@ -37,6 +37,11 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import json
 
 import numpy as np
@@ -292,7 +297,7 @@ for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa
 # %% [markdown]
 # ## 7. The method claims, measured
 #
-# Every verdict is decided on a 95% [bootstrap interval](../docs/GLOSSARY.md#bootstrap-interval) over the samples (2,000 resamples, fixed seed):
+# Every verdict is decided on a 95% [interval](../docs/GLOSSARY.md#interval) over the samples:
 # "holds" only if the whole interval clears the threshold, "does not hold" only if it lies wholly on the
 # other side, otherwise "[inconclusive](../docs/GLOSSARY.md#inconclusive)" with a rough number of samples that would settle it. The rules are
 # fixed here, before any number below is computed.

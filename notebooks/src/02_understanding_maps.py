@@ -54,6 +54,11 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import numpy as np
 import pandas as pd
 import torch
@@ -466,7 +471,7 @@ _ = plots.save(fig, out, "explorer_static")
 # ## 11. Claims scoreboard
 #
 # Rules first (fixed before any number below is computed), then the measurements. Every number is decided
-# on its 95% bootstrap interval over the samples (the object questions of section 6 and the captions of
+# on its 95% interval over the samples (the object questions of section 6 and the captions of
 # section 8 are resampled by their sample too): "holds" only if the whole interval clears the threshold,
 # "does not hold" only if it lies wholly on the other side, else "inconclusive" with a rough n that would
 # settle it. A rule with criteria (a), (b) decides each on its own interval; "partly" means some hold and
@@ -498,7 +503,7 @@ board.rule("U13", "(a) shallow-band cross-modal share within [0.2, 0.5], (b) sha
 
 # %%
 # NBVAL_CHECK_OUTPUT
-# each group's statistics and bootstrap intervals over samples: unicache_lib/analysis/understanding_claims.py
+# each group's statistics and 95% intervals over samples: unicache_lib/analysis/understanding_claims.py
 UC.measure_depth_claims(board, L, H, bands, CROSS)  # U1, U2a, U2b, U8, U9, U13
 UC.measure_anchor_claims(board, L, img_reads, AS, bands, scene_of, placement, sink, anchor_mass,  # U3, U4
                          [r.sample for r in recs], TOP_K, CROSS, family.name)
@@ -516,7 +521,7 @@ board.show()
 # run the notebook on a real checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU and `PER_TYPE = 4`)
 # to see whether it holds there. [Inconclusive](../docs/GLOSSARY.md#inconclusive) means 20 samples cannot tell at
 # that threshold: the note says roughly how many would (`PER_TYPE` scales the set; `SAMPLE_SEED` draws another one to
-# check a verdict). Each verdict is decided on a [bootstrap interval](../docs/GLOSSARY.md#bootstrap-interval) over the
+# check a verdict). Each verdict is decided on a [95% interval](../docs/GLOSSARY.md#interval) over the
 # samples; the [verdicts](../docs/GLOSSARY.md#verdicts) are defined in the glossary.
 #
 # ## What this notebook showed on the shipped model

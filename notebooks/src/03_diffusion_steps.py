@@ -60,6 +60,11 @@ OUT_DIR = "outputs/03_diffusion_steps"
 SAMPLE_SEED = 2024            # standard set behind the understanding store for G7, 2024 is the shipped set
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import numpy as np
 import pandas as pd
 import torch
@@ -605,7 +610,7 @@ explorer
 #
 # Rules first (each written before the numbers above were looked at), then the measurements. A claim about
 # "generation models" must hold on both generators, so each statistic is the *weaker* model's (the
-# minimum over models). Every number is decided on its 95% bootstrap interval over prompts (the same
+# minimum over models). Every number is decided on its 95% interval over prompts (the same
 # prompts drive both models, so a resample keeps them paired): "holds" only if the whole interval clears
 # the threshold, "does not hold" only if it lies wholly on the other side, else "inconclusive" with a rough
 # n that would settle it; with criteria (a), (b), ... each is decided on its own interval, and "partly"

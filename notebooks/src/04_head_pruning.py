@@ -60,6 +60,11 @@ OUT_DIR = "outputs/04_head_pruning"
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import copy
 
 import numpy as np
@@ -364,7 +369,7 @@ if TIMING_REPEATS >= 2:
 # ## 6. Claims scoreboard
 #
 # Accuracy differences are paired over the `N_QUESTIONS` questions (the same questions under both settings),
-# with a 95% bootstrap interval over questions; the deeper layers' entropy change is resampled over the
+# with a 95% interval over questions; the deeper layers' entropy change is resampled over the
 # standard samples. "holds" only if the whole interval clears the threshold, "does not hold" only if it lies
 # wholly on the other side, else "inconclusive" with a rough n that would settle it; "partly": some criteria
 # hold and the others do not.

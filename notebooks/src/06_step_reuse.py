@@ -57,6 +57,11 @@ SEED = 0
 OUT_DIR = "outputs/06_step_reuse"
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -133,7 +138,7 @@ for g, gen in gens.items():
 # batch — the conditional and unconditional branches run as one batch of twice the prompts, and FasterCache skips
 # the unconditional half — counts half), and speed-up is the median over `REPEATS` interleaved
 # rounds (every method once per round, in a shuffled order) of the no-reuse time divided by the method's time
-# in the same round, for a `TIMING_PROMPTS`-prompt batch, with a 95% bootstrap interval over the rounds.
+# in the same round, for a `TIMING_PROMPTS`-prompt batch, with a 95% interval over the rounds.
 # `flops` counts what the *whole* transformer executed (MLPs, projections and attention, every layer) relative
 # to no reuse — attention is under half of a step here, so `computed` alone flatters attention-only reuse.
 # MagCache is calibrated on 4 held-out prompts, not on the ones it is scored on.
@@ -304,7 +309,7 @@ for g, a in shares.items():
 # %% [markdown]
 # ## 5. Claims scoreboard
 #
-# G3 and G8's quality on SSIM per prompt (95% bootstrap interval over prompts), the speed criteria on the timing
+# G3 and G8's quality on SSIM per prompt (95% interval over prompts), the speed criteria on the timing
 # interval of §2 (at least 10 shuffled interleaved rounds), R2 and R3 paired over prompts. "holds" only if the whole
 # interval clears the threshold, "does not hold" only if it lies wholly on the other side, else "inconclusive" with
 # a rough n that would settle it; "partly": some criteria hold and the others do not. The rules are data

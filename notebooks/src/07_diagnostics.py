@@ -43,6 +43,11 @@ OUT_DIR = "outputs/07_diagnostics"
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 from pathlib import Path
 
 import matplotlib.pyplot as plt

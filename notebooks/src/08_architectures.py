@@ -52,6 +52,11 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 
 # %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
+# %%
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -117,7 +122,7 @@ NAME = {**ROLES, **GEN_ROLES}
 print(f"{len(models)} understanding-side models, {len(gens)} generators; {len(samples)} standard samples")
 
 # %% [markdown]
-# **The rules, before any number.** Each claim is decided on a 95% bootstrap interval over the stated unit (samples,
+# **The rules, before any number.** Each claim is decided on a 95% interval over the stated unit (samples,
 # questions, captions or images): "holds" only if the whole interval clears the threshold, "does not hold" only if
 # it lies wholly on the other side, else "inconclusive". A rule with criteria (a), (b), ... decides each on its own
 # interval; "partly" means some hold and the others do not. A model left out (`None`) makes its claims "not

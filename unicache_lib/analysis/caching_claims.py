@@ -13,12 +13,15 @@ Units resampled: questions (paired) for eviction, prompts for quality, timing ro
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from ..intervals import MIN_TIMING_REPEATS, Interval, mean_interval
 
 NEW, NEW_REUSE, MILD = "key_coverage", "step_skip", "step_skip (stride 2)"
+DECISIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # make evaluate's committed results
 PEERS = ("divprune", "fastv", "snapkv", "h2o", "streaming")  # the eviction peers beside every kvpress press
 ATTENTION_LEVEL = ("adaptive", "every_2", "static_last_third", "text_side")  # the study's attention-level schedules
 
@@ -56,35 +59,59 @@ def declare(board, rules: dict) -> None:
     board.declare(rules)
 
 
+def decisive(model_name: str, table: str = "eviction", results=None) -> pd.DataFrame | None:
+    """A committed decisive run (``make evaluate``: ``benchmarks/results/evaluate_<table>.csv``; ``eviction``: one row
+    per claim E1-E4, indexed by claim; ``controls``: :func:`controls_table` on its questions) when it was run on
+    ``model_name``; None otherwise (no such file, or another model)."""
+    path = Path(results or DECISIVE) / f"evaluate_{table}.csv"
+    if not path.exists():
+        return None
+    d = pd.read_csv(path)
+    if not len(d) or not (d.model == model_name).all():
+        return None
+    return d.set_index("claim") if table == "eviction" else d
+
+
 def measure_eviction(board, R: pd.DataFrame, budgets, u7: Interval | None, peer_methods: list[str],
-                     grid_note: str | None = None) -> None:
+                     grid_note: str | None = None, decisive: pd.DataFrame | None = None) -> None:
     """U7 and E1-E4 from the eviction rows ``R`` (:func:`~unicache_lib.kv.evaluate.run_eviction`). ``u7``: the paired
     interval of locality-shallow minus swapped (None with ``grid_note``, the reason: the family's image tokens form
-    no grid); ``peer_methods``: the peers E4 compares with."""
+    no grid); ``peer_methods``: the peers E4 compares with. ``decisive`` (:func:`decisive`): where it has a
+    claim, that claim is decided on the decisive run's interval and its row says so, with this run's beside it."""
     from ..kv.evaluate import against_peers, share_of_full, worst_peer_difference
 
     if u7 is None:
         board.measure("U7", None, note=grid_note or "not measured")
     else:
         board.measure("U7", u7, shown=f"vs swapped {100 * u7.value:+.1f} pt (mean over {len(budgets)} budgets)")
+
+    def record(cid, iv: Interval, shown: str = "") -> None:
+        if decisive is None or cid not in decisive.index:
+            return board.measure(cid, iv, shown=shown)
+        d = decisive.loc[cid]
+        board.measure(cid, Interval(float(d.value), float(d.lo), float(d.hi), int(d.n), str(d.unit)),
+                      shown=f"decided by the decisive run (make evaluate, {int(d.n)} new {d.unit}"
+                      + (f"; {d.shown}" if isinstance(d.shown, str) and d.shown else "") + f"); this run's {iv.n}: "
+                      f"{iv.value:.3f} [{iv.lo:.3f}, {iv.hi:.3f}]" + (f", {shown}" if shown else ""))
+
     full = R[R.method == "full"].correct
     for cid, b in (("E1", 0.25), ("E2", 0.1)):
         if b in budgets and full.any():
-            board.measure(cid, share_of_full(R, NEW, b), shown=f"{R[(R.method == NEW) & (R.budget == b)].correct.mean():.3f} "
-                          f"vs full {full.mean():.3f}")
+            record(cid, share_of_full(R, NEW, b), f"{R[(R.method == NEW) & (R.budget == b)].correct.mean():.3f} "
+                   f"vs full {full.mean():.3f}")
         else:
             board.measure(cid, None, note=f"budget {b} not in BUDGETS" if b not in budgets else "the full cache answers "
                           "nothing correctly, so a share of its accuracy is undefined")
     if 0.25 in budgets:
-        board.measure("E3", mean_interval(R[(R.method == NEW) & (R.budget == 0.25)].sort_values("question").kl, "questions"))
+        record("E3", mean_interval(R[(R.method == NEW) & (R.budget == 0.25)].sort_values("question").kl, "questions"))
     else:
         board.measure("E3", None, note="budget 0.25 not in BUDGETS")
     vs = against_peers(R, NEW, peer_methods)
     if len(vs):
         w = vs.loc[vs["diff"].idxmin()]
-        board.measure("E4", worst_peer_difference(R, NEW, peer_methods), shown=f"worst: {w.peer} at {w.budget:.0%} "
-                      f"({w['diff']:+.3f}); ahead in {(vs.verdict == 'ahead').sum()} of {len(vs)} cells, behind in "
-                      f"{(vs.verdict == 'behind').sum()}")
+        record("E4", worst_peer_difference(R, NEW, peer_methods), f"worst: {w.peer} at {w.budget:.0%} "
+               f"({w['diff']:+.3f}); ahead in {(vs.verdict == 'ahead').sum()} of {len(vs)} cells, behind in "
+               f"{(vs.verdict == 'behind').sum()}")
     else:
         board.measure("E4", None, note="no peer ran (PEERS=False and no peer policy)")
 
@@ -160,6 +187,22 @@ def measure_reuse(board, RU: dict, CT: dict, pareto: dict, families: dict, repea
                   f"{t.computed:.0%} of attention computed")
 
 
+CONTROLS = {"pooling": "the control: average-pooled image features",
+            "key_coverage_features": "place: the same cover, on the features before the prefill",
+            "divprune_keys": "rule: DivPrune's max-min, on the same cached keys",
+            "divprune": "both: DivPrune's rule on the features (the peer)"}
+
+
+def controls_table(R: pd.DataFrame) -> pd.DataFrame:
+    """``key_coverage`` against the pooling control and the two ablations (:data:`CONTROLS`), per budget: paired
+    accuracy differences over questions with their interval (:func:`~unicache_lib.kv.evaluate.against_peers`) and
+    what each comparison isolates."""
+    from ..kv.evaluate import against_peers
+
+    t = against_peers(R, NEW, [m for m in CONTROLS if m in set(R.method)])
+    return t.assign(isolates=t.peer.map(CONTROLS)) if len(t) else t
+
+
 def accuracy_table(S: pd.DataFrame) -> pd.DataFrame:
     """Accuracy per method (rows, workbench policies and kvpress presses together) and budget (columns), from
     :func:`~unicache_lib.kv.evaluate.summary`."""
@@ -198,6 +241,9 @@ def eviction_recap(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho:
             f"{b:.0%}: " + (f"all {len(v)}" if len(v) == k else f"{len(v)} of {k}" + (f" ({', '.join(v)})" if v else ""))
             for b, v in br.items()) or "no random row")
         + (f"; U7's band split: {100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]." if u7 else "."),
+        "Controls: " + "; ".join(f"{b:.0%}: pooling {_at(acc, 'pooling', b):.3f}, cover on features before the prefill "
+                                 f"{_at(acc, 'key_coverage_features', b):.3f}, DivPrune's rule on the keys "
+                                 f"{_at(acc, 'divprune_keys', b):.3f}" for b in budgets) + ".",
         f"The simulation (retained attention) ranks policies with rho {rho:.2f}; decide on real answers.",
         "Verdicts: " + ", ".join(f"{c} {r.verdict}" for c, r in board.rows.items())]
     return lines
@@ -221,6 +267,20 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                         if {best, second} == {NEW, "divprune"} else "")
                      + (f"; score-based H2O is {100 * (cand[best] - cand['h2o']):.0f} pt behind" if "h2o" in cand else ""),
                      "where": "§2-§3: UNDERSTANDING_MODEL, BUDGETS, N_EVICTION"})
+    if "pooling" in acc.index:
+        rows.append({"measurement": f"{NEW} minus the pooling control, per budget",
+                     "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, 'pooling', b)):+.1f} pt" for b in budgets),
+                     "what it suggests on your model": "where pooling ties the designed policy, pool: it is simpler and "
+                     "prefills fewer tokens; a selection method earns its place only where it beats pooling",
+                     "where": "§3 (controls), POLICIES['pooling']"})
+    if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
+        rows.append({"measurement": f"the two halves of {NEW}'s design, per budget (place: minus the same cover on the "
+                     "features; rule: minus DivPrune's rule on the keys)",
+                     "value here": ", ".join(f"{b:.0%}: place {100 * (_at(acc, NEW, b) - _at(acc, 'key_coverage_features', b)):+.1f}, "
+                                             f"rule {100 * (_at(acc, NEW, b) - _at(acc, 'divprune_keys', b)):+.1f} pt" for b in budgets),
+                     "what it suggests on your model": "the half with the larger gap carries the gain: keep it; where "
+                     "neither gap is clear, the cheaper prefill-stage variant does as well",
+                     "where": "§3 (controls), kv/policies/ablations.py"})
     rows.append({"measurement": "random minus the study's rule (unicache), per budget",
                  "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
                  "what it suggests on your model": "if random ties or beats a score-based rule, reads are concentrated "

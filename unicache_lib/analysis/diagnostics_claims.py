@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..diagnostics.neglect import CUTOFF
-from ..intervals import bootstrap
+from ..intervals import extreme_of, mean_interval
 
 RULES: dict[str, tuple[str, dict]] = {
     "U10": (f"(a) healthy model: its lowest layer's image share of text queries' reads above the {CUTOFF:.0%} cut-off "
@@ -95,10 +95,12 @@ def measure_neglect(board, det: pd.DataFrame, shares: dict, cross_attention: boo
             board.measure("U10", None, criterion=crit, note="cross-attention VLM: a cross layer's image share of text "
                           "queries' reads is 1 by construction and self-attention layers never see the image")
         return
-    idx = list(range(len(shares[HEALTHY])))
     others = not_by_construction(det)
-    board.measure("U10", bootstrap(idx, lambda u: shares[HEALTHY][u].mean(0).min(), "samples"), criterion="a")
-    board.measure("U10", bootstrap(idx, lambda u: max(shares[n][u].mean(0).min() for n in others), "samples"),
+
+    def weakest_layer(x):  # x [samples, layers]: the lowest layer mean, from every layer's interval over samples
+        return extreme_of([mean_interval(x[:, li], "samples") for li in range(x.shape[1])])
+    board.measure("U10", weakest_layer(shares[HEALTHY]), criterion="a")
+    board.measure("U10", extreme_of([weakest_layer(shares[n]) for n in others], max),
                   criterion="b", shown="fires on: " + (", ".join(n for n in others if det.loc[n, "fires"]) or "none")
                   + f" of {', '.join(others)}; healthy quiet: {not bool(det.loc[HEALTHY, 'fires'])}")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..intervals import bootstrap, grouped
+from ..intervals import extreme_of, grouped, mean_interval, ratio_interval
 
 RULES: dict[str, tuple[str, dict]] = {
     "G1": ("image-query normalised entropy, early-phase mean minus late-phase mean (over parts and layers), on the "
@@ -47,8 +47,9 @@ def by_prompt(df: pd.DataFrame, col: str, n_prompts: int) -> np.ndarray:
 
 
 def weakest(arrays, reduce=min):
-    """Statistic over resampled prompt indices: the weaker model's mean (``reduce=max`` for the most similar)."""
-    return lambda u: reduce(a[np.asarray(u)].mean() for a in arrays)
+    """The weaker model's mean over prompts (``reduce=max``: the most similar model's), from each model's own
+    interval over prompts (:func:`~unicache_lib.intervals.extreme_of`). ``arrays``: per model ``[n_prompts]``."""
+    return extreme_of([mean_interval(a, "prompts") for a in arrays], reduce)
 
 
 def with_prompt(T: pd.DataFrame) -> pd.DataFrame:
@@ -63,17 +64,16 @@ def measure_focus_and_similarity(board, T, models, n_prompts: int, cells_falling
     drops (``[n_prompts]`` each), which the decision table reads."""
     from .generation import PHASES
 
-    P = list(range(n_prompts))
     short = T[T.kind == "short"]
     phase = {f: short[short.phase == f] for f in PHASES}
     drop = [by_prompt(phase["early"][phase["early"].model == m], "img_entropy", n_prompts)
             - by_prompt(phase["late"][phase["late"].model == m], "img_entropy", n_prompts) for m in models]
-    board.measure("G1", bootstrap(P, weakest(drop), "prompts"), shown=cells_falling)
+    board.measure("G1", weakest(drop), shown=cells_falling)
     late = [by_prompt(phase["late"][phase["late"].model == m], "sim", n_prompts) for m in models]
     early = [by_prompt(phase["early"][phase["early"].model == m], "sim", n_prompts) for m in models]
-    board.measure("G2", bootstrap(P, weakest(late), "prompts"), criterion="a")
+    board.measure("G2", weakest(late), criterion="a")
     if all(np.isfinite(a).all() for a in early):
-        board.measure("G2", bootstrap(P, weakest(early, max), "prompts"), criterion="b", shown="; ".join(
+        board.measure("G2", weakest(early, max), criterion="b", shown="; ".join(
             f"{m}: early {knees.loc[m]['early sim'].mean():.2f}, late {knees.loc[m]['late sim'].mean():.2f}" for m in models))
     else:
         board.measure("G2", None, criterion="b", note=f"the early phase of {steps} steps has no step with a previous step")
@@ -84,15 +84,14 @@ def measure_joint_asymmetry(board, jall: pd.DataFrame, n_prompts: int, asym: pd.
     """G4 on the joint-attention rows ``jall`` (empty: no MMDiT among the models): the step-to-step change of the
     image->text against the text->image map, and of the image stream's output against the text stream's. Returns
     the per-prompt changes (``sim_it``, ``sim_ti``, ``out_sim_img``, ``out_sim_txt``), {} without a joint model."""
-    P = list(range(n_prompts))
     if not len(jall):
         board.measure("G4", None, note="no joint-attention model in MODELS")
         return {}
     jp = with_prompt(jall)
     change = {c: 1 - by_prompt(jp, c, n_prompts) for c in ("sim_it", "sim_ti", "out_sim_img", "out_sim_txt")}
-    board.measure("G4", bootstrap(P, lambda u: change["sim_it"][u].mean() / change["sim_ti"][u].mean(), "prompts"),
+    board.measure("G4", ratio_interval(change["sim_it"], change["sim_ti"], "prompts"),
                   criterion="a", shown=f"text->image {asym.sim_ti.mean():.4f} vs image->text {asym.sim_it.mean():.4f}")
-    board.measure("G4", bootstrap(P, lambda u: change["out_sim_img"][u].mean() / change["out_sim_txt"][u].mean(), "prompts"),
+    board.measure("G4", ratio_interval(change["out_sim_img"], change["out_sim_txt"], "prompts"),
                   criterion="b", shown=f"outputs text {asym.out_sim_txt.mean():.4f} vs image {asym.out_sim_img.mean():.4f}")
     return change
 
@@ -101,7 +100,7 @@ def measure_cache_pressure(board, kv: pd.DataFrame, models, n_prompts: int) -> N
     """G5: image / text KV bytes per attention layer (``kv["image/text"]`` per model: token counts, exact, so the
     interval is a point)."""
     ratio = [np.full(n_prompts, kv.loc[m, "image/text"]) for m in models]
-    board.measure("G5", bootstrap(list(range(n_prompts)), weakest(ratio), "prompts"),
+    board.measure("G5", weakest(ratio),
                   shown=", ".join(f"{m}: {v:.2f}x" for m, v in kv["image/text"].items()))
 
 
@@ -111,7 +110,6 @@ def measure_conditioning(board, T, gdf: pd.DataFrame, cond: pd.DataFrame, models
     prompts'. ``cond``: the per-(model, kind) summary shown beside the verdict."""
     from .generation import PHASES, phase_of
 
-    P = list(range(n_prompts))
     gsteps = {f: [s for s in range(steps) if phase_of(s, steps) == f] for f in PHASES}
     gdrop = []
     for m in models:
@@ -121,11 +119,11 @@ def measure_conditioning(board, T, gdf: pd.DataFrame, cond: pd.DataFrame, models
     mid = {(m, k): by_prompt(T[(T.model == m) & (T.kind == k) & (T.part != "self") & (T.phase == "middle")],
                              "text_entropy", n_prompts) for m in models for k in ("short", "long")}
     if gdrop:
-        board.measure("G6", bootstrap(P, weakest(gdrop), "prompts"), criterion="a")
+        board.measure("G6", weakest(gdrop), criterion="a")
     else:
         board.measure("G6", None, criterion="a", note="no model in MODELS has an unconditional branch (guidance-distilled)")
-    board.measure("G6", bootstrap(P, weakest([mid[m, "long"] for m in models]), "prompts"), criterion="b")
-    board.measure("G6", bootstrap(P, weakest([mid[m, "long"] - mid[m, "short"] for m in models]), "prompts"), criterion="c",
+    board.measure("G6", weakest([mid[m, "long"] for m in models]), criterion="b")
+    board.measure("G6", weakest([mid[m, "long"] - mid[m, "short"] for m in models]), criterion="c",
                   shown="; ".join(f"{m}: guidance {cond.loc[(m, 'short')]['guidance early']:.2f}→"
                                   f"{cond.loc[(m, 'short')]['guidance late']:.2f}, middle text entropy long "
                                   f"{cond.loc[(m, 'long')]['text entropy middle']:.2f} / short "
@@ -149,7 +147,6 @@ def measure_word_regions(board, R: pd.DataFrame, loc: pd.DataFrame, models, prom
     """G9: (a) the object words' region IoU over a random region's, summed over prompts (``R``: per model, prompt and
     role, from :func:`~unicache_lib.analysis.word_regions.word_region_table`; ``loc``: its summary per model), (b) the
     shape words' overlap on same-colour minus different-colour pair prompts."""
-    P = list(range(len(prompts)))
     pid = [p["id"] for p in prompts]
     Rl = R[R.role != "binding overlap"]
     iou_sum = [Rl[Rl.model == m].groupby("prompt")[["iou", "chance"]].sum().reindex(pid).fillna(0).to_numpy() for m in models]
@@ -157,7 +154,7 @@ def measure_word_regions(board, R: pd.DataFrame, loc: pd.DataFrame, models, prom
     if undrawn:  # no prompt's object was drawn: a word's region has nothing to be compared with
         board.measure("G9", None, criterion="a", note=f"{', '.join(undrawn)} drew none of the prompts' objects")
     else:
-        board.measure("G9", bootstrap(P, lambda u: min(a[u, 0].sum() / a[u, 1].sum() for a in iou_sum), "prompts"),
+        board.measure("G9", extreme_of([ratio_interval(a[:, 0], a[:, 1], "prompts") for a in iou_sum]),
                       criterion="a", shown="; ".join(f"{m}: IoU {loc.loc[m].iou.mean():.2f} (chance {loc.loc[m].chance.mean():.2f})"
                                                      for m in models))
     Rb = R[R.role == "binding overlap"].pivot_table(index="prompt", columns="model", values="iou")

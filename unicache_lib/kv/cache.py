@@ -190,7 +190,8 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
     DivPrune or VisionZip do it): the prefill itself runs on the kept tokens only.
 
     ``choose(features)``: ``features [n_image, D]`` float32, the image embeddings the language model would
-    receive; returns indices into the image block to keep. ``renumber``: the kept context gets consecutive
+    receive; returns indices into the image block to keep, or ``(indices, embeddings [k, D])`` for the kept tokens to
+    take instead of their own (a merge, e.g. pooling). ``renumber``: the kept context gets consecutive
     positions, as when the pruned sequence is fed to the model (the published methods' setting), and the
     question continues from its length; else every kept token keeps its original position and the question
     continues from the original length, as after cache eviction. Returns the prefill of the kept context (no
@@ -224,12 +225,22 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
         if mask is not None and not (torch.is_tensor(mask) and mask.dim() == 2):
             raise PrefillPruningUnsupported(f"{fam.name}: the model hands its language model a prebuilt {type(mask).__name__} mask; "
                              f"prefill-stage pruning only rewrites a 2-D padding mask. Use a cache-stage policy.")
-        chosen = torch.as_tensor(choose(emb[0, img.to(emb.device)].float()), dtype=torch.long).reshape(-1).cpu()
+        picked = choose(emb[0, img.to(emb.device)].float())
+        merged = None
+        if isinstance(picked, tuple):  # (indices, the embeddings those tokens take): a merge such as pooling
+            picked, merged = picked
+        chosen = torch.as_tensor(picked, dtype=torch.long).reshape(-1).cpu()
         if len(set(chosen.tolist())) != len(chosen) or (len(chosen) and (chosen.min() < 0 or chosen.max() >= len(img))):
             raise RuntimeError(f"a prefill-stage policy must choose distinct indices in 0..{len(img) - 1}")
         other = torch.tensor(sorted(set(range(C)) - set(img.tolist())), dtype=torch.long)
         keep = torch.cat([other, img[chosen]]).sort().values
         state["keep"] = keep
+        if merged is not None:
+            if tuple(merged.shape) != (len(chosen), emb.shape[-1]):
+                raise RuntimeError(f"a merging prefill-stage policy must return [{len(chosen)}, {emb.shape[-1]}] embeddings, "
+                                   f"got {tuple(merged.shape)}")
+            emb = emb.clone()
+            emb[0, img[chosen].to(emb.device)] = merged.to(emb.dtype)
         kwargs["inputs_embeds"] = emb[:, keep.to(emb.device)]
         if mask is not None:
             kwargs["attention_mask"] = mask[:, keep.to(mask.device)]

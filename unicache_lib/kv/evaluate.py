@@ -164,8 +164,8 @@ def per_question_accuracy(df: pd.DataFrame, method: str) -> np.ndarray:
 
 
 def against_peers(df: pd.DataFrame, method: str, peers: list[str]) -> pd.DataFrame:
-    """Paired accuracy difference ``method - peer`` per (budget, peer), 95% bootstrap interval over questions.
-    Columns: budget, peer, method_acc, peer_acc, diff, lo, hi, verdict (``ahead`` / ``behind`` where the
+    """Paired accuracy difference ``method - peer`` per (budget, peer), 95% interval over questions (Newcombe's score
+    interval for 0/1 answers). Columns: budget, peer, method_acc, peer_acc, diff, lo, hi, verdict (``ahead`` / ``behind`` where the
     interval excludes 0, else ``tie``)."""
     from ..intervals import difference_interval
 
@@ -184,14 +184,13 @@ def against_peers(df: pd.DataFrame, method: str, peers: list[str]) -> pd.DataFra
 
 
 def worst_peer_difference(df: pd.DataFrame, method: str, peers: list[str]):
-    """The smallest ``mean(method) - mean(peer)`` accuracy difference over every (budget, peer) cell, with a
-    95% bootstrap interval over questions (the minimum is recomputed on every resample)."""
-    from ..intervals import bootstrap
+    """The smallest ``mean(method) - mean(peer)`` accuracy difference over every (budget, peer) cell, with its
+    interval from each cell's paired interval over questions (:func:`~unicache_lib.intervals.extreme_of`)."""
+    from ..intervals import difference_interval, extreme_of
 
-    cells = [(b, p) for b in sorted(df[df.method == method].budget.unique()) for p in peers
-             if ((df.method == p) & (df.budget == b)).any()]
-    diffs = np.stack([correct_matrix(df, method, b) - correct_matrix(df, p, b) for b, p in cells])  # [cells, n]
-    return bootstrap(list(range(diffs.shape[1])), lambda u: diffs[:, u].mean(1).min(), "questions")
+    return extreme_of([difference_interval(correct_matrix(df, method, b), correct_matrix(df, p, b), "questions")
+                       for b in sorted(df[df.method == method].budget.unique()) for p in peers
+                       if ((df.method == p) & (df.budget == b)).any()])
 
 
 def share_of_full(df: pd.DataFrame, method: str, budget: float):

@@ -193,6 +193,33 @@ def _with_prediction(template, pred: torch.Tensor):
     raise TypeError(f"cannot rebuild a transformer output of type {type(template).__name__}")
 
 
+def step_call(policy, history: tuple[list, list], step: int, n_steps: int, t: float, orig, args, kwargs):
+    """One transformer call under a step-level policy: ``(output, computed)``. ``history``: this call slot's
+    ``([timesteps], [(prediction, output)])``, oldest first, updated in place (the last few kept). A skipped
+    call returns the policy's extrapolation from the history in the model's output form; a call is computed
+    when the policy says so, the history is too short, the timestep was seen, or the batch changed (a new
+    batch clears the history). Shared by :class:`ReuseCache` and the diffusers hook
+    (:mod:`unicache_lib.reuse.diffusers_hook`), so both make the same calls and the same outputs."""
+    ts, outs = history
+    d = policy.decide(step, n_steps, math.nan, key="transformer")
+    if d not in ("compute", "reuse"):
+        raise ValueError(f"step-level policy {policy.name!r} answered {d!r}; expected 'compute' or 'reuse'")
+    h = kwargs.get("hidden_states", args[0] if args else None)
+    same_batch = bool(outs) and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])
+    if d == "reuse" and same_batch and len(outs) >= policy.min_history and t not in ts:
+        return _with_prediction(outs[-1][1], policy.extrapolate(ts, [o[0] for o in outs], t)), False
+    out = orig(*args, **kwargs)
+    pred = _prediction(out)
+    if outs and outs[-1][0].shape != pred.shape:  # another batch: the history does not apply
+        ts.clear()
+        outs.clear()
+    ts.append(t)
+    outs.append((pred.detach(), out))
+    keep = max(3, policy.min_history)
+    del ts[:-keep], outs[:-keep]
+    return out, True
+
+
 def _replace_forward(module: torch.nn.Module, fn):
     """Make ``module.forward(*a, **kw)`` call ``fn(original_forward, *a, **kw)``; returns the undo (which
     restores an instance-level forward that was there, or removes ours so the class's forward is back).
@@ -318,28 +345,13 @@ class ReuseCache:
         key = self._call_in_step  # a pipeline calling the model twice per step keeps two histories
         self._call_in_step += 1
         t = self.t if math.isfinite(self.t) else float(self.step)
-        ts, outs = self._history.setdefault(key, ([], []))
         self.forward_calls += 1
         self.calls += n_attn
-        d = self.policy.decide(self.step, self.n_steps, math.nan, key="transformer")
-        if d not in ("compute", "reuse"):
-            raise ValueError(f"step-level policy {self.policy.name!r} answered {d!r}; expected 'compute' or 'reuse'")
-        h = kwargs.get("hidden_states", args[0] if args else None)
-        same_batch = bool(outs) and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])
-        if d == "reuse" and same_batch and len(outs) >= self.policy.min_history and t not in ts:
-            pred = self.policy.extrapolate(ts, [o[0] for o in outs], t)
-            return _with_prediction(outs[-1][1], pred)
-        out = orig(*args, **kwargs)
-        pred = _prediction(out)
-        if outs and outs[-1][0].shape != pred.shape:  # another batch: the history does not apply
-            ts.clear()
-            outs.clear()
-        ts.append(t)
-        outs.append((pred.detach(), out))
-        keep = max(3, self.policy.min_history)
-        del ts[:-keep], outs[:-keep]
-        self.forward_computed += 1
-        self.work += n_attn
+        out, computed = step_call(self.policy, self._history.setdefault(key, ([], [])), self.step, self.n_steps, t,
+                                  orig, args, kwargs)
+        if computed:
+            self.forward_computed += 1
+            self.work += n_attn
         return out
 
     def __exit__(self, *exc):

@@ -220,10 +220,10 @@ def worst_pareto_gap(tables: dict, pareto: dict):
     """R3's statistic over several generators. ``tables``: generator -> :func:`run_reuse` table; ``pareto``:
     generator -> :func:`pareto_check` table of the same criterion. Over every (generator, other method) cell with a
     match, the paired per-prompt PSNR difference (match - other, dB): returns ``(interval, worst, unmatched)`` —
-    the bootstrap interval over prompts of the *smallest* cell mean (recomputed on every resample; None when no
-    cell has a match), the worst cell ``(generator, other, match, mean difference)`` and the ``"other on
+    the interval of the *smallest* cell mean, from each cell's interval over prompts (None when no cell has a
+    match), the worst cell ``(generator, other, match, mean difference)`` and the ``"other on
     generator"`` cells no setting of ours saves as much as. Prompts must be the same on every generator."""
-    from ..intervals import bootstrap
+    from ..intervals import extreme_of, mean_interval
 
     cells = [(g, o, r.match) for g, p in pareto.items() for o, r in p.iterrows() if r.match is not None]
     unmatched = [f"{o} on {g}" for g, p in pareto.items() for o, r in p.iterrows() if r.match is None]
@@ -235,15 +235,14 @@ def worst_pareto_gap(tables: dict, pareto: dict):
     if len(n) != 1:
         raise ValueError(f"per-prompt PSNRs of different lengths {sorted(n)}: score every generator on the same prompts")
     worst = min(cells, key=lambda c: pp[c].mean())
-    iv = bootstrap(list(range(n.pop())), lambda u: min(pp[c][u].mean() for c in cells), "prompts")
+    iv = extreme_of([mean_interval(pp[c], "prompts") for c in cells])
     return iv, (*worst, float(pp[worst].mean())), unmatched
 
 
 def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", minus: str | None = None):
     """The lower of the generators' mean ``column`` (per prompt, e.g. SSIM) of ``method`` — or of ``method`` minus
-    ``minus``, paired per prompt — with a bootstrap interval over prompts (the minimum over generators recomputed
-    on every resample). ``tables``: generator -> :func:`run_reuse` table, scored on the same prompts."""
-    from ..intervals import bootstrap
+    ``minus``, paired per prompt — with its interval from each generator's interval over prompts. ``tables``: generator -> :func:`run_reuse` table, scored on the same prompts."""
+    from ..intervals import extreme_of, mean_interval
 
     def per_prompt(df):
         v = np.asarray(df.loc[method, column], float)
@@ -253,7 +252,7 @@ def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", 
     n = {len(v) for v in vals.values()}
     if len(n) != 1:
         raise ValueError(f"{column} of different lengths {sorted(n)}: score every generator on the same prompts")
-    return bootstrap(list(range(n.pop())), lambda u: min(v[u].mean() for v in vals.values()), "prompts")
+    return extreme_of([mean_interval(v, "prompts") for v in vals.values()])
 
 
 def schedule_of(method) -> list[bool] | None:

@@ -103,6 +103,8 @@ class EvictionPolicy:
     the language model runs, the context is prefilled on the kept tokens only (prefill compute saved too) and
     ``choose`` returns one index list (``ctx.n_layers`` is 1). ``renumber`` (prefill stage): the kept tokens
     get consecutive positions, as when the pruned sequence is fed to the model (else their original ones).
+    A prefill-stage ``choose`` may return ``(indices, features [len(indices), D])``: the kept tokens take those
+    embeddings (a merge, e.g. pooling); ``exact_budget = False`` lets it keep fewer than the budget allows.
     """
 
     name = ""
@@ -110,6 +112,7 @@ class EvictionPolicy:
     description = ""
     stage = "cache"
     renumber = True
+    exact_budget = True
 
     def choose(self, ctx: EvictionContext, k: int) -> list:  # pragma: no cover - interface
         """Per layer, ``k`` indices into the image block."""
@@ -137,8 +140,11 @@ class EvictionPolicy:
 
         def pick(features):
             chosen = self.choose(replace(ctx, n_layers=1, attentions=[], kv=None, features=features), k)
-            if len(chosen) != 1 or len(set(np.asarray(chosen[0]).tolist())) != k:
-                raise RuntimeError(f"prefill-stage policy {self.name!r} must return one list of {k} distinct indices")
+            idx = chosen[0][0] if len(chosen) == 1 and isinstance(chosen[0], tuple) else chosen[0] if chosen else []
+            n = len(set(np.asarray(idx).tolist()))
+            if len(chosen) != 1 or n != len(idx) or (n != k if self.exact_budget else not 0 < n <= k):
+                raise RuntimeError(f"prefill-stage policy {self.name!r} must return one list of "
+                                   f"{'' if self.exact_budget else 'at most '}{k} distinct indices")
             return chosen[0]
         return pick
 

@@ -1,0 +1,163 @@
+"""Decisive runs for notebook 05's eviction targets (E1-E4) and its controls: the sample size the notebook's own
+notes say would settle them, on questions no one here tuned on and that the notebook does not score (checked).
+
+    make evaluate                                        # 2 processes on this machine, then the merge
+    torchrun --nproc_per_node 8 benchmarks/evaluate.py --questions 2700 && python benchmarks/evaluate.py --merge
+    accelerate launch --num_processes 8 benchmarks/evaluate.py ... (the same environment variables)
+
+Each rank (``RANK`` / ``WORLD_SIZE`` from the launcher, as ``unicache_lib.capture.distributed`` reads them; no
+process group) takes every ``WORLD_SIZE``-th question (:func:`unicache_lib.store.shard_samples`) and writes its rows
+to ``outputs/evaluate/rows-rank<r>-of-<w>.csv`` atomically. ``--merge`` checks that the shards are one complete
+run (every question exactly once, the same settings), decides E1-E4 by the notebook's own rules
+(:data:`unicache_lib.analysis.caching_claims.EVICTION_RULES`) on the merged rows and writes
+``benchmarks/results/evaluate_eviction.csv`` (one row per claim: value, interval, n, verdict) and
+``benchmarks/results/evaluate_controls.csv`` (``key_coverage`` against pooling and the two ablations, per budget),
+which notebook 05 prints beside its own small run. A merged run equals a one-process run row for row
+(``tests/test_benchmarks.py``), so more processes, GPUs or nodes settle the same verdicts in proportionally less
+time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "outputs" / "evaluate"
+RESULTS = ROOT / "benchmarks" / "results"
+QUESTION_SEED = 9000   # not 7000 (the design set), not SEED + 2024 (the notebook's), not 12345 (the model card's)
+BUDGETS = (0.1, 0.25, 0.5, 0.75)
+KEEP = ["question", "method", "kind", "budget", "correct", "kl", "agree", "kv_fraction"]
+
+
+def question_set(n: int, seed: int = QUESTION_SEED, notebook_n: int = 150, notebook_seed: int = 2024) -> list:
+    """``n`` held-out questions, none of which is in the design set (``heldout_set(100, seed=7000)``) or in notebook
+    05's scored set (``heldout_set(notebook_n, seed=notebook_seed)``): drawn from ``seed`` and the few that coincide
+    with those sets (same question on the same image) dropped, then topped up."""
+    from unicache_lib.zoo.train_llava import heldout_set
+
+    def key(q):
+        return q.question, q.scene.uint8().tobytes()
+
+    taken = {key(q) for q in heldout_set(100, seed=7000) + heldout_set(notebook_n, seed=notebook_seed)}
+    pool = heldout_set(int(n * 1.2) + 10, seed=seed)
+    kept = [q for q in pool if key(q) not in taken][:n]
+    if len(kept) < n:
+        raise RuntimeError(f"only {len(kept)} of {n} questions are new: raise the pool")
+    return kept
+
+
+def _policies():
+    from unicache_lib.analysis.caching_claims import NEW, PEERS
+    from unicache_lib.kv import POLICIES
+
+    return {n: POLICIES[n]() for n in ("full", NEW, *PEERS, "pooling", "key_coverage_features", "divprune_keys")}
+
+
+def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = "tiny-llava", peers: bool = True,
+              budgets=BUDGETS, progress: bool | None = None) -> Path:
+    """Rows of this rank's questions (global question ids), written atomically; returns the file."""
+    from unicache_lib.kv.evaluate import run_eviction
+    from unicache_lib.kv.peers import press_factories
+    from unicache_lib.store import shard_samples
+    from unicache_lib.zoo.loaders import load_understanding
+
+    torch.manual_seed(0)
+    model, processor = load_understanding(model_name, attn_implementation="eager")
+    qas = question_set(n)
+    ids = shard_samples(list(range(n)), rank, world)
+    t0 = time.perf_counter()
+    R = run_eviction(model, processor, [qas[i] for i in ids], list(budgets), _policies(),
+                     press_factories() if peers else None, seed=0, progress=progress)
+    R["question"] = [ids[i] for i in R["question"]]
+    R = R[KEEP]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"rows-rank{rank}-of-{world}.csv"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(R.to_csv(index=False))
+    meta = {"n": n, "rank": rank, "world": world, "model": model_name, "peers": peers, "budgets": list(budgets),
+            "question_seed": QUESTION_SEED, "seconds": round(time.perf_counter() - t0, 1)}
+    (out / f"rows-rank{rank}-of-{world}.json").write_text(json.dumps(meta))
+    os.replace(tmp, path)
+    return path
+
+
+def merge(out: Path = OUT) -> pd.DataFrame:
+    """The shards of one run, checked complete and consistent, as one table sorted by (method, budget, question)."""
+    metas = [json.loads(p.read_text()) for p in sorted(out.glob("rows-rank*-of-*.json"))]
+    if not metas:
+        raise FileNotFoundError(f"no shards in {out}: run the ranks first (make evaluate)")
+    settings = {(m["n"], m["world"], m["model"], m["peers"], tuple(m["budgets"])) for m in metas}
+    if len(settings) != 1:
+        raise RuntimeError(f"{out} holds shards of {len(settings)} different runs ({sorted(settings)}): remove the old "
+                           "shards and run again")
+    n, world, *_ = settings.pop()
+    ranks = sorted(m["rank"] for m in metas)
+    if ranks != list(range(world)):
+        raise RuntimeError(f"ranks {ranks} of {world} found in {out}: a shard is missing, run it again")
+    R = pd.concat([pd.read_csv(out / f"rows-rank{r}-of-{world}.csv") for r in ranks], ignore_index=True)
+    per_cell = R.groupby(["method", "budget"]).question.agg(["nunique", "size"])
+    if not ((per_cell["nunique"] == n) & (per_cell["size"] == n)).all():
+        raise RuntimeError(f"the merged shards do not hold every one of the {n} questions exactly once per cell")
+    R.attrs.update(n=n, world=world, seconds=max(m["seconds"] for m in metas), model=metas[0]["model"])
+    return R.sort_values(["method", "budget", "question"], ignore_index=True)
+
+
+def decide(R: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """E1-E4 on the merged rows by notebook 05's rules (one row per claim), and the controls table."""
+    from unicache_lib.analysis import caching_claims as CC
+    from unicache_lib.scoreboard import Scoreboard
+
+    board = Scoreboard()
+    CC.declare(board, CC.EVICTION_RULES)
+    peers = [m for m in R.method.unique() if m.startswith("kvpress:") or m in CC.PEERS]
+    CC.measure_eviction(board, R, sorted(R.budget.unique()), None, peers, grid_note="not part of the decisive run")
+    from unicache_lib.intervals import n_to_settle
+    from unicache_lib.scoreboard import INCONCLUSIVE
+
+    rows = []
+    per_question = R.attrs.get("seconds", float("nan")) * R.attrs.get("world", 1) / max(R.attrs.get("n", 1), 1)
+    for cid, row in board.rows.items():
+        if cid == "U7":
+            continue
+        m, crit = row.measured[""], row.criteria[""]
+        need = n_to_settle(m.interval(), crit.nearest_threshold(m.value)) if row.verdict == INCONCLUSIVE else float("nan")
+        rows.append({"claim": cid, "value": m.value, "lo": m.lo, "hi": m.hi, "n": m.n, "unit": m.unit,
+                     "rule": str(crit), "verdict": row.verdict, "shown": row.shown or "",
+                     "n_to_settle": need, "cpu_hours_to_settle": need * per_question / 3600})
+    return pd.DataFrame(rows), CC.controls_table(R)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", type=int, default=2700, help="held-out questions in all (E1/E4's notes: ~2,700)")
+    ap.add_argument("--merge", action="store_true", help="merge the shards and decide (after every rank finished)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--model", default="tiny-llava")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.merge:
+        R = merge(args.out)
+        claims, controls = decide(R)
+        args.results.mkdir(parents=True, exist_ok=True)
+        claims.assign(model=R.attrs["model"], processes=R.attrs["world"]).to_csv(args.results / "evaluate_eviction.csv", index=False)
+        controls.assign(model=R.attrs["model"], n=R.attrs["n"]).to_csv(args.results / "evaluate_controls.csv", index=False)
+        print(f"{R.attrs['n']} questions over {R.attrs['world']} process(es), slowest shard {R.attrs['seconds'] / 60:.1f} min")
+        print(claims[["claim", "value", "lo", "hi", "n", "verdict", "n_to_settle", "cpu_hours_to_settle"]].round(4).to_string(index=False))
+        print(controls[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(4).to_string(index=False))
+        return 0
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    path = run_shard(args.questions, rank, world, args.out, args.model)
+    print(f"rank {rank} of {world}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

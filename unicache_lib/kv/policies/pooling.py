@@ -1,0 +1,49 @@
+"""Image pooling, a control: average the projected image features over a coarser grid before the prefill.
+
+Visual-token compression benchmarks found that simply downsampling the image beats many published pruning
+methods (VTC-Bench, arXiv 2510.07143), so every eviction method here is compared with it at the same token
+budget. The ``g x g`` grid of image tokens (the features the language model receives) is average-pooled to
+``a x b`` cells with ``a = floor(sqrt(k))``, ``b = floor(k / a)`` (adaptive windows, as
+``torch.nn.functional.adaptive_avg_pool2d`` lays them out), so at most ``k`` tokens stay: 2 x 2 pooling of
+LLaVA's 24 x 24 grid at 25%, about 3 x 3 at 10%. Each pooled token takes the position of its window's centre
+patch (``renumber=False``, as DivPrune runs here; the shipped ``tiny-llava`` does not tolerate shifted
+positions). A prefill-stage policy: the prefill runs on the pooled tokens only.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .base import EvictionPolicy, register
+
+
+def pooled_grid(side: int, k: int) -> tuple[int, int]:
+    """``(rows, cols)`` of the pooled grid: at most ``k`` cells, as square as possible, never finer than ``side``."""
+    a = max(1, min(side, math.isqrt(max(k, 1))))
+    return a, max(1, min(side, k // a))
+
+
+def window_centres(side: int, n: int) -> torch.Tensor:
+    """``[n]`` centre row (or column) of each of ``n`` adaptive pooling windows over ``side`` cells."""
+    starts = [(i * side) // n for i in range(n)]
+    ends = [-((-(i + 1) * side) // n) for i in range(n)]  # ceil, as adaptive_avg_pool2d
+    return torch.tensor([(s + e - 1) // 2 for s, e in zip(starts, ends)])
+
+
+@register
+class ImagePooling(EvictionPolicy):
+    name, stage, renumber, exact_budget = "pooling", "prefill", False, False
+    description = "control: average-pool the image features to a coarser grid (at most the budget), before the prefill"
+
+    def choose(self, ctx, k):
+        if ctx.grid is None or math.isqrt(len(ctx.grid)) ** 2 != len(ctx.grid):
+            raise ValueError("image pooling needs the image tokens as one square grid over the picture; this family's "
+                             "are not (tiles, newline tokens): pooling is not measurable here")
+        side = math.isqrt(len(ctx.grid))
+        a, b = pooled_grid(side, k)
+        feats = ctx.features[ctx.grid.to(ctx.features.device)].float()  # [side * side, D], row-major
+        grid = feats.T.reshape(1, -1, side, side)
+        pooled = F.adaptive_avg_pool2d(grid, (a, b))[0].reshape(feats.shape[1], -1).T  # [a * b, D]
+        rows, cols = window_centres(side, a), window_centres(side, b)
+        where = ctx.grid.cpu()[(rows[:, None] * side + cols[None, :]).reshape(-1)]
+        return [(where.tolist(), pooled)]
