@@ -81,10 +81,12 @@ lab: setup
 	$(BIN)/jupyter lab $(LAB_FLAGS) $(if $(filter 0,$(EUID)),--allow-root)
 
 ## benchmark: capture overhead (attention-dominated and real-width LLaVA shapes, an SD3-medium block), KV eviction and
-##            cross-step reuse; ratios measured side by side (the capture-overhead part: about 20 minutes on 2 CPU cores)
+##            cross-step reuse, store cost at 1k-100k records; ratios measured side by side (the capture-overhead part:
+##            about 20 minutes on 2 CPU cores)
 benchmark: setup
 	$(BIN)/python benchmarks/capture_overhead.py
 	$(BIN)/python benchmarks/caching.py
+	$(BIN)/python benchmarks/store_scale.py --out benchmarks/results/store_scale.txt
 
 ## rehearsal: random-weight stand-ins of LLaVA-1.5-7B, Qwen2-VL-2B and Llama-3.2-11B-Vision (real token counts and
 ##            depth, reduced width) through notebooks 01, 02, 04, 05 and 07 by parameters only; wall-clock and peak

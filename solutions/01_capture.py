@@ -144,8 +144,8 @@ def exercise_4(quick: bool = False) -> dict:
     capture anything, and does the merged store hold every sample exactly once?
 
     ``torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out /tmp/store``: each rank reads ``RANK`` /
-    ``WORLD_SIZE``, captures its own slice of the samples and writes its own index (``index-rank00000.json``,
-    ``index-rank00001.json``); readers merge them. The full run launches it through ``python -m
+    ``WORLD_SIZE``, captures its own slice of the samples and writes its own index (``index-rank00000.jsonl``,
+    ``index-rank00001.jsonl``); readers merge them. The full run launches it through ``python -m
     torch.distributed.run`` (torchrun's module), twice; ``--quick`` runs the same module in this process with
     ``RANK`` = 0 and 1, ``WORLD_SIZE`` = 2 (what torchrun sets, no launcher), twice.
 
@@ -190,7 +190,7 @@ def exercise_4(quick: bool = False) -> dict:
     store = Store(out)
     recs = store.read()
     per_rank = {}
-    for name in sorted(p.name for p in Path(out).glob("index-rank*.json")):
+    for name in sorted(p.name for p in Path(out).glob("index-rank*.jsonl")):
         per_rank[name] = None
     second = [line for line in logs[len(logs) // 2:]]
     import re

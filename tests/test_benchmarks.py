@@ -46,6 +46,21 @@ def test_caching_benchmark_eviction_runs_at_a_tiny_shape(capsys):
     assert "key_coverage" in out and "25% image KV" in out
 
 
+def test_store_scale_runs_small_and_times_the_write_path():
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "store_scale.py"), "--sizes", "40", "200", "--layers", "4",
+                        "--repeats", "2", "--writes", "2", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    *text, last = p.stdout.strip().splitlines()
+    r = json.loads(last)
+    assert r["sizes"] == [40, 200] and r["layers"] == 4
+    for k in ("write_ms", "cpu_ms", "write_ratio", "open_s", "read_s"):
+        assert all(len(r[k][n]) == 2 and min(r[k][n]) > 0 for n in ("40", "200")), k
+    assert r["write_ratio"]["40"] == [1.0, 1.0]
+    report = "\n".join(text)
+    for check in ("write at 200 / write at 40", "open, 200 records", "one-sample read, 200 records"):
+        assert check in report and "(target <=" in report.split(check)[1].splitlines()[0]
+
+
 def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, monkeypatch):
     """`make evaluate`: two ranks' shards merge into exactly the one-process rows (so N processes settle the same
     verdicts), the questions are disjoint from the design and notebook sets, and a missing or foreign shard is refused."""

@@ -18,7 +18,7 @@ def test_two_process_capture_merges(tmp_path, random_llava_dir):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     st = Store(out)
-    assert sorted(x.name for x in out.glob("index-rank*.json")) == ["index-rank00000.json", "index-rank00001.json"]
+    assert sorted(x.name for x in out.glob("index-rank*")) == ["index-rank00000.jsonl", "index-rank00001.jsonl"]
     recs = st.read()
     samples = sorted({r.sample for r in recs})
     assert len(samples) == 5 and len(recs) == 5 * 3  # 5 samples x 3 layers, each exactly once

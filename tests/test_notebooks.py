@@ -53,7 +53,7 @@ def test_01_capture_quick(tmp_path):
     assert {c["name"] for c in board["M1"]["criteria"]} == {"entropy", "max_weight", "sum_sq"}
     assert 0 <= board["M3"]["lo"] <= board["M3"]["hi"] <= 1 and board["M3"]["unit"] == "samples"
     assert board["M4"]["n"] == 5 and board["M4"]["value"] > 0  # two disjoint sets of 5 never agree exactly
-    assert (tmp_path / "store" / "index-rank00000.json").exists()
+    assert (tmp_path / "store" / "index-rank00000.jsonl").exists()
     assert (tmp_path / "layer_curves.png").stat().st_size > 1000
 
 

@@ -77,7 +77,8 @@ def _make_fault(kind, tmp, good):
         return [tmp / "meta_only"]
     if kind == "damaged_index":  # StoreError from Store.index()
         shutil.copytree(good, tmp / "damaged")
-        (tmp / "damaged" / "index-rank00000.json").write_text('{"records": [')
+        with open(tmp / "damaged" / "index-rank00000.jsonl", "a") as f:
+            f.write('[{"keys": [\n')
         return [tmp / "damaged"]
     if kind == "corrupt_chunk":  # StoreError from Store.read(): checksum mismatch
         shutil.copytree(good, tmp / "corrupt")

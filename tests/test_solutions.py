@@ -69,7 +69,7 @@ def test_01_fp16_means_match_to_3_decimals_single_entries_do_not(s01):
 
 def test_01_two_ranks_write_one_store_and_resume(s01):
     r = s01.exercise_4(quick=True)
-    assert r["index files"] == ["index-rank00000.json", "index-rank00001.json"]
+    assert r["index files"] == ["index-rank00000.jsonl", "index-rank00001.jsonl"]
     assert r["problems"] == [] and r["samples"] == r["_n"] and r["records"] == 4 * r["_n"]
     assert r["_again"] == 0 and r["_first"] == r["records"]  # the second run resumes: nothing captured twice
 

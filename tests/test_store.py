@@ -17,6 +17,11 @@ def rec(sample, layer, step=-1, seed=0, mode="stats"):
                   spans=Spans.from_kinds([1] * 5 + [0] * 4), step=step, seq_len=9, heads=4)
 
 
+def log_lines(path, rank=0) -> list:
+    """The lines of a rank's index log, parsed: ``[head, entries]`` each."""
+    return [json.loads(line) for line in (path / f"index-rank{rank:05d}.jsonl").read_text().splitlines()]
+
+
 def same(a: Record, b: Record):
     assert a.key == b.key and a.spans == b.spans and a.seq_len == b.seq_len and a.mode == b.mode
     assert sorted(a.data) == sorted(b.data)
@@ -52,27 +57,34 @@ def test_never_overwrites(tmp_path):
         Store(tmp_path / "s", meta={"model": "other"}).write([rec(5, 0)])
 
 
-def test_interrupted_write_leaves_previous_store(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cut", ["before the index line", "inside the index line"])
+def test_interrupted_write_leaves_previous_store(tmp_path, monkeypatch, cut):
     st = Store(tmp_path / "s")
     st.write([rec(0, 0), rec(0, 1)])
-    real = store_mod._atomic_write_bytes
 
-    def crash_on_index(path, data):
-        if path.name.startswith("index-"):
-            raise KeyboardInterrupt("power cut")
-        real(path, data)
+    def power_cut(path, data):  # the process dies before or while appending the chunk's line
+        if cut.startswith("inside"):
+            with open(path, "ab") as f:
+                f.write(data[: len(data) // 2])
+        raise KeyboardInterrupt("power cut")
 
-    monkeypatch.setattr(store_mod, "_atomic_write_bytes", crash_on_index)
+    monkeypatch.setattr(store_mod, "_append_line", power_cut)
     with pytest.raises(KeyboardInterrupt):
         st.write([rec(1, 0), rec(1, 1)])
     monkeypatch.undo()
     assert {r.sample for r in st.read()} == {"0"}  # previous content intact and readable
-    assert any("orphaned chunk" in p for p in st.verify())
-    # resume: the missing sample is written to a fresh chunk, the orphan is never reused
+    assert {r.sample for r in Store(tmp_path / "s").read()} == {"0"}  # also for a reader opening it now
+    problems = st.verify()
+    assert any("orphaned chunk" in p for p in problems)
+    assert any("unfinished line" in p for p in problems) == cut.startswith("inside")
+    # resume: the missing sample is written to a fresh chunk, the orphan is never reused, a torn line is cut off
     assert st.missing(["0", "1"], [0, 1]) == ["1"]
     st.write([rec(1, 0), rec(1, 1)])
     assert {r.sample for r in st.read()} == {"0", "1"}
+    assert [len(h["keys"]) for h, _ in log_lines(tmp_path / "s")] == [2, 2]  # every line whole
     assert not list((tmp_path / "s").rglob("*.tmp"))
+    st.repair()
+    assert st.verify() == [] and {r.sample for r in Store(tmp_path / "s").read()} == {"0", "1"}
 
 
 def test_missing_and_corrupt_files_are_reported(tmp_path):
@@ -86,7 +98,7 @@ def test_missing_and_corrupt_files_are_reported(tmp_path):
     f.unlink()
     with pytest.raises(StoreError, match="missing"):
         st.read(layer=1)
-    (tmp_path / "s" / "index-rank00000.json").write_text("{not json")
+    (tmp_path / "s" / "index-rank00000.jsonl").write_text("{not json\n")
     with pytest.raises(StoreError, match="corrupt"):
         st.read()
     with pytest.raises(StoreError, match="no store"):
@@ -105,7 +117,7 @@ def test_ranks_merge_and_refuse_duplicates(tmp_path):
     # two ranks running at the same time cannot see each other: the reader catches the duplicate
     Store(tmp_path / "t", rank=5).write([rec(0, 0)])
     shutil.copytree(tmp_path / "t" / "rank00005", tmp_path / "s" / "rank00005")
-    shutil.copy(tmp_path / "t" / "index-rank00005.json", tmp_path / "s")
+    shutil.copy(tmp_path / "t" / "index-rank00005.jsonl", tmp_path / "s")
     with pytest.raises(StoreError, match="two ranks captured the same sample"):
         Store(tmp_path / "s").read()
     with pytest.raises(ValueError):
@@ -116,8 +128,7 @@ def test_diffusion_steps_are_separate_records(tmp_path):
     st = Store(tmp_path / "s")
     st.write([rec(0, 0, step=t) for t in range(3)])
     assert [r.step for r in st.read(step=2)] == [2]
-    idx = json.loads((tmp_path / "s" / "index-rank00000.json").read_text())
-    assert {e["step"] for e in idx["records"]} == {0, 1, 2}
+    assert [{e["step"] for e in entries} for _, entries in log_lines(tmp_path / "s")] == [{0, 1, 2}]
 
 
 def test_resume_refuses_another_mode_dtype_or_model_and_names_the_fix(tmp_path):
@@ -143,3 +154,90 @@ def test_resumed_capture_in_another_mode_is_refused_before_skipping_anything(tmp
     capture_samples(model, processor, samples[:1], store=st, mode="stats", layers=[0], progress=False)
     with pytest.raises(StoreError, match="this capture is mode='full'"):  # it would have skipped sample 0 as done
         capture_samples(model, processor, samples[:1], store=st, mode="full", layers=[0], progress=False)
+
+
+def to_former_format(path):
+    """Rewrite every rank's log as the index of the former format (one ``index-rankNNNNN.json`` per rank, as stores
+    were written before the log): ``{"format": 1, "rank": r, "records": [entry, ...]}``."""
+    for log in sorted(path.glob("index-rank*.jsonl")):
+        rank = int(log.name[len("index-rank"):-len(".jsonl")])
+        records = [e for _, entries in log_lines(path, rank) for e in entries]
+        log.with_suffix(".json").write_text(json.dumps({"format": 1, "rank": rank, "records": records}))
+        log.unlink()
+
+
+def test_a_store_of_the_former_format_reads_and_takes_appends(tmp_path):
+    path = tmp_path / "s"
+    for r, samples in enumerate([(0, 1, 2), (3,)]):
+        st = Store(path, rank=r, meta={"model": "m"})
+        for s in samples:  # one chunk per sample, as a capture writes
+            st.write([rec(s, li, seed=s) for li in range(2)])
+        st.close()
+    want = {r.key: r for r in Store(path).read()}
+    to_former_format(path)
+    assert sorted(p.name for p in path.glob("index-rank*")) == ["index-rank00000.json", "index-rank00001.json"]
+    reader = Store(path)  # opened before the conversion: it must follow it
+    back = reader.read()
+    assert [r.key for r in back] == list(want) and reader.verify() == []
+    for r in back:
+        same(want[r.key], r)
+    assert [r.layer for r in reader.read(sample="1")] == [0, 1] and reader.missing(["2", "3", "4"], [0, 1]) == ["4"]
+    with pytest.raises(StoreError, match="already stored"):
+        Store(path).write([rec(1, 0)])
+    # rank 0's next write converts its index to a log (one line per former chunk) and appends to it
+    st = Store(path, meta={"model": "m"})
+    st.write([rec(4, li, seed=4) for li in range(2)])
+    assert sorted(p.name for p in path.glob("index-rank*")) == ["index-rank00000.jsonl", "index-rank00001.json"]
+    assert [[e["file"].split("/")[1] for e in entries] for _, entries in log_lines(path)] == \
+        [["chunk000000"] * 2, ["chunk000001"] * 2, ["chunk000002"] * 2, ["chunk000003"] * 2]
+    for st_ in (reader, Store(path)):
+        assert [r.sample for r in st_.read(layer=1)] == ["0", "1", "2", "4", "3"] and st_.verify() == []
+        same(rec(4, 1, seed=4), st_.read(sample="4", layer=1)[0])
+    # dropping from a rank of the former format converts it too; the dropped sample is missing again
+    assert Store(path).drop(["3|language|0|-1"]) == ["3|language|0|-1"]
+    assert not list(path.glob("index-rank*.json")) and reader.missing(["3", "4"], [0, 1]) == ["3"]
+
+
+def _counting(monkeypatch):
+    """Bytes read from index files and lines whose records were parsed, from now on."""
+    seen = {"bytes": 0, "lines": 0}
+    read_from, entries = store_mod._read_from, store_mod._Log.entries
+
+    def counted_read(path, offset):
+        data = read_from(path, offset)
+        seen["bytes"] += len(data)
+        return data
+
+    def counted_entries(log, n):
+        seen["lines"] += 1
+        return entries(log, n)
+
+    monkeypatch.setattr(store_mod, "_read_from", counted_read)
+    monkeypatch.setattr(store_mod._Log, "entries", counted_entries)
+    return seen
+
+
+def test_a_write_and_a_one_sample_read_do_not_read_the_whole_index(tmp_path, monkeypatch):
+    """Work counted, not timed: once a Store has read the index, a write reads only the line the last write appended,
+    and reading one sample parses only the lines that hold it, however many chunks the store holds."""
+    path = tmp_path / "s"
+    st, reader = Store(path), Store(path)
+    for s in range(200):
+        st.write([rec(s, li) for li in range(3)])
+    log = path / "index-rank00000.jsonl"
+    line = len(log.read_bytes()) // 200
+    assert len(reader.read(sample="7")) == 3  # the reader's first look reads the whole index once
+    seen = _counting(monkeypatch)
+    for s in range(200, 210):
+        st.write([rec(s, li) for li in range(3)])
+    assert seen["bytes"] < 10 * 2 * line and seen["lines"] == 0  # each write: about one line, no records parsed
+    seen.update(bytes=0, lines=0)
+    assert [r.layer for r in reader.read(sample="205")] == [0, 1, 2]
+    assert seen["bytes"] < 11 * line and seen["lines"] == 1  # the ten new lines, and the one line of the sample
+    seen.update(bytes=0, lines=0)
+    assert reader.missing([str(s) for s in range(212)], [0, 1, 2]) == ["210", "211"] and seen["bytes"] < 100
+    # a drop is one line too, and readers follow it
+    assert st.drop(["3|language|1|-1"]) == ["3|language|1|-1"] and seen["bytes"] < 2 * line
+    assert [r.layer for r in reader.read(sample="3")] == [0, 2]
+    seen.update(bytes=0, lines=0)
+    assert len(Store(path).read(sample="3")) == 2 and seen["bytes"] == log.stat().st_size and seen["lines"] == 1

@@ -125,7 +125,7 @@ def test_sigkill_at_random_points(tmp_path):
         st = Store(path)
         before = check_intact(st)  # what was committed reads back exactly; nothing half-written is indexed
         assert len(before) >= 1 and st.damaged() == {}
-        torn += any("orphaned" in p or "temporary" in p for p in st.verify())
+        torn += any("orphaned" in p or "temporary" in p or "unfinished line" in p for p in st.verify())
         # the OS released the dead writer's lock: a resumed capture (this process) completes the store
         for s in st.missing([str(s) for s in range(N_SAMPLES)], range(N_LAYERS)):
             st.write([rec(int(s), li) for li in range(N_LAYERS)])
@@ -170,15 +170,28 @@ def test_flipped_byte_detected_then_repaired_by_recapture(tmp_path, llava, sampl
     assert (f.parent / (f.name + ".damaged")).exists()  # the damaged file is kept for inspection
 
 
-@pytest.mark.parametrize("content", ["{}", "[]", '{"records": 3}', '{"records": [{"key": "x"}]}', "not json"])
-def test_malformed_index_gets_an_actionable_error(tmp_path, content):
+K = "0|language|0|-1"
+MALFORMED = [("jsonl", c) for c in ["{}", "[{}]", f'[{{"keys": "{K}", "mode": "stats"}}, []]',
+                                    f'[{{"keys": ["{K}"], "mode": "stats"}}, [{{"key": "{K}"}}]]', "not json"]] + \
+            [("json", c) for c in ["{}", "[]", '{"records": 3}', '{"records": [{"key": "x"}]}', "not json"]]
+
+
+@pytest.mark.parametrize("fmt, content", MALFORMED)
+def test_malformed_index_gets_an_actionable_error(tmp_path, fmt, content):
+    """A line of a rank's log (after a sound one), or a whole index of the former format, that is not an index."""
     st = Store(tmp_path / "s")
     st.write([rec(0, 0), rec(1, 0)])
     other = Store(tmp_path / "s", rank=1)
     other.write([rec(2, 0)])
-    idx = st.path / "index-rank00000.json"
-    idx.write_text(content)
-    with pytest.raises(StoreError, match="rename it to index-rank00000.json.bad"):
+    log = st.path / "index-rank00000.jsonl"
+    idx = st.path / f"index-rank00000.{fmt}"
+    if fmt == "jsonl":
+        idx.write_text(log.read_text() + content + "\n")
+    else:
+        log.unlink()
+        idx.write_text(content)
+    with pytest.raises(StoreError, match=("line 2 of index .*" if fmt == "jsonl" else "") +
+                       f"rename it to index-rank00000.{fmt}.bad"):
         Store(st.path).index()
     idx.rename(idx.with_name(idx.name + ".bad"))  # the advice, followed
     assert Store(st.path).missing(["0", "1", "2"], [0]) == ["0", "1"]
@@ -383,9 +396,9 @@ def test_an_index_entry_outside_the_store_is_damaged_and_never_touched(tmp_path,
     st.write([rec(0, li) for li in range(N_LAYERS)])
     st.write([rec(1, li) for li in range(N_LAYERS)])
     st.close()
-    ip = path / "index-rank00000.json"
-    idx = json.loads(ip.read_text())
-    victim = idx["records"][0]
+    ip = path / "index-rank00000.jsonl"
+    lines = [json.loads(line) for line in ip.read_text().splitlines()]
+    victim = lines[0][1][0]
     if where == "dotdot":
         victim["file"] = "../other/notes.txt"
     elif where == "absolute":
@@ -393,7 +406,7 @@ def test_an_index_entry_outside_the_store_is_damaged_and_never_touched(tmp_path,
     else:
         (path / "rank00000" / "escape.npz").symlink_to(notes)
         victim["file"] = "rank00000/escape.npz"
-    ip.write_text(json.dumps(idx))
+    ip.write_text("".join(json.dumps(line) + "\n" for line in lines))
     st = Store(path)
     assert any(victim["key"] in p for p in st.verify())
     with pytest.raises(StoreError, match="outside"):
@@ -412,7 +425,7 @@ def test_repair_keeps_the_damaged_copy_when_every_file_of_a_chunk_is_damaged(tmp
     f = next((tmp_path / "store" / "rank00000" / "chunk000000").glob("*.npz"))
     f.write_bytes(b"garbage")
     st = Store(tmp_path / "store")
-    first = json.loads((tmp_path / "store" / "index-rank00000.json").read_text())["records"][0]["key"]
+    first = json.loads((tmp_path / "store" / "index-rank00000.jsonl").read_text().splitlines()[0])[0]["keys"][0]
     assert st.repair() == [first]
     assert (f.parent / (f.name + ".damaged")).read_bytes() == b"garbage"  # kept, as the README promises
     assert st.verify() == [] and check_intact(st) == {"1"}

@@ -3,16 +3,30 @@
 Layout of a store directory::
 
     meta.json                       model id, dtype, library version (written once, checked after)
-    index-rank00000.json            the records one writer (rank) has committed
+    index-rank00000.jsonl           the chunks one writer (rank) has committed: an append-only log, a line each
     rank00000/chunk000000/L0003_language.npz   one compressed file per layer and chunk
 
-Every write is one *chunk*: its layer files are written to temporary names and renamed into
-place, then the rank's index is replaced atomically (``os.replace``). A write interrupted at any
-point leaves the previous index, and so the previous store, intact; an orphaned chunk folder is
-ignored (``verify`` reports it). A record key (sample, part, layer, step) can be written once:
-writing it again raises instead of silently overwriting, and ``missing`` tells a resumed capture
-what is left to do. Several processes (``torchrun`` / ``accelerate launch`` ranks) write their own
-index and folders; readers merge all indexes and refuse duplicates.
+Every write is one *chunk*: its layer files are written to temporary names and renamed into place, then one line
+listing its records is appended to the rank's index and fsync'd. That line is the commit. A write interrupted
+before it leaves the previous store intact: an orphaned chunk folder is ignored (``verify`` reports it), and a write
+cut off inside the line leaves a torn last line (no newline at its end) that readers ignore as an interrupted write
+and the rank's next write (or :meth:`Store.repair`) cuts off. A record key (sample, part, layer, step) can be written
+once: writing it again raises instead of silently overwriting, and ``missing`` tells a resumed capture what is left
+to do. Several processes (``torchrun`` / ``accelerate launch`` ranks) write their own index and folders; readers
+merge all indexes and refuse duplicates.
+
+Each line is a JSON array ``[head, records]``: the head holds the chunk's record keys and capture mode
+(``{"keys": ["7|language|3|-1", ...], "mode": "stats"}``), ``records`` one entry per record (its file, slot,
+checksum, spans, ...). :meth:`Store.drop` appends ``[{"drop": [keys]}, []]``. A :class:`Store` keeps the heads of
+every rank's log in memory and, on each call, reads only the bytes a log gained since it last looked (by byte
+offset); a line's records are parsed when one of them is read. So appending a chunk costs the same at the
+100,000th record as at the first, and opening a store of 100,000 records reads only the heads (about 0.2 s on 2 CPU
+cores; ``benchmarks/results/store_scale.txt``). Why a log and not SQLite: the store stays plain files that readers only
+read (a copy on a read-only or shared mount reads; no database locks beside the writer's OS lock, no connection to
+reopen after a fork), a commit stays one atomic step (an fsync'd line) as the atomic rename of the former index
+was, and the index stays text a person can read and mend, as before. Stores written before (one
+``index-rankNNNNN.json`` per rank, rewritten whole on every write) still read; a rank's next write (or drop)
+converts its index to a log.
 
 One writer per rank: the first write takes an exclusive OS lock (``.lock-rank00000``, see
 :mod:`unicache_lib.locks`) held until :meth:`Store.close` (or the object is dropped, or the process
@@ -30,8 +44,10 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +110,146 @@ def key_str(key: tuple) -> str:
     return f"{sample}|{part}|{layer}|{step}"
 
 
+_INDEX_NAME = re.compile(r"index-rank(\d+)\.(jsonl|json)")  # a rank's log, or its index in the former format
+_HEAD = json.JSONDecoder().raw_decode
+
+
+def _index_fix(p: Path) -> str:
+    return (f"Move it aside (rename it to {p.name}.bad) and run the capture again: a resumed capture recaptures "
+            f"every sample that no index lists")
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    """The bytes of ``path`` from ``offset`` on: the only way an index is read."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read()
+
+
+def _append_line(path: Path, data: bytes) -> None:
+    """Append ``data`` (one line) to ``path`` and fsync it; on any error nothing of it stays."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _line(head: dict, records: list) -> str:
+    return json.dumps([head, records], separators=(",", ":"))
+
+
+def _strs(x) -> bool:
+    return isinstance(x, list) and all(isinstance(k, str) for k in x)
+
+
+class _Log:
+    """One rank's index as a :class:`Store` last read it. ``lines``: ``(head, text)`` of each line, in order (the
+    text is parsed when a record of it is read); ``live``: record key -> its line, in index order; ``samples``:
+    sample -> the lines that hold it; ``end``: the byte after the last whole line; ``torn``: bytes after it."""
+
+    def __init__(self, path: Path):
+        self.path, self.sig, self.end, self.torn, self.last = path, None, 0, 0, b""
+        self.lines: list[tuple[dict, str]] = []
+        self.live: dict[str, int] = {}
+        self.samples: dict[str, list[int]] = {}
+        self.modes: set = set()
+        self.chunks = 0
+
+    def refresh(self, store: "Store") -> list[str] | None:
+        """Read what the file gained since the last call. Returns the keys it added, or None when anything else
+        changed (records dropped, the file replaced or rewritten, the former format re-read)."""
+        st = os.stat(self.path)
+        sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if sig == self.sig:
+            return []
+        if self.path.suffix == ".json":  # the former format: one JSON, read whole, turned into lines in memory
+            self.__init__(self.path)
+            groups: list[list[dict]] = []
+            for e in store._load_index(self.path)["records"]:  # a line per chunk: consecutive records of one folder
+                if not groups or str(e["file"]).rsplit("/", 1)[0] != str(groups[-1][0]["file"]).rsplit("/", 1)[0]:
+                    groups.append([])
+                groups[-1].append(e)
+            for g in groups:
+                head = {"keys": [e["key"] for e in g], "mode": g[0].get("mode") or ""}
+                self._add(head, _line(head, g))
+            self.sig = sig
+            return None
+        ok = self.sig is not None and self.sig[:2] == sig[:2] and st.st_size >= self.end
+        data = _read_from(self.path, self.end - len(self.last)) if ok else b""
+        fresh = not ok or not data.startswith(self.last)
+        if fresh:  # not just appended to: read it all again
+            self.__init__(self.path)
+            data = _read_from(self.path, 0)
+        else:
+            data = data[len(self.last):]
+        dropped, added = False, []
+        done = data.rfind(b"\n") + 1
+        for raw in data[:done].split(b"\n")[:-1]:
+            n = len(self.lines)
+            try:
+                text = raw.decode()
+                head = _HEAD(text, 1)[0] if text.startswith("[{") else None
+            except (UnicodeDecodeError, ValueError) as e:
+                raise self.corrupt(n, f"is corrupt ({e})") from e
+            if isinstance(head, dict) and _strs(head.get("drop")):
+                for k in head["drop"]:
+                    self.live.pop(k, None)
+                self.lines.append((head, text))
+                dropped = True
+            elif isinstance(head, dict) and _strs(head.get("keys")) and isinstance(head.get("mode"), str):
+                added += self._add(head, text)
+            else:
+                raise self.corrupt(n, 'is corrupt: not a store index line ([{"keys": [...], "mode": ...}, [records]])')
+        if dropped:
+            self.modes = {self.lines[n][0]["mode"] for n in set(self.live.values())}
+        self.end += done
+        self.torn, self.last, self.sig = len(data) - done, data[max(0, done - 64):done] or self.last, sig
+        return None if fresh or dropped else added
+
+    def _add(self, head: dict, text: str) -> list[str]:
+        n = len(self.lines)
+        self.lines.append((head, text))
+        for k in head["keys"]:
+            self.live[k] = n
+            s = self.samples.setdefault(k.rsplit("|", 3)[0], [])
+            if not s or s[-1] != n:
+                s.append(n)
+        self.modes.add(head["mode"])
+        self.chunks += 1
+        return head["keys"]
+
+    def entries(self, n: int) -> list[dict]:
+        """The entries of line ``n`` still in the index."""
+        head, text = self.lines[n]
+        try:
+            line = json.loads(text)
+        except ValueError as e:
+            raise self.corrupt(n, f"is corrupt ({e})") from e
+        recs = line[1] if isinstance(line, list) and len(line) == 2 else None
+        if not isinstance(recs, list) or any(not isinstance(e, dict) or not _ENTRY_KEYS <= e.keys() for e in recs) \
+                or [e["key"] for e in recs] != head["keys"]:
+            raise self.corrupt(n, "is corrupt: its records are not one entry per key of its head")
+        return [e for e in recs if self.live.get(e["key"]) == n]
+
+    def corrupt(self, n: int, what: str) -> "StoreError":
+        return StoreError(f"line {n + 1} of index {self.path} {what}. {_index_fix(self.path)}")
+
+    def cut(self) -> None:
+        """Cut a torn last line off (a write of this rank that was interrupted: the caller holds its lock)."""
+        if self.torn:
+            os.truncate(self.path, self.end)
+            self.torn = 0
+
+
 class Store:
     """Read and append capture records.
 
@@ -114,6 +270,10 @@ class Store:
         self.rank = rank
         self.meta = dict(meta or {})
         self._lock = None
+        self._logs: dict[int, _Log] = {}  # every rank's index as last read (see the module docstring)
+        self._owner: dict[str, int] = {}  # record key -> its rank, over all ranks
+        self._clash: str | None = None  # the first key two ranks hold
+        self._guard = threading.RLock()  # threads of this process sharing the object take turns on the above
 
     # ---- the writer lock -----------------------------------------------------------------------
     def _lock_path(self, rank: int | None = None) -> Path:
@@ -155,62 +315,79 @@ class Store:
 
     # ---- index ---------------------------------------------------------------------------------
     def _index_path(self, rank: int | None = None) -> Path:
-        return self.path / f"index-rank{self.rank if rank is None else rank:05d}.json"
+        return self.path / f"index-rank{self.rank if rank is None else rank:05d}.jsonl"
 
     def _load_index(self, p: Path) -> dict:
-        fix = (f"Move it aside (rename it to {p.name}.bad) and run the capture again: a resumed capture recaptures "
-               f"every sample that no index lists")
+        """An index of the former format (``index-rankNNNNN.json``, read whole)."""
         try:
-            idx = json.loads(p.read_text())
+            idx = json.loads(_read_from(p, 0))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise StoreError(f"index {p} is corrupt ({e}). {fix}") from e
+            raise StoreError(f"index {p} is corrupt ({e}). {_index_fix(p)}") from e
         recs = idx.get("records") if isinstance(idx, dict) else None
         bad = not isinstance(recs, list) or any(not isinstance(e, dict) or not _ENTRY_KEYS <= e.keys() for e in recs)
         if bad:
             found = f"a {type(idx).__name__} with keys {sorted(idx)[:6]}" if isinstance(idx, dict) else type(idx).__name__
             raise StoreError(f"index {p} is not a store index (expected {{'records': [...]}} with one entry per record, "
-                             f"found {found}). {fix}")
+                             f"found {found}). {_index_fix(p)}")
         return idx
 
-    def _indexes(self) -> list[tuple[int, Path, list[dict]]]:
-        """``(rank, index path, entries)`` of every rank's index."""
-        out = []
-        for p in sorted(self.path.glob("index-rank*.json")):
-            try:
-                rank = int(p.name[len("index-rank"):-len(".json")])
-            except ValueError:
-                continue
-            out.append((rank, p, self._load_index(p)["records"]))
-        return out
+    def _refresh(self) -> None:
+        """Bring the in-memory index up to date, reading only what each rank's log gained since the last call."""
+        with self._guard:
+            for again in (True, False):
+                try:
+                    return self._refresh_once()
+                except BaseException as e:
+                    self._logs, self._owner, self._clash = {}, {}, None  # the next look reads everything again
+                    if not (again and isinstance(e, FileNotFoundError)):  # (a log gone since listed: a rank converted)
+                        raise
 
-    def index(self) -> list[dict]:
-        """Every committed record's entry, merged over all ranks."""
+    def _refresh_once(self) -> None:
+        files: dict[int, Path] = {}
+        for p in self.path.glob("index-rank*"):
+            m = _INDEX_NAME.fullmatch(p.name)
+            if m and (m[2] == "jsonl" or int(m[1]) not in files):  # a rank's log wins over a former-format index
+                files[int(m[1])] = p
+        rebuild = files.keys() != self._logs.keys()
+        self._logs = {r: log for r, log in self._logs.items() if r in files and log.path == files[r]}
+        added = []
+        for r in sorted(files):
+            log = self._logs.setdefault(r, _Log(files[r]))
+            new = log.refresh(self)
+            rebuild = rebuild or new is None
+            added += [(k, r) for k in new or ()]
+        if rebuild:
+            self._owner, self._clash = {}, None
+            added = [(k, r) for r, log in sorted(self._logs.items()) for k in log.live]
+        for k, r in added:
+            o = self._owner.setdefault(k, r)
+            if o != r and self._clash is None:
+                self._clash = (f"record {k} is in both {self._logs[o].path.name} and {self._logs[r].path.name}: two ranks "
+                               f"captured the same sample; give each rank a disjoint slice (shard_samples)")
+
+    def _current(self) -> None:
+        """Refresh the index; raise for a missing store or a key two ranks hold."""
         if not self.path.exists():
             raise StoreError(f"no store at {self.path}: run a capture that writes to it first")
         if not self.path.is_dir():
             raise StoreError(f"{self.path} is a file, not a store folder")
-        entries, seen = [], {}
-        for _, p, recs in self._indexes():
-            for e in recs:
-                k = e["key"]
-                if k in seen:
-                    raise StoreError(f"record {k} is in both {seen[k]} and {p.name}: two ranks captured the "
-                                     f"same sample; give each rank a disjoint slice (shard_samples)")
-                seen[k] = p.name
-                entries.append(e)
-        return entries
+        self._refresh()
+        if self._clash:
+            raise StoreError(self._clash)
 
-    def _own_entries(self) -> list[dict]:
-        p = self._index_path()
-        return self._load_index(p)["records"] if p.exists() else []
+    def index(self) -> list[dict]:
+        """Every committed record's entry, merged over all ranks."""
+        with self._guard:
+            self._current()
+            return [e for _, log in sorted(self._logs.items()) for n in sorted(set(log.live.values()))
+                    for e in log.entries(n)]
 
     def keys(self) -> set[str]:
-        try:
-            return {e["key"] for e in self.index()}
-        except StoreError:
-            if not self.path.exists():
-                return set()
-            raise
+        if not self.path.exists():
+            return set()
+        with self._guard:
+            self._current()
+            return set(self._owner)
 
     def missing(self, samples, layers, part: str = "language", step: int = -1) -> list:
         """Samples of ``samples`` that lack any of ``layers`` (what a resumed capture still has to do)."""
@@ -233,7 +410,9 @@ class Store:
                                      f"one store holds one {k}. Write to a new folder, or remove_store({str(self.path)!r}) "
                                      f"to start this one again")
         if mode is not None and self.path.exists():
-            other = sorted({e["mode"] for e in self.index()} - {mode})
+            with self._guard:
+                self._current()
+                other = sorted({m for log in self._logs.values() for m in log.modes if m} - {mode})
             if other:
                 raise StoreError(f"store {self.path} holds mode={other[0]!r} records, this capture is mode={mode!r}: "
                                  f"one store holds one capture mode. Write to a new folder (e.g. {self.path.name}-{mode}), "
@@ -255,7 +434,7 @@ class Store:
         if not records:
             return 0
         self.path.mkdir(parents=True, exist_ok=True)
-        with self._writer_lock().mutex:
+        with self._writer_lock().mutex, self._guard:
             return self._write(records)
 
     def _write(self, records: list[Record]) -> int:
@@ -263,15 +442,13 @@ class Store:
         modes = {r.mode for r in records}
         if len(modes) > 1:
             raise StoreError(f"one write mixes capture modes {sorted(modes)}: one store holds one mode")
-        self.check_resume(mode=next(iter(modes)))
-        have = self.keys()
+        self.check_resume(mode=next(iter(modes)))  # brings the index up to date
         keys = [key_str(r.key) for r in records]
-        dup = [k for k in keys if k in have] or [k for i, k in enumerate(keys) if k in keys[:i]]
+        dup = [k for k in keys if k in self._owner] or [k for i, k in enumerate(keys) if k in keys[:i]]
         if dup:
             raise StoreError(f"{len(dup)} record(s) already stored, e.g. {dup[0]!r}; stored data is never "
                              f"overwritten: skip them (Store.missing) or write to a new directory")
-        own = self._own_entries()
-        n_chunk = len({e["file"].split("/")[1] for e in own})
+        n_chunk = self._logs[self.rank].chunks if self.rank in self._logs else 0
         chunk = f"rank{self.rank:05d}/chunk{n_chunk:06d}"
         while (self.path / chunk).exists():  # an orphan from an interrupted write: never reuse it
             n_chunk += 1
@@ -301,9 +478,19 @@ class Store:
                     "arrays": sorted(r.data), "sha256": digest,
                     "spans": r.spans.to_json() if r.spans is not None else None, "meta": r.meta,
                 }
-        index = {"format": FORMAT, "rank": self.rank, "records": own + new_entries}
-        _atomic_write_bytes(self._index_path(), json.dumps(index).encode())
+        self._append(self.rank, {"keys": keys, "mode": records[0].mode}, new_entries)
         return len(records)
+
+    def _append(self, rank: int, head: dict, records: list) -> None:
+        """Commit one line to ``rank``'s log, its writer lock held and the index just refreshed: an index of the
+        former format is converted first (written whole, then removed), a torn last line is cut off."""
+        p, log = self._index_path(rank), self._logs.get(rank)
+        if log is not None and log.path != p:
+            _atomic_write_bytes(p, "".join(text + "\n" for _, text in log.lines).encode())
+            log.path.unlink()
+        elif log is not None:
+            log.cut()
+        _append_line(p, (_line(head, records) + "\n").encode())
 
     # ---- reading -------------------------------------------------------------------------------
     def read_meta(self) -> dict:
@@ -353,9 +540,15 @@ class Store:
 
     def read(self, sample=None, layer=None, part=None, step=None) -> list[Record]:
         """Records matching the filters (None = any), in index order, exactly as written."""
-        ents = [e for e in self.index()
-                if (sample is None or e["sample"] == str(sample)) and (layer is None or e["layer"] == layer)
-                and (part is None or e["part"] == part) and (step is None or e["step"] == step)]
+        if sample is None:
+            ents = self.index()
+        else:  # only the lines that hold the sample are parsed
+            with self._guard:
+                self._current()
+                ents = [e for _, log in sorted(self._logs.items()) for n in log.samples.get(str(sample), ())
+                        for e in log.entries(n) if e["sample"] == str(sample)]
+        ents = [e for e in ents if (layer is None or e["layer"] == layer) and (part is None or e["part"] == part)
+                and (step is None or e["step"] == step)]
         cache: dict[str, object] = {}
         out = []
         for e in ents:
@@ -410,22 +603,25 @@ class Store:
             problems.append(f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
                             if p.is_dir() else f"temporary file {rel} left by an interrupted write; it is ignored, "
                             f"Store.repair() removes it")
+        problems += [f"{log.path.name} ends in {log.torn} bytes of an unfinished line (an interrupted write); it is "
+                     f"ignored, Store.repair() removes it" for _, log in sorted(self._logs.items()) if log.torn]
         return problems
 
     def drop(self, keys) -> list[str]:
-        """Remove the records ``keys`` (``"sample|part|layer|step"``) from their ranks' indexes, atomically
-        per index, under each rank's writer lock. Their data files stay on disk. Returns the keys dropped."""
-        keys = set(keys)
-        dropped = []
-        for rank, p, _ in self._indexes():
+        """Remove the records ``keys`` (``"sample|part|layer|step"``) from their ranks' indexes: one line appended
+        to each rank's log that holds any, under that rank's writer lock. Their data files stay on disk. Returns
+        the keys dropped."""
+        keys, dropped = set(keys), []
+        self._refresh()
+        for rank in sorted(self._logs):
             lock = _locked(self._lock_path(rank), f"rank {rank} of store {self.path}")
             try:
-                with lock.mutex:
-                    idx = self._load_index(p)
-                    keep = [e for e in idx["records"] if e["key"] not in keys]
-                    if len(keep) < len(idx["records"]):
-                        dropped += [e["key"] for e in idx["records"] if e["key"] in keys]
-                        _atomic_write_bytes(p, json.dumps({**idx, "records": keep}).encode())
+                with lock.mutex, self._guard:
+                    self._refresh()  # what the rank holds now that nobody else writes it
+                    gone = [k for k in self._logs[rank].live if k in keys] if rank in self._logs else []
+                    if gone:
+                        self._append(rank, {"drop": gone}, [])
+                        dropped += gone
             finally:
                 lock.release()
         return dropped
@@ -435,9 +631,9 @@ class Store:
         renamed ``*.damaged``), delete leftovers of interrupted writes. Refused (StoreLockedError) while
         another process writes any rank. Afterwards :meth:`missing` lists the dropped samples and a
         resumed capture recaptures them. Returns the record keys dropped."""
-        ranks = sorted({r for r, _, _ in self._indexes()}
-                       | {int(p.name[len(".lock-rank"):]) for p in self.path.glob(".lock-rank*")
-                          if p.name[len(".lock-rank"):].isdigit()})
+        self._refresh()
+        ranks = sorted(set(self._logs) | {int(p.name[len(".lock-rank"):]) for p in self.path.glob(".lock-rank*")
+                                          if p.name[len(".lock-rank"):].isdigit()})
         locks = []
         try:
             for r in ranks:  # nobody else may write while we decide what is an orphan
@@ -448,8 +644,10 @@ class Store:
                 p = self._inside(f)  # a path outside the store is dropped from the index, never touched
                 if p is not None and (p.exists() or p.is_symlink()):
                     os.replace(p, p.with_name(p.name + ".damaged"))
-            for p in self._leftovers():
+            for p in self._leftovers():  # (brings the index up to date)
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
+            for log in self._logs.values():
+                log.cut()
             return dropped
         finally:
             for lk in locks:

@@ -4,7 +4,7 @@
     accelerate launch --num_processes 2 -m unicache_lib.capture.distributed --out outputs/store
 
 Each rank (``RANK`` / ``WORLD_SIZE`` from the launcher) takes a disjoint slice of the samples
-(:func:`~unicache_lib.store.shard_samples`) and writes ``index-rankNNNNN.json`` plus its own chunk
+(:func:`~unicache_lib.store.shard_samples`) and writes its own index log ``index-rankNNNNN.jsonl`` and chunk
 folders; readers merge the parts through the indexes. No process group is needed: ranks never
 write the same file. A model too big for one device loads with ``--device-map auto``.
 """

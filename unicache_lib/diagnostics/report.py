@@ -117,9 +117,9 @@ def load_store(path):
         raise ReportError(f"no store at {p}: the path does not exist")
     if not p.is_dir():
         raise ReportError(f"{p} is a file, not a store directory")
-    has_meta, has_index = (p / "meta.json").exists(), any(p.glob("index-rank*.json"))
+    has_meta, has_index = (p / "meta.json").exists(), any(p.glob("index-rank*.json*"))
     if not (has_meta or has_index):
-        what = "an empty directory" if not any(p.iterdir()) else "a directory without meta.json or index-rank*.json"
+        what = "an empty directory" if not any(p.iterdir()) else "a directory without meta.json or index-rank*.jsonl"
         raise ReportError(f"{p} is not a capture store ({what}): run a capture that writes to it first")
     store = Store(p)
     try:
