@@ -137,9 +137,83 @@ def test_a_hub_id_offline_must_be_in_the_cache(tmp_path, monkeypatch):
     assert resolve("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"
 
 
-def test_a_hub_id_passes_through_when_online(online):
+def test_a_hub_id_passes_through_when_online(online, monkeypatch):
+    from unicache_lib.zoo import loaders
+
+    monkeypatch.setattr(loaders, "_hub_reachable", lambda timeout=3.0: True)
     assert resolve("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"  # from_pretrained downloads it
     assert online == []
+
+
+def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(online, tmp_path, monkeypatch):
+    """Offline mode unset and no network: one refused connection and a message with the fix, not ~23 s of retries."""
+    import time
+
+    import huggingface_hub.constants
+
+    from unicache_lib.zoo.loaders import ModelNotFoundError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    t0 = time.perf_counter()
+    with pytest.raises(ModelNotFoundError, match=r"cannot be reached from this machine: download it where there is "
+                                                 r"network \(`huggingface-cli download llava-hf/llava-1.5-7b-hf`\)"):
+        load_understanding("llava-hf/llava-1.5-7b-hf")
+    assert time.perf_counter() - t0 < 5 and len(online) == 1
+
+
+def test_a_near_typo_suggests_the_model_of_the_same_length_first(online):
+    from unicache_lib.zoo.loaders import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="Did you mean 'tiny-llava' or 'tiny-mllama'"):
+        load_understanding("tiny-llama")  # the README's typo
+
+
+def test_the_wrong_kind_of_model_names_the_right_loader():
+    from unicache_lib.inputs import InputError
+
+    with pytest.raises(InputError, match="text-to-image generator .* load it with load_generator"):
+        load_understanding("tiny-mmdit")
+    with pytest.raises(InputError, match="vision-language model \\(model_type 'llava'\\), not a generator: load it with "
+                                         "load_understanding"):
+        load_generator("tiny-llava")
+    assert load_generator("tiny-mmdit").family == "sd3"  # the loader the message names works
+
+
+@pytest.mark.parametrize("name", ["config.json", "model_card.json"])
+def test_a_truncated_json_names_the_file_and_copying_it_again_fixes_it(tmp_path, name):
+    import shutil
+
+    from unicache_lib.inputs import InputError
+
+    d = tmp_path / "llava"
+    shutil.copytree(resolve("tiny-llava"), d)
+    good = (d / name).read_text()
+    (d / name).write_text(good[: len(good) // 3])
+    with pytest.raises(InputError, match=f"{name} is not valid JSON .* copy it again from the original checkpoint"):
+        load_understanding(d, verify=name == "model_card.json")  # the card is read to check the weights
+    (d / name).write_text(good)  # the fix: copy the file again
+    assert load_understanding(d)[0].config.model_type == "llava"
+
+
+@pytest.mark.parametrize("model", ["tiny-llava", "tiny-pixart"])
+def test_missing_tokenizer_files_are_named_and_copying_them_fixes_it(tmp_path, model):
+    import shutil
+
+    from unicache_lib.inputs import InputError
+
+    d = tmp_path / model
+    shutil.copytree(resolve(model), d)
+    tok = d if model == "tiny-llava" else d / "tokenizer"
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for f in [f for f in tok.iterdir() if f.name.startswith(("tokenizer", "vocab", "spiece", "merges", "special"))]:
+        shutil.move(str(f), moved / f.name)
+    load = load_understanding if model == "tiny-llava" else load_generator
+    with pytest.raises(InputError, match=f"no tokenizer files in {tok}.*copy the tokenizer files"):
+        load(d)
+    for f in moved.iterdir():  # the fix: copy them back
+        shutil.move(str(f), tok / f.name)
+    assert load(d) is not None
 
 
 # --- weight checksums ---------------------------------------------------------------------------------------------

@@ -277,7 +277,7 @@ def test_fault_table_counts_come_from_the_tests():
         return n
 
     mods = [importlib.import_module(f"tests.{m}") for m in ("test_store_faults", "test_store", "test_report", "test_loaders",
-                                                               "test_inputs", "test_capture", "test_reuse")]
+                                                               "test_inputs", "test_capture", "test_reuse", "test_params")]
     funcs = {k: v for m in mods for k, v in vars(m).items() if k.startswith("test_")}
     rows = fault_table_rows(FAULTS_PAGE.read_text())
     assert len(rows) >= 10

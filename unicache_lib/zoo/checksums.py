@@ -25,6 +25,17 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin")
 _digests: dict[tuple[str, int, int, int, int], str] = {}
 
 
+def read_json(f: Path) -> dict:
+    """A model folder's JSON file; a truncated or hand-broken one names itself and the fix."""
+    from ..inputs import InputError
+
+    try:
+        return json.loads(Path(f).read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{f} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno}): the file was cut short "
+                         f"or edited by hand; copy it again from the original checkpoint") from e
+
+
 class ChecksumError(OSError):
     """A weight file of a model folder is not the one its ``model_card.json`` records (changed, missing or
     unrecorded). The message names the file, both digests and how to restore or accept it."""
@@ -75,7 +86,7 @@ def verify_checksums(folder: str | Path, remedy: str | None = None, required: bo
     """
     folder = Path(folder)
     card_path = folder / CARD
-    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+    card = read_json(card_path) if card_path.is_file() else {}
     remedy = remedy or (f"re-copy or re-save the model; if you changed its weights on purpose, load it with verify=False "
                         f"or record the new checksums with `python -m unicache_lib.zoo.checksums {shlex.quote(str(folder))}`")
     expected = card.get(KEY)

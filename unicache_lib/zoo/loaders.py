@@ -27,7 +27,7 @@ from transformers.utils import logging as _hf_logging
 from ..families import UnsupportedModelError, family_for_type, supported
 from ..gen_families import GEN_FAMILIES, gen_family_for
 from ..gen_families import supported as gen_supported
-from .checksums import ChecksumError, verify_checksums  # noqa: F401 - ChecksumError is re-exported
+from .checksums import ChecksumError, read_json, verify_checksums  # noqa: F401 - ChecksumError is re-exported
 
 _hf_logging.disable_progress_bar()  # weight-loading bars would flood notebooks and test logs
 
@@ -104,12 +104,32 @@ def _in_hub_cache(repo_id: str) -> bool:
     return True
 
 
+def _hub_host() -> str:
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    return urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host resolves and accepts a connection (seconds at most, instead of ~23 s of retries)."""
+    import socket
+
+    try:
+        socket.create_connection((_hub_host(), 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 def _unknown_name_message(name: str) -> str:
-    close = difflib.get_close_matches(name, SHIPPED, n=1)
+    # near names, the same length first (a typo in place: tiny-llama -> tiny-llava before tiny-mllama)
+    close = sorted(difflib.get_close_matches(name, SHIPPED, n=3, cutoff=0.8), key=lambda m: abs(len(m) - len(name)))
     shipped = ", ".join(f"{n} ({side})" for n, side in SHIPPED.items())
     gen = ", ".join(f"{tag} ({cls})" for cls, tag in (GENERATION_FAMILIES | PIPELINE_FAMILIES).items())
     return (f"{name!r} is not a shipped model, an existing folder or a Hugging Face hub id (org/name)."
-            f"{f' Did you mean {close[0]!r}?' if close else ''} Shipped models: {shipped}. Supported understanding "
+            f"{' Did you mean ' + ' or '.join(map(repr, close[:2])) + '?' if close else ''} Shipped models: {shipped}. Supported understanding "
             f"families: {supported()}. Supported generation families: {gen}.")
 
 
@@ -140,6 +160,11 @@ def resolve(name_or_path: str | Path) -> Path | str:
                 f"{name!r} is not a folder, and as a hub id it is not in the local Hugging Face cache while offline "
                 f"mode is on (HF_HUB_OFFLINE=1): download it once with network access (unset HF_HUB_OFFLINE), or "
                 f"pass the folder of a local copy.")
+        if not _offline() and not _in_hub_cache(name) and not _hub_reachable():
+            raise ModelNotFoundError(
+                f"{name!r} is not a folder, not in the local Hugging Face cache, and the hub ({_hub_host()}) cannot be "
+                f"reached from this machine: download it where there is network (`huggingface-cli download {name}`) "
+                f"and pass the folder (or copy that Hugging Face cache here)")
         return name
     if isinstance(name_or_path, Path) or any(sep and sep in name for sep in (os.sep, os.altsep)) or name[:1] in ".~/":
         raise ModelNotFoundError(f"no such folder: {p.absolute()} (from {name!r})")
@@ -165,7 +190,7 @@ def _read_config(where, sub: str = "", name: str = "config.json") -> dict:
         f = p / sub / name
         if not f.exists():
             raise FileNotFoundError(f"no {name} in {p / sub}: is this a model folder?")
-        return json.loads(f.read_text())
+        return read_json(f)
     from huggingface_hub import hf_hub_download  # a hub id: the real download path (offline here)
 
     return json.loads(Path(hf_hub_download(str(where), f"{sub + '/' if sub else ''}{name}")).read_text())
@@ -201,7 +226,7 @@ def model_card(name_or_path) -> dict:
     one); ``{}`` for folders without one and for hub ids."""
     p = Path(str(resolve(name_or_path)))
     f = p / "model_card.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
+    return read_json(f) if f.is_file() else {}
 
 
 def is_stand_in(name_or_path) -> bool:
@@ -244,8 +269,10 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
     import transformers
 
     where = _verified(resolve(name_or_path), verify)
+    _check_kind(where, "understanding")
     mt = understanding_family(where)
     fam = family_for_type(mt)
+    _check_tokenizers(where, "understanding")
     dev = resolve_device(device) if device is not None else None
     where_weights = dev or ("cuda" if device_map is not None and torch.cuda.is_available() else "cpu")
     dt = resolve_dtype(dtype, where_weights)
@@ -256,6 +283,47 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
         model.to(dev)
     model.eval()
     return model, fam.adapt_processor(load_processor(where, fam), model.config)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tekken.json")
+
+
+def _check_kind(where, want: str) -> None:
+    """A local folder of the other kind (a generator given to the understanding loader, or the reverse) is refused
+    naming the right loader."""
+    from ..inputs import InputError
+
+    p = Path(str(where))
+    if not p.is_dir():
+        return
+    generator = (p / "model_index.json").is_file() or (p / "transformer").is_dir()
+    if want == "understanding" and generator:
+        raise InputError(f"{p} is a text-to-image generator (a diffusers pipeline or the tiny generator layout), not a "
+                         f"vision-language model: load it with load_generator (notebooks 03, 04, 06: MODELS / GENERATORS)")
+    if want == "generation" and not generator and (p / "config.json").is_file():
+        raise InputError(f"{p} is a vision-language model (model_type {read_json(p / 'config.json').get('model_type')!r}), "
+                         f"not a generator: load it with load_understanding (notebooks: MODEL / UNDERSTANDING_MODEL)")
+
+
+def _check_tokenizers(where, want: str) -> None:
+    """A local folder whose tokenizer files are missing is refused naming the folder and the fix (instead of a
+    tokenizer library's unrelated complaint, such as "requires the protobuf library")."""
+    from ..inputs import InputError
+
+    p = Path(str(where))
+    if not p.is_dir():
+        return
+    if want == "understanding":
+        folders = [p]
+    elif (p / "model_index.json").is_file():  # a pipeline: the tokenizers its index names
+        index = read_json(p / "model_index.json")
+        folders = [p / k for k in ("tokenizer", "tokenizer_2", "tokenizer_3") if index.get(k) not in (None, [None, None])]
+    else:
+        folders = [p / "tokenizer"]
+    for f in folders:
+        if not f.is_dir() or not any((f / n).is_file() for n in TOKENIZER_FILES):
+            raise InputError(f"no tokenizer files in {f} (one of {', '.join(TOKENIZER_FILES)}): the folder is an "
+                             f"incomplete copy; copy the tokenizer files from the original checkpoint")
 
 
 def load_processor(where, family):
@@ -328,6 +396,7 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.f
         ChecksumError: a weight file that differs from its recorded checksum.
     """
     where = _verified(resolve(name_or_path), verify)
+    _check_kind(where, "generation")
     dev = resolve_device(device) if device is not None else None
     dt = resolve_dtype(dtype, dev or "cpu")
     index = _model_index(where)
@@ -357,6 +426,7 @@ def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | Non
         raise UnsupportedModelError(
             f"diffusers pipeline {cls_name!r} ({where}) is not supported; supported pipelines: "
             f"{', '.join(f'{c} ({f})' for c, f in PIPELINE_FAMILIES.items())}")
+    _check_tokenizers(where, "generation")
     pipe = DiffusionPipeline.from_pretrained(where, dtype=dtype)  # every model in eval mode
     card = model_card(where) if Path(str(where)).exists() else {}
     size = image_size or card.get("image_size") or default_image_size(pipe)
@@ -372,6 +442,7 @@ def _load_tiny_layout(where, dtype: torch.dtype):
     from .tiny_generators import Generator
 
     transformer, fam = load_transformer(where, dtype, verify=False)  # verified by the caller
+    _check_tokenizers(where, "generation")
     te_cls = {"clip_text_model": CLIPTextModelWithProjection, "t5": T5EncoderModel}
     mt = _read_config(where, "text_encoder").get("model_type")
     if mt not in te_cls:
