@@ -160,3 +160,52 @@ def test_cli_labels():
         cli_stores(["runs/a/store", "runs/a/../a/store"])
     with pytest.raises(ReportError, match="names two stores"):
         cli_stores(["store=x", "runs/store"])
+
+
+def test_a_store_after_repair_names_the_recapture_and_the_recapture_fixes_it(tmp_path):
+    """A record dropped by repair(): one line, exit 2, nothing written; running the same capture again (the fix the
+    message names) recaptures it and the report builds."""
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.store import Store
+    from unicache_lib.world import samples as sample_set
+    from unicache_lib.zoo.loaders import load_understanding
+
+    m, p = load_understanding("tiny-llava")
+    ss, path = sample_set.load(per_type=1)[:2], tmp_path / "store"
+    capture_samples(m, p, ss, Store(path, meta={"model": "tiny-llava"}), mode="stats", progress=False)
+    f = path / Store(path).index()[0]["file"]
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    f.write_bytes(bytes(b))
+    assert Store(path).repair()
+    out = tmp_path / "out"
+    r = run_report(path, "--out", out)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "run the same capture on this store again" in r.stderr
+    assert not out.exists()
+    capture_samples(m, p, ss, Store(path, meta={"model": "tiny-llava"}), mode="stats", progress=False)
+    assert run_report(path, "--out", out).returncode == 0
+
+
+@pytest.mark.parametrize("where", ["disk full", "under a file"])
+def test_an_unwritable_output_is_one_line_and_leaves_nothing(stores, tmp_path, monkeypatch, where):
+    from unicache_lib.diagnostics import report
+
+    if where == "under a file":  # the CLI: exit 2, one line
+        (tmp_path / "afile").write_text("")
+        r = run_report(stores[0], "--out", tmp_path / "afile" / "out")
+        assert r.returncode == 2 and r.stderr.startswith("unicache-report: error: cannot write the report")
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+        return
+    calls = []
+    real = report._atomic_write_bytes
+
+    def fill_up(path, data):  # the disk fills after two files
+        calls.append(path)
+        if len(calls) > 2:
+            raise OSError(28, "No space left on device")
+        real(path, data)
+    monkeypatch.setattr(report, "_atomic_write_bytes", fill_up)
+    out = tmp_path / "out"
+    with pytest.raises(report.ReportError, match="cannot write the report .*No space left on device.*another --out"):
+        report.build_report({"a": stores[0]}, out)
+    assert not out.exists()  # the two files it did write are gone, and the folder it made

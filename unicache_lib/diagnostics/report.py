@@ -136,6 +136,14 @@ def load_store(path):
     if not gen and any("probs" in r.data and "norm_entropy" not in r.data for r in recs):
         recs = [_from_maps(r, p) if "norm_entropy" not in r.data and "probs" in r.data else r for r in recs]
         note = "statistics computed from the attention maps of a full-mode capture"
+    if not gen:  # every (sample, layer) of each part: what repair() dropped must be recaptured first
+        for part in sorted({r.part for r in recs}):
+            have = {(r.sample, r.layer) for r in recs if r.part == part}
+            lost = sorted({(s, li) for s, _ in have for _, li in have} - have)
+            if lost:
+                raise ReportError(f"store {p} misses {len(lost)} {part} records, e.g. sample {lost[0][0]} layer "
+                                  f"{lost[0][1]} (dropped by repair(), or an interrupted capture): run the same capture "
+                                  f"on this store again, it recaptures only what is missing")
     need = GENERATOR_KEYS if gen else UNDERSTANDING_KEYS
     for r in recs:
         lack = [k for k in need if k not in r.data]
@@ -201,10 +209,28 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
         doc = (f"{MARK}\n<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) +
                "</title><style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:48%;margin:4px}"
                "</style></head><body><h1>" + html.escape(title) + "</h1>" + "".join(sections) + "</body></html>")
-        for f in files:  # all drawn: now into place, the page last
-            _atomic_write_bytes(out / f.name, f.read_bytes())
-    _atomic_write_bytes(page, doc.encode())
+        _put_in_place(out, [(out / f.name, f.read_bytes()) for f in files] + [(page, doc.encode())])
     return page
+
+
+def _put_in_place(out: Path, items: list) -> None:
+    """Write ``(path, bytes)`` items in order (the page last), each atomically. A failure (a full or read-only
+    disk) removes what this call created, so nothing is left behind, and raises a one-line :class:`ReportError`."""
+    fresh = not out.exists()
+    created = []
+    try:
+        for path, data in items:
+            new = not path.exists()
+            _atomic_write_bytes(path, data)
+            if new:
+                created.append(path)
+    except OSError as e:
+        for path in created:
+            path.unlink(missing_ok=True)
+        if fresh and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise ReportError(f"cannot write the report to {out} ({e.strerror or e}): free some space or choose another "
+                          f"--out") from e
 
 
 def cli_stores(args: list[str]) -> dict:
