@@ -165,8 +165,8 @@ if "lo" in roc:
 
 # %% [markdown]
 # **What this run shows (shipped model, 1500 questions).** The coverage signal is real but points the other way:
-# AUROC 0.31 [0.23, 0.39] in the claim's direction is 0.69 inverted, and within the 284 absent-object questions,
-# where 18 of the 20 errors sit (the model says "yes" to an object that is not there), it is 0.11 [0.06, 0.18] —
+# AUROC 0.31 [0.23, 0.40] in the claim's direction is 0.69 inverted, and within the 284 absent-object questions,
+# where 18 of the 20 errors sit (the model says "yes" to an object that is not there), it is 0.11 [0.06, 0.19] —
 # a hallucinating answer reads the image *harder*, as if searching for the object, not less. Confidence (0.95)
 # separates far better than either direction of coverage. Twenty errors of one kind make this a hypothesis to test
 # on a larger model, not a rule: a detector keyed on *high* coverage would need held-out errors of every type.
