@@ -353,8 +353,8 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 # 1.6–2.4× on real DiTs with thousands of image tokens. Here attention is under half of a sampling run
 # (37% and 45%, measured in §4), so even skipping every attention call could not reach 2×: the MLPs and norms are the rest
 # of each step, not a fixed overhead. Skipping whole steps is not bound by that cap — which is why `step_skip`
-# reaches 2× where attention-level reuse and the diffusers caches reach at most 1.49× (the MMDiT's last-third schedule ran no faster than no reuse, 0.94×) (on the SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) at 20 steps the same schedule
-# gave 2.18× over the whole pipeline call: `benchmarks/results/step_skip_sd3_medium_standin.txt`). At 1,024 image tokens attention's share grows (about 56% measured on an
+# reaches 2× where attention-level reuse and the diffusers caches reach at most 1.49×, and the MMDiT's last-third schedule ran no faster than no reuse (0.94×). (On the SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) at 20 steps the `step_skip` schedule
+# gave 2.18× over the whole pipeline call: `benchmarks/results/step_skip_sd3_medium_standin.txt`.) At 1,024 image tokens attention's share grows (about 56% measured on an
 # SD3-class block), which is where whole-block or whole-step reuse (diffusers' FirstBlockCache, MagCache)
 # separates from attention-only reuse. Compare the `computed` column across methods for the part that
 # transfers, and rerun on a real checkpoint to see the wall-clock side. Read every speed-up with its interval and
