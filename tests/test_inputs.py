@@ -363,3 +363,17 @@ def test_a_budget_out_of_range_says_it_is_a_fraction(tiny, prefilled):
     assert check_fraction(np.float32(0.5)) == 0.5 and check_fraction(1) == 1.0
     keep = POLICIES["h2o"]().select(prefilled.context(), 64 / 64)
     assert len(keep[0]) == prefilled.context().seq_len
+
+
+def test_images_of_different_sizes_and_an_empty_layer_list_are_named():
+    """numpy >= 1.24 refuses ragged nesting itself; the message must still say what to pass (#29)."""
+    import numpy as np
+
+    from unicache_lib.inputs import ImageError, LayerError, prepare_image, resolve_layers
+
+    with pytest.raises(ImageError, match="ragged list \\(images of different sizes\\?\\): pass one image"):
+        prepare_image([np.zeros((32, 32, 3), np.uint8), np.zeros((48, 48, 3), np.uint8)])
+    assert prepare_image(np.zeros((32, 32, 3), np.uint8)).shape == (32, 32, 3)  # one image at a time works
+    with pytest.raises(LayerError, match="layers=\\[\\] selects no layer .* pass layers=None"):
+        resolve_layers([], [0, 1, 2])
+    assert resolve_layers(None or [0, 1, 2], [0, 1, 2]) == [0, 1, 2]

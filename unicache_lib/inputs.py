@@ -85,7 +85,11 @@ def prepare_image(image) -> np.ndarray:
     elif isinstance(image, np.ndarray):
         arr = image
     elif isinstance(image, (list, tuple)):
-        arr = np.asarray(image)
+        try:
+            arr = np.asarray(image)
+        except ValueError as e:  # numpy >= 1.24 refuses ragged nesting (images of different sizes) outright
+            raise ImageError(f"got a ragged {type(image).__name__} (images of different sizes?): pass one image, "
+                             f"{EXPECTED_IMAGE}; for several images, one call per image") from e
         if arr.dtype == object:
             raise ImageError(f"got a ragged {type(image).__name__}: pass one image, {EXPECTED_IMAGE}")
     else:
@@ -244,6 +248,8 @@ def resolve_layers(layers, have, what: str = "the model") -> list[int]:
     if bad_type:
         raise LayerError(f"layers must be integers, got {bad_type!r}")
     asked = [operator.index(i) for i in asked]
+    if not asked:
+        raise LayerError(f"layers=[] selects no layer of {what}: pass layers=None for every layer, or a non-empty list")
     n = len(have)
     missing = [i for i in asked if (i < 0 and i < -n) or (i >= 0 and i not in have)]
     if missing:
