@@ -445,3 +445,32 @@ def test_a_record_replaced_by_a_folder_is_damaged_not_a_crash(tmp_path):
     key = st.index()[0]["key"]
     assert st.repair() == [key] and st.index() == [] and (f.parent / (f.name + ".damaged")).is_dir()  # kept
     assert st.verify() == []
+
+
+def test_verify_tells_a_write_in_flight_from_an_interrupted_one(tmp_path):
+    """A leftover of a rank that another live process holds is reported as a write possibly in flight (not
+    damage); once that writer is gone, the same leftover is an interrupted write that repair() removes (#29)."""
+    path = tmp_path / "store"
+    Store(path, meta={"model": "m"}).write([rec(0, li) for li in range(N_LAYERS)])
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.test_store_faults import rec
+        from unicache_lib.store import Store
+        st = Store({str(path)!r})
+        st.write([rec(1, 0)])                                    # holds rank 0's writer lock from here on
+        (st.path / "rank00000" / ".L0000.npz.tmp").write_bytes(b"half")  # as if mid-write
+        print("ready", flush=True)
+        time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        (problem,) = Store(path).verify()
+        assert "possibly a write in flight, not damage" in problem and f"pid {child.pid}" in problem
+    finally:
+        child.kill()
+        child.wait()
+    (problem,) = Store(path).verify()
+    assert "left by an interrupted write" in problem
+    Store(path).repair()
+    assert Store(path).verify() == []

@@ -153,6 +153,25 @@ def held_here(path) -> WriterLock | None:
     return lock if lock is not None and lock.valid() else None
 
 
+def holder_if_held(path) -> dict | None:
+    """The holder (``pid``, ``host``, ``since``, ``cmd``) of the lock on ``path`` while some process holds it, else
+    None. Probes with a non-blocking shared ``flock`` on a fresh descriptor, released at once; never waits."""
+    path = Path(os.path.abspath(path))
+    if held_here(path) is not None:
+        return read_holder(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: nobody ever wrote, or the folder is gone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_holder(path) or {"pid": "?"}
+    finally:
+        os.close(fd)  # closing drops the probe's shared lock
+    return None
+
+
 def forget(path) -> None:
     """Release this process's lock on ``path`` whatever its user count (its file is being removed)."""
     with _HELD_GUARD:

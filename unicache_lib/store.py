@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from .capture.record import Record
-from .locks import LockedError, acquire, forget, held_here
+from .locks import LockedError, acquire, describe, forget, held_here, holder_if_held
 from .modality import Spans
 
 FORMAT = 1
@@ -591,20 +591,41 @@ class Store:
 
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record
-        keys) and leftovers of interrupted writes (ignored by readers; :meth:`repair` removes them).
+        keys) and leftovers of interrupted writes (ignored by readers; :meth:`repair` removes them). A leftover
+        of a rank that a live process is writing right now is reported as a write in flight, not as damage.
         Empty when the store is sound."""
         problems = []
         for f, keys in self.damaged().items():
             problems.append(f"damaged file {f}: {len(keys)} record(s) unreadable ({', '.join(keys[:3])}"
                             f"{', ...' if len(keys) > 3 else ''}); Store.repair() drops them so a resumed capture "
                             f"recaptures them")
+        writing = {}
+
+        def live(rank) -> dict | None:  # another live process that holds the rank's writer lock, if any
+            if rank not in writing:
+                lock = self._lock_path(rank) if rank is not None else None
+                writing[rank] = None if lock is None or held_here(lock) else holder_if_held(lock)
+            return writing[rank]
+
+        def in_flight(what: str, rank) -> str:
+            return (f"{what}: possibly a write in flight, not damage (rank {rank} is held by a live writer, "
+                    f"{describe(live(rank))}); check again once it has closed the store")
+
         for p in self._leftovers():
             rel = p.relative_to(self.path).as_posix()
+            head = rel.split("/", 1)[0]
+            rank = int(head[4:]) if head.startswith("rank") and head[4:].isdigit() else None
+            if live(rank):
+                problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank))
+                continue
             problems.append(f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
                             if p.is_dir() else f"temporary file {rel} left by an interrupted write; it is ignored, "
                             f"Store.repair() removes it")
-        problems += [f"{log.path.name} ends in {log.torn} bytes of an unfinished line (an interrupted write); it is "
-                     f"ignored, Store.repair() removes it" for _, log in sorted(self._logs.items()) if log.torn]
+        for rank, log in sorted(self._logs.items()):
+            if log.torn:
+                problems.append(in_flight(f"{log.path.name} ends in {log.torn} bytes of an unfinished line", rank)
+                                if live(rank) else f"{log.path.name} ends in {log.torn} bytes of an unfinished line "
+                                f"(an interrupted write); it is ignored, Store.repair() removes it")
         return problems
 
     def drop(self, keys) -> list[str]:
