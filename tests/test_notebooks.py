@@ -110,6 +110,20 @@ def test_03_diffusion_steps_quick(tmp_path):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
 
 
+def test_03_runs_to_its_scoreboard_on_a_random_pipeline_that_draws_nothing(tmp_path):
+    """A random-weight SD3 pipeline folder draws no detectable object: every section still runs, the word -> region
+    section says "not measurable here", and the scoreboard marks G9 so (issue #28: it used to fail with KeyError)."""
+    from unicache_lib.zoo import tiny_pipelines as tp
+
+    folder = tp.build_tiny("sd3", tmp_path / "tiny-sd3-pipeline")
+    run_notebook("03_diffusion_steps.ipynb", tmp_path, MODELS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=4, MAP_PROMPTS=1,
+                 UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
+    board = scoreboard(tmp_path)
+    assert board["G9"]["verdict"] == "not measurable here"
+    executed = (tmp_path / "03_diffusion_steps.ipynb").read_text()
+    assert "tiny-sd3-pipeline: not measurable here: no prompt's object was found in its drawings" in executed
+
+
 def test_04_head_pruning_quick(tmp_path):
     run_notebook("04_head_pruning.ipynb", tmp_path, N_QUESTIONS=100, N_GRADIENT=16, FRACTIONS=[0.0, 0.1, 0.2], RANDOM_SEEDS=2,
                  N_PROMPTS=4, STEPS=4, TIMING_REPEATS=2, UNDERSTANDING_STORE=str(tmp_path / "none"),

@@ -538,9 +538,10 @@ print(loc.round(3).to_string())
 bind = R[R.role == "binding overlap"].groupby(["model", "pair"]).agg(overlap=("iou", "mean"), n=("iou", "size"))
 print(bind.round(3).to_string())
 for m in MODELS:
-    lm = loc.loc[m]
+    lm = loc.loc[m] if m in loc.index.get_level_values(0) else pd.DataFrame()
     print(f"{m}: colour words {lm.loc['colour', 'iou'] / lm.loc['colour', 'chance']:.1f}x chance, shape words "
-          f"{lm.loc['shape', 'iou'] / lm.loc['shape', 'chance']:.1f}x (claim G9 (a) asks for 2x)" if len(lm) == 2 else f"{m}: no object drawn")
+          f"{lm.loc['shape', 'iou'] / lm.loc['shape', 'chance']:.1f}x (claim G9 (a) asks for 2x)" if len(lm) == 2 else
+          f"{m}: not measurable here: no prompt's object was found in its drawings (nothing to compare a word's region with)")
 
 # %% [markdown]
 # **What to look at.** IoU well above chance means a word's brightest patches sit on its object; near chance
