@@ -143,6 +143,19 @@ def measure_redundancy(board, T, U: pd.DataFrame, models, n_prompts: int):
     return gen_red, u_red
 
 
+def word_region_lines(loc: pd.DataFrame, models) -> list[str]:
+    """One line per model: its colour and shape words' region IoU over chance (``loc``: mean ``iou`` and ``chance``
+    per (model, role)); a model none of whose prompts' objects was found in its drawings reads "not measurable here"."""
+    lines = []
+    for m in models:
+        lm = loc.loc[m] if m in loc.index.get_level_values(0) else pd.DataFrame()
+        lines.append(f"{m}: colour words {lm.loc['colour', 'iou'] / lm.loc['colour', 'chance']:.1f}x chance, shape words "
+                     f"{lm.loc['shape', 'iou'] / lm.loc['shape', 'chance']:.1f}x (claim G9 (a) asks for 2x)"
+                     if {"colour", "shape"} <= set(lm.index) else f"{m}: not measurable here: no prompt's object was "
+                     "found in its drawings (nothing to compare a word's region with)")
+    return lines
+
+
 def measure_word_regions(board, R: pd.DataFrame, loc: pd.DataFrame, models, prompts: list[dict]) -> None:
     """G9: (a) the object words' region IoU over a random region's, summed over prompts (``R``: per model, prompt and
     role, from :func:`~unicache_lib.analysis.word_regions.word_region_table`; ``loc``: its summary per model), (b) the
