@@ -6,7 +6,8 @@
    positions, and what choosing costs (`key_coverage`'s k-center cover vs H2O's top-k) once per image.
 1b. The same on the LLaVA-1.5-7B stand-in (random weights from the real config: 576 image tokens, 32 layers,
    reduced width) on one real question: `key_coverage` (cache stage: full prefill, then evicted) beside
-   DivPrune (prefill stage: only the kept tokens are prefilled) at 25 / 10 %: KV bytes, prefill time and
+   DivPrune and the same cover on the projected features (`key_coverage_features`; prefill stage: only the kept
+   tokens are prefilled) at 25 / 10 %: KV bytes, prefill time and
    the time of one decode step, each relative to the full cache.
 2. Cross-step reuse on the shipped generators: wall-clock of a batch over interleaved repeats, every
    workbench policy and diffusers cache and the fewer-step control (``steps:N``), speed-up relative to no
@@ -110,9 +111,11 @@ def eviction_standin(repeats=10):
         keep = POLICIES["key_coverage"]().select(ctx, b)
         runs[f"key_coverage {b:.0%}"] = (lambda: prefill(model, sp, attentions=False),
                                          lambda p, keep=keep: (evict(p.cache, keep), sp))
-        pick = POLICIES["divprune"]().token_picker(ctx, b)
-        runs[f"divprune {b:.0%}"] = (lambda pick=pick: prefill_pruned(model, sp, pick)[0],
-                                     lambda p: (p.cache, p.split))
+        for name in ("divprune", "key_coverage_features"):  # prefill stage: only the kept tokens are prefilled
+            pol = POLICIES[name]()
+            pick = pol.token_picker(ctx, b)
+            runs[f"{name} {b:.0%}"] = (lambda pick=pick, pol=pol: prefill_pruned(model, sp, pick, renumber=pol.renumber)[0],
+                                       lambda p: (p.cache, p.split))
     built = {n: after(make()) for n, (make, after) in runs.items()}
     held = {n: c.get_seq_length() for n, (c, _) in built.items()}
     dev = next(model.parameters()).device
@@ -133,11 +136,11 @@ def eviction_standin(repeats=10):
     full_b = kv_bytes(built["full"][0])
     print(f"\nLLaVA-1.5-7B stand-in (random weights, {C}-position context with {n_img} image tokens, 32 layers, reduced "
           f"width), one question; times relative to the full cache: median paired ratio [95% interval over repeats]")
-    print(f"{'cache':>18} {'positions':>9} {'bytes/full':>10} {'prefill/full':>22} {'decode step/full':>22}")
+    print(f"{'cache':>26} {'positions':>9} {'bytes/full':>10} {'prefill/full':>22} {'decode step/full':>22}")
     for n in built:
         p = speedup_interval(pre_t[n], pre_t["full"], min_repeats=2)
         d = speedup_interval(dec_t[n], dec_t["full"], min_repeats=2)
-        print(f"{n:>18} {held[n]:9d} {kv_bytes(built[n][0]) / full_b:10.3f} {p.value:8.3f} [{p.lo:.3f}, {p.hi:.3f}] "
+        print(f"{n:>26} {held[n]:9d} {kv_bytes(built[n][0]) / full_b:10.3f} {p.value:8.3f} [{p.lo:.3f}, {p.hi:.3f}] "
               f"{d.value:8.3f} [{d.lo:.3f}, {d.hi:.3f}]")
 
 
@@ -209,10 +212,12 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--prompts", type=int, default=8, help="scored prompts of the reuse table (32: the notebook's)")
     ap.add_argument("--standin-steps", type=int, default=20)
-    ap.add_argument("--parts", nargs="*", default=["eviction", "reuse", "standin"], choices=["eviction", "reuse", "standin"])
+    ap.add_argument("--parts", nargs="*", default=["eviction", "reuse", "standin"],
+                    choices=["eviction", "eviction-standin", "reuse", "standin"])
     a = ap.parse_args()
     if "eviction" in a.parts:
         eviction(repeats=3 * a.repeats)
+    if "eviction" in a.parts or "eviction-standin" in a.parts:
         eviction_standin(repeats=a.repeats)
     if "reuse" in a.parts:
         reuse(prompts=a.prompts, repeats=a.repeats)
