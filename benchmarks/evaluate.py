@@ -134,6 +134,19 @@ def decide(R: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(rows), CC.controls_table(R)
 
 
+def shares(R: pd.DataFrame) -> pd.DataFrame:
+    """Each selection method's accuracy / the full cache's per budget, with its interval over questions (the
+    prefill-stage ``key_coverage_features`` and DivPrune beside ``key_coverage``)."""
+    from unicache_lib.kv.evaluate import share_of_full
+
+    rows = []
+    for m in ("key_coverage", "key_coverage_features", "divprune", "divprune_keys", "pooling"):
+        for b in sorted(R[R.method == m].budget.unique()):
+            iv = share_of_full(R, m, b)
+            rows.append({"method": m, "budget": b, "share_of_full": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n})
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=int, default=2700, help="held-out questions in all (E1/E4's notes: ~2,700)")
@@ -149,9 +162,13 @@ def main(argv=None) -> int:
         args.results.mkdir(parents=True, exist_ok=True)
         claims.assign(model=R.attrs["model"], processes=R.attrs["world"]).to_csv(args.results / "evaluate_eviction.csv", index=False)
         controls.assign(model=R.attrs["model"], n=R.attrs["n"]).to_csv(args.results / "evaluate_controls.csv", index=False)
+        sh = shares(R)
+        sh.assign(model=R.attrs["model"]).to_csv(args.results / "evaluate_shares.csv", index=False)
         print(f"{R.attrs['n']} questions over {R.attrs['world']} process(es), slowest shard {R.attrs['seconds'] / 60:.1f} min")
         print(claims[["claim", "value", "lo", "hi", "n", "verdict", "n_to_settle", "cpu_hours_to_settle"]].round(4).to_string(index=False))
         print(controls[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(4).to_string(index=False))
+        print("share of the full cache's accuracy (ratio of means, 95% interval over questions):")
+        print(sh.round(4).to_string(index=False))
         return 0
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     path = run_shard(args.questions, rank, world, args.out, args.model)
