@@ -91,3 +91,26 @@ def test_press_refuses_a_cross_attention_vlm():
     with pytest.raises(ValueError, match="cross-attention layers.*run_eviction"):
         with KeyCoveragePress(compression_ratio=0.5)(mllama):
             pass
+
+
+def test_divprune_keys_press_keeps_what_the_ablation_policy_keeps(llava):
+    """DivPruneKeysPress: DivPrune's rule on each layer's cached image keys, the positions of POLICIES['divprune_keys']
+    (torch.equal, every layer) and the same answers; it needs no attention weights, so it also runs under sdpa."""
+    from unicache_lib.kv.presses import DivPruneKeysPress
+
+    model, processor, qas = llava
+    for q in qas[:2]:
+        sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
+        pre = prefill(model, sp, attentions=True)
+        ctx = pre.context()
+        keep = POLICIES["divprune_keys"]().select(ctx, 0.25)
+        policy_cache = evict(pre.cache, keep)
+        press = DivPruneKeysPress(compression_ratio=compression_ratio(sp.context_ids.shape[1], ctx.n_image, 0.25))
+        with press(model):
+            pressed = prefill(model, sp, attentions=False)
+        for li in range(len(keep)):
+            a, b = policy_cache.layers[li], pressed.cache.layers[li]
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), f"layer {li}"
+        assert torch.equal(answer(model, policy_cache, sp)[0], answer(model, pressed.cache, sp)[0])
+        with attention_implementation(model, "sdpa"), press(model):  # no attention weights needed
+            assert prefill(model, sp, attentions=False).cache.layers[0].keys.shape[2] == len(keep[0])

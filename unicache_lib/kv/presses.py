@@ -1,5 +1,5 @@
 """The workbench's designed eviction policy as a drop-in kvpress press: take ``key_coverage`` out of the notebook into
-the stack you run.
+the stack you run (and DivPrune's rule on the cached keys beside it, :class:`DivPruneKeysPress`).
 
     from unicache_lib.kv.presses import KeyCoveragePress
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .policies.divprune import max_min_diverse
 from .policies.key_coverage import farthest_point
 
 try:  # kvpress is a dependency of the project; the import error, if any, names the install
@@ -68,11 +69,11 @@ class KeyCoveragePress(BasePress):
     def _read_input_ids(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
-            raise ValueError("KeyCoveragePress finds the image positions from input_ids; this forward got inputs_embeds "
-                             "only: pass input_ids (with the image placeholder tokens) to the model")
+            raise ValueError(f"{type(self).__name__} finds the image positions from input_ids; this forward got "
+                             "inputs_embeds only: pass input_ids (with the image placeholder tokens) to the model")
         if ids.shape[0] != 1:
-            raise ValueError(f"KeyCoveragePress compresses one prompt at a time, got a batch of {ids.shape[0]}: loop over "
-                             "the prompts")
+            raise ValueError(f"{type(self).__name__} compresses one prompt at a time, got a batch of {ids.shape[0]}: loop "
+                             "over the prompts")
         self._image = (ids[0] == self.image_token_id).nonzero().flatten()
 
     @contextmanager
@@ -91,21 +92,39 @@ class KeyCoveragePress(BasePress):
         img = self._image
         S = keys.shape[2]
         if img is None:
-            raise RuntimeError("KeyCoveragePress was called outside `with press(model):`, so it never saw the prompt")
+            raise RuntimeError(f"{type(self).__name__} was called outside `with press(model):`, so it never saw the prompt")
         n = len(img)
         kept = min(n, max(1, compute_n_kept(S, self.compression_ratio) - (S - n)))  # kvpress's rounding, image only
         if n == 0 or kept == n:
             return keys, values
-        if attentions is None:
-            raise ValueError("KeyCoveragePress starts each layer's cover at the image position the prompt reads most, "
-                             "which needs the attention weights: load the model with attn_implementation='eager' (or "
-                             "switch the language model to eager for the prefill)")
         img = img.to(keys.device)
         x = keys[0].index_select(1, img).permute(1, 0, 2).reshape(n, -1).float()  # [n_image, H_kv * D]
-        reads = attentions[0].float().mean(0).sum(0).index_select(0, img)  # each image key's reads, mean over heads
-        chosen = farthest_point(x, kept, int(reads.argmax()))
+        chosen = self.choose(x, kept, attentions, img)
         keep = torch.ones(S, dtype=torch.bool, device=keys.device)
         keep[img] = False
         keep[img[torch.as_tensor(chosen, device=keys.device)]] = True
         idx = keep.nonzero().flatten()
         return keys.index_select(2, idx), values.index_select(2, idx)
+
+    def choose(self, x: torch.Tensor, k: int, attentions, img: torch.Tensor) -> list[int]:
+        """``k`` of the layer's image keys ``x [n_image, H_kv * D]`` to keep: key_coverage's cover, started at the
+        image position the prompt reads most (``attentions [1, H, S, S]``)."""
+        if attentions is None:
+            raise ValueError("KeyCoveragePress starts each layer's cover at the image position the prompt reads most, "
+                             "which needs the attention weights: load the model with attn_implementation='eager' (or "
+                             "switch the language model to eager for the prefill)")
+        reads = attentions[0].float().mean(0).sum(0).index_select(0, img)  # each image key's reads, mean over heads
+        return farthest_point(x, k, int(reads.argmax()))
+
+
+@dataclass
+class DivPruneKeysPress(KeyCoveragePress):
+    """DivPrune's selection (greedy max-min under cosine distance, started at the key whose nearest neighbour is
+    farthest) run on each layer's cached image keys, as a press: the same positions as the workbench's
+    ``divprune_keys`` policy (tested with ``torch.equal``). DivPrune itself prunes the projected image features
+    before the language model (``POLICIES["divprune"]``, a prefill-stage policy); a press only sees the cache, so
+    this is the rule in the cache's place — the ablation notebook 05 runs. Needs no attention weights (any
+    attention implementation)."""
+
+    def choose(self, x, k, attentions, img):
+        return max_min_diverse(x, k)
