@@ -2,8 +2,11 @@
 notes say would settle them, on questions no one here tuned on and that the notebook does not score (checked).
 
     make evaluate                                        # 2 processes on this machine, then the merge
+    rm -f outputs/evaluate/rows-rank*    # shards of an earlier run are refused by the merge
     torchrun --nproc_per_node 8 benchmarks/evaluate.py --questions 2700 && python benchmarks/evaluate.py --merge
-    accelerate launch --num_processes 8 benchmarks/evaluate.py ... (the same environment variables)
+
+Ranks run on the CPU (one thread each); on several nodes, gather every rank's shard into one ``--out`` folder
+before the merge.
 
 Each rank (``RANK`` / ``WORLD_SIZE`` from the launcher, as ``unicache_lib.capture.distributed`` reads them; no
 process group) takes every ``WORLD_SIZE``-th question (:func:`unicache_lib.store.shard_samples`) and writes its rows
@@ -11,8 +14,9 @@ to ``outputs/evaluate/rows-rank<r>-of-<w>.csv`` atomically. ``--merge`` checks t
 run (every question exactly once, the same settings), decides E1-E4 by the notebook's own rules
 (:data:`unicache_lib.analysis.caching_claims.EVICTION_RULES`) on the merged rows and writes
 ``benchmarks/results/evaluate_eviction.csv`` (one row per claim: value, interval, n, verdict) and
-``benchmarks/results/evaluate_controls.csv`` (``key_coverage`` against pooling and the two ablations, per budget),
-which notebook 05 prints beside its own small run. A merged run equals a one-process run row for row
+``benchmarks/results/evaluate_controls.csv`` (``key_coverage`` against pooling and the two ablations, per budget)
+and ``evaluate_shares.csv`` (each selection method's share of full accuracy), which notebook 05 prints beside its own
+small run. A run of fewer questions writes under ``outputs/evaluate/results`` instead, so it never replaces them. A merged run equals a one-process run row for row
 (``tests/test_benchmarks.py``), so more processes, GPUs or nodes settle the same verdicts in proportionally less
 time.
 """
@@ -31,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate"
 RESULTS = ROOT / "benchmarks" / "results"
+FULL = 2700            # the size E1-E4's notes ask for; smaller runs never replace the committed results
 QUESTION_SEED = 9000   # not 7000 (the design set), not SEED + 2024 (the notebook's), not 12345 (the model card's)
 BUDGETS = (0.1, 0.25, 0.5, 0.75)
 KEEP = ["question", "method", "kind", "budget", "correct", "kl", "agree", "kv_fraction"]
@@ -152,12 +157,16 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", type=int, default=2700, help="held-out questions in all (E1/E4's notes: ~2,700)")
     ap.add_argument("--merge", action="store_true", help="merge the shards and decide (after every rank finished)")
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--results", type=Path, default=None,
+                    help=f"where the merged CSVs go (default: {RESULTS.relative_to(ROOT)} for a run of the full 2,700 "
+                         "questions, which notebook 05 reads; outputs/evaluate/results for a smaller one)")
     ap.add_argument("--model", default="tiny-llava")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.merge:
         R = merge(args.out)
+        if args.results is None:  # only a full-size run replaces the committed results notebook 05 decides on
+            args.results = RESULTS if R.attrs["n"] >= FULL else args.out / "results"
         claims, controls = decide(R)
         args.results.mkdir(parents=True, exist_ok=True)
         claims.assign(model=R.attrs["model"], processes=R.attrs["world"]).to_csv(args.results / "evaluate_eviction.csv", index=False)

@@ -461,3 +461,17 @@ def test_step_skip_hook_refuses_a_module_without_timestep():
         apply_step_skip(torch.nn.Linear(2, 2), StepSkipConfig(num_inference_steps=4))
     with pytest.raises(ValueError, match="num_inference_steps must be >= 1"):
         StepSkipConfig(num_inference_steps=0)
+
+
+def test_step_skip_hook_warns_after_a_run_shorter_than_its_schedule(gen):
+    """A 20-step schedule sampled with 10 steps extrapolated steps it meant to compute: said, naming the count."""
+    from unicache_lib.reuse.diffusers_hook import StepSkipConfig, apply_step_skip, remove_step_skip
+
+    apply_step_skip(gen.transformer, StepSkipConfig(num_inference_steps=20))
+    try:
+        sample(gen, PROMPTS[:1], 10, seed=0)
+        with pytest.warns(UserWarning, match=r"the run had 10 steps.*StepSkipConfig\(num_inference_steps=10\)"):
+            sample(gen, PROMPTS[:1], 10, seed=0)  # the rising timestep of the next run ends the short one
+    finally:
+        with pytest.warns(UserWarning, match="the run had 10 steps"):
+            remove_step_skip(gen.transformer)

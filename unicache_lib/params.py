@@ -5,8 +5,10 @@
 Each parameter's kind follows from its name (:data:`KINDS`: one table for every notebook), so a bad value —
 ``SAMPLE_SEED="x"``, ``PER_TYPE=0``, ``LAYERS="0,1"``, ``OUT_DIR`` naming a file, ``MODEL=""`` — stops a papermill
 run in its first cell with a :class:`ParameterError` that names the parameter, the value and what to pass,
-instead of failing deep inside after the model loaded. A notebook parameter without a row in :data:`KINDS` is
-refused too (``tests/test_params.py`` checks every notebook), so a fork that adds one adds its check.
+instead of failing deep inside after the model loaded. ``tests/test_params.py`` fails for a notebook parameter
+without a row in :data:`KINDS`, so a fork that adds one adds its check. (A misspelt papermill ``-p`` name is not a
+parameter the notebook defines: papermill adds it and the notebook runs with its defaults — check the name.)
+Lists from the command line: ``papermill ... -y 'LAYERS: [0, 15, 31]'``.
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def models(empty_ok: bool = False):
 
 def device(name, v):
     if not isinstance(v, str) or not (v in ("auto", "cpu", "mps") or v == "cuda" or v.startswith("cuda:")):
-        _fail(name, v, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        _fail(name, v, "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 
 def dtype(name, v):

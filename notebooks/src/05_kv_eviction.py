@@ -372,9 +372,9 @@ if big is not None:
     print(big[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(3).to_string(index=False))
 
 # %% [markdown]
-# **What the controls show.** Selecting beats pooling by a wide margin at every budget: pooling keeps 0.40 of the
-# questions at 10% and 0.70 at 25% against `key_coverage`'s 0.97 and 0.98 here, and the decisive run agrees (0.40
-# / 0.68 against 0.95 / 0.98 on 2,700 questions). A caveat before generalising: the shipped model never saw averaged
+# **What the controls show.** Selecting beats pooling by a wide margin at every budget: with pooled features the
+# model answers 0.40 of the questions right at 10% and 0.70 at 25%, against `key_coverage`'s 0.97 and 0.98 here, and
+# the decisive run agrees (0.40 / 0.68 against 0.95 / 0.98 on 2,700 questions). A caveat before generalising: the shipped model never saw averaged
 # image features in training, and a 7B model trained on many image layouts may tolerate pooling far better
 # (VTC-Bench found exactly that) — run the control on your model. Which half of the design carries the gain is
 # decided on the 2,700 questions (150 cannot separate one-point differences): the *rule* does — `key_coverage` is
@@ -518,8 +518,9 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 # **What decided each verdict** (the lines above; "about n" is the scoreboard's rough count of units that would put
 # the interval wholly on one side if the value stayed where it is):
 # - **E1–E4** are decided on the decisive run (their rows say so, with this run's interval beside it). On 150
-#   questions E1 and E4 would need about 13,000 and 12,000 questions — one question is 0.7 points, and the score
-#   intervals are honest about how little a handful of disagreements shows. At 2,700 they settle: E1 holds
+#   questions alone E1, E2 and E4 stay inconclusive (each row's "this run's 150" interval straddles its threshold):
+#   one question is 0.7 points, and the score intervals are honest about how little a handful of disagreements
+#   shows. At 2,700 they settle: E1 holds
 #   (0.997 [0.994, 1.000]), E2 does not (0.962 [0.953, 0.969] against 0.97), E3 holds, E4 holds (the worst cell
 #   0.000 [−0.001, +0.001] against −0.01).
 # - **U7** (band rule minus swapped, −2.0 points [−6.0, +2.0] against +1) is this run's: the point estimate is on

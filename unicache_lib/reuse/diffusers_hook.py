@@ -9,13 +9,17 @@
 
 It follows diffusers' own cache hooks (``diffusers/hooks/first_block_cache.py``, ``taylorseer_cache.py``): a
 config dataclass, a :class:`~diffusers.hooks.ModelHook` registered in the transformer's ``HookRegistry``
-under ``"step_skip"`` (so it sits in the same registry as diffusers' caches), removable, its state reset by
-``reset_state`` (diffusers pipelines call it at the end of every ``__call__``).
+under ``"step_skip"`` (so it sits in the same registry as diffusers' caches), removable (which frees the outputs it
+kept), its state reset by ``reset_state`` (diffusers pipelines call it at the end of ``__call__`` for transformers
+with diffusers' ``CacheMixin``; for the others a rising timestep starts the next run).
 
 Steps are counted from the ``timestep`` the pipeline hands the transformer: a call with a new timestep
 starts the next step; calls with the same timestep (a pipeline that runs the conditional and unconditional
 branches as two calls) belong to the same step, each with its own history; a timestep *above* the last one
-starts a new run (a pipeline called again without a reset). The decisions and the extrapolation are
+starts a new run (a pipeline called again without a reset). Timesteps must fall within a run, as in every
+supported pipeline (SD3 / SD3.5, PixArt, Flux, Sana). A run with more steps than ``num_inference_steps`` is
+refused; one that ends with fewer (img2img with ``strength < 1``, another step count) gets a warning naming the
+count to pass, because its schedule was laid out for another run. The decisions and the extrapolation are
 :class:`~unicache_lib.reuse.policies.step_skip.StepSkip`'s, made by the same function
 (:func:`~unicache_lib.reuse.cache.step_call`) as :class:`~unicache_lib.reuse.cache.ReuseCache`, so the
 images are the same as the workbench's (tests: ``torch.equal`` where the transformer receives the
@@ -86,6 +90,13 @@ class StepSkipHook(ModelHook):
         return module
 
     def reset_state(self, module):
+        n = self.config.num_inference_steps
+        if 0 <= getattr(self, "step", -1) < n - 1:
+            import warnings
+
+            warnings.warn(f"step_skip was applied for num_inference_steps={n} but the run had {self.step + 1} steps: "
+                          f"its schedule was laid out for another run (the last steps it meant to compute were not "
+                          f"reached). Apply it with StepSkipConfig(num_inference_steps={self.step + 1})", stacklevel=2)
         self.step, self._t, self._slot, self._history = -1, None, 0, {}
         return module
 
@@ -133,6 +144,7 @@ def remove_step_skip(transformer: torch.nn.Module) -> bool:
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
     if registry.get_hook(HOOK_NAME) is None:
         return False
+    registry.get_hook(HOOK_NAME).reset_state(transformer)  # frees the outputs it kept (and warns after a short run)
     registry.remove_hook(HOOK_NAME, recurse=False)
     return True
 
