@@ -176,7 +176,10 @@ def test_05_kv_eviction_quick(tmp_path):
     board = scoreboard(tmp_path)
     check_rows(board, {"U7", "E1", "E2", "E3", "E4"})
     assert board["U7"]["n"] == 6 and board["U7"]["unit"] == "questions"
-    assert board["E1"]["n"] == 6 and board["E2"]["verdict"] == "not measurable here" and "0.1 not in BUDGETS" in board["E2"]["note"]
+    assert board["E2"]["verdict"] == "not measurable here" and "0.1 not in BUDGETS" in board["E2"]["note"]
+    # E1 is decided on make evaluate's committed run (made on this model), this run's interval beside it
+    assert board["E1"]["n"] == 2700 and board["E1"]["shown"].startswith("decided by the decisive run")
+    assert "this run's 6:" in board["E1"]["shown"]
     import pandas as pd
 
     rows = pd.read_csv(tmp_path / "eviction_rows.csv")
