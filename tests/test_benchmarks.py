@@ -104,3 +104,17 @@ def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, 
     E.run_shard(4, 0, 1, two, peers=False, budgets=(0.1,), progress=False)  # a shard of another run
     with pytest.raises(RuntimeError, match="different runs"):
         E.merge(two)
+
+
+def test_reuse_at_two_step_counts_runs_small(capsys):
+    """benchmarks/reuse_steps.py (issue #31's 20- vs 50-step comparison) at a smoke size: every method's row and the
+    control's verdict (or its refusal of a scrambled sweep) are printed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import reuse_steps
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    reuse_steps.main(["--prompts", "2", "--repeats", "2", "--steps", "10", "--generators", "tiny-mmdit"])
+    out = capsys.readouterr().out
+    assert "tiny-mmdit, 10 steps, 2 prompts" in out and "step_skip (stride 5)" in out and "steps:" in out
+    assert "PSNR margin over fewer-step sampling" in out
