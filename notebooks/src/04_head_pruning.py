@@ -357,13 +357,13 @@ del small
 if TIMING_REPEATS >= 2:
     sp = speedup_interval(times["full"], times["pruned 30%"], min_repeats=2)
     print(f"speed-up {sp.value:.2f}x [{sp.lo:.2f}, {sp.hi:.2f}] over {TIMING_REPEATS} shuffled interleaved repeats "
-          "(language-model attention is a small part of this tiny model's forward; the vision tower is untouched)")
+          "(only the language model's attention heads shrink; its MLPs, embeddings and the vision tower do not)")
 
 # %% [markdown]
 # **This run**: the physically pruned model (7, 6, 7 and 2 heads kept in layers 0–3) gives the masked model's
-# answers exactly (difference 0), and it is faster, by less than the share of heads removed: 1.19× on 100
+# answers exactly (difference 0), and it is faster, by less than the share of heads removed: 1.15× on 100
 # questions in this run (timings vary from run to run; the interval printed above is this run's). Removing 31% of
-# the language model's heads (22 of 32 kept) saves ~16% of the forward time, because what the heads do not own —
+# the language model's heads (22 of 32 kept) saves ~13% of the forward time, because what the heads do not own —
 # the MLPs, the embeddings, the untouched vision tower — does not shrink: measure that share on your model before
 # promising a gain.
 
