@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
 run test notebooks: export UNICACHE_PROGRESS = 0
 
-.PHONY: setup run test test-fast notebooks docs lab benchmark evaluate replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
+.PHONY: setup run test test-fast notebooks docs lab benchmark evaluate evaluate-reuse replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 ## setup: create .venv (torch pinned first, then the project with its dev extra) and the python3 kernel; runs
 ##        again only when pyproject.toml changed (every other target depends on it)
@@ -115,6 +115,17 @@ evaluate: setup
 	rm -f outputs/evaluate/rows-rank*
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) benchmarks/evaluate.py --questions $(QUESTIONS)
 	$(BIN)/python benchmarks/evaluate.py --merge
+
+## evaluate-reuse: the decisive runs of notebook 06's reuse targets (R1-R3) and G3/G8 on 1,600 new prompt/noise pairs:
+##                 NPROC ranks score (torchrun), then one process times (REPEATS rounds, keep the machine quiet), then
+##                 the merge -> benchmarks/results/evaluate_reuse*.csv (about 70 minutes on 2 CPU cores; not part of CI)
+PROMPTS ?= 1600
+REPEATS ?= 20
+evaluate-reuse: setup
+	rm -f outputs/evaluate_reuse/rows-rank* outputs/evaluate_reuse/timing.json
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) benchmarks/evaluate_reuse.py --prompts $(PROMPTS)
+	$(BIN)/python benchmarks/evaluate_reuse.py --timing --repeats $(REPEATS)
+	$(BIN)/python benchmarks/evaluate_reuse.py --merge
 
 ## replicate: notebooks 02-07 on two further sample / question / prompt seeds with full parameters (hours on a
 ##            CPU; not part of CI) -> data/replicate/verdicts.csv and the replication table in docs/VERDICTS.md.

@@ -95,9 +95,9 @@ def eviction_standin(repeats=10):
     from unicache_lib.intervals import interleaved_timings, speedup_interval
     from unicache_lib.kv import POLICIES, evict, kv_bytes, prefill, split_prompt
     from unicache_lib.kv.cache import forward_question, prefill_pruned
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo import standins
     from unicache_lib.zoo.loaders import load_understanding
-    from unicache_lib.zoo.train_llava import heldout_set
 
     with tempfile.TemporaryDirectory() as tmp:
         model, proc = load_understanding(str(standins.build("llava-1.5-7b", tmp)), attn_implementation="eager")

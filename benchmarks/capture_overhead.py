@@ -48,9 +48,9 @@ def llava(layers: int, heads: int, head_dim: int, n_image: int, n_text: int, int
     import torch
     import transformers
 
+    from unicache_lib.core.modality import Spans
     from unicache_lib.families import FAMILIES
     from unicache_lib.families.base import Shape
-    from unicache_lib.modality import Spans
 
     torch.manual_seed(0)
     side = int(round(n_image ** 0.5))

@@ -45,7 +45,7 @@ def question_set(n: int, seed: int = QUESTION_SEED, notebook_n: int = 150, noteb
     """``n`` held-out questions, none of which is in the design set (``heldout_set(100, seed=7000)``) or in notebook
     05's scored set (``heldout_set(notebook_n, seed=notebook_seed)``): drawn from ``seed`` and the few that coincide
     with those sets (same question on the same image) dropped, then topped up."""
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     def key(q):
         return q.question, q.scene.uint8().tobytes()

@@ -69,7 +69,7 @@ def understanding(a, out: Path, device: str, dtype: torch.dtype, real: bool) -> 
     """Parts 1-3: capture overhead, KV eviction and the notebooks on the LLaVA-1.5-7B stand-in."""
     from unicache_lib.capture import AttentionCapture
     from unicache_lib.capture.runner import inputs_for
-    from unicache_lib.capture.vlm import language_attention
+    from unicache_lib.core.models import language_attention
     from unicache_lib.intervals import interleaved_timings, speedup_interval
     from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill, split_prompt
     from unicache_lib.kv.cache import forward_question
@@ -207,7 +207,7 @@ def generators(a, device: str, real: bool) -> None:
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
     from unicache_lib.reuse.cache import AttentionCallCounter
     from unicache_lib.reuse.peers import PEERS, DiffusersCache, PeerUnsupported, calibrate_magcache
-    from unicache_lib.zoo.tiny_random import TINY, forward_inputs, tiny_transformer
+    from unicache_lib.zoo.tiny_random import forward_inputs, tiny_transformer
 
     logging.getLogger("diffusers").setLevel(logging.ERROR)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

@@ -42,7 +42,7 @@ def chunk(sample: int, layers: int) -> list:
     import torch
 
     from unicache_lib.capture.record import Record
-    from unicache_lib.modality import Spans
+    from unicache_lib.core.modality import Spans
 
     spans = Spans.from_kinds([1] * 4 + [0] * 4)
     return [Record(sample=f"s{sample:06d}", layer=li, part="language", mode="stats", seq_len=8, heads=2, spans=spans,

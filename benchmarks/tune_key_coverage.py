@@ -14,8 +14,8 @@ from unicache_lib.kv import POLICIES
 from unicache_lib.kv.evaluate import run_eviction, summary
 from unicache_lib.kv.policies.base import EvictionPolicy, top_k
 from unicache_lib.kv.policies.key_coverage import farthest_point
+from unicache_lib.world.questions import heldout_set
 from unicache_lib.zoo.loaders import load_understanding
-from unicache_lib.zoo.train_llava import heldout_set
 
 
 class Variant(EvictionPolicy):
@@ -23,7 +23,6 @@ class Variant(EvictionPolicy):
     ``euclidean`` or ``cosine``; ``anchors``: share of the budget given to the most-read positions first;
     ``alpha``: farthest-point distances weighted by (reads / max reads) ** alpha."""
 
-    needs_attention = True
 
     def __init__(self, name, what="k", metric="euclidean", anchors=0.0, alpha=0.0):
         self.name, self.what, self.metric, self.anchors, self.alpha = name, what, metric, anchors, alpha

@@ -29,8 +29,8 @@ def _setup(n_questions: int):
     from unicache_lib.pruning import HeadSpace
     from unicache_lib.pruning import evaluate as E
     from unicache_lib.world import samples as sample_set
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo.loaders import load_understanding
-    from unicache_lib.zoo.train_llava import heldout_set
 
     model, processor = load_understanding(MODEL, attn_implementation="eager")
     space = HeadSpace.of(model)
@@ -132,7 +132,7 @@ def exercise_2(quick: bool = False) -> dict:
     """
     from unicache_lib.pruning import SCORERS, ScoringContext
     from unicache_lib.pruning import evaluate as E
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     nq, ng = _n(quick)
     model, processor, space, recs, _, _ = _setup(nq)
@@ -161,7 +161,7 @@ def exercise_3(quick: bool = False) -> dict:
     """
     from unicache_lib.pruning import SCORERS, ScoringContext
     from unicache_lib.pruning import evaluate as E
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     nq, _ = _n(quick)
     model, processor, space, _, _, _ = _setup(nq)
@@ -192,6 +192,9 @@ def exercise_4(quick: bool = False) -> dict:
     your trained model, a "near-uniform minus random" interval that straddles 0 means the deeper-layer half of
     P3 is not supported there either.
     """
+    import tempfile
+    from pathlib import Path
+
     import torch
     from transformers import LlavaForConditionalGeneration
 
@@ -204,9 +207,6 @@ def exercise_4(quick: bool = False) -> dict:
     from unicache_lib.world import samples as sample_set
     from unicache_lib.zoo import tiny_llava as tl
     from unicache_lib.zoo.loaders import load_understanding
-
-    import tempfile
-    from pathlib import Path
 
     d = Path(tempfile.mkdtemp()) / "random-llava"
     tok = tl.build_tokenizer()

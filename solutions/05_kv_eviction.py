@@ -91,7 +91,7 @@ def exercise_1(quick: bool = False) -> dict:
     separate it from random.)
     """
     from unicache_lib.kv.evaluate import summary
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     cls = _anchor_policy()
     qas = heldout_set(12 if quick else 150, seed=SEED + 2024)
@@ -119,7 +119,7 @@ def exercise_2(quick: bool = False) -> dict:
     quick run (8 questions) only checks the sweep runs: its rates are 1-2 questions.
     """
     from unicache_lib.kv import POLICIES
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     pool = heldout_set(60 if quick else 600, seed=SEED + 2024, qtypes=("exists",))
     qas = [q for q in pool if q.answer == "no"][: 8 if quick else 150]
@@ -149,12 +149,12 @@ def exercise_3(quick: bool = False) -> dict:
     import torch
     from transformers import LlavaForConditionalGeneration
 
+    from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import run_eviction
     from unicache_lib.kv.peers import press_factories
-    from unicache_lib.kv import POLICIES
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo import tiny_llava as tl
     from unicache_lib.zoo.loaders import load_understanding
-    from unicache_lib.zoo.train_llava import heldout_set
 
     d = OUT / "random-llava"
     if not (d / "config.json").exists():

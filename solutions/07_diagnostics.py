@@ -28,7 +28,7 @@ def _model():
 
 @functools.lru_cache(maxsize=None)
 def _qas(n):
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     return tuple(heldout_set(n, seed=SEED + 4242, qtypes=QTYPES))
 
@@ -193,7 +193,7 @@ def exercise_4(quick: bool = False) -> dict:
     from unicache_lib.diagnostics.hallucination import answer_attention
     from unicache_lib.diagnostics.neglect import detect_neglect, image_dependence
     from unicache_lib.diagnostics.roc import auroc_interval, read_auroc
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     d, (model, processor) = _random_llava()
     samples = _samples(quick)

@@ -54,8 +54,8 @@ def exercise_1(quick: bool = False) -> dict:
     shuffled: 0.30): the answer is pooled from the first text position, so the text must read the image.
     """
     from unicache_lib.families import family_of
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo import train_vilt as TV
-    from unicache_lib.zoo.train_llava import heldout_set
 
     model, proc = _model(VILT)
     fam = family_of(model)
@@ -100,8 +100,8 @@ def exercise_3(quick: bool = False) -> dict:
     """
     from unicache_lib.analysis.architectures import generated_share
     from unicache_lib.capture.decode import decode_with_capture
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.world.text import CAPTION_QUESTION
-    from unicache_lib.zoo.train_llava import heldout_set
 
     model, proc = _model(UNIFIED)
     rows = []
@@ -192,7 +192,7 @@ def exercise_6(quick: bool = False) -> dict:
     (0.998): the text is injected into the image tokens early, and the top half of the stream no longer needs it.
     """
     from unicache_lib.analysis import architectures as AR
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     model, proc = _model(VILT)
     qas = heldout_set(60 if quick else 400, seed=SEED + 707)

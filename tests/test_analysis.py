@@ -62,7 +62,7 @@ def test_a_layer_subset_must_cover_every_band_and_the_suggested_fix_does():
 def test_query_over_image_picks_one_row_on_the_image_keys():
     from unicache_lib.analysis.localisation import query_over_image
     from unicache_lib.capture.record import Record
-    from unicache_lib.modality import Spans
+    from unicache_lib.core.modality import Spans
 
     sp = Spans.joint(4, 3, image_first=True)  # positions 0-3 image, 4-6 text
     P = torch.zeros(2, 7, 7)

@@ -16,8 +16,8 @@ import torch
 from unicache_lib import stats as S
 from unicache_lib.capture import AttentionCapture
 from unicache_lib.capture.vlm import CaptureError
+from unicache_lib.core.modality import IMAGE, TEXT
 from unicache_lib.families import FAMILIES, Shape, family_of
-from unicache_lib.modality import IMAGE, TEXT
 
 ENCODERS = {"vilt": ("ViLT", Shape(layers=2, heads=2, head_dim=8, image_size=32, patch=8)),
             "clip": ("CLIP", Shape(layers=2, heads=2, head_dim=8, vision_layers=2, vision_heads=2, vision_head_dim=8,
@@ -228,7 +228,7 @@ def test_fusion_correct_blinding_one_layer_changes_less_than_all(encoder):
     that does not exist is refused naming the layers there are, and the per-layer mask only touches that layer."""
     name, model, proc, inputs, fam = encoder
     from unicache_lib.analysis.architectures import capture_both_towers, fusion_correct, image_queries_blind_to_text
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     if name != "vilt":  # each run refuses the other family, naming the call to use instead
         with pytest.raises(ValueError, match="Pass a ViLT model"):

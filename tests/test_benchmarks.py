@@ -71,7 +71,7 @@ def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, 
         import evaluate as E
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     def key(q):
         return q.question, q.scene.uint8().tobytes()
@@ -118,3 +118,52 @@ def test_reuse_at_two_step_counts_runs_small(capsys):
     out = capsys.readouterr().out
     assert "tiny-mmdit, 10 steps, 2 prompts" in out and "step_skip (stride 5)" in out and "steps:" in out
     assert "PSNR margin over fewer-step sampling" in out
+
+
+def test_decisive_reuse_run_shards_and_merges_equal_to_one_process(tmp_path):
+    """`make evaluate-reuse`: prompts disjoint from 06's and the tuning set's; two ranks' chunks merge into exactly the
+    one-process rows; the merge decides 06's claims with 06's code, and 06 reads the result only for its own
+    generators and settings, saying it decided the row."""
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate_reuse as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from unicache_lib.analysis import caching_claims as CC
+    from unicache_lib.scoreboard import Scoreboard
+    from unicache_lib.world.text import prompt_set
+
+    units = E.prompt_units(80)
+    assert not {p["short"] for p, _ in units} & {p["short"] for p in prompt_set(52, 0, 0)}
+    assert len({(p["short"], s) for p, s in units}) == 80 and min(s for _, s in units) > 1015
+    with pytest.raises(ValueError, match="multiple of 8"):
+        E.run_shard(12, 0, 1, tmp_path / "x", generators=("tiny-pixart",), progress=False)
+    one, two = tmp_path / "one", tmp_path / "two"
+    E.run_shard(16, 0, 1, one, generators=("tiny-pixart",), progress=False)
+    E.run_shard(16, 1, 2, two, generators=("tiny-pixart",), progress=False)
+    with pytest.raises(RuntimeError, match="a shard is missing"):
+        E.merge(two)
+    E.run_shard(16, 0, 2, two, generators=("tiny-pixart",), progress=False)
+    pd.testing.assert_frame_equal(E.merge(one), E.merge(two))
+    assert E.main(["--merge", "--out", str(two), "--results", str(tmp_path / "res")]) == 0  # no timing: said, not faked
+    d = CC.decisive_reuse(["tiny-pixart"], E.STEPS, E.GUIDANCE, results=tmp_path / "res")
+    assert ("R1", "b") in d.index and pd.isna(d.loc[("R1", "a"), "value"]) and d.loc[("R1", "b"), "n"] == 16
+    assert CC.decisive_reuse(["tiny-mmdit", "tiny-pixart"], E.STEPS, E.GUIDANCE, results=tmp_path / "res") is None
+    assert CC.decisive_reuse(["tiny-pixart"], 50, E.GUIDANCE, results=tmp_path / "res") is None
+    board = Scoreboard()
+    CC.declare(board, CC.REUSE_RULES)
+    R = E.merge(one)
+    R = R[R.chunk == 0]  # a smaller "notebook" run beside the decisive one
+    RU = E.tables(R, None)
+    from unicache_lib.reuse.control import control_table
+    from unicache_lib.reuse.evaluate import pareto_check
+
+    CT = {g: control_table(t) for g, t in RU.items()}
+    P = {(g, by): pareto_check(RU[g], [CC.NEW_REUSE, CC.MILD], [m for m in RU[g].index if m.startswith("diffusers:")], by)
+         for g in RU for by in ("speedup", "flops")}
+    CC.measure_reuse(board, RU, CT, P, {"tiny-pixart": "pixart"}, 0, decisive=d)
+    row = board.rows["R1"]
+    assert row.measured["b"].n == 16 and "(b) decided by the decisive run (make evaluate-reuse, 16 new prompts; this run's 8" in row.shown
+    assert row.measured["a"].value is None  # the decisive run had no timing: the wall-clock criterion stays unmeasured

@@ -4,7 +4,7 @@ import torch
 from unicache_lib import stats as S
 from unicache_lib.capture import AttentionCapture, CaptureError, find_attention_modules
 from unicache_lib.capture.runner import capture_samples
-from unicache_lib.modality import SpanError, Spans
+from unicache_lib.core.modality import SpanError, Spans
 
 
 def _hooks(model):
@@ -219,10 +219,9 @@ def test_recompute_leaves_no_function_behind_and_negative_layers_resolve(random_
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    from unicache_lib.capture.runner import inputs_for
     from unicache_lib.capture.vlm import _RECOMPUTE_NAME
     from unicache_lib.zoo.loaders import load_understanding
-
-    from unicache_lib.capture.runner import inputs_for
 
     sdpa, proc = load_understanding(str(random_llava_dir), attn_implementation="sdpa")
     inputs = inputs_for(sdpa, proc, samples[0].image, samples[0].question)

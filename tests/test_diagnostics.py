@@ -1,5 +1,4 @@
 """Diagnostics: AUROC on hand cases, detector verdicts on healthy and broken models, the report."""
-import copy
 
 import numpy as np
 import pytest
@@ -96,7 +95,7 @@ def test_zeroed_image_values_cut_the_image_off_without_moving_attention(llava):
 
 def test_answer_attention_columns(llava):
     from unicache_lib.diagnostics.hallucination import answer_attention
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     m, p, _ = llava
     A = answer_attention(m, p, heldout_set(8, seed=1), progress=False)

@@ -6,7 +6,7 @@ import torch
 from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs, find_diffusion_attention
 from unicache_lib.capture.gen_runner import capture_generation
 from unicache_lib.capture.vlm import CaptureError
-from unicache_lib.modality import BLOCKS
+from unicache_lib.core.modality import BLOCKS
 from unicache_lib.store import Store, StoreError
 from unicache_lib.zoo.loaders import load_generator
 from unicache_lib.zoo.sampling import sample
@@ -175,7 +175,12 @@ def test_store_duplicate_is_refused_without_loss(tmp_path):
 
 def test_real_diffusers_pipeline_with_step_callback():
     """A StableDiffusion3Pipeline built from tiny random parts: same calls, same guarantees."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
     from transformers import AutoTokenizer
 
     from unicache_lib.zoo import tiny_generators as tg

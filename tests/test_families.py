@@ -16,11 +16,11 @@ import torch
 
 from unicache_lib import stats as S
 from unicache_lib.capture import AttentionCapture
-from unicache_lib.capture.vlm import attn_implementations, set_attn_implementations
+from unicache_lib.core.modality import IMAGE
+from unicache_lib.core.models import attn_implementations, set_attn_implementations
 from unicache_lib.families import FAMILIES, Shape, UnsupportedModelError, family_of
 from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill
 from unicache_lib.kv.cache import split_inputs, split_prompt
-from unicache_lib.modality import IMAGE
 
 # case id -> (family name, shape, what is special about its mask)
 CASES = {

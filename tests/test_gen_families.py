@@ -27,13 +27,20 @@ import torch.nn.functional as F
 
 from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs, find_diffusion_attention, wrap_processors
 from unicache_lib.capture.vlm import CaptureError
+from unicache_lib.core.modality import BLOCKS, IMAGE, TEXT
 from unicache_lib.families import UnsupportedModelError
 from unicache_lib.gen_families import GEN_FAMILIES, gen_family_for, gen_family_of, register, restore_processors
-from unicache_lib.modality import BLOCKS, IMAGE, TEXT
 from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
 from unicache_lib.reuse.cache import AttentionCallCounter, attention_modules, module_kind
-from unicache_lib.reuse.peers import (FAMILY_ALIASES, FAMILY_PEERS, PEERS, DiffusersCache, PeerUnsupported,
-                                      calibrate_magcache, family_of)
+from unicache_lib.reuse.peers import (
+    FAMILY_ALIASES,
+    FAMILY_PEERS,
+    PEERS,
+    DiffusersCache,
+    PeerUnsupported,
+    calibrate_magcache,
+    family_of,
+)
 from unicache_lib.reuse.policies.base import ReusePolicy
 from unicache_lib.stats import step_statistics
 from unicache_lib.zoo.tiny_random import TINY, forward_inputs, tiny_transformer
@@ -515,9 +522,16 @@ def test_peer_runs_and_skips_or_fails_as_stated(f, kind):
 
 def _unmodified(f, kind, move=True, **cfg):
     """Run diffusers' cache with its own defaults (identifiers included) and nothing this library adds."""
-    from diffusers.hooks import (FasterCacheConfig, FirstBlockCacheConfig, PyramidAttentionBroadcastConfig,
-                                 TaylorSeerCacheConfig, apply_faster_cache, apply_first_block_cache,
-                                 apply_pyramid_attention_broadcast, apply_taylorseer_cache)
+    from diffusers.hooks import (
+        FasterCacheConfig,
+        FirstBlockCacheConfig,
+        PyramidAttentionBroadcastConfig,
+        TaylorSeerCacheConfig,
+        apply_faster_cache,
+        apply_first_block_cache,
+        apply_pyramid_attention_broadcast,
+        apply_taylorseer_cache,
+    )
     from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
     cur = {"t": 1000.0}

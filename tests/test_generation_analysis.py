@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from unicache_lib.analysis import generation as G
-from unicache_lib.modality import BLOCKS, IMAGE, TEXT
+from unicache_lib.core.modality import BLOCKS, IMAGE, TEXT
 from unicache_lib.stats import step_statistics
 from unicache_lib.world.text import prompt_set
 
@@ -86,7 +86,7 @@ def test_fused_step_statistics_equal_the_direct_definitions(monkeypatch):
     import numpy as np
     import torch
 
-    from unicache_lib.modality import BLOCKS, IMAGE, TEXT
+    from unicache_lib.core.modality import BLOCKS, IMAGE, TEXT
     from unicache_lib.stats import step_statistics
 
     def ent(sub):  # rows renormalised, mean normalised entropy over rows

@@ -11,9 +11,17 @@ from PIL import Image
 
 from unicache_lib.capture import AttentionCapture, CaptureError
 from unicache_lib.capture.runner import answer_logits, build_prompt, capture_samples, inputs_for, model_inputs, spans_fn
-from unicache_lib.inputs import (ImageError, InputError, LayerError, PromptError, check_fraction, check_prompt,
-                                 prepare_image, resolve_layers)
-from unicache_lib.modality import SpanError, Spans
+from unicache_lib.core.modality import SpanError, Spans
+from unicache_lib.inputs import (
+    ImageError,
+    InputError,
+    LayerError,
+    PromptError,
+    check_fraction,
+    check_prompt,
+    prepare_image,
+    resolve_layers,
+)
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +286,7 @@ def _registries():
 
 @pytest.mark.parametrize("name", ["POLICIES", "SCORERS", "REUSE_POLICIES", "FAMILIES"])
 def test_an_unknown_registry_name_lists_the_registered_ones(name):
-    from unicache_lib.registry import Registry, UnknownNameError
+    from unicache_lib.core.registry import Registry, UnknownNameError
 
     reg, typo, meant = _registries()[name]
     assert isinstance(reg, Registry)

@@ -8,8 +8,8 @@ from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill, split_pr
 
 @pytest.fixture(scope="module")
 def setup():
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo.loaders import load_understanding
-    from unicache_lib.zoo.train_llava import heldout_set
 
     model, proc = load_understanding("tiny-llava")
     q = heldout_set(4, seed=11)[0]
@@ -148,7 +148,6 @@ def test_divprune_max_min_diversity_matches_a_brute_force_greedy():
 
 
 def test_full_policy_and_decode_loop_equal_plain_forward_and_generate(setup):
-    from unicache_lib.capture.runner import model_inputs
 
     model, proc, sp, pre, _ = setup
     cache = evict(pre.cache, POLICIES["full"]().select(pre.context(), 0.3))
@@ -275,7 +274,7 @@ def test_run_eviction_prefill_stage_rows_and_peer_comparison(setup):
     import pandas as pd
 
     from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full, worst_peer_difference
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     model, proc, *_ = setup
     qas = heldout_set(3, seed=5)

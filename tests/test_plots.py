@@ -7,7 +7,7 @@ import torch
 
 from unicache_lib import plots
 from unicache_lib.capture.record import CaptureResult, Record
-from unicache_lib.modality import Spans
+from unicache_lib.core.modality import Spans
 
 from .conftest import random_probs
 

@@ -11,8 +11,8 @@ from unicache_lib.kv.presses import KeyCoveragePress
 
 @pytest.fixture(scope="module")
 def llava():
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo.loaders import load_understanding
-    from unicache_lib.zoo.train_llava import heldout_set
 
     model, processor = load_understanding("tiny-llava", attn_implementation="eager")
     return model, processor, heldout_set(4, seed=2024)

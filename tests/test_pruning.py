@@ -13,8 +13,8 @@ from unicache_lib.quality import psnr, ssim
 def vlm():
     from unicache_lib.capture.runner import capture_samples
     from unicache_lib.world import samples as sample_set
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo.loaders import load_understanding
-    from unicache_lib.zoo.train_llava import heldout_set
 
     model, proc = load_understanding("tiny-llava")
     recs = capture_samples(model, proc, sample_set.load(per_type=1), progress=False).records

@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
-from unicache_lib.analysis.anchors import batching_overlap, top_anchors
-from unicache_lib.modality import SpanError, Spans, spans_from_input_ids
 from unicache_lib import intervals as I
+from unicache_lib.analysis.anchors import batching_overlap, top_anchors
+from unicache_lib.core.modality import SpanError, Spans, spans_from_input_ids
+from unicache_lib.core.similarity import cosine, jaccard
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.similarity import cosine, jaccard
 
 
 def test_rules_come_before_measurements():

@@ -304,7 +304,7 @@ def test_library_options_the_solutions_use_refuse_bad_input_with_a_working_fix(s
     from unicache_lib.analysis.localisation import object_word_selectivity
     from unicache_lib.diagnostics.hallucination import answer_attention
     from unicache_lib.world import samples as sample_set
-    from unicache_lib.zoo.train_llava import heldout_set
+    from unicache_lib.world.questions import heldout_set
 
     model, processor = s02._model()
     multi = [s for s in sample_set.load(per_type=1) if len(s.objects) >= 2][:1]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unicache_lib import stats as S
-from unicache_lib.modality import BLOCKS, Spans
+from unicache_lib.core.modality import BLOCKS, Spans
 
 from .conftest import random_probs
 

@@ -6,7 +6,7 @@ import torch
 
 from unicache_lib import store as store_mod
 from unicache_lib.capture.record import Record
-from unicache_lib.modality import Spans
+from unicache_lib.core.modality import Spans
 from unicache_lib.store import Store, StoreError, shard_samples
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from unicache_lib.capture.record import Record
-from unicache_lib.modality import Spans
+from unicache_lib.core.modality import Spans
 from unicache_lib.store import Store, StoreError, StoreLockedError, remove_store
 
 ROOT = Path(__file__).resolve().parents[1]

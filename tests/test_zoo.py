@@ -76,8 +76,8 @@ VQA_BARS = {"tiny-mllama": BAR_MLLAMA, "tiny-vilt": BAR_VILT, "tiny-janus": BAR_
 def test_architecture_models_answer_from_the_image(name):
     """Accuracy on the first 300 of the card's held-out questions, and the image-shuffle control near the prior."""
     from unicache_lib.families import family_of
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo import train_vilt, train_vlm
-    from unicache_lib.zoo.train_llava import heldout_set
 
     model, proc = load_understanding(name)
     qas = heldout_set(300)
@@ -93,8 +93,8 @@ def test_architecture_models_answer_from_the_image(name):
 
 
 def test_tiny_clip_retrieves_the_scene_its_caption_describes():
+    from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo.train_clip import recall_at_1
-    from unicache_lib.zoo.train_llava import heldout_set
 
     model, proc = load_understanding("tiny-clip")
     scenes = [q.scene for q in heldout_set(200)]

@@ -28,29 +28,12 @@ import warnings
 import numpy as np
 import torch
 
-from .capture.vlm import CaptureError
-from .modality import SpanError, Spans
+from .core.errors import ImageError, InputError, InputTypeError, LayerError, PromptError, UnsupportedModelError
+from .core.modality import SpanError, Spans
 
 MIN_IMAGE_SIDE = 2
 EXPECTED_IMAGE = ("an (H, W, 3) uint8 RGB array (also accepted: (H, W) grayscale, (H, W, 4) RGBA, channels-first "
                   "(3, H, W), float values in [0, 1], a PIL image or a torch tensor)")
-
-
-class InputError(ValueError):
-    """An input the workbench cannot use as given; the message says what to pass instead."""
-
-
-class ImageError(InputError):
-    """An image of a shape, type or value range that cannot be converted exactly to RGB uint8."""
-
-
-class PromptError(InputError):
-    """A prompt or question without (or with too many of) the family's image marker."""
-
-
-class LayerError(InputError, CaptureError):
-    """Layer indices that do not exist in the model (or are not integers). A ``ValueError``, and a
-    :class:`~unicache_lib.capture.CaptureError` as capture raised for bad layers before."""
 
 
 # ---- images ---------------------------------------------------------------------------------------
@@ -177,7 +160,7 @@ def check_question(question, family=None) -> str:
     prompt adds the marker once; a second one asks the model for a second image)."""
     fam = default_family(family)
     if not isinstance(question, str):
-        raise TypeError(f"the question must be a string, got {type(question).__name__}")
+        raise InputTypeError(f"the question must be a string, got {type(question).__name__}")
     if fam.image_marker and fam.image_marker in question:  # encoder families (ViLT, CLIP) have no marker
         raise PromptError(
             f"the question contains the image marker {fam.image_marker!r}: pass the question alone (the {fam.name} prompt "
@@ -190,7 +173,7 @@ def check_prompt(prompt, family=None, n_images: int = 1) -> str:
     naming the marker and the template helper (``build_prompt`` / ``family.prompt``)."""
     fam = default_family(family)
     if not isinstance(prompt, str):
-        raise TypeError(f"the prompt must be a string, got {type(prompt).__name__}")
+        raise InputTypeError(f"the prompt must be a string, got {type(prompt).__name__}")
     if not fam.image_marker:  # the image is not in the text (ViLT, CLIP): any text will do
         return prompt
     n = prompt.count(fam.image_marker)
@@ -216,7 +199,7 @@ def encode(processor, image, question: str | None = None, family=None, prompt: s
     img = prepare_image(image)
     if prompt is None:
         if question is None:
-            raise TypeError("pass a question (laid out with the family's prompt template) or a whole prompt=")
+            raise InputTypeError("pass a question (laid out with the family's prompt template) or a whole prompt=")
         text = fam.prompt(processor, check_question(question, fam))
         try:
             check_prompt(text, fam)
@@ -319,8 +302,6 @@ def check_image_tokens(family, config, input_ids, inputs: dict) -> None:
     "Image features and image tokens do not match"; this says which marker to add."""
     if inputs.get("pixel_values") is None or input_ids is None:
         return
-    from .families import UnsupportedModelError
-
     try:
         tid = family.image_token_id(config)
     except UnsupportedModelError:  # a config without an image token: nothing to check
@@ -357,7 +338,7 @@ def check_fraction(value, what: str = "budget", upper_inclusive: bool = True, me
                 hint = f": pass {what}={num:g}, not the string {value!r}"
             except ValueError:
                 hint = f", not the string {value!r}"
-        raise TypeError(f"{what} must be a number, {desc}{hint or f'; got {type(value).__name__} {value!r}'}")
+        raise InputTypeError(f"{what} must be a number, {desc}{hint or f'; got {type(value).__name__} {value!r}'}")
     v = float(value)
     if not (0 <= v <= 1) or (not upper_inclusive and v == 1) or v != v:
         extra = ""
@@ -370,7 +351,7 @@ def check_fraction(value, what: str = "budget", upper_inclusive: bool = True, me
 def check_fractions(values, what: str = "budget", upper_inclusive: bool = True, meaning: str = "") -> list[float]:
     """:func:`check_fraction` for each of ``values`` (a single number is refused: pass a list)."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"{what}s must be a list of numbers (fractions in [0, 1]), got {values!r}; e.g. [0.25, 0.5]")
+        raise InputTypeError(f"{what}s must be a list of numbers (fractions in [0, 1]), got {values!r}; e.g. [0.25, 0.5]")
     if iter(values) is values:
-        raise TypeError(f"{what}s must be a list (or tuple / array), not a one-shot iterator: pass list({what}s)")
+        raise InputTypeError(f"{what}s must be a list (or tuple / array), not a one-shot iterator: pass list({what}s)")
     return [check_fraction(v, what, upper_inclusive, meaning) for v in values]

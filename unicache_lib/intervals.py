@@ -36,6 +36,8 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import optimize, stats
 
+from .core.errors import InputError
+
 LEVEL = 0.95
 N_BOOT = 2000
 SEED = 0
@@ -63,18 +65,18 @@ class Interval:
 
 def _check_n(n: int, unit: str) -> None:
     if not unit:
-        raise ValueError("name the unit the interval is over (samples, questions, prompts, layers, repeats)")
+        raise InputError("name the unit the interval is over (samples, questions, prompts, layers, repeats)")
     if n < 2:
-        raise ValueError(f"an interval needs at least 2 {unit}, got {n}: measure more {unit} "
+        raise InputError(f"an interval needs at least 2 {unit}, got {n}: measure more {unit} "
                          "(one unit has no spread to resample)")
 
 
 def _as_1d(x, name: str) -> np.ndarray:
     a = np.asarray(x, dtype=np.float64)
     if a.ndim != 1:
-        raise ValueError(f"{name} must be one value per unit, shape [n]; got shape {a.shape}")
+        raise InputError(f"{name} must be one value per unit, shape [n]; got shape {a.shape}")
     if not np.isfinite(a).all():
-        raise ValueError(f"{name} has {int((~np.isfinite(a)).sum())} non-finite values: drop or fix those units first")
+        raise InputError(f"{name} has {int((~np.isfinite(a)).sum())} non-finite values: drop or fix those units first")
     return a
 
 
@@ -108,7 +110,7 @@ def _bca(data: tuple, statistic: Callable, value: float, n: int, unit: str, leve
     dist = np.asarray(res.bootstrap_distribution, dtype=np.float64)
     finite = dist[np.isfinite(dist)]
     if len(finite) == 0:
-        raise ValueError(f"the statistic was not finite on any resample of the {n} {unit}")
+        raise InputError(f"the statistic was not finite on any resample of the {n} {unit}")
     if finite.min() == finite.max() == value:
         return Interval(float(value), float(value), float(value), int(n), unit, 0.0, "every resample identical")
     lo, hi = res.confidence_interval
@@ -145,7 +147,7 @@ def proportion_interval(outcomes, unit: str, n_boot: int = N_BOOT, seed: int = S
     (``n_boot`` and ``seed`` are accepted for a uniform signature and unused)."""
     x = _as_1d(np.asarray(outcomes, dtype=np.float64), "outcomes")
     if not _binary(x):
-        raise ValueError("outcomes must be 0/1 (or bool) per unit; use mean_interval for other values")
+        raise InputError("outcomes must be 0/1 (or bool) per unit; use mean_interval for other values")
     _check_n(len(x), unit)
     k, n = int(x.sum()), len(x)
     lo, hi = _wilson(k, n, level)
@@ -177,7 +179,7 @@ def _shares(a: np.ndarray, b: np.ndarray, paired: bool, level: float):
 
 def _check_paired(a, b, paired: bool, what: str) -> None:
     if paired and len(a) != len(b):
-        raise ValueError(f"paired {what} needs the same units on both sides, got {len(a)} and {len(b)}; "
+        raise InputError(f"paired {what} needs the same units on both sides, got {len(a)} and {len(b)}; "
                          "pass paired=False for independent groups")
 
 
@@ -226,7 +228,7 @@ def ratio_interval(a, b, unit: str, paired: bool = True, n_boot: int = N_BOOT, s
     otherwise the BCa bootstrap. ``mean(b)`` must not be 0."""
     a, b = _as_1d(a, "a"), _as_1d(b, "b")
     if b.mean() == 0:
-        raise ValueError("ratio_interval: mean(b) is 0, the ratio is undefined; compare a difference instead")
+        raise InputError("ratio_interval: mean(b) is 0, the ratio is undefined; compare a difference instead")
     _check_paired(a, b, paired, "ratio")
     n = len(a) if paired else min(len(a), len(b))
     _check_n(n, unit)
@@ -253,7 +255,7 @@ def bootstrap(units: Sequence, statistic: Callable[[list], float], unit: str, n_
     _check_n(len(units), unit)
     value = float(statistic(units))
     if not np.isfinite(value):
-        raise ValueError(f"the statistic is not finite on the {len(units)} {unit} themselves")
+        raise InputError(f"the statistic is not finite on the {len(units)} {unit} themselves")
     return _bca((np.arange(len(units)),), lambda idx: float(statistic([units[int(i)] for i in idx])), value,
                 len(units), unit, level, n_boot, seed, vectorized=False)
 
@@ -284,9 +286,9 @@ def extreme_of(cells, reduce=min) -> Interval:
     ``cells``: Intervals (a list, or a dict name -> Interval); nested use composes (the largest of minima)."""
     ivs = list(cells.values()) if isinstance(cells, dict) else list(cells)
     if not ivs:
-        raise ValueError("extreme_of needs at least one cell")
+        raise InputError("extreme_of needs at least one cell")
     if reduce not in (min, max):
-        raise ValueError("reduce must be min or max")
+        raise InputError("reduce must be min or max")
     units = {i.unit for i in ivs}
     return Interval(float(reduce(i.value for i in ivs)), float(reduce(i.lo for i in ivs)), float(reduce(i.hi for i in ivs)),
                     min(i.n for i in ivs), units.pop() if len(units) == 1 else " / ".join(sorted(units)),
@@ -301,12 +303,12 @@ def speedup_interval(base_seconds, method_seconds, n_boot: int = N_BOOT, seed: i
     needs them (pass ``min_repeats=2`` for a smoke run, and do not decide anything on it)."""
     b, m = _as_1d(base_seconds, "base_seconds"), _as_1d(method_seconds, "method_seconds")
     if len(b) != len(m):
-        raise ValueError(f"paired repeats needed: {len(b)} baseline vs {len(m)} method timings")
+        raise InputError(f"paired repeats needed: {len(b)} baseline vs {len(m)} method timings")
     if len(b) < min_repeats:
-        raise ValueError(f"a timing interval needs >= {min_repeats} interleaved repeats, got {len(b)}: raise the repeat count")
+        raise InputError(f"a timing interval needs >= {min_repeats} interleaved repeats, got {len(b)}: raise the repeat count")
     _check_n(len(b), "repeats")
     if (m <= 0).any() or (b <= 0).any():
-        raise ValueError("timings must be positive seconds")
+        raise InputError("timings must be positive seconds")
     r = b / m
     if r.min() == r.max():
         return Interval(float(r[0]), float(r[0]), float(r[0]), len(r), "repeats", 0.0, IDENTICAL)
@@ -322,7 +324,7 @@ def interleaved_timings(fns: dict[str, Callable[[], object]], repeats: int = MIN
     ``before`` (optional) runs untimed before each call (e.g. to reset a cache's state).
     Returns label -> ``[repeats]`` seconds, repeat ``i`` of every label from the same round."""
     if repeats < 1:
-        raise ValueError("repeats must be >= 1")
+        raise InputError("repeats must be >= 1")
     rng = np.random.default_rng(seed)
     labels = list(fns)
     out = {k: np.zeros(repeats) for k in labels}

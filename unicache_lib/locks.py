@@ -19,13 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-
-class LockedError(RuntimeError):
-    """Another process holds the lock. ``holder`` is what it wrote into the lock file (may be ``{}``)."""
-
-    def __init__(self, message: str, holder: dict):
-        super().__init__(message)
-        self.holder = holder
+from .core.errors import LockedError
 
 
 def describe(holder: dict) -> str:
@@ -124,7 +118,7 @@ def acquire(path, what: str, advice: str) -> WriterLock:
             lock.users = 1
             _HELD[str(path)] = lock
             return lock
-        raise OSError(f"could not lock {path}: it was removed and re-created 10 times while we tried")
+        raise LockedError(f"could not lock {path}: it was removed and re-created 10 times while we tried", {})
 
 
 def _after_fork_in_child() -> None:

@@ -15,11 +15,8 @@ from __future__ import annotations
 import numbers
 from pathlib import Path
 
-from .inputs import InputError, check_fraction, check_fractions
-
-
-class ParameterError(InputError):
-    """A notebook parameter with a value the notebook cannot use; the message names it and the fix."""
+from .core.errors import InputError, ParameterError
+from .inputs import check_fraction, check_fractions
 
 
 def _fail(name: str, value, want: str):
@@ -166,5 +163,5 @@ def check_params(namespace: dict, names=None) -> None:
     :data:`KINDS` found there, or exactly ``names``. Raises :class:`ParameterError` naming the first bad one."""
     for name in names if names is not None else [k for k in namespace if k in KINDS]:
         if name not in KINDS:
-            raise ValueError(f"notebook parameter {name} has no check: add it to unicache_lib.params.KINDS")
+            raise InputError(f"notebook parameter {name} has no check: add it to unicache_lib.params.KINDS")
         KINDS[name](name, namespace[name])

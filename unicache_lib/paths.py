@@ -2,6 +2,8 @@
 import tomllib
 from pathlib import Path
 
+from .core.errors import InputTypeError
+
 PROJECT_NAME = "unicache-workbench"  # [project] name in this repository's pyproject.toml
 
 
@@ -32,7 +34,7 @@ def project_path(path: str | Path) -> Path:
     ``unicache-workbench`` pyproject.toml at or above the current directory) it is taken from the
     current directory, as ``Path(path)`` would be."""
     if path is None:
-        raise TypeError("project_path needs a path (str or Path), got None: pass a folder such as 'outputs/x'")
+        raise InputTypeError("project_path needs a path (str or Path), got None: pass a folder such as 'outputs/x'")
     p = Path(path).expanduser()
     if p.is_absolute():
         return p

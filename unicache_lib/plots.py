@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .modality import Spans
+from .core.errors import InputError
+from .core.modality import Spans
 
 
 def _plt():
@@ -67,10 +68,10 @@ def _mean_bands(ax, values: dict, axis_name: str, marker: str, x=None) -> int | 
     for name, v in values.items():
         v = _np(v)
         if v.ndim != 2:
-            raise ValueError(f"{name}: expected [n_samples, {axis_name}], got shape {v.shape}")
+            raise InputError(f"{name}: expected [n_samples, {axis_name}], got shape {v.shape}")
         n = v.shape[1]
         if x is not None and len(x) != n:
-            raise ValueError(f"{name}: {n} columns for {len(x)} positions")
+            raise InputError(f"{name}: {n} columns for {len(x)} positions")
         x = np.arange(n) if x is None else np.asarray(x)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -118,7 +119,7 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
     plt = _plt()
     P = _np(probs)
     if P.ndim != 2:
-        raise ValueError(f"attention_map expects one head's map [Sq, Sk], got shape {P.shape}: pick a head first")
+        raise InputError(f"attention_map expects one head's map [Sq, Sk], got shape {P.shape}: pick a head first")
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(4.6, 4))
@@ -181,7 +182,7 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
     plt = _plt()
     R = _np(reads)
     if R.ndim != 2:
-        raise ValueError(f"expected [n_layers, seq], got shape {R.shape}")
+        raise InputError(f"expected [n_layers, seq], got shape {R.shape}")
     fig, ax = plt.subplots(figsize=(7, 2.8))
     im = ax.imshow(np.log10(R + 1e-6) if log else R, aspect="auto", cmap="magma", interpolation="nearest")
     block = _image_block(spans, R.shape[1])
@@ -191,7 +192,7 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
     _integer_ticks(ax.xaxis, ax.yaxis)
     if layers is not None:
         if len(layers) != R.shape[0]:
-            raise ValueError(f"{len(layers)} layer numbers for {R.shape[0]} rows")
+            raise InputError(f"{len(layers)} layer numbers for {R.shape[0]} rows")
         ax.set_yticks(range(len(layers)), [str(li) for li in layers])
     ax.set_xlabel("key position")
     ax.set_ylabel("layer")
@@ -208,7 +209,7 @@ def per_layer_boxes(values, title: str = "", ylabel: str = ""):
     plt = _plt()
     V = _np(values)
     if V.ndim != 2:
-        raise ValueError(f"expected [n_layers, n], got shape {V.shape}")
+        raise InputError(f"expected [n_layers, n], got shape {V.shape}")
     fig, ax = plt.subplots(figsize=(5, 3))
     ax.boxplot([v[~np.isnan(v)] for v in V], positions=np.arange(len(V)))
     ax.set_xlabel("layer")
@@ -236,11 +237,11 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
     if grid is None:
         g = int(round(len(w) ** 0.5))
         if g * g != len(w):
-            raise ValueError(f"{len(w)} image-token weights do not form a square grid: pass grid=(rows, cols)")
+            raise InputError(f"{len(w)} image-token weights do not form a square grid: pass grid=(rows, cols)")
         grid = (g, g)
     rows, cols = grid
     if rows * cols != len(w):
-        raise ValueError(f"{len(w)} image-token weights for a {rows} x {cols} grid")
+        raise InputError(f"{len(w)} image-token weights for a {rows} x {cols} grid")
     img = np.asarray(image)
     fig = None
     if ax is None:
@@ -266,7 +267,7 @@ def layer_overlays(image, maps: dict, title: str = "", grid=None, grid_tokens=No
     (labelled), as the weights' range changes a lot with depth. ``grid`` / ``grid_tokens`` as in
     :func:`image_overlay`."""
     if not maps:
-        raise ValueError("layer_overlays needs at least one layer's weights")
+        raise InputError("layer_overlays needs at least one layer's weights")
     fig, axes = _picture_row(image, "the picture", len(maps), (2.7, 2.6), 9)
     for ax, (li, w) in zip(axes[1:], maps.items()):
         image_overlay(image, w, f"{label} {li} (max {float(np.max(_np(w))):.2f})", ax=ax, grid=grid,
@@ -284,7 +285,7 @@ def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=N
     plt = _plt()
     P = _np(probs)
     if P.ndim != 2 or P.shape[0] != P.shape[1]:
-        raise ValueError(f"blocked_map expects one head's square map [S, S], got shape {P.shape}")
+        raise InputError(f"blocked_map expects one head's square map [S, S], got shape {P.shape}")
     spans.check(P.shape[0])
     order = np.concatenate([spans.image_index, spans.text_index])
     fig = None
@@ -316,7 +317,7 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
     plt = _plt()
     P = _np(probs)
     if not 0 <= token_pos < P.shape[0]:
-        raise ValueError(f"token_pos {token_pos} outside the sequence of {P.shape[0]}")
+        raise InputError(f"token_pos {token_pos} outside the sequence of {P.shape[0]}")
     fig, axes = plt.subplots(1, 2 if cross else 3, figsize=(9 if cross else 14, 4.2))
     query = quoted(token_pos, tokens[token_pos]) if tokens else str(token_pos)
     if cross:
@@ -372,7 +373,7 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
     plt = _plt()
     G = _np(grid)
     if G.ndim != 2:
-        raise ValueError(f"expected [n_layers, n_steps], got shape {G.shape}")
+        raise InputError(f"expected [n_layers, n_steps], got shape {G.shape}")
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(6, 0.5 * G.shape[0] + 1.5))
@@ -380,7 +381,7 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
     ax.set_xlabel("denoising step")
     ax.set_ylabel("layer")
     if layers is not None and len(layers) != G.shape[0]:
-        raise ValueError(f"{len(layers)} layer numbers for {G.shape[0]} rows")
+        raise InputError(f"{len(layers)} layer numbers for {G.shape[0]} rows")
     ax.set_yticks(range(G.shape[0]), [str(li) for li in (range(G.shape[0]) if layers is None else layers)])
     ax.set_title(title, fontsize=9)
     ax.figure.colorbar(im, ax=ax, fraction=0.04, label=cbar)
@@ -424,7 +425,7 @@ def line_styles(names) -> dict[str, dict]:
     colours = plt.get_cmap("tab20").colors
     names = list(dict.fromkeys(names))
     if len(names) > len(colours) * len(MARKERS):
-        raise ValueError(f"{len(names)} lines are too many to tell apart: plot fewer per figure")
+        raise InputError(f"{len(names)} lines are too many to tell apart: plot fewer per figure")
     return {n: {"color": colours[i % len(colours)], "marker": MARKERS[i % len(MARKERS)]} for i, n in enumerate(names)}
 
 
@@ -436,7 +437,7 @@ def shared_legend(fig, axes, ncol: int = 4, fontsize: int = 7):
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     if not handles:
-        raise ValueError("shared_legend: no labelled lines on these axes (pass label= to ax.plot)")
+        raise InputError("shared_legend: no labelled lines on these axes (pass label= to ax.plot)")
     fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=ncol, fontsize=fontsize,
                frameon=False, bbox_to_anchor=(0.5, 0.0))
     return fig
@@ -481,7 +482,7 @@ def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool =
     G = {n: _np(g) for n, g in grids.items()}
     bad = {n: g.shape for n, g in G.items() if g.ndim != 2}
     if not G or bad:
-        raise ValueError(f"grid_panels expects name -> [rows, cols] grids, got shapes {bad or 'none'}")
+        raise InputError(f"grid_panels expects name -> [rows, cols] grids, got shapes {bad or 'none'}")
     lo, hi = (min(np.nanmin(g) for g in G.values()), max(np.nanmax(g) for g in G.values())) if shared else (None, None)
     fig, axes = plt.subplots(1, len(G), figsize=(2.9 * len(G), 2.8), squeeze=False)
     for ax, (n, g) in zip(axes[0], G.items()):
@@ -579,7 +580,7 @@ def check_methods(names, limit: int = MAX_METHODS) -> list:
     that decide, put the rest in a table)."""
     names = list(dict.fromkeys(names))
     if len(names) > limit:
-        raise ValueError(f"{len(names)} methods on one chart ({', '.join(map(str, names))}); at most {limit}: "
+        raise InputError(f"{len(names)} methods on one chart ({', '.join(map(str, names))}); at most {limit}: "
                          "plot the ones the lesson compares and give the rest as a table")
     return names
 
@@ -592,7 +593,7 @@ def kept_patches(image, kept: dict, answers: dict | None = None, title: str = ""
     cols)`` (default square)."""
     plt = _plt()
     if not kept:
-        raise ValueError("kept_patches: no policy given")
+        raise InputError("kept_patches: no policy given")
     img = np.asarray(image).astype(np.float32) / (255.0 if np.asarray(image).dtype == np.uint8 else 1.0)
     fig, axes = plt.subplots(1, len(kept) + 1, figsize=(2.6 * (len(kept) + 1), 2.9))
     axes[0].imshow(img)
@@ -601,7 +602,7 @@ def kept_patches(image, kept: dict, answers: dict | None = None, title: str = ""
         s = _np(share).ravel()
         rows, cols = grid or (int(round(len(s) ** 0.5)),) * 2
         if rows * cols != len(s):
-            raise ValueError(f"{name}: {len(s)} patch shares for a {rows} x {cols} grid: pass grid=(rows, cols)")
+            raise InputError(f"{name}: {len(s)} patch shares for a {rows} x {cols} grid: pass grid=(rows, cols)")
         up = np.kron(s.reshape(rows, cols), np.ones((img.shape[0] // rows + 1, img.shape[1] // cols + 1)))
         up = up[:img.shape[0], :img.shape[1], None]
         ax.imshow(img * (0.15 + 0.85 * up))  # dropped patches dark, kept ones as they are
@@ -629,7 +630,7 @@ def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title:
     method decides inside a step (a strip would mislead; "decided per block" is written instead)."""
     plt = _plt()
     if not images:
-        raise ValueError("reuse_gallery: no image given")
+        raise InputError("reuse_gallery: no image given")
     n = len(images)
     fig, axes = plt.subplots(2, n, figsize=(2.5 * n, 3.3), gridspec_kw={"height_ratios": [8, 1]}, squeeze=False)
     for j, (name, im) in enumerate(images.items()):
@@ -670,7 +671,7 @@ def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = T
     plt = _plt()
     P = _np(probs)
     if P.ndim != 2 or P.shape[0] != P.shape[1] or P.shape[0] != len(tokens):
-        raise ValueError(f"token_map expects one head's square map [S, S] and S tokens, got {P.shape} and {len(tokens)} tokens")
+        raise InputError(f"token_map expects one head's square map [S, S] and S tokens, got {P.shape} and {len(tokens)} tokens")
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(4.8, 4.2))

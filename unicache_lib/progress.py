@@ -15,6 +15,8 @@ from functools import lru_cache
 
 from tqdm.auto import tqdm
 
+from .core.errors import InputError
+
 ENV = "UNICACHE_PROGRESS"
 
 
@@ -33,7 +35,7 @@ def decide(environ=None, stderr=None, in_kernel: bool | None = None) -> bool:
     if value in ("1", "true", "yes", "on"):
         return True
     if value:
-        raise ValueError(f"{ENV}={env[ENV]!r}: set it to 1 (show progress bars) or 0 (hide them)")
+        raise InputError(f"{ENV}={env[ENV]!r}: set it to 1 (show progress bars) or 0 (hide them)")
     if env.get("CI", "").strip().lower() not in ("", "0", "false"):
         return False
     if _in_jupyter_kernel() if in_kernel is None else in_kernel:

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .core.errors import InputError
+
 
 def _as_float(x) -> torch.Tensor:
     """``[N, H, W, C]`` (or ``[N, C, H, W]``: C of 1 or 3 first and not last) uint8 / float ->
@@ -28,7 +30,7 @@ def psnr(images, reference, max_value: float = 1.0) -> np.ndarray:
     """Per-image PSNR in dB ``[N]``; identical images give ``inf``."""
     a, b = _as_float(images), _as_float(reference)
     if a.shape != b.shape:
-        raise ValueError(f"image shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+        raise InputError(f"image shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
     mse = ((a - b) ** 2).flatten(1).mean(1)
     with np.errstate(divide="ignore"):
         return (10 * np.log10(max_value**2 / mse.numpy())).astype(np.float64)
@@ -38,7 +40,7 @@ def ssim(images, reference, window: int = 7, sigma: float = 1.5) -> np.ndarray:
     """Per-image SSIM ``[N]`` (Wang et al. 2004; Gaussian window, channels averaged), 1 = identical."""
     a, b = _as_float(images), _as_float(reference)
     if a.shape != b.shape:
-        raise ValueError(f"image shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+        raise InputError(f"image shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
     c = a.shape[1]
     x = torch.arange(window, dtype=torch.float32) - (window - 1) / 2
     g = torch.exp(-(x**2) / (2 * sigma**2))

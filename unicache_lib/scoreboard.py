@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .core.errors import ContractError, InputError, UnknownNameError
 from .intervals import Interval, n_to_settle
 
 HOLDS, NOT, INCONCLUSIVE, PARTLY = "holds", "does not hold", "inconclusive", "partly"
@@ -89,10 +90,10 @@ class Criterion:
 
     def __post_init__(self):
         if sum(x is not None for x in (self.above, self.below, self.between, self.outside)) != 1:
-            raise ValueError("a criterion needs exactly one of above=, below=, between=(lo, hi), outside=(lo, hi)")
+            raise InputError("a criterion needs exactly one of above=, below=, between=(lo, hi), outside=(lo, hi)")
         band = self.between or self.outside
         if band is not None and not band[0] < band[1]:
-            raise ValueError(f"a band (lo, hi) needs lo < hi, got {band}")
+            raise InputError(f"a band (lo, hi) needs lo < hi, got {band}")
 
     def decide(self, lo: float, hi: float) -> str:
         if self.above is not None:
@@ -248,14 +249,14 @@ class Scoreboard:
         ``criteria={"a": {"above": 0.8}, "b": {"below": 0.6}}``. ``text`` says what is measured, over
         which unit the interval runs and the threshold(s)."""
         if claim not in CLAIMS:
-            raise KeyError(f"unknown claim id {claim!r}; known: {', '.join(CLAIMS)}")
+            raise UnknownNameError(f"unknown claim id {claim!r}; known: {', '.join(CLAIMS)}")
         if claim in self.rows and self.rows[claim].measured:
-            raise RuntimeError(f"the rule for {claim} must be written before its measurement")
+            raise ContractError(f"the rule for {claim} must be written before its measurement")
         if criteria is not None:
             if any(x is not None for x in (above, below, between, outside)):
-                raise ValueError("pass either criteria={...} or one of above= / below= / between=, not both")
+                raise InputError("pass either criteria={...} or one of above= / below= / between=, not both")
             if len(criteria) < 2:
-                raise ValueError("criteria={...} is for two or more criteria; use above= / below= / between= for one")
+                raise InputError("criteria={...} is for two or more criteria; use above= / below= / between= for one")
             crit = {k: Criterion(**v) for k, v in criteria.items()}
         else:
             crit = {"": Criterion(above, below, between, outside)}
@@ -278,24 +279,24 @@ class Scoreboard:
         with ``interval=(lo, hi)``, ``n`` and ``unit``. ``value=None`` (with a ``note`` saying why) marks
         the claim "not measurable here". ``shown``: the measured numbers in words for the table."""
         if claim not in self.rows:
-            raise KeyError(f"write the verdict rule for {claim} (board.rule) before measuring it")
+            raise UnknownNameError(f"write the verdict rule for {claim} (board.rule) before measuring it")
         r = self.rows[claim]
         key = "" if criterion is None else criterion
         if key not in r.criteria and value is not None:
-            raise KeyError(f"{claim}'s rule has criteria {list(r.criteria)}; pass criterion= one of them")
+            raise UnknownNameError(f"{claim}'s rule has criteria {list(r.criteria)}; pass criterion= one of them")
         if value is None:
             if not note:
-                raise ValueError(f"{claim}: say in note= why it is not measurable here")
+                raise InputError(f"{claim}: say in note= why it is not measurable here")
             r.measured[key if key in r.criteria else next(iter(r.criteria))] = Measurement(None)
         else:
             if isinstance(value, Interval):
                 m = Measurement(value.value, value.lo, value.hi, value.n, value.unit, value.se)
             else:
                 if interval is None or n is None or not unit:
-                    raise ValueError(f"{claim}: a measurement needs interval=(lo, hi), n and unit (or an Interval)")
+                    raise InputError(f"{claim}: a measurement needs interval=(lo, hi), n and unit (or an Interval)")
                 m = Measurement(float(value), float(interval[0]), float(interval[1]), int(n), unit)
             if not (m.lo <= m.value <= m.hi):
-                raise ValueError(f"{claim}: value {m.value} lies outside its interval [{m.lo}, {m.hi}]")
+                raise InputError(f"{claim}: value {m.value} lies outside its interval [{m.lo}, {m.hi}]")
             r.measured[key] = m
         if shown:
             r.shown = f"{r.shown}; {shown}" if r.shown else shown
@@ -305,7 +306,7 @@ class Scoreboard:
     def _check_complete(self):
         missing = [c for c, r in self.rows.items() if not r.complete]
         if missing:
-            raise RuntimeError(f"claims with a rule but no (complete) measurement: {missing}")
+            raise ContractError(f"claims with a rule but no (complete) measurement: {missing}")
 
     def _cells(self, r: Row) -> dict:
         return _cells([(k, r.measured.get(k)) for k in r.criteria])

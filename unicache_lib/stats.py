@@ -24,18 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .modality import BLOCKS, IMAGE, TEXT, Spans
+from .core.errors import AttentionMaskError, AttentionValueError, InputError
+from .core.modality import BLOCKS, IMAGE, TEXT, Spans
 
 # mass on hidden keys above this (per row) means the map and the mask disagree
 HIDDEN_MASS_TOL = 1e-3
-
-
-class AttentionValueError(ValueError):
-    """Attention weights that are not probabilities (NaN / inf / negative)."""
-
-
-class AttentionMaskError(ValueError):
-    """A map with attention mass on keys its (assumed or applied) mask hides."""
 
 
 def as_probs(P: torch.Tensor, check: bool = True) -> torch.Tensor:
@@ -406,7 +399,7 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
     else:
         P = torch.as_tensor(P)
         if P.dim() != 3:
-            raise ValueError(f"layer_statistics expects one sample's map [heads, Sq, Sk], got shape {tuple(P.shape)}")
+            raise InputError(f"layer_statistics expects one sample's map [heads, Sq, Sk], got shape {tuple(P.shape)}")
         source, shape = None, tuple(P.shape)
     H, sq, sk = shape
     dev = P.device
@@ -422,7 +415,7 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
         if query_kinds is not None:
             qk = torch.as_tensor(np.asarray(query_kinds), device=dev)
             if len(qk) != sq:
-                raise ValueError(f"query_kinds cover {len(qk)} rows, the map has {sq}")
+                raise InputError(f"query_kinds cover {len(qk)} rows, the map has {sq}")
         else:
             qk = kinds[q]
         q_rows += [(qk == TEXT).float(), (qk == IMAGE).float()]
@@ -568,7 +561,7 @@ def row_statistics_in_dtype(P: torch.Tensor, dtype: torch.dtype) -> dict[str, to
 
 
 # What a diffusion capture keeps for one (sample, part, layer, step); H heads, Si image queries,
-# Tr real text keys. Block order is :data:`~unicache_lib.modality.BLOCKS`.
+# Tr real text keys. Block order is :data:`~unicache_lib.core.modality.BLOCKS`.
 STEP_STATS = {
     "blocks": "[H, 4] four-block shares of all attention mass",
     "block_entropy": "[H, 4] mean normalised entropy of the src queries' rows restricted to dst keys",
@@ -580,15 +573,6 @@ STEP_STATS = {
     "head_sim": "[H, H] cosine similarity of head maps",
     "variance": "[H] mean within-row variance of the image queries' rows (0 = uniform)",
 }
-
-
-def _mean_norm_entropy(P: torch.Tensor) -> torch.Tensor:
-    """``P [H, n, k]`` rows renormalised to sum 1 -> ``[H]`` mean entropy / log(k) (NaN if k < 2)."""
-    k = P.shape[-1]
-    if P.shape[-2] == 0 or k < 2:
-        return torch.full(P.shape[:1], float("nan"), device=P.device)
-    R = P / P.sum(-1, keepdim=True).clamp(min=1e-30)
-    return (-torch.special.xlogy(R, R).sum(-1) / math.log(k)).mean(-1)
 
 
 def _group_entropy(plogp_sum: torch.Tensor, mass: torch.Tensor, k: int) -> torch.Tensor:
@@ -619,13 +603,13 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
     """
     P = torch.as_tensor(P)
     if P.dim() != 3:
-        raise ValueError(f"step_statistics expects [heads, Sq, Sk], got {tuple(P.shape)}")
+        raise InputError(f"step_statistics expects [heads, Sq, Sk], got {tuple(P.shape)}")
     H, sq, sk = P.shape
     dev = P.device
     qk = torch.as_tensor(np.asarray(q_kinds), device=dev)
     kk = torch.as_tensor(np.asarray(k_kinds), device=dev)
     if len(qk) != sq or len(kk) != sk:
-        raise ValueError(f"kinds cover {len(qk)} queries / {len(kk)} keys, the map is {sq} x {sk}")
+        raise InputError(f"kinds cover {len(qk)} queries / {len(kk)} keys, the map is {sq} x {sk}")
     real = torch.ones(sk, dtype=torch.bool, device=dev) if k_real is None else torch.as_tensor(np.asarray(k_real), device=dev)
     nan = torch.full((H,), float("nan"), device=dev)
     ki, kt = kk == IMAGE, kk == TEXT

@@ -54,21 +54,11 @@ import numpy as np
 import torch
 
 from .capture.record import Record
+from .core.errors import InputError, InputTypeError, StoreError, StoreLockedError
+from .core.modality import Spans
 from .locks import LockedError, acquire, describe, forget, held_here, holder_if_held
-from .modality import Spans
 
 FORMAT = 1
-
-
-class StoreError(RuntimeError):
-    """A store that is missing, corrupt, or would be overwritten."""
-
-
-class StoreLockedError(StoreError, LockedError):
-    """Another process is writing this store (the same rank). ``holder``: its pid, host, since, cmd."""
-
-    def __init__(self, message: str, holder: dict):
-        LockedError.__init__(self, message, holder)
 
 
 _ENTRY_KEYS = {"key", "sample", "part", "layer", "step", "file", "slot", "arrays"}
@@ -266,7 +256,7 @@ class Store:
             raise StoreError(f"{self.path} is a file, not a store folder: pass the folder a capture writes to "
                              f"(e.g. outputs/02_understanding_maps/stats)")
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            raise TypeError(f"rank must be an int >= 0, got {rank!r}")
+            raise InputTypeError(f"rank must be an int >= 0, got {rank!r}")
         self.rank = rank
         self.meta = dict(meta or {})
         self._lock = None
@@ -709,5 +699,5 @@ def remove_store(path) -> bool:
 def shard_samples(samples: list, rank: int, world_size: int) -> list:
     """The slice of ``samples`` that ``rank`` of ``world_size`` captures (round-robin, disjoint)."""
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside world size {world_size}")
+        raise InputError(f"rank {rank} outside world size {world_size}")
     return list(samples)[rank::world_size]

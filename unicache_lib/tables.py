@@ -9,6 +9,8 @@ from __future__ import annotations
 import textwrap
 from html import escape
 
+from .core.errors import InputError
+
 
 class WrappedTable:
     """``WrappedTable(df)`` as a cell's last expression (or ``display(...)``) shows ``df`` whole.
@@ -19,7 +21,7 @@ class WrappedTable:
 
     def __init__(self, df, width: int = 100):
         if df is None or not len(df.columns):
-            raise ValueError("WrappedTable needs a DataFrame with at least one column")
+            raise InputError("WrappedTable needs a DataFrame with at least one column")
         self.df = df.reset_index(drop=True)
         self.width = int(width)
 

@@ -11,6 +11,7 @@ from itertools import product
 from . import plots
 from .analysis.token_classes import content_position
 from .capture.record import CaptureResult, Record
+from .core.errors import InputError
 from .plots import quoted
 
 
@@ -23,7 +24,7 @@ def _index(recs: list[Record], fields: tuple[str, ...], what: str) -> tuple[dict
     axes = [axes[0]] + [sorted(a) for a in axes[1:]]
     missing = [k for k in product(*axes) if k not in by]
     if missing:
-        raise ValueError(f"{what}: no record for {dict(zip(fields, missing[0]))} ({len(missing)} of "
+        raise InputError(f"{what}: no record for {dict(zip(fields, missing[0]))} ({len(missing)} of "
                          f"{len(by) + len(missing)} combinations missing); every sample needs the same "
                          f"{' and '.join(f + 's' for f in fields[1:])}: capture them all alike, or pass only "
                          f"the complete samples (CaptureResult.from_records([...]))")
@@ -34,7 +35,7 @@ def _heads(recs: list[Record], what: str) -> int:
     """The one head count of ``recs`` (each ``probs [H, ...]``); raises if the records disagree."""
     heads = {int(r.probs.shape[0]) for r in recs}
     if len(heads) != 1:
-        raise ValueError(f"{what}: records with different head counts {sorted(heads)}: pass one part's records")
+        raise InputError(f"{what}: records with different head counts {sorted(heads)}: pass one part's records")
     return heads.pop()
 
 
@@ -42,7 +43,7 @@ def _need(mapping: dict, keys, name: str, what: str):
     """Raise (at construction, not in a slider callback) when ``mapping`` lacks one of ``keys``."""
     gone = [k for k in keys if k not in mapping]
     if gone:
-        raise ValueError(f"{what}: {name} has no entry for sample {gone[0]!r}: pass {name} for every sample")
+        raise InputError(f"{what}: {name} has no entry for sample {gone[0]!r}: pass {name} for every sample")
 
 
 def _show(out, fig):
@@ -86,7 +87,7 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
     what = "attention_explorer"
     recs = [r for r in result.records if "probs" in r.data]
     if not recs:
-        raise ValueError("attention_explorer needs full-mode records (capture with mode='full')")
+        raise InputError("attention_explorer needs full-mode records (capture with mode='full')")
     parts = {r.part for r in recs}
     part = result.part if result.part in parts else recs[0].part
     recs = [r for r in recs if r.part == part]
@@ -145,7 +146,7 @@ def model_explorer(per_model: dict):
     import ipywidgets as W
 
     if not per_model:
-        raise ValueError("model_explorer needs at least one model's full-mode capture")
+        raise InputError("model_explorer needs at least one model's full-mode capture")
     built: dict = {}
     pick = W.Dropdown(options=list(per_model), description="model")
     box = W.VBox()
@@ -190,7 +191,7 @@ def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str |
     recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
             and (part is None or r.part == part)]
     if not recs:
-        raise ValueError("step_explorer needs full-mode records with text keys (DiffusionCapture(mode='full'))")
+        raise InputError("step_explorer needs full-mode records with text keys (DiffusionCapture(mode='full'))")
     recs = [r for r in recs if r.part == recs[0].part]
     by, (samples, layers, steps) = _index(recs, ("sample", "layer", "step"), what)
     for name, m in (("images", images), ("tokens", tokens)):

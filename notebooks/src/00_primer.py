@@ -46,7 +46,7 @@ from unicache_lib.analysis.token_classes import content_position
 from unicache_lib.capture import AttentionCapture
 from unicache_lib.capture.runner import inputs_for
 from unicache_lib.families import family_of
-from unicache_lib.modality import BLOCKS
+from unicache_lib.core.modality import BLOCKS
 from unicache_lib.paths import project_path
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.scenes import patch_grid_masks

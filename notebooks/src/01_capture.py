@@ -54,7 +54,8 @@ from unicache_lib.analysis.anchors import batching_overlap, image_reads
 from unicache_lib.analysis.token_classes import content_position
 from unicache_lib.capture import AttentionCapture, CaptureError, find_attention_modules
 from unicache_lib.capture.runner import build_prompt, capture_samples, inputs_for
-from unicache_lib.capture.vlm import check_memory, full_capture_bytes, language_attention
+from unicache_lib.capture.vlm import check_memory, full_capture_bytes
+from unicache_lib.core.models import language_attention
 from unicache_lib.families import family_of
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims

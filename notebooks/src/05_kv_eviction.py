@@ -86,7 +86,7 @@ from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
-from unicache_lib.zoo.train_llava import heldout_set
+from unicache_lib.world.questions import heldout_set
 
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started

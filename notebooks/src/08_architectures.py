@@ -74,7 +74,7 @@ from unicache_lib.capture import AttentionCapture
 from unicache_lib.capture.gen_runner import capture_generation
 from unicache_lib.capture.runner import capture_samples, inputs_for
 from unicache_lib.families import family_of
-from unicache_lib.modality import IMAGE
+from unicache_lib.core.modality import IMAGE
 from unicache_lib.paths import project_path
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.tables import WrappedTable
@@ -82,7 +82,7 @@ from unicache_lib.widgets import model_explorer
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.text import prompt_set
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding, model_card
-from unicache_lib.zoo.train_llava import heldout_set
+from unicache_lib.world.questions import heldout_set
 
 # %% [markdown]
 # ## 0. Seven ways to let a query read a key

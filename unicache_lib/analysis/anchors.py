@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..similarity import jaccard
+from ..core.errors import InputError
+from ..core.similarity import jaccard
 
 
 def image_reads(record, heads: str = "mean") -> torch.Tensor:
@@ -15,13 +16,13 @@ def image_reads(record, heads: str = "mean") -> torch.Tensor:
     from ..stats import text_read_frequency
 
     if record.spans is None:
-        raise ValueError("the record has no modality spans: capture with spans to find image anchors")
+        raise InputError("the record has no modality spans: capture with spans to find image anchors")
     rf = record.data.get("text_read_freq")
     if rf is None:
         rf = text_read_frequency(record.probs, record.spans)
     idx = torch.as_tensor(record.spans.image_index)  # image tokens in sequence order (tiles may be apart)
     if len(idx) == 0:
-        raise ValueError(f"record {record.key} has no image keys (a cross-attention VLM's self-attention layer?): "
+        raise InputError(f"record {record.key} has no image keys (a cross-attention VLM's self-attention layer?): "
                          "read the image where its keys are (part 'cross')")
     return rf[:, idx].mean(0) if heads == "mean" else rf[:, idx]
 
@@ -30,7 +31,7 @@ def top_anchors(reads, k: int) -> np.ndarray:
     """Indices (within the image block) of the ``k`` most-read image positions, most-read first."""
     r = torch.as_tensor(reads).float()
     if k < 1 or k > r.shape[-1]:
-        raise ValueError(f"k must be in [1, {r.shape[-1]}], got {k}")
+        raise InputError(f"k must be in [1, {r.shape[-1]}], got {k}")
     return r.topk(k).indices.numpy()
 
 
@@ -87,7 +88,7 @@ def token_kinds(masks: np.ndarray, n_image: int, grid, grid_tokens=None) -> np.n
     out = np.full(n_image, -1, np.int64)
     idx = np.arange(len(kinds)) if grid_tokens is None else np.asarray(grid_tokens)
     if len(idx) != len(kinds) or (len(idx) and idx.max() >= n_image):
-        raise ValueError(f"{len(kinds)} grid cells for {len(idx)} grid tokens of {n_image} image tokens")
+        raise InputError(f"{len(kinds)} grid cells for {len(idx)} grid tokens of {n_image} image tokens")
     out[idx] = kinds
     return out
 

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..modality import BLOCKS, IMAGE, TEXT
+from ..core.errors import InputError
+from ..core.modality import BLOCKS, IMAGE, TEXT
 from .layers import layer_band
 
 
@@ -27,14 +28,14 @@ def reading_profile(records, model: str, part: str | None = None) -> pd.DataFram
     """
     recs = [r for r in records if part is None or r.part == part]
     if not recs:
-        raise ValueError(f"no records of part {part!r}")
+        raise InputError(f"no records of part {part!r}")
     layers = sorted({r.layer for r in recs})
     n = max(layers) + 1
     rows = []
     for r in recs:
         d = r.data
         if "norm_entropy" not in d:
-            raise ValueError("reading_profile needs stats-mode records (norm_entropy, image_share)")
+            raise InputError("reading_profile needs stats-mode records (norm_entropy, image_share)")
         ent = d["norm_entropy"].float()
         if r.spans is None and r.part != "cross":  # a tower without the other modality (CLIP): no split
             share, cm, e = float("nan"), float("nan"), float(torch.nanmean(ent))
@@ -44,7 +45,7 @@ def reading_profile(records, model: str, part: str | None = None) -> pd.DataFram
             e = float(ent[:, live].mean())
         else:
             if r.spans is None or "image_share" not in d:
-                raise ValueError(f"record {r.key} has no spans: capture with spans to split text from image")
+                raise InputError(f"record {r.key} has no spans: capture with spans to split text from image")
             kinds = torch.as_tensor(r.spans.array)
             q = kinds[-ent.shape[1]:]
             # text rows that can see the image (a causal prefix before the image puts exactly 0 on it; a
@@ -123,13 +124,13 @@ def image_queries_blind_to_text(model, n_image: int, layers=None):
 
     fam = family_of(model)
     if fam.name != "ViLT":  # other families pass their masks otherwise (kwargs, causal implied): a mask added here would
-        raise ValueError(f"image_queries_blind_to_text edits ViLT's additive attention mask; {fam.name} builds its masks "
+        raise InputError(f"image_queries_blind_to_text edits ViLT's additive attention mask; {fam.name} builds its masks "
                          f"otherwise and would attend over a mask this hook did not mean. Pass a ViLT model")
     sites = fam.sites(model, ("language",))
     if layers is not None:
         unknown = sorted(set(layers) - {x.layer for x in sites})
         if unknown:
-            raise ValueError(f"layers {unknown} are not self-attention layers of this model (it has "
+            raise InputError(f"layers {unknown} are not self-attention layers of this model (it has "
                              f"{sorted(x.layer for x in sites)})")
         sites = [x for x in sites if x.layer in set(layers)]
     handles = []
@@ -277,7 +278,7 @@ def hard_caption_scenes(n: int, seed: int = 0, size: int = 64) -> list:
     from ..world.scenes import make_scene
 
     if n < 1:
-        raise ValueError(f"n must be >= 1 scenes, got {n}")
+        raise InputError(f"n must be >= 1 scenes, got {n}")
     rng = np.random.default_rng(seed)
     return [make_scene(rng, ("clutter", "overlap")[i % 2], size, n_objects=4) for i in range(n)]
 
@@ -292,7 +293,7 @@ def capture_both_towers(model, processor, samples, mode: str = "stats", part: st
     from ..families import family_of
 
     if family_of(model).name != "CLIP":  # one forward of image and caption is only "both towers" for a dual tower
-        raise ValueError(f"capture_both_towers runs a dual-tower model (CLIP) on image and caption; "
+        raise InputError(f"capture_both_towers runs a dual-tower model (CLIP) on image and caption; "
                          f"{family_of(model).name} reads them in one model. Capture it with capture.runner.capture_samples")
     res = CaptureResult()
     for s in samples:
@@ -312,7 +313,7 @@ def fusion_correct(model, processor, questions, blind: bool = False, batch: int 
 
     fam, ok = family_of(model), []
     if fam.name != "ViLT":  # answers come from a classifier over id2label, the processor takes images and text at once
-        raise ValueError(f"fusion_correct scores a ViLT-style fusion encoder's classifier answers; {fam.name} answers by "
+        raise InputError(f"fusion_correct scores a ViLT-style fusion encoder's classifier answers; {fam.name} answers by "
                          f"generating text. Pass a ViLT model (for a decoder VLM: unicache_lib.capture.runner.answer_logits)")
     for i in range(0, len(questions), batch):
         part = questions[i: i + batch]

@@ -72,6 +72,36 @@ def decisive(model_name: str, table: str = "eviction", results=None) -> pd.DataF
     return d.set_index("claim") if table == "eviction" else d
 
 
+def decisive_reuse(generators: list[str], steps: int, guidance: float, results=None) -> pd.DataFrame | None:
+    """The committed decisive reuse run (``make evaluate-reuse``: ``benchmarks/results/evaluate_reuse.csv``, one row
+    per claim and criterion, indexed by both) when it was run on these generators at these settings; else None."""
+    path = Path(results or DECISIVE) / "evaluate_reuse.csv"
+    if not path.exists():
+        return None
+    d = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    d["criterion"] = d["criterion"].fillna("")
+    if not len(d) or not ((d.generators == ",".join(generators)) & (d.steps == steps) & (d.guidance == guidance)).all():
+        return None
+    return d.set_index(["claim", "criterion"])
+
+
+def _overrule(board, decisive: pd.DataFrame, run: str) -> None:
+    """Decide every (claim, criterion) the decisive run measured on its interval, this run's beside it."""
+    from ..scoreboard import Measurement
+
+    for (cid, crit), d in decisive.iterrows():
+        row = board.rows.get(cid)
+        if row is None or crit not in row.criteria or pd.isna(d.value):
+            continue
+        mine = row.measured.get(crit)
+        tag = f"({crit}) " if len(row.criteria) > 1 else ""
+        row.measured[crit] = Measurement(float(d.value), float(d.lo), float(d.hi), int(d.n), str(d.unit))
+        beside = (f"; this run's {mine.n}: {mine.value:.3g} [{mine.lo:.3g}, {mine.hi:.3g}]"
+                  if mine is not None and mine.value is not None else "")
+        row.shown = f"{tag}decided by the decisive run ({run}, {int(d.n)} new {d.unit}{beside})" + (
+            f"; {row.shown}" if row.shown else "")
+
+
 def measure_eviction(board, R: pd.DataFrame, budgets, u7: Interval | None, peer_methods: list[str],
                      grid_note: str | None = None, decisive: pd.DataFrame | None = None) -> None:
     """U7 and E1-E4 from the eviction rows ``R`` (:func:`~unicache_lib.kv.evaluate.run_eviction`). ``u7``: the paired
@@ -122,11 +152,19 @@ def _not_measured(board, claims: dict, note: str) -> None:
             board.measure(cid, None, criterion=crit, note=note)
 
 
-def measure_reuse(board, RU: dict, CT: dict, pareto: dict, families: dict, repeats: int) -> None:
+def measure_reuse(board, RU: dict, CT: dict, pareto: dict, families: dict, repeats: int,
+                  decisive: pd.DataFrame | None = None) -> None:
     """R1-R3, G3 and G8 from the per-generator reuse tables ``RU`` (:func:`~unicache_lib.reuse.evaluate.run_reuse`),
     their control tables ``CT`` (:func:`~unicache_lib.reuse.control.control_table`), the Pareto checks ``pareto``
     (``(generator, "speedup" | "flops") -> table``, :func:`~unicache_lib.reuse.evaluate.pareto_check`), the families
-    (generator -> family name) and the number of timing rounds."""
+    (generator -> family name) and the number of timing rounds. ``decisive`` (:func:`decisive_reuse`): every claim
+    and criterion it measured is decided on its interval, and the row says so with this run's beside it."""
+    _measure_reuse(board, RU, CT, pareto, families, repeats)
+    if decisive is not None:
+        _overrule(board, decisive, "make evaluate-reuse")
+
+
+def _measure_reuse(board, RU: dict, CT: dict, pareto: dict, families: dict, repeats: int) -> None:
     from ..reuse.evaluate import worst_generator, worst_pareto_gap
 
     gens = list(RU)

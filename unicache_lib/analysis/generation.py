@@ -10,7 +10,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from ..modality import BLOCKS
+from ..core.errors import InputError, UnknownNameError
+from ..core.modality import BLOCKS
 from ..stats import mean_offdiag
 
 PHASES: tuple[str, ...] = ("early", "middle", "late")
@@ -20,7 +21,7 @@ _BLK = {"image->image": "ii", "text->text": "tt", "image->text": "it", "text->im
 def phase_of(step: int, n_steps: int) -> str:
     """The study's phases: first 20% of the steps early, 20-60% middle, last 40% late."""
     if not 0 <= step < n_steps:
-        raise ValueError(f"step {step} outside 0..{n_steps - 1}")
+        raise InputError(f"step {step} outside 0..{n_steps - 1}")
     f = step / n_steps
     return "early" if f < 0.2 else ("middle" if f < 0.6 else "late")
 
@@ -30,34 +31,35 @@ def step_table(records) -> pd.DataFrame:
 
     Columns: ``img_entropy`` / ``txt_entropy`` (normalised entropy of image / text query rows),
     ``img_max``, ``text_share``, ``text_entropy``, ``share_<blk>`` and ``entropy_<blk>`` for the four
-    blocks (``ii``, ``tt``, ``it``, ``ti``; X->Y as in :mod:`~unicache_lib.modality`), ``sim`` (adjacent-
+    blocks (``ii``, ``tt``, ``it``, ``ti``; X->Y as in :mod:`~unicache_lib.core.modality`), ``sim`` (adjacent-
     step cosine of the whole map), ``sim_<blk>``, ``out_sim_img`` / ``out_sim_txt``, ``redundancy``
     (mean pairwise head similarity), ``phase``, ``timestep`` and the record meta's ``kind`` / ``pair``.
     """
     rows = []
     n_steps = {}
-    warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)  # blocks a part does not have
     for r in records:
         n_steps[r.sample] = max(n_steps.get(r.sample, 0), r.step + 1)
-    for r in records:
-        d = r.data
-        nm = lambda k: np.nanmean(d[k].numpy(), 0)  # noqa: E731 - head mean
-        re, mw, sp, be, sh = nm("row_entropy"), nm("max_weight"), nm("sim_prev"), nm("block_entropy"), nm("blocks")
-        row = {"sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
-               "phase": phase_of(r.step, n_steps[r.sample]), "timestep": r.meta.get("timestep"),
-               "kind": r.meta.get("kind", ""), "pair": r.meta.get("pair", ""),
-               "img_entropy": re[0], "txt_entropy": re[1], "img_max": mw[0],
-               "text_share": float(d["text_share"].mean()), "text_entropy": float(np.nanmean(d["text_entropy"].numpy())),
-               "sim": float(np.nanmean(d["sim_prev_all"].numpy())) if r.step > 0 else np.nan,
-               "out_sim_img": float(d["out_sim_prev"][0]), "out_sim_txt": float(d["out_sim_prev"][1]),
-               "redundancy": float(mean_offdiag(d["head_sim"]))}
-        for i, b in enumerate(BLOCKS):
-            row[f"share_{_BLK[b]}"] = sh[i]
-            row[f"entropy_{_BLK[b]}"] = be[i]
-            row[f"sim_{_BLK[b]}"] = sp[i]
-        rows.append(row)
+    with warnings.catch_warnings():  # blocks a part does not have: NaN, said once by the table, not per record
+        warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
+        for r in records:
+            d = r.data
+            nm = lambda k: np.nanmean(d[k].numpy(), 0)  # noqa: E731 - head mean
+            re, mw, sp, be, sh = nm("row_entropy"), nm("max_weight"), nm("sim_prev"), nm("block_entropy"), nm("blocks")
+            row = {"sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
+                   "phase": phase_of(r.step, n_steps[r.sample]), "timestep": r.meta.get("timestep"),
+                   "kind": r.meta.get("kind", ""), "pair": r.meta.get("pair", ""),
+                   "img_entropy": re[0], "txt_entropy": re[1], "img_max": mw[0],
+                   "text_share": float(d["text_share"].mean()), "text_entropy": float(np.nanmean(d["text_entropy"].numpy())),
+                   "sim": float(np.nanmean(d["sim_prev_all"].numpy())) if r.step > 0 else np.nan,
+                   "out_sim_img": float(d["out_sim_prev"][0]), "out_sim_txt": float(d["out_sim_prev"][1]),
+                   "redundancy": float(mean_offdiag(d["head_sim"]))}
+            for i, b in enumerate(BLOCKS):
+                row[f"share_{_BLK[b]}"] = sh[i]
+                row[f"entropy_{_BLK[b]}"] = be[i]
+                row[f"sim_{_BLK[b]}"] = sp[i]
+            rows.append(row)
     if not rows:
-        raise ValueError("no records: capture a sampling run first")
+        raise InputError("no records: capture a sampling run first")
     return pd.DataFrame(rows)
 
 
@@ -106,9 +108,9 @@ def reuse_window(knees, n_steps: int) -> dict:
     """
     k = np.asarray(knees, dtype=float)
     if k.size == 0:
-        raise ValueError("no knees: pass one knee per layer (knee_table's column for one model)")
+        raise InputError("no knees: pass one knee per layer (knee_table's column for one model)")
     if n_steps < 2:
-        raise ValueError(f"n_steps must be >= 2 for adjacent steps, got {n_steps}")
+        raise InputError(f"n_steps must be >= 2 for adjacent steps, got {n_steps}")
     if np.isnan(k).any():
         return {"start": None, "reusable": 0, "head": 1.0}
     start = int(k.max())
@@ -127,7 +129,7 @@ def word_maps(records, sample: str, steps=None, layers=None) -> np.ndarray:
             if r.sample == sample and "word_map" in r.data and r.data["word_map"].shape[-1] > 0
             and (steps is None or r.step in steps) and (layers is None or r.layer in layers)]
     if not maps:
-        raise KeyError(f"no word maps for sample {sample!r}: capture cross or joint attention with text tokens")
+        raise UnknownNameError(f"no word maps for sample {sample!r}: capture cross or joint attention with text tokens")
     return np.mean(maps, 0).T
 
 
@@ -160,5 +162,5 @@ def head_redundancy(records) -> pd.DataFrame:
     rows = [{"sample": r.sample, "layer": r.layer, "step": r.step, "redundancy": float(mean_offdiag(r.data["head_sim"]))}
             for r in records if "head_sim" in r.data]
     if not rows:
-        raise ValueError("no record holds head_sim: capture in stats mode")
+        raise InputError("no record holds head_sim: capture in stats mode")
     return pd.DataFrame(rows)

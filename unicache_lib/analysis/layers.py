@@ -1,13 +1,15 @@
 """Layer bands: shallow / middle / deep thirds of a model's depth."""
 from __future__ import annotations
 
+from ..core.errors import InputError
+
 BANDS: tuple[str, ...] = ("shallow", "middle", "deep")
 
 
 def layer_band(layer: int, n_layers: int) -> str:
     """Thirds of the depth, by layer centre: 4 layers -> [0] [1, 2] [3]; 32 -> [0-10] [11-20] [21-31]."""
     if not 0 <= layer < n_layers:
-        raise ValueError(f"layer {layer} outside 0..{n_layers - 1}")
+        raise InputError(f"layer {layer} outside 0..{n_layers - 1}")
     return BANDS[min(2, int(3 * (layer + 0.5) / n_layers))]
 
 
@@ -30,10 +32,10 @@ def require_bands(layers, n_layers: int, name: str = "LAYERS") -> dict[str, list
         full = band_layers(n_layers)
         fix = sorted(set(have) | {full[b][len(full[b]) // 2] for b in missing})
         spans = ", ".join(f"{b} (layers {full[b][0]}-{full[b][-1]})" for b in missing)
-        raise ValueError(f"{name} = {list(layers)} has no layer in the {spans} band(s) of this {n_layers}-layer model: "
+        raise InputError(f"{name} = {list(layers)} has no layer in the {spans} band(s) of this {n_layers}-layer model: "
                          f"the notebook compares shallow, middle and deep layers and needs one of each, e.g. {name} = {fix}")
     return out
 
 
 def _out_of_range(li: int, n_layers: int):
-    raise ValueError(f"layer {li} outside -{n_layers}..{n_layers - 1}")
+    raise InputError(f"layer {li} outside -{n_layers}..{n_layers - 1}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..core.errors import InputError
+
 
 def selectivity(weights, patch_object: np.ndarray, target: int) -> float:
     """Mean attention per patch on object ``target`` divided by the mean per patch on the other
@@ -25,7 +27,7 @@ def selectivity(weights, patch_object: np.ndarray, target: int) -> float:
     w = torch.as_tensor(weights).float().numpy()
     po = np.asarray(patch_object)
     if w.shape != po.shape:
-        raise ValueError(f"{w.shape[0]} weights for {po.shape[0]} patches")
+        raise InputError(f"{w.shape[0]} weights for {po.shape[0]} patches")
     on = po == target
     other = (po >= 0) & ~on
     if not on.any() or not other.any():
@@ -66,7 +68,7 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
     from .generation import chance_iou, iou, top_region
 
     if query not in QUERIES:
-        raise ValueError(f"query must be one of {QUERIES}, got {query!r}")
+        raise InputError(f"query must be one of {QUERIES}, got {query!r}")
     fam = family_of(model)
     part = fam.image_part
     rows = []
@@ -78,7 +80,7 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
             inputs = inputs_for(model, processor, s.image, q)
             g = grid or fam.image_grid(model.config, inputs)
             if g is None:
-                raise ValueError(f"{fam.name}: the image tokens of this input form no single grid over the picture "
+                raise InputError(f"{fam.name}: the image tokens of this input form no single grid over the picture "
                                  f"(tiles / newline tokens); pass grid=(rows, cols) for a layout you know")
             po = patch_grid_masks(s.masks, g)
             cells = fam.grid_tokens(model.config, inputs) if grid is None else torch.arange(len(po))
@@ -88,7 +90,7 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
             else:
                 hits = [i for i, w in enumerate(toks) if w == o[query]]
                 if not hits:
-                    raise ValueError(f"query {query!r}: the question {q!r} does not contain the object's {query} word "
+                    raise InputError(f"query {query!r}: the question {q!r} does not contain the object's {query} word "
                                      f"{o[query]!r}; put {{{query}}} in the question or use query='last'")
                 pos = hits[-1]
             with torch.no_grad(), AttentionCapture(model, "full", part=part) as cap:
@@ -121,13 +123,13 @@ def query_over_image(records, sample: str, query_pos: int, head: int | None = No
     out = {}
     for r in sorted((r for r in records if r.sample == sample), key=lambda r: r.layer):
         if "probs" not in r.data:
-            raise ValueError(f"record ({sample}, layer {r.layer}) holds no full map: capture it with mode='full'")
+            raise InputError(f"record ({sample}, layer {r.layer}) holds no full map: capture it with mode='full'")
         P = r.probs.float()
         if not 0 <= query_pos < P.shape[-2]:
-            raise ValueError(f"query_pos {query_pos} outside the {P.shape[-2]} query rows of sample {sample}")
+            raise InputError(f"query_pos {query_pos} outside the {P.shape[-2]} query rows of sample {sample}")
         P = P.mean(0) if head is None else P[head]
         row = P[query_pos] if r.part == "cross" else P[query_pos, r.spans.image_index]
         out[r.layer] = row.numpy()
     if not out:
-        raise ValueError(f"no record of sample {sample!r} among the {len(records)} records given")
+        raise InputError(f"no record of sample {sample!r} among the {len(records)} records given")
     return out

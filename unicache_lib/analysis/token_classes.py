@@ -5,6 +5,7 @@ SentencePiece ``▁`` and byte-level ``Ġ`` markers are stripped, case is ignore
 """
 from __future__ import annotations
 
+from ..core.errors import InputError
 from ..world.text import ATTRIBUTE_WORDS, OBJECT_WORDS, POSITION_WORDS
 
 CLASSES: tuple[str, ...] = ("object", "attribute", "position", "function", "punctuation", "special")
@@ -39,7 +40,7 @@ def content_position(tokens: list[str], positions) -> int:
     (then: any word; then: the last position), never punctuation such as the ``:`` that ends a prompt."""
     positions = [int(p) for p in positions]
     if not positions:
-        raise ValueError("content_position needs at least one position")
+        raise InputError("content_position needs at least one position")
     for wanted in (("object", "attribute"), ("object", "attribute", "position", "function")):
         hits = [p for p in positions if token_class(tokens[p]) in wanted]
         if hits:

@@ -6,15 +6,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..modality import BLOCKS
+from ..core.errors import InputError
+from ..core.modality import BLOCKS
 from ..stats import gini, top_share
 from .anchors import image_reads
 from .layers import layer_band
 from .token_classes import token_class
 
-
 # What a reader sees for the four block columns of :func:`layer_table` (the stored keys stay
-# ``unicache_lib.modality.BLOCKS``): each is a share of the *whole map's* mass, so "text->image" here is small
+# ``unicache_lib.core.modality.BLOCKS``): each is a share of the *whole map's* mass, so "text->image" here is small
 # when the text has few query rows. Not notebook 07's "image share of text queries' reads" (the text rows only).
 BLOCK_LABELS: dict[str, str] = {
     "image->image": "image→image share of all attention", "text->text": "text→text share of all attention",
@@ -92,7 +92,7 @@ def token_flow(records, tokens: dict[str, list[str]], special: set[str] | frozen
     rows = []
     for r in records:
         if "image_share" not in r.data:
-            raise ValueError("records hold no image_share: capture in stats mode with spans")
+            raise InputError("records hold no image_share: capture in stats mode with spans")
         share = r.data["image_share"].mean(0)
         toks = tokens[r.sample]
         if r.part == "cross":

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..core.similarity import jaccard
 from ..intervals import bootstrap
-from ..similarity import jaccard
 from . import anchors as A
 
 BY_CONSTRUCTION = "cross-attention VLM: a cross layer reads only vision tokens, so the text queries' image share is 1 by construction"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..core.errors import InputError
 from ..world.scenes import patch_grid_masks
 from ..world.segment import classify_shape, colour_mask, nearest_position
 from . import generation as G
@@ -29,10 +30,10 @@ def object_masks(image: np.ndarray, prompt: dict) -> np.ndarray:
     prompt set places such pairs left and right)."""
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[-1] != 3:
-        raise ValueError(f"object_masks takes a generated image [H, W, 3], got shape {image.shape}")
+        raise InputError(f"object_masks takes a generated image [H, W, 3], got shape {image.shape}")
     objs = prompt.get("objects")
     if not objs:
-        raise ValueError("the prompt has no 'objects': pass an entry of unicache_lib.world.text.prompt_set")
+        raise InputError("the prompt has no 'objects': pass an entry of unicache_lib.world.text.prompt_set")
     masks = []
     for j, o in enumerate(objs):
         cm = colour_mask(image, o["colour"])
@@ -74,7 +75,7 @@ def word_region_table(run, prompts: list[dict], patch: int) -> pd.DataFrame:
         chance, k.
     """
     if len(prompts) > len(run.sample_ids):
-        raise ValueError(f"{len(prompts)} prompts for a run of {len(run.sample_ids)}: pass the run's own prompts")
+        raise InputError(f"{len(prompts)} prompts for a run of {len(run.sample_ids)}: pass the run's own prompts")
     recs, rows = run.result.records, []
     for i, p in enumerate(prompts):
         toks = run.tokens[i]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..modality import TEXT, Spans
+from ..core.errors import UnknownNameError
+from ..core.modality import TEXT, Spans
 from .record import CaptureResult
 from .runner import inputs_for
 from .vlm import AttentionCapture
@@ -70,6 +71,6 @@ def producing_rows(result: CaptureResult, sample_id: str, n_tokens: int, layer: 
     for k in range(n_tokens):
         found = result.select(f"{sample_id}/t{k}", layer, part)
         if not found:
-            raise KeyError(f"no record for {sample_id}/t{k}, layer {layer}, part {part!r}")
+            raise UnknownNameError(f"no record for {sample_id}/t{k}, layer {layer}, part {part!r}")
         rows.append(found[0].data[name][:, -1])
     return torch.stack(rows)

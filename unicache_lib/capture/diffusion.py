@@ -47,11 +47,12 @@ import numpy as np
 import torch
 
 from .. import stats as S
+from ..core.errors import CaptureError, InputError
+from ..core.modality import BLOCKS, IMAGE, TEXT
+from ..core.models import unwrap
+from ..core.similarity import cosine
 from ..gen_families.base import heads_view
-from ..modality import BLOCKS, IMAGE, TEXT
-from ..similarity import cosine
 from .record import CaptureResult, Record
-from .vlm import CaptureError, unwrap
 
 PARTS = ("joint", "self", "cross")
 BRANCHES = ("cond", "uncond")
@@ -197,23 +198,23 @@ class DiffusionCapture:
                  text_tokens: list[list[str]] | None = None, branch: str = "cond", store=None,
                  adjacent: bool = True, query_stride: int = 1, meta: dict | list[dict] | None = None):
         if mode not in ("stats", "full"):
-            raise ValueError(f"mode must be 'stats' or 'full', got {mode!r}")
+            raise InputError(f"mode must be 'stats' or 'full', got {mode!r}")
         if branch not in BRANCHES:
-            raise ValueError(f"branch must be one of {BRANCHES}, got {branch!r}")
+            raise InputError(f"branch must be one of {BRANCHES}, got {branch!r}")
         self.sample_ids = [str(s) for s in sample_ids]
         if not self.sample_ids or len(set(self.sample_ids)) != len(self.sample_ids):
-            raise ValueError("sample_ids must be non-empty and unique")
+            raise InputError("sample_ids must be non-empty and unique")
         if text_tokens is not None and len(text_tokens) != len(self.sample_ids):
-            raise ValueError(f"{len(text_tokens)} token lists for {len(self.sample_ids)} samples")
+            raise InputError(f"{len(text_tokens)} token lists for {len(self.sample_ids)} samples")
         if query_stride < 1:
-            raise ValueError("query_stride must be >= 1")
+            raise InputError("query_stride must be >= 1")
         self.transformer = unwrap(transformer)
         self.mode, self.branch, self.store = mode, branch, store
         self.text_tokens = text_tokens
         self.adjacent, self.query_stride = adjacent, query_stride
         metas = meta if isinstance(meta, list) else [dict(meta or {})] * len(self.sample_ids)
         if len(metas) != len(self.sample_ids):
-            raise ValueError(f"{len(metas)} meta dicts for {len(self.sample_ids)} samples")
+            raise InputError(f"{len(metas)} meta dicts for {len(self.sample_ids)} samples")
         self.metas = metas
         from ..gen_families import gen_family_of
 

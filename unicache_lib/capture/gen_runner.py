@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.errors import InputError
 from ..progress import bar
 from ..zoo.sampling import sample, to_uint8
 from ..zoo.tiny_generators import Generator, tokenize_prompts
@@ -70,7 +71,7 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
         batch: prompts per sampling run (memory: capture holds one map per prompt and layer).
     """
     if meta is not None and len(meta) != len(prompts):
-        raise ValueError(f"{len(meta)} meta dicts for {len(prompts)} prompts")
+        raise InputError(f"{len(meta)} meta dicts for {len(prompts)} prompts")
     ids = [f"{run}/{i}" for i in range(len(prompts))]
     toks = prompt_tokens(gen, prompts)
     imgs, res, probe_rows = [], CaptureResult(), []

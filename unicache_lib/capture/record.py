@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..modality import Spans
+from ..core.errors import InputError, UnknownNameError
+from ..core.modality import Spans
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Record:
     @property
     def probs(self) -> torch.Tensor:
         if "probs" not in self.data:
-            raise KeyError(f"record {self.key} was captured in {self.mode!r} mode and holds no probabilities; "
+            raise UnknownNameError(f"record {self.key} was captured in {self.mode!r} mode and holds no probabilities; "
                            f"capture with mode='full' to keep the maps")
         return self.data["probs"]
 
@@ -53,7 +54,7 @@ class Record:
     def visible(self) -> torch.Tensor:
         """``[Sq, Sk]`` bool: the keys each query could see under the mask the model applied."""
         if "visible" not in self.data:
-            raise KeyError(f"record {self.key} holds no mask (captured in {self.mode!r} mode, or by a version that did "
+            raise UnknownNameError(f"record {self.key} holds no mask (captured in {self.mode!r} mode, or by a version that did "
                            f"not keep masks): capture it again in full mode")
         return self.data["visible"] > 0.5 if self.data["visible"].dtype != torch.bool else self.data["visible"]
 
@@ -61,10 +62,10 @@ class Record:
         """:func:`~unicache_lib.stats.layer_statistics` of a full-mode map, under its own mask, spans and
         part (what stats mode would have recorded; strided maps excepted)."""
         from .. import stats as S
-        from ..modality import TEXT
+        from ..core.modality import TEXT
 
         if self.query_stride > 1 or self.key_stride > 1:
-            raise ValueError(f"record {self.key} is strided: its statistics would not be the layer's")
+            raise InputError(f"record {self.key} is strided: its statistics would not be the layer's")
         P = self.probs
         sq, sk = P.shape[-2:]
         cross = self.part == "cross"
@@ -132,7 +133,7 @@ class CaptureResult:
         if len({r.part for r in found}) > 1:  # e.g. language and vision layer 0: the result's own part first
             found = [r for r in found if r.part == self.part] or found
         if not found:
-            raise KeyError(f"no record for sample={sample!r} layer={layer} step={step}; captured layers: "
+            raise UnknownNameError(f"no record for sample={sample!r} layer={layer} step={step}; captured layers: "
                            f"{self.layers}, samples: {self.samples[:5]}{'...' if len(self.samples) > 5 else ''}")
         return found[0]
 

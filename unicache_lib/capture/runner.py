@@ -8,10 +8,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..core.errors import InputError
 from ..progress import bar
 from ..store import Store, key_str, remove_store
 from .record import CaptureResult
 from .vlm import AttentionCapture, attention_sites, check_memory, find_attention_modules, full_capture_bytes
+
 
 def build_prompt(processor, question: str, family=None) -> str:
     """The model's own chat template when the processor has one (real checkpoints), else the family's
@@ -69,11 +71,11 @@ def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -
     images = [prepare_image(im) for im in images_uint8]  # floats in [0, 1], grayscale, RGBA: converted once
     questions = list(questions)
     if len(images) != len(questions):
-        raise ValueError(f"{len(questions)} questions for {len(images)} images")
+        raise InputError(f"{len(questions)} questions for {len(images)} images")
     fam = family_of(model)
     side = model.config.vision_config.image_size if _tiny_layout(model, processor) else None
     if side and images and all(im.shape[:2] == (side, side) for im in images):  # images of another size: processor
-        from ..zoo.train_llava import answer_logits as tiny
+        from ..zoo.tiny_llava import answer_logits as tiny
 
         for q in questions:
             check_question(q, fam)
@@ -86,7 +88,7 @@ def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -
 
 def _tiny_layout(model, processor) -> bool:
     """The shipped tiny LLaVA's layout (plain prompt, 64 image tokens, no chat template)."""
-    from ..zoo.train_llava import N_IMG
+    from ..zoo.tiny_llava import N_IMG
 
     cfg = model.config
     return (cfg.model_type == "llava" and getattr(cfg, "image_seq_length", None) == N_IMG
@@ -137,7 +139,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         groups = [groups[0][i : i + layer_batch] for i in range(0, len(groups[0]), layer_batch)]
     wanted = {(s.part, s.layer) for s in sites if s.layer in {li for g in groups for li in g}}
     if not wanted:
-        raise ValueError(f"no attention module of part {part!r} in layers {layers}")
+        raise InputError(f"no attention module of part {part!r} in layers {layers}")
     todo = list(samples)
     if store is not None:
         store.check_resume(mode=mode)  # another model, dtype or mode is refused before anything is skipped
@@ -180,10 +182,10 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
         meta = json.loads((path / "meta.json").read_text())
         have = meta.get("sample_seed", sample_set.SEED)
         if int(have) != want:
-            raise ValueError(f"the store at {path} was captured on the standard set of sample seed {have}, not {want}: "
+            raise InputError(f"the store at {path} was captured on the standard set of sample seed {have}, not {want}: "
                              "point to the store of the same sample set, or to a missing path to capture afresh")
         if meta.get("model", model_name) != model_name:
-            raise ValueError(f"the store at {path} holds {meta['model']!r}, not {model_name!r}: point to that model's "
+            raise InputError(f"the store at {path} holds {meta['model']!r}, not {model_name!r}: point to that model's "
                              "store (notebook 02's OUT_DIR/stats), or to a missing path to capture afresh")
         return path, False
     if fallback.exists():

@@ -16,7 +16,8 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
-from ..modality import IMAGE, TEXT, Spans
+from ..core.errors import InputError
+from ..core.modality import IMAGE, TEXT, Spans
 from .record import CaptureResult
 from .vlm import AttentionCapture, CaptureError
 
@@ -47,9 +48,9 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
     """
     boi = _check(model)
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise ValueError(f"pass one prompt: input_ids of shape [1, P], got {tuple(input_ids.shape)}")
+        raise InputError(f"pass one prompt: input_ids of shape [1, P], got {tuple(input_ids.shape)}")
     if int(input_ids[0, -1]) != boi:
-        raise ValueError(f"the prompt must end with <begin_of_image> (id {boi}): encode it with "
+        raise InputError(f"the prompt must end with <begin_of_image> (id {boi}): encode it with "
                          f"processor(text=[prompt], generation_mode='image')")
     gc = model.generation_config
     n = int(model.config.vision_config.num_image_tokens)

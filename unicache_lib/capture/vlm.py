@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import inspect
 import re
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from typing import Callable, Iterable
 
 import torch
 
 from .. import stats as S
-from ..modality import TEXT, Spans
+from ..core.errors import CaptureError, InputError
+from ..core.modality import TEXT, Spans
+from ..core.models import attn_implementations, language_attn_implementation, set_attn_implementations, unwrap
 from .record import CaptureResult, Record
 
 MODES = ("full", "stats", "recompute")
@@ -48,30 +50,12 @@ PARTS = ("language", "cross", "vision")
 _RECOMPUTE_NAME = "unicache_recompute"
 
 
-class CaptureError(RuntimeError):
-    """A capture that cannot give correct attention (with what to do instead)."""
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """Strip DataParallel / DistributedDataParallel / ``torch.compile`` wrappers."""
-    seen = 0
-    while seen < 8:
-        seen += 1
-        if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            break
-    return model
-
-
 def expand_parts(part: str | Iterable[str]) -> tuple[str, ...]:
     """``"language"`` -> self- and cross-attention of the language model; ``"all"`` -> every part."""
     asked = PARTS if part == "all" else ((part,) if isinstance(part, str) else tuple(part))
     bad = set(asked) - set(PARTS)
     if bad:
-        raise ValueError(f"part must be one of {PARTS} or 'all', got {sorted(bad)}")
+        raise InputError(f"part must be one of {PARTS} or 'all', got {sorted(bad)}")
     out = set(asked) | ({"cross"} if "language" in asked else set())
     return tuple(p for p in PARTS if p in out)
 
@@ -166,7 +150,7 @@ class AttentionCapture:
             ``"auto"`` (default: from the family adapter and the forward's inputs) or None (skip the
             four-block statistics). Cross-attention keys are always the image span. Spans (or a
             callable's spans) whose image positions are not the image tokens of the forward's
-            ``input_ids`` raise :class:`~unicache_lib.modality.SpanError` before the model runs.
+            ``input_ids`` raise :class:`~unicache_lib.core.modality.SpanError` before the model runs.
         sample_ids: ids for successive samples; default ``"0", "1", ...``.
         query_stride / key_stride: keep every k-th query row / key column of full maps.
         keep: with ``mode="recompute"``, ``"stats"`` (default) or ``"full"``.
@@ -178,14 +162,14 @@ class AttentionCapture:
         from ..families import family_of
 
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise InputError(f"mode must be one of {MODES}, got {mode!r}")
         if keep not in ("stats", "full"):
-            raise ValueError(f"keep must be 'stats' or 'full', got {keep!r}")
+            raise InputError(f"keep must be 'stats' or 'full', got {keep!r}")
         if query_stride < 1 or key_stride < 1:
-            raise ValueError("strides must be >= 1")
+            raise InputError("strides must be >= 1")
         self.model = unwrap(model)
         self.family = family_of(self.model)
-        if mode == "recompute" and not getattr(self.family, "attention_interface", True):
+        if mode == "recompute" and not self.family.attention_interface:
             raise CaptureError(f"{self.family.name} computes attention inside its own modules, not through transformers' "
                                f"attention interface, so mode 'recompute' cannot reach it: use mode 'stats' or 'full'")
         self.mode, self.keep = mode, keep
@@ -206,8 +190,7 @@ class AttentionCapture:
         self._stack: ExitStack | None = None
         self._by_module = {id(s.module): s for s in sites}
         self._gates = {}
-        gate_src = getattr(self.family, "row_gates", None)
-        self._gate_defs = gate_src(self.model) if gate_src else {}
+        self._gate_defs = self.family.row_gates(self.model)
         self._current: list[str] = []
         self._n_forward = 0
         self._inputs: dict = {}
@@ -281,7 +264,7 @@ class AttentionCapture:
             raise CaptureError("spans are derived from input_ids, but the forward got none: pass spans=Spans(...)")
         if isinstance(self.spans, str):
             if self.spans != "auto":
-                raise ValueError(f"spans must be a Spans, a callable, 'auto' or None, got {self.spans!r}")
+                raise InputError(f"spans must be a Spans, a callable, 'auto' or None, got {self.spans!r}")
             return self.family.spans(self.model.config, ids[row : row + 1], self._inputs)
         return self.spans(ids[row : row + 1])
 
@@ -446,7 +429,7 @@ class AttentionCapture:
             if self.mode == "recompute":
                 self._stack.enter_context(_attn_impl(self.model, self._recompute_fn, {s.part for s in self.sites}))
             else:
-                ask = getattr(self.family, "weights_argument", None)  # modules that return weights only when asked
+                ask = self.family.weights_argument  # modules that return weights only when asked
                 for s in self.sites:
                     if ask is not None:
                         self._stack.callback(s.module.register_forward_pre_hook(_ask_weights(*ask), with_kwargs=True).remove)
@@ -486,37 +469,6 @@ class _pre_hook:
 
     def __exit__(self, *exc):
         self.h.remove()
-
-
-def attn_implementations(model) -> dict | str:
-    """The attention implementation of each sub-model (``{"text_config": "eager", "vision_config":
-    "sdpa"}``), or one name for a model without sub-configs; :func:`set_attn_implementations` restores it."""
-    cfg = unwrap(model).config
-    subs = {n: getattr(cfg, n) for n in getattr(cfg, "sub_configs", {}) if getattr(cfg, n, None) is not None}
-    return {n: c._attn_implementation for n, c in subs.items()} or cfg._attn_implementation
-
-
-def set_attn_implementations(model, impls: dict | str) -> None:
-    unwrap(model).set_attn_implementation(impls)
-
-
-def language_attn_implementation(model) -> str:
-    """The attention implementation of the language model (what capture of its layers meets)."""
-    impls = attn_implementations(model)
-    return impls.get("text_config", next(iter(impls.values()))) if isinstance(impls, dict) else impls
-
-
-@contextmanager
-def language_attention(model, impl: str):
-    """Run the language model under attention implementation ``impl`` inside the block (e.g. ``"sdpa"``
-    to compare with the fast kernel without loading the model twice); every sub-model's
-    implementation is restored on exit, also on error."""
-    old = attn_implementations(model)
-    set_attn_implementations(model, {**old, "text_config": impl} if isinstance(old, dict) else impl)
-    try:
-        yield model
-    finally:
-        set_attn_implementations(model, old)
 
 
 def full_capture_bytes(model, inputs: dict, layers=None, part="language") -> int:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.errors import InputError
 from ..progress import bar
 
 
@@ -47,7 +48,7 @@ def answer_attention(model, processor, qas, progress: bool | None = None, layers
             cov.append(mass.mean())
             conc.append((1 - h).mean())
         if not cov:
-            raise ValueError(f"layers {list(layers)}: none of them is a captured {part!r} layer "
+            raise InputError(f"layers {list(layers)}: none of them is a captured {part!r} layer "
                              f"({sorted({r.layer for r in cap.result.select(part=part)})}); pass indices of those")
         pred = tok.convert_ids_to_tokens(int(p.argmax()))
         rows.append({"qtype": q.qtype, "question": q.question, "answer": q.answer, "prediction": pred,

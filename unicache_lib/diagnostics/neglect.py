@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..modality import BLOCKS
+from ..core.errors import InputError
+from ..core.modality import BLOCKS
 
 WARN, CUTOFF = 0.15, 0.05
 
@@ -22,7 +23,7 @@ def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
     cells: dict[tuple[str, int], float] = {}
     for r in records:
         if "blocks" not in r.data:
-            raise ValueError("records lack 'blocks': capture in stats mode with modality spans")
+            raise InputError("records lack 'blocks': capture in stats mode with modality spans")
         b = r.data["blocks"].float()  # [H, 4] shares of all mass
         ti, tt = b[:, BLOCKS.index("text->image")], b[:, BLOCKS.index("text->text")]
         cells[(str(r.sample), r.layer)] = float((ti / (ti + tt).clamp(min=1e-12)).mean())
@@ -30,7 +31,7 @@ def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
     layers = sorted({li for _, li in cells})
     missing = [(s, li) for s in samples for li in layers if (s, li) not in cells]
     if missing:
-        raise ValueError(f"records miss {len(missing)} (sample, layer) cells, e.g. {missing[0]}: capture every layer of every sample")
+        raise InputError(f"records miss {len(missing)} (sample, layer) cells, e.g. {missing[0]}: capture every layer of every sample")
     return samples, np.array([[cells[s, li] for li in layers] for s in samples])
 
 

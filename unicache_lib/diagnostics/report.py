@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import plots
+from ..core.errors import ReportError
 from ..store import Store, StoreError, _atomic_write_bytes
 from .neglect import detect_neglect
 
@@ -39,10 +40,6 @@ MARK = "<!-- unicache-report -->"
 UNDERSTANDING_KEYS = ("norm_entropy", "max_weight", "read_freq_norm", "diag", "distance", "variance")
 GENERATOR_KEYS = ("row_entropy", "max_weight", "sim_prev", "block_entropy", "blocks", "text_share",
                   "text_entropy", "sim_prev_all", "out_sim_prev", "head_sim")
-
-
-class ReportError(ValueError):
-    """A store (or output directory) the report cannot use; the message is one line saying why."""
 
 
 def _understanding_figures(label, recs, out, stem=None):
@@ -62,7 +59,7 @@ def _understanding_figures(label, recs, out, stem=None):
     figs.append(plots.save(plots.read_frequency_heatmap(rf, mine[0].spans, f"{label}: read frequency, sample {s0}"),
                            out, f"{stem}_read_frequency"))
     if "blocks" in recs[0].data and all(r.spans is not None and r.spans.n_image for r in recs):
-        from ..modality import BLOCKS
+        from ..core.modality import BLOCKS
 
         b = np.mean([r.data["blocks"].mean(0).numpy() for r in recs], 0)
         figs.append(plots.save(plots.bars(dict(zip(BLOCKS, map(float, b))), f"{label}: modality blocks (mean of {len(recs)} records)",
@@ -177,7 +174,7 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
     if out.exists() and not out.is_dir():
         raise ReportError(f"output {out} is a file: choose a directory")
     if page.exists() and (not page.is_file() or MARK not in page.read_text(errors="replace")[:200]):
-        raise FileExistsError(f"{page} exists and was not written by build_report: choose another out_dir")
+        raise ReportError(f"{page} exists and was not written by build_report: choose another out_dir")
     if not stores:
         raise ReportError("no stores given")
     loaded = {label: load_store(path) for label, path in stores.items()}  # everything checked before drawing

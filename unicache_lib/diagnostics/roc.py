@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import rankdata
 
+from ..core.errors import InputError
+
 
 def auroc(scores, labels) -> float:
     """Probability that a positive (``labels`` true) scores higher than a negative; NaN when one
@@ -11,7 +13,7 @@ def auroc(scores, labels) -> float:
     s = np.asarray(scores, dtype=float)
     y = np.asarray(labels, dtype=bool)
     if s.shape != y.shape:
-        raise ValueError(f"{s.shape} scores for {y.shape} labels")
+        raise InputError(f"{s.shape} scores for {y.shape} labels")
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")
@@ -40,10 +42,10 @@ def auroc_interval(scores, labels, unit: str = "questions", n_boot: int = 2000, 
     y = np.asarray(labels, dtype=bool)
     v = None if versus is None else np.asarray(versus, dtype=float)
     if s.shape != y.shape or (v is not None and v.shape != y.shape):
-        raise ValueError(f"{s.shape} scores, {y.shape} labels{'' if v is None else f', {v.shape} versus'}: one value per item")
+        raise InputError(f"{s.shape} scores, {y.shape} labels{'' if v is None else f', {v.shape} versus'}: one value per item")
     pos, neg = np.flatnonzero(y), np.flatnonzero(~y)
     if min(len(pos), len(neg)) < 2:
-        raise ValueError(f"{len(pos)} positives and {len(neg)} negatives: an AUROC interval needs at least 2 of each "
+        raise InputError(f"{len(pos)} positives and {len(neg)} negatives: an AUROC interval needs at least 2 of each "
                          "(measure more items, e.g. raise N_QUESTIONS)")
 
     def stat(g):

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modality import Spans, spans_from_input_ids
-from ..registry import Registry, registrar
+from ..core.errors import InputError, UnsupportedModelError
+from ..core.modality import Spans, spans_from_input_ids
+from ..core.models import unwrap
+from ..core.registry import Registry, registrar
 
 FAMILIES: dict[str, "VLMFamily"] = Registry("model family")
 _register = registrar(FAMILIES, "model family")
@@ -29,8 +31,18 @@ HOW_TO_ADD = ("To add one: write unicache_lib/families/<name>.py with a VLMFamil
               "so the file registers itself), and add its tiny config to CASES in tests/test_families.py.")
 
 
-class UnsupportedModelError(ValueError):
-    """The model is not of a family the workbench knows how to capture."""
+@dataclass
+class ImageKV:
+    """Where the image's keys and values live in a prefilled cache: ``layers`` (cache layer index of
+    each policy layer), ``positions [n_image]`` (cache positions of the image entries in those
+    layers) and ``keep_always [m]`` (positions every policy keeps there, e.g. the text of the context)."""
+
+    layers: list[int]
+    positions: torch.Tensor
+    keep_always: torch.Tensor
+    length: int
+    key_index: torch.Tensor | None = None  # columns of the prefill maps that the cache still holds
+    grid: torch.Tensor | None = None  # indices into the image block that tile the picture row by row
 
 
 def register(cls):
@@ -56,8 +68,6 @@ def family_for_type(model_type: str | None) -> "VLMFamily":
 
 def family_of(model) -> "VLMFamily":
     """The family of a transformers model (wrappers such as DataParallel or ``torch.compile`` unwrapped)."""
-    from ..capture.vlm import unwrap
-
     cfg = getattr(unwrap(model), "config", None)
     return family_for_type(getattr(cfg, "model_type", None))
 
@@ -111,6 +121,12 @@ class VLMFamily:
     ids), ``needs_video_processor`` (its processor class requires a video processor, i.e.
     torchvision), ``cross_attention`` (image reached through cross-attention layers, not tokens) and
     ``image_part`` (the capture part whose keys are the image).
+
+    Hooks a family overrides only where it differs (each has the LLaVA-style default here; ``docs/FORKING.md``
+    lists them): ``attention_interface`` (its attention runs through transformers' ``AttentionInterface``, so
+    ``recompute`` capture works), ``weights_argument`` (``(position, keyword)`` of the argument that makes its
+    attention modules return weights, None: they always do), :meth:`row_gates`, :meth:`cross_spans`,
+    :meth:`image_kv` and :meth:`forward_text`.
     """
 
     name = ""
@@ -122,6 +138,28 @@ class VLMFamily:
     needs_video_processor = False
     cross_attention = False
     image_part = "language"  # the captured part whose keys are the image (Mllama: "cross")
+    attention_interface = True  # ViLT: False (its attention is not routed through transformers' interface)
+    weights_argument: tuple[int, str] | None = None  # ViLT: (2, "output_attentions")
+
+    # ---- hooks for families whose attention or cache is laid out differently ---------------------------
+    def row_gates(self, model) -> dict:
+        """``{layer module name: (keyword, ...)}`` of inputs that gate whole query rows (Mllama's cross-attention
+        row mask); capture reads them with a pre-hook. Most families: none."""
+        return {}
+
+    def cross_spans(self, n_keys: int) -> Spans:
+        """Modality of ``n_keys`` cross-attention keys (only families with ``cross_attention``)."""
+        raise UnsupportedModelError(f"{self.name} has no cross-attention: its image is reached through tokens")
+
+    def image_kv(self, model, cache, split) -> "ImageKV | None":
+        """Where the image KV of a fresh prefill lives, for a cache laid out unlike a decoder's (Mllama: its
+        cross-attention layers). None: the image token positions of every layer (the default)."""
+        return None
+
+    def forward_text(self, model, ids, cache, positions):
+        """One forward of text tokens on an evicted cache, for a family that needs more than ``input_ids``,
+        ``position_ids`` and a full mask (Mllama: its cross-attention states). None: the default forward."""
+        return None
 
     # ---- modules ----------------------------------------------------------------------------------
     def language_model(self, model) -> torch.nn.Module:
@@ -274,7 +312,7 @@ def images_only(processor_cls):
 
         def __call__(self, *args, videos=None, **kwargs):
             if videos is not None:
-                raise ValueError("this processor was loaded without its video processor (torchvision is not "
+                raise InputError("this processor was loaded without its video processor (torchvision is not "
                                  "installed): pass images only")
             return super().__call__(*args, **kwargs)
 

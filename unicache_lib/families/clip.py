@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..modality import TEXT, Spans
+from ..core.modality import TEXT, Spans
 from .base import Shape, Site, UnsupportedModelError, VLMFamily, register
 
 

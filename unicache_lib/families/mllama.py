@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ..modality import IMAGE, TEXT, Spans
-from .base import Site, VLMFamily, chat_template, register
+from ..core.errors import InputError
+from ..core.modality import IMAGE, TEXT, Spans
+from .base import ImageKV, Site, VLMFamily, chat_template, register
 
 
 @register
@@ -102,8 +103,6 @@ class Mllama(VLMFamily):
     def image_kv(self, model, cache, split):
         """Trim the cross-attention caches to the vision tokens of real tiles (padded tiles are masked,
         so dropping them is exact) and say where the image KV is: every position of those layers."""
-        from ..kv.cache import ImageKV
-
         arm = split.extra.get("aspect_ratio_mask")
         per_tile = self.tokens_per_tile(model.config)
         tiles = arm.reshape(-1).nonzero().flatten() if arm is not None else torch.arange(0)
@@ -112,7 +111,7 @@ class Mllama(VLMFamily):
         for li in layers:
             layer = cache.layers[li]
             if layer.keys.shape[-2] <= int(valid.max()):
-                raise ValueError(f"cross-attention cache layer {li} holds {layer.keys.shape[-2]} vision tokens, "
+                raise InputError(f"cross-attention cache layer {li} holds {layer.keys.shape[-2]} vision tokens, "
                                  f"fewer than the {int(valid.max()) + 1} the tiles imply")
             idx = valid.to(layer.keys.device)
             layer.keys, layer.values = layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..modality import IMAGE, TEXT, Spans
+from ..core.errors import InputError
+from ..core.modality import IMAGE, TEXT, Spans
 from .base import Shape, Site, UnsupportedModelError, VLMFamily, register
 
 
@@ -27,7 +28,7 @@ def grid_ordered(model, inputs: dict) -> dict:
         pm = torch.ones(px.shape[0], px.shape[-2], px.shape[-1], dtype=torch.long, device=px.device)
     x, x_mask, (patch_index, (h, w)) = emb.visual_embed(px, pm, max_image_length=-1)
     if bool((x_mask == 0).any()):
-        raise ValueError("grid_ordered: the image has padded patches (pixel_mask zeros); pass one unpadded image per row")
+        raise InputError("grid_ordered: the image has padded patches (pixel_mask zeros); pass one unpadded image per row")
     order = (patch_index[..., 0] * w + patch_index[..., 1]).argsort(-1)  # [B, patches]
     idx = torch.cat([torch.zeros_like(order[:, :1]), order + 1], 1)  # class token first
     x = torch.gather(x, 1, idx[..., None].expand(-1, -1, x.shape[-1]))
@@ -87,7 +88,7 @@ class Vilt(VLMFamily):
             return int(inputs["image_embeds"].shape[1])
         px = inputs.get("pixel_values")
         if px is None:
-            raise ValueError("ViLT inputs carry neither pixel_values nor image_embeds")
+            raise InputError("ViLT inputs carry neither pixel_values nor image_embeds")
         pm = inputs.get("pixel_mask")
         p = config.patch_size
         if pm is None:
@@ -111,7 +112,7 @@ class Vilt(VLMFamily):
         """The grid cells within the image span (after its class token), only for grid-ordered inputs: ViLT's own
         embedding draws its patches in random order."""
         if inputs.get("image_embeds") is None:
-            raise ValueError("ViLT draws its image patches in a random order on every forward, so image position i is "
+            raise InputError("ViLT draws its image patches in a random order on every forward, so image position i is "
                              "not grid cell i: run the model on unicache_lib.families.vilt.grid_ordered(model, inputs) "
                              "to lay attention over the picture")
         g = self.image_grid(config, inputs)

@@ -28,10 +28,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..capture.vlm import CaptureError, unwrap
+from ..core.errors import CaptureError
+from ..core.modality import IMAGE, TEXT
+from ..core.models import unwrap
+from ..core.registry import Registry, registrar
 from ..families.base import UnsupportedModelError
-from ..modality import IMAGE, TEXT
-from ..registry import Registry, registrar
 
 GEN_FAMILIES: dict[str, "GenFamily"] = Registry("generator family")
 _register = registrar(GEN_FAMILIES, "generator family")

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..capture.runner import to_model
+from ..core.errors import ContractError, InputError, PrefillPruningUnsupported, PromptError, UnsupportedModelError
+from ..families.base import ImageKV  # declared with the adapters, which return it
 
 
 @dataclass
@@ -43,7 +45,7 @@ class PromptSplit:
 
 
 def _family_of_processor(processor):
-    from ..families import FAMILIES, UnsupportedModelError, supported
+    from ..families import FAMILIES, supported
 
     name = type(processor).__name__
     for fam in FAMILIES.values():
@@ -79,12 +81,10 @@ def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
     token after whose last occurrence the context ends (``model.config.image_token_id``)."""
     ids = enc["input_ids"]
     if ids.shape[0] != 1:
-        raise ValueError(f"one prompt at a time: got a batch of {ids.shape[0]}")
+        raise InputError(f"one prompt at a time: got a batch of {ids.shape[0]}")
     tid = int(image_token_id)
     img = (ids[0] == tid).nonzero().flatten()
     if len(img) == 0:
-        from ..inputs import PromptError
-
         raise PromptError(f"the prompt has no image token (id {tid}): the processor did not insert the image; put the "
                           f"family's image marker {family.image_marker!r} in the prompt where the image goes, or build the "
                           f"inputs with split_prompt(processor, image, question, model=model)")
@@ -99,20 +99,6 @@ def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
         extra[k] = v
     image_positions = torch.empty(0, dtype=torch.long) if family.cross_attention else img
     return PromptSplit(ids[:, :cut], ids[:, cut:], enc.get("pixel_values"), image_positions, extra, dict(enc), family)
-
-
-@dataclass
-class ImageKV:
-    """Where the image's keys and values live in a prefilled cache: ``layers`` (cache layer index of
-    each policy layer), ``positions [n_image]`` (cache positions of the image entries in those
-    layers) and ``keep_always [m]`` (positions every policy keeps there, e.g. the text of the context)."""
-
-    layers: list[int]
-    positions: torch.Tensor
-    keep_always: torch.Tensor
-    length: int
-    key_index: torch.Tensor | None = None  # columns of the prefill maps that the cache still holds
-    grid: torch.Tensor | None = None  # indices into the image block that tile the picture row by row
 
 
 @dataclass
@@ -160,11 +146,11 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
         kw["position_ids"] = full_pos[..., : split.context_ids.shape[1]]
     maps = []
     if attentions:
-        from ..capture.vlm import language_attn_implementation
+        from ..core.models import language_attn_implementation
 
         impl = language_attn_implementation(model)
         if impl != "eager":
-            raise RuntimeError(f"prefill reads the context's attention, which {impl!r} does not return: load with "
+            raise ContractError(f"prefill reads the context's attention, which {impl!r} does not return: load with "
                                f"attn_implementation='eager' (or call prefill(..., attentions=False) for policies that need none)")
         with AttentionCapture(model, "full", part=fam.image_part, spans=None) as cap:
             out = model(**kw)
@@ -178,10 +164,6 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
     if image_kv.key_index is not None:  # the family trimmed the cache (e.g. padded tiles): trim the maps alike
         maps = [m[..., image_kv.key_index] for m in maps]
     return Prefill(out.past_key_values, maps, split, image_kv, full_pos)
-
-
-class PrefillPruningUnsupported(ValueError):
-    """This family cannot be pruned before its language model (the message says why and what to use)."""
 
 
 @torch.no_grad()
@@ -219,7 +201,7 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
             return None
         emb = kwargs.get("inputs_embeds")
         if emb is None or emb.shape[1] != C:
-            raise RuntimeError(f"{fam.name}: the language model was not handed the {C} context embeddings as "
+            raise ContractError(f"{fam.name}: the language model was not handed the {C} context embeddings as "
                                f"inputs_embeds, so the image tokens cannot be pruned before it")
         mask = kwargs.get("attention_mask")
         if mask is not None and not (torch.is_tensor(mask) and mask.dim() == 2):
@@ -231,13 +213,13 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
             picked, merged = picked
         chosen = torch.as_tensor(picked, dtype=torch.long).reshape(-1).cpu()
         if len(set(chosen.tolist())) != len(chosen) or (len(chosen) and (chosen.min() < 0 or chosen.max() >= len(img))):
-            raise RuntimeError(f"a prefill-stage policy must choose distinct indices in 0..{len(img) - 1}")
+            raise ContractError(f"a prefill-stage policy must choose distinct indices in 0..{len(img) - 1}")
         other = torch.tensor(sorted(set(range(C)) - set(img.tolist())), dtype=torch.long)
         keep = torch.cat([other, img[chosen]]).sort().values
         state["keep"] = keep
         if merged is not None:
             if tuple(merged.shape) != (len(chosen), emb.shape[-1]):
-                raise RuntimeError(f"a merging prefill-stage policy must return [{len(chosen)}, {emb.shape[-1]}] embeddings, "
+                raise ContractError(f"a merging prefill-stage policy must return [{len(chosen)}, {emb.shape[-1]}] embeddings, "
                                    f"got {tuple(merged.shape)}")
             emb = emb.clone()
             emb[0, img[chosen].to(emb.device)] = merged.to(emb.dtype)
@@ -264,9 +246,9 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
 
 def locate_image_kv(family, model, cache, split: PromptSplit) -> ImageKV:
     """Where the image KV of a fresh prefill lives (the family may trim the cache, e.g. padded tiles)."""
-    custom = getattr(family, "image_kv", None)
+    custom = family.image_kv(model, cache, split)
     if custom is not None:
-        return custom(model, cache, split)
+        return custom
     C = split.context_ids.shape[1]
     img = split.image_positions
     other = torch.tensor(sorted(set(range(C)) - set(img.tolist())), dtype=torch.long)
@@ -278,7 +260,7 @@ def _check_windows(cache, needed: int) -> None:
     for i, layer in enumerate(cache.layers):
         w = getattr(layer, "sliding_window", None)
         if w is not None and needed >= w:
-            raise ValueError(
+            raise InputError(
                 f"cache layer {i} is a sliding-window layer (window {w}) and the context plus question need {needed} "
                 f"positions: it no longer holds the whole image, so evicting from it is not defined. Use a shorter "
                 f"prompt or a model without sliding windows for eviction experiments."
@@ -290,10 +272,10 @@ def evict(cache, keep: list):
     left as it is). Evicted layers must keep the same number of positions (one mask serves them).
     The original cache is left intact."""
     if len(keep) != len(cache.layers):
-        raise ValueError(f"{len(keep)} keep lists for {len(cache.layers)} cache layers")
+        raise InputError(f"{len(keep)} keep lists for {len(cache.layers)} cache layers")
     counts = {len(k) for k in keep if k is not None}
     if len(counts) > 1:
-        raise ValueError(f"every evicted layer must keep the same number of positions, got {sorted(counts)}")
+        raise InputError(f"every evicted layer must keep the same number of positions, got {sorted(counts)}")
     new = copy.copy(cache)
     new.layers = [copy.copy(layer) for layer in cache.layers]
     for layer, idx in zip(new.layers, keep):
@@ -301,7 +283,7 @@ def evict(cache, keep: list):
             continue
         idx = torch.as_tensor(idx, dtype=torch.long).sort().values.to(layer.keys.device)
         if len(idx) and (int(idx[-1]) >= layer.keys.shape[-2] or int(idx[0]) < 0):
-            raise ValueError(f"keep positions up to {int(idx[-1])} for a cache layer of {layer.keys.shape[-2]}")
+            raise InputError(f"keep positions up to {int(idx[-1])} for a cache layer of {layer.keys.shape[-2]}")
         layer.keys = layer.keys.index_select(-2, idx)
         layer.values = layer.values.index_select(-2, idx)
         if hasattr(layer, "cumulative_length"):  # sliding-window layers count what they hold
@@ -357,9 +339,9 @@ def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_
 
 def forward_question(family, model, ids, cache, positions):
     """One forward of text tokens ``ids [1, n]`` on ``cache`` at rotary ``positions``."""
-    custom = getattr(family, "forward_text", None)
+    custom = family.forward_text(model, ids, cache, positions)
     if custom is not None:
-        return custom(model, ids, cache, positions)
+        return custom
     held = cache.get_seq_length()
     return model(input_ids=ids, past_key_values=cache, position_ids=positions,
                  attention_mask=torch.ones(1, held + ids.shape[1], dtype=torch.long, device=ids.device), use_cache=True)

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.errors import ContractError, InputError, UnknownNameError
+from ..core.models import quiet
 from ..progress import bar
 from ..world.scenes import grid_cover
 from .cache import PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt
@@ -37,18 +39,17 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     ``peers``: name -> ``(compression_ratio, n_context) -> press`` (:func:`~.peers.press_factories`).
     A prefill-stage policy the family cannot run (:class:`~.cache.PrefillPruningUnsupported`) is left out with a
     warning; ``result.attrs["skipped"]`` maps its name to the reason."""
-    from ..capture.vlm import language_attn_implementation
-    from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
-
+    from ..core.models import language_attn_implementation
     from ..families import family_of
     from ..inputs import check_fractions
+    from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
 
     check_fractions(budgets, "budget", meaning="of the image tokens kept")  # before any question runs
     budgets = list(budgets)
     policies = policies if policies is not None else {n: c() for n, c in POLICIES.items()}
     fam = family_of(model)
     if peers and fam.cross_attention:
-        raise ValueError(f"{fam.name}: kvpress presses compress self-attention caches during prefill; the image KV of a "
+        raise InputError(f"{fam.name}: kvpress presses compress self-attention caches during prefill; the image KV of a "
                          f"cross-attention VLM lives in its cross-attention layers, which the presses do not touch. "
                          f"Run without peers (PEERS=False).")
     tok = processor.tokenizer
@@ -100,14 +101,14 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
                 press = make(compression_ratio(C, n_img, b), C)
                 impl = "sdpa" if needs_sdpa(name) else language_attn_implementation(model)
                 with attention_implementation(model, impl):
-                    with press(model):
+                    with quiet(loggers=("kvpress",)), press(model):  # "model not tested" for LLaVA, once per call
                         pp = prefill(model, sp, attentions=False)
                     nbytes = kv_bytes(pp.cache)
                     t0 = time.perf_counter()
                     logits, _, _ = answer(model, pp.cache, sp)
                     ms = 1e3 * (time.perf_counter() - t0)
                 if masks_only(name) and nbytes != full_bytes:
-                    raise RuntimeError(f"{name} was expected to mask keys and keep the full cache, but it holds "
+                    raise ContractError(f"{name} was expected to mask keys and keep the full cache, but it holds "
                                        f"{nbytes} of {full_bytes} bytes: check the kvpress version")
                 rows.append(row(name, "kvpress", b, logits, nbytes, ms, float("nan"), MASKED_LABEL if masks_only(name) else "freed"))
     out = pd.DataFrame(rows)
@@ -150,7 +151,7 @@ def correct_matrix(df: pd.DataFrame, method: str, budget: float | None = None) -
         d = d[d.budget == budget]
     d = d.drop_duplicates("question").sort_values("question")
     if d.empty:
-        raise KeyError(f"no rows for {method!r} at budget {budget}")
+        raise UnknownNameError(f"no rows for {method!r} at budget {budget}")
     return d.correct.to_numpy(dtype=float)
 
 
@@ -159,7 +160,7 @@ def per_question_accuracy(df: pd.DataFrame, method: str) -> np.ndarray:
     question), e.g. for a paired comparison of two policies over all budgets at once (claim U7)."""
     d = df[(df.kind == "policy") & (df.method == method)]
     if d.empty:
-        raise KeyError(f"no policy rows for {method!r}: run it in run_eviction first")
+        raise UnknownNameError(f"no policy rows for {method!r}: run it in run_eviction first")
     return d.groupby("question").correct.mean().sort_index().to_numpy(dtype=float)
 
 
@@ -213,7 +214,7 @@ def kept_patches(model, processor, qa, budget: float, policies: dict, seed: int 
     pre = prefill(model, split, attentions=True)
     ctx = pre.context(seed=seed)
     if ctx.grid is None:
-        raise ValueError("this family's image tokens form no single grid over the picture: there is no patch to draw "
+        raise InputError("this family's image tokens form no single grid over the picture: there is no patch to draw "
                          "(run the measurements of this notebook; only the picture needs a grid)")
     grid = ctx.grid.cpu()
     pos_to_img = {int(p): i for i, p in enumerate(ctx.image_positions.tolist())}

@@ -19,9 +19,9 @@ Configured as their authors intend on *this* context:
 """
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 
+from ..core.errors import InputError
 
 MASKED_LABEL = "masked, full memory"
 ADAKV = f"kvpress:adakv_snapkv ({MASKED_LABEL})"
@@ -32,15 +32,13 @@ def observation_window(n_context: int) -> int:
     """SnapKV's observation window for a context of ``n_context`` positions: the last
     ``n_context // 8`` queries (at least 1, at most kvpress's default 64)."""
     if n_context < 2:
-        raise ValueError(f"a context of {n_context} positions leaves nothing to score")
+        raise InputError(f"a context of {n_context} positions leaves nothing to score")
     return max(1, min(KVPRESS_DEFAULT_WINDOW, n_context // 8))
 
 
 def press_factories() -> dict:
     """name -> ``(compression_ratio, n_context) -> press``. AdaKV's name carries :data:`MASKED_LABEL`."""
     import kvpress
-
-    logging.getLogger("kvpress").setLevel(logging.ERROR)  # "model not tested" for LLaVA, once per call
 
     def snapkv(cr, n):
         return kvpress.SnapKVPress(compression_ratio=cr, window_size=observation_window(n))
@@ -69,7 +67,7 @@ def needs_sdpa(name: str) -> bool:
 def attention_implementation(model, impl: str):
     """Temporarily switch the attention implementation (restored on exit, also on error); clears
     kvpress's per-module head masks afterwards so they cannot leak into the next run."""
-    from ..capture.vlm import attn_implementations, set_attn_implementations
+    from ..core.models import attn_implementations, set_attn_implementations
 
     old = attn_implementations(model)
     set_attn_implementations(model, {**old, "text_config": impl} if isinstance(old, dict) else impl)

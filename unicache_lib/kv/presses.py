@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.errors import ContractError, InputError, UnsupportedModelError
 from .policies.divprune import max_min_diverse
 from .policies.key_coverage import farthest_point
 
@@ -50,29 +51,29 @@ class KeyCoveragePress(BasePress):
 
     def __post_init__(self):
         if not 0 <= self.compression_ratio < 1:
-            raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio!r}")
+            raise InputError(f"compression_ratio must be in [0, 1), got {self.compression_ratio!r}")
 
     def post_init_from_model(self, model):
-        from ..families import UnsupportedModelError, family_of
+        from ..families import family_of
 
         fam = family_of(model)  # an unsupported model is refused here, with the supported families listed
         if fam.cross_attention:
-            raise ValueError(f"{fam.name}: the image KV lives in cross-attention layers, which kvpress presses do not "
+            raise InputError(f"{fam.name}: the image KV lives in cross-attention layers, which kvpress presses do not "
                              "touch; evict it with the workbench's policies (run_eviction) instead")
         if self.image_token_id is None:
             try:
                 self.image_token_id = fam.image_token_id(model.config)  # the family adapter knows its image token
             except UnsupportedModelError as e:
-                raise ValueError(f"{e}: pass KeyCoveragePress(image_token_id=...) with the id your processor puts at "
+                raise InputError(f"{e}: pass KeyCoveragePress(image_token_id=...) with the id your processor puts at "
                                  "image positions") from e
 
     def _read_input_ids(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
-            raise ValueError(f"{type(self).__name__} finds the image positions from input_ids; this forward got "
+            raise InputError(f"{type(self).__name__} finds the image positions from input_ids; this forward got "
                              "inputs_embeds only: pass input_ids (with the image placeholder tokens) to the model")
         if ids.shape[0] != 1:
-            raise ValueError(f"{type(self).__name__} compresses one prompt at a time, got a batch of {ids.shape[0]}: loop "
+            raise InputError(f"{type(self).__name__} compresses one prompt at a time, got a batch of {ids.shape[0]}: loop "
                              "over the prompts")
         self._image = (ids[0] == self.image_token_id).nonzero().flatten()
 
@@ -92,7 +93,7 @@ class KeyCoveragePress(BasePress):
         img = self._image
         S = keys.shape[2]
         if img is None:
-            raise RuntimeError(f"{type(self).__name__} was called outside `with press(model):`, so it never saw the prompt")
+            raise ContractError(f"{type(self).__name__} was called outside `with press(model):`, so it never saw the prompt")
         n = len(img)
         kept = min(n, max(1, compute_n_kept(S, self.compression_ratio) - (S - n)))  # kvpress's rounding, image only
         if n == 0 or kept == n:
@@ -110,7 +111,7 @@ class KeyCoveragePress(BasePress):
         """``k`` of the layer's image keys ``x [n_image, H_kv * D]`` to keep: key_coverage's cover, started at the
         image position the prompt reads most (``attentions [1, H, S, S]``)."""
         if attentions is None:
-            raise ValueError("KeyCoveragePress starts each layer's cover at the image position the prompt reads most, "
+            raise InputError("KeyCoveragePress starts each layer's cover at the image position the prompt reads most, "
                              "which needs the attention weights: load the model with attn_implementation='eager' (or "
                              "switch the language model to eager for the prefill)")
         reads = attentions[0].float().mean(0).sum(0).index_select(0, img)  # each image key's reads, mean over heads

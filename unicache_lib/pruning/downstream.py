@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.errors import InputError
 from .heads import HeadMask, HeadSpace
 
 
@@ -24,7 +25,7 @@ def random_heads(eligible: np.ndarray, n: int, seed: int) -> np.ndarray:
     eligible = np.asarray(eligible, bool)
     cells = np.argwhere(eligible)
     if not 0 <= n <= len(cells):
-        raise ValueError(f"cannot draw {n} heads from {len(cells)} eligible ones: pass 0 <= n <= eligible.sum()")
+        raise InputError(f"cannot draw {n} heads from {len(cells)} eligible ones: pass 0 <= n <= eligible.sum()")
     out = np.zeros(eligible.shape, bool)
     for i in np.random.default_rng(seed).choice(len(cells), n, replace=False):
         out[tuple(cells[i])] = True
@@ -45,12 +46,12 @@ def downstream_changes(model, processor, space: HeadSpace, samples, keep, skip_l
     with HeadMask(space, torch.as_tensor(keep, dtype=torch.float32)):
         pruned = capture_samples(model, processor, samples, progress=False).records
     if len(base) != len(pruned):
-        raise ValueError(f"{len(base)} unpruned records for {len(pruned)} pruned ones: pass base= of the same samples")
+        raise InputError(f"{len(base)} unpruned records for {len(pruned)} pruned ones: pass base= of the same samples")
     skip = set(skip_layers)
     rows = []
     for a, b in zip(base, pruned):
         if (a.sample, a.layer) != (b.sample, b.layer):
-            raise ValueError("base= records are not in the capture's order: pass the records of the same samples")
+            raise InputError("base= records are not in the capture's order: pass the records of the same samples")
         if a.layer in skip:
             continue
         rows.append({"sample": a.sample, "layer": a.layer,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.errors import ContractError, InputError
 from ..quality import psnr, ssim
 from ..world.segment import score_object
 
@@ -102,12 +103,12 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
     objective: never an approximation.
     """
     if n_batches < 1 or (batch is not None and batch < 1):
-        raise ValueError(f"n_batches and batch must be at least 1, got {n_batches} and {batch}")
+        raise InputError(f"n_batches and batch must be at least 1, got {n_batches} and {batch}")
     if getattr(gen, "pipe", None) is not None:
         return _pipeline_loss_fns(gen, n_batches, 4 if batch is None else batch, seed, steps, guidance)
     batch = 16 if batch is None else batch
     from ..zoo import tiny_generators as tg
-    from ..zoo.train_generator import training_example
+    from ..zoo.tiny_generators import training_example
 
     rng = np.random.default_rng(seed)
     fns = []
@@ -187,7 +188,7 @@ class _FirstCall:
                 out.update(v)
             elif kind is inspect.Parameter.VAR_POSITIONAL:
                 if v:
-                    raise RuntimeError(f"the transformer was called with {len(v)} extra positional arguments")
+                    raise ContractError(f"the transformer was called with {len(v)} extra positional arguments")
             else:
                 out[name] = v
         self.kwargs = out
@@ -224,9 +225,9 @@ def record_transformer_call(gen, prompts: list[str], steps: int, guidance: float
     if rows == 2 * b:
         kw = {k: _cond_rows(v, rows, b) for k, v in kw.items()}
     elif rows != b:
-        raise RuntimeError(f"{gen.family}: the transformer saw {rows} rows for {b} prompts")
+        raise ContractError(f"{gen.family}: the transformer saw {rows} rows for {b} prompts")
     if rec.latents.shape != kw["hidden_states"].shape:
-        raise RuntimeError(f"{gen.family}: final latents {tuple(rec.latents.shape)} are not shaped as the "
+        raise ContractError(f"{gen.family}: final latents {tuple(rec.latents.shape)} are not shaped as the "
                            f"transformer's input {tuple(kw['hidden_states'].shape)}")
     return kw, rec.latents
 
@@ -307,9 +308,9 @@ def sweep_understanding(model, processor, space, scores: dict, fractions, qas, r
     Returns a tidy DataFrame with one row per (label, fraction); ``correct_q`` holds the per-question
     outcomes (bool ``[N]``)."""
     import pandas as pd
-    from ..progress import bar
 
     from ..inputs import check_fractions
+    from ..progress import bar
     from .heads import HeadMask
 
     check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
@@ -336,9 +337,9 @@ def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, step
     pipeline's VAE-decoded output (:class:`~unicache_lib.zoo.pipelines.PipelineGenerator`), every run with
     the same seeds. Returns ``(DataFrame with one row per (scorer, fraction), reference uint8 images)``."""
     import pandas as pd
-    from ..progress import bar
 
     from ..inputs import check_fractions
+    from ..progress import bar
     from ..zoo.sampling import sample, to_uint8
     from .heads import HeadMask
 

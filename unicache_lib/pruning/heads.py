@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..capture.vlm import attention_sites, unwrap
+from ..capture.vlm import attention_sites
+from ..core.errors import ContractError, InputError
+from ..core.models import unwrap
 
 
 @dataclass(frozen=True)
@@ -125,12 +127,12 @@ class HeadSpace:
         fraction = check_fraction(fraction, "fraction", upper_inclusive=False, meaning="of the heads pruned")
         s = np.asarray(scores, dtype=float)
         if s.shape != self.shape:
-            raise ValueError(f"scores have shape {s.shape}, the head space is {self.shape}")
+            raise InputError(f"scores have shape {s.shape}, the head space is {self.shape}")
         elig = np.ones(self.shape, bool) if eligible is None else np.asarray(eligible, bool)
         for i, u in enumerate(self.units):
             elig[i, u.heads:] = False
         if np.isnan(s[elig]).any():
-            raise ValueError("scores contain NaN for prunable heads")
+            raise InputError("scores contain NaN for prunable heads")
         n = int(round(fraction * self.n_heads))
         keep = np.ones(self.shape)
         left = np.array([u.heads for u in self.units])
@@ -153,7 +155,7 @@ class HeadMask:
 
     def __init__(self, space: HeadSpace, mask: torch.Tensor):
         if tuple(mask.shape) != space.shape:
-            raise ValueError(f"mask has shape {tuple(mask.shape)}, the head space is {space.shape}")
+            raise InputError(f"mask has shape {tuple(mask.shape)}, the head space is {space.shape}")
         self.space, self.mask = space, mask
         self._stack: ExitStack | None = None
 
@@ -169,7 +171,7 @@ class HeadMask:
     def _output_hook(self, i: int, unit: Unit):
         def post(module, args, output):
             if not torch.is_tensor(output):
-                raise RuntimeError(f"{unit.name}: expected the attention output [B, S, heads * head_dim], got "
+                raise ContractError(f"{unit.name}: expected the attention output [B, S, heads * head_dim], got "
                                    f"{type(output).__name__}")
             return self._apply(i, unit, output)
         return post

@@ -48,8 +48,9 @@ import torch
 import torch.nn.functional as F
 
 from ..capture.diffusion import _heads_view, find_diffusion_attention, wrap_processors
+from ..core.errors import InputError, InputTypeError
+from ..core.similarity import cosine
 from ..families import UnsupportedModelError
-from ..similarity import cosine
 
 
 def attention_modules(transformer) -> dict[str, torch.nn.Module]:
@@ -178,7 +179,7 @@ def _prediction(out) -> torch.Tensor:
         return out[0]
     if torch.is_tensor(getattr(out, "sample", None)):
         return out.sample
-    raise TypeError(f"cannot find the prediction in a transformer output of type {type(out).__name__}: "
+    raise InputTypeError(f"cannot find the prediction in a transformer output of type {type(out).__name__}: "
                     "expected a tensor, a tuple whose first item is one, or an object with .sample")
 
 
@@ -190,7 +191,7 @@ def _with_prediction(template, pred: torch.Tensor):
         return (pred,) + tuple(template[1:])
     if hasattr(template, "keys"):  # a diffusers BaseOutput (an ordered dict dataclass)
         return type(template)(**{**dict(template.items()), "sample": pred})
-    raise TypeError(f"cannot rebuild a transformer output of type {type(template).__name__}")
+    raise InputTypeError(f"cannot rebuild a transformer output of type {type(template).__name__}")
 
 
 def step_call(policy, history: tuple[list, list], step: int, n_steps: int, t: float, orig, args, kwargs):
@@ -203,7 +204,7 @@ def step_call(policy, history: tuple[list, list], step: int, n_steps: int, t: fl
     ts, outs = history
     d = policy.decide(step, n_steps, math.nan, key="transformer")
     if d not in ("compute", "reuse"):
-        raise ValueError(f"step-level policy {policy.name!r} answered {d!r}; expected 'compute' or 'reuse'")
+        raise InputError(f"step-level policy {policy.name!r} answered {d!r}; expected 'compute' or 'reuse'")
     h = kwargs.get("hidden_states", args[0] if args else None)
     same_batch = bool(outs) and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])
     if d == "reuse" and same_batch and len(outs) >= policy.min_history and t not in ts:
@@ -289,7 +290,7 @@ class ReuseCache:
         self.policy, self.n_steps = policy, n_steps
         self.level = getattr(policy, "level", "attention")
         if self.level not in ("attention", "step"):
-            raise ValueError(f"policy {type(policy).__name__} has level {self.level!r}; expected 'attention' or 'step'")
+            raise InputError(f"policy {type(policy).__name__} has level {self.level!r}; expected 'attention' or 'step'")
         if self.level == "step":  # attention modules only size the work count: a model without known ones
             try:                  # counts each transformer call as one unit
                 self.targets = find_diffusion_attention(self.transformer)
@@ -310,7 +311,7 @@ class ReuseCache:
     def on_step_begin(self, step, timestep):
         step = int(step)
         if step >= self.n_steps:
-            raise ValueError(f"ReuseCache was built for n_steps={self.n_steps} but the run reached step {step}: its "
+            raise InputError(f"ReuseCache was built for n_steps={self.n_steps} but the run reached step {step}: its "
                              f"schedule (which steps to compute, how far to reuse) is for another run. Build it with "
                              f"n_steps equal to the sampler's step count")
         self.step = step
@@ -358,7 +359,7 @@ class ReuseCache:
         self._stack.close()
         last = getattr(self, "_last_step", -1)
         if exc[0] is None and 0 <= last < self.n_steps - 1:
-            raise ValueError(f"ReuseCache was built for n_steps={self.n_steps} but the run had {last + 1} steps: its "
+            raise InputError(f"ReuseCache was built for n_steps={self.n_steps} but the run had {last + 1} steps: its "
                              f"decisions were made on another schedule (a 20-step plan on 10 steps reuses nothing it "
                              f"meant to). Build it with n_steps={last + 1}")
         return False

@@ -12,11 +12,11 @@ optionally wall-clock interleaved with the full run).
 from __future__ import annotations
 
 import contextlib
-import time
 
 import numpy as np
 import pandas as pd
 
+from ..core.errors import InputError
 from ..intervals import Interval, difference_interval, interleaved_timings, speedup_interval
 from ..quality import psnr
 from ..zoo.sampling import sample, to_uint8
@@ -31,7 +31,7 @@ class FewerSteps(contextlib.AbstractContextManager):
 
     def __init__(self, n: int):
         if int(n) < 1:
-            raise ValueError(f"a fewer-step control needs n >= 1 steps, got {n}")
+            raise InputError(f"a fewer-step control needs n >= 1 steps, got {n}")
         self.sample_steps = int(n)
 
     def __exit__(self, *exc):
@@ -54,7 +54,7 @@ def fewer_steps_curve(gen, prompts, ref_images, steps_list, guidance: float = 3.
     prompts) and its bootstrap interval ``speedup_lo`` / ``speedup_hi``."""
     ref_images = np.asarray(ref_images)
     if ref_images.shape[0] != len(prompts):
-        raise ValueError(f"{ref_images.shape[0]} reference images for {len(prompts)} prompts")
+        raise InputError(f"{ref_images.shape[0]} reference images for {len(prompts)} prompts")
     sub = list(prompts[:2])
     with TransformerFlops(gen) as fl:
         sample(gen, sub, full_steps, guidance, seed=seed)
@@ -82,7 +82,7 @@ def control_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The ``steps:N`` rows of a :func:`~unicache_lib.reuse.evaluate.run_reuse` table (raises if none)."""
     rows = df[[str(i).startswith(PREFIX) for i in df.index]]
     if rows.empty:
-        raise ValueError("no fewer-step control rows ('steps:N') in this table: add fewer_steps_methods(...) to the methods")
+        raise InputError("no fewer-step control rows ('steps:N') in this table: add fewer_steps_methods(...) to the methods")
     return rows
 
 
@@ -103,7 +103,7 @@ def check_monotone(control: pd.DataFrame, by: str) -> None:
     if len(bad):
         pairs = ", ".join(f"{steps[i]} steps {xs[i]:.3g} vs {steps[i + 1]} steps {xs[i + 1]:.3g}" for i in bad)
         want = "fall" if by == "speedup" else "rise"
-        raise ValueError(f"the fewer-step control's {by} does not {want} with the step count ({pairs}): its cost is "
+        raise InputError(f"the fewer-step control's {by} does not {want} with the step count ({pairs}): its cost is "
                          f"not monotone, so no margin is read off it; re-time the sweep (more interleaved repeats, an "
                          f"idle machine)" + ("" if by == "speedup" else " or check the FLOP counter"))
 
@@ -113,16 +113,16 @@ def control_psnr_at(control: pd.DataFrame, x: float, by: str = "speedup") -> np.
     ``"flops"``: FLOPs fraction), linear in ``x`` between the two step counts that bracket it. ``x`` outside
     the control's measured range raises (add step counts rather than extrapolate the control)."""
     if by not in ("speedup", "flops"):
-        raise ValueError(f"by must be 'speedup' or 'flops', got {by!r}")
+        raise InputError(f"by must be 'speedup' or 'flops', got {by!r}")
     xs = control[by].to_numpy(dtype=np.float64)
     ys = np.stack([np.asarray(p, dtype=np.float64) for p in control["psnr_per_prompt"]])  # [n_points, n_prompts]
     if not np.isfinite(xs).all():
-        raise ValueError(f"the control's {by} has non-finite values: {xs}")
+        raise InputError(f"the control's {by} has non-finite values: {xs}")
     check_monotone(control, by)
     order = np.argsort(xs)
     xs, ys = xs[order], ys[order]
     if not xs[0] <= x <= xs[-1]:
-        raise ValueError(f"{by} = {x:.3g} is outside the fewer-step control's range [{xs[0]:.3g}, {xs[-1]:.3g}]: "
+        raise InputError(f"{by} = {x:.3g} is outside the fewer-step control's range [{xs[0]:.3g}, {xs[-1]:.3g}]: "
                          "add step counts to the control")
     return np.array([np.interp(x, xs, ys[:, j]) for j in range(ys.shape[1])])
 

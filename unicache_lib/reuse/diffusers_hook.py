@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
+from ..core.errors import InputError
 from .cache import step_call
 from .policies.step_skip import StepSkip
 
@@ -56,7 +57,7 @@ class StepSkipConfig:
 
     def __post_init__(self):
         if int(self.num_inference_steps) < 1:
-            raise ValueError(f"num_inference_steps must be >= 1, got {self.num_inference_steps}: pass the step count "
+            raise InputError(f"num_inference_steps must be >= 1, got {self.num_inference_steps}: pass the step count "
                              "you will call the pipeline with")
 
     def policy(self) -> StepSkip:
@@ -83,7 +84,7 @@ class StepSkipHook(ModelHook):
     def initialize_hook(self, module):
         params = list(inspect.signature(module.forward).parameters)  # still the model's own forward here
         if "timestep" not in params:
-            raise ValueError(f"{type(module).__name__}.forward takes no `timestep` argument (it takes {params}): "
+            raise InputError(f"{type(module).__name__}.forward takes no `timestep` argument (it takes {params}): "
                              "step_skip counts denoising steps by the timestep a pipeline passes its transformer; "
                              "apply it to the pipeline's denoiser (pipe.transformer)")
         self._timestep_at = params.index("timestep")
@@ -103,7 +104,7 @@ class StepSkipHook(ModelHook):
     def _timestep(self, args, kwargs) -> float:
         ts = kwargs.get("timestep", args[self._timestep_at] if self._timestep_at < len(args) else None)
         if ts is None:
-            raise ValueError("the transformer was called without a timestep: step_skip cannot tell the steps apart")
+            raise InputError("the transformer was called without a timestep: step_skip cannot tell the steps apart")
         return float(torch.as_tensor(ts).reshape(-1)[0])
 
     def new_forward(self, module, *args, **kwargs):
@@ -114,7 +115,7 @@ class StepSkipHook(ModelHook):
             self.step, self._t, self._slot = self.step + 1, t, 0
         n = self.config.num_inference_steps
         if self.step >= n:
-            raise ValueError(f"step_skip was applied for num_inference_steps={n} but the pipeline ran step {self.step + 1}: "
+            raise InputError(f"step_skip was applied for num_inference_steps={n} but the pipeline ran step {self.step + 1}: "
                              f"its schedule is for another run. Apply it again with StepSkipConfig(num_inference_steps="
                              f"<the steps you pass the pipeline>)")
         slot = self._slot
@@ -132,7 +133,7 @@ def apply_step_skip(transformer: torch.nn.Module, config: StepSkipConfig) -> Ste
     transformer = getattr(transformer, "transformer", transformer)
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
     if registry.get_hook(HOOK_NAME) is not None:
-        raise ValueError("step_skip is already applied to this transformer: remove_step_skip(transformer) first")
+        raise InputError("step_skip is already applied to this transformer: remove_step_skip(transformer) first")
     hook = StepSkipHook(config)
     registry.register_hook(hook, HOOK_NAME)
     return hook

@@ -10,8 +10,9 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..progress import bar
+from ..core.errors import InputError
 from ..intervals import MIN_TIMING_REPEATS, interleaved_timings, speedup_interval
+from ..progress import bar
 from ..quality import psnr, ssim
 from ..world.segment import score_object
 from ..zoo.sampling import sample, to_uint8
@@ -38,7 +39,7 @@ def methods_for(gen, steps: int, guidance: float, calibration_prompts: list[str]
     if scored_prompts is not None:
         shared = sorted(set(calibration_prompts) & set(scored_prompts))
         if shared:
-            raise ValueError(f"MagCache calibration prompts overlap the scored prompts ({len(shared)}, e.g. {shared[0]!r}): "
+            raise InputError(f"MagCache calibration prompts overlap the scored prompts ({len(shared)}, e.g. {shared[0]!r}): "
                              "calibrate on held-out prompts, e.g. prompt_set(n + 4, 0, seed)[n:]")
     out = {name: (lambda cls=cls: ReuseCache(gen.transformer, cls(), steps)) for name, cls in REUSE_POLICIES.items()}
     ratios = None
@@ -81,11 +82,24 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
     (``seconds``, ``[repeats]``), ``median_s``, ``iqr_s``, ``speedup`` (median over rounds of
     none's time / this method's time in the same round) with its bootstrap interval over rounds
     (``speedup_lo``, ``speedup_hi``; NaN with fewer than 2 repeats). Methods that cannot run on this
-    model get a row with the reason in ``note``."""
+    model get a row with the reason in ``note``. The two halves are :func:`score_methods` and
+    :func:`time_methods` (``make evaluate-reuse`` runs them apart: scoring sharded, timing on a quiet machine)."""
+    rows, usable, _ = score_methods(gen, methods, prompts, objects, steps, guidance, seed, progress)
+    for label, cols in time_methods(gen, usable, prompts[:timing_prompts], steps, guidance, seed, repeats).items():
+        rows[label].update(cols)
+    return pd.DataFrame(list(rows.values())).set_index("method")
+
+
+def score_methods(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed: int | list[int] = 0,
+                  progress: bool | None = None) -> tuple[dict, dict, dict]:
+    """The quality half of :func:`run_reuse`: ``(rows, usable, counts)`` -- ``rows[label]`` its row without the
+    timing columns, ``usable`` the methods that ran, ``counts[label] = (attention work, transformer FLOPs)`` of
+    this run (``counts["reference"]``: the no-reuse reference run's), so that runs over disjoint prompt chunks can
+    be summed. ``seed``: one int (prompt ``i`` uses ``seed + i``) or one seed per prompt."""
     if "none" not in methods:
-        raise ValueError("methods must include 'none' (the reference)")
+        raise InputError("methods must include 'none' (the reference)")
     ref, _, ref_work, ref_flops = _run(gen, methods["none"], prompts, steps, guidance, seed)
-    rows, usable = {}, {}
+    rows, usable, counts = {}, {}, {"reference": (ref_work, ref_flops)}
     for label, make in bar(methods.items(), progress, desc="reuse methods"):
         try:
             imgs, _, work, flops = _run(gen, make, prompts, steps, guidance, seed)
@@ -98,24 +112,33 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
                        **{k: float(np.mean([x[k] for x in sc])) for k in ("colour", "position", "shape")},
                        "computed": work / ref_work, "flops": flops / ref_flops, "n": len(prompts), "note": "",
                        "psnr_per_prompt": p, "ssim_per_prompt": s}
-        usable[label] = make
-    tp = prompts[:timing_prompts]
+        usable[label], counts[label] = make, (work, flops)
+    return rows, usable, counts
+
+
+def time_methods(gen, methods: dict, prompts, steps=20, guidance=3.0, seed: int | list[int] = 0,
+                 repeats: int = MIN_TIMING_REPEATS, order_seed: int | None = None) -> dict[str, dict]:
+    """The timing half of :func:`run_reuse`: label -> its timing columns (``seconds``, ``median_s``, ``iqr_s``,
+    ``speedup`` with ``speedup_lo`` / ``speedup_hi``, ``repeats``), every method once per round over ``repeats``
+    rounds in an order shuffled by ``order_seed`` (default: ``seed``)."""
 
     def timed(make):
         def go():
             with contextlib.redirect_stdout(None):
-                _run(gen, make, tp, steps, guidance, seed, count=False)
+                _run(gen, make, prompts, steps, guidance, seed, count=False)
         return go
 
-    times = interleaved_timings({k: timed(m) for k, m in usable.items()}, repeats, seed)
+    times = interleaved_timings({k: timed(m) for k, m in methods.items()}, repeats,
+                                seed if order_seed is None else order_seed)
+    out = {}
     for label, ts in times.items():
         iv = speedup_interval(times["none"], ts, min_repeats=2) if repeats >= 2 else None
-        rows[label].update({"seconds": ts, "median_s": float(np.median(ts)),
-                            "iqr_s": float(np.subtract(*np.percentile(ts, [75, 25]))),
-                            "speedup": iv.value if iv else float(np.median(times["none"] / ts)),
-                            "speedup_lo": iv.lo if iv else float("nan"), "speedup_hi": iv.hi if iv else float("nan"),
-                            "repeats": repeats})
-    return pd.DataFrame(list(rows.values())).set_index("method")
+        out[label] = {"seconds": ts, "median_s": float(np.median(ts)),
+                      "iqr_s": float(np.subtract(*np.percentile(ts, [75, 25]))),
+                      "speedup": iv.value if iv else float(np.median(times["none"] / ts)),
+                      "speedup_lo": iv.lo if iv else float("nan"), "speedup_hi": iv.hi if iv else float("nan"),
+                      "repeats": repeats}
+    return out
 
 
 def attention_share(gen, prompts, steps: int = 20, guidance: float = 3.0, seed: int = 0, repeats: int = 3) -> dict:
@@ -176,7 +199,7 @@ def pareto_check(df: pd.DataFrame, ours: list[str], others: list[str], by: str =
     one with the best PSNR, and the paired PSNR difference (ours - other, dB) with its 95% interval over prompts.
     ``match`` is None (difference NaN) where none of ours saves as much. Others that did not run are left out."""
     if by not in ("speedup", "flops"):
-        raise ValueError(f"by must be 'speedup' or 'flops', got {by!r}")
+        raise InputError(f"by must be 'speedup' or 'flops', got {by!r}")
     rows = []
     for o in _ran(df, others):
         r = df.loc[o]
@@ -233,7 +256,7 @@ def worst_pareto_gap(tables: dict, pareto: dict):
           for c in cells}
     n = {len(v) for v in pp.values()}
     if len(n) != 1:
-        raise ValueError(f"per-prompt PSNRs of different lengths {sorted(n)}: score every generator on the same prompts")
+        raise InputError(f"per-prompt PSNRs of different lengths {sorted(n)}: score every generator on the same prompts")
     worst = min(cells, key=lambda c: pp[c].mean())
     iv = extreme_of([mean_interval(pp[c], "prompts") for c in cells])
     return iv, (*worst, float(pp[worst].mean())), unmatched
@@ -251,7 +274,7 @@ def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", 
     vals = {g: per_prompt(df) for g, df in tables.items()}
     n = {len(v) for v in vals.values()}
     if len(n) != 1:
-        raise ValueError(f"{column} of different lengths {sorted(n)}: score every generator on the same prompts")
+        raise InputError(f"{column} of different lengths {sorted(n)}: score every generator on the same prompts")
     return extreme_of([mean_interval(v, "prompts") for v in vals.values()])
 
 
@@ -280,7 +303,7 @@ def gallery(gen, methods: dict, prompt: str, steps: int = 20, guidance: float = 
     import warnings
 
     if "none" not in methods:
-        raise ValueError("methods must include 'none' (the reference)")
+        raise InputError("methods must include 'none' (the reference)")
     out = {}
     for name, make in methods.items():
         try:

@@ -42,11 +42,10 @@ import contextlib
 import io
 from dataclasses import dataclass, field
 
+from ..core.errors import InputError, PeerUnsupported
+from ..core.models import quiet
+
 PEERS = ("pab", "fastercache", "first_block", "taylorseer", "magcache")
-
-
-class PeerUnsupported(RuntimeError):
-    """This diffusers cache cannot run on this model (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,7 @@ def family_of(transformer) -> str:
 
 def _resolve(target) -> tuple[object, str]:
     """(transformer, family) of a library Generator (``.transformer``, ``.family``) or a bare transformer."""
-    from ..capture.vlm import unwrap
+    from ..core.models import unwrap
 
     tr = getattr(target, "transformer", None)
     if tr is None:
@@ -196,7 +195,7 @@ class DiffusersCache:
 
     def __init__(self, target, kind: str, n_steps: int, guidance: float = 3.0, calibration: list | str | None = None):
         if kind not in PEERS:
-            raise ValueError(f"unknown peer {kind!r}; choose from {PEERS}")
+            raise InputError(f"unknown peer {kind!r}; choose from {PEERS}")
         self.transformer, self.family = _resolve(target)
         self.spec = FAMILY_PEERS[self.family]
         self.kind, self.n_steps, self.guidance = kind, n_steps, guidance
@@ -208,8 +207,13 @@ class DiffusersCache:
 
     def config(self):
         """The diffusers config object for this peer on this family (raises :class:`PeerUnsupported`)."""
-        from diffusers.hooks import (FasterCacheConfig, FirstBlockCacheConfig, MagCacheConfig,
-                                     PyramidAttentionBroadcastConfig, TaylorSeerCacheConfig)
+        from diffusers.hooks import (
+            FasterCacheConfig,
+            FirstBlockCacheConfig,
+            MagCacheConfig,
+            PyramidAttentionBroadcastConfig,
+            TaylorSeerCacheConfig,
+        )
 
         spec, tr = self.spec, self.transformer
         if self.kind in spec.unsupported:
@@ -278,20 +282,23 @@ class DiffusersCache:
         self._registered = []
 
     def __enter__(self):
-        import logging
-        import warnings
-
-        # FasterCache announces itself as experimental on every application and trips a torch.meshgrid
-        # deprecation warning; both once per run would bury a notebook's output
-        logging.getLogger("diffusers.hooks.faster_cache").setLevel(logging.ERROR)
-        warnings.filterwarnings("ignore", message="torch.meshgrid", category=UserWarning)
-        from diffusers.hooks import (HookRegistry, apply_faster_cache, apply_first_block_cache, apply_mag_cache,
-                                     apply_pyramid_attention_broadcast, apply_taylorseer_cache)
+        from diffusers.hooks import (
+            HookRegistry,
+            apply_faster_cache,
+            apply_first_block_cache,
+            apply_mag_cache,
+            apply_pyramid_attention_broadcast,
+            apply_taylorseer_cache,
+        )
 
         apply = {"pab": apply_pyramid_attention_broadcast, "fastercache": apply_faster_cache,
                  "first_block": apply_first_block_cache, "taylorseer": apply_taylorseer_cache, "magcache": apply_mag_cache}
         cfg = self.config()
         before = self._hooks()
+        # FasterCache announces itself as experimental on every application and trips a torch.meshgrid
+        # deprecation warning; both once per run would bury a notebook's output (silenced until __exit__)
+        self._quiet = quiet(loggers=("diffusers.hooks.faster_cache",), warning_messages=("torch.meshgrid",))
+        self._quiet.__enter__()
         try:
             if self.kind in ("first_block", "magcache"):
                 self._register_blocks()
@@ -302,7 +309,10 @@ class DiffusersCache:
             apply[self.kind](self.transformer, cfg)
         except BaseException:
             self._added = [h for h in self._hooks() if h not in before]
-            self._remove()
+            try:
+                self._remove()
+            finally:
+                self._quiet.__exit__(None, None, None)
             raise
         self._added = [h for h in self._hooks() if h not in before]
         self._forget_child_registries()
@@ -338,7 +348,10 @@ class DiffusersCache:
         _set_cache_context(self.transformer, None)
 
     def __exit__(self, *exc):
-        self._remove()
+        try:
+            self._remove()
+        finally:
+            self._quiet.__exit__(None, None, None)
         return False
 
 

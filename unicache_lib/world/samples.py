@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import MissingFileError, UnknownNameError
 from .scenes import SCENE_TYPES
 from .text import caption, long_prompt, make_qa, short_prompt
 
@@ -91,7 +92,7 @@ def load(path: str | Path = SAMPLES_DIR, ids=None, scene_types=None, per_type: i
     path = Path(path)
     mf = path / "manifest.json"
     if not mf.exists():
-        raise FileNotFoundError(f"no sample set at {path}: run `python -m unicache_lib.world.samples --out {path}`")
+        raise MissingFileError(f"no sample set at {path}: run `python -m unicache_lib.world.samples --out {path}`")
     manifest = json.loads(mf.read_text())
     if seed is not None and int(seed) != int(manifest.get("seed", SEED)):
         n_per = max(int(e["id"].rsplit("-", 1)[1]) for e in manifest["samples"]) + 1
@@ -113,7 +114,7 @@ def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | N
     if ids is not None:
         unknown = set(ids) - {s.id for s in out}
         if unknown:
-            raise KeyError(f"unknown sample ids {sorted(unknown)}; known: {[s.id for s in samples]}")
+            raise UnknownNameError(f"unknown sample ids {sorted(unknown)}; known: {[s.id for s in samples]}")
     return out
 
 

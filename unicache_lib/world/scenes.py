@@ -14,9 +14,11 @@ Five scene types cover the study's standard sample set:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from ..core.errors import InputError
 
 COLOURS: dict[str, tuple[float, float, float]] = {
     "red": (0.90, 0.10, 0.10),
@@ -92,7 +94,7 @@ def shape_mask(shape: str, cx: float, cy: float, r: float, size: int) -> np.ndar
         top, base = cy - r, cy + 0.8 * r
         frac = (ys - top) / (base - top)  # 0 at the apex, 1 at the base
         return (frac >= 0) & (frac <= 1) & (np.abs(xs - cx) <= frac * r * 1.05)
-    raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
+    raise InputError(f"unknown shape {shape!r}; expected one of {SHAPES}")
 
 
 def _place(rng: np.random.Generator, position: str, size: int, radius: float, jitter: float) -> tuple[float, float]:
@@ -149,16 +151,16 @@ def make_scene(
         radius_range: object radius as a fraction of ``size``.
     """
     if scene_type not in SCENE_TYPES:
-        raise ValueError(f"unknown scene type {scene_type!r}; expected one of {SCENE_TYPES}")
+        raise InputError(f"unknown scene type {scene_type!r}; expected one of {SCENE_TYPES}")
     default_n = {"single": (1, 1), "overlap": (2, 3), "text": (1, 2), "clutter": (3, 4), "diagram": (2, 4)}
     lo, hi = default_n[scene_type]
     fixed = list(fixed or [])
     if n_objects is None:
         n_objects = max(int(rng.integers(lo, hi + 1)), len(fixed))
     if not 1 <= n_objects <= 4:
-        raise ValueError(f"n_objects must be between 1 and 4, got {n_objects}")
+        raise InputError(f"n_objects must be between 1 and 4, got {n_objects}")
     if len(fixed) > n_objects:
-        raise ValueError("more fixed objects than n_objects")
+        raise InputError("more fixed objects than n_objects")
 
     colours = list(COLOURS)
     used_c = {f["colour"] for f in fixed if "colour" in f}
@@ -232,7 +234,7 @@ def grid_cover(masks: np.ndarray, grid) -> np.ndarray:
     n, h, w = masks.shape
     if isinstance(grid, (int, np.integer)):
         if h % grid or w % grid:
-            raise ValueError(f"image side {h}x{w} is not a multiple of the patch size {grid}")
+            raise InputError(f"image side {h}x{w} is not a multiple of the patch size {grid}")
         return masks.reshape(n, h // grid, grid, w // grid, grid).mean(axis=(2, 4)).reshape(n, -1)
     rows, cols = (int(x) for x in grid)
     r_edges = np.linspace(0, h, rows + 1)

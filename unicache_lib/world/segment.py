@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.errors import InputError
 from .scenes import BACKGROUND, COLOURS, POSITIONS, SHAPES, shape_mask
 
 _PALETTE = np.array([BACKGROUND] + list(COLOURS.values()), np.float32)  # [7, 3]
@@ -66,7 +67,7 @@ def score_object(image: np.ndarray, obj: dict, min_fraction: float = 0.012) -> d
     fraction of the image (area, side), so any square size works (a pipeline's 512 or 1024 px).
     """
     if image.ndim != 3 or image.shape[0] != image.shape[1]:
-        raise ValueError(f"score_object takes a square [H, W, 3] image (shapes and positions are judged on a "
+        raise InputError(f"score_object takes a square [H, W, 3] image (shapes and positions are judged on a "
                          f"square canvas, at any size), got shape {image.shape}")
     lab = colour_labels(image)
     counts = np.bincount(lab[lab > 0].ravel(), minlength=len(_NAMES))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.errors import InputError
 from .scenes import COLOURS, POSITIONS, SCENE_TYPES, SHAPES, Scene, make_scene
 
 QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "position", "exists", "count")
@@ -63,10 +64,10 @@ def make_qa(
     absent object that shares the colour or the shape of a present one; ``"random"`` for any absent
     colour x shape (most of them have a colour the scene lacks)."""
     if exists_negatives not in ("hard", "random"):
-        raise ValueError(f"exists_negatives must be 'hard' or 'random', not {exists_negatives!r}")
+        raise InputError(f"exists_negatives must be 'hard' or 'random', not {exists_negatives!r}")
     qtype = qtype or str(rng.choice(qtypes))
     if qtype not in QUESTION_TYPES:
-        raise ValueError(f"unknown question type {qtype!r}; expected one of {QUESTION_TYPES}")
+        raise InputError(f"unknown question type {qtype!r}; expected one of {QUESTION_TYPES}")
     st = scene_type or _scene_type(rng, scene_types)
     answer = str(rng.choice(ANSWERS[qtype]))
     if qtype == "colour":

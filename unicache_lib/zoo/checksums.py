@@ -16,6 +16,8 @@ import json
 import shlex
 from pathlib import Path
 
+from ..core.errors import ChecksumError, InputError
+
 CARD = "model_card.json"
 KEY = "checksums"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -27,18 +29,11 @@ _digests: dict[tuple[str, int, int, int, int], str] = {}
 
 def read_json(f: Path) -> dict:
     """A model folder's JSON file; a truncated or hand-broken one names itself and the fix."""
-    from ..inputs import InputError
-
     try:
         return json.loads(Path(f).read_text())
     except json.JSONDecodeError as e:
         raise InputError(f"{f} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno}): the file was cut short "
                          f"or edited by hand; copy it again from the original checkpoint") from e
-
-
-class ChecksumError(OSError):
-    """A weight file of a model folder is not the one its ``model_card.json`` records (changed, missing or
-    unrecorded). The message names the file, both digests and how to restore or accept it."""
 
 
 def sha256_file(path: str | Path) -> str:

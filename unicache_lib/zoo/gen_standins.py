@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.errors import UnknownNameError
 from .tiny_pipelines import KINDS, build_pipeline, save_pipeline
 
 IMAGE_SIZE = 512
@@ -114,7 +115,7 @@ def build(name: str, out: str | Path, seed: int = 0) -> Path:
     import diffusers
 
     if name not in GEN_STANDINS:
-        raise KeyError(f"unknown generator stand-in {name!r}; known: {', '.join(GEN_STANDINS)}")
+        raise UnknownNameError(f"unknown generator stand-in {name!r}; known: {', '.join(GEN_STANDINS)}")
     spec = GEN_STANDINS[name]
     t0 = time.perf_counter()
     cls, kw = spec.transformer

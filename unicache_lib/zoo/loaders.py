@@ -22,14 +22,13 @@ import shlex
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as _hf_logging
 
+from ..core.errors import ContractError, InputError, MissingFileError, ModelNotFoundError
+from ..core.models import quiet
 from ..families import UnsupportedModelError, family_for_type, supported
 from ..gen_families import GEN_FAMILIES, gen_family_for
 from ..gen_families import supported as gen_supported
 from .checksums import ChecksumError, read_json, verify_checksums  # noqa: F401 - ChecksumError is re-exported
-
-_hf_logging.disable_progress_bar()  # weight-loading bars would flood notebooks and test logs
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixart": "generation",
@@ -57,10 +56,10 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"DEVICE={device!r} but torch sees no CUDA device (torch {torch.__version__} built "
+        raise InputError(f"DEVICE={device!r} but torch sees no CUDA device (torch {torch.__version__} built "
                          f"{'with' if torch.version.cuda else 'without'} CUDA): use DEVICE='cpu' or 'auto'")
     if device != "cpu" and not device.startswith("cuda"):
-        raise ValueError(f"DEVICE must be one of {DEVICES} (or 'cuda:N'), got {device!r}")
+        raise InputError(f"DEVICE must be one of {DEVICES} (or 'cuda:N'), got {device!r}")
     return torch.device(device)
 
 
@@ -76,13 +75,8 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: torch.device
             return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"DTYPE must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+        raise InputError(f"DTYPE must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """A model name that is not a shipped model, an existing folder or a usable hub id; raised at once,
-    before any download is attempted."""
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name
@@ -146,7 +140,7 @@ def resolve(name_or_path: str | Path) -> Path | str:
     if name in SHIPPED:
         p = MODELS_DIR / name
         if not (p / "config.json").exists() and not (p / "transformer").exists():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"shipped model {name!r} is missing at {p}. It is committed with the repository; "
                 f"re-clone, or rebuild it with `make models`."
             )
@@ -189,7 +183,7 @@ def _read_config(where, sub: str = "", name: str = "config.json") -> dict:
     if p.exists():
         f = p / sub / name
         if not f.exists():
-            raise FileNotFoundError(f"no {name} in {p / sub}: is this a model folder?")
+            raise MissingFileError(f"no {name} in {p / sub}: is this a model folder?")
         return read_json(f)
     from huggingface_hub import hf_hub_download  # a hub id: the real download path (offline here)
 
@@ -244,6 +238,7 @@ def understanding_family(name_or_path) -> str:
     return mt
 
 
+@quiet(loading_bars=True)  # weight-loading bars would flood notebooks and test logs
 def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "eager",
                        dtype: torch.dtype | str = torch.float32, device_map=None, device: str | None = None,
                        vision_attn_implementation: str = "sdpa", verify: bool = True):
@@ -291,8 +286,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 def _check_kind(where, want: str) -> None:
     """A local folder of the other kind (a generator given to the understanding loader, or the reverse) is refused
     naming the right loader."""
-    from ..inputs import InputError
-
     p = Path(str(where))
     if not p.is_dir():
         return
@@ -308,8 +301,6 @@ def _check_kind(where, want: str) -> None:
 def _check_tokenizers(where, want: str) -> None:
     """A local folder whose tokenizer files are missing is refused naming the folder and the fix (instead of a
     tokenizer library's unrelated complaint, such as "requires the protobuf library")."""
-    from ..inputs import InputError
-
     p = Path(str(where))
     if not p.is_dir():
         return
@@ -326,6 +317,7 @@ def _check_tokenizers(where, want: str) -> None:
                              f"incomplete copy; copy the tokenizer files from the original checkpoint")
 
 
+@quiet(loading_bars=True)  # weight-loading bars would flood notebooks and test logs
 def load_processor(where, family):
     """The checkpoint's processor. Where its class requires a video processor and torchvision is not
     installed, the same class is loaded without its video part (images only), with a warning."""
@@ -344,7 +336,7 @@ def load_processor(where, family):
         if not family.needs_video_processor:
             if "torchvision" not in chain:
                 raise
-            raise RuntimeError(
+            raise ContractError(
                 f"the processor of {where} needs torchvision, which is not installed (on this machine it cannot be "
                 f"installed beside torch 2.13.0). Install torchvision where you can, or encode the prompt yourself "
                 f"and pass it to the model (kv.split_inputs takes an encoded prompt)") from e
@@ -359,11 +351,12 @@ def load_processor(where, family):
     try:
         proc = images_only(getattr(transformers, name)).from_pretrained(where)
     except Exception as e:  # noqa: BLE001 - report both failures
-        raise RuntimeError(f"could not load the processor of {where}: {first!r}; images-only fallback: {e!r}") from e
+        raise ContractError(f"could not load the processor of {where}: {first!r}; images-only fallback: {e!r}") from e
     warnings.warn(f"torchvision is not installed: {name} loaded without its video processor (images only)", stacklevel=2)
     return proc
 
 
+@quiet(loading_bars=True)  # weight-loading bars would flood notebooks and test logs
 def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.float32, device: str | None = None,
                    verify: bool = True, image_size: int | None = None, max_sequence_length: int | None = None):
     """Load a text-to-image generator for :func:`unicache_lib.zoo.sampling.sample` and the capture code.
@@ -415,11 +408,8 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.f
 def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | None, max_sequence_length: int | None):
     """A diffusers pipeline folder -> :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`."""
     from diffusers import DiffusionPipeline
-    from diffusers.utils import logging as diffusers_logging
 
     from .pipelines import PipelineGenerator, default_image_size, default_max_sequence_length
-
-    diffusers_logging.disable_progress_bar()  # "Loading pipeline components" bars, as for transformers above
 
     cls_name = index.get("_class_name")
     if cls_name not in PIPELINE_FAMILIES:
@@ -453,6 +443,7 @@ def _load_tiny_layout(where, dtype: torch.dtype):
     return Generator(fam, transformer, te, tok, sched, str(where))
 
 
+@quiet(loading_bars=True)  # weight-loading bars would flood notebooks and test logs
 def load_transformer(name_or_path, dtype: torch.dtype = torch.float32, verify: bool = True):
     """The denoising transformer of a generator: ``(module, family)``. ``verify``: check the folder's
     weights against its card's checksums first."""

@@ -7,11 +7,13 @@ same heads serve as an auxiliary loss for towers trained jointly with their task
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
 import torch
 
+from ..core.errors import InputError
 from ..world.scenes import COLOURS, POSITIONS, SHAPES, patch_grid_masks
 
 N_CLASSES = 1 + len(COLOURS) * len(SHAPES) * len(POSITIONS)
@@ -41,7 +43,7 @@ class PatchHeads(torch.nn.Module):
         """``feats [B, grid*grid, d]``, ``labels [B, grid*grid]`` -> (loss, patch accuracy)."""
         B, n = labels.shape
         if feats.shape[1] != n or n != self.grid ** 2:
-            raise ValueError(f"patch features {tuple(feats.shape)} do not match {n} labels of a {self.grid}x{self.grid} grid")
+            raise InputError(f"patch features {tuple(feats.shape)} do not match {n} labels of a {self.grid}x{self.grid} grid")
         pos = torch.arange(n)
         logits = self.cls(feats)
         F = torch.nn.functional
@@ -56,8 +58,8 @@ def train_patch_heads(features: Callable, params: list, d: int, grid: int, patch
     """Train ``params`` (a tower's) so that ``features(images_uint8 [B, H, W, 3]) -> [B, grid*grid, d]``
     classify every patch. Warmup then cosine; returns the last patch accuracy (on the training batch)."""
     from ..progress import bar
+    from ..world.questions import TRAIN_QTYPES
     from ..world.text import make_qa
-    from .train_llava import TRAIN_QTYPES, lr_at
 
     heads = PatchHeads(d, grid)
     params = list(params) + list(heads.parameters())
@@ -78,3 +80,11 @@ def train_patch_heads(features: Callable, params: list, d: int, grid: int, patch
             pbar.set_postfix(loss=f"{loss.item():.3f}", patch_acc=f"{acc:.4f}")
             log.append({"stage": "a", "step": step, "loss": loss.item(), "patch_acc": acc})
     return acc
+
+
+def lr_at(step, total, warmup, floor=0.02):
+    """Linear warm-up to 1, then a cosine down to ``floor`` (every shipped recipe's learning-rate scale)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    p = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))

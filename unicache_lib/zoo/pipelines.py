@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.errors import ContractError
 from ..progress import shown
 
 # max_sequence_length where the pipeline's __call__ default is not the checkpoint's (FLUX.1-schnell: 256)
@@ -220,6 +221,6 @@ def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guid
         images = pipe(**kw)[0]
     if callbacks and hooks.ended != len(pipe.scheduler.timesteps):
         n = len(pipe.scheduler.timesteps)
-        raise RuntimeError(f"{type(pipe).__name__} reported {hooks.ended} of {n} steps to its step callback "
+        raise ContractError(f"{type(pipe).__name__} reported {hooks.ended} of {n} steps to its step callback "
                            f"(a multi-order scheduler?): the step callbacks cannot be trusted")
     return images.float().cpu()

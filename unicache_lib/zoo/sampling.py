@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..core.errors import InputError
 from ..progress import bar
 from .pipelines import PipelineGenerator, sample_pipeline
 from .tiny_generators import Generator, TextConditioning, encode_prompts, transformer_forward
@@ -49,10 +50,10 @@ def sample(
         pipelines: the VAE-decoded latents, ``H = W = gen.image_size``).
     """
     if not prompts:
-        raise ValueError("prompts is empty: pass at least one prompt")
+        raise InputError("prompts is empty: pass at least one prompt")
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(prompts))]
     if len(seeds) != len(prompts):
-        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        raise InputError(f"{len(seeds)} seeds for {len(prompts)} prompts")
     if gen.pipe is not None:
         return sample_pipeline(gen, list(prompts), steps, guidance, seeds, callbacks, progress)
     cfg = gen.transformer.config

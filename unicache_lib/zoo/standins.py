@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.errors import InputError, UnknownNameError
 from ..families import FAMILIES, Shape
 from .checksums import write_card
 
@@ -80,11 +81,11 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
     import transformers
 
     if name not in STANDINS:
-        raise KeyError(f"unknown stand-in {name!r}; known: {', '.join(STANDINS)}")
+        raise UnknownNameError(f"unknown stand-in {name!r}; known: {', '.join(STANDINS)}")
     spec = STANDINS[name]
     shape = spec.real_width if real_width else spec.shape
     if shape is None:
-        raise ValueError(f"stand-in {name!r} has no real-width shape; real widths exist for "
+        raise InputError(f"stand-in {name!r} has no real-width shape; real widths exist for "
                          f"{', '.join(n for n, s in STANDINS.items() if s.real_width)}")
     fam = FAMILIES[spec.family]
     t0 = time.perf_counter()

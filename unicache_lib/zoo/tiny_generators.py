@@ -16,7 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from ..core.errors import InputError
+from ..world.scenes import make_scene
+from ..world.text import long_prompt, short_prompt
 
 FAMILIES = ("sd3", "pixart")
 TEXT_ENCODERS = {"sd3": "clip", "pixart": "t5"}
@@ -36,7 +41,7 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_
                        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
         return T5EncoderModel(cfg)
     if kind != "clip":
-        raise ValueError(f"text encoder kind must be 'clip' or 't5', got {kind!r}")
+        raise InputError(f"text encoder kind must be 'clip' or 't5', got {kind!r}")
 
     cfg = CLIPTextConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
@@ -64,7 +69,7 @@ def build_transformer(family: str, text_dim=128, layers=4, heads=4, head_dim=32)
             caption_channels=text_dim, norm_type="ada_norm_single", use_additional_conditions=False,
             norm_num_groups=1,
         )
-    raise ValueError(f"unknown generator family {family!r}; expected one of {FAMILIES}")
+    raise InputError(f"unknown generator family {family!r}; expected one of {FAMILIES}")
 
 
 def tokenize_prompts(tokenizer, prompts: list[str], max_len: int = MAX_TEXT):
@@ -78,7 +83,7 @@ def tokenize_prompts(tokenizer, prompts: list[str], max_len: int = MAX_TEXT):
     for i, p in enumerate(prompts):
         row = [vocab["<s>"]] + [vocab.get(w, vocab["<unk>"]) for w in p.split()] + [vocab["</s>"]]
         if len(row) > max_len:
-            raise ValueError(f"prompt has {len(row)} tokens, more than the text encoder's {max_len}: {p[:60]!r}...")
+            raise InputError(f"prompt has {len(row)} tokens, more than the text encoder's {max_len}: {p[:60]!r}...")
         ids[i, : len(row)] = torch.tensor(row)
         mask[i, : len(row)] = 1
     return ids, mask
@@ -160,3 +165,15 @@ class Generator:
         self.text_encoder.save_pretrained(out / "text_encoder")
         self.tokenizer.save_pretrained(out / "tokenizer")
         self.scheduler.save_pretrained(out / "scheduler")
+
+
+RADIUS = (0.16, 0.20)
+
+
+def training_example(rng: np.random.Generator):
+    """One (scene, prompt) of the shipped generators' training distribution: one object (70%) or two, a short or a long prompt."""
+    n = 1 if rng.random() < 0.7 else 2
+    sc = make_scene(rng, "single", IMAGE_SIZE, n_objects=n, radius_range=RADIUS)
+    objs = sc.describe()
+    prompt = short_prompt(objs) if rng.random() < 0.5 else long_prompt(objs, rng)
+    return sc, prompt

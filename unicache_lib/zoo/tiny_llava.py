@@ -15,6 +15,8 @@ from ..world.text import vocabulary
 
 SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
 PROMPT = "user : <image> {question} assistant :"
+IMAGE_SIZE, PATCH = 64, 8  # the shipped layout: 64 px images, 8 px patches
+N_IMG = (IMAGE_SIZE // PATCH) ** 2
 
 
 def build_tokenizer(extra_special=(), named: dict | None = None, close: bool = False):
@@ -122,3 +124,17 @@ def encode(tokenizer, questions: list[str], answers: list[str] | None, n_image_t
             mask[i, : len(r)] = 1
             labels[i, : len(r)] = torch.tensor(labs[i])
     return ids, mask, labels
+
+
+def answer_logits(model, tokenizer, questions, images_uint8, batch=100) -> torch.Tensor:
+    """``[N, vocab]`` float32 logits of the first answer token (gradients flow when enabled)."""
+    out = []
+    model.eval()
+    p = next(model.parameters())
+    for s in range(0, len(questions), batch):
+        ids, mask, _ = encode(tokenizer, questions[s : s + batch], None, N_IMG)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        px = pixel_values(images_uint8[s : s + batch]).to(p.device, p.dtype)
+        out.append(model(input_ids=ids.to(p.device), attention_mask=mask.to(p.device), position_ids=pos.to(p.device),
+                         pixel_values=px).logits[:, -1].float())
+    return torch.cat(out)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.errors import InputError, UnknownNameError
 from .checksums import write_card
 from .tiny_random import TINY
 
@@ -50,7 +51,7 @@ CLIP_LENGTH = 77
 
 def _family(kind: str) -> str:
     if kind not in KINDS:
-        raise KeyError(f"unknown pipeline kind {kind!r}; kinds: {', '.join(KINDS)}")
+        raise UnknownNameError(f"unknown pipeline kind {kind!r}; kinds: {', '.join(KINDS)}")
     return KINDS[kind][1]
 
 
@@ -200,7 +201,7 @@ def build_pipeline(kind: str, transformer, text_layers: int = 1, vae_channels: i
     parts = {"transformer": transformer, "scheduler": scheduler(kind)}
     if fam == "sd3":
         if c.pooled_projection_dim % 2 or c.pooled_projection_dim > c.joint_attention_dim:
-            raise ValueError("SD3 needs an even pooled_projection_dim (two CLIPs) no wider than joint_attention_dim")
+            raise InputError("SD3 needs an even pooled_projection_dim (two CLIPs) no wider than joint_attention_dim")
         clip, t5 = clip_tokenizer(), t5_tokenizer()
         w = c.pooled_projection_dim // 2
         parts |= dict(tokenizer=clip, text_encoder=clip_encoder(clip, w, text_layers),

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ..core.errors import UnknownNameError
+
 # family -> (diffusers class, constructor kwargs)
 TINY = {
     "sd3": ("SD3Transformer2DModel", dict(
@@ -49,7 +51,7 @@ def tiny_transformer(family: str, seed: int = 0, dtype: torch.dtype = torch.floa
     import diffusers
 
     if family not in TINY:
-        raise KeyError(f"no tiny config for {family!r}; families: {', '.join(TINY)}")
+        raise UnknownNameError(f"no tiny config for {family!r}; families: {', '.join(TINY)}")
     cls, kw = TINY[family]
     torch.manual_seed(seed)
     return getattr(diffusers, cls)(**kw).to(dtype).eval()
@@ -106,4 +108,4 @@ def forward_inputs(family: str, transformer, batch: int = 2, n_text: int = 5, se
         s = c.sample_size
         return dict(hidden_states=rn(batch, c.in_channels, s, s), timestep=t.long(),
                     class_labels=torch.arange(batch) % c.num_embeds_ada_norm, return_dict=False)
-    raise KeyError(f"no tiny config for {family!r}; families: {', '.join(TINY)}")
+    raise UnknownNameError(f"no tiny config for {family!r}; families: {', '.join(TINY)}")

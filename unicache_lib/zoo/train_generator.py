@@ -19,23 +19,14 @@ import numpy as np
 import torch
 
 from ..progress import bar, write
-from ..world.scenes import COLOURS, POSITIONS, SHAPES, make_scene
+from ..world.scenes import COLOURS, POSITIONS, SHAPES
 from ..world.segment import score_object
 from ..world.text import long_prompt, short_prompt
 from . import tiny_generators as tg
 from .checksums import write_card
 from .sampling import sample, to_uint8
+from .tiny_generators import RADIUS, training_example  # noqa: F401
 from .tiny_llava import build_tokenizer
-
-RADIUS = (0.16, 0.20)
-
-
-def training_example(rng: np.random.Generator):
-    n = 1 if rng.random() < 0.7 else 2
-    sc = make_scene(rng, "single", tg.IMAGE_SIZE, n_objects=n, radius_range=RADIUS)
-    objs = sc.describe()
-    prompt = short_prompt(objs) if rng.random() < 0.5 else long_prompt(objs, rng)
-    return sc, prompt
 
 
 def eval_prompts(n: int = 120, seed: int = 777) -> list[dict]:

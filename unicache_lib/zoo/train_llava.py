@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -24,15 +23,13 @@ import numpy as np
 import torch
 
 from ..progress import bar, write
+from ..world.questions import TRAIN_QTYPES, heldout_set, question_images, score_answers, score_captions  # noqa: F401
 from ..world.text import CAPTION_QUESTION, QA, caption, make_qa
 from . import tiny_llava as tl
 from .checksums import write_card
+from .patch_heads import lr_at, train_patch_heads  # noqa: F401 - lr_at: the other recipes import it from here
 from .patch_heads import patch_labels as _patch_labels
-from .patch_heads import train_patch_heads
-
-TRAIN_QTYPES = ("colour", "shape", "position", "exists")
-IMAGE_SIZE, PATCH = 64, 8
-N_IMG = (IMAGE_SIZE // PATCH) ** 2
+from .tiny_llava import IMAGE_SIZE, N_IMG, PATCH, answer_logits  # noqa: F401
 
 
 def patch_labels(qa: QA) -> np.ndarray:
@@ -60,32 +57,11 @@ def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None, exi
     return items
 
 
-def lr_at(step, total, warmup, floor=0.02):
-    if step < warmup:
-        return (step + 1) / warmup
-    p = (step - warmup) / max(1, total - warmup)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
-
-
 def train_tower(model, rng, steps, batch, lr, log):
     tower = model.model.vision_tower
     return train_patch_heads(
         lambda imgs: tower(tl.pixel_values(imgs), output_hidden_states=True).hidden_states[-1][:, 1:],
         tower.parameters(), tower.config.hidden_size, int(N_IMG ** 0.5), PATCH, rng, steps, batch, lr, log)
-
-
-def answer_logits(model, tokenizer, questions, images_uint8, batch=100) -> torch.Tensor:
-    """``[N, vocab]`` float32 logits of the first answer token (gradients flow when enabled)."""
-    out = []
-    model.eval()
-    p = next(model.parameters())
-    for s in range(0, len(questions), batch):
-        ids, mask, _ = tl.encode(tokenizer, questions[s : s + batch], None, N_IMG)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        px = tl.pixel_values(images_uint8[s : s + batch]).to(p.device, p.dtype)
-        out.append(model(input_ids=ids.to(p.device), attention_mask=mask.to(p.device), position_ids=pos.to(p.device),
-                         pixel_values=px).logits[:, -1].float())
-    return torch.cat(out)
 
 
 @torch.no_grad()
@@ -110,39 +86,10 @@ def generate_captions(model, tokenizer, images_uint8, max_new_tokens=16, batch=5
     return [" ".join(c.split()) for c in out]
 
 
-def heldout_set(n=1500, seed=12345, qtypes=TRAIN_QTYPES):
-    """The fixed held-out questions (balanced over ``qtypes`` and the five scene types)."""
-    rng = np.random.default_rng(seed)
-    return [make_qa(rng, qtypes[i % len(qtypes)]) for i in range(n)]
-
-
 def evaluate(model, tokenizer, qas, shuffle_seed=None) -> dict:
     """Exact-match accuracy overall and per question type (optionally with images shuffled)."""
     imgs = question_images(qas, shuffle_seed)
     return score_answers(answer_questions(model, tokenizer, [q.question for q in qas], imgs), qas)
-
-
-def question_images(qas, shuffle_seed=None) -> np.ndarray:
-    """``[N, H, W, 3]`` uint8 images of ``qas``, shuffled across questions with ``shuffle_seed`` (the control)."""
-    imgs = np.stack([q.scene.uint8() for q in qas])
-    if shuffle_seed is not None:
-        imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
-    return imgs
-
-
-def score_answers(pred: list[str], qas) -> dict:
-    """Exact-match accuracy of predicted answer words, overall and per question type (every card's ``heldout``)."""
-    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
-    per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
-    return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
-
-
-def score_captions(caps: list[str], scenes) -> dict:
-    """Captions against the scenes: exact match, share of objects named (colour and shape), a few examples."""
-    named = [f"{o.colour} {o.shape}" in c for c, s in zip(caps, scenes) for o in s.objects]
-    return {"exact": float(np.mean([c == caption(s) for c, s in zip(caps, scenes)])),
-            "objects_named": float(np.mean(named)), "n": len(scenes),
-            "examples": [[caption(s), c] for s, c in list(zip(scenes, caps))[:5]]}
 
 
 def evaluate_captions(model, tokenizer, scenes) -> dict:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...registry import Registry, registrar
+from ...core.errors import ContractError, InputError
+from ...core.registry import Registry, registrar
 
 POLICIES: dict[str, type["EvictionPolicy"]] = Registry("eviction policy")
 register = registrar(POLICIES, "policy")
@@ -81,7 +82,7 @@ class EvictionContext:
     def image_reads(self, layer: int) -> torch.Tensor:
         """``[n_image]``: attention each image key receives from all context queries, mean over heads."""
         if not self.attentions:
-            raise ValueError("this policy needs the prefill attention: prefill(..., attentions=True) on an eager model")
+            raise InputError("this policy needs the prefill attention: prefill(..., attentions=True) on an eager model")
         return self.attentions[layer].mean(0).sum(0)[self.image_positions]
 
 
@@ -89,14 +90,14 @@ class EvictionContext:
         """``(keys, values)`` of the image positions in policy layer ``layer``, each ``[H_kv, n_image, D]``
         float32 (keys after the rotary embedding, as cached)."""
         if not self.kv:
-            raise ValueError("this policy reads the cached keys and values: build the context with Prefill.context()")
+            raise InputError("this policy reads the cached keys and values: build the context with Prefill.context()")
         k, v = self.kv[layer]()
         idx = self.image_positions.to(k.device)
         return k.index_select(-2, idx).float(), v.index_select(-2, idx).float()
 
 
 class EvictionPolicy:
-    """Subclasses set ``name``, ``needs_attention`` and implement ``choose``.
+    """Subclasses set ``name`` (and a one-line ``description``) and implement ``choose``.
 
     ``stage``: ``"cache"`` (default) — the context is prefilled in full and the policy chooses what the cache
     keeps afterwards, per layer; ``"prefill"`` — the policy chooses image tokens from ``ctx.features`` before
@@ -108,7 +109,6 @@ class EvictionPolicy:
     """
 
     name = ""
-    needs_attention = False
     description = ""
     stage = "cache"
     renumber = True
@@ -124,10 +124,10 @@ class EvictionPolicy:
         k = ctx.k(budget)
         chosen = self.choose(ctx, k)
         if len(chosen) != ctx.n_layers:
-            raise RuntimeError(f"policy {self.name!r} chose for {len(chosen)} layers, the model has {ctx.n_layers}")
+            raise ContractError(f"policy {self.name!r} chose for {len(chosen)} layers, the model has {ctx.n_layers}")
         for c in chosen:
             if len(set(np.asarray(c).tolist())) != k:
-                raise RuntimeError(f"policy {self.name!r} kept {len(c)} image positions, budget allows {k}")
+                raise ContractError(f"policy {self.name!r} kept {len(c)} image positions, budget allows {k}")
         return ctx.assemble(chosen)
 
     def token_picker(self, ctx: EvictionContext, budget: float):
@@ -143,7 +143,7 @@ class EvictionPolicy:
             idx = chosen[0][0] if len(chosen) == 1 and isinstance(chosen[0], tuple) else chosen[0] if chosen else []
             n = len(set(np.asarray(idx).tolist()))
             if len(chosen) != 1 or n != len(idx) or (n != k if self.exact_budget else not 0 < n <= k):
-                raise RuntimeError(f"prefill-stage policy {self.name!r} must return one list of "
+                raise ContractError(f"prefill-stage policy {self.name!r} must return one list of "
                                    f"{'' if self.exact_budget else 'at most '}{k} distinct indices")
             return chosen[0]
         return pick

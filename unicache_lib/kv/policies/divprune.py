@@ -16,6 +16,7 @@ there to run it exactly as published.
 """
 import torch
 
+from ...core.errors import InputError
 from .base import EvictionPolicy, greedy_max_min, register
 
 
@@ -42,6 +43,6 @@ class DivPrune(EvictionPolicy):
 
     def choose(self, ctx, k):
         if ctx.features is None:
-            raise ValueError("DivPrune chooses from the image features before the prefill (stage 'prefill'): run it "
+            raise InputError("DivPrune chooses from the image features before the prefill (stage 'prefill'): run it "
                              "through run_eviction or prefill_pruned, which hand them over")
         return [max_min_diverse(ctx.features, k)]

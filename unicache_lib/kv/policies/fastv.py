@@ -8,7 +8,7 @@ from .base import EvictionPolicy, register, top_k
 
 @register
 class FastV(EvictionPolicy):
-    name, needs_attention = "fastv", True
+    name = "fastv"
     description = "rank image tokens by the last position's attention at layer K-1 (K=2)"
     K = 2
 

@@ -6,7 +6,7 @@ from .base import EvictionPolicy, register, top_k
 
 @register
 class H2O(EvictionPolicy):
-    name, needs_attention = "h2o", True
+    name = "h2o"
     description = "half the budget to the most-read positions, half to the most recent"
 
     def choose(self, ctx, k):

@@ -29,7 +29,7 @@ def farthest_point(x: torch.Tensor, k: int, start: int) -> list[int]:
 
 @register
 class KeyCoverage(EvictionPolicy):
-    name, needs_attention = "key_coverage", True
+    name = "key_coverage"
     description = "per layer, a k-center cover of the cached image keys, started at the most-read position"
 
     def choose(self, ctx, k):

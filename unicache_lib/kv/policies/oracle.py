@@ -1,4 +1,5 @@
 """Oracle upper bound: keep what the question will read (known only after the fact)."""
+from ...core.errors import InputError
 from .base import EvictionPolicy, register, top_k
 
 
@@ -9,5 +10,5 @@ class Oracle(EvictionPolicy):
 
     def choose(self, ctx, k):
         if ctx.future is None:
-            raise ValueError("the oracle needs EvictionContext.future: the question's attention from a full-cache run")
+            raise InputError("the oracle needs EvictionContext.future: the question's attention from a full-cache run")
         return [top_k(ctx.future[li][ctx.image_positions], k) for li in range(ctx.n_layers)]

@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ...core.errors import InputError
 from .base import EvictionPolicy, register
 
 
@@ -37,7 +38,7 @@ class ImagePooling(EvictionPolicy):
 
     def choose(self, ctx, k):
         if ctx.grid is None or math.isqrt(len(ctx.grid)) ** 2 != len(ctx.grid):
-            raise ValueError("image pooling needs the image tokens as one square grid over the picture; this family's "
+            raise InputError("image pooling needs the image tokens as one square grid over the picture; this family's "
                              "are not (tiles, newline tokens): pooling is not measurable here")
         side = math.isqrt(len(ctx.grid))
         a, b = pooled_grid(side, k)

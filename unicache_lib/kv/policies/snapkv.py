@@ -1,5 +1,4 @@
 """SnapKV (Li et al., 2024): what an observation window at the end of the context reads, pooled."""
-import numpy as np
 import torch
 
 from .base import EvictionPolicy, register, top_k
@@ -7,7 +6,7 @@ from .base import EvictionPolicy, register, top_k
 
 @register
 class SnapKV(EvictionPolicy):
-    name, needs_attention = "snapkv", True
+    name = "snapkv"
     description = "attention of the last 8 context queries, average-pooled over 5 keys"
     window, kernel = 8, 5
 

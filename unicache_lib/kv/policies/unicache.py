@@ -17,7 +17,7 @@ from .base import EvictionPolicy, register, top_k
 
 @register
 class UniCache(EvictionPolicy):
-    name, needs_attention = "unicache", True
+    name = "unicache"
     description = "anchors + spatial grid in shallow layers, most-read positions deeper"
 
     def __init__(self, swap_bands: bool = False):

@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...registry import Registry, registrar
+from ...core.errors import ContractError, InputError
+from ...core.registry import Registry, registrar
 from ..heads import HeadSpace
 
 SCORERS: dict[str, type["HeadScorer"]] = Registry("head scorer")
@@ -49,12 +50,12 @@ class HeadScorer:
 
     def __call__(self, ctx: ScoringContext) -> np.ndarray:
         if self.needs == "records" and not ctx.records:
-            raise ValueError(f"scorer {self.name!r} needs stats-mode capture records (ScoringContext.records)")
+            raise InputError(f"scorer {self.name!r} needs stats-mode capture records (ScoringContext.records)")
         if self.needs == "loss" and not ctx.loss_fns:
-            raise ValueError(f"scorer {self.name!r} needs loss closures (ScoringContext.loss_fns)")
+            raise InputError(f"scorer {self.name!r} needs loss closures (ScoringContext.loss_fns)")
         s = np.asarray(self.score(ctx), dtype=float)
         if s.shape != ctx.space.shape:
-            raise RuntimeError(f"scorer {self.name!r} returned shape {s.shape}, expected {ctx.space.shape}")
+            raise ContractError(f"scorer {self.name!r} returned shape {s.shape}, expected {ctx.space.shape}")
         return s
 
 
@@ -69,7 +70,7 @@ def head_statistics(ctx: ScoringContext) -> dict[str, np.ndarray]:
         from ...gen_families import gen_family_of
 
         why = gen_family_of(space.model).uncaptured.get(mapless[0].part, "it forms no softmax map")
-        raise ValueError(f"{len(mapless)} units have no attention map to take statistics of "
+        raise InputError(f"{len(mapless)} units have no attention map to take statistics of "
                          f"({mapless[0].name}: {why}); the attention-statistics scorers cannot score them. Build the "
                          f"space without them, HeadSpace.of(transformer, mapless=False), or use the gradient / "
                          f"weight_norm / random scorers")
@@ -91,7 +92,7 @@ def head_statistics(ctx: ScoringContext) -> dict[str, np.ndarray]:
         arr = np.full(space.shape, np.nan)
         for i, vals in enumerate(per_unit):
             if not vals:
-                raise ValueError(f"no records for unit {space.units[i].name} (layer {space.units[i].layer}, "
+                raise InputError(f"no records for unit {space.units[i].name} (layer {space.units[i].layer}, "
                                  f"part {space.units[i].part}): capture every layer in stats mode first")
             arr[i, : len(vals[0])] = np.mean(vals, 0)
         out[k] = arr

@@ -7,7 +7,7 @@ from the attention it would skip).
 """
 from __future__ import annotations
 
-from ...registry import Registry, registrar
+from ...core.registry import Registry, registrar
 
 REUSE_POLICIES: dict[str, type["ReusePolicy"]] = Registry("reuse policy")
 register = registrar(REUSE_POLICIES, "reuse policy")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from ...core.errors import InputError
 from .base import ReusePolicy, register
 
 
@@ -42,9 +43,9 @@ def step_schedule(n_steps: int, head: float, tail: float, stride: int) -> list[b
     steps (two computed points before any extrapolation), the last ``max(1, round(tail * n))``, and every
     ``stride``-th step (``step % stride == 0``) in between."""
     if n_steps < 1:
-        raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+        raise InputError(f"n_steps must be >= 1, got {n_steps}")
     if stride < 1:
-        raise ValueError(f"stride must be >= 1, got {stride}")
+        raise InputError(f"stride must be >= 1, got {stride}")
     h = min(n_steps, max(2, round(head * n_steps)))
     k = min(n_steps, max(1, round(tail * n_steps)))
     return [i < h or i >= n_steps - k or i % stride == 0 for i in range(n_steps)]
@@ -56,9 +57,9 @@ def extrapolate(ts: list[float], outs: list[torch.Tensor], t: float, weight: flo
     with ``P`` the Lagrange polynomial. Arithmetic in float32 (returned in the outputs' dtype); equal
     timesteps raise (the points give no slope)."""
     if len(ts) != len(outs) or len(ts) < 2:
-        raise ValueError(f"need >= 2 points with one output each, got {len(ts)} timesteps and {len(outs)} outputs")
+        raise InputError(f"need >= 2 points with one output each, got {len(ts)} timesteps and {len(outs)} outputs")
     if len(set(ts)) != len(ts):
-        raise ValueError(f"extrapolation points share a timestep ({ts}): no slope to extrapolate")
+        raise InputError(f"extrapolation points share a timestep ({ts}): no slope to extrapolate")
     last = outs[-1].float()
     p = torch.zeros_like(last)
     for i, (ti, oi) in enumerate(zip(ts, outs)):
@@ -77,7 +78,7 @@ class StepSkip(ReusePolicy):
 
     def __init__(self, head: float = 0.1, tail: float = 0.05, stride: int = 3, weight: float = 0.5, order: int = 1):
         if order not in (1, 2):
-            raise ValueError(f"order must be 1 or 2, got {order}")
+            raise InputError(f"order must be 1 or 2, got {order}")
         self.head, self.tail, self.stride, self.weight, self.order = head, tail, stride, weight, order
 
     def schedule(self, n_steps: int) -> list[bool]:

@@ -6,19 +6,7 @@ from __future__ import annotations
 
 import difflib
 
-
-class UnknownNameError(KeyError):
-    """A name no piece is registered under; the message lists the registered names.
-
-    A ``KeyError`` (so ``except KeyError`` and ``dict.get`` idioms keep working) whose ``str()`` is the
-    message itself, not its quoted repr."""
-
-    def __init__(self, message: str, name=None, known=()):
-        super().__init__(message)
-        self.name, self.known = name, tuple(known)
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+from .errors import UnknownNameError
 
 
 class Registry(dict):
@@ -46,7 +34,7 @@ def registrar(registry: dict, kind: str):
 
     def register(cls):
         if cls.name in registry:
-            raise KeyError(f"{kind} {cls.name!r} registered twice")
+            raise UnknownNameError(f"{kind} {cls.name!r} registered twice")
         registry[cls.name] = cls
         return cls
 

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .errors import SpanError
+
 TEXT, IMAGE = 0, 1
 BLOCKS: tuple[str, ...] = ("image->image", "text->text", "image->text", "text->image")
-
-
-class SpanError(ValueError):
-    """Modality spans that do not fit the sequence they are applied to."""
 
 
 @dataclass(frozen=True)

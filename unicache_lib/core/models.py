@@ -1,0 +1,88 @@
+"""Model plumbing every layer needs: strip wrappers, read and switch the attention implementation of each
+sub-model (restored on exit, also on error)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """Strip DataParallel / DistributedDataParallel / ``torch.compile`` wrappers."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            break
+    return model
+
+
+def attn_implementations(model) -> dict | str:
+    """The attention implementation of each sub-model (``{"text_config": "eager", "vision_config":
+    "sdpa"}``), or one name for a model without sub-configs; :func:`set_attn_implementations` restores it."""
+    cfg = unwrap(model).config
+    subs = {n: getattr(cfg, n) for n in getattr(cfg, "sub_configs", {}) if getattr(cfg, n, None) is not None}
+    return {n: c._attn_implementation for n, c in subs.items()} or cfg._attn_implementation
+
+
+def set_attn_implementations(model, impls: dict | str) -> None:
+    unwrap(model).set_attn_implementation(impls)
+
+
+def language_attn_implementation(model) -> str:
+    """The attention implementation of the language model (what capture of its layers meets)."""
+    impls = attn_implementations(model)
+    return impls.get("text_config", next(iter(impls.values()))) if isinstance(impls, dict) else impls
+
+
+@contextmanager
+def language_attention(model, impl: str):
+    """Run the language model under attention implementation ``impl`` inside the block (e.g. ``"sdpa"``
+    to compare with the fast kernel without loading the model twice); every sub-model's
+    implementation is restored on exit, also on error."""
+    old = attn_implementations(model)
+    set_attn_implementations(model, {**old, "text_config": impl} if isinstance(old, dict) else impl)
+    try:
+        yield model
+    finally:
+        set_attn_implementations(model, old)
+
+
+@contextmanager
+def quiet(loggers: tuple[str, ...] = (), warning_messages: tuple[str, ...] = (), loading_bars: bool = False):
+    """Inside the block only: the named loggers at ERROR, warnings whose message starts with one of
+    ``warning_messages`` ignored, and (``loading_bars``) transformers' and diffusers' weight-loading bars hidden.
+    Everything is put back on exit, also on error: importing or calling the workbench changes no global setting."""
+    import logging
+    import warnings
+
+    levels = {name: logging.getLogger(name).level for name in loggers}
+    bars = []
+    if loading_bars:
+        from transformers.utils import logging as hf_logging
+        bars.append(hf_logging)
+        try:
+            from diffusers.utils import logging as diffusers_logging
+            bars.append(diffusers_logging)
+        except ImportError:  # pragma: no cover - diffusers is a dependency
+            pass
+    shown = [b.is_progress_bar_enabled() for b in bars]
+    try:
+        with warnings.catch_warnings():
+            for msg in warning_messages:
+                warnings.filterwarnings("ignore", message=msg)
+            for name in loggers:
+                logging.getLogger(name).setLevel(logging.ERROR)
+            for b in bars:
+                b.disable_progress_bar()
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        for b, on in zip(bars, shown):
+            if on:
+                b.enable_progress_bar()

@@ -1,0 +1,39 @@
+"""The held-out evaluation data of the understanding side, beside the synthetic world it is drawn from: the
+question types the shipped models were trained on, the fixed held-out question sets every notebook and benchmark
+scores on, and exact-match scoring of answers and captions."""
+from __future__ import annotations
+
+import numpy as np
+
+from .text import caption, make_qa
+
+TRAIN_QTYPES = ("colour", "shape", "position", "exists")
+
+
+def heldout_set(n=1500, seed=12345, qtypes=TRAIN_QTYPES):
+    """The fixed held-out questions (balanced over ``qtypes`` and the five scene types)."""
+    rng = np.random.default_rng(seed)
+    return [make_qa(rng, qtypes[i % len(qtypes)]) for i in range(n)]
+
+
+def question_images(qas, shuffle_seed=None) -> np.ndarray:
+    """``[N, H, W, 3]`` uint8 images of ``qas``, shuffled across questions with ``shuffle_seed`` (the control)."""
+    imgs = np.stack([q.scene.uint8() for q in qas])
+    if shuffle_seed is not None:
+        imgs = imgs[np.random.default_rng(shuffle_seed).permutation(len(imgs))]
+    return imgs
+
+
+def score_answers(pred: list[str], qas) -> dict:
+    """Exact-match accuracy of predicted answer words, overall and per question type (every card's ``heldout``)."""
+    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
+    per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
+    return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
+
+
+def score_captions(caps: list[str], scenes) -> dict:
+    """Captions against the scenes: exact match, share of objects named (colour and shape), a few examples."""
+    named = [f"{o.colour} {o.shape}" in c for c, s in zip(caps, scenes) for o in s.objects]
+    return {"exact": float(np.mean([c == caption(s) for c, s in zip(caps, scenes)])),
+            "objects_named": float(np.mean(named)), "n": len(scenes),
+            "examples": [[caption(s), c] for s, c in list(zip(scenes, caps))[:5]]}
