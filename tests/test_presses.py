@@ -81,6 +81,12 @@ def test_press_refusals_name_the_fix(llava, monkeypatch):
         assert prefill(model, sp, attentions=False).cache.layers[0].keys.shape[2] < sp.context_ids.shape[1]
     with pytest.raises(RuntimeError, match="outside `with press"):
         KeyCoveragePress(compression_ratio=0.5).compress(None, None, torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2), None, {})
+    # a wrong image token id would find no image position: refused, naming the fix, instead of compressing nothing
+    with pytest.raises(ValueError, match=r"no token of id 3\b.*pass image_token_id="):
+        with KeyCoveragePress(compression_ratio=0.5, image_token_id=3)(model):
+            prefill(model, sp, attentions=False)
+    with KeyCoveragePress(compression_ratio=0.5, image_token_id=tid)(model):  # the fix: the processor's image id
+        assert prefill(model, sp, attentions=False).cache.layers[0].keys.shape[2] < sp.context_ids.shape[1]
 
 
 def test_press_refuses_a_cross_attention_vlm():

@@ -42,8 +42,6 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
-import json
-
 import numpy as np
 import pandas as pd
 import torch
@@ -368,6 +366,8 @@ board.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
+import json
+
 v = board.verdicts()
 # a difference between two fp32 computations of one number is reduction-order noise: printed as a check against
 # a tolerance (docs/TESTING.md, "Checked outputs"); the exact values go to agreement.json

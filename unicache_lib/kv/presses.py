@@ -95,8 +95,13 @@ class KeyCoveragePress(BasePress):
         if img is None:
             raise ContractError(f"{type(self).__name__} was called outside `with press(model):`, so it never saw the prompt")
         n = len(img)
+        if n == 0:  # a wrong id would otherwise compress nothing without a word
+            raise InputError(f"{type(self).__name__}: the prompt has no token of id {self.image_token_id}, so there is no "
+                             "image position to compress: pass image_token_id= the id your processor puts at image "
+                             "positions (e.g. processor.tokenizer.convert_tokens_to_ids('<image>')), or run a text-only "
+                             "prompt without the press")
         kept = min(n, max(1, compute_n_kept(S, self.compression_ratio) - (S - n)))  # kvpress's rounding, image only
-        if n == 0 or kept == n:
+        if kept == n:
             return keys, values
         img = img.to(keys.device)
         x = keys[0].index_select(1, img).permute(1, 0, 2).reshape(n, -1).float()  # [n_image, H_kv * D]

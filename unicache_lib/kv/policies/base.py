@@ -149,6 +149,22 @@ class EvictionPolicy:
         return pick
 
 
+class ScorerPolicy(EvictionPolicy):
+    """Score, then keep the ``k`` best: subclasses implement ``score(ctx, layer) -> [n_image]`` (high = keep).
+    ``per_layer = False``: one ranking (``score(ctx, 0)``) for every layer. kvpress factors its presses alike
+    (``ScorerPress``)."""
+
+    per_layer = True
+
+    def score(self, ctx, layer: int):
+        raise NotImplementedError
+
+    def choose(self, ctx, k):
+        if not self.per_layer:
+            return [top_k(self.score(ctx, 0), k)] * ctx.n_layers
+        return [top_k(self.score(ctx, li), k) for li in range(ctx.n_layers)]
+
+
 def top_k(scores, k: int) -> np.ndarray:
     """Indices of the ``k`` largest scores (stable: earlier index wins ties)."""
     s = np.asarray(torch.as_tensor(scores).float())

@@ -3,16 +3,16 @@
 As KV eviction: one ranking, from layer ``K - 1``'s attention of the last context position, applied
 to every layer (FastV keeps all tokens below K; a rectangular cache cannot, so the budget binds
 everywhere)."""
-from .base import EvictionPolicy, register, top_k
+from .base import ScorerPolicy, register
 
 
 @register
-class FastV(EvictionPolicy):
+class FastV(ScorerPolicy):
     name = "fastv"
     description = "rank image tokens by the last position's attention at layer K-1 (K=2)"
     K = 2
 
-    def choose(self, ctx, k):
-        li = min(self.K - 1, ctx.n_layers - 1)
-        scores = ctx.attentions[li][:, -1, ctx.image_positions].mean(0)
-        return [top_k(scores, k)] * ctx.n_layers
+    per_layer = False  # one ranking for every layer
+
+    def score(self, ctx, layer):
+        return ctx.attentions[min(self.K - 1, ctx.n_layers - 1)][:, -1, ctx.image_positions].mean(0)
