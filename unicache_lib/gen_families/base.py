@@ -177,6 +177,44 @@ def standard_probs(attn, hidden_states, encoder_hidden_states=None, attention_ma
     return softmax_map(q, k, sdpa_mask(attn, attention_mask, k.shape[2], q.shape[0]))
 
 
+
+@dataclass(frozen=True)
+class FamilyPeers:
+    """How diffusers' caches are set up on one generator family (module names as its transformer has them).
+
+    ``attention``: regex (``re.fullmatch``) of every attention module's name; TaylorSeer caches these.
+    ``spatial`` / ``cross``: regexes (``re.search``) of the self- or joint-attention modules (PAB spatial,
+    FasterCache) and of the cross-attention modules (PAB cross; None: the family has none).
+    ``cfg_kwargs``: the forward keyword arguments that carry the ``[uncond | cond]`` batch, which
+    FasterCache halves when it skips the unconditional branch (every batched tensor argument must be here,
+    and nothing else: an unbatched tensor halved, or a batched one left whole, breaks the call).
+    ``guidance_distilled``: the model takes guidance as an input and is run without a CFG batch.
+    ``blocks``: diffusers block class name -> ``(hidden_states index, encoder_hidden_states index)`` in
+    its output, registered with diffusers' ``TransformerBlockRegistry`` for FirstBlockCache and MagCache
+    while the cache is applied, where diffusers 0.42.1 has no entry (it raises "Model class ... not
+    registered").
+    ``tail_passes_encoder``: the last block returns ``None`` for the text stream (SD3's
+    ``context_pre_only`` block); FirstBlockCache's tail hook subtracts from it and fails
+    (``TypeError: unsupported operand type(s) for -: 'NoneType' and 'Tensor'``), so while FirstBlockCache
+    is applied the last block hands its text input back in place of ``None`` (the model discards it).
+    ``unsupported``: peer -> the reason it cannot run on this family at all (checked by a test that tries it).
+    ``unsupported_when``: peer -> ``(transformer attribute, reason)``: it cannot run on a transformer of this
+    family whose attribute is true (FasterCache: only where it would halve the batch).
+    ``notes``: caveats that do not stop a peer from running.
+    """
+
+    attention: str
+    spatial: tuple[str, ...]
+    cross: tuple[str, ...] | None
+    cfg_kwargs: tuple[str, ...]
+    guidance_distilled: bool = False
+    blocks: dict = field(default_factory=dict)
+    tail_passes_encoder: bool = False
+    unsupported: dict = field(default_factory=dict)
+    unsupported_when: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)
+
+
 # ---- the adapter ------------------------------------------------------------------------------------
 class GenFamily:
     """Base class: one family of diffusers transformers. Families set the class attributes and override
@@ -194,6 +232,7 @@ class GenFamily:
 
     name = ""
     key = ""  # short tag used by the generator object, the peers' table and the tiny configs ("sd3", "flux", ...)
+    peers: FamilyPeers | None = None  # how diffusers' caches are set up on this family (read by reuse/peers.py)
     transformer_classes: tuple[str, ...] = ()
     pipeline_classes: tuple[str, ...] = ()
     site_patterns: tuple[tuple[str, str], ...] = ()

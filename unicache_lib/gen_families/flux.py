@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GenFamily, GenSite, register, softmax_map
+from .base import FamilyPeers, GenFamily, GenSite, register, softmax_map
 
 
 def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None, **_):
@@ -36,6 +36,16 @@ def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=N
 class Flux(GenFamily):
     name = "Flux"
     key = "flux"
+    # double-stream transformer_blocks.N.attn (joint, rotary) and single-stream single_transformer_blocks.N.attn
+    # (one [text | image] sequence); FLUX.1 is guidance-distilled (guidance is an input, no CFG batch)
+    peers = FamilyPeers(
+        attention=r"(single_)?transformer_blocks\.\d+\.attn",
+        spatial=(r"^(single_)?transformer_blocks\.\d+\.attn$",), cross=None,
+        cfg_kwargs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
+        guidance_distilled=True,
+        notes={"fastercache": "no unconditional-branch skipping (guidance-distilled, as diffusers configures Flux); "
+                              "its frequency split also assumes BCHW/BCFHW outputs, not Flux's packed [B, S, C] tokens",
+               "magcache": "diffusers ships FLUX_MAG_RATIOS for FLUX.1-dev at 28 steps; calibrate for other checkpoints"})
     transformer_classes = ("FluxTransformer2DModel",)
     pipeline_classes = ("FluxPipeline", "FluxImg2ImgPipeline")
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"single_transformer_blocks\.(\d+)\.attn", "joint"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GenFamily, register, sdpa_mask, softmax_map, standard_qk
+from .base import FamilyPeers, GenFamily, register, sdpa_mask, softmax_map, standard_qk
 
 
 def hunyuan_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
@@ -27,6 +27,13 @@ def hunyuan_probs(attn, hidden_states, encoder_hidden_states=None, attention_mas
 class HunyuanDiT(GenFamily):
     name = "HunyuanDiT"
     key = "hunyuan"
+    # blocks.N.attn1 (self, rotary) and blocks.N.attn2 (cross; rotary on the queries); two text encoders
+    peers = FamilyPeers(
+        attention=r"blocks\.\d+\.attn[12]",
+        spatial=(r"^blocks\.\d+\.attn1$",), cross=(r"^blocks\.\d+\.attn2$",),
+        cfg_kwargs=("hidden_states", "timestep", "encoder_hidden_states", "text_embedding_mask",
+                    "encoder_hidden_states_t5", "text_embedding_mask_t5", "image_meta_size", "style"),
+        blocks={"HunyuanDiTBlock": (0, None)})
     transformer_classes = ("HunyuanDiT2DModel",)
     pipeline_classes = ("HunyuanDiTPipeline",)
     site_patterns = ((r"blocks\.(\d+)\.attn1", "self"), (r"blocks\.(\d+)\.attn2", "cross"))

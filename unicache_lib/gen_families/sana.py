@@ -2,7 +2,7 @@
 capture) and softmax cross-attention from the image to the text (``attn2``, padding keys masked)."""
 from __future__ import annotations
 
-from .base import GenFamily, heads_view, register, sdpa_mask, softmax_map
+from .base import FamilyPeers, GenFamily, heads_view, register, sdpa_mask, softmax_map
 
 
 def sana_cross_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **_):
@@ -22,6 +22,12 @@ def sana_cross_probs(attn, hidden_states, encoder_hidden_states=None, attention_
 class Sana(GenFamily):
     name = "Sana"
     key = "sana"
+    # linear self-attention attn1, softmax cross-attention attn2 (text mask)
+    peers = FamilyPeers(
+        attention=r"transformer_blocks\.\d+\.attn[12]",
+        spatial=(r"^transformer_blocks\.\d+\.attn1$",), cross=(r"^transformer_blocks\.\d+\.attn2$",),
+        cfg_kwargs=("hidden_states", "encoder_hidden_states", "encoder_attention_mask", "timestep"),
+        blocks={"SanaTransformerBlock": (0, None)})
     transformer_classes = ("SanaTransformer2DModel",)
     pipeline_classes = ("SanaPipeline", "SanaSprintPipeline")
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn1", "self"), (r"transformer_blocks\.(\d+)\.attn2", "cross"))

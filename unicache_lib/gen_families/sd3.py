@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GenFamily, heads_view, register, softmax_map
+from .base import FamilyPeers, GenFamily, heads_view, register, softmax_map
 
 
 def joint_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **_):
@@ -33,6 +33,13 @@ def joint_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=
 class SD3(GenFamily):
     name = "SD3"
     key = "sd3"
+    # MMDiT: joint attention transformer_blocks.N.attn; SD3.5's dual-attention blocks add an image-only
+    # self-attention transformer_blocks.N.attn2; the last block is context_pre_only
+    peers = FamilyPeers(
+        attention=r"transformer_blocks\.\d+\.attn2?",
+        spatial=(r"^transformer_blocks\.\d+\.attn2?$",), cross=None,
+        cfg_kwargs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
+        tail_passes_encoder=True)
     transformer_classes = ("SD3Transformer2DModel",)
     pipeline_classes = ("StableDiffusion3Pipeline", "StableDiffusion3Img2ImgPipeline")
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"transformer_blocks\.(\d+)\.attn2", "self"))

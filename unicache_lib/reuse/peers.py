@@ -10,7 +10,8 @@ Of the supported transformers only Flux has ``CacheMixin`` (``enable_cache``), s
 with ``diffusers.hooks.apply_*`` and the per-call cache context a pipeline would set with
 ``transformer.cache_context(...)`` is set here, at every step, around the one (CFG-batched) call.
 
-How each cache is configured on each family is in ONE table, :data:`FAMILY_PEERS`: the module names the
+How each cache is configured on a family is that family's adapter's ``peers``
+(:class:`~unicache_lib.gen_families.base.FamilyPeers`, read here as :data:`FAMILY_PEERS`): the module names the
 caches' identifiers must match on that family (diffusers' defaults assume ``transformer_blocks.N.attn`` or
 ``attn1``-style names and miss e.g. HunyuanDiT's ``blocks.N.attn1``), which keyword arguments carry the
 ``[uncond | cond]`` batch (FasterCache splits only those), whether the model is guidance-distilled, the
@@ -40,100 +41,37 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 from ..core.errors import InputError, PeerUnsupported
 from ..core.models import quiet
+from ..gen_families.base import FamilyPeers  # noqa: F401 - re-exported: tests and forks read it from here
 
 PEERS = ("pab", "fastercache", "first_block", "taylorseer", "magcache")
 
 
-@dataclass(frozen=True)
-class FamilyPeers:
-    """How diffusers' caches are set up on one generator family (module names as its transformer has them).
-
-    ``attention``: regex (``re.fullmatch``) of every attention module's name; TaylorSeer caches these.
-    ``spatial`` / ``cross``: regexes (``re.search``) of the self- or joint-attention modules (PAB spatial,
-    FasterCache) and of the cross-attention modules (PAB cross; None: the family has none).
-    ``cfg_kwargs``: the forward keyword arguments that carry the ``[uncond | cond]`` batch, which
-    FasterCache halves when it skips the unconditional branch (every batched tensor argument must be here,
-    and nothing else: an unbatched tensor halved, or a batched one left whole, breaks the call).
-    ``guidance_distilled``: the model takes guidance as an input and is run without a CFG batch.
-    ``blocks``: diffusers block class name -> ``(hidden_states index, encoder_hidden_states index)`` in
-    its output, registered with diffusers' ``TransformerBlockRegistry`` for FirstBlockCache and MagCache
-    while the cache is applied, where diffusers 0.42.1 has no entry (it raises "Model class ... not
-    registered").
-    ``tail_passes_encoder``: the last block returns ``None`` for the text stream (SD3's
-    ``context_pre_only`` block); FirstBlockCache's tail hook subtracts from it and fails
-    (``TypeError: unsupported operand type(s) for -: 'NoneType' and 'Tensor'``), so while FirstBlockCache
-    is applied the last block hands its text input back in place of ``None`` (the model discards it).
-    ``unsupported``: peer -> the reason it cannot run on this family at all (checked by a test that tries it).
-    ``unsupported_when``: peer -> ``(transformer attribute, reason)``: it cannot run on a transformer of this
-    family whose attribute is true (FasterCache: only where it would halve the batch).
-    ``notes``: caveats that do not stop a peer from running.
-    """
-
-    attention: str
-    spatial: tuple[str, ...]
-    cross: tuple[str, ...] | None
-    cfg_kwargs: tuple[str, ...]
-    guidance_distilled: bool = False
-    blocks: dict = field(default_factory=dict)
-    tail_passes_encoder: bool = False
-    unsupported: dict = field(default_factory=dict)
-    unsupported_when: dict = field(default_factory=dict)
-    notes: dict = field(default_factory=dict)
 
 
-FAMILY_PEERS: dict[str, FamilyPeers] = {
-    # MMDiT: joint attention transformer_blocks.N.attn; SD3.5's dual-attention blocks add an image-only
-    # self-attention transformer_blocks.N.attn2; the last block is context_pre_only
-    "sd3": FamilyPeers(
-        attention=r"transformer_blocks\.\d+\.attn2?",
-        spatial=(r"^transformer_blocks\.\d+\.attn2?$",), cross=None,
-        cfg_kwargs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
-        tail_passes_encoder=True),
-    # cross-attention DiT: self-attention attn1, cross-attention attn2 (text mask)
-    "pixart": FamilyPeers(
-        attention=r"transformer_blocks\.\d+\.attn[12]",
-        spatial=(r"^transformer_blocks\.\d+\.attn1$",), cross=(r"^transformer_blocks\.\d+\.attn2$",),
-        cfg_kwargs=("hidden_states", "encoder_hidden_states", "encoder_attention_mask", "timestep"),
-        unsupported_when={"fastercache": (
-            "use_additional_conditions",
-            "FasterCache: this PixArt (use_additional_conditions, e.g. PixArt-alpha at 1024 px) gets its resolution "
-            "and aspect-ratio conditions inside added_cond_kwargs, a dict FasterCache does not halve when it skips "
-            "the unconditional branch, so that call mixes a half batch with full-batch conditions and fails")}),
-    # double-stream transformer_blocks.N.attn (joint, rotary) and single-stream single_transformer_blocks.N.attn
-    # (one [text | image] sequence); FLUX.1 is guidance-distilled (guidance is an input, no CFG batch)
-    "flux": FamilyPeers(
-        attention=r"(single_)?transformer_blocks\.\d+\.attn",
-        spatial=(r"^(single_)?transformer_blocks\.\d+\.attn$",), cross=None,
-        cfg_kwargs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
-        guidance_distilled=True,
-        notes={"fastercache": "no unconditional-branch skipping (guidance-distilled, as diffusers configures Flux); "
-                              "its frequency split also assumes BCHW/BCFHW outputs, not Flux's packed [B, S, C] tokens",
-               "magcache": "diffusers ships FLUX_MAG_RATIOS for FLUX.1-dev at 28 steps; calibrate for other checkpoints"}),
-    # linear self-attention attn1, softmax cross-attention attn2 (text mask)
-    "sana": FamilyPeers(
-        attention=r"transformer_blocks\.\d+\.attn[12]",
-        spatial=(r"^transformer_blocks\.\d+\.attn1$",), cross=(r"^transformer_blocks\.\d+\.attn2$",),
-        cfg_kwargs=("hidden_states", "encoder_hidden_states", "encoder_attention_mask", "timestep"),
-        blocks={"SanaTransformerBlock": (0, None)}),
-    # blocks.N.attn1 (self, rotary) and blocks.N.attn2 (cross; rotary on the queries); two text encoders
-    "hunyuan": FamilyPeers(
-        attention=r"blocks\.\d+\.attn[12]",
-        spatial=(r"^blocks\.\d+\.attn1$",), cross=(r"^blocks\.\d+\.attn2$",),
-        cfg_kwargs=("hidden_states", "timestep", "encoder_hidden_states", "text_embedding_mask",
-                    "encoder_hidden_states_t5", "text_embedding_mask_t5", "image_meta_size", "style"),
-        blocks={"HunyuanDiTBlock": (0, None)}),
-    # class-conditioned DiT: self-attention attn1 only
-    "dit": FamilyPeers(
-        attention=r"transformer_blocks\.\d+\.attn1",
-        spatial=(r"^transformer_blocks\.\d+\.attn1$",), cross=None,
-        cfg_kwargs=("hidden_states", "timestep", "class_labels"),
-        notes={"fastercache": "assumes the batch is [uncond | cond] (the library's loop); diffusers' DiTPipeline "
-                              "batches [cond | uncond], where it would approximate the conditional half"}),
-}
+class _AdapterPeers(Mapping):
+    """family key -> its :class:`FamilyPeers`, read from the generator adapters at each lookup (each adapter carries
+    its own ``peers``, so a family registered from one file is configured here too)."""
+
+    def _table(self) -> dict:
+        from ..gen_families import GEN_FAMILIES
+
+        return {f.key: f.peers for f in GEN_FAMILIES.values() if f.peers is not None}
+
+    def __getitem__(self, key):
+        return self._table()[key]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+
+FAMILY_PEERS = _AdapterPeers()
 FAMILY_ALIASES = {"sd3.5": "sd3"}
 
 def family_of(transformer) -> str:
