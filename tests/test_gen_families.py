@@ -333,6 +333,29 @@ def test_every_family_has_a_key_with_peer_configuration_and_a_tiny_config():
     assert set(keys) <= {k.split(".")[0] for k in TINY}
 
 
+def test_a_family_registered_from_one_file_brings_its_cache_settings():
+    """The peers' settings live on the adapter: a family registered in one file is configured for diffusers' caches
+    with nothing added in reuse/peers.py."""
+    import dataclasses
+
+    from unicache_lib.gen_families import register as register_gen
+    from unicache_lib.gen_families.pixart import PixArt
+    from unicache_lib.reuse.peers import FAMILY_PEERS
+
+    @register_gen
+    class MyPixArt(PixArt):  # unicache_lib/gen_families/my_pixart.py in a fork
+        name, key = "my-pixart", "my_pixart"
+        peers = dataclasses.replace(PixArt.peers, notes={"pab": "a fork's note"})
+        transformer_classes = ("MyPixArtTransformer2DModel",)
+        pipeline_classes = ()
+
+    try:
+        assert FAMILY_PEERS["my_pixart"].notes == {"pab": "a fork's note"} and "my_pixart" in set(FAMILY_PEERS)
+    finally:
+        GEN_FAMILIES.pop("my-pixart")
+    assert "my_pixart" not in set(FAMILY_PEERS)  # read from the registry at each lookup
+
+
 # ==== cross-step reuse and diffusers' caches on every family ==========================================
 N = 6
 TIMESTEPS = [1000.0 * (1 - i / N) for i in range(N)]
