@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
 run test notebooks: export UNICACHE_PROGRESS = 0
 
-.PHONY: setup run test test-fast notebooks docs lab benchmark evaluate evaluate-reuse replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
+.PHONY: setup run test test-fast notebooks docs lab benchmark samples evaluate evaluate-reuse replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 ## setup: create .venv (torch pinned first, then the project with its dev extra) and the python3 kernel; runs
 ##        again only when pyproject.toml changed (every other target depends on it)
@@ -105,6 +105,12 @@ rehearsal-gen: setup
 ##            decode-step time / KV bytes at 25% and 10% of the image KV; on a CPU machine it says so and exits 0
 gpu-rehearsal: setup
 	$(BIN)/python benchmarks/gpu_rehearsal.py
+
+## samples: the shipped sample set and generation prompts exported in the layouts your own take (SAMPLES=...): an
+##          imagefolder (images + metadata.jsonl + masks.npz) in outputs/samples/understanding, and outputs/samples/prompts.jsonl
+samples: setup
+	$(BIN)/python -m unicache_lib.world.samples --folder --out outputs/samples/understanding
+	$(BIN)/python -c "from unicache_lib.world.text import export_prompts, prompt_set; print('wrote', export_prompts(prompt_set(32, 0, 0), 'outputs/samples/prompts.jsonl'))"
 
 ## evaluate: the decisive runs of notebook 05's eviction targets (E1-E4) and controls on 2,700 new held-out questions,
 ##           NPROC processes (default 2; torchrun, one shard per rank) then the merge -> benchmarks/results/evaluate_*.csv

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import MissingFileError, UnknownNameError
+from ..core.errors import ImageError, InputError, MissingFileError, UnknownNameError
 from .scenes import SCENE_TYPES
 from .text import caption, long_prompt, make_qa, short_prompt
 
@@ -91,8 +91,15 @@ def load(path: str | Path = SAMPLES_DIR, ids=None, scene_types=None, per_type: i
     that set in memory with the same recipe (same ids, scene types and question-type rotation)."""
     path = Path(path)
     mf = path / "manifest.json"
+    if not mf.exists() and path.is_dir() and ((path / METADATA).exists() or _llava_json(path)):
+        if seed is not None:
+            raise InputError(f"{path} is your own sample folder: it has no seed to draw another set from; pass "
+                             "SAMPLE_SEED=None (seed=None) with it")
+        return _select(read_folder(path), ids, scene_types, per_type)
     if not mf.exists():
-        raise MissingFileError(f"no sample set at {path}: run `python -m unicache_lib.world.samples --out {path}`")
+        raise MissingFileError(f"no sample set at {path}: pass a folder in the Hugging Face imagefolder layout (images "
+                               f"and a {METADATA} with file_name and question per line; see export_folder), a LLaVA-style "
+                               f"conversations JSON beside its images, or run `python -m unicache_lib.world.samples --out {path}`")
     manifest = json.loads(mf.read_text())
     if seed is not None and int(seed) != int(manifest.get("seed", SEED)):
         n_per = max(int(e["id"].rsplit("-", 1)[1]) for e in manifest["samples"]) + 1
@@ -108,9 +115,116 @@ def load(path: str | Path = SAMPLES_DIR, ids=None, scene_types=None, per_type: i
     return _select(out, ids, scene_types, per_type)
 
 
+METADATA = "metadata.jsonl"  # the Hugging Face imagefolder layout: one JSON object per image, keyed by file_name
+FOLDER_KEYS = ("file_name", "question")  # required; answer, qtype, objects, caption, prompts and masks are optional
+
+
+def export_folder(samples: list[Sample], out: str | Path) -> Path:
+    """Write ``samples`` in the Hugging Face ``imagefolder`` layout: the PNGs, a ``metadata.jsonl`` (``file_name``,
+    ``question``, ``answer`` and the rest of each sample) and the object masks in ``masks.npz`` (keyed by
+    ``file_name``). ``datasets.load_dataset("imagefolder", data_dir=out)`` reads it, and so does :func:`load`."""
+    from PIL import Image
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines, masks = [], {}
+    for s in samples:
+        name = f"{s.id}.png"
+        Image.fromarray(s.image).save(out / name)
+        masks[name] = s.masks
+        lines.append(json.dumps({"file_name": name, "id": s.id, "question": s.question, "answer": s.answer,
+                                 "qtype": s.qtype, "scene_type": s.scene_type, "objects": s.objects, "caption": s.caption,
+                                 "short_prompt": s.short_prompt, "long_prompt": s.long_prompt}))
+    np.savez_compressed(out / "masks.npz", **masks)
+    tmp = out / (METADATA + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(out / METADATA)
+    return out
+
+
+def _llava_json(path: Path) -> Path | None:
+    """The one LLaVA-style conversations JSON of a folder (a list of ``{"image", "conversations"}``), if any."""
+    for f in sorted(path.glob("*.json")):
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, list) and data and isinstance(data[0], dict) and "conversations" in data[0]:
+            return f
+    return None
+
+
+def _rows_from_llava(f: Path) -> list[dict]:
+    rows = []
+    for i, e in enumerate(json.loads(f.read_text())):
+        turns = e.get("conversations") or []
+        human = next((t.get("value", "") for t in turns if t.get("from") == "human"), None)
+        if "image" not in e or human is None:
+            raise InputError(f"{f}, entry {i}: a LLaVA-style entry needs an 'image' and a 'conversations' list with a "
+                             "'human' turn; add them, or convert the file to metadata.jsonl (file_name, question)")
+        answer = next((t.get("value") for t in turns if t.get("from") == "gpt"), None)
+        rows.append({"file_name": e["image"], "id": str(e.get("id", Path(e["image"]).stem)),
+                     "question": human.replace("<image>", "").strip(), "answer": answer})
+    return rows
+
+
+def read_folder(path: str | Path) -> list[Sample]:
+    """Your own samples: a folder in the imagefolder layout (:data:`METADATA`) or with a LLaVA-style conversations
+    JSON. Every line is checked before anything loads: a bad line, a missing or unreadable image, or masks that do not
+    fit name the file and the fix. What a folder lacks stays empty (``answer`` None, no objects, no masks), and the
+    claims that need it say so instead of measuring."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    meta, llava = path / METADATA, None if (path / METADATA).exists() else _llava_json(path)
+    if llava is not None:
+        rows = _rows_from_llava(llava)
+    else:
+        rows = []
+        for n, line in enumerate(meta.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{meta}, line {n}: not JSON ({e.msg}): write one JSON object per line") from e
+            missing = [k for k in FOLDER_KEYS if not isinstance(row, dict) or k not in row]
+            if missing:
+                raise InputError(f"{meta}, line {n}: no {' or '.join(repr(k) for k in missing)}: every line needs "
+                                 f"{', '.join(FOLDER_KEYS)} (answer, objects and masks are optional)")
+            rows.append(row)
+    if not rows:
+        raise InputError(f"{llava or meta} lists no samples: add one line per image")
+    masks = np.load(path / "masks.npz") if (path / "masks.npz").exists() else {}
+    out = []
+    for row in rows:
+        f = path / row["file_name"]
+        if not f.is_file():
+            raise MissingFileError(f"{f} is listed in {(llava or meta).name} but not there: put the image beside it or "
+                                   "fix file_name")
+        try:
+            img = np.asarray(Image.open(f).convert("RGB"))
+        except (UnidentifiedImageError, OSError) as e:
+            raise ImageError(f"{f} is not a readable image ({e}): re-save it as PNG or JPEG") from e
+        m = masks[row["file_name"]] if row["file_name"] in masks else np.zeros((0, *img.shape[:2]), bool)
+        if m.shape[1:] != img.shape[:2]:
+            raise InputError(f"masks.npz[{row['file_name']!r}] is {tuple(m.shape)}, not [n_objects, {img.shape[0]}, "
+                             f"{img.shape[1]}] like its image: save one boolean mask per object at the image's size")
+        out.append(Sample(str(row.get("id", Path(row["file_name"]).stem)), str(row.get("scene_type", "")), img,
+                          m.astype(bool), list(row.get("objects") or []), str(row["question"]), row.get("answer"),
+                          str(row.get("qtype", "")), str(row.get("caption", "")), str(row.get("short_prompt", "")),
+                          str(row.get("long_prompt", ""))))
+    return out
+
+
 def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | None = None) -> list[Sample]:
-    out = [s for s in samples if (ids is None or s.id in ids) and (scene_types is None or s.scene_type in scene_types)
-           and (per_type is None or int(s.id.rsplit("-", 1)[1]) < per_type)]
+    rank, seen = [], {}
+    for s in samples:  # the i-th sample of its scene type (the standard sets' "type-i" ids; your folder's order)
+        rank.append(seen.get(s.scene_type, 0))
+        seen[s.scene_type] = rank[-1] + 1
+    out = [s for s, r in zip(samples, rank) if (ids is None or s.id in ids) and (scene_types is None or
+                                                                                s.scene_type in scene_types)
+           and (per_type is None or r < per_type)]
     if ids is not None:
         unknown = set(ids) - {s.id for s in out}
         if unknown:
@@ -122,8 +236,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(SAMPLES_DIR))
     ap.add_argument("--seed", type=int, default=SEED, help=f"another standard set (the shipped one: {SEED})")
+    ap.add_argument("--folder", action="store_true", help="write the imagefolder layout (metadata.jsonl), the layout "
+                    "your own samples take, instead of the shipped manifest")
     args = ap.parse_args(argv)
     samples = build(args.seed)
+    if args.folder:
+        print(f"wrote {len(samples)} samples to {export_folder(samples, Path(args.out))} (imagefolder layout)")
+        return
     save(samples, Path(args.out), args.seed)
     print(f"wrote {len(samples)} samples to {args.out}")
 

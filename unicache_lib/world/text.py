@@ -6,11 +6,12 @@ Every question is answerable from its image (colours and positions are distinct 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import InputError, MissingFileError
 from .scenes import COLOURS, POSITIONS, SCENE_TYPES, SHAPES, Scene, make_scene
 
 QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "position", "exists", "count")
@@ -186,4 +187,47 @@ def prompt_set(n_single: int, n_pairs: int, seed: int = 0) -> list[dict]:
         objs = [{"colour": c1, "shape": str(s1), "position": "left"}, {"colour": c2, "shape": str(s2), "position": "right"}]
         out.append({"id": f"p{i}", "objects": objs, "pair": "same" if c1 == c2 else "different",
                     "short": short_prompt(objs), "long": long_prompt(objs, rng)})
+    return out
+
+
+def export_prompts(prompts: list[dict], out) -> "Path":
+    """Generation prompts (:func:`prompt_set`'s dicts) as ``prompts.jsonl``: ``prompt`` (the short form), ``long``,
+    ``objects`` (what the prompt asks for, for the prompt-following checks) and ``id``; :func:`read_prompts` reads it."""
+    from pathlib import Path
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps({"id": p["id"], "prompt": p["short"], "long": p["long"], "objects": p["objects"]})
+                           + "\n" for p in prompts))
+    tmp.replace(out)
+    return out
+
+
+def read_prompts(path) -> list[dict]:
+    """Your own generation prompts: a ``prompts.jsonl`` with one ``{"prompt": ...}`` per line (``objects``, ``long``
+    and ``id`` optional), as :func:`prompt_set`'s dicts (``short`` is the prompt; ``objects`` empty where not given:
+    the prompt-following checks then say they cannot score it). A bad line names itself and the fix."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "prompts.jsonl"
+    if not path.is_file():
+        raise MissingFileError(f"no {path}: write one JSON object per line with a 'prompt' (see export_prompts)")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}, line {n}: not JSON ({e.msg}): write one JSON object per line") from e
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise InputError(f"{path}, line {n}: no 'prompt' text: every line needs one, e.g. "
+                             '{"prompt": "a red circle on the left"}')
+        out.append({"id": str(row.get("id", f"p{len(out)}")), "objects": list(row.get("objects") or []), "pair": "",
+                    "short": row["prompt"], "long": str(row.get("long", row["prompt"]))})
+    if not out:
+        raise InputError(f"{path} lists no prompts: add one line per prompt")
     return out

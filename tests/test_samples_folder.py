@@ -1,0 +1,86 @@
+"""Your own samples (#28): the imagefolder layout (metadata.jsonl) and LLaVA-style conversations JSON, read by
+``samples.load(path)`` exactly as the shipped set is; the shipped set exported in that layout reads back identically
+and through ``datasets``; a bad folder gets one error naming the file and the fix, before any model loads."""
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from unicache_lib.core.errors import UnicacheError
+from unicache_lib.world import samples as S
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return S.export_folder(S.load(), tmp_path_factory.mktemp("mine"))
+
+
+def test_the_shipped_set_exported_reads_back_identically(folder):
+    a, b = S.load(), S.load(folder)
+    assert [s.id for s in a] == [s.id for s in b]
+    for x, y in zip(a, b):
+        assert np.array_equal(x.image, y.image) and np.array_equal(x.masks, y.masks)
+        assert (x.question, x.answer, x.objects, x.qtype, x.scene_type) == (y.question, y.answer, y.objects, y.qtype, y.scene_type)
+    assert [s.id for s in S.load(folder, per_type=1)] == [s.id for s in S.load(per_type=1)]
+
+
+def test_datasets_reads_the_exported_folder(folder):
+    import datasets
+
+    ds = datasets.load_dataset("imagefolder", data_dir=str(folder), split="train")
+    assert len(ds) == 20 and {"image", "question", "answer"} <= set(ds.column_names)
+
+
+def test_a_folder_without_answers_or_masks_reads_with_them_empty(tmp_path):
+    Image.fromarray(np.zeros((32, 48, 3), np.uint8)).save(tmp_path / "cat.png")
+    (tmp_path / "metadata.jsonl").write_text(json.dumps({"file_name": "cat.png", "question": "what is it ?"}) + "\n")
+    (s,) = S.load(tmp_path)
+    assert (s.id, s.answer, s.objects, s.masks.shape) == ("cat", None, [], (0, 32, 48))
+
+
+def test_a_llava_style_conversations_json(tmp_path):
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
+    (tmp_path / "questions.json").write_text(json.dumps([{"id": "q1", "image": "a.png", "conversations": [
+        {"from": "human", "value": "<image>\nwhat colour is it ?"}, {"from": "gpt", "value": "black"}]}]))
+    (s,) = S.load(tmp_path)
+    assert (s.id, s.question, s.answer) == ("q1", "what colour is it ?", "black")
+
+
+def test_bad_folders_are_refused_naming_the_file_and_the_fix(tmp_path, folder):
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
+    meta = tmp_path / "metadata.jsonl"
+    cases = [('{"file_name": "a.png", "question": "q"', r"line 1: not JSON"),
+             ('{"file_name": "a.png"}', r"line 1: no 'question'.*needs file_name, question"),
+             ('{"file_name": "b.png", "question": "q"}', r"b.png is listed in metadata.jsonl but not there")]
+    for line, msg in cases:
+        meta.write_text(line + "\n")
+        with pytest.raises(UnicacheError, match=msg):
+            S.load(tmp_path)
+    (tmp_path / "c.png").write_text("not an image")
+    meta.write_text('{"file_name": "c.png", "question": "q"}\n')
+    with pytest.raises(UnicacheError, match=r"c.png is not a readable image.*re-save it"):
+        S.load(tmp_path)
+    meta.write_text('{"file_name": "a.png", "question": "q"}\n')  # the fixes the messages name: the folder reads
+    np.savez(tmp_path / "masks.npz", **{"a.png": np.zeros((1, 4, 4), bool)})
+    with pytest.raises(UnicacheError, match=r"masks.npz\['a.png'\] is \(1, 4, 4\), not \[n_objects, 8, 8\]"):
+        S.load(tmp_path)
+    np.savez(tmp_path / "masks.npz", **{"a.png": np.zeros((1, 8, 8), bool)})
+    assert S.load(tmp_path)[0].masks.shape == (1, 8, 8)
+    with pytest.raises(UnicacheError, match="pass SAMPLE_SEED=None"):
+        S.load(folder, seed=7)
+    with pytest.raises(UnicacheError, match="imagefolder layout"):
+        S.load(tmp_path / "nothing-here")
+
+
+def test_prompts_jsonl_round_trip_and_refusals(tmp_path):
+    from unicache_lib.world.text import export_prompts, prompt_set, read_prompts
+
+    ps = prompt_set(6, 0, 0)
+    back = read_prompts(export_prompts(ps, tmp_path / "prompts.jsonl"))
+    assert [(p["short"], p["long"], p["objects"]) for p in back] == [(p["short"], p["long"], p["objects"]) for p in ps]
+    (tmp_path / "mine.jsonl").write_text('{"prompt": "a cat"}\n')
+    assert read_prompts(tmp_path / "mine.jsonl")[0]["objects"] == []  # nothing to check prompt-following against
+    (tmp_path / "bad.jsonl").write_text('{"text": "a cat"}\n')
+    with pytest.raises(UnicacheError, match=r"line 1: no 'prompt' text"):
+        read_prompts(tmp_path / "bad.jsonl")
