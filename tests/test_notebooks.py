@@ -256,3 +256,17 @@ def test_08_leaves_a_model_out_by_parameter(tmp_path):
     for c in ("A1", "A2", "A4"):
         assert board[c]["verdict"] == "not measurable here" and "= None" in board[c]["note"]
     assert board["A3"]["verdict"] != "not measurable here"
+
+
+def test_02_on_an_exported_sample_folder_gives_the_same_verdicts(tmp_path):
+    """SAMPLES: the shipped set exported in the imagefolder layout (make samples) runs by parameter alone and gives
+    the shipped set's verdicts and values."""
+    from unicache_lib.world import samples
+
+    folder = samples.export_folder(samples.load(), tmp_path / "mine")
+    quick = dict(PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2)
+    run_notebook("02_understanding_maps.ipynb", tmp_path / "shipped", **quick)
+    run_notebook("02_understanding_maps.ipynb", tmp_path / "folder", SAMPLES=str(folder), **quick)
+    a, b = scoreboard(tmp_path / "shipped"), scoreboard(tmp_path / "folder")
+    assert {c: r["verdict"] for c, r in a.items()} == {c: r["verdict"] for c, r in b.items()}
+    assert [r["criteria"] for r in a.values()] == [r["criteria"] for r in b.values()]

@@ -30,7 +30,7 @@ BAD = {  # parameter -> (bad value, a phrase the message must hold)
     "DTYPE": ("fp8", "one of"), "BUDGETS": ([25], "fraction"), "FRACTIONS": ("0.1", "list"), "STEPS": (2.5, "whole"),
     "GENERATORS": ("tiny-mmdit", "a list"), "MODELS": ([], "at least one"), "N_QUESTIONS": ("1000", "without quotes"),
     "PEERS": ("yes", "True or False"), "MEMORY_BUDGET_GB": (0, "> 0"), "THRESHOLD": (70, "fraction"),
-    "LLAVA": ("", "or None"), "FEWER_STEPS": (8, "list"),
+    "LLAVA": ("", "or None"), "FEWER_STEPS": (8, "list"), "SAMPLES": ("no/such/folder", "metadata.jsonl"),
 }
 
 
@@ -63,6 +63,16 @@ def test_each_bad_value_is_named(src, tmp_path):
             check_params({**params, "OUT_DIR": str(f)})
         tried += 1
     assert tried >= 3
+
+
+def test_a_samples_folder_is_checked_line_by_line_before_anything_loads(tmp_path):
+    from unicache_lib.world import samples
+
+    folder = samples.export_folder(samples.load(per_type=1), tmp_path / "mine")
+    check_params({"SAMPLES": str(folder)})  # an exported folder passes
+    (folder / "metadata.jsonl").write_text('{"file_name": "single-0.png"}\n')
+    with pytest.raises(ParameterError, match=r"SAMPLES=.*line 1: no 'question'"):
+        check_params({"SAMPLES": str(folder)})
 
 
 def test_a_parameter_without_a_check_is_refused():

@@ -69,6 +69,7 @@ def test_bad_folders_are_refused_naming_the_file_and_the_fix(tmp_path, folder):
     assert S.load(tmp_path)[0].masks.shape == (1, 8, 8)
     with pytest.raises(UnicacheError, match="pass SAMPLE_SEED=None"):
         S.load(folder, seed=7)
+    assert len(S.load(folder, seed=S.SEED)) == len(S.load(folder, seed=None)) == 20  # the fix: the default seed
     with pytest.raises(UnicacheError, match="imagefolder layout"):
         S.load(tmp_path / "nothing-here")
 

@@ -133,6 +133,22 @@ def path_or_none(name, v):
         _fail(name, v, "must be a folder path or None")
 
 
+def samples_folder(name, v):
+    """None (the shipped set) or a folder :func:`unicache_lib.world.samples.load` reads, checked line by line now."""
+    if v is None:
+        return
+    from .paths import project_path
+    from .world.samples import load
+
+    if not isinstance(v, (str, Path)) or not project_path(v).is_dir():
+        _fail(name, v, "must be None (the shipped sample set) or a folder of your samples: images with a metadata.jsonl "
+                       "(file_name, question[, answer]) -- `make samples` writes an example")
+    try:
+        load(project_path(v))
+    except InputError as e:
+        _fail(name, v, str(e))
+
+
 def out_dir(name, v):
     from .paths import project_path
 
@@ -145,7 +161,7 @@ def out_dir(name, v):
 KINDS = {
     "MODEL": model(), "UNDERSTANDING_MODEL": model(), "MODELS": models(), "GENERATORS": models(empty_ok=True),
     **{k: model(optional=True) for k in ("LLAVA", "VILT", "MLLAMA", "CLIP", "UNIFIED", "MMDIT", "PIXART")},
-    "DEVICE": device, "DTYPE": dtype, "SEED": seed, "SAMPLE_SEED": seed, "OUT_DIR": out_dir,
+    "DEVICE": device, "DTYPE": dtype, "SEED": seed, "SAMPLE_SEED": seed, "OUT_DIR": out_dir, "SAMPLES": samples_folder,
     "LAYERS": layers, "LAYER": layer, "SENTENCE": text, "PICTURE_CACHE": text,
     "MEMORY_BUDGET_GB": number(), "GUIDANCE": number(), "THRESHOLD": fraction, "STRICT_THRESHOLD": fraction,
     "BUDGETS": fractions, "FRACTIONS": fractions, "PICTURE_BUDGET": fraction, "PEERS": flag, "FEWER_STEPS": counts_or_none,

@@ -35,6 +35,7 @@ OUT_DIR = "outputs/01_capture"
 ANCHOR_K = 6                  # anchors per sample for claim M3
 SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
 
 # %%
 from unicache_lib.params import check_params
@@ -69,7 +70,7 @@ out = project_path(OUT_DIR)  # relative: from the repository root, wherever the 
 out.mkdir(parents=True, exist_ok=True)
 model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 family = family_of(model)
-samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
+samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 tcfg = model.config.get_text_config()
 print(f"model: {MODEL} ({type(model).__name__}, family {family.name}) on {next(model.parameters()).device}, "
       f"weights {next(model.parameters()).dtype}; language layers: {tcfg.num_hidden_layers}, heads: {tcfg.num_attention_heads}")

@@ -52,6 +52,7 @@ N_CAPTIONS = 10               # samples captioned for the decoding dynamics
 OUT_DIR = "outputs/02_understanding_maps"
 SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
 
 # %%
 from unicache_lib.params import check_params
@@ -94,7 +95,7 @@ family = family_of(model)
 PART = family.image_part      # the captured part whose keys are the image ("cross" for Mllama)
 CROSS = PART == "cross"
 tok = processor.tokenizer
-samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
+samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 scene_of = {s.id: s.scene_type for s in samples}
 n_layers = model.config.get_text_config().num_hidden_layers
 bands = band_layers(n_layers) if LAYERS is None else require_bands(LAYERS, n_layers)  # a subset needs every band
@@ -115,7 +116,7 @@ for p in stores.values():
         remove_store(p)  # this notebook's own output of an earlier run (refused while another process writes it)
 meta = {"model": MODEL, "dtype": str(next(model.parameters()).dtype), "sample_seed": SAMPLE_SEED}
 capture_samples(model, processor, samples, Store(stores["stats"], meta=meta), mode="stats", layers=LAYERS)
-map_samples = sample_set.load(per_type=min(MAP_PER_TYPE, PER_TYPE), seed=SAMPLE_SEED)
+map_samples = sample_set.load(SAMPLES, per_type=min(MAP_PER_TYPE, PER_TYPE), seed=SAMPLE_SEED)
 capture_samples(model, processor, map_samples, Store(stores["maps"], meta=meta), mode="full", layers=LAYERS, part=PART,
                 memory_budget_gb=MEMORY_BUDGET_GB)
 all_recs = Store(stores["stats"]).read()

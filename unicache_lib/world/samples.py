@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import ImageError, InputError, MissingFileError, UnknownNameError
+from ..paths import project_path
 from .scenes import SCENE_TYPES
 from .text import caption, long_prompt, make_qa, short_prompt
 
@@ -82,19 +83,19 @@ def save(samples: list[Sample], out: Path, seed: int = SEED) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-def load(path: str | Path = SAMPLES_DIR, ids=None, scene_types=None, per_type: int | None = None,
+def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: int | None = None,
          seed: int | None = None) -> list[Sample]:
-    """Load the committed set (optionally a subset: by id, by scene type, or the first ``per_type``
-    samples of every scene type, so a small subset still covers all five types).
+    """Load the committed set, or your own folder at ``path`` (:func:`read_folder`), optionally a subset: by id, by
+    scene type, or the first ``per_type`` samples of every scene type, so a small subset still covers all five types.
 
     ``seed``: ``None`` or the committed set's seed loads the files at ``path``; any other seed builds
     that set in memory with the same recipe (same ids, scene types and question-type rotation)."""
-    path = Path(path)
+    path = SAMPLES_DIR if path is None else project_path(path)  # None: the shipped set; relative: from the repository
     mf = path / "manifest.json"
     if not mf.exists() and path.is_dir() and ((path / METADATA).exists() or _llava_json(path)):
-        if seed is not None:
+        if seed is not None and int(seed) != SEED:
             raise InputError(f"{path} is your own sample folder: it has no seed to draw another set from; pass "
-                             "SAMPLE_SEED=None (seed=None) with it")
+                             f"SAMPLE_SEED=None or {SEED} (the default) with it")
         return _select(read_folder(path), ids, scene_types, per_type)
     if not mf.exists():
         raise MissingFileError(f"no sample set at {path}: pass a folder in the Hugging Face imagefolder layout (images "
