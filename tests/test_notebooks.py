@@ -265,6 +265,8 @@ def test_02_on_an_exported_sample_folder_gives_the_same_verdicts(tmp_path):
 
     folder = samples.export_folder(samples.load(), tmp_path / "mine")
     quick = dict(PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2)
+    (tmp_path / "shipped").mkdir()
+    (tmp_path / "folder").mkdir()
     run_notebook("02_understanding_maps.ipynb", tmp_path / "shipped", **quick)
     run_notebook("02_understanding_maps.ipynb", tmp_path / "folder", SAMPLES=str(folder), **quick)
     a, b = scoreboard(tmp_path / "shipped"), scoreboard(tmp_path / "folder")
