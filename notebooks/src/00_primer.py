@@ -28,6 +28,7 @@ DTYPE = "auto"                # weights; statistics are fp32 always
 SENTENCE = "where is the red circle ?"
 LAYER = -1                    # the layer whose heads §3 and §4 show (-1: the last)
 SAMPLE_SEED = 2024            # the shipped standard set
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
 SEED = 0
 OUT_DIR = "outputs/00_primer"
 
@@ -155,7 +156,7 @@ print(f"layer {layer}: normalised entropy per head {np.round(ent.numpy(), 2)}; m
 # (an object or a colour, not punctuation) laid over the picture.
 
 # %%
-s = sample_set.load(per_type=1, seed=SAMPLE_SEED)[0]
+s = sample_set.load(SAMPLES, per_type=1, seed=SAMPLE_SEED)[0]
 inputs = inputs_for(model, processor, s.image, s.question)
 toks = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
 with torch.no_grad(), AttentionCapture(model, mode="full") as cap:

@@ -58,6 +58,7 @@ GENERATION_STORE = "outputs/03_diffusion_steps/store"
 GEN_STATS_PROMPTS = 8         # prompts captured (every block) when GENERATION_STORE has no store for a generator
 OUT_DIR = "outputs/04_head_pruning"
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
 
 # %%
 from unicache_lib.params import check_params
@@ -230,7 +231,7 @@ _ = plots.save(fig, out, "understanding_pruning")
 # NBVAL_CHECK_OUTPUT
 hs = head_statistics(ctx)
 shallow = band_layers(len(space.units))["shallow"]
-std_samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
+std_samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 exp = PC.near_uniform_experiment(model, processor, space, qas, ref_logp, std_samples, hs["entropy"], shallow, RANDOM_SEEDS, SEED)
 p3, rand_labels = exp["table"], exp["random"]
 base_acc = float(acc_tab[0.0].iloc[0])

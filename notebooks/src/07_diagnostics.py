@@ -41,6 +41,7 @@ GENERATION_STORE = "outputs/03_diffusion_steps/store/tiny-mmdit"   # None: the r
 SEED = 0
 OUT_DIR = "outputs/07_diagnostics"
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
 
 # %%
 from unicache_lib.params import check_params
@@ -197,7 +198,7 @@ if "lo" in roc:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
+samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 masked_name = DG.masked_name(MASK_FROM_LAYER)
 variants, BREAKS = DG.broken_variants(model, processor, samples, MASK_FROM_LAYER, SEED)  # healthy + four breaks
 det, shares = DG.detector_table(variants, BREAKS, family.image_part)

@@ -50,6 +50,7 @@ N_DRAWINGS = 4                # images the unified model draws with capture on
 OUT_DIR = "outputs/08_architectures"
 SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
 
 # %%
 from unicache_lib.params import check_params
@@ -106,7 +107,7 @@ _ = plots.save(fig, project_path(OUT_DIR), "attention_layouts")
 # %%
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
-samples = sample_set.load(per_type=PER_TYPE, seed=SAMPLE_SEED)
+samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 ROLES = {"LLaVA (concat)": LLAVA, "ViLT (fusion)": VILT, "Mllama (cross-attention)": MLLAMA,
          "CLIP (dual tower)": CLIP, "Janus (unified)": UNIFIED}
 GEN_ROLES = {"MMDiT (joint)": MMDIT, "PixArt (cross-attention DiT)": PIXART}
