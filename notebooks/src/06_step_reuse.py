@@ -277,19 +277,19 @@ _ = plots.save(fig, out, "reuse_vs_control")
 # every other method is in the tables above.
 #
 # **What this run shows.** Fewer steps is a hard control. Every diffusers cache the control's range reaches lies below
-# it: 10–18 dB at its own wall-clock speed-up (FasterCache, FirstBlockCache and TaylorSeer on the MMDiT, FirstBlockCache
-# on PixArt; timings move with the machine) and 6–17 dB at its own FLOPs (the lines printed above the figure; the
+# it: 12–13 dB at its own wall-clock speed-up (FirstBlockCache, the only one inside the range on this run's timings,
+# −11.9 / −12.7 dB on MMDiT / PixArt; timings move with the machine) and 6–17 dB at its own FLOPs (the lines printed above the figure; the
 # others save less than sampling with 16 of 20 steps and fall outside the control's range). The study's
 # attention-level schedules can be compared only on PixArt at equal FLOPs — `adaptive` (−16.0 dB) and every 2nd step
-# (−10.7 dB) — and on the MMDiT at equal wall-clock — `adaptive` (−7.3 dB); all lie below the control there;
+# (−10.7 dB); both lie below the control there;
 # everywhere else they save less than 16 of 20 steps does, so this run does not place them against it. On these
 # models a cache that skips only some attention calls has not been shown to beat simply sampling with fewer steps.
-# `step_skip` (at both settings) is the only method above the control; the default setting: +2.6 / +3.2 dB at equal
-# wall-clock and +3.5 / +3.7 dB at equal FLOPs (MMDiT / PixArt, intervals above zero), at 2.29× / 2.20× wall-clock (9 of 20 transformer calls). On the
+# `step_skip` (at both settings) is the only method above the control; the default setting: +2.8 / +3.0 dB at equal
+# wall-clock and +3.5 / +3.7 dB at equal FLOPs (MMDiT / PixArt, intervals above zero), at 2.11× / 2.13× wall-clock (9 of 20 transformer calls). On the
 # MMDiT it stays at 45 dB; on PixArt it reaches 41.3 dB, 0.7 dB short of the 42-dB target (the design prompts gave
-# 43.5 dB: the held-out ones are harder for PixArt, and nothing was re-tuned on them). Its milder setting (every 2nd
-# step, about 1.8–1.9×) beats every diffusers cache on the MMDiT by 3 dB or more while being faster; on PixArt MagCache
-# (1.21×) ties it within 0.3 dB. The diffusers caches ran at their recommended settings only (tuned settings are not
+# 43.5 dB: the held-out ones are harder for PixArt, and nothing was re-tuned on them; on the decisive run's 1,600
+# prompts, 40.4 dB). Its milder setting (every 2nd step, about 1.6×) beats every diffusers cache on the MMDiT by 3 dB
+# or more while being faster; on PixArt MagCache (1.15×) ties it within 0.3 dB. The diffusers caches ran at their recommended settings only (tuned settings are not
 # part of this run). The margins over the control are the number to carry to your model: a caching method that does
 # not beat fewer steps is not worth its code.
 
@@ -337,36 +337,32 @@ board.show()
 print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 
 # %% [markdown]
-# **Why the reuse verdicts are inconclusive** (the lines above; "about n" is the scoreboard's rough count of units
-# that would put the interval wholly on one side if the value stayed where it is):
-# - **R1** (b): PixArt's mean PSNR 41.3 dB [39.2, 43.6] against 42 dB, 0.7 dB short and the interval 4 dB wide over
-#   32 prompts; about 320 prompts. Its wall-clock half (a) holds on the rule's generator (the slower by median,
-#   PixArt: [2.06, 2.46]); the MMDiT's own interval [2.05, 3.64] stays above 2× too.
-# - **R2** (step_skip minus fewer steps at equal wall-clock, the smaller of the two generators, against +3 dB): +2.6
-#   dB [+0.3, +4.2] on the MMDiT, the point estimate 0.4 dB short; about 530 prompts would settle it, and the margin
-#   moves with the machine's timings (a 3-dB target met or missed by less than the run resolves). At equal FLOPs,
-#   which are counted, the margins (+3.5 / +3.7 dB) clear zero but were not the rule.
-# - **R3** (the closest diffusers cache, MagCache on PixArt, against step_skip every 2nd step: +0.3 dB [−2.0, +2.2]
-#   against 0): a tie; about 1,500 prompts. Every other diffusers cache on both generators is behind the matching
-#   step_skip setting (every 2nd step, which saves at least as much as each of them) with an interval above zero. The
-#   default every-3rd setting saves more than any of them and meets them only through the control (§3): head to head
-#   it gives up PSNR to PAB on the MMDiT and to MagCache on PixArt for its extra speed.
-# - **G8** (a) (text-side reuse on the MMDiT, speed-up 1.26× [0.85, 1.53] against 1.10): the interval straddles the
-#   threshold; about 70 timing rounds would settle it, on this machine's timings (G8 is also marked unstable
-#   across sample sets in the replication table). Its quality half (b) holds.
+# **How the verdicts were settled.** R1–R3, G3 and G8 are decided on `make evaluate-reuse`'s 1,600 new prompt/noise
+# pairs with 20 timing rounds (each row says so, with this run's 32 prompts beside it):
+# - **R1: partly.** `step_skip` runs 2.28× [2.18, 2.39] on the slower generator (the MMDiT), so (a) holds; but PixArt's
+#   mean PSNR is 40.4 dB [40.1, 40.7] against 42 dB, so (b) does not hold. This run's 32 prompts (a few dB wide)
+#   could not tell; 1,600 say the default stride gives up about 1.6 dB on PixArt more than the target allows.
+# - **R2: holds.** On the generator with the smaller margin `step_skip` is +4.3 dB [+4.0, +4.6] above sampling with
+#   fewer steps at its own wall-clock speed-up (+4.3 / +4.6 dB at equal FLOPs, which are counted).
+# - **R3: inconclusive, a tie.** The closest diffusers cache, MagCache on PixArt, against `step_skip` every 2nd step:
+#   +0.09 dB [−0.24, +0.40]. The scoreboard's estimate of what would settle it is about 23,000 prompts (about 44 CPU
+#   hours here): the two sit on top of each other. Every other cache on both generators is behind the matching
+#   `step_skip` setting.
+# - **G3 and G8 hold** on the decisive run (G8's speed-up 1.16× [1.13, 1.19] over 20 rounds, where this run's 10 rounds
+#   straddled 1.10).
 #
 # **Reading the results.** The study reports ~15% lower latency from text-side reuse and the peers report
 # 1.6–2.4× on real DiTs with thousands of image tokens. Here attention is under half of a sampling run
-# (37% and 45%, measured in §4), so even skipping every attention call could not reach 2×: the MLPs and norms are the rest
+# (38% and 44%, measured in §4), so even skipping every attention call could not reach 2×: the MLPs and norms are the rest
 # of each step, not a fixed overhead. Skipping whole steps is not bound by that cap — which is why `step_skip`
-# reaches 2× where attention-level reuse and the diffusers caches reach at most 1.49×, and the MMDiT's last-third schedule ran no faster than no reuse (0.94×). (On the SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) at 20 steps the `step_skip` schedule
+# reaches 2× where attention-level reuse and the diffusers caches reach at most 1.40×, and the MMDiT's last-third schedule ran barely faster than no reuse (1.05×). (On the SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) at 20 steps the `step_skip` schedule
 # gave 2.18× over the whole pipeline call: `benchmarks/results/step_skip_sd3_medium_standin.txt`.) At 1,024 image tokens attention's share grows (about 56% measured on an
 # SD3-class block), which is where whole-block or whole-step reuse (diffusers' FirstBlockCache, MagCache)
 # separates from attention-only reuse. Compare the `computed` column across methods for the part that
 # transfers, and rerun on a real checkpoint to see the wall-clock side. Read every speed-up with its interval and
 # its `flops`: text-side reuse on PixArt runs all of the attention but skips the text K/V projections, 8% of the
-# transformer's FLOPs, and its speed-up interval (§2 timing table, 1.19× [0.97, 1.35]) includes 1 — a saving this
-# small is not resolved from none on this run's timings.
+# transformer's FLOPs, and its speed-up interval (§2 timing table, 1.06× [1.00, 1.09]) only just clears 1 — a saving
+# this small is barely resolved from none on this run's timings.
 
 # %% [markdown]
 # ## Recap: what this notebook showed on the shipped generators
