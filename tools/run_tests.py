@@ -42,6 +42,7 @@ def stage_commands(py: str, extra: list[str]) -> dict[str, list[str]]:
 
 
 def main(argv=None) -> int:
+    os.environ.setdefault("UNICACHE_PROGRESS", "0")  # as make test exports it: committed outputs carry no bars
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serial", action="store_true", help="one stage after the other (default on a 1-core machine)")
     ap.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of the unit stage (default 1)")
