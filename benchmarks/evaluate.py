@@ -82,31 +82,45 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = 
                      press_factories() if peers else None, seed=0, progress=progress)
     R["question"] = [ids[i] for i in R["question"]]
     R = R[KEEP]
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"rows-rank{rank}-of-{world}.csv"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(R.to_csv(index=False))
     meta = {"n": n, "rank": rank, "world": world, "model": model_name, "peers": peers, "budgets": list(budgets),
             "question_seed": QUESTION_SEED, "seconds": round(time.perf_counter() - t0, 1)}
-    (out / f"rows-rank{rank}-of-{world}.json").write_text(json.dumps(meta))
+    return write_shard(out, R, meta)
+
+
+def write_shard(out: Path, rows: pd.DataFrame, meta: dict) -> Path:
+    """One rank's rows as ``rows-rank<r>-of-<w>.csv``, written atomically, beside its settings (``.json``; ``meta``
+    holds ``rank`` and ``world``). Shared by every decisive run (``evaluate_reuse.py`` too)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"rows-rank{meta['rank']}-of-{meta['world']}.csv"
+    tmp = path.with_suffix(".tmp")
+    rows.to_csv(tmp, index=False)
+    (out / f"rows-rank{meta['rank']}-of-{meta['world']}.json").write_text(json.dumps(meta))
     os.replace(tmp, path)
     return path
 
 
-def merge(out: Path = OUT) -> pd.DataFrame:
-    """The shards of one run, checked complete and consistent, as one table sorted by (method, budget, question)."""
+def read_shards(out: Path, settings: tuple[str, ...], target: str, **read_csv) -> tuple[pd.DataFrame, list[dict], int, int]:
+    """``(rows, metas, n, world)`` of the shards in ``out``: refused if there are none, if they come from runs that
+    differ in ``settings`` (keys of the meta, ``n`` and ``world`` first) or if a rank is missing. ``target``: the make
+    target that writes them."""
     metas = [json.loads(p.read_text()) for p in sorted(out.glob("rows-rank*-of-*.json"))]
     if not metas:
-        raise FileNotFoundError(f"no shards in {out}: run the ranks first (make evaluate)")
-    settings = {(m["n"], m["world"], m["model"], m["peers"], tuple(m["budgets"])) for m in metas}
-    if len(settings) != 1:
-        raise RuntimeError(f"{out} holds shards of {len(settings)} different runs ({sorted(settings)}): remove the old "
+        raise FileNotFoundError(f"no shards in {out}: run the ranks first (make {target})")
+    found = {tuple(tuple(m[k]) if isinstance(m[k], list) else m[k] for k in settings) for m in metas}
+    if len(found) != 1:
+        raise RuntimeError(f"{out} holds shards of {len(found)} different runs ({sorted(found)}): remove the old "
                            "shards and run again")
-    n, world, *_ = settings.pop()
+    n, world, *_ = found.pop()
     ranks = sorted(m["rank"] for m in metas)
     if ranks != list(range(world)):
         raise RuntimeError(f"ranks {ranks} of {world} found in {out}: a shard is missing, run it again")
-    R = pd.concat([pd.read_csv(out / f"rows-rank{r}-of-{world}.csv") for r in ranks], ignore_index=True)
+    rows = pd.concat([pd.read_csv(out / f"rows-rank{r}-of-{world}.csv", **read_csv) for r in ranks], ignore_index=True)
+    return rows, metas, n, world
+
+
+def merge(out: Path = OUT) -> pd.DataFrame:
+    """The shards of one run, checked complete and consistent, as one table sorted by (method, budget, question)."""
+    R, metas, n, world = read_shards(out, ("n", "world", "model", "peers", "budgets"), "evaluate")
     per_cell = R.groupby(["method", "budget"]).question.agg(["nunique", "size"])
     if not ((per_cell["nunique"] == n) & (per_cell["size"] == n)).all():
         raise RuntimeError(f"the merged shards do not hold every one of the {n} questions exactly once per cell")

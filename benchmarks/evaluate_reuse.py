@@ -36,6 +36,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluate import read_shards, write_shard  # noqa: E402 - the shard files every decisive run shares
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate_reuse"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -111,15 +114,9 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, generators=GENERAT
                              "ref_flops": counts["reference"][1],
                              **{k: row[k] for k in ("colour", "position", "shape") if k in row},
                              **{k: json.dumps([float(v) for v in row[k]]) for k in LIST_COLUMNS if k in row}})
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"rows-rank{rank}-of-{world}.csv"
-    tmp = path.with_suffix(".tmp")
-    pd.DataFrame(rows).to_csv(tmp, index=False)
     meta = {"n": n, "rank": rank, "world": world, "generators": list(generators), "chunk": CHUNK,
             "noise_seed": NOISE_SEED, "seconds": round(time.perf_counter() - t0, 1)}
-    (out / f"rows-rank{rank}-of-{world}.json").write_text(json.dumps(meta))
-    os.replace(tmp, path)
-    return path
+    return write_shard(out, pd.DataFrame(rows), meta)
 
 
 def run_timing(repeats: int, out: Path = OUT, generators=GENERATORS) -> Path:
@@ -146,19 +143,8 @@ def run_timing(repeats: int, out: Path = OUT, generators=GENERATORS) -> Path:
 
 def merge(out: Path = OUT) -> pd.DataFrame:
     """The shards of one run, checked complete and consistent: one row per (generator, method, chunk)."""
-    metas = [json.loads(p.read_text()) for p in sorted(out.glob("rows-rank*-of-*.json"))]
-    if not metas:
-        raise FileNotFoundError(f"no shards in {out}: run the ranks first (make evaluate-reuse)")
-    settings = {(m["n"], m["world"], tuple(m["generators"]), m["chunk"], m["noise_seed"]) for m in metas}
-    if len(settings) != 1:
-        raise RuntimeError(f"{out} holds shards of {len(settings)} different runs ({sorted(settings)}): remove the old "
-                           "shards and run again")
-    n, world, *_ = settings.pop()
-    ranks = sorted(m["rank"] for m in metas)
-    if ranks != list(range(world)):
-        raise RuntimeError(f"ranks {ranks} of {world} found in {out}: a shard is missing, run it again")
-    R = pd.concat([pd.read_csv(out / f"rows-rank{r}-of-{world}.csv", keep_default_na=False, na_values=[""])
-                   for r in ranks], ignore_index=True)
+    R, metas, n, world = read_shards(out, ("n", "world", "generators", "chunk", "noise_seed"), "evaluate-reuse",
+                                     keep_default_na=False, na_values=[""])
     per_cell = R.groupby(["generator", "method"]).chunk.agg(["nunique", "size"])
     if not ((per_cell["nunique"] == n // CHUNK) & (per_cell["size"] == n // CHUNK)).all():
         raise RuntimeError(f"the merged shards do not hold every one of the {n // CHUNK} chunks exactly once per method")

@@ -22,7 +22,7 @@ import numpy as np
 from ..core.errors import ImageError, InputError, MissingFileError, UnknownNameError
 from ..paths import project_path
 from .scenes import SCENE_TYPES
-from .text import caption, long_prompt, make_qa, short_prompt
+from .text import caption, jsonl_rows, long_prompt, make_qa, short_prompt
 
 SAMPLES_DIR = Path(__file__).resolve().parents[2] / "data" / "samples"
 PER_TYPE = 4
@@ -182,13 +182,7 @@ def read_folder(path: str | Path) -> list[Sample]:
         rows = _rows_from_llava(llava)
     else:
         rows = []
-        for n, line in enumerate(meta.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{meta}, line {n}: not JSON ({e.msg}): write one JSON object per line") from e
+        for n, row in jsonl_rows(meta):
             missing = [k for k in FOLDER_KEYS if not isinstance(row, dict) or k not in row]
             if missing:
                 raise InputError(f"{meta}, line {n}: no {' or '.join(repr(k) for k in missing)}: every line needs "

@@ -204,6 +204,19 @@ def export_prompts(prompts: list[dict], out) -> "Path":
     return out
 
 
+def jsonl_rows(path) -> list[tuple[int, object]]:
+    """``(line number, parsed JSON)`` of every non-blank line of a JSON-lines file; a line that is not JSON is refused
+    naming the file, the line and the fix."""
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}, line {n}: not JSON ({e.msg}): write one JSON object per line") from e
+    return out
+
+
 def read_prompts(path) -> list[dict]:
     """Your own generation prompts: a ``prompts.jsonl`` with one ``{"prompt": ...}`` per line (``objects``, ``long``
     and ``id`` optional), as :func:`prompt_set`'s dicts (``short`` is the prompt; ``objects`` empty where not given:
@@ -216,13 +229,7 @@ def read_prompts(path) -> list[dict]:
     if not path.is_file():
         raise MissingFileError(f"no {path}: write one JSON object per line with a 'prompt' (see export_prompts)")
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}, line {n}: not JSON ({e.msg}): write one JSON object per line") from e
+    for n, row in jsonl_rows(path):
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
             raise InputError(f"{path}, line {n}: no 'prompt' text: every line needs one, e.g. "
                              '{"prompt": "a red circle on the left"}')
