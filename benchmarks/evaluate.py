@@ -14,7 +14,7 @@ to ``outputs/evaluate/rows-rank<r>-of-<w>.csv`` atomically. ``--merge`` checks t
 run (every question exactly once, the same settings), decides E1-E4 by the notebook's own rules
 (:data:`unicache_lib.analysis.caching_claims.EVICTION_RULES`) on the merged rows and writes
 ``benchmarks/results/evaluate_eviction.csv`` (one row per claim: value, interval, n, verdict) and
-``benchmarks/results/evaluate_controls.csv`` (``key_coverage`` against pooling and the two ablations, per budget)
+``benchmarks/results/evaluate_controls.csv`` (``key_coverage`` against pooling, the downsampled image and the two ablations, per budget)
 and ``evaluate_shares.csv`` (each selection method's share of full accuracy), which notebook 05 prints beside its own
 small run. A run of fewer questions writes under ``outputs/evaluate/results`` instead, so it never replaces them. A merged run equals a one-process run row for row
 (``tests/test_benchmarks.py``), so more processes, GPUs or nodes settle the same verdicts in proportionally less
@@ -62,7 +62,7 @@ def _policies():
     from unicache_lib.analysis.caching_claims import NEW, PEERS
     from unicache_lib.kv import POLICIES
 
-    return {n: POLICIES[n]() for n in ("full", NEW, *PEERS, "pooling", "key_coverage_features", "divprune_keys")}
+    return {n: POLICIES[n]() for n in ("full", NEW, *PEERS, "pooling", "downsample", "key_coverage_features", "divprune_keys")}
 
 
 def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = "tiny-llava", peers: bool = True,
@@ -159,7 +159,7 @@ def shares(R: pd.DataFrame) -> pd.DataFrame:
     from unicache_lib.kv.evaluate import share_of_full
 
     rows = []
-    for m in ("key_coverage", "key_coverage_features", "divprune", "divprune_keys", "pooling"):
+    for m in ("key_coverage", "key_coverage_features", "divprune", "divprune_keys", "pooling", "downsample"):
         for b in sorted(R[R.method == m].budget.unique()):
             iv = share_of_full(R, m, b)
             rows.append({"method": m, "budget": b, "share_of_full": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n})

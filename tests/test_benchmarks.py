@@ -85,7 +85,7 @@ def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, 
     E.run_shard(4, 0, 2, two, peers=False, budgets=(0.1, 0.25), progress=False)
     pd.testing.assert_frame_equal(E.merge(one), E.merge(two))
     claims, controls = E.decide(E.merge(two))
-    assert list(claims.claim) == ["E1", "E2", "E3", "E4"] and set(controls.peer) == {"pooling", "key_coverage_features",
+    assert list(claims.claim) == ["E1", "E2", "E3", "E4"] and set(controls.peer) == {"pooling", "downsample", "key_coverage_features",
                                                                                       "divprune_keys", "divprune"}
     # the notebook reads the committed result only for the model it was run on, and says it decided the row
     from unicache_lib.analysis import caching_claims as CC

@@ -360,3 +360,112 @@ def test_ablations_swap_one_part_of_the_design(setup):
     from dataclasses import replace
     got = POLICIES["key_coverage_features"]().choose(replace(ctx, features=x), 5)[0]
     assert got == farthest_point(x, 5, int(x.norm(dim=1).argmax())) and got[0] == int(x.norm(dim=1).argmax())
+
+
+def test_downsample_encodes_a_smaller_picture_through_the_tower(setup):
+    """The downsampled-image control: at the native grid the tower's re-encoding is the model's own image features
+    (nothing but the resolution changes); at 25% the language model receives, at each window's centre patch, the
+    tower's features of the picture resized to the pooled grid; a family without a resizable patch grid is skipped
+    with the reason (run_eviction leaves it out), never measured on a guess."""
+    import math
+
+    from unicache_lib.core.errors import PrefillPruningUnsupported
+    from unicache_lib.families.llava import LlavaNext
+    from unicache_lib.kv.cache import prefill_pruned
+    from unicache_lib.kv.policies.pooling import pooled_grid
+
+    model, proc, sp, pre, _ = setup
+    ctx = pre.context(seed=3)
+    side = math.isqrt(len(ctx.grid))
+    with torch.no_grad():
+        own = model.model.get_image_features(pixel_values=sp.pixel_values, vision_feature_layer=-1,
+                                             vision_feature_select_strategy="default").pooler_output[0]
+    torch.testing.assert_close(ctx.encode(side, side), own.float(), rtol=0, atol=1e-5)
+    a, b = pooled_grid(side, ctx.k(0.25))
+    small = ctx.encode(a, b)
+    assert small.shape == (a * b, own.shape[-1]) and not torch.allclose(small, own[: a * b].float())
+    got = {}
+    layer0 = model.model.language_model.layers[0]
+    h = layer0.register_forward_pre_hook(lambda m, args: [got.setdefault("emb", args[0].clone()), None][1])
+    try:
+        prefill_pruned(model, sp, POLICIES["downsample"]().token_picker(ctx, 0.25), renumber=False)
+    finally:
+        h.remove()
+    img = sp.image_positions
+    assert got["emb"].shape[1] == sp.context_ids.shape[1] - len(img) + a * b
+    fed = got["emb"][0, int(img[0]):int(img[0]) + a * b].float()
+    torch.testing.assert_close(fed, small.to(fed.dtype).float(), rtol=0, atol=1e-6)
+    with pytest.raises(PrefillPruningUnsupported, match="not measurable here"):
+        LlavaNext().image_features_at(model, sp.pixel_values, a, b)
+
+
+@pytest.fixture(scope="module")
+def eager_tiny():
+    from unicache_lib.zoo.loaders import load_understanding
+
+    return load_understanding("tiny-llava", attn_implementation="eager")
+
+
+def test_batched_answers_equal_batch_one(eager_tiny):
+    """32 questions in one prefill and one question pass: the greedy answer ids equal batch 1's (torch.equal), the
+    logits agree to float rounding, each sample's prefill maps are its own batch-1 maps, and the question pass's
+    attention (padding removed) is batch 1's."""
+    from unicache_lib.kv.batch import answer_batch, groups_by_context, prefill_batch
+    from unicache_lib.world.questions import heldout_set
+
+    model, proc = eager_tiny
+    sps = [split_prompt(proc, q.scene.uint8(), q.question, model=model) for q in heldout_set(32, seed=5)]
+    assert len({sp.question_ids.shape[1] for sp in sps}) > 1  # questions of several lengths: the pass is padded
+    assert len(groups_by_context(sps, 32)) == 1  # one context length: one prefill batch
+    pol = POLICIES["key_coverage"]()
+    pres = prefill_batch(model, sps)
+    first, atts = answer_batch(model, [evict(p.cache, pol.select(p.context(), 0.25)) for p in pres], sps,
+                               output_attentions=True)
+    one, one_atts = [], []
+    for sp, pb in zip(sps, pres):
+        pre = prefill(model, sp)
+        assert all(torch.equal(a, b) for a, b in zip(pre.attentions, pb.attentions))
+        f, _, a = answer(model, evict(pre.cache, pol.select(pre.context(), 0.25)), sp, output_attentions=True)
+        one.append(f)
+        one_atts.append(a)
+    assert torch.equal(first.argmax(-1), torch.stack(one).argmax(-1))
+    torch.testing.assert_close(first, torch.stack(one), rtol=0, atol=1e-4)
+    for a, b in zip(atts, one_atts):
+        assert [x.shape for x in a] == [y.shape for y in b]
+        torch.testing.assert_close(torch.stack([x[0] for x in a]), torch.stack([y[0] for y in b]), rtol=0, atol=1e-5)
+
+
+def test_run_eviction_in_batches_gives_batch_one_rows(eager_tiny):
+    """run_eviction(batch_size=8) on 12 questions (a full batch and a short one): the same rows in the same order,
+    the same answers, bytes and kept positions; KL to float rounding. A bad batch size is refused before any
+    question runs."""
+    import pandas as pd
+
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.kv.batch import groups_by_context
+    from unicache_lib.kv.evaluate import run_eviction
+    from unicache_lib.world.questions import heldout_set
+
+    model, proc = eager_tiny
+    qas = heldout_set(12, seed=21)
+    pols = {n: POLICIES[n]() for n in ("full", "key_coverage", "snapkv", "oracle", "divprune")}
+    one = run_eviction(model, proc, qas, [0.1, 0.5], pols, None, 0, progress=False)
+    many = run_eviction(model, proc, qas, [0.1, 0.5], pols, None, 0, progress=False, batch_size=8)
+    same = ["question", "method", "budget", "correct", "agree", "kv_bytes", "kv_fraction", "prefill_tokens"]
+    pd.testing.assert_frame_equal(one[same], many[same])
+    assert np.allclose(one.kl, many.kl, atol=1e-4) and np.allclose(one.retained, many.retained, atol=1e-5)
+    with pytest.raises(InputError, match="positive integer"):
+        groups_by_context([], 0)
+
+
+def test_batched_eviction_refuses_what_it_cannot_batch():
+    """A family with cross-attention image KV (Mllama) is refused, naming batch_size=1."""
+    from unicache_lib.core.errors import UnsupportedError
+    from unicache_lib.kv.batch import check_batchable
+    from unicache_lib.world.questions import heldout_set
+    from unicache_lib.zoo.loaders import load_understanding
+
+    model, proc = load_understanding("tiny-mllama")
+    q = heldout_set(1, seed=3)[0]
+    with pytest.raises(UnsupportedError, match="batch_size=1"):
+        check_batchable(model, split_prompt(proc, q.scene.uint8(), q.question, model=model))

@@ -226,6 +226,7 @@ def _measure_reuse(board, RU: dict, CT: dict, pareto: dict, families: dict, repe
 
 
 CONTROLS = {"pooling": "the control: average-pooled image features",
+            "downsample": "the control: the picture downsampled, through the vision tower",
             "key_coverage_features": "place: the same cover, on the features before the prefill",
             "divprune_keys": "rule: DivPrune's max-min, on the same cached keys",
             "divprune": "both: DivPrune's rule on the features (the peer)"}
@@ -279,7 +280,8 @@ def eviction_recap(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho:
             f"{b:.0%}: " + (f"all {len(v)}" if len(v) == k else f"{len(v)} of {k}" + (f" ({', '.join(v)})" if v else ""))
             for b, v in br.items()) or "no random row")
         + (f"; U7's band split: {100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]." if u7 else "."),
-        "Controls: " + "; ".join(f"{b:.0%}: pooling {_at(acc, 'pooling', b):.3f}, cover on features before the prefill "
+        "Controls: " + "; ".join(f"{b:.0%}: pooling {_at(acc, 'pooling', b):.3f}, downsampled image {_at(acc, 'downsample', b):.3f}, "
+                                 f"cover on features before the prefill "
                                  f"{_at(acc, 'key_coverage_features', b):.3f}, DivPrune's rule on the keys "
                                  f"{_at(acc, 'divprune_keys', b):.3f}" for b in budgets) + ".",
         f"The simulation (retained attention) ranks policies with rho {rho:.2f}; decide on real answers.",
@@ -305,12 +307,13 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                         if {best, second} == {NEW, "divprune"} else "")
                      + (f"; score-based H2O is {100 * (cand[best] - cand['h2o']):.0f} pt behind" if "h2o" in cand else ""),
                      "where": "§2-§3: UNDERSTANDING_MODEL, BUDGETS, N_EVICTION"})
-    if "pooling" in acc.index:
-        rows.append({"measurement": f"{NEW} minus the pooling control, per budget",
-                     "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, 'pooling', b)):+.1f} pt" for b in budgets),
-                     "what it suggests on your model": "where pooling ties the designed policy, pool: it is simpler and "
-                     "prefills fewer tokens; a selection method earns its place only where it beats pooling",
-                     "where": "§3 (controls), POLICIES['pooling']"})
+    for ctl, what in (("pooling", "the pooling control"), ("downsample", "the downsampled-image control")):
+        if ctl in acc.index:
+            rows.append({"measurement": f"{NEW} minus {what}, per budget",
+                         "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, ctl, b)):+.1f} pt" for b in budgets),
+                         "what it suggests on your model": f"where {ctl} ties the designed policy, use it: it is simpler and "
+                         f"prefills fewer tokens; a selection method earns its place only where it beats {ctl}",
+                         "where": f"§3 (controls), POLICIES['{ctl}']"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
         rows.append({"measurement": f"the two halves of {NEW}'s design, per budget (place: minus the same cover on the "
                      "features; rule: minus DivPrune's rule on the keys)",

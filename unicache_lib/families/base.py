@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.errors import InputError, UnsupportedModelError
+from ..core.errors import InputError, PrefillPruningUnsupported, UnsupportedModelError
 from ..core.modality import Spans, spans_from_input_ids
 from ..core.models import unwrap
 from ..core.registry import Registry, registrar
@@ -126,7 +126,7 @@ class VLMFamily:
     lists them): ``attention_interface`` (its attention runs through transformers' ``AttentionInterface``, so
     ``recompute`` capture works), ``weights_argument`` (``(position, keyword)`` of the argument that makes its
     attention modules return weights, None: they always do), :meth:`row_gates`, :meth:`cross_spans`,
-    :meth:`image_kv` and :meth:`forward_text`.
+    :meth:`image_kv`, :meth:`forward_text` and :meth:`image_features_at`.
     """
 
     name = ""
@@ -160,6 +160,15 @@ class VLMFamily:
         """One forward of text tokens on an evicted cache, for a family that needs more than ``input_ids``,
         ``position_ids`` and a full mask (Mllama: its cross-attention states). None: the default forward."""
         return None
+
+    def image_features_at(self, model, pixel_values, rows: int, cols: int) -> torch.Tensor:
+        """``[rows * cols, D]`` float32: the picture (``pixel_values [1, 3, H, W]``, as the processor made it)
+        downsampled to a ``rows x cols`` patch grid and encoded by the family's own vision tower and projector, row
+        by row: the downsampled-image control (:mod:`~unicache_lib.kv.policies.downsample`). Families whose tower
+        takes one resolution only, or whose image tokens are not one grid of patches, cannot: the default refuses."""
+        raise PrefillPruningUnsupported(f"{self.name}: its vision tower is not run here at another resolution (the image "
+                                        f"tokens are not one patch grid of a resizable tower), so the downsampled-image "
+                                        f"control is not measurable here; the pooling control is")
 
     # ---- modules ----------------------------------------------------------------------------------
     def language_model(self, model) -> torch.nn.Module:

@@ -46,6 +46,23 @@ class Llava(VLMFamily):
         side = v.image_size // v.patch_size
         return (side, side)
 
+    def image_features_at(self, model, pixel_values, rows, cols):
+        """The CLIP tower at ``rows x cols`` patches: the picture resized (bilinear, antialiased) to
+        ``rows * patch x cols * patch`` pixels, the position embeddings interpolated to that grid
+        (``interpolate_pos_encoding``), the class token dropped and the projector applied as the checkpoint says."""
+        import torch.nn.functional as F
+
+        cfg = model.config
+        if cfg.vision_feature_select_strategy != "default" or not isinstance(cfg.vision_feature_layer, int):
+            return super().image_features_at(model, pixel_values, rows, cols)
+        p = cfg.vision_config.patch_size
+        small = F.interpolate(pixel_values.float(), size=(rows * p, cols * p), mode="bilinear", antialias=True,
+                              align_corners=False).to(pixel_values.dtype)
+        out = model.model.get_image_features(pixel_values=small, vision_feature_layer=cfg.vision_feature_layer,
+                                             vision_feature_select_strategy="default", interpolate_pos_encoding=True)
+        feats = out.pooler_output[0] if hasattr(out, "pooler_output") else out[0]
+        return feats.reshape(rows * cols, -1).float()
+
     def config(self, tok, shape):
         from transformers import LlamaConfig, LlavaConfig, MistralConfig
 
@@ -73,6 +90,7 @@ class LlavaNext(Llava):
     name = "LLaVA-NeXT"
     model_types = ("llava_next",)
     model_class = "LlavaNextForConditionalGeneration"
+    image_features_at = VLMFamily.image_features_at  # tiles and newline tokens: no single patch grid to resize
 
     def expected_image_tokens(self, config, inputs):
         return None
@@ -109,6 +127,7 @@ class LlavaOnevision(Llava):
     model_types = ("llava_onevision",)
     model_class = "LlavaOnevisionForConditionalGeneration"
     needs_video_processor = True
+    image_features_at = VLMFamily.image_features_at  # tiles and newline tokens: no single patch grid to resize
 
     def expected_image_tokens(self, config, inputs):
         return None

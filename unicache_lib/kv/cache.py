@@ -111,6 +111,7 @@ class Prefill:
     split: PromptSplit
     image_kv: ImageKV = None
     positions: torch.Tensor | None = None
+    encode: object = None  # (rows, cols) -> [rows * cols, D]: the picture re-encoded coarser (EvictionContext.encode)
 
     def context(self, seed: int = 0, future=None):
         from .policies.base import EvictionContext
@@ -120,7 +121,7 @@ class Prefill:
         reads = [(lambda li=li: (layers[li].keys[0], layers[li].values[0])) for li in kv.layers]
         return EvictionContext(kv.length, kv.positions, len(kv.layers), self.attentions, seed, future,
                                cache_layers=kv.layers, n_cache_layers=len(self.cache.layers),
-                               keep_always=kv.keep_always, grid=kv.grid, kv=reads)
+                               keep_always=kv.keep_always, grid=kv.grid, kv=reads, encode=self.encode)
 
 
 @torch.no_grad()
@@ -163,7 +164,12 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
     image_kv.grid = fam.grid_tokens(model.config, split.inputs)
     if image_kv.key_index is not None:  # the family trimmed the cache (e.g. padded tiles): trim the maps alike
         maps = [m[..., image_kv.key_index] for m in maps]
-    return Prefill(out.past_key_values, maps, split, image_kv, full_pos)
+    encode = None
+    if split.pixel_values is not None and split.pixel_values.dim() == 4 and split.pixel_values.shape[0] == 1:
+        @torch.no_grad()
+        def encode(rows, cols):
+            return fam.image_features_at(model, split.pixel_values.to(dev, dtype), rows, cols)
+    return Prefill(out.past_key_values, maps, split, image_kv, full_pos, encode)
 
 
 @torch.no_grad()

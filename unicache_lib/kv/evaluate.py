@@ -28,7 +28,7 @@ def _future(atts, n_context: int) -> list[torch.Tensor]:
 
 
 def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | None = None, seed: int = 0,
-                 progress: bool | None = None) -> pd.DataFrame:
+                 progress: bool | None = None, batch_size: int = 1) -> pd.DataFrame:
     """Columns: question, method, kind (``policy`` / ``kvpress``), budget, correct, agree (same answer as
     the full cache), kl (KL(full || evicted) at the first answer token), kv_bytes, kv_fraction (of the
     full cache), ms (question + answer on the compressed cache), retained (share of the question's
@@ -38,11 +38,16 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     capture: a cache-stage policy or press pays the full prefill, a prefill-stage policy only its kept tokens).
     ``peers``: name -> ``(compression_ratio, n_context) -> press`` (:func:`~.peers.press_factories`).
     A prefill-stage policy the family cannot run (:class:`~.cache.PrefillPruningUnsupported`) is left out with a
-    warning; ``result.attrs["skipped"]`` maps its name to the reason."""
-    from ..core.models import language_attn_implementation
+    warning; ``result.attrs["skipped"]`` maps its name to the reason.
+
+    ``batch_size > 1``: questions of one context length are prefilled together and every cache-stage policy's
+    answers come from one forward per batch (:mod:`~.batch`); ``ms`` and ``prefill_ms`` are then the batch's time
+    divided by its size. Prefill-stage policies and kvpress presses still run one question at a time. Answers equal
+    batch 1's; ``kl`` agrees to float rounding. Families :func:`~.batch.check_batchable` refuses need ``batch_size=1``.
+    """
     from ..families import family_of
     from ..inputs import check_fractions
-    from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
+    from .batch import check_batchable, groups_by_context
 
     check_fractions(budgets, "budget", meaning="of the image tokens kept")  # before any question runs
     budgets = list(budgets)
@@ -52,68 +57,113 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
         raise InputError(f"{fam.name}: kvpress presses compress self-attention caches during prefill; the image KV of a "
                          f"cross-attention VLM lives in its cross-attention layers, which the presses do not touch. "
                          f"Run without peers (PEERS=False).")
-    tok = processor.tokenizer
-    rows, skipped = [], {}
-    for qi, q in enumerate(bar(qas, progress, desc="eviction")):
-        sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
-        pre = prefill(model, sp, attentions=True)
-        C, n_img = sp.context_ids.shape[1], pre.context().n_image
-        full_cache = evict(pre.cache, POLICIES["full"]().select(pre.context(), 1.0))
-        full_bytes = kv_bytes(full_cache)
-        ref, _, atts = answer(model, full_cache, sp, output_attentions=True)
-        ref_lp = torch.log_softmax(ref, -1)
-        future = _future(atts, pre.context().seq_len)
-        ctx = pre.context(seed=seed + qi, future=future)
+    run = _EvictionRun(model, processor.tokenizer, budgets, policies, peers, seed)
+    qas = list(qas)
+    if batch_size == 1:
+        for qi, q in enumerate(bar(qas, progress, desc="eviction")):
+            run.batch([(qi, q, split_prompt(processor, q.scene.uint8(), q.question, model=model))])
+    else:
+        splits = [split_prompt(processor, q.scene.uint8(), q.question, model=model) for q in qas]
+        groups = groups_by_context(splits, batch_size)
+        if splits:
+            check_batchable(model, splits[0])
+        for g in bar(groups, progress, desc=f"eviction (batches of {batch_size})"):
+            run.batch([(i, qas[i], splits[i]) for i in g])
+    out = pd.DataFrame([r for qi in sorted(run.rows) for r in run.rows[qi]])
+    out.attrs["skipped"] = run.skipped
+    return out
+
+
+class _EvictionRun:
+    """The rows of :func:`run_eviction`, one batch of questions at a time (a batch of one: the batch-1 path)."""
+
+    def __init__(self, model, tok, budgets, policies, peers, seed):
+        self.model, self.tok, self.budgets, self.policies, self.peers, self.seed = model, tok, budgets, policies, peers, seed
+        self.rows: dict[int, list] = {}
+        self.skipped: dict[str, str] = {}
+
+    def batch(self, items: list) -> None:
+        """``items``: ``(question index, question, split)``; one context length when more than one."""
+        from ..core.models import language_attn_implementation
+        from .batch import answer_batch, prefill_batch
+        from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
+
+        model, budgets = self.model, self.budgets
+        one = len(items) == 1
+        sps = [sp for _, _, sp in items]
+        pres = [prefill(model, sps[0], attentions=True)] if one else prefill_batch(model, sps, attentions=True)
+        fulls = [evict(p.cache, POLICIES["full"]().select(p.context(), 1.0)) for p in pres]
+        full_bytes = [kv_bytes(c) for c in fulls]
+        if one:
+            ref, _, atts = answer(model, fulls[0], sps[0], output_attentions=True)
+            refs, atts = ref[None], [atts]
+        else:
+            refs, atts = answer_batch(model, fulls, sps, output_attentions=True)
+        futures = [_future(a, p.context().seq_len) for a, p in zip(atts, pres)]
+        ctxs = [p.context(seed=self.seed + qi, future=f) for (qi, _, _), p, f in zip(items, pres, futures)]
         t0 = time.perf_counter()
-        prefill(model, sp, attentions=False)
-        full_prefill_ms = 1e3 * (time.perf_counter() - t0)
+        if one:
+            prefill(model, sps[0], attentions=False)
+        else:
+            prefill_batch(model, sps, attentions=False)
+        full_prefill_ms = 1e3 * (time.perf_counter() - t0) / len(items)
+        rows = [self.rows.setdefault(qi, []) for qi, _, _ in items]
 
-        def row(method, kind, b, logits, nbytes, ms, retained, memory="freed", prefill_tokens=C, prefill_ms=None):
+        def row(b, method, kind, budget, logits, nbytes, ms, retained, memory="freed", prefill_tokens=None, prefill_ms=None):
+            qi, q, sp = items[b]
+            ref_lp = torch.log_softmax(refs[b], -1)
             lp = torch.log_softmax(logits, -1)
-            pred = tok.convert_ids_to_tokens(int(logits.argmax()))
-            return {"question": qi, "qtype": q.qtype, "scene": q.scene.scene_type, "method": method, "kind": kind, "budget": b,
-                    "correct": pred == q.answer, "agree": int(logits.argmax()) == int(ref.argmax()),
+            pred = self.tok.convert_ids_to_tokens(int(logits.argmax()))
+            return {"question": qi, "qtype": q.qtype, "scene": q.scene.scene_type, "method": method, "kind": kind,
+                    "budget": budget, "correct": pred == q.answer, "agree": int(logits.argmax()) == int(refs[b].argmax()),
                     "kl": float((ref_lp.exp() * (ref_lp - lp)).sum()), "kv_bytes": nbytes,
-                    "kv_fraction": nbytes / full_bytes, "ms": ms, "retained": retained, "memory": memory,
-                    "prefill_tokens": prefill_tokens, "prefill_ms": full_prefill_ms if prefill_ms is None else prefill_ms}
+                    "kv_fraction": nbytes / full_bytes[b], "ms": ms, "retained": retained, "memory": memory,
+                    "prefill_tokens": sp.context_ids.shape[1] if prefill_tokens is None else prefill_tokens,
+                    "prefill_ms": full_prefill_ms if prefill_ms is None else prefill_ms}
 
-        for name, pol in policies.items():
-            for b in budgets:
+        for name, pol in self.policies.items():
+            for bud in budgets:
                 if getattr(pol, "stage", "cache") == "prefill":
-                    if name in skipped:
+                    if name in self.skipped:
                         continue
                     try:
-                        rows.append(_prefill_stage_row(model, sp, pol, ctx, b, future, row))
+                        for b in range(len(items)):
+                            rows[b].append(_prefill_stage_row(model, sps[b], pol, ctxs[b], bud, futures[b],
+                                                              lambda *a, b=b, **k: row(b, *a, **k)))
                     except PrefillPruningUnsupported as e:
-                        skipped[name] = str(e)
-                        warnings.warn(f"{name} skipped: {e}", stacklevel=2)
+                        self.skipped[name] = str(e)
+                        warnings.warn(f"{name} skipped: {e}", stacklevel=3)
                     continue
-                keep = pol.select(ctx, b)
-                cache = evict(pre.cache, keep)
-                nbytes = kv_bytes(cache)
+                keeps = [pol.select(ctx, bud) for ctx in ctxs]
+                caches = [evict(p.cache, keep) for p, keep in zip(pres, keeps)]
+                nbytes = [kv_bytes(c) for c in caches]
                 t0 = time.perf_counter()
-                logits, _, _ = answer(model, cache, sp)
-                ms = 1e3 * (time.perf_counter() - t0)
-                kept = [k for k in keep if k is not None] if len(keep) != len(future) else keep
-                rows.append(row(name, "policy", b, logits, nbytes, ms, _retained(future, kept)))
-        for name, make in (peers or {}).items():
-            for b in budgets:
-                press = make(compression_ratio(C, n_img, b), C)
-                impl = "sdpa" if needs_sdpa(name) else language_attn_implementation(model)
-                with attention_implementation(model, impl):
-                    with quiet(loggers=("kvpress",)), press(model):  # "model not tested" for LLaVA, once per call
-                        pp = prefill(model, sp, attentions=False)
-                    nbytes = kv_bytes(pp.cache)
-                    t0 = time.perf_counter()
-                    logits, _, _ = answer(model, pp.cache, sp)
-                    ms = 1e3 * (time.perf_counter() - t0)
-                if masks_only(name) and nbytes != full_bytes:
-                    raise ContractError(f"{name} was expected to mask keys and keep the full cache, but it holds "
-                                       f"{nbytes} of {full_bytes} bytes: check the kvpress version")
-                rows.append(row(name, "kvpress", b, logits, nbytes, ms, float("nan"), MASKED_LABEL if masks_only(name) else "freed"))
-    out = pd.DataFrame(rows)
-    out.attrs["skipped"] = skipped
-    return out
+                if one:
+                    logits = answer(model, caches[0], sps[0])[0][None]
+                else:
+                    logits = answer_batch(model, caches, sps)[0]
+                ms = 1e3 * (time.perf_counter() - t0) / len(items)
+                for b, keep in enumerate(keeps):
+                    kept = [k for k in keep if k is not None] if len(keep) != len(futures[b]) else keep
+                    rows[b].append(row(b, name, "policy", bud, logits[b], nbytes[b], ms, _retained(futures[b], kept)))
+        for name, make in (self.peers or {}).items():
+            for b, (_, _, sp) in enumerate(items):
+                C, n_img = sp.context_ids.shape[1], ctxs[b].n_image
+                for bud in budgets:
+                    press = make(compression_ratio(C, n_img, bud), C)
+                    impl = "sdpa" if needs_sdpa(name) else language_attn_implementation(model)
+                    with attention_implementation(model, impl):
+                        with quiet(loggers=("kvpress",)), press(model):  # "model not tested" for LLaVA, once per call
+                            pp = prefill(model, sp, attentions=False)
+                        nbytes = kv_bytes(pp.cache)
+                        t0 = time.perf_counter()
+                        logits, _, _ = answer(model, pp.cache, sp)
+                        ms = 1e3 * (time.perf_counter() - t0)
+                    if masks_only(name) and nbytes != full_bytes[b]:
+                        raise ContractError(f"{name} was expected to mask keys and keep the full cache, but it holds "
+                                            f"{nbytes} of {full_bytes[b]} bytes: check the kvpress version")
+                    rows[b].append(row(b, name, "kvpress", bud, logits, nbytes, ms, float("nan"),
+                                       MASKED_LABEL if masks_only(name) else "freed"))
 
 
 def _prefill_stage_row(model, sp, pol, ctx, budget, future, row) -> dict:

@@ -32,7 +32,9 @@ class EvictionContext:
     picture row by row (None: the family's image tokens form no single grid); ``kv``: per such layer a
     zero-argument callable returning that layer's cached ``(keys, values)``, each ``[H_kv, C, D]`` (read
     lazily: a 7B model's float32 copies of every layer would not fit beside it); ``features``: ``[n_image, D]``
-    the image embeddings the language model receives (prefill-stage policies only).
+    the image embeddings the language model receives (prefill-stage policies only); ``encode``: ``(rows, cols) ->
+    [rows * cols, D]``, the picture re-encoded at a coarser patch grid by the family's vision tower (the
+    downsampled-image control; :meth:`~unicache_lib.families.base.VLMFamily.image_features_at`).
     """
 
     seq_len: int
@@ -47,6 +49,7 @@ class EvictionContext:
     grid: torch.Tensor | None = None
     kv: list | None = None
     features: torch.Tensor | None = None
+    encode: object = None
 
     @property
     def n_image(self) -> int:

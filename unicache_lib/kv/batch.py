@@ -1,0 +1,178 @@
+"""Eviction on a batch of prompts: one prefill and one question pass serve many questions.
+
+    pres = prefill_batch(model, splits)                    # splits: split_prompt(...) per question
+    caches = [evict(p.cache, policy.select(p.context(), 0.25)) for p in pres]
+    first = answer_batch(model, caches, splits)            # [B, vocab]: each question's first answer token
+
+How it stays equal to batch 1:
+
+- **Prefill**: questions are grouped by context length, so a prefill batch needs no padding: every sample's
+  positions, attention maps and cache are those of its own prefill (one record per batch row). Each sample gets
+  its own :class:`~.cache.Prefill` whose cache is its row of the batch's cache, so a policy chooses exactly as
+  at batch 1, per sample and per layer.
+- **Answer**: the evicted caches are stacked (every sample keeps the same count per layer when the contexts
+  are equal; shorter ones are left-padded and masked otherwise), the questions right-padded, each position
+  numbered from its own original context length, and each answer read at its own last question token, under a
+  per-sample attention mask.
+
+Greedy answers equal batch-1 answers (``tests/test_kv.py`` checks ``torch.equal`` on the ids); logits agree to
+float rounding (a batched matrix product may sum in another order). Families that number positions themselves
+(M-RoPE), keep the image KV in cross-attention layers or need their own question forward are refused with what
+to use instead (batch size 1).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..capture.runner import to_model
+from ..core.errors import ContractError, InputError, UnsupportedError
+from .cache import Prefill, PromptSplit, locate_image_kv
+
+
+def check_batchable(model, split: PromptSplit) -> None:
+    """Raise :class:`~unicache_lib.core.errors.UnsupportedError` (saying to use batch size 1) when ``model``'s
+    family cannot run eviction in batches here."""
+    from ..families import family_of
+    from ..families.base import VLMFamily
+
+    fam = family_of(model)
+    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    why = None
+    if fam.cross_attention:
+        why = "keeps its image KV in cross-attention layers"
+    elif type(fam).forward_text is not VLMFamily.forward_text or type(fam).image_kv is not VLMFamily.image_kv:
+        why = "needs its own question forward or cache layout"
+    elif fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype)) is not None:
+        why = "numbers its positions itself (M-RoPE)"
+    if why:
+        raise UnsupportedError(f"{fam.name}: batched eviction is implemented for families whose image tokens sit in one "
+                               f"sequence with positions 0..S-1; this one {why}. Use batch_size=1.")
+
+
+def groups_by_context(splits: list[PromptSplit], batch_size: int) -> list[list[int]]:
+    """Indices of ``splits`` in batches of at most ``batch_size``, each batch of one context length (and the same
+    image input shapes), in first-seen order: a prefill batch without padding."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    buckets: dict = {}
+    for i, sp in enumerate(splits):
+        key = (sp.context_ids.shape[1], None if sp.pixel_values is None else tuple(sp.pixel_values.shape[1:]))
+        buckets.setdefault(key, []).append(i)
+    return [ix[j:j + batch_size] for ix in buckets.values() for j in range(0, len(ix), batch_size)]
+
+
+def _stack(values: list):
+    """Batch rows of one processor output: tensors concatenated on dim 0, anything else taken from the first."""
+    v0 = values[0]
+    return torch.cat(values, 0) if torch.is_tensor(v0) and v0.dim() >= 1 else v0
+
+
+@torch.no_grad()
+def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> list[Prefill]:
+    """Run the contexts of ``splits`` (one context length; see :func:`groups_by_context`) as one batch. Returns one
+    :class:`~.cache.Prefill` per sample, as :func:`~.cache.prefill` would (its cache is that sample's row of the
+    batch's cache, ``[1, H, C, D]`` per layer; its maps ``[H, C, C]`` float32 when ``attentions``)."""
+    from transformers import DynamicCache
+
+    from ..capture.vlm import AttentionCapture
+    from ..core.models import language_attn_implementation
+    from ..families import family_of
+
+    if not splits:
+        return []
+    if len({sp.context_ids.shape[1] for sp in splits}) != 1:
+        raise InputError("prefill_batch runs contexts of one length (no padding): group them with groups_by_context")
+    fam = family_of(model)
+    check_batchable(model, splits[0])
+    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    cache = DynamicCache(config=model.config)
+    kw = dict(input_ids=torch.cat([sp.context_ids for sp in splits]).to(dev), past_key_values=cache, use_cache=True)
+    kw.update(to_model({k: _stack([sp.extra[k] for sp in splits]) for k in splits[0].extra}, dev, dtype))
+    if splits[0].pixel_values is not None:
+        kw["pixel_values"] = torch.cat([sp.pixel_values for sp in splits]).to(dev, dtype)
+    maps = [[] for _ in splits]
+    if attentions:
+        impl = language_attn_implementation(model)
+        if impl != "eager":
+            raise ContractError(f"prefill_batch reads the context's attention, which {impl!r} does not return: load with "
+                                f"attn_implementation='eager' (or attentions=False for policies that need none)")
+        with AttentionCapture(model, "full", part=fam.image_part, spans=None, sample_ids=range(len(splits))) as cap:
+            out = model(**kw)
+        for r in sorted(cap.result.records, key=lambda r: r.layer):
+            maps[int(r.sample)].append(r.probs)
+    else:
+        out = model(**kw)
+    pres = []
+    for b, sp in enumerate(splits):
+        sp.family = fam
+        row = copy.copy(out.past_key_values)
+        row.layers = [copy.copy(layer) for layer in out.past_key_values.layers]
+        for layer in row.layers:
+            layer.keys, layer.values = layer.keys[b:b + 1], layer.values[b:b + 1]
+        kv = locate_image_kv(fam, model, row, sp)
+        kv.grid = fam.grid_tokens(model.config, sp.inputs)
+        encode = None
+        if sp.pixel_values is not None and sp.pixel_values.dim() == 4 and sp.pixel_values.shape[0] == 1:
+            def encode(rows, cols, pv=sp.pixel_values):
+                with torch.no_grad():
+                    return fam.image_features_at(model, pv.to(dev, dtype), rows, cols)
+        pres.append(Prefill(row, maps[b], sp, kv, None, encode))
+    return pres
+
+
+@torch.no_grad()
+def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentions: bool = False):
+    """The first answer token of every question on its (evicted) cache, in one forward.
+
+    ``caches``: per sample a cache of batch 1 (e.g. :func:`~.cache.evict`'s), left as they are; ``splits``: the
+    samples' splits (questions of any length). Returns ``first [B, vocab]`` float32 and, with ``output_attentions``
+    (eager), per sample the question pass's attention of every layer, ``[1, H, Q_b, K_b]`` as
+    :func:`~.cache.answer` gives it (its padding removed)."""
+    from transformers import DynamicCache
+
+    if len(caches) != len(splits) or not caches:
+        raise InputError(f"{len(caches)} caches for {len(splits)} questions")
+    check_batchable(model, splits[0])
+    dev = next(model.parameters()).device
+    B = len(caches)
+    held = [c.get_seq_length() for c in caches]
+    K = max(held)
+    qlen = [sp.question_ids.shape[1] for sp in splits]
+    Q = max(qlen)
+    pad_id = 0 if getattr(model.config, "pad_token_id", None) is None else int(model.config.pad_token_id)
+    ids = torch.full((B, Q), pad_id, dtype=torch.long, device=dev)
+    mask = torch.zeros(B, K + Q, dtype=torch.long, device=dev)
+    pos = torch.zeros(B, Q, dtype=torch.long, device=dev)
+    for b, sp in enumerate(splits):
+        ids[b, : qlen[b]] = sp.question_ids[0].to(dev)
+        mask[b, K - held[b]: K + qlen[b]] = 1  # cache left-padded, question right-padded
+        c = sp.context_ids.shape[1]
+        pos[b] = torch.arange(c, c + Q, device=dev)  # positions continue from the original context
+    stacked = DynamicCache(config=model.config)
+    n_layers = {len(c.layers) for c in caches}
+    if len(n_layers) != 1:
+        raise InputError(f"caches of different depths: {sorted(n_layers)} layers")
+    stacked.layers = [copy.copy(layer) for layer in caches[0].layers]
+    for li, layer in enumerate(stacked.layers):
+        ks, vs = [], []
+        for b, c in enumerate(caches):
+            k, v = c.layers[li].keys, c.layers[li].values
+            pad = K - k.shape[-2]
+            if pad:
+                k = torch.cat([k.new_zeros(*k.shape[:-2], pad, k.shape[-1]), k], -2)
+                v = torch.cat([v.new_zeros(*v.shape[:-2], pad, v.shape[-1]), v], -2)
+            ks.append(k)
+            vs.append(v)
+        layer.keys, layer.values = torch.cat(ks), torch.cat(vs)
+    out = model(input_ids=ids, past_key_values=stacked, position_ids=pos, attention_mask=mask, use_cache=True,
+                output_attentions=output_attentions)
+    first = torch.stack([out.logits[b, qlen[b] - 1] for b in range(B)]).float()
+    if not output_attentions:
+        return first, None
+    atts = []
+    for b in range(B):
+        keys = torch.cat([torch.arange(K - held[b], K), torch.arange(K, K + qlen[b])]).to(dev)
+        atts.append([a[b:b + 1, :, : qlen[b]].index_select(-1, keys).float() for a in out.attentions])
+    return first, atts
