@@ -110,7 +110,9 @@ gpu-rehearsal: setup
 ##          imagefolder (images + metadata.jsonl + masks.npz) in outputs/samples/understanding, and outputs/samples/prompts.jsonl
 samples: setup
 	$(BIN)/python -m unicache_lib.world.samples --folder --out outputs/samples/understanding
-	$(BIN)/python -c "from unicache_lib.world.text import export_prompts, prompt_set; print('wrote', export_prompts(prompt_set(32, 0, 0), 'outputs/samples/prompts.jsonl'))"
+	# notebook 03's default prompts (16 one-object, 8 pairs) and notebook 06's (32 scored + 4 calibration), as PROMPTS reads them
+	$(BIN)/python -c "from unicache_lib.world.text import export_prompts, prompt_set; print('wrote', export_prompts(prompt_set(16, 8, 0), 'outputs/samples/prompts_03.jsonl'))"
+	$(BIN)/python -c "from unicache_lib.world.text import export_prompts, prompt_set; print('wrote', export_prompts(prompt_set(36, 0, 0), 'outputs/samples/prompts_06.jsonl'))"
 
 ## evaluate: the decisive runs of notebook 05's eviction targets (E1-E4) and controls on 2,700 new held-out questions,
 ##           NPROC processes (default 2; torchrun, one shard per rank) then the merge -> benchmarks/results/evaluate_*.csv

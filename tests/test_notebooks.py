@@ -272,3 +272,27 @@ def test_02_on_an_exported_sample_folder_gives_the_same_verdicts(tmp_path):
     a, b = scoreboard(tmp_path / "shipped"), scoreboard(tmp_path / "folder")
     assert {c: r["verdict"] for c, r in a.items()} == {c: r["verdict"] for c, r in b.items()}
     assert [r["criteria"] for r in a.values()] == [r["criteria"] for r in b.values()]
+
+
+def test_generation_notebooks_on_your_own_prompts_without_objects(tmp_path):
+    """PROMPTS: a prompts.jsonl of your own words with no 'objects' runs notebooks 03 and 06 to their scoreboards by
+    parameter alone; what needs objects says "not measurable with these prompts" and what to add, nothing falls back
+    to the synthetic prompts."""
+    texts = ["a fox in the snow", "a lighthouse at dusk", "a bowl of fruit", "a red bicycle", "a quiet street",
+             "a cup of tea", "a mountain lake", "an old clock"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    (tmp_path / "03").mkdir()
+    nb = run_notebook("03_diffusion_steps.ipynb", tmp_path / "03", PROMPTS=str(mine), MODELS=["tiny-mmdit"], N_SINGLE=4,
+                      N_PAIRS=0, STEPS=4,
+                      MAP_PROMPTS=1, UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
+    board = scoreboard(tmp_path / "03")
+    assert board["G9"]["verdict"] == "not measurable here" and "add 'objects'" in board["G9"]["note"]
+    printed = nb.read_text()
+    assert "not measurable with these prompts" in printed and "a fox in the snow" in printed
+    assert "a red circle" not in printed  # nothing from the synthetic prompt set
+    (tmp_path / "06").mkdir()
+    run_notebook("06_step_reuse.ipynb", tmp_path / "06", PROMPTS=str(mine), GENERATORS=["tiny-mmdit"], N_PROMPTS=4, STEPS=5,
+                 TIMING_PROMPTS=2, REPEATS=2)
+    assert set(scoreboard(tmp_path / "06")) == {"R1", "R2", "R3", "G3", "G8"}

@@ -85,3 +85,29 @@ def test_prompts_jsonl_round_trip_and_refusals(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "a cat"}\n')
     with pytest.raises(UnicacheError, match=r"line 1: no 'prompt' text"):
         read_prompts(tmp_path / "bad.jsonl")
+
+
+def test_your_prompts_file_reads_back_as_the_prompt_set(tmp_path):
+    """The synthetic prompts exported as prompts.jsonl (make samples) load as exactly the dicts prompt_set makes
+    (pairs and their kinds recovered from the objects), so a notebook run on the file is the built-in run; too few
+    prompts of a kind, or malformed objects, are refused naming the fix; an object the detector does not know is
+    scored NaN, not wrong."""
+    import numpy as np
+
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.world.segment import score_object
+    from unicache_lib.world.text import export_prompts, load_prompts, prompt_set
+
+    want = prompt_set(5, 4, 3)
+    path = export_prompts(want, tmp_path / "prompts.jsonl")
+    assert load_prompts(path, 5, 4) == want
+    assert load_prompts(None, 5, 4, 3) == want
+    with pytest.raises(InputError, match="5 prompts that are not two-object pairs and 4 two-object pairs; 6 and 4"):
+        load_prompts(path, 6, 4)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a cat", "objects": "cat"}\n')
+    with pytest.raises(InputError, match="line 1: 'objects' must be a list"):
+        load_prompts(bad, 1)
+    img = np.zeros((32, 32, 3), np.uint8)
+    assert all(np.isnan(v) for v in score_object(img, {"colour": "orange", "shape": "fox", "position": "left"}).values())
+    assert all(np.isnan(v) for v in score_object(img, None).values())

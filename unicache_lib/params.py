@@ -149,6 +149,23 @@ def samples_folder(name, v):
         _fail(name, v, str(e))
 
 
+def prompts_file(name, v):
+    """None (the synthetic prompts) or a ``prompts.jsonl`` (or a folder holding one) that
+    :func:`unicache_lib.world.text.read_prompts` reads, checked line by line now."""
+    if v is None:
+        return
+    from .paths import project_path
+    from .world.text import read_prompts
+
+    if not isinstance(v, (str, Path)) or not project_path(v).exists():
+        _fail(name, v, "must be None (the synthetic prompts) or your prompts.jsonl: one {\"prompt\": ...} per line "
+                       "(objects optional) -- `make samples` writes an example")
+    try:
+        read_prompts(project_path(v))
+    except InputError as e:
+        _fail(name, v, str(e))
+
+
 def out_dir(name, v):
     from .paths import project_path
 
@@ -161,7 +178,7 @@ def out_dir(name, v):
 KINDS = {
     "MODEL": model(), "UNDERSTANDING_MODEL": model(), "MODELS": models(), "GENERATORS": models(empty_ok=True),
     **{k: model(optional=True) for k in ("LLAVA", "VILT", "MLLAMA", "CLIP", "UNIFIED", "MMDIT", "PIXART")},
-    "DEVICE": device, "DTYPE": dtype, "SEED": seed, "SAMPLE_SEED": seed, "OUT_DIR": out_dir, "SAMPLES": samples_folder,
+    "DEVICE": device, "DTYPE": dtype, "SEED": seed, "SAMPLE_SEED": seed, "OUT_DIR": out_dir, "SAMPLES": samples_folder, "PROMPTS": prompts_file,
     "LAYERS": layers, "LAYER": layer, "SENTENCE": text, "PICTURE_CACHE": text,
     "MEMORY_BUDGET_GB": number(), "GUIDANCE": number(), "THRESHOLD": fraction, "STRICT_THRESHOLD": fraction,
     "BUDGETS": fractions, "FRACTIONS": fractions, "PICTURE_BUDGET": fraction, "PEERS": flag, "FEWER_STEPS": counts_or_none,

@@ -393,7 +393,8 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
 def _picture_row(image, title: str, n_panels: int, panel_size: tuple[float, float], fontsize: int):
     """A figure of ``1 + n_panels`` axes in a row, the first showing ``image [H, W, 3]`` under ``title``."""
     plt = _plt()
-    fig, axes = plt.subplots(1, n_panels + 1, figsize=(panel_size[0] * (n_panels + 1), panel_size[1]))
+    fig, axes = plt.subplots(1, n_panels + 1, figsize=(panel_size[0] * (n_panels + 1), panel_size[1]), squeeze=False)
+    axes = axes[0]
     axes[0].imshow(np.asarray(image))
     axes[0].set_axis_off()
     axes[0].set_title(title, fontsize=fontsize)

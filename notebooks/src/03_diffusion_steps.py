@@ -48,6 +48,7 @@ LAYERS = None                 # blocks to capture (None = all; e.g. [0, 11, 23] 
 MAP_QUERY_STRIDE = 1          # keep every k-th query row of the widget's full maps (memory at real sizes)
 N_SINGLE = 16                 # one-object prompts (each once short and once long)
 N_PAIRS = 8                   # two-object prompts, half of them with both objects in one colour
+PROMPTS = None                # your own prompts: a prompts.jsonl (pairs: two objects; make samples: an example)
 STEPS = 20                    # denoising steps
 GUIDANCE = 3.0                # classifier-free guidance scale
 SEED = 0                      # prompt i is sampled with seed SEED + i
@@ -80,7 +81,7 @@ from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import step_explorer
 from unicache_lib.world.segment import score_object
-from unicache_lib.world.text import prompt_set
+from unicache_lib.world.text import load_prompts, named_words
 from unicache_lib.gen_families import gen_family_of
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
 
@@ -90,7 +91,7 @@ out.mkdir(parents=True, exist_ok=True)
 paths = {model_label(m): m for m in MODELS}  # from here on a model is named by its label (outputs go under it)
 gens = {m: load_generator(p, dtype=DTYPE, device=DEVICE) for m, p in paths.items()}
 MODELS = list(gens)
-prompts = prompt_set(N_SINGLE, N_PAIRS, SEED)
+prompts = load_prompts(PROMPTS, N_SINGLE, N_PAIRS, SEED)  # N_SINGLE prompts, then N_PAIRS two-object ones
 
 # %% [markdown]
 # ## 0. A first look: does a word look at what it names?
@@ -109,7 +110,7 @@ look = {m: capture_generation(g, [prompts[look_i]["short"]], "look", None, STEPS
         for m, g in gens.items()}
 for m, run in look.items():
     W = G.word_maps(run.result.records, run.sample_ids[0])  # [real text tokens, image tokens]
-    words = {o[r] for o in prompts[look_i]["objects"] for r in ("colour", "shape")}
+    words = set(named_words(prompts[look_i]))  # its objects' colour and shape words (your prompts: its content words)
     fig = plots.word_regions(run.images[0], {t: W[j] for j, t in enumerate(run.tokens[0]) if t in words},
                              f"{m}: {prompts[look_i]['short']!r}")
     _ = plots.save(fig, out, f"first_look_{m}")
@@ -119,7 +120,8 @@ for m, run in look.items():
 for m, run in look.items():
     drawn = drawn_objects(run.images[0], prompts[look_i])
     said = "; ".join(f"{d['asked']} -> " + (f"a {d['drawn']} ({d['position']})" if d["drawn"] else "nothing in that colour")
-                     + ("" if d["shape_ok"] else "  <- not what was asked") for d in drawn)
+                     + ("" if d["shape_ok"] else "  <- not what was asked") for d in drawn) or (
+        "not measurable with these prompts: none lists objects the detector knows (add 'objects' to prompts.jsonl)")
     wr = word_region_table(run, [prompts[look_i]], gens[m].image_size // int(round(gens[m].image_tokens ** 0.5)))
     hits = wr[wr.role != "binding overlap"]
     print(f"{m}: {said}")
@@ -203,10 +205,13 @@ for (m, kind), run in runs.items():
     if kind == "maps":
         continue
     for p, img in zip(prompts[:N_SINGLE], run.images[:N_SINGLE]):
-        follow.append({"model": m, "kind": kind, **score_object(img, p["objects"][0])})
+        follow.append({"model": m, "kind": kind, **score_object(img, (p["objects"] or [None])[0])})  # NaN: not judged
 follow = pd.DataFrame(follow)
-print(follow.groupby(["model", "kind"])[["colour", "position", "shape"]].mean().round(3).to_string())
-print(f"n = {N_SINGLE} single-object prompts per row")
+if follow.colour.notna().any():
+    print(follow.groupby(["model", "kind"])[["colour", "position", "shape"]].mean().round(3).to_string())
+    print(f"n = {int(follow.colour.notna().sum() // (len(runs) - len(MODELS)))} single-object prompts per row")
+else:
+    print("not measurable with these prompts: none lists an object the detector knows (add 'objects' to prompts.jsonl)")
 
 # %% [markdown]
 # And the two-object prompts: each object's pixels (split at the middle for a same-colour pair) read back as a
@@ -584,7 +589,7 @@ mrun = runs[m0, "maps"]
 mrecs = [r for r in mrun.result.records if "probs" in r.data and r.sample == mrun.sample_ids[0] and r.meta.get("n_text", 0) > 0]
 mid_step, last_layer = sorted({r.step for r in mrecs})[len({r.step for r in mrecs}) // 2], max(r.layer for r in mrecs)
 rec = next(r for r in mrecs if r.step == mid_step and r.layer == last_layer)
-shape_word = prompts[0]["objects"][0]["shape"]
+shape_word = named_words(prompts[0])[-1 if not prompts[0]["objects"] else 1]  # its shape word (your prompts: a content word)
 wpos = G.word_positions(mrun.tokens[0], shape_word) or [0]
 fig = plots.step_panel(rec, 0, mrun.images[0], wpos[0], mrun.tokens[0],
                        f"{m0} · {prompts[0]['short']!r} · step {mid_step} · layer {last_layer} · head 0")

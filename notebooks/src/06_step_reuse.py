@@ -47,6 +47,7 @@ DEVICE = "auto"               # "cpu", "cuda" or "auto"
 DTYPE = "auto"                # weights; statistics are fp32 always
 GENERATORS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or pipeline folders
 N_PROMPTS = 32                # single-object prompts for the reuse sweep
+PROMPTS = None                # your own prompts: a prompts.jsonl, N_PROMPTS scored + 4 to calibrate (make samples: an example)
 STEPS = 20
 GUIDANCE = 3.0
 TIMING_PROMPTS = 8
@@ -76,7 +77,7 @@ from unicache_lib.reuse.evaluate import (PSNR_CAP, attention_share, gallery, met
                                          versus)
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.world.text import prompt_set
+from unicache_lib.world.text import load_prompts
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
 
 # %%
@@ -86,8 +87,8 @@ if not GENERATORS:
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
-gprompts = prompt_set(N_PROMPTS + 4, 0, SEED)  # the first N_PROMPTS are scored, the last 4 calibrate MagCache
-objs = [p["objects"][0] for p in gprompts[:N_PROMPTS]]
+gprompts = load_prompts(PROMPTS, N_PROMPTS + 4, 0, SEED)  # the first N_PROMPTS are scored, the last 4 calibrate MagCache
+objs = [p["objects"][0] if p["objects"] else None for p in gprompts[:N_PROMPTS]]  # None: not judged (NaN)
 texts = [p["short"] for p in gprompts[:N_PROMPTS]]
 calibration = [p["short"] for p in gprompts[N_PROMPTS:]]
 NEW_REUSE, MILD = CC.NEW_REUSE, CC.MILD

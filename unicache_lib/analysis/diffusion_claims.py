@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..intervals import extreme_of, grouped, mean_interval, ratio_interval
+from .word_regions import judged
 
 RULES: dict[str, tuple[str, dict]] = {
     "G1": ("image-query normalised entropy, early-phase mean minus late-phase mean (over parts and layers), on the "
@@ -164,7 +165,10 @@ def measure_word_regions(board, R: pd.DataFrame, loc: pd.DataFrame, models, prom
     Rl = R[R.role != "binding overlap"]
     iou_sum = [Rl[Rl.model == m].groupby("prompt")[["iou", "chance"]].sum().reindex(pid).fillna(0).to_numpy() for m in models]
     undrawn = [m for m, a in zip(models, iou_sum) if a[:, 1].sum() == 0]
-    if undrawn:  # no prompt's object was drawn: a word's region has nothing to be compared with
+    if not any(judged(p) for p in prompts):
+        board.measure("G9", None, criterion="a", note="not measurable with these prompts: none lists objects the "
+                      "detector knows; add 'objects' (colour, shape, position) to prompts.jsonl")
+    elif undrawn:  # no prompt's object was drawn: a word's region has nothing to be compared with
         board.measure("G9", None, criterion="a", note=f"{', '.join(undrawn)} drew none of the prompts' objects")
     else:
         board.measure("G9", extreme_of([ratio_interval(a[:, 0], a[:, 1], "prompts") for a in iou_sum]),

@@ -17,9 +17,15 @@ import pandas as pd
 from ..core.errors import InputError
 from ..world.scenes import patch_grid_masks
 from ..world.segment import classify_shape, colour_mask, nearest_position
+from ..world.text import scorable
 from . import generation as G
 
 BINDING_SHARE = 0.125  # the shape words' regions compared for binding: the top 12.5% of the image patches
+
+
+def judged(prompt: dict) -> bool:
+    """Whether the prompt lists objects and the detector can judge every one of them."""
+    return bool(prompt.get("objects")) and all(scorable(o) for o in prompt["objects"])
 
 
 def object_masks(image: np.ndarray, prompt: dict) -> np.ndarray:
@@ -49,7 +55,10 @@ def object_masks(image: np.ndarray, prompt: dict) -> np.ndarray:
 def drawn_objects(image: np.ndarray, prompt: dict, min_pixels: int = 3) -> list[dict]:
     """What the generator drew for each asked object: ``asked`` ("red square, left"), ``drawn`` (the shape the
     object's pixels look like, :func:`~unicache_lib.world.segment.classify_shape`; None when fewer than
-    ``min_pixels`` pixels have its colour), ``position`` (nearest named position) and ``shape_ok``."""
+    ``min_pixels`` pixels have its colour), ``position`` (nearest named position) and ``shape_ok``. Empty for a prompt
+    without objects the detector can judge (your own prompts: :func:`~unicache_lib.world.text.scorable`)."""
+    if not judged(prompt):
+        return []
     rows = []
     for o, m in zip(prompt["objects"], object_masks(image, prompt)):
         shape = classify_shape(m) if m.sum() >= min_pixels else None
@@ -78,6 +87,8 @@ def word_region_table(run, prompts: list[dict], patch: int) -> pd.DataFrame:
         raise InputError(f"{len(prompts)} prompts for a run of {len(run.sample_ids)}: pass the run's own prompts")
     recs, rows = run.result.records, []
     for i, p in enumerate(prompts):
+        if not judged(p):  # your own prompt without objects the detector knows: nothing to compare with
+            continue
         toks = run.tokens[i]
         W = G.word_maps(recs, run.sample_ids[i])  # [tokens, image]
         grid = patch_grid_masks(object_masks(run.images[i], p), patch)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..core.errors import InputError
 from .scenes import BACKGROUND, COLOURS, POSITIONS, SHAPES, shape_mask
+from .text import scorable
 
 _PALETTE = np.array([BACKGROUND] + list(COLOURS.values()), np.float32)  # [7, 3]
 _NAMES = ["background"] + list(COLOURS)
@@ -59,7 +60,9 @@ def nearest_position(mask: np.ndarray) -> str | None:
 
 
 def score_object(image: np.ndarray, obj: dict, min_fraction: float = 0.012) -> dict:
-    """Did the image draw ``obj`` (a dict with colour, shape, position)?
+    """Did the image draw ``obj`` (a dict with colour, shape, position)? An object the detector cannot judge (None, or
+    words outside the synthetic world: :func:`~unicache_lib.world.text.scorable`) gets NaN for all three, so a mean
+    over your own prompts says "not measured" rather than "wrong".
 
     Colour is correct when the object's colour is the most frequent non-background palette colour
     and covers at least ``min_fraction`` of the image (12 pixels of a 32x32 image; a drawn object
@@ -69,6 +72,8 @@ def score_object(image: np.ndarray, obj: dict, min_fraction: float = 0.012) -> d
     if image.ndim != 3 or image.shape[0] != image.shape[1]:
         raise InputError(f"score_object takes a square [H, W, 3] image (shapes and positions are judged on a "
                          f"square canvas, at any size), got shape {image.shape}")
+    if not scorable(obj):
+        return {"colour": float("nan"), "position": float("nan"), "shape": float("nan")}
     lab = colour_labels(image)
     counts = np.bincount(lab[lab > 0].ravel(), minlength=len(_NAMES))
     k = _NAMES.index(obj["colour"])

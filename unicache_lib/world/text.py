@@ -233,8 +233,51 @@ def read_prompts(path) -> list[dict]:
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
             raise InputError(f"{path}, line {n}: no 'prompt' text: every line needs one, e.g. "
                              '{"prompt": "a red circle on the left"}')
-        out.append({"id": str(row.get("id", f"p{len(out)}")), "objects": list(row.get("objects") or []), "pair": "",
+        objects = row.get("objects") or []
+        if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
+            raise InputError(f"{path}, line {n}: 'objects' must be a list of objects such as "
+                             '{"colour": "red", "shape": "circle", "position": "left"}')
+        pair = ""
+        if len(objects) == 2 and all(scorable(o) for o in objects):  # the binding test of G9
+            pair = "same" if objects[0]["colour"] == objects[1]["colour"] else "different"
+        out.append({"id": str(row.get("id", f"p{len(out)}")), "objects": list(objects), "pair": pair,
                     "short": row["prompt"], "long": str(row.get("long", row["prompt"]))})
     if not out:
         raise InputError(f"{path} lists no prompts: add one line per prompt")
     return out
+
+
+def scorable(obj) -> bool:
+    """Whether the synthetic world's detector (:func:`~unicache_lib.world.segment.score_object`) can judge ``obj``:
+    a colour, a shape and a position it knows. Other objects (your own words) are kept but not scored."""
+    return (isinstance(obj, dict) and obj.get("colour") in COLOURS and obj.get("shape") in SHAPES
+            and obj.get("position") in POSITIONS)
+
+
+def load_prompts(path=None, n_single: int = 16, n_pairs: int = 0, seed: int = 0) -> list[dict]:
+    """The generation notebooks' prompts: ``n_single`` prompts that are not two-object pairs, then ``n_pairs``
+    two-object prompts (the order :func:`prompt_set` uses). ``path`` None: :func:`prompt_set` (the synthetic world);
+    else your ``prompts.jsonl`` (:func:`read_prompts`), its prompts taken in file order, pairs being those with two
+    objects the detector can judge. Too few of either kind is refused, naming the counts and the fix."""
+    if path is None:
+        return prompt_set(n_single, n_pairs, seed)
+    rows = read_prompts(path)
+    singles = [p for p in rows if not p["pair"]]
+    pairs = [p for p in rows if p["pair"]]
+    if len(singles) < n_single or len(pairs) < n_pairs:
+        raise InputError(f"{path} has {len(singles)} prompts that are not two-object pairs and {len(pairs)} two-object "
+                         f"pairs; {n_single} and {n_pairs} are asked for: lower the counts (N_SINGLE / N_PAIRS / N_PROMPTS) "
+                         f"or add prompts (a pair lists two objects, each with a colour, shape and position)")
+    return singles[:n_single] + pairs[:n_pairs]
+
+
+_FUNCTION_WORDS = {"a", "an", "the", "of", "in", "on", "at", "and", "with", "to", "is", "are", "two", "one", "some"}
+
+
+def named_words(prompt: dict, limit: int = 4) -> list[str]:
+    """The words a prompt names, for word maps: its objects' colour and shape words, or, for your own prompts without
+    ``objects``, its first ``limit`` distinct content words (function words skipped)."""
+    words = [o[r] for o in prompt["objects"] for r in ("colour", "shape") if isinstance(o.get(r), str)]
+    if not words:
+        words = [w for w in prompt["short"].lower().replace(",", " ").replace(".", " ").split() if w not in _FUNCTION_WORDS]
+    return list(dict.fromkeys(words))[:limit] if not prompt["objects"] else list(dict.fromkeys(words))
