@@ -469,3 +469,19 @@ def test_batched_eviction_refuses_what_it_cannot_batch():
     q = heldout_set(1, seed=3)[0]
     with pytest.raises(UnsupportedError, match="batch_size=1"):
         check_batchable(model, split_prompt(proc, q.scene.uint8(), q.question, model=model))
+
+
+def test_split_prompts_in_one_call_equal_split_prompt(eager_tiny):
+    """Many questions encoded in one processor call (padded, then cut back per sample) give exactly the splits
+    split_prompt gives one at a time: ids, image inputs, image positions."""
+    from unicache_lib.kv.cache import split_prompts
+    from unicache_lib.world.questions import heldout_set
+
+    model, proc = eager_tiny
+    qas = heldout_set(12, seed=8)
+    many = split_prompts(proc, [q.scene.uint8() for q in qas], [q.question for q in qas], model)
+    assert len({sp.question_ids.shape[1] for sp in many}) > 1  # the call was padded
+    for q, b in zip(qas, many):
+        a = split_prompt(proc, q.scene.uint8(), q.question, model=model)
+        assert torch.equal(a.full_ids, b.full_ids) and torch.equal(a.pixel_values, b.pixel_values)
+        assert torch.equal(a.image_positions, b.image_positions) and a.context_ids.shape == b.context_ids.shape

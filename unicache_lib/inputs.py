@@ -211,6 +211,43 @@ def encode(processor, image, question: str | None = None, family=None, prompt: s
     return processor(images=[img], text=[text], return_tensors="pt", input_data_format="channels_last")
 
 
+def encode_batch(processor, images, questions, family=None) -> list[dict]:
+    """:func:`encode` for many (image, question) pairs in one processor call (the call's own overhead is paid once):
+    each image and question checked as :func:`encode` checks them, the batch padded by the processor, then each
+    sample's row cut back to its own tokens, so every dict equals :func:`encode`'s for that pair (``input_ids [1, S_i]``
+    and per-token fields unpadded, the image inputs of that sample alone)."""
+    fam = default_family(family)
+    images, questions = list(images), list(questions)
+    if len(images) != len(questions) or not images:
+        raise InputError(f"{len(images)} images for {len(questions)} questions: pass one question per image")
+    texts = []
+    for q in questions:
+        text = fam.prompt(processor, check_question(q, fam))
+        try:
+            check_prompt(text, fam)
+        except PromptError as e:
+            raise PromptError(f"the processor's chat template did not lay out the image as {fam.name} expects: {e}") from None
+        texts.append(text)
+    enc = processor(images=[prepare_image(im) for im in images], text=texts, return_tensors="pt",
+                    input_data_format="channels_last", padding=True)
+    ids, mask = enc["input_ids"], enc.get("attention_mask")
+    n = len(images)
+    out = []
+    for b in range(n):
+        keep = mask[b].bool() if mask is not None else torch.ones(ids.shape[1], dtype=torch.bool)
+        one = {}
+        for k, v in enc.items():
+            if torch.is_tensor(v) and v.dim() >= 2 and v.shape[:2] == ids.shape:  # one entry per token
+                one[k] = v[b:b + 1][:, keep]
+            elif torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == n:  # one entry per sample
+                one[k] = v[b:b + 1]
+            else:
+                raise InputError(f"{type(processor).__name__} returned {k!r} with a layout encode_batch cannot cut per "
+                                 f"sample ({tuple(getattr(v, 'shape', ()))}): encode the samples one at a time")
+        out.append(one)
+    return out
+
+
 # ---- layers ---------------------------------------------------------------------------------------
 def resolve_layers(layers, have, what: str = "the model") -> list[int]:
     """Layer numbers for user ``layers`` given the layers ``have`` (sorted numbers, not necessarily

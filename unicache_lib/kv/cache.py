@@ -75,6 +75,19 @@ def split_prompt(processor, image, question: str | None, image_token_id: int | N
     return split_inputs(fam, dict(enc), image_token_id)
 
 
+def split_prompts(processor, images, questions, model) -> list[PromptSplit]:
+    """:func:`split_prompt` for many (image, question) pairs, encoded in one processor call
+    (:func:`~unicache_lib.inputs.encode_batch`); each split equals :func:`split_prompt`'s for its pair."""
+    from ..families import family_of
+    from ..inputs import encode_batch
+
+    fam = family_of(model)
+    tid = getattr(processor, "image_token_id", None)
+    if tid is None:
+        tid = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    return [split_inputs(fam, enc, tid) for enc in encode_batch(processor, images, questions, fam)]
+
+
 def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
     """:func:`split_prompt` for inputs already encoded (e.g. built by hand when a processor is not
     available): ``enc`` holds ``input_ids [1, S]`` and the image inputs; ``image_token_id`` is the

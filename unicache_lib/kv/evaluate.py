@@ -17,7 +17,8 @@ from ..core.errors import ContractError, InputError, UnknownNameError
 from ..core.models import quiet
 from ..progress import bar
 from ..world.scenes import grid_cover
-from .cache import PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt
+from .cache import (PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt,
+                    split_prompts)
 from .policies import POLICIES
 
 
@@ -63,7 +64,9 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
         for qi, q in enumerate(bar(qas, progress, desc="eviction")):
             run.batch([(qi, q, split_prompt(processor, q.scene.uint8(), q.question, model=model))])
     else:
-        splits = [split_prompt(processor, q.scene.uint8(), q.question, model=model) for q in qas]
+        splits = [sp for i in range(0, len(qas), 256)  # one processor call per 256 questions
+                  for sp in split_prompts(processor, [q.scene.uint8() for q in qas[i:i + 256]],
+                                          [q.question for q in qas[i:i + 256]], model)]
         groups = groups_by_context(splits, batch_size)
         if splits:
             check_batchable(model, splits[0])
