@@ -296,3 +296,37 @@ def test_generation_notebooks_on_your_own_prompts_without_objects(tmp_path):
     run_notebook("06_step_reuse.ipynb", tmp_path / "06", PROMPTS=str(mine), GENERATORS=["tiny-mmdit"], N_PROMPTS=4, STEPS=5,
                  TIMING_PROMPTS=2, REPEATS=2)
     assert set(scoreboard(tmp_path / "06")) == {"R1", "R2", "R3", "G3", "G8"}
+
+
+def test_02_on_a_folder_without_masks_or_answers_names_what_it_cannot_score(tmp_path):
+    """SAMPLES: a folder of your images with questions only (no answers, no masks.npz) runs notebook 02 to its
+    scoreboard; the claims that need object masks (U4, U11) read "not measurable with these samples" and say what to
+    add, instead of scoring anchors against masks that are not there."""
+    from unicache_lib.world import samples
+
+    folder = samples.export_folder(samples.load(per_type=1), tmp_path / "mine")
+    meta = folder / "metadata.jsonl"
+    rows = [json.loads(line) for line in meta.read_text().splitlines() if line.strip()]
+    meta.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "answer"}) + "\n" for r in rows))
+    (folder / "masks.npz").unlink()
+    assert samples.missing(samples.load(folder), "answers") and samples.missing(samples.load(folder), "masks")
+    (tmp_path / "run").mkdir()
+    run_notebook("02_understanding_maps.ipynb", tmp_path / "run", SAMPLES=str(folder), PER_TYPE=1, MAP_PER_TYPE=1,
+                 N_CAPTIONS=2)
+    board = scoreboard(tmp_path / "run")
+    for c in ("U4", "U11"):
+        assert board[c]["verdict"] == "not measurable here" and "add a masks.npz" in board[c]["note"], board[c]
+    assert board["U1"]["verdict"] != "not measurable here"  # what needs no masks is still measured
+
+
+def test_05_on_your_sample_folder(tmp_path):
+    """SAMPLES: notebook 05 scores eviction on your folder's questions and answers by parameter alone (here the
+    shipped set exported), and says so in its first line."""
+    from unicache_lib.world import samples
+
+    folder = samples.export_folder(samples.load(per_type=2), tmp_path / "mine")
+    (tmp_path / "run").mkdir()
+    nb = run_notebook("05_kv_eviction.ipynb", tmp_path / "run", SAMPLES=str(folder), N_EVICTION=6, BUDGETS=[0.25, 0.5],
+                      PEERS=False)
+    assert "tiny-llava (LLaVA-1.5): 6 questions" in nb.read_text()
+    assert {"E1", "E3"} <= set(scoreboard(tmp_path / "run"))

@@ -111,3 +111,20 @@ def test_your_prompts_file_reads_back_as_the_prompt_set(tmp_path):
     img = np.zeros((32, 32, 3), np.uint8)
     assert all(np.isnan(v) for v in score_object(img, {"colour": "orange", "shape": "fox", "position": "left"}).values())
     assert all(np.isnan(v) for v in score_object(img, None).values())
+
+
+def test_your_folder_as_eviction_questions(tmp_path):
+    """Notebook 05's SAMPLES: an exported folder gives the questions, answers and pictures of the shipped set; a
+    folder without answers is refused before any model loads, naming the fix (eviction is scored on answers)."""
+    import numpy as np
+
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.world import samples as S
+
+    shipped = S.load(per_type=1)
+    qas = S.as_questions(S.load(S.export_folder(shipped, tmp_path / "mine")))
+    assert [(q.question, q.answer, q.qtype) for q in qas] == [(s.question, s.answer, s.qtype) for s in shipped]
+    assert all(np.array_equal(q.scene.uint8(), s.image) and q.scene.scene_type == s.scene_type for q, s in zip(qas, shipped))
+    shipped[0].answer = ""
+    with pytest.raises(InputError, match="1 of 5 samples have no answer .* add an 'answer'"):
+        S.as_questions(shipped)

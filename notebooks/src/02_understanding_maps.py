@@ -274,8 +274,9 @@ for r in recs:
 print(f"text reads on the first 3 positions: {np.mean(sink):.3f}; on the {TOP_K} image anchors: {np.mean(anchor_mass):.3f} "
       f"({len(recs)} sample-layers)")
 obj_ratio = placement.object.mean() / placement.object_chance.mean()
-print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccard:.1f}x chance; they land on object "
-      f"patches {obj_ratio:.1f}x as often as random patches; the first 3 positions take "
+print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccard:.1f}x chance; " + (
+      f"they land on object patches {obj_ratio:.1f}x as often as random patches" if not sample_set.missing(samples, "masks")
+      else "where they land: " + sample_set.missing(samples, "masks")) + "; the first 3 positions take "
       f"{np.mean(sink) / max(np.mean(anchor_mass), 1e-9):.1f}x the mass of the {TOP_K} anchors")
 
 # %% [markdown]
@@ -340,10 +341,13 @@ sel = pd.DataFrame({"trained": loc.groupby("layer").selectivity.median(), "untra
                     "trained top-1 on target": loc.groupby("layer").top_on_target.mean(),
                     "untrained top-1 on target": ctrl.groupby("layer").top_on_target.mean()})
 n_loc = loc[loc.layer == loc.layer.min()].shape[0]
-print(f"{n_loc} object questions (median selectivity per layer):\n{sel.round(2).to_string()}")
 away = [li for li, v in sel["trained"].items() if v < 1]
-print(f"layers where the object word looks AWAY from its object (median selectivity < 1): {away}; "
-      f"best layer {sel['trained'].idxmax()} at {sel['trained'].max():.2f}")
+if loc.empty:  # your samples without object masks (or with one object each)
+    print(sample_set.missing(samples, "masks") or "not measurable here: no sample has two or more objects")
+else:
+    print(f"{n_loc} object questions (median selectivity per layer):\n{sel.round(2).to_string()}")
+    print(f"layers where the object word looks AWAY from its object (median selectivity < 1): {away}; "
+          f"best layer {sel['trained'].idxmax()} at {sel['trained'].max():.2f}")
 
 # %% [markdown]
 # **What to look at.** Healthy grounding is selectivity well above 1 (the word looks at its object more than
@@ -507,9 +511,9 @@ board.rule("U13", "(a) shallow-band cross-modal share within [0.2, 0.5], (b) sha
 # each group's statistics and 95% intervals over samples: unicache_lib/analysis/understanding_claims.py
 UC.measure_depth_claims(board, L, H, bands, CROSS)  # U1, U2a, U2b, U8, U9, U13
 UC.measure_anchor_claims(board, L, img_reads, AS, bands, scene_of, placement, sink, anchor_mass,  # U3, U4
-                         [r.sample for r in recs], TOP_K, CROSS, family.name)
+                         [r.sample for r in recs], TOP_K, CROSS, family.name, sample_set.missing(samples, "masks"))
 UC.measure_word_claims(board, F, D, CROSS)  # U5, U6
-UC.measure_localisation_claims(board, loc, ctrl)  # U11
+UC.measure_localisation_claims(board, loc, ctrl, sample_set.missing(samples, "masks"))  # U11
 board.save(out / "scoreboard.json")
 print({c: r.verdict for c, r in board.rows.items()})
 
@@ -546,15 +550,18 @@ print(f"- Image reads are only mildly uneven: the top 10% of image positions tak
 print(f"- That anchors persist is {SHOWN.get(v['U3'], 'not yet shown')} (U3 {v['U3']}): (a) layer {lo} vs {mid} anchor "
       f"Jaccard {shallow_mid:.2f}, {shallow_mid / chance_jaccard:.1f}x chance against a bar of 3x = {3 * chance_jaccard:.3f}; "
       f"(b) within- minus across-scene-type Jaccard against a bar of 0; 95% intervals {tab.loc['U3', 'interval (95%)']}.")
-print(f"- Anchors land on objects ({obj_ratio:.1f}x chance) but the first 3 positions take more of the text's reads "
-      f"({np.mean(sink):.2f}) than the {TOP_K} anchors ({np.mean(anchor_mass):.2f}): U4 {v['U4']}.")
+print((f"- Anchors land on objects ({obj_ratio:.1f}x chance) but the first 3 positions take more of the text's reads "
+       if not sample_set.missing(samples, "masks") else "- Where anchors land is not measurable with these samples; the first 3 "
+       "positions take more of the text's reads ")
+      + f"({np.mean(sink):.2f}) than the {TOP_K} anchors ({np.mean(anchor_mass):.2f}): U4 {v['U4']}.")
 print(f"- Content vs function words and punctuation read the image {content:.2f} vs {function:.2f} (U5 {v['U5']}); "
       f"in the deep band punctuation {flow.loc['punctuation', 'deep']:.2f}, object words {flow.loc['object', 'deep']:.2f}."
       if {"punctuation", "object"} <= set(flow.index) else "")
 print(f"- While writing captions, generated content words read the image {c_dec:.2f} vs function words and punctuation "
       f"{f_dec:.2f} (ratio {c_dec / f_dec:.2f}, the claim needs 1.2: U6 {v['U6']}).")
 print(f"- Object words barely prefer their own object: median selectivity {sel['trained'].max():.2f} at best "
-      f"(layer {sel['trained'].idxmax()}), below 1 (looking away) in layers {away} (U11 {v['U11']}).")
+      f"(layer {sel['trained'].idxmax()}), below 1 (looking away) in layers {away} (U11 {v['U11']})." if not loc.empty
+      else f"- Object words' selectivity: U11 {v['U11']} (no sample with two objects and their masks).")
 print(f"- Text and image meet in every layer: cross-modal share {blocks.cross_modal.min():.2f}-{blocks.cross_modal.max():.2f} (U9 {v['U9']}).")
 
 # %% [markdown]
@@ -582,7 +589,7 @@ decisions = pd.DataFrame([
      "05 (budgets per layer), 02: LAYERS"),
     ("smallest per-layer cross-modal share (U9, U10)", f"{blocks.cross_modal.min():.2f}",
      "under ~0.15 the text barely reads the image; under ~0.05 in a layer: a modality cut-off", "06: the neglect detector"),
-    ("best median selectivity of object words (U11)", f"{sel['trained'].max():.2f}",
+    ("best median selectivity of object words (U11)", f"{sel['trained'].max():.2f}" if not loc.empty else v["U11"],
      "near or below 1: question words do not point at their object; do not select image KV by the question's words",
      "06 (U12), 02 exercise 3"),
     ("share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict()),

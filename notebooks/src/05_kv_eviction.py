@@ -55,6 +55,7 @@ UNDERSTANDING_MODEL = "tiny-llava"
 DEVICE = "auto"               # "cpu", "cuda" or "auto"
 DTYPE = "auto"                # weights; statistics are fp32 always
 N_EVICTION = 150              # questions for the eviction sweep
+SAMPLES = None                # your own samples (a folder with answers; make samples: an example); None: held-out questions
 BUDGETS = [0.1, 0.25, 0.5, 0.75]
 PEERS = True                  # also run the kvpress presses
 PICTURE_BUDGET = 0.1          # the budget of the first picture
@@ -86,6 +87,7 @@ from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
+from unicache_lib.world import samples as sample_set
 from unicache_lib.world.questions import heldout_set
 
 torch.manual_seed(SEED)
@@ -93,7 +95,8 @@ out = project_path(OUT_DIR)  # relative: from the repository root, wherever the 
 out.mkdir(parents=True, exist_ok=True)
 model, processor = load_understanding(UNDERSTANDING_MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 family = family_of(model)
-qas = heldout_set(N_EVICTION, seed=SEED + 2024)
+qas = (heldout_set(N_EVICTION, seed=SEED + 2024) if SAMPLES is None  # your folder: its first N_EVICTION samples
+       else sample_set.as_questions(sample_set.load(SAMPLES))[:N_EVICTION])
 NEW = CC.NEW
 print(f"{UNDERSTANDING_MODEL} ({family.name}): {len(qas)} questions; policies: {', '.join(POLICIES)}; budgets {BUDGETS}")
 if family.context_note():

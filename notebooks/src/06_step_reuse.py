@@ -278,19 +278,19 @@ _ = plots.save(fig, out, "reuse_vs_control")
 # every other method is in the tables above.
 #
 # **What this run shows.** Fewer steps is a hard control. Every diffusers cache the control's range reaches lies below
-# it: 12–13 dB at its own wall-clock speed-up (FirstBlockCache, the only one inside the range on this run's timings,
-# −11.9 / −12.7 dB on MMDiT / PixArt; timings move with the machine) and 6–17 dB at its own FLOPs (the lines printed above the figure; the
+# it: 10–12 dB at its own wall-clock speed-up (FasterCache and FirstBlockCache, the two inside the range on this run's
+# timings: −10.2 / −11.1 and −10.9 / −12.3 dB on MMDiT / PixArt; timings move with the machine) and 6–17 dB at its own FLOPs (the lines printed above the figure; the
 # others save less than sampling with 16 of 20 steps and fall outside the control's range). The study's
 # attention-level schedules can be compared only on PixArt at equal FLOPs — `adaptive` (−16.0 dB) and every 2nd step
 # (−10.7 dB); both lie below the control there;
 # everywhere else they save less than 16 of 20 steps does, so this run does not place them against it. On these
 # models a cache that skips only some attention calls has not been shown to beat simply sampling with fewer steps.
-# `step_skip` (at both settings) is the only method above the control; the default setting: +2.8 / +3.0 dB at equal
-# wall-clock and +3.5 / +3.7 dB at equal FLOPs (MMDiT / PixArt, intervals above zero), at 2.11× / 2.13× wall-clock (9 of 20 transformer calls). On the
+# `step_skip` (at both settings) is the only method above the control; the default setting: +3.2 / +3.3 dB at equal
+# wall-clock and +3.5 / +3.7 dB at equal FLOPs (MMDiT / PixArt, intervals above zero), at 2.27× / 2.31× wall-clock (9 of 20 transformer calls). On the
 # MMDiT it stays at 45 dB; on PixArt it reaches 41.3 dB, 0.7 dB short of the 42-dB target (the design prompts gave
 # 43.5 dB: the held-out ones are harder for PixArt, and nothing was re-tuned on them; on the decisive run's 1,600
-# prompts, 40.4 dB). Its milder setting (every 2nd step, about 1.6×) beats every diffusers cache on the MMDiT by 3 dB
-# or more while being faster; on PixArt MagCache (1.15×) ties it within 0.3 dB. The diffusers caches ran at their recommended settings only (tuned settings are not
+# prompts, 40.4 dB). Its milder setting (every 2nd step, about 1.7×) beats every diffusers cache on the MMDiT by 3 dB
+# or more while being faster; on PixArt MagCache (1.21×) ties it within 0.3 dB. The diffusers caches ran at their recommended settings only (tuned settings are not
 # part of this run). The margins over the control are the number to carry to your model: a caching method that does
 # not beat fewer steps is not worth its code.
 
@@ -349,21 +349,21 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 #   +0.09 dB [−0.24, +0.40]. The scoreboard's estimate of what would settle it is about 23,000 prompts (about 44 CPU
 #   hours here): the two sit on top of each other. Every other cache on both generators is behind the matching
 #   `step_skip` setting.
-# - **G3 and G8 hold** on the decisive run (G8's speed-up 1.16× [1.13, 1.19] over 20 rounds, where this run's 10 rounds
-#   straddled 1.10).
+# - **G3 and G8 hold** on the decisive run (G8's speed-up 1.16× [1.13, 1.19] over 20 rounds; this run's 10 rounds give
+#   1.17× [1.16, 1.23], and a run on a busier machine straddled 1.10).
 #
 # **Reading the results.** The study reports ~15% lower latency from text-side reuse and the peers report
 # 1.6–2.4× on real DiTs with thousands of image tokens. Here attention is under half of a sampling run
-# (38% and 44%, measured in §4), so even skipping every attention call could not reach 2×: the MLPs and norms are the rest
+# (35% and 42%, measured in §4), so even skipping every attention call could not reach 2×: the MLPs and norms are the rest
 # of each step, not a fixed overhead. Skipping whole steps is not bound by that cap — which is why `step_skip`
-# reaches 2× where attention-level reuse and the diffusers caches reach at most 1.40×, and the MMDiT's last-third schedule ran barely faster than no reuse (1.05×). (On the SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) at 20 steps the `step_skip` schedule
+# reaches 2× where attention-level reuse and the diffusers caches reach at most 1.49×, and the MMDiT's last-third schedule ran barely faster than no reuse (1.06×). (On the SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) at 20 steps the `step_skip` schedule
 # gave 2.18× over the whole pipeline call: `benchmarks/results/step_skip_sd3_medium_standin.txt`.) At 1,024 image tokens attention's share grows (about 56% measured on an
 # SD3-class block), which is where whole-block or whole-step reuse (diffusers' FirstBlockCache, MagCache)
 # separates from attention-only reuse. Compare the `computed` column across methods for the part that
 # transfers, and rerun on a real checkpoint to see the wall-clock side. Read every speed-up with its interval and
 # its `flops`: text-side reuse on PixArt runs all of the attention but skips the text K/V projections, 8% of the
-# transformer's FLOPs, and its speed-up interval (§2 timing table, 1.06× [1.00, 1.09]) only just clears 1 — a saving
-# this small is barely resolved from none on this run's timings.
+# transformer's FLOPs, and its speed-up interval (§2 timing table, 1.05× [1.05, 1.09]) only just clears 1 — a saving
+# this small is barely resolved from none, and on a busier machine it is not.
 
 # %% [markdown]
 # ## Recap: what this notebook showed on the shipped generators

@@ -73,7 +73,7 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
     part = fam.image_part
     rows = []
     for s in samples:
-        if len(s.objects) < 2:
+        if len(s.objects) < 2 or len(s.masks) != len(s.objects):  # one object, or no masks to say where they are
             continue
         for t, o in enumerate(s.objects):
             q = question.format(colour=o["colour"], shape=o["shape"])
@@ -107,7 +107,8 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
                                  "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t),
                                  "iou": iou(top_region(w.numpy(), k), po == t) if k else float("nan"),
                                  "chance_iou": chance_iou(k, len(po))})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["sample", "object", "layer", *(["head"] if per_head else []), "selectivity",
+                                       "top_on_target", "iou", "chance_iou"])
 
 
 def query_over_image(records, sample: str, query_pos: int, head: int | None = None) -> dict[int, np.ndarray]:

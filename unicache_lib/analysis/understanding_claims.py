@@ -98,7 +98,7 @@ def measure_depth_claims(board, L: pd.DataFrame, H: pd.DataFrame, bands: dict, c
 
 def measure_anchor_claims(board, L: pd.DataFrame, img_reads: np.ndarray, anchor_sets: dict, bands: dict,
                           scene_of: dict, placement: pd.DataFrame, sink: list, anchor_mass: list, record_samples: list,
-                          top_k: int, cross: bool, family_name: str) -> None:
+                          top_k: int, cross: bool, family_name: str, masks_note: str | None = None) -> None:
     """U3 (anchors persist across layers; within-scene-type vs across-type stability) and U4 (anchors on objects;
     anchors vs the first-3-positions sink).
 
@@ -111,6 +111,8 @@ def measure_anchor_claims(board, L: pd.DataFrame, img_reads: np.ndarray, anchor_
             (:func:`~unicache_lib.analysis.anchors.anchor_placement`).
         sink, anchor_mass, record_samples: per record, the text's read share on the first 3 positions, on the
             anchors, and the record's sample.
+        masks_note: why U4 (a) cannot be scored (samples without object masks,
+            :func:`~unicache_lib.world.samples.missing`); None: it can.
     """
     ids = sorted(L["sample"].unique())
     n_s = len(ids)
@@ -142,7 +144,9 @@ def measure_anchor_claims(board, L: pd.DataFrame, img_reads: np.ndarray, anchor_
         board.measure("U3", None, criterion="b", note="one sample per scene type: no within-type pairs (PER_TYPE >= 2 needed)")
     pl = placement.groupby("sample")[["object", "object_chance"]].mean().loc[ids].to_numpy()
     marks = pd.DataFrame({"sample": record_samples, "sink": sink, "anchor": anchor_mass}).groupby("sample").mean().loc[ids].to_numpy()
-    if np.isfinite(pl).all():
+    if masks_note:
+        board.measure("U4", None, criterion="a", note=masks_note)
+    elif np.isfinite(pl).all():
         board.measure("U4", over_samples(lambda i: pl[i, 0].mean() / max(pl[i, 1].mean(), 1e-9), n_s), criterion="a",
                       shown="anchors on objects vs chance")
     else:
@@ -195,14 +199,20 @@ def measure_word_claims(board, F: pd.DataFrame, D: pd.DataFrame, cross: bool) ->
         board.measure("U6", None, note="fewer than 2 captions (N_CAPTIONS)")
 
 
-def measure_localisation_claims(board, loc: pd.DataFrame, ctrl: pd.DataFrame) -> None:
+def measure_localisation_claims(board, loc: pd.DataFrame, ctrl: pd.DataFrame, note: str | None = None) -> None:
     """U11: in the layer where the trained model's median selectivity is highest, (a) that median and (b) its
     ratio to the untrained-LM control's, resampled by sample (the objects of one image are not independent).
 
     Args:
         loc, ctrl: :func:`~unicache_lib.analysis.localisation.object_word_selectivity` of the model and of its
             untrained-LM control (one row per sample x object x layer).
+        note: why ``loc`` may be empty (e.g. :func:`~unicache_lib.world.samples.missing` masks), for the scoreboard.
     """
+    if loc.empty:
+        why = (note or "no sample with two or more objects and their masks")
+        for c in ("a", "b"):
+            board.measure("U11", None, criterion=c, note=why)
+        return
     sel = loc.groupby("layer").selectivity.median()
     best = sel.idxmax()
     n_loc = loc[loc.layer == loc.layer.min()].shape[0]

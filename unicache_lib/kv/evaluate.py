@@ -274,6 +274,9 @@ def kept_patches(model, processor, qa, budget: float, policies: dict, seed: int 
     tok = processor.tokenizer
 
     side = int(round(len(grid) ** 0.5))
+    if len(qa.scene.masks) != len(qa.scene.objects):
+        raise InputError("the picture's objects have no masks (your folder has no masks.npz): which objects a policy "
+                         "keeps is not measurable with these samples; add one mask per listed object")
     on = grid_cover(np.asarray(qa.scene.masks), (side, side)) > 0  # [n_objects, n_grid]: patches each object touches
 
     def said(logits, share=None):

@@ -46,6 +46,56 @@ class Sample:
     short_prompt: str
     long_prompt: str
 
+    @property
+    def has_masks(self) -> bool:
+        """One object mask per listed object (your folder's ``masks.npz``): what object-placement claims need."""
+        return len(self.objects) > 0 and len(self.masks) == len(self.objects)
+
+
+@dataclass
+class Picture:
+    """A sample's picture as the eviction code reads a scene: ``uint8()``, ``masks``, ``objects``, ``scene_type``."""
+
+    image: np.ndarray
+    masks: np.ndarray
+    objects: list
+    scene_type: str
+
+    def uint8(self) -> np.ndarray:
+        return self.image
+
+
+def as_questions(samples) -> list:
+    """Your samples as the held-out questions notebook 05 scores (:class:`~unicache_lib.world.text.QA`: ``scene``,
+    ``qtype``, ``question``, ``answer``). Eviction is scored on the answers, so every sample needs one: a folder
+    without them is refused, naming the samples and the fix (never scored against an empty answer)."""
+    from .text import QA
+
+    lacking = [s.id for s in samples if not s.answer]
+    if lacking:
+        raise InputError(f"{len(lacking)} of {len(samples)} samples have no answer ({', '.join(lacking[:3])}"
+                         f"{', ...' if len(lacking) > 3 else ''}): KV eviction is scored on the answers; add an 'answer' "
+                         f"to every line of metadata.jsonl")
+    return [QA(Picture(s.image, s.masks, s.objects, s.scene_type), s.qtype or "own", s.question, s.answer, None)
+            for s in samples]
+
+
+def missing(samples, what: str) -> str | None:
+    """Why claims needing ``what`` (``"masks"`` or ``"answers"``) cannot be scored on ``samples``, as the scoreboard
+    note "not measurable with these samples: ..." (None: every sample has it)."""
+    if what == "masks":
+        lacking = [s.id for s in samples if not s.has_masks]
+        fix = "add a masks.npz with one mask per listed object (make samples writes an example)"
+    elif what == "answers":
+        lacking = [s.id for s in samples if not s.answer]
+        fix = "add an 'answer' to every line of metadata.jsonl"
+    else:
+        raise InputError(f"what must be 'masks' or 'answers', got {what!r}")
+    if not lacking:
+        return None
+    return (f"not measurable with these samples: {len(lacking)} of {len(samples)} have no {what} "
+            f"({', '.join(lacking[:3])}{', ...' if len(lacking) > 3 else ''}); {fix}")
+
 
 def build(seed: int = SEED, per_type: int = PER_TYPE) -> list[Sample]:
     """Generate the set deterministically."""
