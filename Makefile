@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
 run test notebooks: export UNICACHE_PROGRESS = 0
 
-.PHONY: setup run test test-fast notebooks docs lab benchmark samples evaluate evaluate-reuse replicate rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
+.PHONY: setup run test test-fast notebooks docs lab benchmark samples evaluate evaluate-reuse replicate settle rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 ## setup: create .venv (torch pinned first, then the project with its dev extra) and the python3 kernel; runs
 ##        again only when pyproject.toml changed (every other target depends on it)
@@ -140,6 +140,11 @@ evaluate-reuse: setup
 ##            QUICK=1: tiny parameters, a smoke run that writes under outputs/replicate only
 replicate: setup
 	$(BIN)/python -m unicache_lib.replicate --seeds 1 2 $(if $(QUICK),--quick)
+
+## settle: the claims the replication finds unstable re-decided once at the sample sizes their notes ask for (notebooks
+##         02-05 on a new seed with larger sets) -> data/replicate/settled.csv and docs/VERDICTS.md (about 20 minutes)
+settle: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m unicache_lib.replicate --settle $(if $(QUICK),--quick)
 
 ## models: retrain the shipped models from scratch (hours of CPU, one thread per run: the model cards record every
 ##         run's training minutes and README.md gives their sum; not part of CI)

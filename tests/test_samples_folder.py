@@ -128,3 +128,15 @@ def test_your_folder_as_eviction_questions(tmp_path):
     shipped[0].answer = ""
     with pytest.raises(InputError, match="1 of 5 samples have no answer .* add an 'answer'"):
         S.as_questions(shipped)
+
+
+def test_more_samples_per_type_than_the_committed_set(tmp_path):
+    """PER_TYPE above the committed set's 4 is refused on the shipped seed (never silently fewer), and the fix the
+    message names (another SAMPLE_SEED) builds that many per type."""
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.world import samples as S
+
+    with pytest.raises(InputError, match="4 samples per scene type, 6 were asked for: pass another SAMPLE_SEED"):
+        S.load(per_type=6)
+    big = S.load(per_type=6, seed=11)
+    assert len(big) == 30 and len({s.id for s in big}) == 30

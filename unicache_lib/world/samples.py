@@ -139,7 +139,8 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
     scene type, or the first ``per_type`` samples of every scene type, so a small subset still covers all five types.
 
     ``seed``: ``None`` or the committed set's seed loads the files at ``path``; any other seed builds
-    that set in memory with the same recipe (same ids, scene types and question-type rotation)."""
+    that set in memory with the same recipe (same ids, scene types and question-type rotation), with ``per_type``
+    samples of each type where that is more than the committed set has (the settling runs of ``make settle``)."""
     path = SAMPLES_DIR if path is None else project_path(path)  # None: the shipped set; relative: from the repository
     mf = path / "manifest.json"
     if not mf.exists() and path.is_dir() and ((path / METADATA).exists() or _llava_json(path)):
@@ -152,9 +153,13 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
                                f"and a {METADATA} with file_name and question per line; see export_folder), a LLaVA-style "
                                f"conversations JSON beside its images, or run `python -m unicache_lib.world.samples --out {path}`")
     manifest = json.loads(mf.read_text())
+    n_per = max(int(e["id"].rsplit("-", 1)[1]) for e in manifest["samples"]) + 1
     if seed is not None and int(seed) != int(manifest.get("seed", SEED)):
-        n_per = max(int(e["id"].rsplit("-", 1)[1]) for e in manifest["samples"]) + 1
-        return _select(build(int(seed), n_per), ids, scene_types, per_type)
+        return _select(build(int(seed), max(n_per, per_type or 0)), ids, scene_types, per_type)  # larger when asked
+    if per_type is not None and per_type > n_per:
+        raise InputError(f"the committed set at {path} has {n_per} samples per scene type, {per_type} were asked for: "
+                         f"pass another SAMPLE_SEED (a set of the same recipe is built with {per_type} per type), or "
+                         f"PER_TYPE <= {n_per}")
     from PIL import Image
 
     masks = np.load(path / "masks.npz")
