@@ -6,7 +6,8 @@
    positions, and what choosing costs (`key_coverage`'s k-center cover vs H2O's top-k) once per image.
 1b. The same on the LLaVA-1.5-7B stand-in (random weights from the real config: 576 image tokens, 32 layers,
    reduced width) on one real question: `key_coverage` (cache stage: full prefill, then evicted) beside
-   DivPrune and the same cover on the projected features (`key_coverage_features`; prefill stage: only the kept
+   DivPrune, the same cover on the projected features (`key_coverage_features`) and on the first layer's keys
+   (`key_coverage_prefill`) (prefill stage: only the kept
    tokens are prefilled) at 25 / 10 %: KV bytes, prefill time and
    the time of one decode step, each relative to the full cache.
 2. Cross-step reuse on the shipped generators: wall-clock of a batch over interleaved repeats, every
@@ -111,7 +112,7 @@ def eviction_standin(repeats=10):
         keep = POLICIES["key_coverage"]().select(ctx, b)
         runs[f"key_coverage {b:.0%}"] = (lambda: prefill(model, sp, attentions=False),
                                          lambda p, keep=keep: (evict(p.cache, keep), sp))
-        for name in ("divprune", "key_coverage_features"):  # prefill stage: only the kept tokens are prefilled
+        for name in ("divprune", "key_coverage_features", "key_coverage_prefill"):  # prefill stage: kept tokens only
             pol = POLICIES[name]()
             pick = pol.token_picker(ctx, b)
             runs[f"{name} {b:.0%}"] = (lambda pick=pick, pol=pol: prefill_pruned(model, sp, pick, renumber=pol.renumber)[0],

@@ -62,7 +62,8 @@ def _policies():
     from unicache_lib.analysis.caching_claims import NEW, PEERS
     from unicache_lib.kv import POLICIES
 
-    return {n: POLICIES[n]() for n in ("full", NEW, *PEERS, "pooling", "downsample", "key_coverage_features", "divprune_keys")}
+    return {n: POLICIES[n]() for n in ("full", NEW, *PEERS, "pooling", "downsample", "key_coverage_features", "divprune_keys",
+                                             "key_coverage_prefill")}
 
 
 def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = "tiny-llava", peers: bool = True,
@@ -159,7 +160,8 @@ def shares(R: pd.DataFrame) -> pd.DataFrame:
     from unicache_lib.kv.evaluate import share_of_full
 
     rows = []
-    for m in ("key_coverage", "key_coverage_features", "divprune", "divprune_keys", "pooling", "downsample"):
+    for m in ("key_coverage", "key_coverage_prefill", "key_coverage_features", "divprune", "divprune_keys", "pooling",
+              "downsample"):
         for b in sorted(R[R.method == m].budget.unique()):
             iv = share_of_full(R, m, b)
             rows.append({"method": m, "budget": b, "share_of_full": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n})

@@ -485,3 +485,35 @@ def test_split_prompts_in_one_call_equal_split_prompt(eager_tiny):
         a = split_prompt(proc, q.scene.uint8(), q.question, model=model)
         assert torch.equal(a.full_ids, b.full_ids) and torch.equal(a.pixel_values, b.pixel_values)
         assert torch.equal(a.image_positions, b.image_positions) and a.context_ids.shape == b.context_ids.shape
+
+
+def test_key_coverage_prefill_covers_the_first_layers_keys(setup):
+    """key_coverage_prefill chooses before the prefill: a k-center cover of the keys the first layer computes for the
+    image embeddings (input norm, key projection), started at the largest-norm key; the prefill then runs on the
+    kept tokens only. A first layer without a key projection is refused with the reason."""
+    from dataclasses import replace
+
+    from unicache_lib.core.errors import PrefillPruningUnsupported
+    from unicache_lib.families import family_of
+    from unicache_lib.kv.cache import prefill_pruned
+    from unicache_lib.kv.policies.key_coverage import farthest_point
+
+    model, proc, sp, pre, _ = setup
+    ctx = pre.context(seed=3)
+    feats = torch.randn(ctx.n_image, model.config.text_config.hidden_size)
+    layer = model.model.language_model.layers[0]
+    with torch.no_grad():
+        keys = layer.self_attn.k_proj(layer.input_layernorm(feats)).float()
+    k = ctx.k(0.25)
+    got = POLICIES["key_coverage_prefill"]().choose(replace(ctx, features=feats), k)[0]
+    assert got == farthest_point(keys, k, int(keys.norm(dim=1).argmax()))
+    _, _, kept = prefill_pruned(model, sp, POLICIES["key_coverage_prefill"]().token_picker(ctx, 0.25), renumber=False)
+    assert len(kept) == sp.context_ids.shape[1] - ctx.n_image + k
+    fam = family_of(model)
+    saved = layer.self_attn.k_proj
+    del layer.self_attn.k_proj
+    try:
+        with pytest.raises(PrefillPruningUnsupported, match="key_coverage_features"):
+            fam.first_layer_keys(model, feats)
+    finally:
+        layer.self_attn.k_proj = saved

@@ -134,6 +134,21 @@ def test_03_runs_to_its_scoreboard_on_a_random_pipeline(tmp_path):
         "b: not measurable here: no prompt's object was found in its drawings (nothing to compare a word's region with)"]
 
 
+@pytest.mark.parametrize("kind", ["pixart-sigma", "flux-dev"])
+def test_03_runs_to_its_scoreboard_on_other_random_pipelines(tmp_path, kind):
+    """Notebook 03 also runs to its scoreboard on PixArt-Sigma and Flux pipeline folders built from random
+    components (cross-attention with a T5 text mask; Flux's text-first joint blocks and single-stream blocks):
+    a random model draws nothing, and every claim says so rather than crashing a section."""
+    from unicache_lib.zoo import tiny_pipelines as tp
+
+    folder = tp.build_tiny(kind, tmp_path / f"tiny-{kind}-pipeline")
+    run_notebook("03_diffusion_steps.ipynb", tmp_path, MODELS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=3, MAP_PROMPTS=1,
+                 UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
+    board = scoreboard(tmp_path)
+    assert {r["verdict"] for r in board.values()} <= {"not meaningful (random weights)", "not measurable here"}
+    assert {"G1", "G9"} <= set(board)
+
+
 def test_04_head_pruning_quick(tmp_path):
     run_notebook("04_head_pruning.ipynb", tmp_path, N_QUESTIONS=100, N_GRADIENT=16, FRACTIONS=[0.0, 0.1, 0.2], RANDOM_SEEDS=2,
                  N_PROMPTS=4, STEPS=4, TIMING_REPEATS=2, UNDERSTANDING_STORE=str(tmp_path / "none"),

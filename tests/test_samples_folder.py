@@ -140,3 +140,30 @@ def test_more_samples_per_type_than_the_committed_set(tmp_path):
         S.load(per_type=6)
     big = S.load(per_type=6, seed=11)
     assert len(big) == 30 and len({s.id for s in big}) == 30
+
+
+def test_answers_and_pairs_of_your_own_data_are_read_as_scored(tmp_path):
+    """A real tokenizer's first token ('▁Red', 'ĠRed') matches the answer 'red'; a multi-word answer is refused (the
+    first token cannot match it); only two objects of different shapes, left then right, are a G9 pair (the layout
+    the pixel split assumes), and only a one-object prompt is scored for prompt following."""
+    import json
+
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.kv.evaluate import same_answer
+    from unicache_lib.world import samples as S
+    from unicache_lib.world.text import read_prompts, single_object
+
+    assert same_answer("\u2581Red", "red") and same_answer("\u0120red", " Red ") and same_answer("2", 2)
+    assert not same_answer("\u2581blue", "red")
+    shipped = S.load(per_type=1)
+    shipped[1].answer = "a red circle"
+    with pytest.raises(InputError, match="1 of 5 answers are not one word .* give a one-word 'answer'"):
+        S.as_questions(shipped)
+    o = {"colour": "red", "shape": "circle", "position": "left"}
+    rows = [{"prompt": "p", "objects": [o, {**o, "shape": "square", "position": "right"}]},
+            {"prompt": "q", "objects": [o, {**o, "shape": "square", "position": "top"}]},
+            {"prompt": "r", "objects": [o, {**o, "position": "right"}]}]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = read_prompts(tmp_path)
+    assert [p["pair"] for p in got] == ["same", "", ""]
+    assert single_object(got[1]) is None and single_object({"objects": [o]}) == o

@@ -544,6 +544,7 @@ METHOD_COLOURS = {
     "divprune": "#1f77b4", "h2o": "#ff7f0e", "snapkv": "#2ca02c", "fastv": "#9467bd", "streaming": "#8c564b",
     "unicache": "#e377c2", "unicache_swapped": "#f7b6d2",
     "pooling": "#8c6d31", "downsample": "#bd9e39", "divprune_keys": "#9ecae1", "key_coverage_features": "#fc9272",  # control and ablations
+    "key_coverage_prefill": "#a50f15",
     "kvpress:expected_attention": "#bcbd22", "kvpress:observed_attention": "#dbdb8d", "kvpress:snapkv": "#98df8a",
     "kvpress:tova": "#c5b0d5", "kvpress:knorm": "#c49c94", "kvpress:streaming": "#c7c7c7",
     "diffusers:pab": "#aec7e8", "diffusers:fastercache": "#ffbb78", "diffusers:first_block": "#1f77b4",

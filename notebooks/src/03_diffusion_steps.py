@@ -81,7 +81,7 @@ from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import step_explorer
 from unicache_lib.world.segment import score_object
-from unicache_lib.world.text import load_prompts, named_words
+from unicache_lib.world.text import load_prompts, named_words, single_object
 from unicache_lib.gen_families import gen_family_of
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
 
@@ -205,7 +205,7 @@ for (m, kind), run in runs.items():
     if kind == "maps":
         continue
     for p, img in zip(prompts[:N_SINGLE], run.images[:N_SINGLE]):
-        follow.append({"model": m, "kind": kind, **score_object(img, (p["objects"] or [None])[0])})  # NaN: not judged
+        follow.append({"model": m, "kind": kind, **score_object(img, single_object(p))})  # NaN: not judged
 follow = pd.DataFrame(follow)
 if follow.colour.notna().any():
     print(follow.groupby(["model", "kind"])[["colour", "position", "shape"]].mean().round(3).to_string())
@@ -589,7 +589,8 @@ mrun = runs[m0, "maps"]
 mrecs = [r for r in mrun.result.records if "probs" in r.data and r.sample == mrun.sample_ids[0] and r.meta.get("n_text", 0) > 0]
 mid_step, last_layer = sorted({r.step for r in mrecs})[len({r.step for r in mrecs}) // 2], max(r.layer for r in mrecs)
 rec = next(r for r in mrecs if r.step == mid_step and r.layer == last_layer)
-shape_word = named_words(prompts[0])[-1 if not prompts[0]["objects"] else 1]  # its shape word (your prompts: a content word)
+shape_word = next((o["shape"] for o in prompts[0]["objects"] if isinstance(o.get("shape"), str)),
+                  (named_words(prompts[0]) or [""])[-1])  # its shape word (your prompts: a content word)
 wpos = G.word_positions(mrun.tokens[0], shape_word) or [0]
 fig = plots.step_panel(rec, 0, mrun.images[0], wpos[0], mrun.tokens[0],
                        f"{m0} · {prompts[0]['short']!r} · step {mid_step} · layer {last_layer} · head 0")

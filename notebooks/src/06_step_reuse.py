@@ -77,7 +77,7 @@ from unicache_lib.reuse.evaluate import (PSNR_CAP, attention_share, gallery, met
                                          versus)
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.world.text import load_prompts
+from unicache_lib.world.text import load_prompts, single_object
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
 
 # %%
@@ -88,7 +88,7 @@ torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
 gprompts = load_prompts(PROMPTS, N_PROMPTS + 4, 0, SEED)  # the first N_PROMPTS are scored, the last 4 calibrate MagCache
-objs = [p["objects"][0] if p["objects"] else None for p in gprompts[:N_PROMPTS]]  # None: not judged (NaN)
+objs = [single_object(p) for p in gprompts[:N_PROMPTS]]  # None (no single object the detector knows): NaN
 texts = [p["short"] for p in gprompts[:N_PROMPTS]]
 calibration = [p["short"] for p in gprompts[N_PROMPTS:]]
 NEW_REUSE, MILD = CC.NEW_REUSE, CC.MILD

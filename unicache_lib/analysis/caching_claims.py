@@ -284,6 +284,9 @@ def eviction_recap(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho:
                                  f"cover on features before the prefill "
                                  f"{_at(acc, 'key_coverage_features', b):.3f}, DivPrune's rule on the keys "
                                  f"{_at(acc, 'divprune_keys', b):.3f}" for b in budgets) + ".",
+        *([f"Before the prefill: key_coverage_prefill (the cover on the first layer's keys) " + "; ".join(
+            f"{b:.0%}: {_at(acc, 'key_coverage_prefill', b):.3f} (key_coverage {_at(acc, NEW, b):.3f})" for b in budgets)
+            + "."] if "key_coverage_prefill" in acc.index else []),
         f"The simulation (retained attention) ranks policies with rho {rho:.2f}; decide on real answers.",
         "Verdicts: " + ", ".join(f"{c} {r.verdict}" for c, r in board.rows.items())]
     return lines
@@ -314,6 +317,13 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                          "what it suggests on your model": f"where {ctl} ties the designed policy, use it: it is simpler and "
                          f"prefills fewer tokens; a selection method earns its place only where it beats {ctl}",
                          "where": f"§3 (controls), POLICIES['{ctl}']"})
+    if "key_coverage_prefill" in acc.index:
+        rows.append({"measurement": f"key_coverage_prefill minus {NEW}, per budget (the cover moved before the prefill)",
+                     "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'key_coverage_prefill', b) - _at(acc, NEW, b)):+.1f} pt"
+                                             for b in budgets),
+                     "what it suggests on your model": "where it ties or leads, choose before the prefill: the prefill then "
+                     "runs on the kept tokens only (benchmarks/results/eviction_standin.txt: its time)",
+                     "where": "§3, kv/policies/key_coverage_prefill.py, benchmarks/prefill_cover.py"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
         rows.append({"measurement": f"the two halves of {NEW}'s design, per budget (place: minus the same cover on the "
                      "features; rule: minus DivPrune's rule on the keys)",

@@ -126,7 +126,7 @@ class VLMFamily:
     lists them): ``attention_interface`` (its attention runs through transformers' ``AttentionInterface``, so
     ``recompute`` capture works), ``weights_argument`` (``(position, keyword)`` of the argument that makes its
     attention modules return weights, None: they always do), :meth:`row_gates`, :meth:`cross_spans`,
-    :meth:`image_kv`, :meth:`forward_text` and :meth:`image_features_at`.
+    :meth:`image_kv`, :meth:`forward_text`, :meth:`image_features_at` and :meth:`first_layer_keys`.
     """
 
     name = ""
@@ -169,6 +169,26 @@ class VLMFamily:
         raise PrefillPruningUnsupported(f"{self.name}: its vision tower is not run here at another resolution (the image "
                                         f"tokens are not one patch grid of a resizable tower), so the downsampled-image "
                                         f"control is not measurable here; the pooling control is")
+
+    def first_layer_keys(self, model, embeddings: torch.Tensor) -> torch.Tensor:
+        """``[n, H_kv * D]`` float32: the keys the language model's first layer computes from ``embeddings [n, hidden]``
+        (its input norm and key projection, and a key norm where the layer has one; before the rotary embedding), one
+        matrix product and no attention: what :mod:`~unicache_lib.kv.policies.key_coverage_prefill` covers before the
+        prefill. Refused, with the reason, for a first layer not laid out as transformers' decoder layers are."""
+        layer = self.language_model(model).layers[0]
+        attn = getattr(layer, "self_attn", None)
+        norm = getattr(layer, "input_layernorm", None)
+        if attn is None or norm is None or not hasattr(attn, "k_proj"):
+            raise PrefillPruningUnsupported(f"{self.name}: its first language-model layer has no input_layernorm / "
+                                            f"self_attn.k_proj, so its keys cannot be read before the prefill; the "
+                                            f"feature-space cover (key_coverage_features) can run")
+        w = next(attn.k_proj.parameters())
+        with torch.no_grad():
+            k = attn.k_proj(norm(embeddings.to(w.device, w.dtype)))
+            if getattr(attn, "k_norm", None) is not None:  # Gemma 3, Qwen3: a norm per key head
+                hd = getattr(attn, "head_dim", None) or model.config.get_text_config().head_dim
+                k = attn.k_norm(k.view(*k.shape[:-1], -1, hd)).reshape(k.shape)
+        return k.float()
 
     # ---- modules ----------------------------------------------------------------------------------
     def language_model(self, model) -> torch.nn.Module:

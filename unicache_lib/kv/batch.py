@@ -15,14 +15,18 @@ How it stays equal to batch 1:
   numbered from its own original context length, and each answer read at its own last question token, under a
   per-sample attention mask.
 
-Greedy answers equal batch-1 answers (``tests/test_kv.py`` checks ``torch.equal`` on the ids); logits agree to
-float rounding (a batched matrix product may sum in another order). Families that number positions themselves
+Greedy answers equal batch-1 answers on the shipped model on a CPU (``tests/test_kv.py`` checks ``torch.equal`` on the
+ids); logits agree to float rounding (a batched matrix product may sum in another order), so on a GPU in half
+precision an answer whose two best tokens nearly tie can differ from batch 1's. Memory: a prefill batch holds every
+sample's float32 attention maps at once (``[H, C, C]`` per layer and sample: about 1.5 GB per sample on a 7B model
+with 576 image tokens), so size ``batch_size`` to the device. Families that number positions themselves
 (M-RoPE), keep the image KV in cross-attention layers or need their own question forward are refused with what
 to use instead (batch size 1).
 """
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import torch
 
@@ -118,7 +122,7 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
             def encode(rows, cols, pv=sp.pixel_values):
                 with torch.no_grad():
                     return fam.image_features_at(model, pv.to(dev, dtype), rows, cols)
-        pres.append(Prefill(row, maps[b], sp, kv, None, encode))
+        pres.append(Prefill(row, maps[b], sp, kv, None, encode, partial(fam.first_layer_keys, model)))
     return pres
 
 
@@ -174,5 +178,5 @@ def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentio
     atts = []
     for b in range(B):
         keys = torch.cat([torch.arange(K - held[b], K), torch.arange(K, K + qlen[b])]).to(dev)
-        atts.append([a[b:b + 1, :, : qlen[b]].index_select(-1, keys).float() for a in out.attentions])
+        atts.append([a[b:b + 1, :, : qlen[b]].index_select(-1, keys).float().cpu() for a in out.attentions])  # as answer()
     return first, atts

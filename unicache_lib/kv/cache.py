@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -125,6 +126,7 @@ class Prefill:
     image_kv: ImageKV = None
     positions: torch.Tensor | None = None
     encode: object = None  # (rows, cols) -> [rows * cols, D]: the picture re-encoded coarser (EvictionContext.encode)
+    first_keys: object = None  # (embeddings [n, hidden]) -> [n, H_kv * D]: the first layer's keys (EvictionContext)
 
     def context(self, seed: int = 0, future=None):
         from .policies.base import EvictionContext
@@ -134,7 +136,8 @@ class Prefill:
         reads = [(lambda li=li: (layers[li].keys[0], layers[li].values[0])) for li in kv.layers]
         return EvictionContext(kv.length, kv.positions, len(kv.layers), self.attentions, seed, future,
                                cache_layers=kv.layers, n_cache_layers=len(self.cache.layers),
-                               keep_always=kv.keep_always, grid=kv.grid, kv=reads, encode=self.encode)
+                               keep_always=kv.keep_always, grid=kv.grid, kv=reads, encode=self.encode,
+                               first_keys=self.first_keys)
 
 
 @torch.no_grad()
@@ -182,7 +185,7 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
         @torch.no_grad()
         def encode(rows, cols):
             return fam.image_features_at(model, split.pixel_values.to(dev, dtype), rows, cols)
-    return Prefill(out.past_key_values, maps, split, image_kv, full_pos, encode)
+    return Prefill(out.past_key_values, maps, split, image_kv, full_pos, encode, partial(fam.first_layer_keys, model))
 
 
 @torch.no_grad()

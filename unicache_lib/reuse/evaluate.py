@@ -90,6 +90,12 @@ def run_reuse(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed
     return pd.DataFrame(list(rows.values())).set_index("method")
 
 
+def _judged_mean(values) -> float:
+    """Mean over the prompts the detector could judge (NaN for the others: your prompts without one known object)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float("nan")
+
+
 def score_methods(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, seed: int | list[int] = 0,
                   progress: bool | None = None) -> tuple[dict, dict, dict]:
     """The quality half of :func:`run_reuse`: ``(rows, usable, counts)`` -- ``rows[label]`` its row without the
@@ -109,7 +115,7 @@ def score_methods(gen, methods: dict, prompts, objects, steps=20, guidance=3.0, 
         sc = [score_object(im, o) for im, o in zip(imgs, objects)]
         p, s = np.minimum(psnr(imgs, ref), PSNR_CAP), np.asarray(ssim(imgs, ref), dtype=np.float64)
         rows[label] = {"method": label, "psnr": float(np.mean(p)), "ssim": float(np.mean(s)),
-                       **{k: float(np.mean([x[k] for x in sc])) for k in ("colour", "position", "shape")},
+                       **{k: _judged_mean([x[k] for x in sc]) for k in ("colour", "position", "shape")},
                        "computed": work / ref_work, "flops": flops / ref_flops, "n": len(prompts), "note": "",
                        "psnr_per_prompt": p, "ssim_per_prompt": s}
         usable[label], counts[label] = make, (work, flops)

@@ -71,12 +71,17 @@ def as_questions(samples) -> list:
     without them is refused, naming the samples and the fix (never scored against an empty answer)."""
     from .text import QA
 
-    lacking = [s.id for s in samples if not s.answer]
+    lacking = [s.id for s in samples if s.answer is None or not str(s.answer).strip()]
     if lacking:
         raise InputError(f"{len(lacking)} of {len(samples)} samples have no answer ({', '.join(lacking[:3])}"
                          f"{', ...' if len(lacking) > 3 else ''}): KV eviction is scored on the answers; add an 'answer' "
                          f"to every line of metadata.jsonl")
-    return [QA(Picture(s.image, s.masks, s.objects, s.scene_type), s.qtype or "own", s.question, s.answer, None)
+    long = [s.id for s in samples if len(str(s.answer).split()) != 1]
+    if long:
+        raise InputError(f"{len(long)} of {len(samples)} answers are not one word ({', '.join(long[:3])}"
+                         f"{', ...' if len(long) > 3 else ''}): eviction is scored on the first answer token; give a "
+                         f"one-word 'answer' (e.g. 'red', 'yes', '2') and ask for it ('answer with one word')")
+    return [QA(Picture(s.image, s.masks, s.objects, s.scene_type), s.qtype or "own", s.question, str(s.answer).strip(), None)
             for s in samples]
 
 

@@ -238,7 +238,8 @@ def read_prompts(path) -> list[dict]:
             raise InputError(f"{path}, line {n}: 'objects' must be a list of objects such as "
                              '{"colour": "red", "shape": "circle", "position": "left"}')
         pair = ""
-        if len(objects) == 2 and all(scorable(o) for o in objects):  # the binding test of G9
+        if (len(objects) == 2 and all(scorable(o) for o in objects) and objects[0]["shape"] != objects[1]["shape"]
+                and [o["position"] for o in objects] == ["left", "right"]):  # G9's binding test, in prompt_set's layout
             pair = "same" if objects[0]["colour"] == objects[1]["colour"] else "different"
         out.append({"id": str(row.get("id", f"p{len(out)}")), "objects": list(objects), "pair": pair,
                     "short": row["prompt"], "long": str(row.get("long", row["prompt"]))})
@@ -267,11 +268,18 @@ def load_prompts(path=None, n_single: int = 16, n_pairs: int = 0, seed: int = 0)
     if len(singles) < n_single or len(pairs) < n_pairs:
         raise InputError(f"{path} has {len(singles)} prompts that are not two-object pairs and {len(pairs)} two-object "
                          f"pairs; {n_single} and {n_pairs} are asked for: lower the counts (N_SINGLE / N_PAIRS / N_PROMPTS) "
-                         f"or add prompts (a pair lists two objects, each with a colour, shape and position)")
+                         f"or add prompts (a pair lists two objects of different shapes, each with a colour, shape and "
+                         f"position, the first on the left, the second on the right)")
     return singles[:n_single] + pairs[:n_pairs]
 
 
 _FUNCTION_WORDS = {"a", "an", "the", "of", "in", "on", "at", "and", "with", "to", "is", "are", "two", "one", "some"}
+
+
+def single_object(prompt: dict):
+    """The one object a prompt asks for, for the prompt-following checks; None for a prompt of none or several
+    (scored NaN by :func:`~unicache_lib.world.segment.score_object`, never against its first object)."""
+    return prompt["objects"][0] if len(prompt["objects"]) == 1 else None
 
 
 def named_words(prompt: dict, limit: int = 4) -> list[str]:

@@ -34,7 +34,9 @@ class EvictionContext:
     lazily: a 7B model's float32 copies of every layer would not fit beside it); ``features``: ``[n_image, D]``
     the image embeddings the language model receives (prefill-stage policies only); ``encode``: ``(rows, cols) ->
     [rows * cols, D]``, the picture re-encoded at a coarser patch grid by the family's vision tower (the
-    downsampled-image control; :meth:`~unicache_lib.families.base.VLMFamily.image_features_at`).
+    downsampled-image control; :meth:`~unicache_lib.families.base.VLMFamily.image_features_at`); ``first_keys``:
+    ``(embeddings [n, hidden]) -> [n, H_kv * D]``, the keys the first language-model layer computes for them
+    (:meth:`~unicache_lib.families.base.VLMFamily.first_layer_keys`).
     """
 
     seq_len: int
@@ -50,6 +52,7 @@ class EvictionContext:
     kv: list | None = None
     features: torch.Tensor | None = None
     encode: object = None
+    first_keys: object = None
 
     @property
     def n_image(self) -> int:
