@@ -116,7 +116,7 @@ samples: setup
 
 ## evaluate: the decisive runs of notebook 05's eviction targets (E1-E4) and controls on 2,700 new held-out questions,
 ##           NPROC processes (default 2; torchrun, one shard per rank) then the merge -> benchmarks/results/evaluate_*.csv
-##           (about 35 minutes on 2 CPU cores; not part of CI). QUESTIONS=... for another size.
+##           (about 15 minutes on 2 idle CPU cores, 30 on a busy machine; not part of CI). QUESTIONS=... for another size.
 NPROC ?= 2
 QUESTIONS ?= 2700
 evaluate: setup
