@@ -140,14 +140,16 @@ def settle(out: Path, quick: bool = False):
             if r["claim"] in claims:
                 rows.append({"notebook": nb, "claim": r["claim"], "parameters": json.dumps(params), "verdict": r["verdict"],
                              "value": r.get("value"), "lo": r.get("lo"), "hi": r.get("hi"), "n": r.get("n"),
-                             "unit": r.get("unit"), "note": r.get("note") or ""})
+                             "unit": r.get("unit"),  # the replication's own mark is what this run answers
+                             "note": (r.get("note") or "").replace("; unstable across sample sets", "").replace(
+                                 "unstable across sample sets", "")})
     return pd.DataFrame(rows)
 
 
 def settle_section(df) -> str:
     lines = [SETTLE_BEGIN, "", "The unstable claims re-decided once at larger samples (`make settle`: seed "
-             f"{SEED_SETTLE}, a set no column above used; table in `data/replicate/settled.csv`). An interval that still "
-             "straddles its bar is a tie at this size, not a lack of runs.", "",
+             f"{SEED_SETTLE}, a set no column above used; table in `data/replicate/settled.csv`). A row still inconclusive "
+             "says in its note how many more units its interval now asks for.", "",
              "| notebook | claim | parameters | verdict | value [95% interval] | n | note |", "|---|---|---|---|---|---|---|"]
     for d in df.to_dict("records"):
         iv = (f"{d['value']:.3g} [{d['lo']:.3g}, {d['hi']:.3g}]" if d["value"] is not None and d["value"] == d["value"]
