@@ -118,7 +118,7 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
 # scoreboard note says would settle it (``make settle``), on a set no notebook or seed column used (SEED_SETTLE).
 SEED_SETTLE = 11
 SETTLE = {
-    "02_understanding_maps": ({"PER_TYPE": 10, "MAP_PER_TYPE": 1}, ("U11",)),  # ~24 multi-object samples asked
+    "02_understanding_maps": ({"PER_TYPE": 45, "MAP_PER_TYPE": 1}, ("U11",)),  # ~170 multi-object samples asked
     "03_diffusion_steps": ({"N_PAIRS": 32, "MAP_PROMPTS": 1}, ("G9",)),       # 16 pair prompts of each kind
     "04_head_pruning": ({"PER_TYPE": 10}, ("P2", "P3")),                      # P3 (b): 50 samples instead of 20
     "05_kv_eviction": ({"N_EVICTION": 450, "PEERS": False}, ("U7",)),         # ~267 questions asked
