@@ -200,15 +200,21 @@ def encode(processor, image, question: str | None = None, family=None, prompt: s
     if prompt is None:
         if question is None:
             raise InputTypeError("pass a question (laid out with the family's prompt template) or a whole prompt=")
-        text = fam.prompt(processor, check_question(question, fam))
-        try:
-            check_prompt(text, fam)
-        except PromptError as e:
-            raise PromptError(f"the processor's chat template did not lay out the image as {fam.name} expects: {e}") from None
+        text = _templated(processor, question, fam)
     else:
         text = check_prompt(prompt, fam)
     # channels are last after prepare_image: say so, or small images (a side of 1 or 3) are read channels-first
     return processor(images=[img], text=[text], return_tensors="pt", input_data_format="channels_last")
+
+
+def _templated(processor, question: str, fam) -> str:
+    """The family's prompt template around a checked question, checked to lay out the image as the family expects."""
+    text = fam.prompt(processor, check_question(question, fam))
+    try:
+        check_prompt(text, fam)
+    except PromptError as e:
+        raise PromptError(f"the processor's chat template did not lay out the image as {fam.name} expects: {e}") from None
+    return text
 
 
 def encode_batch(processor, images, questions, family=None) -> list[dict]:
@@ -220,14 +226,7 @@ def encode_batch(processor, images, questions, family=None) -> list[dict]:
     images, questions = list(images), list(questions)
     if len(images) != len(questions) or not images:
         raise InputError(f"{len(images)} images for {len(questions)} questions: pass one question per image")
-    texts = []
-    for q in questions:
-        text = fam.prompt(processor, check_question(q, fam))
-        try:
-            check_prompt(text, fam)
-        except PromptError as e:
-            raise PromptError(f"the processor's chat template did not lay out the image as {fam.name} expects: {e}") from None
-        texts.append(text)
+    texts = [_templated(processor, q, fam) for q in questions]
     enc = processor(images=[prepare_image(im) for im in images], text=texts, return_tensors="pt",
                     input_data_format="channels_last", padding=True)
     ids, mask = enc["input_ids"], enc.get("attention_mask")

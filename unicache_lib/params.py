@@ -133,37 +133,36 @@ def path_or_none(name, v):
         _fail(name, v, "must be a folder path or None")
 
 
-def samples_folder(name, v):
-    """None (the shipped set) or a folder :func:`unicache_lib.world.samples.load` reads, checked line by line now."""
+def _your_data(name, v, found, read, expected: str) -> None:
+    """None, or a path ``found`` accepts that ``read`` reads without an :class:`InputError`; else the parameter fails
+    naming ``expected`` (or the reader's own message, which names the file, the line and the fix)."""
     if v is None:
         return
     from .paths import project_path
-    from .world.samples import load
 
-    if not isinstance(v, (str, Path)) or not project_path(v).is_dir():
-        _fail(name, v, "must be None (the shipped sample set) or a folder of your samples: images with a metadata.jsonl "
-                       "(file_name, question[, answer]) -- `make samples` writes an example")
+    if not isinstance(v, (str, Path)) or not found(project_path(v)):
+        _fail(name, v, expected)
     try:
-        load(project_path(v))
+        read(project_path(v))
     except InputError as e:
         _fail(name, v, str(e))
+
+
+def samples_folder(name, v):
+    """None (the shipped set) or a folder :func:`unicache_lib.world.samples.load` reads, checked line by line now."""
+    from .world.samples import load
+
+    _your_data(name, v, Path.is_dir, load, "must be None (the shipped sample set) or a folder of your samples: images "
+               "with a metadata.jsonl (file_name, question[, answer]) -- `make samples` writes an example")
 
 
 def prompts_file(name, v):
     """None (the synthetic prompts) or a ``prompts.jsonl`` (or a folder holding one) that
     :func:`unicache_lib.world.text.read_prompts` reads, checked line by line now."""
-    if v is None:
-        return
-    from .paths import project_path
     from .world.text import read_prompts
 
-    if not isinstance(v, (str, Path)) or not project_path(v).exists():
-        _fail(name, v, "must be None (the synthetic prompts) or your prompts.jsonl: one {\"prompt\": ...} per line "
-                       "(objects optional) -- `make samples` writes an example")
-    try:
-        read_prompts(project_path(v))
-    except InputError as e:
-        _fail(name, v, str(e))
+    _your_data(name, v, Path.exists, read_prompts, "must be None (the synthetic prompts) or your prompts.jsonl: one "
+               "{\"prompt\": ...} per line (objects optional) -- `make samples` writes an example")
 
 
 def out_dir(name, v):

@@ -32,7 +32,7 @@ import torch
 
 from ..capture.runner import to_model
 from ..core.errors import ContractError, InputError, UnsupportedError
-from .cache import Prefill, PromptSplit, locate_image_kv
+from .cache import Prefill, PromptSplit, locate_image_kv, picture_encoder
 
 
 def check_batchable(model, split: PromptSplit) -> None:
@@ -117,12 +117,8 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
             layer.keys, layer.values = layer.keys[b:b + 1], layer.values[b:b + 1]
         kv = locate_image_kv(fam, model, row, sp)
         kv.grid = fam.grid_tokens(model.config, sp.inputs)
-        encode = None
-        if sp.pixel_values is not None and sp.pixel_values.dim() == 4 and sp.pixel_values.shape[0] == 1:
-            def encode(rows, cols, pv=sp.pixel_values):
-                with torch.no_grad():
-                    return fam.image_features_at(model, pv.to(dev, dtype), rows, cols)
-        pres.append(Prefill(row, maps[b], sp, kv, None, encode, partial(fam.first_layer_keys, model)))
+        pres.append(Prefill(row, maps[b], sp, kv, None, picture_encoder(fam, model, sp),
+                            partial(fam.first_layer_keys, model)))
     return pres
 
 

@@ -69,11 +69,13 @@ def split_prompt(processor, image, question: str | None, image_token_id: int | N
 
     fam = family_of(model) if model is not None else _family_of_processor(processor)
     enc = encode(processor, image, question, fam, prompt)
-    if image_token_id is None:
-        image_token_id = getattr(processor, "image_token_id", None)
-    if image_token_id is None:
-        image_token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    return split_inputs(fam, dict(enc), image_token_id)
+    return split_inputs(fam, dict(enc), _image_token_id(processor) if image_token_id is None else image_token_id)
+
+
+def _image_token_id(processor) -> int:
+    """The processor's image token id (its attribute, or its image token through the tokenizer)."""
+    tid = getattr(processor, "image_token_id", None)
+    return processor.tokenizer.convert_tokens_to_ids(processor.image_token) if tid is None else tid
 
 
 def split_prompts(processor, images, questions, model) -> list[PromptSplit]:
@@ -83,9 +85,7 @@ def split_prompts(processor, images, questions, model) -> list[PromptSplit]:
     from ..inputs import encode_batch
 
     fam = family_of(model)
-    tid = getattr(processor, "image_token_id", None)
-    if tid is None:
-        tid = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    tid = _image_token_id(processor)
     return [split_inputs(fam, enc, tid) for enc in encode_batch(processor, images, questions, fam)]
 
 
@@ -180,12 +180,22 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
     image_kv.grid = fam.grid_tokens(model.config, split.inputs)
     if image_kv.key_index is not None:  # the family trimmed the cache (e.g. padded tiles): trim the maps alike
         maps = [m[..., image_kv.key_index] for m in maps]
-    encode = None
-    if split.pixel_values is not None and split.pixel_values.dim() == 4 and split.pixel_values.shape[0] == 1:
-        @torch.no_grad()
-        def encode(rows, cols):
-            return fam.image_features_at(model, split.pixel_values.to(dev, dtype), rows, cols)
-    return Prefill(out.past_key_values, maps, split, image_kv, full_pos, encode, partial(fam.first_layer_keys, model))
+    return Prefill(out.past_key_values, maps, split, image_kv, full_pos, picture_encoder(fam, model, split),
+                   partial(fam.first_layer_keys, model))
+
+
+def picture_encoder(fam, model, split: PromptSplit):
+    """``(rows, cols) -> [rows * cols, D]``: the split's picture re-encoded at a coarser patch grid by the family's tower
+    (:meth:`~unicache_lib.families.base.VLMFamily.image_features_at`); None when the split holds no single picture."""
+    pv = split.pixel_values
+    if pv is None or pv.dim() != 4 or pv.shape[0] != 1:
+        return None
+    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+
+    @torch.no_grad()
+    def encode(rows, cols):
+        return fam.image_features_at(model, pv.to(dev, dtype), rows, cols)
+    return encode
 
 
 @torch.no_grad()

@@ -8,11 +8,9 @@ sees less. Each token takes the position of its window's centre patch (``renumbe
 whose tower runs at one resolution only, or whose image tokens are no single grid, are skipped with the reason
 (:meth:`~unicache_lib.families.base.VLMFamily.image_features_at`). A prefill-stage policy.
 """
-import math
-
 from ...core.errors import ContractError, PrefillPruningUnsupported
 from .base import EvictionPolicy, register
-from .pooling import pooled_grid, window_centres
+from .pooling import grid_side, pooled_grid, window_positions
 
 
 @register
@@ -21,17 +19,14 @@ class DownsampledImage(EvictionPolicy):
     description = "control: the picture resized to at most the budget's patches, through the vision tower, before the prefill"
 
     def choose(self, ctx, k):
-        if ctx.grid is None or math.isqrt(len(ctx.grid)) ** 2 != len(ctx.grid):
-            raise PrefillPruningUnsupported("the downsampled-image control needs the image tokens as one square grid over "
-                                            "the picture; this family's are not (tiles, newline tokens)")
+        side = grid_side(ctx, PrefillPruningUnsupported("the downsampled-image control needs the image tokens as one "
+                                                        "square grid over the picture; this family's are not (tiles, "
+                                                        "newline tokens)"))
         if ctx.encode is None:
             raise ContractError("the downsampled-image control re-encodes the picture: build the context with "
                                 "prefill(...).context(), which carries the model's encoder")
-        side = math.isqrt(len(ctx.grid))
         a, b = pooled_grid(side, k)
         feats = ctx.encode(a, b)  # [a * b, D], row-major
         if feats.shape[0] != a * b:
             raise ContractError(f"the family's image_features_at returned {feats.shape[0]} tokens for a {a} x {b} grid")
-        rows, cols = window_centres(side, a), window_centres(side, b)
-        where = ctx.grid.cpu()[(rows[:, None] * side + cols[None, :]).reshape(-1)]
-        return [(where.tolist(), feats)]
+        return [(window_positions(ctx, side, a, b), feats)]

@@ -31,20 +31,30 @@ def window_centres(side: int, n: int) -> torch.Tensor:
     return torch.tensor([(s + e - 1) // 2 for s, e in zip(starts, ends)])
 
 
+def grid_side(ctx, refusal: Exception) -> int:
+    """Side of the square grid the image tokens tile over the picture; ``refusal`` is raised when they form none
+    (tiles, newline tokens). Shared by the controls that shrink the picture to a coarser grid."""
+    if ctx.grid is None or math.isqrt(len(ctx.grid)) ** 2 != len(ctx.grid):
+        raise refusal
+    return math.isqrt(len(ctx.grid))
+
+
+def window_positions(ctx, side: int, a: int, b: int) -> list[int]:
+    """Indices into the image block of the centre patch of each of the ``a x b`` windows, row-major."""
+    rows, cols = window_centres(side, a), window_centres(side, b)
+    return ctx.grid.cpu()[(rows[:, None] * side + cols[None, :]).reshape(-1)].tolist()
+
+
 @register
 class ImagePooling(EvictionPolicy):
     name, stage, renumber, exact_budget = "pooling", "prefill", False, False
     description = "control: average-pool the image features to a coarser grid (at most the budget), before the prefill"
 
     def choose(self, ctx, k):
-        if ctx.grid is None or math.isqrt(len(ctx.grid)) ** 2 != len(ctx.grid):
-            raise InputError("image pooling needs the image tokens as one square grid over the picture; this family's "
-                             "are not (tiles, newline tokens): pooling is not measurable here")
-        side = math.isqrt(len(ctx.grid))
+        side = grid_side(ctx, InputError("image pooling needs the image tokens as one square grid over the picture; this "
+                                         "family's are not (tiles, newline tokens): pooling is not measurable here"))
         a, b = pooled_grid(side, k)
         feats = ctx.features[ctx.grid.to(ctx.features.device)].float()  # [side * side, D], row-major
         grid = feats.T.reshape(1, -1, side, side)
         pooled = F.adaptive_avg_pool2d(grid, (a, b))[0].reshape(feats.shape[1], -1).T  # [a * b, D]
-        rows, cols = window_centres(side, a), window_centres(side, b)
-        where = ctx.grid.cpu()[(rows[:, None] * side + cols[None, :]).reshape(-1)]
-        return [(where.tolist(), pooled)]
+        return [(window_positions(ctx, side, a, b), pooled)]
