@@ -248,12 +248,24 @@ def test_eviction_runs_end_to_end(case, tmp_path_factory, samples):
     if "sliding" in CASES[name][2]:  # the window (8) is shorter than the prompt: refused, with the fix named
         with pytest.raises(ValueError, match="sliding-window layer .* model without sliding windows"):
             _evict_and_answer(name, model, proc, inputs, fam, image)
+        _press_refuses_a_short_window(model, proc, image)
         CASES[f"{name}-nowindow"] = (CASES[name][0], Shape(layers=CASES[name][1].layers), "causal")
         try:  # the suggested fix: the same family without a window that cuts into the prompt
             model, _, proc, inputs, fam, image = _build(f"{name}-nowindow", tmp_path_factory, samples)
         finally:
             del CASES[f"{name}-nowindow"]
     _evict_and_answer(name, model, proc, inputs, fam, image)
+
+
+def _press_refuses_a_short_window(model, proc, image):
+    """A sliding-window layer shorter than the prompt holds only its last keys: the press refuses rather than
+    compress positions that do not line up (the fix, a model without such a window, is the -nowindow run)."""
+    from unicache_lib.kv.presses import KeyCoveragePress
+
+    sp = split_prompt(proc, image, QUESTION, model=model)
+    with pytest.raises(ValueError, match="sliding-window layer shorter than the prompt.*without sliding windows"):
+        with KeyCoveragePress(compression_ratio=0.5)(model):
+            prefill(model, sp, attentions=False)
 
 
 def _evict_and_answer(name, model, proc, inputs, fam, image):
@@ -288,7 +300,28 @@ def _evict_and_answer(name, model, proc, inputs, fam, image):
     cover = evict(pre.cache, POLICIES["key_coverage"]().select(ctx, 0.25))
     assert kv_bytes(cover) == kv_bytes(evict(pre.cache, POLICIES["random"]().select(ctx, 0.25)))
     assert answer(model, cover, sp)[0].isfinite().all()
+    _press_keeps_what_the_policy_keeps(model, sp, pre, ctx)
     _prefill_stage(model, sp, ctx)
+
+
+def _press_keeps_what_the_policy_keeps(model, sp, pre, ctx):
+    """KeyCoveragePress, through kvpress's own hook, keeps in every layer what ``key_coverage`` keeps in the workbench's
+    harness (``torch.equal``) and the answers are the same ids; a cross-attention family is refused, naming the fix."""
+    from unicache_lib.kv.peers import compression_ratio
+    from unicache_lib.kv.presses import KeyCoveragePress
+
+    if family_of(model).cross_attention:
+        with pytest.raises(ValueError, match="cross-attention layers.*run_eviction"), KeyCoveragePress(0.5)(model):
+            pass
+        return
+    press = KeyCoveragePress(compression_ratio=compression_ratio(sp.context_ids.shape[1], ctx.n_image, 0.25))
+    policy = evict(pre.cache, POLICIES["key_coverage"]().select(ctx, 0.25))
+    with press(model):
+        pressed = prefill(model, sp, attentions=False).cache
+    assert len(pressed.layers) == len(policy.layers)
+    for li, (a, b) in enumerate(zip(policy.layers, pressed.layers)):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), f"layer {li}: the press kept other positions"
+    assert answer(model, policy, sp, max_new_tokens=3)[1] == answer(model, pressed, sp, max_new_tokens=3)[1]
 
 
 def _prefill_stage(model, sp, ctx):

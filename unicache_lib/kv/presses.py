@@ -19,6 +19,13 @@ rotary embedding, all key heads side by side), started at the image position the
 The start needs that layer's attention weights, which kvpress hands to a press only under eager attention; under
 sdpa or flash attention the press refuses with the fix, rather than choosing a different start silently.
 
+**Which families.** Every self-attention family the adapters support (LLaVA-1.5/NeXT/OneVision, Qwen2-VL,
+Qwen2.5-VL, Gemma 3, Idefics3/SmolVLM, InternVL, PaliGemma, Janus; ``tests/test_families.py`` checks each with
+``torch.equal`` against ``run_eviction``'s policy): the hooks go on the language model's self-attention layers that
+the family adapter names (kvpress itself looks for ``model.model.language_model.layers`` and skips Gemma 3's
+sliding layers; this press compresses every layer, as the workbench does). A sliding-window layer shorter than the
+prompt holds only the last keys, so its positions would not line up: refused, naming the fix.
+
 One prompt at a time (batch 1), as the workbench's harness; kvpress's own pipeline runs one prompt per call too.
 """
 from __future__ import annotations
@@ -33,7 +40,7 @@ from .policies.divprune import max_min_diverse
 from .policies.key_coverage import farthest_point
 
 try:  # kvpress is a dependency of the project; the import error, if any, names the install
-    from kvpress.presses.base_press import BasePress
+    from kvpress.presses.base_press import BasePress, is_prefilling
     from kvpress.utils import compute_n_kept
 except ImportError as e:  # pragma: no cover - environment without kvpress
     raise ImportError("KeyCoveragePress needs NVIDIA kvpress (`pip install kvpress`, transformers<5.3)") from e
@@ -48,6 +55,7 @@ class KeyCoveragePress(BasePress):
     compression_ratio: float = 0.0
     image_token_id: int | None = None
     _image: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _prompt_len: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if not 0 <= self.compression_ratio < 1:
@@ -76,17 +84,36 @@ class KeyCoveragePress(BasePress):
             raise InputError(f"{type(self).__name__} compresses one prompt at a time, got a batch of {ids.shape[0]}: loop "
                              "over the prompts")
         self._image = (ids[0] == self.image_token_id).nonzero().flatten()
+        self._prompt_len = ids.shape[1]
 
     @contextmanager
     def __call__(self, model):
+        """kvpress's own hook (``BasePress.forward_hook``) on every self-attention layer of the language model, found
+        by the family adapter (kvpress looks for ``model.model.language_model.layers``, which not every family has,
+        and skips Gemma 3's sliding layers, which the workbench's eviction does not); removed on exit, even on error."""
+        from ..core.hooks import forward_hooks
+        from ..families import family_of
+
         self.post_init_from_model(model)
-        pre = model.register_forward_pre_hook(self._read_input_ids, with_kwargs=True)  # before the layers' hooks fire
+        fam = family_of(model)
+        sites = [s.module for s in fam.sites(model, ("language",))]
+        # before the layers' hooks fire: the image positions of this forward
+        pre = [(model, "forward_pre", self._read_input_ids)]
         try:
-            with super().__call__(model):
+            with forward_hooks(pre + [(m, "forward", self.forward_hook) for m in sites]):
                 yield
         finally:
-            pre.remove()
-            self._image = None
+            self._image = self._prompt_len = None
+
+    def forward_hook(self, module, input, kwargs, output):
+        """kvpress's hook, then what a sliding-window cache layer counts (``cumulative_length``, Gemma 3) set to what
+        it now holds, as the workbench's ``evict`` does: without it the next forward builds its mask for the
+        uncompressed length and fails."""
+        out = super().forward_hook(module, input, kwargs, output)
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        if hasattr(layer, "cumulative_length") and is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):
+            layer.cumulative_length = layer.keys.shape[-2]
+        return out
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         """``keys`` / ``values`` ``[1, H_kv, S, D]`` -> the same with the dropped image positions removed."""
@@ -94,6 +121,10 @@ class KeyCoveragePress(BasePress):
         S = keys.shape[2]
         if img is None:
             raise ContractError(f"{type(self).__name__} was called outside `with press(model):`, so it never saw the prompt")
+        if S != self._prompt_len:  # a sliding-window layer holds only the last keys: positions would not line up
+            raise InputError(f"{type(self).__name__}: cache layer {module.layer_idx} holds {S} positions after a prefill of "
+                             f"{self._prompt_len} (a sliding-window layer shorter than the prompt): the image positions "
+                             "would not line up with its keys; use a model without sliding windows shorter than the prompt")
         n = len(img)
         if n == 0:  # a wrong id would otherwise compress nothing without a word
             raise InputError(f"{type(self).__name__}: the prompt has no token of id {self.image_token_id}, so there is no "
