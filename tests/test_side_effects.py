@@ -31,3 +31,27 @@ def test_quiet_restores_on_exit_and_on_error():
             1 / 0
     assert warnings.filters == filters and logging.getLogger("kvpress").level == level
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_forward_hooks_install_all_or_nothing_and_always_come_off():
+    """core.hooks.forward_hooks: a failed registration removes the hooks already registered; an error inside the
+    block removes them all; the hooks fire in order while installed."""
+    import torch
+
+    from unicache_lib.core.errors import UnicacheError
+    from unicache_lib.core.hooks import forward_hooks
+
+    lin = torch.nn.Linear(2, 2)
+    seen = []
+    pre = (lin, "forward_pre", lambda m, a, k: seen.append("pre"))
+    post = (lin, "forward", lambda m, a, k, o: seen.append("post"))
+    with forward_hooks([pre, post]):
+        lin(torch.zeros(1, 2))
+    assert seen == ["pre", "post"] and not lin._forward_hooks and not lin._forward_pre_hooks
+    with pytest.raises(UnicacheError, match="hook kind must be one of"):
+        with forward_hooks([pre, (lin, "backward", None)]):
+            pass
+    assert not lin._forward_pre_hooks  # the first one, already registered, was removed
+    with pytest.raises(RuntimeError, match="boom"), forward_hooks([pre, post]):
+        raise RuntimeError("boom")
+    assert not lin._forward_hooks and not lin._forward_pre_hooks
