@@ -57,6 +57,10 @@ def test_a_layer_subset_must_cover_every_band_and_the_suggested_fix_does():
         assert set(layers) <= set(fix) and all(require_bands(fix, n)[b] for b in band_layers(n))
     with pytest.raises(ValueError, match="outside"):
         require_bands([4], 4)
+    # a model too shallow for three bands is refused with the reason, not an IndexError; the fix: 3 layers or more
+    with pytest.raises(ValueError, match="has 2 layer.*at least 3 .*3 or more layers"):
+        require_bands([0, 1], 2)
+    assert require_bands([0, 1, 2], 3) == {"shallow": [0], "middle": [1], "deep": [2]}
 
 
 def test_query_over_image_picks_one_row_on_the_image_keys():

@@ -20,11 +20,13 @@ def band_layers(n_layers: int) -> dict[str, list[int]]:
     return out
 
 
-
 def require_bands(layers, n_layers: int, name: str = "LAYERS") -> dict[str, list[int]]:
     """The captured ``layers`` of each band; raises ValueError when a band has none (the depth comparisons
     need at least one layer per band), naming the missing bands and a layer list that covers them.
     Negative layers count from the last, as in capture."""
+    if n_layers < len(BANDS):
+        raise InputError(f"this model has {n_layers} layer(s): the notebook compares shallow, middle and deep layers and "
+                         f"needs at least {len(BANDS)} (one per band); use a model with {len(BANDS)} or more layers")
     have = sorted({li % n_layers if -n_layers <= li < n_layers else _out_of_range(li, n_layers) for li in layers})
     out = {b: [li for li in ls if li in have] for b, ls in band_layers(n_layers).items()}
     missing = [b for b, ls in out.items() if not ls]

@@ -71,18 +71,28 @@ STANDINS: dict[str, StandIn] = {
 }
 
 
+def tiny(family: str) -> StandIn:
+    """A random-weight model of ``family`` at the shipped models' tiny shape (64 image tokens, 4 layers: one per depth
+    band and two in the middle): a model that yields nothing, for checking that every notebook section says so instead
+    of crashing (tests only)."""
+    if family not in FAMILIES:
+        raise UnknownNameError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    return StandIn(family, "(none: a tiny random-weight model)", real={}, shape=Shape(layers=4), image_tokens=64)
+
+
 def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device: str = "cpu",
-          dtype: torch.dtype = torch.float32) -> Path:
+          dtype: torch.dtype = torch.float32, spec: StandIn | None = None) -> Path:
     """Build the stand-in ``name`` into ``out / name`` (config, random weights, processor, card).
 
     ``real_width``: the real model's widths too (LLaVA-1.5-7B: hidden 4096, about 7B parameters; build it
     on a GPU with ``device="cuda", dtype=torch.float16``, where the weights are created directly).
+    ``spec``: build this spec under ``name`` instead of ``STANDINS[name]`` (e.g. :func:`tiny`).
     """
     import transformers
 
-    if name not in STANDINS:
+    if spec is None and name not in STANDINS:
         raise UnknownNameError(f"unknown stand-in {name!r}; known: {', '.join(STANDINS)}")
-    spec = STANDINS[name]
+    spec = spec or STANDINS[name]
     shape = spec.real_width if real_width else spec.shape
     if shape is None:
         raise InputError(f"stand-in {name!r} has no real-width shape; real widths exist for "
