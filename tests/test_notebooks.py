@@ -391,3 +391,60 @@ def test_every_notebook_runs_on_models_that_yield_nothing(tmp_path, random_model
     board = scoreboard(tmp_path)
     assert board and {r["verdict"] for r in board.values()} <= NOTHING, {c: r["verdict"] for c, r in board.items()}
     assert all(r["note"] for r in board.values() if r["verdict"] == "not measurable here")
+
+
+def _subword_sd3(out: Path) -> Path:
+    """A builder of our own (not tiny_pipelines.build_tiny): an SD3 pipeline whose tokenizers split the world's words
+    into pieces, as real vocabularies split rarer words: a CLIP BPE with few merges (``tri`` + ``angle</w>``) and a T5
+    Unigram whose words are a ``▁``-prefixed head and a bare tail (``▁tr`` + ``iangle``)."""
+    import diffusers
+    from tokenizers import trainers
+    from transformers import CLIPTokenizer, T5TokenizerFast
+
+    from unicache_lib.world.text import vocabulary
+    from unicache_lib.zoo import tiny_pipelines as tp
+
+    words = vocabulary()
+    backend = CLIPTokenizer()._tokenizer
+    backend.train_from_iterator(words, trainers.BpeTrainer(vocab_size=120, special_tokens=["<|startoftext|>", "<|endoftext|>"],
+                                                           end_of_word_suffix="</w>", show_progress=False))
+    m = json.loads(backend.to_str())["model"]
+    clip = CLIPTokenizer(vocab=m["vocab"], merges=[tuple(x.split(" ")) if isinstance(x, str) else tuple(x) for x in m["merges"]],
+                         model_max_length=77)
+    pieces = {"▁" + w[:2] for w in words} | {w[2:] for w in words if len(w) > 2}
+    t5 = T5TokenizerFast(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(p, -1.0) for p in sorted(pieces)],
+                         extra_ids=0, model_max_length=512)
+    tr = tp.tiny_transformer("sd3")
+    c, w = tr.config, tr.config.pooled_projection_dim // 2
+    pipe = diffusers.StableDiffusion3Pipeline(
+        transformer=tr, scheduler=tp.scheduler("sd3"), vae=tp.vae("sd3", c.in_channels, 8, 2),
+        tokenizer=clip, text_encoder=tp.clip_encoder(clip, w), tokenizer_2=clip, text_encoder_2=tp.clip_encoder(clip, w),
+        tokenizer_3=t5, text_encoder_3=tp.t5_encoder(t5, c.joint_attention_dim))
+    return tp.save_pipeline(pipe, out, {"model": "subword-sd3", "stand_in": True, "kind": "sd3", "family": "sd3", "seed": 0,
+                                        "image_size": 16, "what_it_is_for": "tests: tokenizers that split words"})
+
+
+def test_03_on_a_pipeline_whose_tokenizers_split_words(tmp_path):
+    """Issue #28: a pipeline folder from a builder of our own, whose tokenizers name words in pieces. Each object word
+    of every prompt is still found once per occurrence in both text streams (named at its first piece), and notebook 03
+    runs to its scoreboard on the folder by parameters alone."""
+    from unicache_lib.analysis.generation import word_positions
+    from unicache_lib.world.text import prompt_set
+    from unicache_lib.zoo.loaders import load_generator
+
+    folder = _subword_sd3(tmp_path / "subword-sd3")
+    gen = load_generator(str(folder))
+    ps = [p for p in prompt_set(8, 0, 0)]
+    clip_ids = gen.pipe.tokenizer(ps[0]["short"])["input_ids"]
+    assert len(clip_ids) - 2 > len(ps[0]["short"].split()), "the builder must split words into pieces"
+    names = gen.token_names([p["short"] for p in ps])
+    for p, row in zip(ps, names):
+        for o in p["objects"]:
+            for role in ("colour", "shape"):
+                n = p["short"].split().count(o[role])
+                assert len(word_positions(row, o[role])) == n, (p["short"], o[role], row[:20])
+                assert len(word_positions(row, "t5:" + o[role])) == n
+    run_notebook("03_diffusion_steps.ipynb", tmp_path, MODELS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=3, MAP_PROMPTS=1,
+                 UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
+    board = scoreboard(tmp_path)
+    assert {"G1", "G9"} <= set(board) and {r["verdict"] for r in board.values()} <= NOTHING

@@ -475,3 +475,24 @@ def test_step_skip_hook_warns_after_a_run_shorter_than_its_schedule(gen):
     finally:
         with pytest.warns(UserWarning, match="the run had 10 steps"):
             remove_step_skip(gen.transformer)
+
+
+def test_peer_options_override_the_config_and_lite_taylorseer_skips_blocks(gen):
+    """DiffusersCache(options=...) applies fields to the diffusers config (TaylorSeer at another interval and order, in
+    lite mode: whole blocks skipped, the output projection predicted) and refuses an unknown field naming the fields;
+    lite mode on SD3's layout (the last block returns None for the text stream) is refused with the reason."""
+    opts = {"use_lite_mode": True, "cache_interval": 6, "max_order": 2}
+    dc = DiffusersCache(gen, "taylorseer", 20, options={"cache_intervl": 6})
+    with pytest.raises(ValueError, match="no field 'cache_intervl'.*cache_interval"):
+        dc.config()
+    if FAMILY_PEERS[gen.family].tail_passes_encoder:
+        with pytest.raises(PeerUnsupported, match="lite mode .* returns None"):
+            DiffusersCache(gen, "taylorseer", 20, options=opts).config()
+        return
+    cfg = DiffusersCache(gen, "taylorseer", 20, options=opts).config()
+    assert (cfg.cache_interval, cfg.max_order, cfg.use_lite_mode) == (6, 2, True)
+    with TransformerFlops(gen.transformer) as full:
+        sample(gen, PROMPTS, 20, seed=0)
+    with DiffusersCache(gen, "taylorseer", 20, options=opts) as pc, TransformerFlops(gen.transformer) as fl:
+        out = sample(gen, PROMPTS, 20, seed=0, callbacks=[pc])
+    assert out.isfinite().all() and fl.flops < 0.5 * full.flops  # 3 warm-up steps, then one in 6 computed

@@ -35,11 +35,17 @@ Settings are the authors' defaults unless the family needs otherwise:
   order) on the family's attention modules, factors in the model's dtype.
 - MagCache: diffusers' defaults (threshold 0.06, at most 3 skipped steps in a row, no skipping in the
   first 20% of steps) with magnitude ratios from a calibration run (:func:`magcache_ratios`).
+
+``options`` overrides fields of the config above (``dataclasses.replace``), for sweeps at other budgets, e.g.
+``DiffusersCache(gen, "taylorseer", 50, options={"cache_interval": 6, "max_order": 2, "use_lite_mode": True})``
+(``benchmarks/reuse_steps.py``: TaylorSeer at the FLOPs of ``step_skip``); an unknown field is refused, naming
+the config's fields.
 """
 from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import io
 from collections.abc import Mapping
 
@@ -131,9 +137,11 @@ class DiffusersCache:
     unconditional half (FasterCache then skips none). ``calibration``: MagCache's ratios
     (:func:`magcache_ratios`), or ``"calibrate"`` for the calibration run itself."""
 
-    def __init__(self, target, kind: str, n_steps: int, guidance: float = 3.0, calibration: list | str | None = None):
+    def __init__(self, target, kind: str, n_steps: int, guidance: float = 3.0, calibration: list | str | None = None,
+                 options: dict | None = None):
         if kind not in PEERS:
             raise InputError(f"unknown peer {kind!r}; choose from {PEERS}")
+        self.options = dict(options or {})
         self.transformer, self.family = _resolve(target)
         self.spec = FAMILY_PEERS[self.family]
         self.kind, self.n_steps, self.guidance = kind, n_steps, guidance
@@ -144,7 +152,22 @@ class DiffusersCache:
         self._registered: list = []
 
     def config(self):
-        """The diffusers config object for this peer on this family (raises :class:`PeerUnsupported`)."""
+        """The diffusers config object for this peer on this family (raises :class:`PeerUnsupported`), with
+        ``options`` applied."""
+        cfg = self._default_config()
+        if not self.options:
+            return cfg
+        fields = {f.name for f in dataclasses.fields(cfg)}
+        bad = sorted(set(self.options) - fields)
+        if bad:
+            raise InputError(f"{type(cfg).__name__} has no field {bad[0]!r}; its fields: {', '.join(sorted(fields))}")
+        if self.kind == "taylorseer" and self.options.get("use_lite_mode") and self.spec.tail_passes_encoder:
+            raise PeerUnsupported(f"TaylorSeer's lite mode records the output of every block, and {self.family}'s last block "
+                                  "returns None for the text stream (diffusers 0.42.1: AttributeError on None.dtype); "
+                                  "use the default mode (attention modules)")
+        return dataclasses.replace(cfg, **self.options)
+
+    def _default_config(self):
         from diffusers.hooks import (
             FasterCacheConfig,
             FirstBlockCacheConfig,

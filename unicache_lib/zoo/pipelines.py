@@ -93,18 +93,22 @@ class PipelineGenerator:
 
         SD3: CLIP's 77 positions, then T5's ``max_sequence_length`` (the T5 copy of a word is named
         ``"t5:<word>"``, so word maps read the CLIP copy, which comes first); PixArt / Flux: the T5
-        positions. Sub-word markers (``</w>``, ``▁``) are stripped. ``None`` for Sana, whose pipeline
-        prepends an instruction to every prompt and keeps its last tokens: positions are then not named
-        rather than named wrongly (capture still separates padding by the pipeline's own mask)."""
+        positions. A word the tokenizer splits into pieces is named at its first piece, its other pieces
+        ``"##<piece>"`` (:func:`word_names`), so a word is found once per occurrence whatever the vocabulary.
+        ``None`` for Sana, whose pipeline prepends an instruction to every prompt and keeps its last tokens:
+        positions are then not named rather than named wrongly (capture still separates padding by the
+        pipeline's own mask)."""
         if self.family == "sana":
             return None
 
         def names(tok, length, prefix=""):
             enc = tok(list(prompts), padding="max_length", max_length=length, truncation=True, add_special_tokens=True)
+            special = set(tok.all_special_tokens)
             out = []
             for ids, mask in zip(enc["input_ids"], enc["attention_mask"]):
-                toks = tok.convert_ids_to_tokens(ids)
-                out.append([prefix + t.replace("</w>", "").lstrip("▁Ġ") if m else None for t, m in zip(toks, mask)])
+                n = int(sum(mask))
+                named = word_names(tok.convert_ids_to_tokens(ids[:n]), special)
+                out.append([prefix + w for w in named] + [None] * (len(ids) - n))
             return out
 
         if self.family == "sd3":
@@ -115,6 +119,35 @@ class PipelineGenerator:
             return [c + t for c, t in zip(clip, t5)]
         tok = self.pipe.tokenizer_2 if self.family == "flux" else self.pipe.tokenizer
         return names(tok, self.max_sequence_length)
+
+
+def word_names(pieces: list[str], special=frozenset()) -> list[str]:
+    """One name per piece: the whole word at a word's first piece, ``"##<piece>"`` at its other pieces; a special
+    token names itself. Word boundaries from the tokenizer's own markers: an end-of-word suffix ``</w>`` (CLIP's BPE)
+    when the pieces carry one, else a start-of-word prefix ``▁`` (SentencePiece: T5, Gemma) or ``Ġ`` (byte-level
+    BPE). ``["tri", "angle</w>"] -> ["triangle", "##angle"]``; ``["▁tri", "angle"] -> ["triangle", "##angle"]``."""
+    suffix = any(p.endswith("</w>") for p in pieces if p not in special)
+    groups: list[list[str]] = []
+    open_word = False
+    for p in pieces:
+        if p in special:
+            groups.append([p])
+            open_word = False
+            continue
+        starts = not open_word if suffix else (not open_word or p[:1] in ("▁", "Ġ"))
+        if starts:
+            groups.append([p])
+        else:
+            groups[-1].append(p)
+        open_word = not p.endswith("</w>") if suffix else True
+    out = []
+    for g in groups:
+        if len(g) == 1 and g[0] in special:
+            out.append(g[0])
+            continue
+        bare = [p.replace("</w>", "").lstrip("▁Ġ") for p in g]
+        out += ["".join(bare)] + ["##" + b for b in bare[1:]]
+    return out
 
 
 def default_max_sequence_length(pipe) -> int:
