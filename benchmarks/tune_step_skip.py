@@ -6,22 +6,33 @@ prompts (``prompt_set(N_PROMPTS + 4, 0, SEED)``, N_PROMPTS = 32, SEED = 0), so d
 (checked below); sampled with seed 1000 (the notebook samples with seed 0). Both tiny generators, 20
 steps, guidance 3.0; PSNR against each generator's own 20-step images of the design prompts.
 
-Criterion: among settings that call the transformer on at most ``--max-computed`` of the 20 steps
-(default 9: wall-clock >= 2x once text encoding is paid), the one whose worse margin over the
+Criterion: among settings that call the transformer on at most ``--max-computed`` of the steps
+(default 9 of 20: wall-clock >= 2x once text encoding is paid), the one whose worse margin over the
 two generators is largest, margin = its PSNR minus fewer-step sampling's PSNR with the same number of
 transformer calls (the same transformer FLOPs; wall-clock nearly so, extrapolation is a few elementwise
 ops).
 
     python benchmarks/tune_step_skip.py [--quick]
+    python benchmarks/tune_step_skip.py --steps 50 --max-computed 12 --out benchmarks/results/tune_step_skip_50.json
+
+At 50 steps (issue #31: the anchors' setting) the grid spans sparser schedules (strides 5-12, shorter head
+and tail shares) and ``--out`` writes the chosen setting as JSON, which ``benchmarks/reuse_steps.py`` reads.
+The shipped defaults of :class:`StepSkip` stay the 20-step choice.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+from pathlib import Path
 
 import numpy as np
 
 STEPS, GUIDANCE, DESIGN_SEED = 20, 3.0, 1000
+GRIDS = {  # steps -> (heads, tails, strides): the schedule grid searched at that step count
+    20: ((0.1, 0.15, 0.2, 0.25), (0.05, 0.1, 0.15), (3, 4)),
+    50: ((0.04, 0.06, 0.1), (0.02, 0.04, 0.06), (5, 6, 7, 8, 10, 12)),
+}
 
 
 def design_prompts() -> list[str]:
@@ -41,25 +52,28 @@ def main(argv=None):
     from unicache_lib.zoo.sampling import sample, to_uint8
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=STEPS, choices=sorted(GRIDS))
     ap.add_argument("--max-computed", type=int, default=9)
     ap.add_argument("--quick", action="store_true", help="a small grid (a smoke run)")
+    ap.add_argument("--out", type=Path, help="write the chosen setting here (JSON)")
     a = ap.parse_args(argv)
     prompts = design_prompts()
-    heads, tails, strides = (0.1, 0.15, 0.2, 0.25), (0.05, 0.1, 0.15), (3, 4)
+    steps = a.steps
+    heads, tails, strides = GRIDS[steps]
     weights, orders = (0.25, 0.5, 0.75, 1.0), (1, 2)
     if a.quick:
-        heads, tails, strides, weights, orders = (0.1,), (0.05,), (3,), (0.5,), (1,)
+        heads, tails, strides, weights, orders = heads[:1], tails[:1], strides[:1], (0.5,), (1,)
     schedules = {}
     for h, t, s in itertools.product(heads, tails, strides):
-        sch = tuple(step_schedule(STEPS, h, t, s))
+        sch = tuple(step_schedule(steps, h, t, s))
         if sum(sch) <= a.max_computed:
             schedules.setdefault(sch, (h, t, s))  # one parameter triple per distinct schedule
-    print(f"{len(schedules)} distinct schedules with <= {a.max_computed} of {STEPS} steps computed; "
+    print(f"{len(schedules)} distinct schedules with <= {a.max_computed} of {steps} steps computed; "
           f"{len(schedules) * len(weights) * len(orders)} settings per generator; {len(prompts)} design prompts")
     table, grid = {}, {}
     for name in ("tiny-mmdit", "tiny-pixart"):
         gen = load_generator(name)
-        ref = to_uint8(sample(gen, prompts, STEPS, GUIDANCE, seed=DESIGN_SEED))
+        ref = to_uint8(sample(gen, prompts, steps, GUIDANCE, seed=DESIGN_SEED))
 
         def control(n):
             return float(np.minimum(psnr(to_uint8(sample(gen, prompts, n, GUIDANCE, seed=DESIGN_SEED)), ref), 100).mean())
@@ -69,8 +83,8 @@ def main(argv=None):
         grid[name] = (gen, ref, control, ctrl)
         for sch, (h, t, s) in schedules.items():
             for w, o in itertools.product(weights, orders):
-                with ReuseCache(gen, StepSkip(h, t, s, w, o), STEPS) as rc:
-                    x = to_uint8(sample(gen, prompts, STEPS, GUIDANCE, seed=DESIGN_SEED, callbacks=[rc]))
+                with ReuseCache(gen, StepSkip(h, t, s, w, o), steps) as rc:
+                    x = to_uint8(sample(gen, prompts, steps, GUIDANCE, seed=DESIGN_SEED, callbacks=[rc]))
                 p = float(np.minimum(psnr(x, ref), 100).mean())
                 n = rc.forward_computed  # transformer calls that ran (one per computed step)
                 if n not in ctrl:
@@ -82,8 +96,8 @@ def main(argv=None):
     fine = {}
     for name, (gen, ref, control, ctrl) in grid.items():
         for w in np.round(np.arange(0.0, 0.61, 0.05), 2):
-            with ReuseCache(gen, StepSkip(h, t, s, float(w), o), STEPS) as rc:
-                x = to_uint8(sample(gen, prompts, STEPS, GUIDANCE, seed=DESIGN_SEED, callbacks=[rc]))
+            with ReuseCache(gen, StepSkip(h, t, s, float(w), o), steps) as rc:
+                x = to_uint8(sample(gen, prompts, steps, GUIDANCE, seed=DESIGN_SEED, callbacks=[rc]))
             p = float(np.minimum(psnr(x, ref), 100).mean())
             n = rc.forward_computed
             if n not in ctrl:
@@ -92,9 +106,18 @@ def main(argv=None):
     print_table(fine, "weight sweep on the best schedule")
     (h, t, s, w, o), v = best(fine, a.max_computed)
     print(f"\nchosen: head={h}, tail={t}, stride={s}, weight={w}, order={o} "
-          f"(computed {v['tiny-mmdit'][2]} of {STEPS}; schedule {''.join('C' if c else '.' for c in step_schedule(STEPS, h, t, s))}; "
+          f"(computed {v['tiny-mmdit'][2]} of {steps}; schedule {''.join('C' if c else '.' for c in step_schedule(steps, h, t, s))}; "
           f"design PSNR mmdit {v['tiny-mmdit'][0]:.2f} dB (+{v['tiny-mmdit'][1]:.2f} over fewer steps), "
           f"pixart {v['tiny-pixart'][0]:.2f} dB (+{v['tiny-pixart'][1]:.2f}))")
+    if a.out:
+        from unicache_lib.store import _atomic_write_bytes
+
+        chosen = {"steps": steps, "max_computed": a.max_computed, "head": h, "tail": t, "stride": s, "weight": w,
+                  "order": o, "computed": v["tiny-mmdit"][2],
+                  "design_psnr": {k: round(x[0], 3) for k, x in v.items()},
+                  "design_margin": {k: round(x[1], 3) for k, x in v.items()}}
+        _atomic_write_bytes(a.out, (json.dumps(chosen, indent=1) + "\n").encode())
+        print(f"wrote {a.out}")
 
 
 def best(table, max_computed=None):
