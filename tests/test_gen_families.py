@@ -742,3 +742,38 @@ def test_every_refusal_is_verified():
     stated = {(fam, peer) for fam, spec in FAMILY_PEERS.items() for peer in (*spec.unsupported, *spec.unsupported_when)}
     assert stated == set(VERIFIED_REFUSALS), "add a test that runs the peer unmodified where the table refuses it"
     assert all(peer in PEERS for _, peer in stated)
+
+
+@pytest.mark.parametrize("family,batch", CASES)
+def test_recompute_mode_streams_the_same_statistics(family, batch):
+    """mode='recompute' (issue #31: bounded-memory diffusion capture): every map is formed one row chunk at a time from
+    its logits and the previous step is held as queries and keys; over three steps every record's statistics and
+    adjacent-step similarities equal stats mode's (float rounding), the output is unchanged, and no map-sized
+    tensor is formed (inside streamed_maps, softmax_map hands out LogitRows)."""
+    from unicache_lib.gen_families import base as gb
+    from unicache_lib.stats import LogitRows
+
+    tr = tiny_transformer(family)
+    kw = forward_inputs(family, tr, batch=batch, n_text=N_TEXT, n_pad=N_PAD)
+    runs, outs = {}, {}
+    for mode in ("stats", "recompute"):
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # Sana's "not captured" warning
+            with DiffusionCapture(tr, ["s"], mode=mode, query_stride=2) as cap:
+                outs[mode] = []
+                for step, t in enumerate((900.0, 700.0, 500.0)):
+                    cap.on_step_begin(step, t)
+                    outs[mode].append(tr(**{**kw, "timestep": kw["timestep"] * 0 + t})[0])
+                    cap.on_step_end(step, t)
+        runs[mode] = {(r.layer, r.part, r.step): r for r in cap.result}
+    assert all(torch.equal(a, b) for a, b in zip(outs["stats"], outs["recompute"]))
+    assert set(runs["stats"]) == set(runs["recompute"]) and len(runs["stats"]) >= 3
+    for key, r in runs["stats"].items():
+        q = runs["recompute"][key]
+        assert set(q.data) == set(r.data)
+        for name, v in r.data.items():
+            assert torch.allclose(q.data[name], v, atol=2e-5, rtol=1e-4, equal_nan=True), (key, name)
+    assert any(torch.isfinite(r.data["sim_prev_all"]).all() for r in runs["recompute"].values())  # steps 1, 2 compared
+    assert isinstance(gb.softmax_map(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2)), torch.Tensor)  # outside: formed
+    with gb.streamed_maps():
+        assert isinstance(gb.softmax_map(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))[0], LogitRows)

@@ -299,6 +299,10 @@ LAYER_STATS = {
 # row chunks of the map are processed one at a time: about this many bytes of float32 per chunk, so a
 # chunk and its few temporaries stay in cache and no temporary is of the map's size
 CHUNK_BYTES = 4 << 20
+#: float32 bytes per row chunk when a map is streamed from its logits (diffusion capture mode ``recompute``): larger
+#: than :data:`CHUNK_BYTES` because each chunk costs a matrix product, which needs rows to be efficient; a few such
+#: buffers stay far below one map at real scale (SD3-medium at 1,024 px: 1.8 GB)
+STREAM_CHUNK_BYTES = 16 << 20
 # on an accelerator the chunk is about launches, not caches: a few large chunks (memory still bounded)
 DEVICE_CHUNK_BYTES = 256 << 20
 _TINY = torch.finfo(torch.float32).tiny
@@ -370,9 +374,54 @@ class LogitRows:
         ent = torch.log(z[..., 0]) - logits.mul_(p).sum(-1)
         return p, ent.clamp_(min=0.0)
 
+    def parts(self, r0: int, r1: int):
+        """``(p, logits, lse, p_max)`` of query rows ``r0:r1`` over all keys, for statistics read in one pass per
+        chunk: the probabilities ``[H, c, Sk]`` (one fused softmax), the scaled logits ``[H, c, Sk]`` (0 at hidden
+        keys, where ``p = 0``), ``lse = logsumexp(logits)`` ``[H, c]``, so ``log p = logits - lse`` wherever
+        ``p > 0`` (entropies without a logarithm per entry), and each row's largest probability ``[H, c]``."""
+        if getattr(self, "_kt", None) is None:  # the keys transposed once, contiguous: no copy per chunk
+            self._kt = self.k.float().transpose(-1, -2).contiguous()
+        logits = torch.matmul(self.q[:, r0:r1].float() * self.scale, self._kt)
+        if self.bias is not None:
+            logits.add_(self.bias[r0:r1])
+        hide = None
+        if self.visible is not None:
+            hide = ~self.visible[r0:r1]
+            if bool(hide.any()):
+                logits.masked_fill_(hide, float("-inf"))
+            else:
+                hide = None
+        lmax = logits.amax(-1)
+        p = torch.softmax(logits, -1)
+        p_max = p.amax(-1)
+        lse = lmax - torch.log(p_max)  # the largest p is exp(lmax - lse): no second exponential pass
+        if hide is not None:
+            logits.masked_fill_(hide, 0.0)
+        return p, logits, lse, p_max
+
     def materialize(self) -> torch.Tensor:
         """The whole map ``[H, Sq, Sk]`` (float32)."""
         return self.rows(0, self.shape[1])[0]
+
+    def thin(self, stride: int) -> "LogitRows":
+        """The same map with every ``stride``-th query row (the queries and mask rows thinned; nothing computed)."""
+        if stride <= 1:
+            return self
+        out = LogitRows.__new__(LogitRows)
+        out.q, out.k, out.scale, out.device = self.q[:, ::stride], self.k, self.scale, self.device
+        out.shape = (self.shape[0], out.q.shape[1], self.shape[2])
+        out._kt = getattr(self, "_kt", None)
+        out.visible = None if self.visible is None else self.visible[::stride]
+        out.bias = None if self.bias is None else self.bias[::stride]
+        return out
+
+
+def map_rows(P, r0: int, r1: int) -> torch.Tensor:
+    """Rows ``r0:r1`` of a map ``[H, Sq, Sk]`` as float32 ``[H, r1 - r0, Sk]``: sliced from a tensor, or computed from
+    the logits of a :class:`LogitRows` (so a streamed map and a materialised one are read alike)."""
+    if isinstance(P, LogitRows):
+        return P.parts(r0, r1)[0]
+    return P[:, r0:r1].float().contiguous()
 
 
 def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions=None,
@@ -586,11 +635,12 @@ def _group_entropy(plogp_sum: torch.Tensor, mass: torch.Tensor, k: int) -> torch
     return torch.where(mass > 0, h, torch.zeros_like(h))
 
 
-def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]:
+def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]:
     """:data:`STEP_STATS` of one (non-causal) diffusion attention map.
 
     Args:
-        P: ``[H, Sq, Sk]`` probabilities (any dtype; computed in float32).
+        P: ``[H, Sq, Sk]`` probabilities (any dtype; computed in float32), or a :class:`LogitRows` (capture mode
+            ``recompute``: the map is formed one row chunk at a time from its logits and never exists whole).
         q_kinds / k_kinds: ``[Sq]`` / ``[Sk]`` modality of each query / key (IMAGE or TEXT).
         k_real: ``[Sk]`` bool, False for padding keys (excluded from ``text_entropy`` and
             ``word_map``); None = all real.
@@ -601,8 +651,9 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
     matrix. Temporaries are chunk-sized, so beyond the map itself memory stays bounded (SD3-medium at
     1,024 px: 24 heads x 4,429^2 = 1.9 GB of float32 per map).
     """
-    P = torch.as_tensor(P)
-    if P.dim() != 3:
+    if not isinstance(P, LogitRows):
+        P = torch.as_tensor(P)
+    if len(P.shape) != 3:
         raise InputError(f"step_statistics expects [heads, Sq, Sk], got {tuple(P.shape)}")
     H, sq, sk = P.shape
     dev = P.device
@@ -626,17 +677,26 @@ def step_statistics(P: torch.Tensor, q_kinds, k_kinds, k_real=None) -> dict[str,
     sumsq = torch.empty(H, sq, device=dev)
     gram = torch.zeros(H, H, device=dev)
     word = torch.empty(sq, int(text_real.sum()), device=dev)
-    buf = torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
-    for r0, r1 in row_chunks(H, sq, sk, device=dev):
-        blk = P[:, r0:r1].float().contiguous()
+    streamed = isinstance(P, LogitRows)
+    if not streamed:
+        buf = torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
+    for r0, r1 in row_chunks(H, sq, sk, STREAM_CHUNK_BYTES if streamed else None, device=dev):
         c = r1 - r0
-        flat = blk.view(H * c, sk)
-        w = buf[: H * c * sk].view(H * c, sk)
-        torch.clamp_min(flat, _TINY, out=w).log_().mul_(flat)  # p log p, 0 where p = 0
-        for g in range(4):
-            mass[:, r0:r1, g] = (flat.sum(-1) if g == 3 else torch.mv(flat, G[:, g])).view(H, c)
-            ent[:, r0:r1, g] = (w.sum(-1) if g == 3 else torch.mv(w, G[:, g])).view(H, c)
-        rowmax[:, r0:r1] = blk.amax(-1)
+        if streamed:  # from the logits: sum p log p = sum p l - mass * logsumexp(l), no logarithm per entry
+            blk, logits, lse, p_max = P.parts(r0, r1)
+            flat = blk.view(H * c, sk)
+            mass[:, r0:r1] = (flat @ G).view(H, c, 4)
+            ent[:, r0:r1] = (logits.mul_(blk).view(H * c, sk) @ G).view(H, c, 4) - mass[:, r0:r1] * lse[..., None]
+            rowmax[:, r0:r1] = p_max
+        else:
+            blk = P[:, r0:r1].float().contiguous()
+            flat = blk.view(H * c, sk)
+            w = buf[: H * c * sk].view(H * c, sk)
+            torch.clamp_min(flat, _TINY, out=w).log_().mul_(flat)  # p log p, 0 where p = 0
+            for g in range(4):
+                mass[:, r0:r1, g] = (flat.sum(-1) if g == 3 else torch.mv(flat, G[:, g])).view(H, c)
+                ent[:, r0:r1, g] = (w.sum(-1) if g == 3 else torch.mv(w, G[:, g])).view(H, c)
+            rowmax[:, r0:r1] = blk.amax(-1)
         sumsq[:, r0:r1] = torch.linalg.vector_norm(blk, dim=-1).square_()
         f = blk.view(H, -1)
         gram.addmm_(f, f.T)

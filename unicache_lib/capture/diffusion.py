@@ -31,7 +31,16 @@ against the previous step of the same sample and layer:
 
 ``mode="full"`` keeps the map too (``probs [H, Sq, Sk]``, thinned by ``query_stride``). The map of
 the previous step is held per (sample, layer) for the similarities: at real scale (SD3-medium,
-4,429 tokens x 24 heads) pass ``query_stride`` to thin it, or ``adjacent=False``.
+4,429 tokens x 24 heads) pass ``query_stride`` to thin it, or ``adjacent=False``, or use
+``mode="recompute"``.
+
+``mode="recompute"``: the records of ``"stats"`` in bounded memory, as ``recompute`` on the
+understanding side. Each map is formed from its logits one chunk of query rows at a time
+(:class:`~unicache_lib.stats.LogitRows`; the families' map recomputation streams inside
+:func:`~unicache_lib.gen_families.base.streamed_maps`), so no map-sized tensor exists; the previous
+step is held as its queries and keys (``2 x H x S x D`` floats instead of ``H x S^2``) and the adjacent
+similarities are recomputed from them exactly, not estimated (the same numbers as ``"stats"`` to float
+rounding: ``tests/test_diffusion_capture.py``). The price is forming the previous step's rows again.
 
 Classifier-free guidance: the batch is ``[uncond | cond]`` (the library's loop and diffusers'
 pipelines); ``branch="cond"`` (default) records the conditional half.
@@ -51,10 +60,11 @@ from ..core.errors import CaptureError, InputError
 from ..core.modality import BLOCKS, IMAGE, TEXT
 from ..core.models import unwrap
 from ..core.similarity import cosine
-from ..gen_families.base import heads_view
+from ..gen_families.base import heads_view, streamed_maps
 from .record import CaptureResult, Record
 
 PARTS = ("joint", "self", "cross")
+MODES = ("stats", "full", "recompute")
 BRANCHES = ("cond", "uncond")
 
 
@@ -165,7 +175,8 @@ class _Wrapped:
 
                 h, e, m = sel(h), sel(e), sel(m)
                 extra = {k: sel(v) for k, v in extra.items()}
-            probs = self.cap.family.probs(attn, h, e, m, processor=self.orig, **extra)
+            with streamed_maps(self.cap.mode == "recompute"):  # a list of LogitRows per batch row, nothing formed
+                probs = self.cap.family.probs(attn, h, e, m, processor=self.orig, **extra)
             self.cap._record(self, probs, out, encoder_hidden_states, attention_mask, rows)
         return out
 
@@ -180,7 +191,8 @@ class DiffusionCapture:
         sample_ids: one id per prompt of the sampling run (the conditional half of a CFG batch);
             ids must be new to the store: a second run writes under new ids, so steps of two runs
             never mix.
-        mode: ``"stats"`` or ``"full"`` (stats plus the map).
+        mode: ``"stats"``, ``"full"`` (stats plus the map) or ``"recompute"`` (the stats, each map streamed
+            from its logits: memory bounded by a row chunk and the queries and keys).
         layers / parts: subsets of block indices and of ``PARTS``; None = all.
         text_tokens: per sample, either the names of the real (non-padding) text tokens
             (``["<s>", "a", "red", ...]``), which come first in the text sequence, or one name per text
@@ -197,8 +209,8 @@ class DiffusionCapture:
     def __init__(self, transformer, sample_ids, mode: str = "stats", layers=None, parts=None,
                  text_tokens: list[list[str]] | None = None, branch: str = "cond", store=None,
                  adjacent: bool = True, query_stride: int = 1, meta: dict | list[dict] | None = None):
-        if mode not in ("stats", "full"):
-            raise InputError(f"mode must be 'stats' or 'full', got {mode!r}")
+        if mode not in MODES:
+            raise InputError(f"mode must be one of {MODES}, got {mode!r}")
         if branch not in BRANCHES:
             raise InputError(f"branch must be one of {BRANCHES}, got {branch!r}")
         self.sample_ids = [str(s) for s in sample_ids]
@@ -328,7 +340,8 @@ class DiffusionCapture:
         return real
 
     def _record(self, w: _Wrapped, probs: torch.Tensor, out, enc, mask, rows) -> None:
-        """``probs [len(rows), H, Sq, Sk]``: the maps of batch rows ``rows`` (of ``out``, ``enc``, ``mask``)."""
+        """``probs [len(rows), H, Sq, Sk]`` (or one :class:`~unicache_lib.stats.LogitRows` per row): the maps of batch
+        rows ``rows`` (of ``out``, ``enc``, ``mask``)."""
         key0 = (w.name, self.step)
         if key0 in self._seen:
             raise CaptureError(
@@ -337,7 +350,7 @@ class DiffusionCapture:
             )
         self._seen.add(key0)
         fam, part = self.family, w.part
-        n_q, n_k = probs.shape[-2:]
+        n_q, n_k = probs[0].shape[-2:]
         if part == "joint":  # a Flux single-stream block gets the joined sequence: its text length comes from the forward
             n_text = enc.shape[1] if enc is not None else self._ctx.get("n_text")
             if n_text is None:
@@ -357,7 +370,10 @@ class DiffusionCapture:
             data = S.step_statistics(P, qk, kk, kreal)
             sid = self.sample_ids[j]
             prev_key = (sid, w.name)
-            Pk = P[:, :: self.query_stride] if self.query_stride > 1 else P
+            if isinstance(P, S.LogitRows):  # held for the next step as queries and keys, not as a map
+                Pk = P.thin(self.query_stride)
+            else:
+                Pk = P[:, :: self.query_stride] if self.query_stride > 1 else P
             oi = out_img[b].float()
             ot = out_txt[b].float() if (out_txt is not None and part == "joint") else None
             prev = self._prev.get(prev_key)
@@ -429,8 +445,9 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
         G = torch.stack([kk == IMAGE, kk == TEXT], -1).float()
         H, sq, sk = P.shape
         ab, aa, bb = (torch.empty(H, sq, 2, device=P.device) for _ in range(3))
-        for r0, r1 in S.row_chunks(H, sq, sk, device=P.device):
-            a, b = P[:, r0:r1].float(), pP[:, r0:r1].float()
+        streamed = isinstance(P, S.LogitRows)  # maps formed per chunk: chunks sized for the matrix products
+        for r0, r1 in S.row_chunks(H, sq, sk, S.STREAM_CHUNK_BYTES if streamed else None, device=P.device):
+            a, b = S.map_rows(P, r0, r1), S.map_rows(pP, r0, r1)
             for out, x in ((ab, a * b), (aa, a * a), (bb, b * b)):
                 out[:, r0:r1] = x @ G
 

@@ -20,8 +20,10 @@ in ``tests/test_gen_families.py`` then checks outputs, maps, parts and spans for
 """
 from __future__ import annotations
 
+import contextvars
 import importlib
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -128,10 +130,41 @@ def heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.view(b, s, heads, d // heads).transpose(1, 2)
 
 
-def softmax_map(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+_STREAM = contextvars.ContextVar("unicache_stream_maps", default=False)
+
+
+@contextmanager
+def streamed_maps(on: bool = True):
+    """Inside the block, :func:`softmax_map` (so every family's map recomputation) returns the maps as
+    :class:`~unicache_lib.stats.LogitRows` per batch row instead of forming them (capture mode ``recompute``)."""
+    token = _STREAM.set(bool(on))
+    try:
+        yield
+    finally:
+        _STREAM.reset(token)
+
+
+def softmax_map(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None):
     """``softmax(q k^T / sqrt(D) + mask)`` in float32: ``q [B, H, Sq, D]``, ``k [B, H, Sk, D]``, ``mask``
     broadcastable to ``[B, H, Sq, Sk]`` (bool: True = attend; float: added) -> ``[B, H, Sq, Sk]``.
-    The scale is scaled_dot_product_attention's default, which every processor here uses."""
+    The scale is scaled_dot_product_attention's default, which every processor here uses. Inside
+    :func:`streamed_maps`: a list of ``B`` :class:`~unicache_lib.stats.LogitRows` (``[H, Sq, Sk]`` each, formed
+    one row chunk at a time when read), so no map-sized tensor is allocated."""
+    if _STREAM.get():
+        from ..stats import LogitRows
+
+        B, H, sq, _ = q.shape
+        sk = k.shape[2]
+        out = []
+        for b in range(B):
+            m = None
+            if mask is not None:
+                mb = mask.expand(B, H, mask.shape[-2], sk)[b]
+                if not bool((mb == mb[:1]).all()):
+                    raise CaptureError("a mask that differs across heads cannot be streamed: capture with mode='stats'")
+                m = mb[0]  # [Sq or 1, Sk]
+            out.append(LogitRows(q[b], k[b], q.shape[-1] ** -0.5, m))
+        return out
     logits = (q.float() @ k.float().transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
     if mask is not None:
         logits = logits.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else logits.add_(mask.float())
