@@ -273,20 +273,41 @@ def test_08_leaves_a_model_out_by_parameter(tmp_path):
     assert board["A3"]["verdict"] != "not measurable here"
 
 
-def test_02_on_an_exported_sample_folder_gives_the_same_verdicts(tmp_path):
-    """SAMPLES: the shipped set exported in the imagefolder layout (make samples) runs by parameter alone and gives
-    the shipped set's verdicts and values."""
-    from unicache_lib.world import samples
+YOUR_DATA_RUNS = {  # notebook -> (its quick parameters, the data parameter, how the shipped data is exported)
+    "01_capture.ipynb": (dict(PER_TYPE=1, ANCHOR_K=4), "SAMPLES", "samples"),
+    "02_understanding_maps.ipynb": (dict(PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2), "SAMPLES", "samples"),
+    "07_diagnostics.ipynb": (dict(N_QUESTIONS=60, PER_TYPE=1), "SAMPLES", "samples"),
+    "03_diffusion_steps.ipynb": (dict(N_SINGLE=4, N_PAIRS=4, STEPS=4, MAP_PROMPTS=1), "PROMPTS", (4, 4)),
+    "06_step_reuse.ipynb": (dict(N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=2), "PROMPTS", (8, 0)),
+}
 
-    folder = samples.export_folder(samples.load(), tmp_path / "mine")
-    quick = dict(PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2)
-    (tmp_path / "shipped").mkdir()
-    (tmp_path / "folder").mkdir()
-    run_notebook("02_understanding_maps.ipynb", tmp_path / "shipped", **quick)
-    run_notebook("02_understanding_maps.ipynb", tmp_path / "folder", SAMPLES=str(folder), **quick)
-    a, b = scoreboard(tmp_path / "shipped"), scoreboard(tmp_path / "folder")
+
+@pytest.mark.parametrize("nb", sorted(YOUR_DATA_RUNS))
+def test_on_the_shipped_data_exported_gives_the_same_verdicts(tmp_path, nb):
+    """Issue #28: SAMPLES (the shipped set exported in the imagefolder layout, as make samples writes it) or PROMPTS (the
+    default prompts as a prompts.jsonl) runs each notebook by parameter alone and gives the built-in run's verdicts and
+    values (06's timings aside: its wall-clock claims are read from 2 timing rounds, not measurable in either run)."""
+    from unicache_lib.world import samples
+    from unicache_lib.world.text import export_prompts, prompt_set
+
+    quick, param, data = YOUR_DATA_RUNS[nb]
+    if data == "samples":
+        mine = samples.export_folder(samples.load(), tmp_path / "mine")
+    else:
+        n_single, n_pairs = data
+        n_single = quick.get("N_SINGLE", n_single)
+        mine = export_prompts(prompt_set(n_single, n_pairs, 0), tmp_path / "prompts.jsonl")
+    for d in ("shipped", "yours"):
+        (tmp_path / d).mkdir()
+    stores = {"UNDERSTANDING_STORE": str(tmp_path / "none")} if nb in ("03_diffusion_steps.ipynb", "07_diagnostics.ipynb") else {}
+    if nb == "07_diagnostics.ipynb":
+        stores["GENERATION_STORE"] = str(tmp_path / "none" / "tiny-mmdit")
+    run_notebook(nb, tmp_path / "shipped", **quick, **stores)
+    run_notebook(nb, tmp_path / "yours", **{param: str(mine)}, **quick, **stores)
+    a, b = scoreboard(tmp_path / "shipped"), scoreboard(tmp_path / "yours")
     assert {c: r["verdict"] for c, r in a.items()} == {c: r["verdict"] for c, r in b.items()}
-    assert [r["criteria"] for r in a.values()] == [r["criteria"] for r in b.values()]
+    timed = {"R1", "R2", "G8"} if nb == "06_step_reuse.ipynb" else set()
+    assert [r["criteria"] for c, r in a.items() if c not in timed] == [r["criteria"] for c, r in b.items() if c not in timed]
 
 
 def test_generation_notebooks_on_your_own_prompts_without_objects(tmp_path):
