@@ -40,6 +40,7 @@ from typing import Callable, Iterable
 import torch
 
 from .. import stats as S
+from ..core.compat import attention_functions, config_attn_implementation, restore_attention_functions
 from ..core.errors import CaptureError, InputError
 from ..core.modality import TEXT, Spans
 from ..core.models import attn_implementations, language_attn_implementation, set_attn_implementations, unwrap
@@ -347,8 +348,8 @@ class AttentionCapture:
             )
         weights = output[1] if len(output) > 1 else None
         if weights is None:
-            impl = getattr(getattr(module, "config", None), "_attn_implementation", None) or \
-                language_attn_implementation(self.model)
+            cfg = getattr(module, "config", None)
+            impl = (config_attn_implementation(cfg) if cfg is not None else None) or language_attn_implementation(self.model)
             fix = "vision_attn_implementation='eager'" if site.part == "vision" else "attn_implementation='eager'"
             raise CaptureError(
                 f"attention weights are not returned under {impl!r} ({site.name}): load with {fix} "
@@ -517,7 +518,7 @@ class _attn_impl:
 
         self.old = attn_implementations(self.model)
         # the registries are global: keep what was there (an enclosing capture's function) to put it back
-        self.before = [(iface, iface._global_mapping.get(_RECOMPUTE_NAME)) for iface in (AttentionInterface, AttentionMaskInterface)]
+        self.before = attention_functions(_RECOMPUTE_NAME)
         AttentionInterface.register(_RECOMPUTE_NAME, self.fn)
         AttentionMaskInterface.register(_RECOMPUTE_NAME, sdpa_mask)
         new = ({k: (_RECOMPUTE_NAME if k in self.subs else v) for k, v in self.old.items()}
@@ -526,8 +527,4 @@ class _attn_impl:
 
     def __exit__(self, *exc):
         set_attn_implementations(self.model, self.old)
-        for iface, fn in self.before:  # no reference to this capture (and its model) stays behind
-            if fn is None:
-                iface._global_mapping.pop(_RECOMPUTE_NAME, None)
-            else:
-                iface._global_mapping[_RECOMPUTE_NAME] = fn
+        restore_attention_functions(self.before, _RECOMPUTE_NAME)  # no reference to this capture (and its model) stays

@@ -6,6 +6,8 @@ from contextlib import contextmanager
 
 import torch
 
+from .compat import compiled_original, config_attn_implementation
+
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """Strip DataParallel / DistributedDataParallel / ``torch.compile`` wrappers."""
@@ -14,8 +16,8 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
         seen += 1
         if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
             model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
+        elif compiled_original(model) is not None:
+            model = compiled_original(model)
         else:
             break
     return model
@@ -26,7 +28,7 @@ def attn_implementations(model) -> dict | str:
     "sdpa"}``), or one name for a model without sub-configs; :func:`set_attn_implementations` restores it."""
     cfg = unwrap(model).config
     subs = {n: getattr(cfg, n) for n in getattr(cfg, "sub_configs", {}) if getattr(cfg, n, None) is not None}
-    return {n: c._attn_implementation for n, c in subs.items()} or cfg._attn_implementation
+    return {n: config_attn_implementation(c) for n, c in subs.items()} or config_attn_implementation(cfg)
 
 
 def set_attn_implementations(model, impls: dict | str) -> None:

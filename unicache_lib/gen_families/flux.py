@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.compat import flux_qkv_projections
 from .base import FamilyPeers, GenFamily, GenSite, register, softmax_map
 
 
@@ -14,9 +15,7 @@ def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=N
     """``FluxAttnProcessor``'s map ``[B, H, S, S]`` over ``[text | image]``: diffusers' own projection
     helper (fused or not) and ``apply_rotary_emb``, in the processor's ``[B, S, H, D]`` layout."""
     from diffusers.models.embeddings import apply_rotary_emb
-    from diffusers.models.transformers.transformer_flux import _get_qkv_projections
-
-    q, k, _, eq, ek, _ = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    q, k, _, eq, ek, _ = flux_qkv_projections(attn, hidden_states, encoder_hidden_states)
     q = attn.norm_q(q.unflatten(-1, (-1, attn.head_dim)))
     k = attn.norm_k(k.unflatten(-1, (-1, attn.head_dim)))
     if attn.added_kv_proj_dim is not None:

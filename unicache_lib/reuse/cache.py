@@ -134,12 +134,12 @@ class _ReuseProcessor(_Wrapper):
             img = _image_side_flux(attn, h[:, n_txt:], None, rope, keys=h)
             return torch.cat([out[:, :n_txt], img], 1), (h.shape[1] - n_txt) / h.shape[1]
         if self.kind == "cross" and self.pname in _CROSS_PROCESSORS and e is not None:
-            saved = attn._modules["to_k"], attn._modules["to_v"]
-            attn._modules["to_k"], attn._modules["to_v"] = _Replay(saved[0], self.kv, "k"), _Replay(saved[1], self.kv, "v")
+            saved = attn.to_k, attn.to_v
+            attn.to_k, attn.to_v = _Replay(saved[0], self.kv, "k"), _Replay(saved[1], self.kv, "v")
             try:
                 return self.orig(attn, *args, **kwargs), 1.0
             finally:
-                attn._modules["to_k"], attn._modules["to_v"] = saved
+                attn.to_k, attn.to_v = saved
         return None
 
     def __call__(self, attn, *args, **kwargs):

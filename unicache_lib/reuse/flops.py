@@ -17,8 +17,9 @@ to the math path is decomposed into matmuls torch counts itself.
 """
 from __future__ import annotations
 
-import torch
 from torch.utils import flop_counter as _fc
+
+from ..core.compat import cpu_sdpa_op
 
 
 def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -27,7 +28,7 @@ def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
 
 def _custom_mapping() -> dict:
     ops = {}
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    op = cpu_sdpa_op()
     if op is not None and op not in _fc.flop_registry:
         ops[op] = _sdpa_cpu_flops
     return ops

@@ -49,6 +49,7 @@ import dataclasses
 import io
 from collections.abc import Mapping
 
+from ..core import compat
 from ..core.errors import InputError, PeerUnsupported
 from ..core.models import quiet
 from ..gen_families.base import FamilyPeers  # noqa: F401 - re-exported: tests and forks read it from here
@@ -211,35 +212,25 @@ class DiffusersCache:
     # ---- applying and removing ---------------------------------------------------------------------
     def _hooks(self) -> list:
         """(module, hook name) of every diffusers hook on the transformer, in registration order per module."""
-        from diffusers.hooks import HookRegistry
-
-        return [(m, name) for m in self.transformer.modules() if isinstance(getattr(m, "_diffusers_hook", None), HookRegistry)
-                for name in m._diffusers_hook._hook_order]
+        return [(m, name) for m in self.transformer.modules() for name in compat.hook_names(m)]
 
     def _register_blocks(self):
-        from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
-
-        TransformerBlockRegistry._register()  # diffusers' own entries first
         for m in self.transformer.modules():
             cls = type(m)
             if cls.__name__ in self.spec.blocks and cls not in self._registered:
-                if cls not in TransformerBlockRegistry._registry:
-                    h, e = self.spec.blocks[cls.__name__]
-                    TransformerBlockRegistry.register(cls, TransformerBlockMetadata(return_hidden_states_index=h,
-                                                                                    return_encoder_hidden_states_index=e))
+                if not compat.block_metadata_known(cls):  # diffusers' own entries first
+                    compat.register_block_metadata(cls, *self.spec.blocks[cls.__name__])
                     _REGISTERED[cls] = 0
                 if cls in _REGISTERED:
                     _REGISTERED[cls] += 1
                     self._registered.append(cls)
 
     def _unregister_blocks(self):
-        from diffusers.hooks._helpers import TransformerBlockRegistry
-
         for cls in self._registered:
             _REGISTERED[cls] -= 1
             if _REGISTERED[cls] == 0:
                 del _REGISTERED[cls]
-                TransformerBlockRegistry._registry.pop(cls, None)
+                compat.unregister_block_metadata(cls)
         self._registered = []
 
     def __enter__(self):
@@ -282,31 +273,23 @@ class DiffusersCache:
     def _forget_child_registries(self):
         """diffusers caches each registry's list of child registries on first use; after hooks are
         added or removed that list is stale (a cache context would then miss the new hooks)."""
-        for m in self.transformer.modules():
-            reg = getattr(m, "_diffusers_hook", None)
-            if reg is not None and hasattr(reg, "_child_registries_cache"):
-                reg._child_registries_cache = None
+        compat.forget_child_registries(self.transformer.modules())
 
     def _remove(self):
         # newest first on each module: diffusers' remove_hook unlinks a hook that others were stacked on
         # from the registry but not from the newer hooks' saved forwards, which would keep it running
         for m, name in reversed(self._added):
-            m._diffusers_hook.remove_hook(name, recurse=False)
+            compat.hook_registry(m).remove_hook(name, recurse=False)
         self._added = []
         self._unregister_blocks()
         self._forget_child_registries()
 
     def on_step_begin(self, step, timestep):
-        from diffusers.hooks.hooks import CacheContext, _set_cache_context
-
         self.step, self.t = int(step), float(timestep)
-        _set_cache_context(self.transformer, CacheContext("cfg", step_index=int(step), num_inference_steps=self.n_steps,
-                                                          timestep=float(timestep)))
+        compat.set_cache_context(self.transformer, int(step), self.n_steps, float(timestep))
 
     def on_step_end(self, step, timestep, sample):
-        from diffusers.hooks.hooks import _set_cache_context
-
-        _set_cache_context(self.transformer, None)
+        compat.set_cache_context(self.transformer, None)
 
     def __exit__(self, *exc):
         try:
@@ -319,10 +302,10 @@ class DiffusersCache:
 def _last_block(transformer):
     """The last block of the transformer's block lists, as FirstBlockCache picks its tail block."""
     import torch
-    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
 
-    blocks = [b for name, sub in transformer.named_children()
-              if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(sub, torch.nn.ModuleList) for b in sub]
+    names = compat.transformer_block_list_names()
+    blocks = [b for name, sub in transformer.named_children() if name in names and isinstance(sub, torch.nn.ModuleList)
+              for b in sub]
     return blocks[-1]
 
 

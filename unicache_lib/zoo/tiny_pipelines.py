@@ -62,7 +62,7 @@ def _train_bpe(tokenizer_cls, words: list[str], special: list[str], **trainer_kw
     ``(vocab, merges)`` under which each word is one token."""
     from tokenizers import trainers
 
-    backend = tokenizer_cls()._tokenizer
+    backend = tokenizer_cls().backend_tokenizer
     backend.train_from_iterator(words, trainers.BpeTrainer(vocab_size=1 << 20, special_tokens=special,
                                                            show_progress=False, **trainer_kw))
     model = json.loads(backend.to_str())["model"]

@@ -1,0 +1,124 @@
+"""Every use of a framework's private internals, in one place, with the versions it was checked against.
+
+The workbench hooks into transformers, diffusers and torch through their public APIs wherever one exists. The few
+things it needs that have no public API are here, each a small function with the private name it touches, so a
+framework upgrade that moves one breaks one function (and ``tests/test_layers.py`` keeps private framework names out
+of every other module). Checked against:
+"""
+from __future__ import annotations
+
+import torch
+
+#: the framework versions these functions were checked against (``environment.yml`` / ``pyproject.toml`` pin them)
+CHECKED = {"torch": "2.13", "transformers": ">=5.0,<5.3 (kvpress needs <5.3)", "diffusers": "0.42"}
+
+__doc__ += "".join(f"\n- {k} {v}" for k, v in CHECKED.items()) + "\n"
+
+
+# ---- torch -------------------------------------------------------------------------------------------
+def compiled_original(model):
+    """The module ``torch.compile`` wrapped (``OptimizedModule._orig_mod``), or None for a module that is not compiled."""
+    return getattr(model, "_orig_mod", None)
+
+
+def cpu_sdpa_op():
+    """The fused CPU attention kernel ``F.scaled_dot_product_attention`` dispatches to (None where torch has none)."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+# ---- transformers ------------------------------------------------------------------------------------
+def config_attn_implementation(config) -> str | None:
+    """The attention implementation a (sub-)config is set to (``PretrainedConfig._attn_implementation``; None for a
+    config without one)."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def attention_functions(name: str) -> list:
+    """``[(registry, function or None)]``: what transformers' global attention and attention-mask registries hold
+    under ``name`` (``AttentionInterface`` / ``AttentionMaskInterface``), to put back with
+    :func:`restore_attention_functions`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    return [(iface, iface._global_mapping.get(name)) for iface in (AttentionInterface, AttentionMaskInterface)]
+
+
+def restore_attention_functions(saved: list, name: str) -> None:
+    """Put back what :func:`attention_functions` saved: a name that was absent is removed again."""
+    for iface, fn in saved:
+        if fn is None:
+            iface._global_mapping.pop(name, None)
+        else:
+            iface._global_mapping[name] = fn
+
+
+# ---- diffusers ---------------------------------------------------------------------------------------
+def hook_registry(module):
+    """The diffusers ``HookRegistry`` attached to ``module`` (``module._diffusers_hook``), or None."""
+    from diffusers.hooks import HookRegistry
+
+    reg = getattr(module, "_diffusers_hook", None)
+    return reg if isinstance(reg, HookRegistry) else None
+
+
+def hook_names(module) -> list[str]:
+    """Names of the diffusers hooks on ``module``, in registration order (``HookRegistry._hook_order``)."""
+    reg = hook_registry(module)
+    return list(reg._hook_order) if reg is not None else []
+
+
+def forget_child_registries(modules) -> None:
+    """Drop each registry's cached list of child registries (``HookRegistry._child_registries_cache``): diffusers
+    fills it on first use and does not refresh it when hooks are added or removed below."""
+    for m in modules:
+        reg = getattr(m, "_diffusers_hook", None)
+        if reg is not None and hasattr(reg, "_child_registries_cache"):
+            reg._child_registries_cache = None
+
+
+def block_metadata_known(cls) -> bool:
+    """Whether diffusers' ``TransformerBlockRegistry`` knows block class ``cls`` (its own entries loaded first)."""
+    from diffusers.hooks._helpers import TransformerBlockRegistry
+
+    TransformerBlockRegistry._register()
+    return cls in TransformerBlockRegistry._registry
+
+
+def register_block_metadata(cls, hidden_index: int, encoder_index: int | None) -> None:
+    """Tell diffusers' block-level caches which outputs of block class ``cls`` are the image and text streams."""
+    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+
+    TransformerBlockRegistry.register(cls, TransformerBlockMetadata(return_hidden_states_index=hidden_index,
+                                                                    return_encoder_hidden_states_index=encoder_index))
+
+
+def unregister_block_metadata(cls) -> None:
+    """Remove what :func:`register_block_metadata` added (``TransformerBlockRegistry._registry``)."""
+    from diffusers.hooks._helpers import TransformerBlockRegistry
+
+    TransformerBlockRegistry._registry.pop(cls, None)
+
+
+def set_cache_context(transformer, step: int | None = None, n_steps: int | None = None, timestep: float | None = None):
+    """The per-call cache context a diffusers pipeline sets with ``transformer.cache_context(...)``, for transformers
+    without ``CacheMixin`` (``hooks._set_cache_context``); ``step=None`` clears it."""
+    from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+    ctx = None if step is None else CacheContext("cfg", step_index=int(step), num_inference_steps=n_steps,
+                                                 timestep=float(timestep))
+    _set_cache_context(transformer, ctx)
+
+
+def transformer_block_list_names() -> tuple:
+    """The attribute names diffusers' caches look for block lists under (``hooks._common``)."""
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+
+    return tuple(_ALL_TRANSFORMER_BLOCK_IDENTIFIERS)
+
+
+def flux_qkv_projections(attn, hidden_states, encoder_hidden_states):
+    """Flux's projection helper, fused or not (``transformer_flux._get_qkv_projections``):
+    ``(q, k, v, encoder_q, encoder_k, encoder_v)``."""
+    from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+    return _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
