@@ -7,23 +7,47 @@ generator's images without reuse at that step count, wall-clock speed-up over in
 and each method's PSNR margin over the fewer-step control at its own speed-up and at its own FLOPs
 (`reuse.control.control_table`, which refuses a sweep whose timings are not monotone).
 
-    python benchmarks/reuse_steps.py                      # 8 prompts, 10 repeats (results/reuse_steps.txt)
+    python benchmarks/reuse_steps.py --prompts 32         # 32 scored prompts, 8 timed, 10 repeats (results/reuse_steps.txt)
     python benchmarks/reuse_steps.py --prompts 2 --repeats 2 --steps 20   # a smoke run
 
-The strides are not tuned at 50 steps (the tuned setting is stride 3 at 20 steps, on design prompts): the coarser
-strides show the trade, they do not choose it.
+Rows at each step count:
+- ``step_skip`` at its shipped setting (tuned at 20 steps on design prompts) and at coarser strides (the trade);
+- at 50 steps, ``step_skip (tuned at 50)``: the setting ``benchmarks/tune_step_skip.py --steps 50 --max-computed 12``
+  chose on the design prompts (``results/tune_step_skip_50.json``; these scored prompts are disjoint from them);
+- TaylorSeer's higher-order prediction two ways: ``step_skip (order 2, w=1)``, the Taylor/Newton extrapolation of
+  the whole output on the same schedule (TaylorSeer's predictor at exactly step_skip's FLOPs), and diffusers'
+  ``TaylorSeerCacheConfig`` itself: at its defaults (attention modules, interval 5, order 1) and in lite mode
+  (whole blocks skipped, the output projection predicted) at intervals near step_skip's FLOPs, orders 1 and 2;
+  lite mode is refused on SD3's layout (the row says why);
+- fewer-step sampling at a sweep of step counts: the control, read at each method's speed-up and FLOPs.
 """
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 
 
-def run(gen_name: str, steps: int, prompts: int, repeats: int, strides=(3, 5, 8)):
+TUNED_50 = Path(__file__).parent / "results" / "tune_step_skip_50.json"
+TAYLOR_INTERVALS = {20: (3,), 50: (5, 6)}  # lite-mode intervals near step_skip's transformer calls
+
+
+def tuned_50() -> dict | None:
+    """The 50-step setting chosen on the design prompts (None before the tuning has run)."""
+    if not TUNED_50.exists():
+        return None
+    c = json.loads(TUNED_50.read_text())
+    return {k: c[k] for k in ("head", "tail", "stride", "weight", "order")}
+
+
+def run(gen_name: str, steps: int, prompts: int, repeats: int, strides=(3, 5, 8), timing_prompts: int = 8):
+    from unicache_lib.core.models import quiet
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
     from unicache_lib.reuse.control import control_table, fewer_steps_methods
     from unicache_lib.reuse.evaluate import run_reuse
+    from unicache_lib.reuse.peers import DiffusersCache
     from unicache_lib.reuse.policies.step_skip import StepSkip
     from unicache_lib.world.text import prompt_set
     from unicache_lib.zoo.loaders import load_generator
@@ -32,16 +56,32 @@ def run(gen_name: str, steps: int, prompts: int, repeats: int, strides=(3, 5, 8)
     ps = prompt_set(prompts, 0, 0)
     texts, objs = [p["short"] for p in ps], [p["objects"][0] for p in ps]
     methods = {"none": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["none"](), steps)}
-    for s in strides:
-        methods[f"step_skip (stride {s})"] = lambda s=s: ReuseCache(gen.transformer, StepSkip(stride=s), steps)
-    fewer = sorted({max(2, round(steps * f)) for f in (0.15, 0.2, 0.25, 0.3, 0.35, 0.45, 0.55, 0.7)})
+    policies = {f"step_skip (stride {s})": StepSkip(stride=s) for s in strides}
+    tuned = tuned_50() if steps == 50 else None
+    best = StepSkip(**tuned) if tuned else StepSkip()
+    if tuned:
+        policies["step_skip (tuned at 50)"] = best
+    # TaylorSeer's predictor (finite differences = the Lagrange polynomial, undamped) on the same schedule
+    policies["step_skip (order 2, w=1)"] = StepSkip(best.head, best.tail, best.stride, weight=1.0, order=2)
+    for label, pol in policies.items():
+        methods[label] = lambda pol=pol: ReuseCache(gen.transformer, pol, steps)
+    methods["diffusers:taylorseer"] = lambda: DiffusersCache(gen, "taylorseer", steps)
+    for n in TAYLOR_INTERVALS[steps]:
+        for o in (1, 2):
+            opts = {"use_lite_mode": True, "cache_interval": n, "max_order": o}
+            methods[f"diffusers:taylorseer lite (N={n}, order {o})"] = lambda opts=opts: DiffusersCache(gen, "taylorseer", steps,
+                                                                                                        options=opts)
+    fewer = sorted({max(2, round(steps * f)) for f in (0.15, 0.2, 0.25, 0.3, 0.35, 0.45, 0.55, 0.7, 0.85)})
     methods |= fewer_steps_methods(fewer)
-    df = run_reuse(gen, methods, texts, objs, steps, 3.0, 0, prompts, repeats, progress=False)
-    calls = {f"step_skip (stride {s})": sum(StepSkip(stride=s).schedule(steps)) for s in strides}
-    print(f"\n{gen_name}, {steps} steps, {prompts} prompts, {repeats} interleaved repeats (speed-up: median paired ratio, "
+    with quiet(loggers=("diffusers.hooks.taylorseer_cache",)):  # "Lite mode overrides user patterns." at every apply
+        df = run_reuse(gen, methods, texts, objs, steps, 3.0, 0, min(prompts, timing_prompts), repeats, progress=False)
+    calls = {label: sum(pol.schedule(steps)) for label, pol in policies.items()}
+    print(f"\n{gen_name}, {steps} steps, {prompts} prompts ({min(prompts, timing_prompts)} timed), {repeats} interleaved "
+          f"repeats (speed-up: median paired ratio, "
           "95% interval over repeats; PSNR against no reuse at the same step count)")
     cols = ["speedup", "speedup_lo", "speedup_hi", "flops", "psnr", "ssim"]
-    print(df[cols].assign(transformer_calls=[calls.get(m, float("nan")) for m in df.index]).round(3).to_string())
+    shown = df.reindex(columns=cols + ["note"]).assign(note=lambda d: d.note.fillna("").str.slice(0, 70))
+    print(shown.assign(transformer_calls=[calls.get(m, float("nan")) for m in df.index]).round(3).to_string())
     print("PSNR margin over fewer-step sampling at the same speed-up / FLOPs (dB, 95% interval over prompts):")
     try:
         print(control_table(df).round(2).to_string())
@@ -53,13 +93,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--timing-prompts", type=int, default=8, help="prompts in each timed batch")
     ap.add_argument("--steps", type=int, nargs="+", default=[20, 50])
     ap.add_argument("--generators", nargs="+", default=["tiny-mmdit", "tiny-pixart"])
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     for g in a.generators:
         for n in a.steps:
-            run(g, n, a.prompts, a.repeats)
+            run(g, n, a.prompts, a.repeats, timing_prompts=a.timing_prompts)
 
 
 if __name__ == "__main__":
