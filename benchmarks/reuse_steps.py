@@ -66,7 +66,7 @@ def run(gen_name: str, steps: int, prompts: int, repeats: int, strides=(3, 5, 8)
     for label, pol in policies.items():
         methods[label] = lambda pol=pol: ReuseCache(gen.transformer, pol, steps)
     methods["diffusers:taylorseer"] = lambda: DiffusersCache(gen, "taylorseer", steps)
-    for n in TAYLOR_INTERVALS[steps]:
+    for n in TAYLOR_INTERVALS.get(steps, (3,)):
         for o in (1, 2):
             opts = {"use_lite_mode": True, "cache_interval": n, "max_order": o}
             methods[f"diffusers:taylorseer lite (N={n}, order {o})"] = lambda opts=opts: DiffusersCache(gen, "taylorseer", steps,

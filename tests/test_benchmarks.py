@@ -23,10 +23,16 @@ def _child(*args):
 @pytest.mark.parametrize("regime", ["narrow", "sd3"])
 def test_capture_overhead_times_every_configuration_interleaved(regime):
     row = _child("--time", regime)
-    configs = {"narrow": ["eager", "output_attentions", "stats", "sdpa", "recompute"], "sd3": ["plain", "stats"]}[regime]
+    configs = {"narrow": ["eager", "output_attentions", "stats", "sdpa", "recompute"],
+               "sd3": ["plain", "stats", "map only", "recompute", "recompute+adjacent"]}[regime]
     assert list(row["times"]) == configs
     assert all(len(t) == 2 and min(t) > 0 for t in row["times"].values())
-    assert all((row["kept_mb"][c] > 0) == (c not in ("eager", "sdpa", "plain")) for c in configs)
+    assert all((row["kept_mb"][c] > 0) == (c not in ("eager", "sdpa", "plain", "map only")) for c in configs)
+
+
+def test_capture_overhead_sd3_memory_child_runs_the_streamed_capture():
+    row = _child("--memory", "sd3", "recompute+adjacent")
+    assert row["config"] == "recompute+adjacent" and row["kept_mb"] > 0 and row["extra_peak_mb"] >= 0
 
 
 @pytest.mark.parametrize("config", ["stats", "output_attentions"])
@@ -117,7 +123,8 @@ def test_reuse_at_two_step_counts_runs_small(capsys):
     reuse_steps.main(["--prompts", "2", "--repeats", "2", "--steps", "10", "--generators", "tiny-mmdit"])
     out = capsys.readouterr().out
     assert "tiny-mmdit, 10 steps, 2 prompts" in out and "step_skip (stride 5)" in out and "steps:" in out
-    assert "PSNR margin over fewer-step sampling" in out
+    assert "PSNR margin over fewer-step sampling" in out and "diffusers:taylorseer lite (N=3, order 2)" in out
+    assert "step_skip (order 2, w=1)" in out
 
 
 def test_decisive_reuse_run_shards_and_merges_equal_to_one_process(tmp_path):
