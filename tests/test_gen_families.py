@@ -777,3 +777,46 @@ def test_recompute_mode_streams_the_same_statistics(family, batch):
     assert isinstance(gb.softmax_map(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2)), torch.Tensor)  # outside: formed
     with gb.streamed_maps():
         assert isinstance(gb.softmax_map(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))[0], LogitRows)
+
+
+def test_a_family_registered_from_one_file_brings_its_tiny_model_and_passes_the_capture_checks():
+    """Adding a generator family is its adapter file (plus its EXPECT line here): the adapter carries its tiny config
+    and inputs, so tiny_configs() finds it and the suite's capture checks run on it: outputs unchanged under capture,
+    maps equal to the softmax of what its processors hand sdpa, streamed statistics equal to stats mode's."""
+    from diffusers import PixArtTransformer2DModel
+
+    from unicache_lib.gen_families import register as register_gen
+    from unicache_lib.gen_families.pixart import PixArt
+    from unicache_lib.zoo.tiny_random import tiny_configs
+
+    class MyTransformer(PixArtTransformer2DModel):  # a fork's transformer class
+        pass
+
+    @register_gen
+    class MyPixArt(PixArt):  # unicache_lib/gen_families/my_pixart.py in a fork
+        name, key = "my-pixart", "my_pixart"
+        tiny = {"my_pixart": (MyTransformer, dict(PixArt.tiny["pixart"][1], num_layers=3))}
+        transformer_classes = ("MyTransformer",)
+        pipeline_classes = ()
+
+    try:
+        assert "my_pixart" in tiny_configs() and "my_pixart" not in TINY  # found from the registry, not a table
+        tr = tiny_transformer("my_pixart")
+        assert gen_family_of(tr).name == "my-pixart"  # the capture below runs through the new adapter
+        kw = forward_inputs("my_pixart", tr, batch=2, n_text=N_TEXT, n_pad=N_PAD)
+        truth = _processor_maps(tr, kw)
+        with torch.no_grad():
+            plain = tr(**kw)[0]
+            recs = {}
+            for mode in ("full", "recompute"):
+                with DiffusionCapture(tr, ["s"], mode=mode) as cap:
+                    assert torch.equal(tr(**kw)[0], plain)
+                recs[mode] = {(r.layer, r.part): r for r in cap.result}
+        assert len(recs["full"]) == 6  # 3 blocks x (self, cross)
+        for key, r in recs["full"].items():
+            assert float((r.probs - truth[_site_of(tr, r)][1]).abs().max()) <= 1e-5
+            for name, v in recs["recompute"][key].data.items():
+                assert torch.allclose(v, r.data[name], atol=2e-5, rtol=1e-4, equal_nan=True), (key, name)
+    finally:
+        GEN_FAMILIES.pop("my-pixart")
+    assert "my_pixart" not in tiny_configs()

@@ -274,6 +274,17 @@ class GenFamily:
     joint_order: tuple[str, str] = ("image", "text")
     processors: dict[str, Callable] = {}
     default_processors: dict[str, str] = {}
+    #: the tiny random-weight transformers tests build from this family (``zoo.tiny_random``): tag -> (diffusers class
+    #: name, or a class, and constructor kwargs); a few tokens and 2 heads of 8, but every structural feature of the
+    #: real models
+    tiny: dict[str, tuple[str, dict]] = {}
+
+    def tiny_inputs(self, tag: str, transformer, batch: int, n_text: int, n_pad: int, rn, t, mask) -> dict:
+        """Keyword arguments for one forward call of a tiny transformer ``tag`` of :attr:`tiny`: ``n_text`` real text
+        tokens (families with a text mask get ``n_pad`` masked padding tokens after them), ``batch`` rows. ``rn(*shape)``
+        draws seeded noise in the model's dtype, ``t`` is ``[batch]`` timesteps (500), ``mask`` ``[batch, n_text +
+        n_pad]`` the text mask (1 real, 0 padding)."""
+        raise NotImplementedError(f"{self.name} declares no tiny inputs: add tiny_inputs to its adapter")
 
     # ---- modules ------------------------------------------------------------------------------------
     def sites(self, transformer) -> list[GenSite]:

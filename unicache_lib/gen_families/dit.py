@@ -1,6 +1,8 @@
 """DiT (class-conditioned): image self-attention only (``attn1``); no text."""
 from __future__ import annotations
 
+import torch
+
 from .base import FamilyPeers, GenFamily, register, standard_probs
 
 
@@ -21,3 +23,11 @@ class DiT(GenFamily):
     parts = ("self",)
     processors = {"AttnProcessor2_0": standard_probs}
     default_processors = {"self": "diffusers.models.attention_processor:AttnProcessor2_0"}
+    tiny = {"dit": ("DiTTransformer2DModel", dict(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, num_layers=2, sample_size=8,
+        patch_size=2, num_embeds_ada_norm=10, norm_num_groups=1))}
+
+    def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
+        c, s = transformer.config, transformer.config.sample_size
+        return dict(hidden_states=rn(batch, c.in_channels, s, s), timestep=t.long(),
+                    class_labels=torch.arange(batch) % c.num_embeds_ada_norm, return_dict=False)

@@ -62,3 +62,18 @@ class Flux(GenFamily):
             out.append(GenSite(s.name, s.layer + n_double * single, s.part, s.module, s.captured,
                                {"block": "single" if single else "double"}))
         return sorted(out, key=lambda s: s.layer)
+
+    tiny = {"flux": ("FluxTransformer2DModel", dict(
+        patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=16, pooled_projection_dim=16, axes_dims_rope=(2, 2, 4)))}
+
+    def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
+        """A 4 x 4 grid of packed latent tokens with their (0, row, column) ids; the timestep in [0, 1], as Flux's
+        pipeline hands it."""
+        c, h, w = transformer.config, 4, 4
+        img_ids = torch.zeros(h, w, 3)
+        img_ids[..., 1] = torch.arange(h)[:, None]
+        img_ids[..., 2] = torch.arange(w)[None, :]
+        return dict(hidden_states=rn(batch, h * w, c.in_channels), encoder_hidden_states=rn(batch, n_text, c.joint_attention_dim),
+                    pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t / 1000, img_ids=img_ids.reshape(-1, 3),
+                    txt_ids=torch.zeros(n_text, 3), guidance=None, return_dict=False)

@@ -50,3 +50,24 @@ class HunyuanDiT(GenFamily):
         m, m5 = kwargs.get("text_embedding_mask"), kwargs.get("text_embedding_mask_t5")
         real = torch.cat([m, m5], -1) > 0 if torch.is_tensor(m) and torch.is_tensor(m5) else None
         return {"n_text": int(e.shape[1] + e5.shape[1]), "text_real": real}
+
+    tiny = {"hunyuan": ("HunyuanDiT2DModel", dict(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, patch_size=2, sample_size=8, hidden_size=16,
+        num_layers=2, cross_attention_dim=16, cross_attention_dim_t5=16, pooled_projection_dim=16, text_len=4,
+        text_len_t5=6))}
+
+    def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
+        """Its own text lengths (``text_len`` CLIP tokens, the last one padding; ``text_len_t5`` T5 tokens, the last
+        ``n_pad`` padding) and the 2-D rotary embedding of the patch grid."""
+        from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
+        c, s = transformer.config, transformer.config.sample_size
+        grid = s // c.patch_size
+        rope = get_2d_rotary_pos_embed(c.attention_head_dim, ((0, 0), (grid, grid)), (grid, grid), use_real=True)
+        m5 = torch.cat([torch.ones(batch, c.text_len_t5 - n_pad), torch.zeros(batch, n_pad)], 1).long()
+        m1 = torch.cat([torch.ones(batch, c.text_len - 1), torch.zeros(batch, 1)], 1).long()
+        return dict(hidden_states=rn(batch, c.in_channels, s, s), timestep=t,
+                    encoder_hidden_states=rn(batch, c.text_len, c.cross_attention_dim), text_embedding_mask=m1,
+                    encoder_hidden_states_t5=rn(batch, c.text_len_t5, c.cross_attention_dim_t5), text_embedding_mask_t5=m5,
+                    image_meta_size=torch.tensor([[s * 8, s * 8, s * 8, s * 8, 0, 0]] * batch).to(t.dtype),
+                    style=torch.zeros(batch, dtype=torch.long), image_rotary_emb=rope, return_dict=False)

@@ -26,3 +26,12 @@ class PixArt(GenFamily):
     processors = {"AttnProcessor2_0": standard_probs}
     default_processors = {"self": "diffusers.models.attention_processor:AttnProcessor2_0",
                           "cross": "diffusers.models.attention_processor:AttnProcessor2_0"}
+    tiny = {"pixart": ("PixArtTransformer2DModel", dict(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, num_layers=2, cross_attention_dim=16,
+        caption_channels=16, sample_size=8, patch_size=2, norm_num_groups=1, use_additional_conditions=False))}
+
+    def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
+        c, s = transformer.config, transformer.config.sample_size
+        return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text + n_pad, c.caption_channels),
+                    encoder_attention_mask=mask, timestep=t, added_cond_kwargs={"resolution": None, "aspect_ratio": None},
+                    return_dict=False)

@@ -37,3 +37,12 @@ class Sana(GenFamily):
     processors = {"SanaAttnProcessor2_0": sana_cross_probs}
     default_processors = {"self": "diffusers.models.attention_processor:SanaLinearAttnProcessor2_0",
                           "cross": "diffusers.models.transformers.sana_transformer:SanaAttnProcessor2_0"}
+    tiny = {"sana": ("SanaTransformer2DModel", dict(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+        num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=16,
+        sample_size=8, patch_size=1))}
+
+    def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
+        c, s = transformer.config, transformer.config.sample_size
+        return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text + n_pad, c.caption_channels),
+                    encoder_attention_mask=mask, timestep=t, return_dict=False)

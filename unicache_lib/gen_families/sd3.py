@@ -48,3 +48,18 @@ class SD3(GenFamily):
     processors = {"JointAttnProcessor2_0": joint_probs}
     default_processors = {"joint": "diffusers.models.attention_processor:JointAttnProcessor2_0",
                           "self": "diffusers.models.attention_processor:JointAttnProcessor2_0"}
+    tiny = {
+        "sd3": ("SD3Transformer2DModel", dict(
+            sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
+            num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16,
+            pos_embed_max_size=8)),
+        "sd3.5": ("SD3Transformer2DModel", dict(  # dual attention and per-head RMS qk-norm
+            sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=3, attention_head_dim=8,
+            num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16,
+            pos_embed_max_size=8, dual_attention_layers=(0, 1), qk_norm="rms_norm")),
+    }
+
+    def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
+        c, s = transformer.config, transformer.config.sample_size
+        return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text, c.joint_attention_dim),
+                    pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t, return_dict=False)
