@@ -9,6 +9,7 @@ and each method's PSNR margin over the fewer-step control at its own speed-up an
 
     python benchmarks/reuse_steps.py --prompts 32         # 32 scored prompts, 8 timed, 10 repeats (results/reuse_steps.txt)
     python benchmarks/reuse_steps.py --prompts 2 --repeats 2 --steps 20   # a smoke run
+    python benchmarks/reuse_steps.py --standins --steps 50 --repeats 3    # the schedules timed on the pipeline stand-ins
 
 Rows at each step count:
 - ``step_skip`` at its shipped setting (tuned at 20 steps on design prompts) and at coarser strides (the trade);
@@ -89,6 +90,58 @@ def run(gen_name: str, steps: int, prompts: int, repeats: int, strides=(3, 5, 8)
         print(f"control not read: {e}")
 
 
+def standins(names, steps: int, repeats: int, prompt: str = "a red circle on the left"):
+    """The same schedules timed on pipeline stand-ins (random weights at real depth and token counts: time only, their
+    images mean nothing): the whole pipeline call with no reuse, with ``step_skip`` at its setting for ``steps`` (the
+    50-step one at 50), and with fewer-step sampling at as many transformer calls; ``repeats`` interleaved rounds after
+    a one-step warm-up, transformer calls counted."""
+    import tempfile
+
+    import numpy as np
+
+    from unicache_lib.intervals import interleaved_timings
+    from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
+    from unicache_lib.reuse.policies.step_skip import StepSkip
+    from unicache_lib.zoo import gen_standins
+    from unicache_lib.zoo.loaders import load_generator
+    from unicache_lib.zoo.sampling import sample
+
+    tuned = tuned_50() if steps == 50 else None
+    policy = StepSkip(**tuned) if tuned else StepSkip()
+    calls = sum(policy.schedule(steps))
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            gen = load_generator(gen_standins.build(name, tmp))
+            ran = [0]
+            counts = {}
+            stack = [m for m in gen.transformer.children() if isinstance(m, torch.nn.ModuleList)][0][0]
+            hook = stack.register_forward_pre_hook(lambda *a: ran.__setitem__(0, ran[0] + 1))
+
+            def go(label, make, n):
+                def f():
+                    ran[0] = 0
+                    with make() as cb:
+                        sample(gen, [prompt], n, 3.0, seed=0, callbacks=[cb])
+                    counts[label] = ran[0]
+                return f
+
+            runs = {"none": go("none", lambda: ReuseCache(gen, REUSE_POLICIES["none"](), steps), steps),
+                    "step_skip": go("step_skip", lambda: ReuseCache(gen, policy, steps), steps),
+                    f"steps:{calls}": go(f"steps:{calls}", lambda: ReuseCache(gen, REUSE_POLICIES["none"](), calls), calls)}
+            try:
+                sample(gen, [prompt], 1, 3.0, seed=0)  # warm-up
+                times = interleaved_timings(runs, repeats)
+            finally:
+                hook.remove()
+        print(f"\n{name} stand-in ({gen.image_tokens} image tokens), {steps} steps, 1 prompt, guidance 3.0, {repeats} "
+              f"interleaved rounds of the whole pipeline call (random weights: time only)")
+        print(f"{'method':>12} {'median s':>9} {'speed-up':>9} {'rounds':>22} {'transformer calls':>18}")
+        for label, ts in times.items():
+            r = times["none"] / ts
+            print(f"{label:>12} {np.median(ts):9.2f} {np.median(r):8.2f}x {', '.join(f'{x:.2f}' for x in r):>22} "
+                  f"{counts[label]:>10d} of {steps}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8)
@@ -96,8 +149,15 @@ def main(argv=None):
     ap.add_argument("--timing-prompts", type=int, default=8, help="prompts in each timed batch")
     ap.add_argument("--steps", type=int, nargs="+", default=[20, 50])
     ap.add_argument("--generators", nargs="+", default=["tiny-mmdit", "tiny-pixart"])
+    ap.add_argument("--standins", nargs="*", default=None, metavar="NAME",
+                    help="time the schedules on these pipeline stand-ins instead (sd3-medium pixart-sigma flux-dev; "
+                         "results/reuse_steps_standins.txt), at each --steps, with --repeats rounds")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if a.standins is not None:
+        for n in a.steps:
+            standins(a.standins or ["sd3-medium", "pixart-sigma", "flux-dev"], n, a.repeats)
+        return
     for g in a.generators:
         for n in a.steps:
             run(g, n, a.prompts, a.repeats, timing_prompts=a.timing_prompts)
