@@ -276,6 +276,8 @@ def test_08_leaves_a_model_out_by_parameter(tmp_path):
 YOUR_DATA_RUNS = {  # notebook -> (its quick parameters, the data parameter, how the shipped data is exported)
     "01_capture.ipynb": (dict(PER_TYPE=1, ANCHOR_K=4), "SAMPLES", "samples"),
     "02_understanding_maps.ipynb": (dict(PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2), "SAMPLES", "samples"),
+    "04_head_pruning.ipynb": (dict(N_QUESTIONS=60, N_GRADIENT=8, FRACTIONS=[0.0, 0.1], RANDOM_SEEDS=2, GENERATORS=[],
+                                   TIMING_REPEATS=2, PER_TYPE=1), "SAMPLES", "samples"),
     "07_diagnostics.ipynb": (dict(N_QUESTIONS=60, PER_TYPE=1), "SAMPLES", "samples"),
     "03_diffusion_steps.ipynb": (dict(N_SINGLE=4, N_PAIRS=4, STEPS=4, MAP_PROMPTS=1), "PROMPTS", (4, 4)),
     "06_step_reuse.ipynb": (dict(N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=2), "PROMPTS", (8, 0)),
@@ -299,7 +301,8 @@ def test_on_the_shipped_data_exported_gives_the_same_verdicts(tmp_path, nb):
         mine = export_prompts(prompt_set(n_single, n_pairs, 0), tmp_path / "prompts.jsonl")
     for d in ("shipped", "yours"):
         (tmp_path / d).mkdir()
-    stores = {"UNDERSTANDING_STORE": str(tmp_path / "none")} if nb in ("03_diffusion_steps.ipynb", "07_diagnostics.ipynb") else {}
+    stores = {"UNDERSTANDING_STORE": str(tmp_path / "none")} if nb in ("03_diffusion_steps.ipynb", "04_head_pruning.ipynb",
+                                                                        "07_diagnostics.ipynb") else {}
     if nb == "07_diagnostics.ipynb":
         stores["GENERATION_STORE"] = str(tmp_path / "none" / "tiny-mmdit")
     run_notebook(nb, tmp_path / "shipped", **quick, **stores)
