@@ -258,3 +258,18 @@ def test_step_skip_as_a_diffusers_hook(folders, kind):
         assert torch.equal(runs[0], ref)
     assert HookRegistry.check_if_exists_or_initialize(gen.transformer).get_hook("step_skip") is None
     assert not remove_step_skip(gen.transformer)
+
+
+@pytest.mark.parametrize("pieces,names", [
+    (["<s>", "a</w>", "tri", "angle</w>", ",</w>", "red</w>", "</s>"], ["<s>", "a", "triangle", "##angle", ",", "red", "</s>"]),
+    (["▁a", "▁tri", "angle", ",", "▁", "red", ".", "</s>"], ["a", "triangle", "##angle", ",", "red", "##red", ".", "</s>"]),
+    (["a", "Ġred", "Ġcube", ",", "Ġsph", "ere", "."], ["a", "red", "cube", ",", "sphere", "##ere", "."]),  # byte-level
+    (["▁a", "</s>", "▁red", "▁cube"], ["a", "</s>", "red", "cube"]),  # a special token mid-sequence closes the word
+    (["a", "red", "cube"], ["a", "red", "cube"]),  # no markers at all: each piece a word
+])
+def test_word_names_find_each_word_once_at_its_first_piece(pieces, names):
+    """Sub-word pieces (CLIP's </w>, SentencePiece's ▁, byte-level Ġ) are named by their whole word at the first piece;
+    punctuation without a marker is a word of its own, so "cube," still holds the word "cube"."""
+    from unicache_lib.zoo.pipelines import word_names
+
+    assert word_names(pieces, {"<s>", "</s>"}) == names

@@ -120,3 +120,30 @@ def test_divprune_keys_press_keeps_what_the_ablation_policy_keeps(llava):
         assert torch.equal(answer(model, policy_cache, sp)[0], answer(model, pressed.cache, sp)[0])
         with attention_implementation(model, "sdpa"), press(model):  # no attention weights needed
             assert prefill(model, sp, attentions=False).cache.layers[0].keys.shape[2] == len(keep[0])
+
+
+def test_press_refuses_a_filled_or_preallocated_cache_naming_the_fix(llava):
+    """kvpress compresses only a prefill from an empty cache: a cache that already holds positions would leave the image
+    uncompressed without a word, and a pre-allocated cache's keys do not line up with the prompt. Both are refused, each
+    naming its fix, and the fix (a new DynamicCache) compresses."""
+    from transformers import DynamicCache, StaticCache
+
+    from unicache_lib.inputs import encode
+
+    model, processor, qas = llava
+    q = qas[0]
+    inputs = encode(processor, q.scene.uint8(), q.question)
+    n = inputs["input_ids"].shape[1]
+    filled = DynamicCache()
+    with torch.no_grad():
+        model(**inputs, past_key_values=filled, use_cache=True)
+    press = KeyCoveragePress(compression_ratio=0.5)
+    with pytest.raises(ValueError, match=r"already holds \d+ positions.*empty cache"), press(model), torch.no_grad():
+        model(**inputs, past_key_values=filled, use_cache=True)
+    static = StaticCache(config=model.config, max_cache_len=n + 8)
+    with pytest.raises(ValueError, match="pre-allocated cache.*DynamicCache"), press(model), torch.no_grad():
+        model(**inputs, past_key_values=static, use_cache=True)
+    fresh = DynamicCache()
+    with press(model), torch.no_grad():
+        model(**inputs, past_key_values=fresh, use_cache=True)
+    assert fresh.get_seq_length() < n

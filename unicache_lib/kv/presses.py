@@ -85,6 +85,12 @@ class KeyCoveragePress(BasePress):
                              "over the prompts")
         self._image = (ids[0] == self.image_token_id).nonzero().flatten()
         self._prompt_len = ids.shape[1]
+        cache = kwargs.get("past_key_values")
+        held = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+        if held and len(self._image):  # kvpress compresses only a prefill from an empty cache: it would do nothing
+            raise InputError(f"{type(self).__name__}: the cache already holds {int(held)} positions, and kvpress compresses "
+                             "only a prefill from an empty cache, so the image would stay uncompressed: prefill the image "
+                             "prompt with an empty cache (past_key_values=None or a new DynamicCache())")
 
     @contextmanager
     def __call__(self, model):
@@ -111,7 +117,8 @@ class KeyCoveragePress(BasePress):
         uncompressed length and fails."""
         out = super().forward_hook(module, input, kwargs, output)
         layer = kwargs["past_key_values"].layers[module.layer_idx]
-        if hasattr(layer, "cumulative_length") and is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):
+        if getattr(layer, "is_sliding", False) and hasattr(layer, "cumulative_length") and \
+                is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):
             layer.cumulative_length = layer.keys.shape[-2]
         return out
 
@@ -121,10 +128,14 @@ class KeyCoveragePress(BasePress):
         S = keys.shape[2]
         if img is None:
             raise ContractError(f"{type(self).__name__} was called outside `with press(model):`, so it never saw the prompt")
-        if S != self._prompt_len:  # a sliding-window layer holds only the last keys: positions would not line up
+        if S != self._prompt_len:  # the cache's positions would not line up with the prompt's
+            layer = kwargs["past_key_values"].layers[module.layer_idx]
+            why = ("a sliding-window layer shorter than the prompt, which holds only the last keys; use a model without "
+                   "sliding windows shorter than the prompt") if getattr(layer, "is_sliding", False) and S < self._prompt_len \
+                else ("a pre-allocated cache (StaticCache, generate(cache_implementation='static')); use a DynamicCache, "
+                      "the default")
             raise InputError(f"{type(self).__name__}: cache layer {module.layer_idx} holds {S} positions after a prefill of "
-                             f"{self._prompt_len} (a sliding-window layer shorter than the prompt): the image positions "
-                             "would not line up with its keys; use a model without sliding windows shorter than the prompt")
+                             f"{self._prompt_len}, so the image positions would not line up with its keys: {why}")
         n = len(img)
         if n == 0:  # a wrong id would otherwise compress nothing without a word
             raise InputError(f"{type(self).__name__}: the prompt has no token of id {self.image_token_id}, so there is no "

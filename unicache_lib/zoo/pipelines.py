@@ -106,9 +106,9 @@ class PipelineGenerator:
             special = set(tok.all_special_tokens)
             out = []
             for ids, mask in zip(enc["input_ids"], enc["attention_mask"]):
-                n = int(sum(mask))
-                named = word_names(tok.convert_ids_to_tokens(ids[:n]), special)
-                out.append([prefix + w for w in named] + [None] * (len(ids) - n))
+                real = [i for i, m in enumerate(mask) if m]  # wherever the tokenizer pads (left or right)
+                named = iter(word_names(tok.convert_ids_to_tokens([ids[i] for i in real]), special))
+                out.append([prefix + next(named) if m else None for m in mask])
             return out
 
         if self.family == "sd3":
@@ -123,27 +123,37 @@ class PipelineGenerator:
 
 def word_names(pieces: list[str], special=frozenset()) -> list[str]:
     """One name per piece: the whole word at a word's first piece, ``"##<piece>"`` at its other pieces; a special
-    token names itself. Word boundaries from the tokenizer's own markers: an end-of-word suffix ``</w>`` (CLIP's BPE)
-    when the pieces carry one, else a start-of-word prefix ``▁`` (SentencePiece: T5, Gemma) or ``Ġ`` (byte-level
-    BPE). ``["tri", "angle</w>"] -> ["triangle", "##angle"]``; ``["▁tri", "angle"] -> ["triangle", "##angle"]``."""
-    suffix = any(p.endswith("</w>") for p in pieces if p not in special)
+    token, and a piece of punctuation only (``","``, ``"."``), names itself. Word boundaries from the tokenizer's own
+    markers: an end-of-word suffix ``</w>`` (CLIP's BPE) when the pieces carry one, else a start-of-word prefix ``▁``
+    (SentencePiece: T5, Gemma) or ``Ġ`` (byte-level BPE); pieces with no marker at all are each a word.
+    ``["tri", "angle</w>"] -> ["triangle", "##angle"]``; ``["▁tri", "angle", ","] -> ["triangle", "##angle", ","]``."""
+    plain = [p for p in pieces if p not in special]
+    suffix = any(p.endswith("</w>") for p in plain)
+    prefix = not suffix and any(p[:1] in ("▁", "Ġ") for p in plain)
     groups: list[list[str]] = []
     open_word = False
     for p in pieces:
-        if p in special:
+        bare = p.replace("</w>", "").lstrip("▁Ġ")
+        if p in special or (bare and not any(ch.isalnum() for ch in bare)):  # a word of its own
             groups.append([p])
-            open_word = False
+            open_word = suffix and not p.endswith("</w>") and p not in special
             continue
-        starts = not open_word if suffix else (not open_word or p[:1] in ("▁", "Ġ"))
+        if suffix:
+            starts = not open_word
+            open_word = not p.endswith("</w>")
+        elif prefix:
+            starts = not open_word or p[:1] in ("▁", "Ġ")
+            open_word = True
+        else:
+            starts = True
         if starts:
             groups.append([p])
         else:
             groups[-1].append(p)
-        open_word = not p.endswith("</w>") if suffix else True
     out = []
     for g in groups:
-        if len(g) == 1 and g[0] in special:
-            out.append(g[0])
+        if len(g) == 1 and (g[0] in special or not g[0].replace("</w>", "").lstrip("▁Ġ")):
+            out.append(g[0] if g[0] in special else g[0].replace("</w>", "").lstrip("▁Ġ"))
             continue
         bare = [p.replace("</w>", "").lstrip("▁Ġ") for p in g]
         out += ["".join(bare)] + ["##" + b for b in bare[1:]]
