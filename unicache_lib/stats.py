@@ -303,6 +303,12 @@ CHUNK_BYTES = 4 << 20
 #: than :data:`CHUNK_BYTES` because each chunk costs a matrix product, which needs rows to be efficient; a few such
 #: buffers stay far below one map at real scale (SD3-medium at 1,024 px: 1.8 GB)
 STREAM_CHUNK_BYTES = 16 << 20
+
+
+def stream_chunk_bytes(device=None) -> int:
+    """Bytes per row chunk of a streamed map on ``device``: :data:`STREAM_CHUNK_BYTES` on a CPU, :data:`DEVICE_CHUNK_BYTES`
+    on an accelerator (where each chunk costs kernel launches; still far below one map)."""
+    return STREAM_CHUNK_BYTES if device is None or torch.device(device).type == "cpu" else DEVICE_CHUNK_BYTES
 # on an accelerator the chunk is about launches, not caches: a few large chunks (memory still bounded)
 DEVICE_CHUNK_BYTES = 256 << 20
 _TINY = torch.finfo(torch.float32).tiny
@@ -353,7 +359,8 @@ class LogitRows:
         logits (``H = logsumexp(l) - sum p l``: no logarithm per entry). ``out``: a float32 buffer of at least
         ``H * (r1 - r0) * k1`` elements to hold the probabilities (no allocation per chunk)."""
         k1 = self.shape[2] if k1 is None else k1
-        logits = torch.matmul(self.q[:, r0:r1].float(), self.k[:, :k1].float().transpose(-1, -2)).mul_(self.scale)
+        keys = self.k if self.k is not None else self._kt.transpose(-1, -2)
+        logits = torch.matmul(self.q[:, r0:r1].float(), keys[:, :k1].float().transpose(-1, -2)).mul_(self.scale)
         if self.bias is not None:
             logits.add_(self.bias[r0:r1, :k1])
         hide, lo = None, 0
@@ -379,9 +386,7 @@ class LogitRows:
         chunk: the probabilities ``[H, c, Sk]`` (one fused softmax), the scaled logits ``[H, c, Sk]`` (0 at hidden
         keys, where ``p = 0``), ``lse = logsumexp(logits)`` ``[H, c]``, so ``log p = logits - lse`` wherever
         ``p > 0`` (entropies without a logarithm per entry), and each row's largest probability ``[H, c]``."""
-        if getattr(self, "_kt", None) is None:  # the keys transposed once, contiguous: no copy per chunk
-            self._kt = self.k.float().transpose(-1, -2).contiguous()
-        logits = torch.matmul(self.q[:, r0:r1].float() * self.scale, self._kt)
+        logits = torch.matmul(self.q[:, r0:r1].float() * self.scale, self._keys_t())
         if self.bias is not None:
             logits.add_(self.bias[r0:r1])
         hide = None
@@ -403,14 +408,20 @@ class LogitRows:
         """The whole map ``[H, Sq, Sk]`` (float32)."""
         return self.rows(0, self.shape[1])[0]
 
-    def thin(self, stride: int) -> "LogitRows":
-        """The same map with every ``stride``-th query row (the queries and mask rows thinned; nothing computed)."""
-        if stride <= 1:
-            return self
+    def _keys_t(self) -> torch.Tensor:
+        """The keys transposed ``[H, D, Sk]`` float32, contiguous, made once (no copy per chunk)."""
+        if getattr(self, "_kt", None) is None:
+            self._kt = self.k.float().transpose(-1, -2).contiguous()
+        return self._kt
+
+    def thin(self, stride: int = 1) -> "LogitRows":
+        """The same map with every ``stride``-th query row, holding only what it needs: its own copy of those
+        queries and the transposed keys (``2 x H x S x D`` floats; not views that would keep a batch's projections
+        alive), and the mask rows thinned. What diffusion capture keeps of the previous step."""
         out = LogitRows.__new__(LogitRows)
-        out.q, out.k, out.scale, out.device = self.q[:, ::stride], self.k, self.scale, self.device
+        out.q = self.q[:, ::stride].float().contiguous()
+        out.k, out._kt, out.scale, out.device = None, self._keys_t(), self.scale, self.device
         out.shape = (self.shape[0], out.q.shape[1], self.shape[2])
-        out._kt = getattr(self, "_kt", None)
         out.visible = None if self.visible is None else self.visible[::stride]
         out.bias = None if self.bias is None else self.bias[::stride]
         return out
@@ -680,7 +691,7 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]
     streamed = isinstance(P, LogitRows)
     if not streamed:
         buf = torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
-    for r0, r1 in row_chunks(H, sq, sk, STREAM_CHUNK_BYTES if streamed else None, device=dev):
+    for r0, r1 in row_chunks(H, sq, sk, stream_chunk_bytes(dev) if streamed else None, device=dev):
         c = r1 - r0
         if streamed:  # from the logits: sum p log p = sum p l - mass * logsumexp(l), no logarithm per entry
             blk, logits, lse, p_max = P.parts(r0, r1)

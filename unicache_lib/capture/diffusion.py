@@ -38,9 +38,10 @@ the previous step is held per (sample, layer) for the similarities: at real scal
 understanding side. Each map is formed from its logits one chunk of query rows at a time
 (:class:`~unicache_lib.stats.LogitRows`; the families' map recomputation streams inside
 :func:`~unicache_lib.gen_families.base.streamed_maps`), so no map-sized tensor exists; the previous
-step is held as its queries and keys (``2 x H x S x D`` floats instead of ``H x S^2``) and the adjacent
-similarities are recomputed from them exactly, not estimated (the same numbers as ``"stats"`` to float
-rounding: ``tests/test_diffusion_capture.py``). The price is forming the previous step's rows again.
+step is held as its queries and keys (``2 x H x S x D`` floats instead of ``H x S^2``, plus the attention
+output, per captured layer and sample) and the adjacent similarities are recomputed from them exactly, not
+estimated (the same numbers as ``"stats"`` to float rounding: ``tests/test_gen_families.py``). The price is
+forming the previous step's rows again.
 
 Classifier-free guidance: the batch is ``[uncond | cond]`` (the library's loop and diffusers'
 pipelines); ``branch="cond"`` (default) records the conditional half.
@@ -446,7 +447,7 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
         H, sq, sk = P.shape
         ab, aa, bb = (torch.empty(H, sq, 2, device=P.device) for _ in range(3))
         streamed = isinstance(P, S.LogitRows)  # maps formed per chunk: chunks sized for the matrix products
-        for r0, r1 in S.row_chunks(H, sq, sk, S.STREAM_CHUNK_BYTES if streamed else None, device=P.device):
+        for r0, r1 in S.row_chunks(H, sq, sk, S.stream_chunk_bytes(P.device) if streamed else None, device=P.device):
             a, b = S.map_rows(P, r0, r1), S.map_rows(pP, r0, r1)
             for out, x in ((ab, a * b), (aa, a * a), (bb, b * b)):
                 out[:, r0:r1] = x @ G
