@@ -31,8 +31,8 @@ def test_capture_overhead_times_every_configuration_interleaved(regime):
 
 
 def test_capture_overhead_sd3_memory_child_runs_the_streamed_capture():
-    row = _child("--memory", "sd3", "recompute+adjacent")
-    assert row["config"] == "recompute+adjacent" and row["kept_mb"] > 0 and row["extra_peak_mb"] >= 0
+    row = _child("--memory", "sd3", "recompute+adjacent")  # steps 0 and 1 after the plain forward's baseline
+    assert row["config"] == "recompute+adjacent" and row["kept_mb"] > 0 and row["base_mb"] > 0
 
 
 @pytest.mark.parametrize("config", ["stats", "output_attentions"])

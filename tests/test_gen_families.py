@@ -755,9 +755,15 @@ def test_recompute_mode_streams_the_same_statistics(family, batch):
 
     tr = tiny_transformer(family)
     kw = forward_inputs(family, tr, batch=batch, n_text=N_TEXT, n_pad=N_PAD)
-    runs, outs = {}, {}
+    runs, outs, handed = {}, {}, {"stats": set(), "recompute": set()}
+    record = DiffusionCapture._record
+
+    def spy(cap, w, probs, *a):  # what each family's map recomputation hands the capture
+        handed[cap.mode].add(type(probs[0]))
+        return record(cap, w, probs, *a)
+
     for mode in ("stats", "recompute"):
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), mock.patch.object(DiffusionCapture, "_record", spy):
             warnings.simplefilter("ignore")  # Sana's "not captured" warning
             with DiffusionCapture(tr, ["s"], mode=mode, query_stride=2) as cap:
                 outs[mode] = []
@@ -767,6 +773,7 @@ def test_recompute_mode_streams_the_same_statistics(family, batch):
                     cap.on_step_end(step, t)
         runs[mode] = {(r.layer, r.part, r.step): r for r in cap.result}
     assert all(torch.equal(a, b) for a, b in zip(outs["stats"], outs["recompute"]))
+    assert handed == {"stats": {torch.Tensor}, "recompute": {LogitRows}}  # streamed: no map was formed whole
     assert set(runs["stats"]) == set(runs["recompute"]) and len(runs["stats"]) >= 3
     for key, r in runs["stats"].items():
         q = runs["recompute"][key]

@@ -409,9 +409,11 @@ class LogitRows:
         return self.rows(0, self.shape[1])[0]
 
     def _keys_t(self) -> torch.Tensor:
-        """The keys transposed ``[H, D, Sk]`` float32, contiguous, made once (no copy per chunk)."""
+        """The keys transposed ``[H, D, Sk]`` float32, contiguous, made once (no copy per chunk); the keys themselves
+        are then let go (one copy held, not two)."""
         if getattr(self, "_kt", None) is None:
             self._kt = self.k.float().transpose(-1, -2).contiguous()
+            self.k = None
         return self._kt
 
     def thin(self, stride: int = 1) -> "LogitRows":

@@ -449,8 +449,9 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
         streamed = isinstance(P, S.LogitRows)  # maps formed per chunk: chunks sized for the matrix products
         for r0, r1 in S.row_chunks(H, sq, sk, S.stream_chunk_bytes(P.device) if streamed else None, device=P.device):
             a, b = S.map_rows(P, r0, r1), S.map_rows(pP, r0, r1)
-            for out, x in ((ab, a * b), (aa, a * a), (bb, b * b)):
-                out[:, r0:r1] = x @ G
+            ab[:, r0:r1] = (a * b) @ G  # one product at a time: one chunk-sized temporary, not three
+            aa[:, r0:r1] = (a * a) @ G
+            bb[:, r0:r1] = (b * b) @ G
 
         def cos(num, x, y):
             den = (x * y).sqrt()
