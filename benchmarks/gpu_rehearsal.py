@@ -14,7 +14,12 @@ When CUDA is present: builds a random-weight LLaVA-1.5-7B stand-in at its real w
    FLUX.1-dev-shaped (19 double + 38 single blocks, 24 x 128 heads, 512 text tokens, bf16) transformers
    run ``--gen-steps`` denoising steps under every reuse policy of the workbench and every diffusers
    cache; the speed-up over no reuse per method, from interleaved repeats, with the share of attention
-   work computed. A method that cannot run on a family prints its reason.
+   work computed. A method that cannot run on a family prints its reason;
+5. (unless ``--skip-capture``) diffusion capture of one SD3-medium joint block at 1,024 px (4,096 image +
+   333 text tokens, fp16): the plain forward against ``stats`` (the map formed whole), the map formed again
+   and nothing read, ``mode="recompute"`` (streamed from the logits) and ``recompute`` with the adjacent-step
+   similarities: time over the plain forward (interleaved repeats, 95% interval) and peak device memory
+   over the plain forward's, as a share of one map (``benchmarks/capture_overhead.py``'s configurations).
 
 On a machine without CUDA it prints why and exits 0 (``--cpu-smoke`` checks the script itself on a CPU with
 the reduced-width stand-in). Meant to finish in under 10 minutes on one GPU.
@@ -43,6 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-steps", type=int, default=10)
     ap.add_argument("--gen-repeats", type=int, default=5)
     ap.add_argument("--notebooks", nargs="*", default=None)
+    ap.add_argument("--skip-capture", action="store_true", help="skip part 5 (diffusion capture of an SD3 block)")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_rehearsal"))
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="check this script on a CPU: the reduced-width stand-in, fp32, no notebooks (numbers mean nothing)")
@@ -61,6 +67,8 @@ def main(argv=None) -> int:
         understanding(a, out, device, dtype, real)
     if not a.skip_generators:
         generators(a, device, real)
+    if not a.skip_capture:
+        diffusion_capture(a, device, real)
     print(f"\ngpu-rehearsal: {time.perf_counter() - t_start:.0f} s in all")
     return 0
 
@@ -274,6 +282,53 @@ def generators(a, device: str, real: bool) -> None:
         del tr, inputs
         if device == "cuda":
             torch.cuda.empty_cache()
+
+
+def diffusion_capture(a, device: str, real: bool) -> None:
+    """Part 5: capture of one SD3-medium joint block at 1,024 px, every configuration of capture_overhead's SD3
+    regime: time over the plain forward and peak device memory over the plain forward's (CPU smoke: a tiny block,
+    time only)."""
+    from unicache_lib.intervals import interleaved_timings, speedup_interval
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import capture_overhead as co
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    n_img, n_txt = (4096, 333) if real else (64, 8)
+    dtype = torch.float16 if real else torch.float32
+    tr, kw = co.sd3_block(n_img, n_txt)
+    tr = tr.to(device, dtype)
+    kw = {k: v.to(device, dtype if v.is_floating_point() else v.dtype) for k, v in kw.items()}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    runs = {c: co.sd3_runner(tr, kw, c) for c in co.SD3}
+
+    def timed(run):
+        def go():
+            run()
+            sync()
+        return go
+
+    one_map = 24 * (n_img + n_txt) ** 2 * 4 / 2**20
+    mem = {}
+    with torch.no_grad():
+        for c, run in runs.items():  # warm-up (the adjacent configuration captures its step 0 here), then peak memory
+            run()
+            sync()
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                run()
+                sync()
+                mem[c] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        T = interleaved_timings({c: timed(r) for c, r in runs.items()}, a.repeats)
+    print(f"\ndiffusion capture, one SD3-medium joint block{'' if real else ' (smoke: tiny)'}: {n_img} image + {n_txt} text "
+          f"tokens, {dtype}; one map = {one_map:,.0f} MB float32; {a.repeats} interleaved repeats")
+    print(f"  {'config':20s} {'time / plain [95%]':>24s} {'peak over plain':>16s} {'of one map':>11s}")
+    for c in runs:
+        iv = speedup_interval(T[c], T["plain"], min_repeats=2)  # this configuration's time / the plain forward's
+        extra = mem.get(c, float("nan")) - mem.get("plain", float("nan"))
+        print(f"  {c:20s} {iv.value:10.2f}x [{iv.lo:.2f}, {iv.hi:.2f}] {extra:13.0f} MB {extra / one_map:11.3f}")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ def test_gpu_script_code_path_on_the_cpu(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_rehearsal.py"), "--cpu-smoke", "--repeats", "2",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    for line in ("stats     / eager", "recompute / sdpa", "10% image KV"):
+    for line in ("stats     / eager", "recompute / sdpa", "10% image KV", "diffusion capture, one SD3-medium joint block",
+                 "recompute+adjacent"):
         assert line in r.stdout
 
 
