@@ -314,6 +314,14 @@ DEVICE_CHUNK_BYTES = 256 << 20
 _TINY = torch.finfo(torch.float32).tiny
 
 
+def map_chunks(P) -> list[tuple[int, int]]:
+    """The query-row chunks a map ``[H, Sq, Sk]`` is read in: :func:`stream_chunk_bytes` when it is streamed from its
+    logits (:class:`LogitRows`: each chunk costs a matrix product), :func:`default_chunk_bytes` when it is a tensor."""
+    H, sq, sk = P.shape
+    streamed = isinstance(P, LogitRows)
+    return row_chunks(H, sq, sk, stream_chunk_bytes(P.device) if streamed else None, device=P.device)
+
+
 def row_chunks(heads: int, sq: int, sk: int, chunk_bytes: int | None = None, device=None) -> list[tuple[int, int]]:
     """``[(r0, r1), ...]`` query-row ranges of about ``chunk_bytes`` of float32 ``[heads, r1 - r0, sk]`` each
     (None: :data:`CHUNK_BYTES` on a CPU ``device``, :data:`DEVICE_CHUNK_BYTES` on an accelerator)."""
@@ -693,7 +701,7 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]
     streamed = isinstance(P, LogitRows)
     if not streamed:
         buf = torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
-    for r0, r1 in row_chunks(H, sq, sk, stream_chunk_bytes(dev) if streamed else None, device=dev):
+    for r0, r1 in map_chunks(P):
         c = r1 - r0
         if streamed:  # from the logits: sum p log p = sum p l - mass * logsumexp(l), no logarithm per entry
             blk, logits, lse, p_max = P.parts(r0, r1)

@@ -446,8 +446,7 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
         G = torch.stack([kk == IMAGE, kk == TEXT], -1).float()
         H, sq, sk = P.shape
         ab, aa, bb = (torch.empty(H, sq, 2, device=P.device) for _ in range(3))
-        streamed = isinstance(P, S.LogitRows)  # maps formed per chunk: chunks sized for the matrix products
-        for r0, r1 in S.row_chunks(H, sq, sk, S.stream_chunk_bytes(P.device) if streamed else None, device=P.device):
+        for r0, r1 in S.map_chunks(P):
             a, b = S.map_rows(P, r0, r1), S.map_rows(pP, r0, r1)
             ab[:, r0:r1] = (a * b) @ G  # one product at a time: one chunk-sized temporary, not three
             aa[:, r0:r1] = (a * a) @ G

@@ -127,14 +127,17 @@ def word_names(pieces: list[str], special=frozenset()) -> list[str]:
     markers: an end-of-word suffix ``</w>`` (CLIP's BPE) when the pieces carry one, else a start-of-word prefix ``▁``
     (SentencePiece: T5, Gemma) or ``Ġ`` (byte-level BPE); pieces with no marker at all are each a word.
     ``["tri", "angle</w>"] -> ["triangle", "##angle"]``; ``["▁tri", "angle", ","] -> ["triangle", "##angle", ","]``."""
+    def bare(p: str) -> str:  # the piece without its word-boundary marker
+        return p.replace("</w>", "").lstrip("▁Ġ")
+
     plain = [p for p in pieces if p not in special]
     suffix = any(p.endswith("</w>") for p in plain)
     prefix = not suffix and any(p[:1] in ("▁", "Ġ") for p in plain)
     groups: list[list[str]] = []
     open_word = False
     for p in pieces:
-        bare = p.replace("</w>", "").lstrip("▁Ġ")
-        if p in special or (bare and not any(ch.isalnum() for ch in bare)):  # a word of its own
+        text = bare(p)
+        if p in special or (text and not any(ch.isalnum() for ch in text)):  # a word of its own
             groups.append([p])
             open_word = suffix and not p.endswith("</w>") and p not in special
             continue
@@ -152,11 +155,11 @@ def word_names(pieces: list[str], special=frozenset()) -> list[str]:
             groups[-1].append(p)
     out = []
     for g in groups:
-        if len(g) == 1 and (g[0] in special or not g[0].replace("</w>", "").lstrip("▁Ġ")):
-            out.append(g[0] if g[0] in special else g[0].replace("</w>", "").lstrip("▁Ġ"))
+        if len(g) == 1 and (g[0] in special or not bare(g[0])):
+            out.append(g[0] if g[0] in special else bare(g[0]))
             continue
-        bare = [p.replace("</w>", "").lstrip("▁Ġ") for p in g]
-        out += ["".join(bare)] + ["##" + b for b in bare[1:]]
+        texts = [bare(p) for p in g]
+        out += ["".join(texts)] + ["##" + t for t in texts[1:]]
     return out
 
 
