@@ -116,14 +116,15 @@ def sd3_block(image_tokens: int, text_tokens: int, heads: int = 24, head_dim: in
 
 
 def sd3_runner(tr, kw, config: str):
-    from unicache_lib.capture.diffusion import DiffusionCapture, find_diffusion_attention, wrap_processors
+    from unicache_lib.capture.diffusion import DiffusionCapture, find_diffusion_attention
+    from unicache_lib.core.hooks import processors
 
     def run():
         if config == "plain":
             tr(**kw)
             return 0
         if config == "map only":  # the floor of any exact capture: the map formed again, chunk by chunk, nothing read
-            with wrap_processors(find_diffusion_attention(tr), lambda name, layer, part, orig: _MapOnly(tr, orig)):
+            with processors({n: t[2] for n, t in find_diffusion_attention(tr).items()}, lambda name, orig: map_only(tr, orig)):
                 tr(**kw)
             return 0
         if config == "recompute+adjacent":  # step 1 of a run, compared with step 0 (held as its queries and keys)
@@ -151,28 +152,29 @@ def sd3_runner(tr, kw, config: str):
     return run
 
 
-class _MapOnly:
+def map_only(tr, orig):
     """A processor wrapper that forms each map again as ``recompute`` does (one matrix product and one softmax per row
     chunk) and reads nothing from it: what recomputing costs before any statistic."""
+    import torch
 
-    def __init__(self, tr, orig):
-        from unicache_lib.gen_families import gen_family_of
+    from unicache_lib import stats as S
+    from unicache_lib.core.hooks import ProcessorWrapper
+    from unicache_lib.gen_families import gen_family_of
+    from unicache_lib.gen_families.base import streamed_maps
 
-        self.family, self.orig = gen_family_of(tr), orig
+    family = gen_family_of(tr)
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):
-        import torch
+    class MapOnly(ProcessorWrapper):
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):
+            out = self.orig(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
+            with torch.no_grad(), streamed_maps():
+                for rows in family.probs(attn, hidden_states, encoder_hidden_states, attention_mask, processor=self.orig,
+                                         **kwargs):
+                    for r0, r1 in S.row_chunks(*rows.shape, S.stream_chunk_bytes(rows.device)):
+                        rows.parts(r0, r1)
+            return out
 
-        from unicache_lib import stats as S
-        from unicache_lib.gen_families.base import streamed_maps
-
-        out = self.orig(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
-        with torch.no_grad(), streamed_maps():
-            for rows in self.family.probs(attn, hidden_states, encoder_hidden_states, attention_mask, processor=self.orig,
-                                          **kwargs):
-                for r0, r1 in S.row_chunks(*rows.shape, S.stream_chunk_bytes(rows.device)):
-                    rows.parts(r0, r1)
-        return out
+    return MapOnly(orig)
 
 
 def build(regime: str, a):

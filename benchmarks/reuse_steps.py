@@ -10,6 +10,7 @@ and each method's PSNR margin over the fewer-step control at its own speed-up an
     python benchmarks/reuse_steps.py --prompts 32         # 32 scored prompts, 8 timed, 10 repeats (results/reuse_steps.txt)
     python benchmarks/reuse_steps.py --prompts 2 --repeats 2 --steps 20   # a smoke run
     python benchmarks/reuse_steps.py --standins --steps 50 --repeats 3    # the schedules timed on the pipeline stand-ins
+    python benchmarks/reuse_steps.py --settle 4 --steps 50   # the 50-step margin at equal FLOPs on every held-out text x 4 seeds
 
 Rows at each step count:
 - ``step_skip`` at its shipped setting (tuned at 20 steps on design prompts) and at coarser strides (the trade);
@@ -28,6 +29,7 @@ import argparse
 import json
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 
@@ -142,6 +144,53 @@ def standins(names, steps: int, repeats: int, prompt: str = "a red circle on the
                   f"{counts[label]:>10d} of {steps}", flush=True)
 
 
+def settle(gen_name: str, steps: int, seeds_per_text: int, bar: float = 3.0):
+    """Settle the tuned ``step_skip``'s PSNR margin over fewer-step sampling at equal FLOPs on more samples than the
+    timed run scores: every one-object prompt text that is not a design prompt (74 of the world's 90), each sampled
+    with ``seeds_per_text`` noise seeds (1000 + k; the texts are disjoint from the design prompts). The
+    margin is read per sample against the control interpolated at the method's FLOPs (fewer-step runs bracketing
+    it), averaged over a text's seeds, and its 95% BCa interval is taken over texts (the unit a reader generalises
+    over). Verdict on the interval against ``bar``: holds / does not hold / inconclusive. No timing."""
+    import numpy as np
+
+    from unicache_lib.intervals import mean_interval, n_to_settle
+    from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
+    from unicache_lib.reuse.control import control_psnr_at, control_rows, fewer_steps_methods
+    from unicache_lib.reuse.evaluate import score_methods
+    from unicache_lib.reuse.policies.step_skip import StepSkip
+    from unicache_lib.world.text import COLOURS, POSITIONS, SHAPES, prompt_set
+    from unicache_lib.zoo.loaders import load_generator
+
+    n_combos = len(COLOURS) * len(SHAPES) * len(POSITIONS)
+    design = {p["short"] for p in prompt_set(52, 0, 0)[36:52]}  # benchmarks/tune_step_skip.py's design prompts
+    ps = [p for p in prompt_set(n_combos, 0, 0) if p["short"] not in design]
+    texts = [p["short"] for p in ps for _ in range(seeds_per_text)]
+    objs = [p["objects"][0] for p in ps for _ in range(seeds_per_text)]
+    seeds = [1000 + k for _ in ps for k in range(seeds_per_text)]
+    tuned = tuned_50() if steps == 50 else None
+    pol = StepSkip(**tuned) if tuned else StepSkip()
+    calls = sum(pol.schedule(steps))
+    gen = load_generator(gen_name)
+    methods = {"none": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["none"](), steps),
+               "step_skip": lambda: ReuseCache(gen.transformer, pol, steps)}
+    methods |= fewer_steps_methods([calls - 2, calls, calls + 3])
+    rows, _, _ = score_methods(gen, methods, texts, objs, steps, 3.0, seeds, progress=True)
+    df = pd.DataFrame(list(rows.values())).set_index("method")
+    x = float(df.loc["step_skip", "flops"])
+    per_sample = np.asarray(df.loc["step_skip", "psnr_per_prompt"], dtype=np.float64) - control_psnr_at(
+        control_rows(df), x, "flops")
+    per_text = per_sample.reshape(len(ps), seeds_per_text).mean(axis=1)
+    iv = mean_interval(per_text, "prompt texts")
+    verdict = "holds" if iv.lo >= bar else "does not hold" if iv.hi < bar else "inconclusive"
+    print(f"\n{gen_name}, {steps} steps, step_skip {calls} of {steps} calls (FLOPs {x:.3f}): {len(ps)} held-out texts x "
+          f"{seeds_per_text} seeds = {len(texts)} samples")
+    print(df[["flops", "psnr"]].round(3).to_string())
+    print(f"margin over fewer steps at equal FLOPs: {iv.value:+.2f} dB [{iv.lo:+.2f}, {iv.hi:+.2f}] (95% BCa over "
+          f"{iv.n} texts); bar +{bar:g} dB: {verdict}"
+          + (f" (about {n_to_settle(iv, bar):.0f} texts would settle it)" if verdict == "inconclusive" else ""),
+          flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8)
@@ -152,8 +201,15 @@ def main(argv=None):
     ap.add_argument("--standins", nargs="*", default=None, metavar="NAME",
                     help="time the schedules on these pipeline stand-ins instead (sd3-medium pixart-sigma flux-dev; "
                          "results/reuse_steps_standins.txt), at each --steps, with --repeats rounds")
+    ap.add_argument("--settle", type=int, default=None, metavar="SEEDS",
+                    help="settle the margin at equal FLOPs instead: every held-out text x SEEDS noise seeds, no timing")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if a.settle:
+        for g in a.generators:
+            for n in a.steps:
+                settle(g, n, a.settle)
+        return
     if a.standins is not None:
         for n in a.steps:
             standins(a.standins or ["sd3-medium", "pixart-sigma", "flux-dev"], n, a.repeats)

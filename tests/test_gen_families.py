@@ -25,7 +25,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs, find_diffusion_attention, wrap_processors
+from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs, find_diffusion_attention
+from unicache_lib.core.hooks import ProcessorWrapper, processors
 from unicache_lib.capture.vlm import CaptureError
 from unicache_lib.core.modality import BLOCKS, IMAGE, TEXT
 from unicache_lib.families import UnsupportedModelError
@@ -134,9 +135,10 @@ def test_public_attention_probs_passes_processor_arguments_through(family):
     tr, kw, plain, _, _, truth = _run(family, 2)
     got = {}
 
-    class Spy:
+    class Spy(ProcessorWrapper):
         def __init__(self, name, part, orig):
-            self.name, self.part, self.orig = name, part, orig
+            super().__init__(orig)
+            self.name, self.part = name, part
 
         def __call__(self, attn, *args, **kwargs):
             out = self.orig(attn, *args, **kwargs)
@@ -145,7 +147,8 @@ def test_public_attention_probs_passes_processor_arguments_through(family):
             got[self.name] = attention_probs(attn, self.part, **named)
             return out
 
-    with wrap_processors(find_diffusion_attention(tr), lambda n, layer, part, orig: Spy(n, part, orig)), torch.no_grad():
+    sites = find_diffusion_attention(tr)
+    with processors({n: s[2] for n, s in sites.items()}, lambda n, orig: Spy(n, sites[n][1], orig)), torch.no_grad():
         assert torch.equal(tr(**kw)[0], plain)
     assert got.keys() == find_diffusion_attention(tr).keys()
     for n, P in got.items():

@@ -303,6 +303,48 @@ def test_an_unknown_registry_name_lists_the_registered_ones(name):
     assert reg.get("nope") is None and "nope" not in reg  # dict idioms unchanged
 
 
+@pytest.mark.parametrize("name", ["POLICIES", "SCORERS", "REUSE_POLICIES"])
+def test_every_policy_and_scorer_is_a_dataclass_whose_settings_print(name):
+    """A tuned setting shows in a log or a table cell: ``StepSkip(head=0.06, ..., stride=7, ...)``, not an address."""
+    import dataclasses
+
+    reg = _registries()[name][0]
+    for key, cls in reg.items():
+        piece = cls()
+        assert dataclasses.is_dataclass(piece), key
+        text = repr(piece)
+        assert text.startswith(f"{cls.__name__}(") and " at 0x" not in text
+        for f in dataclasses.fields(piece):
+            if f.repr:
+                assert f"{f.name}={getattr(piece, f.name)!r}" in text, (key, f.name)
+    if name == "REUSE_POLICIES":
+        assert "stride=7" in repr(reg["step_skip"](stride=7))
+
+def test_a_new_piece_is_one_file_discovery_imports_it(tmp_path, monkeypatch):
+    """``core.registry.discover`` (what every registry package's ``__init__`` calls) imports each module but
+    ``base``: the ones named first in that order, then the others by name; a new file needs no other edit."""
+    import sys
+
+    from unicache_lib.core.registry import UnknownNameError, discover
+
+    pkg = tmp_path / "plugpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("SEEN = []\n")
+    for m in ("base", "zeta", "alpha", "my_new_policy"):
+        (pkg / f"{m}.py").write_text(f"from . import SEEN\nSEEN.append({m!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import plugpkg
+
+    try:
+        assert discover("plugpkg", plugpkg.__path__, first=("zeta",)) == ["zeta", "alpha", "my_new_policy"]
+        assert plugpkg.SEEN == ["zeta", "alpha", "my_new_policy"]  # base is the package's own import, not a piece
+        with pytest.raises(UnknownNameError, match="no module 'gone' to import first"):
+            discover("plugpkg", plugpkg.__path__, first=("gone",))
+    finally:
+        for m in [m for m in sys.modules if m == "plugpkg" or m.startswith("plugpkg.")]:
+            del sys.modules[m]
+
+
 # ---- budgets --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def prefilled(tiny, samples):

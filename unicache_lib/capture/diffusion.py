@@ -48,7 +48,6 @@ pipelines); ``branch="cond"`` (default) records the conditional half.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import warnings
 from contextlib import ExitStack
@@ -58,6 +57,7 @@ import torch
 
 from .. import stats as S
 from ..core.errors import CaptureError, InputError
+from ..core.hooks import ProcessorWrapper, forward_hooks, innermost, processors
 from ..core.modality import BLOCKS, IMAGE, TEXT
 from ..core.models import unwrap
 from ..core.similarity import cosine
@@ -80,51 +80,8 @@ def find_diffusion_attention(transformer) -> dict[str, tuple[int, str, torch.nn.
     return {s.name: (s.layer, s.part, s.module) for s in gen_family_of(tr).sites(tr) if s.captured}
 
 
-def wrap_processors(targets: dict, make) -> ExitStack:
-    """Install ``make(name, layer, part, original_processor)`` as the processor of every module in
-    ``targets`` (as returned by :func:`find_diffusion_attention`). Closing the returned stack puts the
-    originals back; if installing fails half-way, what was installed is undone before raising.
-
-    diffusers' ``Attention.forward`` passes a processor only the keyword arguments its ``__call__``
-    names (HunyuanDiT's ``image_rotary_emb``), so each wrapper shows the original's signature."""
-    stack = ExitStack()
-    try:
-        for name, (layer, part, mod) in targets.items():
-            orig = mod.processor
-            stack.callback(setattr, mod, "processor", orig)
-            w = make(name, layer, part, orig)
-            _show_signature(w, orig)
-            mod.processor = w
-    except BaseException:
-        stack.close()
-        raise
-    return stack
-
-
-def _show_signature(wrapper, orig) -> None:
-    """Make ``inspect.signature(wrapper.__call__)`` the original processor's (calls still go to the
-    wrapper's class ``__call__``)."""
-    cls_call = type(wrapper).__call__
-
-    @functools.wraps(orig.__call__)
-    def call(*args, **kwargs):
-        return cls_call(wrapper, *args, **kwargs)
-
-    try:
-        wrapper.__call__ = call
-    except AttributeError:  # __slots__: diffusers then passes only the arguments it names
-        pass
-
-
 def _heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:
     return heads_view(x, heads)
-
-
-def _innermost(processor):
-    """The processor doing the work under wrappers that keep it as ``.orig`` (capture, reuse, spies)."""
-    while hasattr(processor, "orig"):
-        processor = processor.orig
-    return processor
 
 
 def attention_probs(attn, part: str, hidden_states, encoder_hidden_states=None, attention_mask=None,
@@ -143,23 +100,23 @@ def attention_probs(attn, part: str, hidden_states, encoder_hidden_states=None, 
     from ..gen_families import processor_probs
 
     proc = kwargs.pop("processor", None)
-    proc = _innermost(attn.processor) if proc is None else proc
+    proc = innermost(attn.processor) if proc is None else proc
     if part == "cross" and encoder_hidden_states is None:
         raise CaptureError("cross-attention called without encoder_hidden_states")
     return processor_probs(type(proc).__name__)(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
 
 
-class _Wrapped:
+class _Wrapped(ProcessorWrapper):
     """The processor installed on one attention module: output from the original processor,
     probabilities recomputed for the capture."""
 
     def __init__(self, cap: "DiffusionCapture", orig, site):
-        self.cap, self.orig, self.site = cap, orig, site
+        super().__init__(orig)
+        self.cap, self.site = cap, site
         self.name, self.layer, self.part = site.name, site.layer, site.part
-        # names of the arguments after (attn, hidden_states, encoder_hidden_states, attention_mask), for
+        # names of the arguments after (hidden_states, encoder_hidden_states, attention_mask), for
         # processors called positionally (FluxAttention passes image_rotary_emb fifth)
-        params = inspect.signature(orig.__call__).parameters.values()
-        self._extra = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][4:]
+        self._extra = self.names[3:]
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, *args, **kwargs):
         out = self.orig(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
@@ -414,8 +371,11 @@ class DiffusionCapture:
                     f"sample ids {clash[:3]} are already in the store {self.store.path}: a new sampling run "
                     f"needs new ids (e.g. prefix them with a run name), so steps of two runs never mix"
                 )
-        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _Wrapped(self, orig, self.sites[name]))
-        self._stack.callback(self.transformer.register_forward_pre_hook(self._see_forward, with_kwargs=True).remove)
+        with ExitStack() as stack:  # undone here if installing fails half-way
+            stack.enter_context(processors({n: t[2] for n, t in self.targets.items()},
+                                           lambda name, orig: _Wrapped(self, orig, self.sites[name])))
+            stack.enter_context(forward_hooks([(self.transformer, "forward_pre", self._see_forward)]))
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, exc_type, *exc):

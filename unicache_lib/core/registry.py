@@ -1,10 +1,12 @@
 """Registries of pluggable pieces (head scorers, eviction policies, reuse policies, model families):
 each piece is a class with a ``name``, in its own module, decorated once with the registry's
-``register``. A :class:`Registry` is a dict whose unknown names raise :class:`UnknownNameError`
-listing the registered names (and the closest one), not a bare ``KeyError: 'nope'``."""
+``register``; the package's ``__init__`` calls :func:`discover`, so a new piece is one new file.
+A :class:`Registry` is a dict whose unknown names raise :class:`UnknownNameError` listing the registered names (and the closest one), not a bare ``KeyError: 'nope'``."""
 from __future__ import annotations
 
 import difflib
+import importlib
+import pkgutil
 
 from .errors import UnknownNameError
 
@@ -39,3 +41,17 @@ def registrar(registry: dict, kind: str):
         return cls
 
     return register
+
+
+def discover(package: str, path, first: tuple = ()) -> list[str]:
+    """Import every module of ``package`` (its ``__name__`` and ``__path__``) except ``base``, so each registers
+    its pieces: the modules named in ``first`` in that order, then the others in name order. The import order is
+    the registry's order (the order of every table that loops over it). Returns the module names imported."""
+    found = {m.name for m in pkgutil.iter_modules(path)} - {"base"}
+    missing = [m for m in first if m not in found]
+    if missing:
+        raise UnknownNameError(f"{package}: no module {missing[0]!r} to import first", missing[0], sorted(found))
+    names = list(first) + sorted(found - set(first))
+    for m in names:
+        importlib.import_module(f"{package}.{m}")
+    return names

@@ -38,8 +38,6 @@ Processors are restored on exit, also on error.
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import time
 from contextlib import ExitStack
@@ -47,8 +45,9 @@ from contextlib import ExitStack
 import torch
 import torch.nn.functional as F
 
-from ..capture.diffusion import _heads_view, find_diffusion_attention, wrap_processors
+from ..capture.diffusion import _heads_view, find_diffusion_attention
 from ..core.errors import InputError, InputTypeError
+from ..core.hooks import ProcessorWrapper, model_hook, processors
 from ..core.similarity import cosine
 from ..families import UnsupportedModelError
 
@@ -70,29 +69,6 @@ def module_kind(mod) -> str:
     return "self"
 
 
-class _Wrapper:
-    """Base of the processors installed on attention modules: calls pass through to ``orig`` unchanged.
-
-    diffusers' ``Attention.forward`` hands a processor only the keyword arguments named in
-    ``inspect.signature(processor.__call__)`` (HunyuanDiT's ``image_rotary_emb`` among them) and
-    ``FluxAttention`` passes ``image_rotary_emb`` positionally: the wrapper accepts anything and advertises
-    the original processor's signature, so nothing is dropped."""
-
-    def __init__(self, orig):
-        self.orig = orig
-        P = inspect.Parameter
-        sig = inspect.signature(orig.forward if isinstance(orig, torch.nn.Module) else orig.__call__)
-        self._names = [p.name for p in sig.parameters.values() if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)][1:]
-        call = functools.partial(type(self).__call__, self)
-        functools.update_wrapper(call, orig.__call__)
-        self.__call__ = call  # what inspect.signature(processor.__call__) sees; calls go through the class
-
-    def _arguments(self, args, kwargs) -> dict:
-        a = dict(zip(self._names, args))
-        a.update(kwargs)
-        return a
-
-
 class _Replay(torch.nn.Module):
     """Stands in for a projection: its output for this input shape, computed once."""
 
@@ -110,7 +86,7 @@ class _Replay(torch.nn.Module):
 _CROSS_PROCESSORS = ("AttnProcessor2_0", "SanaAttnProcessor2_0", "HunyuanAttnProcessor2_0")
 
 
-class _ReuseProcessor(_Wrapper):
+class _ReuseProcessor(ProcessorWrapper):
     def __init__(self, rc: "ReuseCache", orig, name: str, kind: str):
         super().__init__(orig)
         self.rc, self.name, self.kind = rc, name, kind
@@ -144,7 +120,7 @@ class _ReuseProcessor(_Wrapper):
 
     def __call__(self, attn, *args, **kwargs):
         rc, pol = self.rc, self.rc.policy
-        a = self._arguments(args, kwargs)
+        a = self.arguments(args, kwargs)
         h, e = a.get("hidden_states"), a.get("encoder_hidden_states")
         if not torch.is_tensor(h):  # a call this wrapper cannot read: pass it through, as a full compute
             rc.work += 1.0
@@ -219,23 +195,6 @@ def step_call(policy, history: tuple[list, list], step: int, n_steps: int, t: fl
     keep = max(3, policy.min_history)
     del ts[:-keep], outs[:-keep]
     return out, True
-
-
-def _replace_forward(module: torch.nn.Module, fn):
-    """Make ``module.forward(*a, **kw)`` call ``fn(original_forward, *a, **kw)``; returns the undo (which
-    restores an instance-level forward that was there, or removes ours so the class's forward is back).
-    Forward hooks still run: they sit in ``__call__``, around ``forward``."""
-    had = "forward" in module.__dict__
-    prev = module.__dict__.get("forward")
-    orig = module.forward
-    module.forward = functools.partial(fn, orig)
-
-    def undo():
-        if had:
-            module.forward = prev
-        else:
-            module.__dict__.pop("forward", None)
-    return undo
 
 
 def _image_side_sd3(attn, h, e):
@@ -332,12 +291,14 @@ class ReuseCache:
         return 1.0 if self.level == "step" else self.computed_fraction
 
     def __enter__(self):
-        if self.level == "step":
+        if self.level == "step":  # in diffusers' HookRegistry, beside its own caches
             self._stack = ExitStack()
-            self._stack.callback(_replace_forward(self.transformer, self._step_forward))
+            self._stack.enter_context(model_hook(self.transformer, "unicache_reuse", self._step_forward))
             return self
-        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _ReuseProcessor(
-            self, orig, name, module_kind(self.targets[name][2])))
+        self._stack = ExitStack()
+        self._stack.enter_context(processors({n: t[2] for n, t in self.targets.items()},
+                                             lambda name, orig: _ReuseProcessor(self, orig, name,
+                                                                                module_kind(self.targets[name][2]))))
         return self
 
     def _step_forward(self, orig, *args, **kwargs):
@@ -382,7 +343,9 @@ class AttentionCallCounter:
         self._stack: ExitStack | None = None
 
     def __enter__(self):
-        self._stack = wrap_processors(self.targets, lambda name, layer, part, orig: _Counting(self, orig))
+        self._stack = ExitStack()
+        self._stack.enter_context(processors({n: t[2] for n, t in self.targets.items()},
+                                             lambda name, orig: _Counting(self, orig)))
         return self
 
     def __exit__(self, *exc):
@@ -390,7 +353,7 @@ class AttentionCallCounter:
         return False
 
 
-class _Counting(_Wrapper):
+class _Counting(ProcessorWrapper):
     def __init__(self, counter, orig):
         super().__init__(orig)
         self.counter = counter

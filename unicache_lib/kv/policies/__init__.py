@@ -1,8 +1,12 @@
-"""Eviction policies, one per module, all registered in :data:`POLICIES` on import."""
-from . import divprune, fastv, full, h2o, key_coverage, oracle, random_policy, snapkv, streaming, unicache  # noqa: F401
-from . import ablations, pooling  # noqa: F401  (controls and ablations after the methods: this import order is the
-#   order of every table and chart that loops over POLICIES, so keep it when adding a policy)
-from . import downsample, key_coverage_prefill  # noqa: F401  (added later: keep them last, in this order)
+"""Eviction policies, one per module, all registered in :data:`POLICIES` on import (a new policy is one new file).
+
+The import order is the order of every table and chart that loops over POLICIES: the methods, then the controls
+and ablations, then the two added later, then any new file in name order."""
+from ...core.registry import discover
 from .base import POLICIES, EvictionContext, EvictionPolicy
+
+discover(__name__, __path__, first=("divprune", "fastv", "full", "h2o", "key_coverage", "oracle", "random_policy",
+                                    "snapkv", "streaming", "unicache", "ablations", "pooling", "downsample",
+                                    "key_coverage_prefill"))
 
 __all__ = ["POLICIES", "EvictionContext", "EvictionPolicy"]

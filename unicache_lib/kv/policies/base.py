@@ -7,7 +7,7 @@ layers: one causal mask serves them all).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -102,6 +102,7 @@ class EvictionContext:
         return k.index_select(-2, idx).float(), v.index_select(-2, idx).float()
 
 
+@dataclass
 class EvictionPolicy:
     """Subclasses set ``name`` (and a one-line ``description``) and implement ``choose``.
 
@@ -140,8 +141,6 @@ class EvictionPolicy:
         """Prefill-stage policies: the ``choose(features [n_image, D]) -> indices`` callable that
         :func:`~unicache_lib.kv.cache.prefill_pruned` takes, keeping ``budget`` of the image tokens and checking
         that the policy returned one list of that many distinct indices."""
-        from dataclasses import replace
-
         k = ctx.k(budget)
 
         def pick(features):

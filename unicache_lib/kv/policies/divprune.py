@@ -14,6 +14,8 @@ original positions. The peer therefore keeps original positions by default (the 
 model); a 7B model trained on many image layouts tolerates renumbering, set ``DivPrune(renumber=True)``
 there to run it exactly as published.
 """
+from dataclasses import dataclass
+
 import torch
 
 from ...core.errors import InputError
@@ -34,12 +36,12 @@ def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
 
 
 @register
+@dataclass
 class DivPrune(EvictionPolicy):
     name, stage = "divprune", "prefill"
     description = "peer (Alvar et al. 2025): max-min cosine diversity over the image features, pruned before the prefill"
 
-    def __init__(self, renumber: bool = False):
-        self.renumber = renumber
+    renumber: bool = False
 
     def choose(self, ctx, k):
         if ctx.features is None:

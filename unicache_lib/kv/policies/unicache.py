@@ -9,6 +9,8 @@ content shallow), the control for claim U7. The study also protects what the que
 words read; with the image cached before the question arrives that is not known yet, so it is
 left out here.
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 from ...analysis.layers import band_layers
@@ -16,12 +18,12 @@ from .base import EvictionPolicy, register, top_k
 
 
 @register
+@dataclass
 class UniCache(EvictionPolicy):
     name = "unicache"
     description = "anchors + spatial grid in shallow layers, most-read positions deeper"
 
-    def __init__(self, swap_bands: bool = False):
-        self.swap_bands = swap_bands
+    swap_bands: bool = False
 
     def choose(self, ctx, k):
         bands = band_layers(ctx.n_layers)

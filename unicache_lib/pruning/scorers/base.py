@@ -38,6 +38,7 @@ class ScoringContext:
     seed: int = 0
 
 
+@dataclass
 class HeadScorer:
     """Subclasses set ``name``, ``needs`` (``"records"``, ``"loss"`` or ``""``) and ``score``."""
 

@@ -2,18 +2,20 @@
 computed step (the signal costs one cosine over the input, not the attention it would skip);
 at most ``max_run`` reuses in a row."""
 import math
+from dataclasses import dataclass, field
 
 from .base import ReusePolicy, register
 
 
 @register
+@dataclass
 class Adaptive(ReusePolicy):
     name, description = "adaptive", "reuse when the input's cosine to the last computed step >= threshold"
     uses_similarity = True
 
-    def __init__(self, threshold: float = 0.995, max_run: int = 2):
-        self.threshold, self.max_run = threshold, max_run
-        self._run = {}
+    threshold: float = 0.995
+    max_run: int = 2
+    _run: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # reuses in a row, per module
 
     def decide(self, step, n_steps, similarity, key=None):
         run = self._run.get(key, 0)

@@ -7,12 +7,15 @@ from the attention it would skip).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...core.registry import Registry, registrar
 
 REUSE_POLICIES: dict[str, type["ReusePolicy"]] = Registry("reuse policy")
 register = registrar(REUSE_POLICIES, "reuse policy")
 
 
+@dataclass
 class ReusePolicy:
     """``decide(step, n_steps, similarity, key) -> "compute" | "reuse" | "reuse_text"``.
 

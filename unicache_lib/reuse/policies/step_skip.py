@@ -32,6 +32,8 @@ same wall-clock; tiny-pixart 2.09x [1.94, 2.35] at 41.3 dB, +2.4 dB [0.4, 4.3] (
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ...core.errors import InputError
@@ -72,14 +74,20 @@ def extrapolate(ts: list[float], outs: list[torch.Tensor], t: float, weight: flo
 
 
 @register
+@dataclass
 class StepSkip(ReusePolicy):
     name, description = "step_skip", "skip whole transformer calls mid-run; damped linear extrapolation of the output"
     level = "step"
 
-    def __init__(self, head: float = 0.1, tail: float = 0.05, stride: int = 3, weight: float = 0.5, order: int = 1):
-        if order not in (1, 2):
-            raise InputError(f"order must be 1 or 2, got {order}")
-        self.head, self.tail, self.stride, self.weight, self.order = head, tail, stride, weight, order
+    head: float = 0.1
+    tail: float = 0.05
+    stride: int = 3
+    weight: float = 0.5
+    order: int = 1
+
+    def __post_init__(self):
+        if self.order not in (1, 2):
+            raise InputError(f"order must be 1 or 2, got {self.order}")
 
     def schedule(self, n_steps: int) -> list[bool]:
         return step_schedule(n_steps, self.head, self.tail, self.stride)
