@@ -174,6 +174,7 @@ def standin_step_skip(name="sd3-medium", steps=20, repeats=3, prompts=("a red ci
 
     import numpy as np
 
+    from unicache_lib.core.hooks import forward_hooks
     from unicache_lib.intervals import interleaved_timings
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
     from unicache_lib.zoo import gen_standins
@@ -184,7 +185,6 @@ def standin_step_skip(name="sd3-medium", steps=20, repeats=3, prompts=("a red ci
         gen = load_generator(gen_standins.build(name, tmp))
         first = [m for m in gen.transformer.children() if isinstance(m, torch.nn.ModuleList)][0][0]
         ran, counts = [0], {}
-        hook = first.register_forward_pre_hook(lambda *a: ran.__setitem__(0, ran[0] + 1))
 
         def run(policy):
             def go():
@@ -194,11 +194,9 @@ def standin_step_skip(name="sd3-medium", steps=20, repeats=3, prompts=("a red ci
                 counts[policy] = ran[0]
             return go
 
-        try:
+        with forward_hooks([(first, "forward_pre", lambda *a: ran.__setitem__(0, ran[0] + 1))]):  # counts block-0 calls
             sample(gen, list(prompts), 1, 3.0, seed=0)  # warm-up
             times = interleaved_timings({p: run(p) for p in ("none", "step_skip")}, repeats)
-        finally:
-            hook.remove()
     ratios = times["none"] / times["step_skip"]
     print(f"\nstep_skip on the {name} stand-in ({gen.image_tokens} image tokens, {steps} steps, {len(prompts)} prompt, "
           f"guidance 3.0), {repeats} interleaved rounds of the whole pipeline call")

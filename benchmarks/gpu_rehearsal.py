@@ -14,7 +14,11 @@ When CUDA is present: builds a random-weight LLaVA-1.5-7B stand-in at its real w
    FLUX.1-dev-shaped (19 double + 38 single blocks, 24 x 128 heads, 512 text tokens, bf16) transformers
    run ``--gen-steps`` denoising steps under every reuse policy of the workbench and every diffusers
    cache; the speed-up over no reuse per method, from interleaved repeats, with the share of attention
-   work computed. A method that cannot run on a family prints its reason;
+   work computed. A method that cannot run on a family prints its reason. Then at the anchors'
+   ``--anchor-steps`` (50; 0 skips it): no reuse, ``step_skip`` at the setting tuned for that step count
+   (``benchmarks/results/tune_step_skip_50.json``: 12 of 50 calls) and fewer-step sampling at as many
+   transformer calls (the control at equal FLOPs), interleaved, speed-ups over no reuse (time only: random
+   weights);
 5. (unless ``--skip-capture``) diffusion capture of one SD3-medium joint block at 1,024 px (4,096 image +
    333 text tokens, fp16): the plain forward against ``stats`` (the map formed whole), the map formed again
    and nothing read, ``mode="recompute"`` (streamed from the logits) and ``recompute`` with the adjacent-step
@@ -47,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only-generators", action="store_true", help="skip the LLaVA part (parts 1-3)")
     ap.add_argument("--gen-steps", type=int, default=10)
     ap.add_argument("--gen-repeats", type=int, default=5)
+    ap.add_argument("--anchor-steps", type=int, default=50,
+                    help="part 4's step_skip vs fewer steps at equal FLOPs at this step count (0: skip)")
     ap.add_argument("--notebooks", nargs="*", default=None)
     ap.add_argument("--skip-capture", action="store_true", help="skip part 5 (diffusion capture of an SD3 block)")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_rehearsal"))
@@ -235,10 +241,9 @@ def generators(a, device: str, real: bool) -> None:
         print(f"\n{label}{'' if real else ' (smoke: tiny random)'}: {sum(p.numel() for p in tr.parameters()) / 1e9:.2f}B "
               f"parameters, {dtype}, {n_img} image + {inputs['encoder_hidden_states'].shape[1]} text tokens, batch "
               f"{inputs['hidden_states'].shape[0]}, {n_steps} steps (built in {time.perf_counter() - t0:.0f} s)")
-        timesteps = [1000.0 * (1 - i / n_steps) for i in range(n_steps)]
-
-        def denoise(callbacks=()):
+        def denoise(callbacks=(), n_steps=n_steps):
             x = inputs["hidden_states"]
+            timesteps = [1000.0 * (1 - i / n_steps) for i in range(n_steps)]
             with torch.no_grad():
                 for i, t in enumerate(timesteps):
                     for cb in callbacks:
@@ -279,9 +284,43 @@ def generators(a, device: str, real: bool) -> None:
             iv = speedup_interval(T["none"], T[name], min_repeats=2)
             print(f"  {name:24s} {iv.value:6.2f}x [{iv.lo:.2f}, {iv.hi:.2f}]   computed {work[name]:.2f}   "
                   f"{1e3 * float(torch.tensor(T[name]).median()) / n_steps:8.1f} ms/step")
+        if a.anchor_steps:
+            anchor_steps(a, tr, denoise, a.anchor_steps)
         del tr, inputs
         if device == "cuda":
             torch.cuda.empty_cache()
+
+
+def anchor_steps(a, tr, denoise, n: int) -> None:
+    """Part 4, at the anchors' step count: no reuse, ``step_skip`` at the setting tuned for ``n`` steps (the 50-step
+    one from ``results/tune_step_skip_50.json`` at 50, else the shipped one) and fewer-step sampling at as many
+    transformer calls (equal FLOPs), in interleaved repeats; speed-ups over no reuse."""
+    import contextlib
+    import io
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from reuse_steps import tuned_50
+
+    from unicache_lib.intervals import interleaved_timings, speedup_interval
+    from unicache_lib.reuse import ReuseCache
+    from unicache_lib.reuse.policies.step_skip import StepSkip
+
+    setting = tuned_50() if n == 50 else None
+    policy = StepSkip(**setting) if setting else StepSkip()
+    calls = sum(policy.schedule(n))
+
+    def skip():
+        with ReuseCache(tr, policy, n) as rc, contextlib.redirect_stdout(io.StringIO()):
+            denoise([rc], n_steps=n)
+
+    T = interleaved_timings({"none": lambda: denoise(n_steps=n), "step_skip": skip,
+                             f"steps:{calls}": lambda: denoise(n_steps=calls)}, a.gen_repeats)
+    print(f"  at {n} steps: {policy} ({calls} of {n} calls) against {calls}-step sampling (equal FLOPs); "
+          f"speed-up over no reuse at {n} steps ({a.gen_repeats} interleaved repeats, median [95% interval]; "
+          "random weights: time only)")
+    for name in ("step_skip", f"steps:{calls}"):
+        iv = speedup_interval(T["none"], T[name], min_repeats=2)
+        print(f"  {name:24s} {iv.value:6.2f}x [{iv.lo:.2f}, {iv.hi:.2f}]")
 
 
 def diffusion_capture(a, device: str, real: bool) -> None:

@@ -32,7 +32,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-
 TUNED_50 = Path(__file__).parent / "results" / "tune_step_skip_50.json"
 TAYLOR_INTERVALS = {20: (3,), 50: (5, 6)}  # lite-mode intervals near step_skip's transformer calls
 
@@ -101,6 +100,7 @@ def standins(names, steps: int, repeats: int, prompt: str = "a red circle on the
 
     import numpy as np
 
+    from unicache_lib.core.hooks import forward_hooks
     from unicache_lib.intervals import interleaved_timings
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
     from unicache_lib.reuse.policies.step_skip import StepSkip
@@ -117,7 +117,6 @@ def standins(names, steps: int, repeats: int, prompt: str = "a red circle on the
             ran = [0]
             counts = {}
             stack = [m for m in gen.transformer.children() if isinstance(m, torch.nn.ModuleList)][0][0]
-            hook = stack.register_forward_pre_hook(lambda *a: ran.__setitem__(0, ran[0] + 1))
 
             def go(label, make, n):
                 def f():
@@ -130,11 +129,9 @@ def standins(names, steps: int, repeats: int, prompt: str = "a red circle on the
             runs = {"none": go("none", lambda: ReuseCache(gen, REUSE_POLICIES["none"](), steps), steps),
                     "step_skip": go("step_skip", lambda: ReuseCache(gen, policy, steps), steps),
                     f"steps:{calls}": go(f"steps:{calls}", lambda: ReuseCache(gen, REUSE_POLICIES["none"](), calls), calls)}
-            try:
+            with forward_hooks([(stack, "forward_pre", lambda *a: ran.__setitem__(0, ran[0] + 1))]):  # block-0 calls
                 sample(gen, [prompt], 1, 3.0, seed=0)  # warm-up
                 times = interleaved_timings(runs, repeats)
-            finally:
-                hook.remove()
         print(f"\n{name} stand-in ({gen.image_tokens} image tokens), {steps} steps, 1 prompt, guidance 3.0, {repeats} "
               f"interleaved rounds of the whole pipeline call (random weights: time only)")
         print(f"{'method':>12} {'median s':>9} {'speed-up':>9} {'rounds':>22} {'transformer calls':>18}")

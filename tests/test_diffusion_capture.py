@@ -43,7 +43,7 @@ def test_output_unchanged_and_every_step_recorded(gen):
 
 def test_recomputed_probabilities_reproduce_the_processor_output(gen):
     """probs @ V through to_out equals what the stock processor returns (so the map is the one used)."""
-    from unicache_lib.capture.diffusion import _heads_view
+    from unicache_lib.gen_families.base import heads_view as _heads_view
     from unicache_lib.zoo.tiny_generators import encode_prompts, transformer_forward
 
     seen = {}

@@ -26,13 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs, find_diffusion_attention
-from unicache_lib.core.hooks import ProcessorWrapper, processors
 from unicache_lib.capture.vlm import CaptureError
+from unicache_lib.core.hooks import ProcessorWrapper, processors
 from unicache_lib.core.modality import BLOCKS, IMAGE, TEXT
 from unicache_lib.families import UnsupportedModelError
 from unicache_lib.gen_families import GEN_FAMILIES, gen_family_for, gen_family_of, register, restore_processors
 from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
-from unicache_lib.reuse.cache import AttentionCallCounter, attention_modules, module_kind
+from unicache_lib.reuse.cache import AttentionCallCounter, attention_modules, module_kinds
 from unicache_lib.reuse.peers import (
     FAMILY_ALIASES,
     FAMILY_PEERS,
@@ -398,7 +398,7 @@ def f(request):
         ns.ref = steps(ns)
     ns.calls, ns.rows = c.calls, c.rows
     ns.modules = attention_modules(tr)
-    ns.kinds = {n: module_kind(m) for n, m in ns.modules.items()}
+    ns.kinds = module_kinds(tr)
     ns.processors = {n: m.processor for n, m in ns.modules.items()}
     return ns
 

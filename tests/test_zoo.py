@@ -196,3 +196,42 @@ def test_architecture_training_scripts_smoke(tmp_path):
     janus = json.loads((tmp_path / "janus" / "model_card.json").read_text())
     assert janus["generation"]["n"] == 2 and janus["vq_tokens"] == 64
     assert proc.num_image_tokens == 64  # the Janus processor is told its checkpoint's count, not 576
+
+
+def test_the_one_training_loop_is_the_recipe_it_replaced():
+    """zoo.training.fit: per step the learning rate lr * lr_scale * lr_at(step), AdamW, gradients clipped to norm 1,
+    the same update as a hand-written loop (torch.equal); the log every log_every steps and at the last one (unless
+    log_last is off), evaluations every eval_every steps, ``read()`` after the update."""
+    from unicache_lib.zoo.training import Stage, fit, lr_at, warmup
+
+    def model_and_data():
+        torch.manual_seed(0)
+        return torch.nn.Linear(3, 2), torch.randn(7, 4, 3)
+
+    stage = Stage("a", "test", 7, 0.05, warmup(7), (0.9, 0.98), log_every=3, eval_every=4)
+    ref, xs = model_and_data()
+    groups = [{"params": [ref.weight], "lr_scale": 3.0}, {"params": [ref.bias], "lr_scale": 1.0}]
+    opt = torch.optim.AdamW(groups, lr=0.05, betas=(0.9, 0.98), weight_decay=0.01)
+    for step in range(7):
+        for g in opt.param_groups:
+            g["lr"] = 0.05 * g["lr_scale"] * lr_at(step, 7, warmup(7))
+        loss = ref(xs[step]).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([ref.weight, ref.bias], 1.0)
+        opt.step()
+
+    lin, xs = model_and_data()
+    log, seen = [], []
+    last = fit(stage, [{"params": [lin.weight], "lr_scale": 3.0}, {"params": [lin.bias], "lr_scale": 1.0}],
+               lambda step: (lambda loss: (loss, lambda: {"loss": loss.item(), "bias0": lin.bias[0].item()}))(
+                   lin(xs[step]).pow(2).mean()), log, evaluate=lambda: ({"eval": len(seen)}, "ok"),
+               after_step=seen.append)
+    assert torch.equal(lin.weight, ref.weight) and torch.equal(lin.bias, ref.bias)
+    assert seen == list(range(7))
+    assert [(e["step"], "eval" in e) for e in log] == [(0, False), (3, False), (3, True), (6, False)]
+    assert all(e["stage"] == "a" for e in log) and last["bias0"] == lin.bias[0].item()  # read after the update
+    log = []
+    fit(Stage(None, "test", 8, 0.05, 2, log_every=3, log_last=False), list(model_and_data()[0].parameters()),
+        lambda step: (lambda loss: (loss, lambda: {"loss": loss.item()}))(torch.ones(()).requires_grad_() * 0), log)
+    assert [e["step"] for e in log] == [0, 3, 6] and "stage" not in log[0]

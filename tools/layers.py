@@ -36,7 +36,7 @@ LAYERS = [
      r"analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|params|replicate"),
 ]
 # training scripts, test and stand-in builders, make-target drivers: outside the runtime graph
-OUTSIDE = r"zoo\.(train_\w+|patch_heads|standins|gen_standins|tiny_random|tiny_pipelines)|rehearsal"
+OUTSIDE = r"zoo\.(train_\w+|training|patch_heads|standins|gen_standins|tiny_random|tiny_pipelines)|rehearsal"
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

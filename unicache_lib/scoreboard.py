@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from .core.errors import ContractError, InputError, UnknownNameError
 from .intervals import Interval, n_to_settle
+from .tables import WrappedTable
 
 HOLDS, NOT, INCONCLUSIVE, PARTLY = "holds", "does not hold", "inconclusive", "partly"
 NOT_MEASURABLE, RANDOM_WEIGHTS = "not measurable here", "not meaningful (random weights)"
@@ -380,36 +381,30 @@ class Scoreboard:
         return lines
 
 
-class ScoreboardView:
+class ScoreboardView(WrappedTable):
     """A scoreboard table (:meth:`Scoreboard.table`) rendered with every cell whole.
 
     HTML: a table whose cells wrap (``white-space: pre-wrap``), claims' statements and rules included.
-    Plain text: one block per claim, each field on its own wrapped lines (``width`` characters), so a
-    statement or rule of any length appears whole.
+    Plain text (:class:`~unicache_lib.tables.WrappedTable`'s): one block per claim headed by its id and verdict, each
+    field on its own wrapped lines (``width`` characters), so a statement or rule of any length appears whole; empty
+    fields, and a count or unit of ``-``, are left out.
     """
 
     FIELDS = ("statement", "measured", "value", "interval (95%)", "n", "unit", "rule", "note")
     LABEL = 2 + max(len(f) for f in FIELDS) + 2  # indent, the longest field name, a gap: where the text starts
 
     def __init__(self, table, width: int = 100):
-        self.table = table
+        self.table = self.df = table  # indexed by claim id
         self.width = int(width)
 
-    def __repr__(self) -> str:
-        import textwrap
+    fields = FIELDS
 
-        label = self.LABEL
-        lines = []
-        for claim, row in self.table.iterrows():
-            lines.append(f"{claim} · {row['verdict']}")
-            for f in self.FIELDS:
-                text = str(row[f]).strip()
-                if not text or (f in ("n", "unit") and text == "-"):
-                    continue
-                wrapped = textwrap.wrap(text, self.width - label, break_long_words=False, break_on_hyphens=False) or [""]
-                lines += [f"  {f if i == 0 else '':<{label - 2}}{w}" for i, w in enumerate(wrapped)]
-            lines.append("")
-        return "\n".join(lines).rstrip() + "\n"
+    def heading(self, claim, row) -> str:
+        return f"{claim} · {row['verdict']}"
+
+    def text(self, field, value) -> str | None:
+        text = str(value).strip()
+        return None if not text or (field in ("n", "unit") and text == "-") else text
 
     def _repr_html_(self) -> str:
         from html import escape

@@ -16,7 +16,8 @@ class WrappedTable:
     """``WrappedTable(df)`` as a cell's last expression (or ``display(...)``) shows ``df`` whole.
 
     Plain text: per row, the first column's value as a heading, then ``column  value`` lines wrapped at ``width``
-    characters (long words are not broken, so nothing is altered but whitespace).
+    characters (long words are not broken, so nothing is altered but whitespace). A subclass changes what a block
+    shows through :attr:`fields`, :meth:`heading` and :meth:`text` (the scoreboard does).
     """
 
     def __init__(self, df, width: int = 100):
@@ -25,14 +26,28 @@ class WrappedTable:
         self.df = df.reset_index(drop=True)
         self.width = int(width)
 
+    @property
+    def fields(self) -> list:
+        """The columns written under each row's heading, in order."""
+        return list(self.df.columns)[1:]
+
+    def heading(self, key, row) -> str:
+        return str(row[self.df.columns[0]])
+
+    def text(self, field, value) -> str | None:
+        """A field's text, or None to leave the field out of this row's block."""
+        return str(value)
+
     def __repr__(self) -> str:
-        head, *rest = list(self.df.columns)
-        label = 2 + max((len(str(c)) for c in rest), default=0) + 2
+        label = 2 + max((len(str(c)) for c in self.fields), default=0) + 2
         lines = []
-        for _, row in self.df.iterrows():
-            lines.append(str(row[head]))
-            for c in rest:
-                wrapped = textwrap.wrap(str(row[c]), max(20, self.width - label), break_long_words=False,
+        for key, row in self.df.iterrows():
+            lines.append(self.heading(key, row))
+            for c in self.fields:
+                text = self.text(c, row[c])
+                if text is None:
+                    continue
+                wrapped = textwrap.wrap(text, max(20, self.width - label), break_long_words=False,
                                         break_on_hyphens=False) or [""]
                 lines += [f"  {str(c) if i == 0 else '':<{label - 2}}{w}" for i, w in enumerate(wrapped)]
             lines.append("")

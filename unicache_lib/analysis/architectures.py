@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from ..core.errors import InputError
+from ..core.hooks import forward_hooks
 from ..core.modality import BLOCKS, IMAGE, TEXT
 from .layers import layer_band
 
@@ -133,8 +134,6 @@ def image_queries_blind_to_text(model, n_image: int, layers=None):
             raise InputError(f"layers {unknown} are not self-attention layers of this model (it has "
                              f"{sorted(x.layer for x in sites)})")
         sites = [x for x in sites if x.layer in set(layers)]
-    handles = []
-
     def pre(module, args, kwargs):
         h = args[0] if args else kwargs["hidden_states"]
         S = h.shape[1]
@@ -148,13 +147,8 @@ def image_queries_blind_to_text(model, n_image: int, layers=None):
             kwargs = dict(kwargs, attention_mask=m)
         return args, kwargs
 
-    try:
-        for s in sites:
-            handles.append(s.module.register_forward_pre_hook(pre, with_kwargs=True))
+    with forward_hooks([(s.module, "forward_pre", pre) for s in sites]):
         yield model
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def caption_word_rows(records, tokens: list[str], scene, grid_tokens, grid) -> pd.DataFrame:

@@ -60,8 +60,8 @@ from ..core.errors import CaptureError, InputError
 from ..core.hooks import ProcessorWrapper, forward_hooks, innermost, processors
 from ..core.modality import BLOCKS, IMAGE, TEXT
 from ..core.models import unwrap
-from ..core.similarity import cosine
-from ..gen_families.base import heads_view, streamed_maps
+from ..core.similarity import cosine, cosine_from_sums
+from ..gen_families.base import streamed_maps
 from .record import CaptureResult, Record
 
 PARTS = ("joint", "self", "cross")
@@ -78,10 +78,6 @@ def find_diffusion_attention(transformer) -> dict[str, tuple[int, str, torch.nn.
 
     tr = unwrap(transformer)
     return {s.name: (s.layer, s.part, s.module) for s in gen_family_of(tr).sites(tr) if s.captured}
-
-
-def _heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:
-    return heads_view(x, heads)
 
 
 def attention_probs(attn, part: str, hidden_states, encoder_hidden_states=None, attention_mask=None,
@@ -411,18 +407,13 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Te
             ab[:, r0:r1] = (a * b) @ G  # one product at a time: one chunk-sized temporary, not three
             aa[:, r0:r1] = (a * a) @ G
             bb[:, r0:r1] = (b * b) @ G
-
-        def cos(num, x, y):
-            den = (x * y).sqrt()
-            return torch.where(den > 0, num / den.clamp(min=1e-30), torch.zeros_like(num))
-
-        sim_all = cos(ab.sum((1, 2)), aa.sum((1, 2)), bb.sum((1, 2))).cpu()
+        sim_all = cosine_from_sums(ab.sum((1, 2)), aa.sum((1, 2)), bb.sum((1, 2))).cpu()
         for i, blk in enumerate(BLOCKS):
             src, dst = blk.split("->")
             qs = qk == (IMAGE if src == "image" else TEXT)
             g = 0 if dst == "image" else 1
             if qs.any() and G[:, g].any():
-                sim_blocks[:, i] = cos(ab[:, qs, g].sum(-1), aa[:, qs, g].sum(-1), bb[:, qs, g].sum(-1)).cpu()
+                sim_blocks[:, i] = cosine_from_sums(ab[:, qs, g].sum(-1), aa[:, qs, g].sum(-1), bb[:, qs, g].sum(-1)).cpu()
         out_sim[0] = float(cosine(out_img.flatten(), po_img.flatten()))
         if out_txt is not None and po_txt is not None:
             out_sim[1] = float(cosine(out_txt.flatten(), po_txt.flatten()))

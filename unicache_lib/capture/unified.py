@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError
+from ..core.hooks import forward_hooks
 from ..core.modality import IMAGE, TEXT, Spans
 from .record import CaptureResult
 from .vlm import AttentionCapture, CaptureError
@@ -65,9 +66,8 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
         if capture else None
     tokens = torch.zeros(n, dtype=torch.long, device=dev)
     with ExitStack() as stack:  # the hook and the capture are removed on exit, also on error
-        h = model.model.language_model.register_forward_hook(
-            lambda m, a, k, out: hidden.__setitem__("h", out.last_hidden_state), with_kwargs=True)
-        stack.callback(h.remove)
+        stack.enter_context(forward_hooks([(model.model.language_model, "forward",
+                                            lambda m, a, k, out: hidden.__setitem__("h", out.last_hidden_state))]))
         if cap is not None:
             stack.enter_context(cap)
         cache = None

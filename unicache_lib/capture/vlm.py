@@ -42,6 +42,7 @@ import torch
 from .. import stats as S
 from ..core.compat import attention_functions, config_attn_implementation, restore_attention_functions
 from ..core.errors import CaptureError, InputError
+from ..core.hooks import forward_hooks
 from ..core.modality import TEXT, Spans
 from ..core.models import attn_implementations, language_attn_implementation, set_attn_implementations, unwrap
 from .record import CaptureResult, Record
@@ -420,24 +421,19 @@ class AttentionCapture:
                                f"{', ...' if len(dropping) > 2 else ''}): the weights it returns are dropped-out "
                                f"probabilities whose rows do not sum to 1, not attention. Call model.eval() before "
                                f"capturing")
-        self._stack = ExitStack()
-        try:
-            self._stack.enter_context(_pre_hook(self.model, self._begin_forward))
-            for name, (layer, kwarg) in self._gate_defs.items():
-                if name in self.targets:
-                    self._stack.callback(layer.register_forward_pre_hook(self._gate_hook(name, kwarg),
-                                                                         with_kwargs=True).remove)
+        hooks = [(self.model, "forward_pre", self._begin_forward)]
+        hooks += [(layer, "forward_pre", self._gate_hook(name, kwarg))
+                  for name, (layer, kwarg) in self._gate_defs.items() if name in self.targets]
+        if self.mode != "recompute":
+            ask = self.family.weights_argument  # modules that return weights only when asked
+            for s in self.sites:
+                hooks += [(s.module, "forward_pre", _ask_weights(*ask))] if ask is not None else []
+                hooks.append((s.module, "forward", self._hook))
+        with ExitStack() as stack:  # undone here if installing fails half-way
+            stack.enter_context(forward_hooks(hooks))
             if self.mode == "recompute":
-                self._stack.enter_context(_attn_impl(self.model, self._recompute_fn, {s.part for s in self.sites}))
-            else:
-                ask = self.family.weights_argument  # modules that return weights only when asked
-                for s in self.sites:
-                    if ask is not None:
-                        self._stack.callback(s.module.register_forward_pre_hook(_ask_weights(*ask), with_kwargs=True).remove)
-                    self._stack.callback(s.module.register_forward_hook(self._hook, with_kwargs=True).remove)
-        except BaseException:
-            self._stack.close()
-            raise
+                stack.enter_context(_attn_impl(self.model, self._recompute_fn, {s.part for s in self.sites}))
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc):
@@ -459,17 +455,6 @@ def _ask_weights(index: int, name: str):
             kwargs = dict(kwargs, **{name: True})
         return args, kwargs
     return pre
-
-
-class _pre_hook:
-    def __init__(self, model, fn):
-        self.model, self.fn = model, fn
-
-    def __enter__(self):
-        self.h = self.model.register_forward_pre_hook(self.fn, with_kwargs=True)
-
-    def __exit__(self, *exc):
-        self.h.remove()
 
 
 def full_capture_bytes(model, inputs: dict, layers=None, part="language") -> int:

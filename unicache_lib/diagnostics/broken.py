@@ -14,24 +14,21 @@ and "zeroing image values" zeroes their value vectors.
 """
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from ..capture.vlm import find_attention_modules
+from ..core.hooks import forward_hooks
 
 
 @contextmanager
 def zero_image_features(model):
     from ..families import family_of
 
-    proj = family_of(model).projector(model)
-    h = proj.register_forward_hook(lambda m, a, out: torch.zeros_like(out))
-    try:
+    with forward_hooks([(family_of(model).projector(model), "forward", lambda m, a, k, out: torch.zeros_like(out))]):
         yield model
-    finally:
-        h.remove()
 
 
 def blank_image(image: np.ndarray) -> np.ndarray:
@@ -39,9 +36,10 @@ def blank_image(image: np.ndarray) -> np.ndarray:
     return np.broadcast_to(image.reshape(-1, image.shape[-1]).mean(0).astype(image.dtype), image.shape).copy()
 
 
-def _track_image(model, stack: ExitStack) -> dict:
-    """A pre-hook on ``model`` (removed by ``stack``) keeping each forward's image tokens, bool ``[S]`` of
-    the self-attention sequence, in the returned dict under ``"img"`` (None without ``input_ids``)."""
+def _track_image(model) -> tuple[dict, tuple]:
+    """``(state, hook)``: ``hook``, a pre-hook on ``model`` for :func:`~unicache_lib.core.hooks.forward_hooks`, keeps
+    each forward's image tokens, bool ``[S]`` of the self-attention sequence, in ``state["img"]`` (None without
+    ``input_ids``)."""
     from ..families import family_of
 
     fam = family_of(model)
@@ -52,8 +50,7 @@ def _track_image(model, stack: ExitStack) -> dict:
         state["img"] = None if ids is None else torch.as_tensor(fam.spans(model.config, ids[:1], kwargs).array == 1,
                                                                   device=ids.device)
 
-    stack.callback(model.register_forward_pre_hook(see, with_kwargs=True).remove)
-    return state
+    return state, (model, "forward_pre", see)
 
 
 @contextmanager
@@ -78,13 +75,10 @@ def hide_keys(model, hidden):
         kwargs["attention_mask"] = m & ~hide if m.dtype == torch.bool else m.masked_fill(hide, neg)
         return args, kwargs
 
-    with ExitStack() as stack:
-        state = _track_image(model, stack)
-        for name, (layer, mod) in find_attention_modules(model, "language").items():
-            if name.endswith("cross_attn"):
-                continue
-            stack.callback(mod.register_forward_pre_hook(lambda m, a, k, layer=layer: block(layer, m, a, k),
-                                                          with_kwargs=True).remove)
+    state, track = _track_image(model)
+    with forward_hooks([track] + [(mod, "forward_pre", lambda m, a, k, layer=layer: block(layer, m, a, k))
+                                  for name, (layer, mod) in find_attention_modules(model, "language").items()
+                                  if not name.endswith("cross_attn")]):
         yield model
 
 
@@ -119,10 +113,8 @@ def _gate_cross_attention(model, fam, from_layer: int):
             kwargs["full_text_row_masked_out_mask"] = torch.zeros_like(g)
         return args, kwargs
 
-    with ExitStack() as stack:
-        for i, layer in enumerate(fam.language_model(model).layers):
-            if i >= from_layer and hasattr(layer, "cross_attn"):
-                stack.callback(layer.register_forward_pre_hook(gate, with_kwargs=True).remove)
+    with forward_hooks([(layer, "forward_pre", gate) for i, layer in enumerate(fam.language_model(model).layers)
+                        if i >= from_layer and hasattr(layer, "cross_attn")]):
         yield model
 
 
@@ -132,19 +124,15 @@ def zero_image_values(model, from_layer: int):
     *attends* to the image keys at its usual rates, but reading them returns nothing (a modality
     cut-off that attention shares cannot see). Prefill only (a forward that contains the image).
     Cross-attention layers: every key is a vision token, so all their values are zeroed."""
-    def zero(module, args, out):
+    def zero(module, args, kwargs, out):
         img = state.get("img")
         if img is None or out.shape[1] != img.shape[0]:
             return None
         return out.masked_fill(img[None, :, None].to(out.device), 0.0)
 
-    with ExitStack() as stack:
-        state = _track_image(model, stack)
-        for name, (layer, mod) in find_attention_modules(model, "language").items():
-            if layer < from_layer:
-                continue
-            if name.endswith("cross_attn"):
-                stack.callback(mod.v_proj.register_forward_hook(lambda m, a, out: torch.zeros_like(out)).remove)
-            else:
-                stack.callback(mod.v_proj.register_forward_hook(zero).remove)
+    state, track = _track_image(model)
+    with forward_hooks([track] + [(mod.v_proj, "forward", (lambda m, a, k, out: torch.zeros_like(out))
+                                   if name.endswith("cross_attn") else zero)
+                                  for name, (layer, mod) in find_attention_modules(model, "language").items()
+                                  if layer >= from_layer]):
         yield model

@@ -274,6 +274,13 @@ class GenFamily:
     joint_order: tuple[str, str] = ("image", "text")
     processors: dict[str, Callable] = {}
     default_processors: dict[str, str] = {}
+    #: cross-step reuse's ``reuse_text`` (``reuse/cache.py``), per processor name: ``fn(attn, h, e, rope, keys=None)
+    #: -> [B, S_img, D]``, this processor's output for the image queries alone (joint attention: ``h`` the image tokens,
+    #: ``e`` the text tokens; a single stream: ``h`` the image rows of ``keys``, the whole sequence), or None where it
+    #: cannot (then the call is computed in full); a processor not named here is computed in full
+    image_sides: dict[str, Callable] = {}
+    #: cross-attention processors whose text keys and values reuse may project once per run (text does not change)
+    text_kv_processors: tuple[str, ...] = ()
     #: the tiny random-weight transformers tests build from this family (``zoo.tiny_random``): tag -> (diffusers class
     #: name, or a class, and constructor kwargs); a few tokens and 2 heads of 8, but every structural feature of the
     #: real models
@@ -296,6 +303,11 @@ class GenFamily:
                 if m:
                     out.append(GenSite(name, int(m.group(1)), part, mod, part not in self.uncaptured))
         return sorted(out, key=lambda s: (s.layer, s.part))
+
+    def reuse_kind(self, site: GenSite) -> str:
+        """How cross-step reuse treats the module: ``joint`` (image and text streams in one attention; the text
+        side reusable), ``single`` (one joined ``[text | image]`` sequence), ``cross`` or ``self``."""
+        return site.part
 
     def modules(self, transformer, part: str | None = None, captured_only: bool = True) -> dict[str, torch.nn.Module]:
         """``{module name: attention module}`` of one part (None = all), in layer order."""

@@ -31,6 +31,33 @@ def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=N
     return softmax_map(q.transpose(1, 2), k.transpose(1, 2), mask)
 
 
+def flux_image_side(attn, h, e, rope, keys=None):
+    """``FluxAttnProcessor``'s image rows alone. Double stream: ``h`` image tokens, ``e`` text tokens, keys
+    ``[text | image]``; single stream: ``h`` the image part of the sequence ``keys`` (``[text | image]``)
+    and no output projection (``pre_only``). Rotary embeddings as the processor applies them. None with fused
+    projections (computed in full)."""
+    if getattr(attn, "fused_projections", False):
+        return None
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    heads = lambda x: x.unflatten(-1, (-1, attn.head_dim))  # noqa: E731  [B, S, H, D]
+    q = attn.norm_q(heads(attn.to_q(h)))
+    if keys is None:
+        k = torch.cat([attn.norm_added_k(heads(attn.add_k_proj(e))), attn.norm_k(heads(attn.to_k(h)))], 1)
+        v = torch.cat([heads(attn.add_v_proj(e)), heads(attn.to_v(h))], 1)
+    else:
+        k, v = attn.norm_k(heads(attn.to_k(keys))), heads(attn.to_v(keys))
+    if rope is not None:
+        n = k.shape[1] - q.shape[1]  # text positions come first in the table
+        q = apply_rotary_emb(q, tuple(r[n:] for r in rope), sequence_dim=1)
+        k = apply_rotary_emb(k, rope, sequence_dim=1)
+    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    o = o.flatten(2, 3).to(q.dtype)
+    if keys is not None:
+        return o
+    return attn.to_out[1](attn.to_out[0](o))
+
+
 @register
 class Flux(GenFamily):
     name = "Flux"
@@ -51,6 +78,7 @@ class Flux(GenFamily):
     parts = ("joint",)
     joint_order = ("text", "image")
     processors = {"FluxAttnProcessor": flux_probs}
+    image_sides = {"FluxAttnProcessor": flux_image_side}
     default_processors = {"joint": "diffusers.models.transformers.transformer_flux:FluxAttnProcessor"}
 
     def sites(self, transformer):
@@ -62,6 +90,9 @@ class Flux(GenFamily):
             out.append(GenSite(s.name, s.layer + n_double * single, s.part, s.module, s.captured,
                                {"block": "single" if single else "double"}))
         return sorted(out, key=lambda s: s.layer)
+
+    def reuse_kind(self, site):
+        return "single" if site.meta.get("block") == "single" else site.part
 
     tiny = {"flux": ("FluxTransformer2DModel", dict(
         patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=8, num_attention_heads=2,

@@ -39,6 +39,7 @@ class HunyuanDiT(GenFamily):
     site_patterns = ((r"blocks\.(\d+)\.attn1", "self"), (r"blocks\.(\d+)\.attn2", "cross"))
     parts = ("self", "cross")
     processors = {"HunyuanAttnProcessor2_0": hunyuan_probs}
+    text_kv_processors = ("HunyuanAttnProcessor2_0",)
     default_processors = {"self": "diffusers.models.attention_processor:HunyuanAttnProcessor2_0",
                           "cross": "diffusers.models.attention_processor:HunyuanAttnProcessor2_0"}
 

@@ -24,6 +24,7 @@ class PixArt(GenFamily):
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn1", "self"), (r"transformer_blocks\.(\d+)\.attn2", "cross"))
     parts = ("self", "cross")
     processors = {"AttnProcessor2_0": standard_probs}
+    text_kv_processors = ("AttnProcessor2_0",)
     default_processors = {"self": "diffusers.models.attention_processor:AttnProcessor2_0",
                           "cross": "diffusers.models.attention_processor:AttnProcessor2_0"}
     tiny = {"pixart": ("PixArtTransformer2DModel", dict(

@@ -35,6 +35,7 @@ class Sana(GenFamily):
     uncaptured = {"self": "Sana's self-attention is linear attention (SanaLinearAttnProcessor2_0: ReLU(q) (ReLU(k)^T v), "
                           "normalised per query): it forms no softmax map, so there is no map to capture"}
     processors = {"SanaAttnProcessor2_0": sana_cross_probs}
+    text_kv_processors = ("SanaAttnProcessor2_0",)
     default_processors = {"self": "diffusers.models.attention_processor:SanaLinearAttnProcessor2_0",
                           "cross": "diffusers.models.transformers.sana_transformer:SanaAttnProcessor2_0"}
     tiny = {"sana": ("SanaTransformer2DModel", dict(

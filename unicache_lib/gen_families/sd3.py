@@ -29,6 +29,25 @@ def joint_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=
     return softmax_map(q, k)
 
 
+def joint_image_side(attn, h, e, rope=None, keys=None):
+    """``JointAttnProcessor2_0``'s image output alone (cross-step reuse's ``reuse_text``): image queries over
+    ``[image | text]`` keys."""
+    b = h.shape[0]
+    q = heads_view(attn.to_q(h), attn.heads)
+    k = heads_view(attn.to_k(h), attn.heads)
+    ek = heads_view(attn.add_k_proj(e), attn.heads)
+    if attn.norm_q is not None:
+        q = attn.norm_q(q)
+    if attn.norm_k is not None:
+        k = attn.norm_k(k)
+    if attn.norm_added_k is not None:
+        ek = attn.norm_added_k(ek)
+    k = torch.cat([k, ek], 2)
+    v = torch.cat([heads_view(attn.to_v(h), attn.heads), heads_view(attn.add_v_proj(e), attn.heads)], 2)
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, -1, attn.heads * q.shape[-1]).to(q.dtype)
+    return attn.to_out[1](attn.to_out[0](o))
+
+
 @register
 class SD3(GenFamily):
     name = "SD3"
@@ -46,6 +65,7 @@ class SD3(GenFamily):
     parts = ("joint", "self")
     joint_order = ("image", "text")
     processors = {"JointAttnProcessor2_0": joint_probs}
+    image_sides = {"JointAttnProcessor2_0": joint_image_side}
     default_processors = {"joint": "diffusers.models.attention_processor:JointAttnProcessor2_0",
                           "self": "diffusers.models.attention_processor:JointAttnProcessor2_0"}
     tiny = {

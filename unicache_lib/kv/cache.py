@@ -23,6 +23,7 @@ import torch
 
 from ..capture.runner import to_model
 from ..core.errors import ContractError, InputError, PrefillPruningUnsupported, PromptError, UnsupportedModelError
+from ..core.hooks import forward_hooks
 from ..families.base import ImageKV  # declared with the adapters, which return it
 
 
@@ -262,11 +263,8 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
         kwargs["position_ids"] = None if renumber else keep[None].to(emb.device)  # None: consecutive
         return args, kwargs
 
-    handle = fam.language_model(model).register_forward_pre_hook(prune, with_kwargs=True)
-    try:
+    with forward_hooks([(fam.language_model(model), "forward_pre", prune)]):
         out = prefill(model, split, attentions=False, locate=False)
-    finally:
-        handle.remove()
     keep = state["keep"]
     kept_img = torch.isin(keep, img).nonzero().flatten()
     # answered with the original split (positions from the original length) unless renumbered

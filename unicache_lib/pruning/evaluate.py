@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..core.errors import ContractError, InputError
+from ..core.hooks import forward_hooks
 from ..quality import psnr, ssim
 from ..world.segment import score_object
 
@@ -215,11 +216,8 @@ def record_transformer_call(gen, prompts: list[str], steps: int, guidance: float
 
     tr = gen.transformer
     rec = _FirstCall(tr)
-    handle = tr.register_forward_pre_hook(rec.pre_hook, with_kwargs=True)
-    try:
+    with forward_hooks([(tr, "forward_pre", rec.pre_hook)]):
         sample(gen, prompts, steps, guidance, seed=seed, callbacks=[rec])
-    finally:
-        handle.remove()
     kw, b = rec.kwargs, len(prompts)
     rows = kw["hidden_states"].shape[0]
     if rows == 2 * b:

@@ -20,6 +20,7 @@ import torch
 
 from ..capture.vlm import attention_sites
 from ..core.errors import ContractError, InputError
+from ..core.hooks import forward_hooks
 from ..core.models import unwrap
 
 
@@ -164,12 +165,12 @@ class HeadMask:
         return (x.unflatten(-1, (unit.heads, unit.head_dim)) * m[:, None]).flatten(-2)
 
     def _hook(self, i: int, unit: Unit):
-        def pre(module, args):
-            return (self._apply(i, unit, args[0]), *args[1:])
+        def pre(module, args, kwargs):
+            return (self._apply(i, unit, args[0]), *args[1:]), kwargs
         return pre
 
     def _output_hook(self, i: int, unit: Unit):
-        def post(module, args, output):
+        def post(module, args, kwargs, output):
             if not torch.is_tensor(output):
                 raise ContractError(f"{unit.name}: expected the attention output [B, S, heads * head_dim], got "
                                    f"{type(output).__name__}")
@@ -177,18 +178,15 @@ class HeadMask:
         return post
 
     def __enter__(self) -> "HeadMask":
+        hooks = []
+        for i, (u, mod) in enumerate(zip(self.space.units, self.space.modules)):
+            outs = _out_projections(mod)
+            hooks += [(lin, "forward_pre", self._hook(i, u)) for lin in outs]
+            if not outs:  # Flux single-stream (pre_only): mask the module's own output
+                _output_weight(self.space.model, u.name, mod)  # a known layout, or a clear error
+                hooks.append((mod, "forward", self._output_hook(i, u)))
         self._stack = ExitStack()
-        try:
-            for i, (u, mod) in enumerate(zip(self.space.units, self.space.modules)):
-                outs = _out_projections(mod)
-                for lin in outs:
-                    self._stack.callback(lin.register_forward_pre_hook(self._hook(i, u)).remove)
-                if not outs:  # Flux single-stream (pre_only): mask the module's own output
-                    _output_weight(self.space.model, u.name, mod)  # a known layout, or a clear error
-                    self._stack.callback(mod.register_forward_hook(self._output_hook(i, u)).remove)
-        except BaseException:
-            self._stack.close()
-            raise
+        self._stack.enter_context(forward_hooks(hooks))
         return self
 
     def __exit__(self, *exc):

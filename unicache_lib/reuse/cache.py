@@ -7,8 +7,9 @@
 Each attention module's processor is wrapped; modules are keyed by name only (no block numbers: Flux's
 single-stream blocks repeat the double-stream blocks' numbers). On ``compute`` the original processor
 runs and its output (and input) are kept; on ``reuse`` the kept output is returned without running
-attention; on ``reuse_text`` only the image side is computed, by module kind (from the module's
-structure, not its name):
+attention; on ``reuse_text`` only the image side is computed, by module kind as the module's generator
+family gives it (``reuse_kind``; the image side itself is the family's ``image_sides``, the cross-attention
+processors that may keep their text keys and values its ``text_kv_processors``):
 
 - joint attention (SD3 / SD3.5 ``attn``, Flux double-stream ``attn``): image queries over all keys (this
   step's text keys and values), the text stream's output reused; rotary embeddings (Flux) applied to the
@@ -28,7 +29,8 @@ structure, not its name):
   above): full compute, counted as a full call.
 
 A step-level policy (``policy.level == "step"``, e.g. ``step_skip``) is asked once per transformer call
-instead: the transformer's ``forward`` is replaced for the run (restored on exit, also on error); a
+instead: the transformer's ``forward`` is replaced for the run through diffusers' ``HookRegistry``
+(:func:`~unicache_lib.core.hooks.model_hook`; removed on exit, also on error); a
 computed call's output is kept with its timestep, a skipped call returns the policy's extrapolation from
 the kept outputs in the same form as the model's (a tensor, a tuple whose first item is the prediction, or
 an output object with ``.sample``). Work is counted in attention calls all the same: a skipped transformer
@@ -43,11 +45,11 @@ import time
 from contextlib import ExitStack
 
 import torch
-import torch.nn.functional as F
 
-from ..capture.diffusion import _heads_view, find_diffusion_attention
+from ..capture.diffusion import find_diffusion_attention
 from ..core.errors import InputError, InputTypeError
 from ..core.hooks import ProcessorWrapper, model_hook, processors
+from ..core.models import unwrap
 from ..core.similarity import cosine
 from ..families import UnsupportedModelError
 
@@ -58,15 +60,14 @@ def attention_modules(transformer) -> dict[str, torch.nn.Module]:
     return {name: mod for name, (_, _, mod) in find_diffusion_attention(transformer).items()}
 
 
-def module_kind(mod) -> str:
-    """``joint`` / ``single`` (Flux single-stream) / ``cross`` / ``self``, from the module's structure."""
-    if getattr(mod, "add_k_proj", None) is not None:
-        return "joint"
-    if getattr(mod, "is_cross_attention", False):
-        return "cross"
-    if type(mod).__name__ == "FluxAttention":  # no added projections: a single-stream block
-        return "single"
-    return "self"
+def module_kinds(transformer) -> dict[str, str]:
+    """``{module name: kind}`` of the attention modules reuse wraps: ``joint`` / ``single`` (Flux single-stream) /
+    ``cross`` / ``self``, as the module's generator family says (:meth:`~unicache_lib.gen_families.GenFamily.reuse_kind`)."""
+    from ..gen_families import gen_family_of
+
+    tr = unwrap(getattr(transformer, "transformer", transformer))
+    fam = gen_family_of(tr)
+    return {s.name: fam.reuse_kind(s) for s in fam.sites(tr) if s.captured}
 
 
 class _Replay(torch.nn.Module):
@@ -83,13 +84,10 @@ class _Replay(torch.nn.Module):
         return v
 
 
-_CROSS_PROCESSORS = ("AttnProcessor2_0", "SanaAttnProcessor2_0", "HunyuanAttnProcessor2_0")
-
-
 class _ReuseProcessor(ProcessorWrapper):
-    def __init__(self, rc: "ReuseCache", orig, name: str, kind: str):
+    def __init__(self, rc: "ReuseCache", orig, name: str, kind: str, family):
         super().__init__(orig)
-        self.rc, self.name, self.kind = rc, name, kind
+        self.rc, self.name, self.kind, self.family = rc, name, kind, family
         self.pname = type(orig).__name__
         self.out = self.inp = None
         self.kv: dict = {}
@@ -97,19 +95,19 @@ class _ReuseProcessor(ProcessorWrapper):
     # ---- image side only ----------------------------------------------------------------------------
     def _image_side(self, attn, h, e, mask, rope, args, kwargs):
         """(output, share of a full call's work) or None where only a full compute is implemented."""
-        out = self.out
-        if self.kind == "joint" and isinstance(out, tuple) and e is not None and mask is None:
-            n_img, n_txt = h.shape[1], e.shape[1]
-            if self.pname == "JointAttnProcessor2_0" and out[1] is not None:
-                return (_image_side_sd3(attn, h, e), out[1]), n_img / (n_img + n_txt)
-            if self.pname == "FluxAttnProcessor" and not getattr(attn, "fused_projections", False):
-                return (_image_side_flux(attn, h, e, rope), out[1]), n_img / (n_img + n_txt)
-        if (self.kind == "single" and self.pname == "FluxAttnProcessor" and torch.is_tensor(out) and mask is None
-                and self.rc._n_text and out.shape[:2] == h.shape[:2] and not getattr(attn, "fused_projections", False)):
+        out, side = self.out, self.family.image_sides.get(self.pname)
+        if (side and self.kind == "joint" and isinstance(out, tuple) and out[1] is not None and e is not None
+                and mask is None):
+            img = side(attn, h, e, rope)
+            if img is not None:
+                return (img, out[1]), h.shape[1] / (h.shape[1] + e.shape[1])
+        if (side and self.kind == "single" and torch.is_tensor(out) and mask is None and self.rc._n_text
+                and out.shape[:2] == h.shape[:2]):
             n_txt = self.rc._n_text
-            img = _image_side_flux(attn, h[:, n_txt:], None, rope, keys=h)
-            return torch.cat([out[:, :n_txt], img], 1), (h.shape[1] - n_txt) / h.shape[1]
-        if self.kind == "cross" and self.pname in _CROSS_PROCESSORS and e is not None:
+            img = side(attn, h[:, n_txt:], None, rope, keys=h)
+            if img is not None:
+                return torch.cat([out[:, :n_txt], img], 1), (h.shape[1] - n_txt) / h.shape[1]
+        if self.kind == "cross" and self.pname in self.family.text_kv_processors and e is not None:
             saved = attn.to_k, attn.to_v
             attn.to_k, attn.to_v = _Replay(saved[0], self.kv, "k"), _Replay(saved[1], self.kv, "v")
             try:
@@ -197,48 +195,6 @@ def step_call(policy, history: tuple[list, list], step: int, n_steps: int, t: fl
     return out, True
 
 
-def _image_side_sd3(attn, h, e):
-    """``JointAttnProcessor2_0``'s image output alone: image queries over ``[image | text]`` keys."""
-    b = h.shape[0]
-    q = _heads_view(attn.to_q(h), attn.heads)
-    k = _heads_view(attn.to_k(h), attn.heads)
-    ek = _heads_view(attn.add_k_proj(e), attn.heads)
-    if attn.norm_q is not None:
-        q = attn.norm_q(q)
-    if attn.norm_k is not None:
-        k = attn.norm_k(k)
-    if attn.norm_added_k is not None:
-        ek = attn.norm_added_k(ek)
-    k = torch.cat([k, ek], 2)
-    v = torch.cat([_heads_view(attn.to_v(h), attn.heads), _heads_view(attn.add_v_proj(e), attn.heads)], 2)
-    o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, -1, attn.heads * q.shape[-1]).to(q.dtype)
-    return attn.to_out[1](attn.to_out[0](o))
-
-
-def _image_side_flux(attn, h, e, rope, keys=None):
-    """``FluxAttnProcessor``'s image rows alone. Double stream: ``h`` image tokens, ``e`` text tokens, keys
-    ``[text | image]``; single stream: ``h`` the image part of the sequence ``keys`` (``[text | image]``)
-    and no output projection (``pre_only``). Rotary embeddings as the processor applies them."""
-    from diffusers.models.embeddings import apply_rotary_emb
-
-    heads = lambda x: x.unflatten(-1, (-1, attn.head_dim))  # noqa: E731  [B, S, H, D]
-    q = attn.norm_q(heads(attn.to_q(h)))
-    if keys is None:
-        k = torch.cat([attn.norm_added_k(heads(attn.add_k_proj(e))), attn.norm_k(heads(attn.to_k(h)))], 1)
-        v = torch.cat([heads(attn.add_v_proj(e)), heads(attn.to_v(h))], 1)
-    else:
-        k, v = attn.norm_k(heads(attn.to_k(keys))), heads(attn.to_v(keys))
-    if rope is not None:
-        n = k.shape[1] - q.shape[1]  # text positions come first in the table
-        q = apply_rotary_emb(q, tuple(r[n:] for r in rope), sequence_dim=1)
-        k = apply_rotary_emb(k, rope, sequence_dim=1)
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-    o = o.flatten(2, 3).to(q.dtype)
-    if keys is not None:
-        return o
-    return attn.to_out[1](attn.to_out[0](o))
-
-
 class ReuseCache:
     """Context manager applying a :class:`~unicache_lib.reuse.policies.base.ReusePolicy` to every
     attention module of ``transformer`` (a diffusers transformer or a Generator) over one sampling run
@@ -295,10 +251,12 @@ class ReuseCache:
             self._stack = ExitStack()
             self._stack.enter_context(model_hook(self.transformer, "unicache_reuse", self._step_forward))
             return self
+        from ..gen_families import gen_family_of
+
+        fam, kinds = gen_family_of(unwrap(self.transformer)), module_kinds(self.transformer)
         self._stack = ExitStack()
         self._stack.enter_context(processors({n: t[2] for n, t in self.targets.items()},
-                                             lambda name, orig: _ReuseProcessor(self, orig, name,
-                                                                                module_kind(self.targets[name][2]))))
+                                             lambda name, orig: _ReuseProcessor(self, orig, name, kinds[name], fam)))
         return self
 
     def _step_forward(self, orig, *args, **kwargs):

@@ -17,9 +17,12 @@ to the math path is decomposed into matmuls torch counts itself.
 """
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from torch.utils import flop_counter as _fc
 
 from ..core.compat import cpu_sdpa_op
+from ..core.hooks import forward_hooks
 
 
 def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -50,7 +53,7 @@ class TransformerFlops:
         self.calls = 0
         self.per_call: list[int] = []
         self._mode = None
-        self._handles = []
+        self._stack = ExitStack()
 
     def _pre(self, module, args, kwargs):
         if self._mode is not None:  # a re-entrant call (the model calling itself): counted by the outer call
@@ -77,14 +80,12 @@ class TransformerFlops:
         self.per_call.append(n)
 
     def __enter__(self):
-        self._handles = [self.transformer.register_forward_pre_hook(self._pre, with_kwargs=True),
-                         self.transformer.register_forward_hook(self._post, with_kwargs=True)]
+        self._stack.enter_context(forward_hooks([(self.transformer, "forward_pre", self._pre),
+                                                 (self.transformer, "forward", self._post)]))
         return self
 
     def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        self._stack.close()
         if self._mode is not None:  # a call that raised never reached the forward hook
             self._close()
         return False

@@ -7,7 +7,6 @@ same heads serve as an auxiliary loss for towers trained jointly with their task
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
@@ -57,34 +56,17 @@ def train_patch_heads(features: Callable, params: list, d: int, grid: int, patch
                       lr: float, log: list, desc: str = "stage a: vision tower") -> float:
     """Train ``params`` (a tower's) so that ``features(images_uint8 [B, H, W, 3]) -> [B, grid*grid, d]``
     classify every patch. Warmup then cosine; returns the last patch accuracy (on the training batch)."""
-    from ..progress import bar
     from ..world.questions import TRAIN_QTYPES
     from ..world.text import make_qa
+    from .training import Stage, fit, warmup
 
     heads = PatchHeads(d, grid)
-    params = list(params) + list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    acc = float("nan")
-    pbar = bar(range(steps), desc=desc, mininterval=5)
-    for step in pbar:
-        for group in opt.param_groups:
-            group["lr"] = lr * lr_at(step, steps, min(100, steps // 10 + 1))
+
+    def step_loss(step):
         scenes = [make_qa(rng, qtypes=TRAIN_QTYPES).scene for _ in range(batch)]
         y = torch.from_numpy(np.stack([patch_labels(s, patch) for s in scenes]))
         loss, acc = heads.loss(features(np.stack([s.uint8() for s in scenes])), y)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            pbar.set_postfix(loss=f"{loss.item():.3f}", patch_acc=f"{acc:.4f}")
-            log.append({"stage": "a", "step": step, "loss": loss.item(), "patch_acc": acc})
-    return acc
+        return loss, lambda: {"loss": loss.item(), "patch_acc": acc}
 
-
-def lr_at(step, total, warmup, floor=0.02):
-    """Linear warm-up to 1, then a cosine down to ``floor`` (every shipped recipe's learning-rate scale)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    p = (step - warmup) / max(1, total - warmup)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
+    last = fit(Stage("a", desc, steps, lr, warmup(steps, 100)), list(params) + list(heads.parameters()), step_loss, log)
+    return last.get("patch_acc", float("nan"))

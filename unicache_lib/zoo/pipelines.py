@@ -23,12 +23,12 @@ The hooks are removed when the call returns or raises.
 from __future__ import annotations
 
 import inspect
-from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
 
 from ..core.errors import ContractError
+from ..core.hooks import forward_hooks
 from ..progress import shown
 
 # max_sequence_length where the pipeline's __call__ default is not the checkpoint's (FLUX.1-schnell: 256)
@@ -260,10 +260,8 @@ def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guid
         else:  # PixArt: only the legacy per-step callback
             kw |= dict(callback=hooks.legacy_callback, callback_steps=1)
     pipe.set_progress_bar_config(disable=not shown(progress), leave=False)
-    with ExitStack() as stack:
-        if callbacks:
-            stack.callback(gen.transformer.register_forward_pre_hook(hooks.pre_hook, with_kwargs=True).remove)
-            stack.callback(gen.transformer.register_forward_hook(hooks.post_hook, with_kwargs=True).remove)
+    with forward_hooks([(gen.transformer, "forward_pre", hooks.pre_hook), (gen.transformer, "forward", hooks.post_hook)]
+                       if callbacks else []):
         images = pipe(**kw)[0]
     if callbacks and hooks.ended != len(pipe.scheduler.timesteps):
         n = len(pipe.scheduler.timesteps)

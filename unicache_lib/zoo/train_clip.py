@@ -11,7 +11,6 @@ identical captions cannot be told apart) and the control with captions shuffled 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -19,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..progress import bar, write
 from ..world.text import caption
 from .checksums import write_card
-from .shipping import load_previous, save_and_reload
 from .patch_heads import PatchHeads, patch_labels
-from .train_llava import TRAIN_QTYPES, heldout_set, lr_at
+from .shipping import load_previous, save_and_reload
+from .train_llava import TRAIN_QTYPES, heldout_set
+from .training import Stage, fit, parse, recipe_parser, warmup
 
 IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
@@ -82,14 +81,10 @@ def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_
     from ..world.text import make_qa
 
     heads = PatchHeads(model.config.vision_config.hidden_size, GRID)
-    params = list(model.parameters()) + list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     F = torch.nn.functional
-    pbar = bar(range(steps), desc="CLIP: contrastive + patch heads", mininterval=5)
-    for step in pbar:
+
+    def step_loss(step):
         model.train()
-        for g in opt.param_groups:
-            g["lr"] = lr * lr_at(step, steps, min(150, steps // 10 + 1))
         scenes = [make_qa(rng, qtypes=TRAIN_QTYPES).scene for _ in range(batch)]
         caps = [caption(s) for s in scenes]
         out = model(**encode(processor, caps, np.stack([s.uint8() for s in scenes])), output_hidden_states=True)
@@ -100,37 +95,25 @@ def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_
         loss = 0.5 * (F.cross_entropy(lt, target) + F.cross_entropy(lt.T, target))
         feats = out.vision_model_output.last_hidden_state[:, 1:]
         aux_loss, patch_acc = heads.loss(feats, torch.from_numpy(np.stack([patch_labels(s, PATCH) for s in scenes])))
-        opt.zero_grad()
-        (loss + aux * aux_loss).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            acc = (lt.argmax(1) == torch.arange(batch)).float().mean().item()
-            pbar.set_postfix(loss=f"{loss.item():.3f}", batch_r1=f"{acc:.2f}", patch_acc=f"{patch_acc:.3f}")
-            log.append({"step": step, "loss": loss.item(), "aux_loss": aux_loss.item(), "batch_recall": acc,
-                        "patch_acc": patch_acc})
-        if eval_every and eval_scenes and (step + 1) % eval_every == 0:
-            r = recall_at_1(model, processor, eval_scenes)
-            log.append({"step": step, "eval": r})
-            write(f"step {step + 1}: held-out recall@1 {r}")
+        return loss + aux * aux_loss, lambda: {
+            "loss": loss.item(), "aux_loss": aux_loss.item(),
+            "batch_recall": (lt.argmax(1) == torch.arange(batch)).float().mean().item(), "patch_acc": patch_acc}
+
+    def held_out():
+        r = recall_at_1(model, processor, eval_scenes)
+        return {"eval": r}, f"held-out recall@1 {r}"
+
+    fit(Stage(None, "CLIP: contrastive + patch heads", steps, lr, warmup(steps), (0.9, 0.98), eval_every=eval_every),
+        list(model.parameters()) + list(heads.parameters()), step_loss, log, held_out if eval_scenes else None)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="data/models/tiny-clip")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = recipe_parser(__doc__, out="data/models/tiny-clip", lr=1e-3)
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--init-from", default=None,
-                    help="continue from a saved checkpoint (a second schedule); the card keeps the earlier run")
     ap.add_argument("--n-heldout", type=int, default=200)
-    ap.add_argument("--eval-every", type=int, default=500)
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse(ap, argv)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
     previous = None

@@ -9,16 +9,13 @@ on the reloaded checkpoint by segmenting generated images by colour; a model car
 """
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..progress import bar, write
 from ..world.scenes import COLOURS, POSITIONS, SHAPES
 from ..world.segment import score_object
 from ..world.text import long_prompt, short_prompt
@@ -27,6 +24,7 @@ from .checksums import write_card
 from .sampling import sample, to_uint8
 from .tiny_generators import RADIUS, training_example  # noqa: F401
 from .tiny_llava import build_tokenizer
+from .training import Stage, fit, parse, recipe_parser
 
 
 def eval_prompts(n: int = 120, seed: int = 777) -> list[dict]:
@@ -51,23 +49,15 @@ def evaluate(gen: tg.Generator, objs: list[dict], long: bool = False, steps=20, 
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = recipe_parser(__doc__, out=None, lr=1.5e-3, eval_every=1000)
     ap.add_argument("--family", choices=tg.FAMILIES, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1.5e-3)
-    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--n-eval", type=int, default=120)
-    ap.add_argument("--eval-every", type=int, default=1000)
-    ap.add_argument("--init-from", default=None, help="continue from a saved generator folder")
     ap.add_argument("--text-encoder", choices=("clip", "t5"), default=None,
                     help="default: the family's real kind (sd3: clip, pixart: t5)")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
     args.text_encoder = args.text_encoder or tg.TEXT_ENCODERS[args.family]
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
@@ -83,19 +73,12 @@ def main(argv=None):
     else:
         gen = tg.Generator(args.family, tg.build_transformer(args.family), tg.build_text_encoder(tok, kind=args.text_encoder),
                            tok, FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0))
-    params = list(gen.transformer.parameters()) + list(gen.text_encoder.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
-    warm = 200
     log = []
     quick = eval_prompts(30, seed=5)
-    pbar = bar(range(args.steps), desc=f"training tiny {args.family}", mininterval=5)
-    for step in pbar:
+
+    def step_loss(step):
         gen.transformer.train()
         gen.text_encoder.train()
-        p = (step - warm) / max(1, args.steps - warm)
-        f = (step + 1) / warm if step < warm else 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * p))
-        for g in opt.param_groups:
-            g["lr"] = args.lr * f
         ex = [training_example(rng) for _ in range(args.batch)]
         prompts = ["" if rng.random() < 0.1 else pr for _, pr in ex]
         x0 = torch.from_numpy(np.stack([sc.image for sc, _ in ex])).permute(0, 3, 1, 2) * 2 - 1
@@ -106,19 +89,17 @@ def main(argv=None):
         cond = tg.encode_prompts(gen.text_encoder, tok, prompts)
         v = tg.transformer_forward(gen.transformer, args.family, xt, sigma * 1000, cond)
         loss = torch.nn.functional.mse_loss(v, noise - x0)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % 50 == 0:
-            pbar.set_postfix(loss=f"{loss.item():.4f}")
-            log.append({"step": step, "loss": loss.item()})
-        if args.eval_every and (step + 1) % args.eval_every == 0:
-            gen.transformer.eval()
-            gen.text_encoder.eval()
-            r = evaluate(gen, quick, steps=12)
-            log.append({"step": step, "eval": r})
-            write(f"step {step + 1}: {r}")
+        return loss, lambda: {"loss": loss.item()}
+
+    def held_out():
+        gen.transformer.eval()
+        gen.text_encoder.eval()
+        r = evaluate(gen, quick, steps=12)
+        return {"eval": r}, str(r)
+
+    fit(Stage(None, f"training tiny {args.family}", args.steps, args.lr, 200, (0.9, 0.99), log_last=False,
+              eval_every=args.eval_every), list(gen.transformer.parameters()) + list(gen.text_encoder.parameters()),
+        step_loss, log, held_out)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
     gen.transformer.to(torch.float16)

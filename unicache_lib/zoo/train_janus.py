@@ -22,7 +22,6 @@ guided loop (:func:`generate_images` says why not ``model.generate``).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -31,16 +30,16 @@ import numpy as np
 import torch
 
 from ..capture.unified import to_uint8
-from ..progress import bar, write
 from ..world.scenes import make_scene
 from ..world.segment import score_object
 from ..world.text import short_prompt
 from .checksums import write_card
-from .shipping import load_previous, save_and_reload
 from .patch_heads import train_patch_heads
+from .shipping import load_previous, save_and_reload
 from .train_generator import eval_prompts
-from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, sample_batch
+from .train_llava import TRAIN_QTYPES, heldout_set, sample_batch
 from .train_vlm import GRID, IMAGE_SIZE, PATCH, encode, evaluate, evaluate_captions
+from .training import Stage, fit, parse, recipe_parser, warmup
 
 GEN_LAYOUT = "user : {prompt} assistant :"
 F = torch.nn.functional
@@ -93,41 +92,37 @@ def quantize(vq, px):
 
 
 def train_vq(vq, processor, rng, steps, batch, lr, log) -> dict:
-    params = [p for p in vq.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     emb = vq.quantize.embedding.weight
     with torch.no_grad():
         emb.copy_(F.normalize(emb, dim=-1))
     usage = torch.zeros(emb.shape[0])
     from ..world.text import make_qa
 
-    pbar = bar(range(steps), desc="vq: VQ-VAE", mininterval=5)
-    for step in pbar:
+    now: dict = {}
+
+    def step_loss(step):
         vq.train()
-        for g in opt.param_groups:
-            g["lr"] = lr * lr_at(step, steps, min(100, steps // 10 + 1))
         scenes = [make_qa(rng, qtypes=TRAIN_QTYPES).scene for _ in range(batch)]
         px = vq_pixels(processor, np.stack([s.uint8() for s in scenes]))
         rec, cb_loss, idx = quantize(vq, px)
-        loss = F.mse_loss(rec, px) + cb_loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        with torch.no_grad():
-            emb.copy_(F.normalize(emb, dim=-1))
-            usage.mul_(0.99).add_(torch.bincount(idx.flatten(), minlength=emb.shape[0]).float())
-            dead = (usage < 1e-3).nonzero().flatten()
-            if step % 50 == 0 and step < 0.8 * steps and len(dead):  # restart unused rows on encoder outputs
-                h = vq.quant_conv(vq.encoder(px)).permute(0, 2, 3, 1).reshape(-1, emb.shape[1])
-                pick = h[torch.from_numpy(rng.choice(len(h), len(dead), replace=len(dead) > len(h)))]
-                emb[dead] = F.normalize(pick, dim=-1)
-                usage[dead] = 1.0
-        if step % 50 == 0 or step == steps - 1:
-            mse = F.mse_loss(rec, px).item()
-            pbar.set_postfix(mse=f"{mse:.4f}", codes=int((usage > 1e-3).sum()))
-            log.append({"stage": "vq", "step": step, "mse": mse, "codebook_loss": cb_loss.item(),
-                        "codes_in_use": int((usage > 1e-3).sum())})
+        now.update(px=px, idx=idx)
+        return F.mse_loss(rec, px) + cb_loss, lambda: {"mse": F.mse_loss(rec, px).item(), "codebook_loss": cb_loss.item(),
+                                                        "codes_in_use": int((usage > 1e-3).sum())}
+
+    @torch.no_grad()
+    def keep_codebook(step):  # on the unit sphere, unused rows restarted on encoder outputs
+        px, idx = now["px"], now["idx"]
+        emb.copy_(F.normalize(emb, dim=-1))
+        usage.mul_(0.99).add_(torch.bincount(idx.flatten(), minlength=emb.shape[0]).float())
+        dead = (usage < 1e-3).nonzero().flatten()
+        if step % 50 == 0 and step < 0.8 * steps and len(dead):
+            h = vq.quant_conv(vq.encoder(px)).permute(0, 2, 3, 1).reshape(-1, emb.shape[1])
+            pick = h[torch.from_numpy(rng.choice(len(h), len(dead), replace=len(dead) > len(h)))]
+            emb[dead] = F.normalize(pick, dim=-1)
+            usage[dead] = 1.0
+
+    fit(Stage("vq", "vq: VQ-VAE", steps, lr, warmup(steps, 100), weight_decay=0.0), list(vq.parameters()), step_loss,
+        log, after_step=keep_codebook)
     return log[-1] if log else {}
 
 
@@ -217,16 +212,11 @@ def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, ev
     proj = list(m.aligner.parameters()) + list(m.generation_aligner.parameters())
     rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith(
         ("model.aligner", "model.generation_aligner"))]
-    opt = torch.optim.AdamW([{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}],
-                            lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warm = min(150, steps // 10 + 1)
-    pbar = bar(range(steps), desc="stage b: understanding + generation", mininterval=5)
-    for step in pbar:
+
+    def step_loss(step):
         model.train()
         m.vision_model.eval()
         m.vqmodel.eval()
-        for g in opt.param_groups:
-            g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
         items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights,
                              exists_negatives=exists_negatives)
         inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
@@ -237,47 +227,36 @@ def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, ev
         with torch.no_grad():
             codes = m.vqmodel.encode(vq_pixels(processor, np.stack([s.uint8() for _, s in gen]))).image_tokens.view(batch, -1)
         g_loss = generation_loss(model, processor, [p for p, _ in gen], codes, rng=rng)
-        opt.zero_grad()
-        (u_loss + g_loss).backward()
-        torch.nn.utils.clip_grad_norm_(proj + rest, 1.0)
-        opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            pbar.set_postfix(answer_loss=f"{u_loss.item():.3f}", image_loss=f"{g_loss.item():.3f}")
-            log.append({"stage": "b", "step": step, "answer_loss": u_loss.item(), "image_loss": g_loss.item()})
-        if eval_every and eval_qas and (step + 1) % eval_every == 0:
-            r = evaluate(fam, model, processor, eval_qas)
-            gq = evaluate_generation(model, processor, n=30)
-            log.append({"stage": "b", "step": step, "eval": r, "generation": gq})
-            write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}; generation {gq}")
+        return u_loss + g_loss, lambda: {"answer_loss": u_loss.item(), "image_loss": g_loss.item()}
+
+    def held_out():
+        r = evaluate(fam, model, processor, eval_qas)
+        gq = evaluate_generation(model, processor, n=30)
+        return {"eval": r, "generation": gq}, f"held-out accuracy {r['accuracy']:.3f} {r['per_type']}; generation {gq}"
+
+    fit(Stage("b", "stage b: understanding + generation", steps, lr, warmup(steps), (0.9, 0.98), eval_every=eval_every),
+        [{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}], step_loss, log,
+        held_out if eval_qas else None)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="data/models/tiny-janus")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = recipe_parser(__doc__, out="data/models/tiny-janus", lr=2e-3)
     ap.add_argument("--steps-vq", type=int, default=1000)
     ap.add_argument("--steps-a", type=int, default=1100)
     ap.add_argument("--steps-b", type=int, default=3000)
     ap.add_argument("--batch-vq", type=int, default=32)
     ap.add_argument("--batch-a", type=int, default=64)
     ap.add_argument("--batch-b", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--n-heldout", type=int, default=1500)
     ap.add_argument("--n-generate", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--n-captions", type=int, default=200)
-    ap.add_argument("--init-from", default=None,
-                    help="continue stage b from a saved checkpoint (pass --steps-vq 0 --steps-a 0); the card keeps the earlier run")
     ap.add_argument("--qtype-weights", default="", help="e.g. colour=3,exists=3 (others 1): skew the question mix")
     ap.add_argument("--single-frac", type=float, default=None,
                     help="share of stage-b steps on one-object scenes only (default: 0.08, or 0 with --init-from)")
     ap.add_argument("--exists-negatives", default="hard", choices=("hard", "random"),
                     help="'is there a ...?' negatives in training: 'hard' (as every held-out set) or 'random' (any absent "
                          "colour x shape): an easier curriculum")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse(ap, argv)
     from ..families import FAMILIES
 
     fam = FAMILIES["Janus"]

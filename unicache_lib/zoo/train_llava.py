@@ -14,7 +14,6 @@ written next to the weights.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -22,14 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..progress import bar, write
 from ..world.questions import TRAIN_QTYPES, heldout_set, question_images, score_answers, score_captions  # noqa: F401
 from ..world.text import CAPTION_QUESTION, QA, caption, make_qa
 from . import tiny_llava as tl
 from .checksums import write_card
-from .patch_heads import lr_at, train_patch_heads  # noqa: F401 - lr_at: the other recipes import it from here
 from .patch_heads import patch_labels as _patch_labels
+from .patch_heads import train_patch_heads
 from .tiny_llava import IMAGE_SIZE, N_IMG, PATCH, answer_logits  # noqa: F401
+from .training import Stage, fit, parse, recipe_parser, warmup
 
 
 def patch_labels(qa: QA) -> np.ndarray:
@@ -102,15 +101,10 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
     proj = list(model.model.multi_modal_projector.parameters())
     rest = [p for n, p in model.named_parameters()
             if p.requires_grad and "multi_modal_projector" not in n and "vision_tower" not in n]
-    opt = torch.optim.AdamW([{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}],
-                            lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warm = min(150, steps // 10 + 1)
-    pbar = bar(range(steps), desc="stage b: projector + language model", mininterval=5)
-    for step in pbar:
+
+    def step_loss(step):
         model.train()
         model.model.vision_tower.eval()
-        for g in opt.param_groups:
-            g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
         items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights)
         ids, mask, labels = tl.encode(tokenizer, [q for _, q, _ in items], [a for _, _, a in items], N_IMG)
         px = tl.pixel_values(np.stack([qa.scene.uint8() for qa, _, _ in items]))
@@ -118,38 +112,28 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
         # the label of position t is predicted from position t-1
         logits = out.logits[:, :-1].flatten(0, 1)
         loss = torch.nn.functional.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
-        opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            pbar.set_postfix(loss=f"{loss.item():.3f}")
-            log.append({"stage": "b", "step": step, "loss": loss.item()})
-        if eval_every and eval_qas and (step + 1) % eval_every == 0:
-            r = evaluate(model, tokenizer, eval_qas)
-            log.append({"stage": "b", "step": step, "eval": r})
-            write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}")
+        return loss, lambda: {"loss": loss.item()}
+
+    fit(Stage("b", "stage b: projector + language model", steps, lr, warmup(steps), (0.9, 0.98), eval_every=eval_every),
+        [{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}], step_loss, log,
+        evaluate=(lambda: held_out(evaluate(model, tokenizer, eval_qas))) if eval_qas else None)
+
+
+def held_out(r: dict) -> tuple[dict, str]:
+    """An in-training evaluation as :func:`~unicache_lib.zoo.training.fit` logs it."""
+    return {"eval": r}, f"held-out accuracy {r['accuracy']:.3f} {r['per_type']}"
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="data/models/tiny-llava")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = recipe_parser(__doc__, out="data/models/tiny-llava", lr=2e-3)
     ap.add_argument("--steps-a", type=int, default=1100)
     ap.add_argument("--steps-b", type=int, default=4200)
     ap.add_argument("--batch-a", type=int, default=64)
     ap.add_argument("--batch-b", type=int, default=48)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--n-heldout", type=int, default=1500)
-    ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--n-captions", type=int, default=200)
     ap.add_argument("--qtype-weights", default="", help="e.g. colour=2,exists=2 (others 1)")
-    ap.add_argument("--init-from", default=None,
-                    help="continue from a saved checkpoint (stage b only; pass --steps-a 0); the card keeps the earlier run")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse(ap, argv)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()

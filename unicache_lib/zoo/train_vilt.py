@@ -10,7 +10,6 @@ accuracy per question type and the image-shuffle control.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -19,13 +18,13 @@ import numpy as np
 import torch
 
 from ..families.vilt import grid_ordered
-from ..progress import bar, write
 from ..world.text import ANSWERS
 from .checksums import write_card
-from .shipping import load_previous, save_and_reload
 from .patch_heads import PatchHeads, patch_labels
-from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, question_images, score_answers
+from .shipping import load_previous, save_and_reload
+from .train_llava import TRAIN_QTYPES, held_out, heldout_set, question_images, score_answers
 from .train_llava import sample_batch as _sample
+from .training import Stage, fit, parse, recipe_parser, warmup
 
 IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
@@ -71,14 +70,10 @@ def evaluate(model, processor, qas, shuffle_seed=None, batch=100) -> dict:
 
 def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_qas=None):
     heads = PatchHeads(model.config.hidden_size, GRID)
-    params = list(model.parameters()) + list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     label2id = model.config.label2id
-    pbar = bar(range(steps), desc="ViLT: answers + patch heads", mininterval=5)
-    for step in pbar:
+
+    def step_loss(step):
         model.train()
-        for g in opt.param_groups:
-            g["lr"] = lr * lr_at(step, steps, min(150, steps // 10 + 1))
         items = _sample(rng, batch, caption_rate=0.0)
         imgs = np.stack([qa.scene.uint8() for qa, _, _ in items])
         logits, hidden = forward(model, processor, [q for _, q, _ in items], imgs)
@@ -87,38 +82,22 @@ def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_
         n_img = 1 + GRID * GRID
         pl = torch.from_numpy(np.stack([patch_labels(qa.scene, PATCH) for qa, _, _ in items]))
         aux_loss, patch_acc = heads.loss(hidden[:, -n_img + 1:], pl)
-        total = loss + aux * aux_loss
-        opt.zero_grad()
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            acc = (logits.argmax(-1) == y).float().mean().item()
-            pbar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}", patch_acc=f"{patch_acc:.3f}")
-            log.append({"step": step, "loss": loss.item(), "aux_loss": aux_loss.item(), "train_acc": acc,
-                        "patch_acc": patch_acc})
-        if eval_every and eval_qas and (step + 1) % eval_every == 0:
-            r = evaluate(model, processor, eval_qas)
-            log.append({"step": step, "eval": r})
-            write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}")
+        return loss + aux * aux_loss, lambda: {"loss": loss.item(), "aux_loss": aux_loss.item(),
+                                                "train_acc": (logits.argmax(-1) == y).float().mean().item(),
+                                                "patch_acc": patch_acc}
+
+    fit(Stage(None, "ViLT: answers + patch heads", steps, lr, warmup(steps), (0.9, 0.98), eval_every=eval_every),
+        list(model.parameters()) + list(heads.parameters()), step_loss, log,
+        (lambda: held_out(evaluate(model, processor, eval_qas))) if eval_qas else None)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="data/models/tiny-vilt")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = recipe_parser(__doc__, out="data/models/tiny-vilt", lr=1e-3)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=48)
-    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--init-from", default=None,
-                    help="continue from a saved checkpoint (a second schedule); the card keeps the earlier run")
     ap.add_argument("--n-heldout", type=int, default=1500)
-    ap.add_argument("--eval-every", type=int, default=500)
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse(ap, argv)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
     previous = None

@@ -15,7 +15,6 @@ log and weight checksums) is written next to the weights.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -23,12 +22,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..progress import bar, write
 from ..world.text import CAPTION_QUESTION
 from .checksums import write_card
-from .shipping import load_previous, save_and_reload
 from .patch_heads import train_patch_heads
-from .train_llava import TRAIN_QTYPES, heldout_set, lr_at, question_images, sample_batch, score_answers, score_captions
+from .shipping import load_previous, save_and_reload
+from .train_llava import (
+    TRAIN_QTYPES,
+    held_out,
+    heldout_set,
+    question_images,
+    sample_batch,
+    score_answers,
+    score_captions,
+)
+from .training import Stage, fit, parse, recipe_parser, warmup
 
 IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
@@ -126,32 +133,21 @@ def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_eve
     tower = recipe.tower(model)
     tower.requires_grad_(False)
     proj, rest = recipe.lm_params(model)
-    opt = torch.optim.AdamW([{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}],
-                            lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warm = min(150, steps // 10 + 1)
-    pbar = bar(range(steps), desc="stage b: language model", mininterval=5)
-    for step in pbar:
+
+    def step_loss(step):
         model.train()
         tower.eval()
-        for g in opt.param_groups:
-            g["lr"] = lr * g["lr_scale"] * lr_at(step, steps, warm)
         items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights,
                              exists_negatives=exists_negatives)
         inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
                              [a for _, _, a in items])
         logits = model(**inp).logits[:, :-1].flatten(0, 1)  # the label of position t is predicted at t-1
         loss = torch.nn.functional.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(proj + rest, 1.0)
-        opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            pbar.set_postfix(loss=f"{loss.item():.3f}")
-            log.append({"stage": "b", "step": step, "loss": loss.item()})
-        if eval_every and eval_qas and (step + 1) % eval_every == 0:
-            r = evaluate(fam, model, processor, eval_qas)
-            log.append({"stage": "b", "step": step, "eval": r})
-            write(f"step {step + 1}: held-out accuracy {r['accuracy']:.3f} {r['per_type']}")
+        return loss, lambda: {"loss": loss.item()}
+
+    fit(Stage("b", "stage b: language model", steps, lr, warmup(steps), (0.9, 0.98), eval_every=eval_every),
+        [{"params": proj, "lr_scale": 3.0}, {"params": rest, "lr_scale": 1.0}], step_loss, log,
+        evaluate=(lambda: held_out(evaluate(fam, model, processor, eval_qas))) if eval_qas else None)
 
 
 class MllamaRecipe(Recipe):
@@ -202,30 +198,21 @@ RECIPES = {r.family: r for r in (MllamaRecipe(),)}
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = recipe_parser(__doc__, out=None, lr=2e-3)
     ap.add_argument("--family", default="Mllama", choices=sorted(RECIPES))
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps-a", type=int, default=1100)
     ap.add_argument("--steps-b", type=int, default=3000)
     ap.add_argument("--batch-a", type=int, default=64)
     ap.add_argument("--batch-b", type=int, default=48)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--n-heldout", type=int, default=1500)
-    ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--n-captions", type=int, default=200)
-    ap.add_argument("--init-from", default=None,
-                    help="continue from a saved checkpoint (stage b only; pass --steps-a 0); the card keeps the earlier run")
     ap.add_argument("--qtype-weights", default="", help="e.g. exists=3 (others 1): skew the question mix")
     ap.add_argument("--single-frac", type=float, default=None,
                     help="share of stage-b steps on one-object scenes only (default: 0.08, or 0 with --init-from)")
     ap.add_argument("--exists-negatives", default="hard", choices=("hard", "random"),
                     help="'is there a ...?' negatives in training: 'hard' (share a colour or shape with a present object, "
                          "as every held-out set) or 'random' (any absent colour x shape): an easier curriculum")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse(ap, argv)
     from ..families import FAMILIES
 
     recipe = RECIPES[args.family]

@@ -1,0 +1,107 @@
+"""The one optimisation loop every shipped recipe trains with (``train_*.py`` keep only what differs: how to build the
+model, the loss of one step, and the evaluation).
+
+    stage = Stage("b", "stage b: language model", steps=4200, lr=2e-3, warmup=warmup(4200), betas=(0.9, 0.98))
+    fit(stage, [{"params": proj, "lr_scale": 3.0}, {"params": rest}], step_loss, log)
+
+``step_loss(step) -> (loss, read)``: draws the step's batch (from the recipe's own ``rng``, so a seed reproduces a
+run), returns the loss to minimise and ``read() -> {name: float}``, the numbers to log, read after the update.
+Every step: the learning rate of each parameter group set to ``lr * lr_scale * lr_at(step)`` (linear warm-up, then a
+cosine down to 2%), AdamW, gradients clipped to norm 1. The log gets ``{"stage", "step", **read()}`` every
+``log_every`` steps (and at the last one, unless ``log_last`` is off) and, every ``eval_every`` steps,
+``{"stage", "step", **entries}`` from ``evaluate() -> (entries, message)``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..progress import bar, write
+
+
+def lr_at(step, total, warmup, floor=0.02):
+    """Linear warm-up to 1, then a cosine down to ``floor`` (every shipped recipe's learning-rate scale)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    p = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
+
+
+def warmup(steps: int, cap: int = 150) -> int:
+    """The shipped recipes' warm-up: a tenth of the steps, at most ``cap``."""
+    return min(cap, steps // 10 + 1)
+
+
+@dataclass
+class Stage:
+    """One optimisation stage of a recipe. ``name``: the log's ``"stage"`` key (None: no key); ``desc``: the
+    progress bar's text; AdamW's ``betas`` and ``weight_decay``."""
+
+    name: str | None
+    desc: str
+    steps: int
+    lr: float
+    warmup: int
+    betas: tuple = (0.9, 0.999)
+    weight_decay: float = 0.01
+    log_every: int = 50
+    log_last: bool = True
+    eval_every: int = 0
+
+
+def fit(stage: Stage, params, step_loss: Callable, log: list, evaluate: Callable | None = None,
+        after_step: Callable | None = None) -> dict:
+    """Run ``stage``: ``params`` a list of parameters or of AdamW groups (``{"params": [...], "lr_scale": 3.0}``);
+    ``after_step(step)`` runs after each update (a codebook kept on the sphere, say). Returns the last numbers
+    logged (``{}`` when nothing was)."""
+    groups = params if params and isinstance(params[0], dict) else [{"params": list(params)}]
+    opt = torch.optim.AdamW(groups, lr=stage.lr, betas=stage.betas, weight_decay=stage.weight_decay)
+    every = [p for g in opt.param_groups for p in g["params"]]
+    head = {"stage": stage.name} if stage.name is not None else {}
+    last: dict = {}
+    pbar = bar(range(stage.steps), desc=stage.desc, mininterval=5)
+    for step in pbar:
+        for g in opt.param_groups:
+            g["lr"] = stage.lr * g.get("lr_scale", 1.0) * lr_at(step, stage.steps, stage.warmup)
+        loss, read = step_loss(step)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(every, 1.0)
+        opt.step()
+        if after_step is not None:
+            after_step(step)
+        if step % stage.log_every == 0 or (stage.log_last and step == stage.steps - 1):
+            last = read()
+            pbar.set_postfix({k: f"{v:.4g}" for k, v in last.items()})
+            log.append({**head, "step": step, **last})
+        if evaluate is not None and stage.eval_every and (step + 1) % stage.eval_every == 0:
+            entries, message = evaluate()
+            log.append({**head, "step": step, **entries})
+            write(f"step {step + 1}: {message}")
+    return last
+
+
+def recipe_parser(doc: str, *, out: str | None, lr: float, eval_every: int = 500) -> argparse.ArgumentParser:
+    """The command line every recipe shares (``--out``, ``--seed``, ``--lr``, ``--threads``, ``--eval-every``,
+    ``--init-from``); a recipe adds its own options and reads them with :func:`parse`. ``out=None``: required."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out, required=out is None, help="where the weights and the model card go")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--eval-every", type=int, default=eval_every, help="held-out evaluation every N steps (0: none)")
+    ap.add_argument("--init-from", default=None, help="continue from a saved checkpoint (stage b only where a recipe "
+                                                      "has stages: pass --steps-a 0); the card keeps the earlier run")
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parse the command line and apply ``--threads``."""
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
