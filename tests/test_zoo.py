@@ -235,3 +235,30 @@ def test_the_one_training_loop_is_the_recipe_it_replaced():
     fit(Stage(None, "test", 8, 0.05, 2, log_every=3, log_last=False), list(model_and_data()[0].parameters()),
         lambda step: (lambda loss: (loss, lambda: {"loss": loss.item()}))(torch.ones(()).requires_grad_() * 0), log)
     assert [e["step"] for e in log] == [0, 3, 6] and "stage" not in log[0]
+
+
+def test_recipe_fingerprint_sees_one_changed_weight(tmp_path):
+    """tools/recipe_fingerprint.py (the before/after check of a training refactor): the same tensors give the same
+    fingerprint whatever the file's layout; one changed value, or a changed log, changes it."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    spec = importlib.util.spec_from_file_location("fp", Path(__file__).resolve().parents[1] / "tools" / "recipe_fingerprint.py")
+    fp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fp)
+    w = {"a": torch.ones(3, dtype=torch.float16), "scale": torch.tensor(2.0, dtype=torch.float16)}  # a 0-dim tensor too
+    (tmp_path / "m").mkdir()
+    save_file(w, tmp_path / "m" / "model.safetensors")
+    (tmp_path / "m" / "model_card.json").write_text(json.dumps({"log": [{"step": 0, "loss": 1.0}]}))
+    first = fp.fingerprint(tmp_path)
+    save_file(dict(reversed(list(w.items()))), tmp_path / "m" / "model.safetensors")
+    assert fp.fingerprint(tmp_path) == first
+    w["a"][1] = 1.0009765625  # the next float16 after 1
+    save_file(w, tmp_path / "m" / "model.safetensors")
+    changed = fp.fingerprint(tmp_path)
+    assert changed["m/model.safetensors"] != first["m/model.safetensors"] and changed["m/log"] == first["m/log"]
+    (tmp_path / "m" / "model_card.json").write_text(json.dumps({"log": [{"step": 0, "loss": 1.5}]}))
+    assert fp.fingerprint(tmp_path)["m/log"] != first["m/log"]
