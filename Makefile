@@ -150,38 +150,38 @@ settle: setup
 ##         run's training minutes and README.md gives their sum; not part of CI)
 models: setup
 	$(BIN)/python -m unicache_lib.world.samples --out data/samples
-	$(BIN)/python -m unicache_lib.zoo.train_llava --out runs/tiny-llava-a --seed 0
+	$(BIN)/python -m unicache_lib.zoo.train.llava --out runs/tiny-llava-a --seed 0
 	# second stage-b run weighted towards the shape-located questions (see the model card)
-	$(BIN)/python -m unicache_lib.zoo.train_llava --init-from runs/tiny-llava-a --out data/models/tiny-llava --seed 1 \
+	$(BIN)/python -m unicache_lib.zoo.train.llava --init-from runs/tiny-llava-a --out data/models/tiny-llava --seed 1 \
 	  --steps-a 0 --steps-b 2500 --lr 1e-3 --qtype-weights colour=3,exists=2
-	$(BIN)/python -m unicache_lib.zoo.train_generator --family sd3 --out data/models/tiny-mmdit --seed 0
-	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --out runs/tiny-pixart-a --seed 0 --threads 1
-	$(BIN)/python -m unicache_lib.zoo.train_generator --family pixart --init-from runs/tiny-pixart-a --out data/models/tiny-pixart \
+	$(BIN)/python -m unicache_lib.zoo.train.generator --family sd3 --out data/models/tiny-mmdit --seed 0
+	$(BIN)/python -m unicache_lib.zoo.train.generator --family pixart --out runs/tiny-pixart-a --seed 0 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train.generator --family pixart --init-from runs/tiny-pixart-a --out data/models/tiny-pixart \
 	  --steps 3000 --lr 5e-4 --seed 1 --threads 1
 	# the study's other architectures (notebook 08)
-	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --out runs/tiny-mllama-a --seed 0 --threads 1
-	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-a --out runs/tiny-mllama-b \
+	$(BIN)/python -m unicache_lib.zoo.train.vlm --family Mllama --out runs/tiny-mllama-a --seed 0 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train.vlm --family Mllama --init-from runs/tiny-mllama-a --out runs/tiny-mllama-b \
 	  --seed 1 --steps-a 0 --steps-b 2500 --lr 1e-3 --qtype-weights exists=3,position=2 --threads 1
 	# "is there a ...?" stays at chance through both: one-object scenes with random absent negatives unlock it, then
 	# hard negatives on every scene type (see the model card and its previous runs)
-	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-b --out runs/tiny-mllama-c \
+	$(BIN)/python -m unicache_lib.zoo.train.vlm --family Mllama --init-from runs/tiny-mllama-b --out runs/tiny-mllama-c \
 	  --seed 2 --steps-a 0 --steps-b 600 --lr 2e-3 --qtype-weights exists=20 --single-frac 1 --exists-negatives random \
 	  --threads 1 --eval-every 200
-	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-c --out runs/tiny-mllama-d \
+	$(BIN)/python -m unicache_lib.zoo.train.vlm --family Mllama --init-from runs/tiny-mllama-c --out runs/tiny-mllama-d \
 	  --seed 3 --steps-a 0 --steps-b 2500 --lr 1.5e-3 --qtype-weights exists=3,position=2,shape=2 --threads 1 --eval-every 250
-	$(BIN)/python -m unicache_lib.zoo.train_vlm --family Mllama --init-from runs/tiny-mllama-d --out data/models/tiny-mllama \
+	$(BIN)/python -m unicache_lib.zoo.train.vlm --family Mllama --init-from runs/tiny-mllama-d --out data/models/tiny-mllama \
 	  --seed 4 --steps-a 0 --steps-b 1800 --lr 1e-3 --qtype-weights exists=4,position=2,shape=2 --threads 1 --eval-every 300
-	$(BIN)/python -m unicache_lib.zoo.train_vilt --out runs/tiny-vilt-a --seed 0 --threads 1
-	$(BIN)/python -m unicache_lib.zoo.train_vilt --init-from runs/tiny-vilt-a --out data/models/tiny-vilt --seed 1 --steps 1500 \
+	$(BIN)/python -m unicache_lib.zoo.train.vilt --out runs/tiny-vilt-a --seed 0 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train.vilt --init-from runs/tiny-vilt-a --out data/models/tiny-vilt --seed 1 --steps 1500 \
 	  --lr 5e-4 --threads 1
-	$(BIN)/python -m unicache_lib.zoo.train_clip --out data/models/tiny-clip --seed 0 --threads 1
-	$(BIN)/python -m unicache_lib.zoo.train_janus --out runs/tiny-janus-a --seed 0 --threads 1 --eval-every 1000
+	$(BIN)/python -m unicache_lib.zoo.train.clip --out data/models/tiny-clip --seed 0 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train.janus --out runs/tiny-janus-a --seed 0 --threads 1 --eval-every 1000
 	# Janus too: "is there a ...?" at chance and colour at 0.63 after the first run; the one-object curriculum, then
 	# colour and existence weighted on every scene type (the model card's target note and previous_run)
-	$(BIN)/python -m unicache_lib.zoo.train_janus --init-from runs/tiny-janus-a --out runs/tiny-janus-c --seed 2 \
+	$(BIN)/python -m unicache_lib.zoo.train.janus --init-from runs/tiny-janus-a --out runs/tiny-janus-c --seed 2 \
 	  --steps-vq 0 --steps-a 0 --steps-b 400 --lr 2e-3 --qtype-weights exists=20 --single-frac 1 --exists-negatives random \
 	  --n-heldout 200 --n-generate 20 --n-captions 20 --threads 1 --eval-every 200
-	$(BIN)/python -m unicache_lib.zoo.train_janus --init-from runs/tiny-janus-c --out data/models/tiny-janus --seed 3 \
+	$(BIN)/python -m unicache_lib.zoo.train.janus --init-from runs/tiny-janus-c --out data/models/tiny-janus --seed 3 \
 	  --steps-vq 0 --steps-a 0 --steps-b 800 --lr 1.5e-3 --qtype-weights colour=3,exists=3 --single-frac 0.25 \
 	  --exists-negatives random --n-heldout 1500 --threads 1 --eval-every 200
 

@@ -97,7 +97,7 @@ def eviction_standin(repeats=10):
     from unicache_lib.kv import POLICIES, evict, kv_bytes, prefill, split_prompt
     from unicache_lib.kv.cache import forward_question, prefill_pruned
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo import standins
+    from unicache_lib.zoo.builders import standins
     from unicache_lib.zoo.loaders import load_understanding
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,7 +177,7 @@ def standin_step_skip(name="sd3-medium", steps=20, repeats=3, prompts=("a red ci
     from unicache_lib.core.hooks import forward_hooks
     from unicache_lib.intervals import interleaved_timings
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
-    from unicache_lib.zoo import gen_standins
+    from unicache_lib.zoo.builders import gen_standins
     from unicache_lib.zoo.loaders import load_generator
     from unicache_lib.zoo.sampling import sample
 

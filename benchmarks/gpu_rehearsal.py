@@ -88,8 +88,8 @@ def understanding(a, out: Path, device: str, dtype: torch.dtype, real: bool) -> 
     from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill, split_prompt
     from unicache_lib.kv.cache import forward_question
     from unicache_lib.world import samples as sample_set
+    from unicache_lib.zoo.builders.standins import build
     from unicache_lib.zoo.loaders import load_understanding
-    from unicache_lib.zoo.standins import build
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     print(f"device: {torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu (smoke run)'}, torch {torch.__version__}")
@@ -221,7 +221,7 @@ def generators(a, device: str, real: bool) -> None:
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
     from unicache_lib.reuse.cache import AttentionCallCounter
     from unicache_lib.reuse.peers import PEERS, DiffusersCache, PeerUnsupported, calibrate_magcache
-    from unicache_lib.zoo.tiny_random import forward_inputs, tiny_transformer
+    from unicache_lib.zoo.builders.tiny_random import forward_inputs, tiny_transformer
 
     logging.getLogger("diffusers").setLevel(logging.ERROR)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

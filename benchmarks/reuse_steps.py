@@ -104,7 +104,7 @@ def standins(names, steps: int, repeats: int, prompt: str = "a red circle on the
     from unicache_lib.intervals import interleaved_timings
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
     from unicache_lib.reuse.policies.step_skip import StepSkip
-    from unicache_lib.zoo import gen_standins
+    from unicache_lib.zoo.builders import gen_standins
     from unicache_lib.zoo.loaders import load_generator
     from unicache_lib.zoo.sampling import sample
 

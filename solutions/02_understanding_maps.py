@@ -188,7 +188,7 @@ def exercise_5(quick: bool = False) -> dict:
     """Exercise 5 (on your own checkpoint): run notebook 02 with papermill on a random-weight stand-in of
     LLaVA-1.5-7B (or a real checkpoint) and compare the depth table and the U-claims with the shipped model's.
 
-    Full run: builds the stand-in (``python -m unicache_lib.zoo.standins --only llava-1.5-7b``) and executes the
+    Full run: builds the stand-in (``python -m unicache_lib.zoo.builders.standins --only llava-1.5-7b``) and executes the
     committed notebook on it with ``LAYERS = [0, 15, 31]``, ``PER_TYPE = 1``, ``MAP_PER_TYPE = 1``,
     ``N_CAPTIONS = 2`` (minutes on a CPU), then reads its ``scoreboard.json``: every verdict must read "not
     meaningful (random weights)". ``--quick`` makes the same comparison through the notebook's library calls on the
@@ -212,7 +212,7 @@ def exercise_5(quick: bool = False) -> dict:
     out = {}
     if not quick:
         tmp = Path(tempfile.mkdtemp(prefix="unicache-ex5-"))
-        subprocess.run([sys.executable, "-m", "unicache_lib.zoo.standins", "--out", str(tmp / "models"), "--only", "llava-1.5-7b"],
+        subprocess.run([sys.executable, "-m", "unicache_lib.zoo.builders.standins", "--out", str(tmp / "models"), "--only", "llava-1.5-7b"],
                        check=True, cwd=_common.ROOT)
         subprocess.run([sys.executable, "-m", "papermill", str(_common.ROOT / "notebooks" / "02_understanding_maps.ipynb"),
                         str(tmp / "02.ipynb"), "-p", "MODEL", str(tmp / "models" / "llava-1.5-7b"), "-y", "LAYERS: [0, 15, 31]",

@@ -228,7 +228,7 @@ def exercise_5(quick: bool = False) -> dict:
     prints; then set notebook 06's ``step_skip`` ``head`` from that window.
 
     The calls, shown on a random-weight SD3-class stand-in built like the tests' pipeline folders
-    (:func:`~unicache_lib.zoo.tiny_pipelines.build_tiny`): load it with ``load_generator``, capture a few
+    (:func:`~unicache_lib.zoo.builders.tiny_pipelines.build_tiny`): load it with ``load_generator``, capture a few
     prompts' steps, and read knees and window as the notebook does.
 
     Expected on the stand-in: the code path runs end to end through a diffusers pipeline (joint attention,
@@ -241,7 +241,7 @@ def exercise_5(quick: bool = False) -> dict:
     from unicache_lib.analysis import generation as G
     from unicache_lib.capture.gen_runner import capture_generation
     from unicache_lib.world.text import prompt_set
-    from unicache_lib.zoo import tiny_pipelines as tp
+    from unicache_lib.zoo.builders import tiny_pipelines as tp
     from unicache_lib.zoo.loaders import is_stand_in, load_generator
 
     steps = 4 if quick else 8

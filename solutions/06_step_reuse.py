@@ -136,7 +136,7 @@ def exercise_3(quick: bool = False) -> dict:
 
     The calls are the notebook's with ``GENERATORS`` set to your pipeline folder; tune first with ``python
     benchmarks/tune_step_skip.py`` (its design prompts are disjoint from the scored ones). Shown here on a
-    random-weight pipeline stand-in of another family (``unicache_lib.zoo.tiny_pipelines.build_tiny("sana", ...)``,
+    random-weight pipeline stand-in of another family (``unicache_lib.zoo.builders.tiny_pipelines.build_tiny("sana", ...)``,
     loaded through ``load_generator`` like any pipeline folder): no reuse, ``step_skip`` and the fewer-step control
     at the same number of transformer calls, with the control table of the notebook's section 3.
 
@@ -149,8 +149,8 @@ def exercise_3(quick: bool = False) -> dict:
     from unicache_lib.reuse.control import control_table, fewer_steps_methods
     from unicache_lib.reuse.evaluate import run_reuse
     from unicache_lib.world.text import prompt_set
+    from unicache_lib.zoo.builders.tiny_pipelines import build_tiny
     from unicache_lib.zoo.loaders import load_generator
-    from unicache_lib.zoo.tiny_pipelines import build_tiny
 
     d = OUT / "random-sana"
     if not (d / "model_index.json").exists():

@@ -55,7 +55,7 @@ def exercise_1(quick: bool = False) -> dict:
     """
     from unicache_lib.families import family_of
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo import train_vilt as TV
+    from unicache_lib.zoo.train import vilt as TV
 
     model, proc = _model(VILT)
     fam = family_of(model)

@@ -44,7 +44,7 @@ from unicache_lib.reuse.peers import (
 )
 from unicache_lib.reuse.policies.base import ReusePolicy
 from unicache_lib.stats import step_statistics
-from unicache_lib.zoo.tiny_random import TINY, forward_inputs, tiny_transformer
+from unicache_lib.zoo.builders.tiny_random import TINY, forward_inputs, tiny_transformer
 
 N_TEXT, N_PAD = 5, 2  # forward_inputs' defaults: 5 real text tokens (+ 2 padding where the family has a text mask)
 
@@ -328,7 +328,7 @@ def test_lookup_by_class_name():
 
 def test_every_family_has_a_key_with_peer_configuration_and_a_tiny_config():
     from unicache_lib.reuse.peers import FAMILY_PEERS
-    from unicache_lib.zoo.tiny_random import TINY
+    from unicache_lib.zoo.builders.tiny_random import TINY
 
     keys = [GEN_FAMILIES[n].key for n in GEN_FAMILIES]
     assert all(keys) and len(set(keys)) == len(keys)
@@ -797,7 +797,7 @@ def test_a_family_registered_from_one_file_brings_its_tiny_model_and_passes_the_
 
     from unicache_lib.gen_families import register as register_gen
     from unicache_lib.gen_families.pixart import PixArt
-    from unicache_lib.zoo.tiny_random import tiny_configs
+    from unicache_lib.zoo.builders.tiny_random import tiny_configs
 
     class MyTransformer(PixArtTransformer2DModel):  # a fork's transformer class
         pass

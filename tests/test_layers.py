@@ -27,14 +27,16 @@ def test_the_check_catches_what_it_forbids(tmp_path):
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "core" / "errors.py").write_text("def f():\n    from ..kv import cache  # a lazy import still counts\n")
-    (pkg / "kv" / "cache.py").write_text("from ..core.errors import f\nfrom ..zoo.train_llava import x\n")
-    (pkg / "zoo" / "train_llava.py").write_text("x = 1\n")
+    (pkg / "kv" / "cache.py").write_text("from ..core.errors import f\nfrom ..zoo.train.llava import x\n")
+    (pkg / "zoo" / "train").mkdir()
+    (pkg / "zoo" / "train" / "__init__.py").write_text("")
+    (pkg / "zoo" / "train" / "llava.py").write_text("x = 1\n")
     (pkg / "odd_one.py").write_text("")
     G = layers.import_graph(tmp_path)
     assert layers.circles(G) == [["unicache_lib.core.errors", "unicache_lib.kv.cache"]]
     bad = "\n".join(layers.violations(G))
     assert "unicache_lib.core.errors (core) imports unicache_lib.kv" in bad
-    assert "unicache_lib.kv.cache (features) imports unicache_lib.zoo.train_llava, in training / builder code" in bad
+    assert "unicache_lib.kv.cache (features) imports unicache_lib.zoo.train.llava, in training / builder code" in bad
     assert "unicache_lib.odd_one belongs to no layer" in bad
 
 

@@ -114,7 +114,7 @@ def test_03_runs_to_its_scoreboard_on_a_random_pipeline(tmp_path):
     """Notebook 03 runs to its scoreboard on a random-weight SD3 pipeline folder (issue #28: such a folder whose
     drawings held no detectable object failed in the word -> region section with KeyError); that section's line for
     a model with nothing drawn says "not measurable here"."""
-    from unicache_lib.zoo import tiny_pipelines as tp
+    from unicache_lib.zoo.builders import tiny_pipelines as tp
 
     folder = tp.build_tiny("sd3", tmp_path / "tiny-sd3-pipeline")
     run_notebook("03_diffusion_steps.ipynb", tmp_path, MODELS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=4, MAP_PROMPTS=1,
@@ -139,7 +139,7 @@ def test_03_runs_to_its_scoreboard_on_other_random_pipelines(tmp_path, kind):
     """Notebook 03 also runs to its scoreboard on PixArt-Sigma and Flux pipeline folders built from random
     components (cross-attention with a T5 text mask; Flux's text-first joint blocks and single-stream blocks):
     a random model draws nothing, and every claim says so rather than crashing a section."""
-    from unicache_lib.zoo import tiny_pipelines as tp
+    from unicache_lib.zoo.builders import tiny_pipelines as tp
 
     folder = tp.build_tiny(kind, tmp_path / f"tiny-{kind}-pipeline")
     run_notebook("03_diffusion_steps.ipynb", tmp_path, MODELS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=3, MAP_PROMPTS=1,
@@ -375,8 +375,8 @@ def test_05_on_your_sample_folder(tmp_path):
 def random_models(tmp_path_factory):
     """A tiny random-weight LLaVA (the real from_pretrained path, a card marking it a stand-in) and a random SD3 pipeline
     folder: models that yield nothing (no anchor, no object drawn, answers by chance)."""
-    from unicache_lib.zoo import standins
-    from unicache_lib.zoo import tiny_pipelines as tp
+    from unicache_lib.zoo.builders import standins
+    from unicache_lib.zoo.builders import tiny_pipelines as tp
 
     d = tmp_path_factory.mktemp("random-models")
     return standins.build("tiny-random-llava", d, spec=standins.tiny("LLaVA-1.5")), tp.build_tiny("sd3", d / "tiny-sd3")
@@ -426,7 +426,7 @@ def _subword_sd3(out: Path) -> Path:
     from transformers import CLIPTokenizer, T5TokenizerFast
 
     from unicache_lib.world.text import vocabulary
-    from unicache_lib.zoo import tiny_pipelines as tp
+    from unicache_lib.zoo.builders import tiny_pipelines as tp
 
     words = vocabulary()
     backend = CLIPTokenizer()._tokenizer

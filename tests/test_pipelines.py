@@ -1,6 +1,6 @@
 """Generators that are diffusers pipeline folders: loading, sampling through the pipeline, step callbacks.
 
-Every family is a tiny random pipeline built in code (unicache_lib.zoo.tiny_pipelines): tiny transformer,
+Every family is a tiny random pipeline built in code (unicache_lib.zoo.builders.tiny_pipelines): tiny transformer,
 text encoders and VAE, the real scheduler class, saved with save_pretrained and loaded back through
 DiffusionPipeline.from_pretrained. The slow tests build the real-shape stand-ins and time one step.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from unicache_lib.zoo import tiny_pipelines as tp
+from unicache_lib.zoo.builders import tiny_pipelines as tp
 from unicache_lib.zoo.loaders import UnsupportedModelError, load_generator
 from unicache_lib.zoo.sampling import sample, to_uint8
 
@@ -157,10 +157,10 @@ def test_quality_takes_decoded_pixels_at_512():
 @pytest.mark.parametrize("name", ["sd3-medium", "pixart-sigma", "flux-dev"])
 def test_real_shape_standin_runs_one_step(tmp_path, name):
     """Build the stand-in and run one denoising step in a child process (its own peak RSS)."""
-    from unicache_lib.zoo.gen_standins import GEN_STANDINS
+    from unicache_lib.zoo.builders.gen_standins import GEN_STANDINS
     from unicache_lib.zoo.loaders import is_stand_in, model_card
 
-    out = subprocess.run([sys.executable, "-m", "unicache_lib.zoo.gen_standins", "--out", str(tmp_path), "--only", name,
+    out = subprocess.run([sys.executable, "-m", "unicache_lib.zoo.builders.gen_standins", "--out", str(tmp_path), "--only", name,
                           "--step"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     row = json.loads(out.stdout.strip().splitlines()[-1])

@@ -159,7 +159,7 @@ PROMPT = ["a red circle on the left"]
 
 @pytest.fixture(scope="module")
 def pipe_folders(tmp_path_factory):
-    from unicache_lib.zoo import tiny_pipelines as tp
+    from unicache_lib.zoo.builders import tiny_pipelines as tp
 
     root = tmp_path_factory.mktemp("pruning_pipes")
     return {kind: tp.build_tiny(kind, root / kind) for kind in PIPE_KINDS}
@@ -358,7 +358,7 @@ def test_statistics_scorers_refuse_mapless_units(pipe_folders):
 
 
 def test_hunyuan_heads_mask_exactly():
-    from unicache_lib.zoo.tiny_random import forward_inputs, tiny_transformer
+    from unicache_lib.zoo.builders.tiny_random import forward_inputs, tiny_transformer
 
     tr = tiny_transformer("hunyuan")
     space = HeadSpace.of(tr)

@@ -29,7 +29,7 @@ def test_shipped_cards_record_the_checksum_of_every_weight_file(name):
 
 
 def test_tiny_llava_meets_its_bar_and_uses_the_image():
-    from unicache_lib.zoo.train_llava import evaluate, heldout_set
+    from unicache_lib.zoo.train.llava import evaluate, heldout_set
 
     model, processor = load_understanding("tiny-llava")
     qas = heldout_set(400)  # the first 400 of the model card's 1,500 held-out questions
@@ -56,7 +56,7 @@ def test_tiny_llava_processor_matches_training_encoding():
 
 def test_tiny_llava_captions_name_the_objects():
     from unicache_lib.world.text import make_qa
-    from unicache_lib.zoo.train_llava import evaluate_captions
+    from unicache_lib.zoo.train.llava import evaluate_captions
 
     model, processor = load_understanding("tiny-llava")
     rng = np.random.default_rng(99)
@@ -77,7 +77,8 @@ def test_architecture_models_answer_from_the_image(name):
     """Accuracy on the first 300 of the card's held-out questions, and the image-shuffle control near the prior."""
     from unicache_lib.families import family_of
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo import train_vilt, train_vlm
+    from unicache_lib.zoo.train import vilt as train_vilt
+    from unicache_lib.zoo.train import vlm as train_vlm
 
     model, proc = load_understanding(name)
     qas = heldout_set(300)
@@ -94,7 +95,7 @@ def test_architecture_models_answer_from_the_image(name):
 
 def test_tiny_clip_retrieves_the_scene_its_caption_describes():
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.train_clip import recall_at_1
+    from unicache_lib.zoo.train.clip import recall_at_1
 
     model, proc = load_understanding("tiny-clip")
     scenes = [q.scene for q in heldout_set(200)]
@@ -108,7 +109,7 @@ def test_tiny_clip_retrieves_the_scene_its_caption_describes():
 
 def test_tiny_janus_draws_what_the_prompt_asks():
     """Colour and position of 40 one-object drawings (guided, greedy), by the world's checker: the issue's bars."""
-    from unicache_lib.zoo.train_janus import evaluate_generation, vq_quality
+    from unicache_lib.zoo.train.janus import evaluate_generation, vq_quality
 
     model, proc = load_understanding("tiny-janus")
     r = evaluate_generation(model, proc, n=40)
@@ -124,7 +125,7 @@ def test_tiny_janus_draws_what_the_prompt_asks():
 
 @pytest.fixture(scope="module")
 def generator_scores():
-    from unicache_lib.zoo.train_generator import eval_prompts, evaluate
+    from unicache_lib.zoo.train.generator import eval_prompts, evaluate
 
     return {name: evaluate(load_generator(name), eval_prompts(100)) for name in ("tiny-mmdit", "tiny-pixart")}
 
@@ -150,7 +151,8 @@ def test_generators_shape_target(generator_scores, name):
 
 
 def test_training_scripts_smoke(tmp_path):
-    from unicache_lib.zoo import train_generator, train_llava
+    from unicache_lib.zoo.train import generator as train_generator
+    from unicache_lib.zoo.train import llava as train_llava
 
     train_llava.main(["--out", str(tmp_path / "llava"), "--steps-a", "2", "--steps-b", "2", "--batch-a", "4",
                       "--batch-b", "4", "--n-heldout", "8", "--eval-every", "0", "--n-captions", "4"])
@@ -176,7 +178,10 @@ def test_training_scripts_smoke(tmp_path):
 def test_architecture_training_scripts_smoke(tmp_path):
     """Every training script of notebook 08's models runs, writes a card with checksums, loads through
     ``load_understanding``, and continues from a saved checkpoint (``--init-from``, recorded on the card)."""
-    from unicache_lib.zoo import train_clip, train_janus, train_vilt, train_vlm
+    from unicache_lib.zoo.train import clip as train_clip
+    from unicache_lib.zoo.train import janus as train_janus
+    from unicache_lib.zoo.train import vilt as train_vilt
+    from unicache_lib.zoo.train import vlm as train_vlm
 
     small = ["--n-heldout", "8", "--eval-every", "0", "--threads", "1"]
     train_vilt.main(["--out", str(tmp_path / "vilt"), "--steps", "2", "--batch", "4", *small])
@@ -199,10 +204,10 @@ def test_architecture_training_scripts_smoke(tmp_path):
 
 
 def test_the_one_training_loop_is_the_recipe_it_replaced():
-    """zoo.training.fit: per step the learning rate lr * lr_scale * lr_at(step), AdamW, gradients clipped to norm 1,
+    """zoo.train.loop.fit: per step the learning rate lr * lr_scale * lr_at(step), AdamW, gradients clipped to norm 1,
     the same update as a hand-written loop (torch.equal); the log every log_every steps and at the last one (unless
     log_last is off), evaluations every eval_every steps, ``read()`` after the update."""
-    from unicache_lib.zoo.training import Stage, fit, lr_at, warmup
+    from unicache_lib.zoo.train.loop import Stage, fit, lr_at, warmup
 
     def model_and_data():
         torch.manual_seed(0)

@@ -36,7 +36,7 @@ LAYERS = [
      r"analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|params|replicate"),
 ]
 # training scripts, test and stand-in builders, make-target drivers: outside the runtime graph
-OUTSIDE = r"zoo\.(train_\w+|training|patch_heads|standins|gen_standins|tiny_random|tiny_pipelines)|rehearsal"
+OUTSIDE = r"zoo\.(train|builders)(\..*)?|rehearsal"
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -109,7 +109,8 @@ def picture(G: nx.DiGraph) -> str:
         mods = [m[len(PACKAGE) + 1:] or PACKAGE for m in G if layer_of(m) == i]
         by = {}
         for m in mods:
-            top = m.split(".")[0] if not m.startswith("zoo.") else m
+            top = ".".join(m.split(".")[:2]) if m.startswith(("zoo.train", "zoo.builders")) else \
+                m.split(".")[0] if not m.startswith("zoo.") else m
             by.setdefault(top, []).append(m)
         return ", ".join(f"{k} ({len(v)})" if len(v) > 1 else k for k, v in sorted(by.items()))
     names = [n for n, _, _ in LAYERS] + ["outside"]

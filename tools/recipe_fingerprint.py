@@ -22,16 +22,16 @@ import sys
 from pathlib import Path
 
 RUNS = {
-    "llava": ("unicache_lib.zoo.train_llava", "--steps-a 3 --steps-b 4 --batch-a 4 --batch-b 4 --n-heldout 10 "
+    "llava": ("unicache_lib.zoo.train.llava", "--steps-a 3 --steps-b 4 --batch-a 4 --batch-b 4 --n-heldout 10 "
                                               "--eval-every 2 --n-captions 2"),
-    "mllama": ("unicache_lib.zoo.train_vlm", "--family Mllama --steps-a 3 --steps-b 4 --batch-a 4 --batch-b 4 "
+    "mllama": ("unicache_lib.zoo.train.vlm", "--family Mllama --steps-a 3 --steps-b 4 --batch-a 4 --batch-b 4 "
                                              "--n-heldout 10 --eval-every 2 --n-captions 2"),
-    "clip": ("unicache_lib.zoo.train_clip", "--steps 4 --batch 4 --n-heldout 10 --eval-every 2"),
-    "vilt": ("unicache_lib.zoo.train_vilt", "--steps 4 --batch 4 --n-heldout 10 --eval-every 2"),
-    "janus": ("unicache_lib.zoo.train_janus", "--steps-vq 3 --steps-a 3 --steps-b 4 --batch-vq 4 --batch-a 4 "
+    "clip": ("unicache_lib.zoo.train.clip", "--steps 4 --batch 4 --n-heldout 10 --eval-every 2"),
+    "vilt": ("unicache_lib.zoo.train.vilt", "--steps 4 --batch 4 --n-heldout 10 --eval-every 2"),
+    "janus": ("unicache_lib.zoo.train.janus", "--steps-vq 3 --steps-a 3 --steps-b 4 --batch-vq 4 --batch-a 4 "
                                               "--batch-b 4 --n-heldout 10 --n-generate 2 --eval-every 2 --n-captions 2"),
-    "sd3": ("unicache_lib.zoo.train_generator", "--family sd3 --steps 4 --batch 4 --n-eval 4 --eval-every 2"),
-    "pixart": ("unicache_lib.zoo.train_generator", "--family pixart --steps 4 --batch 4 --n-eval 4 --eval-every 2"),
+    "sd3": ("unicache_lib.zoo.train.generator", "--family sd3 --steps 4 --batch 4 --n-eval 4 --eval-every 2"),
+    "pixart": ("unicache_lib.zoo.train.generator", "--family pixart --steps 4 --batch 4 --n-eval 4 --eval-every 2"),
 }
 
 

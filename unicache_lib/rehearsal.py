@@ -4,7 +4,7 @@
     python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture    # a slice
     python -m unicache_lib.rehearsal --side generation     # make rehearsal-gen: 3 pipeline stand-ins x 03, 04, 06
 
-Builds the stand-ins of :mod:`unicache_lib.zoo.standins` (LLaVA-1.5-7B, Qwen2-VL-2B,
+Builds the stand-ins of :mod:`unicache_lib.zoo.builders.standins` (LLaVA-1.5-7B, Qwen2-VL-2B,
 Llama-3.2-11B-Vision shapes: real token counts and depth, reduced width) and runs notebooks 01, 02, 04
 (one pruning fraction), 05 (two budgets, no peers) and 07 on each through papermill, **by parameters
 only** (model path, device, dtype, small sample counts). Each run is a separate process whose wall-clock
@@ -15,7 +15,7 @@ shapes, and what it costs.
 
 ``--side generation`` does the same for the generator notebooks 03, 04 (one pruning fraction) and 06 (cross-step
 reuse) on the pipeline stand-ins of
-:mod:`unicache_lib.zoo.gen_standins` (SD3-medium, PixArt-Sigma and FLUX.1-dev at 512 px: 1,024 image tokens,
+:mod:`unicache_lib.zoo.builders.gen_standins` (SD3-medium, PixArt-Sigma and FLUX.1-dev at 512 px: 1,024 image tokens,
 real depth and text lengths, reduced head width, tiny random VAE), sampled through the real pipeline classes.
 Capture keeps the first, middle and last block (``LAYERS``), as one would at real sizes on a small machine.
 Its table goes to :data:`GEN_RESULTS_CSV` and docs/REHEARSAL.md between :data:`GEN_BEGIN` and :data:`GEN_END`, with
@@ -115,7 +115,7 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
     """Build each stand-in and run ``notebooks`` on it. Returns one row per (model, notebook). ``progress``: a bar
     over the runs and a line per run (None: :func:`unicache_lib.progress.enabled`; False: silent)."""
     from .progress import bar
-    from .zoo import standins
+    from .zoo.builders import standins
 
     rows = []
     runs = bar(total=len(models) * len(notebooks), progress=progress, desc="rehearsal")
@@ -149,7 +149,7 @@ def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype
     import pandas as pd
 
     from .progress import bar
-    from .zoo import gen_standins
+    from .zoo.builders import gen_standins
 
     partial = out / "partial.csv"
     done = {(r["model"], r["notebook"]): r for r in pd.read_csv(partial, keep_default_na=False).to_dict("records")} \
@@ -290,7 +290,7 @@ def _rel(p: Path) -> str:
 
 
 def main(argv=None):
-    from .zoo.standins import STANDINS
+    from .zoo.builders.standins import STANDINS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--side", choices=("understanding", "generation"), default="understanding")
@@ -303,7 +303,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     out = Path(a.out)
     if a.side == "generation":
-        from .zoo.gen_standins import GEN_STANDINS
+        from .zoo.builders.gen_standins import GEN_STANDINS
 
         models, notebooks = a.models or list(GEN_STANDINS), a.notebooks or list(GEN_NOTEBOOKS)
         bad = [nb for nb in notebooks if nb not in GEN_PARAMS]

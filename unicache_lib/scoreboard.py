@@ -212,23 +212,6 @@ def _cells(ms: list[tuple[str, Measurement | None]]) -> dict:
     return {"value": value, "interval": interval, "n": n, "unit": unit}
 
 
-def saved_table(rows: list[dict]):
-    """:meth:`Scoreboard.table` rebuilt from a saved scoreboard (the JSON of :meth:`Scoreboard.save`), so a saved
-    file can be compared with what a notebook printed (``repr(ScoreboardView(saved_table(rows)))``)."""
-    import pandas as pd
-
-    out = []
-    for r in rows:
-        ms = [(c["name"], Measurement(None) if c["value"] is None else
-               Measurement(c["value"], math.nan if c["lo"] is None else c["lo"], math.nan if c["hi"] is None else c["hi"],
-                           c["n"], c["unit"] or "")) for c in r["criteria"]]
-        c = _cells([(k, None if m.value is None else m) for k, m in ms])
-        out.append({"claim": r["claim"], "statement": CLAIMS[r["claim"]], "measured": r["shown"], "value": c["value"],
-                    "interval (95%)": c["interval"], "n": c["n"], "unit": c["unit"], "rule": r["rule"],
-                    "verdict": r["verdict"], "note": r["note"]})
-    return pd.DataFrame(out).set_index("claim")
-
-
 class Scoreboard:
     """Rules first, then measurements, then ``table()`` (a pandas DataFrame) or ``show()``.
 

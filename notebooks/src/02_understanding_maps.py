@@ -618,7 +618,7 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 #    (measured per head with `object_word_selectivity(..., query="last", per_head=True)`); layer 0's best head
 #    manages only ~0.3.
 # 5. ★★★ On your own checkpoint: run this notebook with papermill on a random-weight
-#    [stand-in](../docs/GLOSSARY.md#stand-in) of LLaVA-1.5-7B (`python -m unicache_lib.zoo.standins --out
+#    [stand-in](../docs/GLOSSARY.md#stand-in) of LLaVA-1.5-7B (`python -m unicache_lib.zoo.builders.standins --out
 #    outputs/rehearsal/models --only llava-1.5-7b`, then `papermill notebooks/02_understanding_maps.ipynb /tmp/02.ipynb
 #    -p MODEL outputs/rehearsal/models/llava-1.5-7b -p LAYERS "[0, 15, 31]" -p PER_TYPE 1 -p MAP_PER_TYPE 1
 #    -p N_CAPTIONS 2`), or on a real checkpoint on a GPU (`-p MODEL llava-hf/llava-1.5-7b-hf`). Compare the depth
@@ -648,4 +648,4 @@ print("or: move the explorer's layer and head sliders with the last token select
 
 # %%
 # Exercise 5 starter: this lesson on a stand-in or your checkpoint
-print("python -m unicache_lib.zoo.standins --out outputs/rehearsal/models --only llava-1.5-7b")
+print("python -m unicache_lib.zoo.builders.standins --out outputs/rehearsal/models --only llava-1.5-7b")

@@ -14,7 +14,7 @@ A transformer whose class no registered family claims gets :class:`UnsupportedMo
 families' error: one error for "the workbench does not know this model").
 
 Adding a family = one file in this package (a :class:`GenFamily` subclass registered with
-``@register``) plus a tiny config in :data:`unicache_lib.zoo.tiny_random.TINY` (and its inputs in
+``@register``) plus a tiny config in :data:`unicache_lib.zoo.builders.tiny_random.TINY` (and its inputs in
 ``forward_inputs``); the parametrised suite
 in ``tests/test_gen_families.py`` then checks outputs, maps, parts and spans for it.
 """
@@ -42,7 +42,7 @@ _register = registrar(GEN_FAMILIES, "generator family")
 HOW_TO_ADD = ("To add a family: write unicache_lib/gen_families/<name>.py with a GenFamily subclass (name, "
               "transformer_classes, pipeline_classes, site_patterns, processors, default_processors) decorated with "
               "@register (every module of that package is imported, so the file registers itself), and add a tiny "
-              "config to TINY (and its inputs to forward_inputs) in unicache_lib/zoo/tiny_random.py so "
+              "config to TINY (and its inputs to forward_inputs) in unicache_lib/zoo/builders/tiny_random.py so "
               "tests/test_gen_families.py checks it.")
 
 
@@ -281,7 +281,7 @@ class GenFamily:
     image_sides: dict[str, Callable] = {}
     #: cross-attention processors whose text keys and values reuse may project once per run (text does not change)
     text_kv_processors: tuple[str, ...] = ()
-    #: the tiny random-weight transformers tests build from this family (``zoo.tiny_random``): tag -> (diffusers class
+    #: the tiny random-weight transformers tests build from this family (``zoo.builders.tiny_random``): tag -> (diffusers class
     #: name, or a class, and constructor kwargs); a few tokens and 2 heads of 8, but every structural feature of the
     #: real models
     tiny: dict[str, tuple[str, dict]] = {}

@@ -1,9 +1,9 @@
 """Train the shipped tiny ViLT (``ViltForQuestionAnswering``, single-stream fusion) on the world's questions.
 
-    python -m unicache_lib.zoo.train_vilt --out data/models/tiny-vilt --seed 0
+    python -m unicache_lib.zoo.train.vilt --out data/models/tiny-vilt --seed 0
 
 One stage: the answer classifier's cross-entropy on the pooled first text token, plus the patch heads of
-:mod:`unicache_lib.zoo.patch_heads` on the last layer's image tokens (weight ``--aux``), which keeps the
+:mod:`unicache_lib.zoo.train.patch_heads` on the last layer's image tokens (weight ``--aux``), which keeps the
 image path from collapsing to the text prior. Image tokens are fed in grid order
 (:func:`unicache_lib.families.vilt.grid_ordered`) so the patch labels line up. The card records held-out
 accuracy per question type and the image-shuffle control.
@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..families.vilt import grid_ordered
-from ..world.text import ANSWERS
-from .checksums import write_card
+from ...families.vilt import grid_ordered
+from ...world.text import ANSWERS
+from ..checksums import write_card
+from ..shipping import load_previous, save_and_reload
+from .llava import TRAIN_QTYPES, held_out, heldout_set, question_images, score_answers
+from .llava import sample_batch as _sample
+from .loop import Stage, fit, parse, recipe_parser, warmup
 from .patch_heads import PatchHeads, patch_labels
-from .shipping import load_previous, save_and_reload
-from .train_llava import TRAIN_QTYPES, held_out, heldout_set, question_images, score_answers
-from .train_llava import sample_batch as _sample
-from .training import Stage, fit, parse, recipe_parser, warmup
 
 IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
@@ -35,8 +35,8 @@ def build(seed: int, layers: int = 6, heads: int = 8, head_dim: int = 16):
     """-> (model, processor): a ViLT at tiny width over the world tokenizer, answer classes :data:`LABELS`."""
     from transformers import ViltForQuestionAnswering
 
-    from ..families import FAMILIES
-    from ..families.base import Shape
+    from ...families import FAMILIES
+    from ...families.base import Shape
 
     fam = FAMILIES["ViLT"]
     tok = fam.tokenizer()

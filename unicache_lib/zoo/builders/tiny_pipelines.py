@@ -1,5 +1,5 @@
 """Random-weight diffusers pipeline folders built in code: what the pipeline tests load, and the parts the
-real-shape generator stand-ins (:mod:`unicache_lib.zoo.gen_standins`) are assembled from.
+real-shape generator stand-ins (:mod:`unicache_lib.zoo.builders.gen_standins`) are assembled from.
 
     pipe = build_pipeline("flux-dev", tiny_transformer("flux-dev"))   # any transformer of the kind
     save_pipeline(pipe, out, {"image_size": 16})                      # model_index.json + model_card.json
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..core.errors import InputError, UnknownNameError
-from .checksums import write_card
+from ...core.errors import InputError, UnknownNameError
+from ..checksums import write_card
 from .tiny_random import TINY
 
 # kind -> (pipeline class, family tag); the family tag is what load_generator reports
@@ -74,7 +74,7 @@ def clip_tokenizer(max_length: int = CLIP_LENGTH):
     ``<|endoftext|>``) over the world's vocabulary; ``model_max_length`` is what SD3 / Flux pad CLIP to."""
     from transformers import CLIPTokenizer
 
-    from ..world.text import vocabulary
+    from ...world.text import vocabulary
 
     special = ["<|startoftext|>", "<|endoftext|>"]
     vocab, merges = _train_bpe(CLIPTokenizer, vocabulary(), special, end_of_word_suffix="</w>")
@@ -86,7 +86,7 @@ def t5_tokenizer():
     vocabulary."""
     from transformers import T5TokenizerFast
 
-    from ..world.text import vocabulary
+    from ...world.text import vocabulary
 
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("▁" + w, -1.0) for w in vocabulary()]
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
@@ -96,7 +96,7 @@ def gemma_tokenizer():
     """A ``GemmaTokenizerFast`` (BPE on ``▁``-joined text, as Gemma 2's) over the world's vocabulary."""
     from transformers import GemmaTokenizerFast
 
-    from ..world.text import vocabulary
+    from ...world.text import vocabulary
 
     words = vocabulary()
     special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
@@ -109,14 +109,14 @@ def gemma_tokenizer():
 def clip_encoder(tokenizer, width: int, layers: int = 1, projection: bool = True):
     """A random ``CLIPTextModelWithProjection`` (SD3; ``projection=False``: ``CLIPTextModel``, Flux) with
     77 positions; pooled / hidden width ``width``."""
-    from .tiny_generators import build_text_encoder
+    from ..tiny_generators import build_text_encoder
 
     return build_text_encoder(tokenizer, width, layers, "clip", max_positions=CLIP_LENGTH, projection=projection)
 
 
 def t5_encoder(tokenizer, width: int, layers: int = 1):
     """A random ``T5EncoderModel`` of ``d_model = width`` (relative positions: any prompt length)."""
-    from .tiny_generators import build_text_encoder
+    from ..tiny_generators import build_text_encoder
 
     return build_text_encoder(tokenizer, width, layers, "t5")
 
@@ -176,7 +176,7 @@ def scheduler(kind: str):
 # ---- pipelines --------------------------------------------------------------------------------------
 
 def tiny_transformer(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """The tiny random transformer of ``kind`` (2-3 blocks, 2 heads of 8; :mod:`~unicache_lib.zoo.tiny_random`)."""
+    """The tiny random transformer of ``kind`` (2-3 blocks, 2 heads of 8; :mod:`~unicache_lib.zoo.builders.tiny_random`)."""
     import diffusers
 
     _family(kind)  # a known kind

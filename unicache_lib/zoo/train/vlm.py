@@ -1,13 +1,13 @@
 """Train a shipped tiny VLM of a registered family through its own processor: tiny-mllama (cross-attention
 layers) and the understanding side of tiny-janus.
 
-    python -m unicache_lib.zoo.train_vlm --family Mllama --out data/models/tiny-mllama --seed 0
+    python -m unicache_lib.zoo.train.vlm --family Mllama --out data/models/tiny-mllama --seed 0
 
-The tiny-llava recipe (:mod:`unicache_lib.zoo.train_llava`), with every batch encoded by the family's
+The tiny-llava recipe (:mod:`unicache_lib.zoo.train.llava`), with every batch encoded by the family's
 processor (so prompts, image tokens, cross-attention masks and pixel values are exactly what a user's
 ``processor(...)`` call gives):
 
-a. the vision tower alone, with patch heads (:mod:`unicache_lib.zoo.patch_heads`);
+a. the vision tower alone, with patch heads (:mod:`unicache_lib.zoo.train.patch_heads`);
 b. the rest with the tower frozen: one question (or caption) per image, loss on the answer tokens only.
 
 A model card (config, data, accuracy per question type, image-shuffle control, captions, time, seed,
@@ -22,11 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..world.text import CAPTION_QUESTION
-from .checksums import write_card
-from .patch_heads import train_patch_heads
-from .shipping import load_previous, save_and_reload
-from .train_llava import (
+from ...world.text import CAPTION_QUESTION
+from ..checksums import write_card
+from ..shipping import load_previous, save_and_reload
+from .llava import (
     TRAIN_QTYPES,
     held_out,
     heldout_set,
@@ -35,7 +34,8 @@ from .train_llava import (
     score_answers,
     score_captions,
 )
-from .training import Stage, fit, parse, recipe_parser, warmup
+from .loop import Stage, fit, parse, recipe_parser, warmup
+from .patch_heads import train_patch_heads
 
 IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
@@ -158,7 +158,7 @@ class MllamaRecipe(Recipe):
     model_name = "tiny-mllama"
 
     def shape(self):
-        from ..families.base import Shape
+        from ...families.base import Shape
 
         return Shape(layers=6, heads=8, kv_heads=8, head_dim=16, vision_layers=2, vision_heads=4, vision_head_dim=32,
                      image_size=IMAGE_SIZE, patch=PATCH,
@@ -167,7 +167,7 @@ class MllamaRecipe(Recipe):
     def build(self, seed):
         from transformers import MllamaForConditionalGeneration
 
-        from ..families import FAMILIES
+        from ...families import FAMILIES
 
         fam = FAMILIES[self.family]
         tok = fam.tokenizer()
@@ -213,7 +213,7 @@ def main(argv=None):
                     help="'is there a ...?' negatives in training: 'hard' (share a colour or shape with a present object, "
                          "as every held-out set) or 'random' (any absent colour x shape): an easier curriculum")
     args = parse(ap, argv)
-    from ..families import FAMILIES
+    from ...families import FAMILIES
 
     recipe = RECIPES[args.family]
     fam = FAMILIES[recipe.family]

@@ -1,6 +1,6 @@
 """Train the shipped tiny LLaVA from scratch on the synthetic world.
 
-    python -m unicache_lib.zoo.train_llava --out data/models/tiny-llava --seed 0
+    python -m unicache_lib.zoo.train.llava --out data/models/tiny-llava --seed 0
 
 Two stages (a one-stage run from scratch collapses to the text prior, see the model card):
 
@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..world.questions import TRAIN_QTYPES, heldout_set, question_images, score_answers, score_captions  # noqa: F401
-from ..world.text import CAPTION_QUESTION, QA, caption, make_qa
-from . import tiny_llava as tl
-from .checksums import write_card
+from ...world.questions import TRAIN_QTYPES, heldout_set, question_images, score_answers, score_captions  # noqa: F401
+from ...world.text import CAPTION_QUESTION, QA, caption, make_qa
+from .. import tiny_llava as tl
+from ..checksums import write_card
+from ..tiny_llava import IMAGE_SIZE, N_IMG, PATCH, answer_logits  # noqa: F401
+from .loop import Stage, fit, parse, recipe_parser, warmup
 from .patch_heads import patch_labels as _patch_labels
 from .patch_heads import train_patch_heads
-from .tiny_llava import IMAGE_SIZE, N_IMG, PATCH, answer_logits  # noqa: F401
-from .training import Stage, fit, parse, recipe_parser, warmup
 
 
 def patch_labels(qa: QA) -> np.ndarray:
@@ -120,7 +120,7 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
 
 
 def held_out(r: dict) -> tuple[dict, str]:
-    """An in-training evaluation as :func:`~unicache_lib.zoo.training.fit` logs it."""
+    """An in-training evaluation as :func:`~unicache_lib.zoo.train.loop.fit` logs it."""
     return {"eval": r}, f"held-out accuracy {r['accuracy']:.3f} {r['per_type']}"
 
 

@@ -7,8 +7,8 @@ and a model card that says ``"stand_in": true``. They test code paths, memory an
 shapes; their attention statistics mean nothing, and notebooks show "not meaningful (random
 weights)" instead of verdicts for them.
 
-    python -m unicache_lib.zoo.standins --out outputs/rehearsal/models            # all three
-    python -m unicache_lib.zoo.standins --out DIR --only llava-1.5-7b
+    python -m unicache_lib.zoo.builders.standins --out outputs/rehearsal/models            # all three
+    python -m unicache_lib.zoo.builders.standins --out DIR --only llava-1.5-7b
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from ..core.errors import InputError, UnknownNameError
-from ..families import FAMILIES, Shape
-from .checksums import write_card
+from ...core.errors import InputError, UnknownNameError
+from ...families import FAMILIES, Shape
+from ..checksums import write_card
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import torch
 
-from ..core.errors import UnknownNameError
+from ...core.errors import UnknownNameError
 
 
 def tiny_configs() -> dict[str, tuple[str, dict]]:
     """tag -> (diffusers class, constructor kwargs) of every registered generator family's tiny transformers (each
     adapter's ``tiny``): a family registered from its own file brings its tiny configs."""
-    from ..gen_families import GEN_FAMILIES
+    from ...gen_families import GEN_FAMILIES
 
     return {tag: spec for fam in GEN_FAMILIES.values() for tag, spec in fam.tiny.items()}
 
 
 def _owner(tag: str):
-    from ..gen_families import GEN_FAMILIES
+    from ...gen_families import GEN_FAMILIES
 
     for fam in GEN_FAMILIES.values():
         if tag in fam.tiny:

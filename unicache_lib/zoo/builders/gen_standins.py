@@ -1,15 +1,15 @@
 """Random-weight stand-ins of real text-to-image pipelines, for the generator notebooks at real shapes.
 
-The generator-side counterpart of :mod:`unicache_lib.zoo.standins`: each stand-in is the real pipeline class
+The generator-side counterpart of :mod:`unicache_lib.zoo.builders.standins`: each stand-in is the real pipeline class
 (``StableDiffusion3Pipeline``, ``PixArtSigmaPipeline``, ``FluxPipeline``) at 512 pixels with the real
 transformer depth, head count, image tokens (1,024) and text tokens (the real ``max_sequence_length`` and
 CLIP length), a reduced head dimension, tiny random text encoders and a tiny random VAE (few channels, the
 real 8x down-sampling and latent channels), saved with ``save_pretrained`` and a model card that says
-``"stand_in": true`` (:mod:`unicache_lib.zoo.tiny_pipelines` builds the parts). They test code paths, memory
+``"stand_in": true`` (:mod:`unicache_lib.zoo.builders.tiny_pipelines` builds the parts). They test code paths, memory
 and time at real shapes; their images and statistics mean nothing.
 
-    python -m unicache_lib.zoo.gen_standins --out outputs/rehearsal/models            # all three
-    python -m unicache_lib.zoo.gen_standins --out DIR --only flux-dev --step          # + one timed step
+    python -m unicache_lib.zoo.builders.gen_standins --out outputs/rehearsal/models            # all three
+    python -m unicache_lib.zoo.builders.gen_standins --out DIR --only flux-dev --step          # + one timed step
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.errors import UnknownNameError
+from ...core.errors import UnknownNameError
 from .tiny_pipelines import KINDS, build_pipeline, save_pipeline
 
 IMAGE_SIZE = 512
@@ -30,7 +30,7 @@ IMAGE_SIZE = 512
 
 @dataclass(frozen=True)
 class GenStandIn:
-    """``kind``: a :data:`~unicache_lib.zoo.tiny_pipelines.KINDS` key; ``imitates``: the hub checkpoint;
+    """``kind``: a :data:`~unicache_lib.zoo.builders.tiny_pipelines.KINDS` key; ``imitates``: the hub checkpoint;
     ``transformer``: the diffusers class and its kwargs (real depth, heads, patch and channels; reduced
     widths); ``real``: the published sizes; ``reduced``: what differs from the real model;
     ``image_tokens`` / ``text_tokens``: per image at :data:`IMAGE_SIZE`; ``max_sequence_length``: T5's."""
@@ -143,8 +143,8 @@ def peak_rss_mb() -> float:
 def one_step(folder: str | Path, prompts=("a red circle on the left",), guidance: float = 3.0) -> dict:
     """Load a stand-in and sample one denoising step (text encoders, transformer, VAE decode) for ``prompts``;
     returns seconds (load, step) and the peak RSS of the process."""
-    from .loaders import load_generator
-    from .sampling import sample
+    from ..loaders import load_generator
+    from ..sampling import sample
 
     t0 = time.perf_counter()
     gen = load_generator(folder)

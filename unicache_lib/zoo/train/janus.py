@@ -1,7 +1,7 @@
 """Train the shipped tiny Janus (``JanusForConditionalGeneration``): one language model that answers and
 captions images *and* draws them as VQ tokens.
 
-    python -m unicache_lib.zoo.train_janus --out data/models/tiny-janus --seed 0
+    python -m unicache_lib.zoo.train.janus --out data/models/tiny-janus --seed 0
 
 Stages (each a small model trained here on the synthetic world):
 
@@ -9,7 +9,7 @@ vq. The VQ-VAE (``model.model.vqmodel``, 4x downsampling of the scene at 32 px -
     128-entry codebook; generated images are 32 px, understanding reads 64 px) as an autoencoder: reconstruction MSE plus the codebook/commitment loss, straight-through
     gradients, codebook rows kept at unit norm (``JanusVQVAE.decode`` looks entries up L2-normalised, so
     encoding and decoding then agree) and unused rows restarted on encoder outputs.
-a.  The understanding encoder alone with patch heads (:mod:`unicache_lib.zoo.patch_heads`).
+a.  The understanding encoder alone with patch heads (:mod:`unicache_lib.zoo.train.patch_heads`).
 b.  Aligner, language model and the generation modules with encoder and VQ-VAE frozen; every step one
     understanding batch (one question or caption per image, loss on the answer) and one generation batch
     (a one-object prompt, loss on its scene's 64 VQ tokens; 10% of prompts blanked to pad tokens as
@@ -29,24 +29,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..capture.unified import to_uint8
-from ..world.scenes import make_scene
-from ..world.segment import score_object
-from ..world.text import short_prompt
-from .checksums import write_card
+from ...capture.unified import to_uint8
+from ...world.scenes import make_scene
+from ...world.segment import score_object
+from ...world.text import short_prompt
+from ..checksums import write_card
+from ..shipping import load_previous, save_and_reload
+from .generator import eval_prompts
+from .llava import TRAIN_QTYPES, heldout_set, sample_batch
+from .loop import Stage, fit, parse, recipe_parser, warmup
 from .patch_heads import train_patch_heads
-from .shipping import load_previous, save_and_reload
-from .train_generator import eval_prompts
-from .train_llava import TRAIN_QTYPES, heldout_set, sample_batch
-from .train_vlm import GRID, IMAGE_SIZE, PATCH, encode, evaluate, evaluate_captions
-from .training import Stage, fit, parse, recipe_parser, warmup
+from .vlm import GRID, IMAGE_SIZE, PATCH, encode, evaluate, evaluate_captions
 
 GEN_LAYOUT = "user : {prompt} assistant :"
 F = torch.nn.functional
 
 
 def shape():
-    from ..families.base import Shape
+    from ...families.base import Shape
 
     return Shape(layers=4, heads=8, kv_heads=8, head_dim=16, vision_layers=2, vision_heads=4, vision_head_dim=32,
                  image_size=IMAGE_SIZE, patch=PATCH, extra={"vq_levels": 3})
@@ -56,7 +56,7 @@ def build(seed: int):
     """-> (model, processor) at the shipped shape, generation config set for ``generate(generation_mode="image")``."""
     from transformers import JanusForConditionalGeneration
 
-    from ..families import FAMILIES
+    from ...families import FAMILIES
 
     fam = FAMILIES["Janus"]
     tok = fam.tokenizer()
@@ -96,7 +96,7 @@ def train_vq(vq, processor, rng, steps, batch, lr, log) -> dict:
     with torch.no_grad():
         emb.copy_(F.normalize(emb, dim=-1))
     usage = torch.zeros(emb.shape[0])
-    from ..world.text import make_qa
+    from ...world.text import make_qa
 
     now: dict = {}
 
@@ -184,7 +184,7 @@ def generate_images(model, processor, prompts, guidance=3.0) -> np.ndarray:
     generation_mode="image")``: in transformers 5.2 that loop feeds ``<begin_of_image>`` again at every step instead
     of the token just drawn (``prepare_inputs_for_generation`` keeps ``inputs_embeds`` only on a first iteration that
     Janus never marks), so its images do not follow the prompt."""
-    from ..capture.unified import generate_image_with_capture
+    from ...capture.unified import generate_image_with_capture
 
     model.eval()
     out = []
@@ -205,7 +205,7 @@ def evaluate_generation(model, processor, n=100, guidance=3.0) -> dict:
 def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, single_frac=0.08,
              weights=None, exists_negatives="hard"):
     """Stage b. The first ``single_frac`` of the understanding batches use one-object scenes only; ``weights`` and
-    ``exists_negatives`` shape the question mix (:func:`unicache_lib.zoo.train_llava.sample_batch`)."""
+    ``exists_negatives`` shape the question mix (:func:`unicache_lib.zoo.train.llava.sample_batch`)."""
     m = model.model
     for part in (m.vision_model, m.vqmodel):
         part.requires_grad_(False)
@@ -257,7 +257,7 @@ def main(argv=None):
                     help="'is there a ...?' negatives in training: 'hard' (as every held-out set) or 'random' (any absent "
                          "colour x shape): an easier curriculum")
     args = parse(ap, argv)
-    from ..families import FAMILIES
+    from ...families import FAMILIES
 
     fam = FAMILIES["Janus"]
     rng = np.random.default_rng(args.seed)

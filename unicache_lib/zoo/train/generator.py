@@ -1,6 +1,6 @@
 """Train a shipped tiny generator (``sd3`` MMDiT or ``pixart`` cross-attention DiT) from scratch.
 
-    python -m unicache_lib.zoo.train_generator --family sd3 --out data/models/tiny-mmdit --seed 0
+    python -m unicache_lib.zoo.train.generator --family sd3 --out data/models/tiny-mmdit --seed 0
 
 Rectified flow in pixel space on 32x32 scenes of one or two objects, text encoder trained jointly,
 10% of prompts dropped for classifier-free guidance. Half the prompts are short ("a red circle on
@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..world.scenes import COLOURS, POSITIONS, SHAPES
-from ..world.segment import score_object
-from ..world.text import long_prompt, short_prompt
-from . import tiny_generators as tg
-from .checksums import write_card
-from .sampling import sample, to_uint8
-from .tiny_generators import RADIUS, training_example  # noqa: F401
-from .tiny_llava import build_tokenizer
-from .training import Stage, fit, parse, recipe_parser
+from ...world.scenes import COLOURS, POSITIONS, SHAPES
+from ...world.segment import score_object
+from ...world.text import long_prompt, short_prompt
+from .. import tiny_generators as tg
+from ..checksums import write_card
+from ..sampling import sample, to_uint8
+from ..tiny_generators import RADIUS, training_example  # noqa: F401
+from ..tiny_llava import build_tokenizer
+from .loop import Stage, fit, parse, recipe_parser
 
 
 def eval_prompts(n: int = 120, seed: int = 777) -> list[dict]:
@@ -65,7 +65,7 @@ def main(argv=None):
 
     tok = build_tokenizer()
     if args.init_from:
-        from .loaders import load_generator
+        from ..loaders import load_generator
 
         gen = load_generator(args.init_from)  # float32 weights
         if gen.family != args.family:
@@ -105,7 +105,7 @@ def main(argv=None):
     gen.transformer.to(torch.float16)
     gen.text_encoder.to(torch.float16)
     gen.save_pretrained(out)
-    from .loaders import load_generator
+    from ..loaders import load_generator
 
     shipped = load_generator(out, verify=False)  # a card left by an earlier run records other weights
     objs = eval_prompts(args.n_eval)

@@ -12,8 +12,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..core.errors import InputError
-from ..world.scenes import COLOURS, POSITIONS, SHAPES, patch_grid_masks
+from ...core.errors import InputError
+from ...world.scenes import COLOURS, POSITIONS, SHAPES, patch_grid_masks
 
 N_CLASSES = 1 + len(COLOURS) * len(SHAPES) * len(POSITIONS)
 
@@ -56,9 +56,9 @@ def train_patch_heads(features: Callable, params: list, d: int, grid: int, patch
                       lr: float, log: list, desc: str = "stage a: vision tower") -> float:
     """Train ``params`` (a tower's) so that ``features(images_uint8 [B, H, W, 3]) -> [B, grid*grid, d]``
     classify every patch. Warmup then cosine; returns the last patch accuracy (on the training batch)."""
-    from ..world.questions import TRAIN_QTYPES
-    from ..world.text import make_qa
-    from .training import Stage, fit, warmup
+    from ...world.questions import TRAIN_QTYPES
+    from ...world.text import make_qa
+    from .loop import Stage, fit, warmup
 
     heads = PatchHeads(d, grid)
 

@@ -1,4 +1,4 @@
-"""The one optimisation loop every shipped recipe trains with (``train_*.py`` keep only what differs: how to build the
+"""The one optimisation loop every shipped recipe trains with (the recipes in this package keep only what differs: how to build the
 model, the loss of one step, and the evaluation).
 
     stage = Stage("b", "stage b: language model", steps=4200, lr=2e-3, warmup=warmup(4200), betas=(0.9, 0.98))
@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from ..progress import bar, write
+from ...progress import bar, write
 
 
 def lr_at(step, total, warmup, floor=0.02):

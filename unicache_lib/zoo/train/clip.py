@@ -1,9 +1,9 @@
 """Train the shipped tiny CLIP (``CLIPModel``, dual towers) contrastively on scenes and their captions.
 
-    python -m unicache_lib.zoo.train_clip --out data/models/tiny-clip --seed 0
+    python -m unicache_lib.zoo.train.clip --out data/models/tiny-clip --seed 0
 
 One stage: the symmetric contrastive loss over the batch (each scene against the other scenes' captions,
-and back), plus the patch heads of :mod:`unicache_lib.zoo.patch_heads` on the image tower's last layer
+and back), plus the patch heads of :mod:`unicache_lib.zoo.train.patch_heads` on the image tower's last layer
 (weight ``--aux``; without them the tower learns colour and misses position). Captions name every object
 with its colour, shape and position (``"red circle left , blue square top"``). The card records
 text->image recall@1 over 200 held-out scenes (a scene whose caption equals the query's counts as found:
@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..world.text import caption
-from .checksums import write_card
+from ...world.text import caption
+from ..checksums import write_card
+from ..shipping import load_previous, save_and_reload
+from .llava import TRAIN_QTYPES, heldout_set
+from .loop import Stage, fit, parse, recipe_parser, warmup
 from .patch_heads import PatchHeads, patch_labels
-from .shipping import load_previous, save_and_reload
-from .train_llava import TRAIN_QTYPES, heldout_set
-from .training import Stage, fit, parse, recipe_parser, warmup
 
 IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
@@ -33,8 +33,8 @@ def build(seed: int, layers: int = 4, heads: int = 8, head_dim: int = 16):
     """-> (model, processor): CLIP at tiny width; the text tower pools at ``</s>``, which the tokenizer appends."""
     from transformers import CLIPModel
 
-    from ..families import FAMILIES
-    from ..families.base import Shape
+    from ...families import FAMILIES
+    from ...families.base import Shape
 
     fam = FAMILIES["CLIP"]
     tok = fam.tokenizer()
@@ -78,7 +78,7 @@ def recall_at_1(model, processor, scenes, shuffle_seed=None) -> dict:
 
 
 def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_scenes=None):
-    from ..world.text import make_qa
+    from ...world.text import make_qa
 
     heads = PatchHeads(model.config.vision_config.hidden_size, GRID)
     F = torch.nn.functional
