@@ -11,6 +11,7 @@ LLaVA-1.5-7B stand-in is measured by ``benchmarks/caching.py`` (part 1b), not he
 
     python benchmarks/prefill_cover.py                 # 2,700 questions, about 10 minutes on one core
     python benchmarks/prefill_cover.py --questions 200 # a smoke run
+    python benchmarks/prefill_cover.py --questions 8100 --out benchmarks/results/prefill_cover_8100.csv  # settling
 """
 from __future__ import annotations
 
