@@ -317,6 +317,7 @@ def test_every_policy_and_scorer_is_a_dataclass_whose_settings_print(name):
         for f in dataclasses.fields(piece):
             if f.repr:
                 assert f"{f.name}={getattr(piece, f.name)!r}" in text, (key, f.name)
+        assert hash(piece) is not None and piece != cls()  # hashable, compared by identity (as before they printed)
     if name == "REUSE_POLICIES":
         assert "stride=7" in repr(reg["step_skip"](stride=7))
 

@@ -40,10 +40,10 @@ GEN_FAMILIES: dict[str, "GenFamily"] = Registry("generator family")
 _register = registrar(GEN_FAMILIES, "generator family")
 
 HOW_TO_ADD = ("To add a family: write unicache_lib/gen_families/<name>.py with a GenFamily subclass (name, "
-              "transformer_classes, pipeline_classes, site_patterns, processors, default_processors) decorated with "
-              "@register (every module of that package is imported, so the file registers itself), and add a tiny "
-              "config to TINY (and its inputs to forward_inputs) in unicache_lib/zoo/builders/tiny_random.py so "
-              "tests/test_gen_families.py checks it.")
+              "transformer_classes, pipeline_classes, site_patterns, processors, default_processors, its tiny test "
+              "model in tiny and tiny_inputs, and for cross-step reuse image_sides / text_kv_processors: a processor "
+              "not named there is computed in full) decorated with @register (every module of that package is "
+              "imported, so the file registers itself), and add its line to EXPECT in tests/test_gen_families.py.")
 
 
 def register(cls):

@@ -102,7 +102,7 @@ class EvictionContext:
         return k.index_select(-2, idx).float(), v.index_select(-2, idx).float()
 
 
-@dataclass
+@dataclass(eq=False)
 class EvictionPolicy:
     """Subclasses set ``name`` (and a one-line ``description``) and implement ``choose``.
 

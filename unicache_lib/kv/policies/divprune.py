@@ -36,7 +36,7 @@ def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
 
 
 @register
-@dataclass
+@dataclass(eq=False)
 class DivPrune(EvictionPolicy):
     name, stage = "divprune", "prefill"
     description = "peer (Alvar et al. 2025): max-min cosine diversity over the image features, pruned before the prefill"

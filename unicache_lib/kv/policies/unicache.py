@@ -18,7 +18,7 @@ from .base import EvictionPolicy, register, top_k
 
 
 @register
-@dataclass
+@dataclass(eq=False)
 class UniCache(EvictionPolicy):
     name = "unicache"
     description = "anchors + spatial grid in shallow layers, most-read positions deeper"

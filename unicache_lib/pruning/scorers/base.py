@@ -38,7 +38,7 @@ class ScoringContext:
     seed: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class HeadScorer:
     """Subclasses set ``name``, ``needs`` (``"records"``, ``"loss"`` or ``""``) and ``score``."""
 

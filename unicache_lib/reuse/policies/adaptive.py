@@ -8,7 +8,7 @@ from .base import ReusePolicy, register
 
 
 @register
-@dataclass
+@dataclass(eq=False)
 class Adaptive(ReusePolicy):
     name, description = "adaptive", "reuse when the input's cosine to the last computed step >= threshold"
     uses_similarity = True

@@ -15,7 +15,7 @@ REUSE_POLICIES: dict[str, type["ReusePolicy"]] = Registry("reuse policy")
 register = registrar(REUSE_POLICIES, "reuse policy")
 
 
-@dataclass
+@dataclass(eq=False)
 class ReusePolicy:
     """``decide(step, n_steps, similarity, key) -> "compute" | "reuse" | "reuse_text"``.
 

@@ -74,7 +74,7 @@ def extrapolate(ts: list[float], outs: list[torch.Tensor], t: float, weight: flo
 
 
 @register
-@dataclass
+@dataclass(eq=False)  # instances stay hashable, compared by identity
 class StepSkip(ReusePolicy):
     name, description = "step_skip", "skip whole transformer calls mid-run; damped linear extrapolation of the output"
     level = "step"
