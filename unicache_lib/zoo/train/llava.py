@@ -25,6 +25,7 @@ from ...world.questions import TRAIN_QTYPES, heldout_set, question_images, score
 from ...world.text import CAPTION_QUESTION, QA, caption, make_qa
 from .. import tiny_llava as tl
 from ..checksums import write_card
+from ..shipping import load_previous, save_and_reload
 from ..tiny_llava import IMAGE_SIZE, N_IMG, PATCH, answer_logits  # noqa: F401
 from .loop import Stage, fit, parse, recipe_parser, warmup
 from .patch_heads import patch_labels as _patch_labels
@@ -141,13 +142,8 @@ def main(argv=None):
 
     previous = None
     if args.init_from:
-        from transformers import AutoProcessor
-
-        proc = AutoProcessor.from_pretrained(args.init_from)
+        model, proc, previous = load_previous(args.init_from, "LlavaForConditionalGeneration")
         tok = proc.tokenizer
-        model = LlavaForConditionalGeneration.from_pretrained(args.init_from, dtype=torch.float32)
-        prev_card = Path(args.init_from) / "model_card.json"
-        previous = json.loads(prev_card.read_text()) if prev_card.exists() else None
     else:
         tok = tl.build_tokenizer()
         proc = tl.build_processor(tok, IMAGE_SIZE, PATCH)
@@ -162,11 +158,7 @@ def main(argv=None):
              single_frac=0.0 if args.init_from else 0.08)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(out)
-    proc.save_pretrained(out)
-    # the bar is measured on what ships: the fp16 checkpoint, reloaded through from_pretrained
-    model = LlavaForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
+    model = save_and_reload(model, proc, out)  # the bar is measured on what ships: the fp16 checkpoint, reloaded
     held = heldout_set(args.n_heldout)
     res = evaluate(model, tok, held)
     shuf = evaluate(model, tok, held, shuffle_seed=1)
