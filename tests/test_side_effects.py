@@ -103,6 +103,21 @@ def test_processor_wrappers_come_off_and_show_the_original_signature():
     assert all(m.processor is originals[n] for n, m in mods.items())
 
 
+    class Plain:  # not a ProcessorWrapper: diffusers would hand it fewer arguments without a word
+        def __init__(self, orig):
+            self.orig = orig
+
+        def __call__(self, attn, *args, **kwargs):
+            return self.orig(attn, *args, **kwargs)
+
+    from unicache_lib.core.errors import InputError
+
+    with pytest.raises(InputError, match="subclass unicache_lib.core.hooks.ProcessorWrapper"), \
+            processors(mods, lambda name, orig: Plain(orig)):
+        pass
+    assert all(m.processor is originals[n] for n, m in mods.items())
+
+
 def test_model_hook_sits_in_diffusers_registry_and_comes_off():
     """core.hooks.model_hook: the forward replaced through diffusers' HookRegistry (where its caches register), a
     second hook of the same name refused, removed on exit and on error."""

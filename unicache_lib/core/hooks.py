@@ -81,12 +81,18 @@ def innermost(processor):
 def processors(modules: dict, make):
     """Install ``make(name, original_processor)`` (a :class:`ProcessorWrapper`) as the processor of every
     ``{name: attention module}`` in ``modules`` for the block; the originals are back on exit (and whatever was
-    installed is undone if installing fails half-way)."""
+    installed is undone if installing fails half-way). A wrapper that is not a :class:`ProcessorWrapper` is refused:
+    diffusers would silently drop the keyword arguments its ``__call__`` does not name."""
     with ExitStack() as stack:
         for name, mod in modules.items():
             orig = mod.processor
+            wrapper = make(name, orig)
+            if not isinstance(wrapper, ProcessorWrapper):
+                raise InputError(f"the processor made for {name} is a {type(wrapper).__name__}: subclass "
+                                 "unicache_lib.core.hooks.ProcessorWrapper, which shows diffusers the original's "
+                                 "signature (else it passes the processor fewer arguments, without a word)")
             stack.callback(setattr, mod, "processor", orig)
-            mod.processor = make(name, orig)
+            mod.processor = wrapper
         yield
 
 
