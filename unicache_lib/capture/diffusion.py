@@ -157,12 +157,20 @@ class DiffusionCapture:
         store: a :class:`~unicache_lib.store.Store`; records are written at the end of each step.
         adjacent: keep the previous step's map for the step-to-step similarities.
         query_stride: keep every k-th query row of the map held for ``adjacent`` and of ``full`` maps.
+        stats_stride: compute the statistics and the step-to-step map similarities on every k-th query row
+            only (modes ``"stats"`` and ``"recompute"``): about k times less map work, and the previous step held
+            with k times fewer queries. The records are then **estimates** (their error against the exact
+            capture: ``benchmarks/capture_overhead.py --stats-error``, docs/CAPTURE.md), carry
+            ``meta["stats_stride"]``, and hold no ``word_map`` (that needs every image query). A stride that
+            shares no factor with the image grid's side (odd on SD3's 64 x 64) spreads the rows over it
+            instead of sampling whole columns.
         meta: extra fields for every record's meta (e.g. the prompt kind).
     """
 
     def __init__(self, transformer, sample_ids, mode: str = "stats", layers=None, parts=None,
                  text_tokens: list[list[str]] | None = None, branch: str = "cond", store=None,
-                 adjacent: bool = True, query_stride: int = 1, meta: dict | list[dict] | None = None):
+                 adjacent: bool = True, query_stride: int = 1, meta: dict | list[dict] | None = None,
+                 stats_stride: int = 1):
         if mode not in MODES:
             raise InputError(f"mode must be one of {MODES}, got {mode!r}")
         if branch not in BRANCHES:
@@ -172,12 +180,15 @@ class DiffusionCapture:
             raise InputError("sample_ids must be non-empty and unique")
         if text_tokens is not None and len(text_tokens) != len(self.sample_ids):
             raise InputError(f"{len(text_tokens)} token lists for {len(self.sample_ids)} samples")
-        if query_stride < 1:
-            raise InputError("query_stride must be >= 1")
+        if query_stride < 1 or stats_stride < 1:
+            raise InputError(f"query_stride and stats_stride must be >= 1, got {query_stride} and {stats_stride}")
+        if stats_stride > 1 and mode == "full":
+            raise InputError("stats_stride estimates the statistics from a subset of query rows, and mode 'full' keeps "
+                             "the whole map: thin a kept map with query_stride, or use mode 'stats' or 'recompute'")
         self.transformer = unwrap(transformer)
         self.mode, self.branch, self.store = mode, branch, store
         self.text_tokens = text_tokens
-        self.adjacent, self.query_stride = adjacent, query_stride
+        self.adjacent, self.query_stride, self.stats_stride = adjacent, query_stride, stats_stride
         metas = meta if isinstance(meta, list) else [dict(meta or {})] * len(self.sample_ids)
         if len(metas) != len(self.sample_ids):
             raise InputError(f"{len(metas)} meta dicts for {len(self.sample_ids)} samples")
@@ -315,13 +326,20 @@ class DiffusionCapture:
         n_img = n_q if part == "cross" else n_k - n_text
         qk, kk = fam.kinds(part, n_q, n_k, n_text)
         out_img, out_txt = fam.split_output(part, out, n_text)
+        k = self.stats_stride
+        if k > 1:  # every k-th query row: the statistics are estimates from those rows
+            qk = qk[::k]
         for j, b in enumerate(rows):
             P = probs[j]
+            if k > 1:
+                P = P.thin(k) if isinstance(P, S.LogitRows) else P[:, ::k]
             mrow = mask[b] if (mask is not None and part == "cross") else None
             real = self._real_text(j, b, n_text, mrow) if n_text else np.zeros(0, bool)
             kreal = np.ones(n_k, bool)
             kreal[kk == TEXT] = real
             data = S.step_statistics(P, qk, kk, kreal)
+            if k > 1:
+                del data["word_map"]  # a word map needs every image query
             sid = self.sample_ids[j]
             prev_key = (sid, w.name)
             if isinstance(P, S.LogitRows):  # held for the next step as queries and keys, not as a map
@@ -338,6 +356,8 @@ class DiffusionCapture:
                 data["probs"] = Pk.cpu().clone()
             meta = {"timestep": self.timestep, "n_image": int(n_img), "n_text": int(n_text),
                     "n_text_real": int(real.sum()), **w.site.meta, **self.metas[j]}
+            if k > 1:
+                meta["stats_stride"] = k
             if part == "joint":
                 meta["token_order"] = "|".join(fam.joint_order)
             if self.text_tokens is not None:

@@ -62,13 +62,15 @@ class GenerationRun:
 def capture_generation(gen: Generator, prompts: list[str], run: str, store=None, steps: int = 20,
                        guidance: float = 3.0, seed: int = 0, mode: str = "stats", layers=None,
                        parts=None, meta: list[dict] | None = None, batch: int = 8,
-                       query_stride: int = 1, progress: bool | None = None) -> GenerationRun:
+                       query_stride: int = 1, progress: bool | None = None, stats_stride: int = 1) -> GenerationRun:
     """Sample ``prompts`` (seed ``seed + i`` for prompt ``i``) with capture on.
 
     Args:
         run: prefix of the sample ids (``"{run}/{i}"``); must be new to ``store``.
         meta: one dict per prompt, stored in each record's meta (e.g. ``{"kind": "long"}``).
         batch: prompts per sampling run (memory: capture holds one map per prompt and layer).
+        query_stride / stats_stride: as :class:`~.diffusion.DiffusionCapture` (``stats_stride`` > 1: estimated
+            statistics from every k-th query row, no word maps).
     """
     if meta is not None and len(meta) != len(prompts):
         raise InputError(f"{len(meta)} meta dicts for {len(prompts)} prompts")
@@ -81,7 +83,8 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
         probe = GuidanceProbe()
         m = [{"prompt": p, **(meta[i] if meta else {})} for i, p in zip(range(s, s + batch), prompts[sl])]
         with DiffusionCapture(gen.transformer, ids[sl], mode=mode, layers=layers, parts=parts,
-                              text_tokens=toks[sl] if toks is not None else None, store=store, meta=m, query_stride=query_stride) as cap:
+                              text_tokens=toks[sl] if toks is not None else None, store=store, meta=m, query_stride=query_stride,
+                              stats_stride=stats_stride) as cap:
             x = sample(gen, prompts[sl], steps, guidance, seed=[seed + i for i in range(s, min(s + batch, len(prompts)))],
                        callbacks=[cap, probe])
         imgs.append(to_uint8(x))
