@@ -12,8 +12,8 @@
   captured once beforehand, so it compares with the step before, recomputed from its queries and keys), and
   ``map only``: the map formed again chunk by chunk and nothing read, the floor of any exact capture; and
   ``sampled`` / ``sampled+adjacent``: ``recompute`` with ``stats_stride`` (statistics estimated from every k-th
-  query row, ``--sd3-stride``), whose error against the exact records ``--stats-error`` measures on the shipped
-  generators' trained maps.
+  query row, ``--sd3-stride``): time and memory only here (random weights; the estimate's error is not measured by
+  this benchmark).
 
 Timings come from interleaved repeats in one process (each repeat runs every configuration once, in a
 rotating order), reported as the median with the range; ratios are taken per repeat (paired) and reported

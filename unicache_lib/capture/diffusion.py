@@ -160,7 +160,7 @@ class DiffusionCapture:
         stats_stride: compute the statistics and the step-to-step map similarities on every k-th query row
             only (modes ``"stats"`` and ``"recompute"``): about k times less map work, and the previous step held
             with k times fewer queries. The records are then **estimates** (their error against the exact
-            capture: ``benchmarks/capture_overhead.py --stats-error``, docs/CAPTURE.md), carry
+            capture is not measured yet: check it on your model before relying on them), carry
             ``meta["stats_stride"]``, and hold no ``word_map`` (that needs every image query). A stride that
             shares no factor with the image grid's side (odd on SD3's 64 x 64) spreads the rows over it
             instead of sampling whole columns.
