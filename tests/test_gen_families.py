@@ -830,3 +830,32 @@ def test_a_family_registered_from_one_file_brings_its_tiny_model_and_passes_the_
     finally:
         GEN_FAMILIES.pop("my-pixart")
     assert "my_pixart" not in tiny_configs()
+
+
+@pytest.mark.parametrize("family,batch", CASES)
+def test_stats_stride_samples_the_same_rows_in_both_modes_and_says_so(family, batch):
+    """stats_stride=2: the formed map (stats) and the streamed one (recompute) give the same estimates from the same
+    rows, over two steps (the adjacent similarities too); every record says it is sampled and holds no word map;
+    mode 'full' refuses the option."""
+    tr = tiny_transformer(family)
+    kw = forward_inputs(family, tr, batch=batch, n_text=N_TEXT, n_pad=N_PAD)
+    from unicache_lib.core.errors import InputError
+
+    with pytest.raises(InputError, match="query_stride"):
+        DiffusionCapture(tr, ["s"], mode="full", stats_stride=2)
+    runs = {}
+    for mode in ("stats", "recompute"):
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            with DiffusionCapture(tr, ["s"], mode=mode, stats_stride=2) as cap:
+                for step, t in enumerate((900.0, 700.0)):
+                    cap.on_step_begin(step, t)
+                    tr(**{**kw, "timestep": kw["timestep"] * 0 + t})
+                    cap.on_step_end(step, t)
+        runs[mode] = {(r.layer, r.part, r.step): r for r in cap.result}
+    assert set(runs["stats"]) == set(runs["recompute"]) and runs["stats"]
+    for key, r in runs["stats"].items():
+        q = runs["recompute"][key]
+        assert r.meta["stats_stride"] == q.meta["stats_stride"] == 2 and "word_map" not in r.data
+        for name, v in r.data.items():
+            assert torch.allclose(q.data[name], v, atol=2e-5, rtol=1e-4, equal_nan=True), (key, name)
