@@ -174,3 +174,23 @@ def test_decisive_reuse_run_shards_and_merges_equal_to_one_process(tmp_path):
     row = board.rows["R1"]
     assert row.measured["b"].n == 16 and "(b) decided by the decisive run (make evaluate-reuse, 16 new prompts; this run's 8" in row.shown
     assert row.measured["a"].value is None  # the decisive run had no timing: the wall-clock criterion stays unmeasured
+
+
+def test_stats_stride_error_runs_small_and_pairs_the_same_records(tmp_path):
+    """benchmarks/stats_stride_error.py at a smoke size writes its table; its pairing refuses runs that captured
+    different sites, and at stride 1 (the estimate is the exact capture) every error is zero."""
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import stats_stride_error as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    out = tmp_path / "err.txt"
+    E.main(["--prompts", "1", "--steps", "3", "--strides", "4", "--generators", "tiny-pixart", "--out", str(out)])
+    text = out.read_text()
+    assert "tiny-pixart: 64 image queries per map, stats_stride 4 keeps 16 rows" in text and "map-similarity knees" in text
+    gen, tables = E.run("tiny-mmdit", 1, [1], 3)
+    errs = E.error_table(tables[1], tables[1].copy())
+    assert (errs["max |err|"] == 0).all() and len(errs) >= 10
+    with pytest.raises(ValueError, match="did not capture the same sites"):
+        E.error_table(tables[1], tables[1][tables[1].layer == 0])

@@ -209,3 +209,32 @@ def test_real_diffusers_pipeline_with_step_callback():
     ts = [r.meta["timestep"] for r in cap.result if r.layer == 0]
     assert np.all(np.diff(ts) < 0)
     assert all(r.part == "joint" and r.meta["n_image"] == 16 for r in cap.result)
+
+
+@pytest.mark.parametrize("query_stride", [1, 2])
+def test_step_to_step_similarities_are_the_cosines_of_the_kept_maps(gen, query_stride):
+    """sim_prev_all and the image->image block's sim_prev equal the cosines of two consecutive steps' maps, per head,
+    computed here from the maps mode 'full' keeps: read in the statistics' own pass (query_stride 1) and in a pass
+    of their own over the thinned maps (query_stride 2)."""
+    with DiffusionCapture(gen.transformer, ["a", "b"], mode="full", layers=[0], query_stride=query_stride) as cap:
+        sample(gen, PROMPTS, steps=3, seed=0, callbacks=[cap])
+    recs = {(r.sample, r.part, r.step): r for r in cap.result}
+    checked = 0
+    for (sid, part, step), r in recs.items():
+        if step == 0:
+            continue
+        a, b = r.probs.float(), recs[(sid, part, step - 1)].probs.float()
+        H = a.shape[0]
+        cos = torch.nn.functional.cosine_similarity(a.reshape(H, -1), b.reshape(H, -1), dim=-1)
+        assert torch.allclose(r.data["sim_prev_all"], cos, atol=1e-5), (sid, part, step)
+        if part != "cross":
+            n_img = r.meta["n_image"]
+            first = r.meta.get("token_order", "image").startswith("image")
+            qi = torch.arange(r.meta["n_image"] + r.meta["n_text"] * (part == "joint"))
+            qi = (qi < n_img) if first else (qi >= qi.numel() - n_img)
+            rows = qi[::query_stride]
+            ai, bi = a[:, rows][..., qi], b[:, rows][..., qi]
+            cos_ii = torch.nn.functional.cosine_similarity(ai.reshape(H, -1), bi.reshape(H, -1), dim=-1)
+            assert torch.allclose(r.data["sim_prev"][:, BLOCKS.index("image->image")], cos_ii, atol=1e-5)
+        checked += 1
+    assert checked >= 4

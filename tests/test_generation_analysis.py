@@ -183,3 +183,59 @@ def test_knee_table_and_reuse_window():
         G.reuse_window([], 5)
     with pytest.raises(ValueError, match="n_steps"):
         G.reuse_window([1], 1)
+
+
+def test_sampled_statistics_are_refused_where_they_would_mislead():
+    """Records of a stats_stride capture: step_table says their stride; a mix of exact and sampled records is
+    refused (and the filter the error suggests works); word_maps says why there are none, and the capture the
+    error suggests (stats_stride=1) has them."""
+    import warnings
+
+    from unicache_lib.capture.diffusion import DiffusionCapture
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.zoo.builders.tiny_random import forward_inputs, tiny_transformer
+
+    tr = tiny_transformer("sd3")
+    kw = forward_inputs("sd3", tr, batch=1)
+
+    def capture(stride):
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            with DiffusionCapture(tr, ["s"], mode="stats", stats_stride=stride) as cap:
+                tr(**kw)
+        return list(cap.result)
+
+    exact, sampled = capture(1), capture(4)
+    assert set(G.step_table(sampled).stats_stride) == {4} and set(G.step_table(exact).stats_stride) == {1}
+    mixed = exact + sampled
+    with pytest.raises(InputError, match=r"mix statistics captured with stats_stride \[1, 4\]"):
+        G.step_table(mixed)
+    with pytest.raises(InputError, match="stats_stride"):
+        G.head_redundancy(mixed)
+    kept = [r for r in mixed if r.meta.get('stats_stride', 1) == 1]  # the filter the error suggests
+    assert len(G.step_table(kept)) == len(exact)
+    with pytest.raises(InputError, match="captured with stats_stride=4.*capture again with stats_stride=1"):
+        G.word_maps(sampled, "s")
+    assert G.word_maps(capture(1), "s").shape[1] == exact[0].meta["n_image"]  # the suggested fix
+
+
+def test_sampled_rows_are_taken_per_kind_and_weighted_to_the_whole_map():
+    """sample_rows: every k-th row of each kind, weighted by the rows it stands for; with the weights the four-block
+    shares of a map whose rows are alike within a kind are exact although the sample's kind mix is not."""
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.stats import sample_rows
+
+    q = np.array([IMAGE] * 7 + [TEXT] * 3)
+    rows, w = sample_rows(q, 3)
+    assert rows.tolist() == [0, 3, 6, 7] and w.tolist() == [7 / 3, 7 / 3, 7 / 3, 3.0]
+    with pytest.raises(InputError, match="stride"):
+        sample_rows(q, 0)
+    # image rows: 0.8 on image keys, text rows: 0.4 on image keys (every row alike within its kind)
+    k = [IMAGE, IMAGE, TEXT, TEXT]
+    P = torch.tensor([[0.4, 0.4, 0.1, 0.1] if x == IMAGE else [0.2, 0.2, 0.3, 0.3] for x in q])[None]
+    exact = step_statistics(P, q, k)["blocks"]
+    weighted = step_statistics(P[:, rows], q[rows], k, q_weights=w)["blocks"]
+    plain = step_statistics(P[:, rows], q[rows], k)["blocks"]
+    assert torch.allclose(weighted, exact, atol=1e-6) and not torch.allclose(plain, exact, atol=1e-2)
+    with pytest.raises(InputError, match="q_weights"):
+        step_statistics(P[:, rows], q[rows], k, q_weights=[1.0, 1.0])

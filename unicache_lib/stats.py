@@ -26,6 +26,7 @@ import torch
 
 from .core.errors import AttentionMaskError, AttentionValueError, InputError
 from .core.modality import BLOCKS, IMAGE, TEXT, Spans
+from .core.similarity import cosine_from_sums
 
 # mass on hidden keys above this (per row) means the map and the mask disagree
 HIDDEN_MASS_TOL = 1e-3
@@ -424,17 +425,39 @@ class LogitRows:
             self.k = None
         return self._kt
 
-    def thin(self, stride: int = 1) -> "LogitRows":
-        """The same map with every ``stride``-th query row, holding only what it needs: its own copy of those
-        queries and the transposed keys (``2 x H x S x D`` floats; not views that would keep a batch's projections
-        alive), and the mask rows thinned. What diffusion capture keeps of the previous step."""
+    def thin(self, stride: int = 1, rows: torch.Tensor | None = None) -> "LogitRows":
+        """The same map with every ``stride``-th query row (or the query rows ``rows``, an index tensor), holding
+        only what it needs: its own copy of those queries and the transposed keys (``2 x H x S x D`` floats; not
+        views that would keep a batch's projections alive), and the mask rows thinned. What diffusion capture
+        keeps of the previous step, and the rows ``stats_stride`` reads."""
+        sel = slice(None, None, stride) if rows is None else rows
         out = LogitRows.__new__(LogitRows)
-        out.q = self.q[:, ::stride].float().contiguous()
+        out.q = self.q[:, sel].float().contiguous()
         out.k, out._kt, out.scale, out.device = None, self._keys_t(), self.scale, self.device
         out.shape = (self.shape[0], out.q.shape[1], self.shape[2])
-        out.visible = None if self.visible is None else self.visible[::stride]
-        out.bias = None if self.bias is None else self.bias[::stride]
+        out.visible = None if self.visible is None else self.visible[sel]
+        out.bias = None if self.bias is None else self.bias[sel]
         return out
+
+
+def sample_rows(q_kinds, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every ``stride``-th query row *of each kind* (image rows and text rows sampled apart, in order) and the
+    weight of each: how many rows of its kind it stands for (``n_kind / n_sampled_kind``). With the weights,
+    :func:`step_statistics` of the sampled rows estimates the statistics of the whole map without a bias from
+    the kinds' mix (a plain every-k-th sample of 64 image + 10 text rows at stride 7 holds 10 image rows and 1
+    text row: 91% image against 86%). Returns ``(rows [n], weights [n])``, rows sorted."""
+    qk = np.asarray(q_kinds)
+    if stride < 1:
+        raise InputError(f"stride must be >= 1, got {stride}")
+    rows, weights = [], []
+    for kind in np.unique(qk):
+        idx = np.flatnonzero(qk == kind)
+        pick = idx[::stride]
+        rows.append(pick)
+        weights.append(np.full(len(pick), len(idx) / len(pick)))
+    rows, weights = np.concatenate(rows), np.concatenate(weights)
+    order = np.argsort(rows, kind="stable")
+    return rows[order], weights[order]
 
 
 def map_rows(P, r0: int, r1: int) -> torch.Tensor:
@@ -656,7 +679,7 @@ def _group_entropy(plogp_sum: torch.Tensor, mass: torch.Tensor, k: int) -> torch
     return torch.where(mass > 0, h, torch.zeros_like(h))
 
 
-def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]:
+def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None) -> dict[str, torch.Tensor]:
     """:data:`STEP_STATS` of one (non-causal) diffusion attention map.
 
     Args:
@@ -665,6 +688,12 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]
         q_kinds / k_kinds: ``[Sq]`` / ``[Sk]`` modality of each query / key (IMAGE or TEXT).
         k_real: ``[Sk]`` bool, False for padding keys (excluded from ``text_entropy`` and
             ``word_map``); None = all real.
+        q_weights: ``[Sq]`` how many query rows of the whole map each row stands for, when ``P`` holds a sample
+            of them (:func:`sample_rows`, capture's ``stats_stride``): every mean over rows, the four-block
+            shares and the head Gram matrix are weighted by it. None = every row once.
+        prev: the previous denoising step's map of the same rows (a tensor or :class:`LogitRows` of
+            ``P``'s shape), or None. Given, the step-to-step similarities :func:`map_similarity` returns are
+            read in the same pass (each chunk of ``P`` formed once, not twice) and added to the result.
 
     Read one chunk of query rows at a time (:data:`CHUNK_BYTES`): per chunk one ``p log p`` pass and
     matrix-vector products with the key-group indicators give every group's mass and ``sum p log p`` per
@@ -684,6 +713,13 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]
         raise InputError(f"kinds cover {len(qk)} queries / {len(kk)} keys, the map is {sq} x {sk}")
     real = torch.ones(sk, dtype=torch.bool, device=dev) if k_real is None else torch.as_tensor(np.asarray(k_real), device=dev)
     nan = torch.full((H,), float("nan"), device=dev)
+    wq = None
+    if q_weights is not None:
+        wq = torch.as_tensor(np.asarray(q_weights), dtype=torch.float32, device=dev)
+        if wq.shape != (sq,) or not bool((wq > 0).all()):
+            raise InputError(f"q_weights must be [{sq}] positive weights, one per query row, got {tuple(wq.shape)}")
+    if prev is not None and tuple(prev.shape) != (H, sq, sk):
+        raise InputError(f"prev is {tuple(prev.shape)}, the map is {(H, sq, sk)}: pass the previous step's map of the same rows")
     ki, kt = kk == IMAGE, kk == TEXT
     text_real = kt & real
     # key groups: image, text (padding included), real text, all
@@ -698,6 +734,8 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]
     sumsq = torch.empty(H, sq, device=dev)
     gram = torch.zeros(H, H, device=dev)
     word = torch.empty(sq, int(text_real.sum()), device=dev)
+    if prev is not None:
+        sums = _SimilaritySums(H, sq, kk)
     streamed = isinstance(P, LogitRows)
     if not streamed:
         buf = torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
@@ -719,21 +757,25 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]
                 ent[:, r0:r1, g] = (w.sum(-1) if g == 3 else torch.mv(w, G[:, g])).view(H, c)
             rowmax[:, r0:r1] = blk.amax(-1)
         sumsq[:, r0:r1] = torch.linalg.vector_norm(blk, dim=-1).square_()
-        f = blk.view(H, -1)
+        f = blk.view(H, -1) if wq is None else (blk * wq[r0:r1, None].sqrt()).view(H, -1)
         gram.addmm_(f, f.T)
         word[r0:r1] = blk[..., text_real].mean(0)
+        if prev is not None:
+            sums.add(r0, r1, blk, map_rows(prev, r0, r1))
     if not (torch.isfinite(mass).all() and torch.isfinite(ent).all() and torch.isfinite(gram).all()):
         _raise_nonfinite()
 
-    def rows_mean(x, q):  # x [H, Sq] -> [H], mean over the query rows q
-        return x[:, q].mean(-1) if bool(q.any()) else nan
+    def rows_mean(x, q):  # x [H, Sq] -> [H], mean over the query rows q (weighted: q_weights)
+        if not bool(q.any()):
+            return nan
+        return x[:, q].mean(-1) if wq is None else (x[:, q] * wq[q]).sum(-1) / wq[q].sum()
 
     block_mass, bent = [], []
     for blk in BLOCKS:
         src, dst = blk.split("->")
         q = iq if src == "image" else tq
         g = 0 if dst == "image" else 1
-        block_mass.append(mass[:, q, g].sum(-1))
+        block_mass.append(mass[:, q, g].sum(-1) if wq is None else mass[:, q, g] @ wq[q])
         bent.append(rows_mean(_group_entropy(ent[..., g], mass[..., g], widths[g]), q) if widths[g] and bool(q.any()) else nan)
     block_mass = torch.stack(block_mass, -1)
     whole = _group_entropy(ent[..., 3], mass[..., 3], sk)
@@ -748,4 +790,52 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None) -> dict[str, torch.Tensor]
         "head_sim": _cosine(gram),
         "variance": rows_mean(sumsq / sk - 1.0 / sk**2, iq),
     }
+    if prev is not None:
+        out.update(sums.cosines(qk, wq))
     return out
+
+
+class _SimilaritySums:
+    """Per query row and key group (image, text): ``Σab``, ``Σa²``, ``Σb²`` of two maps read chunk by chunk."""
+
+    def __init__(self, H: int, sq: int, k_kinds: torch.Tensor):
+        self.G = torch.stack([k_kinds == IMAGE, k_kinds == TEXT], -1).float()  # [Sk, 2]
+        self.ab, self.aa, self.bb = (torch.empty(H, sq, 2, device=k_kinds.device) for _ in range(3))
+
+    def add(self, r0: int, r1: int, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.ab[:, r0:r1] = (a * b) @ self.G  # one product at a time: one chunk-sized temporary, not three
+        self.aa[:, r0:r1] = (a * a) @ self.G
+        self.bb[:, r0:r1] = (b * b) @ self.G
+
+    def cosines(self, q_kinds: torch.Tensor, wq: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        H = self.ab.shape[0]
+        if wq is None:
+            sim_all = cosine_from_sums(self.ab.sum((1, 2)), self.aa.sum((1, 2)), self.bb.sum((1, 2)))
+        else:  # each row stands for wq rows of the whole map
+            sim_all = cosine_from_sums(self.ab.sum(2) @ wq, self.aa.sum(2) @ wq, self.bb.sum(2) @ wq)
+        sim_blocks = torch.full((H, len(BLOCKS)), float("nan"), device=self.ab.device)
+        for i, blk in enumerate(BLOCKS):
+            src, dst = blk.split("->")
+            qs = q_kinds == (IMAGE if src == "image" else TEXT)
+            g = 0 if dst == "image" else 1
+            if bool(qs.any()) and bool(self.G[:, g].any()):  # within one kind rows weigh alike: no weights needed
+                sim_blocks[:, i] = cosine_from_sums(self.ab[:, qs, g].sum(-1), self.aa[:, qs, g].sum(-1),
+                                                    self.bb[:, qs, g].sum(-1))
+        return {"sim_prev": sim_blocks, "sim_prev_all": sim_all}
+
+
+def map_similarity(P, prev, q_kinds, k_kinds, q_weights=None) -> dict[str, torch.Tensor]:
+    """Step-to-step cosines of two maps of the same rows (tensors or :class:`LogitRows`), read one chunk of query
+    rows at a time: ``sim_prev`` ``[H, 4]`` per block of :data:`~unicache_lib.core.modality.BLOCKS` (NaN where a
+    block is empty) and ``sim_prev_all`` ``[H]`` of the whole map (rows weighted by ``q_weights`` when they are a
+    sample, :func:`sample_rows`). :func:`step_statistics` computes the same in its own pass when given ``prev``."""
+    H, sq, sk = P.shape
+    if tuple(prev.shape) != (H, sq, sk):
+        raise InputError(f"prev is {tuple(prev.shape)}, the map is {(H, sq, sk)}")
+    qk = torch.as_tensor(np.asarray(q_kinds), device=P.device)
+    kk = torch.as_tensor(np.asarray(k_kinds), device=P.device)
+    sums = _SimilaritySums(H, sq, kk)
+    for r0, r1 in map_chunks(P):
+        sums.add(r0, r1, map_rows(P, r0, r1), map_rows(prev, r0, r1))
+    wq = None if q_weights is None else torch.as_tensor(np.asarray(q_weights), dtype=torch.float32, device=P.device)
+    return sums.cosines(qk, wq)

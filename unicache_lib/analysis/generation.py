@@ -26,6 +26,18 @@ def phase_of(step: int, n_steps: int) -> str:
     return "early" if f < 0.2 else ("middle" if f < 0.6 else "late")
 
 
+def _stats_stride(records) -> int:
+    """The one ``stats_stride`` of ``records`` (1: exact statistics). Records of different strides are refused:
+    an average over exact values and estimates from every k-th query row would be neither."""
+    strides = {int(r.meta.get("stats_stride", 1)) for r in records}
+    if len(strides) > 1:
+        raise InputError(
+            f"these records mix statistics captured with stats_stride {sorted(strides)} (1 = exact; k > 1 = estimated "
+            f"from every k-th query row): analyse one capture setting at a time, e.g. "
+            f"[r for r in records if r.meta.get('stats_stride', 1) == 1]")
+    return strides.pop() if strides else 1
+
+
 def step_table(records) -> pd.DataFrame:
     """One row per (sample, part, layer, step): head means of every scalar statistic.
 
@@ -33,8 +45,12 @@ def step_table(records) -> pd.DataFrame:
     ``img_max``, ``text_share``, ``text_entropy``, ``share_<blk>`` and ``entropy_<blk>`` for the four
     blocks (``ii``, ``tt``, ``it``, ``ti``; X->Y as in :mod:`~unicache_lib.core.modality`), ``sim`` (adjacent-
     step cosine of the whole map), ``sim_<blk>``, ``out_sim_img`` / ``out_sim_txt``, ``redundancy``
-    (mean pairwise head similarity), ``phase``, ``timestep`` and the record meta's ``kind`` / ``pair``.
+    (mean pairwise head similarity), ``phase``, ``timestep``, the record meta's ``kind`` / ``pair`` and
+    ``stats_stride`` (1: exact; k > 1: estimated from every k-th query row; one value per table, mixed
+    records are refused).
     """
+    records = list(records)
+    stride = _stats_stride(records)
     rows = []
     n_steps = {}
     for r in records:
@@ -47,7 +63,7 @@ def step_table(records) -> pd.DataFrame:
             re, mw, sp, be, sh = nm("row_entropy"), nm("max_weight"), nm("sim_prev"), nm("block_entropy"), nm("blocks")
             row = {"sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
                    "phase": phase_of(r.step, n_steps[r.sample]), "timestep": r.meta.get("timestep"),
-                   "kind": r.meta.get("kind", ""), "pair": r.meta.get("pair", ""),
+                   "kind": r.meta.get("kind", ""), "pair": r.meta.get("pair", ""), "stats_stride": stride,
                    "img_entropy": re[0], "txt_entropy": re[1], "img_max": mw[0],
                    "text_share": float(d["text_share"].mean()), "text_entropy": float(np.nanmean(d["text_entropy"].numpy())),
                    "sim": float(np.nanmean(d["sim_prev_all"].numpy())) if r.step > 0 else np.nan,
@@ -125,9 +141,14 @@ def word_positions(tokens: list[str], word: str) -> list[int]:
 def word_maps(records, sample: str, steps=None, layers=None) -> np.ndarray:
     """``[T_real, S_image]``: each real text token's attention from the image queries, averaged over
     heads (already in the record), the chosen steps and layers (None = all)."""
-    maps = [r.data["word_map"].numpy() for r in records
-            if r.sample == sample and "word_map" in r.data and r.data["word_map"].shape[-1] > 0
+    mine = [r for r in records if r.sample == sample
             and (steps is None or r.step in steps) and (layers is None or r.layer in layers)]
+    sampled = sorted({r.meta["stats_stride"] for r in mine if r.meta.get("stats_stride", 1) > 1})
+    if sampled:
+        raise InputError(f"sample {sample!r} was captured with stats_stride={sampled[0]}: its statistics are estimated "
+                         f"from every {sampled[0]}-th query row and it holds no word maps (a word map needs every "
+                         f"image query); capture again with stats_stride=1")
+    maps = [r.data["word_map"].numpy() for r in mine if "word_map" in r.data and r.data["word_map"].shape[-1] > 0]
     if not maps:
         raise UnknownNameError(f"no word maps for sample {sample!r}: capture cross or joint attention with text tokens")
     return np.mean(maps, 0).T
@@ -159,6 +180,8 @@ def chance_iou(k: int, n: int) -> float:
 def head_redundancy(records) -> pd.DataFrame:
     """Mean pairwise head-map similarity per (sample, layer) for records that hold ``head_sim``
     (diffusion or understanding captures alike)."""
+    records = list(records)
+    _stats_stride(records)
     rows = [{"sample": r.sample, "layer": r.layer, "step": r.step, "redundancy": float(mean_offdiag(r.data["head_sim"]))}
             for r in records if "head_sim" in r.data]
     if not rows:

@@ -58,9 +58,9 @@ import torch
 from .. import stats as S
 from ..core.errors import CaptureError, InputError
 from ..core.hooks import ProcessorWrapper, forward_hooks, innermost, processors
-from ..core.modality import BLOCKS, IMAGE, TEXT
+from ..core.modality import BLOCKS, TEXT
 from ..core.models import unwrap
-from ..core.similarity import cosine, cosine_from_sums
+from ..core.similarity import cosine
 from ..gen_families.base import streamed_maps
 from .record import CaptureResult, Record
 
@@ -158,12 +158,14 @@ class DiffusionCapture:
         adjacent: keep the previous step's map for the step-to-step similarities.
         query_stride: keep every k-th query row of the map held for ``adjacent`` and of ``full`` maps.
         stats_stride: compute the statistics and the step-to-step map similarities on every k-th query row
-            only (modes ``"stats"`` and ``"recompute"``): about k times less map work, and the previous step held
-            with k times fewer queries. The records are then **estimates** (their error against the exact
-            capture is not measured yet: check it on your model before relying on them), carry
-            ``meta["stats_stride"]``, and hold no ``word_map`` (that needs every image query). A stride that
-            shares no factor with the image grid's side (odd on SD3's 64 x 64) spreads the rows over it
-            instead of sampling whole columns.
+            of each kind (image rows and text rows sampled apart, each weighted by the rows it stands for:
+            :func:`~unicache_lib.stats.sample_rows`; modes ``"stats"`` and ``"recompute"``): about k times less
+            map work, and the previous step held with k times fewer queries. The records are then
+            **estimates** (their error against the exact capture on the shipped generators:
+            ``benchmarks/results/stats_stride_error.txt``; check it on your model before relying on them),
+            carry ``meta["stats_stride"]``, and hold no ``word_map`` (that needs every image query); analyses
+            refuse to mix them with exact records. A stride that shares no factor with the image grid's side
+            (odd on SD3's 64 x 64) spreads the rows over it instead of sampling whole columns.
         meta: extra fields for every record's meta (e.g. the prompt kind).
     """
 
@@ -326,30 +328,35 @@ class DiffusionCapture:
         n_img = n_q if part == "cross" else n_k - n_text
         qk, kk = fam.kinds(part, n_q, n_k, n_text)
         out_img, out_txt = fam.split_output(part, out, n_text)
-        k = self.stats_stride
-        if k > 1:  # every k-th query row: the statistics are estimates from those rows
-            qk = qk[::k]
+        k, qw = self.stats_stride, None
+        if k > 1:  # every k-th query row of each kind, weighted by the rows it stands for: the statistics are estimates
+            sel, qw = S.sample_rows(qk, k)
+            qk = qk[sel]
+            sel = torch.as_tensor(sel)
         for j, b in enumerate(rows):
             P = probs[j]
             if k > 1:
-                P = P.thin(k) if isinstance(P, S.LogitRows) else P[:, ::k]
+                P = P.thin(rows=sel) if isinstance(P, S.LogitRows) else P[:, sel.to(P.device)]
             mrow = mask[b] if (mask is not None and part == "cross") else None
             real = self._real_text(j, b, n_text, mrow) if n_text else np.zeros(0, bool)
             kreal = np.ones(n_k, bool)
             kreal[kk == TEXT] = real
-            data = S.step_statistics(P, qk, kk, kreal)
-            if k > 1:
-                del data["word_map"]  # a word map needs every image query
             sid = self.sample_ids[j]
             prev_key = (sid, w.name)
+            prev = self._prev.get(prev_key)
+            # the step-to-step map cosines in the statistics' own pass when the previous map holds the same rows
+            fused = prev[0] if (prev is not None and self.query_stride == 1) else None
+            data = S.step_statistics(P, qk, kk, kreal, q_weights=qw, prev=fused)
+            if k > 1:
+                del data["word_map"]  # a word map needs every image query
             if isinstance(P, S.LogitRows):  # held for the next step as queries and keys, not as a map
                 Pk = P.thin(self.query_stride)
             else:
                 Pk = P[:, :: self.query_stride] if self.query_stride > 1 else P
             oi = out_img[b].float()
             ot = out_txt[b].float() if (out_txt is not None and part == "joint") else None
-            prev = self._prev.get(prev_key)
-            data.update(_adjacent(Pk, oi, ot, prev, qk[:: self.query_stride], kk))
+            data.update(_adjacent(Pk, oi, ot, prev, qk[:: self.query_stride], kk,
+                                  None if qw is None else qw[:: self.query_stride], data))
             if self.adjacent:
                 self._prev[prev_key] = (Pk, oi, ot)
             if self.mode == "full":
@@ -407,35 +414,22 @@ class DiffusionCapture:
         return False
 
 
-def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds) -> dict[str, torch.Tensor]:
-    """Cosines with the previous step (NaN when there is none or a block is empty)."""
+def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds, q_weights=None, data=None) -> dict[str, torch.Tensor]:
+    """Cosines with the previous step (NaN when there is none or a block is empty): of the maps
+    (:func:`~unicache_lib.stats.map_similarity`; skipped when ``data``, the statistics, already hold them from
+    the fused pass) and of the attention outputs."""
     H = P.shape[0]
     nan = float("nan")
-    sim_blocks = torch.full((H, len(BLOCKS)), nan)
-    sim_all = torch.full((H,), nan)
-    out_sim = torch.full((2,), nan)
+    out = {"sim_prev": torch.full((H, len(BLOCKS)), nan), "sim_prev_all": torch.full((H,), nan),
+           "out_sim_prev": torch.full((2,), nan)}
     if prev is not None:
         pP, po_img, po_txt = prev
-        # per key group (image, text): sums of a*b, a^2, b^2 over each query row, one chunk of query rows at a
-        # time (chunk-sized temporaries); blocks and the whole map follow by summing rows
-        qk, kk = torch.as_tensor(q_kinds).to(P.device), torch.as_tensor(k_kinds).to(P.device)
-        G = torch.stack([kk == IMAGE, kk == TEXT], -1).float()
-        H, sq, sk = P.shape
-        ab, aa, bb = (torch.empty(H, sq, 2, device=P.device) for _ in range(3))
-        for r0, r1 in S.map_chunks(P):
-            a, b = S.map_rows(P, r0, r1), S.map_rows(pP, r0, r1)
-            ab[:, r0:r1] = (a * b) @ G  # one product at a time: one chunk-sized temporary, not three
-            aa[:, r0:r1] = (a * a) @ G
-            bb[:, r0:r1] = (b * b) @ G
-        sim_all = cosine_from_sums(ab.sum((1, 2)), aa.sum((1, 2)), bb.sum((1, 2))).cpu()
-        for i, blk in enumerate(BLOCKS):
-            src, dst = blk.split("->")
-            qs = qk == (IMAGE if src == "image" else TEXT)
-            g = 0 if dst == "image" else 1
-            if qs.any() and G[:, g].any():
-                sim_blocks[:, i] = cosine_from_sums(ab[:, qs, g].sum(-1), aa[:, qs, g].sum(-1), bb[:, qs, g].sum(-1)).cpu()
-        out_sim[0] = float(cosine(out_img.flatten(), po_img.flatten()))
+        if data is not None and "sim_prev_all" in data:
+            out.update(sim_prev=data["sim_prev"].cpu(), sim_prev_all=data["sim_prev_all"].cpu())
+        else:
+            out.update({k: v.cpu() for k, v in S.map_similarity(P, pP, q_kinds, k_kinds, q_weights).items()})
+        out["out_sim_prev"][0] = float(cosine(out_img.flatten(), po_img.flatten()))
         if out_txt is not None and po_txt is not None:
-            out_sim[1] = float(cosine(out_txt.flatten(), po_txt.flatten()))
-    return {"sim_prev": sim_blocks, "sim_prev_all": sim_all, "out_sim_prev": out_sim}
+            out["out_sim_prev"][1] = float(cosine(out_txt.flatten(), po_txt.flatten()))
+    return out
 
