@@ -24,7 +24,8 @@ def _child(*args):
 def test_capture_overhead_times_every_configuration_interleaved(regime):
     row = _child("--time", regime)
     configs = {"narrow": ["eager", "output_attentions", "stats", "sdpa", "recompute"],
-               "sd3": ["plain", "stats", "map only", "recompute", "recompute+adjacent", "sampled", "sampled+adjacent"]}[regime]
+               "sd3": ["plain", "stats", "map only", "recompute", "recompute+adjacent", "sampled/7", "sampled/7+adjacent",
+                       "sampled/13", "sampled/13+adjacent"]}[regime]
     assert list(row["times"]) == configs
     assert all(len(t) == 2 and min(t) > 0 for t in row["times"].values())
     assert all((row["kept_mb"][c] > 0) == (c not in ("eager", "sdpa", "plain", "map only")) for c in configs)
