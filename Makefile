@@ -85,6 +85,7 @@ lab: setup
 ##            about 20 minutes on 2 CPU cores)
 benchmark: setup
 	$(BIN)/python benchmarks/capture_overhead.py
+	$(BIN)/python benchmarks/stats_stride_error.py
 	$(BIN)/python benchmarks/caching.py
 	$(BIN)/python benchmarks/store_scale.py --out benchmarks/results/store_scale.txt
 

@@ -63,7 +63,7 @@ def test_gpu_script_code_path_on_the_cpu(tmp_path):
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     for line in ("stats     / eager", "recompute / sdpa", "10% image KV", "diffusion capture, one SD3-medium joint block",
-                 "recompute+adjacent", "at 50 steps: StepSkip(head=0.06", "steps:12"):
+                 "recompute+adjacent", "sampled/13+adjacent", "at 50 steps: StepSkip(head=0.06", "steps:12"):
         assert line in r.stdout
 
 
