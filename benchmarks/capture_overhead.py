@@ -272,7 +272,7 @@ def report(regime: str, timing: dict, memory: dict, a) -> list[str]:
                 f"{a.n_image + a.n_text}")
     else:
         head = (f"SD3-medium joint block (24 heads x 64) at 1024 px: {a.sd3_image} image + {a.sd3_text} text tokens; "
-                f"sampled/k: stats_stride k")
+                f"sampled/k: one query row in k")
     lines.append(f"\n{head}; {a.repeats} interleaved repeats, {a.threads} thread(s); time: median [min, max]")
     lines.append(f"{'config':<20}{'time (s)':>24}{'extra peak MB':>15}{'kept MB':>10}")
     for c, ts in t.items():

@@ -220,14 +220,16 @@ def test_sampled_statistics_are_refused_where_they_would_mislead():
 
 
 def test_sampled_rows_are_taken_per_kind_and_weighted_to_the_whole_map():
-    """sample_rows: every k-th row of each kind, weighted by the rows it stands for; with the weights the four-block
+    """sample_rows: every k-th row of each kind, from k // 2 rows in (at least one row of every kind), weighted by the
+    rows it stands for; with the weights the four-block
     shares of a map whose rows are alike within a kind are exact although the sample's kind mix is not."""
     from unicache_lib.core.errors import InputError
     from unicache_lib.stats import sample_rows
 
     q = np.array([IMAGE] * 7 + [TEXT] * 3)
     rows, w = sample_rows(q, 3)
-    assert rows.tolist() == [0, 3, 6, 7] and w.tolist() == [7 / 3, 7 / 3, 7 / 3, 3.0]
+    assert rows.tolist() == [1, 4, 8] and w.tolist() == [3.5, 3.5, 3.0]
+    assert sample_rows(np.array([IMAGE] * 20 + [TEXT] * 2), 13)[0].tolist() == [6, 19, 20]  # a short kind keeps a row
     with pytest.raises(InputError, match="stride"):
         sample_rows(q, 0)
     # image rows: 0.8 on image keys, text rows: 0.4 on image keys (every row alike within its kind)
@@ -239,3 +241,36 @@ def test_sampled_rows_are_taken_per_kind_and_weighted_to_the_whole_map():
     assert torch.allclose(weighted, exact, atol=1e-6) and not torch.allclose(plain, exact, atol=1e-2)
     with pytest.raises(InputError, match="q_weights"):
         step_statistics(P[:, rows], q[rows], k, q_weights=[1.0, 1.0])
+
+
+def test_head_analyses_refuse_sampled_records_where_they_would_mislead():
+    """head_roles refuses a mix of sampled and exact records; the attention-statistics pruning scorers refuse sampled
+    records (head similarity from a sample of rows is the least reliable estimate) and score the exact ones."""
+    import warnings
+
+    from unicache_lib.analysis.architectures import head_roles
+    from unicache_lib.capture.diffusion import DiffusionCapture
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.pruning.heads import HeadSpace
+    from unicache_lib.pruning.scorers import SCORERS, ScoringContext
+    from unicache_lib.zoo.builders.tiny_random import forward_inputs, tiny_transformer
+
+    tr = tiny_transformer("sd3")
+    kw = forward_inputs("sd3", tr, batch=1)
+
+    def capture(stride):
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            with DiffusionCapture(tr, ["s"], mode="stats", stats_stride=stride) as cap:
+                tr(**kw)
+        return list(cap.result)
+
+    exact, sampled = capture(1), capture(4)
+    assert len(head_roles(exact, "m")) and len(head_roles(sampled, "m"))
+    with pytest.raises(InputError, match="mix statistics captured with stats_stride"):
+        head_roles(exact + sampled, "m")
+    space = HeadSpace.of(tr)
+    for name in ("redundancy", "low_variance", "high_entropy", "attention_combined"):
+        with pytest.raises(InputError, match="capture with stats_stride=1"):
+            SCORERS[name]()(ScoringContext(space, sampled))
+        assert np.isfinite(SCORERS[name]()(ScoringContext(space, exact))).any()  # the suggested capture scores

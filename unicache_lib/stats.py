@@ -441,7 +441,8 @@ class LogitRows:
 
 
 def sample_rows(q_kinds, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every ``stride``-th query row *of each kind* (image rows and text rows sampled apart, in order) and the
+    """Every ``stride``-th query row *of each kind* (image rows and text rows sampled apart, in order, starting
+    ``stride // 2`` rows in, or in the middle of a kind with fewer rows than that) and the
     weight of each: how many rows of its kind it stands for (``n_kind / n_sampled_kind``). With the weights,
     :func:`step_statistics` of the sampled rows estimates the statistics of the whole map without a bias from
     the kinds' mix (a plain every-k-th sample of 64 image + 10 text rows at stride 7 holds 10 image rows and 1
@@ -452,7 +453,9 @@ def sample_rows(q_kinds, stride: int) -> tuple[np.ndarray, np.ndarray]:
     rows, weights = [], []
     for kind in np.unique(qk):
         idx = np.flatnonzero(qk == kind)
-        pick = idx[::stride]
+        # from the middle of the first stride, not its first row (a text sequence's first token, often an attention
+        # sink, would otherwise always stand for k rows); at least one row of every kind
+        pick = idx[min(stride // 2, (len(idx) - 1) // 2)::stride]
         rows.append(pick)
         weights.append(np.full(len(pick), len(idx) / len(pick)))
     rows, weights = np.concatenate(rows), np.concatenate(weights)
@@ -715,7 +718,7 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
     nan = torch.full((H,), float("nan"), device=dev)
     wq = None
     if q_weights is not None:
-        wq = torch.as_tensor(np.asarray(q_weights), dtype=torch.float32, device=dev)
+        wq = torch.as_tensor(q_weights, dtype=torch.float32, device=dev)
         if wq.shape != (sq,) or not bool((wq > 0).all()):
             raise InputError(f"q_weights must be [{sq}] positive weights, one per query row, got {tuple(wq.shape)}")
     if prev is not None and tuple(prev.shape) != (H, sq, sk):
@@ -837,5 +840,5 @@ def map_similarity(P, prev, q_kinds, k_kinds, q_weights=None) -> dict[str, torch
     sums = _SimilaritySums(H, sq, kk)
     for r0, r1 in map_chunks(P):
         sums.add(r0, r1, map_rows(P, r0, r1), map_rows(prev, r0, r1))
-    wq = None if q_weights is None else torch.as_tensor(np.asarray(q_weights), dtype=torch.float32, device=P.device)
+    wq = None if q_weights is None else torch.as_tensor(q_weights, dtype=torch.float32, device=P.device)
     return sums.cosines(qk, wq)

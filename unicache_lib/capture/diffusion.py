@@ -328,11 +328,15 @@ class DiffusionCapture:
         n_img = n_q if part == "cross" else n_k - n_text
         qk, kk = fam.kinds(part, n_q, n_k, n_text)
         out_img, out_txt = fam.split_output(part, out, n_text)
-        k, qw = self.stats_stride, None
+        k, qw, qw_held = self.stats_stride, None, None
         if k > 1:  # every k-th query row of each kind, weighted by the rows it stands for: the statistics are estimates
             sel, qw = S.sample_rows(qk, k)
+            n_kind = {kind: int((qk == kind).sum()) for kind in np.unique(qk)}
             qk = qk[sel]
             sel = torch.as_tensor(sel)
+            # the rows held for the next step (thinned again by query_stride) stand for their kind's rows anew
+            held = qk[:: self.query_stride]
+            qw_held = np.array([n_kind[x] / (held == x).sum() for x in held])
         for j, b in enumerate(rows):
             P = probs[j]
             if k > 1:
@@ -355,8 +359,7 @@ class DiffusionCapture:
                 Pk = P[:, :: self.query_stride] if self.query_stride > 1 else P
             oi = out_img[b].float()
             ot = out_txt[b].float() if (out_txt is not None and part == "joint") else None
-            data.update(_adjacent(Pk, oi, ot, prev, qk[:: self.query_stride], kk,
-                                  None if qw is None else qw[:: self.query_stride], data))
+            data.update(_adjacent(Pk, oi, ot, prev, qk[:: self.query_stride], kk, qw_held, data))
             if self.adjacent:
                 self._prev[prev_key] = (Pk, oi, ot)
             if self.mode == "full":

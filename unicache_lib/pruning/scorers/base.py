@@ -52,6 +52,10 @@ class HeadScorer:
     def __call__(self, ctx: ScoringContext) -> np.ndarray:
         if self.needs == "records" and not ctx.records:
             raise InputError(f"scorer {self.name!r} needs stats-mode capture records (ScoringContext.records)")
+        if self.needs == "records" and any(r.meta.get("stats_stride", 1) > 1 for r in ctx.records):
+            raise InputError(f"scorer {self.name!r} got records captured with stats_stride > 1: their head statistics "
+                             f"are estimates from a sample of query rows (head similarity the least reliable); "
+                             f"capture with stats_stride=1 to score heads")
         if self.needs == "loss" and not ctx.loss_fns:
             raise InputError(f"scorer {self.name!r} needs loss closures (ScoringContext.loss_fns)")
         s = np.asarray(self.score(ctx), dtype=float)
