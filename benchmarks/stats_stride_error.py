@@ -12,8 +12,8 @@ the notebooks take from these statistics, how many per-layer knees of the map-si
 (:func:`~unicache_lib.analysis.generation.knee_table`) the estimate moves at 0.95 and 0.99 (on the shipped generators
 the map cosines stay above 0.97 after step 1, so 0.99 is the threshold notebook 03 reads knees at).
 
-The shipped generators have 64 image tokens, so each stride keeps few rows (10 at stride 7); SD3-medium at
-1,024 px keeps 586 of its 4,096 image rows at stride 7 and 316 at stride 13. These are findings of the small models: how large the error
+The shipped generators have 64 image tokens, so each stride keeps few rows (9 at stride 7); SD3-medium at
+1,024 px keeps 585 of its 4,096 image rows at stride 7 and 315 at stride 13. These are findings of the small models: how large the error
 is on another model is measured on that model (``--generators`` takes a diffusers pipeline folder too).
 
     python benchmarks/stats_stride_error.py                    # both generators, 8 prompts, strides 2 4 7 13
@@ -105,6 +105,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     import torch
 
+    from unicache_lib.stats import sample_rows
+
     torch.set_num_threads(1)
     lines = [f"# python benchmarks/stats_stride_error.py --prompts {a.prompts} --strides {' '.join(map(str, a.strides))} "
              f"--steps {a.steps}: |sampled - exact| per statistic over every (prompt, part, layer, step) record"]
@@ -115,7 +117,8 @@ def main(argv=None) -> None:
         for k in a.strides:
             t = error_table(tables[1], tables[k])
             kn = knee_moves(tables[1], tables[k])
-            lines += ["", f"{g}: {n_image} image queries per map, stats_stride {k} keeps {-(-n_image // k)} rows; "
+            kept = len(sample_rows(np.zeros(n_image, int), k)[0])  # image rows the stride keeps
+            lines += ["", f"{g}: {n_image} image queries per map, stats_stride {k} keeps {kept} rows; "
                           f"{a.prompts} prompts x {a.steps} steps, {len(tables[1])} records",
                       t.to_string(float_format=lambda v: f"{v:.4f}"),
                       "map-similarity knees moved by the estimate: "
