@@ -52,10 +52,6 @@ class HeadScorer:
     def __call__(self, ctx: ScoringContext) -> np.ndarray:
         if self.needs == "records" and not ctx.records:
             raise InputError(f"scorer {self.name!r} needs stats-mode capture records (ScoringContext.records)")
-        if self.needs == "records" and any(r.meta.get("stats_stride", 1) > 1 for r in ctx.records):
-            raise InputError(f"scorer {self.name!r} got records captured with stats_stride > 1: their head statistics "
-                             f"are estimates from a sample of query rows (head similarity the least reliable); "
-                             f"capture with stats_stride=1 to score heads")
         if self.needs == "loss" and not ctx.loss_fns:
             raise InputError(f"scorer {self.name!r} needs loss closures (ScoringContext.loss_fns)")
         s = np.asarray(self.score(ctx), dtype=float)
@@ -79,6 +75,10 @@ def head_statistics(ctx: ScoringContext) -> dict[str, np.ndarray]:
                          f"({mapless[0].name}: {why}); the attention-statistics scorers cannot score them. Build the "
                          f"space without them, HeadSpace.of(transformer, mapless=False), or use the gradient / "
                          f"weight_norm / random scorers")
+    if any(r.meta.get("stats_stride", 1) > 1 for r in ctx.records):
+        raise InputError("these records were captured with stats_stride > 1: their head statistics are estimates from "
+                         "a sample of query rows (head similarity the least reliable); capture with stats_stride=1 to "
+                         "score heads")
     by_unit = {(u.layer, u.part): i for i, u in enumerate(space.units)}
     acc = {k: [[] for _ in space.units] for k in ("variance", "entropy", "max_sim")}
     for r in ctx.records:
