@@ -340,7 +340,7 @@ def diffusion_capture(a, device: str, real: bool) -> None:
     tr = tr.to(device, dtype)
     kw = {k: v.to(device, dtype if v.is_floating_point() else v.dtype) for k, v in kw.items()}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    runs = {c: co.sd3_runner(tr, kw, c) for c in co.sd3_configs((7, 13))}  # exact, then sampled (stats_stride 7, 13)
+    runs = {c: co.sd3_runner(tr, kw, c) for c in co.sd3_configs(co.SD3_STRIDES)}  # exact, then sampled
 
     def timed(run):
         def go():

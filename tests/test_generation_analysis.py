@@ -1,4 +1,5 @@
 """Step statistics and the step-evolution helpers, on hand-made cases."""
+import functools
 import math
 
 import numpy as np
@@ -185,26 +186,28 @@ def test_knee_table_and_reuse_window():
         G.reuse_window([1], 1)
 
 
+def _one_step_records(tr, kw, stride: int) -> list:
+    """The records of one forward of ``tr`` captured in stats mode with ``stats_stride=stride`` (sample id "s")."""
+    import warnings
+
+    from unicache_lib.capture.diffusion import DiffusionCapture
+
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        with DiffusionCapture(tr, ["s"], mode="stats", stats_stride=stride) as cap:
+            tr(**kw)
+    return list(cap.result)
+
+
 def test_sampled_statistics_are_refused_where_they_would_mislead():
     """Records of a stats_stride capture: step_table says their stride; a mix of exact and sampled records is
     refused (and the filter the error suggests works); word_maps says why there are none, and the capture the
     error suggests (stats_stride=1) has them."""
-    import warnings
-
-    from unicache_lib.capture.diffusion import DiffusionCapture
     from unicache_lib.core.errors import InputError
     from unicache_lib.zoo.builders.tiny_random import forward_inputs, tiny_transformer
 
     tr = tiny_transformer("sd3")
-    kw = forward_inputs("sd3", tr, batch=1)
-
-    def capture(stride):
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            with DiffusionCapture(tr, ["s"], mode="stats", stats_stride=stride) as cap:
-                tr(**kw)
-        return list(cap.result)
-
+    capture = functools.partial(_one_step_records, tr, forward_inputs("sd3", tr, batch=1))
     exact, sampled = capture(1), capture(4)
     assert set(G.step_table(sampled).stats_stride) == {4} and set(G.step_table(exact).stats_stride) == {1}
     mixed = exact + sampled
@@ -246,25 +249,14 @@ def test_sampled_rows_are_taken_per_kind_and_weighted_to_the_whole_map():
 def test_head_analyses_refuse_sampled_records_where_they_would_mislead():
     """head_roles refuses a mix of sampled and exact records; the attention-statistics pruning scorers refuse sampled
     records (head similarity from a sample of rows is the least reliable estimate) and score the exact ones."""
-    import warnings
-
     from unicache_lib.analysis.architectures import head_roles
-    from unicache_lib.capture.diffusion import DiffusionCapture
     from unicache_lib.core.errors import InputError
     from unicache_lib.pruning.heads import HeadSpace
     from unicache_lib.pruning.scorers import SCORERS, ScoringContext
     from unicache_lib.zoo.builders.tiny_random import forward_inputs, tiny_transformer
 
     tr = tiny_transformer("sd3")
-    kw = forward_inputs("sd3", tr, batch=1)
-
-    def capture(stride):
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            with DiffusionCapture(tr, ["s"], mode="stats", stats_stride=stride) as cap:
-                tr(**kw)
-        return list(cap.result)
-
+    capture = functools.partial(_one_step_records, tr, forward_inputs("sd3", tr, batch=1))
     exact, sampled = capture(1), capture(4)
     assert len(head_roles(exact, "m")) and len(head_roles(sampled, "m"))
     with pytest.raises(InputError, match="mix statistics captured with stats_stride"):

@@ -440,6 +440,15 @@ class LogitRows:
         return out
 
 
+def row_weights(kept_kinds, all_kinds) -> np.ndarray:
+    """``[len(kept_kinds)]``: how many rows of its kind in the whole map (``all_kinds``) each kept row stands for,
+    ``n_kind(all) / n_kind(kept)``."""
+    kept, every = np.asarray(kept_kinds), np.asarray(all_kinds)
+    kinds, inverse, n_kept = np.unique(kept, return_inverse=True, return_counts=True)
+    n_all = np.array([(every == x).sum() for x in kinds])
+    return (n_all / n_kept)[inverse]
+
+
 def sample_rows(q_kinds, stride: int) -> tuple[np.ndarray, np.ndarray]:
     """Every ``stride``-th query row *of each kind* (image rows and text rows sampled apart, in order, starting
     ``stride // 2`` rows in, or in the middle of a kind with fewer rows than that) and the
@@ -450,17 +459,14 @@ def sample_rows(q_kinds, stride: int) -> tuple[np.ndarray, np.ndarray]:
     qk = np.asarray(q_kinds)
     if stride < 1:
         raise InputError(f"stride must be >= 1, got {stride}")
-    rows, weights = [], []
+    rows = []
     for kind in np.unique(qk):
         idx = np.flatnonzero(qk == kind)
         # from the middle of the first stride, not its first row (a text sequence's first token, often an attention
         # sink, would otherwise always stand for k rows); at least one row of every kind
-        pick = idx[min(stride // 2, (len(idx) - 1) // 2)::stride]
-        rows.append(pick)
-        weights.append(np.full(len(pick), len(idx) / len(pick)))
-    rows, weights = np.concatenate(rows), np.concatenate(weights)
-    order = np.argsort(rows, kind="stable")
-    return rows[order], weights[order]
+        rows.append(idx[min(stride // 2, (len(idx) - 1) // 2)::stride])
+    rows = np.sort(np.concatenate(rows))
+    return rows, row_weights(qk[rows], qk)
 
 
 def map_rows(P, r0: int, r1: int) -> torch.Tensor:

@@ -85,11 +85,11 @@ def head_roles(records, model: str, focused: float = 0.45, spread: float = 0.8) 
     """One row per (layer, head): its role over samples, from its mean max weight and normalised entropy:
     ``focused`` (a row's largest weight above ``focused`` on average), ``spread`` (normalised entropy above
     ``spread``) or ``mixed``."""
-    from .generation import _stats_stride
+    from .generation import stats_stride_of
     from .understanding import head_table
 
     records = list(records)
-    _stats_stride(records)  # exact and sampled records are not averaged together
+    stats_stride_of(records)  # exact and sampled records are not averaged together
     if records and "row_entropy" in records[0].data:  # a generator's records: its image queries, over the steps
         rows = [{"layer": r.layer, "head": h, "max_weight": float(r.data["max_weight"][h, 0]),
                  "norm_entropy": float(r.data["row_entropy"][h, 0])} for r in records for h in range(r.heads)

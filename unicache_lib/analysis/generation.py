@@ -26,7 +26,7 @@ def phase_of(step: int, n_steps: int) -> str:
     return "early" if f < 0.2 else ("middle" if f < 0.6 else "late")
 
 
-def _stats_stride(records) -> int:
+def stats_stride_of(records) -> int:
     """The one ``stats_stride`` of ``records`` (1: exact statistics). Records of different strides are refused:
     an average over exact values and estimates from every k-th query row would be neither."""
     strides = {int(r.meta.get("stats_stride", 1)) for r in records}
@@ -50,7 +50,7 @@ def step_table(records) -> pd.DataFrame:
     records are refused).
     """
     records = list(records)
-    stride = _stats_stride(records)
+    stride = stats_stride_of(records)
     rows = []
     n_steps = {}
     for r in records:
@@ -181,7 +181,7 @@ def head_redundancy(records) -> pd.DataFrame:
     """Mean pairwise head-map similarity per (sample, layer) for records that hold ``head_sim``
     (diffusion or understanding captures alike)."""
     records = list(records)
-    _stats_stride(records)
+    stats_stride_of(records)
     rows = [{"sample": r.sample, "layer": r.layer, "step": r.step, "redundancy": float(mean_offdiag(r.data["head_sim"]))}
             for r in records if "head_sim" in r.data]
     if not rows:

@@ -331,12 +331,10 @@ class DiffusionCapture:
         k, qw, qw_held = self.stats_stride, None, None
         if k > 1:  # every k-th query row of each kind, weighted by the rows it stands for: the statistics are estimates
             sel, qw = S.sample_rows(qk, k)
-            n_kind = {kind: int((qk == kind).sum()) for kind in np.unique(qk)}
+            # the rows held for the next step (thinned again by query_stride) stand for their kind's rows anew
+            qw_held = S.row_weights(qk[sel][:: self.query_stride], qk)
             qk = qk[sel]
             sel = torch.as_tensor(sel)
-            # the rows held for the next step (thinned again by query_stride) stand for their kind's rows anew
-            held = qk[:: self.query_stride]
-            qw_held = np.array([n_kind[x] / (held == x).sum() for x in held])
         for j, b in enumerate(rows):
             P = probs[j]
             if k > 1:
