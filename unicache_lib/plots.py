@@ -689,3 +689,32 @@ def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = T
     if cbar:
         _colorbar(ax, im, "attention weight (grey: masked)")
     return fig or ax.figure
+
+
+def _literal_text(fn):
+    """Every text of the figure ``fn`` returns drawn as typed (math text off): a label, token or question from your
+    data holding ``$`` shows its dollars instead of failing the figure (``$\\frac{$``) or turning into math."""
+    import functools
+
+    @functools.wraps(fn)
+    def drawn(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):  # texts made (and laid out) inside: literal
+            out = fn(*args, **kwargs)
+        from matplotlib.figure import Figure
+        from matplotlib.text import Text
+
+        if isinstance(out, Figure):  # and those drawn later (a notebook's savefig) too
+            for t in out.findobj(Text):
+                t.set_parse_math(False)
+        return out
+
+    return drawn
+
+
+for _name in ("layer_curves", "attention_map", "bars", "read_frequency_heatmap", "per_layer_boxes", "image_overlay",
+              "layer_overlays", "blocked_map", "map_panel", "step_curves", "layer_step_grid", "word_regions",
+              "shared_legend", "step_panel", "grid_panels", "attention_layouts", "kept_patches", "reuse_gallery",
+              "token_map"):
+    globals()[_name] = _literal_text(globals()[_name])

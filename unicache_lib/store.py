@@ -56,6 +56,7 @@ import torch
 from .capture.record import Record
 from .core.errors import InputError, InputTypeError, StoreError, StoreLockedError
 from .core.modality import Spans
+from .core.untrusted import inside
 from .locks import LockedError, acquire, describe, forget, held_here, holder_if_held
 
 FORMAT = 1
@@ -497,17 +498,10 @@ class Store:
         return meta
 
     def _inside(self, rel) -> Path | None:
-        """``self.path / rel`` when ``rel`` names a file of this store (a relative path that stays inside it, also
-        after symlinks are resolved); None for ``..``, an absolute path, a symlink that leaves the store, or not a
-        string. An index entry naming such a path is a damaged record: never opened, renamed or deleted."""
-        if not isinstance(rel, str) or not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-            return None
-        p = self.path / rel
-        try:
-            p.resolve().relative_to(self.path.resolve())
-        except ValueError:
-            return None
-        return p
+        """``self.path / rel`` when ``rel`` names a file of this store (:func:`~unicache_lib.core.untrusted.inside`);
+        None for ``..``, an absolute path, a symlink that leaves the store, or not a string. An index entry naming
+        such a path is a damaged record: never opened, renamed or deleted."""
+        return inside(self.path, rel)
 
     def _open(self, rel: str, digest: str | None = None):
         fix = (f"Run Store({str(self.path)!r}).repair() to drop its records from the index (the other records stay "

@@ -114,7 +114,7 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
         s, rec = sample.value, by[sample.value, layer.value]
         q = (questions or {}).get(s)
         title = f"sample {s} · layer {layer.value} · head {head.value}"
-        caption.value = (f"<b>{title}</b>" + (f" · question: <i>{_html(q)}</i>" if q else "")
+        caption.value = (f"<b>{_html(title)}</b>" + (f" · question: <i>{_html(q)}</i>" if q else "")
                          + f" · query token: <code>{_html(quoted(token.value, tokens[s][token.value]))}</code>")
         grid, cells = (grids or {}).get(s, (None, None))
         _show(out, plots.map_panel(rec.probs[head.value], rec.spans, images[s], token.value, tokens[s], title,
@@ -164,9 +164,9 @@ def model_explorer(per_model: dict):
 
 
 def _html(text: str) -> str:
-    import html
+    from .core.untrusted import html_text
 
-    return html.escape(str(text))
+    return html_text(text)
 
 
 def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str | None = None):
@@ -211,7 +211,7 @@ def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str |
         r = by[sample.value, layer.value, step.value]
         prompt = r.meta.get("prompt")
         title = f"{r.part} · step {r.step} · layer {r.layer} · head {head.value}"
-        caption.value = (f"<b>{title}</b>" + (f" · prompt: <i>{_html(prompt)}</i>" if prompt else "")
+        caption.value = (f"<b>{_html(title)}</b>" + (f" · prompt: <i>{_html(prompt)}</i>" if prompt else "")
                          + f" · word: <code>{_html(quoted(word.value, tokens[sample.value][word.value]))}</code>")
         _show(out, plots.step_panel(r, head.value, images[sample.value], word.value, tokens[sample.value], title))
 

@@ -274,12 +274,16 @@ import warnings
 
 from IPython.display import HTML, Image, display
 
+from unicache_lib.core.untrusted import iframe_srcdoc, inside
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # IPython suggests IFrame, which needs a served path; srcdoc embeds the page
-    display(HTML(f'<iframe srcdoc="{page.read_text().replace(chr(34), "&quot;")}" width="100%" height="500"></iframe>'))
+    display(HTML(iframe_srcdoc(page.read_text())))  # the page escaped whole: the frame gets it exactly as written
 # the page's own figures as static images (its <img alt> names the PNG beside it), for viewers without a kernel
 for stem in re.findall(r'<img alt="([^"]+)"', page.read_text()):
-    display(Image(filename=str(page.parent / f"{html.unescape(stem)}.png")))
+    png = inside(page.parent, f"{html.unescape(stem)}.png")  # a name from the page stays in the page's folder
+    if png is not None and png.is_file():
+        display(Image(filename=str(png)))
 
 # %% [markdown]
 # ## 4. Claims scoreboard

@@ -10,10 +10,11 @@ from .text import caption, make_qa
 TRAIN_QTYPES = ("colour", "shape", "position", "exists")
 
 
-def heldout_set(n=1500, seed=12345, qtypes=TRAIN_QTYPES):
-    """The fixed held-out questions (balanced over ``qtypes`` and the five scene types)."""
+def heldout_set(n=1500, seed=12345, qtypes=TRAIN_QTYPES, size=64):
+    """The fixed held-out questions (balanced over ``qtypes`` and the five scene types), scenes rendered at
+    ``size`` px."""
     rng = np.random.default_rng(seed)
-    return [make_qa(rng, qtypes[i % len(qtypes)]) for i in range(n)]
+    return [make_qa(rng, qtypes[i % len(qtypes)], size=size) for i in range(n)]
 
 
 def question_images(qas, shuffle_seed=None) -> np.ndarray:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import ImageError, InputError, MissingFileError, UnknownNameError
+from ..core.untrusted import file_inside, read_utf8
 from ..paths import project_path
 from .scenes import SCENE_TYPES
 from .text import caption, jsonl_rows, long_prompt, make_qa, short_prompt
@@ -170,7 +171,7 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
     masks = np.load(path / "masks.npz")
     out = []
     for e in manifest["samples"]:
-        img = np.asarray(Image.open(path / e["image"]).convert("RGB"))
+        img = np.asarray(Image.open(file_inside(path, e["image"], f"{mf}, sample {e['id']!r}", "image")).convert("RGB"))
         out.append(Sample(e["id"], e["scene_type"], img, masks[e["id"]], e["objects"], e["question"], e["answer"],
                           e["qtype"], e["caption"], e["short_prompt"], e["long_prompt"]))
     return _select(out, ids, scene_types, per_type)
@@ -207,7 +208,7 @@ def _llava_json(path: Path) -> Path | None:
     """The one LLaVA-style conversations JSON of a folder (a list of ``{"image", "conversations"}``), if any."""
     for f in sorted(path.glob("*.json")):
         try:
-            data = json.loads(f.read_text())
+            data = json.loads(f.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if isinstance(data, list) and data and isinstance(data[0], dict) and "conversations" in data[0]:
@@ -215,27 +216,130 @@ def _llava_json(path: Path) -> Path | None:
     return None
 
 
-def _rows_from_llava(f: Path) -> list[dict]:
+def _rows_from_llava(f: Path) -> list[tuple[str, dict]]:
+    """``(where, row)`` per entry: ``where`` names the file and the entry for every refusal."""
     rows = []
-    for i, e in enumerate(json.loads(f.read_text())):
-        turns = e.get("conversations") or []
-        human = next((t.get("value", "") for t in turns if t.get("from") == "human"), None)
-        if "image" not in e or human is None:
-            raise InputError(f"{f}, entry {i}: a LLaVA-style entry needs an 'image' and a 'conversations' list with a "
-                             "'human' turn; add them, or convert the file to metadata.jsonl (file_name, question)")
+    for i, e in enumerate(json.loads(read_utf8(f))):
+        where = f"{f}, entry {i}"
+        turns = e.get("conversations") if isinstance(e, dict) else None
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            turns = None
+        human = next((t.get("value") for t in turns or [] if t.get("from") == "human"), None)
+        if turns is None or "image" not in e or not isinstance(human, str):
+            raise InputError(f"{where}: a LLaVA-style entry is an object with an 'image' and a 'conversations' list "
+                             "whose 'human' turn has a text 'value'; fix it, or convert the file to metadata.jsonl "
+                             "(file_name, question)")
         answer = next((t.get("value") for t in turns if t.get("from") == "gpt"), None)
-        rows.append({"file_name": e["image"], "id": str(e.get("id", Path(e["image"]).stem)),
-                     "question": human.replace("<image>", "").strip(), "answer": answer})
+        row = {"file_name": e["image"], "question": human.replace("<image>", "").strip(), "answer": answer}
+        if "id" in e:
+            row["id"] = e["id"]
+        rows.append((where, row))
     return rows
+
+
+# what a folder's line may hold beside file_name and question, and the type each must have
+_TEXT_FIELDS = ("qtype", "scene_type", "caption", "short_prompt", "long_prompt")
+_OBJECT_KEYS = ("colour", "shape", "position")
+_HIGH_BIT_MODES = {"I": 32, "I;16": 16, "I;16B": 16, "I;16L": 16, "I;16N": 16, "F": 32}
+
+
+def _check_row(where: str, row: dict) -> dict:
+    """The fields of one line, type by type; a wrong one is refused naming ``where``, the field and the fix."""
+    q = row.get("question")
+    if not isinstance(q, str) or not q.strip():
+        raise InputError(f"{where}: 'question' must be a non-empty text, got {q!r}: write the question the model is "
+                         f"asked about the image")
+    a = row.get("answer")
+    if a is not None and (isinstance(a, bool) or not isinstance(a, (str, int, float))):
+        raise InputError(f"{where}: 'answer' must be a text (or left out), got {a!r}")
+    if "id" in row and (isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)) or not str(row["id"]).strip()):
+        raise InputError(f"{where}: 'id' must be a non-empty text, got {row['id']!r}")
+    for k in _TEXT_FIELDS:
+        if row.get(k) is not None and not isinstance(row[k], str):
+            raise InputError(f"{where}: {k!r} must be a text, got {row[k]!r}")
+    st = row.get("scene_type")
+    if st and st not in SCENE_TYPES:
+        raise InputError(f"{where}: scene_type {st!r} is not one of {SCENE_TYPES}: leave it out for your own images")
+    objs = row.get("objects")
+    if objs is not None:
+        if not isinstance(objs, list) or not all(isinstance(o, dict) for o in objs):
+            raise InputError(f"{where}: 'objects' must be a list of objects such as "
+                             '{"colour": "red", "shape": "circle", "position": "left"}, got ' + repr(objs)[:80])
+        for o in objs:
+            bad = {k: o.get(k) for k in _OBJECT_KEYS if k in o and not isinstance(o[k], str)}
+            if bad:
+                raise InputError(f"{where}: an object's {', '.join(bad)} must be text, got {bad}")
+    return row
+
+
+def _read_image(f: Path, where: str) -> np.ndarray:
+    """``f`` as ``[H, W, 3]`` uint8 RGB; refused naming the file for what cannot be converted exactly (16- and
+    32-bit images, decompression bombs, unreadable files); transparent pixels warned about as ``inputs_for`` does."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(f) as im:
+            if im.mode in _HIGH_BIT_MODES:
+                raise ImageError(f"{where}: {f.name} is a {_HIGH_BIT_MODES[im.mode]}-bit image (mode {im.mode}): only 8-bit "
+                                 f"images are read exactly; save it as 8-bit RGB PNG, e.g. "
+                                 f"(arr / arr.max() * 255).round().astype('uint8')")
+            im.load()
+            alpha = im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info
+            rgba = np.asarray(im.convert("RGBA")) if alpha else None
+            img = np.asarray(im.convert("RGB"))
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"{where}: {f.name} has more pixels than PIL's decompression-bomb limit "
+                         f"(Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS:,}): resize it first ({e})") from e
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ImageError(f"{where}: {f} is not a readable image ({e}): re-save it as PNG or JPEG") from e
+    if rgba is not None and (rgba[..., 3] < 255).any():
+        share = float((rgba[..., 3] == 0).mean())
+        warnings.warn(f"{f.name}: {share:.0%} of its pixels are fully transparent; the alpha channel is dropped (as "
+                      "PIL's convert('RGB') and transformers' convert_to_rgb do), so they show their stored colour. "
+                      "Composite it on a background first, e.g. PIL.Image.alpha_composite(PIL.Image.new('RGBA', "
+                      "img.size, 'white'), img).convert('RGB')", UserWarning, stacklevel=3)
+    return img
+
+
+def _read_masks(path: Path) -> dict:
+    """``masks.npz`` as ``{file_name: bool [n, H, W]}``: no pickles, 3-D boolean (or 0/1) arrays, or a refusal naming
+    the file and the array."""
+    import zipfile
+
+    f = path / "masks.npz"
+    if not f.exists():
+        return {}
+    try:
+        with np.load(f, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise InputError(f"{f} is a single array, not an .npz archive: save it with np.savez_compressed(path, "
+                                 f"**{{file_name: masks}})")
+            out = {}
+            for k in z.files:
+                m = z[k]
+                if m.ndim != 3 or not (m.dtype == np.bool_ or (np.issubdtype(m.dtype, np.integer)
+                                                               and m.size and set(np.unique(m)) <= {0, 1})
+                                       or (m.size == 0 and m.ndim == 3)):
+                    raise InputError(f"{f}[{k!r}] is {m.dtype} of shape {m.shape}: save one boolean mask per object, "
+                                     f"[n_objects, H, W]")
+                out[k] = m.astype(bool)
+            return out
+    except InputError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise InputError(f"{f} is not a readable .npz of boolean masks ({type(e).__name__}: {e}); pickled or object "
+                         f"arrays are never loaded. Save it with np.savez_compressed(path, **{{file_name: bool masks}}) "
+                         f"or remove it (masks are optional)") from e
 
 
 def read_folder(path: str | Path) -> list[Sample]:
     """Your own samples: a folder in the imagefolder layout (:data:`METADATA`) or with a LLaVA-style conversations
-    JSON. Every line is checked before anything loads: a bad line, a missing or unreadable image, or masks that do not
-    fit name the file and the fix. What a folder lacks stays empty (``answer`` None, no objects, no masks), and the
-    claims that need it say so instead of measuring."""
-    from PIL import Image, UnidentifiedImageError
-
+    JSON. Every line is checked before anything loads, field by field: a bad line, a path that leaves the folder,
+    a missing or unreadable image, an id used twice, or masks that do not fit name the file, the line and the fix.
+    What a folder lacks stays empty (``answer`` None, no objects, no masks), and the claims that need it say so
+    instead of measuring."""
     path = Path(path)
     meta, llava = path / METADATA, None if (path / METADATA).exists() else _llava_json(path)
     if llava is not None:
@@ -243,32 +347,37 @@ def read_folder(path: str | Path) -> list[Sample]:
     else:
         rows = []
         for n, row in jsonl_rows(meta):
+            where = f"{meta}, line {n}"
             missing = [k for k in FOLDER_KEYS if not isinstance(row, dict) or k not in row]
             if missing:
-                raise InputError(f"{meta}, line {n}: no {' or '.join(repr(k) for k in missing)}: every line needs "
+                raise InputError(f"{where}: no {' or '.join(repr(k) for k in missing)}: every line needs "
                                  f"{', '.join(FOLDER_KEYS)} (answer, objects and masks are optional)")
-            rows.append(row)
+            rows.append((where, row))
     if not rows:
         raise InputError(f"{llava or meta} lists no samples: add one line per image")
-    masks = np.load(path / "masks.npz") if (path / "masks.npz").exists() else {}
+    files = {}
+    for where, row in rows:
+        _check_row(where, row)
+        files[where] = file_inside(path, row["file_name"], where, "file_name" if llava is None else "image")
+    seen: dict[str, str] = {}
+    for where, row in rows:
+        sid = str(row.get("id", Path(str(row["file_name"])).stem))
+        if sid in seen:
+            raise InputError(f"{where}: sample id {sid!r} is also {seen[sid]}'s: ids name a sample's records, so two "
+                             f"samples cannot share one; give every line its own 'id'")
+        seen[sid] = where
+    masks = _read_masks(path)
     out = []
-    for row in rows:
-        f = path / row["file_name"]
-        if not f.is_file():
-            raise MissingFileError(f"{f} is listed in {(llava or meta).name} but not there: put the image beside it or "
-                                   "fix file_name")
-        try:
-            img = np.asarray(Image.open(f).convert("RGB"))
-        except (UnidentifiedImageError, OSError) as e:
-            raise ImageError(f"{f} is not a readable image ({e}): re-save it as PNG or JPEG") from e
+    for (where, row), sid in zip(rows, seen):
+        img = _read_image(files[where], where)
         m = masks[row["file_name"]] if row["file_name"] in masks else np.zeros((0, *img.shape[:2]), bool)
         if m.shape[1:] != img.shape[:2]:
             raise InputError(f"masks.npz[{row['file_name']!r}] is {tuple(m.shape)}, not [n_objects, {img.shape[0]}, "
                              f"{img.shape[1]}] like its image: save one boolean mask per object at the image's size")
-        out.append(Sample(str(row.get("id", Path(row["file_name"]).stem)), str(row.get("scene_type", "")), img,
-                          m.astype(bool), list(row.get("objects") or []), str(row["question"]), row.get("answer"),
-                          str(row.get("qtype", "")), str(row.get("caption", "")), str(row.get("short_prompt", "")),
-                          str(row.get("long_prompt", ""))))
+        a = row.get("answer")
+        out.append(Sample(sid, row.get("scene_type") or "", img, m, list(row.get("objects") or []), row["question"],
+                          None if a is None else str(a), row.get("qtype") or "", row.get("caption") or "",
+                          row.get("short_prompt") or "", row.get("long_prompt") or ""))
     return out
 
 
@@ -277,9 +386,10 @@ def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | N
     for s in samples:  # the i-th sample of its scene type (the standard sets' "type-i" ids; your folder's order)
         rank.append(seen.get(s.scene_type, 0))
         seen[s.scene_type] = rank[-1] + 1
+    # per_type thins named scene types only: a folder of your own images (no scene_type) is taken whole
     out = [s for s, r in zip(samples, rank) if (ids is None or s.id in ids) and (scene_types is None or
                                                                                 s.scene_type in scene_types)
-           and (per_type is None or r < per_type)]
+           and (per_type is None or not s.scene_type or r < per_type)]
     if ids is not None:
         unknown = set(ids) - {s.id for s in out}
         if unknown:

@@ -207,8 +207,10 @@ def export_prompts(prompts: list[dict], out) -> "Path":
 def jsonl_rows(path) -> list[tuple[int, object]]:
     """``(line number, parsed JSON)`` of every non-blank line of a JSON-lines file; a line that is not JSON is refused
     naming the file, the line and the fix."""
+    from ..core.untrusted import read_utf8
+
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(read_utf8(path).splitlines(), 1):
         if line.strip():
             try:
                 out.append((n, json.loads(line)))

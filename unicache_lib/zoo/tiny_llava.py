@@ -63,7 +63,7 @@ def build_processor(tokenizer, image_size: int = 64, patch: int = 8):
 
 
 def build_config(tokenizer, image_size=64, patch=8, vision_hidden=128, vision_layers=2,
-                 lm_hidden=128, lm_layers=4, lm_heads=8, kv_heads=8):
+                 lm_hidden=128, lm_layers=4, lm_heads=8, kv_heads=8, max_positions=256):
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 
     vc = CLIPVisionConfig(
@@ -73,7 +73,7 @@ def build_config(tokenizer, image_size=64, patch=8, vision_hidden=128, vision_la
     tc = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=lm_hidden, intermediate_size=4 * lm_hidden,
         num_hidden_layers=lm_layers, num_attention_heads=lm_heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
+        max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
     )
     n_img = (image_size // patch) ** 2
@@ -127,12 +127,14 @@ def encode(tokenizer, questions: list[str], answers: list[str] | None, n_image_t
 
 
 def answer_logits(model, tokenizer, questions, images_uint8, batch=100) -> torch.Tensor:
-    """``[N, vocab]`` float32 logits of the first answer token (gradients flow when enabled)."""
+    """``[N, vocab]`` float32 logits of the first answer token (gradients flow when enabled); the number of image
+    tokens is the model's own (``config.image_seq_length``: 64 for tiny-llava, 576 for tiny-llava-576)."""
+    n_img = int(getattr(model.config, "image_seq_length", N_IMG))
     out = []
     model.eval()
     p = next(model.parameters())
     for s in range(0, len(questions), batch):
-        ids, mask, _ = encode(tokenizer, questions[s : s + batch], None, N_IMG)
+        ids, mask, _ = encode(tokenizer, questions[s : s + batch], None, n_img)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         px = pixel_values(images_uint8[s : s + batch]).to(p.device, p.dtype)
         out.append(model(input_ids=ids.to(p.device), attention_mask=mask.to(p.device), position_ids=pos.to(p.device),

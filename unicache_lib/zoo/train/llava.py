@@ -9,6 +9,10 @@ a. The CLIP vision tower alone, with linear heads that classify every patch as b
 b. The whole LLaVA with the tower frozen: projector and language model learn to answer one
    question (or write one caption) per image; the loss is on the answer tokens only.
 
+``--image-size 96 --patch 4`` builds tiny-llava-576 instead (a 24 x 24 patch grid: LLaVA-1.5's 576 image tokens);
+``--init-lm-from`` starts its projector and language model from a shipped tiny-llava (same vocabulary and widths)
+while the tower, whose patches differ, learns stage a from scratch.
+
 A model card (config, data, accuracy per question type, image-shuffle control, time, seed) is
 written next to the weights.
 """
@@ -32,19 +36,23 @@ from .patch_heads import patch_labels as _patch_labels
 from .patch_heads import train_patch_heads
 
 
-def patch_labels(qa: QA) -> np.ndarray:
-    """``[N_IMG]`` class per patch: 0 background, else 1 + colour*15 + shape*5 + position."""
-    return _patch_labels(qa.scene, PATCH)
+def patch_labels(qa: QA, patch: int = PATCH) -> np.ndarray:
+    """``[n_patches]`` class per patch: 0 background, else 1 + colour*15 + shape*5 + position."""
+    return _patch_labels(qa.scene, patch)
 
 
-def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None, exists_negatives="hard"):
+def n_image_tokens(model) -> int:
+    return int(model.config.image_seq_length)
+
+
+def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None, exists_negatives="hard", size=IMAGE_SIZE):
     """``n`` (qa, question, answer) items; ``weights`` (question type -> weight) skews the mix;
     ``exists_negatives`` is passed to :func:`make_qa` (``"hard"``: the held-out kind)."""
     w = np.array([(weights or {}).get(t, 1.0) for t in TRAIN_QTYPES], float)
     items = []
     for _ in range(n):
         st = ("single",) if single_only else None
-        kw = {"scene_types": st} if st else {}
+        kw = {"scene_types": st, "size": size} if st else {"size": size}
         if rng.random() < caption_rate:
             qa = make_qa(rng, "exists", **kw)
             items.append((qa, CAPTION_QUESTION, caption(qa.scene)))
@@ -59,9 +67,11 @@ def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None, exi
 
 def train_tower(model, rng, steps, batch, lr, log):
     tower = model.model.vision_tower
+    vc = tower.config
     return train_patch_heads(
         lambda imgs: tower(tl.pixel_values(imgs), output_hidden_states=True).hidden_states[-1][:, 1:],
-        tower.parameters(), tower.config.hidden_size, int(N_IMG ** 0.5), PATCH, rng, steps, batch, lr, log)
+        tower.parameters(), vc.hidden_size, vc.image_size // vc.patch_size, vc.patch_size, rng, steps, batch, lr, log,
+        size=vc.image_size)
 
 
 @torch.no_grad()
@@ -77,7 +87,7 @@ def generate_captions(model, tokenizer, images_uint8, max_new_tokens=16, batch=5
     model.eval()
     for s in range(0, len(images_uint8), batch):
         n = len(images_uint8[s : s + batch])
-        ids, mask, _ = tl.encode(tokenizer, [CAPTION_QUESTION] * n, None, N_IMG)
+        ids, mask, _ = tl.encode(tokenizer, [CAPTION_QUESTION] * n, None, n_image_tokens(model))
         gen = model.generate(input_ids=ids, attention_mask=mask,
                              pixel_values=tl.pixel_values(images_uint8[s : s + batch]),
                              max_new_tokens=max_new_tokens, do_sample=False,
@@ -99,6 +109,7 @@ def evaluate_captions(model, tokenizer, scenes) -> dict:
 def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qas=None, weights=None,
              single_frac=0.08):
     model.model.vision_tower.requires_grad_(False)
+    size, n_img = model.config.vision_config.image_size, n_image_tokens(model)
     proj = list(model.model.multi_modal_projector.parameters())
     rest = [p for n, p in model.named_parameters()
             if p.requires_grad and "multi_modal_projector" not in n and "vision_tower" not in n]
@@ -106,8 +117,8 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
     def step_loss(step):
         model.train()
         model.model.vision_tower.eval()
-        items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights)
-        ids, mask, labels = tl.encode(tokenizer, [q for _, q, _ in items], [a for _, _, a in items], N_IMG)
+        items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights, size=size)
+        ids, mask, labels = tl.encode(tokenizer, [q for _, q, _ in items], [a for _, _, a in items], n_img)
         px = tl.pixel_values(np.stack([qa.scene.uint8() for qa, _, _ in items]))
         out = model(input_ids=ids, attention_mask=mask, pixel_values=px)
         # the label of position t is predicted from position t-1
@@ -134,6 +145,10 @@ def main(argv=None):
     ap.add_argument("--n-heldout", type=int, default=1500)
     ap.add_argument("--n-captions", type=int, default=200)
     ap.add_argument("--qtype-weights", default="", help="e.g. colour=2,exists=2 (others 1)")
+    ap.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="image side in px (96 with --patch 4: 576 tokens)")
+    ap.add_argument("--patch", type=int, default=PATCH)
+    ap.add_argument("--init-lm-from", default=None,
+                    help="a saved tiny-llava whose projector and language model start this run (the tower is new)")
     args = parse(ap, argv)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -146,27 +161,39 @@ def main(argv=None):
         tok = proc.tokenizer
     else:
         tok = tl.build_tokenizer()
-        proc = tl.build_processor(tok, IMAGE_SIZE, PATCH)
-        model = LlavaForConditionalGeneration(tl.build_config(tok, IMAGE_SIZE, PATCH))
+        n_img = (args.image_size // args.patch) ** 2
+        proc = tl.build_processor(tok, args.image_size, args.patch)
+        model = LlavaForConditionalGeneration(tl.build_config(tok, args.image_size, args.patch,
+                                                              max_positions=max(256, 2 ** (n_img + 64).bit_length())))
+        if args.init_lm_from:
+            donor = LlavaForConditionalGeneration.from_pretrained(args.init_lm_from, dtype=torch.float32)
+            if donor.config.text_config.vocab_size != model.config.text_config.vocab_size:
+                raise SystemExit(f"--init-lm-from {args.init_lm_from}: its vocabulary differs from this run's")
+            keep = {k: v for k, v in donor.state_dict().items() if "vision_tower" not in k}
+            missing, unexpected = model.load_state_dict(keep, strict=False)
+            if unexpected or any("vision_tower" not in k for k in missing):
+                raise SystemExit(f"--init-lm-from {args.init_lm_from}: weights do not match ({missing}, {unexpected})")
+            del donor
     log: list = []
     patch_acc = train_tower(model, rng, args.steps_a, args.batch_a, args.lr, log) if args.steps_a else \
         (previous or {}).get("stage_a_patch_accuracy", float("nan"))
     t_a = time.time() - t0
-    quick = heldout_set(200, seed=999) if args.eval_every else None
+    size = model.config.vision_config.image_size
+    quick = heldout_set(200, seed=999, size=size) if args.eval_every else None
     weights = {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
     train_lm(model, tok, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick, weights,
              single_frac=0.0 if args.init_from else 0.08)
     train_min = (time.time() - t0) / 60
     out = Path(args.out)
     model = save_and_reload(model, proc, out)  # the bar is measured on what ships: the fp16 checkpoint, reloaded
-    held = heldout_set(args.n_heldout)
+    held = heldout_set(args.n_heldout, size=size)
     res = evaluate(model, tok, held)
     shuf = evaluate(model, tok, held, shuffle_seed=1)
-    cap = evaluate_captions(model, tok, [q.scene for q in heldout_set(args.n_captions, seed=4321)])
+    cap = evaluate_captions(model, tok, [q.scene for q in heldout_set(args.n_captions, seed=4321, size=size)])
     card = {
-        "model": "tiny-llava", "class": "LlavaForConditionalGeneration", "seed": args.seed,
-        "args": vars(args), "prompt": tl.PROMPT, "image_size": IMAGE_SIZE, "patch": PATCH,
-        "image_tokens": N_IMG, "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
+        "model": "tiny-llava" if n_image_tokens(model) == N_IMG else f"tiny-llava-{n_image_tokens(model)}", "class": "LlavaForConditionalGeneration", "seed": args.seed,
+        "args": vars(args), "prompt": tl.PROMPT, "image_size": size, "patch": model.config.vision_config.patch_size,
+        "image_tokens": n_image_tokens(model), "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
         "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a / 60, "train_minutes": train_min,
         "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",
         "torch": torch.__version__, "log": log, "previous_run": previous,

@@ -53,7 +53,7 @@ class PatchHeads(torch.nn.Module):
 
 
 def train_patch_heads(features: Callable, params: list, d: int, grid: int, patch: int, rng, steps: int, batch: int,
-                      lr: float, log: list, desc: str = "stage a: vision tower") -> float:
+                      lr: float, log: list, desc: str = "stage a: vision tower", size: int = 64) -> float:
     """Train ``params`` (a tower's) so that ``features(images_uint8 [B, H, W, 3]) -> [B, grid*grid, d]``
     classify every patch. Warmup then cosine; returns the last patch accuracy (on the training batch)."""
     from ...world.questions import TRAIN_QTYPES
@@ -63,7 +63,7 @@ def train_patch_heads(features: Callable, params: list, d: int, grid: int, patch
     heads = PatchHeads(d, grid)
 
     def step_loss(step):
-        scenes = [make_qa(rng, qtypes=TRAIN_QTYPES).scene for _ in range(batch)]
+        scenes = [make_qa(rng, qtypes=TRAIN_QTYPES, size=size).scene for _ in range(batch)]
         y = torch.from_numpy(np.stack([patch_labels(s, patch) for s in scenes]))
         loss, acc = heads.loss(features(np.stack([s.uint8() for s in scenes])), y)
         return loss, lambda: {"loss": loss.item(), "patch_acc": acc}

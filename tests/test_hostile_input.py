@@ -1,0 +1,232 @@
+"""Hostile and careless input (issue #48): a reader's samples folder, prompts file, store and shard files never make
+the workbench read outside their folder, put live markup into HTML, lose or invent data, or go silent.
+
+docs/FAULTS.md's "Hostile input" table lists these cases; tests/test_hostile_input.py::test_faults_table_counts
+checks its counts against the cases below."""
+import json
+import warnings
+from html.parser import HTMLParser
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np
+import pytest
+from PIL import Image
+
+from unicache_lib.core.errors import UnicacheError
+from unicache_lib.core.untrusted import html_text, iframe_srcdoc, inside
+from unicache_lib.params import check_params
+from unicache_lib.world.samples import load
+
+from .test_plots import _full
+
+SCRIPTS = ['"><img src=x onerror=alert(1)>', "<script>alert(1)</script>", "x' onmouseover='alert(1)"]
+
+
+def _png(path, arr=None, mode=None):
+    arr = np.zeros((16, 16, 3), np.uint8) if arr is None else arr
+    Image.fromarray(arr, mode).save(path) if mode else Image.fromarray(arr).save(path)
+    return path
+
+
+def _folder(root, lines, images=("a.png",)):
+    root.mkdir(parents=True, exist_ok=True)
+    for name in images:
+        _png(root / name)
+    (root / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return root
+
+
+# ---- 1. paths stay inside their folder -------------------------------------------------------------------------
+def _traversal_cases(tmp_path):
+    secret = _png(tmp_path / "outside.png", np.full((16, 16, 3), 200, np.uint8))
+    cases = {}
+    cases["dotdot"] = _folder(tmp_path / "dotdot", [{"file_name": "../outside.png", "question": "q"}])
+    cases["absolute"] = _folder(tmp_path / "absolute", [{"file_name": str(secret), "question": "q"}])
+    link = _folder(tmp_path / "link", [{"file_name": "l.png", "question": "q"}])
+    (link / "l.png").symlink_to(secret)
+    cases["symlink"] = link
+    llava = tmp_path / "llava"
+    llava.mkdir()
+    (llava / "data.json").write_text(json.dumps([{"id": "0", "image": "../outside.png", "conversations": [
+        {"from": "human", "value": "<image>\nwhat ?"}, {"from": "gpt", "value": "red"}]}]))
+    cases["llava"] = llava
+    return cases
+
+
+@pytest.mark.parametrize("case", ["dotdot", "absolute", "symlink", "llava"])
+def test_a_samples_folder_never_reads_outside_itself(tmp_path, case):
+    folder = _traversal_cases(tmp_path)[case]
+    with pytest.raises(UnicacheError, match=r"(line 1|entry 0): (file_name|image) .* points outside .*relative to it"):
+        load(folder)
+    # and the notebooks' parameter check refuses the folder before any model loads
+    with pytest.raises(UnicacheError, match="SAMPLES.*points outside"):
+        check_params({"SAMPLES": str(folder)})
+
+
+def test_inside_keeps_paths_in_their_folder(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "ok.png").write_bytes(b"")
+    assert inside(tmp_path, "sub/ok.png") == tmp_path / "sub" / "ok.png"
+    for bad in ("../x", "/etc/passwd", "", None, 3, "sub/../../x", "a\x00b"):
+        assert inside(tmp_path, bad) is None
+
+
+# ---- 2. escaped at every HTML boundary --------------------------------------------------------------------------
+class _Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.attrs = [], {}
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs.setdefault(tag, []).append(dict(attrs))
+
+
+def _tags(markup: str) -> _Tags:
+    p = _Tags()
+    p.feed(markup)
+    return p
+
+
+@pytest.mark.parametrize("evil", SCRIPTS)
+def test_explorer_captions_hold_no_live_markup(evil):
+    from unicache_lib.capture.record import CaptureResult
+    from unicache_lib.widgets import attention_explorer, step_explorer
+
+    res = CaptureResult.from_records([_full(evil, 0)])
+    toks = {evil: [f"t{i}" for i in range(19)] + [evil, "?", ":"]}
+    panel = attention_explorer(res, {evil: np.zeros((32, 32, 3), np.uint8)}, toks, questions={evil: evil})
+    assert set(_tags(panel.caption.value).tags) <= {"b", "i", "code"}, panel.caption.value
+    meta = {"n_image": 16, "n_text": 4, "n_text_real": 4, "prompt": evil}
+    rec = _full(evil, 0, n=20, step=0, part="joint", meta=meta)
+    panel = step_explorer(CaptureResult.from_records([rec]), {evil: np.zeros((32, 32, 3), np.uint8)},
+                          {evil: ["a", evil, "cube", "."]})
+    assert set(_tags(panel.caption.value).tags) <= {"b", "i", "code"}, panel.caption.value
+
+
+def test_embedded_report_frame_gets_the_page_exactly_and_runs_nothing_outside():
+    evil = "tiny-mmdit<img src=x onerror=alert(document.domain)>"
+    page = f"<!doctype html><html><body><h1>{html_text(evil)}</h1><p title=\"{html_text(evil)}\">x</p></body></html>"
+    frame = _tags(iframe_srcdoc(page))
+    assert frame.tags == ["iframe"]  # nothing outside the frame
+    srcdoc = frame.attrs["iframe"][0]["srcdoc"]
+    assert srcdoc == page  # the frame receives the page as written, its own escaping intact
+    assert _tags(srcdoc).tags == ["html", "body", "h1", "p"]  # and inside, the model name is text, not an <img>
+
+
+def test_the_report_escapes_model_names_and_draws_dollar_labels(tmp_path):
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.diagnostics.report import build_report
+    from unicache_lib.store import Store
+    from unicache_lib.zoo.loaders import load_understanding
+
+    evil = "tiny-llava<img src=x onerror=alert(1)>"
+    m, p = load_understanding("tiny-llava")
+    capture_samples(m, p, load(per_type=1)[:1], Store(tmp_path / "s", meta={"model": evil}), mode="stats", progress=False)
+    page = build_report({r"$\frac{$ <script>": tmp_path / "s"}, tmp_path / "out").read_text()
+    tags = _tags(page).tags
+    assert "script" not in tags and tags.count("img") == page.count("data:image/png") and "onerror=alert" not in page.replace(
+        "onerror=alert(1)&gt;", "")
+
+
+@pytest.mark.parametrize("label", [r"$\frac{$", "price $5 and $6", "<script>x</script>"])
+def test_figures_draw_text_from_data_as_typed(label):
+    import matplotlib.pyplot as plt
+
+    from unicache_lib import plots
+
+    fig = plots.bars({label: 1.0, "b": 2.0}, title=label)
+    fig.canvas.draw()  # a math-text parse error would raise here
+    assert label in [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+    plt.close(fig)
+
+
+# ---- 4. sample and prompt files checked field by field ----------------------------------------------------------
+BAD_LINES = [
+    ({"file_name": "a.png", "question": None}, r"line 1: 'question' must be a non-empty text"),
+    ({"file_name": "a.png", "question": "  "}, r"line 1: 'question' must be a non-empty text"),
+    ({"file_name": "a.png", "question": "q", "objects": "red circle"}, r"line 1: 'objects' must be a list"),
+    ({"file_name": "a.png", "question": "q", "answer": ["red"]}, r"line 1: 'answer' must be a text"),
+    ({"file_name": "a.png", "question": "q", "scene_type": "kitchen"}, r"scene_type 'kitchen' is not one of"),
+    ({"file_name": "a.png", "question": "q", "id": {"x": 1}}, r"'id' must be a non-empty text"),
+]
+
+
+@pytest.mark.parametrize("line,msg", BAD_LINES)
+def test_sample_fields_are_checked(tmp_path, line, msg):
+    with pytest.raises(UnicacheError, match=msg):
+        load(_folder(tmp_path / "f", [line]))
+
+
+def test_duplicate_ids_are_refused_naming_both_lines(tmp_path):
+    root = tmp_path / "f"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    _png(root / "a" / "x.png")
+    _png(root / "b" / "x.png")
+    for lines in ([{"file_name": "a/x.png", "question": "q"}, {"file_name": "b/x.png", "question": "q"}],
+                  [{"file_name": "a/x.png", "question": "q", "id": "s"}, {"file_name": "b/x.png", "question": "q", "id": "s"}],
+                  [{"file_name": "a/x.png", "question": "q"}] * 2):
+        (root / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        with pytest.raises(UnicacheError, match=r"line 2: sample id '(x|s)' is also .*line 1's"):
+            load(root)
+
+
+def test_a_folder_without_scene_types_is_taken_whole(tmp_path):
+    names = [f"{i}.png" for i in range(10)]
+    root = _folder(tmp_path / "f", [{"file_name": n, "question": "q"} for n in names], names)
+    assert len(load(root, per_type=4)) == 10
+
+
+def test_images_that_cannot_be_read_exactly_are_refused_or_warned(tmp_path):
+    root = _folder(tmp_path / "f", [{"file_name": "a.png", "question": "q"}], ())
+    Image.fromarray(np.full((16, 16), 40000, np.uint16)).save(root / "a.png")  # 16-bit greyscale
+    with pytest.raises(UnicacheError, match=r"line 1: a.png is a 16-bit image.*8-bit"):
+        load(root)
+    _png(root / "a.png", np.zeros((16, 16, 4), np.uint8), "RGBA")  # fully transparent
+    with pytest.warns(UserWarning, match=r"a.png: 100% of its pixels are fully transparent"):
+        load(root)
+    Image.MAX_IMAGE_PIXELS, old = 100, Image.MAX_IMAGE_PIXELS
+    try:
+        _png(root / "a.png", np.zeros((16, 16, 3), np.uint8))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with pytest.raises(UnicacheError, match=r"line 1: a.png has more pixels than PIL's decompression-bomb limit"):
+                load(root)
+    finally:
+        Image.MAX_IMAGE_PIXELS = old
+
+
+@pytest.mark.parametrize("content,msg", [
+    (b"\x80\x03}q\x00.", r"masks.npz is not a readable .npz.*never loaded"),  # a pickle
+    (b"just text\n", r"masks.npz is not a readable .npz"),
+    (b"PK\x03\x04cut", r"masks.npz is not a readable .npz"),
+])
+def test_masks_files_that_are_not_boolean_arrays_are_refused(tmp_path, content, msg):
+    root = _folder(tmp_path / "f", [{"file_name": "a.png", "question": "q"}])
+    (root / "masks.npz").write_bytes(content)
+    with pytest.raises(UnicacheError, match=msg):
+        load(root)
+    np.savez(root / "masks.npz", **{"a.png": np.array([[["x"] * 16] * 16])})
+    with pytest.raises(UnicacheError, match=r"masks.npz\['a.png'\] is <U1 of shape"):
+        load(root)
+
+
+def test_a_latin1_metadata_file_is_refused_naming_the_line(tmp_path):
+    root = _folder(tmp_path / "f", [{"file_name": "a.png", "question": "q"}])
+    (root / "metadata.jsonl").write_bytes(b'{"file_name": "a.png", "question": "q"}\n'
+                                          b'{"file_name": "a.png", "question": "caf\xe9"}\n')
+    with pytest.raises(UnicacheError, match=r"metadata.jsonl, line 2: not UTF-8.*iconv"):
+        load(root)
+
+
+def test_llava_entries_that_are_not_objects_are_refused(tmp_path):
+    root = tmp_path / "l"
+    root.mkdir()
+    _png(root / "a.png")
+    (root / "data.json").write_text(json.dumps([{"image": "a.png", "conversations": [{"from": "human", "value": "q"}]},
+                                                "not an entry"]))
+    with pytest.raises(UnicacheError, match=r"entry 1: a LLaVA-style entry is an object"):
+        load(root)
