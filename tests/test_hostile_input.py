@@ -230,3 +230,88 @@ def test_llava_entries_that_are_not_objects_are_refused(tmp_path):
                                                 "not an entry"]))
     with pytest.raises(UnicacheError, match=r"entry 1: a LLaVA-style entry is an object"):
         load(root)
+
+
+# ---- 3. stores never lose or invent data ------------------------------------------------------------------------
+def _two_sample_store(path):
+    from unicache_lib.store import Store
+
+    from .test_store_faults import rec
+
+    st = Store(path)
+    st.write([rec(0, 0)])
+    st.write([rec(1, 0)])
+    st.close()
+    return path / "index-rank00000.jsonl"
+
+
+def test_a_hand_appended_line_reusing_keys_is_refused_and_repair_deletes_nothing(tmp_path):
+    """The lost case: a line reusing sample 0's key but pointing at sample 1's chunk made verify() call sample 0's
+    chunk orphaned and repair() delete it; and read(sample="0") returned sample 1's data under sample 0's key."""
+    from unicache_lib.core.errors import StoreError
+    from unicache_lib.store import Store
+
+    log = _two_sample_store(tmp_path / "s")
+    lines = log.read_text().splitlines()
+    forged = lines[1].replace('"1|language|0|-1"', '"0|language|0|-1"').replace('"sample": "1"', '"sample": "0"')
+    log.write_text("\n".join(lines + [forged]) + "\n")
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "s").rglob("*") if p.is_file())
+    st = Store(tmp_path / "s")
+    with pytest.raises(StoreError, match=r"line 3 of index-rank00000.jsonl lists record 0\|language\|0\|-1 while line 1"):
+        st.read(sample="0")
+    problems = st.verify()
+    assert len(problems) == 1 and "line 3 of index-rank00000.jsonl" in problems[0] and "orphan" not in problems[0]
+    with pytest.raises(StoreError, match="deletes nothing"):
+        st.repair()
+    after = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "s").rglob("*") if p.is_file())
+    assert after == before  # nothing deleted
+    log.write_text("\n".join(lines) + "\n")  # the advice, followed: the forged line deleted
+    from .test_store_faults import check_intact
+
+    assert check_intact(Store(tmp_path / "s")) == {"0", "1"} and Store(tmp_path / "s").verify() == []
+
+
+def test_one_entry_twice_in_a_line_is_refused_not_counted_twice(tmp_path):
+    from unicache_lib.core.errors import StoreError
+    from unicache_lib.store import Store
+
+    log = _two_sample_store(tmp_path / "s")
+    lines = log.read_text().splitlines()
+    head, recs = json.loads(lines[0])
+    head["keys"] *= 2
+    lines[0] = json.dumps([head, recs * 2])
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.raises(StoreError, match="lists record 0\\|language\\|0\\|-1 twice in that line"):
+        Store(tmp_path / "s").index()
+    assert "twice in that line" in Store(tmp_path / "s").verify()[0]
+
+
+def test_a_chunk_a_line_names_is_never_an_orphan(tmp_path):
+    """Dropped records keep their files (drop's promise): repair removes interrupted writes only."""
+    from unicache_lib.store import Store
+
+    _two_sample_store(tmp_path / "s")
+    st = Store(tmp_path / "s")
+    st.drop(["0|language|0|-1"])
+    (tmp_path / "s" / "rank00000" / "chunk000099").mkdir()  # a real leftover
+    assert [p for p in st.verify() if "orphan" in p] == ["orphaned chunk rank00000/chunk000099 (an interrupted write); "
+                                                         "it is ignored, Store.repair() removes it"]
+    st.repair()
+    assert (tmp_path / "s" / "rank00000" / "chunk000000").is_dir() and not (tmp_path / "s" / "rank00000" / "chunk000099").exists()
+
+
+def test_a_resume_in_another_dtype_is_refused_when_the_store_records_one(tmp_path):
+    import torch
+
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.core.errors import StoreError
+    from unicache_lib.store import Store
+    from unicache_lib.zoo.loaders import load_understanding
+
+    m, p = load_understanding("tiny-llava")
+    ss = load(per_type=1)[:2]
+    capture_samples(m, p, ss[:1], Store(tmp_path / "s", meta={"model": "tiny-llava"}), mode="stats", progress=False)
+    assert json.loads((tmp_path / "s" / "meta.json").read_text())["dtype"] == "torch.float32"  # recorded unasked
+    with pytest.raises(StoreError, match="holds dtype='torch.float32', this capture is dtype='torch.bfloat16'"):
+        capture_samples(m.to(torch.bfloat16), p, ss, Store(tmp_path / "s", meta={"model": "tiny-llava"}), mode="stats",
+                        progress=False)

@@ -170,9 +170,9 @@ def test_flipped_byte_detected_then_repaired_by_recapture(tmp_path, llava, sampl
     assert (f.parent / (f.name + ".damaged")).exists()  # the damaged file is kept for inspection
 
 
-K = "0|language|0|-1"
+K, K5 = "0|language|0|-1", "5|language|0|-1"  # K5: a key no line holds (a line reusing K is a conflict, below)
 MALFORMED = [("jsonl", c) for c in ["{}", "[{}]", f'[{{"keys": "{K}", "mode": "stats"}}, []]',
-                                    f'[{{"keys": ["{K}"], "mode": "stats"}}, [{{"key": "{K}"}}]]', "not json"]] + \
+                                    f'[{{"keys": ["{K5}"], "mode": "stats"}}, [{{"key": "{K5}"}}]]', "not json"]] + \
             [("json", c) for c in ["{}", "[]", '{"records": 3}', '{"records": [{"key": "x"}]}', "not json"]]
 
 

@@ -154,6 +154,7 @@ class _Log:
         self.samples: dict[str, list[int]] = {}
         self.modes: set = set()
         self.chunks = 0
+        self.conflicts: list[str] = []  # a key listed twice (in one line, or again while live): refused, not guessed
 
     def refresh(self, store: "Store") -> list[str] | None:
         """Read what the file gained since the last call. Returns the keys it added, or None when anything else
@@ -209,7 +210,13 @@ class _Log:
     def _add(self, head: dict, text: str) -> list[str]:
         n = len(self.lines)
         self.lines.append((head, text))
+        seen = set()
         for k in head["keys"]:
+            if k in seen or k in self.live:  # Store.write never does this: a hand-edited or damaged log
+                where = "twice in that line" if k in seen else f"while line {self.live[k] + 1} still holds it"
+                self.conflicts.append(f"line {n + 1} of {self.path.name} lists record {k} {where}")
+                continue  # the first entry stays the record: nothing is read from the second
+            seen.add(k)
             self.live[k] = n
             s = self.samples.setdefault(k.rsplit("|", 3)[0], [])
             if not s or s[-1] != n:
@@ -365,6 +372,15 @@ class Store:
         self._refresh()
         if self._clash:
             raise StoreError(self._clash)
+        conflicts = self._conflicts()
+        if conflicts:
+            raise StoreError(f"{conflicts[0]}{f' (and {len(conflicts) - 1} more)' if len(conflicts) > 1 else ''}: a "
+                             f"hand-edited or damaged index, whose records could be the wrong sample's. Nothing is read "
+                             f"until it is mended: delete the line that should not be there (Store.verify() lists them "
+                             f"all), or capture into a new folder")
+
+    def _conflicts(self) -> list[str]:
+        return [c for _, log in sorted(self._logs.items()) for c in log.conflicts]
 
     def index(self) -> list[dict]:
         """Every committed record's entry, merged over all ranks."""
@@ -564,9 +580,24 @@ class Store:
                 out[f] = [e["key"] for e in ents]
         return out
 
+    def _named_chunks(self) -> set[str]:
+        """Every chunk folder a line of any log names (its records live, dropped or in conflict): never an orphan."""
+        used = set()
+        for _, log in sorted(self._logs.items()):
+            for _, text in log.lines:
+                try:
+                    line = json.loads(text)
+                except ValueError:
+                    continue
+                recs = line[1] if isinstance(line, list) and len(line) == 2 and isinstance(line[1], list) else []
+                used |= {str(e["file"]).rsplit("/", 1)[0] for e in recs if isinstance(e, dict) and "file" in e}
+        return used
+
     def _leftovers(self) -> list[Path]:
-        """Traces of interrupted writes: temporary files and chunk folders no index lists."""
-        used = {str(e["file"]).rsplit("/", 1)[0] for e in self.index()}
+        """Traces of interrupted writes: temporary files and chunk folders no line of any index names."""
+        with self._guard:
+            self._current()
+        used = self._named_chunks()
         tmp = sorted(self.path.rglob(".*.tmp"))
         # a chunk whose every record was damaged keeps its *.damaged files (repair's promise): not an orphan
         orphans = [d for d in sorted(self.path.glob("rank*/chunk*"))
@@ -577,7 +608,14 @@ class Store:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record
         keys) and leftovers of interrupted writes (ignored by readers; :meth:`repair` removes them). A leftover
         of a rank that a live process is writing right now is reported as a write in flight, not as damage.
-        Empty when the store is sound."""
+        Empty when the store is sound. Records listed twice (a hand-edited log) are reported, each naming its file
+        and line; nothing else is checked until they are mended."""
+        with self._guard:
+            self._refresh()
+            conflicts = self._conflicts()
+        if conflicts:
+            return [f"{c}: delete the line that should not be there (a hand-edited or damaged index); reads are refused "
+                    f"until then" for c in conflicts]
         problems = []
         for f, keys in self.damaged().items():
             problems.append(f"damaged file {f}: {len(keys)} record(s) unreadable ({', '.join(keys[:3])}"
@@ -635,8 +673,12 @@ class Store:
         """Make a damaged store whole again: drop damaged records from the index (their files are kept,
         renamed ``*.damaged``), delete leftovers of interrupted writes. Refused (StoreLockedError) while
         another process writes any rank. Afterwards :meth:`missing` lists the dropped samples and a
-        resumed capture recaptures them. Returns the record keys dropped."""
+        resumed capture recaptures them. Returns the record keys dropped. A store whose logs list a record twice is
+        refused (StoreError): which line is right is for a person to decide, and nothing is deleted."""
         self._refresh()
+        if self._conflicts():
+            raise StoreError(f"{self._conflicts()[0]}: repair() does not guess which line is right and deletes nothing. "
+                             f"Delete the line that should not be there (Store.verify() lists them all), then repair")
         ranks = sorted(set(self._logs) | {int(p.name[len(".lock-rank"):]) for p in self.path.glob(".lock-rank*")
                                           if p.name[len(".lock-rank"):].isdigit()})
         locks = []

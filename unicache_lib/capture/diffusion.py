@@ -388,6 +388,8 @@ class DiffusionCapture:
     # ---- context management --------------------------------------------------------------------
     def __enter__(self) -> "DiffusionCapture":
         if self.store is not None:
+            self.store.meta.setdefault("dtype", str(next(self.transformer.parameters()).dtype))  # resumed in another: refused
+            self.store.check_resume()
             have = {k.split("|", 1)[0] for k in self.store.keys()}
             clash = [s for s in self.sample_ids if s in have]
             if clash:

@@ -142,6 +142,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         raise InputError(f"no attention module of part {part!r} in layers {layers}")
     todo = list(samples)
     if store is not None:
+        store.meta.setdefault("dtype", str(next(model.parameters()).dtype))  # so a resume in another dtype is refused
         store.check_resume(mode=mode)  # another model, dtype or mode is refused before anything is skipped
         have = store.keys()
         todo = [s for s in todo if any(key_str((s.id, p, li, -1)) not in have for p, li in wanted)]
