@@ -89,22 +89,57 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = 
 
 
 def write_shard(out: Path, rows: pd.DataFrame, meta: dict) -> Path:
-    """One rank's rows as ``rows-rank<r>-of-<w>.csv``, written atomically, beside its settings (``.json``; ``meta``
-    holds ``rank`` and ``world``). Shared by every decisive run (``evaluate_reuse.py`` too)."""
+    """One rank's rows as ``rows-rank<r>-of-<w>.csv``, written atomically, then its settings (``.json``; ``meta``
+    holds ``rank`` and ``world``) with the CSV's row count and SHA-256, written last and atomically: the settings file
+    is the shard's commit, and the merge refuses a CSV that is missing, cut or altered after it. Shared by every
+    decisive run (``evaluate_reuse.py`` too)."""
+    import hashlib
+
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"rows-rank{meta['rank']}-of-{meta['world']}.csv"
     tmp = path.with_suffix(".tmp")
     rows.to_csv(tmp, index=False)
-    (out / f"rows-rank{meta['rank']}-of-{meta['world']}.json").write_text(json.dumps(meta))
+    meta = {**meta, "rows": len(rows), "sha256": hashlib.sha256(tmp.read_bytes()).hexdigest()}
     os.replace(tmp, path)
+    side = out / f"rows-rank{meta['rank']}-of-{meta['world']}.json"
+    side.with_suffix(".tmp").write_text(json.dumps(meta))
+    os.replace(side.with_suffix(".tmp"), side)
     return path
+
+
+def _shard_rows(path: Path, meta: dict, read_csv: dict) -> pd.DataFrame:
+    """A shard's rows, refused naming the file when it is missing, empty, cut or altered since its rank wrote it."""
+    import hashlib
+
+    again = f"remove it and its .json and run that rank again (or the whole run: rm -f {path.parent}/rows-rank*)"
+    if not path.is_file() or path.stat().st_size == 0:
+        raise RuntimeError(f"shard {path} is {'empty' if path.is_file() else 'missing'} while its settings file is there: "
+                           f"{again}")
+    if "sha256" not in meta or "rows" not in meta:
+        raise RuntimeError(f"shard {path} has no row count or checksum in its settings (written before they were "
+                           f"recorded, or by hand): {again}")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
+        raise RuntimeError(f"shard {path} differs from what its rank wrote (its SHA-256 is not the one recorded: cut, "
+                           f"edited or replaced): {again}")
+    rows = pd.read_csv(path, **read_csv)
+    if len(rows) != meta["rows"]:  # (a checksum match makes this a belt-and-braces check)
+        raise RuntimeError(f"shard {path} holds {len(rows)} rows, its rank wrote {meta['rows']}: {again}")
+    return rows
 
 
 def read_shards(out: Path, settings: tuple[str, ...], target: str, **read_csv) -> tuple[pd.DataFrame, list[dict], int, int]:
     """``(rows, metas, n, world)`` of the shards in ``out``: refused if there are none, if they come from runs that
     differ in ``settings`` (keys of the meta, ``n`` and ``world`` first) or if a rank is missing. ``target``: the make
     target that writes them."""
-    metas = [json.loads(p.read_text()) for p in sorted(out.glob("rows-rank*-of-*.json"))]
+    metas = []
+    for p in sorted(out.glob("rows-rank*-of-*.json")):
+        try:
+            metas.append(json.loads(p.read_text()))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RuntimeError(f"shard settings {p} are not readable JSON ({e}): remove the shards and run again") from e
+        if not isinstance(metas[-1], dict) or not {"rank", *settings} <= metas[-1].keys():
+            raise RuntimeError(f"shard settings {p} lack {sorted({'rank', *settings} - set(metas[-1]))}: remove the "
+                               f"shards and run again")
     if not metas:
         raise FileNotFoundError(f"no shards in {out}: run the ranks first (make {target})")
     found = {tuple(tuple(m[k]) if isinstance(m[k], list) else m[k] for k in settings) for m in metas}
@@ -115,7 +150,9 @@ def read_shards(out: Path, settings: tuple[str, ...], target: str, **read_csv) -
     ranks = sorted(m["rank"] for m in metas)
     if ranks != list(range(world)):
         raise RuntimeError(f"ranks {ranks} of {world} found in {out}: a shard is missing, run it again")
-    rows = pd.concat([pd.read_csv(out / f"rows-rank{r}-of-{world}.csv", **read_csv) for r in ranks], ignore_index=True)
+    by_rank = {m["rank"]: m for m in metas}
+    rows = pd.concat([_shard_rows(out / f"rows-rank{r}-of-{world}.csv", by_rank[r], read_csv) for r in ranks],
+                     ignore_index=True)
     return rows, metas, n, world
 
 

@@ -91,6 +91,23 @@ def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, 
         E.merge(two)
     E.run_shard(4, 0, 2, two, peers=False, budgets=(0.1, 0.25), progress=False)
     pd.testing.assert_frame_equal(E.merge(one), E.merge(two))
+    import shutil
+
+    for fault in ("cut", "empty", "missing", "edited"):  # a shard damaged after its rank wrote it is refused, named
+        bad = tmp_path / f"bad-{fault}"
+        shutil.copytree(two, bad)
+        csv = bad / "rows-rank1-of-2.csv"
+        data = csv.read_bytes()
+        if fault == "cut":
+            csv.write_bytes(data[:-4])  # inside the last row's last field: pandas alone reads it without a word
+        elif fault == "empty":
+            csv.write_bytes(b"")
+        elif fault == "missing":
+            csv.unlink()
+        else:
+            csv.write_bytes(data.replace(b",0.", b",1.", 1))
+        with pytest.raises(RuntimeError, match=f"shard {csv} (is {fault}|differs from what its rank wrote)"):
+            E.merge(bad)
     claims, controls = E.decide(E.merge(two))
     assert list(claims.claim) == ["E1", "E2", "E3", "E4"] and set(controls.peer) == {"pooling", "downsample", "key_coverage_features",
                                                                                       "divprune_keys", "divprune"}
