@@ -315,3 +315,22 @@ def test_a_resume_in_another_dtype_is_refused_when_the_store_records_one(tmp_pat
     with pytest.raises(StoreError, match="holds dtype='torch.float32', this capture is dtype='torch.bfloat16'"):
         capture_samples(m.to(torch.bfloat16), p, ss, Store(tmp_path / "s", meta={"model": "tiny-llava"}), mode="stats",
                         progress=False)
+
+
+# ---- 5. configs validated on construction -----------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,err,msg", [
+    (dict(num_inference_steps="20"), TypeError, r"pass num_inference_steps=20, not the string '20'"),
+    (dict(num_inference_steps=20.0), TypeError, r"num_inference_steps must be a whole number"),
+    (dict(num_inference_steps=0), ValueError, r"num_inference_steps must be >= 1"),
+    (dict(num_inference_steps=20, head=2.0), ValueError, r"head must be a fraction in \[0, 1\)"),
+    (dict(num_inference_steps=20, head=0.6, tail=0.5), ValueError, r"head \+ tail = 1.1 >= 1: every step would be computed"),
+    (dict(num_inference_steps=20, weight=float("nan")), ValueError, r"weight must be a finite number in \[0, 2\]"),
+    (dict(num_inference_steps=20, stride=1.5), TypeError, r"stride must be a whole number"),
+    (dict(num_inference_steps=20, order=3), ValueError, r"order must be 1 or 2"),
+])
+def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
+    from unicache_lib.reuse.diffusers_hook import StepSkipConfig
+
+    with pytest.raises(err, match=msg):
+        StepSkipConfig(**kwargs)
+    StepSkipConfig(20, head=0.1, tail=0.05, stride=3, weight=0.5, order=2)  # the tuned values pass

@@ -60,8 +60,12 @@ def test_press_compresses_image_positions_only(llava):
 def test_press_refusals_name_the_fix(llava, monkeypatch):
     model, processor, qas = llava
     sp = split_prompt(processor, qas[0].scene.uint8(), qas[0].question, model=model)
-    with pytest.raises(ValueError, match=r"compression_ratio must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"compression_ratio must be a fraction in \[0, 1\)"):
         KeyCoveragePress(compression_ratio=1.0)
+    with pytest.raises(TypeError, match=r"pass compression_ratio=0.5, not the string '0.5'"):
+        KeyCoveragePress(compression_ratio="0.5")
+    with pytest.raises(ValueError, match=r"image_token_id must be a token id"):
+        KeyCoveragePress(compression_ratio=0.5, image_token_id="4")
     with attention_implementation(model, "sdpa"), pytest.raises(ValueError, match="attn_implementation='eager'"):
         with KeyCoveragePress(compression_ratio=0.5)(model):
             prefill(model, sp, attentions=False)

@@ -384,6 +384,28 @@ def check_fraction(value, what: str = "budget", upper_inclusive: bool = True, me
     return v
 
 
+def check_count(value, what: str, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum``: a bool, float or string is refused naming ``what`` (``StepSkipConfig("20")``
+    says to pass 20, not the string)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        hint = f": pass {what}={value.strip()}, not the string {value!r}" if isinstance(value, str) and \
+            value.strip().isdigit() else f"; got {type(value).__name__} {value!r}"
+        raise InputTypeError(f"{what} must be a whole number >= {minimum}{hint}")
+    if int(value) < minimum:
+        raise InputError(f"{what} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_number(value, what: str, lo: float, hi: float) -> float:
+    """``value`` as a finite float in ``[lo, hi]``; NaN, infinities, strings and bools are refused naming ``what``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise InputTypeError(f"{what} must be a number in [{lo:g}, {hi:g}]; got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not (lo <= v <= hi):  # (NaN fails every comparison)
+        raise InputError(f"{what} must be a finite number in [{lo:g}, {hi:g}], got {value}")
+    return v
+
+
 def check_fractions(values, what: str = "budget", upper_inclusive: bool = True, meaning: str = "") -> list[float]:
     """:func:`check_fraction` for each of ``values`` (a single number is refused: pass a list)."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):

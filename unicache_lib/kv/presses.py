@@ -58,8 +58,13 @@ class KeyCoveragePress(BasePress):
     _prompt_len: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
-        if not 0 <= self.compression_ratio < 1:
-            raise InputError(f"compression_ratio must be in [0, 1), got {self.compression_ratio!r}")
+        from ..inputs import check_fraction
+
+        check_fraction(self.compression_ratio, "compression_ratio", upper_inclusive=False,
+                       meaning="the share of the prompt's KV removed")
+        if self.image_token_id is not None and (isinstance(self.image_token_id, bool) or
+                                                not isinstance(self.image_token_id, int) or self.image_token_id < 0):
+            raise InputError(f"image_token_id must be a token id (an int >= 0) or None, got {self.image_token_id!r}")
 
     def post_init_from_model(self, model):
         from ..families import family_of

@@ -56,9 +56,13 @@ class StepSkipConfig:
     order: int = 1
 
     def __post_init__(self):
-        if int(self.num_inference_steps) < 1:
-            raise InputError(f"num_inference_steps must be >= 1, got {self.num_inference_steps}: pass the step count "
-                             "you will call the pipeline with")
+        from ..inputs import check_count
+
+        try:
+            check_count(self.num_inference_steps, "num_inference_steps", 1)
+        except InputError as e:
+            raise type(e)(f"{e}: pass the step count you will call the pipeline with") from None
+        self.policy()  # the policy's fields checked now, not inside the run
 
     def policy(self) -> StepSkip:
         return StepSkip(self.head, self.tail, self.stride, self.weight, self.order)

@@ -86,8 +86,18 @@ class StepSkip(ReusePolicy):
     order: int = 1
 
     def __post_init__(self):
-        if self.order not in (1, 2):
-            raise InputError(f"order must be 1 or 2, got {self.order}")
+        """Every field checked on construction (a typo never runs a schedule with no reuse in it, or NaN images)."""
+        from ...inputs import check_count, check_fraction, check_number
+
+        check_fraction(self.head, "head", upper_inclusive=False, meaning="the share of first steps always computed")
+        check_fraction(self.tail, "tail", upper_inclusive=False, meaning="the share of last steps always computed")
+        if self.head + self.tail >= 1:
+            raise InputError(f"head + tail = {self.head + self.tail:g} >= 1: every step would be computed and nothing "
+                             f"reused; keep head + tail below 1 (the tuned values: head=0.1, tail=0.05)")
+        check_count(self.stride, "stride", 1)
+        check_number(self.weight, "weight", 0.0, 2.0)  # the damping of the extrapolation (0: reuse the last output)
+        if isinstance(self.order, bool) or self.order not in (1, 2):
+            raise InputError(f"order must be 1 or 2, got {self.order!r}")
 
     def schedule(self, n_steps: int) -> list[bool]:
         return step_schedule(n_steps, self.head, self.tail, self.stride)
