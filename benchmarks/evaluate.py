@@ -32,6 +32,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from unicache_lib.core.errors import MissingFileError, StoreError
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -54,7 +56,7 @@ def question_set(n: int, seed: int = QUESTION_SEED, notebook_n: int = 150, noteb
     pool = heldout_set(int(n * 1.2) + 10, seed=seed)
     kept = [q for q in pool if key(q) not in taken][:n]
     if len(kept) < n:
-        raise RuntimeError(f"only {len(kept)} of {n} questions are new: raise the pool")
+        raise StoreError(f"only {len(kept)} of {n} questions are new: raise the pool")
     return kept
 
 
@@ -113,17 +115,17 @@ def _shard_rows(path: Path, meta: dict, read_csv: dict) -> pd.DataFrame:
 
     again = f"remove it and its .json and run that rank again (or the whole run: rm -f {path.parent}/rows-rank*)"
     if not path.is_file() or path.stat().st_size == 0:
-        raise RuntimeError(f"shard {path} is {'empty' if path.is_file() else 'missing'} while its settings file is there: "
+        raise StoreError(f"shard {path} is {'empty' if path.is_file() else 'missing'} while its settings file is there: "
                            f"{again}")
     if "sha256" not in meta or "rows" not in meta:
-        raise RuntimeError(f"shard {path} has no row count or checksum in its settings (written before they were "
+        raise StoreError(f"shard {path} has no row count or checksum in its settings (written before they were "
                            f"recorded, or by hand): {again}")
     if hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
-        raise RuntimeError(f"shard {path} differs from what its rank wrote (its SHA-256 is not the one recorded: cut, "
+        raise StoreError(f"shard {path} differs from what its rank wrote (its SHA-256 is not the one recorded: cut, "
                            f"edited or replaced): {again}")
     rows = pd.read_csv(path, **read_csv)
     if len(rows) != meta["rows"]:  # (a checksum match makes this a belt-and-braces check)
-        raise RuntimeError(f"shard {path} holds {len(rows)} rows, its rank wrote {meta['rows']}: {again}")
+        raise StoreError(f"shard {path} holds {len(rows)} rows, its rank wrote {meta['rows']}: {again}")
     return rows
 
 
@@ -136,20 +138,20 @@ def read_shards(out: Path, settings: tuple[str, ...], target: str, **read_csv) -
         try:
             metas.append(json.loads(p.read_text()))
         except (ValueError, UnicodeDecodeError) as e:
-            raise RuntimeError(f"shard settings {p} are not readable JSON ({e}): remove the shards and run again") from e
+            raise StoreError(f"shard settings {p} are not readable JSON ({e}): remove the shards and run again") from e
         if not isinstance(metas[-1], dict) or not {"rank", *settings} <= metas[-1].keys():
-            raise RuntimeError(f"shard settings {p} lack {sorted({'rank', *settings} - set(metas[-1]))}: remove the "
+            raise StoreError(f"shard settings {p} lack {sorted({'rank', *settings} - set(metas[-1]))}: remove the "
                                f"shards and run again")
     if not metas:
-        raise FileNotFoundError(f"no shards in {out}: run the ranks first (make {target})")
+        raise MissingFileError(f"no shards in {out}: run the ranks first (make {target})")
     found = {tuple(tuple(m[k]) if isinstance(m[k], list) else m[k] for k in settings) for m in metas}
     if len(found) != 1:
-        raise RuntimeError(f"{out} holds shards of {len(found)} different runs ({sorted(found)}): remove the old "
+        raise StoreError(f"{out} holds shards of {len(found)} different runs ({sorted(found)}): remove the old "
                            "shards and run again")
     n, world, *_ = found.pop()
     ranks = sorted(m["rank"] for m in metas)
     if ranks != list(range(world)):
-        raise RuntimeError(f"ranks {ranks} of {world} found in {out}: a shard is missing, run it again")
+        raise StoreError(f"ranks {ranks} of {world} found in {out}: a shard is missing, run it again")
     by_rank = {m["rank"]: m for m in metas}
     rows = pd.concat([_shard_rows(out / f"rows-rank{r}-of-{world}.csv", by_rank[r], read_csv) for r in ranks],
                      ignore_index=True)
@@ -161,7 +163,7 @@ def merge(out: Path = OUT) -> pd.DataFrame:
     R, metas, n, world = read_shards(out, ("n", "world", "model", "peers", "budgets"), "evaluate")
     per_cell = R.groupby(["method", "budget"]).question.agg(["nunique", "size"])
     if not ((per_cell["nunique"] == n) & (per_cell["size"] == n)).all():
-        raise RuntimeError(f"the merged shards do not hold every one of the {n} questions exactly once per cell")
+        raise StoreError(f"the merged shards do not hold every one of the {n} questions exactly once per cell")
     R.attrs.update(n=n, world=world, seconds=max(m["seconds"] for m in metas), model=metas[0]["model"])
     return R.sort_values(["method", "budget", "question"], ignore_index=True)
 

@@ -334,3 +334,146 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
     with pytest.raises(err, match=msg):
         StepSkipConfig(**kwargs)
     StepSkipConfig(20, head=0.1, tail=0.05, stride=3, weight=0.5, order=2)  # the tuned values pass
+
+
+# ---- 6. the parsers, property-based: any input loads correctly or raises one of the project's errors ------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                            HealthCheck.too_slow])
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=8)
+_rowish = st.fixed_dictionaries({}, optional={"file_name": st.sampled_from(["a.png", "../a.png", "/a.png", "b.png", 3]),
+                                              "question": _json | st.text(max_size=20), "id": _json,
+                                              "answer": _json, "objects": _json, "scene_type": _json})
+
+
+@PROPERTY
+@given(lines=st.lists(_rowish | _json, min_size=0, max_size=3), raw=st.binary(max_size=30))
+def test_property_metadata_jsonl_loads_or_refuses(tmp_path_factory, lines, raw):
+    root = _folder(tmp_path_factory.mktemp("p"), [])
+    text = "".join(json.dumps(r) + "\n" for r in lines).encode() + raw
+    (root / "metadata.jsonl").write_bytes(text)
+    try:
+        got = load(root)
+    except UnicacheError:
+        return
+    rows = [json.loads(x) for x in text.decode().splitlines() if x.strip()]
+    assert [s.question for s in got] == [r["question"] for r in rows]  # loaded exactly as written
+    assert [s.id for s in got] == [str(r.get("id", "a")) for r in rows]
+
+
+@PROPERTY
+@given(entries=st.lists(st.fixed_dictionaries({}, optional={
+    "image": st.sampled_from(["a.png", "../a.png", "nope.png", 1]), "id": _json,
+    "conversations": st.lists(st.fixed_dictionaries({}, optional={"from": st.sampled_from(["human", "gpt", 1]),
+                                                                 "value": _json | st.text(max_size=10)}), max_size=2)
+    | _json}) | _json, min_size=1, max_size=3))
+def test_property_llava_json_loads_or_refuses(tmp_path_factory, entries):
+    root = tmp_path_factory.mktemp("l")
+    _png(root / "a.png")
+    (root / "data.json").write_text(json.dumps([{"image": "a.png", "conversations": [{"from": "human", "value": "q"}]}]
+                                               + entries))
+    try:
+        got = load(root)
+    except UnicacheError:
+        return
+    assert all(isinstance(s.question, str) for s in got) and len(got) == 1 + len(entries)
+
+
+@PROPERTY
+@given(lines=st.lists(st.fixed_dictionaries({}, optional={"prompt": _json | st.text(max_size=10), "id": _json,
+                                                          "objects": _json, "long": _json}) | _json, max_size=3),
+       raw=st.binary(max_size=20))
+def test_property_prompts_jsonl_loads_or_refuses(tmp_path_factory, lines, raw):
+    from unicache_lib.world.text import read_prompts
+
+    f = tmp_path_factory.mktemp("pr") / "prompts.jsonl"
+    f.write_bytes("".join(json.dumps(r) + "\n" for r in lines).encode() + raw)
+    try:
+        got = read_prompts(f)
+    except UnicacheError:
+        return
+    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    assert [p["short"] for p in got] == [r["prompt"] for r in rows] and len({p["id"] for p in got}) == len(got)
+
+
+@pytest.fixture(scope="module")
+def sound_store(tmp_path_factory):
+    return _two_sample_store(tmp_path_factory.mktemp("store") / "s").parent
+
+
+@PROPERTY
+@given(extra=st.binary(max_size=80) | _json.map(lambda j: (json.dumps(j) + "\n").encode()),
+       mangle=st.sampled_from(["append", "replace_line_2", "truncate"]))
+def test_property_store_logs_read_or_refuse(tmp_path_factory, sound_store, extra, mangle):
+    import shutil
+
+    from unicache_lib.store import Store
+
+    from .test_store_faults import rec
+
+    path = tmp_path_factory.mktemp("st") / "s"
+    shutil.copytree(sound_store, path)
+    log = path / "index-rank00000.jsonl"
+    data = log.read_bytes()
+    lines = data.split(b"\n")
+    if mangle == "append":
+        log.write_bytes(data + extra)
+    elif mangle == "replace_line_2":
+        log.write_bytes(lines[0] + b"\n" + extra)
+    else:
+        log.write_bytes(data[: len(extra) % max(1, len(data))])
+    try:
+        got = Store(path).read()
+    except UnicacheError:
+        return
+    for r in got:  # whatever reads is exactly what was written under that key: nothing invented
+        want = rec(int(r.sample), r.layer)
+        assert all(torch_equal(r.data[k], want.data[k]) for k in want.data)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+@pytest.fixture(scope="module")
+def sound_shards(tmp_path_factory):
+    import sys
+
+    import pandas as pd
+
+    from .test_benchmarks import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    out = tmp_path_factory.mktemp("shards")
+    rows = pd.DataFrame({"question": [0, 1, 0, 1], "method": ["a", "a", "b", "b"], "kind": "x", "budget": 0.1,
+                         "correct": [1, 0, 1, 1], "kl": [0.5224, 0.1, 0.2, 0.3], "agree": 1, "kv_fraction": 0.25})
+    meta = {"n": 2, "world": 1, "model": "m", "peers": False, "budgets": [0.1], "rank": 0}
+    E.write_shard(out, rows, meta)
+    return E, out, rows
+
+
+@PROPERTY
+@given(cut=st.integers(min_value=0, max_value=400), junk=st.binary(max_size=12))
+def test_property_shards_merge_exactly_or_refuse(tmp_path_factory, sound_shards, cut, junk):
+    import shutil
+
+    E, out, rows = sound_shards
+    d = tmp_path_factory.mktemp("sh") / "x"
+    shutil.copytree(out, d)
+    csv = d / "rows-rank0-of-1.csv"
+    data = csv.read_bytes()
+    csv.write_bytes(data[:cut] + junk if cut < len(data) else data + junk)
+    try:
+        got = E.read_shards(d, ("n", "world", "model", "peers", "budgets"), "evaluate")[0]
+    except UnicacheError:
+        return
+    assert got.equals(rows) or got.astype(str).equals(rows.astype(str))  # only the untouched shard merges

@@ -230,7 +230,7 @@ def read_prompts(path) -> list[dict]:
         path = path / "prompts.jsonl"
     if not path.is_file():
         raise MissingFileError(f"no {path}: write one JSON object per line with a 'prompt' (see export_prompts)")
-    out = []
+    out, ids = [], {}
     for n, row in jsonl_rows(path):
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
             raise InputError(f"{path}, line {n}: no 'prompt' text: every line needs one, e.g. "
@@ -239,12 +239,22 @@ def read_prompts(path) -> list[dict]:
         if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
             raise InputError(f"{path}, line {n}: 'objects' must be a list of objects such as "
                              '{"colour": "red", "shape": "circle", "position": "left"}')
+        if row.get("long") is not None and not isinstance(row["long"], str):
+            raise InputError(f"{path}, line {n}: 'long' must be a text (a longer prompt for the same picture), "
+                             f"got {row['long']!r}")
+        if "id" in row and (isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)) or not str(row["id"]).strip()):
+            raise InputError(f"{path}, line {n}: 'id' must be a non-empty text, got {row['id']!r}")
+        pid = str(row.get("id", f"p{len(out)}"))
+        if pid in ids:
+            raise InputError(f"{path}, line {n}: prompt id {pid!r} is also line {ids[pid]}'s: ids name a prompt's "
+                             f"records, so two prompts cannot share one; give every line its own 'id'")
+        ids[pid] = n
         pair = ""
         if (len(objects) == 2 and all(scorable(o) for o in objects) and objects[0]["shape"] != objects[1]["shape"]
                 and [o["position"] for o in objects] == ["left", "right"]):  # G9's binding test, in prompt_set's layout
             pair = "same" if objects[0]["colour"] == objects[1]["colour"] else "different"
-        out.append({"id": str(row.get("id", f"p{len(out)}")), "objects": list(objects), "pair": pair,
-                    "short": row["prompt"], "long": str(row.get("long", row["prompt"]))})
+        out.append({"id": pid, "objects": list(objects), "pair": pair,
+                    "short": row["prompt"], "long": row["long"] if isinstance(row.get("long"), str) else row["prompt"]})
     if not out:
         raise InputError(f"{path} lists no prompts: add one line per prompt")
     return out
