@@ -253,7 +253,7 @@ def test_a_hand_appended_line_reusing_keys_is_refused_and_repair_deletes_nothing
 
     log = _two_sample_store(tmp_path / "s")
     lines = log.read_text().splitlines()
-    forged = lines[1].replace('"1|language|0|-1"', '"0|language|0|-1"').replace('"sample": "1"', '"sample": "0"')
+    forged = lines[1].replace('"1|language|0|-1"', '"0|language|0|-1"').replace('"sample":"1"', '"sample":"0"')
     log.write_text("\n".join(lines + [forged]) + "\n")
     before = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "s").rglob("*") if p.is_file())
     st = Store(tmp_path / "s")
@@ -477,3 +477,26 @@ def test_property_shards_merge_exactly_or_refuse(tmp_path_factory, sound_shards,
     except UnicacheError:
         return
     assert got.equals(rows) or got.astype(str).equals(rows.astype(str))  # only the untouched shard merges
+
+
+def test_a_hand_typed_entry_of_the_wrong_type_is_refused_by_read_and_verify(tmp_path):
+    from unicache_lib.core.errors import StoreError
+    from unicache_lib.store import Store
+
+    log = _two_sample_store(tmp_path / "s")
+    log.write_text(log.read_text().replace('"layer":0', '"layer":"0"', 1))
+    for call in (lambda st: st.read(sample="0"), lambda st: st.verify()):
+        with pytest.raises(StoreError, match=r"line 1 of index .* the entry of record 0\|language\|0\|-1 has fields of "
+                                             r"the wrong type"):
+            call(Store(tmp_path / "s"))
+
+
+def test_remove_store_on_a_symlink_names_the_link(tmp_path):
+    from unicache_lib.core.errors import StoreError
+    from unicache_lib.store import remove_store
+
+    _two_sample_store(tmp_path / "s")
+    (tmp_path / "link").symlink_to(tmp_path / "s")
+    with pytest.raises(StoreError, match=r"link is a symbolic link .*not removed. Remove the link with os.unlink"):
+        remove_store(tmp_path / "link")
+    assert (tmp_path / "s" / "index-rank00000.jsonl").exists()

@@ -245,14 +245,15 @@ def fault_table_rows(text: str) -> list[str]:
     """The body rows of the fault table, found by its heading row (not by line number or by comment markers, so the
     table can move within the page or between pages): every table line after the header and its separator, up to
     the first line that is not a table row."""
-    m = FAULT_HEADER.search(text)
-    assert m, "no fault table (a row '| Fault | Tried | What was lost | Test |') in docs/FAULTS.md"
+    found = list(FAULT_HEADER.finditer(text))
+    assert found, "no fault table (a row '| Fault | Tried | What was lost | Test |') in docs/FAULTS.md"
     rows = []
-    for line in text[m.end():].lstrip("\n").splitlines():
-        if not line.startswith("|"):
-            break
-        if not re.fullmatch(r"\|[-| :]+\|", line):
-            rows.append(line)
+    for m in found:  # every table with that heading row (the faults, and the hostile-input cases)
+        for line in text[m.end():].lstrip("\n").splitlines():
+            if not line.startswith("|"):
+                break
+            if not re.fullmatch(r"\|[-| :]+\|", line):
+                rows.append(line)
     return rows
 
 
@@ -277,7 +278,8 @@ def test_fault_table_counts_come_from_the_tests():
         return n
 
     mods = [importlib.import_module(f"tests.{m}") for m in ("test_store_faults", "test_store", "test_report", "test_loaders",
-                                                               "test_inputs", "test_capture", "test_reuse", "test_params")]
+                                                               "test_inputs", "test_capture", "test_reuse", "test_params",
+                                                               "test_hostile_input", "test_benchmarks", "test_presses")]
     funcs = {k: v for m in mods for k, v in vars(m).items() if k.startswith("test_")}
     rows = fault_table_rows(FAULTS_PAGE.read_text())
     assert len(rows) >= 10

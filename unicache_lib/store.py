@@ -142,6 +142,18 @@ def _strs(x) -> bool:
     return isinstance(x, list) and all(isinstance(k, str) for k in x)
 
 
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _entry_ok(e: dict) -> bool:
+    """An index entry whose fields have the types Store.write gives them and whose key is its own (a hand-typed
+    ``"layer": "0"`` is not a record of layer 0)."""
+    return (isinstance(e["sample"], str) and isinstance(e["part"], str) and _int(e["layer"]) and _int(e["step"])
+            and _int(e["slot"]) and isinstance(e["file"], str) and _strs(e["arrays"])
+            and e["key"] == key_str((e["sample"], e["part"], e["layer"], e["step"])))
+
+
 class _Log:
     """One rank's index as a :class:`Store` last read it. ``lines``: ``(head, text)`` of each line, in order (the
     text is parsed when a record of it is read); ``live``: record key -> its line, in index order; ``samples``:
@@ -236,6 +248,10 @@ class _Log:
         if not isinstance(recs, list) or any(not isinstance(e, dict) or not _ENTRY_KEYS <= e.keys() for e in recs) \
                 or [e["key"] for e in recs] != head["keys"]:
             raise self.corrupt(n, "is corrupt: its records are not one entry per key of its head")
+        bad = next((e["key"] for e in recs if not _entry_ok(e)), None)
+        if bad is not None:
+            raise self.corrupt(n, f"is corrupt: the entry of record {bad} has fields of the wrong type (layer, step and "
+                                  f"slot are whole numbers; sample, part and file texts) or a key that is not its own")
         return [e for e in recs if self.live.get(e["key"]) == n]
 
     def corrupt(self, n: int, what: str) -> "StoreError":
@@ -707,6 +723,9 @@ def remove_store(path) -> bool:
     anything but a store. A writer of this process is released first (re-running a notebook cell).
     Returns True if something was removed."""
     p = Path(path)
+    if p.is_symlink():
+        raise StoreError(f"{p} is a symbolic link (to {os.path.realpath(p)}): not removed. Remove the link with "
+                         f"os.unlink({str(p)!r}), or call remove_store on the folder it points to")
     if not p.exists():
         return False
     if not p.is_dir():
