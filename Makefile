@@ -56,7 +56,8 @@ test-fast: setup
 
 ## notebooks: rebuild the committed notebooks from notebooks/src (jupytext, paired: cell ids kept) and execute
 ##            them in place (full parameters); NB=03 rebuilds one. Each notebook's scoreboard and run time are kept
-##            in data/results/ (tools/record_results.py, before clean_nb drops papermill's timings); then `make docs`
+##            in data/results/ (tools/record_results.py, before clean_nb drops papermill's timings), and the numbers its
+##            prose quotes from its outputs are refreshed (tools/doc_numbers.py markers); then `make docs`
 NB ?= [0-9][0-9]
 notebooks: setup
 	@for src in notebooks/src/$(NB)_*.py; do \
@@ -65,6 +66,7 @@ notebooks: setup
 	  $(BIN)/papermill --cwd . -k python3 "$$nb" "$$nb" || exit 1; \
 	  $(BIN)/python tools/record_results.py "$$nb" || exit 1; \
 	  $(BIN)/python tools/clean_nb.py "$$nb"; \
+	  $(BIN)/python tools/doc_numbers.py --write "$$src" "$$nb" || exit 1; \
 	done
 
 ## docs: refresh every generated number in README.md and docs/*.md from the committed file it comes from (markers

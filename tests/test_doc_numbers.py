@@ -255,3 +255,40 @@ def test_record_results_keeps_the_scoreboard_and_the_run_time_and_refuses_a_stal
     primer.write_text(json.dumps({"cells": [{"source": "board = Scoreboard()"}], "metadata": {"papermill": pm}}))
     with pytest.raises(SystemExit, match="no outputs/00_p/scoreboard.json"):
         rr.record(primer, tmp_path)
+
+
+# ------------------------------------------------------------------------------- numbers in the notebooks' prose
+
+def test_notebook_prose_holds_no_new_number_typed_by_hand():
+    """Every measurement-looking number in a notebook's markdown is a marker over the run's outputs or results (checked
+    by test_every_generated_number_matches_its_source), an allowed convention, or one of the numbers still pending
+    conversion in notebooks/src/pending_numbers.json. A new hand-typed number fails; so does a pending entry that is
+    gone from the prose (remove it: the list only shrinks)."""
+    from collections import Counter
+
+    pending = dn.pending_numbers()
+    problems = []
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        found = Counter(n for _, n in dn.notebook_prose_numbers(nb))
+        allowed = Counter(pending.get(nb.name, []))
+        new, gone = found - allowed, allowed - found
+        if new:
+            cells = {n: [c for c, m in dn.notebook_prose_numbers(nb) if m == n] for n in new}
+            problems.append(f"{nb.name}: typed by hand, not a marker: {dict(cells)} (cell indices)")
+        if gone:
+            problems.append(f"{nb.name}: pending entries no longer in the prose, remove them: {sorted(gone.elements())}")
+    assert not problems, "\n".join(problems)
+
+
+def test_markers_in_a_notebook_are_read_inside_its_json(tmp_path):
+    """A marker in a committed .ipynb sits inside a JSON string: its quotes are escaped there and the value written
+    back is escaped too, so the notebook stays valid JSON and shows the source's value."""
+    (tmp_path / "data" / "results").mkdir(parents=True)
+    (tmp_path / "data" / "results" / "r.json").write_text(json.dumps({"x": 0.4567}))
+    md = 'the mean is <!--num data/results/r.json#x fmt="{:.2f}"-->0.99<!--/num--> here'
+    nb = tmp_path / "notebooks" / "00_x.ipynb"
+    nb.parent.mkdir()
+    nb.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": [md]}]}, indent=1, ensure_ascii=False))
+    assert dn.check([nb], tmp_path) and dn.write([nb], tmp_path)
+    assert json.loads(nb.read_text())["cells"][0]["source"][0] == md.replace("0.99", "0.46")
+    assert dn.check([nb], tmp_path) == []

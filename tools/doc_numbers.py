@@ -1,4 +1,4 @@
-"""Numbers in README.md and docs/*.md that come from a run are generated from committed results files.
+"""Numbers in README.md, docs/*.md and the notebooks' markdown that come from a run are generated from committed files.
 
     python tools/doc_numbers.py            # check: every marker shows what its source says (exit 1 and a list if not)
     python tools/doc_numbers.py --write    # refresh every marker from its source (`make docs`)
@@ -32,7 +32,13 @@ match without one; e.g. a verdict, ``re="E1 · (.+)"``), ``fmt`` (a ``str.format
 run time that the next ``make notebooks`` records; without it a missing file is an error).
 
 The opening comment must not contain ``--`` or end with ``-`` (an HTML comment could not hold it), nor ``|``
-(it would split a table cell). tests/test_doc_numbers.py runs the check over README.md and docs/*.md.
+(it would split a table cell). tests/test_doc_numbers.py runs the check over README.md, docs/*.md and the notebooks.
+
+**In a notebook** a marker sits in a markdown cell of its source (``notebooks/src/NN_*.py``) and of the committed
+``.ipynb`` alike (JupyterLab hides the comments, the reader sees the number). Its source is usually the notebook's
+own printed outputs (``"notebooks/05_kv_eviction.ipynb#out:E2 > key_coverage@0"``), so a re-run that prints another
+number changes the prose with it: ``make notebooks`` refreshes a notebook's markers right after executing it. In the
+``.ipynb`` the marker is read and written inside its JSON string (quotes escaped), so the file keeps its layout.
 """
 from __future__ import annotations
 
@@ -353,6 +359,29 @@ def doc_files(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
+def notebook_files(root: Path = ROOT) -> list[Path]:
+    """Each lesson's source and its committed notebook (both hold the same markers)."""
+    return [*sorted((root / "notebooks" / "src").glob("[0-9][0-9]_*.py")),
+            *sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
+
+
+def all_files(root: Path = ROOT) -> list[Path]:
+    return doc_files(root) + notebook_files(root)
+
+
+def _in_json(file: str) -> bool:
+    return str(file).endswith(".ipynb")
+
+
+def _unescape(s: str, file: str) -> str:
+    """A marker's text as written in ``file``: inside a JSON string in a notebook (quotes escaped there)."""
+    return json.loads(f'"{s}"') if _in_json(file) else s
+
+
+def _escape(s: str, file: str) -> str:
+    return json.dumps(s, ensure_ascii=False)[1:-1] if _in_json(file) else s
+
+
 def _name(path: Path, root: Path) -> str:
     try:
         return path.resolve().relative_to(root.resolve()).as_posix()
@@ -366,8 +395,8 @@ def check_text(text: str, file: str, root: Path = ROOT) -> list[str]:
     problems = []
     for mk in find_markers(text, file):
         try:
-            want = render(mk.spec, root)
-        except SourceError as e:
+            want = _escape(render(_unescape(mk.spec, file), root), file)
+        except (SourceError, ValueError) as e:
             problems.append(f"{file}:{mk.line}: cannot read {mk.spec!r}: {e}")
             continue
         if want != mk.shown:
@@ -376,22 +405,22 @@ def check_text(text: str, file: str, root: Path = ROOT) -> list[str]:
 
 
 def check(files=None, root: Path = ROOT) -> list[str]:
-    files = doc_files(root) if files is None else files
+    files = all_files(root) if files is None else files
     return [p for f in files for p in check_text(Path(f).read_text(), _name(Path(f), root), root)]
 
 
 def write(files=None, root: Path = ROOT) -> list[str]:
     """Refresh every marker in place (atomically per file); returns ``file:line: 'old' -> 'new'`` for each change.
     A source that cannot be read stops it before anything is written."""
-    files = doc_files(root) if files is None else files
+    files = all_files(root) if files is None else files
     changes, new_texts = [], {}
     for f in map(Path, files):
         text = f.read_text()
         out, last = [], 0
         for mk in find_markers(text, _name(f, root)):
             try:
-                want = render(mk.spec, root)
-            except SourceError as e:
+                want = _escape(render(_unescape(mk.spec, mk.file), root), mk.file)
+            except (SourceError, ValueError) as e:
                 raise SystemExit(f"{mk.file}:{mk.line}: cannot read {mk.spec!r}: {e}")
             out += [text[last:mk.start], want]
             last = mk.end
@@ -415,6 +444,8 @@ ALLOWED = {
     "95%": "the confidence level of every interval: a convention fixed before any run, not a result",
     "90%": "the held-out accuracy a question-answering model is trained to reach: a target set before training",
     "5 minutes": "the step reading times are rounded up to (@read_minutes), a convention",
+    **{b: "an eviction budget (a share of the image KV kept): a parameter chosen before the run" for b in
+       ("10%", "25%", "50%", "75%")},
 }
 
 
@@ -435,17 +466,51 @@ def unmarked_measurements(text: str) -> list[tuple[int, str]]:
     return out
 
 
+# in a notebook's prose a bare decimal (0.23, 1.8) reads as measured too
+DECIMAL = re.compile(r"(?<![\w.]-)(?<![\w.])[-+−]?\d+\.\d+(?![\w.]|\s?(?:×(?!\s?\d)|x\b|dB\b|%|minutes?\b|min\b|hours?\b|h\b|seconds?\b"
+                     r"|s\b|GB\b|MB\b|pt\b))")
+PENDING = ROOT / "notebooks" / "src" / "pending_numbers.json"
+
+
+def notebook_prose_numbers(nb: Path) -> list[tuple[int, str]]:
+    """``(markdown cell index, number)`` for every measurement-looking number in the committed notebook's markdown
+    outside markers and code: a number with a unit (:data:`MEASUREMENT`) or a bare decimal, minus :data:`ALLOWED`."""
+    out = []
+    for i, cell in enumerate(json.loads(Path(nb).read_text())["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = "".join(cell["source"])
+        out += [(i, n) for _, n in unmarked_measurements(text)]
+        bare = re.sub(r"`[^`\n]*`", "", re.sub(r"<!--.*?-->", "", MARKER.sub("", text), flags=re.S))
+        out += [(i, m.group(0)) for m in DECIMAL.finditer(bare) if m.group(0) not in ALLOWED]
+    return out
+
+
+def pending_numbers(root: Path = ROOT) -> dict[str, list[str]]:
+    """The numbers still typed by hand in each notebook's prose, waiting to become markers (the list only shrinks:
+    tests/test_doc_numbers.py fails on a number not in it, and on an entry no longer in the prose)."""
+    p = root / "notebooks" / "src" / "pending_numbers.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="refresh every marker from its source")
     ap.add_argument("--list", action="store_true", help="list every marker with its source and value")
-    ap.add_argument("files", nargs="*", help="default: README.md and docs/*.md")
+    ap.add_argument("--prose", action="store_true", help="list the numbers typed by hand in each notebook's markdown "
+                    "(cell index and number), the ones tests/test_doc_numbers.py holds to notebooks/src/pending_numbers.json")
+    ap.add_argument("files", nargs="*", help="default: README.md, docs/*.md and the notebooks (sources and .ipynb)")
     a = ap.parse_args(argv)
-    files = [Path(f) for f in a.files] or doc_files()
+    files = [Path(f) for f in a.files] or all_files()
+    if a.prose:
+        for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+            for cell, n in notebook_prose_numbers(nb):
+                print(f"{nb.name} cell {cell}: {n}")
+        return 0
     if a.list:
         for f in files:
             for mk in find_markers(f.read_text(), _name(f, ROOT)):
-                print(f"{mk.file}:{mk.line}: {mk.shown!r} <- {mk.spec}")
+                print(f"{mk.file}:{mk.line}: {_unescape(mk.shown, mk.file)!r} <- {_unescape(mk.spec, mk.file)}")
         return 0
     if a.write:
         changes = write(files)
