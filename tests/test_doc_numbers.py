@@ -262,7 +262,7 @@ def test_record_results_keeps_the_scoreboard_and_the_run_time_and_refuses_a_stal
 def test_notebook_prose_holds_no_new_number_typed_by_hand():
     """Every measurement-looking number in a notebook's markdown is a marker over the run's outputs or results (checked
     by test_every_generated_number_matches_its_source), an allowed convention, or one of the numbers still pending
-    conversion in notebooks/src/pending_numbers.json. A new hand-typed number fails; so does a pending entry that is
+    conversion in notebooks/src/pending_numbers/. A new hand-typed number fails; so does a pending entry that is
     gone from the prose (remove it: the list only shrinks)."""
     from collections import Counter
 

@@ -469,7 +469,6 @@ def unmarked_measurements(text: str) -> list[tuple[int, str]]:
 # in a notebook's prose a bare decimal (0.23, 1.8) reads as measured too
 DECIMAL = re.compile(r"(?<![\w.]-)(?<![\w.])[-+−]?\d+\.\d+(?![\w.]|\s?(?:×(?!\s?\d)|x\b|dB\b|%|minutes?\b|min\b|hours?\b|h\b|seconds?\b"
                      r"|s\b|GB\b|MB\b|pt\b))")
-PENDING = ROOT / "notebooks" / "src" / "pending_numbers.json"
 
 
 def notebook_prose_numbers(nb: Path) -> list[tuple[int, str]]:
@@ -489,8 +488,8 @@ def notebook_prose_numbers(nb: Path) -> list[tuple[int, str]]:
 def pending_numbers(root: Path = ROOT) -> dict[str, list[str]]:
     """The numbers still typed by hand in each notebook's prose, waiting to become markers (the list only shrinks:
     tests/test_doc_numbers.py fails on a number not in it, and on an entry no longer in the prose)."""
-    p = root / "notebooks" / "src" / "pending_numbers.json"
-    return json.loads(p.read_text()) if p.exists() else {}
+    folder = root / "notebooks" / "src" / "pending_numbers"  # one file per notebook, so lessons are edited apart
+    return {f"{p.stem}.ipynb": json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
 
 def main(argv=None) -> int:
