@@ -292,3 +292,15 @@ def test_markers_in_a_notebook_are_read_inside_its_json(tmp_path):
     assert dn.check([nb], tmp_path) and dn.write([nb], tmp_path)
     assert json.loads(nb.read_text())["cells"][0]["source"][0] == md.replace("0.99", "0.46")
     assert dn.check([nb], tmp_path) == []
+
+
+def test_a_constant_says_why_in_place_and_is_not_counted():
+    text = "the rule: within <!--const M4's threshold, fixed before the numbers-->±0.02<!--/const--> of 0.0357"
+    assert [n for _, n in dn.unmarked_measurements(text)] == []
+    nb = {"cells": [{"cell_type": "markdown", "source": [text]}]}
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "x.ipynb"
+        p.write_text(json.dumps(nb))
+        assert [n for _, n in dn.notebook_prose_numbers(p)] == ["0.0357"]

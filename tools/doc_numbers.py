@@ -39,6 +39,10 @@ The opening comment must not contain ``--`` or end with ``-`` (an HTML comment c
 own printed outputs (``"notebooks/05_kv_eviction.ipynb#out:E2 > key_coverage@0"``), so a re-run that prints another
 number changes the prose with it: ``make notebooks`` refreshes a notebook's markers right after executing it. In the
 ``.ipynb`` the marker is read and written inside its JSON string (quotes escaped), so the file keeps its layout.
+
+A number in prose that reads like a measurement but is a constant fixed before any run (a rule's threshold, a
+parameter) says so in place, with its reason: ``<!--const E2's threshold, written before the numbers-->97%<!--/const-->``
+(:data:`CONSTANT`; ``--prose`` and the tests skip it, a reviewer reads the reason).
 """
 from __future__ import annotations
 
@@ -456,6 +460,7 @@ def unmarked_measurements(text: str) -> list[tuple[int, str]]:
         return "\n" * m.group(0).count("\n")
 
     text = MARKER.sub("", text)  # markers hold no newline
+    text = CONSTANT.sub("", text)
     text = re.sub(r"^```.*?^```[ \t]*$", blank, text, flags=re.M | re.S)
     text = re.sub(r"<!--.*?-->", blank, text, flags=re.S)
     text = re.sub(r"`[^`\n]*`", "", text)
@@ -465,6 +470,10 @@ def unmarked_measurements(text: str) -> list[tuple[int, str]]:
             out.append((text.count("\n", 0, m.start()) + 1, m.group(0)))
     return out
 
+
+# a number that reads like a measurement but is a constant fixed before any run (a rule's threshold, a parameter),
+# with its reason in the comment: <!--const the rule's threshold, written before the numbers-->0.02<!--/const-->
+CONSTANT = re.compile(r"<!--const (?P<why>[^>]*?)-->(?P<shown>[^<]*?)<!--/const-->")
 
 # in a notebook's prose a bare decimal (0.23, 1.8) reads as measured too
 DECIMAL = re.compile(r"(?<![\w.]-)(?<![\w.])[-+−]?\d+\.\d+(?![\w.]|\s?(?:×(?!\s?\d)|x\b|dB\b|%|minutes?\b|min\b|hours?\b|h\b|seconds?\b"
@@ -480,7 +489,7 @@ def notebook_prose_numbers(nb: Path) -> list[tuple[int, str]]:
             continue
         text = "".join(cell["source"])
         out += [(i, n) for _, n in unmarked_measurements(text)]
-        bare = re.sub(r"`[^`\n]*`", "", re.sub(r"<!--.*?-->", "", MARKER.sub("", text), flags=re.S))
+        bare = re.sub(r"`[^`\n]*`", "", re.sub(r"<!--.*?-->", "", CONSTANT.sub("", MARKER.sub("", text)), flags=re.S))
         out += [(i, m.group(0)) for m in DECIMAL.finditer(bare) if m.group(0) not in ALLOWED]
     return out
 
