@@ -29,7 +29,7 @@ def test_lab_adds_allow_root_only_for_root(euid, flag):
     assert ("--allow-root" in lab[0]) is flag
 
 
-def test_make_test_runs_both_stages_and_nbval_under_another_thread_count(monkeypatch):
+def test_make_test_runs_both_stages_and_nbval_under_another_thread_count(monkeypatch, capsys):
     """`make test` goes through tools/run_tests.py; its nbval stage runs with 1 thread by default while the committed
     notebooks were executed with 2, so every run checks that the checked outputs survive another reduction order
     (docs/TESTING.md), and it applies the workbook's rule for checked outputs (tests/nbval_digits.py)."""
@@ -54,8 +54,11 @@ def test_make_test_runs_both_stages_and_nbval_under_another_thread_count(monkeyp
             return 0
 
     monkeypatch.setattr(sp, "Popen", Done)
-    monkeypatch.setattr(sp, "call", lambda cmd, cwd, env: calls.append((cmd, env)) or 0)
+    monkeypatch.setattr(run_tests, "_wait", lambda proc, block: (0, 90.0))  # each stage: exit 0, 1.5 CPU-minutes
     assert run_tests.main(["--setup-seconds", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "(CPU 1.5 min)" in printed and "CPU of the stages: 3.0 CPU-minutes" in printed
+    assert all(f"--durations={run_tests.SLOWEST}" in cmd for cmd, _ in calls)  # each stage names its slowest tests
     stages = {("nbval" if "--nbval-lax" in cmd else "unit"): env for cmd, env in calls}
     assert set(stages) == {"unit", "nbval"}
     assert stages["nbval"]["OMP_NUM_THREADS"] == "1" and stages["unit"]["OMP_NUM_THREADS"] == "1"

@@ -13,7 +13,9 @@ On a machine with two or more cores the stages run at the same time, one torch t
 notebooks were executed with 2 threads (`make notebooks` on 2 cores): another reduction order than the one that
 wrote the outputs, so every `make test` also checks that the checked outputs are portable across thread counts.
 The unit stage prints as it goes; the nbval stage's output is printed when it ends. The exit status is non-zero
-when either stage fails; the last lines give each stage's time and result.
+when either stage fails; the last lines give each stage's wall-clock time, its CPU time (the stage's process and
+everything it waited for: papermill kernels, the browser, torchrun ranks) and result, and the sum of the CPU times;
+each stage's pytest lists its 25 slowest tests (``--durations``).
 """
 from __future__ import annotations
 
@@ -32,13 +34,27 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:5.1f} min"
 
 
+SLOWEST = 25  # each stage lists its slowest tests (pytest --durations)
+
+
 def stage_commands(py: str, extra: list[str]) -> dict[str, list[str]]:
     notebooks = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    slow = [f"--durations={SLOWEST}", "--durations-min=1"]
     return {
-        "unit": [py, "-m", "pytest", "tests", "-q", *extra],
+        "unit": [py, "-m", "pytest", "tests", "-q", *slow, *extra],
         "nbval": [py, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
-                  "-p", "no:randomly", "-p", "tests.nbval_digits", "-q", *extra, *notebooks],
+                  "-p", "no:randomly", "-p", "tests.nbval_digits", "-q", *slow, *extra, *notebooks],
     }
+
+
+def _wait(proc: subprocess.Popen, block: bool) -> tuple[int, float] | None:
+    """``(exit status, CPU seconds)`` of a finished stage (its process and every descendant it waited for), or None
+    while it runs (``block=False``)."""
+    pid, status, usage = os.wait4(proc.pid, 0 if block else os.WNOHANG)
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def main(argv=None) -> int:
@@ -65,11 +81,12 @@ def main(argv=None) -> int:
         return {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
 
     results: dict[str, tuple[int, float]] = {}
+    cpu: dict[str, float] = {}
     if serial:
         for stage, cmd in commands.items():
             print(f"== {stage} ({threads[stage]} thread{'s' * (threads[stage] > 1)}): {' '.join(cmd[1:])}", flush=True)
             t = time.time()
-            rc = subprocess.call(cmd, cwd=ROOT, env=env_for(stage))
+            rc, cpu[stage] = _wait(subprocess.Popen(cmd, cwd=ROOT, env=env_for(stage)), block=True)
             results[stage] = (rc, time.time() - t)
     else:
         logs, procs, started = {}, {}, {}
@@ -84,8 +101,9 @@ def main(argv=None) -> int:
         pending = dict(procs)
         while pending:
             for stage, p in list(pending.items()):
-                if p.poll() is not None:
-                    results[stage] = (p.returncode, time.time() - started[stage])
+                done = _wait(p, block=False)
+                if done is not None:
+                    results[stage], cpu[stage] = (done[0], time.time() - started[stage]), done[1]
                     del pending[stage]
             time.sleep(0.5)
         for stage, log in logs.items():
@@ -98,9 +116,11 @@ def main(argv=None) -> int:
     if args.setup_seconds is not None:
         print(f"  setup   {_minutes(args.setup_seconds)}")
     for stage, (rc, secs) in results.items():
-        print(f"  {stage:<7} {_minutes(secs)}  {'passed' if rc == 0 else f'FAILED (exit {rc})'}")
+        print(f"  {stage:<7} {_minutes(secs)}  (CPU {_minutes(cpu[stage]).strip()})  "
+              f"{'passed' if rc == 0 else f'FAILED (exit {rc})'}")
     wall = (max(s for _, s in results.values()) if not serial else sum(s for _, s in results.values()))
-    print(f"  total   {_minutes(wall + (args.setup_seconds or 0))}")
+    print(f"  total   {_minutes(wall + (args.setup_seconds or 0))}  (CPU of the stages: {sum(cpu.values()) / 60:.1f} "
+          f"CPU-minutes)")
     return next((rc for rc, _ in results.values() if rc != 0), 0)
 
 
