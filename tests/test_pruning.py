@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from unicache_lib.core.errors import UnsupportedError
 from unicache_lib.pruning import SCORERS, HeadMask, HeadSpace, ScoringContext, prune_physically
 from unicache_lib.quality import psnr, ssim
 
@@ -120,7 +121,7 @@ def test_generator_masking(name):
     with HeadMask(space, keep):
         pruned = sample(gen, ["a red circle on the left"], steps=3, seed=0)
     assert (pruned - ref).abs().max() > 1e-3
-    with pytest.raises(NotImplementedError, match="HeadMask"):
+    with pytest.raises(UnsupportedError, match="HeadMask"):
         prune_physically(space, keep)
 
 
@@ -238,7 +239,7 @@ def test_pipeline_head_space_and_exact_masking(pipe_folders, kind):
         with HeadMask(space, mask):
             assert (sample(gen, PROMPT, steps=2, seed=0) - ref).abs().max() > 1e-4, u.name
     assert _hooks(tr) == hooks
-    with pytest.raises(NotImplementedError, match="HeadMask"):
+    with pytest.raises(UnsupportedError, match="HeadMask"):
         prune_physically(space, space.ones())
 
 
@@ -319,14 +320,14 @@ def test_pipeline_loss_refuses_other_objectives(pipe_folders):
 
     gen = _pipe(pipe_folders, "pixart-sigma")
     gen.pipe.scheduler = DPMSolverMultistepScheduler.from_config(gen.scheduler.config, prediction_type="v_prediction")
-    with pytest.raises(NotImplementedError, match=r"pixart.*'v_prediction'.*epsilon"):
+    with pytest.raises(UnsupportedError, match=r"pixart.*'v_prediction'.*epsilon"):
         generation_loss_fns(gen)
     gen = _pipe(pipe_folders, "sd3")
     gen.pipe.scheduler = DDPMScheduler()
-    with pytest.raises(NotImplementedError, match=r"sd3: .*DDPMScheduler.*not flow matching"):
+    with pytest.raises(UnsupportedError, match=r"sd3: .*DDPMScheduler.*not flow matching"):
         generation_loss_fns(gen)
     gen.family = "hunyuan"
-    with pytest.raises(NotImplementedError, match=r"'hunyuan'.*no training objective"):
+    with pytest.raises(UnsupportedError, match=r"'hunyuan'.*no training objective"):
         generation_loss_fns(gen)
 
 

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..core.errors import CaptureError
+from ..core.errors import CaptureError, UnsupportedError
 from ..core.modality import IMAGE, TEXT
 from ..core.models import unwrap
 from ..core.registry import Registry, registrar
@@ -291,7 +291,7 @@ class GenFamily:
         tokens (families with a text mask get ``n_pad`` masked padding tokens after them), ``batch`` rows. ``rn(*shape)``
         draws seeded noise in the model's dtype, ``t`` is ``[batch]`` timesteps (500), ``mask`` ``[batch, n_text +
         n_pad]`` the text mask (1 real, 0 padding)."""
-        raise NotImplementedError(f"{self.name} declares no tiny inputs: add tiny_inputs to its adapter")
+        raise UnsupportedError(f"{self.name} declares no tiny inputs: add tiny_inputs to its adapter")
 
     # ---- modules ------------------------------------------------------------------------------------
     def sites(self, transformer) -> list[GenSite]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.errors import ContractError, InputError
+from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.hooks import forward_hooks
 from ..quality import psnr, ssim
 from ..world.segment import score_object
@@ -98,7 +98,7 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
       pipeline does).
 
     The sampling runs here (``n_batches`` pipeline calls of ``steps`` steps; few steps are cheap but give
-    rougher ``x0``); each closure is one transformer forward. Raises NotImplementedError naming the family
+    rougher ``x0``); each closure is one transformer forward. Raises UnsupportedError naming the family
     where the checkpoint's objective is not the one above (a PixArt scheduler that does not predict
     epsilon, an SD3 / Flux / Sana scheduler that is not flow matching) or the family has no known
     objective: never an approximation.
@@ -152,22 +152,22 @@ def flow_timestep(gen, s: torch.Tensor) -> torch.Tensor:
 def generation_objective(gen) -> str:
     """``"flow"`` (SD3 / SD3.5, Flux, Sana with a flow-matching scheduler) or ``"epsilon"`` (PixArt with an
     epsilon-predicting scheduler): the training objective :func:`generation_loss_fns` uses for a pipeline.
-    NotImplementedError, naming the family and why, for anything else."""
+    UnsupportedError, naming the family and why, for anything else."""
     fam, sched = gen.family, gen.scheduler
     cname, pred = type(sched).__name__, sched.config.get("prediction_type")
     if fam in _FLOW_TIMESTEP:
         if cname.startswith("FlowMatch") or pred == "flow_prediction":
             return "flow"
-        raise NotImplementedError(
+        raise UnsupportedError(
             f"{fam}: the pipeline's scheduler {cname} (prediction_type {pred!r}) is not flow matching, so the "
             f"checkpoint's training objective is not the flow-matching loss generation_loss_fns implements for {fam}")
     if fam == "pixart":
         if pred == "epsilon" and getattr(sched, "alphas_cumprod", None) is not None:
             return "epsilon"
-        raise NotImplementedError(
+        raise UnsupportedError(
             f"pixart: the pipeline's scheduler {cname} predicts {pred!r}, not epsilon (or has no alphas_cumprod); "
             f"generation_loss_fns implements PixArt's epsilon-prediction DDPM loss only")
-    raise NotImplementedError(f"generation family {fam!r}: no training objective is known to generation_loss_fns "
+    raise UnsupportedError(f"generation family {fam!r}: no training objective is known to generation_loss_fns "
                               f"(known: {', '.join([*_FLOW_TIMESTEP, 'pixart'])})")
 
 

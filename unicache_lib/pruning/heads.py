@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..capture.vlm import attention_sites
-from ..core.errors import ContractError, InputError
+from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.hooks import forward_hooks
 from ..core.models import unwrap
 
@@ -65,7 +65,7 @@ def _output_weight(model, name: str, module) -> torch.Tensor:
     proj = getattr(parent, "proj_out", None)
     if isinstance(proj, torch.nn.Linear) and proj.in_features > inner:
         return proj.weight[:, :inner]
-    raise NotImplementedError(f"{name} ({type(module).__name__}) has no output projection and its block no "
+    raise UnsupportedError(f"{name} ({type(module).__name__}) has no output projection and its block no "
                               f"proj_out reading [attention | MLP]: the heads' output weight is unknown")
 
 
@@ -213,7 +213,7 @@ def prune_physically(space: HeadSpace, keep: torch.Tensor) -> dict[str, int]:
     fewer FLOPs. Returns ``{unit name: heads kept}``. Equivalent to :class:`HeadMask` (tested)."""
     why = physical_pruning_unsupported(space)
     if why:  # checked for every unit first: nothing is half-pruned
-        raise NotImplementedError(why)
+        raise UnsupportedError(why)
     out = {}
     for i, (u, mod) in enumerate(zip(space.units, space.modules)):
         kept = [h for h in range(u.heads) if keep[i, h] > 0]

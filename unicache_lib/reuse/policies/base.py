@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...core.errors import UnsupportedError
 from ...core.registry import Registry, registrar
 
 REUSE_POLICIES: dict[str, type["ReusePolicy"]] = Registry("reuse policy")
@@ -43,4 +44,4 @@ class ReusePolicy:
 
     def extrapolate(self, timesteps: list[float], outputs: list, t: float):  # pragma: no cover - interface
         """Step-level policies: the model output ``[B, ...]`` standing in for a skipped call at ``t``."""
-        raise NotImplementedError(f"{type(self).__name__} is not a step-level policy")
+        raise UnsupportedError(f"{type(self).__name__} is not a step-level policy")
