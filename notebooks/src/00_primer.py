@@ -1,25 +1,22 @@
 # %% [markdown]
 # # 00 · A primer: queries, keys, heads and the attention map
 #
-# Every later lesson measures attention maps: their spread, where text reads the image, which positions a cache may
-# drop. This one shows what an attention map *is*, one picture per idea, on the shipped `tiny-llava` — before any
-# statistic. If you know how self-attention works, skim the pictures and go on to 01.
+# Every later lesson measures attention maps; this one shows what a map *is*, one picture per idea, on the shipped
+# `tiny-llava`. If you know self-attention, skim the pictures and go on to 01.
 #
 # **What you will learn**
-# - how one query scores every key and turns the scores into weights that sum to 1 (softmax);
-# - what the causal mask does, and how to read a map: rows are queries (who reads), columns keys (what is read);
-# - why a layer has several heads, and that they read differently;
-# - what an image looks like inside a vision-language model's map: 64 image positions before the question, four
-#   [modality blocks](../docs/GLOSSARY.md#modality-blocks), and a word's attention laid over the picture, measured
-#   against the uniform level (1 = every visible key read equally).
+# - how one query scores every key, and softmax turns the scores into weights that sum to 1;
+# - how to read a map (rows: queries, who reads; columns: keys, what is read) and what the causal mask does;
+# - that the heads of one layer read differently;
+# - how an image sits in the map: image positions before the question,
+#   [modality blocks](../docs/GLOSSARY.md#modality-blocks), a word's attention over the picture in × uniform
+#   (1 = every visible key read equally).
 #
-# **Terms** (glossary links): [KV cache](../docs/GLOSSARY.md#kv-cache), [eager](../docs/GLOSSARY.md#eager),
-# [sink](../docs/GLOSSARY.md#sink), [modality blocks](../docs/GLOSSARY.md#modality-blocks). **Query** = the vector a
-# position uses to look; **key** = the vector a position is found by; **value** = what it hands over when read;
-# **head** = one independent set of queries and keys in a layer.
+# **Terms**: a **query** is the vector a position looks with, a **key** the one it is found by, a **value** what it
+# hands over; a **head** is one set of queries and keys in a layer. Also: [eager](../docs/GLOSSARY.md#eager),
+# [sink](../docs/GLOSSARY.md#sink), [KV cache](../docs/GLOSSARY.md#kv-cache).
 #
-# **What it needs**: nothing before it; a minute on 2 CPU cores. Runs on the shipped `tiny-llava` or any supported
-# vision-language checkpoint (`MODEL`, `DEVICE`, `DTYPE`).
+# **Needs**: nothing before it; a minute on 2 CPU cores; any supported vision-language model (`MODEL`).
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -66,9 +63,9 @@ print(f"{MODEL}: {tcfg.num_hidden_layers} language layers x {tcfg.num_attention_
 # ## 1. One query reads its keys
 #
 # A position that looks (the **query** `q`) compares itself with every position it may see (their **keys** `k`): the
-# score is the dot product `q · k / √d`. Softmax turns the scores into **weights** that are positive and sum to 1; the
-# position then takes the weighted mix of the **values**. Below, a toy query and five keys (random numbers, `d = 4`):
-# one key points the way the query does and gets most of the weight.
+# score is `q · k / √d`. Softmax turns the scores into **weights** that are positive and sum to 1; the position then
+# takes the weighted mix of the **values**. Below, a toy query and five random keys (`d = 4`), one of them pointing the
+# way the query does.
 
 # %%
 g = torch.Generator().manual_seed(SEED)
@@ -90,17 +87,15 @@ print("scores :", np.round(scores.numpy(), 2))
 print("weights:", np.round(weights.numpy(), 3), f"sum = {weights.sum():.3f}; key {int(weights.argmax())} gets the most")
 
 # %% [markdown]
-# **What to look at.** The largest score becomes by far the largest weight: softmax exaggerates differences, which is
-# why real maps are often *concentrated* on a few keys. A weight is a share of the query's reading, never a
-# probability that something is "true".
+# **What to look at.** Key 2's score is the largest, and softmax makes it by far the largest weight
+# (<!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num-->): softmax exaggerates differences, so real
+# maps are often *concentrated* on a few keys. A weight is a share of the query's reading, not a probability.
 #
 # ## 2. A sentence, and the causal mask
 #
-# Now every position of a short sentence is a query at once. Stacking their weight rows gives the **attention map**:
-# rows are queries (who reads), columns keys (what is read), each row sums to 1. A language model reads left to
-# right, so a query may only see keys at or before its own position — the **causal mask** (grey). This is the first
-# layer's first head of the shipped model on `SENTENCE`, captured with the workbench's hook (`AttentionCapture`,
-# notebook 01).
+# Stack the weight rows of every position of a sentence and you have the **attention map**: rows are queries, columns
+# keys, each row sums to 1. A language model reads left to right, so a query sees only keys at or before its own
+# position — the **causal mask** (grey). Below: layer 0, head 0 on `SENTENCE`, captured with `AttentionCapture` (01).
 
 # %%
 enc = processor.tokenizer(SENTENCE, return_tensors="pt").to(model.device)
@@ -116,16 +111,14 @@ print(f"{len(words)} tokens {words}; rows sum to {first.sum(-1).min():.3f}-{firs
 print(f"the last token '{words[-1]}' reads most: '{words[int(first[-1].argmax())]}' ({first[-1].max():.2f})")
 
 # %% [markdown]
-# **What to look at.** The top-left cell is 1: the first token can only read itself. Each later row spreads its unit of
-# weight over what it can see; everything above the diagonal is grey and exactly zero (printed above). A bright
-# first column — many rows reading the first token — is a [sink](../docs/GLOSSARY.md#sink): a place to park weight,
-# common in trained models. What one head does at one layer is not the model's reading; the next section shows why.
+# **What to look at.** The top-left cell is 1: the first token can only read itself. Everything above the diagonal is
+# exactly zero (printed above). A bright first column — many rows reading the first token — is a
+# [sink](../docs/GLOSSARY.md#sink). But one head is not the model's reading:
 #
 # ## 3. Heads read differently
 #
-# A layer runs several heads side by side, each with its own queries and keys, and concatenates what they read. Here
-# all heads of layer `LAYER` on the same sentence, with one number per head: the normalised entropy of its rows
-# (0 = every row reads one key, 1 = every row reads evenly).
+# A layer runs several heads side by side, each with its own queries and keys. Here all heads of layer `LAYER` on the
+# same sentence, titled with the normalised entropy of their rows (0 = every row reads one key, 1 = evenly).
 
 # %%
 layer = sorted(maps)[LAYER]
@@ -143,17 +136,16 @@ print(f"layer {layer}: normalised entropy per head {np.round(ent.numpy(), 2)}; m
       f"most spread head {int(ent.argmax())}")
 
 # %% [markdown]
-# **What to look at.** The heads of one layer do not agree: some rows pile onto one key, others spread. That is why
-# the workbench keeps every head (a mean over heads hides the focused ones), why pruning scores heads one by one
-# (notebook 04), and why a cache policy that treats all heads alike can drop what one head needs.
+# **What to look at.** The heads of one layer disagree: some rows pile onto one key, others spread. So the workbench
+# keeps every head (a mean hides the focused ones), pruning scores heads one by one (04), and a cache policy that
+# treats all heads alike can drop what one head needs.
 #
 # ## 4. An image in the map
 #
-# A vision-language model turns the picture into **image tokens** (64 here, 576 on LLaVA-1.5) and puts them in the
-# sequence before the question: the question's words are queries that can read the image's keys. Grouping positions
-# image-first, text-second splits the map into four **modality blocks** — image→image, image→text, text→image,
-# text→text (`X→Y`: queries of X reading keys of Y; printed in that order below). Below, one standard sample: its map in blocks, then the attention of one content word of the question
-# (an object or a colour, not punctuation) laid over the picture.
+# A vision-language model turns the picture into **image tokens** (64 here, 576 on LLaVA-1.5) placed before the
+# question, so the question's words can read the image's keys. Grouping positions image-first splits the map into four
+# **modality blocks** (`X→Y`: queries of X reading keys of Y). Below: one sample's map in blocks, then one content word
+# of the question (an object or a colour) laid over the picture.
 
 # %%
 s = sample_set.load(SAMPLES, per_type=1, seed=SAMPLE_SEED)[0]
@@ -192,42 +184,34 @@ if maps:
               f"of that image weight, where its share of the patches is {on.mean():.2f}")
 
 # %% [markdown]
-# **What to look at.** Left, on a log10 colour scale (−6 to 0: each step is ten times less weight), positions are
-# regrouped image first, so the few prompt tokens that come *before* the image in the sequence (its first token a
-# sink) appear as the bright column just right of the border. The image rows (top block) read the image and those
-# prompt tokens; they cannot read the question, which comes after them (the causal mask). The bright vertical stripes
-# inside the image block are patches that many rows read: notebook 02 calls them anchors. The text rows (bottom
-# block) split their weight between the image keys and the text keys. Right: the colour scale is in multiples of the
-# uniform level, so 1 means "read like every other key it can see". Read the lines above with it: how much of the
-# word's weight goes to the image at all, how far above uniform its most-read patch is, and how much of it lands on
-# the object the word names compared with that object's share of the picture. A word's reading is not a
-# segmentation: a patch next to the object, or a plain one that acts as a sink, can be the brightest.
-#
+# **What to look at.** Left (log10 scale): the prompt tokens *before* the image (the first a sink) are the bright
+# column right of the border. Image rows (top) read the image and those tokens, never the later question; bright
+# stripes inside are patches many rows read (02's anchors). Text rows (bottom) split their weight between image and
+# text. Right, in × uniform: the word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num-->
+# of its weight on the image, its top patch <!--num "notebooks/00_primer.ipynb#out:of its weight on the@3"-->5.3<!--/num-->×
+# uniform; the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.13<!--/num--> of
+# that weight while covering <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.05<!--/num--> of the
+# patches. A word's reading is not a segmentation: a neighbouring or plain patch can be the brightest.
+
+# %% [markdown]
 # ## Recap
 #
-# | idea | in one line | where the workbook measures it |
-# |---|---|---|
-# | query, key, softmax | each position scores what it can see and spreads one unit of weight | every notebook |
-# | causal mask | a position reads only itself and what came before | 01 (capture checks it), 02 |
-# | heads | several readers per layer, each its own map | 02 (head roles), 04 (pruning heads) |
-# | image tokens, modality blocks | the picture is positions in the sequence; text reads it through the text→image block | 02, 08 |
-# | a word over the picture, × uniform | where a word reads, against reading evenly | 02 (localisation), 05 (what a cache must keep) |
-# | KV cache | the keys and values of past positions, kept so the next token need not recompute them | 05 (eviction), 06 (reuse across steps) |
+# - **Softmax**: each query spreads one unit of weight over the keys it can see.
+# - **Causal mask**: a position reads only itself and what came before (01 checks it).
+# - **Heads**: several readers per layer, each its own map (02, 04).
+# - **Modality blocks**: the image is positions in the sequence; text reads it through text→image (02, 08).
+# - **× uniform**: where a word reads, against reading evenly (02, 05).
+# - **KV cache**: past keys and values, kept for the next token (05, 06).
 #
 # ## Exercises
 #
-# Graded ★ (a parameter) to ★★ (a few lines). Solutions: [solutions/00_primer.py](../solutions/00_primer.py). Each
-# exercise has a starter cell below.
+# Graded ★ (a parameter) to ★★ (a few lines); each has a starter cell below. Expected answers:
+# [solutions/00_primer.py](../solutions/00_primer.py).
 #
-# 1. ★ Set `SENTENCE` to a longer one (`"is there a blue square ? what color is the circle ?"`) and compare the weight
-#    the rows put on the first token with the uniform share, layer by layer: is the first token a sink on a plain
-#    sentence, averaged over the heads? *Expected:* only mildly, and not everywhere — on tiny-llava the short sentence
-#    gives it about its uniform share in every layer (0.9–1.1×), the longer one 1.3–1.5× in layers 0, 2 and 3 and
-#    less than uniform in layer 1; single heads differ (§2's head 0 of layer 0 is a strong sink).
-# 2. ★★ For the sample of §4, which head of the last layer puts the most of the content word's weight on the image?
-#    Compute `r.probs[h, word, spans.image_index].sum()` for each head `h`. *Expected:* on tiny-llava the heads differ
-#    widely — from 0.40 (head 5) to 0.99 (head 3) of the word's weight on the 64 image keys, mean 0.83: six heads
-#    read almost only the picture, two split their weight with the question's words.
+# 1. ★ Set `SENTENCE` to `"is there a blue square ? what color is the circle ?"` and compare the weight rows put on
+#    the first token with the uniform share, layer by layer, mean over heads: is it a sink on plain text?
+# 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Compute
+#    `r.probs[h, word, spans.image_index].sum()` per head `h`: how far apart are the heads?
 
 # %%
 # Exercise 1 starter: another sentence through the same capture
