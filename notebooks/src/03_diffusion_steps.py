@@ -1,44 +1,23 @@
 # %% [markdown]
 # # 03 · How attention evolves over denoising steps (MMDiT and cross-attention DiT)
 #
-# **What you will learn**
-# - how to capture a diffusion transformer's attention *per denoising step*, from the library's sampling
-#   loop or a diffusers pipeline callback, without changing a single output pixel;
-# - how entropy and focus move from the first (noisy) steps to the last, per layer, and where adjacent
-#   steps become similar enough to reuse (the "knee");
-# - how strongly the prompt pulls on the image at each step, for short and long prompts;
-# - whether text-side attention is steadier than image-side attention in joint attention (MMDiT);
-# - whether a generator's heads are more alike than an understanding model's;
-# - whether a word's attention lands on the object it names, and what happens with two same-colour objects.
+# **What you will learn**: how to capture a diffusion transformer's attention at every denoising step without
+# changing a pixel; how entropy and step-to-step similarity move from the first (noisy) steps to the last, and
+# from which step maps could be reused (the [knee](../docs/GLOSSARY.md#knee)); how hard the prompt pulls at each
+# step; whether either side of joint attention is steadier; whether a generator's heads are more alike than an
+# understanding model's; and whether a word's attention lands on the object it names, which the first picture
+# (section 0) asks. The study's claims G1–G9 and their verdicts are in section 11.
 #
-# **What it needs**: notebook 01 (capture, store) and, for head redundancy, notebook 02's store (captured
-# here if absent). Runs on the shipped `tiny-mmdit` (SD3 class: joint attention over `[image | text]`) and
-# `tiny-pixart` (PixArt class: image self-attention plus image→text cross-attention), 64 image tokens and
-# 48 text positions each, or, by parameters only, on a diffusers pipeline folder of SD3 / SD3.5,
-# PixArt-α / Σ, Flux.1 or Sana (`MODELS`, `DEVICE`, `DTYPE`; at real sizes capture a subset of blocks with
-# `LAYERS` and thin the kept maps with `MAP_QUERY_STRIDE`). Flux's double- and single-stream blocks both
-# attend over the joint `[text | image]` sequence (part `joint`); Sana's linear self-attention forms no
-# softmax map and is not captured (its cross-attention is).
-# Direction convention: `X->Y` = queries of X reading keys of Y.
+# **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
+# Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
+# `[image | text]`) and `tiny-pixart` (PixArt class: image self-attention plus image→text cross-attention), or on
+# a diffusers pipeline folder of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana (`MODELS`, `DEVICE`, `DTYPE`; at real
+# sizes `LAYERS` and `MAP_QUERY_STRIDE` thin the capture; Sana's linear self-attention forms no map, its
+# cross-attention is captured).
 #
-# **Claims tested here** (the study's statements; the rules are in section 11's scoreboard):
-#
-# | id | claim | why it matters for caching | section |
-# |---|---|---|---|
-# | G1 | early (noisy) steps attend diffusely, late steps concentrate | sharp, settled late maps are the cheap ones to reuse | 3 |
-# | G2 | adjacent steps' maps are ~0.3–0.5 alike early, > 0.8 late; 0.7 after the knee marks safe reuse | where a reuse schedule may start (notebook 06's `step_skip` / `adaptive`) | 4 |
-# | G4 | in joint attention text→image is steady, image→text varies | text-side keys/values are the safer ones to reuse (05's `text_side`) | 6 |
-# | G5 | image tokens far outnumber text tokens | cache memory goes to the image side | 7 |
-# | G6 | text conditioning is strongest early; long prompts' text attention goes near-uniform mid-run | whether the prompt side can be cached after the first steps | 5 |
-# | G7 | a generator's heads are more alike than an understanding model's | heads that could share or drop their maps (notebook 04) | 8 |
-# | G9 | an object word's attention lands on the object; same attributes overlap (binding errors) | whether word maps can pick the image tokens to keep | 0, 9 |
-#
-# Terms: [MMDiT / joint attention](../docs/GLOSSARY.md#joint-attention) (one softmax over image and text
-# tokens together, SD3); [phase](../docs/GLOSSARY.md#phase) (early = first 20% of the steps, middle = 20–60%,
-# late = the rest); [knee](../docs/GLOSSARY.md#knee) (first step from which adjacent steps stay alike above
-# a threshold); [CFG](../docs/GLOSSARY.md#cfg) (classifier-free guidance: the model runs with and without
-# the prompt and extrapolates between the two); [IoU](../docs/GLOSSARY.md#iou) (intersection over union of
-# two sets of patches).
+# Terms: [phase](../docs/GLOSSARY.md#phase) (early = the first <!--const the phase boundaries, a definition fixed before any run-->20%<!--/const-->
+# of the steps, middle = up to <!--const the phase boundaries, a definition fixed before any run-->60%<!--/const-->, late = the rest),
+# [CFG](../docs/GLOSSARY.md#cfg), [IoU](../docs/GLOSSARY.md#iou). `X->Y` = queries of X reading keys of Y.
 
 # %% tags=["parameters"]
 MODELS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or diffusers pipeline folders
@@ -96,11 +75,10 @@ prompts = load_prompts(PROMPTS, N_SINGLE, N_PAIRS, SEED)  # N_SINGLE prompts, th
 # %% [markdown]
 # ## 0. A first look: does a word look at what it names?
 #
-# One two-object prompt (the first pair of the set; prompt *i* is always sampled with seed `SEED + i`, so
-# this is the very image the later sections measure). Left, what each generator drew; right, the image
-# queries' attention to each colour and shape word, averaged over heads, layers and steps, laid over the
-# picture. All of a figure's panels share one colour scale from 0, so a word whose map is nearly flat looks flat,
-# not hot: compare the panels' brightness, not only where each is brightest.
+# The first two-object prompt of the set (sampled with the same seed as in the later sections). Left, what each
+# generator drew; right, the image queries' attention to each colour and shape word, averaged over heads, layers
+# and steps. A figure's panels share one colour scale from 0: compare their brightness, not only where each is
+# brightest.
 
 # %%
 from unicache_lib.analysis.word_regions import drawn_objects, word_region_table
@@ -130,14 +108,14 @@ for m, run in look.items():
         or "none (no asked object was drawn)"))
 
 # %% [markdown]
-# **What to look at.** First the picture: a word map can only be judged against an object the model drew.
-# Then each word's panel: healthy is a bright blob on *its* object and dark elsewhere; unhealthy is the
-# same blob under every word, or brightness on the background. **This run** (the lines above): the MMDiT drew
-# what was asked, an orange circle on the left and an orange square on the right, but its word maps barely sit
-# on them (IoU 0–0.3 against a chance of ~0.08). PixArt failed the prompt: the left circle is missing ("not
-# what was asked" above), yet its colour word lands on the one object it drew (IoU ~0.7). Section 2 counts such
-# failures over all pair prompts (the MMDiT also draws two squares for a circle and a square, or swaps the
-# shapes), and section 9 measures the word maps over all prompts (claim G9).
+# **What to look at.** Judge a word map only against an object the model drew: healthy is a bright blob on *its*
+# object. **This run** (the lines above): the MMDiT drew what was asked, but its word maps barely sit on the
+# objects: 'circle' reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:word regions on the drawn objects@2" fmt="{:.2f}"-->0.29<!--/num--> and 'square'
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:word regions on the drawn objects@6" fmt="{:.2f}"-->0.11<!--/num--> against a chance of <!--num "notebooks/03_diffusion_steps.ipynb#out:word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->,
+# and the 'orange' panel (the prompt's second "orange", the square's) lights the circle. PixArt drew only the
+# square; its colour word lands on it (IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: > word regions on the drawn objects@0" fmt="{:.2f}"-->0.69<!--/num-->), while
+# its 'square' panel is bright over the whole picture and misses it. Section 2 counts such failures, section 9
+# measures word maps over all prompts (G9).
 #
 # The two models, the prompts and the run:
 
@@ -154,12 +132,10 @@ print("e.g.", repr(prompts[0]["short"]), "/", repr(prompts[0]["long"]))
 # %% [markdown]
 # ## 1. Capture every step
 #
-# `capture_generation` wraps each attention module's processor: the original processor still produces the
-# output, and the wrapper recomputes `softmax(QKᵀ/√d + mask)` in float32 for the statistics. One record per
-# (prompt, part, layer, step) goes to a store; a second run (here: the long prompts) writes under new ids,
-# so steps of two runs cannot mix. The maps themselves are kept only for `MAP_PROMPTS` prompts.
-#
-# First, the promise that capture changes nothing:
+# `capture_generation` wraps each attention module's processor: the original still produces the output, and the
+# wrapper recomputes `softmax(QKᵀ/√d + mask)` in float32 for the statistics, one record per (prompt, part, layer,
+# step); the long prompts run under new ids. Full maps are kept for `MAP_PROMPTS` prompts only. First, the promise
+# that capture changes nothing:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -214,9 +190,8 @@ else:
     print("not measurable with these prompts: none lists an object the detector knows (add 'objects' to prompts.jsonl)")
 
 # %% [markdown]
-# And the two-object prompts: each object's pixels (split at the middle for a same-colour pair) read back as a
-# shape. "both right" is what was asked; "swapped" is a binding error (each shape drawn, on the other's
-# side); "one missing" means an asked object has no pixels of its colour.
+# The two-object prompts: each object's pixels (split at the middle for a same-colour pair) read back as a shape.
+# "swapped" is a binding error (each shape drawn on the other's side); "one missing": an asked colour has no pixels.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -238,12 +213,11 @@ if len(pairs):
     print(f"n = {N_PAIRS} two-object prompts per model (short)")
 
 # %% [markdown]
-# **What to look at.** Single objects: a healthy generator gets colour, position and shape right nearly
-# always; word maps are compared with objects only where they were drawn. **This run**: the MMDiT follows
-# single-object prompts perfectly, PixArt gets colour and position right but the shape only about two times
-# in three. Pairs are harder for both: the MMDiT sometimes swaps the two shapes of a same-colour pair or draws
-# one shape twice; PixArt usually draws only one object of a same-colour pair. These are the images section 9
-# reads word maps from.
+# **This run**: the MMDiT follows single-object prompts perfectly; PixArt gets colour and position right but the
+# shape only in <!--num "notebooks/03_diffusion_steps.ipynb#out:colour  position  shape > tiny-pixart long > short@2" fmt="{:.3f}"-->0.688<!--/num--> of the short prompts. Pairs are
+# harder: the MMDiT gets every different-colour pair right but swaps or repeats shapes in same-colour pairs;
+# PixArt draws only one object of every same-colour pair and no different-colour pair fully right. Section 9
+# scores word maps only against objects actually drawn.
 
 # %%
 import matplotlib.pyplot as plt
@@ -260,17 +234,16 @@ fig.tight_layout()
 _ = plots.save(fig, out, "samples")
 
 # %% [markdown]
-# A row per model, every third prompt of the set (single objects first, then pairs, titled with the prompt):
-# compare each picture with its title — the failures counted above are visible here, e.g. a pair with one
-# object missing on PixArt's row.
+# Every third prompt (single objects first, then pairs): the failures counted above are visible here, e.g. a pair
+# with one object missing on PixArt's row.
 
 
 # %% [markdown]
 # ## 3. From diffuse to focused? Entropy per step and layer (G1)
 #
-# Normalised entropy of the image queries' rows (1 = uniform over all keys they can see) and their mean
-# maximum weight. For the MMDiT the row spans the whole joint sequence; for PixArt we show self-attention
-# (image keys) and cross-attention (text keys) separately. Bands: ±1 s.d. over prompts (short prompts).
+# Normalised entropy of the image queries' rows (1 = uniform over their keys) and their mean maximum weight; for
+# PixArt, self-attention (image keys) and cross-attention (text keys) apart. Bands: one standard deviation over
+# the short prompts.
 
 # %%
 def per_step(df, col):
@@ -305,17 +278,16 @@ g1_layers = phase_tab["early-late"] >= 0.02
 print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to late: {int(g1_layers.sum())} of {len(g1_layers)}")
 
 # %% [markdown]
-# **What to look at.** Coarse to fine would be an entropy curve that falls (and a max-weight curve that rises)
-# from the first step to the last, in every panel and every row of the grids. **This run**: only PixArt's
-# cross-attention does that throughout (entropy 0.44 → 0.32 in layer 0, a fall in all four layers); the
-# MMDiT's entropy dips and then *rises* over the late steps in blocks 0–1 (by 0.16 and 0.14) and falls only in
-# block 3 (0.05), and PixArt's self-attention falls in layers 1–2 only (0.03 each). That makes 7 of 12 cells
-# that fall by ≥ 0.02, but the scoreboard judges the weaker model over all its layers, and the MMDiT's mean
-# rises (G1 does not hold).
+# **What to look at.** Coarse to fine is entropy that falls (and max weight that rises) from the first step to the
+# last. **This run**: only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
+# early, <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@3" fmt="{:.3f}"-->0.317<!--/num--> late); the MMDiT's entropy *rises* late in blocks 0 and 1
+# (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
+# <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but the claim is about generators in general, so it is
+# judged on the weaker model, whose mean rises: G1 does not hold.
 
 # %% [markdown]
-# For the joint attention each of the four blocks has its own entropy (rows restricted to one block's keys
-# and renormalised):
+# The joint attention's four blocks, each with its own entropy (rows restricted to the block's keys):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -325,18 +297,17 @@ if len(jt):
           .mean().loc[list(G.PHASES)].round(3).to_string())
 
 # %% [markdown]
-# **This run**: every block of the MMDiT's joint map grows *more* diffuse late, most of all the text queries'
-# rows (text→image 0.84 → 0.95, text→text 0.87 → 0.96), so the late rise above is not an image-side effect
-# alone. The blocks' shares of the attention mass stay put from phase to phase (image→image ~0.44,
-# image→text ~0.13): the steps change how evenly each block spreads, not where the mass goes.
+# **This run**: every block grows *more* diffuse late, the text queries' rows most (text→image
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > early@2" fmt="{:.3f}"-->0.839<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > late@2" fmt="{:.3f}"-->0.945<!--/num--> late), so the late rise is not an image-side
+# effect alone; the blocks' shares of the mass stay put. The steps change how evenly attention spreads, not where
+# it goes.
 
 # %% [markdown]
 # ## 4. When do adjacent steps look alike? (G2)
 #
-# Cosine similarity between step *s* and step *s−1*, per layer: of the attention maps (all heads, whole
-# map) and of the attention *outputs* (what a reuse cache would actually hand on). The dashed line is
-# `THRESHOLD` (the study's 0.7), the dotted one `STRICT_THRESHOLD`; the [knee](../docs/GLOSSARY.md#knee) is
-# the first step from which the curve stays above a threshold.
+# Cosine similarity between step *s* and step *s−1*, per layer, of the maps and of the attention *outputs* (what a
+# reuse cache would hand on). Dashed: `THRESHOLD` (the study's); dotted: `STRICT_THRESHOLD`. The
+# [knee](../docs/GLOSSARY.md#knee) is the first step from which a curve stays above a threshold.
 
 # %%
 fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 3.2), squeeze=False)
@@ -349,13 +320,14 @@ fig.tight_layout()
 _ = plots.save(fig, out, "adjacent_similarity")
 
 # %% [markdown]
-# **What to look at.** A healthy curve for reuse starts low (the first steps reorganise the picture) and
-# climbs over the threshold: the knee is where reuse may begin. A curve that never clears it means that
-# layer must be computed every step. **This run**: every curve sits at 0.94 or above from step 1 on (most near
-# 0.99), far above the 0.7 line, so at 0.7 the knee is step 1 for every layer of both models. That does not say "reuse
-# everything"; it says a 0.7 threshold cannot tell these layers apart: on toy generators with 64 image
-# tokens adjacent steps are nearly identical from the start (the study's 0.3–0.5 early similarity comes from
-# 1024² images). Only the stricter 0.99 line cuts through the curves, so the table gives the knees at both.
+# **What to look at.** A curve good for reuse starts low and climbs over the threshold at the knee; one that never
+# clears it must be computed every step. **This run**: the lowest adjacent-step cosine of any layer is
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> on the MMDiT and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
+# on PixArt, so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> the knee is step
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@2"-->1<!--/num--> for every layer. That threshold cannot tell these layers apart: with
+# 64 image tokens adjacent steps are nearly identical from the start (the study's early
+# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images). Only the strict line cuts
+# through the curves; the table gives the knees at both.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -375,12 +347,9 @@ for m in MODELS:
 # %% [markdown]
 # ## 5. How hard does the prompt pull, step by step? (G6)
 #
-# Three measures, short vs long prompts (same objects; the long ones add 20+ words of clauses that do not
-# change the picture):
-# - **guidance strength** `‖v_cond − v_uncond‖ / ‖v_uncond‖`: how much the prompt changes the update (both
-#   models);
-# - **text share**: mass of image queries on text keys (MMDiT only; PixArt's cross-attention reads text by
-#   construction, so its share is 1);
+# Short vs long prompts (the long ones add clauses that do not change the picture):
+# - **guidance strength** `‖v_cond − v_uncond‖ / ‖v_uncond‖`: how much the prompt changes the update;
+# - **text share**: image queries' mass on text keys (MMDiT only; PixArt's cross-attention reads only text);
 # - **text entropy**: how evenly image queries spread over the real prompt tokens (1 = uniform, "collapse").
 
 # %%
@@ -425,26 +394,25 @@ for m in MODELS:  # the phase means above hide the last step: read it per step
               + ("the last step pulls harder than the first" if g_step[-1] > g_step[0] else "the first step pulls hardest"))
 
 # %% [markdown]
-# **What to look at.** G6 expects the guidance curve high at the start and low after it, and the long prompts'
-# text entropy close to 1 (near-uniform, "collapsed") in the middle phase, well above the short prompts'.
-# **This run**: guidance is strongest early *on average over a phase* (MMDiT 0.18 early, 0.07 middle, 0.09
-# late; PixArt 0.13 / 0.05 / 0.04), but both curves spike again at the very last step, and the MMDiT's
-# spike rises above its step 0 (the lines printed above). The phase means hide that spike: a schedule that
-# drops the guidance or the prompt side after the first steps would miss the last one. Long prompts do not
-# collapse: their middle-phase text entropy is 0.84 on the MMDiT and 0.73 on PixArt, below the 0.9 of G6
-# (b); on PixArt it is clearly higher than the short prompts' (0.55), on the MMDiT hardly (0.83).
+# **What to look at.** G6 expects guidance high at the start and low after, and long prompts' text entropy near 1
+# in the middle phase. **This run**: averaged over a phase, guidance is strongest early (MMDiT
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-mmdit  short@0" fmt="{:.3f}"-->0.182<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-mmdit  short@2" fmt="{:.3f}"-->0.088<!--/num--> late; PixArt
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short@0" fmt="{:.3f}"-->0.134<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short@2" fmt="{:.3f}"-->0.039<!--/num-->), but both curves
+# spike again at the last step, the MMDiT's (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@4" fmt="{:.2f}"-->0.32<!--/num-->) above its step 0
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@0" fmt="{:.2f}"-->0.30<!--/num-->): dropping the prompt side after the first steps would miss
+# it. Long prompts do not collapse: middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
+# (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short > long@4" fmt="{:.3f}"-->0.732<!--/num--> (PixArt), below G6's
+# <!--const G6's threshold, written before the numbers-->0.9<!--/const-->.
 #
-# The MMDiT's text share is the same for short and long prompts (0.235 early and late) because it counts
-# all 48 text positions, padding included (`text_share` in `unicache_lib/stats.py`): a short prompt fills
-# the same 48 positions as a long one, the rest with padding, so the share says how much the image queries
-# read the text *stream*, not how much they read the prompt's words. The text entropy counts the real prompt
-# tokens only, and it is the measure that separates short from long.
+# The MMDiT's text share is the same for short and long prompts because it counts all 48 text positions, padding
+# included (`text_share` in `unicache_lib/stats.py`): it measures reading the text *stream*, not the prompt's
+# words. The text entropy counts real prompt tokens only.
 
 # %% [markdown]
 # ## 6. Joint attention: which side is steadier? (G4)
 #
-# MMDiT only. Step-to-step similarity of each block of the joint map (`text->image`: text queries reading
-# image keys), and of the two output streams (image tokens' and text tokens' attention outputs).
+# MMDiT only: step-to-step similarity of each block of the joint map (`ti`: text queries on image keys) and of the
+# two output streams.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -460,18 +428,17 @@ if len(jall):
     _ = plots.save(fig, out, "joint_asymmetry")
 
 # %% [markdown]
-# **What to look at.** G4 expects the image→text block (`it`) to change clearly more from step to step than
-# the text→image block (`ti`): a lower curve and a larger spread. **This run**: all four blocks stay between
-# 0.98 and 1.0 (they move most at the first steps and again near the end, together), and image→text changes
-# only ~1.2× as much as text→image (the scoreboard's G4 (a): 1.22, against the 1.5 the claim asks); the two
-# output streams differ even less (1.14). On this model neither side of the joint attention is the safer one
-# to reuse.
+# **What to look at.** G4 expects the image→text block (`it`) to change clearly more than text→image (`ti`).
+# **This run**: all blocks move most at the first steps and near the end, together; image→text changes only
+# <!--num "data/results/03_diffusion_steps.json#[claim=G4].criteria[name=a].value" fmt="{:.2f}"-->1.22<!--/num--> times as much as text→image (the rule asks
+# <!--const G4's threshold, written before the numbers-->1.5<!--/const-->), the image output stream
+# <!--num "data/results/03_diffusion_steps.json#[claim=G4].criteria[name=b].value" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's. Neither side is the safer one to reuse.
 
 # %% [markdown]
 # ## 7. Where is the cache pressure? (G5)
 #
-# Keys and values held per attention layer, in fp16, for one image: image positions vs text positions (the
-# padded text sequence the model attends to; real prompt tokens in brackets).
+# Keys and values per attention layer, in fp16, for one image: image positions vs the padded text sequence (real
+# prompt tokens in brackets).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -489,17 +456,18 @@ print(kv.round(2).to_string())
 print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x); PixArt-alpha 1024: 4096 vs 120 (34x)")
 
 # %% [markdown]
-# **This run**: both shipped generators hold 64 image tokens against 48 text positions, so the image side
-# needs only 1.33× the text side's keys and values (32 KiB against 24 KiB per layer in fp16), far from the
-# 4× of G5; about half of the text positions are padding (24 real tokens on average, short and long prompts
-# together). At 1024² the image side is 12–34× larger (the last line): G5's verdict here is a matter of the
-# toy resolution, not of the architecture.
+# **This run**: 64 image tokens against 48 text positions, so the image side needs only
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values, far from G5's
+# <!--const G5's threshold, written before the numbers-->4×<!--/const-->; half the text positions are padding
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@2" fmt="{:.0f}"-->24<!--/num--> real tokens on average). At 1024² the image side is
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@7"-->34<!--/num-->× larger (the last line): G5 fails here because of the toy resolution, not
+# the architecture.
 
 # %% [markdown]
 # ## 8. Are a generator's heads more alike than an understanding model's? (G7)
 #
-# Mean pairwise cosine similarity of the head maps within a layer (1 = every head draws the same map). The
-# understanding model's numbers come from notebook 02's store (captured here if it is missing).
+# Mean pairwise cosine of the head maps within a layer (1 = every head draws the same map); the understanding
+# model's from notebook 02's store.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -518,21 +486,18 @@ per_layer_red = pd.concat([T[(T.model == m) & (T.kind == "short")].groupby("laye
 print(per_layer_red.round(3).to_string())
 
 # %% [markdown]
-# **What to look at.** G7 asks whether the generators' heads are more alike (higher mean cosine) than the
-# understanding model's, and the claim is about generators in general, so the scoreboard takes the weaker
-# one. **This run**: PixArt's heads are clearly more alike than tiny-llava's (0.75 against 0.44 overall,
-# 0.68–0.81 in every layer; its cross-attention heads 0.93), the MMDiT's are not (0.41, 0.22–0.54 per layer
-# against the understanding model's 0.28–0.57). G7 therefore fails on the MMDiT only; PixArt's
-# cross-attention heads are the ones that could share maps (notebook 04).
+# **This run**: PixArt's heads are more alike than tiny-llava's (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@1" fmt="{:.2f}"-->0.75<!--/num--> against
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer, its cross-attention heads most), the MMDiT's are not
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@0" fmt="{:.2f}"-->0.41<!--/num-->; above the understanding model in one layer only). G7, judged on the weaker
+# generator, fails on the MMDiT; PixArt's cross-attention heads could share maps (notebook 04).
 
 # %% [markdown]
 # ## 9. Does a word look at what it names? (G9)
 #
-# For each prompt word, its column of the image→text attention, averaged over heads, layers and steps, is an
-# 8×8 map over the image patches. The word's *region* is its top-k patches, with k = the number of patches
-# the generated object covers (segmented from the output by colour); IoU with that object's patches, against
-# the IoU a random k-patch region would get. For two-object prompts we compare the two *shape* words' regions:
-# overlap for objects of one colour vs of two colours (binding).
+# Each prompt word's column of the image→text attention (averaged over heads, layers and steps) is an 8×8 map.
+# Its *region* is its top-k patches, k = the drawn object's patch count; IoU with the object, against a random
+# k-patch region's. For two-object prompts, the overlap of the two *shape* words' regions, same-colour vs
+# different-colour pairs (binding).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -545,18 +510,14 @@ print(bind.round(3).to_string())
 print("\n".join(DC.word_region_lines(loc, MODELS)))
 
 # %% [markdown]
-# **What to look at.** IoU well above chance means a word's brightest patches sit on its object; near chance
-# means the map is no better than a random region. For the binding overlap, a healthy model keeps two shape
-# words apart (low overlap) whatever the colours; the study expected more overlap for same-colour pairs.
-# **This run**: PixArt's cross-attention localises (its colour words most, several times chance), the MMDiT's
-# joint attention hardly does (around chance): a word map is a usable pointer only on the cross-attention
-# model. The overlap rows rest on few pairs each and on the objects actually drawn (section 0 showed PixArt
-# failing a pair; section 2 counts the MMDiT's failures in other pairs), so read them with the scoreboard's
-# interval, not as a ranking. **A caveat on G9 (b)**: PixArt drew only one object in every same-colour pair
-# (4 of 4, "one missing" in section 2), so its same-colour overlap of 0.000 measures two shape words over a
-# picture with one object, not binding; the "does not hold" of G9 (b) rests on that number (the weaker
-# model's). The MMDiT, which drew two objects in every same-colour pair, shows the direction the study
-# expected (overlap 0.42 same-colour against 0.13 different-colour).
+# **What to look at.** IoU well above chance: a word's brightest patches sit on its object. A healthy model keeps
+# two shape words apart whatever the colours; the study expected more overlap for same-colour pairs. **This run**:
+# PixArt's cross-attention localises (colour words <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: colour words@0"-->9.2<!--/num-->× chance), the MMDiT's joint
+# attention does not (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: colour words@0"-->0.7<!--/num-->×): word maps are a usable pointer on the cross-attention
+# model only. **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-pixart > same@0" fmt="{:.3f}"-->0.000<!--/num-->), on which the verdict rests, measures no binding. The MMDiT, which
+# drew both objects, shows the study's direction (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit > same@0" fmt="{:.3f}"-->0.415<!--/num--> same-colour against
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit@0" fmt="{:.3f}"-->0.130<!--/num--> different-colour).
 
 # %%
 for m in MODELS:
@@ -568,20 +529,16 @@ for m in MODELS:
     _ = plots.save(fig, out, f"word_regions_{m}")
 
 # %% [markdown]
-# **This run** (a green circle left, a blue triangle right): the MMDiT drew both objects as asked, yet its
-# word maps do not sit on them — 'blue' lights the *green* circle and 'green' and 'circle' spread along a
-# band across both objects. PixArt drew two triangles with the colours on swapped sides, and its colour
-# words follow the colours it drew ('green' on the right object, 'blue' on the left): a word map points at
-# what was drawn, which is why section 9 scores word maps only against drawn objects.
+# **This run** (a green circle left, a blue triangle right): the MMDiT drew both as asked, yet 'blue' lights the
+# *green* circle and 'triangle' spreads over the top of the picture. PixArt drew two triangles with the colours on
+# swapped sides, and its colour words follow the colours it drew: a word map points at what was drawn.
 
 # %% [markdown]
 # ## 10. Explore: step, layer, head and word
 #
-# Full maps of the first `MAP_PROMPTS` prompts. Left, the head's map (MMDiT: the joint map with the
-# image|text borders; PixArt: image queries × text keys); right, the chosen word's column over the image.
-# First a static view (what the widget shows at one setting: the middle step, the last layer, head 0, the
-# shape word), so the result reads without a kernel; then the widget to move through steps, layers, heads
-# and words.
+# Full maps of the first `MAP_PROMPTS` prompts: left, the head's map (MMDiT: the joint map with its image|text
+# borders; PixArt: image queries × text keys); right, the chosen word's column over the image. First a static view
+# (middle step, last layer, head 0, the shape word), then the widget.
 
 # %%
 m0 = MODELS[0]
@@ -597,11 +554,10 @@ fig = plots.step_panel(rec, 0, mrun.images[0], wpos[0], mrun.tokens[0],
 _ = plots.save(fig, out, "step_panel")
 
 # %% [markdown]
-# **What to look at.** In the joint map (left), the image|text borders split it into the four blocks of
-# section 6; a healthy head has structure (bright bands or a diagonal), a degenerate one is flat or puts all
-# its mass on one column (a [sink](../docs/GLOSSARY.md#sink)). On the right, the shape word's column over the
-# picture: bright on the object is what section 9 counts as a hit. Move the sliders below to see how little
-# changes from step to step (section 4's 0.99 cosines) and how much from head to head (section 8).
+# **What to look at.** The image|text borders split the joint map into section 6's four blocks; a healthy head
+# has structure (bands, a diagonal), a degenerate one is flat or puts its mass on one column (a
+# [sink](../docs/GLOSSARY.md#sink)). On the right, bright on the object is a hit. The sliders show how little
+# changes from step to step and how much from head to head.
 
 # %% tags=["nbval-ignore-output"]
 explorer = step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].images)),
@@ -611,13 +567,18 @@ explorer
 # %% [markdown]
 # ## 11. Claims scoreboard
 #
-# Rules first (each written before the numbers above were looked at), then the measurements. A claim about
-# "generation models" must hold on both generators, so each rule is decided on the *weaker* model (the lower
-# value, or the higher where the claim asks for a low one): every model gets its own 95% interval over prompts,
-# and the weaker model's interval is the row's (G7 and G9 (b), which compare two groups, resample them as their
-# rules say). "holds" only if the whole interval clears the threshold, "does not hold" only if it lies wholly on
-# the other side, else "inconclusive" with a rough n that would settle it; with criteria (a), (b), ... each is
-# decided on its own interval, and "partly" means some hold and the others do not.
+# | id | the study's claim | why it matters for caching | § |
+# |---|---|---|---|
+# | G1 | early (noisy) steps attend diffusely, late steps concentrate | settled late maps are the cheap ones to reuse | 3 |
+# | G2 | adjacent steps' maps ~<!--const the study's figures, quoted-->0.3–0.5<!--/const--> alike early, > <!--const the study's figure, quoted-->0.8<!--/const--> late | where reuse may start (06's `step_skip`, `adaptive`) | 4 |
+# | G4 | in joint attention text→image is steady, image→text varies | the text side would be safer to reuse (06's `text_side`) | 6 |
+# | G5 | image tokens far outnumber text tokens | cache memory goes to the image side | 7 |
+# | G6 | text conditioning is strongest early; long prompts' text attention goes near-uniform mid-run | whether the prompt side can be cached after the first steps | 5 |
+# | G7 | a generator's heads are more alike than an understanding model's | heads that could share maps (04) | 8 |
+# | G9 | an object word's attention lands on the object; same colours overlap (binding) | whether word maps can pick image tokens to keep | 9 |
+#
+# Each rule was written before the numbers. A claim about generators must hold on both, so it is decided on the
+# *weaker* model's 95% interval; the [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -639,41 +600,24 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** The verdicts are what these two small generators do, measured above. Where a
-# claim fails, ask what would have to differ: adjacent-step similarity that is high from the first step
-# (G2) is what a model with few layers, 64 image tokens and a short noise schedule gives; the study's
-# 0.3–0.5 comes from 1024² images whose early steps reorganise thousands of tokens. Cache pressure (G5)
-# is a matter of resolution: at 32×32 pixels the image side is barely larger than the prompt; at 1024² it
-# is 12–34× larger. Run the notebook on a real SD3 or PixArt checkpoint (`MODELS = [path]`) to see how far
-# each number moves.
+# **Reading the scoreboard.** The verdicts are what two small generators do: steps alike from the start (G2) and
+# little cache pressure (G5) are what 64 image tokens and few layers give. Run the notebook on a real SD3 or PixArt
+# checkpoint (`MODELS = [path]`) to see how far each number moves.
 #
+# ## Recap: what this run showed
 #
-# ## Recap: what this notebook showed on the shipped models
+# - **Capture changes nothing**: images with and without it are identical.
+# - **Coarse to fine (G1)** holds for PixArt's cross-attention only; the MMDiT's entropy rises late.
+# - **Adjacent steps (G2)** are alike from step 1 on, early as late: the study's threshold carries no information
+#   here; the strict one and the step count move the knees.
+# - **Neither side of joint attention is steadier (G4)**, and the image side holds only
+#   <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values at this resolution (G5).
+# - **The prompt pulls hardest early on average (G6)**, and again at the last step; long prompts do not collapse.
+# - **Only PixArt's heads are more alike than the understanding model's (G7).**
+# - **Word maps point at objects on PixArt, not on the MMDiT (G9)**; G9 (b) rests on pictures with one object of
+#   two and says nothing about binding.
 #
-# - **Capture is free of side effects**: images with and without it are identical (difference 0).
-# - **A first picture already shows the limits** (section 0): on a same-colour circle-and-square prompt the
-#   MMDiT drew what was asked (circle left, square right) but its word maps barely sit on the objects; PixArt
-#   drew only the square. The MMDiT's own pair failures are in other pairs (two of one shape, swapped shapes;
-#   section 2). Word maps are only judged against objects actually drawn.
-# - **G1, coarse to fine, does not hold**: averaged over layers the MMDiT's image-query entropy rises from the
-#   early to the late phase (by 0.14–0.16 in its first two blocks), and the claim is judged on the weaker
-#   model. 7 of 12 (model, part, layer) cells do fall by ≥ 0.02: all four layers of PixArt's cross-attention,
-#   which focuses as the study describes, PixArt's self-attention layers 1–2 and the MMDiT's block 3.
-# - **G2, adjacent steps**: the late phase is as alike as claimed (> 0.99), but so is the early phase: no
-#   step is below 0.97, the knee at 0.7 is step 1 everywhere and carries no information; the 0.99 line and
-#   the step count (exercise 1) are what move the knees.
-# - **G4–G7**: the text and image sides are equally steady (no side is safer to reuse); the image side holds
-#   only 1.33× the text side's keys and values at 32×32 pixels (12–34× at 1024²); guidance is strongest in the
-#   early phase on average, but both models spike again at the last step (the MMDiT's above its step 0, which
-#   the phase means hide), and long prompts do not collapse (middle-phase text entropy 0.84 / 0.73, below
-#   0.9). G7 fails on the weaker model only: PixArt's heads *are* more alike than the understanding model's
-#   (0.75 against 0.44, 0.68–0.81 in every layer; its cross-attention heads 0.93), the MMDiT's are not (0.41).
-# - **G9**: PixArt's colour words find their objects (several times chance IoU), the MMDiT's words do not.
-#   The binding half (b) rests on PixArt's same-colour overlap of 0.000, measured on pictures where PixArt
-#   drew one object in all 4 same-colour pairs: it says nothing about binding.
-#
-# The decision table turns this run's numbers into settings for your model (the reuse window is the one
-# notebook 06's policies take):
+# The decision table turns this run's numbers into settings (the reuse window is the one notebook 06 takes):
 
 # %%
 from IPython.display import display
@@ -714,36 +658,31 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
     display(pd.DataFrame(w_rows).set_index("measurement"))
 
 # %% [markdown]
-# **Reading the table.** On the shipped generators the 0.7 knee is step 1 everywhere and at 0.99 some layer
-# never settles, so no whole-step window is trustworthy: keep `step_skip`'s default head or let the 0.99
-# `adaptive` rule decide per step in notebook 06. Word maps are a usable pointer on PixArt (6.3× chance) but not
-# on the MMDiT (1.0×), neither the text side (1.22) nor the image keys (1.33×) earn a policy of their own at
-# this size, and only PixArt's head redundancy (0.75 against 0.44) points to notebook 04.
+# **Reading the table.** The study's threshold puts the knee at step 1 everywhere and at the strict one some layer
+# never settles, so no whole-step window is trustworthy: keep `step_skip`'s default head or let the strict
+# `adaptive` rule decide per step (notebook 06). Word maps are a pointer on PixArt
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance (G9)@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance (G9)@0"-->1.0<!--/num-->×); neither
+# side nor the image keys earn a policy of their own at this size; only PixArt's heads point to notebook 04.
 
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a filter) to ★★★ (your own checkpoint); numbered as in the solutions file. Solutions
-# with measured outcomes: `solutions/03_diffusion_steps.py` (`python solutions/03_diffusion_steps.py --only K`). Each exercise has a starter cell
-# below the list.
+# Graded ★ (a parameter) to ★★★ (your own checkpoint); `solutions/03_diffusion_steps.py` holds each measured
+# answer (`python solutions/03_diffusion_steps.py --only K`). Each has a starter cell below.
 #
-# 1. ★★ Fewer, farther steps: rerun with `STEPS = 8` and read section 4's knees at 0.95 and 0.99. From which
-#    step could whole steps be reused on each model, and how many? *Expected*: at 20 steps every layer
-#    settles above 0.95 by step 1 (18 of 20 steps reusable); at 8 steps the lowest cosine falls to ~0.94, the
-#    MMDiT keeps no whole-step window at 0.95 and PixArt's starts at step 2 — a knee belongs to a step count.
-# 2. ★ Capture the unconditional branch (`DiffusionCapture(..., branch="uncond")`) and compare its text
-#    entropy with the conditional one: what does the model attend to when the prompt is empty? *Expected*:
-#    near-uniform text attention (~0.98–0.99) against 0.5–0.9 with the prompt.
-# 3. ★★ Make all pairs the same colour *and* the same shape but different positions. Do the two shape words'
-#    regions still separate? *Expected*: no — on PixArt the two regions coincide (IoU ~1).
-# 4. ★ Use `step_explorer` on PixArt (`m0 = "tiny-pixart"`): which prompt tokens do its image queries read,
-#    and what does that say about where colour and position information reach the image? *Expected*: about
-#    half the text attention goes to the end-of-text token, position words get almost none.
-# 5. ★★★ On your own checkpoint: run this notebook with papermill on a diffusers SD3 / PixArt / Flux / Sana
-#    folder (`-p MODELS '["/path"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]' -p MAP_QUERY_STRIDE 8`). Compare the
-#    lowest adjacent cosine (here >= 0.97) and the 0.7 knee (here step 1) with the study's 0.3–0.5 early
-#    similarity, then set notebook 06's `step_skip` `head` from the reuse window the decision table prints.
-#    *Expected* on a real 1024² model: the 0.7 knee a few steps in, not at step 1.
+# 1. ★★ Rerun with `STEPS = 8` and read section 4's knees at <!--const a threshold the exercise sets-->0.95<!--/const-->
+#    and <!--const STRICT_THRESHOLD, a parameter-->0.99<!--/const-->: from which step could whole steps be reused,
+#    and how many? Does a knee belong to a model or to a step count?
+# 2. ★ Capture the unconditional branch (`DiffusionCapture(..., branch="uncond")`) and compare its text entropy
+#    with the conditional one: what does the model attend to when the prompt is empty?
+# 3. ★★ Make both objects of every pair one colour *and* one shape, in different places. Do the two shape words'
+#    regions still separate?
+# 4. ★ Use `step_explorer` on PixArt (`m0 = "tiny-pixart"`): which prompt tokens do its image queries read, and
+#    where do colour and position reach the image?
+# 5. ★★★ Run this notebook with papermill on your diffusers SD3 / PixArt / Flux / Sana folder (`-p MODELS
+#    '["/path"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]' -p MAP_QUERY_STRIDE 8`). Compare the lowest adjacent
+#    cosine and the knee with this run's and the study's, then set notebook 06's `step_skip` `head` from the
+#    decision table's reuse window.
 
 # %%
 # Exercise 1 starter: fewer, farther steps
