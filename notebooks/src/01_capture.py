@@ -2,28 +2,17 @@
 # # 01 · Capturing attention from a vision-language model
 #
 # **What you will learn**
-# - the three ways people try to get attention out of a model, and why only two of them work;
-# - how the workbench finds the attention modules of a LLaVA-style model by itself;
-# - the capture modes `full`, `stats` and `recompute`, and what each costs in memory;
-# - capturing a large model in batches of layers, and writing captures to a sharded, resumable store;
-# - the study's troubleshooting table, reproduced live with the library's own error messages;
-# - the method claims M1–M4, measured on the model you run, in the scoreboard at the end.
+# - three ways to get attention out of a model, and why only two work;
+# - how the workbench finds a model's attention modules by itself;
+# - the capture modes `full`, `stats` and `recompute`, and what each keeps in memory;
+# - capturing in batches of layers, into a sharded, resumable store;
+# - the troubleshooting table, live, with the library's own errors;
+# - the method claims M1–M4 — can the measurements be trusted? — measured on your model (§7).
 #
-# **What it needs**: the shipped `tiny-llava` (a stock `LlavaForConditionalGeneration`, 64 image tokens,
-# 4 language layers × 8 heads, trained here on the synthetic world) or a checkpoint of any supported
-# family passed as `MODEL` (LLaVA-1.5 / -NeXT / -OneVision, Qwen2-VL, Qwen2.5-VL, Gemma 3, Idefics3 /
-# SmolVLM, InternVL, PaliGemma, Mllama), on `DEVICE` in `DTYPE`. CPU is enough for the shipped model.
-# Direction convention used throughout: `text->image` means *text queries reading image keys*.
-#
-# **The claims this notebook tests** (the method claims: whether the measurements themselves can be
-# trusted before any of them feeds a cache decision; every term is defined in [the glossary](../docs/GLOSSARY.md)):
-#
-# | id | claim (the study's) | why it matters for caching |
-# |---|---|---|
-# | M1 | statistics computed in fp16 are biased; compute them in fp32 | an eviction score with a bias ranks keys wrongly, consistently |
-# | M2 | with fixed seeds, statistics reproduce to 4 decimals | a policy designed on one capture must see the same numbers on the next |
-# | M3 | batch-averaging samples washes out [anchor](../docs/GLOSSARY.md#anchors) positions; capture per sample | a cache is per request: averaged anchors are anchors no request has |
-# | M4 | a fixed standard set of ~20 samples makes numbers comparable | lets you compare your model's numbers with the shipped model's |
+# **What it needs**: from [00](00_primer.ipynb), only how to read a map (rows are queries, columns keys, the causal
+# mask, × uniform); nothing run before it. The shipped `tiny-llava` on CPU, or a checkpoint of any supported family
+# ([docs/MODELS.md](../docs/MODELS.md)) as `MODEL`, on `DEVICE` in `DTYPE`. Convention: `text->image` means text
+# queries reading image keys.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"          # shipped name, local path or hub id of a supported vision-language model
@@ -79,17 +68,15 @@ print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.sce
 # %% [markdown]
 # ## 1. Three ways to get attention
 #
-# 1. **`output_attentions=True`** – the model returns every layer's `[batch, heads, q, k]` map. Simple, but
-#    all layers' maps are alive at once at the end of the forward, and it needs the eager kernel.
-# 2. **Forward hooks on the attention modules** – what `AttentionCapture` does: each layer's map is
-#    handled (kept, or reduced to statistics) while the forward runs, then dropped.
-# 3. **Reading it back from logs or outputs** – does not work: a model's outputs (logits, hidden
-#    states) do not contain the attention, and fused kernels (sdpa, flash) never materialise it.
+# 1. **`output_attentions=True`**: the model returns every layer's `[batch, heads, q, k]` map — all alive at once, and
+#    only under the eager kernel.
+# 2. **Forward hooks** on the attention modules (`AttentionCapture`): each layer's map is kept, or reduced to
+#    statistics, during the forward, then dropped.
+# 3. **Reading it from the outputs** fails: logits and hidden states hold no attention, and fused kernels (sdpa, flash)
+#    never materialise it.
 #
-# The first two must agree exactly. We check that on one sample (the figure below it shows what one head's map
-# of that sample looks like: the sequence is 64 image tokens then the question; the right panel lays the attention of
-# a content word of the question — an object or a colour, never the `:` that ends the prompt — over the picture, in
-# multiples of the uniform weight, so 1 means "read like every other visible key"):
+# The first two must agree exactly; we check on one sample, then show one head's map of it and, right, a content
+# word's attention over the picture in × uniform.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -120,12 +107,12 @@ fig = plots.map_panel(r0.probs[0], r0.spans, s0.image, word0, toks0,
 _ = plots.save(fig, out, "one_map")
 
 # %% [markdown]
-# **What to look at.** The difference printed above must be exactly 0 (the hooks see the very tensor the model
-# returns); anything else means the hook sits on the wrong module. In the map, the bright diagonal band is each
-# token reading its neighbours, the bright first columns are the [sink](../docs/GLOSSARY.md#sink), and the image
-# block (the first 64 positions after the prompt's start) is what the text rows read of the picture. The second
-# cell shows the fused kernel returning no weights at all: that is why capture needs eager attention or `recompute`.
-# In the right panel a patch at 1 is read like every other visible key; the word's object should stand out above it.
+# **What to look at.** The difference printed above must be exactly 0 (the hooks see the tensor the model returns).
+# In the map, the diagonal band is tokens reading their neighbours, the bright first columns the
+# [sink](../docs/GLOSSARY.md#sink), the image block what text rows read of the picture. The right panel shows a head
+# that does *not* read the picture: at layer 0, head 0, the word's weight on every patch is far below the uniform level
+# (see its colour bar). A word reading its object: 00 §4 (last layer), measured in 02. The next cell shows the fused
+# kernel returning no weights: capture needs eager attention or `recompute`.
 
 # %%
 with torch.no_grad(), language_attention(model, "sdpa"):  # the same weights on the fused kernel
@@ -135,10 +122,10 @@ print("under sdpa, output_attentions gives:", None if att is None else [type(a).
 # %% [markdown]
 # ## 2. Finding the attention modules
 #
-# The model's *family adapter* says which modules attend (`unicache_lib.families`): the language model's
-# `layers.N.self_attn` (and, for a cross-attention VLM such as Mllama, `layers.N.cross_attn` as part
-# `cross`), and with `part="vision"` the vision tower's. A model of another family is refused with the list
-# of supported ones. You can also pass explicit names, regular expressions, or a filter function.
+# The model's *family adapter* (`unicache_lib.families`) names the modules that attend: the language model's
+# `layers.N.self_attn` (for a cross-attention model such as Mllama, also `layers.N.cross_attn`, part `cross`), and
+# with `part="vision"` the vision tower's. Another family is refused with the list of supported ones; explicit names,
+# regular expressions or a filter function also work.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -176,26 +163,21 @@ _ = plots.save(fig, out, "memory_by_mode")
 print(f"stats mode keeps {memory['full'] / memory['stats']:.0f}x less than full maps for this sample")
 
 # %% [markdown]
-# **What to look at.** The bars (log scale) are the bytes each mode keeps for one sample over all layers: `stats`
-# and `recompute` keep the same statistics, so their bars are equal, and `full` stands taller by the ratio printed
-# above (11x on the shipped model's 75-token sequence). That ratio grows with the sequence, since a full map grows
-# as S² and the statistics as S: a `stats` bar level with `full` would mean the capture kept maps it should drop.
+# **What to look at.** The bars (log scale) are the bytes each mode keeps for one sample: `stats` and `recompute`
+# keep the same statistics; `full` keeps <!--num "notebooks/01_capture.ipynb#out:stats mode keeps@0"-->11<!--/num-->× more here, and the ratio
+# grows with the sequence (maps grow as S², statistics as S). At LLaVA-1.5's shape (32 layers × 32 heads, a
+# <!--num "benchmarks/results/capture_overhead.txt#attention-dominated@3"-->776<!--/num-->-token sequence) the
+# capture-overhead benchmark's committed results (`benchmarks/results/capture_overhead.txt`) kept
+# <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > output_attentions@4" fmt="{:.0f}"-->2352<!--/num--> MB
+# of full maps against <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > stats@4" fmt="{:.0f}"-->21<!--/num--> MB
+# of statistics. Every full capture is checked against `MEMORY_BUDGET_GB` before the model runs.
 #
-# At LLaVA-1.5's size (32 layers × 32 heads, 587 tokens) a full capture is about 1.3 GB per sample (measured on
-# the rehearsal stand-in), and the statistics ~17 MB: the estimate printed above comes from `full_capture_bytes`, and every full capture in
-# the notebooks is checked against `MEMORY_BUDGET_GB` before the model runs. `make benchmark` measures the
-# capture overhead at that shape.
-#
-# **The mask is read, not assumed.** Every statistic that depends on which keys a query could see (the
-# normaliser of entropy, read-frequency per visible query, distance) uses the mask the model applied at
-# that call: Gemma 3's image tokens see each other both ways, PaliGemma's prompt is a bidirectional prefix,
-# Mistral-based models slide a window, Mllama's padded tiles are masked. A map with mass where its mask
-# hides keys raises instead of giving numbers.
+# **The mask is read, not assumed**: statistics that depend on which keys a query could see use the mask the model
+# applied (Gemma 3's bidirectional image tokens, PaliGemma's prefix, sliding windows, Mllama's padded tiles).
 #
 # ## 4. Capturing in batches of layers
 #
-# For a model too big to keep every layer's maps, capture a subset of layers per forward. The result
-# is the same as capturing all layers at once:
+# A model too big to keep every layer's maps is captured a few layers per forward; the result equals one pass:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -236,12 +218,10 @@ _ = plots.save(fig, out, "layer_curves")
 
 # %% [markdown]
 # **What to look at.** Two statistics read back from the store, per layer, mean over samples (band: ±1 standard
-# deviation). [Normalised entropy](../docs/GLOSSARY.md#normalised-entropy) is 1 for a row spread evenly over what it
-# can see; [max weight](../docs/GLOSSARY.md#max-weight) is the row's largest weight. The two move in opposite
-# directions, as they should (a focused row has low entropy and a high max). On the shipped model entropy rises
-# with depth (rows spread out); notebook 02 asks what that means. An unhealthy capture shows flat lines at exactly 1
-# and 1/S (uniform rows: wrong module, or a model that was never trained) or a band of zero width (every sample
-# the same: the image is not reaching the model).
+# deviation): [normalised entropy](../docs/GLOSSARY.md#normalised-entropy) (1 = a row spread evenly) and
+# [max weight](../docs/GLOSSARY.md#max-weight) (the row's largest weight) move in opposite directions, as they should.
+# Here entropy rises with depth; 02 asks what that means. An unhealthy capture shows flat lines at exactly 1 and 1/S
+# (uniform rows: wrong module or untrained model) or a band of zero width (the image is not reaching the model).
 
 
 # %% [markdown]
@@ -252,7 +232,7 @@ _ = plots.save(fig, out, "layer_curves")
 # | nothing recorded, or nonsense | hook on the wrong module | error naming the module and what to hook |
 # | weights are `None` | model runs sdpa / flash | error naming the fix (eager, or mode `recompute`) |
 # | anchors blur | batch > 1 averaged together | padded batches are refused; measure per sample (M3) |
-# | entropy off in the 3rd decimal | statistics computed in fp16 (the study's claim; M1: not on the shipped model, bias ~3e-5) | everything is cast to fp32 (M1) |
+# | entropy off in the 3rd decimal | statistics computed in fp16 (the study's claim, M1) | everything is cast to fp32 |
 #
 # *Anchors* are, per sample and layer, the image positions the text reads most (the top `ANCHOR_K`;
 # [glossary](../docs/GLOSSARY.md#anchors)); two anchor sets are compared by their [Jaccard](../docs/GLOSSARY.md#jaccard)
@@ -291,26 +271,18 @@ for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa
     print(f"- {name}:\n    {message(fn)}")
 
 # %% [markdown]
-# Each mistake stops with an error that names the cause and the fix, instead of returning numbers. (fp16
-# statistics, the fourth row, are not an error: every statistic casts to fp32, and M1 below measures whether it matters.)
+# Each mistake stops with an error naming the cause and the fix. fp16 statistics (the fourth row) are not an error:
+# every statistic casts to fp32, and M1 measures whether it matters.
 
 # %% [markdown]
 # ## 7. The method claims, measured
 #
-# Every verdict is decided on a 95% [interval](../docs/GLOSSARY.md#interval) over the samples:
-# "holds" only if the whole interval clears the threshold, "does not hold" only if it lies wholly on the
-# other side, otherwise "[inconclusive](../docs/GLOSSARY.md#inconclusive)" with a rough number of samples that would settle it. The rules are
-# fixed here, before any number below is computed.
-#
-# - **M1** asks whether half precision *biases* statistics, so it is measured on the signed mean
-#   difference (fp16 arithmetic − fp32) per statistic, not on the largest rounding error.
-# - **M4** is measured: a second, disjoint standard set of the same recipe (`SAMPLE_SEED + 1`) is captured,
-#   and the headline statistics of the two sets are compared. The four headline statistics, per sample and
-#   averaged over layers: [normalised entropy](../docs/GLOSSARY.md#normalised-entropy),
-#   [max weight](../docs/GLOSSARY.md#max-weight), the [cross-modal share](../docs/GLOSSARY.md#cross-modal-share)
-#   (`cross_modal`: the share of all attention mass that crosses modalities, image→text + text→image) and the
-#   [top-10% share](../docs/GLOSSARY.md#top-10-share) (`top10_share`: the share of the text's image reads that land
-#   on the 10% most-read image positions; 0.1 when every position is read equally).
+# Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number is computed. **M1**
+# measures whether half precision *biases* statistics: the signed mean difference (fp16 − fp32) per statistic. **M4**
+# captures a second, disjoint standard set (`SAMPLE_SEED + 1`) and compares four headline statistics per sample:
+# normalised entropy, max weight, the [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) (`cross_modal`) and
+# the [top-10% share](../docs/GLOSSARY.md#top-10-share) (`top10_share`: the text's image reads landing on the most-read
+# tenth of image positions; <!--const the share of a uniform read, by definition-->0.1<!--/const--> for an even read).
 
 # %%
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
@@ -334,36 +306,42 @@ print(f"M2 {m2} | M3 {m3} | M4 {m4}")
 print(gaps.round(4).to_string())
 
 # %% [markdown]
-# **Reading the M4 table.** Set A is the shipped standard set, set B a disjoint one of the same recipe; `A - B` is
-# what changing the sample set moves each headline statistic, and the split-half column is the same within one
-# set (plain sampling noise). Healthy: `A - B` no larger than the split-half differences (here both are a few
-# thousandths, except the [top-10% share](../docs/GLOSSARY.md#top-10-share) whose split-half gap is larger than the
-# between-set one). The point differences alone do not settle M4: its verdict rests on each statistic's own interval
-# of `A - B` (the farthest any of them reaches is the row's upper bound, scoreboard below). A bootstrap of the largest
-# difference itself would mislead: every resample's noise makes some difference larger.
+# **Reading the M4 table.** Set A is the shipped standard set, set B a disjoint one. `A - B` is what changing the
+# sample set moves; the split-half column is sampling noise within one set. Healthy: `A - B` no larger than the
+# split-half differences — as here, all a few thousandths, the top-10% share's split-half gap larger still. The
+# verdict rests on each statistic's interval of `A - B`.
 
 # %% [markdown]
 # ## Claims scoreboard
+#
+# The method claims: can the measurements be trusted before any of them feeds a cache decision?
+#
+# | id | claim (the study's) | why it matters for caching |
+# |---|---|---|
+# | M1 | statistics computed in fp16 are biased; compute them in fp32 | a biased eviction score ranks keys wrongly, consistently |
+# | M2 | with fixed seeds, statistics reproduce to 4 decimals | a policy designed on one capture must see the same numbers on the next |
+# | M3 | batch-averaging washes out [anchor](../docs/GLOSSARY.md#anchors) positions; capture per sample | a cache is per request: averaged anchors are anchors no request has |
+# | M4 | a fixed standard set of ~20 samples makes numbers comparable | lets you compare your model's numbers with the shipped model's |
 
 # %%
 board.save(out / "scoreboard.json")
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** M1 is about arithmetic, not about the model: half-precision arithmetic
-# rounds every weight, and the question is whether the rounding leans one way (a bias that averaging
-# cannot remove) — the signed mean and its interval answer that, per statistic; every statistic in
-# `unicache_lib.stats` casts to fp32 first either way. M1 is the study's warning, so "does not hold" is the good news:
-# fp16 arithmetic does not bias these statistics on this model. M2 says captures are repeatable on one machine.
-# M3 shows how much a batch-averaged anchor set misrepresents the individual samples. M4 compares two
-# disjoint sets drawn by the same recipe. Its point value (the largest headline difference) being a few
-# thousandths is not enough: M4 holds only if every statistic's 95% interval of the difference stays inside ±0.02.
-# On the shipped model the farthest reaches 0.0357, past 0.02, so M4 is inconclusive: 20 samples per set do not
-# yet show that numbers from the fixed set can be compared across models at 2 decimals, and the note estimates
-# that about 87 samples per set would settle it (both printed again below). The split-half
-# column shows how much of the difference is plain sampling noise within one set.
+# ## What this run showed
 #
-# ## What this notebook showed on the shipped model
+# - **M1** <!--num "notebooks/01_capture.ipynb#out:M1 · " re="M1 · (.+)"-->does not hold<!--/num-->: the fp16 bias is at most
+#   <!--num "notebooks/01_capture.ipynb#out:the signed fp16 bias is at most@0"-->3e-05<!--/num-->, so you may capture in fp16/bf16 (statistics
+#   are cast to fp32 anyway).
+# - **M2** <!--num "notebooks/01_capture.ipynb#out:M2 · " re="M2 · (.+)"-->holds<!--/num-->: two captures are identical on one machine.
+# - **M3** <!--num "notebooks/01_capture.ipynb#out:M3 · " re="M3 · (.+)"-->holds<!--/num-->: batch averaging leaves a sample a Jaccard of only
+#   <!--num "notebooks/01_capture.ipynb#out:M3 · > value@0" fmt="{:.2f}"-->0.28<!--/num--> of its anchors: design policies on per-sample captures.
+# - **M4** is <!--num "notebooks/01_capture.ipynb#out:M4 · " re="M4 · (.+)"-->inconclusive<!--/num-->: the point differences are tiny, but the
+#   farthest interval reaches <!--num "notebooks/01_capture.ipynb#out:M4 · > interval (95%)@2" fmt="{:.4f}"-->0.0357<!--/num-->, past
+#   ±<!--const M4's threshold, written before the numbers-->0.02<!--/const-->: more samples per set (the note says how
+#   many) before comparing models at 2 decimals.
+#
+# The cell below prints these lines from the scoreboard itself.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -409,39 +387,26 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 
 # %% [markdown]
 # **Reading the decision table.** Each row pairs a number from this run with the threshold at which it would change
-# what you do on your own model, and the parameter or notebook where you act; an interval is quoted where the
-# scoreboard decides on one, and the M4 row reads its upper bound, because a small point difference does not make two
-# sample sets comparable while the interval still reaches past 0.02. Run the notebook on your model (exercise 5)
-# and read its "value here" column against these thresholds before trusting numbers from notebooks 02–08.
+# what you do on your own model, and where you act. The M4 row reads the interval's upper bound, not the point value.
+# Run the notebook on your model (exercise 5) and read its "value here" column before trusting numbers from 02–08.
 
 # %% [markdown]
 # ## Exercises
 #
-# Solutions with measured outcomes: `solutions/01_capture.py` (`python solutions/01_capture.py --only K`). Each exercise has a starter cell
-# below the list.
+# Each has a starter cell below; solutions with measured outcomes: `solutions/01_capture.py` (`--only K`).
 #
-# 1. ★ Capture the vision tower (`part="vision"`; load with `vision_attn_implementation="eager"`) and compare its
-#    per-layer entropy curve to the language model's. *Expected:* the vision tower is more focused at every depth
-#    (normalised entropy ~0.55 in both vision layers vs 0.65 → 0.85 in the language model).
+# 1. ★ Capture the vision tower (`part="vision"`, loaded with `vision_attn_implementation="eager"`) and compare its
+#    per-layer entropy with the language model's: which is more focused?
 # 2. ★ Rerun M3 with `PER_TYPE = 1` and `ANCHOR_K = 3`: how does the overlap change with the batch size?
-#    *Expected:* 1.0 for a batch of one, then falling fast (~0.5 at 2, ~0.35 from 3 on): the first few samples in a
-#    batch do the damage.
-# 3. ★★ Load the model in `torch.float16` (`load_understanding(MODEL, dtype="float16")`) and check that the statistics of
-#    the `stats` mode still match the fp32 model to 3 decimals. *Expected:* the means do (per-layer entropy equal to
-#    4 decimals), single entries do not (largest differences a few 1e-3, ~3e-2 for unnormalised read frequency).
+# 3. ★★ Load the model in `torch.float16` (`load_understanding(MODEL, dtype="float16")`): do the `stats` mode's
+#    statistics match the fp32 model to 3 decimals — the means, and single entries?
 # 4. ★★ Write one store with two processes (`torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out
-#    /tmp/store`), then run the same command again. Does the second run capture anything, and does the merged store
-#    hold every sample exactly once? *Expected:* two index files (one per rank), `Store.verify()` returns `[]`, 20
-#    samples × 4 layers = 80 records split half and half, and the second run captures 0 samples on each rank
-#    (resume) and leaves 80 records.
-# 5. ★★★ On your own checkpoint: run this notebook with papermill on a random-weight
-#    [stand-in](../docs/GLOSSARY.md#stand-in) of a real model (`python -m unicache_lib.rehearsal --models qwen2-vl-2b
-#    --notebooks 01_capture --no-readme`), or on a real checkpoint (`papermill notebooks/01_capture.ipynb out.ipynb -p
-#    MODEL <path or hub id> -p DEVICE cuda`), and compare its M-claims with this run's. *Expected:* on the stand-in
-#    every verdict reads "not meaningful (random weights)"; M2's value stays 0 (repeatability belongs to the code,
-#    not to the weights), while M3 measures the model: a random-weight language model's rows are uniform, its
-#    "anchors" a position pattern shared by every picture, and batch averaging keeps more of them (Jaccard ~0.44
-#    against the trained model's ~0.30 on 5 samples). A real checkpoint should look like the trained model.
+#    /tmp/store`), then run it again. Does the second run capture anything? Does `Store.verify()` find every sample
+#    exactly once?
+# 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in)
+#    (`python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme`) or your checkpoint
+#    (`papermill notebooks/01_capture.ipynb out.ipynb -p MODEL <path or hub id> -p DEVICE cuda`): which M-claims belong
+#    to the code, which to the weights?
 
 # %%
 # Exercise 1 starter: the vision tower, beside the language model (§4's entropy curve)
