@@ -1,34 +1,18 @@
 # %% [markdown]
 # # 08 · The study's other architectures, side by side
 #
-# **What you will learn**
-# - how five ways of joining image and text change *where* and *how much* the text reads the image, layer by
-#   layer: concatenation into a decoder (LLaVA), one fused encoder stream (ViLT), cross-attention layers (Mllama /
-#   Llama-3.2-Vision), two separate towers (CLIP), and one model that both understands and draws (Janus) — next to
-#   the two generators of notebook 03 (MMDiT joint attention, PixArt cross-attention);
-# - which heads focus and which spread, where the most-read image positions are, and whether a word's attention
-#   lands on its object (word → region IoU), measured the same way on every model;
-# - what changes inside one unified model when its task switches from describing an image to answering a
-#   question about it, and what it reads while it draws an image token by token;
-# - how to explore any model, layer and head interactively.
+# **What you will learn**: how five ways of joining image and text change *where* and *how much* the text reads
+# the image, layer by layer: a concatenating decoder (LLaVA), one fused encoder stream (ViLT), cross-attention
+# layers (Mllama / Llama-3.2-Vision), two separate towers (CLIP) and a model that both understands and draws
+# (Janus), next to notebook 03's generators; which heads focus; whether a word's attention lands on its object,
+# measured alike on every model; and what changes in one model when its task switches from describing to
+# answering. The first picture (section 0) draws who may read whom; the study's claims A1–A6 and their verdicts
+# are in section 12.
 #
-# **The claims this notebook tests** (every term is in [the glossary](../docs/GLOSSARY.md); rules and verdicts in
-# the scoreboard at the end):
-#
-# | id | claim (the study's) | why it matters for caching |
-# |---|---|---|
-# | A1 | in a single-stream [fusion encoder](../docs/GLOSSARY.md#fusion-encoder), image→image attention dominates and the text barely shapes the image tokens | the image side of a fused stream is most of the KV, and mostly reads itself |
-# | A2 | a [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) under ~15% means text is not injected into the image | a share you can read from one capture would tell whether text→image paths can be cut |
-# | A3 | [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer): low ones spread, middle ones focus on the named object and half, top ones refine off the background | which cross-attention layers' vision KV can be thinned, and where |
-# | A4 | a [dual tower](../docs/GLOSSARY.md#dual-tower)'s pooled query focuses on the regions the text names | retrieval models keep object patches, not background |
-# | A5 | a [unified model](../docs/GLOSSARY.md#unified-model) reads the image ~40% when describing and ~60% when answering | a task switch changes how much image KV the model needs |
-# | A6 | after an image-heavy token the next reads the image less ([lag-1 correlation](../docs/GLOSSARY.md#lag-1-correlation) below 0); a late drop in image share goes with drift | decode-time image KV use is bursty; a falling share is a warning |
-#
-# **What it needs**: notebooks 01–03's ideas. Runs on the shipped tiny models (all trained here on the same
-# synthetic world of coloured shapes: 64×64 images, 8×8 patches), or on checkpoints of the same families: every
-# model is a parameter (`LLAVA`, `VILT`, `MLLAMA`, `CLIP`, `UNIFIED`, `MMDIT`, `PIXART`; `None` leaves one out, and
-# the claims that need it become "not measurable here"). Direction convention: `text->image` = text queries reading
-# image keys.
+# **What it needs**: notebooks 01–03's ideas. Runs on the shipped tiny models (trained here on one world of
+# coloured shapes: 64×64 images, 8×8 patches) or on checkpoints of the same families, one parameter each (`LLAVA`,
+# `VILT`, `MLLAMA`, `CLIP`, `UNIFIED`, `MMDIT`, `PIXART`; `None` leaves one out). Terms:
+# [the glossary](../docs/GLOSSARY.md). `text->image` = text queries reading image keys.
 
 # %% tags=["parameters"]
 LLAVA = "tiny-llava"          # a concat VLM (LLaVA-1.5, Qwen2-VL, Gemma 3, ...), or None
@@ -88,21 +72,19 @@ from unicache_lib.world.questions import heldout_set
 # %% [markdown]
 # ## 0. Seven ways to let a query read a key
 #
-# Before any number: who may read whom in each architecture, drawn on a toy sequence of five image (`I`) and three
-# text (`T`) tokens. Rows are queries, columns keys; the colour says which modality reads which, white is masked.
-# Everything this notebook measures lives inside the coloured cells — a white block is a path the architecture does
-# not have, so a "share" there is zero by construction, not a finding.
+# Who may read whom in each architecture, on five image (`I`) and three text (`T`) tokens: rows are queries,
+# columns keys, the colour says which modality reads which, white is masked. A white block is a path the
+# architecture lacks: a zero share there is no finding.
 
 # %%
 fig = plots.attention_layouts(AR.layout_masks())
 _ = plots.save(fig, project_path(OUT_DIR), "attention_layouts")
 
 # %% [markdown]
-# **Reading the picture.** LLaVA and Janus are causal decoders over one sequence: the text, which comes after the
-# image, reads every image token, but no image token reads the text. ViLT is one bidirectional stream: image tokens
-# *can* read the question (the block A1 and A2 ask about). A Mllama cross-attention layer has only text queries and
-# only image keys; CLIP's two towers never meet (their outputs are only compared at the end). MMDiT mixes both ways
-# like ViLT; PixArt's image queries read the prompt through a separate cross-attention.
+# **Reading the picture.** In the causal decoders (LLaVA, Janus) the text reads every image token, no image token
+# reads the text. ViLT's image tokens *can* read the question (A1, A2). A Mllama cross-attention layer has only
+# text queries and image keys; CLIP's towers never meet. MMDiT mixes both ways; PixArt reads the prompt through
+# cross-attention.
 
 # %%
 torch.manual_seed(SEED)
@@ -123,12 +105,9 @@ NAME = {**ROLES, **GEN_ROLES}
 print(f"{len(models)} understanding-side models, {len(gens)} generators; {len(samples)} standard samples")
 
 # %% [markdown]
-# **The rules, before any number.** Each claim is decided on a 95% interval over the stated unit (samples,
-# questions, captions or images): "holds" only if the whole interval clears the threshold, "does not hold" only if
-# it lies wholly on the other side, else "inconclusive". A rule with criteria (a), (b), ... decides each on its own
-# interval; "partly" means some hold and the others do not. A model left out (`None`) makes its claims "not
-# measurable here". The rules live in `unicache_lib/analysis/architecture_claims.py` (`RULES`), one function per
-# architecture records the measurements at the end.
+# **The rules, before any number.** Each claim is decided on a 95% interval over its unit; the
+# [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson. The rules (`RULES` in
+# `unicache_lib/analysis/architecture_claims.py`):
 
 # %%
 board = Scoreboard(random_weights=any(is_stand_in(n) for n in NAME.values() if n is not None))
@@ -138,9 +117,8 @@ print("\n".join(f"{c}: {text}" for c, (text, _) in ACL.RULES.items()))
 # %% [markdown]
 # ## 1. The models
 #
-# Every tiny model is a stock transformers / diffusers class loaded through `from_pretrained`, trained here on the
-# world (the recipe, seed, time, log and checksums are in each folder's `model_card.json`). What each has learned,
-# from its card:
+# Stock transformers / diffusers classes, trained here (recipe, seed, log and checksums in each
+# `model_card.json`). What each has learned, from its card:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -165,10 +143,8 @@ def card_line(role, name):
 WrappedTable(pd.DataFrame([card_line(r, n) for r, n in NAME.items() if n is not None]))
 
 # %% [markdown]
-# **Did every model reach its bar?** Readings of attention in a model that has not learned its task are readings of
-# noise. Each card sets a target (held-out accuracy, recall or drawing scores) and records whether training reached
-# it; the cell below prints every card that says it did not. When one does, read that model's sections with the
-# shortfall in mind — on your own checkpoints, check the same before reading any map.
+# **Did every model reach its bar?** Attention in a model that has not learned its task is noise: the cell below
+# prints every card whose training target was missed. Check the same on your own checkpoints.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -183,16 +159,15 @@ print("\n\n".join(missed) or f"all {sum(n is not None for n in NAME.values())} m
 # %% [markdown]
 # ## 2. Capture once per model
 #
-# Each understanding-side model reads the 20 standard samples with their questions, in `stats` mode (statistics
-# per layer, head and query row, in fp32). What is captured differs by design, not by choice (the picture in
-# section 0):
+# Each understanding-side model reads the standard samples with their questions in `stats` mode. What is captured
+# differs by design (section 0):
 #
-# - **LLaVA, Janus**: the decoder's self-attention; the image is 64 tokens at the start of the sequence.
-# - **ViLT**: its one encoder stream, `[question tokens | image class token, 64 patches]`; bidirectional.
-# - **Mllama**: its cross-attention layers (1, 3 and 5 of 6): text queries over the vision tokens only.
-# - **CLIP**: both towers on the sample's image and its caption; they never attend to each other.
+# - **LLaVA, Janus**: the decoder's self-attention; the image is 64 tokens at the start.
+# - **ViLT**: its one stream, `[question tokens | image class token, 64 patches]`.
+# - **Mllama**: its cross-attention layers (1, 3 and 5 of 6): text queries over vision tokens.
+# - **CLIP**: both towers on the image and its caption.
 #
-# The generators draw `N_GEN_PROMPTS` one- and two-object prompts with capture on (notebook 03's machinery).
+# The generators draw `N_GEN_PROMPTS` prompts with capture on (notebook 03's machinery).
 
 # %%
 recs = {}
@@ -210,15 +185,11 @@ print({role: len(r.records) for role, r in recs.items()} | {role: len(r.result.r
 # %% [markdown]
 # ## 3. Where and how much the text reads the image, by depth
 #
-# For every model and layer: the **text's image share** (each text query's attention mass on image keys, averaged
-# over heads and text queries), the [normalised entropy](../docs/GLOSSARY.md#normalised-entropy) of those queries
-# (1 = spread evenly, 0 = one key), and the [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) of the whole
-# map. Depth is shown relative (0 = first layer, 1 = last) so models of different depth line up, and summarised in
-# [bands](../docs/GLOSSARY.md#depth-bands) (thirds of the depth).
-#
-# Two structural zeros to keep in mind: a cross-attention layer (Mllama, PixArt) reads *only* the other modality,
-# so its "share" is 1 by construction and is left out; CLIP's towers never see the other modality at all — its
-# entropy is the image tower's own.
+# Per model and layer: the **text's image share** (text queries' mass on image keys), the
+# [normalised entropy](../docs/GLOSSARY.md#normalised-entropy) of those queries, and the
+# [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) of the map, over relative depth and in
+# [bands](../docs/GLOSSARY.md#depth-bands). A cross-attention layer (Mllama, PixArt) reads *only* the other
+# modality, so its share is left out; CLIP's entropy is its image tower's own.
 
 # %%
 READ_PART = {"CLIP": "vision", "Mllama": "cross"}
@@ -255,18 +226,22 @@ print(f"- the most spread reading queries: {ent.idxmax()} (entropy {ent.max():.2
       f"({ent.min():.2f})")
 
 # %% [markdown]
-# **Reading it.** In the concatenating decoders (LLaVA, Janus) the text's image share is the part of its attention
-# that leaves the text; in ViLT both modalities sit in one bidirectional stream, so the share also says how much
-# the question mixes with the picture before the answer is pooled. Entropy is comparable across models only
-# within a kind of map (the number of keys differs), which is why it is normalised by log(keys). The two lines
-# above name the extremes of this run; the table gives every model's bands.
+# **Reading it.** Wherever the map lets it, the text reads the image heavily: averaged over layers, from
+# <!--num "notebooks/08_architectures.ipynb#out:text's image share, mean over layers@1" fmt="{:.2f}"-->0.61<!--/num--> of its attention (MMDiT) to <!--num "notebooks/08_architectures.ipynb#out:text's image share, mean over layers@0" fmt="{:.2f}"-->0.75<!--/num-->
+# (LLaVA). LLaVA's share grows with depth (<!--num "notebooks/08_architectures.ipynb#out:LLaVA (concat) > text_image_share · shallow@0" fmt="{:.3f}"-->0.538<!--/num--> shallow,
+# <!--num "notebooks/08_architectures.ipynb#out:LLaVA (concat) > text_image_share · deep@0" fmt="{:.3f}"-->0.848<!--/num--> deep), Janus's drops in its deep band
+# (<!--num "notebooks/08_architectures.ipynb#out:norm_entropy · shallow > Janus (unified) > text_image_share · deep@0" fmt="{:.3f}"-->0.593<!--/num-->). LLaVA reads most focused
+# (entropy <!--num "notebooks/08_architectures.ipynb#out:the most spread reading queries@1" fmt="{:.2f}"-->0.46<!--/num-->), CLIP's image tower most spread
+# (<!--num "notebooks/08_architectures.ipynb#out:the most spread reading queries@0" fmt="{:.2f}"-->0.89<!--/num-->); the MMDiT's reading turns nearly uniform in its deep band
+# (<!--num "notebooks/08_architectures.ipynb#out:norm_entropy · shallow > MMDiT (joint) > norm_entropy · deep@0" fmt="{:.3f}"-->0.982<!--/num-->). Entropies compare only within one
+# kind of map.
 
 # %% [markdown]
 # ## 4. Head roles
 #
-# Each head is called **focused** when a query's largest weight is above 0.45 on average, **spread** when its
-# normalised entropy is above 0.8, else **mixed** (the same cut-offs as notebook 02's U8). Generators: their image
-# queries, averaged over steps.
+# A head is **focused** when a query's largest weight is above <!--const the head-role cut-off, the same as notebook 02's U8, fixed before the run-->0.45<!--/const-->
+# on average, **spread** when its normalised entropy is above <!--const the head-role cut-off, the same as notebook 02's U8, fixed before the run-->0.8<!--/const-->,
+# else **mixed**. Generators: their image queries, averaged over steps.
 
 # %%
 roles_tab = []
@@ -291,15 +266,18 @@ print(f"\n- most focused heads: {role_share.focused.idxmax()} ({role_share.focus
       f"{', '.join(role_share.index[role_share.focused == 0]) or 'none'}")
 
 # %% [markdown]
-# **Reading it.** Spread heads are the candidates notebook 04 prunes and notebook 05 evicts around; focused heads
-# are the ones a cache policy must serve. The cut-off is a choice: exercise 4 moves it and watches what changes.
+# **Reading it.** Focused heads are rare: Mllama's cross-attention has the most (<!--num "notebooks/08_architectures.ipynb#out:most focused heads:@0"-->8<!--/num-->% of its
+# heads), LLaVA a few, the other five models none. ViLT's stream and CLIP's image tower are mostly spread
+# (<!--num "notebooks/08_architectures.ipynb#out:focused  mixed  spread > ViLT (fusion)@2" fmt="{:.2f}"-->0.90<!--/num--> and <!--num "notebooks/08_architectures.ipynb#out:focused  mixed  spread > CLIP (dual tower)@2" fmt="{:.2f}"-->0.88<!--/num-->
+# of their heads), and every PixArt head is mixed. Spread heads are the candidates notebook 04 prunes and
+# notebook 05 evicts around; focused heads are the ones a cache policy must serve. Exercise 4 moves the cut-off.
 
 # %% [markdown]
 # ## 5. Anchors: how uneven are the image reads?
 #
-# For the models whose text reads image keys in the same map (LLaVA, ViLT, Janus), the share of the text's image
-# reads that lands on the top 10% of image positions (chance 0.10) and the Gini coefficient of the reads
-# (0 = even), per band.
+# For the models whose text reads image keys in the same map (LLaVA, ViLT, Janus): the share of the text's image
+# reads on the top <!--const a fixed tenth of the positions, by definition-->10%<!--/const--> of image positions (chance
+# <!--const a tenth of the positions, by definition-->0.10<!--/const-->) and the Gini coefficient of the reads (0 = even), per band.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -318,11 +296,9 @@ print(f"\n- the top 10% of image positions take {top10.min():.2f} to {top10.max(
 # %% [markdown]
 # ## 6. Does a word look at its object? (word → region IoU)
 #
-# Understanding models: for every object of the multi-object samples, ask `where is the {colour} {shape} ?` and take
-# the shape word's attention over the image; its `k` most-read patches against the object's `k` patches (IoU; chance
-# = what `k` random patches give). Mllama reads the image in its cross-attention layers. Generators: the colour and
-# shape words of the prompt against the drawn object's patches (notebook 03's G9 measure, averaged over layers and
-# steps). CLIP has no word-to-patch attention at all (its towers meet only in the final similarity): see section 10.
+# Understanding models: ask `where is the {colour} {shape} ?` for every object of the multi-object samples; the
+# shape word's `k` most-read patches against the object's `k` patches (IoU; chance = `k` random patches).
+# Generators: notebook 03's G9 measure. CLIP has no word-to-patch attention (section 10).
 
 # %%
 iou_rows = []
@@ -348,15 +324,18 @@ best = (best.iou / best.chance_iou).groupby(level="model", sort=False).max()
 print(f"\n- best band's IoU over chance: {', '.join(f'{m} {x:.1f}x' for m, x in best.items())}")
 
 # %% [markdown]
-# **Reading it.** An IoU well above chance means the word's most-read patches are its object's: the word is a usable
-# pointer for selecting image KV. A ratio near 1 means the word reads the picture without singling out its object.
+# **Reading it.** Every understanding model's shape word lands on its object well above chance in its best band:
+# ViLT most (<!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×), then Mllama (<!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@2"-->5.3<!--/num-->×), LLaVA
+# (<!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->×) and Janus (<!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@3"-->3.2<!--/num-->×). The generators' words
+# barely do (MMDiT <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@4"-->1.5<!--/num-->×, PixArt <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@5"-->2.5<!--/num-->×, over all layers
+# and steps). Well above chance, a word is a usable pointer for selecting image KV; near 1, it reads the picture
+# without singling out its object.
 
 # %% [markdown]
 # ## 7. Explore any model, layer and head
 #
-# Full maps of one sample per model (the explorer keeps every weight of these few forwards in memory). Pick the
-# model, then sample, layer, head and the query token; the picture shows where that token's attention lands. The
-# query opens on the last word naming an object or a colour.
+# Full maps of one sample per model: pick the model, sample, layer, head and query token (it opens on the last
+# word naming an object or a colour) to see where its attention lands.
 
 # %%
 explore = {}
@@ -379,8 +358,7 @@ for role, (m, proc) in models.items():
 model_explorer(explore)
 
 # %% [markdown]
-# The same view as a static figure (what a reader without a kernel sees): the first model's sample, its middle
-# layer, head 0, the query the explorer opens on.
+# The same view as a static figure: the first model's sample, its middle layer, head 0.
 
 # %%
 role0 = next(iter(explore))
@@ -404,10 +382,8 @@ print(f"{role0}, layer {rec0.layer}, head 0: the query {toks0[sid][tpos]!r} (pos
 # %% [markdown]
 # ## 8. ViLT: one stream, two modalities (A1, A2)
 #
-# In the fused stream every position can read every other. Split each layer's map into the four
-# [modality blocks](../docs/GLOSSARY.md#modality-blocks) and ask the image queries: how much of their attention stays
-# on image keys, and how much goes to the text — compared with the text's share of the positions, which is what
-# evenly spread attention would give it.
+# Each layer's map split into its [modality blocks](../docs/GLOSSARY.md#modality-blocks): the image queries' share
+# on image keys, and on text keys against the text's share of the positions (what even attention would give it).
 
 # %%
 fb = FB_layer = None
@@ -430,10 +406,9 @@ if VL in models:
           f"{fb.text_position_share.mean():.3f}")
 
 # %% [markdown]
-# **A2's test: take the text away from the image tokens.** The same trained model, with every image query's
-# attention on text keys masked (a pre-hook adds `-inf` to those logits; the text still reads the image). If the
-# text was not being injected into the image tokens, the answers cannot change. Accuracy is measured on held-out
-# questions the model never saw (`N_QUESTIONS`), per question, so the drop gets a paired interval.
+# **A2's test: take the text away from the image tokens.** The same model with every image query's attention on
+# text keys masked (the text still reads the image). If the text was not injected into the image tokens, the
+# answers cannot change. Accuracy on `N_QUESTIONS` held-out questions, paired per question.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -445,18 +420,18 @@ if VL in models:
           f"queries blind to the text")
 
 # %% [markdown]
-# **Reading it.** A small share is not a small effect: the image queries give the text little of their attention,
-# yet taking that little away costs the answers (exercise 6 finds the layer where it matters). A share read from one
-# capture cannot tell you whether a path can be cut; only an ablation measured on the model's outputs can.
+# **Reading it.** ViLT's image queries keep <!--num "notebooks/08_architectures.ipynb#out:image queries keep@0" fmt="{:.2f}"-->0.91<!--/num--> of their attention on image keys and give
+# the text <!--num "notebooks/08_architectures.ipynb#out:image queries keep@1" fmt="{:.3f}"-->0.088<!--/num-->, a little less than even attention would (<!--num "notebooks/08_architectures.ipynb#out:image queries keep@2" fmt="{:.3f}"-->0.100<!--/num-->).
+# Yet taking that little away drops accuracy from <!--num "notebooks/08_architectures.ipynb#out:ViLT on > accuracy@1" fmt="{:.3f}"-->0.998<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:ViLT on > accuracy@2" fmt="{:.3f}"-->0.560<!--/num-->:
+# the text *is* injected into the image tokens and the answer needs it, the opposite of what the study reads from
+# a small share. Only an ablation scored on outputs tells whether a path can be cut (exercise 6 finds the layer).
 
 # %% [markdown]
 # ## 9. Mllama: what do the cross-attention layers read? (A3)
 #
-# Teacher-forced captions (`describe the image .` then the true caption, e.g. `red circle left , blue square top`):
-# every caption word's row in each cross-attention layer, over the 64 grid cells. For an object word (colour or
-# shape): its mass on *its* object's patches against the object's area share (1 = no better than spread evenly).
-# For a position word: its mass on the matching half of the picture against the opposite half. For every content
-# word: the mass on background patches.
+# Teacher-forced captions (`describe the image .` then the true caption): every caption word's row in each
+# cross-attention layer. Object words: mass on *their* object against its area share (1 = even). Position words:
+# mass on the matching half against the opposite one. Every content word: mass on the background.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -477,15 +452,20 @@ if ML in models:
           f"{summary.background.idxmin()} layer")
 
 # %% [markdown]
-# **Reading it.** The study expects spread → focus → refine from the low to the top cross-attention layer. Compare
-# the printed order with that expectation: which layer focuses, and whether the top one reads less background.
+# **Reading it: the opposite of the study's order.** The study expects spread → focus → refine from the low to the
+# top cross-attention layer. Here the *low* layer is the most focused: the lowest entropy
+# (<!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@0" fmt="{:.3f}"-->0.861<!--/num--> against <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > middle@0" fmt="{:.3f}"-->0.911<!--/num-->
+# in the middle), object words on their object <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@1" fmt="{:.1f}"-->4.2<!--/num-->× its area share
+# (middle <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > middle@1" fmt="{:.1f}"-->3.6<!--/num-->×, top <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > top@1" fmt="{:.1f}"-->2.3<!--/num-->×)
+# and the least background (<!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@3" fmt="{:.3f}"-->0.404<!--/num-->). Focus fades with height; position
+# words barely prefer their half anywhere. A3 is "partly" only because the middle layer still focuses and reads
+# more background than the top; (a), spread then focus, fails.
 
 # %% [markdown]
 # ## 10. CLIP: where does the image tower's pooled query look? (A4)
 #
-# CLIP's image embedding is its class token's output; the class token's attention over the patches is where the
-# embedding comes from. Its mass on the objects (which the caption names) against their area share; plus
-# retrieval among the standard samples, to show the towers do match.
+# CLIP's image embedding is its class token's output: the class token's attention mass on the objects the caption
+# names, against their area share; plus retrieval among the standard samples, to show the towers match.
 
 # %%
 CF = None
@@ -513,13 +493,10 @@ if CL in models:
 # %% [markdown]
 # ## 11. Janus: one model, two tasks, and drawing (A5, A6)
 #
-# **Task switch.** The same images, two prompts: `describe the image .` (a caption of several tokens) and one
-# question (one answer token). For every generated token, the image share of the query that produced it (mean over
-# heads and layers). **Suppression**: does a token that read the image heavily make the next one read it less?
-# **Drift**: is a third of a caption with a low image share more likely to hold an error? The standard set is
-# captioned almost exactly, so drift is measured on `DRIFT_CAPTIONS` captions of four-object scenes (cluttered and
-# overlapping), where the captioner does slip; an error is a `colour shape position` phrase that names no object of
-# the scene (a wrong word or a wrong binding).
+# **Task switch.** The same images, described (`describe the image .`) and questioned (one answer token): the
+# image share of the query behind each generated token. **Suppression**: does an image-heavy token make the next
+# read the image less? **Drift**: is a caption third with a low image share more likely to name an object the
+# scene lacks? Measured on `DRIFT_CAPTIONS` captions of four-object scenes, where the captioner slips.
 
 # %%
 describe = answer = TH = None
@@ -541,11 +518,9 @@ if JN in models:
         print(f"pooled lag-1 correlation of the per-token image share (positions' means removed): {AR.lag1(series):.3f}")
 
 # %% [markdown]
-# **Drawing.** Janus draws a 32×32 image as 64 VQ tokens, one per step, with classifier-free guidance. At each step
-# the query that produces the next token reads the prompt (text) and the tokens drawn so far (the image span, which
-# grows): its image share says how much the drawing leans on itself rather than on the prompt. Each drawing is
-# judged by the world's checker: its colour first; position only on the pixels of the asked colour (so a drawing in
-# the wrong colour has its position "not judged", whatever it looks like).
+# **Drawing.** Janus draws a 32×32 image as 64 VQ tokens, one per step. The query producing the next token reads
+# the prompt and the tokens drawn so far: its image share says how much the drawing leans on itself. The world's
+# checker judges each drawing's colour and position.
 
 # %%
 drawings = []
@@ -574,8 +549,16 @@ if drawings:
 # %% [markdown]
 # ## 12. Claims scoreboard
 #
-# The rules were fixed at the top of the notebook; here the measurements, each with its interval — one call per
-# architecture (each marks its claims "not measurable here", with the reason, when its model was left out).
+# | id | the study's claim | for caching |
+# |---|---|---|
+# | A1 | in a [fusion encoder](../docs/GLOSSARY.md#fusion-encoder), image→image attention dominates; the text barely shapes the image tokens | the image side is most of the KV and reads itself |
+# | A2 | a [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) under ~<!--const the study's figure, quoted-->15%<!--/const--> means text is not injected into the image | whether text→image paths can be cut |
+# | A3 | [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer): low ones spread, middle ones focus on the named object and half, top ones refine | which layers' vision KV can be thinned |
+# | A4 | a [dual tower](../docs/GLOSSARY.md#dual-tower)'s pooled query focuses on the regions the text names | keep object patches |
+# | A5 | a [unified model](../docs/GLOSSARY.md#unified-model) reads the image ~<!--const the study's figure, quoted-->40%<!--/const--> describing, ~<!--const the study's figure, quoted-->60%<!--/const--> answering | one budget or two |
+# | A6 | after an image-heavy token the next reads the image less ([lag-1](../docs/GLOSSARY.md#lag-1-correlation) below 0); a late drop in image share goes with drift | bursty decode-time reads |
+#
+# One call per architecture (a model left out marks its claims "not measurable here"):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -590,9 +573,25 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# ## What this notebook showed on the shipped models
+# ## What this run showed, against the study
 #
-# Printed from this run's numbers:
+# - **A1**: ViLT's image queries keep most attention on image keys, but whether the text gets less than its share
+#   of the positions is undecided (<!--num "data/results/08_architectures.json#[claim=A1].criteria[name=b].value" fmt="{:.2f}"-->0.88<!--/num--> of even; the interval straddles 1).
+# - **A2, opposite of the study's reading**: the cross-modal share sits at the threshold
+#   (<!--num "data/results/08_architectures.json#[claim=A2].criteria[name=a].value" fmt="{:.3f}"-->0.154<!--/num-->), yet blinding the image tokens to the text costs
+#   <!--num "data/results/08_architectures.json#[claim=A2].criteria[name=b].value" fmt="{:.2f}"-->0.44<!--/num--> of accuracy.
+# - **A3, opposite order**: Mllama's lowest cross-attention layer focuses most; focus fades upward.
+# - **A4 holds**: CLIP's class token reads the named objects <!--num "data/results/08_architectures.json#[claim=A4].value" fmt="{:.1f}"-->3.8<!--/num-->× their area share.
+# - **A5 does not hold**: Janus reads the image as much describing (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@0" fmt="{:.3f}"-->0.631<!--/num-->)
+#   as answering (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@1" fmt="{:.3f}"-->0.615<!--/num-->).
+# - **A6, opposite sign**: the per-token image share's lag-1 correlation is positive
+#   (<!--num "data/results/08_architectures.json#[claim=A6].criteria[name=a].value" fmt="{:+.2f}"-->+0.26<!--/num-->): image-heavy tokens come in runs; drift is undecided (AUROC
+#   <!--num "data/results/08_architectures.json#[claim=A6].criteria[name=b].value" fmt="{:.2f}"-->0.58<!--/num-->).
+# - **Drawing**: Janus drew <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@0"-->4<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@1"-->4<!--/num--> prompts in the
+#   asked colour; its image share grows from <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@3" fmt="{:.2f}"-->0.09<!--/num--> after the first token to
+#   <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@4" fmt="{:.2f}"-->0.79<!--/num--> at the last.
+#
+# The same, printed from this run's numbers:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -622,27 +621,18 @@ if JN in models and len(describe) >= 2:
           + f" (A6 {v['A6']}).")
 
 # %% [markdown]
-# **Reading the scoreboard.** Each verdict is what these small models trained on coloured shapes do, not what the
-# study reports for its (much larger) systems; a claim that does not hold here is a finding about these models. A
-# rule of several criteria is "inconclusive" while any criterion's interval straddles its threshold, even when
-# another criterion is decided by a wide margin: read the criteria's intervals, not only the verdict. To test a claim
-# on a real checkpoint, point its parameter at it (e.g. `VILT = "dandelin/vilt-b32-finetuned-vqa"` on a GPU): the
-# capture, the spans and every measure above follow the model's family.
+# **Reading the scoreboard.** The verdicts are what small models trained on coloured shapes do, not the study's
+# larger systems; read each criterion's interval, not only the verdict. To test a claim on a real checkpoint, point
+# its parameter at it (e.g. `VILT = "dandelin/vilt-b32-finetuned-vqa"` on a GPU).
 #
 # ## Recap
 #
-# - **Draw the layout first.** Which queries may read which keys is fixed by the architecture (section 0); a zero
-#   there is structural, and a share is only comparable between models whose maps have the same blocks.
-# - **One capture, every family.** The same `AttentionCapture` and the same statistics run on a decoder, a fused
-#   encoder, cross-attention layers, two towers and a unified model; each family's adapter says where its image is.
-# - **A share is not an effect.** ViLT's image queries give the text little attention, yet blinding them to it
-#   changes the answers (A2): decide what to cut by ablating and scoring outputs, never by a share alone.
-# - **Tasks change reading.** One unified model, two prompts: compare the image share per task before sizing one
-#   image-KV budget for both (A5), and check whether its per-token reads are bursty (A6).
+# - **Draw the layout first**: a zero where the architecture has no path is structural, not a finding.
+# - **One capture, every family**: each family's adapter says where its image is.
+# - **A share is not an effect**: decide what to cut by ablating and scoring outputs (A2).
+# - **Measure each task before sizing one image budget for both** (A5).
 #
 # ## Measurement → what to do on your model
-#
-# Each row: a number this run measured, what it would suggest on your own model, and where to act.
 
 # %%
 decisions = []
@@ -674,36 +664,21 @@ WrappedTable(pd.DataFrame(decisions, columns=["measurement", "value here", "what
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Solutions: `solutions/08_architectures.py`. Each exercise has a starter cell
-# below the list.
+# Graded ★ (a parameter or a line) to ★★★ (a new measurement); `solutions/08_architectures.py` holds each measured
+# answer. Each exercise has a starter cell below.
 #
 # 1. ★★ In section 8, blind the *text* to the image instead (mask text queries on image keys). What happens to
-#    ViLT's accuracy, and what does that say about where the answer is read? *Expected:* accuracy falls from 0.998 to 0.283 on
-#    400 questions — the text prior (images shuffled: 0.30). The answer is pooled from the first text position, so
-#    the text must read the image; compare with section 8, where the image queries lose the text.
-# 2. ★★ Repeat section 9's object-word focus with the question `where is the {colour} {shape} ?` (the shape word's
-#    row, `object_word_selectivity`) instead of captions: which cross-attention layer focuses hardest? *Expected:*
-#    the low layer (1) lands best — median IoU 0.23 against 0.14 in layer 3 and 0.20 in layer 5 (chance 0.05) — yet
-#    the shape word's [selectivity](../docs/GLOSSARY.md#selectivity) is below 1 in every layer (0.96 / 0.69 / 0.82): its
-#    attention covers the asked object more than chance, but per patch it reads the other objects as much or more.
-# 3. ★★★ Measure A5 per layer instead of over all layers: in which layers does answering read the image more than
-#    describing? *Expected:* on tiny-janus (20 images) answering reads the image much *less* in layer 0 (0.30 vs
-#    0.50) and a little more in layers 1–3 (0.77 vs 0.74, 0.70 vs 0.63, 0.67 vs 0.64): averaged over layers the two
-#    tasks are about equal, which is what A5 found.
-# 4. ★ Lower the "focused" cut-off of section 4 from 0.45 to 0.3 (`AR.head_roles(records, name, focused=0.3)`).
-#    Which models gain focused heads, and does their ranking change? *Expected:* on LLaVA and ViLT (20 samples)
-#    focused heads go from 0.03 to 0.16 of LLaVA's and from 0.00 to 0.04 of ViLT's; the ranking stays. A cut-off
-#    moves counts, not comparisons — which is why each claim is ruled on a cut-off fixed before the numbers.
-# 5. ★★ Give every CLIP sample another sample's caption (`AR.capture_both_towers` on the re-captioned samples, then
-#    `torch.equal` map by map). Does the image tower look elsewhere? *Expected:* not at all: all 80 image-tower maps
-#    are bit-identical with true and with shuffled captions; only the similarities change — every image still finds
-#    its own caption wherever it now sits (1.00), so "image i matches text i" drops from 1.00 to 0.00. A4 is a
-#    statement about the image alone.
-# 6. ★★ Blind ViLT's image queries to the text in one layer at a time (`AR.fusion_correct(..., blind=True,
-#    layers=[k])`). Which layer's text injection does the answer need most? *Expected:* on 400 held-out questions,
-#    0.998 healthy and 0.560 with every layer blind; one layer at a time, layer 1 costs most (0.735), then layer 2
-#    (0.925) and layer 0 (0.988); layers 3–5 alone cost nothing (0.998). The text is injected early: a cache policy
-#    may drop text keys for image queries in the top half of this stream, not in the bottom.
+#    ViLT's accuracy, and where is the answer read? Compare with the cards' "images shuffled" accuracy.
+# 2. ★★ Repeat section 9's object-word focus with the question `where is the {colour} {shape} ?`
+#    (`object_word_selectivity`): which cross-attention layer lands best, and is the shape word
+#    [selective](../docs/GLOSSARY.md#selectivity) there?
+# 3. ★★★ Measure A5 per layer: in which layers does answering read the image more than describing?
+# 4. ★ Lower section 4's "focused" cut-off to <!--const a cut-off the exercise sets-->0.3<!--/const-->
+#    (`AR.head_roles(records, name, focused=0.3)`). Which models gain focused heads; does the ranking change?
+# 5. ★★ Give every CLIP sample another sample's caption (`AR.capture_both_towers`, then `torch.equal` map by
+#    map). Does the image tower look elsewhere?
+# 6. ★★ Blind ViLT's image queries to the text one layer at a time (`AR.fusion_correct(..., blind=True,
+#    layers=[k])`). Which layer's text injection does the answer need most?
 
 # %%
 # Exercise 1 starter: blind the text to the image
