@@ -1,42 +1,22 @@
 # %% [markdown]
 # # 04 · Pruning attention heads by their attention statistics
 #
-# **The method this notebook teaches — score, mask exactly, measure on real answers, compare with random.**
-# A head score is a hypothesis ("this head does not matter"). It is tested by masking the heads it ranks
-# lowest *exactly* (a masked head adds nothing), answering real held-out questions (or drawing real prompts)
-# again, and comparing with pruning the same number of *random* heads. A scorer that does not beat random,
-# or a downstream effect that random heads produce as well, tells you nothing about the heads it picked.
+# **What you will learn**: to score every attention head behind one interface (attention statistics, weight norms,
+# the masking gradient of Michel et al. 2019, random), to mask heads *exactly* and remove them physically, and what
+# that does to a vision-language model's answers and to generators' pictures. Above all, one method: **score, mask
+# exactly, measure on real answers, compare with random** — a scorer that does not beat pruning as many *random*
+# heads tells you nothing about the heads it picked. The claims it tests,
+# P1–P3, are stated beside the scoreboard (§6).
 #
-# **Claims tested here** (rules in section 6's scoreboard):
-#
-# | id | claim | why it matters for caching | section |
-# |---|---|---|---|
-# | P1 | pruning 10% of heads picked by attention statistics barely changes accuracy; 20% starts to hurt | how many heads' keys/values can go without a quality cost | 2 |
-# | P2 | scoring by attention statistics is more stable than by weight norms (and than random) | whether the statistics a cache already collects can choose what to drop | 2 |
-# | P3 | near-uniform shallow heads are not automatically redundant: removing them hurts deeper layers — more than removing random shallow heads | a "diffuse, so unimportant" rule for eviction or pruning is unsafe | 3 |
-#
-# Terms: [depth bands](../docs/GLOSSARY.md#depth-bands) (shallow / middle / deep thirds of the layers);
-# [head mask](../docs/GLOSSARY.md#head-mask) (a 0/1 factor per head on its attention output);
-# [KL](../docs/GLOSSARY.md#kl) (KL(unpruned ‖ pruned) of the first answer token's distribution, nats);
-# [Spearman correlation](../docs/GLOSSARY.md#spearman) (correlation of two rankings); [PSNR and
-# SSIM](../docs/GLOSSARY.md#psnr-and-ssim) (pixel and structure similarity to the unpruned picture);
-# [control](../docs/GLOSSARY.md#control) (the same intervention on randomly chosen heads).
-#
-# **What you will learn**
-# - how to score every attention head (low variance, high entropy, redundancy with another head, their
-#   combination; weight norms; the masking gradient of Michel et al. 2019; random) behind one interface;
-# - how to mask heads *exactly* (a masked head adds nothing) and how to remove them physically;
-# - what pruning 10–50% of heads does to the understanding model's answers (accuracy, KL to the unpruned
-#   answers) and to the generators' pictures (PSNR / SSIM, prompt following);
-# - whether near-uniform shallow heads can go without consequence for the layers above them.
+# **Terms**: [depth bands](../docs/GLOSSARY.md#depth-bands), [head mask](../docs/GLOSSARY.md#head-mask),
+# [KL](../docs/GLOSSARY.md#kl) (here of the first answer token's distribution, unpruned ‖ pruned, in nats),
+# [Spearman correlation](../docs/GLOSSARY.md#spearman), [PSNR and SSIM](../docs/GLOSSARY.md#psnr-and-ssim),
+# [control](../docs/GLOSSARY.md#control).
 #
 # **What it needs**: the stats stores of notebooks 02 and 03 (captured here if absent). Runs on the shipped
-# `tiny-llava`, `tiny-mmdit` and `tiny-pixart`; the understanding side on a checkpoint of any supported
-# vision-language family (`UNDERSTANDING_MODEL`, `DEVICE`, `DTYPE`), the generator side on the shipped
-# generators or diffusers pipeline folders of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana (`GENERATORS`, same
-# `DEVICE` / `DTYPE`; `[]` skips it), sampled through the pipeline and judged on decoded pixels. A
-# cross-attention VLM's cross-attention heads are units too; Sana's linear self-attention heads are not
-# scored here (they form no attention map for the statistics scorers).
+# `tiny-llava`, `tiny-mmdit` and `tiny-pixart`, or on your checkpoints (`UNDERSTANDING_MODEL`: any supported
+# vision-language family; `GENERATORS`: SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana pipelines, `[]` skips them;
+# `DEVICE`, `DTYPE`). Sana's linear attention heads form no map and are not scored.
 
 # %% tags=["parameters"]
 UNDERSTANDING_MODEL = "tiny-llava"
@@ -152,21 +132,20 @@ off = corr.where(~np.eye(len(names), dtype=bool)).stack()
 print(f"most alike: {' / '.join(off.idxmax())} ({off.max():.2f}); least: {' / '.join(off.idxmin())} ({off.min():.2f})")
 
 # %% [markdown]
-# **What to look at.** In the grids, which layers and heads each scorer ranks high (each panel has its own
-# colour scale); in the table, whether two scorers would prune the same heads (1 = same ranking, 0 =
-# unrelated, negative = opposite). Healthy for the statistics is agreement among themselves *and* with the
-# gradient, which measures what the loss actually needs. **This run**: the three statistics scorers and their
-# combination agree closely (0.64–0.90), the gradient only moderately (0.3–0.56), and the weight norms rank
-# heads almost the opposite way (negative correlations): a head with large weights is often a diffuse one
-# that the statistics would prune. Which ranking is right is not visible here — section 2 measures it on
-# real answers.
+# **What to look at.** In the grids, which heads each scorer ranks high (each panel has its own colour scale: compare
+# rankings, not colours); in the table, whether two scorers would prune the same heads (1 = same ranking, 0 =
+# unrelated, negative = opposite). **This run**: the statistics scorers agree closely with one another (most alike:
+# <!--num "notebooks/04_head_pruning.ipynb#out:most alike:" re="most alike: (.*?) [(]"-->attention_combined / low_variance<!--/num-->, <!--num "notebooks/04_head_pruning.ipynb#out:most alike:@0" fmt="{:.2f}"-->0.90<!--/num-->) and only moderately with the gradient,
+# which measures what the loss needs. The weight norms are nearly unrelated to all of them, weakly opposite to the
+# statistics (least alike: <!--num "notebooks/04_head_pruning.ipynb#out:most alike:" re="least: (.*?) [(]"-->redundancy / weight_norm<!--/num-->, <!--num "notebooks/04_head_pruning.ipynb#out:most alike:@1" fmt="{:.2f}"-->-0.36<!--/num-->). Which ranking is
+# right, §2 measures on real answers.
 
 # %% [markdown]
 # ## 2. Prune and answer: accuracy and KL
 #
-# For each scorer and fraction, the lowest-scoring heads are masked (at least one head per layer stays) and
-# all `N_QUESTIONS` questions are answered again. KL is KL(unpruned ‖ pruned) of the first answer token's
-# distribution, averaged over questions. The random scorer is repeated over seeds: its band is a 95% t-interval.
+# For each scorer and fraction, the lowest-scoring heads are masked (at least one head per layer stays) and all
+# `N_QUESTIONS` questions are answered again; KL is averaged over questions. The random scorer is repeated over
+# seeds: its band is a 95% t-interval.
 
 # %%
 ref_logp = E.answer_logprobs(model, processor, qas)
@@ -211,21 +190,20 @@ fig.tight_layout()
 _ = plots.save(fig, out, "understanding_pruning")
 
 # %% [markdown]
-# **What to look at.** Each scorer's curve against random's dashed one (its band: the 95% interval over the
-# random seeds): a useful scorer stays near the unpruned accuracy and near zero KL well past the fraction where
-# random has fallen (six scorers are drawn; `redundancy` is in the tables above). **This run**: random loses 17 points at 10% (0.806) and falls to 0.38 at 50% (KL 5.1
-# nats), while every scorer keeps at least 0.969 at 10%. The gradient is best throughout (0.965 at 30%, 0.917
-# at 50%, KL at most 0.25 nats); the statistics scorers and the weight norms end 29–41 points down at 50% (KL
-# 1.4–3.2 nats), still far above random, and close to one another (P2 in the recap).
+# **What to look at.** Each scorer's curve against random's dashed one and its band (95% over the random seeds): a
+# useful scorer stays near the unpruned accuracy and zero KL well past where random has fallen. **This run**: random
+# costs most — accuracy <!--num "notebooks/04_head_pruning.ipynb#out:family > random@1" fmt="{:.3f}"-->0.806<!--/num--> at 10% and <!--num "notebooks/04_head_pruning.ipynb#out:family > random@4" fmt="{:.3f}"-->0.379<!--/num--> at 50% (unpruned
+# <!--num "notebooks/04_head_pruning.ipynb#out:family > random@0" fmt="{:.2f}"-->0.98<!--/num-->), KL <!--num "notebooks/04_head_pruning.ipynb#out:nats > random@4" fmt="{:.1f}"-->5.1<!--/num--> nats — while every scorer loses about a point or less
+# at 10%. The gradient is best throughout (<!--num "notebooks/04_head_pruning.ipynb#out:family > gradient@4" fmt="{:.3f}"-->0.917<!--/num--> at 50%); the statistics scorers and the
+# weight norms fall further but stay far above random, close to one another (P2, §6).
 
 # %% [markdown]
 # ## 3. Near-uniform shallow heads (P3)
 #
-# The shallow band's heads whose rows are closest to uniform (normalised entropy ≥ the band's median) are
-# pruned *alone*. Do the layers above notice? We capture the standard sample set with and without those heads
-# and compare the deeper layers' attention, then answer the questions again. The **control**: the same
-# number of *random* shallow heads, drawn `RANDOM_SEEDS` times. Any pruning moves the layers above a little;
-# the claim is about these heads only if they move them *more* than random ones do.
+# The shallow band's most uniform heads (normalised entropy ≥ the band's median) are pruned *alone*: we capture the
+# standard samples with and without them, compare the deeper layers' attention and answer the questions again. The
+# **control**: as many *random* shallow heads, drawn `RANDOM_SEEDS` times. Any pruning moves the layers above a
+# little; the claim concerns these heads only if they move them *more* than random ones do.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -246,18 +224,13 @@ print(f"near-uniform minus random: deeper entropy {excess.mean():+.4f} per sampl
       f"{p3.loc[PC.NEAR_UNIFORM, 'accuracy'] - p3.loc[rand_labels, 'accuracy'].mean():+.3f}")
 
 # %% [markdown]
-# **What to look at.** The first row against the random rows: an effect the random rows show as well is the
-# generic cost of removing *any* shallow heads, not a property of near-uniform ones. Healthy evidence for P3
-# is a deeper-layer move and an accuracy drop clearly larger than random's. **This run** (full parameters):
-# masking layer 0's four near-uniform heads halves the accuracy (0.98 → 0.45); four random layer-0 heads cost
-# about as much on average (0.52 over three draws, one draw as bad as 0.31): layer 0 has no spare heads at all.
-# The deeper layers' entropy moves slightly *less* than under random removal (0.039 against 0.041; the
-# difference per sample, −0.002 with its whole interval below 0, is what the scoreboard decides on). Without
-# the control, 0.039 "> 0.02" read as support for P3; with it, the deeper-layer half does not hold.
-# The accuracy half needs the same care: the scoreboard's criterion (a) (an accuracy drop above 1 point) has no
-# random control, and it "holds" (0.98 → 0.45) although four random layer-0 heads cost almost as much (0.525 on
-# average, one draw 0.309). So (a) shows that layer 0 has no spare heads, not that its near-uniform heads are
-# special; the rule stays as written, read it with the random rows beside it.
+# **What to look at.** The first row against the random rows: an effect the random rows show too is the cost of
+# removing *any* shallow heads. **This run**: masking layer 0's near-uniform
+# heads cuts accuracy from <!--num "notebooks/04_head_pruning.ipynb#out:shallow heads: accuracy@0" fmt="{:.2f}"-->0.98<!--/num--> to <!--num "notebooks/04_head_pruning.ipynb#out:shallow heads: accuracy@1" fmt="{:.2f}"-->0.45<!--/num-->, but as many random layer-0 heads cost almost as
+# much (<!--num "notebooks/04_head_pruning.ipynb#out:shallow heads: accuracy@2" fmt="{:.3f}"-->0.525<!--/num--> on average): layer 0 has no spare heads, near-uniform or not. The deeper layers' entropy
+# moves slightly *less* than under random removal (near-uniform minus random: <!--num "notebooks/04_head_pruning.ipynb#out:shallow heads: accuracy@3" fmt="{:+.4f}"-->-0.0024<!--/num--> per sample, its
+# interval below 0 in the scoreboard): the deeper-layer half of P3 does not hold. The accuracy half, criterion (a),
+# has no random control: it "holds", but read it beside the random rows.
 
 # %% [markdown]
 # ## 4. The generators
@@ -313,24 +286,20 @@ if GENERATORS:
     _ = plots.save(fig, out, "generation_pruning")
 
 # %% [markdown]
-# **What to look at.** The same test as for the answers: a scorer tells you something about a generator's heads
-# only if its SSIM (and prompt following) stays above the random band. The table prints SSIM and *position*
-# correct; the figure plots SSIM and *colour* correct (share of prompts whose object has the asked colour),
-# which moves less than position and separates the scorers less. **This run**: on the MMDiT the combined
-# statistics and high_entropy keep SSIM above random at every fraction (0.958 against 0.865 at 20%). On
-# PixArt the statistics scorers fall *below* random: attention_combined's SSIM is 0.661 / 0.554 / 0.367 at
-# 20 / 30 / 50% against random's 0.715 / 0.662 / 0.543 (high_entropy below random from 20%, low_variance
-# from 30%), and its position score 0.69 / 0.38 / 0.13 against 0.71 / 0.60 / 0.38, while the gradient and
-# redundancy scorers (in the table; the figure draws six scorers) keep SSIM above random (on position at 50%
-# gradient falls below it, 0.25 against 0.38, and redundancy ties it). By this notebook's own method that is the key generator result: on PixArt
-# the attention statistics pick heads that are *worse* to lose than random ones.
+# **What to look at.** As for the answers: a scorer says something about a generator's heads only if its SSIM (and
+# prompt following: *position* in the table, *colour* in the figure) stays above the random band. **This run**: on the MMDiT the statistics scorers keep SSIM above random at
+# every fraction. On PixArt the combined statistics fall *below* it, with SSIM
+# <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@2" fmt="{:.3f}"-->0.661<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@3" fmt="{:.3f}"-->0.554<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@4" fmt="{:.3f}"-->0.367<!--/num--> at 20 / 30 / 50% pruned against
+# random's <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@2" fmt="{:.3f}"-->0.715<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@3" fmt="{:.3f}"-->0.662<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@4" fmt="{:.3f}"-->0.543<!--/num-->, and its position
+# score falls below random's too, while the gradient and redundancy scorers stay above random. By this notebook's own
+# method that is the key generator result: on PixArt the attention statistics pick heads *worse* to lose than random ones.
 
 # %% [markdown]
 # ## 5. Physical pruning: does it run faster?
 #
-# Masking costs as much as the full model. Slicing the pruned heads out of the q/k/v/o projections gives a
-# smaller model with the same outputs as the mask (checked below); its forward time is measured side by side
-# with the full model's, interleaved, `TIMING_REPEATS` times on a batch of 100 questions.
+# Masking costs as much as the full model. Slicing the pruned heads out of the q/k/v/o projections gives a smaller
+# model with the mask's outputs (checked below); its forward time is measured interleaved with the full model's,
+# `TIMING_REPEATS` times on a batch of 100 questions.
 
 # %%
 keep30 = space.keep_mask(scores["attention_combined"], 0.3)
@@ -361,21 +330,23 @@ if TIMING_REPEATS >= 2:
           "(only the language model's attention heads shrink; its MLPs, embeddings and the vision tower do not)")
 
 # %% [markdown]
-# **This run**: the physically pruned model (7, 6, 7 and 2 heads kept in layers 0–3) gives the masked model's
-# answers exactly (difference 0), and it is faster, by less than the share of heads removed: 1.15× on 100
-# questions in this run (timings vary from run to run; the interval printed above is this run's). Removing 31% of
-# the language model's heads (22 of 32 kept) saves ~13% of the forward time, because what the heads do not own —
-# the MLPs, the embeddings, the untouched vision tower — does not shrink: measure that share on your model before
-# promising a gain.
+# **This run**: the physically pruned model gives the masked model's answers exactly (the largest log-probability
+# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.15×<!--/num--> faster (timings vary from run to run), less than
+# the share of heads removed, because what the heads do not own (the MLPs, the embeddings, the vision tower)
+# does not shrink. Measure that share on your model before promising a gain.
 
 # %% [markdown]
 # ## 6. Claims scoreboard
 #
-# Accuracy differences are paired over the `N_QUESTIONS` questions (the same questions under both settings),
-# with a 95% interval over questions; the deeper layers' entropy change is resampled over the
-# standard samples. "holds" only if the whole interval clears the threshold, "does not hold" only if it lies
-# wholly on the other side, else "inconclusive" with a rough n that would settle it; "partly": some criteria
-# hold and the others do not.
+# | id | claim | why it matters for caching | § |
+# |---|---|---|---|
+# | P1 | pruning 10% of heads picked by attention statistics barely changes accuracy; <!--const P1's fraction, stated before the run-->20%<!--/const--> starts to hurt | how many heads' keys/values can go | 2 |
+# | P2 | scoring by attention statistics is more stable than by weight norms (and than random) | can a cache's own statistics choose what to drop? | 2 |
+# | P3 | near-uniform shallow heads are not automatically redundant: removing them hurts deeper layers more than removing random shallow heads | a "diffuse, so unimportant" rule is unsafe | 3 |
+#
+# Accuracy differences are paired over the `N_QUESTIONS` questions (95% interval over questions); the deeper layers'
+# entropy change is resampled over the standard samples. How an interval becomes a verdict:
+# [verdicts](../docs/GLOSSARY.md#verdicts).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -391,34 +362,25 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** The verdicts are about this 4-layer, 8-head language model answering one-word
-# questions; a 32-layer 7B model has far more slack, and the study's 10%/20% figures were seen there.
+# **Reading the scoreboard.** These verdicts concern a 4-layer, 8-head model answering one-word questions; a 7B
+# model, where the study saw its figures, has far more slack.
 #
 # ## Recap: what this notebook showed on the shipped models
 #
-# The method, once more, because it is what transfers: **score, mask exactly, measure on real answers,
-# compare with random** (and with a data-free score such as weight norms) before trusting a statistic.
+# What transfers is the method: **score, mask exactly, measure on real answers, compare with random**.
 #
-# - **Scores** (section 1): the attention statistics agree with one another, moderately with the gradient,
-#   and rank heads nearly opposite to the weight norms.
-# - **Real answers** (section 2): on the understanding model every scorer beats random by a wide margin
-#   (random loses ~17 points at 10%); the gradient is best (under 2 points lost at 30%), the statistics lose
-#   ~1 point at 10% and ~5 at 20% — P1's shape, but the 10% drop sits on the 1-point line (inconclusive).
-# - **P2 is inconclusive** (section 2): averaged over the pruned fractions the combined statistics scorer
-#   only ties the data-free weight norms (0.855 against 0.855; difference −0.0005, interval [−0.018, 0.017]),
-#   and one statistic alone, low_variance (0.877), beats both. All of them beat random (0.601) and the gradient
-#   beats all (0.960): the statistics a cache already collects are no better a pruning score here than the
-#   weights.
-# - **The control changes P3's reading** (section 3): the near-uniform shallow heads matter for the answers
-#   (accuracy falls by half, criterion (a) holds), but (a) has no random control and four random layer-0 heads
-#   cost almost as much (0.525 on average, one draw 0.309): layer 0 has no spare heads. The deeper layers'
-#   attention moves no more than when as many random shallow heads go (criterion (b) does not hold): P3 is
-#   "partly".
-# - **Generators** (section 4) lose SSIM faster than the understanding model loses accuracy, and on PixArt the
-#   statistics scorers do *worse than random* from 20% on (attention_combined's SSIM 0.661 / 0.554 / 0.367 at
-#   20 / 30 / 50% against random's 0.715 / 0.662 / 0.543): by the method above, the key generator result.
-#   **Physical pruning** (section 5) gives the mask's outputs exactly, and a speed-up only as large as the
-#   attention's share of the forward.
+# - **Scores** (§1): the statistics agree with one another, moderately with the gradient, hardly at all with the
+#   weight norms.
+# - **Answers** (§2): every scorer beats random by far (random loses <!--num "notebooks/04_head_pruning.ipynb#out:drop at 10% pruned" re="random ([0-9.]+)"-->17.4<!--/num-->
+#   points at 10%); the gradient is best. The combined statistics lose <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@1" fmt="{:.1f}"-->0.9<!--/num--> points at 10%
+#   and <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@3" fmt="{:.1f}"-->5.0<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->: P1's shape, but the 10% drop's interval straddles P1's one-point
+#   line (inconclusive).
+# - **P2 is inconclusive**: averaged over the pruned fractions, the combined statistics only tie the data-free weight
+#   norms (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms@2" fmt="{:.3f}"-->0.855<!--/num-->): a cache's own statistics are no better a pruning score here.
+# - **P3 is partly** (§3): layer 0's near-uniform heads matter for the answers, but so do random ones; the deeper
+#   layers move no more than under random removal.
+# - **Generators** (§4): on PixArt the combined statistics are *worse than random* from <!--const FRACTIONS, a parameter-->20%<!--/const--> pruned on. **Physical
+#   pruning** (§5) matches the mask exactly, but speeds up only the heads' share of the forward.
 #
 # The decision table, from this run's numbers:
 
@@ -455,24 +417,17 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter) to ★★★ (your own checkpoint). Solutions with measured outcomes:
-# `solutions/04_head_pruning.py` (`python solutions/04_head_pruning.py --only K`). Each exercise has a starter cell
-# below the list.
+# Graded ★ (a parameter) to ★★★ (your own checkpoint); a starter cell below each. Solutions, with measured outcomes:
+# `solutions/04_head_pruning.py` (`--only K` runs one).
 #
 # 1. ★★ Prune by `high_entropy` in the deep band only, then in the shallow band only
-#    (`space.keep_mask(..., eligible=...)`). Are diffuse heads as costly to lose in deep layers as in shallow
-#    ones (section 3)? *Expected*: no — shallow diffuse heads are costly and deep ones free: pruning layer 3's
-#    2 or 4 most diffuse heads costs nothing, pruning layer 0's costs 29 and 62 points (on 100 questions).
-# 2. ★★ Replace `attention_combined` with your own scorer: subclass `HeadScorer`, decorate it with `register`,
-#    and rerun section 2. Does it beat `gradient`? *Expected* for an image-share scorer: no (0.80 against the
-#    gradient's 0.98 averaged over 10–30%).
-# 3. ★ The gradient scorer used `N_GRADIENT` questions. How few can it use before its curve falls to random's?
-#    *Expected*: about 8 questions are as good as 128; 2 fall most of the way to random.
-# 4. ★★★ On your own checkpoint: run this notebook with papermill on your vision-language model
-#    (`-p UNDERSTANDING_MODEL /path -p GENERATORS '[]'`) and read section 3 and the decision table: do the
-#    near-uniform shallow heads still beat their random control on accuracy, and on the deeper layers?
-#    *Expected*: the run works on other families (grouped-query attention included; physical pruning is then
-#    skipped with a reason); compare the "minus random" numbers, not the raw drops.
+#    (`space.keep_mask(..., eligible=...)`). Are diffuse heads as costly to lose in deep layers as in shallow ones?
+# 2. ★★ Write a scorer of your own (subclass `HeadScorer`, decorate it with `register`; e.g. by image share) and
+#    rerun §2. Does it beat `gradient`?
+# 3. ★ How few `N_GRADIENT` questions can the gradient scorer use before its curve falls to random's?
+# 4. ★★★ Run this notebook with papermill on your vision-language model (`-p UNDERSTANDING_MODEL /path -p GENERATORS
+#    '[]'`): do the near-uniform shallow heads still beat their random control (§3, decision table)? Compare the
+#    "minus random" numbers, not the raw drops.
 
 # %%
 # Exercise 1 starter: high_entropy pruning in one band at a time
