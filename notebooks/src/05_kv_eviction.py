@@ -107,7 +107,7 @@ if kept:
               + (" (right)" if v["correct"] else " (wrong)"))
 
 # %% [markdown]
-# **What to look at.** The lines under the figure count the objects each rule still holds in most layers: H2O
+# **What to look at.** The lines under the figure count the objects each rule keeps in at least half the layers: H2O
 # <!--num "notebooks/05_kv_eviction.ipynb#out:h2o: keeps" re="of (\d+ of the \d+) objects"-->1 of the 3<!--/num-->, answering
 # <!--num "notebooks/05_kv_eviction.ipynb#out:h2o: keeps" re="answers ('\w+' \(\w+\))"-->'top' (wrong)<!--/num-->; DivPrune
 # <!--num "notebooks/05_kv_eviction.ipynb#out:divprune: keeps" re="of (\d+ of the \d+) objects"-->3 of the 3<!--/num-->;
@@ -423,8 +423,8 @@ if {"divprune", "full"} <= set(pf.index.get_level_values("method")):
           f"{pf.loc['full'].prefill_tokens.iloc[0]:.0f}: the compute saving a cache-stage policy cannot offer, for the same bytes")
 
 # %% [markdown]
-# **[Pareto](../docs/GLOSSARY.md#pareto) view.** Accuracy against the bytes the cache actually holds, every method
-# that frees memory, with 95% intervals over questions; up and to the left is better.
+# **[Pareto](../docs/GLOSSARY.md#pareto) view.** Accuracy against the bytes the cache holds, every method that frees
+# memory, with 95% intervals over questions; up and to the left is better.
 
 # %%
 fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -451,8 +451,8 @@ _ = plots.save(fig, out, "eviction_pareto")
 # %% [markdown]
 # ## 4. Can the cheap simulation be trusted?
 #
-# `retained` = the share of the question's attention on the context that falls on kept positions (from the full-cache
-# run). Per (policy, budget) cell, how well does it rank real accuracy?
+# `retained` (§2's table) is the share of the question's full-cache attention that falls on kept positions. Per
+# (policy, budget) cell, how well does it rank real accuracy?
 
 # %%
 # NBVAL_CHECK_OUTPUT
