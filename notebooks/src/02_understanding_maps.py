@@ -2,42 +2,21 @@
 # # 02 · Attention maps of an understanding model (LLaVA-style)
 #
 # **What you will learn**
-# - how entropy, focus, locality and head diversity change with depth, with both readings of the study
-#   (U2a: shallow local → deep global; U2b: shallow uniform → deep focused) measured side by side;
-# - which image positions the text reads ("visual anchors"), whether they persist across layers, images
-#   and scene types, and where they sit relative to the objects;
-# - how much each kind of word reads the image, and how that changes while the model writes a caption;
-# - whether a word that names an object looks at *that* object rather than at the others;
-# - how to explore maps interactively with sample / layer / head / token controls.
+# - how entropy, focus and attention distance change with depth (the study's two readings, U2a and U2b, side by side);
+# - which image positions the text reads ("visual anchors"), whether they persist, and where they sit;
+# - how much each kind of word reads the image, in the prompt and while writing a caption;
+# - whether a word that names an object looks at *that* object;
+# - how to explore maps with sample / layer / head / token controls.
 #
-# **The claims this notebook tests**, and why each matters for a KV cache (every term is defined in
-# [the glossary](../docs/GLOSSARY.md); the rules and verdicts are in the scoreboard at the end):
+# The study's claims (U1–U13) and this run's verdicts are in the scoreboard (§11).
 #
-# | id | claim (the study's) | why it matters for caching |
-# |---|---|---|
-# | U1 | text-to-image reads are very uneven: a few image positions take most of them | if so, keeping a few image keys keeps most of what the text reads ([eviction](../docs/GLOSSARY.md#eviction)) |
-# | U2a / U2b | shallow layers local / near-uniform, deep layers global / focused | decides which layers' KV can be cut by locality or by score |
-# | U3 | visual [anchors](../docs/GLOSSARY.md#anchors) persist across layers, moderately across images | persistent anchors: one selection serves every layer |
-# | U4 | anchors sit on objects, unlike text [sinks](../docs/GLOSSARY.md#sink) | a policy must keep object patches *and* sinks, for different reasons |
-# | U5 / U6 | content words read the image far more than function words (prompt / decoding) | which queries to watch when scoring image keys |
-# | U8 | healthy layers: a few focused heads, the rest spread | which heads a per-head budget should favour |
-# | U9 / U13 | image tokens dominate; ~35% [cross-modal](../docs/GLOSSARY.md#cross-modal-share) in low layers | where text and image meet, and so where image KV is read |
-# | U11 | object words attend to their object's patches | whether a question's words predict which patches will be needed |
+# **What it needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
+# 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
 #
-# **What it needs**: notebook 01's ideas (capture, store). Runs on the shipped `tiny-llava` (4 language
-# layers × 8 heads, 64 image tokens, image first then text) or a checkpoint of any supported family as
-# `MODEL`, on `DEVICE` in `DTYPE`. Direction convention: `text->image` = text queries reading image keys.
-#
-# **Cross-attention VLMs (Mllama / Llama-3.2-Vision).** There the image never enters the token sequence:
-# text self-attention layers alternate with *cross-attention* layers whose keys are the vision tokens.
-# Everything below that asks "what does the text read in the image" is then measured on the cross-attention
-# layers (part `cross`); the text queries' image share is 1 there by construction (a cross layer reads
-# nothing but the image), so the four-block split ([modality blocks](../docs/GLOSSARY.md#modality-blocks): the
-# map cut into image→image, text→text, image→text and text→image, section 7) and the content-vs-function-word
-# share do not measure the claims and are marked "not measurable here"; anchors, focus per layer, localisation
-# and decoding dynamics are measured as for any VLM.
-#
-# Everything below reads from the stores this run writes; re-running a plot never re-runs the model.
+# **Cross-attention VLMs (Mllama)** read the image only through
+# [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer) (part `cross`), so the block split (§7) and
+# word-class shares (§5) read "not measurable here" there. Everything below reads from this run's stores: re-plotting
+# never re-runs the model.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -105,9 +84,9 @@ print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_confi
 # %% [markdown]
 # ## 1. Capture once
 #
-# Statistics for every sample and layer go to one store, full maps for a subset to another (the widget
-# needs maps; a 7B model's maps are about 1.3 GB per sample, so keep `MAP_PER_TYPE` small there; the estimate
-# is checked against `MEMORY_BUDGET_GB` first).
+# Statistics for every sample and layer go to one store, full maps for a subset to another (the widget needs maps).
+# A 7B model's maps are large (01 §3): keep `MAP_PER_TYPE` small there; the estimate is checked against
+# `MEMORY_BUDGET_GB` first.
 
 # %%
 stores = {name: out / name for name in ("stats", "maps")}
@@ -136,10 +115,9 @@ print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['
 # %% [markdown]
 # ### A first look: one word reading the picture, layer by layer
 #
-# Before any number: take a question about a picture with several objects, pick the word that names the
-# object (*triangle* in *what color is the triangle ?*), and lay its attention over the image tokens (mean
-# over heads) on the picture, one panel per layer. Each panel has its own colour scale: what matters is
-# *where* the bright patches are, not how bright.
+# A question about a picture with several objects; the word naming the object (*triangle* in *what color is the
+# triangle ?*) laid over the image tokens (mean over heads), one panel per layer. **Each panel has its own colour
+# scale** (its maximum in the title): compare *where* the bright patches are, not how bright.
 
 # %%
 first = next((s for s in map_samples if len(s.masks) >= 2), map_samples[0])  # a picture with several objects
@@ -160,23 +138,21 @@ if grids[first.id][0]:
           f"(object patches are {np.mean(k0[k0 >= 0] == 0):.2f} of the picture)")
 
 # %% [markdown]
-# **What to look at.** A word that "grounds" would light up its own object, more and more sharply with depth.
-# A healthy map for a question word is concentrated on a few patches (objects or edges); an unhealthy one is
-# a uniform haze (the word ignores the image) or a fixed pattern that is the same for every picture (a
-# position bias, e.g. always the top-left corner). The number above is the share of the word's image
-# attention on the patches of *any* object; section 6 asks whether it is the *named* object. In the committed run
-# (`overlap-0`, *what color is the triangle ?*) the word *triangle* lights up the orange **circle** in layers 1–3,
-# not the triangle: section 6 shows that this is the rule on the shipped model, not an accident of one picture.
+# **What to look at.** A word that grounds would light up its own object, more sharply with depth. This one does not:
+# in layer 0 its weight is a haze over the picture, and in layers 1–3 its brightest patches are on the orange
+# **circle**, not the triangle. The line above: its image attention on *any* object's patches is
+# <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@1"-->0.11<!--/num--> in layer 0 (the objects cover
+# <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@8"-->0.19<!--/num--> of the picture) and
+# <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@3"-->0.52<!--/num--> in layer 1. Section 6 shows that looking away
+# from the named object is the rule on this model. Unhealthy: a haze at every layer, or one pattern on every picture.
 
 # %% [markdown]
 # ## 2. How attention changes with depth
 #
-# Mean over samples (band: ±1 standard deviation across samples). [Normalised entropy](../docs/GLOSSARY.md#normalised-entropy)
-# is 1 for a row that spreads evenly over everything it can see; [max weight](../docs/GLOSSARY.md#max-weight) is the
-# row's largest weight; [diagonal mass](../docs/GLOSSARY.md#diagonal-mass) is the weight a row puts on its own
-# position (a token reading itself); [mean attention distance](../docs/GLOSSARY.md#attention-distance) is in
-# token positions. The table groups layers into [depth bands](../docs/GLOSSARY.md#depth-bands) (shallow / middle / deep thirds; on the
-# 4-layer `tiny-llava` the shallow and deep bands are one layer each).
+# Mean over samples (band: ±1 standard deviation) of [normalised entropy](../docs/GLOSSARY.md#normalised-entropy)
+# (1 = a row spread evenly), [max weight](../docs/GLOSSARY.md#max-weight), [diagonal mass](../docs/GLOSSARY.md#diagonal-mass)
+# and [attention distance](../docs/GLOSSARY.md#attention-distance); the table groups layers into
+# [depth bands](../docs/GLOSSARY.md#depth-bands) (on `tiny-llava` the shallow and deep bands are one layer each).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -200,18 +176,17 @@ print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d
       f"distance deep / shallow: {depth.loc['deep', 'distance'] / depth.loc['shallow', 'distance']:.2f}")
 
 # %% [markdown]
-# **Reading the curves.** The study expects one of two healthy pictures: entropy *falling* with depth (deep
-# layers focus, U2b) or distance *rising* (deep layers reach further, U2a). On the shipped model neither
-# happens: entropy rises from layer 0 to layer 3 (the rows spread out with depth), max weight falls, and the
-# mean distance barely moves (the printed ratio is close to 1). The within-row variance falls with it: deep
-# rows are flatter. A healthy-but-different model, not a broken one: an unhealthy picture would be entropy
-# pinned near 1 in every layer (uniform rows: the layer does nothing) or near 0 (every row on one sink).
+# **Reading the curves.** The study expects entropy *falling* with depth (U2b) or distance *rising* (U2a). Neither
+# happens here: deep minus shallow entropy is
+# <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@0" fmt="{:+.3f}"-->+0.172<!--/num--> (rows spread out), max weight
+# falls, distance barely moves (deep / shallow
+# <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->). Different, not broken:
+# unhealthy would be entropy pinned near 1 in every layer, or near 0.
 #
 # ## 3. Which positions are read: the read-frequency heatmap
 #
-# [Read frequency](../docs/GLOSSARY.md#read-frequency): column sums of the attention map, divided by how many
-# queries can see each key (early keys are visible to more queries under the causal mask). Vertical bright lines
-# that run through many layers are [anchors](../docs/GLOSSARY.md#anchors).
+# [Read frequency](../docs/GLOSSARY.md#read-frequency): column sums of the map, divided by how many queries can see
+# each key. Bright vertical lines through many layers are [anchors](../docs/GLOSSARY.md#anchors).
 
 # %%
 s0 = samples[0].id
@@ -226,23 +201,17 @@ fig = plots.read_frequency_heatmap(img_reads.mean(0), None, f"the text's reads o
 _ = plots.save(fig, out, "image_reads_heatmap")
 
 # %% [markdown]
-# **What to look at.** In the first heatmap (one sample, `single-0` in the committed run), the first positions
-# (before the image) are bright in layer 0: the [sink](../docs/GLOSSARY.md#sink). Inside the image block, look for
-# *columns*: a position bright in several layers is read whatever the depth (an anchor); here two image positions
-# (near keys 28 and 36) stay bright from layer 1 to layer 3 — notebook 01's map of the same sample shows them as
-# vertical lines read by almost every query. A bright cell in one row only is a one-layer read. The second heatmap
-# averages over samples, so what survives there is a position read on *every* picture — a position bias, not
-# content (objects move between pictures). Healthy: a few bright image columns per sample, a flatter average.
-# Unhealthy: the image block dark everywhere (the text ignores the image).
+# **What to look at.** In the first heatmap (`single-0`) the positions before the image are bright in layer 0: the
+# [sink](../docs/GLOSSARY.md#sink). Inside the image block, two positions (near keys 28 and 36) stay bright through
+# the layers: anchors. The second heatmap averages over samples, so what survives is read on *every* picture — a
+# position bias, not content. Unhealthy: the image block dark everywhere.
 #
 # ## 4. Visual anchors
 #
-# Per sample and layer, the `TOP_K` image positions the text reads most ([anchors](../docs/GLOSSARY.md#anchors)).
-# How concentrated are the reads (U1, measured by the [top-10% share](../docs/GLOSSARY.md#top-10-share): the share of
-# the text's image reads that land on the 10% most-read image positions, 0.1 when all are read equally), do anchors
-# persist (U3), and where do they sit (U4)? Two anchor sets are
-# compared by their [Jaccard](../docs/GLOSSARY.md#jaccard) overlap |A ∩ B| / |A ∪ B| (1 = the same positions);
-# chance for two random sets of k of n image positions is ≈ k/(2n-k).
+# Per sample and layer, the `TOP_K` image positions the text reads most. How concentrated are the reads (U1, the
+# [top-10% share](../docs/GLOSSARY.md#top-10-share); <!--const the share of an even read, by definition-->0.1<!--/const-->
+# for an even read)? Do anchors persist (U3)? Where do they sit (U4)? Anchor sets are compared by
+# [Jaccard](../docs/GLOSSARY.md#jaccard) overlap; chance for two random sets of k of n positions is ≈ k/(2n−k).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -280,18 +249,18 @@ print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccar
       f"{np.mean(sink) / max(np.mean(anchor_mass), 1e-9):.1f}x the mass of the {TOP_K} anchors")
 
 # %% [markdown]
-# **Reading the anchor tables.** The Jaccard matrix: the diagonal is 1; healthy persistence is off-diagonal
-# values well above chance. Here the means are 0.23–0.45 against a chance of 0.05 (the text keeps reading some of
-# the same positions through the layers, though most of the set changes), but U3 (a) asks for more than 3x chance
-# (0.148) between layers 0 and 1, and that pair's 95% interval over samples, [0.142, 0.354], still reaches below
-# the bar: persistence across layers is *not yet shown* on 20 samples (scoreboard: U3 inconclusive). The stability
-# table compares anchor sets of pictures of the same scene type (`within`) and of different types (`across`):
-# within exceeds across in layers 0, 2 and 3 on average (not in layer 1), but U3 (b)'s interval for within minus
-# across, [−0.038, 0.157], includes 0: that anchors follow the layout of a scene type is not yet shown either.
-# The placement table is the clearest result: anchors sit on object patches 3.5–5x more often than random
-# patches would (object vs object_chance), and almost never on background in the deep layers. The last cell is the
-# [sink](../docs/GLOSSARY.md#sink) test: the first 3 positions (before the image) take more of the text's
-# reads than the 6 anchors do — a cache that keeps the anchors but drops the sink would lose the larger share.
+# **Reading the anchor tables.** *Jaccard*: the text keeps reading some of the same positions through the layers
+# (layer 0 vs 1: <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@2" fmt="{:.2f}"-->0.23<!--/num-->, chance
+# <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@3" fmt="{:.2f}"-->0.05<!--/num-->), but U3 (a)'s bar is
+# <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance and the interval
+# [<!--num "notebooks/02_understanding_maps.ipynb#out:U3 · > interval (95%)@1" fmt="{:.3f}"-->0.142<!--/num-->,
+# <!--num "notebooks/02_understanding_maps.ipynb#out:U3 · > interval (95%)@2" fmt="{:.3f}"-->0.354<!--/num-->] reaches below it; *stability*: anchors
+# overlap more within a scene type than across in most layers, but U3 (b)'s interval includes 0. *Placement*, the
+# clearest result: anchors land on object patches <!--num "notebooks/02_understanding_maps.ipynb#out:they land on object patches@3"-->4.6<!--/num-->× as
+# often as random patches. *Sink test*: the positions before the image take
+# <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@1"-->0.334<!--/num--> of the text's reads, the anchors
+# <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@3"-->0.207<!--/num-->: a cache keeping anchors but dropping the
+# sink would lose the larger share.
 
 # %% [markdown]
 # ## 5. Which words read the image
@@ -314,24 +283,21 @@ print(f"deep band: punctuation {flow.loc['punctuation', 'deep']:.3f} vs object w
       if {"punctuation", "object"} <= set(flow.index) else "")
 
 # %% [markdown]
-# **What to look at.** U5 expects content words (object, attribute, position) to read the image far more
-# than function words — a ratio of 2 or more. Here every class reads the image heavily from layer 1 on, and
-# content words beat function words by only a few percent. The surprise is punctuation: in the shallow layer it
-# reads the image least of all classes, but in the deep layer it reads the image *more* than object words. The
-# `?` and similar tokens behave like [sinks](../docs/GLOSSARY.md#sink) turned aggregators: low-content positions
-# late in the prompt collect image information for the positions after them (the answer is produced from the
-# last prompt positions, which see everything before). For a cache this means a rule that scores image keys by
-# what *content* words read would ignore some of the heaviest image readers; scoring from the last prompt
-# positions (as [SnapKV](../docs/GLOSSARY.md#snapkv)'s observation window does) catches them.
+# **What to look at.** U5 expects content words to read the image far more than function words (a ratio of 2 or
+# more). Here content words lead only slightly (<!--num "notebooks/02_understanding_maps.ipynb#out:content words@0"-->0.773<!--/num--> vs
+# <!--num "notebooks/02_understanding_maps.ipynb#out:content words@1"-->0.742<!--/num-->). The surprise is punctuation: least of all classes in the shallow
+# band, *more* than object words in the deep band (<!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@0"-->0.849<!--/num--> vs
+# <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@1"-->0.814<!--/num-->): positions late in the prompt collect image information
+# for the answer. For a cache: scoring image keys by what *content* words read misses some of the heaviest readers;
+# scoring from the last prompt positions ([SnapKV](../docs/GLOSSARY.md#snapkv)'s observation window) catches them.
 
 # %% [markdown]
 # ## 6. Does an object word look at its object?
 #
-# For every object of every multi-object sample we ask *where is the {colour} {shape} ?* and take the shape
-# word's attention over the image: mean weight per patch on the named object divided by the mean weight
-# per patch on the *other* objects ([selectivity](../docs/GLOSSARY.md#selectivity); 1 = no preference). The control
-# is the same model with its language model and projector re-initialised ([untrained-LM control](../docs/GLOSSARY.md#untrained-lm-control);
-# vision tower unchanged).
+# For every object of every multi-object sample we ask *where is the {colour} {shape} ?* and take the shape word's
+# attention over the image: mean weight per patch on the named object over that on the *other* objects
+# ([selectivity](../docs/GLOSSARY.md#selectivity); 1 = no preference). The control is the same model with its language
+# model and projector re-initialised ([untrained-LM control](../docs/GLOSSARY.md#untrained-lm-control)).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -350,25 +316,21 @@ else:
           f"best layer {sel['trained'].idxmax()} at {sel['trained'].max():.2f}")
 
 # %% [markdown]
-# **What to look at.** Healthy grounding is selectivity well above 1 (the word looks at its object more than
-# at the others) with the control at 1, and top-1 on target near 1. The control behaves as it should (about 1
-# everywhere: an untrained language model has no preference). The trained model prefers its object only in
-# layer 0, and weakly (about 1.2); in layers 1–3 its median selectivity is **below 1**: the shape word puts
-# *more* attention per patch on the *other* objects than on the one it names. The word looks away. One reading:
-# after layer 0 the shape word's position is not where the model looks the object up — it reads the scene (the
-# other objects are what distinguishes "the triangle" from the rest), and the lookup happens at the last
-# prompt position instead (exercise 4 finds a layer-1 head there whose top patch is the asked object in every
-# question). For a reader: attention from an object word is not evidence of grounding on this model; for a
-# cache: the words of a question do not say which image patches the answer will need.
+# **What to look at.** Healthy grounding: selectivity well above 1, the control at 1. The control is about 1
+# everywhere; the trained model prefers its object only in layer 0, weakly
+# (<!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer \S+ at (\S+)"-->1.22<!--/num-->), and in layers
+# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re=": (\[.*\]);"-->[1, 2, 3]<!--/num--> it looks **away**: more attention per
+# patch on the *other* objects. Perhaps that position reads the scene (what distinguishes "the triangle") while the
+# lookup happens at the last prompt position (exercise 4). For a cache: a question's words do not say which patches
+# the answer needs.
 
 # %% [markdown]
 # ## 7. Modality blocks and head roles
 #
-# The map cut into four [modality blocks](../docs/GLOSSARY.md#modality-blocks), each as a share of *all* the
-# attention in the layer, and the [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) (image→text +
-# text→image). Note: "text→image share of all attention" is small partly because the text has ~11 query rows
-# against 64 image rows; notebook 07's "image share of text queries' reads" divides by the text rows only and
-# is much larger. Then [head roles](../docs/GLOSSARY.md#head-roles): how many heads are focused.
+# The four [modality blocks](../docs/GLOSSARY.md#modality-blocks) as shares of *all* the layer's attention, and the
+# [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) (image→text + text→image). Text→image is small partly
+# because the text has far fewer rows than the image (07's "image share of text queries' reads" divides by the text
+# rows only). Then [head roles](../docs/GLOSSARY.md#head-roles): how many heads are focused.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -383,12 +345,13 @@ frac_focused = (focused > 0.45).mean(1)
 print("share of heads whose rows put > 0.45 on one key (on average), per layer:", frac_focused.round(2).to_dict())
 
 # %% [markdown]
-# **What to look at.** image→image dominates every layer (the 64 image rows read mostly each other), and the
-# cross-modal share stays around 0.17–0.25: text and image do meet in every layer. Unhealthy would be a layer
-# whose cross-modal share falls under ~0.05 (a modality cut-off, U10, notebook 07). The box plot shows the
-# spread over heads: a wide box means some heads specialise in crossing modalities. The focused-heads line is
-# the surprise of this section: only layer 0 has focused heads (about 1 in 8); from layer 1 on, no head puts
-# more than 0.45 on one key on average — the study's "a few focused heads in every layer" (U8) is not this model.
+# **What to look at.** image→image dominates every layer, and the cross-modal share stays within
+# <!--num "notebooks/02_understanding_maps.ipynb#out:Text and image meet in every layer@0"-->0.17<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:Text and image meet in every layer@1"-->0.25<!--/num-->:
+# text and image meet in every layer (unhealthy: under ~<!--const U10's cut-off, fixed before any run-->0.05<!--/const-->,
+# a modality cut-off, notebook 07). The surprise: only layer 0 has focused heads
+# (<!--num "notebooks/02_understanding_maps.ipynb#out:share of heads whose rows put@2"-->0.12<!--/num--> of them); from layer 1 on no head averages more than
+# <!--const U8's focused-head threshold, fixed before any run-->0.45<!--/const--> on one key — the study's "a few focused
+# heads in every layer" (U8) is not this model.
 
 # %% [markdown]
 # ## 8. Decoding: image reads while writing a caption
@@ -419,15 +382,13 @@ f_dec = D[D["class"].isin(UC.FUNCTION)].image_share.mean()
 print(f"while decoding: content words {c_dec:.3f} vs function words and punctuation {f_dec:.3f} (ratio {c_dec / f_dec:.2f})")
 
 # %% [markdown]
-# **What to look at.** U6 expects image reads to *rise* on the tokens that name image content (objects,
-# colours, positions) and fall on the glue words. In the bars, a healthy caption would show peaks on the
-# content words. The bars show one caption, `single-0`'s *green triangle left* (values printed above): three content
-# words and no punctuation, so they only rank the content words against each other — the colour word reads the
-# image least (0.523), the shape word a little more (0.565), the position word most (0.732). The comparison U6 asks
-# for is in the class table (all 10 captions, mean over layers): punctuation, which appears in some of the other
-# captions, has the highest image share of any class (0.767, against 0.565–0.679 for attribute, object and position
-# words), as in the prompt's deep band (section 5). Hence the ratio below 1: generated content words read the image
-# *less* than the punctuation around them.
+# **What to look at.** U6 expects image reads to *rise* on words that name image content. The bars, one caption
+# (`single-0`'s *green triangle left*), only rank its content words: colour
+# <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@1"-->0.523<!--/num-->, shape <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@2"-->0.565<!--/num-->, position
+# <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@3"-->0.732<!--/num-->. U6 is decided on the class table (all captions): punctuation reads the
+# image most (<!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@1"-->0.767<!--/num-->), as in the prompt's deep band, so the content /
+# function ratio is <!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@2" fmt="{:.2f}"-->0.80<!--/num-->: generated content words read the
+# image *less* than the punctuation around them.
 
 # %% [markdown]
 # ## 9. Scene types
@@ -439,17 +400,15 @@ print(by_type.round(3).to_string())
 print(f"spread across scene types: entropy {np.ptp(by_type.norm_entropy):.3f}, top-10% share {np.ptp(by_type.top10_share):.3f}")
 
 # %% [markdown]
-# **What to look at.** Does the picture's kind change the attention? Pictures with more objects (clutter,
-# diagram) give more focused rows (lower entropy, higher max weight) and more concentrated image reads
-# ([Gini](../docs/GLOSSARY.md#gini)) than single-object pictures. The differences are a few hundredths: a
-# cache policy tuned on one scene type should carry over to the others on this model. An unhealthy sign would
-# be one type far off the rest (e.g. text-in-image pictures read as uniform noise).
+# **What to look at.** Pictures with more objects (clutter, diagram) give more focused rows and more concentrated
+# reads ([Gini](../docs/GLOSSARY.md#gini)) than single-object ones, but the spread across types is small (last line):
+# a cache policy tuned on one scene type should carry over here. Unhealthy: one type far off the rest.
 
 # %% [markdown]
 # ## 10. Explore
 #
-# Sample, layer, head and query token; left to right: the raw map, the map regrouped into modality blocks,
-# and the chosen token's attention over the image. (Moves redraw from the maps store; no model run.)
+# Sample, layer, head and query token; left to right: the raw map, the map in modality blocks, the chosen token over
+# the image (redrawn from the maps store, no model run).
 
 # %% tags=["nbval-ignore-output"]
 explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids,
@@ -457,8 +416,8 @@ explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image f
 explorer
 
 # %% [markdown]
-# The same view as a static figure (what a reader without a kernel sees): the picture of the first look, layer 1,
-# head 0, the last prompt position (the one that produces the answer) reading the image.
+# The same view as a static figure: the first look's picture, layer 1, head 0, the last prompt position (the one that
+# produces the answer) reading the image.
 
 # %%
 rec1 = next(r for r in maps if r.sample == first.id and r.layer == captured[min(1, len(captured) - 1)])
@@ -468,19 +427,26 @@ fig = plots.map_panel(rec1.probs[0], rec1.spans, first.image, last, toks, f"samp
 _ = plots.save(fig, out, "explorer_static")
 
 # %% [markdown]
-# **What to look at.** Left: the raw map in sequence order (image block first, then the question); middle: the same
-# map regrouped so the four blocks are contiguous; right: the chosen query over the picture. Try, in the widget, the
-# last token in layer 1 across heads: one head there points at the asked object (exercise 4).
+# **What to look at.** Left: the raw map in sequence order; middle: regrouped so the four blocks are contiguous;
+# right: the chosen query over the picture. In the widget, try the last token in layer 1 across heads (exercise 4).
 
 # %% [markdown]
 # ## 11. Claims scoreboard
 #
-# Rules first (fixed before any number below is computed), then the measurements. Every number is decided
-# on its 95% interval over the samples (the object questions of section 6 and the captions of
-# section 8 are resampled by their sample too): "holds" only if the whole interval clears the threshold,
-# "does not hold" only if it lies wholly on the other side, else "inconclusive" with a rough n that would
-# settle it. A rule with criteria (a), (b) decides each on its own interval; "partly" means some hold and
-# the others do not.
+# Why each claim matters for a KV cache (the scoreboard prints the study's statements). Verdicts follow the
+# [interval rule](../docs/GLOSSARY.md#interval), fixed before any number; criteria (a), (b) are decided apart,
+# "partly" when some hold.
+#
+# | id | the study says | why it matters for caching |
+# |---|---|---|
+# | U1 | a few image positions take most text-to-image reads | then a few image keys keep most of what the text reads ([eviction](../docs/GLOSSARY.md#eviction)) |
+# | U2a / U2b | shallow local / uniform, deep global / focused | which layers' KV to cut by locality or by score |
+# | U3 | [anchors](../docs/GLOSSARY.md#anchors) persist across layers | one selection serves every layer |
+# | U4 | anchors sit on objects, unlike [sinks](../docs/GLOSSARY.md#sink) | keep object patches *and* sinks |
+# | U5 / U6 | content words read the image far more (prompt / decoding) | which queries to watch when scoring image keys |
+# | U8 | a few focused heads per layer | which heads a per-head budget should favour |
+# | U9 / U13 | image tokens dominate; ~<!--const the study's figure, quoted in its claim-->35%<!--/const--> [cross-modal](../docs/GLOSSARY.md#cross-modal-share) in low layers | where image KV is read |
+# | U11 | object words attend to their object | whether a question predicts the patches needed |
 
 # %%
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
@@ -521,17 +487,22 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** Each verdict above is what the shipped model does, not what the study says.
-# A claim that does not hold on a 4-layer model trained on coloured shapes is a finding about that model;
-# run the notebook on a real checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU and `PER_TYPE = 4`)
-# to see whether it holds there. [Inconclusive](../docs/GLOSSARY.md#inconclusive) means the samples measured cannot tell at
-# that threshold: the note says roughly how many would (`PER_TYPE` scales the set; `SAMPLE_SEED` draws another one to
-# check a verdict). Each verdict is decided on a [95% interval](../docs/GLOSSARY.md#interval) over the
-# samples; the [verdicts](../docs/GLOSSARY.md#verdicts) are defined in the glossary.
+# **Reading the scoreboard.** Each verdict is what the shipped model does, not what the study says; run the notebook
+# on a real checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU) to see whether a claim holds there.
+# [Inconclusive](../docs/GLOSSARY.md#inconclusive): the note says roughly how many samples would settle it.
 #
-# ## What this notebook showed on the shipped model
+# ## What this run showed
 #
-# Printed from this run's numbers:
+# - **Depth**: rows spread out with depth, against both readings (U2a <!--num "notebooks/02_understanding_maps.ipynb#out:U2a · " re="U2a · (.+)"-->partly<!--/num-->, U2b <!--num "notebooks/02_understanding_maps.ipynb#out:U2b · " re="U2b · (.+)"-->does not hold<!--/num-->).
+# - **Reads are only mildly uneven**: the most-read tenth of image positions takes
+#   <!--num "notebooks/02_understanding_maps.ipynb#out:U1 · > value@0" fmt="{:.2f}"-->0.41<!--/num--> of the text's image reads (U1 <!--num "notebooks/02_understanding_maps.ipynb#out:U1 · " re="U1 · (.+)"-->does not hold<!--/num-->).
+# - **Anchors** sit on objects, but the sink takes more of the text's reads (U4 <!--num "notebooks/02_understanding_maps.ipynb#out:U4 · " re="U4 · (.+)"-->partly<!--/num-->); persistence is not
+#   settled (U3 <!--num "notebooks/02_understanding_maps.ipynb#out:U3 · " re="U3 · (.+)"-->inconclusive<!--/num-->).
+# - **Words**: content words barely out-read function words (U5 <!--num "notebooks/02_understanding_maps.ipynb#out:U5 · " re="U5 · (.+)"-->does not hold<!--/num-->); object words look away from
+#   their object (U11 <!--num "notebooks/02_understanding_maps.ipynb#out:U11 · " re="U11 · (.+)"-->inconclusive<!--/num-->).
+#
+# For a cache on this model: keep the sink, select image keys per layer, score them from the last prompt positions.
+# The cell below prints every finding with its numbers.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -567,9 +538,8 @@ print(f"- Text and image meet in every layer: cross-modal share {blocks.cross_mo
 # %% [markdown]
 # ## Measurement → what to do on your model
 #
-# Each row: a number this run measured, what it would suggest on your own model, and where to act. The policies
-# it names are in the glossary: [H2O](../docs/GLOSSARY.md#h2o), [SnapKV](../docs/GLOSSARY.md#snapkv) and
-# [StreamingLLM](../docs/GLOSSARY.md#streamingllm); U1's measure is the [top-10% share](../docs/GLOSSARY.md#top-10-share).
+# Each row: a number this run measured, what it suggests on your own model, and where to act
+# ([H2O](../docs/GLOSSARY.md#h2o), [SnapKV](../docs/GLOSSARY.md#snapkv), [StreamingLLM](../docs/GLOSSARY.md#streamingllm)).
 
 # %%
 decisions = pd.DataFrame([
@@ -588,10 +558,10 @@ decisions = pd.DataFrame([
      "positive: deep layers spread, do not cut them harder than shallow ones; negative: deep layers focus, fewer keys suffice",
      "05 (budgets per layer), 02: LAYERS"),
     ("smallest per-layer cross-modal share (U9, U10)", f"{blocks.cross_modal.min():.2f}",
-     "under ~0.15 the text barely reads the image; under ~0.05 in a layer: a modality cut-off", "06: the neglect detector"),
+     "under ~0.15 the text barely reads the image; under ~0.05 in a layer: a modality cut-off", "07: the neglect detector"),
     ("best median selectivity of object words (U11)", f"{sel['trained'].max():.2f}" if not loc.empty else v["U11"],
      "near or below 1: question words do not point at their object; do not select image KV by the question's words",
-     "06 (U12), 02 exercise 3"),
+     "07 (U12), 02 exercise 3"),
     ("share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict()),
      "few focused heads: the diffuse ones are pruning candidates, but test it (P3)", "04: FRACTIONS"),
 ], columns=["measurement", "value here", "what it suggests on your model", "where"])
@@ -600,32 +570,18 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Solutions with measured outcomes: `solutions/02_understanding_maps.py` (`python solutions/02_understanding_maps.py --only K`). Each exercise has a starter cell
-# below the list.
+# Each has a starter cell below; solutions with measured outcomes: `solutions/02_understanding_maps.py` (`--only K`).
 #
-# 1. ★ Set `TOP_K = 3` and `TOP_K = 12`. Which anchor conclusions survive? *Expected:* anchors stay on objects at
-#    every k (U4 (a): ~5.7x / 4.6x / 3.3x chance at k = 3 / 6 / 12); "anchors persist across layers" (U3 (a)) holds
-#    at k = 3 but falls under its 3x-chance bar at k = 12 — a small-k statement.
-# 2. ★ Count "color" as a function word instead of an attribute (in `unicache_lib.analysis.token_classes`, or by
-#    relabelling the token-flow table). Does U5 change? *Expected:* no — the ratio moves by about 1% (1.04 → 1.03),
-#    far below the rule's 2 either way.
-# 3. ★★ Run section 6 on shape questions (*what shape is the red object ?*) with the colour word as the query
-#    (`object_word_selectivity(..., question="what shape is the {colour} object ?", query="colour")`). Is colour a
-#    better pointer than shape? *Expected:* yes, in one layer: the colour word's median selectivity peaks near 3 in
-#    layer 1, the shape word never passes 1.2.
-# 4. ★★ In the explorer, find a head whose image overlay for the last token lights up only the asked object.
-#    *Expected:* a layer-1 head whose top patch is on the asked object in every one of the 39 object questions
-#    (measured per head with `object_word_selectivity(..., query="last", per_head=True)`); layer 0's best head
-#    manages only ~0.3.
-# 5. ★★★ On your own checkpoint: run this notebook with papermill on a random-weight
-#    [stand-in](../docs/GLOSSARY.md#stand-in) of LLaVA-1.5-7B (`python -m unicache_lib.zoo.builders.standins --out
-#    outputs/rehearsal/models --only llava-1.5-7b`, then `papermill notebooks/02_understanding_maps.ipynb /tmp/02.ipynb
-#    -p MODEL outputs/rehearsal/models/llava-1.5-7b -p LAYERS "[0, 15, 31]" -p PER_TYPE 1 -p MAP_PER_TYPE 1
-#    -p N_CAPTIONS 2`), or on a real checkpoint on a GPU (`-p MODEL llava-hf/llava-1.5-7b-hf`). Compare the depth
-#    table and the U-claims' values with this run's. *Expected on the stand-in:* every verdict reads "not meaningful
-#    (random weights)"; a random-weight language model's rows are uniform (normalised entropy 1.00 in every band,
-#    against 0.67 → 0.84 here), no head is focused, and its anchors sit on objects no more than chance (U4 (a) under
-#    1, against ~4.6x here) — the pattern of an untrained model, against which a real checkpoint's numbers are read.
+# 1. ★ Set `TOP_K = 3` and `TOP_K = 12`. Which anchor conclusions (U3 (a), U4 (a)) survive?
+# 2. ★ Count "color" as a function word instead of an attribute (relabel the token-flow table). Does U5 change?
+# 3. ★★ Run section 6 on *what shape is the {colour} object ?* with the colour word as the query (the starter shows
+#    the call). Is colour a better pointer than shape, and in which layer?
+# 4. ★★ In the explorer, find a head whose overlay for the last token lights up only the asked object; then measure
+#    it per head (`query="last", per_head=True`).
+# 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) of LLaVA-1.5-7B (the starter
+#    prints how to build it; then `papermill notebooks/02_understanding_maps.ipynb /tmp/02.ipynb -p MODEL
+#    outputs/rehearsal/models/llava-1.5-7b -p LAYERS "[0, 15, 31]" -p PER_TYPE 1 -p MAP_PER_TYPE 1 -p N_CAPTIONS 2`),
+#    or a real checkpoint on a GPU. How does an untrained model's depth table differ from this run's?
 
 # %%
 # Exercise 1 starter: anchors at another k
