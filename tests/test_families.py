@@ -117,6 +117,9 @@ def ground_truth(model, inputs):
         maps[names[id(module)]] = (P[0], vis)
         return (P @ v).to(query.dtype).transpose(1, 2).contiguous(), None
 
+    from unicache_lib.core.compat import attention_functions, restore_attention_functions
+
+    before = attention_functions("unicache_gt")
     AttentionInterface.register("unicache_gt", attend)
     AttentionMaskInterface.register("unicache_gt", eager_mask)
     old = attn_implementations(model)
@@ -126,6 +129,9 @@ def ground_truth(model, inputs):
             model(**inputs)
     finally:
         set_attn_implementations(model, old)
+        # unregistered again, as the library's captures do: kvpress, when imported later, wraps every registered
+        # attention function in place, and a stale wrapped one would shadow the next registration
+        restore_attention_functions(before, "unicache_gt")
     return maps
 
 

@@ -87,12 +87,13 @@ def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -
 
 
 def _tiny_layout(model, processor) -> bool:
-    """The shipped tiny LLaVA's layout (plain prompt, 64 image tokens, no chat template)."""
-    from ..zoo.tiny_llava import N_IMG
-
+    """A shipped tiny LLaVA's layout (tiny-llava: 64 image tokens; tiny-llava-576: 576): plain prompt, no chat
+    template, one image token per patch of the tower's grid."""
     cfg = model.config
-    return (cfg.model_type == "llava" and getattr(cfg, "image_seq_length", None) == N_IMG
-            and not getattr(processor, "chat_template", None) and cfg.vision_config.image_size == 64)
+    if cfg.model_type != "llava" or getattr(processor, "chat_template", None):
+        return False
+    vc = cfg.vision_config
+    return getattr(cfg, "image_seq_length", None) == (vc.image_size // vc.patch_size) ** 2
 
 
 def spans_fn(model):
