@@ -321,8 +321,14 @@ def read_minutes(root: Path, notebook: str) -> int:
     if not f.is_file():
         raise SourceError(f"no notebook {notebook}")
     cells = json.loads(f.read_text())["cells"]
-    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    words = sum(len(visible_text("".join(c["source"])).split()) for c in cells if c["cell_type"] == "markdown")
     return max(5, 5 * math.ceil(words / WORDS_PER_MINUTE / 5))
+
+
+def visible_text(markdown: str) -> str:
+    """What a reader sees of ``markdown``'s words: every HTML comment (a marker's or a constant's opening and closing
+    comments) dropped, the numbers they frame kept."""
+    return re.sub(r"<!--.*?-->", "", markdown, flags=re.S)
 
 
 def run_minutes(root: Path, _arg: str = "") -> float:
