@@ -1,33 +1,22 @@
 # %% [markdown]
 # # 07 · Diagnostics: a hallucination signal, a modality-neglect detector, and a one-call report
 #
-# **The claims this notebook tests** (ids as in `CLAIMS` of [unicache_lib/scoreboard.py](../unicache_lib/scoreboard.py); the scoreboard at the end decides
-# each on a rule written before the numbers):
-#
-# | id | claim (one line) | why it matters for caching |
-# |---|---|---|
-# | U10 | A layer whose share of cross-modal attention falls under ~5% marks a modality cut-off ("modality neglect"). | an eviction rule that keeps few image keys in a layer can *cause* such a cut-off; a cheap detector would let a cache watch for it |
-# | U12 | A noun whose attention barely covers the image is likely hallucinated. | if low coverage flags wrong answers, a cache could keep more image KV exactly when coverage drops |
-#
 # **What you will learn**
-# - whether the attention of the position that produces an answer tells right answers from wrong ones —
-#   including "is there a …?" questions about absent objects — next to the model's own confidence, and how to
-#   read an [AUROC](../docs/GLOSSARY.md#auroc) whose direction is not the one you expected, with an interval that
-#   respects how few errors there are;
-# - how the study's modality-neglect detector (per layer, the *image share of the text queries' reads*, ~5%
-#   cut-off) behaves on a healthy model and on three deliberately broken ones, and what it cannot see;
-# - how to turn any stores into a report (figures plus one offline HTML page), here and from the shell.
+# - whether the attention of the position that produces an answer tells right answers from wrong ones (U12), beside
+#   the model's own confidence, and how to read an [AUROC](../docs/GLOSSARY.md#auroc) that points the unexpected way;
+# - how the study's [modality-neglect](../docs/GLOSSARY.md#modality-neglect) detector (U10) behaves on a healthy model
+#   and on three deliberately broken ones, and what it cannot see;
+# - how to turn any stores into a report (figures plus one offline HTML page).
 #
-# **What it needs**: notebooks 02 and 03 for the ideas and, for the report, their stores (captured here if
-# absent). Runs on the shipped `tiny-llava` or a checkpoint of any supported vision-language family (`MODEL`,
-# `DEVICE`, `DTYPE`).
+# The claims and this run's verdicts are in the scoreboard (§4).
 #
-# **Terms.** [AUROC](../docs/GLOSSARY.md#auroc): the probability that a randomly drawn wrong answer scores as more
-# suspect than a randomly drawn right one (0.5: chance; 1: perfect; 0: perfect *in the other direction*).
-# **Image share of text queries' reads** (the detector's signal): of the attention that text queries spend on
-# the context's image and text keys, the part on image keys, per layer — not notebook 02's `text->image`, which
-# is that block's share of the *whole* attention map. [Modality neglect](../docs/GLOSSARY.md#modality-neglect):
-# a layer from which the text no longer reads the image.
+# **What it needs**: 02's ideas (image shares, modality blocks) and, for the report, the stores of 02 and 03 (captured
+# here if absent). The shipped `tiny-llava` or any supported vision-language family (`MODEL`).
+#
+# **Terms.** AUROC: the probability that a random wrong answer scores as more suspect than a random right one (one
+# half: chance; 0: perfect *the other way*). **Image share of text queries' reads** (the detector's signal): of the
+# attention text queries spend on the context, the part on image keys, per layer — not 02's `text->image`, a share
+# of the *whole* map.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -80,9 +69,9 @@ family = family_of(model)
 qas = heldout_set(N_QUESTIONS, seed=SEED + 4242, qtypes=("exists", "colour", "exists", "shape", "position"))
 
 # %% [markdown]
-# **The questions, before any number.** Each held-out question is asked about a 64×64 scene of one to four
-# simple objects; two in five ask "is there a …?", and half of those name an object that is *not* there — the
-# place a model hallucinates.
+# **The questions, before any number.** Each held-out question is about a small scene of one to four simple objects;
+# two in five ask "is there a …?", and about half of those name an object that is *not* there — where a model
+# hallucinates.
 
 # %%
 fig, axes = plt.subplots(1, 5, figsize=(12, 2.8))
@@ -100,14 +89,11 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 # %% [markdown]
 # ## 1. Does a wrong answer look at the image less? (U12)
 #
-# For every question, the query that produces the answer (the last prompt position), in every layer:
-# **coverage** = its attention mass on image keys; **concentration** = 1 −
-# [normalised entropy](../docs/GLOSSARY.md#normalised-entropy) of that mass over the image; **confidence** = the answer's softmax probability. AUROC for detecting *wrong* answers
-# (0.5 = no better than chance), each score oriented so that low coverage / concentration / confidence means
-# "suspect" — the claim's direction. An AUROC *below* 0.5 is not "no signal": it separates in the inverted
-# direction (wrong answers score *higher*), with strength max(AUROC, 1 − AUROC). Each AUROC gets a 95% bootstrap
-# interval that resamples wrong and right answers separately (stratified): with only a few wrong answers a plain
-# resample would let their count drift.
+# For every question, the query that produces the answer (the last prompt position), in every layer: **coverage** =
+# its attention mass on image keys; **concentration** = 1 − [normalised entropy](../docs/GLOSSARY.md#normalised-entropy)
+# of that mass; **confidence** = the answer's probability. AUROC for detecting *wrong* answers, each score oriented the
+# claim's way (low = suspect): below chance it still separates, inverted, with strength max(AUROC, 1 − AUROC).
+# Intervals resample wrong and right answers apart (stratified).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -136,11 +122,10 @@ fig.tight_layout()
 _ = plots.save(fig, out, "hallucination_signal")
 
 # %% [markdown]
-# **How to read the table and the histograms.** Healthy for the claim: the orange (wrong) coverage histogram
-# sits to the *left* of the blue one and the coverage AUROC is well above 0.5 with an interval that stays above it.
-# Unhealthy: the histograms overlap (AUROC near 0.5, interval across it) — or, as can happen, the wrong answers sit
-# to the *right* (AUROC below 0.5: wrong answers read the image *more*). The sentences below are printed from this
-# run's numbers.
+# **How to read the table and the histograms.** Healthy for the claim: the orange (wrong) coverage histogram sits to
+# the *left* of the blue one, the AUROC's interval above chance. Unhealthy: the histograms overlap (interval across chance)
+# — or the wrong answers sit to the *right* (AUROC below chance: they read the image *more*). The lines below are
+# printed from this run's numbers.
 
 # %%
 n_wrong = int(wrong.sum())
@@ -165,36 +150,27 @@ if "lo" in roc:
           "that errs for other reasons.")
 
 # %% [markdown]
-# **What this run shows (shipped model, 1500 questions).** The coverage signal is real but points the other way:
-# AUROC 0.31 [0.23, 0.40] in the claim's direction is 0.69 inverted, and within the 284 absent-object questions,
-# where 18 of the 20 errors sit (the model says "yes" to an object that is not there), it is 0.11 [0.06, 0.19] —
-# a hallucinating answer reads the image *harder*, as if searching for the object, not less. Confidence (0.95)
-# separates far better than either direction of coverage. Twenty errors of one kind make this a hypothesis to test
-# on a larger model, not a rule: a detector keyed on *high* coverage would need held-out errors of every type.
+# **What this run shows.** The coverage signal is real but points the other way (AUROC
+# <!--num "notebooks/07_diagnostics.ipynb#out:Coverage: AUROC@0" fmt="{:.2f}"-->0.31<!--/num-->, interval wholly below chance). Within the
+# absent-object questions, where almost all errors sit, it is <!--num "notebooks/07_diagnostics.ipynb#out:Within the@2" fmt="{:.2f}"-->0.11<!--/num-->:
+# a hallucinating answer reads the image *harder*, as if searching for the object. Confidence separates far better.
+# So few errors of one kind make this a hypothesis to test on a larger model, not a rule.
 
 # %% [markdown]
 # ## 2. The modality-neglect detector (U10), healthy and broken
 #
-# Per layer, the **image share of the text queries' reads**: of the attention mass the text queries put on the
-# context (image and text keys), the part on image keys, over the standard samples. The detector fires when a
-# layer falls under 5% (and warns under 15%). Broken variants, each labelled with
+# Per layer, the image share of the text queries' reads; the detector fires under <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const--> (warns under
+# <!--const the detector's warning level, fixed before any run-->15%<!--/const-->). Broken variants, each labelled with
 # what it breaks:
-# - **zeroed features**: what the image tokens carry (the projector's output replaced by zeros);
-# - **blank image**: the picture's content (every pixel set to the image's mean colour);
-# - **zeroed image values**: what reading an image key returns (the value vectors of image positions are zero
-#   in every layer; the attention weights are untouched);
-# - **masked attention**: the text queries' attention on the image itself, from layer `MASK_FROM_LAYER` on. This one is
-#   *caught by construction* (it forces the share to 0), so it checks the detector's plumbing and does not
-#   count for U10.
+# - **zeroed features**: what the image tokens carry (the projector's output set to zeros);
+# - **blank image**: the picture's content (every pixel the image's mean colour);
+# - **zeroed image values**: what reading an image key returns (image value vectors zeroed, weights untouched);
+# - **masked attention**: the text's attention on the image from layer `MASK_FROM_LAYER` on — *caught by
+#   construction*: it checks the plumbing, not U10.
 #
-# Next to it, a check that does not look at attention at all: **image dependence**, the mean
-# [KL](../docs/GLOSSARY.md#kl) between the answer distribution with the sample's image and with another sample's
-# image, in nats (near 0 = the image is ignored).
-#
-# **A cross-attention VLM** (Mllama) reads the image only in its cross-attention layers, whose keys are all
-# vision tokens: their image share of the text queries' reads is 1 by construction, and the self-attention layers never see the
-# image. The share detector then says nothing, and U10 is "not measurable here"; the variants still run (the
-# masked one gates the cross-attention layers off), and image dependence still tells healthy from broken.
+# Beside it, a check blind to attention: **image dependence**, the mean [KL](../docs/GLOSSARY.md#kl) between the
+# answers with the sample's image and with another's (near 0 = image ignored). On a cross-attention VLM (Mllama) the
+# share is 1 by construction, so U10 is "not measurable here"; image dependence still works.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -221,10 +197,9 @@ fig.tight_layout()
 _ = plots.save(fig, out, "neglect_detector")
 
 # %% [markdown]
-# **How to read the detector.** A healthy model's curve stays well above the dashed 5% line in every layer, and
-# its image dependence (last column) is large; neglect shows as a curve that drops under the line from some layer
-# on. The question this table answers is whether the detector sees the three breaks that are *not* forced onto
-# the share. The sentences below are printed from this run's numbers.
+# **How to read the detector.** A healthy curve stays well above the dashed <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const--> line in every layer, with a large
+# image dependence (last column); neglect is a curve dropping under the line. The question is whether the detector
+# sees the three breaks that are *not* forced onto the share. The lines below are printed from this run's numbers.
 
 # %%
 hl = det.loc["healthy", layer_cols].astype(float)
@@ -260,12 +235,9 @@ page = build_report(stores, out / "report")
 print(f"report: {page} ({page.stat().st_size // 1024} KB, {page.read_text().count('<img')} figures)")
 
 # %% [markdown]
-# The page below is the report itself, followed by the same figures as static images (the PNG files `build_report`
-# writes next to the page), which is what a kernel-less viewer such as GitHub shows: there the frame stays empty.
-# The page is written to `report.html` in the `report` folder under `OUT_DIR` (here
-# `outputs/07_diagnostics/report/report.html`, path printed above); open it in any browser, offline — the figures
-# are embedded. Look for the same curves as in notebooks 02 and 03, whose figures it gathers, side by side for the
-# two model kinds; a figure missing from the page means its store lacked that statistic.
+# Below, the report page itself, then its figures as static PNGs (what a kernel-less viewer such as GitHub shows,
+# where the frame stays empty). The page (path printed above) opens offline and gathers 02's and 03's curves side by
+# side; a missing figure means its store lacked that statistic.
 
 # %% tags=["nbval-ignore-output"]
 import html
@@ -288,13 +260,16 @@ for stem in re.findall(r'<img alt="([^"]+)"', page.read_text()):
 # %% [markdown]
 # ## 4. Claims scoreboard
 #
-# U10 is decided on the per-layer image shares of the text queries' reads, resampled over the standard samples (95% bootstrap
-# interval), and only on broken variants that the share is not forced to catch; U12 on AUROCs resampled over
-# the questions, wrong and right answers apart (stratified), in the claim's direction (low coverage = suspect):
-# an AUROC interval wholly below 0.7 is "does not hold" whichever way it points, and the `measured` column names
-# the direction. "holds" only if the whole interval clears the threshold, "does not hold" only if it lies
-# wholly on the other side, else "inconclusive" with a rough n that would settle it; "partly": one criterion
-# holds and the other does not.
+# | id | the study's claim | why it matters for caching |
+# |---|---|---|
+# | U10 | a layer whose cross-modal share falls under ~<!--const the study's figure, quoted in its claim-->5%<!--/const--> marks a modality cut-off | an eviction rule keeping few image keys can *cause* a cut-off; a cheap detector lets a cache watch for it |
+# | U12 | a noun whose attention barely covers the image is likely hallucinated | then a cache could keep more image KV exactly when coverage drops |
+#
+# Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number. U10 is decided on the
+# per-layer shares resampled over samples, and only on the broken variants not forced onto the share; U12 on the
+# stratified AUROCs in the claim's direction: an interval wholly below
+# <!--const U12's bar, written before the numbers-->0.7<!--/const--> is "does not hold" whichever way it points (the
+# `measured` line names the direction).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -309,25 +284,25 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** U10 reads "partly" when the healthy model is quiet (a) but the detector misses the
-# breaks that are not forced onto the share (b): an attention share measures *where* the text looks, not whether
-# what it finds there carries anything. U12 is decided in the claim's own direction; a "does not hold" whose
-# `measured` column says "inverted" means wrong answers read the image *more*, not that attention is useless.
+# **Reading the scoreboard.** U10 "partly": the healthy model is quiet (a) but the detector misses the breaks (b) —
+# a share measures *where* the text looks, not whether what it finds carries anything. U12 "does not hold" marked
+# "inverted": wrong answers read the image *more*. Both rest on stand-in quantities: U12 speaks of a *noun's*
+# attention, measured here at the last prompt position (answers are one word); U10 of a layer's
+# [cross-modal share](../docs/GLOSSARY.md#cross-modal-share), measured as the
+# [image share](../docs/GLOSSARY.md#image-share) of the text queries' reads (§2).
 #
-# **What was measured in place of the claims' wording.** Both verdicts rest on a stand-in quantity, and they hold
-# or fail for that quantity only:
-# - **U12** speaks of a *noun's* attention (a generated word naming an object). The answers here are one word and
-#   the study's nouns are not located in them, so coverage is measured at the *last prompt position* — the query
-#   that produces the answer (§1) — not at a noun's position. A noun-level test needs captions and the positions of
-#   their nouns.
-# - **U10** speaks of a layer's [cross-modal share](../docs/GLOSSARY.md#cross-modal-share). The scoreboard row keeps
-#   the claim's wording, but what it measures is the [image share](../docs/GLOSSARY.md#image-share) *of the text
-#   queries' reads*: of the attention the text queries put on the context's image and text keys, the part on
-#   image keys (§2) — not the cross-modal blocks' share of the whole attention map.
+# ## Recap: what this run showed
 #
-# ## Recap: what this notebook showed on the shipped model
+# - **U12** <!--num "notebooks/07_diagnostics.ipynb#out:U12 · " re="U12 · (.+)"-->does not hold<!--/num-->: coverage AUROC <!--num "notebooks/07_diagnostics.ipynb#out:Coverage: AUROC@0" fmt="{:.2f}"-->0.31<!--/num-->,
+#   inverted; confidence (<!--num "notebooks/07_diagnostics.ipynb#out:Confidence: AUROC@0" fmt="{:.2f}"-->0.95<!--/num-->) is the signal to beat. On
+#   your model, monitor confidence before keying a cache on coverage.
+# - **U10** <!--num "notebooks/07_diagnostics.ipynb#out:U10 · " re="U10 · (.+)"-->partly<!--/num-->: the healthy model is quiet (lowest share
+#   <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@0"-->0.394<!--/num-->), but the share fires on none of the three real breaks;
+#   image dependence catches zeroed features and the blank image (KL near 0, against a healthy
+#   <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@2" fmt="{:.2f}"-->5.86<!--/num-->), not zeroed image values. After a cache or
+#   pruning change, run image dependence beside the share, and check the answers.
 #
-# The sentences and the table below are built from this run's numbers.
+# The cells below print the same from the scoreboard, then what each number suggests on your model.
 
 # %%
 print("\n".join("- " + line for line in DG.recap(roc, det, n_wrong, len(A), board)))
@@ -338,27 +313,18 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Solutions: `solutions/07_diagnostics.py`. Each exercise has a starter cell
-# below the list.
+# Graded ★ (a parameter or a line) to ★★★ (a new measurement); each has a starter cell below. Solutions with measured
+# outcomes: `solutions/07_diagnostics.py`.
 #
-# 1. ★ Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer?
-#    *Expected on tiny-llava:* yes — 0.987 unmasked, 0.90 from layer 3, 0.86 from layer 2, 0.33 from layer 1; the
-#    detector's first cut-off layer equals the masked layer every time.
-# 2. ★★ Swap coverage for the *shallow* layers' coverage only (`answer_attention(..., layers=...)`). Does the
-#    AUROC change, and in which direction? Report it with its stratified interval. *Expected:* all-layer coverage
-#    is inverted (0.31, i.e. 0.69 the other way); shallow-only sits near chance (about 0.49, interval across
-#    0.5); confidence (0.95) stays far ahead.
-# 3. ★★ Add another broken variant — images shuffled across samples — and predict the detector's verdict first.
-#    Is it a modality cut-off at all? *Expected:* the detector stays quiet and image dependence stays high, while
-#    accuracy falls to about 0.32: the model reads the wrong image fully; only the answers tell.
-# 4. ★★★ On your own checkpoint: run this notebook with papermill on your model
-#    (`papermill notebooks/07_diagnostics.ipynb out.ipynb -p MODEL /path/to/llava -p N_QUESTIONS 1500`) and
-#    compare with the shipped model: the healthy lowest share against 5%, the image dependence of the blank image
-#    against the healthy one, and the coverage AUROC — its direction and whether its interval excludes 0.5.
-#    How many wrong answers did you get, and is that enough to decide U12? *Expected (shown in the solution on a
-#    random-weight stand-in):* the detector and image dependence run on any family; a model with random weights
-#    answers (almost) nothing right, so the AUROC is refused with an error naming the fix — a checkpoint needs
-#    both right and wrong answers before U12 can be read.
+# 1. ★ Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer, and does
+#    the detector's first cut-off layer follow the masked one?
+# 2. ★★ Use only the *shallow* layers' coverage (`answer_attention(..., layers=...)`). Does the AUROC change, and in
+#    which direction? Report it with its stratified interval, beside confidence.
+# 3. ★★ Add another broken variant — images shuffled across samples — and predict the detector's verdict first. Is
+#    it a modality cut-off at all? What do image dependence and accuracy say?
+# 4. ★★★ Run this notebook on your checkpoint (the starter prints the papermill command) and compare: the healthy
+#    lowest share against the cut-off, the blank image's image dependence against the healthy one, and the coverage
+#    AUROC — its direction, whether its interval excludes chance, and whether you have enough wrong answers to decide U12.
 
 # %%
 # Exercise 1 starter: masking from another layer
