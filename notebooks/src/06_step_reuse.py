@@ -1,46 +1,21 @@
 # %% [markdown]
 # # 06 · Cross-step reuse: skip whole steps, and beat sampling with fewer of them
 #
-# A diffusion transformer runs once per denoising step, and notebook 03 measured adjacent steps as nearly identical.
-# Cross-step reuse saves work by reusing (or predicting) what a step would compute. This lesson shows what reuse does
-# to an image, measures the study's schedules, diffusers' own caches and this workbench's `step_skip` against the
-# control every caching method must beat — simply sampling with fewer steps — and ends with a decision table for
-# your pipeline. The previous lesson (05) did the same for KV eviction in vision-language models.
+# **What you will learn**: a diffusion transformer runs once per denoising step, and notebook 03 found adjacent steps
+# nearly identical. You will see what reusing (or predicting) a step's work does to an image; measure the study's
+# attention-reuse schedules, diffusers' own caches and this workbench's `step_skip` (skip whole steps, extrapolate
+# the model output) against the control every caching method must beat, **sampling with fewer steps**, at equal FLOPs
+# and equal wall-clock; see why attention-only reuse has a ceiling that whole-step reuse does not; and end with a
+# decision table for your pipeline. The claims it tests (the study's G3 and G8, this workbench's own
+# targets R1–R3 for `step_skip`) are stated beside the scoreboard (§5).
 #
-# **The claims this notebook tests** (ids as in `CLAIMS` of [unicache_lib/scoreboard.py](../unicache_lib/scoreboard.py);
-# the scoreboard of §5 decides each on a rule written before the numbers, kept as data in
-# [unicache_lib/analysis/caching_claims.py](../unicache_lib/analysis/caching_claims.py)). G3 and G8 are claims of the
-# UniCache study. **R1–R3 are not: they are this workbench's own targets** for the policy it designs here
-# (`step_skip`); their statements in `CLAIMS` begin with "Target:". They are *not* the study's R-claims (the study's
-# R1 is mixed routing, which no notebook measures); the ids stay as they are because the scoreboards and the
-# replication table use them.
+# **Terms**: [PSNR and SSIM](../docs/GLOSSARY.md#psnr-and-ssim) (against the no-reuse image),
+# [Pareto](../docs/GLOSSARY.md#pareto)-ahead (as good on every axis, better on one), [CFG](../docs/GLOSSARY.md#cfg),
+# [diffusers caches](../docs/GLOSSARY.md#diffusers-caches) (PAB, FasterCache, FirstBlockCache, TaylorSeer, MagCache).
 #
-# | id | claim (one line) | what it decides |
-# |---|---|---|
-# | R1 / R2 / R3 | *Workbench target (not the study's R1–R3):* a designed step-reuse policy reaches ≥ 2× wall-clock at ≥ 42 dB, sits ≥ 3 dB above sampling with fewer steps, and is Pareto-ahead of every diffusers cache. | whether cross-step reuse beats the trivial control |
-# | G3 | Reusing only in the last third of the steps loses almost no quality (and beats reusing throughout). | where in the schedule reuse is safe |
-# | G8 | Text-side reuse cuts latency ~15% with no visible loss. | whether the text side is worth caching |
-#
-# **Terms** (glossary links): [PSNR and SSIM](../docs/GLOSSARY.md#psnr-and-ssim) compare a reused image with the
-# no-reuse one (PSNR is capped at 100 dB: bit-identical images have an infinite PSNR);
-# [Pareto](../docs/GLOSSARY.md#pareto)-ahead = at least as good on every axis (quality and cost) and better on one;
-# [CFG](../docs/GLOSSARY.md#cfg) = classifier-free guidance; the **fewer-step control** = sampling with fewer steps
-# and nothing else; the [diffusers caches](../docs/GLOSSARY.md#diffusers-caches) (PAB, FasterCache, FirstBlockCache,
-# TaylorSeer, MagCache) are the library's own reuse methods.
-#
-# **What you will learn**
-# - what reuse does to an image, and which steps a step-level policy actually computes;
-# - how reusing attention across denoising steps trades quality for speed on both generators, for the study's
-#   schedules and for diffusers' own caches;
-# - why every reuse method must be compared with simply sampling with fewer steps, at equal FLOPs and at equal
-#   wall-clock, and how a policy built from notebook 03's step similarity (`step_skip`: skip whole steps,
-#   extrapolate the model output) clears that bar;
-# - why attention-only reuse has a ceiling that whole-step reuse does not.
-#
-# **What it needs**: notebook 03 for the step similarity; it measures everything it shows. Runs on the shipped
-# `tiny-mmdit` and `tiny-pixart`, or on diffusers pipeline folders of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana
-# (`GENERATORS`, `DEVICE`, `DTYPE`), sampled through the pipeline (its scheduler, guidance and VAE) and judged on the
-# decoded pixels. Every diffusers cache is configured with the family's own module names.
+# **What it needs**: notebook 03 for the step similarity. Runs on the shipped `tiny-mmdit` and `tiny-pixart`, or on
+# diffusers pipeline folders of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana (`GENERATORS`, `DEVICE`, `DTYPE`), sampled
+# through the pipeline and judged on the decoded pixels.
 
 # %% tags=["parameters"]
 DEVICE = "auto"               # "cpu", "cuda" or "auto"
@@ -105,11 +80,11 @@ print(f"{len(texts)} scored prompts on {', '.join(gens)}; {STEPS} steps; fewer-s
 # %% [markdown]
 # ## 1. The idea in one picture
 #
-# One prompt, sampled four ways on each generator: without reuse, with `step_skip` (this workbench's policy), with
-# fewer steps at the same number of transformer calls, and with one of diffusers' caches. Under each image, its PSNR
-# against the uncached image; under that, a strip of the denoising steps — dark where the transformer ran, light
-# where `step_skip` predicted the output from the last computed steps instead. The fewer-step control runs every one
-# of its steps, on a coarser grid; a diffusers cache decides block by block inside each step, so it gets no strip.
+# One prompt, sampled four ways on each generator: without reuse, with `step_skip`, with fewer steps at the same
+# number of transformer calls, and with one diffusers cache. Under each image, its PSNR against the uncached image and
+# a strip of the denoising steps: dark where the transformer ran, light where `step_skip` predicted the output from the
+# last computed steps. The fewer-step control runs every step of a coarser grid; a diffusers cache decides block by
+# block inside each step, so it gets no strip.
 
 # %%
 n_new = sum(REUSE_POLICIES["step_skip"]().schedule(STEPS))  # transformer calls step_skip makes
@@ -124,42 +99,27 @@ for g, gen in gens.items():
                                + (f" ({sum(v['schedule'])} transformer calls)" if v["schedule"] else "") for m, v in G.items()))
 
 # %% [markdown]
-# **What to look at.** The images look alike; the numbers under them do not. Above ~40 dB a difference is invisible,
-# 30 dB is a visibly altered image. Read the lines printed with the figures: `step_skip` and the fewer-step control make
-# the same number of transformer calls, and `step_skip`'s image is the closer to the uncached one — computing the
-# first steps, the last steps and every third in between, and extrapolating the rest, beats spreading the same calls
-# evenly. The rest of the lesson measures whether that holds on every prompt (§2), against the control at equal cost
-# (§3), and where the speed-up of attention-only reuse stops (§4).
+# **What to look at.** The images look alike; the numbers under them do not. At the same number of transformer calls,
+# `step_skip`'s image is closer to the uncached one than the fewer-step control's (on the MMDiT
+# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: none" re="step_skip ([0-9.]+ dB)"-->50.9 dB<!--/num--> against <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: none" re="steps:[0-9]+ ([0-9.]+ dB)"-->44.1 dB<!--/num-->):
+# computing the first and last steps and every third between, and extrapolating the rest, beats spreading the same
+# calls evenly.
 #
 # ## 2. Cross-step reuse on the generators
 #
-# Each method draws the same `N_PROMPTS` prompts with the same seeds; quality is measured against the
-# no-reuse images, `computed` is the attention work actually done relative to no reuse (counted in batch rows
-# at the attention processors, so skipped blocks count too and a call on half of the CFG
-# batch — the conditional and unconditional branches run as one batch of twice the prompts, and FasterCache skips
-# the unconditional half — counts half), and speed-up is the median over `REPEATS` interleaved
-# rounds (every method once per round, in a shuffled order) of the no-reuse time divided by the method's time
-# in the same round, for a `TIMING_PROMPTS`-prompt batch, with a 95% interval over the rounds.
-# `flops` counts what the *whole* transformer executed (MLPs, projections and attention, every layer) relative
-# to no reuse — attention is under half of a step here, so `computed` alone flatters attention-only reuse.
-# MagCache is calibrated on 4 held-out prompts, not on the ones it is scored on.
+# Every method draws the same prompts and seeds; quality is against the no-reuse images. Costs:
+# `computed`, the attention work done relative to no reuse; `flops`, what
+# the *whole* transformer executed, which keeps attention-only reuse honest. Speed-up: the median over `REPEATS` shuffled rounds of no-reuse time over the method's, with a 95% interval.
 #
-# **The control.** Rows `steps:N` sample with N instead of `STEPS` steps and nothing else — the cheapest way to
-# save work. A reuse method earns its machinery only where its images beat the control's at the same wall-clock
-# and the same FLOPs.
+# **The control.** Rows `steps:N` sample with N instead of `STEPS` steps and nothing else. A reuse method earns its
+# machinery only where it beats the control at the same wall-clock and the same FLOPs.
 #
-# **`step_skip`**, the policy designed from notebook 03, which measured adjacent steps' attention and outputs as
-# nearly identical across the whole run (about 0.99 early and late alike) and the output changing smoothly with the
-# timestep: so whole steps can be skipped and the output extrapolated. *Where* to compute was not read off a
-# similarity profile but chosen on a tuning grid (`benchmarks/tune_step_skip.py`, results in
-# `benchmarks/results/tune_step_skip.txt`): on 16 *design* prompts, disjoint from the prompts scored here, among the
-# 56 settings per generator that compute at most 9 of 20 steps, the largest margin over sampling with as many steps
-# on the worse generator (+3.45 dB MMDiT, +4.57 dB PixArt) came from computing the first two steps, the last two and
-# every 3rd step in between (`CC.C..C..C..C..C..CC`, 9 of 20). Spending more of the budget at the start (the first
-# 15% or 20% of the steps, hence every 4th step in the middle) lowered that margin to +0.53 dB at best. On a skipped
-# step it returns the last computed output moved half-way along the line through the last two (`out = o1 + 0.5
-# (o1 - o0)(t - t1)/(t1 - t0)`), the best weight of the same grid; plain reuse of the last output (weight 0) is only
-# a coarser Euler grid — 1.8–2.2 dB worse on the design prompts (margins +1.3 / +2.8 dB instead of +3.45 / +4.57).
+# **`step_skip`**'s schedule (`CC.C..C..C..C..C..CC`, 9 of 20 steps computed) was chosen on a tuning grid over design
+# prompts disjoint from those scored here (`benchmarks/tune_step_skip.py`), where it had the largest margin over fewer
+# steps: <!--num "benchmarks/results/tune_step_skip.txt#chosen:@8" fmt="{:+.2f}"-->+3.45<!--/num--> / <!--num "benchmarks/results/tune_step_skip.txt#chosen:@10" fmt="{:+.2f}"-->+4.57<!--/num--> dB (MMDiT / PixArt, its committed
+# results in `benchmarks/results/tune_step_skip.txt`). A skipped step's output is the last one moved half-way along the line through the last
+# two; plain reuse of the last output (`weight=0`) kept less of the
+# margin (exercise 2 measures how much).
 
 # %%
 RU = {g: run_reuse(gen, METHODS[g], texts, objs, STEPS, GUIDANCE, SEED, TIMING_PROMPTS, REPEATS) for g, gen in gens.items()}
@@ -175,12 +135,11 @@ with pd.option_context("display.max_colwidth", None, "display.width", 250):
 print(reuse.loc[reuse.note != "", ["note"]].to_string())
 
 # %% [markdown]
-# **How to read the table.** PSNR is in dB against the no-reuse image of the same prompt and seed: above ~40 dB
-# differences are invisible, 30 dB is a visibly altered image. **100 dB stands for "identical"**: bit-identical
-# images have an infinite PSNR, capped at 100 so that means stay finite — the `none` row by definition, and any
-# method whose `reading` says "bit-identical". `colour` / `position`: share of images whose object still has
-# the prompt's colour / position. `computed` counts attention work, `flops` the whole transformer's. Healthy: a
-# method far below 1 in `flops` at 40+ dB. The lines below are printed from this run.
+# **How to read the table.** PSNR is in dB against the no-reuse image of the same prompt and seed (the
+# [glossary](../docs/GLOSSARY.md#psnr-and-ssim) says what is visible); <!--const the PSNR cap, a convention-->100 dB<!--/const--> stands
+# for "identical": the `none` row, and any method whose `reading` says "bit-identical". `colour` / `position`: share
+# of images whose object keeps the prompt's colour / position. Healthy: a method far below 1 in `flops` at a PSNR
+# where differences are invisible. The lines below are printed from this run.
 
 # %%
 for g in RU:
@@ -272,27 +231,20 @@ fig.tight_layout()
 _ = plots.save(fig, out, "reuse_vs_control")
 
 # %% [markdown]
-# **What to look at.** The grey line is the control, one point per step count (the numbers); a point above the line
-# gives better images than sampling with fewer steps at the same speed-up (left) or the same work (right, where work
-# falls to the right). The dotted line is R1's 42-dB target. The chart shows `step_skip` at two settings, the study's every-2nd-step schedule and two diffusers caches;
-# every other method is in the tables above.
+# **What to look at.** The grey line is the control, one point per step count; a point above it gives better images
+# than fewer steps at the same speed-up (left) or the same work (right; less work to the right). The dotted line is
+# R1's <!--const R1's threshold, written before the numbers-->42 dB<!--/const--> target.
 #
-# **What this run shows.** Fewer steps is a hard control. Every diffusers cache the control's range reaches lies below
-# it: 10–12 dB at its own wall-clock speed-up (FasterCache and FirstBlockCache, the two inside the range on this run's
-# timings: −10.2 / −11.1 and −10.9 / −12.3 dB on MMDiT / PixArt; timings move with the machine) and 6–17 dB at its own FLOPs (the lines printed above the figure; the
-# others save less than sampling with 16 of 20 steps and fall outside the control's range). The study's
-# attention-level schedules can be compared only on PixArt at equal FLOPs — `adaptive` (−16.0 dB) and every 2nd step
-# (−10.7 dB); both lie below the control there;
-# everywhere else they save less than 16 of 20 steps does, so this run does not place them against it. On these
-# models a cache that skips only some attention calls has not been shown to beat simply sampling with fewer steps.
-# `step_skip` (at both settings) is the only method above the control; the default setting: +3.2 / +3.3 dB at equal
-# wall-clock and +3.5 / +3.7 dB at equal FLOPs (MMDiT / PixArt, intervals above zero), at 2.27× / 2.31× wall-clock (9 of 20 transformer calls). On the
-# MMDiT it stays at 45 dB; on PixArt it reaches 41.3 dB, 0.7 dB short of the 42-dB target (the design prompts gave
-# 43.5 dB: the held-out ones are harder for PixArt, and nothing was re-tuned on them; on the decisive run's 1,600
-# prompts, 40.4 dB). Its milder setting (every 2nd step, about 1.7×) beats every diffusers cache on the MMDiT by 3 dB
-# or more while being faster; on PixArt MagCache (1.21×) ties it within 0.3 dB. The diffusers caches ran at their recommended settings only (tuned settings are not
-# part of this run). The margins over the control are the number to carry to your model: a caching method that does
-# not beat fewer steps is not worth its code.
+# **What this run shows.** Fewer steps is a hard control. Every diffusers cache within its range lies below it at equal
+# wall-clock and at equal FLOPs (the lines printed above the figure), and so do the study's attention-level schedules
+# where they can be placed; the rest save less than 16 of 20 steps. Only `step_skip`, at both settings, lies above: the
+# default by <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@3" fmt="{:+.1f}"-->+3.5<!--/num--> / <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@3" fmt="{:+.1f}"-->+3.7<!--/num--> dB at equal FLOPs and <!--num "notebooks/06_step_reuse.ipynb#out:step_skip over > value here@1" fmt="{:+.1f}"-->+3.2<!--/num--> /
+# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: step_skip over > value here@1" fmt="{:+.1f}"-->+3.3<!--/num--> dB at equal wall-clock (MMDiT / PixArt, intervals above zero).
+# On PixArt its <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@0" fmt="{:.1f}"-->41.3<!--/num--> dB misses the target (the design prompts gave <!--num "benchmarks/results/tune_step_skip.txt#chosen:@9" fmt="{:.1f}"-->43.5<!--/num--> dB in the tuning
+# benchmark's committed results; nothing was re-tuned). Its milder setting beats every diffusers cache on the MMDiT
+# while saving at least as much; on PixArt MagCache ties it: <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: each > magcache@1" fmt="{:+.2f}"-->+0.34<!--/num--> dB [<!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: each > magcache@2" fmt="{:+.2f}"-->-1.98<!--/num-->,
+# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: each > magcache@3" fmt="{:+.2f}"-->+2.23<!--/num-->]. The caches ran at diffusers' recommended settings only. The margins over the control are the
+# number to carry to your model.
 
 # %% [markdown]
 # ## 4. How far can attention-only reuse go?
@@ -311,16 +263,21 @@ for g, a in shares.items():
 # %% [markdown]
 # ## 5. Claims scoreboard
 #
-# G3 and G8's quality on SSIM per prompt (95% interval over prompts), the speed criteria on the timing
-# interval of §2 (at least 10 shuffled interleaved rounds), R2 and R3 paired over prompts. "holds" only if the whole
-# interval clears the threshold, "does not hold" only if it lies wholly on the other side, else "inconclusive" with
-# a rough n that would settle it; "partly": some criteria hold and the others do not. The rules are data
-# (`caching_claims.REUSE_RULES`), written before the numbers.
+# | id | claim | what it decides |
+# |---|---|---|
+# | R1 / R2 / R3 | *Workbench target, not the study's R1–R3:* a designed step-reuse policy reaches ≥ <!--const R1's threshold-->2×<!--/const--> wall-clock at ≥ <!--const R1's threshold-->42 dB<!--/const-->, sits ≥ <!--const R2's threshold-->3 dB<!--/const--> above sampling with fewer steps, and is Pareto-ahead of every diffusers cache | whether cross-step reuse beats the trivial control |
+# | G3 | Reusing only in the last third of the steps loses almost no quality (and beats reusing throughout) | where in the schedule reuse is safe |
+# | G8 | Text-side reuse cuts latency ~<!--const the study's reported figure-->15%<!--/const--> with no visible loss | whether the text side is worth caching |
+#
+# G3 and G8 are the study's claims; R1–R3 are this workbench's own targets for `step_skip` (statements beginning
+# "Target:" in `CLAIMS` of [unicache_lib/scoreboard.py](../unicache_lib/scoreboard.py); the study's R1, mixed routing,
+# no notebook measures). The rules are data written before the numbers
+# ([unicache_lib/analysis/caching_claims.py](../unicache_lib/analysis/caching_claims.py)); how an interval becomes a
+# verdict: [verdicts](../docs/GLOSSARY.md#verdicts).
 #
 # This run's 32 prompts cannot settle every target, so `make evaluate-reuse` ran the same methods, settings and rules
-# on 1,600 prompt/noise pairs no one here tuned on or scored (`benchmarks/evaluate_reuse.py`; committed in
-# `benchmarks/results/evaluate_reuse.csv`). Where it was run on these generators at these settings, each claim it
-# measured is decided on its interval, and the row says so with this run's interval beside it.
+# on 1,600 new prompt/noise pairs (`benchmarks/evaluate_reuse.py`, committed in `benchmarks/results/evaluate_reuse.csv`);
+# each claim it measured is decided there, with this run's interval beside it.
 
 # %%
 # not compared by nbval: R1 (a), R2, R3 (a) and G8 rest on wall-clock speed-ups, which vary from run to run
@@ -338,38 +295,40 @@ board.show()
 print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 
 # %% [markdown]
-# **How the verdicts were settled.** R1–R3, G3 and G8 are decided on `make evaluate-reuse`'s 1,600 new prompt/noise
-# pairs with 20 timing rounds (each row says so, with this run's 32 prompts beside it):
-# - **R1: partly.** `step_skip` runs 2.28× [2.18, 2.39] on the slower generator (the MMDiT), so (a) holds; but PixArt's
-#   mean PSNR is 40.4 dB [40.1, 40.7] against 42 dB, so (b) does not hold. This run's 32 prompts (a few dB wide)
-#   could not tell; 1,600 say the default stride gives up about 1.6 dB on PixArt more than the target allows.
-# - **R2: holds.** On the generator with the smaller margin `step_skip` is +4.3 dB [+4.0, +4.6] above sampling with
-#   fewer steps at its own wall-clock speed-up (+4.3 / +4.6 dB at equal FLOPs, which are counted).
-# - **R3: inconclusive, a tie.** The closest diffusers cache, MagCache on PixArt, against `step_skip` every 2nd step:
-#   +0.09 dB [−0.24, +0.40]. The scoreboard's estimate of what would settle it is about 23,000 prompts (about 44 CPU
-#   hours here): the two sit on top of each other. Every other cache on both generators is behind the matching
-#   `step_skip` setting.
-# - **G3 and G8 hold** on the decisive run (G8's speed-up 1.16× [1.13, 1.19] over 20 rounds; this run's 10 rounds give
-#   1.17× [1.16, 1.23], and a run on a busier machine straddled 1.10).
+# **How the verdicts were settled** (on `make evaluate-reuse`'s prompts and timing rounds):
+# - **R1: partly.** `step_skip` runs <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@0" fmt="{:.2f}×"-->2.28×<!--/num--> on the slower generator, so (a) holds; PixArt's mean
+#   PSNR is <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@1" fmt="{:.1f}"-->40.4<!--/num--> dB, its interval wholly below the target, so (b) does not.
+# - **R2: holds**: <!--num "notebooks/06_step_reuse.ipynb#out:R2 · > value@0" fmt="{:+.1f}"-->+4.3<!--/num--> dB above fewer steps at equal wall-clock on the generator with the smaller
+#   margin, its interval above the threshold.
+# - **R3: inconclusive, a tie.** MagCache on PixArt against `step_skip` every 2nd step: <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a):@0" fmt="{:+.2f}"-->+0.09<!--/num--> dB
+#   [<!--num "notebooks/06_step_reuse.ipynb#out:R3 (a):@1" fmt="{:+.2f}"-->-0.24<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a):@2" fmt="{:+.2f}"-->+0.40<!--/num-->]; settling it would take about
+#   <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a): > settle@1" fmt="{:,}"-->23,253<!--/num--> prompts. Every other cache is behind.
+# - **G3 and G8 hold** (G8's speed-up <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num-->).
 #
-# **Reading the results.** The study reports ~15% lower latency from text-side reuse and the peers report
-# 1.6–2.4× on real DiTs with thousands of image tokens. Here attention is under half of a sampling run
-# (35% and 42%, measured in §4), so even skipping every attention call could not reach 2×: the MLPs and norms are the rest
-# of each step, not a fixed overhead. Skipping whole steps is not bound by that cap — which is why `step_skip`
-# reaches 2× where attention-level reuse and the diffusers caches reach at most 1.49×, and the MMDiT's last-third schedule ran barely faster than no reuse (1.06×). (On the SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) at 20 steps the `step_skip` schedule
-# gave 2.18× over the whole pipeline call: `benchmarks/results/step_skip_sd3_medium_standin.txt`.) At 1,024 image tokens attention's share grows (about 56% measured on an
-# SD3-class block), which is where whole-block or whole-step reuse (diffusers' FirstBlockCache, MagCache)
-# separates from attention-only reuse. Compare the `computed` column across methods for the part that
-# transfers, and rerun on a real checkpoint to see the wall-clock side. Read every speed-up with its interval and
-# its `flops`: text-side reuse on PixArt runs all of the attention but skips the text K/V projections, 8% of the
-# transformer's FLOPs, and its speed-up interval (§2 timing table, 1.05× [1.05, 1.09]) only just clears 1 — a saving
-# this small is barely resolved from none, and on a busier machine it is not.
+# **Reading the results.** The study's ~<!--const the study's reported figure-->15%<!--/const--> latency cut from text-side reuse was
+# measured on real DiTs with thousands of image tokens. Here attention is under half of a sampling run (§4), so even
+# skipping all of it could not reach R1's target; skipping whole steps has no such cap. On the SD3-medium
+# [stand-in](../docs/GLOSSARY.md#stand-in) at 20 steps the same schedule ran
+# <!--num "benchmarks/results/step_skip_sd3_medium_standin.txt#speed-up@0" fmt="{:.2f}×"-->2.18×<!--/num--> faster over the whole pipeline call,
+# in that benchmark's committed result (`benchmarks/results/step_skip_sd3_medium_standin.txt`). With more image tokens
+# attention's share, and that cap, grow. Read every
+# speed-up with its interval and its `flops` (text-side reuse on PixArt saves only its text K/V projections, §2).
 
 # %% [markdown]
 # ## Recap: what this notebook showed on the shipped generators
 #
-# Printed from this run's numbers, then the decision table: which reuse method to pick on your pipeline, and what to
-# measure first.
+# - **`step_skip` beats the control.** On the MMDiT it keeps <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@0" fmt="{:.1f} dB"-->45.3 dB<!--/num--> at <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@1" fmt="{:.2f}×"-->2.27×<!--/num-->
+#   (<!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@2" fmt="{:.2f}"-->0.45<!--/num--> of the FLOPs), <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@3" fmt="{:+.1f} dB"-->+3.5 dB<!--/num--> over sampling with fewer steps at equal FLOPs; on PixArt
+#   <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@0" fmt="{:.1f} dB"-->41.3 dB<!--/num--> at <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@1" fmt="{:.2f}×"-->2.31×<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@3" fmt="{:+.1f} dB"-->+3.7 dB<!--/num-->. Skipping whole steps and extrapolating beats
+#   spreading the same calls evenly.
+# - **The diffusers caches, at their default settings, do not**: <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@4" fmt="{:+.1f}"-->-15.7<!--/num--> to <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@5" fmt="{:+.1f} dB"-->-6.6 dB<!--/num--> (MMDiT) and
+#   <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@4" fmt="{:+.1f}"-->-16.6<!--/num--> to <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@5" fmt="{:+.1f} dB"-->-6.2 dB<!--/num--> (PixArt) against the same control at equal FLOPs, wherever its range reaches them.
+# - **Attention-only reuse has a ceiling**: attention is <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@6" fmt="{}%"-->35%<!--/num--> / <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@6" fmt="{}%"-->42%<!--/num--> of a run, so skipping all of it
+#   could reach at most <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-mmdit: step_skip@7" fmt="{:.2f}×"-->1.54×<!--/num--> / <!--num "notebooks/06_step_reuse.ipynb#out:- tiny-pixart: step_skip@7" fmt="{:.2f}×"-->1.71×<!--/num-->.
+# - **Verdicts**: <!--num "notebooks/06_step_reuse.ipynb#out:- Verdicts:" re="Verdicts: (.*)"-->R1 partly, R2 holds, R3 inconclusive, G3 holds, G8 holds<!--/num-->.
+#
+# For your pipeline: tune `step_skip`'s schedule on your own design prompts, and adopt a cache only if it clears the
+# fewer-step control at equal FLOPs and equal wall-clock. The same, printed from this run, then the decision table:
 
 # %%
 print("\n".join("- " + s for s in CC.reuse_recap(RU, CT, shares, board)))
@@ -380,22 +339,17 @@ CC.reuse_decisions(RU, CT, shares)  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter) to ★★★ (a new model). Solutions: [solutions/06_step_reuse.py](../solutions/06_step_reuse.py).
-# Each exercise has a starter cell below.
+# Graded ★ (a parameter) to ★★★ (a new model); a starter cell below each. Solutions, with measured outcomes:
+# [solutions/06_step_reuse.py](../solutions/06_step_reuse.py).
 #
-# 1. ★★ Change `Adaptive.threshold` (0.99, 0.999): plot its Pareto points. Is the adaptive rule ever better than
-#    the static schedule at equal `computed`? *Expected:* no — on tiny-mmdit 0.995 (computed 0.60) is dominated by `every_2`
-#    (0.55, higher PSNR); 0.99 and 0.999 fall outside the static schedules' range.
-# 2. ★★ `step_skip` with `weight=0` reuses the last computed output unchanged. Add it as a method and compare its
-#    margin over the fewer-step control with the default's: what does the extrapolation buy? (The starter sets it up on
-#    the first generator; repeat on the second.) *Expected (the solution's 16 prompts, against its own control):* 3.2 dB
-#    on tiny-mmdit and 1.9 dB on tiny-pixart at the same FLOPs (0.45); without it the margin over fewer steps shrinks
-#    from +4.4 / +2.9 dB to about +1 dB.
-# 3. ★★★ On your own pipeline: run this notebook with papermill (`-p GENERATORS '["/path/to/pipeline"]'`), after
-#    tuning `step_skip`'s schedule on your own design prompts (`benchmarks/tune_step_skip.py`). Does `step_skip`
-#    still beat fewer steps (§3 margins)? *Expected (solution on a random-weight pipeline stand-in):* every method
-#    runs on another family through the pipeline; `step_skip` makes 9 of 20 transformer calls (FLOPs 0.45) whatever
-#    the weights, but random weights draw noise, so "beats" can only be read on a trained checkpoint.
+# 1. ★★ Run the adaptive schedule at other thresholds (`Adaptive(threshold=0.99)`, `0.999`) and plot its Pareto
+#    points. Is the adaptive rule ever better than the static schedule at equal `computed`?
+# 2. ★★ `step_skip` with `weight=0` reuses the last computed output unchanged. Add it as a method beside the default
+#    and compare their margins over the fewer-step control: what does the extrapolation buy? (The starter sets it up
+#    on the first generator; repeat on the second.)
+# 3. ★★★ On your own pipeline: tune `step_skip`'s schedule on your design prompts (`benchmarks/tune_step_skip.py`),
+#    then run this notebook with papermill (`-p GENERATORS '["/path/to/pipeline"]'`). Does `step_skip` still beat
+#    fewer steps (§3's margins)? On a random-weight stand-in only the FLOPs can be read.
 
 # %%
 # Exercise 1 starter: the adaptive schedule at another threshold, as one more method of §2's sweep
