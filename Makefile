@@ -76,11 +76,19 @@ docs: setup
 
 ## lab: JupyterLab with ipywidgets working, serving the repository root and opening on notebooks/, so the notebooks'
 ##      links into docs/ (the glossary) open in the lab (tests/test_browser.py clicks one); relative OUT_DIR and stores
-##      go to the repository's outputs/ (unicache_lib.paths); --allow-root is added only when run as root (EUID=0)
+##      go to the repository's outputs/ (unicache_lib.paths); --allow-root is added only when run as root (EUID=0);
+##      autosave off (running a lesson never rewrites the committed notebook) and no "Jupyter news" question
 EUID ?= $(shell id -u)
-LAB_FLAGS := --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
-lab: setup
+LAB_FLAGS := --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks --LabApp.news_url=None
+# JupyterLab takes settings defaults from <its app dir>/settings/overrides.d/*.json, and this .venv's app dir is
+# .venv/share/jupyter/lab: tools/lab_overrides.json sets autosave false and fetchNews "false" (tests/test_makefile.py)
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/unicache-workbench.json
+lab: setup $(LAB_OVERRIDES)
 	$(BIN)/jupyter lab $(LAB_FLAGS) $(if $(filter 0,$(EUID)),--allow-root)
+
+$(LAB_OVERRIDES): tools/lab_overrides.json
+	@mkdir -p $(@D)
+	cp $< $@
 
 ## benchmark: capture overhead (attention-dominated and real-width LLaVA shapes, an SD3-medium block), KV eviction and
 ##            cross-step reuse, store cost at 1k-100k records; ratios measured side by side (the capture-overhead part:
@@ -101,6 +109,7 @@ rehearsal: setup
 ## rehearsal-gen: pipeline stand-ins of SD3-medium, PixArt-Sigma and FLUX.1-dev (512 px: 1,024 image tokens, real depth
 ##            and text lengths, reduced head width, tiny random VAE) through notebooks 03, 04 and 06 by parameters only;
 ##            wall-clock, peak RSS and reuse speed-ups -> benchmarks/results/rehearsal_generation.csv and docs/REHEARSAL.md
+##            (about 50 minutes on 2 CPU cores)
 rehearsal-gen: setup
 	$(BIN)/python -m unicache_lib.rehearsal --side generation
 
@@ -119,7 +128,8 @@ samples: setup
 
 ## evaluate: the decisive runs of notebook 05's eviction targets (E1-E4) and controls on 2,700 new held-out questions,
 ##           NPROC processes (default 2; torchrun, one shard per rank) then the merge -> benchmarks/results/evaluate_*.csv
-##           (about 15 minutes on 2 idle CPU cores, 30 on a busy machine; not part of CI). QUESTIONS=... for another size.
+##           (about 15 minutes on 2 idle CPU cores, 30 on a busy machine: benchmarks/results/evaluate.txt records the
+##           last run's slowest shard; not part of CI). QUESTIONS=... for another size.
 NPROC ?= 2
 QUESTIONS ?= 2700
 evaluate: setup
@@ -138,14 +148,15 @@ evaluate-reuse: setup
 	$(BIN)/python benchmarks/evaluate_reuse.py --timing --repeats $(REPEATS)
 	$(BIN)/python benchmarks/evaluate_reuse.py --merge
 
-## replicate: notebooks 02-07 on two further sample / question / prompt seeds with full parameters (hours on a
-##            CPU; not part of CI) -> data/replicate/verdicts.csv and the replication table in docs/VERDICTS.md.
+## replicate: notebooks 02-07 on two further sample / question / prompt seeds with full parameters (about 45 minutes
+##            on 2 CPU cores; not part of CI) -> data/replicate/verdicts.csv and the replication table in docs/VERDICTS.md.
 ##            QUICK=1: tiny parameters, a smoke run that writes under outputs/replicate only
 replicate: setup
 	$(BIN)/python -m unicache_lib.replicate --seeds 1 2 $(if $(QUICK),--quick)
 
 ## settle: the claims the replication finds unstable re-decided once at the sample sizes their notes ask for (notebooks
-##         02-05 on a new seed with larger sets) -> data/replicate/settled.csv and docs/VERDICTS.md (about 20 minutes)
+##         02-05 on a new seed with larger sets) -> data/replicate/settled.csv and docs/VERDICTS.md (about 10 minutes
+##         on 2 CPU cores)
 settle: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m unicache_lib.replicate --settle $(if $(QUICK),--quick)
 

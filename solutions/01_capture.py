@@ -206,9 +206,10 @@ def exercise_5(quick: bool = False) -> dict:
     """Exercise 5 (on your own checkpoint): run notebook 01 on a random-weight stand-in of a real checkpoint (or a
     real checkpoint path) and compare its M-claims with the shipped model's.
 
-    Full run: ``python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture`` builds the Qwen2-VL-2B
-    stand-in (real token counts and depth, random weights) and executes notebook 01 on it through papermill (a real
-    checkpoint: ``papermill notebooks/01_capture.ipynb out.ipynb -p MODEL <path or hub id>``); its scoreboard is read.
+    Full run: ``.venv/bin/python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture`` builds the
+    Qwen2-VL-2B stand-in (real token counts and depth, random weights) and executes notebook 01 on it through papermill
+    (a real checkpoint: ``.venv/bin/papermill notebooks/01_capture.ipynb outputs/01_mine.ipynb -p MODEL <path or hub
+    id>``); its scoreboard is read.
     ``--quick`` measures the same M-claims through the notebook's library calls on the shipped shape: the trained
     ``tiny-llava`` against the same model with its language model re-initialised
     (:func:`unicache_lib.zoo.controls.untrained_language_model`), on 5 samples.

@@ -156,7 +156,7 @@ def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(online, tmp_path,
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     t0 = time.perf_counter()
     with pytest.raises(ModelNotFoundError, match=r"cannot be reached from this machine: download it where there is "
-                                                 r"network \(`huggingface-cli download llava-hf/llava-1.5-7b-hf`\)"):
+                                                 r"network \(`hf download llava-hf/llava-1.5-7b-hf --local-dir DIR`\)"):
         load_understanding("llava-hf/llava-1.5-7b-hf")
     assert time.perf_counter() - t0 < 5 and len(online) == 1
 

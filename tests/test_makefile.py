@@ -1,8 +1,11 @@
 """The Makefile's targets: each has a `##` help line and is documented in the README; `make lab` runs as
-root and as a normal user."""
+root and as a normal user, with autosave and the news question off (settings defaults it installs in .venv); the
+Makefile's help and docs/SETUP.md give each target the same time."""
+import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +69,110 @@ def test_make_test_runs_both_stages_and_nbval_under_another_thread_count(monkeyp
     assert "tests.nbval_digits" in nbval_cmd and sum(c.endswith(".ipynb") for c in nbval_cmd) >= 7
     with pytest.raises(SystemExit):
         run_tests.main(["--nbval-threads", "0"])
+
+
+# ------------------------------------------------------------------------------ make lab: a clone that stays clean
+
+LAB_SETTINGS = {  # what make lab installs (tools/lab_overrides.json): plugin -> setting -> value
+    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},  # running a lesson never rewrites the notebook
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false"},  # no "Jupyter news?" question
+}
+
+
+def _make_var(name: str) -> str:
+    return subprocess.run(["make", "-s", "--no-print-directory", "--eval", f"print-var: ; @echo $({name})", "print-var"],
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_lab_installs_settings_defaults_where_this_jupyterlab_reads_them():
+    """`make lab` copies tools/lab_overrides.json to <JupyterLab's app dir>/settings/overrides.d/ of .venv (the README
+    says: autosave off, news question off) and turns the news feed off on the command line."""
+    jupyterlab = pytest.importorskip("jupyterlab.commands")
+    dest = _make_var("LAB_OVERRIDES")
+    assert Path(dest).parent.as_posix() == ".venv/share/jupyter/lab/settings/overrides.d" and dest.endswith(".json")
+    if Path(sys.prefix).resolve() == (ROOT / ".venv").resolve():  # the tests run in the project's .venv
+        assert (ROOT / dest).parent.parent == Path(jupyterlab.get_app_dir()).resolve() / "settings"
+    out = subprocess.run(["make", "-n", "-W", "tools/lab_overrides.json", "lab", "EUID=1000"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert f"cp tools/lab_overrides.json {dest}" in out
+    lab = next(line for line in out.splitlines() if "jupyter lab" in line)
+    assert "--LabApp.news_url=None" in lab
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_the_lab_settings_are_valid_for_the_installed_jupyterlab(tmp_path):
+    """The override file's plugins and keys exist in this JupyterLab's schemas with valid values, and JupyterLab's own
+    settings reader (what the lab's settings API serves) gives autosave false and fetchNews "false" from it."""
+    settings_utils = pytest.importorskip("jupyterlab_server.settings_utils")
+    jsonschema = pytest.importorskip("jsonschema")
+    from jupyterlab.commands import get_app_dir
+
+    schemas = Path(get_app_dir()) / "schemas"
+    overrides = json.loads((ROOT / "tools" / "lab_overrides.json").read_text())
+    assert {k: {s: overrides[k][s] for s in v} for k, v in LAB_SETTINGS.items() if k in overrides} == LAB_SETTINGS
+    for plugin, values in overrides.items():
+        package, name = plugin.split(":")
+        schema_file = schemas / package / f"{name}.json"
+        assert schema_file.is_file(), f"{plugin}: no schema {schema_file} in this JupyterLab"
+        props = json.loads(schema_file.read_text())["properties"]
+        for key, value in values.items():
+            assert key in props, f"{plugin} has no setting {key!r} (it has {sorted(props)})"
+            jsonschema.validate(value, {k: v for k, v in props[key].items() if k != "default"})
+    # the real recipe, into a stand-in .venv: the file lands where the settings reader looks
+    venv = tmp_path / "venv"
+    subprocess.run(["make", "-s", f"VENV={venv}", f"{venv}/share/jupyter/lab/settings/overrides.d/unicache-workbench.json"],
+                   cwd=ROOT, check=True, capture_output=True)
+    for plugin, values in LAB_SETTINGS.items():
+        got = settings_utils.get_settings(str(venv / "share/jupyter/lab/settings"), str(schemas),
+                                          str(tmp_path / "user-settings"), schema_name=plugin)[0]
+        assert {k: got["settings"].get(k, got["schema"]["properties"][k]["default"]) for k in values} == values
+
+
+# ------------------------------------------------------------------------------ durations: the Makefile and SETUP agree
+
+DURATION = re.compile(r"(?:about\s+)?(\d[\d,]*(?:\.\d+)?)\s+(?:CPU\s+)?(minutes?|min|hours?)\b|\b(hours)\b")
+
+
+def _minutes(text: str) -> list[float | None]:
+    """Each duration in ``text`` in minutes, in order; a bare "hours" is None (an hour or more)."""
+    out = []
+    for m in DURATION.finditer(text):
+        if m.group(3):
+            out.append(None)
+        else:
+            n = float(m.group(1).replace(",", ""))
+            out.append(n * 60 if m.group(2).startswith("hour") else n)
+    return out
+
+
+def _help(target: str) -> str:
+    m = re.search(rf"^## {re.escape(target)}:(.*?)(?=^[^#])", MAKEFILE, re.M | re.S)
+    return re.sub(r"\s*\n##\s*", " ", m.group(1)) if m else ""
+
+
+def _setup_row(target: str) -> str:
+    text = re.sub(r"<!--num .*?-->(.*?)<!--/num-->", r"\1", (ROOT / "docs" / "SETUP.md").read_text())  # as shown
+    m = re.search(rf"^\| `make {re.escape(target)}` \|(.*)$", text, re.M)
+    return m.group(1) if m else ""
+
+
+def test_duration_parsing():
+    assert _minutes("(about 15 minutes on 2 idle CPU cores, 30 on a busy machine)") == [15]
+    assert _minutes("513 CPU minutes, about 9 hours") == [513, 540]
+    assert _minutes("hours on a CPU") == [None]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_makefile_help_and_setup_give_the_same_time(target):
+    """Where both the `##` help and docs/SETUP.md's row say how long a target takes, they agree within a quarter
+    (`make evaluate` once said 15 minutes in one and 35 in the other, `make replicate` hours and 45 minutes)."""
+    made, setup = _minutes(_help(target)), _minutes(_setup_row(target))
+    if not made or not setup:
+        return
+    a, b = made[0], setup[0]
+    said = f"make {target}: the Makefile says {_help(target).strip()!r}, docs/SETUP.md {_setup_row(target).strip()!r}"
+    if a is None or b is None:  # "hours" on one side: the other must say an hour or more
+        assert (a or 60) >= 60 and (b or 60) >= 60, said
+    else:
+        assert abs(a - b) <= 0.25 * max(a, b), said

@@ -152,13 +152,13 @@ def resolve(name_or_path: str | Path) -> Path | str:
         if _offline() and not _in_hub_cache(name):
             raise ModelNotFoundError(
                 f"{name!r} is not a folder, and as a hub id it is not in the local Hugging Face cache while offline "
-                f"mode is on (HF_HUB_OFFLINE=1): download it once with network access (unset HF_HUB_OFFLINE), or "
-                f"pass the folder of a local copy.")
+                f"mode is on (HF_HUB_OFFLINE=1): download it once with network access "
+                f"(`HF_HUB_OFFLINE=0 hf download {name}`), or pass the folder of a local copy.")
         if not _offline() and not _in_hub_cache(name) and not _hub_reachable():
             raise ModelNotFoundError(
                 f"{name!r} is not a folder, not in the local Hugging Face cache, and the hub ({_hub_host()}) cannot be "
-                f"reached from this machine: download it where there is network (`huggingface-cli download {name}`) "
-                f"and pass the folder (or copy that Hugging Face cache here)")
+                f"reached from this machine: download it where there is network (`hf download {name} --local-dir DIR`) "
+                f"and pass DIR (or copy that Hugging Face cache here)")
         return name
     if isinstance(name_or_path, Path) or any(sep and sep in name for sep in (os.sep, os.altsep)) or name[:1] in ".~/":
         raise ModelNotFoundError(f"no such folder: {p.absolute()} (from {name!r})")
@@ -292,10 +292,10 @@ def _check_kind(where, want: str) -> None:
     generator = (p / "model_index.json").is_file() or (p / "transformer").is_dir()
     if want == "understanding" and generator:
         raise InputError(f"{p} is a text-to-image generator (a diffusers pipeline or the tiny generator layout), not a "
-                         f"vision-language model: load it with load_generator (notebooks 03, 04, 06: MODELS / GENERATORS)")
+                         f"vision-language model: load it with load_generator (notebooks 03, 04, 06: GENERATORS)")
     if want == "generation" and not generator and (p / "config.json").is_file():
         raise InputError(f"{p} is a vision-language model (model_type {read_json(p / 'config.json').get('model_type')!r}), "
-                         f"not a generator: load it with load_understanding (notebooks: MODEL / UNDERSTANDING_MODEL)")
+                         f"not a generator: load it with load_understanding (notebooks: MODEL)")
 
 
 def _check_tokenizers(where, want: str) -> None:
