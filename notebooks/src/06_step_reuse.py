@@ -300,8 +300,8 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 #   PSNR is <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@1" fmt="{:.1f}"-->40.4<!--/num--> dB, its interval wholly below the target, so (b) does not.
 # - **R2: holds**: <!--num "notebooks/06_step_reuse.ipynb#out:R2 · > value@0" fmt="{:+.1f}"-->+4.3<!--/num--> dB above fewer steps at equal wall-clock on the generator with the smaller
 #   margin, its interval above the threshold.
-# - **R3: inconclusive, a tie.** MagCache on PixArt against `step_skip` every 2nd step: <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a):@0" fmt="{:+.2f}"-->+0.09<!--/num--> dB
-#   [<!--num "notebooks/06_step_reuse.ipynb#out:R3 (a):@1" fmt="{:+.2f}"-->-0.24<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a):@2" fmt="{:+.2f}"-->+0.40<!--/num-->]; settling it would take about
+# - **R3: inconclusive, a tie.** MagCache on PixArt against `step_skip` every 2nd step: <!--num "notebooks/06_step_reuse.ipynb#out:R3 · > value@0" fmt="{:+.2f}"-->+0.09<!--/num--> dB
+#   [<!--num "notebooks/06_step_reuse.ipynb#out:R3 · > interval@1" fmt="{:+.2f}"-->-0.24<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:R3 · > interval@2" fmt="{:+.2f}"-->+0.40<!--/num-->]; settling it would take about
 #   <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a): > settle@1" fmt="{:,}"-->23,253<!--/num--> prompts. Every other cache is behind.
 # - **G3 and G8 hold** (G8's speed-up <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num-->).
 #
