@@ -1,7 +1,7 @@
 """Solutions to the exercises of notebook 03 (attention over denoising steps), on ``tiny-mmdit`` and
 ``tiny-pixart``.
 
-Run ``python solutions/03_diffusion_steps.py [--quick] [--only K]``. For your own generators change ``MODELS``
+Run ``python solutions/03_diffusion_steps.py [--quick] [--only K]``. For your own generators change ``GENERATORS``
 (diffusers pipeline folders of a supported family).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import _common  # noqa: F401  (repository root on sys.path)
 import numpy as np
 import pandas as pd
 
-MODELS = ["tiny-mmdit", "tiny-pixart"]
+GENERATORS = ["tiny-mmdit", "tiny-pixart"]
 GUIDANCE = 3.0
 SEED = 0
 
@@ -66,7 +66,7 @@ def exercise_1(quick: bool = False) -> dict:
     """
     rows = []
     for steps in (20, 8):
-        for m in MODELS:
+        for m in GENERATORS:
             K, win = _knees(m, 2 if quick else 8, steps, (0.95, 0.99))
             for t, w in win.items():
                 rows.append({"model": m, "steps": steps, "threshold": t, "window start": w["start"],
@@ -98,7 +98,7 @@ def exercise_2(quick: bool = False) -> dict:
     steps = _steps(quick)
     prompts = [p["short"] for p in prompt_set(2 if quick else 8, 0, SEED)]
     out = {}
-    for m in MODELS:
+    for m in GENERATORS:
         g = _gen(m)
         tabs = []
         for branch in ("cond", "uncond"):
@@ -150,7 +150,7 @@ def exercise_3(quick: bool = False) -> dict:
     steps = _steps(quick)
     n = 2 if quick else 8
     rows = []
-    for m in MODELS:
+    for m in GENERATORS:
         g = _gen(m)
         for same_shape in (True, False):
             ps = _pair_prompts(n, same_shape)
@@ -222,7 +222,7 @@ def exercise_4(quick: bool = False) -> dict:
 def exercise_5(quick: bool = False) -> dict:
     """Exercise 5 (★★★, on your own checkpoint): run the notebook on a diffusers pipeline folder of SD3 / PixArt /
     Flux / Sana with papermill, e.g.
-    ``.venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -y 'MODELS: ["/path/to/sd3"]'
+    ``.venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -y 'GENERATORS: ["/path/to/sd3"]'
     -p DEVICE cuda -y 'LAYERS: [0, 11, 23]' -p MAP_QUERY_STRIDE 8`` (lists go in with ``-y``), and compare with the
     shipped models: the lowest adjacent-step cosine (here >= 0.97), the knee at 0.7 (here step 1 everywhere) and the
     reuse window the decision table prints; then set notebook 06's ``step_skip`` ``head`` from that window.

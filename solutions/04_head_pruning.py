@@ -178,7 +178,7 @@ def exercise_3(quick: bool = False) -> dict:
 
 def exercise_4(quick: bool = False) -> dict:
     """Exercise 4 (★★★, on your own checkpoint): run the notebook with papermill on your vision-language model
-    (``-p UNDERSTANDING_MODEL /path -p GENERATORS '[]'``) and read section 3: do the near-uniform shallow heads
+    (``-p MODEL /path -p GENERATORS '[]'``) and read section 3: do the near-uniform shallow heads
     still beat their random control, on accuracy and on the deeper layers?
 
     Shown on a random-weight stand-in of the LLaVA family (3 layers, 4 heads, grouped-query attention: 2 key/value

@@ -1,6 +1,6 @@
 """Solutions to the exercises of notebook 05 (KV eviction), on the shipped ``tiny-llava``.
 
-Run ``python solutions/05_kv_eviction.py [--quick] [--only K]``. Change ``UNDERSTANDING_MODEL`` for your own model
+Run ``python solutions/05_kv_eviction.py [--quick] [--only K]``. Change ``MODEL`` for your own model
 (exercise 3 shows the calls on a random-weight stand-in).
 """
 from __future__ import annotations
@@ -14,14 +14,14 @@ import _common  # noqa: F401  (repository root on sys.path)
 import numpy as np
 import pandas as pd
 
-UNDERSTANDING_MODEL = "tiny-llava"
+MODEL = "tiny-llava"
 SEED = 0
 SAMPLE_SEED = 2024
 OUT = Path(tempfile.gettempdir()) / "unicache-solutions-05"
 
 
 @functools.lru_cache(maxsize=None)
-def _model(name=UNDERSTANDING_MODEL):
+def _model(name=MODEL):
     from unicache_lib.zoo.loaders import load_understanding
 
     return load_understanding(name, attn_implementation="eager")
@@ -42,7 +42,7 @@ def _anchor_policy():
 
         name, description = "notebook_anchors", "per layer, the image positions text reads most on the standard samples"
 
-        def __init__(self, model_name: str = UNDERSTANDING_MODEL, per_type: int = 4):
+        def __init__(self, model_name: str = MODEL, per_type: int = 4):
             from unicache_lib.analysis.anchors import image_reads
             from unicache_lib.capture.runner import capture_samples
             from unicache_lib.families import family_of
@@ -64,7 +64,7 @@ def _anchor_policy():
     return NotebookAnchors
 
 
-def _eviction(qas, budgets, names, extra=None, model_name=UNDERSTANDING_MODEL):
+def _eviction(qas, budgets, names, extra=None, model_name=MODEL):
     from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import run_eviction
 
@@ -134,7 +134,7 @@ def exercise_3(quick: bool = False) -> dict:
     """Exercise 3 (★★★, on your own checkpoint): on your own model, does ``key_coverage`` still beat DivPrune and the
     kvpress presses, and does random still beat the score-based rules? Tune on your own design questions first.
 
-    The calls are the notebook's with ``UNDERSTANDING_MODEL`` set to your checkpoint; tune first with ``python
+    The calls are the notebook's with ``MODEL`` set to your checkpoint; tune first with ``python
     benchmarks/tune_key_coverage.py`` (its design set is disjoint from the scored one; point it at your model the
     same way). Shown here on a random-weight
     stand-in of the LLaVA family (built like the tests' ``random_llava_dir``: 3 layers, 4 heads, grouped-query

@@ -117,7 +117,7 @@ def test_03_runs_to_its_scoreboard_on_a_random_pipeline(tmp_path):
     from unicache_lib.zoo.builders import tiny_pipelines as tp
 
     folder = tp.build_tiny("sd3", tmp_path / "tiny-sd3-pipeline")
-    run_notebook("03_diffusion_steps.ipynb", tmp_path, MODELS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=4, MAP_PROMPTS=1,
+    run_notebook("03_diffusion_steps.ipynb", tmp_path, GENERATORS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=4, MAP_PROMPTS=1,
                  UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
     board = scoreboard(tmp_path)
     assert {r["verdict"] for r in board.values()} <= {"not meaningful (random weights)", "not measurable here"}  # a stand-in
@@ -142,7 +142,7 @@ def test_03_runs_to_its_scoreboard_on_other_random_pipelines(tmp_path, kind):
     from unicache_lib.zoo.builders import tiny_pipelines as tp
 
     folder = tp.build_tiny(kind, tmp_path / f"tiny-{kind}-pipeline")
-    run_notebook("03_diffusion_steps.ipynb", tmp_path, MODELS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=3, MAP_PROMPTS=1,
+    run_notebook("03_diffusion_steps.ipynb", tmp_path, GENERATORS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=3, MAP_PROMPTS=1,
                  UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
     board = scoreboard(tmp_path)
     assert {r["verdict"] for r in board.values()} <= {"not meaningful (random weights)", "not measurable here"}
@@ -323,7 +323,7 @@ def test_generation_notebooks_on_your_own_prompts_without_objects(tmp_path):
     mine.mkdir()
     (mine / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     (tmp_path / "03").mkdir()
-    nb = run_notebook("03_diffusion_steps.ipynb", tmp_path / "03", PROMPTS=str(mine), MODELS=["tiny-mmdit"], N_SINGLE=4,
+    nb = run_notebook("03_diffusion_steps.ipynb", tmp_path / "03", PROMPTS=str(mine), GENERATORS=["tiny-mmdit"], N_SINGLE=4,
                       N_PAIRS=0, STEPS=4,
                       MAP_PROMPTS=1, UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
     board = scoreboard(tmp_path / "03")
@@ -388,10 +388,10 @@ NOTHING_RUNS = {  # notebook -> its parameters on the random models (vlm, gen); 
     "01_capture.ipynb": lambda v, g, o: {"MODEL": v, "PER_TYPE": 1, "ANCHOR_K": 4},
     "02_understanding_maps.ipynb": lambda v, g, o: {"MODEL": v, "PER_TYPE": 1, "MAP_PER_TYPE": 1, "N_CAPTIONS": 2},
     "04_head_pruning.ipynb": lambda v, g, o: {
-        "UNDERSTANDING_MODEL": v, "GENERATORS": [g], "N_QUESTIONS": 10, "N_GRADIENT": 4, "FRACTIONS": [0.0, 0.1],
+        "MODEL": v, "GENERATORS": [g], "N_QUESTIONS": 10, "N_GRADIENT": 4, "FRACTIONS": [0.0, 0.1],
         "RANDOM_SEEDS": 1, "TIMING_REPEATS": 2, "PER_TYPE": 1, "N_PROMPTS": 2, "STEPS": 3, "GEN_STATS_PROMPTS": 1,
         "UNDERSTANDING_STORE": str(o / "none"), "GENERATION_STORE": str(o / "none")},
-    "05_kv_eviction.ipynb": lambda v, g, o: {"UNDERSTANDING_MODEL": v, "N_EVICTION": 5, "BUDGETS": [0.25, 0.1], "PEERS": False},
+    "05_kv_eviction.ipynb": lambda v, g, o: {"MODEL": v, "N_EVICTION": 5, "BUDGETS": [0.25, 0.1], "PEERS": False},
     "06_step_reuse.ipynb": lambda v, g, o: {"GENERATORS": [g], "N_PROMPTS": 2, "STEPS": 3, "TIMING_PROMPTS": 1, "REPEATS": 2},
     "07_diagnostics.ipynb": lambda v, g, o: {"MODEL": v, "N_QUESTIONS": 10, "PER_TYPE": 1,
                                              "UNDERSTANDING_STORE": str(o / "none"), "GENERATION_STORE": None},
@@ -468,7 +468,7 @@ def test_03_on_a_pipeline_whose_tokenizers_split_words(tmp_path):
                 n = p["short"].split().count(o[role])
                 assert len(word_positions(row, o[role])) == n, (p["short"], o[role], row[:20])
                 assert len(word_positions(row, "t5:" + o[role])) == n
-    run_notebook("03_diffusion_steps.ipynb", tmp_path, MODELS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=3, MAP_PROMPTS=1,
+    run_notebook("03_diffusion_steps.ipynb", tmp_path, GENERATORS=[str(folder)], N_SINGLE=2, N_PAIRS=4, STEPS=3, MAP_PROMPTS=1,
                  UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
     board = scoreboard(tmp_path)
     assert {"G1", "G9"} <= set(board) and {r["verdict"] for r in board.values()} <= NOTHING

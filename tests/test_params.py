@@ -25,12 +25,13 @@ def parameters(path: Path) -> dict:
 
 
 BAD = {  # parameter -> (bad value, a phrase the message must hold)
-    "SAMPLE_SEED": ("x", "whole number"), "SEED": (-1, ">= 0"), "PER_TYPE": (0, ">= 1"), "LAYERS": ("0,1", "as a list"),
-    "MODEL": ("", "must name a model"), "UNDERSTANDING_MODEL": ("", "must name a model"), "DEVICE": ("gpu", "'cuda'"),
+    "SAMPLE_SEED": ("x", "whole number"), "SEED": (-1, ">= 0"), "PER_TYPE": (0, ">= 1"), "LAYERS": ("0,1", "is not a list"),
+    "UNDERSTANDING_MODEL": ("", "must name a model"), "DEVICE": ("gpu", "'cuda'"),
     "DTYPE": ("fp8", "one of"), "BUDGETS": ([25], "fraction"), "FRACTIONS": ("0.1", "list"), "STEPS": (2.5, "whole"),
     "GENERATORS": ("tiny-mmdit", "a list"), "MODELS": ([], "at least one"), "N_QUESTIONS": ("1000", "without quotes"),
     "PEERS": ("yes", "True or False"), "MEMORY_BUDGET_GB": (0, "> 0"), "THRESHOLD": (70, "fraction"),
-    "LLAVA": ("", "or None"), "FEWER_STEPS": (8, "list"), "SAMPLES": ("no/such/folder", "metadata.jsonl"),
+    "LLAVA": ("", "or None"), "FEWER_STEPS": (8, "list"), "SAMPLES": ("no/such/folder", "there is nothing at"),
+    "MODEL": ("tiny-llama", "did you mean 'tiny-llava'"),
 }
 
 
@@ -93,3 +94,36 @@ def test_papermill_stops_in_the_check_cell_naming_the_parameter(tmp_path):
     code = [c for c in json.loads((tmp_path / "out.ipynb").read_text())["cells"] if c["cell_type"] == "code"]
     at = next(i for i, c in enumerate(code) if "check_params(globals())" in "".join(c["source"]))
     assert code[at]["outputs"] and all(c["execution_count"] is None for c in code[at + 1:])  # nothing after it ran
+
+
+def test_a_mistyped_model_or_an_absent_device_stops_in_the_check_cell_in_one_line(monkeypatch):
+    import torch
+
+    with pytest.raises(ParameterError) as e:
+        check_params({"MODEL": "tiny-llama"})
+    assert "\n" not in str(e.value) and len(str(e.value)) < 300 and "did you mean 'tiny-llava'" in str(e.value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ParameterError, match=r"DEVICE='cuda': this machine has 0 CUDA devices: pass 'auto'"):
+        check_params({"DEVICE": "cuda"})
+    check_params({"DEVICE": "auto", "MODEL": "tiny-llava"})  # the fix the message names works
+
+
+def test_a_list_spelt_as_a_string_is_read_as_the_list():
+    ns = {"LAYERS": "[0, 15, 31]", "BUDGETS": "[0.1, 0.25]", "GENERATORS": "['tiny-mmdit']"}
+    check_params(ns)
+    assert ns == {"LAYERS": [0, 15, 31], "BUDGETS": [0.1, 0.25], "GENERATORS": ["tiny-mmdit"]}
+
+
+def test_papermill_parameters_the_notebook_does_not_define_are_named_and_old_names_still_work():
+    """The check cell reads papermill's injected cell from IPython's history (In): a misspelt name is refused with the
+    closest parameter, a renamed one (UNDERSTANDING_MODEL -> MODEL) moves to its new name with a warning."""
+    own = 'MODEL = "tiny-llava"\nN_EVICTION = 150\n'
+    ns = {"In": ["", own, '# Parameters\nMDOEL = "tiny-llava"\n'], "MODEL": "tiny-llava", "N_EVICTION": 150,
+          "MDOEL": "tiny-llava"}
+    with pytest.raises(ParameterError, match=r"MDOEL is not a parameter of this notebook; did you mean MODEL\?"):
+        check_params(ns)
+    ns = {"In": ["", own, '# Parameters\nUNDERSTANDING_MODEL = "tiny-llava"\nN_EVICTION = 5\n'], "MODEL": "x",
+          "N_EVICTION": 5, "UNDERSTANDING_MODEL": "tiny-llava"}
+    with pytest.warns(FutureWarning, match="UNDERSTANDING_MODEL is now called MODEL"):
+        check_params(ns)
+    assert ns["MODEL"] == "tiny-llava" and "UNDERSTANDING_MODEL" not in ns

@@ -6,17 +6,32 @@ Each parameter's kind follows from its name (:data:`KINDS`: one table for every 
 ``SAMPLE_SEED="x"``, ``PER_TYPE=0``, ``LAYERS="0,1"``, ``OUT_DIR`` naming a file, ``MODEL=""`` — stops a papermill
 run in its first cell with a :class:`ParameterError` that names the parameter, the value and what to pass,
 instead of failing deep inside after the model loaded. ``tests/test_params.py`` fails for a notebook parameter
-without a row in :data:`KINDS`, so a fork that adds one adds its check. (A misspelt papermill ``-p`` name is not a
-parameter the notebook defines: papermill adds it and the notebook runs with its defaults — check the name.)
-Lists from the command line: ``papermill ... -y 'LAYERS: [0, 15, 31]'``.
+without a row in :data:`KINDS`, so a fork that adds one adds its check.
+
+Caught here too, before any import of torch-heavy code: a model name that is not shipped, not a folder and not a hub
+id in the local cache (with the closest shipped names); ``DEVICE="cuda"`` on a machine without CUDA; a samples folder
+that does not exist; and a parameter papermill passed that the notebook does not define (``-p MDOEL ...``: named,
+with the closest parameter the notebook has), read from the cell papermill injects. One idea has one name in every
+notebook (:data:`RENAMED`: the old names still work for one release, with a warning).
+
+Lists from the command line: ``papermill ... -y 'LAYERS: [0, 15, 31]'``, or ``-p LAYERS "[0, 15, 31]"`` (papermill
+hands that over as a string; a string that reads as a list of the right kind is taken as that list).
 """
 from __future__ import annotations
 
 import numbers
 from pathlib import Path
 
+import ast
+import difflib
+import re
+import warnings
+
 from .core.errors import InputError, ParameterError
 from .inputs import check_fraction, check_fractions
+
+# one idea, one name: the names 03-05 used until this release, still accepted (with a FutureWarning) for one more
+RENAMED = {"UNDERSTANDING_MODEL": "MODEL", "MODELS": "GENERATORS"}
 
 
 def _fail(name: str, value, want: str):
@@ -46,6 +61,34 @@ def number(lo: float = 0.0, strict: bool = True):
     return check
 
 
+def _model_found(name, v):
+    """The model ``v`` names resolves without loading or the network (a shipped name, a folder, a cached hub id), or
+    the parameter fails in one line with the closest shipped names."""
+    from .core.errors import UnicacheError
+    from .zoo.loaders import SHIPPED, resolve
+
+    try:
+        resolve(v)
+    except UnicacheError as e:
+        close = sorted(difflib.get_close_matches(str(v), SHIPPED, n=3, cutoff=0.75), key=lambda m: abs(len(m) - len(str(v))))
+        if close:
+            _fail(name, v, f"no such model; did you mean {' or '.join(map(repr, close[:2]))}? (shipped: "
+                  f"{', '.join(SHIPPED)})")
+        _fail(name, v, str(e).split(". Shipped models")[0])
+
+
+def _as_list(name, v):
+    """A list given as the string papermill's ``-p NAME "[...]"`` hands over, read as the list it spells."""
+    if isinstance(v, str) and v.strip().startswith("["):
+        try:
+            parsed = ast.literal_eval(v.strip())
+        except (ValueError, SyntaxError):
+            return v
+        if isinstance(parsed, list):
+            return parsed
+    return v
+
+
 def model(optional: bool = False):
     def check(name, v):
         if v is None and optional:
@@ -53,23 +96,35 @@ def model(optional: bool = False):
         if not isinstance(v, (str, Path)) or not str(v).strip():
             _fail(name, v, "must name a model: a shipped name (e.g. 'tiny-llava'), a local folder or a hub id"
                   + (", or None to skip it" if optional else ""))
+        _model_found(name, v)
     return check
 
 
 def models(empty_ok: bool = False):
     def check(name, v):
+        v = _as_list(name, v)
         if isinstance(v, (str, Path)) or not isinstance(v, (list, tuple)):
             _fail(name, v, f"must be a list of model names or folders, e.g. {name}=['tiny-mmdit']")
         if not v and not empty_ok:
             _fail(name, v, "must name at least one model")
         for m in v:
             model()(f"{name}[...]", m)
+        return v
     return check
 
 
 def device(name, v):
     if not isinstance(v, str) or not (v in ("auto", "cpu", "mps") or v == "cuda" or v.startswith("cuda:")):
         _fail(name, v, "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    import torch
+
+    if v.startswith("cuda"):
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(v.split(":", 1)[1]) if ":" in v and v.split(":", 1)[1].isdigit() else 0
+        if index >= n:
+            _fail(name, v, f"this machine has {n} CUDA device{'s' * (n != 1)}: pass 'auto' (CUDA when present) or 'cpu'")
+    if v == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        _fail(name, v, "this machine has no MPS device: pass 'auto' or 'cpu'")
 
 
 def dtype(name, v):
@@ -82,12 +137,15 @@ def dtype(name, v):
 def layers(name, v):
     if v is None:
         return
+    v = _as_list(name, v)
     if isinstance(v, str) or not isinstance(v, (list, tuple)) or not v:
-        hint = f" (pass {name}=[{v}] as a list, not the string {v!r})" if isinstance(v, str) else ""
+        hint = (f" (from the command line: -y '{name}: [0, 15, 31]' or -p {name} \"[0, 15, 31]\"; "
+                f"{v!r} is not a list)") if isinstance(v, str) else ""
         _fail(name, v, f"must be None (every layer) or a non-empty list of layer indices, e.g. [0, 15, 31]{hint}")
     for i in v:
         if isinstance(i, bool) or not isinstance(i, numbers.Integral):
             _fail(name, v, "must hold whole-number layer indices")
+    return v
 
 
 def layer(name, v):
@@ -103,19 +161,23 @@ def fraction(name, v):
 
 
 def fractions(name, v):
+    v = _as_list(name, v)
     try:
         if not len(check_fractions(v, name)):
             _fail(name, v, "must hold at least one fraction")
     except (TypeError, InputError) as e:
         _fail(name, v, str(e))
+    return v
 
 
 def counts_or_none(name, v):
     if v is not None:
+        v = _as_list(name, v)
         if isinstance(v, str) or not isinstance(v, (list, tuple)) or not v:
             _fail(name, v, "must be None or a non-empty list of step counts")
         for i in v:
             _integer(f"{name}[...]", i, 1)
+    return v
 
 
 def flag(name, v):
@@ -140,7 +202,12 @@ def _your_data(name, v, found, read, expected: str) -> None:
         return
     from .paths import project_path
 
-    if not isinstance(v, (str, Path)) or not found(project_path(v)):
+    if not isinstance(v, (str, Path)):
+        _fail(name, v, expected)
+    if not project_path(v).exists():
+        _fail(name, v, f"there is nothing at {project_path(v)}: check the path (relative paths start at the "
+              f"repository root)")
+    if not found(project_path(v)):
         _fail(name, v, expected)
     try:
         read(project_path(v))
@@ -190,10 +257,55 @@ KINDS = {
 }
 
 
+def _assigned(source: str) -> list[str]:
+    """Upper-case names a cell assigns at its top level (a parameters cell, papermill's injected cell)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    out = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        out += [t.id for t in targets if isinstance(t, ast.Name) and re.fullmatch(r"[A-Z][A-Z0-9_]*", t.id)]
+    return out
+
+
+def _injected(namespace: dict) -> tuple[list[str], set[str]]:
+    """``(names papermill injected, names the notebook's own cells assigned before)`` read from IPython's input
+    history (``In``); empty when the notebook was not run by papermill (or not in IPython)."""
+    history = namespace.get("In")
+    if not isinstance(history, list):
+        return [], set()
+    at = [i for i, src in enumerate(history) if isinstance(src, str) and src.lstrip().startswith("# Parameters")]
+    if not at:
+        return [], set()
+    own = {n for src in history[: at[-1]] if isinstance(src, str) for n in _assigned(src)}
+    return _assigned(history[at[-1]]), own
+
+
 def check_params(namespace: dict, names=None) -> None:
     """Check every notebook parameter in ``namespace`` (a notebook's ``globals()``): the upper-case names of
-    :data:`KINDS` found there, or exactly ``names``. Raises :class:`ParameterError` naming the first bad one."""
+    :data:`KINDS` found there, or exactly ``names``. Raises :class:`ParameterError` naming the first bad one. A
+    parameter papermill passed under a former name (:data:`RENAMED`) is moved to its name with a warning; one the
+    notebook does not define is refused with the closest names it does. A list given as a string (papermill's
+    ``-p LAYERS "[0, 15, 31]"``) is replaced by the list it spells."""
+    injected, own = _injected(namespace)
+    for old in injected:
+        new = RENAMED.get(old)
+        if old in own:
+            continue
+        if new in own:
+            warnings.warn(f"notebook parameter {old} is now called {new} (in every notebook); {old} still works for "
+                          f"this release: pass -p {new} ...", FutureWarning, stacklevel=2)
+            namespace[new] = namespace.pop(old)
+            continue
+        close = difflib.get_close_matches(old, sorted(own), n=3, cutoff=0.6)
+        raise ParameterError(f"{old} is not a parameter of this notebook"
+                             + (f"; did you mean {' or '.join(close)}?" if close else "")
+                             + f" (its parameters: {', '.join(sorted(own))})")
     for name in names if names is not None else [k for k in namespace if k in KINDS]:
         if name not in KINDS:
             raise InputError(f"notebook parameter {name} has no check: add it to unicache_lib.params.KINDS")
-        KINDS[name](name, namespace[name])
+        value = KINDS[name](name, namespace[name])
+        if value is not None:  # a list spelt as a string, now the list
+            namespace[name] = value

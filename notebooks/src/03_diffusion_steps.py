@@ -11,7 +11,7 @@
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
 # `[image | text]`) and `tiny-pixart` (PixArt class: image self-attention plus image→text cross-attention), or on
-# a diffusers pipeline folder of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana (`MODELS`, `DEVICE`, `DTYPE`; at real
+# a diffusers pipeline folder of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana (`GENERATORS`, `DEVICE`, `DTYPE`; at real
 # sizes `LAYERS` and `MAP_QUERY_STRIDE` thin the capture; Sana's linear self-attention forms no map, its
 # cross-attention is captured).
 #
@@ -20,7 +20,7 @@
 # [CFG](../docs/GLOSSARY.md#cfg), [IoU](../docs/GLOSSARY.md#iou). `X->Y` = queries of X reading keys of Y.
 
 # %% tags=["parameters"]
-MODELS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or diffusers pipeline folders
+GENERATORS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or diffusers pipeline folders
 DEVICE = "cpu"                # "cpu", "cuda" or "auto" (generators)
 DTYPE = "float32"             # weights; statistics are fp32 always
 LAYERS = None                 # blocks to capture (None = all; e.g. [0, 11, 23] on a 24-block model)
@@ -34,7 +34,7 @@ SEED = 0                      # prompt i is sampled with seed SEED + i
 THRESHOLD = 0.7               # adjacent-step similarity that counts as safe to reuse (the study's)
 STRICT_THRESHOLD = 0.99       # a second, stricter one: on the shipped generators only this one separates layers
 MAP_PROMPTS = 2               # prompts whose full maps are kept for the widget
-UNDERSTANDING_MODEL = "tiny-llava"
+MODEL = "tiny-llava"
 UNDERSTANDING_STORE = "outputs/02_understanding_maps/stats"
 OUT_DIR = "outputs/03_diffusion_steps"
 SAMPLE_SEED = 2024            # standard set behind the understanding store for G7, 2024 is the shipped set
@@ -67,9 +67,9 @@ from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
-paths = {model_label(m): m for m in MODELS}  # from here on a model is named by its label (outputs go under it)
+paths = {model_label(m): m for m in GENERATORS}  # from here on a model is named by its label (outputs go under it)
 gens = {m: load_generator(p, dtype=DTYPE, device=DEVICE) for m, p in paths.items()}
-MODELS = list(gens)
+GENERATORS = list(gens)
 prompts = load_prompts(PROMPTS, N_SINGLE, N_PAIRS, SEED)  # N_SINGLE prompts, then N_PAIRS two-object ones
 
 # %% [markdown]
@@ -164,7 +164,7 @@ for m, g in gens.items():
     maps = capture_generation(g, [p["short"] for p in prompts[:MAP_PROMPTS]], "maps", Store(out / "maps" / m, meta={"model": m}),
                               STEPS, GUIDANCE, SEED, mode="full", layers=LAYERS, query_stride=MAP_QUERY_STRIDE)
     runs[m, "maps"] = maps
-T = pd.concat([G.step_table(Store(out / "store" / m).read()).assign(model=m) for m in MODELS], ignore_index=True)
+T = pd.concat([G.step_table(Store(out / "store" / m).read()).assign(model=m) for m in GENERATORS], ignore_index=True)
 print(T.groupby(["model", "part"]).agg(records=("step", "size"), prompts=("sample", "nunique"),
                                        layers=("layer", "nunique"), steps=("step", "nunique")).to_string())
 
@@ -185,7 +185,7 @@ for (m, kind), run in runs.items():
 follow = pd.DataFrame(follow)
 if follow.colour.notna().any():
     print(follow.groupby(["model", "kind"])[["colour", "position", "shape"]].mean().round(3).to_string())
-    print(f"n = {int(follow.colour.notna().sum() // (len(runs) - len(MODELS)))} single-object prompts per row")
+    print(f"n = {int(follow.colour.notna().sum() // (len(runs) - len(GENERATORS)))} single-object prompts per row")
 else:
     print("not measurable with these prompts: none lists an object the detector knows (add 'objects' to prompts.jsonl)")
 
@@ -207,7 +207,7 @@ def pair_outcome(img, p):
 
 
 pairs = pd.DataFrame([{"model": m, "pair": p["pair"], "outcome": pair_outcome(img, p)}
-                      for m in MODELS for p, img in zip(prompts[N_SINGLE:], runs[m, "short"].images[N_SINGLE:])])
+                      for m in GENERATORS for p, img in zip(prompts[N_SINGLE:], runs[m, "short"].images[N_SINGLE:])])
 if len(pairs):
     print(pairs.groupby(["model", "pair"]).outcome.value_counts().unstack(fill_value=0).to_string())
     print(f"n = {N_PAIRS} two-object prompts per model (short)")
@@ -222,8 +222,8 @@ if len(pairs):
 # %%
 import matplotlib.pyplot as plt
 
-fig, axes = plt.subplots(len(MODELS), 8, figsize=(12, 1.8 * len(MODELS)), squeeze=False)
-for i, m in enumerate(MODELS):
+fig, axes = plt.subplots(len(GENERATORS), 8, figsize=(12, 1.8 * len(GENERATORS)), squeeze=False)
+for i, m in enumerate(GENERATORS):
     for j, ax in enumerate(axes[i]):
         k = j * max(1, len(prompts) // 8) % len(prompts)
         ax.imshow(runs[m, "short"].images[k])
@@ -250,7 +250,7 @@ def per_step(df, col):
     """``[n_prompts, n_steps]`` of ``col`` averaged over layers."""
     return df.groupby(["sample", "step"])[col].mean().unstack("step").to_numpy()
 
-views = [(m, p) for m in MODELS for p in sorted(T[T.model == m].part.unique())]
+views = [(m, p) for m in GENERATORS for p in sorted(T[T.model == m].part.unique())]
 fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 3.2), squeeze=False)
 for ax, (m, p) in zip(axes[0], views):
     d = T[(T.model == m) & (T.part == p) & (T.kind == "short")]
@@ -337,8 +337,8 @@ for col, c in (("sim", ""), ("out_sim_img", "out ")):
     by_phase = short_T.groupby(["model", "part", "layer", "phase"])[col].mean().unstack("phase").reindex(columns=list(G.PHASES))
     knees[f"early {c}sim"], knees[f"late {c}sim"] = by_phase["early"], by_phase["late"]  # step 0 has no previous step
 print(knees.round(3).to_string())
-window = {(m, t): G.reuse_window(knees.loc[m, f"knee (maps) @{t:g}"], STEPS) for m in MODELS for t in (THRESHOLD, STRICT_THRESHOLD)}
-for m in MODELS:
+window = {(m, t): G.reuse_window(knees.loc[m, f"knee (maps) @{t:g}"], STEPS) for m in GENERATORS for t in (THRESHOLD, STRICT_THRESHOLD)}
+for m in GENERATORS:
     print(f"{m}: lowest adjacent-step cosine {knees.loc[m, 'min sim'].min():.3f}; " + "; ".join(
         f"at {t:g} " + (f"every layer has settled by step {w['start']}: whole steps {w['start']}..{STEPS - 2} could be reused "
                         f"({w['reusable']} of {STEPS})" if w["start"] is not None else "some layer never settles: no whole-step reuse")
@@ -353,9 +353,9 @@ for m in MODELS:
 # - **text entropy**: how evenly image queries spread over the real prompt tokens (1 = uniform, "collapse").
 
 # %%
-gdf = pd.concat([pd.DataFrame(runs[m, k].guidance).assign(model=m, kind=k) for m in MODELS for k in ("short", "long")])
+gdf = pd.concat([pd.DataFrame(runs[m, k].guidance).assign(model=m, kind=k) for m in GENERATORS for k in ("short", "long")])
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.2))
-for m in MODELS:
+for m in GENERATORS:
     for k in ("short", "long"):
         v = gdf[(gdf.model == m) & (gdf.kind == k)].drop(columns=["model", "kind"]).to_numpy(dtype=float)
         if np.isfinite(v).any():  # a guidance-distilled model (Flux.1-dev) has no unconditional branch
@@ -370,7 +370,7 @@ _ = plots.save(fig, out, "text_conditioning")
 # %%
 # NBVAL_CHECK_OUTPUT
 cond_rows = []
-for m in MODELS:
+for m in GENERATORS:
     for k in ("short", "long"):
         gv = gdf[(gdf.model == m) & (gdf.kind == k)].drop(columns=["model", "kind"]).to_numpy()
         d = T[(T.model == m) & (T.kind == k) & (T.part != "self")]
@@ -385,7 +385,7 @@ for m in MODELS:
         cond_rows.append(row)
 cond = pd.DataFrame(cond_rows).set_index(["model", "kind"])
 print(cond.round(3).to_string())
-for m in MODELS:  # the phase means above hide the last step: read it per step
+for m in GENERATORS:  # the phase means above hide the last step: read it per step
     g_step = gdf[(gdf.model == m) & (gdf.kind == "short")].drop(columns=["model", "kind"]).to_numpy(dtype=float)
     if g_step.shape[1] == STEPS and np.isfinite(g_step).any():
         g_step = np.nanmean(g_step, 0)
@@ -471,17 +471,17 @@ print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x
 
 # %%
 # NBVAL_CHECK_OUTPUT
-ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", UNDERSTANDING_MODEL, sample_seed=SAMPLE_SEED)
+ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", MODEL, sample_seed=SAMPLE_SEED)
 if fresh:
-    print(f"notebook 02's store not found: captured {UNDERSTANDING_MODEL} on the standard set into {ustore}")
+    print(f"notebook 02's store not found: captured {MODEL} on the standard set into {ustore}")
 U = G.head_redundancy(Store(ustore).read())
-red = {m: T[(T.model == m) & (T.kind == "short")].groupby("part").redundancy.mean() for m in MODELS}
+red = {m: T[(T.model == m) & (T.kind == "short")].groupby("part").redundancy.mean() for m in GENERATORS}
 red_tab = pd.DataFrame([{"model": m, "part": p, "redundancy": v, "n records": int(((T.model == m) & (T.kind == "short") & (T.part == p)).sum())}
-                        for m in MODELS for p, v in red[m].items()]
+                        for m in GENERATORS for p, v in red[m].items()]
                        + [{"model": Store(ustore).read_meta().get("model", "understanding"), "part": "language",
                            "redundancy": U.redundancy.mean(), "n records": len(U)}]).set_index(["model", "part"])
 print(red_tab.round(3).to_string())
-per_layer_red = pd.concat([T[(T.model == m) & (T.kind == "short")].groupby("layer").redundancy.mean().rename(m) for m in MODELS]
+per_layer_red = pd.concat([T[(T.model == m) & (T.kind == "short")].groupby("layer").redundancy.mean().rename(m) for m in GENERATORS]
                           + [U.groupby("layer").redundancy.mean().rename("understanding")], axis=1)
 print(per_layer_red.round(3).to_string())
 
@@ -502,12 +502,12 @@ print(per_layer_red.round(3).to_string())
 # %%
 # NBVAL_CHECK_OUTPUT
 R = pd.concat([word_region_table(runs[m, "short"], prompts, gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))).assign(model=m)
-               for m in MODELS], ignore_index=True)
+               for m in GENERATORS], ignore_index=True)
 loc = R[R.role != "binding overlap"].groupby(["model", "role"]).agg(iou=("iou", "mean"), chance=("chance", "mean"), n=("iou", "size"))
 print(loc.round(3).to_string())
 bind = R[R.role == "binding overlap"].groupby(["model", "pair"]).agg(overlap=("iou", "mean"), n=("iou", "size"))
 print(bind.round(3).to_string())
-print("\n".join(DC.word_region_lines(loc, MODELS)))
+print("\n".join(DC.word_region_lines(loc, GENERATORS)))
 
 # %% [markdown]
 # **What to look at.** IoU well above chance: a word's brightest patches sit on its object. A healthy model keeps
@@ -520,7 +520,7 @@ print("\n".join(DC.word_region_lines(loc, MODELS)))
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit@0" fmt="{:.3f}"-->0.130<!--/num--> different-colour).
 
 # %%
-for m in MODELS:
+for m in GENERATORS:
     run = runs[m, "short"]
     i = min(N_SINGLE + 1, len(prompts) - 1)  # the second two-object prompt (section 0 showed the first)
     W = G.word_maps(run.result.records, run.sample_ids[i])
@@ -541,7 +541,7 @@ for m in MODELS:
 # (middle step, last layer, head 0, the shape word), then the widget.
 
 # %%
-m0 = MODELS[0]
+m0 = GENERATORS[0]
 mrun = runs[m0, "maps"]
 mrecs = [r for r in mrun.result.records if "probs" in r.data and r.sample == mrun.sample_ids[0] and r.meta.get("n_text", 0) > 0]
 mid_step, last_layer = sorted({r.step for r in mrecs})[len({r.step for r in mrecs}) // 2], max(r.layer for r in mrecs)
@@ -582,17 +582,17 @@ explorer
 
 # %%
 # NBVAL_CHECK_OUTPUT
-board = Scoreboard(random_weights=any(is_stand_in(p) for p in paths.values()), unstable=unstable_claims([*MODELS, UNDERSTANDING_MODEL]))
+board = Scoreboard(random_weights=any(is_stand_in(p) for p in paths.values()), unstable=unstable_claims([*GENERATORS, MODEL]))
 DC.declare(board)  # the rules, as data in unicache_lib/analysis/diffusion_claims.py
 T = DC.with_prompt(T)
 n_prompts = len(prompts)
-drop = DC.measure_focus_and_similarity(board, T, MODELS, n_prompts, f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02",
+drop = DC.measure_focus_and_similarity(board, T, GENERATORS, n_prompts, f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02",
                                        knees, STEPS)
 change = DC.measure_joint_asymmetry(board, jall, n_prompts, asym if len(jall) else None)
-DC.measure_cache_pressure(board, kv, MODELS, n_prompts)
-DC.measure_conditioning(board, T, gdf, cond, MODELS, n_prompts, STEPS)
-gen_red, u_red = DC.measure_redundancy(board, T, U, MODELS, n_prompts)
-DC.measure_word_regions(board, R, loc, MODELS, prompts)
+DC.measure_cache_pressure(board, kv, GENERATORS, n_prompts)
+DC.measure_conditioning(board, T, gdf, cond, GENERATORS, n_prompts, STEPS)
+gen_red, u_red = DC.measure_redundancy(board, T, U, GENERATORS, n_prompts)
+DC.measure_word_regions(board, R, loc, GENERATORS, prompts)
 board.save(out / "scoreboard.json")
 print({c: r.verdict for c, r in board.rows.items()})
 
@@ -602,7 +602,7 @@ board.show()
 # %% [markdown]
 # **Reading the scoreboard.** The verdicts are what two small generators do: steps alike from the start (G2) and
 # little cache pressure (G5) are what 64 image tokens and few layers give. Run the notebook on a real SD3 or PixArt
-# checkpoint (`MODELS = [path]`) to see how far each number moves.
+# checkpoint (`GENERATORS = [path]`) to see how far each number moves.
 #
 # ## Recap: what this run showed
 #
@@ -623,7 +623,7 @@ board.show()
 from IPython.display import display
 
 w_rows = []
-for m in MODELS:
+for m in GENERATORS:
     wl, ws = window[m, THRESHOLD], window[m, STRICT_THRESHOLD]
     start = lambda w, t: f"reuse from step {w['start']} with threshold {t:g}" if w["start"] is not None else f"no whole-step reuse at {t:g}"  # noqa: E731
     w_rows.append({"measurement": f"{m}: latest knee over layers (maps), lowest adjacent cosine",
@@ -635,7 +635,7 @@ for m in MODELS:
                    + f"or REUSE_POLICIES['adaptive'](threshold={STRICT_THRESHOLD:g}); 06's STEPS = {STEPS} (knees move with the step count)"})
 
 # %%
-drop_by_model = {m: float(d.mean()) for m, d in zip(MODELS, drop)}
+drop_by_model = {m: float(d.mean()) for m, d in zip(GENERATORS, drop)}
 w_rows.append({"measurement": "image-query entropy, early minus late (G1)", "value here": ", ".join(f"{m} {v:+.3f}" for m, v in drop_by_model.items()),
                "what it suggests on your model": "> 0.02: late steps are focused, pick reuse steps late; <= 0: choose them by similarity, not focus",
                "notebook / parameter": "this notebook, section 3"})
@@ -647,11 +647,11 @@ w_rows.append({"measurement": "image / text KV bytes per layer (G5)", "value her
                "what it suggests on your model": "> 4: the cache pressure is on the image side, evict or reuse image keys first",
                "notebook / parameter": "05: BUDGETS (eviction), 06: GENERATORS (reuse)"})
 w_rows.append({"measurement": "head redundancy, generators vs understanding (G7)",
-               "value here": ", ".join(f"{m} {v:.2f}" for m, v in zip(MODELS, gen_red.mean(0))) + f" vs {u_red.mean():.2f}",
+               "value here": ", ".join(f"{m} {v:.2f}" for m, v in zip(GENERATORS, gen_red.mean(0))) + f" vs {u_red.mean():.2f}",
                "what it suggests on your model": "well above the understanding model: heads could share maps or be pruned",
                "notebook / parameter": "04: GENERATORS, FRACTIONS"})
 w_rows.append({"measurement": "word-region IoU / chance (G9)",
-               "value here": ", ".join(f"{m} {loc.loc[m].iou.sum() / loc.loc[m].chance.sum():.1f}x" for m in MODELS if m in loc.index.get_level_values(0)),
+               "value here": ", ".join(f"{m} {loc.loc[m].iou.sum() / loc.loc[m].chance.sum():.1f}x" for m in GENERATORS if m in loc.index.get_level_values(0)),
                "what it suggests on your model": "> 2: word maps point at objects, usable to pick image tokens; near 1: do not use them",
                "notebook / parameter": "this notebook, section 9; 02 for understanding models"})
 with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
@@ -679,7 +679,7 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 #    regions still separate?
 # 4. ★ Use `step_explorer` on PixArt (`m0 = "tiny-pixart"`): which prompt tokens do its image queries read, and
 #    where do colour and position reach the image?
-# 5. ★★★ Run this notebook with papermill on your diffusers SD3 / PixArt / Flux / Sana folder (`-p MODELS
+# 5. ★★★ Run this notebook with papermill on your diffusers SD3 / PixArt / Flux / Sana folder (`-p GENERATORS
 #    '["/path"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]' -p MAP_QUERY_STRIDE 8`). Compare the lowest adjacent
 #    cosine and the knee with this run's and the study's, then set notebook 06's `step_skip` `head` from the
 #    decision table's reuse window.
@@ -704,4 +704,4 @@ print("m0 = 'tiny-pixart', then rerun the explorer cell of §10")
 
 # %%
 # Exercise 5 starter: this lesson on your pipeline
-print("papermill notebooks/03_diffusion_steps.ipynb out.ipynb -p MODELS '[\"/path\"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]'")
+print("papermill notebooks/03_diffusion_steps.ipynb out.ipynb -p GENERATORS '[\"/path\"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]'")

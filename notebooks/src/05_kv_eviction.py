@@ -17,14 +17,14 @@
 # - when a cheap simulation predicts real accuracy.
 #
 # **What it needs**: notebook 02 (a question's reads pile onto one object). Runs on the shipped `tiny-llava` or any
-# supported vision-language checkpoint (`UNDERSTANDING_MODEL`, `DEVICE`, `DTYPE`). The claims it tests (U7, E1–E4) are
+# supported vision-language checkpoint (`MODEL`, `DEVICE`, `DTYPE`). The claims it tests (U7, E1–E4) are
 # listed with the scoreboard in §6.
 #
 # **Setting.** The image is prefilled once ("user : <image>"); the question arrives after the cache was compressed, as
 # in a multi-turn chat.
 
 # %% tags=["parameters"]
-UNDERSTANDING_MODEL = "tiny-llava"
+MODEL = "tiny-llava"
 DEVICE = "auto"               # "cpu", "cuda" or "auto"
 DTYPE = "auto"                # weights; statistics are fp32 always
 N_EVICTION = 150              # questions for the eviction sweep
@@ -66,12 +66,12 @@ from unicache_lib.world.questions import heldout_set
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
-model, processor = load_understanding(UNDERSTANDING_MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
+model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 family = family_of(model)
 qas = (heldout_set(N_EVICTION, seed=SEED + 2024) if SAMPLES is None  # your folder: its first N_EVICTION samples
        else sample_set.as_questions(sample_set.load(SAMPLES))[:N_EVICTION])
 NEW = CC.NEW
-print(f"{UNDERSTANDING_MODEL} ({family.name}): {len(qas)} questions; policies: {', '.join(POLICIES)}; budgets {BUDGETS}")
+print(f"{MODEL} ({family.name}): {len(qas)} questions; policies: {', '.join(POLICIES)}; budgets {BUDGETS}")
 if family.context_note():
     print(family.context_note())
 
@@ -171,7 +171,7 @@ for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accur
     ax.set_xticks(BUDGETS, [f"{b:.0%}" for b in BUDGETS])
     ax.xaxis.set_minor_locator(NullLocator())  # only the budgets are labelled (no log minor labels among them)
 axes[0].axhline(full_acc, color="k", lw=0.8, ls=":", label="full cache (accuracy)")
-fig.suptitle(f"KV eviction on {UNDERSTANDING_MODEL}, n = {len(qas)} held-out questions: the designed policy (red), the "
+fig.suptitle(f"KV eviction on {MODEL}, n = {len(qas)} held-out questions: the designed policy (red), the "
              "two peers closest to it, the study's score rule and two controls (pooling, random); every method is in the table below", fontsize=10)
 fig.tight_layout()
 plots.shared_legend(fig, axes, ncol=7, fontsize=8)
@@ -351,7 +351,7 @@ for col, label in (("subset", "scene"), ("qtype", "question type")):
 ctl = CC.controls_table(R)
 print(ctl[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(3).to_string(index=False))
 print("\n".join(f"{p}: {why}" for p, why in CC.CONTROLS.items()))
-big = CC.decisive(UNDERSTANDING_MODEL, "controls")  # the same table from make evaluate's run, if made on this model
+big = CC.decisive(MODEL, "controls")  # the same table from make evaluate's run, if made on this model
 if big is not None:
     print(f"\nthe decisive run (make evaluate, {big.n.iloc[0]} new questions):")
     print(big[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(3).to_string(index=False))
@@ -437,7 +437,7 @@ for m in plots.check_methods(SHOWN):
 ax.axhline(full_acc, color="k", lw=0.8, ls=":", label="full cache")
 ax.set(xlabel="KV bytes held / full cache", ylabel="exact-match accuracy")
 ax.legend(fontsize=7, loc="lower right")
-ax.set_title(f"{UNDERSTANDING_MODEL}: accuracy vs memory, n = {len(qas)} held-out questions", fontsize=9)
+ax.set_title(f"{MODEL}: accuracy vs memory, n = {len(qas)} held-out questions", fontsize=9)
 fig.tight_layout()
 _ = plots.save(fig, out, "eviction_pareto")
 
@@ -538,11 +538,11 @@ print(f"mean accuracy gap, locality-shallow minus locality-deep: {100 * u7_iv.va
 # it.
 
 # %%
-board = Scoreboard(random_weights=is_stand_in(UNDERSTANDING_MODEL), unstable=unstable_claims([UNDERSTANDING_MODEL]))
+board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
 CC.declare(board, CC.EVICTION_RULES)
 q0 = qas[0]
 grid = family.image_grid(model.config, inputs_for(model, processor, q0.scene.uint8(), q0.question))
-decisive = CC.decisive(UNDERSTANDING_MODEL)  # make evaluate's committed run, if it was run on this model
+decisive = CC.decisive(MODEL)  # make evaluate's committed run, if it was run on this model
 CC.measure_eviction(board, R, BUDGETS, u7_iv if grid is not None else None, PEER_METHODS,
                     grid_note=f"{family.name}: the image tokens form no single grid over the picture, so the shallow "
                     "band's locality rule has no spatial grid to keep", decisive=decisive)
@@ -634,7 +634,7 @@ CC.eviction_decisions(acc, BUDGETS, len(qas), u7_iv, rho)  # every cell whole, a
 # 2. ★ Run the sweep on questions about absent objects only (the starter builds them). Which policies make the model
 #    see things that are not there? Do the rules that keep little err more or less than the full cache?
 # 3. ★★★ On your own checkpoint: tune on your design questions (`benchmarks/tune_key_coverage.py`), then run this
-#    notebook with papermill (`-p UNDERSTANDING_MODEL /path/to/llava`). Does `key_coverage` still beat DivPrune and
+#    notebook with papermill (`-p MODEL /path/to/llava`). Does `key_coverage` still beat DivPrune and
 #    the presses at 10% / 25% (`against_peers`), and random the score-based rules? (A random-weight stand-in runs the
 #    sweep, but "beats" needs a trained checkpoint.)
 
@@ -652,4 +652,4 @@ print(f"{len(absent)} questions about absent objects; next: run_eviction(model, 
 # %%
 # Exercise 3 starter: tune on your design questions, then run this lesson on your checkpoint
 print("python benchmarks/tune_key_coverage.py --help")
-print("papermill notebooks/05_kv_eviction.ipynb out.ipynb -p UNDERSTANDING_MODEL /path/to/your/llava -p DEVICE cuda")
+print("papermill notebooks/05_kv_eviction.ipynb out.ipynb -p MODEL /path/to/your/llava -p DEVICE cuda")

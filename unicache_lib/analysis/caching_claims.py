@@ -309,7 +309,7 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      + ("; DivPrune also saves prefill compute, key_coverage leaves the prefill untouched"
                         if {best, second} == {NEW, "divprune"} else "")
                      + (f"; score-based H2O is {100 * (cand[best] - cand['h2o']):.0f} pt behind" if "h2o" in cand else ""),
-                     "where": "§2-§3: UNDERSTANDING_MODEL, BUDGETS, N_EVICTION"})
+                     "where": "§2-§3: MODEL, BUDGETS, N_EVICTION"})
     for ctl, what in (("pooling", "the pooling control"), ("downsample", "the downsampled-image control")):
         if ctl in acc.index:
             rows.append({"measurement": f"{NEW} minus {what}, per budget",

@@ -86,7 +86,7 @@ def measure_joint_asymmetry(board, jall: pd.DataFrame, n_prompts: int, asym: pd.
     image->text against the text->image map, and of the image stream's output against the text stream's. Returns
     the per-prompt changes (``sim_it``, ``sim_ti``, ``out_sim_img``, ``out_sim_txt``), {} without a joint model."""
     if not len(jall):
-        board.measure("G4", None, note="no joint-attention model in MODELS")
+        board.measure("G4", None, note="no joint-attention model in GENERATORS")
         return {}
     jp = with_prompt(jall)
     change = {c: 1 - by_prompt(jp, c, n_prompts) for c in ("sim_it", "sim_ti", "out_sim_img", "out_sim_txt")}
@@ -122,7 +122,7 @@ def measure_conditioning(board, T, gdf: pd.DataFrame, cond: pd.DataFrame, models
     if gdrop:
         board.measure("G6", weakest(gdrop), criterion="a")
     else:
-        board.measure("G6", None, criterion="a", note="no model in MODELS has an unconditional branch (guidance-distilled)")
+        board.measure("G6", None, criterion="a", note="no model in GENERATORS has an unconditional branch (guidance-distilled)")
     board.measure("G6", weakest([mid[m, "long"] for m in models]), criterion="b")
     board.measure("G6", weakest([mid[m, "long"] - mid[m, "short"] for m in models]), criterion="c",
                   shown="; ".join(f"{m}: guidance {cond.loc[(m, 'short')]['guidance early']:.2f}→"

@@ -292,10 +292,10 @@ def _check_kind(where, want: str) -> None:
     generator = (p / "model_index.json").is_file() or (p / "transformer").is_dir()
     if want == "understanding" and generator:
         raise InputError(f"{p} is a text-to-image generator (a diffusers pipeline or the tiny generator layout), not a "
-                         f"vision-language model: load it with load_generator (notebooks 03, 04, 06: MODELS / GENERATORS)")
+                         f"vision-language model: load it with load_generator (notebooks 03, 04, 06: GENERATORS)")
     if want == "generation" and not generator and (p / "config.json").is_file():
         raise InputError(f"{p} is a vision-language model (model_type {read_json(p / 'config.json').get('model_type')!r}), "
-                         f"not a generator: load it with load_understanding (notebooks: MODEL / UNDERSTANDING_MODEL)")
+                         f"not a generator: load it with load_understanding (notebooks: MODEL)")
 
 
 def _check_tokenizers(where, want: str) -> None:
