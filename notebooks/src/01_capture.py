@@ -405,7 +405,7 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 #    exactly once?
 # 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in)
 #    (`python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme`) or your checkpoint
-#    (`papermill notebooks/01_capture.ipynb out.ipynb -p MODEL <path or hub id> -p DEVICE cuda`): which M-claims belong
+#    (`.venv/bin/papermill notebooks/01_capture.ipynb outputs/01_mine.ipynb -p MODEL <path or hub id> -p DEVICE cuda`): which M-claims belong
 #    to the code, which to the weights?
 
 # %%

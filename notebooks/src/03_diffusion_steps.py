@@ -704,4 +704,4 @@ print("m0 = 'tiny-pixart', then rerun the explorer cell of §10")
 
 # %%
 # Exercise 5 starter: this lesson on your pipeline
-print("papermill notebooks/03_diffusion_steps.ipynb out.ipynb -p GENERATORS '[\"/path\"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]'")
+print(".venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -p GENERATORS '[\"/path\"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]'")

@@ -14,12 +14,12 @@
 # [control](../docs/GLOSSARY.md#control).
 #
 # **What it needs**: the stats stores of notebooks 02 and 03 (captured here if absent). Runs on the shipped
-# `tiny-llava`, `tiny-mmdit` and `tiny-pixart`, or on your checkpoints (`UNDERSTANDING_MODEL`: any supported
+# `tiny-llava`, `tiny-mmdit` and `tiny-pixart`, or on your checkpoints (`MODEL`: any supported
 # vision-language family; `GENERATORS`: SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana pipelines, `[]` skips them;
 # `DEVICE`, `DTYPE`). Sana's linear attention heads form no map and are not scored.
 
 # %% tags=["parameters"]
-UNDERSTANDING_MODEL = "tiny-llava"
+MODEL = "tiny-llava"
 DEVICE = "auto"               # "cpu", "cuda" or "auto"
 DTYPE = "auto"                # weights; statistics are fp32 always
 GENERATORS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or pipeline folders; [] skips the generator half
@@ -75,14 +75,14 @@ from unicache_lib.world.questions import heldout_set
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
-model, processor = load_understanding(UNDERSTANDING_MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
+model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 space = HeadSpace.of(model)
 qas = heldout_set(N_QUESTIONS, seed=12345 + SEED)  # SEED 0: the fixed held-out set
 grad_qas = heldout_set(N_GRADIENT, seed=SEED + 777)
-ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", UNDERSTANDING_MODEL,
+ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", MODEL,
                                        sample_seed=SAMPLE_SEED, model=model, processor=processor)
 urecs = Store(ustore).read()
-print(f"{UNDERSTANDING_MODEL}: {len(space.units)} layers x {space.shape[1]} heads = {space.n_heads} heads; "
+print(f"{MODEL}: {len(space.units)} layers x {space.shape[1]} heads = {space.n_heads} heads; "
       f"{len(qas)} held-out questions; statistics from {len(urecs)} records in {ustore}{' (captured now)' if fresh else ''}")
 print("scorers:", ", ".join(f"{n} ({c.description})" for n, c in SCORERS.items()))
 
@@ -185,7 +185,7 @@ for ax, metric, lab in ((axes[0], "accuracy", "exact-match accuracy"), (axes[1],
     ax.set_xlabel("fraction of heads pruned")
     ax.set_ylabel(lab)
     ax.legend(fontsize=7)
-fig.suptitle(f"{UNDERSTANDING_MODEL}: pruning heads, n = {len(qas)} questions", fontsize=10)
+fig.suptitle(f"{MODEL}: pruning heads, n = {len(qas)} questions", fontsize=10)
 fig.tight_layout()
 _ = plots.save(fig, out, "understanding_pruning")
 
@@ -350,8 +350,8 @@ if TIMING_REPEATS >= 2:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-board = Scoreboard(random_weights=any(is_stand_in(m) for m in [UNDERSTANDING_MODEL, *GENERATORS]),
-                   unstable=unstable_claims([UNDERSTANDING_MODEL, *gpaths]))
+board = Scoreboard(random_weights=any(is_stand_in(m) for m in [MODEL, *GENERATORS]),
+                   unstable=unstable_claims([MODEL, *gpaths]))
 PC.declare(board)  # the rules of P1-P3, as data in unicache_lib/analysis/pruning_claims.py
 mean_over_f = PC.measure(board, U, FRACTIONS, acc_tab.index, exp, base_acc)
 u = p3.loc[PC.NEAR_UNIFORM]
@@ -392,7 +392,7 @@ best = max(mean_over_f, key=lambda k: mean_over_f[k].mean())
 d_rows = [
     {"measurement": "accuracy drop at 10% pruned, per scorer (points)", "value here": ", ".join(f"{k} {100 * v:.1f}" for k, v in drop10.items()),
      "what it suggests on your model": "a scorer within ~1 point of unpruned at 10% and far from random is a candidate; one near random tells you nothing",
-     "notebook / parameter": "this notebook: UNDERSTANDING_MODEL, FRACTIONS, RANDOM_SEEDS"},
+     "notebook / parameter": "this notebook: MODEL, FRACTIONS, RANDOM_SEEDS"},
     {"measurement": "best scorer by accuracy averaged over the pruned fractions", "value here": f"{best} ({mean_over_f[best].mean():.3f})",
      "what it suggests on your model": "prune with it; if the gradient wins (as here), the statistics are a cheap proxy, not the answer",
      "notebook / parameter": "this notebook: N_GRADIENT (exercise 3: ~8 questions suffice here)"},
@@ -425,7 +425,7 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 # 2. ★★ Write a scorer of your own (subclass `HeadScorer`, decorate it with `register`; e.g. by image share) and
 #    rerun §2. Does it beat `gradient`?
 # 3. ★ How few `N_GRADIENT` questions can the gradient scorer use before its curve falls to random's?
-# 4. ★★★ Run this notebook with papermill on your vision-language model (`-p UNDERSTANDING_MODEL /path -p GENERATORS
+# 4. ★★★ Run this notebook with papermill on your vision-language model (`-p MODEL /path -p GENERATORS
 #    '[]'`): do the near-uniform shallow heads still beat their random control (§3, decision table)? Compare the
 #    "minus random" numbers, not the raw drops.
 
@@ -448,4 +448,4 @@ print(f"N_GRADIENT is {N_GRADIENT}; rerun section 2 with papermill -p N_GRADIENT
 
 # %%
 # Exercise 4 starter: this lesson on your checkpoint
-print("papermill notebooks/04_head_pruning.ipynb out.ipynb -p UNDERSTANDING_MODEL /path -p GENERATORS '[]'")
+print(".venv/bin/papermill notebooks/04_head_pruning.ipynb outputs/04_mine.ipynb -p MODEL /path -p GENERATORS '[]'")

@@ -652,4 +652,4 @@ print(f"{len(absent)} questions about absent objects; next: run_eviction(model, 
 # %%
 # Exercise 3 starter: tune on your design questions, then run this lesson on your checkpoint
 print("python benchmarks/tune_key_coverage.py --help")
-print("papermill notebooks/05_kv_eviction.ipynb out.ipynb -p MODEL /path/to/your/llava -p DEVICE cuda")
+print(".venv/bin/papermill notebooks/05_kv_eviction.ipynb outputs/05_mine.ipynb -p MODEL /path/to/your/llava -p DEVICE cuda")

@@ -366,4 +366,4 @@ print("next: add `plain` to METHODS[g0], rerun §2 on it and read control_table(
 # %%
 # Exercise 3 starter: tune on your design prompts, then run this lesson on your pipeline
 print("python benchmarks/tune_step_skip.py --help")
-print("papermill notebooks/06_step_reuse.ipynb out.ipynb -p GENERATORS '[\"/path/to/pipeline\"]' -p DEVICE cuda")
+print(".venv/bin/papermill notebooks/06_step_reuse.ipynb outputs/06_mine.ipynb -p GENERATORS '[\"/path/to/pipeline\"]' -p DEVICE cuda")

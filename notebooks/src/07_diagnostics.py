@@ -343,4 +343,4 @@ print(f"{len(samples)} samples to shuffle")
 
 # %%
 # Exercise 4 starter: this lesson on your checkpoint
-print("papermill notebooks/07_diagnostics.ipynb out.ipynb -p MODEL /path/to/llava -p N_QUESTIONS 1500")
+print(".venv/bin/papermill notebooks/07_diagnostics.ipynb outputs/07_mine.ipynb -p MODEL /path/to/llava -p N_QUESTIONS 1500")
