@@ -92,7 +92,7 @@ def test_lab_installs_settings_defaults_where_this_jupyterlab_reads_them():
     dest = _make_var("LAB_OVERRIDES")
     assert Path(dest).parent.as_posix() == ".venv/share/jupyter/lab/settings/overrides.d" and dest.endswith(".json")
     if Path(sys.prefix).resolve() == (ROOT / ".venv").resolve():  # the tests run in the project's .venv
-        assert (ROOT / dest).parent.parent == Path(jupyterlab.get_app_dir()).resolve() / "settings"
+        assert (ROOT / dest).parent.parent.resolve() == Path(jupyterlab.get_app_dir()).resolve() / "settings"
     out = subprocess.run(["make", "-n", "-W", "tools/lab_overrides.json", "lab", "EUID=1000"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     assert f"cp tools/lab_overrides.json {dest}" in out
