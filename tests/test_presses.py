@@ -66,6 +66,11 @@ def test_press_refusals_name_the_fix(llava, monkeypatch):
         KeyCoveragePress(compression_ratio="0.5")
     with pytest.raises(ValueError, match=r"image_token_id must be a token id"):
         KeyCoveragePress(compression_ratio=0.5, image_token_id="4")
+    with KeyCoveragePress(compression_ratio=0.5)(model):  # two presses nested: named, not called a StaticCache
+        with pytest.raises(ValueError, match=r"KeyCoveragePress is already applied to this model.*ComposedPress"):
+            with KeyCoveragePress(compression_ratio=0.25)(model):
+                pass
+    assert not hasattr(model, "_unicache_press")  # and the first one's mark is gone on exit
     with attention_implementation(model, "sdpa"), pytest.raises(ValueError, match="attn_implementation='eager'"):
         with KeyCoveragePress(compression_ratio=0.5)(model):
             prefill(model, sp, attentions=False)

@@ -105,16 +105,22 @@ class KeyCoveragePress(BasePress):
         from ..core.hooks import forward_hooks
         from ..families import family_of
 
+        active = getattr(model, "_unicache_press", None)
+        if active is not None:  # a second press would compress what the first already compressed
+            raise InputError(f"{type(active).__name__} is already applied to this model (a `with press(model):` inside "
+                             f"another): apply one press at a time, or combine them in one with kvpress's ComposedPress")
         self.post_init_from_model(model)
         fam = family_of(model)
         sites = [s.module for s in fam.sites(model, ("language",))]
         # before the layers' hooks fire: the image positions of this forward
         pre = [(model, "forward_pre", self._read_input_ids)]
+        model._unicache_press = self
         try:
             with forward_hooks(pre + [(m, "forward", self.forward_hook) for m in sites]):
                 yield
         finally:
             self._image = self._prompt_len = None
+            del model._unicache_press
 
     def forward_hook(self, module, input, kwargs, output):
         """kvpress's hook, then what a sliding-window cache layer counts (``cumulative_length``, Gemma 3) set to what
