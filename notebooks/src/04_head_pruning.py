@@ -289,7 +289,7 @@ if GENERATORS:
 # **What to look at.** As for the answers: a scorer says something about a generator's heads only if its SSIM (and
 # prompt following: *position* in the table, *colour* in the figure) stays above the random band. **This run**: on the MMDiT the statistics scorers keep SSIM above random at
 # every fraction. On PixArt the combined statistics fall *below* it, with SSIM
-# <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@2" fmt="{:.3f}"-->0.661<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@3" fmt="{:.3f}"-->0.554<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@4" fmt="{:.3f}"-->0.367<!--/num--> at 20 / 30 / 50% pruned against
+# <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@2" fmt="{:.3f}"-->0.661<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@3" fmt="{:.3f}"-->0.553<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@4" fmt="{:.3f}"-->0.367<!--/num--> at 20 / 30 / 50% pruned against
 # random's <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@2" fmt="{:.3f}"-->0.715<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@3" fmt="{:.3f}"-->0.662<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@4" fmt="{:.3f}"-->0.543<!--/num-->, and its position
 # score falls below random's too, while the gradient and redundancy scorers stay above random. By this notebook's own
 # method that is the key generator result: on PixArt the attention statistics pick heads *worse* to lose than random ones.
@@ -331,7 +331,7 @@ if TIMING_REPEATS >= 2:
 
 # %% [markdown]
 # **This run**: the physically pruned model gives the masked model's answers exactly (the largest log-probability
-# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.15×<!--/num--> faster (timings vary from run to run), less than
+# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.16×<!--/num--> faster (timings vary from run to run), less than
 # the share of heads removed, because what the heads do not own (the MLPs, the embeddings, the vision tower)
 # does not shrink. Measure that share on your model before promising a gain.
 
