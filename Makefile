@@ -129,12 +129,15 @@ samples: setup
 ## evaluate: the decisive runs of notebook 05's eviction targets (E1-E4) and controls on 2,700 new held-out questions,
 ##           NPROC processes (default 2; torchrun, one shard per rank) then the merge -> benchmarks/results/evaluate_*.csv
 ##           (about 15 minutes on 2 idle CPU cores, 30 on a busy machine: benchmarks/results/evaluate.txt records the
-##           last run's slowest shard; not part of CI). QUESTIONS=... for another size.
+##           last run's slowest shard; not part of CI). QUESTIONS=... for another size; MODEL=... for another model (its
+##           results go to evaluate_*_<model>.csv, beside tiny-llava's)
 NPROC ?= 2
 QUESTIONS ?= 2700
+MODEL ?= tiny-llava
 evaluate: setup
 	rm -f outputs/evaluate/rows-rank*
-	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) benchmarks/evaluate.py --questions $(QUESTIONS)
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) benchmarks/evaluate.py --questions $(QUESTIONS) \
+	  --model $(MODEL)
 	$(BIN)/python benchmarks/evaluate.py --merge
 
 ## evaluate-reuse: the decisive runs of notebook 06's reuse targets (R1-R3) and G3/G8 on 1,600 new prompt/noise pairs:

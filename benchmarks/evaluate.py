@@ -43,17 +43,18 @@ BUDGETS = (0.1, 0.25, 0.5, 0.75)
 KEEP = ["question", "method", "kind", "budget", "correct", "kl", "agree", "kv_fraction"]
 
 
-def question_set(n: int, seed: int = QUESTION_SEED, notebook_n: int = 150, notebook_seed: int = 2024) -> list:
+def question_set(n: int, seed: int = QUESTION_SEED, notebook_n: int = 150, notebook_seed: int = 2024, size: int = 64) -> list:
     """``n`` held-out questions, none of which is in the design set (``heldout_set(100, seed=7000)``) or in notebook
     05's scored set (``heldout_set(notebook_n, seed=notebook_seed)``): drawn from ``seed`` and the few that coincide
-    with those sets (same question on the same image) dropped, then topped up."""
+    with those sets (same question on the same image) dropped, then topped up. Scenes rendered at ``size`` px (the
+    model's tower input size: :func:`~unicache_lib.world.questions.scene_size`)."""
     from unicache_lib.world.questions import heldout_set
 
     def key(q):
         return q.question, q.scene.uint8().tobytes()
 
-    taken = {key(q) for q in heldout_set(100, seed=7000) + heldout_set(notebook_n, seed=notebook_seed)}
-    pool = heldout_set(int(n * 1.2) + 10, seed=seed)
+    taken = {key(q) for q in heldout_set(100, seed=7000, size=size) + heldout_set(notebook_n, seed=notebook_seed, size=size)}
+    pool = heldout_set(int(n * 1.2) + 10, seed=seed, size=size)
     kept = [q for q in pool if key(q) not in taken][:n]
     if len(kept) < n:
         raise StoreError(f"only {len(kept)} of {n} questions are new: raise the pool")
@@ -77,8 +78,10 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = 
     from unicache_lib.zoo.loaders import load_understanding
 
     torch.manual_seed(0)
+    from unicache_lib.world.questions import scene_size
+
     model, processor = load_understanding(model_name, attn_implementation="eager")
-    qas = question_set(n)
+    qas = question_set(n, size=scene_size(model))
     ids = shard_samples(list(range(n)), rank, world)
     t0 = time.perf_counter()
     R = run_eviction(model, processor, [qas[i] for i in ids], list(budgets), _policies(),
@@ -224,10 +227,13 @@ def main(argv=None) -> int:
             args.results = RESULTS if R.attrs["n"] >= FULL else args.out / "results"
         claims, controls = decide(R)
         args.results.mkdir(parents=True, exist_ok=True)
-        claims.assign(model=R.attrs["model"], processes=R.attrs["world"]).to_csv(args.results / "evaluate_eviction.csv", index=False)
-        controls.assign(model=R.attrs["model"], n=R.attrs["n"]).to_csv(args.results / "evaluate_controls.csv", index=False)
+        from unicache_lib.analysis.caching_claims import decisive_file
+
+        model = R.attrs["model"]  # one file per model: a run on tiny-llava-576 never replaces tiny-llava's
+        claims.assign(model=model, processes=R.attrs["world"]).to_csv(decisive_file("eviction", model, args.results), index=False)
+        controls.assign(model=model, n=R.attrs["n"]).to_csv(decisive_file("controls", model, args.results), index=False)
         sh = shares(R)
-        sh.assign(model=R.attrs["model"]).to_csv(args.results / "evaluate_shares.csv", index=False)
+        sh.assign(model=model).to_csv(decisive_file("shares", model, args.results), index=False)
         print(f"{R.attrs['n']} questions over {R.attrs['world']} process(es), slowest shard {R.attrs['seconds'] / 60:.1f} min")
         print(claims[["claim", "value", "lo", "hi", "n", "verdict", "n_to_settle", "cpu_hours_to_settle"]].round(4).to_string(index=False))
         print(controls[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(4).to_string(index=False))

@@ -125,3 +125,24 @@ def test_segmentation_reads_back_rendered_objects():
     assert score_object(blank, {"colour": "red", "shape": "circle", "position": "left"}) == {
         "colour": False, "position": False, "shape": False}
     assert classify_shape(np.zeros((32, 32), bool)) is None
+
+
+def test_scenes_are_drawn_at_the_towers_input_size():
+    """Notebook 05 and `make evaluate` draw their questions at the model's own input size (tiny-llava-576: 96 px), so no
+    picture is resized on the way in; a tower without a fixed size gets the default."""
+    from types import SimpleNamespace
+
+    from unicache_lib.world.questions import heldout_set, scene_size
+
+    assert scene_size(SimpleNamespace(config=SimpleNamespace(vision_config=SimpleNamespace(image_size=96)))) == 96
+    assert scene_size(SimpleNamespace(config=SimpleNamespace())) == 64
+    qs = heldout_set(4, size=96)
+    assert qs[0].scene.uint8().shape == (96, 96, 3) and [q.qtype for q in qs] == [q.qtype for q in heldout_set(4)]
+
+
+def test_a_decisive_run_on_another_model_keeps_its_own_files(tmp_path):
+    from unicache_lib.analysis.caching_claims import decisive_file
+
+    assert decisive_file("eviction", "tiny-llava", tmp_path).name == "evaluate_eviction.csv"
+    assert decisive_file("eviction", "tiny-llava-576", tmp_path).name == "evaluate_eviction_tiny-llava-576.csv"
+    assert decisive_file("controls", "org/My Model", tmp_path).name == "evaluate_controls_org-My-Model.csv"

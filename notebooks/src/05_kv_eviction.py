@@ -61,15 +61,15 @@ from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
 from unicache_lib.world import samples as sample_set
-from unicache_lib.world.questions import heldout_set
+from unicache_lib.world.questions import heldout_set, scene_size
 
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
 out.mkdir(parents=True, exist_ok=True)
 model, processor = load_understanding(MODEL, attn_implementation="eager", dtype=DTYPE, device=DEVICE)
 family = family_of(model)
-qas = (heldout_set(N_EVICTION, seed=SEED + 2024) if SAMPLES is None  # your folder: its first N_EVICTION samples
-       else sample_set.as_questions(sample_set.load(SAMPLES))[:N_EVICTION])
+qas = (heldout_set(N_EVICTION, seed=SEED + 2024, size=scene_size(model)) if SAMPLES is None  # drawn at the tower's size
+       else sample_set.as_questions(sample_set.load(SAMPLES))[:N_EVICTION])  # your folder: its first N_EVICTION
 NEW = CC.NEW
 print(f"{MODEL} ({family.name}): {len(qas)} questions; policies: {', '.join(POLICIES)}; budgets {BUDGETS}")
 if family.context_note():
@@ -269,7 +269,7 @@ print(f"time to answer on the smallest cache vs the full one: {mt['time vs full'
 
 # %%
 # NBVAL_CHECK_OUTPUT
-design = heldout_set(100, seed=7000)
+design = heldout_set(100, seed=7000, size=scene_size(model))
 overlap = {(q.question, q.scene.uint8().tobytes()) for q in design} & {(q.question, q.scene.uint8().tobytes()) for q in qas}
 print(f"design set: {len(design)} questions (heldout_set(100, seed=7000)); scored here: {len(qas)} "
       f"(heldout_set({N_EVICTION}, seed={SEED + 2024})); shared: {len(overlap)}")

@@ -13,6 +13,7 @@ Units resampled: questions (paired) for eviction, prompts for quality, timing ro
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -59,11 +60,19 @@ def declare(board, rules: dict) -> None:
     board.declare(rules)
 
 
+def decisive_file(table: str, model_name: str, results=None) -> Path:
+    """Where ``make evaluate`` keeps a model's decisive ``table``: ``evaluate_<table>.csv`` for the shipped
+    ``tiny-llava``, ``evaluate_<table>_<model>.csv`` for any other (``make evaluate MODEL=tiny-llava-576``), so a run on
+    one model never replaces another's."""
+    slug = "" if model_name == "tiny-llava" else "_" + re.sub(r"[^A-Za-z0-9.-]+", "-", str(model_name)).strip("-")
+    return Path(results or DECISIVE) / f"evaluate_{table}{slug}.csv"
+
+
 def decisive(model_name: str, table: str = "eviction", results=None) -> pd.DataFrame | None:
-    """A committed decisive run (``make evaluate``: ``benchmarks/results/evaluate_<table>.csv``; ``eviction``: one row
-    per claim E1-E4, indexed by claim; ``controls``: :func:`controls_table` on its questions) when it was run on
-    ``model_name``; None otherwise (no such file, or another model)."""
-    path = Path(results or DECISIVE) / f"evaluate_{table}.csv"
+    """A committed decisive run (``make evaluate``: :func:`decisive_file`; ``eviction``: one row per claim E1-E4,
+    indexed by claim; ``controls``: :func:`controls_table` on its questions) when it was run on ``model_name``; None
+    otherwise (no such file, or another model)."""
+    path = decisive_file(table, model_name, results)
     if not path.exists():
         return None
     d = pd.read_csv(path)

@@ -17,6 +17,14 @@ def heldout_set(n=1500, seed=12345, qtypes=TRAIN_QTYPES, size=64):
     return [make_qa(rng, qtypes[i % len(qtypes)], size=size) for i in range(n)]
 
 
+def scene_size(model, default: int = 64) -> int:
+    """The side in pixels at which to render the world's scenes for ``model``: its vision tower's input size when it
+    has a fixed one (tiny-llava: 64, tiny-llava-576: 96, LLaVA-1.5: 336), so no image is resized on the way in;
+    ``default`` for a tower without one (dynamic-resolution families)."""
+    size = getattr(getattr(getattr(model, "config", None), "vision_config", None), "image_size", None)
+    return int(size) if isinstance(size, int) and size > 0 else default
+
+
 def question_images(qas, shuffle_seed=None) -> np.ndarray:
     """``[N, H, W, 3]`` uint8 images of ``qas``, shuffled across questions with ``shuffle_seed`` (the control)."""
     imgs = np.stack([q.scene.uint8() for q in qas])
