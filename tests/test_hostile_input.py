@@ -174,10 +174,13 @@ def test_duplicate_ids_are_refused_naming_both_lines(tmp_path):
             load(root)
 
 
-def test_a_folder_without_scene_types_is_taken_whole(tmp_path):
+def test_a_folder_without_scene_types_says_how_many_it_kept(tmp_path):
+    """PER_TYPE still thins your folder (notebook 02 caps its full maps with it), but never without a word."""
     names = [f"{i}.png" for i in range(10)]
     root = _folder(tmp_path / "f", [{"file_name": n, "question": "q"} for n in names], names)
-    assert len(load(root, per_type=4)) == 10
+    with pytest.warns(UserWarning, match=r"kept the first 4 of your 10 samples without a scene_type.*PER_TYPE=10"):
+        assert len(load(root, per_type=4)) == 4
+    assert len(load(root, per_type=10)) == len(load(root)) == 10  # the fix it names
 
 
 def test_images_that_cannot_be_read_exactly_are_refused_or_warned(tmp_path):
@@ -323,7 +326,7 @@ def test_a_resume_in_another_dtype_is_refused_when_the_store_records_one(tmp_pat
     (dict(num_inference_steps=20.0), TypeError, r"num_inference_steps must be a whole number"),
     (dict(num_inference_steps=0), ValueError, r"num_inference_steps must be >= 1"),
     (dict(num_inference_steps=20, head=2.0), ValueError, r"head must be a fraction in \[0, 1\)"),
-    (dict(num_inference_steps=20, head=0.6, tail=0.5), ValueError, r"head \+ tail = 1.1 >= 1: every step would be computed"),
+    (dict(num_inference_steps=20, head=0.6, tail=0.5), ValueError, r"head \+ tail = 1.1 > 1: the two always-computed ends overlap"),
     (dict(num_inference_steps=20, weight=float("nan")), ValueError, r"weight must be a finite number in \[0, 2\]"),
     (dict(num_inference_steps=20, stride=1.5), TypeError, r"stride must be a whole number"),
     (dict(num_inference_steps=20, order=3), ValueError, r"order must be 1 or 2"),
@@ -333,6 +336,7 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
 
     with pytest.raises(err, match=msg):
         StepSkipConfig(**kwargs)
+    StepSkipConfig(20, head=0.95, tail=0.05)  # exactly 1: a schedule that reuses nothing, which 03 may advise
     StepSkipConfig(20, head=0.1, tail=0.05, stride=3, weight=0.5, order=2)  # the tuned values pass
 
 
@@ -500,3 +504,9 @@ def test_remove_store_on_a_symlink_names_the_link(tmp_path):
     with pytest.raises(StoreError, match=r"link is a symbolic link .*not removed. Remove the link with os.unlink"):
         remove_store(tmp_path / "link")
     assert (tmp_path / "s" / "index-rank00000.jsonl").exists()
+
+
+def test_a_symlink_loop_is_refused_not_a_crash(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert inside(tmp_path, "a") is None

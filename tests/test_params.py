@@ -127,3 +127,16 @@ def test_papermill_parameters_the_notebook_does_not_define_are_named_and_old_nam
     with pytest.warns(FutureWarning, match="UNDERSTANDING_MODEL is now called MODEL"):
         check_params(ns)
     assert ns["MODEL"] == "tiny-llava" and "UNDERSTANDING_MODEL" not in ns
+
+
+def test_the_papermill_check_ignores_what_it_cannot_judge():
+    """A fork whose own parameters cell starts with "# Parameters" (no papermill), and "Run All" twice in one kernel on
+    a papermill output made with a former name: neither is refused, and the former name still moves."""
+    ns = {"In": ["", '# Parameters\nPER_TYPE = 4\n'], "PER_TYPE": 4}
+    check_params(ns)  # nothing before it: it cannot tell a defined name from an unknown one
+    own = 'MODEL = "tiny-llava"\n'
+    inj = '# Parameters\nUNDERSTANDING_MODEL = "tiny-llava"\n'
+    ns = {"In": ["", own, inj, "check_params(globals())", own, inj], "MODEL": "x", "UNDERSTANDING_MODEL": "tiny-llava"}
+    with pytest.warns(FutureWarning):
+        check_params(ns)
+    assert ns["MODEL"] == "tiny-llava"

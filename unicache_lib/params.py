@@ -68,7 +68,7 @@ def _model_found(name, v):
     from .zoo.loaders import SHIPPED, resolve
 
     try:
-        resolve(v)
+        resolve(v, reach=False)  # never the network here: an uncached hub id is judged when the model loads
     except UnicacheError as e:
         close = sorted(difflib.get_close_matches(str(v), SHIPPED, n=3, cutoff=0.75), key=lambda m: abs(len(m) - len(str(v))))
         if close:
@@ -276,10 +276,14 @@ def _injected(namespace: dict) -> tuple[list[str], set[str]]:
     history = namespace.get("In")
     if not isinstance(history, list):
         return [], set()
-    at = [i for i, src in enumerate(history) if isinstance(src, str) and src.lstrip().startswith("# Parameters")]
+    def injected(src) -> bool:  # papermill's cell: "# Parameters", then assignments only
+        return isinstance(src, str) and src.lstrip().startswith("# Parameters")
+
+    at = [i for i, src in enumerate(history) if injected(src)]
     if not at:
         return [], set()
-    own = {n for src in history[: at[-1]] if isinstance(src, str) for n in _assigned(src)}
+    # the notebook's own cells before it; earlier injected cells (a "Run All" again in one kernel) do not count
+    own = {n for src in history[: at[-1]] if isinstance(src, str) and not injected(src) for n in _assigned(src)}
     return _assigned(history[at[-1]]), own
 
 
@@ -290,6 +294,8 @@ def check_params(namespace: dict, names=None) -> None:
     notebook does not define is refused with the closest names it does. A list given as a string (papermill's
     ``-p LAYERS "[0, 15, 31]"``) is replaced by the list it spells."""
     injected, own = _injected(namespace)
+    if not own:  # no cell of the notebook's own ran before (a fork whose parameters cell starts "# Parameters", or
+        injected = []  # "run all below" from papermill's cell): nothing to tell an unknown name from a defined one
     for old in injected:
         new = RENAMED.get(old)
         if old in own:

@@ -31,7 +31,7 @@ def inside(base: str | Path, rel) -> Path | None:
     p = base / r
     try:
         p.resolve().relative_to(base.resolve())
-    except (ValueError, OSError):
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11's resolve)
         return None
     return p
 

@@ -127,12 +127,13 @@ def _unknown_name_message(name: str) -> str:
             f"families: {supported()}. Supported generation families: {gen}.")
 
 
-def resolve(name_or_path: str | Path) -> Path | str:
+def resolve(name_or_path: str | Path, reach: bool = True) -> Path | str:
     """Where a model comes from, decided without touching the network.
 
     A shipped model name -> its folder under ``data/models``; an existing path -> itself; a hub id
     (``org/name``) -> unchanged, for ``from_pretrained`` to fetch (offline, it must already be in the local
-    Hugging Face cache). Anything else raises :class:`ModelNotFoundError` at once: a path-like string
+    Hugging Face cache; ``reach=False`` skips the probe of the hub for an uncached id online). Anything else raises
+    :class:`ModelNotFoundError` at once: a path-like string
     ("no such folder"), a hub id missing from the cache in offline mode, or a name (with the shipped models,
     the supported families and the closest shipped name).
     """
@@ -154,7 +155,7 @@ def resolve(name_or_path: str | Path) -> Path | str:
                 f"{name!r} is not a folder, and as a hub id it is not in the local Hugging Face cache while offline "
                 f"mode is on (HF_HUB_OFFLINE=1): download it once with network access "
                 f"(`HF_HUB_OFFLINE=0 hf download {name}`), or pass the folder of a local copy.")
-        if not _offline() and not _in_hub_cache(name) and not _hub_reachable():
+        if reach and not _offline() and not _in_hub_cache(name) and not _hub_reachable():
             raise ModelNotFoundError(
                 f"{name!r} is not a folder, not in the local Hugging Face cache, and the hub ({_hub_host()}) cannot be "
                 f"reached from this machine: download it where there is network (`hf download {name} --local-dir DIR`) "

@@ -91,9 +91,9 @@ class StepSkip(ReusePolicy):
 
         check_fraction(self.head, "head", upper_inclusive=False, meaning="the share of first steps always computed")
         check_fraction(self.tail, "tail", upper_inclusive=False, meaning="the share of last steps always computed")
-        if self.head + self.tail >= 1:
-            raise InputError(f"head + tail = {self.head + self.tail:g} >= 1: every step would be computed and nothing "
-                             f"reused; keep head + tail below 1 (the tuned values: head=0.1, tail=0.05)")
+        if self.head + self.tail > 1:  # (exactly 1 is a schedule that reuses nothing: notebook 03 may advise it)
+            raise InputError(f"head + tail = {self.head + self.tail:g} > 1: the two always-computed ends overlap; keep "
+                             f"head + tail at most 1 (the tuned values: head=0.1, tail=0.05)")
         check_count(self.stride, "stride", 1)
         check_number(self.weight, "weight", 0.0, 2.0)  # the damping of the extrapolation (0: reuse the last output)
         if isinstance(self.order, bool) or self.order not in (1, 2):
