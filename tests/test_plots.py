@@ -276,3 +276,45 @@ def test_lesson_pictures_kept_patches_gallery_and_token_map():
     plots.token_map(P, ["a", "b", "c"])
     with pytest.raises(ValueError, match="S tokens"):
         plots.token_map(P, ["a", "b"])
+
+
+def test_first_figures_compare_on_one_scale_with_even_reading_marked():
+    """Issue #46's first-figure rule, on the functions the lessons' first figures use: compared panels share one colour
+    scale from 0 in × uniform, with 1 (even reading) marked on each colour bar; the overlay of 01's first figure is
+    drawn in × uniform with even reading marked, on the head where the word reads the picture most (peak above 1)."""
+    from unicache_lib.analysis.localisation import query_over_image, reading_head
+
+    rng = np.random.default_rng(0)
+    recs = [_full("s0", layer, rng=np.random.default_rng(layer)) for layer in (0, 1, 2)]
+    q = 19  # a text position after the image block (causal: 20 visible keys)
+    maps = query_over_image(recs, "s0", q, uniform=True)
+    raw = query_over_image(recs, "s0", q)
+    assert all(np.allclose(maps[k], raw[k] * (q + 1)) for k in maps)
+    fig = plots.layer_overlays(np.zeros((32, 32, 3), np.uint8), maps, uniform=True)
+    overlays = [ax.images[-1] for ax in fig.axes if ax.images and ax.images[-1].get_alpha() == 0.6]
+    assert len(overlays) == 3 and len({im.get_clim() for im in overlays}) == 1  # one shared scale
+    lo, hi = overlays[0].get_clim()
+    assert lo == 0 and hi == pytest.approx(max(1.0, max(float(m.max()) for m in maps.values())))
+    bars = [im.colorbar for im in overlays]
+    assert all(any(line.get_ydata()[0] == 1.0 for line in cb.ax.lines) for cb in bars)  # even reading marked
+    r, h, peak = reading_head(recs, q)
+    best = max(float((rec.probs[:, q][:, SP.image_index] * (q + 1)).max()) for rec in recs)
+    assert peak == pytest.approx(best) and peak > 1
+    assert float((r.probs[h, q, SP.image_index] * (q + 1)).max()) == pytest.approx(peak)
+    panel = plots.map_panel(r.probs[h], SP, np.zeros((32, 32, 3), np.uint8), q, [f"t{i}" for i in range(22)])
+    over = panel.axes[2].images[-1]
+    assert over.get_clim()[0] == 0 and any(line.get_ydata()[0] == 1.0 for line in over.colorbar.ax.lines)
+
+
+def test_an_overlay_that_never_reaches_even_reading_keeps_its_scale_at_1():
+    """A head reading next to nothing of the picture (1e-7 × uniform) is drawn dark on a scale that reaches 1, and the
+    figure stays its size (the 'even' mark used to sit far outside a tiny scale and blow the saved figure up)."""
+    import io
+
+    fig = plots.image_overlay(np.zeros((32, 32, 3), np.uint8), np.full(16, 1e-7), chance=1.0, cbar="× uniform")
+    assert fig.axes[0].images[-1].get_clim() == (pytest.approx(1e-7), 1.0)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    from PIL import Image
+
+    assert max(Image.open(buf).size) < 2000

@@ -243,6 +243,8 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
     if rows * cols != len(w):
         raise InputError(f"{len(w)} image-token weights for a {rows} x {cols} grid")
     img = np.asarray(image)
+    if chance is not None:  # the scale always reaches even reading: a map that never does looks dark, as it should
+        vmax = max(float(w.max()) if vmax is None else vmax, chance)
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(3.6, 3))
@@ -259,19 +261,27 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
     return fig or ax.figure
 
 
-def layer_overlays(image, maps: dict, title: str = "", grid=None, grid_tokens=None, label: str = "layer"):
+def layer_overlays(image, maps: dict, title: str = "", grid=None, grid_tokens=None, label: str = "layer",
+                   uniform: bool = False):
     """The picture, then one panel per layer with a query's attention laid over it.
 
     ``image [H, W, 3]``; ``maps``: layer -> ``[n_image]`` weights (e.g.
-    :func:`unicache_lib.analysis.localisation.query_over_image`); each panel on its own colour scale
-    (labelled), as the weights' range changes a lot with depth. ``grid`` / ``grid_tokens`` as in
-    :func:`image_overlay`."""
+    :func:`unicache_lib.analysis.localisation.query_over_image`). ``uniform``: the weights are in multiples of the
+    uniform weight (``query_over_image(..., uniform=True)``): every panel then shares one colour scale from 0, with
+    even reading (1) marked on it, so panels compare by brightness too; otherwise each panel has its own scale
+    (labelled). ``grid`` / ``grid_tokens`` as in :func:`image_overlay`."""
     if not maps:
         raise InputError("layer_overlays needs at least one layer's weights")
     fig, axes = _picture_row(image, "the picture", len(maps), (2.7, 2.6), 9)
+    top = max(float(np.max(_np(w))) for w in maps.values())
     for ax, (li, w) in zip(axes[1:], maps.items()):
-        image_overlay(image, w, f"{label} {li} (max {float(np.max(_np(w))):.2f})", ax=ax, grid=grid,
-                      grid_tokens=grid_tokens, cbar="weight (own scale)")
+        peak = float(np.max(_np(w)))
+        if uniform:
+            image_overlay(image, w, f"{label} {li} (peak {peak:.1f}×)", ax=ax, grid=grid, grid_tokens=grid_tokens,
+                          cbar="× uniform (shared scale)", vmin=0.0, vmax=max(top, 1.0), chance=1.0)
+        else:
+            image_overlay(image, w, f"{label} {li} (max {peak:.2f})", ax=ax, grid=grid,
+                          grid_tokens=grid_tokens, cbar="weight (own scale)")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -331,7 +341,7 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
         pick = P[token_pos, spans.image_index]
     visible = P.shape[1] if cross else token_pos + 1  # keys the query row can see (causal self-attention)
     image_overlay(image, pick * visible, f"query token {query} reading the image", ax=axes[-1], grid=grid,
-                  grid_tokens=grid_tokens, cbar="× uniform (1 = even over the visible keys)")
+                  grid_tokens=grid_tokens, cbar="× uniform (1 = even over the visible keys)", vmin=0.0, chance=1.0)
     head = " · ".join(t for t in (title, f"question: {question!r}" if question else "") if t)
     if head:
         fig.suptitle(head, fontsize=10)

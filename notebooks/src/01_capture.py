@@ -39,6 +39,7 @@ import torch
 from unicache_lib import plots, stats
 from unicache_lib.analysis import capture_claims as CL
 from unicache_lib.analysis.anchors import batching_overlap, image_reads
+from unicache_lib.analysis.localisation import reading_head
 from unicache_lib.analysis.token_classes import content_position
 from unicache_lib.capture import AttentionCapture, CaptureError, find_attention_modules
 from unicache_lib.capture.runner import build_prompt, capture_samples, inputs_for
@@ -97,11 +98,15 @@ if family.cross_attention:
 print(f"output_attentions vs hooks: {len(way1)} layers, max |difference| = {diff:.1e}")
 
 # %%
+# NBVAL_CHECK_OUTPUT
 toks0 = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
-r0 = cap.result[0]
-word0 = content_position(toks0, r0.spans.text_index) if r0.part != "cross" else r0.probs.shape[1] - 1  # an object or colour word
-fig = plots.map_panel(r0.probs[0], r0.spans, s0.image, word0, toks0,
-                      f"sample {s0.id} · layer {r0.layer} · head 0", cross=r0.part == "cross",
+first = cap.result[0]
+word0 = content_position(toks0, first.spans.text_index) if first.part != "cross" else first.probs.shape[1] - 1  # object/colour
+r0, h0, peak = reading_head([r for r in cap.result if r.part == first.part], word0)  # where the word reads the picture most
+print(f"shown: layer {r0.layer}, head {h0}, where the word {toks0[word0]!r} puts the most weight on one patch: "
+      f"{peak:.1f}× uniform")
+fig = plots.map_panel(r0.probs[h0], r0.spans, s0.image, word0, toks0,
+                      f"sample {s0.id} · layer {r0.layer} · head {h0}", cross=r0.part == "cross",
                       grid=family.image_grid(model.config, inputs), grid_tokens=family.grid_tokens(model.config, inputs),
                       question=s0.question)
 _ = plots.save(fig, out, "one_map")
@@ -109,10 +114,12 @@ _ = plots.save(fig, out, "one_map")
 # %% [markdown]
 # **What to look at.** The difference printed above must be exactly 0 (the hooks see the tensor the model returns).
 # In the map, the diagonal band is tokens reading their neighbours, the bright first columns the
-# [sink](../docs/GLOSSARY.md#sink), the image block what text rows read of the picture. The right panel shows a head
-# that does *not* read the picture: at layer 0, head 0, the word's weight on every patch is far below the uniform level
-# (see its colour bar). A word reading its object: 00 §4 (last layer), measured in 02. The next cell shows the fused
-# kernel returning no weights: capture needs eager attention or `recompute`.
+# [sink](../docs/GLOSSARY.md#sink), the image block what text rows read of the picture. The right panel is the head
+# where the word reads the picture most (printed above): its brightest patch gets
+# <!--num "notebooks/01_capture.ipynb#out:shown: layer@2" fmt="{:.1f}"-->71.5<!--/num-->× the uniform weight (1, the cyan
+# line, is what every visible key would get from an even reading). Most heads read far less of the picture; whether
+# the bright patch is the named object is measured in 02. The next cell shows the fused kernel returning no weights:
+# capture needs eager attention or `recompute`.
 
 # %%
 with torch.no_grad(), language_attention(model, "sdpa"):  # the same weights on the fused kernel

@@ -116,17 +116,18 @@ print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['
 # ### A first look: one word reading the picture, layer by layer
 #
 # A question about a picture with several objects; the word naming the object (*triangle* in *what color is the
-# triangle ?*) laid over the image tokens (mean over heads), one panel per layer. **Each panel has its own colour
-# scale** (its maximum in the title): compare *where* the bright patches are, not how bright.
+# triangle ?*) laid over the image tokens (mean over heads), one panel per layer, in multiples of the uniform weight:
+# **one colour scale for every panel**, and the cyan line on it (1) is what each patch would get from an even reading
+# — brighter than that is read more than chance, darker less.
 
 # %%
 first = next((s for s in map_samples if len(s.masks) >= 2), map_samples[0])  # a picture with several objects
 toks = tokens[first.id]
 obj = [i for i, t in enumerate(toks) if token_class(t) == "object" and t.strip("▁Ġ ").lower() != "object"]
 q_pos = obj[-1] if obj else len(toks) - 1  # the object word (else the last position)
-q_maps = query_over_image(maps, first.id, q_pos)  # layer -> [n_image] weights, mean over heads
+q_maps = query_over_image(maps, first.id, q_pos, uniform=True)  # layer -> [n_image] × uniform, mean over heads
 fig = plots.layer_overlays(first.image, q_maps, f"{first.id}: {first.question!r} — the word {toks[q_pos]!r} reading the image",
-                           grid=grids[first.id][0], grid_tokens=grids[first.id][1])
+                           grid=grids[first.id][0], grid_tokens=grids[first.id][1], uniform=True)
 _ = plots.save(fig, out, "object_word_over_layers")
 
 # %%

@@ -111,13 +111,17 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
                                        "top_on_target", "iou", "chance_iou"])
 
 
-def query_over_image(records, sample: str, query_pos: int, head: int | None = None) -> dict[int, np.ndarray]:
+def query_over_image(records, sample: str, query_pos: int, head: int | None = None,
+                     uniform: bool = False) -> dict[int, np.ndarray]:
     """One query position's attention over the image, layer by layer, from full-mode records.
 
     Args:
         records: full-mode records (``probs [H, S, S]`` with spans, or cross-attention ``[H, T, V]``).
         sample: the sample id; ``query_pos``: the query's index in the sequence (cross-attention: in the text).
         head: one head, or None for the mean over heads.
+        uniform: in multiples of the uniform weight (× the keys the query row can see: ``query_pos + 1`` under a
+            causal mask, every vision token in cross-attention), the unit every lesson shows attention over images
+            in: 1 = what each key would get if the row read evenly.
     Returns:
         layer -> ``[n_image]`` weights on the image keys (cross-attention: on the vision tokens), in layer order.
     """
@@ -130,7 +134,29 @@ def query_over_image(records, sample: str, query_pos: int, head: int | None = No
             raise InputError(f"query_pos {query_pos} outside the {P.shape[-2]} query rows of sample {sample}")
         P = P.mean(0) if head is None else P[head]
         row = P[query_pos] if r.part == "cross" else P[query_pos, r.spans.image_index]
+        if uniform:
+            row = row * (P.shape[-1] if r.part == "cross" else query_pos + 1)
         out[r.layer] = row.numpy()
     if not out:
         raise InputError(f"no record of sample {sample!r} among the {len(records)} records given")
     return out
+
+
+def reading_head(records, query_pos: int) -> tuple:
+    """``(record, head, peak)``: among one sample's full-mode records, the layer and head whose query row at
+    ``query_pos`` puts the most weight on one image key, with that weight in multiples of the uniform weight (the
+    head where a lesson's first picture shows the word reading the image, instead of one that happens to read
+    nothing there). Ties go to the earlier layer, then head."""
+    best = None
+    for r in sorted(records, key=lambda r: r.layer):
+        if "probs" not in r.data:
+            raise InputError(f"record (layer {r.layer}) holds no full map: capture it with mode='full'")
+        P = r.probs.float()
+        row = P[:, query_pos] if r.part == "cross" else P[:, query_pos][:, r.spans.image_index]
+        scaled = row * (P.shape[-1] if r.part == "cross" else query_pos + 1)
+        peak, h = scaled.max(-1).values.max(0)
+        if best is None or float(peak) > best[2]:
+            best = (r, int(h), float(peak))
+    if best is None:
+        raise InputError("reading_head needs at least one full-mode record")
+    return best
