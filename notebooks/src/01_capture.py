@@ -39,7 +39,6 @@ import torch
 from unicache_lib import plots, stats
 from unicache_lib.analysis import capture_claims as CL
 from unicache_lib.analysis.anchors import batching_overlap, image_reads
-from unicache_lib.analysis.localisation import reading_head
 from unicache_lib.analysis.token_classes import content_position
 from unicache_lib.capture import AttentionCapture, CaptureError, find_attention_modules
 from unicache_lib.capture.runner import build_prompt, capture_samples, inputs_for
@@ -99,6 +98,8 @@ print(f"output_attentions vs hooks: {len(way1)} layers, max |difference| = {diff
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from unicache_lib.analysis.localisation import reading_head
+
 toks0 = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
 first = cap.result[0]
 word0 = content_position(toks0, first.spans.text_index) if first.part != "cross" else first.probs.shape[1] - 1  # object/colour
