@@ -89,9 +89,10 @@ print("scorers:", ", ".join(f"{n} ({c.description})" for n, c in SCORERS.items()
 # %% [markdown]
 # ## 1. Score every head
 #
-# Importance per head (higher = keep), shown as layer × head grids. The statistics scorers read notebook
-# 02's store; the gradient scorer differentiates the answer loss on `N_GRADIENT` *other* questions through a
-# head mask held at 1.
+# Importance per head (higher = keep), shown as layer × head grids of each scorer's *ranking* on one shared scale (the
+# scorers' raw units differ): where two grids light up alike, the two scorers would prune the same heads. The
+# statistics scorers read notebook 02's store; the gradient scorer differentiates the answer loss on `N_GRADIENT`
+# *other* questions through a head mask held at 1.
 
 # %%
 ctx = ScoringContext(space, urecs, E.understanding_loss_fns(model, processor, grad_qas), SEED)
@@ -101,8 +102,9 @@ for s in range(RANDOM_SEEDS):
 import matplotlib.pyplot as plt
 
 names = [n for n in scores if not n.startswith("random")]
-# scorers have different units, so each grid has its own colour scale (read the ranking, not the colours across panels)
-fig = plots.grid_panels({n: scores[n] for n in names}, "head", "layer", "importance")
+# scorers have different units: each grid shows its heads' rank (0 = pruned first, 1 = kept longest), on one scale
+ranks = {n: (scores[n].ravel().argsort().argsort() / (scores[n].size - 1)).reshape(scores[n].shape) for n in names}
+fig = plots.grid_panels(ranks, "head", "layer", "importance rank (1 = kept longest)", shared=True)
 _ = plots.save(fig, out, "head_scores")
 
 
@@ -331,7 +333,7 @@ if TIMING_REPEATS >= 2:
 
 # %% [markdown]
 # **This run**: the physically pruned model gives the masked model's answers exactly (the largest log-probability
-# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.16×<!--/num--> faster (timings vary from run to run), less than
+# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.14×<!--/num--> faster (timings vary from run to run), less than
 # the share of heads removed, because what the heads do not own (the MLPs, the embeddings, the vision tower)
 # does not shrink. Measure that share on your model before promising a gain.
 
