@@ -279,3 +279,13 @@ def test_capture_refuses_attention_dropout_in_train_mode_reentry_and_overlong_se
                 model(**inputs)
     finally:
         cfg.max_position_embeddings = limit
+
+
+def test_the_memory_refusal_names_sizes_in_a_unit_that_shows_them():
+    """A budget of 0.01 GB used to be refused with "would keep 0.0 GB of maps": both sizes now read."""
+    from unicache_lib.capture.vlm import check_memory
+    from unicache_lib.core.errors import CaptureError
+
+    with pytest.raises(CaptureError, match=r"would keep 14 MB of maps, over MEMORY_BUDGET_GB=0.01 \(10 MB\): use mode='stats'"):
+        check_memory(14 * 2**20, 0.01, "a test")
+    check_memory(14 * 2**20, 0.02, "a test")  # the fix it names (a larger budget) passes

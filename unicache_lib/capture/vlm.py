@@ -477,12 +477,21 @@ def full_capture_bytes(model, inputs: dict, layers=None, part="language") -> int
     return total
 
 
+def _size(n_bytes: float) -> str:
+    """Bytes in the unit that shows them: ``3.2 GB``, ``14 MB``, ``12 KB``."""
+    for unit, k in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n_bytes >= k:
+            return f"{n_bytes / k:.{1 if unit == 'GB' else 0}f} {unit}"
+    return f"{n_bytes:.0f} bytes"
+
+
 def check_memory(n_bytes: int, budget_gb: float | None, what: str = "a full capture") -> None:
     """Print the estimate; raise :class:`CaptureError` naming the alternatives when it is over budget."""
     print(f"{what}: about {n_bytes / 2**30:.2f} GB of attention maps (budget {budget_gb} GB)")
     if budget_gb is not None and n_bytes > budget_gb * 2**30:
         raise CaptureError(
-            f"{what} would keep {n_bytes / 2**30:.1f} GB of maps, over MEMORY_BUDGET_GB={budget_gb}: use mode='stats' "
+            f"{what} would keep {_size(n_bytes)} of maps, over MEMORY_BUDGET_GB={budget_gb} ({_size(budget_gb * 2**30)}): "
+            f"use mode='stats' "
             f"(statistics only, O(heads x seq) per layer), capture a subset of layers (LAYERS=[...]), keep the maps "
             f"of fewer samples, or raise the budget")
 
