@@ -318,3 +318,15 @@ def test_an_overlay_that_never_reaches_even_reading_keeps_its_scale_at_1():
     from PIL import Image
 
     assert max(Image.open(buf).size) < 2000
+
+
+def test_figures_made_with_math_text_off_stay_with_pyplot(monkeypatch):
+    """The wrapper that draws data text literally must not cost a notebook its figures: an rc_context's exit restored
+    the backend and the inline backend dropped every figure made inside (01-05 lost their displayed figures)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.rcParams.copy()
+    fig = plots.bars({"a": 1.0, "$x$": 2.0})
+    assert fig.number in plt.get_fignums() and matplotlib.rcParams["text.parse_math"] is True
+    assert dict(matplotlib.rcParams) == dict(before)  # nothing else of the rc touched

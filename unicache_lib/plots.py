@@ -4,6 +4,8 @@ Widgets (``widgets.py``) only call these functions.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import warnings
 from pathlib import Path
 
@@ -701,6 +703,21 @@ def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = T
     return fig or ax.figure
 
 
+@contextmanager
+def literal_text():
+    """Math text off while figures are made: the one rcParam set and put back by hand, not with ``rc_context``, whose
+    exit restores the whole rc (the backend with it), which made the notebooks' inline backend drop every figure made
+    inside before the cell could show it."""
+    import matplotlib
+
+    old = matplotlib.rcParams["text.parse_math"]
+    matplotlib.rcParams["text.parse_math"] = False
+    try:
+        yield
+    finally:
+        matplotlib.rcParams["text.parse_math"] = old
+
+
 def _literal_text(fn):
     """Every text of the figure ``fn`` returns drawn as typed (math text off): a label, token or question from your
     data holding ``$`` shows its dollars instead of failing the figure (``$\\frac{$``) or turning into math."""
@@ -708,9 +725,7 @@ def _literal_text(fn):
 
     @functools.wraps(fn)
     def drawn(*args, **kwargs):
-        import matplotlib
-
-        with matplotlib.rc_context({"text.parse_math": False}):  # texts made (and laid out) inside: literal
+        with literal_text():  # texts made (and laid out) inside: literal
             out = fn(*args, **kwargs)
         from matplotlib.figure import Figure
         from matplotlib.text import Text

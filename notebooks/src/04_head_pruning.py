@@ -333,7 +333,7 @@ if TIMING_REPEATS >= 2:
 
 # %% [markdown]
 # **This run**: the physically pruned model gives the masked model's answers exactly (the largest log-probability
-# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.14×<!--/num--> faster (timings vary from run to run), less than
+# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.17×<!--/num--> faster (timings vary from run to run), less than
 # the share of heads removed, because what the heads do not own (the MLPs, the embeddings, the vision tower)
 # does not shrink. Measure that share on your model before promising a gain.
 

@@ -179,10 +179,10 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
         raise ReportError("no stores given")
     loaded = {label: load_store(path) for label, path in stores.items()}  # everything checked before drawing
     sections, taken = [], set()
-    import matplotlib
+    from ..plots import literal_text
 
-    # labels, model names and prompts from the stores drawn as typed (math text off: `$\\frac{$` shows, not fails)
-    with tempfile.TemporaryDirectory(prefix="unicache-report-") as tmp, matplotlib.rc_context({"text.parse_math": False}):
+    # labels, model names and prompts from the stores drawn as typed (math text off: `$\frac{$` shows, not fails)
+    with tempfile.TemporaryDirectory(prefix="unicache-report-") as tmp, literal_text():
         files = []
         for label, (recs, meta, note) in loaded.items():
             stem = _stem(str(label), taken)
