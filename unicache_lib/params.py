@@ -65,12 +65,12 @@ def _model_found(name, v):
     """The model ``v`` names resolves without loading or the network (a shipped name, a folder, a cached hub id), or
     the parameter fails in one line with the closest shipped names."""
     from .core.errors import UnicacheError
-    from .zoo.loaders import SHIPPED, resolve
+    from .zoo.loaders import SHIPPED, closest_shipped, resolve
 
     try:
         resolve(v, reach=False)  # never the network here: an uncached hub id is judged when the model loads
     except UnicacheError as e:
-        close = sorted(difflib.get_close_matches(str(v), SHIPPED, n=3, cutoff=0.75), key=lambda m: abs(len(m) - len(str(v))))
+        close = closest_shipped(v, cutoff=0.75)
         if close:
             _fail(name, v, f"no such model; did you mean {' or '.join(map(repr, close[:2]))}? (shipped: "
                   f"{', '.join(SHIPPED)})")

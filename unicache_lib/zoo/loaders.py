@@ -117,9 +117,14 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return True
 
 
+def closest_shipped(name: str, cutoff: float = 0.8) -> list[str]:
+    """Shipped model names near ``name``, the same length first (a typo in place: tiny-llama -> tiny-llava before
+    tiny-mllama)."""
+    return sorted(difflib.get_close_matches(str(name), SHIPPED, n=3, cutoff=cutoff), key=lambda m: abs(len(m) - len(str(name))))
+
+
 def _unknown_name_message(name: str) -> str:
-    # near names, the same length first (a typo in place: tiny-llama -> tiny-llava before tiny-mllama)
-    close = sorted(difflib.get_close_matches(name, SHIPPED, n=3, cutoff=0.8), key=lambda m: abs(len(m) - len(name)))
+    close = closest_shipped(name)
     shipped = ", ".join(f"{n} ({side})" for n, side in SHIPPED.items())
     gen = ", ".join(f"{tag} ({cls})" for cls, tag in (GENERATION_FAMILIES | PIPELINE_FAMILIES).items())
     return (f"{name!r} is not a shipped model, an existing folder or a Hugging Face hub id (org/name)."
