@@ -147,6 +147,8 @@ def main(argv=None):
     ap.add_argument("--qtype-weights", default="", help="e.g. colour=2,exists=2 (others 1)")
     ap.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="image side in px (96 with --patch 4: 576 tokens)")
     ap.add_argument("--patch", type=int, default=PATCH)
+    ap.add_argument("--vision-layers", type=int, default=2,
+                    help="tower depth (4 for tiny-llava-576: objects span about 3x more patches per side than at 64 tokens)")
     ap.add_argument("--init-lm-from", default=None,
                     help="a saved tiny-llava whose projector and language model start this run (the tower is new)")
     args = parse(ap, argv)
@@ -163,7 +165,7 @@ def main(argv=None):
         tok = tl.build_tokenizer()
         n_img = (args.image_size // args.patch) ** 2
         proc = tl.build_processor(tok, args.image_size, args.patch)
-        model = LlavaForConditionalGeneration(tl.build_config(tok, args.image_size, args.patch,
+        model = LlavaForConditionalGeneration(tl.build_config(tok, args.image_size, args.patch, vision_layers=args.vision_layers,
                                                               max_positions=max(256, 2 ** (n_img + 64).bit_length())))
         if args.init_lm_from:
             donor = LlavaForConditionalGeneration.from_pretrained(args.init_lm_from, dtype=torch.float32)
