@@ -37,7 +37,7 @@ def _maps(sentence: str) -> dict:
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★): set ``SENTENCE`` to a longer one and compare the weight the rows put on the first token with the
+    """Exercise 1 (★), the starter's gap ``longer``: set ``SENTENCE`` to a longer one and compare the weight the rows put on the first token with the
     uniform share, layer by layer: is the first token a sink on a plain sentence?
 
     Both sentences are captured; for every row after the first (row 0 can only read itself), the weight on the first
@@ -50,8 +50,9 @@ def exercise_1(quick: bool = False) -> dict:
     some layers; notebook 02 measures it where it matters, on image prompts.
     """
 
+    longer = LONG  # the starter cell's gap
     out = {}
-    for name, sentence in (("short", SHORT), ("long", LONG)):
+    for name, sentence in (("short", SHORT), ("long", longer)):
         maps = _maps(sentence)
         S = maps[0].shape[-1]
         uniform = float(np.mean([1 / (i + 1) for i in range(1, S)]))  # mean over rows 1..S-1 of 1 / (keys visible)
@@ -61,7 +62,7 @@ def exercise_1(quick: bool = False) -> dict:
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2 (★★): for the sample of §4, which head of the last layer puts the most of the content word's weight
+    """Exercise 2 (★★), the starter's gap ``per_head``: for the sample of §4, which head of the last layer puts the most of the content word's weight
     on the image?
 
     The notebook's sample and content word (``content_position``) are captured again; per head of the last layer, the

@@ -81,3 +81,88 @@ def test_code_cells_are_short(nb):
     assert ok, (f"{nb.stem}: code cells of {long} non-blank lines (limit {MAX_CELL_LINES}; known long cells "
                 f"{allowed}, which may only shrink): move the measurement into unicache_lib and call it, or split the "
                 f"cell where a reader would pause")
+
+
+# Issue #46 item 4, exercises that scaffold: each exercise of a lesson's "## Exercises" list has one starter cell
+# (`# Exercise K starter: ...`); a ★/★★ starter sets up the work from the notebook's own objects and leaves exactly
+# one gap, `name = ...  # <- fill in: what`, and is done inside the notebook (no papermill re-run); the committed,
+# executed notebook ran every starter cell (outputs, no error), each within STARTER_SECONDS as committed (gap
+# unfilled; tools/record_results.py keeps papermill's per-cell seconds in data/results/NN_*.run.json).
+STARTER_SECONDS = 5.0
+STARTER_RE = r"^# Exercise (\d+) starter"
+GAP_RE = r"^[ \t]*[A-Za-z_]\w*[ \t]*=[ \t]*\.\.\.[ \t]+# <- fill in: \S.*$"
+
+
+def scaffold_problems(src_cells: list, executed_cells: list | None, seconds: dict | None) -> list[str]:
+    """What is wrong with a notebook's exercise scaffolding: src_cells as `cells()` gives them (kind, source, tags),
+    executed_cells the committed notebook's cells (nbformat), seconds its run.json's starter_cells_seconds."""
+    import re
+
+    problems = []
+    listing = next((s.split("## Exercises", 1)[1] for kind, s, _ in src_cells
+                    if kind == "markdown" and "## Exercises" in s), None)
+    if listing is None:
+        return ["no '## Exercises' markdown cell"]
+    stars = {int(k): len(st) for k, st in re.findall(r"^(\d+)\. (★+)", listing, re.M)}
+    starters = {int(m.group(1)): s for kind, s, _ in src_cells if kind == "code" and (m := re.match(STARTER_RE, s))}
+    if sorted(stars) != list(range(1, len(stars) + 1)) or not stars:
+        problems.append(f"the exercise list is not numbered 1..n with stars: {sorted(stars)}")
+    if sorted(starters) != sorted(stars):
+        problems.append(f"exercises {sorted(stars)} but starter cells for {sorted(starters)}")
+    for k, s in sorted(starters.items()):
+        gaps = re.findall(GAP_RE, s, re.M)
+        if stars.get(k, 3) <= 2:
+            if len(gaps) != 1:
+                problems.append(f"exercise {k} (★{'★' * (stars[k] - 1)}): {len(gaps)} gaps `name = ...  # <- fill in: "
+                                f"...`, want exactly one")
+            if "papermill" in s:
+                problems.append(f"exercise {k}: a ★/★★ starter is done in the notebook, not with papermill")
+        elif len(gaps) > 1:
+            problems.append(f"exercise {k}: {len(gaps)} gaps, want at most one")
+    if executed_cells is not None:
+        ran = {int(m.group(1)): c for c in executed_cells
+               if c.cell_type == "code" and (m := re.match(STARTER_RE, c.source))}
+        for k in sorted(starters):
+            outs = ran[k].get("outputs", []) if k in ran else []
+            if not outs:
+                problems.append(f"exercise {k}: the committed notebook holds no output of its starter cell")
+            if any(o.get("output_type") == "error" for o in outs):
+                problems.append(f"exercise {k}: its starter cell raised in the committed notebook")
+    if seconds is not None:
+        for k in sorted(starters):
+            t = seconds.get(str(k))
+            if t is None:
+                problems.append(f"exercise {k}: no starter_cells_seconds recorded (make notebooks NB=..)")
+            elif t > STARTER_SECONDS:
+                problems.append(f"exercise {k}: its starter cell took {t} s unfilled (limit {STARTER_SECONDS} s): "
+                                f"keep the heavy work behind the gap")
+    return problems
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_starter_cells_scaffold(nb):
+    import json
+
+    run = ROOT / "data" / "results" / f"{nb.stem}.run.json"
+    seconds = json.loads(run.read_text()).get("starter_cells_seconds", {}) if run.is_file() else {}
+    problems = scaffold_problems(cells(jupytext.read(ROOT / "notebooks" / "src" / f"{nb.stem}.py")),
+                                 nbformat.read(nb, as_version=4).cells, seconds)
+    assert not problems, f"{nb.stem}: " + "; ".join(problems)
+
+
+def test_scaffold_check_catches_a_starter_without_a_gap_or_with_papermill():
+    import nbformat.v4 as v4
+
+    listing = ("markdown", "## Exercises\n\n1. ★ Set a parameter.\n2. ★★ A few lines.\n3. ★★★ Your checkpoint.", [])
+    good = [listing, ("code", "# Exercise 1 starter: x\nk = ...  # <- fill in: a number\nprint(k)", []),
+            ("code", "# Exercise 2 starter: y\nf = ...  # <- fill in: a function\nprint(f)", []),
+            ("code", "# Exercise 3 starter: z\nprint('papermill ...')", [])]
+    ran = [v4.new_code_cell(s, outputs=[v4.new_output("stream", text="ok\n")]) for kind, s, _ in good if kind == "code"]
+    assert scaffold_problems(good, ran, {"1": 0.1, "2": 0.2, "3": 0.1}) == []
+    no_gap = [*good[:2], ("code", "# Exercise 2 starter: y\nprint('rerun with papermill -p STEPS 8')", []), good[3]]
+    found = scaffold_problems(no_gap, None, None)
+    assert any("exercise 2" in p and "0 gaps" in p for p in found) and any("papermill" in p for p in found)
+    assert any("starter cells for [1, 2]" in p for p in scaffold_problems(good[:3], None, None))  # one listed, no cell
+    ran[1].outputs = [v4.new_output("error", ename="E", evalue="", traceback=[])]
+    assert any("raised" in p for p in scaffold_problems(good, ran, {"1": 0.1, "2": 9.0, "3": 0.1}))
+    assert any("9.0 s" in p for p in scaffold_problems(good, ran, {"1": 0.1, "2": 9.0, "3": 0.1}))

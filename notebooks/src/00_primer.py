@@ -205,21 +205,38 @@ if maps:
 #
 # ## Exercises
 #
-# Graded ★ (a parameter) to ★★ (a few lines); each has a starter cell below. Expected answers:
-# [solutions/00_primer.py](../solutions/00_primer.py).
+# Graded ★ (a parameter) to ★★ (a few lines). Each starter cell below sets the work up and leaves one gap,
+# `... # <- fill in`: fill it and run the cell (seconds). Expected answers: [solutions/00_primer.py](../solutions/00_primer.py).
 #
-# 1. ★ Set `SENTENCE` to `"is there a blue square ? what color is the circle ?"` and compare the weight rows put on
+# 1. ★ Set `longer` to `"is there a blue square ? what color is the circle ?"` and compare the weight rows put on
 #    the first token with the uniform share, layer by layer, mean over heads: is it a sink on plain text?
 # 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Compute
 #    `r.probs[h, word, spans.image_index].sum()` per head `h`: how far apart are the heads?
 
 # %%
-# Exercise 1 starter: another sentence through the same capture
-longer = "is there a blue square ? what color is the circle ?"
-print(processor.tokenizer.tokenize(longer), "-> capture it as in §2 and plot plots.token_map(...)")
+# Exercise 1 starter: another sentence through the same capture as §2
+longer = ...  # <- fill in: the longer sentence of exercise 1, as a string
+if longer is ...:
+    print("Fill in `longer`, then run this cell again.")
+else:
+    ids = processor.tokenizer(longer, return_tensors="pt")["input_ids"].to(model.device)
+    with torch.no_grad(), AttentionCapture(model, mode="full") as cap:
+        model(input_ids=ids)
+    S = ids.shape[-1]
+    uniform = np.mean([1 / (i + 1) for i in range(1, S)])  # rows 1..S-1: 1 / (keys visible)
+    print(f"{S} tokens; uniform share of the first token, mean over rows after the first: {uniform:.3f}")
+    for rec in cap.result:
+        print(f"layer {rec.layer}: weight on the first token {rec.probs[:, 1:, 0].float().mean():.3f}")
 
 # %%
-# Exercise 2 starter: the content word's weight on the image, head by head
-if maps:
-    per_head = r.probs[:, word, spans.image_index].float().sum(-1)
-    print(f"{len(per_head)} heads; next: which is largest, and how far apart are they?")
+# Exercise 2 starter: the content word's weight on the image, head by head (§4's sample, layer `r.layer`)
+per_head = ...  # <- fill in: per head, the weight row `word` of r.probs puts on the image keys, summed
+if not maps:
+    print("§4 found no image block for this model: nothing to measure")
+elif per_head is ...:
+    print("Fill in `per_head`, then run this cell again.")
+else:
+    per_head = np.asarray(per_head, dtype=float)
+    print(f"layer {r.layer}, '{toks[word]}': " + ", ".join(f"head {h} {v:.2f}" for h, v in enumerate(per_head)))
+    print(f"most image-reading head {int(per_head.argmax())}, least {int(per_head.argmin())}; "
+          f"spread {per_head.max() - per_head.min():.2f}")
