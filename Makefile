@@ -44,7 +44,8 @@ run: setup
 	@echo "executed notebooks: outputs/notebooks/ ; figures and scoreboards: outputs/<notebook>/"
 
 ## test: unit tests (quick papermill runs of every notebook, the browser test) and nbval on the committed notebooks,
-##       side by side on 2 cores, one thread each; prints each stage's time (docs/TESTING.md)
+##       split into two lanes side by side on 2 cores, one thread each; prints each part's time, the slowest tests
+##       and the CPU-minutes (docs/TESTING.md)
 # the clock starts when make does, so the set-up time is printed with the stages
 TEST_T0 := $(shell date +%s)
 test: setup

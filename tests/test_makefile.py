@@ -32,11 +32,7 @@ def test_lab_adds_allow_root_only_for_root(euid, flag):
     assert ("--allow-root" in lab[0]) is flag
 
 
-def test_make_test_runs_both_stages_and_nbval_under_another_thread_count(monkeypatch, capsys):
-    """`make test` goes through tools/run_tests.py; its nbval stage runs with 1 thread by default while the committed
-    notebooks were executed with 2, so every run checks that the checked outputs survive another reduction order
-    (docs/TESTING.md), and it applies the workbook's rule for checked outputs (tests/nbval_digits.py)."""
-    import subprocess as sp
+def _run_tests():
     import sys
 
     sys.path.insert(0, str(ROOT / "tools"))
@@ -44,6 +40,17 @@ def test_make_test_runs_both_stages_and_nbval_under_another_thread_count(monkeyp
         import run_tests
     finally:
         sys.path.pop(0)
+    return run_tests
+
+
+def test_make_test_runs_every_file_and_notebook_once_and_nbval_under_another_thread_count(monkeypatch, capsys):
+    """`make test` goes through tools/run_tests.py: every test file and every notebook in exactly one pytest process;
+    nbval runs with 1 thread by default while the committed notebooks were executed with 2, so every run checks that
+    the checked outputs survive another reduction order (docs/TESTING.md), by the workbook's rule (tests/nbval_digits.py);
+    notebooks that read another's outputs run after it in one process."""
+    import subprocess as sp
+
+    run_tests = _run_tests()
     assert re.search(r"^test: setup\n\t\$\(BIN\)/python tools/run_tests\.py", MAKEFILE, re.M)
     calls = []
 
@@ -53,22 +60,39 @@ def test_make_test_runs_both_stages_and_nbval_under_another_thread_count(monkeyp
         def __init__(self, cmd, cwd, env, **kw):
             calls.append((cmd, env))
 
-        def poll(self):
-            return 0
-
     monkeypatch.setattr(sp, "Popen", Done)
-    monkeypatch.setattr(run_tests, "_wait", lambda proc, block: (0, 90.0))  # each stage: exit 0, 1.5 CPU-minutes
+    monkeypatch.setattr(run_tests, "_wait", lambda proc, block: (0, 90.0))  # each process: exit 0, 1.5 CPU-minutes
+    monkeypatch.setattr(run_tests.os, "cpu_count", lambda: 2)
     assert run_tests.main(["--setup-seconds", "3"]) == 0
     printed = capsys.readouterr().out
-    assert "(CPU 1.5 min)" in printed and "CPU of the stages: 3.0 CPU-minutes" in printed
-    assert all(f"--durations={run_tests.SLOWEST}" in cmd for cmd, _ in calls)  # each stage names its slowest tests
-    stages = {("nbval" if "--nbval-lax" in cmd else "unit"): env for cmd, env in calls}
-    assert set(stages) == {"unit", "nbval"}
-    assert stages["nbval"]["OMP_NUM_THREADS"] == "1" and stages["unit"]["OMP_NUM_THREADS"] == "1"
-    nbval_cmd = next(cmd for cmd, _ in calls if "--nbval-lax" in cmd)
-    assert "tests.nbval_digits" in nbval_cmd and sum(c.endswith(".ipynb") for c in nbval_cmd) >= 7
+    assert "(CPU 1.5 min)" in printed and f"CPU of the tests: {1.5 * len(calls):.1f} CPU-minutes" in printed
+    assert 2 <= len(calls) <= 4 and "2 lanes side by side" in printed
+    assert all(f"--durations={run_tests.SLOWEST}" in cmd and "tests.costs_plugin" in cmd for cmd, _ in calls)
+    nbval = [(cmd, env) for cmd, env in calls if "--nbval-lax" in cmd]
+    unit = [cmd for cmd, _ in calls if "--nbval-lax" not in cmd]
+    assert all(env["OMP_NUM_THREADS"] == "1" and "tests.nbval_digits" in cmd for cmd, env in nbval)
+    run_nbs = [c for cmd, _ in nbval for c in cmd if c.endswith(".ipynb")]
+    assert sorted(run_nbs) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    chain = next(cmd for cmd, _ in nbval if "notebooks/03_diffusion_steps.ipynb" in cmd)
+    order = [c[10:12] for c in chain if c.endswith(".ipynb")]
+    assert {"02", "03", "04", "07"} <= set(order) and order == sorted(order)  # 02's store before its readers
+    files = [c for cmd in unit for c in cmd if c.startswith("tests/test_")]
+    assert sorted(files) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
     with pytest.raises(SystemExit):
         run_tests.main(["--nbval-threads", "0"])
+
+
+def test_the_lanes_are_dealt_longest_first():
+    """Two lanes, recorded costs: no lane carries more than the other plus its largest item (the longest-first rule)."""
+    run_tests = _run_tests()
+    items = run_tests._items()
+    costs = {t: float(10 + 37 * i % 300) for i, t in enumerate(items["unit"] + items["nbval"])}
+    lanes = run_tests.plan(2, costs=costs)
+    loads = [sum(costs[t] for ts in lane.values() for t in ts) for lane in lanes]
+    groups = [sum(costs[t] for t in g) for g in run_tests.nbval_groups(items["nbval"])]
+    assert abs(loads[0] - loads[1]) <= max(groups + [costs[t] for t in items["unit"]])
+    assert sum(loads) == pytest.approx(sum(costs.values()))
+    assert run_tests.plan(1, only="nbval", costs=costs) == [{"nbval": sorted(items["nbval"])}]
 
 
 # ------------------------------------------------------------------------------ make lab: a clone that stays clean

@@ -24,6 +24,31 @@ def run_notebook(name: str, out_dir: Path, **params) -> Path:
     return out_nb
 
 
+_SHARED: dict = {}
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory):
+    """``quick_run(name, **params)``: the notebook executed once per test session with these parameters, its output
+    folder returned (read it, never write to it). Tests that check different things of one quick run share it, so
+    every quick run executes once (docs/TESTING.md). A string parameter starting ``OUT/`` names a path inside the run's
+    output folder (the stores a run should find absent)."""
+
+    def run(name: str, **params) -> Path:
+        key = (name, json.dumps(params, sort_keys=True))
+        if key not in _SHARED:
+            out = tmp_path_factory.mktemp(Path(name).stem)
+            resolved = {k: str(out / v[4:]) if isinstance(v, str) and v.startswith("OUT/") else v for k, v in params.items()}
+            import os
+
+            os.environ["UNICACHE_PROGRESS"] = "0"  # session scope: set before the kernel starts, as _no_progress_bars does
+            run_notebook(name, out, **resolved)
+            _SHARED[key] = out
+        return _SHARED[key]
+
+    return run
+
+
 def scoreboard(out_dir: Path) -> dict:
     rows = json.loads((out_dir / "scoreboard.json").read_text())
     return {r["claim"]: r for r in rows}
@@ -45,8 +70,18 @@ def check_rows(board: dict, claims: set) -> None:
             assert c["lo"] <= c["value"] <= c["hi"] and c["n"] >= 2 and c["unit"], r
 
 
-def test_01_capture_quick(tmp_path):
-    run_notebook("01_capture.ipynb", tmp_path, PER_TYPE=1, ANCHOR_K=4)
+QUICK = {  # the quick parameters of the runs that several tests read (quick_run executes each once)
+    "01_capture.ipynb": dict(PER_TYPE=1, ANCHOR_K=4),
+    "02_understanding_maps.ipynb": dict(PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2),
+    "03_diffusion_steps.ipynb": dict(N_SINGLE=2, N_PAIRS=2, STEPS=5, MAP_PROMPTS=1, UNDERSTANDING_STORE="OUT/no-such-store"),
+    "06_step_reuse.ipynb": dict(N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=2),
+    "07_diagnostics.ipynb": dict(N_QUESTIONS=60, PER_TYPE=1, UNDERSTANDING_STORE="OUT/none",
+                                 GENERATION_STORE="OUT/none/tiny-mmdit"),
+}
+
+
+def test_01_capture_quick(quick_run):
+    tmp_path = quick_run("01_capture.ipynb", **QUICK["01_capture.ipynb"])
     board = scoreboard(tmp_path)
     check_rows(board, {"M1", "M2", "M3", "M4"})
     assert board["M2"]["hi"] < 5e-5 and board["M2"]["verdict"] == "holds"  # same capture twice
@@ -57,8 +92,8 @@ def test_01_capture_quick(tmp_path):
     assert (tmp_path / "layer_curves.png").stat().st_size > 1000
 
 
-def test_02_understanding_maps_quick(tmp_path):
-    run_notebook("02_understanding_maps.ipynb", tmp_path, PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2)
+def test_02_understanding_maps_quick(quick_run):
+    tmp_path = quick_run("02_understanding_maps.ipynb", **QUICK["02_understanding_maps.ipynb"])
     board = scoreboard(tmp_path)
     check_rows(board, {"U1", "U2a", "U2b", "U3", "U4", "U5", "U6", "U8", "U9", "U11", "U13"})
     assert board["U1"]["n"] == 5 and board["U1"]["unit"] == "samples"  # one sample per scene type
@@ -87,9 +122,8 @@ def test_02_other_sample_seed(tmp_path):
         stats_store_or_capture(tmp_path / "stats", tmp_path / "fallback")
 
 
-def test_03_diffusion_steps_quick(tmp_path):
-    run_notebook("03_diffusion_steps.ipynb", tmp_path, N_SINGLE=2, N_PAIRS=2, STEPS=5, MAP_PROMPTS=1,
-                 UNDERSTANDING_STORE=str(tmp_path / "no-such-store"))
+def test_03_diffusion_steps_quick(quick_run):
+    tmp_path = quick_run("03_diffusion_steps.ipynb", **QUICK["03_diffusion_steps.ipynb"])
     board = scoreboard(tmp_path)
     check_rows(board, {"G1", "G2", "G4", "G5", "G6", "G7", "G9"})
     assert board["G1"]["n"] == 4 and board["G1"]["unit"] == "prompts"
@@ -213,8 +247,8 @@ def test_05_kv_eviction_quick(tmp_path):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
 
 
-def test_06_step_reuse_quick(tmp_path):
-    run_notebook("06_step_reuse.ipynb", tmp_path, N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=2)
+def test_06_step_reuse_quick(quick_run):
+    tmp_path = quick_run("06_step_reuse.ipynb", **QUICK["06_step_reuse.ipynb"])
     board = scoreboard(tmp_path)
     check_rows(board, {"G3", "G8", "R1", "R2", "R3"})
     assert board["R2"]["verdict"] == "not measurable here"  # 2 timing rounds: no wall-clock comparison
@@ -236,9 +270,8 @@ def test_06_refuses_an_empty_generator_list(tmp_path):
         run_notebook("06_step_reuse.ipynb", tmp_path, GENERATORS=[])
 
 
-def test_07_diagnostics_quick(tmp_path):
-    run_notebook("07_diagnostics.ipynb", tmp_path, N_QUESTIONS=60, PER_TYPE=1, UNDERSTANDING_STORE=str(tmp_path / "none"),
-                 GENERATION_STORE=str(tmp_path / "none" / "tiny-mmdit"))
+def test_07_diagnostics_quick(quick_run):
+    tmp_path = quick_run("07_diagnostics.ipynb", **QUICK["07_diagnostics.ipynb"])
     board = scoreboard(tmp_path)
     check_rows(board, {"U10", "U12"})
     assert board["U10"]["n"] == 5 and board["U12"]["n"] == 60
@@ -274,21 +307,22 @@ def test_08_leaves_a_model_out_by_parameter(tmp_path):
 
 
 YOUR_DATA_RUNS = {  # notebook -> (its quick parameters, the data parameter, how the shipped data is exported)
-    "01_capture.ipynb": (dict(PER_TYPE=1, ANCHOR_K=4), "SAMPLES", "samples"),
-    "02_understanding_maps.ipynb": (dict(PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2), "SAMPLES", "samples"),
+    "01_capture.ipynb": (QUICK["01_capture.ipynb"], "SAMPLES", "samples"),
+    "02_understanding_maps.ipynb": (QUICK["02_understanding_maps.ipynb"], "SAMPLES", "samples"),
     "04_head_pruning.ipynb": (dict(N_QUESTIONS=60, N_GRADIENT=8, FRACTIONS=[0.0, 0.1], RANDOM_SEEDS=2, GENERATORS=[],
-                                   TIMING_REPEATS=2, PER_TYPE=1), "SAMPLES", "samples"),
-    "07_diagnostics.ipynb": (dict(N_QUESTIONS=60, PER_TYPE=1), "SAMPLES", "samples"),
-    "03_diffusion_steps.ipynb": (dict(N_SINGLE=4, N_PAIRS=4, STEPS=4, MAP_PROMPTS=1), "PROMPTS", (4, 4)),
-    "06_step_reuse.ipynb": (dict(N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=2), "PROMPTS", (8, 0)),
+                                   TIMING_REPEATS=2, PER_TYPE=1, UNDERSTANDING_STORE="OUT/none"), "SAMPLES", "samples"),
+    "07_diagnostics.ipynb": (QUICK["07_diagnostics.ipynb"], "SAMPLES", "samples"),
+    "03_diffusion_steps.ipynb": (QUICK["03_diffusion_steps.ipynb"], "PROMPTS", (2, 2)),
+    "06_step_reuse.ipynb": (QUICK["06_step_reuse.ipynb"], "PROMPTS", (8, 0)),
 }
 
 
 @pytest.mark.parametrize("nb", sorted(YOUR_DATA_RUNS))
-def test_on_the_shipped_data_exported_gives_the_same_verdicts(tmp_path, nb):
+def test_on_the_shipped_data_exported_gives_the_same_verdicts(tmp_path, quick_run, nb):
     """Issue #28: SAMPLES (the shipped set exported in the imagefolder layout, as make samples writes it) or PROMPTS (the
     default prompts as a prompts.jsonl) runs each notebook by parameter alone and gives the built-in run's verdicts and
-    values (06's timings aside: its wall-clock claims are read from 2 timing rounds, not measurable in either run)."""
+    values (06's timings aside: its wall-clock claims are read from 2 timing rounds, not measurable in either run). The
+    built-in run is the quick run the notebook's own quick test reads (executed once)."""
     from unicache_lib.world import samples
     from unicache_lib.world.text import export_prompts, prompt_set
 
@@ -299,15 +333,12 @@ def test_on_the_shipped_data_exported_gives_the_same_verdicts(tmp_path, nb):
         n_single, n_pairs = data
         n_single = quick.get("N_SINGLE", n_single)
         mine = export_prompts(prompt_set(n_single, n_pairs, 0), tmp_path / "prompts.jsonl")
-    for d in ("shipped", "yours"):
-        (tmp_path / d).mkdir()
-    stores = {"UNDERSTANDING_STORE": str(tmp_path / "none")} if nb in ("03_diffusion_steps.ipynb", "04_head_pruning.ipynb",
-                                                                        "07_diagnostics.ipynb") else {}
-    if nb == "07_diagnostics.ipynb":
-        stores["GENERATION_STORE"] = str(tmp_path / "none" / "tiny-mmdit")
-    run_notebook(nb, tmp_path / "shipped", **quick, **stores)
-    run_notebook(nb, tmp_path / "yours", **{param: str(mine)}, **quick, **stores)
-    a, b = scoreboard(tmp_path / "shipped"), scoreboard(tmp_path / "yours")
+    yours = tmp_path / "yours"
+    yours.mkdir()
+    shipped = quick_run(nb, **quick)
+    own = {k: str(yours / v[4:]) if isinstance(v, str) and v.startswith("OUT/") else v for k, v in quick.items()}
+    run_notebook(nb, yours, **{param: str(mine)}, **own)
+    a, b = scoreboard(shipped), scoreboard(yours)
     assert {c: r["verdict"] for c, r in a.items()} == {c: r["verdict"] for c, r in b.items()}
     timed = {"R1", "R2", "G8"} if nb == "06_step_reuse.ipynb" else set()
     assert [r["criteria"] for c, r in a.items() if c not in timed] == [r["criteria"] for c, r in b.items() if c not in timed]

@@ -1,29 +1,38 @@
-"""`make test`: the unit tests and nbval on the committed notebooks, side by side, with the time of each stage.
+"""`make test`: the unit tests and nbval on the committed notebooks, split evenly over the cores, with the time of each
+part and the CPU-minutes of the whole.
 
-    python tools/run_tests.py [--serial] [--threads N] [--nbval-threads N] [--setup-seconds S] [-- PYTEST ARGS]
+    python tools/run_tests.py [--serial] [--threads N] [--nbval-threads N] [--setup-seconds S] [--only unit|nbval]
+                              [--record] [-- PYTEST ARGS]
 
-Two stages, each one pytest process:
+Two kinds of work, each run by pytest:
 
-- **unit**: ``pytest tests`` (unit and property tests, the quick papermill runs, the browser test);
+- **unit**: the files ``tests/test_*.py`` (unit and property tests, the quick papermill runs, the browser test);
 - **nbval**: ``pytest --nbval-lax`` on ``notebooks/NN_*.ipynb`` as committed, compared by the workbook's rule for
   checked outputs (``tests/nbval_digits.py``, docs/TESTING.md).
 
-On a machine with two or more cores the stages run at the same time, one torch thread each (``--threads``), so
-`make test` takes about as long as the longer stage. nbval runs at ``--nbval-threads`` (default 1) while the committed
-notebooks were executed with 2 threads (`make notebooks` on 2 cores): another reduction order than the one that
-wrote the outputs, so every `make test` also checks that the checked outputs are portable across thread counts.
-The unit stage prints as it goes; the nbval stage's output is printed when it ends. The exit status is non-zero
-when either stage fails; the last lines give each stage's wall-clock time, its CPU time (the stage's process and
-everything it waited for: papermill kernels, the browser, torchrun ranks) and result, and the sum of the CPU times;
-each stage's pytest lists its 25 slowest tests (``--durations``).
+On a machine with two or more cores the work is split into two lanes that run at the same time, one torch thread
+each (``--threads``): test files and notebooks are dealt out longest first to the lane with less work, by the seconds
+each took in the recorded run (``tests/costs.json``), so `make test` takes about half the CPU time. A lane runs at most
+two pytest processes one after the other (its unit files, then its notebooks). nbval runs at ``--nbval-threads``
+(default 1) while the committed notebooks were executed with 2 threads (`make notebooks` on 2 cores): another
+reduction order than the one that wrote the outputs, so every `make test` also checks that the checked outputs are
+portable across thread counts. The first lane prints as it goes; the second lane's output is printed when it ends.
+The exit status is non-zero when any part fails; the last lines give each part's wall-clock time, its CPU time (the
+process and everything it waited for: papermill kernels, the browser, torchrun ranks), the 25 slowest tests of each
+part (``--durations``) and the sum of the CPU times. Every run writes the seconds per file and notebook to
+``outputs/test_costs.json``; ``--record`` also writes them to ``tests/costs.json`` and docs/TESTING.md's cost table.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,19 +46,77 @@ def _minutes(seconds: float) -> str:
 SLOWEST = 25  # each stage lists its slowest tests (pytest --durations)
 
 
-def stage_commands(py: str, extra: list[str]) -> dict[str, list[str]]:
-    notebooks = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    slow = [f"--durations={SLOWEST}", "--durations-min=1"]
-    return {
-        "unit": [py, "-m", "pytest", "tests", "-q", *slow, *extra],
-        "nbval": [py, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
-                  "-p", "no:randomly", "-p", "tests.nbval_digits", "-q", *slow, *extra, *notebooks],
-    }
+ROOT_TESTS = "tests"
+COSTS = ROOT / "tests" / "costs.json"  # seconds per test file / notebook in the recorded run (--record)
+DEFAULT_COST = 20.0  # a file or notebook the recorded run does not know
+
+
+def _items() -> dict[str, list[str]]:
+    return {"unit": sorted(str(p.relative_to(ROOT)) for p in (ROOT / ROOT_TESTS).glob("test_*.py")),
+            "nbval": sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
+
+
+def recorded_costs() -> dict[str, float]:
+    return json.loads(COSTS.read_text()) if COSTS.exists() else {}
+
+
+def command(py: str, kind: str, targets: list[str], extra: list[str]) -> list[str]:
+    slow = [f"--durations={SLOWEST}", "--durations-min=1", "-p", "tests.costs_plugin"]
+    if kind == "unit":
+        return [py, "-m", "pytest", "-q", *slow, *extra, *targets]
+    return [py, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
+            "-p", "no:randomly", "-p", "tests.nbval_digits", "-q", *slow, *extra, *targets]
+
+
+def nbval_groups(notebooks: list[str]) -> list[list[str]]:
+    """Notebooks that must run in one process, in order: one whose parameters default to another's outputs (03 reads
+    ``outputs/02_understanding_maps/stats``) runs after it, so nbval checks the run that finds that store."""
+    parent = {nb: nb for nb in notebooks}
+
+    def root(nb):
+        while parent[nb] != nb:
+            nb = parent[nb]
+        return nb
+
+    by_number = {Path(nb).name[:2]: nb for nb in notebooks}
+    for nb in notebooks:
+        src = ROOT / "notebooks" / "src" / (Path(nb).stem + ".py")
+        text = src.read_text() if src.exists() else ""
+        for n in set(re.findall(r'= "outputs/(\d\d)_', text)) - {Path(nb).name[:2]}:
+            if n in by_number:
+                parent[root(nb)] = root(by_number[n])
+    groups: dict[str, list[str]] = {}
+    for nb in sorted(notebooks):
+        groups.setdefault(root(nb), []).append(nb)
+    return list(groups.values())
+
+
+def plan(lanes: int, only: str | None = None, costs: dict[str, float] | None = None) -> list[dict[str, list[str]]]:
+    """``lanes`` lists of work, each ``{kind: [file, ...]}``: every test file and notebook in exactly one lane, dealt
+    out longest first to the lane with the least recorded work (a notebook's cells stay together in one process, and so
+    do the notebooks of one :func:`nbval_groups` group)."""
+    costs = recorded_costs() if costs is None else costs
+    items = _items()
+    work = []
+    if only in (None, "unit"):
+        work += [(costs.get(t, DEFAULT_COST), "unit", [t]) for t in items["unit"]]
+    if only in (None, "nbval"):
+        work += [(sum(costs.get(t, DEFAULT_COST) for t in g), "nbval", g) for g in nbval_groups(items["nbval"])]
+    out: list[dict[str, list[str]]] = [{} for _ in range(lanes)]
+    load = [0.0] * lanes
+    for cost, kind, ts in sorted(work, key=lambda w: (-w[0], w[2])):
+        i = load.index(min(load))
+        load[i] += cost
+        out[i].setdefault(kind, []).extend(ts)
+    for lane in out:
+        for ts in lane.values():
+            ts.sort()
+    return [lane for lane in out if lane]
 
 
 def _wait(proc: subprocess.Popen, block: bool) -> tuple[int, float] | None:
-    """``(exit status, CPU seconds)`` of a finished stage (its process and every descendant it waited for), or None
-    while it runs (``block=False``)."""
+    """``(exit status, CPU seconds)`` of a finished process (and every descendant it waited for), or None while it
+    runs (``block=False``)."""
     pid, status, usage = os.wait4(proc.pid, 0 if block else os.WNOHANG)
     if pid == 0:
         return None
@@ -57,71 +124,99 @@ def _wait(proc: subprocess.Popen, block: bool) -> tuple[int, float] | None:
     return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
+def write_cost_table(costs: dict[str, float], doc: Path = ROOT / "docs" / "TESTING.md") -> None:
+    """docs/TESTING.md's cost table (between its ``costs:begin`` / ``costs:end`` markers) from one run's seconds."""
+    groups: dict[str, list[float]] = {}
+    for t, s in costs.items():
+        groups.setdefault(t, []).append(s)
+    rows = sorted(((sum(v), t) for t, v in groups.items()), reverse=True)
+    total = sum(s for s, _ in rows)
+    lines = ["<!-- costs:begin (tools/run_tests.py --record writes this table) -->",
+             f"Seconds per test file and notebook in the recorded run (one thread each; {total / 60:.1f} CPU-minutes of "
+             "tests in all, the pytest start-up of each part not counted):", "",
+             "| file | seconds | share |", "|---|---:|---:|"]
+    lines += [f"| `{t}` | {s:.0f} | {100 * s / total:.1f}% |" for s, t in rows if s >= 1]
+    small = [t for s, t in rows if s < 1]
+    if small:
+        lines.append(f"| {len(small)} other files | <1 each | |")
+    lines.append("<!-- costs:end -->")
+    text = doc.read_text()
+    a, b = text.index("<!-- costs:begin"), text.index("<!-- costs:end -->") + len("<!-- costs:end -->")
+    doc.write_text(text[:a] + "\n".join(lines) + text[b:])
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("UNICACHE_PROGRESS", "0")  # as make test exports it: committed outputs carry no bars
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--serial", action="store_true", help="one stage after the other (default on a 1-core machine)")
-    ap.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of the unit stage (default 1)")
-    ap.add_argument("--nbval-threads", type=int, default=1, help="threads of the nbval stage (default 1; the "
-                    "committed notebooks were executed with 2)")
+    ap.add_argument("--serial", action="store_true", help="one lane: everything one after the other (default on a "
+                    "1-core machine)")
+    ap.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of the unit tests (default 1)")
+    ap.add_argument("--nbval-threads", type=int, default=1, help="threads of nbval (default 1; the committed "
+                    "notebooks were executed with 2)")
     ap.add_argument("--setup-seconds", type=float, default=None, help="time `make setup` took (printed with the rest)")
-    ap.add_argument("--only", choices=("unit", "nbval"), default=None, help="run one stage")
-    ap.add_argument("pytest_args", nargs="*", help="passed to both pytest runs (after --)")
+    ap.add_argument("--only", choices=("unit", "nbval"), default=None, help="run one kind of work")
+    ap.add_argument("--record", action="store_true", help="write this run's seconds to tests/costs.json and "
+                    "docs/TESTING.md's cost table")
+    ap.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = ap.parse_args(argv)
     if min(args.threads, args.nbval_threads) < 1:
         ap.error("--threads and --nbval-threads must be at least 1")
     serial = args.serial or (os.cpu_count() or 1) < 2
-    commands = stage_commands(sys.executable, args.pytest_args)
-    if args.only:
-        commands = {args.only: commands[args.only]}
+    lanes = plan(1 if serial else 2, args.only)
     threads = {"unit": args.threads, "nbval": args.nbval_threads}
+    tmp = Path(tempfile.mkdtemp(prefix="unicache-costs-"))
+    results: list[tuple[str, int, float, float]] = []  # (part, exit status, wall seconds, CPU seconds)
+    lock = threading.Lock()
 
-    def env_for(stage):
-        n = str(threads[stage])
-        return {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
-
-    results: dict[str, tuple[int, float]] = {}
-    cpu: dict[str, float] = {}
-    if serial:
-        for stage, cmd in commands.items():
-            print(f"== {stage} ({threads[stage]} thread{'s' * (threads[stage] > 1)}): {' '.join(cmd[1:])}", flush=True)
+    def run_lane(i: int, lane: dict[str, list[str]], log) -> None:
+        for kind, targets in lane.items():
+            n = str(threads[kind])
+            env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
+                   "UNICACHE_TEST_COSTS": str(tmp / f"lane{i}-{kind}.json")}
+            cmd = command(sys.executable, kind, targets, args.pytest_args)
+            what = f"{kind} ({len(targets)} {'notebooks' if kind == 'nbval' else 'test files'})"
+            with lock:
+                print(f"== lane {i + 1}: {what}, {n} thread{'s' * (int(n) > 1)}"
+                      f"{', output shown when the lane ends' if log else ''}: {' '.join(targets)}", flush=True)
             t = time.time()
-            rc, cpu[stage] = _wait(subprocess.Popen(cmd, cwd=ROOT, env=env_for(stage)), block=True)
-            results[stage] = (rc, time.time() - t)
-    else:
-        logs, procs, started = {}, {}, {}
-        for stage, cmd in commands.items():
-            live = stage == "unit" or len(commands) == 1
-            print(f"== {stage} ({threads[stage]} thread{'s' * (threads[stage] > 1)}"
-                  f"{'' if live else ', output shown when it ends'}): {' '.join(cmd[1:])}", flush=True)
-            logs[stage] = None if live else tempfile.TemporaryFile(mode="w+")
-            started[stage] = time.time()
-            procs[stage] = subprocess.Popen(cmd, cwd=ROOT, env=env_for(stage), stdout=logs[stage],
-                                            stderr=subprocess.STDOUT if logs[stage] else None)
-        pending = dict(procs)
-        while pending:
-            for stage, p in list(pending.items()):
-                done = _wait(p, block=False)
-                if done is not None:
-                    results[stage], cpu[stage] = (done[0], time.time() - started[stage]), done[1]
-                    del pending[stage]
-            time.sleep(0.5)
-        for stage, log in logs.items():
-            if log is not None:
-                log.seek(0)
-                print(f"\n== {stage} output", flush=True)
-                sys.stdout.write(log.read())
-                log.close()
-    print("\n== stage times" + ("" if serial else " (the stages ran side by side)"))
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
+            rc, cpu = _wait(proc, block=True)
+            with lock:
+                results.append((f"lane {i + 1} {what}", rc, time.time() - t, cpu))
+
+    logs = [None] + [tempfile.TemporaryFile(mode="w+") for _ in lanes[1:]]
+    workers = [threading.Thread(target=run_lane, args=(i, lane, logs[i])) for i, lane in enumerate(lanes)]
+    t0 = time.time()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.time() - t0
+    for i, log in enumerate(logs):
+        if log is not None:
+            log.seek(0)
+            print(f"\n== lane {i + 1} output", flush=True)
+            sys.stdout.write(log.read())
+            log.close()
+    costs: dict[str, float] = {}
+    for f in sorted(tmp.glob("*.json")):
+        costs.update(json.loads(f.read_text()))
+    shutil.rmtree(tmp, ignore_errors=True)
+    if costs:
+        (ROOT / "outputs").mkdir(exist_ok=True)
+        (ROOT / "outputs" / "test_costs.json").write_text(json.dumps(costs, indent=1, sort_keys=True))
+        if args.record:
+            COSTS.write_text(json.dumps(costs, indent=1, sort_keys=True) + "\n")
+            write_cost_table(costs)
+    print(f"\n== times ({'one lane' if len(lanes) == 1 else f'{len(lanes)} lanes side by side'})")
     if args.setup_seconds is not None:
         print(f"  setup   {_minutes(args.setup_seconds)}")
-    for stage, (rc, secs) in results.items():
-        print(f"  {stage:<7} {_minutes(secs)}  (CPU {_minutes(cpu[stage]).strip()})  "
+    for part, rc, secs, cpu in results:
+        print(f"  {part}: {_minutes(secs).strip()} (CPU {_minutes(cpu).strip()})  "
               f"{'passed' if rc == 0 else f'FAILED (exit {rc})'}")
-    wall = (max(s for _, s in results.values()) if not serial else sum(s for _, s in results.values()))
-    print(f"  total   {_minutes(wall + (args.setup_seconds or 0))}  (CPU of the stages: {sum(cpu.values()) / 60:.1f} "
-          f"CPU-minutes)")
-    return next((rc for rc, _ in results.values() if rc != 0), 0)
+    print(f"  total   {_minutes(wall + (args.setup_seconds or 0))}  (CPU of the tests: "
+          f"{sum(c for *_, c in results) / 60:.1f} CPU-minutes)")
+    return next((rc for _, rc, _, _ in results if rc != 0), 0)
 
 
 if __name__ == "__main__":
