@@ -48,7 +48,7 @@ SLOWEST = 25  # each stage lists its slowest tests (pytest --durations)
 
 ROOT_TESTS = "tests"
 COSTS = ROOT / "tests" / "costs.json"  # seconds per test file / notebook in the recorded run (--record)
-DEFAULT_COST = 20.0  # a file or notebook the recorded run does not know
+DEFAULT_COST = 10.0  # a file or notebook the recorded run does not know
 
 
 def _items() -> dict[str, list[str]]:
