@@ -41,7 +41,7 @@ def _entropy_curve(records) -> np.ndarray:
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1: capture the vision tower (``part="vision"``) and compare its per-layer entropy curve to the
+    """Exercise 1 (gap ``part``): capture the vision tower (``part="vision"``) and compare its per-layer entropy curve to the
     language model's.
 
     The vision tower's attention is only returned by an eager kernel, so the model is loaded with
@@ -57,9 +57,10 @@ def exercise_1(quick: bool = False) -> dict:
     """
     from unicache_lib.capture.runner import capture_samples
 
+    part = "vision"  # the starter cell's gap
     model, processor = _model(vision_eager=True)
     samples = _samples(1 if quick else 4)
-    vis = capture_samples(model, processor, samples, mode="stats", part="vision", progress=False)
+    vis = capture_samples(model, processor, samples, mode="stats", part=part, progress=False)
     lang = capture_samples(model, processor, samples, mode="stats", progress=False)
     v, l_ = _entropy_curve(vis.records), _entropy_curve(lang.records)
     return {"vision entropy per layer": [round(float(x), 3) for x in v], "language entropy per layer": [round(float(x), 3) for x in l_],
@@ -68,7 +69,7 @@ def exercise_1(quick: bool = False) -> dict:
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2: rerun M3 with ``PER_TYPE = 1`` and ``ANCHOR_K = 3``: how does the overlap change with the
+    """Exercise 2 (gap ``k``): M3 with ``ANCHOR_K = 3`` on batches of 1, 2, 3, ... samples: how does the overlap change with the
     batch size?
 
     M3 asks how many of a sample's top-k image anchors survive when anchors are taken from the batch-averaged
@@ -90,17 +91,18 @@ def exercise_2(quick: bool = False) -> dict:
     deep = max(r.layer for r in res)
     reads = [image_reads(res[s, deep]) for s in res.samples]
     n = len(reads)
+    k = 3  # the starter cell's gap
     sizes = sorted({1, 2, 3, n // 2, n} - {0})
     by_size = {}
     for b in sizes:
-        per = [batching_overlap(reads[i:i + b], 3)["mean_jaccard"] for i in range(0, n - b + 1, b)]
+        per = [batching_overlap(reads[i:i + b], k)["mean_jaccard"] for i in range(0, n - b + 1, b)]
         by_size[b] = float(np.mean(per))
     return {"mean Jaccard by batch size (k=3)": {b: round(v, 3) for b, v in by_size.items()}, "layer": deep,
             "_by_size": by_size}
 
 
 def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3: load the model in ``torch.float16`` and check that the ``stats`` mode's statistics still
+    """Exercise 3 (gap ``dtype``): load the model in ``torch.float16`` and check that the ``stats`` mode's statistics still
     match the float32 model to 3 decimals.
 
     Both models capture the same samples in ``stats`` mode; the statistics are always computed in float32
@@ -120,7 +122,8 @@ def exercise_3(quick: bool = False) -> dict:
 
     samples = _samples(1)[: 2 if quick else 5]
     a = capture_samples(*_model("float32"), samples, mode="stats", progress=False)
-    b = capture_samples(*_model("float16"), samples, mode="stats", progress=False)
+    dtype = "float16"  # the starter cell's gap
+    b = capture_samples(*_model(dtype), samples, mode="stats", progress=False)
     worst, typical = {}, {}
     for ra, rb in zip(a, b):
         for k, va in ra.data.items():
@@ -140,7 +143,7 @@ def exercise_3(quick: bool = False) -> dict:
 
 
 def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4: write one store with two processes, then run the same command again. Does the second run
+    """Exercise 4 (gap ``world_size``): write one store with two processes, then run the same command again. Does the second run
     capture anything, and does the merged store hold every sample exactly once?
 
     ``torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out /tmp/store``: each rank reads ``RANK`` /
@@ -155,6 +158,7 @@ def exercise_4(quick: bool = False) -> dict:
     """
     from unicache_lib.store import Store
 
+    world_size = 2  # the starter cell's gap
     n = 4 if quick else 20
     out = tempfile.mkdtemp(prefix="unicache-dist-")
     logs = []
@@ -168,8 +172,8 @@ def exercise_4(quick: bool = False) -> dict:
 
             env = dict(os.environ)
             try:
-                for rank in (0, 1):
-                    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+                for rank in range(world_size):
+                    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
                     buf = io.StringIO()
                     with contextlib.redirect_stdout(buf):
                         distributed.main(["--out", out, "--n-samples", str(n)])
@@ -178,7 +182,7 @@ def exercise_4(quick: bool = False) -> dict:
                 os.environ.clear()
                 os.environ.update(env)
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size), "-m",
                    "unicache_lib.capture.distributed", "--out", out, "--n-samples", str(n)]
             r = subprocess.run(cmd, check=True, cwd=_common.ROOT, env={**os.environ, "PYTHONPATH": str(_common.ROOT)},
                                capture_output=True, text=True)
@@ -203,7 +207,7 @@ def exercise_4(quick: bool = False) -> dict:
 
 
 def exercise_5(quick: bool = False) -> dict:
-    """Exercise 5 (on your own checkpoint): run notebook 01 on a random-weight stand-in of a real checkpoint (or a
+    """Exercise 5 (gap ``checkpoint``; on your own checkpoint): run notebook 01 on a random-weight stand-in of a real checkpoint (or a
     real checkpoint path) and compare its M-claims with the shipped model's.
 
     Full run: ``.venv/bin/python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture`` builds the
@@ -225,8 +229,9 @@ def exercise_5(quick: bool = False) -> dict:
     from unicache_lib.capture.runner import capture_samples
     from unicache_lib.zoo.controls import untrained_language_model
 
+    checkpoint = None  # the starter cell's gap: None is the qwen2-vl-2b stand-in; a path or hub id, your model
     out = {}
-    if not quick:
+    if not quick and checkpoint is None:
         import json
 
         tmp = Path(tempfile.mkdtemp(prefix="unicache-ex5-"))

@@ -401,15 +401,17 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Each has a starter cell below; solutions with measured outcomes: `solutions/01_capture.py` (`--only K`).
+# Each starter cell below sets the work up and leaves one gap, `... # <- fill in`: fill it and run the cell (★ and ★★
+# in under a minute). Solutions with measured outcomes: `solutions/01_capture.py` (`--only K`).
 #
 # 1. ★ Capture the vision tower (`part="vision"`, loaded with `vision_attn_implementation="eager"`) and compare its
 #    per-layer entropy with the language model's: which is more focused?
-# 2. ★ Rerun M3 with `PER_TYPE = 1` and `ANCHOR_K = 3`: how does the overlap change with the batch size?
+# 2. ★ Measure M3 with `ANCHOR_K = 3` on batches of 1, 2, 3, ... samples: how does the overlap change with the batch
+#    size?
 # 3. ★★ Load the model in `torch.float16` (`load_understanding(MODEL, dtype="float16")`): do the `stats` mode's
 #    statistics match the fp32 model to 3 decimals — the means, and single entries?
-# 4. ★★ Write one store with two processes (`torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out
-#    /tmp/store`), then run it again. Does the second run capture anything? Does `Store.verify()` find every sample
+# 4. ★★ Write one store with two processes (the starter runs each rank as `torchrun --nproc_per_node 2 -m
+#    unicache_lib.capture.distributed --out /tmp/store` would), then run it again. Does the second run capture anything? Does `Store.verify()` find every sample
 #    exactly once?
 # 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in)
 #    (`python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme`) or your checkpoint
@@ -417,26 +419,74 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 #    to the code, which to the weights?
 
 # %%
-# Exercise 1 starter: the vision tower, beside the language model (§4's entropy curve)
-# vis_model, vis_proc = load_understanding(MODEL, attn_implementation="eager", vision_attn_implementation="eager")
-# with AttentionCapture(vis_model, part="vision", mode="stats") as cap: vis_model(**inputs)
-print(f"language layers: {len(lang)}, vision layers: {len(vis)}; next: compare stats.normalised_entropy per layer")
+# Exercise 1 starter: the vision tower, beside the language model (`res`, §5's stats capture)
+part = ...  # <- fill in: the name of the part to capture beside the language model
+if part is ...:
+    print("Fill in `part`, then run this cell again.")
+else:
+    vis_model, _ = load_understanding(MODEL, attn_implementation="eager", vision_attn_implementation="eager",
+                                      dtype=DTYPE, device=DEVICE)
+    other = capture_samples(vis_model, processor, samples, mode="stats", part=part, progress=False)
+    for name, recs in ((part, other.records), ("language", res.records)):
+        curve = [np.nanmean([np.nanmean(r.data["norm_entropy"].numpy()) for r in recs if r.layer == li])
+                 for li in sorted({r.layer for r in recs})]
+        print(f"{name}: mean normalised entropy per layer {[round(float(x), 3) for x in curve]}")
 
 # %%
-# Exercise 2 starter: M3 with a batch of one sample per scene type and three anchors
-# CL.measure_batch_anchors(board_for_you, res_small, family.image_part, 3) on capture_samples(..., sample_set.load(per_type=1, ...))
-print(f"now: PER_TYPE={PER_TYPE}, ANCHOR_K={ANCHOR_K}; rerun with papermill -p PER_TYPE 1 -p ANCHOR_K 3")
+# Exercise 2 starter: M3 at other batch sizes, from `res` (per sample, the deepest layer's image reads)
+k = ...  # <- fill in: the number of anchors per sample the exercise asks for
+deep = max(r.layer for r in res)
+reads = [image_reads(res[sid, deep]) for sid in res.samples]
+if k is ...:
+    print(f"Fill in `k`, then run this cell again ({len(reads)} samples' reads are ready, layer {deep}).")
+else:
+    for b in sorted({1, 2, 3, len(samples) // 2, len(samples)} - {0}):
+        jac = [batching_overlap(reads[i:i + b], k)["mean_jaccard"] for i in range(0, len(reads) - b + 1, b)]
+        print(f"batch of {b}: a sample keeps a mean Jaccard of {np.mean(jac):.2f} of its top-{k} anchors")
 
 # %%
-# Exercise 3 starter: the same statistics from a float16 model
-# model16, _ = load_understanding(MODEL, attn_implementation="eager", dtype="float16")
-# compare capture_samples(model16, processor, samples, mode="stats") with `res`, record by record
-print(f"{len(res)} fp32 records to compare against")
+# Exercise 3 starter: the same statistics from a lower-precision model, against fp32, on five samples
+dtype = ...  # <- fill in: the lower precision to load the model in, as a string
+if dtype is ...:
+    print("Fill in `dtype`, then run this cell again.")
+else:
+    model16, _ = load_understanding(MODEL, attn_implementation="eager", dtype=dtype, device=DEVICE)
+    a, b = (capture_samples(m, processor, samples[:5], mode="stats", progress=False) for m in (model, model16))
+    diffs = {}
+    for ra, rb in zip(a, b):
+        for key, va in ra.data.items():
+            if torch.is_floating_point(va):
+                d = (va.float() - rb.data[key].float()).abs()
+                diffs.setdefault(key, []).append(d[torch.isfinite(d)])
+    for key, ds in diffs.items():
+        d = torch.cat([x.flatten() for x in ds])
+        print(f"{key}: largest |{dtype} - fp32| {d.max():.1e}, median {d.median():.1e}")
 
 # %%
-# Exercise 4 starter: one store, two processes
-print("torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out /tmp/store   # run it twice; then Store('/tmp/store').verify()")
+# Exercise 4 starter: one store, two processes; each run as torchrun would (RANK, WORLD_SIZE), twice
+import contextlib, io, os, tempfile  # noqa: E401,E402
+from unicache_lib.capture import distributed  # noqa: E402
+world_size = ...  # <- fill in: how many processes share the store
+if world_size is ...:
+    print("Fill in `world_size`, then run this cell again.")
+else:
+    shared, env = tempfile.mkdtemp(prefix="unicache-dist-"), dict(os.environ)
+    for run in (1, 2):
+        for rank in range(world_size):
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+            with contextlib.redirect_stdout(io.StringIO()) as log:
+                distributed.main(["--out", shared, "--n-samples", "4"])
+            print(f"run {run}: {log.getvalue().strip()}")
+    os.environ.clear()
+    os.environ.update(env)
+    print(f"records {len(Store(shared).read())}; problems: {Store(shared).verify()}")
 
 # %%
 # Exercise 5 starter: this lesson on a stand-in or your checkpoint
-print("python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme")
+checkpoint = ...  # <- fill in: a path or hub id of your model (None: the qwen2-vl-2b stand-in)
+if checkpoint is ...:
+    print("Fill in `checkpoint`, then run this cell again.")
+elif checkpoint is None:
+    print("python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme")
+else:
+    print(f".venv/bin/papermill notebooks/01_capture.ipynb outputs/01_mine.ipynb -p MODEL {checkpoint} -p DEVICE cuda")
