@@ -156,3 +156,26 @@ def test_press_refuses_a_filled_or_preallocated_cache_naming_the_fix(llava):
     with press(model), torch.no_grad():
         model(**inputs, past_key_values=fresh, use_cache=True)
     assert fresh.get_seq_length() < n
+
+
+@pytest.mark.parametrize("name", ["h2o", "snapkv", "random"])
+def test_any_cache_stage_policy_runs_as_a_press(llava, name):
+    """PolicyPress runs a workbench policy's own ``choose`` inside kvpress's hook: for other cache-stage policies too,
+    the press keeps what the harness keeps (torch.equal); a prefill-stage policy, which chooses before the language
+    model runs, is refused naming why."""
+    from unicache_lib.kv.presses import PolicyPress
+
+    model, processor, qas = llava
+    q = qas[1]
+    sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
+    pre = prefill(model, sp, attentions=True)
+    ctx = pre.context()
+    keep = POLICIES[name]().select(ctx, 0.25)
+    policy_cache = evict(pre.cache, keep)
+    with PolicyPress(compression_ratio=compression_ratio(sp.context_ids.shape[1], ctx.n_image, 0.25),
+                     policy=POLICIES[name]())(model):
+        pressed = prefill(model, sp, attentions=False)
+    for li in range(len(keep)):
+        assert torch.equal(policy_cache.layers[li].keys, pressed.cache.layers[li].keys), f"layer {li}"
+    with pytest.raises(ValueError, match="cache-stage eviction policy.*prefill-stage"):
+        PolicyPress(compression_ratio=0.5, policy=POLICIES["divprune"]())

@@ -14,7 +14,8 @@ the model's family adapter reads from its config (``families``); pass ``image_to
 it otherwise. A cross-attention VLM (Mllama), whose image KV is not in the self-attention cache, is refused.
 
 **What it keeps.** In every layer, exactly what :class:`~unicache_lib.kv.policies.key_coverage.KeyCoverage` keeps in
-the workbench's harness (tested with ``torch.equal``): a k-center cover of that layer's cached image keys (after the
+the workbench's harness, because the press calls that policy's own ``choose`` on the layer's cache
+(:class:`PolicyPress`; tested with ``torch.equal``): a k-center cover of that layer's cached image keys (after the
 rotary embedding, all key heads side by side), started at the image position the prompt reads most in that layer.
 The start needs that layer's attention weights, which kvpress hands to a press only under eager attention; under
 sdpa or flash attention the press refuses with the fix, rather than choosing a different start silently.
@@ -36,8 +37,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.errors import ContractError, InputError, UnsupportedModelError
-from .policies.divprune import max_min_diverse
-from .policies.key_coverage import farthest_point
+from .policies.ablations import DivPruneKeys
+from .policies.base import EvictionContext, EvictionPolicy
+from .policies.key_coverage import KeyCoverage
 
 try:  # kvpress is a dependency of the project; the import error, if any, names the install
     from kvpress.presses.base_press import BasePress, is_prefilling
@@ -47,19 +49,29 @@ except ImportError as e:  # pragma: no cover - environment without kvpress
 
 
 @dataclass
-class KeyCoveragePress(BasePress):
-    """``compression_ratio``: the share of the prompt's KV pairs removed, all from image positions (kvpress's meaning
+class PolicyPress(BasePress):
+    """A workbench eviction policy (a cache-stage one: it chooses from each layer's cache after the prefill) run by
+    kvpress's hook: ``PolicyPress(compression_ratio=0.7, policy=POLICIES["key_coverage"]())``. The press finds the
+    image positions and applies kvpress's rounding; which positions stay is the policy's own ``choose``, so the
+    harness and the press keep the same positions by construction (tested with ``torch.equal``).
+
+    ``compression_ratio``: the share of the prompt's KV pairs removed, all from image positions (kvpress's meaning
     of the ratio, so it drops into code written for other presses); ``image_token_id``: None to read it from the
-    model config."""
+    model config; ``policy``: the policy (default ``key_coverage``)."""
 
     compression_ratio: float = 0.0
     image_token_id: int | None = None
+    policy: EvictionPolicy = field(default_factory=KeyCoverage, repr=False)  # a cache-stage workbench policy
     _image: torch.Tensor | None = field(default=None, init=False, repr=False)
     _prompt_len: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         from ..inputs import check_fraction
 
+        if not isinstance(self.policy, EvictionPolicy) or self.policy.stage != "cache":
+            raise InputError(f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got "
+                             f"{self.policy!r}: a prefill-stage policy chooses before the language model runs, where no "
+                             "press is called")
         check_fraction(self.compression_ratio, "compression_ratio", upper_inclusive=False,
                        meaning="the share of the prompt's KV removed")
         if self.image_token_id is not None and (isinstance(self.image_token_id, bool) or
@@ -157,33 +169,43 @@ class KeyCoveragePress(BasePress):
         if kept == n:
             return keys, values
         img = img.to(keys.device)
-        x = keys[0].index_select(1, img).permute(1, 0, 2).reshape(n, -1).float()  # [n_image, H_kv * D]
-        chosen = self.choose(x, kept, attentions, img)
+        chosen = self.choose(keys, values, kept, attentions, img)
         keep = torch.ones(S, dtype=torch.bool, device=keys.device)
         keep[img] = False
         keep[img[torch.as_tensor(chosen, device=keys.device)]] = True
         idx = keep.nonzero().flatten()
         return keys.index_select(2, idx), values.index_select(2, idx)
 
-    def choose(self, x: torch.Tensor, k: int, attentions, img: torch.Tensor) -> list[int]:
-        """``k`` of the layer's image keys ``x [n_image, H_kv * D]`` to keep: key_coverage's cover, started at the
-        image position the prompt reads most (``attentions [1, H, S, S]``)."""
-        if attentions is None:
-            raise InputError("KeyCoveragePress starts each layer's cover at the image position the prompt reads most, "
-                             "which needs the attention weights: load the model with attn_implementation='eager' (or "
-                             "switch the language model to eager for the prefill)")
-        reads = attentions[0].float().mean(0).sum(0).index_select(0, img)  # each image key's reads, mean over heads
-        return farthest_point(x, k, int(reads.argmax()))
+    def choose(self, keys: torch.Tensor, values: torch.Tensor, k: int, attentions, img: torch.Tensor) -> list[int]:
+        """``k`` of the layer's image positions to keep (indices into ``img``), chosen by the press's ``policy`` itself
+        on a one-layer :class:`~unicache_lib.kv.policies.base.EvictionContext` of this layer's cache (``keys`` /
+        ``values`` ``[1, H_kv, S, D]``, ``attentions [1, H, S, S]`` or None): the press adds no rule of its own."""
+        ctx = EvictionContext(seq_len=keys.shape[2], image_positions=img, n_layers=1,
+                              attentions=[] if attentions is None else [attentions[0].float()],
+                              kv=[lambda: (keys[0], values[0])])
+        try:
+            (chosen,) = self.policy.choose(ctx, k)
+        except InputError as e:
+            if attentions is not None:
+                raise
+            raise InputError(f"{type(self).__name__} runs {self.policy.name!r}, which reads the attention weights of the "
+                             "prompt (each layer's cover starts at the image position read most); kvpress hands them to "
+                             "a press only under eager attention: load the model with attn_implementation='eager' (or "
+                             "switch the language model to eager for the prefill)") from e
+        return [int(i) for i in chosen]
 
 
 @dataclass
-class DivPruneKeysPress(KeyCoveragePress):
-    """DivPrune's selection (greedy max-min under cosine distance, started at the key whose nearest neighbour is
-    farthest) run on each layer's cached image keys, as a press: the same positions as the workbench's
-    ``divprune_keys`` policy (tested with ``torch.equal``). DivPrune itself prunes the projected image features
-    before the language model (``POLICIES["divprune"]``, a prefill-stage policy); a press only sees the cache, so
-    this is the rule in the cache's place — the ablation notebook 05 runs. Needs no attention weights (any
-    attention implementation)."""
+class KeyCoveragePress(PolicyPress):
+    """``key_coverage`` as a press: :class:`PolicyPress` with its default policy (the name code written for it uses)."""
 
-    def choose(self, x, k, attentions, img):
-        return max_min_diverse(x, k)
+
+@dataclass
+class DivPruneKeysPress(PolicyPress):
+    """DivPrune's selection (greedy max-min under cosine distance, started at the key whose nearest neighbour is
+    farthest) run on each layer's cached image keys, as a press: the workbench's ``divprune_keys`` policy run by the
+    press (tested with ``torch.equal``). DivPrune itself prunes the projected image features before the language
+    model (``POLICIES["divprune"]``, a prefill-stage policy); a press only sees the cache, so this is the rule in the
+    cache's place — the ablation notebook 05 runs. Needs no attention weights (any attention implementation)."""
+
+    policy: EvictionPolicy = field(default_factory=DivPruneKeys, repr=False)
