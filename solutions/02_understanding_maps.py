@@ -70,7 +70,7 @@ def exercise_1(quick: bool = False) -> dict:
     kinds = {s.id: A.token_kinds(s.masks, n_image, *grids[s.id]) for s in samples}
     scene_of = {s.id: s.scene_type for s in samples}
     table = {}
-    for k in (3, 6, 12):
+    for k in (3, 6, 12):  # the starter cell's gap `k`, filled once per value
         AS = anchor_sets(recs, k)
         persist = np.mean([A.layer_persistence(img_reads[i], k)[layers.index(lo), layers.index(mid)] for i in range(len(samples))])
         chance = k / (2 * n_image - k)
@@ -113,9 +113,10 @@ def exercise_2(quick: bool = False) -> dict:
     def ratio(df):
         return df[df["class"].isin(content)].image_share.mean() / df[df["class"].isin(function)].image_share.mean()
 
+    relabel = "function"  # the starter cell's gap
     moved = F.copy()
     is_color = moved.token.str.lower().isin(["color", "colour"])
-    moved.loc[is_color, "class"] = "function"
+    moved.loc[is_color, "class"] = relabel
     before, after = ratio(F), ratio(moved)
     return {"'color' token rows": int(is_color.sum()), "of rows": len(F),
             "'color' image share": round(float(F[is_color].image_share.mean()), 3) if is_color.any() else None,
@@ -145,7 +146,8 @@ def exercise_3(quick: bool = False) -> dict:
     model, processor = _model()
     samples = sample_set.load(per_type=1 if quick else 4, seed=SAMPLE_SEED)
     shape_q = object_word_selectivity(model, processor, samples)
-    colour_q = object_word_selectivity(model, processor, samples, question="what shape is the {colour} object ?", query="colour")
+    query = "colour"  # the starter cell's gap
+    colour_q = object_word_selectivity(model, processor, samples, question="what shape is the {colour} object ?", query=query)
     t = pd.DataFrame({"shape word (where is ...)": shape_q.groupby("layer").selectivity.median(),
                       "colour word (what shape ...)": colour_q.groupby("layer").selectivity.median(),
                       "shape top-1 on target": shape_q.groupby("layer").top_on_target.mean(),
@@ -174,7 +176,8 @@ def exercise_4(quick: bool = False) -> dict:
 
     model, processor = _model()
     samples = sample_set.load(per_type=1 if quick else 4, seed=SAMPLE_SEED)
-    d = object_word_selectivity(model, processor, samples, query="last", per_head=True)
+    position = "last"  # the starter cell's gap
+    d = object_word_selectivity(model, processor, samples, query=position, per_head=True)
     g = d.groupby(["layer", "head"]).agg(top_on_target=("top_on_target", "mean"), selectivity=("selectivity", "median"))
     best = g.sort_values(["top_on_target", "selectivity"], ascending=False)
     (li, h), row = best.index[0], best.iloc[0]
@@ -209,8 +212,9 @@ def exercise_5(quick: bool = False) -> dict:
     from unicache_lib.analysis import anchors as A
     from unicache_lib.analysis.understanding import anchor_sets, head_table, layer_table
 
+    checkpoint = None  # the starter cell's gap: None builds the LLaVA-1.5-7B stand-in; a path or hub id, your model
     out = {}
-    if not quick:
+    if not quick and checkpoint is None:
         tmp = Path(tempfile.mkdtemp(prefix="unicache-ex5-"))
         subprocess.run([sys.executable, "-m", "unicache_lib.zoo.builders.standins", "--out", str(tmp / "models"), "--only", "llava-1.5-7b"],
                        check=True, cwd=_common.ROOT)

@@ -571,9 +571,10 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Each has a starter cell below; solutions with measured outcomes: `solutions/02_understanding_maps.py` (`--only K`).
+# Each starter cell below sets the work up and leaves one gap, `... # <- fill in`: fill it and run the cell (★ and ★★
+# in under a minute). Solutions with measured outcomes: `solutions/02_understanding_maps.py` (`--only K`).
 #
-# 1. ★ Set `TOP_K = 3` and `TOP_K = 12`. Which anchor conclusions (U3 (a), U4 (a)) survive?
+# 1. ★ Set `k` to 3, then to 12 (§4 used `TOP_K`). Which anchor conclusions (U3 (a), U4 (a)) survive?
 # 2. ★ Count "color" as a function word instead of an attribute (relabel the token-flow table). Does U5 change?
 # 3. ★★ Run section 6 on *what shape is the {colour} object ?* with the colour word as the query (the starter shows
 #    the call). Is colour a better pointer than shape, and in which layer?
@@ -585,24 +586,65 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 #    or a real checkpoint on a GPU. How does an untrained model's depth table differ from this run's?
 
 # %%
-# Exercise 1 starter: anchors at another k
-print(f"TOP_K is {TOP_K}; rerun with papermill -p TOP_K 3 and -p TOP_K 12, then compare U3 (a) and U4 (a)")
+# Exercise 1 starter: §4's anchor conclusions at another k, from the notebook's own reads (`img_reads`, `kinds`)
+k = ...  # <- fill in: the number of anchors per (sample, layer) to try
+if k is ...:
+    print(f"Fill in `k`, then run this cell again (§4 used TOP_K = {TOP_K}).")
+else:
+    AS_k = anchor_sets(recs, k)
+    jac = np.mean([A.layer_persistence(img_reads[i], k)[captured.index(lo), captured.index(mid)]
+                   for i in range(len(img_reads))])
+    pl = pd.DataFrame([A.anchor_placement(AS_k[(s.id, li)], kinds[s.id]) for s in samples for li in captured])
+    print(f"k = {k}: U3 (a) layer {lo} vs {mid} Jaccard {jac:.2f}, {jac / (k / (2 * n_image - k)):.1f}x chance (bar 3x); "
+          f"U4 (a) anchors on objects {pl.object.mean() / pl.object_chance.mean():.1f}x random patches (bar 1.5)")
 
 # %%
-# Exercise 2 starter: "color" as a function word
-# the token-flow table has one row per (sample, token class): relabel "color" before grouping, then recompute U5
-print(token_class("color"), "->", "function (your relabelling)")
+# Exercise 2 starter: "color" as a function word, in §5's token-flow table `F`
+relabel = ...  # <- fill in: the token class "color" should count as
+is_color = F.token.str.lower().isin(["color", "colour"])
+moved = F.copy()
+
+
+def u5(df):  # image share of content words over that of function words and punctuation (rule: above 2)
+    c = df[df["class"].isin(["object", "attribute", "position"])].image_share.mean()
+    return c / df[df["class"].isin(["function", "punctuation"])].image_share.mean()
+
+
+if relabel is ...:
+    print(f"Fill in `relabel`, then run this cell again ('color' is a {token_class('color')} word now, "
+          f"{int(is_color.sum())} rows).")
+else:
+    moved.loc[is_color, "class"] = relabel
+    print(f"U5 ratio: 'color' as {token_class('color')} {u5(F):.3f}; as {relabel} {u5(moved):.3f}")
 
 # %%
-# Exercise 3 starter: the colour word as the pointer
-# object_word_selectivity(model, processor, samples, question="what shape is the {colour} object ?", query="colour")
-print("section 6 used the shape word of 'where is the {colour} {shape} ?'")
+# Exercise 3 starter: section 6 with the colour word as the pointer, beside §6's shape word (`loc`)
+query = ...  # <- fill in: which word of the question reads the image (a placeholder of the template, as a string)
+if query is ...:
+    print("Fill in `query`, then run this cell again.")
+else:
+    col = object_word_selectivity(model, processor, samples, question="what shape is the {colour} object ?", query=query)
+    print(pd.DataFrame({"shape word (§6)": loc.groupby("layer").selectivity.median(),
+                        f"{query} word": col.groupby("layer").selectivity.median()}).round(2).to_string())
 
 # %%
-# Exercise 4 starter: the head that finds the asked object
-# object_word_selectivity(model, processor, samples, query="last", per_head=True) -> one row per (layer, head)
-print("or: move the explorer's layer and head sliders with the last token selected")
+# Exercise 4 starter: the head that finds the asked object, per head (what the explorer shows by eye)
+position = ...  # <- fill in: the prompt position whose reading the explorer overlay showed (a `query=` value)
+if position is ...:
+    print("Fill in `position`, then run this cell again.")
+else:
+    d = object_word_selectivity(model, processor, samples, query=position, per_head=True)
+    g = d.groupby(["layer", "head"]).agg(on_target=("top_on_target", "mean"), selectivity=("selectivity", "median"))
+    print(g.sort_values(["on_target", "selectivity"], ascending=False).head(5).round(2).to_string())
 
 # %%
 # Exercise 5 starter: this lesson on a stand-in or your checkpoint
-print("python -m unicache_lib.zoo.builders.standins --out outputs/rehearsal/models --only llava-1.5-7b")
+checkpoint = ...  # <- fill in: a path or hub id of your model (None: the LLaVA-1.5-7B stand-in)
+if checkpoint is ...:
+    print("Fill in `checkpoint`, then run this cell again.")
+else:
+    if checkpoint is None:
+        print("python -m unicache_lib.zoo.builders.standins --out outputs/rehearsal/models --only llava-1.5-7b")
+        checkpoint = "outputs/rehearsal/models/llava-1.5-7b"
+    print(f".venv/bin/papermill notebooks/02_understanding_maps.ipynb outputs/02_mine.ipynb -p MODEL {checkpoint} "
+          "-p LAYERS '[0, 15, 31]' -p PER_TYPE 1 -p MAP_PER_TYPE 1 -p N_CAPTIONS 2")
