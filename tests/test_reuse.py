@@ -438,7 +438,7 @@ def test_step_skip_hook_matches_reuse_cache_on_the_library_sampler(gen):
         remove_step_skip(gen.transformer)
     assert torch.equal(runs[0], ref) and torch.equal(runs[1], ref)
     assert hook.computed == 2 * rc.forward_computed == 2 * 9 and hook.calls == 2 * 20
-    assert StepSkipConfig(20).schedule() == "CC.C..C..C..C..C..CC"
+    assert StepSkipConfig(20).pattern() == "CC.C..C..C..C..C..CC"
 
 
 def test_calibrate_step_skip_picks_from_its_grid(gen):
@@ -496,3 +496,18 @@ def test_peer_options_override_the_config_and_lite_taylorseer_skips_blocks(gen):
     with DiffusersCache(gen, "taylorseer", 20, options=opts) as pc, TransformerFlops(gen.transformer) as fl:
         out = sample(gen, PROMPTS, 20, seed=0, callbacks=[pc])
     assert out.isfinite().all() and fl.flops < 0.5 * full.flops  # 3 warm-up steps, then one in 6 computed
+
+
+def test_step_skip_config_is_step_skip_with_a_step_count():
+    """One set of fields: the diffusers hook's config is the policy itself (its defaults and checks) plus the step count."""
+    from dataclasses import fields
+
+    from unicache_lib.reuse.diffusers_hook import StepSkipConfig
+
+    cfg = StepSkipConfig(20, stride=2)
+    assert isinstance(cfg, StepSkip) and cfg.num_inference_steps == 20
+    assert [(f.name, getattr(cfg, f.name)) for f in fields(StepSkip)] == \
+        [(f.name, getattr(StepSkip(stride=2), f.name)) for f in fields(StepSkip)]
+    assert cfg.schedule(20) == StepSkip(stride=2).schedule(20) and repr(cfg).startswith("StepSkipConfig(num_inference_steps=20, head=")
+    with pytest.raises(ValueError, match="order must be 1 or 2"):
+        StepSkipConfig(20, order=3)  # StepSkip's own check

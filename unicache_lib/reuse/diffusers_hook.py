@@ -30,7 +30,7 @@ sampler's timesteps; a pipeline that rescales them, e.g. Flux's ``t / 1000``, ag
 from __future__ import annotations
 
 import inspect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
@@ -42,34 +42,28 @@ from .policies.step_skip import StepSkip
 HOOK_NAME = "step_skip"
 
 
-@dataclass
-class StepSkipConfig:
-    """The settings of :class:`~unicache_lib.reuse.policies.step_skip.StepSkip` plus the step count its
-    schedule is laid out for (the pipeline's ``num_inference_steps``). Defaults: the tuned ones (design
-    prompts only; ``benchmarks/results/tune_step_skip.txt``)."""
+class StepSkipConfig(StepSkip):
+    """:class:`~unicache_lib.reuse.policies.step_skip.StepSkip` itself (its fields, tuned defaults and checks: one set,
+    ``benchmarks/results/tune_step_skip.txt``) plus the step count its schedule is laid out for, the pipeline's
+    ``num_inference_steps``: ``StepSkipConfig(20)``, ``StepSkipConfig(20, stride=2, weight=0.0)``."""
 
-    num_inference_steps: int
-    head: float = 0.1
-    tail: float = 0.05
-    stride: int = 3
-    weight: float = 0.5
-    order: int = 1
-
-    def __post_init__(self):
+    def __init__(self, num_inference_steps: int, *args, **settings):
         from ..inputs import check_count
 
         try:
-            check_count(self.num_inference_steps, "num_inference_steps", 1)
+            check_count(num_inference_steps, "num_inference_steps", 1)
         except InputError as e:
             raise type(e)(f"{e}: pass the step count you will call the pipeline with") from None
-        self.policy()  # the policy's fields checked now, not inside the run
+        super().__init__(*args, **settings)  # StepSkip's fields, checked by StepSkip
+        self.num_inference_steps = num_inference_steps
 
-    def policy(self) -> StepSkip:
-        return StepSkip(self.head, self.tail, self.stride, self.weight, self.order)
+    def __repr__(self) -> str:
+        fields = super().__repr__()[len(type(self).__name__) + 1:]
+        return f"{type(self).__name__}(num_inference_steps={self.num_inference_steps}, {fields}"
 
-    def schedule(self) -> str:
+    def pattern(self) -> str:
         """The steps the transformer runs, e.g. ``CC.C..C..C..C..C..CC`` (C computed, . extrapolated)."""
-        return "".join("C" if c else "." for c in self.policy().schedule(self.num_inference_steps))
+        return "".join("C" if c else "." for c in self.schedule(self.num_inference_steps))
 
 
 class StepSkipHook(ModelHook):
@@ -80,7 +74,7 @@ class StepSkipHook(ModelHook):
 
     def __init__(self, config: StepSkipConfig):
         super().__init__()
-        self.config, self.policy = config, config.policy()
+        self.config = self.policy = config
         self.calls = self.computed = 0
         self._timestep_at = None
         self.reset_state(None)
@@ -181,7 +175,7 @@ def calibrate_step_skip(run, reference: list, num_inference_steps: int, transfor
                 imgs = run()
             finally:
                 remove_step_skip(transformer)
-            rows.append({**asdict(cfg), "schedule": cfg.schedule(), "computed": hook.computed / max(hook.calls, 1),
+            rows.append({"num_inference_steps": num_inference_steps, **asdict(cfg), "schedule": cfg.pattern(), "computed": hook.computed / max(hook.calls, 1),
                          "psnr": score(reference, imgs)})
     best = max(r["psnr"] for r in rows)
     ok = [r for r in rows if r["psnr"] >= best - 1.0]
