@@ -49,7 +49,7 @@ def _knees(name, n_prompts, steps, thresholds):
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★★): fewer, farther steps. Rerun section 4 with ``STEPS = 8`` instead of 20 and read the
+    """Exercise 1 (★★): fewer, farther steps. Section 4 with ``few_steps = 8`` (the starter's gap) instead of 20 and read the
     knees at 0.95 and 0.99: from which step could whole steps be reused on each model, and how many?
 
     At 20 steps the curves sit near 0.99 from step 1 on (section 4). Eight steps are 2.5x farther apart, so
@@ -64,8 +64,9 @@ def exercise_1(quick: bool = False) -> dict:
     not of the model alone:
     a knee measured at 20 steps does not carry over to an 8-step schedule.
     """
+    few_steps = 8  # the starter cell's gap
     rows = []
-    for steps in (20, 8):
+    for steps in (20, few_steps):
         for m in GENERATORS:
             K, win = _knees(m, 2 if quick else 8, steps, (0.95, 0.99))
             for t, w in win.items():
@@ -101,7 +102,7 @@ def exercise_2(quick: bool = False) -> dict:
     for m in GENERATORS:
         g = _gen(m)
         tabs = []
-        for branch in ("cond", "uncond"):
+        for branch in ("cond", "uncond"):  # "uncond": the starter cell's gap `branch`
             ids = [f"{branch}/{i}" for i in range(len(prompts))]
             with DiffusionCapture(g.transformer, ids, branch=branch) as cap:
                 sample(g, prompts, steps, GUIDANCE, seed=SEED, callbacks=[cap])
@@ -152,7 +153,7 @@ def exercise_3(quick: bool = False) -> dict:
     rows = []
     for m in GENERATORS:
         g = _gen(m)
-        for same_shape in (True, False):
+        for same_shape in (True, False):  # the starter cell's gap, True (False: the comparison)
             ps = _pair_prompts(n, same_shape)
             run = capture_generation(g, [p["short"] for p in ps], "pairs", None, steps, GUIDANCE, SEED, progress=False)
             for i, p in enumerate(ps):
@@ -191,8 +192,9 @@ def exercise_4(quick: bool = False) -> dict:
     from unicache_lib.analysis import generation as G
     from unicache_lib.world.text import COLOURS, POSITIONS, SHAPES
 
+    m_look = "tiny-pixart"  # the starter cell's gap
     steps = _steps(quick)
-    run = _short_run("tiny-pixart", 2 if quick else 8, steps)
+    run = _short_run(m_look, 2 if quick else 8, steps)
     pos_words = {w for p in POSITIONS for w in str(p).split()} | {"left", "right", "top", "bottom", "middle", "centre", "center"}
     rows = []
     for i, sid in enumerate(run.sample_ids):
@@ -246,7 +248,8 @@ def exercise_5(quick: bool = False) -> dict:
 
     steps = 4 if quick else 8
     d = tp.build_tiny("sd3", Path(tempfile.mkdtemp()) / "sd3-stand-in")
-    gen = load_generator(str(d))
+    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your pipeline's folder
+    gen = load_generator(checkpoint)
     run = capture_generation(gen, [p["short"] for p in prompt_set(2, 0, SEED)], "own", None, steps, GUIDANCE, SEED, progress=False)
     T = G.step_table(run.result.records).assign(model="stand-in")
     K = G.knee_table(T, (0.7, 0.99))

@@ -668,16 +668,17 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 # ## Exercises
 #
 # Graded ★ (a parameter) to ★★★ (your own checkpoint); `solutions/03_diffusion_steps.py` holds each measured
-# answer (`python solutions/03_diffusion_steps.py --only K`). Each has a starter cell below.
+# answer (`python solutions/03_diffusion_steps.py --only K`). Each starter cell below sets the work up and leaves one
+# gap, `... # <- fill in`: fill it and run the cell (★ and ★★ in under a minute, on a few prompts).
 #
-# 1. ★★ Rerun with `STEPS = 8` and read section 4's knees at <!--const a threshold the exercise sets-->0.95<!--/const-->
+# 1. ★★ Set `few_steps = 8` and read section 4's knees at <!--const a threshold the exercise sets-->0.95<!--/const-->
 #    and <!--const STRICT_THRESHOLD, a parameter-->0.99<!--/const-->: from which step could whole steps be reused,
 #    and how many? Does a knee belong to a model or to a step count?
 # 2. ★ Capture the unconditional branch (`DiffusionCapture(..., branch="uncond")`) and compare its text entropy
 #    with the conditional one: what does the model attend to when the prompt is empty?
 # 3. ★★ Make both objects of every pair one colour *and* one shape, in different places. Do the two shape words'
 #    regions still separate?
-# 4. ★ Use `step_explorer` on PixArt (`m0 = "tiny-pixart"`): which prompt tokens do its image queries read, and
+# 4. ★ Use `step_explorer` on PixArt (`m_look = "tiny-pixart"`): which prompt tokens do its image queries read, and
 #    where do colour and position reach the image?
 # 5. ★★★ Run this notebook with papermill on your diffusers SD3 / PixArt / Flux / Sana folder (`-p GENERATORS
 #    '["/path"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]' -p MAP_QUERY_STRIDE 8`). Compare the lowest adjacent
@@ -685,23 +686,74 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 #    decision table's reuse window.
 
 # %%
-# Exercise 1 starter: fewer, farther steps
-print(f"STEPS is {STEPS}; rerun with papermill -p STEPS 8 and read §4's knee table at 0.95 and 0.99")
+# Exercise 1 starter: §4's knees at fewer, farther steps, on four of the notebook's prompts, beside STEPS
+few_steps = ...  # <- fill in: a smaller number of denoising steps than STEPS
+thresholds = (0.95, STRICT_THRESHOLD)
+if few_steps is ...:
+    print(f"Fill in `few_steps`, then run this cell again (STEPS is {STEPS}).")
+else:
+    for m, g in gens.items():
+        for n in (STEPS, few_steps):
+            run = capture_generation(g, [p["short"] for p in prompts[:4]], f"steps{n}", None, n, GUIDANCE, SEED,
+                                     progress=False)
+            K = G.knee_table(G.step_table(run.result.records).assign(model=m), thresholds)
+            print(f"{m}, {n} steps: lowest adjacent cosine {K['min sim'].min():.3f}; " + "; ".join(
+                f"at {t:g} window {G.reuse_window(K.loc[m, f'knee (maps) @{t:g}'], n)}" for t in thresholds))
 
 # %%
-# Exercise 2 starter: the unconditional branch
-# with DiffusionCapture(gens[m0], branch="uncond", ...) as cap: sample(gens[m0], [prompts[0]["short"]], STEPS, GUIDANCE)
-print(f"compare its text entropy with the conditional rows of T for {m0}")
+# Exercise 2 starter: the text attention of both halves of the guidance batch, on two prompts per generator
+branch = ...  # <- fill in: the branch name of the half that sees the empty prompt
+if branch is ...:
+    print("Fill in `branch`, then run this cell again (the notebook captured branch 'cond').")
+else:
+    for m, g in gens.items():
+        tabs = []
+        for b in ("cond", branch):
+            with DiffusionCapture(g.transformer, [f"{b}/0", f"{b}/1"], branch=b) as cap:
+                sample(g, [p["short"] for p in prompts[:2]], STEPS, GUIDANCE, seed=SEED, callbacks=[cap])
+            tabs.append(G.step_table(cap.result.records).assign(branch=b))
+        B = pd.concat(tabs)
+        print(m, B[B.part != "self"].groupby("branch")[["text_share", "text_entropy"]].mean().round(3).to_string(), sep="\n")
 
 # %%
-# Exercise 3 starter: pairs of one colour and one shape
-# edit a pair prompt so both objects share colour and shape, then word_region_table(...) as in §9
-print(prompts[N_SINGLE]["short"] if N_PAIRS else "N_PAIRS is 0: no pair prompts")
+# Exercise 3 starter: pairs of one colour, left and right; the overlap of the two shape words' regions (as in §9)
+from unicache_lib.world.text import COLOURS, SHAPES, short_prompt  # noqa: E402
+same_shape = ...  # <- fill in: True or False, whether the right-hand object takes the left one's shape
+if same_shape is ...:
+    print("Fill in `same_shape`, then run this cell again.")
+else:
+    shapes = list(SHAPES)
+    objs = [[{"colour": c, "shape": shapes[i % len(shapes)], "position": "left"},
+             {"colour": c, "shape": shapes[(i + (0 if same_shape else 1)) % len(shapes)], "position": "right"}]
+            for i, c in enumerate(list(COLOURS)[:4])]
+    for m, g in gens.items():
+        run = capture_generation(g, [short_prompt(o) for o in objs], "same", None, STEPS, GUIDANCE, SEED, progress=False)
+        ov = []
+        for i, o in enumerate(objs):
+            W = G.word_maps(run.result.records, run.sample_ids[i])
+            pos = [j for x in o for j in G.word_positions(run.tokens[i], x["shape"])]
+            kk = max(1, round(0.125 * W.shape[1]))
+            ov.append(G.iou(G.top_region(W[pos[0]], kk), G.top_region(W[pos[-1]], kk)))
+        print(f"{m}: shape-word region overlap {np.mean(ov):.2f} (chance {G.chance_iou(kk, W.shape[1]):.2f})")
 
 # %%
-# Exercise 4 starter: the step explorer on PixArt
-print("m0 = 'tiny-pixart', then rerun the explorer cell of §10")
+# Exercise 4 starter: what one generator's image queries read, by prompt token (§9's word maps), and its explorer
+m_look = ...  # <- fill in: the generator to look at, one of GENERATORS
+if m_look is ...:
+    print(f"Fill in `m_look`, then run this cell again (one of {GENERATORS}).")
+else:
+    run = runs[m_look, "short"]
+    share = pd.concat([pd.Series(G.word_maps(run.result.records, sid).mean(1), index=run.tokens[i])
+                       for i, sid in enumerate(run.sample_ids)])
+    print(share.groupby(level=0).mean().sort_values(ascending=False).head(10).round(3).to_string())
+    look = runs[m_look, "maps"]
+    display(step_explorer(look.result, dict(zip(look.sample_ids, look.images)), dict(zip(look.sample_ids, look.tokens))))
 
 # %%
 # Exercise 5 starter: this lesson on your pipeline
-print(".venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -p GENERATORS '[\"/path\"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]'")
+checkpoint = ...  # <- fill in: the path of your diffusers pipeline folder (SD3, PixArt, Flux or Sana)
+if checkpoint is ...:
+    print("Fill in `checkpoint`, then run this cell again.")
+else:
+    print(f".venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -y 'GENERATORS: [\"{checkpoint}\"]' "
+          "-p DEVICE cuda -y 'LAYERS: [0, 11, 23]' -p MAP_QUERY_STRIDE 8")
