@@ -206,3 +206,12 @@ models: setup
 ## clean-outputs: delete outputs/ (executed notebooks, figures, scoreboards, stores); committed files are untouched
 clean-outputs:
 	rm -rf outputs
+
+.PHONY: book
+## book: the course as a static website in outputs/book/ (open its index.html or serve the folder): README.md as the
+##       landing page, the committed, executed notebooks as they are (never re-executed), docs/*.md and solutions/;
+##       offline, nothing fetched (about 10 seconds on 2 CPU cores; publishing it: docs/FORKING.md). REF=HEAD builds
+##       the committed files only, whatever the working tree holds
+REF ?=
+book: setup
+	$(BIN)/python tools/book.py --out outputs/book $(if $(REF),--ref $(REF))
