@@ -326,7 +326,9 @@ def test_pipeline_loss_refuses_other_objectives(pipe_folders):
     gen.pipe.scheduler = DDPMScheduler()
     with pytest.raises(UnsupportedError, match=r"sd3: .*DDPMScheduler.*not flow matching"):
         generation_loss_fns(gen)
-    gen.family = "hunyuan"
+    from unicache_lib.gen_families import GEN_FAMILIES
+
+    gen.adapter = next(f for f in GEN_FAMILIES.values() if f.key == "hunyuan")  # a family whose objective is not known
     with pytest.raises(UnsupportedError, match=r"'hunyuan'.*no training objective"):
         generation_loss_fns(gen)
 

@@ -248,6 +248,61 @@ class FamilyPeers:
     notes: dict = field(default_factory=dict)
 
 
+def word_names(pieces: list[str], special=frozenset()) -> list[str]:
+    """One name per piece: the whole word at a word's first piece, ``"##<piece>"`` at its other pieces; a special
+    token, and a piece of punctuation only (``","``, ``"."``), names itself. Word boundaries from the tokenizer's own
+    markers: an end-of-word suffix ``</w>`` (CLIP's BPE) when the pieces carry one, else a start-of-word prefix ``▁``
+    (SentencePiece: T5, Gemma) or ``Ġ`` (byte-level BPE); pieces with no marker at all are each a word.
+    ``["tri", "angle</w>"] -> ["triangle", "##angle"]``; ``["▁tri", "angle", ","] -> ["triangle", "##angle", ","]``."""
+    def bare(p: str) -> str:  # the piece without its word-boundary marker
+        return p.replace("</w>", "").lstrip("▁Ġ")
+
+    plain = [p for p in pieces if p not in special]
+    suffix = any(p.endswith("</w>") for p in plain)
+    prefix = not suffix and any(p[:1] in ("▁", "Ġ") for p in plain)
+    groups: list[list[str]] = []
+    open_word = False
+    for p in pieces:
+        text = bare(p)
+        if p in special or (text and not any(ch.isalnum() for ch in text)):  # a word of its own
+            groups.append([p])
+            open_word = suffix and not p.endswith("</w>") and p not in special
+            continue
+        if suffix:
+            starts = not open_word
+            open_word = not p.endswith("</w>")
+        elif prefix:
+            starts = not open_word or p[:1] in ("▁", "Ġ")
+            open_word = True
+        else:
+            starts = True
+        if starts:
+            groups.append([p])
+        else:
+            groups[-1].append(p)
+    out = []
+    for g in groups:
+        if len(g) == 1 and (g[0] in special or not bare(g[0])):
+            out.append(g[0] if g[0] in special else bare(g[0]))
+            continue
+        texts = [bare(p) for p in g]
+        out += ["".join(texts)] + ["##" + t for t in texts[1:]]
+    return out
+
+
+def positions_named(tok, prompts, length: int, prefix: str = "") -> list[list[str | None]]:
+    """Per prompt, the name of each of the ``length`` positions ``tok`` pads or truncates it to (:func:`word_names`,
+    ``prefix`` before each name), ``None`` at padding wherever the tokenizer puts it."""
+    enc = tok(list(prompts), padding="max_length", max_length=length, truncation=True, add_special_tokens=True)
+    special = set(tok.all_special_tokens)
+    out = []
+    for ids, mask in zip(enc["input_ids"], enc["attention_mask"]):
+        real = [i for i, m in enumerate(mask) if m]
+        named = iter(word_names(tok.convert_ids_to_tokens([ids[i] for i in real]), special))
+        out.append([prefix + next(named) if m else None for m in mask])
+    return out
+
+
 # ---- the adapter ------------------------------------------------------------------------------------
 class GenFamily:
     """Base class: one family of diffusers transformers. Families set the class attributes and override
@@ -384,3 +439,31 @@ class GenFamily:
         if self.joint_order[0] == "text":
             return out[:, n_text:], out[:, :n_text]
         return out[:, :-n_text], out[:, -n_text:]
+
+    # ---- sampling and training: what zoo.pipelines and pruning.evaluate ask of the family -------------------
+    #: diffusers pipeline classes :func:`~unicache_lib.zoo.sampling.sample` drives (its step callbacks, guidance
+    #: batching and decoding); () where the family is captured, reused and pruned on its transformer alone
+    sampled_pipelines: tuple[str, ...] = ()
+    #: the checkpoint's training objective: ``"flow"`` (flow matching, velocity ``eps - x0``) or ``"epsilon"`` (DDPM
+    #: noise prediction); None where the workbench knows none (head pruning's loss then refuses, never approximates)
+    objective: str | None = None
+    #: a transformer with twice the latent channels out predicts a learned variance in its second half (the pipeline
+    #: drops it)
+    learned_sigma: bool = False
+
+    def latent_patch(self, transformer) -> int:
+        """Latent pixels per image token along a side (the patch size; Flux packs 2 x 2 latent patches)."""
+        return int(transformer.config.patch_size)
+
+    def text_positions(self, pipe, max_sequence_length: int) -> int:
+        """Text positions per prompt the transformer sees (padding included)."""
+        return int(max_sequence_length)
+
+    def token_names(self, pipe, prompts: list[str], max_sequence_length: int) -> list[list[str | None]] | None:
+        """Per prompt, the name of every text position the transformer sees, ``None`` at padding (the pipeline's
+        tokenizer, :func:`positions_named`); None where positions cannot be named rightly."""
+        return positions_named(pipe.tokenizer, prompts, max_sequence_length)
+
+    def flow_timestep(self, t: torch.Tensor, transformer) -> torch.Tensor:
+        """The timestep the pipeline hands the transformer for the scheduler's timestep ``t`` (flow matching)."""
+        return t

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..core.compat import flux_qkv_projections
-from .base import FamilyPeers, GenFamily, GenSite, register, softmax_map
+from .base import FamilyPeers, GenFamily, GenSite, positions_named, register, softmax_map
 
 
 def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None, **_):
@@ -74,6 +74,8 @@ class Flux(GenFamily):
                "magcache": "diffusers ships FLUX_MAG_RATIOS for FLUX.1-dev at 28 steps; calibrate for other checkpoints"})
     transformer_classes = ("FluxTransformer2DModel",)
     pipeline_classes = ("FluxPipeline", "FluxImg2ImgPipeline")
+    sampled_pipelines = ("FluxPipeline",)
+    objective = "flow"
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"single_transformer_blocks\.(\d+)\.attn", "joint"))
     parts = ("joint",)
     joint_order = ("text", "image")
@@ -108,3 +110,15 @@ class Flux(GenFamily):
         return dict(hidden_states=rn(batch, h * w, c.in_channels), encoder_hidden_states=rn(batch, n_text, c.joint_attention_dim),
                     pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t / 1000, img_ids=img_ids.reshape(-1, 3),
                     txt_ids=torch.zeros(n_text, 3), guidance=None, return_dict=False)
+
+    def latent_patch(self, transformer):
+        """The pipeline packs 2 x 2 latent patches into one token (the transformer's own patch size is 1)."""
+        return 2
+
+    def token_names(self, pipe, prompts, max_sequence_length):
+        """The T5 positions (``tokenizer_2``; CLIP feeds only the pooled projection)."""
+        return positions_named(pipe.tokenizer_2, prompts, max_sequence_length)
+
+    def flow_timestep(self, t, transformer):
+        """The pipeline divides by 1000 (the transformer multiplies back)."""
+        return t / 1000

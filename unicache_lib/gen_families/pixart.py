@@ -21,6 +21,9 @@ class PixArt(GenFamily):
             "the unconditional branch, so that call mixes a half batch with full-batch conditions and fails")})
     transformer_classes = ("PixArtTransformer2DModel",)
     pipeline_classes = ("PixArtAlphaPipeline", "PixArtSigmaPipeline")
+    sampled_pipelines = ("PixArtAlphaPipeline", "PixArtSigmaPipeline")
+    objective = "epsilon"
+    learned_sigma = True
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn1", "self"), (r"transformer_blocks\.(\d+)\.attn2", "cross"))
     parts = ("self", "cross")
     processors = {"AttnProcessor2_0": standard_probs}

@@ -30,6 +30,9 @@ class Sana(GenFamily):
         blocks={"SanaTransformerBlock": (0, None)})
     transformer_classes = ("SanaTransformer2DModel",)
     pipeline_classes = ("SanaPipeline", "SanaSprintPipeline")
+    sampled_pipelines = ("SanaPipeline",)
+    objective = "flow"
+    learned_sigma = True
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn1", "self"), (r"transformer_blocks\.(\d+)\.attn2", "cross"))
     parts = ("cross",)
     uncaptured = {"self": "Sana's self-attention is linear attention (SanaLinearAttnProcessor2_0: ReLU(q) (ReLU(k)^T v), "
@@ -47,3 +50,12 @@ class Sana(GenFamily):
         c, s = transformer.config, transformer.config.sample_size
         return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text + n_pad, c.caption_channels),
                     encoder_attention_mask=mask, timestep=t, return_dict=False)
+
+    def token_names(self, pipe, prompts, max_sequence_length):
+        """None: the pipeline prepends an instruction to every prompt and keeps its last tokens, so positions are not
+        named rather than named wrongly (capture still separates padding by the pipeline's own mask)."""
+        return None
+
+    def flow_timestep(self, t, transformer):
+        """DPM-Solver's integer timestep times the transformer's ``timestep_scale``."""
+        return t * float(transformer.config.timestep_scale)

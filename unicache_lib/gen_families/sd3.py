@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import FamilyPeers, GenFamily, heads_view, register, softmax_map
+from .base import FamilyPeers, GenFamily, heads_view, positions_named, register, softmax_map
 
 
 def joint_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **_):
@@ -61,6 +61,8 @@ class SD3(GenFamily):
         tail_passes_encoder=True)
     transformer_classes = ("SD3Transformer2DModel",)
     pipeline_classes = ("StableDiffusion3Pipeline", "StableDiffusion3Img2ImgPipeline")
+    sampled_pipelines = ("StableDiffusion3Pipeline",)
+    objective = "flow"
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"transformer_blocks\.(\d+)\.attn2", "self"))
     parts = ("joint", "self")
     joint_order = ("image", "text")
@@ -83,3 +85,15 @@ class SD3(GenFamily):
         c, s = transformer.config, transformer.config.sample_size
         return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text, c.joint_attention_dim),
                     pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t, return_dict=False)
+
+    def text_positions(self, pipe, max_sequence_length):
+        """CLIP's ``tokenizer_max_length`` (77) positions, then T5's ``max_sequence_length``."""
+        return pipe.tokenizer_max_length + int(max_sequence_length)
+
+    def token_names(self, pipe, prompts, max_sequence_length):
+        """CLIP's positions, then T5's named ``"t5:<word>"`` (zeros there, named None, in a pipeline without T5)."""
+        clip = positions_named(pipe.tokenizer, prompts, pipe.tokenizer_max_length)
+        if getattr(pipe, "tokenizer_3", None) is None:  # no T5: the pipeline feeds zeros there
+            return [c + [None] * max_sequence_length for c in clip]
+        t5 = positions_named(pipe.tokenizer_3, prompts, max_sequence_length, "t5:")
+        return [c + t for c, t in zip(clip, t5)]

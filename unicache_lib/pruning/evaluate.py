@@ -11,6 +11,7 @@ import torch
 
 from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.hooks import forward_hooks
+from ..gen_families.base import GEN_FAMILIES, gen_family_of
 from ..quality import psnr, ssim
 from ..world.segment import score_object
 
@@ -130,45 +131,40 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
     return fns
 
 
-# family -> transformer timestep from the scheduler's timestep for noise level s (scheduler timestep = s * n,
-# n = num_train_timesteps), as the pipeline passes it
-_FLOW_TIMESTEP = {
-    "sd3": lambda t, tr: t,
-    "flux": lambda t, tr: t / 1000,
-    "sana": lambda t, tr: t * float(tr.config.timestep_scale),
-}
-
-
 def flow_timestep(gen, s: torch.Tensor) -> torch.Tensor:
     """The transformer timestep a flow-matching pipeline passes at noise level ``s``: the scheduler's
     timestep ``s N`` (``N = num_train_timesteps``; truncated to an integer where the scheduler keeps integer
-    timesteps, as DPM-Solver does for Sana), then SD3: as is, Flux: ``/ 1000``, Sana: ``* timestep_scale``."""
+    timesteps, as DPM-Solver does for Sana), then the family's :meth:`~unicache_lib.gen_families.base.GenFamily.
+    flow_timestep` (SD3: as is, Flux: ``/ 1000``, Sana: ``* timestep_scale``)."""
     t = s.double() * int(gen.scheduler.config.num_train_timesteps)
     if not torch.is_floating_point(torch.as_tensor(gen.scheduler.timesteps)):
         t = t.floor()
-    return _FLOW_TIMESTEP[gen.family](t, gen.transformer).float()
+    return gen_family_of(gen.transformer).flow_timestep(t, gen.transformer).float()
 
 
 def generation_objective(gen) -> str:
     """``"flow"`` (SD3 / SD3.5, Flux, Sana with a flow-matching scheduler) or ``"epsilon"`` (PixArt with an
-    epsilon-predicting scheduler): the training objective :func:`generation_loss_fns` uses for a pipeline.
+    epsilon-predicting scheduler): the training objective :func:`generation_loss_fns` uses for a pipeline, the
+    family's :attr:`~unicache_lib.gen_families.base.GenFamily.objective` when the pipeline's scheduler agrees.
     UnsupportedError, naming the family and why, for anything else."""
-    fam, sched = gen.family, gen.scheduler
+    adapter = getattr(gen, "adapter", None) or gen_family_of(gen.transformer)
+    fam, sched = adapter.key, gen.scheduler
     cname, pred = type(sched).__name__, sched.config.get("prediction_type")
-    if fam in _FLOW_TIMESTEP:
+    if adapter.objective == "flow":
         if cname.startswith("FlowMatch") or pred == "flow_prediction":
             return "flow"
         raise UnsupportedError(
             f"{fam}: the pipeline's scheduler {cname} (prediction_type {pred!r}) is not flow matching, so the "
             f"checkpoint's training objective is not the flow-matching loss generation_loss_fns implements for {fam}")
-    if fam == "pixart":
+    if adapter.objective == "epsilon":
         if pred == "epsilon" and getattr(sched, "alphas_cumprod", None) is not None:
             return "epsilon"
         raise UnsupportedError(
-            f"pixart: the pipeline's scheduler {cname} predicts {pred!r}, not epsilon (or has no alphas_cumprod); "
-            f"generation_loss_fns implements PixArt's epsilon-prediction DDPM loss only")
+            f"{fam}: the pipeline's scheduler {cname} predicts {pred!r}, not epsilon (or has no alphas_cumprod); "
+            f"generation_loss_fns implements {adapter.name}'s epsilon-prediction DDPM loss only")
+    known = ", ".join(f.key for f in GEN_FAMILIES.values() if f.objective)
     raise UnsupportedError(f"generation family {fam!r}: no training objective is known to generation_loss_fns "
-                              f"(known: {', '.join([*_FLOW_TIMESTEP, 'pixart'])})")
+                           f"(known: {known}); set its adapter's objective (and flow_timestep) to add one")
 
 
 class _FirstCall:
@@ -289,7 +285,7 @@ def pipeline_loss_batches(gen, n_batches: int = 4, batch: int = 4, seed: int = 0
 def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, guidance: float) -> list:
     tr = gen.transformer
     latent_c = int(tr.config.in_channels)
-    learned_sigma = gen.family in ("pixart", "sana") and int(tr.config.out_channels) // 2 == latent_c
+    learned_sigma = gen.adapter.learned_sigma and int(tr.config.out_channels) // 2 == latent_c
 
     def fn(lb: LossBatch):
         out = tr(**lb.kwargs, hidden_states=lb.xt, timestep=lb.timestep)

@@ -39,7 +39,7 @@ SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixa
 GENERATION_FAMILIES = {cls: fam.key for fam in GEN_FAMILIES.values() for cls in fam.transformer_classes}
 # model_index.json _class_name -> family key: the pipelines :func:`~unicache_lib.zoo.sampling.sample` drives
 # (their step callbacks, guidance batching and decoding are handled in :mod:`unicache_lib.zoo.pipelines`)
-SAMPLED_PIPELINES = ("StableDiffusion3Pipeline", "PixArtAlphaPipeline", "PixArtSigmaPipeline", "FluxPipeline", "SanaPipeline")
+SAMPLED_PIPELINES = tuple(cls for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines)  # each adapter names its own
 PIPELINE_FAMILIES = {cls: gen_family_for(cls).key for cls in SAMPLED_PIPELINES}
 
 
@@ -427,7 +427,7 @@ def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | Non
     card = model_card(where) if Path(str(where)).exists() else {}
     size = image_size or card.get("image_size") or default_image_size(pipe)
     msl = max_sequence_length or card.get("max_sequence_length") or default_max_sequence_length(pipe)
-    return PipelineGenerator(PIPELINE_FAMILIES[cls_name], pipe, str(where), int(size), int(msl))
+    return PipelineGenerator(gen_family_for(cls_name), pipe, str(where), int(size), int(msl))
 
 
 def _load_tiny_layout(where, dtype: torch.dtype):

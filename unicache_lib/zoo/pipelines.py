@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.errors import ContractError
+from ..gen_families.base import GenFamily, word_names  # noqa: F401  (word_names: its former home)
 from ..core.hooks import forward_hooks
 from ..progress import shown
 
@@ -40,16 +41,22 @@ class PipelineGenerator:
     """A loaded diffusers text-to-image pipeline, usable wherever a tiny-layout
     :class:`~unicache_lib.zoo.tiny_generators.Generator` is.
 
-    ``family``: ``"sd3"``, ``"pixart"``, ``"flux"`` or ``"sana"``; ``pipe``: the pipeline; ``path``: where it
-    was loaded from; ``image_size``: side of the (square) images :func:`~unicache_lib.zoo.sampling.sample`
-    asks for, in pixels; ``max_sequence_length``: the T5 / Gemma prompt length passed to the pipeline.
+    ``adapter``: the family's :class:`~unicache_lib.gen_families.base.GenFamily`, which owns every per-family fact
+    used here (token naming and counts, the latent patch); ``pipe``: the pipeline; ``path``: where it was loaded from;
+    ``image_size``: side of the (square) images :func:`~unicache_lib.zoo.sampling.sample` asks for, in pixels;
+    ``max_sequence_length``: the T5 / Gemma prompt length passed to the pipeline.
     """
 
-    family: str
+    adapter: GenFamily
     pipe: object
     path: str = ""
     image_size: int = 512
     max_sequence_length: int = 256
+
+    @property
+    def family(self) -> str:
+        """The family's short tag (``"sd3"``, ``"pixart"``, ``"flux"``, ``"sana"``), as the tiny generators have it."""
+        return self.adapter.key
 
     @property
     def transformer(self) -> torch.nn.Module:
@@ -58,10 +65,6 @@ class PipelineGenerator:
     @property
     def scheduler(self):
         return self.pipe.scheduler
-
-    @property
-    def pipeline_class(self) -> str:
-        return type(self.pipe).__name__
 
     @property
     def guidance_distilled(self) -> bool:
@@ -75,92 +78,24 @@ class PipelineGenerator:
 
     @property
     def image_tokens(self) -> int:
-        """Image tokens per image: ``(latent side / patch)^2`` (Flux packs 2 x 2 latent patches)."""
-        patch = 2 if self.family == "flux" else self.transformer.config.patch_size
-        return (self.latent_size // patch) ** 2
+        """Image tokens per image: ``(latent side / the family's latent patch)^2``."""
+        return (self.latent_size // self.adapter.latent_patch(self.transformer)) ** 2
 
     @property
     def text_tokens(self) -> int:
-        """Text positions per prompt the transformer sees: SD3 concatenates CLIP's 77 and T5's
-        ``max_sequence_length``; the others see ``max_sequence_length`` (padding included)."""
-        if self.family == "sd3":
-            return self.pipe.tokenizer_max_length + self.max_sequence_length
-        return self.max_sequence_length
-
+        """Text positions per prompt the transformer sees (the family's :meth:`~GenFamily.text_positions`: SD3
+        concatenates CLIP's 77 and T5's ``max_sequence_length``; the others see ``max_sequence_length``)."""
+        return self.adapter.text_positions(self.pipe, self.max_sequence_length)
 
     def token_names(self, prompts: list[str]) -> list[list[str | None]] | None:
-        """Per prompt, the name of every text position the transformer sees, ``None`` at padding.
-
-        SD3: CLIP's 77 positions, then T5's ``max_sequence_length`` (the T5 copy of a word is named
-        ``"t5:<word>"``, so word maps read the CLIP copy, which comes first); PixArt / Flux: the T5
-        positions. A word the tokenizer splits into pieces is named at its first piece, its other pieces
-        ``"##<piece>"`` (:func:`word_names`), so a word is found once per occurrence whatever the vocabulary.
-        ``None`` for Sana, whose pipeline prepends an instruction to every prompt and keeps its last tokens:
-        positions are then not named rather than named wrongly (capture still separates padding by the
-        pipeline's own mask)."""
-        if self.family == "sana":
-            return None
-
-        def names(tok, length, prefix=""):
-            enc = tok(list(prompts), padding="max_length", max_length=length, truncation=True, add_special_tokens=True)
-            special = set(tok.all_special_tokens)
-            out = []
-            for ids, mask in zip(enc["input_ids"], enc["attention_mask"]):
-                real = [i for i, m in enumerate(mask) if m]  # wherever the tokenizer pads (left or right)
-                named = iter(word_names(tok.convert_ids_to_tokens([ids[i] for i in real]), special))
-                out.append([prefix + next(named) if m else None for m in mask])
-            return out
-
-        if self.family == "sd3":
-            clip = names(self.pipe.tokenizer, self.pipe.tokenizer_max_length)
-            if getattr(self.pipe, "tokenizer_3", None) is None:  # no T5: the pipeline feeds zeros there
-                return [c + [None] * self.max_sequence_length for c in clip]
-            t5 = names(self.pipe.tokenizer_3, self.max_sequence_length, "t5:")
-            return [c + t for c, t in zip(clip, t5)]
-        tok = self.pipe.tokenizer_2 if self.family == "flux" else self.pipe.tokenizer
-        return names(tok, self.max_sequence_length)
-
-
-def word_names(pieces: list[str], special=frozenset()) -> list[str]:
-    """One name per piece: the whole word at a word's first piece, ``"##<piece>"`` at its other pieces; a special
-    token, and a piece of punctuation only (``","``, ``"."``), names itself. Word boundaries from the tokenizer's own
-    markers: an end-of-word suffix ``</w>`` (CLIP's BPE) when the pieces carry one, else a start-of-word prefix ``▁``
-    (SentencePiece: T5, Gemma) or ``Ġ`` (byte-level BPE); pieces with no marker at all are each a word.
-    ``["tri", "angle</w>"] -> ["triangle", "##angle"]``; ``["▁tri", "angle", ","] -> ["triangle", "##angle", ","]``."""
-    def bare(p: str) -> str:  # the piece without its word-boundary marker
-        return p.replace("</w>", "").lstrip("▁Ġ")
-
-    plain = [p for p in pieces if p not in special]
-    suffix = any(p.endswith("</w>") for p in plain)
-    prefix = not suffix and any(p[:1] in ("▁", "Ġ") for p in plain)
-    groups: list[list[str]] = []
-    open_word = False
-    for p in pieces:
-        text = bare(p)
-        if p in special or (text and not any(ch.isalnum() for ch in text)):  # a word of its own
-            groups.append([p])
-            open_word = suffix and not p.endswith("</w>") and p not in special
-            continue
-        if suffix:
-            starts = not open_word
-            open_word = not p.endswith("</w>")
-        elif prefix:
-            starts = not open_word or p[:1] in ("▁", "Ġ")
-            open_word = True
-        else:
-            starts = True
-        if starts:
-            groups.append([p])
-        else:
-            groups[-1].append(p)
-    out = []
-    for g in groups:
-        if len(g) == 1 and (g[0] in special or not bare(g[0])):
-            out.append(g[0] if g[0] in special else bare(g[0]))
-            continue
-        texts = [bare(p) for p in g]
-        out += ["".join(texts)] + ["##" + t for t in texts[1:]]
-    return out
+        """Per prompt, the name of every text position the transformer sees, ``None`` at padding, as the family
+        names them (:meth:`~unicache_lib.gen_families.base.GenFamily.token_names`): SD3 CLIP's 77 positions then
+        T5's (a T5 copy of a word is ``"t5:<word>"``, so word maps read the CLIP copy, which comes first); PixArt /
+        Flux the T5 positions. A word the tokenizer splits into pieces is named at its first piece, its other pieces
+        ``"##<piece>"`` (:func:`~unicache_lib.gen_families.base.word_names`). ``None`` for Sana, whose pipeline
+        prepends an instruction to every prompt and keeps its last tokens: positions are then not named rather than
+        named wrongly (capture still separates padding by the pipeline's own mask)."""
+        return self.adapter.token_names(self.pipe, prompts, self.max_sequence_length)
 
 
 def default_max_sequence_length(pipe) -> int:
