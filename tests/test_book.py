@@ -11,7 +11,7 @@ headless Chromium (tests/test_browser.py's launcher) over Python's http.server:
 - unicache_lib/static_explorer.py: self-contained HTML within its size budget, text escaped, and its slider redraws
   in the browser (the explorers the site's notebooks display, and ones built here from records).
 
-The build takes about 10 s, the browser part about 20 s on 2 cores (docs/FORKING.md)."""
+About 50 s on 2 busy cores: the build 10 s, the static explorers 15 s, the browser 12 s (docs/FORKING.md)."""
 from __future__ import annotations
 
 import base64
@@ -125,7 +125,14 @@ def server(site):
         def log_message(self, *args):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):  # a browser that leaves a page mid-download: not an error
+            if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+                super().handle_error(request, client_address)
+
+    srv = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_port}/", seen
     srv.shutdown()
@@ -295,11 +302,73 @@ def test_static_explorers_are_self_contained_escaped_and_within_budget(explorers
         SE.slider_html([], "layer")
 
 
+def _png(seed: int) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.imshow(np.random.default_rng(seed).random((4, 4)))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=30)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+@pytest.fixture(scope="module")
+def mini_site(site, explorers):
+    """A one-lesson course whose notebook displays a widget (saved state), a static explorer beside it and a figure,
+    built by tools/book.py into the site's _test/mini/ (so the browser test visits it): what a lesson gives once its
+    next execution embeds unicache_lib/static_explorer.py's output."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    root = site.parent / "mini-root"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "docs").mkdir()
+    (root / "README.md").write_text("# Mini course\n\nStart with [the demo](notebooks/00_demo.ipynb); terms: "
+                                    "[glossary](docs/GLOSSARY.md).\n")
+    (root / "docs" / "GLOSSARY.md").write_text("# Glossary\n\n[README](../README.md)\n\n## the term\n\nWhat it is.\n")
+    state = {"v": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_s", "IPY_MODEL_o"]}},
+             "s": {"model_name": "IntSliderModel", "state": {"description": "layer", "value": 0, "min": 0, "max": 5}},
+             "o": {"model_name": "OutputModel", "state": {"outputs": [
+                 {"output_type": "display_data", "metadata": {}, "data": {"image/png": _png(1)}}]}}}
+    nb = new_notebook(cells=[
+        new_markdown_cell("# 00 · Demo\n\nSee [the term](../docs/GLOSSARY.md#the-term)."),
+        new_code_cell("explorer", outputs=[new_output("display_data", data={
+            "application/vnd.jupyter.widget-view+json": {"model_id": "v", "version_major": 2, "version_minor": 0},
+            "text/plain": "VBox(children=(IntSlider(value=0, description='layer'),))"})]),
+        new_code_cell("static_attention_explorer(...)", execution_count=2, outputs=[new_output(
+            "execute_result", data={"text/html": explorers[0].html, "text/plain": repr(explorers[0])}, execution_count=2)]),
+        new_code_cell("plots.map_panel(...)", outputs=[new_output("display_data", data={"image/png": _png(2)})]),
+    ])
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": state, "version_major": 2,
+                                                                            "version_minor": 0}}
+    nbformat.write(nb, root / "notebooks" / "00_demo.ipynb")
+    out = site / "_test" / "mini"
+    _book().build(out, root, log=lambda *a: None)
+    return out
+
+
+def test_a_lesson_that_displays_a_static_explorer_keeps_it_and_the_widget_note_links_it(mini_site):
+    page = (mini_site / "notebooks" / "00_demo.html").read_text()
+    parsed = _parse(mini_site / "notebooks" / "00_demo.html")
+    assert "VBox(" not in "".join(parsed.text) and "Live explorer: open in JupyterLab" in "".join(parsed.text)
+    assert 'href="#ucx-explorer"' in page and "ucx-explorer" in parsed.ids  # the note points at the slider
+    assert 'href="#figure-1"' in page and "figure-1" in parsed.ids  # and at the static figure beside it
+    assert "layer: <b>0</b>" in page and 'class="book-widget-snapshot"' in page  # the saved opening view
+    assert page.count('class="ucx-frame"') == 3 and 'oninput="' in page  # the explorer, as the notebook holds it
+    assert 'href="../docs/GLOSSARY.html#the-term"' in page and "the-term" in _parse(mini_site / "docs" / "GLOSSARY.html").ids
+
+
 # ------------------------------------------------------------------------------------------ in the browser
 
 
 @pytest.mark.slow
-def test_the_site_in_a_browser(site, pages, server, explorers):
+def test_the_site_in_a_browser(site, pages, server, explorers, mini_site):
     """Every page loads with no console error and no failed request; every notebook figure is drawn; the glossary link
     of lesson 01 lands on its term; every static explorer's slider redraws (the site's, and two built here)."""
     pw = _need_browser()
@@ -319,7 +388,7 @@ def test_the_site_in_a_browser(site, pages, server, explorers):
         page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
         page.on("requestfailed", lambda r: failed.append(r.url))
         page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-        explorers = []
+        with_sliders = []
         for rel in html_pages:
             page.goto(url + rel, wait_until="load")
             if rel in figures:
@@ -327,7 +396,7 @@ def test_the_site_in_a_browser(site, pages, server, explorers):
                                       ".filter(i => i.complete && i.naturalWidth > 0).length")
                 assert drawn == figures[rel], f"{rel}: {drawn} of {figures[rel]} figures drawn"
             if page.locator(".ucx-range").count():
-                explorers.append(rel)
+                with_sliders.append(rel)
         # the glossary link of a lesson lands on its term
         page.goto(url + "notebooks/01_capture.html")
         page.locator(".jp-RenderedMarkdown a[href$='GLOSSARY.html#anchors']").first.click()
@@ -337,7 +406,7 @@ def test_the_site_in_a_browser(site, pages, server, explorers):
         assert term.inner_text().strip().lower() == "anchors"
         # static explorers: one step right shows the next stop's picture and label
         moved = 0
-        for rel in explorers:
+        for rel in with_sliders:
             page.goto(url + rel)
             for k in range(page.locator(".ucx").count()):
                 box = page.locator(".ucx").nth(k)
@@ -355,7 +424,7 @@ def test_the_site_in_a_browser(site, pages, server, explorers):
                 assert labels[1] in box.locator(".ucx-caption").inner_text()
                 moved += 1
         browser.close()
-    assert "_test/explorers.html" in explorers and moved >= 2
+    assert {"_test/explorers.html", "_test/mini/notebooks/00_demo.html"} <= set(with_sliders) and moved >= 3
     assert not errors, errors[:10]
     assert not failed, failed[:10]
     bad = [(path, code) for path, code in seen if code >= 400]
