@@ -6,6 +6,7 @@ budget) evict a copy of the cache and answer on it. One tidy row per (question, 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 
@@ -20,6 +21,7 @@ from ..world.scenes import grid_cover
 from .cache import (PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt,
                     split_prompts)
 from .policies import POLICIES
+from .policies.merge import log_size_bias, merge_cache
 
 
 def same_answer(token: str, answer) -> bool:
@@ -146,12 +148,18 @@ class _EvictionRun:
                     continue
                 keeps = [pol.select(ctx, bud) for ctx in ctxs]
                 caches = [evict(p.cache, keep) for p, keep in zip(pres, keeps)]
+                bias = None
+                if getattr(pol, "merges", False):  # the evicted image KV folded into the kept (policies/merge.py)
+                    merged = [merge_cache(ctx, c, keep) for ctx, c, keep in zip(ctxs, caches, keeps)]
+                    caches = [c for c, _ in merged]
+                    bias = {li: torch.stack([b[li] for _, b in merged]) for li in merged[0][1]}
                 nbytes = [kv_bytes(c) for c in caches]
                 t0 = time.perf_counter()
-                if one:
-                    logits = answer(model, caches[0], sps[0])[0][None]
-                else:
-                    logits = answer_batch(model, caches, sps)[0]
+                with log_size_bias(model, bias) if bias else contextlib.nullcontext():
+                    if one:
+                        logits = answer(model, caches[0], sps[0])[0][None]
+                    else:
+                        logits = answer_batch(model, caches, sps)[0]
                 ms = 1e3 * (time.perf_counter() - t0) / len(items)
                 for b, keep in enumerate(keeps):
                     kept = [k for k in keep if k is not None] if len(keep) != len(futures[b]) else keep

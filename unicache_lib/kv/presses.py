@@ -31,6 +31,7 @@ One prompt at a time (batch 1), as the workbench's harness; kvpress's own pipeli
 """
 from __future__ import annotations
 
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ from ..core.errors import ContractError, InputError, UnsupportedModelError
 from .policies.ablations import DivPruneKeys
 from .policies.base import EvictionContext, EvictionPolicy
 from .policies.key_coverage import KeyCoverage
+from .policies.merge import log_size_bias, merge_groups
 
 try:  # kvpress is a dependency of the project; the import error, if any, names the install
     from kvpress.presses.base_press import BasePress, is_prefilling
@@ -63,6 +65,7 @@ class PolicyPress(BasePress):
     image_token_id: int | None = None
     policy: EvictionPolicy = field(default_factory=KeyCoverage, repr=False)  # a cache-stage workbench policy
     _image: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _bias: dict = field(default_factory=dict, init=False, repr=False)  # a merging policy's log(size) per layer
     _prompt_len: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -127,11 +130,14 @@ class PolicyPress(BasePress):
         # before the layers' hooks fire: the image positions of this forward
         pre = [(model, "forward_pre", self._read_input_ids)]
         model._unicache_press = self
+        self._bias = {}
+        bias = log_size_bias(model, self._bias) if getattr(self.policy, "merges", False) else contextlib.nullcontext()
         try:
-            with forward_hooks(pre + [(m, "forward", self.forward_hook) for m in sites]):
+            with forward_hooks(pre + [(m, "forward", self.forward_hook) for m in sites]), bias:
                 yield
         finally:
             self._image = self._prompt_len = None
+            self._bias = {}
             del model._unicache_press
 
     def forward_hook(self, module, input, kwargs, output):
@@ -174,7 +180,18 @@ class PolicyPress(BasePress):
         keep[img] = False
         keep[img[torch.as_tensor(chosen, device=keys.device)]] = True
         idx = keep.nonzero().flatten()
-        return keys.index_select(2, idx), values.index_select(2, idx)
+        if not getattr(self.policy, "merges", False):
+            return keys.index_select(2, idx), values.index_select(2, idx)
+        # a merging policy (policies/merge.py): the evicted image KV folded into the kept, log(size) for later forwards
+        mk, mv, sizes = merge_groups(keys[0].index_select(1, img), values[0].index_select(1, img),
+                                     torch.as_tensor(sorted(chosen), device=keys.device))
+        keys, values = keys.index_select(2, idx), values.index_select(2, idx)
+        at = torch.isin(idx, img).nonzero().flatten()  # the kept image positions, in order, in the compressed layer
+        keys[0, :, at], values[0, :, at] = mk.to(keys.dtype), mv.to(values.dtype)
+        bias = torch.zeros(len(idx))
+        bias[at.cpu()] = sizes.log().cpu()
+        self._bias[module.layer_idx] = bias
+        return keys, values
 
     def choose(self, keys: torch.Tensor, values: torch.Tensor, k: int, attentions, img: torch.Tensor) -> list[int]:
         """``k`` of the layer's image positions to keep (indices into ``img``), chosen by the press's ``policy`` itself
