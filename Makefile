@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
 run test notebooks: export UNICACHE_PROGRESS = 0
 
-.PHONY: setup run test test-fast notebooks docs lab benchmark samples evaluate evaluate-reuse replicate settle rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
+.PHONY: setup run test test-fast notebooks docs lab book benchmark samples evaluate evaluate-reuse replicate settle rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 ## setup: create .venv (torch pinned first, then the project with its dev extra) and the python3 kernel; runs
 ##        again only when pyproject.toml changed (every other target depends on it)
@@ -207,7 +207,6 @@ models: setup
 clean-outputs:
 	rm -rf outputs
 
-.PHONY: book
 ## book: the course as a static website in outputs/book/ (open its index.html or serve the folder): README.md as the
 ##       landing page, the committed, executed notebooks as they are (never re-executed), docs/*.md and solutions/;
 ##       offline, nothing fetched (about 10 seconds on 2 CPU cores; publishing it: docs/FORKING.md). REF=HEAD builds
