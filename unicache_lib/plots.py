@@ -413,15 +413,21 @@ def _picture_row(image, title: str, n_panels: int, panel_size: tuple[float, floa
     return fig, axes
 
 
-def word_regions(image, maps: dict[str, np.ndarray], title: str = "", chance: float | None = None):
+def word_regions(image, maps: dict[str, np.ndarray], title: str = "", chance: float | None = None,
+                 keys: int | None = None):
     """The generated ``image [H, W, 3]`` next to each word's attention over the image patches
     (``maps``: word -> ``[n_image]`` weights on a square grid), all on one colour scale from 0 to the largest weight
     (so a word whose map is nearly flat looks flat, not hot); ``chance``: the even-reading level, marked on each
-    colour bar."""
+    colour bar. ``keys``: how many keys an image query reads (its even share is ``1 / keys``): the maps are then
+    shown in multiples of that share (× uniform, the unit of every lesson), chance 1 marked and on the scale."""
     fig, axes = _picture_row(image, "generated", len(maps), (2.6, 2.4), 8)
+    unit = "attention weight (shared scale)"
+    if keys is not None:
+        maps, chance, unit = {w: _np(m) * keys for w, m in maps.items()}, 1.0, "× uniform (shared scale)"
     top = max(float(_np(m).max()) for m in maps.values()) if maps else 1.0
+    top = max(top, chance) if chance is not None else top
     for ax, (w, m) in zip(axes[1:], maps.items()):
-        image_overlay(image, m, repr(w), ax=ax, cbar="attention weight (shared scale)", vmin=0.0, vmax=top, chance=chance)
+        image_overlay(image, m, repr(w), ax=ax, cbar=unit, vmin=0.0, vmax=top, chance=chance)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

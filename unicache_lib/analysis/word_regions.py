@@ -67,6 +67,19 @@ def drawn_objects(image: np.ndarray, prompt: dict, min_pixels: int = 3) -> list[
     return rows
 
 
+def fully_drawn(image: np.ndarray, prompt: dict) -> bool:
+    """Every object ``prompt`` asks for drawn in its colour and shape (:func:`drawn_objects`); False for a prompt the
+    detector cannot judge."""
+    rows = drawn_objects(image, prompt)
+    return bool(rows) and all(r["drawn"] and r["shape_ok"] for r in rows)
+
+
+def distinct_objects(prompt: dict) -> bool:
+    """A two-object prompt whose objects differ in colour and in shape: each colour and shape word names one object."""
+    objs = prompt.get("objects") or []
+    return len(objs) == 2 and objs[0]["colour"] != objs[1]["colour"] and objs[0]["shape"] != objs[1]["shape"]
+
+
 def word_region_table(run, prompts: list[dict], patch: int) -> pd.DataFrame:
     """Word regions against the drawn objects, for every prompt of a captured sampling run.
 
