@@ -71,7 +71,7 @@ def exercise_1(quick: bool = False) -> dict:
     bands = band_layers(len(space.units))
     base = _accuracy(space.ones(), nq)
     rows = []
-    for band in ("shallow", "deep"):
+    for band in ("shallow", "deep"):  # the starter cell's gap `band`, filled once per band
         eligible = np.zeros(space.shape, bool)
         eligible[bands[band]] = True
         for n_heads in (2, 4):
@@ -91,18 +91,21 @@ def _image_share_scorer():
     if "image_share" in SCORERS:
         return SCORERS["image_share"]
 
+    def my_score(ctx):  # the starter cell's gap `my_score`: per head, its text rows' mean image share
+        by = {(u.layer, u.part): i for i, u in enumerate(ctx.space.units)}
+        acc = [[] for _ in ctx.space.units]
+        for r in ctx.records:
+            if (r.layer, r.part) in by:
+                acc[by[r.layer, r.part]].append(np.nanmean(r.data["image_share"].float().numpy(), -1))
+        return np.stack([np.mean(a, 0) for a in acc])
+
     @register
     class ImageShare(HeadScorer):
         name, needs = "image_share", "records"
         description = "keep the heads whose text queries put the most attention on image keys"
 
         def score(self, ctx):
-            by = {(u.layer, u.part): i for i, u in enumerate(ctx.space.units)}
-            acc = [[] for _ in ctx.space.units]
-            for r in ctx.records:
-                if (r.layer, r.part) in by:
-                    acc[by[r.layer, r.part]].append(np.nanmean(r.data["image_share"].float().numpy(), -1))
-            return np.stack([np.mean(a, 0) for a in acc])
+            return my_score(ctx)
 
     return ImageShare
 
@@ -166,7 +169,7 @@ def exercise_3(quick: bool = False) -> dict:
     nq, _ = _n(quick)
     model, processor, space, _, _, _ = _setup(nq)
     grad_qas = heldout_set(128, seed=SEED + 777)
-    sizes = (2, 8, 32) if quick else (2, 8, 32, 128)
+    sizes = (2, 8, 32) if quick else (2, 8, 32, 128)  # the starter cell's gap `n_grad`, one value at a time
     scores = {f"gradient n={n}": SCORERS["gradient"]()(ScoringContext(
         space, loss_fns=E.understanding_loss_fns(model, processor, grad_qas[:n]), seed=SEED)) for n in sizes}
     for s in range(2 if quick else 3):
@@ -213,7 +216,8 @@ def exercise_4(quick: bool = False) -> dict:
     torch.manual_seed(SEED)
     LlavaForConditionalGeneration(tl.build_config(tok, lm_layers=3, lm_heads=4, kv_heads=2)).save_pretrained(d)
     tl.build_processor(tok).save_pretrained(d)
-    model, processor = load_understanding(str(d), attn_implementation="eager", verify=False)
+    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your model's path or hub id
+    model, processor = load_understanding(checkpoint, attn_implementation="eager", verify=False)
     space = HeadSpace.of(model)
     samples = sample_set.load(per_type=1 if quick else 4, seed=SAMPLE_SEED)
     base = capture_samples(model, processor, samples, progress=False).records

@@ -333,7 +333,7 @@ if TIMING_REPEATS >= 2:
 
 # %% [markdown]
 # **This run**: the physically pruned model gives the masked model's answers exactly (the largest log-probability
-# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.17×<!--/num--> faster (timings vary from run to run), less than
+# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.10×<!--/num--> faster (timings vary from run to run), less than
 # the share of heads removed, because what the heads do not own (the MLPs, the embeddings, the vision tower)
 # does not shrink. Measure that share on your model before promising a gain.
 
@@ -419,35 +419,79 @@ with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter) to ★★★ (your own checkpoint); a starter cell below each. Solutions, with measured outcomes:
-# `solutions/04_head_pruning.py` (`--only K` runs one).
+# Graded ★ (a parameter) to ★★★ (your own checkpoint). Each starter cell below sets the work up on 100 of §2's
+# questions and leaves one gap, `... # <- fill in`: fill it and run the cell (★ and ★★ in under a minute).
+# Solutions, with measured outcomes: `solutions/04_head_pruning.py` (`--only K` runs one).
 #
 # 1. ★★ Prune by `high_entropy` in the deep band only, then in the shallow band only
 #    (`space.keep_mask(..., eligible=...)`). Are diffuse heads as costly to lose in deep layers as in shallow ones?
 # 2. ★★ Write a scorer of your own (subclass `HeadScorer`, decorate it with `register`; e.g. by image share) and
 #    rerun §2. Does it beat `gradient`?
-# 3. ★ How few `N_GRADIENT` questions can the gradient scorer use before its curve falls to random's?
+# 3. ★ How few gradient questions (`n_grad`; §2 used `N_GRADIENT`) can the gradient scorer use before its curve
+#    falls to random's?
 # 4. ★★★ Run this notebook with papermill on your vision-language model (`-p MODEL /path -p GENERATORS
 #    '[]'`): do the near-uniform shallow heads still beat their random control (§3, decision table)? Compare the
 #    "minus random" numbers, not the raw drops.
 
 # %%
-# Exercise 1 starter: high_entropy pruning in one band at a time
-# keep = space.keep_mask(SCORERS["high_entropy"]().score(ctx), 0.1, eligible=<bool [layers, heads], True in one band>)
-print(f"bands: {band_layers(len(space.units))}")
+# Exercise 1 starter: §2's high_entropy scores, pruned inside one band only; accuracy on 100 held-out questions
+band = ...  # <- fill in: the band whose most diffuse heads are pruned, "shallow" or "deep"
+bands = band_layers(len(space.units))
+few_qas, few_ref = qas[:100], ref_logp[:100]
+
+
+def accuracy(keep):
+    with HeadMask(space, keep):
+        return E.understanding_metrics(E.answer_logprobs(model, processor, few_qas), few_ref, processor, few_qas)["accuracy"]
+
+
+if band is ...:
+    print(f"Fill in `band`, then run this cell again (bands: {bands}).")
+else:
+    eligible = np.zeros(space.shape, bool)
+    eligible[bands[band]] = True
+    print(f"unpruned: accuracy {accuracy(space.ones()):.2f}")
+    for n_heads in (2, 4):
+        keep = space.keep_mask(scores["high_entropy"], n_heads / space.n_heads, eligible=eligible)
+        print(f"{band} band, {int((keep == 0).sum())} most diffuse heads pruned: accuracy {accuracy(keep):.2f}")
 
 # %%
-# Exercise 2 starter: a scorer of your own
-# @register
-# class MyScorer(HeadScorer):
-#     name = "my_scorer"
-#     def score(self, ctx): return <float array [layers, heads], high = keep>
-print("registered scorers:", ", ".join(SCORERS))
+# Exercise 2 starter: a scorer of your own, registered, swept beside gradient (§2) on the first exercise's questions
+from unicache_lib.pruning import HeadScorer  # noqa: E402
+from unicache_lib.pruning.scorers.base import register  # noqa: E402
+my_score = ...  # <- fill in: a function ctx -> float array [layers, heads], high = keep (e.g. from ctx.records)
+if my_score is ...:
+    print("Fill in `my_score`, then run this cell again. Registered scorers: " + ", ".join(SCORERS))
+else:
+    if "my_scorer" not in SCORERS:
+        @register
+        class MyScorer(HeadScorer):
+            name, needs, description = "my_scorer", "records", "the scorer of exercise 2"
+
+            def score(self, ctx):
+                return my_score(ctx)  # the function filled in above, looked up when scored
+    mine = {n: scores[n] for n in ("gradient", "attention_combined")} | {"my_scorer": SCORERS["my_scorer"]()(ctx)}
+    U2 = E.sweep_understanding(model, processor, space, mine, [0.0, 0.1, 0.2, 0.3], few_qas, few_ref, progress=False)
+    print(U2.pivot_table(index="scorer", columns="fraction", values="accuracy").round(3).to_string())
 
 # %%
-# Exercise 3 starter: the gradient scorer on fewer questions
-print(f"N_GRADIENT is {N_GRADIENT}; rerun section 2 with papermill -p N_GRADIENT 2, 8, 32")
+# Exercise 3 starter: the gradient scorer from fewer questions, against random, on the first exercise's questions
+n_grad = ...  # <- fill in: how many of the gradient questions (grad_qas) the scorer may use
+if n_grad is ...:
+    print(f"Fill in `n_grad`, then run this cell again (§2 used N_GRADIENT = {N_GRADIENT}).")
+else:
+    few = {f"gradient n={n_grad}": SCORERS["gradient"]()(ScoringContext(
+        space, loss_fns=E.understanding_loss_fns(model, processor, grad_qas[:n_grad]), seed=SEED)),
+        **{f"random#{s}": scores[f"random#{s}"] for s in range(RANDOM_SEEDS)}}
+    U3 = E.sweep_understanding(model, processor, space, few, [0.1, 0.2, 0.3], few_qas, few_ref, progress=False)
+    U3["family"] = U3.scorer.str.replace(r"#\d+$", "", regex=True)
+    print(U3.groupby("family").accuracy.mean().round(3).to_string())
 
 # %%
 # Exercise 4 starter: this lesson on your checkpoint
-print(".venv/bin/papermill notebooks/04_head_pruning.ipynb outputs/04_mine.ipynb -p MODEL /path -p GENERATORS '[]'")
+checkpoint = ...  # <- fill in: a path or hub id of your vision-language model
+if checkpoint is ...:
+    print("Fill in `checkpoint`, then run this cell again.")
+else:
+    print(f".venv/bin/papermill notebooks/04_head_pruning.ipynb outputs/04_mine.ipynb -p MODEL {checkpoint} "
+          "-y 'GENERATORS: []'")
