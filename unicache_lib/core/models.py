@@ -2,6 +2,8 @@
 sub-model (restored on exit, also on error)."""
 from __future__ import annotations
 
+import logging
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -59,9 +61,6 @@ def quiet(loggers: tuple[str, ...] = (), warning_messages: tuple[str, ...] = (),
     """Inside the block only: the named loggers at ERROR, warnings whose message starts with one of
     ``warning_messages`` ignored, and (``loading_bars``) transformers' and diffusers' weight-loading bars hidden.
     Everything is put back on exit, also on error: importing or calling the workbench changes no global setting."""
-    import logging
-    import warnings
-
     levels = {name: logging.getLogger(name).level for name in loggers}
     bars = []
     if loading_bars:
