@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
 from ..core.errors import ImageError, InputError, MissingFileError, UnknownNameError
 from ..core.untrusted import file_inside, read_utf8
 from ..paths import project_path
 from .scenes import SCENE_TYPES
-from .text import caption, jsonl_rows, long_prompt, make_qa, short_prompt
+from .text import QA, caption, jsonl_rows, long_prompt, make_qa, short_prompt
 
 SAMPLES_DIR = Path(__file__).resolve().parents[2] / "data" / "samples"
 PER_TYPE = 4
@@ -70,8 +73,6 @@ def as_questions(samples) -> list:
     """Your samples as the held-out questions notebook 05 scores (:class:`~unicache_lib.world.text.QA`: ``scene``,
     ``qtype``, ``question``, ``answer``). Eviction is scored on the answers, so every sample needs one: a folder
     without them is refused, naming the samples and the fix (never scored against an empty answer)."""
-    from .text import QA
-
     lacking = [s.id for s in samples if s.answer is None or not str(s.answer).strip()]
     if lacking:
         raise InputError(f"{len(lacking)} of {len(samples)} samples have no answer ({', '.join(lacking[:3])}"
@@ -121,8 +122,6 @@ def build(seed: int = SEED, per_type: int = PER_TYPE) -> list[Sample]:
 
 
 def save(samples: list[Sample], out: Path, seed: int = SEED) -> None:
-    from PIL import Image
-
     out.mkdir(parents=True, exist_ok=True)
     manifest = {"seed": seed, "n": len(samples), "image_size": int(samples[0].image.shape[0]),
                 "scene_types": list(SCENE_TYPES), "samples": []}
@@ -166,7 +165,6 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
         raise InputError(f"the committed set at {path} has {n_per} samples per scene type, {per_type} were asked for: "
                          f"pass another SAMPLE_SEED (a set of the same recipe is built with {per_type} per type), or "
                          f"PER_TYPE <= {n_per}")
-    from PIL import Image
 
     masks = np.load(path / "masks.npz")
     out = []
@@ -185,8 +183,6 @@ def export_folder(samples: list[Sample], out: str | Path) -> Path:
     """Write ``samples`` in the Hugging Face ``imagefolder`` layout: the PNGs, a ``metadata.jsonl`` (``file_name``,
     ``question``, ``answer`` and the rest of each sample) and the object masks in ``masks.npz`` (keyed by
     ``file_name``). ``datasets.load_dataset("imagefolder", data_dir=out)`` reads it, and so does :func:`load`."""
-    from PIL import Image
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     lines, masks = [], {}
@@ -275,10 +271,6 @@ def _check_row(where: str, row: dict) -> dict:
 def _read_image(f: Path, where: str) -> np.ndarray:
     """``f`` as ``[H, W, 3]`` uint8 RGB; refused naming the file for what cannot be converted exactly (16- and
     32-bit images, decompression bombs, unreadable files); transparent pixels warned about as ``inputs_for`` does."""
-    import warnings
-
-    from PIL import Image, UnidentifiedImageError
-
     try:
         with Image.open(f) as im:
             if im.mode in _HIGH_BIT_MODES:
@@ -306,8 +298,6 @@ def _read_image(f: Path, where: str) -> np.ndarray:
 def _read_masks(path: Path) -> dict:
     """``masks.npz`` as ``{file_name: bool [n, H, W]}``: no pickles, 3-D boolean (or 0/1) arrays, or a refusal naming
     the file and the array."""
-    import zipfile
-
     f = path / "masks.npz"
     if not f.exists():
         return {}
@@ -391,7 +381,6 @@ def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | N
            and (per_type is None or r < per_type)]
     untyped = seen.get("", 0)
     if per_type is not None and untyped > per_type and ids is None:  # your folder without scene types: say so
-        import warnings
 
         warnings.warn(f"kept the first {per_type} of your {untyped} samples without a scene_type (per_type / PER_TYPE="
                       f"{per_type} counts them as one type): pass PER_TYPE={untyped} to take them all", UserWarning,

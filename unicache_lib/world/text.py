@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..core.errors import InputError, MissingFileError
+from ..core.untrusted import read_utf8
 from .scenes import COLOURS, POSITIONS, SCENE_TYPES, SHAPES, Scene, make_scene
 
 QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "position", "exists", "count")
@@ -193,8 +195,6 @@ def prompt_set(n_single: int, n_pairs: int, seed: int = 0) -> list[dict]:
 def export_prompts(prompts: list[dict], out) -> "Path":
     """Generation prompts (:func:`prompt_set`'s dicts) as ``prompts.jsonl``: ``prompt`` (the short form), ``long``,
     ``objects`` (what the prompt asks for, for the prompt-following checks) and ``id``; :func:`read_prompts` reads it."""
-    from pathlib import Path
-
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
@@ -207,8 +207,6 @@ def export_prompts(prompts: list[dict], out) -> "Path":
 def jsonl_rows(path) -> list[tuple[int, object]]:
     """``(line number, parsed JSON)`` of every non-blank line of a JSON-lines file; a line that is not JSON is refused
     naming the file, the line and the fix."""
-    from ..core.untrusted import read_utf8
-
     out = []
     for n, line in enumerate(read_utf8(path).splitlines(), 1):
         if line.strip():
@@ -223,8 +221,6 @@ def read_prompts(path) -> list[dict]:
     """Your own generation prompts: a ``prompts.jsonl`` with one ``{"prompt": ...}`` per line (``objects``, ``long``
     and ``id`` optional), as :func:`prompt_set`'s dicts (``short`` is the prompt; ``objects`` empty where not given:
     the prompt-following checks then say they cannot score it). A bad line names itself and the fix."""
-    from pathlib import Path
-
     path = Path(path)
     if path.is_dir():
         path = path / "prompts.jsonl"

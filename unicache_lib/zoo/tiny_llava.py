@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from ..world.text import vocabulary
 
@@ -29,7 +30,6 @@ def build_tokenizer(extra_special=(), named: dict | None = None, close: bool = F
     """
     named = dict(named or {})
     extra_special = list(extra_special) + list(named.values())
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     extra = [t for t in dict.fromkeys(extra_special) if t not in SPECIAL]
