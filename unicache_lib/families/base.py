@@ -22,6 +22,7 @@ from ..core.errors import InputError, PrefillPruningUnsupported, UnsupportedMode
 from ..core.modality import Spans, spans_from_input_ids
 from ..core.models import unwrap
 from ..core.registry import Registry, registrar
+from ..zoo.tiny_llava import build_tokenizer
 
 FAMILIES: dict[str, "VLMFamily"] = Registry("model family")
 _register = registrar(FAMILIES, "model family")
@@ -301,8 +302,6 @@ class VLMFamily:
 
     def tokenizer(self):
         """The world's word-level tokenizer with this family's special tokens."""
-        from ..zoo.tiny_llava import build_tokenizer
-
         return build_tokenizer(self.special_tokens, self.named_tokens)
 
     def config(self, tok, shape: Shape):  # pragma: no cover - interface

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..core.modality import TEXT, Spans
+from ..zoo.tiny_llava import build_tokenizer
 from .base import Shape, Site, UnsupportedModelError, VLMFamily, register
 
 
@@ -77,8 +78,6 @@ class Clip(VLMFamily):
 
     def tokenizer(self):
         """The world tokenizer closing every text with ``</s>``, where the text tower pools."""
-        from ..zoo.tiny_llava import build_tokenizer
-
         tok = build_tokenizer(close=True)
         tok.padding_side = "right"
         return tok

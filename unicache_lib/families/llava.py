@@ -2,6 +2,9 @@
 a causal language model (Llama, Mistral, Vicuna, Qwen2)."""
 from __future__ import annotations
 
+import torch.nn.functional as F
+
+
 from .base import Shape, VLMFamily, chat_template, images_only, register
 
 
@@ -50,8 +53,6 @@ class Llava(VLMFamily):
         """The CLIP tower at ``rows x cols`` patches: the picture resized (bilinear, antialiased) to
         ``rows * patch x cols * patch`` pixels, the position embeddings interpolated to that grid
         (``interpolate_pos_encoding``), the class token dropped and the projector applied as the checkpoint says."""
-        import torch.nn.functional as F
-
         cfg = model.config
         if cfg.vision_feature_select_strategy != "default" or not isinstance(cfg.vision_feature_layer, int):
             return super().image_features_at(model, pixel_values, rows, cols)

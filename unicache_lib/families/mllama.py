@@ -11,6 +11,9 @@ values there, while the self-attention cache holds only text.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+
 import torch
 
 from ..core.errors import InputError
@@ -121,8 +124,6 @@ class Mllama(VLMFamily):
     def forward_text(self, model, ids, cache, positions):
         """Text tokens after the image on a (possibly evicted) cache: self-attention continues the text
         cache; every cross-attention layer reads all vision tokens its cache still holds."""
-        from types import SimpleNamespace
-
         cross = self.cross_layers(model)
         self_idx = next(i for i in range(len(cache.layers)) if i not in cross)
         held = cache.get_seq_length(self_idx)

@@ -14,6 +14,7 @@ import torch
 
 from ..core.errors import InputError
 from ..core.modality import IMAGE, TEXT, Spans
+from ..world.text import ANSWERS
 from .base import Shape, Site, UnsupportedModelError, VLMFamily, register
 
 
@@ -121,7 +122,6 @@ class Vilt(VLMFamily):
     def config(self, tok, shape: Shape):
         from transformers import ViltConfig
 
-        from ..world.text import ANSWERS
 
         labels = shape.extra.get("labels") or sorted({a for v in ANSWERS.values() for a in v})
         return ViltConfig(vocab_size=len(tok), hidden_size=shape.hidden, num_hidden_layers=shape.layers,
