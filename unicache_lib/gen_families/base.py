@@ -35,6 +35,7 @@ from ..core.modality import IMAGE, TEXT
 from ..core.models import unwrap
 from ..core.registry import Registry, registrar
 from ..families.base import UnsupportedModelError
+from ..stats import LogitRows
 
 GEN_FAMILIES: dict[str, "GenFamily"] = Registry("generator family")
 _register = registrar(GEN_FAMILIES, "generator family")
@@ -151,7 +152,6 @@ def softmax_map(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = No
     :func:`streamed_maps`: a list of ``B`` :class:`~unicache_lib.stats.LogitRows` (``[H, Sq, Sk]`` each, formed
     one row chunk at a time when read), so no map-sized tensor is allocated."""
     if _STREAM.get():
-        from ..stats import LogitRows
 
         B, H, sq, _ = q.shape
         sk = k.shape[2]
