@@ -11,6 +11,7 @@ import torch
 
 from ..core.errors import UnknownNameError
 from ..core.modality import TEXT, Spans
+from ..families import family_of
 from .record import CaptureResult
 from .runner import inputs_for
 from .vlm import AttentionCapture
@@ -27,8 +28,6 @@ def decode_with_capture(model, processor, image, question: str, sample_id: str =
         whose single query is generated token ``k``. The attention that *produced* token ``k`` is the
         last query row of forward ``t{k-1}`` (use :func:`producing_rows`).
     """
-    from ..families import family_of
-
     tok = processor.tokenizer
     fam = family_of(model)
     inputs = inputs_for(model, processor, image, question)

@@ -61,7 +61,9 @@ from ..core.hooks import ProcessorWrapper, forward_hooks, innermost, processors
 from ..core.modality import BLOCKS, TEXT
 from ..core.models import unwrap
 from ..core.similarity import cosine
+from ..gen_families import gen_family_of, processor_probs
 from ..gen_families.base import streamed_maps
+from ..inputs import resolve_layers
 from .record import CaptureResult, Record
 
 PARTS = ("joint", "self", "cross")
@@ -74,8 +76,6 @@ def find_diffusion_attention(transformer) -> dict[str, tuple[int, str, torch.nn.
     that has a softmax map, in layer order, as its generator family
     (:func:`~unicache_lib.gen_families.gen_family_of`) lays them out. Raises
     :class:`~unicache_lib.families.UnsupportedModelError` for a transformer no family claims."""
-    from ..gen_families import gen_family_of
-
     tr = unwrap(transformer)
     return {s.name: (s.layer, s.part, s.module) for s in gen_family_of(tr).sites(tr) if s.captured}
 
@@ -93,8 +93,6 @@ def attention_probs(attn, part: str, hidden_states, encoder_hidden_states=None, 
     ``[text | image]``; a Flux single-stream block gets the joined sequence as ``hidden_states``);
     ``cross``: ``Sq = S_image``, ``Sk = S_text``; ``self``: ``Sq = Sk = S_image``.
     """
-    from ..gen_families import processor_probs
-
     proc = kwargs.pop("processor", None)
     proc = innermost(attn.processor) if proc is None else proc
     if part == "cross" and encoder_hidden_states is None:
@@ -195,7 +193,6 @@ class DiffusionCapture:
         if len(metas) != len(self.sample_ids):
             raise InputError(f"{len(metas)} meta dicts for {len(self.sample_ids)} samples")
         self.metas = metas
-        from ..gen_families import gen_family_of
 
         self.family = gen_family_of(self.transformer)
         all_sites = self.family.sites(self.transformer)
@@ -207,7 +204,6 @@ class DiffusionCapture:
         have_layers = sorted({s.layer for s in found.values()})
         have_parts = sorted({s.part for s in found.values()})
         if layers is not None:  # negative indices count from the last block
-            from ..inputs import resolve_layers
 
             want = set(resolve_layers(layers, have_layers, "the transformer"))
             found = {n: s for n, s in found.items() if s.layer in want}

@@ -15,13 +15,16 @@ import os
 
 import torch
 
+from .runner import capture_samples
+
+from ..zoo.loaders import load_understanding
+
+from ..world import samples as sample_set
+
+from ..store import Store, shard_samples
+
 
 def main(argv=None):
-    from ..store import Store, shard_samples
-    from ..world import samples as sample_set
-    from ..zoo.loaders import load_understanding
-    from .runner import capture_samples
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-llava")
     ap.add_argument("--out", required=True)

@@ -8,11 +8,14 @@ alongside.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ..core.errors import InputError
 from ..progress import bar
+from ..store import Store, remove_store
+from ..world.text import prompt_set
 from ..zoo.sampling import sample, to_uint8
 from ..zoo.tiny_generators import Generator, tokenize_prompts
 from .diffusion import DiffusionCapture
@@ -101,11 +104,6 @@ def generation_store_or_capture(path, fallback, gen: Generator, model_name: str,
                                 guidance: float = 3.0, seed: int = 0):
     """A generator's stats store at ``path`` (notebook 03 writes one per model), or a fresh capture
     of ``n_prompts`` short single-object prompts into ``fallback``. Returns ``(path, captured)``."""
-    from pathlib import Path
-
-    from ..store import Store, remove_store
-    from ..world.text import prompt_set
-
     path, fallback = Path(path), Path(fallback)
     if (path / "meta.json").exists():
         return path, False

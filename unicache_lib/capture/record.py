@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import stats as S
 from ..core.errors import InputError, UnknownNameError
-from ..core.modality import Spans
+from ..core.modality import TEXT, Spans
+from ..inputs import resolve_layers
 
 
 @dataclass
@@ -61,9 +63,6 @@ class Record:
     def statistics(self) -> dict[str, torch.Tensor]:
         """:func:`~unicache_lib.stats.layer_statistics` of a full-mode map, under its own mask, spans and
         part (what stats mode would have recorded; strided maps excepted)."""
-        from .. import stats as S
-        from ..core.modality import TEXT
-
         if self.query_stride > 1 or self.key_stride > 1:
             raise InputError(f"record {self.key} is strided: its statistics would not be the layer's")
         P = self.probs
@@ -117,7 +116,6 @@ class CaptureResult:
         """Records matching every given field; ``layer`` may be negative (``-1``: the last captured
         layer; out of range: :class:`~unicache_lib.inputs.LayerError` naming the captured layers)."""
         if layer is not None and layer < 0:
-            from ..inputs import resolve_layers
 
             layer = resolve_layers([layer], self.layers, "the capture result")[0]
         return [r for r in self.records

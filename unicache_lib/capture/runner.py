@@ -5,12 +5,23 @@ continues where it stopped and a finished one is a no-op.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+
+import json
+
+
 import numpy as np
 import torch
 
 from ..core.errors import InputError
+from ..families import family_of
+from ..inputs import check_question, default_family, encode, prepare_image, resolve_layers
 from ..progress import bar
 from ..store import Store, key_str, remove_store
+from ..world import samples as sample_set
+from ..zoo.loaders import load_understanding
+from ..zoo.tiny_llava import answer_logits as tiny
 from .record import CaptureResult
 from .vlm import AttentionCapture, attention_sites, check_memory, find_attention_modules, full_capture_bytes
 
@@ -19,8 +30,6 @@ def build_prompt(processor, question: str, family=None) -> str:
     """The model's own chat template when the processor has one (real checkpoints), else the family's
     plain layout (the tiny models' ``user : <image> {question} assistant :``). A question that already
     holds the image marker is refused (:class:`~unicache_lib.inputs.PromptError`)."""
-    from ..inputs import check_question, default_family
-
     family = default_family(family)
     return family.prompt(processor, check_question(question, family))
 
@@ -35,8 +44,6 @@ def model_inputs(processor, image, question: str | None, device=None, family=Non
     ``prompt``: a whole prompt of your own instead of the family's template around ``question``; it
     must hold the family's image marker (e.g. ``<image>``) once.
     """
-    from ..inputs import encode
-
     return to_model(encode(processor, image, question, family, prompt), device, dtype)
 
 
@@ -52,8 +59,6 @@ def to_model(inputs: dict, device=None, dtype=None) -> dict:
 
 def inputs_for(model, processor, image, question: str | None, *, prompt: str | None = None) -> dict:
     """:func:`model_inputs` for ``model``: its family's prompt, its device and weight dtype."""
-    from ..families import family_of
-
     p = next(model.parameters())
     fam = family_of(model)
     return fam.canonical_inputs(model, model_inputs(processor, image, question, p.device, fam, p.dtype, prompt=prompt))
@@ -65,9 +70,6 @@ def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -
     prompt at a time through its processor and family prompt (no padding, so no position shifts).
     Images go through :func:`~unicache_lib.inputs.prepare_image` first (uint8 RGB; float [0, 1],
     grayscale and RGBA images converted exactly), whichever path runs them."""
-    from ..families import family_of
-    from ..inputs import check_question, prepare_image
-
     images = [prepare_image(im) for im in images_uint8]  # floats in [0, 1], grayscale, RGBA: converted once
     questions = list(questions)
     if len(images) != len(questions):
@@ -75,7 +77,6 @@ def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -
     fam = family_of(model)
     side = model.config.vision_config.image_size if _tiny_layout(model, processor) else None
     if side and images and all(im.shape[:2] == (side, side) for im in images):  # images of another size: processor
-        from ..zoo.tiny_llava import answer_logits as tiny
 
         for q in questions:
             check_question(q, fam)
@@ -98,8 +99,6 @@ def _tiny_layout(model, processor) -> bool:
 
 def spans_fn(model):
     """``input_ids -> Spans`` of the self-attention sequence for this model (from its family)."""
-    from ..families import family_of
-
     fam = family_of(model)
     return lambda ids, inputs=None: fam.spans(model.config, ids, inputs)
 
@@ -129,8 +128,6 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     Returns:
         The records captured by this call.
     """
-    from ..inputs import resolve_layers
-
     sites = attention_sites(model, part)
     if layers is not None:  # negative indices count from the last layer, as in AttentionCapture
         have = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
@@ -172,12 +169,6 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
     is none, a fresh capture of the standard sample set (built from ``sample_seed``; ``None``: the
     shipped set) into ``fallback``, with ``model`` / ``processor`` when given (else ``model_name`` is
     loaded). A store of another model or another sample set is refused. Returns ``(path, captured)``."""
-    import json
-    from pathlib import Path
-
-    from ..world import samples as sample_set
-    from ..zoo.loaders import load_understanding
-
     path, fallback = Path(path), Path(fallback)
     want = sample_set.SEED if sample_seed is None else int(sample_seed)
     if (path / "meta.json").exists():

@@ -19,13 +19,12 @@ import torch
 from ..core.errors import InputError
 from ..core.hooks import forward_hooks
 from ..core.modality import IMAGE, TEXT, Spans
+from ..families import family_of
 from .record import CaptureResult
 from .vlm import AttentionCapture, CaptureError
 
 
 def _check(model):
-    from ..families import family_of
-
     fam = family_of(model)
     if fam.name != "Janus":
         raise CaptureError(f"image generation capture needs a Janus model (generation_head, generation_embeddings); "

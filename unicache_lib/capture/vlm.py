@@ -45,6 +45,8 @@ from ..core.errors import CaptureError, InputError
 from ..core.hooks import forward_hooks
 from ..core.modality import TEXT, Spans
 from ..core.models import attn_implementations, language_attn_implementation, set_attn_implementations, unwrap
+from ..families import Site, family_of
+from ..inputs import check_image_tokens, check_spans, resolve_layers
 from .record import CaptureResult, Record
 
 MODES = ("full", "stats", "recompute")
@@ -76,8 +78,6 @@ def attention_sites(model: torch.nn.Module, part: str | Iterable[str] = "languag
     Raises:
         UnsupportedModelError: the model is of no registered family (the message lists them).
     """
-    from ..families import Site, family_of
-
     model = unwrap(model)
     fam = family_of(model)
     if modules is None:
@@ -161,8 +161,6 @@ class AttentionCapture:
     def __init__(self, model, mode: str = "stats", layers: Iterable[int] | None = None, part="language",
                  modules=None, spans: Spans | Callable | str | None = "auto", sample_ids: Iterable[str] | None = None,
                  query_stride: int = 1, key_stride: int = 1, keep: str = "stats"):
-        from ..families import family_of
-
         if mode not in MODES:
             raise InputError(f"mode must be one of {MODES}, got {mode!r}")
         if keep not in ("stats", "full"):
@@ -177,7 +175,6 @@ class AttentionCapture:
         self.mode, self.keep = mode, keep
         sites = attention_sites(self.model, part, modules)
         if layers is not None:  # negative indices count from the last; a bad index is a LayerError (ValueError)
-            from ..inputs import resolve_layers
 
             all_layers = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
             want = set(resolve_layers(layers, all_layers, f"the model's {part} part"))
@@ -241,8 +238,6 @@ class AttentionCapture:
         """Before the model runs: an image without image tokens in the prompt, and user spans whose
         image positions are not the prompt's image tokens, are refused with what to do
         (:mod:`unicache_lib.inputs`)."""
-        from ..inputs import check_image_tokens, check_spans
-
         if ids is None:
             return
         check_image_tokens(self.family, self.model.config, ids, self._inputs)
@@ -461,8 +456,6 @@ def full_capture_bytes(model, inputs: dict, layers=None, part="language") -> int
     """Bytes a ``full`` capture keeps for one forward of ``inputs``: per captured attention module
     ``heads x Sq x Sk`` float32 probabilities plus the ``Sq x Sk`` mask. Cross-attention keys are the
     vision tokens (counted from the family)."""
-    from ..families import family_of
-
     fam = family_of(model)
     S = int(inputs["input_ids"].shape[-1])
     sites = attention_sites(model, part)
