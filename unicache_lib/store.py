@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import __version__
 from .capture.record import Record
 from .core.errors import InputError, InputTypeError, StoreError, StoreLockedError
 from .core.modality import Spans
@@ -75,8 +76,6 @@ def _locked(path: Path, what: str):
 
 
 def library_version() -> str:
-    from . import __version__
-
     return __version__
 
 

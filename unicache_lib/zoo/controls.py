@@ -5,13 +5,13 @@ import copy
 
 import torch
 
+from ..families import family_of
+
 
 def untrained_language_model(model, seed: int = 0):
     """A copy of a vision-language model whose language model and projector are re-initialised (the
     vision tower keeps its trained weights): what an attention measure gives without any learned
     text-image binding."""
-    from ..families import family_of
-
     fam = family_of(model)
     ctrl = copy.deepcopy(model)
     torch.manual_seed(seed)

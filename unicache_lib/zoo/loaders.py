@@ -15,20 +15,27 @@ a local folder's weights are checked against the sha256 checksums of its ``model
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 import re
 import shlex
+import socket
+import warnings
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
 from ..core.errors import ContractError, InputError, MissingFileError, ModelNotFoundError
 from ..core.models import quiet
 from ..families import UnsupportedModelError, family_for_type, supported
+from ..families.base import images_only
 from ..gen_families import GEN_FAMILIES, gen_family_for
 from ..gen_families import supported as gen_supported
 from .checksums import ChecksumError, read_json, verify_checksums  # noqa: F401 - ChecksumError is re-exported
+from .tiny_generators import Generator
+from .pipelines import PipelineGenerator, default_image_size, default_max_sequence_length
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixart": "generation",
@@ -99,8 +106,6 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def _hub_host() -> str:
-    from urllib.parse import urlparse
-
     from huggingface_hub import constants
 
     return urlparse(constants.ENDPOINT).hostname or "huggingface.co"
@@ -108,8 +113,6 @@ def _hub_host() -> str:
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """Whether the hub's host resolves and accepts a connection (seconds at most, instead of ~23 s of retries)."""
-    import socket
-
     try:
         socket.create_connection((_hub_host(), 443), timeout=timeout).close()
     except OSError:
@@ -327,14 +330,11 @@ def _check_tokenizers(where, want: str) -> None:
 def load_processor(where, family):
     """The checkpoint's processor. Where its class requires a video processor and torchvision is not
     installed, the same class is loaded without its video part (images only), with a warning."""
-    import warnings
-
     from transformers import AutoProcessor
 
     try:
         return AutoProcessor.from_pretrained(where)
     except (ImportError, OSError, TypeError, ValueError) as e:
-        import importlib.util
 
         chain = f"{e!r} {e.__cause__!r}".lower()
         if importlib.util.find_spec("torchvision") is not None:
@@ -349,7 +349,6 @@ def load_processor(where, family):
         first = e
     import transformers
 
-    from ..families.base import images_only
 
     p = Path(str(where))
     cfg = json.loads((p / "processor_config.json").read_text()) if (p / "processor_config.json").is_file() else {}
@@ -415,7 +414,6 @@ def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | Non
     """A diffusers pipeline folder -> :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`."""
     from diffusers import DiffusionPipeline
 
-    from .pipelines import PipelineGenerator, default_image_size, default_max_sequence_length
 
     cls_name = index.get("_class_name")
     if cls_name not in PIPELINE_FAMILIES:
@@ -435,7 +433,6 @@ def _load_tiny_layout(where, dtype: torch.dtype):
     from diffusers import FlowMatchEulerDiscreteScheduler
     from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
-    from .tiny_generators import Generator
 
     transformer, fam = load_transformer(where, dtype, verify=False)  # verified by the caller
     _check_tokenizers(where, "generation")

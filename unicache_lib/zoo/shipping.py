@@ -2,6 +2,7 @@
 reloaded in float32 through ``from_pretrained`` so every number on the card is measured on what ships."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -18,8 +19,6 @@ def save_and_reload(model, processor, out: str | Path):
 
 def load_previous(init_from: str | Path, model_class: str):
     """``(model float32, processor, previous card)`` of a checkpoint a second schedule continues from."""
-    import json
-
     import transformers
     from transformers import AutoProcessor
 

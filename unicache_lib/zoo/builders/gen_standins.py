@@ -20,9 +20,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import diffusers
 import torch
 
 from ...core.errors import UnknownNameError
+from ..loaders import load_generator
+from ..sampling import sample
 from .tiny_pipelines import KINDS, build_pipeline, save_pipeline
 
 IMAGE_SIZE = 512
@@ -112,8 +115,6 @@ def memory_estimate(spec: GenStandIn, batch: int = 1) -> dict:
 
 def build(name: str, out: str | Path, seed: int = 0) -> Path:
     """Build the stand-in ``name`` into ``out / name`` (pipeline folder and card)."""
-    import diffusers
-
     if name not in GEN_STANDINS:
         raise UnknownNameError(f"unknown generator stand-in {name!r}; known: {', '.join(GEN_STANDINS)}")
     spec = GEN_STANDINS[name]
@@ -143,9 +144,6 @@ def peak_rss_mb() -> float:
 def one_step(folder: str | Path, prompts=("a red circle on the left",), guidance: float = 3.0) -> dict:
     """Load a stand-in and sample one denoising step (text encoders, transformer, VAE decode) for ``prompts``;
     returns seconds (load, step) and the peak RSS of the process."""
-    from ..loaders import load_generator
-    from ..sampling import sample
-
     t0 = time.perf_counter()
     gen = load_generator(folder)
     t1 = time.perf_counter()

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import transformers
 
 from ...core.errors import InputError, UnknownNameError
 from ...families import FAMILIES, Shape
@@ -88,8 +89,6 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
     on a GPU with ``device="cuda", dtype=torch.float16``, where the weights are created directly).
     ``spec``: build this spec under ``name`` instead of ``STANDINS[name]`` (e.g. :func:`tiny`).
     """
-    import transformers
-
     if spec is None and name not in STANDINS:
         raise UnknownNameError(f"unknown stand-in {name!r}; known: {', '.join(STANDINS)}")
     spec = spec or STANDINS[name]

@@ -16,10 +16,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import diffusers
 import torch
+from transformers import CLIPTokenizer, Gemma2Config, Gemma2Model, GemmaTokenizerFast, T5TokenizerFast
+from tokenizers import trainers
+from diffusers import AutoencoderDC, AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 
 from ...core.errors import InputError, UnknownNameError
+from ...world.text import vocabulary
 from ..checksums import write_card
+from ..tiny_generators import build_text_encoder
 from .tiny_random import TINY
 
 # kind -> (pipeline class, family tag); the family tag is what load_generator reports
@@ -60,8 +66,6 @@ def _family(kind: str) -> str:
 def _train_bpe(tokenizer_cls, words: list[str], special: list[str], **trainer_kw) -> tuple[dict, list]:
     """Train the BPE backend of ``tokenizer_cls`` (its own normalizer and pre-tokenizer) on ``words``:
     ``(vocab, merges)`` under which each word is one token."""
-    from tokenizers import trainers
-
     backend = tokenizer_cls().backend_tokenizer
     backend.train_from_iterator(words, trainers.BpeTrainer(vocab_size=1 << 20, special_tokens=special,
                                                            show_progress=False, **trainer_kw))
@@ -72,10 +76,6 @@ def _train_bpe(tokenizer_cls, words: list[str], special: list[str], **trainer_kw
 def clip_tokenizer(max_length: int = CLIP_LENGTH):
     """A ``CLIPTokenizer`` (byte-level BPE, ``<|startoftext|> ... <|endoftext|>``, padded with
     ``<|endoftext|>``) over the world's vocabulary; ``model_max_length`` is what SD3 / Flux pad CLIP to."""
-    from transformers import CLIPTokenizer
-
-    from ...world.text import vocabulary
-
     special = ["<|startoftext|>", "<|endoftext|>"]
     vocab, merges = _train_bpe(CLIPTokenizer, vocabulary(), special, end_of_word_suffix="</w>")
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
@@ -84,20 +84,12 @@ def clip_tokenizer(max_length: int = CLIP_LENGTH):
 def t5_tokenizer():
     """A ``T5TokenizerFast`` (Unigram, ``▁word`` pieces, ``</s>`` appended, ``<pad>`` = 0) over the world's
     vocabulary."""
-    from transformers import T5TokenizerFast
-
-    from ...world.text import vocabulary
-
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("▁" + w, -1.0) for w in vocabulary()]
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
 
 
 def gemma_tokenizer():
     """A ``GemmaTokenizerFast`` (BPE on ``▁``-joined text, as Gemma 2's) over the world's vocabulary."""
-    from transformers import GemmaTokenizerFast
-
-    from ...world.text import vocabulary
-
     words = vocabulary()
     special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
     vocab, merges = _train_bpe(GemmaTokenizerFast, words + ["▁" + w for w in words], special)
@@ -109,22 +101,16 @@ def gemma_tokenizer():
 def clip_encoder(tokenizer, width: int, layers: int = 1, projection: bool = True):
     """A random ``CLIPTextModelWithProjection`` (SD3; ``projection=False``: ``CLIPTextModel``, Flux) with
     77 positions; pooled / hidden width ``width``."""
-    from ..tiny_generators import build_text_encoder
-
     return build_text_encoder(tokenizer, width, layers, "clip", max_positions=CLIP_LENGTH, projection=projection)
 
 
 def t5_encoder(tokenizer, width: int, layers: int = 1):
     """A random ``T5EncoderModel`` of ``d_model = width`` (relative positions: any prompt length)."""
-    from ..tiny_generators import build_text_encoder
-
     return build_text_encoder(tokenizer, width, layers, "t5")
 
 
 def gemma2_encoder(tokenizer, width: int, layers: int = 1):
     """A random ``Gemma2Model`` (Sana's text encoder) of hidden size ``width``."""
-    from transformers import Gemma2Config, Gemma2Model
-
     cfg = Gemma2Config(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
                        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=width // 2,
                        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
@@ -136,8 +122,6 @@ def vae(family: str, latent_channels: int, channels: int = 8, blocks: int = 4):
     """A random VAE of ``family``: ``AutoencoderKL`` with ``blocks`` resolution levels (4: the real 8x
     down-sampling) of ``channels`` channels (real: 128-512), the real latent channels and scaling; Sana:
     ``AutoencoderDC`` (``blocks`` levels: 2^(blocks-1) down-sampling; real DC-AE: 6 levels, 32x)."""
-    from diffusers import AutoencoderDC, AutoencoderKL
-
     if family == "sana":
         n = blocks
         return AutoencoderDC(
@@ -157,8 +141,6 @@ def vae(family: str, latent_channels: int, channels: int = 8, blocks: int = 4):
 
 def scheduler(kind: str):
     """The scheduler class and settings of the real checkpoints of ``kind``."""
-    from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
-
     fam = _family(kind)
     if fam == "sd3":
         return FlowMatchEulerDiscreteScheduler(shift=3.0)
@@ -177,8 +159,6 @@ def scheduler(kind: str):
 
 def tiny_transformer(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32):
     """The tiny random transformer of ``kind`` (2-3 blocks, 2 heads of 8; :mod:`~unicache_lib.zoo.builders.tiny_random`)."""
-    import diffusers
-
     _family(kind)  # a known kind
     base, extra = TINY_TRANSFORMERS[kind]
     cls, kw = TINY[base]
@@ -193,8 +173,6 @@ def build_pipeline(kind: str, transformer, text_layers: int = 1, vae_channels: i
     (SD3: two CLIPs of ``pooled_projection_dim / 2`` and a T5 of ``joint_attention_dim``; Flux: a CLIP of
     ``pooled_projection_dim`` and a T5 of ``joint_attention_dim``; PixArt: a T5, Sana: a Gemma 2 of
     ``caption_channels``), a random VAE with the transformer's latent channels, and the real scheduler."""
-    import diffusers
-
     fam = _family(kind)
     c = transformer.config
     torch.manual_seed(seed)

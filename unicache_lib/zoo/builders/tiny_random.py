@@ -11,22 +11,20 @@ encoders and rotary embeddings, PixArt's masked cross-attention, DiT's class con
 """
 from __future__ import annotations
 
+import diffusers
 import torch
 
 from ...core.errors import UnknownNameError
+from ...gen_families import GEN_FAMILIES
 
 
 def tiny_configs() -> dict[str, tuple[str, dict]]:
     """tag -> (diffusers class, constructor kwargs) of every registered generator family's tiny transformers (each
     adapter's ``tiny``): a family registered from its own file brings its tiny configs."""
-    from ...gen_families import GEN_FAMILIES
-
     return {tag: spec for fam in GEN_FAMILIES.values() for tag, spec in fam.tiny.items()}
 
 
 def _owner(tag: str):
-    from ...gen_families import GEN_FAMILIES
-
     for fam in GEN_FAMILIES.values():
         if tag in fam.tiny:
             return fam
@@ -39,8 +37,6 @@ TINY = tiny_configs()
 
 def tiny_transformer(family: str, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A random-weight transformer of the tiny config ``family`` (a tag of :func:`tiny_configs`), in eval mode."""
-    import diffusers
-
     cls, kw = _owner(family).tiny[family]
     torch.manual_seed(seed)
     model_cls = cls if isinstance(cls, type) else getattr(diffusers, cls)  # a fork's own class, or diffusers' by name

@@ -17,8 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import CLIPModel
 
-from ...world.text import caption
+from ...families import FAMILIES
+from ...families.base import Shape
+from ...world.text import caption, make_qa
 from ..checksums import write_card
 from ..shipping import load_previous, save_and_reload
 from .llava import TRAIN_QTYPES, heldout_set
@@ -31,11 +34,6 @@ GRID = IMAGE_SIZE // PATCH
 
 def build(seed: int, layers: int = 4, heads: int = 8, head_dim: int = 16):
     """-> (model, processor): CLIP at tiny width; the text tower pools at ``</s>``, which the tokenizer appends."""
-    from transformers import CLIPModel
-
-    from ...families import FAMILIES
-    from ...families.base import Shape
-
     fam = FAMILIES["CLIP"]
     tok = fam.tokenizer()
     shape = Shape(layers=layers, heads=heads, head_dim=head_dim, vision_layers=layers, vision_heads=heads,
@@ -78,8 +76,6 @@ def recall_at_1(model, processor, scenes, shuffle_seed=None) -> dict:
 
 
 def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_scenes=None):
-    from ...world.text import make_qa
-
     heads = PatchHeads(model.config.vision_config.hidden_size, GRID)
     F = torch.nn.functional
 

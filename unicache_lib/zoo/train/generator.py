@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from ...world.scenes import COLOURS, POSITIONS, SHAPES
 from ...world.segment import score_object
 from ...world.text import long_prompt, short_prompt
 from .. import tiny_generators as tg
 from ..checksums import write_card
+from ..loaders import load_generator
 from ..sampling import sample, to_uint8
 from ..tiny_generators import RADIUS, training_example  # noqa: F401
 from ..tiny_llava import build_tokenizer
@@ -61,11 +63,9 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    from diffusers import FlowMatchEulerDiscreteScheduler
 
     tok = build_tokenizer()
     if args.init_from:
-        from ..loaders import load_generator
 
         gen = load_generator(args.init_from)  # float32 weights
         if gen.family != args.family:
@@ -105,7 +105,6 @@ def main(argv=None):
     gen.transformer.to(torch.float16)
     gen.text_encoder.to(torch.float16)
     gen.save_pretrained(out)
-    from ..loaders import load_generator
 
     shipped = load_generator(out, verify=False)  # a card left by an earlier run records other weights
     objs = eval_prompts(args.n_eval)

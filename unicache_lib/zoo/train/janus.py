@@ -28,11 +28,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import GenerationConfig, JanusForConditionalGeneration
 
-from ...capture.unified import to_uint8
+from ...capture.unified import generate_image_with_capture, to_uint8
+from ...families import FAMILIES
+from ...families.base import Shape
 from ...world.scenes import make_scene
 from ...world.segment import score_object
-from ...world.text import short_prompt
+from ...world.text import make_qa, short_prompt
 from ..checksums import write_card
 from ..shipping import load_previous, save_and_reload
 from .generator import eval_prompts
@@ -46,23 +49,16 @@ F = torch.nn.functional
 
 
 def shape():
-    from ...families.base import Shape
-
     return Shape(layers=4, heads=8, kv_heads=8, head_dim=16, vision_layers=2, vision_heads=4, vision_head_dim=32,
                  image_size=IMAGE_SIZE, patch=PATCH, extra={"vq_levels": 3})
 
 
 def build(seed: int):
     """-> (model, processor) at the shipped shape, generation config set for ``generate(generation_mode="image")``."""
-    from transformers import JanusForConditionalGeneration
-
-    from ...families import FAMILIES
-
     fam = FAMILIES["Janus"]
     tok = fam.tokenizer()
     torch.manual_seed(seed)
     model = JanusForConditionalGeneration(fam.config(tok, shape()))
-    from transformers import GenerationConfig
 
     # an explicit generation config (one derived from the model config is rebuilt on load, losing boi_token_id)
     model.generation_config = GenerationConfig(
@@ -96,7 +92,6 @@ def train_vq(vq, processor, rng, steps, batch, lr, log) -> dict:
     with torch.no_grad():
         emb.copy_(F.normalize(emb, dim=-1))
     usage = torch.zeros(emb.shape[0])
-    from ...world.text import make_qa
 
     now: dict = {}
 
@@ -184,8 +179,6 @@ def generate_images(model, processor, prompts, guidance=3.0) -> np.ndarray:
     generation_mode="image")``: in transformers 5.2 that loop feeds ``<begin_of_image>`` again at every step instead
     of the token just drawn (``prepare_inputs_for_generation`` keeps ``inputs_embeds`` only on a first iteration that
     Janus never marks), so its images do not follow the prompt."""
-    from ...capture.unified import generate_image_with_capture
-
     model.eval()
     out = []
     for p in prompts:
@@ -257,7 +250,6 @@ def main(argv=None):
                     help="'is there a ...?' negatives in training: 'hard' (as every held-out set) or 'random' (any absent "
                          "colour x shape): an easier curriculum")
     args = parse(ap, argv)
-    from ...families import FAMILIES
 
     fam = FAMILIES["Janus"]
     rng = np.random.default_rng(args.seed)
@@ -266,7 +258,6 @@ def main(argv=None):
     if args.init_from:
         model, proc, previous = load_previous(args.init_from, fam.model_class)
         fam.adapt_processor(proc, model.config)
-        from transformers import GenerationConfig
 
         model.generation_config = GenerationConfig.from_pretrained(args.init_from)  # keeps boi_token_id
     else:

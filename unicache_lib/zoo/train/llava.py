@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import LlavaForConditionalGeneration
 
 from ...world.questions import TRAIN_QTYPES, heldout_set, question_images, score_answers, score_captions  # noqa: F401
 from ...world.text import CAPTION_QUESTION, QA, caption, make_qa
@@ -155,7 +156,6 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    from transformers import LlavaForConditionalGeneration
 
     previous = None
     if args.init_from:

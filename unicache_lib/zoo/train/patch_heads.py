@@ -13,7 +13,10 @@ import numpy as np
 import torch
 
 from ...core.errors import InputError
+from ...world.questions import TRAIN_QTYPES
 from ...world.scenes import COLOURS, POSITIONS, SHAPES, patch_grid_masks
+from .loop import Stage, fit, warmup
+from ...world.text import make_qa
 
 N_CLASSES = 1 + len(COLOURS) * len(SHAPES) * len(POSITIONS)
 
@@ -56,10 +59,6 @@ def train_patch_heads(features: Callable, params: list, d: int, grid: int, patch
                       lr: float, log: list, desc: str = "stage a: vision tower", size: int = 64) -> float:
     """Train ``params`` (a tower's) so that ``features(images_uint8 [B, H, W, 3]) -> [B, grid*grid, d]``
     classify every patch. Warmup then cosine; returns the last patch accuracy (on the training batch)."""
-    from ...world.questions import TRAIN_QTYPES
-    from ...world.text import make_qa
-    from .loop import Stage, fit, warmup
-
     heads = PatchHeads(d, grid)
 
     def step_loss(step):

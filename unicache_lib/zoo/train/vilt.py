@@ -16,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import ViltForQuestionAnswering
 
+from ...families import FAMILIES
+from ...families.base import Shape
 from ...families.vilt import grid_ordered
 from ...world.text import ANSWERS
 from ..checksums import write_card
@@ -33,11 +36,6 @@ LABELS = sorted({a for t in TRAIN_QTYPES for a in ANSWERS[t]})
 
 def build(seed: int, layers: int = 6, heads: int = 8, head_dim: int = 16):
     """-> (model, processor): a ViLT at tiny width over the world tokenizer, answer classes :data:`LABELS`."""
-    from transformers import ViltForQuestionAnswering
-
-    from ...families import FAMILIES
-    from ...families.base import Shape
-
     fam = FAMILIES["ViLT"]
     tok = fam.tokenizer()
     shape = Shape(layers=layers, heads=heads, head_dim=head_dim, image_size=IMAGE_SIZE, patch=PATCH, extra={"labels": LABELS})

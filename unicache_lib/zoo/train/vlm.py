@@ -21,7 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import MllamaForConditionalGeneration
 
+from ...families import FAMILIES
+from ...families.base import Shape
 from ...world.text import CAPTION_QUESTION
 from ..checksums import write_card
 from ..shipping import load_previous, save_and_reload
@@ -158,17 +161,11 @@ class MllamaRecipe(Recipe):
     model_name = "tiny-mllama"
 
     def shape(self):
-        from ...families.base import Shape
-
         return Shape(layers=6, heads=8, kv_heads=8, head_dim=16, vision_layers=2, vision_heads=4, vision_head_dim=32,
                      image_size=IMAGE_SIZE, patch=PATCH,
                      extra={"cross_every": 2, "global_layers": 1, "intermediate_layers_indices": [1], "max_tiles": 1})
 
     def build(self, seed):
-        from transformers import MllamaForConditionalGeneration
-
-        from ...families import FAMILIES
-
         fam = FAMILIES[self.family]
         tok = fam.tokenizer()
         torch.manual_seed(seed)
@@ -213,7 +210,6 @@ def main(argv=None):
                     help="'is there a ...?' negatives in training: 'hard' (share a colour or shape with a present object, "
                          "as every held-out set) or 'random' (any absent colour x shape): an easier curriculum")
     args = parse(ap, argv)
-    from ...families import FAMILIES
 
     recipe = RECIPES[args.family]
     fam = FAMILIES[recipe.family]
