@@ -6,6 +6,8 @@ import torch
 
 from ..core.errors import InputError
 from ..core.similarity import jaccard
+from ..world.scenes import grid_cover
+from ..stats import text_read_frequency
 
 
 def image_reads(record, heads: str = "mean") -> torch.Tensor:
@@ -13,8 +15,6 @@ def image_reads(record, heads: str = "mean") -> torch.Tensor:
 
     Uses the stats-mode ``text_read_freq`` (or computes it from a full map), averaged over heads.
     """
-    from ..stats import text_read_frequency
-
     if record.spans is None:
         raise InputError("the record has no modality spans: capture with spans to find image anchors")
     rf = record.data.get("text_read_freq")
@@ -74,8 +74,6 @@ def patch_kinds(masks: np.ndarray, grid) -> np.ndarray:
     """``[cells]`` index into :data:`PATCH_KINDS`: object (>= 75% covered by objects), edge (partly
     covered: an object boundary, the high-contrast patches), background (no object). ``grid``: patch
     side in pixels or ``(rows, cols)`` of image tokens (:func:`~unicache_lib.world.scenes.grid_cover`)."""
-    from ..world.scenes import grid_cover
-
     cover = grid_cover(masks.any(0, keepdims=True), grid)[0]
     return np.where(cover >= 0.75, 0, np.where(cover > 0, 1, 2))
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..diagnostics.roc import auroc_interval
 from ..intervals import bootstrap, difference_interval, mean_interval, ratio_interval
+from .architectures import lag1
 
 RULES: dict[str, tuple[str, dict]] = {
     "A1": ("ViLT, mean over layers: (a) image queries' share on image keys above 0.5; (b) image queries' share on "
@@ -118,9 +120,6 @@ def measure_unified(board, describe, answer, series: list, thirds: pd.DataFrame 
     four-object scenes (``thirds``: ``share``, ``error``); ``describe=None``: no unified model. Fewer than two
     non-empty captions, or fewer than two thirds with and without an error, make the claim (criterion) not
     measurable, saying how many there were."""
-    from ..diagnostics.roc import auroc_interval
-    from .architectures import lag1
-
     if describe is None:
         for c in ("A5", "A6"):
             board.measure(c, None, note="no unified model (UNIFIED = None)")

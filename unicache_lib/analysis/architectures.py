@@ -12,10 +12,21 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..capture import AttentionCapture
+from ..capture.decode import decode_with_capture, producing_rows
+from ..capture.record import CaptureResult
+from ..capture.runner import inputs_for
+from ..capture.unified import generate_image_with_capture, to_uint8
 from ..core.errors import InputError
 from ..core.hooks import forward_hooks
 from ..core.modality import BLOCKS, IMAGE, TEXT
+from ..families import family_of
+from ..world.scenes import COLOURS, POSITIONS, SHAPES, make_scene, patch_grid_masks
+from ..world.segment import score_object
+from ..world.text import CAPTION_QUESTION, POSITION_ORDER, caption
+from .generation import stats_stride_of, step_table
 from .layers import layer_band
+from .understanding import head_table
 
 
 def reading_profile(records, model: str, part: str | None = None) -> pd.DataFrame:
@@ -67,8 +78,6 @@ def generator_profile(records, model: str) -> pd.DataFrame:
     """:func:`reading_profile` for a generator's records (joint or cross attention, averaged over steps):
     ``text_image_share`` (joint: text queries' share on image keys; cross: NaN, the text is never a query),
     ``norm_entropy`` (joint: text query rows; cross: image queries over the text keys) and ``cross_modal``."""
-    from .generation import step_table
-
     T = step_table([r for r in records if r.part in ("joint", "cross")])
     T["text_image_share"] = np.where(T.part == "joint", T.share_ti / (T.share_ti + T.share_tt), np.nan)
     T["norm_entropy"] = np.where(T.part == "joint", T.txt_entropy, T.text_entropy)
@@ -85,9 +94,6 @@ def head_roles(records, model: str, focused: float = 0.45, spread: float = 0.8) 
     """One row per (layer, head): its role over samples, from its mean max weight and normalised entropy:
     ``focused`` (a row's largest weight above ``focused`` on average), ``spread`` (normalised entropy above
     ``spread``) or ``mixed``."""
-    from .generation import stats_stride_of
-    from .understanding import head_table
-
     records = list(records)
     stats_stride_of(records)  # exact and sampled records are not averaged together
     if records and "row_entropy" in records[0].data:  # a generator's records: its image queries, over the steps
@@ -124,8 +130,6 @@ def image_queries_blind_to_text(model, n_image: int, layers=None):
     """Inside the block, ViLT's image queries (the last ``n_image`` positions) cannot see the text keys: a
     pre-hook on every self-attention module (or those of ``layers``, layer indices) adds a 4-D mask with ``-inf``
     on (image row, text column). The text still reads the image. Hooks are removed on exit, also on error."""
-    from ..families import family_of
-
     fam = family_of(model)
     if fam.name != "ViLT":  # other families pass their masks otherwise (kwargs, causal implied): a mask added here would
         raise InputError(f"image_queries_blind_to_text edits ViLT's additive attention mask; {fam.name} builds its masks "
@@ -162,9 +166,6 @@ def caption_word_rows(records, tokens: list[str], scene, grid_tokens, grid) -> p
 
     ``tokens``: the prompt + caption tokens (the caption is the text after the last ``:``); ``grid_tokens``:
     indices of the grid cells among the keys; ``grid``: (rows, cols)."""
-    from ..world.scenes import patch_grid_masks
-    from ..world.text import POSITION_ORDER
-
     po = patch_grid_masks(scene.masks, grid)
     rows_g, cols_g = np.divmod(np.arange(len(po)), grid[1])
     halves = {"left": cols_g < grid[1] / 2, "right": cols_g >= grid[1] / 2, "top": rows_g < grid[0] / 2,
@@ -198,8 +199,6 @@ def caption_word_rows(records, tokens: list[str], scene, grid_tokens, grid) -> p
 def cls_focus(records, masks_by_sample: dict, grid, grid_tokens) -> pd.DataFrame:
     """Dual tower (A4): one row per (sample, vision layer): the class token's attention mass on the object patches
     (all objects the caption names) and the objects' area share (what uniform attention would give them)."""
-    from ..world.scenes import patch_grid_masks
-
     rows = []
     for r in records:
         if r.part != "vision":
@@ -217,8 +216,6 @@ def cls_focus(records, masks_by_sample: dict, grid, grid_tokens) -> pd.DataFrame
 def generated_share(result, sample_id: str, n_tokens: int) -> np.ndarray:
     """``[n_tokens, L]``: the image share (mean over heads) of the query row that produced each generated token,
     per captured layer, from :func:`~unicache_lib.capture.decode.decode_with_capture` records."""
-    from ..capture.decode import producing_rows
-
     layers = sorted({r.layer for r in result.records if r.part == "language"})
     return np.stack([producing_rows(result, sample_id, n_tokens, li).float().mean(-1).numpy() for li in layers], -1)
 
@@ -241,8 +238,6 @@ def lag1(series: list[np.ndarray]) -> float:
 def caption_errors(tokens: list[str], scene) -> np.ndarray:
     """Per caption token: is it a colour, shape or position word that no object of the scene has (a named attribute
     that is not in the picture)? Other words are never errors."""
-    from ..world.scenes import COLOURS, POSITIONS, SHAPES
-
     have = {"colour": {o.colour for o in scene.objects}, "shape": {o.shape for o in scene.objects},
             "position": {o.position for o in scene.objects}}
     vocab = {"colour": set(COLOURS), "shape": set(SHAPES), "position": set(POSITIONS)}
@@ -272,8 +267,6 @@ def phrase_errors(tokens: list[str], scene) -> np.ndarray:
 def hard_caption_scenes(n: int, seed: int = 0, size: int = 64) -> list:
     """``n`` scenes on which the shipped captioners make errors (A6 needs some): four objects each, cluttered and
     overlapping scenes alternating (the standard set has 1-4 objects and is captioned ~98% exactly)."""
-    from ..world.scenes import make_scene
-
     if n < 1:
         raise InputError(f"n must be >= 1 scenes, got {n}")
     rng = np.random.default_rng(seed)
@@ -285,10 +278,6 @@ def hard_caption_scenes(n: int, seed: int = 0, size: int = 64) -> list:
 def capture_both_towers(model, processor, samples, mode: str = "stats", part: str = "all"):
     """A dual tower (CLIP) on each sample's image and its caption, one forward per sample (the towers never read
     each other, so a batch would only mix padding in); a :class:`~unicache_lib.capture.record.CaptureResult`."""
-    from ..capture import AttentionCapture
-    from ..capture.record import CaptureResult
-    from ..families import family_of
-
     if family_of(model).name != "CLIP":  # one forward of image and caption is only "both towers" for a dual tower
         raise InputError(f"capture_both_towers runs a dual-tower model (CLIP) on image and caption; "
                          f"{family_of(model).name} reads them in one model. Capture it with capture.runner.capture_samples")
@@ -306,8 +295,6 @@ def fusion_correct(model, processor, questions, blind: bool = False, batch: int 
     """A fusion encoder (ViLT) answering held-out ``questions`` (``heldout_set`` items): ``[n]`` 1.0 where the top
     answer is right; ``blind``: every image query's attention on text keys masked, in every layer or in ``layers``
     (:func:`image_queries_blind_to_text`). Patches go in grid order, so runs repeat exactly."""
-    from ..families import family_of
-
     fam, ok = family_of(model), []
     if fam.name != "ViLT":  # answers come from a classifier over id2label, the processor takes images and text at once
         raise InputError(f"fusion_correct scores a ViLT-style fusion encoder's classifier answers; {fam.name} answers by "
@@ -331,11 +318,6 @@ def cross_caption_rows(model, processor, scenes) -> pd.DataFrame:
     """A cross-attention VLM (Mllama) reading teacher-forced true captions of ``scenes``: :func:`caption_word_rows`
     for every caption, with ``level`` (low / middle / top when there are three cross layers, else ``cross k``) and
     ``object_focus`` (object mass / area share) added; ``sample`` is ``c{i}``."""
-    from ..capture import AttentionCapture
-    from ..capture.runner import inputs_for
-    from ..families import family_of
-    from ..world.text import CAPTION_QUESTION, caption
-
     fam, rows = family_of(model), []
     for i, sc in enumerate(scenes):
         inputs = inputs_for(model, processor, sc.uint8(), None, prompt=f"{fam.prompt(processor, CAPTION_QUESTION)} {caption(sc)}")
@@ -357,9 +339,6 @@ def task_switch(model, processor, questions, max_new_tokens: int = 16):
     ``max_new_tokens``) and answer its question (one token). Returns ``(describe [n], answer [n], series)``: per
     image the mean image share of the caption's tokens and of the answer token, and each caption's per-token image
     share ``[tokens]`` (mean over layers). An image whose caption comes out empty is left out of both tasks."""
-    from ..capture.decode import decode_with_capture
-    from ..world.text import CAPTION_QUESTION
-
     describe, answer, series = [], [], []
     for i, q in enumerate(questions):
         toks, res = decode_with_capture(model, processor, q.scene.uint8(), CAPTION_QUESTION, sample_id=f"d{i}",
@@ -377,9 +356,6 @@ def task_switch(model, processor, questions, max_new_tokens: int = 16):
 def caption_thirds(model, processor, scenes, max_new_tokens: int = 16) -> pd.DataFrame:
     """Captions of ``scenes`` (e.g. :func:`hard_caption_scenes`) cut in thirds: one row per (caption, third) with
     the third's mean image share and whether it holds an error (:func:`phrase_errors`); the rows A6 (b) scores."""
-    from ..capture.decode import decode_with_capture
-    from ..world.text import CAPTION_QUESTION
-
     rows = []
     for i, sc in enumerate(scenes):
         toks, res = decode_with_capture(model, processor, sc.uint8(), CAPTION_QUESTION, sample_id=f"h{i}",
@@ -396,9 +372,6 @@ def draw_with_capture(model, processor, prompts) -> list[dict]:
     ``[H, W, 3]`` uint8, ``score`` (:func:`~unicache_lib.world.segment.score_object` on its first object:
     colour / position / shape; position and shape are judged only where the colour is right) and ``curve``:
     the image share of the query producing each image token after the first (mean over layers and heads)."""
-    from ..capture.unified import generate_image_with_capture, to_uint8
-    from ..world.segment import score_object
-
     out = []
     for i, p in enumerate(prompts):
         conv = [{"role": "user", "content": [{"type": "text", "text": p["short"]}]}]  # the checkpoint's chat layout

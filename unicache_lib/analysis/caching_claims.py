@@ -20,6 +20,10 @@ import numpy as np
 import pandas as pd
 
 from ..intervals import MIN_TIMING_REPEATS, Interval, mean_interval
+from ..tables import WrappedTable
+from ..scoreboard import Measurement
+from ..reuse.evaluate import readings, worst_generator, worst_pareto_gap
+from ..kv.evaluate import against_peers, share_of_full, worst_peer_difference
 
 NEW, NEW_REUSE, MILD = "key_coverage", "step_skip", "step_skip (stride 2)"
 DECISIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # make evaluate's committed results
@@ -96,8 +100,6 @@ def decisive_reuse(generators: list[str], steps: int, guidance: float, results=N
 
 def _overrule(board, decisive: pd.DataFrame, run: str) -> None:
     """Decide every (claim, criterion) the decisive run measured on its interval, this run's beside it."""
-    from ..scoreboard import Measurement
-
     for (cid, crit), d in decisive.iterrows():
         row = board.rows.get(cid)
         if row is None or crit not in row.criteria or pd.isna(d.value):
@@ -117,8 +119,6 @@ def measure_eviction(board, R: pd.DataFrame, budgets, u7: Interval | None, peer_
     interval of locality-shallow minus swapped (None with ``grid_note``, the reason: the family's image tokens form
     no grid); ``peer_methods``: the peers E4 compares with. ``decisive`` (:func:`decisive`): where it has a
     claim, that claim is decided on the decisive run's interval and its row says so, with this run's beside it."""
-    from ..kv.evaluate import against_peers, share_of_full, worst_peer_difference
-
     if u7 is None:
         board.measure("U7", None, note=grid_note or "not measured")
     else:
@@ -174,8 +174,6 @@ def measure_reuse(board, RU: dict, CT: dict, pareto: dict, families: dict, repea
 
 
 def _measure_reuse(board, RU: dict, CT: dict, pareto: dict, families: dict, repeats: int) -> None:
-    from ..reuse.evaluate import worst_generator, worst_pareto_gap
-
     gens = list(RU)
     timed = repeats >= MIN_TIMING_REPEATS
     few = f"{repeats} timing rounds; a wall-clock verdict needs >= {MIN_TIMING_REPEATS}"
@@ -245,8 +243,6 @@ def controls_table(R: pd.DataFrame) -> pd.DataFrame:
     """``key_coverage`` against the pooling control and the two ablations (:data:`CONTROLS`), per budget: paired
     accuracy differences over questions with their interval (:func:`~unicache_lib.kv.evaluate.against_peers`) and
     what each comparison isolates."""
-    from ..kv.evaluate import against_peers
-
     t = against_peers(R, NEW, [m for m in CONTROLS if m in set(R.method)])
     return t.assign(isolates=t.peer.map(CONTROLS)) if len(t) else t
 
@@ -303,8 +299,6 @@ def eviction_recap(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho:
 
 def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float):
     """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`)."""
-    from ..tables import WrappedTable
-
     full, rows = _at(acc, "full", budgets[0]), []
     for b in budgets:
         cand = {m: _at(acc, m, b) for m in (NEW, "divprune", "h2o", "snapkv", "unicache", "random", "kvpress:expected_attention")}
@@ -372,9 +366,6 @@ def reuse_recap(RU: dict, CT: dict, shares: dict, board) -> list[str]:
 
 def reuse_decisions(RU: dict, CT: dict, shares: dict):
     """The measurement -> action table of the reuse lesson (a :class:`~unicache_lib.tables.WrappedTable`)."""
-    from ..reuse.evaluate import readings
-    from ..tables import WrappedTable
-
     rows = []
     for g in RU:
         c = CT[g].loc[NEW_REUSE]

@@ -17,7 +17,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..capture.runner import capture_samples
 from ..intervals import Interval, bootstrap, difference_interval, extreme_of, mean_interval
+from .understanding import layer_table
+from .anchors import batching_overlap, image_reads
+from ..world import samples as sample_set
+from ..stats import row_statistics_in_dtype
+from ..progress import bar
 
 BIAS = 1e-4  # a bias visible at the 4th decimal
 STATISTICS = ("entropy", "max_weight", "sum_sq")  # the row statistics M1 computes in both precisions
@@ -47,10 +53,6 @@ def measure_fp16_bias(board, model, processor, samples, memory_check=None) -> di
     """M1: per sample, full maps captured one sample at a time (``memory_check()`` first, if given), each row statistic
     computed in fp16 and in fp32 arithmetic; the per-sample signed mean difference per statistic, its interval over
     samples recorded per criterion. Returns statistic -> :class:`~unicache_lib.intervals.Interval`."""
-    from ..capture.runner import capture_samples
-    from ..progress import bar
-    from ..stats import row_statistics_in_dtype
-
     if memory_check is not None:
         memory_check()
     bias = {k: [] for k in STATISTICS}
@@ -69,8 +71,6 @@ def measure_fp16_bias(board, model, processor, samples, memory_check=None) -> di
 def measure_repeatability(board, model, processor, samples, res):
     """M2: capture ``samples`` again in ``stats`` mode; per sample the largest |difference| of any statistic from the
     first capture ``res``; the interval of the maximum over samples."""
-    from ..capture.runner import capture_samples
-
     res2 = capture_samples(model, processor, samples, mode="stats")
     per_sample = {}
     for a, b in zip(res, res2):
@@ -84,8 +84,6 @@ def measure_repeatability(board, model, processor, samples, res):
 def measure_batch_anchors(board, res, image_part: str, anchor_k: int):
     """M3: in the deepest layer that reads the image, each sample's top-``anchor_k`` anchors against the anchors of the
     batch-averaged reads (Jaccard per sample, mean interval over samples)."""
-    from .anchors import batching_overlap, image_reads
-
     deep = max(r.layer for r in res if r.part == image_part)
     ov = batching_overlap([image_reads(res[s, deep]) for s in res.samples], anchor_k)
     m3 = mean_interval(ov["per_sample"], "samples")
@@ -109,10 +107,6 @@ def measure_between_sets(board, model, processor, res, image_part: str, per_type
     statistics per sample (mean over layers) of both sets; the largest between-set difference with its interval
     (bootstrap over both sets' samples). Returns the interval and a table per statistic: set A, set B, A - B and,
     with ``per_type >= 2``, the split-half difference within set A (plain sampling noise)."""
-    from ..capture.runner import capture_samples
-    from ..world import samples as sample_set
-    from .understanding import layer_table
-
     other = sample_set.load(per_type=per_type, seed=sample_seed + 1)
     res_b = capture_samples(model, processor, other, mode="stats")
     per_a = layer_table([r for r in res if r.part == image_part]).groupby("sample")[HEADLINE].mean()

@@ -14,8 +14,12 @@ import copy
 import numpy as np
 import pandas as pd
 
-from ..diagnostics.neglect import CUTOFF
+from ..capture.runner import capture_samples
+from ..diagnostics.broken import blank_image, mask_image_attention, zero_image_features, zero_image_values
+from ..diagnostics.neglect import CUTOFF, detect_neglect, image_dependence, text_image_share_per_sample
+from ..diagnostics.roc import auroc, auroc_interval, read_auroc
 from ..intervals import extreme_of, mean_interval
+from ..tables import WrappedTable
 
 RULES: dict[str, tuple[str, dict]] = {
     "U10": (f"(a) healthy model: its lowest layer's image share of text queries' reads above the {CUTOFF:.0%} cut-off "
@@ -40,10 +44,6 @@ def masked_name(layer: int) -> str:
 def broken_variants(model, processor, samples, mask_from_layer: int, seed: int = 0) -> tuple[dict, dict]:
     """The healthy model and four broken variants on ``samples``: ``name -> (records, image dependence (KL))`` and
     ``name -> what the break removes``. Each break is undone when its capture ends (context managers)."""
-    from ..capture.runner import capture_samples
-    from ..diagnostics.broken import blank_image, mask_image_attention, zero_image_features, zero_image_values
-    from ..diagnostics.neglect import image_dependence
-
     blank = [copy.copy(s) for s in samples]
     for s in blank:
         s.image = blank_image(s.image)
@@ -69,8 +69,6 @@ def broken_variants(model, processor, samples, mask_from_layer: int, seed: int =
 def detector_table(variants: dict, breaks: dict, image_part: str) -> tuple[pd.DataFrame, dict]:
     """Per variant: what it breaks, the image share of text queries' reads per layer (``L<k>``), whether the detector
     fires, its first cut-off layer and the image dependence; and name -> per-sample shares ``[samples, layers]``."""
-    from ..diagnostics.neglect import detect_neglect, text_image_share_per_sample
-
     det, shares = {}, {}
     for name, (recs, dep) in variants.items():
         recs = [r for r in recs if r.part == image_part]  # the layers whose keys hold the image
@@ -108,8 +106,6 @@ def measure_neglect(board, det: pd.DataFrame, shares: dict, cross_attention: boo
 def measure_hallucination(board, coverage: np.ndarray, confidence: np.ndarray, wrong: np.ndarray, cross_attention: bool):
     """U12: AUROC of low answer-attention coverage for wrong answers (``coverage``, ``confidence``: higher = more
     trusted, per question; ``wrong``: 0/1), against the confidence baseline."""
-    from ..diagnostics.roc import auroc, auroc_interval, read_auroc
-
     cov, conf, wr = -np.asarray(coverage), -np.asarray(confidence), np.asarray(wrong)
     if cross_attention:
         board.measure("U12", None, note="cross-attention VLM: the answer reads the image only in cross-attention layers, "
@@ -148,8 +144,6 @@ def recap(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int, board) -> 
 
 def decisions(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int):
     """The measurement -> action table of the lesson (a :class:`~unicache_lib.tables.WrappedTable`)."""
-    from ..tables import WrappedTable
-
     c = roc.loc["coverage (low = suspect)"]
     hl, dep0, others = _healthy(det)
     missed = [x for x in others if not det.loc[x, "fires"]]

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..intervals import extreme_of, grouped, mean_interval, ratio_interval
+from .generation import PHASES, phase_of
 from .word_regions import judged
 
 RULES: dict[str, tuple[str, dict]] = {
@@ -63,8 +64,6 @@ def measure_focus_and_similarity(board, T, models, n_prompts: int, cells_falling
     and early). ``cells_falling``: G1's shown note (how many (model, part, layer) cells fall by 0.02 or more);
     ``knees``: the knee table (``early sim`` / ``late sim`` per model). Returns the per-model early-minus-late entropy
     drops (``[n_prompts]`` each), which the decision table reads."""
-    from .generation import PHASES
-
     short = T[T.kind == "short"]
     phase = {f: short[short.phase == f] for f in PHASES}
     drop = [by_prompt(phase["early"][phase["early"].model == m], "img_entropy", n_prompts)
@@ -109,8 +108,6 @@ def measure_conditioning(board, T, gdf: pd.DataFrame, cond: pd.DataFrame, models
     """G6: (a) guidance strength early minus late on short prompts (``gdf``: per model and kind, one column per step;
     guidance-distilled models have none), (b) long prompts' middle-phase text entropy, (c) its excess over short
     prompts'. ``cond``: the per-(model, kind) summary shown beside the verdict."""
-    from .generation import PHASES, phase_of
-
     gsteps = {f: [s for s in range(steps) if phase_of(s, steps) == f] for f in PHASES}
     gdrop = []
     for m in models:

@@ -7,9 +7,15 @@ alike, so even a random model's top patch lands on *some* object often.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import torch
 
+from ..capture import AttentionCapture
+from ..capture.runner import inputs_for
 from ..core.errors import InputError
+from .generation import chance_iou, iou, top_region
+from ..world.scenes import patch_grid_masks
+from ..families import family_of
 
 
 def selectivity(weights, patch_object: np.ndarray, target: int) -> float:
@@ -59,14 +65,6 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
     the most-attended patch on the object), ``iou`` (the word's k most-read patches against the object's k patches)
     and ``chance_iou`` (the same for k random patches).
     """
-    import pandas as pd
-
-    from ..capture import AttentionCapture
-    from ..capture.runner import inputs_for
-    from ..families import family_of
-    from ..world.scenes import patch_grid_masks
-    from .generation import chance_iou, iou, top_region
-
     if query not in QUERIES:
         raise InputError(f"query must be one of {QUERIES}, got {query!r}")
     fam = family_of(model)

@@ -12,7 +12,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..capture.runner import capture_samples
 from ..intervals import difference_interval
+from ..pruning.downstream import downstream_changes, random_heads
+from ..pruning import HeadMask, evaluate as E
 
 RULES: dict[str, tuple[str, dict]] = {
     "P1": ("combined attention-statistics scorer: (a) accuracy drop from pruning 10% below 0.01 (1 point), (b) further "
@@ -41,11 +44,6 @@ def near_uniform_experiment(model, processor, space, qas, ref_logp, samples, ent
     ``table`` (one row per selection), ``changes`` (selection -> per-(sample, layer) changes), ``random`` (the control's
     labels), ``n`` (heads pruned), ``entropy`` (mean normalised entropy of the pruned heads) and ``per_layer`` (the
     deeper layers' entropy move, near-uniform against the random mean)."""
-    from ..capture.runner import capture_samples
-    from ..pruning import HeadMask
-    from ..pruning import evaluate as E
-    from ..pruning.downstream import downstream_changes, random_heads
-
     ent = entropy[shallow]
     uniform = np.zeros(space.shape, bool)
     uniform[shallow] = ent >= np.median(ent)

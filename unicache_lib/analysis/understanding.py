@@ -9,7 +9,7 @@ import torch
 from ..core.errors import InputError
 from ..core.modality import BLOCKS
 from ..stats import gini, top_share
-from .anchors import image_reads
+from .anchors import image_reads, top_anchors
 from .layers import layer_band
 from .token_classes import token_class
 
@@ -109,6 +109,4 @@ def token_flow(records, tokens: dict[str, list[str]], special: set[str] | frozen
 
 def anchor_sets(records, k: int) -> dict[tuple[str, int], np.ndarray]:
     """(sample, layer) -> indices of the top-``k`` image positions read by the text."""
-    from .anchors import top_anchors
-
     return {(r.sample, r.layer): top_anchors(image_reads(r), k) for r in records}
