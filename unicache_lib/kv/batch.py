@@ -31,16 +31,17 @@ from functools import partial
 import torch
 
 from ..capture.runner import to_model
+from ..capture.vlm import AttentionCapture
 from ..core.errors import ContractError, InputError, UnsupportedError
+from ..core.models import language_attn_implementation
+from ..families import family_of
+from ..families.base import VLMFamily
 from .cache import Prefill, PromptSplit, locate_image_kv, picture_encoder
 
 
 def check_batchable(model, split: PromptSplit) -> None:
     """Raise :class:`~unicache_lib.core.errors.UnsupportedError` (saying to use batch size 1) when ``model``'s
     family cannot run eviction in batches here."""
-    from ..families import family_of
-    from ..families.base import VLMFamily
-
     fam = family_of(model)
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     why = None
@@ -80,9 +81,6 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
     batch's cache, ``[1, H, C, D]`` per layer; its maps ``[H, C, C]`` float32 when ``attentions``)."""
     from transformers import DynamicCache
 
-    from ..capture.vlm import AttentionCapture
-    from ..core.models import language_attn_implementation
-    from ..families import family_of
 
     if not splits:
         return []

@@ -22,9 +22,14 @@ from functools import partial
 import torch
 
 from ..capture.runner import to_model
+from ..capture.vlm import AttentionCapture
 from ..core.errors import ContractError, InputError, PrefillPruningUnsupported, PromptError, UnsupportedModelError
 from ..core.hooks import forward_hooks
+from ..core.models import language_attn_implementation
+from ..families import FAMILIES, family_of, supported
 from ..families.base import ImageKV  # declared with the adapters, which return it
+from .policies.base import EvictionContext
+from ..inputs import encode, encode_batch
 
 
 @dataclass
@@ -47,8 +52,6 @@ class PromptSplit:
 
 
 def _family_of_processor(processor):
-    from ..families import FAMILIES, supported
-
     name = type(processor).__name__
     for fam in FAMILIES.values():
         if any(name == f"{mc.replace('ForConditionalGeneration', '')}Processor" for mc in (fam.model_class,)):
@@ -65,9 +68,6 @@ def split_prompt(processor, image, question: str | None, image_token_id: int | N
     cut with the ids. The image and the prompt (``prompt``: a whole prompt of your own instead of the
     family's template around ``question``) are checked by :func:`unicache_lib.inputs.encode`.
     """
-    from ..families import family_of
-    from ..inputs import encode
-
     fam = family_of(model) if model is not None else _family_of_processor(processor)
     enc = encode(processor, image, question, fam, prompt)
     return split_inputs(fam, dict(enc), _image_token_id(processor) if image_token_id is None else image_token_id)
@@ -82,9 +82,6 @@ def _image_token_id(processor) -> int:
 def split_prompts(processor, images, questions, model) -> list[PromptSplit]:
     """:func:`split_prompt` for many (image, question) pairs, encoded in one processor call
     (:func:`~unicache_lib.inputs.encode_batch`); each split equals :func:`split_prompt`'s for its pair."""
-    from ..families import family_of
-    from ..inputs import encode_batch
-
     fam = family_of(model)
     tid = _image_token_id(processor)
     return [split_inputs(fam, enc, tid) for enc in encode_batch(processor, images, questions, fam)]
@@ -130,8 +127,6 @@ class Prefill:
     first_keys: object = None  # (embeddings [n, hidden]) -> [n, H_kv * D]: the first layer's keys (EvictionContext)
 
     def context(self, seed: int = 0, future=None):
-        from .policies.base import EvictionContext
-
         kv = self.image_kv
         layers = self.cache.layers
         reads = [(lambda li=li: (layers[li].keys[0], layers[li].values[0])) for li in kv.layers]
@@ -147,8 +142,6 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
     leaves ``image_kv`` unset (the caller locates it, e.g. after pruning the sequence)."""
     from transformers import DynamicCache
 
-    from ..capture.vlm import AttentionCapture
-    from ..families import family_of
 
     fam = family_of(model)
     split.family = fam
@@ -164,7 +157,6 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
         kw["position_ids"] = full_pos[..., : split.context_ids.shape[1]]
     maps = []
     if attentions:
-        from ..core.models import language_attn_implementation
 
         impl = language_attn_implementation(model)
         if impl != "eager":
@@ -216,8 +208,6 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
     language model) or cross-attention image KV are refused: the pruned sequence would be fed wrong positions
     or masks.
     """
-    from ..families import family_of
-
     fam = family_of(model)
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -337,9 +327,6 @@ def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_
     ``[1, H, Q, K]`` each (K = the keys that layer holds). Positions continue from the original
     context whatever the cache holds.
     """
-    from ..capture.vlm import AttentionCapture
-    from ..families import family_of
-
     fam = family_of(model)
     dev = next(model.parameters()).device
     c = split.context_ids.shape[1]

@@ -15,11 +15,16 @@ import pandas as pd
 import torch
 
 from ..core.errors import ContractError, InputError, UnknownNameError
-from ..core.models import quiet
+from ..core.models import language_attn_implementation, quiet
+from ..families import family_of
+from ..inputs import check_fractions
+from ..intervals import difference_interval, extreme_of, ratio_interval
 from ..progress import bar
 from ..world.scenes import grid_cover
+from .batch import answer_batch, check_batchable, groups_by_context, prefill_batch
 from .cache import (PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt,
                     split_prompts)
+from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
 from .policies import POLICIES
 from .policies.merge import log_size_bias, merge_cache
 
@@ -55,10 +60,6 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     divided by its size. Prefill-stage policies and kvpress presses still run one question at a time. Answers equal
     batch 1's; ``kl`` agrees to float rounding. Families :func:`~.batch.check_batchable` refuses need ``batch_size=1``.
     """
-    from ..families import family_of
-    from ..inputs import check_fractions
-    from .batch import check_batchable, groups_by_context
-
     check_fractions(budgets, "budget", meaning="of the image tokens kept")  # before any question runs
     budgets = list(budgets)
     policies = policies if policies is not None else {n: c() for n, c in POLICIES.items()}
@@ -96,10 +97,6 @@ class _EvictionRun:
 
     def batch(self, items: list) -> None:
         """``items``: ``(question index, question, split)``; one context length when more than one."""
-        from ..core.models import language_attn_implementation
-        from .batch import answer_batch, prefill_batch
-        from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
-
         model, budgets = self.model, self.budgets
         one = len(items) == 1
         sps = [sp for _, _, sp in items]
@@ -236,8 +233,6 @@ def against_peers(df: pd.DataFrame, method: str, peers: list[str]) -> pd.DataFra
     """Paired accuracy difference ``method - peer`` per (budget, peer), 95% interval over questions (Newcombe's score
     interval for 0/1 answers). Columns: budget, peer, method_acc, peer_acc, diff, lo, hi, verdict (``ahead`` / ``behind`` where the
     interval excludes 0, else ``tie``)."""
-    from ..intervals import difference_interval
-
     rows = []
     for b in sorted(df[df.method == method].budget.unique()):
         a = correct_matrix(df, method, b)
@@ -255,8 +250,6 @@ def against_peers(df: pd.DataFrame, method: str, peers: list[str]) -> pd.DataFra
 def worst_peer_difference(df: pd.DataFrame, method: str, peers: list[str]):
     """The smallest ``mean(method) - mean(peer)`` accuracy difference over every (budget, peer) cell, with its
     interval from each cell's paired interval over questions (:func:`~unicache_lib.intervals.extreme_of`)."""
-    from ..intervals import difference_interval, extreme_of
-
     return extreme_of([difference_interval(correct_matrix(df, method, b), correct_matrix(df, p, b), "questions")
                        for b in sorted(df[df.method == method].budget.unique()) for p in peers
                        if ((df.method == p) & (df.budget == b)).any()])
@@ -264,8 +257,6 @@ def worst_peer_difference(df: pd.DataFrame, method: str, peers: list[str]):
 
 def share_of_full(df: pd.DataFrame, method: str, budget: float):
     """``method``'s accuracy at ``budget`` / the full cache's, paired over questions, with its interval."""
-    from ..intervals import ratio_interval
-
     return ratio_interval(correct_matrix(df, method, budget), correct_matrix(df, "full"), "questions")
 
 

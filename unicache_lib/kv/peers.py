@@ -22,6 +22,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..core.errors import InputError
+from ..inputs import check_fraction
+from ..core.models import attn_implementations, set_attn_implementations
 
 MASKED_LABEL = "masked, full memory"
 ADAKV = f"kvpress:adakv_snapkv ({MASKED_LABEL})"
@@ -67,8 +69,6 @@ def needs_sdpa(name: str) -> bool:
 def attention_implementation(model, impl: str):
     """Temporarily switch the attention implementation (restored on exit, also on error); clears
     kvpress's per-module head masks afterwards so they cannot leak into the next run."""
-    from ..core.models import attn_implementations, set_attn_implementations
-
     old = attn_implementations(model)
     set_attn_implementations(model, {**old, "text_config": impl} if isinstance(old, dict) else impl)
     try:
@@ -83,8 +83,6 @@ def attention_implementation(model, impl: str):
 def compression_ratio(n_context: int, n_image: int, budget: float) -> float:
     """The kvpress ratio that leaves as many context positions as a policy keeping ``budget`` of the
     image positions and every other context position."""
-    from ..inputs import check_fraction
-
     budget = check_fraction(budget, "budget", meaning="of the image tokens kept")
     kept = (n_context - n_image) + round(budget * n_image)
     return 1.0 - (kept + 0.5) / n_context  # kvpress keeps int(n * (1 - ratio)) positions
