@@ -52,6 +52,7 @@ from ..core.hooks import ProcessorWrapper, model_hook, processors
 from ..core.models import unwrap
 from ..core.similarity import cosine
 from ..families import UnsupportedModelError
+from ..gen_families import gen_family_of
 
 
 def attention_modules(transformer) -> dict[str, torch.nn.Module]:
@@ -63,8 +64,6 @@ def attention_modules(transformer) -> dict[str, torch.nn.Module]:
 def module_kinds(transformer) -> dict[str, str]:
     """``{module name: kind}`` of the attention modules reuse wraps: ``joint`` / ``single`` (Flux single-stream) /
     ``cross`` / ``self``, as the module's generator family says (:meth:`~unicache_lib.gen_families.GenFamily.reuse_kind`)."""
-    from ..gen_families import gen_family_of
-
     tr = unwrap(getattr(transformer, "transformer", transformer))
     fam = gen_family_of(tr)
     return {s.name: fam.reuse_kind(s) for s in fam.sites(tr) if s.captured}
@@ -251,7 +250,6 @@ class ReuseCache:
             self._stack = ExitStack()
             self._stack.enter_context(model_hook(self.transformer, "unicache_reuse", self._step_forward))
             return self
-        from ..gen_families import gen_family_of
 
         fam, kinds = gen_family_of(unwrap(self.transformer)), module_kinds(self.transformer)
         self._stack = ExitStack()

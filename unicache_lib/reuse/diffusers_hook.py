@@ -30,12 +30,16 @@ sampler's timesteps; a pipeline that rescales them, e.g. Flux's ``t / 1000``, ag
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import asdict
 
+import numpy as np
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
 from ..core.errors import InputError
+from ..inputs import check_count
+from ..quality import psnr
 from .cache import step_call
 from .policies.step_skip import StepSkip
 
@@ -48,8 +52,6 @@ class StepSkipConfig(StepSkip):
     ``num_inference_steps``: ``StepSkipConfig(20)``, ``StepSkipConfig(20, stride=2, weight=0.0)``."""
 
     def __init__(self, num_inference_steps: int, *args, **settings):
-        from ..inputs import check_count
-
         try:
             check_count(num_inference_steps, "num_inference_steps", 1)
         except InputError as e:
@@ -91,7 +93,6 @@ class StepSkipHook(ModelHook):
     def reset_state(self, module):
         n = self.config.num_inference_steps
         if 0 <= getattr(self, "step", -1) < n - 1:
-            import warnings
 
             warnings.warn(f"step_skip was applied for num_inference_steps={n} but the run had {self.step + 1} steps: "
                           f"its schedule was laid out for another run (the last steps it meant to compute were not "
@@ -158,10 +159,6 @@ def calibrate_step_skip(run, reference: list, num_inference_steps: int, transfor
     result. Every (stride, weight) is applied and sampled once; the fastest stride whose best PSNR is within
     1 dB of the best overall wins, with its best weight. Returns the config and one row per setting (stride,
     weight, schedule, computed share, psnr). Calibrate on prompts you will not score on."""
-    import numpy as np
-
-    from ..quality import psnr
-
     def mean_psnr(ref, imgs):
         return float(psnr(np.stack([np.asarray(i) for i in imgs]), np.stack([np.asarray(r) for r in ref])).mean())
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 
 import numpy as np
 import pandas as pd
 
 from ..core.errors import InputError
-from ..intervals import MIN_TIMING_REPEATS, interleaved_timings, speedup_interval
+from ..intervals import (MIN_TIMING_REPEATS, difference_interval, extreme_of, interleaved_timings, mean_interval,
+                         speedup_interval)
 from ..progress import bar
 from ..quality import psnr, ssim
 from ..world.segment import score_object
@@ -172,8 +174,6 @@ def _ran(df: pd.DataFrame, methods: list[str]) -> list[str]:
 
 def _psnr_gap(df: pd.DataFrame, a: str, b: str):
     """PSNR of ``a`` minus ``b`` (dB), mean over prompts, with its paired 95% interval over prompts."""
-    from ..intervals import difference_interval
-
     return difference_interval(np.asarray(df.loc[a, "psnr_per_prompt"], float), np.asarray(df.loc[b, "psnr_per_prompt"], float),
                                "prompts")
 
@@ -185,8 +185,6 @@ def versus(df: pd.DataFrame, method: str, others: list[str]) -> pd.DataFrame:
     rounds, >1: the method is faster) with its interval over rounds; ``flops_ratio`` (the method's FLOPs / the
     other's, a count); ``dominates``: ahead on PSNR and on speed, both intervals excluding a tie, and no more
     FLOPs. Others that did not run (a ``note``) are left out."""
-    from ..intervals import speedup_interval
-
     m = df.loc[method]
     rows = []
     for o in _ran(df, others):
@@ -252,8 +250,6 @@ def worst_pareto_gap(tables: dict, pareto: dict):
     the interval of the *smallest* cell mean, from each cell's interval over prompts (None when no cell has a
     match), the worst cell ``(generator, other, match, mean difference)`` and the ``"other on
     generator"`` cells no setting of ours saves as much as. Prompts must be the same on every generator."""
-    from ..intervals import extreme_of, mean_interval
-
     cells = [(g, o, r.match) for g, p in pareto.items() for o, r in p.iterrows() if r.match is not None]
     unmatched = [f"{o} on {g}" for g, p in pareto.items() for o, r in p.iterrows() if r.match is None]
     if not cells:
@@ -271,8 +267,6 @@ def worst_pareto_gap(tables: dict, pareto: dict):
 def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", minus: str | None = None):
     """The lower of the generators' mean ``column`` (per prompt, e.g. SSIM) of ``method`` — or of ``method`` minus
     ``minus``, paired per prompt — with its interval from each generator's interval over prompts. ``tables``: generator -> :func:`run_reuse` table, scored on the same prompts."""
-    from ..intervals import extreme_of, mean_interval
-
     def per_prompt(df):
         v = np.asarray(df.loc[method, column], float)
         return v - np.asarray(df.loc[minus, column], float) if minus else v
@@ -306,8 +300,6 @@ def gallery(gen, methods: dict, prompt: str, steps: int = 20, guidance: float = 
     :data:`PSNR_CAP`), "schedule": :func:`schedule_of`}``: the lesson's first picture of cross-step reuse. A diffusers
     cache that cannot run on this model (:class:`PeerUnsupported`) is left out with a warning naming why, as
     :func:`run_reuse` leaves it out of its table."""
-    import warnings
-
     if "none" not in methods:
         raise InputError("methods must include 'none' (the reference)")
     out = {}

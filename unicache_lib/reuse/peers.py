@@ -49,10 +49,15 @@ import dataclasses
 import io
 from collections.abc import Mapping
 
+import torch
+
+
 from ..core import compat
 from ..core.errors import InputError, PeerUnsupported
-from ..core.models import quiet
+from ..core.models import quiet, unwrap
+from ..gen_families import GEN_FAMILIES, gen_family_of
 from ..gen_families.base import FamilyPeers  # noqa: F401 - re-exported: tests and forks read it from here
+from ..zoo.sampling import sample
 
 PEERS = ("pab", "fastercache", "first_block", "taylorseer", "magcache")
 
@@ -64,8 +69,6 @@ class _AdapterPeers(Mapping):
     its own ``peers``, so a family registered from one file is configured here too)."""
 
     def _table(self) -> dict:
-        from ..gen_families import GEN_FAMILIES
-
         return {f.key: f.peers for f in GEN_FAMILIES.values() if f.peers is not None}
 
     def __getitem__(self, key):
@@ -84,8 +87,6 @@ FAMILY_ALIASES = {"sd3.5": "sd3"}
 def family_of(transformer) -> str:
     """The :data:`FAMILY_PEERS` key of a diffusers transformer: its generator family's ``key``
     (:func:`unicache_lib.gen_families.gen_family_of`, which names the supported families otherwise)."""
-    from ..gen_families import gen_family_of
-
     key = gen_family_of(transformer).key
     if key not in FAMILY_PEERS:
         raise PeerUnsupported(f"no peer configuration for family {key!r}; configured: {', '.join(FAMILY_PEERS)}")
@@ -94,8 +95,6 @@ def family_of(transformer) -> str:
 
 def _resolve(target) -> tuple[object, str]:
     """(transformer, family) of a library Generator (``.transformer``, ``.family``) or a bare transformer."""
-    from ..core.models import unwrap
-
     tr = getattr(target, "transformer", None)
     if tr is None:
         tr = target
@@ -301,8 +300,6 @@ class DiffusersCache:
 
 def _last_block(transformer):
     """The last block of the transformer's block lists, as FirstBlockCache picks its tail block."""
-    import torch
-
     names = compat.transformer_block_list_names()
     blocks = [b for name, sub in transformer.named_children() if name in names and isinstance(sub, torch.nn.ModuleList)
               for b in sub]
@@ -330,7 +327,5 @@ def calibrate_magcache(target, n_steps: int, run, guidance: float = 3.0) -> list
 def magcache_ratios(gen, prompts: list[str], n_steps: int, guidance: float = 3.0, seed: int = 0) -> list[float]:
     """MagCache's magnitude ratios for this generator and schedule, from one calibration run of the
     library's loop on ``prompts`` (hold them out from the prompts the methods are scored on)."""
-    from ..zoo.sampling import sample
-
     return calibrate_magcache(gen, n_steps, lambda pc: sample(gen, prompts, n_steps, guidance, seed=seed, callbacks=[pc]),
                               guidance)

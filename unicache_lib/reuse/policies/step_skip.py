@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import InputError
+from ...inputs import check_count, check_fraction, check_number
 from .base import ReusePolicy, register
 
 
@@ -87,8 +88,6 @@ class StepSkip(ReusePolicy):
 
     def __post_init__(self):
         """Every field checked on construction (a typo never runs a schedule with no reuse in it, or NaN images)."""
-        from ...inputs import check_count, check_fraction, check_number
-
         check_fraction(self.head, "head", upper_inclusive=False, meaning="the share of first steps always computed")
         check_fraction(self.tail, "tail", upper_inclusive=False, meaning="the share of last steps always computed")
         if self.head + self.tail > 1:  # (exactly 1 is a schedule that reuses nothing: notebook 03 may advise it)
