@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..capture.runner import capture_samples
 from ..core.errors import InputError
 from .heads import HeadMask, HeadSpace
 
@@ -39,8 +40,6 @@ def downstream_changes(model, processor, space: HeadSpace, samples, keep, skip_l
 
     ``samples``: a standard sample list (:func:`unicache_lib.world.samples.load`); ``base``: the unpruned
     stats records of those samples, to reuse over several masks (captured here when None)."""
-    from ..capture.runner import capture_samples
-
     if base is None:
         base = capture_samples(model, processor, samples, progress=False).records
     with HeadMask(space, torch.as_tensor(keep, dtype=torch.float32)):

@@ -7,20 +7,27 @@ import inspect
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
+from ..capture.runner import answer_logits
 from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.hooks import forward_hooks
 from ..gen_families.base import GEN_FAMILIES, gen_family_of
+from ..inputs import check_fractions
+from ..progress import bar
 from ..quality import psnr, ssim
 from ..world.segment import score_object
+from .heads import HeadMask
+from ..zoo.tiny_generators import training_example
+from ..zoo.sampling import sample, to_uint8
+from ..zoo import tiny_generators as tg
+from ..world.text import prompt_set
 
 
 @torch.no_grad()
 def answer_logprobs(model, processor, qas, batch: int = 100) -> torch.Tensor:
     """``[N, vocab]`` log-probabilities of the first answer token for world questions."""
-    from ..capture.runner import answer_logits
-
     imgs = np.stack([q.scene.uint8() for q in qas])
     return torch.log_softmax(answer_logits(model, processor, [q.question for q in qas], imgs, batch), -1)
 
@@ -49,8 +56,6 @@ def generation_metrics(images: np.ndarray, reference: np.ndarray, objects: list[
 
 def understanding_loss_fns(model, processor, qas, batch: int = 32) -> list:
     """Closures: cross-entropy of the answer token on batches of ``qas`` (for the gradient scorer)."""
-    from ..capture.runner import answer_logits
-
     fns = []
     for s in range(0, len(qas), batch):
         chunk = qas[s : s + batch]
@@ -109,8 +114,6 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
     if getattr(gen, "pipe", None) is not None:
         return _pipeline_loss_fns(gen, n_batches, 4 if batch is None else batch, seed, steps, guidance)
     batch = 16 if batch is None else batch
-    from ..zoo import tiny_generators as tg
-    from ..zoo.tiny_generators import training_example
 
     rng = np.random.default_rng(seed)
     fns = []
@@ -208,8 +211,6 @@ def record_transformer_call(gen, prompts: list[str], steps: int, guidance: float
     ``(kwargs, latents)``: the arguments of the transformer's first call by name, exactly as the pipeline
     passed them (where it batches classifier-free guidance as ``[uncond | cond]``, the conditional rows
     only), and the latents after the last step (``on_step_end``; Flux: packed)."""
-    from ..zoo.sampling import sample
-
     tr = gen.transformer
     rec = _FirstCall(tr)
     with forward_hooks([(tr, "forward_pre", rec.pre_hook)]):
@@ -247,8 +248,6 @@ class LossBatch:
 def pipeline_loss_batches(gen, n_batches: int = 4, batch: int = 4, seed: int = 0, steps: int = 2,
                           guidance: float = 3.0) -> list[LossBatch]:
     """The fixed batches behind a pipeline's :func:`generation_loss_fns` (its docstring says what they are)."""
-    from ..world.text import prompt_set
-
     objective = generation_objective(gen)  # before any sampling
     tr, sched, fam = gen.transformer, gen.scheduler, gen.family
     n_train = int(sched.config.num_train_timesteps)
@@ -301,12 +300,6 @@ def sweep_understanding(model, processor, space, scores: dict, fractions, qas, r
     """Accuracy / agreement / KL for every (scorer, fraction). ``scores``: label -> ``[units, heads]``.
     Returns a tidy DataFrame with one row per (label, fraction); ``correct_q`` holds the per-question
     outcomes (bool ``[N]``)."""
-    import pandas as pd
-
-    from ..inputs import check_fractions
-    from ..progress import bar
-    from .heads import HeadMask
-
     check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
     fractions = list(fractions)
     ref = answer_logprobs(model, processor, qas) if ref_logp is None else ref_logp
@@ -330,13 +323,6 @@ def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, step
     decoded images of ``sample(gen, prompts, steps, guidance, seed)``: the tiny generators' pixels or a
     pipeline's VAE-decoded output (:class:`~unicache_lib.zoo.pipelines.PipelineGenerator`), every run with
     the same seeds. Returns ``(DataFrame with one row per (scorer, fraction), reference uint8 images)``."""
-    import pandas as pd
-
-    from ..inputs import check_fractions
-    from ..progress import bar
-    from ..zoo.sampling import sample, to_uint8
-    from .heads import HeadMask
-
     check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
     fractions = list(fractions)
     ref = to_uint8(sample(gen, prompts, steps, guidance, seed=seed))

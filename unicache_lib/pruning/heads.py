@@ -22,6 +22,8 @@ from ..capture.vlm import attention_sites
 from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.hooks import forward_hooks
 from ..core.models import unwrap
+from ..inputs import check_fraction
+from ..gen_families import gen_family_of
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,6 @@ class HeadSpace:
         model = unwrap(model)
         units = []
         if any(hasattr(m, "to_q") and hasattr(m, "processor") for m in model.modules()):
-            from ..gen_families import gen_family_of
 
             for s in gen_family_of(model).sites(model):
                 if s.captured or mapless:
@@ -123,8 +124,6 @@ class HeadSpace:
         """``[units, heads]`` 0/1 mask that prunes ``round(fraction * n_heads)`` heads with the lowest
         ``scores`` (ties: lower unit, then lower head first). ``eligible`` (bool, same shape) limits
         which heads may be pruned. At least one head per unit is always kept."""
-        from ..inputs import check_fraction
-
         fraction = check_fraction(fraction, "fraction", upper_inclusive=False, meaning="of the heads pruned")
         s = np.asarray(scores, dtype=float)
         if s.shape != self.shape:

@@ -13,6 +13,7 @@ import torch
 
 from ...core.errors import ContractError, InputError
 from ...core.registry import Registry, registrar
+from ...gen_families import gen_family_of
 from ..heads import HeadSpace
 
 SCORERS: dict[str, type["HeadScorer"]] = Registry("head scorer")
@@ -68,7 +69,6 @@ def head_statistics(ctx: ScoringContext) -> dict[str, np.ndarray]:
     space = ctx.space
     mapless = [u for u in space.units if not getattr(u, "mapped", True)]
     if mapless:
-        from ...gen_families import gen_family_of
 
         why = gen_family_of(space.model).uncaptured.get(mapless[0].part, "it forms no softmax map")
         raise InputError(f"{len(mapless)} units have no attention map to take statistics of "
