@@ -21,12 +21,11 @@ import torch
 
 from ..capture.vlm import find_attention_modules
 from ..core.hooks import forward_hooks
+from ..families import family_of
 
 
 @contextmanager
 def zero_image_features(model):
-    from ..families import family_of
-
     with forward_hooks([(family_of(model).projector(model), "forward", lambda m, a, k, out: torch.zeros_like(out))]):
         yield model
 
@@ -40,8 +39,6 @@ def _track_image(model) -> tuple[dict, tuple]:
     """``(state, hook)``: ``hook``, a pre-hook on ``model`` for :func:`~unicache_lib.core.hooks.forward_hooks`, keeps
     each forward's image tokens, bool ``[S]`` of the self-attention sequence, in ``state["img"]`` (None without
     ``input_ids``)."""
-    from ..families import family_of
-
     fam = family_of(model)
     state: dict = {}
 
@@ -86,8 +83,6 @@ def hide_keys(model, hidden):
 def mask_image_attention(model, from_layer: int):
     """Text queries cannot attend to image keys in layers >= ``from_layer`` (eager attention).
     Caught by construction: it forces the image share of the text queries' reads to 0, so a detector of low shares sees it."""
-    from ..families import family_of
-
     fam = family_of(model)
     if fam.cross_attention:
         with _gate_cross_attention(model, fam, from_layer):

@@ -11,7 +11,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..capture import AttentionCapture
+from ..capture.runner import inputs_for
 from ..core.errors import InputError
+from ..families import family_of
 from ..progress import bar
 
 
@@ -21,10 +24,6 @@ def answer_attention(model, processor, qas, progress: bool | None = None, layers
     Needs an eager model (attention weights). The layers read are those whose keys include the image
     (a cross-attention VLM: its cross-attention layers); ``layers`` (indices of those layers, e.g. the
     shallow band) averages coverage and concentration over these only (None: all)."""
-    from ..capture import AttentionCapture
-    from ..capture.runner import inputs_for
-    from ..families import family_of
-
     tok = processor.tokenizer
     fam = family_of(model)
     part = fam.image_part

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ..capture.runner import inputs_for
 from ..core.errors import InputError
 from ..core.modality import BLOCKS
 
@@ -67,10 +69,6 @@ def image_dependence(model, processor, samples, seed: int = 0) -> float:
     """Mean KL(answer with its image || answer with another sample's image) over ``samples``: how much
     the answers depend on the image at all. Near 0 = the image is ignored, whatever the attention
     shares say (the complement the attention-share detector needs, see notebook 07)."""
-    import torch
-
-    from ..capture.runner import inputs_for
-
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(samples))
     perm = np.where(perm == np.arange(len(samples)), np.roll(perm, 1), perm)

@@ -31,7 +31,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import plots
+from ..analysis.anchors import image_reads
+from ..analysis.generation import step_table
+from ..analysis.understanding import layer_table
 from ..core.errors import ReportError
+from ..core.modality import BLOCKS
+from ..plots import literal_text
 from ..store import Store, StoreError, _atomic_write_bytes
 from .neglect import detect_neglect
 
@@ -43,9 +48,6 @@ GENERATOR_KEYS = ("row_entropy", "max_weight", "sim_prev", "block_entropy", "blo
 
 
 def _understanding_figures(label, recs, out, stem=None):
-    from ..analysis.anchors import image_reads
-    from ..analysis.understanding import layer_table
-
     stem = stem or label
     L = layer_table(recs)
     figs, notes = [], []
@@ -59,7 +61,6 @@ def _understanding_figures(label, recs, out, stem=None):
     figs.append(plots.save(plots.read_frequency_heatmap(rf, mine[0].spans, f"{label}: read frequency, sample {s0}"),
                            out, f"{stem}_read_frequency"))
     if "blocks" in recs[0].data and all(r.spans is not None and r.spans.n_image for r in recs):
-        from ..core.modality import BLOCKS
 
         b = np.mean([r.data["blocks"].mean(0).numpy() for r in recs], 0)
         figs.append(plots.save(plots.bars(dict(zip(BLOCKS, map(float, b))), f"{label}: modality blocks (mean of {len(recs)} records)",
@@ -77,8 +78,6 @@ def _understanding_figures(label, recs, out, stem=None):
 
 
 def _generation_figures(label, recs, out, stem=None):
-    from ..analysis.generation import step_table
-
     stem = stem or label
     T = step_table(recs)
     figs = []
@@ -179,7 +178,6 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
         raise ReportError("no stores given")
     loaded = {label: load_store(path) for label, path in stores.items()}  # everything checked before drawing
     sections, taken = [], set()
-    from ..plots import literal_text
 
     # labels, model names and prompts from the stores drawn as typed (math text off: `$\frac{$` shows, not fails)
     with tempfile.TemporaryDirectory(prefix="unicache-report-") as tmp, literal_text():

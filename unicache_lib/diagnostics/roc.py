@@ -1,10 +1,15 @@
 """AUROC without a fitting library: the Mann-Whitney statistic, ties counted half."""
 from __future__ import annotations
 
+import dataclasses
+
+
 import numpy as np
+import pandas as pd
 from scipy.stats import rankdata
 
 from ..core.errors import InputError
+from ..intervals import grouped
 
 
 def auroc(scores, labels) -> float:
@@ -34,10 +39,6 @@ def auroc_interval(scores, labels, unit: str = "questions", n_boot: int = 2000, 
     no reason). ``versus`` (another ``[n]`` score): the interval of ``AUROC(scores) - AUROC(versus)`` on the same
     resamples (paired). Returns an :class:`~unicache_lib.intervals.Interval` whose ``n`` is the number of items
     and whose unit names the stratification; raises when either class has fewer than 2 items."""
-    import dataclasses
-
-    from ..intervals import grouped
-
     s = np.asarray(scores, dtype=float)
     y = np.asarray(labels, dtype=bool)
     v = None if versus is None else np.asarray(versus, dtype=float)
@@ -73,8 +74,6 @@ def auroc_table(scores: dict, labels, unit: str = "questions", n_boot: int = 200
     """One row per named score (``{name: [n] scores, high = positive}``): AUROC with its stratified 95% interval
     (:func:`auroc_interval`) and its reading (:func:`read_auroc`): columns ``auroc, lo, hi, strength,
     direction, separates``."""
-    import pandas as pd
-
     rows = {}
     for name, sc in scores.items():
         iv = auroc_interval(sc, labels, unit, n_boot, seed)
