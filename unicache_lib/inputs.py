@@ -30,6 +30,7 @@ import torch
 
 from .core.errors import ImageError, InputError, InputTypeError, LayerError, PromptError, UnsupportedModelError
 from .core.modality import SpanError, Spans
+from .families import FAMILIES
 
 MIN_IMAGE_SIDE = 2
 EXPECTED_IMAGE = ("an (H, W, 3) uint8 RGB array (also accepted: (H, W) grayscale, (H, W, 4) RGBA, channels-first "
@@ -150,7 +151,6 @@ def default_family(family=None):
     """``family``, or the LLaVA-1.5 family (the shipped tiny model's) when None."""
     if family is not None:
         return family
-    from .families import FAMILIES
 
     return FAMILIES["LLaVA-1.5"]
 

@@ -27,8 +27,15 @@ import difflib
 import re
 import warnings
 
-from .core.errors import InputError, ParameterError
+import torch
+
+
+from .core.errors import InputError, ParameterError, UnicacheError
 from .inputs import check_fraction, check_fractions
+from .zoo.loaders import DTYPES, SHIPPED, closest_shipped, resolve
+from .world.text import read_prompts
+from .world.samples import load
+from .paths import project_path
 
 # one idea, one name: the names 03-05 used until this release, still accepted (with a FutureWarning) for one more
 RENAMED = {"UNDERSTANDING_MODEL": "MODEL", "MODELS": "GENERATORS"}
@@ -64,9 +71,6 @@ def number(lo: float = 0.0, strict: bool = True):
 def _model_found(name, v):
     """The model ``v`` names resolves without loading or the network (a shipped name, a folder, a cached hub id), or
     the parameter fails in one line with the closest shipped names."""
-    from .core.errors import UnicacheError
-    from .zoo.loaders import SHIPPED, closest_shipped, resolve
-
     try:
         resolve(v, reach=False)  # never the network here: an uncached hub id is judged when the model loads
     except UnicacheError as e:
@@ -116,7 +120,6 @@ def models(empty_ok: bool = False):
 def device(name, v):
     if not isinstance(v, str) or not (v in ("auto", "cpu", "mps") or v == "cuda" or v.startswith("cuda:")):
         _fail(name, v, "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-    import torch
 
     if v.startswith("cuda"):
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -128,8 +131,6 @@ def device(name, v):
 
 
 def dtype(name, v):
-    from .zoo.loaders import DTYPES
-
     if not (v == "auto" or str(v).replace("torch.", "") in DTYPES):
         _fail(name, v, f"must be 'auto' or one of {sorted(DTYPES)}")
 
@@ -200,7 +201,6 @@ def _your_data(name, v, found, read, expected: str) -> None:
     naming ``expected`` (or the reader's own message, which names the file, the line and the fix)."""
     if v is None:
         return
-    from .paths import project_path
 
     if not isinstance(v, (str, Path)):
         _fail(name, v, expected)
@@ -217,8 +217,6 @@ def _your_data(name, v, found, read, expected: str) -> None:
 
 def samples_folder(name, v):
     """None (the shipped set) or a folder :func:`unicache_lib.world.samples.load` reads, checked line by line now."""
-    from .world.samples import load
-
     _your_data(name, v, Path.is_dir, load, "must be None (the shipped sample set) or a folder of your samples: images "
                "with a metadata.jsonl (file_name, question[, answer]) -- `make samples` writes an example")
 
@@ -226,15 +224,11 @@ def samples_folder(name, v):
 def prompts_file(name, v):
     """None (the synthetic prompts) or a ``prompts.jsonl`` (or a folder holding one) that
     :func:`unicache_lib.world.text.read_prompts` reads, checked line by line now."""
-    from .world.text import read_prompts
-
     _your_data(name, v, Path.exists, read_prompts, "must be None (the synthetic prompts) or your prompts.jsonl: one "
                "{\"prompt\": ...} per line (objects optional) -- `make samples` writes an example")
 
 
 def out_dir(name, v):
-    from .paths import project_path
-
     if not isinstance(v, (str, Path)) or not str(v).strip():
         _fail(name, v, "must be a folder path, e.g. 'outputs/mine'")
     if project_path(v).exists() and not project_path(v).is_dir():

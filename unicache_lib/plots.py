@@ -4,6 +4,8 @@ Widgets (``widgets.py``) only call these functions.
 """
 from __future__ import annotations
 
+import functools
+import zlib
 from contextlib import contextmanager
 
 import warnings
@@ -12,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .analysis.layers import band_layers
 from .core.errors import InputError
 from .core.modality import Spans
 
@@ -96,7 +99,6 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
     n = _mean_bands(ax, values, "n_layers", "o", layers)
     x = list(range(n)) if (layers is None and n) else list(layers or [])
     if n and bands:
-        from .analysis.layers import band_layers
 
         for i, (lab, ls) in enumerate(band_layers(n_layers or max(x) + 1).items()):
             inside = [li for li in x if li in ls]
@@ -581,8 +583,6 @@ def method_style(name: str) -> dict:
     (fewer-step controls ``steps:N`` share one grey; a press labelled with a note, e.g. ``kvpress:adakv_snapkv (masked,
     full memory)``, is looked up without it), else a tab10 colour (never the controls' grey) chosen from the name's
     checksum. The designed policies are thick."""
-    import zlib
-
     base = str(name).split(" (")[0] if str(name) not in METHOD_COLOURS else str(name)
     key = "steps" if base.startswith("steps:") else base
     if key in METHOD_COLOURS:
@@ -727,8 +727,6 @@ def literal_text():
 def _literal_text(fn):
     """Every text of the figure ``fn`` returns drawn as typed (math text off): a label, token or question from your
     data holding ``$`` shows its dollars instead of failing the figure (``$\\frac{$``) or turning into math."""
-    import functools
-
     @functools.wraps(fn)
     def drawn(*args, **kwargs):
         with literal_text():  # texts made (and laid out) inside: literal

@@ -29,12 +29,20 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
+
 from .core.errors import ContractError
+from .zoo.builders.standins import STANDINS
+from .zoo.builders.gen_standins import GEN_STANDINS
+from .zoo.builders import gen_standins, standins
+from .progress import bar
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_CSV = ROOT / "benchmarks" / "results" / "rehearsal.csv"
@@ -102,7 +110,6 @@ def run_measured(nb: str, params: dict, out_nb: Path, timeout: int = 7200) -> di
         raise
     wall = time.perf_counter() - t0
     # ru_maxrss of reaped children (KB on Linux): papermill and its kernel
-    import resource
 
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     if proc.returncode != 0:
@@ -113,9 +120,6 @@ def run_measured(nb: str, params: dict, out_nb: Path, timeout: int = 7200) -> di
 def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32", progress: bool | None = None) -> list[dict]:
     """Build each stand-in and run ``notebooks`` on it. Returns one row per (model, notebook). ``progress``: a bar
     over the runs and a line per run (None: :func:`unicache_lib.progress.enabled`; False: silent)."""
-    from .progress import bar
-    from .zoo.builders import standins
-
     rows = []
     runs = bar(total=len(models) * len(notebooks), progress=progress, desc="rehearsal")
     for name in models:
@@ -145,11 +149,6 @@ def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype
     """Build each pipeline stand-in and run the generator ``notebooks`` on it; one row per (model, notebook),
     with notebook 06's reuse speed-ups in ``reuse``. Each finished row is also appended to
     ``out/partial.csv``, and pairs already there are not run again (a failed or interrupted run resumes)."""
-    import pandas as pd
-
-    from .progress import bar
-    from .zoo.builders import gen_standins
-
     partial = out / "partial.csv"
     done = {(r["model"], r["notebook"]): r for r in pd.read_csv(partial, keep_default_na=False).to_dict("records")} \
         if partial.exists() else {}
@@ -183,8 +182,6 @@ def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype
 
 def reuse_summary(out_dir: Path) -> str:
     """``method speed-up`` pairs from an executed notebook 06's reuse table (``reuse.csv``)."""
-    import pandas as pd
-
     f = Path(out_dir) / "reuse.csv"
     if not f.exists():
         return ""
@@ -208,8 +205,6 @@ def _isolated(nb: str, params: dict, out_nb: Path) -> dict:
 def write_results(rows: list[dict], csv: Path = RESULTS_CSV, readme: Path | None = ROOT / "docs" / "REHEARSAL.md",
                   total_s: float | None = None) -> None:
     """The table as CSV (atomically) and as the README section between the markers."""
-    import pandas as pd
-
     df = pd.DataFrame(rows)
     _write_csv(df, csv)
     if readme is None:
@@ -235,8 +230,6 @@ def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CS
                       total_s: float | None = None) -> None:
     """The generator table as CSV (atomically) and as the README section between the generator markers;
     ``shipped``: the shipped generators' speed-ups (from notebook 06's committed run) for the last line."""
-    import pandas as pd
-
     df = pd.DataFrame(rows)
     _write_csv(df, csv)
     if readme is None:
@@ -289,8 +282,6 @@ def _rel(p: Path) -> str:
 
 
 def main(argv=None):
-    from .zoo.builders.standins import STANDINS
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--side", choices=("understanding", "generation"), default="understanding")
     ap.add_argument("--models", nargs="*", default=None)
@@ -302,7 +293,6 @@ def main(argv=None):
     a = ap.parse_args(argv)
     out = Path(a.out)
     if a.side == "generation":
-        from .zoo.builders.gen_standins import GEN_STANDINS
 
         models, notebooks = a.models or list(GEN_STANDINS), a.notebooks or list(GEN_NOTEBOOKS)
         bad = [nb for nb in notebooks if nb not in GEN_PARAMS]

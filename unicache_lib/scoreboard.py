@@ -19,11 +19,18 @@ Claim texts paraphrase the study's write-ups (ids as in the project's CLAIMS lis
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
+import pandas as pd
+
+from pathlib import Path
+from html import escape
+
 from .core.errors import ContractError, InputError, UnknownNameError
 from .intervals import Interval, n_to_settle
+from .store import _atomic_write_bytes
 from .tables import WrappedTable
 
 HOLDS, NOT, INCONCLUSIVE, PARTLY = "holds", "does not hold", "inconclusive", "partly"
@@ -297,8 +304,6 @@ class Scoreboard:
 
     def table(self):
         """One row per claim: statement, measured, value, interval, n, unit, rule, verdict, note."""
-        import pandas as pd
-
         self._check_complete()
         rows = []
         for r in self.rows.values():
@@ -324,11 +329,6 @@ class Scoreboard:
         """Write the rows as JSON (atomically) for tests, the report and the replication table.
         Top-level ``value`` / ``lo`` / ``hi`` / ``n`` / ``unit`` are the (first) criterion's; every
         criterion is listed under ``criteria``."""
-        import json
-        from pathlib import Path
-
-        from .store import _atomic_write_bytes
-
         self._check_complete()
         out = []
         for r in self.rows.values():
@@ -390,8 +390,6 @@ class ScoreboardView(WrappedTable):
         return None if not text or (field in ("n", "unit") and text == "-") else text
 
     def _repr_html_(self) -> str:
-        from html import escape
-
         cols = ["claim", *self.table.columns]
         wide = {"statement": "16em", "rule": "18em", "note": "14em", "measured": "12em"}
         head = "".join(f'<th style="text-align:left">{escape(c)}</th>' for c in cols)

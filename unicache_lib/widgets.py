@@ -6,12 +6,15 @@ those three stops), and an incomplete capture (a layer or step missing for some 
 when the panel is built, so no slider position can reach a missing record."""
 from __future__ import annotations
 
+import base64
+import io
 from itertools import product
 
 from . import plots
 from .analysis.token_classes import content_position
 from .capture.record import CaptureResult, Record
 from .core.errors import InputError
+from .core.untrusted import html_text
 from .plots import quoted
 
 
@@ -53,9 +56,6 @@ def _show(out, fig):
     ``clear_output(wait=True)``: headless executors (papermill / nbclient) intercept captured output
     through the kernel's message ids, and that path intermittently left a run waiting forever on the
     explorer cell (nbclient issue 312); a state update has no such path."""
-    import base64
-    import io
-
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -164,8 +164,6 @@ def model_explorer(per_model: dict):
 
 
 def _html(text: str) -> str:
-    from .core.untrusted import html_text
-
     return html_text(text)
 
 
