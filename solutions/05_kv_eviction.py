@@ -35,6 +35,9 @@ def _anchor_policy():
     if "notebook_anchors" in POLICIES:
         return POLICIES["notebook_anchors"]
 
+    def choose(reads, k):  # the starter cell's gap: one layer's k most-read image positions
+        return top_k(reads, k)
+
     @register
     class NotebookAnchors(EvictionPolicy):
         """Keeps, in every layer, the image positions the standard samples' *text* queries read most in that
@@ -59,7 +62,7 @@ def _anchor_policy():
             if len(self.reads) != ctx.n_layers:
                 raise ValueError(f"anchors were measured on {len(self.reads)} layers, the cache has {ctx.n_layers}: "
                                  "build the policy from the model being evicted (model_name=...)")
-            return [top_k(r, k) for r in self.reads]
+            return [choose(r, k) for r in self.reads]
 
     return NotebookAnchors
 
@@ -122,7 +125,8 @@ def exercise_2(quick: bool = False) -> dict:
     from unicache_lib.world.questions import heldout_set
 
     pool = heldout_set(60 if quick else 600, seed=SEED + 2024, qtypes=("exists",))
-    qas = [q for q in pool if q.answer == "no"][: 8 if quick else 150]
+    answer = "no"  # the starter cell's gap
+    qas = [q for q in pool if q.answer == answer][: 8 if quick else 150]
     budgets = [0.1, 0.25] if quick else [0.1, 0.25, 0.5]
     R = _eviction(qas, budgets, [n for n in POLICIES if n != "notebook_anchors"])
     wrong = 1 - R[R.kind == "policy"].groupby(["method", "budget"]).correct.mean().unstack("budget")
@@ -162,7 +166,8 @@ def exercise_3(quick: bool = False) -> dict:
         torch.manual_seed(SEED)
         LlavaForConditionalGeneration(tl.build_config(tok, lm_layers=3, lm_heads=4, kv_heads=2)).save_pretrained(d)
         tl.build_processor(tok).save_pretrained(d)
-    model, processor = load_understanding(str(d), attn_implementation="eager", verify=False)
+    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your model's path or hub id
+    model, processor = load_understanding(checkpoint, attn_implementation="eager", verify=False)
     qas = heldout_set(3 if quick else 50, seed=SEED + 2024)
     try:
         peers = press_factories()
