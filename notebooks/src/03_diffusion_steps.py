@@ -75,47 +75,62 @@ prompts = load_prompts(PROMPTS, N_SINGLE, N_PAIRS, SEED)  # N_SINGLE prompts, th
 # %% [markdown]
 # ## 0. A first look: does a word look at what it names?
 #
-# The first two-object prompt of the set (sampled with the same seed as in the later sections). Left, what each
-# generator drew; right, the image queries' attention to each colour and shape word, averaged over heads, layers
-# and steps. A figure's panels share one colour scale from 0: compare their brightness, not only where each is
-# brightest.
+# A two-object prompt whose objects differ in colour and in shape (so each word names one object), the first of the
+# set that both generators draw in full (sampled with the same seed as in the later sections). Left, what each
+# generator drew; right, the image queries' attention to each colour and shape word, averaged over heads, layers and
+# steps, in multiples of an even read (× uniform: 1 is chance, marked on the colour bar). A figure's panels share one
+# scale: compare their brightness, not only where each is brightest.
 
 # %%
-from unicache_lib.analysis.word_regions import drawn_objects, word_region_table
+from unicache_lib.analysis.word_regions import distinct_objects, drawn_objects, fully_drawn, word_region_table
 
-look_i = N_SINGLE if N_PAIRS else 0  # the first two-object prompt
-look = {m: capture_generation(g, [prompts[look_i]["short"]], "look", None, STEPS, GUIDANCE, SEED + look_i, layers=LAYERS)
-        for m, g in gens.items()}
+cands = [i for i in range(N_SINGLE, N_SINGLE + N_PAIRS) if distinct_objects(prompts[i])] + list(range(min(N_SINGLE, 2)))
+look, look_at, tried = {}, {}, {}
+for m, g in gens.items():  # each generator's first candidate drawn in full: pairs first, then one-object prompts
+    for tried[m], i in enumerate(cands or [0], 1):
+        look[m] = capture_generation(g, [prompts[i]["short"]], "look", None, STEPS, GUIDANCE, SEED + i, layers=LAYERS)
+        look_at[m] = i
+        if fully_drawn(look[m].images[0], prompts[i]):
+            break
 for m, run in look.items():
     W = G.word_maps(run.result.records, run.sample_ids[0])  # [real text tokens, image tokens]
-    words = set(named_words(prompts[look_i]))  # its objects' colour and shape words (your prompts: its content words)
-    fig = plots.word_regions(run.images[0], {t: W[j] for j, t in enumerate(run.tokens[0]) if t in words},
-                             f"{m}: {prompts[look_i]['short']!r}")
+    words, maps = set(named_words(prompts[look_at[m]])), {}  # colour and shape words (your prompts: content words)
+    for j, t in enumerate(run.tokens[0]):
+        if t in words:
+            maps[t if t not in maps else f"{t} (again)"] = W[j]  # a repeated word keeps both panels
+    joint = "joint" in gen_family_of(gens[m].transformer).parts  # joint: image and text keys; cross: the real words
+    keys = gens[m].image_tokens + gens[m].text_tokens if joint else W.shape[0]
+    fig = plots.word_regions(run.images[0], maps, f"{m}: {prompts[look_at[m]]['short']!r}", keys=keys)
     _ = plots.save(fig, out, f"first_look_{m}")
+    print(f"{m}: an image query reads {keys} keys (1 × uniform = 1/{keys}); the brightest word peaks at "
+          f"{max(float(v.max()) for v in maps.values()) * keys:.1f} × uniform")
 
 # %%
 # NBVAL_CHECK_OUTPUT
 for m, run in look.items():
-    drawn = drawn_objects(run.images[0], prompts[look_i])
+    p = prompts[look_at[m]]
+    print(f"{m}: prompt {look_at[m]}, {len(p.get('objects') or [])} object(s), "
+          + ("drawn in full" if fully_drawn(run.images[0], p) else "not drawn in full") + f" ({tried[m]} tried)")
     said = "; ".join(f"{d['asked']} -> " + (f"a {d['drawn']} ({d['position']})" if d["drawn"] else "nothing in that colour")
-                     + ("" if d["shape_ok"] else "  <- not what was asked") for d in drawn) or (
+                     + ("" if d["shape_ok"] else "  <- not what was asked") for d in drawn_objects(run.images[0], p)) or (
         "not measurable with these prompts: none lists objects the detector knows (add 'objects' to prompts.jsonl)")
-    wr = word_region_table(run, [prompts[look_i]], gens[m].image_size // int(round(gens[m].image_tokens ** 0.5)))
+    wr = word_region_table(run, [p], gens[m].image_size // int(round(gens[m].image_tokens ** 0.5)))
     hits = wr[wr.role != "binding overlap"]
-    print(f"{m}: {said}")
-    print(f"   word regions on the drawn objects: " + (", ".join(
-        f"{prompts[look_i]['objects'][r.object][r.role]!r} IoU {r.iou:.2f} (chance {r.chance:.2f})" for r in hits.itertuples())
+    print(f"   {said}")
+    print("   word regions on the drawn objects: " + (", ".join(
+        f"{p['objects'][r.object][r.role]!r} IoU {r.iou:.2f} (chance {r.chance:.2f})" for r in hits.itertuples())
         or "none (no asked object was drawn)"))
 
 # %% [markdown]
 # **What to look at.** Judge a word map only against an object the model drew: healthy is a bright blob on *its*
-# object. **This run** (the lines above): the MMDiT drew what was asked, but its word maps barely sit on the
-# objects: 'circle' reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:word regions on the drawn objects@2" fmt="{:.2f}"-->0.29<!--/num--> and 'square'
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:word regions on the drawn objects@6" fmt="{:.2f}"-->0.11<!--/num--> against a chance of <!--num "notebooks/03_diffusion_steps.ipynb#out:word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->,
-# and the 'orange' panel (the prompt's second "orange", the square's) lights the circle. PixArt drew only the
-# square; its colour word lands on it (IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: > word regions on the drawn objects@0" fmt="{:.2f}"-->0.69<!--/num-->), while
-# its 'square' panel is bright over the whole picture and misses it. Section 2 counts such failures, section 9
-# measures word maps over all prompts (G9).
+# object. **This run** (the lines above): the MMDiT drew both objects of its first two-object prompt, yet its word
+# maps barely sit on them: 'circle' reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> against a chance of
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num--> and the other words miss, although its brightest word reaches
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform: bright is not the same as placed. PixArt drew none of the tried
+# two-object prompts in full (it swaps shapes between the objects; section 2 counts such failures), so its first look
+# is a one-object prompt: the colour word lands on the object (IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num-->), but no word draws more
+# than <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform anywhere: its cross-attention spreads almost evenly over the few words, and
+# where it is a little higher is what places it. Section 9 measures word maps over all prompts (G9).
 #
 # The two models, the prompts and the run:
 
@@ -563,6 +578,16 @@ _ = plots.save(fig, out, "step_panel")
 explorer = step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].images)),
                          dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].tokens)))
 explorer
+
+# %% [markdown]
+# The same pictures without a kernel (what the course website shows; `make book`): one picture per step, drawn now,
+# and a step slider that swaps them in the page.
+
+# %% tags=["nbval-ignore-output"]
+from unicache_lib.static_explorer import static_step_explorer
+
+static_step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].images)),
+                     dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].tokens)))
 
 # %% [markdown]
 # ## 11. Claims scoreboard

@@ -7,12 +7,43 @@ of every other module). Checked against:
 """
 from __future__ import annotations
 
+import importlib
+import types
+
 import torch
 
 #: the framework versions these functions were checked against (``environment.yml`` / ``pyproject.toml`` pin them)
 CHECKED = {"torch": "2.13", "transformers": ">=5.0,<5.3 (kvpress needs <5.3)", "diffusers": "0.42"}
 
 __doc__ += "".join(f"\n- {k} {v}" for k, v in CHECKED.items()) + "\n"
+
+
+class LazyModule:
+    """A framework named at the top of the module that uses it and imported on first attribute access:
+    ``transformers = LazyModule("transformers")`` then ``transformers.LlavaConfig(...)``. Importing transformers
+    takes about 2.5 s (diffusers about 0.4 s), and ``import unicache_lib.kv`` (or any module that only builds,
+    reads or measures) must not pay that; every attribute is looked up on the real module at use, so a test's
+    ``monkeypatch`` of the framework is seen. Submodules resolve too (``transformers.masking_utils.X``)."""
+
+    def __init__(self, name: str):
+        self.__dict__["_name"] = name
+
+    def __getattr__(self, attr: str):
+        module = importlib.import_module(self._name)
+        try:
+            value = getattr(module, attr)
+        except AttributeError:
+            if attr.startswith("__"):
+                raise
+            value = importlib.import_module(f"{self._name}.{attr}")
+        return LazyModule(f"{self._name}.{attr}") if isinstance(value, types.ModuleType) else value
+
+    def __repr__(self) -> str:
+        return f"<lazily imported module {self._name!r}>"
+
+
+transformers = LazyModule("transformers")
+diffusers = LazyModule("diffusers")
 
 
 # ---- torch -------------------------------------------------------------------------------------------
@@ -37,10 +68,7 @@ def attention_functions(name: str) -> list:
     """``[(registry, function or None)]``: what transformers' global attention and attention-mask registries hold
     under ``name`` (``AttentionInterface`` / ``AttentionMaskInterface``), to put back with
     :func:`restore_attention_functions`."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    return [(iface, iface._global_mapping.get(name)) for iface in (AttentionInterface, AttentionMaskInterface)]
+    return [(iface, iface._global_mapping.get(name)) for iface in (transformers.AttentionInterface, transformers.masking_utils.AttentionMaskInterface)]
 
 
 def restore_attention_functions(saved: list, name: str) -> None:
@@ -55,10 +83,8 @@ def restore_attention_functions(saved: list, name: str) -> None:
 # ---- diffusers ---------------------------------------------------------------------------------------
 def hook_registry(module):
     """The diffusers ``HookRegistry`` attached to ``module`` (``module._diffusers_hook``), or None."""
-    from diffusers.hooks import HookRegistry
-
     reg = getattr(module, "_diffusers_hook", None)
-    return reg if isinstance(reg, HookRegistry) else None
+    return reg if isinstance(reg, diffusers.hooks.HookRegistry) else None
 
 
 def hook_names(module) -> list[str]:
@@ -78,47 +104,35 @@ def forget_child_registries(modules) -> None:
 
 def block_metadata_known(cls) -> bool:
     """Whether diffusers' ``TransformerBlockRegistry`` knows block class ``cls`` (its own entries loaded first)."""
-    from diffusers.hooks._helpers import TransformerBlockRegistry
-
-    TransformerBlockRegistry._register()
-    return cls in TransformerBlockRegistry._registry
+    diffusers.hooks._helpers.TransformerBlockRegistry._register()
+    return cls in diffusers.hooks._helpers.TransformerBlockRegistry._registry
 
 
 def register_block_metadata(cls, hidden_index: int, encoder_index: int | None) -> None:
     """Tell diffusers' block-level caches which outputs of block class ``cls`` are the image and text streams."""
-    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
-
-    TransformerBlockRegistry.register(cls, TransformerBlockMetadata(return_hidden_states_index=hidden_index,
+    diffusers.hooks._helpers.TransformerBlockRegistry.register(cls, diffusers.hooks._helpers.TransformerBlockMetadata(return_hidden_states_index=hidden_index,
                                                                     return_encoder_hidden_states_index=encoder_index))
 
 
 def unregister_block_metadata(cls) -> None:
     """Remove what :func:`register_block_metadata` added (``TransformerBlockRegistry._registry``)."""
-    from diffusers.hooks._helpers import TransformerBlockRegistry
-
-    TransformerBlockRegistry._registry.pop(cls, None)
+    diffusers.hooks._helpers.TransformerBlockRegistry._registry.pop(cls, None)
 
 
 def set_cache_context(transformer, step: int | None = None, n_steps: int | None = None, timestep: float | None = None):
     """The per-call cache context a diffusers pipeline sets with ``transformer.cache_context(...)``, for transformers
     without ``CacheMixin`` (``hooks._set_cache_context``); ``step=None`` clears it."""
-    from diffusers.hooks.hooks import CacheContext, _set_cache_context
-
-    ctx = None if step is None else CacheContext("cfg", step_index=int(step), num_inference_steps=n_steps,
+    ctx = None if step is None else diffusers.hooks.hooks.CacheContext("cfg", step_index=int(step), num_inference_steps=n_steps,
                                                  timestep=float(timestep))
-    _set_cache_context(transformer, ctx)
+    diffusers.hooks.hooks._set_cache_context(transformer, ctx)
 
 
 def transformer_block_list_names() -> tuple:
     """The attribute names diffusers' caches look for block lists under (``hooks._common``)."""
-    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
-
-    return tuple(_ALL_TRANSFORMER_BLOCK_IDENTIFIERS)
+    return tuple(diffusers.hooks._common._ALL_TRANSFORMER_BLOCK_IDENTIFIERS)
 
 
 def flux_qkv_projections(attn, hidden_states, encoder_hidden_states):
     """Flux's projection helper, fused or not (``transformer_flux._get_qkv_projections``):
     ``(q, k, v, encoder_q, encoder_k, encoder_v)``."""
-    from diffusers.models.transformers.transformer_flux import _get_qkv_projections
-
-    return _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    return diffusers.models.transformers.transformer_flux._get_qkv_projections(attn, hidden_states, encoder_hidden_states)

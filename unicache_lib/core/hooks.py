@@ -23,6 +23,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
+from .compat import diffusers
 from .errors import InputError
 
 _REGISTER = {"forward": "register_forward_hook", "forward_pre": "register_forward_pre_hook"}
@@ -101,13 +102,11 @@ def model_hook(module: torch.nn.Module, name: str, new_forward):
     """Replace ``module``'s forward for the block with ``new_forward(original_forward, *args, **kwargs)``,
     registered as ``name`` in the module's diffusers ``HookRegistry`` (forward hooks still run around it).
     A hook already registered under ``name`` is refused rather than replaced."""
-    from diffusers.hooks import HookRegistry, ModelHook
-
-    class _Forward(ModelHook):
+    class _Forward(diffusers.hooks.ModelHook):
         def new_forward(self, mod, *args, **kwargs):
             return new_forward(self.fn_ref.original_forward, *args, **kwargs)
 
-    registry = HookRegistry.check_if_exists_or_initialize(module)
+    registry = diffusers.hooks.HookRegistry.check_if_exists_or_initialize(module)
     if registry.get_hook(name) is not None:
         raise InputError(f"a hook named {name!r} is already on this {type(module).__name__}: remove it first")
     registry.register_hook(_Forward(), name)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .compat import compiled_original, config_attn_implementation
+from .compat import compiled_original, config_attn_implementation, diffusers, transformers
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -64,13 +64,7 @@ def quiet(loggers: tuple[str, ...] = (), warning_messages: tuple[str, ...] = (),
     levels = {name: logging.getLogger(name).level for name in loggers}
     bars = []
     if loading_bars:
-        from transformers.utils import logging as hf_logging
-        bars.append(hf_logging)
-        try:
-            from diffusers.utils import logging as diffusers_logging
-            bars.append(diffusers_logging)
-        except ImportError:  # pragma: no cover - diffusers is a dependency
-            pass
+        bars += [transformers.utils.logging, diffusers.utils.logging]
     shown = [b.is_progress_bar_enabled() for b in bars]
     try:
         with warnings.catch_warnings():
