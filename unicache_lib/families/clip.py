@@ -13,7 +13,7 @@ import torch
 
 from ..core.modality import TEXT, Spans
 from ..zoo.tiny_llava import build_tokenizer
-from .base import Shape, Site, UnsupportedModelError, VLMFamily, register
+from .base import Shape, Site, UnsupportedModelError, VLMFamily, register, transformers
 
 
 @register
@@ -64,8 +64,6 @@ class Clip(VLMFamily):
         return torch.arange(1, 1 + g[0] * g[1])
 
     def config(self, tok, shape: Shape):
-        from transformers import CLIPConfig
-
         proj = shape.extra.get("projection_dim", shape.hidden)
         text = dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
                     num_hidden_layers=shape.layers, num_attention_heads=shape.heads, max_position_embeddings=32,
@@ -74,7 +72,7 @@ class Clip(VLMFamily):
         vision = dict(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
                       num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
                       image_size=shape.image_size, patch_size=shape.patch, projection_dim=proj)
-        return CLIPConfig(text_config=text, vision_config=vision, projection_dim=proj)
+        return transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=proj)
 
     def tokenizer(self):
         """The world tokenizer closing every text with ``</s>``, where the text tower pools."""
@@ -83,9 +81,7 @@ class Clip(VLMFamily):
         return tok
 
     def processor(self, tok, shape: Shape):
-        from transformers import CLIPImageProcessor, CLIPProcessor
-
         s = shape.image_size
-        ip = CLIPImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
+        ip = transformers.CLIPImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
                                 image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        return CLIPProcessor(image_processor=ip, tokenizer=tok)
+        return transformers.CLIPProcessor(image_processor=ip, tokenizer=tok)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .base import VLMFamily, chat_template, register
+from .base import VLMFamily, chat_template, register, transformers
 
 
 @register
@@ -27,32 +27,28 @@ class Gemma3(VLMFamily):
         return (side, side)
 
     def config(self, tok, shape):
-        from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
-
         n_layers = shape.layers
         types = [("sliding_attention" if (i + 1) % 2 else "full_attention") for i in range(n_layers)]
-        text = Gemma3TextConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+        text = transformers.Gemma3TextConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
                                 num_hidden_layers=n_layers, num_attention_heads=shape.heads,
                                 num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
                                 query_pre_attn_scalar=shape.head_dim, sliding_window=shape.sliding_window or 4096,
                                 layer_types=types, max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
                                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-        vc = SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+        vc = transformers.SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
                                 num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
                                 image_size=shape.image_size, patch_size=shape.patch)
         per_side = shape.image_size // shape.patch
         tokens = shape.extra.get("mm_tokens_per_image", (per_side // 2) ** 2)
-        return Gemma3Config(text_config=text, vision_config=vc, mm_tokens_per_image=tokens,
+        return transformers.Gemma3Config(text_config=text, vision_config=vc, mm_tokens_per_image=tokens,
                             boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
                             eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
                             image_token_index=tok.convert_tokens_to_ids("<image_soft_token>"))
 
     def processor(self, tok, shape):
-        from transformers import Gemma3ImageProcessor, Gemma3Processor
-
         per_side = shape.image_size // shape.patch
-        ip = Gemma3ImageProcessor(size={"height": shape.image_size, "width": shape.image_size},
+        ip = transformers.Gemma3ImageProcessor(size={"height": shape.image_size, "width": shape.image_size},
                                   image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        return Gemma3Processor(image_processor=ip, tokenizer=tok,
+        return transformers.Gemma3Processor(image_processor=ip, tokenizer=tok,
                                image_seq_length=shape.extra.get("mm_tokens_per_image", (per_side // 2) ** 2),
                                chat_template=chat_template(self.layout, self.image_marker))

@@ -3,7 +3,7 @@ tokens wrapped in ``<fake_token_around_image>`` markers, Llama-style causal deco
 ``model.model.text_model``. Large images are split into tiles, each its own block of tokens."""
 from __future__ import annotations
 
-from .base import VLMFamily, chat_template, register
+from .base import VLMFamily, chat_template, register, transformers
 
 
 @register
@@ -44,10 +44,7 @@ class Idefics3(VLMFamily):
         return (side, side)
 
     def config(self, tok, shape, smol: bool = False):
-        import transformers
-        from transformers import LlamaConfig
-
-        text = LlamaConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+        text = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
                            num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                            num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, pad_token_id=tok.pad_token_id,
                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
@@ -61,10 +58,8 @@ class Idefics3(VLMFamily):
                                                      pad_token_id=tok.pad_token_id)
 
     def processor(self, tok, shape):
-        from transformers import Idefics3ImageProcessor, Idefics3Processor
-
         s = shape.image_size
-        ip = Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": s}, max_image_size={"longest_edge": s})
+        ip = transformers.Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": s}, max_image_size={"longest_edge": s})
         per_tile = (s // shape.patch) ** 2 // 4
-        return Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=per_tile,
+        return transformers.Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=per_tile,
                                  chat_template=chat_template(self.layout, "<image>"))

@@ -7,7 +7,7 @@ positions are the image span. Generation mode (the generated VQ tokens as their 
 """
 from __future__ import annotations
 
-from .base import Shape, VLMFamily, chat_template, register
+from .base import Shape, VLMFamily, chat_template, register, transformers
 
 
 @register
@@ -43,8 +43,6 @@ class Janus(VLMFamily):
         return processor
 
     def config(self, tok, shape: Shape):
-        from transformers import JanusConfig
-
         side = shape.image_size // shape.patch
         text = dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
                     num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
@@ -58,14 +56,12 @@ class Janus(VLMFamily):
                   latent_channels=shape.extra.get("vq_latent", 64), base_channels=shape.extra.get("vq_base", 32),
                   channel_multiplier=[1, 1, 2, 2, 4][:levels], num_res_blocks=1, projection_dim=shape.hidden,
                   image_token_embed_dim=shape.hidden, num_hidden_layers=2)
-        return JanusConfig(text_config=text, vision_config=vision, vq_config=vq,
+        return transformers.JanusConfig(text_config=text, vision_config=vision, vq_config=vq,
                            image_token_id=tok.convert_tokens_to_ids(self.image_marker))
 
     def processor(self, tok, shape: Shape):
-        from transformers import JanusImageProcessor, JanusProcessor
-
         s = shape.image_size
-        ip = JanusImageProcessor(size={"height": s, "width": s}, min_size=s, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        proc = JanusProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))
+        ip = transformers.JanusImageProcessor(size={"height": s, "width": s}, min_size=s, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        proc = transformers.JanusProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))
         proc.num_image_tokens = (s // shape.patch) ** 2
         return proc

@@ -5,13 +5,11 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 
-from .base import Shape, VLMFamily, chat_template, images_only, register
+from .base import Shape, VLMFamily, chat_template, images_only, register, transformers
 
 
 def _clip(shape: Shape, **kw):
-    from transformers import CLIPVisionConfig
-
-    return CLIPVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+    return transformers.CLIPVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
                             num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
                             image_size=shape.image_size, patch_size=shape.patch, projection_dim=shape.vision_hidden, **kw)
 
@@ -24,8 +22,6 @@ def _text(cls, tok, shape: Shape, **kw):
 
 
 def _clip_processor(shape: Shape, cls_name: str = "CLIPImageProcessor", **kw):
-    import transformers
-
     s = shape.image_size
     return getattr(transformers, cls_name)(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
                                            image_mean=[0.5] * 3, image_std=[0.5] * 3, **kw)
@@ -65,19 +61,15 @@ class Llava(VLMFamily):
         return feats.reshape(rows * cols, -1).float()
 
     def config(self, tok, shape):
-        from transformers import LlamaConfig, LlavaConfig, MistralConfig
-
-        text = (_text(MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
-                else _text(LlamaConfig, tok, shape))
+        text = (_text(transformers.MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
+                else _text(transformers.LlamaConfig, tok, shape))
         n = (shape.image_size // shape.patch) ** 2
-        return LlavaConfig(vision_config=_clip(shape), text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
+        return transformers.LlavaConfig(vision_config=_clip(shape), text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
                            vision_feature_layer=shape.extra.get("vision_feature_layer", -1),
                            vision_feature_select_strategy="default", image_seq_length=n)
 
     def processor(self, tok, shape):
-        from transformers import LlavaProcessor
-
-        return LlavaProcessor(image_processor=_clip_processor(shape), tokenizer=tok, patch_size=shape.patch,
+        return transformers.LlavaProcessor(image_processor=_clip_processor(shape), tokenizer=tok, patch_size=shape.patch,
                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
                               chat_template=chat_template(self.layout, "<image>"))
 
@@ -100,21 +92,17 @@ class LlavaNext(Llava):
         return None
 
     def config(self, tok, shape):
-        from transformers import LlamaConfig, LlavaNextConfig, MistralConfig
-
-        text = (_text(MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
-                else _text(LlamaConfig, tok, shape))
+        text = (_text(transformers.MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
+                else _text(transformers.LlamaConfig, tok, shape))
         s = shape.image_size
-        return LlavaNextConfig(vision_config=_clip(shape), text_config=text, image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]],
+        return transformers.LlavaNextConfig(vision_config=_clip(shape), text_config=text, image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]],
                                image_token_id=tok.convert_tokens_to_ids("<image>"), vision_feature_layer=-1)
 
     def processor(self, tok, shape):
-        from transformers import LlavaNextImageProcessor, LlavaNextProcessor
-
         s = shape.image_size
-        ip = LlavaNextImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
+        ip = transformers.LlavaNextImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
                                      image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]])
-        return LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=shape.patch,
+        return transformers.LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=shape.patch,
                                   vision_feature_select_strategy="default", num_additional_image_tokens=1,
                                   chat_template=chat_template(self.layout, "<image>"))
 
@@ -137,13 +125,11 @@ class LlavaOnevision(Llava):
         return None
 
     def config(self, tok, shape):
-        from transformers import LlavaOnevisionConfig, Qwen2Config, SiglipVisionConfig
-
-        vc = SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+        vc = transformers.SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
                                 num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
                                 image_size=shape.image_size, patch_size=shape.patch)
         s = shape.image_size
-        return LlavaOnevisionConfig(vision_config=vc, text_config=_text(Qwen2Config, tok, shape),
+        return transformers.LlavaOnevisionConfig(vision_config=vc, text_config=_text(transformers.Qwen2Config, tok, shape),
                                     image_token_id=tok.convert_tokens_to_ids("<image>"),
                                     video_token_id=tok.convert_tokens_to_ids("<video>"), image_grid_pinpoints=[[s, s]],
                                     vision_feature_layer=-1, vision_feature_select_strategy="full")
@@ -151,13 +137,11 @@ class LlavaOnevision(Llava):
     special_tokens = ("<image>", "<video>")
 
     def processor(self, tok, shape):
-        from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionProcessor
-
         s = shape.image_size
-        ip = LlavaOnevisionImageProcessor(size={"height": s, "width": s}, image_grid_pinpoints=[[s, s]],
+        ip = transformers.LlavaOnevisionImageProcessor(size={"height": s, "width": s}, image_grid_pinpoints=[[s, s]],
                                           image_mean=[0.5] * 3, image_std=[0.5] * 3)
         side = s // shape.patch
-        return images_only(LlavaOnevisionProcessor)(
+        return images_only(transformers.LlavaOnevisionProcessor)(
             image_processor=ip, tokenizer=tok, video_processor=None, num_image_tokens=side * side,
             vision_feature_select_strategy="full", chat_template=chat_template(self.layout, "<image>"))
 

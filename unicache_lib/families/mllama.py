@@ -18,7 +18,7 @@ import torch
 
 from ..core.errors import InputError
 from ..core.modality import IMAGE, TEXT, Spans
-from .base import ImageKV, Site, VLMFamily, chat_template, register
+from .base import ImageKV, Site, VLMFamily, chat_template, register, transformers
 
 
 @register
@@ -138,8 +138,6 @@ class Mllama(VLMFamily):
         return SimpleNamespace(logits=model.lm_head(out.last_hidden_state))
 
     def config(self, tok, shape):
-        from transformers import MllamaConfig
-
         every = shape.extra.get("cross_every", 2)  # Llama-3.2-Vision: 5 (layers 3, 8, 13, ...)
         cross = [i for i in range(shape.layers) if i % every == 3 % every]
         vis_layers = shape.vision_layers
@@ -156,11 +154,9 @@ class Mllama(VLMFamily):
                       max_num_tiles=shape.extra.get("max_tiles", 4))
         if vision["max_num_tiles"] != 4:  # one tile: the only canvas is 1 x 1
             vision["supported_aspect_ratios"] = [[1, 1]]
-        return MllamaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<|image|>"))
+        return transformers.MllamaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<|image|>"))
 
     def processor(self, tok, shape):
-        from transformers import MllamaImageProcessor, MllamaProcessor
-
         s = shape.image_size
-        ip = MllamaImageProcessor(size={"height": s, "width": s}, max_image_tiles=shape.extra.get("max_tiles", 4))
-        return MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))
+        ip = transformers.MllamaImageProcessor(size={"height": s, "width": s}, max_image_tiles=shape.extra.get("max_tiles", 4))
+        return transformers.MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))

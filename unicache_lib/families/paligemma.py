@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import VLMFamily, register
+from .base import VLMFamily, register, transformers
 
 
 @register
@@ -36,21 +36,17 @@ class PaliGemma(VLMFamily):
                 "forward; every policy is compared with the full-cache answer, which shares that setting.")
 
     def config(self, tok, shape):
-        from transformers import GemmaConfig, PaliGemmaConfig, SiglipVisionConfig
-
-        text = GemmaConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+        text = transformers.GemmaConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
                            num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                            num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, pad_token_id=tok.pad_token_id,
                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-        vc = SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+        vc = transformers.SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
                                 num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
                                 image_size=shape.image_size, patch_size=shape.patch, projection_dim=shape.hidden)
-        return PaliGemmaConfig(vision_config=vc, text_config=text, image_token_index=tok.convert_tokens_to_ids("<image>"),
+        return transformers.PaliGemmaConfig(vision_config=vc, text_config=text, image_token_index=tok.convert_tokens_to_ids("<image>"),
                                projection_dim=shape.hidden, hidden_size=shape.hidden)
 
     def processor(self, tok, shape):
-        from transformers import PaliGemmaProcessor, SiglipImageProcessor
-
-        ip = SiglipImageProcessor(size={"height": shape.image_size, "width": shape.image_size})
+        ip = transformers.SiglipImageProcessor(size={"height": shape.image_size, "width": shape.image_size})
         ip.image_seq_length = (shape.image_size // shape.patch) ** 2
-        return PaliGemmaProcessor(image_processor=ip, tokenizer=tok)
+        return transformers.PaliGemmaProcessor(image_processor=ip, tokenizer=tok)

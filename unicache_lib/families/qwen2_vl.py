@@ -3,7 +3,7 @@ and M-RoPE (three rotary position streams: time, row, column), so text after an 
 from the image's largest position, not from its sequence index."""
 from __future__ import annotations
 
-from .base import Shape, VLMFamily, chat_template, images_only, register
+from .base import Shape, VLMFamily, chat_template, images_only, register, transformers
 
 
 @register
@@ -57,19 +57,15 @@ class Qwen2VL(VLMFamily):
                     vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"))
 
     def config(self, tok, shape):
-        from transformers import Qwen2VLConfig
-
         vc = dict(depth=shape.vision_layers, embed_dim=shape.vision_hidden, hidden_size=shape.hidden,
                   num_heads=shape.vision_heads, patch_size=shape.patch, spatial_merge_size=2, temporal_patch_size=2,
                   in_channels=3)
-        return Qwen2VLConfig(text_config=self._text_config(tok, shape), vision_config=vc, **self._ids(tok))
+        return transformers.Qwen2VLConfig(text_config=self._text_config(tok, shape), vision_config=vc, **self._ids(tok))
 
     def processor(self, tok, shape):
-        from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
-
         px = shape.image_size ** 2  # every image resized to this many pixels: fixed token count
-        ip = Qwen2VLImageProcessor(min_pixels=px, max_pixels=px, patch_size=shape.patch, merge_size=2)
-        return images_only(Qwen2VLProcessor)(image_processor=ip, tokenizer=tok, video_processor=None,
+        ip = transformers.Qwen2VLImageProcessor(min_pixels=px, max_pixels=px, patch_size=shape.patch, merge_size=2)
+        return images_only(transformers.Qwen2VLProcessor)(image_processor=ip, tokenizer=tok, video_processor=None,
                                              chat_template=chat_template(self.layout, self.image_marker))
 
 
@@ -83,19 +79,15 @@ class Qwen25VL(Qwen2VL):
     model_class = "Qwen2_5_VLForConditionalGeneration"
 
     def config(self, tok, shape):
-        from transformers import Qwen2_5_VLConfig
-
         vc = dict(depth=shape.vision_layers, hidden_size=shape.vision_hidden, intermediate_size=2 * shape.vision_hidden,
                   out_hidden_size=shape.hidden, num_heads=shape.vision_heads, patch_size=shape.patch,
                   spatial_merge_size=2, temporal_patch_size=2, in_channels=3, window_size=4 * shape.patch,
                   fullatt_block_indexes=[shape.vision_layers - 1])
-        return Qwen2_5_VLConfig(text_config=self._text_config(tok, shape), vision_config=vc, **self._ids(tok))
+        return transformers.Qwen2_5_VLConfig(text_config=self._text_config(tok, shape), vision_config=vc, **self._ids(tok))
 
     def processor(self, tok, shape):
-        from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
-
         px = shape.image_size ** 2
-        ip = Qwen2VLImageProcessor(min_pixels=px, max_pixels=px, patch_size=shape.patch, merge_size=2)
-        return images_only(Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok, video_processor=None,
+        ip = transformers.Qwen2VLImageProcessor(min_pixels=px, max_pixels=px, patch_size=shape.patch, merge_size=2)
+        return images_only(transformers.Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok, video_processor=None,
                                                 chat_template=chat_template(self.layout, self.image_marker))
 

@@ -15,7 +15,7 @@ import torch
 from ..core.errors import InputError
 from ..core.modality import IMAGE, TEXT, Spans
 from ..world.text import ANSWERS
-from .base import Shape, Site, UnsupportedModelError, VLMFamily, register
+from .base import Shape, Site, UnsupportedModelError, VLMFamily, register, transformers
 
 
 def grid_ordered(model, inputs: dict) -> dict:
@@ -120,20 +120,16 @@ class Vilt(VLMFamily):
         return torch.arange(1, 1 + g[0] * g[1])
 
     def config(self, tok, shape: Shape):
-        from transformers import ViltConfig
-
 
         labels = shape.extra.get("labels") or sorted({a for v in ANSWERS.values() for a in v})
-        return ViltConfig(vocab_size=len(tok), hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+        return transformers.ViltConfig(vocab_size=len(tok), hidden_size=shape.hidden, num_hidden_layers=shape.layers,
                           num_attention_heads=shape.heads, intermediate_size=4 * shape.hidden, image_size=shape.image_size,
                           patch_size=shape.patch, max_position_embeddings=40, max_image_length=-1, pad_token_id=tok.pad_token_id,
                           num_labels=len(labels), id2label=dict(enumerate(labels)),
                           label2id={a: i for i, a in enumerate(labels)})
 
     def processor(self, tok, shape: Shape):
-        from transformers import ViltImageProcessor, ViltProcessor
-
-        ip = ViltImageProcessor(size={"shortest_edge": shape.image_size}, size_divisor=shape.patch,
+        ip = transformers.ViltImageProcessor(size={"shortest_edge": shape.image_size}, size_divisor=shape.patch,
                                 image_mean=[0.5] * 3, image_std=[0.5] * 3)
         tok.padding_side = "right"
-        return ViltProcessor(image_processor=ip, tokenizer=tok)
+        return transformers.ViltProcessor(image_processor=ip, tokenizer=tok)
