@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from ..core.compat import flux_qkv_projections
+from ..core.compat import diffusers, flux_qkv_projections
 from .base import FamilyPeers, GenFamily, GenSite, positions_named, register, softmax_map
 
 
 def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None, **_):
     """``FluxAttnProcessor``'s map ``[B, H, S, S]`` over ``[text | image]``: diffusers' own projection
     helper (fused or not) and ``apply_rotary_emb``, in the processor's ``[B, S, H, D]`` layout."""
-    from diffusers.models.embeddings import apply_rotary_emb
     q, k, _, eq, ek, _ = flux_qkv_projections(attn, hidden_states, encoder_hidden_states)
     q = attn.norm_q(q.unflatten(-1, (-1, attn.head_dim)))
     k = attn.norm_k(k.unflatten(-1, (-1, attn.head_dim)))
@@ -23,8 +22,8 @@ def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=N
         ek = attn.norm_added_k(ek.unflatten(-1, (-1, attn.head_dim)))
         q, k = torch.cat([eq, q], 1), torch.cat([ek, k], 1)
     if image_rotary_emb is not None:
-        q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
-        k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+        q = diffusers.models.embeddings.apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
+        k = diffusers.models.embeddings.apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
     mask = attention_mask
     if mask is not None and mask.dim() == 2:  # [B, Sk], as diffusers' native backend reshapes it
         mask = mask[:, None, None]
@@ -38,7 +37,6 @@ def flux_image_side(attn, h, e, rope, keys=None):
     projections (computed in full)."""
     if getattr(attn, "fused_projections", False):
         return None
-    from diffusers.models.embeddings import apply_rotary_emb
 
     heads = lambda x: x.unflatten(-1, (-1, attn.head_dim))  # noqa: E731  [B, S, H, D]
     q = attn.norm_q(heads(attn.to_q(h)))
@@ -49,8 +47,8 @@ def flux_image_side(attn, h, e, rope, keys=None):
         k, v = attn.norm_k(heads(attn.to_k(keys))), heads(attn.to_v(keys))
     if rope is not None:
         n = k.shape[1] - q.shape[1]  # text positions come first in the table
-        q = apply_rotary_emb(q, tuple(r[n:] for r in rope), sequence_dim=1)
-        k = apply_rotary_emb(k, rope, sequence_dim=1)
+        q = diffusers.models.embeddings.apply_rotary_emb(q, tuple(r[n:] for r in rope), sequence_dim=1)
+        k = diffusers.models.embeddings.apply_rotary_emb(k, rope, sequence_dim=1)
     o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
     o = o.flatten(2, 3).to(q.dtype)
     if keys is not None:

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import torch
 
-from .base import FamilyPeers, GenFamily, register, sdpa_mask, softmax_map, standard_qk
+from .base import FamilyPeers, GenFamily, diffusers, register, sdpa_mask, softmax_map, standard_qk
 
 
 def hunyuan_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
                   image_rotary_emb=None, **_):
     """``HunyuanAttnProcessor2_0``'s map ``[B, H, Sq, Sk]``: ``AttnProcessor2_0`` plus rotary embeddings
     applied with diffusers' own ``apply_rotary_emb``, as the processor does."""
-    from diffusers.models.embeddings import apply_rotary_emb
-
     q, k = standard_qk(attn, hidden_states, encoder_hidden_states, temb)
     if image_rotary_emb is not None:
-        q = apply_rotary_emb(q, image_rotary_emb)
+        q = diffusers.models.embeddings.apply_rotary_emb(q, image_rotary_emb)
         if not attn.is_cross_attention:
-            k = apply_rotary_emb(k, image_rotary_emb)
+            k = diffusers.models.embeddings.apply_rotary_emb(k, image_rotary_emb)
     return softmax_map(q, k, sdpa_mask(attn, attention_mask, k.shape[2], q.shape[0]))
 
 
@@ -60,11 +58,9 @@ class HunyuanDiT(GenFamily):
     def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
         """Its own text lengths (``text_len`` CLIP tokens, the last one padding; ``text_len_t5`` T5 tokens, the last
         ``n_pad`` padding) and the 2-D rotary embedding of the patch grid."""
-        from diffusers.models.embeddings import get_2d_rotary_pos_embed
-
         c, s = transformer.config, transformer.config.sample_size
         grid = s // c.patch_size
-        rope = get_2d_rotary_pos_embed(c.attention_head_dim, ((0, 0), (grid, grid)), (grid, grid), use_real=True)
+        rope = diffusers.models.embeddings.get_2d_rotary_pos_embed(c.attention_head_dim, ((0, 0), (grid, grid)), (grid, grid), use_real=True)
         m5 = torch.cat([torch.ones(batch, c.text_len_t5 - n_pad), torch.zeros(batch, n_pad)], 1).long()
         m1 = torch.cat([torch.ones(batch, c.text_len - 1), torch.zeros(batch, 1)], 1).long()
         return dict(hidden_states=rn(batch, c.in_channels, s, s), timestep=t,
