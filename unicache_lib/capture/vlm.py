@@ -40,7 +40,7 @@ from typing import Callable, Iterable
 import torch
 
 from .. import stats as S
-from ..core.compat import attention_functions, config_attn_implementation, restore_attention_functions
+from ..core.compat import attention_functions, config_attn_implementation, restore_attention_functions, transformers
 from ..core.errors import CaptureError, InputError
 from ..core.hooks import forward_hooks
 from ..core.modality import TEXT, Spans
@@ -360,9 +360,7 @@ class AttentionCapture:
         return pre
 
     def _recompute_fn(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+        out = transformers.integrations.sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, **kw)
         site = self._by_module.get(id(module))
         if site is not None and kw.get("softcap") is not None:
@@ -500,14 +498,11 @@ class _attn_impl:
             {"vision_config"} if "vision" in parts else set())
 
     def __enter__(self):
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
         self.old = attn_implementations(self.model)
         # the registries are global: keep what was there (an enclosing capture's function) to put it back
         self.before = attention_functions(_RECOMPUTE_NAME)
-        AttentionInterface.register(_RECOMPUTE_NAME, self.fn)
-        AttentionMaskInterface.register(_RECOMPUTE_NAME, sdpa_mask)
+        transformers.AttentionInterface.register(_RECOMPUTE_NAME, self.fn)
+        transformers.masking_utils.AttentionMaskInterface.register(_RECOMPUTE_NAME, transformers.masking_utils.sdpa_mask)
         new = ({k: (_RECOMPUTE_NAME if k in self.subs else v) for k, v in self.old.items()}
                if isinstance(self.old, dict) else _RECOMPUTE_NAME)
         set_attn_implementations(self.model, new)
