@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 import torch
 
 from ..core.errors import ContractError, InputError, MissingFileError, ModelNotFoundError
-from ..core.models import quiet
+from ..core.models import diffusers, quiet, transformers
 from ..families import UnsupportedModelError, family_for_type, supported
 from ..families.base import images_only
 from ..gen_families import GEN_FAMILIES, gen_family_for
@@ -90,13 +90,13 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name
 
 
 def _offline() -> bool:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # local: huggingface_hub only on the hub paths
 
     return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # local: huggingface_hub only on the hub paths
 
     try:
         snapshot_download(repo_id, local_files_only=True)  # reads the local cache only, never the network
@@ -106,7 +106,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def _hub_host() -> str:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # local: huggingface_hub only on the hub paths
 
     return urlparse(constants.ENDPOINT).hostname or "huggingface.co"
 
@@ -194,7 +194,7 @@ def _read_config(where, sub: str = "", name: str = "config.json") -> dict:
         if not f.exists():
             raise MissingFileError(f"no {name} in {p / sub}: is this a model folder?")
         return read_json(f)
-    from huggingface_hub import hf_hub_download  # a hub id: the real download path (offline here)
+    from huggingface_hub import hf_hub_download  # local: huggingface_hub only on the hub paths; a hub id: the real download path (offline here)
 
     return json.loads(Path(hf_hub_download(str(where), f"{sub + '/' if sub else ''}{name}")).read_text())
 
@@ -270,8 +270,6 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
     Returns:
         ``(model, processor)``, model in eval mode.
     """
-    import transformers
-
     where = _verified(resolve(name_or_path), verify)
     _check_kind(where, "understanding")
     mt = understanding_family(where)
@@ -330,10 +328,8 @@ def _check_tokenizers(where, want: str) -> None:
 def load_processor(where, family):
     """The checkpoint's processor. Where its class requires a video processor and torchvision is not
     installed, the same class is loaded without its video part (images only), with a warning."""
-    from transformers import AutoProcessor
-
     try:
-        return AutoProcessor.from_pretrained(where)
+        return transformers.AutoProcessor.from_pretrained(where)
     except (ImportError, OSError, TypeError, ValueError) as e:
 
         chain = f"{e!r} {e.__cause__!r}".lower()
@@ -347,7 +343,6 @@ def load_processor(where, family):
                 f"installed beside torch 2.13.0). Install torchvision where you can, or encode the prompt yourself "
                 f"and pass it to the model (kv.split_inputs takes an encoded prompt)") from e
         first = e
-    import transformers
 
 
     p = Path(str(where))
@@ -412,8 +407,6 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.f
 
 def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | None, max_sequence_length: int | None):
     """A diffusers pipeline folder -> :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`."""
-    from diffusers import DiffusionPipeline
-
 
     cls_name = index.get("_class_name")
     if cls_name not in PIPELINE_FAMILIES:
@@ -421,7 +414,7 @@ def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | Non
             f"diffusers pipeline {cls_name!r} ({where}) is not supported; supported pipelines: "
             f"{', '.join(f'{c} ({f})' for c, f in PIPELINE_FAMILIES.items())}")
     _check_tokenizers(where, "generation")
-    pipe = DiffusionPipeline.from_pretrained(where, dtype=dtype)  # every model in eval mode
+    pipe = diffusers.DiffusionPipeline.from_pretrained(where, dtype=dtype)  # every model in eval mode
     card = model_card(where) if Path(str(where)).exists() else {}
     size = image_size or card.get("image_size") or default_image_size(pipe)
     msl = max_sequence_length or card.get("max_sequence_length") or default_max_sequence_length(pipe)
@@ -430,19 +423,16 @@ def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | Non
 
 def _load_tiny_layout(where, dtype: torch.dtype):
     """``transformer/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/`` -> :class:`Generator`."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-    from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
-
 
     transformer, fam = load_transformer(where, dtype, verify=False)  # verified by the caller
     _check_tokenizers(where, "generation")
-    te_cls = {"clip_text_model": CLIPTextModelWithProjection, "t5": T5EncoderModel}
+    te_cls = {"clip_text_model": transformers.CLIPTextModelWithProjection, "t5": transformers.T5EncoderModel}
     mt = _read_config(where, "text_encoder").get("model_type")
     if mt not in te_cls:
         raise UnsupportedModelError(f"text encoder model_type {mt!r} is not supported; supported: {', '.join(te_cls)}")
     te = te_cls[mt].from_pretrained(Path(where) / "text_encoder", dtype=dtype).eval()
-    tok = AutoTokenizer.from_pretrained(Path(where) / "tokenizer")
-    sched = FlowMatchEulerDiscreteScheduler.from_pretrained(Path(where) / "scheduler")
+    tok = transformers.AutoTokenizer.from_pretrained(Path(where) / "tokenizer")
+    sched = diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(Path(where) / "scheduler")
     return Generator(fam, transformer, te, tok, sched, str(where))
 
 
@@ -450,8 +440,6 @@ def _load_tiny_layout(where, dtype: torch.dtype):
 def load_transformer(name_or_path, dtype: torch.dtype = torch.float32, verify: bool = True):
     """The denoising transformer of a generator: ``(module, family)``. ``verify``: check the folder's
     weights against its card's checksums first."""
-    import diffusers
-
     where = _verified(resolve(name_or_path), verify)
     cls_name = _read_config(where, "transformer").get("_class_name")
     if cls_name not in GENERATION_FAMILIES:

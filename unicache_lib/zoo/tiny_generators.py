@@ -33,7 +33,7 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_
     """A tiny text encoder: ``"clip"`` (causal, with a pooled projection; ``projection=False``: a plain
     ``CLIPTextModel``, as Flux uses) or ``"t5"`` (bidirectional). ``max_positions``: CLIP's position
     table (77 in real checkpoints)."""
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel  # local: heavy builder path (transformers, 2.5 s)
 
     if kind == "t5":
         cfg = T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=hidden // 4, d_ff=4 * hidden,
@@ -53,7 +53,7 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_
 
 
 def build_transformer(family: str, text_dim=128, layers=4, heads=4, head_dim=32):
-    from diffusers import PixArtTransformer2DModel, SD3Transformer2DModel
+    from diffusers import PixArtTransformer2DModel, SD3Transformer2DModel  # local: heavy builder path (diffusers)
 
     if family == "sd3":
         return SD3Transformer2DModel(

@@ -30,7 +30,7 @@ def build_tokenizer(extra_special=(), named: dict | None = None, close: bool = F
     """
     named = dict(named or {})
     extra_special = list(extra_special) + list(named.values())
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # local: heavy builder path (transformers, 2.5 s); the world layer imports no framework
 
     extra = [t for t in dict.fromkeys(extra_special) if t not in SPECIAL]
     vocab = {t: i for i, t in enumerate(SPECIAL + vocabulary() + extra)}
@@ -50,7 +50,7 @@ def build_tokenizer(extra_special=(), named: dict | None = None, close: bool = F
 
 
 def build_processor(tokenizer, image_size: int = 64, patch: int = 8):
-    from transformers import CLIPImageProcessor, LlavaProcessor
+    from transformers import CLIPImageProcessor, LlavaProcessor  # local: heavy builder path (transformers, 2.5 s)
 
     ip = CLIPImageProcessor(
         size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
@@ -64,7 +64,7 @@ def build_processor(tokenizer, image_size: int = 64, patch: int = 8):
 
 def build_config(tokenizer, image_size=64, patch=8, vision_hidden=128, vision_layers=2,
                  lm_hidden=128, lm_layers=4, lm_heads=8, kv_heads=8, max_positions=256):
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig  # local: heavy builder path (transformers, 2.5 s)
 
     vc = CLIPVisionConfig(
         hidden_size=vision_hidden, intermediate_size=4 * vision_hidden, num_hidden_layers=vision_layers,
