@@ -33,7 +33,7 @@ import torch
 from ..capture.runner import to_model
 from ..capture.vlm import AttentionCapture
 from ..core.errors import ContractError, InputError, UnsupportedError
-from ..core.models import language_attn_implementation
+from ..core.models import language_attn_implementation, transformers
 from ..families import family_of
 from ..families.base import VLMFamily
 from .cache import Prefill, PromptSplit, locate_image_kv, picture_encoder
@@ -79,8 +79,6 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
     """Run the contexts of ``splits`` (one context length; see :func:`groups_by_context`) as one batch. Returns one
     :class:`~.cache.Prefill` per sample, as :func:`~.cache.prefill` would (its cache is that sample's row of the
     batch's cache, ``[1, H, C, D]`` per layer; its maps ``[H, C, C]`` float32 when ``attentions``)."""
-    from transformers import DynamicCache
-
 
     if not splits:
         return []
@@ -89,7 +87,7 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
     fam = family_of(model)
     check_batchable(model, splits[0])
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    cache = DynamicCache(config=model.config)
+    cache = transformers.DynamicCache(config=model.config)
     kw = dict(input_ids=torch.cat([sp.context_ids for sp in splits]).to(dev), past_key_values=cache, use_cache=True)
     kw.update(to_model({k: _stack([sp.extra[k] for sp in splits]) for k in splits[0].extra}, dev, dtype))
     if splits[0].pixel_values is not None:
@@ -128,8 +126,6 @@ def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentio
     samples' splits (questions of any length). Returns ``first [B, vocab]`` float32 and, with ``output_attentions``
     (eager), per sample the question pass's attention of every layer, ``[1, H, Q_b, K_b]`` as
     :func:`~.cache.answer` gives it (its padding removed)."""
-    from transformers import DynamicCache
-
     if len(caches) != len(splits) or not caches:
         raise InputError(f"{len(caches)} caches for {len(splits)} questions")
     check_batchable(model, splits[0])
@@ -148,7 +144,7 @@ def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentio
         mask[b, K - held[b]: K + qlen[b]] = 1  # cache left-padded, question right-padded
         c = sp.context_ids.shape[1]
         pos[b] = torch.arange(c, c + Q, device=dev)  # positions continue from the original context
-    stacked = DynamicCache(config=model.config)
+    stacked = transformers.DynamicCache(config=model.config)
     n_layers = {len(c.layers) for c in caches}
     if len(n_layers) != 1:
         raise InputError(f"caches of different depths: {sorted(n_layers)} layers")

@@ -25,7 +25,7 @@ from ..capture.runner import to_model
 from ..capture.vlm import AttentionCapture
 from ..core.errors import ContractError, InputError, PrefillPruningUnsupported, PromptError, UnsupportedModelError
 from ..core.hooks import forward_hooks
-from ..core.models import language_attn_implementation
+from ..core.models import language_attn_implementation, transformers
 from ..families import FAMILIES, family_of, supported
 from ..families.base import ImageKV  # declared with the adapters, which return it
 from .policies.base import EvictionContext
@@ -140,15 +140,13 @@ class Prefill:
 def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = True) -> Prefill:
     """Run the context once. ``attentions`` needs an eager model (the maps are captured). ``locate=False``
     leaves ``image_kv`` unset (the caller locates it, e.g. after pruning the sequence)."""
-    from transformers import DynamicCache
-
 
     fam = family_of(model)
     split.family = fam
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     full_pos = fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype))
-    cache = DynamicCache(config=model.config)
+    cache = transformers.DynamicCache(config=model.config)
     kw = dict(input_ids=split.context_ids.to(dev), past_key_values=cache, use_cache=True,
               **to_model(split.extra, dev, dtype))
     if split.pixel_values is not None:

@@ -40,7 +40,7 @@ def observation_window(n_context: int) -> int:
 
 def press_factories() -> dict:
     """name -> ``(compression_ratio, n_context) -> press``. AdaKV's name carries :data:`MASKED_LABEL`."""
-    import kvpress
+    import kvpress  # local: optional dependency (the kv extra)
 
     def snapkv(cr, n):
         return kvpress.SnapKVPress(compression_ratio=cr, window_size=observation_window(n))
