@@ -54,7 +54,7 @@ import torch
 
 from ..core import compat
 from ..core.errors import InputError, PeerUnsupported
-from ..core.models import quiet, unwrap
+from ..core.models import diffusers, quiet, unwrap
 from ..gen_families import GEN_FAMILIES, gen_family_of
 from ..gen_families.base import FamilyPeers  # noqa: F401 - re-exported: tests and forks read it from here
 from ..zoo.sampling import sample
@@ -113,9 +113,7 @@ class _PassEncoderThrough:
 
     @staticmethod
     def make():
-        from diffusers.hooks import ModelHook
-
-        class Hook(ModelHook):
+        class Hook(diffusers.hooks.ModelHook):
             def new_forward(self, module, *args, **kwargs):
                 out = self.fn_ref.original_forward(*args, **kwargs)
                 if isinstance(out, tuple) and out[0] is None:
@@ -168,14 +166,6 @@ class DiffusersCache:
         return dataclasses.replace(cfg, **self.options)
 
     def _default_config(self):
-        from diffusers.hooks import (
-            FasterCacheConfig,
-            FirstBlockCacheConfig,
-            MagCacheConfig,
-            PyramidAttentionBroadcastConfig,
-            TaylorSeerCacheConfig,
-        )
-
         spec, tr = self.spec, self.transformer
         if self.kind in spec.unsupported:
             raise PeerUnsupported(spec.unsupported[self.kind])
@@ -185,28 +175,28 @@ class DiffusersCache:
             if getattr(tr, attr, False):
                 raise PeerUnsupported(reason)
         if self.kind == "pab":
-            return PyramidAttentionBroadcastConfig(
+            return diffusers.hooks.PyramidAttentionBroadcastConfig(
                 spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 800),
                 spatial_attention_block_identifiers=spec.spatial,
                 cross_attention_block_skip_range=6 if spec.cross else None,
                 cross_attention_timestep_skip_range=(100, 800), cross_attention_block_identifiers=spec.cross or (),
                 current_timestep_callback=lambda: self.t)
         if self.kind == "fastercache":
-            return FasterCacheConfig(
+            return diffusers.hooks.FasterCacheConfig(
                 current_timestep_callback=lambda: self.t, attention_weight_callback=lambda _: 0.3,
                 spatial_attention_block_identifiers=spec.spatial, tensor_format="BCHW", is_guidance_distilled=distilled,
                 _unconditional_conditional_input_kwargs_identifiers=spec.cfg_kwargs)
         if self.kind == "first_block":
-            return FirstBlockCacheConfig(threshold=0.2)
+            return diffusers.hooks.FirstBlockCacheConfig(threshold=0.2)
         if self.kind == "taylorseer":
-            return TaylorSeerCacheConfig(taylor_factors_dtype=next(tr.parameters()).dtype,
+            return diffusers.hooks.TaylorSeerCacheConfig(taylor_factors_dtype=next(tr.parameters()).dtype,
                                          cache_identifiers=[spec.attention])
         if self.kind == "magcache":
             if isinstance(self.calibration, str) and self.calibration == "calibrate":
-                return MagCacheConfig(calibrate=True, num_inference_steps=self.n_steps)
+                return diffusers.hooks.MagCacheConfig(calibrate=True, num_inference_steps=self.n_steps)
             if self.calibration is None or len(self.calibration) == 0:
                 raise PeerUnsupported("MagCache needs mag_ratios from a calibration run: magcache_ratios(gen, ...)")
-            return MagCacheConfig(mag_ratios=list(self.calibration), num_inference_steps=self.n_steps)
+            return diffusers.hooks.MagCacheConfig(mag_ratios=list(self.calibration), num_inference_steps=self.n_steps)
 
     # ---- applying and removing ---------------------------------------------------------------------
     def _hooks(self) -> list:
@@ -233,17 +223,8 @@ class DiffusersCache:
         self._registered = []
 
     def __enter__(self):
-        from diffusers.hooks import (
-            HookRegistry,
-            apply_faster_cache,
-            apply_first_block_cache,
-            apply_mag_cache,
-            apply_pyramid_attention_broadcast,
-            apply_taylorseer_cache,
-        )
-
-        apply = {"pab": apply_pyramid_attention_broadcast, "fastercache": apply_faster_cache,
-                 "first_block": apply_first_block_cache, "taylorseer": apply_taylorseer_cache, "magcache": apply_mag_cache}
+        apply = {"pab": diffusers.hooks.apply_pyramid_attention_broadcast, "fastercache": diffusers.hooks.apply_faster_cache,
+                 "first_block": diffusers.hooks.apply_first_block_cache, "taylorseer": diffusers.hooks.apply_taylorseer_cache, "magcache": diffusers.hooks.apply_mag_cache}
         cfg = self.config()
         before = self._hooks()
         # FasterCache announces itself as experimental on every application and trips a torch.meshgrid
@@ -255,7 +236,7 @@ class DiffusersCache:
                 self._register_blocks()
             if self.kind == "first_block" and self.spec.tail_passes_encoder:
                 tail = _last_block(self.transformer)
-                HookRegistry.check_if_exists_or_initialize(tail).register_hook(_PassEncoderThrough.make(),
+                diffusers.hooks.HookRegistry.check_if_exists_or_initialize(tail).register_hook(_PassEncoderThrough.make(),
                                                                                _PassEncoderThrough.name)
             apply[self.kind](self.transformer, cfg)
         except BaseException:
