@@ -56,7 +56,7 @@ def prepare_image(image) -> np.ndarray:
     if image is None:
         raise ImageError(f"the image is None: pass {EXPECTED_IMAGE}")
     try:
-        from PIL import Image
+        from PIL import Image  # local: optional at import time (pillow comes with the image processors); None when absent
     except ImportError:  # pragma: no cover - PIL comes with transformers' image processors
         Image = None
     if Image is not None and isinstance(image, Image.Image):

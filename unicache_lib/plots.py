@@ -20,7 +20,7 @@ from .core.modality import Spans
 
 
 def _plt():
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: matplotlib (0.6 s) is loaded at the first figure, not by `import unicache_lib.widgets`
 
     return plt
 
@@ -50,7 +50,7 @@ def _span_legend(ax):
 
 def _integer_ticks(*axes):
     """Whole-number ticks on position / layer axes (no 2.5th token)."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # local: matplotlib loads at the first figure (see _plt)
 
     for axis in axes:
         axis.set_major_locator(MaxNLocator(integer=True))
@@ -525,8 +525,8 @@ def attention_layouts(layouts: dict, title: str = "who can read whom: query rows
     the modality pair (``X->Y``: queries of X reading keys of Y; white: masked). ``layouts``: name ->
     ``(query kinds, key kinds, allowed [n_q, n_k] bool)`` with kinds ``"I"``/``"T"`` per position, e.g.
     :func:`unicache_lib.analysis.architectures.layout_masks`."""
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
+    from matplotlib.colors import ListedColormap  # local: matplotlib loads at the first figure (see _plt)
+    from matplotlib.patches import Patch  # local: matplotlib loads at the first figure (see _plt)
 
     plt = _plt()
     names = list(LAYOUT_COLOURS)
@@ -714,7 +714,7 @@ def literal_text():
     """Math text off while figures are made: the one rcParam set and put back by hand, not with ``rc_context``, whose
     exit restores the whole rc (the backend with it), which made the notebooks' inline backend drop every figure made
     inside before the cell could show it."""
-    import matplotlib
+    import matplotlib  # local: matplotlib loads at the first figure (see _plt)
 
     old = matplotlib.rcParams["text.parse_math"]
     matplotlib.rcParams["text.parse_math"] = False
@@ -731,8 +731,8 @@ def _literal_text(fn):
     def drawn(*args, **kwargs):
         with literal_text():  # texts made (and laid out) inside: literal
             out = fn(*args, **kwargs)
-        from matplotlib.figure import Figure
-        from matplotlib.text import Text
+        from matplotlib.figure import Figure  # local: matplotlib loads at the first figure (see _plt)
+        from matplotlib.text import Text  # local: matplotlib loads at the first figure (see _plt)
 
         if isinstance(out, Figure):  # and those drawn later (a notebook's savefig) too
             for t in out.findobj(Text):

@@ -85,7 +85,7 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
              notebooks=NOTEBOOKS) -> dict[str, list]:
     """Build and execute ``notebooks`` (default 02-07) for one seed; returns notebook -> scoreboard rows.
     ``overrides``: notebook -> parameters to set on top (the settling runs' sample sizes)."""
-    import papermill as pm
+    import papermill as pm  # local: optional dependency (the notebooks extra)
 
 
     base = out / label

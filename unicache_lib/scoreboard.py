@@ -317,7 +317,7 @@ class Scoreboard:
         """Display the table with nothing truncated (notebooks: the last line of the scoreboard cell):
         every cell whole and wrapped, as HTML in a notebook and as one block per claim in plain text
         (what a committed notebook shows without HTML, and what nbval compares)."""
-        from IPython.display import display
+        from IPython.display import display  # local: optional (Jupyter only); tests patch IPython.display.display
 
         display(self.view())
 

@@ -56,7 +56,7 @@ def _show(out, fig):
     ``clear_output(wait=True)``: headless executors (papermill / nbclient) intercept captured output
     through the kernel's message ids, and that path intermittently left a run waiting forever on the
     explorer cell (nbclient issue 312); a state update has no such path."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: matplotlib (0.6 s) loads at the first figure, as in plots
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
@@ -82,7 +82,7 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
         (an ``HTML`` widget) names the sample, layer, head, question and query token in words. It opens on the
         last text position naming an object or a colour (:func:`~unicache_lib.analysis.token_classes.content_position`).
     """
-    import ipywidgets as W
+    import ipywidgets as W  # local: optional dependency (the notebooks extra)
 
     what = "attention_explorer"
     recs = [r for r in result.records if "probs" in r.data]
@@ -143,7 +143,7 @@ def model_explorer(per_model: dict):
     Returns:
         an ``ipywidgets.VBox``: the dropdown, then the chosen model's explorer (built when first chosen).
     """
-    import ipywidgets as W
+    import ipywidgets as W  # local: optional dependency (the notebooks extra)
 
     if not per_model:
         raise InputError("model_explorer needs at least one model's full-mode capture")
@@ -183,7 +183,7 @@ def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str |
     Returns:
         an ``ipywidgets.VBox`` with a ``caption`` (``HTML``) naming prompt, step, layer, head and word.
     """
-    import ipywidgets as W
+    import ipywidgets as W  # local: optional dependency (the notebooks extra)
 
     what = "step_explorer"
     recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
