@@ -306,6 +306,30 @@ def test_08_leaves_a_model_out_by_parameter(tmp_path):
     assert board["A3"]["verdict"] != "not measurable here"
 
 
+FIRST_FIGURES = {  # lesson -> the names its first figure is saved under (plots.save writes NAME.facts.json beside it)
+    "01_capture.ipynb": ["one_map"],
+    "02_understanding_maps.ipynb": ["object_word_over_layers"],
+    "03_diffusion_steps.ipynb": ["first_look_tiny-mmdit", "first_look_tiny-pixart"],
+}
+
+
+@pytest.mark.parametrize("nb", sorted(FIRST_FIGURES))
+def test_a_lessons_first_figure_teaches(quick_run, nb):
+    """#46: a lesson's first attention picture compares its panels on one scale, in multiples of an even read
+    (× uniform) with that level (1) marked on every panel, and shows something above it (a reading, not noise)."""
+    out = quick_run(nb, **QUICK[nb])
+    peaks = []
+    for name in FIRST_FIGURES[nb]:
+        facts = json.loads((out / f"{name}.facts.json").read_text())
+        assert facts["overlays"] >= 1 and facts["shared"], (name, facts)
+        assert facts["units"] and all("× uniform" in u for u in facts["units"]), (name, facts)
+        assert facts["chance"] and all(c == 1.0 for c in facts["chance"]), (name, facts)
+        assert all(hi >= 1.0 and lo == 0.0 for lo, hi in facts["clims"]), (name, facts)  # the scale reaches chance
+        peaks.append(facts["peak"])
+    # something reads above chance (a model whose words stay below it, tiny-pixart's, says so in the next sentence)
+    assert max(peaks) > 1.0, peaks
+
+
 YOUR_DATA_RUNS = {  # notebook -> (its quick parameters, the data parameter, how the shipped data is exported)
     "01_capture.ipynb": (QUICK["01_capture.ipynb"], "SAMPLES", "samples"),
     "02_understanding_maps.ipynb": (QUICK["02_understanding_maps.ipynb"], "SAMPLES", "samples"),

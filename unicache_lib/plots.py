@@ -5,6 +5,7 @@ Widgets (``widgets.py``) only call these functions.
 from __future__ import annotations
 
 import functools
+import json
 import zlib
 from contextlib import contextmanager
 
@@ -169,12 +170,31 @@ def _image_block(spans: Spans | None, n: int) -> tuple[int, int] | None:
 
 
 def save(fig, out_dir: str | Path, name: str) -> Path:
-    """Save ``fig`` as ``out_dir/name.png`` (directory created) and return the path."""
+    """Save ``fig`` as ``out_dir/name.png`` (directory created) and return the path; what its colour-mapped panels show
+    (:func:`figure_facts`) goes beside it as ``name.facts.json``, which the tests read (a lesson's first figure:
+    compared panels on one scale, chance marked, something above it)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     p = out / f"{name}.png"
     fig.savefig(p, dpi=110, bbox_inches="tight")
+    (out / f"{name}.facts.json").write_text(json.dumps(figure_facts(fig), indent=1))
     return p
+
+
+def figure_facts(fig) -> dict:
+    """What the compared panels of ``fig`` show: its attention overlays (:func:`image_overlay`) where it has any, else
+    every colour-mapped panel (pictures in RGB left out). ``panels`` (how many), ``clims`` (each panel's colour scale),
+    ``shared`` (one scale for all), ``peak`` (the largest value drawn), ``overlays`` (how many), ``chance`` (the
+    even-reading level marked on each overlay's colour bar, None where none is) and ``units`` (their colour bars'
+    labels)."""
+    panels = [im for ax in fig.axes for im in ax.images if np.ndim(im.get_array()) == 2]
+    overlays = [im for im in panels if hasattr(im, "unicache_overlay")]
+    panels = overlays or panels  # the compared panels: the overlays where there are any (a matrix beside them is not one)
+    clims = [[float(v) for v in im.get_clim()] for im in panels]
+    peak = max((float(np.nanmax(np.asarray(im.get_array(), dtype=float))) for im in panels), default=float("nan"))
+    return {"panels": len(panels), "clims": clims, "shared": len({tuple(c) for c in clims}) <= 1, "peak": peak,
+            "overlays": len(overlays), "chance": [im.unicache_overlay["chance"] for im in overlays],
+            "units": sorted({str(im.unicache_overlay["unit"]) for im in overlays})}
 
 
 def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV read frequency", log: bool = True,
@@ -257,6 +277,7 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
                    interpolation="nearest", vmin=vmin, vmax=vmax)
     ax.set_axis_off()
     ax.set_title(title, fontsize=9)
+    im.unicache_overlay = {"chance": chance if cbar else None, "unit": cbar}  # read back by figure_facts
     if cbar:
         cb = _colorbar(ax, im, cbar)
         if chance is not None and cb is not None:
