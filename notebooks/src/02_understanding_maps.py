@@ -417,6 +417,16 @@ explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image f
 explorer
 
 # %% [markdown]
+# Without a kernel (what the course website shows; `make book`): the explorer's picture at every captured layer, drawn
+# now, and a layer slider that swaps them in the page.
+
+# %% tags=["nbval-ignore-output"]
+from unicache_lib.static_explorer import static_attention_explorer
+
+static_attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids,
+                          questions={s.id: s.question for s in map_samples})
+
+# %% [markdown]
 # The same view as a static figure: the first look's picture, layer 1, head 0, the last prompt position (the one that
 # produces the answer) reading the image.
 
