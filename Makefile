@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
 run test notebooks: export UNICACHE_PROGRESS = 0
 
-.PHONY: setup run test test-fast notebooks docs lab book benchmark samples evaluate evaluate-reuse replicate settle rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
+.PHONY: setup run test test-fast test-extended notebooks docs lab book benchmark samples evaluate evaluate-reuse replicate settle rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 ## setup: create .venv (torch pinned first, then the project with its dev extra) and the python3 kernel; runs
 ##        again only when pyproject.toml changed (every other target depends on it)
@@ -51,9 +51,15 @@ TEST_T0 := $(shell date +%s)
 test: setup
 	$(BIN)/python tools/run_tests.py --setup-seconds $$(( $$(date +%s) - $(TEST_T0) ))
 
-## test-fast: unit tests only (no notebook runs, nothing marked slow), a few minutes
+## test-fast: unit tests only (no notebook runs, nothing marked slow or extended), a few minutes: the loop for a change
 test-fast: setup
-	$(BIN)/python -m pytest tests -q -m "not notebook and not slow"
+	$(BIN)/python -m pytest tests -q -m "not notebook and not slow and not extended"
+
+## test-extended: the long end-to-end checks make test leaves out (the browser sliders in JupyterLab, the rehearsal
+##                slice and the GPU script's code path, the sharded reuse run, SIGKILL at random points); CI runs it
+##                after make test (.ci/run)
+test-extended: setup
+	$(BIN)/python tools/run_tests.py --extended
 
 ## notebooks: rebuild the committed notebooks from notebooks/src (jupytext, paired: cell ids kept) and execute
 ##            them in place (full parameters); NB=03 rebuilds one. Each notebook's scoreboard and run time are kept

@@ -145,6 +145,7 @@ def test_reuse_at_two_step_counts_runs_small(capsys):
     assert "step_skip (order 2, w=1)" in out
 
 
+@pytest.mark.extended
 def test_decisive_reuse_run_shards_and_merges_equal_to_one_process(tmp_path):
     """`make evaluate-reuse`: prompts disjoint from 06's and the tuning set's; two ranks' chunks merge into exactly the
     one-process rows; the merge decides 06's claims with 06's code, and 06 reads the result only for its own

@@ -107,6 +107,7 @@ def test_glossary_link_opens_its_term_in_make_lab(tmp_path):
         browser.close()
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_slider_redraws_in_jupyterlab(tmp_path, case):
     name, params, slider, readout = CASES[case]

@@ -33,6 +33,7 @@ def test_stand_in_configs_have_the_real_token_counts_and_depth(name, samples):
         assert text.cross_attention_layers == list(range(3, 40, 5))
 
 
+@pytest.mark.extended
 def test_rehearsal_slice_runs_a_notebook_by_parameters_and_records_cost(tmp_path):
     from unicache_lib.rehearsal import rehearse, write_results
 
@@ -58,6 +59,7 @@ def test_gpu_script_skips_cleanly_without_cuda():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_gpu_script_code_path_on_the_cpu(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_rehearsal.py"), "--cpu-smoke", "--repeats", "2",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)

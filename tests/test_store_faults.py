@@ -112,6 +112,7 @@ def test_other_ranks_write_alongside_and_locks_are_released(tmp_path):
     assert check_intact(Store(tmp_path / "s")) == {str(s) for s in range(N_SAMPLES)}
 
 
+@pytest.mark.extended
 def test_sigkill_at_random_points(tmp_path):
     rng = random.Random(0)
     torn = 0

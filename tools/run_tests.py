@@ -51,8 +51,9 @@ COSTS = ROOT / "tests" / "costs.json"  # seconds per test file / notebook in the
 DEFAULT_COST = 10.0  # a file or notebook the recorded run does not know
 
 
-def _items() -> dict[str, list[str]]:
-    return {"unit": sorted(str(p.relative_to(ROOT)) for p in (ROOT / ROOT_TESTS).glob("test_*.py")),
+def _items(extended: bool = False) -> dict[str, list[str]]:
+    unit = sorted(p for p in (ROOT / ROOT_TESTS).glob("test_*.py") if not extended or "mark.extended" in p.read_text())
+    return {"unit": [str(p.relative_to(ROOT)) for p in unit],
             "nbval": sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
 
 
@@ -60,10 +61,10 @@ def recorded_costs() -> dict[str, float]:
     return json.loads(COSTS.read_text()) if COSTS.exists() else {}
 
 
-def command(py: str, kind: str, targets: list[str], extra: list[str]) -> list[str]:
+def command(py: str, kind: str, targets: list[str], extra: list[str], extended: bool = False) -> list[str]:
     slow = [f"--durations={SLOWEST}", "--durations-min=1", "-p", "tests.costs_plugin"]
     if kind == "unit":
-        return [py, "-m", "pytest", "-q", *slow, *extra, *targets]
+        return [py, "-m", "pytest", "-q", "-m", "extended" if extended else "not extended", *slow, *extra, *targets]
     return [py, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
             "-p", "no:randomly", "-p", "tests.nbval_digits", "-q", *slow, *extra, *targets]
 
@@ -91,12 +92,13 @@ def nbval_groups(notebooks: list[str]) -> list[list[str]]:
     return list(groups.values())
 
 
-def plan(lanes: int, only: str | None = None, costs: dict[str, float] | None = None) -> list[dict[str, list[str]]]:
+def plan(lanes: int, only: str | None = None, costs: dict[str, float] | None = None,
+         extended: bool = False) -> list[dict[str, list[str]]]:
     """``lanes`` lists of work, each ``{kind: [file, ...]}``: every test file and notebook in exactly one lane, dealt
     out longest first to the lane with the least recorded work (a notebook's cells stay together in one process, and so
     do the notebooks of one :func:`nbval_groups` group)."""
     costs = recorded_costs() if costs is None else costs
-    items = _items()
+    items = _items(extended)
     work = []
     if only in (None, "unit"):
         work += [(costs.get(t, DEFAULT_COST), "unit", [t]) for t in items["unit"]]
@@ -155,6 +157,8 @@ def main(argv=None) -> int:
                     "notebooks were executed with 2)")
     ap.add_argument("--setup-seconds", type=float, default=None, help="time `make setup` took (printed with the rest)")
     ap.add_argument("--only", choices=("unit", "nbval"), default=None, help="run one kind of work")
+    ap.add_argument("--extended", action="store_true", help="only the tests marked extended (make test-extended; "
+                    "make test leaves them out)")
     ap.add_argument("--record", action="store_true", help="write this run's seconds to tests/costs.json and "
                     "docs/TESTING.md's cost table")
     ap.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
@@ -162,7 +166,7 @@ def main(argv=None) -> int:
     if min(args.threads, args.nbval_threads) < 1:
         ap.error("--threads and --nbval-threads must be at least 1")
     serial = args.serial or (os.cpu_count() or 1) < 2
-    lanes = plan(1 if serial else 2, args.only)
+    lanes = plan(1 if serial else 2, "unit" if args.extended else args.only, None, args.extended)
     threads = {"unit": args.threads, "nbval": args.nbval_threads}
     tmp = Path(tempfile.mkdtemp(prefix="unicache-costs-"))
     results: list[tuple[str, int, float, float]] = []  # (part, exit status, wall seconds, CPU seconds)
@@ -173,7 +177,7 @@ def main(argv=None) -> int:
             n = str(threads[kind])
             env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
                    "UNICACHE_TEST_COSTS": str(tmp / f"lane{i}-{kind}.json")}
-            cmd = command(sys.executable, kind, targets, args.pytest_args)
+            cmd = command(sys.executable, kind, targets, args.pytest_args, args.extended)
             what = f"{kind} ({len(targets)} {'notebooks' if kind == 'nbval' else 'test files'})"
             with lock:
                 print(f"== lane {i + 1}: {what}, {n} thread{'s' * (int(n) > 1)}"
@@ -202,7 +206,7 @@ def main(argv=None) -> int:
     for f in sorted(tmp.glob("*.json")):
         costs.update(json.loads(f.read_text()))
     shutil.rmtree(tmp, ignore_errors=True)
-    if costs:
+    if costs and not args.extended:
         (ROOT / "outputs").mkdir(exist_ok=True)
         (ROOT / "outputs" / "test_costs.json").write_text(json.dumps(costs, indent=1, sort_keys=True))
         if args.record:
