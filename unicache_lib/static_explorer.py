@@ -28,6 +28,7 @@ from .analysis.token_classes import content_position
 from .capture.record import CaptureResult
 from .core.errors import InputError
 from .plots import quoted
+from .widgets import _heads, _index, _need
 
 BUDGET_BYTES = 2_000_000  # one explorer's HTML, images included
 DPI = 80  # the frames' first resolution (the widgets draw at matplotlib's default, 100)
@@ -61,7 +62,7 @@ class StaticExplorer:
 
 
 def _png(fig, dpi: float) -> bytes:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: matplotlib loads at the first picture, not at import
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
@@ -119,8 +120,6 @@ def static_attention_explorer(result: CaptureResult, images: dict, tokens: dict,
                               budget_bytes: int = BUDGET_BYTES, dpi: float = DPI) -> StaticExplorer:
     """:func:`~unicache_lib.widgets.attention_explorer`'s picture at every captured layer: a layer slider for one
     ``sample`` (default: the first), ``head`` and query ``token`` (default: the position the widget opens on)."""
-    from .widgets import _heads, _index, _need
-
     what = "static_attention_explorer"
     recs = [r for r in result.records if "probs" in r.data]
     if not recs:
@@ -167,8 +166,6 @@ def static_step_explorer(result: CaptureResult, images: dict, tokens: dict, part
                          dpi: float = DPI) -> StaticExplorer:
     """:func:`~unicache_lib.widgets.step_explorer`'s picture at every captured step: a step slider for one
     ``sample`` (default: the first prompt), ``layer`` (default: the last captured), ``head`` and ``word``."""
-    from .widgets import _heads, _index, _need
-
     what = "static_step_explorer"
     recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
             and (part is None or r.part == part)]

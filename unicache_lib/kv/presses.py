@@ -38,6 +38,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.errors import ContractError, InputError, UnsupportedModelError
+from ..core.hooks import forward_hooks
+from ..families import family_of
+from ..inputs import check_fraction
 from .policies.ablations import DivPruneKeys
 from .policies.base import EvictionContext, EvictionPolicy
 from .policies.key_coverage import KeyCoverage
@@ -69,8 +72,6 @@ class PolicyPress(BasePress):
     _prompt_len: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
-        from ..inputs import check_fraction
-
         if not isinstance(self.policy, EvictionPolicy) or self.policy.stage != "cache":
             raise InputError(f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got "
                              f"{self.policy!r}: a prefill-stage policy chooses before the language model runs, where no "
@@ -82,8 +83,6 @@ class PolicyPress(BasePress):
             raise InputError(f"image_token_id must be a token id (an int >= 0) or None, got {self.image_token_id!r}")
 
     def post_init_from_model(self, model):
-        from ..families import family_of
-
         fam = family_of(model)  # an unsupported model is refused here, with the supported families listed
         if fam.cross_attention:
             raise InputError(f"{fam.name}: the image KV lives in cross-attention layers, which kvpress presses do not "
@@ -117,9 +116,6 @@ class PolicyPress(BasePress):
         """kvpress's own hook (``BasePress.forward_hook``) on every self-attention layer of the language model, found
         by the family adapter (kvpress looks for ``model.model.language_model.layers``, which not every family has,
         and skips Gemma 3's sliding layers, which the workbench's eviction does not); removed on exit, even on error."""
-        from ..core.hooks import forward_hooks
-        from ..families import family_of
-
         active = getattr(model, "_unicache_press", None)
         if active is not None:  # a second press would compress what the first already compressed
             raise InputError(f"{type(active).__name__} is already applied to this model (a `with press(model):` inside "

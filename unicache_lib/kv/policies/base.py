@@ -14,6 +14,7 @@ import torch
 
 from ...core.errors import ContractError, InputError
 from ...core.registry import Registry, registrar
+from ...inputs import check_fraction
 
 POLICIES: dict[str, type["EvictionPolicy"]] = Registry("eviction policy")
 register = registrar(POLICIES, "policy")
@@ -61,8 +62,6 @@ class EvictionContext:
     def k(self, budget: float) -> int:
         """Image positions kept at ``budget`` (a fraction of the image tokens in [0, 1]; a string or a
         count is refused by :func:`~unicache_lib.inputs.check_fraction`)."""
-        from ...inputs import check_fraction
-
         budget = check_fraction(budget, "budget", meaning="of the image tokens kept")
         return int(round(budget * self.n_image))
 

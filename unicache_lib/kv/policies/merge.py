@@ -25,6 +25,7 @@ import torch
 
 from ...core.errors import InputError
 from ...core.hooks import forward_hooks
+from ...families import family_of
 from .base import register
 from .key_coverage import KeyCoverage
 
@@ -81,8 +82,6 @@ def log_size_bias(model, bias: dict[int, torch.Tensor]):
     mask; keys beyond ``C`` (the tokens fed since) get 0, and a layer with no entry (read at each call) is left as it
     is. A missing mask (sdpa without padding) is made causal first;
     a boolean one additive. The hooks are removed on exit, even on error."""
-    from ...families import family_of
-
     sites = {s.layer: s.module for s in family_of(model).sites(model, ("language",))}
     missing = sorted(set(bias) - set(sites))
     if missing:
