@@ -68,7 +68,8 @@ def exercise_1(quick: bool = False) -> dict:
     for ax, g in zip(axes[0], gens):
         gen = _gen(g)
         methods = {n: (lambda n=n: ReuseCache(gen.transformer, REUSE_POLICIES[n](), steps)) for n in ("none", "static_last_third", "every_2")}
-        for th in (0.99, 0.995, 0.999):
+        thresholds = (0.99, 0.995, 0.999)  # the starter cell's gap
+        for th in thresholds:
             methods[f"adaptive {th}"] = lambda th=th: ReuseCache(gen.transformer, REUSE_POLICIES["adaptive"](threshold=th), steps)
         df = _reuse(g, methods, 2 if quick else 16, steps)
         static = df.loc[["static_last_third", "every_2"]]
@@ -115,12 +116,13 @@ def exercise_2(quick: bool = False) -> dict:
     from unicache_lib.reuse.control import control_table, fewer_steps_methods
 
     steps = 20
+    weight = 0.0  # the starter cell's gap
     rows = {}
     for g in GENERATORS[:1] if quick else GENERATORS:
         gen = _gen(g)
         methods = {"none": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["none"](), steps),
                    "step_skip": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](), steps),
-                   "step_skip (weight 0)": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](weight=0.0), steps)}
+                   "step_skip (weight 0)": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](weight=weight), steps)}
         fewer = [8, 12] if quick else sorted({max(2, round(f * steps)) for f in (0.35, 0.45, 0.6, 0.8)} - {steps})
         df = _reuse(g, methods | fewer_steps_methods(fewer), 2 if quick else 16, steps)
         ct = control_table(df)
@@ -155,7 +157,8 @@ def exercise_3(quick: bool = False) -> dict:
     d = OUT / "random-sana"
     if not (d / "model_index.json").exists():
         build_tiny("sana", d, seed=SEED)
-    gen = load_generator(str(d))
+    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your pipeline's folder
+    gen = load_generator(checkpoint)
     steps = 20
     methods = {"none": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["none"](), steps),
                "step_skip": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](), steps)}
