@@ -232,7 +232,8 @@ def test_explorers_show_their_opening_view_and_say_to_open_jupyterlab(site):
         assert body.count('class="book-widget"') == n
         assert text.count("Live explorer: open in JupyterLab") == n
         assert body.count('class="book-widget-snapshot"') >= n  # the opening view, from the saved widget state
-        assert re.search(r'The static figures? beside it: <a href="#figure-\d+">', body), nb.name
+        assert re.search(r'The static figures? beside it: <a href="#figure-\d+">|the <a href="#ucx-explorer">slider '
+                         r'explorer</a> beside it redraws', body), nb.name  # a static form is linked from the note
     assert {"02", "03", "08"} <= set(with_widgets)
 
 
@@ -425,6 +426,8 @@ def test_the_site_in_a_browser(site, pages, server, explorers, mini_site):
                 moved += 1
         browser.close()
     assert {"_test/explorers.html", "_test/mini/notebooks/00_demo.html"} <= set(with_sliders) and moved >= 3
+    # the lessons whose explorers have a kernel-free form (02: layers, 03: steps) redraw in the page
+    assert {"notebooks/02_understanding_maps.html", "notebooks/03_diffusion_steps.html"} <= set(with_sliders), with_sliders
     assert not errors, errors[:10]
     assert not failed, failed[:10]
     bad = [(path, code) for path, code in seen if code >= 400]
