@@ -51,9 +51,10 @@ TEST_T0 := $(shell date +%s)
 test: setup
 	$(BIN)/python tools/run_tests.py --setup-seconds $$(( $$(date +%s) - $(TEST_T0) ))
 
-## test-fast: unit tests only (no notebook runs, nothing marked slow or extended), a few minutes: the loop for a change
+## test-fast: unit tests only (no notebook runs, nothing marked slow or extended) in two lanes like make test, a few
+##            minutes: the loop for a change
 test-fast: setup
-	$(BIN)/python -m pytest tests -q -m "not notebook and not slow and not extended"
+	$(BIN)/python tools/run_tests.py --fast
 
 ## test-extended: the long end-to-end checks make test leaves out (the browser sliders in JupyterLab, the rehearsal
 ##                slice and the GPU script's code path, the sharded reuse run, SIGKILL at random points); CI runs it

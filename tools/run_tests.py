@@ -48,6 +48,8 @@ SLOWEST = 25  # each stage lists its slowest tests (pytest --durations)
 
 ROOT_TESTS = "tests"
 COSTS = ROOT / "tests" / "costs.json"  # seconds per test file / notebook in the recorded run (--record)
+FAST_COSTS = ROOT / "tests" / "costs_fast.json"  # the same for `make test-fast` (--fast --record)
+MARKS = {"test": "not extended", "fast": "not notebook and not slow and not extended", "extended": "extended"}
 DEFAULT_COST = 10.0  # a file or notebook the recorded run does not know
 
 
@@ -57,14 +59,15 @@ def _items(extended: bool = False) -> dict[str, list[str]]:
             "nbval": sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
 
 
-def recorded_costs() -> dict[str, float]:
-    return json.loads(COSTS.read_text()) if COSTS.exists() else {}
+def recorded_costs(mode: str = "test") -> dict[str, float]:
+    f = FAST_COSTS if mode == "fast" else COSTS
+    return json.loads(f.read_text()) if f.exists() and mode != "extended" else {}
 
 
-def command(py: str, kind: str, targets: list[str], extra: list[str], extended: bool = False) -> list[str]:
+def command(py: str, kind: str, targets: list[str], extra: list[str], mode: str = "test") -> list[str]:
     slow = [f"--durations={SLOWEST}", "--durations-min=1", "-p", "tests.costs_plugin"]
     if kind == "unit":
-        return [py, "-m", "pytest", "-q", "-m", "extended" if extended else "not extended", *slow, *extra, *targets]
+        return [py, "-m", "pytest", "-q", "-m", MARKS[mode], *slow, *extra, *targets]
     return [py, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
             "-p", "no:randomly", "-p", "tests.nbval_digits", "-q", *slow, *extra, *targets]
 
@@ -93,12 +96,13 @@ def nbval_groups(notebooks: list[str]) -> list[list[str]]:
 
 
 def plan(lanes: int, only: str | None = None, costs: dict[str, float] | None = None,
-         extended: bool = False) -> list[dict[str, list[str]]]:
+         mode: str = "test") -> list[dict[str, list[str]]]:
     """``lanes`` lists of work, each ``{kind: [file, ...]}``: every test file and notebook in exactly one lane, dealt
     out longest first to the lane with the least recorded work (a notebook's cells stay together in one process, and so
     do the notebooks of one :func:`nbval_groups` group)."""
-    costs = recorded_costs() if costs is None else costs
-    items = _items(extended)
+    costs = recorded_costs(mode) if costs is None else costs
+    items = _items(mode == "extended")
+    only = "unit" if mode != "test" else only
     work = []
     if only in (None, "unit"):
         work += [(costs.get(t, DEFAULT_COST), "unit", [t]) for t in items["unit"]]
@@ -159,6 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", choices=("unit", "nbval"), default=None, help="run one kind of work")
     ap.add_argument("--extended", action="store_true", help="only the tests marked extended (make test-extended; "
                     "make test leaves them out)")
+    ap.add_argument("--fast", action="store_true", help="unit tests without notebook runs, slow or extended tests "
+                    "(make test-fast), in two lanes like make test")
     ap.add_argument("--record", action="store_true", help="write this run's seconds to tests/costs.json and "
                     "docs/TESTING.md's cost table")
     ap.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
@@ -166,7 +172,8 @@ def main(argv=None) -> int:
     if min(args.threads, args.nbval_threads) < 1:
         ap.error("--threads and --nbval-threads must be at least 1")
     serial = args.serial or (os.cpu_count() or 1) < 2
-    lanes = plan(1 if serial else 2, "unit" if args.extended else args.only, None, args.extended)
+    mode = "extended" if args.extended else "fast" if args.fast else "test"
+    lanes = plan(1 if serial else 2, args.only, None, mode)
     threads = {"unit": args.threads, "nbval": args.nbval_threads}
     tmp = Path(tempfile.mkdtemp(prefix="unicache-costs-"))
     results: list[tuple[str, int, float, float]] = []  # (part, exit status, wall seconds, CPU seconds)
@@ -177,7 +184,7 @@ def main(argv=None) -> int:
             n = str(threads[kind])
             env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
                    "UNICACHE_TEST_COSTS": str(tmp / f"lane{i}-{kind}.json")}
-            cmd = command(sys.executable, kind, targets, args.pytest_args, args.extended)
+            cmd = command(sys.executable, kind, targets, args.pytest_args, mode)
             what = f"{kind} ({len(targets)} {'notebooks' if kind == 'nbval' else 'test files'})"
             with lock:
                 print(f"== lane {i + 1}: {what}, {n} thread{'s' * (int(n) > 1)}"
@@ -206,12 +213,14 @@ def main(argv=None) -> int:
     for f in sorted(tmp.glob("*.json")):
         costs.update(json.loads(f.read_text()))
     shutil.rmtree(tmp, ignore_errors=True)
-    if costs and not args.extended:
+    if costs and mode != "extended":
         (ROOT / "outputs").mkdir(exist_ok=True)
-        (ROOT / "outputs" / "test_costs.json").write_text(json.dumps(costs, indent=1, sort_keys=True))
+        (ROOT / "outputs" / f"test_costs{'_fast' if mode == 'fast' else ''}.json").write_text(
+            json.dumps(costs, indent=1, sort_keys=True))
         if args.record:
-            COSTS.write_text(json.dumps(costs, indent=1, sort_keys=True) + "\n")
-            write_cost_table(costs)
+            (FAST_COSTS if mode == "fast" else COSTS).write_text(json.dumps(costs, indent=1, sort_keys=True) + "\n")
+            if mode == "test":
+                write_cost_table(costs)
     print(f"\n== times ({'one lane' if len(lanes) == 1 else f'{len(lanes)} lanes side by side'})")
     if args.setup_seconds is not None:
         print(f"  setup   {_minutes(args.setup_seconds)}")
