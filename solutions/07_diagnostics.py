@@ -75,9 +75,9 @@ def exercise_1(quick: bool = False) -> dict:
     qas = _qas(100 if quick else 1500)
     samples = _samples(quick)
     rows = [{"masked from": "none", "accuracy": _accuracy(qas), "first cut-off layer": _detector(samples).first_cutoff_layer}]
-    for L in (1, 2, 3):
-        with mask_image_attention(model, L):
-            rows.append({"masked from": L, "accuracy": _accuracy(qas), "first cut-off layer": _detector(samples).first_cutoff_layer})
+    for from_layer in (1, 2, 3):  # the starter cell's gap, filled once per layer
+        with mask_image_attention(model, from_layer):
+            rows.append({"masked from": from_layer, "accuracy": _accuracy(qas), "first cut-off layer": _detector(samples).first_cutoff_layer})
     t = pd.DataFrame(rows).set_index("masked from")
     return {"questions": len(qas), "table": "\n" + t.round(3).to_string(), "_t": t}
 
@@ -109,7 +109,8 @@ def exercise_2(quick: bool = False) -> dict:
     n_layers = model.config.get_text_config().num_hidden_layers
     shallow = band_layers(n_layers)["shallow"]
     every = answer_attention(model, processor, qas, progress=False)
-    low = answer_attention(model, processor, qas, progress=False, layers=shallow)
+    layers = shallow  # the starter cell's gap: band_layers(n_layers)["shallow"]
+    low = answer_attention(model, processor, qas, progress=False, layers=layers)
     wrong = ~every.correct
     t = auroc_table({"coverage, all layers": -every.coverage, f"coverage, shallow layers {shallow}": -low.coverage,
                      "confidence (baseline)": -every.confidence}, wrong)
@@ -136,11 +137,12 @@ def exercise_3(quick: bool = False) -> dict:
 
     model, processor = _model()
     samples = _samples(quick)
+    offset = 1  # the starter cell's gap
     shuffled = [copy.copy(s) for s in samples]
     for i, s in enumerate(shuffled):
-        s.image = samples[(i + 1) % len(samples)].image
+        s.image = samples[(i + offset) % len(samples)].image
     qas = _qas(100 if quick else 1500)
-    moved = tuple(dataclasses.replace(q, scene=qas[(i + 1) % len(qas)].scene) for i, q in enumerate(qas))
+    moved = tuple(dataclasses.replace(q, scene=qas[(i + offset) % len(qas)].scene) for i, q in enumerate(qas))
     rows = {}
     for name, ss, qq in (("healthy", samples, qas), ("shuffled images", shuffled, moved)):
         v = _detector(ss)
@@ -196,6 +198,7 @@ def exercise_4(quick: bool = False) -> dict:
     from unicache_lib.world.questions import heldout_set
 
     d, (model, processor) = _random_llava()
+    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your model's path or hub id
     samples = _samples(quick)
     blank = [copy.copy(s) for s in samples]
     for s in blank:

@@ -313,7 +313,8 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a line) to ★★★ (a new measurement); each has a starter cell below. Solutions with measured
+# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Each starter cell below sets the work up and leaves
+# one gap, `... # <- fill in`: fill it and run the cell (★ and ★★ in under a minute). Solutions with measured
 # outcomes: `solutions/07_diagnostics.py`.
 #
 # 1. ★ Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer, and does
@@ -327,20 +328,67 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 #    AUROC — its direction, whether its interval excludes chance, and whether you have enough wrong answers to decide U12.
 
 # %%
-# Exercise 1 starter: masking from another layer
-# with mask_image_attention(model, 1): capture_samples(...) and answer_attention(model, processor, qas)
-print(f"MASK_FROM_LAYER is {MASK_FROM_LAYER}; rerun with papermill -p MASK_FROM_LAYER 1 and 3")
+# Exercise 1 starter: image attention masked from another layer; accuracy on 200 of the questions, the detector on
+# five standard samples, beside the unmasked model
+import copy  # noqa: E402
+import dataclasses  # noqa: E402
+from unicache_lib.capture.runner import capture_samples  # noqa: E402
+from unicache_lib.diagnostics.broken import mask_image_attention  # noqa: E402
+from unicache_lib.diagnostics.neglect import detect_neglect, image_dependence  # noqa: E402
+from unicache_lib.pruning import evaluate as E  # noqa: E402
+few_qas, few_samples = qas[:200], samples[:5]
+
+
+def accuracy(questions):
+    lp = E.answer_logprobs(model, processor, questions)
+    return E.understanding_metrics(lp, lp, processor, questions)["accuracy"]
+
+
+from_layer = ...  # <- fill in: the first layer whose text queries may no longer read the image
+if from_layer is ...:
+    print(f"Fill in `from_layer`, then run this cell again (§3's variant masked from {MASK_FROM_LAYER}).")
+else:
+    print(f"unmasked: accuracy {accuracy(few_qas):.3f}")
+    with mask_image_attention(model, from_layer):
+        v = detect_neglect([r for r in capture_samples(model, processor, few_samples, progress=False)
+                            if r.part == family.image_part])
+        print(f"masked from layer {from_layer}: accuracy {accuracy(few_qas):.3f}; detector fires {v.fires}, "
+              f"first cut-off layer {v.first_cutoff_layer}")
 
 # %%
-# Exercise 2 starter: shallow-layer coverage only
-# answer_attention(model, processor, qas, layers=[0, 1]) -> the coverage column; then auroc_interval(-coverage, wrong)
-print(f"{len(A)} questions, {n_wrong} wrong answers")
+# Exercise 2 starter: coverage from some layers only, on §2's wrong answers and 300 right ones (an AUROC does not
+# depend on the share of wrong answers), beside all-layer coverage and confidence
+layers = ...  # <- fill in: the indices of the shallow layers (hint: band_layers from unicache_lib.analysis.layers)
+pick = list(np.flatnonzero(wrong.to_numpy())) + list(np.flatnonzero(~wrong.to_numpy())[:300])
+if layers is ...:
+    print(f"Fill in `layers`, then run this cell again ({n_wrong} wrong answers of {len(A)}).")
+else:
+    low = answer_attention(model, processor, [qas[i] for i in pick], progress=False, layers=layers)
+    sub = A.iloc[pick]
+    print(auroc_table({"coverage, all layers": -sub.coverage.to_numpy(),
+                       f"coverage, layers {layers}": -low.coverage.to_numpy(),
+                       "confidence (baseline)": -sub.confidence.to_numpy()}, ~sub.correct.to_numpy()).round(3).to_string())
 
 # %%
-# Exercise 3 starter: images shuffled across samples
-# shuffled = [copy of s with the image of samples[(i + 1) % n]]; then DG.detector_table on its capture
-print(f"{len(samples)} samples to shuffle")
+# Exercise 3 starter: every standard sample shown another sample's picture (questions likewise moved to another
+# scene); detector, image dependence and accuracy against the healthy row of §3's table
+offset = ...  # <- fill in: how many places along the list each sample's picture comes from (not 0)
+if offset is ...:
+    print(f"Fill in `offset`, then run this cell again ({len(samples)} samples).")
+else:
+    shuffled = [copy.copy(s) for s in samples]
+    for i, s in enumerate(shuffled):
+        s.image = samples[(i + offset) % len(samples)].image
+    moved = [dataclasses.replace(q, scene=few_qas[(i + offset) % len(few_qas)].scene) for i, q in enumerate(few_qas)]
+    v = detect_neglect([r for r in capture_samples(model, processor, shuffled, progress=False) if r.part == family.image_part])
+    print(f"shuffled images: fires {v.fires}, lowest layer share {v.shares.min():.3f}, image dependence (KL) "
+          f"{image_dependence(model, processor, shuffled, SEED):.2f}, accuracy {accuracy(moved):.3f} (200 questions)")
+    print(det.loc[["healthy"], ["fires", "image dependence (KL)"]].to_string())
 
 # %%
 # Exercise 4 starter: this lesson on your checkpoint
-print(".venv/bin/papermill notebooks/07_diagnostics.ipynb outputs/07_mine.ipynb -p MODEL /path/to/llava -p N_QUESTIONS 1500")
+checkpoint = ...  # <- fill in: a path or hub id of your LLaVA-family model
+if checkpoint is ...:
+    print("Fill in `checkpoint`, then run this cell again.")
+else:
+    print(f".venv/bin/papermill notebooks/07_diagnostics.ipynb outputs/07_mine.ipynb -p MODEL {checkpoint} -p N_QUESTIONS 1500")
