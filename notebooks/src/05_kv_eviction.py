@@ -599,6 +599,14 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 #   `random`
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > policy > random@1" fmt="{:.3f}"-->0.500<!--/num-->.
 #   From 50% on every score-based rule is below `random`: reads pile onto one object, a cover keeps every object.
+# - **Merge, don't only drop.** `key_coverage_merge` keeps `key_coverage`'s positions and folds each evicted image key
+#   and value into its nearest kept one (a group mean, its size on the attention logit). On
+#   <!--num "benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage_merge,kind=share].n" fmt="{:,.0f}"-->2,700<!--/num-->
+#   held-out questions at 10% (six tokens) it keeps
+#   <!--num "benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage_merge,kind=share].share_of_full" fmt="{:.3f}"-->0.993<!--/num-->
+#   of full accuracy, dropping
+#   <!--num "benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage,kind=share].share_of_full" fmt="{:.3f}"-->0.962<!--/num-->
+#   (`benchmarks/merge_eviction.py`): E2's ceiling at 10% was the dropping, not the budget.
 # - **Selecting beats pooling** by
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:cells where key_coverage is ahead > pooling@3" scale=100 fmt="{:.1f}"-->57.3<!--/num-->
 #   points at 10%; the gain comes from the cover's *rule*, not from selecting after the prefill (§3's controls).

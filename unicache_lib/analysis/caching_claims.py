@@ -327,6 +327,15 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      "what it suggests on your model": "where it ties or leads, choose before the prefill: the prefill then "
                      "runs on the kept tokens only (benchmarks/results/eviction_standin.txt: its time)",
                      "where": "§3, kv/policies/key_coverage_prefill.py, benchmarks/prefill_cover.py"})
+    if "key_coverage_merge" in acc.index:
+        rows.append({"measurement": f"key_coverage_merge minus {NEW}, per budget (the evicted image KV merged into the "
+                     "kept instead of dropped)",
+                     "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'key_coverage_merge', b) - _at(acc, NEW, b)):+.1f} pt"
+                                             for b in budgets),
+                     "what it suggests on your model": "where merging leads, fold the evicted keys and values into the kept "
+                     "ones (the same bytes; the log-size term needs a hook on the attention mask, which PolicyPress applies "
+                     "inside its with block); where it ties, dropping is simpler",
+                     "where": "§3, kv/policies/merge.py, benchmarks/merge_eviction.py"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
         rows.append({"measurement": f"the two halves of {NEW}'s design, per budget (place: minus the same cover on the "
                      "features; rule: minus DivPrune's rule on the keys)",
