@@ -45,11 +45,12 @@ run: setup
 
 ## test: unit tests (quick papermill runs of every notebook, the browser test) and nbval on the committed notebooks,
 ##       split into two lanes side by side on 2 cores, one thread each; prints each part's time, the slowest tests
-##       and the CPU-minutes (docs/TESTING.md)
+##       and the CPU-minutes (docs/TESTING.md); RECORD=1 keeps its seconds per file and minutes (tests/costs.json,
+##       data/results/make_test.json, TESTING.md's table) for the next run's lanes and the README
 # the clock starts when make does, so the set-up time is printed with the stages
 TEST_T0 := $(shell date +%s)
 test: setup
-	$(BIN)/python tools/run_tests.py --setup-seconds $$(( $$(date +%s) - $(TEST_T0) ))
+	$(BIN)/python tools/run_tests.py --setup-seconds $$(( $$(date +%s) - $(TEST_T0) )) $(if $(RECORD),--record)
 
 ## test-fast: unit tests only (no notebook runs, nothing marked slow or extended) in two lanes like make test, a few
 ##            minutes: the loop for a change

@@ -20,7 +20,8 @@ portable across thread counts. The first lane prints as it goes; the second lane
 The exit status is non-zero when any part fails; the last lines give each part's wall-clock time, its CPU time (the
 process and everything it waited for: papermill kernels, the browser, torchrun ranks), the 25 slowest tests of each
 part (``--durations``) and the sum of the CPU times. Every run writes the seconds per file and notebook to
-``outputs/test_costs.json``; ``--record`` also writes them to ``tests/costs.json`` and docs/TESTING.md's cost table.
+``outputs/test_costs.json``; ``--record`` also writes them to ``tests/costs.json`` and docs/TESTING.md's cost table, and
+the run's minutes to ``data/results/make_test.json`` (which README.md quotes).
 """
 from __future__ import annotations
 
@@ -221,6 +222,12 @@ def main(argv=None) -> int:
             (FAST_COSTS if mode == "fast" else COSTS).write_text(json.dumps(costs, indent=1, sort_keys=True) + "\n")
             if mode == "test":
                 write_cost_table(costs)
+                cpu_min = sum(c for *_, c in results) / 60
+                (ROOT / "data" / "results" / "make_test.json").write_text(json.dumps({
+                    "wall_minutes": round((wall + (args.setup_seconds or 0)) / 60, 1),
+                    "setup_minutes": round((args.setup_seconds or 0) / 60, 1), "cpu_minutes": round(cpu_min, 1),
+                    "lanes": len(lanes), "cpu_count": os.cpu_count(),
+                    "passed": all(rc == 0 for _, rc, _, _ in results)}, indent=1) + "\n")
     print(f"\n== times ({'one lane' if len(lanes) == 1 else f'{len(lanes)} lanes side by side'})")
     if args.setup_seconds is not None:
         print(f"  setup   {_minutes(args.setup_seconds)}")
