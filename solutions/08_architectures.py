@@ -35,7 +35,9 @@ def text_queries_blind_to_image(model, n_image: int):
         h = args[0]
         S = h.shape[1]
         m = torch.zeros(1, 1, S, S, dtype=h.dtype)
-        m[..., : S - n_image, S - n_image:] = torch.finfo(h.dtype).min
+        n_text = S - n_image
+        blocked = (slice(0, n_text), slice(n_text, None))  # the starter cell's gap: text queries' rows, image keys' columns
+        m[..., blocked[0], blocked[1]] = torch.finfo(h.dtype).min
         return (args[0], m if args[1] is None else args[1] + m) + tuple(args[2:]), kwargs
 
     try:
@@ -85,7 +87,8 @@ def exercise_2(quick: bool = False) -> dict:
 
     model, proc = _model(MLLAMA)
     samples = sample_set.load(per_type=1 if quick else 4)
-    t = object_word_selectivity(model, proc, samples)
+    question = "where is the {colour} {shape} ?"  # the starter cell's gap
+    t = object_word_selectivity(model, proc, samples, question=question)
     by = t.groupby("layer")[["selectivity", "iou", "chance_iou"]].median()
     print(by.round(3).to_string())
     return {"_by_layer": by}
@@ -105,7 +108,8 @@ def exercise_3(quick: bool = False) -> dict:
 
     model, proc = _model(UNIFIED)
     rows = []
-    for i, q in enumerate(heldout_set(4 if quick else 20, seed=SEED + 99)):
+    n_images = 4 if quick else 20  # the starter cell's gap
+    for i, q in enumerate(heldout_set(n_images, seed=SEED + 99)):
         toks, res = decode_with_capture(model, proc, q.scene.uint8(), CAPTION_QUESTION, sample_id=f"d{i}", max_new_tokens=16)
         if not toks:
             continue
@@ -138,7 +142,8 @@ def exercise_4(quick: bool = False) -> dict:
         model, proc = _model(name)
         recs = [r for r in capture_samples(model, proc, samples, mode="stats", part="language", progress=False).records
                 if r.part == "language"]
-        for cut in (0.45, 0.3):
+        focused = 0.3  # the starter cell's gap
+        for cut in (0.45, focused):
             roles = AR.head_roles(recs, name, focused=cut).role
             out[(name, cut)] = float((roles == "focused").mean())
     t = pd.Series(out).unstack()
@@ -161,8 +166,8 @@ def exercise_5(quick: bool = False) -> dict:
     model, proc = _model(CLIP)
     samples = sample_set.load(per_type=1 if quick else 4)
     true = AR.capture_both_towers(model, proc, samples, mode="full", part="vision")
-    rolled = [s.__class__(**{**s.__dict__, "caption": samples[(i + 1) % len(samples)].caption})
-              for i, s in enumerate(samples)]
+    captions = [samples[(i + 1) % len(samples)].caption for i in range(len(samples))]  # the starter cell's gap
+    rolled = [s.__class__(**{**s.__dict__, "caption": c}) for s, c in zip(samples, captions)]
     shuffled = AR.capture_both_towers(model, proc, rolled, mode="full", part="vision")
     same = all(torch.equal(a.probs, b.probs) for a, b in zip(true.records, shuffled.records))
 
@@ -201,7 +206,7 @@ def exercise_6(quick: bool = False) -> dict:
     layers = sorted(x.layer for x in family_of(model).sites(model, ("language",)))
     acc = {"none": float(AR.fusion_correct(model, proc, qas).mean()),
            "all": float(AR.fusion_correct(model, proc, qas, blind=True).mean())}
-    for li in layers:
+    for li in layers:  # the starter cell's gap `layers`, one at a time
         acc[f"layer {li}"] = float(AR.fusion_correct(model, proc, qas, blind=True, layers=[li]).mean())
     print({k: round(v, 3) for k, v in acc.items()})
     return {"_acc": acc}

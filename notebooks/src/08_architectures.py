@@ -665,7 +665,8 @@ WrappedTable(pd.DataFrame(decisions, columns=["measurement", "value here", "what
 # ## Exercises
 #
 # Graded ★ (a parameter or a line) to ★★★ (a new measurement); `solutions/08_architectures.py` holds each measured
-# answer. Each exercise has a starter cell below.
+# answer. Each starter cell below sets the work up and leaves one gap, `... # <- fill in`: fill it and run the cell
+# (★ and ★★ in under a minute).
 #
 # 1. ★★ In section 8, blind the *text* to the image instead (mask text queries on image keys). What happens to
 #    ViLT's accuracy, and where is the answer read? Compare with the cards' "images shuffled" accuracy.
@@ -681,25 +682,102 @@ WrappedTable(pd.DataFrame(decisions, columns=["measurement", "value here", "what
 #    layers=[k])`). Which layer's text injection does the answer need most?
 
 # %%
-# Exercise 1 starter: blind the text to the image
-print("with text_queries_blind_to_image(model, n_image): the ViLT forward of section 8 (see solutions/08_architectures.py)")
+# Exercise 1 starter: ViLT with its *text* queries blind to the image keys (the mirror of §8), on 100 of §8's questions
+from unicache_lib.zoo.train import vilt as TV  # noqa: E402
+if VL in models:
+    vm, vp = models[VL]
+    few = qas[:100]
+    inp = family_of(vm).canonical_inputs(vm, TV.encode(vp, [q.question for q in few], np.stack([q.scene.uint8() for q in few])))
+    n_text = inp["input_ids"].shape[1]  # the text positions come first, then the image's
+blocked = ...  # <- fill in: (query rows, key columns) of the map to mask, as slices (use n_text)
+if VL not in models:
+    print("no ViLT in this run: nothing to blind")
+elif blocked is ...:
+    print(f"Fill in `blocked`, then run this cell again ({n_text} text positions first, then the image's).")
+else:
+    def blind_text(module, args, kwargs):
+        m = torch.zeros(1, 1, args[0].shape[1], args[0].shape[1], dtype=args[0].dtype)
+        m[..., blocked[0], blocked[1]] = torch.finfo(m.dtype).min
+        return (args[0], m if args[1] is None else args[1] + m) + tuple(args[2:]), kwargs
+
+    hooks = [x.module.register_forward_pre_hook(blind_text, with_kwargs=True) for x in family_of(vm).sites(vm, ("language",))]
+    try:
+        with torch.no_grad():
+            pred = vm(**inp).logits.argmax(-1)
+    finally:
+        [h.remove() for h in hooks]
+    acc = np.mean([vm.config.id2label[int(j)] == q.answer for j, q in zip(pred, few)])
+    print(f"ViLT, text blind to the image: accuracy {acc:.3f} (healthy {healthy[:100].mean():.3f}, {len(few)} questions)")
 
 # %%
-# Exercise 2 starter: the shape word of a question
-print("unicache_lib.analysis.localisation.object_word_selectivity(mllama, processor, samples) on the Mllama role")
+# Exercise 2 starter: §9's object-word focus from a question instead of captions, per cross-attention layer
+question = ...  # <- fill in: the question template, with {colour} and {shape} placeholders
+if ML not in models:
+    print("no Mllama in this run")
+elif question is ...:
+    print("Fill in `question`, then run this cell again.")
+else:
+    t = object_word_selectivity(*models[ML], samples, question=question)
+    print(t.groupby("layer")[["selectivity", "iou", "chance_iou"]].median().round(3).to_string())
 
 # %%
-# Exercise 3 starter: A5 per layer
-print("keep the per-layer image shares of describing and answering instead of their mean over layers")
+# Exercise 3 starter: A5 per layer: describe, then answer, a few images; the image share of each generated token
+from unicache_lib.capture.decode import decode_with_capture  # noqa: E402
+from unicache_lib.world.text import CAPTION_QUESTION  # noqa: E402
+n_images = ...  # <- fill in: how many held-out images to describe and question (a few: each decodes a caption)
+if JN not in models:
+    print("no Janus in this run")
+elif n_images is ...:
+    print("Fill in `n_images`, then run this cell again.")
+else:
+    rows = []
+    for i, q in enumerate(heldout_set(n_images, seed=SEED + 99)):
+        toks, res = decode_with_capture(*models[JN], q.scene.uint8(), CAPTION_QUESTION, sample_id=f"d{i}", max_new_tokens=16)
+        _, ares = decode_with_capture(*models[JN], q.scene.uint8(), q.question, sample_id=f"a{i}", max_new_tokens=1)
+        if toks:
+            d, a = AR.generated_share(res, f"d{i}", len(toks)).mean(0), AR.generated_share(ares, f"a{i}", 1)[0]
+            rows += [{"layer": li, "describe": float(d[li]), "answer": float(a[li])} for li in range(len(d))]
+    print(pd.DataFrame(rows).groupby("layer").mean().round(3).to_string())
 
 # %%
-# Exercise 4 starter: a lower focused cut-off
-print("AR.head_roles(records, name, focused=0.3)")
+# Exercise 4 starter: §4's head roles at another "focused" cut-off, the share of focused heads per model
+focused = ...  # <- fill in: the lower cut-off on a head's mean largest weight
+if focused is ...:
+    print("Fill in `focused`, then run this cell again (§4 used 0.45).")
+else:
+    share = {}
+    for role, r in recs.items():
+        part = READ_PART.get(family_of(models[role][0]).name, "language")
+        for cut in (0.45, focused):
+            hr = AR.head_roles([x for x in r.records if x.part == part], role, focused=cut)
+            share[(role, cut)] = float((hr.role == "focused").mean())
+    print(pd.Series(share).unstack().round(2).to_string())
 
 # %%
-# Exercise 5 starter: CLIP with shuffled captions
-print("AR.capture_both_towers on re-captioned samples, then torch.equal map by map")
+# Exercise 5 starter: CLIP with every sample given another sample's caption; the image tower's maps against §10's
+captions = ...  # <- fill in: one caption per sample, each another sample's (e.g. the list rolled by one)
+if CL not in models:
+    print("no CLIP in this run")
+elif captions is ...:
+    print("Fill in `captions`, then run this cell again.")
+else:
+    recap = [s.__class__(**{**s.__dict__, "caption": c}) for s, c in zip(samples, captions)]
+    again = AR.capture_both_towers(cm_, cp, recap, mode="full", part="vision")
+    same = all(torch.equal(a.probs, b.probs) for a, b in zip(cres.records, again.records))
+    with torch.no_grad():
+        o = cm_(**cp(text=list(captions), images=[s.image for s in samples], return_tensors="pt", padding=True))
+    pick = o.logits_per_image.argmax(1).numpy()
+    print(f"image tower's {len(cres.records)} maps identical: {same}; image i picks text slot i: "
+          f"{(pick == np.arange(len(samples))).mean():.2f}; its own true caption: {(np.array(captions)[pick] == caps).mean():.2f}")
 
 # %%
-# Exercise 6 starter: ViLT blind in one layer
-print("AR.fusion_correct(..., blind=True, layers=[k]) for k in range(6)")
+# Exercise 6 starter: ViLT's image queries blind to the text in one layer at a time, on 200 of §8's questions
+layers = ...  # <- fill in: the ViLT layers to try, one at a time (e.g. a range)
+if VL not in models:
+    print("no ViLT in this run")
+elif layers is ...:
+    print("Fill in `layers`, then run this cell again.")
+else:
+    few = qas[:200]
+    print(f"none {healthy[:200].mean():.3f}; all {blind[:200].mean():.3f}; " + "; ".join(
+        f"layer {k} {AR.fusion_correct(*models[VL], few, blind=True, layers=[k]).mean():.3f}" for k in layers))
