@@ -358,6 +358,15 @@ for role, (m, proc) in models.items():
 model_explorer(explore)
 
 # %% [markdown]
+# Without a kernel (what the course website shows; `make book`): each model's picture at every captured layer, drawn
+# now, with a layer slider that swaps them in the page.
+
+# %% tags=["nbval-ignore-output"]
+from unicache_lib.static_explorer import static_model_explorer
+
+static_model_explorer(explore)
+
+# %% [markdown]
 # The same view as a static figure: the first model's sample, its middle layer, head 0.
 
 # %%
