@@ -426,8 +426,9 @@ def test_the_site_in_a_browser(site, pages, server, explorers, mini_site):
                 moved += 1
         browser.close()
     assert {"_test/explorers.html", "_test/mini/notebooks/00_demo.html"} <= set(with_sliders) and moved >= 3
-    # the lessons whose explorers have a kernel-free form (02: layers, 03: steps) redraw in the page
-    assert {"notebooks/02_understanding_maps.html", "notebooks/03_diffusion_steps.html"} <= set(with_sliders), with_sliders
+    # the lessons whose explorers have a kernel-free form (02: layers, 03: steps, 08: models) redraw in the page
+    assert {f"notebooks/{n}.html" for n in ("02_understanding_maps", "03_diffusion_steps", "08_architectures")} <= \
+        set(with_sliders), with_sliders
     assert not errors, errors[:10]
     assert not failed, failed[:10]
     bad = [(path, code) for path, code in seen if code >= 400]
