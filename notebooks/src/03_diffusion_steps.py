@@ -98,6 +98,9 @@ for m, run in look.items():
     for j, t in enumerate(run.tokens[0]):
         if t in words:
             maps[t if t not in maps else f"{t} (again)"] = W[j]  # a repeated word keeps both panels
+    if not maps:  # your own prompts: no content word is one of the transformer's tokens
+        print(f"{m}: no word of {prompts[look_at[m]]['short']!r} is a whole token here: no word map to draw")
+        continue
     joint = "joint" in gen_family_of(gens[m].transformer).parts  # joint: image and text keys; cross: the real words
     keys = gens[m].image_tokens + gens[m].text_tokens if joint else W.shape[0]
     fig = plots.word_regions(run.images[0], maps, f"{m}: {prompts[look_at[m]]['short']!r}", keys=keys)
