@@ -28,7 +28,7 @@ from .analysis.token_classes import content_position
 from .capture.record import CaptureResult
 from .core.errors import InputError
 from .plots import quoted
-from .widgets import _heads, _index, _need
+from .widgets import _full_maps, _heads, _index, _need
 
 BUDGET_BYTES = 2_000_000  # one explorer's HTML, images included
 DPI = 80  # the frames' first resolution (the widgets draw at matplotlib's default, 100)
@@ -121,15 +121,7 @@ def static_attention_explorer(result: CaptureResult, images: dict, tokens: dict,
     """:func:`~unicache_lib.widgets.attention_explorer`'s picture at every captured layer: a layer slider for one
     ``sample`` (default: the first), ``head`` and query ``token`` (default: the position the widget opens on)."""
     what = "static_attention_explorer"
-    recs = [r for r in result.records if "probs" in r.data]
-    if not recs:
-        raise InputError(f"{what} needs full-mode records (capture with mode='full')")
-    parts = {r.part for r in recs}
-    part = result.part if result.part in parts else recs[0].part
-    recs = [r for r in recs if r.part == part]
-    by, (samples, layers) = _index(recs, ("sample", "layer"), what)
-    for name, m in (("images", images), ("tokens", tokens)):
-        _need(m, samples, name, what)
+    recs, by, samples, layers = _full_maps(result, images, tokens, what)
     s = samples[0] if sample is None else sample
     if s not in samples:
         raise InputError(f"{what}: no sample {s!r} (captured: {samples})")
@@ -156,7 +148,7 @@ def static_attention_explorer(result: CaptureResult, images: dict, tokens: dict,
         return plots.map_panel(rec.probs[head], rec.spans, images[s], q_pos, tokens[s], title(layer),
                                cross=rec.part == "cross", grid=grid, grid_tokens=cells, question=q)
 
-    page = _fit(layers, caption, draw, "layer", f"{part} attention, every captured layer (no kernel needed)",
+    page = _fit(layers, caption, draw, "layer", f"{recs[0].part} attention, every captured layer (no kernel needed)",
                 budget_bytes, dpi)
     return StaticExplorer(page, [str(x) for x in layers], what)
 

@@ -65,6 +65,22 @@ def _show(out, fig):
                     "data": {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": repr(fig)}},)
 
 
+def _full_maps(result: CaptureResult, images: dict, tokens: dict, what: str):
+    """``(records, (sample, layer) -> record, samples, layers)`` of the full-mode records of ``result``'s part (or the
+    first part holding maps), with ``images`` and ``tokens`` checked to cover every sample: what an attention explorer
+    draws from, live or static."""
+    recs = [r for r in result.records if "probs" in r.data]
+    if not recs:
+        raise InputError(f"{what} needs full-mode records (capture with mode='full')")
+    parts = {r.part for r in recs}
+    part = result.part if result.part in parts else recs[0].part
+    recs = [r for r in recs if r.part == part]
+    by, (samples, layers) = _index(recs, ("sample", "layer"), what)
+    for name, m in (("images", images), ("tokens", tokens)):
+        _need(m, samples, name, what)
+    return recs, by, samples, layers
+
+
 def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids: dict | None = None,
                        questions: dict | None = None):
     """Sample / layer / head / query-token controls over full-mode records.
@@ -85,15 +101,7 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
     import ipywidgets as W  # local: optional dependency (the notebooks extra)
 
     what = "attention_explorer"
-    recs = [r for r in result.records if "probs" in r.data]
-    if not recs:
-        raise InputError("attention_explorer needs full-mode records (capture with mode='full')")
-    parts = {r.part for r in recs}
-    part = result.part if result.part in parts else recs[0].part
-    recs = [r for r in recs if r.part == part]
-    by, (samples, layers) = _index(recs, ("sample", "layer"), what)
-    for name, m in (("images", images), ("tokens", tokens)):
-        _need(m, samples, name, what)
+    recs, by, samples, layers = _full_maps(result, images, tokens, what)
     sample = W.Dropdown(options=samples, description="sample")
     layer = W.SelectionSlider(options=layers, description="layer", continuous_update=False)
     head = W.IntSlider(min=0, max=_heads(recs, what) - 1, description="head", continuous_update=False)
