@@ -5,16 +5,14 @@ continues where it stopped and a finished one is a no-op.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-
 import json
-
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..core.errors import InputError
+from ..core.models import first_token_logits
 from ..families import family_of
 from ..inputs import check_question, default_family, encode, prepare_image, resolve_layers
 from ..progress import bar
@@ -77,14 +75,10 @@ def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -
     fam = family_of(model)
     side = model.config.vision_config.image_size if _tiny_layout(model, processor) else None
     if side and images and all(im.shape[:2] == (side, side) for im in images):  # images of another size: processor
-
         for q in questions:
             check_question(q, fam)
         return tiny(model, processor.tokenizer, questions, np.stack(images), batch)
-    p = next(model.parameters())
-    out = [model(**model_inputs(processor, img, q, p.device, fam, p.dtype)).logits[0, -1].float()
-           for q, img in zip(questions, images)]
-    return torch.stack(out)
+    return first_token_logits(model, lambda qs, imgs: encode(processor, imgs[0], qs[0], fam), questions, images, 1)
 
 
 def _tiny_layout(model, processor) -> bool:

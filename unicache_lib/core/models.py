@@ -25,6 +25,19 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def first_token_logits(model, inputs_of, questions, images, batch: int = 100) -> torch.Tensor:
+    """``[N, vocab]`` float32 logits of the first answer token for (question, image) pairs, ``batch`` pairs a forward
+    (gradients flow when enabled): ``inputs_of(questions, images)`` makes a slice's model inputs, which go to the
+    model's device (floating ones in its weight dtype). The one loop behind every ``answer_logits``."""
+    p = next(model.parameters())
+    out = []
+    for s in range(0, len(questions), batch):
+        inp = inputs_of(questions[s : s + batch], images[s : s + batch])
+        inp = {k: v.to(p.device, p.dtype if v.is_floating_point() else v.dtype) if torch.is_tensor(v) else v
+               for k, v in inp.items()}
+        out.append(model(**inp).logits[:, -1].float())
+    return torch.cat(out)
+
 def attn_implementations(model) -> dict | str:
     """The attention implementation of each sub-model (``{"text_config": "eager", "vision_config":
     "sdpa"}``), or one name for a model without sub-configs; :func:`set_attn_implementations` restores it."""

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
+from ..core.models import first_token_logits
 from ..world.text import vocabulary
 
 SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
@@ -130,13 +131,10 @@ def answer_logits(model, tokenizer, questions, images_uint8, batch=100) -> torch
     """``[N, vocab]`` float32 logits of the first answer token (gradients flow when enabled); the number of image
     tokens is the model's own (``config.image_seq_length``: 64 for tiny-llava, 576 for tiny-llava-576)."""
     n_img = int(getattr(model.config, "image_seq_length", N_IMG))
-    out = []
     model.eval()
-    p = next(model.parameters())
-    for s in range(0, len(questions), batch):
-        ids, mask, _ = encode(tokenizer, questions[s : s + batch], None, n_img)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        px = pixel_values(images_uint8[s : s + batch]).to(p.device, p.dtype)
-        out.append(model(input_ids=ids.to(p.device), attention_mask=mask.to(p.device), position_ids=pos.to(p.device),
-                         pixel_values=px).logits[:, -1].float())
-    return torch.cat(out)
+
+    def inputs_of(qs, imgs):
+        ids, mask, _ = encode(tokenizer, qs, None, n_img)
+        return dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    pixel_values=pixel_values(imgs))
+    return first_token_logits(model, inputs_of, questions, images_uint8, batch)

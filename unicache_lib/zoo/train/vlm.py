@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from transformers import MllamaForConditionalGeneration
 
+from ...core.models import first_token_logits
 from ...families import FAMILIES
 from ...families.base import Shape
 from ...world.text import CAPTION_QUESTION
@@ -90,22 +91,12 @@ def encode(fam, processor, questions, images_uint8, answers=None) -> tuple[dict,
     return dict(inp), labels
 
 
-def answer_logits(fam, model, processor, questions, images_uint8, batch=100) -> torch.Tensor:
-    """``[N, vocab]`` float32 logits of the first answer token."""
-    out = []
-    model.eval()
-    p = next(model.parameters())
-    for s in range(0, len(questions), batch):
-        inp, _ = encode(fam, processor, questions[s : s + batch], images_uint8[s : s + batch])
-        inp = {k: (v.to(p.device, p.dtype) if v.is_floating_point() else v.to(p.device)) for k, v in inp.items()}
-        out.append(model(**inp).logits[:, -1].float())
-    return torch.cat(out)
-
-
 @torch.no_grad()
 def evaluate(fam, model, processor, qas, shuffle_seed=None) -> dict:
     """Exact-match accuracy overall and per question type (optionally with images shuffled across questions)."""
-    ids = answer_logits(fam, model, processor, [q.question for q in qas], question_images(qas, shuffle_seed)).argmax(-1)
+    model.eval()
+    ids = first_token_logits(model, lambda qs, imgs: encode(fam, processor, qs, imgs)[0], [q.question for q in qas],
+                             question_images(qas, shuffle_seed)).argmax(-1)
     return score_answers(processor.tokenizer.convert_ids_to_tokens(ids.tolist()), qas)
 
 
