@@ -1,6 +1,7 @@
 """Every notebook runs end to end with its quick parameters, and says something checkable."""
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -197,12 +198,14 @@ def test_04_head_pruning_quick(tmp_path):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
     assert (tmp_path / "understanding_stats" / "meta.json").exists()
     assert (tmp_path / "generation_stats" / "tiny-pixart" / "meta.json").exists()
+    check_first_figure(tmp_path, "04_head_pruning.ipynb")
 
 
 def test_00_primer_quick(tmp_path):
     """The primer runs at its defaults (it is small); its pictures are written and its printed read-outs hold the facts
     the prose states: weights sum to 1, nothing above the diagonal, the word's weight on the image."""
     out = run_notebook("00_primer.ipynb", tmp_path)
+    check_first_figure(tmp_path, "00_primer.ipynb")
     for fig in ("one_query", "sentence_map", "heads", "image_in_the_map"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
     text = "\n".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code"
@@ -222,6 +225,7 @@ def test_00_primer_on_a_cross_attention_vlm_says_what_it_cannot_draw(tmp_path):
 
 def test_05_kv_eviction_quick(tmp_path):
     run_notebook("05_kv_eviction.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5])
+    check_first_figure(tmp_path, "05_kv_eviction.ipynb")
     board = scoreboard(tmp_path)
     check_rows(board, {"U7", "E1", "E2", "E3", "E4"})
     assert board["U7"]["n"] == 6 and board["U7"]["unit"] == "questions"
@@ -285,6 +289,7 @@ def test_07_diagnostics_quick(quick_run):
 def test_08_architectures_quick(tmp_path):
     run_notebook("08_architectures.ipynb", tmp_path, PER_TYPE=1, N_QUESTIONS=60, N_CAPTIONS=4, N_GEN_PROMPTS=2,
                  GEN_STEPS=3, N_DRAWINGS=1, DRIFT_CAPTIONS=6)
+    check_first_figure(tmp_path, "08_architectures.ipynb")
     board = scoreboard(tmp_path)
     check_rows(board, {"A1", "A2", "A3", "A4", "A5", "A6"})
     assert board["A1"]["n"] == 5 and board["A1"]["unit"] == "samples"
@@ -306,28 +311,55 @@ def test_08_leaves_a_model_out_by_parameter(tmp_path):
     assert board["A3"]["verdict"] != "not measurable here"
 
 
-FIRST_FIGURES = {  # lesson -> the names its first figure is saved under (plots.save writes NAME.facts.json beside it)
-    "01_capture.ipynb": ["one_map"],
-    "02_understanding_maps.ipynb": ["object_word_over_layers"],
-    "03_diffusion_steps.ipynb": ["first_look_tiny-mmdit", "first_look_tiny-pixart"],
+FIRST_FIGURES = {  # lesson -> (the names its first figure is saved under, what that figure must show to teach)
+    "00_primer.ipynb": (["image_in_the_map"], "overlay"),  # its first picture with an image (the toy bars come before)
+    "01_capture.ipynb": (["one_map"], "overlay"),
+    "02_understanding_maps.ipynb": (["object_word_over_layers"], "overlay"),
+    "03_diffusion_steps.ipynb": (["first_look_tiny-mmdit", "first_look_tiny-pixart"], "overlay"),
+    "04_head_pruning.ipynb": (["head_scores"], "one scale"),
+    "05_kv_eviction.ipynb": (["what_each_rule_keeps"], "answers"),
+    "06_step_reuse.ipynb": (["gallery_tiny-mmdit", "gallery_tiny-pixart"], "psnr"),
+    "07_diagnostics.ipynb": (["questions"], "answers"),
+    "08_architectures.ipynb": (["attention_layouts"], "named"),
 }
 
 
-@pytest.mark.parametrize("nb", sorted(FIRST_FIGURES))
-def test_a_lessons_first_figure_teaches(quick_run, nb):
-    """#46: a lesson's first attention picture compares its panels on one scale, in multiples of an even read
-    (× uniform) with that level (1) marked on every panel, and shows something above it (a reading, not noise)."""
-    out = quick_run(nb, **QUICK[nb])
+def check_first_figure(out: Path, nb: str):
+    """#46: a lesson's first figure teaches (plots.save wrote what it shows as NAME.facts.json). An attention picture
+    ("overlay") compares its panels on one scale from 0, in multiples of an even read (× uniform) with that level (1)
+    marked on every panel, and shows something above it (a reading, not noise); compared grids ("one scale") share one
+    scale; a gallery reads itself out under every panel: the answer and whether it is right ("answers"), the PSNR
+    against the reference ("psnr"), or at least a name ("named")."""
+    names, kind = FIRST_FIGURES[nb]
     peaks = []
-    for name in FIRST_FIGURES[nb]:
+    for name in names:
         facts = json.loads((out / f"{name}.facts.json").read_text())
-        assert facts["overlays"] >= 1 and facts["shared"], (name, facts)
-        assert facts["units"] and all("× uniform" in u for u in facts["units"]), (name, facts)
-        assert facts["chance"] and all(c == 1.0 for c in facts["chance"]), (name, facts)
-        assert all(hi >= 1.0 and lo == 0.0 for lo, hi in facts["clims"]), (name, facts)  # the scale reaches chance
-        peaks.append(facts["peak"])
-    # something reads above chance (a model whose words stay below it, tiny-pixart's, says so in the next sentence)
-    assert max(peaks) > 1.0, peaks
+        titles = facts["titles"]
+        if kind == "overlay":
+            assert facts["overlays"] >= 1 and facts["shared"], (name, facts)
+            assert facts["units"] and all("× uniform" in u for u in facts["units"]), (name, facts)
+            assert facts["chance"] and all(c == 1.0 for c in facts["chance"]), (name, facts)
+            assert all(hi >= 1.0 and lo == 0.0 for lo, hi in facts["clims"]), (name, facts)  # the scale reaches chance
+            peaks.append(facts["peak"])
+        elif kind == "one scale":
+            assert facts["panels"] >= 2 and facts["shared"], (name, facts)
+        elif kind == "answers":  # every panel but the plain picture says what was answered, and right or wrong
+            told = [t for t in titles if t != "the image"]
+            assert len(told) >= 2 and all(re.search(r"\b(right|wrong|->)", t) for t in told), titles
+        elif kind == "psnr":  # every panel but the reference (which is labelled so) gives its PSNR or says identical
+            assert sum("reference" in t for t in titles) == 1, titles
+            assert all(re.search(r"\d dB|identical", t) for t in titles if "reference" not in t and "steps" not in t
+                       and t != "decided per block"), titles
+        else:
+            assert len(titles) >= 2 and all(t.strip() for t in titles), titles
+    if kind == "overlay":  # something reads above chance (tiny-pixart's words stay below it: the next sentence says so)
+        assert max(peaks) > 1.0, peaks
+
+
+@pytest.mark.parametrize("nb", sorted(n for n in FIRST_FIGURES if n in QUICK))
+def test_a_lessons_first_figure_teaches(quick_run, nb):
+    """#46: see check_first_figure; the lessons without a shared quick run check it in their own quick test."""
+    check_first_figure(quick_run(nb, **QUICK[nb]), nb)
 
 
 YOUR_DATA_RUNS = {  # notebook -> (its quick parameters, the data parameter, how the shipped data is exported)

@@ -185,8 +185,9 @@ def figure_facts(fig) -> dict:
     """What the compared panels of ``fig`` show: its attention overlays (:func:`image_overlay`) where it has any, else
     every colour-mapped panel (pictures in RGB left out). ``panels`` (how many), ``clims`` (each panel's colour scale),
     ``shared`` (one scale for all), ``peak`` (the largest value drawn), ``overlays`` (how many), ``chance`` (the
-    even-reading level marked on each overlay's colour bar, None where none is) and ``units`` (their colour bars'
-    labels)."""
+    even-reading level marked on each overlay's colour bar, None where none is), ``units`` (their colour bars'
+    labels) and ``titles`` (each picture panel's title and the line under it, which a lesson's first figure reads
+    itself out with: an answer right or wrong, a PSNR)."""
     panels = [im for ax in fig.axes for im in ax.images if np.ndim(im.get_array()) == 2]
     overlays = [im for im in panels if hasattr(im, "unicache_overlay")]
     panels = overlays or panels  # the compared panels: the overlays where there are any (a matrix beside them is not one)
@@ -194,7 +195,8 @@ def figure_facts(fig) -> dict:
     peak = max((float(np.nanmax(np.asarray(im.get_array(), dtype=float))) for im in panels), default=float("nan"))
     return {"panels": len(panels), "clims": clims, "shared": len({tuple(c) for c in clims}) <= 1, "peak": peak,
             "overlays": len(overlays), "chance": [im.unicache_overlay["chance"] for im in overlays],
-            "units": sorted({str(im.unicache_overlay["unit"]) for im in overlays})}
+            "units": sorted({str(im.unicache_overlay["unit"]) for im in overlays}),
+            "titles": [" | ".join(t for t in (ax.get_title(), ax.get_xlabel()) if t) for ax in fig.axes if ax.images]}
 
 
 def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV read frequency", log: bool = True,
@@ -509,7 +511,9 @@ def step_panel(rec, head: int, image, word: int, tokens: list[str], title: str =
     else:
         axes[0].set_xlabel("key: text token")
         axes[0].set_ylabel("query: image token")
-    image_overlay(image, P[img0:img0 + n_img, col], f"image reading word {quoted(word, tokens[word])}", ax=axes[1])
+    # × uniform: each image query's weight on the word over what an even read of its P.shape[1] visible keys gives
+    image_overlay(image, P[img0:img0 + n_img, col] * P.shape[1], f"image reading word {quoted(word, tokens[word])}",
+                  ax=axes[1], cbar="× uniform (1 = even over the visible keys)", vmin=0.0, chance=1.0)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -169,7 +169,7 @@ if maps:
     grid = family.image_grid(model.config, inputs)
     plots.image_overlay(s.image, img * (word + 1), f"'{toks[word]}' reads the picture (layer {r.layer})", ax=axes[1],
                         grid=grid, grid_tokens=family.grid_tokens(model.config, inputs),
-                        cbar="× uniform (1 = every visible key read equally)")
+                        cbar="× uniform (1 = every visible key read equally)", vmin=0.0, chance=1.0)
     fig.tight_layout()
     _ = plots.save(fig, out, "image_in_the_map")
     shares = stats.block_shares(P, spans)

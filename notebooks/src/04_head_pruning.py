@@ -48,6 +48,7 @@ check_params(globals())  # every parameter above, before anything loads: a bad v
 # %%
 import copy
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -99,8 +100,6 @@ ctx = ScoringContext(space, urecs, E.understanding_loss_fns(model, processor, gr
 scores = {name: cls()(ctx) for name, cls in SCORERS.items() if name != "random"}
 for s in range(RANDOM_SEEDS):
     scores[f"random#{s}"] = SCORERS["random"]()(ScoringContext(space, seed=SEED + s))
-import matplotlib.pyplot as plt
-
 names = [n for n in scores if not n.startswith("random")]
 # scorers have different units: each grid shows its heads' rank (0 = pruned first, 1 = kept longest), on one scale
 ranks = {n: (scores[n].ravel().argsort().argsort() / (scores[n].size - 1)).reshape(scores[n].shape) for n in names}
@@ -134,8 +133,8 @@ off = corr.where(~np.eye(len(names), dtype=bool)).stack()
 print(f"most alike: {' / '.join(off.idxmax())} ({off.max():.2f}); least: {' / '.join(off.idxmin())} ({off.min():.2f})")
 
 # %% [markdown]
-# **What to look at.** In the grids, which heads each scorer ranks high (each panel has its own colour scale: compare
-# rankings, not colours); in the table, whether two scorers would prune the same heads (1 = same ranking, 0 =
+# **What to look at.** In the grids, which heads each scorer ranks high (bright: kept longest, on one scale for
+# all six); in the table, whether two scorers would prune the same heads (1 = same ranking, 0 =
 # unrelated, negative = opposite). **This run**: the statistics scorers agree closely with one another (most alike:
 # <!--num "notebooks/04_head_pruning.ipynb#out:most alike:" re="most alike: (.*?) [(]"-->attention_combined / low_variance<!--/num-->, <!--num "notebooks/04_head_pruning.ipynb#out:most alike:@0" fmt="{:.2f}"-->0.90<!--/num-->) and only moderately with the gradient,
 # which measures what the loss needs. The weight norms are nearly unrelated to all of them, weakly opposite to the
