@@ -40,7 +40,7 @@ from unicache_lib.reuse.peers import (
     DiffusersCache,
     PeerUnsupported,
     calibrate_magcache,
-    family_of,
+    peer_family_key,
 )
 from unicache_lib.reuse.policies.base import ReusePolicy
 from unicache_lib.stats import step_statistics
@@ -432,7 +432,7 @@ def _untouched(f):
 # ---- the family table ------------------------------------------------------------------------------------
 def test_family_table_names_every_attention_module(f):
     spec = FAMILY_PEERS[FAMILY_ALIASES.get(f.family, f.family)]
-    assert family_of(f.tr) == FAMILY_ALIASES.get(f.family, f.family)
+    assert peer_family_key(f.tr) == FAMILY_ALIASES.get(f.family, f.family)
     for name, kind in f.kinds.items():
         assert re.fullmatch(spec.attention, name), name
         spatial = any(re.search(p, name) for p in spec.spatial)

@@ -18,7 +18,8 @@ caches' identifiers must match on that family (diffusers' defaults assume ``tran
 diffusers block classes the block-level caches need metadata for, and, per peer, what the family needs
 that diffusers 0.42.1 does not do (each such gap was checked by running the cache unmodified; the tests
 in ``tests/test_gen_families.py`` re-check every stated failure). A peer that cannot run raises
-:class:`PeerUnsupported` with the reason. :func:`family_of` maps a transformer to its family through the generator-family registry.
+:class:`PeerUnsupported` with the reason. :func:`peer_family_key` maps a transformer to its family's key through the
+generator-family registry.
 
 Settings are the authors' defaults unless the family needs otherwise:
 
@@ -62,8 +63,6 @@ from ..zoo.sampling import sample
 PEERS = ("pab", "fastercache", "first_block", "taylorseer", "magcache")
 
 
-
-
 class _AdapterPeers(Mapping):
     """family key -> its :class:`FamilyPeers`, read from the generator adapters at each lookup (each adapter carries
     its own ``peers``, so a family registered from one file is configured here too)."""
@@ -84,7 +83,8 @@ class _AdapterPeers(Mapping):
 FAMILY_PEERS = _AdapterPeers()
 FAMILY_ALIASES = {"sd3.5": "sd3"}
 
-def family_of(transformer) -> str:
+
+def peer_family_key(transformer) -> str:
     """The :data:`FAMILY_PEERS` key of a diffusers transformer: its generator family's ``key``
     (:func:`unicache_lib.gen_families.gen_family_of`, which names the supported families otherwise)."""
     key = gen_family_of(transformer).key
@@ -102,7 +102,7 @@ def _resolve(target) -> tuple[object, str]:
     fam = getattr(target, "family", None) if tr is not target else None
     fam = FAMILY_ALIASES.get(fam, fam)
     if fam not in FAMILY_PEERS:
-        fam = family_of(tr)
+        fam = peer_family_key(tr)
     return tr, fam
 
 
