@@ -16,7 +16,7 @@ from ..capture import AttentionCapture
 from ..capture.decode import decode_with_capture, producing_rows
 from ..capture.record import CaptureResult
 from ..capture.runner import inputs_for
-from ..capture.unified import generate_image_with_capture, to_uint8
+from ..capture.unified import generate_image_with_capture, signed_to_uint8
 from ..core.errors import InputError
 from ..core.hooks import forward_hooks
 from ..core.modality import BLOCKS, IMAGE, TEXT
@@ -378,7 +378,7 @@ def draw_with_capture(model, processor, prompts) -> list[dict]:
         ids = processor(text=[processor.apply_chat_template(conv, add_generation_prompt=True)], generation_mode="image",
                         return_tensors="pt")["input_ids"]
         tokens, res = generate_image_with_capture(model, ids, sample_id=f"g{i}")
-        img = to_uint8(model.decode_image_tokens(tokens[None].to(model.device)))[0]
+        img = signed_to_uint8(model.decode_image_tokens(tokens[None].to(model.device)))[0]
         steps = sorted({int(r.sample.rsplit("/t", 1)[1]) for r in res.records})[1:]
         curve = [np.nanmean([float(r.data["image_share"].float()[:, -1].mean()) for r in res.select(f"g{i}/t{k}")])
                  for k in steps]

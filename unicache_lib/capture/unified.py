@@ -91,6 +91,7 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
     return tokens.cpu(), result
 
 
-def to_uint8(decoded: torch.Tensor) -> np.ndarray:
-    """``model.decode_image_tokens`` output ``[B, H, W, 3]`` in the processor's [-1, 1] -> uint8 ``[B, H, W, 3]``."""
+def signed_to_uint8(decoded: torch.Tensor) -> np.ndarray:
+    """Channels-last ``[B, H, W, 3]`` in [-1, 1] (``model.decode_image_tokens`` output, the processor's range) -> uint8
+    ``[B, H, W, 3]``; for a sampler's channels-first [0, 1] images, :func:`unicache_lib.zoo.sampling.to_uint8`."""
     return ((decoded.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()

@@ -90,5 +90,6 @@ def sample(
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """``[B, 3, H, W]`` in [0, 1] -> ``[B, H, W, 3]`` uint8."""
+    """:func:`sample`'s channels-first ``[B, 3, H, W]`` in [0, 1] -> ``[B, H, W, 3]`` uint8; for channels-last images in
+    [-1, 1] (a Janus decoder's), :func:`unicache_lib.capture.unified.signed_to_uint8`."""
     return (images.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, JanusForConditionalGeneration
 
-from ...capture.unified import generate_image_with_capture, to_uint8
+from ...capture.unified import generate_image_with_capture, signed_to_uint8
 from ...families import FAMILIES
 from ...families.base import Shape
 from ...world.scenes import make_scene
@@ -131,8 +131,8 @@ def vq_quality(model, processor, n=100, seed=31) -> dict:
     vq = model.model.vqmodel.eval()
     px = vq_pixels(processor, imgs)
     tokens = vq.encode(px).image_tokens.view(len(imgs), -1)
-    rec = to_uint8(model.decode_image_tokens(tokens))
-    ref = to_uint8(px.permute(0, 2, 3, 1))
+    rec = signed_to_uint8(model.decode_image_tokens(tokens))
+    ref = signed_to_uint8(px.permute(0, 2, 3, 1))
     mse = ((rec.astype(np.float64) - ref) ** 2).mean(axis=(1, 2, 3))
     scores = [score_object(r, o) for r, o in zip(rec, objs)]
     return {"psnr_db": float(np.mean(10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-9)))), "n": n} | {
@@ -183,7 +183,7 @@ def generate_images(model, processor, prompts, guidance=3.0) -> np.ndarray:
     out = []
     for p in prompts:
         tokens, _ = generate_image_with_capture(model, gen_inputs(processor, [p])["input_ids"], guidance, capture=False)
-        out.append(to_uint8(model.decode_image_tokens(tokens[None].to(next(model.parameters()).device)))[0])
+        out.append(signed_to_uint8(model.decode_image_tokens(tokens[None].to(next(model.parameters()).device)))[0])
     return np.stack(out)
 
 
