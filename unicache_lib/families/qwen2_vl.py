@@ -11,6 +11,7 @@ class Qwen2VL(VLMFamily):
     name = "Qwen2-VL"
     model_types = ("qwen2_vl",)
     model_class = "Qwen2VLForConditionalGeneration"
+    config_class, processor_class = "Qwen2VLConfig", "Qwen2VLProcessor"  # the transformers classes config() builds
     image_marker = "<|image_pad|>"
     special_tokens = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
     needs_video_processor = True
@@ -56,17 +57,21 @@ class Qwen2VL(VLMFamily):
                     video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
                     vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"))
 
+    def _vision_config(self, shape: Shape) -> dict:
+        return dict(depth=shape.vision_layers, embed_dim=shape.vision_hidden, hidden_size=shape.hidden,
+                    num_heads=shape.vision_heads, patch_size=shape.patch, spatial_merge_size=2, temporal_patch_size=2,
+                    in_channels=3)
+
     def config(self, tok, shape):
-        vc = dict(depth=shape.vision_layers, embed_dim=shape.vision_hidden, hidden_size=shape.hidden,
-                  num_heads=shape.vision_heads, patch_size=shape.patch, spatial_merge_size=2, temporal_patch_size=2,
-                  in_channels=3)
-        return transformers.Qwen2VLConfig(text_config=self._text_config(tok, shape), vision_config=vc, **self._ids(tok))
+        return getattr(transformers, self.config_class)(text_config=self._text_config(tok, shape),
+                                                        vision_config=self._vision_config(shape), **self._ids(tok))
 
     def processor(self, tok, shape):
         px = shape.image_size ** 2  # every image resized to this many pixels: fixed token count
         ip = transformers.Qwen2VLImageProcessor(min_pixels=px, max_pixels=px, patch_size=shape.patch, merge_size=2)
-        return images_only(transformers.Qwen2VLProcessor)(image_processor=ip, tokenizer=tok, video_processor=None,
-                                             chat_template=chat_template(self.layout, self.image_marker))
+        return images_only(getattr(transformers, self.processor_class))(
+            image_processor=ip, tokenizer=tok, video_processor=None,
+            chat_template=chat_template(self.layout, self.image_marker))
 
 
 @register
@@ -77,17 +82,10 @@ class Qwen25VL(Qwen2VL):
     name = "Qwen2.5-VL"
     model_types = ("qwen2_5_vl",)
     model_class = "Qwen2_5_VLForConditionalGeneration"
+    config_class, processor_class = "Qwen2_5_VLConfig", "Qwen2_5_VLProcessor"
 
-    def config(self, tok, shape):
-        vc = dict(depth=shape.vision_layers, hidden_size=shape.vision_hidden, intermediate_size=2 * shape.vision_hidden,
-                  out_hidden_size=shape.hidden, num_heads=shape.vision_heads, patch_size=shape.patch,
-                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3, window_size=4 * shape.patch,
-                  fullatt_block_indexes=[shape.vision_layers - 1])
-        return transformers.Qwen2_5_VLConfig(text_config=self._text_config(tok, shape), vision_config=vc, **self._ids(tok))
-
-    def processor(self, tok, shape):
-        px = shape.image_size ** 2
-        ip = transformers.Qwen2VLImageProcessor(min_pixels=px, max_pixels=px, patch_size=shape.patch, merge_size=2)
-        return images_only(transformers.Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok, video_processor=None,
-                                                chat_template=chat_template(self.layout, self.image_marker))
-
+    def _vision_config(self, shape: Shape) -> dict:
+        return dict(depth=shape.vision_layers, hidden_size=shape.vision_hidden,
+                    intermediate_size=2 * shape.vision_hidden, out_hidden_size=shape.hidden,
+                    num_heads=shape.vision_heads, patch_size=shape.patch, spatial_merge_size=2, temporal_patch_size=2,
+                    in_channels=3, window_size=4 * shape.patch, fullatt_block_indexes=[shape.vision_layers - 1])
