@@ -131,15 +131,16 @@ def sd3_block(image_tokens: int, text_tokens: int, heads: int = 24, head_dim: in
 
 
 def sd3_runner(tr, kw, config: str):
-    from unicache_lib.capture.diffusion import DiffusionCapture, find_diffusion_attention
+    from unicache_lib.capture.diffusion import DiffusionCapture
     from unicache_lib.core.hooks import processors
+    from unicache_lib.gen_families import gen_family_of
 
     def run():
         if config == "plain":
             tr(**kw)
             return 0
         if config == "map only":  # the floor of any exact capture: the map formed again, chunk by chunk, nothing read
-            with processors({n: t[2] for n, t in find_diffusion_attention(tr).items()}, lambda name, orig: map_only(tr, orig)):
+            with processors(gen_family_of(tr).modules(tr), lambda name, orig: map_only(tr, orig)):
                 tr(**kw)
             return 0
         k = _sampled_stride(config)

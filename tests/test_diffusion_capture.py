@@ -3,10 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs, find_diffusion_attention
+from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs
 from unicache_lib.capture.gen_runner import capture_generation
 from unicache_lib.capture.vlm import CaptureError
 from unicache_lib.core.modality import BLOCKS
+from unicache_lib.gen_families import gen_family_of
 from unicache_lib.store import Store, StoreError
 from unicache_lib.zoo.loaders import load_generator
 from unicache_lib.zoo.sampling import sample
@@ -30,7 +31,7 @@ def test_output_unchanged_and_every_step_recorded(gen):
     with DiffusionCapture(gen.transformer, ["a", "b"], text_tokens=_tokens(gen, PROMPTS)) as cap:
         got = sample(gen, PROMPTS, steps=4, seed=1, callbacks=[cap])
     assert torch.equal(plain, got)  # bit-identical, as README says
-    n_mod = len(find_diffusion_attention(gen.transformer))
+    n_mod = len(gen_family_of(gen.transformer).modules(gen.transformer))
     assert len(cap.result) == 4 * 2 * n_mod
     keys = [r.key for r in cap.result]
     assert len(set(keys)) == len(keys)
@@ -38,7 +39,7 @@ def test_output_unchanged_and_every_step_recorded(gen):
     ts = [r.meta["timestep"] for r in cap.result if r.layer == 0 and r.sample == "a"]
     assert ts == sorted(ts, reverse=True) and ts[0] == 1000.0  # the scheduler's timesteps, in order
     # processors restored
-    assert all(type(m.processor).__name__.endswith("Processor2_0") for _, _, m in find_diffusion_attention(gen.transformer).values())
+    assert all(type(m.processor).__name__.endswith("Processor2_0") for m in gen_family_of(gen.transformer).modules(gen.transformer).values())
 
 
 def test_recomputed_probabilities_reproduce_the_processor_output(gen):
@@ -66,17 +67,17 @@ def test_recomputed_probabilities_reproduce_the_processor_output(gen):
             seen[self.part] = float((mine - ref).abs().max())
             return out
 
-    mods = find_diffusion_attention(gen.transformer)
-    olds = {n: m.processor for n, (_, _, m) in mods.items()}
+    mods = [s for s in gen_family_of(gen.transformer).sites(gen.transformer) if s.captured]
+    olds = {s.name: s.module.processor for s in mods}
     try:
-        for n, (_, part, m) in mods.items():
-            m.processor = Spy(m.processor, part)
+        for s in mods:
+            s.module.processor = Spy(s.module.processor, s.part)
         cond = encode_prompts(gen.text_encoder, gen.tokenizer, PROMPTS)
         with torch.no_grad():
             transformer_forward(gen.transformer, gen.family, torch.randn(2, 3, 32, 32), torch.tensor([500.0, 500.0]), cond)
     finally:
-        for n, (_, _, m) in mods.items():
-            m.processor = olds[n]
+        for s in mods:
+            s.module.processor = olds[s.name]
     assert seen and max(seen.values()) <= 1e-5, seen
 
 
@@ -148,11 +149,11 @@ def test_bad_use_gives_clear_errors(gen):
     with pytest.raises(ValueError, match="unique"):
         DiffusionCapture(gen.transformer, ["a", "a"])
     # after all of that the model is untouched
-    assert all(type(m.processor).__name__.endswith("Processor2_0") for _, _, m in find_diffusion_attention(gen.transformer).values())
+    assert all(type(m.processor).__name__.endswith("Processor2_0") for m in gen_family_of(gen.transformer).modules(gen.transformer).values())
 
 
 def test_a_block_that_does_not_exist_names_the_valid_range_and_negative_blocks_work(gen):
-    blocks = sorted({li for li, _, _ in find_diffusion_attention(gen.transformer).values()})
+    blocks = sorted({s.layer for s in gen_family_of(gen.transformer).sites(gen.transformer) if s.captured})
     n = len(blocks)
     with pytest.raises(ValueError, match=rf"layers \[-{n + 5}\] do not exist: the transformer has {n} layers .* "
                                          rf"negative indices -{n}\.\.-1 count from the last \(-1 = layer {blocks[-1]}"):

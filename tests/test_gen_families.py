@@ -25,14 +25,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs, find_diffusion_attention
+from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs
 from unicache_lib.capture.vlm import CaptureError
 from unicache_lib.core.hooks import ProcessorWrapper, processors
 from unicache_lib.core.modality import BLOCKS, IMAGE, TEXT
 from unicache_lib.families import UnsupportedModelError
 from unicache_lib.gen_families import GEN_FAMILIES, gen_family_for, gen_family_of, register, restore_processors
 from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
-from unicache_lib.reuse.cache import AttentionCallCounter, attention_modules, module_kinds
+from unicache_lib.reuse.cache import AttentionCallCounter, module_kinds
 from unicache_lib.reuse.peers import (
     FAMILY_ALIASES,
     FAMILY_PEERS,
@@ -106,7 +106,7 @@ def _run(family: str, batch: int):
 
 
 def _site_of(tr, rec) -> str:
-    (name,) = [n for n, (layer, part, _) in find_diffusion_attention(tr).items() if (layer, part) == (rec.layer, rec.part)]
+    (name,) = [s.name for s in gen_family_of(tr).sites(tr) if s.captured and (s.layer, s.part) == (rec.layer, rec.part)]
     return name
 
 
@@ -114,14 +114,14 @@ def _site_of(tr, rec) -> str:
 def test_output_unchanged(family, batch):
     _, _, plain, got, cap, _ = _run(family, batch)
     assert torch.equal(plain, got)
-    assert len(cap.result) == len(find_diffusion_attention(cap.transformer))  # one record per module, one sample
+    assert len(cap.result) == len(gen_family_of(cap.transformer).modules(cap.transformer))  # one record a module, one sample
 
 
 @pytest.mark.parametrize("family,batch", CASES)
 def test_maps_are_the_softmax_of_the_processors_own_queries_and_keys(family, batch):
     tr, _, _, _, cap, truth = _run(family, batch)
     row = batch - 1  # the conditional half
-    assert set(truth) >= set(find_diffusion_attention(tr))
+    assert set(truth) >= set(gen_family_of(tr).modules(tr))
     for r in cap.result:
         want = truth[_site_of(tr, r)][row]
         assert r.probs.shape == want.shape
@@ -147,10 +147,10 @@ def test_public_attention_probs_passes_processor_arguments_through(family):
             got[self.name] = attention_probs(attn, self.part, **named)
             return out
 
-    sites = find_diffusion_attention(tr)
-    with processors({n: s[2] for n, s in sites.items()}, lambda n, orig: Spy(n, sites[n][1], orig)), torch.no_grad():
+    sites = {s.name: s for s in gen_family_of(tr).sites(tr) if s.captured}
+    with processors({n: s.module for n, s in sites.items()}, lambda n, orig: Spy(n, sites[n].part, orig)), torch.no_grad():
         assert torch.equal(tr(**kw)[0], plain)
-    assert got.keys() == find_diffusion_attention(tr).keys()
+    assert got.keys() == sites.keys()
     for n, P in got.items():
         assert float((P - truth[n]).abs().max()) <= 1e-5, n
 
@@ -244,7 +244,7 @@ def test_unknown_processor_error_names_it_and_its_fixes_work(family):
     _, _, plain, _, _, _ = _run(family, 1)
     tr = tiny_transformer(family)
     kw = forward_inputs(family, tr, batch=1)
-    name = next(iter(find_diffusion_attention(tr)))
+    name = next(iter(gen_family_of(tr).modules(tr)))
     mod = tr.get_submodule(name)
     fam_name = EXPECT[family]["family"]
 
@@ -253,7 +253,7 @@ def test_unknown_processor_error_names_it_and_its_fixes_work(family):
             warnings.simplefilter("ignore")
             with DiffusionCapture(tr, ["s"]) as cap, torch.no_grad():
                 assert torch.equal(tr(**kw)[0], plain)
-        assert len(cap.result) == len(find_diffusion_attention(tr))
+        assert len(cap.result) == len(gen_family_of(tr).modules(tr))
 
     # fix 1: the per-module diffusers call the message spells out, run as written
     mod.processor = Foreign(mod.processor)
@@ -310,7 +310,7 @@ def test_unsupported_transformer_names_the_families_and_the_suggested_registrati
     kw = forward_inputs("pixart", tr, batch=1)
     with pytest.raises(UnsupportedModelError, match=r"MyPixArt subclasses PixArtTransformer2DModel \(PixArt\).*"
                                                     r"@register class Mine\(unicache_lib\.gen_families\.pixart\.PixArt\)"):
-        find_diffusion_attention(tr)
+        gen_family_of(tr)
     try:
         @register
         class Mine(PixArt):  # what the message says
@@ -408,7 +408,7 @@ def f(request):
     with AttentionCallCounter(tr) as c:
         ns.ref = steps(ns)
     ns.calls, ns.rows = c.calls, c.rows
-    ns.modules = attention_modules(tr)
+    ns.modules = gen_family_of(tr).modules(tr)
     ns.kinds = module_kinds(tr)
     ns.processors = {n: m.processor for n, m in ns.modules.items()}
     return ns
@@ -511,7 +511,7 @@ def test_reuse_keys_on_names_not_block_numbers():
     f = SimpleNamespace(family="flux", tr=tr, inputs=forward_inputs("flux", tr))
     with ReuseCache(tr, Every2(), 2):
         steps(f, n=2)
-    assert sorted(set(seen)) == sorted(attention_modules(tr)) and len(seen) == 2 * 4
+    assert sorted(set(seen)) == sorted(gen_family_of(tr).modules(tr)) and len(seen) == 2 * 4
     assert {"transformer_blocks.0.attn", "single_transformer_blocks.0.attn"} <= set(seen)
 
 

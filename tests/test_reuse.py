@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from unicache_lib.capture.diffusion import find_diffusion_attention
+from unicache_lib.gen_families import gen_family_of
 from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
 from unicache_lib.reuse.cache import AttentionCallCounter
 from unicache_lib.reuse.flops import TransformerFlops
@@ -22,8 +22,12 @@ def gen(request):
     return g
 
 
+def _modules(gen):
+    return gen_family_of(gen.transformer).modules(gen.transformer)
+
+
 def _clean(gen):
-    return all(type(m.processor).__name__.endswith("Processor2_0") for _, _, m in find_diffusion_attention(gen.transformer).values())
+    return all(type(m.processor).__name__.endswith("Processor2_0") for m in _modules(gen).values())
 
 
 @pytest.mark.parametrize("name", sorted(REUSE_POLICIES))
@@ -33,7 +37,7 @@ def test_reuse_policy_contract(gen, name):
         with ReuseCache(gen.transformer, REUSE_POLICIES[name](), 8) as rc:
             runs.append(sample(gen, PROMPTS, 8, seed=0, callbacks=[rc]))
         assert 0 < rc.computed_fraction <= 1
-        assert rc.calls == 8 * len(find_diffusion_attention(gen.transformer))
+        assert rc.calls == 8 * len(_modules(gen))
     assert torch.equal(runs[0], runs[1])  # deterministic
     assert _clean(gen)
     if name == "none":
@@ -60,7 +64,7 @@ def test_diffusers_peers_run_skip_work_or_say_why(gen, kind):
     ratios = magcache_ratios(gen, HELD_OUT, steps) if kind == "magcache" else None
     if kind == "magcache":
         assert len(ratios) == steps and all(r > 0 for r in ratios)
-    full_rows = steps * len(find_diffusion_attention(gen.transformer)) * 2 * len(PROMPTS)  # steps x modules x CFG batch
+    full_rows = steps * len(_modules(gen)) * 2 * len(PROMPTS)  # steps x modules x CFG batch
     try:
         with DiffusersCache(gen, kind, steps, calibration=ratios) as pc, AttentionCallCounter(gen.transformer) as counter, \
                 TransformerFlops(gen.transformer) as fl:
@@ -82,7 +86,7 @@ def test_diffusers_peers_run_skip_work_or_say_why(gen, kind):
 def test_counter_counts_half_batches_half(gen):
     with AttentionCallCounter(gen.transformer) as c:
         sample(gen, PROMPTS, 2, guidance=1.0, seed=0)  # no CFG: every call carries half the rows
-    n_mod = len(find_diffusion_attention(gen.transformer))
+    n_mod = len(_modules(gen))
     assert c.calls == 2 * n_mod and c.rows == 2 * n_mod * len(PROMPTS)
 
 

@@ -71,15 +71,6 @@ MODES = ("stats", "full", "recompute")
 BRANCHES = ("cond", "uncond")
 
 
-def find_diffusion_attention(transformer) -> dict[str, tuple[int, str, torch.nn.Module]]:
-    """``{module name: (layer, part, module)}`` for every attention module of a diffusers transformer
-    that has a softmax map, in layer order, as its generator family
-    (:func:`~unicache_lib.gen_families.gen_family_of`) lays them out. Raises
-    :class:`~unicache_lib.families.UnsupportedModelError` for a transformer no family claims."""
-    tr = unwrap(transformer)
-    return {s.name: (s.layer, s.part, s.module) for s in gen_family_of(tr).sites(tr) if s.captured}
-
-
 def attention_probs(attn, part: str, hidden_states, encoder_hidden_states=None, attention_mask=None,
                     **kwargs) -> torch.Tensor:
     """``[B, H, Sq, Sk]`` float32 attention probabilities of one diffusers attention call, recomputed

@@ -21,7 +21,7 @@ from ..world import samples as sample_set
 from ..zoo.loaders import load_understanding
 from ..zoo.tiny_llava import answer_logits as tiny
 from .record import CaptureResult
-from .vlm import AttentionCapture, attention_sites, check_memory, find_attention_modules, full_capture_bytes
+from .vlm import AttentionCapture, attention_sites, check_memory, full_capture_bytes
 
 
 def build_prompt(processor, question: str, family=None) -> str:
@@ -99,7 +99,7 @@ def spans_fn(model):
 
 def layer_batches(model, batch: int | None, part: str = "language") -> list[list[int]]:
     """Split the model's layers into groups of ``batch`` (None = one group with all layers)."""
-    layers = sorted({li for li, _ in find_attention_modules(model, part).values()})
+    layers = sorted({s.layer for s in attention_sites(model, part)})
     if not batch:
         return [layers]
     return [layers[i : i + batch] for i in range(0, len(layers), batch)]

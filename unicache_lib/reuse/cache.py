@@ -46,19 +46,12 @@ from contextlib import ExitStack
 
 import torch
 
-from ..capture.diffusion import find_diffusion_attention
 from ..core.errors import InputError, InputTypeError
 from ..core.hooks import ProcessorWrapper, model_hook, processors
 from ..core.models import unwrap
 from ..core.similarity import cosine
 from ..families import UnsupportedModelError
 from ..gen_families import gen_family_of
-
-
-def attention_modules(transformer) -> dict[str, torch.nn.Module]:
-    """``{module name: attention module}`` of a diffusers transformer (or a Generator's)."""
-    transformer = getattr(transformer, "transformer", transformer)
-    return {name: mod for name, (_, _, mod) in find_diffusion_attention(transformer).items()}
 
 
 def module_kinds(transformer) -> dict[str, str]:
@@ -207,11 +200,11 @@ class ReuseCache:
             raise InputError(f"policy {type(policy).__name__} has level {self.level!r}; expected 'attention' or 'step'")
         if self.level == "step":  # attention modules only size the work count: a model without known ones
             try:                  # counts each transformer call as one unit
-                self.targets = find_diffusion_attention(self.transformer)
+                self.targets = gen_family_of(self.transformer).modules(self.transformer)
             except UnsupportedModelError:
                 self.targets = {}
         else:
-            self.targets = find_diffusion_attention(self.transformer)
+            self.targets = gen_family_of(self.transformer).modules(self.transformer)
         self.step = 0
         self.t = math.nan
         self.work = 0.0
@@ -253,7 +246,7 @@ class ReuseCache:
 
         fam, kinds = gen_family_of(unwrap(self.transformer)), module_kinds(self.transformer)
         self._stack = ExitStack()
-        self._stack.enter_context(processors({n: t[2] for n, t in self.targets.items()},
+        self._stack.enter_context(processors(self.targets,
                                              lambda name, orig: _ReuseProcessor(self, orig, name, kinds[name], fam)))
         return self
 
@@ -292,7 +285,8 @@ class AttentionCallCounter:
     the attention processors (CUDA synchronised around each call, so only meaningful for profiling)."""
 
     def __init__(self, transformer):
-        self.targets = find_diffusion_attention(getattr(transformer, "transformer", transformer))
+        tr = getattr(transformer, "transformer", transformer)
+        self.targets = gen_family_of(tr).modules(tr)
         self.calls = 0
         self.rows = 0
         self.seconds = 0.0
@@ -300,7 +294,7 @@ class AttentionCallCounter:
 
     def __enter__(self):
         self._stack = ExitStack()
-        self._stack.enter_context(processors({n: t[2] for n, t in self.targets.items()},
+        self._stack.enter_context(processors(self.targets,
                                              lambda name, orig: _Counting(self, orig)))
         return self
 
