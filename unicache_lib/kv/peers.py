@@ -22,8 +22,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..core.errors import InputError
+from ..core.models import language_attention
 from ..inputs import check_fraction
-from ..core.models import attn_implementations, set_attn_implementations
 
 MASKED_LABEL = "masked, full memory"
 ADAKV = f"kvpress:adakv_snapkv ({MASKED_LABEL})"
@@ -67,14 +67,12 @@ def needs_sdpa(name: str) -> bool:
 
 @contextmanager
 def attention_implementation(model, impl: str):
-    """Temporarily switch the attention implementation (restored on exit, also on error); clears
-    kvpress's per-module head masks afterwards so they cannot leak into the next run."""
-    old = attn_implementations(model)
-    set_attn_implementations(model, {**old, "text_config": impl} if isinstance(old, dict) else impl)
+    """:func:`~unicache_lib.core.models.language_attention` (the language model under ``impl``, restored on exit, also on
+    error), then kvpress's per-module head masks cleared so they cannot leak into the next run."""
     try:
-        yield
+        with language_attention(model, impl):
+            yield
     finally:
-        set_attn_implementations(model, old)
         for m in model.modules():
             if getattr(m, "masked_key_indices", None) is not None:
                 m.masked_key_indices = None
