@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from .. import stats as S
@@ -116,7 +115,6 @@ class CaptureResult:
         """Records matching every given field; ``layer`` may be negative (``-1``: the last captured
         layer; out of range: :class:`~unicache_lib.inputs.LayerError` naming the captured layers)."""
         if layer is not None and layer < 0:
-
             layer = resolve_layers([layer], self.layers, "the capture result")[0]
         return [r for r in self.records
                 if (sample is None or r.sample == sample) and (layer is None or r.layer == layer)
@@ -134,8 +132,3 @@ class CaptureResult:
             raise UnknownNameError(f"no record for sample={sample!r} layer={layer} step={step}; captured layers: "
                            f"{self.layers}, samples: {self.samples[:5]}{'...' if len(self.samples) > 5 else ''}")
         return found[0]
-
-    def stack(self, name: str, part: str | None = None, sample=None) -> np.ndarray:
-        """One statistic for every layer of a sample, stacked: ``[L, ...]`` as numpy."""
-        rs = sorted(self.select(sample or self.samples[0], part=part or self.part), key=lambda r: r.layer)
-        return np.stack([r.data[name].numpy() for r in rs])

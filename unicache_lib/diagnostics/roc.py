@@ -58,7 +58,7 @@ def auroc_interval(scores, labels, unit: str = "questions", n_boot: int = 2000, 
     return dataclasses.replace(iv, n=len(y), unit=f"{unit} ({len(pos)} positive, {len(neg)} negative, resampled apart)")
 
 
-def read_auroc(iv, low_is: str = "suspect") -> dict:
+def read_auroc(iv) -> dict:
     """A reading of an AUROC interval with its direction named. ``iv``: an interval of the AUROC of a score
     oriented so that high = positive. Returns ``strength`` = max(AUROC, 1 - AUROC) (how well the score separates
     in whichever direction it does), ``direction`` (``"as oriented"`` above 0.5, ``"inverted"`` below: the

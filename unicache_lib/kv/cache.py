@@ -317,7 +317,7 @@ def kv_bytes(cache) -> int:
 
 @torch.no_grad()
 def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_id: int | None = None,
-           output_attentions: bool = False, positions: torch.Tensor | None = None):
+           output_attentions: bool = False):
     """Feed the question on ``cache`` (which is extended in place) and decode greedily.
 
     Returns ``(first_logits [vocab] float32, generated ids list, attentions or None)``; with
@@ -329,8 +329,7 @@ def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_
     dev = next(model.parameters()).device
     c = split.context_ids.shape[1]
     q = split.question_ids.to(dev)
-    full_pos = positions if positions is not None else fam.position_ids(
-        model, split.full_ids.to(dev), to_model(split.inputs, dev, next(model.parameters()).dtype))
+    full_pos = fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, next(model.parameters()).dtype))
     pos = fam.text_positions(full_pos, c, q.shape[1], dev)
     atts = None
     if output_attentions:

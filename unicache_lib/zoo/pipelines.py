@@ -30,7 +30,6 @@ import torch
 from ..core.errors import ContractError
 from ..gen_families.base import GenFamily, word_names  # noqa: F401  (word_names: its former home)
 from ..core.hooks import forward_hooks
-from ..progress import shown
 
 # max_sequence_length where the pipeline's __call__ default is not the checkpoint's (FLUX.1-schnell: 256)
 SCHNELL_MAX_SEQUENCE_LENGTH = 256
@@ -179,7 +178,7 @@ class _StepHooks:
 
 @torch.no_grad()
 def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guidance: float, seeds: list[int],
-                    callbacks=(), progress: bool | None = False) -> torch.Tensor:
+                    callbacks=()) -> torch.Tensor:
     """Generate through ``gen.pipe`` with the library's callbacks (module doc).
 
     Returns:
@@ -194,7 +193,7 @@ def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guid
             kw |= dict(callback_on_step_end=hooks.callback_on_step_end, callback_on_step_end_tensor_inputs=["latents"])
         else:  # PixArt: only the legacy per-step callback
             kw |= dict(callback=hooks.legacy_callback, callback_steps=1)
-    pipe.set_progress_bar_config(disable=not shown(progress), leave=False)
+    pipe.set_progress_bar_config(disable=True, leave=False)  # as sample(): the callers' loops carry the bar
     with forward_hooks([(gen.transformer, "forward_pre", hooks.pre_hook), (gen.transformer, "forward", hooks.post_hook)]
                        if callbacks else []):
         images = pipe(**kw)[0]

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError
-from ..progress import bar
 from .pipelines import PipelineGenerator, sample_pipeline
 from .tiny_generators import Generator, TextConditioning, encode_prompts, transformer_forward
 
@@ -32,10 +31,10 @@ def sample(
     guidance: float = 3.0,
     seed: int | list[int] = 0,
     callbacks: list | tuple = (),
-    progress: bool | None = False,
 ) -> torch.Tensor:
     """Generate images for ``prompts``: a tiny-layout generator with the library's loop, a pipeline
-    (``gen.pipe`` set) through the pipeline itself (:func:`~unicache_lib.zoo.pipelines.sample_pipeline`).
+    (``gen.pipe`` set) through the pipeline itself (:func:`~unicache_lib.zoo.pipelines.sample_pipeline`). No progress
+    bar: the callers' loops (capture, sweeps, timing rounds) carry one, and timed runs must not draw one.
 
     Args:
         steps: number of denoising steps (scheduler ``set_timesteps``).
@@ -43,8 +42,6 @@ def sample(
             enables it; Flux.1-dev: the distilled guidance scale; Flux.1-schnell: ignored).
         seed: one int (sample ``i`` uses ``seed + i``) or one seed per prompt.
         callbacks: objects with optional ``on_step_begin`` / ``on_velocity`` / ``on_step_end`` (module doc).
-        progress: a bar over the steps (None: :func:`unicache_lib.progress.enabled`). Off by default: the
-            callers' loops (capture, sweeps, timing rounds) carry the bar, and timed runs must not draw one.
     Returns:
         ``[B, 3, H, W]`` float32 images in ``[0, 1]`` on the CPU (pixel-space models: the sample;
         pipelines: the VAE-decoded latents, ``H = W = gen.image_size``).
@@ -55,7 +52,7 @@ def sample(
     if len(seeds) != len(prompts):
         raise InputError(f"{len(seeds)} seeds for {len(prompts)} prompts")
     if gen.pipe is not None:
-        return sample_pipeline(gen, list(prompts), steps, guidance, seeds, callbacks, progress)
+        return sample_pipeline(gen, list(prompts), steps, guidance, seeds, callbacks)
     cfg = gen.transformer.config
     c = cfg.in_channels
     x = initial_noise(seeds, (c, cfg.sample_size, cfg.sample_size)).to(gen.transformer.device)
@@ -69,7 +66,7 @@ def sample(
     cond = TextConditioning(cond.hidden.to(dtype), cond.pooled.to(dtype), cond.mask)
     sched = gen.scheduler
     sched.set_timesteps(steps, device=x.device)
-    for i, t in enumerate(bar(sched.timesteps, progress, desc="sampling", leave=False)):
+    for i, t in enumerate(sched.timesteps):
         for cb in callbacks:
             if hasattr(cb, "on_step_begin"):
                 cb.on_step_begin(i, float(t))
