@@ -271,6 +271,6 @@ def test_step_skip_as_a_diffusers_hook(folders, kind):
 def test_word_names_find_each_word_once_at_its_first_piece(pieces, names):
     """Sub-word pieces (CLIP's </w>, SentencePiece's ▁, byte-level Ġ) are named by their whole word at the first piece;
     punctuation without a marker is a word of its own, so "cube," still holds the word "cube"."""
-    from unicache_lib.zoo.pipelines import word_names
+    from unicache_lib.gen_families.base import word_names
 
     assert word_names(pieces, {"<s>", "</s>"}) == names

@@ -92,8 +92,8 @@ def _steps(label) -> int:
 
 def check_monotone(control: pd.DataFrame, by: str) -> None:
     """Refuse a control sweep whose cost is not monotone in its step count: more steps must cost more FLOPs and give
-    a smaller speed-up. Interpolating a scrambled sweep (a loaded machine's timings: 10 steps 1.79x, 8 steps 2.27x,
-    9 steps 2.68x) would read a margin off a curve that does not exist. Raises ``ValueError`` naming the offending
+    a smaller speed-up. Interpolating a scrambled sweep (a loaded machine's timings, where 9 steps can time faster
+    than 8) would read a margin off a curve that does not exist. Raises ``ValueError`` naming the offending
     step counts; the fix is to re-time (more interleaved repeats, an idle machine)."""
     steps = np.array([_steps(i) for i in control.index])
     order = np.argsort(steps)

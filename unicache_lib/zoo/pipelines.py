@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.errors import ContractError
-from ..gen_families.base import GenFamily, word_names  # noqa: F401  (word_names: its former home)
+from ..gen_families.base import GenFamily
 from ..core.hooks import forward_hooks
 
 # max_sequence_length where the pipeline's __call__ default is not the checkpoint's (FLUX.1-schnell: 256)

@@ -8,11 +8,10 @@ largest — and feed the pruned sequence. A prefill-stage policy: the prefill ru
 
 Positions: the published setting feeds the pruned sequence with consecutive positions (``renumber=True``).
 The shipped ``tiny-llava`` was trained on one fixed layout (64 image tokens at positions 3..66) and does not
-tolerate shifted positions: renumbered, DivPrune kept 0.58 / 0.65 / 0.69 accuracy at 10 / 25 / 50% of the image
-tokens on the design questions (full cache 0.98), against 0.93 / 0.96 / 0.97 with the kept tokens at their
-original positions. The peer therefore keeps original positions by default (the fair setting for this
-model); a 7B model trained on many image layouts tolerates renumbering, set ``DivPrune(renumber=True)``
-there to run it exactly as published.
+tolerate shifted positions: renumbered, DivPrune lost much of its accuracy on the design questions at every budget,
+against the kept tokens at their original positions (``docs/CACHING.md``, Peers). The peer therefore keeps original
+positions by default (the fair setting for this model); a 7B model trained on many image layouts tolerates
+renumbering, set ``DivPrune(renumber=True)`` there to run it exactly as published.
 """
 from dataclasses import dataclass
 

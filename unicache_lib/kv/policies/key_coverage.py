@@ -14,7 +14,7 @@ Each layer chooses for itself (its keys differ); the budget is the same in every
 Tuned on a design set disjoint from every scored set — ``heldout_set(100, seed=7000)`` of
 :mod:`unicache_lib.zoo.train.llava` on ``tiny-llava``, budgets 5/10/25% (``benchmarks/tune_key_coverage.py``
 prints the grid): keys alone beat keys+values, values alone, cosine distance, per-head normalised keys, a
-larger anchor set and read-weighted distances (accuracy 0.96 at 10% vs 0.92–0.94 for the alternatives).
+larger anchor set and read-weighted distances.
 """
 import torch
 

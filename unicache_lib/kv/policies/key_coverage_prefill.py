@@ -9,12 +9,10 @@ runs on the kept tokens only, as DivPrune's does.
 Tuned on the design set only (``benchmarks/tune_prefill_cover.py``, ``heldout_set(100, seed=7000)`` on
 ``tiny-llava``): first-layer keys against the projected features and the features normalised per token, started at
 the largest norm or at the token farthest from the mean. First-layer keys from the largest norm won at every budget
-(design accuracy 0.91 / 0.97 / 0.97 at 5 / 10 / 25%, against 0.84 / 0.93 / 0.96 for the cover on the features and
-0.87 / 0.96 / 0.97 for `key_coverage` itself). **It did not carry to held-out questions**
-(``benchmarks/prefill_cover.py`` on ``make evaluate``'s 2,700, ``benchmarks/results/prefill_cover.csv``): it ties
-`key_coverage` and the feature cover at 10% (0.959 of full accuracy; #31's bar of 0.97 does not hold), is behind
-`key_coverage` by 0.7 points at 25% (0.990, the bar of 0.99 inconclusive) and is ahead of DivPrune at 10% by 1.4
-points. A 100-question design set could not tell these covers apart; it is kept as the measured example of that.
+on the design set, ahead of the cover on the features and of `key_coverage` itself. **It did not carry to held-out
+questions** (``benchmarks/prefill_cover.py`` on ``make evaluate``'s questions, ``benchmarks/results/prefill_cover.csv``,
+quoted in ``docs/CACHING.md``): there it ties `key_coverage` and the feature cover at 10% and misses the 10% bar. A
+100-question design set could not tell these covers apart; it is kept as the measured example of that.
 Kept tokens keep their original positions (``renumber=False``, as DivPrune runs here: the shipped model was trained on
 one layout).
 """

@@ -19,16 +19,11 @@ The defaults were chosen by ``benchmarks/tune_step_skip.py`` on DESIGN prompts o
 ``prompt_set(52, 0, 0)[36:52]`` (16 one-object prompts, sampled with seed 1000), disjoint by construction
 from the notebook's scored prompts ``prompt_set(36, 0, 0)`` (the first 36 of the same permutation of the
 90 colour x shape x position combinations), on tiny-mmdit and tiny-pixart at 20 steps, guidance 3.0,
-PSNR against each generator's own 20-step images. See that script's output for the grid
-(``benchmarks/results/tune_step_skip.txt``). Chosen: ``head=0.1, tail=0.05, stride=3, weight=0.5, order=1``,
-at 20 steps computing steps 0, 1, 3, 6, 9, 12, 15, 18, 19 (9 of 20; ``CC.C..C..C..C..C..CC``); design PSNR
-44.48 dB (tiny-mmdit) and 43.48 dB (tiny-pixart), +3.45 / +4.57 dB over 9-step sampling. A second-order
-extrapolation and extrapolating the denoised estimate ``x - sigma * v`` instead of ``v`` were no better
-on the design prompts (order 2 lost 1-5 dB; x0 space within 0.3 dB).
-
-Held out (the notebook's 32 scored prompts, seed 0; ``benchmarks/results/step_skip_heldout.txt``):
-tiny-mmdit 2.17x [2.13, 2.23] wall-clock at 45.3 dB, +3.2 dB [1.3, 4.9] over fewer-step sampling at the
-same wall-clock; tiny-pixart 2.09x [1.94, 2.35] at 41.3 dB, +2.4 dB [0.4, 4.3] (+3.7 dB at equal FLOPs).
+PSNR against each generator's own 20-step images. Chosen: ``head=0.1, tail=0.05, stride=3, weight=0.5, order=1``,
+at 20 steps computing steps 0, 1, 3, 6, 9, 12, 15, 18, 19 (9 of 20; ``CC.C..C..C..C..C..CC``). A second-order
+extrapolation and extrapolating the denoised estimate ``x - sigma * v`` instead of ``v`` were no better on the
+design prompts. The grid and the design PSNRs: ``benchmarks/results/tune_step_skip.txt``; held out (the notebook's
+scored prompts): ``benchmarks/results/step_skip_heldout.txt`` and notebook 06.
 """
 from __future__ import annotations
 
