@@ -1,7 +1,9 @@
 """The Makefile's targets: each has a `##` help line and is documented in the README; `make lab` runs as
 root and as a normal user, with autosave and the news question off (settings defaults it installs in .venv); the
-Makefile's help and docs/SETUP.md give each target the same time."""
+`##` help lines are the one source of `make help` and of docs/SETUP.md's table of targets (tools/doc_numbers.py),
+and the times they give come from recorded runs through markers, none typed."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -153,50 +155,93 @@ def test_the_lab_settings_are_valid_for_the_installed_jupyterlab(tmp_path):
         assert {k: got["settings"].get(k, got["schema"]["properties"][k]["default"]) for k in values} == values
 
 
-# ------------------------------------------------------------------------------ durations: the Makefile and SETUP agree
+# ------------------------------------------------------------------ make help and docs/SETUP.md: one source, no typed time
 
-DURATION = re.compile(r"(?:about\s+)?(\d[\d,]*(?:\.\d+)?)\s+(?:CPU\s+)?(minutes?|min|hours?)\b|\b(hours)\b")
-
-
-def _minutes(text: str) -> list[float | None]:
-    """Each duration in ``text`` in minutes, in order; a bare "hours" is None (an hour or more)."""
-    out = []
-    for m in DURATION.finditer(text):
-        if m.group(3):
-            out.append(None)
-        else:
-            n = float(m.group(1).replace(",", ""))
-            out.append(n * 60 if m.group(2).startswith("hour") else n)
-    return out
+def _doc_numbers():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import doc_numbers
+    finally:
+        sys.path.pop(0)
+    return doc_numbers
 
 
-def _help(target: str) -> str:
-    m = re.search(rf"^## {re.escape(target)}:(.*?)(?=^[^#])", MAKEFILE, re.M | re.S)
-    return re.sub(r"\s*\n##\s*", " ", m.group(1)) if m else ""
+SETUP = ROOT / "docs" / "SETUP.md"
 
 
-def _setup_row(target: str) -> str:
-    text = re.sub(r"<!--num .*?-->(.*?)<!--/num-->", r"\1", (ROOT / "docs" / "SETUP.md").read_text())  # as shown
-    m = re.search(rf"^\| `make {re.escape(target)}` \|(.*)$", text, re.M)
-    return m.group(1) if m else ""
+def _setup_rows(text: str) -> dict[str, str]:
+    """docs/SETUP.md's table of targets as a reader sees it, in plain text: target -> what it does (markers shown by
+    their values, each link to a docs page written back as ``docs/PAGE.md[#anchor]``, as the `##` line has it)."""
+    rows = {}
+    for line in text[text.index("<!-- targets:begin -->"):text.index("<!-- targets:end -->")].splitlines():
+        m = re.fullmatch(r"\| `make ([\w-]+)` \| (.*) \|", line)
+        if m:
+            plain = re.sub(r"<!--.*?-->", "", m.group(2))
+            plain = re.sub(r"\[(\w[\w-]*\.md)\]\(\1(#[\w-]+)?\)", r"docs/\1\2", plain)
+            rows[m.group(1)] = " ".join(plain.split())
+    return rows
 
 
-def test_duration_parsing():
-    assert _minutes("(about 15 minutes on 2 idle CPU cores, 30 on a busy machine)") == [15]
-    assert _minutes("513 CPU minutes, about 9 hours") == [513, 540]
-    assert _minutes("hours on a CPU") == [None]
+def _make_help() -> dict[str, str]:
+    """What `make help` prints: target -> its text, the wrapped lines joined."""
+    out = subprocess.run(["make", "-s", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True,
+                         check=True, env={**os.environ, "MAKEFLAGS": ""}).stdout
+    help_, target = {}, None
+    for line in out.splitlines():
+        m = re.match(r"make ([\w-]+)\s+(.*)$", line)
+        if m:
+            target = m.group(1)
+            help_[target] = m.group(2)
+        elif target and line.startswith(" "):
+            help_[target] += " " + line.strip()
+    return {t: " ".join(text.split()) for t, text in help_.items()}
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_the_makefile_help_and_setup_give_the_same_time(target):
-    """Where both the `##` help and docs/SETUP.md's row say how long a target takes, they agree within a quarter
-    (`make evaluate` once said 15 minutes in one and 35 in the other, `make replicate` hours and 45 minutes)."""
-    made, setup = _minutes(_help(target)), _minutes(_setup_row(target))
-    if not made or not setup:
-        return
-    a, b = made[0], setup[0]
-    said = f"make {target}: the Makefile says {_help(target).strip()!r}, docs/SETUP.md {_setup_row(target).strip()!r}"
-    if a is None or b is None:  # "hours" on one side: the other must say an hour or more
-        assert (a or 60) >= 60 and (b or 60) >= 60, said
-    else:
-        assert abs(a - b) <= 0.25 * max(a, b), said
+def test_the_setup_table_is_what_the_tool_generates_from_the_makefile():
+    """docs/SETUP.md's table between its targets:begin/end comments is exactly the one tools/doc_numbers.py writes
+    from the Makefile's `##` lines (`make docs`), one row per target in the Makefile's order."""
+    dn = _doc_numbers()
+    assert dn.check_targets_table(SETUP) == [], "docs/SETUP.md's table of targets was edited by hand or the Makefile's " \
+                                                 "## lines changed since: `make docs` regenerates it"
+    assert list(_setup_rows(SETUP.read_text())) == [t for t, _ in dn.make_help(MAKEFILE)]
+    assert sorted(_setup_rows(SETUP.read_text())) == sorted(TARGETS)
+
+
+def test_a_hand_edited_setup_table_fails_and_make_docs_restores_it(tmp_path):
+    dn = _doc_numbers()
+    page = tmp_path / "SETUP.md"
+    text = SETUP.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `make evaluate` |"))
+    page.write_text(text.replace(row, row.replace("the decisive runs", "the runs")))
+    problems = dn.check_targets_table(page)
+    assert len(problems) == 1 and "make evaluate" in problems[0] and "make docs" in problems[0]
+    assert any("targets" in p for p in dn.check([page]))  # the check `make docs` and test_doc_numbers run
+    dn.write([page])
+    assert page.read_text() == text
+    page.write_text(text.replace("<!-- targets:end -->", ""))
+    assert "no <!-- targets:begin -->" in dn.check_targets_table(page)[0]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_help_prints_what_setup_shows():
+    """`make help` (the Makefile's awk over its own `##` lines, markers left out) and docs/SETUP.md's table give every
+    target the same text, times included, in the same order."""
+    printed, rows = _make_help(), _setup_rows(SETUP.read_text())
+    assert list(printed) == list(rows), "make help and docs/SETUP.md list other targets or another order"
+    for target, text in rows.items():
+        assert printed[target] == text, f"make {target}:\n  make help:     {printed[target]}\n  docs/SETUP.md: {text}"
+
+
+def test_the_help_lines_type_no_time_by_hand():
+    """Every time a `##` line gives comes from a recorded run through a marker (`make docs` refreshes it,
+    test_doc_numbers checks it); `make run` and `make test` quote theirs (the notebooks' data/results/NN_*.run.json,
+    data/results/make_test.json), and a target without a recorded run says so instead of an estimate."""
+    dn = _doc_numbers()
+    help_ = dict(dn.make_help(MAKEFILE))
+    typed = {t: dn.unmarked_measurements(text) for t, text in help_.items() if dn.unmarked_measurements(text)}
+    assert not typed, f"times typed by hand in the Makefile's ## lines (make them markers over a recorded run): {typed}"
+    assert dn.unmarked_measurements("## x: takes about 45 minutes on 2 CPU cores")  # what the rule catches
+    sources = {t: {dn.parse_spec(mk.spec)[0] for mk in dn.find_markers(text)} for t, text in help_.items()}
+    assert "@run_minutes" in sources["run"]
+    assert {"data/results/make_test.json#wall_minutes", "data/results/make_test.json#cpu_minutes"} <= sources["test"]
+    assert dn.check([ROOT / "Makefile"]) == [], "`make docs` refreshes the Makefile's markers"

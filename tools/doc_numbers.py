@@ -40,6 +40,11 @@ own printed outputs (``"notebooks/05_kv_eviction.ipynb#out:E2 > key_coverage@0"`
 number changes the prose with it: ``make notebooks`` refreshes a notebook's markers right after executing it. In the
 ``.ipynb`` the marker is read and written inside its JSON string (quotes escaped), so the file keeps its layout.
 
+**The Makefile** holds markers too, in its ``##`` help lines (the times of `make run`, `make test`, ...): those lines
+are the one source of `make help` (which prints them, each marker's comments left out) and of docs/SETUP.md's table
+of targets, which ``--write`` regenerates between ``<!-- targets:begin -->`` and ``<!-- targets:end -->`` (each
+``docs/PAGE.md`` a link there) and the check compares (:func:`targets_table`; tests/test_makefile.py).
+
 A number in prose that reads like a measurement but is a constant fixed before any run (a rule's threshold, a
 parameter) says so in place, with its reason: ``<!--const E2's threshold, written before the numbers-->97%<!--/const-->``
 (:data:`CONSTANT`; ``--prose`` and the tests skip it, a reviewer reads the reason).
@@ -366,7 +371,8 @@ DERIVED = {"train_minutes": train_minutes, "read_minutes": read_minutes, "run_mi
 # ------------------------------------------------------------------------------------------------ check / write
 
 def doc_files(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """README.md, docs/*.md and the Makefile, whose `##` help lines quote recorded times through markers too."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "Makefile"]
 
 
 def notebook_files(root: Path = ROOT) -> list[Path]:
@@ -416,7 +422,8 @@ def check_text(text: str, file: str, root: Path = ROOT) -> list[str]:
 
 def check(files=None, root: Path = ROOT) -> list[str]:
     files = all_files(root) if files is None else files
-    return [p for f in files for p in check_text(Path(f).read_text(), _name(Path(f), root), root)]
+    return [p for f in files for p in check_text(Path(f).read_text(), _name(Path(f), root), root)] + \
+        [p for f in files if Path(f).name == TARGETS_PAGE.name for p in check_targets_table(Path(f), root)]
 
 
 def write(files=None, root: Path = ROOT) -> list[str]:
@@ -425,7 +432,11 @@ def write(files=None, root: Path = ROOT) -> list[str]:
     files = all_files(root) if files is None else files
     changes, new_texts = [], {}
     for f in map(Path, files):
-        text = f.read_text()
+        text = original = f.read_text()
+        if f.name == TARGETS_PAGE.name:  # docs/SETUP.md: its table of targets from the Makefile's help lines first
+            text = with_targets_table(text, root)
+            if text != original:
+                changes.append(f"{_name(f, root)}: the table of make targets regenerated from the Makefile")
         out, last = [], 0
         for mk in find_markers(text, _name(f, root)):
             try:
@@ -437,11 +448,86 @@ def write(files=None, root: Path = ROOT) -> list[str]:
             if want != mk.shown:
                 changes.append(f"{mk.file}:{mk.line}: {mk.shown!r} -> {want!r}")
         out.append(text[last:])
-        if "".join(out) != text:
+        if "".join(out) != original:
             new_texts[f] = "".join(out)
     for f, body in new_texts.items():
         _atomic_write_bytes(f, body.encode())
     return changes
+
+
+# ------------------------------------------------------------- the Makefile's help and docs/SETUP.md's targets table
+
+TARGETS_PAGE = Path("docs/SETUP.md")
+TARGETS_BEGIN, TARGETS_END = "<!-- targets:begin -->", "<!-- targets:end -->"
+HELP_LINE = re.compile(r"^## (?P<target>[a-z][\w-]*):[ \t]*(?P<text>.*)$")
+DOC_PATH = re.compile(r"(?<![\w/.`\[])docs/(?P<page>[A-Z][\w-]*\.md)(?P<anchor>#[\w-]+)?")
+
+
+def make_help(makefile_text: str) -> list[tuple[str, str]]:
+    """``(target, text)`` for every ``## target: text`` comment of the Makefile, in order; the text goes on over the
+    following ``##`` lines (one space between lines). What `make help` prints, markers included; the one source of
+    docs/SETUP.md's table."""
+    out: list[list] = []
+    cur = None
+    for line in makefile_text.splitlines():
+        m = HELP_LINE.match(line)
+        if m:
+            cur = [m.group("target"), [m.group("text").strip()]]
+            out.append(cur)
+        elif cur is not None and line.startswith("##"):
+            cur[1].append(line[2:].strip())
+        else:
+            cur = None
+    return [(t, " ".join(p for p in parts if p)) for t, parts in out]
+
+
+def help_markdown(text: str) -> str:
+    """A help line as docs/SETUP.md shows it: each ``docs/PAGE.md[#anchor]`` a link relative to docs/."""
+    if "|" in text:
+        raise SourceError(f"a help line may not hold '|' (it would split the table's row): {text!r}")
+    return DOC_PATH.sub(lambda m: f"[{m.group('page')}]({m.group('page')}{m.group('anchor') or ''})", text)
+
+
+def targets_table(root: Path = ROOT) -> str:
+    """docs/SETUP.md's table of make targets, one row per ``##`` help comment of the Makefile, in its order."""
+    rows = [f"| `make {t}` | {help_markdown(text)} |" for t, text in make_help((root / "Makefile").read_text())]
+    return "\n".join(["| target | what it does |", "|---|---|", *rows])
+
+
+def with_targets_table(text: str, root: Path = ROOT) -> str:
+    """``text`` (docs/SETUP.md) with the table between :data:`TARGETS_BEGIN` and :data:`TARGETS_END` regenerated."""
+    i, j = text.find(TARGETS_BEGIN), text.find(TARGETS_END)
+    if i < 0 or j < i:
+        raise SystemExit(f"{TARGETS_PAGE}: no {TARGETS_BEGIN} ... {TARGETS_END} around the table of make targets")
+    return text[:i + len(TARGETS_BEGIN)] + "\n" + targets_table(root) + "\n" + text[j:]
+
+
+def check_targets_table(page: Path, root: Path = ROOT) -> list[str]:
+    text = page.read_text()
+    if TARGETS_BEGIN not in text or TARGETS_END not in text:
+        return [f"{TARGETS_PAGE}: no {TARGETS_BEGIN} ... {TARGETS_END} around the table of make targets"]
+    want = with_targets_table(text, root)
+    if want == text:
+        return []
+    shown = {line for line in text.splitlines() if line.startswith("| `make ")}
+    differ = [line.split("|")[1].strip() for line in want.splitlines() if line.startswith("| `make ") and line not in shown]
+    return [f"{TARGETS_PAGE}: the table of make targets differs from the Makefile's ## help lines (rows "
+            f"{', '.join(differ) or 'in another order'}): `make docs` regenerates it"]
+
+
+def tests_minutes(root: Path, which: str = "") -> float:
+    """``@test_minutes`` / ``@test_minutes:fast``: the seconds per test file (and notebook) of the last recorded
+    `make test` / `make test-fast` (tests/costs.json, tests/costs_fast.json: `RECORD=1` writes them), summed, in
+    minutes: the work its lanes share."""
+    f = root / "tests" / ("costs_fast.json" if which == "fast" else "costs.json")
+    if which not in ("", "fast"):
+        raise SourceError(f"@test_minutes:{which}: the argument is empty (make test) or fast (make test-fast)")
+    if not f.is_file():
+        raise FileNotFoundError(f.relative_to(root).as_posix())
+    return sum(json.loads(f.read_text()).values()) / 60
+
+
+DERIVED["test_minutes"] = tests_minutes
 
 
 # ------------------------------------------------------------------------- numbers written outside any marker
@@ -513,7 +599,8 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list every marker with its source and value")
     ap.add_argument("--prose", action="store_true", help="list the numbers typed by hand in each notebook's markdown "
                     "(cell index and number), the ones tests/test_doc_numbers.py holds to notebooks/src/pending_numbers.json")
-    ap.add_argument("files", nargs="*", help="default: README.md, docs/*.md and the notebooks (sources and .ipynb)")
+    ap.add_argument("files", nargs="*", help="default: README.md, docs/*.md, the Makefile and the notebooks (sources "
+                    "and .ipynb)")
     a = ap.parse_args(argv)
     files = [Path(f) for f in a.files] or all_files()
     if a.prose:

@@ -7,7 +7,6 @@ from the attention it would skip).
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ...core.errors import UnsupportedError
@@ -18,7 +17,7 @@ register = registrar(REUSE_POLICIES, "reuse policy")
 
 
 @dataclass(eq=False)
-class ReusePolicy(ABC):
+class ReusePolicy:
     """``decide(step, n_steps, similarity, key) -> "compute" | "reuse" | "reuse_text"``.
 
     ``similarity``: cosine between this step's input to the module and its input at the last
@@ -40,9 +39,8 @@ class ReusePolicy(ABC):
     level = "attention"
     min_history = 2
 
-    @abstractmethod
-    def decide(self, step: int, n_steps: int, similarity: float, key=None) -> str:
-        ...
+    def decide(self, step: int, n_steps: int, similarity: float, key=None) -> str:  # pragma: no cover - interface
+        raise NotImplementedError
 
     def extrapolate(self, timesteps: list[float], outputs: list, t: float):  # pragma: no cover - interface
         """Step-level policies: the model output ``[B, ...]`` standing in for a skipped call at ``t``."""
