@@ -216,8 +216,9 @@ def test_a_hand_edited_setup_table_fails_and_make_docs_restores_it(tmp_path):
     problems = dn.check_targets_table(page)
     assert len(problems) == 1 and "make evaluate" in problems[0] and "make docs" in problems[0]
     assert any("targets" in p for p in dn.check([page]))  # the check `make docs` and test_doc_numbers run
-    dn.write([page])
-    assert page.read_text() == text
+    dn.write([page])  # `make docs`: the table as the Makefile's lines give it again, markers refreshed from their sources
+    specs_only = lambda t: dn.MARKER.sub(lambda m: m.group("spec"), t)  # noqa: E731 - values aside, they may be newer
+    assert specs_only(page.read_text()) == specs_only(dn.with_targets_table(text))
     page.write_text(text.replace("<!-- targets:end -->", ""))
     assert "no <!-- targets:begin -->" in dn.check_targets_table(page)[0]
 
@@ -244,4 +245,4 @@ def test_the_help_lines_type_no_time_by_hand():
     sources = {t: {dn.parse_spec(mk.spec)[0] for mk in dn.find_markers(text)} for t, text in help_.items()}
     assert "@run_minutes" in sources["run"]
     assert {"data/results/make_test.json#wall_minutes", "data/results/make_test.json#cpu_minutes"} <= sources["test"]
-    assert dn.check([ROOT / "Makefile"]) == [], "`make docs` refreshes the Makefile's markers"
+    assert ROOT / "Makefile" in dn.doc_files()  # its markers: checked by test_doc_numbers, refreshed by `make docs`
