@@ -4,6 +4,7 @@ import torch
 from unicache_lib import stats as S
 from unicache_lib.capture import AttentionCapture, CaptureError, find_attention_modules
 from unicache_lib.capture.runner import capture_samples
+from unicache_lib.core.errors import LayerError
 from unicache_lib.core.modality import SpanError, Spans
 
 
@@ -109,7 +110,7 @@ def test_bad_inputs(llava, one_input, samples):
     with pytest.raises(SpanError, match="spans cover"):
         with AttentionCapture(model, "stats", spans=Spans.from_kinds([0] * (len(spans) - 1))):
             model(**inputs)
-    with pytest.raises(CaptureError, match="layers \\[7\\] do not exist"):
+    with pytest.raises(LayerError, match="layers \\[7\\] do not exist"):
         AttentionCapture(model, layers=[7])
     with pytest.raises(ValueError, match="mode must be"):
         AttentionCapture(model, mode="everything")

@@ -6,6 +6,7 @@ import torch
 from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs
 from unicache_lib.capture.gen_runner import capture_generation
 from unicache_lib.capture.vlm import CaptureError
+from unicache_lib.core.errors import LayerError
 from unicache_lib.core.modality import BLOCKS
 from unicache_lib.gen_families import gen_family_of
 from unicache_lib.store import Store, StoreError
@@ -144,7 +145,7 @@ def test_bad_use_gives_clear_errors(gen):
     with pytest.raises(CaptureError, match="ran twice in step"):
         with DiffusionCapture(gen.transformer, ["a", "b"]):
             sample(gen, PROMPTS, steps=2)  # no callbacks: the capture cannot tell steps apart
-    with pytest.raises(CaptureError, match="do not exist"):
+    with pytest.raises(LayerError, match="do not exist"):
         DiffusionCapture(gen.transformer, ["a"], layers=[99])
     with pytest.raises(ValueError, match="unique"):
         DiffusionCapture(gen.transformer, ["a", "a"])

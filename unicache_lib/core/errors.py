@@ -104,9 +104,8 @@ class CaptureError(ContractError):
     """A capture that cannot give correct attention (with what to do instead)."""
 
 
-class LayerError(InputError, CaptureError):
-    """Layer indices that do not exist in the model (or are not integers). A ``ValueError``, and a
-    :class:`CaptureError` as capture raised for bad layers before."""
+class LayerError(InputError):
+    """Layer indices that do not exist in the model (or are not integers)."""
 
 
 class StoreError(UnicacheError, RuntimeError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.errors import InputError, PrefillPruningUnsupported, UnsupportedModelError
+from ..core.errors import InputError, PrefillPruningUnsupported, UnsupportedError, UnsupportedModelError
 from ..core.modality import Spans, spans_from_input_ids
 from ..core.models import transformers, unwrap  # noqa: F401 - the family files' lazily imported transformers
 from ..core.registry import Registry, registrar
@@ -304,9 +304,11 @@ class VLMFamily:
         """The world's word-level tokenizer with this family's special tokens."""
         return build_tokenizer(self.special_tokens, self.named_tokens)
 
-    def config(self, tok, shape: Shape):  # pragma: no cover - interface
-        """A config of this family at ``shape`` for the world tokenizer ``tok``."""
-        raise NotImplementedError
+    def config(self, tok, shape: Shape):
+        """A config of this family at ``shape`` for the world tokenizer ``tok`` (what building a tiny model of the
+        family from code needs; a family that only captures real checkpoints may leave it out)."""
+        raise UnsupportedError(f"{self.name} declares no config, so no model of it can be built from code: add "
+                               f"config(tok, shape) to its adapter (docs/FORKING.md, a model family)")
 
     def activate(self, model) -> None:
         """Make a randomly initialised model use every path (a no-op for most families); tests and

@@ -7,6 +7,7 @@ layers: one causal mask serves them all).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -102,7 +103,7 @@ class EvictionContext:
 
 
 @dataclass(eq=False)
-class EvictionPolicy:
+class EvictionPolicy(ABC):
     """Subclasses set ``name`` (and a one-line ``description``) and implement ``choose``.
 
     ``stage``: ``"cache"`` (default) — the context is prefilled in full and the policy chooses what the cache
@@ -120,9 +121,11 @@ class EvictionPolicy:
     renumber = True
     exact_budget = True
 
-    def choose(self, ctx: EvictionContext, k: int) -> list:  # pragma: no cover - interface
-        """Per layer, ``k`` indices into the image block."""
-        raise NotImplementedError
+    def choose(self, ctx: EvictionContext, k: int) -> list:
+        """Per layer, ``k`` indices into the image block. Every policy implements it, or overrides :meth:`select`
+        instead (``full``, which ignores the budget)."""
+        raise ContractError(f"policy {self.name!r} defines neither choose(ctx, k) nor select(ctx, budget): implement "
+                            f"choose, returning per layer k indices into the image block")
 
     def select(self, ctx: EvictionContext, budget: float) -> list[torch.Tensor]:
         """Per cache layer, the positions kept when ``budget`` (a fraction in [0, 1]) of the image
@@ -160,8 +163,9 @@ class ScorerPolicy(EvictionPolicy):
 
     per_layer = True
 
+    @abstractmethod
     def score(self, ctx, layer: int):
-        raise NotImplementedError
+        """``[n_image]`` scores of layer ``layer``'s image positions, high = keep."""
 
     def choose(self, ctx, k):
         if not self.per_layer:

@@ -5,6 +5,7 @@ Each scorer lives in its own module and registers itself once with :func:`regist
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,15 +41,16 @@ class ScoringContext:
 
 
 @dataclass(eq=False)
-class HeadScorer:
+class HeadScorer(ABC):
     """Subclasses set ``name``, ``needs`` (``"records"``, ``"loss"`` or ``""``) and ``score``."""
 
     name = ""
     needs = ""
     description = ""
 
-    def score(self, ctx: ScoringContext) -> np.ndarray:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def score(self, ctx: ScoringContext) -> np.ndarray:
+        ...
 
     def __call__(self, ctx: ScoringContext) -> np.ndarray:
         if self.needs == "records" and not ctx.records:

@@ -7,6 +7,7 @@ from the attention it would skip).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ...core.errors import UnsupportedError
@@ -17,7 +18,7 @@ register = registrar(REUSE_POLICIES, "reuse policy")
 
 
 @dataclass(eq=False)
-class ReusePolicy:
+class ReusePolicy(ABC):
     """``decide(step, n_steps, similarity, key) -> "compute" | "reuse" | "reuse_text"``.
 
     ``similarity``: cosine between this step's input to the module and its input at the last
@@ -39,8 +40,9 @@ class ReusePolicy:
     level = "attention"
     min_history = 2
 
-    def decide(self, step: int, n_steps: int, similarity: float, key=None) -> str:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def decide(self, step: int, n_steps: int, similarity: float, key=None) -> str:
+        ...
 
     def extrapolate(self, timesteps: list[float], outputs: list, t: float):  # pragma: no cover - interface
         """Step-level policies: the model output ``[B, ...]`` standing in for a skipped call at ``t``."""

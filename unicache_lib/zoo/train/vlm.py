@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import numpy as np
@@ -45,29 +46,31 @@ IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
 
 
-class Recipe:
+class Recipe(ABC):
     """What differs between families: how to build the model and where its patch features are."""
 
     family = ""
     model_name = ""
 
+    @abstractmethod
     def build(self, seed: int):
         """-> (model, processor) built from code at the shipped shape."""
-        raise NotImplementedError
 
+    @abstractmethod
     def patch_features(self, model, processor, images_uint8) -> torch.Tensor:
         """``[B, GRID*GRID, d]`` features of the grid patches (row-major) from the vision tower."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tower(self, model) -> torch.nn.Module:
-        raise NotImplementedError
+        """The vision tower."""
 
+    @abstractmethod
     def tower_dim(self, model) -> int:
-        raise NotImplementedError
+        """The vision tower's feature width."""
 
+    @abstractmethod
     def lm_params(self, model) -> tuple[list, list]:
         """(projector-like params trained at 3x the rate, the other trainable params)."""
-        raise NotImplementedError
 
 
 def encode(fam, processor, questions, images_uint8, answers=None) -> tuple[dict, torch.Tensor | None]:
