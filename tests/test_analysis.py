@@ -120,18 +120,21 @@ def test_every_lesson_declares_its_rules_as_data_on_a_fresh_board():
 
     from unicache_lib.scoreboard import Scoreboard
 
-    tables = {"capture_claims": ["RULES"], "diffusion_claims": ["RULES"], "pruning_claims": ["RULES"],
-              "diagnostics_claims": ["RULES"], "architecture_claims": ["RULES"],
-              "caching_claims": ["EVICTION_RULES", "REUSE_RULES"]}
-    for mod, names in tables.items():
-        m = importlib.import_module(f"unicache_lib.analysis.{mod}")
-        for name in names:
-            board = Scoreboard()
-            board.declare(getattr(m, name), k=6) if mod == "capture_claims" else board.declare(getattr(m, name))
-            assert set(board.rows) == set(getattr(m, name)), (mod, name)
-            assert all("{" not in r.rule_text for r in board.rows.values()), f"{mod}.{name}: an unfilled text field"
+    from unicache_lib.claims import LESSONS, rules_of
+
+    fill = {"k": 6, "top_k": 5, "u3_bar": 0.3}  # the values the rules of 01 (M3) and 02 (U3) name
+    for nb in LESSONS:
+        board = Scoreboard()
+        board.declare(rules_of(nb, **fill))
+        assert set(board.rows) == set(rules_of(nb, **fill)), nb
+        assert all("{" not in r.rule_text for r in board.rows.values()), f"{nb}: an unfilled text field"
+    views = {("diffusion_claims", "RULES"): "03_diffusion_steps", ("pruning_claims", "RULES"): "04_head_pruning",
+             ("diagnostics_claims", "RULES"): "07_diagnostics", ("architecture_claims", "RULES"): "08_architectures",
+             ("caching_claims", "EVICTION_RULES"): "05_kv_eviction", ("caching_claims", "REUSE_RULES"): "06_step_reuse"}
+    for (mod, name), nb in views.items():  # the modules' tables are views of the one source, not copies
+        assert getattr(importlib.import_module(f"unicache_lib.analysis.{mod}"), name) == rules_of(nb), (mod, name)
     board = Scoreboard()
-    board.declare(importlib.import_module("unicache_lib.analysis.capture_claims").RULES, k=3)
+    board.declare(rules_of("01_capture", k=3))
     assert "top-3 anchors" in board.rows["M3"].rule_text
     board.measure("M2", 0.0, interval=(0.0, 0.0), n=5, unit="samples")
     with pytest.raises(RuntimeError, match="before its measurement"):

@@ -304,3 +304,16 @@ def test_a_constant_says_why_in_place_and_is_not_counted():
         p = Path(d) / "x.ipynb"
         p.write_text(json.dumps(nb))
         assert [n for _, n in dn.notebook_prose_numbers(p)] == ["0.0357"]
+
+
+def test_notebook_prose_stays_short():
+    """#46: a lesson opens with at most 250 words before its first code, no markdown cell runs over 250 words (a wall
+    of text goes to docs/), and the nine lessons hold at most 17,000 words of prose a reader sees."""
+    total, problems = 0, []
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        words = [len(dn.visible_text("".join(c["source"])).split()) if c["cell_type"] == "markdown" else 0 for c in cells]
+        total += sum(words)
+        problems += [f"{nb.name} cell {i}: {w} words (at most 250)" for i, w in enumerate(words) if w > 250]
+    assert not problems, "\n".join(problems)
+    assert total <= 17_000, f"{total} words of prose in the lessons (at most 17,000)"

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from unicache_lib import claims
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.notebook
 
@@ -58,9 +60,10 @@ def scoreboard(out_dir: Path) -> dict:
 VERDICTS = {"holds", "partly", "does not hold", "inconclusive", "not measurable here"}
 
 
-def check_rows(board: dict, claims: set) -> None:
-    """Every row: a finite value inside its interval, n >= 2 units named, a verdict of the vocabulary."""
-    assert set(board) == claims
+def check_rows(board: dict, notebook: str) -> None:
+    """A row for exactly the claims ``notebook`` rules on (unicache_lib/claims.py, their one source), each with a
+    finite value inside its interval, n >= 2 units named, a verdict of the vocabulary."""
+    assert set(board) == claims.ids(notebook)
     for r in board.values():
         assert r["verdict"] in VERDICTS, r
         if r["verdict"] == "not measurable here":
@@ -84,7 +87,7 @@ QUICK = {  # the quick parameters of the runs that several tests read (quick_run
 def test_01_capture_quick(quick_run):
     tmp_path = quick_run("01_capture.ipynb", **QUICK["01_capture.ipynb"])
     board = scoreboard(tmp_path)
-    check_rows(board, {"M1", "M2", "M3", "M4"})
+    check_rows(board, "01_capture")
     assert board["M2"]["hi"] < 5e-5 and board["M2"]["verdict"] == "holds"  # same capture twice
     assert {c["name"] for c in board["M1"]["criteria"]} == {"entropy", "max_weight", "sum_sq"}
     assert 0 <= board["M3"]["lo"] <= board["M3"]["hi"] <= 1 and board["M3"]["unit"] == "samples"
@@ -96,7 +99,7 @@ def test_01_capture_quick(quick_run):
 def test_02_understanding_maps_quick(quick_run):
     tmp_path = quick_run("02_understanding_maps.ipynb", **QUICK["02_understanding_maps.ipynb"])
     board = scoreboard(tmp_path)
-    check_rows(board, {"U1", "U2a", "U2b", "U3", "U4", "U5", "U6", "U8", "U9", "U11", "U13"})
+    check_rows(board, "02_understanding_maps")
     assert board["U1"]["n"] == 5 and board["U1"]["unit"] == "samples"  # one sample per scene type
     assert 0.1 <= board["U1"]["lo"] <= board["U1"]["hi"] <= 1  # the top 10% hold at least their own share
     assert board["U3"]["verdict"] == "not measurable here"  # one sample per type: no within-type pairs
@@ -126,7 +129,7 @@ def test_02_other_sample_seed(tmp_path):
 def test_03_diffusion_steps_quick(quick_run):
     tmp_path = quick_run("03_diffusion_steps.ipynb", **QUICK["03_diffusion_steps.ipynb"])
     board = scoreboard(tmp_path)
-    check_rows(board, {"G1", "G2", "G4", "G5", "G6", "G7", "G9"})
+    check_rows(board, "03_diffusion_steps")
     assert board["G1"]["n"] == 4 and board["G1"]["unit"] == "prompts"
     assert board["G5"]["value"] == board["G5"]["lo"] == board["G5"]["hi"] == pytest.approx(64 / 48)  # exact counts
     assert board["G5"]["verdict"] == "does not hold"
@@ -189,7 +192,7 @@ def test_04_head_pruning_quick(tmp_path):
                  N_PROMPTS=4, STEPS=4, TIMING_REPEATS=2, UNDERSTANDING_STORE=str(tmp_path / "none"),
                  GENERATION_STORE=str(tmp_path / "none"))
     board = scoreboard(tmp_path)
-    check_rows(board, {"P1", "P2", "P3"})
+    check_rows(board, "04_head_pruning")
     for r in board.values():
         assert r["n"] == 100 and r["unit"] == "questions"
     p3b = next(c for c in board["P3"]["criteria"] if c["name"] == "b")
@@ -227,7 +230,7 @@ def test_05_kv_eviction_quick(tmp_path):
     run_notebook("05_kv_eviction.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5])
     check_first_figure(tmp_path, "05_kv_eviction.ipynb")
     board = scoreboard(tmp_path)
-    check_rows(board, {"U7", "E1", "E2", "E3", "E4"})
+    check_rows(board, "05_kv_eviction")
     assert board["U7"]["n"] == 6 and board["U7"]["unit"] == "questions"
     assert board["E2"]["verdict"] == "not measurable here" and "0.1 not in BUDGETS" in board["E2"]["note"]
     # E1 is decided on make evaluate's committed run (made on this model), this run's interval beside it
@@ -254,7 +257,7 @@ def test_05_kv_eviction_quick(tmp_path):
 def test_06_step_reuse_quick(quick_run):
     tmp_path = quick_run("06_step_reuse.ipynb", **QUICK["06_step_reuse.ipynb"])
     board = scoreboard(tmp_path)
-    check_rows(board, {"G3", "G8", "R1", "R2", "R3"})
+    check_rows(board, "06_step_reuse")
     assert board["R2"]["verdict"] == "not measurable here"  # 2 timing rounds: no wall-clock comparison
     assert board["G8"]["verdict"] == "not measurable here" and "needs >= 10" in board["G8"]["note"]  # 2 timing rounds
     import pandas as pd
@@ -277,7 +280,7 @@ def test_06_refuses_an_empty_generator_list(tmp_path):
 def test_07_diagnostics_quick(quick_run):
     tmp_path = quick_run("07_diagnostics.ipynb", **QUICK["07_diagnostics.ipynb"])
     board = scoreboard(tmp_path)
-    check_rows(board, {"U10", "U12"})
+    check_rows(board, "07_diagnostics")
     assert board["U10"]["n"] == 5 and board["U12"]["n"] == 60
     u10a = board["U10"]["criteria"][0]
     assert u10a["name"] == "a" and u10a["verdict"] == "holds"  # the healthy model stays above the cut-off
@@ -291,7 +294,7 @@ def test_08_architectures_quick(tmp_path):
                  GEN_STEPS=3, N_DRAWINGS=1, DRIFT_CAPTIONS=6)
     check_first_figure(tmp_path, "08_architectures.ipynb")
     board = scoreboard(tmp_path)
-    check_rows(board, {"A1", "A2", "A3", "A4", "A5", "A6"})
+    check_rows(board, "08_architectures")
     assert board["A1"]["n"] == 5 and board["A1"]["unit"] == "samples"
     a2 = {c["name"]: c for c in board["A2"]["criteria"]}
     assert a2["b"]["n"] == 60 and a2["b"]["unit"] == "questions"  # the ablation is scored per held-out question
@@ -319,7 +322,7 @@ FIRST_FIGURES = {  # lesson -> (the names its first figure is saved under, what 
     "04_head_pruning.ipynb": (["head_scores"], "one scale"),
     "05_kv_eviction.ipynb": (["what_each_rule_keeps"], "answers"),
     "06_step_reuse.ipynb": (["gallery_tiny-mmdit", "gallery_tiny-pixart"], "psnr"),
-    "07_diagnostics.ipynb": (["questions"], "answers"),
+    "07_diagnostics.ipynb": (["right_and_wrong"], "overlay"),
     "08_architectures.ipynb": (["attention_layouts"], "named"),
 }
 

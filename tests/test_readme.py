@@ -74,46 +74,17 @@ def test_the_pages_with_python_blocks_are_all_run():
     assert {"README.md", "docs/FORKING.md", "docs/MODELS.md", "docs/CAPTURE.md", "docs/CACHING.md"} <= set(DOCS)
 
 
-# the per-notebook table of docs/LAYOUT.md lists the claims each notebook measures
+# the per-notebook table of docs/LAYOUT.md lists the claims each notebook measures, from the claims' one source
 LAYOUT = "docs/LAYOUT.md"
-NOTEBOOK_ROW = re.compile(r"^\| `notebooks/(\d\d)_\w+\.ipynb` \|.*; claims ([^|]*?)(?: and targets ([^|]*))? \|$", re.M)
+NOTEBOOK_ROW = re.compile(r"^\| `notebooks/(\d\d_\w+)\.ipynb` \|.*; (<!--num @claims:(\w+)-->)?[^|]* \|$", re.M)
 
 
-def _expand(listing: str) -> set[str]:
-    """'U1, U2a, U3–U6' -> {'U1', 'U2a', 'U3', 'U4', 'U5', 'U6'}."""
-    out = set()
-    for item in re.split(r",\s*", listing.strip()):
-        m = re.fullmatch(r"([A-Z])(\d+)–[A-Z]?(\d+)", item)
-        out |= {f"{m.group(1)}{i}" for i in range(int(m.group(2)), int(m.group(3)) + 1)} if m else {item}
-    return out
+def test_layout_lists_each_lessons_claims_from_their_one_source():
+    """docs/LAYOUT.md names each lesson's claims through a marker over unicache_lib/claims.py (tools/doc_numbers.py
+    checks what it shows), never typed by hand."""
+    from unicache_lib.claims import LESSONS
 
-
-def measured_claims(src: str) -> set[str]:
-    """The claims a notebook's source rules on: its own ``board.rule("X", ...)`` calls, plus the claims whose rules it
-    declares as data in a library module (``from unicache_lib.analysis import architecture_claims``: its ``RULES``)."""
-    import importlib
-
-    claims = set(re.findall(r'board\.rule\("(\w+)"', src))
-    for mod, alias in re.findall(r"^from unicache_lib\.analysis import (\w+_claims)\b(?: as (\w+))?", src, re.M):
-        m = importlib.import_module(f"unicache_lib.analysis.{mod}")
-        tables = re.findall(rf"declare\(board, {alias or mod}\.(\w+)\)", src) or ["RULES"]  # which rule table it declares
-        for t in tables:
-            claims |= set(getattr(m, t, {}))
-    return claims
-
-
-def test_measured_claims_reads_rules_in_the_source_and_rules_declared_as_data():
-    src = 'board.rule("U1", "x", above=0.5)\nfrom unicache_lib.analysis import architecture_claims as ACL\n'
-    assert {"U1", "A1"} <= measured_claims(src)
-    src = "from unicache_lib.analysis import caching_claims as CC\nCC.declare(board, CC.REUSE_RULES)\n"
-    assert measured_claims(src) == {"R1", "R2", "R3", "G3", "G8"}  # the table it declares, not the module's other one
-
-
-def test_layout_lists_exactly_the_claims_each_notebook_measures():
     rows = NOTEBOOK_ROW.findall((ROOT / LAYOUT).read_text())
-    assert [nb for nb, *_ in rows] == ["01", "02", "03", "04", "05", "06", "07", "08"]
-    for nb, claims, targets in rows:
-        src = next((ROOT / "notebooks" / "src").glob(f"{nb}_*.py")).read_text()
-        measured = measured_claims(src)
-        listed = _expand(claims) | (_expand(targets) if targets else set())
-        assert listed == measured, f"notebook {nb}: {LAYOUT} lists {sorted(listed)}, its scoreboard has {sorted(measured)}"
+    assert [nb for nb, *_ in rows][1:] == list(LESSONS)  # 00, the primer, rules on no claim
+    for nb, marker, named in rows[1:]:
+        assert marker and named == nb, f"{LAYOUT}: the row of {nb} lists its claims without the @claims:{nb} marker"

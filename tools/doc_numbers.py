@@ -364,8 +364,19 @@ def meets_bar(root: Path, arg: str) -> str:
     return "meets its bar" if acc >= bar else "below its bar"
 
 
+def claim_ids(root: Path, notebook: str) -> str:
+    """``@claims:05_kv_eviction``: "claims U7 and targets E1–E4", the lesson's claim ids as
+    :func:`unicache_lib.claims.ids_text` lists them from the claims' one source."""
+    from unicache_lib.claims import ids_text  # local: the tool reads data files; only this marker needs the package
+
+    try:
+        return ids_text(notebook)
+    except Exception as e:  # an unknown lesson names the known ones
+        raise SourceError(f"@claims:{notebook}: {e}") from e
+
+
 DERIVED = {"train_minutes": train_minutes, "read_minutes": read_minutes, "run_minutes": run_minutes,
-           "meets_bar": meets_bar}
+           "meets_bar": meets_bar, "claims": claim_ids}
 
 
 # ------------------------------------------------------------------------------------------------ check / write

@@ -33,7 +33,7 @@ LAYERS = [
     ("features", "analyses, KV eviction, step reuse, head pruning",
      r"analysis|analysis\.(?!\w+_claims$)\w+|kv(\..*)?|reuse(\..*)?|pruning(\..*)?"),
     ("reporting", "each lesson's claims, diagnostics, scoreboards, plots, widgets, notebook parameters",
-     r"analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|static_explorer|params|replicate"),
+     r"claims|analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|static_explorer|params|replicate"),
 ]
 # training scripts, test and stand-in builders, make-target drivers: outside the runtime graph
 OUTSIDE = r"zoo\.(train|builders)(\..*)?|rehearsal"

@@ -749,6 +749,18 @@ def literal_text():
         matplotlib.rcParams["text.parse_math"] = old
 
 
+def _plain_log_ticks(fig) -> None:
+    """A log axis labels its ticks in math text (``$\\mathdefault{10^{2}}$``), which literal text would show raw: label
+    them as plain numbers (``100``, ``0.01``) instead, the minor ticks unlabelled."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter  # local: matplotlib loads at the first figure
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if isinstance(axis.get_major_formatter(), LogFormatter):
+                axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+                axis.set_minor_formatter(NullFormatter())
+
+
 def _literal_text(fn):
     """Every text of the figure ``fn`` returns drawn as typed (math text off): a label, token or question from your
     data holding ``$`` shows its dollars instead of failing the figure (``$\\frac{$``) or turning into math."""
@@ -762,6 +774,7 @@ def _literal_text(fn):
         if isinstance(out, Figure):  # and those drawn later (a notebook's savefig) too
             for t in out.findobj(Text):
                 t.set_parse_math(False)
+            _plain_log_ticks(out)
         return out
 
     return drawn

@@ -15,7 +15,7 @@ interval is over. The verdict is computed, never typed in:
 - **not meaningful (random weights)**: every row of a board built for a random-weight stand-in model
   (``Scoreboard(random_weights=True)``); values and intervals are still shown.
 
-Claim texts paraphrase the study's write-ups (ids as in the project's CLAIMS list).
+Claim texts paraphrase the study's write-ups; each claim, with its rule, is one entry of :mod:`unicache_lib.claims`.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import pandas as pd
 from pathlib import Path
 from html import escape
 
+from .claims import CLAIMS  # every claim's statement, rule and lesson: unicache_lib/claims.py
 from .core.errors import ContractError, InputError, UnknownNameError
 from .intervals import Interval, n_to_settle
 from .store import _atomic_write_bytes
@@ -38,52 +39,6 @@ NOT_MEASURABLE, RANDOM_WEIGHTS = "not measurable here", "not meaningful (random 
 VERDICTS = (HOLDS, PARTLY, NOT, INCONCLUSIVE, NOT_MEASURABLE, RANDOM_WEIGHTS)
 UNSTABLE = "unstable across sample sets"
 
-CLAIMS: dict[str, str] = {
-    "M1": "Statistics computed in fp16 are biased; compute them in fp32.",
-    "M2": "With fixed seeds, attention statistics reproduce to 4 decimal places.",
-    "M3": "Batching several samples and averaging washes out anchor positions; capture per sample.",
-    "M4": "A fixed standard set of ~20 samples across scene types makes numbers comparable.",
-    "U1": "Text-to-image reads are very uneven: a few image positions take most of them.",
-    "U2a": "Shallow layers are local/positional; deep layers aggregate globally and spread out.",
-    "U2b": "Shallow layers are near-uniform; deep layers focus (some heads' max weight > 0.45).",
-    "U3": "Visual anchors persist across layers; moderately stable across images.",
-    "U4": "Anchors sit on salient objects, unlike text attention sinks.",
-    "U5": "Content words read the image far more than function words.",
-    "U6": "Image reads rise while naming image content during decoding.",
-    "U7": "Shallow-layer KV can be evicted by locality; deep-layer KV must be kept.",
-    "U8": "Healthy layers: a few focused heads, the rest moderately spread.",
-    "U9": "Image tokens dominate; text<->image share under ~15% means text is not reaching the image.",
-    "U10": "A layer with cross-modal share under ~5% marks a modality cut-off.",
-    "U11": "Object words attend to their object's patches.",
-    "U12": "A noun whose attention barely covers the image is likely hallucinated.",
-    "U13": "Low layers spread (~35% cross-modal), middle layers focus, high layers refine.",
-    "G1": "Early denoising steps attend diffusely, late steps concentrate.",
-    "G2": "Adjacent-step similarity is ~0.3-0.5 early and > 0.8 late.",
-    "G3": "Reusing only in the last third of the steps loses almost no quality.",
-    "G4": "In joint attention, text->image is stable across steps, image->text varies.",
-    "G5": "Image tokens far outnumber text tokens: cache pressure is on the image side.",
-    "G6": "Text conditioning is strongest early; long prompts collapse in middle steps.",
-    "G7": "Generation models have more redundant heads than understanding models.",
-    "G8": "Caching text-side features over similar steps cut latency ~15% with no visible loss.",
-    "G9": "An object word's attention lands on the object's region.",
-    "P1": "Pruning 10% of heads by attention statistics barely hurts; 20% starts to hurt.",
-    "P2": "Scoring heads by attention statistics is more stable than by weight norms.",
-    "P3": "Near-uniform shallow heads are not automatically redundant.",
-    "A1": "Single-stream fusion (ViLT): image-image attention dominates; text barely shapes the image tokens.",
-    "A2": "Fusion encoder: a cross-modal share under ~15% means the text is not injected into the image tokens.",
-    "A3": "Cross-attention VLM: low cross layers spread, middle ones focus on the named object, top ones refine.",
-    "A4": "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
-    "A5": "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
-    "A6": "Unified model: after an image-heavy token the next reads the image less; late image-share drops go with drift.",
-    # the workbench's own targets for policies designed from these measurements (notebooks 05 and 06), held out
-    "E1": "Target: a designed eviction policy keeps >= 99% of full-cache accuracy at 25% of the image KV.",
-    "E2": "Target: the designed eviction policy keeps >= 97% of full-cache accuracy at 10% of the image KV.",
-    "E3": "Target: its answers stay close to the full cache's: mean KL <= 0.05 at 25%.",
-    "E4": "Target: it is at least as accurate as every peer (kvpress, DivPrune, FastV ...) at every budget.",
-    "R1": "Target: a designed step-reuse policy reaches >= 2x wall-clock at >= 42 dB PSNR on both generators.",
-    "R2": "Target: it sits >= 3 dB above simply sampling with fewer steps at equal wall-clock.",
-    "R3": "Target: it is Pareto-ahead of every diffusers cache on (PSNR, wall-clock) and (PSNR, FLOPs).",
-}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Notebook 08's claims (A1-A6) as data, and their measurements on a
 :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's scoreboard cell reads as a few calls.
 
-:data:`RULES` holds each claim's rule text and thresholds (fixed before any number is computed);
+:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule
+written once there);
 :func:`declare` writes them on a board. One ``measure_*`` function per architecture records its claims
 from the tables the notebook built, or marks them "not measurable here" with the reason when the model
 was left out (its parameter set to ``None``) or the run gave nothing to compare:
@@ -18,33 +19,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..claims import rules_of
 from ..diagnostics.roc import auroc_interval
 from ..intervals import bootstrap, difference_interval, mean_interval, ratio_interval
 from .architectures import lag1
 
-RULES: dict[str, tuple[str, dict]] = {
-    "A1": ("ViLT, mean over layers: (a) image queries' share on image keys above 0.5; (b) image queries' share on "
-           "text keys / the text's share of the positions (what even attention would give it) below 1",
-           {"a": {"above": 0.5}, "b": {"below": 1.0}}),
-    "A2": ("ViLT: (a) cross-modal share of the healthy model (mean over layers) below 0.15; (b) accuracy lost when "
-           "image queries cannot see the text below 0.02 (text that is not injected cannot be missed)",
-           {"a": {"below": 0.15}, "b": {"below": 0.02}}),
-    "A3": ("Mllama, teacher-forced captions, cross layers low / middle / top: (a) low minus middle normalised "
-           "entropy of the caption words above 0.02 (spread, then focus); (b) middle: object words' mass on their "
-           "object / its area share above 1.5; (c) middle: position words' mass on the matching half / the opposite "
-           "half above 1.5; (d) middle minus top background mass above 0 (refine). The study's ~35% cross-modal share "
-           "is not a criterion: a cross-attention layer reads only the image",
-           {"a": {"above": 0.02}, "b": {"above": 1.5}, "c": {"above": 1.5}, "d": {"above": 0.0}}),
-    "A4": ("CLIP image tower, last layer: the class token's attention mass on the objects the caption names / "
-           "their area share above 1.5", {"": {"above": 1.5}}),
-    "A5": ("Janus, same images: (a) image share of the answer token minus the mean image share of the caption "
-           "tokens above 0; (b) their ratio above 1.2 (the study: ~60% / ~40% = 1.5)",
-           {"a": {"above": 0.0}, "b": {"above": 1.2}}),
-    "A6": ("Janus captions: (a) lag-1 correlation of the per-token image share (each position's mean removed) "
-           "below 0 (suppression); (b) on captions of four-object scenes, AUROC of a low third-of-caption image share "
-           "for an error in that third (a phrase naming no object of the scene) above 0.6 (drift)",
-           {"a": {"below": 0.0}, "b": {"above": 0.6}}),
-}
+RULES = rules_of("08_architectures")  # generated from the claims' one source, unicache_lib/claims.py
 
 
 def declare(board) -> None:

@@ -2,7 +2,8 @@
 each notebook's scoreboard cell reads as a few calls (notebook 05: KV eviction, U7 and E1-E4; notebook 06:
 cross-step reuse, R1-R3, G3 and G8).
 
-:data:`EVICTION_RULES` and :data:`REUSE_RULES` hold each claim's rule text and thresholds, fixed before any number
+:data:`EVICTION_RULES` and :data:`REUSE_RULES` are the two lessons' rules, made from :mod:`unicache_lib.claims`
+(each claim and its rule written once there), fixed before any number
 is computed; :func:`declare` writes them on a board. :func:`measure_eviction` and :func:`measure_reuse` record the
 measurements from the tables the notebooks built, or mark a claim "not measurable here" with the reason (a budget
 or generator left out by parameter, too few timing rounds, a family without an image grid). The recap and the
@@ -19,43 +20,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..claims import NEW, NEW_REUSE, rules_of
 from ..intervals import MIN_TIMING_REPEATS, Interval, mean_interval
 from ..tables import WrappedTable
 from ..scoreboard import Measurement
 from ..reuse.evaluate import readings, worst_generator, worst_pareto_gap
 from ..kv.evaluate import against_peers, share_of_full, worst_peer_difference
 
-NEW, NEW_REUSE, MILD = "key_coverage", "step_skip", "step_skip (stride 2)"
+MILD = "step_skip (stride 2)"
 DECISIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # make evaluate's committed results
 PEERS = ("divprune", "fastv", "snapkv", "h2o", "streaming")  # the eviction peers beside every kvpress press
 ATTENTION_LEVEL = ("adaptive", "every_2", "static_last_third", "text_side")  # the study's attention-level schedules
 
-EVICTION_RULES: dict[str, tuple[str, dict]] = {
-    "U7": ("accuracy of locality in the shallow band + content deeper minus the swapped assignment, per question "
-           "averaged over the budgets, above 0.01 (1 point)", {"": {"above": 0.01}}),
-    "E1": (f"{NEW} accuracy at 25% of the image KV / the full cache's, held-out questions (ratio of means, 95% "
-           "interval over questions), above 0.99", {"": {"above": 0.99}}),
-    "E2": (f"{NEW} accuracy at 10% / the full cache's, above 0.97", {"": {"above": 0.97}}),
-    "E3": (f"{NEW} mean KL(full || evicted) at 25%, interval over questions, below 0.05 nats", {"": {"below": 0.05}}),
-    "E4": (f"{NEW} minus every peer (kvpress presses, DivPrune, FastV, SnapKV, H2O, StreamingLLM), the worst "
-           "(budget, peer) cell of the paired accuracy difference, interval over questions, above -0.01 (1 point)",
-           {"": {"above": -0.01}}),
-}
-REUSE_RULES: dict[str, tuple[str, dict]] = {
-    "R1": (f"{NEW_REUSE} on every generator: (a) wall-clock speed-up (interval over >= {MIN_TIMING_REPEATS} timing "
-           "rounds, the slower generator) above 2.0, (b) mean PSNR vs no reuse (interval over prompts, the lower "
-           "generator) above 42 dB", {"a": {"above": 2.0}, "b": {"above": 42.0}}),
-    "R2": (f"{NEW_REUSE} PSNR minus the fewer-step control's at its own wall-clock speed-up (interval over prompts, "
-           "the generator with the smaller margin) above 3 dB", {"": {"above": 3.0}}),
-    "R3": (f"every diffusers cache (diffusers' settings) on every generator against the best {NEW_REUSE} setting "
-           "(every 3rd or every 2nd step in the middle) that saves at least as much: the smallest paired PSNR "
-           "difference, ours minus theirs (interval over prompts), above 0 dB, (a) at equal or higher wall-clock "
-           "speed-up, (b) at equal or fewer transformer FLOPs", {"a": {"above": 0.0}, "b": {"above": 0.0}}),
-    "G3": ("weaker generator: (a) SSIM of reuse in the last third of the steps above 0.98, (b) that SSIM minus "
-           "reusing throughout (every 2nd step) above 0", {"a": {"above": 0.98}, "b": {"above": 0.0}}),
-    "G8": (f"joint-attention model, text-side reuse: (a) speed-up above 1.10 (interval over >= {MIN_TIMING_REPEATS} "
-           "shuffled interleaved rounds), (b) SSIM above 0.98", {"a": {"above": 1.10}, "b": {"above": 0.98}}),
-}
+EVICTION_RULES = rules_of("05_kv_eviction")  # generated from the claims' one source, unicache_lib/claims.py
+REUSE_RULES = rules_of("06_step_reuse")
 
 
 def declare(board, rules: dict) -> None:
@@ -260,28 +238,37 @@ def score_rules(acc: pd.DataFrame) -> list[str]:
             or (m.startswith("kvpress:") and "streaming" not in m)]
 
 
-def below_random(acc: pd.DataFrame, budgets) -> dict:
-    """budget -> the score-based rules (:func:`score_rules`) whose accuracy is below ``random``'s ({} without a
-    random row)."""
+def below_random(acc: pd.DataFrame, budgets, rows: pd.DataFrame | None = None) -> dict:
+    """budget -> the score-based rules (:func:`score_rules`) below ``random`` ({} without a random row): with the
+    per-question ``rows`` of :func:`~unicache_lib.kv.evaluate.run_eviction`, those whose paired 95% interval of the
+    accuracy difference over questions lies wholly below 0 (a point below random inside the noise is not counted);
+    without, those whose accuracy is lower."""
     if "random" not in acc.index:
         return {}
     rules = score_rules(acc)
-    return {b: [m for m in rules if acc.loc[m, b] < acc.loc["random", b]] for b in budgets}
+    if rows is None:
+        return {b: [m for m in rules if acc.loc[m, b] < acc.loc["random", b]] for b in budgets}
+    vs = pd.concat([against_peers(rows, m, ["random"]).assign(method=m) for m in rules], ignore_index=True)
+    return {b: [m for m in rules if ((vs.method == m) & (vs.budget == b) & (vs.verdict == "behind")).any()]
+            for b in budgets}
 
 
 def _at(acc, m, b) -> float:
     return float(acc.loc[m, b]) if m in acc.index and b in acc.columns else float("nan")
 
 
-def eviction_recap(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float, board) -> list[str]:
-    """The eviction lesson's recap, one line per finding, printed from this run's numbers."""
+def eviction_recap(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float, board,
+                   rows: pd.DataFrame | None = None) -> list[str]:
+    """The eviction lesson's recap, one line per finding, printed from this run's numbers (``rows``: the per-question
+    rows, so "below random" is decided on paired intervals)."""
     full = _at(acc, "full", budgets[0])
-    br = below_random(acc, budgets)
+    br = below_random(acc, budgets, rows)
     k = len(score_rules(acc))
     lines = [f"Eviction ({n} questions, full cache {full:.3f}): " + "; ".join(
         f"{b:.0%}: {NEW} {_at(acc, NEW, b):.3f}, divprune {_at(acc, 'divprune', b):.3f}, h2o {_at(acc, 'h2o', b):.3f}, "
         f"unicache {_at(acc, 'unicache', b):.3f}, random {_at(acc, 'random', b):.3f}" for b in budgets),
-        "Coverage beats score: score-based rules below random, per budget: " + ("; ".join(
+        "Coverage beats score: score-based rules below random" + (" (paired 95% interval below 0)" if rows is not None
+                                                                    else "") + ", per budget: " + ("; ".join(
             f"{b:.0%}: " + (f"all {len(v)}" if len(v) == k else f"{len(v)} of {k}" + (f" ({', '.join(v)})" if v else ""))
             for b, v in br.items()) or "no random row")
         + (f"; U7's band split: {100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]." if u7 else "."),
@@ -379,9 +366,11 @@ def reuse_decisions(RU: dict, CT: dict, shares: dict):
     for g in RU:
         c = CT[g].loc[NEW_REUSE]
         rows.append({"measurement": f"{g}: {NEW_REUSE} over fewer steps at equal FLOPs / wall-clock",
-                     "value here": f"{c.margin_flops:+.1f} / {c.margin_speedup:+.1f} dB",
-                     "what it suggests on your model": ("use step_skip: it beats fewer steps here (interval above 0); "
-                     "tune its schedule on your design prompts" if c.margin_flops_lo > 0 else "sample with fewer steps: "
+                     "value here": f"{c.margin_flops:+.1f} [{c.margin_flops_lo:+.1f}, {c.margin_flops_hi:+.1f}] / "
+                                   f"{c.margin_speedup:+.1f} [{c.margin_speedup_lo:+.1f}, {c.margin_speedup_hi:+.1f}] dB",
+                     "what it suggests on your model": ("use step_skip: it beats fewer steps here at equal FLOPs (interval "
+                     "above 0)" + ("" if c.margin_speedup_lo > 0 else ", at equal wall-clock not settled (interval across 0)")
+                     + "; tune its schedule on your design prompts" if c.margin_flops_lo > 0 else "sample with fewer steps: "
                      "step_skip does not beat it here (tune its schedule on design prompts before trying again)")
                      + "; a diffusers cache must clear the same control before you adopt it",
                      "where": "§3: GENERATORS, STEPS, FEWER_STEPS"})

@@ -1,8 +1,8 @@
 """Notebook 01's method claims (M1-M4) as data, and their measurements on a
 :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's claims cell reads as a few calls.
 
-:data:`RULES` holds each claim's rule text and thresholds, fixed before any number is computed; :func:`declare` writes
-them on a board. One ``measure_*`` function per claim captures what it needs and records its interval:
+:func:`declare` writes the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and
+rule written once there), on a board. One ``measure_*`` function per claim captures what it needs and records its interval:
 
 - :func:`measure_fp16_bias`: M1, the signed mean fp16 - fp32 difference of row statistics, per sample;
 - :func:`measure_repeatability`: M2, the largest difference between two captures of the same samples;
@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..claims import BIAS, STATISTICS, rules_of
 from ..capture.runner import capture_samples
 from ..intervals import Interval, bootstrap, difference_interval, extreme_of, mean_interval
 from .understanding import layer_table
@@ -25,28 +26,13 @@ from ..world import samples as sample_set
 from ..stats import row_statistics_in_dtype
 from ..progress import bar
 
-BIAS = 1e-4  # a bias visible at the 4th decimal
-STATISTICS = ("entropy", "max_weight", "sum_sq")  # the row statistics M1 computes in both precisions
 HEADLINE = ["norm_entropy", "max_weight", "cross_modal", "top10_share"]  # M4's per-sample statistics
 
-RULES: dict[str, tuple[str, dict]] = {
-    "M1": (f"per statistic (entropy, max weight, sum of squared weights), the signed mean fp16−fp32 difference lies "
-           f"outside ±{BIAS:g} over its whole 95% interval over samples; holds if for every statistic, partly if for some",
-           {k: {"outside": (-BIAS, BIAS)} for k in STATISTICS}),
-    "M2": ("holds if the largest |difference| of any statistic between two captures (95% interval over "
-           "samples of the per-sample maximum) stays below 5e-5 (equal to 4 decimals)", {"": {"below": 5e-5}}),
-    "M3": ("holds if a sample keeps < 50% of its top-{k} anchors after batch averaging (mean Jaccard, 95% interval over "
-           "samples, below 0.5)", {"": {"below": 0.5}}),
-    "M4": ("holds if every headline statistic (per-sample mean over layers of normalised entropy, max weight, "
-           "cross-modal share, top-10% read share) differs by < 0.02 between two disjoint standard sets: every "
-           "statistic's own 95% interval over both sets' samples inside ±0.02 (shown: the farthest one reaches)",
-           {"": {"below": 0.02}}),
-}
 
 
 def declare(board, anchor_k: int) -> None:
-    """Write every rule of :data:`RULES` on ``board`` before any measurement (``anchor_k``: M3's top-k)."""
-    board.declare(RULES, k=anchor_k)
+    """Write M1-M4's rules on ``board`` before any measurement (``anchor_k``: M3's top-k)."""
+    board.declare(rules_of("01_capture", k=anchor_k))
 
 
 def measure_fp16_bias(board, model, processor, samples, memory_check=None) -> dict:

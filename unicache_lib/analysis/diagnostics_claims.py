@@ -1,7 +1,8 @@
 """Notebook 07's claims (U10, U12) as data, the broken-model experiment behind U10, and the measurements on a
 :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's cells read as a few calls.
 
-:data:`RULES` holds each claim's rule text and thresholds, fixed before any number is computed; :func:`declare` writes
+:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule
+written once there); :func:`declare` writes
 them on a board. :func:`broken_variants` captures a healthy model and four deliberately broken ones;
 :func:`detector_table` runs the modality-neglect detector on each; :func:`measure_neglect` (U10) and
 :func:`measure_hallucination` (U12) record the verdicts; :func:`recap` and :func:`decisions` print the lesson's end
@@ -14,6 +15,7 @@ import copy
 import numpy as np
 import pandas as pd
 
+from ..claims import rules_of
 from ..capture.runner import capture_samples
 from ..diagnostics.broken import blank_image, mask_image_attention, zero_image_features, zero_image_values
 from ..diagnostics.neglect import CUTOFF, detect_neglect, image_dependence, text_image_share_per_sample
@@ -21,14 +23,7 @@ from ..diagnostics.roc import auroc, auroc_interval, read_auroc
 from ..intervals import extreme_of, mean_interval
 from ..tables import WrappedTable
 
-RULES: dict[str, tuple[str, dict]] = {
-    "U10": (f"(a) healthy model: its lowest layer's image share of text queries' reads above the {CUTOFF:.0%} cut-off "
-            f"(quiet), (b) broken variants not caught by construction (zeroed features, blank image, zeroed image "
-            f"values): the highest of their lowest-layer shares below {CUTOFF:.0%} (the detector fires on every one)",
-            {"a": {"above": CUTOFF}, "b": {"below": CUTOFF}}),
-    "U12": ("(a) AUROC of low coverage for wrong answers above 0.7, (b) that AUROC minus the confidence baseline's above 0",
-            {"a": {"above": 0.7}, "b": {"above": 0.0}}),
-}
+RULES = rules_of("07_diagnostics")  # generated from the claims' one source, unicache_lib/claims.py
 HEALTHY = "healthy"
 
 

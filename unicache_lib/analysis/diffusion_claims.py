@@ -1,7 +1,8 @@
 """Notebook 03's claims about generation models (G1, G2, G4-G7, G9) as data, and their measurements on a
 :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's scoreboard cell reads as a few calls.
 
-:data:`RULES` holds each claim's rule text and thresholds, fixed before any number is computed; :func:`declare` writes
+:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule
+written once there); :func:`declare` writes
 them on a board. A claim about "generation models" must hold on both generators, so each statistic is the *weaker*
 model's (the minimum over models, or the maximum where the claim asks for a low value). Every interval resamples
 prompts (the same prompts drive both models, so a resample keeps them paired); G7 resamples prompts and the
@@ -15,27 +16,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..claims import rules_of
 from ..intervals import extreme_of, grouped, mean_interval, ratio_interval
 from .generation import PHASES, phase_of
 from .word_regions import judged
 
-RULES: dict[str, tuple[str, dict]] = {
-    "G1": ("image-query normalised entropy, early-phase mean minus late-phase mean (over parts and layers), on the "
-           "weaker model, above 0.02", {"": {"above": 0.02}}),
-    "G2": ("adjacent-step cosine similarity of the maps: (a) late phase, weaker model, above 0.8, (b) early phase, "
-           "most similar model, below 0.6", {"a": {"above": 0.8}, "b": {"below": 0.6}}),
-    "G4": ("MMDiT, mean step-to-step change (1 - cosine): (a) image->text map / text->image map above 1.5, (b) image "
-           "stream's attention output / text stream's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}}),
-    "G5": ("image / text KV bytes per attention layer, weaker model, above 4", {"": {"above": 4.0}}),
-    "G6": ("weaker model: (a) short prompts' guidance strength, early minus late, above 0, (b) long prompts' "
-           "middle-phase text entropy above 0.9, (c) that entropy minus the short prompts' above 0.05",
-           {"a": {"above": 0.0}, "b": {"above": 0.9}, "c": {"above": 0.05}}),
-    "G7": ("mean head redundancy, weaker generator minus the understanding model, above 0.05 (prompts and samples "
-           "resampled separately)", {"": {"above": 0.05}}),
-    "G9": ("weaker model: (a) object words' region IoU / a random region's above 2, (b) shape-word region overlap, "
-           "same-colour minus different-colour pairs, above 0 (pair prompts resampled within their kind)",
-           {"a": {"above": 2.0}, "b": {"above": 0.0}}),
-}
+RULES = rules_of("03_diffusion_steps")  # generated from the claims' one source, unicache_lib/claims.py
 
 
 def declare(board) -> None:

@@ -1,7 +1,8 @@
 """Notebook 04's claims about head pruning (P1-P3) as data, the near-uniform-heads experiment behind P3, and the
 measurements on a :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's cells read as a few calls.
 
-:data:`RULES` holds each claim's rule text and thresholds, fixed before any number is computed; :func:`declare` writes
+:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule
+written once there); :func:`declare` writes
 them on a board. :func:`near_uniform_experiment` prunes the shallow band's most uniform heads and, as the control, as
 many random shallow heads, and measures answers and the deeper layers' statistics; :func:`measure` records P1-P3 from
 the pruning sweep and that experiment. Intervals resample held-out questions (paired) or standard samples (paired).
@@ -12,21 +13,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..claims import rules_of
 from ..capture.runner import capture_samples
 from ..intervals import difference_interval
 from ..pruning.downstream import downstream_changes, random_heads
 from ..pruning import HeadMask, evaluate as E
 
-RULES: dict[str, tuple[str, dict]] = {
-    "P1": ("combined attention-statistics scorer: (a) accuracy drop from pruning 10% below 0.01 (1 point), (b) further "
-           "drop from 10% to 20% above 0.005 (half a point)", {"a": {"below": 0.01}, "b": {"above": 0.005}}),
-    "P2": ("accuracy averaged over the pruned fractions (> 0), combined statistics scorer minus (a) weight norms, (b) "
-           "random's mean over seeds, each above 0", {"a": {"above": 0.0}, "b": {"above": 0.0}}),
-    "P3": ("pruning only the near-uniform shallow heads: (a) accuracy drop above 0.01 (1 point, interval over "
-           "questions), (b) the deeper layers' normalised-entropy move (mean |change|) minus the move from pruning as "
-           "many random shallow heads (mean over the random draws), above 0 (paired interval over samples)",
-           {"a": {"above": 0.01}, "b": {"above": 0.0}}),
-}
+RULES = rules_of("04_head_pruning")  # generated from the claims' one source, unicache_lib/claims.py
 NEAR_UNIFORM = "near-uniform shallow heads"
 
 

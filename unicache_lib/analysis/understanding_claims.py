@@ -1,7 +1,8 @@
 """Notebook 02's claim measurements (U1-U13): each claim's statistic with its bootstrap interval over the
 samples, recorded on a :class:`~unicache_lib.scoreboard.Scoreboard` whose rules were written first.
 
-Four groups, one function each, so the notebook's scoreboard cell reads as four calls:
+:func:`declare` writes the rules (made from :mod:`unicache_lib.claims`, where each claim is written once); four
+groups of measurements, one function each, so the notebook's scoreboard cell reads as five calls:
 
 - :func:`measure_depth_claims`: U1, U2a, U2b, U8, U9, U13 from the per-(sample, layer) and per-head tables;
 - :func:`measure_anchor_claims`: U3, U4 from the anchors of section 4;
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..claims import rules_of
 from ..core.similarity import jaccard
 from ..intervals import bootstrap
 from . import anchors as A
@@ -23,6 +25,12 @@ BY_CONSTRUCTION = "cross-attention VLM: a cross layer reads only vision tokens, 
 CONTENT, FUNCTION = ["object", "attribute", "position"], ["function", "punctuation"]
 FOCUSED = 0.45  # a head is focused when its rows put more than this on one key, on average
 BLOCK_COLUMNS = ("image->image", "text->text", "image->text", "text->image")
+
+
+def declare(board, top_k: int, chance_jaccard: float) -> None:
+    """Write U1-U13's rules on ``board`` before any measurement: U3 (a) compares the top-``top_k`` anchor Jaccard
+    with 3 x ``chance_jaccard`` (what two random sets of that size would share)."""
+    board.declare(rules_of("02_understanding_maps", top_k=top_k, u3_bar=3 * chance_jaccard))
 
 
 def over_samples(stat, n: int, units=None, unit: str = "samples"):

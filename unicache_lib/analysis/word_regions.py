@@ -67,6 +67,28 @@ def drawn_objects(image: np.ndarray, prompt: dict, min_pixels: int = 3) -> list[
     return rows
 
 
+def peak_objects(image: np.ndarray, prompt: dict, word_maps: dict) -> dict:
+    """word -> the asked object (``"green circle"``) whose pixels cover most of the patch where that word's map peaks,
+    or None where the peak is on background. ``word_maps``: word -> ``[n_image]`` weights over a square grid of image
+    tokens laid over ``image [H, W, 3]``. Empty for a prompt the detector cannot judge. What a figure of word maps is
+    read out with: a word whose peak sits on *another* object than the one it names is a binding error."""
+    if not judged(prompt):
+        return {}
+    masks = object_masks(image, prompt)
+    out = {}
+    for word, m in word_maps.items():
+        m = np.asarray(m, dtype=float).ravel()
+        g = int(round(len(m) ** 0.5))
+        if g * g != len(m):
+            raise InputError(f"{word!r}: {len(m)} image-token weights form no square grid")
+        r, c = divmod(int(m.argmax()), g)
+        ph, pw = image.shape[0] // g, image.shape[1] // g
+        counts = [int(mk[r * ph:(r + 1) * ph, c * pw:(c + 1) * pw].sum()) for mk in masks]
+        k = int(np.argmax(counts)) if counts and max(counts) > 0 else None
+        out[word] = None if k is None else f"{prompt['objects'][k]['colour']} {prompt['objects'][k]['shape']}"
+    return out
+
+
 def fully_drawn(image: np.ndarray, prompt: dict) -> bool:
     """Every object ``prompt`` asks for drawn in its colour and shape (:func:`drawn_objects`); False for a prompt the
     detector cannot judge."""

@@ -476,9 +476,12 @@ def _size(n_bytes: float) -> str:
     return f"{n_bytes:.0f} bytes"
 
 
-def check_memory(n_bytes: int, budget_gb: float | None, what: str = "a full capture") -> None:
-    """Print the estimate; raise :class:`CaptureError` naming the alternatives when it is over budget."""
-    print(f"{what}: about {n_bytes / 2**30:.2f} GB of attention maps (budget {budget_gb} GB)")
+def check_memory(n_bytes: int, budget_gb: float | None, what: str = "a full capture", say: bool = True) -> None:
+    """Print the estimate (unless ``say`` is False: a capture that is one step of a larger measurement); raise
+    :class:`CaptureError` naming the alternatives when it is over budget."""
+    if say:
+        print(f"{what}: about {_size(n_bytes)} of attention maps"
+              + (f" (budget {_size(budget_gb * 2**30)})" if budget_gb is not None else " (no budget set)"))
     if budget_gb is not None and n_bytes > budget_gb * 2**30:
         raise CaptureError(
             f"{what} would keep {_size(n_bytes)} of maps, over MEMORY_BUDGET_GB={budget_gb} ({_size(budget_gb * 2**30)}): "

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from ..capture.runner import inputs_for
+from ..claims import NEGLECT_CUTOFF
 from ..core.errors import InputError
 from ..core.modality import BLOCKS
 
-WARN, CUTOFF = 0.15, 0.05
+WARN, CUTOFF = 0.15, NEGLECT_CUTOFF  # the cut-off is U10's threshold: written once, in unicache_lib/claims.py
 
 
 def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:

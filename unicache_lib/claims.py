@@ -1,0 +1,344 @@
+"""Every claim the workbench rules on, each written once: what it says, why it matters for a cache, the lesson that
+measures it, and its verdict rule, fixed before any number is computed.
+
+A :class:`Claim` is the one source: the scoreboard's statements (:data:`CLAIMS`), each lesson's rules
+(:func:`rules_of`, which ``analysis/*_claims.declare`` writes on a board), each lesson's claims table
+(:func:`claims_table`, displayed by the notebook), the claim lists of ``docs/LAYOUT.md`` (:func:`ids_text`, filled by
+``tools/doc_numbers.py``) and the tests' expectations of which rows each notebook writes are all made from it.
+Adding a claim is one entry here plus the function that measures it (see docs/FORKING.md).
+
+A rule's text and thresholds may name a value known only when the lesson runs (``{k}`` in the text, ``"u3_bar"`` as
+a threshold): :func:`rules_of` fills them from its keyword arguments and refuses a rule left unfilled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .core.errors import InputError, UnknownNameError
+from .intervals import MIN_TIMING_REPEATS
+
+# constants that are a claim's rule and also steer the code that measures it (imported from here, written once)
+BIAS = 1e-4  # M1: a bias visible at the 4th decimal
+STATISTICS = ("entropy", "max_weight", "sum_sq")  # M1: the row statistics computed in both precisions
+NEGLECT_CUTOFF = 0.05  # U10: the study's cut-off, also the neglect detector's (diagnostics.neglect.CUTOFF)
+NEW, NEW_REUSE = "key_coverage", "step_skip"  # the designed policies the workbench's targets E1-E4 and R1-R3 are about
+LESSONS = ("01_capture", "02_understanding_maps", "03_diffusion_steps", "04_head_pruning", "05_kv_eviction",
+           "06_step_reuse", "07_diagnostics", "08_architectures")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim. ``statement``: the study's claim paraphrased, or the workbench's own target (it starts with
+    "Target:"); ``why``: what it decides for a cache (markdown, shown in the lesson's claims table); ``notebook``: the
+    lesson that rules on it; ``rule``: what is measured, over which unit the 95% interval runs and the threshold(s);
+    ``criteria``: ``{"": {"above": x}}`` for one criterion, ``{"a": {...}, "b": {...}}`` for several (each decided on
+    its own interval); ``section``: where in the lesson it is measured."""
+
+    id: str
+    statement: str
+    why: str
+    notebook: str
+    rule: str
+    criteria: dict = field(default_factory=dict)
+    section: str = ""
+
+    def __post_init__(self):
+        if self.notebook not in LESSONS:
+            raise InputError(f"claim {self.id}: notebook {self.notebook!r} is none of {', '.join(LESSONS)}")
+        if not self.criteria:
+            raise InputError(f"claim {self.id}: a rule needs at least one criterion")
+
+    @property
+    def target(self) -> bool:
+        return self.statement.startswith("Target:")
+
+
+def _c(id, statement, why, notebook, rule, criteria, section=""):
+    return Claim(id, statement, why, notebook, rule, criteria, section)
+
+
+_ALL = [
+    # 01: can the measurements be trusted before any of them feeds a cache decision?
+    _c("M1", "Statistics computed in fp16 are biased; compute them in fp32.",
+       "a biased eviction score ranks keys wrongly, consistently", "01_capture",
+       f"per statistic (entropy, max weight, sum of squared weights), the signed mean fp16−fp32 difference lies "
+       f"outside ±{BIAS:g} over its whole 95% interval over samples; holds if for every statistic, partly if for some",
+       {k: {"outside": (-BIAS, BIAS)} for k in STATISTICS}),
+    _c("M2", "With fixed seeds, attention statistics reproduce to 4 decimal places.",
+       "a policy designed on one capture must see the same numbers on the next", "01_capture",
+       "holds if the largest |difference| of any statistic between two captures (95% interval over samples of the "
+       "per-sample maximum) stays below 5e-5 (equal to 4 decimals)", {"": {"below": 5e-5}}),
+    _c("M3", "Batching several samples and averaging washes out anchor positions; capture per sample.",
+       "a cache is per request: averaged [anchors](../docs/GLOSSARY.md#anchors) are anchors no request has",
+       "01_capture", "holds if a sample keeps < 50% of its top-{k} anchors after batch averaging (mean Jaccard, 95% "
+       "interval over samples, below 0.5)", {"": {"below": 0.5}}),
+    _c("M4", "A fixed standard set of ~20 samples across scene types makes numbers comparable.",
+       "lets you compare your model's numbers with the shipped model's", "01_capture",
+       "holds if every headline statistic (per-sample mean over layers of normalised entropy, max weight, cross-modal "
+       "share, top-10% read share) differs by < 0.02 between two disjoint standard sets: every statistic's own 95% "
+       "interval over both sets' samples inside ±0.02 (shown: the farthest one reaches)", {"": {"below": 0.02}}),
+    # 02: where a vision-language model reads the image
+    _c("U1", "Text-to-image reads are very uneven: a few image positions take most of them.",
+       "then a few image keys keep most of what the text reads ([eviction](../docs/GLOSSARY.md#eviction))",
+       "02_understanding_maps", "share of the text's image reads on the top 10% of image positions (mean over layers; "
+       "chance 0.1) above 0.5", {"": {"above": 0.5}}),
+    _c("U2a", "Shallow layers are local/positional; deep layers aggregate globally and spread out.",
+       "which layers' KV to cut by locality", "02_understanding_maps",
+       "(a) deep / shallow mean attention distance above 1.1, (b) deep minus shallow normalised entropy above 0.02",
+       {"a": {"above": 1.1}, "b": {"above": 0.02}}),
+    _c("U2b", "Shallow layers are near-uniform; deep layers focus (some heads' max weight > 0.45).",
+       "which layers' KV to cut by score", "02_understanding_maps",
+       "(a) shallow-band normalised entropy above 0.8, (b) the most focused deep head's mean max weight above 0.45",
+       {"a": {"above": 0.8}, "b": {"above": 0.45}}),
+    _c("U3", "Visual anchors persist across layers; moderately stable across images.",
+       "one selection of image keys serves every layer", "02_understanding_maps",
+       "(a) top-{top_k} anchor Jaccard between the first shallow and first middle layer above 3x chance, (b) "
+       "within-scene-type minus across-type anchor Jaccard above 0", {"a": {"above": "u3_bar"}, "b": {"above": 0.0}}),
+    _c("U4", "Anchors sit on salient objects, unlike text attention sinks.",
+       "keep object patches *and* [sinks](../docs/GLOSSARY.md#sink)", "02_understanding_maps",
+       "(a) anchors on object patches / random patches on objects above 1.5, (b) the text's reads on its anchors minus "
+       "on the first 3 positions (a sink) above 0", {"a": {"above": 1.5}, "b": {"above": 0.0}}),
+    _c("U5", "Content words read the image far more than function words.",
+       "which queries to watch when scoring image keys", "02_understanding_maps",
+       "image share of content words / of function words and punctuation above 2", {"": {"above": 2.0}}),
+    _c("U6", "Image reads rise while naming image content during decoding.",
+       "which decoding steps to watch when scoring image keys", "02_understanding_maps",
+       "image share of generated content words / of generated function words and punctuation above 1.2",
+       {"": {"above": 1.2}}),
+    _c("U8", "Healthy layers: a few focused heads, the rest moderately spread.",
+       "which heads a per-head budget should favour", "02_understanding_maps",
+       "share of layers in which some but not all heads put > 0.45 on one key on average above 0.99 (every layer)",
+       {"": {"above": 0.99}}),
+    _c("U9", "Image tokens dominate; text<->image share under ~15% means text is not reaching the image.",
+       "where image KV is read", "02_understanding_maps",
+       "(a) image->image minus the largest other block, in its worst layer, above 0, (b) cross-modal share in its "
+       "worst layer above 0.15", {"a": {"above": 0.0}, "b": {"above": 0.15}}),
+    _c("U11", "Object words attend to their object's patches.",
+       "whether a question predicts the patches it needs", "02_understanding_maps",
+       "best layer (of the full data): (a) median selectivity above 1.5, (b) median selectivity / the untrained-LM "
+       "control's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}}),
+    _c("U13", "Low layers spread (~35% cross-modal), middle layers focus, high layers refine.",
+       "which depth band's image KV is read by the text", "02_understanding_maps",
+       "(a) shallow-band cross-modal share within [0.2, 0.5], (b) shallow minus middle normalised entropy above 0.02",
+       {"a": {"between": (0.2, 0.5)}, "b": {"above": 0.02}}),
+    # 03: how a diffusion transformer's attention moves over the denoising steps
+    _c("G1", "Early denoising steps attend diffusely, late steps concentrate.",
+       "settled late maps are the cheap ones to reuse", "03_diffusion_steps",
+       "image-query normalised entropy, early-phase mean minus late-phase mean (over parts and layers), on the weaker "
+       "model, above 0.02", {"": {"above": 0.02}}, "3"),
+    _c("G2", "Adjacent-step similarity is ~0.3-0.5 early and > 0.8 late.",
+       "where reuse may start (06's `step_skip`, `adaptive`)", "03_diffusion_steps",
+       "adjacent-step cosine similarity of the maps: (a) late phase, weaker model, above 0.8, (b) early phase, most "
+       "similar model, below 0.6", {"a": {"above": 0.8}, "b": {"below": 0.6}}, "4"),
+    _c("G4", "In joint attention, text->image is stable across steps, image->text varies.",
+       "the text side would be safer to reuse (06's `text_side`)", "03_diffusion_steps",
+       "MMDiT, mean step-to-step change (1 - cosine): (a) image->text map / text->image map above 1.5, (b) image "
+       "stream's attention output / text stream's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}}, "6"),
+    _c("G5", "Image tokens far outnumber text tokens: cache pressure is on the image side.",
+       "cache memory goes to the image side", "03_diffusion_steps",
+       "image / text KV bytes per attention layer, weaker model, above 4", {"": {"above": 4.0}}, "7"),
+    _c("G6", "Text conditioning is strongest early; long prompts collapse in middle steps.",
+       "whether the prompt side can be cached after the first steps", "03_diffusion_steps",
+       "weaker model: (a) short prompts' guidance strength, early minus late, above 0, (b) long prompts' middle-phase "
+       "text entropy above 0.9, (c) that entropy minus the short prompts' above 0.05",
+       {"a": {"above": 0.0}, "b": {"above": 0.9}, "c": {"above": 0.05}}, "5"),
+    _c("G7", "Generation models have more redundant heads than understanding models.",
+       "heads that could share maps (04)", "03_diffusion_steps",
+       "mean head redundancy, weaker generator minus the understanding model, above 0.05 (prompts and samples "
+       "resampled separately)", {"": {"above": 0.05}}, "8"),
+    _c("G9", "An object word's attention lands on the object's region.",
+       "whether word maps can pick the image tokens to keep", "03_diffusion_steps",
+       "weaker model: (a) object words' region IoU / a random region's above 2, (b) shape-word region overlap, "
+       "same-colour minus different-colour pairs, above 0 (pair prompts resampled within their kind)",
+       {"a": {"above": 2.0}, "b": {"above": 0.0}}, "9"),
+    # 04: which heads can go
+    _c("P1", "Pruning 10% of heads by attention statistics barely hurts; 20% starts to hurt.",
+       "how many heads' keys and values can go", "04_head_pruning",
+       "combined attention-statistics scorer: (a) accuracy drop from pruning 10% below 0.01 (1 point), (b) further "
+       "drop from 10% to 20% above 0.005 (half a point)", {"a": {"below": 0.01}, "b": {"above": 0.005}}, "2"),
+    _c("P2", "Scoring heads by attention statistics is more stable than by weight norms.",
+       "whether a cache's own statistics can choose what to drop", "04_head_pruning",
+       "accuracy averaged over the pruned fractions (> 0), combined statistics scorer minus (a) weight norms, (b) "
+       "random's mean over seeds, each above 0", {"a": {"above": 0.0}, "b": {"above": 0.0}}, "2"),
+    _c("P3", "Near-uniform shallow heads are not automatically redundant.",
+       "a \"diffuse, so unimportant\" rule is unsafe", "04_head_pruning",
+       "pruning only the near-uniform shallow heads: (a) accuracy drop above 0.01 (1 point, interval over questions), "
+       "(b) the deeper layers' normalised-entropy move (mean |change|) minus the move from pruning as many random "
+       "shallow heads (mean over the random draws), above 0 (paired interval over samples)",
+       {"a": {"above": 0.01}, "b": {"above": 0.0}}, "3"),
+    # 05: KV eviction
+    _c("U7", "Shallow-layer KV can be evicted by locality; deep-layer KV must be kept.",
+       "whether an eviction rule should differ by depth band", "05_kv_eviction",
+       "accuracy of locality in the shallow band + content deeper minus the swapped assignment, per question averaged "
+       "over the budgets, above 0.01 (1 point)", {"": {"above": 0.01}}),
+    _c("E1", "Target: a designed eviction policy keeps >= 99% of full-cache accuracy at 25% of the image KV.",
+       "how far the image KV can be cut", "05_kv_eviction",
+       f"{NEW} accuracy at 25% of the image KV / the full cache's, held-out questions (ratio of means, 95% interval "
+       "over questions), above 0.99", {"": {"above": 0.99}}),
+    _c("E2", "Target: the designed eviction policy keeps >= 97% of full-cache accuracy at 10% of the image KV.",
+       "how far the image KV can be cut", "05_kv_eviction",
+       f"{NEW} accuracy at 10% / the full cache's, above 0.97", {"": {"above": 0.97}}),
+    _c("E3", "Target: its answers stay close to the full cache's: mean KL <= 0.05 at 25%.",
+       "whether the answers survive, not only their accuracy", "05_kv_eviction",
+       f"{NEW} mean KL(full || evicted) at 25%, interval over questions, below 0.05 nats", {"": {"below": 0.05}}),
+    _c("E4", "Target: it is at least as accurate as every peer (kvpress, DivPrune, FastV ...) at every budget.",
+       "which eviction method to adopt", "05_kv_eviction",
+       f"{NEW} minus every peer (kvpress presses, DivPrune, FastV, SnapKV, H2O, StreamingLLM), the worst (budget, "
+       "peer) cell of the paired accuracy difference, interval over questions, above -0.01 (1 point)",
+       {"": {"above": -0.01}}),
+    # 06: cross-step reuse
+    _c("R1", "Target: a designed step-reuse policy reaches >= 2x wall-clock at >= 42 dB PSNR on both generators.",
+       "whether cross-step reuse pays at all", "06_step_reuse",
+       f"{NEW_REUSE} on every generator: (a) wall-clock speed-up (interval over >= {MIN_TIMING_REPEATS} timing "
+       "rounds, the slower generator) above 2.0, (b) mean PSNR vs no reuse (interval over prompts, the lower "
+       "generator) above 42 dB", {"a": {"above": 2.0}, "b": {"above": 42.0}}),
+    _c("R2", "Target: it sits >= 3 dB above simply sampling with fewer steps at equal wall-clock.",
+       "whether reuse beats the trivial control", "06_step_reuse",
+       f"{NEW_REUSE} PSNR minus the fewer-step control's at its own wall-clock speed-up (interval over prompts, the "
+       "generator with the smaller margin) above 3 dB", {"": {"above": 3.0}}),
+    _c("R3", "Target: it is Pareto-ahead of every diffusers cache on (PSNR, wall-clock) and (PSNR, FLOPs).",
+       "whether to adopt it over the caches diffusers ships", "06_step_reuse",
+       f"every diffusers cache (diffusers' settings) on every generator against the best {NEW_REUSE} setting (every "
+       "3rd or every 2nd step in the middle) that saves at least as much: the smallest paired PSNR difference, ours "
+       "minus theirs (interval over prompts), above 0 dB, (a) at equal or higher wall-clock speed-up, (b) at equal or "
+       "fewer transformer FLOPs", {"a": {"above": 0.0}, "b": {"above": 0.0}}),
+    _c("G3", "Reusing only in the last third of the steps loses almost no quality.",
+       "where in the schedule reuse is safe", "06_step_reuse",
+       "weaker generator: (a) SSIM of reuse in the last third of the steps above 0.98, (b) that SSIM minus reusing "
+       "throughout (every 2nd step) above 0", {"a": {"above": 0.98}, "b": {"above": 0.0}}),
+    _c("G8", "Caching text-side features over similar steps cut latency ~15% with no visible loss.",
+       "whether the text side is worth caching", "06_step_reuse",
+       f"joint-attention model, text-side reuse: (a) speed-up above 1.10 (interval over >= {MIN_TIMING_REPEATS} "
+       "shuffled interleaved rounds), (b) SSIM above 0.98", {"a": {"above": 1.10}, "b": {"above": 0.98}}),
+    # 07: diagnostics
+    _c("U10", "A layer with cross-modal share under ~5% marks a modality cut-off.",
+       "an eviction rule keeping few image keys can *cause* a cut-off; a cheap detector lets a cache watch for it",
+       "07_diagnostics",
+       f"(a) healthy model: its lowest layer's image share of text queries' reads above the {NEGLECT_CUTOFF:.0%} "
+       f"cut-off (quiet), (b) broken variants not caught by construction (zeroed features, blank image, zeroed image "
+       f"values): the highest of their lowest-layer shares below {NEGLECT_CUTOFF:.0%} (the detector fires on every "
+       "one)", {"a": {"above": NEGLECT_CUTOFF}, "b": {"below": NEGLECT_CUTOFF}}),
+    _c("U12", "A noun whose attention barely covers the image is likely hallucinated.",
+       "then a cache could keep more image KV exactly when coverage drops", "07_diagnostics",
+       "(a) AUROC of low coverage for wrong answers above 0.7, (b) that AUROC minus the confidence baseline's above 0",
+       {"a": {"above": 0.7}, "b": {"above": 0.0}}),
+    # 08: other architectures
+    _c("A1", "Single-stream fusion (ViLT): image-image attention dominates; text barely shapes the image tokens.",
+       "the image side is most of the KV and reads itself", "08_architectures",
+       "ViLT, mean over layers: (a) image queries' share on image keys above 0.5; (b) image queries' share on text "
+       "keys / the text's share of the positions (what even attention would give it) below 1",
+       {"a": {"above": 0.5}, "b": {"below": 1.0}}),
+    _c("A2", "Fusion encoder: a cross-modal share under ~15% means the text is not injected into the image tokens.",
+       "whether text→image paths can be cut", "08_architectures",
+       "ViLT: (a) cross-modal share of the healthy model (mean over layers) below 0.15; (b) accuracy lost when image "
+       "queries cannot see the text below 0.02 (text that is not injected cannot be missed)",
+       {"a": {"below": 0.15}, "b": {"below": 0.02}}),
+    _c("A3", "Cross-attention VLM: low cross layers spread, middle ones focus on the named object, top ones refine.",
+       "which layers' vision KV can be thinned", "08_architectures",
+       "Mllama, teacher-forced captions, cross layers low / middle / top: (a) low minus middle normalised entropy of "
+       "the caption words above 0.02 (spread, then focus); (b) middle: object words' mass on their object / its area "
+       "share above 1.5; (c) middle: position words' mass on the matching half / the opposite half above 1.5; (d) "
+       "middle minus top background mass above 0 (refine). The study's ~35% cross-modal share is not a criterion: a "
+       "cross-attention layer reads only the image",
+       {"a": {"above": 0.02}, "b": {"above": 1.5}, "c": {"above": 1.5}, "d": {"above": 0.0}}),
+    _c("A4", "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
+       "keep object patches", "08_architectures",
+       "CLIP image tower, last layer: the class token's attention mass on the objects the caption names / their area "
+       "share above 1.5", {"": {"above": 1.5}}),
+    _c("A5", "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
+       "one image budget for describing and answering, or two", "08_architectures",
+       "Janus, same images: (a) image share of the answer token minus the mean image share of the caption tokens above "
+       "0; (b) their ratio above 1.2 (the study: ~60% / ~40% = 1.5)", {"a": {"above": 0.0}, "b": {"above": 1.2}}),
+    _c("A6", "Unified model: after an image-heavy token the next reads the image less; late image-share drops go with "
+       "drift.", "bursty decode-time reads of the image KV", "08_architectures",
+       "Janus captions: (a) lag-1 correlation of the per-token image share (each position's mean removed) below 0 "
+       "(suppression); (b) on captions of four-object scenes, AUROC of a low third-of-caption image share for an error "
+       "in that third (a phrase naming no object of the scene) above 0.6 (drift)",
+       {"a": {"below": 0.0}, "b": {"above": 0.6}}),
+]
+REGISTRY: dict[str, Claim] = {c.id: c for c in _ALL}
+if len(REGISTRY) != len(_ALL):
+    raise InputError("two claims share an id in unicache_lib/claims.py")
+CLAIMS: dict[str, str] = {c.id: c.statement for c in _ALL}  # id -> statement, what the scoreboard prints
+
+
+def of(notebook: str) -> list[Claim]:
+    """The claims ``notebook`` (e.g. ``"05_kv_eviction"`` or ``"05_kv_eviction.ipynb"``) rules on, in order."""
+    nb = notebook.removesuffix(".ipynb")
+    if nb not in LESSONS:
+        raise UnknownNameError(f"no lesson {notebook!r}; lessons with claims: {', '.join(LESSONS)}")
+    return [c for c in _ALL if c.notebook == nb]
+
+
+def ids(notebook: str) -> set[str]:
+    return {c.id for c in of(notebook)}
+
+
+def rules_of(notebook: str, **fill) -> dict[str, tuple[str, dict]]:
+    """``claim -> (rule text, criteria)`` of ``notebook``'s claims, what :meth:`Scoreboard.declare` writes; ``fill``
+    gives the values a rule names (``{k}`` in a text, a threshold given as a name)."""
+    out = {}
+    for c in of(notebook):
+        try:
+            text = c.rule.format(**fill)
+        except KeyError as e:
+            raise InputError(f"claim {c.id}'s rule names {e.args[0]!r}: pass {e.args[0]}=... to declare it") from None
+        crit = {}
+        for name, test in c.criteria.items():
+            crit[name] = {}
+            for side, bound in test.items():
+                if isinstance(bound, str):
+                    if bound not in fill:
+                        raise InputError(f"claim {c.id}'s threshold is named {bound!r}: pass {bound}=... to declare it")
+                    bound = float(fill[bound])
+                crit[name][side] = bound
+        out[c.id] = (text, crit)
+    return out
+
+
+class Markdown(str):
+    """A markdown text that Jupyter shows rendered (and ``print`` shows as is)."""
+
+    def _repr_markdown_(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def claims_table(notebook: str) -> Markdown:
+    """The lesson's claims as a markdown table (id, the claim, what it decides for a cache, and the section where
+    measured when the lesson numbers them), made from :data:`REGISTRY`; a notebook displays it beside its scoreboard."""
+    cs = of(notebook)
+    sections = any(c.section for c in cs)
+    head = "| id | claim | why it matters for caching |" + (" § |" if sections else "")
+    rows = [head, "|---|---|---|" + ("---|" if sections else "")]
+    for c in cs:
+        text = c.statement.replace("Target:", "*Workbench target:*", 1).replace("|", "\\|")
+        rows.append(f"| {c.id} | {text} | {c.why} |" + (f" {c.section} |" if sections else ""))
+    return Markdown("\n".join(rows))
+
+
+def ids_text(notebook: str) -> str:
+    """``notebook``'s claim ids as docs/LAYOUT.md lists them: the study's claims, then "and targets ..." for the
+    workbench's own; runs of one letter with consecutive numbers shortened (``U1–U6``)."""
+    study = [c.id for c in of(notebook) if not c.target]
+    targets = [c.id for c in of(notebook) if c.target]
+    text = "claims " + _runs(study) if study else ""
+    if targets:
+        text += (" and targets " if study else "targets ") + _runs(targets)
+    return text
+
+
+def _runs(names: list[str]) -> str:
+    out, i = [], 0
+    while i < len(names):
+        j = i
+        while (j + 1 < len(names) and names[j + 1][:1] == names[i][:1] and names[j + 1][1:].isdigit()
+               and names[j][1:].isdigit() and int(names[j + 1][1:]) == int(names[j][1:]) + 1):
+            j += 1
+        out.append(names[i] if j - i < 2 else f"{names[i]}–{names[j]}")
+        if 0 < j - i < 2:
+            out.extend(names[i + 1:j + 1])
+        i = j + 1
+    return ", ".join(out)
