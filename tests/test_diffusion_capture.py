@@ -75,7 +75,7 @@ def test_recomputed_probabilities_reproduce_the_processor_output(gen):
             s.module.processor = Spy(s.module.processor, s.part)
         cond = encode_prompts(gen.text_encoder, gen.tokenizer, PROMPTS)
         with torch.no_grad():
-            transformer_forward(gen.transformer, gen.family, torch.randn(2, 3, 32, 32), torch.tensor([500.0, 500.0]), cond)
+            transformer_forward(gen.transformer, gen.adapter, torch.randn(2, 3, 32, 32), torch.tensor([500.0, 500.0]), cond)
     finally:
         for s in mods:
             s.module.processor = olds[s.name]

@@ -26,11 +26,13 @@ def test_unsupported_family_lists_the_supported_ones(tmp_path):
 def test_generator_families_load_by_class(tmp_path, tokenizer, family):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
+    from unicache_lib.gen_families import GEN_FAMILIES
     from unicache_lib.zoo import tiny_generators as tg
     from unicache_lib.zoo.sampling import sample
 
+    adapter = next(f for f in GEN_FAMILIES.values() if f.key == family)
     torch.manual_seed(0)
-    gen = tg.Generator(family, tg.build_transformer(family, layers=2), tg.build_text_encoder(tokenizer, layers=1),
+    gen = tg.Generator(adapter, tg.build_transformer(adapter, layers=2), tg.build_text_encoder(tokenizer, layers=1),
                        tokenizer, FlowMatchEulerDiscreteScheduler())
     gen.save_pretrained(tmp_path)
     tr, fam = load_transformer(str(tmp_path))

@@ -18,10 +18,11 @@ from unicache_lib.zoo.sampling import sample, to_uint8
 
 PROMPTS = ["a red circle on the left", "two blue squares at the top"]
 SEEDS = [3, 5]
-# kind -> (family, batches CFG as [uncond | cond], default max_sequence_length)
+# kind -> (family, batches CFG (SD3...: [uncond | cond], DiT: [cond | uncond]), default max_sequence_length)
 EXPECTED = {"sd3": ("sd3", True, 256), "sd3.5": ("sd3", True, 256), "pixart-alpha": ("pixart", True, 120),
             "pixart-sigma": ("pixart", True, 300), "flux-schnell": ("flux", False, 256),
-            "flux-dev": ("flux", False, 512), "sana": ("sana", True, 300)}
+            "flux-dev": ("flux", False, 512), "sana": ("sana", True, 300), "hunyuan": ("hunyuan", True, 256),
+            "dit": ("dit", True, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -52,23 +53,29 @@ def hook_counts(module):
 
 
 def direct_call(gen, guidance):
-    """The pipeline called by hand with the same seeds, size and prompt length."""
-    extra = {}
+    """The pipeline called by hand with the same seeds, size and prompt length (DiT: the classes the prompts name)."""
+    kw = dict(num_inference_steps=2, guidance_scale=guidance, generator=[torch.Generator().manual_seed(s) for s in SEEDS],
+              output_type="pt")
+    if gen.family == "dit":
+        return gen.pipe(class_labels=gen.pipe.get_label_ids(["circle", "squares"]), **kw).images
+    kw |= dict(prompt=PROMPTS, height=gen.image_size, width=gen.image_size)
+    if gen.family != "hunyuan":  # its prompt lengths are fixed: 77 BERT and 256 T5 tokens
+        kw["max_sequence_length"] = gen.max_sequence_length
+    if gen.family in ("pixart", "sana", "hunyuan"):
+        kw["use_resolution_binning"] = False
     if gen.family in ("pixart", "sana"):
-        extra = {"use_resolution_binning": False, "clean_caption": False}
-    return gen.pipe(prompt=PROMPTS, num_inference_steps=2, guidance_scale=guidance,
-                    generator=[torch.Generator().manual_seed(s) for s in SEEDS], height=gen.image_size,
-                    width=gen.image_size, output_type="pt", max_sequence_length=gen.max_sequence_length, **extra).images
+        kw["clean_caption"] = False
+    return gen.pipe(**kw).images
 
 
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_pipeline_loads_and_samples_like_the_pipeline(folders, kind):
     family, cfg, msl = EXPECTED[kind]
     gen = load_generator(folders[kind])
-    assert gen.family == family and type(gen.pipe).__name__ == tp.KINDS[kind][0]
+    assert gen.family == family and type(gen.pipe).__name__ == tp.kinds()[kind][0]
     assert gen.path == str(folders[kind]) and gen.max_sequence_length == msl
-    assert gen.text_tokens == msl + (77 if family == "sd3" else 0)
-    assert gen.image_tokens == {"sd3": 16, "pixart": 16, "flux": 16, "sana": 64}[family]
+    assert gen.text_tokens == msl + (77 if family in ("sd3", "hunyuan") else 0)
+    assert gen.image_tokens == {"sd3": 16, "pixart": 16, "flux": 16, "sana": 64, "hunyuan": 16, "dit": 16}[family]
     if kind == "sd3.5":
         assert gen.transformer.config.dual_attention_layers and gen.transformer.config.qk_norm == "rms_norm"
     if family == "flux":
@@ -85,7 +92,7 @@ def test_pipeline_loads_and_samples_like_the_pipeline(folders, kind):
     assert torch.equal(x, direct_call(gen, 3.0).float())
 
     ts = [float(t) for t in gen.pipe.scheduler.timesteps]
-    h = gen.image_size // gen.pipe.vae_scale_factor
+    h = gen.latent_size
     c = gen.pipe.vae.config.latent_channels
     want = []
     for i in range(2):
@@ -96,7 +103,7 @@ def test_pipeline_loads_and_samples_like_the_pipeline(folders, kind):
     assert rec.events == want
 
 
-@pytest.mark.parametrize("kind", ["sd3", "pixart-sigma"])
+@pytest.mark.parametrize("kind", ["sd3", "pixart-sigma", "dit"])  # DiT: no step callback, its scheduler's step wrapped
 def test_hooks_are_removed_when_a_callback_fails(folders, kind):
     gen = load_generator(folders[kind])
     before = hook_counts(gen.transformer)
@@ -107,9 +114,19 @@ def test_hooks_are_removed_when_a_callback_fails(folders, kind):
 
     with pytest.raises(RuntimeError, match="boom"):
         sample(gen, PROMPTS[:1], steps=2, callbacks=[Boom()])
-    assert hook_counts(gen.transformer) == before
+    assert hook_counts(gen.transformer) == before and "step" not in vars(gen.pipe.scheduler)
     assert sample(gen, PROMPTS[:1], steps=1).shape == (1, 3, 16, 16)  # no callbacks: no hooks at all
     assert hook_counts(gen.transformer) == before
+
+
+def test_dit_samples_the_class_its_prompt_names(folders):
+    """DiT is class-conditioned: a prompt stands for the class whose label it names (the longest), or is refused."""
+    from unicache_lib.core.errors import InputError
+
+    gen = load_generator(folders["dit"])
+    assert gen.adapter.call_kwargs(gen.pipe, ["two blue squares at the top", "a circle"]) == {"class_labels": [1, 0]}
+    with pytest.raises(InputError, match=r"class-conditioned.*'a red blob' names none.*circle"):
+        sample(gen, ["a red blob"], steps=1)
 
 
 def test_no_guidance_means_no_velocity(folders):
@@ -131,7 +148,8 @@ def test_unsupported_pipeline_names_the_supported_ones(folders, tmp_path):
     (tmp_path / "model_index.json").write_text(json.dumps(index | {"_class_name": "StableDiffusionPipeline"}))
     with pytest.raises(UnsupportedModelError, match=r"'StableDiffusionPipeline'.*supported pipelines") as e:
         load_generator(tmp_path)
-    for cls in ("StableDiffusion3Pipeline", "PixArtAlphaPipeline", "PixArtSigmaPipeline", "FluxPipeline", "SanaPipeline"):
+    for cls in ("StableDiffusion3Pipeline", "PixArtAlphaPipeline", "PixArtSigmaPipeline", "FluxPipeline", "SanaPipeline",
+                "HunyuanDiTPipeline", "DiTPipeline"):
         assert cls in str(e.value)  # each family adapter's sampled_pipelines
 
 
@@ -192,8 +210,8 @@ def test_capture_through_the_pipeline(folders, kind, tmp_path):
     assert {r.step for r in recs} == {0, 1} and {r.sample for r in recs} == {"p/0", "p/1"}
     assert len(Store(tmp_path / "s").read()) == len(recs)
     names = prompt_tokens(gen, PROMPTS)
-    if family == "sana":
-        assert names is None and run.tokens == [[], []]
+    if family in ("sana", "dit"):  # positions not named; DiT has none
+        assert names == (None if family == "sana" else [[], []]) and run.tokens == [[], []]
         return
     assert all(len(n) == gen.text_tokens for n in names)
     real = [t for t in names[0] if t is not None]
@@ -202,7 +220,7 @@ def test_capture_through_the_pipeline(folders, kind, tmp_path):
     assert text_recs and all(r.meta["n_text_real"] == len(real) for r in text_recs)
     W = word_maps(recs, "p/0")
     assert W.shape == (len(real), gen.image_tokens)
-    if family == "sd3":  # the CLIP copy comes first; the T5 copy is named apart
+    if family in ("sd3", "hunyuan"):  # the CLIP (BERT) copy comes first; the T5 copy is named apart
         assert word_positions(real, "red") == [real.index("red")] and "t5:red" in real
 
 

@@ -150,11 +150,11 @@ def test_quality_metrics():
 
 
 # ---- diffusers pipeline generators (tiny random pipelines of every kind) --------------------------------
-PIPE_KINDS = ["sd3", "sd3.5", "pixart-alpha", "pixart-sigma", "flux-schnell", "flux-dev", "sana"]
-# kind -> (units, heads), [uncond | cond] batching under guidance > 1
+PIPE_KINDS = ["sd3", "sd3.5", "pixart-alpha", "pixart-sigma", "flux-schnell", "flux-dev", "sana", "hunyuan", "dit"]
+# kind -> (units, heads), a guidance batch under guidance > 1 ([uncond | cond]; DiT [cond | uncond])
 PIPE_SPACES = {"sd3": ((2, 2), True), "sd3.5": ((5, 2), True), "pixart-alpha": ((4, 2), True),
                "pixart-sigma": ((4, 2), True), "flux-schnell": ((4, 2), False), "flux-dev": ((4, 2), False),
-               "sana": ((4, 2), True)}
+               "sana": ((4, 2), True), "hunyuan": ((4, 2), True), "dit": ((2, 2), True)}
 PROMPT = ["a red circle on the left"]
 
 
@@ -288,19 +288,22 @@ def test_pipeline_loss_is_the_pipelines_own_call(pipe_folders, kind):
     cfg = PIPE_SPACES[kind][1]
     assert seen[0].shape[0] == (4 if cfg else 2) and kw["hidden_states"].shape[0] == 2
     assert latents.shape == kw["hidden_states"].shape
+    cond = seen[0][:2] if fam == "dit" else seen[0][-2:]  # the conditional rows, recomputed
     with torch.no_grad():
-        assert torch.allclose(tr(**kw)[0], seen[0][-2:], atol=1e-5)  # the conditional rows, recomputed
+        assert torch.allclose(tr(**kw)[0], cond, atol=1e-5)
     sched = gen.scheduler
-    if fam == "pixart":
-        assert torch.equal(kw["timestep"], sched.timesteps[0].expand(2))
+    if gen.adapter.objective != "flow":
+        assert torch.equal(kw["timestep"].float(), sched.timesteps[0].expand(2).float())
     else:  # step 0's noise level, passed as the pipeline passes it
         assert torch.allclose(kw["timestep"].float(), flow_timestep(gen, sched.sigmas[:1]).expand(2), atol=1e-4)
 
     (lb,) = pipeline_loss_batches(gen, n_batches=1, batch=3, seed=0)
     assert len(lb.prompts) == 3 and "hidden_states" not in lb.kwargs and "timestep" not in lb.kwargs
-    if fam == "pixart":
-        assert lb.objective == "epsilon" and torch.equal(lb.target, lb.noise)
+    if gen.adapter.objective != "flow":  # PixArt, DiT: epsilon; HunyuanDiT: v
         ddpm = DDPMScheduler.from_config(sched.config)
+        assert lb.objective == {"pixart": "epsilon", "dit": "epsilon", "hunyuan": "v"}[fam]
+        want = lb.noise if lb.objective == "epsilon" else ddpm.get_velocity(lb.x0, lb.noise, lb.level)
+        assert torch.allclose(lb.target, want, atol=1e-5)
         assert torch.allclose(lb.xt, ddpm.add_noise(lb.x0, lb.noise, lb.level), atol=1e-5)
     else:
         assert lb.objective == "flow" and torch.equal(lb.target, lb.noise - lb.x0)
@@ -326,10 +329,14 @@ def test_pipeline_loss_refuses_other_objectives(pipe_folders):
     gen.pipe.scheduler = DDPMScheduler()
     with pytest.raises(UnsupportedError, match=r"sd3: .*DDPMScheduler.*not flow matching"):
         generation_loss_fns(gen)
-    from unicache_lib.gen_families import GEN_FAMILIES
+    from unicache_lib.gen_families import GenFamily
 
-    gen.adapter = next(f for f in GEN_FAMILIES.values() if f.key == "hunyuan")  # a family whose objective is not known
-    with pytest.raises(UnsupportedError, match=r"'hunyuan'.*no training objective"):
+    gen.adapter = type("Unknown", (GenFamily,), {"key": "unknown"})()  # a family whose objective is not known
+    with pytest.raises(UnsupportedError, match=r"'unknown'.*no training objective"):
+        generation_loss_fns(gen)
+    gen = _pipe(pipe_folders, "hunyuan")
+    gen.pipe.scheduler = DDPMScheduler.from_config(gen.scheduler.config, prediction_type="epsilon")
+    with pytest.raises(UnsupportedError, match=r"hunyuan.*'epsilon'.*v_prediction"):
         generation_loss_fns(gen)
 
 

@@ -13,15 +13,15 @@ each of its attention processors forms the softmax map (so capture recomputes ex
 A transformer whose class no registered family claims gets :class:`UnsupportedModelError` (the VLM
 families' error: one error for "the workbench does not know this model").
 
-Adding a family = one file in this package (a :class:`GenFamily` subclass registered with
-``@register``) plus a tiny config in :data:`unicache_lib.zoo.builders.tiny_random.TINY` (and its inputs in
-``forward_inputs``); the parametrised suite
-in ``tests/test_gen_families.py`` then checks outputs, maps, parts and spans for it.
+Adding a family = one file in this package (a :class:`GenFamily` subclass registered with ``@register``, carrying
+its tiny transformer and tiny pipeline) plus its line in ``EXPECT`` of ``tests/test_gen_families.py``, whose
+parametrised suite then checks outputs, maps, parts and spans for it.
 """
 from __future__ import annotations
 
 import contextvars
 import importlib
+import inspect
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,8 +42,9 @@ _register = registrar(GEN_FAMILIES, "generator family")
 
 HOW_TO_ADD = ("To add a family: write unicache_lib/gen_families/<name>.py with a GenFamily subclass (name, "
               "transformer_classes, pipeline_classes, site_patterns, processors, default_processors, its tiny test "
-              "model in tiny and tiny_inputs, and for cross-step reuse image_sides / text_kv_processors: a processor "
-              "not named there is computed in full) decorated with @register (every module of that package is "
+              "model in tiny and tiny_inputs, for cross-step reuse image_sides / text_kv_processors: a processor "
+              "not named there is computed in full, for sampling and pruning sampled_pipelines, objective and its tiny "
+              "pipeline in tiny_pipelines / tiny_pipeline_parts) decorated with @register (every module of that package is "
               "imported, so the file registers itself), and add its line to EXPECT in tests/test_gen_families.py.")
 
 
@@ -444,12 +445,50 @@ class GenFamily:
     #: diffusers pipeline classes :func:`~unicache_lib.zoo.sampling.sample` drives (its step callbacks, guidance
     #: batching and decoding); () where the family is captured, reused and pruned on its transformer alone
     sampled_pipelines: tuple[str, ...] = ()
-    #: the checkpoint's training objective: ``"flow"`` (flow matching, velocity ``eps - x0``) or ``"epsilon"`` (DDPM
-    #: noise prediction); None where the workbench knows none (head pruning's loss then refuses, never approximates)
+    #: the checkpoint's training objective: ``"flow"`` (flow matching, velocity ``eps - x0``), ``"epsilon"`` (DDPM
+    #: noise prediction) or ``"v"`` (DDPM velocity ``sqrt(abar) eps - sqrt(1 - abar) x0``); None where the workbench knows
+    #: none (head pruning's loss then refuses, never approximates)
     objective: str | None = None
     #: a transformer with twice the latent channels out predicts a learned variance in its second half (the pipeline
     #: drops it)
     learned_sigma: bool = False
+    #: the pipeline batches classifier-free guidance as ``[cond | uncond]`` (DiT), not ``[uncond | cond]``
+    cond_first: bool = False
+    #: the tiny random pipelines of this family (``zoo.builders.tiny_pipelines``): kind -> ``(pipeline class, tag of
+    #: :attr:`tiny`, transformer config overrides, scheduler class, scheduler kwargs as the real checkpoints have them)``
+    tiny_pipelines: dict[str, tuple[str, str, dict, str, dict]] = {}
+    #: their VAE: a builder of ``zoo.builders.tiny_pipelines`` (``kl_vae``: AutoencoderKL, ``dc_vae``: Sana's DC-AE) and
+    #: the real checkpoints' settings (scaling, shift, quant convs)
+    tiny_vae: tuple[str, dict] = ("kl_vae", {})
+    #: VAE resolution levels of those pipelines (``2 ** (levels - 1)`` down-sampling of their 8 x 8 latents)
+    tiny_vae_blocks: int = 2
+    #: the shipped pixel-space generators' text encoder kind (``zoo.tiny_generators``: ``"clip"`` or ``"t5"``); None: none
+    pixel_text_encoder: str | None = None
+
+    def tiny_pipeline_parts(self, kind: str, transformer, build, text_layers: int, vae_channels: int,
+                            vae_blocks: int) -> dict:
+        """The tokenizers, text encoders and VAE of tiny pipeline ``kind`` around ``transformer``, sized to its config;
+        ``build`` is :mod:`unicache_lib.zoo.builders.tiny_pipelines` (tokenizers, encoders, ``vae``), handed in because
+        builders sit above the adapters."""
+        raise UnsupportedError(f"{self.name} declares no tiny pipeline: add tiny_pipelines and tiny_pipeline_parts")
+
+    def pixel_transformer(self, size: int, patch: int, text_dim: int, layers: int, heads: int, head_dim: int) -> dict:
+        """Constructor arguments of this family's transformer class for a shipped pixel-space generator (RGB in and
+        out, ``text_dim``-wide text states)."""
+        raise UnsupportedError(f"{self.name} has no pixel-space layout (zoo.tiny_generators)")
+
+    def text_kwargs(self, hidden: torch.Tensor, pooled: torch.Tensor, mask: torch.Tensor) -> dict:
+        """The transformer's text arguments from per-token states ``[B, T, D]``, pooled states ``[B, D]`` and the
+        mask ``[B, T]`` (the pixel-space layout's loop)."""
+        return dict(encoder_hidden_states=hidden, encoder_attention_mask=mask)
+
+    def max_sequence_length(self, pipe) -> int:
+        """The prompt length the pipeline's ``__call__`` uses by default."""
+        return int(inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default)
+
+    def call_kwargs(self, pipe, prompts: list[str]) -> dict:
+        """What the pipeline's ``__call__`` takes for ``prompts``."""
+        return dict(prompt=list(prompts))
 
     def latent_patch(self, transformer) -> int:
         """Latent pixels per image token along a side (the patch size; Flux packs 2 x 2 latent patches)."""

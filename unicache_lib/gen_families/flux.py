@@ -109,6 +109,26 @@ class Flux(GenFamily):
                     pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t / 1000, img_ids=img_ids.reshape(-1, 3),
                     txt_ids=torch.zeros(n_text, 3), guidance=None, return_dict=False)
 
+    tiny_pipelines = {
+        "flux-schnell": ("FluxPipeline", "flux", {}, "FlowMatchEulerDiscreteScheduler", dict(shift=1.0)),
+        "flux-dev": ("FluxPipeline", "flux", {"guidance_embeds": True}, "FlowMatchEulerDiscreteScheduler", dict(  # resolution-dependent shift
+            shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096))}
+
+    tiny_vae = ("kl_vae", dict(scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False))
+
+    def tiny_pipeline_parts(self, kind, transformer, build, text_layers, vae_channels, vae_blocks):
+        """A CLIP of ``pooled_projection_dim`` and a T5 of ``joint_attention_dim``; a VAE of a quarter of the transformer's
+        channels (2 x 2 latent patches packed) with Flux's scaling."""
+        c = transformer.config
+        clip, t5 = build.clip_tokenizer(), build.t5_tokenizer()
+        return dict(tokenizer=clip, text_encoder=build.clip_encoder(clip, c.pooled_projection_dim, text_layers, projection=False),
+                    tokenizer_2=t5, text_encoder_2=build.t5_encoder(t5, c.joint_attention_dim, text_layers),
+                    vae=build.vae(self.key, c.in_channels // 4, vae_channels, vae_blocks))
+
+    def max_sequence_length(self, pipe):
+        """FLUX.1-schnell (no guidance embedding): 256, what its T5 was trained with, not the pipeline's 512."""
+        return super().max_sequence_length(pipe) if pipe.transformer.config.guidance_embeds else 256
+
     def latent_patch(self, transformer):
         """The pipeline packs 2 x 2 latent patches into one token (the transformer's own patch size is 1)."""
         return 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import FamilyPeers, GenFamily, diffusers, register, sdpa_mask, softmax_map, standard_qk
+from .base import FamilyPeers, GenFamily, diffusers, positions_named, register, sdpa_mask, softmax_map, standard_qk
 
 
 def hunyuan_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
@@ -49,6 +49,39 @@ class HunyuanDiT(GenFamily):
         m, m5 = kwargs.get("text_embedding_mask"), kwargs.get("text_embedding_mask_t5")
         real = torch.cat([m, m5], -1) > 0 if torch.is_tensor(m) and torch.is_tensor(m5) else None
         return {"n_text": int(e.shape[1] + e5.shape[1]), "text_real": real}
+
+    sampled_pipelines = ("HunyuanDiTPipeline",)
+    objective = "v"
+    learned_sigma = True
+    # the pipeline pads the prompt to 77 BERT and 256 T5 tokens and sizes its rotary grid for an 8x VAE (SDXL's);
+    # DDPM with v prediction and scaled-linear betas, as HunyuanDiT was trained
+    tiny_pipelines = {"hunyuan": ("HunyuanDiTPipeline", "hunyuan", dict(text_len=77, text_len_t5=256), "DDPMScheduler", dict(
+        beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.03, prediction_type="v_prediction", clip_sample=False,
+        steps_offset=1))}
+    tiny_vae, tiny_vae_blocks = ("kl_vae", dict(scaling_factor=0.13025)), 4
+
+    def tiny_pipeline_parts(self, kind, transformer, build, text_layers, vae_channels, vae_blocks):
+        """A BERT of ``cross_attention_dim`` and a T5 of ``cross_attention_dim_t5``; no safety checker."""
+        c = transformer.config
+        bert, t5 = build.bert_tokenizer(), build.t5_tokenizer()
+        return dict(tokenizer=bert, text_encoder=build.bert_encoder(bert, c.cross_attention_dim, text_layers),
+                    tokenizer_2=t5, text_encoder_2=build.t5_encoder(t5, c.cross_attention_dim_t5, text_layers),
+                    vae=build.vae(self.key, c.in_channels, vae_channels, vae_blocks), safety_checker=None,
+                    feature_extractor=None, requires_safety_checker=False)
+
+    def max_sequence_length(self, pipe):
+        """T5's prompt length, fixed by the pipeline (it takes no ``max_sequence_length``)."""
+        return int(pipe.transformer.config.text_len_t5)
+
+    def text_positions(self, pipe, max_sequence_length):
+        """BERT's ``text_len`` (77) positions, then T5's ``text_len_t5`` (256), as the transformer joins them."""
+        return int(pipe.transformer.config.text_len + pipe.transformer.config.text_len_t5)
+
+    def token_names(self, pipe, prompts, max_sequence_length):
+        """BERT's positions, then T5's named ``"t5:<word>"``."""
+        c = pipe.transformer.config
+        return [b + t for b, t in zip(positions_named(pipe.tokenizer, prompts, c.text_len),
+                                      positions_named(pipe.tokenizer_2, prompts, c.text_len_t5, "t5:"))]
 
     tiny = {"hunyuan": ("HunyuanDiT2DModel", dict(
         num_attention_heads=2, attention_head_dim=8, in_channels=4, patch_size=2, sample_size=8, hidden_size=16,

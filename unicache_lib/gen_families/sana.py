@@ -51,6 +51,17 @@ class Sana(GenFamily):
         return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text + n_pad, c.caption_channels),
                     encoder_attention_mask=mask, timestep=t, return_dict=False)
 
+    tiny_pipelines = {"sana": ("SanaPipeline", "sana", {}, "DPMSolverMultistepScheduler", dict(
+        flow_shift=3.0, prediction_type="flow_prediction", use_flow_sigmas=True, solver_type="midpoint", final_sigmas_type="zero"))}
+    tiny_vae_blocks = 3  # the pipeline wants sizes divisible by 32
+    tiny_vae = ("dc_vae", {})
+
+    def tiny_pipeline_parts(self, kind, transformer, build, text_layers, vae_channels, vae_blocks):
+        """A Gemma 2 of ``caption_channels``; a DC-AE."""
+        gemma = build.gemma_tokenizer()
+        return dict(tokenizer=gemma, text_encoder=build.gemma2_encoder(gemma, transformer.config.caption_channels, text_layers),
+                    vae=build.vae(self.key, transformer.config.in_channels, vae_channels, vae_blocks))
+
     def token_names(self, pipe, prompts, max_sequence_length):
         """None: the pipeline prepends an instruction to every prompt and keeps its last tokens, so positions are not
         named rather than named wrongly (capture still separates padding by the pipeline's own mask)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.errors import InputError
 from .base import FamilyPeers, GenFamily, heads_view, positions_named, register, softmax_map
 
 
@@ -85,6 +86,33 @@ class SD3(GenFamily):
         c, s = transformer.config, transformer.config.sample_size
         return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text, c.joint_attention_dim),
                     pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t, return_dict=False)
+
+    tiny_pipelines = {"sd3": ("StableDiffusion3Pipeline", "sd3", {}, "FlowMatchEulerDiscreteScheduler", dict(shift=3.0)),
+                      "sd3.5": ("StableDiffusion3Pipeline", "sd3.5", {}, "FlowMatchEulerDiscreteScheduler", dict(shift=3.0))}
+    pixel_text_encoder = "clip"
+
+    tiny_vae = ("kl_vae", dict(scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False))
+
+    def tiny_pipeline_parts(self, kind, transformer, build, text_layers, vae_channels, vae_blocks):
+        """Two CLIPs of ``pooled_projection_dim / 2`` and a T5 of ``joint_attention_dim``; the SD3 VAE's scaling."""
+        c = transformer.config
+        if c.pooled_projection_dim % 2 or c.pooled_projection_dim > c.joint_attention_dim:
+            raise InputError("SD3 needs an even pooled_projection_dim (two CLIPs) no wider than joint_attention_dim")
+        clip, t5 = build.clip_tokenizer(), build.t5_tokenizer()
+        w = c.pooled_projection_dim // 2
+        return dict(tokenizer=clip, text_encoder=build.clip_encoder(clip, w, text_layers),
+                    tokenizer_2=clip, text_encoder_2=build.clip_encoder(clip, w, text_layers),
+                    tokenizer_3=t5, text_encoder_3=build.t5_encoder(t5, c.joint_attention_dim, text_layers),
+                    vae=build.vae(self.key, c.in_channels, vae_channels, vae_blocks))
+
+    def pixel_transformer(self, size, patch, text_dim, layers, heads, head_dim):
+        return dict(sample_size=size, patch_size=patch, in_channels=3, out_channels=3, num_layers=layers,
+                    attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=text_dim,
+                    caption_projection_dim=heads * head_dim, pooled_projection_dim=text_dim, pos_embed_max_size=size // patch)
+
+    def text_kwargs(self, hidden, pooled, mask):
+        """Per-token states and the pooled vector (SD3 attends to padding: no mask)."""
+        return dict(encoder_hidden_states=hidden, pooled_projections=pooled)
 
     def text_positions(self, pipe, max_sequence_length):
         """CLIP's ``tokenizer_max_length`` (77) positions, then T5's ``max_sequence_length``."""

@@ -97,16 +97,16 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
       distilled) gets the guidance input 1.0: the loss is minimised by the conditional velocity, which is
       what the distilled model predicts at guidance 1 (at the sampling guidance it predicts the guided
       velocity, whose target is not ``eps - x0``). Flux.1-schnell has no guidance input.
-    - PixArt-alpha / -sigma: epsilon prediction (DDPM), integer ``t`` uniform in ``[0, N)``,
+    - PixArt-alpha / -sigma, DiT: epsilon prediction (DDPM), integer ``t`` uniform in ``[0, N)``,
       ``x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps`` with ``abar`` the scheduler's ``alphas_cumprod``,
       loss ``MSE(first C output channels, eps)`` (the learned-variance channels dropped, as the pipeline
       drops them; a Sana transformer with twice the latent channels out is treated the same way, as its
-      pipeline does).
+      pipeline does). HunyuanDiT: the same with v prediction, target ``sqrt(abar_t) eps - sqrt(1 - abar_t) x0``.
 
     The sampling runs here (``n_batches`` pipeline calls of ``steps`` steps; few steps are cheap but give
     rougher ``x0``); each closure is one transformer forward. Raises UnsupportedError naming the family
     where the checkpoint's objective is not the one above (a PixArt scheduler that does not predict
-    epsilon, an SD3 / Flux / Sana scheduler that is not flow matching) or the family has no known
+    its adapter's objective, an SD3 / Flux / Sana scheduler that is not flow matching) or the family has no known
     objective: never an approximation.
     """
     if n_batches < 1 or (batch is not None and batch < 1):
@@ -128,7 +128,7 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
         def fn(xt=xt, sigma=sigma, noise=noise, x0=x0, prompts=prompts):
             with torch.no_grad():
                 cond = tg.encode_prompts(gen.text_encoder, gen.tokenizer, prompts)
-            v = tg.transformer_forward(gen.transformer, gen.family, xt, sigma * 1000, cond)
+            v = tg.transformer_forward(gen.transformer, gen.adapter, xt, sigma * 1000, cond)
             return torch.nn.functional.mse_loss(v.float(), noise - x0)
         fns.append(fn)
     return fns
@@ -146,8 +146,8 @@ def flow_timestep(gen, s: torch.Tensor) -> torch.Tensor:
 
 
 def generation_objective(gen) -> str:
-    """``"flow"`` (SD3 / SD3.5, Flux, Sana with a flow-matching scheduler) or ``"epsilon"`` (PixArt with an
-    epsilon-predicting scheduler): the training objective :func:`generation_loss_fns` uses for a pipeline, the
+    """``"flow"`` (SD3 / SD3.5, Flux, Sana with a flow-matching scheduler), ``"epsilon"`` (PixArt, DiT with an
+    epsilon-predicting scheduler) or ``"v"`` (HunyuanDiT, v-predicting): the training objective :func:`generation_loss_fns` uses for a pipeline, the
     family's :attr:`~unicache_lib.gen_families.base.GenFamily.objective` when the pipeline's scheduler agrees.
     UnsupportedError, naming the family and why, for anything else."""
     adapter = getattr(gen, "adapter", None) or gen_family_of(gen.transformer)
@@ -159,12 +159,13 @@ def generation_objective(gen) -> str:
         raise UnsupportedError(
             f"{fam}: the pipeline's scheduler {cname} (prediction_type {pred!r}) is not flow matching, so the "
             f"checkpoint's training objective is not the flow-matching loss generation_loss_fns implements for {fam}")
-    if adapter.objective == "epsilon":
-        if pred == "epsilon" and getattr(sched, "alphas_cumprod", None) is not None:
-            return "epsilon"
+    if adapter.objective in ("epsilon", "v"):
+        want = {"epsilon": "epsilon", "v": "v_prediction"}[adapter.objective]
+        if pred == want and getattr(sched, "alphas_cumprod", None) is not None:
+            return adapter.objective
         raise UnsupportedError(
-            f"{fam}: the pipeline's scheduler {cname} predicts {pred!r}, not epsilon (or has no alphas_cumprod); "
-            f"generation_loss_fns implements {adapter.name}'s epsilon-prediction DDPM loss only")
+            f"{fam}: the pipeline's scheduler {cname} predicts {pred!r}, not {want} (or has no alphas_cumprod); "
+            f"generation_loss_fns implements {adapter.name}'s {want} DDPM loss only")
     known = ", ".join(f.key for f in GEN_FAMILIES.values() if f.objective)
     raise UnsupportedError(f"generation family {fam!r}: no training objective is known to generation_loss_fns "
                            f"(known: {known}); set its adapter's objective (and flow_timestep) to add one")
@@ -197,12 +198,12 @@ class _FirstCall:
         self.latents = latents.detach().clone()
 
 
-def _cond_rows(v, rows: int, b: int):
-    """The conditional half ``[b:]`` of every tensor batched as ``[uncond | cond]`` (``rows = 2b``)."""
+def _cond_rows(v, rows: int, half: slice):
+    """The conditional ``half`` of every tensor batched with classifier-free guidance (``rows`` = twice the prompts)."""
     if torch.is_tensor(v):
-        return v[b:] if v.dim() and v.shape[0] == rows else v
+        return v[half] if v.dim() and v.shape[0] == rows else v
     if isinstance(v, dict):
-        return {k: _cond_rows(x, rows, b) for k, x in v.items()}
+        return {k: _cond_rows(x, rows, half) for k, x in v.items()}
     return v
 
 
@@ -217,8 +218,9 @@ def record_transformer_call(gen, prompts: list[str], steps: int, guidance: float
         sample(gen, prompts, steps, guidance, seed=seed, callbacks=[rec])
     kw, b = rec.kwargs, len(prompts)
     rows = kw["hidden_states"].shape[0]
-    if rows == 2 * b:
-        kw = {k: _cond_rows(v, rows, b) for k, v in kw.items()}
+    if rows == 2 * b:  # [uncond | cond], DiT [cond | uncond]
+        half = slice(None, b) if gen.adapter.cond_first else slice(b, None)
+        kw = {k: _cond_rows(v, rows, half) for k, v in kw.items()}
     elif rows != b:
         raise ContractError(f"{gen.family}: the transformer saw {rows} rows for {b} prompts")
     if rec.latents.shape != kw["hidden_states"].shape:
@@ -249,7 +251,7 @@ def pipeline_loss_batches(gen, n_batches: int = 4, batch: int = 4, seed: int = 0
                           guidance: float = 3.0) -> list[LossBatch]:
     """The fixed batches behind a pipeline's :func:`generation_loss_fns` (its docstring says what they are)."""
     objective = generation_objective(gen)  # before any sampling
-    tr, sched, fam = gen.transformer, gen.scheduler, gen.family
+    tr, sched = gen.transformer, gen.scheduler
     n_train = int(sched.config.num_train_timesteps)
     rng = np.random.default_rng(seed)
     n = n_batches * batch
@@ -269,12 +271,13 @@ def pipeline_loss_batches(gen, n_batches: int = 4, batch: int = 4, seed: int = 0
             level = torch.sigmoid(torch.from_numpy(rng.normal(0, 1, len(ps))).float())
             s = level.view(view).to(device)
             xt, target, t = (1 - s) * x0 + s * noise, noise - x0, flow_timestep(gen, level)
-            if fam == "flux" and kw.get("guidance") is not None:  # guidance-distilled: the conditional velocity
+            if kw.get("guidance") is not None:  # guidance-distilled (Flux.1-dev): the conditional velocity
                 kw["guidance"] = torch.ones_like(kw["guidance"])
         else:
             level = t = torch.from_numpy(rng.integers(0, n_train, len(ps)))
             abar = sched.alphas_cumprod[level].float().view(view).to(device)
-            xt, target = abar.sqrt() * x0 + (1 - abar).sqrt() * noise, noise
+            xt = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
+            target = noise if objective == "epsilon" else abar.sqrt() * noise - (1 - abar).sqrt() * x0
         kw["return_dict"] = False
         out.append(LossBatch(ps, objective, kw, x0, noise, level, xt.to(x_in.dtype),
                              t.to(device=device, dtype=t_in.dtype), target))
@@ -284,12 +287,11 @@ def pipeline_loss_batches(gen, n_batches: int = 4, batch: int = 4, seed: int = 0
 def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, guidance: float) -> list:
     tr = gen.transformer
     latent_c = int(tr.config.in_channels)
-    learned_sigma = gen.adapter.learned_sigma and int(tr.config.out_channels) // 2 == latent_c
 
     def fn(lb: LossBatch):
         out = tr(**lb.kwargs, hidden_states=lb.xt, timestep=lb.timestep)
         out = out[0] if isinstance(out, (tuple, list)) else out.sample
-        if learned_sigma:  # as the pipeline: the first latent_c channels predict the noise
+        if gen.adapter.learned_sigma and out.shape[1] == 2 * latent_c:  # as the pipeline: the first latent_c channels predict the noise
             out = out[:, :latent_c]
         return torch.nn.functional.mse_loss(out.float(), lb.target)
 

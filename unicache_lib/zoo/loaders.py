@@ -4,7 +4,7 @@ Understanding side (transformers): every family registered in :mod:`unicache_lib
 LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Gemma 3, Idefics3/SmolVLM, InternVL, PaliGemma,
 Mllama). Generation side (diffusers): the tiny layout (SD3 MMDiT, PixArt, DiT transformers with one text
 encoder, sampled by the library's loop) and diffusers pipeline folders of SD3 / SD3.5, PixArt-alpha /
--sigma, Flux.1 dev / schnell and Sana (:data:`PIPELINE_FAMILIES`, sampled through the pipeline).
+-sigma, Flux.1 dev / schnell, Sana, HunyuanDiT and DiT (:data:`PIPELINE_FAMILIES`, sampled through the pipeline).
 
 Both go through the real ``from_pretrained`` code path, so ``load_understanding("tiny-llava")`` and
 ``load_understanding("llava-hf/llava-1.5-7b-hf")`` differ only in where the files come from. Where is
@@ -31,11 +31,11 @@ from ..core.errors import ContractError, InputError, MissingFileError, ModelNotF
 from ..core.models import diffusers, quiet, transformers
 from ..families import UnsupportedModelError, family_for_type, supported
 from ..families.base import images_only
-from ..gen_families import GEN_FAMILIES, gen_family_for
+from ..gen_families import GEN_FAMILIES, gen_family_for, gen_family_of
 from ..gen_families import supported as gen_supported
 from .checksums import ChecksumError, read_json, verify_checksums  # noqa: F401 - ChecksumError is re-exported
 from .tiny_generators import Generator
-from .pipelines import PipelineGenerator, default_image_size, default_max_sequence_length
+from .pipelines import PipelineGenerator, default_image_size
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixart": "generation",
@@ -364,14 +364,15 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.f
     Two layouts:
 
     * a diffusers pipeline folder (``model_index.json``) of SD3 / SD3.5 (``StableDiffusion3Pipeline``),
-      PixArt-alpha / -sigma, Flux.1 dev / schnell (``FluxPipeline``) or Sana, loaded with
+      PixArt-alpha / -sigma, Flux.1 dev / schnell (``FluxPipeline``), Sana, HunyuanDiT or DiT, loaded with
       ``DiffusionPipeline.from_pretrained`` into a :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`
       (sampled through the pipeline: its scheduler, guidance and VAE decode);
     * the tiny layout (``transformer/``, one ``text_encoder/``, ``tokenizer/``, ``scheduler/``: the shipped
       ``tiny-mmdit`` / ``tiny-pixart``) into a :class:`~unicache_lib.zoo.tiny_generators.Generator`
       (sampled by the library's pixel-space loop).
 
-    Both have ``family`` (``"sd3"``, ``"pixart"``, ``"flux"``, ``"sana"``), ``transformer``, ``path``,
+    Both have ``adapter`` (the family's :class:`~unicache_lib.gen_families.base.GenFamily`), ``family`` (its key:
+    ``"sd3"``, ``"pixart"``, ``"flux"``...), ``transformer``, ``path``,
     ``pipe`` (None for the tiny layout), ``image_size`` (pixels), ``image_tokens`` and ``text_tokens`` (per
     prompt).
 
@@ -409,22 +410,23 @@ def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | Non
     """A diffusers pipeline folder -> :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`."""
 
     cls_name = index.get("_class_name")
-    if cls_name not in PIPELINE_FAMILIES:
+    sampled = {cls: fam for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines}  # a family added since import too
+    if cls_name not in sampled:
         raise UnsupportedModelError(
             f"diffusers pipeline {cls_name!r} ({where}) is not supported; supported pipelines: "
-            f"{', '.join(f'{c} ({f})' for c, f in PIPELINE_FAMILIES.items())}")
+            f"{', '.join(f'{c} ({f.key})' for c, f in sampled.items())}")
     _check_tokenizers(where, "generation")
     pipe = diffusers.DiffusionPipeline.from_pretrained(where, dtype=dtype)  # every model in eval mode
     card = model_card(where) if Path(str(where)).exists() else {}
     size = image_size or card.get("image_size") or default_image_size(pipe)
-    msl = max_sequence_length or card.get("max_sequence_length") or default_max_sequence_length(pipe)
-    return PipelineGenerator(gen_family_for(cls_name), pipe, str(where), int(size), int(msl))
+    msl = max_sequence_length or card.get("max_sequence_length") or sampled[cls_name].max_sequence_length(pipe)
+    return PipelineGenerator(sampled[cls_name], pipe, str(where), int(size), int(msl))
 
 
 def _load_tiny_layout(where, dtype: torch.dtype):
     """``transformer/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/`` -> :class:`Generator`."""
 
-    transformer, fam = load_transformer(where, dtype, verify=False)  # verified by the caller
+    transformer, _ = load_transformer(where, dtype, verify=False)  # verified by the caller
     _check_tokenizers(where, "generation")
     te_cls = {"clip_text_model": transformers.CLIPTextModelWithProjection, "t5": transformers.T5EncoderModel}
     mt = _read_config(where, "text_encoder").get("model_type")
@@ -433,7 +435,7 @@ def _load_tiny_layout(where, dtype: torch.dtype):
     te = te_cls[mt].from_pretrained(Path(where) / "text_encoder", dtype=dtype).eval()
     tok = transformers.AutoTokenizer.from_pretrained(Path(where) / "tokenizer")
     sched = diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(Path(where) / "scheduler")
-    return Generator(fam, transformer, te, tok, sched, str(where))
+    return Generator(gen_family_of(transformer), transformer, te, tok, sched, str(where))
 
 
 @quiet(loading_bars=True)  # weight-loading bars would flood notebooks and test logs

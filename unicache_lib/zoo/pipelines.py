@@ -1,5 +1,6 @@
-"""Generators that are diffusers pipelines (SD3 / SD3.5, PixArt-alpha / -sigma, Flux.1 dev / schnell, Sana),
-sampled through the pipeline's own ``__call__``: its scheduler, guidance, text encoders and VAE decode.
+"""Generators that are diffusers pipelines (SD3 / SD3.5, PixArt-alpha / -sigma, Flux.1 dev / schnell, Sana, HunyuanDiT,
+DiT), sampled through the pipeline's own ``__call__``: its scheduler, guidance, text encoders and VAE decode; what
+differs by family is asked of the family's :class:`~unicache_lib.gen_families.base.GenFamily` adapter.
 
 :func:`unicache_lib.zoo.loaders.load_generator` returns a :class:`PipelineGenerator` for a pipeline folder
 (one with ``model_index.json``); :func:`unicache_lib.zoo.sampling.sample` hands it to :func:`sample_pipeline`,
@@ -8,21 +9,22 @@ which adapts the library's step callbacks to the pipeline:
 ``on_step_begin(step, t)``   from a forward pre-hook on the transformer, before the first transformer call
                              of each step (``t`` read from ``pipe.scheduler.timesteps[step]``, 0-1000 scale)
 ``on_velocity(step, t, u, c)``  from a forward hook on the transformer, where the pipeline batches
-                             classifier-free guidance as ``[uncond | cond]`` (SD3, PixArt, Sana with
-                             guidance > 1): the two predictions ``[B, C, h, w]`` before they are combined
-                             (noise for PixArt's DPM-Solver, velocity for the flow-matching models; PixArt's
+                             classifier-free guidance (SD3, PixArt, Sana, HunyuanDiT ``[uncond | cond]``,
+                             DiT ``[cond | uncond]``, with guidance > 1): the two predictions ``[B, C, h, w]``
+                             before they are combined (noise for PixArt's DPM-Solver, velocity for the flow-matching models; PixArt's
                              learned-variance channels are dropped, as the pipeline drops them). **Flux is
                              never called**: dev is guidance-distilled (the scale enters the transformer as
                              an embedding) and schnell has no guidance, so there is one branch.
 ``on_step_end(step, t, latents)``  from the pipeline's ``callback_on_step_end`` (PixArt: its ``callback``
-                             with ``callback_steps=1``), with the latents after the step (``[B, C, h, w]``;
-                             Flux: packed ``[B, h/2 * w/2, 4C]``)
+                             with ``callback_steps=1``; DiT, which has neither: its scheduler's ``step``), with
+                             the latents after the step (``[B, C, h, w]``; Flux: packed ``[B, h/2 * w/2, 4C]``)
 
 The hooks are removed when the call returns or raises.
 """
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +32,6 @@ import torch
 from ..core.errors import ContractError
 from ..gen_families.base import GenFamily
 from ..core.hooks import forward_hooks
-
-# max_sequence_length where the pipeline's __call__ default is not the checkpoint's (FLUX.1-schnell: 256)
-SCHNELL_MAX_SEQUENCE_LENGTH = 256
 
 
 @dataclass
@@ -54,7 +53,7 @@ class PipelineGenerator:
 
     @property
     def family(self) -> str:
-        """The family's short tag (``"sd3"``, ``"pixart"``, ``"flux"``, ``"sana"``), as the tiny generators have it."""
+        """The family's short tag (``"sd3"``, ``"pixart"``, ``"flux"``, ``"sana"``, ``"hunyuan"``, ``"dit"``)."""
         return self.adapter.key
 
     @property
@@ -73,7 +72,7 @@ class PipelineGenerator:
     @property
     def latent_size(self) -> int:
         """Side of the latent the VAE decodes (``image_size / 8`` for SD3, PixArt and Flux)."""
-        return self.image_size // self.pipe.vae_scale_factor
+        return self.image_size // vae_scale_factor(self.pipe)
 
     @property
     def image_tokens(self) -> int:
@@ -97,35 +96,30 @@ class PipelineGenerator:
         return self.adapter.token_names(self.pipe, prompts, self.max_sequence_length)
 
 
-def default_max_sequence_length(pipe) -> int:
-    """The pipeline ``__call__``'s default (SD3 256, PixArt-alpha 120, PixArt-sigma 300, Flux 512, Sana 300),
-    except FLUX.1-schnell (no guidance embedding), whose T5 was trained with 256."""
-    if type(pipe).__name__ == "FluxPipeline" and not pipe.transformer.config.guidance_embeds:
-        return SCHNELL_MAX_SEQUENCE_LENGTH
-    return int(inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default)
+def vae_scale_factor(pipe) -> int:
+    """Pixels per latent pixel along a side (DiT's pipeline does not say: read off its VAE's levels)."""
+    return int(getattr(pipe, "vae_scale_factor", 0) or 2 ** (len(pipe.vae.config.block_out_channels) - 1))
 
 
 def default_image_size(pipe) -> int:
     """Side in pixels the pipeline generates by default: ``default_sample_size * vae_scale_factor``
     (SD3-medium 1024, PixArt-sigma-512 512, Flux 1024, Sana-1024 1024)."""
     size = getattr(pipe, "default_sample_size", None) or pipe.transformer.config.sample_size
-    return int(size) * int(pipe.vae_scale_factor)
+    return int(size) * vae_scale_factor(pipe)
 
 
 def pipeline_kwargs(gen: PipelineGenerator, prompts: list[str], steps: int, guidance: float, seeds: list[int]) -> dict:
-    """The arguments :func:`sample_pipeline` calls ``gen.pipe`` with (callbacks aside): one CPU
-    ``torch.Generator`` per prompt (a sample's noise does not depend on its batch), the generator's square
-    size, ``output_type="pt"``, and ``max_sequence_length``. Where the pipeline has them, resolution binning
-    is off (the size is used as given) and caption cleaning is off (it needs bs4 / ftfy)."""
+    """The arguments :func:`sample_pipeline` calls ``gen.pipe`` with (callbacks aside): the prompts as the family hands
+    them over (:meth:`~unicache_lib.gen_families.base.GenFamily.call_kwargs`), one CPU ``torch.Generator`` per prompt (a
+    sample's noise does not depend on its batch), ``output_type="pt"``, and where the pipeline takes them the
+    generator's square size and ``max_sequence_length``, resolution binning off (the size is used as given) and caption
+    cleaning off (it needs bs4 / ftfy)."""
     params = inspect.signature(type(gen.pipe).__call__).parameters
-    kw = dict(prompt=list(prompts), num_inference_steps=int(steps), guidance_scale=float(guidance),
-              generator=[torch.Generator().manual_seed(int(s)) for s in seeds], height=gen.image_size,
-              width=gen.image_size, output_type="pt", return_dict=False, max_sequence_length=gen.max_sequence_length)
-    if "use_resolution_binning" in params:
-        kw["use_resolution_binning"] = False
-    if "clean_caption" in params:
-        kw["clean_caption"] = False
-    return kw
+    kw = dict(gen.adapter.call_kwargs(gen.pipe, prompts), num_inference_steps=int(steps), guidance_scale=float(guidance),
+              generator=[torch.Generator().manual_seed(int(s)) for s in seeds], output_type="pt", return_dict=False)
+    optional = dict(height=gen.image_size, width=gen.image_size, max_sequence_length=gen.max_sequence_length,
+                    use_resolution_binning=False, clean_caption=False)
+    return kw | {k: v for k, v in optional.items() if k in params}
 
 
 class _StepHooks:
@@ -160,7 +154,7 @@ class _StepHooks:
         latent_c = self.gen.pipe.vae.config.latent_channels
         if out.ndim == 4 and out.shape[1] == 2 * latent_c:  # PixArt / Sana learned variance: the pipeline drops it
             out = out[:, :latent_c]
-        v_un, v_c = out.float().chunk(2)
+        v_un, v_c = out.float().chunk(2)[::-1 if self.gen.adapter.cond_first else 1]
         self._emit("on_velocity", self.step, self._t(self.step), v_un, v_c)
 
     def end(self, latents) -> None:
@@ -175,6 +169,25 @@ class _StepHooks:
     def legacy_callback(self, i, t, latents) -> None:
         self.end(latents)
 
+    @contextmanager
+    def scheduler_steps(self, scheduler):
+        """A pipeline without a step callback (DiT): each ``scheduler.step`` closes a step, with its conditional rows."""
+        step = scheduler.step
+
+        def stepped(*args, **kwargs):
+            out = step(*args, **kwargs)
+            x = out[0]
+            if x.shape[0] == 2 * self.batch:  # the guidance batch stepped whole
+                x = x[: self.batch] if self.gen.adapter.cond_first else x[self.batch :]
+            self.end(x)
+            return out
+
+        scheduler.step = stepped
+        try:
+            yield
+        finally:
+            del scheduler.step
+
 
 @torch.no_grad()
 def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guidance: float, seeds: list[int],
@@ -188,14 +201,17 @@ def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guid
     pipe = gen.pipe
     kw = pipeline_kwargs(gen, prompts, steps, guidance, seeds)
     hooks = _StepHooks(gen, callbacks, len(prompts))
+    params, steps_closed = inspect.signature(type(pipe).__call__).parameters, nullcontext()
     if callbacks:
-        if "callback_on_step_end" in inspect.signature(type(pipe).__call__).parameters:
+        if "callback_on_step_end" in params:
             kw |= dict(callback_on_step_end=hooks.callback_on_step_end, callback_on_step_end_tensor_inputs=["latents"])
-        else:  # PixArt: only the legacy per-step callback
+        elif "callback" in params:  # PixArt: only the legacy per-step callback
             kw |= dict(callback=hooks.legacy_callback, callback_steps=1)
+        else:
+            steps_closed = hooks.scheduler_steps(pipe.scheduler)
     pipe.set_progress_bar_config(disable=True, leave=False)  # as sample(): the callers' loops carry the bar
-    with forward_hooks([(gen.transformer, "forward_pre", hooks.pre_hook), (gen.transformer, "forward", hooks.post_hook)]
-                       if callbacks else []):
+    with steps_closed, forward_hooks([(gen.transformer, "forward_pre", hooks.pre_hook),
+                                      (gen.transformer, "forward", hooks.post_hook)] if callbacks else []):
         images = pipe(**kw)[0]
     if callbacks and hooks.ended != len(pipe.scheduler.timesteps):
         n = len(pipe.scheduler.timesteps)

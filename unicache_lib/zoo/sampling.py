@@ -72,7 +72,7 @@ def sample(
                 cb.on_step_begin(i, float(t))
         xin = torch.cat([x, x]) if use_cfg else x
         tt = t.expand(xin.shape[0]).to(dtype)
-        v = transformer_forward(gen.transformer, gen.family, xin.to(dtype), tt, cond).float()
+        v = transformer_forward(gen.transformer, gen.adapter, xin.to(dtype), tt, cond).float()
         if use_cfg:
             v_un, v_c = v.chunk(2)
             for cb in callbacks:

@@ -23,8 +23,6 @@ from ..core.errors import InputError
 from ..world.scenes import make_scene
 from ..world.text import long_prompt, short_prompt
 
-FAMILIES = ("sd3", "pixart")
-TEXT_ENCODERS = {"sd3": "clip", "pixart": "t5"}
 IMAGE_SIZE, PATCH, MAX_TEXT = 32, 4, 48
 
 
@@ -52,24 +50,13 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_
     return CLIPTextModelWithProjection(cfg) if projection else CLIPTextModel(cfg)
 
 
-def build_transformer(family: str, text_dim=128, layers=4, heads=4, head_dim=32):
-    from diffusers import PixArtTransformer2DModel, SD3Transformer2DModel  # local: heavy builder path (diffusers)
+def build_transformer(adapter, text_dim=128, layers=4, heads=4, head_dim=32):
+    """The pixel-space transformer of a generator family (its :class:`~unicache_lib.gen_families.base.GenFamily`
+    adapter's ``pixel_transformer``): 32 x 32 RGB, patch 4, ``text_dim``-wide text states."""
+    import diffusers  # local: heavy builder path (diffusers)
 
-    if family == "sd3":
-        return SD3Transformer2DModel(
-            sample_size=IMAGE_SIZE, patch_size=PATCH, in_channels=3, out_channels=3, num_layers=layers,
-            attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=text_dim,
-            caption_projection_dim=heads * head_dim, pooled_projection_dim=text_dim,
-            pos_embed_max_size=IMAGE_SIZE // PATCH,
-        )
-    if family == "pixart":
-        return PixArtTransformer2DModel(
-            sample_size=IMAGE_SIZE, patch_size=PATCH, in_channels=3, out_channels=3, num_layers=layers,
-            attention_head_dim=head_dim, num_attention_heads=heads, cross_attention_dim=heads * head_dim,
-            caption_channels=text_dim, norm_type="ada_norm_single", use_additional_conditions=False,
-            norm_num_groups=1,
-        )
-    raise InputError(f"unknown generator family {family!r}; expected one of {FAMILIES}")
+    kw = adapter.pixel_transformer(IMAGE_SIZE, PATCH, text_dim, layers, heads, head_dim)
+    return getattr(diffusers, adapter.transformer_classes[0])(**kw)
 
 
 def tokenize_prompts(tokenizer, prompts: list[str], max_len: int = MAX_TEXT):
@@ -116,19 +103,17 @@ def encode_prompts(text_encoder, tokenizer, prompts: list[str]) -> TextCondition
     return TextConditioning(out.last_hidden_state, pooled, mask)
 
 
-def transformer_forward(transformer, family: str, x, t, cond: TextConditioning):
-    """One velocity prediction. ``x [B, 3, H, W]``; ``t [B]`` on the 0-1000 scale."""
-    if family == "sd3":
-        return transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond.hidden,
-                           pooled_projections=cond.pooled, return_dict=False)[0]
-    return transformer(hidden_states=x, timestep=t, encoder_hidden_states=cond.hidden,
-                       encoder_attention_mask=cond.mask,
-                       added_cond_kwargs={"resolution": None, "aspect_ratio": None}, return_dict=False)[0]
+def transformer_forward(transformer, adapter, x, t, cond: TextConditioning):
+    """One velocity prediction. ``x [B, 3, H, W]``; ``t [B]`` on the 0-1000 scale; the text arguments as the family
+    adapter names them (``text_kwargs``)."""
+    return transformer(hidden_states=x, timestep=t, **adapter.text_kwargs(cond.hidden, cond.pooled, cond.mask),
+                       return_dict=False)[0]
 
 
 @dataclass
 class Generator:
-    """A loaded tiny-layout text-to-image generator: the pieces plus its family ('sd3' or 'pixart').
+    """A loaded tiny-layout text-to-image generator: the pieces plus its family's
+    :class:`~unicache_lib.gen_families.base.GenFamily` adapter (SD3 or PixArt).
 
     Sampled by the library's own pixel-space loop (:func:`unicache_lib.zoo.sampling.sample`); a diffusers
     pipeline folder loads into :class:`~unicache_lib.zoo.pipelines.PipelineGenerator` instead, which has
@@ -136,13 +121,18 @@ class Generator:
     / ``pipe`` fields (``pipe`` is None here).
     """
 
-    family: str
+    adapter: object  # the family's GenFamily (layer 2: not imported here)
     transformer: torch.nn.Module
     text_encoder: torch.nn.Module
     tokenizer: object
     scheduler: object
     path: str = ""
     pipe: object = None  # no diffusers pipeline: the library's loop samples this generator
+
+    @property
+    def family(self) -> str:
+        """The family's short tag (``"sd3"``, ``"pixart"``)."""
+        return self.adapter.key
 
     @property
     def image_tokens(self) -> int:

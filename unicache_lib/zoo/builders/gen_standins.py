@@ -26,14 +26,14 @@ import torch
 from ...core.errors import UnknownNameError
 from ..loaders import load_generator
 from ..sampling import sample
-from .tiny_pipelines import KINDS, build_pipeline, save_pipeline
+from .tiny_pipelines import build_pipeline, kinds, save_pipeline
 
 IMAGE_SIZE = 512
 
 
 @dataclass(frozen=True)
 class GenStandIn:
-    """``kind``: a :data:`~unicache_lib.zoo.builders.tiny_pipelines.KINDS` key; ``imitates``: the hub checkpoint;
+    """``kind``: a :func:`~unicache_lib.zoo.builders.tiny_pipelines.kinds` key; ``imitates``: the hub checkpoint;
     ``transformer``: the diffusers class and its kwargs (real depth, heads, patch and channels; reduced
     widths); ``real``: the published sizes; ``reduced``: what differs from the real model;
     ``image_tokens`` / ``text_tokens``: per image at :data:`IMAGE_SIZE`; ``max_sequence_length``: T5's."""
@@ -125,7 +125,7 @@ def build(name: str, out: str | Path, seed: int = 0) -> Path:
     n_params = {k: sum(p.numel() for p in m.parameters()) for k, m in pipe.components.items()
                 if isinstance(m, torch.nn.Module)}
     card = {"model": name, "stand_in": True, "imitates": spec.imitates, "kind": spec.kind,
-            "family": KINDS[spec.kind][1], "pipeline": KINDS[spec.kind][0], "seed": seed, "image_size": IMAGE_SIZE,
+            "family": kinds()[spec.kind][1].key, "pipeline": kinds()[spec.kind][0], "seed": seed, "image_size": IMAGE_SIZE,
             "max_sequence_length": spec.max_sequence_length, "image_tokens": spec.image_tokens,
             "text_tokens": spec.text_tokens, "blocks": spec.blocks, "heads": kw["num_attention_heads"],
             "head_dim": kw["attention_head_dim"], "real": spec.real, "reduced": spec.reduced,

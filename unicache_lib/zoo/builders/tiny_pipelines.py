@@ -14,51 +14,37 @@ Sana's ``AutoencoderDC``), and the real scheduler class and settings of each che
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import diffusers
 import torch
-from transformers import CLIPTokenizer, Gemma2Config, Gemma2Model, GemmaTokenizerFast, T5TokenizerFast
+from transformers import (BertConfig, BertModel, BertTokenizer, CLIPTokenizer, Gemma2Config, Gemma2Model, GemmaTokenizerFast,
+                          T5TokenizerFast)
 from tokenizers import trainers
-from diffusers import AutoencoderDC, AutoencoderKL, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
+from diffusers import AutoencoderDC, AutoencoderKL
 
-from ...core.errors import InputError, UnknownNameError
+from ...core.errors import UnknownNameError
+from ...gen_families import GEN_FAMILIES
 from ...world.text import vocabulary
 from ..checksums import write_card
 from ..tiny_generators import build_text_encoder
-from .tiny_random import TINY
 
-# kind -> (pipeline class, family tag); the family tag is what load_generator reports
-KINDS = {
-    "sd3": ("StableDiffusion3Pipeline", "sd3"),
-    "sd3.5": ("StableDiffusion3Pipeline", "sd3"),
-    "pixart-alpha": ("PixArtAlphaPipeline", "pixart"),
-    "pixart-sigma": ("PixArtSigmaPipeline", "pixart"),
-    "flux-schnell": ("FluxPipeline", "flux"),
-    "flux-dev": ("FluxPipeline", "flux"),
-    "sana": ("SanaPipeline", "sana"),
-}
-# the tiny transformer of each kind: a tiny_random.TINY config plus what makes the kind
-TINY_TRANSFORMERS = {
-    "sd3": ("sd3", {}), "sd3.5": ("sd3.5", {}),
-    # PixArt predicts noise and variance: out_channels = 2 x latent channels, as the real checkpoints
-    "pixart-alpha": ("pixart", {"out_channels": 8}), "pixart-sigma": ("pixart", {"out_channels": 8}),
-    "flux-schnell": ("flux", {}), "flux-dev": ("flux", {"guidance_embeds": True}),
-    "sana": ("sana", {}),
-}
-# the real checkpoints' VAE scaling (SD3 and Flux: 16 latent channels, no quant convs; PixArt: the SD VAE)
-VAE_SETTINGS = {
-    "sd3": dict(scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False),
-    "flux": dict(scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False),
-    "pixart": dict(scaling_factor=0.18215),
-}
 CLIP_LENGTH = 77
 
 
-def _family(kind: str) -> str:
-    if kind not in KINDS:
-        raise UnknownNameError(f"unknown pipeline kind {kind!r}; kinds: {', '.join(KINDS)}")
-    return KINDS[kind][1]
+def kinds() -> dict:
+    """kind -> ``(pipeline class, family adapter)``: every registered family's :attr:`~unicache_lib.gen_families.base.
+    GenFamily.tiny_pipelines`."""
+    return {kind: (spec[0], fam) for fam in GEN_FAMILIES.values() for kind, spec in fam.tiny_pipelines.items()}
+
+
+def _spec(kind: str):
+    """``(family adapter, its tiny_pipelines entry)`` of ``kind``."""
+    if kind not in kinds():
+        raise UnknownNameError(f"unknown pipeline kind {kind!r}; kinds: {', '.join(kinds())}")
+    fam = kinds()[kind][1]
+    return fam, fam.tiny_pipelines[kind]
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------
@@ -88,6 +74,12 @@ def t5_tokenizer():
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
 
 
+def bert_tokenizer():
+    """A ``BertTokenizer`` (WordPiece, ``[CLS] ... [SEP]``, ``[PAD]`` = 0) over the world's vocabulary (HunyuanDiT)."""
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    return BertTokenizer(vocab={w: i for i, w in enumerate(special + vocabulary())}, model_max_length=CLIP_LENGTH)
+
+
 def gemma_tokenizer():
     """A ``GemmaTokenizerFast`` (BPE on ``▁``-joined text, as Gemma 2's) over the world's vocabulary."""
     words = vocabulary()
@@ -109,6 +101,12 @@ def t5_encoder(tokenizer, width: int, layers: int = 1):
     return build_text_encoder(tokenizer, width, layers, "t5")
 
 
+def bert_encoder(tokenizer, width: int, layers: int = 1):
+    """A random ``BertModel`` of hidden size ``width`` (HunyuanDiT's first text encoder)."""
+    return BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=width, num_hidden_layers=layers, num_attention_heads=2,
+                                intermediate_size=2 * width, max_position_embeddings=CLIP_LENGTH, pad_token_id=0))
+
+
 def gemma2_encoder(tokenizer, width: int, layers: int = 1):
     """A random ``Gemma2Model`` (Sana's text encoder) of hidden size ``width``."""
     cfg = Gemma2Config(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
@@ -119,91 +117,72 @@ def gemma2_encoder(tokenizer, width: int, layers: int = 1):
 
 
 def vae(family: str, latent_channels: int, channels: int = 8, blocks: int = 4):
-    """A random VAE of ``family``: ``AutoencoderKL`` with ``blocks`` resolution levels (4: the real 8x
-    down-sampling) of ``channels`` channels (real: 128-512), the real latent channels and scaling; Sana:
-    ``AutoencoderDC`` (``blocks`` levels: 2^(blocks-1) down-sampling; real DC-AE: 6 levels, 32x)."""
-    if family == "sana":
-        n = blocks
-        return AutoencoderDC(
-            in_channels=3, latent_channels=latent_channels, attention_head_dim=channels // 2,
-            encoder_block_types=("ResBlock",) * (n - 1) + ("EfficientViTBlock",),
-            decoder_block_types=("ResBlock",) * (n - 1) + ("EfficientViTBlock",),
-            encoder_block_out_channels=(channels,) * n, decoder_block_out_channels=(channels,) * n,
-            encoder_layers_per_block=(1,) * n, decoder_layers_per_block=(1,) * n,
-            encoder_qkv_multiscales=((),) * (n - 1) + ((5,),), decoder_qkv_multiscales=((),) * (n - 1) + ((5,),),
-            downsample_block_type="conv", upsample_block_type="interpolate", decoder_norm_types="rms_norm",
-            decoder_act_fns="silu", scaling_factor=0.41407)
+    """The random VAE of the family keyed ``family`` (``"sd3"``...): its adapter's ``tiny_vae`` builder here and the real
+    checkpoints' settings, with ``blocks`` resolution levels of ``channels`` channels and the real latent channels."""
+    fam = next((f for f in GEN_FAMILIES.values() if f.key == family), None)
+    if fam is None:
+        raise UnknownNameError(f"no generator family has the key {family!r}")
+    builder, settings = fam.tiny_vae
+    return globals()[builder](latent_channels, channels, blocks, **settings)
+
+
+def kl_vae(latent_channels: int, channels: int = 8, blocks: int = 4, **settings):
+    """A random ``AutoencoderKL`` with ``blocks`` resolution levels (4: the real 8x down-sampling) of ``channels``
+    channels (real: 128-512) and ``settings`` (the checkpoint's scaling)."""
     return AutoencoderKL(
         in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * blocks,
         up_block_types=("UpDecoderBlock2D",) * blocks, block_out_channels=(channels,) * blocks, layers_per_block=1,
-        latent_channels=latent_channels, norm_num_groups=min(channels, 32), **VAE_SETTINGS[family])
+        latent_channels=latent_channels, norm_num_groups=min(channels, 32), **settings)
+
+
+def dc_vae(latent_channels: int, channels: int = 8, blocks: int = 4):
+    """Sana's ``AutoencoderDC`` (``blocks`` levels: 2^(blocks-1) down-sampling; real DC-AE: 6 levels, 32x)."""
+    n = blocks
+    return AutoencoderDC(
+        in_channels=3, latent_channels=latent_channels, attention_head_dim=channels // 2,
+        encoder_block_types=("ResBlock",) * (n - 1) + ("EfficientViTBlock",),
+        decoder_block_types=("ResBlock",) * (n - 1) + ("EfficientViTBlock",),
+        encoder_block_out_channels=(channels,) * n, decoder_block_out_channels=(channels,) * n,
+        encoder_layers_per_block=(1,) * n, decoder_layers_per_block=(1,) * n,
+        encoder_qkv_multiscales=((),) * (n - 1) + ((5,),), decoder_qkv_multiscales=((),) * (n - 1) + ((5,),),
+        downsample_block_type="conv", upsample_block_type="interpolate", decoder_norm_types="rms_norm",
+        decoder_act_fns="silu", scaling_factor=0.41407)
 
 
 def scheduler(kind: str):
-    """The scheduler class and settings of the real checkpoints of ``kind``."""
-    fam = _family(kind)
-    if fam == "sd3":
-        return FlowMatchEulerDiscreteScheduler(shift=3.0)
-    if fam == "pixart":  # linear betas 1e-4..0.02, DPM-Solver++ order 2, epsilon prediction
-        return DPMSolverMultistepScheduler()
-    if kind == "flux-dev":  # resolution-dependent shift
-        return FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                                               base_image_seq_len=256, max_image_seq_len=4096)
-    if kind == "flux-schnell":
-        return FlowMatchEulerDiscreteScheduler(shift=1.0)
-    return DPMSolverMultistepScheduler(flow_shift=3.0, prediction_type="flow_prediction", use_flow_sigmas=True,
-                                       solver_type="midpoint", final_sigmas_type="zero")  # Sana
+    """The scheduler class and settings of the real checkpoints of ``kind`` (its family's ``tiny_pipelines``)."""
+    _, (_, _, _, cls, kw) = _spec(kind)
+    return getattr(diffusers, cls)(**kw)
 
 
 # ---- pipelines --------------------------------------------------------------------------------------
 
 def tiny_transformer(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32):
     """The tiny random transformer of ``kind`` (2-3 blocks, 2 heads of 8; :mod:`~unicache_lib.zoo.builders.tiny_random`)."""
-    _family(kind)  # a known kind
-    base, extra = TINY_TRANSFORMERS[kind]
-    cls, kw = TINY[base]
+    fam, (_, tag, extra, _, _) = _spec(kind)
+    cls, kw = fam.tiny[tag]
     torch.manual_seed(seed)
-    model = getattr(diffusers, cls)(**(kw | extra)).eval()
+    model = (getattr(diffusers, cls) if isinstance(cls, str) else cls)(**(kw | extra)).eval()
     return model if dtype == torch.float32 else model.to(dtype)
 
 
 def build_pipeline(kind: str, transformer, text_layers: int = 1, vae_channels: int = 8, vae_blocks: int = 4,
                    seed: int = 0):
-    """The pipeline of ``kind`` around ``transformer``, with random tiny text encoders sized to its config
-    (SD3: two CLIPs of ``pooled_projection_dim / 2`` and a T5 of ``joint_attention_dim``; Flux: a CLIP of
-    ``pooled_projection_dim`` and a T5 of ``joint_attention_dim``; PixArt: a T5, Sana: a Gemma 2 of
-    ``caption_channels``), a random VAE with the transformer's latent channels, and the real scheduler."""
-    fam = _family(kind)
-    c = transformer.config
+    """The pipeline of ``kind`` around ``transformer``: the family's tokenizers, random tiny text encoders sized to its
+    config and VAE with the transformer's latent channels (:meth:`~unicache_lib.gen_families.base.GenFamily.
+    tiny_pipeline_parts`), and the real scheduler."""
+    fam, (pipeline, *_) = _spec(kind)
     torch.manual_seed(seed)
     parts = {"transformer": transformer, "scheduler": scheduler(kind)}
-    if fam == "sd3":
-        if c.pooled_projection_dim % 2 or c.pooled_projection_dim > c.joint_attention_dim:
-            raise InputError("SD3 needs an even pooled_projection_dim (two CLIPs) no wider than joint_attention_dim")
-        clip, t5 = clip_tokenizer(), t5_tokenizer()
-        w = c.pooled_projection_dim // 2
-        parts |= dict(tokenizer=clip, text_encoder=clip_encoder(clip, w, text_layers),
-                      tokenizer_2=clip, text_encoder_2=clip_encoder(clip, w, text_layers),
-                      tokenizer_3=t5, text_encoder_3=t5_encoder(t5, c.joint_attention_dim, text_layers),
-                      vae=vae("sd3", c.in_channels, vae_channels, vae_blocks))
-    elif fam == "flux":
-        clip, t5 = clip_tokenizer(), t5_tokenizer()
-        parts |= dict(tokenizer=clip,
-                      text_encoder=clip_encoder(clip, c.pooled_projection_dim, text_layers, projection=False),
-                      tokenizer_2=t5, text_encoder_2=t5_encoder(t5, c.joint_attention_dim, text_layers),
-                      vae=vae("flux", c.in_channels // 4, vae_channels, vae_blocks))  # 2x2 latent patches packed
-    elif fam == "pixart":
-        t5 = t5_tokenizer()
-        parts |= dict(tokenizer=t5, text_encoder=t5_encoder(t5, c.caption_channels, text_layers),
-                      vae=vae("pixart", c.in_channels, vae_channels, vae_blocks))
-    else:  # sana
-        gemma = gemma_tokenizer()
-        parts |= dict(tokenizer=gemma, text_encoder=gemma2_encoder(gemma, c.caption_channels, text_layers),
-                      vae=vae("sana", c.in_channels, vae_channels, vae_blocks))
+    parts |= fam.tiny_pipeline_parts(kind, transformer, sys.modules[__name__], text_layers, vae_channels, vae_blocks)
     for name, m in parts.items():
         if isinstance(m, torch.nn.Module):
             parts[name] = m.eval()
-    return getattr(diffusers, KINDS[kind][0])(**parts)
+    pipe = getattr(diffusers, pipeline)(**parts)
+    unsaved = {k: v for k, v in parts.items() if k not in pipe.components and k not in pipe.config}
+    if unsaved:  # settings the pipeline does not record itself (DiT's id2label), so save_pretrained keeps them
+        pipe.register_to_config(**unsaved)
+    return pipe
 
 
 def save_pipeline(pipe, out: str | Path, card: dict) -> Path:
@@ -215,12 +194,13 @@ def save_pipeline(pipe, out: str | Path, card: dict) -> Path:
 
 
 def build_tiny(kind: str, out: str | Path, seed: int = 0) -> Path:
-    """A tiny random pipeline folder of ``kind`` (tests): 16 x 16-pixel images from an 8 x 8 latent and a
-    2x VAE (2 levels of 8 channels; Sana, which wants sizes divisible by 32: 32 pixels and a 4x VAE),
+    """A tiny random pipeline folder of ``kind`` (tests): images from an 8 x 8 latent and a VAE of the family's
+    ``tiny_vae_blocks`` levels of 8 channels (2: 16 x 16 pixels; Sana, which wants sizes divisible by 32: 3, 32 pixels),
     one-layer text encoders at the real prompt lengths."""
-    blocks = 3 if kind == "sana" else 2
+    fam, (pipeline, *_) = _spec(kind)
+    blocks = fam.tiny_vae_blocks
     pipe = build_pipeline(kind, tiny_transformer(kind, seed), vae_blocks=blocks, seed=seed)
     size = 8 * 2 ** (blocks - 1)
-    card = {"model": f"tiny-{kind}", "stand_in": True, "kind": kind, "family": KINDS[kind][1], "seed": seed,
+    card = {"model": f"tiny-{kind}", "stand_in": True, "kind": kind, "family": fam.key, "seed": seed,
             "image_size": size, "what_it_is_for": "tests of the pipeline code path; random weights"}
     return save_pipeline(pipe, out, card)

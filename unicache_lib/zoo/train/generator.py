@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from ...gen_families import GEN_FAMILIES
 from ...world.scenes import COLOURS, POSITIONS, SHAPES
 from ...world.segment import score_object
 from ...world.text import long_prompt, short_prompt
@@ -52,14 +53,16 @@ def evaluate(gen: tg.Generator, objs: list[dict], long: bool = False, steps=20, 
 
 def main(argv=None):
     ap = recipe_parser(__doc__, out=None, lr=1.5e-3, eval_every=1000)
-    ap.add_argument("--family", choices=tg.FAMILIES, required=True)
+    pixel = {f.key: f for f in GEN_FAMILIES.values() if f.pixel_text_encoder}  # the families with a pixel-space layout
+    ap.add_argument("--family", choices=tuple(pixel), required=True)
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--n-eval", type=int, default=120)
     ap.add_argument("--text-encoder", choices=("clip", "t5"), default=None,
                     help="default: the family's real kind (sd3: clip, pixart: t5)")
     args = parse(ap, argv)
-    args.text_encoder = args.text_encoder or tg.TEXT_ENCODERS[args.family]
+    adapter = pixel[args.family]
+    args.text_encoder = args.text_encoder or adapter.pixel_text_encoder
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
@@ -71,7 +74,7 @@ def main(argv=None):
         if gen.family != args.family:
             raise SystemExit(f"--init-from {args.init_from} is a {gen.family} model, not {args.family}")
     else:
-        gen = tg.Generator(args.family, tg.build_transformer(args.family), tg.build_text_encoder(tok, kind=args.text_encoder),
+        gen = tg.Generator(adapter, tg.build_transformer(adapter), tg.build_text_encoder(tok, kind=args.text_encoder),
                            tok, FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0))
     log = []
     quick = eval_prompts(30, seed=5)
@@ -87,7 +90,7 @@ def main(argv=None):
         s = sigma[:, None, None, None]
         xt = (1 - s) * x0 + s * noise
         cond = tg.encode_prompts(gen.text_encoder, tok, prompts)
-        v = tg.transformer_forward(gen.transformer, args.family, xt, sigma * 1000, cond)
+        v = tg.transformer_forward(gen.transformer, adapter, xt, sigma * 1000, cond)
         loss = torch.nn.functional.mse_loss(v, noise - x0)
         return loss, lambda: {"loss": loss.item()}
 
