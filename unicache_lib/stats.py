@@ -125,11 +125,6 @@ def check_mask(P: torch.Tensor, vis: "Visibility", what: str = "attention map", 
         )
 
 
-def visible_keys(P: torch.Tensor, causal=True, query_positions=None) -> torch.Tensor:
-    """``[Sq]`` number of keys each query row can see (``Sk`` for non-causal maps)."""
-    return Visibility.of(P, causal, query_positions).counts()
-
-
 def row_entropy(P: torch.Tensor) -> torch.Tensor:
     """Shannon entropy of each row in nats: ``[..., Sq]``; zero probabilities contribute 0."""
     P = as_probs(P)
@@ -151,71 +146,6 @@ def normalised_entropy(P: torch.Tensor, causal=True, query_positions=None,
     return torch.where(n > 1, h / denom.clamp(min=1e-12), torch.full_like(h, float("nan")))
 
 
-def max_weight(P: torch.Tensor) -> torch.Tensor:
-    """Largest weight of each row: ``[..., Sq]``."""
-    return as_probs(P).amax(-1)
-
-
-def diagonal_concentration(P: torch.Tensor, width: int = 0, query_positions=None) -> torch.Tensor:
-    """Mean mass within ``width`` positions of the diagonal (``|q - k| <= width``): ``[...]``."""
-    P = as_probs(P)
-    q = _query_positions(P, query_positions)
-    if width == 0:  # a gather, no S^2 temporary
-        return P[..., torch.arange(P.shape[-2], device=P.device), q].mean(-1)
-    k = torch.arange(P.shape[-1], device=P.device)
-    band = ((q[:, None] - k[None, :]).abs() <= width).float()
-    return (P * band).sum(-1).mean(-1)
-
-
-def mean_attention_distance(P: torch.Tensor, query_positions=None, causal=False) -> torch.Tensor:
-    """Expected ``|q - k|`` under each row, averaged over rows: ``[...]`` (in positions).
-
-    With a causal mask (keys never after the query) this is ``q - E[k]``, one matrix-vector product;
-    with any other mask the general sum, which does not depend on the mask (hidden keys hold 0).
-    """
-    P = as_probs(P)
-    vis = Visibility.of(P, causal, query_positions)
-    q = vis.q.float()
-    k = torch.arange(P.shape[-1], device=P.device, dtype=torch.float32)
-    if vis.kind == "causal":
-        check_mask(P, vis)
-        return (q * P.sum(-1) - P @ k).mean(-1)
-    d = (q[:, None] - k[None, :]).abs()
-    return (P * d).sum(-1).mean(-1)
-
-
-def head_variance(P: torch.Tensor, causal=True, query_positions=None) -> torch.Tensor:
-    """Per-head variance of the weights over each row's visible keys, averaged over live rows: ``[...]``.
-    Near 0 means near-uniform rows (the study's 'low variance' pruning signal)."""
-    P = as_probs(P)
-    vis = Visibility.of(P, causal, query_positions)
-    check_mask(P, vis)
-    n = vis.counts().float()
-    # rows sum to 1 over their n visible keys (mean 1/n), so var = sum(p^2)/n - 1/n^2
-    sumsq = torch.linalg.vector_norm(P, dim=-1) ** 2
-    v = sumsq / n - 1.0 / n**2
-    return v[..., n > 0].mean(-1)
-
-
-def read_frequency(P: torch.Tensor, normalise: bool = False, causal=True, query_positions=None) -> torch.Tensor:
-    """How much each key is read: column sums over query rows, ``[..., Sk]``.
-
-    Un-normalised, the result sums to the number of query rows. With ``normalise`` each column is
-    divided by how many queries could see that key (under a causal mask early keys are visible to
-    more queries, which otherwise inflates them).
-    """
-    P = as_probs(P)
-    col = P.sum(-2)
-    if not normalise:
-        return col
-    return col / queries_seeing(P, causal, query_positions)
-
-
-def queries_seeing(P: torch.Tensor, causal=True, query_positions=None) -> torch.Tensor:
-    """``[Sk]`` how many query rows can see each key."""
-    return Visibility.of(P, causal, query_positions).seeing()
-
-
 def block_mass(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
     """Attention mass in the four modality blocks, ``[..., 4]`` in :data:`BLOCKS` order."""
     P = as_probs(P)
@@ -232,20 +162,6 @@ def block_shares(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.T
     """The four blocks as shares of all attention mass: ``[..., 4]``, sums to 1."""
     m = block_mass(P, spans, query_positions)
     return m / m.sum(-1, keepdim=True).clamp(min=1e-12)
-
-
-def cross_modal_share(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
-    """Share of attention mass that crosses modalities (image->text + text->image): ``[...]``."""
-    s = block_shares(P, spans, query_positions)
-    return s[..., BLOCKS.index("image->text")] + s[..., BLOCKS.index("text->image")]
-
-
-def head_similarity(P: torch.Tensor, check: bool = True) -> torch.Tensor:
-    """Cosine similarity between the flattened maps of every pair of heads: ``[..., H, H]``
-    for ``P`` of shape ``[..., H, Sq, Sk]``."""
-    P = as_probs(P, check)
-    f = P.flatten(-2)
-    return _cosine(f @ f.transpose(-1, -2))
 
 
 def _cosine(gram: torch.Tensor) -> torch.Tensor:
@@ -477,6 +393,57 @@ def map_rows(P, r0: int, r1: int) -> torch.Tensor:
     return P[:, r0:r1].float().contiguous()
 
 
+class _RowSums:
+    """The chunked engine of :func:`layer_statistics` and :func:`step_statistics`: walks a map ``[H, Sq, Sk]`` one
+    chunk of query rows at a time (each chunk read once, temporaries chunk-sized) and keeps the per-row quantities
+    both take: each key group's mass ``[H, Sq, g]``, the row maxima and sums of squares ``[H, Sq]`` (variance) and
+    the head Gram matrix ``[H, H]`` (head similarity; rows weighted by ``q_weights`` when given). :meth:`walk` yields
+    every chunk after that, for what a front end adds of its own.
+
+    ``groups``: the key groups, a list of ``None`` (every key: a row sum), a ``[Sk]`` float vector (a matrix-vector
+    product) or a list of ``(a, b)`` runs of keys (slice sums), or a ``[Sk, g]`` matrix (one matrix product).
+    """
+
+    def __init__(self, H: int, sq: int, groups, device, q_weights: torch.Tensor | None = None):
+        self.groups, self.wq = groups, q_weights
+        n = groups.shape[-1] if torch.is_tensor(groups) else len(groups)
+        self.mass = torch.empty(H, sq, n, device=device)
+        self.rowmax = torch.empty(H, sq, device=device)
+        self.sumsq = torch.empty(H, sq, device=device)
+        self.gram = torch.zeros(H, H, device=device)
+
+    def walk(self, chunks, read):
+        """``read(r0, r1) -> (blk [H, c, k1] float32, rowmax [H, c] or None, extra)``; yields ``(r0, r1, blk, extra)``
+        once the chunk's shared quantities are taken (a front end may then change ``blk`` in place)."""
+        for r0, r1 in chunks:
+            blk, rowmax, extra = read(r0, r1)
+            H, c, k1 = blk.shape
+            self.mass[:, r0:r1] = _group_sums(blk.view(H * c, k1), self.groups, k1).view(H, c, -1)
+            self.rowmax[:, r0:r1] = blk.amax(-1) if rowmax is None else rowmax
+            self.sumsq[:, r0:r1] = torch.linalg.vector_norm(blk, dim=-1).square_()
+            f = blk.view(H, -1) if self.wq is None else (blk * self.wq[r0:r1, None].sqrt()).view(H, -1)
+            self.gram.addmm_(f, f.T)
+            yield r0, r1, blk, extra
+
+
+def _group_sums(flat: torch.Tensor, groups, k1: int) -> torch.Tensor:
+    """``[n, g]`` sums of the rows of ``flat [n, k1]`` over each key group of :class:`_RowSums` (keys from ``k1`` on
+    left out): matrix-vector products and slice sums (a skinny matrix product is several times slower), or one
+    matrix product when ``groups`` is a ``[Sk, g]`` matrix."""
+    if torch.is_tensor(groups):
+        return flat @ groups[:k1]
+    out = []
+    for g in groups:
+        if g is None:
+            out.append(flat.sum(-1))
+        elif torch.is_tensor(g):
+            out.append(torch.mv(flat, g[:k1]))
+        else:
+            zero = torch.zeros(len(flat), device=flat.device)
+            out.append(sum((flat[:, a:min(b, k1)].sum(-1) for a, b in g if a < k1), zero))
+    return torch.stack(out, -1)
+
+
 def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions=None,
                      query_kinds=None, chunk_bytes: int | None = None) -> dict[str, torch.Tensor]:
     """All of :data:`LAYER_STATS` for one layer's map ``P [H, Sq, Sk]`` (any float dtype; computed in
@@ -493,8 +460,8 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
             chunk is taken while it is in cache, temporaries are chunk-sized, and under a causal mask the
             keys right of a chunk's last row are read once, for the finiteness and hidden-mass checks.
 
-    Equal to calling the individual functions (tested). NaN/inf anywhere in ``P`` raises
-    :class:`AttentionValueError`; mass on keys the mask hides raises :class:`AttentionMaskError`.
+    Equal to the single-purpose reference statistics in ``tests/test_stats.py`` (tested). NaN/inf anywhere
+    in ``P`` raises :class:`AttentionValueError`; mass on keys the mask hides raises :class:`AttentionMaskError`.
     """
     if isinstance(P, LogitRows):
         source, shape = P, P.shape
@@ -521,50 +488,45 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
         else:
             qk = kinds[q]
         q_rows += [(qk == TEXT).float(), (qk == IMAGE).float()]
-    runs = None  # the image keys as contiguous runs [a, b): their mass is a slice sum
-    if spans is not None:
-        image_keys = (kinds == IMAGE).float()
+    groups = [kpos, None]  # per row: sum k p, mass, and with spans the image mass
+    if spans is not None:  # the image keys as contiguous runs [a, b): their mass is a slice sum
         edges = np.flatnonzero(np.diff(np.r_[0, (np.asarray(spans.array) == IMAGE).astype(np.int8), 0]))
         runs = list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+        groups.append(runs if len(runs) <= 8 else (kinds == IMAGE).float())
     Q = torch.stack(q_rows, 0)  # [r, Sq]
-    R = torch.zeros(H, sq, 2 if spans is None else 4, device=dev)  # per row: sum k p, mass, image mass, text mass
     C = torch.zeros(H, Q.shape[0], sk, device=dev)  # column sums by query-row group
     hidden = torch.zeros(H, sq, device=dev)
     h = torch.empty(H, sq, device=dev)
-    sumsq = torch.empty(H, sq, device=dev)
-    rowmax = torch.empty(H, sq, device=dev)
     dist = torch.empty(H, sq, device=dev) if (query_kinds is None and vis.kind != "causal") else None
-    gram = torch.zeros(H, H, device=dev)
     dg = torch.empty(H, sq, device=dev)
     chunk_bytes = default_chunk_bytes(dev) if chunk_bytes is None else int(chunk_bytes)
     size = max(chunk_bytes // 4, H * sk)
     buf, held = torch.empty(size, device=dev), torch.empty(size, device=dev)  # temporaries; the chunk itself
-    for r0, r1 in row_chunks(H, sq, sk, chunk_bytes):
+
+    def read(r0, r1):  # the chunk's rows over the keys they may see, gated rows zeroed (not read, so not counted)
         k1 = min(sk, int(q[r1 - 1]) + 1) if vis.kind == "causal" else sk
-        gone = dead[r0:r1] if bool(dead[r0:r1].any()) else None  # gated rows: not read, so not counted
+        gone = dead[r0:r1] if bool(dead[r0:r1].any()) else None
         if source is not None:
             blk, ent = source.rows(r0, r1, k1, out=held)
             if gone is not None:
                 blk, ent = blk.masked_fill(gone[None, :, None], 0.0), ent.masked_fill(gone[None], 0.0)
-        else:
-            blk, ent = held[: H * (r1 - r0) * k1].view(H, r1 - r0, k1), None
-            blk.copy_(P[:, r0:r1, :k1])  # one copy of the chunk, in cache and in float32
+            return blk, None, ent
+        blk = held[: H * (r1 - r0) * k1].view(H, r1 - r0, k1)
+        blk.copy_(P[:, r0:r1, :k1])  # one copy of the chunk, in cache and in float32
+        if gone is not None:
+            blk = blk.masked_fill(gone[None, :, None], 0.0)
+        if k1 < sk:  # keys right of the chunk's last row are hidden from all its rows: read once, for the check
+            right = P[:, r0:r1, k1:].float().sum(-1)
             if gone is not None:
-                blk = blk.masked_fill(gone[None, :, None], 0.0)
-            if k1 < sk:  # keys right of the chunk's last row are hidden from all its rows: read once, for the check
-                right = P[:, r0:r1, k1:].float().sum(-1)
-                if gone is not None:
-                    right = right.masked_fill(gone[None], 0.0)
-                if not bool(torch.isfinite(right).all()):
-                    _raise_nonfinite()
-                hidden[:, r0:r1] = right
-        c = r1 - r0
-        flat = blk.view(H * c, k1)
-        R[:, r0:r1, 0] = torch.mv(flat, kpos[:k1]).view(H, c)  # matrix-vector products and slice sums: a skinny
-        R[:, r0:r1, 1] = flat.sum(-1).view(H, c)  # matrix product is several times slower
-        if runs is not None:
-            R[:, r0:r1, 2] = sum((blk[..., a:min(b, k1)].sum(-1) for a, b in runs if a < k1),
-                                 torch.zeros(H, c, device=dev)) if len(runs) <= 8 else torch.mv(flat, image_keys[:k1]).view(H, c)
+                right = right.masked_fill(gone[None], 0.0)
+            if not bool(torch.isfinite(right).all()):
+                _raise_nonfinite()
+            hidden[:, r0:r1] = right
+        return blk, None, None
+
+    rows = _RowSums(H, sq, groups, dev)
+    for r0, r1, blk, ent in rows.walk(row_chunks(H, sq, sk, chunk_bytes), read):
+        c, k1 = r1 - r0, blk.shape[-1]
         dg[:, r0:r1] = blk[:, torch.arange(c, device=dev), q[r0:r1].clamp(max=k1 - 1)]
         colsum = blk.sum(1)  # [H, k1]
         C[:, 0, :k1] += colsum
@@ -574,9 +536,6 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
                 C[:, j, :k1] += colsum
             elif bool(qj.any()):
                 C[:, j, :k1] += torch.matmul(qj, blk)
-        sumsq[:, r0:r1] = torch.linalg.vector_norm(blk, dim=-1).square_()
-        rowmax[:, r0:r1] = blk.amax(-1)
-        gram.addmm_(flat.view(H, -1), flat.view(H, -1).T)
         if vis.kind == "causal":
             lo = int(q[r0]) + 1  # keys a chunk row may not see lie right of its own position
             if lo < k1:
@@ -593,6 +552,7 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
             w = buf[: H * c * k1].view(H, c, k1)  # number, whose p log p (-9e-37) is nothing next to a row's entropy
             ent = -torch.linalg.vecdot(blk, torch.log(blk.clamp_min_(_TINY), out=w))
         h[:, r0:r1] = ent
+    R, sumsq, rowmax, gram = rows.mass, rows.sumsq, rows.rowmax, rows.gram
     if not (torch.isfinite(R).all() and torch.isfinite(C).all() and torch.isfinite(h).all()):
         _raise_nonfinite()
     if vis.kind != "all":
@@ -620,8 +580,7 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
         "head_sim": _cosine(gram),
     }
     if spans is not None:
-        R[..., 3] = R[..., 1] - R[..., 2]  # every key is image or text
-        to = {"image": R[..., 2], "text": R[..., 3]}
+        to = {"image": R[..., 2], "text": R[..., 1] - R[..., 2]}  # every key is image or text
         frm = {"text": q_rows[1], "image": q_rows[2]}
         block = torch.stack([to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)], -1)
         out["blocks"] = block / block.sum(-1, keepdim=True).clamp(min=1e-12)
@@ -735,42 +694,37 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
     G = torch.stack([ki, kt, text_real, torch.ones_like(ki)], -1).float()  # [Sk, 4]
     widths = [int(ki.sum()), int(kt.sum()), int(text_real.sum()), sk]
     iq, tq = qk == IMAGE, qk == TEXT
-    # one chunk of query rows at a time: sums per row and key group of p and of p log p, row maxima and sums
-    # of squares, the head Gram matrix and the head-mean word map; temporaries are chunk-sized
-    mass = torch.empty(H, sq, 4, device=dev)
-    ent = torch.empty(H, sq, 4, device=dev)
-    rowmax = torch.empty(H, sq, device=dev)
-    sumsq = torch.empty(H, sq, device=dev)
-    gram = torch.zeros(H, H, device=dev)
+    ent = torch.empty(H, sq, 4, device=dev)  # per row and key group: sum p log p
     word = torch.empty(sq, int(text_real.sum()), device=dev)
     if prev is not None:
         sums = _SimilaritySums(H, sq, kk)
     streamed = isinstance(P, LogitRows)
+    groups = G if streamed else [G[:, 0], G[:, 1], G[:, 2], None]  # one matrix product, or products with vectors
     if not streamed:
         buf = torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
-    for r0, r1 in map_chunks(P):
+
+    def read(r0, r1):
+        if streamed:
+            blk, logits, lse, p_max = P.parts(r0, r1)
+            return blk, p_max, (logits, lse)
+        return P[:, r0:r1].float().contiguous(), None, None
+
+    rows = _RowSums(H, sq, groups, dev, wq)
+    mass = rows.mass
+    for r0, r1, blk, extra in rows.walk(map_chunks(P), read):
         c = r1 - r0
         if streamed:  # from the logits: sum p log p = sum p l - mass * logsumexp(l), no logarithm per entry
-            blk, logits, lse, p_max = P.parts(r0, r1)
-            flat = blk.view(H * c, sk)
-            mass[:, r0:r1] = (flat @ G).view(H, c, 4)
-            ent[:, r0:r1] = (logits.mul_(blk).view(H * c, sk) @ G).view(H, c, 4) - mass[:, r0:r1] * lse[..., None]
-            rowmax[:, r0:r1] = p_max
+            logits, lse = extra
+            plogits = _group_sums(logits.mul_(blk).view(H * c, sk), groups, sk).view(H, c, 4)
+            ent[:, r0:r1] = plogits - mass[:, r0:r1] * lse[..., None]
         else:
-            blk = P[:, r0:r1].float().contiguous()
-            flat = blk.view(H * c, sk)
-            w = buf[: H * c * sk].view(H * c, sk)
+            flat, w = blk.view(H * c, sk), buf[: H * c * sk].view(H * c, sk)
             torch.clamp_min(flat, _TINY, out=w).log_().mul_(flat)  # p log p, 0 where p = 0
-            for g in range(4):
-                mass[:, r0:r1, g] = (flat.sum(-1) if g == 3 else torch.mv(flat, G[:, g])).view(H, c)
-                ent[:, r0:r1, g] = (w.sum(-1) if g == 3 else torch.mv(w, G[:, g])).view(H, c)
-            rowmax[:, r0:r1] = blk.amax(-1)
-        sumsq[:, r0:r1] = torch.linalg.vector_norm(blk, dim=-1).square_()
-        f = blk.view(H, -1) if wq is None else (blk * wq[r0:r1, None].sqrt()).view(H, -1)
-        gram.addmm_(f, f.T)
+            ent[:, r0:r1] = _group_sums(w, groups, sk).view(H, c, 4)
         word[r0:r1] = blk[..., text_real].mean(0)
         if prev is not None:
             sums.add(r0, r1, blk, map_rows(prev, r0, r1))
+    rowmax, sumsq, gram = rows.rowmax, rows.sumsq, rows.gram
     if not (torch.isfinite(mass).all() and torch.isfinite(ent).all() and torch.isfinite(gram).all()):
         _raise_nonfinite()
 
