@@ -64,6 +64,7 @@ def test_each_lesson_shows_its_claims_from_the_registry(nb):
     shown = [c for c in cells if c["cell_type"] == "code" and f'claims_table("{nb}")' in "".join(c["source"])]
     assert len(shown) == 1, f"{nb}: display claims_table({nb!r}) once, beside the scoreboard"
     md = [o["data"]["text/markdown"] for o in shown[0].get("outputs", []) if "text/markdown" in o.get("data", {})]
+    md = ["".join(m) if isinstance(m, list) else m for m in md]  # a stored output is a string or a list of lines
     assert md and "".join(md) == str(claims.claims_table(nb)), f"{nb}: re-execute it (make notebooks NB={nb[:2]})"
     typed = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
              and re.search(r"^\| id \|", "".join(c["source"]), re.M)]

@@ -9,7 +9,7 @@
 # - how to read a map (rows: queries, who reads; columns: keys, what is read) and what the causal mask does;
 # - that the heads of one layer read differently;
 # - how an image sits in the map: image positions before the question,
-#   [modality blocks](../docs/GLOSSARY.md#modality-blocks), a word's attention over the picture in × uniform
+#   [modality blocks](../docs/GLOSSARY.md#modality-blocks), a word's attention over the picture in [× uniform](../docs/GLOSSARY.md#x-uniform)
 #   (1 = every visible key read equally).
 #
 # **Terms**: a **query** is the vector a position looks with, a **key** the one it is found by, a **value** what it
@@ -89,7 +89,8 @@ print("weights:", np.round(weights.numpy(), 3), f"sum = {weights.sum():.3f}; key
 # %% [markdown]
 # **What to look at.** Key 2's score is the largest, and softmax makes it by far the largest weight
 # (<!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num-->): softmax exaggerates differences, so real
-# maps are often *concentrated* on a few keys. A weight is a share of the query's reading, not a probability.
+# maps are often *concentrated* on a few keys. A weight is the share of the query's reading that goes to a key, not
+# a measure of how much that key matters to the answer.
 #
 # ## 2. A sentence, and the causal mask
 #
@@ -108,12 +109,16 @@ _ = plots.save(plots.token_map(first, words, f"layer {min(maps)}, head 0: '{SENT
 above = torch.triu(first, 1)
 print(f"{len(words)} tokens {words}; rows sum to {first.sum(-1).min():.3f}-{first.sum(-1).max():.3f}; "
       f"largest weight above the diagonal (masked): {above.max():.1e}")
+print(f"rows 1-{len(words) - 1} put on average {first[1:, 0].mean():.2f} of their weight on the first token '{words[0]}'")
 print(f"the last token '{words[-1]}' reads most: '{words[int(first[-1].argmax())]}' ({first[-1].max():.2f})")
 
 # %% [markdown]
 # **What to look at.** The top-left cell is 1: the first token can only read itself. Everything above the diagonal is
-# exactly zero (printed above). A bright first column — many rows reading the first token — is a
-# [sink](../docs/GLOSSARY.md#sink). But one head is not the model's reading:
+# exactly zero (printed above). The bright first column is a [sink](../docs/GLOSSARY.md#sink): the rows after the first
+# put on average <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@2"-->0.82<!--/num--> of
+# their weight on the first token, although it carries no meaning of its own; the last token
+# reads itself most (<!--num "notebooks/00_primer.ipynb#out:reads most:" re="[(]([0-9.]+)[)]"-->0.90<!--/num-->). But one
+# head is not the model's reading:
 #
 # ## 3. Heads read differently
 #
@@ -132,11 +137,14 @@ for h, ax in enumerate(np.ravel(axes)[:H]):
 fig.suptitle(f"layer {layer}: the {H} heads on '{SENTENCE}'", fontsize=10)
 fig.tight_layout()
 _ = plots.save(fig, out, "heads")
-print(f"layer {layer}: normalised entropy per head {np.round(ent.numpy(), 2)}; most focused head {int(ent.argmin())}, "
-      f"most spread head {int(ent.argmax())}")
+print(f"layer {layer}: normalised entropy per head {np.round(ent.numpy(), 2)}; most focused head {int(ent.argmin())} "
+      f"({ent.min():.2f}), most spread head {int(ent.argmax())} ({ent.max():.2f})")
 
 # %% [markdown]
-# **What to look at.** The heads of one layer disagree: some rows pile onto one key, others spread. So the workbench
+# **What to look at.** The heads of one layer disagree (every panel on one 0–1 scale): the most focused head's
+# rows have normalised entropy <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most focused head \d+ [(]([0-9.]+)[)]"-->0.64<!--/num-->,
+# the most spread head's <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most spread head \d+ [(]([0-9.]+)[)]"-->0.90<!--/num-->.
+# Some rows pile onto one key, others spread. So the workbench
 # keeps every head (a mean hides the focused ones), pruning scores heads one by one (04), and a cache policy that
 # treats all heads alike can drop what one head needs.
 #
@@ -182,6 +190,9 @@ if maps:
         on = patch_grid_masks(s.masks, grid) == named[0]
         print(f"on the {s.objects[named[0]]['colour']} {s.objects[named[0]]['shape']}'s {on.sum()} patches: {img[on].sum() / img.sum():.2f} "
               f"of that image weight, where its share of the patches is {on.mean():.2f}")
+        top = int(img.argmax())
+        print(f"the brightest patch is {'on' if on.ravel()[top] else 'off'} the named object "
+              f"({(img[on].sum() / img.sum()) / on.mean():.1f}x the object's share of the patches overall)")
 
 # %% [markdown]
 # **What to look at.** Left (log10 scale): the prompt tokens *before* the image (the first a sink) are the bright
@@ -191,25 +202,39 @@ if maps:
 # of its weight on the image, its top patch <!--num "notebooks/00_primer.ipynb#out:of its weight on the@3"-->5.3<!--/num-->×
 # uniform; the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.13<!--/num--> of
 # that weight while covering <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.05<!--/num--> of the
-# patches. A word's reading is not a segmentation: a neighbouring or plain patch can be the brightest.
+# patches, <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="[(]([0-9.]+x)"-->2.8x<!--/num--> its share. Its
+# brightest patch is <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="patch is ([onf]+) the"-->on<!--/num-->
+# the named object: a word's reading leans towards what it names, but it is not a segmentation.
 
 # %% [markdown]
 # ## Recap
 #
-# - **Softmax**: each query spreads one unit of weight over the keys it can see.
-# - **Causal mask**: a position reads only itself and what came before (01 checks it).
-# - **Heads**: several readers per layer, each its own map (02, 04).
-# - **Modality blocks**: the image is positions in the sequence; text reads it through text→image (02, 08).
-# - **× uniform**: where a word reads, against reading evenly (02, 05).
-# - **KV cache**: past keys and values, kept for the next token (05, 06).
+# On this run: softmax gave the key that points the query's way
+# <!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num--> of one query's weight; the rows of a sentence put
+# <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@2"-->0.82<!--/num--> of their weight on the
+# first token (a sink); the heads of one layer ranged from normalised entropy
+# <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most focused head \d+ [(]([0-9.]+)[)]"-->0.64<!--/num--> to
+# <!--num "notebooks/00_primer.ipynb#out:most spread head" re="most spread head \d+ [(]([0-9.]+)[)]"-->0.90<!--/num-->; and a
+# question word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the
+# image. On your model the same four cells tell you where its sinks are and how much its heads differ.
 #
+# | what you measured | what it means for a cache |
+# |---|---|
+# | a sink column | keep the first positions in every eviction budget (05's `streaming` does) |
+# | heads with different entropies | score and budget heads one by one, never by their mean (02, 04) |
+# | a word's reading of the picture in × uniform | which image keys a question needs (02 measures it on many samples) |
+#
+# Terms: **causal mask** (01 checks it), **modality blocks** (02, 08), **× uniform** (01, 02, 03), **KV cache** (05).
+
+# %% [markdown]
 # ## Exercises
 #
 # Graded ★ (a parameter) to ★★ (a few lines). Each starter cell below sets the work up and leaves one gap,
 # `... # <- fill in`: fill it and run the cell (seconds). Expected answers: [solutions/00_primer.py](../solutions/00_primer.py).
 #
 # 1. ★ Set `longer` to `"is there a blue square ? what color is the circle ?"` and compare the weight rows put on
-#    the first token with the uniform share, layer by layer, mean over heads: is it a sink on plain text?
+#    the first token with the uniform share, layer by layer, mean over heads: in which layers is the sink strongest
+#    on a longer sentence?
 # 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Compute
 #    `r.probs[h, word, spans.image_index].sum()` per head `h`: how far apart are the heads?
 

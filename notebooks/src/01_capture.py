@@ -51,6 +51,7 @@ from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store, remove_store
 from unicache_lib.world import samples as sample_set
+from unicache_lib.world.scenes import patch_grid_masks
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
 
 torch.manual_seed(SEED)
@@ -105,7 +106,15 @@ first = cap.result[0]
 word0 = content_position(toks0, first.spans.text_index) if first.part != "cross" else first.probs.shape[1] - 1  # object/colour
 r0, h0, peak = reading_head([r for r in cap.result if r.part == first.part], word0)  # where the word reads the picture most
 print(f"shown: layer {r0.layer}, head {h0}, where the word {toks0[word0]!r} puts the most weight on one patch: "
-      f"{peak:.1f}× uniform")
+      f"{peak:.1f}× uniform (the largest of all {len(cap.result)} layers x {r0.probs.shape[0]} heads)")
+named = [i for i, o in enumerate(s0.objects) if toks0[word0] in (o["shape"], o["colour"])]  # the object it names
+grid0, gtok0 = family.image_grid(model.config, inputs), family.grid_tokens(model.config, inputs)
+if named and grid0 is not None and r0.part != "cross" and s0.has_masks:
+    w0 = r0.probs[h0][word0, r0.spans.image_index]
+    w0 = w0[gtok0] if gtok0 is not None else w0
+    on0 = patch_grid_masks(s0.masks, grid0).ravel() == named[0]
+    print(f"its brightest patch is {'on' if on0[int(w0.argmax())] else 'off'} the {s0.objects[named[0]]['shape']} "
+          f"the word names")
 fig = plots.map_panel(r0.probs[h0], r0.spans, s0.image, word0, toks0,
                       f"sample {s0.id} · layer {r0.layer} · head {h0}", cross=r0.part == "cross",
                       grid=family.image_grid(model.config, inputs), grid_tokens=family.grid_tokens(model.config, inputs),
@@ -118,8 +127,10 @@ _ = plots.save(fig, out, "one_map")
 # [sink](../docs/GLOSSARY.md#sink), the image block what text rows read of the picture. The right panel is the head
 # where the word reads the picture most (printed above): its brightest patch gets
 # <!--num "notebooks/01_capture.ipynb#out:shown: layer@2" fmt="{:.1f}"-->71.5<!--/num-->× the uniform weight (1, the cyan
-# line, is what every visible key would get from an even reading). Most heads read far less of the picture; whether
-# the bright patch is the named object is measured in 02. The next cell shows the fused kernel returning no weights:
+# line, is what every visible key would get from an even reading), and that patch lies
+# <!--num "notebooks/01_capture.ipynb#out:its brightest patch is" re="patch is ([onf]+) the"-->on<!--/num--> the object
+# the word names. This head was picked as the strongest of all; most heads read far less of the picture, and how
+# often a word's reading lands on its object across many samples is measured in 02. The next cell shows the fused kernel returning no weights:
 # capture needs eager attention or `recompute`.
 
 # %%
@@ -295,7 +306,7 @@ for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa
 # %%
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
 CL.declare(board, ANCHOR_K)  # the rules of M1-M4, as data in unicache_lib/analysis/capture_claims.py
-BIAS = CL.BIAS
+BIAS = CL.BIAS  # M1's threshold (unicache_lib/claims.py)
 for claim, r in board.rows.items():
     print(f"{claim}: {r.rule_text}")
 
@@ -323,13 +334,11 @@ print(gaps.round(4).to_string())
 # ## Claims scoreboard
 #
 # The method claims: can the measurements be trusted before any of them feeds a cache decision?
-#
-# | id | claim (the study's) | why it matters for caching |
-# |---|---|---|
-# | M1 | statistics computed in fp16 are biased; compute them in fp32 | a biased eviction score ranks keys wrongly, consistently |
-# | M2 | with fixed seeds, statistics reproduce to 4 decimals | a policy designed on one capture must see the same numbers on the next |
-# | M3 | batch-averaging washes out [anchor](../docs/GLOSSARY.md#anchors) positions; capture per sample | a cache is per request: averaged anchors are anchors no request has |
-# | M4 | a fixed standard set of ~20 samples makes numbers comparable | lets you compare your model's numbers with the shipped model's |
+
+# %%
+from unicache_lib.claims import claims_table
+
+claims_table("01_capture")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
 # %%
 board.save(out / "scoreboard.json")
@@ -349,7 +358,7 @@ board.show()
 #   ±<!--const M4's threshold, written before the numbers-->0.02<!--/const-->: more samples per set (the note says how
 #   many) before comparing models at 2 decimals.
 #
-# The cell below prints these lines from the scoreboard itself.
+# The cell below prints the checked values these lines are filled from.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -389,7 +398,8 @@ decisions = pd.DataFrame([
         "below 0.02 (as here): the set's headline numbers can be compared across models at 2 decimals; above it, "
         "use more samples per type") + (f" ({m4_note})" if m4_note else ""), "PER_TYPE, SAMPLE_SEED"),
     ("bytes of a full capture vs stats (this model)", f"{memory['full']:,} vs {memory['stats']:,}",
-     "at 7B size a full capture is ~1.3 GB per sample: capture stats, or full maps for a few layers", "MEMORY_BUDGET_GB, 02: LAYERS"),
+     "maps grow as S² x layers x heads: at 7B size a full capture is gigabytes per sample (§3 quotes the benchmark); "
+     "capture stats, or full maps for a few layers", "MEMORY_BUDGET_GB, 02: LAYERS"),
 ], columns=["measurement", "value here", "what it suggests on your model", "where"])
 WrappedTable(decisions)  # every cell whole, also as plain text
 

@@ -57,6 +57,7 @@ from unicache_lib.capture.runner import stats_store_or_capture
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import step_explorer
 from unicache_lib.world.segment import score_object
@@ -82,10 +83,11 @@ prompts = load_prompts(PROMPTS, N_SINGLE, N_PAIRS, SEED)  # N_SINGLE prompts, th
 # scale: compare their brightness, not only where each is brightest.
 
 # %%
-from unicache_lib.analysis.word_regions import distinct_objects, drawn_objects, fully_drawn, word_region_table
+from unicache_lib.analysis.word_regions import (distinct_objects, drawn_objects, fully_drawn, peak_objects,
+                                               word_region_table)
 
 cands = [i for i in range(N_SINGLE, N_SINGLE + N_PAIRS) if distinct_objects(prompts[i])] + list(range(min(N_SINGLE, 2)))
-look, look_at, tried = {}, {}, {}
+look, look_at, tried, word_maps = {}, {}, {}, {}
 for m, g in gens.items():  # each generator's first candidate drawn in full: pairs first, then one-object prompts
     for tried[m], i in enumerate(cands or [0], 1):
         look[m] = capture_generation(g, [prompts[i]["short"]], "look", None, STEPS, GUIDANCE, SEED + i, layers=LAYERS)
@@ -98,6 +100,7 @@ for m, run in look.items():
     for j, t in enumerate(run.tokens[0]):
         if t in words:
             maps[t if t not in maps else f"{t} (again)"] = W[j]  # a repeated word keeps both panels
+    word_maps[m] = maps
     if not maps:  # your own prompts: no content word is one of the transformer's tokens
         print(f"{m}: no word of {prompts[look_at[m]]['short']!r} is a whole token here: no word map to draw")
         continue
@@ -123,17 +126,27 @@ for m, run in look.items():
     print("   word regions on the drawn objects: " + (", ".join(
         f"{p['objects'][r.object][r.role]!r} IoU {r.iou:.2f} (chance {r.chance:.2f})" for r in hits.itertuples())
         or "none (no asked object was drawn)"))
+    peaks = peak_objects(run.images[0], p, word_maps.get(m, {}))
+    print("   each word's brightest patch: " + (", ".join(f"{w!r} on {'the ' + o if o else 'background'}"
+                                                         + ("" if not o or w.split()[0] in o.split() else " <- another object")
+                                                         for w, o in peaks.items()) or "not measurable here"))
 
 # %% [markdown]
 # **What to look at.** Judge a word map only against an object the model drew: healthy is a bright blob on *its*
-# object. **This run** (the lines above): the MMDiT drew both objects of its first two-object prompt, yet its word
-# maps barely sit on them: 'circle' reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> against a chance of
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num--> and the other words miss, although its brightest word reaches
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform: bright is not the same as placed. PixArt drew none of the tried
-# two-object prompts in full (it swaps shapes between the objects; section 2 counts such failures), so its first look
-# is a one-object prompt: the colour word lands on the object (IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num-->), but no word draws more
-# than <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform anywhere: its cross-attention spreads almost evenly over the few words, and
-# where it is a little higher is what places it. Section 9 measures word maps over all prompts (G9).
+# object. **This run** (the lines above) shows a failure, and says where. The MMDiT drew both objects of its first
+# two-object prompt, yet its word maps do not sit on their own objects: its brightest word reaches
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform,
+# and the brightest patches are
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch" re="patch: (.*)"-->'green' on background, 'circle' on background, 'blue' on the green circle <- another object, 'triangle' on background<!--/num-->
+# ("another object": a word lighting the object it does *not* name, a binding error; 'circle', the best placed,
+# reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> against a chance of
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->).
+# Bright is not the same as placed. PixArt drew none of the tried two-object prompts in full (section 2 counts its
+# failures), so its first look is a one-object prompt, and it reads at chance: no word rises above
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform
+# anywhere. Its cross-attention spreads almost evenly over the few words; where the colour word is a little less
+# even is on the object (IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num-->),
+# which is what places it. Section 9 measures word maps over all prompts (G9).
 #
 # The two models, the prompts and the run:
 
@@ -302,7 +315,8 @@ print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to 
 # (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
 # <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but the claim is about generators in general, so it is
-# judged on the weaker model, whose mean rises: G1 does not hold.
+# judged on the weaker model, whose mean rises: G1 <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 · " re="G1 · (.+)"-->does not hold<!--/num-->, early minus late
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 · > interval (95%)" re="(\[.*\])"-->[-0.06917, -0.06265]<!--/num--> (95% interval over prompts).
 
 # %% [markdown]
 # The joint attention's four blocks, each with its own entropy (rows restricted to the block's keys):
@@ -450,7 +464,8 @@ if len(jall):
 # **This run**: all blocks move most at the first steps and near the end, together; image→text changes only
 # <!--num "data/results/03_diffusion_steps.json#[claim=G4].criteria[name=a].value" fmt="{:.2f}"-->1.22<!--/num--> times as much as text→image (the rule asks
 # <!--const G4's threshold, written before the numbers-->1.5<!--/const-->), the image output stream
-# <!--num "data/results/03_diffusion_steps.json#[claim=G4].criteria[name=b].value" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's. Neither side is the safer one to reuse.
+# <!--num "data/results/03_diffusion_steps.json#[claim=G4].criteria[name=b].value" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's (intervals
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 · > interval (95%)" re="(\[.*\])"-->[1.162, 1.304]; (b) [1.045, 1.238]<!--/num-->; G4 <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 · " re="G4 · (.+)"-->does not hold<!--/num-->). Neither side is the safer one to reuse.
 
 # %% [markdown]
 # ## 7. Where is the cache pressure? (G5)
@@ -507,7 +522,8 @@ print(per_layer_red.round(3).to_string())
 # **This run**: PixArt's heads are more alike than tiny-llava's (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@1" fmt="{:.2f}"-->0.75<!--/num--> against
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer, its cross-attention heads most), the MMDiT's are not
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@0" fmt="{:.2f}"-->0.41<!--/num-->; above the understanding model in one layer only). G7, judged on the weaker
-# generator, fails on the MMDiT; PixArt's cross-attention heads could share maps (notebook 04).
+# generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · " re="G7 · (.+)"-->does not hold<!--/num--> (interval <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > interval (95%)" re="(\[.*\])"-->[-0.04951, -0.004051]<!--/num-->). PixArt's cross-attention heads are the
+# candidates for one shared map per group of heads (not measured in this workbench; 04 prunes heads instead).
 
 # %% [markdown]
 # ## 9. Does a word look at what it names? (G9)
@@ -540,16 +556,29 @@ print("\n".join(DC.word_region_lines(loc, GENERATORS)))
 # %%
 for m in GENERATORS:
     run = runs[m, "short"]
-    i = min(N_SINGLE + 1, len(prompts) - 1)  # the second two-object prompt (section 0 showed the first)
+    pairs = [k for k in range(N_SINGLE, min(N_SINGLE + N_PAIRS, len(prompts))) if k != look_at.get(m)]
+    if not pairs or not prompts[pairs[0]].get("objects"):
+        print(f"{m}: no two-object prompt besides section 0's: nothing more to draw")
+        continue
+    i = pairs[0]  # the first two-object prompt section 0 did not show for this generator
     W = G.word_maps(run.result.records, run.sample_ids[i])
     show = {t: W[j] for j, t in enumerate(run.tokens[i]) if t in {o[r] for o in prompts[i]["objects"] for r in ("colour", "shape")}}
-    fig = plots.word_regions(run.images[i], show, f"{m}: {prompts[i]['short']!r} ({prompts[i]['pair']} colour)")
+    joint = "joint" in gen_family_of(gens[m].transformer).parts  # as in section 0: × uniform over the keys read
+    keys = gens[m].image_tokens + gens[m].text_tokens if joint else W.shape[0]
+    fig = plots.word_regions(run.images[i], show, f"{m}: {prompts[i]['short']!r} ({prompts[i]['pair']} colour)", keys=keys)
     _ = plots.save(fig, out, f"word_regions_{m}")
+    drawn = "; ".join(f"{d['asked']} -> {d['drawn'] or 'nothing in that colour'}" for d in drawn_objects(run.images[i], prompts[i]))
+    print(f"{m}: another pair, prompt {i}, drawn: {drawn}; each word's brightest patch: " + ", ".join(
+        f"{w!r} on {'the ' + o if o else 'background'}" + ("" if not o or w in o.split() else " <- another object")
+        for w, o in peak_objects(run.images[i], prompts[i], show).items()))
 
 # %% [markdown]
-# **This run** (a green circle left, a blue triangle right): the MMDiT drew both as asked, yet 'blue' lights the
-# *green* circle and 'triangle' spreads over the top of the picture. PixArt drew two triangles with the colours on
-# swapped sides, and its colour words follow the colours it drew: a word map points at what was drawn.
+# **This run** (the lines above: what each generator drew for the asked objects, and where each word's brightest patch
+# lies). On the MMDiT:
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: another pair" re="brightest patch: (.*)"-->'orange' on the orange circle, 'circle' on background, 'square' on the orange square<!--/num-->. On PixArt:
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: another pair" re="brightest patch: (.*)"-->'orange' on the orange square, 'circle' on the orange square <- another object, 'square' on background<!--/num-->. A word
+# map points at what was drawn in the word's colour, where there is one; "another object" marks a word lighting an
+# object it does not name.
 
 # %% [markdown]
 # ## 10. Explore: step, layer, head and word
@@ -594,17 +623,13 @@ static_step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_i
 
 # %% [markdown]
 # ## 11. Claims scoreboard
-#
-# | id | the study's claim | why it matters for caching | § |
-# |---|---|---|---|
-# | G1 | early (noisy) steps attend diffusely, late steps concentrate | settled late maps are the cheap ones to reuse | 3 |
-# | G2 | adjacent steps' maps ~<!--const the study's figures, quoted-->0.3–0.5<!--/const--> alike early, > <!--const the study's figure, quoted-->0.8<!--/const--> late | where reuse may start (06's `step_skip`, `adaptive`) | 4 |
-# | G4 | in joint attention text→image is steady, image→text varies | the text side would be safer to reuse (06's `text_side`) | 6 |
-# | G5 | image tokens far outnumber text tokens | cache memory goes to the image side | 7 |
-# | G6 | text conditioning is strongest early; long prompts' text attention goes near-uniform mid-run | whether the prompt side can be cached after the first steps | 5 |
-# | G7 | a generator's heads are more alike than an understanding model's | heads that could share maps (04) | 8 |
-# | G9 | an object word's attention lands on the object; same colours overlap (binding) | whether word maps can pick image tokens to keep | 9 |
-#
+
+# %%
+from unicache_lib.claims import claims_table
+
+claims_table("03_diffusion_steps")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
+
+# %% [markdown]
 # Each rule was written before the numbers. A claim about generators must hold on both, so it is decided on the
 # *weaker* model's 95% interval; the [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson.
 
@@ -682,14 +707,13 @@ w_rows.append({"measurement": "word-region IoU / chance (G9)",
                "value here": ", ".join(f"{m} {loc.loc[m].iou.sum() / loc.loc[m].chance.sum():.1f}x" for m in GENERATORS if m in loc.index.get_level_values(0)),
                "what it suggests on your model": "> 2: word maps point at objects, usable to pick image tokens; near 1: do not use them",
                "notebook / parameter": "this notebook, section 9; 02 for understanding models"})
-with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
-    display(pd.DataFrame(w_rows).set_index("measurement"))
+WrappedTable(pd.DataFrame(w_rows))  # every cell whole, also as plain text
 
 # %% [markdown]
 # **Reading the table.** The study's threshold puts the knee at step 1 everywhere and at the strict one some layer
 # never settles, so no whole-step window is trustworthy: keep `step_skip`'s default head or let the strict
 # `adaptive` rule decide per step (notebook 06). Word maps are a pointer on PixArt
-# (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance (G9)@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance (G9)@0"-->1.0<!--/num-->×); neither
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance (G9) > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance (G9) > value here@0"-->1.0<!--/num-->×); neither
 # side nor the image keys earn a policy of their own at this size; only PixArt's heads point to notebook 04.
 
 # %% [markdown]

@@ -47,8 +47,9 @@ import torch
 
 from unicache_lib import plots
 from unicache_lib.analysis import diagnostics_claims as DG
+from unicache_lib.capture import AttentionCapture
 from unicache_lib.capture.gen_runner import generation_store_or_capture
-from unicache_lib.capture.runner import stats_store_or_capture
+from unicache_lib.capture.runner import inputs_for, stats_store_or_capture
 from unicache_lib.diagnostics.hallucination import answer_attention
 from unicache_lib.diagnostics.neglect import CUTOFF, WARN
 from unicache_lib.diagnostics.report import build_report
@@ -60,6 +61,7 @@ from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.world import samples as sample_set
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding
 from unicache_lib.world.questions import heldout_set
+from unicache_lib.world.scenes import patch_grid_masks
 
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
@@ -69,18 +71,63 @@ family = family_of(model)
 qas = heldout_set(N_QUESTIONS, seed=SEED + 4242, qtypes=("exists", "colour", "exists", "shape", "position"))
 
 # %% [markdown]
-# **The questions, before any number.** Each held-out question is about a small scene of one to four simple objects;
-# two in five ask "is there a …?", and about half of those name an object that is *not* there — where a model
-# hallucinates.
+# **One right answer and one wrong, before any number.** Each held-out question is about a small scene of one to four
+# simple objects; two in five ask "is there a …?", and about half of those name an object that is *not* there — where
+# a model hallucinates. Below, the first question the model answers right and the first it answers wrong: the
+# position that produces the answer, reading the picture in its last image-reading layer (mean over heads), both
+# panels on one × uniform scale with even reading (1) marked.
 
 # %%
-fig, axes = plt.subplots(1, 5, figsize=(12, 2.8))
-for ax, q in zip(axes, qas[:5]):
-    ax.imshow(q.scene.uint8())
-    ax.set_title(f"{q.question}\n-> {q.answer} ({q.qtype})", fontsize=7)
-    ax.axis("off")
-fig.tight_layout()
-_ = plots.save(fig, out, "questions")
+A = answer_attention(model, processor, qas)  # one row per question: its answer, right or wrong, coverage (§1)
+ok = A.correct.to_numpy()
+picked = ({"right": int(np.flatnonzero(ok)[0]), "wrong": int(np.flatnonzero(~ok)[0])} if (~ok).any() else
+          {"right": int(np.flatnonzero(ok)[0]), "least confident": int(A.confidence.to_numpy().argmin())}) if ok.any() else {}
+reads = {}
+for kind, i in picked.items():  # the answer position (the last prompt position) over the image keys it reads
+    inp = inputs_for(model, processor, qas[i].scene.uint8(), qas[i].question)
+    with torch.no_grad(), AttentionCapture(model, mode="full", part=family.image_part) as cap:
+        model(**inp)
+    r = cap.result.select(part=family.image_part)[-1]
+    on = torch.as_tensor(r.spans.array == 1)  # the image keys (cross-attention: every key)
+    reads[kind] = (r.probs.float().mean(0)[-1][on] * r.probs.shape[-1], r.layer, inp)  # × uniform: all keys visible
+if not picked:
+    print(f"not measurable here: no right answer among {len(ok)} questions")
+elif "wrong" not in picked:
+    print(f"no wrong answer among {len(ok)} questions: the least confident one stands in (raise N_QUESTIONS)")
+
+# %%
+if picked:
+    top = max(float(w.max()) for w, _, _ in reads.values())
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.6))
+    for ax, (kind, (w, li, inp)) in zip(axes, reads.items()):
+        q, a = qas[picked[kind]], A.iloc[picked[kind]]
+        plots.image_overlay(q.scene.uint8(), w, f"{q.question!r} -> '{a.prediction}' ({kind})", ax=ax,
+                            grid=family.image_grid(model.config, inp), grid_tokens=family.grid_tokens(model.config, inp),
+                            cbar="× uniform (1 = even over the visible keys)", vmin=0.0, vmax=top, chance=1.0)
+    fig.suptitle(f"{MODEL}: the answer position reading the picture (layer {li}, mean over heads)", fontsize=9)
+    fig.tight_layout()
+    _ = plots.save(fig, out, "right_and_wrong")
+    for kind, i in picked.items():
+        w, _, inp = reads[kind]
+        grid, gtok = family.image_grid(model.config, inp), family.grid_tokens(model.config, inp)
+        sc = qas[i].scene
+        where = ""
+        if grid is not None and len(sc.masks):  # which object the brightest patch lies on
+            k = int(patch_grid_masks(sc.masks, grid).ravel()[int((w[gtok] if gtok is not None else w).argmax())])
+            on = f"the {sc.objects[k].colour} {sc.objects[k].shape}" if k >= 0 else "background"
+            where = f"; brightest patch on {on}"
+        print(f"{kind}: {qas[i].question!r} -> '{A.prediction.iloc[i]}' (reference '{qas[i].answer}'); coverage "
+              f"{A.coverage.iloc[i]:.2f} (mean over layers), peak {float(w.max()):.1f}x uniform{where}")
+
+# %% [markdown]
+# **What to look at.** Whether the wrong answer's position reads the picture less than the right one's: coverage (its
+# attention mass on the image, mean over layers)
+# <!--num "notebooks/07_diagnostics.ipynb#out:right: " re="coverage ([0-9.]+)"-->0.55<!--/num--> for the right answer,
+# <!--num "notebooks/07_diagnostics.ipynb#out:wrong: " re="coverage ([0-9.]+)"-->0.58<!--/num--> for the wrong one, whose
+# brightest patch lies on
+# <!--num "notebooks/07_diagnostics.ipynb#out:wrong: " re="brightest patch on (.*)$" missing="(not measurable here)"-->the orange circle<!--/num-->.
+# Here the wrong answer did not look away: it looked, and took an object of the asked colour for the asked shape. One
+# pair is an anecdote; §1 asks it of all the questions, with an interval.
 
 # %%
 print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} of them 'is there a ...?' "
@@ -97,8 +144,7 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 
 # %%
 # NBVAL_CHECK_OUTPUT
-A = answer_attention(model, processor, qas)
-wrong = ~A.correct
+wrong = ~A.correct  # A: the first cell's answers and their attention, one row per question
 print(f"{int(wrong.sum())} wrong answers of {len(A)}; accuracy per type: {A.groupby('qtype').correct.mean().round(3).to_dict()}")
 print("wrong answers by type:", A[wrong].groupby(["qtype", "answer"]).size().to_dict())
 SCORES = {"coverage (low = suspect)": -A.coverage, "concentration (low = suspect)": -A.concentration,
@@ -187,12 +233,12 @@ layer_cols = [c for c in det.columns if c.startswith("L")]
 for name, row in det.iterrows():
     ax.plot(range(len(layer_cols)), row[layer_cols].astype(float), marker="o", label=f"{name} (breaks: {row['breaks']})",
             ls=":" if name == masked_name else "-")
-ax.axhline(CUTOFF, color="r", ls="--", lw=0.8)
-ax.axhline(WARN, color="orange", ls=":", lw=0.8)
+ax.axhline(CUTOFF, color="r", ls="--", lw=0.8, label=f"cut-off {CUTOFF:.0%} (U10)")
+ax.axhline(WARN, color="orange", ls=":", lw=0.8, label=f"warning {WARN:.0%}")
 ax.set_xticks(range(len(layer_cols)), [c[1:] for c in layer_cols])
 ax.set_xlabel("layer")
 ax.set_ylabel("image share of text queries' reads")
-ax.legend(fontsize=7)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: the lines stay visible
 fig.tight_layout()
 _ = plots.save(fig, out, "neglect_detector")
 
@@ -259,12 +305,13 @@ for stem in re.findall(r'<img alt="([^"]+)"', page.read_text()):
 
 # %% [markdown]
 # ## 4. Claims scoreboard
-#
-# | id | the study's claim | why it matters for caching |
-# |---|---|---|
-# | U10 | a layer whose cross-modal share falls under ~<!--const the study's figure, quoted in its claim-->5%<!--/const--> marks a modality cut-off | an eviction rule keeping few image keys can *cause* a cut-off; a cheap detector lets a cache watch for it |
-# | U12 | a noun whose attention barely covers the image is likely hallucinated | then a cache could keep more image KV exactly when coverage drops |
-#
+
+# %%
+from unicache_lib.claims import claims_table
+
+claims_table("07_diagnostics")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
+
+# %% [markdown]
 # Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number. U10 is decided on the
 # per-layer shares resampled over samples, and only on the broken variants not forced onto the share; U12 on the
 # stratified AUROCs in the claim's direction: an interval wholly below
@@ -284,9 +331,13 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** U10 "partly": the healthy model is quiet (a) but the detector misses the breaks (b) —
-# a share measures *where* the text looks, not whether what it finds carries anything. U12 "does not hold" marked
-# "inverted": wrong answers read the image *more*. Both rest on stand-in quantities: U12 speaks of a *noun's*
+# **Reading the scoreboard.** U10
+# <!--num "notebooks/07_diagnostics.ipynb#out:U10 · " re="U10 · (.+)"-->partly<!--/num-->: the healthy model is quiet, criterion
+# (a), which only says the detector raises no false alarm; its real test, (b), is whether it fires on the breaks, and
+# there it fails — a share measures *where* the text looks, not whether what it finds carries anything. So read
+# "partly" as: quiet when healthy, blind to the breaks it is meant to catch. U12
+# <!--num "notebooks/07_diagnostics.ipynb#out:U12 · " re="U12 · (.+)"-->does not hold<!--/num-->, marked "inverted":
+# wrong answers read the image *more*. Both rest on stand-in quantities: U12 speaks of a *noun's*
 # attention, measured here at the last prompt position (answers are one word); U10 of a layer's
 # [cross-modal share](../docs/GLOSSARY.md#cross-modal-share), measured as the
 # [image share](../docs/GLOSSARY.md#image-share) of the text queries' reads (§2).
@@ -346,7 +397,7 @@ def accuracy(questions):
 
 from_layer = ...  # <- fill in: the first layer whose text queries may no longer read the image
 if from_layer is ...:
-    print(f"Fill in `from_layer`, then run this cell again (§3's variant masked from {MASK_FROM_LAYER}).")
+    print(f"Fill in `from_layer`, then run this cell again (§2's variant masked from {MASK_FROM_LAYER}).")
 else:
     print(f"unmasked: accuracy {accuracy(few_qas):.3f}")
     with mask_image_attention(model, from_layer):
@@ -356,7 +407,7 @@ else:
               f"first cut-off layer {v.first_cutoff_layer}")
 
 # %%
-# Exercise 2 starter: coverage from some layers only, on §2's wrong answers and 300 right ones (an AUROC does not
+# Exercise 2 starter: coverage from some layers only, on §1's wrong answers and 300 right ones (an AUROC does not
 # depend on the share of wrong answers), beside all-layer coverage and confidence
 layers = ...  # <- fill in: the indices of the shallow layers (hint: band_layers from unicache_lib.analysis.layers)
 pick = list(np.flatnonzero(wrong.to_numpy())) + list(np.flatnonzero(~wrong.to_numpy())[:300])
@@ -371,7 +422,7 @@ else:
 
 # %%
 # Exercise 3 starter: every standard sample shown another sample's picture (questions likewise moved to another
-# scene); detector, image dependence and accuracy against the healthy row of §3's table
+# scene); detector, image dependence and accuracy against the healthy row of §2's table
 offset = ...  # <- fill in: how many places along the list each sample's picture comes from (not 0)
 if offset is ...:
     print(f"Fill in `offset`, then run this cell again ({len(samples)} samples).")

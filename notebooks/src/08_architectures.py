@@ -81,8 +81,9 @@ fig = plots.attention_layouts(AR.layout_masks())
 _ = plots.save(fig, project_path(OUT_DIR), "attention_layouts")
 
 # %% [markdown]
-# **Reading the picture.** In the causal decoders (LLaVA, Janus) the text reads every image token, no image token
-# reads the text. ViLT's image tokens *can* read the question (A1, A2). A Mllama cross-attention layer has only
+# **Reading the picture.** In LLaVA's causal decoder the text reads every image token, no image token reads the text.
+# Janus is drawn in its *drawing* layout (the prompt first, then the image it generates), where the image tokens read
+# the text; when it answers about an image it is laid out like LLaVA. ViLT's image tokens *can* read the question (A1, A2). A Mllama cross-attention layer has only
 # text queries and image keys; CLIP's towers never meet. MMDiT mixes both ways; PixArt reads the prompt through
 # cross-attention.
 
@@ -106,8 +107,8 @@ print(f"{len(models)} understanding-side models, {len(gens)} generators; {len(sa
 
 # %% [markdown]
 # **The rules, before any number.** Each claim is decided on a 95% interval over its unit; the
-# [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson. The rules (`RULES` in
-# `unicache_lib/analysis/architecture_claims.py`):
+# [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson. The rules (each claim and its rule is one
+# entry of `unicache_lib/claims.py`):
 
 # %%
 board = Scoreboard(random_weights=any(is_stand_in(n) for n in NAME.values() if n is not None))
@@ -324,7 +325,9 @@ best = (best.iou / best.chance_iou).groupby(level="model", sort=False).max()
 print(f"\n- best band's IoU over chance: {', '.join(f'{m} {x:.1f}x' for m, x in best.items())}")
 
 # %% [markdown]
-# **Reading it.** Every understanding model's shape word lands on its object well above chance in its best band:
+# **Reading it.** (Means over samples without intervals; a word region's IoU against a random region's, a different
+# measure from 02's selectivity, which compares the named object with the *other* objects.) Every understanding
+# model's shape word overlaps its object more than a random region in its best band:
 # ViLT most (<!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×), then Mllama (<!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@2"-->5.3<!--/num-->×), LLaVA
 # (<!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->×) and Janus (<!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@3"-->3.2<!--/num-->×). The generators' words
 # barely do (MMDiT <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@4"-->1.5<!--/num-->×, PixArt <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@5"-->2.5<!--/num-->×, over all layers
@@ -432,8 +435,8 @@ if VL in models:
 # **Reading it.** ViLT's image queries keep <!--num "notebooks/08_architectures.ipynb#out:image queries keep@0" fmt="{:.2f}"-->0.91<!--/num--> of their attention on image keys and give
 # the text <!--num "notebooks/08_architectures.ipynb#out:image queries keep@1" fmt="{:.3f}"-->0.088<!--/num-->, a little less than even attention would (<!--num "notebooks/08_architectures.ipynb#out:image queries keep@2" fmt="{:.3f}"-->0.100<!--/num-->).
 # Yet taking that little away drops accuracy from <!--num "notebooks/08_architectures.ipynb#out:ViLT on > accuracy@1" fmt="{:.3f}"-->0.998<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:ViLT on > accuracy@2" fmt="{:.3f}"-->0.560<!--/num-->:
-# the text *is* injected into the image tokens and the answer needs it, the opposite of what the study reads from
-# a small share. Only an ablation scored on outputs tells whether a path can be cut (exercise 6 finds the layer).
+# the text *is* injected into the image tokens and the answer needs it. A2's criterion (b) fails decisively (its
+# interval in the scoreboard), whatever (a), the share, says: a small share did not mean the text was not injected. Only an ablation scored on outputs tells whether a path can be cut (exercise 6 finds the layer).
 
 # %% [markdown]
 # ## 9. Mllama: what do the cross-attention layers read? (A3)
@@ -496,8 +499,9 @@ if CL in models:
     by_layer = CF.groupby("layer")[["object_mass", "area_share", "focus"]].mean()
     print(by_layer.round(3).to_string())
     print(f"text->image recall@1 among the {len(samples)} standard samples: {retrieved.mean():.2f}")
-    print(f"\n- the class token reads the objects {by_layer.focus.max():.1f}x their area at most (layer "
-          f"{by_layer.focus.idxmax()}), {by_layer.focus.iloc[-1]:.1f}x in the last layer ({by_layer.index[-1]})")
+    ratio = by_layer.object_mass / by_layer.area_share  # a ratio of means over samples: the statistic A4 decides on
+    print(f"\n- the class token reads the objects {ratio.max():.1f}x their area at most (layer {ratio.idxmax()}), "
+          f"{ratio.iloc[-1]:.1f}x in the last layer ({ratio.index[-1]}; ratio of means over samples, as A4)")
 
 # %% [markdown]
 # ## 11. Janus: one model, two tasks, and drawing (A5, A6)
@@ -557,16 +561,13 @@ if drawings:
 
 # %% [markdown]
 # ## 12. Claims scoreboard
-#
-# | id | the study's claim | for caching |
-# |---|---|---|
-# | A1 | in a [fusion encoder](../docs/GLOSSARY.md#fusion-encoder), image→image attention dominates; the text barely shapes the image tokens | the image side is most of the KV and reads itself |
-# | A2 | a [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) under ~<!--const the study's figure, quoted-->15%<!--/const--> means text is not injected into the image | whether text→image paths can be cut |
-# | A3 | [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer): low ones spread, middle ones focus on the named object and half, top ones refine | which layers' vision KV can be thinned |
-# | A4 | a [dual tower](../docs/GLOSSARY.md#dual-tower)'s pooled query focuses on the regions the text names | keep object patches |
-# | A5 | a [unified model](../docs/GLOSSARY.md#unified-model) reads the image ~<!--const the study's figure, quoted-->40%<!--/const--> describing, ~<!--const the study's figure, quoted-->60%<!--/const--> answering | one budget or two |
-# | A6 | after an image-heavy token the next reads the image less ([lag-1](../docs/GLOSSARY.md#lag-1-correlation) below 0); a late drop in image share goes with drift | bursty decode-time reads |
-#
+
+# %%
+from unicache_lib.claims import claims_table
+
+claims_table("08_architectures")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
+
+# %% [markdown]
 # One call per architecture (a model left out marks its claims "not measurable here"):
 
 # %%
@@ -634,12 +635,9 @@ if JN in models and len(describe) >= 2:
 # larger systems; read each criterion's interval, not only the verdict. To test a claim on a real checkpoint, point
 # its parameter at it (e.g. `VILT = "dandelin/vilt-b32-finetuned-vqa"` on a GPU).
 #
-# ## Recap
-#
-# - **Draw the layout first**: a zero where the architecture has no path is structural, not a finding.
-# - **One capture, every family**: each family's adapter says where its image is.
-# - **A share is not an effect**: decide what to cut by ablating and scoring outputs (A2).
-# - **Measure each task before sizing one image budget for both** (A5).
+# Carry to your own model: draw the layout first (a zero where the architecture has no path is structural, not a
+# finding); decide what to cut by ablating and scoring outputs, not from a share (A2); measure each task before sizing
+# one image budget for both (A5).
 #
 # ## Measurement → what to do on your model
 

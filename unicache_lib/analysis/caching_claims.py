@@ -288,7 +288,8 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
     """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`)."""
     full, rows = _at(acc, "full", budgets[0]), []
     for b in budgets:
-        cand = {m: _at(acc, m, b) for m in (NEW, "divprune", "h2o", "snapkv", "unicache", "random", "kvpress:expected_attention")}
+        cand = {m: _at(acc, m, b) for m in (NEW, f"{NEW}_merge", "divprune", "h2o", "snapkv", "unicache", "random",
+                                             "kvpress:expected_attention")}
         cand = {m: v for m, v in cand.items() if np.isfinite(v)}
         best, second = sorted(cand, key=cand.get, reverse=True)[:2]
         gap = round((cand[best] - cand[second]) * n)
