@@ -51,7 +51,7 @@ help:
 
 ## run: execute every notebook on the shipped models: executed copies under `outputs/notebooks/`, figures and
 ##      scoreboards under `outputs/<notebook>/`
-##      (<!--num @run_minutes fmt="about {:.0f} minutes" missing="not recorded yet"-->about 22 minutes<!--/num--> on 2
+##      (<!--num @run_minutes fmt="about {:.0f} minutes" missing="not recorded yet"-->about 25 minutes<!--/num--> on 2
 ##      CPU cores: the sum of the notebooks' recorded run times, `data/results/NN_*.run.json`, the README's run column)
 run: setup
 	@mkdir -p outputs/notebooks
@@ -218,8 +218,8 @@ settle: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m unicache_lib.replicate --settle $(if $(QUICK),--quick)
 
 ## models: retrain the shipped models from scratch:
-##         <!--num @train_minutes fmt="{:,.0f} CPU minutes"-->513 CPU minutes<!--/num-->,
-##         <!--num @train_minutes scale=1/60 fmt="about {:.0f} hours"-->about 9 hours<!--/num--> (the sum of the
+##         <!--num @train_minutes fmt="{:,.0f} CPU minutes"-->677 CPU minutes<!--/num-->,
+##         <!--num @train_minutes scale=1/60 fmt="about {:.0f} hours"-->about 11 hours<!--/num--> (the sum of the
 ##         `train_minutes` of every run the model cards record, one thread per run; docs/MODELS.md); not part of CI
 models: setup
 	$(BIN)/python -m unicache_lib.world.samples --out data/samples
@@ -227,6 +227,15 @@ models: setup
 	# second stage-b run weighted towards the shape-located questions (see the model card)
 	$(BIN)/python -m unicache_lib.zoo.train.llava --init-from runs/tiny-llava-a --out data/models/tiny-llava --seed 1 \
 	  --steps-a 0 --steps-b 2500 --lr 1e-3 --qtype-weights colour=3,exists=2
+	# tiny-llava-576 (LLaVA-1.5's 576 image tokens: 96 px, 4 px patches): a 4-layer tower with tiny-llava's language
+	# model, then two stage-b runs, the second weighted towards colour, position and yes/no (see its model card)
+	$(BIN)/python -m unicache_lib.zoo.train.llava --image-size 96 --patch 4 --vision-layers 4 --init-lm-from data/models/tiny-llava \
+	  --out runs/tiny-llava-576-tower --seed 0 --steps-a 1000 --batch-a 16 --steps-b 0 --lr 1.5e-3 --eval-every 500 \
+	  --n-heldout 100 --n-captions 10 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train.llava --init-from runs/tiny-llava-576-tower --out runs/tiny-llava-576-b1 --seed 1 \
+	  --steps-a 0 --steps-b 500 --batch-b 24 --lr 1.5e-3 --eval-every 125 --qtype-weights shape=2,colour=2,exists=2 --threads 1
+	$(BIN)/python -m unicache_lib.zoo.train.llava --init-from runs/tiny-llava-576-b1 --out data/models/tiny-llava-576 --seed 2 \
+	  --steps-a 0 --steps-b 1200 --batch-b 24 --lr 1.5e-3 --eval-every 300 --qtype-weights colour=3,position=2,exists=2 --threads 1
 	$(BIN)/python -m unicache_lib.zoo.train.generator --family sd3 --out data/models/tiny-mmdit --seed 0
 	$(BIN)/python -m unicache_lib.zoo.train.generator --family pixart --out runs/tiny-pixart-a --seed 0 --threads 1
 	$(BIN)/python -m unicache_lib.zoo.train.generator --family pixart --init-from runs/tiny-pixart-a --out data/models/tiny-pixart \

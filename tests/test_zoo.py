@@ -42,6 +42,24 @@ def test_tiny_llava_meets_its_bar_and_uses_the_image():
     assert card["heldout"]["n"] >= 1000 and card["heldout"]["accuracy"] >= 0.95
 
 
+def test_tiny_llava_576_has_llava_15s_image_tokens_meets_its_bar_and_uses_the_image():
+    """Issue #50: the shipped LLaVA with LLaVA-1.5's 576 image tokens (a 24 x 24 grid) loads through from_pretrained,
+    answers the first 150 of its card's held-out questions (96 px scenes) at its bar and falls back towards the text
+    prior when the images are shuffled."""
+    from unicache_lib.world.questions import heldout_set
+    from unicache_lib.zoo.train.llava import evaluate
+
+    model, processor = load_understanding("tiny-llava-576")
+    assert model.config.image_seq_length == 576 and model.config.vision_config.image_size == 96
+    card = json.loads((MODELS_DIR / "tiny-llava-576" / "model_card.json").read_text())
+    assert card["image_tokens"] == 576 and card["heldout"]["n"] >= 1500 and card["heldout"]["accuracy"] >= 0.95
+    assert min(card["heldout"]["per_type"].values()) >= 0.90, card["heldout"]
+    qas = heldout_set(150, size=96)
+    res = evaluate(model, processor.tokenizer, qas)
+    assert res["accuracy"] >= 0.93, res
+    assert evaluate(model, processor.tokenizer, qas, shuffle_seed=1)["accuracy"] < 0.6
+
+
 def test_tiny_llava_processor_matches_training_encoding():
     from unicache_lib.world.samples import load
     from unicache_lib.zoo import tiny_llava as tl

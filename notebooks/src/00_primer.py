@@ -235,8 +235,8 @@ if maps:
 # 1. ★ Set `longer` to `"is there a blue square ? what color is the circle ?"` and compare the weight rows put on
 #    the first token with the uniform share, layer by layer, mean over heads: in which layers is the sink strongest
 #    on a longer sentence?
-# 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Compute
-#    `r.probs[h, word, spans.image_index].sum()` per head `h`: how far apart are the heads?
+# 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Sum
+#    each head's weights from the word's row over the image keys: how far apart are the heads?
 
 # %%
 # Exercise 1 starter: another sentence through the same capture as §2

@@ -352,7 +352,8 @@ board.show()
 #   are cast to fp32 anyway).
 # - **M2** <!--num "notebooks/01_capture.ipynb#out:M2 · " re="M2 · (.+)"-->holds<!--/num-->: two captures are identical on one machine.
 # - **M3** <!--num "notebooks/01_capture.ipynb#out:M3 · " re="M3 · (.+)"-->holds<!--/num-->: batch averaging leaves a sample a Jaccard of only
-#   <!--num "notebooks/01_capture.ipynb#out:M3 · > value@0" fmt="{:.2f}"-->0.28<!--/num--> of its anchors: design policies on per-sample captures.
+#   <!--num "notebooks/01_capture.ipynb#out:M3 · > value@0" fmt="{:.2f}"-->0.28<!--/num--> of its anchors
+#   (95% interval <!--num "notebooks/01_capture.ipynb#out:M3 · > interval (95%)" re="(\[.*\])"-->[0.2135, 0.3562]<!--/num-->): design policies on per-sample captures.
 # - **M4** is <!--num "notebooks/01_capture.ipynb#out:M4 · " re="M4 · (.+)"-->inconclusive<!--/num-->: the point differences are tiny, but the
 #   farthest interval reaches <!--num "notebooks/01_capture.ipynb#out:M4 · > interval (95%)@2" fmt="{:.4f}"-->0.0357<!--/num-->, past
 #   ±<!--const M4's threshold, written before the numbers-->0.02<!--/const-->: more samples per set (the note says how

@@ -159,7 +159,8 @@ if grids[first.id][0]:
           f"(object patches are {np.mean(k0[k0 >= 0] == 0):.2f} of the picture)")
 
 # %% [markdown]
-# **What to look at.** A word that grounds lights up its own object, more sharply with depth. This picture is the best
+# **What to look at.** A word that grounds lights up its own object, in some layer more than the picture's even share
+# (the panels' peaks say which; here the deepest is not the sharpest). This picture is the best
 # case: in its best layer the word puts
 # <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->× its object's
 # area share on that object, and
@@ -226,8 +227,9 @@ fig = plots.read_frequency_heatmap(img_reads.mean(0), None, f"the text's reads o
 _ = plots.save(fig, out, "image_reads_heatmap")
 
 # %% [markdown]
-# **What to look at.** In the first heatmap (`single-0`) the positions before the image are bright in layer 0: the
-# [sink](../docs/GLOSSARY.md#sink). Inside the image block, two positions (near keys 28 and 36) stay bright through
+# **What to look at.** In the first heatmap (`single-0`) the positions before the image are bright in every layer: the
+# [sink](../docs/GLOSSARY.md#sink). The colour is log10 of the raw read frequency (no chance level: a key's even share
+# differs from row to row here). Inside the image block, two positions (near keys 28 and 36) stay bright through
 # the layers: anchors. The second heatmap averages over samples, so what survives is read on *every* picture — a
 # position bias, not content. Unhealthy: the image block dark everywhere.
 #

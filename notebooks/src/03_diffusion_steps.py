@@ -603,7 +603,8 @@ _ = plots.save(fig, out, "step_panel")
 # %% [markdown]
 # **What to look at.** The image|text borders split the joint map into section 6's four blocks; a healthy head
 # has structure (bands, a diagonal), a degenerate one is flat or puts its mass on one column (a
-# [sink](../docs/GLOSSARY.md#sink)). On the right, bright on the object is a hit. The sliders show how little
+# [sink](../docs/GLOSSARY.md#sink)). On the right, bright on the object is a hit and bright beside it a miss: look where
+# the word's brightest patches sit before trusting the map (one head at one step is one reading). The sliders show how little
 # changes from step to step and how much from head to head.
 
 # %% tags=["nbval-ignore-output"]

@@ -305,7 +305,7 @@ if GENERATORS:
 # MMDiT most statistics scorers keep SSIM above random's mean (read the table row by row). On PixArt the combined statistics fall *below* it, with SSIM
 # <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@2" fmt="{:.3f}"-->0.661<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@3" fmt="{:.3f}"-->0.553<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart@4" fmt="{:.3f}"-->0.367<!--/num--> at 20 / 30 / 50% pruned against
 # random's <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@2" fmt="{:.3f}"-->0.715<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@3" fmt="{:.3f}"-->0.662<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim > tiny-pixart > random@4" fmt="{:.3f}"-->0.543<!--/num-->, and its position
-# score falls below random's too, while the gradient and redundancy scorers stay above random. These are means over a
+# score falls below random's too; no scorer is above random on every measure (read the table). These are means over a
 # few prompts and `RANDOM_SEEDS` random draws, and the points sit inside random's plotted band: a hint, not a
 # finding, that on PixArt the attention statistics pick heads no better to lose than random ones (more prompts and
 # random draws would settle it).

@@ -304,7 +304,8 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 # - **R3: inconclusive, a tie.** MagCache on PixArt against `step_skip` every 2nd step: <!--num "notebooks/06_step_reuse.ipynb#out:R3 · > value@0" fmt="{:+.2f}"-->+0.09<!--/num--> dB
 #   [<!--num "notebooks/06_step_reuse.ipynb#out:R3 · > interval@1" fmt="{:+.2f}"-->-0.24<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:R3 · > interval@2" fmt="{:+.2f}"-->+0.40<!--/num-->]; settling it would take about
 #   <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a): > settle@1" fmt="{:,}"-->23,253<!--/num--> prompts. Every other cache is behind.
-# - **G3 and G8 hold** (G8's speed-up <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num-->).
+# - **G3 and G8 hold** on the decisive run (G8's speed-up <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num-->;
+#   this run's own rounds: <!--num "data/results/06_step_reuse.json#[claim=G8].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])" missing="see the scoreboard"-->1.08 [0.981, 1.18]<!--/num-->).
 #
 # **Reading the results.** The study's ~<!--const the study's reported figure-->15%<!--/const--> latency cut from text-side reuse was
 # measured on real DiTs with thousands of image tokens. Here attention is under half of a sampling run (§4), so even

@@ -295,6 +295,14 @@ print(f"\n- the top 10% of image positions take {top10.min():.2f} to {top10.max(
       f"({top10.min() / 0.1:.1f}x to {top10.max() / 0.1:.1f}x chance); most concentrated: {top10.idxmax()}")
 
 # %% [markdown]
+# **Reading it.** The most-read tenth of the image positions takes
+# <!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take@1" fmt="{:.2f}"-->0.30<!--/num--> to
+# <!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take@2" fmt="{:.2f}"-->0.40<!--/num--> of the text's
+# image reads (chance <!--const an even reading's share of the top tenth-->0.1<!--/const-->), most in
+# <!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take" re="most concentrated: (.*)$"-->LLaVA (concat)<!--/num-->:
+# every model reads its image unevenly, none piles onto a handful of positions (02 measures LLaVA's on intervals, U1).
+
+# %% [markdown]
 # ## 6. Does a word look at its object? (word → region IoU)
 #
 # Understanding models: ask `where is the {colour} {shape} ?` for every object of the multi-object samples; the
@@ -390,6 +398,12 @@ row = rec0.probs[0, tpos].float()
 on_image = float(row.sum() if cross0 else row[torch.as_tensor(rec0.spans.array == IMAGE)].sum())
 print(f"{role0}, layer {rec0.layer}, head 0: the query {toks0[sid][tpos]!r} (position {tpos}) puts {on_image:.3f} of its "
       f"attention on the image; question: {qs0[sid]!r}")
+
+# %% [markdown]
+# **Reading it.** One head, one query: it puts
+# <!--num "notebooks/08_architectures.ipynb#out:of its attention on the image; question" re="puts ([0-9.]+) of its"-->0.856<!--/num-->
+# of its attention on the image. Where its brightest patches sit on the picture is an anecdote (a word may light an
+# object it does not name); section 6 measures word → object overlap over every sample.
 
 # %% [markdown]
 # ## 8. ViLT: one stream, two modalities (A1, A2)

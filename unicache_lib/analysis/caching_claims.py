@@ -334,8 +334,8 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      "where": "§3 (controls), kv/policies/ablations.py"})
     rows.append({"measurement": "random minus the study's rule (unicache), per budget",
                  "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
-                 "what it suggests on your model": "if random ties or beats a score-based rule, reads are concentrated "
-                 "(notebook 02): use a coverage policy, not a most-read one", "where": "§2, notebook 02 (Gini, anchors)"})
+                 "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions cluster "
+                 "(§1's picture): use a coverage policy, not a most-read one", "where": "§2, notebook 02 (Gini, anchors)"})
     if u7 is not None:
         rows.append({"measurement": "U7: locality-shallow minus swapped", "value here": f"{100 * u7.value:+.1f} pt "
                      f"[{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]", "what it suggests on your model": "an interval across 0: "

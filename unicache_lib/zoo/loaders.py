@@ -38,7 +38,8 @@ from .tiny_generators import Generator
 from .pipelines import PipelineGenerator, default_image_size
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
-SHIPPED = {"tiny-llava": "understanding", "tiny-mmdit": "generation", "tiny-pixart": "generation",
+SHIPPED = {"tiny-llava": "understanding", "tiny-llava-576": "understanding", "tiny-mmdit": "generation",
+           "tiny-pixart": "generation",
            "tiny-mllama": "understanding", "tiny-vilt": "understanding", "tiny-clip": "understanding",
            "tiny-janus": "understanding"}
 
