@@ -51,7 +51,6 @@ from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store, remove_store
 from unicache_lib.world import samples as sample_set
-from unicache_lib.world.scenes import patch_grid_masks
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
 
 torch.manual_seed(SEED)
@@ -100,6 +99,7 @@ print(f"output_attentions vs hooks: {len(way1)} layers, max |difference| = {diff
 # %%
 # NBVAL_CHECK_OUTPUT
 from unicache_lib.analysis.localisation import reading_head
+from unicache_lib.world.scenes import patch_grid_masks
 
 toks0 = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
 first = cap.result[0]
@@ -115,6 +115,8 @@ if named and grid0 is not None and r0.part != "cross" and s0.has_masks:
     on0 = patch_grid_masks(s0.masks, grid0).ravel() == named[0]
     print(f"its brightest patch is {'on' if on0[int(w0.argmax())] else 'off'} the {s0.objects[named[0]]['shape']} "
           f"the word names")
+
+# %%
 fig = plots.map_panel(r0.probs[h0], r0.spans, s0.image, word0, toks0,
                       f"sample {s0.id} · layer {r0.layer} · head {h0}", cross=r0.part == "cross",
                       grid=family.image_grid(model.config, inputs), grid_tokens=family.grid_tokens(model.config, inputs),
