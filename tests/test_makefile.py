@@ -34,15 +34,15 @@ def test_lab_adds_allow_root_only_for_root(euid, flag):
     assert ("--allow-root" in lab[0]) is flag
 
 
-def _run_tests():
-    import sys
+def _tool(name: str):
+    """The module ``tools/<name>.py`` (tools/ is no package: imported by path, sys.path put back)."""
+    import importlib
 
     sys.path.insert(0, str(ROOT / "tools"))
     try:
-        import run_tests
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return run_tests
 
 
 def test_make_test_runs_every_file_and_notebook_once_and_nbval_under_another_thread_count(monkeypatch, capsys):
@@ -52,7 +52,7 @@ def test_make_test_runs_every_file_and_notebook_once_and_nbval_under_another_thr
     notebooks that read another's outputs run after it in one process."""
     import subprocess as sp
 
-    run_tests = _run_tests()
+    run_tests = _tool("run_tests")
     assert re.search(r"^test: setup\n\t\$\(BIN\)/python tools/run_tests\.py", MAKEFILE, re.M)
     calls = []
 
@@ -86,7 +86,7 @@ def test_make_test_runs_every_file_and_notebook_once_and_nbval_under_another_thr
 
 def test_the_lanes_are_dealt_longest_first():
     """Two lanes, recorded costs: no lane carries more than the other plus its largest item (the longest-first rule)."""
-    run_tests = _run_tests()
+    run_tests = _tool("run_tests")
     items = run_tests._items()
     costs = {t: float(10 + 37 * i % 300) for i, t in enumerate(items["unit"] + items["nbval"])}
     lanes = run_tests.plan(2, costs=costs)
@@ -157,14 +157,6 @@ def test_the_lab_settings_are_valid_for_the_installed_jupyterlab(tmp_path):
 
 # ------------------------------------------------------------------ make help and docs/SETUP.md: one source, no typed time
 
-def _doc_numbers():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import doc_numbers
-    finally:
-        sys.path.pop(0)
-    return doc_numbers
-
 
 SETUP = ROOT / "docs" / "SETUP.md"
 
@@ -200,7 +192,7 @@ def _make_help() -> dict[str, str]:
 def test_the_setup_table_is_what_the_tool_generates_from_the_makefile():
     """docs/SETUP.md's table between its targets:begin/end comments is exactly the one tools/doc_numbers.py writes
     from the Makefile's `##` lines (`make docs`), one row per target in the Makefile's order."""
-    dn = _doc_numbers()
+    dn = _tool("doc_numbers")
     assert dn.check_targets_table(SETUP) == [], "docs/SETUP.md's table of targets was edited by hand or the Makefile's " \
                                                  "## lines changed since: `make docs` regenerates it"
     assert list(_setup_rows(SETUP.read_text())) == [t for t, _ in dn.make_help(MAKEFILE)]
@@ -208,7 +200,7 @@ def test_the_setup_table_is_what_the_tool_generates_from_the_makefile():
 
 
 def test_a_hand_edited_setup_table_fails_and_make_docs_restores_it(tmp_path):
-    dn = _doc_numbers()
+    dn = _tool("doc_numbers")
     page = tmp_path / "SETUP.md"
     text = SETUP.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| `make evaluate` |"))
@@ -237,7 +229,7 @@ def test_the_help_lines_type_no_time_by_hand():
     """Every time a `##` line gives comes from a recorded run through a marker (`make docs` refreshes it,
     test_doc_numbers checks it); `make run` and `make test` quote theirs (the notebooks' data/results/NN_*.run.json,
     data/results/make_test.json), and a target without a recorded run says so instead of an estimate."""
-    dn = _doc_numbers()
+    dn = _tool("doc_numbers")
     help_ = dict(dn.make_help(MAKEFILE))
     typed = {t: dn.unmarked_measurements(text) for t, text in help_.items() if dn.unmarked_measurements(text)}
     assert not typed, f"times typed by hand in the Makefile's ## lines (make them markers over a recorded run): {typed}"
