@@ -185,10 +185,11 @@ samples: setup
 NPROC ?= 2
 QUESTIONS ?= 2700
 MODEL ?= tiny-llava
+BUDGETS ?=
 evaluate: setup
 	rm -f outputs/evaluate/rows-rank*
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) benchmarks/evaluate.py --questions $(QUESTIONS) \
-	  --model $(MODEL)
+	  --model $(MODEL) $(if $(BUDGETS),--budgets $(BUDGETS))
 	$(BIN)/python benchmarks/evaluate.py --merge
 
 ## evaluate-reuse: the decisive runs of notebook 06's reuse targets R1-R3 and its noise-level claims G3 and G8 on 1,600
