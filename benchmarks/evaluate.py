@@ -32,7 +32,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from unicache_lib.core.errors import InputError, MissingFileError, StoreError
+from unicache_lib.core.errors import MissingFileError, StoreError
+from unicache_lib.inputs import budget_shares
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate"
@@ -44,23 +45,16 @@ KEEP = ["question", "method", "kind", "budget", "correct", "kl", "agree", "kv_fr
 
 
 def parse_budgets(spec: str | None, n_image: int | None) -> list[float]:
-    """Budgets as shares of the image tokens: ``"0.1,0.25"`` as written, ``"64t,128t"`` as token counts over the
-    model's ``n_image`` image tokens (64 of LLaVA-1.5's 576: 0.111). None: :data:`BUDGETS`."""
+    """Budgets as shares of the image tokens from ``"0.1,0.25"`` or ``"64t,128t"`` (token counts over the model's
+    ``n_image`` image tokens: :func:`~unicache_lib.inputs.budget_shares`). None: :data:`BUDGETS`."""
     if not spec:
         return list(BUDGETS)
-    out = []
-    for item in (x.strip() for x in spec.split(",") if x.strip()):
-        if item.endswith("t"):
-            if not n_image:
-                raise InputError(f"budget {item!r} counts tokens, but the model does not say how many image tokens it has "
-                                 "(config.image_seq_length): give budgets as shares, e.g. 0.1")
-            k = int(item[:-1])
-            if not 0 < k <= n_image:
-                raise InputError(f"budget {item!r}: the model has {n_image} image tokens; keep between 1 and {n_image}")
-            out.append(k / n_image)
-        else:
-            out.append(float(item))
-    return out
+    def item(x: str):
+        try:
+            return float(x)
+        except ValueError:
+            return x  # a token count ("64t"), or refused by budget_shares naming the form
+    return budget_shares([item(x.strip()) for x in spec.split(",") if x.strip()], n_image)
 
 
 def question_set(n: int, seed: int = QUESTION_SEED, notebook_n: int = 150, notebook_seed: int = 2024, size: int = 64) -> list:
@@ -275,17 +269,25 @@ def scale_targets(R: pd.DataFrame, n_image: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def shares(R: pd.DataFrame) -> pd.DataFrame:
-    """Each selection method's accuracy / the full cache's per budget, with its interval over questions (the
-    prefill-stage ``key_coverage_features`` and DivPrune beside ``key_coverage``)."""
+def shares(R: pd.DataFrame, n_image: int | None = None) -> pd.DataFrame:
+    """Each method's accuracy / the full cache's per budget, with its interval over questions: the designed policy's
+    forms, DivPrune, the controls (pooling, the downsampled picture, random, the oracle), then every other peer and
+    press."""
     from unicache_lib.kv.evaluate import share_of_full
 
     rows = []
-    for m in ("key_coverage", "key_coverage_prefill", "key_coverage_features", "divprune", "divprune_keys", "pooling",
-              "downsample"):
+    first = ["key_coverage", "key_coverage_prefill", "key_coverage_merge", "key_coverage_features", "divprune",
+             "divprune_keys", "pooling", "downsample", "random", "oracle"]
+    for m in first + sorted(set(R.method) - set(first) - {"full"}):
         for b in sorted(R[R.method == m].budget.unique()):
             iv = share_of_full(R, m, b)
-            rows.append({"method": m, "budget": b, "share_of_full": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n})
+            cell, full = R[(R.method == m) & (R.budget == b)], R[(R.method == "full") & (R.budget == b)]
+            extra = {}
+            if "prefill_ms" in R:  # runs before these columns were kept have neither
+                extra = {"prefill_vs_full": cell.prefill_ms.mean() / full.prefill_ms.mean(),
+                         "kv_fraction": cell.kv_fraction.mean()}
+            rows.append({"method": m, "budget": b, "tokens": round(b * n_image) if n_image else None,
+                         "share_of_full": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n, **extra})
     return pd.DataFrame(rows)
 
 
@@ -313,7 +315,7 @@ def main(argv=None) -> int:
         model = R.attrs["model"]  # one file per model: a run on tiny-llava-576 never replaces tiny-llava's
         claims.assign(model=model, processes=R.attrs["world"]).to_csv(decisive_file("eviction", model, args.results), index=False)
         controls.assign(model=model, n=R.attrs["n"]).to_csv(decisive_file("controls", model, args.results), index=False)
-        sh = shares(R)
+        sh = shares(R, R.attrs.get("n_image"))
         sh.assign(model=model).to_csv(decisive_file("shares", model, args.results), index=False)
         n_image = R.attrs.get("n_image")
         targets = scale_targets(R, n_image) if n_image else pd.DataFrame()

@@ -213,3 +213,32 @@ def test_stats_stride_error_runs_small_and_pairs_the_same_records(tmp_path):
     assert (errs["max |err|"] == 0).all() and len(errs) >= 10
     with pytest.raises(ValueError, match="did not capture the same sites"):
         E.error_table(tables[1], tables[1][tables[1].layer == 0])
+
+
+def test_decisive_eviction_budgets_as_token_counts_and_the_scale_targets(tmp_path):
+    """`make evaluate BUDGETS=64t,128t`: token counts become shares of the model's image tokens (refused, naming the
+    fix, when out of range or malformed), the shards carry them, and the merge decides the literature's-scale targets
+    on the rows it has (a target whose budget was not run is left out) with a verdict from its interval."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from unicache_lib.core.errors import InputError
+
+    assert E.parse_budgets("16t, 0.5", 64) == [0.25, 0.5] and E.parse_budgets(None, 64) == list(E.BUDGETS)
+    for bad, says in (("65t", "keep between 1 and 64"), ("16x", "ends in 't'"), ("1.5", r"\[0, 1\]")):
+        with pytest.raises((InputError, TypeError), match=says):
+            E.parse_budgets(bad, 64)
+    with pytest.raises(InputError, match="give the budget as a share"):
+        E.parse_budgets("64t", None)
+    E.run_shard(3, 0, 1, tmp_path / "rows", peers=False, budgets="32t,64t", progress=False)
+    R = E.merge(tmp_path / "rows")
+    assert sorted(R.budget.unique()) == [0.5, 1.0] and R.attrs["n_image"] == 64
+    T = E.scale_targets(R, R.attrs["n_image"])
+    assert set(T.tokens) == {64} and set(T.target) == {"S1", "S3", "S4"}  # S2 and S5 are at 128 tokens: not run
+    assert set(T.verdict) <= {"holds", "does not hold", "inconclusive"} and (T.n == 3).all()
+    assert (T.lo <= T.value).all() and (T.value <= T.hi).all()
+    sh = E.shares(R, 64)
+    assert {"tokens", "prefill_vs_full", "kv_fraction"} <= set(sh.columns) and set(sh.tokens) == {32, 64}
+    assert (sh.prefill_vs_full > 0).all() and (sh[sh.method == "key_coverage"].prefill_vs_full == 1).all()

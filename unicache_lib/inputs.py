@@ -406,6 +406,29 @@ def check_number(value, what: str, lo: float, hi: float) -> float:
     return v
 
 
+def budget_shares(values, n_image: int | None, what: str = "budget") -> list[float]:
+    """Budgets as shares of the image tokens: a number is a share (checked in (0, 1]); a string ``"64t"`` counts
+    tokens and becomes ``64 / n_image`` (64 of LLaVA-1.5's 576: 0.111), refused when ``n_image`` is unknown or the
+    count is outside 1..``n_image``."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise InputTypeError(f"{what}s must be a list of shares or token counts, got {values!r}; e.g. [0.1, '64t']")
+    out = []
+    for v in values:
+        if isinstance(v, str):
+            k = v.strip()[:-1] if v.strip().endswith("t") else ""
+            if not k.isdigit():
+                raise InputError(f"{what} {v!r}: a string budget counts image tokens and ends in 't', e.g. '64t'")
+            if not n_image:
+                raise InputError(f"{what} {v!r} counts tokens, but this model does not say how many image tokens it has "
+                                 "(config.image_seq_length): give the budget as a share, e.g. 0.1")
+            if not 0 < int(k) <= n_image:
+                raise InputError(f"{what} {v!r}: the model has {n_image} image tokens; keep between 1 and {n_image}")
+            out.append(int(k) / n_image)
+        else:
+            out.append(check_fraction(v, what, True, "of the image tokens kept"))
+    return out
+
+
 def check_fractions(values, what: str = "budget", upper_inclusive: bool = True, meaning: str = "") -> list[float]:
     """:func:`check_fraction` for each of ``values`` (a single number is refused: pass a list)."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):

@@ -31,7 +31,7 @@ import torch
 
 
 from .core.errors import InputError, ParameterError, UnicacheError
-from .inputs import check_fraction, check_fractions
+from .inputs import budget_shares, check_fraction, check_fractions
 from .zoo.loaders import DTYPES, SHIPPED, closest_shipped, resolve
 from .world.text import read_prompts
 from .world.samples import load
@@ -171,6 +171,17 @@ def fractions(name, v):
     return v
 
 
+def budgets(name, v):
+    """Shares of the image tokens, or token counts as ``"64t"`` (read against the model once it is loaded)."""
+    v = _as_list(name, v)
+    try:
+        if not len(budget_shares(v, 10**9, name)):
+            _fail(name, v, "must hold at least one budget")
+    except (TypeError, InputError) as e:
+        _fail(name, v, str(e))
+    return v
+
+
 def counts_or_none(name, v):
     if v is not None:
         v = _as_list(name, v)
@@ -241,7 +252,7 @@ KINDS = {
     "DEVICE": device, "DTYPE": dtype, "SEED": seed, "SAMPLE_SEED": seed, "OUT_DIR": out_dir, "SAMPLES": samples_folder, "PROMPTS": prompts_file,
     "LAYERS": layers, "LAYER": layer, "SENTENCE": text, "PICTURE_CACHE": text,
     "MEMORY_BUDGET_GB": number(), "GUIDANCE": number(), "THRESHOLD": fraction, "STRICT_THRESHOLD": fraction,
-    "BUDGETS": fractions, "FRACTIONS": fractions, "PICTURE_BUDGET": fraction, "PEERS": flag, "FEWER_STEPS": counts_or_none,
+    "BUDGETS": budgets, "FRACTIONS": fractions, "PICTURE_BUDGET": fraction, "PEERS": flag, "FEWER_STEPS": counts_or_none,
     **{k: count(1) for k in ("PER_TYPE", "ANCHOR_K", "TOP_K", "N_CAPTIONS", "N_SINGLE", "STEPS", "N_QUESTIONS", "N_GRADIENT",
                              "RANDOM_SEEDS", "N_PROMPTS", "TIMING_REPEATS", "N_EVICTION", "TIMING_PROMPTS", "REPEATS",
                              "DRIFT_CAPTIONS", "N_GEN_PROMPTS", "MAP_QUERY_STRIDE", "GEN_STATS_PROMPTS", "GEN_STEPS",
