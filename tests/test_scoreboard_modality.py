@@ -145,9 +145,13 @@ def test_show_displays_long_statements_and_rules_whole(monkeypatch):
     text, html = repr(shown[0]), shown[0]._repr_html_()
     squash = lambda s: re.sub(r"\s+", " ", s).strip()  # wrapping only adds line breaks and indentation
     flat = squash(" ".join(line[S.ScoreboardView.LABEL:] for line in text.splitlines()))  # the field labels stripped
-    assert long_rule in flat  # the 200-character text, whole
-    assert S.CLAIMS["U1"] in flat and squash("measured " * 15) in flat
+    assert squash("measured " * 15) in flat and "100 questions" in flat  # the measurement whole, the count with its unit
     assert "inconclusive" in text and "would settle it" in flat
+    # the statement and the rule: whole in the HTML; the plain text leaves them to the lesson's claims table
+    assert long_rule not in flat and S.CLAIMS["U1"] not in flat
+    b.rule("U3", "a rule", above=0.5)
+    b.measure("U3", None, note="not measurable here: no grid")
+    assert "U3 · not measurable here\n  note" in repr(b.view())  # no '-' lines for what was not measured
     assert max(len(line) for line in text.splitlines()) <= 100  # wrapped, not one endless line
     assert long_rule.replace("'", "&#x27;") in html and S.CLAIMS["U1"] in html and "pre-wrap" in html
     assert "..." not in text and "\u2026" not in text

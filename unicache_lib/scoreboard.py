@@ -324,15 +324,19 @@ class ScoreboardView(WrappedTable):
 
     HTML: a table whose cells wrap (``white-space: pre-wrap``), claims' statements and rules included.
     Plain text (:class:`~unicache_lib.tables.WrappedTable`'s): one block per claim headed by its id and verdict, each
-    field on its own wrapped lines (``width`` characters), so a statement or rule of any length appears whole; empty
-    fields, and a count or unit of ``-``, are left out.
+    field on its own wrapped lines (``width`` characters), so a measurement or note of any length appears whole; the
+    count carries its unit; empty fields, and a count of ``-``, are left out. The statement and the rule are in the
+    HTML and in the lesson's claims table (:func:`~unicache_lib.claims.claims_table`), shown beside the scoreboard,
+    so the committed text does not repeat them for every claim.
     """
 
-    FIELDS = ("statement", "measured", "value", "interval (95%)", "n", "unit", "rule", "note")
+    FIELDS = ("measured", "value", "interval (95%)", "n", "note")
     LABEL = 2 + max(len(f) for f in FIELDS) + 2  # indent, the longest field name, a gap: where the text starts
 
     def __init__(self, table, width: int = 100):
-        self.table = self.df = table  # indexed by claim id
+        self.table = table  # indexed by claim id; the HTML shows it all
+        self.df = table.assign(n=[f"{n} {u}" if str(u).strip() not in ("", "-") else str(n)  # the count with its unit
+                                  for n, u in zip(table["n"], table["unit"])])
         self.width = int(width)
 
     fields = FIELDS
@@ -342,7 +346,7 @@ class ScoreboardView(WrappedTable):
 
     def text(self, field, value) -> str | None:
         text = str(value).strip()
-        return None if not text or (field in ("n", "unit") and text == "-") else text
+        return None if not text or text == "-" or (field == "n" and text.startswith("-")) else text
 
     def _repr_html_(self) -> str:
         cols = ["claim", *self.table.columns]
