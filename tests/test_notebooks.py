@@ -226,6 +226,22 @@ def test_00_primer_on_a_cross_attention_vlm_says_what_it_cannot_draw(tmp_path):
     assert (tmp_path / "heads.png").stat().st_size > 1000
 
 
+def test_05_on_the_576_token_model_with_token_budgets(tmp_path):
+    """Notebook 05 on tiny-llava-576 with budgets as token counts (LLaVA-1.5's 64 of 576): the budgets are read against
+    the model's image tokens and labelled both ways, the 576-token decisive run (not tiny-llava's) is the one §7 and the
+    scoreboard read, and E1-E3 fall to this run where that run has no row for them."""
+    out = run_notebook("05_kv_eviction.ipynb", tmp_path, MODEL="tiny-llava-576", N_EVICTION=3, BUDGETS=["64t", 0.5],
+                       PEERS=False)
+    text = "\n".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                     for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code" for o in c.get("outputs", []))
+    assert "budgets 11% (64 tokens), 50% (288 tokens)" in text
+    board = scoreboard(tmp_path)
+    check_rows(board, "05_kv_eviction")
+    assert board["E1"]["verdict"] == "not measurable here" and board["E2"]["verdict"] == "not measurable here"
+    import re  # E4 from the 576-token run: its worst cell is at one of that run's budgets, 64 or 128 tokens
+    assert board["E4"]["n"] == 2700 and re.search(r"worst: \S+ at (11|22)%", board["E4"]["shown"])
+
+
 def test_05_kv_eviction_quick(tmp_path):
     run_notebook("05_kv_eviction.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5])
     check_first_figure(tmp_path, "05_kv_eviction.ipynb")

@@ -247,7 +247,7 @@ def out_dir(name, v):
 
 
 KINDS = {
-    "MODEL": model(), "UNDERSTANDING_MODEL": model(), "MODELS": models(), "GENERATORS": models(empty_ok=True),
+    "MODEL": model(), "UNDERSTANDING_MODEL": model(), "SCALE_MODEL": model(), "MODELS": models(), "GENERATORS": models(empty_ok=True),
     **{k: model(optional=True) for k in ("LLAVA", "VILT", "MLLAMA", "CLIP", "UNIFIED", "MMDIT", "PIXART")},
     "DEVICE": device, "DTYPE": dtype, "SEED": seed, "SAMPLE_SEED": seed, "OUT_DIR": out_dir, "SAMPLES": samples_folder, "PROMPTS": prompts_file,
     "LAYERS": layers, "LAYER": layer, "SENTENCE": text, "PICTURE_CACHE": text,

@@ -620,6 +620,38 @@ def method_style(name: str) -> dict:
             "lw": 2.5 if designed else 1.2}
 
 
+def shares_of_full(shares, methods, targets: dict | None = None, title: str = ""):
+    """Share of the full cache's accuracy with its interval, one panel per token budget (one shared x scale), a row per
+    method (at most :data:`MAX_METHODS` plus two controls). ``shares``: rows of ``method``, ``tokens``,
+    ``share_of_full``, ``lo``, ``hi`` (``make evaluate``'s shares table); ``targets``: tokens -> the bar to clear,
+    drawn dashed; the full cache (1.0) dotted."""
+    plt = _plt()
+    methods = check_methods(methods, MAX_METHODS + 2)
+    budgets = sorted(shares.tokens.unique())
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 0.42 * len(methods) + 1.2), sharey=True,
+                             sharex=True, squeeze=False)
+    for ax, tok in zip(axes[0], budgets):
+        for i, m in enumerate(methods):
+            r = shares[(shares.method == m) & (shares.tokens == tok)]
+            if not len(r):
+                continue
+            r, st = r.iloc[0], method_style(m)
+            ax.errorbar(r.share_of_full, i, xerr=[[r.share_of_full - r.lo], [r.hi - r.share_of_full]], fmt=st["marker"],
+                        color=st["color"], ms=8 if st["lw"] > 2 else 5, capsize=3)
+            ax.text(r.hi + 0.005, i, f"{r.share_of_full:.3f}", va="center", fontsize=7)
+        ax.axvline(1.0, color="0.5", lw=0.8, ls=":", label="full cache")
+        if targets and tok in targets:
+            ax.axvline(targets[tok], color="k", lw=1, ls="--", label=f"target {targets[tok]:.2f}")
+        ax.legend(fontsize=7, loc="lower left")
+        ax.set_title(f"{tok} image tokens")
+    axes[0][0].set_yticks(range(len(methods)), methods)
+    axes[0][0].invert_yaxis()
+    fig.supxlabel("share of the full cache's accuracy (95% interval over questions)", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def check_methods(names, limit: int = MAX_METHODS) -> list:
     """The methods of one chart, refused beyond ``limit`` (a chart of 18 lines teaches nothing: plot the few
     that decide, put the rest in a table)."""

@@ -236,12 +236,20 @@ mw = np.stack([[r.data["max_weight"].numpy().mean() for r in sorted(res.select(s
 fig = plots.layer_curves({"normalised entropy": ent, "mean max weight": mw}, "per-layer statistics from the store",
                          "value (0 to 1)")
 _ = plots.save(fig, out, "layer_curves")
+print("per layer, mean over samples: normalised entropy", " ".join(f"{x:.2f}" for x in ent.mean(0)),
+      "; max weight", " ".join(f"{x:.2f}" for x in mw.mean(0)))
 
 # %% [markdown]
 # **What to look at.** Two statistics read back from the store, per layer, mean over samples (band: ±1 standard
 # deviation): [normalised entropy](../docs/GLOSSARY.md#normalised-entropy) (1 = a row spread evenly) and
 # [max weight](../docs/GLOSSARY.md#max-weight) (the row's largest weight) move in opposite directions, as they should.
-# Here entropy rises with depth; 02 asks what that means. An unhealthy capture shows flat lines at exactly 1 and 1/S
+# Here entropy goes from
+# <!--num "notebooks/01_capture.ipynb#out:per layer, mean over samples: normalised entropy@0" fmt="{:.2f}"-->0.64<!--/num--> in the
+# first layer to <!--num "notebooks/01_capture.ipynb#out:per layer, mean over samples: normalised entropy" re="entropy(?: [0-9.]+)* ([0-9.]+) ;"-->0.85<!--/num-->
+# in the last, and the max weight from
+# <!--num "notebooks/01_capture.ipynb#out:per layer, mean over samples: normalised entropy" re="max weight ([0-9.]+)"-->0.36<!--/num--> to
+# <!--num "notebooks/01_capture.ipynb#out:per layer, mean over samples: normalised entropy" re="max weight(?: [0-9.]+)* ([0-9.]+)$"-->0.20<!--/num-->;
+# 02 asks what that means. An unhealthy capture shows flat lines at exactly 1 and 1/S
 # (uniform rows: wrong module or untrained model) or a band of zero width (the image is not reaching the model).
 
 
@@ -338,7 +346,7 @@ print(gaps.round(4).to_string())
 # The method claims: can the measurements be trusted before any of them feeds a cache decision?
 
 # %%
-from unicache_lib.claims import claims_table
+from unicache_lib.claims import Markdown, claims_table
 
 claims_table("01_capture")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
@@ -349,42 +357,34 @@ board.show()
 # %% [markdown]
 # ## What this run showed
 #
-# - **M1** <!--num "notebooks/01_capture.ipynb#out:M1 · " re="M1 · (.+)"-->does not hold<!--/num-->: the fp16 bias is at most
-#   <!--num "notebooks/01_capture.ipynb#out:the signed fp16 bias is at most@0"-->3e-05<!--/num-->, so you may capture in fp16/bf16 (statistics
-#   are cast to fp32 anyway).
-# - **M2** <!--num "notebooks/01_capture.ipynb#out:M2 · " re="M2 · (.+)"-->holds<!--/num-->: two captures are identical on one machine.
-# - **M3** <!--num "notebooks/01_capture.ipynb#out:M3 · " re="M3 · (.+)"-->holds<!--/num-->: batch averaging leaves a sample a Jaccard of only
-#   <!--num "notebooks/01_capture.ipynb#out:M3 · > value@0" fmt="{:.2f}"-->0.28<!--/num--> of its anchors
-#   (95% interval <!--num "notebooks/01_capture.ipynb#out:M3 · > interval (95%)" re="(\[.*\])"-->[0.2135, 0.3562]<!--/num-->): design policies on per-sample captures.
-# - **M4** is <!--num "notebooks/01_capture.ipynb#out:M4 · " re="M4 · (.+)"-->inconclusive<!--/num-->: the point differences are tiny, but the
-#   farthest interval reaches <!--num "notebooks/01_capture.ipynb#out:M4 · > interval (95%)@2" fmt="{:.4f}"-->0.0357<!--/num-->, past
-#   ±<!--const M4's threshold, written before the numbers-->0.02<!--/const-->: more samples per set (the note says how
-#   many) before comparing models at 2 decimals.
-#
-# The cell below prints the checked values these lines are filled from.
+# Written from this run's scoreboard (on your model, your numbers), then the decision table.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 import json
 
 v = board.verdicts()
-# a difference between two fp32 computations of one number is reduction-order noise: printed as a check against
-# a tolerance (docs/TESTING.md, "Checked outputs"); the exact values go to agreement.json
+# a difference between two fp32 computations of one number is reduction-order noise: checked against a tolerance
+# (docs/TESTING.md, "Checked outputs"); the exact values go to agreement.json
 AGREE_TOL = 1e-5
 agreement = {"hooks_vs_output_attentions": diff, "stats_vs_full": full_vs_stats, "recompute_vs_stats": re_vs_stats}
 (out / "agreement.json").write_text(json.dumps(agreement, indent=1))
-print(f"- Hooks and output_attentions agree exactly (max |difference| {diff:.0e}); stats and recompute modes agree with full "
-      f"maps {'within' if max(full_vs_stats, re_vs_stats) < AGREE_TOL else 'NOT within'} {AGREE_TOL:.0e}; "
-      f"stats keep {memory['full'] / memory['stats']:.0f}x less memory.")
 worst_bias = max(abs(iv.value) for iv in m1.values())
-print(f"- M1 {v['M1']}: the signed fp16 bias is at most {worst_bias:.0e}, "
-      f"{'inside' if worst_bias < BIAS else 'outside'} ±{BIAS:g}.")
-print(f"- M2 {v['M2']}: two captures differ by at most {m2.value:.0e}.")
-print(f"- M3 {v['M3']}: a sample keeps a Jaccard of {m3.value:.2f} of its top-{ANCHOR_K} anchors after batch averaging.")
 m4_note = board.table().loc["M4", "note"]  # inconclusive: the rough number of samples per set that would settle it
-print(f"- M4 {v['M4']}: the largest headline difference between two disjoint sets is {m4.value:.4f}; its 95% "
-      f"interval [{m4.lo:.4f}, {m4.hi:.4f}] has its upper bound {'above' if m4.hi >= 0.02 else 'below'} the 0.02 the "
-      f"rule needs" + (f" ({m4_note})." if m4_note else "."))
+Markdown("\n".join([
+    f"- **M1 {v['M1']}**: the signed fp16 bias is at most {worst_bias:.0e}, {'inside' if worst_bias < BIAS else 'outside'} "
+    f"±{BIAS:g}: " + ("capture in fp16/bf16 if memory needs it (statistics are cast to fp32 anyway)." if worst_bias < BIAS
+                      else "capture in fp32."),
+    f"- **M2 {v['M2']}**: two captures differ by at most {m2.value:.0e}" + (", identical on one machine." if m2.value == 0 else "."),
+    f"- **M3 {v['M3']}**: batch averaging leaves a sample a Jaccard of {m3.value:.2f} [{m3.lo:.2f}, {m3.hi:.2f}] of its "
+    f"top-{ANCHOR_K} anchors: design policies on per-sample captures.",
+    f"- **M4 {v['M4']}**: the largest headline difference between two disjoint sets is {m4.value:.4f}, its 95% interval "
+    f"[{m4.lo:.4f}, {m4.hi:.4f}] " + ("reaching past ±0.02: use more samples per set before comparing models at 2 decimals"
+                                      if m4.hi >= 0.02 else "inside ±0.02: sets compare at 2 decimals")
+    + (f" ({m4_note})." if m4_note else "."),
+    f"- Hooks and `output_attentions` agree exactly (max difference {diff:.0e}); stats and recompute modes agree with full "
+    f"maps {'within' if max(full_vs_stats, re_vs_stats) < AGREE_TOL else 'NOT within'} {AGREE_TOL:.0e}; stats keep "
+    f"{memory['full'] / memory['stats']:.0f}x less memory."]))
 
 # %%
 decisions = pd.DataFrame([

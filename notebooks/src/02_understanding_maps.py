@@ -168,8 +168,8 @@ if grids[first.id][0]:
 # multi-object samples with full maps read their own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer. The line above gives its image attention on
 # *any* object's patches per layer (the objects cover
 # <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer" re="[(]object patches are ([0-9.]+) of"-->0.05<!--/num--> of
-# the picture). Section 6 measures this on every object of every sample against an untrained control (U11:
-# <!--num "notebooks/02_understanding_maps.ipynb#out:U11 · " re="U11 · (.+)"-->inconclusive<!--/num-->).
+# the picture). One picture is not a finding: section 6 measures this on every object of every sample against an
+# untrained control (U11), and the scoreboard decides it.
 # Unhealthy: a haze at every layer, or one pattern on every picture.
 
 # %% [markdown]
@@ -220,6 +220,9 @@ rf = np.stack([r.data["read_freq_norm"].mean(0).numpy() for r in sorted((r for r
 sp0 = next(r.spans for r in recs if r.sample == s0)
 fig = plots.read_frequency_heatmap(rf, sp0, f"normalised read frequency, sample {s0}", layers=captured)
 _ = plots.save(fig, out, "read_frequency_heatmap")
+img_pos = np.flatnonzero(sp0.array == 1)  # the image block's key positions
+print(f"sample {s0}: brightest image keys over the layers (mean read frequency): "
+      + ", ".join(str(int(p)) for p in img_pos[np.argsort(rf[:, img_pos].mean(0))[::-1][:2]]))
 img_reads = np.stack([[A.image_reads(r).numpy() for r in sorted((r for r in recs if r.sample == s), key=lambda r: r.layer)]
                       for s in L["sample"].unique()])  # [samples, layers, n_image]
 fig = plots.read_frequency_heatmap(img_reads.mean(0), None, f"the text's reads over the image positions, mean of {len(img_reads)} samples",
@@ -229,8 +232,10 @@ _ = plots.save(fig, out, "image_reads_heatmap")
 # %% [markdown]
 # **What to look at.** In the first heatmap (`single-0`) the positions before the image are bright in every layer: the
 # [sink](../docs/GLOSSARY.md#sink). The colour is log10 of the raw read frequency (no chance level: a key's even share
-# differs from row to row here). Inside the image block, two positions (near keys 28 and 36) stay bright through
-# the layers: anchors. The second heatmap averages over samples, so what survives is read on *every* picture — a
+# differs from row to row here). Inside the image block, two positions (keys
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re="reads?[^:]*: ([0-9]+),"-->28<!--/num--> and
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re=", ([0-9]+)$"-->36<!--/num-->) stay bright
+# through the layers: anchors. The second heatmap averages over samples, so what survives is read on *every* picture — a
 # position bias, not content. Unhealthy: the image block dark everywhere.
 #
 # ## 4. Visual anchors
@@ -371,6 +376,9 @@ print(blocks.rename(columns=BLOCK_LABELS).round(3).T.to_string())
 fig = plots.per_layer_boxes(H.groupby(["layer", "head"]).cross_modal.mean().unstack().to_numpy(),
                             "per-head cross-modal share", "share")
 _ = plots.save(fig, out, "head_cross_modal")
+hcm = H.groupby(["layer", "head"]).cross_modal.mean()
+print(f"per-head cross-modal share: median {hcm.median():.2f}, highest head {hcm.max():.2f} (layer {hcm.idxmax()[0]}, "
+      f"head {hcm.idxmax()[1]}), lowest {hcm.min():.2f}")
 focused = H.groupby(["layer", "head"]).max_weight.mean().unstack()
 frac_focused = (focused > 0.45).mean(1)
 print("share of heads whose rows put > 0.45 on one key (on average), per layer:", frac_focused.round(2).to_dict())
@@ -379,7 +387,11 @@ print("share of heads whose rows put > 0.45 on one key (on average), per layer:"
 # **What to look at.** image→image dominates every layer, and the cross-modal share stays within
 # <!--num "notebooks/02_understanding_maps.ipynb#out:Text and image meet in every layer@0"-->0.17<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:Text and image meet in every layer@1"-->0.25<!--/num-->:
 # text and image meet in every layer (unhealthy: under ~<!--const U10's cut-off, fixed before any run-->0.05<!--/const-->,
-# a modality cut-off, notebook 07). The surprise: only layer 0 has focused heads
+# a modality cut-off, notebook 07). In the boxes, heads sit around a median of
+# <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@0" fmt="{:.2f}"-->0.21<!--/num--> with one outlier at
+# <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@1" fmt="{:.2f}"-->0.52<!--/num--> (layer
+# <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@2"-->0<!--/num-->), and the lowest head at
+# <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@4" fmt="{:.2f}"-->0.09<!--/num-->. The surprise: only layer 0 has focused heads
 # (<!--num "notebooks/02_understanding_maps.ipynb#out:share of heads whose rows put@2"-->0.12<!--/num--> of them); from layer 1 on no head averages more than
 # <!--const U8's focused-head threshold, fixed before any run-->0.45<!--/const--> on one key — the study's "a few focused
 # heads in every layer" (U8) is not this model.
@@ -484,7 +496,7 @@ _ = plots.save(fig, out, "explorer_static")
 # "partly" when some hold.
 
 # %%
-from unicache_lib.claims import claims_table
+from unicache_lib.claims import Markdown, claims_table
 
 claims_table("02_understanding_maps")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
@@ -513,47 +525,39 @@ board.show()
 #
 # ## What this run showed
 #
-# - **Depth**: rows spread out with depth, against both readings (U2a <!--num "notebooks/02_understanding_maps.ipynb#out:U2a · " re="U2a · (.+)"-->partly<!--/num-->, U2b <!--num "notebooks/02_understanding_maps.ipynb#out:U2b · " re="U2b · (.+)"-->does not hold<!--/num-->).
-# - **Reads are only mildly uneven**: the most-read tenth of image positions takes
-#   <!--num "notebooks/02_understanding_maps.ipynb#out:U1 · > value@0" fmt="{:.2f}"-->0.41<!--/num--> of the text's image reads (U1 <!--num "notebooks/02_understanding_maps.ipynb#out:U1 · " re="U1 · (.+)"-->does not hold<!--/num-->).
-# - **Anchors** sit on objects, but the sink takes more of the text's reads (U4 <!--num "notebooks/02_understanding_maps.ipynb#out:U4 · " re="U4 · (.+)"-->partly<!--/num-->); persistence is not
-#   settled (U3 <!--num "notebooks/02_understanding_maps.ipynb#out:U3 · " re="U3 · (.+)"-->inconclusive<!--/num-->).
-# - **Words**: content words barely out-read function words (U5 <!--num "notebooks/02_understanding_maps.ipynb#out:U5 · " re="U5 · (.+)"-->does not hold<!--/num-->); object words are not shown to
-#   read their own object (U11 <!--num "notebooks/02_understanding_maps.ipynb#out:U11 · " re="U11 · (.+)"-->inconclusive<!--/num-->).
-#
-# For a cache on this model: keep the sink, select image keys per layer, score them from the last prompt positions.
-# The cell below prints every finding with its numbers.
+# Written from this run's scoreboard (on your model, your numbers). On the shipped model it says, for a cache: keep the
+# sink, select image keys per layer, score them from the last prompt positions.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-v = board.verdicts()
-tab = board.table()  # the scoreboard's cells: value, 95% interval and note per claim
-SHOWN = {"holds": "shown", "does not hold": "contradicted", "partly": "partly shown"}  # else: not yet shown
-print(f"- Depth: normalised entropy goes {depth.loc['shallow', 'norm_entropy']:.2f} → {depth.loc['deep', 'norm_entropy']:.2f} "
+v, tab = board.verdicts(), board.table()  # the scoreboard's cells: value, 95% interval and note per claim
+recap, SHOWN = [], {"holds": "shown", "does not hold": "contradicted", "partly": "partly shown"}  # else: not yet shown
+recap.append(f"- **Depth**: normalised entropy goes {depth.loc['shallow', 'norm_entropy']:.2f} → {depth.loc['deep', 'norm_entropy']:.2f} "
       f"from the shallow to the deep band (U2a {v['U2a']}, U2b {v['U2b']}).")
-print(f"- Low layers: the shallow band's cross-modal share is {depth.loc['shallow', 'cross_modal']:.2f} (the claim: 0.2-0.5) "
+recap.append(f"- **Low layers**: the shallow band's cross-modal share is {depth.loc['shallow', 'cross_modal']:.2f} (the claim: 0.2-0.5) "
       f"and its normalised entropy {depth.loc['shallow', 'norm_entropy']:.2f} against the middle band's "
       f"{depth.loc['middle', 'norm_entropy']:.2f} (the claim: shallow above middle) (U13 {v['U13']}).")
-print(f"- Focused heads (rows > 0.45 on one key on average) per layer: {frac_focused.round(2).to_dict()}; the claim wants "
+recap.append(f"- **Focused heads** (rows > 0.45 on one key on average) per layer: {frac_focused.round(2).to_dict()}; the claim wants "
       f"some but not all heads focused in every layer (U8 {v['U8']}).")
-print(f"- Image reads are only mildly uneven: the top 10% of image positions take {L.top10_share.mean():.2f} of the text's "
+recap.append(f"- **Image reads are only mildly uneven**: the top 10% of image positions take {L.top10_share.mean():.2f} of the text's "
       f"image reads (chance 0.10, the claim needs 0.5: U1 {v['U1']}).")
-print(f"- That anchors persist is {SHOWN.get(v['U3'], 'not yet shown')} (U3 {v['U3']}): (a) layer {lo} vs {mid} anchor "
+recap.append(f"- **Anchors**: that anchors persist is {SHOWN.get(v['U3'], 'not yet shown')} (U3 {v['U3']}): (a) layer {lo} vs {mid} anchor "
       f"Jaccard {shallow_mid:.2f}, {shallow_mid / chance_jaccard:.1f}x chance against a bar of 3x = {3 * chance_jaccard:.3f}; "
       f"(b) within- minus across-scene-type Jaccard against a bar of 0; 95% intervals {tab.loc['U3', 'interval (95%)']}.")
-print((f"- Anchors land on objects ({obj_ratio:.1f}x chance) but the first 3 positions take more of the text's reads "
-       if not sample_set.missing(samples, "masks") else "- Where anchors land is not measurable with these samples; the first 3 "
+recap.append((f"- **Anchors** land on objects ({obj_ratio:.1f}x chance) but the first 3 positions take more of the text's reads "
+       if not sample_set.missing(samples, "masks") else "- **Anchors**: where anchors land is not measurable with these samples; the first 3 "
        "positions take more of the text's reads ")
       + f"({np.mean(sink):.2f}) than the {TOP_K} anchors ({np.mean(anchor_mass):.2f}): U4 {v['U4']}.")
-print(f"- Content vs function words and punctuation read the image {content:.2f} vs {function:.2f} (U5 {v['U5']}); "
+recap.append(f"- **Words**: content vs function words and punctuation read the image {content:.2f} vs {function:.2f} (U5 {v['U5']}); "
       f"in the deep band punctuation {flow.loc['punctuation', 'deep']:.2f}, object words {flow.loc['object', 'deep']:.2f}."
       if {"punctuation", "object"} <= set(flow.index) else "")
-print(f"- While writing captions, generated content words read the image {c_dec:.2f} vs function words and punctuation "
+recap.append(f"- **Captions**: while writing captions, generated content words read the image {c_dec:.2f} vs function words and punctuation "
       f"{f_dec:.2f} (ratio {c_dec / f_dec:.2f}, the claim needs 1.2: U6 {v['U6']}).")
-print(f"- Object words barely prefer their own object: median selectivity {sel['trained'].max():.2f} at best "
+recap.append(f"- **Object words** barely prefer their own object: median selectivity {sel['trained'].max():.2f} at best "
       f"(layer {sel['trained'].idxmax()}), below 1 (looking away) in layers {away} (U11 {v['U11']})." if not loc.empty
-      else f"- Object words' selectivity: U11 {v['U11']} (no sample with two objects and their masks).")
-print(f"- Text and image meet in every layer: cross-modal share {blocks.cross_modal.min():.2f}-{blocks.cross_modal.max():.2f} (U9 {v['U9']}).")
+      else f"- **Object words**' selectivity: U11 {v['U11']} (no sample with two objects and their masks).")
+recap.append(f"- **Text and image meet in every layer**: cross-modal share {blocks.cross_modal.min():.2f}-{blocks.cross_modal.max():.2f} (U9 {v['U9']}).")
+Markdown("\n".join(line for line in recap if line))
 
 # %% [markdown]
 # ## Measurement → what to do on your model

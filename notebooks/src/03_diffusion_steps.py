@@ -310,7 +310,8 @@ print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to 
 
 # %% [markdown]
 # **What to look at.** Coarse to fine is entropy that falls (and max weight that rises) from the first step to the
-# last. **This run**: only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
+# last. The first figure is the table above averaged over layers; the grid shows it per layer and step (each panel
+# reads left to right, early to late steps). **This run**: only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
 # early, <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@3" fmt="{:.3f}"-->0.317<!--/num--> late); the MMDiT's entropy *rises* late in blocks 0 and 1
 # (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
@@ -548,7 +549,8 @@ print("\n".join(DC.word_region_lines(loc, GENERATORS)))
 # two shape words apart whatever the colours; the study expected more overlap for same-colour pairs. **This run**:
 # PixArt's cross-attention localises (colour words <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: colour words@0"-->9.2<!--/num-->× chance), the MMDiT's joint
 # attention does not (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: colour words@0"-->0.7<!--/num-->×): word maps are a usable pointer on the cross-attention
-# model only. **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
+# model only. (G9 (a) and the decision table pool colour and shape words, so their ratios are lower for PixArt and
+# higher for the MMDiT than the colour words' alone.) **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-pixart > same@0" fmt="{:.3f}"-->0.000<!--/num-->), on which the verdict rests, measures no binding. The MMDiT, which
 # drew both objects, shows the study's direction (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit > same@0" fmt="{:.3f}"-->0.415<!--/num--> same-colour against
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit@0" fmt="{:.3f}"-->0.130<!--/num--> different-colour).
@@ -704,7 +706,7 @@ w_rows.append({"measurement": "head redundancy, generators vs understanding (G7)
                "value here": ", ".join(f"{m} {v:.2f}" for m, v in zip(GENERATORS, gen_red.mean(0))) + f" vs {u_red.mean():.2f}",
                "what it suggests on your model": "well above the understanding model: heads could share maps or be pruned",
                "notebook / parameter": "04: GENERATORS, FRACTIONS"})
-w_rows.append({"measurement": "word-region IoU / chance (G9)",
+w_rows.append({"measurement": "word-region IoU / chance, colour and shape words pooled (G9)",
                "value here": ", ".join(f"{m} {loc.loc[m].iou.sum() / loc.loc[m].chance.sum():.1f}x" for m in GENERATORS if m in loc.index.get_level_values(0)),
                "what it suggests on your model": "> 2: word maps point at objects, usable to pick image tokens; near 1: do not use them",
                "notebook / parameter": "this notebook, section 9; 02 for understanding models"})
@@ -714,7 +716,7 @@ WrappedTable(pd.DataFrame(w_rows))  # every cell whole, also as plain text
 # **Reading the table.** The study's threshold puts the knee at step 1 everywhere and at the strict one some layer
 # never settles, so no whole-step window is trustworthy: keep `step_skip`'s default head or let the strict
 # `adaptive` rule decide per step (notebook 06). Word maps are a pointer on PixArt
-# (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance (G9) > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance (G9) > value here@0"-->1.0<!--/num-->×); neither
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance, colour and shape words pooled (G9) > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance, colour and shape words pooled (G9) > value here@0"-->1.0<!--/num-->×); neither
 # side nor the image keys earn a policy of their own at this size; only PixArt's heads point to notebook 04.
 
 # %% [markdown]

@@ -353,10 +353,7 @@ board.show()
 #   <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@2" fmt="{:.2f}"-->5.86<!--/num-->), not zeroed image values. After a cache or
 #   pruning change, run image dependence beside the share, and check the answers.
 #
-# The cells below print the same from the scoreboard, then what each number suggests on your model.
-
-# %%
-print("\n".join("- " + line for line in DG.recap(roc, det, n_wrong, len(A), board)))
+# The decision table below is computed from this run: on your model it carries your numbers and what each suggests.
 
 # %%
 DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text

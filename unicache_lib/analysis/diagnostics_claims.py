@@ -5,7 +5,7 @@
 written once there); :func:`declare` writes
 them on a board. :func:`broken_variants` captures a healthy model and four deliberately broken ones;
 :func:`detector_table` runs the modality-neglect detector on each; :func:`measure_neglect` (U10) and
-:func:`measure_hallucination` (U12) record the verdicts; :func:`recap` and :func:`decisions` print the lesson's end
+:func:`measure_hallucination` (U12) record the verdicts; :func:`decisions` prints the lesson's end
 from the same tables. Intervals resample the standard samples (U10) or the held-out questions (U12).
 """
 from __future__ import annotations
@@ -120,21 +120,6 @@ def _healthy(det: pd.DataFrame) -> tuple[pd.Series, float, list[str]]:
     """The healthy model's image share per layer, its image dependence, and the breaks not forced onto the share."""
     layer_cols = [k for k in det.columns if str(k).startswith("L")]
     return det.loc[HEALTHY, layer_cols].astype(float), det.loc[HEALTHY, "image dependence (KL)"], not_by_construction(det)
-
-
-def recap(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int, board) -> list[str]:
-    """The lesson's recap, one line per claim, from this run's tables."""
-    c = roc.loc["coverage (low = suspect)"]
-    hl, dep0, others = _healthy(det)
-    return [
-        f"U12: coverage AUROC {c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}], direction {c.direction} (strength "
-                                                f"{c.strength:.2f})" if "lo" in roc else "")
-        + f", on {n_wrong} wrong answers of {n}; the model's confidence reaches {roc.loc['confidence (baseline)', 'auroc']:.2f}.",
-        f"U10: healthy lowest share {hl.min():.3f} (quiet); the detector fires on "
-        f"{', '.join(x for x in others if det.loc[x, 'fires']) or 'none'} of the {len(others)} breaks not forced onto the "
-        "share; image dependence (KL) drops to " + ", ".join(f"{x} {det.loc[x, 'image dependence (KL)']:.2f}" for x in others)
-        + f" against healthy {dep0:.2f}.",
-        f"Verdicts: {', '.join(f'{k} {r.verdict}' for k, r in board.rows.items())}."]
 
 
 def decisions(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int):
