@@ -51,7 +51,7 @@ help:
 
 ## run: execute every notebook on the shipped models: executed copies under `outputs/notebooks/`, figures and
 ##      scoreboards under `outputs/<notebook>/`
-##      (<!--num @run_minutes fmt="about {:.0f} minutes" missing="not recorded yet"-->about 25 minutes<!--/num--> on 2
+##      (<!--num @run_minutes fmt="about {:.0f} minutes" missing="not recorded yet"-->about 14 minutes<!--/num--> on 2
 ##      CPU cores: the sum of the notebooks' recorded run times, `data/results/NN_*.run.json`, the README's run column)
 run: setup
 	@mkdir -p outputs/notebooks
@@ -101,6 +101,7 @@ notebooks: setup
 	  $(BIN)/papermill --cwd . -k python3 "$$nb" "$$nb" || exit 1; \
 	  $(BIN)/python tools/record_results.py "$$nb" || exit 1; \
 	  $(BIN)/python tools/clean_nb.py "$$nb"; \
+	  $(BIN)/python tools/lesson_pictures.py "$$nb" || exit 1; \
 	  $(BIN)/python tools/doc_numbers.py --write "$$src" "$$nb" || exit 1; \
 	done
 

@@ -1,5 +1,6 @@
 """Every committed notebook is built from its paired source (notebooks/src/NN_*.py, jupytext pairing in
 notebooks/jupytext.toml): a source edit without a rebuild, or a notebook edit without its source, fails here."""
+import sys
 from pathlib import Path
 
 import jupytext
@@ -166,3 +167,19 @@ def test_scaffold_check_catches_a_starter_without_a_gap_or_with_papermill():
     ran[1].outputs = [v4.new_output("error", ename="E", evalue="", traceback=[])]
     assert any("raised" in p for p in scaffold_problems(good, ran, {"1": 0.1, "2": 9.0, "3": 0.1}))
     assert any("9.0 s" in p for p in scaffold_problems(good, ran, {"1": 0.1, "2": 9.0, "3": 0.1}))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_lesson_opens_on_its_picture(nb):
+    """#46: cell 0 ends on the lesson's picture (what you will learn, then the figure), and that picture is the committed
+    run's own first figure: docs/figures/<lesson>.png equals the output of the cell that saves it
+    (tools/lesson_pictures.py, run by make notebooks), so it cannot drift from the run."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import lesson_pictures as LP
+    finally:
+        sys.path.pop(0)
+    cell0 = nbformat.read(nb, as_version=4).cells[0]
+    assert cell0.cell_type == "markdown" and cell0.source.rstrip().endswith(LP.link(nb.stem))
+    assert (ROOT / "docs" / "figures" / f"{nb.stem}.png").read_bytes() == LP.picture(nb), \
+        f"docs/figures/{nb.stem}.png is not {nb.name}'s first figure: python tools/lesson_pictures.py {nb}"

@@ -330,17 +330,19 @@ def test_08_leaves_a_model_out_by_parameter(tmp_path):
     assert board["A3"]["verdict"] != "not measurable here"
 
 
-FIRST_FIGURES = {  # lesson -> (the names its first figure is saved under, what that figure must show to teach)
-    "00_primer.ipynb": (["image_in_the_map"], "overlay"),  # its first picture with an image (the toy bars come before)
-    "01_capture.ipynb": (["one_map"], "overlay"),
-    "02_understanding_maps.ipynb": (["object_word_over_layers"], "overlay"),
-    "03_diffusion_steps.ipynb": (["first_look_tiny-mmdit", "first_look_tiny-pixart"], "overlay"),
-    "04_head_pruning.ipynb": (["head_scores"], "one scale"),
-    "05_kv_eviction.ipynb": (["what_each_rule_keeps"], "answers"),
-    "06_step_reuse.ipynb": (["gallery_tiny-mmdit", "gallery_tiny-pixart"], "psnr"),
-    "07_diagnostics.ipynb": (["right_and_wrong"], "overlay"),
-    "08_architectures.ipynb": (["attention_layouts"], "named"),
-}
+def _lesson_pictures():
+    """tools/lesson_pictures.py, where each lesson's first figure is named once (tools/ is no package)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        return importlib.import_module("lesson_pictures")
+    finally:
+        sys.path.pop(0)
+
+
+FIRST_FIGURES = {f"{k}.ipynb": v for k, v in _lesson_pictures().FIRST_FIGURES.items()}  # lesson -> (names, what it shows)
 
 
 def check_first_figure(out: Path, nb: str):

@@ -22,6 +22,7 @@ docs/FORKING.md, "Publishing the course as a website"."""
 from __future__ import annotations
 
 import argparse
+import base64
 import html
 import io
 import json
@@ -348,6 +349,11 @@ class Site:
             path, _, frag = url.partition("#")
             path = path.split("?", 1)[0]
             rel = posixpath.normpath(posixpath.join(base, path)) if not path.startswith("/") else path.lstrip("/")
+            if m.group(1).lower().startswith("<img") and rel.lower().endswith((".png", ".jpg", ".jpeg")) \
+                    and not rel.startswith("..") and (self.root / rel).is_file() and self.tracked(self.root / rel):
+                mime = "image/png" if rel.lower().endswith(".png") else "image/jpeg"  # a picture: inlined, like the outputs
+                data = base64.b64encode((self.root / rel).read_bytes()).decode()
+                return m.group(1) + f"data:{mime};base64,{data}" + m.group(3)
             if rel == "." or rel.startswith(".."):
                 target = None
             else:

@@ -17,6 +17,8 @@
 # [sink](../docs/GLOSSARY.md#sink), [KV cache](../docs/GLOSSARY.md#kv-cache).
 #
 # **Needs**: nothing before it; a minute on 2 CPU cores; any supported vision-language model (`MODEL`).
+#
+# ![This lesson's first figure, from its last run](../docs/figures/00_primer.png)
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"

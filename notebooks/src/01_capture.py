@@ -13,6 +13,8 @@
 # mask, × uniform); nothing run before it. The shipped `tiny-llava` on CPU, or a checkpoint of any supported family
 # ([docs/MODELS.md](../docs/MODELS.md)) as `MODEL`, on `DEVICE` in `DTYPE`. Convention: `text->image` means text
 # queries reading image keys.
+#
+# ![This lesson's first figure, from its last run](../docs/figures/01_capture.png)
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"          # shipped name, local path or hub id of a supported vision-language model

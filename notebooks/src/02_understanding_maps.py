@@ -17,6 +17,8 @@
 # [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer) (part `cross`), so the block split (§7) and
 # word-class shares (§5) read "not measurable here" there. Everything below reads from this run's stores: re-plotting
 # never re-runs the model.
+#
+# ![This lesson's first figure, from its last run](../docs/figures/02_understanding_maps.png)
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"

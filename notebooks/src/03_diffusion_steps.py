@@ -18,6 +18,8 @@
 # Terms: [phase](../docs/GLOSSARY.md#phase) (early = the first <!--const the phase boundaries, a definition fixed before any run-->20%<!--/const-->
 # of the steps, middle = up to <!--const the phase boundaries, a definition fixed before any run-->60%<!--/const-->, late = the rest),
 # [CFG](../docs/GLOSSARY.md#cfg), [IoU](../docs/GLOSSARY.md#iou). `X->Y` = queries of X reading keys of Y.
+#
+# ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% tags=["parameters"]
 GENERATORS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or diffusers pipeline folders

@@ -17,6 +17,8 @@
 # half: chance; 0: perfect *the other way*). **Image share of text queries' reads** (the detector's signal): of the
 # attention text queries spend on the context, the part on image keys, per layer — not 02's `text->image`, a share
 # of the *whole* map.
+#
+# ![This lesson's first figure, from its last run](../docs/figures/07_diagnostics.png)
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"

@@ -13,6 +13,8 @@
 # coloured shapes: 64×64 images, 8×8 patches) or on checkpoints of the same families, one parameter each (`LLAVA`,
 # `VILT`, `MLLAMA`, `CLIP`, `UNIFIED`, `MMDIT`, `PIXART`; `None` leaves one out). Terms:
 # [the glossary](../docs/GLOSSARY.md). `text->image` = text queries reading image keys.
+#
+# ![This lesson's first figure, from its last run](../docs/figures/08_architectures.png)
 
 # %% tags=["parameters"]
 LLAVA = "tiny-llava"          # a concat VLM (LLaVA-1.5, Qwen2-VL, Gemma 3, ...), or None
