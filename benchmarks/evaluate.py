@@ -42,6 +42,7 @@ FULL = 2700            # the size E1-E4's notes ask for; smaller runs never repl
 QUESTION_SEED = 9000   # not 7000 (the design set), not SEED + 2024 (the notebook's), not 12345 (the model card's)
 BUDGETS = (0.1, 0.25, 0.5, 0.75)
 KEEP = ["question", "method", "kind", "budget", "correct", "kl", "agree", "kv_fraction", "kv_bytes", "prefill_ms"]
+TIMING = ["prefill_ms"]  # wall-clock: the one column in which a merged run and a one-process run may differ
 
 
 def parse_budgets(spec: str | None, n_image: int | None) -> list[float]:
@@ -102,7 +103,7 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = 
     ids = shard_samples(list(range(n)), rank, world)
     t0 = time.perf_counter()
     R = run_eviction(model, processor, [qas[i] for i in ids], list(budgets), _policies(),
-                     press_factories() if peers else None, seed=0, progress=progress)
+                     press_factories() if peers else None, seed=0, progress=progress, question_ids=ids)
     R["question"] = [ids[i] for i in R["question"]]
     R = R[KEEP]
     meta = {"n": n, "rank": rank, "world": world, "model": model_name, "peers": peers, "budgets": list(budgets),

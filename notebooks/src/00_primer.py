@@ -200,7 +200,9 @@ if maps:
 # **What to look at.** Left (log10 scale): the prompt tokens *before* the image (the first a sink) are the bright
 # column right of the border. Image rows (top) read the image and those tokens, never the later question; bright
 # stripes inside are patches many rows read (02's anchors). Text rows (bottom) split their weight between image and
-# text. Right, in × uniform: the word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num-->
+# text: of all attention, image→image takes
+# <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@0"-->0.69<!--/num--> and text→image
+# <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@3"-->0.09<!--/num-->. Right, in × uniform: the word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num-->
 # of its weight on the image, its top patch <!--num "notebooks/00_primer.ipynb#out:of its weight on the@3"-->5.3<!--/num-->×
 # uniform; the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.13<!--/num--> of
 # that weight while covering <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.05<!--/num--> of the
@@ -226,7 +228,7 @@ if maps:
 # | heads with different entropies | score and budget heads one by one, never by their mean (02, 04) |
 # | a word's reading of the picture in × uniform | which image keys a question needs (02 measures it on many samples) |
 #
-# Terms: **causal mask** (01 checks it), **modality blocks** (02, 08), **× uniform** (01, 02, 03), **KV cache** (05).
+# Terms: **causal mask** (§2 above), **modality blocks** (02, 08), **× uniform** (01, 02, 03), **KV cache** (05).
 
 # %% [markdown]
 # ## Exercises

@@ -263,7 +263,7 @@ print("per layer, mean over samples: normalised entropy", " ".join(f"{x:.2f}" fo
 # | nothing recorded, or nonsense | hook on the wrong module | error naming the module and what to hook |
 # | weights are `None` | model runs sdpa / flash | error naming the fix (eager, or mode `recompute`) |
 # | anchors blur | batch > 1 averaged together | padded batches are refused; measure per sample (M3) |
-# | entropy off in the 3rd decimal | statistics computed in fp16 (the study's claim, M1) | everything is cast to fp32 |
+# | entropy off in the 3rd decimal | statistics computed in fp16 (the study's claim, M1; this run's bias is at most <!--num "notebooks/01_capture.ipynb#out:the signed fp16 bias is at most@0"-->3e-05<!--/num-->, so M1 does not hold here) | everything is cast to fp32 anyway |
 #
 # *Anchors* are, per sample and layer, the image positions the text reads most (the top `ANCHOR_K`;
 # [glossary](../docs/GLOSSARY.md#anchors)); two anchor sets are compared by their [Jaccard](../docs/GLOSSARY.md#jaccard)

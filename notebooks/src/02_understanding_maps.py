@@ -204,10 +204,10 @@ print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d
       f"distance deep / shallow: {depth.loc['deep', 'distance'] / depth.loc['shallow', 'distance']:.2f}")
 
 # %% [markdown]
-# **Reading the curves.** The study expects entropy *falling* with depth (U2b) or distance *rising* (U2a). Neither
-# happens here: deep minus shallow entropy is
-# <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@0" fmt="{:+.3f}"-->+0.172<!--/num--> (rows spread out), max weight
-# falls, distance barely moves (deep / shallow
+# **Reading the curves.** The study expects deep layers to spread out and reach further (U2a) or to focus (U2b).
+# Only the spreading half happens here: deep minus shallow entropy is
+# <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@0" fmt="{:+.3f}"-->+0.172<!--/num--> (rows spread out, U2a's (b)), max weight
+# falls (no focusing, against U2b), distance barely moves (U2a's (a)) (deep / shallow
 # <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->). Different, not broken:
 # unhealthy would be entropy pinned near 1 in every layer, or near 0.
 #

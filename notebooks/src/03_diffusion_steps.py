@@ -354,16 +354,6 @@ for ax, (m, p) in zip(axes[0], views):
 fig.tight_layout()
 _ = plots.save(fig, out, "adjacent_similarity")
 
-# %% [markdown]
-# **What to look at.** A curve good for reuse starts low and climbs over the threshold at the knee; one that never
-# clears it must be computed every step. **This run**: the lowest adjacent-step cosine of any layer is
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> on the MMDiT and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
-# on PixArt, so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> the knee is step
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@2"-->1<!--/num--> for every layer. That threshold cannot tell these layers apart: with
-# 64 image tokens adjacent steps are nearly identical from the start (the study's early
-# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images). Only the strict line cuts
-# through the curves; the table gives the knees at both.
-
 # %%
 # NBVAL_CHECK_OUTPUT
 short_T = T[T.kind == "short"]
@@ -378,6 +368,16 @@ for m in GENERATORS:
         f"at {t:g} " + (f"every layer has settled by step {w['start']}: whole steps {w['start']}..{STEPS - 2} could be reused "
                         f"({w['reusable']} of {STEPS})" if w["start"] is not None else "some layer never settles: no whole-step reuse")
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
+
+# %% [markdown]
+# **What to look at.** A curve good for reuse starts low and climbs over the threshold at the knee; one that never
+# clears it must be computed every step. **This run**: the lowest adjacent-step cosine of any layer is
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> on the MMDiT and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
+# on PixArt, so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> the knee is step
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@2"-->1<!--/num--> for every layer. That threshold cannot tell these layers apart: with
+# 64 image tokens adjacent steps are nearly identical from the start (the study's early
+# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images). Only the strict line cuts
+# through the curves; the table above gives the knees at both.
 
 # %% [markdown]
 # ## 5. How hard does the prompt pull, step by step? (G6)

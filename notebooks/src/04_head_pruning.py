@@ -384,12 +384,11 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** These verdicts concern a 4-layer, 8-head model answering one-word questions; a 7B
-# model, where the study saw its figures, has far more slack.
+# **Reading the scoreboard.** These verdicts concern a 4-layer, 8-head model; a 7B model has far more slack.
 #
 # ## Recap: what this notebook showed on the shipped models
 #
-# What transfers is the method: **score, mask exactly, measure on real answers, compare with random**.
+# What transfers: **score, mask exactly, measure real answers, compare with random**.
 #
 # - **Scores** (§1): the statistics agree with one another, moderately with the gradient, hardly at all with the
 #   weight norms.
@@ -401,8 +400,8 @@ board.show()
 #   line (inconclusive).
 # - **P2 is inconclusive**: averaged over the pruned fractions, the combined statistics only tie the data-free weight
 #   norms (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@2" fmt="{:.3f}"-->0.855<!--/num-->): a cache's own statistics are no better a pruning score here.
-# - **P3 is partly** (§3): layer 0's near-uniform heads matter for the answers, but so do random ones; the deeper
-#   layers move no more than under random removal.
+# - **P3 is partly** (§3): layer 0's near-uniform heads matter, but so do random ones; deeper layers move no
+#   more than under random removal.
 # - **Generators** (§4): on PixArt the combined statistics sit below random's mean from
 #   <!--const FRACTIONS, a parameter-->20%<!--/const--> pruned on, inside its band: not settled on this run. **Physical
 #   pruning** (§5) matches the mask exactly, but speeds up only the heads' share of the forward.
@@ -476,7 +475,7 @@ else:
         print(f"{band} band, {int((keep == 0).sum())} most diffuse heads pruned: accuracy {accuracy(keep):.2f}")
 
 # %%
-# Exercise 2 starter: a scorer of your own, registered, swept beside gradient (§2) on the first exercise's questions
+# Exercise 2 starter: a scorer of your own, registered, swept beside gradient (§2) on 100 held-out questions
 from unicache_lib.pruning import HeadScorer  # noqa: E402
 from unicache_lib.pruning.scorers.base import register  # noqa: E402
 my_score = ...  # <- fill in: a function ctx -> float array [layers, heads], high = keep (e.g. from ctx.records)
@@ -491,11 +490,12 @@ else:
             def score(self, ctx):
                 return my_score(ctx)  # the function filled in above, looked up when scored
     mine = {n: scores[n] for n in ("gradient", "attention_combined")} | {"my_scorer": SCORERS["my_scorer"]()(ctx)}
-    U2 = E.sweep_understanding(model, processor, space, mine, [0.0, 0.1, 0.2, 0.3], few_qas, few_ref, progress=False)
+    U2 = E.sweep_understanding(model, processor, space, mine, [0.0, 0.1, 0.2, 0.3], qas[:100], ref_logp[:100],
+                               progress=False)
     print(U2.pivot_table(index="scorer", columns="fraction", values="accuracy").round(3).to_string())
 
 # %%
-# Exercise 3 starter: the gradient scorer from fewer questions, against random, on the first exercise's questions
+# Exercise 3 starter: the gradient scorer from fewer questions, against random, on 100 held-out questions
 n_grad = ...  # <- fill in: how many of the gradient questions (grad_qas) the scorer may use
 if n_grad is ...:
     print(f"Fill in `n_grad`, then run this cell again (§2 used N_GRADIENT = {N_GRADIENT}).")
@@ -503,7 +503,7 @@ else:
     few = {f"gradient n={n_grad}": SCORERS["gradient"]()(ScoringContext(
         space, loss_fns=E.understanding_loss_fns(model, processor, grad_qas[:n_grad]), seed=SEED)),
         **{f"random#{s}": scores[f"random#{s}"] for s in range(RANDOM_SEEDS)}}
-    U3 = E.sweep_understanding(model, processor, space, few, [0.1, 0.2, 0.3], few_qas, few_ref, progress=False)
+    U3 = E.sweep_understanding(model, processor, space, few, [0.1, 0.2, 0.3], qas[:100], ref_logp[:100], progress=False)
     U3["family"] = U3.scorer.str.replace(r"#\d+$", "", regex=True)
     print(U3.groupby("family").accuracy.mean().round(3).to_string())
 

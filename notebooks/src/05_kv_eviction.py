@@ -175,8 +175,8 @@ for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accur
     for method in plots.check_methods(SHOWN):
         g = R[R.method == method].groupby("budget")[metric].mean()
         ax.plot(g.index, g.values, label=method, ls="--" if method.startswith("kvpress:") else "-", **plots.method_style(method))
-    ax.set(xlabel="image KV budget (share of image positions kept)", ylabel=lab, xscale="log")
-    ax.set_xticks(BUDGETS, [CC.budget_label(b, N_IMAGE, "\n") for b in BUDGETS])
+    ax.set(xlabel="image KV budget (share of image positions kept; tokens)", ylabel=lab, xscale="log")
+    ax.set_xticks(BUDGETS, [f"{b:.0%}" + (f"\n{round(b * N_IMAGE)}" if N_IMAGE else "") for b in BUDGETS])
     ax.xaxis.set_minor_locator(NullLocator())  # only the budgets are labelled (no log minor labels among them)
 axes[0].axhline(full_acc, color="k", lw=0.8, ls=":", label="full cache (accuracy)")
 fig.suptitle(f"KV eviction on {MODEL}, n = {len(qas)} held-out questions: the designed policy (red), the "
@@ -185,11 +185,16 @@ fig.tight_layout()
 plots.shared_legend(fig, axes, ncol=7, fontsize=8)
 _ = plots.save(fig, out, "eviction")
 
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"n = {len(qas)} questions per row")
+print(S[["accuracy", "agree", "kl", "kv_fraction", "retained"]].round(3).to_string())
+
 # %% [markdown]
 # **What to look at.** Red is always the designed policy. Healthy: a line flat on the dotted full-cache level, bending
 # only at the far left, KL near 0, "same answer" near 1 — `key_coverage` and DivPrune. The expected-attention press
 # (dashed), the best press up to 50%, bends earlier. Whether a rule is *below* `random` is decided on paired intervals in the lines printed after the table.
-# Pooling is the lowest line drawn at 10% and 25%, but not below every method that selects tokens: in the table
+# Pooling is the lowest line drawn at 10% and 25%, but not below every method that selects tokens: in the table above
 # StreamingLLM
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > policy > streaming@1" fmt="{:.3f}"-->0.353<!--/num-->)
 # and the knorm press
@@ -203,11 +208,6 @@ _ = plots.save(fig, out, "eviction")
 # below its
 # <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > policy > pooling > 0.25@1" fmt="{:.3f}"-->0.700<!--/num-->
 # at 25%.
-
-# %%
-# NBVAL_CHECK_OUTPUT
-print(f"n = {len(qas)} questions per row")
-print(S[["accuracy", "agree", "kl", "kv_fraction", "retained"]].round(3).to_string())
 
 # %% [markdown]
 # **How to read the table.** `accuracy`: exact match with the reference answer; `agree`: the share of answers equal to
@@ -622,26 +622,17 @@ else:
     print(sh576[sh576.method.isin(SCALE_SHOWN)][cols].round(3).to_string(index=False))
 
 # %% [markdown]
-# **Reading it** (the committed decisive run, `benchmarks/results/evaluate_targets_tiny-llava-576.csv`). At 64 tokens
-# the dropping `key_coverage` keeps <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
-# [<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].lo" fmt="{:.3f}"-->0.975<!--/num-->, <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].hi" fmt="{:.3f}"-->0.989<!--/num-->] of full accuracy (S1:
-# <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].verdict"-->holds<!--/num-->), its merging twin <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_merge].value" fmt="{:.3f}"-->0.989<!--/num-->
-# (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_merge].verdict"-->holds<!--/num-->), the prefill-stage form <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_prefill].value" fmt="{:.3f}"-->0.954<!--/num-->
-# (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_prefill].verdict"-->does not hold<!--/num-->). At 128: <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage].value" fmt="{:.3f}"-->0.990<!--/num-->
-# (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage].verdict"-->inconclusive<!--/num-->), merging <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage_merge].value" fmt="{:.3f}"-->0.995<!--/num-->
-# (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage_merge].verdict"-->holds<!--/num-->), prefill-stage <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage_prefill].value" fmt="{:.3f}"-->0.978<!--/num-->
-# (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage_prefill].verdict"-->does not hold<!--/num-->). Against DivPrune at 64 tokens: <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S3,method=key_coverage,tokens=64].value" fmt="{:+.3f}"-->+0.029<!--/num-->
-# (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S3,method=key_coverage,tokens=64].verdict"-->holds<!--/num-->); against the downsampled picture:
-# <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S4,method=key_coverage,tokens=64].value" fmt="{:+.3f}"-->+0.238<!--/num--> (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S4,method=key_coverage,tokens=64].verdict"-->holds<!--/num-->).
-# The prefill-stage form's prefill at 128 tokens takes <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S5,method=key_coverage_prefill].value" fmt="{:.2f}"-->0.36<!--/num-->× the
-# full prefill (S5: <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S5,method=key_coverage_prefill].verdict"-->does not hold<!--/num-->).
+# **Reading it.** At 64 tokens the dropping cover keeps <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
+# [<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].lo" fmt="{:.3f}"-->0.975<!--/num-->, <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].hi" fmt="{:.3f}"-->0.989<!--/num-->] of full accuracy (S1 <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].verdict"-->holds<!--/num-->),
+# merging <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_merge].value" fmt="{:.3f}"-->0.989<!--/num-->; at 128, <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage].value" fmt="{:.3f}"-->0.990<!--/num-->
+# (S2 <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage].verdict"-->inconclusive<!--/num-->) and <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage_merge].value" fmt="{:.3f}"-->0.995<!--/num--> (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage_merge].verdict"-->holds<!--/num-->).
+# The prefill-stage form misses S1, S2 and S5 (its prefill <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S5,method=key_coverage_prefill].value" fmt="{:.2f}"-->0.36<!--/num-->× the full one).
 
 # %% [markdown]
 # **What changes at 576 tokens.** On tiny-llava, E2 (≥ <!--const E2's threshold-->97%<!--/const--> at 10%, six tokens)
 # <!--num data/results/05_kv_eviction.json#[claim=E2].verdict-->does not hold<!--/num-->; at 64 of 576 tokens the same dropping cover
-# clears that bar (S1 above): a dropping rule falls short at six tokens (merging clears it there), not at the
-# literature's budgets. E1's bar (≥ <!--const E1's threshold-->99%<!--/const-->) at 128 tokens
-# is S2: undecided for the dropping cover, cleared by merging. E4 holds here too (worst peer cell
+# clears that bar (S1): dropping falls short at six tokens, not at the literature's budgets. E1's bar (≥ <!--const E1's threshold-->99%<!--/const-->) at 128 tokens
+# is S2: undecided for dropping, cleared by merging. E4 holds here too (worst peer cell
 # <!--num "benchmarks/results/evaluate_eviction_tiny-llava-576.csv#[claim=E4].value" fmt="{:+.3f}"-->+0.010<!--/num--> [<!--num "benchmarks/results/evaluate_eviction_tiny-llava-576.csv#[claim=E4].lo" fmt="{:+.3f}"-->+0.003<!--/num-->, <!--num "benchmarks/results/evaluate_eviction_tiny-llava-576.csv#[claim=E4].hi" fmt="{:+.3f}"-->+0.017<!--/num-->]), and
 # the gaps widen: at 64 tokens DivPrune keeps <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=divprune,tokens=64].share_of_full" fmt="{:.3f}"-->0.951<!--/num-->, the expected-attention
 # press <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=kvpress:expected_attention,tokens=64].share_of_full" fmt="{:.3f}"-->0.703<!--/num-->, SnapKV's press
@@ -653,11 +644,10 @@ else:
 # prefill costs more here (<!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=key_coverage_prefill,tokens=64].share_of_full" fmt="{:.3f}"-->0.954<!--/num--> at 64), and S5 misses:
 # the tower still encodes all 576 patches, so even pooling, which chooses nothing, prefills at
 # <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=pooling,tokens=128].prefill_vs_full" fmt="{:.2f}"-->0.32<!--/num-->× — the floor for any prefill-stage rule on this model. On LLaVA-1.5 the
-# 576 patches pass a 24-layer tower once, but its 32-layer language model dominates, so the prefill-stage saving is
-# larger there: measure it on your model (`prefill_vs_full` in `benchmarks/results/evaluate_shares_*.csv`).
-# U7 changes: this notebook run on `tiny-llava-576` (150 questions, `benchmarks/results/05_kv_eviction_tiny-llava-576.json`) finds the
-# shallow-locality assignment *behind* the swapped one, <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].value" scale=100 fmt="{:+.1f}"-->-4.4<!--/num--> points
-# [<!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].lo" scale=100 fmt="{:+.1f}"-->-9.8<!--/num-->, <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].hi" scale=100 fmt="{:+.1f}"-->-0.4<!--/num-->]: U7 <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].verdict"-->does not hold<!--/num--> there (inconclusive on tiny-llava).
+# 32-layer language model dominates the tower, so the saving is larger there: measure it on your model (`prefill_vs_full` in `benchmarks/results/evaluate_shares_*.csv`).
+# U7 changes: this notebook on `tiny-llava-576` (`benchmarks/results/05_kv_eviction_tiny-llava-576.json`) finds
+# shallow locality *behind* the swapped assignment, <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].value" scale=100 fmt="{:+.1f}"-->-4.4<!--/num--> points
+# [<!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].lo" scale=100 fmt="{:+.1f}"-->-9.8<!--/num-->, <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].hi" scale=100 fmt="{:+.1f}"-->-0.4<!--/num-->]: U7 <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].verdict"-->does not hold<!--/num--> there (on tiny-llava: inconclusive).
 
 # %% [markdown]
 # ## Recap: what this notebook showed on the shipped model

@@ -170,10 +170,8 @@ fig.tight_layout()
 _ = plots.save(fig, out, "hallucination_signal")
 
 # %% [markdown]
-# **How to read the table and the histograms.** Healthy for the claim: the orange (wrong) coverage histogram sits to
-# the *left* of the blue one, the AUROC's interval above chance. Unhealthy: the histograms overlap (interval across chance)
-# — or the wrong answers sit to the *right* (AUROC below chance: they read the image *more*). The lines below are
-# printed from this run's numbers.
+# **How to read the histograms.** For the claim, wrong answers' coverage (orange) sits *left* of the right answers'
+# (AUROC above chance); to the right, they read the image *more*.
 
 # %%
 n_wrong = int(wrong.sum())
@@ -245,9 +243,8 @@ fig.tight_layout()
 _ = plots.save(fig, out, "neglect_detector")
 
 # %% [markdown]
-# **How to read the detector.** A healthy curve stays well above the dashed <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const--> line in every layer, with a large
-# image dependence (last column); neglect is a curve dropping under the line. The question is whether the detector
-# sees the three breaks that are *not* forced onto the share. The lines below are printed from this run's numbers.
+# **How to read the detector.** Healthy: every layer well above the dashed <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const--> line, with a large image
+# dependence (last column); neglect: a curve under it.
 
 # %%
 hl = det.loc["healthy", layer_cols].astype(float)
@@ -265,6 +262,16 @@ for n in [n for n in det.index if n not in ("healthy", masked_name)]:
               f".correct.mean() with the healthy model's {A.correct.mean():.3f}")))
 print(f"{masked_name}: fires {bool(det.loc[masked_name, 'fires'])} from layer {det.loc[masked_name, 'first cut-off layer']} "
       "(by construction: it zeroes the very share the detector reads).")
+
+# %% [markdown]
+# **This run.** The healthy model's lowest layer reads the image at
+# <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@0"-->0.394<!--/num-->, far above the cut-off. The share misses all three breaks it is
+# not forced to see (zeroed features: lowest <!--num "notebooks/07_diagnostics.ipynb#out:zeroed features: fires@0"-->0.251<!--/num-->; blank image:
+# <!--num "notebooks/07_diagnostics.ipynb#out:blank image: fires@0"-->0.294<!--/num-->; zeroed image values: <!--num "notebooks/07_diagnostics.ipynb#out:zeroed image values: fires@0"-->0.394<!--/num-->).
+# Image dependence catches the first two (KL <!--num "notebooks/07_diagnostics.ipynb#out:zeroed features: fires@1" fmt="{:.3f}"-->0.000<!--/num--> and
+# <!--num "notebooks/07_diagnostics.ipynb#out:blank image: fires@1" fmt="{:.3f}"-->0.014<!--/num--> against a healthy
+# <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@2" fmt="{:.2f}"-->5.86<!--/num-->), not the third, which keeps
+# <!--num "notebooks/07_diagnostics.ipynb#out:zeroed image values: fires@2"-->56<!--/num-->% of it.
 
 # %% [markdown]
 # ## 3. One call, one report
@@ -378,8 +385,7 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 #    AUROC — its direction, whether its interval excludes chance, and whether you have enough wrong answers to decide U12.
 
 # %%
-# Exercise 1 starter: image attention masked from another layer; accuracy on 200 of the questions, the detector on
-# five standard samples, beside the unmasked model
+# What exercises 1 and 3 share: 200 of the questions, five standard samples, and the accuracy of a question list
 import copy  # noqa: E402
 import dataclasses  # noqa: E402
 from unicache_lib.capture.runner import capture_samples  # noqa: E402
@@ -394,6 +400,9 @@ def accuracy(questions):
     return E.understanding_metrics(lp, lp, processor, questions)["accuracy"]
 
 
+# %%
+# Exercise 1 starter: image attention masked from another layer; accuracy on 200 of the questions, the detector on
+# five standard samples, beside the unmasked model
 from_layer = ...  # <- fill in: the first layer whose text queries may no longer read the image
 if from_layer is ...:
     print(f"Fill in `from_layer`, then run this cell again (§2's variant masked from {MASK_FROM_LAYER}).")

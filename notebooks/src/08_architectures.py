@@ -578,6 +578,13 @@ if drawings:
           f"share goes from {first:.2f} after the first token to {last:.2f} at the last (mean over drawings)")
 
 # %% [markdown]
+# **Reading it.** Janus drew <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@0"-->4<!--/num--> of
+# <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@1"-->4<!--/num--> pictures in the asked colour and
+# <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@2"-->4<!--/num--> of those in the asked place; while drawing, its image share
+# climbs from <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@3" fmt="{:.2f}"-->0.09<!--/num--> to
+# <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@4" fmt="{:.2f}"-->0.79<!--/num-->: a drawing reads mostly itself.
+
+# %% [markdown]
 # ## 12. Claims scoreboard
 
 # %%

@@ -43,7 +43,7 @@ def _future(atts, n_context: int) -> list[torch.Tensor]:
 
 
 def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | None = None, seed: int = 0,
-                 progress: bool | None = None, batch_size: int = 1) -> pd.DataFrame:
+                 progress: bool | None = None, batch_size: int = 1, question_ids=None) -> pd.DataFrame:
     """Columns: question, method, kind (``policy`` / ``kvpress``), budget, correct, agree (same answer as
     the full cache), kl (KL(full || evicted) at the first answer token), kv_bytes, kv_fraction (of the
     full cache), ms (question + answer on the compressed cache), retained (share of the question's
@@ -59,6 +59,9 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     answers come from one forward per batch (:mod:`~.batch`); ``ms`` and ``prefill_ms`` are then the batch's time
     divided by its size. Prefill-stage policies and kvpress presses still run one question at a time. Answers equal
     batch 1's; ``kl`` agrees to float rounding. Families :func:`~.batch.check_batchable` refuses need ``batch_size=1``.
+
+    ``question_ids``: each question's id in a larger set (a shard of a decisive run), so a seeded policy (``random``)
+    draws ``seed + id`` and a sharded run equals a one-process one; default: its place in ``qas``.
     """
     check_fractions(budgets, "budget", meaning="of the image tokens kept")  # before any question runs
     budgets = list(budgets)
@@ -68,8 +71,11 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
         raise InputError(f"{fam.name}: kvpress presses compress self-attention caches during prefill; the image KV of a "
                          f"cross-attention VLM lives in its cross-attention layers, which the presses do not touch. "
                          f"Run without peers (PEERS=False).")
-    run = _EvictionRun(model, processor.tokenizer, budgets, policies, peers, seed)
     qas = list(qas)
+    ids = list(range(len(qas))) if question_ids is None else [int(i) for i in question_ids]
+    if len(ids) != len(qas):
+        raise InputError(f"question_ids has {len(ids)} ids for {len(qas)} questions: give one per question")
+    run = _EvictionRun(model, processor.tokenizer, budgets, policies, peers, seed, ids)
     if batch_size == 1:
         for qi, q in enumerate(bar(qas, progress, desc="eviction")):
             run.batch([(qi, q, split_prompt(processor, q.scene.uint8(), q.question, model=model))])
@@ -90,8 +96,9 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
 class _EvictionRun:
     """The rows of :func:`run_eviction`, one batch of questions at a time (a batch of one: the batch-1 path)."""
 
-    def __init__(self, model, tok, budgets, policies, peers, seed):
+    def __init__(self, model, tok, budgets, policies, peers, seed, ids):
         self.model, self.tok, self.budgets, self.policies, self.peers, self.seed = model, tok, budgets, policies, peers, seed
+        self.ids = ids  # question index -> the id its seeded draws use
         self.rows: dict[int, list] = {}
         self.skipped: dict[str, str] = {}
 
@@ -109,7 +116,7 @@ class _EvictionRun:
         else:
             refs, atts = answer_batch(model, fulls, sps, output_attentions=True)
         futures = [_future(a, p.context().seq_len) for a, p in zip(atts, pres)]
-        ctxs = [p.context(seed=self.seed + qi, future=f) for (qi, _, _), p, f in zip(items, pres, futures)]
+        ctxs = [p.context(seed=self.seed + self.ids[qi], future=f) for (qi, _, _), p, f in zip(items, pres, futures)]
         t0 = time.perf_counter()
         if one:
             prefill(model, sps[0], attentions=False)
