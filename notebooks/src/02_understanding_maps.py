@@ -377,6 +377,8 @@ print("shares of the whole map's attention mass (the four blocks sum to 1; X→Y
 print(blocks.rename(columns=BLOCK_LABELS).round(3).T.to_string())
 fig = plots.per_layer_boxes(H.groupby(["layer", "head"]).cross_modal.mean().unstack().to_numpy(),
                             "per-head cross-modal share", "share")
+fig.axes[0].axhline(0.05, color="r", ls="--", lw=0.8, label="0.05: a modality cut-off (07)")
+fig.axes[0].legend(fontsize=7)
 _ = plots.save(fig, out, "head_cross_modal")
 hcm = H.groupby(["layer", "head"]).cross_modal.mean()
 print(f"per-head cross-modal share: median {hcm.median():.2f}, highest head {hcm.max():.2f} (layer {hcm.idxmax()[0]}, "

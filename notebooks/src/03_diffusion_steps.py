@@ -284,11 +284,12 @@ def per_step(df, col):
     return df.groupby(["sample", "step"])[col].mean().unstack("step").to_numpy()
 
 views = [(m, p) for m in GENERATORS for p in sorted(T[T.model == m].part.unique())]
-fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 3.2), squeeze=False)
+fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 3.2), squeeze=False, sharey=True)  # one scale
 for ax, (m, p) in zip(axes[0], views):
     d = T[(T.model == m) & (T.part == p) & (T.kind == "short")]
     plots.step_curves({"entropy": per_step(d, "img_entropy"), "max weight": per_step(d, "img_max")},
                       f"{m} · {p}", "image-query rows", ax=ax)
+axes[0][0].set_ylim(0, 1)  # both are shares: 0 to 1 on every panel
 fig.tight_layout()
 _ = plots.save(fig, out, "entropy_per_step")
 
@@ -297,7 +298,8 @@ fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 2.8), squeeze
 for ax, (m, p) in zip(axes[0], views):
     d = T[(T.model == m) & (T.part == p) & (T.kind == "short")]
     grid = d.groupby(["layer", "step"]).img_entropy.mean().unstack("step")
-    plots.layer_step_grid(grid.to_numpy(), f"{m} · {p}: entropy", "normalised entropy", ax=ax, layers=list(grid.index))
+    plots.layer_step_grid(grid.to_numpy(), f"{m} · {p}: entropy", "normalised entropy", ax=ax, layers=list(grid.index),
+                          vmin=0.0, vmax=1.0)  # one colour scale on every panel
 fig.tight_layout()
 _ = plots.save(fig, out, "layer_step_grid")
 

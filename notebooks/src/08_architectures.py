@@ -211,6 +211,8 @@ for role, g in Pr.groupby("model", sort=False):
     axes[1].plot(c.index, c.norm_entropy, label=role, **styles[role])
 axes[0].set(title="text queries' share on image keys", xlabel="relative depth (0 = first layer)", ylabel="share")
 axes[1].set(title="normalised entropy of the reading queries", xlabel="relative depth", ylabel="entropy / log(keys)")
+for ax in axes:
+    ax.set_ylim(0, 1)  # a share and a normalised entropy: the whole 0-1 range on both panels
 plots.shared_legend(fig, axes, ncol=4)
 _ = plots.save(fig, out, "reading_by_depth")
 
