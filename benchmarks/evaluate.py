@@ -86,8 +86,8 @@ def _policies():
 
 def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = "tiny-llava", peers: bool = True,
               budgets=BUDGETS, progress: bool | None = None) -> Path:
-    """``budgets``: shares, or a :func:`parse_budgets` spec (``"64t,128t"``) read against the loaded model."""
-    """Rows of this rank's questions (global question ids), written atomically; returns the file."""
+    """Rows of this rank's questions (global question ids), written atomically; returns the file. ``budgets``: shares,
+    or a :func:`parse_budgets` spec (``"64t,128t"``) read against the loaded model."""
     from unicache_lib.kv.evaluate import run_eviction
     from unicache_lib.kv.peers import press_factories
     from unicache_lib.store import shard_samples
@@ -322,9 +322,9 @@ def main(argv=None) -> int:
         model = R.attrs["model"]  # one file per model: a run on tiny-llava-576 never replaces tiny-llava's
         claims.assign(model=model, processes=R.attrs["world"]).to_csv(decisive_file("eviction", model, args.results), index=False)
         controls.assign(model=model, n=R.attrs["n"]).to_csv(decisive_file("controls", model, args.results), index=False)
-        sh = shares(R, R.attrs.get("n_image"))
+        n_image = R.attrs.get("n_image")  # None for a run written before it was recorded: no token columns, no targets
+        sh = shares(R, n_image)
         sh.assign(model=model).to_csv(decisive_file("shares", model, args.results), index=False)
-        n_image = R.attrs.get("n_image")
         targets = scale_targets(R, n_image) if n_image else pd.DataFrame()
         if len(targets):
             targets.assign(model=model).to_csv(decisive_file("targets", model, args.results), index=False)
