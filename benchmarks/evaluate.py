@@ -88,6 +88,7 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = 
               budgets=BUDGETS, progress: bool | None = None) -> Path:
     """Rows of this rank's questions (global question ids), written atomically; returns the file. ``budgets``: shares,
     or a :func:`parse_budgets` spec (``"64t,128t"``) read against the loaded model."""
+    from unicache_lib.families import family_of
     from unicache_lib.kv.evaluate import run_eviction
     from unicache_lib.kv.peers import press_factories
     from unicache_lib.store import shard_samples
@@ -97,7 +98,7 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = 
     from unicache_lib.world.questions import scene_size
 
     model, processor = load_understanding(model_name, attn_implementation="eager")
-    n_image = getattr(model.config, "image_seq_length", None)
+    n_image = family_of(model).image_tokens_per_picture(model.config)
     budgets = parse_budgets(budgets, n_image) if isinstance(budgets, str) else list(budgets)
     qas = question_set(n, size=scene_size(model))
     ids = shard_samples(list(range(n)), rank, world)

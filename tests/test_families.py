@@ -450,3 +450,20 @@ def test_a_family_file_registers_itself_as_the_error_message_says():
         FAMILIES.pop("Toy", None)
         sys.modules.pop("unicache_lib.families.zz_toy_family_for_test", None)
     assert len(FAMILIES) == 13
+
+
+def test_image_tokens_per_picture_is_the_count_the_processor_placed_or_none(case):
+    """The count a token budget ("64t") is a share of: where the adapter states a fixed count per picture, it is
+    exactly the image tokens the processor placed for one picture; a family whose count varies with the picture
+    (tiles, dynamic resolution) states None, and a token budget on it is refused naming the fix."""
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.inputs import budget_shares
+
+    name, model, sdpa, proc, inputs, fam, image = case
+    n = fam.image_tokens_per_picture(model.config)
+    if n is None:
+        with pytest.raises(InputError, match="give the budget as a share"):
+            budget_shares(["64t"], n)
+        return
+    assert not fam.cross_attention and inputs["pixel_values"].shape[0] == 1
+    assert fam.spans(model.config, inputs["input_ids"], inputs).n_image == n

@@ -76,7 +76,7 @@ family = family_of(model)
 qas = (heldout_set(N_EVICTION, seed=SEED + 2024, size=scene_size(model)) if SAMPLES is None  # drawn at the tower's size
        else sample_set.as_questions(sample_set.load(SAMPLES))[:N_EVICTION])  # your folder: its first N_EVICTION
 NEW = CC.NEW
-N_IMAGE = getattr(model.config, "image_seq_length", None)  # image tokens per picture (LLaVA-1.5: 576); None: it varies
+N_IMAGE = family.image_tokens_per_picture(model.config)  # image tokens per picture (LLaVA-1.5: 576); None: it varies
 BUDGETS = budget_shares(BUDGETS, N_IMAGE)  # "64t" -> 64 / N_IMAGE
 print(f"{MODEL} ({family.name}): {len(qas)} questions; policies: {', '.join(POLICIES)}; budgets "
       + ", ".join(CC.budget_label(b, N_IMAGE) for b in BUDGETS))

@@ -250,6 +250,11 @@ class VLMFamily:
         """How many image tokens the processor should have placed for ``inputs`` (None = no check)."""
         return None
 
+    def image_tokens_per_picture(self, config) -> int | None:
+        """The image tokens one picture always becomes (LLaVA-1.5: 576), what a budget of ``"64t"`` is a share of;
+        None where the count varies with the picture (tiles, dynamic resolution), and token budgets are refused."""
+        return None
+
     def spans(self, config, input_ids, inputs: dict | None = None) -> Spans:
         """Modality of every position of the language model's self-attention sequence."""
         n = self.expected_image_tokens(config, inputs or {})

@@ -20,7 +20,10 @@ class Gemma3(VLMFamily):
 
     def expected_image_tokens(self, config, inputs):
         pv = inputs.get("pixel_values")
-        return None if pv is None else int(pv.shape[0]) * int(config.mm_tokens_per_image)
+        return None if pv is None else int(pv.shape[0]) * self.image_tokens_per_picture(config)
+
+    def image_tokens_per_picture(self, config):
+        return int(config.mm_tokens_per_image)
 
     def image_grid(self, config, inputs):
         side = math.isqrt(int(config.mm_tokens_per_image))

@@ -29,7 +29,10 @@ class Janus(VLMFamily):
         return model.model.vision_model
 
     def expected_image_tokens(self, config, inputs):
-        return int(config.vision_config.num_image_tokens) if inputs.get("pixel_values") is not None else None
+        return self.image_tokens_per_picture(config) if inputs.get("pixel_values") is not None else None
+
+    def image_tokens_per_picture(self, config):
+        return int(config.vision_config.num_image_tokens)
 
     def image_grid(self, config, inputs):
         v = config.vision_config

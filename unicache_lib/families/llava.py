@@ -37,8 +37,12 @@ class Llava(VLMFamily):
     model_class = "LlavaForConditionalGeneration"
 
     def expected_image_tokens(self, config, inputs):
+        n = self.image_tokens_per_picture(config)
+        return n if n and inputs.get("pixel_values") is not None else None
+
+    def image_tokens_per_picture(self, config):
         n = getattr(config, "image_seq_length", None)
-        return int(n) if n and inputs.get("pixel_values") is not None else None
+        return int(n) if n else None
 
     def image_grid(self, config, inputs):
         v = config.vision_config
@@ -88,6 +92,9 @@ class LlavaNext(Llava):
     def expected_image_tokens(self, config, inputs):
         return None
 
+    def image_tokens_per_picture(self, config):
+        return None  # tiles and newlines: the count follows the picture's size (config.image_seq_length is not it)
+
     def image_grid(self, config, inputs):
         return None
 
@@ -120,6 +127,9 @@ class LlavaOnevision(Llava):
 
     def expected_image_tokens(self, config, inputs):
         return None
+
+    def image_tokens_per_picture(self, config):
+        return None  # tiles and newlines: the count follows the picture's size (config.image_seq_length is not it)
 
     def image_grid(self, config, inputs):
         return None

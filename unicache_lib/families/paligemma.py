@@ -17,8 +17,11 @@ class PaliGemma(VLMFamily):
 
     def expected_image_tokens(self, config, inputs):
         pv = inputs.get("pixel_values")
+        return None if pv is None else int(pv.shape[0]) * self.image_tokens_per_picture(config)
+
+    def image_tokens_per_picture(self, config):
         v = config.vision_config
-        return None if pv is None else int(pv.shape[0]) * (v.image_size // v.patch_size) ** 2
+        return (v.image_size // v.patch_size) ** 2
 
     def image_grid(self, config, inputs):
         v = config.vision_config

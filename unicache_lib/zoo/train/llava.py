@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import LlavaForConditionalGeneration
 
+from ...families import family_of
 from ...world.questions import TRAIN_QTYPES, heldout_set, question_images, score_answers, score_captions  # noqa: F401
 from ...world.text import CAPTION_QUESTION, QA, caption, make_qa
 from .. import tiny_llava as tl
@@ -43,7 +44,7 @@ def patch_labels(qa: QA, patch: int = PATCH) -> np.ndarray:
 
 
 def n_image_tokens(model) -> int:
-    return int(model.config.image_seq_length)
+    return family_of(model).image_tokens_per_picture(model.config)  # the LLaVA adapter's count (image_seq_length)
 
 
 def sample_batch(rng, n, single_only=False, caption_rate=0.16, weights=None, exists_negatives="hard", size=IMAGE_SIZE):
