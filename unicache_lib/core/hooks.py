@@ -99,17 +99,22 @@ def processors(modules: dict, make):
 
 @contextmanager
 def model_hook(module: torch.nn.Module, name: str, new_forward):
-    """Replace ``module``'s forward for the block with ``new_forward(original_forward, *args, **kwargs)``,
-    registered as ``name`` in the module's diffusers ``HookRegistry`` (forward hooks still run around it).
-    A hook already registered under ``name`` is refused rather than replaced."""
-    class _Forward(diffusers.hooks.ModelHook):
-        def new_forward(self, mod, *args, **kwargs):
-            return new_forward(self.fn_ref.original_forward, *args, **kwargs)
+    """Replace ``module``'s forward for the block, registered as ``name`` in the module's diffusers ``HookRegistry``
+    (forward hooks still run around it). ``new_forward``: a function ``new_forward(original_forward, *args,
+    **kwargs)``, or a :class:`~diffusers.hooks.ModelHook` registered as it is. A hook already registered under
+    ``name`` is refused rather than replaced."""
+    if isinstance(new_forward, diffusers.hooks.ModelHook):
+        hook = new_forward
+    else:
+        class _Forward(diffusers.hooks.ModelHook):
+            def new_forward(self, mod, *args, **kwargs):
+                return new_forward(self.fn_ref.original_forward, *args, **kwargs)
+        hook = _Forward()
 
     registry = diffusers.hooks.HookRegistry.check_if_exists_or_initialize(module)
     if registry.get_hook(name) is not None:
         raise InputError(f"a hook named {name!r} is already on this {type(module).__name__}: remove it first")
-    registry.register_hook(_Forward(), name)
+    registry.register_hook(hook, name)
     try:
         yield
     finally:

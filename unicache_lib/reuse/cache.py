@@ -29,12 +29,10 @@ processors that may keep their text keys and values its ``text_kv_processors``):
   above): full compute, counted as a full call.
 
 A step-level policy (``policy.level == "step"``, e.g. ``step_skip``) is asked once per transformer call
-instead: the transformer's ``forward`` is replaced for the run through diffusers' ``HookRegistry``
-(:func:`~unicache_lib.core.hooks.model_hook`; removed on exit, also on error); a
-computed call's output is kept with its timestep, a skipped call returns the policy's extrapolation from
-the kept outputs in the same form as the model's (a tensor, a tuple whose first item is the prediction, or
-an output object with ``.sample``). Work is counted in attention calls all the same: a skipped transformer
-call skips every attention module once.
+instead, by :class:`~unicache_lib.reuse.diffusers_hook.StepReuseHook` (the driver the diffusers hook
+``step_skip`` uses too) registered in diffusers' ``HookRegistry`` for the run (removed on exit, also on
+error), its steps counted by this cache's ``on_step_begin``. Work is counted in attention calls all the same:
+a skipped transformer call skips every attention module once.
 
 Processors are restored on exit, also on error.
 """
@@ -46,12 +44,13 @@ from contextlib import ExitStack
 
 import torch
 
-from ..core.errors import InputError, InputTypeError
+from ..core.errors import InputError
 from ..core.hooks import ProcessorWrapper, model_hook, processors
 from ..core.models import unwrap
 from ..core.similarity import cosine
 from ..families import UnsupportedModelError
 from ..gen_families import gen_family_of
+from .diffusers_hook import StepReuseHook
 
 
 def module_kinds(transformer) -> dict[str, str]:
@@ -113,8 +112,8 @@ class _ReuseProcessor(ProcessorWrapper):
         a = self.arguments(args, kwargs)
         h, e = a.get("hidden_states"), a.get("encoder_hidden_states")
         if not torch.is_tensor(h):  # a call this wrapper cannot read: pass it through, as a full compute
-            rc.work += 1.0
-            rc.calls += 1
+            rc._work += 1.0
+            rc._calls += 1
             return self.orig(attn, *args, **kwargs)
         if self.kind == "joint" and e is not None:
             rc._n_text = int(e.shape[1])
@@ -122,69 +121,19 @@ class _ReuseProcessor(ProcessorWrapper):
         sim = float(cosine(h.flatten(), self.inp.flatten())) if not fresh and pol.uses_similarity else math.nan
         d = pol.decide(rc.step, rc.n_steps, sim, key=self.name)
         if d == "reuse" and not fresh:
-            rc.calls += 1
+            rc._calls += 1
             return self.out
         if d == "reuse_text" and not fresh:
             got = self._image_side(attn, h, e, a.get("attention_mask"), a.get("image_rotary_emb"), args, kwargs)
             if got is not None:
-                rc.work += got[1]
-                rc.calls += 1
+                rc._work += got[1]
+                rc._calls += 1
                 return got[0]
         out = self.orig(attn, *args, **kwargs)
         self.out, self.inp = out, h.detach()
-        rc.work += 1.0
-        rc.calls += 1
+        rc._work += 1.0
+        rc._calls += 1
         return out
-
-
-def _prediction(out) -> torch.Tensor:
-    """The model's prediction in a transformer's output: a tensor, a tuple's first item, or ``.sample``."""
-    if torch.is_tensor(out):
-        return out
-    if isinstance(out, tuple) and out and torch.is_tensor(out[0]):
-        return out[0]
-    if torch.is_tensor(getattr(out, "sample", None)):
-        return out.sample
-    raise InputTypeError(f"cannot find the prediction in a transformer output of type {type(out).__name__}: "
-                    "expected a tensor, a tuple whose first item is one, or an object with .sample")
-
-
-def _with_prediction(template, pred: torch.Tensor):
-    """``template`` (a kept output) with its prediction replaced by ``pred``, in the same form."""
-    if torch.is_tensor(template):
-        return pred
-    if isinstance(template, tuple):
-        return (pred,) + tuple(template[1:])
-    if hasattr(template, "keys"):  # a diffusers BaseOutput (an ordered dict dataclass)
-        return type(template)(**{**dict(template.items()), "sample": pred})
-    raise InputTypeError(f"cannot rebuild a transformer output of type {type(template).__name__}")
-
-
-def step_call(policy, history: tuple[list, list], step: int, n_steps: int, t: float, orig, args, kwargs):
-    """One transformer call under a step-level policy: ``(output, computed)``. ``history``: this call slot's
-    ``([timesteps], [(prediction, output)])``, oldest first, updated in place (the last few kept). A skipped
-    call returns the policy's extrapolation from the history in the model's output form; a call is computed
-    when the policy says so, the history is too short, the timestep was seen, or the batch changed (a new
-    batch clears the history). Shared by :class:`ReuseCache` and the diffusers hook
-    (:mod:`unicache_lib.reuse.diffusers_hook`), so both make the same calls and the same outputs."""
-    ts, outs = history
-    d = policy.decide(step, n_steps, math.nan, key="transformer")
-    if d not in ("compute", "reuse"):
-        raise InputError(f"step-level policy {policy.name!r} answered {d!r}; expected 'compute' or 'reuse'")
-    h = kwargs.get("hidden_states", args[0] if args else None)
-    same_batch = bool(outs) and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])
-    if d == "reuse" and same_batch and len(outs) >= policy.min_history and t not in ts:
-        return _with_prediction(outs[-1][1], policy.extrapolate(ts, [o[0] for o in outs], t)), False
-    out = orig(*args, **kwargs)
-    pred = _prediction(out)
-    if outs and outs[-1][0].shape != pred.shape:  # another batch: the history does not apply
-        ts.clear()
-        outs.clear()
-    ts.append(t)
-    outs.append((pred.detach(), out))
-    keep = max(3, policy.min_history)
-    del ts[:-keep], outs[:-keep]
-    return out, True
 
 
 class ReuseCache:
@@ -207,12 +156,10 @@ class ReuseCache:
             self.targets = gen_family_of(self.transformer).modules(self.transformer)
         self.step = 0
         self.t = math.nan
-        self.work = 0.0
-        self.calls = 0
-        self.forward_calls = self.forward_computed = 0  # step level: transformer calls made / actually run
+        self._work = 0.0  # attention level: work done / calls made, counted by the processors
+        self._calls = 0
         self._n_text = None
-        self._call_in_step = 0
-        self._history: dict = {}  # step level: call index within a step -> ([timesteps], [outputs])
+        self._hook = None  # step level: the StepReuseHook driving the run
         self._stack: ExitStack | None = None
 
     def on_step_begin(self, step, timestep):
@@ -224,12 +171,21 @@ class ReuseCache:
         self.step = step
         self._last_step = max(getattr(self, "_last_step", -1), step)
         self.t = float(timestep)
-        self._call_in_step = 0
 
     @property
     def computed_fraction(self) -> float:
         """Attention work done / attention calls made (1.0 = nothing reused)."""
         return self.work / self.calls if self.calls else math.nan
+
+    @property
+    def calls(self) -> int:
+        """Attention calls made (step level: a transformer call stands for every attention module once)."""
+        return self._calls + self.forward_calls * max(1, len(self.targets))
+
+    @property
+    def work(self) -> float:
+        """Attention work done, in full attention calls."""
+        return self._work + self.forward_computed * max(1, len(self.targets))
 
     @property
     def processor_fraction(self) -> float:
@@ -240,8 +196,9 @@ class ReuseCache:
 
     def __enter__(self):
         if self.level == "step":  # in diffusers' HookRegistry, beside its own caches
+            self._hook = StepReuseHook(self.policy, self.n_steps, clock=self._clock)
             self._stack = ExitStack()
-            self._stack.enter_context(model_hook(self.transformer, "unicache_reuse", self._step_forward))
+            self._stack.enter_context(model_hook(self.transformer, "unicache_reuse", self._hook))
             return self
 
         fam, kinds = gen_family_of(unwrap(self.transformer)), module_kinds(self.transformer)
@@ -250,20 +207,18 @@ class ReuseCache:
                                              lambda name, orig: _ReuseProcessor(self, orig, name, kinds[name], fam)))
         return self
 
-    def _step_forward(self, orig, *args, **kwargs):
-        """The transformer's forward under a step-level policy (see the module doc)."""
-        n_attn = max(1, len(self.targets))
-        key = self._call_in_step  # a pipeline calling the model twice per step keeps two histories
-        self._call_in_step += 1
-        t = self.t if math.isfinite(self.t) else float(self.step)
-        self.forward_calls += 1
-        self.calls += n_attn
-        out, computed = step_call(self.policy, self._history.setdefault(key, ([], [])), self.step, self.n_steps, t,
-                                  orig, args, kwargs)
-        if computed:
-            self.forward_computed += 1
-            self.work += n_attn
-        return out
+    def _clock(self) -> tuple[int, float]:
+        return self.step, (self.t if math.isfinite(self.t) else float(self.step))
+
+    @property
+    def forward_calls(self) -> int:
+        """Step level: transformer calls made."""
+        return self._hook.calls if self._hook else 0
+
+    @property
+    def forward_computed(self) -> int:
+        """Step level: transformer calls actually run."""
+        return self._hook.computed if self._hook else 0
 
     def __exit__(self, *exc):
         self._stack.close()

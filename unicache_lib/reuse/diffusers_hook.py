@@ -20,9 +20,9 @@ starts a new run (a pipeline called again without a reset). Timesteps must fall 
 supported pipeline (SD3 / SD3.5, PixArt, Flux, Sana). A run with more steps than ``num_inference_steps`` is
 refused; one that ends with fewer (img2img with ``strength < 1``, another step count) gets a warning naming the
 count to pass, because its schedule was laid out for another run. The decisions and the extrapolation are
-:class:`~unicache_lib.reuse.policies.step_skip.StepSkip`'s, made by the same function
-(:func:`~unicache_lib.reuse.cache.step_call`) as :class:`~unicache_lib.reuse.cache.ReuseCache`, so the
-images are the same as the workbench's (tests: ``torch.equal`` where the transformer receives the
+:class:`~unicache_lib.reuse.policies.step_skip.StepSkip`'s, made by :class:`StepReuseHook`, the one driver of
+step-level reuse (:class:`~unicache_lib.reuse.cache.ReuseCache` registers the same hook, counting steps by the
+sampler's callback instead of the timestep), so the images are the same as the workbench's (tests: ``torch.equal`` where the transformer receives the
 sampler's timesteps; a pipeline that rescales them, e.g. Flux's ``t / 1000``, agrees to float rounding).
 
 :func:`calibrate_step_skip` chooses the schedule's stride and damping for a pipeline from a few prompts.
@@ -30,6 +30,7 @@ sampler's timesteps; a pipeline that rescales them, e.g. Flux's ``t / 1000``, ag
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from dataclasses import asdict
 
@@ -37,10 +38,9 @@ import numpy as np
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
-from ..core.errors import InputError
+from ..core.errors import InputError, InputTypeError
 from ..inputs import check_count
 from ..quality import psnr
-from .cache import step_call
 from .policies.step_skip import StepSkip
 
 HOOK_NAME = "step_skip"
@@ -68,20 +68,52 @@ class StepSkipConfig(StepSkip):
         return "".join("C" if c else "." for c in self.schedule(self.num_inference_steps))
 
 
-class StepSkipHook(ModelHook):
-    """The hook :func:`apply_step_skip` registers. ``calls`` / ``computed``: transformer calls made / run,
-    counted over every pipeline call since it was applied (not reset between runs)."""
+def _prediction(out) -> torch.Tensor:
+    """The model's prediction in a transformer's output: a tensor, a tuple's first item, or ``.sample``."""
+    if torch.is_tensor(out):
+        return out
+    if isinstance(out, tuple) and out and torch.is_tensor(out[0]):
+        return out[0]
+    if torch.is_tensor(getattr(out, "sample", None)):
+        return out.sample
+    raise InputTypeError(f"cannot find the prediction in a transformer output of type {type(out).__name__}: "
+                         "expected a tensor, a tuple whose first item is one, or an object with .sample")
+
+
+def _with_prediction(template, pred: torch.Tensor):
+    """``template`` (a kept output) with its prediction replaced by ``pred``, in the same form."""
+    if torch.is_tensor(template):
+        return pred
+    if isinstance(template, tuple):
+        return (pred,) + tuple(template[1:])
+    if hasattr(template, "keys"):  # a diffusers BaseOutput (an ordered dict dataclass)
+        return type(template)(**{**dict(template.items()), "sample": pred})
+    raise InputTypeError(f"cannot rebuild a transformer output of type {type(template).__name__}")
+
+
+class StepReuseHook(ModelHook):
+    """The one driver of step-level reuse: a step-level policy (``policy.level == "step"``) asked once per
+    transformer call. A skipped call returns the policy's extrapolation from the kept outputs in the model's
+    output form; a call is computed when the policy says so, the history is too short, the timestep was seen,
+    or the batch changed (a new batch clears the history). Calls within one step (a pipeline that runs the
+    two guidance branches as two calls) each keep their own history.
+
+    Steps are counted from the timestep the transformer receives (see the module doc), or, with ``clock``,
+    from ``clock() -> (step, t)``, a sampler's own count (:class:`~unicache_lib.reuse.cache.ReuseCache`).
+    ``calls`` / ``computed``: transformer calls made / actually run, since the hook was made."""
 
     _is_stateful = True
 
-    def __init__(self, config: StepSkipConfig):
+    def __init__(self, policy, num_inference_steps: int, clock=None):
         super().__init__()
-        self.config = self.policy = config
+        self.policy, self.num_inference_steps, self.clock = policy, num_inference_steps, clock
         self.calls = self.computed = 0
         self._timestep_at = None
         self.reset_state(None)
 
     def initialize_hook(self, module):
+        if self.clock is not None:
+            return module
         params = list(inspect.signature(module.forward).parameters)  # still the model's own forward here
         if "timestep" not in params:
             raise InputError(f"{type(module).__name__}.forward takes no `timestep` argument (it takes {params}): "
@@ -91,9 +123,8 @@ class StepSkipHook(ModelHook):
         return module
 
     def reset_state(self, module):
-        n = self.config.num_inference_steps
-        if 0 <= getattr(self, "step", -1) < n - 1:
-
+        n = self.num_inference_steps
+        if self.clock is None and 0 <= getattr(self, "step", -1) < n - 1:
             warnings.warn(f"step_skip was applied for num_inference_steps={n} but the run had {self.step + 1} steps: "
                           f"its schedule was laid out for another run (the last steps it meant to compute were not "
                           f"reached). Apply it with StepSkipConfig(num_inference_steps={self.step + 1})", stacklevel=2)
@@ -106,24 +137,58 @@ class StepSkipHook(ModelHook):
             raise InputError("the transformer was called without a timestep: step_skip cannot tell the steps apart")
         return float(torch.as_tensor(ts).reshape(-1)[0])
 
-    def new_forward(self, module, *args, **kwargs):
+    def _advance(self, module, args, kwargs) -> float:
+        """Move to the step this call belongs to; its timestep."""
+        if self.clock is not None:
+            step, t = self.clock()
+            if step != self.step:
+                self.step, self._slot = step, 0
+            return t
         t = self._timestep(args, kwargs)
         if self._t is None or t != self._t:
             if self._t is not None and t > self._t:  # timesteps fall within a run: a rise is a new run
                 self.reset_state(module)
             self.step, self._t, self._slot = self.step + 1, t, 0
-        n = self.config.num_inference_steps
+        n = self.num_inference_steps
         if self.step >= n:
             raise InputError(f"step_skip was applied for num_inference_steps={n} but the pipeline ran step {self.step + 1}: "
                              f"its schedule is for another run. Apply it again with StepSkipConfig(num_inference_steps="
                              f"<the steps you pass the pipeline>)")
-        slot = self._slot
+        return t
+
+    def new_forward(self, module, *args, **kwargs):
+        t = self._advance(module, args, kwargs)
+        policy, slot = self.policy, self._slot
         self._slot += 1
-        out, computed = step_call(self.policy, self._history.setdefault(slot, ([], [])), self.step, n, t,
-                                  self.fn_ref.original_forward, args, kwargs)
         self.calls += 1
-        self.computed += computed
+        ts, outs = self._history.setdefault(slot, ([], []))  # oldest first, the last few kept
+        d = policy.decide(self.step, self.num_inference_steps, math.nan, key="transformer")
+        if d not in ("compute", "reuse"):
+            raise InputError(f"step-level policy {policy.name!r} answered {d!r}; expected 'compute' or 'reuse'")
+        h = kwargs.get("hidden_states", args[0] if args else None)
+        same_batch = bool(outs) and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])
+        if d == "reuse" and same_batch and len(outs) >= policy.min_history and t not in ts:
+            return _with_prediction(outs[-1][1], policy.extrapolate(ts, [o[0] for o in outs], t))
+        out = self.fn_ref.original_forward(*args, **kwargs)
+        self.computed += 1
+        pred = _prediction(out)
+        if outs and outs[-1][0].shape != pred.shape:  # another batch: the history does not apply
+            ts.clear()
+            outs.clear()
+        ts.append(t)
+        outs.append((pred.detach(), out))
+        keep = max(3, policy.min_history)
+        del ts[:-keep], outs[:-keep]
         return out
+
+
+class StepSkipHook(StepReuseHook):
+    """The hook :func:`apply_step_skip` registers: :class:`StepReuseHook` with a :class:`StepSkipConfig`.
+    ``calls`` / ``computed`` count over every pipeline call since it was applied (not reset between runs)."""
+
+    def __init__(self, config: StepSkipConfig):
+        self.config = config
+        super().__init__(config, config.num_inference_steps)
 
 
 def apply_step_skip(transformer: torch.nn.Module, config: StepSkipConfig) -> StepSkipHook:
