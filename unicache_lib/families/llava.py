@@ -78,8 +78,24 @@ class Llava(VLMFamily):
                               chat_template=chat_template(self.layout, "<image>"))
 
 
+class _Tiled:
+    """Tiles and newline tokens (LLaVA-NeXT, LLaVA-OneVision): no single patch grid to resize, and the image-token
+    count follows the picture's size (``config.image_seq_length`` is not it)."""
+
+    image_features_at = VLMFamily.image_features_at
+
+    def expected_image_tokens(self, config, inputs):
+        return None
+
+    def image_tokens_per_picture(self, config):
+        return None
+
+    def image_grid(self, config, inputs):
+        return None
+
+
 @register
-class LlavaNext(Llava):
+class LlavaNext(_Tiled, Llava):
     """LLaVA-NeXT ("anyres"): a base image plus tiles of the best-fitting grid, with a learned newline
     token after each row of tiles, so the image tokens are not one regular grid. Mistral-based
     checkpoints use a sliding-window mask."""
@@ -87,16 +103,6 @@ class LlavaNext(Llava):
     name = "LLaVA-NeXT"
     model_types = ("llava_next",)
     model_class = "LlavaNextForConditionalGeneration"
-    image_features_at = VLMFamily.image_features_at  # tiles and newline tokens: no single patch grid to resize
-
-    def expected_image_tokens(self, config, inputs):
-        return None
-
-    def image_tokens_per_picture(self, config):
-        return None  # tiles and newlines: the count follows the picture's size (config.image_seq_length is not it)
-
-    def image_grid(self, config, inputs):
-        return None
 
     def config(self, tok, shape):
         text = (_text(transformers.MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
@@ -115,7 +121,7 @@ class LlavaNext(Llava):
 
 
 @register
-class LlavaOnevision(Llava):
+class LlavaOnevision(_Tiled, Llava):
     """LLaVA-OneVision / -interleave: SigLIP tower, anyres tiles pooled and unpadded with newline
     tokens, Qwen2 language model. Its processor class requires a video processor (torchvision)."""
 
@@ -123,16 +129,6 @@ class LlavaOnevision(Llava):
     model_types = ("llava_onevision",)
     model_class = "LlavaOnevisionForConditionalGeneration"
     needs_video_processor = True
-    image_features_at = VLMFamily.image_features_at  # tiles and newline tokens: no single patch grid to resize
-
-    def expected_image_tokens(self, config, inputs):
-        return None
-
-    def image_tokens_per_picture(self, config):
-        return None  # tiles and newlines: the count follows the picture's size (config.image_seq_length is not it)
-
-    def image_grid(self, config, inputs):
-        return None
 
     def config(self, tok, shape):
         vc = transformers.SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
