@@ -37,8 +37,8 @@ def _maps(sentence: str) -> dict:
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★), the starter's gap ``longer``: set ``SENTENCE`` to a longer one and compare the weight the rows put on the first token with the
-    uniform share, layer by layer: is the first token a sink on a plain sentence?
+    """Exercise 1 (★), the starter's gap ``sink``: per layer, over all heads, how many times the uniform share do the
+    rows after the first put on the first token of a longer sentence? Is the first token a sink on a plain sentence?
 
     Both sentences are captured; for every row after the first (row 0 can only read itself), the weight on the first
     token, averaged over rows and heads, per layer, beside the uniform share ``1 / (keys visible)`` averaged the same
@@ -50,15 +50,17 @@ def exercise_1(quick: bool = False) -> dict:
     some layers; notebook 02 measures it where it matters, on image prompts.
     """
 
-    longer = LONG  # the starter cell's gap
-    out = {}
-    for name, sentence in (("short", SHORT), ("long", longer)):
+    out, ratios = {}, {}
+    for name, sentence in (("short", SHORT), ("long", LONG)):
         maps = _maps(sentence)
         S = maps[0].shape[-1]
         uniform = float(np.mean([1 / (i + 1) for i in range(1, S)]))  # mean over rows 1..S-1 of 1 / (keys visible)
         out[name] = {"tokens": S, "uniform": round(uniform, 3),
                      **{f"layer {li}": round(P[:, 1:, 0].mean().item(), 3) for li, P in sorted(maps.items())}}
-    return {"weight on the first token, rows after the first, mean over heads": out, "_out": out}
+        # the starter's gap: sink = [rec.probs[:, 1:, 0].float().mean() / uniform for rec in cap.result]
+        ratios[name] = [round(P[:, 1:, 0].mean().item() / uniform, 2) for _, P in sorted(maps.items())]
+    return {"weight on the first token, rows after the first, mean over heads": out,
+            "x uniform per layer (the starter's `sink`)": ratios, "_out": out}
 
 
 def exercise_2(quick: bool = False) -> dict:

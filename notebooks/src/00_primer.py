@@ -4,19 +4,19 @@
 # Every later lesson measures attention maps; this one shows what a map *is*, one picture per idea, on the shipped
 # `tiny-llava`. If you know self-attention, skim the pictures and go on to 01.
 #
-# **What you will learn**
-# - how one query scores every key, and softmax turns the scores into weights that sum to 1;
-# - how to read a map (rows: queries, who reads; columns: keys, what is read) and what the causal mask does;
-# - that the heads of one layer read differently;
-# - how an image sits in the map: image positions before the question,
-#   [modality blocks](../docs/GLOSSARY.md#modality-blocks), a word's attention over the picture in [× uniform](../docs/GLOSSARY.md#x-uniform)
-#   (1 = every visible key read equally).
+# **What you will learn**: how softmax turns a query's scores over its keys into weights summing to 1; how to read a
+# map (rows: who reads; columns: what is read) and its causal mask; that one layer's heads read differently; how an
+# image sits in the map ([modality blocks](../docs/GLOSSARY.md#modality-blocks), a word's reading of the picture in
+# [× uniform](../docs/GLOSSARY.md#x-uniform): 1 = every visible key read equally).
 #
 # **Terms**: a **query** is the vector a position looks with, a **key** the one it is found by, a **value** what it
 # hands over; a **head** is one set of queries and keys in a layer. Also: [eager](../docs/GLOSSARY.md#eager),
 # [sink](../docs/GLOSSARY.md#sink), [KV cache](../docs/GLOSSARY.md#kv-cache).
 #
 # **Needs**: nothing before it; a minute on 2 CPU cores; any supported vision-language model (`MODEL`).
+#
+# *Below, §4's figure, an image in the map:* left, a sample's map with image positions first (log10 colours); right,
+# how much the question's word 'triangle' reads each patch, in × uniform (cyan line: an even reading).
 #
 # ![This lesson's first figure, from its last run](../docs/figures/00_primer.png)
 
@@ -115,10 +115,10 @@ print(f"rows 1-{len(words) - 1} put on average {first[1:, 0].mean():.2f} of thei
 print(f"the last token '{words[-1]}' reads most: '{words[int(first[-1].argmax())]}' ({first[-1].max():.2f})")
 
 # %% [markdown]
-# **What to look at.** The top-left cell is 1: the first token can only read itself. Everything above the diagonal is
-# exactly zero (printed above). The bright first column is a [sink](../docs/GLOSSARY.md#sink): the rows after the first
+# **What to look at.** The top-left cell is 1: the first token can only read itself. Above the diagonal all is
+# exactly zero. The bright first column is a [sink](../docs/GLOSSARY.md#sink): the rows after the first
 # put on average <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@2"-->0.82<!--/num--> of
-# their weight on the first token, although it carries no meaning of its own; the last token
+# their weight on the first token, which carries no meaning of its own; the last token
 # reads itself most (<!--num "notebooks/00_primer.ipynb#out:reads most:" re="[(]([0-9.]+)[)]"-->0.90<!--/num-->). But one
 # head is not the model's reading:
 #
@@ -136,26 +136,26 @@ for h, ax in enumerate(np.ravel(axes)[:H]):
     plots.token_map(maps[layer][h], words, f"head {h}: entropy {ent[h]:.2f}", ax=ax, cbar=False)
     ax.set(xlabel="", ylabel="")
     ax.tick_params(labelsize=5)
+fig.colorbar(np.ravel(axes)[0].images[0], ax=axes, shrink=0.8, label="attention weight (grey: masked)")
 fig.suptitle(f"layer {layer}: the {H} heads on '{SENTENCE}'", fontsize=10)
-fig.tight_layout()
 _ = plots.save(fig, out, "heads")
 print(f"layer {layer}: normalised entropy per head {np.round(ent.numpy(), 2)}; most focused head {int(ent.argmin())} "
       f"({ent.min():.2f}), most spread head {int(ent.argmax())} ({ent.max():.2f})")
 
 # %% [markdown]
-# **What to look at.** The heads of one layer disagree (every panel on one 0–1 scale): the most focused head's
+# **What to look at.** The heads of one layer disagree (one colour bar for all; row 0 is always 1, the first token
+# reading itself): the most focused head's
 # rows have normalised entropy <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most focused head \d+ [(]([0-9.]+)[)]"-->0.64<!--/num-->,
 # the most spread head's <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most spread head \d+ [(]([0-9.]+)[)]"-->0.90<!--/num-->.
-# Some rows pile onto one key, others spread. So the workbench
-# keeps every head (a mean hides the focused ones), pruning scores heads one by one (04), and a cache policy that
-# treats all heads alike can drop what one head needs.
+# So the workbench keeps every head (a mean hides the focused ones), pruning scores heads one by one (04), and a
+# cache policy that treats all heads alike can drop what one head needs.
 #
 # ## 4. An image in the map
 #
 # A vision-language model turns the picture into **image tokens** (64 here, 576 on LLaVA-1.5) placed before the
 # question, so the question's words can read the image's keys. Grouping positions image-first splits the map into four
-# **modality blocks** (`X→Y`: queries of X reading keys of Y). Below: one sample's map in blocks, then one content word
-# of the question (an object or a colour) laid over the picture.
+# **modality blocks** (`X→Y`: queries of X reading keys of Y). Below: one sample's map in blocks, and a content word
+# of the question (an object or colour) over the picture.
 
 # %%
 s = sample_set.load(SAMPLES, per_type=1, seed=SAMPLE_SEED)[0]
@@ -177,7 +177,7 @@ if maps:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     plots.blocked_map(P, spans, f"layer {r.layer}, mean over heads: image | text", ax=axes[0])
     grid = family.image_grid(model.config, inputs)
-    plots.image_overlay(s.image, img * (word + 1), f"'{toks[word]}' reads the picture (layer {r.layer})", ax=axes[1],
+    plots.image_overlay(s.image, img * (word + 1), f"'{toks[word]}' reads the picture (layer {r.layer}, mean over heads)", ax=axes[1],
                         grid=grid, grid_tokens=family.grid_tokens(model.config, inputs),
                         cbar="× uniform (1 = every visible key read equally)", vmin=0.0, chance=1.0)
     fig.tight_layout()
@@ -185,77 +185,81 @@ if maps:
     shares = stats.block_shares(P, spans)
     print(f"sample {s.id}: '{s.question}', {spans.n_image} image + {spans.n_text} text positions")
     print("share of all attention per block: " + ", ".join(f"{b} {v:.2f}" for b, v in zip(BLOCKS, shares.tolist())))
-    print(f"'{toks[word]}' (position {word}) puts {img.sum():.2f} of its weight on the {spans.n_image} image keys; its "
-          f"most-read patch gets {img.max() * (word + 1):.1f}x the uniform level")
+    print(f"'{toks[word]}' (position {word}) puts {img.sum():.2f} of its weight on the {spans.n_image} image keys "
+          f"(an even reading of its {word + 1} visible keys: {spans.n_image / (word + 1):.2f}); its most-read patch "
+          f"gets {img.max() * (word + 1):.1f}x the uniform level")
     named = [i for i, o in enumerate(s.objects) if toks[word] in (o["shape"], o["colour"])]  # the object the word names
     if named and grid is not None:
         on = patch_grid_masks(s.masks, grid) == named[0]
         print(f"on the {s.objects[named[0]]['colour']} {s.objects[named[0]]['shape']}'s {on.sum()} patches: {img[on].sum() / img.sum():.2f} "
               f"of that image weight, where its share of the patches is {on.mean():.2f}")
+        top2 = img[family.grid_tokens(model.config, inputs)][: 2 * grid[1]] * (word + 1)
+        print(f"the top two rows of patches: {top2.mean():.1f}x uniform on average")
         top = int(img.argmax())
         print(f"the brightest patch is {'on' if on.ravel()[top] else 'off'} the named object "
               f"({(img[on].sum() / img.sum()) / on.mean():.1f}x the object's share of the patches overall)")
 
 # %% [markdown]
-# **What to look at.** Left (log10 scale): the prompt tokens *before* the image (the first a sink) are the bright
-# column right of the border. Image rows (top) read the image and those tokens, never the later question; bright
-# stripes inside are patches many rows read (02's anchors). Text rows (bottom) split their weight between image and
-# text: of all attention, image→image takes
-# <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@0"-->0.69<!--/num--> and text→image
-# <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@3"-->0.09<!--/num-->. Right, in × uniform: the word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num-->
-# of its weight on the image, its top patch <!--num "notebooks/00_primer.ipynb#out:of its weight on the@3"-->5.3<!--/num-->×
-# uniform; the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.13<!--/num--> of
-# that weight while covering <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.05<!--/num--> of the
-# patches, <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="[(]([0-9.]+x)"-->2.8x<!--/num--> its share. Its
-# brightest patch is <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="patch is ([onf]+) the"-->on<!--/num-->
-# the named object: a word's reading leans towards what it names, but it is not a segmentation.
+# **What to look at.** Left (log10 scale): the dark band just below the border is the prompt tokens *before* the
+# image, which cannot see it; their keys (the first a sink) are the bright column right of the border. Image rows (top)
+# read the image and those tokens; bright stripes are patches many rows read (02's anchors). Of all attention,
+# image→image takes <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@0"-->0.69<!--/num--> and
+# text→image <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@3"-->0.09<!--/num-->. Right: the
+# word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the image,
+# slightly *under* an even reading (<!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->):
+# it favours parts of the picture, not the whole. Its top patch got
+# <!--num "notebooks/00_primer.ipynb#out:of its weight on the@5"-->5.3<!--/num-->× uniform, and the top two rows of
+# patches, background it does not name, <!--num "notebooks/00_primer.ipynb#out:the top two rows of patches:@0"-->2.1<!--/num-->×;
+# the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.13<!--/num--> of that
+# weight on <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.05<!--/num--> of the patches,
+# <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="[(]([0-9.]+x)"-->2.8x<!--/num--> its share, and
+# the brightest patch is <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="patch is ([onf]+) the"-->on<!--/num-->
+# it: a word's reading leans towards what it names, but it is not a segmentation.
 
 # %% [markdown]
 # ## Recap
 #
-# On this run: softmax gave the key that points the query's way
-# <!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num--> of one query's weight; the rows of a sentence put
+# On this run: softmax gave the key pointing the query's way
+# <!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num--> of the weight; the rows of a sentence put
 # <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@2"-->0.82<!--/num--> of their weight on the
 # first token (a sink); the heads of one layer ranged from normalised entropy
 # <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most focused head \d+ [(]([0-9.]+)[)]"-->0.64<!--/num--> to
 # <!--num "notebooks/00_primer.ipynb#out:most spread head" re="most spread head \d+ [(]([0-9.]+)[)]"-->0.90<!--/num-->; and a
 # question word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the
-# image. On your model the same four cells tell you where its sinks are and how much its heads differ.
+# image (even: <!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->), leaning towards the object it names.
 #
 # | what you measured | what it means for a cache |
 # |---|---|
 # | a sink column | keep the first positions in every eviction budget (05's `streaming` does) |
 # | heads with different entropies | score and budget heads one by one, never by their mean (02, 04) |
-# | a word's reading of the picture in × uniform | which image keys a question needs (02 measures it on many samples) |
-#
-# Terms: **causal mask** (§2 above), **modality blocks** (02, 08), **× uniform** (01, 02, 03), **KV cache** (05).
+# | a word's reading of the picture, in × uniform | keep the patches questions read, not every image key (02 finds them, 05 keeps them) |
 
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter) to ★★ (a few lines). Each starter cell below sets the work up and leaves one gap,
-# `... # <- fill in`: fill it and run the cell (seconds). Expected answers: [solutions/00_primer.py](../solutions/00_primer.py).
+# Each starter cell sets the work up and leaves one gap, `... # <- fill in`: fill it, run the cell (seconds).
+# Answers: [solutions/00_primer.py](../solutions/00_primer.py).
 #
-# 1. ★ Set `longer` to `"is there a blue square ? what color is the circle ?"` and compare the weight rows put on
-#    the first token with the uniform share, layer by layer, mean over heads: in which layers is the sink strongest
-#    on a longer sentence?
+# 1. ★ §2 read one head. On a longer sentence, per layer and over all heads: how many times the uniform share do
+#    the rows after the first put on the first token? In which layers is it a sink?
 # 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Sum
 #    each head's weights from the word's row over the image keys: how far apart are the heads?
 
 # %%
-# Exercise 1 starter: another sentence through the same capture as §2
-longer = ...  # <- fill in: the longer sentence of exercise 1, as a string
-if longer is ...:
-    print("Fill in `longer`, then run this cell again.")
+# Exercise 1 starter: a longer sentence through the same capture as §2, every layer and head
+longer = "is there a blue square ? what color is the circle ?"
+ids = processor.tokenizer(longer, return_tensors="pt")["input_ids"].to(model.device)
+with torch.no_grad(), AttentionCapture(model, mode="full") as cap:
+    model(input_ids=ids)
+S = ids.shape[-1]
+uniform = np.mean([1 / (i + 1) for i in range(1, S)])  # rows 1..S-1: 1 / (keys visible), averaged
+print(f"{S} tokens; uniform share of the first token, mean over rows after the first: {uniform:.3f}")
+sink = ...  # <- fill in: per layer of cap.result, the mean weight rows 1..S-1 put on key 0 (all heads), / uniform
+if sink is ...:
+    print("Fill in `sink`, then run this cell again.")
 else:
-    ids = processor.tokenizer(longer, return_tensors="pt")["input_ids"].to(model.device)
-    with torch.no_grad(), AttentionCapture(model, mode="full") as cap:
-        model(input_ids=ids)
-    S = ids.shape[-1]
-    uniform = np.mean([1 / (i + 1) for i in range(1, S)])  # rows 1..S-1: 1 / (keys visible)
-    print(f"{S} tokens; uniform share of the first token, mean over rows after the first: {uniform:.3f}")
-    for rec in cap.result:
-        print(f"layer {rec.layer}: weight on the first token {rec.probs[:, 1:, 0].float().mean():.3f}")
+    for rec, x in zip(cap.result, sink):
+        print(f"layer {rec.layer}: weight on the first token {float(x):.2f}x uniform")
 
 # %%
 # Exercise 2 starter: the content word's weight on the image, head by head (§4's sample, layer `r.layer`)
