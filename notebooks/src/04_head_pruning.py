@@ -1,24 +1,23 @@
 # %% [markdown]
 # # 04 · Pruning attention heads by their attention statistics
 #
-# **What you will learn**: to score every attention head behind one interface (attention statistics, weight norms,
-# the masking gradient of Michel et al. 2019, random), to mask heads *exactly* and remove them physically, and what
-# that does to a vision-language model's answers and to generators' pictures. Above all, one method: **score, mask
-# exactly, measure on real answers, compare with random** — a scorer that does not beat pruning as many *random*
-# heads tells you nothing about the heads it picked. The claims it tests,
-# P1–P3, are stated beside the scoreboard (§6).
+# **What you will learn**: to score every attention head (attention statistics, weight norms, the masking gradient
+# of Michel et al. 2019, random), mask heads exactly or slice them out, and measure what that costs a vision-language
+# model's answers and generators' pictures, always **against pruning as many random heads**: a scorer that does not
+# beat random tells you nothing about the heads it picked.
 #
-# **Terms**: [depth bands](../docs/GLOSSARY.md#depth-bands), [head mask](../docs/GLOSSARY.md#head-mask),
-# [KL](../docs/GLOSSARY.md#kl) (here of the first answer token's distribution, unpruned ‖ pruned, in nats),
-# [Spearman correlation](../docs/GLOSSARY.md#spearman), [PSNR and SSIM](../docs/GLOSSARY.md#psnr-and-ssim),
-# [control](../docs/GLOSSARY.md#control).
-#
+# ![This lesson's first figure, from its last run](../docs/figures/04_head_pruning.png)
+
+# %% [markdown]
 # **What it needs**: the stats stores of notebooks 02 and 03 (captured here if absent). Runs on the shipped
 # `tiny-llava`, `tiny-mmdit` and `tiny-pixart`, or on your checkpoints (`MODEL`: any supported
 # vision-language family; `GENERATORS`: SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana pipelines, `[]` skips them;
 # `DEVICE`, `DTYPE`). Sana's linear attention heads form no map and are not scored.
 #
-# ![This lesson's first figure, from its last run](../docs/figures/04_head_pruning.png)
+# **Terms**: [depth bands](../docs/GLOSSARY.md#depth-bands), [head mask](../docs/GLOSSARY.md#head-mask),
+# [KL](../docs/GLOSSARY.md#kl) (here of the first answer token's distribution, unpruned ‖ pruned, in nats),
+# [Spearman correlation](../docs/GLOSSARY.md#spearman), [PSNR and SSIM](../docs/GLOSSARY.md#psnr-and-ssim),
+# [control](../docs/GLOSSARY.md#control). Claims P1–P3 and their rules are printed below the imports.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -74,6 +73,15 @@ from unicache_lib.world import samples as sample_set
 from unicache_lib.world.text import prompt_set
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding, model_label
 from unicache_lib.world.questions import heldout_set
+
+# %%
+import textwrap
+
+from unicache_lib.claims import claims_table, of
+
+for c in of("04_head_pruning"):  # each claim's rule: what is measured and its thresholds, written before any run
+    print(textwrap.fill(f"{c.id} rule: {c.rule}", 115, subsequent_indent="  "))
+claims_table("04_head_pruning")  # the claims themselves (unicache_lib/claims.py); §6 gives the verdicts
 
 # %%
 torch.manual_seed(SEED)
@@ -136,12 +144,12 @@ off = corr.where(~np.eye(len(names), dtype=bool)).stack()
 print(f"most alike: {' / '.join(off.idxmax())} ({off.max():.2f}); least: {' / '.join(off.idxmin())} ({off.min():.2f})")
 
 # %% [markdown]
-# **What to look at.** In the grids, which heads each scorer ranks high (bright: kept longest, on one scale for
-# all six); in the table, whether two scorers would prune the same heads (1 = same ranking, 0 =
-# unrelated, negative = opposite). **This run**: the statistics scorers agree closely with one another (most alike:
-# <!--num "notebooks/04_head_pruning.ipynb#out:most alike:" re="most alike: (.*?) [(]"-->attention_combined / low_variance<!--/num-->, <!--num "notebooks/04_head_pruning.ipynb#out:most alike:@0" fmt="{:.2f}"-->0.90<!--/num-->) and only moderately with the gradient,
-# which measures what the loss needs. The weight norms are nearly unrelated to all of them, weakly opposite to the
-# statistics (least alike: <!--num "notebooks/04_head_pruning.ipynb#out:most alike:" re="least: (.*?) [(]"-->redundancy / weight_norm<!--/num-->, <!--num "notebooks/04_head_pruning.ipynb#out:most alike:@1" fmt="{:.2f}"-->-0.36<!--/num-->). Which ranking is
+# **What to look at.** In the grids, which heads each scorer keeps (bright, one scale for all six); in the table,
+# whether two scorers would prune the same heads (1 = same ranking, negative = opposite). **This run**: every
+# statistics scorer ranks layer <!--num "notebooks/04_head_pruning.ipynb#out:attention_combined: keeps" re="on average: ([0-9]+)"-->0<!--/num--> most important and prunes the last layer's heads first; the weight
+# norm ranks layer <!--num "notebooks/04_head_pruning.ipynb#out:weight_norm: keeps" re="on average: ([0-9]+)"-->3<!--/num--> first. The statistics agree closely with one another (most alike:
+# <!--num "notebooks/04_head_pruning.ipynb#out:most alike:" re="most alike: (.*?) [(]"-->attention_combined / low_variance<!--/num-->, <!--num "notebooks/04_head_pruning.ipynb#out:most alike:@0" fmt="{:.2f}"-->0.90<!--/num-->), moderately with the gradient, which
+# measures what the loss needs, and weakly opposite to the weight norms (least alike: <!--num "notebooks/04_head_pruning.ipynb#out:most alike:" re="least: (.*?) [(]"-->redundancy / weight_norm<!--/num-->, <!--num "notebooks/04_head_pruning.ipynb#out:most alike:@1" fmt="{:.2f}"-->-0.36<!--/num-->). Which ranking is
 # right, §2 measures on real answers.
 
 # %% [markdown]
@@ -202,7 +210,7 @@ for f, lo, hi in zip(acc_tab.columns, r_m - r_h, r_m + r_h):  # scorers above ra
 
 # %% [markdown]
 # **What to look at.** Each scorer's curve against random's dashed one and its band (95% over the random seeds): a
-# useful scorer stays near the unpruned accuracy and zero KL well past where random has fallen. **This run**: random
+# useful scorer stays near unpruned accuracy and zero KL where random has fallen. **This run**: random
 # costs most — accuracy <!--num "notebooks/04_head_pruning.ipynb#out:family > random@1" fmt="{:.3f}"-->0.806<!--/num--> at 10% and <!--num "notebooks/04_head_pruning.ipynb#out:family > random@4" fmt="{:.3f}"-->0.379<!--/num--> at 50% (unpruned
 # <!--num "notebooks/04_head_pruning.ipynb#out:family > random@0" fmt="{:.2f}"-->0.98<!--/num-->), KL <!--num "notebooks/04_head_pruning.ipynb#out:nats > random@4" fmt="{:.1f}"-->5.1<!--/num--> nats — while every scorer loses about a point or less
 # at 10%. The gradient is best throughout (<!--num "notebooks/04_head_pruning.ipynb#out:family > gradient@4" fmt="{:.3f}"-->0.917<!--/num--> at 50%); the statistics scorers and the
@@ -280,9 +288,13 @@ if not GENERATORS:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for metric in ("ssim", "colour") if GENERATORS else ():  # the two measures the figure draws
-    print(f"{metric} (n = {N_PROMPTS} prompts; random: mean of {RANDOM_SEEDS} seeds)")
-    print(Gdf.pivot_table(index=["model", "family"], columns="fraction", values=metric, aggfunc="mean").round(3).to_string())
+if GENERATORS:  # the two measures the figure draws, at the fractions the prose reads (the figure has them all)
+    read_at = [f for f in FRACTIONS if f in (0.2, 0.5)] or FRACTIONS[-1:]
+    gtab = Gdf[Gdf.fraction.isin(read_at)].pivot_table(index=["model", "family"], columns="fraction",
+                                                       values=["ssim", "colour"], aggfunc="mean")[["ssim", "colour"]]
+    gtab.columns = [f"{m} {f:.0%}" for m, f in gtab.columns]
+    print(f"SSIM and colour correct by fraction pruned (n = {N_PROMPTS} prompts; random: mean of {RANDOM_SEEDS} seeds)")
+    print(gtab.round(3).to_string())
 
 # %%
 if GENERATORS:
@@ -303,18 +315,16 @@ if GENERATORS:
     _ = plots.save(fig, out, "generation_pruning")
 
 # %% [markdown]
-# **What to look at.** As for the answers: a scorer says something about a generator's heads only if its SSIM (and
-# prompt following: *colour* correct) stays above the random band. **This run**: on the
-# MMDiT most statistics scorers keep SSIM above random's mean (at <!--const FRACTIONS, a parameter-->20%<!--/const--> pruned, high entropy
-# <!--num "notebooks/04_head_pruning.ipynb#out:ssim (n = > high_entropy@2" fmt="{:.3f}"-->0.958<!--/num--> against random's
-# <!--num "notebooks/04_head_pruning.ipynb#out:ssim (n = > tiny-mmdit > random@2" fmt="{:.3f}"-->0.865<!--/num-->). On PixArt the combined statistics fall *below* it, with SSIM
-# <!--num "notebooks/04_head_pruning.ipynb#out:ssim (n = > tiny-pixart@2" fmt="{:.3f}"-->0.661<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim (n = > tiny-pixart@3" fmt="{:.3f}"-->0.553<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim (n = > tiny-pixart@4" fmt="{:.3f}"-->0.367<!--/num--> at 20 / 30 / 50% pruned against
-# random's <!--num "notebooks/04_head_pruning.ipynb#out:ssim (n = > tiny-pixart > random@2" fmt="{:.3f}"-->0.715<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim (n = > tiny-pixart > random@3" fmt="{:.3f}"-->0.662<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:ssim (n = > tiny-pixart > random@4" fmt="{:.3f}"-->0.543<!--/num-->, while the asked
-# colour survives (at <!--const FRACTIONS, a parameter-->20%<!--/const--> <!--num "notebooks/04_head_pruning.ipynb#out:colour (n = > tiny-pixart@2" fmt="{:.3f}"-->1.000<!--/num--> against
-# random's <!--num "notebooks/04_head_pruning.ipynb#out:colour (n = > tiny-pixart > random@2" fmt="{:.3f}"-->0.979<!--/num-->): the heads it prunes cost detail, not the colour. These are means over a
-# few prompts and `RANDOM_SEEDS` random draws, and the points sit inside random's plotted band: a hint, not a
-# finding, that on PixArt the attention statistics pick heads no better to lose than random ones (more prompts and
-# random draws would settle it).
+# **What to look at.** Whether each scorer's SSIM and prompt following (*colour* correct) stay above random's
+# band. **This run** (printed at <!--const FRACTIONS, a parameter-->20%<!--/const--> and 50% pruned): on
+# the MMDiT the statistics keep SSIM above random's mean (high entropy <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > high_entropy@0" fmt="{:.3f}"-->0.958<!--/num--> against
+# <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > random@0" fmt="{:.3f}"-->0.865<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->), but low_variance loses the asked colour as often as random does
+# (<!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > low_variance@2" fmt="{:.3f}"-->0.750<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > random@2" fmt="{:.3f}"-->0.833<!--/num-->). On PixArt the combined statistics fall
+# below random's SSIM (<!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart@0" fmt="{:.3f}"-->0.661<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart@1" fmt="{:.3f}"-->0.367<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart > random@0" fmt="{:.3f}"-->0.715<!--/num--> /
+# <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart > random@1" fmt="{:.3f}"-->0.543<!--/num--> at 20 / 50%) yet keep the colour: they cost detail. And the gradient, the best
+# scorer on the answers (§2), breaks PixArt's prompt following: colour correct <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart > gradient@3" fmt="{:.3f}"-->0.250<!--/num--> at 50%
+# against random's <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart > random@3" fmt="{:.3f}"-->0.771<!--/num-->. These are means over `N_PROMPTS` prompts and `RANDOM_SEEDS` random
+# draws, mostly inside random's plotted band: hints, not findings.
 
 # %% [markdown]
 # ## 5. Physical pruning: does it run faster?
@@ -352,21 +362,15 @@ if TIMING_REPEATS >= 2:
           "(only the language model's attention heads shrink; its MLPs, embeddings and the vision tower do not)")
 
 # %% [markdown]
-# **This run**: the physically pruned model gives the masked model's answers exactly (the largest log-probability
-# difference is printed above) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.12×<!--/num--> faster (timings vary from run to run), less than
+# **This run**: the physically pruned model gives the masked model's answers exactly (largest log-probability
+# difference <!--num "notebooks/04_head_pruning.ipynb#out:heads kept per layer" re="= ([0-9.]+e[+-][0-9]+)"-->0.0e+00<!--/num-->) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.15×<!--/num--> faster (timings vary from run to run), less than
 # the share of heads removed, because what the heads do not own (the MLPs, the embeddings, the vision tower)
 # does not shrink. Measure that share on your model before promising a gain.
 
 # %% [markdown]
 # ## 6. Claims scoreboard
-
-# %%
-from unicache_lib.claims import claims_table
-
-claims_table("04_head_pruning")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
-
-# %% [markdown]
-# Accuracy differences are paired over the `N_QUESTIONS` questions (95% interval over questions); the deeper layers'
+#
+# The claims and rules are printed at the top. Accuracy differences are paired over the `N_QUESTIONS` questions (95% interval over questions); the deeper layers'
 # entropy change is resampled over the standard samples. How an interval becomes a verdict:
 # [verdicts](../docs/GLOSSARY.md#verdicts).
 
@@ -388,29 +392,29 @@ board.show()
 #
 # ## Recap: what this notebook showed on the shipped models
 #
-# What transfers: **score, mask exactly, measure real answers, compare with random**.
-#
-# - **Scores** (§1): the statistics agree with one another, moderately with the gradient, hardly at all with the
-#   weight norms.
+# - **Scores** (§1): the statistics agree with one another, moderately with the gradient, not with the weight norms.
 # - **Answers** (§2): random's mean loses <!--num "notebooks/04_head_pruning.ipynb#out:drop at 10% pruned > value here > random" re="random ([0-9.]+)"-->17.4<!--/num-->
-#   points at 10%, every scorer about a point or less, but over `RANDOM_SEEDS` draws random's band is wide: at 50%
-#   <!--num "notebooks/04_head_pruning.ipynb#out:50% pruned:" re="above it: ([0-9]+ of [0-9]+)"-->5 of 5<!--/num--> charted
-#   scorers are above it. The gradient is best. The combined statistics lose <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@1" fmt="{:.1f}"-->0.9<!--/num--> points at 10%
+#   points at 10%, every scorer about a point or less, yet over `RANDOM_SEEDS` draws random's band is wide: at 10%
+#   <!--num "notebooks/04_head_pruning.ipynb#out:10% pruned:" re="above it: ([0-9]+ of [0-9]+)"-->0 of 5<!--/num--> charted scorers are above it,
+#   at 50% <!--num "notebooks/04_head_pruning.ipynb#out:50% pruned:" re="above it: ([0-9]+ of [0-9]+)"-->5 of 5<!--/num-->. The gradient is best.
+#   The combined statistics lose <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@1" fmt="{:.1f}"-->0.9<!--/num--> points at 10%
 #   and <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@3" fmt="{:.1f}"-->5.0<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->: P1's shape, but the 10% drop's interval straddles P1's one-point
 #   line (inconclusive).
-# - **P2 is inconclusive**: averaged over the pruned fractions, the combined statistics only tie the data-free weight
-#   norms (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@2" fmt="{:.3f}"-->0.855<!--/num-->): a cache's own statistics are no better a pruning score here.
+# - **P2 is inconclusive**: its rule, fixed before the run, pits the *combined* statistics against the data-free
+#   weight norms on mean accuracy, and they tie (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@2" fmt="{:.3f}"-->0.855<!--/num-->). low_variance's
+#   <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@1" fmt="{:.3f}"-->0.877<!--/num--> is ahead, but picking the best of five scorers after the fact proves nothing.
 # - **P3 is partly** (§3): layer 0's near-uniform heads matter, but so do random ones; deeper layers move no
 #   more than under random removal.
-# - **Generators** (§4): on PixArt the combined statistics sit below random's mean from
-#   <!--const FRACTIONS, a parameter-->20%<!--/const--> pruned on, inside its band: not settled on this run. **Physical
-#   pruning** (§5) matches the mask exactly, but speeds up only the heads' share of the forward.
+# - **Generators** (§4): a scorer that wins on answers can break a generator (the gradient, on PixArt's colour);
+#   the statistics cost PixArt detail. **Physical pruning** (§5) matches the mask exactly, but speeds up only the
+#   heads' share of the forward.
 #
 # The decision table, from this run's numbers:
 
 # %%
 drop10 = {f: float(acc_tab.loc[f, 0.0] - acc_tab.loc[f, 0.1]) for f in acc_tab.index if 0.1 in acc_tab.columns}
 best = max(mean_over_f, key=lambda k: mean_over_f[k].mean())
+P2_SHOWN = ("attention_combined", "low_variance", "weight_norm", "random")
 d_rows = [
     {"measurement": "accuracy drop at 10% pruned, per scorer (points)", "value here": ", ".join(f"{k} {100 * v:.1f}" for k, v in drop10.items()),
      "what it suggests on your model": "a scorer within ~1 point of unpruned at 10% and far from random is a candidate; one near random tells you nothing",
@@ -419,16 +423,20 @@ d_rows = [
      "what it suggests on your model": "prune with it; if the gradient wins (as here), the statistics are a cheap proxy, not the answer",
      "notebook / parameter": "this notebook: N_GRADIENT (exercise 3)"},
     {"measurement": "statistics vs weight norms vs random, accuracy averaged over the pruned fractions (P2)",
-     "value here": ", ".join(f"{k} {mean_over_f[k].mean():.3f}" for k in ("attention_combined", "low_variance", "weight_norm", "random")
-                             if k in mean_over_f),
-     "what it suggests on your model": "a statistics scorer that only ties the data-free weight norms earns no place; use it only "
-                                       "where it beats them and random on your model",
+     "value here": ", ".join(f"{k} {mean_over_f[k].mean():.3f}" for k in P2_SHOWN if k in mean_over_f),
+     "what it suggests on your model": "a statistics scorer that only ties the data-free weight norms earns no place; use it only where it beats them and random on your model",
      "notebook / parameter": "this notebook, section 2: FRACTIONS, RANDOM_SEEDS"},
-    {"measurement": "near-uniform shallow heads: accuracy, and deeper-entropy move minus random's",
-     "value here": f"accuracy {base_acc:.3f}→{float(u['accuracy']):.3f} (random shallow {p3.loc[rand_labels, 'accuracy'].mean():.3f}); move {excess.mean():+.4f}",
+    {"measurement": "near-uniform shallow heads: accuracy, and deeper-entropy move minus random's", "value here": f"accuracy {base_acc:.3f}→{float(u['accuracy']):.3f} (random shallow {p3.loc[rand_labels, 'accuracy'].mean():.3f}); move {excess.mean():+.4f}",
      "what it suggests on your model": "never prune shallow heads for being diffuse; judge a downstream effect only against its random control",
      "notebook / parameter": "this notebook, section 3: PER_TYPE (samples), RANDOM_SEEDS (control draws)"},
 ]
+if GENERATORS:  # at the largest fraction: SSIM / colour correct of the combined statistics, the gradient, random
+    top = Gdf[Gdf.fraction == max(FRACTIONS)].groupby(["model", "family"])[["ssim", "colour"]].mean().round(2)
+    gv = "; ".join(f"{g}: " + ", ".join(f"{k} {top.loc[(g, k), 'ssim']}/{top.loc[(g, k), 'colour']}"
+                                        for k in ("attention_combined", "gradient", "random")) for g in gpaths)
+    d_rows.append({"measurement": f"generators at {max(FRACTIONS):.0%} pruned: SSIM / colour correct", "value here": gv,
+                   "what it suggests on your model": "a scorer that wins on answers can break a generator's prompt following: check each generator against random before pruning it",
+                   "notebook / parameter": "this notebook, section 4: GENERATORS, N_PROMPTS"})
 if kept is not None and TIMING_REPEATS >= 2:
     d_rows.append({"measurement": "physical pruning at 30%: speed-up", "value here": f"{sp.value:.2f}x [{sp.lo:.2f}, {sp.hi:.2f}]",
                    "what it suggests on your model": "the gain is bounded by attention's share of the forward; measure it interleaved before promising one",
