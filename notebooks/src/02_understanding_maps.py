@@ -2,21 +2,14 @@
 # # 02 · Attention maps of an understanding model (LLaVA-style)
 #
 # **What you will learn**
-# - how entropy, focus and attention distance change with depth (the study's two readings, U2a and U2b, side by side);
-# - which image positions the text reads ("visual anchors"), whether they persist, and where they sit;
-# - how much each kind of word reads the image, in the prompt and while writing a caption;
-# - whether a word that names an object looks at *that* object;
-# - how to explore maps with sample / layer / head / token controls.
+# - how entropy, focus and distance change with depth; which image positions the text reads (anchors), and where;
+# - how much each kind of word reads the image, in the prompt and while captioning, against an even reading;
+# - whether a word that names an object looks at *that* object; how to explore maps by sample, layer, head and token.
 #
-# The study's claims (U1–U13) and this run's verdicts are in the scoreboard (§11).
+# The study's claims U1–U13 (U7 is tested in 05, U10 and U12 in 07) and this run's verdicts: the scoreboard (§11).
 #
 # **What it needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
 # 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
-#
-# **Cross-attention VLMs (Mllama)** read the image only through
-# [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer) (part `cross`), so the block split (§7) and
-# word-class shares (§5) read "not measurable here" there. Everything below reads from this run's stores: re-plotting
-# never re-runs the model.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/02_understanding_maps.png)
 
@@ -63,7 +56,7 @@ from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import attention_explorer
 from unicache_lib.world import samples as sample_set
-from unicache_lib.world.scenes import SCENE_TYPES, patch_grid_masks
+from unicache_lib.world.scenes import SCENE_TYPES, grid_cover, patch_grid_masks
 from unicache_lib.zoo.controls import untrained_language_model
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
 
@@ -86,9 +79,10 @@ print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_confi
 # %% [markdown]
 # ## 1. Capture once
 #
-# Statistics for every sample and layer go to one store, full maps for a subset to another (the widget needs maps).
-# A 7B model's maps are large (01 §3): keep `MAP_PER_TYPE` small there; the estimate is checked against
-# `MEMORY_BUDGET_GB` first.
+# Statistics for every sample and layer go to one store, full maps for a subset to another (the widget needs maps);
+# everything below reads from these stores. A 7B model's maps are large (01 §3): keep `MAP_PER_TYPE` small there; the
+# estimate is checked against `MEMORY_BUDGET_GB` first. Cross-attention VLMs (Mllama) read the image only through
+# [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer): there §5 and §7 read "not measurable here".
 
 # %%
 stores = {name: out / name for name in ("stats", "maps")}
@@ -117,12 +111,10 @@ print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['
 # %% [markdown]
 # ### A first look: one word reading the picture, layer by layer
 #
-# A question about a picture with several objects; the word naming the object (*triangle* in *what color is the
-# triangle ?*) laid over the image tokens (mean over heads), one panel per layer, in multiples of the uniform weight.
-# The picture is the one, of the samples with full maps, where that word reads its own object most: the idea where it
-# is visible, with how typical it is said below. **One colour scale for every panel**;
-# the cyan line on it (1) is what each patch would get from an even reading — brighter than that is read more than
-# chance, darker less.
+# A question about a picture with several objects; the word naming the object (the title gives the question) laid over
+# the image tokens (mean over heads), one panel per layer, in × uniform. The sample shown is where that word reads its own
+# object most; how typical that is, below. **One colour
+# scale for every panel**; its cyan line (1) is an even reading: brighter is read more than chance, darker less.
 
 # %%
 def own_object_reading(s):
@@ -133,8 +125,9 @@ def own_object_reading(s):
     if not named or grid is None or len(s.objects) < 2 or not s.has_masks:
         return None
     own = patch_grid_masks(s.masks, grid).ravel() == named[0]
-    ws = [w[np.asarray(gtok)] if gtok is not None else w for w in query_over_image(maps, s.id, obj[-1]).values()]
-    return max(float(w[own].sum() / w.sum() / own.mean()) for w in ws), obj[-1]
+    ws = {li: w[np.asarray(gtok)] if gtok is not None else w for li, w in query_over_image(maps, s.id, obj[-1]).items()}
+    best = max(ws, key=lambda li: float(ws[li][own].sum() / ws[li].sum()))  # the layer where it reads its object most
+    return float(ws[best][own].sum() / ws[best].sum() / own.mean()), obj[-1], best
 
 
 reading = {s.id: own_object_reading(s) for s in map_samples}
@@ -147,7 +140,7 @@ q_maps = query_over_image(maps, first.id, q_pos, uniform=True)  # layer -> [n_im
 if candidates:
     above = sum(v[0] > 1 for v in candidates.values())
     print(f"chosen {first.id}: its object word reads its own object at {candidates[first.id][0]:.1f}x the object's area "
-          f"share (best layer); {above} of {len(candidates)} multi-object samples with full maps read theirs above 1x")
+          f"share (layer {candidates[first.id][2]}); {above} of {len(candidates)} multi-object samples with full maps read theirs above 1x")
 fig = plots.layer_overlays(first.image, q_maps, f"{first.id}: {first.question!r} — the word {toks[q_pos]!r} reading the image",
                            grid=grids[first.id][0], grid_tokens=grids[first.id][1], uniform=True)
 _ = plots.save(fig, out, "object_word_over_layers")
@@ -161,18 +154,14 @@ if grids[first.id][0]:
           f"(object patches are {np.mean(k0[k0 >= 0] == 0):.2f} of the picture)")
 
 # %% [markdown]
-# **What to look at.** A word that grounds lights up its own object, in some layer more than the picture's even share
-# (the panels' peaks say which; here the deepest is not the sharpest). This picture is the best
-# case: in its best layer the word puts
-# <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->× its object's
-# area share on that object, and
-# <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="; ([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num-->
-# multi-object samples with full maps read their own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer. The line above gives its image attention on
-# *any* object's patches per layer (the objects cover
-# <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer" re="[(]object patches are ([0-9.]+) of"-->0.05<!--/num--> of
-# the picture). One picture is not a finding: section 6 measures this on every object of every sample against an
-# untrained control (U11), and the scoreboard decides it.
-# Unhealthy: a haze at every layer, or one pattern on every picture.
+# **What to look at.** This picture is the best case: in layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word puts
+# <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->× its object's area share on that object, and
+# <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="; ([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num--> multi-object samples with full maps read their
+# own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer. The line
+# above gives the word's share on *any* object's patches, layers 0–3:
+# <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@1"-->0.18<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@3"-->0.12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@5"-->0.29<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@7"-->0.06<!--/num-->, where the objects
+# cover <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@8"-->0.05<!--/num--> of the picture. One picture is not a finding: §6 measures every object of every sample
+# against an untrained control (U11). Unhealthy: a haze at every layer, or one pattern on every picture.
 
 # %% [markdown]
 # ## 2. How attention changes with depth
@@ -200,16 +189,18 @@ _ = plots.save(fig, out, "variance_per_layer")
 depth = L.groupby("band")[["norm_entropy", "max_weight", "distance", "variance", "cross_modal", "head_max_weight"]].mean()
 print(depth.loc[["shallow", "middle", "deep"]].round(3).to_string())
 d_ent = depth.loc["deep", "norm_entropy"] - depth.loc["shallow", "norm_entropy"]
+print(f"uniform causal rows would read at mean distance (S-1)/4 = "
+      f"{np.mean([(len(tokens[s]) - 1) / 4 for s in L['sample'].unique()]):.1f} (mean over samples)")
 print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d_ent > 0 else 'focuses'} with depth); "
       f"distance deep / shallow: {depth.loc['deep', 'distance'] / depth.loc['shallow', 'distance']:.2f}")
 
 # %% [markdown]
 # **Reading the curves.** The study expects deep layers to spread out and reach further (U2a) or to focus (U2b).
-# Only the spreading half happens here: deep minus shallow entropy is
-# <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@0" fmt="{:+.3f}"-->+0.172<!--/num--> (rows spread out, U2a's (b)), max weight
-# falls (no focusing, against U2b), distance barely moves (U2a's (a)) (deep / shallow
-# <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->). Different, not broken:
-# unhealthy would be entropy pinned near 1 in every layer, or near 0.
+# Only the spreading happens: deep minus shallow entropy is <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@0" fmt="{:+.3f}"-->+0.172<!--/num--> (U2a's (b)), the
+# within-row `variance` (0 for uniform rows) and max weight fall (no focusing, against U2b). Distance does not grow
+# (deep / shallow <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->, against U2a's (a)) and sits near what uniform causal rows give
+# (<!--num "notebooks/02_understanding_maps.ipynb#out:uniform causal rows would read at mean distance@2"-->18.6<!--/num-->): it measures sequence length more than reach.
+# (`cross_modal` is §7's; `head_max_weight` the most focused head's.) Unhealthy: entropy pinned near 1 or 0.
 #
 # ## 3. Which positions are read: the read-frequency heatmap
 #
@@ -229,16 +220,19 @@ img_reads = np.stack([[A.image_reads(r).numpy() for r in sorted((r for r in recs
                       for s in L["sample"].unique()])  # [samples, layers, n_image]
 fig = plots.read_frequency_heatmap(img_reads.mean(0), None, f"the text's reads over the image positions, mean of {len(img_reads)} samples",
                                    quantity="text read frequency", layers=captured)
+fig.axes[0].set_xlabel("image position (index within the image block)")
 _ = plots.save(fig, out, "image_reads_heatmap")
+print("mean over samples: brightest image positions (index within the image block):",
+      ", ".join(str(int(i)) for i in np.argsort(img_reads.mean((0, 1)))[::-1][:4]))
 
 # %% [markdown]
-# **What to look at.** In the first heatmap (`single-0`) the positions before the image are bright in every layer: the
-# [sink](../docs/GLOSSARY.md#sink). The colour is log10 of the raw read frequency (no chance level: a key's even share
-# differs from row to row here). Inside the image block, two positions (keys
-# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re="reads?[^:]*: ([0-9]+),"-->28<!--/num--> and
-# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re=", ([0-9]+)$"-->36<!--/num-->) stay bright
-# through the layers: anchors. The second heatmap averages over samples, so what survives is read on *every* picture — a
-# position bias, not content. Unhealthy: the image block dark everywhere.
+# **What to look at.** First heatmap (`single-0`, x: sequence positions, log10 of the normalised read frequency;
+# no single chance level, a key's even share differs from row to row): the positions before the image are bright in
+# every layer, the [sink](../docs/GLOSSARY.md#sink); inside the image, keys
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re="reads?[^:]*: ([0-9]+),"-->28<!--/num--> and <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re=", ([0-9]+)$"-->36<!--/num--> stay bright through the layers:
+# anchors. The second (x: index within the image block) averages the text's reads over samples, so what survives is
+# read on *every* picture, a position bias: brightest <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@0"-->12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@1"-->11<!--/num-->,
+# <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@2"-->33<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@3"-->30<!--/num-->. Unhealthy: the image block dark everywhere.
 #
 # ## 4. Visual anchors
 #
@@ -262,6 +256,7 @@ placement = pd.DataFrame([{"sample": s.id, "layer": li, **A.anchor_placement(AS[
 chance_jaccard = TOP_K / (2 * n_image - TOP_K)
 print("anchor Jaccard between layers (mean over samples):\n", np.round(persist, 2))
 print(f"layer {lo} vs layer {mid}: {shallow_mid:.2f} (chance {chance_jaccard:.2f})")
+print(f"U1: the top 10% of image positions take {L.top10_share.mean():.2f} of the text's image reads (an even read: 0.10)")
 print(pd.DataFrame(stab).T[["within", "across", "n_within", "n_across"]].round(3).to_string())
 print(placement.groupby("layer")[["object", "object_chance", "edge", "edge_chance", "background", "background_chance"]].mean().round(3).to_string())
 
@@ -283,18 +278,17 @@ print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccar
       f"{np.mean(sink) / max(np.mean(anchor_mass), 1e-9):.1f}x the mass of the {TOP_K} anchors")
 
 # %% [markdown]
-# **Reading the anchor tables.** *Jaccard*: the text keeps reading some of the same positions through the layers
-# (layer 0 vs 1: <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@2" fmt="{:.2f}"-->0.23<!--/num-->, chance
-# <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@3" fmt="{:.2f}"-->0.05<!--/num-->), but U3 (a)'s bar is
-# <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance and the interval
-# [<!--num "notebooks/02_understanding_maps.ipynb#out:U3 · > interval (95%)@1" fmt="{:.3f}"-->0.142<!--/num-->,
-# <!--num "notebooks/02_understanding_maps.ipynb#out:U3 · > interval (95%)@2" fmt="{:.3f}"-->0.354<!--/num-->] reaches below it; *stability*: anchors
-# overlap more within a scene type than across in most layers, but U3 (b)'s interval includes 0. *Placement*, the
-# clearest result: anchors land on object patches <!--num "notebooks/02_understanding_maps.ipynb#out:they land on object patches@3"-->4.6<!--/num-->× as
-# often as random patches. *Sink test*: the positions before the image take
-# <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@1"-->0.334<!--/num--> of the text's reads, the anchors
-# <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@3"-->0.207<!--/num-->: a cache keeping anchors but dropping the
-# sink would lose the larger share.
+# **Reading the anchor tables.** *U1*: the top tenth of image positions takes
+# <!--num "notebooks/02_understanding_maps.ipynb#out:U1: the top 10%@1"-->0.41<!--/num--> of the text's image reads, well above an even read but under U1's bar of
+# <!--const U1's bar, written before the numbers-->0.5<!--/const-->: uneven, not very. *Jaccard*: the text keeps
+# reading some of the same positions through the layers (layer 0 vs 1: <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@2" fmt="{:.2f}"-->0.23<!--/num-->,
+# chance <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@3" fmt="{:.2f}"-->0.05<!--/num-->), but U3 (a)'s bar is
+# <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance, and its interval (§11) reaches below it;
+# *stability*: anchors overlap more within a scene type than across in most layers. *Placement*, the clearest result:
+# anchors land on object patches <!--num "notebooks/02_understanding_maps.ipynb#out:they land on object patches@3"-->4.6<!--/num-->× as often as random patches. *Sink test*:
+# the positions before the image take <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@1"-->0.334<!--/num--> of the text's reads, the
+# anchors <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@3"-->0.207<!--/num-->: a cache keeping anchors but dropping the sink would
+# lose the larger share.
 
 # %% [markdown]
 # ## 5. Which words read the image
@@ -308,7 +302,9 @@ F = token_flow(recs, tokens, set(tok.all_special_tokens))
 flow = F.pivot_table(index="class", columns="band", values="image_share", aggfunc="mean").reindex(
     [c for c in CLASSES if c in set(F["class"])])[["shallow", "middle", "deep"]]
 counts = F[F.layer == captured[0]].groupby("class").size()
-print(flow.round(3).assign(n_tokens=counts).to_string())
+F["even"] = 1.0 if CROSS else n_image / (F["pos"] + 1)  # the image's share of the keys the row can see
+even = F[F.layer == captured[0]].groupby("class").even.mean()
+print(flow.round(3).assign(even_reading=even.round(3), n_tokens=counts).to_string())
 content = F[F["class"].isin(["object", "attribute", "position"])].image_share.mean()
 function = F[F["class"].isin(["function", "punctuation"])].image_share.mean()
 print(f"content words {content:.3f} vs function words and punctuation {function:.3f}")
@@ -317,13 +313,14 @@ print(f"deep band: punctuation {flow.loc['punctuation', 'deep']:.3f} vs object w
       if {"punctuation", "object"} <= set(flow.index) else "")
 
 # %% [markdown]
-# **What to look at.** U5 expects content words to read the image far more than function words (a ratio of 2 or
-# more). Here content words lead only slightly (<!--num "notebooks/02_understanding_maps.ipynb#out:content words@0"-->0.773<!--/num--> vs
-# <!--num "notebooks/02_understanding_maps.ipynb#out:content words@1"-->0.742<!--/num-->). The surprise is punctuation: least of all classes in the shallow
-# band, *more* than object words in the deep band (<!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@0"-->0.849<!--/num--> vs
-# <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@1"-->0.814<!--/num-->): positions late in the prompt collect image information
-# for the answer. For a cache: scoring image keys by what *content* words read misses some of the heaviest readers;
-# scoring from the last prompt positions ([SnapKV](../docs/GLOSSARY.md#snapkv)'s observation window) catches them.
+# **What to look at.** `even_reading` is the image's share of the keys a row can see: what it would put on the
+# image reading every key alike (high, because the text follows the image). No class beats it in any band: the deep
+# band sits at or just under it (punctuation <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@0"-->0.849<!--/num-->, object words <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@1"-->0.814<!--/num-->), the shallow
+# band far under (punctuation <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@2"-->0.359<!--/num-->). U5 expects content words to read the image far more than function
+# words (a ratio of 2 or more); they lead only slightly (<!--num "notebooks/02_understanding_maps.ipynb#out:content words@0"-->0.773<!--/num--> vs <!--num "notebooks/02_understanding_maps.ipynb#out:content words@1"-->0.742<!--/num-->). Punctuation
+# rises most with depth, but only up to an even reading: it stops avoiding the image rather than collecting it. For a
+# cache: the prompt's words do not single out image keys, and the last prompt positions
+# ([SnapKV](../docs/GLOSSARY.md#snapkv)'s observation window) read as much image as any.
 
 # %% [markdown]
 # ## 6. Does an object word look at its object?
@@ -348,33 +345,34 @@ else:
     print(f"{n_loc} object questions (median selectivity per layer):\n{sel.round(2).to_string()}")
     print(f"layers where the object word looks AWAY from its object (median selectivity < 1): {away}; "
           f"best layer {sel['trained'].idxmax()} at {sel['trained'].max():.2f}")
+    t1, c1 = sel["trained top-1 on target"], sel["untrained top-1 on target"]
+    print(f"brightest patch on the named object: trained {t1.min():.2f}-{t1.max():.2f}, untrained {c1.min():.2f}-"
+          f"{c1.max():.2f} of the questions, over the layers")
 
 # %% [markdown]
-# **What to look at.** Healthy grounding: selectivity well above 1, the control at 1. The control is about 1
-# everywhere; the trained model's median peaks in layer
-# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer (\S+) at"-->0<!--/num--> at only
-# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer \S+ at (\S+)"-->1.22<!--/num-->, and in layers
-# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re=": (\[.*\]);"-->[1, 2, 3]<!--/num--> its median is
-# below 1: more attention per patch on the *other* objects. These are medians without intervals; the scoreboard decides
-# U11 on the best layer's interval over samples, and it is
-# <!--num "notebooks/02_understanding_maps.ipynb#out:U11 · " re="U11 · (.+)"-->inconclusive<!--/num-->: on this model a
-# question's object word is not shown to read its own object, and not firmly shown to avoid it either. Perhaps that
-# position reads the scene (what distinguishes "the triangle") while the lookup happens at the last prompt position
-# (exercise 4). For a cache: do not pick image keys from the question's words.
+# **What to look at.** Healthy grounding: selectivity well above 1 (U11's bar:
+# <!--const U11's bar, written before the numbers-->1.5<!--/const-->), the control at 1, as here. The trained model's median peaks in layer <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer (\S+) at"-->0<!--/num--> at only
+# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer \S+ at (\S+)"-->1.22<!--/num--> and is below 1 in layers <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re=": (\[.*\]);"-->[1, 2, 3]<!--/num-->:
+# more attention per patch on the *other* objects. Yet its brightest patch lands on the named object in
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@0"-->0.31<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@1"-->0.44<!--/num--> of the questions against the control's
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@2"-->0.05<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. The scoreboard (§11)
+# decides U11 on the best layer's interval over samples: not shown either way. Perhaps that position reads the scene
+# while the lookup happens at the last prompt position (exercise 4). For a cache: do not pick image keys from the
+# question's words.
 
 # %% [markdown]
 # ## 7. Modality blocks and head roles
 #
 # The four [modality blocks](../docs/GLOSSARY.md#modality-blocks) as shares of *all* the layer's attention, and the
 # [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) (image→text + text→image). Text→image is small partly
-# because the text has far fewer rows than the image (07's "image share of text queries' reads" divides by the text
-# rows only). Then [head roles](../docs/GLOSSARY.md#head-roles): how many heads are focused.
+# because the text has far fewer rows than the image. Then [head roles](../docs/GLOSSARY.md#head-roles): how many heads are focused.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 blocks = L.groupby("layer")[["image->image", "text->text", "image->text", "text->image", "cross_modal"]].mean()
 print("shares of the whole map's attention mass (the four blocks sum to 1; X→Y = X queries reading Y keys):")
 print(blocks.rename(columns=BLOCK_LABELS).round(3).T.to_string())
+print(f"cross-modal share over the layers: {blocks.cross_modal.min():.2f} to {blocks.cross_modal.max():.2f}")
 fig = plots.per_layer_boxes(H.groupby(["layer", "head"]).cross_modal.mean().unstack().to_numpy(),
                             "per-head cross-modal share", "share")
 fig.axes[0].axhline(0.05, color="r", ls="--", lw=0.8, label="0.05: a modality cut-off (07)")
@@ -389,16 +387,13 @@ print("share of heads whose rows put > 0.45 on one key (on average), per layer:"
 
 # %% [markdown]
 # **What to look at.** image→image dominates every layer, and the cross-modal share stays within
-# <!--num "notebooks/02_understanding_maps.ipynb#out:Text and image meet in every layer@0"-->0.17<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:Text and image meet in every layer@1"-->0.25<!--/num-->:
-# text and image meet in every layer (unhealthy: under ~<!--const U10's cut-off, fixed before any run-->0.05<!--/const-->,
-# a modality cut-off, notebook 07). In the boxes, heads sit around a median of
-# <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@0" fmt="{:.2f}"-->0.21<!--/num--> with one outlier at
-# <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@1" fmt="{:.2f}"-->0.52<!--/num--> (layer
-# <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@2"-->0<!--/num-->), and the lowest head at
-# <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@4" fmt="{:.2f}"-->0.09<!--/num-->. The surprise: only layer 0 has focused heads
-# (<!--num "notebooks/02_understanding_maps.ipynb#out:share of heads whose rows put@2"-->0.12<!--/num--> of them); from layer 1 on no head averages more than
-# <!--const U8's focused-head threshold, fixed before any run-->0.45<!--/const--> on one key — the study's "a few focused
-# heads in every layer" (U8) is not this model.
+# <!--num "notebooks/02_understanding_maps.ipynb#out:cross-modal share over the layers:@0"-->0.17<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:cross-modal share over the layers:@1"-->0.25<!--/num-->: text and image meet in every layer (unhealthy: under
+# ~<!--const U10's cut-off, fixed before any run-->0.05<!--/const-->, a modality cut-off, notebook 07). In the boxes,
+# heads sit around a median of <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@0" fmt="{:.2f}"-->0.21<!--/num--> with one outlier at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@1" fmt="{:.2f}"-->0.52<!--/num-->
+# (layer <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@2"-->0<!--/num-->), the lowest at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@4" fmt="{:.2f}"-->0.09<!--/num-->. The surprise: only layer 0 has focused
+# heads (<!--num "notebooks/02_understanding_maps.ipynb#out:share of heads whose rows put@2"-->0.12<!--/num--> of them); from layer 1 on no head averages more than
+# <!--const U8's focused-head threshold, fixed before any run-->0.45<!--/const--> on one key: the study's "a few
+# focused heads in every layer" (U8) is not this model.
 
 # %% [markdown]
 # ## 8. Decoding: image reads while writing a caption
@@ -411,31 +406,35 @@ rows = []
 for s in samples[:N_CAPTIONS]:
     gen_toks, res = decode_with_capture(model, processor, s.image, "describe the image .", s.id, max_new_tokens=16,
                                         layers=LAYERS)
+    plen = inputs_for(model, processor, s.image, "describe the image .")["input_ids"].shape[-1]
     for li in captured:
         share = producing_rows(res, s.id, len(gen_toks), li, part=PART).mean(1)
-        rows += [{"sample": s.id, "layer": li, "k": k, "token": t, "class": token_class(t), "image_share": float(v)}
+        rows += [{"sample": s.id, "layer": li, "k": k, "token": t, "class": token_class(t), "image_share": float(v),
+                  "even": 1.0 if CROSS else n_image / (plen + k)}  # token k's row sees the prompt and k tokens
                  for k, (t, v) in enumerate(zip(gen_toks, share.tolist()))]
 D = pd.DataFrame(rows)
 print("example caption:", " ".join(D[(D["sample"] == samples[0].id) & (D.layer == captured[0])].token))
-dec = D.groupby("class").image_share.agg(["mean", "count"])
+dec = D.groupby("class").agg(mean=("image_share", "mean"), even_reading=("even", "mean"), count=("k", "size"))
 print(dec.round(3).to_string())
-one = D[(D["sample"] == samples[0].id)].groupby(["k", "token"]).image_share.mean().reset_index()
+one = D[(D["sample"] == samples[0].id)].groupby(["k", "token"])[["image_share", "even"]].mean().reset_index()
 print(f"bars below ({samples[0].id}):", ", ".join(f"{r.token} {r.image_share:.3f}" for r in one.itertuples()))
 fig = plots.bars({f"{r.k}:{r.token}": r.image_share for r in one.itertuples()},
                  f"image share of each generated token, {samples[0].id} (mean over layers and heads)", "share")
+fig.axes[0].plot(range(len(one)), one.even, "c_", ms=24, mew=2, label="even reading")
+fig.axes[0].legend(fontsize=7, loc="lower right")
 _ = plots.save(fig, out, "decoding_image_share")
 c_dec = D[D["class"].isin(UC.CONTENT)].image_share.mean()
 f_dec = D[D["class"].isin(UC.FUNCTION)].image_share.mean()
 print(f"while decoding: content words {c_dec:.3f} vs function words and punctuation {f_dec:.3f} (ratio {c_dec / f_dec:.2f})")
 
 # %% [markdown]
-# **What to look at.** U6 expects image reads to *rise* on words that name image content. The bars, one caption
-# (`single-0`'s *green triangle left*), only rank its content words: colour
-# <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@1"-->0.523<!--/num-->, shape <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@2"-->0.565<!--/num-->, position
-# <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@3"-->0.732<!--/num-->. U6 is decided on the class table (all captions): punctuation reads the
-# image most (<!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@1"-->0.767<!--/num-->), as in the prompt's deep band, so the content /
-# function ratio is <!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@2" fmt="{:.2f}"-->0.80<!--/num-->: generated content words read the
-# image *less* than the punctuation around them.
+# **What to look at.** Every generated token reads the image *less* than an even reading would (the cyan marks;
+# the class table's `even_reading`): while captioning, the model leans on the text it wrote. U6 expects image reads to
+# *rise* on words naming image content. The bars (`single-0`'s three-word caption) rise with position instead: colour
+# <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@1"-->0.523<!--/num-->, shape <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@2"-->0.565<!--/num-->, position <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@3"-->0.732<!--/num-->. Over all captions punctuation
+# reads the image most (<!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@1"-->0.767<!--/num-->), so the content / function ratio is
+# <!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@2" fmt="{:.2f}"-->0.80<!--/num-->; but punctuation is few rows (the `count` column), late in each caption, so the
+# ratio partly compares positions.
 
 # %% [markdown]
 # ## 9. Scene types
@@ -447,9 +446,10 @@ print(by_type.round(3).to_string())
 print(f"spread across scene types: entropy {np.ptp(by_type.norm_entropy):.3f}, top-10% share {np.ptp(by_type.top10_share):.3f}")
 
 # %% [markdown]
-# **What to look at.** Pictures with more objects (clutter, diagram) give more focused rows and more concentrated
-# reads ([Gini](../docs/GLOSSARY.md#gini)) than single-object ones, but the spread across types is small (last line):
-# a cache policy tuned on one scene type should carry over here. Unhealthy: one type far off the rest.
+# **What to look at.** Pictures with more objects (clutter, diagram) give more focused rows (lower entropy, higher
+# max weight) and more concentrated reads by [Gini](../docs/GLOSSARY.md#gini), though not by top-10% share. The
+# entropy spread across types (<!--num "notebooks/02_understanding_maps.ipynb#out:spread across scene types:@0"-->0.082<!--/num-->) is about half the depth effect (§2): tune a cache policy on a
+# mix of scene types, not one. Unhealthy: one type far off the rest.
 
 # %% [markdown]
 # ## 10. Explore
@@ -463,8 +463,8 @@ explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image f
 explorer
 
 # %% [markdown]
-# Without a kernel (what the course website shows; `make book`): the explorer's picture at every captured layer, drawn
-# now, and a layer slider that swaps them in the page.
+# Without a kernel (the course website, `make book`): the explorer's picture at every captured layer, with a layer
+# slider.
 
 # %% tags=["nbval-ignore-output"]
 from unicache_lib.static_explorer import static_attention_explorer
@@ -473,29 +473,34 @@ static_attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s
                           questions={s.id: s.question for s in map_samples})
 
 # %% [markdown]
-# The same view as a static figure: the first look's picture, layer 1, the last prompt position (the one that
-# produces the answer) reading the image, in the head of that layer where it reads the picture most.
+# The same view as a static figure: the first look's picture, layer 1, the last prompt position (which produces the
+# answer) in the head where it reads the picture most.
 
 # %%
 rec1 = next(r for r in maps if r.sample == first.id and r.layer == captured[min(1, len(captured) - 1)])
 last = (rec1.probs.shape[1] if CROSS else len(toks)) - 1
 _, h1, peak1 = reading_head([rec1], last)  # the head of layer 1 whose last row puts most on one image key
 print(f"layer {rec1.layer}, head {h1}: the last position's brightest patch gets {peak1:.1f}x uniform")
+if not CROSS and grids[first.id][0] is not None and first.has_masks:
+    w1, g1 = rec1.probs[h1][last, rec1.spans.image_index], grids[first.id][1]
+    cov = grid_cover(first.masks, grids[first.id][0])[:, int((w1[g1] if g1 is not None else w1).argmax())]
+    print(f"that patch: " + ", ".join(f"{c:.0%} {o['colour']} {o['shape']}" for c, o in zip(cov, first.objects) if c > 0)
+          + f" (the rest background); the question: {first.question!r}")
 fig = plots.map_panel(rec1.probs[h1], rec1.spans, first.image, last, toks, f"sample {first.id} · layer {rec1.layer} · head {h1}",
                       cross=CROSS, grid=grids[first.id][0], grid_tokens=grids[first.id][1], question=first.question)
 _ = plots.save(fig, out, "explorer_static")
 
 # %% [markdown]
-# **What to look at.** Left: the raw map in sequence order; middle: regrouped so the four blocks are contiguous;
-# right: the chosen query over the picture, whose brightest patch gets
-# <!--num "notebooks/02_understanding_maps.ipynb#out:the last position's brightest patch gets@2" fmt="{:.1f}"-->40.8<!--/num-->×
-# uniform (the other heads of the layer read less). In the widget, try the last token in layer 1 across heads
-# (exercise 4).
+# **What to look at.** Left: the raw map; middle: in blocks; right: the last position over the picture, its brightest patch at
+# <!--num "notebooks/02_understanding_maps.ipynb#out:the last position's brightest patch gets@2" fmt="{:.1f}"-->40.8<!--/num-->× uniform. That patch is a failure:
+# it is only <!--num "notebooks/02_understanding_maps.ipynb#out:that patch:@0"-->20<!--/num-->% object, the edge of the purple circle, while the question asks for a purple
+# *triangle* (the picture's is red): this head reads the purple object, not a triangle. In the widget, try the
+# last token in layer 1 across heads (exercise 4).
 
 # %% [markdown]
 # ## 11. Claims scoreboard
 #
-# Why each claim matters for a KV cache (the scoreboard prints the study's statements). Verdicts follow the
+# Why each claim matters for a KV cache. Verdicts follow the
 # [interval rule](../docs/GLOSSARY.md#interval), fixed before any number; criteria (a), (b) are decided apart,
 # "partly" when some hold.
 
@@ -516,21 +521,22 @@ UC.measure_anchor_claims(board, L, img_reads, AS, bands, scene_of, placement, si
                          [r.sample for r in recs], TOP_K, CROSS, family.name, sample_set.missing(samples, "masks"))
 UC.measure_word_claims(board, F, D, CROSS)  # U5, U6
 UC.measure_localisation_claims(board, loc, ctrl, sample_set.missing(samples, "masks"))  # U11
-board.save(out / "scoreboard.json")
-print({c: r.verdict for c, r in board.rows.items()})
+board.save(out / "scoreboard.json")  # shown next
 
 # %%
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** Each verdict is what the shipped model does, not what the study says; run the notebook
-# on a real checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU) to see whether a claim holds there.
-# [Inconclusive](../docs/GLOSSARY.md#inconclusive): the note says roughly how many samples would settle it.
+# **Reading the scoreboard.** Each verdict is what the shipped model does, not what the study says; a real
+# checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU) may differ.
+# [Inconclusive](../docs/GLOSSARY.md#inconclusive): the note says roughly how many samples would settle it. Three
+# values need their rule: U8's is the share of layers meeting it (no sampling spread), U4 (b) anchor minus sink reads
+# (negative: the sink takes more), U9 (a) image→image minus the next-largest block in its worst layer.
 #
 # ## What this run showed
 #
-# Written from this run's scoreboard (on your model, your numbers). On the shipped model it says, for a cache: keep the
-# sink, select image keys per layer, score them from the last prompt positions.
+# Written from this run's scoreboard. On the shipped model it says, for a cache: keep the sink, select image keys per
+# layer, score them from the last prompt positions.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -591,26 +597,24 @@ decisions = pd.DataFrame([
      "near or below 1: question words do not point at their object; do not select image KV by the question's words",
      "07 (U12), 02 exercise 3"),
     ("share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict()),
-     "few focused heads: the diffuse ones are pruning candidates, but test it (P3)", "04: FRACTIONS"),
+     "few focused heads: the diffuse ones are pruning candidates, but test it (04's claim P3)", "04: FRACTIONS"),
 ], columns=["measurement", "value here", "what it suggests on your model", "where"])
 WrappedTable(decisions)  # every cell whole, also as plain text
 
 # %% [markdown]
 # ## Exercises
 #
-# Each starter cell below sets the work up and leaves one gap, `... # <- fill in`: fill it and run the cell (★ and ★★
-# in under a minute). Solutions with measured outcomes: `solutions/02_understanding_maps.py` (`--only K`).
+# Each starter cell sets the work up and leaves one gap, `... # <- fill in`: fill it, run the cell (★, ★★: under a
+# minute). Solutions with measured outcomes: `solutions/02_understanding_maps.py` (`--only K`).
 #
-# 1. ★ Set `k` to 3, then to 12 (§4 used `TOP_K`). Which anchor conclusions (U3 (a), U4 (a)) survive?
+# 1. ★ Try a smaller and a larger `k` than §4's `TOP_K`. Which anchor conclusions (U3 (a), U4 (a)) survive?
 # 2. ★ Count "color" as a function word instead of an attribute (relabel the token-flow table). Does U5 change?
 # 3. ★★ Run section 6 on *what shape is the {colour} object ?* with the colour word as the query (the starter shows
 #    the call). Is colour a better pointer than shape, and in which layer?
 # 4. ★★ In the explorer, find a head whose overlay for the last token lights up only the asked object; then measure
 #    it per head (`query="last", per_head=True`).
 # 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) of LLaVA-1.5-7B (the starter
-#    prints how to build it; then `papermill notebooks/02_understanding_maps.ipynb /tmp/02.ipynb -p MODEL
-#    outputs/rehearsal/models/llava-1.5-7b -p LAYERS "[0, 15, 31]" -p PER_TYPE 1 -p MAP_PER_TYPE 1 -p N_CAPTIONS 2`),
-#    or a real checkpoint on a GPU. How does an untrained model's depth table differ from this run's?
+#    prints the commands) or a real checkpoint on a GPU. How does an untrained model's depth table differ from this run's?
 
 # %%
 # Exercise 1 starter: §4's anchor conclusions at another k, from the notebook's own reads (`img_reads`, `kinds`)
@@ -638,7 +642,7 @@ def u5(df):  # image share of content words over that of function words and punc
 
 
 if relabel is ...:
-    print(f"Fill in `relabel`, then run this cell again ('color' is a {token_class('color')} word now, "
+    print(f"Fill in `relabel`, then run this cell again ('color' counts as {token_class('color')} now, "
           f"{int(is_color.sum())} rows).")
 else:
     moved.loc[is_color, "class"] = relabel
