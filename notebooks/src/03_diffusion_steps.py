@@ -1,25 +1,25 @@
 # %% [markdown]
 # # 03 · How attention evolves over denoising steps (MMDiT and cross-attention DiT)
 #
-# **What you will learn**: how to capture a diffusion transformer's attention at every denoising step without
-# changing a pixel; how entropy and step-to-step similarity move from the first (noisy) steps to the last, and
-# from which step maps could be reused (the [knee](../docs/GLOSSARY.md#knee)); how hard the prompt pulls at each
-# step; whether either side of joint attention is steadier; whether a generator's heads are more alike than an
-# understanding model's; and whether a word's attention lands on the object it names, which the first picture
-# (section 0) asks. The study's claims G1–G9 and their verdicts are in section 11.
+# **What you will learn**: to capture a diffusion transformer's attention at every denoising step without changing
+# a pixel; how entropy and step-to-step similarity move from the noisy first steps to the last, and from which step
+# maps could be reused (the [knee](../docs/GLOSSARY.md#knee)); how hard the prompt pulls per step; and whether a
+# word's attention lands on the object it names, which the first picture (section 0) asks.
+#
+# ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
+
+# %% [markdown]
+# Section 11 rules on the claims G1, G2, G4–G7 and G9 (G3 and G8: notebook 06).
 #
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
-# `[image | text]`) and `tiny-pixart` (PixArt class: image self-attention plus image→text cross-attention), or on
-# a diffusers pipeline folder of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana (`GENERATORS`, `DEVICE`, `DTYPE`; at real
-# sizes `LAYERS` and `MAP_QUERY_STRIDE` thin the capture; Sana's linear self-attention forms no map, its
-# cross-attention is captured).
+# `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on a diffusers
+# SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana folder (`GENERATORS`, `DEVICE`, `DTYPE`; at real sizes `LAYERS` and
+# `MAP_QUERY_STRIDE` thin the capture).
 #
 # Terms: [phase](../docs/GLOSSARY.md#phase) (early = the first <!--const the phase boundaries, a definition fixed before any run-->20%<!--/const-->
 # of the steps, middle = up to <!--const the phase boundaries, a definition fixed before any run-->60%<!--/const-->, late = the rest),
 # [CFG](../docs/GLOSSARY.md#cfg), [IoU](../docs/GLOSSARY.md#iou). `X->Y` = queries of X reading keys of Y.
-#
-# ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% tags=["parameters"]
 GENERATORS = ["tiny-mmdit", "tiny-pixart"]   # shipped names or diffusers pipeline folders
@@ -78,11 +78,11 @@ prompts = load_prompts(PROMPTS, N_SINGLE, N_PAIRS, SEED)  # N_SINGLE prompts, th
 # %% [markdown]
 # ## 0. A first look: does a word look at what it names?
 #
-# A two-object prompt whose objects differ in colour and in shape (so each word names one object), the first of the
-# set that both generators draw in full (sampled with the same seed as in the later sections). Left, what each
-# generator drew; right, the image queries' attention to each colour and shape word, averaged over heads, layers and
-# steps, in multiples of an even read (× uniform: 1 is chance, marked on the colour bar). A figure's panels share one
-# scale: compare their brightness, not only where each is brightest.
+# For each generator, the first prompt it draws in full: two-object prompts whose objects differ in colour and shape
+# (each word names one object) first, else a one-object one; seeds as in the later sections. Left, the picture;
+# right, the image queries' attention to each colour and shape word, averaged over heads, layers and steps, in
+# × uniform (1 = an even spread over the keys, marked on the colour bar). Panels share one scale: compare their
+# brightness, not only where each is brightest.
 
 # %%
 from unicache_lib.analysis.word_regions import (distinct_objects, drawn_objects, fully_drawn, peak_objects,
@@ -135,20 +135,20 @@ for m, run in look.items():
 
 # %% [markdown]
 # **What to look at.** Judge a word map only against an object the model drew: healthy is a bright blob on *its*
-# object. **This run** (the lines above) shows a failure, and says where. The MMDiT drew both objects of its first
-# two-object prompt, yet its word maps do not sit on their own objects: its brightest word reaches
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform,
-# and the brightest patches are
+# object. Two scales: brightness in × uniform (1 = an even spread over the keys), and the IoU of the word's top
+# patches with its object against a random region's IoU ("chance"). **This run** shows a failure.
+# The MMDiT drew both objects, and its brightest word reaches
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform, but off target:
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch" re="patch: (.*)"-->'green' on background, 'circle' on background, 'blue' on the green circle <- another object, 'triangle' on background<!--/num-->
-# ("another object": a word lighting the object it does *not* name, a binding error; 'circle', the best placed,
-# reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> against a chance of
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->).
-# Bright is not the same as placed. PixArt drew none of the tried two-object prompts in full (section 2 counts its
-# failures), so its first look is a one-object prompt, and it reads at chance: no word rises above
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform
-# anywhere. Its cross-attention spreads almost evenly over the few words; where the colour word is a little less
-# even is on the object (IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num-->),
-# which is what places it. Section 9 measures word maps over all prompts (G9).
+# ("another object": a word lighting the object it does *not* name, a binding error); 'circle', the best placed,
+# reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> against a chance IoU of
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->. Bright is not placed. PixArt drew none of the
+# tried two-object prompts in full (section 2), so it shows a one-object prompt. Its cross-attention spreads almost
+# evenly over the few words (no word above <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform), yet the
+# colour word's least even patches are the object's: IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> against a chance IoU of
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->. 'triangle''s brightest patch only grazes the
+# triangle (under a quarter covered, which IoU counts as background), hence IoU
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.00<!--/num-->. Section 9 measures all prompts (G9).
 #
 # The two models, the prompts and the run:
 
@@ -249,8 +249,7 @@ if len(pairs):
 # **This run**: the MMDiT follows single-object prompts perfectly; PixArt gets colour and position right but the
 # shape only in <!--num "notebooks/03_diffusion_steps.ipynb#out:colour  position  shape > tiny-pixart long > short@2" fmt="{:.3f}"-->0.688<!--/num--> of the short prompts. Pairs are
 # harder: the MMDiT gets every different-colour pair right but swaps or repeats shapes in same-colour pairs;
-# PixArt draws only one object of every same-colour pair and no different-colour pair fully right. Section 9
-# scores word maps only against objects actually drawn.
+# PixArt draws only one object of every same-colour pair and no different-colour pair fully right.
 
 # %%
 import matplotlib.pyplot as plt
@@ -314,8 +313,8 @@ print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to 
 
 # %% [markdown]
 # **What to look at.** Coarse to fine is entropy that falls (and max weight that rises) from the first step to the
-# last. The first figure is the table above averaged over layers; the grid shows it per layer and step (each panel
-# reads left to right, early to late steps). **This run**: only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
+# last. The first figure averages the table over layers; the grid shows each layer per step (left to right: early
+# to late). **This run**: only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
 # early, <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@3" fmt="{:.3f}"-->0.317<!--/num--> late); the MMDiT's entropy *rises* late in blocks 0 and 1
 # (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
@@ -363,7 +362,14 @@ knees = G.knee_table(short_T, (THRESHOLD, STRICT_THRESHOLD))  # one row per (mod
 for col, c in (("sim", ""), ("out_sim_img", "out ")):
     by_phase = short_T.groupby(["model", "part", "layer", "phase"])[col].mean().unstack("phase").reindex(columns=list(G.PHASES))
     knees[f"early {c}sim"], knees[f"late {c}sim"] = by_phase["early"], by_phase["late"]  # step 0 has no previous step
-print(knees.round(3).to_string())
+shown = knees.drop(columns="n_steps").round(3)  # n_steps is STEPS on every row
+for c in [c for c in shown if c.startswith("knee")]:  # a step number, or "never" where the curve never settles
+    shown[c] = shown[c].astype("Int64").astype(str).replace("<NA>", "never")
+print(shown.to_string())
+for (m, p), d in short_T.groupby(["model", "part"]):  # the outputs' curve per step, mean over layers and prompts
+    o = d.groupby("step").out_sim_img.mean()
+    print(f"{m} {p}: output cosine highest {o.max():.3f} (step {int(o.idxmax())}), {o.iloc[-1]:.3f} at the last step; "
+          f"output knee at {STRICT_THRESHOLD:g}: never in {int(knees.loc[(m, p), f'knee (outputs) @{STRICT_THRESHOLD:g}'].isna().sum())} of {d.layer.nunique()} layers")
 window = {(m, t): G.reuse_window(knees.loc[m, f"knee (maps) @{t:g}"], STEPS) for m in GENERATORS for t in (THRESHOLD, STRICT_THRESHOLD)}
 for m in GENERATORS:
     print(f"{m}: lowest adjacent-step cosine {knees.loc[m, 'min sim'].min():.3f}; " + "; ".join(
@@ -372,14 +378,19 @@ for m in GENERATORS:
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
 
 # %% [markdown]
-# **What to look at.** A curve good for reuse starts low and climbs over the threshold at the knee; one that never
-# clears it must be computed every step. **This run**: the lowest adjacent-step cosine of any layer is
+# **What to look at.** A curve good for reuse climbs over the threshold at the knee and stays; one that never
+# clears it is computed every step. **This run**: the lowest adjacent-step cosine of any layer is
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> on the MMDiT and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
 # on PixArt, so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> the knee is step
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@2"-->1<!--/num--> for every layer. That threshold cannot tell these layers apart: with
 # 64 image tokens adjacent steps are nearly identical from the start (the study's early
-# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images). Only the strict line cuts
-# through the curves; the table above gives the knees at both.
+# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images), so G2 is
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G2 · " re="G2 · (.+)"-->partly<!--/num-->: late above <!--const G2's threshold, written before the numbers-->0.8<!--/const--> holds, early
+# below <!--const G2's threshold, written before the numbers-->0.6<!--/const--> fails (<!--num "notebooks/03_diffusion_steps.ipynb#out:G2 · > value@1" fmt="{:.2f}"-->0.99<!--/num-->). The *outputs* fall late,
+# to <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="([0-9.]+) at the last step"-->0.938<!--/num--> at the MMDiT's last step
+# (PixArt self-attention: <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart self: output cosine" re="([0-9.]+) at the last step"-->0.965<!--/num-->); at the strict line the MMDiT's outputs never
+# settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable,
+# which notebook 06's G3 (reuse in the last third) puts to the test.
 
 # %% [markdown]
 # ## 5. How hard does the prompt pull, step by step? (G6)
@@ -431,8 +442,8 @@ for m in GENERATORS:  # the phase means above hide the last step: read it per st
               + ("the last step pulls harder than the first" if g_step[-1] > g_step[0] else "the first step pulls hardest"))
 
 # %% [markdown]
-# **What to look at.** G6 expects guidance high at the start and low after, and long prompts' text entropy near 1
-# in the middle phase. **This run**: averaged over a phase, guidance is strongest early (MMDiT
+# **What to look at.** Guidance falling after the first steps; long prompts' middle-phase text entropy near 1 (a
+# collapse). **This run**: averaged over a phase, guidance is strongest early (MMDiT
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-mmdit  short@0" fmt="{:.3f}"-->0.182<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-mmdit  short@2" fmt="{:.3f}"-->0.088<!--/num--> late; PixArt
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short@0" fmt="{:.3f}"-->0.134<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short@2" fmt="{:.3f}"-->0.039<!--/num-->), but both curves
 # spike again at the last step, the MMDiT's (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@4" fmt="{:.2f}"-->0.32<!--/num-->) above its step 0
@@ -441,9 +452,12 @@ for m in GENERATORS:  # the phase means above hide the last step: read it per st
 # (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short > long@4" fmt="{:.3f}"-->0.732<!--/num--> (PixArt), below G6's
 # <!--const G6's threshold, written before the numbers-->0.9<!--/const-->.
 #
-# The MMDiT's text share is the same for short and long prompts because it counts all 48 text positions, padding
-# included (`text_share` in `unicache_lib/stats.py`): it measures reading the text *stream*, not the prompt's
-# words. The text entropy counts real prompt tokens only.
+# G6 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 · " re="G6 · (.+)"-->partly<!--/num-->: guidance does fall after the first steps (a), but long prompts' text entropy exceeds the short ones' by only
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 · > value@2" fmt="{:.3f}"-->0.012<!--/num--> (rule (c): above <!--const G6's threshold, written before the numbers-->0.05<!--/const-->): on the weaker model the extra clauses change nothing.
+# The MMDiT's text share is the same for short and long prompts because it counts every text position, padding
+# included (of the <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@0"-->112<!--/num--> keys, all but the
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: SD3Transformer2DModel" re="([0-9]+) image tokens"-->64<!--/num--> image tokens): it
+# measures reading the text *stream*, not the prompt's words. The text entropy counts real prompt tokens only.
 
 # %% [markdown]
 # ## 6. Joint attention: which side is steadier? (G4)
@@ -470,7 +484,7 @@ if len(jall):
 # <!--num "data/results/03_diffusion_steps.json#[claim=G4].criteria[name=a].value" fmt="{:.2f}"-->1.22<!--/num--> times as much as text→image (the rule asks
 # <!--const G4's threshold, written before the numbers-->1.5<!--/const-->), the image output stream
 # <!--num "data/results/03_diffusion_steps.json#[claim=G4].criteria[name=b].value" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's (intervals
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 · > interval (95%)" re="(\[.*\])"-->[1.162, 1.304]; (b) [1.045, 1.238]<!--/num-->; G4 <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 · " re="G4 · (.+)"-->does not hold<!--/num-->). Neither side is the safer one to reuse.
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 · > interval (95%)" re="interval [(]95%[)] +(.*)"-->(a) [1.162, 1.304]; (b) [1.045, 1.238]<!--/num-->; G4 <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 · " re="G4 · (.+)"-->does not hold<!--/num-->). Neither side is the safer one to reuse.
 
 # %% [markdown]
 # ## 7. Where is the cache pressure? (G5)
@@ -527,8 +541,8 @@ print(per_layer_red.round(3).to_string())
 # **This run**: PixArt's heads are more alike than tiny-llava's (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@1" fmt="{:.2f}"-->0.75<!--/num--> against
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer, its cross-attention heads most), the MMDiT's are not
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@0" fmt="{:.2f}"-->0.41<!--/num-->; above the understanding model in one layer only). G7, judged on the weaker
-# generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · " re="G7 · (.+)"-->does not hold<!--/num--> (interval <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > interval (95%)" re="(\[.*\])"-->[-0.04951, -0.004051]<!--/num-->). PixArt's cross-attention heads are the
-# candidates for one shared map per group of heads (not measured in this workbench; 04 prunes heads instead).
+# generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · " re="G7 · (.+)"-->does not hold<!--/num--> (interval <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > interval (95%)" re="(\[.*\])"-->[-0.04951, -0.004051]<!--/num-->). PixArt's cross-attention heads could
+# share one map per group (not measured here; 04 prunes heads instead).
 
 # %% [markdown]
 # ## 9. Does a word look at what it names? (G9)
@@ -549,12 +563,11 @@ print(bind.round(3).to_string())
 print("\n".join(DC.word_region_lines(loc, GENERATORS)))
 
 # %% [markdown]
-# **What to look at.** IoU well above chance: a word's brightest patches sit on its object. A healthy model keeps
-# two shape words apart whatever the colours; the study expected more overlap for same-colour pairs. **This run**:
+# **What to look at.** IoU well above chance: a word's top patches sit on its object; two shape words' regions
+# apart whatever the colours (the study expected more overlap for same-colour pairs). **This run**:
 # PixArt's cross-attention localises (colour words <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: colour words@0"-->9.2<!--/num-->× chance), the MMDiT's joint
 # attention does not (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: colour words@0"-->0.7<!--/num-->×): word maps are a usable pointer on the cross-attention
-# model only. (G9 (a) and the decision table pool colour and shape words, so their ratios are lower for PixArt and
-# higher for the MMDiT than the colour words' alone.) **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
+# model only (G9 (a) and the decision table pool colour and shape words). **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-pixart > same@0" fmt="{:.3f}"-->0.000<!--/num-->), on which the verdict rests, measures no binding. The MMDiT, which
 # drew both objects, shows the study's direction (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit > same@0" fmt="{:.3f}"-->0.415<!--/num--> same-colour against
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit@0" fmt="{:.3f}"-->0.130<!--/num--> different-colour).
@@ -577,14 +590,16 @@ for m in GENERATORS:
     print(f"{m}: another pair, prompt {i}, drawn: {drawn}; each word's brightest patch: " + ", ".join(
         f"{w!r} on {'the ' + o if o else 'background'}" + ("" if not o or w in o.split() else " <- another object")
         for w, o in peak_objects(run.images[i], prompts[i], show).items()))
+    print(f"{m}: × uniform per word, peak (share of patches above even): " + ", ".join(
+        f"{w!r} {float(np.max(v)) * keys:.1f} ({float(np.mean(np.asarray(v) * keys > 1)):.0%})" for w, v in show.items()))
 
 # %% [markdown]
-# **This run** (the lines above: what each generator drew for the asked objects, and where each word's brightest patch
-# lies). On the MMDiT:
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: another pair" re="brightest patch: (.*)"-->'orange' on the orange circle, 'circle' on background, 'square' on the orange square<!--/num-->. On PixArt:
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: another pair" re="brightest patch: (.*)"-->'orange' on the orange square, 'circle' on the orange square <- another object, 'square' on background<!--/num-->. A word
-# map points at what was drawn in the word's colour, where there is one; "another object" marks a word lighting an
-# object it does not name.
+# **This run**: a word map points at what was drawn in its colour, not at its shape. On the MMDiT
+# only 'orange' rises above even (peak <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word" re="'orange' ([0-9.]+)"-->7.1<!--/num--> × uniform), and only on the left object;
+# 'circle' and 'square' stay below even everywhere (peaks <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word" re="'circle' ([0-9.]+)"-->0.7<!--/num--> and
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word" re="'square' ([0-9.]+)"-->0.9<!--/num-->): the shape words read nothing. On PixArt, which drew only the square,
+# 'square' is above even on <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: × uniform per word" re="'square' [0-9.]+ [(]([0-9]+%)"-->100%<!--/num--> of the patches: spread over the whole
+# image, not placed.
 
 # %% [markdown]
 # ## 10. Explore: step, layer, head and word
@@ -605,13 +620,25 @@ wpos = G.word_positions(mrun.tokens[0], shape_word) or [0]
 fig = plots.step_panel(rec, 0, mrun.images[0], wpos[0], mrun.tokens[0],
                        f"{m0} · {prompts[0]['short']!r} · step {mid_step} · layer {last_layer} · head 0")
 _ = plots.save(fig, out, "step_panel")
+P = torch.as_tensor(rec.probs[0]).float().numpy()  # head 0, as drawn: the word's column over the image, × uniform
+text_first = rec.part == "joint" and rec.meta.get("token_order", "image|text").startswith("text")  # Flux: [text | image]
+n_img, img0 = rec.meta["n_image"], rec.meta["n_text"] if text_first else 0
+wcol = P[img0:img0 + n_img, ((0 if text_first else n_img) + wpos[0]) if rec.part == "joint" else wpos[0]] * P.shape[1]
+on = peak_objects(mrun.images[0], prompts[0], {shape_word: wcol})
+where = ("on the " + on[shape_word] if on[shape_word] else "on background") if on else "(not judged)"
+r, c = divmod(int(wcol.argmax()), int(round(n_img ** 0.5)))
+print(f"{shape_word!r} peaks at {wcol.max():.1f} × uniform, patch row {r}, column {c}: {where}")
+print(f"query rows whose largest weight is highest: {sorted(np.argsort(P.max(1))[-2:].tolist())} "
+      f"(weights up to {P.max():.2f}; an even read is {1 / P.shape[1]:.3f})")
 
 # %% [markdown]
 # **What to look at.** The image|text borders split the joint map into section 6's four blocks; a healthy head
 # has structure (bands, a diagonal), a degenerate one is flat or puts its mass on one column (a
-# [sink](../docs/GLOSSARY.md#sink)). On the right, bright on the object is a hit and bright beside it a miss: look where
-# the word's brightest patches sit before trusting the map (one head at one step is one reading). The sliders show how little
-# changes from step to step and how much from head to head.
+# [sink](../docs/GLOSSARY.md#sink)); on the right, bright on the object is a hit. **This
+# run** shows a miss: the word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num-->, below the drawn shape (patch row
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="row ([0-9]+)"-->3<!--/num-->, column <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="column ([0-9]+)"-->2<!--/num-->), and in the left panel query rows
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands). The sliders show how little changes from step to step and how much from head to head.
 
 # %% tags=["nbval-ignore-output"]
 explorer = step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].images)),
@@ -660,16 +687,15 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** The verdicts are what two small generators do: steps alike from the start (G2) and
-# little cache pressure (G5) are what 64 image tokens and few layers give. Run the notebook on a real SD3 or PixArt
-# checkpoint (`GENERATORS = [path]`) to see how far each number moves.
+# **Reading the scoreboard.** These are two small generators' verdicts: G2 and G5 fail from 64 image tokens and few
+# layers; a real SD3 or PixArt checkpoint (`GENERATORS = [path]`) may move each number.
 #
 # ## Recap: what this run showed
 #
-# - **Capture changes nothing**: images with and without it are identical.
+# - **Capture changes nothing** (identical images).
 # - **Coarse to fine (G1)** holds for PixArt's cross-attention only; the MMDiT's entropy rises late.
-# - **Adjacent steps (G2)** are alike from step 1 on, early as late: the study's threshold carries no information
-#   here; the strict one and the step count move the knees.
+# - **Adjacent maps (G2)** are alike from step 1 on: the study's threshold carries no information here. Their
+#   outputs fall late: by output the last steps are the least reusable.
 # - **Neither side of joint attention is steadier (G4)**, and the image side holds only
 #   <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values at this resolution (G5).
 # - **The prompt pulls hardest early on average (G6)**, and again at the last step; long prompts do not collapse.
@@ -677,7 +703,7 @@ board.show()
 # - **Word maps point at objects on PixArt, not on the MMDiT (G9)**; G9 (b) rests on pictures with one object of
 #   two and says nothing about binding.
 #
-# The decision table turns this run's numbers into settings (the reuse window is the one notebook 06 takes):
+# The decision table (notebook 06 takes its reuse window):
 
 # %%
 from IPython.display import display
@@ -705,7 +731,7 @@ if len(jall):
                    "notebook / parameter": "06: the text_side policy (REUSE_POLICIES['text_side'])"})
 w_rows.append({"measurement": "image / text KV bytes per layer (G5)", "value here": ", ".join(f"{m} {v:.2f}x" for m, v in kv["image/text"].items()),
                "what it suggests on your model": "> 4: the cache pressure is on the image side, evict or reuse image keys first",
-               "notebook / parameter": "05: BUDGETS (eviction), 06: GENERATORS (reuse)"})
+               "notebook / parameter": "06: GENERATORS (reuse); no lesson evicts a generator's KV (05 evicts a VLM's)"})
 w_rows.append({"measurement": "head redundancy, generators vs understanding (G7)",
                "value here": ", ".join(f"{m} {v:.2f}" for m, v in zip(GENERATORS, gen_red.mean(0))) + f" vs {u_red.mean():.2f}",
                "what it suggests on your model": "well above the understanding model: heads could share maps or be pruned",
@@ -717,8 +743,7 @@ w_rows.append({"measurement": "word-region IoU / chance, colour and shape words 
 WrappedTable(pd.DataFrame(w_rows))  # every cell whole, also as plain text
 
 # %% [markdown]
-# **Reading the table.** The study's threshold puts the knee at step 1 everywhere and at the strict one some layer
-# never settles, so no whole-step window is trustworthy: keep `step_skip`'s default head or let the strict
+# **Reading the table.** No whole-step window is trustworthy (knee at step 1 everywhere, or never): keep `step_skip`'s default head or let the strict
 # `adaptive` rule decide per step (notebook 06). Word maps are a pointer on PixArt
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance, colour and shape words pooled (G9) > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance, colour and shape words pooled (G9) > value here@0"-->1.0<!--/num-->×); neither
 # side nor the image keys earn a policy of their own at this size; only PixArt's heads point to notebook 04.
@@ -727,20 +752,20 @@ WrappedTable(pd.DataFrame(w_rows))  # every cell whole, also as plain text
 # ## Exercises
 #
 # Graded ★ (a parameter) to ★★★ (your own checkpoint); `solutions/03_diffusion_steps.py` holds each measured
-# answer (`python solutions/03_diffusion_steps.py --only K`). Each starter cell below sets the work up and leaves one
+# answer (`--only K` runs one). Each starter cell below sets the work up and leaves one
 # gap, `... # <- fill in`: fill it and run the cell (★ and ★★ in under a minute, on a few prompts).
 #
-# 1. ★★ Set `few_steps = 8` and read section 4's knees at <!--const a threshold the exercise sets-->0.95<!--/const-->
+# 1. ★★ Choose fewer steps (`few_steps`) and read section 4's knees at <!--const a threshold the exercise sets-->0.95<!--/const-->
 #    and <!--const STRICT_THRESHOLD, a parameter-->0.99<!--/const-->: from which step could whole steps be reused,
 #    and how many? Does a knee belong to a model or to a step count?
-# 2. ★ Capture the unconditional branch (`DiffusionCapture(..., branch="uncond")`) and compare its text entropy
-#    with the conditional one: what does the model attend to when the prompt is empty?
-# 3. ★★ Make both objects of every pair one colour *and* one shape, in different places. Do the two shape words'
-#    regions still separate?
-# 4. ★ Use `step_explorer` on PixArt (`m_look = "tiny-pixart"`): which prompt tokens do its image queries read, and
-#    where do colour and position reach the image?
-# 5. ★★★ Run this notebook with papermill on your diffusers SD3 / PixArt / Flux / Sana folder (`-p GENERATORS
-#    '["/path"]' -p DEVICE cuda -p LAYERS '[0, 11, 23]' -p MAP_QUERY_STRIDE 8`). Compare the lowest adjacent
+# 2. ★ Capture the half of the guidance batch that sees the empty prompt (`DiffusionCapture`'s `branch`; see its
+#    docstring) and compare its text entropy with the prompted half's: what does the model attend to then?
+# 3. ★★ Keep both objects of every pair one colour, in different places, and run the starter with both settings
+#    of `same_shape`. Do the two shape words' regions separate, and does it matter whether they name one shape?
+# 4. ★ Use `step_explorer` on the generator whose word maps localise (section 9): which prompt tokens do its image
+#    queries read, and where do colour and position reach the image?
+# 5. ★★★ Run this notebook on your diffusers SD3 / PixArt / Flux / Sana folder (the starter prints the papermill
+#    command). Compare the lowest adjacent
 #    cosine and the knee with this run's and the study's, then set notebook 06's `step_skip` `head` from the
 #    decision table's reuse window.
 

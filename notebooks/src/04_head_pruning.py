@@ -252,8 +252,8 @@ print(f"near-uniform minus random: deeper entropy {excess.mean():+.4f} per sampl
 # removing *any* shallow heads. **This run**: masking layer 0's near-uniform
 # heads cuts accuracy from <!--num "notebooks/04_head_pruning.ipynb#out:shallow heads: accuracy > value here@0" fmt="{:.2f}"-->0.98<!--/num--> to <!--num "notebooks/04_head_pruning.ipynb#out:shallow heads: accuracy > value here@1" fmt="{:.2f}"-->0.45<!--/num-->, but as many random layer-0 heads cost almost as
 # much (<!--num "notebooks/04_head_pruning.ipynb#out:shallow heads: accuracy > value here@2" fmt="{:.3f}"-->0.525<!--/num--> on average): layer 0 has no spare heads, near-uniform or not. The deeper layers' entropy
-# moves slightly *less* than under random removal (near-uniform minus random: <!--num "notebooks/04_head_pruning.ipynb#out:shallow heads: accuracy > value here@3" fmt="{:+.4f}"-->-0.0024<!--/num--> per sample, its
-# interval below 0 in the scoreboard): the deeper-layer half of P3 does not hold. The accuracy half, criterion (a),
+# moves slightly *less* than under random removal (near-uniform minus random: <!--num "notebooks/04_head_pruning.ipynb#out:near-uniform minus random:@0" fmt="{:+.4f}"-->-0.0024<!--/num--> per sample; only
+# <!--num "notebooks/04_head_pruning.ipynb#out:near-uniform minus random:" re="[(]([0-9]+ of [0-9]+) samples"-->4 of 20<!--/num--> samples move more): P3 (b) does not hold. P3 (a), the accuracy drop,
 # has no random control: it "holds", but read it beside the random rows.
 
 # %% [markdown]
