@@ -182,7 +182,8 @@ for role, (m, proc) in models.items():
 prompts = prompt_set(N_GEN_PROMPTS // 2, N_GEN_PROMPTS - N_GEN_PROMPTS // 2, seed=SEED)
 runs = {role: capture_generation(g, [p["short"] for p in prompts], "gen", steps=GEN_STEPS, seed=SEED)
         for role, g in gens.items()}
-print({role: len(r.records) for role, r in recs.items()} | {role: len(r.result.records) for role, r in runs.items()})
+counts = {role: len(r.records) for role, r in recs.items()} | {role: len(r.result.records) for role, r in runs.items()}
+print("records captured: " + ", ".join(f"{role} {n}" for role, n in counts.items()))
 
 # %% [markdown]
 # ## 3. Where and how much the text reads the image, by depth
@@ -609,7 +610,7 @@ ACL.measure_cross_layers(board, CW)
 ACL.measure_dual_tower(board, CF)
 ACL.measure_unified(board, describe, answer, series, TH, N_CAPTIONS)
 board.save(out / "scoreboard.json")
-print({c: r.verdict for c, r in board.rows.items()})
+print("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items()))
 
 # %%
 board.show()
@@ -769,7 +770,7 @@ else:
 
 # %%
 # Exercise 5 starter: CLIP with every sample given another sample's caption; the image tower's maps against §10's
-captions = ...  # <- fill in: one caption per sample, each another sample's (e.g. the list rolled by one)
+captions = ...  # <- fill in: one caption per sample, each another sample's
 if CL not in models:
     print("no CLIP in this run")
 elif captions is ...:
