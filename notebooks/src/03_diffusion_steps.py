@@ -167,7 +167,7 @@ print("e.g.", repr(prompts[0]["short"]), "/", repr(prompts[0]["long"]))
 #
 # `capture_generation` wraps each attention module's processor: the original still produces the output, and the
 # wrapper recomputes `softmax(QKᵀ/√d + mask)` in float32 for the statistics, one record per (prompt, part, layer,
-# step); the long prompts run under new ids. Full maps are kept for `MAP_PROMPTS` prompts only. First, the promise
+# step). Full maps are kept for `MAP_PROMPTS` prompts only. First, the promise
 # that capture changes nothing:
 
 # %%
@@ -542,7 +542,7 @@ print(per_layer_red.round(3).to_string())
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer, its cross-attention heads most), the MMDiT's are not
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > measured@0" fmt="{:.2f}"-->0.41<!--/num-->; above the understanding model in one layer only). G7, judged on the weaker
 # generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · " re="G7 · (.+)"-->does not hold<!--/num--> (interval <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 · > interval (95%)" re="(\[.*\])"-->[-0.04951, -0.004051]<!--/num-->). PixArt's cross-attention heads could
-# share one map per group (not measured here; 04 prunes heads instead).
+# share one map per group (not measured here).
 
 # %% [markdown]
 # ## 9. Does a word look at what it names? (G9)
@@ -646,8 +646,7 @@ explorer = step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].samp
 explorer
 
 # %% [markdown]
-# The same pictures without a kernel (what the course website shows; `make book`): one picture per step, drawn now,
-# and a step slider that swaps them in the page.
+# The same pictures without a kernel (the course website; `make book`): a step slider over pictures drawn now.
 
 # %% tags=["nbval-ignore-output"]
 from unicache_lib.static_explorer import static_step_explorer
@@ -664,8 +663,8 @@ from unicache_lib.claims import claims_table
 claims_table("03_diffusion_steps")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
 # %% [markdown]
-# Each rule was written before the numbers. A claim about generators must hold on both, so it is decided on the
-# *weaker* model's 95% interval; the [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson.
+# Rules were written before the numbers. A claim about generators must hold on both, so the *weaker* model's 95%
+# interval decides ([verdicts](../docs/GLOSSARY.md#verdicts)).
 
 # %%
 # NBVAL_CHECK_OUTPUT
