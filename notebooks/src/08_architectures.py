@@ -151,7 +151,7 @@ WrappedTable(pd.DataFrame([card_line(r, n) for r, n in NAME.items() if n is not 
 
 # %% [markdown]
 # **Did every model reach its bar?** Attention in a model that has not learned its task is noise: the cell below
-# prints every card whose training target was missed. Check the same on your own checkpoints.
+# prints every card whose training target was missed.
 
 # %%
 # NBVAL_CHECK_OUTPUT
