@@ -268,44 +268,41 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
     """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`).
     ``scale``: the literature's-scale targets of a decisive run (``make evaluate MODEL=tiny-llava-576
     BUDGETS=64t,128t``: :func:`decisive` ``(scale_model, "targets")``), a row for the share kept at 64 and 128 tokens."""
-    full, rows = _at(acc, "full", budgets[0]), []
-    for b in budgets:
+    full, rows, value, act, tops = _at(acc, "full", budgets[0]), [], [], [], set()
+    for b in budgets:  # one row for every budget: the two best, and the score-based H2O beside them
         cand = {m: _at(acc, m, b) for m in (NEW, f"{NEW}_merge", "divprune", "h2o", "snapkv", "unicache", "random",
                                              "kvpress:expected_attention")}
         cand = {m: v for m, v in cand.items() if np.isfinite(v)}
         best, second = sorted(cand, key=cand.get, reverse=True)[:2]
-        gap = round((cand[best] - cand[second]) * n)
-        rows.append({"measurement": f"accuracy at {b:.0%} of the image KV (full {full:.3f})",
-                     "value here": ", ".join(f"{m} {v:.3f}" for m, v in cand.items()),
-                     "what it suggests on your model": (f"{best} or {second}: within {gap} question(s), a tie at n = {n}"
-                                                        if gap <= 2 else f"pick {best}")
-                     + ("; DivPrune also saves prefill compute, key_coverage leaves the prefill untouched"
-                        if {best, second} == {NEW, "divprune"} else "")
-                     + (f"; score-based H2O is {100 * (cand[best] - cand['h2o']):.0f} pt behind" if "h2o" in cand else ""),
-                     "where": "§2-§3: MODEL, BUDGETS, N_EVICTION"})
-    for ctl, what in (("pooling", "the pooling control"), ("downsample", "the downsampled-image control")):
-        if ctl in acc.index:
-            rows.append({"measurement": f"{NEW} minus {what}, per budget",
-                         "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, ctl, b)):+.1f} pt" for b in budgets),
-                         "what it suggests on your model": f"where {ctl} ties the designed policy, use it: it is simpler and "
-                         f"prefills fewer tokens; a selection method earns its place only where it beats {ctl}",
-                         "where": f"§3 (controls), POLICIES['{ctl}']"})
-    if "key_coverage_prefill" in acc.index:
-        rows.append({"measurement": f"key_coverage_prefill minus {NEW}, per budget (the cover moved before the prefill)",
-                     "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'key_coverage_prefill', b) - _at(acc, NEW, b)):+.1f} pt"
-                                             for b in budgets),
-                     "what it suggests on your model": "where it ties or leads, choose before the prefill: the prefill then "
-                     "runs on the kept tokens only (benchmarks/results/eviction_standin.txt: its time)",
-                     "where": "§3, kv/policies/key_coverage_prefill.py, benchmarks/prefill_cover.py"})
-    if "key_coverage_merge" in acc.index:
-        rows.append({"measurement": f"key_coverage_merge minus {NEW}, per budget (the evicted image KV merged into the "
-                     "kept instead of dropped)",
-                     "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'key_coverage_merge', b) - _at(acc, NEW, b)):+.1f} pt"
-                                             for b in budgets),
-                     "what it suggests on your model": "where merging leads, fold the evicted keys and values into the kept "
-                     "ones (the same bytes; the log-size term needs a hook on the attention mask, which PolicyPress applies "
-                     "inside its with block); where it ties, dropping is simpler",
-                     "where": "§3, kv/policies/merge.py, benchmarks/merge_eviction.py"})
+        gap, tops = round((cand[best] - cand[second]) * n), tops | {best, second}
+        value.append(f"{b:.0%}: {best} {cand[best]:.3f}, {second} {cand[second]:.3f}"
+                     + (f", h2o {cand['h2o']:.3f}" if "h2o" in cand else ""))
+        act.append(f"{b:.0%}: " + (f"{best} or {second} (within {gap} question(s))" if gap <= 2 else f"pick {best}"))
+    rows.append({"measurement": f"accuracy per budget, the two best and score-based H2O (full {full:.3f})",
+                 "value here": "; ".join(value),
+                 "what it suggests on your model": "; ".join(act) + f"; within 2 questions is a tie at n = {n}"
+                 + ("; DivPrune also saves prefill compute, key_coverage leaves the prefill untouched"
+                    if "divprune" in tops else ""),
+                 "where": "§2-§3: MODEL, BUDGETS, N_EVICTION"})
+    ctls = [c for c in ("pooling", "downsample") if c in acc.index]
+    if ctls:
+        rows.append({"measurement": f"{NEW} minus the {' / '.join(ctls)} control, per budget",
+                     "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, NEW, b) - _at(acc, c, b)):+.1f}"
+                                                                      for c in ctls) + " pt" for b in budgets),
+                     "what it suggests on your model": "where a control ties the designed policy, use it: it is simpler "
+                     "and prefills fewer tokens; a selection method earns its place only where it beats both",
+                     "where": "§3 (controls), " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
+    var = [v for v in ("key_coverage_prefill", "key_coverage_merge") if v in acc.index]
+    if var:  # the cover moved before the prefill; the evicted image KV merged into the kept instead of dropped
+        rows.append({"measurement": f"{' / '.join(var)} minus {NEW}, per budget",
+                     "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}"
+                                                                      for v in var) + " pt" for b in budgets),
+                     "what it suggests on your model": "where the prefill-stage cover ties or leads, choose before the "
+                     "prefill: it then runs on the kept tokens only (benchmarks/results/eviction_standin.txt: its time); "
+                     "where merging leads, fold the evicted keys and values into the kept ones (the same bytes; "
+                     "PolicyPress adds the log-size term inside its with block); where it ties, dropping is simpler",
+                     "where": "§3, kv/policies/key_coverage_prefill.py and merge.py, benchmarks/prefill_cover.py and "
+                     "merge_eviction.py"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
         rows.append({"measurement": f"the two halves of {NEW}'s design, per budget (place: minus the same cover on the "
                      "features; rule: minus DivPrune's rule on the keys)",
