@@ -69,8 +69,8 @@ def exercise_1(quick: bool = False) -> dict:
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2 (gap ``k``): M3 with ``ANCHOR_K = 3`` on batches of 1, 2, 3, ... samples: how does the overlap change with the
-    batch size?
+    """Exercise 2 (gap ``jaccard_at``): M3 with ``k = 3`` anchors on batches of 1, 2, 3, ... samples: how does the overlap
+    change with the batch size?
 
     M3 asks how many of a sample's top-k image anchors survive when anchors are taken from the batch-averaged
     reads. With ``PER_TYPE = 1`` the batch is the 5 samples of the set; here every batch size b (1, 2, ..., n)
@@ -91,12 +91,13 @@ def exercise_2(quick: bool = False) -> dict:
     deep = max(r.layer for r in res)
     reads = [image_reads(res[s, deep]) for s in res.samples]
     n = len(reads)
-    k = 3  # the starter cell's gap
+    k = 3
     sizes = sorted({1, 2, 3, n // 2, n} - {0})
-    by_size = {}
-    for b in sizes:
-        per = [batching_overlap(reads[i:i + b], k)["mean_jaccard"] for i in range(0, n - b + 1, b)]
-        by_size[b] = float(np.mean(per))
+
+    def jaccard_at(b):  # the starter cell's gap
+        return float(np.mean([batching_overlap(reads[i:i + b], k)["mean_jaccard"] for i in range(0, n - b + 1, b)]))
+
+    by_size = {b: jaccard_at(b) for b in sizes}
     return {"mean Jaccard by batch size (k=3)": {b: round(v, 3) for b, v in by_size.items()}, "layer": deep,
             "_by_size": by_size}
 

@@ -178,7 +178,9 @@ print(f"{len(vis)} vision attention modules, e.g. {next(iter(vis))}")
 
 # %%
 print(pd.Series(stats.LAYER_STATS, name="shape").to_frame().to_string())
-with torch.no_grad():
+
+# %%
+with torch.no_grad():  # the same sample in the two reduced modes, against the statistics of its full maps
     with AttentionCapture(model, mode="stats") as cap_stats:
         model(**inputs)
     with language_attention(model, "sdpa"), AttentionCapture(model, mode="recompute") as cap_re:
@@ -193,6 +195,8 @@ memory = {"full": cap.result.nbytes(), "stats": cap_stats.result.nbytes(), "reco
 print(f"bytes kept for one sample, all layers: {memory}")
 print(f"stats mode vs statistics of full maps: max |diff| = {full_vs_stats:.1e}; "
       f"recompute (sdpa) vs stats (eager): max |diff| = {re_vs_stats:.1e}")
+
+# %%
 fig = plots.bars({k: v / 1024 for k, v in memory.items()}, "memory kept per sample", "KiB", log=True)
 _ = plots.save(fig, out, "memory_by_mode")
 print(f"stats mode keeps {memory['full'] / memory['stats']:.0f}x less than full maps for this sample")
@@ -441,8 +445,8 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 #
 # 1. ★ Capture the vision tower (`part="vision"`, loaded with `vision_attn_implementation="eager"`) and compare its
 #    per-layer entropy with the language model's: which is more focused?
-# 2. ★ Measure M3 with `ANCHOR_K = 3` on batches of 1, 2, 3, ... samples: how does the overlap change with the batch
-#    size?
+# 2. ★ M3 at other batch sizes: average the reads of `b` consecutive samples (`batching_overlap` does, and returns
+#    the mean Jaccard); how does a sample's anchor overlap change as `b` grows?
 # 3. ★★ Load the model in `torch.float16` (`load_understanding(MODEL, dtype="float16")`): do the `stats` mode's
 #    statistics match the fp32 model to 3 decimals — the largest and the median entry?
 # 4. ★★ Write one store with two processes (the starter runs each rank as `torchrun --nproc_per_node 2 -m
@@ -469,15 +473,15 @@ else:
 
 # %%
 # Exercise 2 starter: M3 at other batch sizes, from `res` (per sample, the deepest layer's image reads)
-k = ...  # <- fill in: the number of anchors per sample the exercise asks for
+k = 3  # anchors per sample
 deep = max(r.layer for r in res)
 reads = [image_reads(res[sid, deep]) for sid in res.samples]
-if k is ...:
-    print(f"Fill in `k`, then run this cell again ({len(reads)} samples' reads are ready, layer {deep}).")
+jaccard_at = ...  # <- fill in: a function of b: mean over the batches reads[i:i + b] of batching_overlap's mean_jaccard
+if jaccard_at is ...:
+    print(f"Fill in `jaccard_at`, then run this cell again ({len(reads)} samples' reads are ready, layer {deep}).")
 else:
     for b in sorted({1, 2, 3, len(samples) // 2, len(samples)} - {0}):
-        jac = [batching_overlap(reads[i:i + b], k)["mean_jaccard"] for i in range(0, len(reads) - b + 1, b)]
-        print(f"batch of {b}: a sample keeps a mean Jaccard of {np.mean(jac):.2f} of its top-{k} anchors")
+        print(f"batch of {b}: a sample keeps a mean Jaccard of {jaccard_at(b):.2f} of its top-{k} anchors")
 
 # %%
 # Exercise 3 starter: the same statistics from a lower-precision model, against fp32, on five samples

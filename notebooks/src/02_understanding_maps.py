@@ -608,11 +608,11 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 # minute). Solutions with measured outcomes: `solutions/02_understanding_maps.py` (`--only K`).
 #
 # 1. ★ Try a smaller and a larger `k` than §4's `TOP_K`. Which anchor conclusions (U3 (a), U4 (a)) survive?
-# 2. ★ Count "color" as a function word instead of an attribute (relabel the token-flow table). Does U5 change?
+# 2. ★ Is "color" really an attribute word? Move it to the class you think fits (the token-flow table). Does U5 change?
 # 3. ★★ Run section 6 on *what shape is the {colour} object ?* with the colour word as the query (the starter shows
 #    the call). Is colour a better pointer than shape, and in which layer?
-# 4. ★★ In the explorer, find a head whose overlay for the last token lights up only the asked object; then measure
-#    it per head (`query="last", per_head=True`).
+# 4. ★★ In the explorer, find a head whose overlay for some prompt position lights up only the asked object; then
+#    measure that position per head (`per_head=True`).
 # 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) of LLaVA-1.5-7B (the starter
 #    prints the commands) or a real checkpoint on a GPU. How does an untrained model's depth table differ from this run's?
 
