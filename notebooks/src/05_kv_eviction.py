@@ -671,7 +671,7 @@ else:
 # <!--num data/results/05_kv_eviction.json#[claim=E2].verdict-->does not hold<!--/num-->; at 64 of 576 tokens the same dropping cover
 # clears that bar (S1): dropping falls short at six tokens, not at the literature's budgets. E1's bar (≥ <!--const E1's threshold-->99%<!--/const-->) at 128 tokens
 # is S2: undecided for dropping, cleared by merging. E4 holds here too (worst peer cell
-# <!--num "benchmarks/results/evaluate_eviction_tiny-llava-576.csv#[claim=E4].value" fmt="{:+.3f}"-->+0.010<!--/num--> [<!--num "benchmarks/results/evaluate_eviction_tiny-llava-576.csv#[claim=E4].lo" fmt="{:+.3f}"-->+0.003<!--/num-->, <!--num "benchmarks/results/evaluate_eviction_tiny-llava-576.csv#[claim=E4].hi" fmt="{:+.3f}"-->+0.017<!--/num-->]), and
+# <!--num "notebooks/05_kv_eviction.ipynb#out:E4 on tiny-llava-576" re="cell.: ([-+0-9.]+)"-->+0.010<!--/num--> [<!--num "notebooks/05_kv_eviction.ipynb#out:E4 on tiny-llava-576" re="\[([-+0-9.]+),"-->+0.003<!--/num-->, <!--num "notebooks/05_kv_eviction.ipynb#out:E4 on tiny-llava-576" re=", ([-+0-9.]+)\]"-->+0.017<!--/num-->]), and
 # the gaps widen: at 64 tokens DivPrune keeps <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=divprune,tokens=64].share_of_full" fmt="{:.3f}"-->0.951<!--/num-->, the expected-attention
 # press <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=kvpress:expected_attention,tokens=64].share_of_full" fmt="{:.3f}"-->0.703<!--/num-->, `random` <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=random,tokens=64].share_of_full" fmt="{:.3f}"-->0.910<!--/num-->
 # and the downsampled picture <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=downsample,tokens=64].share_of_full" fmt="{:.3f}"-->0.731<!--/num-->.
@@ -683,8 +683,8 @@ else:
 # <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=pooling,tokens=128].prefill_vs_full" fmt="{:.2f}"-->0.32<!--/num-->× — the floor for any prefill-stage rule on this model. On LLaVA-1.5 the
 # 32-layer language model dominates the tower, so the saving is larger there: measure it on your model (`prefill_vs_full` in `benchmarks/results/evaluate_shares_*.csv`).
 # U7 changes: this notebook on `tiny-llava-576` (`benchmarks/results/05_kv_eviction_tiny-llava-576.json`) finds
-# shallow locality *behind* the swapped assignment, <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].value" scale=100 fmt="{:+.1f}"-->-4.4<!--/num--> points
-# [<!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].lo" scale=100 fmt="{:+.1f}"-->-9.8<!--/num-->, <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].hi" scale=100 fmt="{:+.1f}"-->-0.4<!--/num-->]: U7 <!--num "benchmarks/results/05_kv_eviction_tiny-llava-576.json#[claim=U7].verdict"-->does not hold<!--/num--> there (on tiny-llava: inconclusive).
+# shallow locality *behind* the swapped assignment, <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re=": ([-+0-9.]+) points"-->-4.4<!--/num--> points
+# [<!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re="\[([-+0-9.]+),"-->-9.8<!--/num-->, <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re=", ([-+0-9.]+)\]"-->-0.4<!--/num-->]: U7 <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re="\], (.+)$"-->does not hold<!--/num--> there (on tiny-llava: inconclusive).
 
 # %% [markdown]
 # ## Recap: what this notebook showed on the shipped model
@@ -705,11 +705,11 @@ else:
 #   positions cluster, a cover keeps every object.
 # - **Merge, don't only drop.** `key_coverage_merge` folds each evicted image key and value into its nearest kept one.
 #   On
-#   <!--num "benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage_merge,kind=share].n" fmt="{:,.0f}"-->2,700<!--/num-->
+#   <!--num "notebooks/05_kv_eviction.ipynb#out:merge_eviction.csv (benchmarks" re="([0-9,]+) new questions"-->2,700<!--/num-->
 #   held-out questions at 10% (six tokens) it keeps
-#   <!--num "benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage_merge,kind=share].share_of_full" fmt="{:.3f}"-->0.993<!--/num-->
+#   <!--num "notebooks/05_kv_eviction.ipynb#out:merge_eviction.csv (benchmarks" re="key_coverage_merge ([0-9.]+)"-->0.993<!--/num-->
 #   of full accuracy, dropping
-#   <!--num "benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage,kind=share].share_of_full" fmt="{:.3f}"-->0.962<!--/num-->
+#   <!--num "notebooks/05_kv_eviction.ipynb#out:merge_eviction.csv (benchmarks" re="key_coverage ([0-9.]+)"-->0.962<!--/num-->
 #   (`benchmarks/merge_eviction.py`).
 # - **At LLaVA-1.5's 576 tokens** (§7, <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].n" fmt="{:,.0f}"-->2,700<!--/num--> questions) the cover keeps
 #   <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num--> of full accuracy at 64 tokens and
