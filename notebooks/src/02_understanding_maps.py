@@ -80,7 +80,7 @@ print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_confi
 # ## 1. Capture once
 #
 # Statistics for every sample and layer go to one store, full maps for a subset to another (the widget needs maps);
-# everything below reads from these stores. A 7B model's maps are large (01 §3): keep `MAP_PER_TYPE` small there; the
+# all below reads these stores. A 7B model's maps are large (01 §3): keep `MAP_PER_TYPE` small there; the
 # estimate is checked against `MEMORY_BUDGET_GB` first. Cross-attention VLMs (Mllama) read the image only through
 # [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer): there §5 and §7 read "not measurable here".
 
@@ -200,7 +200,7 @@ print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d
 # within-row `variance` (0 for uniform rows) and max weight fall (no focusing, against U2b). Distance does not grow
 # (deep / shallow <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->, against U2a's (a)) and sits near what uniform causal rows give
 # (<!--num "notebooks/02_understanding_maps.ipynb#out:uniform causal rows would read at mean distance@2"-->18.6<!--/num-->): it measures sequence length more than reach.
-# (`cross_modal` is §7's; `head_max_weight` the most focused head's.) Unhealthy: entropy pinned near 1 or 0.
+# (`cross_modal`: image→text plus text→image share; `head_max_weight`: the most focused head's.) Unhealthy: entropy pinned near 1 or 0.
 #
 # ## 3. Which positions are read: the read-frequency heatmap
 #
@@ -356,7 +356,8 @@ else:
 # more attention per patch on the *other* objects. Yet its brightest patch lands on the named object in
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@0"-->0.31<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@1"-->0.44<!--/num--> of the questions against the control's
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@2"-->0.05<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. The scoreboard (§11)
-# decides U11 on the best layer's interval over samples: not shown either way. Perhaps that position reads the scene
+# decides U11 on the best layer's interval over samples:
+# <!--num "notebooks/02_understanding_maps.ipynb#out:U11 · " re="U11 · (.+)"-->inconclusive<!--/num-->. Perhaps that position reads the scene
 # while the lookup happens at the last prompt position (exercise 4). For a cache: do not pick image keys from the
 # question's words.
 
@@ -428,8 +429,8 @@ f_dec = D[D["class"].isin(UC.FUNCTION)].image_share.mean()
 print(f"while decoding: content words {c_dec:.3f} vs function words and punctuation {f_dec:.3f} (ratio {c_dec / f_dec:.2f})")
 
 # %% [markdown]
-# **What to look at.** Every generated token reads the image *less* than an even reading would (the cyan marks;
-# the class table's `even_reading`): while captioning, the model leans on the text it wrote. U6 expects image reads to
+# **What to look at.** Generated tokens read the image *less* than an even reading would (every class mean under its
+# `even_reading`; the cyan marks for one caption): captioning leans on the text written so far. U6 expects image reads to
 # *rise* on words naming image content. The bars (`single-0`'s three-word caption) rise with position instead: colour
 # <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@1"-->0.523<!--/num-->, shape <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@2"-->0.565<!--/num-->, position <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@3"-->0.732<!--/num-->. Over all captions punctuation
 # reads the image most (<!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@1"-->0.767<!--/num-->), so the content / function ratio is
@@ -572,7 +573,7 @@ Markdown("\n".join(line for line in recap if line))
 # %% [markdown]
 # ## Measurement → what to do on your model
 #
-# Each row: a number this run measured, what it suggests on your own model, and where to act
+# Each row: this run's number, what it suggests on your model, where to act
 # ([H2O](../docs/GLOSSARY.md#h2o), [SnapKV](../docs/GLOSSARY.md#snapkv), [StreamingLLM](../docs/GLOSSARY.md#streamingllm)).
 
 # %%
