@@ -440,22 +440,20 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Each starter cell below sets the work up and leaves one gap, `... # <- fill in`: fill it and run the cell (★ and ★★
-# in under a minute). Solutions with measured outcomes: `solutions/01_capture.py` (`--only K`).
+# Each starter cell sets the work up and leaves one gap, `... # <- fill in`: fill it, run the cell (★, ★★: under a
+# minute). Solutions with measured outcomes: `solutions/01_capture.py` (`--only K`).
 #
-# 1. ★ Capture the vision tower (`part="vision"`, loaded with `vision_attn_implementation="eager"`) and compare its
-#    per-layer entropy with the language model's: which is more focused?
+# 1. ★ Capture the vision tower (the `part` §2 names; it is loaded with `vision_attn_implementation="eager"`) and
+#    compare its per-layer entropy with the language model's: which is more focused?
 # 2. ★ M3 at other batch sizes: average the reads of `b` consecutive samples (`batching_overlap` does, and returns
 #    the mean Jaccard); how does a sample's anchor overlap change as `b` grows?
-# 3. ★★ Load the model in `torch.float16` (`load_understanding(MODEL, dtype="float16")`): do the `stats` mode's
-#    statistics match the fp32 model to 3 decimals — the largest and the median entry?
-# 4. ★★ Write one store with two processes (the starter runs each rank as `torchrun --nproc_per_node 2 -m
-#    unicache_lib.capture.distributed --out /tmp/store` would), then run it again. Does the second run capture anything? Does `Store.verify()` find every sample
-#    exactly once?
-# 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in)
-#    (`python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme`) or your checkpoint
-#    (`.venv/bin/papermill notebooks/01_capture.ipynb outputs/01_mine.ipynb -p MODEL <path or hub id> -p DEVICE cuda`): which M-claims belong
-#    to the code, which to the weights?
+# 3. ★★ Load the model in half precision (one of `DTYPE`'s values): do the `stats` mode's statistics match the fp32
+#    model to 3 decimals — the largest and the median entry?
+# 4. ★★ Write one store with several processes (the starter runs each rank as `torchrun -m
+#    unicache_lib.capture.distributed --out /tmp/store` would), then run it again. Does the second run capture
+#    anything? Does `Store.verify()` find every sample exactly once?
+# 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) or your checkpoint (the
+#    starter prints the command): which M-claims belong to the code, which to the weights?
 
 # %%
 # Exercise 1 starter: the vision tower, beside the language model (`res`, §5's stats capture)
