@@ -140,7 +140,8 @@ for fn in (KeyCoverage.choose, farthest_point, greedy_max_min):
 # evict a copy of the cache and answer again. **Budget** = the share of image positions kept in every layer (the other
 # context positions always stay); **`kv_fraction`** = the bytes the cache holds / the full cache's. The figure's
 # panels: exact-match accuracy, how far the answer distribution moved ([KL](../docs/GLOSSARY.md#kl), nats; 0 =
-# unchanged) and the share of answers equal to the full cache's. **`unicache`** is the study's rule (an even spatial grid in the shallow layers, the most-read positions deeper; §5).
+# unchanged) and the share of answers equal to the full cache's. **`unicache`** is the study's rule (an even spatial
+# grid in the shallow layers, the most-read positions deeper; §5).
 #
 # The kvpress presses get the compression ratio that leaves the same number of context positions. There are two
 # SnapKVs: `snapkv` is the workbench's reading of its rule (the last 8 context queries' reads, pooled, one ranking of
@@ -317,7 +318,7 @@ print(f"merge_eviction.csv (benchmarks/merge_eviction.py, {mg.n.iloc[0]:,.0f} ne
 # points at 10% with an interval across zero, one question behind at 25%, level at 50–75%. 150 questions cannot
 # separate such differences: the targets are decided on
 # <!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].n fmt="{:,}"-->2,700<!--/num--> new
-# questions (`make evaluate`, §3's controls and §6).
+# questions (`make evaluate`: its results sit beside the controls below and decide §6).
 
 # %% [markdown]
 # **The hard cases on their own.** The shipped world flatters coverage: few, distinct objects at five fixed spots.
@@ -414,8 +415,7 @@ print("prefill_cover.csv (tiny-llava, make evaluate's questions): key_coverage_p
 # %% [markdown]
 # **Which half carries the gain** is decided on the decisive run, where `key_coverage` is ahead of DivPrune by
 # <!--num "notebooks/05_kv_eviction.ipynb#out:the decisive run (make evaluate > divprune@1" fmt="{:.1f}"-->1.7<!--/num--> points at 10% and
-# <!--num "notebooks/05_kv_eviction.ipynb#out:the decisive run (make evaluate > divprune@5" fmt="{:.1f}"-->0.8<!--/num--> at 25% (150 questions cannot separate one-point
-# differences): the *rule* carries it — ahead of DivPrune's rule on the same cached keys by
+# <!--num "notebooks/05_kv_eviction.ipynb#out:the decisive run (make evaluate > divprune@5" fmt="{:.1f}"-->0.8<!--/num--> at 25%: the *rule* carries it — ahead of DivPrune's rule on the same cached keys by
 # <!--num "notebooks/05_kv_eviction.ipynb#out:the decisive run (make evaluate > divprune_keys@1" fmt="{:.1f}"-->1.6<!--/num--> and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:the decisive run (make evaluate > divprune_keys@5" fmt="{:.1f}"-->0.7<!--/num-->
 # points, intervals above zero — and the *place* does not: the same cover on the features before the prefill ties it
