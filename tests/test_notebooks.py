@@ -350,7 +350,8 @@ def check_first_figure(out: Path, nb: str):
     ("overlay") compares its panels on one scale from 0, in multiples of an even read (× uniform) with that level (1)
     marked on every panel, and shows something above it (a reading, not noise); compared grids ("one scale") share one
     scale; a gallery reads itself out under every panel: the answer and whether it is right ("answers"), the PSNR
-    against the reference ("psnr"), or at least a name ("named")."""
+    against the reference ("psnr"), or at least a name ("named"); curves compared with random ("against random") draw
+    random beside at least one other method on every panel."""
     names, kind = FIRST_FIGURES[nb]
     peaks = []
     for name in names:
@@ -364,6 +365,8 @@ def check_first_figure(out: Path, nb: str):
             peaks.append(facts["peak"])
         elif kind == "one scale":
             assert facts["panels"] >= 2 and facts["shared"], (name, facts)
+        elif kind == "against random":
+            assert facts["curves"] and all("random" in c and len(c) >= 2 for c in facts["curves"]), (name, facts)
         elif kind == "answers":  # every panel but the plain picture says what was answered, and right or wrong
             told = [t for t in titles if t != "the image"]
             assert len(told) >= 2 and all(re.search(r"\b(right|wrong|->)", t) for t in told), titles

@@ -27,7 +27,7 @@ FIRST_FIGURES = {  # lesson -> (the names its first figure is saved under, what 
     "01_capture": (["one_map"], "overlay"),
     "02_understanding_maps": (["object_word_over_layers"], "overlay"),
     "03_diffusion_steps": (["first_look_tiny-mmdit", "first_look_tiny-pixart"], "overlay"),
-    "04_head_pruning": (["head_scores"], "one scale"),
+    "04_head_pruning": (["understanding_pruning"], "against random"),  # its message: a scorer against random
     "05_kv_eviction": (["what_each_rule_keeps"], "answers"),
     "06_step_reuse": (["gallery_tiny-mmdit", "gallery_tiny-pixart"], "psnr"),
     "07_diagnostics": (["right_and_wrong"], "overlay"),

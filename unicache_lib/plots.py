@@ -186,8 +186,9 @@ def figure_facts(fig) -> dict:
     every colour-mapped panel (pictures in RGB left out). ``panels`` (how many), ``clims`` (each panel's colour scale),
     ``shared`` (one scale for all), ``peak`` (the largest value drawn), ``overlays`` (how many), ``chance`` (the
     even-reading level marked on each overlay's colour bar, None where none is), ``units`` (their colour bars'
-    labels) and ``titles`` (each picture panel's title and the line under it, which a lesson's first figure reads
-    itself out with: an answer right or wrong, a PSNR)."""
+    labels), ``titles`` (each picture panel's title and the line under it, which a lesson's first figure reads
+    itself out with: an answer right or wrong, a PSNR) and ``curves`` (each line chart's labelled lines, e.g. the
+    methods compared with ``random``)."""
     panels = [im for ax in fig.axes for im in ax.images if np.ndim(im.get_array()) == 2]
     overlays = [im for im in panels if hasattr(im, "unicache_overlay")]
     panels = overlays or panels  # the compared panels: the overlays where there are any (a matrix beside them is not one)
@@ -196,7 +197,9 @@ def figure_facts(fig) -> dict:
     return {"panels": len(panels), "clims": clims, "shared": len({tuple(c) for c in clims}) <= 1, "peak": peak,
             "overlays": len(overlays), "chance": [im.unicache_overlay["chance"] for im in overlays],
             "units": sorted({str(im.unicache_overlay["unit"]) for im in overlays}),
-            "titles": [" | ".join(t for t in (ax.get_title(), ax.get_xlabel()) if t) for ax in fig.axes if ax.images]}
+            "titles": [" | ".join(t for t in (ax.get_title(), ax.get_xlabel()) if t) for ax in fig.axes if ax.images],
+            "curves": [labels for ax in fig.axes if (labels := [ln.get_label() for ln in ax.get_lines()
+                                                                 if not ln.get_label().startswith("_")])]}
 
 
 def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV read frequency", log: bool = True,
