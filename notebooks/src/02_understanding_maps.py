@@ -4,7 +4,7 @@
 # **What you will learn**
 # - how entropy, focus and distance change with depth; which image positions the text reads (anchors), and where;
 # - how much each kind of word reads the image, in the prompt and while captioning, against an even reading;
-# - whether a word that names an object looks at *that* object; how to explore maps by sample, layer, head and token.
+# - whether a word that names an object looks at *that* object; exploring maps by sample, layer, head, token.
 #
 # The study's claims U1–U13 (U7 is tested in 05, U10 and U12 in 07) and this run's verdicts: the scoreboard (§11).
 #
@@ -186,7 +186,8 @@ _ = plots.save(fig, out, "distance_per_layer")
 fig = plots.layer_curves({"per-head variance": per_layer("variance")}, "within-row variance per layer (0 = uniform rows)",
                          "variance of a row's weights", layers=captured, n_layers=n_layers)
 _ = plots.save(fig, out, "variance_per_layer")
-depth = L.groupby("band")[["norm_entropy", "max_weight", "distance", "variance", "cross_modal", "head_max_weight"]].mean()
+depth = L.groupby("band")[["norm_entropy", "max_weight", "diag", "distance", "variance", "cross_modal",
+                            "head_max_weight"]].mean()
 print(depth.loc[["shallow", "middle", "deep"]].round(3).to_string())
 d_ent = depth.loc["deep", "norm_entropy"] - depth.loc["shallow", "norm_entropy"]
 print(f"uniform causal rows would read at mean distance (S-1)/4 = "
@@ -197,7 +198,8 @@ print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d
 # %% [markdown]
 # **Reading the curves.** The study expects deep layers to spread out and reach further (U2a) or to focus (U2b).
 # Only the spreading happens: deep minus shallow entropy is <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@0" fmt="{:+.3f}"-->+0.172<!--/num--> (U2a's (b)), the
-# within-row `variance` (0 for uniform rows) and max weight fall (no focusing, against U2b). Distance does not grow
+# within-row `variance` (0 for uniform rows) and max weight fall (no focusing, against U2b), and `diag` (a row's
+# weight on itself) stays low (<!--num "notebooks/02_understanding_maps.ipynb#out:norm_entropy > shallow@2"-->0.065<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:norm_entropy > middle@2"-->0.088<!--/num-->). Distance does not grow
 # (deep / shallow <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->, against U2a's (a)) and sits near what uniform causal rows give
 # (<!--num "notebooks/02_understanding_maps.ipynb#out:uniform causal rows would read at mean distance@2"-->18.6<!--/num-->): it measures sequence length more than reach.
 # (`cross_modal`: image→text plus text→image share; `head_max_weight`: the most focused head's.) Unhealthy: entropy pinned near 1 or 0.
@@ -227,7 +229,7 @@ print("mean over samples: brightest image positions (index within the image bloc
 
 # %% [markdown]
 # **What to look at.** First heatmap (`single-0`, x: sequence positions, log10 of the normalised read frequency;
-# no single chance level, a key's even share differs from row to row): the positions before the image are bright in
+# no single chance level, even shares differ by row): the positions before the image are bright in
 # every layer, the [sink](../docs/GLOSSARY.md#sink); inside the image, keys
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re="reads?[^:]*: ([0-9]+),"-->28<!--/num--> and <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re=", ([0-9]+)$"-->36<!--/num--> stay bright through the layers:
 # anchors. The second (x: index within the image block) averages the text's reads over samples, so what survives is
@@ -314,7 +316,7 @@ print(f"deep band: punctuation {flow.loc['punctuation', 'deep']:.3f} vs object w
 
 # %% [markdown]
 # **What to look at.** `even_reading` is the image's share of the keys a row can see: what it would put on the
-# image reading every key alike (high, because the text follows the image). No class beats it in any band: the deep
+# image reading every key alike (high: the text follows the image). No class beats it in any band: the deep
 # band sits at or just under it (punctuation <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@0"-->0.849<!--/num-->, object words <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@1"-->0.814<!--/num-->), the shallow
 # band far under (punctuation <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@2"-->0.359<!--/num-->). U5 expects content words to read the image far more than function
 # words (a ratio of 2 or more); they lead only slightly (<!--num "notebooks/02_understanding_maps.ipynb#out:content words@0"-->0.773<!--/num--> vs <!--num "notebooks/02_understanding_maps.ipynb#out:content words@1"-->0.742<!--/num-->). Punctuation
@@ -530,8 +532,8 @@ board.show()
 # %% [markdown]
 # **Reading the scoreboard.** Each verdict is what the shipped model does, not what the study says; a real
 # checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU) may differ.
-# [Inconclusive](../docs/GLOSSARY.md#inconclusive): the note says roughly how many samples would settle it. Three
-# values need their rule: U8's is the share of layers meeting it (no sampling spread), U4 (b) anchor minus sink reads
+# [Inconclusive](../docs/GLOSSARY.md#inconclusive): the note says roughly how many samples would settle it. Rules
+# behind three values: U8's is the share of layers meeting it (no sampling spread), U4 (b) anchor minus sink reads
 # (negative: the sink takes more), U9 (a) image→image minus the next-largest block in its worst layer.
 #
 # ## What this run showed
