@@ -635,7 +635,7 @@ print(f"query rows whose largest weight is highest: {sorted(np.argsort(P.max(1))
 # **What to look at.** The image|text borders split the joint map into section 6's four blocks; a healthy head
 # has structure (bands, a diagonal), a degenerate one is flat or puts its mass on one column (a
 # [sink](../docs/GLOSSARY.md#sink)); on the right, bright on the object is a hit. **This
-# run** shows a miss: the word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform
+# run** shows a miss: the shape word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num-->, below the drawn shape (patch row
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="row ([0-9]+)"-->3<!--/num-->, column <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="column ([0-9]+)"-->2<!--/num-->), and in the left panel query rows
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands). The sliders show how little changes from step to step and how much from head to head.
