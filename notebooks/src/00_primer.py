@@ -111,14 +111,16 @@ _ = plots.save(plots.token_map(first, words, f"layer {min(maps)}, head 0: '{SENT
 above = torch.triu(first, 1)
 print(f"{len(words)} tokens {words}; rows sum to {first.sum(-1).min():.3f}-{first.sum(-1).max():.3f}; "
       f"largest weight above the diagonal (masked): {above.max():.1e}")
-print(f"rows 1-{len(words) - 1} put on average {first[1:, 0].mean():.2f} of their weight on the first token '{words[0]}'")
+print(f"rows 1-{len(words) - 1} put on average {first[1:, 0].mean():.2f} of their weight on the first token '{words[0]}' "
+      f"(an even reading: {np.mean([1 / (i + 1) for i in range(1, len(words))]):.2f})")
 print(f"the last token '{words[-1]}' reads most: '{words[int(first[-1].argmax())]}' ({first[-1].max():.2f})")
 
 # %% [markdown]
 # **What to look at.** The top-left cell is 1: the first token can only read itself. Above the diagonal all is
 # exactly zero. The bright first column is a [sink](../docs/GLOSSARY.md#sink): the rows after the first
 # put on average <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@2"-->0.82<!--/num--> of
-# their weight on the first token, which carries no meaning of its own; the last token
+# their weight on the first token (an even reading:
+# <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@3"-->0.27<!--/num-->), which means nothing itself; the last token
 # reads itself most (<!--num "notebooks/00_primer.ipynb#out:reads most:" re="[(]([0-9.]+)[)]"-->0.90<!--/num-->). But one
 # head is not the model's reading:
 #
@@ -222,7 +224,7 @@ if maps:
 # On this run: softmax gave the key pointing the query's way
 # <!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num--> of the weight; the rows of a sentence put
 # <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@2"-->0.82<!--/num--> of their weight on the
-# first token (a sink); the heads of one layer ranged from normalised entropy
+# first token (even: <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@3"-->0.27<!--/num-->; a sink); the heads of one layer ranged from normalised entropy
 # <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most focused head \d+ [(]([0-9.]+)[)]"-->0.64<!--/num--> to
 # <!--num "notebooks/00_primer.ipynb#out:most spread head" re="most spread head \d+ [(]([0-9.]+)[)]"-->0.90<!--/num-->; and a
 # question word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the
