@@ -80,7 +80,7 @@ print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_confi
 # ## 1. Capture once
 #
 # Statistics for every sample and layer go to one store, full maps for a subset to another (the widget needs maps);
-# all below reads these stores. A 7B model's maps are large (01 §3): keep `MAP_PER_TYPE` small there; the
+# all below reads these stores. On a 7B model keep `MAP_PER_TYPE` small (01 §3); the
 # estimate is checked against `MEMORY_BUDGET_GB` first. Cross-attention VLMs (Mllama) read the image only through
 # [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer): there §5 and §7 read "not measurable here".
 
@@ -111,7 +111,7 @@ print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['
 # %% [markdown]
 # ### A first look: one word reading the picture, layer by layer
 #
-# A question about a picture with several objects; the word naming the object (the title gives the question) laid over
+# A picture with several objects; the word naming the object (the title gives the question) laid over
 # the image tokens (mean over heads), one panel per layer, in × uniform. The sample shown is where that word reads its own
 # object most; how typical that is, below. **One colour
 # scale for every panel**; its cyan line (1) is an even reading: brighter is read more than chance, darker less.
@@ -158,10 +158,12 @@ if grids[first.id][0]:
 # <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->× its object's area share on that object, and
 # <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="; ([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num--> multi-object samples with full maps read their
 # own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer. The line
-# above gives the word's share on *any* object's patches, layers 0–3:
+# above gives the word's share on *any* object's patches (cells at least
+# <!--const patch_kinds' object cover, a definition-->75%<!--/const--> covered; edges left out, so it need not follow
+# the ×), layers 0–3:
 # <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@1"-->0.18<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@3"-->0.12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@5"-->0.29<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@7"-->0.06<!--/num-->, where the objects
-# cover <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@8"-->0.05<!--/num--> of the picture. One picture is not a finding: §6 measures every object of every sample
-# against an untrained control (U11). Unhealthy: a haze at every layer, or one pattern on every picture.
+# cover <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@8"-->0.05<!--/num--> of the picture. One picture is not a finding: §6 measures every object against an
+# untrained control (U11). Unhealthy: a haze at every layer, or one pattern on every picture.
 
 # %% [markdown]
 # ## 2. How attention changes with depth
@@ -457,8 +459,8 @@ print(f"spread across scene types: entropy {np.ptp(by_type.norm_entropy):.3f}, t
 # %% [markdown]
 # ## 10. Explore
 #
-# Sample, layer, head and query token; left to right: the raw map, the map in modality blocks, the chosen token over
-# the image (redrawn from the maps store, no model run).
+# Sample, layer, head and query token; left to right: the raw map, the map in blocks, the chosen token over
+# the image (redrawn from the maps store).
 
 # %% tags=["nbval-ignore-output"]
 explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids,
