@@ -2,23 +2,21 @@
 # # 07 · Diagnostics: a hallucination signal, a modality-neglect detector, and a one-call report
 #
 # **What you will learn**
-# - whether the attention of the position that produces an answer tells right answers from wrong ones (U12), beside
-#   the model's own confidence, and how to read an [AUROC](../docs/GLOSSARY.md#auroc) that points the unexpected way;
-# - how the study's [modality-neglect](../docs/GLOSSARY.md#modality-neglect) detector (U10) behaves on a healthy model
-#   and on three deliberately broken ones, and what it cannot see;
-# - how to turn any stores into a report (figures plus one offline HTML page).
+# - whether the answer position's attention tells right answers from wrong (U12), beside the model's confidence, and
+#   how to read an [AUROC](../docs/GLOSSARY.md#auroc) that points the unexpected way;
+# - how the study's [modality-neglect](../docs/GLOSSARY.md#modality-neglect) detector (U10) fares on a healthy model and three broken ones;
+# - how to turn [stores](../docs/GLOSSARY.md#store) (folders of captured attention statistics) into a report.
 #
-# The claims and this run's verdicts are in the scoreboard (§4).
-#
-# **What it needs**: 02's ideas (image shares, modality blocks) and, for the report, the stores of 02 and 03 (captured
+# ![This lesson's first figure, from its last run](../docs/figures/07_diagnostics.png)
+
+# %% [markdown]
+# **What it needs**: 02's ideas (image shares, modality blocks) and, for the report, 02's and 03's stores (captured
 # here if absent). The shipped `tiny-llava` or any supported vision-language family (`MODEL`).
 #
 # **Terms.** AUROC: the probability that a random wrong answer scores as more suspect than a random right one (one
 # half: chance; 0: perfect *the other way*). **Image share of text queries' reads** (the detector's signal): of the
 # attention text queries spend on the context, the part on image keys, per layer — not 02's `text->image`, a share
 # of the *whole* map.
-#
-# ![This lesson's first figure, from its last run](../docs/figures/07_diagnostics.png)
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -53,6 +51,7 @@ from unicache_lib.capture import AttentionCapture
 from unicache_lib.capture.gen_runner import generation_store_or_capture
 from unicache_lib.capture.runner import inputs_for, stats_store_or_capture
 from unicache_lib.diagnostics.hallucination import answer_attention
+from unicache_lib.diagnostics.broken import blank_image, mask_image_attention, zero_image_features, zero_image_values
 from unicache_lib.diagnostics.neglect import CUTOFF, WARN
 from unicache_lib.diagnostics.report import build_report
 from unicache_lib.diagnostics.roc import auroc, auroc_interval, auroc_table, rank_average, read_auroc
@@ -75,9 +74,8 @@ qas = heldout_set(N_QUESTIONS, seed=SEED + 4242, qtypes=("exists", "colour", "ex
 # %% [markdown]
 # **One right answer and one wrong, before any number.** Each held-out question is about a small scene of one to four
 # simple objects; two in five ask "is there a …?", and about half of those name an object that is *not* there — where
-# a model hallucinates. Below, the first question the model answers right and the first it answers wrong: the
-# position that produces the answer, reading the picture in its last image-reading layer (mean over heads), both
-# panels on one × uniform scale with even reading (1) marked.
+# a model hallucinates. Below, the first question answered right and the first answered wrong: the answer position
+# reading the picture in its last image-reading layer (mean over heads), both panels on one × uniform scale.
 
 # %%
 A = answer_attention(model, processor, qas)  # one row per question: its answer, right or wrong, coverage (§1)
@@ -118,7 +116,7 @@ if picked:
             k = int(patch_grid_masks(sc.masks, grid).ravel()[int((w[gtok] if gtok is not None else w).argmax())])
             on = f"the {sc.objects[k].colour} {sc.objects[k].shape}" if k >= 0 else "background"
             where = f"; brightest patch on {on}"
-        print(f"{kind}: {qas[i].question!r} -> '{A.prediction.iloc[i]}' (reference '{qas[i].answer}'); coverage "
+        print(f"{kind}: {qas[i].question!r} -> '{A.prediction.iloc[i]}' (reference '{qas[i].answer}'); {sc.scene_type} scene; coverage "
               f"{A.coverage.iloc[i]:.2f} (mean over layers), peak {float(w.max()):.1f}x uniform{where}")
 
 # %% [markdown]
@@ -128,8 +126,9 @@ if picked:
 # <!--num "notebooks/07_diagnostics.ipynb#out:wrong: " re="coverage ([0-9.]+)"-->0.58<!--/num--> for the wrong one, whose
 # brightest patch lies on
 # <!--num "notebooks/07_diagnostics.ipynb#out:wrong: " re="brightest patch on (.*)$" missing="(not measurable here)"-->the orange circle<!--/num-->.
-# Here the wrong answer did not look away: it looked, and took an object of the asked colour for the asked shape. One
-# pair is an anecdote; §1 asks it of all the questions, with an interval.
+# Here the wrong answer did not look away: it looked, and took an object of the asked colour for the asked shape. (The
+# grey strips on the left are text-like glyphs: a <!--num "notebooks/07_diagnostics.ipynb#out:right: " re="; (\w+) scene;"-->text<!--/num--> scene.) One pair is an anecdote; §1 asks it of all
+# the questions.
 
 # %%
 print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} of them 'is there a ...?' "
@@ -163,15 +162,19 @@ else:
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
 for ax, col in zip(axes, ("coverage", "concentration", "confidence")):
     ax.hist([A.loc[~wrong, col], A.loc[wrong, col]], bins=30, density=True, label=[f"right (n={int((~wrong).sum())})", f"wrong (n={int(wrong.sum())})"])
-    ax.set_xlabel(col)
+    ax.set(xlabel=col, ylabel="density (area 1 per group)" if col == "coverage" else None)
     ax.legend(fontsize=7)
 fig.suptitle("answer-position attention and confidence, right vs wrong answers", fontsize=10)
 fig.tight_layout()
 _ = plots.save(fig, out, "hallucination_signal")
+mid = lambda x: f"middle half {x.quantile(0.25):.2f} to {x.quantile(0.75):.2f}"  # noqa: E731
+print(f"coverage of right answers: {mid(A.coverage[~wrong])}; of wrong answers: {mid(A.coverage[wrong])}")
 
 # %% [markdown]
-# **How to read the histograms.** For the claim, wrong answers' coverage (orange) sits *left* of the right answers'
-# (AUROC above chance); to the right, they read the image *more*.
+# **How to read the histograms.** For the claim, wrong answers' coverage (orange) would sit *left* of the right
+# answers' (blue). It sits right: the middle half of wrong answers lies at
+# <!--num "notebooks/07_diagnostics.ipynb#out:coverage of right answers" re="of wrong answers: middle half ([0-9.]+ to [0-9.]+)"-->0.61 to 0.66<!--/num-->,
+# of right ones at <!--num "notebooks/07_diagnostics.ipynb#out:coverage of right answers" re="right answers: middle half ([0-9.]+ to [0-9.]+)"-->0.55 to 0.64<!--/num-->: wrong answers read the image *more*.
 
 # %%
 n_wrong = int(wrong.sum())
@@ -199,15 +202,16 @@ if "lo" in roc:
 # **What this run shows.** The coverage signal is real but points the other way (AUROC
 # <!--num "notebooks/07_diagnostics.ipynb#out:Coverage: AUROC@0" fmt="{:.2f}"-->0.31<!--/num-->, interval wholly below chance). Within the
 # absent-object questions, where almost all errors sit, it is <!--num "notebooks/07_diagnostics.ipynb#out:Within the@2" fmt="{:.2f}"-->0.11<!--/num-->:
-# a hallucinating answer reads the image *harder*, as if searching for the object. Confidence separates far better.
+# a hallucinating answer reads the image *harder*, as if searching for the object. Confidence separates far better,
+# and combining it with coverage hurts (AUROC <!--num "notebooks/07_diagnostics.ipynb#out:coverage + confidence (rank mean)@0" fmt="{:.2f}"-->0.67<!--/num-->).
 # So few errors of one kind make this a hypothesis to test on a larger model, not a rule.
 
 # %% [markdown]
 # ## 2. The modality-neglect detector (U10), healthy and broken
 #
 # Per layer, the image share of the text queries' reads; the detector fires under <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const--> (warns under
-# <!--const the detector's warning level, fixed before any run-->15%<!--/const-->). Broken variants, each labelled with
-# what it breaks:
+# <!--const the detector's warning level, fixed before any run-->15%<!--/const-->). Broken variants, by what
+# each breaks:
 # - **zeroed features**: what the image tokens carry (the projector's output set to zeros);
 # - **blank image**: the picture's content (every pixel the image's mean colour);
 # - **zeroed image values**: what reading an image key returns (image value vectors zeroed, weights untouched);
@@ -215,36 +219,57 @@ if "lo" in roc:
 #   construction*: it checks the plumbing, not U10.
 #
 # Beside it, a check blind to attention: **image dependence**, the mean [KL](../docs/GLOSSARY.md#kl) between the
-# answers with the sample's image and with another's (near 0 = image ignored). On a cross-attention VLM (Mllama) the
-# share is 1 by construction, so U10 is "not measurable here"; image dependence still works.
+# answers with the sample's image and with another's (near 0 = image ignored). (On a cross-attention VLM the share is 1
+# by construction: U10 is not measurable.)
 
 # %%
-# NBVAL_CHECK_OUTPUT
 samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 masked_name = DG.masked_name(MASK_FROM_LAYER)
 variants, BREAKS = DG.broken_variants(model, processor, samples, MASK_FROM_LAYER, SEED)  # healthy + four breaks
 det, shares = DG.detector_table(variants, BREAKS, family.image_part)
-print(f"image share of text queries' reads, per layer, over {len(samples)} samples (cut-off {CUTOFF:.0%}, warning {WARN:.0%})")
-print(det.to_string(float_format=lambda x: f"{x:.3f}"))
 
 # %%
-fig, ax = plt.subplots(figsize=(6, 3.2))
+# NBVAL_CHECK_OUTPUT
+import dataclasses  # noqa: E402
+
+from unicache_lib.pruning import evaluate as E  # noqa: E402
+
+few_qas = qas[:200]  # each variant's accuracy, on 200 of §1's questions
+
+
+def accuracy(questions):
+    lp = E.answer_logprobs(model, processor, questions)
+    return E.understanding_metrics(lp, lp, processor, questions)["accuracy"]
+
+
+blank = [dataclasses.replace(q, scene=dataclasses.replace(q.scene, image=blank_image(q.scene.image))) for q in few_qas]
+ACC = {DG.HEALTHY: accuracy(few_qas), "blank image": accuracy(blank)}
+for name, broken in (("zeroed features", lambda: zero_image_features(model)), ("zeroed image values", lambda: zero_image_values(
+        model, 0)), (masked_name, lambda: mask_image_attention(model, MASK_FROM_LAYER))):
+    with broken():
+        ACC[name] = accuracy(few_qas)
+print(f"image share of text queries' reads, per layer, over {len(samples)} samples (cut-off {CUTOFF:.0%}, warning {WARN:.0%}); "
+      f"accuracy on {len(few_qas)} questions")
+print(det.assign(accuracy=pd.Series(ACC)).to_string(float_format=lambda x: f"{x:.3f}"))
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 3.4))
 layer_cols = [c for c in det.columns if c.startswith("L")]
 for name, row in det.iterrows():
-    ax.plot(range(len(layer_cols)), row[layer_cols].astype(float), marker="o", label=f"{name} (breaks: {row['breaks']})",
+    ax.plot(range(len(layer_cols)), row[layer_cols].astype(float), marker="o", label=name,  # what each breaks: the table
             ls=":" if name == masked_name else "-")
 ax.axhline(CUTOFF, color="r", ls="--", lw=0.8, label=f"cut-off {CUTOFF:.0%} (U10)")
 ax.axhline(WARN, color="orange", ls=":", lw=0.8, label=f"warning {WARN:.0%}")
 ax.set_xticks(range(len(layer_cols)), [c[1:] for c in layer_cols])
 ax.set_xlabel("layer")
-ax.set_ylabel("image share of text queries' reads")
+ax.set(ylabel="image share of text queries' reads", ylim=(0, 1))
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: the lines stay visible
 fig.tight_layout()
 _ = plots.save(fig, out, "neglect_detector")
 
 # %% [markdown]
 # **How to read the detector.** Healthy: every layer well above the dashed <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const--> line, with a large image
-# dependence (last column); neglect: a curve under it.
+# dependence (its column in the table); neglect: a curve under it.
 
 # %%
 hl = det.loc["healthy", layer_cols].astype(float)
@@ -256,10 +281,8 @@ for n in [n for n in det.index if n not in ("healthy", masked_name)]:
     print(f"{n}: fires {bool(r.fires)}, lowest share {r[layer_cols].astype(float).min():.3f}, image dependence {dep:.3f} -> "
           + ("the share sees it" if r.fires else "the share misses it; " + (
               "image dependence catches it (near 0)" if dep < 0.1 * dep0 else
-              f"image dependence keeps {dep / dep0:.0%} of the healthy value, so it misses it too. Only the answers' "
-              "accuracy could tell, and it is not measured here per variant: to measure it, run answer_attention(model, "
-              "processor, qas) with the variant applied (inside its context manager, or on its images) and compare "
-              f".correct.mean() with the healthy model's {A.correct.mean():.3f}")))
+              f"image dependence keeps {dep / dep0:.0%} of the healthy value, so it misses it too"))
+          + f"; accuracy {ACC[n]:.3f} (healthy {ACC[DG.HEALTHY]:.3f})")
 print(f"{masked_name}: fires {bool(det.loc[masked_name, 'fires'])} from layer {det.loc[masked_name, 'first cut-off layer']} "
       "(by construction: it zeroes the very share the detector reads).")
 
@@ -271,15 +294,18 @@ print(f"{masked_name}: fires {bool(det.loc[masked_name, 'fires'])} from layer {d
 # Image dependence catches the first two (KL <!--num "notebooks/07_diagnostics.ipynb#out:zeroed features: fires@1" fmt="{:.3f}"-->0.000<!--/num--> and
 # <!--num "notebooks/07_diagnostics.ipynb#out:blank image: fires@1" fmt="{:.3f}"-->0.014<!--/num--> against a healthy
 # <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@2" fmt="{:.2f}"-->5.86<!--/num-->), not the third, which keeps
-# <!--num "notebooks/07_diagnostics.ipynb#out:zeroed image values: fires@2"-->56<!--/num-->% of it.
+# <!--num "notebooks/07_diagnostics.ipynb#out:zeroed image values: fires@2"-->56<!--/num-->% of it. The answers tell all three: accuracy falls from
+# <!--num "notebooks/07_diagnostics.ipynb#out:zeroed features: fires" re="healthy ([0-9.]+)"-->0.980<!--/num--> to <!--num "notebooks/07_diagnostics.ipynb#out:zeroed features: fires" re="; accuracy ([0-9.]+)"-->0.305<!--/num--> (zeroed features), <!--num "notebooks/07_diagnostics.ipynb#out:blank image: fires" re="; accuracy ([0-9.]+)"-->0.295<!--/num--> (blank image) and
+# <!--num "notebooks/07_diagnostics.ipynb#out:zeroed image values: fires" re="; accuracy ([0-9.]+)"-->0.460<!--/num--> (zeroed image values).
 
 # %% [markdown]
 # ## 3. One call, one report
 #
-# `build_report` turns stores into figures and one HTML page with the figures embedded (it opens without a
-# network). From a shell: `unicache-report outputs/02_understanding_maps/stats tiny-mmdit=outputs/03_diffusion_steps/store/tiny-mmdit --out outputs/report`.
+# `build_report` turns stores into figures and one self-contained HTML page. From a shell: `unicache-report outputs/02_understanding_maps/stats tiny-mmdit=outputs/03_diffusion_steps/store/tiny-mmdit --out outputs/report`.
 
 # %%
+import os  # noqa: E402
+
 ustore, _ = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", MODEL, sample_seed=SAMPLE_SEED,
                                    model=model, processor=processor)
 stores = {Path(MODEL).name: ustore}
@@ -287,30 +313,31 @@ if GENERATION_STORE:
     gname = Path(GENERATION_STORE).name
     stores[gname], _ = generation_store_or_capture(project_path(GENERATION_STORE), out / "generation_stats" / gname, load_generator(gname), gname)
 page = build_report(stores, out / "report")
-print(f"report: {page} ({page.stat().st_size // 1024} KB, {page.read_text().count('<img')} figures)")
+print(f"report: {os.path.relpath(page, project_path('.'))} ({page.stat().st_size // 1024} KB, {page.read_text().count('<img')} figures)")
 
 # %% [markdown]
-# Below, the report page itself, then its figures as static PNGs (what a kernel-less viewer such as GitHub shows,
-# where the frame stays empty). The page (path printed above) opens offline and gathers 02's and 03's curves side by
-# side; a missing figure means its store lacked that statistic.
+# The page gathers 02's and 03's figures (focus per layer, read frequency, modality blocks, where text reads the
+# image; the MMDiT per step), each read in its own lesson. One of them, as a static PNG:
 
 # %% tags=["nbval-ignore-output"]
-import html
-import re
-import warnings
+from IPython.display import Image, display  # noqa: E402
 
-from IPython.display import HTML, Image, display
+from unicache_lib.core.modality import BLOCKS  # noqa: E402
+from unicache_lib.diagnostics.report import load_store  # noqa: E402
 
-from unicache_lib.core.untrusted import iframe_srcdoc, inside
+blocks = [r for r in load_store(ustore)[0] if "blocks" in r.data]  # the records the modality-blocks figure averages
+if blocks:
+    b = np.mean([r.data["blocks"].mean(0).numpy() for r in blocks], 0)
+    print(f"{Path(MODEL).name}: modality blocks, share of the whole map (mean of {len(blocks)} records): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in zip(BLOCKS, b)))
+for png in sorted(page.parent.glob("*_blocks.png"))[:1]:
+    display(Image(filename=str(png)))
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # IPython suggests IFrame, which needs a served path; srcdoc embeds the page
-    display(HTML(iframe_srcdoc(page.read_text())))  # the page escaped whole: the frame gets it exactly as written
-# the page's own figures as static images (its <img alt> names the PNG beside it), for viewers without a kernel
-for stem in re.findall(r'<img alt="([^"]+)"', page.read_text()):
-    png = inside(page.parent, f"{html.unescape(stem)}.png")  # a name from the page stays in the page's folder
-    if png is not None and png.is_file():
-        display(Image(filename=str(png)))
+# %% [markdown]
+# **Reading it.** Text queries reading the image take
+# <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share" re="text->image ([0-9.]+)"-->0.082<!--/num--> of the whole map, image reading
+# image <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share" re="image->image ([0-9.]+)"-->0.709<!--/num-->: so small a whole-map share says
+# little about the text, which is why §2's detector divides by what the text queries read instead.
 
 # %% [markdown]
 # ## 4. Claims scoreboard
@@ -321,11 +348,11 @@ from unicache_lib.claims import claims_table
 claims_table("07_diagnostics")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
 # %% [markdown]
-# Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number. U10 is decided on the
-# per-layer shares resampled over samples, and only on the broken variants not forced onto the share; U12 on the
-# stratified AUROCs in the claim's direction: an interval wholly below
-# <!--const U12's bar, written before the numbers-->0.7<!--/const--> is "does not hold" whichever way it points (the
-# `measured` line names the direction).
+# Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number, per criterion:
+# - **U10** (layer shares resampled over samples): (a) the healthy model's lowest layer above <!--const the detector's cut-off-->5%<!--/const--> (quiet);
+#   (b) the highest of the three unforced breaks' lowest layers below it (the detector fires on each);
+# - **U12** (AUROCs resampled stratified, in the claim's direction): (a) coverage's AUROC above
+#   <!--const U12's bar, written before the numbers-->0.7<!--/const-->, whichever way it points (`measured` names the direction); (b) coverage's AUROC minus confidence's above 0.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -341,12 +368,11 @@ board.show()
 
 # %% [markdown]
 # **Reading the scoreboard.** U10
-# <!--num "notebooks/07_diagnostics.ipynb#out:U10 · " re="U10 · (.+)"-->partly<!--/num-->: the healthy model is quiet, criterion
-# (a), which only says the detector raises no false alarm; its real test, (b), is whether it fires on the breaks, and
-# there it fails — a share measures *where* the text looks, not whether what it finds carries anything. So read
-# "partly" as: quiet when healthy, blind to the breaks it is meant to catch. U12
-# <!--num "notebooks/07_diagnostics.ipynb#out:U12 · " re="U12 · (.+)"-->does not hold<!--/num-->, marked "inverted":
-# wrong answers read the image *more*. Both rest on stand-in quantities: U12 speaks of a *noun's*
+# <!--num "notebooks/07_diagnostics.ipynb#out:U10 · " re="U10 · (.+)"-->partly<!--/num-->: quiet when healthy (a), blind to the breaks
+# it is meant to catch (b): a share measures *where* the text looks, not whether what it finds carries anything. (a)
+# and (b) print one value: the break
+# with the highest lowest layer, zeroed image values, leaves the attention weights, and so the share, as healthy. U12
+# <!--num "notebooks/07_diagnostics.ipynb#out:U12 · " re="U12 · (.+)"-->does not hold<!--/num-->, inverted; its (b), <!--num "notebooks/07_diagnostics.ipynb#out:U12 · > value@1" fmt="{:+.2f}"-->-0.64<!--/num-->, is coverage's AUROC minus confidence's. Both rest on stand-in quantities: U12 speaks of a *noun's*
 # attention, measured here at the last prompt position (answers are one word); U10 of a layer's
 # [cross-modal share](../docs/GLOSSARY.md#cross-modal-share), measured as the
 # [image share](../docs/GLOSSARY.md#image-share) of the text queries' reads (§2).
@@ -357,12 +383,11 @@ board.show()
 #   inverted; confidence (<!--num "notebooks/07_diagnostics.ipynb#out:Confidence: AUROC@0" fmt="{:.2f}"-->0.95<!--/num-->) is the signal to beat. On
 #   your model, monitor confidence before keying a cache on coverage.
 # - **U10** <!--num "notebooks/07_diagnostics.ipynb#out:U10 · " re="U10 · (.+)"-->partly<!--/num-->: the healthy model is quiet (lowest share
-#   <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@0"-->0.394<!--/num-->), but the share fires on none of the three real breaks;
-#   image dependence catches zeroed features and the blank image (KL near 0, against a healthy
-#   <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@2" fmt="{:.2f}"-->5.86<!--/num-->), not zeroed image values. After a cache or
-#   pruning change, run image dependence beside the share, and check the answers.
+#   <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@0"-->0.394<!--/num-->), but the share fires on none of the three real breaks,
+#   and image dependence misses zeroed image values. After a cache or pruning change, run image dependence and
+#   accuracy beside the share: only accuracy caught all three.
 #
-# The decision table below is computed from this run: on your model it carries your numbers and what each suggests.
+# The decision table, from this run's numbers:
 
 # %%
 DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
@@ -370,9 +395,8 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Each starter cell below sets the work up and leaves
-# one gap, `... # <- fill in`: fill it and run the cell (★ and ★★ in under a minute). Solutions with measured
-# outcomes: `solutions/07_diagnostics.py`.
+# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Each starter cell leaves one gap, `... # <- fill in`
+# (★ and ★★ run in under a minute). Solutions with measured outcomes: `solutions/07_diagnostics.py`.
 #
 # 1. ★ Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer, and does
 #    the detector's first cut-off layer follow the masked one?
@@ -380,24 +404,16 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 #    which direction? Report it with its stratified interval, beside confidence.
 # 3. ★★ Add another broken variant — images shuffled across samples — and predict the detector's verdict first. Is
 #    it a modality cut-off at all? What do image dependence and accuracy say?
-# 4. ★★★ Run this notebook on your checkpoint (the starter prints the papermill command) and compare: the healthy
-#    lowest share against the cut-off, the blank image's image dependence against the healthy one, and the coverage
-#    AUROC — its direction, whether its interval excludes chance, and whether you have enough wrong answers to decide U12.
+# 4. ★★★ Run this notebook on your checkpoint (the starter prints the papermill command) and compare the healthy
+#    lowest share, the blank image's image dependence and the coverage AUROC (direction, interval, number of wrong
+#    answers) with this run's.
 
 # %%
-# What exercises 1 and 3 share: 200 of the questions, five standard samples, and the accuracy of a question list
+# What exercises 1 and 3 share: five standard samples (and §2's 200 questions `few_qas` and `accuracy`)
 import copy  # noqa: E402
-import dataclasses  # noqa: E402
 from unicache_lib.capture.runner import capture_samples  # noqa: E402
-from unicache_lib.diagnostics.broken import mask_image_attention  # noqa: E402
 from unicache_lib.diagnostics.neglect import detect_neglect, image_dependence  # noqa: E402
-from unicache_lib.pruning import evaluate as E  # noqa: E402
-few_qas, few_samples = qas[:200], samples[:5]
-
-
-def accuracy(questions):
-    lp = E.answer_logprobs(model, processor, questions)
-    return E.understanding_metrics(lp, lp, processor, questions)["accuracy"]
+few_samples = samples[:5]
 
 
 # %%
