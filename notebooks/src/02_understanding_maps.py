@@ -547,6 +547,7 @@ board.show()
 # NBVAL_CHECK_OUTPUT
 v, tab = board.verdicts(), board.table()  # the scoreboard's cells: value, 95% interval and note per claim
 recap, SHOWN = [], {"holds": "shown", "does not hold": "contradicted", "partly": "partly shown"}  # else: not yet shown
+iv3 = "; ".join(f"({k}) [{m.lo:.2f}, {m.hi:.2f}]" for k, m in board.rows["U3"].measured.items() if m.value is not None)
 recap.append(f"- **Depth**: normalised entropy goes {depth.loc['shallow', 'norm_entropy']:.2f} → {depth.loc['deep', 'norm_entropy']:.2f} "
       f"from the shallow to the deep band (U2a {v['U2a']}, U2b {v['U2b']}).")
 recap.append(f"- **Low layers**: the shallow band's cross-modal share is {depth.loc['shallow', 'cross_modal']:.2f} (the claim: 0.2-0.5) "
@@ -558,7 +559,7 @@ recap.append(f"- **Image reads are only mildly uneven**: the top 10% of image po
       f"image reads (chance 0.10, the claim needs 0.5: U1 {v['U1']}).")
 recap.append(f"- **Anchors**: that anchors persist is {SHOWN.get(v['U3'], 'not yet shown')} (U3 {v['U3']}): (a) layer {lo} vs {mid} anchor "
       f"Jaccard {shallow_mid:.2f}, {shallow_mid / chance_jaccard:.1f}x chance against a bar of 3x = {3 * chance_jaccard:.3f}; "
-      f"(b) within- minus across-scene-type Jaccard against a bar of 0; 95% intervals {tab.loc['U3', 'interval (95%)']}.")
+      f"(b) within- minus across-scene-type Jaccard against a bar of 0; 95% intervals {iv3}.")
 recap.append((f"- **Anchors** land on objects ({obj_ratio:.1f}x chance) but the first 3 positions take more of the text's reads "
        if not sample_set.missing(samples, "masks") else "- **Anchors**: where anchors land is not measurable with these samples; the first 3 "
        "positions take more of the text's reads ")
@@ -581,15 +582,18 @@ Markdown("\n".join(line for line in recap if line))
 # ([H2O](../docs/GLOSSARY.md#h2o), [SnapKV](../docs/GLOSSARY.md#snapkv), [StreamingLLM](../docs/GLOSSARY.md#streamingllm)).
 
 # %%
+import re
+
 decisions = pd.DataFrame([
     ("top-10% share of the text's image reads (U1)", f"{L.top10_share.mean():.2f}",
      "above ~0.5: a few image keys carry the reads, score-based eviction (H2O, SnapKV) can work; near 0.1: reads are "
      "spread, keep more or cover the key space", "05: BUDGETS, the eviction policies"),
     (f"anchor Jaccard, layer {lo} vs {mid} / chance (U3 (a), bar 3x); within- minus across-type Jaccard (U3 (b), bar 0)",
-     f"{shallow_mid / chance_jaccard:.1f}x chance; 95% intervals {tab.loc['U3', 'interval (95%)']} (U3 {v['U3']})",
+     f"{shallow_mid / chance_jaccard:.1f}x chance; 95% intervals {iv3} (U3 {v['U3']})",
      "(a)'s whole interval above 3x chance: one selection can serve several layers; near chance: select per layer. "
      + ("Here that is shown." if v["U3"] == "holds" else
-        f"Here it is not yet shown: select per layer until more samples settle it ({tab.loc['U3', 'note'] or v['U3']})."),
+        f"Here it is not yet shown: select per layer until more samples settle it "
+        f"({re.sub(r'[0-9]+[.][0-9]{4,}', lambda x: f'{float(x.group()):.3f}', tab.loc['U3', 'note'] or v['U3'])})."),
      "05: per-layer policies"),
     ("text reads on the first 3 positions vs on the anchors (U4)", f"{np.mean(sink):.2f} vs {np.mean(anchor_mass):.2f}",
      "a large sink share: always keep the first positions (StreamingLLM-style sinks)", "05: policy `streaming`"),
