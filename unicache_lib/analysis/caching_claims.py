@@ -339,14 +339,29 @@ def reuse_recap(RU: dict, CT: dict, shares: dict, board) -> list[str]:
     lines = []
     for g in RU:
         r, c = RU[g].loc[NEW_REUSE], CT[g].loc[NEW_REUSE]
-        dif = CT[g].loc[[m for m in CT[g].index if str(m).startswith("diffusers:")], "margin_flops"].dropna()
+        caches = CT[g].loc[[m for m in CT[g].index if str(m).startswith("diffusers:")], "margin_flops"]
+        dif, outside = caches.dropna(), list(caches[caches.isna()].index)
         lines.append(f"{g}: {NEW_REUSE} {r.psnr:.1f} dB at {r.speedup:.2f}x ({r.flops:.2f} of the FLOPs), {c.margin_flops:+.1f} "
                      f"dB over fewer steps at equal FLOPs" + (f"; diffusers caches (default settings) {dif.min():+.1f} to "
-                     f"{dif.max():+.1f} dB against the same control" if len(dif) else "")
+                     f"{dif.max():+.1f} dB against the same control at equal FLOPs, {len(dif)} of {len(caches)} in its range"
+                     + (f" ({', '.join(outside)} outside)" if outside else "") if len(dif) else "")
                      + (f"; attention is {shares[g]['share']:.0%} of a run (attention-only cap {shares[g]['cap']:.2f}x)."
                         if g in shares else "."))
     lines.append("Verdicts: " + ", ".join(f"{c} {r.verdict}" for c, r in board.rows.items()))
     return lines
+
+
+def _group_margins(CT: dict, members) -> tuple[str, float]:
+    """Per generator, the range of a group's margins over fewer steps at equal FLOPs and how many are in range; and
+    the best margin (NaN: none in range)."""
+    parts, best = [], np.nan
+    for g, t in CT.items():
+        col = t.loc[[m for m in t.index if members(str(m))], "margin_flops"]
+        inside = col.dropna()
+        best = np.nanmax([best, inside.max()]) if len(inside) else best
+        parts.append(f"{g}: " + (f"{inside.min():+.1f} to {inside.max():+.1f} dB" if len(inside) else "none in range")
+                     + f" ({len(inside)} of {len(col)} in range)")
+    return "; ".join(parts), best
 
 
 def reuse_decisions(RU: dict, CT: dict, shares: dict):
@@ -368,9 +383,26 @@ def reuse_decisions(RU: dict, CT: dict, shares: dict):
         if noop:
             rows.append({"measurement": f"{g}: methods bit-identical to no reuse", "value here": ", ".join(noop),
                          "what it suggests on your model": "exact caches on this family (e.g. cross-attention text K/V): "
-                         "always on, they save only their projections", "where": "§2 (reading column)"})
+                         "always on, they save only their projections", "where": "§2 (the bit-identical lines)"})
         if g in shares:
             rows.append({"measurement": f"{g}: attention share of a sampling run", "value here": f"{shares[g]['share']:.0%}",
                          "what it suggests on your model": f"attention-only reuse can reach at most {shares[g]['cap']:.2f}x: "
                          "to go further skip whole blocks or steps", "where": "§4 (attention_share)"})
+    beaten = "below the control where comparable: at these settings sample with fewer steps instead"
+    for what, members, act, where in (
+            ("diffusers caches", lambda m: m.startswith("diffusers:"),
+             "; re-tune a cache and re-measure it against this control before adopting it", "§3 (control_table)"),
+            ("attention-level schedules", lambda m: m in ("adaptive", "every_2", "static_last_third", "text_side"),
+             "; attention-only reuse is also capped by attention's share (§4): skip whole steps", "§3, §4")):
+        value, best = _group_margins(CT, members)
+        rows.append({"measurement": f"{what} over fewer steps at equal FLOPs", "value here": value,
+                     "what it suggests on your model": (beaten if not best > 0 else "one clears the control at equal FLOPs: "
+                     "check it at equal wall-clock too") + act, "where": where})
+    last = [g for g in RU if {"static_last_third", "every_2"} <= set(RU[g].index)]
+    if last:
+        g = min(last, key=lambda g: RU[g].loc["static_last_third", "ssim"])
+        rows.append({"measurement": "G3: SSIM of reuse in the last third only / every 2nd step (weaker generator)",
+                     "value here": f"{g}: {RU[g].loc['static_last_third', 'ssim']:.3f} / {RU[g].loc['every_2', 'ssim']:.3f}",
+                     "what it suggests on your model": "if you reuse attention at all, reuse late in the schedule, "
+                     "not throughout", "where": "§2, §5 (G3)"})
     return WrappedTable(pd.DataFrame(rows))
