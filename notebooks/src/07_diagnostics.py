@@ -141,7 +141,6 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 # its attention mass on image keys; **concentration** = 1 − [normalised entropy](../docs/GLOSSARY.md#normalised-entropy)
 # of that mass; **confidence** = the answer's probability. AUROC for detecting *wrong* answers, each score oriented the
 # claim's way (low = suspect): below chance it still separates, inverted, with strength max(AUROC, 1 − AUROC).
-# Intervals resample wrong and right answers apart (stratified).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -335,9 +334,9 @@ for png in sorted(page.parent.glob("*_blocks.png"))[:1]:
 
 # %% [markdown]
 # **Reading it.** Text queries reading the image take
-# <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share" re="text->image ([0-9.]+)"-->0.082<!--/num--> of the whole map, image reading
-# image <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share" re="image->image ([0-9.]+)"-->0.709<!--/num-->: so small a whole-map share says
-# little about the text, which is why §2's detector divides by what the text queries read instead.
+# <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share" re="text->image ([0-9.]+)"-->0.082<!--/num--> of the whole map, image queries
+# reading it <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share" re="image->image ([0-9.]+)"-->0.709<!--/num-->: the text's share is small because image tokens are most of the
+# queries, whatever the text does. §2's detector divides by what the text queries read instead (healthy: <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@0"-->0.394<!--/num--> or more per layer).
 
 # %% [markdown]
 # ## 4. Claims scoreboard
@@ -401,7 +400,7 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 # 1. ★ Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer, and does
 #    the detector's first cut-off layer follow the masked one?
 # 2. ★★ Use only the *shallow* layers' coverage (`answer_attention(..., layers=...)`). Does the AUROC change, and in
-#    which direction? Report it with its stratified interval, beside confidence.
+#    which direction?
 # 3. ★★ Add another broken variant — images shuffled across samples — and predict the detector's verdict first. Is
 #    it a modality cut-off at all? What do image dependence and accuracy say?
 # 4. ★★★ Run this notebook on your checkpoint (the starter prints the papermill command) and compare the healthy
