@@ -127,7 +127,7 @@ if picked:
 # brightest patch lies on
 # <!--num "notebooks/07_diagnostics.ipynb#out:wrong: " re="brightest patch on (.*)$" missing="(not measurable here)"-->the orange circle<!--/num-->.
 # Here the wrong answer did not look away: it looked, and took an object of the asked colour for the asked shape. (The
-# grey strips on the left are text-like glyphs: a <!--num "notebooks/07_diagnostics.ipynb#out:right: " re="; (\w+) scene;"-->text<!--/num--> scene.) One pair is an anecdote; §1 asks it of all
+# grey strips along the top and bottom of the left scene are text-like glyphs: a <!--num "notebooks/07_diagnostics.ipynb#out:right: " re="; (\w+) scene;"-->text<!--/num--> scene.) One pair is an anecdote; §1 asks it of all
 # the questions.
 
 # %%
@@ -146,7 +146,7 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 # NBVAL_CHECK_OUTPUT
 wrong = ~A.correct  # A: the first cell's answers and their attention, one row per question
 print(f"{int(wrong.sum())} wrong answers of {len(A)}; accuracy per type: {A.groupby('qtype').correct.mean().round(3).to_dict()}")
-print("wrong answers by type:", A[wrong].groupby(["qtype", "answer"]).size().to_dict())
+print("wrong answers by (question type, reference answer):", A[wrong].groupby(["qtype", "answer"]).size().to_dict())
 SCORES = {"coverage (low = suspect)": -A.coverage, "concentration (low = suspect)": -A.concentration,
           "confidence (baseline)": -A.confidence, "coverage + confidence (rank mean)": rank_average(-A.coverage, -A.confidence)}
 if 2 <= int(wrong.sum()) <= len(A) - 2:
@@ -202,7 +202,7 @@ if "lo" in roc:
 # <!--num "notebooks/07_diagnostics.ipynb#out:Coverage: AUROC@0" fmt="{:.2f}"-->0.31<!--/num-->, interval wholly below chance). Within the
 # absent-object questions, where almost all errors sit, it is <!--num "notebooks/07_diagnostics.ipynb#out:Within the@2" fmt="{:.2f}"-->0.11<!--/num-->:
 # a hallucinating answer reads the image *harder*, as if searching for the object. Confidence separates far better,
-# and combining it with coverage hurts (AUROC <!--num "notebooks/07_diagnostics.ipynb#out:coverage + confidence (rank mean)@0" fmt="{:.2f}"-->0.67<!--/num-->).
+# and combining the two, coverage taken in the claim's direction, hurts (AUROC <!--num "notebooks/07_diagnostics.ipynb#out:coverage + confidence (rank mean)@0" fmt="{:.2f}"-->0.67<!--/num-->).
 # So few errors of one kind make this a hypothesis to test on a larger model, not a rule.
 
 # %% [markdown]
@@ -249,26 +249,28 @@ for name, broken in (("zeroed features", lambda: zero_image_features(model)), ("
         ACC[name] = accuracy(few_qas)
 print(f"image share of text queries' reads, per layer, over {len(samples)} samples (cut-off {CUTOFF:.0%}, warning {WARN:.0%}); "
       f"accuracy on {len(few_qas)} questions")
-print(det.assign(accuracy=pd.Series(ACC)).to_string(float_format=lambda x: f"{x:.3f}"))
+print(det.drop(columns=["breaks"]).assign(accuracy=pd.Series(ACC)).to_string(float_format=lambda x: f"{x:.3f}"))  # breaks: §2's list
+
+# %% [markdown]
+# **How to read the detector.** Healthy: every layer well above the dashed <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const--> line, with a large image
+# dependence (its column in the table); neglect: a curve under it.
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 3.4))
 layer_cols = [c for c in det.columns if c.startswith("L")]
 for name, row in det.iterrows():
-    ax.plot(range(len(layer_cols)), row[layer_cols].astype(float), marker="o", label=name,  # what each breaks: the table
-            ls=":" if name == masked_name else "-")
+    ax.plot(range(len(layer_cols)), row[layer_cols].astype(float), marker="o", label=name,  # what each breaks: §2's list
+            ls=":" if name == masked_name else "-", lw=4 if name == DG.HEALTHY else 1.5, alpha=0.45 if name == DG.HEALTHY else 1,
+            zorder=1 if name == DG.HEALTHY else 2)  # healthy drawn wide beneath: a break on the same shares stays visible
 ax.axhline(CUTOFF, color="r", ls="--", lw=0.8, label=f"cut-off {CUTOFF:.0%} (U10)")
 ax.axhline(WARN, color="orange", ls=":", lw=0.8, label=f"warning {WARN:.0%}")
 ax.set_xticks(range(len(layer_cols)), [c[1:] for c in layer_cols])
 ax.set_xlabel("layer")
-ax.set(ylabel="image share of text queries' reads", ylim=(0, 1))
+ax.set(ylabel="image share of text queries' reads", ylim=(0, 1),
+       title="fires on: " + (", ".join(n for n in det.index if det.loc[n, "fires"]) or "none"))
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: the lines stay visible
 fig.tight_layout()
 _ = plots.save(fig, out, "neglect_detector")
-
-# %% [markdown]
-# **How to read the detector.** Healthy: every layer well above the dashed <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const--> line, with a large image
-# dependence (its column in the table); neglect: a curve under it.
 
 # %%
 hl = det.loc["healthy", layer_cols].astype(float)
@@ -349,7 +351,8 @@ claims_table("07_diagnostics")  # each claim (statement, why, rule) is written o
 # %% [markdown]
 # Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number, per criterion:
 # - **U10** (layer shares resampled over samples): (a) the healthy model's lowest layer above <!--const the detector's cut-off-->5%<!--/const--> (quiet);
-#   (b) the highest of the three unforced breaks' lowest layers below it (the detector fires on each);
+#   (b) the highest of the three unforced breaks' lowest layers below it (the detector fires on each: its recall, the
+#   side the claim, stated as "share under the cut-off → neglect", never tests);
 # - **U12** (AUROCs resampled stratified, in the claim's direction): (a) coverage's AUROC above
 #   <!--const U12's bar, written before the numbers-->0.7<!--/const-->, whichever way it points (`measured` names the direction); (b) coverage's AUROC minus confidence's above 0.
 
@@ -408,7 +411,7 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 #    answers) with this run's.
 
 # %%
-# What exercises 1 and 3 share: five standard samples (and §2's 200 questions `few_qas` and `accuracy`)
+# What the exercises share: `few_samples` (five standard samples, exercise 1), §2's 200 questions `few_qas` and `accuracy`
 import copy  # noqa: E402
 from unicache_lib.capture.runner import capture_samples  # noqa: E402
 from unicache_lib.diagnostics.neglect import detect_neglect, image_dependence  # noqa: E402
