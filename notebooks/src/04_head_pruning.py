@@ -318,7 +318,7 @@ if GENERATORS:
 # **What to look at.** Whether each scorer's SSIM and prompt following (*colour* correct) stay above random's
 # band. **This run** (printed at <!--const FRACTIONS, a parameter-->20%<!--/const--> and 50% pruned): on
 # the MMDiT most statistics scorers keep SSIM above random's mean (high entropy <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > high_entropy@0" fmt="{:.3f}"-->0.958<!--/num--> against
-# <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > random@0" fmt="{:.3f}"-->0.865<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->), but low_variance loses the asked colour as often as random does
+# <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > random@0" fmt="{:.3f}"-->0.865<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->), but low_variance loses the asked colour more often than random does
 # (<!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > low_variance@2" fmt="{:.3f}"-->0.750<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-mmdit > random@2" fmt="{:.3f}"-->0.833<!--/num-->). On PixArt the combined statistics fall
 # below random's SSIM (<!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart@0" fmt="{:.3f}"-->0.661<!--/num--> / <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart@1" fmt="{:.3f}"-->0.367<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart > random@0" fmt="{:.3f}"-->0.715<!--/num--> /
 # <!--num "notebooks/04_head_pruning.ipynb#out:SSIM and colour correct > tiny-pixart > random@1" fmt="{:.3f}"-->0.543<!--/num--> at 20 / 50%) yet keep the colour: they cost detail. And the gradient, the best
@@ -400,12 +400,12 @@ board.show()
 #   The combined statistics lose <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@1" fmt="{:.1f}"-->0.9<!--/num--> points at 10%
 #   and <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@3" fmt="{:.1f}"-->5.0<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->: P1's shape, but the 10% drop's interval straddles P1's one-point
 #   line (inconclusive).
-# - **P2 is inconclusive**: its rule, fixed before the run, pits the *combined* statistics against the data-free
-#   weight norms on mean accuracy, and they tie (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@2" fmt="{:.3f}"-->0.855<!--/num-->). low_variance's
+# - **P2 is inconclusive**: its rule, fixed before the run, reads the study's "more stable" as mean accuracy over
+#   the pruned fractions and pits the *combined* statistics against the data-free weight norms, and they tie (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@2" fmt="{:.3f}"-->0.855<!--/num-->). low_variance's
 #   <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@1" fmt="{:.3f}"-->0.877<!--/num--> is ahead, but picking the best of five scorers after the fact proves nothing.
 # - **P3 is partly** (§3): layer 0's near-uniform heads matter, but so do random ones; deeper layers move no
 #   more than under random removal.
-# - **Generators** (§4): a scorer that wins on answers can break a generator (the gradient, on PixArt's colour);
+# - **Generators** (§4): a scorer that wins on answers can break a generator (a hint, inside random's band: the gradient, on PixArt's colour);
 #   the statistics cost PixArt detail. **Physical pruning** (§5) matches the mask exactly, but speeds up only the
 #   heads' share of the forward.
 #
@@ -457,7 +457,7 @@ WrappedTable(pd.DataFrame(d_rows))  # every cell whole, also as plain text
 # 3. ★ How few gradient questions (`n_grad`; §2 used `N_GRADIENT`) can the gradient scorer use before its curve
 #    falls to random's?
 # 4. ★★★ Run this notebook with papermill on your vision-language model (`-p MODEL /path -p GENERATORS
-#    '[]'`): do the near-uniform shallow heads still beat their random control (§3, decision table)? Compare the
+#    '[]'`): do the near-uniform shallow heads beat their random control (§3, decision table; on this lesson's model they do not)? Compare the
 #    "minus random" numbers, not the raw drops.
 
 # %%
