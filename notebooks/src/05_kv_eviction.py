@@ -478,7 +478,7 @@ _ = plots.save(fig, out, "eviction_pareto")
 
 # %% [markdown]
 # **Reading the Pareto view.** What it adds to §2's figure is the intervals: at 10% `key_coverage`'s and DivPrune's
-# overlap (not told apart on these questions), and every other method's, `random` (grey) included, lie below both.
+# overlap (not told apart on these questions), and the other four methods', `random`'s (grey) included, lie below.
 # The two coverage methods reach the full-cache line at about
 # <!--num "notebooks/05_kv_eviction.ipynb#out:ms_median > 0.25@1" fmt="{:.2f}"-->0.28<!--/num-->
 # of the bytes; the score-based rules approach it only at
@@ -621,10 +621,10 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:locality-shallow minus locality-deep@2" fmt="{:+.1f}"-->+2.0<!--/num-->]
 #   against +1) is this run's: the point estimate is on the *wrong* side; about
 #   <!--num data/results/05_kv_eviction.json#[claim=U7].note re="about (\d+) questions"-->267<!--/num--> questions would
-#   settle it, most likely as "does not hold". It also changes with the question set: `make replicate`'s two other
-#   seeds and `make settle`'s
-#   <!--num data/replicate/settled.csv#[claim=U7].n-->450<!--/num--> questions find it
-#   <!--num data/replicate/settled.csv#[claim=U7].verdict-->does not hold<!--/num--> ([VERDICTS.md](../docs/VERDICTS.md)).
+#   settle it, most likely as "does not hold". It also changes with the question set: on `make replicate`'s two
+#   other seeds and on `make settle`'s
+#   <!--num data/replicate/settled.csv#[claim=U7].n-->450<!--/num--> questions it reads
+#   "<!--num data/replicate/settled.csv#[claim=U7].verdict-->does not hold<!--/num-->" ([VERDICTS.md](../docs/VERDICTS.md)).
 
 # %% [markdown]
 # ## 7. At the literature's scale: 576 image tokens
@@ -743,8 +743,8 @@ CC.eviction_decisions(acc, BUDGETS, len(qas), u7_iv, rho, t576, SCALE_MODEL)  # 
 # gap, `... # <- fill in`: fill it and run the cell (★ in under a minute, on 30 questions).
 # Solutions, with what they find: [solutions/05_kv_eviction.py](../solutions/05_kv_eviction.py).
 #
-# 1. ★★★ (a new file under `unicache_lib/kv/policies/`, imported in its `__init__.py`) Write a policy that keeps notebook 02's anchors (top read frequency from
-#    *text* queries of the standard samples) and register it. Where does it land between H2O, `random` and
+# 1. ★★★ (a new file under `unicache_lib/kv/policies/`, imported in its `__init__.py`) Write a policy that keeps
+#    notebook 02's anchors (top read frequency from *text* queries of the standard samples) and register it. Where does it land between H2O, `random` and
 #    `key_coverage` in §2's table, and why?
 # 2. ★ On questions about absent objects only (the starter builds them), write the measure: each rule's share of
 #    wrong answers minus the full cache's. Which rules make the model see absent objects more often than the full
