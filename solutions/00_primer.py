@@ -47,7 +47,8 @@ def exercise_1(quick: bool = False) -> dict:
     Expected on tiny-llava, measured: only mildly, and not everywhere. On the 7-token sentence every layer gives the
     first token about its uniform share (0.23-0.29 against 0.27: 0.9-1.1x). On the 13-token one layers 0, 2 and 3 give
     it 1.3-1.5x uniform (0.24-0.28 against 0.18) and layer 1 less than uniform (0.12). A sink grows with the text in
-    some layers; notebook 02 measures it where it matters, on image prompts.
+    some layers, but no layer passes 2x uniform over all heads: §2's sink is one head's; notebook 02 measures
+    it where it matters, on image prompts.
     """
 
     out, ratios = {}, {}

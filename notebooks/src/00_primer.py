@@ -1,22 +1,12 @@
 # %% [markdown]
 # # 00 · A primer: queries, keys, heads and the attention map
 #
-# Every later lesson measures attention maps; this one shows what a map *is*, one picture per idea, on the shipped
-# `tiny-llava`. If you know self-attention, skim the pictures and go on to 01.
-#
 # **What you will learn**: how softmax turns a query's scores over its keys into weights summing to 1; how to read a
 # map (rows: who reads; columns: what is read) and its causal mask; that one layer's heads read differently; how an
 # image sits in the map ([modality blocks](../docs/GLOSSARY.md#modality-blocks), a word's reading of the picture in
 # [× uniform](../docs/GLOSSARY.md#x-uniform): 1 = every visible key read equally).
 #
-# **Terms**: a **query** is the vector a position looks with, a **key** the one it is found by, a **value** what it
-# hands over; a **head** is one set of queries and keys in a layer. Also: [eager](../docs/GLOSSARY.md#eager),
-# [sink](../docs/GLOSSARY.md#sink), [KV cache](../docs/GLOSSARY.md#kv-cache).
-#
-# **Needs**: nothing before it; a minute on 2 CPU cores; any supported vision-language model (`MODEL`).
-#
-# *Below, §4's figure, an image in the map:* left, a sample's map with image positions first (log10 colours); right,
-# how much the question's word 'triangle' reads each patch, in × uniform (cyan line: an even reading).
+# *§4's figure:* left, a sample's map, image positions first (log10 colours); right, the word 'triangle' over each patch in × uniform (cyan: even).
 #
 # ![This lesson's first figure, from its last run](../docs/figures/00_primer.png)
 
@@ -27,9 +17,19 @@ DTYPE = "auto"                # weights; statistics are fp32 always
 SENTENCE = "where is the red circle ?"
 LAYER = -1                    # the layer whose heads §3 and §4 show (-1: the last)
 SAMPLE_SEED = 2024            # the shipped standard set
-SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (`make samples` writes an example)
 SEED = 0
 OUT_DIR = "outputs/00_primer"
+
+# %% [markdown]
+# Every later lesson measures attention maps; this one shows what a map *is*, one picture per idea, on the shipped
+# `tiny-llava`. If you know self-attention, skim the pictures and go on to 01.
+#
+# **Terms**: a **query** is the vector a position looks with, a **key** the one it is found by, a **value** what it
+# hands over; a **head** is one set of queries and keys in a layer. Also: [eager](../docs/GLOSSARY.md#eager),
+# [sink](../docs/GLOSSARY.md#sink), [KV cache](../docs/GLOSSARY.md#kv-cache).
+#
+# **Needs**: nothing before it; a minute on 2 CPU cores; any supported vision-language model (`MODEL`).
 
 # %%
 from unicache_lib.params import check_params
@@ -120,7 +120,7 @@ print(f"the last token '{words[-1]}' reads most: '{words[int(first[-1].argmax())
 # exactly zero. The bright first column is a [sink](../docs/GLOSSARY.md#sink): the rows after the first
 # put on average <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@2"-->0.82<!--/num--> of
 # their weight on the first token (an even reading:
-# <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@3"-->0.27<!--/num-->), which means nothing itself; the last token
+# <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@3"-->0.27<!--/num-->), a place to put weight, not a sign the token matters; the last token
 # reads itself most (<!--num "notebooks/00_primer.ipynb#out:reads most:" re="[(]([0-9.]+)[)]"-->0.90<!--/num-->). But one
 # head is not the model's reading:
 #
@@ -193,8 +193,8 @@ if maps:
     named = [i for i, o in enumerate(s.objects) if toks[word] in (o["shape"], o["colour"])]  # the object the word names
     if named and grid is not None:
         on = patch_grid_masks(s.masks, grid) == named[0]
-        print(f"on the {s.objects[named[0]]['colour']} {s.objects[named[0]]['shape']}'s {on.sum()} patches: {img[on].sum() / img.sum():.2f} "
-              f"of that image weight, where its share of the patches is {on.mean():.2f}")
+        print(f"on the {s.objects[named[0]]['colour']} {s.objects[named[0]]['shape']}'s {on.sum()} patches: {img[on].sum() / img.sum():.3f} "
+              f"of that image weight, where its share of the patches is {on.mean():.3f}")
         top2 = img[family.grid_tokens(model.config, inputs)][: 2 * grid[1]] * (word + 1)
         print(f"the top two rows of patches: {top2.mean():.1f}x uniform on average")
         top = int(img.argmax())
@@ -204,19 +204,19 @@ if maps:
 # %% [markdown]
 # **What to look at.** Left (log10 scale): the dark band just below the border is the prompt tokens *before* the
 # image, which cannot see it; their keys (the first a sink) are the bright column right of the border. Image rows (top)
-# read the image and those tokens; bright stripes are patches many rows read (02's anchors). Of all attention,
+# read the image and those tokens; bright stripes are patches many rows read (02 asks which of these the text reads: anchors). Of all attention,
 # image→image takes <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@0"-->0.69<!--/num--> and
 # text→image <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@3"-->0.09<!--/num-->. Right: the
 # word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the image,
-# slightly *under* an even reading (<!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->):
-# it favours parts of the picture, not the whole. Its top patch got
+# slightly under an even reading (<!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->),
+# so image and text get about their share. Inside the picture it is uneven: its top patch got
 # <!--num "notebooks/00_primer.ipynb#out:of its weight on the@5"-->5.3<!--/num-->× uniform, and the top two rows of
 # patches, background it does not name, <!--num "notebooks/00_primer.ipynb#out:the top two rows of patches:@0"-->2.1<!--/num-->×;
-# the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.13<!--/num--> of that
-# weight on <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.05<!--/num--> of the patches,
+# the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.131<!--/num--> of that
+# weight on <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.047<!--/num--> of the patches,
 # <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="[(]([0-9.]+x)"-->2.8x<!--/num--> its share, and
 # the brightest patch is <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="patch is ([onf]+) the"-->on<!--/num-->
-# it: a word's reading leans towards what it names, but it is not a segmentation.
+# it (the light square on the triangle: heat mixed with its green): a word's reading leans towards what it names, but it is not a segmentation.
 
 # %% [markdown]
 # ## Recap
@@ -243,7 +243,8 @@ if maps:
 # Answers: [solutions/00_primer.py](../solutions/00_primer.py).
 #
 # 1. ★ §2 read one head. On a longer sentence, per layer and over all heads: how many times the uniform share do
-#    the rows after the first put on the first token? In which layers is it a sink?
+#    the rows after the first put on the first token? In which layers is it a sink
+#    (above <!--const this exercise's threshold, chosen before the answer-->2<!--/const-->× uniform)?
 # 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Sum
 #    each head's weights from the word's row over the image keys: how far apart are the heads?
 
