@@ -56,7 +56,8 @@ def test_01_batch_averaging_loses_anchors_as_the_batch_grows(s01):
     by = s01.exercise_2(quick=True)["_by_size"]
     sizes = sorted(by)
     assert by[1] == 1.0 and sizes[-1] == 5
-    assert all(by[a] >= by[b] for a, b in zip(sizes, sizes[1:]))  # non-increasing with the batch size
+    assert by[2] < by[1] and max(by[b] for b in sizes if b >= 3) < by[2]  # falls with the batch size (k = 6, 5
+    # samples: batches of 3 and 5 are one batch each, so they may swap by noise)
     assert by[5] < 0.5  # M3 holds for the whole set
 
 

@@ -7,10 +7,8 @@
 # - the troubleshooting table, live, with the library's own errors;
 # - the method claims M1–M4 (can the measurements be trusted?) measured on your model (§7).
 #
-# **What it needs**: from [00](00_primer.ipynb), only how to read a map (rows are queries, columns keys, the causal
-# mask, × uniform); nothing run before it. The shipped `tiny-llava` on CPU, or a checkpoint of any supported family
-# ([docs/MODELS.md](../docs/MODELS.md)) as `MODEL`, on `DEVICE` in `DTYPE`. Convention: `text->image` means text
-# queries reading image keys.
+# *§1's figure:* left, one head's map in sequence order; middle, image first; right, 'triangle' puts
+# <!--num "notebooks/01_capture.ipynb#out:image rows read keys@4"-->0.99<!--/num--> of its row on one patch, the light square.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/01_capture.png)
 
@@ -24,7 +22,13 @@ OUT_DIR = "outputs/01_capture"
 ANCHOR_K = 6                  # anchors per sample for claim M3
 SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
-SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (`make samples` writes an example)
+
+# %% [markdown]
+# **What it needs**: from [00](00_primer.ipynb), only how to read a map (rows are queries, columns keys, the causal
+# mask, × uniform); nothing run before it. The shipped `tiny-llava` on CPU, or a checkpoint of any supported family
+# ([docs/MODELS.md](../docs/MODELS.md)) as `MODEL`, on `DEVICE` in `DTYPE`. Convention: `text->image` means text
+# queries reading image keys.
 
 # %%
 from unicache_lib.params import check_params
@@ -48,7 +52,6 @@ from unicache_lib.families import family_of
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store, remove_store
 from unicache_lib.world import samples as sample_set
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
@@ -140,9 +143,10 @@ if r0.part != "cross":  # what this head's image rows avoid, and where the word'
 # (<!--num "notebooks/01_capture.ipynb#out:image rows read keys@6" fmt="{:.3f}"-->0.006<!--/num-->) lying
 # <!--num "notebooks/01_capture.ipynb#out:its brightest patch is" re="patch is ([onf]+) the"-->on<!--/num--> the
 # triangle it names: <!--num "notebooks/01_capture.ipynb#out:shown: layer@2" fmt="{:.1f}"-->71.5<!--/num-->× uniform,
-# so the right panel's scale runs so high that the even line (1, cyan) sits at its foot. Most heads read the picture
+# so the right panel's scale runs so high that the even line (1, cyan) sits at its foot; every other patch is below
+# it and renders black. Most heads read the picture
 # far less sharply; how often a word lands on its object across samples is 02's question. Next, the fused kernel
-# returns no weights: capture needs eager attention or `recompute`.
+# returns no weights: capture needs eager attention or `recompute` (§3).
 
 # %%
 from transformers.utils import logging as hf_logging
@@ -206,13 +210,15 @@ print(f"stats mode keeps {memory['full'] / memory['stats']:.0f}x less than full 
 # keep the same statistics; `full` keeps <!--num "notebooks/01_capture.ipynb#out:stats mode keeps@0"-->11<!--/num-->× more here, and the ratio
 # grows with the sequence (maps grow as S², statistics as S). At LLaVA-1.5's shape (32 layers × 32 heads, a
 # <!--num "benchmarks/results/capture_overhead.txt#attention-dominated@3"-->776<!--/num-->-token sequence) the
-# capture-overhead benchmark's committed results (`benchmarks/results/capture_overhead.txt`) kept
+# committed benchmark (`benchmarks/results/capture_overhead.txt`) kept
 # <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > output_attentions@4" fmt="{:.0f}"-->2352<!--/num--> MB
 # of full maps against <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > stats@4" fmt="{:.0f}"-->21<!--/num--> MB
 # of statistics; in time, `stats` cost
 # <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > stats / eager@0"-->1.23<!--/num-->× eager and
 # `recompute` <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > recompute / sdpa@0"-->2.41<!--/num-->×
-# sdpa. Every full capture is checked against `MEMORY_BUDGET_GB` before the model runs.
+# sdpa, an upper bound (head dim <!--num "benchmarks/results/capture_overhead.txt#attention-dominated@2"-->4<!--/num-->, so attention dominates); at real 7B width the same file gives
+# <!--num "benchmarks/results/capture_overhead.txt#real width > stats / eager@0"-->1.01<!--/num-->× and
+# <!--num "benchmarks/results/capture_overhead.txt#real width > recompute / sdpa@0"-->1.03<!--/num-->×. Every full capture is checked against `MEMORY_BUDGET_GB` before the model runs.
 #
 # **The mask is read, not assumed**: statistics that depend on which keys a query could see use the mask the model
 # applied (Gemma 3's bidirectional image tokens, PaliGemma's prefix, sliding windows, Mllama's padded tiles).
@@ -283,7 +289,7 @@ print("per layer, mean over samples: normalised entropy", " ".join(f"{x:.2f}" fo
 # | nothing recorded, or nonsense | hook on the wrong module | error naming the module and what to hook |
 # | weights are `None` | model runs sdpa / flash | error naming the fix (eager, or mode `recompute`) |
 # | anchors blur | batch > 1 averaged together | padded batches are refused; measure per sample (M3) |
-# | entropy off in the 3rd decimal | statistics computed in fp16 (claim M1: measured in §7) | everything is cast to fp32 anyway |
+# | entropy off in the 3rd decimal | statistics computed in fp16 (M1, §7, measures this bias on your model: if small, look elsewhere) | everything is cast to fp32 anyway |
 #
 # *Anchors* are, per sample and layer, the image positions the text reads most (the top `ANCHOR_K`;
 # [glossary](../docs/GLOSSARY.md#anchors)); two anchor sets are compared by their [Jaccard](../docs/GLOSSARY.md#jaccard)
@@ -322,14 +328,15 @@ for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa
     print(f"- {name}:\n    {message(fn)}")
 
 # %% [markdown]
-# Each mistake stops with an error naming the cause and the fix. fp16 statistics (the fourth row) are not an error:
-# every statistic casts to fp32, and M1 measures whether it matters.
+# Each mistake stops with an error naming the cause and the fix; fp16 statistics (the fourth row) are no error.
 
 # %% [markdown]
 # ## 7. The method claims, measured
 #
 # Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number is computed. **M1**
-# measures whether half precision *biases* statistics: the signed mean difference (fp16 − fp32) per statistic. **M4**
+# measures whether half precision *biases* statistics: the signed mean difference (fp16 − fp32) per statistic. **M3**
+# averages the text's image reads over all the samples (one batch) and compares each sample's anchors with the
+# batch's. **M4**
 # captures a second, disjoint standard set (`SAMPLE_SEED + 1`) and compares four headline statistics per sample:
 # normalised entropy, max weight, the [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) (`cross_modal`) and
 # the [top-10% share](../docs/GLOSSARY.md#top-10-share) (`top10_share`: the text's image reads landing on the most-read
@@ -353,12 +360,11 @@ print("M1 signed mean fp16 - fp32, 95% interval:", "; ".join(
 m2 = CL.measure_repeatability(board, model, processor, samples, res)  # a second capture of the same samples
 m3 = CL.measure_batch_anchors(board, res, family.image_part, ANCHOR_K)  # deepest layer that reads the image
 m4, gaps = CL.measure_between_sets(board, model, processor, res, family.image_part, PER_TYPE, SAMPLE_SEED)
-print(f"M2 {m2} | M3 {m3} | M4 {m4}")
+print(" | ".join(f"{k} {m.value:.4f} [{m.lo:.4f}, {m.hi:.4f}] (n = {m.n} {m.unit})" for k, m in (("M2", m2), ("M3", m3), ("M4", m4))))
 print(gaps.round(4).to_string())
 
 # %% [markdown]
-# **Reading the M4 table.** Set A is the shipped standard set, set B a disjoint one. `A - B` is what changing the
-# sample set moves; the split-half column is sampling noise within one set. Healthy: `A - B` no larger than the
+# **Reading the M4 table.** `A - B` (set B: the disjoint one) is what changing the sample set moves; the split-half column is sampling noise within one set. Healthy: `A - B` no larger than the
 # split-half differences — as here, all a few thousandths, the top-10% share's split-half gap larger still. The
 # verdict rests on each statistic's interval of `A - B`.
 
@@ -431,11 +437,11 @@ decisions = pd.DataFrame([
      "maps grow as S² x layers x heads: at 7B size a full capture is gigabytes per sample (§3 quotes the benchmark); "
      "capture stats, or full maps for a few layers", "MEMORY_BUDGET_GB, 02: LAYERS"),
 ], columns=["measurement", "value here", "what it suggests on your model", "where"])
-WrappedTable(decisions)  # every cell whole, also as plain text
+Markdown("\n".join(["| " + " | ".join(decisions.columns) + " |", "|---|---|---|---|"] + [  # one line per row
+    "| " + " | ".join(str(x).replace("|", "\\|") for x in row) + " |" for row in decisions.itertuples(index=False)]))
 
 # %% [markdown]
-# **Reading the decision table.** Each row pairs this run's number with the threshold that would change what you do,
-# and where you act. Run it on your model (exercise 5) before trusting numbers from 02–08.
+# **Reading the decision table.** Run it on your model (exercise 5) before trusting numbers from 02–08.
 
 # %% [markdown]
 # ## Exercises
@@ -443,12 +449,12 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 # Each starter cell sets the work up and leaves one gap, `... # <- fill in`: fill it, run the cell (★, ★★: under a
 # minute). Solutions with measured outcomes: `solutions/01_capture.py` (`--only K`).
 #
-# 1. ★ Capture the vision tower (the `part` §2 names; it is loaded with `vision_attn_implementation="eager"`) and
-#    compare its per-layer entropy with the language model's: which is more focused?
+# 1. ★ Capture the vision tower (`part="vision"`, loaded with `vision_attn_implementation="eager"`) and compare its
+#    per-layer mean entropy with the language model's: which is more focused?
 # 2. ★ M3 at other batch sizes: average the reads of `b` consecutive samples (`batching_overlap` does, and returns
 #    the mean Jaccard); how does a sample's anchor overlap change as `b` grows?
-# 3. ★★ Load the model in half precision (one of `DTYPE`'s values): do the `stats` mode's statistics match the fp32
-#    model to 3 decimals — the largest and the median entry?
+# 3. ★★ Load the model in fp16: do the `stats` mode's statistics match the fp32 model to 3 decimals — the largest and
+#    the median entry?
 # 4. ★★ Write one store with several processes (the starter runs each rank as `torchrun -m
 #    unicache_lib.capture.distributed --out /tmp/store` would), then run it again. Does the second run capture
 #    anything? Does `Store.verify()` find every sample exactly once?
@@ -457,21 +463,20 @@ WrappedTable(decisions)  # every cell whole, also as plain text
 
 # %%
 # Exercise 1 starter: the vision tower, beside the language model (`res`, §5's stats capture)
-part = ...  # <- fill in: the name of the part to capture beside the language model
-if part is ...:
-    print("Fill in `part`, then run this cell again.")
+part = "vision"
+curve = ...  # <- fill in: a function of records: per layer (sorted), mean of np.nanmean(r.data["norm_entropy"])
+if curve is ...:
+    print("Fill in `curve`, then run this cell again.")
 else:
     vis_model, _ = load_understanding(MODEL, attn_implementation="eager", vision_attn_implementation="eager",
                                       dtype=DTYPE, device=DEVICE)
     other = capture_samples(vis_model, processor, samples, mode="stats", part=part, progress=False)
     for name, recs in ((part, other.records), ("language", res.records)):
-        curve = [np.nanmean([np.nanmean(r.data["norm_entropy"].numpy()) for r in recs if r.layer == li])
-                 for li in sorted({r.layer for r in recs})]
-        print(f"{name}: mean normalised entropy per layer {[round(float(x), 3) for x in curve]}")
+        print(f"{name}: mean normalised entropy per layer {[round(float(x), 3) for x in curve(recs)]}")
 
 # %%
 # Exercise 2 starter: M3 at other batch sizes, from `res` (per sample, the deepest layer's image reads)
-k = 3  # anchors per sample
+k = ANCHOR_K  # anchors per sample, as M3
 deep = max(r.layer for r in res)
 reads = [image_reads(res[sid, deep]) for sid in res.samples]
 jaccard_at = ...  # <- fill in: a function of b: mean over the batches reads[i:i + b] of batching_overlap's mean_jaccard
@@ -483,9 +488,10 @@ else:
 
 # %%
 # Exercise 3 starter: the same statistics from a lower-precision model, against fp32, on five samples
-dtype = ...  # <- fill in: the lower precision to load the model in, as a string
-if dtype is ...:
-    print("Fill in `dtype`, then run this cell again.")
+dtype = "float16"
+gap = ...  # <- fill in: a function of two tensors: |a - b| (in float32) over the entries where it is finite
+if gap is ...:
+    print("Fill in `gap`, then run this cell again.")
 else:
     model16, _ = load_understanding(MODEL, attn_implementation="eager", dtype=dtype, device=DEVICE)
     a, b = (capture_samples(m, processor, samples[:5], mode="stats", progress=False) for m in (model, model16))
@@ -493,8 +499,7 @@ else:
     for ra, rb in zip(a, b):
         for key, va in ra.data.items():
             if torch.is_floating_point(va):
-                d = (va.float() - rb.data[key].float()).abs()
-                diffs.setdefault(key, []).append(d[torch.isfinite(d)])
+                diffs.setdefault(key, []).append(gap(va, rb.data[key]))
     for key, ds in diffs.items():
         d = torch.cat([x.flatten() for x in ds])
         print(f"{key}: largest |{dtype} - fp32| {d.max():.1e}, median {d.median():.1e}")
