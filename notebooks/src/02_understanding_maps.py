@@ -6,10 +6,7 @@
 # - how much each kind of word reads the image, in the prompt and while captioning, against an even reading;
 # - whether a word that names an object looks at *that* object; exploring maps by sample, layer, head, token.
 #
-# The study's claims U1–U13 (U7 is tested in 05, U10 and U12 in 07) and this run's verdicts: the scoreboard (§11).
-#
-# **What it needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
-# 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
+# *§1's first look:* the picture, then the word 'triangle' over it in each layer, one shared × uniform scale (cyan: even).
 #
 # ![This lesson's first figure, from its last run](../docs/figures/02_understanding_maps.png)
 
@@ -26,7 +23,13 @@ N_CAPTIONS = 10               # samples captioned for the decoding dynamics
 OUT_DIR = "outputs/02_understanding_maps"
 SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
-SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
+SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (`make samples` writes an example)
+
+# %% [markdown]
+# The study's claims U1–U13 (U7 is tested in 05, U10 and U12 in 07) and this run's verdicts: the scoreboard (§11).
+#
+# **What it needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
+# 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
 
 # %%
 from unicache_lib.params import check_params
@@ -52,7 +55,6 @@ from unicache_lib.families import family_of
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import attention_explorer
 from unicache_lib.world import samples as sample_set
@@ -111,8 +113,8 @@ print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['
 # %% [markdown]
 # ### A first look: one word reading the picture, layer by layer
 #
-# A picture with several objects; the word naming the object (the title gives the question) laid over
-# the image tokens (mean over heads), one panel per layer, in × uniform. The sample shown is where that word reads its own
+# A picture with several objects; the attention of the word naming the object (the title gives the question), laid
+# over the image tokens (mean over heads), one panel per layer, in × uniform. The sample shown is where that word reads its own
 # object most; how typical that is, below. **One colour
 # scale for every panel**; its cyan line (1) is an even reading: brighter is read more than chance, darker less.
 
@@ -184,6 +186,9 @@ fig = plots.layer_curves({"normalised entropy": per_layer("norm_entropy"), "mean
 _ = plots.save(fig, out, "focus_per_layer")
 fig = plots.layer_curves({"mean attention distance": per_layer("distance")}, "locality per layer", "positions",
                          layers=captured, n_layers=n_layers)
+unif_dist = np.mean([(len(tokens[s]) - 1) / 4 for s in L["sample"].unique()])  # uniform causal rows: (S-1)/4
+fig.axes[0].axhline(unif_dist, color="c", ls="--", lw=0.8, label="uniform causal rows")
+fig.axes[0].legend(fontsize=7)
 _ = plots.save(fig, out, "distance_per_layer")
 fig = plots.layer_curves({"per-head variance": per_layer("variance")}, "within-row variance per layer (0 = uniform rows)",
                          "variance of a row's weights", layers=captured, n_layers=n_layers)
@@ -192,8 +197,7 @@ depth = L.groupby("band")[["norm_entropy", "max_weight", "diag", "distance", "va
                             "head_max_weight"]].mean()
 print(depth.loc[["shallow", "middle", "deep"]].round(3).to_string())
 d_ent = depth.loc["deep", "norm_entropy"] - depth.loc["shallow", "norm_entropy"]
-print(f"uniform causal rows would read at mean distance (S-1)/4 = "
-      f"{np.mean([(len(tokens[s]) - 1) / 4 for s in L['sample'].unique()]):.1f} (mean over samples)")
+print(f"uniform causal rows would read at mean distance (S-1)/4 = {unif_dist:.1f} (mean over samples; the dashed line)")
 print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d_ent > 0 else 'focuses'} with depth); "
       f"distance deep / shallow: {depth.loc['deep', 'distance'] / depth.loc['shallow', 'distance']:.2f}")
 
@@ -203,13 +207,14 @@ print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d
 # within-row `variance` (0 for uniform rows) and max weight fall (no focusing, against U2b), and `diag` (a row's
 # weight on itself) stays low (<!--num "notebooks/02_understanding_maps.ipynb#out:norm_entropy > shallow@2"-->0.065<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:norm_entropy > middle@2"-->0.088<!--/num-->). Distance does not grow
 # (deep / shallow <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->, against U2a's (a)) and sits near what uniform causal rows give
-# (<!--num "notebooks/02_understanding_maps.ipynb#out:uniform causal rows would read at mean distance@2"-->18.6<!--/num-->): it measures sequence length more than reach.
+# (<!--num "notebooks/02_understanding_maps.ipynb#out:uniform causal rows would read at mean distance@2"-->18.6<!--/num-->, the dashed line): it measures sequence length more than reach.
 # (`cross_modal`: image→text plus text→image share; `head_max_weight`: the most focused head's.) Unhealthy: entropy pinned near 1 or 0.
 #
 # ## 3. Which positions are read: the read-frequency heatmap
 #
 # [Read frequency](../docs/GLOSSARY.md#read-frequency): column sums of the map, divided by how many queries can see
-# each key. Bright vertical lines through many layers are [anchors](../docs/GLOSSARY.md#anchors).
+# each key. Bright vertical lines through many layers are candidates for [anchors](../docs/GLOSSARY.md#anchors) (the
+# second heatmap and §4 use the text's reads only).
 
 # %%
 s0 = samples[0].id
@@ -234,7 +239,7 @@ print("mean over samples: brightest image positions (index within the image bloc
 # no single chance level, even shares differ by row): the positions before the image are bright in
 # every layer, the [sink](../docs/GLOSSARY.md#sink); inside the image, keys
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re="reads?[^:]*: ([0-9]+),"-->28<!--/num--> and <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re=", ([0-9]+)$"-->36<!--/num--> stay bright through the layers:
-# anchors. The second (x: index within the image block) averages the text's reads over samples, so what survives is
+# anchor candidates. The second (x: index within the image block) averages the text's reads over samples, so what survives is
 # read on *every* picture, a position bias: brightest <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@0"-->12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@1"-->11<!--/num-->,
 # <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@2"-->33<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@3"-->30<!--/num-->. Unhealthy: the image block dark everywhere.
 #
@@ -323,8 +328,7 @@ print(f"deep band: punctuation {flow.loc['punctuation', 'deep']:.3f} vs object w
 # band far under (punctuation <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@2"-->0.359<!--/num-->). U5 expects content words to read the image far more than function
 # words (a ratio of 2 or more); they lead only slightly (<!--num "notebooks/02_understanding_maps.ipynb#out:content words@0"-->0.773<!--/num--> vs <!--num "notebooks/02_understanding_maps.ipynb#out:content words@1"-->0.742<!--/num-->). Punctuation
 # rises most with depth, but only up to an even reading: it stops avoiding the image rather than collecting it. For a
-# cache: the prompt's words do not single out image keys, and the last prompt positions
-# ([SnapKV](../docs/GLOSSARY.md#snapkv)'s observation window) read as much image as any.
+# cache: the prompt's words do not single out image keys.
 
 # %% [markdown]
 # ## 6. Does an object word look at its object?
@@ -350,18 +354,20 @@ else:
     print(f"layers where the object word looks AWAY from its object (median selectivity < 1): {away}; "
           f"best layer {sel['trained'].idxmax()} at {sel['trained'].max():.2f}")
     t1, c1 = sel["trained top-1 on target"], sel["untrained top-1 on target"]
+    print(f"the untrained control's median selectivity over the layers: {sel['untrained LM'].min():.2f}-"
+          f"{sel['untrained LM'].max():.2f}")
     print(f"brightest patch on the named object: trained {t1.min():.2f}-{t1.max():.2f}, untrained {c1.min():.2f}-"
           f"{c1.max():.2f} of the questions, over the layers")
 
 # %% [markdown]
 # **What to look at.** Healthy grounding: selectivity well above 1 (U11's bar:
-# <!--const U11's bar, written before the numbers-->1.5<!--/const-->), the control at 1, as here. The trained model's median peaks in layer <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer (\S+) at"-->0<!--/num--> at only
+# <!--const U11's bar, written before the numbers-->1.5<!--/const-->) and the control at 1 (here
+# <!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@1" fmt="{:.2f}"-->1.01<!--/num-->). The trained model's median peaks in layer <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer (\S+) at"-->0<!--/num--> at only
 # <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer \S+ at (\S+)"-->1.22<!--/num--> and is below 1 in layers <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re=": (\[.*\]);"-->[1, 2, 3]<!--/num-->:
 # more attention per patch on the *other* objects. Yet its brightest patch lands on the named object in
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@0"-->0.31<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@1"-->0.44<!--/num--> of the questions against the control's
-# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@2"-->0.05<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. The scoreboard (§11)
-# decides U11 on the best layer's interval over samples:
-# <!--num "notebooks/02_understanding_maps.ipynb#out:U11 · " re="U11 · (.+)"-->inconclusive<!--/num-->. Perhaps that position reads the scene
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@2"-->0.05<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. §11 decides U11
+# on the best layer's interval over samples. Perhaps that position reads the scene
 # while the lookup happens at the last prompt position (exercise 4). For a cache: do not pick image keys from the
 # question's words.
 
@@ -389,6 +395,7 @@ print(f"per-head cross-modal share: median {hcm.median():.2f}, highest head {hcm
 focused = H.groupby(["layer", "head"]).max_weight.mean().unstack()
 frac_focused = (focused > 0.45).mean(1)
 print("share of heads whose rows put > 0.45 on one key (on average), per layer:", frac_focused.round(2).to_dict())
+print(f"focused heads in layer {focused.index[0]}: {int((focused.iloc[0] > 0.45).sum())} of {focused.shape[1]}")
 
 # %% [markdown]
 # **What to look at.** image→image dominates every layer, and the cross-modal share stays within
@@ -396,7 +403,7 @@ print("share of heads whose rows put > 0.45 on one key (on average), per layer:"
 # ~<!--const U10's cut-off, fixed before any run-->0.05<!--/const-->, a modality cut-off, notebook 07). In the boxes,
 # heads sit around a median of <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@0" fmt="{:.2f}"-->0.21<!--/num--> with one outlier at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@1" fmt="{:.2f}"-->0.52<!--/num-->
 # (layer <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@2"-->0<!--/num-->), the lowest at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@4" fmt="{:.2f}"-->0.09<!--/num-->. The surprise: only layer 0 has focused
-# heads (<!--num "notebooks/02_understanding_maps.ipynb#out:share of heads whose rows put@2"-->0.12<!--/num--> of them); from layer 1 on no head averages more than
+# heads (<!--num "notebooks/02_understanding_maps.ipynb#out:focused heads in layer" re=": ([0-9]+ of [0-9]+)"-->1 of 8<!--/num--> heads); from layer 1 on no head averages more than
 # <!--const U8's focused-head threshold, fixed before any run-->0.45<!--/const--> on one key: the study's "a few
 # focused heads in every layer" (U8) is not this model.
 
@@ -451,8 +458,9 @@ print(by_type.round(3).to_string())
 print(f"spread across scene types: entropy {np.ptp(by_type.norm_entropy):.3f}, top-10% share {np.ptp(by_type.top10_share):.3f}")
 
 # %% [markdown]
-# **What to look at.** Pictures with more objects (clutter, diagram) give more focused rows (lower entropy, higher
-# max weight) and more concentrated reads by [Gini](../docs/GLOSSARY.md#gini), though not by top-10% share. The
+# **What to look at.** Clutter gives the most focused rows (lowest entropy, highest max weight) and the most
+# concentrated reads by [Gini](../docs/GLOSSARY.md#gini), though not by top-10% share; `PER_TYPE` samples per type,
+# no interval: a hint. The
 # entropy spread across types (<!--num "notebooks/02_understanding_maps.ipynb#out:spread across scene types:@0"-->0.082<!--/num-->) is about half the depth effect (§2): tune a cache policy on a
 # mix of scene types, not one. Unhealthy: one type far off the rest.
 
@@ -529,19 +537,23 @@ UC.measure_localisation_claims(board, loc, ctrl, sample_set.missing(samples, "ma
 board.save(out / "scoreboard.json")  # shown next
 
 # %%
-board.show()
+t = board.table()  # one line per claim (board.show() gives every field whole)
+Markdown("\n".join(["| claim | verdict | measured | value | 95% interval | n | note |", "|---|---|---|---|---|---|---|"] + [
+    f"| {c} | {r['verdict']} | {r['measured']} | {r['value']} | {r['interval (95%)']} | {r['n']} {r['unit']} | {r['note']} |"
+    for c, r in t.iterrows()]))
 
 # %% [markdown]
 # **Reading the scoreboard.** Each verdict is what the shipped model does, not what the study says; a real
 # checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU) may differ.
 # [Inconclusive](../docs/GLOSSARY.md#inconclusive): the note says roughly how many samples would settle it. Rules
-# behind three values: U8's is the share of layers meeting it (no sampling spread), U4 (b) anchor minus sink reads
-# (negative: the sink takes more), U9 (a) image→image minus the next-largest block in its worst layer.
+# behind four values: U8's is the share of layers meeting it (no sampling spread), U4 (b) anchor minus sink reads
+# (negative: the sink takes more), U9 (a) image→image minus the next-largest block in its worst layer, U11 (b) the
+# trained median over the control's.
 #
 # ## What this run showed
 #
 # Written from this run's scoreboard. On the shipped model it says, for a cache: keep the sink, select image keys per
-# layer, score them from the last prompt positions.
+# layer, and do not select them by the question's words.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -578,8 +590,7 @@ Markdown("\n".join(line for line in recap if line))
 # %% [markdown]
 # ## Measurement → what to do on your model
 #
-# Each row: this run's number, what it suggests on your model, where to act
-# ([H2O](../docs/GLOSSARY.md#h2o), [SnapKV](../docs/GLOSSARY.md#snapkv), [StreamingLLM](../docs/GLOSSARY.md#streamingllm)).
+# Terms: [H2O](../docs/GLOSSARY.md#h2o), [SnapKV](../docs/GLOSSARY.md#snapkv), [StreamingLLM](../docs/GLOSSARY.md#streamingllm).
 
 # %%
 import re
@@ -608,7 +619,8 @@ decisions = pd.DataFrame([
     ("share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict()),
      "few focused heads: the diffuse ones are pruning candidates, but test it (04's claim P3)", "04: FRACTIONS"),
 ], columns=["measurement", "value here", "what it suggests on your model", "where"])
-WrappedTable(decisions)  # every cell whole, also as plain text
+Markdown("\n".join(["| " + " | ".join(decisions.columns) + " |", "|---|---|---|---|"] + [  # one line per row
+    "| " + " | ".join(str(x).replace("|", "\\|") for x in row) + " |" for row in decisions.itertuples(index=False)]))
 
 # %% [markdown]
 # ## Exercises
@@ -669,7 +681,7 @@ else:
 
 # %%
 # Exercise 4 starter: the head that finds the asked object, per head (what the explorer shows by eye)
-position = ...  # <- fill in: the prompt position whose reading the explorer overlay showed (a `query=` value)
+position = ...  # <- fill in: the prompt position the explorer showed, as a `query=` value: "shape", "colour" or "last"
 if position is ...:
     print("Fill in `position`, then run this cell again.")
 else:
