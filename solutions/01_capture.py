@@ -150,7 +150,7 @@ def exercise_3(quick: bool = False) -> dict:
 
 
 def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4 (gap ``world_size``): write one store with two processes, then run the same command again. Does the second run
+    """Exercise 4 (gap ``per_sample``, records per sample id, e.g. ``collections.Counter(r.sample for r in recs)``): write one store with two processes, then run the same command again. Does the second run
     capture anything, and does the merged store hold every sample exactly once?
 
     ``torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out /tmp/store``: each rank reads ``RANK`` /
@@ -160,12 +160,12 @@ def exercise_4(quick: bool = False) -> dict:
     ``RANK`` = 0 and 1, ``WORLD_SIZE`` = 2 (what torchrun sets, no launcher), twice.
 
     Expected: two index files, ``Store.verify()`` finds no problem, the merged store holds every sample once
-    (n samples x 4 layers records) split half and half between the ranks, and the second run captures 0 samples on
+    (n samples x 4 layers records: 4 per sample) split half and half between the ranks, and the second run captures 0 samples on
     each rank (resume: a store is never written twice) and leaves the record count unchanged.
     """
     from unicache_lib.store import Store
 
-    world_size = 2  # the starter cell's gap
+    world_size = 2
     n = 4 if quick else 20
     out = tempfile.mkdtemp(prefix="unicache-dist-")
     logs = []
@@ -200,6 +200,12 @@ def exercise_4(quick: bool = False) -> dict:
     launch()
     store = Store(out)
     recs = store.read()
+    import collections
+
+    def per_sample(records):  # the starter cell's gap
+        return collections.Counter(r.sample for r in records)
+
+    counts = per_sample(recs)
     per_rank = {}
     for name in sorted(p.name for p in Path(out).glob("index-rank*.jsonl")):
         per_rank[name] = None
@@ -209,7 +215,8 @@ def exercise_4(quick: bool = False) -> dict:
     captured_again = sum(int(m.group(1)) for line in second for m in [re.search(r"captured (\d+) samples", line)] if m)
     return {"store": out, "index files": sorted(per_rank), "problems": store.verify(), "records": len(recs),
             "records after the second run": len(recs), "records after the first run": first,
-            "samples": len({r.sample for r in recs}), "second run captured (samples)": captured_again,
+            "samples": len(counts), "records per sample": sorted(set(counts.values())),
+            "second run captured (samples)": captured_again,
             "rank logs": logs, "_n": n, "_first": first, "_again": captured_again}
 
 

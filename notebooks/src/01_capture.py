@@ -145,7 +145,7 @@ if r0.part != "cross":  # what this head's image rows avoid, and where the word'
 # triangle it names: <!--num "notebooks/01_capture.ipynb#out:shown: layer@2" fmt="{:.1f}"-->71.5<!--/num-->× uniform,
 # so the right panel's scale runs so high that the even line (1, cyan) sits at its foot; every other patch is below
 # it and renders black. Most heads read the picture
-# far less sharply; how often a word lands on its object across samples is 02's question. Next, the fused kernel
+# far less sharply (02 asks how often a word lands on its object). Next, the fused kernel
 # returns no weights: capture needs eager attention or `recompute` (§3).
 
 # %%
@@ -457,7 +457,7 @@ Markdown("\n".join(["| " + " | ".join(decisions.columns) + " |", "|---|---|---|-
 #    the median entry?
 # 4. ★★ Write one store with several processes (the starter runs each rank as `torchrun -m
 #    unicache_lib.capture.distributed --out /tmp/store` would), then run it again. Does the second run capture
-#    anything? Does `Store.verify()` find every sample exactly once?
+#    anything? Count the records per sample: is each sample there once per layer, as `Store.verify()` says?
 # 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) or your checkpoint (the
 #    starter prints the command): which M-claims belong to the code, which to the weights?
 
@@ -508,9 +508,10 @@ else:
 # Exercise 4 starter: one store, two processes; each run as torchrun would (RANK, WORLD_SIZE), twice
 import contextlib, io, os, tempfile  # noqa: E401,E402
 from unicache_lib.capture import distributed  # noqa: E402
-world_size = ...  # <- fill in: how many processes share the store
-if world_size is ...:
-    print("Fill in `world_size`, then run this cell again.")
+world_size = 2
+per_sample = ...  # <- fill in: a function of a list of records: sample id -> how many records it holds
+if per_sample is ...:
+    print("Fill in `per_sample`, then run this cell again.")
 else:
     shared, env = tempfile.mkdtemp(prefix="unicache-dist-"), dict(os.environ)
     for run in (1, 2):
@@ -521,7 +522,8 @@ else:
             print(f"run {run}: {log.getvalue().strip()}")
     os.environ.clear()
     os.environ.update(env)
-    print(f"records {len(Store(shared).read())}; problems: {Store(shared).verify()}")
+    counts = per_sample(Store(shared).read())
+    print(f"{len(counts)} samples, records per sample {sorted(set(counts.values()))}; verify(): {Store(shared).verify()}")
 
 # %%
 # Exercise 5 starter: this lesson on a stand-in or your checkpoint
