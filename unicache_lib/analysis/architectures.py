@@ -371,7 +371,8 @@ def draw_with_capture(model, processor, prompts) -> list[dict]:
     """A unified model drawing one image per prompt (``prompt_set`` items) with capture on. Per drawing: ``image``
     ``[H, W, 3]`` uint8, ``score`` (:func:`~unicache_lib.world.segment.score_object` on its first object:
     colour / position / shape; position and shape are judged only where the colour is right) and ``curve``:
-    the image share of the query producing each image token after the first (mean over layers and heads)."""
+    the image share of the query producing each image token after the first (mean over layers and heads), and
+    ``even``: what an even reading would give at the same steps (the image tokens' share of the keys it sees)."""
     out = []
     for i, p in enumerate(prompts):
         conv = [{"role": "user", "content": [{"type": "text", "text": p["short"]}]}]  # the checkpoint's chat layout
@@ -382,7 +383,9 @@ def draw_with_capture(model, processor, prompts) -> list[dict]:
         steps = sorted({int(r.sample.rsplit("/t", 1)[1]) for r in res.records})[1:]
         curve = [np.nanmean([float(r.data["image_share"].float()[:, -1].mean()) for r in res.select(f"g{i}/t{k}")])
                  for k in steps]
-        out.append({"prompt": p["short"], "image": img, "score": score_object(img, p["objects"][0]), "curve": curve})
+        even = [float(np.mean(np.asarray(res.select(f"g{i}/t{k}")[0].spans.array) == IMAGE)) for k in steps]
+        out.append({"prompt": p["short"], "image": img, "score": score_object(img, p["objects"][0]), "curve": curve,
+                    "even": even})
     return out
 
 
