@@ -227,7 +227,7 @@ def exercise_5(quick: bool = False) -> dict:
     ``.venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -y 'GENERATORS: ["/path/to/sd3"]'
     -p DEVICE cuda -y 'LAYERS: [0, 11, 23]' -p MAP_QUERY_STRIDE 8`` (lists go in with ``-y``), and compare with the
     shipped models: the lowest adjacent-step cosine (here >= 0.97), the knee at 0.7 (here step 1 everywhere) and the
-    reuse window the decision table prints; then set notebook 06's ``step_skip`` ``head`` from that window.
+    reuse window the decision table prints; then add ``step_skip(head=…)`` from that window to notebook 06's ``METHODS``.
 
     The calls, shown on a random-weight SD3-class stand-in built like the tests' pipeline folders
     (:func:`~unicache_lib.zoo.builders.tiny_pipelines.build_tiny`): load it with ``load_generator``, capture a few

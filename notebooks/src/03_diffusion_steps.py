@@ -9,7 +9,7 @@
 # ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% [markdown]
-# Section 11 rules on the claims G1, G2, G4–G7 and G9 (G3 and G8: notebook 06).
+# Claims G1, G2, G4–G7, G9 and their rules: below the parameters; verdicts: section 11 (G3, G8: notebook 06).
 #
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
@@ -47,6 +47,15 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
+import textwrap
+
+from unicache_lib.claims import claims_table, of
+
+for c in of("03_diffusion_steps"):  # each claim's rule: what is measured and its thresholds, written before any run
+    print(textwrap.fill(f"{c.id} rule: {c.rule}", 115, subsequent_indent="  "))
+claims_table("03_diffusion_steps")  # the claims themselves (unicache_lib/claims.py); section 11 gives the verdicts
+
+# %%
 import numpy as np
 import pandas as pd
 import torch
@@ -75,79 +84,105 @@ gens = {m: load_generator(p, dtype=DTYPE, device=DEVICE) for m, p in paths.items
 GENERATORS = list(gens)
 prompts = load_prompts(PROMPTS, N_SINGLE, N_PAIRS, SEED)  # N_SINGLE prompts, then N_PAIRS two-object ones
 
+# %%
+# Section 0's helpers: the prompt a generator draws, its word maps, and where each word's brightest patch lies
+from unicache_lib.analysis.word_regions import (distinct_objects, drawn_objects, fully_drawn, object_masks,
+                                               peak_objects, word_region_table)
+from unicache_lib.world.scenes import grid_cover
+
+
+def first_drawn(g, cands):
+    """(prompt index, run, how many tried): the first of ``cands`` that ``g`` draws in full, else the last tried."""
+    for n, i in enumerate(cands, 1):
+        run = capture_generation(g, [prompts[i]["short"]], "look", None, STEPS, GUIDANCE, SEED + i, layers=LAYERS)
+        if fully_drawn(run.images[0], prompts[i]):
+            break
+    return i, run, n
+
+
+def named_maps(run, k, p):
+    """word -> its map (image queries' attention to it, :func:`G.word_maps`) for prompt ``p``'s colour and shape
+    words (your prompts: content words), and the number of real text tokens."""
+    W, words, maps = G.word_maps(run.result.records, run.sample_ids[k]), set(named_words(p)), {}
+    for j, t in enumerate(run.tokens[k]):
+        if t in words:
+            maps[t if t not in maps else f"{t} (again)"] = W[j]  # a repeated word keeps both panels
+    return maps, W.shape[0]
+
+
+def keys_read(m, n_real):
+    """Keys an image query reads (1 × uniform = 1/keys): joint attention, image and text positions; cross, the words."""
+    joint = "joint" in gen_family_of(gens[m].transformer).parts
+    return gens[m].image_tokens + gens[m].text_tokens if joint else n_real
+
+
+def peak_words(img, p, maps, patch):
+    """Each word's brightest patch: on which object, and how much of that patch the object covers."""
+    peaks = peak_objects(img, p, maps)
+    cover = grid_cover(object_masks(img, p), patch) if peaks else None
+    return [f"{w!r} on " + (f"the {o} ({cover[:, int(np.argmax(maps[w]))].max():.0%} of the patch)" if o else "background")
+            + ("" if not o or w.split()[0] in o.split() else " <- another object") for w, o in peaks.items()]
+
+
 # %% [markdown]
 # ## 0. A first look: does a word look at what it names?
 #
 # For each generator, the first prompt it draws in full: two-object prompts whose objects differ in colour and shape
-# (each word names one object) first, else a one-object one; seeds as in the later sections. Left, the picture;
+# (each word names one object) first, else a one-object one. Left, the picture;
 # right, the image queries' attention to each colour and shape word, averaged over heads, layers and steps, in
-# × uniform (1 = an even spread over the keys, marked on the colour bar). Panels share one scale: compare their
-# brightness, not only where each is brightest.
+# × uniform (1 = an even spread over the keys, marked on the colour bar). Panels of one figure share a scale; the
+# two figures do not: read each colour bar's top.
 
 # %%
-from unicache_lib.analysis.word_regions import (distinct_objects, drawn_objects, fully_drawn, peak_objects,
-                                               word_region_table)
-
 cands = [i for i in range(N_SINGLE, N_SINGLE + N_PAIRS) if distinct_objects(prompts[i])] + list(range(min(N_SINGLE, 2)))
 look, look_at, tried, word_maps = {}, {}, {}, {}
 for m, g in gens.items():  # each generator's first candidate drawn in full: pairs first, then one-object prompts
-    for tried[m], i in enumerate(cands or [0], 1):
-        look[m] = capture_generation(g, [prompts[i]["short"]], "look", None, STEPS, GUIDANCE, SEED + i, layers=LAYERS)
-        look_at[m] = i
-        if fully_drawn(look[m].images[0], prompts[i]):
-            break
-for m, run in look.items():
-    W = G.word_maps(run.result.records, run.sample_ids[0])  # [real text tokens, image tokens]
-    words, maps = set(named_words(prompts[look_at[m]])), {}  # colour and shape words (your prompts: content words)
-    for j, t in enumerate(run.tokens[0]):
-        if t in words:
-            maps[t if t not in maps else f"{t} (again)"] = W[j]  # a repeated word keeps both panels
-    word_maps[m] = maps
-    if not maps:  # your own prompts: no content word is one of the transformer's tokens
-        print(f"{m}: no word of {prompts[look_at[m]]['short']!r} is a whole token here: no word map to draw")
+    look_at[m], look[m], tried[m] = first_drawn(g, cands or [0])
+    p = prompts[look_at[m]]
+    word_maps[m], n_real = named_maps(look[m], 0, p)
+    if not word_maps[m]:  # your own prompts: no content word is one of the transformer's tokens
+        print(f"{m}: no word of {p['short']!r} is a whole token here: no word map to draw")
         continue
-    joint = "joint" in gen_family_of(gens[m].transformer).parts  # joint: image and text keys; cross: the real words
-    keys = gens[m].image_tokens + gens[m].text_tokens if joint else W.shape[0]
-    fig = plots.word_regions(run.images[0], maps, f"{m}: {prompts[look_at[m]]['short']!r}", keys=keys)
+    keys = keys_read(m, n_real)
+    fig = plots.word_regions(look[m].images[0], word_maps[m], f"{m}: {p['short']!r}", keys=keys)
     _ = plots.save(fig, out, f"first_look_{m}")
     print(f"{m}: an image query reads {keys} keys (1 × uniform = 1/{keys}); the brightest word peaks at "
-          f"{max(float(v.max()) for v in maps.values()) * keys:.1f} × uniform")
+          f"{max(float(v.max()) for v in word_maps[m].values()) * keys:.1f} × uniform")
 
 # %%
 # NBVAL_CHECK_OUTPUT
 for m, run in look.items():
-    p = prompts[look_at[m]]
+    p, img = prompts[look_at[m]], run.images[0]
     print(f"{m}: prompt {look_at[m]}, {len(p.get('objects') or [])} object(s), "
-          + ("drawn in full" if fully_drawn(run.images[0], p) else "not drawn in full") + f" ({tried[m]} tried)")
+          + ("drawn in full" if fully_drawn(img, p) else "not drawn in full") + f" ({tried[m]} tried)")
     said = "; ".join(f"{d['asked']} -> " + (f"a {d['drawn']} ({d['position']})" if d["drawn"] else "nothing in that colour")
-                     + ("" if d["shape_ok"] else "  <- not what was asked") for d in drawn_objects(run.images[0], p)) or (
-        "not measurable with these prompts: none lists objects the detector knows (add 'objects' to prompts.jsonl)")
-    wr = word_region_table(run, [p], gens[m].image_size // int(round(gens[m].image_tokens ** 0.5)))
-    hits = wr[wr.role != "binding overlap"]
-    print(f"   {said}")
+                     + ("" if d["shape_ok"] else "  <- not what was asked") for d in drawn_objects(img, p))
+    print("   " + (said or "not measurable with these prompts: none lists objects the detector knows (add 'objects' to prompts.jsonl)"))
+    patch = gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))  # pixels per image token's side
+    wr = word_region_table(run, [p], patch)
     print("   word regions on the drawn objects: " + (", ".join(
-        f"{p['objects'][r.object][r.role]!r} IoU {r.iou:.2f} (chance {r.chance:.2f})" for r in hits.itertuples())
+        f"{p['objects'][r.object][r.role]!r} IoU {r.iou:.2f} (chance {r.chance:.2f})" for r in wr[wr.role != "binding overlap"].itertuples())
         or "none (no asked object was drawn)"))
-    peaks = peak_objects(run.images[0], p, word_maps.get(m, {}))
-    print("   each word's brightest patch: " + (", ".join(f"{w!r} on {'the ' + o if o else 'background'}"
-                                                         + ("" if not o or w.split()[0] in o.split() else " <- another object")
-                                                         for w, o in peaks.items()) or "not measurable here"))
+    print("   each word's brightest patch: " + (", ".join(peak_words(img, p, word_maps.get(m, {}), patch)) or "not measurable here"))
 
 # %% [markdown]
 # **What to look at.** Judge a word map only against an object the model drew: healthy is a bright blob on *its*
-# object. Two scales: brightness in × uniform (1 = an even spread over the keys), and the IoU of the word's top
-# patches with its object against a random region's IoU ("chance"). **This run** shows a failure.
+# object. Two scales: brightness in × uniform, and the IoU of the word's top patches (as many as the object has)
+# with its object against a random region's ("chance"). **This run** shows a failure on the MMDiT.
+#
 # The MMDiT drew both objects, and its brightest word reaches
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform, but off target:
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch" re="patch: (.*)"-->'green' on background, 'circle' on background, 'blue' on the green circle <- another object, 'triangle' on background<!--/num-->
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch" re="patch: (.*)"-->'green' on background, 'circle' on background, 'blue' on the green circle (100% of the patch) <- another object, 'triangle' on background<!--/num-->
 # ("another object": a word lighting the object it does *not* name, a binding error); 'circle', the best placed,
-# reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> against a chance IoU of
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->. Bright is not placed. PixArt drew none of the
-# tried two-object prompts in full (section 2), so it shows a one-object prompt. Its cross-attention spreads almost
-# evenly over the few words (no word above <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform), yet the
-# colour word's least even patches are the object's: IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> against a chance IoU of
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->. 'triangle''s brightest patch only grazes the
-# triangle (under a quarter covered, which IoU counts as background), hence IoU
+# reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> (chance
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->). Bright is not placed.
+#
+# PixArt drew none of the tried two-object prompts in full, so it shows a one-object prompt. Its cross-attention
+# spreads almost evenly: no word exceeds <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform, the top of its
+# colour bar. Yet the colour word's top patches are the object's: IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> (chance
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->). 'triangle''s brightest patch is only
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > each word's brightest patch" re="'triangle' on the green triangle [(]([0-9]+%)"-->19%<!--/num--> triangle, below the
+# <!--const the cover at which IoU counts a patch as an object's (patch_grid_masks)-->25%<!--/const--> IoU needs to count a patch as the object's, hence IoU
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.00<!--/num-->. Section 9 measures all prompts (G9).
 #
 # The two models, the prompts and the run:
@@ -582,14 +617,13 @@ for m in GENERATORS:
     i = pairs[0]  # the first two-object prompt section 0 did not show for this generator
     W = G.word_maps(run.result.records, run.sample_ids[i])
     show = {t: W[j] for j, t in enumerate(run.tokens[i]) if t in {o[r] for o in prompts[i]["objects"] for r in ("colour", "shape")}}
-    joint = "joint" in gen_family_of(gens[m].transformer).parts  # as in section 0: × uniform over the keys read
-    keys = gens[m].image_tokens + gens[m].text_tokens if joint else W.shape[0]
+    keys = keys_read(m, W.shape[0])  # as in section 0: × uniform over the keys read
     fig = plots.word_regions(run.images[i], show, f"{m}: {prompts[i]['short']!r} ({prompts[i]['pair']} colour)", keys=keys)
     _ = plots.save(fig, out, f"word_regions_{m}")
     drawn = "; ".join(f"{d['asked']} -> {d['drawn'] or 'nothing in that colour'}" for d in drawn_objects(run.images[i], prompts[i]))
-    print(f"{m}: another pair, prompt {i}, drawn: {drawn}; each word's brightest patch: " + ", ".join(
-        f"{w!r} on {'the ' + o if o else 'background'}" + ("" if not o or w in o.split() else " <- another object")
-        for w, o in peak_objects(run.images[i], prompts[i], show).items()))
+    patch = gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))
+    print(f"{m}: another pair, prompt {i}, drawn: {drawn}; each word's brightest patch: "
+          + ", ".join(peak_words(run.images[i], prompts[i], show, patch)))
     print(f"{m}: × uniform per word, peak (share of patches above even): " + ", ".join(
         f"{w!r} {float(np.max(v)) * keys:.1f} ({float(np.mean(np.asarray(v) * keys > 1)):.0%})" for w, v in show.items()))
 
@@ -656,15 +690,9 @@ static_step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_i
 
 # %% [markdown]
 # ## 11. Claims scoreboard
-
-# %%
-from unicache_lib.claims import claims_table
-
-claims_table("03_diffusion_steps")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
-
-# %% [markdown]
-# Rules were written before the numbers. A claim about generators must hold on both, so the *weaker* model's 95%
-# interval decides ([verdicts](../docs/GLOSSARY.md#verdicts)).
+#
+# The claims and rules are printed at the top. A claim about generators must hold on both, so the *weaker* model's
+# 95% interval decides ([verdicts](../docs/GLOSSARY.md#verdicts)).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -702,11 +730,14 @@ board.show()
 # - **Word maps point at objects on PixArt, not on the MMDiT (G9)**; G9 (b) rests on pictures with one object of
 #   two and says nothing about binding.
 #
-# The decision table (notebook 06 takes its reuse window):
+# The decision table. Notebook 06 runs `step_skip` at its tuned `head`; to try a window found here, add `REUSE_POLICIES["step_skip"](head=…)` to 06's `METHODS`.
 
 # %%
 from IPython.display import display
 
+from unicache_lib.reuse import REUSE_POLICIES
+
+ss_head, ad_cos = REUSE_POLICIES["step_skip"]().head, REUSE_POLICIES["adaptive"]().threshold  # as 06 runs them
 w_rows = []
 for m in GENERATORS:
     wl, ws = window[m, THRESHOLD], window[m, STRICT_THRESHOLD]
@@ -715,9 +746,10 @@ for m in GENERATORS:
                    "value here": f"{start(wl, THRESHOLD)}; {start(ws, STRICT_THRESHOLD)}; lowest {knees.loc[m, 'min sim'].min():.3f}",
                    "what it suggests on your model": "a knee at step 1 for every layer at 0.7 says the threshold is too loose: judge at the "
                    "stricter one; start reuse no earlier than the latest knee",
-                   "notebook / parameter": (f"06: REUSE_POLICIES['step_skip'](head={ws['head']}) (the first head share of STEPS is computed) "
-                                            if ws["start"] is not None else "06: keep step_skip's default head (0.1) ")
-                   + f"or REUSE_POLICIES['adaptive'](threshold={STRICT_THRESHOLD:g}); 06's STEPS = {STEPS} (knees move with the step count)"})
+                   "notebook / parameter": (f"06: add step_skip(head={ws['head']}) to METHODS (06 runs head={ss_head:g})"
+                                            if ws["start"] is not None else f"06: keep step_skip's tuned head={ss_head:g}, as 06 runs it")
+                   + f"; adaptive (06: threshold {ad_cos:g}) compares each module's input, not these maps; 06's STEPS = {STEPS}"
+                   " (knees move with the step count)"})
 
 # %%
 drop_by_model = {m: float(d.mean()) for m, d in zip(GENERATORS, drop)}
@@ -742,8 +774,8 @@ w_rows.append({"measurement": "word-region IoU / chance, colour and shape words 
 WrappedTable(pd.DataFrame(w_rows))  # every cell whole, also as plain text
 
 # %% [markdown]
-# **Reading the table.** No whole-step window is trustworthy (knee at step 1 everywhere, or never): keep `step_skip`'s default head or let the strict
-# `adaptive` rule decide per step (notebook 06). Word maps are a pointer on PixArt
+# **Reading the table.** No whole-step window is trustworthy (knee at step 1 everywhere, or never): keep `step_skip`'s
+# tuned head, as 06 does, or let `adaptive` decide per module and step. Word maps are a pointer on PixArt
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance, colour and shape words pooled (G9) > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance, colour and shape words pooled (G9) > value here@0"-->1.0<!--/num-->×); neither
 # side nor the image keys earn a policy of their own at this size; only PixArt's heads point to notebook 04.
 
@@ -765,8 +797,8 @@ WrappedTable(pd.DataFrame(w_rows))  # every cell whole, also as plain text
 #    queries read, and where do colour and position reach the image?
 # 5. ★★★ Run this notebook on your diffusers SD3 / PixArt / Flux / Sana folder (the starter prints the papermill
 #    command). Compare the lowest adjacent
-#    cosine and the knee with this run's and the study's, then set notebook 06's `step_skip` `head` from the
-#    decision table's reuse window.
+#    cosine and the knee with this run's and the study's, then add a `step_skip(head=…)` from the decision
+#    table's window to notebook 06's `METHODS`.
 
 # %%
 # Exercise 1 starter: §4's knees at fewer, farther steps, on four of the notebook's prompts, beside STEPS
@@ -829,8 +861,8 @@ else:
     share = pd.concat([pd.Series(G.word_maps(run.result.records, sid).mean(1), index=run.tokens[i])
                        for i, sid in enumerate(run.sample_ids)])
     print(share.groupby(level=0).mean().sort_values(ascending=False).head(10).round(3).to_string())
-    look = runs[m_look, "maps"]
-    display(step_explorer(look.result, dict(zip(look.sample_ids, look.images)), dict(zip(look.sample_ids, look.tokens))))
+    full = runs[m_look, "maps"]  # the full maps captured in section 1
+    display(step_explorer(full.result, dict(zip(full.sample_ids, full.images)), dict(zip(full.sample_ids, full.tokens))))
 
 # %%
 # Exercise 5 starter: this lesson on your pipeline
