@@ -267,8 +267,8 @@ print(f"- the lowest single layer: {low[0]} at relative depth {low[1]:.2f} ({cur
 
 # %% [markdown]
 # **Reading it.** Image keys are most of what a text row sees: an even reading puts
-# <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share@0" fmt="{:.2f}"-->0.89<!--/num--> (LLaVA) to <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share@1" fmt="{:.2f}"-->0.90<!--/num--> (ViLT) on the image, <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share@3" fmt="{:.2f}"-->0.57<!--/num--> in the MMDiT. Against that bar the
-# understanding models' text reads the image *less* than evenly in every band (ViLT lowest,
+# <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share@0" fmt="{:.2f}"-->0.89<!--/num--> (LLaVA) to <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share@1" fmt="{:.2f}"-->0.90<!--/num--> (ViLT) on the image, <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share@3" fmt="{:.2f}"-->0.57<!--/num--> in the MMDiT. Against that bar (dotted, left) the
+# understanding models' text reads the image *less* than evenly at every depth (ViLT lowest,
 # <!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@2" fmt="{:.2f}"-->0.82<!--/num-->× even over layers); only the MMDiT's reads it more (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->×). So the raw shares
 # (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@0" fmt="{:.2f}"-->0.61<!--/num-->–<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@1" fmt="{:.2f}"-->0.75<!--/num-->) mostly measure the image's size. LLaVA's ratio rises from <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@3" fmt="{:.2f}"-->0.60<!--/num-->× shallow to
 # <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@5" fmt="{:.2f}"-->0.95<!--/num-->× deep, Janus's drops deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > Janus (unified)@5" fmt="{:.2f}"-->0.68<!--/num-->×), the MMDiT's dips at a third of its depth
@@ -437,7 +437,7 @@ if len(img_keys) == len(owner):  # one key per patch, row-major: the head's imag
 # %% [markdown]
 # **Reading it.** The query `square` (asked: a yellow square) puts
 # <!--num "notebooks/08_architectures.ipynb#out:of its attention on the image; question" re="puts ([0-9.]+) of its"-->0.856<!--/num--> of its attention on the image; its palest, most-read patch lies on the
-# <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="lies on the (.+)$"-->blue triangle<!--/num--> (<!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="blue triangle ([0-9.]+)"-->0.52<!--/num--> of the image reads), the orange square, the only square, takes
+# <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="lies on the (.+)$"-->blue triangle<!--/num-->, which takes <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="blue triangle ([0-9.]+)"-->0.52<!--/num--> of the image reads; the orange square, the only square, takes
 # <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="orange square ([0-9.]+)"-->0.29<!--/num-->, the yellow triangle <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="yellow triangle ([0-9.]+)"-->0.05<!--/num-->. One head, one sample: section 6 measured every sample.
 
 # %% [markdown]
