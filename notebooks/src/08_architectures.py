@@ -453,9 +453,9 @@ if VL in models:
     cols = ["image_queries_on_image", "image_queries_on_text", "text_position_share", "cross_modal"]
     fb, FB_layer = FB.groupby("sample")[cols].mean(), FB.groupby("layer")[cols].mean()
     fig, ax = plt.subplots(figsize=(6, 3))
-    FB_layer[cols[:3]].rename(columns={"image_queries_on_image": "image queries → image keys", "image_queries_on_text":
-                                       "image queries → text keys", "text_position_share": "even reading of the text keys"}
-                              ).plot(ax=ax, marker="o")
+    LABEL = dict(zip(cols, ["image queries → image keys", "image queries → text keys", "even reading of the text keys",
+                            "cross-modal share"]))
+    FB_layer[cols[:3]].rename(columns=LABEL).plot(ax=ax, marker="o")
     ax.set(xlabel="ViLT layer", ylabel="share", title="image queries: on image keys, on text keys; text's share of positions")
     ax.legend(fontsize=7)
     _ = plots.save(fig, out, "vilt_blocks")
@@ -463,7 +463,7 @@ if VL in models:
 # %%
 # NBVAL_CHECK_OUTPUT
 if VL in models:
-    print(FB_layer.round(3).to_string())
+    print(FB_layer.rename(columns=LABEL).round(3).to_string())
     print(f"\n- image queries keep {fb.image_queries_on_image.mean():.2f} of their attention on image keys (an even reading: "
           f"{1 - fb.text_position_share.mean():.2f}); they give the "
           f"text {fb.image_queries_on_text.mean():.3f}, where even attention would give it "
