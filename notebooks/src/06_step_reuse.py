@@ -183,7 +183,7 @@ reuse.reset_index()[["model", "method", *cols]].to_csv(out / "reuse.csv", index=
 # Each method's PSNR minus the fewer-step control's at the method's own FLOPs (counted) and at its own wall-clock
 # speed-up, in dB with a 95% interval over prompts; the control is interpolated between the step counts that bracket
 # the method. Positive: the method beats sampling with fewer steps. A method saving more or less than every control
-# point is outside the control's range: not compared (the one-line summaries after the tables name it).
+# point is outside the control's range: not compared (listed under each margin table).
 
 # %%
 SHOWN = [NEW_REUSE, MILD, "every_2", "diffusers:first_block", "diffusers:magcache"]  # + the control: six on a chart
@@ -231,6 +231,7 @@ CT = {g: control_table(RU[g]) for g in gpaths}
 for g, t in CT.items():
     print(f"{g}: PSNR over the fewer-step control at equal FLOPs (dB), methods inside the control's range")
     print(t[["margin_flops", "margin_flops_lo", "margin_flops_hi"]].dropna(subset=["margin_flops"]).round(2).to_string())
+    print("outside the control's range (not compared): " + ", ".join(m for m in t.index[t.margin_flops.isna()] if m != "none"))
 
 # %%
 # timings vary from run to run: the margins at equal wall-clock and the head-to-head speed ratios below
@@ -238,6 +239,7 @@ for g, t in CT.items():
     print(f"{g}: PSNR over the fewer-step control at equal wall-clock (dB), methods inside the control's range")
     print(t[["margin_speedup", "margin_speedup_lo", "margin_speedup_hi"]].join(RU[g][["psnr", "speedup"]])
           .dropna(subset=["margin_speedup"]).round(2).to_string())
+    print("outside the control's range (not compared): " + ", ".join(m for m in t.index[t.margin_speedup.isna()] if m != "none"))
 
 # %%
 # step_skip head to head with each diffusers cache, then each cache against step_skip's best setting that saves as much
@@ -253,19 +255,6 @@ for (g, by), t in PARETO.items():
         continue
     print(f"{g}: each diffusers cache against the best step_skip setting that saves at least as much ({by}); PSNR difference, dB")
     print(t.round(2).to_string())
-
-# %%
-# the diffusers caches and the study's attention-level schedules against the fewer-step control, in one line each
-ATTENTION_LEVEL = ["adaptive", "every_2", "static_last_third", "text_side"]  # the study's attention-level schedules
-for group, members in (("diffusers caches", lambda i: str(i).startswith("diffusers:")), ("attention-level schedules",
-                                                                                        lambda i: i in ATTENTION_LEVEL)):
-    for by, lab in (("margin_speedup", "equal wall-clock"), ("margin_flops", "equal FLOPs")):
-        for g in gpaths:
-            col = CT[g].loc[[i for i in CT[g].index if members(i)], by]
-            inside, outside = col.dropna(), list(col[col.isna()].index)
-            print(f"{g}, {group} over the fewer-step control at {lab}: "
-                  + (", ".join(f"{m} {v:+.1f} dB" for m, v in inside.items()) if len(inside) else "none inside the control's range")
-                  + (f"; outside its range (not compared): {', '.join(outside)}" if outside else ""))
 
 # %% [markdown]
 # **What this run shows.** On PixArt `step_skip`'s <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > step_skip@3" fmt="{:.1f}"-->41.3<!--/num--> dB misses the target (the design prompts gave <!--num "benchmarks/results/tune_step_skip.txt#chosen:@9" fmt="{:.1f}"-->43.5<!--/num--> dB;
@@ -293,7 +282,7 @@ for g, a in shares.items():
 # <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention@0"-->46<!--/num-->% on PixArt, so even reusing every
 # attention call could make a run at most
 # <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention" re="at most ([0-9.]+)x"-->1.65<!--/num-->× /
-# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention" re="at most ([0-9.]+)x"-->1.85<!--/num-->× faster:
+# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention" re="at most ([0-9.]+)x"-->1.86<!--/num-->× faster:
 # below the <!--const R1's threshold-->2×<!--/const--> of target R1 (§5). Skipping whole transformer calls (`step_skip`) has no such cap.
 
 # %% [markdown]
@@ -330,7 +319,7 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 # %% [markdown]
 # **How the verdicts were settled** (on `make evaluate-reuse`'s prompts and timing rounds):
 # - **R1: partly.** `step_skip` runs <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@0" fmt="{:.2f}×"-->2.28×<!--/num--> on the generator with the smaller speed-up over the decisive run's timing rounds, so (a) holds (this
-#   run's rounds: <!--num "data/results/06_step_reuse.json#[claim=R1].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])"-->2.21 [2.19, 2.23]<!--/num-->;
+#   run's rounds: <!--num "data/results/06_step_reuse.json#[claim=R1].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])"-->2.2 [2.16, 2.22]<!--/num-->;
 #   bar <!--const R1's threshold-->2×<!--/const-->); PixArt's mean
 #   PSNR is <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@1" fmt="{:.1f}"-->40.4<!--/num--> dB, its interval wholly below the target, so (b) does not.
 # - **R2: holds**: <!--num "notebooks/06_step_reuse.ipynb#out:R2 · > value@0" fmt="{:+.1f}"-->+4.3<!--/num--> dB above fewer steps at equal wall-clock on the generator with the smaller
@@ -343,7 +332,7 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 #   work: the last third keeps <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > static_last_third@5" fmt="{:.2f}"-->0.92<!--/num--> of PixArt's FLOPs (too many for the control to place), every 2nd step <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > every_2@5" fmt="{:.2f}"-->0.77<!--/num-->.
 #   Late reuse is safe because it reuses little: by output the last steps are the least reusable ([03](03_diffusion_steps.ipynb) §4).
 # - **G8 holds** on the decisive run (speed-up <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num-->;
-#   this run's own rounds: <!--num "data/results/06_step_reuse.json#[claim=G8].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])" missing="see the scoreboard"-->1.15 [1.15, 1.16]<!--/num-->).
+#   this run's own rounds: <!--num "data/results/06_step_reuse.json#[claim=G8].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])" missing="see the scoreboard"-->1.15 [1.14, 1.15]<!--/num-->).
 #
 # **Reading the results.** G8's decisive <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num--> matches the study's ~<!--const the study's reported figure-->15%<!--/const--> latency cut. On the
 # SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) (<!--num "benchmarks/results/step_skip_sd3_medium_standin.txt#step_skip on" re="\(([0-9]+) image tokens"-->1024<!--/num--> image tokens) `step_skip` sped up the whole pipeline call
@@ -354,7 +343,7 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 # ## Recap: what this run showed
 #
 # - **Fewer steps is a hard control**: no cache or attention-level schedule in its range beats it.
-# - **Attention-only reuse is capped** at <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention" re="at most ([0-9.]+)x"-->1.65<!--/num-->× / <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention" re="at most ([0-9.]+)x"-->1.85<!--/num-->× (§4).
+# - **Attention-only reuse is capped** at <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention" re="at most ([0-9.]+)x"-->1.65<!--/num-->× / <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention" re="at most ([0-9.]+)x"-->1.86<!--/num-->× (§4).
 # - **Only whole-step skipping clears it**: tune `step_skip` on your design prompts; adopt a cache only if it clears
 #   the control at equal FLOPs and wall-clock.
 #

@@ -401,8 +401,13 @@ def reuse_decisions(RU: dict, CT: dict, shares: dict):
     last = [g for g in RU if {"static_last_third", "every_2"} <= set(RU[g].index)]
     if last:
         g = min(last, key=lambda g: RU[g].loc["static_last_third", "ssim"])
-        rows.append({"measurement": "G3: SSIM of reuse in the last third only / every 2nd step (weaker generator)",
-                     "value here": f"{g}: {RU[g].loc['static_last_third', 'ssim']:.3f} / {RU[g].loc['every_2', 'ssim']:.3f}",
-                     "what it suggests on your model": "if you reuse attention at all, reuse late in the schedule, "
-                     "not throughout", "where": "§2, §5 (G3)"})
+        late = CT[g].loc["static_last_third"] if "static_last_third" in CT[g].index else pd.Series(dtype=float)
+        m, lo = late.get("margin_flops", np.nan), late.get("margin_flops_lo", np.nan)
+        rows.append({"measurement": "G3: SSIM of reuse in the last third only / every 2nd step (weaker generator), at unequal work",
+                     "value here": f"{g}: {RU[g].loc['static_last_third', 'ssim']:.3f} at {RU[g].loc['static_last_third', 'flops']:.2f}"
+                                   f" of the FLOPs / {RU[g].loc['every_2', 'ssim']:.3f} at {RU[g].loc['every_2', 'flops']:.2f}",
+                     "what it suggests on your model": ("late-only reuse keeps quality but saves too little to be placed "
+                     "against fewer steps: no reason to adopt it" if not np.isfinite(m) else f"late-only reuse is {m:+.1f} dB "
+                     "over fewer steps at equal FLOPs: " + ("it clears the control" if lo > 0 else "sample with fewer steps "
+                     "instead")), "where": "§2, §5 (G3)"})
     return WrappedTable(pd.DataFrame(rows))
