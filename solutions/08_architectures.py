@@ -34,7 +34,7 @@ def text_queries_blind_to_image(model, n_image: int):
     def pre(module, args, kwargs):
         h = args[0]
         S = h.shape[1]
-        m = torch.zeros(1, 1, S, S, dtype=h.dtype)
+        m = torch.zeros(1, 1, S, S, dtype=h.dtype, device=h.device)
         n_text = S - n_image
         blocked = (slice(0, n_text), slice(n_text, None))  # the starter cell's gap: text queries' rows, image keys' columns
         m[..., blocked[0], blocked[1]] = torch.finfo(h.dtype).min
@@ -62,7 +62,8 @@ def exercise_1(quick: bool = False) -> dict:
     model, proc = _model(VILT)
     fam = family_of(model)
     qas = heldout_set(60 if quick else 400, seed=SEED + 707)
-    inp = fam.canonical_inputs(model, TV.encode(proc, [q.question for q in qas], np.stack([q.scene.uint8() for q in qas])))
+    enc = TV.encode(proc, [q.question for q in qas], np.stack([q.scene.uint8() for q in qas]))
+    inp = fam.canonical_inputs(model, {k: v.to(model.device) for k, v in enc.items()})
     n_img = fam.n_image(model.config, inp)
     with torch.no_grad():
         healthy = model(**inp).logits.argmax(-1)
@@ -188,8 +189,9 @@ def exercise_5(quick: bool = False) -> dict:
         """(image i picks text slot i, image i picks the slot holding its true caption)"""
         texts = np.array([s.caption for s in ss])
         with torch.no_grad():
-            o = model(**proc(text=list(texts), images=[s.image for s in samples], return_tensors="pt", padding=True))
-        pick = o.logits_per_image.argmax(1).numpy()
+            o = model(**{k: v.to(model.device) for k, v in proc(text=list(texts), images=[s.image for s in samples],
+                                                                 return_tensors="pt", padding=True).items()})
+        pick = o.logits_per_image.argmax(1).cpu().numpy()
         return float((pick == np.arange(len(ss))).mean()), float((texts[pick] == caps).mean())
 
     (slot_true, _), (slot_shuffled, found) = match(samples), match(rolled)

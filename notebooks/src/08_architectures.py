@@ -112,11 +112,14 @@ NAME = {**ROLES, **GEN_ROLES}
 print(f"{len(models)} understanding-side models, {len(gens)} generators; {len(samples)} standard samples")
 
 # %% [markdown]
-# **The rules, before any number.** Each claim is decided on a 95% interval over its unit; the
-# [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson. The rules (each claim and its rule is one
-# entry of `unicache_lib/claims.py`):
+# **The claims and their rules, before any number.** Each claim is decided on a 95% interval over its unit; the
+# [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson; each claim is one entry of
+# `unicache_lib/claims.py`:
 
 # %%
+from unicache_lib.claims import claims_table
+
+display(claims_table("08_architectures"))
 board = Scoreboard(random_weights=any(is_stand_in(n) for n in NAME.values() if n is not None))
 ACL.declare(board)
 print("\n".join(f"{c}: {text}" for c, (text, _) in ACL.RULES.items()))
@@ -156,10 +159,10 @@ def card_line(role, name):
     if "generation" in card:
         g = card["generation"]
         what += f"; drawn images: colour {g['colour']:.2f}, position {g['position']:.2f}, shape {g['shape']:.2f}"
-    return {"role": role, "model": name, "class": card.get("class", ""), "what it learned": what}
+    return f"{role}: {name} ({card.get('class', '?')}), {what}"
 
 
-WrappedTable(pd.DataFrame([card_line(r, n) for r, n in NAME.items() if n is not None]))
+print("\n".join(card_line(r, n) for r, n in NAME.items() if n is not None))
 
 # %% [markdown]
 # **Did every model reach its bar?** Attention in a model that has not learned its task is noise: the cell below
@@ -179,8 +182,7 @@ print("\n\n".join(missed) or f"all {sum(n is not None for n in NAME.values())} m
 # ## 2. Capture once per model
 #
 # Each understanding-side model reads the standard samples and their questions in `stats` mode, laid out as in
-# section 0: LLaVA's and Janus's decoder (a short prefix, 64 image tokens, the question), ViLT's stream
-# (`[question | image class token, 64 patches]`), Mllama's cross-attention layers, CLIP's two towers. The generators
+# section 0 (ViLT's stream: `[question | image class token, 64 patches]`). The generators
 # draw `N_GEN_PROMPTS` prompts (notebook 03).
 
 # %%
@@ -272,7 +274,7 @@ print(f"- the lowest single layer: {low[0]} at relative depth {low[1]:.2f} ({cur
 # <!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@2" fmt="{:.2f}"-->0.82<!--/num-->× even over layers); only the MMDiT's reads it more (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->×). So the raw shares
 # (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@0" fmt="{:.2f}"-->0.61<!--/num-->–<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@1" fmt="{:.2f}"-->0.75<!--/num-->) mostly measure the image's size. LLaVA's ratio rises from <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@3" fmt="{:.2f}"-->0.60<!--/num-->× shallow to
 # <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@5" fmt="{:.2f}"-->0.95<!--/num-->× deep, Janus's drops deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > Janus (unified)@5" fmt="{:.2f}"-->0.68<!--/num-->×), the MMDiT's dips at a third of its depth
-# (<!--num "notebooks/08_architectures.ipynb#out:the lowest single layer@2" fmt="{:.2f}"-->0.76<!--/num-->×). Entropies compare only within a model: LLaVA's reading spreads with depth
+# (<!--num "notebooks/08_architectures.ipynb#out:the lowest single layer@2" fmt="{:.2f}"-->0.76<!--/num-->×). Entropies compare only within a model (normalised entropy depends on the number of keys and the mask): LLaVA's reading spreads with depth
 # (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@6" fmt="{:.3f}"-->0.363<!--/num--> → <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@8" fmt="{:.3f}"-->0.561<!--/num-->), the MMDiT's is nearly uniform deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > MMDiT (joint)@8" fmt="{:.3f}"-->0.982<!--/num-->).
 
 # %% [markdown]
@@ -309,7 +311,7 @@ print(f"\n- most focused heads: {role_share.focused.idxmax()} ({role_share.focus
 # **Reading it.** Focused heads are rare: Mllama's cross-attention has the most (<!--num "notebooks/08_architectures.ipynb#out:most focused heads:@0"-->8<!--/num-->% of its
 # heads), LLaVA a few, the other five models none. ViLT's stream and CLIP's image tower are mostly spread
 # (<!--num "notebooks/08_architectures.ipynb#out:focused  mixed  spread > ViLT (fusion)@2" fmt="{:.2f}"-->0.90<!--/num--> and <!--num "notebooks/08_architectures.ipynb#out:focused  mixed  spread > CLIP (dual tower)@2" fmt="{:.2f}"-->0.88<!--/num-->
-# of their heads); every PixArt head is mixed. Spread heads are what notebook 04 prunes; focused heads are what a
+# of their heads); every PixArt head is mixed. Spread heads are the candidates notebook 04 tests; focused heads are what a
 # cache policy must serve.
 
 # %% [markdown]
@@ -317,7 +319,7 @@ print(f"\n- most focused heads: {role_share.focused.idxmax()} ({role_share.focus
 #
 # For the models whose text reads image keys in the same map (LLaVA, ViLT, Janus): the share of the text's image
 # reads on the top <!--const a fixed tenth of the positions, by definition-->10%<!--/const--> of image positions (chance
-# <!--const a tenth of the positions, by definition-->0.10<!--/const-->) and the Gini coefficient of the reads (0 = even), per band.
+# <!--const a tenth of the positions, by definition-->0.10<!--/const-->), per band.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -326,8 +328,8 @@ for role, r in recs.items():
     if READ_PART.get(family_of(models[role][0]).name, "language") != "language":
         continue
     L = layer_table(r.records)
-    anch.append(L.groupby("band")[["top10_share", "gini"]].mean().reindex(BANDS).assign(model=role))
-anchors = pd.concat(anch).reset_index().pivot(index="model", columns="band", values=["top10_share", "gini"])
+    anch.append(L.groupby("band")[["top10_share"]].mean().reindex(BANDS).assign(model=role))
+anchors = pd.concat(anch).reset_index().pivot(index="model", columns="band", values=["top10_share"])
 anchors = anchors.reindex(columns=BANDS, level=1).round(3)  # shallow, middle, deep
 print(anchors.to_string())
 top10 = anchors["top10_share"].mean(axis=1)
@@ -347,7 +349,7 @@ print(f"\n- the top 10% of image positions take {top10.min():.2f} to {top10.max(
 #
 # Understanding models: ask `where is the {colour} {shape} ?` of every object of the multi-object samples; the shape
 # word's `k` most-read patches against the object's `k` patches (IoU; chance: `k` random patches). Generators: the
-# same IoU over notebook 03's drawings (not 03's G9 ratio). CLIP has no word-to-patch attention.
+# same IoU over notebook 03's drawings. CLIP has no word-to-patch attention.
 
 # %%
 iou_rows = []
@@ -376,7 +378,7 @@ print(f"\n- best band's IoU over chance: {', '.join(f'{m} {x:.1f}x' for m, x in 
 # **Reading it.** (Means, no intervals; the bar is a random region, easier than 02's U11, which compares with the
 # *other* objects.) In its best band every understanding model's shape word overlaps its object several times more
 # than chance: ViLT <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×, Mllama <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@2"-->5.3<!--/num-->×, LLaVA <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->×, Janus <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@3"-->3.2<!--/num-->×. The generators' words overlap less
-# (MMDiT <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@4"-->1.5<!--/num-->×, PixArt <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@5"-->2.5<!--/num-->×, over all layers and steps). No bar was fixed before the run: read a ranking.
+# (MMDiT <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@4"-->1.5<!--/num-->×, PixArt <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@5"-->2.5<!--/num-->×, over all layers and steps): no bar was fixed, so read a ranking.
 
 # %% [markdown]
 # ## 7. Explore any model, layer and head
@@ -438,7 +440,7 @@ if len(img_keys) == len(owner):  # one key per patch, row-major: the head's imag
 # **Reading it.** The query `square` (asked: a yellow square) puts
 # <!--num "notebooks/08_architectures.ipynb#out:of its attention on the image; question" re="puts ([0-9.]+) of its"-->0.856<!--/num--> of its attention on the image; its palest, most-read patch lies on the
 # <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="lies on the (.+)$"-->blue triangle<!--/num-->, which takes <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="blue triangle ([0-9.]+)"-->0.52<!--/num--> of the image reads; the orange square, the only square, takes
-# <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="orange square ([0-9.]+)"-->0.29<!--/num-->, the yellow triangle <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="yellow triangle ([0-9.]+)"-->0.05<!--/num-->. One head, one sample: section 6 measured every sample.
+# <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="orange square ([0-9.]+)"-->0.29<!--/num-->, the yellow triangle <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="yellow triangle ([0-9.]+)"-->0.05<!--/num-->: this head misses the square. One head, one sample: section 6 measured every sample.
 
 # %% [markdown]
 # ## 8. ViLT: one stream, two modalities (A1, A2)
@@ -627,7 +629,7 @@ if JN in models:
         ax.set_title(f"{d['prompt']}\n{AR.drawing_label(d['score'])}", fontsize=7)
         ax.axis("off")
     for i, d in enumerate(drawings):
-        axes[-1].plot(range(1, len(d["curve"]) + 1), d["curve"], alpha=0.7, label="image share" if i == 0 else None)
+        axes[-1].plot(range(1, len(d["curve"]) + 1), d["curve"], alpha=0.7, label=d["prompt"])
     axes[-1].plot(range(1, len(d["even"]) + 1), np.mean([d["even"] for d in drawings], 0), "c:", lw=2,
                   label="even reading")
     axes[-1].set(xlabel="image tokens drawn so far", ylabel="image share", title="reading its own drawing", ylim=(0, 1))
@@ -649,23 +651,19 @@ if drawings:
     x = np.mean([d["curve"] for d in drawings], 0) / np.mean([d["even"] for d in drawings], 0)  # per step: share / even
     print(f"share / even over the drawing: mean {x.mean():.2f}x, largest {x.max():.2f}x after {x.argmax() + 1} tokens, "
           f"{x[-1]:.2f}x at the last")
+    print(f"share / even by third of the drawing: {', '.join(f'{t.mean():.2f}x' for t in np.array_split(x, 3))}")
 
 # %% [markdown]
 # **Reading it.** Janus drew <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@0"-->4<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@1"-->4<!--/num--> pictures
 # (<!--num "notebooks/08_architectures.ipynb#out:drawings of" re="of (\d+x\d+) pixels"-->32x32<!--/num--> pixels, <!--num "notebooks/08_architectures.ipynb#out:drawings of" re="(\d+) image tokens"-->64<!--/num--> tokens) in the asked colour, <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@2"-->4<!--/num--> of those in the asked place.
 # Its image share climbs from <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@3" fmt="{:.2f}"-->0.09<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@4" fmt="{:.2f}"-->0.79<!--/num-->, but so does an even reading's (<!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@5" fmt="{:.2f}"-->0.08<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@6" fmt="{:.2f}"-->0.84<!--/num-->) as its
-# own tokens fill the keys: the drawing leans on itself more than even only early (up to <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@1" fmt="{:.2f}"-->1.43<!--/num-->× after
-# <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@2"-->4<!--/num--> tokens), about evenly on average (<!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@0" fmt="{:.2f}"-->1.07<!--/num-->×), a little less at the end (<!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@3" fmt="{:.2f}"-->0.95<!--/num-->×).
+# own tokens fill the keys: the drawing leans on itself more than even early (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@0" fmt="{:.2f}"-->1.22<!--/num-->× over the first third,
+# peaking at <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@1" fmt="{:.2f}"-->1.43<!--/num-->× after <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@2"-->4<!--/num--> tokens), barely in the middle third (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@1" fmt="{:.2f}"-->1.03<!--/num-->×) and less in the last
+# (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@2" fmt="{:.2f}"-->0.95<!--/num-->×).
 
 # %% [markdown]
 # ## 12. Claims scoreboard
-
-# %%
-from unicache_lib.claims import claims_table
-
-claims_table("08_architectures")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
-
-# %% [markdown]
+#
 # Sections 8–11 measured them (a model left out marks its claims "not measurable here"); together:
 
 # %%
@@ -681,6 +679,9 @@ board.show()
 #
 # - **Section 3**: except in the MMDiT (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->× even), the text reads the image less than an even reading
 #   would: a large image share is the image's size, not a pull.
+# - **Sections 4–6**: focused heads are rare; the most-read tenth of the image takes
+#   <!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take@1" fmt="{:.2f}"-->0.30<!--/num-->–<!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take@2" fmt="{:.2f}"-->0.40<!--/num--> of the text's reads; shape words land on their object <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@4"-->1.5<!--/num-->× (MMDiT) to <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×
+#   (ViLT) chance.
 # - **A1, undecided**: ViLT's image queries keep most attention on image keys, as an even reading would; whether
 #   they give the text less than even is undecided (<!--num "data/results/08_architectures.json#[claim=A1].criteria[name=b].value" fmt="{:.2f}"-->0.88<!--/num--> of even): more early, less late.
 # - **A2, against the study's reading**: the cross-modal share sits on the threshold, yet blinding the image tokens
@@ -688,8 +689,7 @@ board.show()
 # - **A3, opposite order**: Mllama's lowest cross-attention layer focuses most, focus fades upward, and position
 #   words barely prefer their half.
 # - **A4 holds**: CLIP's class token reads the named objects <!--num "data/results/08_architectures.json#[claim=A4].value" fmt="{:.1f}"-->3.8<!--/num-->× their area share.
-# - **A5 does not hold**: Janus reads the image slightly less answering than describing, at one level in both
-#   tasks, not the study's <!--const the study's level, from its text-->~40%<!--/const--> / <!--const the study's level, from its text-->~60%<!--/const-->.
+# - **A5 does not hold**: Janus reads the image slightly less answering than describing, not the study's <!--const the study's level, from its text-->~40%<!--/const--> / <!--const the study's level, from its text-->~60%<!--/const-->.
 # - **A6, opposite sign**: image-heavy tokens come in runs; drift is undecided.
 
 # %% [markdown]
@@ -705,7 +705,7 @@ short = lambda d: ", ".join(f"{m.split(' (')[0]} {x}" for m, x in d.items())  # 
 if VL in models:
     decisions.append(("ViLT: accuracy healthy vs image queries blind to the text (A2 (b))", f"{healthy.mean():.3f} vs {blind.mean():.3f}",
                       "a drop: the fused stream injects text into the image tokens; keep text keys for image queries "
-                      "(at least in the layers where the drop comes from, exercise 6)", "04 (head pruning), exercise 6"))
+                      "(at least in the layers where the drop comes from, exercise 6)", "§8, exercise 6"))
 if ML in models and three:
     decisions.append(("Mllama: object words' focus per cross layer (A3 (b))", short(summary.iloc[:, 1].round(1)),
                       "above ~1.5: that layer's words find their objects, but which objects depends on the question: "
@@ -757,7 +757,8 @@ from unicache_lib.zoo.train import vilt as TV  # noqa: E402
 if VL in models:
     vm, vp = models[VL]
     few = qas[:100]
-    inp = family_of(vm).canonical_inputs(vm, TV.encode(vp, [q.question for q in few], np.stack([q.scene.uint8() for q in few])))
+    enc = TV.encode(vp, [q.question for q in few], np.stack([q.scene.uint8() for q in few]))
+    inp = family_of(vm).canonical_inputs(vm, {k: v.to(vm.device) for k, v in enc.items()})
     n_text = inp["input_ids"].shape[1]  # the text positions come first, then the image's
 blocked = ...  # <- fill in: (query rows, key columns) of the map to mask, as slices (use n_text)
 if VL not in models:
@@ -766,7 +767,7 @@ elif blocked is ...:
     print(f"Fill in `blocked`, then run this cell again ({n_text} text positions first, then the image's).")
 else:
     def blind_text(module, args, kwargs):
-        m = torch.zeros(1, 1, args[0].shape[1], args[0].shape[1], dtype=args[0].dtype)
+        m = torch.zeros(1, 1, args[0].shape[1], args[0].shape[1], dtype=args[0].dtype, device=args[0].device)
         m[..., blocked[0], blocked[1]] = torch.finfo(m.dtype).min
         return (args[0], m if args[1] is None else args[1] + m) + tuple(args[2:]), kwargs
 
@@ -838,8 +839,9 @@ else:
     again = AR.capture_both_towers(cm_, cp, recap, mode="full", part="vision")
     same = all(torch.equal(a.probs, b.probs) for a, b in zip(cres.records, again.records))
     with torch.no_grad():
-        o = cm_(**cp(text=list(captions), images=[s.image for s in samples], return_tensors="pt", padding=True))
-    pick = o.logits_per_image.argmax(1).numpy()
+        o = cm_(**{k: v.to(cm_.device) for k, v in cp(text=list(captions), images=[s.image for s in samples],
+                                                      return_tensors="pt", padding=True).items()})
+    pick = o.logits_per_image.argmax(1).cpu().numpy()
     print(f"image tower's {len(cres.records)} maps identical: {same}; image i picks text slot i: "
           f"{(pick == np.arange(len(samples))).mean():.2f}; its own true caption: {(np.array(captions)[pick] == caps).mean():.2f}")
 
