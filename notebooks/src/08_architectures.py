@@ -664,7 +664,7 @@ if drawings:
 # %% [markdown]
 # ## 12. Claims scoreboard
 #
-# Sections 8–11 measured them (a model left out marks its claims "not measurable here"); together:
+# Sections 8–11 measured claims A1–A6 (a model left out marks its claims "not measurable here"); together:
 
 # %%
 # NBVAL_CHECK_OUTPUT
