@@ -91,14 +91,17 @@ def largest_gap(per_a: pd.DataFrame, per_b: pd.DataFrame, unit: str = "samples p
 def measure_between_sets(board, model, processor, res, image_part: str, per_type: int, sample_seed: int):
     """M4: the standard set of ``sample_seed + 1`` (disjoint, same recipe) captured in ``stats`` mode; the headline
     statistics per sample (mean over layers) of both sets; the largest between-set difference with its interval
-    (bootstrap over both sets' samples). Returns the interval and a table per statistic: set A, set B, A - B and,
-    with ``per_type >= 2``, the split-half difference within set A (plain sampling noise)."""
+    (bootstrap over both sets' samples). Returns the interval and a table per statistic: set A, set B, A - B, its
+    95% interval (low, high) and, with ``per_type >= 2``, the split-half difference within set A (plain sampling noise)."""
     other = sample_set.load(per_type=per_type, seed=sample_seed + 1)
     res_b = capture_samples(model, processor, other, mode="stats")
     per_a = layer_table([r for r in res if r.part == image_part]).groupby("sample")[HEADLINE].mean()
     per_b = layer_table([r for r in res_b if r.part == image_part]).groupby("sample")[HEADLINE].mean()
     m4 = largest_gap(per_a, per_b)
     gaps = pd.DataFrame({"set A": per_a.mean(), "set B": per_b.mean(), "A - B": per_a.mean() - per_b.mean()})
+    ivs = [difference_interval(per_a[c].to_numpy(), per_b[c].to_numpy(), "samples per set", paired=False)
+           for c in gaps.index]
+    gaps["A - B low"], gaps["A - B high"] = [i.lo for i in ivs], [i.hi for i in ivs]  # each statistic's 95% interval
     half = per_a.index.str.rsplit("-", n=1).str[1].astype(int) < per_type / 2  # first half of every scene type
     if per_type >= 2:
         gaps["half 1 - half 2 of A"] = per_a[half].mean() - per_a[~half].mean()

@@ -142,7 +142,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     if mode == "full" and todo:
         first = inputs_for(model, processor, todo[0].image, todo[0].question)
         per = full_capture_bytes(model, first, [li for g in groups for li in g], part)
-        check_memory(per * len(todo), memory_budget_gb, f"full maps of {len(todo)} samples",
+        check_memory(per * len(todo), memory_budget_gb, f"full maps of {len(todo)} sample{'s' * (len(todo) != 1)}",
                      say=progress is not False)  # a caller that turned the bar off (a step of a measurement): quiet
     for s in bar(todo, progress, desc=f"capture ({mode})"):
         inputs = inputs_for(model, processor, s.image, s.question)
