@@ -219,12 +219,13 @@ for b in BUDGETS:
     print(f"{b:.0%} of the image KV: best {col.idxmax()} {col.max():.3f}, worst {col.idxmin()} {col.min():.3f}, "
           f"random {col.get('random', np.nan):.3f} (full cache {full_acc:.3f})")
 # score-based rules keep the top positions by a per-position score (attention read, or key norm), presses included
+members = []  # which rules fall below random, per budget: written to below_random.csv, only the counts printed
 for b, below in CC.below_random(acc, BUDGETS, R).items():  # decided on paired intervals over the questions
-    rest = [m for m in CC.score_rules(acc) if m not in below]
-    print(f"{b:.0%}: {len(below)} of {len(below) + len(rest)} score-based rules below random ({acc.loc['random', b]:.3f}; "
-          "paired 95% interval below 0): "
-          + ("all " + str(len(below)) if below and not rest else ", ".join(f"{m} {acc.loc[m, b]:.3f}" for m in below) or "none")
-          + "; not below it: " + (", ".join(f"{m} {acc.loc[m, b]:.3f}" for m in rest) or "none"))
+    members += [{"budget": b, "method": m, "accuracy": acc.loc[m, b], "below_random": m in below} for m in CC.score_rules(acc)]
+    print(f"{b:.0%}: {len(below)} of {len(CC.score_rules(acc))} score-based rules below random "
+          f"({acc.loc['random', b]:.3f}; paired 95% interval below 0)")
+pd.DataFrame(members).to_csv(out / "below_random.csv", index=False)
+print(f"which rules, with their accuracy: {OUT_DIR}/below_random.csv")
 masked = [m for m in S.index.get_level_values("method").unique() if "masked, full memory" in m]
 for m in masked:
     print(f"{m}: kv_fraction {S.xs(m, level='method').kv_fraction.mean():.2f} at every budget -> masks, frees nothing")
@@ -234,7 +235,7 @@ for m in masked:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:10%: " re="([0-9]+ of [0-9]+) score-based"-->1 of 10<!--/num-->, at 25%
 # <!--num "notebooks/05_kv_eviction.ipynb#out:25%: " re="([0-9]+ of [0-9]+) score-based"-->4 of 10<!--/num-->, at 50%
 # <!--num "notebooks/05_kv_eviction.ipynb#out:50%: " re="([0-9]+ of [0-9]+) score-based"-->8 of 10<!--/num-->. They keep
-# the positions the context read most, which cluster on few objects (§1's picture), so a question about another object
+# the positions the context read most (or the largest keys), which cluster on few objects (§1's picture), so a question about another object
 # finds nothing; `random` keeps a spread, a crude cover of every object. At 10%
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:image positions per picture" re="10% \((\d+) tokens"-->6<!--/num--> of the shipped model's
 # <!--num "notebooks/05_kv_eviction.ipynb#out:image positions per picture" re="(\d+) image positions per picture"-->64<!--/num-->
@@ -242,10 +243,7 @@ for m in masked:
 
 # %% [markdown]
 # **Memory and time.** Bytes held and the time to answer on the compressed cache (question prefill + first token),
-# median over questions. On the shipped model's short context, attention over the cache is a small part of each
-# forward: bytes scale with the budget, but answering is no faster,
-# <!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.02<!--/num-->×
-# the full cache's time (below).
+# median over questions.
 
 # %%
 mt = R[(R.kind == "policy") & (R.method != "full")].groupby("budget").agg(kv_fraction=("kv_fraction", "mean"), ms_median=("ms", "median"))
@@ -256,6 +254,12 @@ print(f"time to answer on the compressed caches vs the full one: {mt['time vs fu
       "only when attention over the cache dominates a step")
 
 # %% [markdown]
+# On the shipped model's short context, attention over the cache is a small part of each forward: bytes scale with
+# the budget, but answering is no faster,
+# <!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.03<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.13<!--/num-->×
+# the full cache's time.
+
+# %% [markdown]
 # ## 3. The designed policy against the peers: key coverage
 #
 # **Why this design.** Which object a question reads depends on the question, which has not arrived when the cache is
@@ -264,8 +268,8 @@ print(f"time to answer on the compressed caches vs the full one: {mt['time vs fu
 # against the full cache's
 # <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > full:@0" fmt="{:.3f}"-->0.987<!--/num-->). What
 # survives is **coverage**: a later query can only find what some kept key still resembles. `key_coverage` keeps, in
-# every layer, a k-center cover of that layer's cached image keys (Euclidean, all heads concatenated): unusual,
-# large-norm keys — the objects — come first, and one key stands for each cluster of near-identical background keys.
+# every layer, a k-center cover of that layer's cached image keys (Euclidean, all heads concatenated): unusual
+# keys, meant to be the objects, come first, and one key stands for each cluster of near-identical background keys.
 # It was tuned on 100 *design* questions (`benchmarks/tune_key_coverage.py`) and is scored here once, on held-out
 # questions.
 #
@@ -341,7 +345,8 @@ print(f"questions {NEW} answers wrongly where the full cache is right, net, at {
       + ", ".join(f"{qt} {int(h0.loc[qt, 'full'] - h0.loc[qt, NEW])} of {n_of[qt]}" for qt in h0.index))
 
 # %% [markdown]
-# **Read the rows against the full cache.** On cluttered scenes `key_coverage` stays level with the full cache, so
+# **Read the rows against the full cache.** On cluttered scenes
+# (<!--num "notebooks/05_kv_eviction.ipynb#out:questions per scene kind" re="'clutter': (\d+)"-->24<!--/num--> questions) `key_coverage` stays level with the full cache, so
 # the flattering world is not what carries it. Its few errors at 10%:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:answers wrongly where the full cache is right" re="exists (\d+ of \d+)"-->1 of 37<!--/num-->
 # "is there …?" questions
@@ -417,18 +422,20 @@ print("prefill_cover.csv (tiny-llava, make evaluate's questions): key_coverage_p
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:the decisive run (make evaluate > key_coverage_features@1" fmt="{:+.1f}"-->-0.2<!--/num-->
 # and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:the decisive run (make evaluate > key_coverage_features@5" fmt="{:+.1f}"-->+0.3<!--/num-->
-# points): on this model the cover can move before the prefill and save its compute.
+# points): on 64 tokens the cover can move before the prefill and save its compute. At 576 tokens selecting after
+# it matters (§7, 64 kept: the cache cover keeps
+# <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
+# of full accuracy, the feature cover
+# <!--num "notebooks/05_kv_eviction.ipynb#out:share_of_full > key_coverage_features@0" fmt="{:.3f}"-->0.870<!--/num-->).
 #
 # **A design-set winner that did not hold up.** `key_coverage_prefill` covers the keys the first language-model layer
 # computes for the image tokens, before the prefill. It beat every other cover on the design questions; on the
 # decisive run's questions (the last line above) it is a
 # <!--num "notebooks/05_kv_eviction.ipynb#out:prefill_cover.csv (tiny-llava" re="10% [^(]*\((\w+)\)"-->tie<!--/num--> at 10% and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:prefill_cover.csv (tiny-llava@5" scale=-1 fmt="{:.1f}"-->0.7<!--/num-->
-# points *behind* `key_coverage` at 25% (interval below zero). A small design set cannot separate one-point differences: hence held-out scoring. Yet this is the pre-prefill form
-# §7 carries: at 576 image tokens the feature cover keeps only
-# <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=key_coverage_features,tokens=64].share_of_full" fmt="{:.3f}"-->0.870<!--/num-->
-# of full accuracy at 64 tokens, this one
-# <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=key_coverage_prefill,tokens=64].share_of_full" fmt="{:.3f}"-->0.954<!--/num-->.
+# points *behind* `key_coverage` at 25% (interval below zero). A small design set cannot separate one-point differences: hence held-out scoring.
+# §7 tests `key_coverage_prefill`, not the feature cover: at 576 tokens it keeps
+# <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_prefill].value" fmt="{:.3f}"-->0.954<!--/num-->.
 
 # %% [markdown]
 # **What the prefill-stage peer saves.** A cache-stage policy pays the whole prefill, then frees memory; DivPrune
@@ -448,8 +455,8 @@ print("\n".join(line for line in sb[1:] if line.split()[0] in ("cache", "full") 
 # **Reading it.** On the shipped model's short context DivPrune prefills
 # <!--num "notebooks/05_kv_eviction.ipynb#out:positions prefilled > divprune@0" fmt="{:.0f}"-->9<!--/num--> positions at 10% instead of
 # <!--num "notebooks/05_kv_eviction.ipynb#out:positions prefilled > full@0" fmt="{:.0f}"-->67<!--/num--> and takes
-# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > divprune@0" fmt="{:.2f}"-->3.03<!--/num--> ms against the full prefill's
-# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > full@0" fmt="{:.2f}"-->4.18<!--/num-->: a real saving but a small one,
+# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > divprune@0" fmt="{:.2f}"-->8.11<!--/num--> ms against the full prefill's
+# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > full@0" fmt="{:.2f}"-->9.89<!--/num-->: a real saving but a small one,
 # since much of a prefill this short is fixed overhead. At LLaVA-1.5-7B's shape (a random-weight stand-in,
 # <!--num "notebooks/05_kv_eviction.ipynb#out:make benchmark, LLaVA-1.5-7B stand-in" re="(\d+)-position"-->579<!--/num--> positions) DivPrune's
 # prefill takes
@@ -469,6 +476,7 @@ for m in plots.check_methods(SHOWN):
     y = np.array([[p[1].value, p[1].value - p[1].lo, p[1].hi - p[1].value] for p in pts])
     ax.errorbar([p[0] for p in pts], y[:, 0], yerr=y[:, 1:].T, capsize=2, label=m, ls="--" if m.startswith("kvpress:") else "-",
                 ms=5, **plots.method_style(m))
+    print(f"{m}: KV held / accuracy per budget: " + ", ".join(f"{kv:.2f} / {iv.value:.3f}" for kv, iv in pts))
 ax.axhline(full_acc, color="k", lw=0.8, ls=":", label="full cache")
 ax.set(xlabel="KV bytes held / full cache", ylabel="exact-match accuracy")
 ax.legend(fontsize=7, loc="lower right")
@@ -479,10 +487,12 @@ _ = plots.save(fig, out, "eviction_pareto")
 # %% [markdown]
 # **Reading the Pareto view.** What it adds to §2's figure is the intervals: at 10% `key_coverage`'s and DivPrune's
 # overlap (not told apart on these questions), and the other four methods', `random`'s (grey) included, lie below.
-# The two coverage methods reach the full-cache line at about
-# <!--num "notebooks/05_kv_eviction.ipynb#out:ms_median > 0.25@1" fmt="{:.2f}"-->0.28<!--/num-->
-# of the bytes; the score-based rules approach it only at
-# <!--num "notebooks/05_kv_eviction.ipynb#out:ms_median > 0.75@1" fmt="{:.2f}"-->0.76<!--/num-->.
+# DivPrune reaches the full-cache line at
+# <!--num "notebooks/05_kv_eviction.ipynb#out:divprune: KV held@2" fmt="{:.2f}"-->0.28<!--/num-->
+# of the bytes (`key_coverage`
+# <!--num "notebooks/05_kv_eviction.ipynb#out:key_coverage: KV held@3" fmt="{:.3f}"-->0.980<!--/num--> there);
+# the score-based `unicache` approaches it only at
+# <!--num "notebooks/05_kv_eviction.ipynb#out:unicache: KV held@6" fmt="{:.2f}"-->0.76<!--/num-->.
 
 # %% [markdown]
 # ## 4. Can the cheap simulation be trusted?
@@ -593,6 +603,10 @@ board.show()
 
 # %%
 print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
+settled = pd.read_csv(project_path("data/replicate/settled.csv")).query("notebook == '05_kv_eviction' and claim == 'U7'")
+for r in settled.itertuples():  # make settle: this notebook rerun on more questions
+    print(f"U7 settled (make settle, data/replicate/settled.csv): {100 * r.value:+.1f} points "
+          f"[{100 * r.lo:+.1f}, {100 * r.hi:+.1f}] over {r.n} questions, {r.verdict}")
 
 # %% [markdown]
 # **What decided each verdict** (the lines above; "about n" is the scoreboard's rough count of units that would settle
@@ -621,10 +635,10 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:locality-shallow minus locality-deep@2" fmt="{:+.1f}"-->+2.0<!--/num-->]
 #   against +1) is this run's: the point estimate is on the *wrong* side; about
 #   <!--num data/results/05_kv_eviction.json#[claim=U7].note re="about (\d+) questions"-->267<!--/num--> questions would
-#   settle it, most likely as "does not hold". It also changes with the question set: on `make replicate`'s two
-#   other seeds and on `make settle`'s
-#   <!--num data/replicate/settled.csv#[claim=U7].n-->450<!--/num--> questions it reads
-#   "<!--num data/replicate/settled.csv#[claim=U7].verdict-->does not hold<!--/num-->" ([VERDICTS.md](../docs/VERDICTS.md)).
+#   settle it, most likely as "does not hold". On `make replicate`'s two other seeds and on
+#   `make settle`'s
+#   <!--num "notebooks/05_kv_eviction.ipynb#out:U7 settled" re="over (\d+) questions"-->450<!--/num--> questions it reads
+#   "<!--num "notebooks/05_kv_eviction.ipynb#out:U7 settled" re="questions, (.+)$"-->does not hold<!--/num-->" ([VERDICTS.md](../docs/VERDICTS.md)).
 
 # %% [markdown]
 # ## 7. At the literature's scale: 576 image tokens
@@ -649,8 +663,9 @@ else:
     for tg, g in t576.groupby("target", sort=False):  # one line per target, S1-S6
         print(f"{tg} ({g.rule.iloc[0]}, against {g.against.iloc[0]}): " + "; ".join(
             f"{r.method} {r.tokens}t {r.value:.3f} [{r.lo:.3f}, {r.hi:.3f}] {r.verdict}" for r in g.itertuples()))
-    sv = sh576[sh576.method.isin(SCALE_SHOWN)].pivot(index="method", columns="tokens", values=["share_of_full", "prefill_vs_full"])
-    print(sv.loc[[m for m in SCALE_SHOWN if m in sv.index]].round(3).to_string())
+    tab = SCALE_SHOWN + ["key_coverage_features"]  # the table adds §3's feature cover (pre-prefill, as DivPrune)
+    sv = sh576[sh576.method.isin(tab)].pivot(index="method", columns="tokens", values=["share_of_full", "prefill_vs_full"])
+    print(sv.loc[[m for m in tab if m in sv.index]].round(3).to_string())
     e4 = CC.decisive(SCALE_MODEL).loc["E4"]
     print(f"E4 on {SCALE_MODEL} (worst peer cell): {e4.value:+.3f} [{e4.lo:+.3f}, {e4.hi:+.3f}] {e4.verdict}")
     u7f = project_path(f"benchmarks/results/05_kv_eviction_{SCALE_MODEL}.json")
@@ -720,7 +735,10 @@ else:
 #   picture; as high as TOPS / VScan publish (a toy task: not a comparison with those methods).
 # - **Selecting beats pooling** by
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:this run (key_coverage answers > pooling@1" fmt="{:.1f}"-->57.3<!--/num-->
-#   points at 10%; the gain comes from the cover's *rule*, not from selecting after the prefill (§3's controls).
+#   points at 10%; on 64 tokens the gain comes from the cover's *rule*, not from selecting after the prefill (§3's
+#   controls); at 576 tokens selecting after it matters
+#   (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
+#   vs <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_prefill].value" fmt="{:.3f}"-->0.954<!--/num-->).
 # - **The targets** (<!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].n fmt="{:,}"-->2,700<!--/num-->
 #   questions): E1 <!--num data/results/05_kv_eviction.json#[claim=E1].verdict-->holds<!--/num-->, E2
 #   <!--num data/results/05_kv_eviction.json#[claim=E2].verdict-->does not hold<!--/num--> (merging clears it), E3 <!--num data/results/05_kv_eviction.json#[claim=E3].verdict-->holds<!--/num-->, E4

@@ -277,7 +277,8 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
         gap, tops = round((cand[best] - cand[second]) * n), tops | {best, second}
         value.append(f"{b:.0%}: {best} {cand[best]:.3f}, {second} {cand[second]:.3f}"
                      + (f", h2o {cand['h2o']:.3f}" if "h2o" in cand else ""))
-        act.append(f"{b:.0%}: " + (f"{best} or {second} (within {gap} question(s))" if gap <= 2 else f"pick {best}"))
+        act.append(f"{b:.0%}: " + (f"{best} and {second} tied" if gap == 0 else f"{best} or {second} (within {gap} "
+                                   f"question{'s' * (gap > 1)})" if gap <= 2 else f"pick {best}"))
     rows.append({"measurement": f"accuracy per budget, the two best and score-based H2O (full {full:.3f})",
                  "value here": "; ".join(value),
                  "what it suggests on your model": "; ".join(act) + f"; within 2 questions is a tie at n = {n}"
@@ -304,12 +305,16 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      "where": "§3, kv/policies/key_coverage_prefill.py and merge.py, benchmarks/prefill_cover.py and "
                      "merge_eviction.py"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
+        s1 = {r.method: r.value for r in scale.itertuples() if r.against == "full" and r.tokens == 64} if scale is not None else {}
+        late = (f" on this context; on {scale_model} selecting after the prefill matters ({NEW} {s1[NEW]:.3f} against "
+                f"key_coverage_prefill {s1['key_coverage_prefill']:.3f} of full accuracy at 64 tokens, §7)"
+                if {NEW, "key_coverage_prefill"} <= set(s1) else "")
         rows.append({"measurement": f"the two halves of {NEW}'s design, per budget (place: minus the same cover on the "
                      "features; rule: minus DivPrune's rule on the keys)",
                      "value here": ", ".join(f"{b:.0%}: place {100 * (_at(acc, NEW, b) - _at(acc, 'key_coverage_features', b)):+.1f}, "
                                              f"rule {100 * (_at(acc, NEW, b) - _at(acc, 'divprune_keys', b)):+.1f} pt" for b in budgets),
                      "what it suggests on your model": "the half with the larger gap carries the gain: keep it; where "
-                     "neither gap is clear, the cheaper prefill-stage variant does as well",
+                     "neither gap is clear, the cheaper prefill-stage variant does as well" + late,
                      "where": "§3 (controls), kv/policies/ablations.py"})
     rows.append({"measurement": "random minus the study's rule (unicache), per budget",
                  "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
