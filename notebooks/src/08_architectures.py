@@ -700,35 +700,8 @@ board.show()
 # ## Measurement → what to do on your model
 
 # %%
-decisions = []
-short = lambda d: ", ".join(f"{m.split(' (')[0]} {x}" for m, x in d.items())  # noqa: E731
-if VL in models:
-    decisions.append(("ViLT: accuracy healthy vs image queries blind to the text (A2 (b))", f"{healthy.mean():.3f} vs {blind.mean():.3f}",
-                      "a drop: the fused stream injects text into the image tokens; keep text keys for image queries "
-                      "(at least in the layers where the drop comes from, exercise 6)", "§8, exercise 6"))
-if ML in models and three:
-    decisions.append(("Mllama: object words' focus per cross layer (A3 (b))", short(summary.iloc[:, 1].round(1)),
-                      "above ~1.5: that layer's words find their objects, but which objects depends on the question: "
-                      "thin its vision KV by a cover, not by these reads; near 1: keep it whole", "05 §3 (`key_coverage`), `BUDGETS`"))
-decisions.append(("word → object IoU over chance, best band (section 6)", short(best.sort_values(ascending=False).map("{:.1f}x".format)),
-                  "far above 1: a word's most-read patches sit on its object; that picks the image KV to keep only when "
-                  "the question is known at compression time, otherwise keep a cover (05 §3); near 1: never",
-                  "05 §2–§3 (`snapkv` against `key_coverage`)"))
-if CL in models:
-    last = CF[CF.layer == CF.layer.max()]
-    decisions.append(("CLIP: class token's object mass / area, last layer (A4)", f"{last.object_mass.mean() / last.area_share.mean():.1f}x",
-                      "well above 1: the embedding comes from the object patches; when thinning the image tokens, "
-                      "merge background patches into kept ones rather than drop objects", "05 §3 (`key_coverage_merge`)"))
-if JN in models and len(describe) >= 2:
-    decisions.append(("Janus: image share answering / describing (A5)", f"{answer.mean() / describe.mean():.2f}",
-                      "near 1: one image-KV budget serves both tasks; above ~1.2: give answers a larger budget", "05: `BUDGETS`"))
-    decisions.append(("Janus: lag-1 correlation of the per-token image share (A6 (a))", f"{AR.lag1(series):+.2f}",
-                      "below 0: a heavy read is followed by a light one, so score keys over a window (H2O-style); "
-                      "above 0: image-heavy tokens come in runs, the last token's reads are a fair guide",
-                      "05 §2 (`h2o`: heavy hitters plus a recent window)"))
-decisions.append(("share of focused heads per model (section 4)", short(role_share.focused[role_share.focused > 0].round(2)) + "; the others 0",
-                  "few focused heads: the spread ones are pruning candidates, but test it on outputs (notebook 04)", "04: `FRACTIONS`"))
-WrappedTable(pd.DataFrame(decisions, columns=["measurement", "value here", "what it suggests on your model", "where"]))
+# the measurement -> action table, assembled in unicache_lib/analysis/architectures.py (`decisions`)
+WrappedTable(AR.decisions(healthy, blind, summary if three else None, best, CF, describe, answer, series, role_share))
 
 # %% [markdown]
 # ## Exercises

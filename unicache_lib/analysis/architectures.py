@@ -422,3 +422,43 @@ def layout_masks(n_image: int = 5, n_text: int = 3) -> dict[str, tuple[str, str,
         "MMDiT: joint attention": (I + T, I + T, full(I + T, I + T)),
         "PixArt: self + cross": (I, I + T, full(I, I + T)),
     }
+
+
+def decisions(healthy=None, blind=None, cross=None, iou_best=None, cls_frame=None, describe=None, answer=None,
+              series=(), role_share=None) -> pd.DataFrame:
+    """Notebook 08's measurement -> action table: one row per measurement this run has (``None`` leaves a row out).
+    ``healthy`` / ``blind``: ViLT's per-question correctness (:func:`fusion_correct`); ``cross``: Mllama's per-level
+    table with the object focus in column 1 (three levels); ``iou_best``: word -> object IoU over chance per model;
+    ``cls_frame``: :func:`cls_focus`; ``describe`` / ``answer`` / ``series``: :func:`task_switch`; ``role_share``:
+    share of heads per role per model."""
+    short = lambda d: ", ".join(f"{m.split(' (')[0]} {x}" for m, x in d.items())  # noqa: E731
+    rows = []
+    if healthy is not None:
+        rows.append(("ViLT: accuracy healthy vs image queries blind to the text (A2 (b))", f"{healthy.mean():.3f} vs {blind.mean():.3f}",
+                     "a drop: the fused stream injects text into the image tokens; keep text keys for image queries "
+                     "(at least in the layers where the drop comes from, exercise 6)", "§8, exercise 6"))
+    if cross is not None:
+        rows.append(("Mllama: object words' focus per cross layer (A3 (b))", short(cross.iloc[:, 1].round(1)),
+                     "above ~1.5: that layer's words find their objects, but which objects depends on the question: "
+                     "thin its vision KV by a cover, not by these reads; near 1: keep it whole", "05 §3 (`key_coverage`), `BUDGETS`"))
+    if iou_best is not None:
+        rows.append(("word → object IoU over chance, best band (section 6)", short(iou_best.sort_values(ascending=False).map("{:.1f}x".format)),
+                     "far above 1: a word's most-read patches sit on its object; that picks the image KV to keep only when "
+                     "the question is known at compression time, otherwise keep a cover (05 §3); near 1: never",
+                     "05 §2–§3 (`snapkv` against `key_coverage`)"))
+    if cls_frame is not None:
+        last = cls_frame[cls_frame.layer == cls_frame.layer.max()]
+        rows.append(("CLIP: class token's object mass / area, last layer (A4)", f"{last.object_mass.mean() / last.area_share.mean():.1f}x",
+                     "well above 1: the embedding comes from the object patches; when thinning the image tokens, "
+                     "merge background patches into kept ones rather than drop objects", "05 §3 (`key_coverage_merge`)"))
+    if describe is not None and len(describe) >= 2:
+        rows.append(("Janus: image share answering / describing (A5)", f"{answer.mean() / describe.mean():.2f}",
+                     "near 1: one image-KV budget serves both tasks; above ~1.2: give answers a larger budget", "05: `BUDGETS`"))
+        rows.append(("Janus: lag-1 correlation of the per-token image share (A6 (a))", f"{lag1(series):+.2f}",
+                     "below 0: a heavy read is followed by a light one, so score keys over a window (H2O-style); "
+                     "above 0: image-heavy tokens come in runs, the last token's reads are a fair guide",
+                     "05 §2 (`h2o`: heavy hitters plus a recent window)"))
+    if role_share is not None:
+        rows.append(("share of focused heads per model (section 4)", short(role_share.focused[role_share.focused > 0].round(2)) + "; the others 0",
+                     "few focused heads: the spread ones are pruning candidates, but test it on outputs (notebook 04)", "04: `FRACTIONS`"))
+    return pd.DataFrame(rows, columns=["measurement", "value here", "what it suggests on your model", "where"])
