@@ -32,6 +32,11 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (make samples: an example)
 
+# %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
 # %% [markdown]
 # The seven: a concatenating decoder (LLaVA), one fused encoder stream (ViLT), cross-attention layers (Mllama), two
 # separate towers (CLIP), a model that understands and draws (Janus) and notebook 03's two generators (MMDiT,
@@ -40,11 +45,6 @@ SAMPLES = None                # your own samples: a folder of images with a meta
 # **What it needs**: notebooks 01–03's ideas. Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches)
 # or on checkpoints of the same families, one parameter each, above (`None` leaves one out). Terms:
 # [the glossary](../docs/GLOSSARY.md).
-
-# %%
-from unicache_lib.params import check_params
-
-check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
 import matplotlib.pyplot as plt
