@@ -202,21 +202,24 @@ if maps:
               f"({(img[on].sum() / img.sum()) / on.mean():.1f}x the object's share of the patches overall)")
 
 # %% [markdown]
-# **What to look at.** Left (log10 scale): the dark band just below the border is the prompt tokens *before* the
+# **What to look at.** Left (log10 scale; masked cells in the darkest colour): the dark band just below the border is the prompt tokens *before* the
 # image, which cannot see it; their keys (the first a sink) are the bright column right of the border. Image rows (top)
 # read the image and those tokens; bright stripes are patches many rows read (02 asks which of these the text reads: anchors). Of all attention,
 # image→image takes <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@0"-->0.69<!--/num--> and
-# text→image <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@3"-->0.09<!--/num-->. Right: the
-# word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the image,
-# slightly under an even reading (<!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->),
-# so image and text get about their share. Inside the picture it is uneven: its top patch got
+# text→image <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@3"-->0.09<!--/num-->, small partly
+# because text has <!--num "notebooks/00_primer.ipynb#out:image + " re="([0-9]+) text positions"-->11<!--/num--> rows to
+# the image's <!--num "notebooks/00_primer.ipynb#out:image + " re="([0-9]+) image \+"-->64<!--/num-->.
+#
+# Right: the word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the image,
+# slightly under an even reading (<!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->).
+# Inside the picture it is uneven: its top patch got
 # <!--num "notebooks/00_primer.ipynb#out:of its weight on the@5"-->5.3<!--/num-->× uniform, and the top two rows of
 # patches, background it does not name, <!--num "notebooks/00_primer.ipynb#out:the top two rows of patches:@0"-->2.1<!--/num-->×;
 # the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.131<!--/num--> of that
 # weight on <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.047<!--/num--> of the patches,
 # <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="[(]([0-9.]+x)"-->2.8x<!--/num--> its share, and
 # the brightest patch is <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="patch is ([onf]+) the"-->on<!--/num-->
-# it (the light square on the triangle: heat mixed with its green): a word's reading leans towards what it names, but it is not a segmentation.
+# it (the light square on the triangle, not the orange one above: heat mixed with its green): a word's reading leans towards what it names, but it is not a segmentation.
 
 # %% [markdown]
 # ## Recap
