@@ -6,7 +6,9 @@
 # - how much each kind of word reads the image, in the prompt and while captioning, against an even reading;
 # - whether a word that names an object looks at *that* object; exploring maps by sample, layer, head, token.
 #
-# *§1's first look:* the picture, then the word 'triangle' over it in each layer, one shared × uniform scale (cyan: even).
+# *§1's first look:* of <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="of ([0-9]+) multi-object"-->10<!--/num-->
+# multi-object samples, the one where 'triangle' reads its object most: the picture, then the word over it in each
+# layer, one shared × uniform scale (cyan: even).
 #
 # ![This lesson's first figure, from its last run](../docs/figures/02_understanding_maps.png)
 
@@ -81,8 +83,8 @@ print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_confi
 # %% [markdown]
 # ## 1. Capture once
 #
-# Statistics for every sample and layer go to one store, full maps for a subset to another (the widget needs maps);
-# all below reads these stores. On a 7B model keep `MAP_PER_TYPE` small (01 §3); the
+# Statistics for every sample and layer go to one store, full maps for a subset to another (the widget needs maps).
+# On a 7B model keep `MAP_PER_TYPE` small (01 §3); the
 # estimate is checked against `MEMORY_BUDGET_GB` first. Cross-attention VLMs (Mllama) read the image only through
 # [cross-attention layers](../docs/GLOSSARY.md#cross-attention-layer): there §5 and §7 read "not measurable here".
 
@@ -113,10 +115,9 @@ print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['
 # %% [markdown]
 # ### A first look: one word reading the picture, layer by layer
 #
-# A picture with several objects; the attention of the word naming the object (the title gives the question), laid
-# over the image tokens (mean over heads), one panel per layer, in × uniform. The sample shown is where that word reads its own
-# object most; how typical that is, below. **One colour
-# scale for every panel**; its cyan line (1) is an even reading: brighter is read more than chance, darker less.
+# A picture with several objects; the attention of the word naming one (title: the question) over the image tokens
+# (mean over heads), one panel per layer, in × uniform; the sample where that word reads its own object most (how
+# typical, below). **One colour scale for every panel**; cyan (1): an even reading.
 
 # %%
 def own_object_reading(s):
@@ -154,18 +155,27 @@ if grids[first.id][0]:
     on_obj = {li: round(float(w[k0 == 0].sum() / w[k0 >= 0].sum()), 2) for li, w in q_maps.items()}
     print(f"share of the word {toks[q_pos]!r}'s attention on the picture that lands on object patches, per layer: {on_obj} "
           f"(object patches are {np.mean(k0[k0 >= 0] == 0):.2f} of the picture)")
+    if candidates:  # the best layer's brightest patch: which kind of cell it is
+        li_b = candidates[first.id][2]
+        kind = A.PATCH_KINDS[k0[int(np.asarray(q_maps[li_b]).argmax())]]
+        print(f"layer {li_b}'s brightest patch is {'an' if kind[0] in 'aeiou' else 'a'} {kind} cell")
+print(f"question {first.question!r}; objects: {', '.join(o['colour'] + ' ' + o['shape'] for o in first.objects)}")
 
 # %% [markdown]
-# **What to look at.** This picture is the best case: in layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word puts
+# **What to look at.** In layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word puts
 # <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->× its object's area share on that object, and
 # <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="; ([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num--> multi-object samples with full maps read their
-# own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer. The line
+# own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer. The first line
 # above gives the word's share on *any* object's patches (cells at least
-# <!--const patch_kinds' object cover, a definition-->75%<!--/const--> covered; edges left out, so it need not follow
-# the ×), layers 0–3:
+# <!--const patch_kinds' object cover, a definition-->75%<!--/const--> covered), layers 0–3:
 # <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@1"-->0.18<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@3"-->0.12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@5"-->0.29<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@7"-->0.06<!--/num-->, where the objects
-# cover <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@8"-->0.05<!--/num--> of the picture. One picture is not a finding: §6 measures every object against an
-# untrained control (U11). Unhealthy: a haze at every layer, or one pattern on every picture.
+# cover <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@8"-->0.05<!--/num--> of the picture.
+# Layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num-->'s is low because its brightest patch, the triangle's tip, is
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch is" re="is (an? [a-z]+) cell"-->an edge<!--/num--> cell:
+# counted in the × but not here. The question ('<!--num "notebooks/02_understanding_maps.ipynb#out:question '" re="question '([^']*)'"-->is there a purple triangle ?<!--/num-->')
+# names a colour the picture's triangle lacks (<!--num "notebooks/02_understanding_maps.ipynb#out:question '" re="objects: (.*)$"-->red triangle, purple circle<!--/num-->);
+# the word still reads its shape. One picture is not a finding: §6 tests every object
+# (U11). Unhealthy: a haze at every layer, or one pattern on every picture.
 
 # %% [markdown]
 # ## 2. How attention changes with depth
@@ -239,7 +249,7 @@ print("mean over samples: brightest image positions (index within the image bloc
 # no single chance level, even shares differ by row): the positions before the image are bright in
 # every layer, the [sink](../docs/GLOSSARY.md#sink); inside the image, keys
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re="reads?[^:]*: ([0-9]+),"-->28<!--/num--> and <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re=", ([0-9]+)$"-->36<!--/num--> stay bright through the layers:
-# anchor candidates. The second (x: index within the image block) averages the text's reads over samples, so what survives is
+# anchor candidates (the text's reads, all heads; not 01 §1's one head's image rows). The second (x: index within the image block) averages the text's reads over samples, so what survives is
 # read on *every* picture, a position bias: brightest <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@0"-->12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@1"-->11<!--/num-->,
 # <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@2"-->33<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@3"-->30<!--/num-->. Unhealthy: the image block dark everywhere.
 #
@@ -292,7 +302,7 @@ print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccar
 # <!--const U1's bar, written before the numbers-->0.5<!--/const-->: uneven, not very. *Jaccard*: the text keeps
 # reading some of the same positions through the layers (layer 0 vs 1: <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@2" fmt="{:.2f}"-->0.23<!--/num-->,
 # chance <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@3" fmt="{:.2f}"-->0.05<!--/num-->), but U3 (a)'s bar is
-# <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance, and its interval (§11) reaches below it;
+# <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance, and its interval (printed in §11) reaches below it;
 # *stability*: anchors overlap more within a scene type than across in most layers. *Placement*, the clearest result:
 # anchors land on object patches <!--num "notebooks/02_understanding_maps.ipynb#out:they land on object patches@3"-->4.6<!--/num-->× as often as random patches. *Sink test*:
 # the positions before the image take <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@1"-->0.334<!--/num--> of the text's reads, the
@@ -506,8 +516,8 @@ _ = plots.save(fig, out, "explorer_static")
 # %% [markdown]
 # **What to look at.** Left: the raw map; middle: in blocks; right: the last position over the picture, its brightest patch at
 # <!--num "notebooks/02_understanding_maps.ipynb#out:the last position's brightest patch gets@2" fmt="{:.1f}"-->40.8<!--/num-->× uniform. That patch is a failure:
-# it is only <!--num "notebooks/02_understanding_maps.ipynb#out:that patch:@0"-->20<!--/num-->% object, the edge of the purple circle, while the question asks for a purple
-# *triangle* (the picture's is red): this head reads the purple object, not a triangle. In the widget, try the
+# it is only <!--num "notebooks/02_understanding_maps.ipynb#out:that patch:@0"-->20<!--/num-->% object, the edge of the purple circle, the question's colour (§1): this head reads
+# the colour, not a triangle. In the widget, try the
 # last token in layer 1 across heads (exercise 4).
 
 # %% [markdown]
