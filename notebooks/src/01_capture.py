@@ -135,7 +135,7 @@ if r0.part != "cross":  # what this head's image rows avoid, and where the word'
 # %% [markdown]
 # **What to look at.** The difference printed above is exactly 0: the hooks see the tensor the model returns. The
 # head shown is the one whose word row peaks hardest on one patch, and it is positional: its image rows read along
-# diagonal stripes (patches at fixed distances back) and avoid two columns, keys (left panel; sequence positions)
+# diagonal stripes (patches at fixed distances back) and avoid two columns of the left panel, sequence positions
 # <!--num "notebooks/01_capture.ipynb#out:image rows read keys" re="keys \[([0-9, ]+)\]"-->37, 28<!--/num--> (<!--num "notebooks/01_capture.ipynb#out:image rows read keys@2" fmt="{:.3f}"-->0.001<!--/num--> of a row
 # on average; the median key <!--num "notebooks/01_capture.ipynb#out:image rows read keys@3" fmt="{:.3f}"-->0.022<!--/num-->). The word's row is the opposite: it
 # puts <!--num "notebooks/01_capture.ipynb#out:image rows read keys@4"-->0.99<!--/num--> of its weight on one key,
