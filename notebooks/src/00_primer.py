@@ -21,6 +21,11 @@ SAMPLES = None                # your own samples: a folder of images with a meta
 SEED = 0
 OUT_DIR = "outputs/00_primer"
 
+# %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
 # %% [markdown]
 # Every later lesson measures attention maps; this one shows what a map *is*, one picture per idea, on the shipped
 # `tiny-llava`. If you know self-attention, skim the pictures and go on to 01.
@@ -30,11 +35,6 @@ OUT_DIR = "outputs/00_primer"
 # [sink](../docs/GLOSSARY.md#sink), [KV cache](../docs/GLOSSARY.md#kv-cache).
 #
 # **Needs**: nothing before it; a minute on 2 CPU cores; any supported vision-language model (`MODEL`).
-
-# %%
-from unicache_lib.params import check_params
-
-check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
 import matplotlib.pyplot as plt

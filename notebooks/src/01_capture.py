@@ -24,16 +24,16 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (`make samples` writes an example)
 
+# %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
 # %% [markdown]
 # **What it needs**: from [00](00_primer.ipynb), only how to read a map (rows are queries, columns keys, the causal
 # mask, × uniform); nothing run before it. The shipped `tiny-llava` on CPU, or a checkpoint of any supported family
 # ([docs/MODELS.md](../docs/MODELS.md)) as `MODEL`, on `DEVICE` in `DTYPE`. Convention: `text->image` means text
 # queries reading image keys.
-
-# %%
-from unicache_lib.params import check_params
-
-check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
 import numpy as np

@@ -27,16 +27,16 @@ SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
 SAMPLES = None                # your own samples: a folder of images with a metadata.jsonl (`make samples` writes an example)
 
+# %%
+from unicache_lib.params import check_params
+
+check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
+
 # %% [markdown]
 # The study's claims U1–U13 (U7 is tested in 05, U10 and U12 in 07) and this run's verdicts: the scoreboard (§11).
 #
 # **What it needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
 # 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
-
-# %%
-from unicache_lib.params import check_params
-
-check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
 import numpy as np
