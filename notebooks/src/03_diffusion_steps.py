@@ -493,10 +493,12 @@ for m in GENERATORS:
         cond_rows.append(row)
 cond = pd.DataFrame(cond_rows).set_index(["model", "kind"])
 print(cond.round(3).to_string())
+g_ends = {}  # model -> guidance strength at step 0 and at the last step (the decision table reads it)
 for m in GENERATORS:  # the phase means above hide the last step: read it per step
     g_step = gdf[(gdf.model == m) & (gdf.kind == "short")].drop(columns=["model", "kind"]).to_numpy(dtype=float)
     if g_step.shape[1] == STEPS and np.isfinite(g_step).any():
         g_step = np.nanmean(g_step, 0)
+        g_ends[m] = (float(g_step[0]), float(g_step[-1]))
         print(f"{m} (short): guidance strength {g_step[0]:.2f} at step 0, lowest {np.nanmin(g_step):.2f} (step {int(np.nanargmin(g_step))}), "
               f"{g_step[-1]:.2f} at the last step ({STEPS - 1}): "
               + ("the last step pulls harder than the first" if g_step[-1] > g_step[0] else "the first step pulls hardest"))
@@ -747,7 +749,7 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** These are two small generators' verdicts: G2 and G5 fail from 64 image tokens and few
+# **Reading the scoreboard.** These are two small generators' verdicts: G2's (b) and G5 fail from 64 image tokens and few
 # layers; a real SD3 or PixArt checkpoint (`GENERATORS = [path]`) may move each number.
 #
 # ## Recap: what this run showed
@@ -776,14 +778,22 @@ strict = {m: window[m, STRICT_THRESHOLD] for m in GENERATORS}
 w_rows = [{"measurement": "whole-step reuse: latest knee over layers (maps), lowest adjacent cosine",
            "value here": "; ".join(f"{m} {start(window[m, THRESHOLD], THRESHOLD)}, {start(w, STRICT_THRESHOLD)}, lowest "
                                    f"{knees.loc[m, 'min sim'].min():.3f}" for m, w in strict.items()),
-           "what it suggests on your model": f"a knee at step 1 for every layer at {THRESHOLD:g}: the threshold is too loose, "
-           "judge at the stricter one; start reuse no earlier than the latest knee",
+           "what it suggests on your model": (f"every layer settles by step 1 at {THRESHOLD:g}: too loose to inform, judge at "
+           f"{STRICT_THRESHOLD:g}; " if all((window[m, THRESHOLD]["start"] or STEPS) <= 1 for m in GENERATORS) else "")
+           + ("no whole-step window where a layer never settles; " if any(w["start"] is None for w in strict.values()) else "")
+           + "start whole-step reuse no earlier than the latest knee",
            "notebook / parameter": ("; ".join(f"06: add step_skip(head={w['head']}) for {m}" for m, w in strict.items() if w["start"] is not None)
                                     or f"06: keep step_skip's tuned head={ss_head:g}")
            + f"; adaptive (06: threshold {ad_cos:g}) compares module inputs, not maps; knees move with STEPS ({STEPS})"}]
 
 # %%
 drop_by_model = {m: float(d.mean()) for m, d in zip(GENERATORS, drop)}
+if g_ends:
+    late_pull = [m for m, (a, b) in g_ends.items() if b >= a]
+    w_rows.append({"measurement": "guidance strength, step 0 / last step (G6)", "value here": ", ".join(f"{m} {a:.2f} / {b:.2f}" for m, (a, b) in g_ends.items()),
+                   "what it suggests on your model": (f"{', '.join(late_pull)}: the prompt pulls again at the end; keep the text side computed "
+                   "in the last steps" if late_pull else "the prompt's pull fades: reusing the text side late is worth trying"),
+                   "notebook / parameter": "06: the text_side policy; this notebook, section 5"})
 w_rows.append({"measurement": "image-query entropy, early minus late (G1)", "value here": ", ".join(f"{m} {v:+.3f}" for m, v in drop_by_model.items()),
                "what it suggests on your model": "> 0.02: late steps are focused, pick reuse steps late; <= 0: choose them by similarity, not focus",
                "notebook / parameter": "this notebook, section 3"})

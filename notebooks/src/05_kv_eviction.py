@@ -423,10 +423,10 @@ print("prefill_cover.csv (tiny-llava, make evaluate's questions): key_coverage_p
 # and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:the decisive run (make evaluate > key_coverage_features@5" fmt="{:+.1f}"-->+0.3<!--/num-->
 # points): on 64 tokens the cover can move before the prefill and save its compute. At 576 tokens selecting after
-# it matters (§7, 64 kept: the cache cover keeps
+# it matters (`make evaluate` on tiny-llava-576, 64 kept, its committed CSV: the cache cover keeps
 # <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
 # of full accuracy, the feature cover
-# <!--num "notebooks/05_kv_eviction.ipynb#out:share_of_full > key_coverage_features@0" fmt="{:.3f}"-->0.870<!--/num-->).
+# <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=key_coverage_features,tokens=64].share_of_full" fmt="{:.3f}"-->0.870<!--/num-->).
 #
 # **A design-set winner that did not hold up.** `key_coverage_prefill` covers the keys the first language-model layer
 # computes for the image tokens, before the prefill. It beat every other cover on the design questions; on the

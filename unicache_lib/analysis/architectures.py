@@ -455,9 +455,9 @@ def decisions(healthy=None, blind=None, cross=None, iou_best=None, cls_frame=Non
         rows.append(("Janus: image share answering / describing (A5)", f"{answer.mean() / describe.mean():.2f}",
                      "near 1: one image-KV budget serves both tasks; above ~1.2: give answers a larger budget", "05: `BUDGETS`"))
         rows.append(("Janus: lag-1 correlation of the per-token image share (A6 (a))", f"{lag1(series):+.2f}",
-                     "below 0: a heavy read is followed by a light one, so score keys over a window (H2O-style); "
-                     "above 0: image-heavy tokens come in runs, the last token's reads are a fair guide",
-                     "05 §2 (`h2o`: heavy hitters plus a recent window)"))
+                     "below 0: a heavy read is followed by a light one; above 0: reads persist over a few tokens. "
+                     "Either way evict by a cover (05 §3), not by the last reads: 05 finds read-ranked rules below random",
+                     "05 §3 (`key_coverage`)"))
     if role_share is not None:
         rows.append(("share of focused heads per model (section 4)", short(role_share.focused[role_share.focused > 0].round(2)) + "; the others 0",
                      "few focused heads: the spread ones are pruning candidates, but test it on outputs (notebook 04)", "04: `FRACTIONS`"))
