@@ -218,6 +218,8 @@ for b in BUDGETS:
     col = acc.loc[[m for m in acc.index if not m.startswith("kvpress:")], b].drop(index=["full", "oracle", "unicache_swapped"], errors="ignore")
     print(f"{b:.0%} of the image KV: best {col.idxmax()} {col.max():.3f}, worst {col.idxmin()} {col.min():.3f}, "
           f"random {col.get('random', np.nan):.3f} (full cache {full_acc:.3f})")
+import os  # noqa: E402
+
 # score-based rules keep the top positions by a per-position score (attention read, or key norm), presses included
 members = []  # which rules fall below random, per budget: written to below_random.csv, only the counts printed
 for b, below in CC.below_random(acc, BUDGETS, R).items():  # decided on paired intervals over the questions
@@ -225,7 +227,7 @@ for b, below in CC.below_random(acc, BUDGETS, R).items():  # decided on paired i
     print(f"{b:.0%}: {len(below)} of {len(CC.score_rules(acc))} score-based rules below random "
           f"({acc.loc['random', b]:.3f}; paired 95% interval below 0)")
 pd.DataFrame(members).to_csv(out / "below_random.csv", index=False)
-print(f"which rules, with their accuracy: {OUT_DIR}/below_random.csv")
+print(f"which rules, with their accuracy: {os.path.relpath(out / 'below_random.csv', project_path('.'))}")
 masked = [m for m in S.index.get_level_values("method").unique() if "masked, full memory" in m]
 for m in masked:
     print(f"{m}: kv_fraction {S.xs(m, level='method').kv_fraction.mean():.2f} at every budget -> masks, frees nothing")
