@@ -635,8 +635,7 @@ Markdown("\n".join(["| " + " | ".join(decisions.columns) + " |", "|---|---|---|-
 # %% [markdown]
 # ## Exercises
 #
-# Each starter cell sets the work up and leaves one gap, `... # <- fill in`: fill it, run the cell (★, ★★: under a
-# minute). Solutions with measured outcomes: `solutions/02_understanding_maps.py` (`--only K`).
+# Each starter leaves one gap, `... # <- fill in` (★, ★★: under a minute). Solutions: `solutions/02_understanding_maps.py` (`--only K`).
 #
 # 1. ★ Try a smaller and a larger `k` than §4's `TOP_K`. Which anchor conclusions (U3 (a), U4 (a)) survive?
 # 2. ★ Is "color" really an attribute word? Move it to the class you think fits (the token-flow table). Does U5 change?

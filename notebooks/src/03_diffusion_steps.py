@@ -749,8 +749,7 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** These are two small generators' verdicts: G2's (b) and G5 fail from 64 image tokens and few
-# layers; a real SD3 or PixArt checkpoint (`GENERATORS = [path]`) may move each number.
+# **Reading the scoreboard.** These are two small generators' verdicts: G2's (b) and G5 fail from 64 image tokens; a real SD3 or PixArt checkpoint (`GENERATORS = [path]`) may move each number.
 #
 # ## Recap: what this run showed
 #
@@ -758,14 +757,14 @@ board.show()
 # - **Coarse to fine (G1)** holds for PixArt's cross-attention only; the MMDiT's entropy rises late.
 # - **Adjacent maps (G2)** are alike from step 1 on: the study's threshold carries no information here. Their
 #   outputs fall late: by output the last steps are the least reusable.
-# - **Neither side of joint attention is steadier (G4)**, and the image side holds only
+# - **The text side is steadier, but too little for a policy of its own (G4)**, and the image side holds only
 #   <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values at this resolution (G5).
 # - **The prompt pulls hardest early on average (G6)**, and again at the last step; long prompts do not collapse.
 # - **Only PixArt's heads are more alike than the understanding model's (G7).**
 # - **Word maps point at objects on PixArt, not on the MMDiT (G9)**; G9 (b) rests on pictures with one object of
 #   two and says nothing about binding.
 #
-# The decision table. Notebook 06 runs `step_skip` at its tuned `head`; to try a window found here, add `REUSE_POLICIES["step_skip"](head=…)` to 06's `METHODS`.
+# The decision table. Notebook 06 runs `step_skip` at its tuned `head`; a window found here goes in a `ReuseCache` with `REUSE_POLICIES["step_skip"](head=…)` in 06's `METHODS`.
 
 # %%
 from IPython.display import display
@@ -824,8 +823,8 @@ WrappedTable(pd.DataFrame(w_rows))  # every cell whole, also as plain text
 # ## Exercises
 #
 # Graded ★ (a parameter) to ★★★ (your own checkpoint); `solutions/03_diffusion_steps.py` holds each measured
-# answer (`--only K` runs one). Each starter cell below sets the work up and leaves one
-# gap, `... # <- fill in`: fill it and run the cell (★ and ★★ in under a minute, on a few prompts).
+# answer (`--only K` runs one). Each starter leaves one
+# gap, `... # <- fill in` (★, ★★: under a minute).
 #
 # 1. ★★ Choose fewer steps (`few_steps`) and read section 4's knees at <!--const a threshold the exercise sets-->0.95<!--/const-->
 #    and <!--const STRICT_THRESHOLD, a parameter-->0.99<!--/const-->: from which step could whole steps be reused,

@@ -276,9 +276,9 @@ print(f"time to answer on the compressed caches vs the full one: {mt['time vs fu
 # questions.
 #
 # **The bar: DivPrune** (Alvar et al., CVPR 2025) picks a max-min diverse subset of the image *features* before the
-# language model runs, so it also saves prefill compute. Published, it renumbers the pruned sequence; the shipped
-# model, trained on one fixed layout, collapses under renumbering (on the design set: `kv/policies/divprune.py`), so
-# here it keeps the original positions (`DivPrune(renumber=True)` runs it as published).
+# language model runs, so it also saves prefill compute. The shipped model, trained on one fixed layout, collapses
+# when the pruned sequence is renumbered as published (design set; `kv/policies/divprune.py`), so here DivPrune keeps
+# the original positions (`DivPrune(renumber=True)`: as published).
 
 # %% [markdown]
 # **Merge, don't only drop.** `key_coverage_merge` keeps `key_coverage`'s positions and folds each dropped image key
@@ -751,7 +751,7 @@ else:
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:Spearman rho(retained, accuracy)@1" fmt="{:.2f}"-->0.70<!--/num-->:
 #   screen with it, decide on real answers.
 #
-# The decision table below is computed from this run: on your model, your numbers.
+# The decision table below comes from this run.
 
 # %%
 CC.eviction_decisions(acc, BUDGETS, len(qas), u7_iv, rho, t576, SCALE_MODEL)  # every cell whole, also as plain text

@@ -707,8 +707,8 @@ WrappedTable(AR.decisions(healthy, blind, summary if three else None, best, CF, 
 # ## Exercises
 #
 # Graded ★ (a parameter) to ★★★ (a new measurement); answers in
-# [solutions/08_architectures.py](../solutions/08_architectures.py). Each starter cell
-# leaves one gap, `... # <- fill in`: fill it and run the cell (★ and ★★ in under a minute).
+# [solutions/08_architectures.py](../solutions/08_architectures.py). Each starter
+# leaves one gap, `... # <- fill in` (★, ★★: under a minute).
 #
 # 1. ★★ In section 8, blind the *text* to the image instead (mask text queries on image keys). What happens to
 #    ViLT's accuracy, and where is the answer read? Compare with the cards' "images shuffled" accuracy.
