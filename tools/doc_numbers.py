@@ -20,7 +20,7 @@ put through the options. Sources are committed files only (:data:`SOURCE_DIRS`):
   holding ``next line`` (as many steps as needed), as text;
 - ``"notebook.ipynb#out:first line > next line"``: the same over the printed outputs of the committed notebook's
   code cells (stream text and ``text/plain``, in cell order), for a number a notebook prints but no results file
-  holds (``"notebooks/06_step_reuse.ipynb#out:tiny-pixart: PSNR over > step_skip@4"``);
+  holds (``"notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > step_skip@3"``);
 - any of these followed by ``@k``: the k-th number (from 0) in the text selected, e.g. a benchmark row or a
   model card's note (``"benchmarks/results/capture_overhead.txt#real width > stats / eager@0"``);
 - ``@name`` or ``@name:argument``: a value derived in :data:`DERIVED` from committed files (the sum of the model

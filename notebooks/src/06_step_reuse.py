@@ -38,6 +38,8 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
+import os
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -102,7 +104,7 @@ for g, gen in gens.items():
 # **What to look at.** The images look alike; their PSNRs do not. At the same number of transformer calls,
 # `step_skip`'s image is closer to the uncached one than the fewer-step control's (on the MMDiT
 # <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: none" re="step_skip ([0-9.]+ dB)"-->50.9 dB<!--/num--> against <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: none" re="steps:[0-9]+ ([0-9.]+ dB)"-->44.1 dB<!--/num-->):
-# computing the first and last steps and every third between, and extrapolating the rest, beats spreading the same
+# computing the first two and last two steps and every third between, and extrapolating the rest, beats spreading the same
 # calls evenly.
 
 # %% [markdown]
@@ -183,7 +185,7 @@ reuse.reset_index()[["model", "method", *cols]].to_csv(out / "reuse.csv", index=
 # Each method's PSNR minus the fewer-step control's at the method's own FLOPs (counted) and at its own wall-clock
 # speed-up, in dB with a 95% interval over prompts; the control is interpolated between the step counts that bracket
 # the method. Positive: the method beats sampling with fewer steps. A method saving more or less than every control
-# point is outside the control's range: not compared (listed under each margin table).
+# point is outside the control's range: not compared (marked "outside" in the margin tables).
 
 # %%
 SHOWN = [NEW_REUSE, MILD, "every_2", "diffusers:first_block", "diffusers:magcache"]  # + the control: six on a chart
@@ -216,53 +218,64 @@ _ = plots.save(fig, out, "reuse_vs_control")
 # than fewer steps at the same speed-up (left) or the same work (right; less work to the right). The dotted line is
 # <!--const R1's threshold, written before the numbers-->42 dB<!--/const-->, the PSNR that target R1 (§5) asks of `step_skip`.
 #
-# **This run.** Only `step_skip`, at both settings, lies above the control: the default by <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: PSNR over the fewer-step control at equal FLOPs > step_skip@0" fmt="{:+.1f}"-->+3.5<!--/num--> / <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: PSNR over the fewer-step control at equal FLOPs > step_skip@0" fmt="{:+.1f}"-->+3.7<!--/num--> dB at equal FLOPs and <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: PSNR over the fewer-step control at equal wall-clock > step_skip@0" fmt="{:+.1f}"-->+3.4<!--/num--> [<!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: PSNR over the fewer-step control at equal wall-clock > step_skip@1" fmt="{:+.1f}"-->+1.1<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: PSNR over the fewer-step control at equal wall-clock > step_skip@2" fmt="{:+.1f}"-->+5.0<!--/num-->] /
-# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: PSNR over the fewer-step control at equal wall-clock > step_skip@0" fmt="{:+.1f}"-->+3.5<!--/num--> [<!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: PSNR over the fewer-step control at equal wall-clock > step_skip@1" fmt="{:+.1f}"-->+1.4<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: PSNR over the fewer-step control at equal wall-clock > step_skip@2" fmt="{:+.1f}"-->+5.8<!--/num-->] dB at equal wall-clock
+# **This run.** Only `step_skip`, at both settings, lies above the control: the default by <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal FLOPs > step_skip@0" fmt="{:+.2f}"-->+3.51<!--/num--> / <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal FLOPs > step_skip@3" fmt="{:+.2f}"-->+3.66<!--/num--> dB at equal FLOPs and <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@0" fmt="{:+.2f}"-->+3.45<!--/num--> [<!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@1" fmt="{:+.2f}"-->+1.18<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@2" fmt="{:+.2f}"-->+5.05<!--/num-->] /
+# <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@3" fmt="{:+.2f}"-->+3.51<!--/num--> [<!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@4" fmt="{:+.2f}"-->+1.39<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@5" fmt="{:+.2f}"-->+5.74<!--/num-->] dB at equal wall-clock
 # (MMDiT / PixArt; 95% intervals over prompts). Every diffusers cache and attention-level schedule in the control's
 # range lies below it; the rest save less than 16 steps do.
 #
-# The tables below give the margins; then `step_skip` head to head with each cache (`psnr_diff`: its PSNR minus the
-# cache's, positive = `step_skip` better; `dominates`: ahead on PSNR and speed, both intervals clear of a tie, at no more
-# FLOPs), and each cache against the `step_skip` setting that saves at least as much.
+# Below: the margins (methods × generators; "outside": not compared), then one head-to-head table, a row per cache:
+# `step_skip` minus the cache (positive = `step_skip` better; `dominates`: ahead on PSNR and speed, both intervals clear
+# of a tie, at no more FLOPs), and the cache against the `step_skip` setting that saves at least as much.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 CT = {g: control_table(RU[g]) for g in gpaths}
-for g, t in CT.items():
-    print(f"{g}: PSNR over the fewer-step control at equal FLOPs (dB), methods inside the control's range")
-    print(t[["margin_flops", "margin_flops_lo", "margin_flops_hi"]].dropna(subset=["margin_flops"]).round(2).to_string())
-    print("outside the control's range (not compared): " + ", ".join(m for m in t.index[t.margin_flops.isna()] if m != "none"))
+ROWS = [m for m in ORDER if m != "none" and not str(m).startswith("steps:")]
+
+
+def with_interval(t, col, lo, hi):  # "+3.51 [+1.26, +5.11]" per row; NaN: outside the control's range
+    return t.apply(lambda r: f"{r[col]:+.2f} [{r[lo]:+.2f}, {r[hi]:+.2f}]" if np.isfinite(r[col]) else "outside", axis=1)
+
+
+def margins(by):
+    c = f"margin_{by}"
+    return pd.DataFrame({g: with_interval(CT[g], c, c + "_lo", c + "_hi") for g in gpaths}).reindex(ROWS).fillna("did not run")
+
+
+print("PSNR over the fewer-step control at equal FLOPs (dB) [95% interval over prompts]; outside: saves more or less than every control point")
+print(margins("flops").to_string())
 
 # %%
-# timings vary from run to run: the margins at equal wall-clock and the head-to-head speed ratios below
-for g, t in CT.items():
-    print(f"{g}: PSNR over the fewer-step control at equal wall-clock (dB), methods inside the control's range")
-    print(t[["margin_speedup", "margin_speedup_lo", "margin_speedup_hi"]].join(RU[g][["psnr", "speedup"]])
-          .dropna(subset=["margin_speedup"]).round(2).to_string())
-    print("outside the control's range (not compared): " + ", ".join(m for m in t.index[t.margin_speedup.isna()] if m != "none"))
+# timings vary from run to run: these margins and the speed ratios below are not compared by nbval
+print("PSNR over the fewer-step control at equal wall-clock (dB) [95% interval over prompts]")
+print(margins("speedup").to_string())
 
 # %%
-# step_skip head to head with each diffusers cache, then each cache against step_skip's best setting that saves as much
+# step_skip head to head with each diffusers cache, and each cache against the best step_skip setting that saves as much
 DIFFUSERS = [m for m in reuse.index.get_level_values("method").unique() if m.startswith("diffusers:")]
 VS = {g: versus(RU[g], NEW_REUSE, DIFFUSERS) for g in gpaths}
-for g, v in VS.items():
-    print(f"{g}: {NEW_REUSE} against each diffusers cache (PSNR difference, dB; their time / its time; FLOPs ratio)")
-    print(v.round(3).to_string())
 PARETO = {(g, by): pareto_check(RU[g], [NEW_REUSE, MILD], DIFFUSERS, by) for g in gpaths for by in ("speedup", "flops")}
-for (g, by), t in PARETO.items():
-    if by == "flops" and t.round(2).equals(PARETO[g, "speedup"].round(2)):
-        print(f"{g}: the same against the best setting that saves at least as many FLOPs")  # not printed twice
-        continue
-    print(f"{g}: each diffusers cache against the best step_skip setting that saves at least as much ({by}); PSNR difference, dB")
-    print(t.round(2).to_string())
+H2H = pd.concat({g: pd.DataFrame({
+    f"{NEW_REUSE} - cache": with_interval(VS[g], "psnr_diff", "psnr_lo", "psnr_hi"),
+    "time ratio": VS[g].speed_ratio.round(2), "dominates": VS[g].dominates,
+    "best saving as much - cache": with_interval(PARETO[g, "speedup"], "psnr_diff", "lo", "hi"),
+    "that setting": PARETO[g, "speedup"].match}) for g in gpaths}, names=["model", "cache"])
+print(f"{NEW_REUSE} against each diffusers cache: PSNR difference (dB) [95% interval]; time ratio: the cache's time / {NEW_REUSE}'s;"
+      f" then the best {NEW_REUSE} setting that saves at least as much wall-clock")
+print(H2H.to_string())
+for g in gpaths:  # the same check by FLOPs, printed only where it picks other settings or other margins
+    if not PARETO[g, "flops"].round(2).equals(PARETO[g, "speedup"].round(2)):
+        print(f"{g}, by FLOPs instead:\n" + PARETO[g, "flops"].round(2).to_string())
+pd.concat(VS, names=["model"]).to_csv(out / "versus.csv")  # with the FLOPs ratios and the speed ratios' intervals
+print("every interval and FLOPs ratio:", os.path.relpath(out / "versus.csv", project_path(".")))
 
 # %% [markdown]
 # **What this run shows.** On PixArt `step_skip`'s <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > step_skip@3" fmt="{:.1f}"-->41.3<!--/num--> dB misses the target (the design prompts gave <!--num "benchmarks/results/tune_step_skip.txt#chosen:@9" fmt="{:.1f}"-->43.5<!--/num--> dB;
 # nothing was re-tuned). Its milder setting beats every diffusers cache on the MMDiT
-# while saving at least as much; on PixArt MagCache ties it: <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: each > magcache@1" fmt="{:+.2f}"-->+0.34<!--/num--> dB [<!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: each > magcache@2" fmt="{:+.2f}"-->-1.98<!--/num-->,
-# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: each > magcache@3" fmt="{:+.2f}"-->+2.23<!--/num-->]. The default setting
-# loses head to head to PAB on the MMDiT (<!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: step_skip against each > diffusers:pab@0" fmt="{:+.2f}"-->-3.07<!--/num--> dB) and to MagCache on PixArt
-# (<!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: step_skip against each > diffusers:magcache@0" fmt="{:+.2f}"-->-6.04<!--/num--> dB), both of which save far less.
+# while saving at least as much; on PixArt MagCache ties it: <!--num "notebooks/06_step_reuse.ipynb#out:against each diffusers cache > tiny-pixart > magcache@4" fmt="{:+.2f}"-->+0.34<!--/num--> dB [<!--num "notebooks/06_step_reuse.ipynb#out:against each diffusers cache > tiny-pixart > magcache@5" fmt="{:+.2f}"-->-1.98<!--/num-->,
+# <!--num "notebooks/06_step_reuse.ipynb#out:against each diffusers cache > tiny-pixart > magcache@6" fmt="{:+.2f}"-->+2.23<!--/num-->]. The default setting
+# loses head to head to PAB on the MMDiT (<!--num "notebooks/06_step_reuse.ipynb#out:against each diffusers cache > diffusers:pab@0" fmt="{:+.2f}"-->-3.07<!--/num--> dB) and to MagCache on PixArt
+# (<!--num "notebooks/06_step_reuse.ipynb#out:against each diffusers cache > tiny-pixart > magcache@0" fmt="{:+.2f}"-->-6.05<!--/num--> dB), both of which save far less.
 
 # %% [markdown]
 # ## 4. How far can attention-only reuse go?
@@ -321,7 +334,7 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 # %% [markdown]
 # **How the verdicts were settled** (on `make evaluate-reuse`'s prompts and timing rounds):
 # - **R1: partly.** `step_skip` runs <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@0" fmt="{:.2f}×"-->2.28×<!--/num--> on the generator with the smaller speed-up over the decisive run's timing rounds, so (a) holds (this
-#   run's rounds: <!--num "data/results/06_step_reuse.json#[claim=R1].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])"-->2.2 [2.16, 2.22]<!--/num-->;
+#   run's rounds: <!--num "data/results/06_step_reuse.json#[claim=R1].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])"-->2.21 [2.17, 2.24]<!--/num-->;
 #   bar <!--const R1's threshold-->2×<!--/const-->); PixArt's mean
 #   PSNR is <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@1" fmt="{:.1f}"-->40.4<!--/num--> dB, its interval wholly below the target, so (b) does not.
 # - **R2: holds**: <!--num "notebooks/06_step_reuse.ipynb#out:R2 · > value@0" fmt="{:+.1f}"-->+4.3<!--/num--> dB above fewer steps at equal wall-clock on the generator with the smaller
@@ -330,11 +343,11 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 #   [<!--num "notebooks/06_step_reuse.ipynb#out:R3 · > interval@1" fmt="{:+.2f}"-->-0.24<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:R3 · > interval@2" fmt="{:+.2f}"-->+0.40<!--/num-->]; settling it would take about
 #   <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a): > settle@1" fmt="{:,}"-->23,253<!--/num--> prompts. Every other cache is behind.
 # - **G3 holds**: reusing in the last third only keeps SSIM at <!--num "notebooks/06_step_reuse.ipynb#out:G3 · > value@0" fmt="{:.3f}"-->0.992<!--/num--> on the weaker generator (a),
-#   <!--num "notebooks/06_step_reuse.ipynb#out:G3 · > value@1" fmt="{:.5f}"-->0.00256<!--/num--> above reusing every 2nd step throughout (b), but at unequal
+#   <!--num "notebooks/06_step_reuse.ipynb#out:G3 · > value@1" fmt="{:.5f}"-->0.00256<!--/num--> above reusing every 2nd step throughout where that gap is smallest (b), but at unequal
 #   work: the last third keeps <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > static_last_third@5" fmt="{:.2f}"-->0.92<!--/num--> of PixArt's FLOPs (too many for the control to place), every 2nd step <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > every_2@5" fmt="{:.2f}"-->0.77<!--/num-->.
 #   Late reuse is safe because it reuses little: by output the last steps are the least reusable ([03](03_diffusion_steps.ipynb) §4).
 # - **G8 holds** on the decisive run (speed-up <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num-->;
-#   this run's own rounds: <!--num "data/results/06_step_reuse.json#[claim=G8].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])" missing="see the scoreboard"-->1.15 [1.14, 1.15]<!--/num-->).
+#   this run's own rounds: <!--num "data/results/06_step_reuse.json#[claim=G8].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])" missing="see the scoreboard"-->1.15 [1.13, 1.16]<!--/num-->).
 
 # %% [markdown]
 # **Reading the results.** G8's decisive <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num--> matches the study's ~<!--const the study's reported figure-->15%<!--/const--> latency cut, but
