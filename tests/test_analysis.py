@@ -5,6 +5,7 @@ import torch
 from unicache_lib.analysis.anchors import anchor_placement, group_stability, layer_persistence, patch_kinds
 from unicache_lib.analysis.localisation import selectivity
 from unicache_lib.analysis.token_classes import classify_ids, token_class
+from unicache_lib.scoreboard import Scoreboard
 
 
 def test_layer_persistence_and_group_stability():
@@ -139,3 +140,18 @@ def test_every_lesson_declares_its_rules_as_data_on_a_fresh_board():
     board.measure("M2", 0.0, interval=(0.0, 0.0), n=5, unit="samples")
     with pytest.raises(RuntimeError, match="before its measurement"):
         board.declare({"M2": ("again", {"": {"below": 1.0}})})
+
+
+def test_criteria_lines_print_each_criterion_then_the_verdict():
+    """The section read-out of 03 and 08: per criterion value, interval (in the asked format) and decision."""
+    b = Scoreboard()
+    b.rule("U5", "ratio above 2", above=2.0)
+    b.measure("U5", 2.54321, interval=(2.1, 3.0), n=40, unit="prompts", shown="ratio 2.5")
+    text = b.criteria_lines("U5")
+    assert text.splitlines()[0].startswith("U5: 2.543 [2.1, 3] over 40 prompts, needs ") and text.endswith(
+        "U5 verdict: holds; measured: ratio 2.5")
+    short = b.criteria_lines("U5", fmt="#.3g", shown=False)
+    assert "2.54 [2.10, 3.00]" in short and short.endswith("U5 verdict: holds")
+    b.rule("U6", "ratio above 2", above=2.0)
+    b.measure("U6", 1.9, interval=(1.5, 2.4), n=40, unit="prompts")
+    assert b.criteria_lines("U6").endswith("U6 verdict: inconclusive")

@@ -299,6 +299,21 @@ class Scoreboard:
     def verdicts(self) -> dict[str, str]:
         return {c: r.verdict for c, r in self.rows.items()}
 
+    def criteria_lines(self, *claims: str, fmt: str = ".4g", shown: bool = True) -> str:
+        """Each claim as its notebook section measured it: per criterion the value and 95% interval (``fmt``), the
+        rule and the decision, then the verdict (with its note and, if ``shown``, what was measured)."""
+        lines = []
+        for c in claims:
+            r = self.rows[c]
+            for k, crit in r.criteria.items():
+                m, tag = r.measured.get(k), f"{c} ({k})" if k else c
+                if m is not None and m.value is not None:
+                    lines.append(f"{tag}: {m.value:{fmt}} [{m.lo:{fmt}}, {m.hi:{fmt}}] over {m.n} {m.unit}, needs {crit}: "
+                                 f"{crit.decide(m.lo, m.hi)}")
+            lines.append(f"{c} verdict: {r.verdict}" + (f" ({r.note})" if r.note else "")
+                         + (f"; measured: {r.shown}" if shown and r.shown else ""))
+        return "\n".join(lines)
+
     def why_inconclusive(self) -> list[str]:
         """Per inconclusive claim: each undecided criterion's interval, the threshold it straddles, which side the
         point estimate is on and how far from the threshold, then the rough n that would settle it

@@ -59,17 +59,6 @@ display(claims_table("03_diffusion_steps"))  # the claims themselves (unicache_l
 for c in of("03_diffusion_steps"):  # each claim's rule: what is measured and its thresholds, written before any run
     print(textwrap.fill(f"{c.id} rule: {c.rule}", 115, subsequent_indent="  "))
 
-
-def claim_lines(*claims):
-    """Each claim as its section measured it on ``board``: per criterion the value, 95% interval and decision."""
-    for c in claims:
-        r = board.rows[c]
-        for k, crit in r.criteria.items():
-            m, tag = r.measured.get(k), f"{c} ({k})" if k else c
-            if m is not None and m.value is not None:
-                print(f"{tag}: {m.value:.4g} [{m.lo:.4g}, {m.hi:.4g}] over {m.n} {m.unit}, needs {crit}: {crit.decide(m.lo, m.hi)}")
-        print(f"{c} verdict: {r.verdict}" + (f" ({r.note})" if r.note else "") + (f"; measured: {r.shown}" if r.shown else ""))
-
 # %%
 import numpy as np
 import pandas as pd
@@ -434,7 +423,7 @@ for m in GENERATORS:
 # G1 (section 3's entropy, early minus late) and G2 (these similarities), each on the weaker model, over prompts
 drop = DC.measure_focus_and_similarity(board, DC.with_prompt(T), GENERATORS, n_prompts,
                                        f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02", knees, STEPS)
-claim_lines("G1", "G2")
+print(board.criteria_lines("G1", "G2"))
 
 # %% [markdown]
 # **What to look at.** A curve good for reuse climbs over the threshold at the knee and stays; one that never
@@ -506,7 +495,7 @@ for m in GENERATORS:  # the phase means above hide the last step: read it per st
 # %%
 # NBVAL_CHECK_OUTPUT
 DC.measure_conditioning(board, DC.with_prompt(T), gdf, cond, GENERATORS, n_prompts, STEPS)  # G6, weaker model
-claim_lines("G6")
+print(board.criteria_lines("G6"))
 
 # %% [markdown]
 # **What to look at.** Guidance falling after the first steps; long prompts' middle-phase text entropy near 1 (a
@@ -548,7 +537,7 @@ if len(jall):
 # %%
 # NBVAL_CHECK_OUTPUT
 change = DC.measure_joint_asymmetry(board, jall, n_prompts, asym if len(jall) else None)  # G4, MMDiT only
-claim_lines("G4")
+print(board.criteria_lines("G4"))
 
 # %% [markdown]
 # **What to look at.** G4 expects the image→text block (`it`) to change clearly more than text→image (`ti`).
@@ -579,7 +568,7 @@ kv = pd.DataFrame(kv).set_index("model")
 print(kv.round(2).to_string())
 print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x); PixArt-alpha 1024: 4096 vs 120 (34x)")
 DC.measure_cache_pressure(board, kv, GENERATORS, n_prompts)  # G5, weaker model
-claim_lines("G5")
+print(board.criteria_lines("G5"))
 
 # %% [markdown]
 # **This run**: 64 image tokens against 48 text positions, so the image side needs only
@@ -614,7 +603,7 @@ print(per_layer_red.round(3).to_string())
 # %%
 # NBVAL_CHECK_OUTPUT
 gen_red, u_red = DC.measure_redundancy(board, DC.with_prompt(T), U, GENERATORS, n_prompts)  # G7, weaker generator
-claim_lines("G7")
+print(board.criteria_lines("G7"))
 
 # %% [markdown]
 # **This run**: PixArt's heads are more alike than tiny-llava's (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@1" fmt="{:.2f}"-->0.75<!--/num--> against
@@ -641,7 +630,7 @@ bind = R[R.role == "binding overlap"].groupby(["model", "pair"]).agg(overlap=("i
 print(bind.round(3).to_string())
 print("\n".join(DC.word_region_lines(loc, GENERATORS)))
 DC.measure_word_regions(board, R, loc, GENERATORS, prompts)  # G9, weaker model
-claim_lines("G9")
+print(board.criteria_lines("G9"))
 
 # %% [markdown]
 # **What to look at.** IoU well above chance: a word's top patches sit on its object; two shape words' regions

@@ -124,18 +124,6 @@ board = Scoreboard(random_weights=any(is_stand_in(n) for n in NAME.values() if n
 ACL.declare(board)
 print("\n".join(f"{c}: {text}" for c, (text, _) in ACL.RULES.items()))
 
-
-def claim_lines(*claims):
-    """Each claim as its section measured it: per criterion the value, 95% interval, rule and decision; the verdict."""
-    for c in claims:
-        r = board.rows[c]
-        for k, crit in r.criteria.items():
-            m, tag = r.measured.get(k), f"{c} ({k})" if k else c
-            if m is not None and m.value is not None:
-                print(f"{tag}: {m.value:#.3g} [{m.lo:#.3g}, {m.hi:#.3g}] over {m.n} {m.unit}, needs {crit}: "
-                      f"{crit.decide(m.lo, m.hi)}")
-        print(f"{c} verdict: {r.verdict}" + (f" ({r.note})" if r.note else ""))
-
 # %% [markdown]
 # ## 1. The models
 #
@@ -487,7 +475,7 @@ if VL in models:
     print(f"ViLT on {len(qas)} held-out questions: accuracy {healthy.mean():.3f} healthy, {blind.mean():.3f} with image "
           f"queries blind to the text")
 ACL.measure_fusion(board, fb, healthy, blind)  # A1 and A2 on this section's tables, by the rules printed above
-claim_lines("A1", "A2")
+print(board.criteria_lines("A1", "A2", fmt="#.3g", shown=False))
 
 # %% [markdown]
 # **Reading it.** ViLT's image queries keep <!--num "notebooks/08_architectures.ipynb#out:image queries keep@0" fmt="{:.2f}"-->0.91<!--/num--> of their attention on image keys; an even reading keeps
@@ -525,7 +513,7 @@ if ML in models:
           f"entropy is lowest in the {summary.entropy.idxmin()} layer, background mass lowest in the "
           f"{summary.background.idxmin()} layer\n")
 ACL.measure_cross_layers(board, CW)  # A3, resampled by caption
-claim_lines("A3")
+print(board.criteria_lines("A3", fmt="#.3g", shown=False))
 
 # %% [markdown]
 # **Reading it: the opposite of the study's order.** The study expects spread → focus → refine from low to top.
@@ -566,7 +554,7 @@ if CL in models:
     print(f"\n- the class token reads the objects {ratio.max():.1f}x their area at most (layer {ratio.idxmax()}), "
           f"{ratio.iloc[-1]:.1f}x in the last layer ({ratio.index[-1]}; ratio of means over samples, as A4)\n")
 ACL.measure_dual_tower(board, CF)  # A4
-claim_lines("A4")
+print(board.criteria_lines("A4", fmt="#.3g", shown=False))
 
 # %% [markdown]
 # **Reading it.** The class token, whose output is the image embedding, reads the named objects
@@ -602,7 +590,7 @@ if JN in models:
     if series:
         print(f"pooled lag-1 correlation of the per-token image share (positions' means removed): {AR.lag1(series):.3f}\n")
 ACL.measure_unified(board, describe, answer, series, TH, N_CAPTIONS)  # A5, A6
-claim_lines("A5", "A6")
+print(board.criteria_lines("A5", "A6", fmt="#.3g", shown=False))
 
 # %% [markdown]
 # **Reading it.** Janus reads the image slightly *less* answering (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@1" fmt="{:.3f}"-->0.615<!--/num-->) than describing
