@@ -517,3 +517,20 @@ def test_key_coverage_prefill_covers_the_first_layers_keys(setup):
             fam.first_layer_keys(model, feats)
     finally:
         layer.self_attn.k_proj = saved
+
+
+def test_a_batch_of_one_is_batch_one_for_every_family():
+    """prefill_batch / answer_batch on one question run batch 1's code, so a family batching refuses (Mllama) still
+    runs through the harness's one path, with batch 1's logits exactly."""
+    from unicache_lib.kv.batch import answer_batch, prefill_batch
+    from unicache_lib.kv.cache import answer, prefill
+    from unicache_lib.world.questions import heldout_set
+    from unicache_lib.zoo.loaders import load_understanding
+
+    model, proc = load_understanding("tiny-mllama")
+    q = heldout_set(1, seed=3)[0]
+    sp = split_prompt(proc, q.scene.uint8(), q.question, model=model)
+    (pre,) = prefill_batch(model, [sp], attentions=False)
+    first, atts = answer_batch(model, [pre.cache], [sp])
+    ref = answer(model, prefill(model, sp, attentions=False).cache, sp)[0]
+    assert first.shape == (1, ref.shape[-1]) and atts is None and torch.equal(first[0], ref)

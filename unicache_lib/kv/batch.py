@@ -36,7 +36,7 @@ from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.models import language_attn_implementation, transformers
 from ..families import family_of
 from ..families.base import VLMFamily
-from .cache import Prefill, PromptSplit, locate_image_kv, picture_encoder
+from .cache import Prefill, PromptSplit, answer, locate_image_kv, picture_encoder, prefill
 
 
 def check_batchable(model, split: PromptSplit) -> None:
@@ -80,8 +80,8 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
     :class:`~.cache.Prefill` per sample, as :func:`~.cache.prefill` would (its cache is that sample's row of the
     batch's cache, ``[1, H, C, D]`` per layer; its maps ``[H, C, C]`` float32 when ``attentions``)."""
 
-    if not splits:
-        return []
+    if len(splits) <= 1:  # a batch of one is batch 1, for every family
+        return [prefill(model, sp, attentions=attentions) for sp in splits]
     if len({sp.context_ids.shape[1] for sp in splits}) != 1:
         raise InputError("prefill_batch runs contexts of one length (no padding): group them with groups_by_context")
     fam = family_of(model)
@@ -128,6 +128,9 @@ def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentio
     :func:`~.cache.answer` gives it (its padding removed)."""
     if len(caches) != len(splits) or not caches:
         raise InputError(f"{len(caches)} caches for {len(splits)} questions")
+    if len(caches) == 1:  # a batch of one is batch 1, for every family
+        first, _, atts = answer(model, caches[0], splits[0], output_attentions=output_attentions)
+        return first[None], [atts] if output_attentions else None
     check_batchable(model, splits[0])
     dev = next(model.parameters()).device
     B = len(caches)

@@ -105,23 +105,15 @@ class _EvictionRun:
     def batch(self, items: list) -> None:
         """``items``: ``(question index, question, split)``; one context length when more than one."""
         model, budgets = self.model, self.budgets
-        one = len(items) == 1
         sps = [sp for _, _, sp in items]
-        pres = [prefill(model, sps[0], attentions=True)] if one else prefill_batch(model, sps, attentions=True)
+        pres = prefill_batch(model, sps, attentions=True)
         fulls = [evict(p.cache, POLICIES["full"]().select(p.context(), 1.0)) for p in pres]
         full_bytes = [kv_bytes(c) for c in fulls]
-        if one:
-            ref, _, atts = answer(model, fulls[0], sps[0], output_attentions=True)
-            refs, atts = ref[None], [atts]
-        else:
-            refs, atts = answer_batch(model, fulls, sps, output_attentions=True)
+        refs, atts = answer_batch(model, fulls, sps, output_attentions=True)
         futures = [_future(a, p.context().seq_len) for a, p in zip(atts, pres)]
         ctxs = [p.context(seed=self.seed + self.ids[qi], future=f) for (qi, _, _), p, f in zip(items, pres, futures)]
         t0 = time.perf_counter()
-        if one:
-            prefill(model, sps[0], attentions=False)
-        else:
-            prefill_batch(model, sps, attentions=False)
+        prefill_batch(model, sps, attentions=False)
         full_prefill_ms = 1e3 * (time.perf_counter() - t0) / len(items)
         rows = [self.rows.setdefault(qi, []) for qi, _, _ in items]
 
@@ -160,10 +152,7 @@ class _EvictionRun:
                 nbytes = [kv_bytes(c) for c in caches]
                 t0 = time.perf_counter()
                 with log_size_bias(model, bias) if bias else contextlib.nullcontext():
-                    if one:
-                        logits = answer(model, caches[0], sps[0])[0][None]
-                    else:
-                        logits = answer_batch(model, caches, sps)[0]
+                    logits = answer_batch(model, caches, sps)[0]
                 ms = 1e3 * (time.perf_counter() - t0) / len(items)
                 for b, keep in enumerate(keeps):
                     kept = [k for k in keep if k is not None] if len(keep) != len(futures[b]) else keep
