@@ -155,3 +155,18 @@ def test_criteria_lines_print_each_criterion_then_the_verdict():
     b.rule("U6", "ratio above 2", above=2.0)
     b.measure("U6", 1.9, interval=(1.5, 2.4), n=40, unit="prompts")
     assert b.criteria_lines("U6").endswith("U6 verdict: inconclusive")
+
+
+def test_scoreboard_counts_each_criterion_in_its_own_unit():
+    """Two criteria over different units: the count cell pairs each n with its unit, "(a) 20 timing rounds; (b) 1600
+    prompts", not "(a) 20; (b) 1600 (a) timing rounds; (b) prompts"."""
+    b = Scoreboard()
+    b.rule("R1", "two criteria", criteria={"a": {"above": 2.0}, "b": {"above": 42.0}})
+    b.measure("R1", 2.3, interval=(2.2, 2.4), n=20, unit="timing rounds", criterion="a")
+    b.measure("R1", 40.4, interval=(40.1, 40.7), n=1600, unit="prompts", criterion="b")
+    assert b.table().loc["R1", "n"] == "(a) 20 timing rounds; (b) 1600 prompts"
+    assert "n               (a) 20 timing rounds; (b) 1600 prompts" in repr(b.view())
+    b.rule("R2", "one unit", criteria={"a": {"above": 2.0}, "b": {"above": 1.0}})
+    b.measure("R2", 2.3, interval=(2.2, 2.4), n=20, unit="prompts", criterion="a")
+    b.measure("R2", 2.3, interval=(2.2, 2.4), n=20, unit="prompts", criterion="b")
+    assert (b.table().loc["R2", "n"], b.table().loc["R2", "unit"]) == ("20", "prompts")

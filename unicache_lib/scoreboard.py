@@ -169,9 +169,11 @@ def _cells(ms: list[tuple[str, Measurement | None]]) -> dict:
     interval = "; ".join(f"{tag(k)}[{_fmt(m.lo)}, {_fmt(m.hi)}]" if m and m.value is not None else f"{tag(k)}-" for k, m in ms)
     ns = {m.n for _, m in ms if m and m.n is not None}
     units = {m.unit for _, m in ms if m and m.unit}
-    n = str(ns.pop()) if len(ns) == 1 else "; ".join(f"{tag(k)}{m.n}" for k, m in ms if m and m.n is not None) or "-"
-    unit = units.pop() if len(units) == 1 else "; ".join(f"{tag(k)}{m.unit}" for k, m in ms if m and m.unit)
-    return {"value": value, "interval": interval, "n": n, "unit": unit}
+    if len(ns) <= 1 and len(units) <= 1:
+        return {"value": value, "interval": interval, "n": str(ns.pop()) if ns else "-", "unit": units.pop() if units else ""}
+    # criteria counted in different units: each count beside its own unit, "(a) 20 timing rounds; (b) 1600 prompts"
+    n = "; ".join(f"{tag(k)}{m.n} {m.unit or ''}".rstrip() for k, m in ms if m and m.n is not None) or "-"
+    return {"value": value, "interval": interval, "n": n, "unit": ""}
 
 
 class Scoreboard:
