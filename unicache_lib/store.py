@@ -20,23 +20,21 @@ Each line is a JSON array ``[head, records]``: the head holds the chunk's record
 checksum, spans, ...). :meth:`Store.drop` appends ``[{"drop": [keys]}, []]``. A :class:`Store` keeps the heads of
 every rank's log in memory and, on each call, reads only the bytes a log gained since it last looked (by byte
 offset); a line's records are parsed when one of them is read. So appending a chunk costs the same at the
-100,000th record as at the first, and opening a store of 100,000 records reads only the heads (about 0.2 s on 2 CPU
-cores; ``benchmarks/results/store_scale.txt``). Why a log and not SQLite: the store stays plain files that readers only
-read (a copy on a read-only or shared mount reads; no database locks beside the writer's OS lock, no connection to
-reopen after a fork), a commit stays one atomic step (an fsync'd line) as the atomic rename of the former index
-was, and the index stays text a person can read and mend, as before. Stores written before (one
-``index-rankNNNNN.json`` per rank, rewritten whole on every write) still read; a rank's next write (or drop)
-converts its index to a log.
+100,000th record as at the first, and opening a large store reads only the heads. Why a log and not SQLite: the
+store stays plain files that readers only read (a copy on a read-only or shared mount reads; no database locks
+beside the writer's OS lock, no connection to reopen after a fork), a commit is one atomic step (an fsync'd line),
+and the index is text a person can read and mend. Stores of the former format (one ``index-rankNNNNN.json`` per
+rank, rewritten whole on every write) still read; a rank's next write (or drop) converts its index to a log.
 
-One writer per rank: the first write takes an exclusive OS lock (``.lock-rank00000``, see
-:mod:`unicache_lib.locks`) held until :meth:`Store.close` (or the object is dropped, or the process
-ends or crashes); a second process writing the same rank is refused with the holder's pid, host and
-start time. :func:`remove_store` deletes a store only when no other process writes to it.
+One writer per rank: the first write takes an exclusive OS lock (``.lock-rank00000``, see :mod:`unicache_lib.locks`)
+held until :meth:`Store.close` (or the object is dropped, or the process ends or crashes); a second process writing
+the same rank is refused with the holder's pid, host and start time. :func:`remove_store` deletes a store only when
+no other process writes to it.
 
-Damage: :meth:`Store.damaged` lists records whose file is missing or fails its checksum; reading
-other records keeps working; :meth:`Store.repair` drops the damaged records from the index (their
-files are kept, renamed ``*.damaged``) and removes leftovers of interrupted writes, so
-:meth:`Store.missing` reports those samples and a resumed capture recaptures them.
+Damage: :meth:`Store.damaged` lists records whose file is missing or fails its checksum; reading other records keeps
+working; :meth:`Store.repair` drops the damaged records from the index (their files are kept, renamed ``*.damaged``)
+and removes leftovers of interrupted writes, so :meth:`Store.missing` reports those samples and a resumed capture
+recaptures them.
 """
 from __future__ import annotations
 
@@ -269,8 +267,8 @@ class Store:
     Args:
         path: the store directory (created on first write).
         rank: this writer's rank (each process of a distributed capture uses its own).
-        meta: written to ``meta.json`` on first write (``model``, ``dtype``, anything else); a later
-            writer with different ``model`` raises rather than mixing two models in one store.
+        meta: written to ``meta.json`` on first write (``model``, ``dtype``, anything else); a later writer with
+            different ``model`` raises rather than mixing two models in one store.
     """
 
     def __init__(self, path, rank: int = 0, meta: dict | None = None):
@@ -308,8 +306,7 @@ class Store:
         return self._lock
 
     def close(self) -> None:
-        """Release the writer lock (reading needs no lock). Also done when the object is dropped or the
-        process ends."""
+        """Release the writer lock (reading needs no lock). Also done when the object is dropped or the process ends."""
         lock, self._lock = getattr(self, "_lock", None), None
         if lock is not None:
             lock.release()
@@ -471,10 +468,9 @@ class Store:
             raise StoreError(f"{len(dup)} record(s) already stored, e.g. {dup[0]!r}; stored data is never "
                              f"overwritten: skip them (Store.missing) or write to a new directory")
         n_chunk = self._logs[self.rank].chunks if self.rank in self._logs else 0
-        chunk = f"rank{self.rank:05d}/chunk{n_chunk:06d}"
-        while (self.path / chunk).exists():  # an orphan from an interrupted write: never reuse it
+        while (self.path / f"rank{self.rank:05d}/chunk{n_chunk:06d}").exists():  # an orphan: never reused
             n_chunk += 1
-            chunk = f"rank{self.rank:05d}/chunk{n_chunk:06d}"
+        chunk = f"rank{self.rank:05d}/chunk{n_chunk:06d}"
         by_layer: dict[tuple, list[int]] = {}
         for i, r in enumerate(records):
             by_layer.setdefault((r.part, r.layer), []).append(i)
@@ -494,12 +490,10 @@ class Store:
             for j, i in enumerate(idx):
                 r = records[i]
                 new_entries[i] = {
-                    "key": key_str(r.key), "sample": r.sample, "part": r.part, "layer": r.layer,
-                    "step": r.step, "mode": r.mode, "heads": r.heads, "seq_len": r.seq_len,
-                    "query_stride": r.query_stride, "key_stride": r.key_stride, "file": rel, "slot": j,
-                    "arrays": sorted(r.data), "sha256": digest,
-                    "spans": r.spans.to_json() if r.spans is not None else None, "meta": r.meta,
-                }
+                    "key": key_str(r.key), "sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
+                    "mode": r.mode, "heads": r.heads, "seq_len": r.seq_len, "query_stride": r.query_stride,
+                    "key_stride": r.key_stride, "file": rel, "slot": j, "arrays": sorted(r.data), "sha256": digest,
+                    "spans": r.spans.to_json() if r.spans is not None else None, "meta": r.meta}
         self._append(self.rank, {"keys": keys, "mode": records[0].mode}, new_entries)
         return len(records)
 
@@ -528,17 +522,11 @@ class Store:
             raise StoreError(f"{mp} holds a {type(meta).__name__}, not an object: rewrite it as {{\"model\": \"<name>\"}}")
         return meta
 
-    def _inside(self, rel) -> Path | None:
-        """``self.path / rel`` when ``rel`` names a file of this store (:func:`~unicache_lib.core.untrusted.inside`);
-        None for ``..``, an absolute path, a symlink that leaves the store, or not a string. An index entry naming
-        such a path is a damaged record: never opened, renamed or deleted."""
-        return inside(self.path, rel)
-
     def _open(self, rel: str, digest: str | None = None):
         fix = (f"Run Store({str(self.path)!r}).repair() to drop its records from the index (the other records stay "
                f"readable), then run the capture again: a resumed capture recaptures exactly those samples")
-        p = self._inside(rel)
-        if p is None:
+        p = inside(self.path, rel)  # None for "..", an absolute path, a symlink out of the store, a non-string
+        if p is None:  # a damaged record: never opened, renamed or deleted
             raise StoreError(f"the index lists {rel!r}, a path outside {self.path}: a hand-edited or damaged index. "
                              f"It is never opened. {fix}")
         if not p.exists():
@@ -574,13 +562,12 @@ class Store:
             out.append(Record(
                 sample=e["sample"], layer=e["layer"], part=e["part"], mode=e["mode"], data=data,
                 spans=Spans.from_json(e["spans"]) if e["spans"] else None, step=e["step"], seq_len=e["seq_len"],
-                heads=e["heads"], query_stride=e["query_stride"], key_stride=e["key_stride"], meta=e.get("meta", {}),
-            ))
+                heads=e["heads"], query_stride=e["query_stride"], key_stride=e["key_stride"], meta=e.get("meta", {})))
         return out
 
     def damaged(self) -> dict[str, list[str]]:
-        """Damaged records: ``{file: [record keys]}`` for every indexed file that is missing, unreadable or
-        fails its checksum. Reads every file once (use it to check a store, not in a loop)."""
+        """Damaged records: ``{file: [record keys]}`` for every indexed file that is missing, unreadable or fails its
+        checksum. Reads every file once (use it to check a store, not in a loop)."""
         by_file: dict[str, list[dict]] = {}
         for e in self.index():
             by_file.setdefault(e["file"], []).append(e)
@@ -620,11 +607,11 @@ class Store:
         return tmp + orphans
 
     def verify(self) -> list[str]:
-        """Problems found, one line each: damaged records (missing or corrupt files, with their record
-        keys) and leftovers of interrupted writes (ignored by readers; :meth:`repair` removes them). A leftover
-        of a rank that a live process is writing right now is reported as a write in flight, not as damage.
-        Empty when the store is sound. Records listed twice (a hand-edited log) are reported, each naming its file
-        and line; nothing else is checked until they are mended."""
+        """Problems found, one line each: damaged records (missing or corrupt files, with their record keys) and
+        leftovers of interrupted writes (ignored by readers; :meth:`repair` removes them). A leftover of a rank that a
+        live process is writing right now is reported as a write in flight, not as damage. Empty when the store is
+        sound. Records listed twice (a hand-edited log) are reported, each naming its file and line; nothing else is
+        checked until they are mended."""
         with self._guard:
             self._refresh()
             conflicts = self._conflicts()
@@ -685,11 +672,11 @@ class Store:
         return dropped
 
     def repair(self) -> list[str]:
-        """Make a damaged store whole again: drop damaged records from the index (their files are kept,
-        renamed ``*.damaged``), delete leftovers of interrupted writes. Refused (StoreLockedError) while
-        another process writes any rank. Afterwards :meth:`missing` lists the dropped samples and a
-        resumed capture recaptures them. Returns the record keys dropped. A store whose logs list a record twice is
-        refused (StoreError): which line is right is for a person to decide, and nothing is deleted."""
+        """Make a damaged store whole again: drop damaged records from the index (their files are kept, renamed
+        ``*.damaged``), delete leftovers of interrupted writes. Refused (StoreLockedError) while another process writes
+        any rank. Afterwards :meth:`missing` lists the dropped samples and a resumed capture recaptures them. Returns
+        the record keys dropped. A store whose logs list a record twice is refused (StoreError): which line is right is
+        for a person to decide, and nothing is deleted."""
         self._refresh()
         if self._conflicts():
             raise StoreError(f"{self._conflicts()[0]}: repair() does not guess which line is right and deletes nothing. "
@@ -703,7 +690,7 @@ class Store:
             bad = self.damaged()
             dropped = self.drop([k for keys in bad.values() for k in keys])
             for f in bad:
-                p = self._inside(f)  # a path outside the store is dropped from the index, never touched
+                p = inside(self.path, f)  # a path outside the store is dropped from the index, never touched
                 if p is not None and (p.exists() or p.is_symlink()):
                     os.replace(p, p.with_name(p.name + ".damaged"))
             for p in self._leftovers():  # (brings the index up to date)
@@ -718,9 +705,9 @@ class Store:
 
 def remove_store(path) -> bool:
     """Delete the store folder ``path`` (a notebook's own output of an earlier run), refused with
-    :class:`StoreLockedError` while another process writes to it, and refused for a folder that holds
-    anything but a store. A writer of this process is released first (re-running a notebook cell).
-    Returns True if something was removed."""
+    :class:`StoreLockedError` while another process writes to it, and refused for a folder that holds anything but a
+    store. A writer of this process is released first (re-running a notebook cell). Returns True if something was
+    removed."""
     p = Path(path)
     if p.is_symlink():
         raise StoreError(f"{p} is a symbolic link (to {os.path.realpath(p)}): not removed. Remove the link with "
