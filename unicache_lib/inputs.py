@@ -56,7 +56,7 @@ def prepare_image(image) -> np.ndarray:
     if image is None:
         raise ImageError(f"the image is None: pass {EXPECTED_IMAGE}")
     try:
-        from PIL import Image  # local: optional at import time (pillow comes with the image processors); None when absent
+        from PIL import Image  # local: optional at import time; None when absent
     except ImportError:  # pragma: no cover - PIL comes with transformers' image processors
         Image = None
     if Image is not None and isinstance(image, Image.Image):
@@ -149,10 +149,7 @@ def _to_rgb_uint8(arr: np.ndarray) -> np.ndarray:
 # ---- prompts --------------------------------------------------------------------------------------
 def default_family(family=None):
     """``family``, or the LLaVA-1.5 family (the shipped tiny model's) when None."""
-    if family is not None:
-        return family
-
-    return FAMILIES["LLaVA-1.5"]
+    return FAMILIES["LLaVA-1.5"] if family is None else family
 
 
 def check_question(question, family=None) -> str:
@@ -229,9 +226,7 @@ def encode_batch(processor, images, questions, family=None) -> list[dict]:
     texts = [_templated(processor, q, fam) for q in questions]
     enc = processor(images=[prepare_image(im) for im in images], text=texts, return_tensors="pt",
                     input_data_format="channels_last", padding=True)
-    ids, mask = enc["input_ids"], enc.get("attention_mask")
-    n = len(images)
-    out = []
+    ids, mask, n, out = enc["input_ids"], enc.get("attention_mask"), len(images), []
     for b in range(n):
         keep = mask[b].bool() if mask is not None else torch.ones(ids.shape[1], dtype=torch.bool)
         one = {}
@@ -362,9 +357,7 @@ def check_fraction(value, what: str = "budget", upper_inclusive: bool = True, me
         TypeError: not a real number (a string such as ``"25%"`` or ``"0.25"``, None, a bool).
         InputError: a number outside the range (e.g. a token count where a fraction is meant).
     """
-    hi = "1]" if upper_inclusive else "1)"
-    rng = f"[0, {hi}"
-    desc = f"a fraction in {rng}" + (f" ({meaning})" if meaning else "")
+    desc = f"a fraction in [0, {'1]' if upper_inclusive else '1)'}" + (f" ({meaning})" if meaning else "")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
         hint = ""
         if isinstance(value, str):
@@ -377,16 +370,14 @@ def check_fraction(value, what: str = "budget", upper_inclusive: bool = True, me
         raise InputTypeError(f"{what} must be a number, {desc}{hint or f'; got {type(value).__name__} {value!r}'}")
     v = float(value)
     if not (0 <= v <= 1) or (not upper_inclusive and v == 1) or v != v:
-        extra = ""
-        if v > 1:
-            extra = f" ({what} is a fraction, not a count or a percentage: e.g. 0.25 for a quarter)"
+        extra = f" ({what} is a fraction, not a count or a percentage: e.g. 0.25 for a quarter)" if v > 1 else ""
         raise InputError(f"{what} must be {desc}, got {value}{extra}")
     return v
 
 
 def check_count(value, what: str, minimum: int = 1) -> int:
-    """``value`` as an int ``>= minimum``: a bool, float or string is refused naming ``what`` (``StepSkipConfig("20")``
-    says to pass 20, not the string)."""
+    """``value`` as an int ``>= minimum``; a bool, float or string is refused naming ``what`` (for a digit string
+    the message names the number to pass)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
         hint = f": pass {what}={value.strip()}, not the string {value!r}" if isinstance(value, str) and \
             value.strip().isdigit() else f"; got {type(value).__name__} {value!r}"
