@@ -39,17 +39,13 @@ from .pipelines import PipelineGenerator, default_image_size
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 SHIPPED = {"tiny-llava": "understanding", "tiny-llava-576": "understanding", "tiny-mmdit": "generation",
-           "tiny-pixart": "generation",
-           "tiny-mllama": "understanding", "tiny-vilt": "understanding", "tiny-clip": "understanding",
-           "tiny-janus": "understanding"}
+           "tiny-pixart": "generation", "tiny-mllama": "understanding", "tiny-vilt": "understanding",
+           "tiny-clip": "understanding", "tiny-janus": "understanding"}
 
 # transformer/config.json _class_name -> family key (capture, reuse and peers know every registered family)
 GENERATION_FAMILIES = {cls: fam.key for fam in GEN_FAMILIES.values() for cls in fam.transformer_classes}
 # model_index.json _class_name -> family key: the pipelines :func:`~unicache_lib.zoo.sampling.sample` drives
-# (their step callbacks, guidance batching and decoding are handled in :mod:`unicache_lib.zoo.pipelines`)
-SAMPLED_PIPELINES = tuple(cls for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines)  # each adapter names its own
-PIPELINE_FAMILIES = {cls: gen_family_for(cls).key for cls in SAMPLED_PIPELINES}
-
+PIPELINE_FAMILIES = {cls: gen_family_for(cls).key for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines}
 
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -90,14 +86,15 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: torch.device
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name
 
 
+# huggingface_hub is imported locally: only the hub paths need it
 def _offline() -> bool:
-    from huggingface_hub import constants  # local: huggingface_hub only on the hub paths
+    from huggingface_hub import constants
 
     return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import snapshot_download  # local: huggingface_hub only on the hub paths
+    from huggingface_hub import snapshot_download
 
     try:
         snapshot_download(repo_id, local_files_only=True)  # reads the local cache only, never the network
@@ -107,7 +104,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def _hub_host() -> str:
-    from huggingface_hub import constants  # local: huggingface_hub only on the hub paths
+    from huggingface_hub import constants
 
     return urlparse(constants.ENDPOINT).hostname or "huggingface.co"
 
@@ -124,47 +121,47 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 def closest_shipped(name: str, cutoff: float = 0.8) -> list[str]:
     """Shipped model names near ``name``, the same length first (a typo in place: tiny-llama -> tiny-llava before
     tiny-mllama)."""
-    return sorted(difflib.get_close_matches(str(name), SHIPPED, n=3, cutoff=cutoff), key=lambda m: abs(len(m) - len(str(name))))
+    return sorted(difflib.get_close_matches(str(name), SHIPPED, n=3, cutoff=cutoff),
+                  key=lambda m: abs(len(m) - len(str(name))))
 
 
 def _unknown_name_message(name: str) -> str:
     close = closest_shipped(name)
     shipped = ", ".join(f"{n} ({side})" for n, side in SHIPPED.items())
     gen = ", ".join(f"{tag} ({cls})" for cls, tag in (GENERATION_FAMILIES | PIPELINE_FAMILIES).items())
-    return (f"{name!r} is not a shipped model, an existing folder or a Hugging Face hub id (org/name)."
-            f"{' Did you mean ' + ' or '.join(map(repr, close[:2])) + '?' if close else ''} Shipped models: {shipped}. Supported understanding "
-            f"families: {supported()}. Supported generation families: {gen}.")
+    hint = f" Did you mean {' or '.join(map(repr, close[:2]))}?" if close else ""
+    return (f"{name!r} is not a shipped model, an existing folder or a Hugging Face hub id (org/name).{hint} Shipped "
+            f"models: {shipped}. Supported understanding families: {supported()}. Supported generation families: "
+            f"{gen}.")
 
 
 def resolve(name_or_path: str | Path, reach: bool = True) -> Path | str:
     """Where a model comes from, decided without touching the network.
 
-    A shipped model name -> its folder under ``data/models``; an existing path -> itself; a hub id
-    (``org/name``) -> unchanged, for ``from_pretrained`` to fetch (offline, it must already be in the local
-    Hugging Face cache; ``reach=False`` skips the probe of the hub for an uncached id online). Anything else raises
-    :class:`ModelNotFoundError` at once: a path-like string
-    ("no such folder"), a hub id missing from the cache in offline mode, or a name (with the shipped models,
-    the supported families and the closest shipped name).
+    A shipped model name -> its folder under ``data/models``; an existing path -> itself; a hub id (``org/name``) ->
+    unchanged, for ``from_pretrained`` to fetch (offline, it must already be in the local Hugging Face cache;
+    ``reach=False`` skips the probe of the hub for an uncached id online). Anything else raises
+    :class:`ModelNotFoundError` at once: a path-like string ("no such folder"), a hub id missing from the cache in
+    offline mode, or a name (with the shipped models, the supported families and the closest shipped name).
     """
     name = str(name_or_path)
     if name in SHIPPED:
         p = MODELS_DIR / name
         if not (p / "config.json").exists() and not (p / "transformer").exists():
-            raise MissingFileError(
-                f"shipped model {name!r} is missing at {p}. It is committed with the repository; "
-                f"re-clone, or rebuild it with `make models`."
-            )
+            raise MissingFileError(f"shipped model {name!r} is missing at {p}. It is committed with the repository; "
+                                   f"re-clone, or rebuild it with `make models`.")
         return p
     p = Path(name).expanduser()
     if p.exists():
         return p
     if HUB_ID.fullmatch(name) and not isinstance(name_or_path, Path):
-        if _offline() and not _in_hub_cache(name):
+        offline = _offline()
+        if offline and not _in_hub_cache(name):
             raise ModelNotFoundError(
                 f"{name!r} is not a folder, and as a hub id it is not in the local Hugging Face cache while offline "
                 f"mode is on (HF_HUB_OFFLINE=1): download it once with network access "
                 f"(`HF_HUB_OFFLINE=0 hf download {name}`), or pass the folder of a local copy.")
-        if reach and not _offline() and not _in_hub_cache(name) and not _hub_reachable():
+        if reach and not offline and not _in_hub_cache(name) and not _hub_reachable():
             raise ModelNotFoundError(
                 f"{name!r} is not a folder, not in the local Hugging Face cache, and the hub ({_hub_host()}) cannot be "
                 f"reached from this machine: download it where there is network (`hf download {name} --local-dir DIR`) "
@@ -176,8 +173,8 @@ def resolve(name_or_path: str | Path, reach: bool = True) -> Path | str:
 
 
 def _verified(where, verify: bool):
-    """``where`` after checking its weights against its card (local folders; a shipped model must have
-    checksums). The error of a shipped model says how to restore it."""
+    """``where`` after checking its weights against its card (local folders; a shipped model must have checksums,
+    and its error says how to restore it)."""
     if verify and isinstance(where, Path):
         remedy = None
         if where.resolve().parent == MODELS_DIR.resolve() and where.name in SHIPPED:
@@ -195,7 +192,7 @@ def _read_config(where, sub: str = "", name: str = "config.json") -> dict:
         if not f.exists():
             raise MissingFileError(f"no {name} in {p / sub}: is this a model folder?")
         return read_json(f)
-    from huggingface_hub import hf_hub_download  # local: huggingface_hub only on the hub paths; a hub id: the real download path (offline here)
+    from huggingface_hub import hf_hub_download  # a hub id: the real download path
 
     return json.loads(Path(hf_hub_download(str(where), f"{sub + '/' if sub else ''}{name}")).read_text())
 
@@ -213,9 +210,9 @@ def _model_index(where) -> dict | None:
 
 
 def model_label(name_or_path) -> str:
-    """A short name for a model, safe as a folder name and a table label: a shipped name as it is, a
-    folder by its own name, a hub id ``org/name`` as ``org--name``. (Joining a full path to an output
-    folder would point back at the model's own folder.)"""
+    """A short name for a model, safe as a folder name and a table label: a shipped name as it is, a folder by its
+    own name, a hub id ``org/name`` as ``org--name`` (a full path joined to an output folder would point back at the
+    model's own folder)."""
     name = str(name_or_path)
     if name in SHIPPED:
         return name
@@ -226,23 +223,20 @@ def model_label(name_or_path) -> str:
 
 
 def model_card(name_or_path) -> dict:
-    """The ``model_card.json`` of a local model folder (shipped models and rehearsal stand-ins have
-    one); ``{}`` for folders without one and for hub ids."""
+    """The ``model_card.json`` of a local model folder; ``{}`` for folders without one and for hub ids."""
     p = Path(str(resolve(name_or_path)))
     f = p / "model_card.json"
     return read_json(f) if f.is_file() else {}
 
 
 def is_stand_in(name_or_path) -> bool:
-    """True for a random-weight stand-in (its card says ``"stand_in": true``): it exercises code
-    paths, memory and time at a real model's shapes, and its statistics mean nothing, so notebooks
-    show "not meaningful (random weights)" instead of verdicts."""
+    """True for a random-weight stand-in (its card says ``"stand_in": true``): its statistics mean nothing, so
+    notebooks show "not meaningful (random weights)" instead of verdicts."""
     return bool(model_card(name_or_path).get("stand_in", False))
 
 
 def understanding_family(name_or_path) -> str:
-    """The ``model_type`` of a checkpoint, checked against the registered families (an unknown one
-    raises :class:`UnsupportedModelError` naming the supported families and how to add one)."""
+    """The ``model_type`` of a checkpoint; an unregistered one raises :class:`UnsupportedModelError`."""
     mt = _read_config(resolve(name_or_path)).get("model_type")
     family_for_type(mt)
     return mt
@@ -259,8 +253,8 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
             modes ``full``/``stats``); ``"sdpa"`` keeps the fast kernel (use capture mode ``recompute``).
         vision_attn_implementation: of the vision tower; ``"sdpa"`` by default (fast, no weights kept;
             capture ``part="vision"`` needs ``"eager"`` or mode ``recompute``).
-        dtype: weight dtype (``torch.float16``, ``"bfloat16"``, ``"auto"``, ...); a 7B model needs 14 GB in
-            half precision and 28 GB in float32. Statistics are computed in float32 regardless.
+        dtype: weight dtype (``torch.float16``, ``"bfloat16"``, ``"auto"``, ...: :func:`resolve_dtype`); statistics
+            are computed in float32 regardless.
         device: ``"cpu"``, ``"cuda"`` or ``"auto"``; the model is moved there (inputs follow the model).
         device_map: passed to ``from_pretrained`` instead (e.g. ``"auto"`` to spread a big model over GPUs).
         verify: check the weight files against the sha256 checksums of the folder's ``model_card.json``
@@ -292,7 +286,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 
 
 def _check_kind(where, want: str) -> None:
-    """A local folder of the other kind (a generator given to the understanding loader, or the reverse) is refused
+    """A local folder of the other kind (a generator given to the understanding loader, or the reverse) is refused,
     naming the right loader."""
     p = Path(str(where))
     if not p.is_dir():
@@ -302,8 +296,9 @@ def _check_kind(where, want: str) -> None:
         raise InputError(f"{p} is a text-to-image generator (a diffusers pipeline or the tiny generator layout), not a "
                          f"vision-language model: load it with load_generator (notebooks 03, 04, 06: GENERATORS)")
     if want == "generation" and not generator and (p / "config.json").is_file():
-        raise InputError(f"{p} is a vision-language model (model_type {read_json(p / 'config.json').get('model_type')!r}), "
-                         f"not a generator: load it with load_understanding (notebooks: MODEL)")
+        mt = read_json(p / "config.json").get("model_type")
+        raise InputError(f"{p} is a vision-language model (model_type {mt!r}), not a generator: load it with "
+                         f"load_understanding (notebooks: MODEL)")
 
 
 def _check_tokenizers(where, want: str) -> None:
@@ -316,7 +311,8 @@ def _check_tokenizers(where, want: str) -> None:
         folders = [p]
     elif (p / "model_index.json").is_file():  # a pipeline: the tokenizers its index names
         index = read_json(p / "model_index.json")
-        folders = [p / k for k in ("tokenizer", "tokenizer_2", "tokenizer_3") if index.get(k) not in (None, [None, None])]
+        folders = [p / k for k in ("tokenizer", "tokenizer_2", "tokenizer_3")
+                   if index.get(k) not in (None, [None, None])]
     else:
         folders = [p / "tokenizer"]
     for f in folders:
@@ -332,7 +328,6 @@ def load_processor(where, family):
     try:
         return transformers.AutoProcessor.from_pretrained(where)
     except (ImportError, OSError, TypeError, ValueError) as e:
-
         chain = f"{e!r} {e.__cause__!r}".lower()
         if importlib.util.find_spec("torchvision") is not None:
             raise
@@ -344,8 +339,6 @@ def load_processor(where, family):
                 f"installed beside torch 2.13.0). Install torchvision where you can, or encode the prompt yourself "
                 f"and pass it to the model (kv.split_inputs takes an encoded prompt)") from e
         first = e
-
-
     p = Path(str(where))
     cfg = json.loads((p / "processor_config.json").read_text()) if (p / "processor_config.json").is_file() else {}
     name = cfg.get("processor_class") or family.model_class.replace("ForConditionalGeneration", "Processor")
@@ -353,7 +346,8 @@ def load_processor(where, family):
         proc = images_only(getattr(transformers, name)).from_pretrained(where)
     except Exception as e:  # noqa: BLE001 - report both failures
         raise ContractError(f"could not load the processor of {where}: {first!r}; images-only fallback: {e!r}") from e
-    warnings.warn(f"torchvision is not installed: {name} loaded without its video processor (images only)", stacklevel=2)
+    warnings.warn(f"torchvision is not installed: {name} loaded without its video processor (images only)",
+                  stacklevel=2)
     return proc
 
 
@@ -373,9 +367,8 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.f
       (sampled by the library's pixel-space loop).
 
     Both have ``adapter`` (the family's :class:`~unicache_lib.gen_families.base.GenFamily`), ``family`` (its key:
-    ``"sd3"``, ``"pixart"``, ``"flux"``...), ``transformer``, ``path``,
-    ``pipe`` (None for the tiny layout), ``image_size`` (pixels), ``image_tokens`` and ``text_tokens`` (per
-    prompt).
+    ``"sd3"``, ``"pixart"``, ``"flux"``...), ``transformer``, ``path``, ``pipe`` (None for the tiny layout),
+    ``image_size`` (pixels), ``image_tokens`` and ``text_tokens`` (per prompt).
 
     Args:
         dtype: weight dtype (``torch.float16``, ``"bfloat16"``, ``"auto"``: as :func:`resolve_dtype`).
@@ -395,10 +388,8 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.f
     dev = resolve_device(device) if device is not None else None
     dt = resolve_dtype(dtype, dev or "cpu")
     index = _model_index(where)
-    if index is not None:
-        gen = _load_pipeline(where, index, dt, image_size, max_sequence_length)
-    else:
-        gen = _load_tiny_layout(where, dt)
+    gen = (_load_tiny_layout(where, dt) if index is None
+           else _load_pipeline(where, index, dt, image_size, max_sequence_length))
     if dev is not None and gen.pipe is not None:
         gen.pipe.to(dev)
     elif dev is not None:
@@ -409,9 +400,8 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.f
 
 def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | None, max_sequence_length: int | None):
     """A diffusers pipeline folder -> :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`."""
-
     cls_name = index.get("_class_name")
-    sampled = {cls: fam for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines}  # a family added since import too
+    sampled = {cls: fam for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines}  # + added since import
     if cls_name not in sampled:
         raise UnsupportedModelError(
             f"diffusers pipeline {cls_name!r} ({where}) is not supported; supported pipelines: "
@@ -426,7 +416,6 @@ def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | Non
 
 def _load_tiny_layout(where, dtype: torch.dtype):
     """``transformer/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/`` -> :class:`Generator`."""
-
     transformer, _ = load_transformer(where, dtype, verify=False)  # verified by the caller
     _check_tokenizers(where, "generation")
     te_cls = {"clip_text_model": transformers.CLIPTextModelWithProjection, "t5": transformers.T5EncoderModel}
@@ -446,8 +435,7 @@ def load_transformer(name_or_path, dtype: torch.dtype = torch.float32, verify: b
     where = _verified(resolve(name_or_path), verify)
     cls_name = _read_config(where, "transformer").get("_class_name")
     if cls_name not in GENERATION_FAMILIES:
-        raise UnsupportedModelError(
-            f"transformer class {cls_name!r} is not a supported generation family; supported: {gen_supported()}"
-        )
+        raise UnsupportedModelError(f"transformer class {cls_name!r} is not a supported generation family; "
+                                    f"supported: {gen_supported()}")
     model = getattr(diffusers, cls_name).from_pretrained(where, subfolder="transformer", dtype=dtype)
     return model.eval(), GENERATION_FAMILIES[cls_name]
