@@ -142,25 +142,18 @@ def normalised_entropy(P: torch.Tensor, causal=True, query_positions=None,
         check_mask(P, vis)
     n = vis.counts().float()
     h = row_entropy(P) if entropy is None else entropy
-    denom = torch.log(n)
-    return torch.where(n > 1, h / denom.clamp(min=1e-12), torch.full_like(h, float("nan")))
+    return torch.where(n > 1, h / torch.log(n).clamp(min=1e-12), torch.full_like(h, float("nan")))
 
 
-def block_mass(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
-    """Attention mass in the four modality blocks, ``[..., 4]`` in :data:`BLOCKS` order."""
+def block_shares(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
+    """The four modality blocks (:data:`BLOCKS` order) as shares of all attention mass: ``[..., 4]``, sums to 1."""
     P = as_probs(P)
     spans.check(P.shape[-1], "attention map's key axis")
     kinds = torch.as_tensor(spans.array, device=P.device)
     qk = kinds[_query_positions(P, query_positions)]
     to = {"image": P @ (kinds == IMAGE).float(), "text": P @ (kinds == TEXT).float()}  # [..., Sq] each
     frm = {"image": (qk == IMAGE).float(), "text": (qk == TEXT).float()}
-    out = [to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)]
-    return torch.stack(out, -1)
-
-
-def block_shares(P: torch.Tensor, spans: Spans, query_positions=None) -> torch.Tensor:
-    """The four blocks as shares of all attention mass: ``[..., 4]``, sums to 1."""
-    m = block_mass(P, spans, query_positions)
+    m = torch.stack([to[dst] @ frm[src] for src, dst in (b.split("->") for b in BLOCKS)], -1)
     return m / m.sum(-1, keepdim=True).clamp(min=1e-12)
 
 
@@ -213,43 +206,39 @@ LAYER_STATS = {
 }
 
 
-# row chunks of the map are processed one at a time: about this many bytes of float32 per chunk, so a
-# chunk and its few temporaries stay in cache and no temporary is of the map's size
+#: float32 bytes per row chunk of a map read on a CPU: a chunk and its few temporaries stay in cache and no temporary
+#: is of the map's size
 CHUNK_BYTES = 4 << 20
-#: float32 bytes per row chunk when a map is streamed from its logits (diffusion capture mode ``recompute``): larger
-#: than :data:`CHUNK_BYTES` because each chunk costs a matrix product, which needs rows to be efficient; a few such
-#: buffers stay far below one map at real scale (SD3-medium at 1,024 px: 1.8 GB)
+#: the same when a map is streamed from its logits (:class:`LogitRows`): larger, because each chunk costs a matrix
+#: product, which needs rows to be efficient; a few such buffers stay far below one map at real scale
 STREAM_CHUNK_BYTES = 16 << 20
-
-
-def stream_chunk_bytes(device=None) -> int:
-    """Bytes per row chunk of a streamed map on ``device``: :data:`STREAM_CHUNK_BYTES` on a CPU, :data:`DEVICE_CHUNK_BYTES`
-    on an accelerator (where each chunk costs kernel launches; still far below one map)."""
-    return STREAM_CHUNK_BYTES if device is None or torch.device(device).type == "cpu" else DEVICE_CHUNK_BYTES
-# on an accelerator the chunk is about launches, not caches: a few large chunks (memory still bounded)
+#: on an accelerator the chunk is about kernel launches, not caches: a few large chunks (memory still bounded)
 DEVICE_CHUNK_BYTES = 256 << 20
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def map_chunks(P) -> list[tuple[int, int]]:
-    """The query-row chunks a map ``[H, Sq, Sk]`` is read in: :func:`stream_chunk_bytes` when it is streamed from its
-    logits (:class:`LogitRows`: each chunk costs a matrix product), :func:`default_chunk_bytes` when it is a tensor."""
-    H, sq, sk = P.shape
-    streamed = isinstance(P, LogitRows)
-    return row_chunks(H, sq, sk, stream_chunk_bytes(P.device) if streamed else None, device=P.device)
+def default_chunk_bytes(device=None) -> int:
+    """Bytes of float32 per row chunk on ``device``: :data:`CHUNK_BYTES` on a CPU (or None), else
+    :data:`DEVICE_CHUNK_BYTES`."""
+    return CHUNK_BYTES if device is None or torch.device(device).type == "cpu" else DEVICE_CHUNK_BYTES
 
 
-def row_chunks(heads: int, sq: int, sk: int, chunk_bytes: int | None = None, device=None) -> list[tuple[int, int]]:
-    """``[(r0, r1), ...]`` query-row ranges of about ``chunk_bytes`` of float32 ``[heads, r1 - r0, sk]`` each
-    (None: :data:`CHUNK_BYTES` on a CPU ``device``, :data:`DEVICE_CHUNK_BYTES` on an accelerator)."""
-    chunk_bytes = default_chunk_bytes(device) if chunk_bytes is None else chunk_bytes
+def stream_chunk_bytes(device=None) -> int:
+    """:func:`default_chunk_bytes` of a map streamed from its logits: :data:`STREAM_CHUNK_BYTES` on a CPU."""
+    return STREAM_CHUNK_BYTES if device is None or torch.device(device).type == "cpu" else DEVICE_CHUNK_BYTES
+
+
+def row_chunks(heads: int, sq: int, sk: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """``[(r0, r1), ...]`` query-row ranges of about ``chunk_bytes`` of float32 ``[heads, r1 - r0, sk]`` each."""
     step = max(1, int(chunk_bytes) // max(1, heads * sk * 4))
     return [(r0, min(sq, r0 + step)) for r0 in range(0, sq, step)]
 
 
-def default_chunk_bytes(device=None) -> int:
-    """Bytes of float32 per row chunk on ``device`` (None or CPU: :data:`CHUNK_BYTES`)."""
-    return CHUNK_BYTES if device is None or torch.device(device).type == "cpu" else DEVICE_CHUNK_BYTES
+def map_chunks(P) -> list[tuple[int, int]]:
+    """The query-row chunks a map ``[H, Sq, Sk]`` (a tensor or a :class:`LogitRows`) is read in."""
+    H, sq, sk = P.shape
+    chunk_bytes = stream_chunk_bytes if isinstance(P, LogitRows) else default_chunk_bytes
+    return row_chunks(H, sq, sk, chunk_bytes(P.device))
 
 
 class LogitRows:
@@ -604,21 +593,13 @@ def text_read_frequency(P: torch.Tensor, spans: Spans, query_positions=None) -> 
     return (qk == TEXT).float() @ P
 
 
-def entropy_in_dtype(P: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Row entropy computed *in* ``dtype`` (weights cast first), returned as float32.
-
-    Only for showing the precision trap of claim M1; use :func:`row_entropy` for real work.
-    """
-    Q = torch.as_tensor(P).to(dtype)
-    return (-(Q * torch.log(Q.clamp(min=torch.finfo(dtype).tiny))).sum(-1)).float()
-
-
 def row_statistics_in_dtype(P: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """``entropy``, ``max_weight`` and ``sum_sq`` (the sum of squared weights behind head variance) of
     every row of ``P [..., Sq, Sk]``, computed *in* ``dtype`` and returned as float32 ``[..., Sq]``.
     Only for claim M1 (what half-precision arithmetic does to statistics); real work uses float32."""
     Q = torch.as_tensor(P).to(dtype)
-    return {"entropy": entropy_in_dtype(P, dtype), "max_weight": Q.amax(-1).float(), "sum_sq": (Q * Q).sum(-1).float()}
+    entropy = -(Q * torch.log(Q.clamp(min=torch.finfo(dtype).tiny))).sum(-1)
+    return {"entropy": entropy.float(), "max_weight": Q.amax(-1).float(), "sum_sq": (Q * Q).sum(-1).float()}
 
 
 # What a diffusion capture keeps for one (sample, part, layer, step); H heads, Si image queries,
@@ -728,7 +709,7 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
     if not (torch.isfinite(mass).all() and torch.isfinite(ent).all() and torch.isfinite(gram).all()):
         _raise_nonfinite()
 
-    def rows_mean(x, q):  # x [H, Sq] -> [H], mean over the query rows q (weighted: q_weights)
+    def rows_mean(x, q):  # x [H, Sq] -> [H], mean over the query rows q (weighted: q_weights); NaN without rows
         if not bool(q.any()):
             return nan
         return x[:, q].mean(-1) if wq is None else (x[:, q] * wq[q]).sum(-1) / wq[q].sum()
@@ -739,7 +720,7 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
         q = iq if src == "image" else tq
         g = 0 if dst == "image" else 1
         block_mass.append(mass[:, q, g].sum(-1) if wq is None else mass[:, q, g] @ wq[q])
-        bent.append(rows_mean(_group_entropy(ent[..., g], mass[..., g], widths[g]), q) if widths[g] and bool(q.any()) else nan)
+        bent.append(rows_mean(_group_entropy(ent[..., g], mass[..., g], widths[g]), q))
     block_mass = torch.stack(block_mass, -1)
     whole = _group_entropy(ent[..., 3], mass[..., 3], sk)
     out = {
@@ -748,7 +729,7 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
         "row_entropy": torch.stack([rows_mean(whole, iq), rows_mean(whole, tq)], -1),
         "max_weight": torch.stack([rows_mean(rowmax, iq), rows_mean(rowmax, tq)], -1),
         "text_share": rows_mean(mass[..., 1], iq),
-        "text_entropy": rows_mean(_group_entropy(ent[..., 2], mass[..., 2], widths[2]), iq) if widths[2] and bool(iq.any()) else nan,
+        "text_entropy": rows_mean(_group_entropy(ent[..., 2], mass[..., 2], widths[2]), iq),
         "word_map": word[iq],
         "head_sim": _cosine(gram),
         "variance": rows_mean(sumsq / sk - 1.0 / sk**2, iq),
