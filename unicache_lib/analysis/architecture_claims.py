@@ -1,11 +1,10 @@
 """Notebook 08's claims (A1-A6) as data, and their measurements on a
 :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's scoreboard cell reads as a few calls.
 
-:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule
-written once there);
-:func:`declare` writes them on a board. One ``measure_*`` function per architecture records its claims
-from the tables the notebook built, or marks them "not measurable here" with the reason when the model
-was left out (its parameter set to ``None``) or the run gave nothing to compare:
+:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule written
+once there); :func:`declare` writes them on a board. One ``measure_*`` function per architecture records its claims
+from the tables the notebook built, or marks them "not measurable here" with the reason when the model was left out
+(its parameter set to ``None``) or the run gave nothing to compare:
 
 - :func:`measure_fusion`: A1, A2 (a fusion encoder, ViLT);
 - :func:`measure_cross_layers`: A3 (a cross-attention VLM, Mllama);
@@ -24,7 +23,7 @@ from ..diagnostics.roc import auroc_interval
 from ..intervals import bootstrap, difference_interval, mean_interval, ratio_interval
 from .architectures import lag1
 
-RULES = rules_of("08_architectures")  # generated from the claims' one source, unicache_lib/claims.py
+RULES = rules_of("08_architectures")
 
 
 def declare(board) -> None:

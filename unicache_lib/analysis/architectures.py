@@ -26,7 +26,7 @@ from ..world.segment import score_object
 from ..world.text import CAPTION_QUESTION, POSITION_ORDER, caption
 from .generation import stats_stride_of, step_table
 from .layers import layer_band
-from .understanding import head_table
+from .understanding import cross_modal, head_table
 
 
 def reading_profile(records, model: str, part: str | None = None) -> pd.DataFrame:
@@ -67,7 +67,7 @@ def reading_profile(records, model: str, part: str | None = None) -> pd.DataFram
             share = float(torch.nanmean(d["image_share"].float()[:, text_rows])) if bool(text_rows.any()) else float("nan")
             e = float(torch.nanmean(ent[:, text_rows])) if bool(text_rows.any()) else float(torch.nanmean(ent))
             b = d["blocks"].float().mean(0) if "blocks" in d else None
-            cm = float(b[BLOCKS.index("image->text")] + b[BLOCKS.index("text->image")]) if b is not None else float("nan")
+            cm = float(cross_modal(b)) if b is not None else float("nan")
         rows.append({"model": model, "sample": r.sample, "layer": r.layer, "depth": r.layer / max(1, n - 1),
                      "band": layer_band(r.layer, n), "part": r.part, "text_image_share": share, "norm_entropy": e,
                      "cross_modal": cm})
@@ -121,7 +121,7 @@ def four_block_rows(records) -> pd.DataFrame:
         rows.append({"sample": r.sample, "layer": r.layer, "image_queries_on_image": img_share,
                      "image_queries_on_text": 1 - img_share, "text_position_share": float((kinds == TEXT).float().mean()),
                      "image->image": float(b[BLOCKS.index("image->image")]),
-                     "cross_modal": float(b[BLOCKS.index("image->text")] + b[BLOCKS.index("text->image")])})
+                     "cross_modal": float(cross_modal(b))})
     return pd.DataFrame(rows)
 
 

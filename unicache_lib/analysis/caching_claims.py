@@ -2,9 +2,8 @@
 each notebook's scoreboard cell reads as a few calls (notebook 05: KV eviction, U7 and E1-E4; notebook 06:
 cross-step reuse, R1-R3, G3 and G8).
 
-:data:`EVICTION_RULES` and :data:`REUSE_RULES` are the two lessons' rules, made from :mod:`unicache_lib.claims`
-(each claim and its rule written once there), fixed before any number
-is computed; :func:`declare` writes them on a board. :func:`measure_eviction` and :func:`measure_reuse` record the
+:data:`EVICTION_RULES` and :data:`REUSE_RULES` are the two lessons' rules, made from :mod:`unicache_lib.claims` (each
+claim and its rule written once there), fixed before any number is computed; :func:`declare` writes them on a board. :func:`measure_eviction` and :func:`measure_reuse` record the
 measurements from the tables the notebooks built, or mark a claim "not measurable here" with the reason (a budget
 or generator left out by parameter, too few timing rounds, a family without an image grid). The
 measurement -> action tables (and 06's printed recap) are built here too (:func:`eviction_decisions`,
@@ -32,7 +31,7 @@ DECISIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # mak
 PEERS = ("divprune", "fastv", "snapkv", "h2o", "streaming")  # the eviction peers beside every kvpress press
 ATTENTION_LEVEL = ("adaptive", "every_2", "static_last_third", "text_side")  # the study's attention-level schedules
 
-EVICTION_RULES = rules_of("05_kv_eviction")  # generated from the claims' one source, unicache_lib/claims.py
+EVICTION_RULES = rules_of("05_kv_eviction")
 REUSE_RULES = rules_of("06_step_reuse")
 
 
@@ -397,7 +396,7 @@ def reuse_decisions(RU: dict, CT: dict, shares: dict):
     for what, members, act, where in (
             ("diffusers caches", lambda m: m.startswith("diffusers:"),
              "; re-tune a cache and re-measure it against this control before adopting it", "§3 (control_table)"),
-            ("attention-level schedules", lambda m: m in ("adaptive", "every_2", "static_last_third", "text_side"),
+            ("attention-level schedules", lambda m: m in ATTENTION_LEVEL,
              "; attention-only reuse is also capped by attention's share (§4): skip whole steps", "§3, §4")):
         value, best = _group_margins(CT, members)
         rows.append({"measurement": f"{what} over fewer steps at equal FLOPs", "value here": value,

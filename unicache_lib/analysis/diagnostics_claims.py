@@ -1,12 +1,11 @@
 """Notebook 07's claims (U10, U12) as data, the broken-model experiment behind U10, and the measurements on a
 :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's cells read as a few calls.
 
-:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule
-written once there); :func:`declare` writes
-them on a board. :func:`broken_variants` captures a healthy model and four deliberately broken ones;
-:func:`detector_table` runs the modality-neglect detector on each; :func:`measure_neglect` (U10) and
-:func:`measure_hallucination` (U12) record the verdicts; :func:`decisions` prints the lesson's end
-from the same tables. Intervals resample the standard samples (U10) or the held-out questions (U12).
+:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule written
+once there); :func:`declare` writes them on a board. :func:`broken_variants` captures a healthy model and four
+deliberately broken ones; :func:`detector_table` runs the modality-neglect detector on each; :func:`measure_neglect`
+(U10) and :func:`measure_hallucination` (U12) record the verdicts; :func:`decisions` prints the lesson's end from the
+same tables. Intervals resample the standard samples (U10) or the held-out questions (U12).
 """
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from ..diagnostics.roc import auroc, auroc_interval, read_auroc
 from ..intervals import extreme_of, mean_interval
 from ..tables import WrappedTable
 
-RULES = rules_of("07_diagnostics")  # generated from the claims' one source, unicache_lib/claims.py
+RULES = rules_of("07_diagnostics")
 HEALTHY = "healthy"
 
 

@@ -1,12 +1,11 @@
 """Notebook 03's claims about generation models (G1, G2, G4-G7, G9) as data, and their measurements on a
 :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's scoreboard cell reads as a few calls.
 
-:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule
-written once there); :func:`declare` writes
-them on a board. A claim about "generation models" must hold on both generators, so each statistic is the *weaker*
-model's (the minimum over models, or the maximum where the claim asks for a low value). Every interval resamples
-prompts (the same prompts drive both models, so a resample keeps them paired); G7 resamples prompts and the
-understanding model's samples separately, G9 (b) the pair prompts within their kind.
+:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule written
+once there); :func:`declare` writes them on a board. A claim about "generation models" must hold on both generators,
+so each statistic is the *weaker* model's (the minimum over models, or the maximum where the claim asks for a low
+value). Every interval resamples prompts (the same prompts drive both models, so a resample keeps them paired); G7
+resamples prompts and the understanding model's samples separately, G9 (b) the pair prompts within their kind.
 
 The tables come from the notebook: ``T`` the per-(model, prompt, part, layer, step) statistics with ``phase``,
 ``kind`` (short / long prompts), ``sample`` (``"<kind>/<prompt index>"``) and the statistic columns named below.
@@ -21,7 +20,7 @@ from ..intervals import extreme_of, grouped, mean_interval, ratio_interval
 from .generation import PHASES, phase_of
 from .word_regions import judged
 
-RULES = rules_of("03_diffusion_steps")  # generated from the claims' one source, unicache_lib/claims.py
+RULES = rules_of("03_diffusion_steps")
 
 
 def declare(board) -> None:

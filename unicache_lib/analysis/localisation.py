@@ -13,14 +13,13 @@ import torch
 from ..capture import AttentionCapture
 from ..capture.runner import inputs_for
 from ..core.errors import InputError
-from .generation import chance_iou, iou, top_region
+from .generation import chance_iou, iou, top_region, word_positions
 from ..world.scenes import patch_grid_masks
 from ..families import family_of
 
 
 def selectivity(weights, patch_object: np.ndarray, target: int) -> float:
-    """Mean attention per patch on object ``target`` divided by the mean per patch on the other
-    objects.
+    """Mean attention per patch on object ``target`` divided by the mean per patch on the other objects.
 
     Args:
         weights: ``[n_patches]`` one token's attention over the image patches.
@@ -86,7 +85,7 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
             if query == "last":
                 pos = len(toks) - 1
             else:
-                hits = [i for i, w in enumerate(toks) if w == o[query]]
+                hits = word_positions(toks, o[query])
                 if not hits:
                     raise InputError(f"query {query!r}: the question {q!r} does not contain the object's {query} word "
                                      f"{o[query]!r}; put {{{query}}} in the question or use query='last'")

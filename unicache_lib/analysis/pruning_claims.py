@@ -1,11 +1,11 @@
 """Notebook 04's claims about head pruning (P1-P3) as data, the near-uniform-heads experiment behind P3, and the
 measurements on a :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook's cells read as a few calls.
 
-:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule
-written once there); :func:`declare` writes
-them on a board. :func:`near_uniform_experiment` prunes the shallow band's most uniform heads and, as the control, as
-many random shallow heads, and measures answers and the deeper layers' statistics; :func:`measure` records P1-P3 from
-the pruning sweep and that experiment. Intervals resample held-out questions (paired) or standard samples (paired).
+:data:`RULES` is the lesson's rules, made from :mod:`unicache_lib.claims` (each claim, its statement and rule written
+once there); :func:`declare` writes them on a board. :func:`near_uniform_experiment` prunes the shallow band's most
+uniform heads and, as the control, as many random shallow heads, and measures answers and the deeper layers'
+statistics; :func:`measure` records P1-P3 from the pruning sweep and that experiment. Intervals resample held-out
+questions (paired) or standard samples (paired).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ..intervals import difference_interval
 from ..pruning.downstream import downstream_changes, random_heads
 from ..pruning import HeadMask, evaluate as E
 
-RULES = rules_of("04_head_pruning")  # generated from the claims' one source, unicache_lib/claims.py
+RULES = rules_of("04_head_pruning")
 NEAR_UNIFORM = "near-uniform shallow heads"
 
 

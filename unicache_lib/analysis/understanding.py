@@ -13,9 +13,9 @@ from .anchors import image_reads, top_anchors
 from .layers import layer_band
 from .token_classes import token_class
 
-# What a reader sees for the four block columns of :func:`layer_table` (the stored keys stay
-# ``unicache_lib.core.modality.BLOCKS``): each is a share of the *whole map's* mass, so "text->image" here is small
-# when the text has few query rows. Not notebook 07's "image share of text queries' reads" (the text rows only).
+# What a reader sees for the four block columns of :func:`layer_table` (the stored keys stay ``BLOCKS``): each is a
+# share of the *whole map's* mass, so "text->image" here is small when the text has few query rows. Not notebook 07's
+# "image share of text queries' reads" (the text rows only).
 BLOCK_LABELS: dict[str, str] = {
     "image->image": "image→image share of all attention", "text->text": "text→text share of all attention",
     "image->text": "image→text share of all attention", "text->image": "text→image share of all attention",
@@ -24,6 +24,11 @@ BLOCK_LABELS: dict[str, str] = {
 # Row summaries (max weight, entropy) skip the first rows of a causal map: a row that sees one key
 # puts weight 1 on it, which would make every head look "focused".
 MIN_KEYS = 16
+
+
+def cross_modal(blocks):
+    """The image->text plus text->image share of ``blocks [..., 4]`` (in ``BLOCKS`` order)."""
+    return blocks[..., BLOCKS.index("image->text")] + blocks[..., BLOCKS.index("text->image")]
 
 
 def _n_layers(records) -> int:
@@ -47,8 +52,7 @@ def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
         d = r.data
         row = {
             "sample": r.sample, "layer": r.layer, "band": layer_band(r.layer, n),
-            "scene_type": (scene_of or {}).get(r.sample, ""),
-            "part": r.part,
+            "scene_type": (scene_of or {}).get(r.sample, ""), "part": r.part,
             "norm_entropy": float(torch.nanmean(_rows(d["norm_entropy"], r.part))),
             "max_weight": float(torch.nanmean(_rows(d["max_weight"], r.part))),
             "head_max_weight": float(torch.nanmean(_rows(d["max_weight"], r.part), -1).max()),  # the most focused head
@@ -73,8 +77,7 @@ def head_table(records) -> pd.DataFrame:
     rows = []
     for r in records:
         d = r.data
-        cm = d["blocks"][:, BLOCKS.index("image->text")] + d["blocks"][:, BLOCKS.index("text->image")] \
-            if "blocks" in d else torch.full((r.heads,), float("nan"))
+        cm = cross_modal(d["blocks"]) if "blocks" in d else torch.full((r.heads,), float("nan"))
         for h in range(r.heads):
             rows.append({"sample": r.sample, "layer": r.layer, "part": r.part, "head": h,
                          "max_weight": float(torch.nanmean(_rows(d["max_weight"], r.part)[h])),

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..claims import rules_of
+from ..core.modality import BLOCKS
 from ..core.similarity import jaccard
 from ..intervals import bootstrap
 from . import anchors as A
@@ -24,7 +25,6 @@ from . import anchors as A
 BY_CONSTRUCTION = "cross-attention VLM: a cross layer reads only vision tokens, so the text queries' image share is 1 by construction"
 CONTENT, FUNCTION = ["object", "attribute", "position"], ["function", "punctuation"]
 FOCUSED = 0.45  # a head is focused when its rows put more than this on one key, on average
-BLOCK_COLUMNS = ("image->image", "text->text", "image->text", "text->image")
 
 
 def declare(board, top_k: int, chance_jaccard: float) -> None:
@@ -59,7 +59,7 @@ def measure_depth_claims(board, L: pd.DataFrame, H: pd.DataFrame, bands: dict, c
     captured = sorted(L["layer"].unique())
     band_idx = _band_idx(bands, captured)
     X = {c: L.pivot(index="sample", columns="layer", values=c).loc[ids].to_numpy()
-         for c in ("top10_share", "distance", "norm_entropy", "cross_modal", *BLOCK_COLUMNS)}
+         for c in ("top10_share", "distance", "norm_entropy", "cross_modal", *BLOCKS)}
     depth = L.groupby("band")[["norm_entropy", "distance"]].mean()
 
     def band(c, b, idx):
