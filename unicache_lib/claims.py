@@ -53,10 +53,7 @@ class Claim:
         return self.statement.startswith("Target:")
 
 
-def _c(id, statement, why, notebook, rule, criteria, section=""):
-    return Claim(id, statement, why, notebook, rule, criteria, section)
-
-
+_c = Claim  # the table below, positionally
 _ALL = [
     # 01: can the measurements be trusted before any of them feeds a cache decision?
     _c("M1", "Statistics computed in fp16 are biased; compute them in fp32.",
@@ -283,16 +280,11 @@ def rules_of(notebook: str, **fill) -> dict[str, tuple[str, dict]]:
             text = c.rule.format(**fill)
         except KeyError as e:
             raise InputError(f"claim {c.id}'s rule names {e.args[0]!r}: pass {e.args[0]}=... to declare it") from None
-        crit = {}
-        for name, test in c.criteria.items():
-            crit[name] = {}
-            for side, bound in test.items():
-                if isinstance(bound, str):
-                    if bound not in fill:
-                        raise InputError(f"claim {c.id}'s threshold is named {bound!r}: pass {bound}=... to declare it")
-                    bound = float(fill[bound])
-                crit[name][side] = bound
-        out[c.id] = (text, crit)
+        for bound in (b for test in c.criteria.values() for b in test.values()):
+            if isinstance(bound, str) and bound not in fill:
+                raise InputError(f"claim {c.id}'s threshold is named {bound!r}: pass {bound}=... to declare it")
+        out[c.id] = (text, {name: {side: float(fill[b]) if isinstance(b, str) else b for side, b in test.items()}
+                            for name, test in c.criteria.items()})
     return out
 
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
 
 import pandas as pd
-
-from pathlib import Path
-from html import escape
 
 from .claims import CLAIMS  # every claim's statement, rule and lesson: unicache_lib/claims.py
 from .core.errors import ContractError, InputError, UnknownNameError
@@ -39,6 +38,9 @@ NOT_MEASURABLE, RANDOM_WEIGHTS = "not measurable here", "not meaningful (random 
 VERDICTS = (HOLDS, PARTLY, NOT, INCONCLUSIVE, NOT_MEASURABLE, RANDOM_WEIGHTS)
 UNSTABLE = "unstable across sample sets"
 
+
+def _nan_none(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class Row:
 
     @property
     def not_measurable(self) -> bool:
-        return any(m.value is None or (isinstance(m.value, float) and math.isnan(m.value)) for m in self.measured.values())
+        return any(_nan_none(m.value) is None for m in self.measured.values())
 
     @property
     def verdict(self) -> str:
@@ -129,11 +131,7 @@ class Row:
         vs = set(self._criterion_verdicts().values())
         if INCONCLUSIVE in vs:
             return INCONCLUSIVE
-        if vs == {HOLDS}:
-            return HOLDS
-        if vs == {NOT}:
-            return NOT
-        return PARTLY
+        return vs.pop() if len(vs) == 1 else PARTLY  # holds / does not hold for every criterion, else partly
 
     def settle_note(self) -> str:
         """For an inconclusive row: per undecided criterion, the rough n that would settle it."""
@@ -159,7 +157,7 @@ class Row:
 
 
 def _fmt(x) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
+    return "-" if _nan_none(x) is None else f"{x:.4g}"
 
 
 def _cells(ms: list[tuple[str, Measurement | None]]) -> dict:
@@ -256,15 +254,12 @@ class Scoreboard:
         if missing:
             raise ContractError(f"claims with a rule but no (complete) measurement: {missing}")
 
-    def _cells(self, r: Row) -> dict:
-        return _cells([(k, r.measured.get(k)) for k in r.criteria])
-
     def table(self):
         """One row per claim: statement, measured, value, interval, n, unit, rule, verdict, note."""
         self._check_complete()
         rows = []
         for r in self.rows.values():
-            c = self._cells(r)
+            c = _cells([(k, r.measured.get(k)) for k in r.criteria])
             rows.append({"claim": r.claim, "statement": CLAIMS[r.claim], "measured": r.shown, "value": c["value"],
                          "interval (95%)": c["interval"], "n": c["n"], "unit": c["unit"], "rule": r.rule_text,
                          "verdict": r.verdict, "note": r.full_note()})
@@ -377,7 +372,3 @@ class ScoreboardView(WrappedTable):
                 f'{" min-width:" + wide[c] + ";" if c in wide else ""}">{escape(str(v))}</td>'
                 for c, v in zip(cols, cells)) + "</tr>")
         return f'<table class="unicache-scoreboard"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-
-
-def _nan_none(x):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
