@@ -85,8 +85,7 @@ def measure_cache_pressure(board, kv: pd.DataFrame, models, n_prompts: int) -> N
     """G5: image / text KV bytes per attention layer (``kv["image/text"]`` per model: token counts, exact, so the
     interval is a point)."""
     ratio = [np.full(n_prompts, kv.loc[m, "image/text"]) for m in models]
-    board.measure("G5", weakest(ratio),
-                  shown=", ".join(f"{m}: {v:.2f}x" for m, v in kv["image/text"].items()))
+    board.measure("G5", weakest(ratio), shown=", ".join(f"{m}: {v:.2f}x" for m, v in kv["image/text"].items()))
 
 
 def measure_conditioning(board, T, gdf: pd.DataFrame, cond: pd.DataFrame, models, n_prompts: int, steps: int) -> None:

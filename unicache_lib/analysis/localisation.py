@@ -108,6 +108,14 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
                                        "top_on_target", "iou", "chance_iou"])
 
 
+def _image_row(r, P, query_pos: int):
+    """Query row ``query_pos`` of ``P [..., Sq, Sk]`` on the image keys (cross-attention: every vision token), and the
+    keys that row sees (the unit of the uniform weight: ``query_pos + 1`` under a causal mask)."""
+    if r.part == "cross":
+        return P[..., query_pos, :], P.shape[-1]
+    return P[..., query_pos, :][..., r.spans.image_index], query_pos + 1
+
+
 def query_over_image(records, sample: str, query_pos: int, head: int | None = None,
                      uniform: bool = False) -> dict[int, np.ndarray]:
     """One query position's attention over the image, layer by layer, from full-mode records.
@@ -129,11 +137,8 @@ def query_over_image(records, sample: str, query_pos: int, head: int | None = No
         P = r.probs.float()
         if not 0 <= query_pos < P.shape[-2]:
             raise InputError(f"query_pos {query_pos} outside the {P.shape[-2]} query rows of sample {sample}")
-        P = P.mean(0) if head is None else P[head]
-        row = P[query_pos] if r.part == "cross" else P[query_pos, r.spans.image_index]
-        if uniform:
-            row = row * (P.shape[-1] if r.part == "cross" else query_pos + 1)
-        out[r.layer] = row.numpy()
+        row, seen = _image_row(r, P.mean(0) if head is None else P[head], query_pos)
+        out[r.layer] = (row * seen if uniform else row).numpy()
     if not out:
         raise InputError(f"no record of sample {sample!r} among the {len(records)} records given")
     return out
@@ -148,10 +153,8 @@ def reading_head(records, query_pos: int) -> tuple:
     for r in sorted(records, key=lambda r: r.layer):
         if "probs" not in r.data:
             raise InputError(f"record (layer {r.layer}) holds no full map: capture it with mode='full'")
-        P = r.probs.float()
-        row = P[:, query_pos] if r.part == "cross" else P[:, query_pos][:, r.spans.image_index]
-        scaled = row * (P.shape[-1] if r.part == "cross" else query_pos + 1)
-        peak, h = scaled.max(-1).values.max(0)
+        row, seen = _image_row(r, r.probs.float(), query_pos)
+        peak, h = (row * seen).max(-1).values.max(0)
         if best is None or float(peak) > best[2]:
             best = (r, int(h), float(peak))
     if best is None:

@@ -57,8 +57,7 @@ def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
             "max_weight": float(torch.nanmean(_rows(d["max_weight"], r.part))),
             "head_max_weight": float(torch.nanmean(_rows(d["max_weight"], r.part), -1).max()),  # the most focused head
             "diag": float(d["diag"].mean()), "distance": float(d["distance"].mean()),
-            "variance": float(d["variance"].mean()),
-        }
+            "variance": float(d["variance"].mean())}
         if "blocks" in d:
             b = d["blocks"].mean(0)
             row.update({name: float(b[i]) for i, name in enumerate(BLOCKS)})

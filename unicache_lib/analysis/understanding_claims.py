@@ -54,10 +54,8 @@ def measure_depth_claims(board, L: pd.DataFrame, H: pd.DataFrame, bands: dict, c
     Returns:
         ``{"X": column -> [n_samples, n_layers], "HM": [n_samples, n_layers, n_heads] max weight}`` for read-outs.
     """
-    ids = sorted(L["sample"].unique())
-    n_s = len(ids)
-    captured = sorted(L["layer"].unique())
-    band_idx = _band_idx(bands, captured)
+    ids, captured = sorted(L["sample"].unique()), sorted(L["layer"].unique())
+    n_s, band_idx = len(ids), _band_idx(bands, captured)
     X = {c: L.pivot(index="sample", columns="layer", values=c).loc[ids].to_numpy()
          for c in ("top10_share", "distance", "norm_entropy", "cross_modal", *BLOCKS)}
     depth = L.groupby("band")[["norm_entropy", "distance"]].mean()
@@ -122,10 +120,8 @@ def measure_anchor_claims(board, L: pd.DataFrame, img_reads: np.ndarray, anchor_
         masks_note: why U4 (a) cannot be scored (samples without object masks,
             :func:`~unicache_lib.world.samples.missing`); None: it can.
     """
-    ids = sorted(L["sample"].unique())
-    n_s = len(ids)
-    captured = sorted(L["layer"].unique())
-    col = {li: captured.index(li) for li in captured}
+    ids, captured = sorted(L["sample"].unique()), sorted(L["layer"].unique())
+    n_s, col = len(ids), {li: captured.index(li) for li in captured}
     lo, mid = bands["shallow"][0], bands["middle"][0]
     n_image = img_reads.shape[-1]
     chance = top_k / (2 * n_image - top_k)

@@ -115,8 +115,7 @@ def word_region_table(run, prompts: list[dict], patch: int) -> pd.DataFrame:
         patches (its attention averaged over heads, layers and steps, :func:`~.generation.word_maps`) with the
         object's ``k`` patches, and ``chance`` (a random ``k``-patch region's expected IoU); objects not drawn
         (no patch) are skipped. Plus, for two-object prompts, one row with ``role`` "binding overlap": IoU of
-        the two shape words' top-12.5% regions (``object`` = -1). Columns: prompt, pair, object, role, iou,
-        chance, k.
+        the two shape words' top-12.5% regions (``object`` = -1). Columns: prompt, pair, object, role, iou, chance, k.
     """
     if len(prompts) > len(run.sample_ids):
         raise InputError(f"{len(prompts)} prompts for a run of {len(run.sample_ids)}: pass the run's own prompts")
