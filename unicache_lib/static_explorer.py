@@ -28,7 +28,7 @@ from .analysis.token_classes import content_position
 from .capture.record import CaptureResult
 from .core.errors import InputError
 from .plots import quoted
-from .widgets import _full_maps, _heads, _index, _need
+from .widgets import _full_maps, _heads, _step_maps
 
 BUDGET_BYTES = 2_000_000  # one explorer's HTML, images included
 DPI = 80  # the frames' first resolution (the widgets draw at matplotlib's default, 100)
@@ -159,14 +159,7 @@ def static_step_explorer(result: CaptureResult, images: dict, tokens: dict, part
     """:func:`~unicache_lib.widgets.step_explorer`'s picture at every captured step: a step slider for one
     ``sample`` (default: the first prompt), ``layer`` (default: the last captured), ``head`` and ``word``."""
     what = "static_step_explorer"
-    recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
-            and (part is None or r.part == part)]
-    if not recs:
-        raise InputError(f"{what} needs full-mode records with text keys (DiffusionCapture(mode='full'))")
-    recs = [r for r in recs if r.part == recs[0].part]
-    by, (samples, layers, steps) = _index(recs, ("sample", "layer", "step"), what)
-    for name, m in (("images", images), ("tokens", tokens)):
-        _need(m, samples, name, what)
+    recs, by, samples, layers, steps = _step_maps(result, images, tokens, part, what)
     s = samples[0] if sample is None else sample
     if s not in samples:
         raise InputError(f"{what}: no prompt {s!r} (captured: {samples})")

@@ -55,8 +55,8 @@ def _show(out, fig):
     The picture is set as the Output widget's state, not captured with ``with out:`` /
     ``clear_output(wait=True)``: headless executors (papermill / nbclient) intercept captured output
     through the kernel's message ids, and that path intermittently left a run waiting forever on the
-    explorer cell (nbclient issue 312); a state update has no such path."""
-    import matplotlib.pyplot as plt  # local: matplotlib (0.6 s) loads at the first figure, as in plots
+    explorer cell; a state update has no such path."""
+    import matplotlib.pyplot as plt  # local: matplotlib loads at the first figure, as in plots
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
@@ -79,6 +79,21 @@ def _full_maps(result: CaptureResult, images: dict, tokens: dict, what: str):
     for name, m in (("images", images), ("tokens", tokens)):
         _need(m, samples, name, what)
     return recs, by, samples, layers
+
+
+def _step_maps(result: CaptureResult, images: dict, tokens: dict, part: str | None, what: str):
+    """``(records, (sample, layer, step) -> record, samples, layers, steps)`` of the full-mode records with text keys
+    of ``part`` (default: the first part holding them), with ``images`` and ``tokens`` checked to cover every sample:
+    what a step explorer draws from, live or static."""
+    recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
+            and (part is None or r.part == part)]
+    if not recs:
+        raise InputError(f"{what} needs full-mode records with text keys (DiffusionCapture(mode='full'))")
+    recs = [r for r in recs if r.part == recs[0].part]
+    by, (samples, layers, steps) = _index(recs, ("sample", "layer", "step"), what)
+    for name, m in (("images", images), ("tokens", tokens)):
+        _need(m, samples, name, what)
+    return recs, by, samples, layers, steps
 
 
 def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids: dict | None = None,
@@ -122,8 +137,8 @@ def attention_explorer(result: CaptureResult, images: dict, tokens: dict, grids:
         s, rec = sample.value, by[sample.value, layer.value]
         q = (questions or {}).get(s)
         title = f"sample {s} · layer {layer.value} · head {head.value}"
-        caption.value = (f"<b>{_html(title)}</b>" + (f" · question: <i>{_html(q)}</i>" if q else "")
-                         + f" · query token: <code>{_html(quoted(token.value, tokens[s][token.value]))}</code>")
+        caption.value = (f"<b>{html_text(title)}</b>" + (f" · question: <i>{html_text(q)}</i>" if q else "")
+                         + f" · query token: <code>{html_text(quoted(token.value, tokens[s][token.value]))}</code>")
         grid, cells = (grids or {}).get(s, (None, None))
         _show(out, plots.map_panel(rec.probs[head.value], rec.spans, images[s], token.value, tokens[s], title,
                                    cross=rec.part == "cross", grid=grid, grid_tokens=cells, question=q))
@@ -171,10 +186,6 @@ def model_explorer(per_model: dict):
     return panel
 
 
-def _html(text: str) -> str:
-    return html_text(text)
-
-
 def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str | None = None):
     """Step / layer / head sliders and a word selector over full-mode diffusion records.
 
@@ -194,14 +205,7 @@ def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str |
     import ipywidgets as W  # local: optional dependency (the notebooks extra)
 
     what = "step_explorer"
-    recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
-            and (part is None or r.part == part)]
-    if not recs:
-        raise InputError("step_explorer needs full-mode records with text keys (DiffusionCapture(mode='full'))")
-    recs = [r for r in recs if r.part == recs[0].part]
-    by, (samples, layers, steps) = _index(recs, ("sample", "layer", "step"), what)
-    for name, m in (("images", images), ("tokens", tokens)):
-        _need(m, samples, name, what)
+    recs, by, samples, layers, steps = _step_maps(result, images, tokens, part, what)
     sample = W.Dropdown(options=samples, description="prompt")
     step = W.SelectionSlider(options=steps, description="step", continuous_update=False)
     layer = W.SelectionSlider(options=layers, description="layer", continuous_update=False)
@@ -217,8 +221,8 @@ def step_explorer(result: CaptureResult, images: dict, tokens: dict, part: str |
         r = by[sample.value, layer.value, step.value]
         prompt = r.meta.get("prompt")
         title = f"{r.part} · step {r.step} · layer {r.layer} · head {head.value}"
-        caption.value = (f"<b>{_html(title)}</b>" + (f" · prompt: <i>{_html(prompt)}</i>" if prompt else "")
-                         + f" · word: <code>{_html(quoted(word.value, tokens[sample.value][word.value]))}</code>")
+        caption.value = (f"<b>{html_text(title)}</b>" + (f" · prompt: <i>{html_text(prompt)}</i>" if prompt else "")
+                         + f" · word: <code>{html_text(quoted(word.value, tokens[sample.value][word.value]))}</code>")
         _show(out, plots.step_panel(r, head.value, images[sample.value], word.value, tokens[sample.value], title))
 
     def new_sample(change):
