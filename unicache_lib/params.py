@@ -19,25 +19,23 @@ hands that over as a string; a string that reads as a list of the right kind is 
 """
 from __future__ import annotations
 
-import numbers
-from pathlib import Path
-
 import ast
 import difflib
+import numbers
 import re
 import warnings
+from pathlib import Path
 
 import torch
 
-
 from .core.errors import InputError, ParameterError, UnicacheError
 from .inputs import budget_shares, check_fraction, check_fractions
-from .zoo.loaders import DTYPES, SHIPPED, closest_shipped, resolve
-from .world.text import read_prompts
-from .world.samples import load
 from .paths import project_path
+from .world.samples import load
+from .world.text import read_prompts
+from .zoo.loaders import DTYPES, SHIPPED, closest_shipped, resolve
 
-# one idea, one name: the names 03-05 used until this release, still accepted (with a FutureWarning) for one more
+# former name -> its one name in every notebook; the former still accepted, with a FutureWarning, for one release
 RENAMED = {"UNDERSTANDING_MODEL": "MODEL", "MODELS": "GENERATORS"}
 
 
@@ -57,8 +55,7 @@ def count(minimum: int = 1):
     return lambda name, v: _integer(name, v, minimum)
 
 
-def seed(name, v):
-    _integer(name, v, 0)
+seed = count(0)
 
 
 def number(lo: float = 0.0, strict: bool = True):
@@ -120,7 +117,6 @@ def models(empty_ok: bool = False):
 def device(name, v):
     if not isinstance(v, str) or not (v in ("auto", "cpu", "mps") or v == "cuda" or v.startswith("cuda:")):
         _fail(name, v, "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-
     if v.startswith("cuda"):
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(v.split(":", 1)[1]) if ":" in v and v.split(":", 1)[1].isdigit() else 0
@@ -212,16 +208,15 @@ def _your_data(name, v, found, read, expected: str) -> None:
     naming ``expected`` (or the reader's own message, which names the file, the line and the fix)."""
     if v is None:
         return
-
     if not isinstance(v, (str, Path)):
         _fail(name, v, expected)
-    if not project_path(v).exists():
-        _fail(name, v, f"there is nothing at {project_path(v)}: check the path (relative paths start at the "
-              f"repository root)")
-    if not found(project_path(v)):
+    path = project_path(v)
+    if not path.exists():
+        _fail(name, v, f"there is nothing at {path}: check the path (relative paths start at the repository root)")
+    if not found(path):
         _fail(name, v, expected)
     try:
-        read(project_path(v))
+        read(path)
     except InputError as e:
         _fail(name, v, str(e))
 

@@ -1,6 +1,6 @@
 """Replication: notebooks 02-07 on further sample / question / prompt sets, and the verdict x seed table.
 
-    python -m unicache_lib.replicate --seeds 1 2          # make replicate: full parameters, ~45 min on 2 cores
+    python -m unicache_lib.replicate --seeds 1 2          # make replicate: full parameters
     python -m unicache_lib.replicate --seeds 1 --quick    # tiny parameters: proves the pipeline, decides nothing
     python -m unicache_lib.replicate --settle             # make settle: the unstable claims at their settling sizes
 
@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-
 from .core.errors import ContractError
-from .world import samples as sample_set
 from .progress import enabled
+from .world import samples as sample_set
 
 ROOT = Path(__file__).resolve().parents[1]
 VERDICTS_CSV = ROOT / "data" / "replicate" / "verdicts.csv"
@@ -86,7 +85,6 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
     """Build and execute ``notebooks`` (default 02-07) for one seed; returns notebook -> scoreboard rows.
     ``overrides``: notebook -> parameters to set on top (the settling runs' sample sizes)."""
     import papermill as pm  # local: optional dependency (the notebooks extra)
-
 
     base = out / label
     base.mkdir(parents=True, exist_ok=True)
@@ -209,38 +207,34 @@ def main(argv=None):
     ap.add_argument("--readme", default=None, help="page to update (default docs/VERDICTS.md; --quick: OUT/README-section.md)")
     ap.add_argument("--settle", action="store_true", help="re-decide the unstable claims once at their settling sizes")
     a = ap.parse_args(argv)
-    if a.settle:
-        df = settle(Path(a.out), a.quick)
-        csv = Path(a.csv) if a.csv else (Path(a.out) / "settled.csv" if a.quick else SETTLED_CSV)
-        csv.parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(csv, index=False)
-        if not a.quick:
-            page = ROOT / "docs" / "VERDICTS.md"
-            text, section = page.read_text(), settle_section(df)
-            if SETTLE_BEGIN in text:
-                i, j = text.index(SETTLE_BEGIN), text.index(SETTLE_END) + len(SETTLE_END)
-                text = text[:i] + section + text[j:]
-            else:
-                text = text.replace(END, END + "\n\n" + section, 1)
-            page.write_text(text)
-        print(df.to_string(index=False))
-        print(f"wrote {csv}")
-        return
-    if any(s == sample_set.SEED for s in a.seeds):
-        ap.error(f"seed {sample_set.SEED} is the shipped standard set; pick further seeds")
     out = Path(a.out)
-    runs = {f"shipped (SAMPLE_SEED {sample_set.SEED}, SEED 0)": run_seed("shipped", None, 0, out, a.quick)}
-    for s in a.seeds:
-        runs[f"seed {s}"] = run_seed(f"seed-{s}", s, s, out, a.quick)
-    df = verdict_table(runs)
-    csv = Path(a.csv) if a.csv else (out / "verdicts.csv" if a.quick else VERDICTS_CSV)
+    if a.settle:
+        df, (name, default) = settle(out, a.quick), ("settled.csv", SETTLED_CSV)
+    else:
+        if any(s == sample_set.SEED for s in a.seeds):
+            ap.error(f"seed {sample_set.SEED} is the shipped standard set; pick further seeds")
+        runs = {f"shipped (SAMPLE_SEED {sample_set.SEED}, SEED 0)": run_seed("shipped", None, 0, out, a.quick)}
+        for s in a.seeds:
+            runs[f"seed {s}"] = run_seed(f"seed-{s}", s, s, out, a.quick)
+        df, (name, default) = verdict_table(runs), ("verdicts.csv", VERDICTS_CSV)
+    csv = Path(a.csv) if a.csv else (out / name if a.quick else default)
     csv.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(csv, index=False)
-    section = readme_section(df, a.quick)
-    if a.readme or not a.quick:
-        update_readme(Path(a.readme) if a.readme else ROOT / "docs" / "VERDICTS.md", section)
-    else:
-        (out / "README-section.md").write_text(section + "\n")
+    if a.settle and not a.quick:
+        page = ROOT / "docs" / "VERDICTS.md"
+        text, section = page.read_text(), settle_section(df)
+        if SETTLE_BEGIN in text:
+            i, j = text.index(SETTLE_BEGIN), text.index(SETTLE_END) + len(SETTLE_END)
+            text = text[:i] + section + text[j:]
+        else:
+            text = text.replace(END, END + "\n\n" + section, 1)
+        page.write_text(text)
+    elif not a.settle:
+        section = readme_section(df, a.quick)
+        if a.readme or not a.quick:
+            update_readme(Path(a.readme) if a.readme else ROOT / "docs" / "VERDICTS.md", section)
+        else:
+            (out / "README-section.md").write_text(section + "\n")
     print(df.to_string(index=False))
     print(f"wrote {csv}")
 
