@@ -121,10 +121,6 @@ def _bca(data: tuple, statistic: Callable, value: float, n: int, unit: str, leve
     return _result(value, lo, hi, n, unit, finite.std(), "expanded bootstrap percentile (BCa undefined here)")
 
 
-def _mean(x, axis=-1):
-    return np.mean(x, axis=axis)
-
-
 def mean_interval(x, unit: str, n_boot: int = N_BOOT, seed: int = SEED, level: float = LEVEL) -> Interval:
     """Mean of ``x [n]`` (one value per unit) with its BCa interval over the units (Wilson when every
     value is 0 or 1: then it is a share)."""
@@ -134,7 +130,7 @@ def mean_interval(x, unit: str, n_boot: int = N_BOOT, seed: int = SEED, level: f
         return proportion_interval(x, unit, level=level)
     if x.min() == x.max():
         return Interval(float(x[0]), float(x[0]), float(x[0]), len(x), unit, 0.0, IDENTICAL)
-    return _bca((x,), _mean, float(x.mean()), len(x), unit, level, n_boot, seed)
+    return _bca((x,), np.mean, float(x.mean()), len(x), unit, level, n_boot, seed)
 
 
 def _wilson(k: int, n: int, level: float) -> tuple[float, float]:
@@ -177,10 +173,14 @@ def _shares(a: np.ndarray, b: np.ndarray, paired: bool, level: float):
     return a.mean(), l1, u1, b.mean(), l2, u2, (_phi(a, b) if paired else 0.0)
 
 
-def _check_paired(a, b, paired: bool, what: str) -> None:
+def _pair_n(a, b, paired: bool, unit: str, what: str) -> int:
+    """The number of units of a two-sided interval (paired: the pairs; unpaired: the smaller group), checked."""
     if paired and len(a) != len(b):
         raise InputError(f"paired {what} needs the same units on both sides, got {len(a)} and {len(b)}; "
                          "pass paired=False for independent groups")
+    n = len(a) if paired else min(len(a), len(b))
+    _check_n(n, unit)
+    return n
 
 
 def difference_interval(a, b, unit: str, paired: bool = True, n_boot: int = N_BOOT, seed: int = SEED,
@@ -190,9 +190,7 @@ def difference_interval(a, b, unit: str, paired: bool = True, n_boot: int = N_BO
     0/1 outcomes on both sides: Newcombe's score interval (paired: method 10, with the pairs' phi
     correlation); otherwise the BCa bootstrap (paired: of the per-unit differences)."""
     a, b = _as_1d(a, "a"), _as_1d(b, "b")
-    _check_paired(a, b, paired, "difference")
-    n = len(a) if paired else min(len(a), len(b))
-    _check_n(n, unit)
+    n = _pair_n(a, b, paired, unit, "difference")
     if _binary(a, b):
         lo, hi = _mover(*_shares(a, b, paired, level))
         se = (a - b).std() / np.sqrt(n) if paired else np.sqrt(a.var() / len(a) + b.var() / len(b))
@@ -229,9 +227,7 @@ def ratio_interval(a, b, unit: str, paired: bool = True, n_boot: int = N_BOOT, s
     a, b = _as_1d(a, "a"), _as_1d(b, "b")
     if b.mean() == 0:
         raise InputError("ratio_interval: mean(b) is 0, the ratio is undefined; compare a difference instead")
-    _check_paired(a, b, paired, "ratio")
-    n = len(a) if paired else min(len(a), len(b))
-    _check_n(n, unit)
+    n = _pair_n(a, b, paired, unit, "ratio")
     value = float(a.mean() / b.mean())
     if _binary(a, b):
         lo, hi = _ratio_of_shares(a, b, paired, level)
