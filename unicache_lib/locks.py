@@ -66,9 +66,8 @@ class WriterLock:
         """Drop one user; the OS lock is released when the last user of this process lets go."""
         with _HELD_GUARD:
             self.users -= 1
-            if self.users > 0:
-                return
-            self._close()
+            if self.users <= 0:
+                self._close()
 
     def _close(self) -> None:
         if self.fd >= 0:

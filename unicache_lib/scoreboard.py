@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .claims import CLAIMS  # every claim's statement, rule and lesson: unicache_lib/claims.py
+from .claims import CLAIMS
 from .core.errors import ContractError, InputError, UnknownNameError
 from .intervals import Interval, n_to_settle
 from .store import _atomic_write_bytes
@@ -266,9 +266,8 @@ class Scoreboard:
         return pd.DataFrame(rows).set_index("claim")
 
     def show(self):
-        """Display the table with nothing truncated (notebooks: the last line of the scoreboard cell):
-        every cell whole and wrapped, as HTML in a notebook and as one block per claim in plain text
-        (what a committed notebook shows without HTML, and what nbval compares)."""
+        """Display :meth:`view`, nothing truncated (notebooks: the last line of the scoreboard cell); its plain text
+        is what a committed notebook shows without HTML, and what nbval compares."""
         from IPython.display import display  # local: optional (Jupyter only); tests patch IPython.display.display
 
         display(self.view())
