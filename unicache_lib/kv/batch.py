@@ -36,14 +36,15 @@ from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.models import language_attn_implementation, transformers
 from ..families import family_of
 from ..families.base import VLMFamily
-from .cache import Prefill, PromptSplit, answer, locate_image_kv, picture_encoder, prefill
+from .cache import (Prefill, PromptSplit, answer, copy_layers, locate_image_kv, picture_encoder, placement,
+                    prefill)
 
 
 def check_batchable(model, split: PromptSplit) -> None:
     """Raise :class:`~unicache_lib.core.errors.UnsupportedError` (saying to use batch size 1) when ``model``'s
     family cannot run eviction in batches here."""
     fam = family_of(model)
-    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    dev, dtype = placement(model)
     why = None
     if fam.cross_attention:
         why = "keeps its image KV in cross-attention layers"
@@ -79,14 +80,13 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
     """Run the contexts of ``splits`` (one context length; see :func:`groups_by_context`) as one batch. Returns one
     :class:`~.cache.Prefill` per sample, as :func:`~.cache.prefill` would (its cache is that sample's row of the
     batch's cache, ``[1, H, C, D]`` per layer; its maps ``[H, C, C]`` float32 when ``attentions``)."""
-
     if len(splits) <= 1:  # a batch of one is batch 1, for every family
         return [prefill(model, sp, attentions=attentions) for sp in splits]
     if len({sp.context_ids.shape[1] for sp in splits}) != 1:
         raise InputError("prefill_batch runs contexts of one length (no padding): group them with groups_by_context")
     fam = family_of(model)
     check_batchable(model, splits[0])
-    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    dev, dtype = placement(model)
     cache = transformers.DynamicCache(config=model.config)
     kw = dict(input_ids=torch.cat([sp.context_ids for sp in splits]).to(dev), past_key_values=cache, use_cache=True)
     kw.update(to_model({k: _stack([sp.extra[k] for sp in splits]) for k in splits[0].extra}, dev, dtype))
@@ -107,8 +107,7 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
     pres = []
     for b, sp in enumerate(splits):
         sp.family = fam
-        row = copy.copy(out.past_key_values)
-        row.layers = [copy.copy(layer) for layer in out.past_key_values.layers]
+        row = copy_layers(out.past_key_values)
         for layer in row.layers:
             layer.keys, layer.values = layer.keys[b:b + 1], layer.values[b:b + 1]
         kv = locate_image_kv(fam, model, row, sp)

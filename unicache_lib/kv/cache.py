@@ -15,7 +15,6 @@ while the self-attention cache holds only text.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -28,7 +27,7 @@ from ..core.hooks import forward_hooks
 from ..core.models import language_attn_implementation, transformers
 from ..families import FAMILIES, family_of, supported
 from ..families.base import ImageKV  # declared with the adapters, which return it
-from .policies.base import EvictionContext
+from .policies.base import EvictionContext, copy_layers, non_image
 from ..inputs import encode, encode_batch
 
 
@@ -54,7 +53,7 @@ class PromptSplit:
 def _family_of_processor(processor):
     name = type(processor).__name__
     for fam in FAMILIES.values():
-        if any(name == f"{mc.replace('ForConditionalGeneration', '')}Processor" for mc in (fam.model_class,)):
+        if name == f"{fam.model_class.replace('ForConditionalGeneration', '')}Processor":
             return fam
     raise UnsupportedModelError(f"cannot tell the model family from a {name}: pass model= (supported: {supported()})")
 
@@ -113,6 +112,12 @@ def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
     return PromptSplit(ids[:, :cut], ids[:, cut:], enc.get("pixel_values"), image_positions, extra, dict(enc), family)
 
 
+def placement(model) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype of ``model``'s parameters."""
+    p = next(model.parameters())
+    return p.device, p.dtype
+
+
 @dataclass
 class Prefill:
     """The context's cache, per image-KV layer the context's attention ``[H, C, K]`` (float32; empty
@@ -143,8 +148,7 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
 
     fam = family_of(model)
     split.family = fam
-    dev = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
+    dev, dtype = placement(model)
     full_pos = fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype))
     cache = transformers.DynamicCache(config=model.config)
     kw = dict(input_ids=split.context_ids.to(dev), past_key_values=cache, use_cache=True,
@@ -155,7 +159,6 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
         kw["position_ids"] = full_pos[..., : split.context_ids.shape[1]]
     maps = []
     if attentions:
-
         impl = language_attn_implementation(model)
         if impl != "eager":
             raise ContractError(f"prefill reads the context's attention, which {impl!r} does not return: load with "
@@ -181,7 +184,7 @@ def picture_encoder(fam, model, split: PromptSplit):
     pv = split.pixel_values
     if pv is None or pv.dim() != 4 or pv.shape[0] != 1:
         return None
-    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    dev, dtype = placement(model)
 
     @torch.no_grad()
     def encode(rows, cols):
@@ -207,8 +210,7 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
     or masks.
     """
     fam = family_of(model)
-    dev = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
+    dev, dtype = placement(model)
     if fam.cross_attention or fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype)) is not None:
         raise PrefillPruningUnsupported(f"{fam.name}: prefill-stage pruning is implemented for families that splice image tokens into a "
                          f"sequence with positions 0..S-1; this one {'keeps its image KV in cross-attention layers' if fam.cross_attention else 'numbers positions itself (M-RoPE)'}. "
@@ -235,8 +237,7 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
         chosen = torch.as_tensor(picked, dtype=torch.long).reshape(-1).cpu()
         if len(set(chosen.tolist())) != len(chosen) or (len(chosen) and (chosen.min() < 0 or chosen.max() >= len(img))):
             raise ContractError(f"a prefill-stage policy must choose distinct indices in 0..{len(img) - 1}")
-        other = torch.tensor(sorted(set(range(C)) - set(img.tolist())), dtype=torch.long)
-        keep = torch.cat([other, img[chosen]]).sort().values
+        keep = torch.cat([non_image(C, img), img[chosen]]).sort().values
         state["keep"] = keep
         if merged is not None:
             if tuple(merged.shape) != (len(chosen), emb.shape[-1]):
@@ -268,10 +269,8 @@ def locate_image_kv(family, model, cache, split: PromptSplit) -> ImageKV:
     if custom is not None:
         return custom
     C = split.context_ids.shape[1]
-    img = split.image_positions
-    other = torch.tensor(sorted(set(range(C)) - set(img.tolist())), dtype=torch.long)
     _check_windows(cache, C + split.question_ids.shape[1])
-    return ImageKV(list(range(len(cache.layers))), img, other, C)
+    return ImageKV(list(range(len(cache.layers))), split.image_positions, non_image(C, split.image_positions), C)
 
 
 def _check_windows(cache, needed: int) -> None:
@@ -294,8 +293,7 @@ def evict(cache, keep: list):
     counts = {len(k) for k in keep if k is not None}
     if len(counts) > 1:
         raise InputError(f"every evicted layer must keep the same number of positions, got {sorted(counts)}")
-    new = copy.copy(cache)
-    new.layers = [copy.copy(layer) for layer in cache.layers]
+    new = copy_layers(cache)
     for layer, idx in zip(new.layers, keep):
         if idx is None:
             continue
@@ -326,10 +324,10 @@ def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_
     context whatever the cache holds.
     """
     fam = family_of(model)
-    dev = next(model.parameters()).device
+    dev, dtype = placement(model)
     c = split.context_ids.shape[1]
     q = split.question_ids.to(dev)
-    full_pos = fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, next(model.parameters()).dtype))
+    full_pos = fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype))
     pos = fam.text_positions(full_pos, c, q.shape[1], dev)
     atts = None
     if output_attentions:

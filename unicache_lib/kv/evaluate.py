@@ -24,7 +24,7 @@ from ..world.scenes import grid_cover
 from .batch import answer_batch, check_batchable, groups_by_context, prefill_batch
 from .cache import (PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt,
                     split_prompts)
-from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only, needs_sdpa
+from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only
 from .policies import POLICIES
 from .policies.merge import log_size_bias, merge_cache
 
@@ -162,7 +162,7 @@ class _EvictionRun:
                 C, n_img = sp.context_ids.shape[1], ctxs[b].n_image
                 for bud in budgets:
                     press = make(compression_ratio(C, n_img, bud), C)
-                    impl = "sdpa" if needs_sdpa(name) else language_attn_implementation(model)
+                    impl = "sdpa" if masks_only(name) else language_attn_implementation(model)
                     with attention_implementation(model, impl):
                         with quiet(loggers=("kvpress",)), press(model):  # "model not tested" for LLaVA, once per call
                             pp = prefill(model, sp, attentions=False)

@@ -57,12 +57,8 @@ def press_factories() -> dict:
 
 
 def masks_only(name: str) -> bool:
-    """The press masks keys per head and frees no memory (AdaKV)."""
+    """The press masks keys per head and frees no memory (AdaKV); it needs sdpa."""
     return "adakv" in name
-
-
-def needs_sdpa(name: str) -> bool:
-    return masks_only(name)
 
 
 @contextmanager

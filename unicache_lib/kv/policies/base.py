@@ -7,6 +7,7 @@ layers: one causal mask serves them all).
 """
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
@@ -71,9 +72,7 @@ class EvictionContext:
         the image block, 0..n_image-1), as sorted cache positions; None for cache layers that hold no
         image KV (left as they are)."""
         img = self.image_positions
-        other = self.keep_always
-        if other is None:
-            other = torch.tensor(sorted(set(range(self.seq_len)) - set(img.tolist())), dtype=torch.long)
+        other = non_image(self.seq_len, img) if self.keep_always is None else self.keep_always
         per = []
         for ch in chosen:
             ch = torch.as_tensor(np.asarray(ch), dtype=torch.long).reshape(-1)
@@ -90,7 +89,6 @@ class EvictionContext:
         if not self.attentions:
             raise InputError("this policy needs the prefill attention: prefill(..., attentions=True) on an eager model")
         return self.attentions[layer].mean(0).sum(0)[self.image_positions]
-
 
     def image_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(keys, values)`` of the image positions in policy layer ``layer``, each ``[H_kv, n_image, D]``
@@ -171,6 +169,18 @@ class ScorerPolicy(EvictionPolicy):
         if not self.per_layer:
             return [top_k(self.score(ctx, 0), k)] * ctx.n_layers
         return [top_k(self.score(ctx, li), k) for li in range(ctx.n_layers)]
+
+
+def non_image(n: int, img: torch.Tensor) -> torch.Tensor:
+    """The positions ``0..n-1`` not in ``img``, sorted."""
+    return torch.tensor(sorted(set(range(n)) - set(img.tolist())), dtype=torch.long)
+
+
+def copy_layers(cache):
+    """A shallow copy of ``cache`` with its own layer objects (tensors shared), so keys and values can be reassigned."""
+    new = copy.copy(cache)
+    new.layers = [copy.copy(layer) for layer in cache.layers]
+    return new
 
 
 def top_k(scores, k: int) -> np.ndarray:

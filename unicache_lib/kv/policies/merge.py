@@ -19,14 +19,13 @@ correction in the forwards that follow inside its ``with`` block.
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import torch
 
 from ...core.errors import InputError
 from ...core.hooks import forward_hooks
 from ...families import family_of
-from .base import register
+from .base import copy_layers, register
 from .key_coverage import KeyCoverage
 
 
@@ -54,8 +53,7 @@ def merge_cache(ctx, cache, keep: list) -> tuple[object, dict[int, torch.Tensor]
     groups' means (:func:`merge_groups` over the context's image KV, ``ctx``), and per cache layer the additive
     attention term over its positions: ``log(size)`` at each kept image position, 0 elsewhere. The cache is a copy."""
     img = ctx.image_positions
-    new = copy.copy(cache)
-    new.layers = [copy.copy(layer) for layer in cache.layers]
+    new = copy_layers(cache)
     bias = {}
     layers = ctx.cache_layers if ctx.cache_layers is not None else list(range(ctx.n_layers))
     for li, cl in enumerate(layers):
