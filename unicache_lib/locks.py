@@ -110,8 +110,7 @@ def acquire(path, what: str, advice: str) -> WriterLock:
             if not lock.valid():  # removed between our open and our flock: take the new file instead
                 os.close(fd)
                 continue
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                    "cmd": " ".join(sys.argv)}
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "cmd": " ".join(sys.argv)}
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
             lock.users = 1

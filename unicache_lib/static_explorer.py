@@ -103,8 +103,7 @@ def slider_html(frames: Sequence[tuple[str, str, bytes]], label: str, title: str
     return out
 
 
-def _fit(stops: list, caption: Callable, draw: Callable, label: str, title: str, budget_bytes: int,
-         dpi: float) -> str:
+def _fit(stops: list, caption: Callable, draw: Callable, label: str, title: str, budget_bytes: int, dpi: float) -> str:
     """Draw every stop at ``dpi``; when the HTML is over budget, draw again at the resolution that fits (PNG size
     goes with the pixel count, so with dpi squared), down to MIN_DPI."""
     while True:
@@ -199,5 +198,4 @@ def static_model_explorer(per_model: dict, *, head: int = 0, budget_bytes: int =
         ex = static_attention_explorer(*args, head=head, budget_bytes=share, dpi=dpi)
         parts.append(f'<div class="ucx-model"><h4>{html.escape(str(label))}</h4>\n{ex.html}\n</div>')
         stops += [f"{label}: {x}" for x in ex.stops]
-    return StaticExplorer('<div class="ucx-models">\n' + "\n".join(parts) + "\n</div>", stops,
-                          "static_model_explorer")
+    return StaticExplorer('<div class="ucx-models">\n' + "\n".join(parts) + "\n</div>", stops, "static_model_explorer")
