@@ -38,7 +38,6 @@ import pandas as pd
 
 from .core.errors import ContractError
 from .progress import bar
-from .store import _atomic_write_bytes
 from .zoo.builders import gen_standins, standins
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,7 +250,10 @@ def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CS
 
 
 def _write_csv(df, csv: Path) -> None:
-    _atomic_write_bytes(csv, df.to_csv(index=False).encode())
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    tmp = csv.with_suffix(".tmp")
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, csv)
 
 
 def _replace_section(readme: Path, begin: str, end: str, text: str) -> None:
@@ -262,7 +264,9 @@ def _replace_section(readme: Path, begin: str, end: str, text: str) -> None:
         body = body[: body.index(begin)] + text + body[body.index(end) + len(end):]
     else:
         body += "\n" + text + "\n"
-    _atomic_write_bytes(readme, body.encode())
+    tmp = readme.with_suffix(".tmp")
+    tmp.write_text(body)
+    os.replace(tmp, readme)
 
 
 def _rel(p: Path) -> str:
