@@ -11,10 +11,10 @@ which adapts the library's step callbacks to the pipeline:
 ``on_velocity(step, t, u, c)``  from a forward hook on the transformer, where the pipeline batches
                              classifier-free guidance (SD3, PixArt, Sana, HunyuanDiT ``[uncond | cond]``,
                              DiT ``[cond | uncond]``, with guidance > 1): the two predictions ``[B, C, h, w]``
-                             before they are combined (noise for PixArt's DPM-Solver, velocity for the flow-matching models; PixArt's
-                             learned-variance channels are dropped, as the pipeline drops them). **Flux is
-                             never called**: dev is guidance-distilled (the scale enters the transformer as
-                             an embedding) and schnell has no guidance, so there is one branch.
+                             before they are combined (noise for PixArt's DPM-Solver, velocity for the
+                             flow-matching models; PixArt's learned-variance channels are dropped, as the
+                             pipeline drops them). **Flux is never called**: dev is guidance-distilled (the
+                             scale enters the transformer as an embedding) and schnell has no guidance.
 ``on_step_end(step, t, latents)``  from the pipeline's ``callback_on_step_end`` (PixArt: its ``callback``
                              with ``callback_steps=1``; DiT, which has neither: its scheduler's ``step``), with
                              the latents after the step (``[B, C, h, w]``; Flux: packed ``[B, h/2 * w/2, 4C]``)
@@ -109,17 +109,25 @@ def default_image_size(pipe) -> int:
 
 
 def pipeline_kwargs(gen: PipelineGenerator, prompts: list[str], steps: int, guidance: float, seeds: list[int]) -> dict:
-    """The arguments :func:`sample_pipeline` calls ``gen.pipe`` with (callbacks aside): the prompts as the family hands
-    them over (:meth:`~unicache_lib.gen_families.base.GenFamily.call_kwargs`), one CPU ``torch.Generator`` per prompt (a
-    sample's noise does not depend on its batch), ``output_type="pt"``, and where the pipeline takes them the
-    generator's square size and ``max_sequence_length``, resolution binning off (the size is used as given) and caption
-    cleaning off (it needs bs4 / ftfy)."""
+    """The arguments :func:`sample_pipeline` calls ``gen.pipe`` with (callbacks aside): the prompts as the family
+    hands them over (:meth:`~unicache_lib.gen_families.base.GenFamily.call_kwargs`), one CPU ``torch.Generator`` per
+    prompt (a sample's noise does not depend on its batch), ``output_type="pt"``, and where the pipeline takes them
+    the generator's square size and ``max_sequence_length``, resolution binning off (the size is used as given) and
+    caption cleaning off (it needs bs4 / ftfy)."""
     params = inspect.signature(type(gen.pipe).__call__).parameters
     kw = dict(gen.adapter.call_kwargs(gen.pipe, prompts), num_inference_steps=int(steps), guidance_scale=float(guidance),
               generator=[torch.Generator().manual_seed(int(s)) for s in seeds], output_type="pt", return_dict=False)
     optional = dict(height=gen.image_size, width=gen.image_size, max_sequence_length=gen.max_sequence_length,
                     use_resolution_binning=False, clean_caption=False)
     return kw | {k: v for k, v in optional.items() if k in params}
+
+
+def emit(callbacks, name: str, *args) -> None:
+    """Call ``name(*args)`` on each callback object that defines it."""
+    for cb in callbacks:
+        fn = getattr(cb, name, None)
+        if fn is not None:
+            fn(*args)
 
 
 class _StepHooks:
@@ -133,16 +141,10 @@ class _StepHooks:
         ts = self.gen.scheduler.timesteps
         return float(ts[step]) if step < len(ts) else float("nan")
 
-    def _emit(self, name: str, *args) -> None:
-        for cb in self.callbacks:
-            fn = getattr(cb, name, None)
-            if fn is not None:
-                fn(*args)
-
     def _begin(self) -> None:
         if not self.begun:
             self.begun = True
-            self._emit("on_step_begin", self.step, self._t(self.step))
+            emit(self.callbacks, "on_step_begin", self.step, self._t(self.step))
 
     def pre_hook(self, module, args, kwargs):
         self._begin()
@@ -155,11 +157,11 @@ class _StepHooks:
         if out.ndim == 4 and out.shape[1] == 2 * latent_c:  # PixArt / Sana learned variance: the pipeline drops it
             out = out[:, :latent_c]
         v_un, v_c = out.float().chunk(2)[::-1 if self.gen.adapter.cond_first else 1]
-        self._emit("on_velocity", self.step, self._t(self.step), v_un, v_c)
+        emit(self.callbacks, "on_velocity", self.step, self._t(self.step), v_un, v_c)
 
     def end(self, latents) -> None:
         self._begin()  # a step without a transformer call still opens before it closes
-        self._emit("on_step_end", self.step, self._t(self.step), latents)
+        emit(self.callbacks, "on_step_end", self.step, self._t(self.step), latents)
         self.step, self.begun, self.ended = self.step + 1, False, self.ended + 1
 
     def callback_on_step_end(self, pipe, i, t, callback_kwargs: dict) -> dict:
@@ -171,7 +173,8 @@ class _StepHooks:
 
     @contextmanager
     def scheduler_steps(self, scheduler):
-        """A pipeline without a step callback (DiT): each ``scheduler.step`` closes a step, with its conditional rows."""
+        """A pipeline without a step callback (DiT): each ``scheduler.step`` closes a step, with its conditional
+        rows."""
         step = scheduler.step
 
         def stepped(*args, **kwargs):
@@ -213,8 +216,8 @@ def sample_pipeline(gen: PipelineGenerator, prompts: list[str], steps: int, guid
     with steps_closed, forward_hooks([(gen.transformer, "forward_pre", hooks.pre_hook),
                                       (gen.transformer, "forward", hooks.post_hook)] if callbacks else []):
         images = pipe(**kw)[0]
-    if callbacks and hooks.ended != len(pipe.scheduler.timesteps):
-        n = len(pipe.scheduler.timesteps)
+    n = len(pipe.scheduler.timesteps)
+    if callbacks and hooks.ended != n:
         raise ContractError(f"{type(pipe).__name__} reported {hooks.ended} of {n} steps to its step callback "
-                           f"(a multi-order scheduler?): the step callbacks cannot be trusted")
+                            f"(a multi-order scheduler?): the step callbacks cannot be trusted")
     return images.float().cpu()

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError
-from .pipelines import PipelineGenerator, sample_pipeline
+from .pipelines import PipelineGenerator, emit, sample_pipeline
 from .tiny_generators import Generator, TextConditioning, encode_prompts, transformer_forward
 
 
@@ -24,14 +24,8 @@ def initial_noise(seeds: list[int], shape: tuple[int, int, int]) -> torch.Tensor
 
 
 @torch.no_grad()
-def sample(
-    gen: Generator | PipelineGenerator,
-    prompts: list[str],
-    steps: int = 20,
-    guidance: float = 3.0,
-    seed: int | list[int] = 0,
-    callbacks: list | tuple = (),
-) -> torch.Tensor:
+def sample(gen: Generator | PipelineGenerator, prompts: list[str], steps: int = 20, guidance: float = 3.0,
+           seed: int | list[int] = 0, callbacks: list | tuple = ()) -> torch.Tensor:
     """Generate images for ``prompts``: a tiny-layout generator with the library's loop, a pipeline
     (``gen.pipe`` set) through the pipeline itself (:func:`~unicache_lib.zoo.pipelines.sample_pipeline`). No progress
     bar: the callers' loops (capture, sweeps, timing rounds) carry one, and timed runs must not draw one.
@@ -54,8 +48,7 @@ def sample(
     if gen.pipe is not None:
         return sample_pipeline(gen, list(prompts), steps, guidance, seeds, callbacks)
     cfg = gen.transformer.config
-    c = cfg.in_channels
-    x = initial_noise(seeds, (c, cfg.sample_size, cfg.sample_size)).to(gen.transformer.device)
+    x = initial_noise(seeds, (cfg.in_channels, cfg.sample_size, cfg.sample_size)).to(gen.transformer.device)
     dtype = next(gen.transformer.parameters()).dtype
     cond = encode_prompts(gen.text_encoder, gen.tokenizer, prompts)
     use_cfg = guidance != 1.0
@@ -67,26 +60,20 @@ def sample(
     sched = gen.scheduler
     sched.set_timesteps(steps, device=x.device)
     for i, t in enumerate(sched.timesteps):
-        for cb in callbacks:
-            if hasattr(cb, "on_step_begin"):
-                cb.on_step_begin(i, float(t))
+        emit(callbacks, "on_step_begin", i, float(t))
         xin = torch.cat([x, x]) if use_cfg else x
         tt = t.expand(xin.shape[0]).to(dtype)
         v = transformer_forward(gen.transformer, gen.adapter, xin.to(dtype), tt, cond).float()
         if use_cfg:
             v_un, v_c = v.chunk(2)
-            for cb in callbacks:
-                if hasattr(cb, "on_velocity"):
-                    cb.on_velocity(i, float(t), v_un, v_c)
+            emit(callbacks, "on_velocity", i, float(t), v_un, v_c)
             v = v_un + guidance * (v_c - v_un)
         x = sched.step(v, t, x, return_dict=False)[0]
-        for cb in callbacks:
-            if hasattr(cb, "on_step_end"):
-                cb.on_step_end(i, float(t), x)
+        emit(callbacks, "on_step_end", i, float(t), x)
     return ((x.clamp(-1, 1) + 1) / 2).float().cpu()
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """:func:`sample`'s channels-first ``[B, 3, H, W]`` in [0, 1] -> ``[B, H, W, 3]`` uint8; for channels-last images in
-    [-1, 1] (a Janus decoder's), :func:`unicache_lib.capture.unified.signed_to_uint8`."""
+    """:func:`sample`'s channels-first ``[B, 3, H, W]`` in [0, 1] -> ``[B, H, W, 3]`` uint8; for channels-last
+    images in [-1, 1] (a Janus decoder's), :func:`unicache_lib.capture.unified.signed_to_uint8`."""
     return (images.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
