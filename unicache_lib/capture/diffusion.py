@@ -177,13 +177,11 @@ class DiffusionCapture:
             raise InputError("stats_stride estimates the statistics from a subset of query rows, and mode 'full' keeps "
                              "the whole map: thin a kept map with query_stride, or use mode 'stats' or 'recompute'")
         self.transformer = unwrap(transformer)
-        self.mode, self.branch, self.store = mode, branch, store
-        self.text_tokens = text_tokens
+        self.mode, self.branch, self.store, self.text_tokens = mode, branch, store, text_tokens
         self.adjacent, self.query_stride, self.stats_stride = adjacent, query_stride, stats_stride
-        metas = meta if isinstance(meta, list) else [dict(meta or {})] * len(self.sample_ids)
-        if len(metas) != len(self.sample_ids):
-            raise InputError(f"{len(metas)} meta dicts for {len(self.sample_ids)} samples")
-        self.metas = metas
+        self.metas = meta if isinstance(meta, list) else [dict(meta or {})] * len(self.sample_ids)
+        if len(self.metas) != len(self.sample_ids):
+            raise InputError(f"{len(self.metas)} meta dicts for {len(self.sample_ids)} samples")
 
         self.family = gen_family_of(self.transformer)
         all_sites = self.family.sites(self.transformer)
@@ -195,7 +193,6 @@ class DiffusionCapture:
         have_layers = sorted({s.layer for s in found.values()})
         have_parts = sorted({s.part for s in found.values()})
         if layers is not None:  # negative indices count from the last block
-
             want = set(resolve_layers(layers, have_layers, "the transformer"))
             found = {n: s for n, s in found.items() if s.layer in want}
         if parts is not None:
@@ -214,7 +211,6 @@ class DiffusionCapture:
             warnings.warn(f"{len(self.not_captured)} attention modules of this {self.family.name} transformer are not "
                           f"captured (listed in .not_captured): {why}", stacklevel=2)
         self.sites = found
-        self.targets = {n: (s.layer, s.part, s.module) for n, s in found.items()}
         self.result = CaptureResult(part=have_parts[0])
         self.step = 0
         self.timestep = float("nan")
@@ -385,7 +381,7 @@ class DiffusionCapture:
                     f"needs new ids (e.g. prefix them with a run name), so steps of two runs never mix"
                 )
         with ExitStack() as stack:  # undone here if installing fails half-way
-            stack.enter_context(processors({n: t[2] for n, t in self.targets.items()},
+            stack.enter_context(processors({n: s.module for n, s in self.sites.items()},
                                            lambda name, orig: _Wrapped(self, orig, self.sites[name])))
             stack.enter_context(forward_hooks([(self.transformer, "forward_pre", self._see_forward)]))
             self._stack = stack.pop_all()
@@ -404,7 +400,7 @@ class DiffusionCapture:
         return False
 
 
-def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds, q_weights=None, data=None) -> dict[str, torch.Tensor]:
+def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds, q_weights, data) -> dict[str, torch.Tensor]:
     """Cosines with the previous step (NaN when there is none or a block is empty): of the maps
     (:func:`~unicache_lib.stats.map_similarity`; skipped when ``data``, the statistics, already hold them from
     the fused pass) and of the attention outputs."""
@@ -414,7 +410,7 @@ def _adjacent(P, out_img, out_txt, prev, q_kinds, k_kinds, q_weights=None, data=
            "out_sim_prev": torch.full((2,), nan)}
     if prev is not None:
         pP, po_img, po_txt = prev
-        if data is not None and "sim_prev_all" in data:
+        if "sim_prev_all" in data:
             out.update(sim_prev=data["sim_prev"].cpu(), sim_prev_all=data["sim_prev_all"].cpu())
         else:
             out.update({k: v.cpu() for k, v in S.map_similarity(P, pP, q_kinds, k_kinds, q_weights).items()})

@@ -15,13 +15,10 @@ import os
 
 import torch
 
-from .runner import capture_samples
-
-from ..zoo.loaders import load_understanding
-
-from ..world import samples as sample_set
-
 from ..store import Store, shard_samples
+from ..world import samples as sample_set
+from ..zoo.loaders import load_understanding
+from .runner import capture_samples
 
 
 def main(argv=None):

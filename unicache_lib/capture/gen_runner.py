@@ -79,15 +79,14 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
         raise InputError(f"{len(meta)} meta dicts for {len(prompts)} prompts")
     ids = [f"{run}/{i}" for i in range(len(prompts))]
     toks = prompt_tokens(gen, prompts)
+    metas = [{"prompt": p, **(meta[i] if meta else {})} for i, p in enumerate(prompts)]
     imgs, res, probe_rows = [], CaptureResult(), []
-    starts = range(0, len(prompts), batch)
-    for s in bar(starts, progress, desc=f"capture {run}"):
+    for s in bar(range(0, len(prompts), batch), progress, desc=f"capture {run}"):
         sl = slice(s, s + batch)
         probe = GuidanceProbe()
-        m = [{"prompt": p, **(meta[i] if meta else {})} for i, p in zip(range(s, s + batch), prompts[sl])]
-        with DiffusionCapture(gen.transformer, ids[sl], mode=mode, layers=layers, parts=parts,
-                              text_tokens=toks[sl] if toks is not None else None, store=store, meta=m, query_stride=query_stride,
-                              stats_stride=stats_stride) as cap:
+        with DiffusionCapture(gen.transformer, ids[sl], mode=mode, layers=layers, parts=parts, store=store,
+                              text_tokens=toks[sl] if toks is not None else None, meta=metas[sl],
+                              query_stride=query_stride, stats_stride=stats_stride) as cap:
             x = sample(gen, prompts[sl], steps, guidance, seed=[seed + i for i in range(s, min(s + batch, len(prompts)))],
                        callbacks=[cap, probe])
         imgs.append(to_uint8(x))
@@ -95,9 +94,7 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
         probe_rows.append(probe.values)
     g = np.concatenate(probe_rows) if guidance != 1.0 else np.zeros((len(prompts), 0))
     real = [[t for t in row if t is not None] for row in toks] if toks is not None else [[] for _ in prompts]
-    return GenerationRun(np.concatenate(imgs), res, g, ids, real,
-                         [{"prompt": p, **(meta[i] if meta else {})} for i, p in enumerate(prompts)])
-
+    return GenerationRun(np.concatenate(imgs), res, g, ids, real, metas)
 
 
 def generation_store_or_capture(path, fallback, gen: Generator, model_name: str, n_prompts: int = 8, steps: int = 20,

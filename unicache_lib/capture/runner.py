@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError
-from ..core.models import first_token_logits
+from ..core.models import first_token_logits, to_model
 from ..families import family_of
 from ..inputs import check_question, default_family, encode, prepare_image, resolve_layers
 from ..progress import bar
@@ -43,16 +43,6 @@ def model_inputs(processor, image, question: str | None, device=None, family=Non
     must hold the family's image marker (e.g. ``<image>``) once.
     """
     return to_model(encode(processor, image, question, family, prompt), device, dtype)
-
-
-def to_model(inputs: dict, device=None, dtype=None) -> dict:
-    """Tensors of ``inputs`` on ``device``, floating ones (pixel values) in ``dtype``; the rest unchanged."""
-    out = {}
-    for k, v in inputs.items():
-        if torch.is_tensor(v):
-            v = v.to(device=device, dtype=dtype if (dtype is not None and v.is_floating_point()) else v.dtype)
-        out[k] = v
-    return out
 
 
 def inputs_for(model, processor, image, question: str | None, *, prompt: str | None = None) -> dict:
@@ -97,14 +87,6 @@ def spans_fn(model):
     return lambda ids, inputs=None: fam.spans(model.config, ids, inputs)
 
 
-def layer_batches(model, batch: int | None, part: str = "language") -> list[list[int]]:
-    """Split the model's layers into groups of ``batch`` (None = one group with all layers)."""
-    layers = sorted({s.layer for s in attention_sites(model, part)})
-    if not batch:
-        return [layers]
-    return [layers[i : i + batch] for i in range(0, len(layers), batch)]
-
-
 @torch.no_grad()
 def capture_samples(model, processor, samples, store: Store | None = None, mode: str = "stats",
                     layers=None, layer_batch: int | None = None, part: str = "language",
@@ -126,10 +108,9 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     if layers is not None:  # negative indices count from the last layer, as in AttentionCapture
         have = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
         layers = resolve_layers(layers, have, f"the model's {part} part")
-    groups = [list(layers)] if layers is not None else layer_batches(model, layer_batch, part)
-    if layers is not None and layer_batch:
-        groups = [groups[0][i : i + layer_batch] for i in range(0, len(groups[0]), layer_batch)]
-    wanted = {(s.part, s.layer) for s in sites if s.layer in {li for g in groups for li in g}}
+    ls = list(layers) if layers is not None else sorted({s.layer for s in sites})
+    groups = [ls[i : i + layer_batch] for i in range(0, len(ls), layer_batch)] if layer_batch else [ls]
+    wanted = {(s.part, s.layer) for s in sites if s.layer in set(ls)}
     if not wanted:
         raise InputError(f"no attention module of part {part!r} in layers {layers}")
     todo = list(samples)
@@ -141,7 +122,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     result = CaptureResult(part)
     if mode == "full" and todo:
         first = inputs_for(model, processor, todo[0].image, todo[0].question)
-        per = full_capture_bytes(model, first, [li for g in groups for li in g], part)
+        per = full_capture_bytes(model, first, ls, part)
         check_memory(per * len(todo), memory_budget_gb, f"full maps of {len(todo)} sample{'s' * (len(todo) != 1)}",
                      say=progress is not False)  # a caller that turned the bar off (a step of a measurement): quiet
     for s in bar(todo, progress, desc=f"capture ({mode})"):

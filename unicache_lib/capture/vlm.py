@@ -175,13 +175,11 @@ class AttentionCapture:
         self.mode, self.keep = mode, keep
         sites = attention_sites(self.model, part, modules)
         if layers is not None:  # negative indices count from the last; a bad index is a LayerError (ValueError)
-
             all_layers = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
             want = set(resolve_layers(layers, all_layers, f"the model's {part} part"))
             sites = [s for s in sites if s.layer in want]
         self.sites = sites
         self._family_sites = {s.name for s in self.family.sites(self.model, PARTS)}
-        self.targets = {s.name: (s.layer, s.module) for s in sites}
         self.spans = spans
         self.sample_ids = iter(sample_ids) if sample_ids is not None else None
         self.query_stride, self.key_stride = query_stride, key_stride
@@ -360,8 +358,8 @@ class AttentionCapture:
         return pre
 
     def _recompute_fn(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
-        out = transformers.integrations.sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                     scaling=scaling, **kw)
+        out = transformers.integrations.sdpa_attention.sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw)
         site = self._by_module.get(id(module))
         if site is not None and kw.get("softcap") is not None:
             raise CaptureError(
@@ -416,7 +414,7 @@ class AttentionCapture:
                                f"capturing")
         hooks = [(self.model, "forward_pre", self._begin_forward)]
         hooks += [(layer, "forward_pre", self._gate_hook(name, kwarg))
-                  for name, (layer, kwarg) in self._gate_defs.items() if name in self.targets]
+                  for name, (layer, kwarg) in self._gate_defs.items() if name in {s.name for s in self.sites}]
         if self.mode != "recompute":
             ask = self.family.weights_argument  # modules that return weights only when asked
             for s in self.sites:
@@ -485,9 +483,8 @@ def check_memory(n_bytes: int, budget_gb: float | None, what: str = "a full capt
     if budget_gb is not None and n_bytes > budget_gb * 2**30:
         raise CaptureError(
             f"{what} would keep {_size(n_bytes)} of maps, over MEMORY_BUDGET_GB={budget_gb} ({_size(budget_gb * 2**30)}): "
-            f"use mode='stats' "
-            f"(statistics only, O(heads x seq) per layer), capture a subset of layers (LAYERS=[...]), keep the maps "
-            f"of fewer samples, or raise the budget")
+            f"use mode='stats' (statistics only, O(heads x seq) per layer), capture a subset of layers (LAYERS=[...]), "
+            f"keep the maps of fewer samples, or raise the budget")
 
 
 class _attn_impl:

@@ -25,6 +25,12 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def to_model(inputs: dict, device=None, dtype=None) -> dict:
+    """Tensors of ``inputs`` on ``device``, floating ones (pixel values) in ``dtype``; the rest unchanged."""
+    return {k: v.to(device=device, dtype=dtype if (dtype is not None and v.is_floating_point()) else v.dtype)
+            if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
 def first_token_logits(model, inputs_of, questions, images, batch: int = 100) -> torch.Tensor:
     """``[N, vocab]`` float32 logits of the first answer token for (question, image) pairs, ``batch`` pairs a forward
     (gradients flow when enabled): ``inputs_of(questions, images)`` makes a slice's model inputs, which go to the
@@ -32,11 +38,10 @@ def first_token_logits(model, inputs_of, questions, images, batch: int = 100) ->
     p = next(model.parameters())
     out = []
     for s in range(0, len(questions), batch):
-        inp = inputs_of(questions[s : s + batch], images[s : s + batch])
-        inp = {k: v.to(p.device, p.dtype if v.is_floating_point() else v.dtype) if torch.is_tensor(v) else v
-               for k, v in inp.items()}
+        inp = to_model(inputs_of(questions[s : s + batch], images[s : s + batch]), p.device, p.dtype)
         out.append(model(**inp).logits[:, -1].float())
     return torch.cat(out)
+
 
 def attn_implementations(model) -> dict | str:
     """The attention implementation of each sub-model (``{"text_config": "eager", "vision_config":
