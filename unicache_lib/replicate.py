@@ -25,6 +25,7 @@ import pandas as pd
 
 from .core.errors import ContractError
 from .progress import enabled
+from .scoreboard import UNSTABLE
 from .world import samples as sample_set
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,8 +140,7 @@ def settle(out: Path, quick: bool = False):
                 rows.append({"notebook": nb, "claim": r["claim"], "parameters": json.dumps(params), "verdict": r["verdict"],
                              "value": r.get("value"), "lo": r.get("lo"), "hi": r.get("hi"), "n": r.get("n"),
                              "unit": r.get("unit"),  # the replication's own mark is what this run answers
-                             "note": (r.get("note") or "").replace("; unstable across sample sets", "").replace(
-                                 "unstable across sample sets", "")})
+                             "note": (r.get("note") or "").replace(f"; {UNSTABLE}", "").replace(UNSTABLE, "")})
     return pd.DataFrame(rows)
 
 
