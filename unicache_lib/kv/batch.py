@@ -26,17 +26,15 @@ to use instead (batch size 1).
 from __future__ import annotations
 
 import copy
-from functools import partial
 
 import torch
 
 from ..capture.runner import to_model
-from ..capture.vlm import AttentionCapture
-from ..core.errors import ContractError, InputError, UnsupportedError
-from ..core.models import language_attn_implementation, transformers
+from ..core.errors import InputError, UnsupportedError
+from ..core.models import transformers
 from ..families import family_of
 from ..families.base import VLMFamily
-from .cache import (Prefill, PromptSplit, answer, copy_layers, locate_image_kv, picture_encoder, placement,
+from .cache import (Prefill, PromptSplit, answer, copy_layers, forward_context, full_positions, located, placement,
                     prefill)
 
 
@@ -44,13 +42,12 @@ def check_batchable(model, split: PromptSplit) -> None:
     """Raise :class:`~unicache_lib.core.errors.UnsupportedError` (saying to use batch size 1) when ``model``'s
     family cannot run eviction in batches here."""
     fam = family_of(model)
-    dev, dtype = placement(model)
     why = None
     if fam.cross_attention:
         why = "keeps its image KV in cross-attention layers"
     elif type(fam).forward_text is not VLMFamily.forward_text or type(fam).image_kv is not VLMFamily.image_kv:
         why = "needs its own question forward or cache layout"
-    elif fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype)) is not None:
+    elif full_positions(fam, model, split) is not None:
         why = "numbers its positions itself (M-RoPE)"
     if why:
         raise UnsupportedError(f"{fam.name}: batched eviction is implemented for families whose image tokens sit in one "
@@ -92,28 +89,17 @@ def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> 
     kw.update(to_model({k: _stack([sp.extra[k] for sp in splits]) for k in splits[0].extra}, dev, dtype))
     if splits[0].pixel_values is not None:
         kw["pixel_values"] = torch.cat([sp.pixel_values for sp in splits]).to(dev, dtype)
+    out, records = forward_context(model, kw, attentions, "prefill_batch", "attentions=False", range(len(splits)))
     maps = [[] for _ in splits]
-    if attentions:
-        impl = language_attn_implementation(model)
-        if impl != "eager":
-            raise ContractError(f"prefill_batch reads the context's attention, which {impl!r} does not return: load with "
-                                f"attn_implementation='eager' (or attentions=False for policies that need none)")
-        with AttentionCapture(model, "full", part=fam.image_part, spans=None, sample_ids=range(len(splits))) as cap:
-            out = model(**kw)
-        for r in sorted(cap.result.records, key=lambda r: r.layer):
-            maps[int(r.sample)].append(r.probs)
-    else:
-        out = model(**kw)
+    for r in records:
+        maps[int(r.sample)].append(r.probs)
     pres = []
     for b, sp in enumerate(splits):
         sp.family = fam
         row = copy_layers(out.past_key_values)
         for layer in row.layers:
             layer.keys, layer.values = layer.keys[b:b + 1], layer.values[b:b + 1]
-        kv = locate_image_kv(fam, model, row, sp)
-        kv.grid = fam.grid_tokens(model.config, sp.inputs)
-        pres.append(Prefill(row, maps[b], sp, kv, None, picture_encoder(fam, model, sp),
-                            partial(fam.first_layer_keys, model)))
+        pres.append(located(fam, model, row, maps[b], sp, None))
     return pres
 
 

@@ -118,6 +118,12 @@ def placement(model) -> tuple[torch.device, torch.dtype]:
     return p.device, p.dtype
 
 
+def full_positions(fam, model, split: PromptSplit):
+    """The family's own position ids of the whole prompt (M-RoPE), or None where positions are 0..S-1."""
+    dev, dtype = placement(model)
+    return fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype))
+
+
 @dataclass
 class Prefill:
     """The context's cache, per image-KV layer the context's attention ``[H, C, K]`` (float32; empty
@@ -145,11 +151,10 @@ class Prefill:
 def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = True) -> Prefill:
     """Run the context once. ``attentions`` needs an eager model (the maps are captured). ``locate=False``
     leaves ``image_kv`` unset (the caller locates it, e.g. after pruning the sequence)."""
-
     fam = family_of(model)
     split.family = fam
     dev, dtype = placement(model)
-    full_pos = fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype))
+    full_pos = full_positions(fam, model, split)
     cache = transformers.DynamicCache(config=model.config)
     kw = dict(input_ids=split.context_ids.to(dev), past_key_values=cache, use_cache=True,
               **to_model(split.extra, dev, dtype))
@@ -157,24 +162,34 @@ def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = T
         kw["pixel_values"] = split.pixel_values.to(dev, dtype)
     if full_pos is not None:
         kw["position_ids"] = full_pos[..., : split.context_ids.shape[1]]
-    maps = []
-    if attentions:
-        impl = language_attn_implementation(model)
-        if impl != "eager":
-            raise ContractError(f"prefill reads the context's attention, which {impl!r} does not return: load with "
-                               f"attn_implementation='eager' (or call prefill(..., attentions=False) for policies that need none)")
-        with AttentionCapture(model, "full", part=fam.image_part, spans=None) as cap:
-            out = model(**kw)
-        maps = [r.probs for r in sorted(cap.result.records, key=lambda r: r.layer)]
-    else:
-        out = model(**kw)
+    out, records = forward_context(model, kw, attentions, "prefill", "call prefill(..., attentions=False)")
+    maps = [r.probs for r in records]
     if not locate:
         return Prefill(out.past_key_values, maps, split, None, full_pos)
-    image_kv = locate_image_kv(fam, model, out.past_key_values, split)
+    return located(fam, model, out.past_key_values, maps, split, full_pos)
+
+
+def forward_context(model, kw: dict, attentions: bool, who: str, instead: str, sample_ids=None):
+    """``(model(**kw), the captured attention records sorted by layer)``; with ``attentions`` False no records. The
+    maps need eager attention: another implementation is refused, naming ``who`` and the call to make ``instead``."""
+    if not attentions:
+        return model(**kw), []
+    impl = language_attn_implementation(model)
+    if impl != "eager":
+        raise ContractError(f"{who} reads the context's attention, which {impl!r} does not return: load with "
+                            f"attn_implementation='eager' (or {instead} for policies that need none)")
+    with AttentionCapture(model, "full", part=family_of(model).image_part, spans=None, sample_ids=sample_ids) as cap:
+        out = model(**kw)
+    return out, sorted(cap.result.records, key=lambda r: r.layer)
+
+
+def located(fam, model, cache, maps: list, split: PromptSplit, positions) -> Prefill:
+    """The :class:`Prefill` of a fresh prefill of ``split`` (``cache`` of batch 1), its image KV located."""
+    image_kv = locate_image_kv(fam, model, cache, split)
     image_kv.grid = fam.grid_tokens(model.config, split.inputs)
     if image_kv.key_index is not None:  # the family trimmed the cache (e.g. padded tiles): trim the maps alike
         maps = [m[..., image_kv.key_index] for m in maps]
-    return Prefill(out.past_key_values, maps, split, image_kv, full_pos, picture_encoder(fam, model, split),
+    return Prefill(cache, maps, split, image_kv, positions, picture_encoder(fam, model, split),
                    partial(fam.first_layer_keys, model))
 
 
@@ -210,8 +225,7 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
     or masks.
     """
     fam = family_of(model)
-    dev, dtype = placement(model)
-    if fam.cross_attention or fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype)) is not None:
+    if fam.cross_attention or full_positions(fam, model, split) is not None:
         raise PrefillPruningUnsupported(f"{fam.name}: prefill-stage pruning is implemented for families that splice image tokens into a "
                          f"sequence with positions 0..S-1; this one {'keeps its image KV in cross-attention layers' if fam.cross_attention else 'numbers positions itself (M-RoPE)'}. "
                          f"Use a cache-stage policy (evicted after the prefill) instead.")
@@ -324,11 +338,10 @@ def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_
     context whatever the cache holds.
     """
     fam = family_of(model)
-    dev, dtype = placement(model)
+    dev = placement(model)[0]
     c = split.context_ids.shape[1]
     q = split.question_ids.to(dev)
-    full_pos = fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype))
-    pos = fam.text_positions(full_pos, c, q.shape[1], dev)
+    pos = fam.text_positions(full_positions(fam, model, split), c, q.shape[1], dev)
     atts = None
     if output_attentions:
         with AttentionCapture(model, "full", part=fam.image_part, spans=None) as cap:
