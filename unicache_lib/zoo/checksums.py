@@ -37,8 +37,7 @@ def read_json(f: Path) -> dict:
 
 
 def sha256_file(path: str | Path) -> str:
-    """The sha256 hex digest of a file, cached within the process per (path, inode, size, modification and change
-    time): a file edited in place is hashed again even when its size and modification time were put back."""
+    """The sha256 hex digest of a file, cached within the process (see ``_digests``)."""
     path = Path(path).resolve()
     st = path.stat()
     key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -82,8 +81,9 @@ def verify_checksums(folder: str | Path, remedy: str | None = None, required: bo
     folder = Path(folder)
     card_path = folder / CARD
     card = read_json(card_path) if card_path.is_file() else {}
-    remedy = remedy or (f"re-copy or re-save the model; if you changed its weights on purpose, load it with verify=False "
-                        f"or record the new checksums with `python -m unicache_lib.zoo.checksums {shlex.quote(str(folder))}`")
+    remedy = remedy or (f"re-copy or re-save the model; if you changed its weights on purpose, load it with "
+                        f"verify=False or record the new checksums with "
+                        f"`python -m unicache_lib.zoo.checksums {shlex.quote(str(folder))}`")
     expected = card.get(KEY)
     if expected is None:
         if required:
@@ -99,7 +99,8 @@ def verify_checksums(folder: str | Path, remedy: str | None = None, required: bo
                                 f"{digest}. To fix: {remedy}")
     extra = sorted(set(weight_files(folder)) - set(expected))
     if extra:
-        raise ChecksumError(f"weight file {folder / extra[0]} is not recorded in {card_path}'s checksums. To fix: {remedy}")
+        raise ChecksumError(f"weight file {folder / extra[0]} is not recorded in {card_path}'s checksums. "
+                            f"To fix: {remedy}")
     return len(expected)
 
 

@@ -15,8 +15,7 @@ def untrained_language_model(model, seed: int = 0):
     fam = family_of(model)
     ctrl = copy.deepcopy(model)
     torch.manual_seed(seed)
-    parts = [fam.language_model(ctrl), fam.projector(ctrl), ctrl.lm_head]
-    for part in parts:
+    for part in (fam.language_model(ctrl), fam.projector(ctrl), ctrl.lm_head):
         for m in part.modules():
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
