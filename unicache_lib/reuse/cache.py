@@ -147,14 +147,14 @@ class ReuseCache:
         self.level = getattr(policy, "level", "attention")
         if self.level not in ("attention", "step"):
             raise InputError(f"policy {type(policy).__name__} has level {self.level!r}; expected 'attention' or 'step'")
-        if self.level == "step":  # attention modules only size the work count: a model without known ones
-            try:                  # counts each transformer call as one unit
-                self.targets = gen_family_of(self.transformer).modules(self.transformer)
-            except UnsupportedModelError:
-                self.targets = {}
-        else:
+        try:
             self.targets = gen_family_of(self.transformer).modules(self.transformer)
+        except UnsupportedModelError:
+            if self.level != "step":
+                raise
+            self.targets = {}  # step level: attention modules only size the work count; each call is one unit
         self.step = 0
+        self._last_step = -1
         self.t = math.nan
         self._work = 0.0  # attention level: work done / calls made, counted by the processors
         self._calls = 0
@@ -169,7 +169,7 @@ class ReuseCache:
                              f"schedule (which steps to compute, how far to reuse) is for another run. Build it with "
                              f"n_steps equal to the sampler's step count")
         self.step = step
-        self._last_step = max(getattr(self, "_last_step", -1), step)
+        self._last_step = max(self._last_step, step)
         self.t = float(timestep)
 
     @property
@@ -195,16 +195,14 @@ class ReuseCache:
         return 1.0 if self.level == "step" else self.computed_fraction
 
     def __enter__(self):
+        self._stack = ExitStack()
         if self.level == "step":  # in diffusers' HookRegistry, beside its own caches
             self._hook = StepReuseHook(self.policy, self.n_steps, clock=self._clock)
-            self._stack = ExitStack()
             self._stack.enter_context(model_hook(self.transformer, "unicache_reuse", self._hook))
-            return self
-
-        fam, kinds = gen_family_of(unwrap(self.transformer)), module_kinds(self.transformer)
-        self._stack = ExitStack()
-        self._stack.enter_context(processors(self.targets,
-                                             lambda name, orig: _ReuseProcessor(self, orig, name, kinds[name], fam)))
+        else:
+            fam, kinds = gen_family_of(unwrap(self.transformer)), module_kinds(self.transformer)
+            wrap = lambda name, orig: _ReuseProcessor(self, orig, name, kinds[name], fam)  # noqa: E731
+            self._stack.enter_context(processors(self.targets, wrap))
         return self
 
     def _clock(self) -> tuple[int, float]:
@@ -222,7 +220,7 @@ class ReuseCache:
 
     def __exit__(self, *exc):
         self._stack.close()
-        last = getattr(self, "_last_step", -1)
+        last = self._last_step
         if exc[0] is None and 0 <= last < self.n_steps - 1:
             raise InputError(f"ReuseCache was built for n_steps={self.n_steps} but the run had {last + 1} steps: its "
                              f"decisions were made on another schedule (a 20-step plan on 10 steps reuses nothing it "
@@ -249,8 +247,7 @@ class AttentionCallCounter:
 
     def __enter__(self):
         self._stack = ExitStack()
-        self._stack.enter_context(processors(self.targets,
-                                             lambda name, orig: _Counting(self, orig)))
+        self._stack.enter_context(processors(self.targets, lambda name, orig: _Counting(self, orig)))
         return self
 
     def __exit__(self, *exc):

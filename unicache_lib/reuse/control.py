@@ -23,6 +23,7 @@ from ..zoo.sampling import sample, to_uint8
 from .flops import TransformerFlops
 
 PREFIX = "steps:"
+PSNR_CAP = 100.0  # dB: bit-identical images have an infinite PSNR; it is capped here so that means stay finite
 
 
 class FewerSteps(contextlib.AbstractContextManager):
@@ -64,7 +65,7 @@ def fewer_steps_curve(gen, prompts, ref_images, steps_list, guidance: float = 3.
         imgs = to_uint8(sample(gen, list(prompts), int(n), guidance, seed=seed))
         with TransformerFlops(gen) as fl:
             sample(gen, sub, int(n), guidance, seed=seed)
-        p = np.minimum(psnr(imgs, ref_images), 100.0).astype(np.float64)
+        p = np.minimum(psnr(imgs, ref_images), PSNR_CAP).astype(np.float64)
         rows.append({"steps": int(n), "psnr": float(p.mean()), "psnr_per_prompt": p, "flops": fl.flops / full_flops})
     df = pd.DataFrame(rows).set_index("steps")
     if repeats >= 2:
@@ -82,7 +83,8 @@ def control_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The ``steps:N`` rows of a :func:`~unicache_lib.reuse.evaluate.run_reuse` table (raises if none)."""
     rows = df[[str(i).startswith(PREFIX) for i in df.index]]
     if rows.empty:
-        raise InputError("no fewer-step control rows ('steps:N') in this table: add fewer_steps_methods(...) to the methods")
+        raise InputError("no fewer-step control rows ('steps:N') in this table: add fewer_steps_methods(...) to the "
+                         "methods")
     return rows
 
 
@@ -153,7 +155,7 @@ def control_table(df: pd.DataFrame) -> pd.DataFrame:
                 row |= {f"ctrl_psnr_{by}": float(c.mean()), f"margin_{by}": iv.value,
                         f"margin_{by}_lo": iv.lo, f"margin_{by}_hi": iv.hi}
             except ValueError as e:
-                row |= {f"ctrl_psnr_{by}": np.nan, f"margin_{by}": np.nan, f"margin_{by}_lo": np.nan, f"margin_{by}_hi": np.nan}
+                row |= dict.fromkeys([f"ctrl_psnr_{by}", f"margin_{by}", f"margin_{by}_lo", f"margin_{by}_hi"], np.nan)
                 notes.append(f"{by}: {e}")
         row["ctrl_note"] = "; ".join(notes)
         out.append(row)

@@ -7,11 +7,11 @@
     hook.calls, hook.computed          # transformer calls made / actually run (9 of 20 at the defaults)
     remove_step_skip(pipe.transformer)
 
-It follows diffusers' own cache hooks (``diffusers/hooks/first_block_cache.py``, ``taylorseer_cache.py``): a
-config dataclass, a :class:`~diffusers.hooks.ModelHook` registered in the transformer's ``HookRegistry``
-under ``"step_skip"`` (so it sits in the same registry as diffusers' caches), removable (which frees the outputs it
-kept), its state reset by ``reset_state`` (diffusers pipelines call it at the end of ``__call__`` for transformers
-with diffusers' ``CacheMixin``; for the others a rising timestep starts the next run).
+It follows diffusers' own cache hooks (``first_block_cache.py``, ``taylorseer_cache.py``): a config dataclass, a
+:class:`~diffusers.hooks.ModelHook` registered under ``"step_skip"`` in the transformer's ``HookRegistry`` beside
+diffusers' caches, removable (which frees the outputs it kept), its state reset by ``reset_state`` (diffusers
+pipelines call it at the end of ``__call__`` for transformers with ``CacheMixin``; for the others a rising timestep
+starts the next run).
 
 Steps are counted from the ``timestep`` the pipeline hands the transformer: a call with a new timestep
 starts the next step; calls with the same timestep (a pipeline that runs the conditional and unconditional
@@ -22,8 +22,9 @@ refused; one that ends with fewer (img2img with ``strength < 1``, another step c
 count to pass, because its schedule was laid out for another run. The decisions and the extrapolation are
 :class:`~unicache_lib.reuse.policies.step_skip.StepSkip`'s, made by :class:`StepReuseHook`, the one driver of
 step-level reuse (:class:`~unicache_lib.reuse.cache.ReuseCache` registers the same hook, counting steps by the
-sampler's callback instead of the timestep), so the images are the same as the workbench's (tests: ``torch.equal`` where the transformer receives the
-sampler's timesteps; a pipeline that rescales them, e.g. Flux's ``t / 1000``, agrees to float rounding).
+sampler's callback instead of the timestep), so the images are the workbench's (``torch.equal`` where the
+transformer receives the sampler's timesteps; a pipeline that rescales them, e.g. Flux's ``t / 1000``, agrees to
+float rounding).
 
 :func:`calibrate_step_skip` chooses the schedule's stride and damping for a pipeline from a few prompts.
 """
@@ -207,9 +208,10 @@ def remove_step_skip(transformer: torch.nn.Module) -> bool:
     """Remove the hook; ``False`` when there was none."""
     transformer = getattr(transformer, "transformer", transformer)
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
-    if registry.get_hook(HOOK_NAME) is None:
+    hook = registry.get_hook(HOOK_NAME)
+    if hook is None:
         return False
-    registry.get_hook(HOOK_NAME).reset_state(transformer)  # frees the outputs it kept (and warns after a short run)
+    hook.reset_state(transformer)  # frees the outputs it kept (and warns after a short run)
     registry.remove_hook(HOOK_NAME, recurse=False)
     return True
 
@@ -237,8 +239,8 @@ def calibrate_step_skip(run, reference: list, num_inference_steps: int, transfor
                 imgs = run()
             finally:
                 remove_step_skip(transformer)
-            rows.append({"num_inference_steps": num_inference_steps, **asdict(cfg), "schedule": cfg.pattern(), "computed": hook.computed / max(hook.calls, 1),
-                         "psnr": score(reference, imgs)})
+            rows.append({"num_inference_steps": num_inference_steps, **asdict(cfg), "schedule": cfg.pattern(),
+                         "computed": hook.computed / max(hook.calls, 1), "psnr": score(reference, imgs)})
     best = max(r["psnr"] for r in rows)
     ok = [r for r in rows if r["psnr"] >= best - 1.0]
     pick = max(ok, key=lambda r: (r["stride"], r["psnr"]))

@@ -19,16 +19,13 @@ from ..quality import psnr, ssim
 from ..world.segment import score_object
 from ..zoo.sampling import sample, to_uint8
 from .cache import AttentionCallCounter, ReuseCache
-from .control import fewer_steps_methods
+from .control import PREFIX, PSNR_CAP, fewer_steps_methods
 from .flops import TransformerFlops
-from .peers import DiffusersCache, PeerUnsupported, magcache_ratios
+from .peers import PEERS, DiffusersCache, PeerUnsupported, magcache_ratios
 from .policies import REUSE_POLICIES
 
-PSNR_CAP = 100.0  # dB: bit-identical images have an infinite PSNR; it is capped here so that means stay finite
 
-
-def methods_for(gen, steps: int, guidance: float, calibration_prompts: list[str], peers=("pab", "fastercache", "first_block",
-                                                                                                "taylorseer", "magcache"),
+def methods_for(gen, steps: int, guidance: float, calibration_prompts: list[str], peers=PEERS,
                 scored_prompts: list[str] | None = None, fewer_steps=()) -> dict:
     """label -> zero-argument factory of a context manager that is also a sampling callback.
 
@@ -172,10 +169,13 @@ def _ran(df: pd.DataFrame, methods: list[str]) -> list[str]:
     return [m for m in methods if m in df.index and np.isfinite(df.loc[m].get("psnr", np.nan))]
 
 
+def _per_prompt(df: pd.DataFrame, method: str, column: str = "psnr_per_prompt") -> np.ndarray:
+    return np.asarray(df.loc[method, column], float)
+
+
 def _psnr_gap(df: pd.DataFrame, a: str, b: str):
     """PSNR of ``a`` minus ``b`` (dB), mean over prompts, with its paired 95% interval over prompts."""
-    return difference_interval(np.asarray(df.loc[a, "psnr_per_prompt"], float), np.asarray(df.loc[b, "psnr_per_prompt"], float),
-                               "prompts")
+    return difference_interval(_per_prompt(df, a), _per_prompt(df, b), "prompts")
 
 
 def versus(df: pd.DataFrame, method: str, others: list[str]) -> pd.DataFrame:
@@ -230,7 +230,7 @@ def readings(df: pd.DataFrame) -> pd.Series:
         pp = r.get("psnr_per_prompt")
         if m == "none":
             out[m] = "reference"
-        elif str(m).startswith("steps:"):
+        elif str(m).startswith(PREFIX):
             out[m] = "control (fewer steps)"
         elif isinstance(r.get("note"), str) and r.get("note"):
             out[m] = f"did not run: {r.note}"
@@ -254,8 +254,7 @@ def worst_pareto_gap(tables: dict, pareto: dict):
     unmatched = [f"{o} on {g}" for g, p in pareto.items() for o, r in p.iterrows() if r.match is None]
     if not cells:
         return None, None, unmatched
-    pp = {c: np.asarray(tables[c[0]].loc[c[2], "psnr_per_prompt"], float) - np.asarray(tables[c[0]].loc[c[1], "psnr_per_prompt"], float)
-          for c in cells}
+    pp = {c: _per_prompt(tables[c[0]], c[2]) - _per_prompt(tables[c[0]], c[1]) for c in cells}
     n = {len(v) for v in pp.values()}
     if len(n) != 1:
         raise InputError(f"per-prompt PSNRs of different lengths {sorted(n)}: score every generator on the same prompts")
@@ -266,12 +265,11 @@ def worst_pareto_gap(tables: dict, pareto: dict):
 
 def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", minus: str | None = None):
     """The lower of the generators' mean ``column`` (per prompt, e.g. SSIM) of ``method`` — or of ``method`` minus
-    ``minus``, paired per prompt — with its interval from each generator's interval over prompts. ``tables``: generator -> :func:`run_reuse` table, scored on the same prompts."""
-    def per_prompt(df):
-        v = np.asarray(df.loc[method, column], float)
-        return v - np.asarray(df.loc[minus, column], float) if minus else v
-
-    vals = {g: per_prompt(df) for g, df in tables.items()}
+    ``minus``, paired per prompt — with its interval from each generator's interval over prompts. ``tables``:
+    generator -> :func:`run_reuse` table, scored on the same prompts."""
+    vals = {g: _per_prompt(df, method, column) for g, df in tables.items()}
+    if minus:
+        vals = {g: v - _per_prompt(tables[g], minus, column) for g, v in vals.items()}
     n = {len(v) for v in vals.values()}
     if len(n) != 1:
         raise InputError(f"{column} of different lengths {sorted(n)}: score every generator on the same prompts")

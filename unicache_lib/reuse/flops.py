@@ -29,17 +29,11 @@ def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
     return _fc.sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _custom_mapping() -> dict:
-    ops = {}
-    op = cpu_sdpa_op()
-    if op is not None and op not in _fc.flop_registry:
-        ops[op] = _sdpa_cpu_flops
-    return ops
-
-
 def flop_counter() -> _fc.FlopCounterMode:
     """A FlopCounterMode (no printed table) that also counts CPU fused attention."""
-    return _fc.FlopCounterMode(display=False, custom_mapping=_custom_mapping())
+    op = cpu_sdpa_op()
+    custom = {op: _sdpa_cpu_flops} if op is not None and op not in _fc.flop_registry else {}
+    return _fc.FlopCounterMode(display=False, custom_mapping=custom)
 
 
 class TransformerFlops:
@@ -80,8 +74,8 @@ class TransformerFlops:
         self.per_call.append(n)
 
     def __enter__(self):
-        self._stack.enter_context(forward_hooks([(self.transformer, "forward_pre", self._pre),
-                                                 (self.transformer, "forward", self._post)]))
+        tr = self.transformer
+        self._stack.enter_context(forward_hooks([(tr, "forward_pre", self._pre), (tr, "forward", self._post)]))
         return self
 
     def __exit__(self, *exc):

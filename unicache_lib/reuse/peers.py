@@ -52,12 +52,10 @@ from collections.abc import Mapping
 
 import torch
 
-
 from ..core import compat
 from ..core.errors import InputError, PeerUnsupported
 from ..core.models import diffusers, quiet, unwrap
 from ..gen_families import GEN_FAMILIES, gen_family_of
-from ..gen_families.base import FamilyPeers  # noqa: F401 - re-exported: tests and forks read it from here
 from ..zoo.sampling import sample
 
 PEERS = ("pab", "fastercache", "first_block", "taylorseer", "magcache")
@@ -96,9 +94,7 @@ def peer_family_key(transformer) -> str:
 def _resolve(target) -> tuple[object, str]:
     """(transformer, family) of a library Generator (``.transformer``, ``.family``) or a bare transformer."""
     tr = getattr(target, "transformer", None)
-    if tr is None:
-        tr = target
-    tr = unwrap(tr)
+    tr = unwrap(target if tr is None else tr)
     fam = getattr(target, "family", None) if tr is not target else None
     fam = FAMILY_ALIASES.get(fam, fam)
     if fam not in FAMILY_PEERS:
@@ -106,22 +102,17 @@ def _resolve(target) -> tuple[object, str]:
     return tr, fam
 
 
-class _PassEncoderThrough:
+def _pass_encoder_through():
     """diffusers hook for SD3's last block (see ``FamilyPeers.tail_passes_encoder``)."""
+    class Hook(diffusers.hooks.ModelHook):
+        def new_forward(self, module, *args, **kwargs):
+            out = self.fn_ref.original_forward(*args, **kwargs)
+            if isinstance(out, tuple) and out[0] is None:
+                enc = kwargs["encoder_hidden_states"] if "encoder_hidden_states" in kwargs else args[1]
+                out = (enc, *out[1:])
+            return out
 
-    name = "unicache_tail_passes_encoder"
-
-    @staticmethod
-    def make():
-        class Hook(diffusers.hooks.ModelHook):
-            def new_forward(self, module, *args, **kwargs):
-                out = self.fn_ref.original_forward(*args, **kwargs)
-                if isinstance(out, tuple) and out[0] is None:
-                    enc = kwargs["encoder_hidden_states"] if "encoder_hidden_states" in kwargs else args[1]
-                    out = (enc, *out[1:])
-                return out
-
-        return Hook()
+    return Hook()
 
 
 _REGISTERED: dict = {}  # block class -> number of DiffusersCache contexts that registered it
@@ -223,8 +214,10 @@ class DiffusersCache:
         self._registered = []
 
     def __enter__(self):
-        apply = {"pab": diffusers.hooks.apply_pyramid_attention_broadcast, "fastercache": diffusers.hooks.apply_faster_cache,
-                 "first_block": diffusers.hooks.apply_first_block_cache, "taylorseer": diffusers.hooks.apply_taylorseer_cache, "magcache": diffusers.hooks.apply_mag_cache}
+        dh = diffusers.hooks
+        apply = {"pab": dh.apply_pyramid_attention_broadcast, "fastercache": dh.apply_faster_cache,
+                 "first_block": dh.apply_first_block_cache, "taylorseer": dh.apply_taylorseer_cache,
+                 "magcache": dh.apply_mag_cache}
         cfg = self.config()
         before = self._hooks()
         # FasterCache announces itself as experimental on every application and trips a torch.meshgrid
@@ -235,9 +228,8 @@ class DiffusersCache:
             if self.kind in ("first_block", "magcache"):
                 self._register_blocks()
             if self.kind == "first_block" and self.spec.tail_passes_encoder:
-                tail = _last_block(self.transformer)
-                diffusers.hooks.HookRegistry.check_if_exists_or_initialize(tail).register_hook(_PassEncoderThrough.make(),
-                                                                               _PassEncoderThrough.name)
+                dh.HookRegistry.check_if_exists_or_initialize(_last_block(self.transformer)).register_hook(
+                    _pass_encoder_through(), "unicache_tail_passes_encoder")
             apply[self.kind](self.transformer, cfg)
         except BaseException:
             self._added = [h for h in self._hooks() if h not in before]
@@ -247,13 +239,10 @@ class DiffusersCache:
                 self._quiet.__exit__(None, None, None)
             raise
         self._added = [h for h in self._hooks() if h not in before]
-        self._forget_child_registries()
-        return self
-
-    def _forget_child_registries(self):
-        """diffusers caches each registry's list of child registries on first use; after hooks are
-        added or removed that list is stale (a cache context would then miss the new hooks)."""
+        # diffusers caches each registry's list of child registries on first use; after hooks are added or
+        # removed that list is stale (a cache context would then miss the new hooks)
         compat.forget_child_registries(self.transformer.modules())
+        return self
 
     def _remove(self):
         # newest first on each module: diffusers' remove_hook unlinks a hook that others were stacked on
@@ -262,7 +251,7 @@ class DiffusersCache:
             compat.hook_registry(m).remove_hook(name, recurse=False)
         self._added = []
         self._unregister_blocks()
-        self._forget_child_registries()
+        compat.forget_child_registries(self.transformer.modules())
 
     def on_step_begin(self, step, timestep):
         self.step, self.t = int(step), float(timestep)
@@ -300,7 +289,8 @@ def calibrate_magcache(target, n_steps: int, run, guidance: float = 3.0) -> list
     denoising calls with ``callback``'s ``on_step_begin`` / ``on_step_end`` around each (diffusers prints
     the ratios at the end of the run; they are read back from that output)."""
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), DiffusersCache(target, "magcache", n_steps, guidance, calibration="calibrate") as pc:
+    with contextlib.redirect_stdout(buf), DiffusersCache(target, "magcache", n_steps, guidance,
+                                                         calibration="calibrate") as pc:
         run(pc)
     return ratios_from_output(buf.getvalue())
 
@@ -308,5 +298,5 @@ def calibrate_magcache(target, n_steps: int, run, guidance: float = 3.0) -> list
 def magcache_ratios(gen, prompts: list[str], n_steps: int, guidance: float = 3.0, seed: int = 0) -> list[float]:
     """MagCache's magnitude ratios for this generator and schedule, from one calibration run of the
     library's loop on ``prompts`` (hold them out from the prompts the methods are scored on)."""
-    return calibrate_magcache(gen, n_steps, lambda pc: sample(gen, prompts, n_steps, guidance, seed=seed, callbacks=[pc]),
-                              guidance)
+    run = lambda pc: sample(gen, prompts, n_steps, guidance, seed=seed, callbacks=[pc])  # noqa: E731
+    return calibrate_magcache(gen, n_steps, run, guidance)
