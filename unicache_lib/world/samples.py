@@ -376,12 +376,10 @@ def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | N
     for s in samples:  # the i-th sample of its scene type (the standard sets' "type-i" ids; your folder's order)
         rank.append(seen.get(s.scene_type, 0))
         seen[s.scene_type] = rank[-1] + 1
-    out = [s for s, r in zip(samples, rank) if (ids is None or s.id in ids) and (scene_types is None or
-                                                                                s.scene_type in scene_types)
-           and (per_type is None or r < per_type)]
+    out = [s for s, r in zip(samples, rank) if (ids is None or s.id in ids)
+           and (scene_types is None or s.scene_type in scene_types) and (per_type is None or r < per_type)]
     untyped = seen.get("", 0)
     if per_type is not None and untyped > per_type and ids is None:  # your folder without scene types: say so
-
         warnings.warn(f"kept the first {per_type} of your {untyped} samples without a scene_type (per_type / PER_TYPE="
                       f"{per_type} counts them as one type): pass PER_TYPE={untyped} to take them all", UserWarning,
                       stacklevel=3)

@@ -39,10 +39,8 @@ POSITIONS: dict[str, tuple[float, float]] = {  # (x, y) as fractions of the imag
 SCENE_TYPES: tuple[str, ...] = ("single", "overlap", "text", "clutter", "diagram")
 BACKGROUND = (0.08, 0.08, 0.08)
 # Positions that are neighbours of each other (used to make objects touch in ``overlap`` scenes).
-NEIGHBOURS = {
-    "centre": ("left", "right", "top", "bottom"),
-    "left": ("centre",), "right": ("centre",), "top": ("centre",), "bottom": ("centre",),
-}
+NEIGHBOURS = {"centre": ("left", "right", "top", "bottom"),
+              "left": ("centre",), "right": ("centre",), "top": ("centre",), "bottom": ("centre",)}
 
 
 @dataclass(frozen=True)
@@ -128,16 +126,9 @@ def _draw_line(img, x0, y0, x1, y1, value=0.5):
     img[ys, xs] = value
 
 
-def make_scene(
-    rng: np.random.Generator,
-    scene_type: str = "single",
-    size: int = 64,
-    n_objects: int | None = None,
-    fixed: list[dict] | None = None,
-    forbid_shapes: tuple[str, ...] = (),
-    radius_range: tuple[float, float] = (0.12, 0.17),
-    jitter: float = 0.03,
-) -> Scene:
+def make_scene(rng: np.random.Generator, scene_type: str = "single", size: int = 64, n_objects: int | None = None,
+               fixed: list[dict] | None = None, forbid_shapes: tuple[str, ...] = (),
+               radius_range: tuple[float, float] = (0.12, 0.17), jitter: float = 0.03) -> Scene:
     """Render one scene.
 
     Args:

@@ -79,8 +79,5 @@ def score_object(image: np.ndarray, obj: dict, min_fraction: float = 0.012) -> d
     k = _NAMES.index(obj["colour"])
     m = lab == k
     colour_ok = bool(counts[k] >= min_fraction * lab.size and counts[k] == counts[1:].max())
-    return {
-        "colour": colour_ok,
-        "position": bool(colour_ok and nearest_position(m) == obj["position"]),
-        "shape": bool(colour_ok and classify_shape(m) == obj["shape"]),
-    }
+    return {"colour": colour_ok, "position": bool(colour_ok and nearest_position(m) == obj["position"]),
+            "shape": bool(colour_ok and classify_shape(m) == obj["shape"])}

@@ -48,19 +48,9 @@ class QA:
     target: int | None  # index of the object the question is about (None when absent / count)
 
 
-def _scene_type(rng, scene_types):
-    return str(rng.choice(scene_types))
-
-
-def make_qa(
-    rng: np.random.Generator,
-    qtype: str | None = None,
-    scene_type: str | None = None,
-    size: int = 64,
-    scene_types: tuple[str, ...] = SCENE_TYPES,
-    qtypes: tuple[str, ...] = QUESTION_TYPES,
-    exists_negatives: str = "hard",
-) -> QA:
+def make_qa(rng: np.random.Generator, qtype: str | None = None, scene_type: str | None = None, size: int = 64,
+            scene_types: tuple[str, ...] = SCENE_TYPES, qtypes: tuple[str, ...] = QUESTION_TYPES,
+            exists_negatives: str = "hard") -> QA:
     """Draw a question type (or use ``qtype``), a balanced answer, then a scene where it is true.
 
     ``exists_negatives`` (a training curriculum; every held-out set uses ``"hard"``): ``"hard"`` asks for an
@@ -71,7 +61,7 @@ def make_qa(
     qtype = qtype or str(rng.choice(qtypes))
     if qtype not in QUESTION_TYPES:
         raise InputError(f"unknown question type {qtype!r}; expected one of {QUESTION_TYPES}")
-    st = scene_type or _scene_type(rng, scene_types)
+    st = scene_type or str(rng.choice(scene_types))
     answer = str(rng.choice(ANSWERS[qtype]))
     if qtype == "colour":
         shape = str(rng.choice(SHAPES))
@@ -96,9 +86,8 @@ def make_qa(
         # hard negatives: share the colour or the shape of a present object
         ref = sc.objects[int(rng.integers(len(sc.objects)))]
         cands = [(ref.colour, s) for s in SHAPES] + [(c, ref.shape) for c in COLOURS]
-        cands = [c for c in cands if c not in present] or [
-            (c, s) for c in COLOURS for s in SHAPES if (c, s) not in present
-        ]
+        cands = [c for c in cands if c not in present] or [(c, s) for c in COLOURS for s in SHAPES
+                                                            if (c, s) not in present]
         c, s = cands[int(rng.integers(len(cands)))]
         return QA(sc, qtype, f"is there a {c} {s} ?", answer, None)
     # count
@@ -118,10 +107,8 @@ def caption(scene: Scene) -> str:
     return " , ".join(f"{o.colour} {o.shape} {o.position}" for o in objs)
 
 
-_POS_PHRASE = {
-    "left": "on the left", "right": "on the right", "top": "at the top",
-    "bottom": "at the bottom", "centre": "in the centre",
-}
+_POS_PHRASE = {"left": "on the left", "right": "on the right", "top": "at the top", "bottom": "at the bottom",
+               "centre": "in the centre"}
 _FILLERS = (
     "the background is plain and dark",
     "nothing else is shown in the picture",
