@@ -21,9 +21,9 @@ __doc__ += "".join(f"\n- {k} {v}" for k, v in CHECKED.items()) + "\n"
 class LazyModule:
     """A framework named at the top of the module that uses it and imported on first attribute access:
     ``transformers = LazyModule("transformers")`` then ``transformers.LlavaConfig(...)``. Importing transformers
-    takes about 2.5 s (diffusers about 0.4 s), and ``import unicache_lib.kv`` (or any module that only builds,
-    reads or measures) must not pay that; every attribute is looked up on the real module at use, so a test's
-    ``monkeypatch`` of the framework is seen. Submodules resolve too (``transformers.masking_utils.X``)."""
+    takes seconds, and ``import unicache_lib.kv`` (or any module that only builds, reads or measures) must not pay
+    that; every attribute is looked up on the real module at use, so a test's ``monkeypatch`` of the framework is
+    seen. Submodules resolve too (``transformers.masking_utils.X``)."""
 
     def __init__(self, name: str):
         self.__dict__["_name"] = name
@@ -68,7 +68,8 @@ def attention_functions(name: str) -> list:
     """``[(registry, function or None)]``: what transformers' global attention and attention-mask registries hold
     under ``name`` (``AttentionInterface`` / ``AttentionMaskInterface``), to put back with
     :func:`restore_attention_functions`."""
-    return [(iface, iface._global_mapping.get(name)) for iface in (transformers.AttentionInterface, transformers.masking_utils.AttentionMaskInterface)]
+    ifaces = (transformers.AttentionInterface, transformers.masking_utils.AttentionMaskInterface)
+    return [(iface, iface._global_mapping.get(name)) for iface in ifaces]
 
 
 def restore_attention_functions(saved: list, name: str) -> None:
@@ -110,8 +111,9 @@ def block_metadata_known(cls) -> bool:
 
 def register_block_metadata(cls, hidden_index: int, encoder_index: int | None) -> None:
     """Tell diffusers' block-level caches which outputs of block class ``cls`` are the image and text streams."""
-    diffusers.hooks._helpers.TransformerBlockRegistry.register(cls, diffusers.hooks._helpers.TransformerBlockMetadata(return_hidden_states_index=hidden_index,
-                                                                    return_encoder_hidden_states_index=encoder_index))
+    helpers = diffusers.hooks._helpers
+    helpers.TransformerBlockRegistry.register(cls, helpers.TransformerBlockMetadata(
+        return_hidden_states_index=hidden_index, return_encoder_hidden_states_index=encoder_index))
 
 
 def unregister_block_metadata(cls) -> None:
@@ -122,8 +124,8 @@ def unregister_block_metadata(cls) -> None:
 def set_cache_context(transformer, step: int | None = None, n_steps: int | None = None, timestep: float | None = None):
     """The per-call cache context a diffusers pipeline sets with ``transformer.cache_context(...)``, for transformers
     without ``CacheMixin`` (``hooks._set_cache_context``); ``step=None`` clears it."""
-    ctx = None if step is None else diffusers.hooks.hooks.CacheContext("cfg", step_index=int(step), num_inference_steps=n_steps,
-                                                 timestep=float(timestep))
+    ctx = None if step is None else diffusers.hooks.hooks.CacheContext(
+        "cfg", step_index=int(step), num_inference_steps=n_steps, timestep=float(timestep))
     diffusers.hooks.hooks._set_cache_context(transformer, ctx)
 
 

@@ -6,6 +6,7 @@ So ``text->image`` is the text tokens' attention on the image (what U5 measures)
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,17 +78,8 @@ class Spans:
             )
 
     def to_json(self) -> dict:
-        """Compact run-length form for the store index."""
-        runs, cur, n = [], self.kinds[0] if self.kinds else 0, 0
-        for k in self.kinds:
-            if k == cur:
-                n += 1
-            else:
-                runs.append([cur, n])
-                cur, n = k, 1
-        if n:
-            runs.append([cur, n])
-        return {"runs": runs}
+        """Compact run-length form for the store index: ``{"runs": [[kind, length], ...]}``."""
+        return {"runs": [[k, len(list(g))] for k, g in itertools.groupby(self.kinds)]}
 
     @classmethod
     def from_json(cls, d: dict) -> "Spans":

@@ -13,9 +13,7 @@ from .compat import compiled_original, config_attn_implementation, diffusers, tr
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """Strip DataParallel / DistributedDataParallel / ``torch.compile`` wrappers."""
-    seen = 0
-    while seen < 8:
-        seen += 1
+    for _ in range(8):
         if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
             model = model.module
         elif compiled_original(model) is not None:
