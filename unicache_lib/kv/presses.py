@@ -9,9 +9,10 @@ the stack you run (and DivPrune's rule on the cached keys beside it, :class:`Div
 
 **What it compresses.** Only image positions: text positions (the system prompt, the question, special tokens) are
 always kept, and the prompt keeps as many positions as any kvpress press would at that ratio
-(``kvpress.utils.compute_n_kept``), the removed ones all image positions (at most all of them but one). The image positions are found from the ``input_ids`` of the forward it wraps, by the image token id
-the model's family adapter reads from its config (``families``); pass ``image_token_id`` for a model whose config names
-it otherwise. A cross-attention VLM (Mllama), whose image KV is not in the self-attention cache, is refused.
+(``kvpress.utils.compute_n_kept``), the removed ones all image positions (at most all of them but one). The image
+positions are found from the ``input_ids`` of the forward it wraps, by the image token id the model's family adapter
+reads from its config; pass ``image_token_id`` for a model whose config names it otherwise. A cross-attention VLM
+(Mllama), whose image KV is not in the self-attention cache, is refused.
 
 **What it keeps.** In every layer, exactly what :class:`~unicache_lib.kv.policies.key_coverage.KeyCoverage` keeps in
 the workbench's harness, because the press calls that policy's own ``choose`` on the layer's cache
@@ -32,7 +33,6 @@ One prompt at a time (batch 1), as the workbench's harness; kvpress's own pipeli
 from __future__ import annotations
 
 import contextlib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -111,11 +111,10 @@ class PolicyPress(BasePress):
                              "only a prefill from an empty cache, so the image would stay uncompressed: prefill the image "
                              "prompt with an empty cache (past_key_values=None or a new DynamicCache())")
 
-    @contextmanager
+    @contextlib.contextmanager
     def __call__(self, model):
-        """kvpress's own hook (``BasePress.forward_hook``) on every self-attention layer of the language model, found
-        by the family adapter (kvpress looks for ``model.model.language_model.layers``, which not every family has,
-        and skips Gemma 3's sliding layers, which the workbench's eviction does not); removed on exit, even on error."""
+        """kvpress's own hook (``BasePress.forward_hook``) on every self-attention layer of the language model that the
+        family adapter names (not kvpress's own search: see the module docstring); removed on exit, even on error."""
         active = getattr(model, "_unicache_press", None)
         if active is not None:  # a second press would compress what the first already compressed
             raise InputError(f"{type(active).__name__} is already applied to this model (a `with press(model):` inside "

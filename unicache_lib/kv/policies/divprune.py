@@ -6,12 +6,10 @@ subset that greedily solves the max-min diversity problem under cosine distance 
 whose nearest neighbour is farthest, each next one the token whose distance to its nearest kept token is
 largest — and feed the pruned sequence. A prefill-stage policy: the prefill runs on the kept tokens only.
 
-Positions: the published setting feeds the pruned sequence with consecutive positions (``renumber=True``).
-The shipped ``tiny-llava`` was trained on one fixed layout (64 image tokens at positions 3..66) and does not
-tolerate shifted positions: renumbered, DivPrune lost much of its accuracy on the design questions at every budget,
-against the kept tokens at their original positions (``docs/CACHING.md``, Peers). The peer therefore keeps original
-positions by default (the fair setting for this model); a 7B model trained on many image layouts tolerates
-renumbering, set ``DivPrune(renumber=True)`` there to run it exactly as published.
+Positions: the published setting feeds the pruned sequence with consecutive positions (``renumber=True``). The
+shipped ``tiny-llava`` was trained on one fixed layout (64 image tokens at positions 3..66) and loses much of its
+accuracy when renumbered (``docs/CACHING.md``, Peers), so the peer keeps original positions by default (the fair
+setting for this model); for a model trained on many image layouts set ``DivPrune(renumber=True)``, as published.
 """
 from dataclasses import dataclass
 
@@ -22,8 +20,7 @@ from .base import EvictionPolicy, greedy_max_min, register
 
 
 def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
-    """Greedy max-min diversity under cosine distance. ``features [n, D]``; returns ``k`` indices in
-    selection order."""
+    """Greedy max-min diversity under cosine distance. ``features [n, D]``; returns ``k`` indices in selection order."""
     x = torch.nn.functional.normalize(features.float(), dim=-1)
     dist = 1.0 - x @ x.T  # [n, n]
     if k <= 0:

@@ -11,8 +11,7 @@ class FastV(ScorerPolicy):
     name = "fastv"
     description = "rank image tokens by the last position's attention at layer K-1 (K=2)"
     K = 2
-
-    per_layer = False  # one ranking for every layer
+    per_layer = False
 
     def score(self, ctx, layer):
         return ctx.attentions[min(self.K - 1, ctx.n_layers - 1)][:, -1, ctx.image_positions].mean(0)

@@ -2,19 +2,14 @@
 
 `key_coverage` chooses after the prefill, from each layer's cached keys, so it pays the full prefill. Here the
 image tokens are chosen once, before the language model runs, from the keys its *first* layer would compute for
-them (the family's :meth:`~unicache_lib.families.base.VLMFamily.first_layer_keys`: input norm and key projection,
-one matrix product, no attention): a Euclidean k-center cover started at the largest-norm key. The prefill then
-runs on the kept tokens only, as DivPrune's does.
+them (:meth:`~unicache_lib.families.base.VLMFamily.first_layer_keys`: input norm and key projection, no attention):
+a Euclidean k-center cover started at the largest-norm key. The prefill then runs on the kept tokens only, at their
+original positions (``renumber=False``, as DivPrune runs here: the shipped model was trained on one layout).
 
-Tuned on the design set only (``benchmarks/tune_prefill_cover.py``, ``heldout_set(100, seed=7000)`` on
-``tiny-llava``): first-layer keys against the projected features and the features normalised per token, started at
-the largest norm or at the token farthest from the mean. First-layer keys from the largest norm won at every budget
-on the design set, ahead of the cover on the features and of `key_coverage` itself. **It did not carry to held-out
-questions** (``benchmarks/prefill_cover.py`` on ``make evaluate``'s questions, ``benchmarks/results/prefill_cover.csv``,
-quoted in ``docs/CACHING.md``): there it ties `key_coverage` and the feature cover at 10% and misses the 10% bar. A
-100-question design set could not tell these covers apart; it is kept as the measured example of that.
-Kept tokens keep their original positions (``renumber=False``, as DivPrune runs here: the shipped model was trained on
-one layout).
+Chosen on the design set only (``benchmarks/tune_prefill_cover.py``, ``heldout_set(100, seed=7000)`` on
+``tiny-llava``, against covers of the projected or per-token normalised features and a start farthest from the mean),
+where it led at every budget, `key_coverage` included. **That did not carry to held-out questions** (``benchmarks/prefill_cover.py``, quoted in
+``docs/CACHING.md``): it is kept as the measured example that a 100-question design set cannot tell these covers apart.
 """
 from ...core.errors import ContractError
 from .base import EvictionPolicy, register

@@ -78,8 +78,8 @@ def log_size_bias(model, bias: dict[int, torch.Tensor]):
     """While open, every forward of the language model's self-attention in layer ``l`` adds ``bias[l]`` (``[C]`` or
     ``[B, C]``: one term per cached position, the first ``C`` keys) to its attention logits through the attention
     mask; keys beyond ``C`` (the tokens fed since) get 0, and a layer with no entry (read at each call) is left as it
-    is. A missing mask (sdpa without padding) is made causal first;
-    a boolean one additive. The hooks are removed on exit, even on error."""
+    is. A missing mask (sdpa without padding) is made causal first, a boolean one additive. The hooks are
+    removed on exit, even on error."""
     sites = {s.layer: s.module for s in family_of(model).sites(model, ("language",))}
     missing = sorted(set(bias) - set(sites))
     if missing:
