@@ -31,7 +31,8 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_
     """A tiny text encoder: ``"clip"`` (causal, with a pooled projection; ``projection=False``: a plain
     ``CLIPTextModel``, as Flux uses) or ``"t5"`` (bidirectional). ``max_positions``: CLIP's position
     table (77 in real checkpoints)."""
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel  # local: heavy builder path (transformers, 2.5 s)
+    # local: heavy builder path (transformers, 2.5 s)
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     if kind == "t5":
         cfg = T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=hidden // 4, d_ff=4 * hidden,
@@ -40,13 +41,10 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_
         return T5EncoderModel(cfg)
     if kind != "clip":
         raise InputError(f"text encoder kind must be 'clip' or 't5', got {kind!r}")
-
-    cfg = CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, max_position_embeddings=max_positions, projection_dim=hidden,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    cfg = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=max_positions,
+                         projection_dim=hidden, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return CLIPTextModelWithProjection(cfg) if projection else CLIPTextModel(cfg)
 
 
@@ -161,7 +159,8 @@ RADIUS = (0.16, 0.20)
 
 
 def training_example(rng: np.random.Generator):
-    """One (scene, prompt) of the shipped generators' training distribution: one object (70%) or two, a short or a long prompt."""
+    """One (scene, prompt) of the shipped generators' training distribution: one object (70%) or two, a short or a
+    long prompt."""
     n = 1 if rng.random() < 0.7 else 2
     sc = make_scene(rng, "single", IMAGE_SIZE, n_objects=n, radius_range=RADIUS)
     objs = sc.describe()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import diffusers
 import torch
-from transformers import (BertConfig, BertModel, BertTokenizer, CLIPTokenizer, Gemma2Config, Gemma2Model, GemmaTokenizerFast,
-                          T5TokenizerFast)
+from transformers import (BertConfig, BertModel, BertTokenizer, CLIPTokenizer, Gemma2Config, Gemma2Model,
+                          GemmaTokenizerFast, T5TokenizerFast)
 from tokenizers import trainers
 from diffusers import AutoencoderDC, AutoencoderKL
 

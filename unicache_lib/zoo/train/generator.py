@@ -25,7 +25,7 @@ from .. import tiny_generators as tg
 from ..checksums import write_card
 from ..loaders import load_generator
 from ..sampling import sample, to_uint8
-from ..tiny_generators import RADIUS, training_example  # noqa: F401
+from ..tiny_generators import training_example
 from ..tiny_llava import build_tokenizer
 from .loop import Stage, fit, parse, recipe_parser
 
