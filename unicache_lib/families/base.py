@@ -112,6 +112,32 @@ class Shape:
         return self.vision_heads * self.vision_head_dim
 
 
+def decoder_dims(tok, shape: Shape, **kw) -> dict:
+    """A decoder text config's keyword arguments at ``shape`` (4x MLP) for the world tokenizer ``tok``; ``kw`` added."""
+    return dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+                num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                head_dim=shape.head_dim, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id) | kw
+
+
+def vit_dims(shape: Shape, **kw) -> dict:
+    """A ViT-style vision config's keyword arguments at ``shape`` (4x MLP); ``kw`` added."""
+    return dict(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
+                num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
+                image_size=shape.image_size, patch_size=shape.patch) | kw
+
+
+def patch_grid(vision_config) -> tuple[int, int]:
+    """``(side, side)``: the square patch grid of a vision config's ``image_size`` / ``patch_size``."""
+    side = vision_config.image_size // vision_config.patch_size
+    return (side, side)
+
+
+def module_names(model) -> dict[int, str]:
+    """``{id(module): qualified name}`` of every module of ``model``."""
+    return {id(m): n for n, m in model.named_modules()}
+
+
 class VLMFamily:
     """Base class: the LLaVA-style answer to every question; families override what differs.
 
@@ -206,7 +232,7 @@ class VLMFamily:
     def sites(self, model, parts=("language",)) -> list[Site]:
         """Attention modules of the requested parts (``language``, ``cross``, ``vision``), in order:
         language-model layers by index (self and cross attention in one numbering), then vision."""
-        names = {id(m): n for n, m in model.named_modules()}
+        names = module_names(model)
         out = []
         if {"language", "cross"} & set(parts):
             for i, layer in enumerate(self.language_model(model).layers):

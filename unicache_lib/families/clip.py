@@ -13,7 +13,7 @@ import torch
 
 from ..core.modality import TEXT, Spans
 from ..zoo.tiny_llava import build_tokenizer
-from .base import Shape, Site, UnsupportedModelError, VLMFamily, register, transformers
+from .base import Shape, UnsupportedModelError, VLMFamily, patch_grid, register, transformers, vit_dims
 
 
 @register
@@ -37,15 +37,6 @@ class Clip(VLMFamily):
     def projector(self, model):
         return model.visual_projection
 
-    def sites(self, model, parts=("language",)):
-        names = {id(m): n for n, m in model.named_modules()}
-        out = []
-        if "language" in parts:
-            out += [Site(names[id(l.self_attn)], i, "language", l.self_attn) for i, l in enumerate(model.text_model.encoder.layers)]
-        if "vision" in parts:
-            out += [Site(names[id(l.self_attn)], i, "vision", l.self_attn) for i, l in enumerate(model.vision_model.encoder.layers)]
-        return out
-
     def image_token_id(self, config):
         raise UnsupportedModelError("CLIP has no image token: the image goes to its own tower")
 
@@ -54,9 +45,7 @@ class Clip(VLMFamily):
         return Spans((TEXT,) * torch.as_tensor(input_ids).shape[-1])
 
     def image_grid(self, config, inputs):
-        v = config.vision_config
-        side = v.image_size // v.patch_size
-        return (side, side)
+        return patch_grid(config.vision_config)
 
     def grid_tokens(self, config, inputs):
         """The patch grid within the image tower's sequence: after the class token."""
@@ -69,10 +58,8 @@ class Clip(VLMFamily):
                     num_hidden_layers=shape.layers, num_attention_heads=shape.heads, max_position_embeddings=32,
                     pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                     projection_dim=proj)
-        vision = dict(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
-                      num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
-                      image_size=shape.image_size, patch_size=shape.patch, projection_dim=proj)
-        return transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=proj)
+        return transformers.CLIPConfig(text_config=text, vision_config=vit_dims(shape, projection_dim=proj),
+                                       projection_dim=proj)
 
     def tokenizer(self):
         """The world tokenizer closing every text with ``</s>``, where the text tower pools."""
@@ -83,5 +70,5 @@ class Clip(VLMFamily):
     def processor(self, tok, shape: Shape):
         s = shape.image_size
         ip = transformers.CLIPImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
-                                image_mean=[0.5] * 3, image_std=[0.5] * 3)
+                                             image_mean=[0.5] * 3, image_std=[0.5] * 3)
         return transformers.CLIPProcessor(image_processor=ip, tokenizer=tok)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .base import VLMFamily, chat_template, register, transformers
+from .base import VLMFamily, chat_template, decoder_dims, register, transformers, vit_dims
 
 
 @register
@@ -30,28 +30,23 @@ class Gemma3(VLMFamily):
         return (side, side)
 
     def config(self, tok, shape):
-        n_layers = shape.layers
-        types = [("sliding_attention" if (i + 1) % 2 else "full_attention") for i in range(n_layers)]
-        text = transformers.Gemma3TextConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
-                                num_hidden_layers=n_layers, num_attention_heads=shape.heads,
-                                num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-                                query_pre_attn_scalar=shape.head_dim, sliding_window=shape.sliding_window or 4096,
-                                layer_types=types, max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
-                                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-        vc = transformers.SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
-                                num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
-                                image_size=shape.image_size, patch_size=shape.patch)
-        per_side = shape.image_size // shape.patch
-        tokens = shape.extra.get("mm_tokens_per_image", (per_side // 2) ** 2)
-        return transformers.Gemma3Config(text_config=text, vision_config=vc, mm_tokens_per_image=tokens,
-                            boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
-                            eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
-                            image_token_index=tok.convert_tokens_to_ids("<image_soft_token>"))
+        types = [("sliding_attention" if (i + 1) % 2 else "full_attention") for i in range(shape.layers)]
+        text = transformers.Gemma3TextConfig(**decoder_dims(
+            tok, shape, query_pre_attn_scalar=shape.head_dim, sliding_window=shape.sliding_window or 4096,
+            layer_types=types, max_position_embeddings=4096))
+        return transformers.Gemma3Config(text_config=text, vision_config=transformers.SiglipVisionConfig(**vit_dims(shape)),
+                                         mm_tokens_per_image=self._tokens(shape),
+                                         boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
+                                         eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
+                                         image_token_index=tok.convert_tokens_to_ids("<image_soft_token>"))
+
+    @staticmethod
+    def _tokens(shape) -> int:
+        """Soft tokens per image: ``extra["mm_tokens_per_image"]``, else the patch grid pooled 2 x 2."""
+        return shape.extra.get("mm_tokens_per_image", (shape.image_size // shape.patch // 2) ** 2)
 
     def processor(self, tok, shape):
-        per_side = shape.image_size // shape.patch
         ip = transformers.Gemma3ImageProcessor(size={"height": shape.image_size, "width": shape.image_size},
-                                  image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        return transformers.Gemma3Processor(image_processor=ip, tokenizer=tok,
-                               image_seq_length=shape.extra.get("mm_tokens_per_image", (per_side // 2) ** 2),
-                               chat_template=chat_template(self.layout, self.image_marker))
+                                               image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        return transformers.Gemma3Processor(image_processor=ip, tokenizer=tok, image_seq_length=self._tokens(shape),
+                                            chat_template=chat_template(self.layout, self.image_marker))

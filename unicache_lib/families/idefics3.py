@@ -3,7 +3,7 @@ tokens wrapped in ``<fake_token_around_image>`` markers, Llama-style causal deco
 ``model.model.text_model``. Large images are split into tiles, each its own block of tokens."""
 from __future__ import annotations
 
-from .base import VLMFamily, chat_template, register, transformers
+from .base import VLMFamily, chat_template, decoder_dims, register, transformers, vit_dims
 
 
 @register
@@ -44,22 +44,16 @@ class Idefics3(VLMFamily):
         return (side, side)
 
     def config(self, tok, shape, smol: bool = False):
-        text = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
-                           num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                           num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, pad_token_id=tok.pad_token_id,
-                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+        text = transformers.LlamaConfig(**decoder_dims(tok, shape, tie_word_embeddings=False))
         kind = "SmolVLM" if smol else "Idefics3"
-        vc = getattr(transformers, f"{kind}VisionConfig")(
-            hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
-            num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
-            image_size=shape.image_size, patch_size=shape.patch)
+        vc = getattr(transformers, f"{kind}VisionConfig")(**vit_dims(shape))
         return getattr(transformers, f"{kind}Config")(vision_config=vc, text_config=text, scale_factor=2,
                                                      image_token_id=tok.convert_tokens_to_ids("<image>"),
                                                      pad_token_id=tok.pad_token_id)
 
     def processor(self, tok, shape):
         s = shape.image_size
-        ip = transformers.Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": s}, max_image_size={"longest_edge": s})
-        per_tile = (s // shape.patch) ** 2 // 4
-        return transformers.Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=per_tile,
-                                 chat_template=chat_template(self.layout, "<image>"))
+        ip = transformers.Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": s},
+                                                 max_image_size={"longest_edge": s})
+        return transformers.Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=(s // shape.patch) ** 2 // 4,
+                                              chat_template=chat_template(self.layout, "<image>"))

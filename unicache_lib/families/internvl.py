@@ -3,7 +3,7 @@
 video processor (torchvision)."""
 from __future__ import annotations
 
-from .base import VLMFamily, chat_template, images_only, register, transformers
+from .base import VLMFamily, chat_template, decoder_dims, images_only, register, transformers, vit_dims
 
 
 @register
@@ -30,20 +30,16 @@ class InternVL(VLMFamily):
         return (side, side)
 
     def config(self, tok, shape):
-        text = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
-                           num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                           num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, tie_word_embeddings=False,
-                           pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-        vc = dict(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
-                  num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
-                  image_size=[shape.image_size] * 2, patch_size=[shape.patch] * 2)
-        n = (shape.image_size // shape.patch) ** 2 // 4
-        return transformers.InternVLConfig(vision_config=vc, text_config=text, image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),
-                              image_seq_length=n, downsample_ratio=0.5, vision_feature_layer=-1)
+        text = transformers.Qwen2Config(**decoder_dims(tok, shape, tie_word_embeddings=False))
+        vc = vit_dims(shape, image_size=[shape.image_size] * 2, patch_size=[shape.patch] * 2)
+        return transformers.InternVLConfig(vision_config=vc, text_config=text,
+                                           image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),
+                                           image_seq_length=(shape.image_size // shape.patch) ** 2 // 4,
+                                           downsample_ratio=0.5, vision_feature_layer=-1)
 
     def processor(self, tok, shape):
         s = shape.image_size
         ip = transformers.GotOcr2ImageProcessor(size={"height": s, "width": s}, crop_to_patches=False)
         return images_only(transformers.InternVLProcessor)(image_processor=ip, tokenizer=tok, video_processor=None,
-                                              image_seq_length=(s // shape.patch) ** 2 // 4,
-                                              chat_template=chat_template(self.layout, self.image_marker))
+                                                           image_seq_length=(s // shape.patch) ** 2 // 4,
+                                                           chat_template=chat_template(self.layout, self.image_marker))

@@ -7,7 +7,7 @@ positions are the image span. Generation mode (the generated VQ tokens as their 
 """
 from __future__ import annotations
 
-from .base import Shape, VLMFamily, chat_template, register, transformers
+from .base import Shape, VLMFamily, chat_template, decoder_dims, patch_grid, register, transformers
 
 
 @register
@@ -35,9 +35,7 @@ class Janus(VLMFamily):
         return int(config.vision_config.num_image_tokens)
 
     def image_grid(self, config, inputs):
-        v = config.vision_config
-        side = v.image_size // v.patch_size
-        return (side, side)
+        return patch_grid(config.vision_config)
 
     def adapt_processor(self, processor, config):
         """``JanusProcessor`` always expands ``<image_placeholder>`` to 576 tokens (its ``__init__`` sets it);
@@ -47,10 +45,7 @@ class Janus(VLMFamily):
 
     def config(self, tok, shape: Shape):
         side = shape.image_size // shape.patch
-        text = dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
-                    num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-                    head_dim=shape.head_dim, max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
-                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+        text = decoder_dims(tok, shape, max_position_embeddings=4096, tie_word_embeddings=False)
         vision = dict(hidden_size=shape.vision_hidden, num_hidden_layers=shape.vision_layers,
                       num_attention_heads=shape.vision_heads, image_size=shape.image_size, patch_size=shape.patch,
                       projection_dim=shape.hidden, num_image_tokens=side * side, depth=2)
@@ -60,11 +55,13 @@ class Janus(VLMFamily):
                   channel_multiplier=[1, 1, 2, 2, 4][:levels], num_res_blocks=1, projection_dim=shape.hidden,
                   image_token_embed_dim=shape.hidden, num_hidden_layers=2)
         return transformers.JanusConfig(text_config=text, vision_config=vision, vq_config=vq,
-                           image_token_id=tok.convert_tokens_to_ids(self.image_marker))
+                                        image_token_id=tok.convert_tokens_to_ids(self.image_marker))
 
     def processor(self, tok, shape: Shape):
         s = shape.image_size
-        ip = transformers.JanusImageProcessor(size={"height": s, "width": s}, min_size=s, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        proc = transformers.JanusProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))
+        ip = transformers.JanusImageProcessor(size={"height": s, "width": s}, min_size=s, image_mean=[0.5] * 3,
+                                              image_std=[0.5] * 3)
+        proc = transformers.JanusProcessor(image_processor=ip, tokenizer=tok,
+                                           chat_template=chat_template(self.layout, self.image_marker))
         proc.num_image_tokens = (s // shape.patch) ** 2
         return proc

@@ -4,27 +4,29 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
+from .base import Shape, VLMFamily, chat_template, decoder_dims, images_only, patch_grid, register, transformers, vit_dims
 
-from .base import Shape, VLMFamily, chat_template, images_only, register, transformers
 
-
-def _clip(shape: Shape, **kw):
-    return transformers.CLIPVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
-                            num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
-                            image_size=shape.image_size, patch_size=shape.patch, projection_dim=shape.vision_hidden, **kw)
+def _clip(shape: Shape):
+    return transformers.CLIPVisionConfig(**vit_dims(shape, projection_dim=shape.vision_hidden))
 
 
 def _text(cls, tok, shape: Shape, **kw):
-    return cls(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=shape.extra.get("intermediate", 4 * shape.hidden),
-               num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-               head_dim=shape.head_dim, max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
-               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False, **kw)
+    return cls(**decoder_dims(tok, shape, intermediate_size=shape.extra.get("intermediate", 4 * shape.hidden),
+                              max_position_embeddings=4096, tie_word_embeddings=False, **kw))
 
 
-def _clip_processor(shape: Shape, cls_name: str = "CLIPImageProcessor", **kw):
+def _llama_text(tok, shape: Shape):
+    """Llama, or Mistral where ``shape`` has a sliding window."""
+    if shape.sliding_window:
+        return _text(transformers.MistralConfig, tok, shape, sliding_window=shape.sliding_window)
+    return _text(transformers.LlamaConfig, tok, shape)
+
+
+def _clip_processor(shape: Shape):
     s = shape.image_size
-    return getattr(transformers, cls_name)(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
-                                           image_mean=[0.5] * 3, image_std=[0.5] * 3, **kw)
+    return transformers.CLIPImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
+                                           image_mean=[0.5] * 3, image_std=[0.5] * 3)
 
 
 @register
@@ -45,9 +47,7 @@ class Llava(VLMFamily):
         return int(n) if n else None
 
     def image_grid(self, config, inputs):
-        v = config.vision_config
-        side = v.image_size // v.patch_size
-        return (side, side)
+        return patch_grid(config.vision_config)
 
     def image_features_at(self, model, pixel_values, rows, cols):
         """The CLIP tower at ``rows x cols`` patches: the picture resized (bilinear, antialiased) to
@@ -65,17 +65,16 @@ class Llava(VLMFamily):
         return feats.reshape(rows * cols, -1).float()
 
     def config(self, tok, shape):
-        text = (_text(transformers.MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
-                else _text(transformers.LlamaConfig, tok, shape))
-        n = (shape.image_size // shape.patch) ** 2
-        return transformers.LlavaConfig(vision_config=_clip(shape), text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
-                           vision_feature_layer=shape.extra.get("vision_feature_layer", -1),
-                           vision_feature_select_strategy="default", image_seq_length=n)
+        return transformers.LlavaConfig(vision_config=_clip(shape), text_config=_llama_text(tok, shape),
+                                        image_token_id=tok.convert_tokens_to_ids("<image>"),
+                                        vision_feature_layer=shape.extra.get("vision_feature_layer", -1),
+                                        vision_feature_select_strategy="default",
+                                        image_seq_length=(shape.image_size // shape.patch) ** 2)
 
     def processor(self, tok, shape):
         return transformers.LlavaProcessor(image_processor=_clip_processor(shape), tokenizer=tok, patch_size=shape.patch,
-                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                              chat_template=chat_template(self.layout, "<image>"))
+                                           vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                           chat_template=chat_template(self.layout, "<image>"))
 
 
 class _Tiled:
@@ -105,19 +104,18 @@ class LlavaNext(_Tiled, Llava):
     model_class = "LlavaNextForConditionalGeneration"
 
     def config(self, tok, shape):
-        text = (_text(transformers.MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
-                else _text(transformers.LlamaConfig, tok, shape))
         s = shape.image_size
-        return transformers.LlavaNextConfig(vision_config=_clip(shape), text_config=text, image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]],
-                               image_token_id=tok.convert_tokens_to_ids("<image>"), vision_feature_layer=-1)
+        return transformers.LlavaNextConfig(vision_config=_clip(shape), text_config=_llama_text(tok, shape),
+                                            image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]],
+                                            image_token_id=tok.convert_tokens_to_ids("<image>"), vision_feature_layer=-1)
 
     def processor(self, tok, shape):
         s = shape.image_size
         ip = transformers.LlavaNextImageProcessor(size={"shortest_edge": s}, crop_size={"height": s, "width": s},
-                                     image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]])
+                                                  image_grid_pinpoints=[[s, s], [s, 2 * s], [2 * s, s]])
         return transformers.LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=shape.patch,
-                                  vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                                  chat_template=chat_template(self.layout, "<image>"))
+                                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                               chat_template=chat_template(self.layout, "<image>"))
 
 
 @register
@@ -130,22 +128,20 @@ class LlavaOnevision(_Tiled, Llava):
     model_class = "LlavaOnevisionForConditionalGeneration"
     needs_video_processor = True
 
-    def config(self, tok, shape):
-        vc = transformers.SiglipVisionConfig(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
-                                num_hidden_layers=shape.vision_layers, num_attention_heads=shape.vision_heads,
-                                image_size=shape.image_size, patch_size=shape.patch)
-        s = shape.image_size
-        return transformers.LlavaOnevisionConfig(vision_config=vc, text_config=_text(transformers.Qwen2Config, tok, shape),
-                                    image_token_id=tok.convert_tokens_to_ids("<image>"),
-                                    video_token_id=tok.convert_tokens_to_ids("<video>"), image_grid_pinpoints=[[s, s]],
-                                    vision_feature_layer=-1, vision_feature_select_strategy="full")
-
     special_tokens = ("<image>", "<video>")
+
+    def config(self, tok, shape):
+        s = shape.image_size
+        return transformers.LlavaOnevisionConfig(
+            vision_config=transformers.SiglipVisionConfig(**vit_dims(shape)),
+            text_config=_text(transformers.Qwen2Config, tok, shape), image_token_id=tok.convert_tokens_to_ids("<image>"),
+            video_token_id=tok.convert_tokens_to_ids("<video>"), image_grid_pinpoints=[[s, s]], vision_feature_layer=-1,
+            vision_feature_select_strategy="full")
 
     def processor(self, tok, shape):
         s = shape.image_size
         ip = transformers.LlavaOnevisionImageProcessor(size={"height": s, "width": s}, image_grid_pinpoints=[[s, s]],
-                                          image_mean=[0.5] * 3, image_std=[0.5] * 3)
+                                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)
         side = s // shape.patch
         return images_only(transformers.LlavaOnevisionProcessor)(
             image_processor=ip, tokenizer=tok, video_processor=None, num_image_tokens=side * side,

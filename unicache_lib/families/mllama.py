@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-
 import torch
 
 from ..core.errors import InputError
 from ..core.modality import IMAGE, TEXT, Spans
-from .base import ImageKV, Site, VLMFamily, chat_template, register, transformers
+from .base import ImageKV, Site, VLMFamily, chat_template, module_names, patch_grid, register, transformers, vit_dims
 
 
 @register
@@ -37,13 +36,11 @@ class Mllama(VLMFamily):
         return model.model.vision_model
 
     def sites(self, model, parts=("language",)):
-        out = [s for s in super().sites(model, tuple(p for p in parts if p != "vision"))]
+        out = super().sites(model, tuple(p for p in parts if p != "vision"))
         if "vision" in parts:  # local layers, then the global ones numbered after them
-            vis = self.vision_model(model)
-            prefix = {id(m): n for n, m in model.named_modules()}
-            local = list(vis.transformer.layers)
-            for i, layer in enumerate(local + list(vis.global_transformer.layers)):
-                out.append(Site(prefix[id(layer.self_attn)], i, "vision", layer.self_attn))
+            vis, names = self.vision_model(model), module_names(model)
+            for i, layer in enumerate(list(vis.transformer.layers) + list(vis.global_transformer.layers)):
+                out.append(Site(names[id(layer.self_attn)], i, "vision", layer.self_attn))
         return out
 
     def spans(self, config, input_ids, inputs=None):
@@ -59,10 +56,9 @@ class Mllama(VLMFamily):
     def row_gates(self, model) -> dict:
         """``{cross site name: (decoder layer, kwarg)}``: rows whose gate is 0 never reach the output
         (text before the image), so their cross-attention rows are not read."""
-        lm = self.language_model(model)
-        names = {id(m): n for n, m in model.named_modules()}
+        names = module_names(model)
         return {names[id(layer.cross_attn)]: (layer, "full_text_row_masked_out_mask")
-                for layer in lm.layers if hasattr(layer, "cross_attn")}
+                for layer in self.language_model(model).layers if hasattr(layer, "cross_attn")}
 
     def cross_keys(self, config, inputs):
         """Vision tokens of the real tiles (``aspect_ratio_mask``): the keys capture keeps (padded tiles,
@@ -71,19 +67,18 @@ class Mllama(VLMFamily):
         if arm is not None:
             return int(arm.sum()) * self.tokens_per_tile(config)
         pv = inputs.get("pixel_values")
-        return (int(pv.shape[1]) if pv is not None else 1) * config.vision_config.max_num_tiles * self.tokens_per_tile(config)
+        images = int(pv.shape[1]) if pv is not None else 1
+        return images * config.vision_config.max_num_tiles * self.tokens_per_tile(config)
 
     def tokens_per_tile(self, config) -> int:
-        v = config.vision_config
-        return (v.image_size // v.patch_size) ** 2 + 1
+        rows, cols = patch_grid(config.vision_config)
+        return rows * cols + 1
 
     def image_grid(self, config, inputs):
         ids = inputs.get("aspect_ratio_ids")
         if ids is None or int(ids.flatten()[0]) != 1:  # aspect ratio id 1 = one tile (1 x 1 canvas)
             return None
-        v = config.vision_config
-        side = v.image_size // v.patch_size
-        return (side, side)
+        return patch_grid(config.vision_config)
 
     def grid_tokens(self, config, inputs):
         """Indices of the grid tokens within the image span: the first tile, after its class token."""
@@ -140,23 +135,23 @@ class Mllama(VLMFamily):
     def config(self, tok, shape):
         every = shape.extra.get("cross_every", 2)  # Llama-3.2-Vision: 5 (layers 3, 8, 13, ...)
         cross = [i for i in range(shape.layers) if i % every == 3 % every]
-        vis_layers = shape.vision_layers
         inter = shape.extra.get("intermediate_layers_indices", [0])
         text = dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
                     num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                     num_key_value_heads=shape.kv_heads, cross_attention_layers=cross, pad_token_id=tok.pad_token_id,
                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
                     max_position_embeddings=4096)
-        vision = dict(hidden_size=shape.vision_hidden, intermediate_size=4 * shape.vision_hidden,
-                      num_hidden_layers=vis_layers, num_global_layers=shape.extra.get("global_layers", 1),
-                      num_attention_heads=shape.vision_heads, image_size=shape.image_size, patch_size=shape.patch,
-                      intermediate_layers_indices=inter, vision_output_dim=shape.vision_hidden * (len(inter) + 1),
-                      max_num_tiles=shape.extra.get("max_tiles", 4))
+        vision = vit_dims(shape, num_global_layers=shape.extra.get("global_layers", 1), intermediate_layers_indices=inter,
+                          vision_output_dim=shape.vision_hidden * (len(inter) + 1),
+                          max_num_tiles=shape.extra.get("max_tiles", 4))
         if vision["max_num_tiles"] != 4:  # one tile: the only canvas is 1 x 1
             vision["supported_aspect_ratios"] = [[1, 1]]
-        return transformers.MllamaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<|image|>"))
+        return transformers.MllamaConfig(vision_config=vision, text_config=text,
+                                         image_token_index=tok.convert_tokens_to_ids("<|image|>"))
 
     def processor(self, tok, shape):
         s = shape.image_size
-        ip = transformers.MllamaImageProcessor(size={"height": s, "width": s}, max_image_tiles=shape.extra.get("max_tiles", 4))
-        return transformers.MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=chat_template(self.layout, self.image_marker))
+        ip = transformers.MllamaImageProcessor(size={"height": s, "width": s},
+                                               max_image_tiles=shape.extra.get("max_tiles", 4))
+        return transformers.MllamaProcessor(image_processor=ip, tokenizer=tok,
+                                            chat_template=chat_template(self.layout, self.image_marker))

@@ -15,7 +15,7 @@ import torch
 from ..core.errors import InputError
 from ..core.modality import IMAGE, TEXT, Spans
 from ..world.text import ANSWERS
-from .base import Shape, Site, UnsupportedModelError, VLMFamily, register, transformers
+from .base import Shape, Site, UnsupportedModelError, VLMFamily, module_names, patch_grid, register, transformers
 
 
 def grid_ordered(model, inputs: dict) -> dict:
@@ -76,7 +76,7 @@ class Vilt(VLMFamily):
             raise UnsupportedModelError("ViLT has no vision tower to capture: use part='language' (the single stream)")
         if "language" not in parts:
             return []
-        names = {id(m): n for n, m in model.named_modules()}
+        names = module_names(model)
         return [Site(names[id(layer.attention.attention)], i, "language", layer.attention.attention)
                 for i, layer in enumerate(self.language_model(model).layer)]
 
@@ -103,11 +103,10 @@ class Vilt(VLMFamily):
         return Spans((TEXT,) * ids.shape[-1] + (IMAGE,) * self.n_image(config, inputs or {}))
 
     def image_grid(self, config, inputs):
-        side = config.image_size // config.patch_size
         px = inputs.get("pixel_values")
         if px is not None:
             return (px.shape[-2] // config.patch_size, px.shape[-1] // config.patch_size)
-        return (side, side)
+        return patch_grid(config)
 
     def grid_tokens(self, config, inputs):
         """The grid cells within the image span (after its class token), only for grid-ordered inputs: ViLT's own
@@ -120,16 +119,15 @@ class Vilt(VLMFamily):
         return torch.arange(1, 1 + g[0] * g[1])
 
     def config(self, tok, shape: Shape):
-
         labels = shape.extra.get("labels") or sorted({a for v in ANSWERS.values() for a in v})
         return transformers.ViltConfig(vocab_size=len(tok), hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-                          num_attention_heads=shape.heads, intermediate_size=4 * shape.hidden, image_size=shape.image_size,
-                          patch_size=shape.patch, max_position_embeddings=40, max_image_length=-1, pad_token_id=tok.pad_token_id,
-                          num_labels=len(labels), id2label=dict(enumerate(labels)),
-                          label2id={a: i for i, a in enumerate(labels)})
+                                       num_attention_heads=shape.heads, intermediate_size=4 * shape.hidden,
+                                       image_size=shape.image_size, patch_size=shape.patch, max_position_embeddings=40,
+                                       max_image_length=-1, pad_token_id=tok.pad_token_id, num_labels=len(labels),
+                                       id2label=dict(enumerate(labels)), label2id={a: i for i, a in enumerate(labels)})
 
     def processor(self, tok, shape: Shape):
         ip = transformers.ViltImageProcessor(size={"shortest_edge": shape.image_size}, size_divisor=shape.patch,
-                                image_mean=[0.5] * 3, image_std=[0.5] * 3)
+                                             image_mean=[0.5] * 3, image_std=[0.5] * 3)
         tok.padding_side = "right"
         return transformers.ViltProcessor(image_processor=ip, tokenizer=tok)
