@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 import zlib
 from contextlib import contextmanager
-
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -87,8 +86,8 @@ def _mean_bands(ax, values: dict, axis_name: str, marker: str, x=None) -> int | 
     return n
 
 
-def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", bands: bool = True,
-                 layers=None, n_layers: int | None = None):
+def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", layers=None,
+                 n_layers: int | None = None):
     """Per-layer curves with spread. ``values``: name -> ``[n_samples, n]``; the line is the mean over
     samples, the shaded band +-1 standard deviation; shallow/middle/deep bands marked.
 
@@ -99,8 +98,7 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
     fig, ax = plt.subplots(figsize=(6, 3.2))
     n = _mean_bands(ax, values, "n_layers", "o", layers)
     x = list(range(n)) if (layers is None and n) else list(layers or [])
-    if n and bands:
-
+    if n:
         for i, (lab, ls) in enumerate(band_layers(n_layers or max(x) + 1).items()):
             inside = [li for li in x if li in ls]
             if inside:

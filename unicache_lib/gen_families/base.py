@@ -132,6 +132,11 @@ def heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.view(b, s, heads, d // heads).transpose(1, 2)
 
 
+def normed(norm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``, or ``x`` where the attention module has no such norm (``None``)."""
+    return x if norm is None else norm(x)
+
+
 _STREAM = contextvars.ContextVar("unicache_stream_maps", default=False)
 
 
@@ -153,7 +158,6 @@ def softmax_map(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = No
     :func:`streamed_maps`: a list of ``B`` :class:`~unicache_lib.stats.LogitRows` (``[H, Sq, Sk]`` each, formed
     one row chunk at a time when read), so no map-sized tensor is allocated."""
     if _STREAM.get():
-
         B, H, sq, _ = q.shape
         sk = k.shape[2]
         out = []
@@ -197,19 +201,14 @@ def standard_qk(attn, hidden_states, encoder_hidden_states=None, temb=None):
         e = h
     elif attn.norm_cross:
         e = attn.norm_encoder_hidden_states(e)
-    q, k = heads_view(attn.to_q(h), attn.heads), heads_view(attn.to_k(e), attn.heads)
-    if attn.norm_q is not None:
-        q = attn.norm_q(q)
-    if attn.norm_k is not None:
-        k = attn.norm_k(k)
-    return q, k
+    return (normed(attn.norm_q, heads_view(attn.to_q(h), attn.heads)),
+            normed(attn.norm_k, heads_view(attn.to_k(e), attn.heads)))
 
 
 def standard_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **_):
     """``AttnProcessor2_0``'s map ``[B, H, Sq, Sk]`` (self-attention: keys = the image; cross: the text)."""
     q, k = standard_qk(attn, hidden_states, encoder_hidden_states, temb)
     return softmax_map(q, k, sdpa_mask(attn, attention_mask, k.shape[2], q.shape[0]))
-
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ def flux_image_side(attn, h, e, rope, keys=None):
     projections (computed in full)."""
     if getattr(attn, "fused_projections", False):
         return None
-
     heads = lambda x: x.unflatten(-1, (-1, attn.head_dim))  # noqa: E731  [B, S, H, D]
     q = attn.norm_q(heads(attn.to_q(h)))
     if keys is None:

@@ -2,19 +2,15 @@
 capture) and softmax cross-attention from the image to the text (``attn2``, padding keys masked)."""
 from __future__ import annotations
 
-from .base import FamilyPeers, GenFamily, heads_view, register, sdpa_mask, softmax_map
+from .base import FamilyPeers, GenFamily, heads_view, normed, register, sdpa_mask, softmax_map
 
 
 def sana_cross_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **_):
     """``SanaAttnProcessor2_0``'s map ``[B, H, S_img, S_txt]``: q/k norms act on the projections before
     the split into heads (unlike ``AttnProcessor2_0``)."""
     e = hidden_states if encoder_hidden_states is None else encoder_hidden_states
-    q, k = attn.to_q(hidden_states), attn.to_k(e)
-    if attn.norm_q is not None:
-        q = attn.norm_q(q)
-    if attn.norm_k is not None:
-        k = attn.norm_k(k)
-    q, k = heads_view(q, attn.heads), heads_view(k, attn.heads)
+    q = heads_view(normed(attn.norm_q, attn.to_q(hidden_states)), attn.heads)
+    k = heads_view(normed(attn.norm_k, attn.to_k(e)), attn.heads)
     return softmax_map(q, k, sdpa_mask(attn, attention_mask, k.shape[2], q.shape[0]))
 
 
@@ -48,18 +44,21 @@ class Sana(GenFamily):
 
     def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
         c, s = transformer.config, transformer.config.sample_size
-        return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text + n_pad, c.caption_channels),
-                    encoder_attention_mask=mask, timestep=t, return_dict=False)
+        return dict(hidden_states=rn(batch, c.in_channels, s, s),
+                    encoder_hidden_states=rn(batch, n_text + n_pad, c.caption_channels), encoder_attention_mask=mask,
+                    timestep=t, return_dict=False)
 
     tiny_pipelines = {"sana": ("SanaPipeline", "sana", {}, "DPMSolverMultistepScheduler", dict(
-        flow_shift=3.0, prediction_type="flow_prediction", use_flow_sigmas=True, solver_type="midpoint", final_sigmas_type="zero"))}
+        flow_shift=3.0, prediction_type="flow_prediction", use_flow_sigmas=True, solver_type="midpoint",
+        final_sigmas_type="zero"))}
     tiny_vae_blocks = 3  # the pipeline wants sizes divisible by 32
     tiny_vae = ("dc_vae", {})
 
     def tiny_pipeline_parts(self, kind, transformer, build, text_layers, vae_channels, vae_blocks):
         """A Gemma 2 of ``caption_channels``; a DC-AE."""
         gemma = build.gemma_tokenizer()
-        return dict(tokenizer=gemma, text_encoder=build.gemma2_encoder(gemma, transformer.config.caption_channels, text_layers),
+        return dict(tokenizer=gemma,
+                    text_encoder=build.gemma2_encoder(gemma, transformer.config.caption_channels, text_layers),
                     vae=build.vae(self.key, transformer.config.in_channels, vae_channels, vae_blocks))
 
     def token_names(self, pipe, prompts, max_sequence_length):

@@ -6,46 +6,31 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import InputError
-from .base import FamilyPeers, GenFamily, heads_view, positions_named, register, softmax_map
+from .base import FamilyPeers, GenFamily, heads_view, normed, positions_named, register, softmax_map
 
 
 def joint_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **_):
     """``JointAttnProcessor2_0``'s map: ``[B, H, S_img + S_txt, S_img + S_txt]`` over ``[image | text]``,
     or ``[B, H, S_img, S_img]`` when called without text (SD3.5's ``attn2``). The processor ignores
     ``attention_mask`` (SD3 attends to padding), so does this."""
-    h = hidden_states
-    q, k = heads_view(attn.to_q(h), attn.heads), heads_view(attn.to_k(h), attn.heads)
-    if attn.norm_q is not None:
-        q = attn.norm_q(q)
-    if attn.norm_k is not None:
-        k = attn.norm_k(k)
-    e = encoder_hidden_states
+    h, e = hidden_states, encoder_hidden_states
+    q = normed(attn.norm_q, heads_view(attn.to_q(h), attn.heads))
+    k = normed(attn.norm_k, heads_view(attn.to_k(h), attn.heads))
     if e is not None:
-        eq, ek = heads_view(attn.add_q_proj(e), attn.heads), heads_view(attn.add_k_proj(e), attn.heads)
-        if attn.norm_added_q is not None:
-            eq = attn.norm_added_q(eq)
-        if attn.norm_added_k is not None:
-            ek = attn.norm_added_k(ek)
-        q, k = torch.cat([q, eq], 2), torch.cat([k, ek], 2)
+        q = torch.cat([q, normed(attn.norm_added_q, heads_view(attn.add_q_proj(e), attn.heads))], 2)
+        k = torch.cat([k, normed(attn.norm_added_k, heads_view(attn.add_k_proj(e), attn.heads))], 2)
     return softmax_map(q, k)
 
 
 def joint_image_side(attn, h, e, rope=None, keys=None):
     """``JointAttnProcessor2_0``'s image output alone (cross-step reuse's ``reuse_text``): image queries over
     ``[image | text]`` keys."""
-    b = h.shape[0]
-    q = heads_view(attn.to_q(h), attn.heads)
-    k = heads_view(attn.to_k(h), attn.heads)
-    ek = heads_view(attn.add_k_proj(e), attn.heads)
-    if attn.norm_q is not None:
-        q = attn.norm_q(q)
-    if attn.norm_k is not None:
-        k = attn.norm_k(k)
-    if attn.norm_added_k is not None:
-        ek = attn.norm_added_k(ek)
-    k = torch.cat([k, ek], 2)
+    q = normed(attn.norm_q, heads_view(attn.to_q(h), attn.heads))
+    k = torch.cat([normed(attn.norm_k, heads_view(attn.to_k(h), attn.heads)),
+                   normed(attn.norm_added_k, heads_view(attn.add_k_proj(e), attn.heads))], 2)
     v = torch.cat([heads_view(attn.to_v(h), attn.heads), heads_view(attn.add_v_proj(e), attn.heads)], 2)
-    o = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, -1, attn.heads * q.shape[-1]).to(q.dtype)
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+    o = o.reshape(h.shape[0], -1, attn.heads * q.shape[-1]).to(q.dtype)
     return attn.to_out[1](attn.to_out[0](o))
 
 
@@ -76,22 +61,22 @@ class SD3(GenFamily):
             sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
             num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16,
             pos_embed_max_size=8)),
-        "sd3.5": ("SD3Transformer2DModel", dict(  # dual attention and per-head RMS qk-norm
-            sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=3, attention_head_dim=8,
-            num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16,
-            pos_embed_max_size=8, dual_attention_layers=(0, 1), qk_norm="rms_norm")),
     }
+    tiny["sd3.5"] = ("SD3Transformer2DModel", tiny["sd3"][1] | dict(  # dual attention and per-head RMS qk-norm
+        num_layers=3, dual_attention_layers=(0, 1), qk_norm="rms_norm"))
 
     def tiny_inputs(self, tag, transformer, batch, n_text, n_pad, rn, t, mask):
         c, s = transformer.config, transformer.config.sample_size
-        return dict(hidden_states=rn(batch, c.in_channels, s, s), encoder_hidden_states=rn(batch, n_text, c.joint_attention_dim),
+        return dict(hidden_states=rn(batch, c.in_channels, s, s),
+                    encoder_hidden_states=rn(batch, n_text, c.joint_attention_dim),
                     pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t, return_dict=False)
 
-    tiny_pipelines = {"sd3": ("StableDiffusion3Pipeline", "sd3", {}, "FlowMatchEulerDiscreteScheduler", dict(shift=3.0)),
-                      "sd3.5": ("StableDiffusion3Pipeline", "sd3.5", {}, "FlowMatchEulerDiscreteScheduler", dict(shift=3.0))}
+    tiny_pipelines = {k: ("StableDiffusion3Pipeline", k, {}, "FlowMatchEulerDiscreteScheduler", dict(shift=3.0))
+                      for k in ("sd3", "sd3.5")}
     pixel_text_encoder = "clip"
 
-    tiny_vae = ("kl_vae", dict(scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False))
+    tiny_vae = ("kl_vae", dict(scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False,
+                               use_post_quant_conv=False))
 
     def tiny_pipeline_parts(self, kind, transformer, build, text_layers, vae_channels, vae_blocks):
         """Two CLIPs of ``pooled_projection_dim / 2`` and a T5 of ``joint_attention_dim``; the SD3 VAE's scaling."""
@@ -108,7 +93,8 @@ class SD3(GenFamily):
     def pixel_transformer(self, size, patch, text_dim, layers, heads, head_dim):
         return dict(sample_size=size, patch_size=patch, in_channels=3, out_channels=3, num_layers=layers,
                     attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=text_dim,
-                    caption_projection_dim=heads * head_dim, pooled_projection_dim=text_dim, pos_embed_max_size=size // patch)
+                    caption_projection_dim=heads * head_dim, pooled_projection_dim=text_dim,
+                    pos_embed_max_size=size // patch)
 
     def text_kwargs(self, hidden, pooled, mask):
         """Per-token states and the pooled vector (SD3 attends to padding: no mask)."""
