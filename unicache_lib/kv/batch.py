@@ -137,17 +137,11 @@ def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentio
     if len(n_layers) != 1:
         raise InputError(f"caches of different depths: {sorted(n_layers)} layers")
     stacked.layers = [copy.copy(layer) for layer in caches[0].layers]
+    def left_pad(t):  # zeros in front of a cache that holds fewer than K positions
+        return torch.cat([t.new_zeros(*t.shape[:-2], K - t.shape[-2], t.shape[-1]), t], -2)
     for li, layer in enumerate(stacked.layers):
-        ks, vs = [], []
-        for b, c in enumerate(caches):
-            k, v = c.layers[li].keys, c.layers[li].values
-            pad = K - k.shape[-2]
-            if pad:
-                k = torch.cat([k.new_zeros(*k.shape[:-2], pad, k.shape[-1]), k], -2)
-                v = torch.cat([v.new_zeros(*v.shape[:-2], pad, v.shape[-1]), v], -2)
-            ks.append(k)
-            vs.append(v)
-        layer.keys, layer.values = torch.cat(ks), torch.cat(vs)
+        layer.keys = torch.cat([left_pad(c.layers[li].keys) for c in caches])
+        layer.values = torch.cat([left_pad(c.layers[li].values) for c in caches])
     out = model(input_ids=ids, past_key_values=stacked, position_ids=pos, attention_mask=mask, use_cache=True,
                 output_attentions=output_attentions)
     first = torch.stack([out.logits[b, qlen[b] - 1] for b in range(B)]).float()

@@ -230,25 +230,25 @@ def against_peers(df: pd.DataFrame, method: str, peers: list[str]) -> pd.DataFra
     interval for 0/1 answers). Columns: budget, peer, method_acc, peer_acc, diff, lo, hi, verdict (``ahead`` / ``behind`` where the
     interval excludes 0, else ``tie``)."""
     rows = []
-    for b in sorted(df[df.method == method].budget.unique()):
-        a = correct_matrix(df, method, b)
-        for p in peers:
-            if not ((df.method == p) & (df.budget == b)).any():
-                continue
-            c = correct_matrix(df, p, b)
-            iv = difference_interval(a, c, "questions")
-            rows.append({"budget": b, "peer": p, "method_acc": a.mean(), "peer_acc": c.mean(), "diff": iv.value,
-                         "lo": iv.lo, "hi": iv.hi,
-                         "verdict": "ahead" if iv.lo > 0 else "behind" if iv.hi < 0 else "tie"})
+    for b, p in _peer_cells(df, method, peers):
+        a, c = correct_matrix(df, method, b), correct_matrix(df, p, b)
+        iv = difference_interval(a, c, "questions")
+        rows.append({"budget": b, "peer": p, "method_acc": a.mean(), "peer_acc": c.mean(), "diff": iv.value,
+                     "lo": iv.lo, "hi": iv.hi, "verdict": "ahead" if iv.lo > 0 else "behind" if iv.hi < 0 else "tie"})
     return pd.DataFrame(rows)
+
+
+def _peer_cells(df: pd.DataFrame, method: str, peers: list[str]) -> list[tuple]:
+    """``(budget, peer)`` for every budget ``method`` ran at (ascending) and every peer that ran there, in order."""
+    return [(b, p) for b in sorted(df[df.method == method].budget.unique()) for p in peers
+            if ((df.method == p) & (df.budget == b)).any()]
 
 
 def worst_peer_difference(df: pd.DataFrame, method: str, peers: list[str]):
     """The smallest ``mean(method) - mean(peer)`` accuracy difference over every (budget, peer) cell, with its
     interval from each cell's paired interval over questions (:func:`~unicache_lib.intervals.extreme_of`)."""
     return extreme_of([difference_interval(correct_matrix(df, method, b), correct_matrix(df, p, b), "questions")
-                       for b in sorted(df[df.method == method].budget.unique()) for p in peers
-                       if ((df.method == p) & (df.budget == b)).any()])
+                       for b, p in _peer_cells(df, method, peers)])
 
 
 def share_of_full(df: pd.DataFrame, method: str, budget: float):

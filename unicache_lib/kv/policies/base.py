@@ -73,10 +73,8 @@ class EvictionContext:
         image KV (left as they are)."""
         img = self.image_positions
         other = non_image(self.seq_len, img) if self.keep_always is None else self.keep_always
-        per = []
-        for ch in chosen:
-            ch = torch.as_tensor(np.asarray(ch), dtype=torch.long).reshape(-1)
-            per.append(torch.cat([other, img[ch]]).sort().values)
+        per = [torch.cat([other, img[torch.as_tensor(np.asarray(ch), dtype=torch.long).reshape(-1)]]).sort().values
+               for ch in chosen]
         if self.cache_layers is None or list(self.cache_layers) == list(range(self.n_cache_layers or len(per))):
             return per
         out: list = [None] * self.n_cache_layers
