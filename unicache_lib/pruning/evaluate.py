@@ -18,11 +18,10 @@ from ..inputs import check_fractions
 from ..progress import bar
 from ..quality import psnr, ssim
 from ..world.segment import score_object
-from .heads import HeadMask
-from ..zoo.tiny_generators import training_example
-from ..zoo.sampling import sample, to_uint8
-from ..zoo import tiny_generators as tg
 from ..world.text import prompt_set
+from ..zoo import tiny_generators as tg
+from ..zoo.sampling import sample, to_uint8
+from .heads import HeadMask
 
 
 @torch.no_grad()
@@ -118,7 +117,7 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
     rng = np.random.default_rng(seed)
     fns = []
     for _ in range(n_batches):
-        ex = [training_example(rng) for _ in range(batch)]
+        ex = [tg.training_example(rng) for _ in range(batch)]
         x0 = torch.from_numpy(np.stack([sc.image for sc, _ in ex])).permute(0, 3, 1, 2).float() * 2 - 1
         sigma = torch.sigmoid(torch.from_numpy(rng.normal(0, 1, batch)).float())
         noise = torch.from_numpy(rng.standard_normal(x0.shape)).float()
@@ -147,8 +146,9 @@ def flow_timestep(gen, s: torch.Tensor) -> torch.Tensor:
 
 def generation_objective(gen) -> str:
     """``"flow"`` (SD3 / SD3.5, Flux, Sana with a flow-matching scheduler), ``"epsilon"`` (PixArt, DiT with an
-    epsilon-predicting scheduler) or ``"v"`` (HunyuanDiT, v-predicting): the training objective :func:`generation_loss_fns` uses for a pipeline, the
-    family's :attr:`~unicache_lib.gen_families.base.GenFamily.objective` when the pipeline's scheduler agrees.
+    epsilon-predicting scheduler) or ``"v"`` (HunyuanDiT, v-predicting): the training objective
+    :func:`generation_loss_fns` uses for a pipeline, the family's
+    :attr:`~unicache_lib.gen_families.base.GenFamily.objective` when the pipeline's scheduler agrees.
     UnsupportedError, naming the family and why, for anything else."""
     adapter = getattr(gen, "adapter", None) or gen_family_of(gen.transformer)
     fam, sched = adapter.key, gen.scheduler
@@ -251,7 +251,7 @@ def pipeline_loss_batches(gen, n_batches: int = 4, batch: int = 4, seed: int = 0
                           guidance: float = 3.0) -> list[LossBatch]:
     """The fixed batches behind a pipeline's :func:`generation_loss_fns` (its docstring says what they are)."""
     objective = generation_objective(gen)  # before any sampling
-    tr, sched = gen.transformer, gen.scheduler
+    sched = gen.scheduler
     n_train = int(sched.config.num_train_timesteps)
     rng = np.random.default_rng(seed)
     n = n_batches * batch
@@ -291,8 +291,8 @@ def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, g
     def fn(lb: LossBatch):
         out = tr(**lb.kwargs, hidden_states=lb.xt, timestep=lb.timestep)
         out = out[0] if isinstance(out, (tuple, list)) else out.sample
-        if gen.adapter.learned_sigma and out.shape[1] == 2 * latent_c:  # as the pipeline: the first latent_c channels predict the noise
-            out = out[:, :latent_c]
+        if gen.adapter.learned_sigma and out.shape[1] == 2 * latent_c:
+            out = out[:, :latent_c]  # as the pipeline: the first latent_c channels predict the noise
         return torch.nn.functional.mse_loss(out.float(), lb.target)
 
     return [functools.partial(fn, lb) for lb in pipeline_loss_batches(gen, n_batches, batch, seed, steps, guidance)]
@@ -314,7 +314,7 @@ def sweep_understanding(model, processor, space, scores: dict, fractions, qas, r
             else:
                 with HeadMask(space, keep):
                     lp = answer_logprobs(model, processor, qas)
-            rows.append({"scorer": label, "fraction": f, "pruned": int((keep[:, :] == 0).sum()),
+            rows.append({"scorer": label, "fraction": f, "pruned": int((keep == 0).sum()),
                          **understanding_metrics(lp, ref, processor, qas)})
     return pd.DataFrame(rows)
 

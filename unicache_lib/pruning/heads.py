@@ -22,8 +22,8 @@ from ..capture.vlm import attention_sites
 from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.hooks import forward_hooks
 from ..core.models import unwrap
-from ..inputs import check_fraction
 from ..gen_families import gen_family_of
+from ..inputs import check_fraction
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _output_weight(model, name: str, module) -> torch.Tensor:
     if isinstance(proj, torch.nn.Linear) and proj.in_features > inner:
         return proj.weight[:, :inner]
     raise UnsupportedError(f"{name} ({type(module).__name__}) has no output projection and its block no "
-                              f"proj_out reading [attention | MLP]: the heads' output weight is unknown")
+                           f"proj_out reading [attention | MLP]: the heads' output weight is unknown")
 
 
 class HeadSpace:
@@ -94,7 +94,6 @@ class HeadSpace:
         model = unwrap(model)
         units = []
         if any(hasattr(m, "to_q") and hasattr(m, "processor") for m in model.modules()):
-
             for s in gen_family_of(model).sites(model):
                 if s.captured or mapless:
                     mod = s.module
@@ -172,7 +171,7 @@ class HeadMask:
         def post(module, args, kwargs, output):
             if not torch.is_tensor(output):
                 raise ContractError(f"{unit.name}: expected the attention output [B, S, heads * head_dim], got "
-                                   f"{type(output).__name__}")
+                                    f"{type(output).__name__}")
             return self._apply(i, unit, output)
         return post
 
@@ -204,6 +203,16 @@ def physical_pruning_unsupported(space: HeadSpace) -> str | None:
     return None
 
 
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Linear:
+    """A new ``Linear`` holding copies of ``weight [out, in]`` and ``bias``."""
+    new = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype,
+                          device=weight.device)
+    new.weight.copy_(weight)
+    if bias is not None:
+        new.bias.copy_(bias)
+    return new
+
+
 @torch.no_grad()
 def prune_physically(space: HeadSpace, keep: torch.Tensor) -> dict[str, int]:
     """Remove pruned heads from the weights (in place): rows of the q/k/v projections, columns of
@@ -219,17 +228,7 @@ def prune_physically(space: HeadSpace, keep: torch.Tensor) -> dict[str, int]:
         idx = torch.cat([torch.arange(h * u.head_dim, (h + 1) * u.head_dim) for h in kept])
         for name in ("q_proj", "k_proj", "v_proj"):
             lin = getattr(mod, name)
-            new = torch.nn.Linear(lin.in_features, len(idx), bias=lin.bias is not None, dtype=lin.weight.dtype,
-                                  device=lin.weight.device)
-            new.weight.copy_(lin.weight[idx])
-            if lin.bias is not None:
-                new.bias.copy_(lin.bias[idx])
-            setattr(mod, name, new)
-        o = mod.o_proj
-        new = torch.nn.Linear(len(idx), o.out_features, bias=o.bias is not None, dtype=o.weight.dtype, device=o.weight.device)
-        new.weight.copy_(o.weight[:, idx])
-        if o.bias is not None:
-            new.bias.copy_(o.bias)
-        mod.o_proj = new
+            setattr(mod, name, _linear(lin.weight[idx], None if lin.bias is None else lin.bias[idx]))
+        mod.o_proj = _linear(mod.o_proj.weight[:, idx], mod.o_proj.bias)
         out[u.name] = len(kept)
     return out

@@ -71,7 +71,6 @@ def head_statistics(ctx: ScoringContext) -> dict[str, np.ndarray]:
     space = ctx.space
     mapless = [u for u in space.units if not getattr(u, "mapped", True)]
     if mapless:
-
         why = gen_family_of(space.model).uncaptured.get(mapless[0].part, "it forms no softmax map")
         raise InputError(f"{len(mapless)} units have no attention map to take statistics of "
                          f"({mapless[0].name}: {why}); the attention-statistics scorers cannot score them. Build the "
