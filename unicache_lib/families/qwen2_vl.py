@@ -42,29 +42,25 @@ class Qwen2VL(VLMFamily):
                                             attention_mask=inputs.get("attention_mask"))
         return pos  # [3, B, S]
 
-    def _text_config(self, tok, shape: Shape) -> dict:
-        half = shape.head_dim // 2
-        t = half // 4
-        return dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
-                    num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-                    max_position_embeddings=32768, tie_word_embeddings=False,
-                    rope_scaling={"type": "mrope", "mrope_section": [t, (half - t) // 2, half - t - (half - t) // 2]},
-                    **({"sliding_window": shape.sliding_window, "use_sliding_window": True,
-                        "max_window_layers": 0} if shape.sliding_window else {}))
-
-    def _ids(self, tok) -> dict:
-        return dict(image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
-                    video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
-                    vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"))
-
     def _vision_config(self, shape: Shape) -> dict:
         return dict(depth=shape.vision_layers, embed_dim=shape.vision_hidden, hidden_size=shape.hidden,
                     num_heads=shape.vision_heads, patch_size=shape.patch, spatial_merge_size=2, temporal_patch_size=2,
                     in_channels=3)
 
     def config(self, tok, shape):
-        return getattr(transformers, self.config_class)(text_config=self._text_config(tok, shape),
-                                                        vision_config=self._vision_config(shape), **self._ids(tok))
+        half = shape.head_dim // 2
+        t = half // 4
+        text = dict(vocab_size=len(tok), hidden_size=shape.hidden, intermediate_size=4 * shape.hidden,
+                    num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                    max_position_embeddings=32768, tie_word_embeddings=False,
+                    rope_scaling={"type": "mrope", "mrope_section": [t, (half - t) // 2, half - t - (half - t) // 2]},
+                    **({"sliding_window": shape.sliding_window, "use_sliding_window": True,
+                        "max_window_layers": 0} if shape.sliding_window else {}))
+        return getattr(transformers, self.config_class)(
+            text_config=text, vision_config=self._vision_config(shape),
+            image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+            video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+            vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"))
 
     def processor(self, tok, shape):
         px = shape.image_size ** 2  # every image resized to this many pixels: fixed token count
