@@ -44,7 +44,7 @@ from ..inputs import check_fraction
 from .policies.ablations import DivPruneKeys
 from .policies.base import EvictionContext, EvictionPolicy
 from .policies.key_coverage import KeyCoverage
-from .policies.merge import log_size_bias, merge_groups
+from .policies.merge import log_size_bias, merge_groups, place_merged
 
 try:  # kvpress is a dependency of the project; the import error, if any, names the install
     from kvpress.presses.base_press import BasePress, is_prefilling
@@ -178,14 +178,11 @@ class PolicyPress(BasePress):
         if not getattr(self.policy, "merges", False):
             return keys.index_select(2, idx), values.index_select(2, idx)
         # a merging policy (policies/merge.py): the evicted image KV folded into the kept, log(size) for later forwards
-        mk, mv, sizes = merge_groups(keys[0].index_select(1, img), values[0].index_select(1, img),
-                                     torch.as_tensor(sorted(chosen), device=keys.device))
+        merged = merge_groups(keys[0].index_select(1, img), values[0].index_select(1, img),
+                              torch.as_tensor(sorted(chosen), device=keys.device))
         keys, values = keys.index_select(2, idx), values.index_select(2, idx)
         at = torch.isin(idx, img).nonzero().flatten()  # the kept image positions, in order, in the compressed layer
-        keys[0, :, at], values[0, :, at] = mk.to(keys.dtype), mv.to(values.dtype)
-        bias = torch.zeros(len(idx))
-        bias[at.cpu()] = sizes.log().cpu()
-        self._bias[module.layer_idx] = bias
+        self._bias[module.layer_idx] = place_merged(keys, values, at, merged)
         return keys, values
 
     def choose(self, keys: torch.Tensor, values: torch.Tensor, k: int, attentions, img: torch.Tensor) -> list[int]:

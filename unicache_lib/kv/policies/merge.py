@@ -60,17 +60,22 @@ def merge_cache(ctx, cache, keep: list) -> tuple[object, dict[int, torch.Tensor]
         k_pos = torch.as_tensor(keep[cl], dtype=torch.long).sort().values
         is_img = torch.isin(k_pos, img)
         chosen = torch.searchsorted(img, k_pos[is_img])  # kept image positions as indices into the image block
-        keys, values = ctx.image_kv(li)
-        mk, mv, sizes = merge_groups(keys, values, chosen)
+        merged = merge_groups(*ctx.image_kv(li), chosen)
         layer = new.layers[cl]
         at = is_img.nonzero().flatten().to(layer.keys.device)  # where they sit in the evicted layer
         layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
-        layer.keys[0, :, at] = mk.to(layer.keys.dtype)
-        layer.values[0, :, at] = mv.to(layer.values.dtype)
-        b = torch.zeros(len(k_pos))
-        b[at.cpu()] = sizes.log().cpu()
-        bias[cl] = b
+        bias[cl] = place_merged(layer.keys, layer.values, at, merged)
     return new, bias
+
+
+def place_merged(keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor, merged: tuple) -> torch.Tensor:
+    """Write :func:`merge_groups`' ``merged`` keys and values at positions ``at`` of a layer's ``keys`` / ``values``
+    ``[1, H_kv, C, D]`` (in place); returns that layer's attention term ``[C]``: ``log(size)`` at ``at``, 0 elsewhere."""
+    mk, mv, sizes = merged
+    keys[0, :, at], values[0, :, at] = mk.to(keys.dtype), mv.to(values.dtype)
+    bias = torch.zeros(keys.shape[-2])
+    bias[at.cpu()] = sizes.log().cpu()
+    return bias
 
 
 @contextlib.contextmanager
