@@ -4,8 +4,8 @@ Each is a context manager that restores the model on exit (also on error):
 ``zero_image_features`` (the projector's output replaced by zeros: image tokens carry nothing),
 ``zero_image_values`` (from layer ``k`` on, reading an image key returns nothing),
 ``mask_image_attention`` (from layer ``k`` on, text queries may not attend to image keys: caught
-by construction, since it forces the image share of the text queries' reads to 0); a blank image is a change of input,
-:func:`blank_image`. :func:`hide_keys` is the general per-layer attention mask underneath.
+by construction, since it forces the image share of the text queries' reads to 0); a blank image is a change of
+input, :func:`blank_image`. :func:`hide_keys` is the general per-layer attention mask underneath.
 
 Which module is the projector and which positions are image tokens come from the model's family
 adapter. For a cross-attention VLM (Mllama) the image is read only by the cross-attention layers:
@@ -81,20 +81,15 @@ def hide_keys(model, hidden):
 
 @contextmanager
 def mask_image_attention(model, from_layer: int):
-    """Text queries cannot attend to image keys in layers >= ``from_layer`` (eager attention).
-    Caught by construction: it forces the image share of the text queries' reads to 0, so a detector of low shares sees it."""
+    """Text queries cannot attend to image keys in layers >= ``from_layer`` (eager attention). Caught by
+    construction: it forces the image share of the text queries' reads to 0, so a detector of low shares sees it."""
     fam = family_of(model)
     if fam.cross_attention:
         with _gate_cross_attention(model, fam, from_layer):
             yield model
         return
 
-    def hidden(layer, img):
-        if layer < from_layer:
-            return None
-        return (~img)[:, None] & img[None, :]
-
-    with hide_keys(model, hidden):
+    with hide_keys(model, lambda layer, img: None if layer < from_layer else (~img)[:, None] & img[None, :]):
         yield model
 
 

@@ -24,9 +24,7 @@ def answer_attention(model, processor, qas, progress: bool | None = None, layers
     Needs an eager model (attention weights). The layers read are those whose keys include the image
     (a cross-attention VLM: its cross-attention layers); ``layers`` (indices of those layers, e.g. the
     shallow band) averages coverage and concentration over these only (None: all)."""
-    tok = processor.tokenizer
-    fam = family_of(model)
-    part = fam.image_part
+    tok, part = processor.tokenizer, family_of(model).image_part
     rows = []
     for q in bar(qas, progress, desc="answers"):
         inp = inputs_for(model, processor, q.scene.uint8(), q.question)

@@ -34,7 +34,8 @@ def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
     layers = sorted({li for _, li in cells})
     missing = [(s, li) for s in samples for li in layers if (s, li) not in cells]
     if missing:
-        raise InputError(f"records miss {len(missing)} (sample, layer) cells, e.g. {missing[0]}: capture every layer of every sample")
+        raise InputError(f"records miss {len(missing)} (sample, layer) cells, e.g. {missing[0]}: capture every layer of "
+                         "every sample")
     return samples, np.array([[cells[s, li] for li in layers] for s in samples])
 
 
@@ -70,13 +71,14 @@ def image_dependence(model, processor, samples, seed: int = 0) -> float:
     """Mean KL(answer with its image || answer with another sample's image) over ``samples``: how much
     the answers depend on the image at all. Near 0 = the image is ignored, whatever the attention
     shares say (the complement the attention-share detector needs, see notebook 07)."""
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(samples))
+    def answer_logp(image, question):
+        return torch.log_softmax(model(**inputs_for(model, processor, image, question)).logits[0, -1].float(), -1)
+
+    perm = np.random.default_rng(seed).permutation(len(samples))
     perm = np.where(perm == np.arange(len(samples)), np.roll(perm, 1), perm)
     kls = []
     with torch.no_grad():
         for i, s in enumerate(samples):
-            a = torch.log_softmax(model(**inputs_for(model, processor, s.image, s.question)).logits[0, -1].float(), -1)
-            b = torch.log_softmax(model(**inputs_for(model, processor, samples[perm[i]].image, s.question)).logits[0, -1].float(), -1)
+            a, b = answer_logp(s.image, s.question), answer_logp(samples[perm[i]].image, s.question)
             kls.append(float((a.exp() * (a - b)).sum()))
     return float(np.mean(kls))

@@ -47,8 +47,7 @@ GENERATOR_KEYS = ("row_entropy", "max_weight", "sim_prev", "block_entropy", "blo
                   "text_entropy", "sim_prev_all", "out_sim_prev", "head_sim")
 
 
-def _understanding_figures(label, recs, out, stem=None):
-    stem = stem or label
+def _understanding_figures(label, recs, out, stem):
     L = layer_table(recs)
     figs, notes = [], []
     per = lambda c: L.pivot(index="sample", columns="layer", values=c).to_numpy()  # noqa: E731
@@ -61,7 +60,6 @@ def _understanding_figures(label, recs, out, stem=None):
     figs.append(plots.save(plots.read_frequency_heatmap(rf, mine[0].spans, f"{label}: read frequency, sample {s0}"),
                            out, f"{stem}_read_frequency"))
     if "blocks" in recs[0].data and all(r.spans is not None and r.spans.n_image for r in recs):
-
         b = np.mean([r.data["blocks"].mean(0).numpy() for r in recs], 0)
         figs.append(plots.save(plots.bars(dict(zip(BLOCKS, map(float, b))), f"{label}: modality blocks (mean of {len(recs)} records)",
                                           "share"), out, f"{stem}_blocks"))
@@ -77,14 +75,14 @@ def _understanding_figures(label, recs, out, stem=None):
     return figs, notes
 
 
-def _generation_figures(label, recs, out, stem=None):
-    stem = stem or label
+def _generation_figures(label, recs, out, stem):
     T = step_table(recs)
     figs = []
     for part, d in T.groupby("part"):
         vals = {c: d.groupby(["sample", "step"])[c].mean().unstack("step").to_numpy()
                 for c in ("img_entropy", "sim", "text_share") if d[c].notna().any()}
-        figs.append(plots.save(plots.step_curves(vals, f"{label} · {part}: per step (mean over layers)"), out, f"{stem}_{part}_steps"))
+        figs.append(plots.save(plots.step_curves(vals, f"{label} · {part}: per step (mean over layers)"), out,
+                               f"{stem}_{part}_steps"))
     return figs, [f"{T['sample'].nunique()} prompts x {T.layer.nunique()} layers x {T.step.nunique()} steps"]
 
 
@@ -166,7 +164,7 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
     All stores are read and checked first (:func:`load_store`); any :class:`ReportError` leaves
     ``out_dir`` untouched. Refuses (``FileExistsError``) to overwrite an existing report unless it was
     written by this function."""
-    import matplotlib.pyplot as plt  # local: matplotlib (0.6 s) only for the figures; main() selects Agg before pyplot loads
+    import matplotlib.pyplot as plt  # local: only the figures need it; main() selects Agg before pyplot loads
 
     out = Path(out_dir)
     page = out / "report.html"

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 import numpy as np
 import pandas as pd
 from scipy.stats import rankdata

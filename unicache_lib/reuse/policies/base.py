@@ -21,10 +21,10 @@ register = registrar(REUSE_POLICIES, "reuse policy")
 class ReusePolicy(ABC):
     """``decide(step, n_steps, similarity, key) -> "compute" | "reuse" | "reuse_text"``.
 
-    ``similarity``: cosine between this step's input to the module and its input at the last
-    computed step (NaN at step 0, and unless the policy sets ``uses_similarity``). ``key``: the
-    attention module's name, for policies that keep per-module state. ``reuse_text`` reuses only the text side (joint attention: the
-    text stream's output; cross-attention: the text keys and values) and computes the image side.
+    ``similarity``: cosine between this step's input to the module and its input at the last computed step (NaN
+    at step 0, and unless the policy sets ``uses_similarity``). ``key``: the attention module's name, for policies
+    that keep per-module state. ``reuse_text`` reuses only the text side (joint attention: the text stream's
+    output; cross-attention: the text keys and values) and computes the image side.
 
     ``level``: ``"attention"`` (the default): ``decide`` is asked per attention module and call, as above.
     ``"step"``: ``decide(step, n_steps, nan, key="transformer")`` is asked once per transformer call, and
