@@ -27,8 +27,7 @@ def auroc(scores, labels) -> float:
 
 def rank_average(*scores) -> np.ndarray:
     """Combine scores without fitting: the mean of their ranks scaled to [0, 1]."""
-    out = [rankdata(np.asarray(s, dtype=float)) / len(s) for s in scores]
-    return np.mean(out, 0)
+    return np.mean([rankdata(np.asarray(s, dtype=float)) / len(s) for s in scores], 0)
 
 
 def auroc_interval(scores, labels, unit: str = "questions", n_boot: int = 2000, seed: int = 0, versus=None):

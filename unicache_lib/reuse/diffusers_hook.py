@@ -183,23 +183,16 @@ class StepReuseHook(ModelHook):
         return out
 
 
-class StepSkipHook(StepReuseHook):
-    """The hook :func:`apply_step_skip` registers: :class:`StepReuseHook` with a :class:`StepSkipConfig`.
-    ``calls`` / ``computed`` count over every pipeline call since it was applied (not reset between runs)."""
-
-    def __init__(self, config: StepSkipConfig):
-        self.config = config
-        super().__init__(config, config.num_inference_steps)
-
-
-def apply_step_skip(transformer: torch.nn.Module, config: StepSkipConfig) -> StepSkipHook:
-    """Register ``step_skip`` on a diffusers transformer (``pipe.transformer``); returns the hook (its
-    ``calls`` / ``computed`` count the work). Applying it twice raises: remove it first."""
+def apply_step_skip(transformer: torch.nn.Module, config: StepSkipConfig) -> StepReuseHook:
+    """Register ``step_skip`` on a diffusers transformer (``pipe.transformer``); returns the hook (``config``
+    its config; ``calls`` / ``computed`` count the work over every pipeline call since it was applied, not reset
+    between runs). Applying it twice raises: remove it first."""
     transformer = getattr(transformer, "transformer", transformer)
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
     if registry.get_hook(HOOK_NAME) is not None:
         raise InputError("step_skip is already applied to this transformer: remove_step_skip(transformer) first")
-    hook = StepSkipHook(config)
+    hook = StepReuseHook(config, config.num_inference_steps)
+    hook.config = config
     registry.register_hook(hook, HOOK_NAME)
     return hook
 
