@@ -86,15 +86,14 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: torch.device
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name
 
 
-# huggingface_hub is imported locally: only the hub paths need it
 def _offline() -> bool:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # local: only the hub paths need huggingface_hub
 
     return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # local: only the hub paths need huggingface_hub
 
     try:
         snapshot_download(repo_id, local_files_only=True)  # reads the local cache only, never the network
@@ -104,7 +103,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def _hub_host() -> str:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # local: only the hub paths need huggingface_hub
 
     return urlparse(constants.ENDPOINT).hostname or "huggingface.co"
 
@@ -192,7 +191,7 @@ def _read_config(where, sub: str = "", name: str = "config.json") -> dict:
         if not f.exists():
             raise MissingFileError(f"no {name} in {p / sub}: is this a model folder?")
         return read_json(f)
-    from huggingface_hub import hf_hub_download  # a hub id: the real download path
+    from huggingface_hub import hf_hub_download  # local: a hub id only, the real download path
 
     return json.loads(Path(hf_hub_download(str(where), f"{sub + '/' if sub else ''}{name}")).read_text())
 

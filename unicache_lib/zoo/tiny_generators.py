@@ -31,8 +31,8 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_
     """A tiny text encoder: ``"clip"`` (causal, with a pooled projection; ``projection=False``: a plain
     ``CLIPTextModel``, as Flux uses) or ``"t5"`` (bidirectional). ``max_positions``: CLIP's position
     table (77 in real checkpoints)."""
-    # local: heavy builder path (transformers, 2.5 s)
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection,  # local: heavy builder path
+                              T5Config, T5EncoderModel)
 
     if kind == "t5":
         cfg = T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=hidden // 4, d_ff=4 * hidden,
