@@ -14,6 +14,9 @@ import torch.nn.functional as F
 from .core.errors import InputError
 
 
+PSNR_CAP = 100.0  # dB: bit-identical images have an infinite PSNR; it is capped here so that means stay finite
+
+
 def _as_float(x) -> torch.Tensor:
     """``[N, H, W, C]`` (or ``[N, C, H, W]``: C of 1 or 3 first and not last) uint8 / float ->
     ``[N, C, H, W]`` float32 in [0, 1]; channels last wins when both ends could be channels."""

@@ -413,8 +413,9 @@ class AttentionCapture:
                                f"probabilities whose rows do not sum to 1, not attention. Call model.eval() before "
                                f"capturing")
         hooks = [(self.model, "forward_pre", self._begin_forward)]
+        captured = {s.name for s in self.sites}
         hooks += [(layer, "forward_pre", self._gate_hook(name, kwarg))
-                  for name, (layer, kwarg) in self._gate_defs.items() if name in {s.name for s in self.sites}]
+                  for name, (layer, kwarg) in self._gate_defs.items() if name in captured]
         if self.mode != "recompute":
             ask = self.family.weights_argument  # modules that return weights only when asked
             for s in self.sites:

@@ -117,7 +117,7 @@ def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentio
         first, _, atts = answer(model, caches[0], splits[0], output_attentions=output_attentions)
         return first[None], [atts] if output_attentions else None
     check_batchable(model, splits[0])
-    dev = next(model.parameters()).device
+    dev = placement(model)[0]
     B = len(caches)
     held = [c.get_seq_length() for c in caches]
     K = max(held)
@@ -137,6 +137,7 @@ def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentio
     if len(n_layers) != 1:
         raise InputError(f"caches of different depths: {sorted(n_layers)} layers")
     stacked.layers = [copy.copy(layer) for layer in caches[0].layers]
+
     def left_pad(t):  # zeros in front of a cache that holds fewer than K positions
         return torch.cat([t.new_zeros(*t.shape[:-2], K - t.shape[-2], t.shape[-1]), t], -2)
     for li, layer in enumerate(stacked.layers):

@@ -16,7 +16,7 @@ from ..core.hooks import forward_hooks
 from ..gen_families.base import GEN_FAMILIES, gen_family_of
 from ..inputs import check_fractions
 from ..progress import bar
-from ..quality import psnr, ssim
+from ..quality import PSNR_CAP, psnr, ssim
 from ..world.segment import score_object
 from ..world.text import prompt_set
 from ..zoo import tiny_generators as tg
@@ -49,7 +49,7 @@ def generation_metrics(images: np.ndarray, reference: np.ndarray, objects: list[
     1024 px): the prompt-following checker measures in fractions of the image side and area."""
     p = psnr(images, reference)
     scores = [score_object(im, o) for im, o in zip(images, objects)]
-    return {"psnr": float(np.mean(np.minimum(p, 100.0))), "ssim": float(np.mean(ssim(images, reference))),
+    return {"psnr": float(np.mean(np.minimum(p, PSNR_CAP))), "ssim": float(np.mean(ssim(images, reference))),
             **{k: float(np.mean([s[k] for s in scores])) for k in ("colour", "position", "shape")}, "n": len(images)}
 
 

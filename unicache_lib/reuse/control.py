@@ -18,12 +18,11 @@ import pandas as pd
 
 from ..core.errors import InputError
 from ..intervals import Interval, difference_interval, interleaved_timings, speedup_interval
-from ..quality import psnr
+from ..quality import PSNR_CAP, psnr
 from ..zoo.sampling import sample, to_uint8
 from .flops import TransformerFlops
 
 PREFIX = "steps:"
-PSNR_CAP = 100.0  # dB: bit-identical images have an infinite PSNR; it is capped here so that means stay finite
 
 
 class FewerSteps(contextlib.AbstractContextManager):

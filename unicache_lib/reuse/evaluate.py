@@ -15,11 +15,11 @@ from ..core.errors import InputError
 from ..intervals import (MIN_TIMING_REPEATS, difference_interval, extreme_of, interleaved_timings, mean_interval,
                          speedup_interval)
 from ..progress import bar
-from ..quality import psnr, ssim
+from ..quality import PSNR_CAP, psnr, ssim
 from ..world.segment import score_object
 from ..zoo.sampling import sample, to_uint8
 from .cache import AttentionCallCounter, ReuseCache
-from .control import PREFIX, PSNR_CAP, fewer_steps_methods
+from .control import PREFIX, fewer_steps_methods
 from .flops import TransformerFlops
 from .peers import PEERS, DiffusersCache, PeerUnsupported, magcache_ratios
 from .policies import REUSE_POLICIES

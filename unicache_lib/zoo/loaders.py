@@ -31,7 +31,7 @@ from ..core.errors import ContractError, InputError, MissingFileError, ModelNotF
 from ..core.models import diffusers, quiet, transformers
 from ..families import UnsupportedModelError, family_for_type, supported
 from ..families.base import images_only
-from ..gen_families import GEN_FAMILIES, gen_family_for, gen_family_of
+from ..gen_families import GEN_FAMILIES, gen_family_of
 from ..gen_families import supported as gen_supported
 from .checksums import ChecksumError, read_json, verify_checksums  # noqa: F401 - ChecksumError is re-exported
 from .tiny_generators import Generator
@@ -45,7 +45,7 @@ SHIPPED = {"tiny-llava": "understanding", "tiny-llava-576": "understanding", "ti
 # transformer/config.json _class_name -> family key (capture, reuse and peers know every registered family)
 GENERATION_FAMILIES = {cls: fam.key for fam in GEN_FAMILIES.values() for cls in fam.transformer_classes}
 # model_index.json _class_name -> family key: the pipelines :func:`~unicache_lib.zoo.sampling.sample` drives
-PIPELINE_FAMILIES = {cls: gen_family_for(cls).key for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines}
+PIPELINE_FAMILIES = {cls: fam.key for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines}
 
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
