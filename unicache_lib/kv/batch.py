@@ -34,8 +34,8 @@ from ..core.errors import InputError, UnsupportedError
 from ..core.models import transformers
 from ..families import family_of
 from ..families.base import VLMFamily
-from .cache import (Prefill, PromptSplit, answer, copy_layers, forward_context, full_positions, located, placement,
-                    prefill)
+from .cache import (Prefill, PromptSplit, answer, copy_layers, forward_context, full_positions, is_ragged, located,
+                    placement, prefill)
 
 
 def check_batchable(model, split: PromptSplit) -> None:
@@ -117,6 +117,9 @@ def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentio
         first, _, atts = answer(model, caches[0], splits[0], output_attentions=output_attentions)
         return first[None], [atts] if output_attentions else None
     check_batchable(model, splits[0])
+    if any(is_ragged(c) for c in caches):
+        raise UnsupportedError("caches whose layers hold different counts (a depth schedule) are answered one at a "
+                               "time: use batch_size=1")
     dev = placement(model)[0]
     B = len(caches)
     held = [c.get_seq_length() for c in caches]

@@ -15,6 +15,7 @@ while the self-attention cache holds only text.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -28,6 +29,7 @@ from ..core.models import language_attn_implementation, transformers
 from ..families import FAMILIES, family_of, supported
 from ..families.base import ImageKV  # declared with the adapters, which return it
 from .policies.base import EvictionContext, copy_layers, non_image
+from .policies.merge import layer_masks
 from ..inputs import encode, encode_batch
 
 
@@ -300,13 +302,10 @@ def _check_windows(cache, needed: int) -> None:
 
 def evict(cache, keep: list):
     """A copy of ``cache`` holding, in layer ``l``, only the positions ``keep[l]`` (None = the layer is
-    left as it is). Evicted layers must keep the same number of positions (one mask serves them).
-    The original cache is left intact."""
+    left as it is). Layers may keep different counts (a depth schedule): :func:`answer` then gives each its own
+    mask. The original cache is left intact."""
     if len(keep) != len(cache.layers):
         raise InputError(f"{len(keep)} keep lists for {len(cache.layers)} cache layers")
-    counts = {len(k) for k in keep if k is not None}
-    if len(counts) > 1:
-        raise InputError(f"every evicted layer must keep the same number of positions, got {sorted(counts)}")
     new = copy_layers(cache)
     for layer, idx in zip(new.layers, keep):
         if idx is None:
@@ -368,6 +367,13 @@ def forward_question(family, model, ids, cache, positions):
     if custom is not None:
         return custom
     held = cache.get_seq_length()
-    return model(input_ids=ids, past_key_values=cache, position_ids=positions,
-                 attention_mask=torch.ones(1, held + ids.shape[1], dtype=torch.long, device=ids.device), use_cache=True)
+    with layer_masks(model, every_layer=True) if is_ragged(cache) else contextlib.nullcontext():
+        return model(input_ids=ids, past_key_values=cache, position_ids=positions,
+                     attention_mask=torch.ones(1, held + ids.shape[1], dtype=torch.long, device=ids.device),
+                     use_cache=True)
+
+
+def is_ragged(cache) -> bool:
+    """Whether the cache's self-attention layers hold different numbers of positions."""
+    return len({layer.keys.shape[-2] for layer in cache.layers if getattr(layer, "keys", None) is not None}) > 1
 

@@ -123,14 +123,38 @@ class EvictionPolicy(ABC):
         raise ContractError(f"policy {self.name!r} defines neither choose(ctx, k) nor select(ctx, budget): implement "
                             f"choose, returning per layer k indices into the image block")
 
+    depth = None  # a DepthSchedule (policies/depth.py): per-layer counts instead of one budget in every layer
+
+    def with_depth(self, schedule) -> "EvictionPolicy":
+        """A copy of this (cache-stage) policy that keeps per layer the counts ``schedule`` gives
+        (:mod:`~unicache_lib.kv.policies.depth`), named ``"<name>@<schedule>"``."""
+        if not callable(getattr(schedule, "counts", None)):
+            raise InputError(f"with_depth takes a DepthSchedule (unicache_lib.kv.policies.depth: pyramid, by_profile, "
+                             f"keep_then_drop), got {schedule!r}")
+        if self.stage != "cache":
+            raise InputError(f"policy {self.name!r} chooses before the language model runs (one token list for every "
+                             f"layer): a depth schedule needs a cache-stage policy such as key_coverage")
+        new = copy.copy(self)
+        new.depth, new.name = schedule, f"{self.name}@{schedule.name}"
+        return new
+
+    def layer_counts(self, ctx: EvictionContext, budget: float) -> list[int]:
+        """Per policy layer, the image positions kept at ``budget``: ``ctx.k(budget)`` in each, or the depth
+        schedule's counts."""
+        k = ctx.k(budget)
+        return [k] * ctx.n_layers if self.depth is None else self.depth.counts(ctx.n_layers, ctx.n_image, k)
+
     def select(self, ctx: EvictionContext, budget: float) -> list[torch.Tensor]:
         """Per cache layer, the positions kept when ``budget`` (a fraction in [0, 1]) of the image
-        tokens stays (see :meth:`EvictionContext.assemble`)."""
-        k = ctx.k(budget)
-        chosen = self.choose(ctx, k)
-        if len(chosen) != ctx.n_layers:
-            raise ContractError(f"policy {self.name!r} chose for {len(chosen)} layers, the model has {ctx.n_layers}")
-        for c in chosen:
+        tokens stays (see :meth:`EvictionContext.assemble`); with a depth schedule, layer ``l`` keeps its own count,
+        chosen by the policy's own ``choose`` at that count."""
+        counts = self.layer_counts(ctx, budget)
+        by_k = {k: self.choose(ctx, k) for k in sorted(set(counts))}
+        for per_layer in by_k.values():
+            if len(per_layer) != ctx.n_layers:
+                raise ContractError(f"policy {self.name!r} chose for {len(per_layer)} layers, the model has {ctx.n_layers}")
+        chosen = [by_k[k][li] for li, k in enumerate(counts)]
+        for c, k in zip(chosen, counts):
             if len(set(np.asarray(c).tolist())) != k:
                 raise ContractError(f"policy {self.name!r} kept {len(c)} image positions, budget allows {k}")
         return ctx.assemble(chosen)

@@ -79,12 +79,14 @@ def place_merged(keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor, mer
 
 
 @contextlib.contextmanager
-def log_size_bias(model, bias: dict[int, torch.Tensor]):
-    """While open, every forward of the language model's self-attention in layer ``l`` adds ``bias[l]`` (``[C]`` or
-    ``[B, C]``: one term per cached position, the first ``C`` keys) to its attention logits through the attention
-    mask; keys beyond ``C`` (the tokens fed since) get 0, and a layer with no entry (read at each call) is left as it
-    is. A missing mask (sdpa without padding) is made causal first, a boolean one additive. The hooks are
-    removed on exit, even on error."""
+def layer_masks(model, bias: dict[int, torch.Tensor] | None = None, every_layer: bool = False):
+    """While open, the language model's self-attention in layer ``l`` gets a mask of its own: sized to the keys *that
+    layer* holds (a cache whose layers keep different counts, :mod:`~.depth`: the model builds one mask for the first
+    layer's length, so a layer of another length gets its own causal mask; batch 1, no padding), plus
+    ``bias[l]`` (``[C]`` or ``[B, C]``: one term per cached position, the first ``C`` keys; keys beyond get 0; read at
+    each call). A layer is touched when it has a term, or always with ``every_layer``. A missing mask (sdpa without
+    padding) is made causal first, a boolean one additive. The hooks are removed on exit, even on error."""
+    bias = {} if bias is None else bias
     sites = {s.layer: s.module for s in family_of(model).sites(model, ("language",))}
     missing = sorted(set(bias) - set(sites))
     if missing:
@@ -92,33 +94,44 @@ def log_size_bias(model, bias: dict[int, torch.Tensor]):
 
     def hook_for(layer):
         def pre(module, args, kwargs):
-            if layer not in bias:  # read at call time: a press fills it while its prefill runs
+            if layer not in bias and not every_layer:  # read at call time: a press fills it while its prefill runs
                 return args, kwargs
             hidden = kwargs.get("hidden_states", args[0] if args else None)
-            bsz, q = hidden.shape[:2]
+            q = hidden.shape[1]
             cache = kwargs.get("past_key_values")
-            held = cache.layers[layer].keys.shape[-2] if cache is not None else 0
+            held = cache.layers[layer].keys.shape[-2] if cache is not None and len(cache.layers) > layer else 0
             mask = kwargs.get("attention_mask")
             dtype = hidden.dtype
             low = torch.finfo(dtype).min
-            if mask is None:
+            if mask is None or mask.shape[-1] != held + q:  # none, or built for another layer's length (ragged)
+                if mask is not None and mask.shape[0] > 1:
+                    raise InputError(f"layer {layer} holds {held} positions but the batch's mask covers "
+                                     f"{mask.shape[-1] - q}: caches of different lengths per layer run one at a time")
                 kv = held + q
                 allowed = torch.arange(kv, device=hidden.device)[None, :] <= held + torch.arange(q, device=hidden.device)[:, None]
                 mask = torch.zeros(1, 1, q, kv, dtype=dtype, device=hidden.device).masked_fill(~allowed, low)
             elif mask.dtype == torch.bool:
                 mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, low)
-            b = bias[layer].to(mask.device, mask.dtype)
-            b = b.reshape(-1, 1, 1, b.shape[-1])
-            if b.shape[-1] > mask.shape[-1]:
-                raise InputError(f"log_size_bias: layer {layer} has a term for {b.shape[-1]} positions but attends over "
-                                 f"{mask.shape[-1]}")
-            pad = torch.zeros(b.shape[0], 1, 1, mask.shape[-1] - b.shape[-1], dtype=mask.dtype, device=mask.device)
-            kwargs["attention_mask"] = mask + torch.cat([b, pad], -1)
+            if layer in bias:
+                b = bias[layer].to(mask.device, mask.dtype)
+                b = b.reshape(-1, 1, 1, b.shape[-1])
+                if b.shape[-1] > mask.shape[-1]:
+                    raise InputError(f"log_size_bias: layer {layer} has a term for {b.shape[-1]} positions but attends "
+                                     f"over {mask.shape[-1]}")
+                pad = torch.zeros(b.shape[0], 1, 1, mask.shape[-1] - b.shape[-1], dtype=mask.dtype, device=mask.device)
+                mask = mask + torch.cat([b, pad], -1)
+            kwargs["attention_mask"] = mask
             return args, kwargs
         return pre
 
     with forward_hooks([(m, "forward_pre", hook_for(li)) for li, m in sites.items()]):
         yield
+
+
+def log_size_bias(model, bias: dict[int, torch.Tensor]):
+    """:func:`layer_masks` with the merge's ``log(size)`` terms (ToMe's proportional attention) on the layers in
+    ``bias``."""
+    return layer_masks(model, bias)
 
 
 @register

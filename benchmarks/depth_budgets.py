@@ -1,0 +1,258 @@
+"""Budgets by depth (issue #63): does a per-layer image budget, derived from how widely each layer's question reads the
+image, beat one budget in every layer at the same KV bytes? Decided at 64 and 128 of tiny-llava-576's 576 image tokens.
+
+    make evaluate-depth                     # design (tunes gamma), then 2 ranks, then the merge and the verdicts
+    python benchmarks/depth_budgets.py --design                       # 1. the schedule, from the design split only
+    torchrun --nproc_per_node 2 benchmarks/depth_budgets.py --questions 2700   # 2. the held-out questions, sharded
+    python benchmarks/depth_budgets.py --merge                        # 3. the verdicts, by DEPTH_RULES
+
+1. **Design** (``heldout_set(DESIGN_N, seed=DESIGN_SEED)``, disjoint from every scored set): per layer, how many image
+   keys the question reads — ``exp`` of the entropy of its attention over the image keys (mean over heads and question
+   tokens, renormalised over the image), averaged over questions (:func:`~unicache_lib.kv.policies.depth.reading_widths`).
+   Why this measurement: eviction must keep what the question will read, and a layer that spreads its reading over
+   more keys needs more of them kept to carry the same share; it is lesson 02's normalised entropy, taken over the
+   image keys and expressed in tokens so that it reads as a budget. The schedule keeps ``width_l ** gamma`` shares
+   (equal bytes); ``gamma`` is chosen on the design split from :data:`GAMMAS` (0 = uniform) by accuracy at both budgets.
+2. **Held-out**: ``--questions`` new questions (seed :data:`QUESTION_SEED`, none in the design split, notebook 05's set,
+   the design set of ``key_coverage`` or the earlier decisive run's set), every method below at 64 and 128 tokens.
+3. **Merge**: :data:`DEPTH_RULES`, written before any held-out number, decided on 95% intervals over questions (ratio
+   of means for shares of full, paired Newcombe intervals for differences): holds / does not hold / inconclusive.
+
+Methods: the full cache, the oracle, random, DivPrune, uniform ``key_coverage`` and ``key_coverage_merge``, the depth
+schedule on ``key_coverage_merge`` (and on ``key_coverage``), PyramidKV's linear shape on ``key_coverage_merge``,
+DIPrune's keep-all-then-drop on it (first layer whole: more bytes, reported as such), and kvpress's own
+``PyramidKVPress`` configured like the SnapKV peer (window sized to the context, ``beta = 20``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluate import KEEP, parse_budgets, read_shards, write_shard  # noqa: E402  (the decisive runs' shard format)
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "outputs" / "evaluate_depth"
+RESULTS = ROOT / "benchmarks" / "results"
+MODEL = "tiny-llava-576"
+BUDGETS = "64t,128t"
+DESIGN_SEED, DESIGN_N = 7300, 200
+QUESTION_SEED = 9600  # new: not 9000 (the earlier decisive run), 7000 / 7300 (design sets), 2024 (notebook 05)
+FULL = 2700
+GAMMAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0)
+DESIGN_FILE = RESULTS / f"depth_design_{MODEL}.json"
+BASE = "key_coverage_merge"
+DEPTH = f"{BASE}@profile"
+
+# Written before any held-out number (issue #63). (id, method, tokens, against, threshold): against "full" -> the share
+# of the full cache's accuracy must reach the threshold; a method -> the paired accuracy difference must exceed it;
+# "bytes" -> the method's KV bytes must equal that method's on every question (measured).
+DEPTH_RULES = (
+    ("D1", DEPTH, 64, "full", 0.99),
+    ("D2", DEPTH, 128, "full", 0.995),
+    ("D3", DEPTH, 64, BASE, 0.0),
+    ("D4", DEPTH, 64, f"{BASE}@pyramid", 0.0),
+    ("D4", DEPTH, 64, "kvpress:pyramidkv", 0.0),
+    ("D5", DEPTH, 64, "bytes", BASE),
+    ("D5", DEPTH, 128, "bytes", BASE),
+)
+
+
+def _model():
+    from unicache_lib.zoo.loaders import load_understanding
+    torch.manual_seed(0)
+    return load_understanding(MODEL, attn_implementation="eager")
+
+
+def design_set(size: int) -> list:
+    from unicache_lib.world.questions import heldout_set
+    return heldout_set(DESIGN_N, seed=DESIGN_SEED, size=size)
+
+
+def question_set(n: int, size: int) -> list:
+    """``n`` new held-out questions: drawn from :data:`QUESTION_SEED`, those that coincide with the design split, the
+    ``key_coverage`` design set, notebook 05's set or the earlier decisive run's set (same question on the same
+    image) dropped."""
+    from evaluate import QUESTION_SEED as EARLIER, question_set as earlier_set
+
+    def key(q):
+        return q.question, q.scene.uint8().tobytes()
+    taken = {key(q) for q in design_set(size) + earlier_set(FULL, seed=EARLIER, size=size)}
+    pool = earlier_set(int(n * 1.1) + 10, seed=QUESTION_SEED, size=size)
+    kept = [q for q in pool if key(q) not in taken][:n]
+    if len(kept) < n:
+        raise SystemExit(f"only {len(kept)} of {n} questions are new: raise the pool")
+    return kept
+
+
+def policies(widths=None, gamma=None) -> dict:
+    from unicache_lib.kv import POLICIES
+    from unicache_lib.kv.policies.depth import by_profile, keep_then_drop, pyramid
+
+    L = len(widths) if widths is not None else 4
+    out = {n: POLICIES[n]() for n in ("full", "oracle", "random", "divprune", "key_coverage", BASE)}
+    if widths is not None:
+        out[DEPTH] = POLICIES[BASE]().with_depth(by_profile(widths, gamma))
+        out[DEPTH].name = DEPTH
+        out["key_coverage@profile"] = POLICIES["key_coverage"]().with_depth(by_profile(widths, gamma))
+        out["key_coverage@profile"].name = "key_coverage@profile"
+    out[f"{BASE}@pyramid"] = POLICIES[BASE]().with_depth(pyramid(L))
+    out[f"{BASE}@pyramid"].name = f"{BASE}@pyramid"
+    out[f"{BASE}@keep_then_drop"] = POLICIES[BASE]().with_depth(keep_then_drop(1))
+    out[f"{BASE}@keep_then_drop"].name = f"{BASE}@keep_then_drop"
+    return out
+
+
+def pyramid_press():
+    """kvpress's PyramidKVPress, configured like the SnapKV peer (:func:`~unicache_lib.kv.peers.observation_window`)."""
+    import kvpress
+    from unicache_lib.kv.peers import observation_window
+    return {"kvpress:pyramidkv": lambda cr, n: kvpress.PyramidKVPress(compression_ratio=cr,
+                                                                      window_size=observation_window(n))}
+
+
+def design() -> dict:
+    """Measure the reading widths per layer on the design split and choose gamma there."""
+    from unicache_lib.families import family_of
+    from unicache_lib.kv.cache import answer, evict, prefill, split_prompt
+    from unicache_lib.kv.evaluate import run_eviction
+    from unicache_lib.kv.policies import POLICIES
+    from unicache_lib.kv.policies.depth import by_profile, reading_widths
+    from unicache_lib.world.questions import scene_size
+
+    model, processor = _model()
+    n_image = family_of(model).image_tokens_per_picture(model.config)
+    budgets = parse_budgets(BUDGETS, n_image)
+    qas = design_set(scene_size(model))
+    futures = []
+    for q in qas:
+        sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
+        pre = prefill(model, sp, attentions=False)
+        ctx = pre.context()
+        full = evict(pre.cache, POLICIES["full"]().select(ctx, 1.0))
+        atts = answer(model, full, sp, output_attentions=True)[2]
+        futures.append(([a[0].float().mean(0)[:, :ctx.seq_len].mean(0) for a in atts], ctx.image_positions))
+    widths = reading_widths(futures)
+    pols = {}
+    for g in GAMMAS:
+        p = POLICIES[BASE]().with_depth(by_profile(widths, g))
+        p.name = f"gamma={g:g}"
+        pols[p.name] = p
+    R = run_eviction(model, processor, qas, budgets, pols, seed=0, progress=False)
+    acc = R.groupby(["method", "budget"]).correct.mean().unstack()
+    score = acc.mean(1)
+    best = max(GAMMAS, key=lambda g: (round(float(score[f"gamma={g:g}"]), 6), -abs(g)))  # ties: the gentler schedule
+    counts = {f"{b * n_image:.0f}": by_profile(widths, best).counts(len(widths), n_image, round(b * n_image))
+              for b in budgets}
+    rec = {"model": MODEL, "design_seed": DESIGN_SEED, "n": len(qas), "widths": [round(float(w), 3) for w in widths],
+           "n_image": n_image, "gamma": best, "counts": counts,
+           "accuracy": {k: {f"{b * n_image:.0f}": round(float(v), 4) for b, v in row.items()} for k, row in acc.iterrows()}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tmp = DESIGN_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1))
+    os.replace(tmp, DESIGN_FILE)
+    return rec
+
+
+def run_shard(n: int, rank: int, world: int, out: Path = OUT) -> Path:
+    from unicache_lib.families import family_of
+    from unicache_lib.kv.evaluate import run_eviction
+    from unicache_lib.store import shard_samples
+    from unicache_lib.world.questions import scene_size
+
+    rec = json.loads(DESIGN_FILE.read_text())
+    model, processor = _model()
+    n_image = family_of(model).image_tokens_per_picture(model.config)
+    budgets = parse_budgets(BUDGETS, n_image)
+    qas = question_set(n, scene_size(model))
+    ids = shard_samples(list(range(n)), rank, world)
+    t0 = time.perf_counter()
+    R = run_eviction(model, processor, [qas[i] for i in ids], budgets, policies(rec["widths"], rec["gamma"]),
+                     pyramid_press(), seed=0, progress=rank == 0, question_ids=ids)
+    R["question"] = [ids[i] for i in R["question"]]
+    meta = {"n": n, "rank": rank, "world": world, "model": MODEL, "budgets": list(budgets), "gamma": rec["gamma"],
+            "question_seed": QUESTION_SEED, "n_image": n_image, "seconds": round(time.perf_counter() - t0, 1)}
+    return write_shard(out, R[KEEP], meta)
+
+
+def decide(R: pd.DataFrame, n_image: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(verdicts by DEPTH_RULES, each method's share of full accuracy and KV fraction per budget)``."""
+    from unicache_lib.intervals import difference_interval, ratio_interval
+    from unicache_lib.kv.evaluate import correct_matrix
+
+    tok = {round(b * n_image): b for b in sorted(R.budget.unique())}
+    full = correct_matrix(R, "full")
+    rows = []
+    for cid, method, t, against, thr in DEPTH_RULES:
+        b = tok[t]
+        if against == "bytes":
+            mine = R[(R.method == method) & (R.budget == b)].sort_values("question").kv_bytes.to_numpy()
+            theirs = R[(R.method == thr) & (R.budget == b)].sort_values("question").kv_bytes.to_numpy()
+            same = bool(len(mine) == len(theirs) and (mine == theirs).all())
+            rows.append({"claim": cid, "method": method, "tokens": t, "against": f"bytes of {thr}", "value": float(
+                mine.mean() / theirs.mean()), "lo": np.nan, "hi": np.nan, "n": len(mine), "threshold": 1.0,
+                "verdict": "holds" if same else "does not hold"})
+            continue
+        if against == "full":
+            iv = ratio_interval(correct_matrix(R, method, b), full, "questions")
+        else:
+            if not (R.method == against).any():
+                rows.append({"claim": cid, "method": method, "tokens": t, "against": against, "value": np.nan,
+                             "lo": np.nan, "hi": np.nan, "n": 0, "threshold": thr, "verdict": "not measurable here"})
+                continue
+            iv = difference_interval(correct_matrix(R, method, b), correct_matrix(R, against, b), "questions")
+        verdict = "holds" if iv.lo >= thr and (against == "full" or iv.lo > thr) else \
+            "does not hold" if iv.hi < thr or (against != "full" and iv.hi <= thr) else "inconclusive"
+        rows.append({"claim": cid, "method": method, "tokens": t, "against": against, "value": iv.value, "lo": iv.lo,
+                     "hi": iv.hi, "n": iv.n if hasattr(iv, "n") else len(full), "threshold": thr, "verdict": verdict})
+    shares = []
+    for m in R.method.unique():
+        for t, b in tok.items():
+            if m == "full":
+                continue
+            iv = ratio_interval(correct_matrix(R, m, b), full, "questions")
+            d = R[(R.method == m) & (R.budget == b)]
+            shares.append({"method": m, "tokens": t, "accuracy": d.correct.mean(), "share_of_full": iv.value,
+                           "lo": iv.lo, "hi": iv.hi, "n": len(d), "kv_fraction": d.kv_fraction.mean()})
+    return pd.DataFrame(rows), pd.DataFrame(shares).sort_values(["tokens", "share_of_full"], ascending=[True, False])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--design", action="store_true", help="measure the widths and choose gamma on the design split")
+    ap.add_argument("--merge", action="store_true", help="merge the shards and decide DEPTH_RULES")
+    ap.add_argument("--questions", type=int, default=FULL)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.design:
+        rec = design()
+        print(json.dumps({k: rec[k] for k in ("widths", "gamma", "counts")}))
+        print(pd.DataFrame(rec["accuracy"]).T.to_string())
+        return 0
+    if args.merge:
+        R, metas, n, world = read_shards(args.out, ("n", "world", "model", "budgets", "gamma"), "evaluate-depth")
+        results = RESULTS if n >= FULL else args.out / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        verdicts, shares = decide(R, metas[0]["n_image"])
+        verdicts.assign(model=MODEL, gamma=metas[0]["gamma"]).to_csv(results / f"evaluate_depth_{MODEL}.csv", index=False)
+        shares.assign(model=MODEL).to_csv(results / f"evaluate_depth_shares_{MODEL}.csv", index=False)
+        print(f"{n} questions over {world} process(es), slowest shard {max(m['seconds'] for m in metas) / 60:.1f} min")
+        print(verdicts.round(4).to_string(index=False))
+        print(shares.round(4).to_string(index=False))
+        return 0
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    print(f"rank {rank} of {world}: {run_shard(args.questions, rank, world, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
