@@ -165,8 +165,11 @@ def test_full_policy_and_decode_loop_equal_plain_forward_and_generate(setup):
 def test_eviction_changes_answers_and_errors_are_clear(setup):
     model, proc, sp, pre, future = setup
     ctx = pre.context(future=future)
-    with pytest.raises(ValueError, match="same number"):
-        evict(pre.cache, [torch.arange(10)] + [torch.arange(12)] * (len(pre.cache.layers) - 1))
+    ragged = [torch.arange(10)] + [torch.arange(12)] * (len(pre.cache.layers) - 1)
+    from unicache_lib.core.errors import UnsupportedError
+    from unicache_lib.kv.batch import answer_batch
+    with pytest.raises(UnsupportedError, match="batch_size=1"):  # layers of different lengths: one at a time
+        answer_batch(model, [evict(pre.cache, ragged)] * 2, [sp, sp])
     with pytest.raises(ValueError, match="budget"):
         POLICIES["random"]().select(ctx, 1.5)
     with pytest.raises(ValueError, match="future"):
@@ -178,14 +181,24 @@ def test_eviction_changes_answers_and_errors_are_clear(setup):
     assert (a - b).abs().max() > 1e-3  # without the image the answer distribution moves
 
 
-@pytest.mark.parametrize("name", ["h2o", "snapkv", "unicache", "random"])
+@pytest.mark.parametrize("name", ["h2o", "snapkv", "unicache", "random", "key_coverage@pyramid", "random@profile",
+                                  "key_coverage@keep_then_drop"])
 def test_answer_on_evicted_cache_equals_one_masked_forward(setup, name):
     """Eviction is exactly "the question cannot see the evicted keys": one forward of context +
-    question with a per-layer 4-D mask hiding those keys from the question rows gives the same logits."""
+    question with a per-layer 4-D mask hiding those keys from the question rows gives the same logits. Depth
+    schedules (``@``) keep a different count in each layer: the cache is ragged and answered with one mask per layer."""
     from unicache_lib.diagnostics.broken import hide_keys
+    from unicache_lib.kv.policies.depth import by_profile, keep_then_drop, pyramid
 
     model, proc, sp, pre, future = setup
-    keep = POLICIES[name]().select(pre.context(seed=1, future=future), 0.25)
+    base, _, schedule = name.partition("@")
+    pol = POLICIES[base]()
+    L = pre.context().n_layers
+    if schedule:
+        pol = pol.with_depth({"pyramid": pyramid(L), "profile": by_profile(np.arange(1, L + 1) ** 2.0),
+                              "keep_then_drop": keep_then_drop(1)}[schedule])
+    keep = pol.select(pre.context(seed=1, future=future), 0.25)
+    assert (len({len(k) for k in keep}) > 1) == bool(schedule)
     logits, _, _ = answer(model, evict(pre.cache, keep), sp)
     C = sp.context_ids.shape[1]
 
