@@ -91,20 +91,31 @@ def test_merged_counts_add_up_to_the_image(llava):
 
 
 @pytest.mark.parametrize("budget", [0.1, 0.25])
-def test_press_merges_and_answers_as_the_harness(llava, budget):
+@pytest.mark.parametrize("name", ["key_coverage_merge", "key_coverage_merge@pyramid", "key_coverage@pyramid"])
+def test_press_merges_and_answers_as_the_harness(llava, budget, name):
     """PolicyPress with the merging policy: kvpress's compress keeps and merges what the harness does (torch.equal, every
-    layer), and the forwards inside its `with` block get the same log-size term, so the answers are equal."""
+    layer), and the forwards inside its `with` block get the same log-size term, so the answers are equal. With a depth
+    schedule (``@pyramid``: a ragged cache) the press keeps each layer's own count and answers as the harness too."""
+    from unicache_lib.kv.policies.depth import pyramid
     from unicache_lib.kv.presses import PolicyPress
 
     model, processor, qas = llava
+
+    def policy(ctx):
+        base, _, depth = name.partition("@")
+        return POLICIES[base]().with_depth(pyramid(ctx.n_layers)) if depth else POLICIES[base]()
     for q in qas[:2]:
         sp = split_prompt(processor, q.scene.uint8(), q.question, model=model)
         pre = prefill(model, sp, attentions=True)
         ctx = pre.context()
-        keep = POLICIES["key_coverage_merge"]().select(ctx, budget)
-        merged, bias = merge_cache(ctx, evict(pre.cache, keep), keep)
+        keep = policy(ctx).select(ctx, budget)
+        assert (len({len(k) for k in keep}) > 1) == ("@" in name)
+        if "merge" in name:
+            merged, bias = merge_cache(ctx, evict(pre.cache, keep), keep)
+        else:
+            merged, bias = evict(pre.cache, keep), {}
         press = PolicyPress(compression_ratio=compression_ratio(sp.context_ids.shape[1], ctx.n_image, budget),
-                            policy=POLICIES["key_coverage_merge"]())
+                            policy=policy(ctx))
         with press(model):
             pp = prefill(model, sp, attentions=False)
             for li in range(len(keep)):

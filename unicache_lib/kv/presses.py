@@ -44,7 +44,7 @@ from ..inputs import check_fraction
 from .policies.ablations import DivPruneKeys
 from .policies.base import EvictionContext, EvictionPolicy
 from .policies.key_coverage import KeyCoverage
-from .policies.merge import log_size_bias, merge_groups, place_merged
+from .policies.merge import layer_masks, merge_groups, place_merged
 
 try:  # kvpress is a dependency of the project; the import error, if any, names the install
     from kvpress.presses.base_press import BasePress, is_prefilling
@@ -70,6 +70,7 @@ class PolicyPress(BasePress):
     _image: torch.Tensor | None = field(default=None, init=False, repr=False)
     _bias: dict = field(default_factory=dict, init=False, repr=False)  # a merging policy's log(size) per layer
     _prompt_len: int | None = field(default=None, init=False, repr=False)
+    _layers: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.policy, EvictionPolicy) or self.policy.stage != "cache":
@@ -126,7 +127,10 @@ class PolicyPress(BasePress):
         pre = [(model, "forward_pre", self._read_input_ids)]
         model._unicache_press = self
         self._bias = {}
-        bias = log_size_bias(model, self._bias) if getattr(self.policy, "merges", False) else contextlib.nullcontext()
+        self._layers = {id(m): i for i, m in enumerate(sites)}  # module -> its place among the compressed layers
+        depth = self.policy.depth is not None  # a ragged cache: every later forward needs one mask per layer
+        bias = layer_masks(model, self._bias, every_layer=depth) if getattr(self.policy, "merges", False) or depth \
+            else contextlib.nullcontext()
         try:
             with forward_hooks(pre + [(m, "forward", self.forward_hook) for m in sites]), bias:
                 yield
@@ -167,6 +171,8 @@ class PolicyPress(BasePress):
                              "positions (e.g. processor.tokenizer.convert_tokens_to_ids('<image>')), or run a text-only "
                              "prompt without the press")
         kept = min(n, max(1, compute_n_kept(S, self.compression_ratio) - (S - n)))  # kvpress's rounding, image only
+        if self.policy.depth is not None:  # this layer's count of the depth schedule, the same total as `kept` per layer
+            kept = self.policy.depth.counts(len(self._layers), n, kept)[self._layers[id(module)]]
         if kept == n:
             return keys, values
         img = img.to(keys.device)
