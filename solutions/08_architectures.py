@@ -55,6 +55,7 @@ def exercise_1(quick: bool = False) -> dict:
     Expected on tiny-vilt: accuracy falls from 0.998 to 0.283 on 400 held-out questions, the text prior (images
     shuffled: 0.30): the answer is pooled from the first text position, so the text must read the image.
     """
+    from unicache_lib.core.scoring import accuracy
     from unicache_lib.families import family_of
     from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo.train import vilt as TV
@@ -69,7 +70,7 @@ def exercise_1(quick: bool = False) -> dict:
         healthy = model(**inp).logits.argmax(-1)
         with text_queries_blind_to_image(model, n_img):
             blind = model(**inp).logits.argmax(-1)
-    acc = lambda pred: float(np.mean([model.config.id2label[int(j)] == q.answer for j, q in zip(pred, qas)]))  # noqa: E731
+    acc = lambda pred: accuracy([model.config.id2label[int(j)] for j in pred], [q.answer for q in qas])  # noqa: E731
     out = {"healthy": acc(healthy), "text blind to the image": acc(blind)}
     print(out)
     return {"_acc": out}

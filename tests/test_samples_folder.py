@@ -149,7 +149,7 @@ def test_answers_and_pairs_of_your_own_data_are_read_as_scored(tmp_path):
     import json
 
     from unicache_lib.core.errors import InputError
-    from unicache_lib.kv.evaluate import same_answer
+    from unicache_lib.core.scoring import same_answer
     from unicache_lib.world import samples as S
     from unicache_lib.world.text import read_prompts, single_object
 

@@ -22,7 +22,7 @@ PACKAGE = "unicache_lib"
 
 # (layer, what it holds, module pattern relative to the package); lowest first
 LAYERS = [
-    ("core", "errors, model plumbing, registries, modalities, similarity, intervals, paths, progress, locks",
+    ("core", "errors, model plumbing, registries, modalities, similarity, scoring, intervals, paths, progress, locks",
      r"core(\..*)?|paths|progress|locks|intervals|quality|__root__"),
     ("world", "the synthetic world, its held-out data, and the shipped models' architectures",
      r"world(\..*)?|zoo\.tiny_llava|zoo\.tiny_generators"),

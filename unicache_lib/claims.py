@@ -15,12 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .core.errors import InputError, UnknownNameError
+from .core.scoring import FOCUSED
 from .intervals import MIN_TIMING_REPEATS
 
 # constants that are a claim's rule and also steer the code that measures it (imported from here, written once)
 BIAS = 1e-4  # M1: a bias visible at the 4th decimal
 STATISTICS = ("entropy", "max_weight", "sum_sq")  # M1: the row statistics computed in both precisions
 NEGLECT_CUTOFF = 0.05  # U10: the study's cut-off, also the neglect detector's (diagnostics.neglect.CUTOFF)
+NEGLECT_WARN = 0.15  # U9: text reads under this share of the image are not reaching it (diagnostics.neglect.WARN)
 NEW, NEW_REUSE = "key_coverage", "step_skip"  # the designed policies the workbench's targets E1-E4 and R1-R3 are about
 LESSONS = ("01_capture", "02_understanding_maps", "03_diffusion_steps", "04_head_pruning", "05_kv_eviction",
            "06_step_reuse", "07_diagnostics", "08_architectures")
@@ -83,10 +85,11 @@ _ALL = [
        "which layers' KV to cut by locality", "02_understanding_maps",
        "(a) deep / shallow mean attention distance above 1.1, (b) deep minus shallow normalised entropy above 0.02",
        {"a": {"above": 1.1}, "b": {"above": 0.02}}),
-    _c("U2b", "Shallow layers are near-uniform; deep layers focus (some heads' max weight > 0.45).",
+    _c("U2b", f"Shallow layers are near-uniform; deep layers focus (some heads' max weight > {FOCUSED:g}).",
        "which layers' KV to cut by score", "02_understanding_maps",
-       "(a) shallow-band normalised entropy above 0.8, (b) the most focused deep head's mean max weight above 0.45",
-       {"a": {"above": 0.8}, "b": {"above": 0.45}}),
+       "(a) shallow-band normalised entropy above 0.8, (b) the most focused deep head's mean max weight above "
+       f"{FOCUSED:g}",
+       {"a": {"above": 0.8}, "b": {"above": FOCUSED}}),
     _c("U3", "Visual anchors persist across layers; moderately stable across images.",
        "one selection of image keys serves every layer", "02_understanding_maps",
        "(a) top-{top_k} anchor Jaccard between the first shallow and first middle layer above 3x chance, (b) "
@@ -104,12 +107,13 @@ _ALL = [
        {"": {"above": 1.2}}),
     _c("U8", "Healthy layers: a few focused heads, the rest moderately spread.",
        "which heads a per-head budget should favour", "02_understanding_maps",
-       "share of layers in which some but not all heads put > 0.45 on one key on average above 0.99 (every layer)",
+       f"share of layers in which some but not all heads put > {FOCUSED:g} on one key on average above 0.99 (every "
+       "layer)",
        {"": {"above": 0.99}}),
     _c("U9", "Image tokens dominate; text<->image share under ~15% means text is not reaching the image.",
        "where image KV is read", "02_understanding_maps",
        "(a) image->image minus the largest other block, in its worst layer, above 0, (b) cross-modal share in its "
-       "worst layer above 0.15", {"a": {"above": 0.0}, "b": {"above": 0.15}}),
+       f"worst layer above {NEGLECT_WARN:g}", {"a": {"above": 0.0}, "b": {"above": NEGLECT_WARN}}),
     _c("U11", "Object words attend to their object's patches.",
        "whether a question predicts the patches it needs", "02_understanding_maps",
        "best layer (of the full data): (a) median selectivity above 1.5, (b) median selectivity / the untrained-LM "

@@ -20,6 +20,7 @@ from ..capture.unified import generate_image_with_capture, signed_to_uint8
 from ..core.errors import InputError
 from ..core.hooks import forward_hooks
 from ..core.modality import BLOCKS, IMAGE, TEXT
+from ..core.scoring import FOCUSED, same_answer
 from ..families import family_of
 from ..world.scenes import COLOURS, POSITIONS, SHAPES, make_scene, patch_grid_masks
 from ..world.segment import score_object
@@ -90,7 +91,7 @@ def generator_profile(records, model: str) -> pd.DataFrame:
     return g
 
 
-def head_roles(records, model: str, focused: float = 0.45, spread: float = 0.8) -> pd.DataFrame:
+def head_roles(records, model: str, focused: float = FOCUSED, spread: float = 0.8) -> pd.DataFrame:
     """One row per (layer, head): its role over samples, from its mean max weight and normalised entropy:
     ``focused`` (a row's largest weight above ``focused`` on average), ``spread`` (normalised entropy above
     ``spread``) or ``mixed``."""
@@ -310,7 +311,7 @@ def fusion_correct(model, processor, questions, blind: bool = False, batch: int 
                 logits = model(**inp).logits
         else:
             logits = model(**inp).logits
-        ok += [model.config.id2label[int(j)] == q.answer for j, q in zip(logits.argmax(-1), part)]
+        ok += [same_answer(model.config.id2label[int(j)], q.answer) for j, q in zip(logits.argmax(-1), part)]
     return np.array(ok, float)
 
 

@@ -18,13 +18,13 @@ import pandas as pd
 
 from ..claims import rules_of
 from ..core.modality import BLOCKS
+from ..core.scoring import FOCUSED
 from ..core.similarity import jaccard
 from ..intervals import bootstrap
 from . import anchors as A
 
 BY_CONSTRUCTION = "cross-attention VLM: a cross layer reads only vision tokens, so the text queries' image share is 1 by construction"
 CONTENT, FUNCTION = ["object", "attribute", "position"], ["function", "punctuation"]
-FOCUSED = 0.45  # a head is focused when its rows put more than this on one key, on average
 
 
 def declare(board, top_k: int, chance_jaccard: float) -> None:

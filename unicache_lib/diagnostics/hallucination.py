@@ -14,6 +14,7 @@ import torch
 from ..capture import AttentionCapture
 from ..capture.runner import inputs_for
 from ..core.errors import InputError
+from ..core.scoring import same_answer
 from ..families import family_of
 from ..progress import bar
 
@@ -49,6 +50,6 @@ def answer_attention(model, processor, qas, progress: bool | None = None, layers
                              f"({sorted({r.layer for r in cap.result.select(part=part)})}); pass indices of those")
         pred = tok.convert_ids_to_tokens(int(p.argmax()))
         rows.append({"qtype": q.qtype, "question": q.question, "answer": q.answer, "prediction": pred,
-                     "correct": pred == q.answer, "confidence": float(p.max()),
+                     "correct": same_answer(pred, q.answer), "confidence": float(p.max()),
                      "coverage": float(torch.stack(cov).mean()), "concentration": float(torch.stack(conc).mean())})
     return pd.DataFrame(rows)

@@ -13,11 +13,12 @@ import numpy as np
 import torch
 
 from ..capture.runner import inputs_for
-from ..claims import NEGLECT_CUTOFF
+from ..claims import NEGLECT_CUTOFF, NEGLECT_WARN
 from ..core.errors import InputError
 from ..core.modality import BLOCKS
+from ..core.scoring import kl_divergence
 
-WARN, CUTOFF = 0.15, NEGLECT_CUTOFF  # the cut-off is U10's threshold: written once, in unicache_lib/claims.py
+WARN, CUTOFF = NEGLECT_WARN, NEGLECT_CUTOFF  # U9's and U10's thresholds: written once, in unicache_lib/claims.py
 
 
 def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
@@ -71,14 +72,14 @@ def image_dependence(model, processor, samples, seed: int = 0) -> float:
     """Mean KL(answer with its image || answer with another sample's image) over ``samples``: how much
     the answers depend on the image at all. Near 0 = the image is ignored, whatever the attention
     shares say (the complement the attention-share detector needs, see notebook 07)."""
-    def answer_logp(image, question):
-        return torch.log_softmax(model(**inputs_for(model, processor, image, question)).logits[0, -1].float(), -1)
+    def answer_logits(image, question):
+        return model(**inputs_for(model, processor, image, question)).logits[0, -1]
 
     perm = np.random.default_rng(seed).permutation(len(samples))
     perm = np.where(perm == np.arange(len(samples)), np.roll(perm, 1), perm)
     kls = []
     with torch.no_grad():
         for i, s in enumerate(samples):
-            a, b = answer_logp(s.image, s.question), answer_logp(samples[perm[i]].image, s.question)
-            kls.append(float((a.exp() * (a - b)).sum()))
+            a, b = answer_logits(s.image, s.question), answer_logits(samples[perm[i]].image, s.question)
+            kls.append(float(kl_divergence(a, b)))
     return float(np.mean(kls))

@@ -16,6 +16,7 @@ import torch
 
 from ..core.errors import ContractError, InputError, UnknownNameError
 from ..core.models import language_attn_implementation, quiet
+from ..core.scoring import kl_divergence, same_answer
 from ..families import family_of
 from ..inputs import check_fractions
 from ..intervals import difference_interval, extreme_of, ratio_interval
@@ -27,13 +28,6 @@ from .cache import (PrefillPruningUnsupported, answer, evict, kv_bytes, prefill,
 from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only
 from .policies import POLICIES
 from .policies.merge import log_size_bias, merge_cache
-
-
-def same_answer(token: str, answer) -> bool:
-    """Whether the first answer token is the reference answer: compared without the tokenizer's word-start mark
-    (``▁`` / ``Ġ``) and case, so a real checkpoint's ``"▁Red"`` matches ``"red"`` (the shipped model's tokens are bare
-    words already). Eviction is scored on that one token: answers are single words (``samples.as_questions``)."""
-    return token.lstrip("\u2581\u0120 ").lower() == str(answer).strip().lower()
 
 
 def _future(atts, n_context: int) -> list[torch.Tensor]:
@@ -119,12 +113,10 @@ class _EvictionRun:
 
         def row(b, method, kind, budget, logits, nbytes, ms, retained, memory="freed", prefill_tokens=None, prefill_ms=None):
             qi, q, sp = items[b]
-            ref_lp = torch.log_softmax(refs[b], -1)
-            lp = torch.log_softmax(logits, -1)
             pred = self.tok.convert_ids_to_tokens(int(logits.argmax()))
             return {"question": qi, "qtype": q.qtype, "scene": q.scene.scene_type, "method": method, "kind": kind,
                     "budget": budget, "correct": same_answer(pred, q.answer), "agree": int(logits.argmax()) == int(refs[b].argmax()),
-                    "kl": float((ref_lp.exp() * (ref_lp - lp)).sum()), "kv_bytes": nbytes,
+                    "kl": float(kl_divergence(refs[b], logits)), "kv_bytes": nbytes,
                     "kv_fraction": nbytes / full_bytes[b], "ms": ms, "retained": retained, "memory": memory,
                     "prefill_tokens": sp.context_ids.shape[1] if prefill_tokens is None else prefill_tokens,
                     "prefill_ms": full_prefill_ms if prefill_ms is None else prefill_ms}

@@ -13,6 +13,7 @@ import torch
 from ..capture.runner import answer_logits
 from ..core.errors import ContractError, InputError, UnsupportedError
 from ..core.hooks import forward_hooks
+from ..core.scoring import correct, kl_divergence
 from ..gen_families.base import GEN_FAMILIES, gen_family_of
 from ..inputs import check_fractions
 from ..progress import bar
@@ -32,12 +33,13 @@ def answer_logprobs(model, processor, qas, batch: int = 100) -> torch.Tensor:
 
 
 def understanding_metrics(logp: torch.Tensor, ref_logp: torch.Tensor, processor, qas) -> dict:
-    """Exact-match accuracy, agreement with the reference answers and mean KL(ref || this); per
-    question in ``correct_q`` (bool ``[N]``, for intervals over questions)."""
+    """Accuracy (:func:`~unicache_lib.core.scoring.same_answer`: word mark and case ignored), agreement with the
+    reference answers and mean KL(ref || this); per question in ``correct_q`` (bool ``[N]``, for intervals over
+    questions)."""
     tokenizer = getattr(processor, "tokenizer", processor)
     pred = tokenizer.convert_ids_to_tokens(logp.argmax(-1).tolist())
-    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
-    kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
+    ok = correct(pred, [q.answer for q in qas])
+    kl = kl_divergence(ref_logp, logp)
     return {"accuracy": float(ok.mean()), "agreement": float((logp.argmax(-1) == ref_logp.argmax(-1)).float().mean()),
             "kl": float(kl.mean()), "n": len(qas), "correct_q": ok}
 

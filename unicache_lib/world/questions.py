@@ -1,10 +1,11 @@
 """The held-out evaluation data of the understanding side, beside the synthetic world it is drawn from: the
 question types the shipped models were trained on, the fixed held-out question sets every notebook and benchmark
-scores on, and exact-match scoring of answers and captions."""
+scores on, and scoring of answers and captions."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..core.scoring import correct
 from .text import caption, make_qa
 
 TRAIN_QTYPES = ("colour", "shape", "position", "exists")
@@ -34,8 +35,9 @@ def question_images(qas, shuffle_seed=None) -> np.ndarray:
 
 
 def score_answers(pred: list[str], qas) -> dict:
-    """Exact-match accuracy of predicted answer words, overall and per question type (every card's ``heldout``)."""
-    ok = np.array([p == q.answer for p, q in zip(pred, qas)])
+    """Accuracy of predicted answer tokens (:func:`~unicache_lib.core.scoring.same_answer`: word mark and case
+    ignored), overall and per question type (every card's ``heldout``)."""
+    ok = correct(pred, [q.answer for q in qas])
     per = {t: float(ok[[q.qtype == t for q in qas]].mean()) for t in sorted({q.qtype for q in qas})}
     return {"accuracy": float(ok.mean()), "n": len(qas), "per_type": per}
 

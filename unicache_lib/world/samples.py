@@ -25,12 +25,13 @@ from PIL import Image, UnidentifiedImageError
 from ..core.errors import ImageError, InputError, MissingFileError, UnknownNameError
 from ..core.untrusted import file_inside, read_utf8
 from ..paths import project_path
+from .questions import TRAIN_QTYPES
 from .scenes import SCENE_TYPES
 from .text import QA, caption, jsonl_rows, long_prompt, make_qa, short_prompt
 
 SAMPLES_DIR = Path(__file__).resolve().parents[2] / "data" / "samples"
 PER_TYPE = 4
-QTYPES = ("colour", "shape", "position", "exists")
+QTYPES = TRAIN_QTYPES  # the standard samples rotate through the question types the shipped models learned
 SEED = 2024
 
 
