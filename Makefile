@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # committed notebooks carry no bar output; set per target, so `make lab` keeps them for a reader.
 run test notebooks: export UNICACHE_PROGRESS = 0
 
-.PHONY: setup help run test test-fast test-extended notebooks docs lab book benchmark samples evaluate evaluate-reuse replicate settle rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
+.PHONY: setup help run test test-fast test-extended notebooks docs lab book benchmark samples evaluate evaluate-depth evaluate-reuse replicate settle rehearsal rehearsal-gen gpu-rehearsal models clean-outputs
 
 ## setup: create `.venv` and the `python3` kernel: `torch==2.13.0` pinned first (so nothing can pull a CUDA build), then
 ##        the project with its `dev` extra, and headless Chromium for the browser test where it can (apt-get); runs
@@ -192,6 +192,16 @@ evaluate: setup
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) benchmarks/evaluate.py --questions $(QUESTIONS) \
 	  --model $(MODEL) $(if $(BUDGETS),--budgets $(BUDGETS))
 	$(BIN)/python benchmarks/evaluate.py --merge
+
+## evaluate-depth: the decisive run of notebook 05's depth budgets (issue #63, rules `DEPTH_RULES` fixed first): the
+##                 per-layer schedule chosen on a design split, then 2,700 new held-out questions on tiny-llava-576 at 64
+##                 and 128 image tokens over `NPROC` ranks, then the verdicts -> `benchmarks/results/evaluate_depth_*.csv`
+##                 (not part of CI)
+evaluate-depth: setup
+	rm -f outputs/evaluate_depth/rows-rank*
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/depth_budgets.py --design
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) benchmarks/depth_budgets.py --questions $(QUESTIONS)
+	$(BIN)/python benchmarks/depth_budgets.py --merge
 
 ## evaluate-reuse: the decisive runs of notebook 06's reuse targets R1-R3 and its noise-level claims G3 and G8 on 1,600
 ##                 prompt/noise pairs no one here tuned on and the notebook does not score: `NPROC` torchrun ranks score
