@@ -123,11 +123,11 @@ def test_similarity_and_anchor_helpers():
     assert diff["mean_jaccard"] < 0.5 and not math.isnan(diff["mean_jaccard"])
 
 
-def test_show_displays_long_statements_and_rules_whole(monkeypatch):
-    """No column is cut: a 200-character statement (here the rule text), the claim's own statement and a long
-    note appear whole, in the plain-text rendering (committed notebooks, nbval) and in the HTML one."""
-    import re
-
+def test_show_is_one_line_per_claim_with_the_details_folded(monkeypatch):
+    """issue #62: ``board.show()`` is short: one plain-text line per claim (id, verdict, value [interval], n), the
+    statement, the rule, each criterion's decision and the notes folded into a ``<details>`` in the HTML, whole there
+    (a 200-character rule, a long measurement) and escaped with the project's helper (quotes included); the plain
+    text holds none of them and no line wider than 110 characters, nothing cut ("..." or an ellipsis)."""
     import unicache_lib.scoreboard as S
 
     words = ("share of the text's image reads on the top ten percent of image positions, mean over layers and heads, "
@@ -137,24 +137,43 @@ def test_show_displays_long_statements_and_rules_whole(monkeypatch):
     assert len(long_rule) == 200
     b = Scoreboard()
     b.rule("U1", long_rule, above=0.5)
-    b.measure("U1", 0.52, (0.48, 0.56), 100, "questions", shown="measured " * 15)
+    b.measure("U1", 0.52, (0.48, 0.56), 100, "questions", shown="measured <b>" * 15)
+    b.rule("A3", "four criteria", criteria={k: {"above": 0.0} for k in "abcd"})
+    for k in "abcd":
+        b.measure("A3", 1.23456, (-0.0123456, 2.34567), 100, "captions", criterion=k)
+    b.rule("U3", "a rule", above=0.5)
+    b.measure("U3", None, note="not measurable here: no grid")
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
     b.show()
     assert len(shown) == 1
     text, html = repr(shown[0]), shown[0]._repr_html_()
-    squash = lambda s: re.sub(r"\s+", " ", s).strip()  # wrapping only adds line breaks and indentation
-    flat = squash(" ".join(line[S.ScoreboardView.LABEL:] for line in text.splitlines()))  # the field labels stripped
-    assert squash("measured " * 15) in flat and "100 questions" in flat  # the measurement whole, the count with its unit
-    assert "inconclusive" in text and "would settle it" in flat
-    # the statement and the rule: whole in the HTML; the plain text leaves them to the lesson's claims table
-    assert long_rule not in flat and S.CLAIMS["U1"] not in flat
-    b.rule("U3", "a rule", above=0.5)
-    b.measure("U3", None, note="not measurable here: no grid")
-    assert "U3 · not measurable here\n  note" in repr(b.view())  # no '-' lines for what was not measured
-    assert max(len(line) for line in text.splitlines()) <= 100  # wrapped, not one endless line
-    assert long_rule.replace("'", "&#x27;") in html and S.CLAIMS["U1"] in html and "pre-wrap" in html
-    assert "..." not in text and "\u2026" not in text
+    lines = text.splitlines()
+    assert lines[0] == "U1 · inconclusive        · 0.52 [0.48, 0.56] · n = 100 questions"
+    # four criteria that do not fit one line continue on an indented one, broken between criteria
+    assert lines[1].startswith("A3 · inconclusive        · (a) 1.235 [-0.01235, 2.346]; (b) 1.235")
+    assert lines[2].startswith(" " * 27 + "(") and lines[2].endswith("· n = 100 captions")
+    assert lines[3] == "U3 · not measurable here" and len(lines) == 5 and "criteria_lines" in lines[4]
+    assert max(len(line) for line in lines) <= 110 and "..." not in text and "\u2026" not in text
+    assert long_rule not in text and S.CLAIMS["U1"] not in text and "measured" not in text and "settle" not in text
+    # the HTML: one row per claim, everything else folded into <details>, whole and escaped
+    assert html.count("<tr>") == 1 + 3 and html.count("<details>") == 3
+    assert long_rule.replace("'", "&#x27;") in html and S.CLAIMS["U1"] in html and "would settle it" in html
+    assert "measured &lt;b&gt;" * 15 in html and "<b>measured" not in html.replace("<b>measured</b>", "")
+    assert "(a) &gt; 0: inconclusive" in html and "not measurable here: no grid" in html
+
+
+def test_scoreboard_text_never_cuts_a_value():
+    """A claim whose criteria are counted in different units names each count beside its criterion; a random-weight
+    board pads every verdict alike; no value is cut however many criteria a claim has."""
+    b = Scoreboard(random_weights=True)
+    b.rule("R1", "two criteria", criteria={"a": {"above": 2.0}, "b": {"above": 42.0}})
+    b.measure("R1", 2.3, interval=(2.2, 2.4), n=20, unit="timing rounds", criterion="a")
+    b.measure("R1", 40.4, interval=(40.1, 40.7), n=1600, unit="prompts", criterion="b")
+    text = repr(b.view())
+    assert text.startswith("R1 · not meaningful (random weights) · (a) 2.3 [2.2, 2.4] (n = 20 timing rounds);")
+    flat = " ".join(text.split())
+    assert "(a) 2.3 [2.2, 2.4] (n = 20 timing rounds); (b) 40.4 [40.1, 40.7] (n = 1600 prompts)" in flat
 
 
 def test_wrapped_table_shows_every_cell_whole():
@@ -167,8 +186,10 @@ def test_wrapped_table_shows_every_cell_whole():
     advice = "keep the first positions of the cache whatever the budget, " * 4  # 240 characters
     t = WrappedTable(pd.DataFrame({"measurement": ["sink share"], "value here": ["0.33"], "what to do": [advice]}))
     text, html = repr(t), t._repr_html_()
-    assert text.startswith("sink share\n") and "value here" in text
-    assert re.sub(r"\s+", " ", advice).strip() in re.sub(r"\s+", " ", " ".join(line[14:] for line in text.splitlines()))
-    assert max(len(line) for line in text.splitlines()) <= 100 and advice in html and "pre-wrap" in html
+    lines = text.splitlines()
+    assert lines[:2] == ["sink share", "  value here: 0.33"] and lines[2].startswith("  what to do: keep the first")
+    assert all(line.startswith("    ") for line in lines[3:]) and len(lines) == 5  # continuation lines indented
+    assert re.sub(r"\s+", " ", advice).strip() in re.sub(r"\s+", " ", text)  # wrapping only adds line breaks
+    assert max(len(line) for line in lines) <= 110 and advice in html and "pre-wrap" in html
     with pytest.raises(ValueError, match="at least one column"):
         WrappedTable(pd.DataFrame())

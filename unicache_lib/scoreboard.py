@@ -22,16 +22,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from html import escape
 from pathlib import Path
 
 import pandas as pd
 
 from .claims import CLAIMS
+from .core.untrusted import html_text
 from .core.errors import ContractError, InputError, UnknownNameError
 from .intervals import Interval, n_to_settle
 from .store import _atomic_write_bytes
-from .tables import WrappedTable
 
 HOLDS, NOT, INCONCLUSIVE, PARTLY = "holds", "does not hold", "inconclusive", "partly"
 NOT_MEASURABLE, RANDOM_WEIGHTS = "not measurable here", "not meaningful (random weights)"
@@ -273,8 +272,20 @@ class Scoreboard:
         display(self.view())
 
     def view(self) -> "ScoreboardView":
-        """The table as an object that renders whole: ``_repr_html_`` (wrapped cells) and ``repr`` (plain text)."""
-        return ScoreboardView(self.table())
+        """The board as a notebook shows it (:class:`ScoreboardView`): one line per claim (``repr``), the details
+        folded away in the HTML."""
+        table = self.table()
+        parts, criteria = {}, {}
+        for c, r in self.rows.items():
+            ms = [(k, r.measured.get(k)) for k in r.criteria]
+            tag = (lambda k: f"({k}) ") if len(ms) > 1 else (lambda k: "")
+            if not r.not_measurable:
+                each = len({(m.n, m.unit) for _, m in ms}) > 1  # criteria counted apart: each its own count
+                parts[c] = [f"{tag(k)}{_fmt(m.value)} [{_fmt(m.lo)}, {_fmt(m.hi)}]"
+                            + (f" (n = {m.n} {m.unit})".rstrip() if each and m.n is not None else "") for k, m in ms]
+            criteria[c] = [f"{tag(k)}{crit}" + (f": {crit.decide(m.lo, m.hi)}" if m is not None and m.value is not None else "")
+                           for (k, m), crit in zip(ms, r.criteria.values())]
+        return ScoreboardView(table, parts, criteria)
 
     def save(self, path) -> None:
         """Write the rows as JSON (atomically) for tests, the report and the replication table.
@@ -330,44 +341,73 @@ class Scoreboard:
         return lines
 
 
-class ScoreboardView(WrappedTable):
-    """A scoreboard table (:meth:`Scoreboard.table`) rendered with every cell whole.
+class ScoreboardView:
+    """A scoreboard (:meth:`Scoreboard.view`) as a notebook shows it: one line per claim, the details folded away.
 
-    HTML: a table whose cells wrap (``white-space: pre-wrap``), claims' statements and rules included.
-    Plain text (:class:`~unicache_lib.tables.WrappedTable`'s): one block per claim headed by its id and verdict, each
-    field on its own wrapped lines (``width`` characters), so a measurement or note of any length appears whole; the
-    count carries its unit; empty fields, and a count of ``-``, are left out. The statement and the rule are in the
-    HTML and in the lesson's claims table (:func:`~unicache_lib.claims.claims_table`), shown beside the scoreboard,
-    so the committed text does not repeat them for every claim.
+    Plain text (what a committed notebook shows without HTML, and what nbval compares): one line per claim,
+    ``id · verdict · value [95% interval] · n = count unit``, ids and verdicts padded so the columns line up; a claim of
+    several criteria lists each as ``(a) value [lo, hi]`` (each with its own ``(n = ...)`` where they are counted in
+    different units), and one that does not fit in ``width`` characters continues on an indented line, broken between
+    criteria (nothing is cut). A claim that is not measurable shows no value. The last line says where the details
+    are.
+
+    HTML: a table of the same columns, one row per claim; the claim's statement, what was measured, the rule, each
+    criterion's threshold and decision, and the note are folded into a ``<details>`` in the row's last cell. Every
+    text from the board is escaped (:func:`~unicache_lib.core.untrusted.html_text`): a claim's note or measurement
+    can quote a reader's data.
     """
 
-    FIELDS = ("measured", "value", "interval (95%)", "n", "note")
-    LABEL = 2 + max(len(f) for f in FIELDS) + 2  # indent, the longest field name, a gap: where the text starts
-
-    def __init__(self, table, width: int = 100):
-        self.table = table  # indexed by claim id; the HTML shows it all
-        self.df = table.assign(n=[f"{n} {u}" if str(u).strip() not in ("", "-") else str(n)  # the count with its unit
-                                  for n, u in zip(table["n"], table["unit"])])
+    def __init__(self, table, parts: dict[str, list[str]], criteria: dict[str, list[str]], width: int = 110):
+        self.table = table  # Scoreboard.table(): indexed by claim id
+        self.parts = parts  # claim -> ["(a) 0.91 [0.9, 0.92]", ...], one per criterion, in rule order
+        self.criteria = criteria  # claim -> ["(a) > 0.8: holds", ...]
         self.width = int(width)
 
-    fields = FIELDS
+    def verdict(self, claim, row) -> str:
+        """The verdict as shown (one place, so a suffix added to it shows in the text and the HTML alike)."""
+        return str(row["verdict"])
 
-    def heading(self, claim, row) -> str:
-        return f"{claim} · {row['verdict']}"
+    def count(self, row) -> str:
+        n, unit = str(row["n"]).strip(), str(row["unit"]).strip()
+        return "" if not n or n.startswith("-") else f"{n} {unit}" if unit not in ("", "-") else n
 
-    def text(self, field, value) -> str | None:
-        text = str(value).strip()
-        return None if not text or text == "-" or (field == "n" and text.startswith("-")) else text
+    def __repr__(self) -> str:
+        rows = list(self.table.iterrows())
+        wid = max((len(str(c)) for c, _ in rows), default=0)
+        wverdict = max((len(self.verdict(c, r)) for c, r in rows), default=0)
+        lines = []
+        for claim, row in rows:
+            head = f"{str(claim):<{wid}} · {self.verdict(claim, row):<{wverdict}}"
+            parts = list(self.parts.get(claim, []))
+            if not parts:
+                lines.append(head.rstrip())
+                continue
+            count = "" if "(n = " in parts[-1] else self.count(row)  # else each criterion carries its own
+            pieces = [p + ";" for p in parts[:-1]] + [parts[-1]] + ([f"· n = {count}"] if count else [])
+            indent, line = " " * (len(head) + 3), head + " · " + pieces[0]
+            for piece in pieces[1:]:
+                if len(line) + 1 + len(piece) > self.width:
+                    lines.append(line)
+                    line = indent + piece
+                else:
+                    line += " " + piece
+            lines.append(line)
+        lines.append("(statement, rule, each criterion's decision, notes: the HTML view's details, "
+                     "Scoreboard.criteria_lines)")
+        return "\n".join(lines) + "\n"
 
     def _repr_html_(self) -> str:
-        cols = ["claim", *self.table.columns]
-        wide = {"statement": "16em", "rule": "18em", "note": "14em", "measured": "12em"}
-        head = "".join(f'<th style="text-align:left">{escape(c)}</th>' for c in cols)
+        td = 'style="text-align:left; vertical-align:top"'
+        head = "".join(f"<th {td}>{h}</th>" for h in ("claim", "verdict", "value [95% interval]", "n", "details"))
         body = []
         for claim, row in self.table.iterrows():
-            cells = [claim, *(row[c] for c in self.table.columns)]
-            body.append("<tr>" + "".join(
-                f'<td style="text-align:left; vertical-align:top; white-space:pre-wrap; word-break:normal;'
-                f'{" min-width:" + wide[c] + ";" if c in wide else ""}">{escape(str(v))}</td>'
-                for c, v in zip(cols, cells)) + "</tr>")
+            facts = [("claim", row["statement"]), ("measured", row["measured"]), ("rule", row["rule"]),
+                     ("criteria", "; ".join(self.criteria.get(claim, []))), ("note", row["note"])]
+            details = "".join(f"<dt><b>{k}</b></dt><dd style=\"margin:0 0 0.4em 1em; white-space:pre-wrap\">"
+                              f"{html_text(v)}</dd>" for k, v in facts if str(v).strip() not in ("", "-"))
+            cells = [claim, self.verdict(claim, row), "; ".join(self.parts.get(claim, [])) or "-",
+                     self.count(row) or "-"]
+            body.append("<tr>" + "".join(f"<td {td}>{html_text(v)}</td>" for v in cells)
+                        + f'<td {td}><details><summary>rule, notes</summary><dl style="margin:0; min-width:24em">'
+                        f"{details}</dl></details></td></tr>")
         return f'<table class="unicache-scoreboard"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'

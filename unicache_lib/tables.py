@@ -1,26 +1,28 @@
 """Small tables shown whole in a notebook: every cell wrapped, nothing cut to pandas' 50 characters.
 
 :class:`WrappedTable` renders a DataFrame as HTML with wrapping cells (what JupyterLab and GitHub show) and as
-plain text with one block per row, each field on its own wrapped lines (what a committed notebook's text
-output and nbval compare), e.g. the decision tables "measurement -> what to do on your model".
+plain text with one short block per row, each field a ``label: text`` line wrapped at the width (what a committed
+notebook's text output and nbval compare), e.g. the decision tables "measurement -> what to do on your model"; a
+decision table holds at most eight rows (tests/test_output_limits.py), a longer one goes to a CSV.
 """
 from __future__ import annotations
 
 import textwrap
-from html import escape
 
 from .core.errors import InputError
+from .core.untrusted import html_text
 
 
 class WrappedTable:
     """``WrappedTable(df)`` as a cell's last expression (or ``display(...)``) shows ``df`` whole.
 
-    Plain text: per row, the first column's value as a heading, then ``column  value`` lines wrapped at ``width``
-    characters (long words are not broken, so nothing is altered but whitespace). A subclass changes what a block
-    shows through :attr:`fields`, :meth:`heading` and :meth:`text` (the scoreboard does).
+    Plain text: per row, the first column's value as a heading, then one ``  column: value`` line per other column,
+    each wrapped at ``width`` characters with an indented continuation (long words are not broken, so nothing is
+    altered but whitespace); no blank line between rows, so eight rows of four columns fit in 40 lines. A subclass
+    changes what a block shows through :attr:`fields`, :meth:`heading` and :meth:`text`.
     """
 
-    def __init__(self, df, width: int = 100):
+    def __init__(self, df, width: int = 110):
         if df is None or not len(df.columns):
             raise InputError("WrappedTable needs a DataFrame with at least one column")
         self.df = df.reset_index(drop=True)
@@ -39,23 +41,19 @@ class WrappedTable:
         return str(value)
 
     def __repr__(self) -> str:
-        label = 2 + max((len(str(c)) for c in self.fields), default=0) + 2
+        wrap = dict(width=max(40, self.width), break_long_words=False, break_on_hyphens=False, subsequent_indent="    ")
         lines = []
         for key, row in self.df.iterrows():
-            lines.append(self.heading(key, row))
+            lines += textwrap.wrap(self.heading(key, row), **wrap) or [""]
             for c in self.fields:
                 text = self.text(c, row[c])
-                if text is None:
-                    continue
-                wrapped = textwrap.wrap(text, max(20, self.width - label), break_long_words=False,
-                                        break_on_hyphens=False) or [""]
-                lines += [f"  {str(c) if i == 0 else '':<{label - 2}}{w}" for i, w in enumerate(wrapped)]
-            lines.append("")
-        return "\n".join(lines).rstrip() + "\n"
+                if text is not None:
+                    lines += textwrap.wrap(f"{c}: {text}", initial_indent="  ", **wrap)
+        return "\n".join(lines) + "\n"
 
     def _repr_html_(self) -> str:
         cell = 'style="text-align:left; vertical-align:top; white-space:pre-wrap"'
-        head = "".join(f"<th {cell}>{escape(str(c))}</th>" for c in self.df.columns)
-        body = "".join("<tr>" + "".join(f"<td {cell}>{escape(str(v))}</td>" for v in row) + "</tr>"
+        head = "".join(f"<th {cell}>{html_text(c)}</th>" for c in self.df.columns)
+        body = "".join("<tr>" + "".join(f"<td {cell}>{html_text(v)}</td>" for v in row) + "</tr>"
                        for row in self.df.itertuples(index=False))
         return f'<table class="unicache-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
