@@ -280,7 +280,8 @@ def test_fault_table_counts_come_from_the_tests():
 
     mods = [importlib.import_module(f"tests.{m}") for m in ("test_store_faults", "test_store", "test_report", "test_loaders",
                                                                "test_inputs", "test_capture", "test_reuse", "test_params",
-                                                               "test_hostile_input", "test_benchmarks", "test_presses")]
+                                                               "test_hostile_input", "test_benchmarks", "test_presses",
+                                                               "test_outputs_safe")]
     funcs = {k: v for m in mods for k, v in vars(m).items() if k.startswith("test_")}
     rows = fault_table_rows(FAULTS_PAGE.read_text())
     assert len(rows) >= 10

@@ -18,7 +18,15 @@ notebook shows beside it (and to a slider explorer of unicache_lib/static_explor
 Everything the pages need is in the output folder (_static/: JupyterLab's notebook CSS from nbconvert, Pygments' CSS,
 the layout's CSS); images are data: URIs; nothing is fetched at build or view time. ``--ref HEAD`` builds from the
 committed files (git archive) instead of the working tree. Why not Jupyter Book 2 (MyST):
-docs/FORKING.md, "Publishing the course as a website"."""
+docs/FORKING.md, "Publishing the course as a website".
+
+What it reads and where it writes (issue #60): every file it reads or publishes is resolved first and must be a regular
+file inside the repository (unicache_lib.paths.inside_regular_file, judged by stat before anything opens it); a
+committed symlink that leads outside it (``docs/env.txt -> /proc/self/environ``), a symlinked folder outside, a FIFO
+or a device fails the build with one line naming it (exit status 2), so nothing outside the repository is ever
+published. The output folder is checked by unicache_lib.paths.output_folder: refused when empty, the repository or a
+folder above it, one of its own folders (docs/, notebooks/ ...), or a folder holding files this builder did not write;
+the builder records what it wrote in the folder's ``.unicache-output`` and a rebuild removes only those files."""
 from __future__ import annotations
 
 import argparse
@@ -37,13 +45,55 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from unicache_lib.core.errors import InputError, MissingFileError
+from unicache_lib.paths import inside_folder, inside_regular_file, output_folder
+
 ROOT = Path(__file__).resolve().parents[1]
+
+TOOL = "make book"
 SITE_TITLE = "UniCache Workbench"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 IMAGE_TYPES = ("image/png", "image/jpeg")
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".json", ".csv", ".toml", ".yml", ".yaml", ".cfg", ".sh", ".j2"}
 SOURCE_MAX_BYTES = 1_000_000
+STATIC_FILES = {"_static/jupyterlab.css", "_static/theme-light.css", "_static/pygments.css", "_static/book.css",
+                "_static/pages.json"}
+
+
+class BookError(Exception):
+    """Something the builder must not publish (a symlink that leaves the repository, a FIFO, a device) or a folder it
+    must not write: `make book` prints it as one line and exits with status 2."""
+
+
+def entry(root: Path, rel: str) -> tuple[str | None, Path | None]:
+    """``(kind, real path)`` of repository path ``rel``: ("file", ...) for a regular file, ("dir", ...) for a folder,
+    (None, None) when nothing is there (a dangling link included). Every symlink is resolved first and judged by stat
+    before anything opens it: one that leaves ``root``, a FIFO, a socket or a device raises :class:`BookError`."""
+    try:
+        return "dir", inside_folder(root, rel)
+    except MissingFileError:
+        return None, None
+    except InputError:
+        pass
+    try:
+        return "file", inside_regular_file(root, rel)
+    except MissingFileError:
+        return None, None
+    except InputError as e:
+        raise BookError(f"{rel}: not published: {e}") from e
+
+
+def repo_file(root: Path, rel: str) -> Path:
+    """The real path of repository file ``rel``, which the site must have: a regular file inside ``root``."""
+    kind, real = entry(root, rel)
+    if kind != "file":
+        raise BookError(f"{rel}: not published: {'nothing there' if kind is None else 'a folder, not a file'}")
+    return real
+
+
+def repo_text(root: Path, rel: str) -> str:
+    return repo_file(root, rel).read_text()
 
 
 # ----------------------------------------------------------------------------------------------- pages
@@ -89,10 +139,10 @@ def notebook_title(nb, default: str) -> str:
 
 def docs_order(root: Path) -> list[str]:
     """docs/*.md in the order README.md first links them, then the rest by name."""
-    readme = (root / "README.md").read_text()
+    readme = repo_text(root, "README.md")
     linked = []
     for m in re.finditer(r"\]\((docs/[^)#\s]+\.md)", readme):
-        if m.group(1) not in linked and (root / m.group(1)).is_file():
+        if m.group(1) not in linked and entry(root, m.group(1))[0] == "file":
             linked.append(m.group(1))
     rest = sorted(p.relative_to(root).as_posix() for p in (root / "docs").glob("*.md"))
     return linked + [d for d in rest if d not in linked]
@@ -104,16 +154,17 @@ def table_of_contents(root: Path) -> list[Page]:
     pages = [Page("README.md", "index.html", SITE_TITLE, "Course", "markdown")]
     for nb in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         src = nb.relative_to(root).as_posix()
-        title = notebook_title(nbformat.read(nb, as_version=4), nb.stem)
+        title = notebook_title(nbformat.read(repo_file(root, src), as_version=4), nb.stem)
         pages.append(Page(src, out_path(src, "notebook"), title, "Lessons", "notebook"))
     for src in docs_order(root):
-        pages.append(Page(src, out_path(src, "markdown"), md_title((root / src).read_text(), Path(src).stem),
+        pages.append(Page(src, out_path(src, "markdown"), md_title(repo_text(root, src), Path(src).stem),
                           "Reference", "markdown"))
-    if (root / "solutions" / "README.md").is_file():
+    if entry(root, "solutions/README.md")[0] == "file":
         pages.append(Page("solutions/README.md", out_path("solutions/README.md", "markdown"),
-                          md_title((root / "solutions/README.md").read_text(), "Solutions"), "Solutions", "markdown"))
+                          md_title(repo_text(root, "solutions/README.md"), "Solutions"), "Solutions", "markdown"))
     for py in sorted((root / "solutions").glob("*.py")):
         src = py.relative_to(root).as_posix()
+        repo_file(root, src)  # a regular file inside the repository, or the build stops here
         pages.append(Page(src, out_path(src, "source"), py.name, "Solutions", "source"))
     return pages
 
@@ -291,13 +342,19 @@ def source_html(path: Path, rel: str) -> str:
     return f'<h1><code>{html.escape(rel)}</code></h1>\n' + highlight(path.read_text(errors="replace"), lang)
 
 
-def folder_html(path: Path, rel: str, linkable) -> str:
+def folder_html(site, rel: str) -> str:
+    """The listing of repository folder ``rel``: every entry by name, a link where the entry is a file with a page;
+    every entry is resolved first (:func:`entry`), so one that leaves the repository stops the build."""
     items = []
-    for p in sorted(path.iterdir()):
-        if p.name.startswith((".", "__pycache__")):
+    for p in sorted((site.root / rel).iterdir()):
+        if p.name.startswith((".", "__pycache__")) or not site.tracked(p):
             continue
-        name = p.name + ("/" if p.is_dir() else "")
-        target = linkable(p)
+        child = p.relative_to(site.root).as_posix()
+        kind, _ = entry(site.root, child)
+        if kind is None:
+            continue
+        name = p.name + ("/" if kind == "dir" else "")
+        target = site.page_for(child, False) if kind == "file" else None
         items.append(f'<li><a href="{html.escape(p.name)}">{html.escape(name)}</a></li>' if target
                      else f"<li><code>{html.escape(name)}</code></li>")
     return f"<h1><code>{html.escape(rel)}</code></h1>\n<ul>\n" + "\n".join(items) + "\n</ul>"
@@ -325,11 +382,14 @@ class Site:
         if key in self.by_src:
             return self.by_src[key]
         p = self.root / rel
-        if not p.exists() or not self.tracked(p):
+        if not self.tracked(p):
             return None
-        if p.is_dir():
+        kind, real = entry(self.root, rel)  # a symlink out of the repository or a special file stops the build
+        if kind is None:
+            return None
+        if kind == "dir":
             page = Page(key, out_path(key, "folder"), rel.rstrip("/") + "/", "", "folder")
-        elif p.suffix == ".ipynb" or (p.suffix in TEXT_SUFFIXES and p.stat().st_size <= SOURCE_MAX_BYTES):
+        elif p.suffix == ".ipynb" or (p.suffix in TEXT_SUFFIXES and real.stat().st_size <= SOURCE_MAX_BYTES):
             kind = "markdown" if p.suffix == ".md" else "source"
             page = Page(key, out_path(key, kind), p.name, "", kind)
         else:
@@ -350,14 +410,14 @@ class Site:
             path = path.split("?", 1)[0]
             rel = posixpath.normpath(posixpath.join(base, path)) if not path.startswith("/") else path.lstrip("/")
             if m.group(1).lower().startswith("<img") and rel.lower().endswith((".png", ".jpg", ".jpeg")) \
-                    and not rel.startswith("..") and (self.root / rel).is_file() and self.tracked(self.root / rel):
+                    and not rel.startswith("..") and self.tracked(self.root / rel) and entry(self.root, rel)[0] == "file":
                 mime = "image/png" if rel.lower().endswith(".png") else "image/jpeg"  # a picture: inlined, like the outputs
-                data = base64.b64encode((self.root / rel).read_bytes()).decode()
+                data = base64.b64encode(repo_file(self.root, rel).read_bytes()).decode()
                 return m.group(1) + f"data:{mime};base64,{data}" + m.group(3)
             if rel == "." or rel.startswith(".."):
                 target = None
             else:
-                target = self.page_for(rel, (self.root / rel).is_dir())
+                target = self.page_for(rel, entry(self.root, rel)[0] == "dir")
             if target is None:
                 page.warnings.append(f"link to {url!r}: not in the repository; left without a target")
                 return m.group(1).rsplit(" ", 1)[0] + ' data-missing="' + html.escape(url) + m.group(3)
@@ -492,37 +552,40 @@ def write_static(out: Path) -> None:
     (static / "book.css").write_text(CSS)
 
 
-def build(out: Path, root: Path = ROOT, log=print) -> Site:
+def earlier_site(folder: Path) -> set[str] | None:
+    """The files a build from before ``.unicache-output`` existed wrote into ``folder`` (the pages its
+    _static/pages.json lists and _static/), or None when ``folder`` is no such site."""
+    try:
+        pages = json.loads(inside_regular_file(folder, "_static/pages.json").read_text())
+        outs = {p["out"] for p in pages}
+        inside_regular_file(folder, "_static/book.css")
+    except (InputError, OSError, ValueError, TypeError, KeyError):
+        return None
+    return outs | STATIC_FILES if all(isinstance(o, str) for o in outs) else None
+
+
+def site_folder(out, root: Path = ROOT):
+    """The output folder, checked (unicache_lib.paths.output_folder): not empty, not the repository, above it or one
+    of its folders, and holding nothing this builder did not write; raises :class:`BookError` saying what to do."""
+    try:
+        return output_folder(out, TOOL, option="--out", roots=(root, ROOT), legacy=earlier_site)
+    except InputError as e:
+        raise BookError(str(e)) from e
+
+
+def build(out, root: Path = ROOT, log=print) -> Site:
+    """Build the site of the repository at ``root`` into ``out``. ``out`` must be new, empty or a site this builder
+    wrote (:func:`site_folder`); the files it wrote last time are removed first, nothing else."""
     t0 = time.perf_counter()
-    site = Site(root)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    write_static(out)
-    todo = list(site.pages)
-    done = 0
-    while todo or site.queue:
-        if not todo:
-            todo, site.queue = site.queue, []
-        page = todo.pop(0)
-        path = root / page.src
-        if page.kind == "notebook":
-            body, page.figures, page.widgets, page.warnings = notebook_html(path)
-        elif page.kind == "markdown":
-            body = markdown_html(path.read_text())
-        elif page.kind == "folder":
-            body = folder_html(path, page.src, lambda p: site.page_for(p.relative_to(root).as_posix(), p.is_dir())
-                               if p.is_file() else None)
-        else:
-            body = source_html(path, page.src)
-        page.body = site.rewrite(page, body)
-        dest = out / page.out
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(page_html(site, page))
-        done += 1
-    manifest = [{"src": p.src, "out": p.out, "title": p.title, "section": p.section, "kind": p.kind,
-                 "figures": p.figures, "widgets": p.widgets} for p in site.by_src.values()]
-    (out / "_static" / "pages.json").write_text(json.dumps(manifest, indent=1))
+    folder = site_folder(out, root)
+    out = folder.path
+    site = Site(root)  # the table of contents read (and checked) before anything of an earlier site is removed
+    folder.clean()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        done = _write_pages(site, out, root)
+    finally:
+        folder.record(folder.present())  # what this build wrote: the next one removes exactly these
     for p in site.by_src.values():
         for w in p.warnings:
             log(f"warning: {p.src}: {w}")
@@ -532,25 +595,59 @@ def build(out: Path, root: Path = ROOT, log=print) -> Site:
     return site
 
 
+def _write_pages(site: Site, out: Path, root: Path) -> int:
+    write_static(out)
+    todo = list(site.pages)
+    done = 0
+    while todo or site.queue:
+        if not todo:
+            todo, site.queue = site.queue, []
+        page = todo.pop(0)
+        if page.kind == "notebook":
+            body, page.figures, page.widgets, page.warnings = notebook_html(repo_file(root, page.src))
+        elif page.kind == "markdown":
+            body = markdown_html(repo_text(root, page.src))
+        elif page.kind == "folder":
+            if entry(root, page.src.rstrip("/"))[0] != "dir":
+                raise BookError(f"{page.src}: not published: not a folder inside the repository")
+            body = folder_html(site, page.src.rstrip("/"))
+        else:
+            body = source_html(repo_file(root, page.src), page.src)
+        page.body = site.rewrite(page, body)
+        dest = out / page.out
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(page_html(site, page))
+        done += 1
+    manifest = [{"src": p.src, "out": p.out, "title": p.title, "section": p.section, "kind": p.kind,
+                 "figures": p.figures, "widgets": p.widgets} for p in site.by_src.values()]
+    (out / "_static" / "pages.json").write_text(json.dumps(manifest, indent=1))
+    return done
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="outputs/book", help="the site's folder (emptied first; default outputs/book)")
+    ap.add_argument("--out", default="outputs/book", help="the site's folder: new, empty or a site this builder wrote "
+                    "(what it wrote last time is removed first, nothing else); default outputs/book")
     ap.add_argument("--ref", help="build from this git revision (e.g. HEAD: the committed files, whatever the working "
                                   "tree holds now) instead of the working tree")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    if not out.is_absolute():
-        out = Path.cwd() / out
-    if out.resolve() in (ROOT.resolve(), Path.home().resolve(), Path("/")):
-        ap.error(f"--out {args.out}: the folder is emptied first; name a folder of its own")
-    if args.ref:
-        with tempfile.TemporaryDirectory() as tmp:
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", args.ref], check=True,
-                                     capture_output=True).stdout
-            tarfile.open(fileobj=io.BytesIO(archive)).extractall(tmp, filter="data")
-            build(out, Path(tmp))
-    else:
-        build(out)
+    try:
+        site_folder(args.out)  # refused before anything is read or extracted
+        if args.ref:
+            with tempfile.TemporaryDirectory() as tmp:
+                archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", args.ref], check=True,
+                                         capture_output=True).stdout
+                try:
+                    tarfile.open(fileobj=io.BytesIO(archive)).extractall(tmp, filter="data")
+                except tarfile.FilterError as e:  # a committed symlink that leaves the repository, an absolute path
+                    raise BookError(f"{args.ref} holds {e.tarinfo.name!r}, which leads outside the repository "
+                                    f"({type(e).__name__}): not published; remove it from the commit") from e
+                build(args.out, Path(tmp))
+        else:
+            build(args.out)
+    except BookError as e:
+        print(f"make book: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     return 0
 
 

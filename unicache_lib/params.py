@@ -30,7 +30,7 @@ import torch
 
 from .core.errors import InputError, ParameterError, UnicacheError
 from .inputs import budget_shares, check_fraction, check_fractions
-from .paths import project_path
+from .paths import output_path_refusal, project_path
 from .world.samples import load
 from .world.text import read_prompts
 from .zoo.loaders import DTYPES, SHIPPED, closest_shipped, resolve
@@ -235,10 +235,16 @@ def prompts_file(name, v):
 
 
 def out_dir(name, v):
+    """A folder the notebook may write to (:func:`unicache_lib.paths.output_path_refusal`, the check every output
+    folder gets): not empty, not a file, not the repository, a folder above it or one of its own folders (``docs``,
+    ``notebooks``, ``data`` ...), not a folder another tool's ``.unicache-output`` claims (a site, a report)."""
     if not isinstance(v, (str, Path)) or not str(v).strip():
         _fail(name, v, "must be a folder path, e.g. 'outputs/mine'")
     if project_path(v).exists() and not project_path(v).is_dir():
         _fail(name, v, f"names a file ({project_path(v)}), not a folder: pick another {name}")
+    folder, why = output_path_refusal(project_path(v), name, "a notebook")
+    if folder is None:
+        _fail(name, v, why)
 
 
 KINDS = {

@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from .core.errors import ContractError
+from .paths import cli_output_path
 from .progress import bar
 from .zoo.builders import gen_standins, standins
 
@@ -286,6 +287,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-readme", action="store_true", help="write the CSV under --out only")
     a = ap.parse_args(argv)
+    cli_output_path(a.out, "rehearsal")  # not empty, not the repository or one of its own folders
     out, gen = Path(a.out), a.side == "generation"
     names, known, params = ((gen_standins.GEN_STANDINS, GEN_NOTEBOOKS, GEN_PARAMS) if gen
                              else (standins.STANDINS, NOTEBOOKS, PARAMS))

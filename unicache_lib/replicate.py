@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from .core.errors import ContractError
+from .paths import cli_output_path
 from .progress import enabled
 from .scoreboard import UNSTABLE
 from .world import samples as sample_set
@@ -207,6 +208,7 @@ def main(argv=None):
     ap.add_argument("--readme", default=None, help="page to update (default docs/VERDICTS.md; --quick: OUT/README-section.md)")
     ap.add_argument("--settle", action="store_true", help="re-decide the unstable claims once at their settling sizes")
     a = ap.parse_args(argv)
+    cli_output_path(a.out, "replicate")  # not empty, not the repository or one of its own folders
     out = Path(a.out)
     if a.settle:
         df, (name, default) = settle(out, a.quick), ("settled.csv", SETTLED_CSV)

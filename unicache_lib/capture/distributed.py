@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from ..paths import cli_output_path
 from ..store import Store, shard_samples
 from ..world import samples as sample_set
 from ..zoo.loaders import load_understanding
@@ -30,6 +31,7 @@ def main(argv=None):
     ap.add_argument("--layer-batch", type=int, default=0)
     ap.add_argument("--device-map", default=None)
     args = ap.parse_args(argv)
+    cli_output_path(args.out, "unicache-capture")  # not empty, not the repository or one of its own folders
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(1)
     attn = "sdpa" if args.mode == "recompute" else "eager"

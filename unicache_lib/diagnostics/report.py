@@ -15,6 +15,12 @@ Every store is read and checked before anything is written: a missing, empty, da
 store raises :class:`ReportError` (the CLI prints it as one line and exits with status 2) and leaves
 the output directory untouched. Figures are drawn in a temporary directory and copied into place
 (each file atomically, the page last) only when all of them were drawn.
+
+The output directory is checked by :func:`unicache_lib.paths.output_folder`: never empty, never the
+repository or one of its own folders, and new, empty or a report folder of its own: its
+``.unicache-output`` lists what the report wrote there, and only those files are ever overwritten or
+removed (a figure of the previous report that this one does not draw). A folder holding anything else
+(a ``real_entropy.png`` of yours) is refused in one line before anything is read.
 """
 from __future__ import annotations
 
@@ -34,8 +40,9 @@ from .. import plots
 from ..analysis.anchors import image_reads
 from ..analysis.generation import step_table
 from ..analysis.understanding import layer_table
-from ..core.errors import ReportError
+from ..core.errors import InputError, ReportError
 from ..core.modality import BLOCKS
+from ..paths import OUTPUT_MARKER, OutputFolder, inside_regular_file, output_folder
 from ..plots import literal_text
 from ..store import Store, StoreError, _atomic_write_bytes
 from .neglect import detect_neglect
@@ -157,21 +164,42 @@ def _stem(label: str, taken: set) -> str:
     return stem
 
 
-def build_report(stores: dict, out_dir, title: str = "UniCache attention report") -> Path:
+TOOL = "unicache-report"
+
+
+def _earlier_report(folder: Path) -> set | None:
+    """What a report written before ``.unicache-output`` existed left in ``folder`` (its page, marked, and the
+    figures the page shows), or None when ``folder`` holds no such report."""
+    try:
+        text = inside_regular_file(folder, "report.html").read_text(errors="replace")
+    except (InputError, OSError):
+        return None
+    if MARK not in text[:200]:
+        return None
+    return {"report.html"} | {alt + ".png" for alt in re.findall(r'<img alt="([A-Za-z0-9._-]+)"', text)}
+
+
+def report_folder(out_dir, option: str = "out_dir") -> OutputFolder:
+    """The output directory, checked (:func:`unicache_lib.paths.output_folder`); :class:`ReportError` otherwise."""
+    try:
+        return output_folder(out_dir, TOOL, option=option, legacy=_earlier_report)
+    except InputError as e:
+        raise ReportError(str(e)) from e
+
+
+def build_report(stores: dict, out_dir, title: str = "UniCache attention report", option: str = "out_dir") -> Path:
     """Write ``out_dir/report.html`` and the PNGs it shows; returns the HTML path. ``stores``: label ->
     store directory; each label gets its own section and its own file names.
 
     All stores are read and checked first (:func:`load_store`); any :class:`ReportError` leaves
-    ``out_dir`` untouched. Refuses (``FileExistsError``) to overwrite an existing report unless it was
-    written by this function."""
+    ``out_dir`` untouched. Refuses (:class:`ReportError`, a ``FileExistsError``) an ``out_dir`` that is empty, the
+    repository or one of its folders, or holds anything this function did not write (:func:`report_folder`);
+    ``option`` names it in that message (the CLI's ``--out``)."""
     import matplotlib.pyplot as plt  # local: only the figures need it; main() selects Agg before pyplot loads
 
-    out = Path(out_dir)
+    folder = report_folder(out_dir, option)
+    out = folder.path
     page = out / "report.html"
-    if out.exists() and not out.is_dir():
-        raise ReportError(f"output {out} is a file: choose a directory")
-    if page.exists() and (not page.is_file() or MARK not in page.read_text(errors="replace")[:200]):
-        raise ReportError(f"{page} exists and was not written by build_report: choose another out_dir")
     if not stores:
         raise ReportError("no stores given")
     loaded = {label: load_store(path) for label, path in stores.items()}  # everything checked before drawing
@@ -205,16 +233,21 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
         doc = (f"{MARK}\n<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) +
                "</title><style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:48%;margin:4px}"
                "</style></head><body><h1>" + html.escape(title) + "</h1>" + "".join(sections) + "</body></html>")
-        _put_in_place(out, [(out / f.name, f.read_bytes()) for f in files] + [(page, doc.encode())])
+        _put_in_place(folder, [(out / f.name, f.read_bytes()) for f in files] + [(page, doc.encode())])
     return page
 
 
-def _put_in_place(out: Path, items: list) -> None:
-    """Write ``(path, bytes)`` items in order (the page last), each atomically. A failure (a full or read-only
-    disk) removes what this call created, so nothing is left behind, and raises a one-line :class:`ReportError`."""
+def _put_in_place(folder: OutputFolder, items: list) -> None:
+    """Write ``(path, bytes)`` items in order (the page last), each atomically, listed in the folder's marker before
+    they are written; then the earlier report's files this one did not rewrite are removed. A failure (a full or
+    read-only disk) removes what this call created, so nothing is left behind, and raises a one-line
+    :class:`ReportError`."""
+    out = folder.path
     fresh = not out.exists()
+    before, names = set(folder.files), {path.name for path, _ in items}
     created = []
     try:
+        folder.record(before | names)  # listed first: a run cut short leaves nothing the next run would refuse
         for path, data in items:
             new = not path.exists()
             _atomic_write_bytes(path, data)
@@ -223,10 +256,18 @@ def _put_in_place(out: Path, items: list) -> None:
     except OSError as e:
         for path in created:
             path.unlink(missing_ok=True)
-        if fresh and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        if fresh and out.is_dir():  # not there at all when its parent is a file
+            (out / OUTPUT_MARKER).unlink(missing_ok=True)
+            if not any(out.iterdir()):
+                out.rmdir()
+        else:
+            try:
+                folder.record(before)
+            except OSError:
+                pass  # the marker still lists what this run meant to write: nothing unlisted is left
         raise ReportError(f"cannot write the report to {out} ({e.strerror or e}): free some space or choose another "
                           f"--out") from e
+    folder.clean(keep=names)  # the earlier report's figures this one does not draw
 
 
 def cli_stores(args: list[str]) -> dict:
@@ -260,18 +301,19 @@ def cli_stores(args: list[str]) -> dict:
 def main(argv=None):
     """The ``unicache-report`` command. Prints the page's path; exits with status 2 and a one-line
     message (no traceback) when a store is missing, empty, damaged or unusable, or the output
-    directory holds a page it did not write; nothing is written then."""
+    directory is refused (empty, the repository or one of its folders, or holding files the report did not
+    write); nothing is written then."""
     ap = argparse.ArgumentParser(description="Build an offline HTML attention report from capture stores.")
     ap.add_argument("stores", nargs="+", help="store directories (label = folder name, with parent folders "
                                                 "where names collide; or LABEL=PATH)")
-    ap.add_argument("--out", required=True, help="output directory for report.html and the figures")
+    ap.add_argument("--out", required=True, help="output directory for report.html and the figures: new, empty or one this command wrote (it overwrites only the files it wrote there)")
     ap.add_argument("--title", default="UniCache attention report")
     args = ap.parse_args(argv)
     import matplotlib  # local: only the CLI sets the Agg backend, before pyplot is first imported
 
     matplotlib.use("Agg")
     try:
-        page = build_report(cli_stores(args.stores), args.out, args.title)
+        page = build_report(cli_stores(args.stores), args.out, args.title, option="--out")
     except (ReportError, FileExistsError) as e:
         msg = " ".join(str(e).split())
         print(f"unicache-report: error: {msg}", file=sys.stderr)

@@ -24,6 +24,7 @@ import diffusers
 import torch
 
 from ...core.errors import UnknownNameError
+from ...paths import cli_output_path
 from ..loaders import load_generator
 from ..sampling import sample
 from .tiny_pipelines import build_pipeline, kinds, save_pipeline
@@ -161,6 +162,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step", action="store_true", help="then load it and time one denoising step (JSON line)")
     a = ap.parse_args(argv)
+    cli_output_path(a.out, "gen_standins")  # not empty, not the repository or one of its own folders
     for name in a.only or GEN_STANDINS:
         d = build(name, Path(a.out), a.seed)
         print(d, json.dumps({"full_map_memory": memory_estimate(GEN_STANDINS[name])}))

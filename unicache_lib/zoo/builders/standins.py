@@ -22,6 +22,7 @@ import transformers
 
 from ...core.errors import InputError, UnknownNameError
 from ...families import FAMILIES, Shape
+from ...paths import cli_output_path
 from ..checksums import write_card
 
 
@@ -131,6 +132,7 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*", default=None, help=f"subset of {', '.join(STANDINS)}")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    cli_output_path(a.out, "standins")  # not empty, not the repository or one of its own folders
     for name in a.only or STANDINS:
         print(build(name, Path(a.out), a.seed))
 

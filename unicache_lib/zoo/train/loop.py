@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from ...paths import cli_output_path
 from ...progress import bar, write
 
 
@@ -102,6 +103,7 @@ def recipe_parser(doc: str, *, out: str | None, lr: float, eval_every: int = 500
 def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """Parse the command line and apply ``--threads``."""
     args = ap.parse_args(argv)
+    cli_output_path(args.out, ap.prog)  # not empty, not the repository or one of its own folders (data/ itself)
     if args.threads:
         torch.set_num_threads(args.threads)
     return args
