@@ -13,6 +13,20 @@ from .core.errors import InputError
 from .core.untrusted import html_text
 
 
+WIDTH = 110  # the widest printed line a lesson shows (tests/test_output_limits.py)
+
+
+def wrap(text, width: int = WIDTH, indent: str = "  ") -> str:
+    """``text`` with each of its lines wrapped at ``width`` characters, the continuation lines indented by ``indent``
+    more than the line they continue (words are never broken, so nothing changes but whitespace):
+    ``print(wrap(f"..."))`` for a printed sentence that may run past a page's width."""
+    def one(line):
+        lead = line[:len(line) - len(line.lstrip())]
+        return "\n".join(textwrap.wrap(line, width, subsequent_indent=lead + indent, break_long_words=False,
+                                       break_on_hyphens=False)) or line
+    return "\n".join(one(line) for line in str(text).split("\n"))
+
+
 class WrappedTable:
     """``WrappedTable(df)`` as a cell's last expression (or ``display(...)``) shows ``df`` whole.
 
@@ -22,7 +36,7 @@ class WrappedTable:
     changes what a block shows through :attr:`fields`, :meth:`heading` and :meth:`text`.
     """
 
-    def __init__(self, df, width: int = 110):
+    def __init__(self, df, width: int = WIDTH):
         if df is None or not len(df.columns):
             raise InputError("WrappedTable needs a DataFrame with at least one column")
         self.df = df.reset_index(drop=True)

@@ -8,7 +8,7 @@
 # - the method claims M1–M4 (can the measurements be trusted?) measured on your model (§7).
 #
 # *§1's figure:* left, one head's map in sequence order; middle, image first; right, 'triangle' puts
-# <!--num "notebooks/01_capture.ipynb#out:image rows read keys@4"-->0.99<!--/num--> of its row on one patch, the light square.
+# <!--num "notebooks/01_capture.ipynb#out:image rows read keys > the word puts@0"-->0.99<!--/num--> of its row on one patch, the light square.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/01_capture.png)
 
@@ -53,6 +53,7 @@ from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store, remove_store
+from unicache_lib.tables import wrap
 from unicache_lib.world import samples as sample_set
 from unicache_lib.zoo.loaders import is_stand_in, load_understanding
 
@@ -65,7 +66,8 @@ family = family_of(model)
 samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 tcfg = model.config.get_text_config()
 print(f"model: {MODEL} ({type(model).__name__}, family {family.name}) on {next(model.parameters()).device}, "
-      f"weights {next(model.parameters()).dtype}; language layers: {tcfg.num_hidden_layers}, heads: {tcfg.num_attention_heads}")
+      f"weights {next(model.parameters()).dtype}")
+print(f"language layers: {tcfg.num_hidden_layers}, heads: {tcfg.num_attention_heads}")
 print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.scene_type for s in samples})}")
 
 # %% [markdown]
@@ -109,7 +111,7 @@ first = cap.result[0]
 word0 = content_position(toks0, first.spans.text_index) if first.part != "cross" else first.probs.shape[1] - 1  # object/colour
 r0, h0, peak = reading_head([r for r in cap.result if r.part == first.part], word0)  # where the word reads the picture most
 print(f"shown: layer {r0.layer}, head {h0}, where the word {toks0[word0]!r} puts the most weight on one patch: "
-      f"{peak:.1f}× uniform (the largest of all {len(cap.result)} layers x {r0.probs.shape[0]} heads)")
+      f"{peak:.1f}× uniform\n  (the largest of all {len(cap.result)} layers x {r0.probs.shape[0]} heads)")
 named = [i for i, o in enumerate(s0.objects) if toks0[word0] in (o["shape"], o["colour"])]  # the object it names
 grid0, gtok0 = family.image_grid(model.config, inputs), family.grid_tokens(model.config, inputs)
 if named and grid0 is not None and r0.part != "cross" and s0.has_masks:
@@ -129,7 +131,7 @@ if r0.part != "cross":  # what this head's image rows avoid, and where the word'
     P0, keys = r0.probs[h0].float(), torch.as_tensor(r0.spans.image_index)
     seen = torch.stack([P0[keys[keys >= j], j].mean() for j in keys])  # per image key, mean over image rows that see it
     low, top = keys[seen.argsort()[:2]].tolist(), int(P0[word0].argmax())
-    print(f"image rows read keys {low} least ({seen.min():.3f}; median key {seen.median():.3f}); the word puts "
+    print(f"image rows read keys {low} least ({seen.min():.3f}; median key {seen.median():.3f});\nthe word puts "
           f"{P0[word0].max():.2f} of its row on key {top}, which image rows read {P0[keys[keys >= top], top].mean():.3f}")
 
 # %% [markdown]
@@ -138,9 +140,9 @@ if r0.part != "cross":  # what this head's image rows avoid, and where the word'
 # diagonal stripes (patches at fixed distances back) and avoid two columns of the left panel, sequence positions
 # <!--num "notebooks/01_capture.ipynb#out:image rows read keys" re="keys \[([0-9, ]+)\]"-->37, 28<!--/num--> (<!--num "notebooks/01_capture.ipynb#out:image rows read keys@2" fmt="{:.3f}"-->0.001<!--/num--> of a row
 # on average; the median key <!--num "notebooks/01_capture.ipynb#out:image rows read keys@3" fmt="{:.3f}"-->0.022<!--/num-->). The word's row is the opposite: it
-# puts <!--num "notebooks/01_capture.ipynb#out:image rows read keys@4"-->0.99<!--/num--> of its weight on one key,
-# <!--num "notebooks/01_capture.ipynb#out:image rows read keys@5"-->36<!--/num-->, a patch the image rows barely read
-# (<!--num "notebooks/01_capture.ipynb#out:image rows read keys@6" fmt="{:.3f}"-->0.006<!--/num-->) lying
+# puts <!--num "notebooks/01_capture.ipynb#out:image rows read keys > the word puts@0"-->0.99<!--/num--> of its weight on one key,
+# <!--num "notebooks/01_capture.ipynb#out:image rows read keys > the word puts@1"-->36<!--/num-->, a patch the image rows barely read
+# (<!--num "notebooks/01_capture.ipynb#out:image rows read keys > the word puts@2" fmt="{:.3f}"-->0.006<!--/num-->) lying
 # <!--num "notebooks/01_capture.ipynb#out:its brightest patch is" re="patch is ([onf]+) the"-->on<!--/num--> the
 # triangle it names: <!--num "notebooks/01_capture.ipynb#out:shown: layer@2" fmt="{:.1f}"-->71.5<!--/num-->× uniform,
 # so the right panel's scale runs so high that the even line (1, cyan) sits at its foot; every other patch is below
@@ -197,8 +199,8 @@ re_vs_stats = max(
     for r in cap_stats.result for k in r.data)
 memory = {"full": cap.result.nbytes(), "stats": cap_stats.result.nbytes(), "recompute": cap_re.result.nbytes()}
 print(f"bytes kept for one sample, all layers: {memory}")
-print(f"stats mode vs statistics of full maps: max |diff| = {full_vs_stats:.1e}; "
-      f"recompute (sdpa) vs stats (eager): max |diff| = {re_vs_stats:.1e}")
+print(f"stats mode vs statistics of full maps: max |diff| = {full_vs_stats:.1e}")
+print(f"recompute (sdpa) vs stats (eager): max |diff| = {re_vs_stats:.1e}")
 
 # %%
 fig = plots.bars({k: v / 1024 for k, v in memory.items()}, "memory kept per sample", "KiB", log=True)
@@ -325,7 +327,7 @@ def padded_batch():
 
 # NBVAL_CHECK_OUTPUT
 for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa_weights), ("padded batch", padded_batch)]:
-    print(f"- {name}:\n    {message(fn)}")
+    print(f"- {name}:\n" + wrap(f"    {message(fn)}"))
 
 # %% [markdown]
 # Each mistake stops with an error naming the cause and the fix; fp16 statistics (the fourth row) are no error.
@@ -348,7 +350,7 @@ board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([
 CL.declare(board, ANCHOR_K)  # the rules of M1-M4, as data in unicache_lib/analysis/capture_claims.py
 BIAS = CL.BIAS  # M1's threshold (unicache_lib/claims.py)
 for claim, r in board.rows.items():
-    print(f"{claim}: {r.rule_text}")
+    print(wrap(f"{claim}: {r.rule_text}"))
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -356,12 +358,12 @@ check = lambda: check_memory(full_capture_bytes(model, inputs), MEMORY_BUDGET_GB
 m1 = CL.measure_fp16_bias(board, model, processor, samples, check)
 # fp16 arithmetic moves these digits from machine to machine: the check against ±BIAS is printed, the values are in
 # scoreboard.json (docs/TESTING.md, "Checked outputs")
-print("M1 signed mean fp16 - fp32, 95% interval:", "; ".join(
+print("M1 signed mean fp16 - fp32, 95% interval:\n ", "; ".join(
     f"{k} {'inside' if -BIAS < iv.lo and iv.hi < BIAS else 'NOT inside'} ±{BIAS:g}" for k, iv in m1.items()))
 m2 = CL.measure_repeatability(board, model, processor, samples, res)  # a second capture of the same samples
 m3 = CL.measure_batch_anchors(board, res, family.image_part, ANCHOR_K)  # deepest layer that reads the image
 m4, gaps = CL.measure_between_sets(board, model, processor, res, family.image_part, PER_TYPE, SAMPLE_SEED)
-print(" | ".join(f"{k} {m.value:.4f} [{m.lo:.4f}, {m.hi:.4f}] (n = {m.n} {m.unit})" for k, m in (("M2", m2), ("M3", m3), ("M4", m4))))
+print("\n".join(f"{k} {m.value:.4f} [{m.lo:.4f}, {m.hi:.4f}] (n = {m.n} {m.unit})" for k, m in (("M2", m2), ("M3", m3), ("M4", m4))))
 print(gaps.round(4).to_string())
 reach = gaps[["A - B low", "A - B high"]].abs().max(axis=1)  # how far each statistic's interval reaches from 0
 print(f"widest interval of A - B: {reach.idxmax()}, reaching {reach.max():.4f}")
@@ -379,7 +381,7 @@ print(f"widest interval of A - B: {reach.idxmax()}, reaching {reach.max():.4f}")
 # The method claims: can the measurements be trusted before any of them feeds a cache decision?
 
 # %%
-from unicache_lib.claims import Markdown, claims_table
+from unicache_lib.claims import Markdown, claims_table, read  # read: a verdict with what it means
 
 claims_table("01_capture")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
@@ -408,14 +410,12 @@ n_img = spans.n_image  # M3's chance level: the mean Jaccard of two random top-k
 chance = sum(math.comb(ANCHOR_K, t) * math.comb(n_img - ANCHOR_K, ANCHOR_K - t) * t / (2 * ANCHOR_K - t)
              for t in range(ANCHOR_K + 1)) / math.comb(n_img, ANCHOR_K)  # inconclusive: the rough number of samples per set that would settle it
 Markdown("\n".join([
-    f"- **M1 {v['M1']}**: the signed fp16 bias is at most {worst_bias:.0e}, {'inside' if worst_bias < BIAS else 'outside'} "
-    f"±{BIAS:g}: " + ("fp16 arithmetic on the statistics is harmless (the library computes them in fp32 anyway); "
-                      "whether fp16/bf16 weights change the maps themselves is exercise 3." if worst_bias < BIAS
-                      else "compute the statistics in fp32."),
+    f"- **M1 {read('M1', v['M1'])}**: the signed fp16 bias is at most {worst_bias:.0e}, {'inside' if worst_bias < BIAS else 'outside'} "
+    f"±{BIAS:g}" + (" (the library computes them in fp32 anyway); whether fp16/bf16 weights change the maps themselves "
+                    "is exercise 3." if worst_bias < BIAS else ": compute the statistics in fp32."),
     f"- **M2 {v['M2']}**: two captures differ by at most {m2.value:.0e}" + (", identical on one machine." if m2.value == 0 else "."),
-    f"- **M3 {v['M3']}**: batch averaging leaves a sample a Jaccard of {m3.value:.2f} [{m3.lo:.2f}, {m3.hi:.2f}] of its "
-    f"top-{ANCHOR_K} anchors (two random sets of {ANCHOR_K} of its {n_img} image positions: {chance:.2f}): design "
-    f"policies on per-sample captures.",
+    f"- **M3 {read('M3', v['M3'])}**: batch averaging leaves a sample a Jaccard of {m3.value:.2f} [{m3.lo:.2f}, {m3.hi:.2f}] of its "
+    f"top-{ANCHOR_K} anchors (two random sets of {ANCHOR_K} of its {n_img} image positions: {chance:.2f}).",
     f"- **M4 {v['M4']}**: the largest headline difference between two disjoint sets is {m4.value:.4f}, its 95% interval "
     f"[{m4.lo:.4f}, {m4.hi:.4f}] " + ("reaching past ±0.02: use more samples per set before comparing models at 2 decimals"
                                       if m4.hi >= 0.02 else "inside ±0.02: sets compare at 2 decimals")
@@ -425,26 +425,17 @@ Markdown("\n".join([
     f"{memory['full'] / memory['stats']:.0f}x less memory."]))
 
 # %%
-decisions = pd.DataFrame([
-    ("fp16 bias of the statistics' arithmetic (M1)", f"{worst_bias:.0e}",
-     f"inside ±{BIAS:g}: fp16 arithmetic is harmless (the library uses fp32 anyway); before loading your model in "
-     "bf16/fp16 to save memory, check that its maps match fp32 (exercise 3)" if worst_bias < BIAS
-     else f"the bias reaches ±{BIAS:g}: compute the statistics in fp32", "DTYPE, exercise 3"),
-    ("max |difference| between two captures (M2)", f"{m2.value:.0e}",
-     "non-zero: a non-deterministic kernel or unfixed seed; fix it before comparing policies", "01 §7, SEED"),
-    (f"anchor Jaccard after batch averaging (M3, k={ANCHOR_K})", f"{m3.value:.2f}",
-     "below ~0.5: never design a cache policy on batch-averaged maps; capture per sample", "ANCHOR_K, capture_samples"),
-    ("largest between-set difference (M4): value, 95% interval", f"{m4.value:.4f} [{m4.lo:.4f}, {m4.hi:.4f}]",
-     "decide on the interval's upper bound, not the value: "
-     + ("above ~0.02 (as here): use more samples per type before comparing models" if m4.hi >= 0.02 else
-        "below 0.02 (as here): the set's headline numbers can be compared across models at 2 decimals; above it, "
-        "use more samples per type") + (f" ({m4_note})" if m4_note else ""), "PER_TYPE, SAMPLE_SEED"),
-    ("bytes of a full capture vs stats (this model)", f"{memory['full']:,} vs {memory['stats']:,}",
-     "maps grow as S² x layers x heads: at 7B size a full capture is gigabytes per sample (§3 quotes the benchmark); "
-     "capture stats, or full maps for a few layers", "MEMORY_BUDGET_GB, 02: LAYERS"),
-], columns=["measurement", "value here", "what it suggests on your model", "where"])
-Markdown("\n".join(["| " + " | ".join(decisions.columns) + " |", "|---|---|---|---|"] + [  # one line per row
-    "| " + " | ".join(str(x).replace("|", "\\|") for x in row) + " |" for row in decisions.itertuples(index=False)]))
+from unicache_lib.claims import decision_table
+
+decision_table([  # each claim's row: what was measured here; what to do and where: the claim's advice (claims.py)
+    ("M1", "fp16 bias of the statistics' arithmetic (M1)", f"{worst_bias:.0e}"),
+    ("M2", "max |difference| between two captures (M2)", f"{m2.value:.0e}"),
+    ("M3", f"anchor Jaccard after batch averaging (M3, k={ANCHOR_K})", f"{m3.value:.2f}"),
+    ("M4", "largest between-set difference (M4): value, 95% interval", f"{m4.value:.4f} [{m4.lo:.4f}, {m4.hi:.4f}]", m4_note),
+    {"measurement": "bytes of a full capture vs stats (this model)", "value here": f"{memory['full']:,} vs {memory['stats']:,}",
+     "what it suggests on your model": "maps grow as S² x layers x heads: at 7B size a full capture is gigabytes per sample "
+     "(§3 quotes the benchmark); capture stats, or full maps for a few layers", "where": "MEMORY_BUDGET_GB, 02: LAYERS"},
+], "01_capture", v)
 
 # %% [markdown]
 # **Reading the decision table.** Run it on your model (exercise 5) before trusting numbers from 02–08.
