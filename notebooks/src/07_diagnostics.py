@@ -59,6 +59,7 @@ from unicache_lib.families import family_of
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.tables import wrap
 from unicache_lib.world import samples as sample_set
 from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding
 from unicache_lib.world.questions import heldout_set
@@ -116,18 +117,18 @@ if picked:
             k = int(patch_grid_masks(sc.masks, grid).ravel()[int((w[gtok] if gtok is not None else w).argmax())])
             on = f"the {sc.objects[k].colour} {sc.objects[k].shape}" if k >= 0 else "background"
             where = f"; brightest patch on {on}"
-        print(f"{kind}: {qas[i].question!r} -> '{A.prediction.iloc[i]}' (reference '{qas[i].answer}'); {sc.scene_type} scene; coverage "
-              f"{A.coverage.iloc[i]:.2f} (mean over layers), peak {float(w.max()):.1f}x uniform{where}")
+        print(f"{kind}: {qas[i].question!r} -> '{A.prediction.iloc[i]}' (reference '{qas[i].answer}'), {sc.scene_type} scene\n"
+              f"  coverage {A.coverage.iloc[i]:.2f} (mean over layers), peak {float(w.max()):.1f}x uniform{where}")
 
 # %% [markdown]
 # **What to look at.** Whether the wrong answer's position reads the picture less than the right one's: coverage (its
 # attention mass on the image, mean over layers)
-# <!--num "notebooks/07_diagnostics.ipynb#out:right: " re="coverage ([0-9.]+)"-->0.55<!--/num--> for the right answer,
-# <!--num "notebooks/07_diagnostics.ipynb#out:wrong: " re="coverage ([0-9.]+)"-->0.58<!--/num--> for the wrong one, whose
+# <!--num "notebooks/07_diagnostics.ipynb#out:right:  > coverage" re="coverage ([0-9.]+)"-->0.55<!--/num--> for the right answer,
+# <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="coverage ([0-9.]+)"-->0.58<!--/num--> for the wrong one, whose
 # brightest patch lies on
-# <!--num "notebooks/07_diagnostics.ipynb#out:wrong: " re="brightest patch on (.*)$" missing="(not measurable here)"-->the orange circle<!--/num-->.
+# <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="brightest patch on (.*)$" missing="(not measurable here)"-->the orange circle<!--/num-->.
 # Here the wrong answer did not look away: it looked, and took an object of the asked colour for the asked shape. (The
-# grey strips along the top and bottom of the left scene are text-like glyphs: a <!--num "notebooks/07_diagnostics.ipynb#out:right: " re="; (\w+) scene;"-->text<!--/num--> scene.) One pair is an anecdote; §1 asks it of all
+# grey strips along the top and bottom of the left scene are text-like glyphs: a <!--num "notebooks/07_diagnostics.ipynb#out:right: " re=", (\w+) scene$"-->text<!--/num--> scene.) One pair is an anecdote; §1 asks it of all
 # the questions.
 
 # %%
@@ -179,28 +180,28 @@ print(f"coverage of right answers: {mid(A.coverage[~wrong])}; of wrong answers: 
 n_wrong = int(wrong.sum())
 if "lo" in roc:
     c, f = roc.loc["coverage (low = suspect)"], roc.loc["confidence (baseline)"]
-    print(f"Coverage: AUROC {c.auroc:.2f} [{c.lo:.2f}, {c.hi:.2f}] as the claim orients it -> direction {c.direction}, "
-          f"strength {c.strength:.2f}; separates: {c.separates}.")
+    print(f"Coverage: AUROC {c.auroc:.2f} [{c.lo:.2f}, {c.hi:.2f}] as the claim orients it -> direction {c.direction},\n"
+          f"  strength {c.strength:.2f}; separates: {c.separates}.")
     if c.direction == "inverted" and c.separates == "yes":
-        print(f"  Read it as: wrong answers put MORE of their attention on the image than right ones (strength {c.strength:.2f}), "
-              "the opposite of U12's mechanism.")
+        print(wrap(f"  Read it as: wrong answers put MORE of their attention on the image than right ones (strength "
+                   f"{c.strength:.2f}), the opposite of U12's mechanism."))
     print(f"Confidence: AUROC {f.auroc:.2f} [{f.lo:.2f}, {f.hi:.2f}] -> the baseline to beat.")
     absent = ((A.qtype == "exists") & (A.answer == "no")).to_numpy()
     if 2 <= int((wrong & absent).sum()) <= int(absent.sum()) - 2:
         w = auroc_interval(-A.coverage[absent], wrong[absent])
-        print(f"Within the {int(absent.sum())} absent-object questions only ({int((wrong & absent).sum())} wrong): coverage AUROC "
+        print(f"Within the {int(absent.sum())} absent-object questions only ({int((wrong & absent).sum())} wrong):\n  coverage AUROC "
               f"{w.value:.2f} [{w.lo:.2f}, {w.hi:.2f}] ({read_auroc(w)['direction']}; separates: {read_auroc(w)['separates']}).")
     half = float((roc.hi - roc.lo).max() / 2)
-    print(f"What {n_wrong} wrong answers can show: an AUROC to about ±{half:.2f}, " + ("enough to tell whether a signal clears "
-          "a 0.7 bar or points the other way" if half < 0.15 else "too wide to place a signal against a 0.7 bar") +
-          ". What they cannot show: how the score behaves on "
-          f"error types that barely occur here ({A[wrong].groupby(['qtype', 'answer']).size().to_dict()}), or on a model "
-          "that errs for other reasons.")
+    print(wrap(f"What {n_wrong} wrong answers can show: an AUROC to about ±{half:.2f}, " + ("enough to tell whether a signal "
+               "clears a 0.7 bar or points the other way" if half < 0.15 else "too wide to place a signal against a 0.7 bar")
+               + ". What they cannot show: how the score behaves on "
+               f"error types that barely occur here ({A[wrong].groupby(['qtype', 'answer']).size().to_dict()}), or on a "
+               "model that errs for other reasons."))
 
 # %% [markdown]
 # **What this run shows.** The coverage signal is real but points the other way (AUROC
 # <!--num "notebooks/07_diagnostics.ipynb#out:Coverage: AUROC@0" fmt="{:.2f}"-->0.31<!--/num-->, interval wholly below chance). Within the
-# absent-object questions, where almost all errors sit, it is <!--num "notebooks/07_diagnostics.ipynb#out:Within the@2" fmt="{:.2f}"-->0.11<!--/num-->:
+# absent-object questions, where almost all errors sit, it is <!--num "notebooks/07_diagnostics.ipynb#out:Within the > coverage AUROC@0" fmt="{:.2f}"-->0.11<!--/num-->:
 # a hallucinating answer reads the image *harder*, as if searching for the object. Confidence separates far better,
 # and combining the two, coverage taken in the claim's direction, hurts (AUROC <!--num "notebooks/07_diagnostics.ipynb#out:coverage + confidence (rank mean)@0" fmt="{:.2f}"-->0.67<!--/num-->).
 # So few errors of one kind make this a hypothesis to test on a larger model, not a rule.
@@ -247,7 +248,7 @@ for name, broken in (("zeroed features", lambda: zero_image_features(model)), ("
         model, 0)), (masked_name, lambda: mask_image_attention(model, MASK_FROM_LAYER))):
     with broken():
         ACC[name] = accuracy(few_qas)
-print(f"image share of text queries' reads, per layer, over {len(samples)} samples (cut-off {CUTOFF:.0%}, warning {WARN:.0%}); "
+print(f"image share of text queries' reads, per layer, over {len(samples)} samples (cut-off {CUTOFF:.0%}, warning {WARN:.0%});\n"
       f"accuracy on {len(few_qas)} questions")
 print(det.drop(columns=["breaks"]).assign(accuracy=pd.Series(ACC)).to_string(float_format=lambda x: f"{x:.3f}"))  # breaks: §2's list
 
@@ -279,11 +280,11 @@ print(f"Healthy: lowest layer {hl.idxmin()} at {hl.min():.3f} (cut-off {CUTOFF:.
 for n in [n for n in det.index if n not in ("healthy", masked_name)]:
     r = det.loc[n]
     dep = r["image dependence (KL)"]
-    print(f"{n}: fires {bool(r.fires)}, lowest share {r[layer_cols].astype(float).min():.3f}, image dependence {dep:.3f} -> "
+    print(f"{n}: fires {bool(r.fires)}, lowest share {r[layer_cols].astype(float).min():.3f}, image dependence {dep:.3f}"
+          f"; accuracy {ACC[n]:.3f} (healthy {ACC[DG.HEALTHY]:.3f})\n  -> "
           + ("the share sees it" if r.fires else "the share misses it; " + (
               "image dependence catches it (near 0)" if dep < 0.1 * dep0 else
-              f"image dependence keeps {dep / dep0:.0%} of the healthy value, so it misses it too"))
-          + f"; accuracy {ACC[n]:.3f} (healthy {ACC[DG.HEALTHY]:.3f})")
+              f"image dependence keeps {dep / dep0:.0%} of the healthy value, so it misses it too")))
 print(f"{masked_name}: fires {bool(det.loc[masked_name, 'fires'])} from layer {det.loc[masked_name, 'first cut-off layer']} "
       "(by construction: it zeroes the very share the detector reads).")
 
@@ -295,7 +296,7 @@ print(f"{masked_name}: fires {bool(det.loc[masked_name, 'fires'])} from layer {d
 # Image dependence catches the first two (KL <!--num "notebooks/07_diagnostics.ipynb#out:zeroed features: fires@1" fmt="{:.3f}"-->0.000<!--/num--> and
 # <!--num "notebooks/07_diagnostics.ipynb#out:blank image: fires@1" fmt="{:.3f}"-->0.014<!--/num--> against a healthy
 # <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@2" fmt="{:.2f}"-->5.86<!--/num-->), not the third, which keeps
-# <!--num "notebooks/07_diagnostics.ipynb#out:zeroed image values: fires@2"-->56<!--/num-->% of it. The answers tell all three: accuracy falls from
+# <!--num "notebooks/07_diagnostics.ipynb#out:zeroed image values: fires > -> @0"-->56<!--/num-->% of it. The answers tell all three: accuracy falls from
 # <!--num "notebooks/07_diagnostics.ipynb#out:zeroed features: fires" re="healthy ([0-9.]+)"-->0.980<!--/num--> to <!--num "notebooks/07_diagnostics.ipynb#out:zeroed features: fires" re="; accuracy ([0-9.]+)"-->0.305<!--/num--> (zeroed features), <!--num "notebooks/07_diagnostics.ipynb#out:blank image: fires" re="; accuracy ([0-9.]+)"-->0.295<!--/num--> (blank image) and
 # <!--num "notebooks/07_diagnostics.ipynb#out:zeroed image values: fires" re="; accuracy ([0-9.]+)"-->0.460<!--/num--> (zeroed image values).
 
@@ -329,15 +330,15 @@ from unicache_lib.diagnostics.report import load_store  # noqa: E402
 blocks = [r for r in load_store(ustore)[0] if "blocks" in r.data]  # the records the modality-blocks figure averages
 if blocks:
     b = np.mean([r.data["blocks"].mean(0).numpy() for r in blocks], 0)
-    print(f"{Path(MODEL).name}: modality blocks, share of the whole map (mean of {len(blocks)} records): "
+    print(f"{Path(MODEL).name}: modality blocks, share of the whole map (mean of {len(blocks)} records):\n  "
           + ", ".join(f"{k} {v:.3f}" for k, v in zip(BLOCKS, b)))
 for png in sorted(page.parent.glob("*_blocks.png"))[:1]:
     display(Image(filename=str(png)))
 
 # %% [markdown]
 # **Reading it.** Text queries reading the image take
-# <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share" re="text->image ([0-9.]+)"-->0.082<!--/num--> of the whole map, image queries
-# reading it <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share" re="image->image ([0-9.]+)"-->0.709<!--/num-->: the text's share is small because image tokens are most of the
+# <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share > text->image" re="text->image ([0-9.]+)"-->0.082<!--/num--> of the whole map, image queries
+# reading it <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share > image->image" re="image->image ([0-9.]+)"-->0.709<!--/num-->: the text's share is small because image tokens are most of the
 # queries, whatever the text does. §2's detector divides by what the text queries read instead (healthy: <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@0"-->0.394<!--/num--> or more per layer).
 
 # %% [markdown]
@@ -370,21 +371,21 @@ board.show()
 
 # %% [markdown]
 # **Reading the scoreboard.** U10
-# <!--num "notebooks/07_diagnostics.ipynb#out:U10 · " re="U10 · (.+)"-->partly<!--/num-->: quiet when healthy (a), blind to the breaks
+# <!--num data/results/07_diagnostics.json#[claim=U10].verdict-->partly<!--/num-->: quiet when healthy (a), blind to the breaks
 # it is meant to catch (b): a share measures *where* the text looks, not whether what it finds carries anything. (a)
 # and (b) print one value: the break
 # with the highest lowest layer, zeroed image values, leaves the attention weights, and so the share, as healthy. U12
-# <!--num "notebooks/07_diagnostics.ipynb#out:U12 · " re="U12 · (.+)"-->does not hold<!--/num-->, inverted; its (b), <!--num "notebooks/07_diagnostics.ipynb#out:U12 · > value@1" fmt="{:+.2f}"-->-0.64<!--/num-->, is coverage's AUROC minus confidence's. Both rest on stand-in quantities: U12 speaks of a *noun's*
+# <!--num data/results/07_diagnostics.json#[claim=U12].verdict-->does not hold<!--/num-->, inverted; its (b), <!--num data/results/07_diagnostics.json#[claim=U12].criteria[name=b].value fmt="{:+.2f}"-->-0.64<!--/num-->, is coverage's AUROC minus confidence's. Both rest on stand-in quantities: U12 speaks of a *noun's*
 # attention, measured here at the last prompt position (answers are one word); U10 of a layer's
 # [cross-modal share](../docs/GLOSSARY.md#cross-modal-share), measured as the
 # [image share](../docs/GLOSSARY.md#image-share) of the text queries' reads (§2).
 #
 # ## Recap: what this run showed
 #
-# - **U12** <!--num "notebooks/07_diagnostics.ipynb#out:U12 · " re="U12 · (.+)"-->does not hold<!--/num-->: coverage AUROC <!--num "notebooks/07_diagnostics.ipynb#out:Coverage: AUROC@0" fmt="{:.2f}"-->0.31<!--/num-->,
+# - **U12** <!--num data/results/07_diagnostics.json#[claim=U12].verdict-->does not hold<!--/num-->: coverage AUROC <!--num "notebooks/07_diagnostics.ipynb#out:Coverage: AUROC@0" fmt="{:.2f}"-->0.31<!--/num-->,
 #   inverted; confidence (<!--num "notebooks/07_diagnostics.ipynb#out:Confidence: AUROC@0" fmt="{:.2f}"-->0.95<!--/num-->) is the signal to beat. On
 #   your model, monitor confidence before keying a cache on coverage.
-# - **U10** <!--num "notebooks/07_diagnostics.ipynb#out:U10 · " re="U10 · (.+)"-->partly<!--/num-->: the healthy model is quiet (lowest share
+# - **U10** <!--num data/results/07_diagnostics.json#[claim=U10].verdict-->partly<!--/num-->: the healthy model is quiet (lowest share
 #   <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@0"-->0.394<!--/num-->), but the share fires on none of the three real breaks,
 #   and image dependence misses zeroed image values. After a cache or pruning change, run image dependence and
 #   accuracy beside the share: only accuracy caught all three.
