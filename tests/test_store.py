@@ -156,48 +156,6 @@ def test_resumed_capture_in_another_mode_is_refused_before_skipping_anything(tmp
         capture_samples(model, processor, samples[:1], store=st, mode="full", layers=[0], progress=False)
 
 
-def to_former_format(path):
-    """Rewrite every rank's log as the index of the former format (one ``index-rankNNNNN.json`` per rank, as stores
-    were written before the log): ``{"format": 1, "rank": r, "records": [entry, ...]}``."""
-    for log in sorted(path.glob("index-rank*.jsonl")):
-        rank = int(log.name[len("index-rank"):-len(".jsonl")])
-        records = [e for _, entries in log_lines(path, rank) for e in entries]
-        log.with_suffix(".json").write_text(json.dumps({"format": 1, "rank": rank, "records": records}))
-        log.unlink()
-
-
-def test_a_store_of_the_former_format_reads_and_takes_appends(tmp_path):
-    path = tmp_path / "s"
-    for r, samples in enumerate([(0, 1, 2), (3,)]):
-        st = Store(path, rank=r, meta={"model": "m"})
-        for s in samples:  # one chunk per sample, as a capture writes
-            st.write([rec(s, li, seed=s) for li in range(2)])
-        st.close()
-    want = {r.key: r for r in Store(path).read()}
-    to_former_format(path)
-    assert sorted(p.name for p in path.glob("index-rank*")) == ["index-rank00000.json", "index-rank00001.json"]
-    reader = Store(path)  # opened before the conversion: it must follow it
-    back = reader.read()
-    assert [r.key for r in back] == list(want) and reader.verify() == []
-    for r in back:
-        same(want[r.key], r)
-    assert [r.layer for r in reader.read(sample="1")] == [0, 1] and reader.missing(["2", "3", "4"], [0, 1]) == ["4"]
-    with pytest.raises(StoreError, match="already stored"):
-        Store(path).write([rec(1, 0)])
-    # rank 0's next write converts its index to a log (one line per former chunk) and appends to it
-    st = Store(path, meta={"model": "m"})
-    st.write([rec(4, li, seed=4) for li in range(2)])
-    assert sorted(p.name for p in path.glob("index-rank*")) == ["index-rank00000.jsonl", "index-rank00001.json"]
-    assert [[e["file"].split("/")[1] for e in entries] for _, entries in log_lines(path)] == \
-        [["chunk000000"] * 2, ["chunk000001"] * 2, ["chunk000002"] * 2, ["chunk000003"] * 2]
-    for st_ in (reader, Store(path)):
-        assert [r.sample for r in st_.read(layer=1)] == ["0", "1", "2", "4", "3"] and st_.verify() == []
-        same(rec(4, 1, seed=4), st_.read(sample="4", layer=1)[0])
-    # dropping from a rank of the former format converts it too; the dropped sample is missing again
-    assert Store(path).drop(["3|language|0|-1"]) == ["3|language|0|-1"]
-    assert not list(path.glob("index-rank*.json")) and reader.missing(["3", "4"], [0, 1]) == ["3"]
-
-
 def _counting(monkeypatch):
     """Bytes read from index files and lines whose records were parsed, from now on."""
     seen = {"bytes": 0, "lines": 0}

@@ -7,36 +7,61 @@ with :class:`LockedError` naming the holder (pid, host, since when, command).
 
 Linux and macOS (``fcntl``); on a file system without ``flock`` support (some network mounts) taking a
 lock raises ``OSError`` from the OS rather than pretending to hold it.
+
+A lock file sits in a folder someone may have shared: it is opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be a
+regular file, so a symbolic link planted under its name is never written through (the holder's pid and host would
+overwrite the file it points to) and a FIFO never blocks; what a holder wrote is read as untrusted text.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
 from pathlib import Path
 
-from .core.errors import LockedError
+from .core.errors import InputError, LockedError
+
+_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK  # a link planted under a lock's name is refused, a FIFO never blocks
+
+
+def _text(value, limit: int) -> str:
+    """``value`` from a lock file as one line of at most ``limit`` characters (it is untrusted text)."""
+    return " ".join(str(value).split())[:limit]
 
 
 def describe(holder: dict) -> str:
     """``pid 123 on host x since 2026-11-30 12:00:01 UTC (python -m ...)`` from a lock file's content."""
     if not holder:
         return "another process (it has not written its name yet)"
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder.get("since", 0)))
-    cmd = holder.get("cmd", "")
-    return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} since {since}"
-            + (f" ({cmd[:120]})" if cmd else ""))
+    try:
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder.get("since", 0)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        since = "an unknown time"
+    cmd = _text(holder.get("cmd", ""), 120)
+    return (f"pid {_text(holder.get('pid', '?'), 20)} on host {_text(holder.get('host', '?'), 80)} since {since}"
+            + (f" ({cmd})" if cmd else ""))
 
 
 def read_holder(path: Path) -> dict:
+    """What the holder wrote into the lock file ``path`` (``{}`` when it is not a regular file or holds no object)."""
     try:
-        return json.loads(Path(path).read_text() or "{}")
+        fd = os.open(path, os.O_RDONLY | _FLAGS)
+    except OSError:
+        return {}
+    try:
+        data = os.read(fd, 1 << 16) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        holder = json.loads(data or b"{}")
     except (OSError, ValueError):
         return {}
+    finally:
+        os.close(fd)
+    return holder if isinstance(holder, dict) else {}
 
 
 _HELD: dict[str, "WriterLock"] = {}  # lock file (absolute path) -> the lock this process holds on it
@@ -58,7 +83,8 @@ class WriterLock:
     def valid(self) -> bool:
         """True while the file we hold is still the one at ``path`` (not deleted or replaced)."""
         try:
-            return self.fd >= 0 and os.fstat(self.fd).st_ino == os.stat(self.path).st_ino
+            mine, there = os.fstat(self.fd), os.lstat(self.path)
+            return self.fd >= 0 and (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
         except OSError:
             return False
 
@@ -96,8 +122,18 @@ def acquire(path, what: str, advice: str) -> WriterLock:
             held._close()
         path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(10):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | _FLAGS, 0o644)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENXIO):
+                    raise
+                raise InputError(f"lock file {path} is a symbolic link or special file: a lock is never taken through "
+                                 f"one (it would write into what it points to). Remove it (os.unlink) and try "
+                                 f"again") from None
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise InputError(f"lock file {path} is not a regular file (a FIFO, device or folder): it is "
+                                     f"never written. Remove it (os.unlink) and try again")
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
@@ -152,10 +188,12 @@ def holder_if_held(path) -> dict | None:
     if held_here(path) is not None:
         return read_holder(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | _FLAGS)
     except OSError:
-        return None  # no lock file: nobody ever wrote, or the folder is gone
+        return None  # no lock file (nobody ever wrote, or the folder is gone), or a link: no lock of ours
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return read_holder(path) or {"pid": "?"}

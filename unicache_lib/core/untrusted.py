@@ -13,10 +13,14 @@ shown as typed instead of failing the figure.
 """
 from __future__ import annotations
 
+import errno
 import html
+import os
+import secrets
+import stat
 from pathlib import Path
 
-from .errors import InputError, MissingFileError
+from .errors import InputError, MissingFileError, UnicacheError
 
 
 def inside(base: str | Path, rel) -> Path | None:
@@ -70,3 +74,261 @@ def read_utf8(path: str | Path) -> str:
         raise InputError(f"{path}, line {line}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}): save the "
                          f"file as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path.name} > fixed && mv fixed "
                          f"{path.name}`") from e
+
+
+# ---- opening a file named by data: inside its folder, a regular file, a name that can exist ---------------------------
+# The rule of :func:`inside`, enforced where the file is opened: every part of the path is looked at with lstat
+# (never followed blindly), the file is opened through descriptors of its folders with O_NOFOLLOW, so a part swapped
+# for a symlink between the look and the open is refused too, and a FIFO, device, socket or folder is refused before
+# it is opened (a FIFO named like an index would hang the reader, a link to /dev/zero would fill memory). Writes never
+# go through a symbolic link, even one that stays inside. Each refusal is one line naming the file and the reason.
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: one part of a path, a whole path (Linux)
+_MAX_LINKS = 40  # symbolic links followed in one path before it is called a loop (the kernel's MAXSYMLINKS)
+_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+class _Refused(UnicacheError):
+    """Internal, never escapes: why a path is refused (turned into the caller's error class by :func:`_fail`)."""
+
+
+def name_problem(name) -> str | None:
+    """Why no file can have the path ``name`` (a reason to follow the name in a sentence), or ``None``: not a path,
+    empty, a NUL byte, a part longer than :data:`NAME_MAX` bytes or a whole longer than :data:`PATH_MAX`."""
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+    if not isinstance(name, str):
+        return f"is not a path but a {type(name).__name__}"
+    if not name:
+        return "is empty"
+    if "\x00" in name:
+        return "holds a NUL byte, which no file name can hold"
+    try:
+        raw = os.fsencode(name)
+    except UnicodeEncodeError:
+        return "holds a lone surrogate, which no file name can be encoded with"
+    longest = max(len(p) for p in raw.split(b"/"))
+    if longest > NAME_MAX or len(raw) >= PATH_MAX:
+        return (f"is too long to be a file name ({longest} bytes in its longest part, {len(raw)} in all; a file system "
+                f"takes {NAME_MAX} a part and {PATH_MAX - 1} in all)")
+    return None
+
+
+def file_kind(mode: int) -> str:
+    """``"a regular file"``, ``"a folder"``, ``"a FIFO (named pipe)"``, ... for an ``st_mode``."""
+    for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def _shown(rel) -> str:
+    return repr(rel) if not isinstance(rel, str) or len(rel) <= 80 else f"{rel[:60]!r}... ({len(rel)} characters)"
+
+
+def _fail(error, what: str, base, rel, reason: str, fix: str):
+    """Raise ``error`` with one line: what, the name, where, the reason, the fix."""
+    err = error(f"{what} {_shown(rel)} in {base} {reason}" + (f". {fix}" if fix else ""))
+    raise err from None
+
+
+def _link_reason(root: str, here: str, sub: str, write: bool, links: bool) -> tuple[str, str | None]:
+    """(why the symlink ``here`` is refused, or "" when it may be followed; its target resolved inside root)."""
+    target = os.readlink(here)
+    try:
+        os.stat(here)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{sub} a symbolic link loop (it never reaches a file)", None
+    real = os.path.realpath(os.path.join(os.path.dirname(here), target))
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        return f"{sub} a symbolic link to {target}, which points outside the folder: it is never followed", None
+    if write:
+        return f"{sub} a symbolic link (to {target}): nothing is ever written through a symbolic link", None
+    if not links:
+        return f"{sub} a symbolic link (to {target}), and links are not followed here", None
+    return "", real
+
+
+def _walk(base, rel, write: bool, links: bool) -> tuple[str, list[str], os.stat_result | None]:
+    """``(root, parts, st)``: ``base`` resolved, the parts of ``rel`` below it with the symlinks it may follow
+    resolved, and the lstat of the last part (``None``: it does not exist; the parts past the first missing one
+    follow it unresolved)."""
+    why = name_problem(rel)
+    if why:
+        raise _Refused(why)
+    rel = os.fspath(rel)
+    if rel.startswith("/") or ".." in rel.split("/"):
+        raise _Refused("points outside the folder (an absolute path or '..'): only files inside it are opened")
+    root = os.path.realpath(base)
+    todo = [p for p in rel.split("/") if p not in ("", ".")]
+    if not todo:
+        raise _Refused("names the folder itself, not a file in it")
+    parts: list[str] = []
+    hops = 0
+    while todo:
+        name = todo.pop(0)
+        here = os.path.join(root, *parts, name)
+        sub = "is" if not todo and not hops else f"passes through {'/'.join(parts + [name])},"
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return root, parts + [name] + todo, None
+        except OSError as e:
+            raise _Refused(f"cannot be looked at ({e.strerror})") from None
+        if stat.S_ISLNK(st.st_mode):
+            why, real = _link_reason(root, here, sub, write, links)
+            hops += 1
+            if why or hops > _MAX_LINKS:
+                raise _Refused(why or f"{sub} a symbolic link loop (it never reaches a file)")
+            below = os.path.relpath(real, root)
+            parts, todo = [], [p for p in below.split(os.sep) if p not in ("", ".")] + todo
+            continue
+        if todo and not stat.S_ISDIR(st.st_mode):
+            raise _Refused(f"passes through {'/'.join(parts + [name])}, which is {file_kind(st.st_mode)}, not a folder")
+        parts.append(name)
+    if not parts:
+        raise _Refused("names the folder itself, not a file in it")
+    return root, parts, st
+
+
+def _folder_fd(root: str, parts: list[str], create: bool) -> int:
+    """A descriptor of the folder ``root/parts``, every part opened with O_NOFOLLOW (created when missing and
+    ``create``)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for p in parts:
+            if create:
+                try:
+                    os.mkdir(p, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            nfd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except FileNotFoundError:
+        os.close(fd)
+        raise _Refused("is missing") from None
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Refused("changed while it was opened (a part of it became a symbolic link or a file)") from None
+        raise _Refused(f"cannot be opened ({e.strerror})") from None
+    return fd
+
+
+def stat_inside(base, rel, *, links: bool = True, write: bool = False, error=InputError, what: str = "file",
+                fix: str = "") -> os.stat_result | None:
+    """The lstat of the file ``base/rel`` checked as :func:`open_inside` checks it, without opening it; ``None`` when it
+    does not exist. Raises ``error`` (one line: what, the name, the reason, ``fix``) when the name cannot exist, leaves
+    ``base``, passes through a symbolic link it may not follow, or is not a regular file."""
+    try:
+        _, _, st = _walk(base, rel, write, links and not write)
+    except _Refused as e:
+        _fail(error, what, base, rel, str(e), fix)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        _fail(error, what, base, rel, _kind_reason(st.st_mode), fix)
+    return st
+
+
+def _kind_reason(mode: int) -> str:
+    kind = file_kind(mode)
+    return f"is {kind}, not a {'file' if stat.S_ISDIR(mode) else 'regular file'}: it is never opened"
+
+
+def open_inside(base, rel, flags: int = os.O_RDONLY, mode: int = 0o644, *, links: bool = True, error=InputError,
+                what: str = "file", fix: str = "") -> int:
+    """An OS descriptor (the caller closes it) of the regular file ``base/rel``: a path read from data, opened only when
+    it names a file that can exist, inside ``base`` after every symlink is resolved, and regular (a FIFO, device, socket
+    or folder is refused before it is opened). ``links=False`` refuses every symbolic link on the way; a write
+    (``flags`` with O_WRONLY, O_RDWR, O_CREAT, O_APPEND or O_TRUNC) always does, so nothing is written through one.
+    The folders are opened one by one with O_NOFOLLOW and the file with O_NOFOLLOW | O_NONBLOCK, then checked again
+    with fstat, so a part swapped in between is refused too. Raises ``error`` with one line: ``what``, the name, the
+    reason, then ``fix``."""
+    write = bool(flags & _WRITES)
+    try:
+        root, parts, st = _walk(base, rel, write, links and not write)
+        if st is None and not flags & os.O_CREAT:
+            raise _Refused("is missing")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise _Refused(_kind_reason(st.st_mode))
+        dfd = _folder_fd(root, parts[:-1], create=False)
+        try:
+            fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode, dir_fd=dfd)
+        except FileNotFoundError:
+            raise _Refused("is missing") from None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO, errno.ENOTDIR):
+                raise _Refused("changed while it was opened (it became a symbolic link or a special file)") from None
+            raise _Refused(f"cannot be opened ({e.strerror})") from None
+        finally:
+            os.close(dfd)
+        fst = os.fstat(fd)
+        if not stat.S_ISREG(fst.st_mode):
+            os.close(fd)
+            raise _Refused(_kind_reason(fst.st_mode))
+        return fd
+    except _Refused as e:
+        _fail(error, what, base, rel, str(e), fix)
+
+
+def read_inside(base, rel, *, offset: int = 0, links: bool = True, error=InputError, what: str = "file",
+                fix: str = "") -> bytes:
+    """The bytes of the regular file ``base/rel`` from ``offset`` on, opened by :func:`open_inside` (same checks)."""
+    fd = open_inside(base, rel, links=links, error=error, what=what, fix=fix)
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        return f.read()
+
+
+def folder_inside(base, rel: str, *, create: bool = False, error=InputError, what: str = "folder",
+                  fix: str = "") -> Path:
+    """``base/rel``, a real folder inside ``base`` (no symbolic link on the way, every part a folder), created with its
+    parents when missing and ``create``. Raises ``error`` (one line) otherwise."""
+    try:
+        root, parts, st = _walk(base, rel, True, False)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            raise _Refused(f"is {file_kind(st.st_mode)}, not a folder")
+        if st is None and not create:
+            raise _Refused("is missing")
+        os.close(_folder_fd(root, parts, create))
+    except _Refused as e:
+        _fail(error, what, base, rel, str(e), fix)
+    return Path(base) / rel
+
+
+def write_inside(base, rel: str, data: bytes, *, error=InputError, what: str = "file", fix: str = "") -> Path:
+    """Write ``data`` to ``base/rel`` atomically: a temporary file ``.NAME.XXXXXXXX.tmp`` beside it (created with O_EXCL
+    | O_NOFOLLOW), fsync'd, mode 0644, renamed over the name. The folders are checked and created as by
+    :func:`folder_inside`; an existing ``rel`` that is not a regular file (a link, FIFO, folder) is refused, so nothing
+    is written through a symbolic link. Returns ``base/rel``."""
+    try:
+        root, parts, st = _walk(base, rel, True, False)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise _Refused(_kind_reason(st.st_mode))
+        dfd = _folder_fd(root, parts[:-1], create=True)
+    except _Refused as e:
+        _fail(error, what, base, rel, str(e), fix)
+    name = parts[-1]
+    tmp = f".{name[:200]}.{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+            os.fchmod(fd, 0o644)  # stored files are meant to be shared, whatever the umask
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(dfd)
+    return Path(base) / rel

@@ -1,0 +1,373 @@
+"""A hostile store (issue #60): a store someone shared, with symbolic links out of it, FIFOs and devices under its
+names, names no file can have, and hand-appended index lines. The store never reads or writes outside its folder,
+never hangs or fills memory, never reads a record as another's, never loses a record a sound line names, and says
+why in one line (a :class:`~unicache_lib.core.errors.UnicacheError`).
+
+docs/FAULTS.md's "Hostile input" table lists these cases;
+tests/test_store_faults.py::test_fault_table_counts_come_from_the_tests checks its counts against the cases below."""
+import json
+import os
+import shutil
+import signal
+from contextlib import contextmanager
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from unicache_lib.core.errors import InputError, StoreError, UnicacheError
+from unicache_lib.core.untrusted import open_inside, read_inside, write_inside
+from unicache_lib.locks import describe
+from unicache_lib.store import Store, remove_store
+
+from .test_store_faults import check_intact, rec
+
+K0, K1 = "0|language|0|-1", "1|language|0|-1"
+HOLDER = '{"pid": 1, "host": "the outside file"}'
+
+
+@contextmanager
+def no_hang(seconds: int = 20):
+    """Fail (instead of hanging the suite) when the body blocks, e.g. on a FIFO."""
+    def alarm(*_):
+        raise TimeoutError(f"blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e)
+    assert "\n" not in msg and isinstance(e, UnicacheError), msg
+    return msg
+
+
+def two_samples(path, together=False):
+    """A sound store: samples 0 and 1 at layer 0, one chunk each (or one chunk, one file, slots 0 and 1)."""
+    s = Store(path, meta={"model": "m"})
+    if together:
+        s.write([rec(0, 0), rec(1, 0)])
+    else:
+        s.write([rec(0, 0)])
+        s.write([rec(1, 0)])
+    s.close()
+    return path / "index-rank00000.jsonl"
+
+
+def files_of(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+# ---- 1. symbolic links out of the store: never followed, never written through --------------------------------------
+@pytest.mark.parametrize("op", ["repair", "resumed write", "drop", "remove_store"])
+def test_a_lock_file_linked_outside_is_never_written_through(tmp_path, op):
+    """The lock file replaced by a symlink to a file outside: each of these used to overwrite that file with
+    {"pid": ..., "host": ...}. Now refused in one line naming the link; the outside file keeps its bytes."""
+    path = tmp_path / "s"
+    two_samples(path)
+    outside = tmp_path / "precious.txt"
+    outside.write_text("mine")
+    lock = path / ".lock-rank00000"
+    lock.unlink()
+    lock.symlink_to(outside)
+    calls = {"repair": lambda: Store(path).repair(), "resumed write": lambda: Store(path).write([rec(2, 0)]),
+             "drop": lambda: Store(path).drop([K0]), "remove_store": lambda: remove_store(path)}
+    with pytest.raises(StoreError) as e:
+        calls[op]()
+    assert ".lock-rank00000" in one_line(e.value) and "symbolic link" in str(e.value)
+    assert outside.read_text() == "mine" and lock.is_symlink()
+    assert check_intact(Store(path)) == {"0", "1"}
+    assert any(".lock-rank00000 is a symbolic link to" in p for p in Store(path).verify())
+    lock.unlink()  # the advice, followed
+    calls[op]()
+    assert outside.read_text() == "mine"
+
+
+@pytest.mark.parametrize("op", ["verify and repair", "write"])
+def test_a_rank_folder_linked_outside_is_never_followed(tmp_path, op):
+    """rank00001 a symlink to a folder outside: verify() used to list that folder's contents as leftovers and repair()
+    delete them; a write at rank 1 put its chunk there. Now the link is named, never followed, and nothing outside is
+    read, deleted or written."""
+    path = tmp_path / "s"
+    two_samples(path)
+    outside = tmp_path / "theirs"
+    (outside / "chunk000000").mkdir(parents=True)
+    (outside / "chunk000000" / "keep.npz").write_bytes(b"theirs")
+    (outside / ".x.tmp").write_bytes(b"theirs")
+    (path / "rank00001").symlink_to(outside)
+    if op == "write":
+        with pytest.raises(StoreError) as e:
+            Store(path, rank=1).write([rec(5, 0)])
+        assert "rank00001" in one_line(e.value) and "symbolic link" in str(e.value)
+    else:
+        (problem,) = Store(path).verify()
+        assert problem.startswith("rank00001 is a symbolic link to") and "never followed" in problem
+        assert Store(path).repair() == []
+        assert Store(path).verify() == [problem]  # left alone, still named
+    assert files_of(outside) == [".x.tmp", "chunk000000/keep.npz"]
+    assert check_intact(Store(path)) == {"0", "1"}
+
+
+# ---- 2. index lines that name another line's record: refused, reported, never losing a sound record ---------------
+def _append(log, line):
+    log.write_text(log.read_text() + json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def _forged(log, line_no=0, slot=None, sha=None, key="7|language|0|-1"):
+    """A copy of line ``line_no`` whose (first) entry is record ``key``, with ``slot`` / ``sha`` changed if given."""
+    head, recs = json.loads(log.read_text().splitlines()[line_no])
+    e = dict(recs[0], key=key, sample=key.split("|")[0])
+    e.update({k: v for k, v in (("slot", slot), ("sha256", sha)) if v is not None})
+    head = dict(head, keys=[key])
+    return [head, [e]]
+
+
+@pytest.mark.parametrize("chunk_in_head", [True, False], ids=["head-names-chunk", "older-head"])
+def test_a_new_key_with_a_wrong_slot_never_costs_a_sound_record(tmp_path, chunk_in_head):
+    """The lost case: a hand-appended line naming a new key in sample 0's file with a slot that file does not hold made
+    repair() call the whole file damaged, drop sample 0 and rename its file. Now only the forged record is dropped."""
+    log = two_samples(tmp_path / "s")
+    line = _forged(log, slot=7)
+    if not chunk_in_head:
+        line[0].pop("chunk")
+    _append(log, line)
+    st_ = Store(tmp_path / "s")
+    problems = st_.verify()
+    assert len(problems) == 1 and "7|language|0|-1" in problems[0] and "line 3 of index-rank00000.jsonl" in problems[0]
+    with pytest.raises(StoreError, match="line 1 wrote: an alias"):
+        st_.read(sample="7")
+    assert len(st_.read(sample="0")) == 1 and len(st_.read(sample="1")) == 1
+    before = files_of(tmp_path / "s" / "rank00000")
+    assert st_.repair() == ["7|language|0|-1"]
+    assert files_of(tmp_path / "s" / "rank00000") == before  # no file renamed
+    assert check_intact(Store(tmp_path / "s")) == {"0", "1"} and Store(tmp_path / "s").verify() == []
+
+
+@pytest.mark.parametrize("sha", ["same", "wrong"])
+def test_an_alias_of_another_samples_slot_is_never_read_as_it(tmp_path, sha):
+    """The silent case: a hand-appended line naming sample 0's file and slot under key 7 (with sample 0's checksum or a
+    wrong one) read back as sample 0's data under key 7, and verify() reported nothing."""
+    log = two_samples(tmp_path / "s")
+    _append(log, _forged(log, sha=None if sha == "same" else "0" * 64))
+    s = Store(tmp_path / "s")
+    with pytest.raises(StoreError) as e:
+        s.read(sample="7")
+    assert "record 7|language|0|-1 (line 3 of index-rank00000.jsonl)" in one_line(e.value)
+    assert "alias" in str(e.value) and "never read" in str(e.value)
+    (problem,) = s.verify()
+    assert "7|language|0|-1" in problem and "alias" in problem
+    got = s.read(sample="0")  # the sound records stay readable, exactly
+    assert len(got) == 1 and torch.equal(got[0].data["entropy"], rec(0, 0).data["entropy"])
+    assert s.repair() == ["7|language|0|-1"] and check_intact(s) == {"0", "1"} and s.verify() == []
+
+
+def test_a_wrong_checksum_in_a_sound_line_costs_that_record_only(tmp_path):
+    """One file holding samples 0 and 1 (slots 0, 1); sample 1's entry given a wrong SHA-256 by hand: used to read
+    back unchecked (the file was checked against the first entry only). Now refused and dropped alone; the file
+    stays."""
+    log = two_samples(tmp_path / "s", together=True)
+    head, recs = json.loads(log.read_text())
+    recs[1]["sha256"] = "0" * 64
+    log.write_text(json.dumps([head, recs]) + "\n")
+    s = Store(tmp_path / "s")
+    assert len(s.read(sample="0")) == 1
+    with pytest.raises(StoreError, match=r"checksum mismatch.*record 1\|language\|0\|-1"):
+        s.read(sample="1")
+    (problem,) = s.verify()
+    assert "record 1|language|0|-1 gives a checksum" in problem and "file stays" in problem
+    before = files_of(tmp_path / "s")
+    assert s.repair() == [K1] and files_of(tmp_path / "s") == before
+    assert check_intact(s) == {"0"} and s.missing(["0", "1"], [0]) == ["1"]
+
+
+def test_a_line_naming_another_ranks_chunk_is_refused(tmp_path):
+    path = tmp_path / "s"
+    two_samples(path)
+    log1 = path / "index-rank00001.jsonl"
+    head, recs = json.loads((path / "index-rank00000.jsonl").read_text().splitlines()[0])
+    recs[0].update(key="9|language|0|-1", sample="9")
+    log1.write_text(json.dumps([dict(head, keys=["9|language|0|-1"]), recs]) + "\n")
+    with pytest.raises(StoreError, match="outside rank00001/"):
+        Store(path).read(sample="9")
+    assert Store(path).repair() == ["9|language|0|-1"] and check_intact(Store(path)) == {"0", "1"}
+
+
+# ---- 3. FIFOs, devices, names no file can have, loops: one line each, no hang ----------------------------------------
+@pytest.mark.parametrize("where", ["index", "meta.json", "chunk file"])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_fifo_or_a_device_under_a_store_name_is_refused_before_it_is_opened(tmp_path, where, kind):
+    """A FIFO named as the index or meta.json used to hang the reader; a symlink to /dev/zero filled memory."""
+    path = tmp_path / "s"
+    log = two_samples(path)
+    target = {"index": log, "meta.json": path / "meta.json",
+              "chunk file": path / json.loads(log.read_text().splitlines()[0])[1][0]["file"]}[where]
+    target.unlink()
+    os.mkfifo(target) if kind == "fifo" else target.symlink_to("/dev/zero")
+    with no_hang():
+        with pytest.raises(StoreError) as e:
+            s = Store(path)
+            s.read_meta() if where == "meta.json" else s.read(sample="0")
+        msg = one_line(e.value)
+        assert target.name in msg and ("FIFO" in msg if kind == "fifo" else "/dev/zero" in msg and "outside" in msg)
+        if where == "chunk file":  # damaged, dropped by repair, the FIFO or link left where it is
+            assert Store(path).repair() == [K0] and check_intact(Store(path)) == {"1"}
+            assert os.path.lexists(target)
+        else:
+            with pytest.raises(StoreError):
+                Store(path, meta={"model": "m"}).write([rec(3, 0)])  # a resumed write neither hangs nor writes
+
+
+@pytest.mark.parametrize("name, says", [("rank00000/chunk000000/L0000\x00.npz", "NUL byte"),
+                                        ("rank00000/chunk000000/" + "L" * 300 + ".npz", "too long"),
+                                        ("rank00000/chunk000000/loop.npz", "symbolic link loop")])
+def test_names_that_cannot_exist_and_loops_get_their_own_message(tmp_path, name, says):
+    """NUL bytes and symlink loops used to be "points outside", a long name a raw ENAMETOOLONG."""
+    path = tmp_path / "s"
+    log = two_samples(path)
+    a = path / "rank00000" / "chunk000000"
+    (a / "loop.npz").symlink_to(a / "loop2.npz")
+    (a / "loop2.npz").symlink_to(a / "loop.npz")
+    head, recs = json.loads(log.read_text().splitlines()[0])
+    recs[0]["file"] = name
+    lines = log.read_text().splitlines()
+    lines[0] = json.dumps([head, recs])
+    log.write_text("\n".join(lines) + "\n")
+    s = Store(path)
+    with pytest.raises(StoreError) as e:
+        s.read(sample="0")
+    assert says in one_line(e.value) and "points outside" not in str(e.value)
+    assert s.repair() == [K0] and check_intact(s) == {"1"} and (a / "loop.npz").is_symlink()
+
+
+@pytest.mark.parametrize("folder, says", [("a\x00b", "NUL byte"), ("x" * 300, "too long")])
+def test_a_store_folder_no_file_system_can_hold_is_named(tmp_path, folder, says):
+    for call in (lambda: Store(tmp_path / folder), lambda: remove_store(tmp_path / folder)):
+        with pytest.raises(InputError) as e:
+            call()
+        assert says in one_line(e.value)
+
+
+def test_a_line_with_u2028_inside_a_string_reads_exactly(tmp_path):
+    """Valid JSONL may hold U+2028 / U+0085 raw inside a string (json.dumps(..., ensure_ascii=False)); lines end at
+    "\\n" only, so such a line reads exactly as written."""
+    path = tmp_path / "s"
+    s = Store(path)
+    odd = "a\u2028b\u0085c\u2029d"
+    r = rec(0, 0)
+    r.sample, r.meta = odd, {"note": odd}
+    s.write([r, rec(1, 0)])
+    log = path / "index-rank00000.jsonl"
+    raw = json.dumps(json.loads(log.read_text()), ensure_ascii=False, separators=(",", ":")) + "\n"
+    assert "\u2028" in raw
+    log.write_bytes(raw.encode())
+    (got,) = Store(path).read(sample=odd)
+    assert got.sample == odd and got.meta == {"note": odd} and torch.equal(got.data["entropy"], r.data["entropy"])
+    assert Store(path).verify() == []
+
+
+def test_a_lock_holder_is_described_in_one_line_whatever_it_wrote():
+    assert "\n" not in describe({"pid": "1\n2", "host": "h\nx", "since": "yesterday", "cmd": "a\nb"})
+    assert describe({"since": 1e300}).startswith("pid ? on host ? since an unknown time")
+
+
+def test_the_open_helpers_refuse_what_the_store_refuses(tmp_path):
+    """unicache_lib.core.untrusted's open_inside / read_inside / write_inside: the general rule the store uses."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out.txt").write_text("outside")
+    (tmp_path / "in" / "ok.txt").write_text("ok")
+    (tmp_path / "in" / "link").symlink_to("ok.txt")
+    (tmp_path / "in" / "out").symlink_to(tmp_path / "out.txt")
+    os.mkfifo(tmp_path / "in" / "fifo")
+    assert read_inside(tmp_path / "in", "link") == b"ok"  # a read may follow a link that stays inside
+    for rel, says in [("out", "points outside"), ("fifo", "FIFO"), ("../out.txt", "points outside"),
+                      ("nope", "missing"), ("a\x00", "NUL")]:
+        with no_hang(), pytest.raises(InputError, match=says):
+            read_inside(tmp_path / "in", rel)
+    with pytest.raises(InputError, match="links are not followed"):
+        read_inside(tmp_path / "in", "link", links=False)
+    for rel in ("link", "out"):  # nothing is written through a link, even one inside
+        with pytest.raises(InputError, match="symbolic link"):
+            write_inside(tmp_path / "in", rel, b"x")
+        with pytest.raises(InputError, match="symbolic link"):
+            open_inside(tmp_path / "in", rel, os.O_WRONLY | os.O_APPEND)
+    assert (tmp_path / "out.txt").read_text() == "outside" and (tmp_path / "in" / "ok.txt").read_text() == "ok"
+    write_inside(tmp_path / "in", "new/deep/f.txt", b"made")
+    assert (tmp_path / "in" / "new" / "deep" / "f.txt").read_bytes() == b"made"
+
+
+# ---- 4. property: every index line loads exactly as written or is refused with the library's error ----------------
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                            HealthCheck.too_slow])
+_text = st.text(max_size=6) | st.sampled_from(["\u2028", "a\u0085b", "\x00", "../x", "/abs", "L" * 300, "rank00000"])
+_value = st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats(allow_nan=False) | _text | \
+    st.lists(st.integers(0, 2), max_size=3) | st.dictionaries(_text, st.integers(), max_size=2)
+_FIELDS = ["key", "sample", "part", "layer", "step", "file", "slot", "arrays", "mode", "heads", "seq_len", "spans",
+           "query_stride", "key_stride", "sha256", "meta"]
+
+
+@pytest.fixture(scope="module")
+def sound_pair(tmp_path_factory):
+    """A sound store (samples 0 and 1, one file with slots 0 and 1), and the line a later write of sample 2 commits
+    with its chunk folder (copied in when an example appends that line)."""
+    path = tmp_path_factory.mktemp("pair") / "s"
+    s = Store(path)
+    s.write([rec(0, 0), rec(1, 0)])
+    s.write([rec(2, 0)])
+    s.close()
+    lines = (path / "index-rank00000.jsonl").read_text().splitlines(keepends=True)
+    (path / "index-rank00000.jsonl").write_text(lines[0])
+    return path, lines[1]
+
+
+@PROPERTY
+@given(base=st.sampled_from(["sample 2's line", "line 1 again"]), edits=st.lists(
+    st.tuples(st.integers(0, 1), st.sampled_from(_FIELDS), _value), max_size=2),
+       head_edit=st.sampled_from([None, "drop chunk", "chunk of line 1", "keys", "mode"]),
+       ascii=st.booleans(), torn=st.integers(0, 3))
+def test_property_index_lines_load_exactly_or_are_refused(tmp_path_factory, sound_pair, base, edits, head_edit,
+                                                          ascii, torn):
+    """A line appended to a sound index: sample 2's own line, or line 1 written again, with fields of its entries
+    replaced by generated values (texts with U+2028, NUL, '..', 300 characters; numbers; lists), its head edited, raw
+    non-ASCII, a torn tail. Whatever reads, reads exactly as the line says and exactly the data written under that
+    record's own key; anything else is refused with one of the library's errors."""
+    sound, line2 = sound_pair
+    path = tmp_path_factory.mktemp("p") / "s"
+    shutil.copytree(sound, path)
+    log = path / "index-rank00000.jsonl"
+    head, recs = json.loads(line2 if base == "sample 2's line" else log.read_text())
+    for i, field, value in edits:
+        if i < len(recs):
+            recs[i][field] = value
+    if head_edit == "drop chunk":
+        head.pop("chunk")
+    elif head_edit == "chunk of line 1":
+        head["chunk"] = "rank00000/chunk000000"
+    elif head_edit == "keys":
+        head["keys"] = head["keys"][::-1]
+    elif head_edit == "mode":
+        head["mode"] = "full"
+    text = json.dumps([head, recs], ensure_ascii=ascii, separators=(",", ":"))
+    log.write_bytes(log.read_bytes() + text.encode("utf-8", "surrogatepass") + b"\n" + b"[{"[:torn])
+    written = {f"{s}|language|0|-1": rec(s, 0) for s in (0, 1, 2)}
+    try:
+        s = Store(path)
+        got = s.read()
+        entries = {e["key"]: e for e in s.index()}
+    except UnicacheError as e:
+        assert "\n" not in str(e)
+        event("refused")
+        return
+    event(f"read {len(got)} records")
+    on_disk = {e["key"]: e for _, es in (json.loads(x) for x in log.read_bytes().split(b"\n")[:-1]) for e in es}
+    assert entries == {k: on_disk[k] for k in entries}  # every entry as the line wrote it
+    for r in got:
+        key = f"{r.sample}|{r.part}|{r.layer}|{r.step}"
+        assert key in written, key  # no record under a key nobody wrote
+        want = written[key]
+        assert all(torch.equal(r.data[k], want.data[k]) for k in want.data), r.key  # nothing invented
