@@ -30,6 +30,7 @@ from .claims import CLAIMS
 from .core.untrusted import html_text
 from .core.errors import ContractError, InputError, UnknownNameError
 from .intervals import Interval, n_to_settle
+from .tables import wrap
 from .store import _atomic_write_bytes
 
 HOLDS, NOT, INCONCLUSIVE, PARTLY = "holds", "does not hold", "inconclusive", "partly"
@@ -308,7 +309,9 @@ class Scoreboard:
 
     def criteria_lines(self, *claims: str, fmt: str = ".4g", shown: bool = True) -> str:
         """Each claim as its notebook section measured it: per criterion the value and 95% interval (``fmt``), the
-        rule and the decision, then the verdict (with its note and, if ``shown``, what was measured)."""
+        rule and the decision, then the verdict (with its note and, if ``shown``, what was measured); a line longer
+        than 110 characters continues on an indented one (:func:`~unicache_lib.tables.wrap`), the numbers that open
+        it stay on its first."""
         lines = []
         for c in claims:
             r = self.rows[c]
@@ -319,7 +322,7 @@ class Scoreboard:
                                  f"{crit.decide(m.lo, m.hi)}")
             lines.append(f"{c} verdict: {r.verdict}" + (f" ({r.note})" if r.note else "")
                          + (f"; measured: {r.shown}" if shown and r.shown else ""))
-        return "\n".join(lines)
+        return "\n".join(wrap(line) for line in lines)
 
     def why_inconclusive(self) -> list[str]:
         """Per inconclusive claim: each undecided criterion's interval, the threshold it straddles, which side the
