@@ -7,11 +7,18 @@ A :class:`Claim` is the one source: the scoreboard's statements (:data:`CLAIMS`)
 ``tools/doc_numbers.py``) and the tests' expectations of which rows each notebook writes are all made from it.
 Adding a claim is one entry here plus the function that measures it (see docs/FORKING.md).
 
+A claim also carries what its result means for the reader's model, written once beside it: :class:`Advice` (the
+measurement → action, and the :class:`Place` to act: lesson, section, policy, parameter), from which every decision
+table row about the claim is made (:func:`advice`, :func:`decision_rows`, :func:`decision_table`), and ``meaning``,
+what each verdict means, shown beside it (:func:`read`; the scoreboard does) so that a claim whose failure is the
+reader's good news reads forwards ("does not hold — fp16 is safe for these statistics").
+
 A rule's text and thresholds may name a value known only when the lesson runs (``{k}`` in the text, ``"u3_bar"`` as
 a threshold): :func:`rules_of` fills them from its keyword arguments and refuses a rule left unfilled.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .core.errors import InputError, UnknownNameError
@@ -26,6 +33,51 @@ NEGLECT_WARN = 0.15  # U9: text reads under this share of the image are not reac
 NEW, NEW_REUSE = "key_coverage", "step_skip"  # the designed policies the workbench's targets E1-E4 and R1-R3 are about
 LESSONS = ("01_capture", "02_understanding_maps", "03_diffusion_steps", "04_head_pruning", "05_kv_eviction",
            "06_step_reuse", "07_diagnostics", "08_architectures")
+DECISION_COLUMNS = ("measurement", "value here", "what it suggests on your model", "where")  # every decision table
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a reader acts on a claim's result: a ``lesson`` (two digits, ``"05"``), its ``section`` (``## N.``), the
+    ``policies`` to use there (names in ``kv.POLICIES`` or ``reuse.REUSE_POLICIES``), ``what`` is there (a few words),
+    its ``params`` (names in the lesson's parameters cell) and ``also`` (an exercise, a function). tests/test_advice.py
+    checks that the lesson has each of them. Shown as ``05 §3 (`key_coverage`), `BUDGETS```; inside its own lesson
+    without the lesson's number (``§3 ...``)."""
+
+    lesson: str
+    section: int | None = None
+    policies: tuple = ()
+    what: str = ""
+    params: tuple = ()
+    also: tuple = ()
+
+    def __post_init__(self):
+        if self.lesson not in {nb[:2] for nb in LESSONS}:
+            raise InputError(f"place {self.lesson!r}: a lesson is two digits, one of {', '.join(nb[:2] for nb in LESSONS)}")
+
+    def text(self, lesson: str | None = None) -> str:
+        """As a decision table's "where" shows it; ``lesson``: the lesson showing it (its own places drop the number)."""
+        own = lesson is not None and lesson[:2] == self.lesson
+        head = " ".join(x for x in ("" if own else self.lesson, f"§{self.section}" if self.section else "") if x)
+        inner = [f"`{p}`" for p in self.policies] + ([self.what] if self.what else [])
+        head += f" ({', '.join(inner)})" if inner else ""
+        tail = [f"`{p}`" for p in self.params] + list(self.also)
+        if not tail:
+            return head
+        return head + (": " if head == self.lesson else ", " if head else "") + ", ".join(tail)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What a claim's result means for the reader's own model, written once: ``act``, the measurement → action (which
+    way the number points and what to do each way, read without any verdict); ``where``, the places to act
+    (:class:`Place`); ``found``, what a later lesson measured about that action (``{"05 §8": "..."}``: a fixed result,
+    e.g. a decisive run's), appended wherever the advice is shown. A lesson adds its own run's result where it measures
+    it (``advice(..., found=...)``); the verdict's meaning (:attr:`Claim.meaning`) is added where a verdict is given."""
+
+    act: str
+    where: tuple[Place, ...]
+    found: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -34,7 +86,10 @@ class Claim:
     "Target:"); ``why``: what it decides for a cache (markdown, shown in the lesson's claims table); ``notebook``: the
     lesson that rules on it; ``rule``: what is measured, over which unit the 95% interval runs and the threshold(s);
     ``criteria``: ``{"": {"above": x}}`` for one criterion, ``{"a": {...}, "b": {...}}`` for several (each decided on
-    its own interval); ``section``: where in the lesson it is measured."""
+    its own interval); ``section``: where in the lesson it is measured; ``advice``: what its result means for the
+    reader's model and where to act (:class:`Advice`; every decision-table row about the claim is made from it);
+    ``meaning``: verdict -> what that verdict means for the reader, in a few words, shown beside the verdict (needed
+    where the claim's failure is good news: "does not hold" must not read as a warning)."""
 
     id: str
     statement: str
@@ -43,12 +98,18 @@ class Claim:
     rule: str
     criteria: dict = field(default_factory=dict)
     section: str = ""
+    advice: Advice | None = None
+    meaning: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.notebook not in LESSONS:
             raise InputError(f"claim {self.id}: notebook {self.notebook!r} is none of {', '.join(LESSONS)}")
         if not self.criteria:
             raise InputError(f"claim {self.id}: a rule needs at least one criterion")
+        unknown = set(self.meaning) - {"holds", "does not hold", "partly", "inconclusive"}
+        if unknown:
+            raise InputError(f"claim {self.id}: meaning for verdicts {sorted(unknown)}; a meaning is for holds, does "
+                             "not hold, partly or inconclusive")
 
     @property
     def target(self) -> bool:
@@ -62,29 +123,51 @@ _ALL = [
        "a biased eviction score ranks keys wrongly, consistently", "01_capture",
        f"per statistic (entropy, max weight, sum of squared weights), the signed mean fp16−fp32 difference lies "
        f"outside ±{BIAS:g} over its whole 95% interval over samples; holds if for every statistic, partly if for some",
-       {k: {"outside": (-BIAS, BIAS)} for k in STATISTICS}),
+       {k: {"outside": (-BIAS, BIAS)} for k in STATISTICS},
+       advice=Advice(f"a bias beyond ±{BIAS:g} ranks keys wrongly: compute the statistics in fp32 (the library does); "
+                     "before loading your model in bf16/fp16 to save memory, check that its maps match fp32",
+                     (Place("01", 7, params=("DTYPE",), also=("exercise 3",)),)),
+       meaning={"holds": "compute statistics in fp32", "partly": "compute the biased ones in fp32",
+                "does not hold": "fp16 is safe for these statistics"}),
     _c("M2", "With fixed seeds, attention statistics reproduce to 4 decimal places.",
        "a policy designed on one capture must see the same numbers on the next", "01_capture",
        "holds if the largest |difference| of any statistic between two captures (95% interval over samples of the "
-       "per-sample maximum) stays below 5e-5 (equal to 4 decimals)", {"": {"below": 5e-5}}),
+       "per-sample maximum) stays below 5e-5 (equal to 4 decimals)", {"": {"below": 5e-5}},
+       advice=Advice("non-zero: a non-deterministic kernel or unfixed seed; fix it before comparing policies",
+                     (Place("01", 7, params=("SEED",)),))),
     _c("M3", "Batching several samples and averaging washes out anchor positions; capture per sample.",
        "a cache is per request: averaged [anchors](../docs/GLOSSARY.md#anchors) are anchors no request has",
        "01_capture", "holds if a sample's top-{k} anchors after batch averaging have a mean Jaccard below 0.5 with its "
-       "own (95% interval over samples)", {"": {"below": 0.5}}),
+       "own (95% interval over samples)", {"": {"below": 0.5}},
+       advice=Advice("below ~0.5: never design a cache policy on batch-averaged maps; capture per sample",
+                     (Place("01", 7, params=("ANCHOR_K",), also=("capture_samples",)),)),
+       meaning={"holds": "capture per sample", "does not hold": "batch averages keep a sample's anchors"}),
     _c("M4", "A fixed standard set of ~20 samples across scene types makes numbers comparable.",
        "lets you compare your model's numbers with the shipped model's", "01_capture",
        "holds if every headline statistic (per-sample mean over layers of normalised entropy, max weight, cross-modal "
        "share, top-10% read share) differs by < 0.02 between two disjoint standard sets: every statistic's own 95% "
-       "interval over both sets' samples inside ±0.02 (shown: the farthest one reaches)", {"": {"below": 0.02}}),
+       "interval over both sets' samples inside ±0.02 (shown: the farthest one reaches)", {"": {"below": 0.02}},
+       advice=Advice("decide on the interval's upper bound, not the value: below 0.02, the set's headline numbers "
+                     "compare across models at 2 decimals; above it, use more samples per type before comparing models",
+                     (Place("01", 7, params=("PER_TYPE", "SAMPLE_SEED")),)),
+       meaning={"holds": "sets compare at 2 decimals", "does not hold": "use more samples per type",
+                "inconclusive": "use more samples per type"}),
     # 02: where a vision-language model reads the image
     _c("U1", "Text-to-image reads are very uneven: a few image positions take most of them.",
        "then a few image keys keep most of what the text reads ([eviction](../docs/GLOSSARY.md#eviction))",
        "02_understanding_maps", "share of the text's image reads on the top 10% of image positions (mean over layers; "
-       "chance 0.1) above 0.5", {"": {"above": 0.5}}),
+       "chance 0.1) above 0.5", {"": {"above": 0.5}},
+       advice=Advice("above ~0.5: a few image keys carry most of the reads and a small budget can keep them, by a cover "
+                     "rather than by score (05 §2: score-based rules fall below random where the reads cluster); near "
+                     "0.1: the reads are spread, keep a larger budget",
+                     (Place("05", 3, policies=("key_coverage",), params=("BUDGETS",)),))),
     _c("U2a", "Shallow layers are local/positional; deep layers aggregate globally and spread out.",
        "which layers' KV to cut by locality", "02_understanding_maps",
        "(a) deep / shallow mean attention distance above 1.1, (b) deep minus shallow normalised entropy above 0.02",
-       {"a": {"above": 1.1}, "b": {"above": 0.02}}),
+       {"a": {"above": 1.1}, "b": {"above": 0.02}},
+       advice=Advice("positive: deep layers spread, do not cut them harder than shallow ones; negative: deep layers "
+                     "focus, fewer keys may do there. Measure it: 05 §8 compares a depth schedule with one budget per "
+                     "layer at equal bytes", (Place("05", 8, what="budgets by depth"),))),
     _c("U2b", f"Shallow layers are near-uniform; deep layers focus (some heads' max weight > {FOCUSED:g}).",
        "which layers' KV to cut by score", "02_understanding_maps",
        "(a) shallow-band normalised entropy above 0.8, (b) the most focused deep head's mean max weight above "
@@ -93,11 +176,22 @@ _ALL = [
     _c("U3", "Visual anchors persist across layers; moderately stable across images.",
        "one selection of image keys serves every layer", "02_understanding_maps",
        "(a) top-{top_k} anchor Jaccard between the first shallow and first middle layer above 3x chance, (b) "
-       "within-scene-type minus across-type anchor Jaccard above 0", {"a": {"above": "u3_bar"}, "b": {"above": 0.0}}),
+       "within-scene-type minus across-type anchor Jaccard above 0", {"a": {"above": "u3_bar"}, "b": {"above": 0.0}},
+       advice=Advice("(a)'s whole interval above 3x chance: one selection of image keys can serve several layers, as "
+                     "DivPrune and `key_coverage_prefill` choose once before the prefill; near chance: select per layer, "
+                     "as `key_coverage` does", (Place("05", 3, policies=("key_coverage", "key_coverage_prefill")),)),
+       meaning={"holds": "one selection serves several layers", "does not hold": "select per layer",
+                "inconclusive": "select per layer until settled"}),
     _c("U4", "Anchors sit on salient objects, unlike text attention sinks.",
        "keep object patches *and* [sinks](../docs/GLOSSARY.md#sink)", "02_understanding_maps",
        "(a) anchors on object patches / random patches on objects above 1.5, (b) the text's reads on its anchors minus "
-       "on the first 3 positions (a sink) above 0", {"a": {"above": 1.5}, "b": {"above": 0.0}}),
+       "on the first 3 positions (a sink) above 0", {"a": {"above": 1.5}, "b": {"above": 0.0}},
+       advice=Advice("a sink (the first positions) taking as much of the text's reads as the anchors or more: keep it in "
+                     "every budget; every 05 policy does, since eviction there drops image keys only and keeps every "
+                     "other context position. Anchors on objects: spend the image budget on a cover of the picture, not "
+                     "on the most-read patches",
+                     (Place("05", 2, what="every policy keeps the non-image positions"),
+                      Place("05", 3, policies=("key_coverage",))))),
     _c("U5", "Content words read the image far more than function words.",
        "which queries to watch when scoring image keys", "02_understanding_maps",
        "image share of content words / of function words and punctuation above 2", {"": {"above": 2.0}}),
@@ -109,15 +203,25 @@ _ALL = [
        "which heads a per-head budget should favour", "02_understanding_maps",
        f"share of layers in which some but not all heads put > {FOCUSED:g} on one key on average above 0.99 (every "
        "layer)",
-       {"": {"above": 0.99}}),
+       {"": {"above": 0.99}},
+       advice=Advice("heads of one layer read differently: score and budget them one by one, never by the layer's mean; "
+                     "the diffuse ones are pruning candidates only once a test on outputs agrees (04's P3)",
+                     (Place("04", 3, params=("FRACTIONS",)),))),
     _c("U9", "Image tokens dominate; text<->image share under ~15% means text is not reaching the image.",
        "where image KV is read", "02_understanding_maps",
        "(a) image->image minus the largest other block, in its worst layer, above 0, (b) cross-modal share in its "
-       f"worst layer above {NEGLECT_WARN:g}", {"a": {"above": 0.0}, "b": {"above": NEGLECT_WARN}}),
+       f"worst layer above {NEGLECT_WARN:g}", {"a": {"above": 0.0}, "b": {"above": NEGLECT_WARN}},
+       advice=Advice(f"under {NEGLECT_WARN:g} the text barely reads the image; under {NEGLECT_CUTOFF:g} in a layer: a "
+                     "modality cut-off (07's U10): run the neglect detector after any cache change",
+                     (Place("07", 2, what="the neglect detector"),))),
     _c("U11", "Object words attend to their object's patches.",
        "whether a question predicts the patches it needs", "02_understanding_maps",
        "best layer (of the full data): (a) median selectivity above 1.5, (b) median selectivity / the untrained-LM "
-       "control's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}}),
+       "control's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}},
+       advice=Advice("near or below 1: a question's words do not point at their object, so do not select image KV by "
+                     "them; well above 1: they do, but that helps only when the question is known before the cache is "
+                     "compressed. Either way keep a cover of the image keys, not the patches the question reads",
+                     (Place("05", 3, policies=("key_coverage",)),))),
     _c("U13", "Low layers spread (~35% cross-modal), middle layers focus, high layers refine.",
        "which depth band's image KV is read by the text", "02_understanding_maps",
        "(a) shallow-band cross-modal share within [0.2, 0.5], (b) shallow minus middle normalised entropy above 0.02",
@@ -166,12 +270,17 @@ _ALL = [
        "pruning only the near-uniform shallow heads: (a) accuracy drop above 0.01 (1 point, interval over questions), "
        "(b) the deeper layers' normalised-entropy move (mean |change|) minus the move from pruning as many random "
        "shallow heads (mean over the random draws), above 0 (paired interval over samples)",
-       {"a": {"above": 0.01}, "b": {"above": 0.0}}, "3"),
+       {"a": {"above": 0.01}, "b": {"above": 0.0}}, "3",
+       meaning={"holds": "do not prune heads for being diffuse", "does not hold": "the diffuse shallow heads can go"}),
     # 05: KV eviction
     _c("U7", "Shallow-layer KV can be evicted by locality; deep-layer KV must be kept.",
        "whether an eviction rule should differ by depth band", "05_kv_eviction",
        "accuracy of locality in the shallow band + content deeper minus the swapped assignment, per question averaged "
-       "over the budgets, above 0.01 (1 point)", {"": {"above": 0.01}}),
+       "over the budgets, above 0.01 (1 point)", {"": {"above": 0.01}},
+       advice=Advice("above 0 (the whole interval): one rule per depth band, locality in the shallow band and content "
+                     "deeper; across 0 or below it: do not build a per-band rule, one coverage rule for every layer",
+                     (Place("05", 5, policies=("unicache",)),)),
+       meaning={"holds": "one rule per depth band", "does not hold": "one rule serves every depth band"}),
     _c("E1", "Target: a designed eviction policy keeps >= 99% of full-cache accuracy at 25% of the image KV.",
        "how far the image KV can be cut", "05_kv_eviction",
        f"{NEW} accuracy at 25% of the image KV / the full cache's, held-out questions (ratio of means, 95% interval "
@@ -218,11 +327,17 @@ _ALL = [
        f"(a) healthy model: its lowest layer's image share of text queries' reads above the {NEGLECT_CUTOFF:.0%} "
        f"cut-off (quiet), (b) broken variants not caught by construction (zeroed features, blank image, zeroed image "
        f"values): the highest of their lowest-layer shares below {NEGLECT_CUTOFF:.0%} (the detector fires on every "
-       "one)", {"a": {"above": NEGLECT_CUTOFF}, "b": {"below": NEGLECT_CUTOFF}}),
+       "one)", {"a": {"above": NEGLECT_CUTOFF}, "b": {"below": NEGLECT_CUTOFF}},
+       advice=Advice(f"under {NEGLECT_CUTOFF:.0%}: a modality cut-off, check the layer; above: the share says nothing "
+                     "about whether the image content arrives, run image_dependence beside it",
+                     (Place("07", 2, params=("PER_TYPE",)),))),
     _c("U12", "A noun whose attention barely covers the image is likely hallucinated.",
        "then a cache could keep more image KV exactly when coverage drops", "07_diagnostics",
        "(a) AUROC of low coverage for wrong answers above 0.7, (b) that AUROC minus the confidence baseline's above 0",
-       {"a": {"above": 0.7}, "b": {"above": 0.0}}),
+       {"a": {"above": 0.7}, "b": {"above": 0.0}},
+       advice=Advice("use low coverage as a hallucination flag only if the interval sits above 0.7 and above the "
+                     "confidence baseline's; inverted or straddling 0.5: do not key a cache's behaviour on it",
+                     (Place("07", 1, params=("MODEL", "N_QUESTIONS")),))),
     # 08: other architectures
     _c("A1", "Single-stream fusion (ViLT): image-image attention dominates; text barely shapes the image tokens.",
        "the image side is most of the KV and reads itself", "08_architectures",
@@ -233,7 +348,9 @@ _ALL = [
        "whether text→image paths can be cut", "08_architectures",
        "ViLT: (a) cross-modal share of the healthy model (mean over layers) below 0.15; (b) accuracy lost when image "
        "queries cannot see the text below 0.02 (text that is not injected cannot be missed)",
-       {"a": {"below": 0.15}, "b": {"below": 0.02}}),
+       {"a": {"below": 0.15}, "b": {"below": 0.02}},
+       advice=Advice("a drop: the fused stream injects text into the image tokens; keep text keys for image queries (at "
+                     "least in the layers where the drop comes from, exercise 6)", (Place("08", 8, also=("exercise 6",)),))),
     _c("A3", "Cross-attention VLM: low cross layers spread, middle ones focus on the named object, top ones refine.",
        "which layers' vision KV can be thinned", "08_architectures",
        "Mllama, teacher-forced captions, cross layers low / middle / top: (a) low minus middle normalised entropy of "
@@ -241,21 +358,32 @@ _ALL = [
        "share above 1.5; (c) middle: position words' mass on the matching half / the opposite half above 1.5; (d) "
        "middle minus top background mass above 0 (refine). The study's ~35% cross-modal share is not a criterion: a "
        "cross-attention layer reads only the image",
-       {"a": {"above": 0.02}, "b": {"above": 1.5}, "c": {"above": 1.5}, "d": {"above": 0.0}}),
+       {"a": {"above": 0.02}, "b": {"above": 1.5}, "c": {"above": 1.5}, "d": {"above": 0.0}},
+       advice=Advice("above ~1.5: that layer's words find their objects, but which objects depends on the question: "
+                     "thin its vision KV by a cover, not by these reads; near 1: keep it whole",
+                     (Place("05", 3, policies=("key_coverage",), params=("BUDGETS",)),))),
     _c("A4", "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
        "keep object patches", "08_architectures",
        "CLIP image tower, last layer: the class token's attention mass on the objects the caption names / their area "
-       "share above 1.5", {"": {"above": 1.5}}),
+       "share above 1.5", {"": {"above": 1.5}},
+       advice=Advice("well above 1: the embedding comes from the object patches; when thinning the image tokens, merge "
+                     "background patches into kept ones rather than drop objects",
+                     (Place("05", 3, policies=("key_coverage_merge",)),))),
     _c("A5", "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
        "one image budget for describing and answering, or two", "08_architectures",
        "Janus, same images: (a) image share of the answer token minus the mean image share of the caption tokens above "
-       "0; (b) their ratio above 1.2 (the study: ~60% / ~40% = 1.5)", {"a": {"above": 0.0}, "b": {"above": 1.2}}),
+       "0; (b) their ratio above 1.2 (the study: ~60% / ~40% = 1.5)", {"a": {"above": 0.0}, "b": {"above": 1.2}},
+       advice=Advice("near 1: one image-KV budget serves both tasks; above ~1.2: give answers a larger budget",
+                     (Place("05", params=("BUDGETS",)),))),
     _c("A6", "Unified model: after an image-heavy token the next reads the image less; late image-share drops go with "
        "drift.", "bursty decode-time reads of the image KV", "08_architectures",
        "Janus captions: (a) lag-1 correlation of the per-token image share (each position's mean removed) below 0 "
        "(suppression); (b) on captions of four-object scenes, AUROC of a low third-of-caption image share for an error "
        "in that third (a phrase naming no object of the scene) above 0.6 (drift)",
-       {"a": {"below": 0.0}, "b": {"above": 0.6}}),
+       {"a": {"below": 0.0}, "b": {"above": 0.6}},
+       advice=Advice("below 0: a heavy read is followed by a light one; above 0: reads persist over a few tokens. Either "
+                     "way evict by a cover (05 §3), not by the last reads: 05 finds read-ranked rules below random",
+                     (Place("05", 3, policies=("key_coverage",)),))),
 ]
 REGISTRY: dict[str, Claim] = {c.id: c for c in _ALL}
 if len(REGISTRY) != len(_ALL):
@@ -338,3 +466,68 @@ def _runs(names: list[str]) -> str:
             out.extend(names[i + 1:j + 1])
         i = j + 1
     return ", ".join(out)
+
+
+def _claim(claim: str) -> Claim:
+    if claim not in REGISTRY:
+        raise UnknownNameError(f"unknown claim id {claim!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[claim]
+
+
+def read(claim: str, verdict: str) -> str:
+    """``verdict`` as the reader should read it: followed by the claim's meaning of it where it has one
+    (``"does not hold — fp16 is safe for these statistics"``), else the verdict alone."""
+    c = REGISTRY.get(claim)  # a claim the registry does not hold (a test's own) has no meaning written
+    meaning = c.meaning.get(verdict) if c is not None else None
+    return f"{verdict} — {meaning}" if meaning else str(verdict)
+
+
+def _advice_of(claim: str) -> Advice:
+    a = _claim(claim).advice
+    if a is None:
+        raise InputError(f"claim {claim} has no advice: write advice=Advice(...) beside it in unicache_lib/claims.py")
+    return a
+
+
+def advice(claim: str, verdict: str | None = None, found: str = "") -> str:
+    """What ``claim``'s result means for the reader's model, as a decision table shows it: its :class:`Advice`'s
+    ``act``; then, given this run's ``verdict``, what that verdict means (:attr:`Claim.meaning`, where written); then
+    the results later lessons found (``Advice.found``); then, in parentheses, ``found``: the showing lesson's own
+    measured result (a note, a number of its run)."""
+    a, c = _advice_of(claim), _claim(claim)
+    parts = [a.act]
+    if verdict in c.meaning:
+        parts.append(f"Here: {read(claim, verdict)}")
+    parts += [f"{where}: {text}" for where, text in a.found.items()]
+    return ". ".join(parts) + (f" ({found})" if found else "")
+
+
+def where(claim: str, lesson: str | None = None) -> str:
+    """The places to act on ``claim`` (:class:`Place`), as the decision table of ``lesson`` shows them."""
+    return "; ".join(p.text(lesson) for p in _advice_of(claim).where)
+
+
+def decision_rows(rows, lesson: str | None = None, verdicts: dict | None = None) -> list[dict]:
+    """A decision table's rows (:data:`DECISION_COLUMNS`), each row about a claim made from the claim's advice.
+    ``rows``: ``(claim, measurement, value)`` or ``(claim, measurement, value, found)`` tuples (the measurement names
+    the claim; ``value`` and ``found`` are what the showing lesson measured), or a ready dict for a row about no claim;
+    ``lesson``: the lesson showing the table; ``verdicts``: claim -> this run's verdict (a board's ``verdicts()``)."""
+    out = []
+    for r in rows:
+        if isinstance(r, dict):
+            out.append(r)
+            continue
+        claim, measurement, value, found = (*r, "") if len(r) == 3 else r
+        if not re.search(rf"\b{re.escape(claim)}\b", measurement):
+            raise InputError(f"a row about {claim} names it in its measurement; got {measurement!r}")
+        out.append(dict(zip(DECISION_COLUMNS, (measurement, value, advice(claim, (verdicts or {}).get(claim), found),
+                                               where(claim, lesson)))))
+    return out
+
+
+def decision_table(rows, lesson: str | None = None, verdicts: dict | None = None) -> Markdown:
+    """:func:`decision_rows` as a markdown table, one line per row (``|`` in a cell escaped)."""
+    lines = ["| " + " | ".join(DECISION_COLUMNS) + " |", "|" + "---|" * len(DECISION_COLUMNS)]
+    lines += ["| " + " | ".join(str(r[c]).replace("|", "\\|") for c in DECISION_COLUMNS) + " |"
+              for r in decision_rows(rows, lesson, verdicts)]
+    return Markdown("\n".join(lines))

@@ -233,11 +233,21 @@ if maps:
 # question word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the
 # image (even: <!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->), leaning towards the object it names.
 #
-# | what you measured | what it means for a cache |
-# |---|---|
-# | a sink column | keep the first positions in every eviction budget (05's `streaming` does) |
-# | heads with different entropies | score and budget heads one by one, never by their mean (02, 04) |
-# | a word's reading of the picture, in × uniform | keep the patches questions read, not every image key (02 finds them, 05 keeps them) |
+# What each of these means for a cache is the advice of the claim that measures it in a later lesson, written once
+# beside the claim (`unicache_lib/claims.py`): the table below and the lessons' own decision tables say the same.
+
+# %%
+from unicache_lib.claims import decision_table
+
+even = np.mean([1 / (i + 1) for i in range(1, len(words))])  # §2's even reading of the first token
+decision_table([  # (claim, what you measured here, its value); what it means and where to act: the claim's advice
+    ("U4", "a sink column: the rows' weight on the first token (§2; 02 measures it as U4 (b))",
+     f"{first[1:, 0].mean():.2f} (even {even:.2f})"),
+    ("U8", "heads with different entropies: normalised entropy per head of one layer (§3; 02's U8)",
+     f"{ent.min():.2f} to {ent.max():.2f}"),
+    ("U11", "a word's reading of the picture: its weight on the object it names / the object's share of the patches "
+     "(§4; 02's U11)", f"{(img[on].sum() / img.sum()) / on.mean():.1f}x" if maps and named and grid is not None else "-"),
+], "00_primer")
 
 # %% [markdown]
 # ## Exercises

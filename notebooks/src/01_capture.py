@@ -381,7 +381,7 @@ print(f"widest interval of A - B: {reach.idxmax()}, reaching {reach.max():.4f}")
 # The method claims: can the measurements be trusted before any of them feeds a cache decision?
 
 # %%
-from unicache_lib.claims import Markdown, claims_table
+from unicache_lib.claims import Markdown, claims_table, read  # read: a verdict with what it means
 
 claims_table("01_capture")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
@@ -410,14 +410,12 @@ n_img = spans.n_image  # M3's chance level: the mean Jaccard of two random top-k
 chance = sum(math.comb(ANCHOR_K, t) * math.comb(n_img - ANCHOR_K, ANCHOR_K - t) * t / (2 * ANCHOR_K - t)
              for t in range(ANCHOR_K + 1)) / math.comb(n_img, ANCHOR_K)  # inconclusive: the rough number of samples per set that would settle it
 Markdown("\n".join([
-    f"- **M1 {v['M1']}**: the signed fp16 bias is at most {worst_bias:.0e}, {'inside' if worst_bias < BIAS else 'outside'} "
-    f"±{BIAS:g}: " + ("fp16 arithmetic on the statistics is harmless (the library computes them in fp32 anyway); "
-                      "whether fp16/bf16 weights change the maps themselves is exercise 3." if worst_bias < BIAS
-                      else "compute the statistics in fp32."),
+    f"- **M1 {read('M1', v['M1'])}**: the signed fp16 bias is at most {worst_bias:.0e}, {'inside' if worst_bias < BIAS else 'outside'} "
+    f"±{BIAS:g}" + (" (the library computes them in fp32 anyway); whether fp16/bf16 weights change the maps themselves "
+                    "is exercise 3." if worst_bias < BIAS else ": compute the statistics in fp32."),
     f"- **M2 {v['M2']}**: two captures differ by at most {m2.value:.0e}" + (", identical on one machine." if m2.value == 0 else "."),
-    f"- **M3 {v['M3']}**: batch averaging leaves a sample a Jaccard of {m3.value:.2f} [{m3.lo:.2f}, {m3.hi:.2f}] of its "
-    f"top-{ANCHOR_K} anchors (two random sets of {ANCHOR_K} of its {n_img} image positions: {chance:.2f}): design "
-    f"policies on per-sample captures.",
+    f"- **M3 {read('M3', v['M3'])}**: batch averaging leaves a sample a Jaccard of {m3.value:.2f} [{m3.lo:.2f}, {m3.hi:.2f}] of its "
+    f"top-{ANCHOR_K} anchors (two random sets of {ANCHOR_K} of its {n_img} image positions: {chance:.2f}).",
     f"- **M4 {v['M4']}**: the largest headline difference between two disjoint sets is {m4.value:.4f}, its 95% interval "
     f"[{m4.lo:.4f}, {m4.hi:.4f}] " + ("reaching past ±0.02: use more samples per set before comparing models at 2 decimals"
                                       if m4.hi >= 0.02 else "inside ±0.02: sets compare at 2 decimals")
@@ -427,26 +425,17 @@ Markdown("\n".join([
     f"{memory['full'] / memory['stats']:.0f}x less memory."]))
 
 # %%
-decisions = pd.DataFrame([
-    ("fp16 bias of the statistics' arithmetic (M1)", f"{worst_bias:.0e}",
-     f"inside ±{BIAS:g}: fp16 arithmetic is harmless (the library uses fp32 anyway); before loading your model in "
-     "bf16/fp16 to save memory, check that its maps match fp32 (exercise 3)" if worst_bias < BIAS
-     else f"the bias reaches ±{BIAS:g}: compute the statistics in fp32", "DTYPE, exercise 3"),
-    ("max |difference| between two captures (M2)", f"{m2.value:.0e}",
-     "non-zero: a non-deterministic kernel or unfixed seed; fix it before comparing policies", "01 §7, SEED"),
-    (f"anchor Jaccard after batch averaging (M3, k={ANCHOR_K})", f"{m3.value:.2f}",
-     "below ~0.5: never design a cache policy on batch-averaged maps; capture per sample", "ANCHOR_K, capture_samples"),
-    ("largest between-set difference (M4): value, 95% interval", f"{m4.value:.4f} [{m4.lo:.4f}, {m4.hi:.4f}]",
-     "decide on the interval's upper bound, not the value: "
-     + ("above ~0.02 (as here): use more samples per type before comparing models" if m4.hi >= 0.02 else
-        "below 0.02 (as here): the set's headline numbers can be compared across models at 2 decimals; above it, "
-        "use more samples per type") + (f" ({m4_note})" if m4_note else ""), "PER_TYPE, SAMPLE_SEED"),
-    ("bytes of a full capture vs stats (this model)", f"{memory['full']:,} vs {memory['stats']:,}",
-     "maps grow as S² x layers x heads: at 7B size a full capture is gigabytes per sample (§3 quotes the benchmark); "
-     "capture stats, or full maps for a few layers", "MEMORY_BUDGET_GB, 02: LAYERS"),
-], columns=["measurement", "value here", "what it suggests on your model", "where"])
-Markdown("\n".join(["| " + " | ".join(decisions.columns) + " |", "|---|---|---|---|"] + [  # one line per row
-    "| " + " | ".join(str(x).replace("|", "\\|") for x in row) + " |" for row in decisions.itertuples(index=False)]))
+from unicache_lib.claims import decision_table
+
+decision_table([  # each claim's row: what was measured here; what to do and where: the claim's advice (claims.py)
+    ("M1", "fp16 bias of the statistics' arithmetic (M1)", f"{worst_bias:.0e}"),
+    ("M2", "max |difference| between two captures (M2)", f"{m2.value:.0e}"),
+    ("M3", f"anchor Jaccard after batch averaging (M3, k={ANCHOR_K})", f"{m3.value:.2f}"),
+    ("M4", "largest between-set difference (M4): value, 95% interval", f"{m4.value:.4f} [{m4.lo:.4f}, {m4.hi:.4f}]", m4_note),
+    {"measurement": "bytes of a full capture vs stats (this model)", "value here": f"{memory['full']:,} vs {memory['stats']:,}",
+     "what it suggests on your model": "maps grow as S² x layers x heads: at 7B size a full capture is gigabytes per sample "
+     "(§3 quotes the benchmark); capture stats, or full maps for a few layers", "where": "MEMORY_BUDGET_GB, 02: LAYERS"},
+], "01_capture", v)
 
 # %% [markdown]
 # **Reading the decision table.** Run it on your model (exercise 5) before trusting numbers from 02–08.

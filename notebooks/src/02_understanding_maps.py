@@ -528,7 +528,7 @@ _ = plots.save(fig, out, "explorer_static")
 # "partly" when some hold.
 
 # %%
-from unicache_lib.claims import Markdown, claims_table
+from unicache_lib.claims import Markdown, claims_table, read
 
 claims_table("02_understanding_maps")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
@@ -547,9 +547,9 @@ UC.measure_localisation_claims(board, loc, ctrl, sample_set.missing(samples, "ma
 board.save(out / "scoreboard.json")  # shown next
 
 # %%
-t = board.table()  # one line per claim (board.show() gives every field whole)
+t = board.table()  # one line per claim (board.show() gives every field whole); read: a verdict with its meaning
 Markdown("\n".join(["| claim | verdict | measured | value | 95% interval | n | note |", "|---|---|---|---|---|---|---|"] + [
-    f"| {c} | {r['verdict']} | {r['measured']} | {r['value']} | {r['interval (95%)']} | {r['n']} {r['unit']} | {r['note']} |"
+    f"| {c} | {read(c, r['verdict'])} | {r['measured']} | {r['value']} | {r['interval (95%)']} | {r['n']} {r['unit']} | {r['note']} |"
     for c, r in t.iterrows()]))
 
 # %% [markdown]
@@ -600,37 +600,26 @@ Markdown("\n".join(line for line in recap if line))
 # %% [markdown]
 # ## Measurement → what to do on your model
 #
-# Terms: [H2O](../docs/GLOSSARY.md#h2o), [SnapKV](../docs/GLOSSARY.md#snapkv), [StreamingLLM](../docs/GLOSSARY.md#streamingllm).
+# What each claim's result means for your model is written once, beside the claim (`unicache_lib/claims.py`), so
+# every lesson that shows it says the same; this table adds this run's numbers and verdicts. Terms:
+# [sink](../docs/GLOSSARY.md#sink), [anchors](../docs/GLOSSARY.md#anchors), a cover ([k-center](../docs/GLOSSARY.md#k-center)).
 
 # %%
 import re
 
-decisions = pd.DataFrame([
-    ("top-10% share of the text's image reads (U1)", f"{L.top10_share.mean():.2f}",
-     "above ~0.5: a few image keys carry the reads, score-based eviction (H2O, SnapKV) can work; near 0.1: reads are "
-     "spread, keep more or cover the key space", "05: BUDGETS, the eviction policies"),
-    (f"anchor Jaccard, layer {lo} vs {mid} / chance (U3 (a), bar 3x); within- minus across-type Jaccard (U3 (b), bar 0)",
-     f"{shallow_mid / chance_jaccard:.1f}x chance; 95% intervals {iv3} (U3 {v['U3']})",
-     "(a)'s whole interval above 3x chance: one selection can serve several layers; near chance: select per layer. "
-     + ("Here that is shown." if v["U3"] == "holds" else
-        f"Here it is not yet shown: select per layer until more samples settle it "
-        f"({re.sub(r'[0-9]+[.][0-9]{4,}', lambda x: f'{float(x.group()):.3f}', tab.loc['U3', 'note'] or v['U3'])})."),
-     "05: per-layer policies"),
-    ("text reads on the first 3 positions vs on the anchors (U4)", f"{np.mean(sink):.2f} vs {np.mean(anchor_mass):.2f}",
-     "a large sink share: always keep the first positions (StreamingLLM-style sinks)", "05: policy `streaming`"),
-    ("deep minus shallow normalised entropy (U2)", f"{d_ent:+.2f}",
-     "positive: deep layers spread, do not cut them harder than shallow ones; negative: deep layers focus, fewer keys suffice",
-     "05 (budgets per layer), 02: LAYERS"),
-    ("smallest per-layer cross-modal share (U9, U10)", f"{blocks.cross_modal.min():.2f}",
-     "under ~0.15 the text barely reads the image; under ~0.05 in a layer: a modality cut-off", "07: the neglect detector"),
-    ("best median selectivity of object words (U11)", f"{sel['trained'].max():.2f}" if not loc.empty else v["U11"],
-     "near or below 1: question words do not point at their object; do not select image KV by the question's words",
-     "07 (U12), 02 exercise 3"),
-    ("share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict()),
-     "few focused heads: the diffuse ones are pruning candidates, but test it (04's claim P3)", "04: FRACTIONS"),
-], columns=["measurement", "value here", "what it suggests on your model", "where"])
-Markdown("\n".join(["| " + " | ".join(decisions.columns) + " |", "|---|---|---|---|"] + [  # one line per row
-    "| " + " | ".join(str(x).replace("|", "\\|") for x in row) + " |" for row in decisions.itertuples(index=False)]))
+from unicache_lib.claims import decision_table
+
+u3_note = re.sub(r"[0-9]+[.][0-9]{4,}", lambda x: f"{float(x.group()):.3f}", tab.loc["U3", "note"] or "")
+decision_table([  # each row: the claim, what was measured, its value here; what to do and where: the claim's advice
+    ("U1", "top-10% share of the text's image reads (U1)", f"{L.top10_share.mean():.2f}"),
+    ("U3", f"anchor Jaccard, layer {lo} vs {mid} / chance (U3 (a), bar 3x); within- minus across-type Jaccard (U3 (b), bar 0)",
+     f"{shallow_mid / chance_jaccard:.1f}x chance; 95% intervals {iv3}", u3_note),
+    ("U4", "text reads on the first 3 positions vs on the anchors (U4 (b))", f"{np.mean(sink):.2f} vs {np.mean(anchor_mass):.2f}"),
+    ("U2a", "deep minus shallow normalised entropy (U2a (b))", f"{d_ent:+.2f}"),
+    ("U9", "smallest per-layer cross-modal share (U9 (b))", f"{blocks.cross_modal.min():.2f}"),
+    ("U11", "best median selectivity of object words (U11 (a))", f"{sel['trained'].max():.2f}" if not loc.empty else "-"),
+    ("U8", "share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict())),
+], "02_understanding_maps", v)
 
 # %% [markdown]
 # ## Exercises

@@ -17,6 +17,7 @@ from ..capture.decode import decode_with_capture, producing_rows
 from ..capture.record import CaptureResult
 from ..capture.runner import inputs_for
 from ..capture.unified import generate_image_with_capture, signed_to_uint8
+from ..claims import DECISION_COLUMNS, decision_rows
 from ..core.errors import InputError
 from ..core.hooks import forward_hooks
 from ..core.modality import BLOCKS, IMAGE, TEXT
@@ -433,33 +434,22 @@ def decisions(healthy=None, blind=None, cross=None, iou_best=None, cls_frame=Non
     ``cls_frame``: :func:`cls_focus`; ``describe`` / ``answer`` / ``series``: :func:`task_switch`; ``role_share``:
     share of heads per role per model."""
     short = lambda d: ", ".join(f"{m.split(' (')[0]} {x}" for m, x in d.items())  # noqa: E731
-    rows = []
+    rows = []  # (claim, measurement, value here): what to do, and where, is the claim's advice (unicache_lib/claims.py)
     if healthy is not None:
-        rows.append(("ViLT: accuracy healthy vs image queries blind to the text (A2 (b))", f"{healthy.mean():.3f} vs {blind.mean():.3f}",
-                     "a drop: the fused stream injects text into the image tokens; keep text keys for image queries "
-                     "(at least in the layers where the drop comes from, exercise 6)", "§8, exercise 6"))
+        rows.append(("A2", "ViLT: accuracy healthy vs image queries blind to the text (A2 (b))",
+                     f"{healthy.mean():.3f} vs {blind.mean():.3f}"))
     if cross is not None:
-        rows.append(("Mllama: object words' focus per cross layer (A3 (b))", short(cross.iloc[:, 1].round(1)),
-                     "above ~1.5: that layer's words find their objects, but which objects depends on the question: "
-                     "thin its vision KV by a cover, not by these reads; near 1: keep it whole", "05 §3 (`key_coverage`), `BUDGETS`"))
+        rows.append(("A3", "Mllama: object words' focus per cross layer (A3 (b))", short(cross.iloc[:, 1].round(1))))
     if iou_best is not None:
-        rows.append(("word → object IoU over chance, best band (section 6)", short(iou_best.sort_values(ascending=False).map("{:.1f}x".format)),
-                     "far above 1: a word's most-read patches sit on its object; that picks the image KV to keep only when "
-                     "the question is known at compression time, otherwise keep a cover (05 §3); near 1: never",
-                     "05 §2–§3 (`snapkv` against `key_coverage`)"))
+        rows.append(("U11", "word → object IoU over chance, best band (section 6; 02's U11 measured by IoU)",
+                     short(iou_best.sort_values(ascending=False).map("{:.1f}x".format))))
     if cls_frame is not None:
         last = cls_frame[cls_frame.layer == cls_frame.layer.max()]
-        rows.append(("CLIP: class token's object mass / area, last layer (A4)", f"{last.object_mass.mean() / last.area_share.mean():.1f}x",
-                     "well above 1: the embedding comes from the object patches; when thinning the image tokens, "
-                     "merge background patches into kept ones rather than drop objects", "05 §3 (`key_coverage_merge`)"))
+        rows.append(("A4", "CLIP: class token's object mass / area, last layer (A4)", f"{last.object_mass.mean() / last.area_share.mean():.1f}x"))
     if describe is not None and len(describe) >= 2:
-        rows.append(("Janus: image share answering / describing (A5)", f"{answer.mean() / describe.mean():.2f}",
-                     "near 1: one image-KV budget serves both tasks; above ~1.2: give answers a larger budget", "05: `BUDGETS`"))
-        rows.append(("Janus: lag-1 correlation of the per-token image share (A6 (a))", f"{lag1(series):+.2f}",
-                     "below 0: a heavy read is followed by a light one; above 0: reads persist over a few tokens. "
-                     "Either way evict by a cover (05 §3), not by the last reads: 05 finds read-ranked rules below random",
-                     "05 §3 (`key_coverage`)"))
+        rows.append(("A5", "Janus: image share answering / describing (A5)", f"{answer.mean() / describe.mean():.2f}"))
+        rows.append(("A6", "Janus: lag-1 correlation of the per-token image share (A6 (a))", f"{lag1(series):+.2f}"))
     if role_share is not None:
-        rows.append(("share of focused heads per model (section 4)", short(role_share.focused[role_share.focused > 0].round(2)) + "; the others 0",
-                     "few focused heads: the spread ones are pruning candidates, but test it on outputs (notebook 04)", "04: `FRACTIONS`"))
-    return pd.DataFrame(rows, columns=["measurement", "value here", "what it suggests on your model", "where"])
+        rows.append(("U8", "share of focused heads per model (section 4; 02's U8)",
+                     short(role_share.focused[role_share.focused > 0].round(2)) + "; the others 0"))
+    return pd.DataFrame(decision_rows(rows, "08_architectures"), columns=list(DECISION_COLUMNS))

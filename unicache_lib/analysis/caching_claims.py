@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..claims import NEW, NEW_REUSE, rules_of
+from ..claims import NEW, NEW_REUSE, REGISTRY, decision_rows, rules_of
 from ..intervals import MIN_TIMING_REPEATS, Interval, mean_interval
 from ..tables import WrappedTable
-from ..scoreboard import Measurement
+from ..scoreboard import Criterion, Measurement
 from ..reuse.evaluate import readings, worst_generator, worst_pareto_gap
 from ..kv.evaluate import against_peers, share_of_full, worst_peer_difference
 
@@ -319,10 +319,11 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                  "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
                  "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions cluster "
                  "(§1's picture): use a coverage policy, not a most-read one", "where": "§2, notebook 02 (Gini, anchors)"})
-    if u7 is not None:
-        rows.append({"measurement": "U7: locality-shallow minus swapped", "value here": f"{100 * u7.value:+.1f} pt "
-                     f"[{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]", "what it suggests on your model": "an interval across 0: "
-                     "do not build a per-band rule; one coverage rule for every layer", "where": "§5"})
+    if u7 is not None:  # what to do, and where, is U7's advice (unicache_lib/claims.py); the verdict by its own rule
+        verdict = Criterion(**REGISTRY["U7"].criteria[""]).decide(u7.lo, u7.hi)
+        rows += decision_rows([("U7", "U7: locality-shallow minus swapped",
+                                f"{100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]")],
+                              "05_kv_eviction", {"U7": verdict})
     rows.append({"measurement": "rho(retained, accuracy)", "value here": f"{rho:.2f}", "what it suggests on your model":
                  "above ~0.6: screen candidate policies with the simulation, then confirm the best few on real answers",
                  "where": "§4"})

@@ -14,10 +14,10 @@ import copy
 import numpy as np
 import pandas as pd
 
-from ..claims import rules_of
+from ..claims import decision_rows, rules_of
 from ..capture.runner import capture_samples
 from ..diagnostics.broken import blank_image, mask_image_attention, zero_image_features, zero_image_values
-from ..diagnostics.neglect import CUTOFF, detect_neglect, image_dependence, text_image_share_per_sample
+from ..diagnostics.neglect import detect_neglect, image_dependence, text_image_share_per_sample
 from ..diagnostics.roc import auroc, auroc_interval, read_auroc
 from ..intervals import extreme_of, mean_interval
 from ..tables import WrappedTable
@@ -130,21 +130,16 @@ def decisions(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int):
     both = ", ".join(f"{x} (keeps {det.loc[x, 'image dependence (KL)'] / dep0:.0%} of the healthy KL)" for x in missed
                      if x not in caught)
     half = float((roc.hi - roc.lo).max() / 2) if "lo" in roc else None
-    rows = [
-        {"measurement": "coverage AUROC for wrong answers (claim's direction)",
-         "value here": f"{c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}] {c.direction}" if "lo" in roc else ""),
-         "what it suggests on your model": "use low coverage as a hallucination flag only if the interval sits above 0.7; "
-         "inverted or straddling 0.5: do not key a cache's behaviour on it",
-         "where": "§1, MODEL, N_QUESTIONS (more questions = more wrong answers)"},
+    rows = [  # (claim, measurement, value here): what to do, and where, is the claim's advice (unicache_lib/claims.py)
+        ("U12", "coverage AUROC for wrong answers, the claim's direction (U12 (a))",
+         f"{c.auroc:.2f}" + (f" [{c.lo:.2f}, {c.hi:.2f}] {c.direction}" if "lo" in roc else "")),
         {"measurement": "confidence AUROC (baseline)", "value here": f"{roc.loc['confidence (baseline)', 'auroc']:.2f}",
          "what it suggests on your model": "any attention signal must beat this; if it does not, monitor confidence instead",
          "where": "§1"},
         {"measurement": "wrong answers available", "value here": f"{n_wrong} of {n}",
          "what it suggests on your model": (f"an AUROC is good to about ±{half:.2f} here: " if half is not None else "")
          + "decide on the interval only, and raise N_QUESTIONS until the wrong answers number dozens", "where": "N_QUESTIONS"},
-        {"measurement": "healthy lowest image share of text queries' reads", "value here": f"{hl.min():.3f}",
-         "what it suggests on your model": f"under {CUTOFF:.0%}: a modality cut-off, check the layer; above: the share says "
-         "nothing about whether the image content arrives", "where": "§2, PER_TYPE"},
+        ("U10", "healthy lowest image share of text queries' reads (U10 (a))", f"{hl.min():.3f}"),
         {"measurement": "image dependence of the breaks the share misses",
          "value here": ", ".join(f"{x}: {det.loc[x, 'image dependence (KL)']:.2f}" for x in missed) or "-",
          "what it suggests on your model": "run image_dependence beside the share after any cache or pruning change: here it "
@@ -152,4 +147,4 @@ def decisions(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int):
          + (f"; it does not catch {both}: neither signal sees that break, check the answers' accuracy" if both else ""),
          "where": "§2 (image_dependence)"},
     ]
-    return WrappedTable(pd.DataFrame(rows))
+    return WrappedTable(pd.DataFrame(decision_rows(rows, "07_diagnostics")))
