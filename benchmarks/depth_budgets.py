@@ -20,7 +20,7 @@ image, beat one budget in every layer at the same KV bytes? Decided at 64 and 12
    of means for shares of full, paired Newcombe intervals for differences): holds / does not hold / inconclusive.
 
 Methods: the full cache, the oracle, random, DivPrune, uniform ``key_coverage`` and ``key_coverage_merge``, the depth
-schedule on ``key_coverage_merge`` (and on ``key_coverage``), PyramidKV's linear shape on ``key_coverage_merge``,
+schedule on ``key_coverage_merge``, PyramidKV's linear shape on ``key_coverage_merge``,
 DIPrune's keep-all-then-drop on it (first layer whole: more bytes, reported as such), and kvpress's own
 ``PyramidKVPress`` configured like the SnapKV peer (window sized to the context, ``beta = 20``).
 """
@@ -103,8 +103,6 @@ def policies(widths=None, gamma=None) -> dict:
     if widths is not None:
         out[DEPTH] = POLICIES[BASE]().with_depth(by_profile(widths, gamma))
         out[DEPTH].name = DEPTH
-        out["key_coverage@profile"] = POLICIES["key_coverage"]().with_depth(by_profile(widths, gamma))
-        out["key_coverage@profile"].name = "key_coverage@profile"
     out[f"{BASE}@pyramid"] = POLICIES[BASE]().with_depth(pyramid(L))
     out[f"{BASE}@pyramid"].name = f"{BASE}@pyramid"
     out[f"{BASE}@keep_then_drop"] = POLICIES[BASE]().with_depth(keep_then_drop(1))
