@@ -174,6 +174,13 @@ def test_scoreboard_text_never_cuts_a_value():
     assert text.startswith("R1 · not meaningful (random weights) · (a) 2.3 [2.2, 2.4] (n = 20 timing rounds);")
     flat = " ".join(text.split())
     assert "(a) 2.3 [2.2, 2.4] (n = 20 timing rounds); (b) 40.4 [40.1, 40.7] (n = 1600 prompts)" in flat
+    # a criterion too long for a line of its own is broken between words, never cut
+    unit = "caption thirds (53 positive, 487 negative, resampled apart) " * 2
+    b.rule("A6", "long unit", criteria={"a": {"below": 0.0}, "b": {"above": 0.6}})
+    b.measure("A6", 0.26, interval=(0.18, 0.33), n=100, unit="captions", criterion="a")
+    b.measure("A6", 0.58, interval=(0.50, 0.67), n=540, unit=unit.strip(), criterion="b")
+    text = repr(b.view())
+    assert max(len(line) for line in text.splitlines()) <= 110 and " ".join(unit.split()) in " ".join(text.split())
 
 
 def test_wrapped_table_shows_every_cell_whole():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -351,8 +352,8 @@ class ScoreboardView:
     ``id · verdict · value [95% interval] · n = count unit``, ids and verdicts padded so the columns line up; a claim of
     several criteria lists each as ``(a) value [lo, hi]`` (each with its own ``(n = ...)`` where they are counted in
     different units), and one that does not fit in ``width`` characters continues on an indented line, broken between
-    criteria (nothing is cut). A claim that is not measurable shows no value. The last line says where the details
-    are.
+    criteria (a criterion too long for a line of its own between words; nothing is cut). A claim that is not
+    measurable shows no value. The last line says where the details are.
 
     HTML: a table of the same columns, one row per claim; the claim's statement, what was measured, the rule, each
     criterion's threshold and decision, and the note are folded into a ``<details>`` in the row's last cell. Every
@@ -380,6 +381,10 @@ class ScoreboardView:
         rows = list(self.table.iterrows())
         wid = max((len(str(c)) for c, _ in rows), default=0)
         wverdict = max((len(self.verdict(c, r)) for c, r in rows), default=0)
+        def fit(line, indent):  # a criterion too long for a line of its own: broken between words
+            return textwrap.wrap(line, self.width, subsequent_indent=indent + "  ", break_long_words=False,
+                                 break_on_hyphens=False) if len(line) > self.width else [line]
+
         lines = []
         for claim, row in rows:
             head = f"{str(claim):<{wid}} · {self.verdict(claim, row):<{wverdict}}"
@@ -392,11 +397,11 @@ class ScoreboardView:
             indent, line = " " * (len(head) + 3), head + " · " + pieces[0]
             for piece in pieces[1:]:
                 if len(line) + 1 + len(piece) > self.width:
-                    lines.append(line)
+                    lines += fit(line, indent)
                     line = indent + piece
                 else:
                     line += " " + piece
-            lines.append(line)
+            lines += fit(line, indent)
         lines.append("(statement, rule, each criterion's decision, notes: the HTML view's details, "
                      "Scoreboard.criteria_lines)")
         return "\n".join(lines) + "\n"
