@@ -274,6 +274,7 @@ def test_fault_table_counts_come_from_the_tests():
     mods = [importlib.import_module(f"tests.{m}") for m in ("test_store_faults", "test_store", "test_report", "test_loaders",
                                                                "test_inputs", "test_capture", "test_reuse", "test_params",
                                                                "test_hostile_input", "test_benchmarks", "test_presses",
+                                                               "test_samples_hostile", "test_params_bounds",
                                                                "test_outputs_safe", "test_store_hostile")]
     funcs = {k: v for m in mods for k, v in vars(m).items() if k.startswith("test_")}
     rows = fault_table_rows(FAULTS_PAGE.read_text())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import re
 import warnings
 
 import numpy as np
@@ -375,15 +376,18 @@ def check_fraction(value, what: str = "budget", upper_inclusive: bool = True, me
     return v
 
 
-def check_count(value, what: str, minimum: int = 1) -> int:
-    """``value`` as an int ``>= minimum``; a bool, float or string is refused naming ``what`` (for a digit string
-    the message names the number to pass)."""
+def check_count(value, what: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as an int ``>= minimum`` (and ``<= maximum`` when given); a bool, float or string is refused naming
+    ``what`` (for a digit string the message names the number to pass)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
         hint = f": pass {what}={value.strip()}, not the string {value!r}" if isinstance(value, str) and \
             value.strip().isdigit() else f"; got {type(value).__name__} {value!r}"
         raise InputTypeError(f"{what} must be a whole number >= {minimum}{hint}")
     if int(value) < minimum:
         raise InputError(f"{what} must be >= {minimum}, got {value}")
+    if maximum is not None and int(value) > maximum:
+        raise InputError(f"{what}={value} is more than {maximum:,}, the most it may be: pass a number in "
+                         f"{minimum}..{maximum}")
     return int(value)
 
 
@@ -397,26 +401,68 @@ def check_number(value, what: str, lo: float, hi: float) -> float:
     return v
 
 
+def _token_count(v: str, what: str) -> int:
+    """The token count a string budget spells (``"64t"``), or a refusal that names what is wrong with it: a space, a
+    sign, an upper-case ``T``, a number without ``t``, or no whole number before the ``t``."""
+    if not v.strip():
+        raise InputError(f"{what} {v!r} is empty: give a share such as 0.25 or a token count such as '64t'")
+    if any(c.isspace() for c in v):
+        raise InputError(f"{what} {v!r} holds a space: write the count and the 't' together, e.g. "
+                         f"{''.join(v.split())!r}")
+    if v[0] in "+-":
+        raise InputError(f"{what} {v!r} has a sign: a token count is a plain whole number of image tokens kept, "
+                         f"e.g. {v[1:] if v[0] == '+' else '64t'!r}")
+    if v.endswith("T"):
+        raise InputError(f"{what} {v!r} ends in 'T': token counts end in a lower-case 't', e.g. {v[:-1] + 't'!r}")
+    if not v.endswith("t"):
+        try:
+            num = float(v[:-1]) / 100 if v.endswith("%") else float(v)
+        except ValueError:
+            raise InputError(f"{what} {v!r}: a string budget counts image tokens and ends in 't', e.g. '64t'; a share "
+                             f"is a number, e.g. 0.25") from None
+        raise InputError(f"{what} {v!r}: a share is a number, not a string: pass {num:g}; a token count ends in 't', "
+                         f"e.g. '64t'")
+    if not re.fullmatch(r"[0-9]+", v[:-1]):
+        raise InputError(f"{what} {v!r}: a token count is a whole number of image tokens before the 't', e.g. '64t'")
+    return int(v[:-1])
+
+
 def budget_shares(values, n_image: int | None, what: str = "budget") -> list[float]:
     """Budgets as shares of the image tokens: a number is a share (checked in (0, 1]); a string ``"64t"`` counts
     tokens and becomes ``64 / n_image`` (64 of LLaVA-1.5's 576: 0.111), refused when ``n_image`` is unknown or the
-    count is outside 1..``n_image``."""
+    count is outside 1..``n_image``. A zero budget (``0``, ``0.0``, ``'0t'``) keeps no image token and is refused;
+    two budgets that come to one share (``["16t", 0.25]`` on 64 tokens, or one value twice) are refused naming
+    both, since each budget is a row of the sweep and a repeat would count its questions twice."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InputTypeError(f"{what}s must be a list of shares or token counts, got {values!r}; e.g. [0.1, '64t']")
-    out = []
+    if iter(values) is values:
+        raise InputTypeError(f"{what}s must be a list (or tuple), not a one-shot iterator: pass list({what}s)")
+    out, given = [], []
     for v in values:
         if isinstance(v, str):
-            k = v.strip()[:-1] if v.strip().endswith("t") else ""
-            if not k.isdigit():
-                raise InputError(f"{what} {v!r}: a string budget counts image tokens and ends in 't', e.g. '64t'")
+            k = _token_count(v, what)
+            if k == 0:
+                raise InputError(f"{what} {v!r} keeps no image token: the smallest budget is '1t' (or a share > 0, "
+                                 f"e.g. 0.05)")
             if not n_image:
                 raise InputError(f"{what} {v!r} counts tokens, but this model does not say how many image tokens it has "
                                  "(config.image_seq_length): give the budget as a share, e.g. 0.1")
-            if not 0 < int(k) <= n_image:
+            if k > n_image:
                 raise InputError(f"{what} {v!r}: the model has {n_image} image tokens; keep between 1 and {n_image}")
-            out.append(int(k) / n_image)
+            share = k / n_image
         else:
-            out.append(check_fraction(v, what, True, "of the image tokens kept"))
+            share = check_fraction(v, what, True, "of the image tokens kept")
+            if share == 0:
+                raise InputError(f"{what} {v!r} keeps no image token: a budget is a share in (0, 1], e.g. 0.05 (or a "
+                                 f"token count such as '1t')")
+        for u, s in zip(given, out):
+            if abs(s - share) <= 1e-12:
+                said = (f"{what} {v!r} is given twice" if u == v else f"{what}s {u!r} and {v!r} are one share "
+                        f"({share:g}" + (f" of {n_image} image tokens)" if n_image else ")"))
+                raise InputError(f"{said}: each budget is one row of the sweep, and a repeat would write its rows twice "
+                                 f"and double its n; drop one")
+        given.append(v)
+        out.append(share)
     return out
 
 

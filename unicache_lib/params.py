@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import math
 import numbers
 import re
 import warnings
@@ -31,9 +32,9 @@ import torch
 from .core.errors import InputError, ParameterError, UnicacheError
 from .inputs import budget_shares, check_fraction, check_fractions
 from .paths import output_path_refusal, project_path
-from .world.samples import load
+from .world.samples import MAX_PER_TYPE, PER_TYPE as SHIPPED_PER_TYPE, SEED as SHIPPED_SEED, load
 from .world.text import read_prompts
-from .zoo.loaders import DTYPES, SHIPPED, closest_shipped, resolve
+from .zoo.loaders import DTYPES, SHIPPED, closest_shipped, model_label, resolve
 
 # former name -> its one name in every notebook; the former still accepted, with a FutureWarning, for one release
 RENAMED = {"UNDERSTANDING_MODEL": "MODEL", "MODELS": "GENERATORS"}
@@ -43,25 +44,40 @@ def _fail(name: str, value, want: str):
     raise ParameterError(f"notebook parameter {name}={value!r}: {want}")
 
 
-def _integer(name, v, minimum: int):
+def _integer(name, v, minimum: int, maximum: int | None = None):
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         hint = f" (pass {name}={int(v)} without quotes)" if isinstance(v, str) and v.strip().lstrip("-").isdigit() else ""
         _fail(name, v, f"must be a whole number >= {minimum}{hint}")
     if v < minimum:
         _fail(name, v, f"must be >= {minimum}")
+    if maximum is not None and v > maximum:
+        _fail(name, v, f"must be at most {maximum:,} ({_WHY_AT_MOST.get(name, 'more would run for days or fill the memory')})")
 
 
-def count(minimum: int = 1):
-    return lambda name, v: _integer(name, v, minimum)
+# why a parameter has the upper bound it has (the rest: "more would run for days or fill the memory")
+_WHY_AT_MOST = {"SEED": "seeds are 31-bit everywhere, offsets included", "SAMPLE_SEED": "seeds are 31-bit everywhere",
+                "STEPS": "schedulers are trained on 1,000 steps", "GEN_STEPS": "schedulers are trained on 1,000 steps"}
+MAX_SEED = 2**31 - 1
+MAX_STEPS = 1000  # denoising steps: diffusion schedulers are trained on 1,000
+MAX_ITEMS = 100_000  # questions, prompts or captions one notebook run scores
+MAX_REPEATS = 1000  # repeats, seeds and timing rounds
 
 
-seed = count(0)
+def count(minimum: int = 1, maximum: int | None = None):
+    return lambda name, v: _integer(name, v, minimum, maximum)
 
 
-def number(lo: float = 0.0, strict: bool = True):
+seed = count(0, MAX_SEED)
+
+
+def number(lo: float = 0.0, strict: bool = True, hi: float = float("inf")):
+    """A finite real number above ``lo`` (or at ``lo`` when not ``strict``) and at most ``hi``: NaN and infinities
+    are refused (``GUIDANCE=inf`` would fail only once the generator ran)."""
     def check(name, v):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v or (v <= lo if strict else v < lo):
-            _fail(name, v, f"must be a number {'>' if strict else '>='} {lo:g}")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) \
+                or (v <= lo if strict else v < lo) or v > hi:
+            _fail(name, v, f"must be a finite number {'>' if strict else '>='} {lo:g}"
+                  + (f" and at most {hi:g}" if hi != float("inf") else ""))
     return check
 
 
@@ -110,6 +126,15 @@ def models(empty_ok: bool = False):
             _fail(name, v, "must name at least one model")
         for m in v:
             model()(f"{name}[...]", m)
+        labels: dict = {}
+        for m in v:  # outputs and tables are keyed by the label: two models under one label would lose one
+            lab = model_label(m)
+            if lab in labels:
+                _fail(name, v, f"{labels[lab]!r} and {m!r} are both named {lab!r} (outputs and tables are keyed by the "
+                      f"model's folder name, so one would silently replace the other)" + (
+                          ": list each model once" if str(labels[lab]) == str(m) else
+                          ": move or copy one of them to a folder of another name (a symlink keeps its target's name)"))
+            labels[lab] = m
         return v
     return check
 
@@ -184,8 +209,21 @@ def counts_or_none(name, v):
         if isinstance(v, str) or not isinstance(v, (list, tuple)) or not v:
             _fail(name, v, "must be None or a non-empty list of step counts")
         for i in v:
-            _integer(f"{name}[...]", i, 1)
+            _integer(f"{name}[...]", i, 1, MAX_STEPS)
     return v
+
+
+def subset(allowed: tuple):
+    """A list of names, each one of ``allowed``, no repeats (e.g. 05's ``DEPTH_SCHEDULES``)."""
+    def check(name, v):
+        items = _as_list(name, v)
+        if not isinstance(items, (list, tuple)):
+            _fail(name, v, f"must be a list of names from {list(allowed)}, e.g. {list(allowed[:2])}")
+        bad = [x for x in items if x not in allowed]
+        if bad or len(set(items)) != len(items):
+            _fail(name, v, f"must be a list of distinct names from {list(allowed)}"
+                  + (f"; not {bad}" if bad else "; a name is repeated"))
+    return check
 
 
 def flag(name, v):
@@ -211,9 +249,13 @@ def _your_data(name, v, found, read, expected: str) -> None:
     if not isinstance(v, (str, Path)):
         _fail(name, v, expected)
     path = project_path(v)
-    if not path.exists():
+    try:
+        there, fits = path.exists(), found(path)
+    except OSError as e:  # a name too long for the file system, a folder without permission
+        _fail(name, v, f"{path} cannot be read ({e.strerror or e}): check the path")
+    if not there:
         _fail(name, v, f"there is nothing at {path}: check the path (relative paths start at the repository root)")
-    if not found(path):
+    if not fits:
         _fail(name, v, expected)
     try:
         read(path)
@@ -252,13 +294,16 @@ KINDS = {
     **{k: model(optional=True) for k in ("LLAVA", "VILT", "MLLAMA", "CLIP", "UNIFIED", "MMDIT", "PIXART")},
     "DEVICE": device, "DTYPE": dtype, "SEED": seed, "SAMPLE_SEED": seed, "OUT_DIR": out_dir, "SAMPLES": samples_folder, "PROMPTS": prompts_file,
     "LAYERS": layers, "LAYER": layer, "SENTENCE": text, "PICTURE_CACHE": text,
-    "MEMORY_BUDGET_GB": number(), "GUIDANCE": number(), "THRESHOLD": fraction, "STRICT_THRESHOLD": fraction,
+    "MEMORY_BUDGET_GB": number(hi=10_000), "GUIDANCE": number(hi=100), "THRESHOLD": fraction, "STRICT_THRESHOLD": fraction,
     "BUDGETS": budgets, "FRACTIONS": fractions, "PICTURE_BUDGET": fraction, "PEERS": flag, "FEWER_STEPS": counts_or_none,
-    **{k: count(1) for k in ("PER_TYPE", "ANCHOR_K", "TOP_K", "N_CAPTIONS", "N_SINGLE", "STEPS", "N_QUESTIONS", "N_GRADIENT",
-                             "RANDOM_SEEDS", "N_PROMPTS", "TIMING_REPEATS", "N_EVICTION", "TIMING_PROMPTS", "REPEATS",
-                             "DRIFT_CAPTIONS", "N_GEN_PROMPTS", "MAP_QUERY_STRIDE", "GEN_STATS_PROMPTS", "GEN_STEPS",
-                             "N_DRAWINGS")},
-    **{k: count(0) for k in ("MAP_PER_TYPE", "N_PAIRS", "MAP_PROMPTS", "MASK_FROM_LAYER")},
+    "DEPTH_TOKENS": count(1, 4096), "DEPTH_SCHEDULES": subset(("profile", "pyramid", "keep_then_drop")),
+    "PER_TYPE": count(1, MAX_ITEMS), "MAP_PER_TYPE": count(0, MAX_ITEMS), "MASK_FROM_LAYER": count(0, 10_000),
+    **{k: count(1, MAX_STEPS) for k in ("STEPS", "GEN_STEPS")},
+    **{k: count(1, MAX_REPEATS) for k in ("RANDOM_SEEDS", "TIMING_REPEATS", "REPEATS")},
+    **{k: count(1, MAX_ITEMS) for k in ("ANCHOR_K", "TOP_K", "N_CAPTIONS", "N_SINGLE", "N_QUESTIONS", "N_GRADIENT",
+                                        "N_PROMPTS", "N_EVICTION", "TIMING_PROMPTS", "DRIFT_CAPTIONS", "N_GEN_PROMPTS",
+                                        "MAP_QUERY_STRIDE", "GEN_STATS_PROMPTS", "N_DRAWINGS")},
+    **{k: count(0, MAX_ITEMS) for k in ("N_PAIRS", "MAP_PROMPTS")},
     **{k: path_or_none for k in ("UNDERSTANDING_STORE", "GENERATION_STORE")},
 }
 
@@ -321,3 +366,21 @@ def check_params(namespace: dict, names=None) -> None:
         value = KINDS[name](name, namespace[name])
         if value is not None:  # a list spelt as a string, now the list
             namespace[name] = value
+    _check_together(namespace)
+
+
+def _check_together(namespace: dict) -> None:
+    """Values that are only wrong together, caught here instead of after the model loaded: ``PER_TYPE`` with the
+    standard sets (``SAMPLES`` None): above the shipped set's samples per scene type on its seed, above
+    :data:`~unicache_lib.world.samples.MAX_PER_TYPE` on another seed (that set is built in memory)."""
+    per = namespace.get("PER_TYPE")
+    if not (isinstance(per, int) and "SAMPLES" in namespace and namespace["SAMPLES"] is None):
+        return
+    if namespace.get("SAMPLE_SEED", SHIPPED_SEED) in (None, SHIPPED_SEED):
+        if per > SHIPPED_PER_TYPE:
+            _fail("PER_TYPE", per, f"the shipped sample set (SAMPLE_SEED={SHIPPED_SEED}) has {SHIPPED_PER_TYPE} samples "
+                  f"per scene type: pass PER_TYPE <= {SHIPPED_PER_TYPE}, or another SAMPLE_SEED (a set of the same "
+                  f"recipe is then built with {per} per type)")
+    elif per > MAX_PER_TYPE:
+        _fail("PER_TYPE", per, f"SAMPLE_SEED={namespace['SAMPLE_SEED']} builds its set in memory, at most "
+              f"{MAX_PER_TYPE:,} samples per scene type: pass PER_TYPE <= {MAX_PER_TYPE:,}")

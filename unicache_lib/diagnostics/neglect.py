@@ -14,7 +14,7 @@ import torch
 
 from ..capture.runner import inputs_for
 from ..claims import NEGLECT_CUTOFF, NEGLECT_WARN
-from ..core.errors import InputError
+from ..core.errors import AttentionValueError, InputError
 from ..core.modality import BLOCKS
 from ..core.scoring import kl_divergence
 
@@ -37,6 +37,12 @@ def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
     if missing:
         raise InputError(f"records miss {len(missing)} (sample, layer) cells, e.g. {missing[0]}: capture every layer of "
                          "every sample")
+    bad = [(s, li) for s in samples for li in layers if not np.isfinite(cells[s, li])]
+    if bad:  # a NaN compares False with every threshold: it would read as "healthy"
+        raise AttentionValueError(f"not measurable: {len(bad)} of {len(cells)} (sample, layer) cells have a NaN or "
+                                  f"infinite share of image attention (e.g. sample {bad[0][0]}, layer {bad[0][1]}), so "
+                                  f"the neglect detector cannot judge them: recapture in float32 (a half-precision "
+                                  f"overflow is the usual cause) and check the model's attention for NaN")
     return samples, np.array([[cells[s, li] for li in layers] for s in samples])
 
 
@@ -62,7 +68,11 @@ class NeglectVerdict:
 
 
 def detect_neglect(records, cutoff: float = CUTOFF, warn: float = WARN) -> NeglectVerdict:
-    """Fires when any layer's image share of the text queries' reads is below ``cutoff``."""
+    """Fires when any layer's image share of the text queries' reads is below ``cutoff``. Records whose shares are
+    NaN or infinite are refused (:class:`AttentionValueError`, "not measurable"), never called healthy."""
+    for what, v in (("cutoff", cutoff), ("warn", warn)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not 0 <= float(v) <= 1:
+            raise InputError(f"{what} must be a share in [0, 1] (the study's: cutoff {CUTOFF}, warn {WARN}), got {v!r}")
     sh = text_image_share(records)
     low = [i for i, v in enumerate(sh) if v < cutoff]
     return NeglectVerdict(sh, bool(low), low[0] if low else None, [i for i, v in enumerate(sh) if v < warn])

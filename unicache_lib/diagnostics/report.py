@@ -77,7 +77,10 @@ def _understanding_figures(label, recs, out, stem):
             fig.axes[0].set_xlabel("patch column")
             fig.axes[0].set_ylabel("patch row")
             figs.append(plots.save(fig, out, f"{stem}_anchors"))
-        notes.append(f"neglect detector: {detect_neglect(recs)}")
+        try:
+            notes.append(f"neglect detector: {detect_neglect(recs)}")
+        except InputError as e:  # NaN / inf shares (or cells missing): said as not measurable, never "healthy"
+            notes.append(f"neglect detector: {e}")
     notes.append(f"{L['sample'].nunique()} samples x {L.layer.nunique()} layers")
     return figs, notes
 

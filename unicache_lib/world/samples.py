@@ -13,7 +13,10 @@ rotate), a caption, and a short and a long generation prompt for the same object
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
+import re
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -22,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ..core.errors import ImageError, InputError, MissingFileError, UnknownNameError
-from ..core.untrusted import file_inside, read_utf8
+from ..core.errors import ImageError, InputError, InputTypeError, MissingFileError, UnicacheError, UnknownNameError
+from ..core.untrusted import open_inside, stat_inside
 from ..paths import project_path
 from .questions import TRAIN_QTYPES
 from .scenes import SCENE_TYPES
@@ -123,6 +126,10 @@ def build(seed: int = SEED, per_type: int = PER_TYPE) -> list[Sample]:
 
 
 def save(samples: list[Sample], out: Path, seed: int = SEED) -> None:
+    """Write ``samples`` in the shipped layout (PNGs, ``manifest.json``, ``masks.npz``) into ``out``: a new or empty
+    folder, or one holding only what this generator wrote before (:func:`_refuse_foreign`)."""
+    out = Path(out)
+    _refuse_foreign(out, samples)
     out.mkdir(parents=True, exist_ok=True)
     manifest = {"seed": seed, "n": len(samples), "image_size": int(samples[0].image.shape[0]),
                 "scene_types": list(SCENE_TYPES), "samples": []}
@@ -136,7 +143,34 @@ def save(samples: list[Sample], out: Path, seed: int = SEED) -> None:
             "short_prompt": s.short_prompt, "long_prompt": s.long_prompt,
         })
     np.savez_compressed(out / "masks.npz", **masks)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+MANIFEST = "manifest.json"  # the shipped set's layout (what save writes): a seed and one entry per sample
+METADATA = "metadata.jsonl"  # the Hugging Face imagefolder layout: one JSON object per image, keyed by file_name
+FOLDER_KEYS = ("file_name", "question")  # required; answer, qtype, objects, caption, prompts and masks are optional
+MAX_PER_TYPE = 1000  # samples per scene type a set is built with in memory (5000 in all; 10**6 would fill it)
+_WRITTEN = {MANIFEST, METADATA, METADATA + ".tmp", "masks.npz"}  # what save / export_folder write beside the PNGs
+_GENERATED_PNG = re.compile(rf"(?:{'|'.join(map(re.escape, SCENE_TYPES))})-[0-9]+\.png")  # a standard sample's image
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+def _refuse_foreign(out: Path, samples) -> None:
+    """Refuse ``out`` when it holds anything the generator would not have written (your images, a subfolder, a
+    symlink): the generator writes only into a new or empty folder, or over its own earlier output, so it never mixes
+    the synthetic samples with your files (whose images its metadata would then silently leave out)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise InputError(f"{out} is a file, not a folder: pass --out a new folder")
+    own = _WRITTEN | {f"{s.id}.png" for s in samples}
+    foreign = sorted(p.name for p in out.iterdir()
+                     if p.is_symlink() or not p.is_file() or not (p.name in own or _GENERATED_PNG.fullmatch(p.name)))
+    if foreign:
+        raise InputError(f"{out} already holds files the sample generator did not write ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}): it writes only into a new or empty folder, never "
+                         f"beside your own files; pass another --out (e.g. {out.name}-standard). For your own images, "
+                         f"write a {METADATA} beside them instead (samples.load({str(out)!r}) says how)")
 
 
 def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: int | None = None,
@@ -146,45 +180,97 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
 
     ``seed``: ``None`` or the committed set's seed loads the files at ``path``; any other seed builds
     that set in memory with the same recipe (same ids, scene types and question-type rotation), with ``per_type``
-    samples of each type where that is more than the committed set has (the settling runs of ``make settle``)."""
+    samples of each type where that is more than the committed set has (the settling runs of ``make settle``).
+
+    Every layout (``manifest.json``, ``metadata.jsonl``, a LLaVA-style JSON) is parsed into the same records and
+    checked by the same function (:func:`_samples_from_records`), so one rule holds for all of them."""
+    if path is not None and not isinstance(path, (str, Path)):
+        raise InputTypeError(f"the samples folder must be a path (str or Path) or None (the shipped set), got "
+                             f"{type(path).__name__} {path!r}")
+    per_type = None if per_type is None else _whole(per_type, "per_type", 0, 10**9)
+    seed = None if seed is None else _whole(seed, "seed", 0, 2**32 - 1)
     path = SAMPLES_DIR if path is None else project_path(path)  # None: the shipped set; relative: from the repository
-    mf = path / "manifest.json"
-    if not mf.exists() and path.is_dir() and ((path / METADATA).exists() or _llava_json(path)):
-        if seed is not None and int(seed) != SEED:
+    layout, llava = _layout(path)
+    if layout == "folder":
+        if seed is not None and seed != SEED:
             raise InputError(f"{path} is your own sample folder: it has no seed to draw another set from; pass "
                              f"SAMPLE_SEED=None or {SEED} (the default) with it")
-        return _select(read_folder(path), ids, scene_types, per_type)
-    if not mf.exists():
-        raise MissingFileError(f"no sample set at {path}: pass a folder in the Hugging Face imagefolder layout (images "
-                               f"and a {METADATA} with file_name and question per line; see export_folder), a LLaVA-style "
-                               f"conversations JSON beside its images, or run `python -m unicache_lib.world.samples --out {path}`")
-    manifest = json.loads(mf.read_text())
-    n_per = max(int(e["id"].rsplit("-", 1)[1]) for e in manifest["samples"]) + 1
-    if seed is not None and int(seed) != int(manifest.get("seed", SEED)):
-        return _select(build(int(seed), max(n_per, per_type or 0)), ids, scene_types, per_type)  # larger when asked
+        return _select(read_folder(path, llava), ids, scene_types, per_type)
+    if layout is None:
+        raise MissingFileError(_no_sample_set(path))
+    set_seed, rows = _rows_from_manifest(path)
+    counts: dict = {}
+    for _, row in rows:
+        counts[row.get("scene_type")] = counts.get(row.get("scene_type"), 0) + 1
+    n_per = max(counts.values(), default=0)
+    if seed is not None and seed != set_seed:
+        _whole(max(n_per, per_type or 0), "per_type", 0, MAX_PER_TYPE)  # built in memory: bounded
+        return _select(build(seed, max(n_per, per_type or 0)), ids, scene_types, per_type)  # larger when asked
     if per_type is not None and per_type > n_per:
         raise InputError(f"the committed set at {path} has {n_per} samples per scene type, {per_type} were asked for: "
                          f"pass another SAMPLE_SEED (a set of the same recipe is built with {per_type} per type), or "
                          f"PER_TYPE <= {n_per}")
-
-    masks = np.load(path / "masks.npz")
-    out = []
-    for e in manifest["samples"]:
-        img = np.asarray(Image.open(file_inside(path, e["image"], f"{mf}, sample {e['id']!r}", "image")).convert("RGB"))
-        out.append(Sample(e["id"], e["scene_type"], img, masks[e["id"]], e["objects"], e["question"], e["answer"],
-                          e["qtype"], e["caption"], e["short_prompt"], e["long_prompt"]))
-    return _select(out, ids, scene_types, per_type)
+    return _select(_samples_from_records(path, rows, path / MANIFEST, "image", "id"), ids, scene_types, per_type)
 
 
-METADATA = "metadata.jsonl"  # the Hugging Face imagefolder layout: one JSON object per image, keyed by file_name
-FOLDER_KEYS = ("file_name", "question")  # required; answer, qtype, objects, caption, prompts and masks are optional
+def _whole(value, what: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``[lo, hi]`` (numpy integers too), or a refusal naming ``what`` and the range."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InputTypeError(f"{what} must be a whole number in {lo}..{hi}, got {type(value).__name__} {value!r}")
+    if not lo <= int(value) <= hi:
+        raise InputError(f"{what}={value} is outside {lo}..{hi}" + (f": a set of {MAX_PER_TYPE} per scene type "
+                         f"({MAX_PER_TYPE * len(SCENE_TYPES)} samples) is the most one run builds" if what == "per_type"
+                         else ""))
+    return int(value)
+
+
+def _layout(path: Path) -> tuple[str | None, tuple | None]:
+    """``("manifest", None)``, ``("folder", None)`` (a metadata.jsonl), ``("folder", (json file, parsed))`` (a LLaVA
+    JSON) or ``(None, None)``; a folder that cannot even be listed is refused in one line."""
+    try:
+        if os.path.lexists(path / MANIFEST):
+            return "manifest", None
+        if not path.is_dir():
+            return None, None
+        if os.path.lexists(path / METADATA):
+            return "folder", None
+        llava = _llava_json(path)
+        return ("folder", llava) if llava else (None, None)
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read as a samples folder ({e.strerror or e}): pass an existing folder "
+                         f"with a short path") from e
+
+
+def _no_sample_set(path: Path) -> str:
+    """What to do with a folder that has no sample file: for a folder of your own images, how to write its
+    metadata.jsonl (the generator never writes into it); otherwise where a sample set comes from."""
+    try:
+        images = sorted(p.name for p in path.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES) if path.is_dir() else []
+    except OSError:
+        images = []
+    if images:
+        suffixes = tuple(sorted({Path(n).suffix.lower() for n in images}))
+        write = (f"python -c \"import json, pathlib; d = pathlib.Path({str(path)!r}); (d / '{METADATA}').write_text(''."
+                 f"join(json.dumps({{'file_name': p.name, 'question': 'what is in the image ?'}}) + chr(10) for p in "
+                 f"sorted(d.iterdir()) if p.suffix.lower() in {suffixes!r}))\"")
+        return (f"{path} holds {len(images)} image{'s' * (len(images) != 1)} ({', '.join(images[:2])}{', ...' if len(images) > 2 else ''}) but "
+                f"no {METADATA} saying what to ask about each: write one JSON line per image beside them, e.g. "
+                f'{{"file_name": "{images[0]}", "question": "what colour is the circle ?", "answer": "red"}} (answer, '
+                f"scene_type and objects optional), for instance with {write}, then edit each question (and add its "
+                f"answer); your images stay as they are")
+    return (f"no sample set at {path}: pass a folder in the Hugging Face imagefolder layout (your images and a "
+            f"{METADATA} with file_name and question per line, answer optional) or a LLaVA-style conversations JSON "
+            f"beside its images; `python -m unicache_lib.world.samples --folder --out <a new folder>` writes an example "
+            f"of the layout")
 
 
 def export_folder(samples: list[Sample], out: str | Path) -> Path:
     """Write ``samples`` in the Hugging Face ``imagefolder`` layout: the PNGs, a ``metadata.jsonl`` (``file_name``,
     ``question``, ``answer`` and the rest of each sample) and the object masks in ``masks.npz`` (keyed by
-    ``file_name``). ``datasets.load_dataset("imagefolder", data_dir=out)`` reads it, and so does :func:`load`."""
+    ``file_name``). ``datasets.load_dataset("imagefolder", data_dir=out)`` reads it, and so does :func:`load`.
+    ``out`` is a new or empty folder, or one holding only what this generator wrote before (:func:`_refuse_foreign`)."""
     out = Path(out)
+    _refuse_foreign(out, samples)
     out.mkdir(parents=True, exist_ok=True)
     lines, masks = [], {}
     for s in samples:
@@ -201,22 +287,144 @@ def export_folder(samples: list[Sample], out: str | Path) -> Path:
     return out
 
 
-def _llava_json(path: Path) -> Path | None:
-    """The one LLaVA-style conversations JSON of a folder (a list of ``{"image", "conversations"}``), if any."""
+# ---- a folder's files: inside it, regular files, of a bounded size --------------------------------------------
+MAX_TEXT_BYTES = 64 << 20  # metadata.jsonl, a LLaVA JSON, manifest.json
+MAX_IMAGE_BYTES = 256 << 20  # one image file as stored
+MAX_MASK_BYTES = 1 << 30  # masks.npz as stored, and unpacked
+
+
+def _how(where: str, key: str, listed: bool) -> tuple[str, str]:
+    """``(what, fix)`` for :func:`~unicache_lib.core.untrusted.open_inside`'s one-line refusals: a path from a line of
+    data (``where``, its ``key``), or one of the folder's own files (``metadata.jsonl``, ``masks.npz``, ...)."""
+    if listed:
+        return (f"{where}: {key}", f"Only regular files inside the folder are read: put the file in it and give {key} "
+                                   f"relative to it, e.g. 'images/x.png'")
+    return "the samples file", ("Only regular files inside the folder are read: put the file itself there (not a link, "
+                                "a pipe or a device)")
+
+
+def _locate(root: Path, rel, where: str, key: str, limit: int, listed: bool = True):
+    """``rel`` once it is known to name a regular file inside ``root`` (after every symlink; a NUL byte, an over-long
+    name, a loop, a link out, a FIFO, device or folder each refused in its own words, nothing opened) of at most
+    ``limit`` bytes. ``listed``: ``rel`` came from a line of data (``where``, its ``key``); else it is one of the
+    folder's own files."""
+    what, fix = _how(where, key, listed)
+    st = stat_inside(root, rel, what=what, fix=fix)
+    if st is None:
+        raise MissingFileError(f"{where}: {root / rel} is listed but not there: put the file in the folder or fix {key}"
+                               if listed else f"{root / rel} is not there")
+    _check_size(st.st_size, f"{what} {rel!r}", limit)
+    return rel
+
+
+def _check_size(size: int, label: str, limit: int) -> None:
+    if size > limit:
+        raise InputError(f"{label} is {size:,} bytes, more than the {limit:,} read from a samples folder for such a "
+                         f"file: shrink it (or split the folder)")
+
+
+def _read_bytes(root: Path, rel: str, where: str, key: str, limit: int, listed: bool = True) -> bytes:
+    """The bytes of the file :func:`_locate` found, opened by :func:`~unicache_lib.core.untrusted.open_inside` (the
+    same checks again, without blocking and without following a part swapped for a link meanwhile), at most
+    ``limit``."""
+    what, fix = _how(where, key, listed)
+    fd = open_inside(root, rel, what=what, fix=fix)
+    with os.fdopen(fd, "rb") as f:
+        _check_size(os.fstat(fd).st_size, f"{what} {rel!r}", limit)
+        data = f.read(limit + 1)
+    _check_size(len(data), f"{what} {rel!r}", limit)  # grew while it was read
+    return data
+
+
+def _read_own(root: Path, name: str, limit: int) -> bytes:
+    """One of the folder's own files (``metadata.jsonl``, ``masks.npz``, a LLaVA JSON, ``manifest.json``)."""
+    _locate(root, name, str(root), name, limit, listed=False)
+    return _read_bytes(root, name, str(root), name, limit, listed=False)
+
+
+def _text(data: bytes, path: Path) -> str:
+    """``data`` decoded as UTF-8, refused naming the file and the line (as :func:`~unicache_lib.core.untrusted.read_utf8`)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise InputError(f"{path}, line {line}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}): save the "
+                         f"file as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path.name} > fixed && mv fixed "
+                         f"{path.name}`") from e
+
+
+def _json(data: bytes, path: Path):
+    """``data`` parsed as one JSON document, refused naming the file (nesting too deep to parse included)."""
+    text = _text(data, path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}, line {e.lineno}: not JSON ({e.msg}): fix the file, or write the samples as a "
+                         f"{METADATA} (one JSON object per line)") from e
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to read as JSON: write flat records") from None
+
+
+# ---- every layout parsed into the same records: (where, row) with row["file_name"] the image ------------------
+def _rows_from_manifest(path: Path) -> tuple[int, list[tuple[str, dict]]]:
+    """The seed and the ``(where, row)`` records of a ``manifest.json`` (the shipped layout): each entry's ``image``
+    is its ``file_name``; every other field is checked as a metadata.jsonl line is."""
+    mf = path / MANIFEST
+    data = _json(_read_own(path, MANIFEST, MAX_TEXT_BYTES), mf)
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
+        raise InputError(f"{mf}: a manifest is an object with a 'samples' list (what `python -m unicache_lib.world."
+                         f"samples` writes); for your own images write a {METADATA} instead")
+    seed = data.get("seed", SEED)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(f"{mf}: 'seed' must be a whole number >= 0, got {seed!r}")
+    rows = []
+    for i, e in enumerate(data["samples"]):
+        where = f"{mf}, sample {i}"
+        if not isinstance(e, dict) or "image" not in e or "question" not in e:
+            raise InputError(f"{where}: every sample needs an 'image' and a 'question' (id, answer, objects and the "
+                             f"rest are optional); fix the entry")
+        row = {k: v for k, v in e.items() if k not in ("image", "file_name")}
+        row["file_name"] = e["image"]
+        rows.append((where, row))
+    return seed, rows
+
+
+def _rows_from_metadata(path: Path) -> list[tuple[str, dict]]:
+    """The ``(where, row)`` records of a ``metadata.jsonl``: one JSON object per line (split on newlines only, so a
+    U+2028 inside a string stays in it)."""
+    meta = path / METADATA
+    rows = []
+    for n, row in jsonl_rows(meta, _text(_read_own(path, METADATA, MAX_TEXT_BYTES), meta)):
+        where = f"{meta}, line {n}"
+        missing = [k for k in FOLDER_KEYS if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise InputError(f"{where}: no {' or '.join(repr(k) for k in missing)}: every line needs "
+                             f"{', '.join(FOLDER_KEYS)} (answer, objects and masks are optional)")
+        rows.append((where, row))
+    return rows
+
+
+def _llava_json(path: Path) -> tuple[Path, list] | None:
+    """The one LLaVA-style conversations JSON of a folder (a list of ``{"image", "conversations"}``) and its parsed
+    entries, if any. JSON files that are not such a list are passed over; one that is a symlink out of the folder,
+    a FIFO, a device or too large is refused (it is never opened)."""
     for f in sorted(path.glob("*.json")):
-        try:
-            data = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        if f.is_dir() and not f.is_symlink():
             continue
-        if isinstance(data, list) and data and isinstance(data[0], dict) and "conversations" in data[0]:
-            return f
+        data = _read_own(path, f.name, MAX_TEXT_BYTES)
+        try:
+            entries = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        if isinstance(entries, list) and entries and isinstance(entries[0], dict) and "conversations" in entries[0]:
+            return f, entries
     return None
 
 
-def _rows_from_llava(f: Path) -> list[tuple[str, dict]]:
+def _rows_from_llava(f: Path, entries: list) -> list[tuple[str, dict]]:
     """``(where, row)`` per entry: ``where`` names the file and the entry for every refusal."""
     rows = []
-    for i, e in enumerate(json.loads(read_utf8(f))):
+    for i, e in enumerate(entries):
         where = f"{f}, entry {i}"
         turns = e.get("conversations") if isinstance(e, dict) else None
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
@@ -234,14 +442,14 @@ def _rows_from_llava(f: Path) -> list[tuple[str, dict]]:
     return rows
 
 
-# what a folder's line may hold beside file_name and question, and the type each must have
+# what a record may hold beside file_name and question, and the type each must have
 _TEXT_FIELDS = ("qtype", "scene_type", "caption", "short_prompt", "long_prompt")
 _OBJECT_KEYS = ("colour", "shape", "position")
 _HIGH_BIT_MODES = {"I": 32, "I;16": 16, "I;16B": 16, "I;16L": 16, "I;16N": 16, "F": 32}
 
 
 def _check_row(where: str, row: dict) -> dict:
-    """The fields of one line, type by type; a wrong one is refused naming ``where``, the field and the fix."""
+    """The fields of one record, type by type; a wrong one is refused naming ``where``, the field and the fix."""
     q = row.get("question")
     if not isinstance(q, str) or not q.strip():
         raise InputError(f"{where}: 'question' must be a non-empty text, got {q!r}: write the question the model is "
@@ -269,13 +477,14 @@ def _check_row(where: str, row: dict) -> dict:
     return row
 
 
-def _read_image(f: Path, where: str) -> np.ndarray:
-    """``f`` as ``[H, W, 3]`` uint8 RGB; refused naming the file for what cannot be converted exactly (16- and
-    32-bit images, decompression bombs, unreadable files); transparent pixels warned about as ``inputs_for`` does."""
+def _read_image(data: bytes, name: str, where: str) -> np.ndarray:
+    """The image file's bytes as ``[H, W, 3]`` uint8 RGB; refused naming the file for what cannot be converted exactly
+    (16- and 32-bit images, decompression bombs, unreadable files); transparent pixels warned about as ``inputs_for``
+    does."""
     try:
-        with Image.open(f) as im:
+        with Image.open(io.BytesIO(data)) as im:
             if im.mode in _HIGH_BIT_MODES:
-                raise ImageError(f"{where}: {f.name} is a {_HIGH_BIT_MODES[im.mode]}-bit image (mode {im.mode}): only 8-bit "
+                raise ImageError(f"{where}: {name} is a {_HIGH_BIT_MODES[im.mode]}-bit image (mode {im.mode}): only 8-bit "
                                  f"images are read exactly; save it as 8-bit RGB PNG, e.g. "
                                  f"(arr / arr.max() * 255).round().astype('uint8')")
             im.load()
@@ -283,30 +492,35 @@ def _read_image(f: Path, where: str) -> np.ndarray:
             rgba = np.asarray(im.convert("RGBA")) if alpha else None
             img = np.asarray(im.convert("RGB"))
     except Image.DecompressionBombError as e:
-        raise ImageError(f"{where}: {f.name} has more pixels than PIL's decompression-bomb limit "
+        raise ImageError(f"{where}: {name} has more pixels than PIL's decompression-bomb limit "
                          f"(Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS:,}): resize it first ({e})") from e
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise ImageError(f"{where}: {f} is not a readable image ({e}): re-save it as PNG or JPEG") from e
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:  # SyntaxError: PIL's broken-file error
+        raise ImageError(f"{where}: {name} is not a readable image ({e}): re-save it as PNG or JPEG") from e
     if rgba is not None and (rgba[..., 3] < 255).any():
         share = float((rgba[..., 3] == 0).mean())
-        warnings.warn(f"{f.name}: {share:.0%} of its pixels are fully transparent; the alpha channel is dropped (as "
-                      "PIL's convert('RGB') and transformers' convert_to_rgb do), so they show their stored colour. "
+        warnings.warn(f"{Path(name).name}: {share:.0%} of its pixels are fully transparent; the alpha channel is dropped "
+                      "(as PIL's convert('RGB') and transformers' convert_to_rgb do), so they show their stored colour. "
                       "Composite it on a background first, e.g. PIL.Image.alpha_composite(PIL.Image.new('RGBA', "
-                      "img.size, 'white'), img).convert('RGB')", UserWarning, stacklevel=3)
+                      "img.size, 'white'), img).convert('RGB')", UserWarning, stacklevel=4)
     return img
 
 
 def _read_masks(path: Path) -> dict:
-    """``masks.npz`` as ``{file_name: bool [n, H, W]}``: no pickles, 3-D boolean (or 0/1) arrays, or a refusal naming
-    the file and the array."""
+    """``masks.npz`` as ``{key: bool [n, H, W]}``: read inside the folder, no pickles, at most :data:`MAX_MASK_BYTES`
+    unpacked, 3-D boolean (or 0/1) arrays, or a refusal naming the file and the array."""
     f = path / "masks.npz"
-    if not f.exists():
+    if not os.path.lexists(f):
         return {}
+    data = _read_own(path, "masks.npz", MAX_MASK_BYTES)
     try:
-        with np.load(f, allow_pickle=False) as z:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
             if not isinstance(z, np.lib.npyio.NpzFile):
                 raise InputError(f"{f} is a single array, not an .npz archive: save it with np.savez_compressed(path, "
                                  f"**{{file_name: masks}})")
+            unpacked = sum(i.file_size for i in z.zip.infolist())
+            if unpacked > MAX_MASK_BYTES:
+                raise InputError(f"{f} unpacks to {unpacked:,} bytes, more than the {MAX_MASK_BYTES:,} read: save one "
+                                 f"boolean mask per object at the image's size")
             out = {}
             for k in z.files:
                 m = z[k]
@@ -319,37 +533,37 @@ def _read_masks(path: Path) -> dict:
             return out
     except InputError:
         raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, MemoryError) as e:
         raise InputError(f"{f} is not a readable .npz of boolean masks ({type(e).__name__}: {e}); pickled or object "
                          f"arrays are never loaded. Save it with np.savez_compressed(path, **{{file_name: bool masks}}) "
                          f"or remove it (masks are optional)") from e
 
 
-def read_folder(path: str | Path) -> list[Sample]:
+def read_folder(path: str | Path, llava: tuple | None = None) -> list[Sample]:
     """Your own samples: a folder in the imagefolder layout (:data:`METADATA`) or with a LLaVA-style conversations
-    JSON. Every line is checked before anything loads, field by field: a bad line, a path that leaves the folder,
-    a missing or unreadable image, an id used twice, or masks that do not fit name the file, the line and the fix.
-    What a folder lacks stays empty (``answer`` None, no objects, no masks), and the claims that need it say so
-    instead of measuring."""
+    JSON (``llava``: that file and its parsed entries, when already found). Every line is checked before anything
+    loads, field by field, by the same function as every layout (:func:`_samples_from_records`). What a folder lacks
+    stays empty (``answer`` None, no objects, no masks), and the claims that need it say so instead of measuring."""
     path = Path(path)
-    meta, llava = path / METADATA, None if (path / METADATA).exists() else _llava_json(path)
+    if llava is None and not os.path.lexists(path / METADATA):
+        llava = _llava_json(path)
     if llava is not None:
-        rows = _rows_from_llava(llava)
-    else:
-        rows = []
-        for n, row in jsonl_rows(meta):
-            where = f"{meta}, line {n}"
-            missing = [k for k in FOLDER_KEYS if not isinstance(row, dict) or k not in row]
-            if missing:
-                raise InputError(f"{where}: no {' or '.join(repr(k) for k in missing)}: every line needs "
-                                 f"{', '.join(FOLDER_KEYS)} (answer, objects and masks are optional)")
-            rows.append((where, row))
+        return _samples_from_records(path, _rows_from_llava(*llava), llava[0], "image", "file_name")
+    return _samples_from_records(path, _rows_from_metadata(path), path / METADATA, "file_name", "file_name")
+
+
+def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path, key: str,
+                          masks_by: str) -> list[Sample]:
+    """The one check every samples layout goes through: each record's fields (:func:`_check_row`), its image file
+    (inside the folder, a regular file, an 8-bit image), unique ids (both records named), masks that fit their image
+    (``masks.npz`` keyed by ``masks_by``: ``"file_name"`` for your folders, ``"id"`` for the manifest). ``key``: what
+    the records call the image (``file_name`` or ``image``), for the messages."""
     if not rows:
-        raise InputError(f"{llava or meta} lists no samples: add one line per image")
-    files = {}
+        raise InputError(f"{source} lists no samples: add one line per image")
     for where, row in rows:
         _check_row(where, row)
-        files[where] = file_inside(path, row["file_name"], where, "file_name" if llava is None else "image")
+    for where, row in rows:  # every image file located before any is read
+        _locate(path, row["file_name"], where, key, MAX_IMAGE_BYTES)
     seen: dict[str, str] = {}
     for where, row in rows:
         sid = str(row.get("id", Path(str(row["file_name"])).stem))
@@ -360,10 +574,11 @@ def read_folder(path: str | Path) -> list[Sample]:
     masks = _read_masks(path)
     out = []
     for (where, row), sid in zip(rows, seen):
-        img = _read_image(files[where], where)
-        m = masks[row["file_name"]] if row["file_name"] in masks else np.zeros((0, *img.shape[:2]), bool)
+        img = _read_image(_read_bytes(path, row["file_name"], where, key, MAX_IMAGE_BYTES), row["file_name"], where)
+        mk = row["file_name"] if masks_by == "file_name" else sid
+        m = masks[mk] if mk in masks else np.zeros((0, *img.shape[:2]), bool)
         if m.shape[1:] != img.shape[:2]:
-            raise InputError(f"masks.npz[{row['file_name']!r}] is {tuple(m.shape)}, not [n_objects, {img.shape[0]}, "
+            raise InputError(f"masks.npz[{mk!r}] is {tuple(m.shape)}, not [n_objects, {img.shape[0]}, "
                              f"{img.shape[1]}] like its image: save one boolean mask per object at the image's size")
         a = row.get("answer")
         out.append(Sample(sid, row.get("scene_type") or "", img, m, list(row.get("objects") or []), row["question"],
@@ -399,10 +614,13 @@ def main(argv=None):
                     "your own samples take, instead of the shipped manifest")
     args = ap.parse_args(argv)
     samples = build(args.seed)
-    if args.folder:
-        print(f"wrote {len(samples)} samples to {export_folder(samples, Path(args.out))} (imagefolder layout)")
-        return
-    save(samples, Path(args.out), args.seed)
+    try:  # a folder holding files the generator did not write is refused in one line, nothing written
+        if args.folder:
+            print(f"wrote {len(samples)} samples to {export_folder(samples, Path(args.out))} (imagefolder layout)")
+            return
+        save(samples, Path(args.out), args.seed)
+    except UnicacheError as e:
+        ap.exit(2, f"{ap.prog}: {e}\n")
     print(f"wrote {len(samples)} samples to {args.out}")
 
 

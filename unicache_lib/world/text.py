@@ -191,16 +191,19 @@ def export_prompts(prompts: list[dict], out) -> "Path":
     return out
 
 
-def jsonl_rows(path) -> list[tuple[int, object]]:
-    """``(line number, parsed JSON)`` of every non-blank line of a JSON-lines file; a line that is not JSON is refused
-    naming the file, the line and the fix."""
+def jsonl_rows(path, text: str | None = None) -> list[tuple[int, object]]:
+    """``(line number, parsed JSON)`` of every non-blank line of a JSON-lines file (``text``: its contents, already
+    read); a line that is not JSON is refused naming the file, the line and the fix. Lines end at ``\n`` only (JSON
+    lines' rule): ``str.splitlines`` would also cut at U+2028, U+0085 or a form feed inside a string."""
     out = []
-    for n, line in enumerate(read_utf8(path).splitlines(), 1):
+    for n, line in enumerate((read_utf8(path) if text is None else text).split("\n"), 1):
         if line.strip():
             try:
                 out.append((n, json.loads(line)))
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}, line {n}: not JSON ({e.msg}): write one JSON object per line") from e
+            except RecursionError:
+                raise InputError(f"{path}, line {n}: nested too deeply to read as JSON: write flat records") from None
     return out
 
 

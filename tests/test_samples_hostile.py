@@ -1,0 +1,288 @@
+"""Hostile samples folders (#60): a folder's own files (``metadata.jsonl``, ``masks.npz``, the LLaVA JSON,
+``manifest.json``) are read only from inside it and only when they are regular files of a bounded size; every layout
+is parsed into the same records and checked by one function; the generator never writes beside your own files; NaN
+attention statistics are never "healthy".
+
+docs/FAULTS.md's "Hostile samples and parameters (#60)" table counts the cases below
+(tests/test_store_faults.py::test_fault_table_counts_come_from_the_tests)."""
+import contextlib
+import json
+import os
+import re
+import signal
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from unicache_lib.core.errors import UnicacheError
+from unicache_lib.params import check_params
+from unicache_lib.world import samples as S
+
+
+@contextlib.contextmanager
+def within(seconds: int = 20):
+    """Fail (instead of hanging the suite) when the body blocks, as a FIFO read would."""
+    def alarm(*_):
+        raise TimeoutError(f"blocked for {seconds} s")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _png(path, arr=None):
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8) if arr is None else arr).save(path)
+    return path
+
+
+def _lines(rows, ascii_only=True) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=ascii_only) + "\n" for r in rows).encode("utf-8", "surrogatepass")
+
+
+def _write_layout(root: Path, layout: str, rows: list[dict], ascii_only=True) -> Path:
+    """``rows`` (metadata.jsonl-style records: file_name, question, answer, id, ...) written in ``layout``."""
+    root.mkdir(parents=True, exist_ok=True)
+    if layout == "metadata":
+        (root / "metadata.jsonl").write_bytes(_lines(rows, ascii_only))
+    elif layout == "manifest":
+        entries = [{("image" if k == "file_name" else k): v for k, v in r.items()} for r in rows]
+        (root / "manifest.json").write_bytes(json.dumps({"seed": S.SEED, "samples": entries}, ensure_ascii=ascii_only)
+                                             .encode("utf-8", "surrogatepass"))
+    else:  # llava: only file_name, question, answer and id travel
+        entries = []
+        for r in rows:
+            e = {"conversations": [{"from": "human", "value": r.get("question")}, {"from": "gpt", "value": r.get("answer")}]}
+            if "file_name" in r:
+                e["image"] = r["file_name"]
+            if "id" in r:
+                e["id"] = r["id"]
+            entries.append(e)
+        (root / "data.json").write_bytes(json.dumps(entries, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass"))
+    return root
+
+
+LAYOUTS = ["metadata", "manifest", "llava"]
+OWN_FILE = {"metadata": "metadata.jsonl", "manifest": "manifest.json", "llava": "data.json"}
+
+
+# ---- 1. a folder's own files: inside it, regular, bounded ------------------------------------------------------
+@pytest.mark.parametrize("own", ["metadata.jsonl", "manifest.json", "data.json", "masks.npz"])
+def test_a_folders_own_files_are_never_read_through_a_symlink_out(tmp_path, own):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    layout = {"manifest.json": "manifest", "data.json": "llava"}.get(own, "metadata")
+    _write_layout(outside, layout, [{"file_name": "a.png", "question": "secret ?"}])
+    np.savez(outside / "masks.npz", **{"a.png": np.zeros((1, 16, 16), bool)})
+    root = tmp_path / "mine"
+    _write_layout(root, layout, [{"file_name": "a.png", "question": "q"}])
+    _png(root / "a.png")
+    (root / own).unlink(missing_ok=True)
+    (root / own).symlink_to(outside / own)
+    with pytest.raises(UnicacheError, match=rf"the samples file '{re.escape(own)}' in .* is a symbolic link to .*, "
+                                            r"which points outside the folder: it is never followed"):
+        S.load(root)
+    with pytest.raises(UnicacheError, match=rf"SAMPLES=.*'{re.escape(own)}' in .* is a symbolic link to"):
+        check_params({"SAMPLES": str(root)})  # the notebooks' check cell refuses it too
+
+
+@pytest.mark.parametrize("special", ["metadata.jsonl", "masks.npz", "a.png", "manifest.json"])
+def test_a_fifo_in_place_of_a_file_is_refused_not_waited_on(tmp_path, special):
+    root = _write_layout(tmp_path / "f", "manifest" if special == "manifest.json" else "metadata",
+                         [{"file_name": "a.png", "question": "q"}])
+    _png(root / "a.png")
+    (root / special).unlink(missing_ok=True)
+    os.mkfifo(root / special)
+    with within(20), pytest.raises(UnicacheError, match=r"is a FIFO \(named pipe\), not a regular file"):
+        S.load(root)
+
+
+@pytest.mark.parametrize("special", ["metadata.jsonl", "masks.npz", "a.png"])
+def test_a_link_to_dev_zero_or_a_huge_file_is_refused_before_it_is_read(tmp_path, special, monkeypatch):
+    root = _write_layout(tmp_path / "f", "metadata", [{"file_name": "a.png", "question": "q"}])
+    _png(root / "a.png")
+    (root / special).unlink(missing_ok=True)
+    (root / special).symlink_to("/dev/zero")
+    with within(20), pytest.raises(UnicacheError, match=r"(outside|not a regular file)"):
+        S.load(root)
+    # and a regular file past the size read from a samples folder (a sparse file: no disk used)
+    (root / special).unlink()
+    monkeypatch.setattr(S, "MAX_TEXT_BYTES", 1 << 20)
+    monkeypatch.setattr(S, "MAX_IMAGE_BYTES", 1 << 20)
+    monkeypatch.setattr(S, "MAX_MASK_BYTES", 1 << 20)
+    with open(root / special, "wb") as f:
+        f.truncate((1 << 20) + 1)
+    with pytest.raises(UnicacheError, match=r"is 1,048,577 bytes, more than the 1,048,576 read"):
+        S.load(root)
+
+
+@pytest.mark.parametrize("name,msg", [
+    ("a\x00.png", r"line 1: file_name 'a\\x00.png' in .* holds a NUL byte"),
+    ("loop.png", r"line 1: file_name 'loop.png' in .* is a symbolic link loop"),
+    ("x" * 300 + ".png", r"line 1: file_name 'x+'\.\.\. \(304 characters\) in .* is too long to be a file name"),
+])
+def test_nul_bytes_loops_and_long_names_each_get_their_own_message(tmp_path, name, msg):
+    root = _write_layout(tmp_path / "f", "metadata", [{"file_name": name, "question": "q"}])
+    (root / "loop.png").symlink_to(root / "loop2.png")
+    (root / "loop2.png").symlink_to(root / "loop.png")
+    with pytest.raises(UnicacheError, match=msg) as e:
+        S.load(root)
+    assert "points outside" not in str(e.value)
+
+
+def test_a_long_folder_name_is_one_line_not_a_raw_oserror(tmp_path):
+    with pytest.raises(UnicacheError, match=r"SAMPLES=.*cannot be read \(File name too long\)"):
+        check_params({"SAMPLES": str(tmp_path / ("x" * 300))})
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
+def test_a_line_separator_inside_a_string_stays_in_it(tmp_path, char):
+    """JSON lines end at "\\n" only; str.splitlines would cut the line at U+2028 and call it "not JSON"."""
+    root = _write_layout(tmp_path / "f", "metadata", [{"file_name": "a.png", "question": f"what{char}is it ?"}],
+                         ascii_only=False)
+    assert char.encode() in (root / "metadata.jsonl").read_bytes()
+    _png(root / "a.png")
+    assert S.load(root)[0].question == f"what{char}is it ?"
+
+
+# ---- 2. one set of checks for every layout ---------------------------------------------------------------------
+BAD_RECORDS = [
+    ([{"file_name": "a.png", "question": None}], r"'question' must be a non-empty text"),
+    ([{"file_name": "a.png", "question": "q", "objects": "red circle"}], r"'objects' must be a list"),
+    ([{"file_name": "a.png", "question": "q", "id": "s"}, {"file_name": "b.png", "question": "q", "id": "s"}],
+     r"sample id 's' is also .*'s"),
+    ([{"file_name": "c.png", "question": "q"}], r"c.png is a 16-bit image"),
+]
+
+
+@pytest.mark.parametrize("layout", ["metadata", "manifest"])
+@pytest.mark.parametrize("rows,msg", BAD_RECORDS)
+def test_every_layout_gets_the_same_checks(tmp_path, layout, rows, msg):
+    root = _write_layout(tmp_path / "f", layout, rows)
+    _png(root / "a.png")
+    _png(root / "b.png")
+    Image.fromarray(np.full((16, 16), 40000, np.uint16)).save(root / "c.png")  # used to read as 99.6% white
+    with pytest.raises(UnicacheError, match=msg):
+        S.load(root)
+    with pytest.raises(UnicacheError, match=rf"SAMPLES=.*{msg}"):
+        check_params({"SAMPLES": str(root)})
+
+
+def test_the_shipped_manifest_still_loads_exactly():
+    man = json.loads((S.SAMPLES_DIR / "manifest.json").read_text())
+    got = S.load()
+    assert [s.id for s in got] == [e["id"] for e in man["samples"]]
+    assert all(s.question == e["question"] and s.answer == e["answer"] and s.objects == e["objects"]
+               and s.masks.shape[0] == len(e["objects"]) for s, e in zip(got, man["samples"]))
+
+
+# ---- 3. the generator and a folder of your own images ----------------------------------------------------------
+def test_a_folder_of_plain_images_is_told_how_to_write_its_metadata_and_the_way_works(tmp_path):
+    root = tmp_path / "photos"
+    root.mkdir()
+    for n in ("cat.png", "dog.png"):
+        _png(root / n)
+    with pytest.raises(UnicacheError, match=r"holds 2 images \(cat.png, dog.png\) but no metadata.jsonl.*one JSON line "
+                                            r"per image.*your images stay as they are") as e:
+        S.load(root)
+    assert "--out" not in str(e.value)  # the generator is not suggested for a folder of your images
+    code = re.search(r'python -c "(.*?)", then', str(e.value)).group(1)
+    exec(code, {})  # the way the message names
+    assert [(s.id, s.question) for s in S.load(root)] == [("cat", "what is in the image ?"), ("dog", "what is in the image ?")]
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_the_generator_never_writes_beside_files_it_did_not_make(tmp_path, folder, capsys):
+    root = tmp_path / "photos"
+    root.mkdir()
+    _png(root / "cat.png")
+    args = ["--out", str(root)] + (["--folder"] if folder else [])
+    with pytest.raises(SystemExit) as e:
+        S.main(args)
+    assert e.value.code == 2
+    assert re.search(r"already holds files the sample generator did not write \(cat.png\)", capsys.readouterr().err)
+    assert sorted(p.name for p in root.iterdir()) == ["cat.png"]  # nothing written
+    fresh = tmp_path / "fresh"
+    S.main(["--out", str(fresh)] + (["--folder"] if folder else []))
+    S.main(["--out", str(fresh)] + (["--folder"] if folder else []))  # over its own output: allowed
+    assert len(S.load(fresh)) == 20
+
+
+# ---- 4. statistics: NaN or inf is never "healthy" ---------------------------------------------------------------
+def _records(value):
+    from unicache_lib.core.modality import BLOCKS
+
+    out = []
+    for s in range(2):
+        for layer in range(2):
+            b = torch.full((2, len(BLOCKS)), 0.25)
+            if (s, layer) == (1, 1):
+                b[:, BLOCKS.index("text->image")] = value
+            out.append(types.SimpleNamespace(sample=str(s), layer=layer, part="language", data={"blocks": b}))
+    return out
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_inf_statistics_are_not_measurable_never_healthy(value):
+    from unicache_lib.core.errors import AttentionValueError
+    from unicache_lib.diagnostics.neglect import detect_neglect
+
+    assert str(detect_neglect(_records(0.25))).startswith("healthy")
+    with pytest.raises(AttentionValueError, match=r"not measurable: 1 of 4 .*NaN or infinite.*sample 1, layer 1"):
+        detect_neglect(_records(value))
+    with pytest.raises(UnicacheError, match=r"cutoff must be a share in \[0, 1\]"):
+        detect_neglect(_records(0.25), cutoff=float("nan"))
+
+
+# ---- 5. property: every layout loads exactly as written or raises the workbench's error -----------------------
+PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                            HealthCheck.too_slow])
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda c: st.lists(c, max_size=2) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
+_NAMES = ["a.png", "b.png", "sub/a.png", "../a.png", "/etc/hostname", "a\x00.png", "x" * 300 + ".png", "loop.png",
+          "fifo.png", "zero.png", "out.png", "sub", "", 3, None]
+_record = st.fixed_dictionaries(  # about half of the records are sound, so both outcomes are exercised
+    {"file_name": st.sampled_from(_NAMES[:3]) | st.sampled_from(_NAMES),
+     "question": st.text(min_size=1, max_size=12) | st.sampled_from(["what\u2028is it ?", "<image>\nq", None, ""])},
+    optional={"answer": st.text(max_size=6) | _json, "id": st.text(max_size=6) | _json,
+              "objects": st.just([{"colour": "red"}]) | _json, "scene_type": st.sampled_from(["text", "x", None])})
+
+
+def _hostile_folder(root: Path) -> Path:
+    (root / "sub").mkdir(parents=True)
+    for n in ("a.png", "b.png", "sub/a.png"):
+        _png(root / n, np.full((16, 16, 3), 7, np.uint8))
+    _png(root.parent / "outside.png", np.full((16, 16, 3), 200, np.uint8))
+    (root / "out.png").symlink_to(root.parent / "outside.png")
+    (root / "zero.png").symlink_to("/dev/zero")
+    (root / "loop.png").symlink_to(root / "loop.png")
+    os.mkfifo(root / "fifo.png")
+    return root
+
+
+def _expected(layout, r):
+    q = r["question"].replace("<image>", "").strip() if layout == "llava" else r["question"]
+    return (str(r.get("id", Path(r["file_name"]).stem)), q, None if r.get("answer") is None else str(r["answer"]))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@PROPERTY
+@given(rows=st.lists(_record, min_size=1, max_size=3), ascii_only=st.booleans())
+def test_property_every_samples_layout_loads_exactly_or_refuses(tmp_path_factory, layout, rows, ascii_only):
+    root = _write_layout(_hostile_folder(tmp_path_factory.mktemp("h") / "f"), layout, rows, ascii_only)
+    try:
+        with within(30):
+            got = S.load(root)
+    except UnicacheError:
+        return
+    assert [(s.id, s.question, s.answer) for s in got] == [_expected(layout, r) for r in rows]
+    assert all(r["file_name"] in ("a.png", "b.png", "sub/a.png") for r in rows)  # only files inside, regular, real
+    assert all(int(s.image[0, 0, 0]) == 7 for s in got)  # never the outside file's pixels
