@@ -66,8 +66,7 @@ family = family_of(model)
 samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 tcfg = model.config.get_text_config()
 print(f"model: {MODEL} ({type(model).__name__}, family {family.name}) on {next(model.parameters()).device}, "
-      f"weights {next(model.parameters()).dtype}")
-print(f"language layers: {tcfg.num_hidden_layers}, heads: {tcfg.num_attention_heads}")
+      f"weights {next(model.parameters()).dtype}\nlanguage layers: {tcfg.num_hidden_layers}, heads: {tcfg.num_attention_heads}")
 print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.scene_type for s in samples})}")
 
 # %% [markdown]
