@@ -170,3 +170,52 @@ def test_scoreboard_counts_each_criterion_in_its_own_unit():
     b.measure("R2", 2.3, interval=(2.2, 2.4), n=20, unit="prompts", criterion="a")
     b.measure("R2", 2.3, interval=(2.2, 2.4), n=20, unit="prompts", criterion="b")
     assert (b.table().loc["R2", "n"], b.table().loc["R2", "unit"]) == ("20", "prompts")
+
+
+def _anchor_inputs(scene_of: dict, n_image: int = 16, top_k: int = 3):
+    """Synthetic inputs of measure_anchor_claims: samples with 3 layers (one per band), reads that favour a few
+    positions per scene type, masks absent."""
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+    ids, layers = sorted(scene_of), [0, 1, 2]
+    L = pd.DataFrame([{"sample": s, "layer": li} for s in ids for li in layers])
+    base = {t: rng.random(n_image) for t in set(scene_of.values())}
+    img_reads = np.stack([[base[scene_of[s]] + 0.3 * rng.random(n_image) for _ in layers] for s in ids])
+    anchors = {(s, li): np.argsort(-img_reads[k, li])[:top_k] for k, s in enumerate(ids) for li in layers}
+    placement = pd.DataFrame([{"sample": s, "layer": li, "object": 0.5, "object_chance": 0.25} for s in ids for li in layers])
+    recs = [s for s in ids for _ in layers]
+    return dict(L=L, img_reads=img_reads, anchor_sets=anchors, bands={"shallow": [0], "middle": [1], "deep": [2]},
+                scene_of=scene_of, placement=placement, sink=[0.3] * len(recs), anchor_mass=[0.2] * len(recs),
+                record_samples=recs, top_k=top_k, cross=False, family_name="LLaVA-1.5",
+                masks_note="not measurable with these samples: no masks")
+
+
+def test_u3_b_says_what_it_needs_when_samples_have_no_scene_types():
+    """Issue #62 item 9: your own samples (file_name and question only, no scene_type) are one untyped group: U3 (b),
+    within- minus across-scene-type anchor Jaccard, has no across-type pairs. It reads "not measurable with these
+    samples" naming scene_type (it used to stop the scoreboard: 'the statistic is not finite'); with two types of
+    two samples each it is measured, over the typed samples only."""
+    from unicache_lib.analysis.understanding_claims import measure_anchor_claims, scene_pairs_note, scene_type_note
+    from unicache_lib.scoreboard import Scoreboard
+
+    def board_for(scene_of):
+        b = Scoreboard()
+        b.rule("U3", "(a) above 0.1, (b) above 0", criteria={"a": {"above": 0.1}, "b": {"above": 0.0}})
+        b.rule("U4", "(a) above 1.5, (b) above 0", criteria={"a": {"above": 1.5}, "b": {"above": 0.0}})
+        measure_anchor_claims(b, **_anchor_inputs(scene_of))
+        return b.rows["U3"]
+
+    for scene_of, says in [({"a": "", "b": ""}, "none of the 2 samples has a scene_type"),
+                           ({"a": "", "b": "", "c": ""}, "none of the 3 samples has a scene_type"),
+                           ({"a": "clutter", "b": "clutter", "c": ""}, "every sample with a scene_type is 'clutter' (1 have none)"),
+                           ({"a": "single", "b": "clutter"}, "one sample per scene type: no within-type pairs")]:
+        row = board_for(scene_of)
+        assert row.verdict == "not measurable here" and says in row.note, (scene_of, row.note)
+        assert row.measured["a"].value is not None  # (a), layer persistence, needs no scene type
+    assert "add a 'scene_type' (one of single, overlap, text, clutter, diagram)" in scene_type_note({"a": ""})
+    row = board_for({"a": "single", "b": "single", "c": "clutter", "d": "clutter", "e": ""})
+    m = row.measured["b"]
+    assert m.value is not None and np.isfinite(m.value) and m.n == 4 and m.unit == "samples"  # "e" is in no pair
+    assert scene_pairs_note({"a": "single", "b": "single", "c": "clutter"}) is None
+    assert scene_type_note({"a": "single", "b": "clutter"}) is None

@@ -482,6 +482,59 @@ def test_05_on_your_sample_folder(tmp_path):
     assert {"E1", "E3"} <= set(scoreboard(tmp_path / "run"))
 
 
+def _readme_minimal_folder(folder: Path, fields=("file_name", "question")) -> Path:
+    """The README's minimal samples folder: two of the shipped images and a metadata.jsonl with only ``fields`` per
+    line (no scene_type, objects or masks.npz)."""
+    import shutil
+
+    from unicache_lib.world import samples
+
+    full = samples.export_folder(samples.load(ids=["single-0", "clutter-0"]), folder.parent / f"{folder.name}-full")
+    rows = [json.loads(line) for line in (full / "metadata.jsonl").read_text().splitlines() if line.strip()]
+    folder.mkdir()
+    for r in rows:
+        shutil.copy(full / r["file_name"], folder / r["file_name"])
+    (folder / "metadata.jsonl").write_text("".join(json.dumps({k: r[k] for k in fields}) + "\n" for r in rows))
+    return folder
+
+
+def _printed(nb: Path) -> str:
+    """What an executed notebook's code cells printed (their text outputs), not its markdown."""
+    cells = json.loads(nb.read_text())["cells"]
+    return "\n".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                     for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []))
+
+
+@pytest.mark.slow
+def test_02_and_05_on_the_readme_minimal_folder(tmp_path):
+    """Issue #62 item 9: the README's minimal folder (file_name and question per line; an answer too for 05, which
+    scores it) runs 02 and 05 to their scoreboards. What compares scene types says it is not measurable without a
+    scene_type, and why (U3 (b) used to stop 02's scoreboard: 'the statistic is not finite on the 2 samples')."""
+    mine = _readme_minimal_folder(tmp_path / "mine")
+    (tmp_path / "02").mkdir()
+    nb = run_notebook("02_understanding_maps.ipynb", tmp_path / "02", SAMPLES=str(mine), MAP_PER_TYPE=1, N_CAPTIONS=2)
+    board = scoreboard(tmp_path / "02")
+    check_rows(board, "02_understanding_maps")
+    assert board["U3"]["verdict"] == "not measurable here"
+    assert "none of the 2 samples has a scene_type" in board["U3"]["note"] and "add a 'scene_type'" in board["U3"]["note"]
+    assert board["U1"]["verdict"] != "not measurable here" and board["U1"]["n"] == 2  # what needs no types is measured
+    printed = _printed(nb)
+    assert "2 samples over 0 scene types" in printed
+    assert "scene types: not measurable with these samples: none of the 2 samples has a scene_type" in printed  # §9
+    assert "spread across scene types" not in printed  # no spread of one untyped group
+
+    mine5 = _readme_minimal_folder(tmp_path / "mine5", ("file_name", "question", "answer"))
+    (tmp_path / "05").mkdir()
+    nb = run_notebook("05_kv_eviction.ipynb", tmp_path / "05", SAMPLES=str(mine5), N_EVICTION=2, BUDGETS=[0.25, 0.5],
+                      PEERS=False)
+    check_rows(scoreboard(tmp_path / "05"), "05_kv_eviction")
+    printed = _printed(nb)
+    assert "tiny-llava (LLaVA-1.5): 2 questions" in printed
+    assert "questions per scene kind and type: {'no scene_type': 2, 'own': 2}; clutter against other scenes: not " \
+           "measurable with these samples" in printed
+    assert "other scenes  " not in printed  # no column calling untyped pictures "other scenes"
+
+
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory):
     """A tiny random-weight LLaVA (the real from_pretrained path, a card marking it a stand-in) and a random SD3 pipeline

@@ -78,7 +78,7 @@ scene_of = {s.id: s.scene_type for s in samples}
 n_layers = model.config.get_text_config().num_hidden_layers
 bands = band_layers(n_layers) if LAYERS is None else require_bands(LAYERS, n_layers)  # a subset needs every band
 print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_config().num_attention_heads} heads; "
-      f"{len(samples)} samples over {len(set(scene_of.values()))} scene types; bands {bands}; image read in part {PART!r}")
+      f"{len(samples)} samples over {len(set(scene_of.values()) - {''})} scene types; bands {bands}; image read in part {PART!r}")
 
 # %% [markdown]
 # ## 1. Capture once
@@ -463,9 +463,7 @@ print(f"while decoding: content words {c_dec:.3f} vs function words and punctuat
 
 # %%
 # NBVAL_CHECK_OUTPUT
-by_type = L.groupby("scene_type")[["norm_entropy", "max_weight", "cross_modal", "top10_share", "gini"]].mean()
-print(by_type.round(3).to_string())
-print(f"spread across scene types: entropy {np.ptp(by_type.norm_entropy):.3f}, top-10% share {np.ptp(by_type.top10_share):.3f}")
+print(UC.scene_type_table(L))  # mean per scene type, the spread across types; without two scene types: not measurable
 
 # %% [markdown]
 # **What to look at.** Clutter gives the most focused rows (lowest entropy, highest max weight) and the most

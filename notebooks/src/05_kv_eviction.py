@@ -333,10 +333,10 @@ print(f"merge_eviction.csv (benchmarks/merge_eviction.py, {mg.n.iloc[0]:,.0f} ne
 # NBVAL_CHECK_OUTPUT
 show = [m for m in ["full", NEW, "divprune", "oracle", "kvpress:expected_attention", "unicache", "random"] if m in set(R.method)]
 hard = R[R.method.isin(show)]
-hard = hard.assign(subset=np.where(hard.scene == "clutter", "clutter", "other scenes"))
+hard = hard.assign(subset=CC.scene_kind(hard.scene))  # clutter / other scenes ("no scene_type": your own samples)
 qs = hard.drop_duplicates("question")
 n_of = {**qs.subset.value_counts().to_dict(), **qs.qtype.value_counts().to_dict()}
-print(f"questions per scene kind and type: {n_of}")
+print(f"questions per scene kind and type: {n_of}" + CC.scene_kind_note(qs.scene))  # "": clutter vs other measurable
 for b in sorted(BUDGETS)[:2]:
     hb = hard[hard.budget == b]
     t = pd.concat([hb.groupby(["method", c]).correct.mean().unstack(c) for c in ("subset", "qtype")], axis=1)

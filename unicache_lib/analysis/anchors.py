@@ -56,8 +56,9 @@ def layer_persistence(reads_by_layer, k: int) -> np.ndarray:
 
 def group_stability(anchor_sets: dict[str, np.ndarray], groups: dict[str, str]) -> dict:
     """Mean Jaccard of anchor sets between pairs of samples of the same group (scene type) and of
-    different groups. ``anchor_sets``: sample -> indices; ``groups``: sample -> group."""
-    ids = list(anchor_sets)
+    different groups. ``anchor_sets``: sample -> indices; ``groups``: sample -> group. A sample whose group is
+    empty (your own samples without a ``scene_type``) is in no pair: it is not of the others' type, nor of another."""
+    ids = [s for s in anchor_sets if groups.get(s)]
     within, across = [], []
     for i, a in enumerate(ids):
         for b in ids[i + 1:]:

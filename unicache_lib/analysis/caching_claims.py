@@ -222,6 +222,22 @@ CONTROLS = {"pooling": "the control: average-pooled image features",
             "divprune": "both: DivPrune's rule on the features (the peer)"}
 
 
+def scene_kind(scene: pd.Series) -> np.ndarray:
+    """05's hard cases: each row's scene kind, "clutter" or "other scenes" from its question's ``scene_type``;
+    "no scene_type" where the sample gave none (your own samples: nothing to call cluttered or not)."""
+    scene = scene.fillna("")
+    return np.where(scene == "clutter", "clutter", np.where(scene == "", "no scene_type", "other scenes"))
+
+
+def scene_kind_note(scene: pd.Series) -> str:
+    """"" where clutter can be set against the other scenes (two scene types or more among ``scene``, one per
+    question); else "; clutter against other scenes: not measurable with these samples: ..." saying what to add."""
+    from .understanding_claims import scene_type_note
+
+    note = scene_type_note(dict(enumerate(scene.fillna(""))))
+    return "" if note is None else f"; clutter against other scenes: {note}"
+
+
 def controls_table(R: pd.DataFrame) -> pd.DataFrame:
     """``key_coverage`` against the pooling control and the two ablations (:data:`CONTROLS`), per budget: paired
     accuracy differences over questions with their interval (:func:`~unicache_lib.kv.evaluate.against_peers`) and

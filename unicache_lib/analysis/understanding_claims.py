@@ -9,6 +9,10 @@ groups of measurements, one function each, so the notebook's scoreboard cell rea
 - :func:`measure_word_claims`: U5, U6 from the token-flow and decoding tables;
 - :func:`measure_localisation_claims`: U11 from the object-word selectivity of section 6.
 
+What compares scene types (U3 (b), §9's :func:`scene_type_table`, 05's cluttered scenes) needs a ``scene_type`` on
+the samples: without two types it reads "not measurable with these samples" and says what to add
+(:func:`scene_type_note`), never a number of one untyped group.
+
 Every interval resamples samples (whole samples: the questions or captions of one image are not independent).
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..core.modality import BLOCKS
 from ..core.scoring import FOCUSED
 from ..core.similarity import jaccard
 from ..intervals import bootstrap
+from ..world.scenes import SCENE_TYPES
 from . import anchors as A
 
 BY_CONSTRUCTION = "cross-attention VLM: a cross layer reads only vision tokens, so the text queries' image share is 1 by construction"
@@ -130,22 +135,27 @@ def measure_anchor_claims(board, L: pd.DataFrame, img_reads: np.ndarray, anchor_
                   shown=f"layer {lo} vs {mid} (chance {chance:.2f})")
     J = np.array([[[jaccard(anchor_sets[(a, li)], anchor_sets[(b, li)]) for b in ids] for a in ids]
                   for li in captured]).mean(0)  # [n_s, n_s]
-    same_type = np.array([[scene_of[a] == scene_of[b] for b in ids] for a in ids])
+    typed = np.array([bool(scene_of.get(s)) for s in ids])  # a sample without a scene_type is in no pair
+    both = typed[:, None] & typed[None, :]
+    same_type = np.array([[scene_of.get(a) == scene_of.get(b) for b in ids] for a in ids]) & both
+    other_type = ~same_type & both
 
     def within_minus_across(i):
         a, b = np.triu_indices(len(i), 1)
         keep = i[a] != i[b]  # a sample drawn twice is not a pair
         w = same_type[i[a], i[b]] & keep
-        x = ~same_type[i[a], i[b]] & keep
+        x = other_type[i[a], i[b]] & keep
         return J[i[a], i[b]][w].mean() - J[i[a], i[b]][x].mean() if w.any() and x.any() else np.nan
 
-    if same_type[np.triu_indices(n_s, 1)].any():
-        stab = [A.group_stability({s: anchor_sets[(s, li)] for s in ids}, scene_of) for li in captured]
-        board.measure("U3", over_samples(within_minus_across, n_s), criterion="b",
-                      shown=f"within-type {np.nanmean([v['within'] for v in stab]):.2f} "
-                            f"vs across {np.nanmean([v['across'] for v in stab]):.2f}")
+    why_not = scene_pairs_note(scene_of, ids)
+    if why_not is None:
+        typed_ids = [s for s, t in zip(ids, typed) if t]
+        stab = [A.group_stability({s: anchor_sets[(s, li)] for s in typed_ids}, scene_of) for li in captured]
+        board.measure("U3", over_samples(within_minus_across, int(typed.sum()), units=list(np.flatnonzero(typed))),
+                      criterion="b", shown=f"within-type {np.nanmean([v['within'] for v in stab]):.2f} "
+                                           f"vs across {np.nanmean([v['across'] for v in stab]):.2f}")
     else:
-        board.measure("U3", None, criterion="b", note="one sample per scene type: no within-type pairs (PER_TYPE >= 2 needed)")
+        board.measure("U3", None, criterion="b", note=why_not)
     pl = placement.groupby("sample")[["object", "object_chance"]].mean().loc[ids].to_numpy()
     marks = pd.DataFrame({"sample": record_samples, "sink": sink, "anchor": anchor_mass}).groupby("sample").mean().loc[ids].to_numpy()
     if masks_note:
@@ -160,6 +170,53 @@ def measure_anchor_claims(board, L: pd.DataFrame, img_reads: np.ndarray, anchor_
     else:
         board.measure("U4", over_samples(lambda i: (marks[i, 1] - marks[i, 0]).mean(), n_s), criterion="b",
                       shown=f"anchor mass {np.mean(anchor_mass):.2f} vs first-3 {np.mean(sink):.2f}")
+
+
+def scene_type_note(scene_of: dict) -> str | None:
+    """Why what compares scene types (02 §9's table, 05's cluttered scenes) cannot be read on these samples, as the
+    note "not measurable with these samples: ..."; None: two scene types or more are present. ``scene_of``: sample ->
+    its ``scene_type`` ("" where the samples folder gives none)."""
+    types = sorted({t for t in scene_of.values() if t})
+    untyped = sum(1 for t in scene_of.values() if not t)
+    if len(types) >= 2:
+        return None
+    if not types:
+        what = (f"none of the {untyped} samples has a scene_type" if untyped != 1
+                else "the one sample has no scene_type")
+    else:
+        what = f"every sample with a scene_type is '{types[0]}'" + (f" ({untyped} have none)" if untyped else "")
+    return (f"not measurable with these samples: {what}, so no two scene types can be compared; add a 'scene_type' "
+            f"(one of {', '.join(SCENE_TYPES)}) to the lines of metadata.jsonl, two samples or more of each of two "
+            f"types or more")
+
+
+def scene_type_table(L: pd.DataFrame) -> str:
+    """02 §9: the mean of each sample-layer statistic per scene type and the spread across types (entropy, top-10%
+    share), from :func:`~unicache_lib.analysis.understanding.layer_table`'s ``L``; samples without a scene_type are
+    left out, and with fewer than two scene types the table is "not measurable" (:func:`scene_type_note`)."""
+    note = scene_type_note(dict(zip(L["sample"], L["scene_type"].fillna(""))))
+    if note is not None:
+        return f"scene types: {note}"
+    typed = L[L["scene_type"].fillna("") != ""]
+    by_type = typed.groupby("scene_type")[["norm_entropy", "max_weight", "cross_modal", "top10_share", "gini"]].mean()
+    left_out = L["sample"].nunique() - typed["sample"].nunique()
+    return (by_type.round(3).to_string() + f"\nspread across scene types: entropy {np.ptp(by_type.norm_entropy):.3f}, "
+            f"top-10% share {np.ptp(by_type.top10_share):.3f}"
+            + (f" ({left_out} samples without a scene_type left out)" if left_out else ""))
+
+
+def scene_pairs_note(scene_of: dict, ids=None) -> str | None:
+    """Why U3 (b) (anchor Jaccard within a scene type minus across types) cannot be measured on the samples ``ids``
+    (default: every key of ``scene_of``): no scene types (:func:`scene_type_note`), or no two samples of one type;
+    None: there are pairs of both kinds."""
+    of = {s: scene_of.get(s) or "" for s in (scene_of if ids is None else ids)}
+    note = scene_type_note(of)
+    if note is not None:
+        return note
+    counts = pd.Series([t for t in of.values() if t]).value_counts()
+    if counts.max() < 2:
+        return "one sample per scene type: no within-type pairs (PER_TYPE >= 2 needed)"
+    return None
 
 
 def class_sums(df: pd.DataFrame, classes) -> np.ndarray:
