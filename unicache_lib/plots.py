@@ -818,3 +818,46 @@ for _name in ("layer_curves", "attention_map", "bars", "read_frequency_heatmap",
               "shared_legend", "step_panel", "grid_panels", "attention_layouts", "kept_patches", "reuse_gallery",
               "token_map"):
     globals()[_name] = _literal_text(globals()[_name])
+
+
+def depth_budgets(widths, counts: dict, shares, methods, tokens: int, title: str = ""):
+    """Budgets by depth in one figure. Left: per layer, how many image keys the question reads (``widths``, bars) and
+    the image positions each schedule keeps at ``tokens`` (``counts``: name -> per-layer counts, lines; the uniform
+    budget dashed). Right, one panel per token budget: each method's share of the full cache's accuracy with its 95%
+    interval (``shares``: rows of ``method``, ``tokens``, ``share_of_full``, ``lo``, ``hi``)."""
+    plt = _plt()
+    methods = check_methods(methods, MAX_METHODS + 2)
+    budgets = sorted(shares.tokens.unique())
+    fig, axes = plt.subplots(1, 1 + len(budgets), figsize=(4.4 + 3.6 * len(budgets), 0.4 * len(methods) + 1.9),
+                             gridspec_kw={"width_ratios": [1.25] + [1] * len(budgets)})
+    ax = axes[0]
+    layers = np.arange(len(widths))
+    ax.bar(layers, widths, color="0.85", label="keys the question reads")
+    for name, c in counts.items():
+        st = method_style(name)
+        ax.plot(layers, c, marker=st["marker"], color=st["color"], lw=st["lw"], label=f"kept: {name.split('@')[-1]}")
+    ax.axhline(tokens, color="k", lw=0.8, ls="--", label=f"uniform: {tokens} per layer")
+    ax.set_xticks(layers)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("image positions")
+    ax.set_title(f"per layer, at {tokens} image tokens", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    for ax, tok in zip(axes[1:], budgets):
+        for i, m in enumerate(methods):
+            r = shares[(shares.method == m) & (shares.tokens == tok)]
+            if not len(r):
+                continue
+            r, st = r.iloc[0], method_style(m)
+            ax.errorbar(r.share_of_full, i, xerr=[[r.share_of_full - r.lo], [r.hi - r.share_of_full]],
+                        fmt=st["marker"], color=st["color"], ms=8 if st["lw"] > 2 else 5, capsize=3)
+            ax.text(r.hi + 0.003, i, f"{r.share_of_full:.3f}", va="center", fontsize=7)
+        ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
+        ax.set_yticks(range(len(methods)), methods if ax is axes[1] else [""] * len(methods), fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{tok} image tokens: share of full accuracy", fontsize=9)
+    lo = min(float(shares[shares.method.isin(methods)].lo.min()), 0.95)
+    for ax in axes[1:]:
+        ax.set_xlim(lo - 0.005, 1.02)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
