@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill, split_prompt
+from unicache_lib.kv.policies import PrefillStagePolicy
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def test_policy_contract(setup, name, budget):
     model, proc, sp, pre, future = setup
     ctx = pre.context(seed=3, future=future)
     pol = POLICIES[name]()
-    if pol.stage == "prefill":
+    if isinstance(pol, PrefillStagePolicy):
         return _prefill_stage_contract(model, sp, pre, pol, budget)
     keep = pol.select(ctx, budget)
     assert len(keep) == len(pre.cache.layers)
@@ -481,7 +482,7 @@ def test_batched_eviction_refuses_what_it_cannot_batch():
     model, proc = load_understanding("tiny-mllama")
     q = heldout_set(1, seed=3)[0]
     with pytest.raises(UnsupportedError, match="batch_size=1"):
-        check_batchable(model, split_prompt(proc, q.scene.uint8(), q.question, model=model))
+        check_batchable(split_prompt(proc, q.scene.uint8(), q.question, model=model).family)
 
 
 def test_split_prompts_in_one_call_equal_split_prompt(eager_tiny):
@@ -532,18 +533,162 @@ def test_key_coverage_prefill_covers_the_first_layers_keys(setup):
         layer.self_attn.k_proj = saved
 
 
-def test_a_batch_of_one_is_batch_one_for_every_family():
-    """prefill_batch / answer_batch on one question run batch 1's code, so a family batching refuses (Mllama) still
-    runs through the harness's one path, with batch 1's logits exactly."""
-    from unicache_lib.kv.batch import answer_batch, prefill_batch
-    from unicache_lib.kv.cache import answer, prefill
+def test_a_batch_of_one_runs_batch_ones_own_path(eager_tiny):
+    """run_eviction(batch_size=8) on 9 questions: the lone ninth question is prefilled and answered by batch 1's own
+    prefill and answer (the batch path only serves more than one), so its rows equal batch 1's exactly, KL included;
+    the batch functions themselves check the family, even for one question (Mllama cannot batch)."""
+    from unicache_lib.core.errors import UnsupportedError
+    from unicache_lib.kv.batch import prefill_batch
+    from unicache_lib.kv.evaluate import run_eviction
     from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo.loaders import load_understanding
 
-    model, proc = load_understanding("tiny-mllama")
+    model, proc = eager_tiny
+    qas = heldout_set(9, seed=21)
+    pols = {n: POLICIES[n]() for n in ("full", "key_coverage", "key_coverage_merge")}
+    one = run_eviction(model, proc, qas[8:], [0.1], pols, None, 0, progress=False)
+    many = run_eviction(model, proc, qas, [0.1], pols, None, 0, progress=False, batch_size=8)
+    lone = many[many.question == 8].reset_index(drop=True)
+    cols = ["method", "budget", "correct", "agree", "kl", "kv_bytes", "retained"]
+    assert lone[cols].equals(one[cols])
+    mllama, mproc = load_understanding("tiny-mllama")
     q = heldout_set(1, seed=3)[0]
-    sp = split_prompt(proc, q.scene.uint8(), q.question, model=model)
-    (pre,) = prefill_batch(model, [sp], attentions=False)
-    first, atts = answer_batch(model, [pre.cache], [sp])
-    ref = answer(model, prefill(model, sp, attentions=False).cache, sp)[0]
-    assert first.shape == (1, ref.shape[-1]) and atts is None and torch.equal(first[0], ref)
+    sp = split_prompt(mproc, q.scene.uint8(), q.question, model=mllama)
+    with pytest.raises(UnsupportedError, match="batch_size=1"):
+        prefill_batch(mllama, [sp], attentions=False)
+
+def test_run_eviction_reproduces_the_rows_recorded_before_the_stages(eager_tiny):
+    """Issue #61's rework (policies that apply themselves, the eviction path in stages) moved no output: run_eviction on
+    tiny-llava, every policy of the recording plus a depth-scheduled merge at batch 1 and at batch 4, gives the rows
+    recorded before it (tests/reference/eviction_tiny_llava.json): the same correct, agree and kv_bytes, and the same
+    KL float for float where torch, the CPU's kernels and the thread count are the recording's (elsewhere a matrix
+    product may sum in another order: to 1e-5 there)."""
+    import json
+    from pathlib import Path
+
+    from unicache_lib.kv.evaluate import run_eviction
+    from unicache_lib.kv.policies.depth import pyramid
+    from unicache_lib.world.questions import heldout_set
+
+    ref = json.loads((Path(__file__).parent / "reference" / "eviction_tiny_llava.json").read_text())
+    here = {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+    model, proc = eager_tiny
+    qas = heldout_set(12, seed=2024)
+    names = list(dict.fromkeys(r[1] for r in ref["batch_4"]))
+    depth = POLICIES["key_coverage_merge"]().with_depth(pyramid(4))
+    assert depth.name == "key_coverage_merge@pyramid(beta=20)"
+    pols = {n: POLICIES[n]() for n in names}
+    for key, got in (("batch_1", run_eviction(model, proc, qas, [0.1, 0.25], {**pols, depth.name: depth}, None, 0,
+                                              progress=False)),
+                     ("batch_4", run_eviction(model, proc, qas, [0.1, 0.25], pols, None, 0, progress=False, batch_size=4))):
+        want = ref[key]
+        rows = [[int(r.question), r.method, float(r.budget), bool(r.correct), bool(r.agree), int(r.kv_bytes)]
+                for r in got.itertuples()]
+        assert rows == [w[:6] for w in want], key
+        kl = np.array([float.fromhex(w[6]) for w in want])
+        if here == ref["recorded"]:
+            assert np.array_equal(got.kl.to_numpy(), kl), key
+        else:
+            np.testing.assert_allclose(got.kl.to_numpy(), kl, rtol=1e-5, atol=1e-9, err_msg=key)
+
+
+# every parameter of every policy, as a field: a value it takes, and values it refuses
+POLICY_FIELDS = {
+    "snapkv": ({"window": 16, "kernel": 3}, [{"window": 0}, {"window": "8"}, {"kernel": 4}]),
+    "fastv": ({"K": 3}, [{"K": 0}, {"K": 1.5}]),
+    "h2o": ({"recent": 0.25}, [{"recent": 1.5}, {"recent": "half"}]),
+    "streaming": ({"sinks": 2}, [{"sinks": -1}]),
+    "unicache": ({"anchors": 0.5, "swap_bands": True}, [{"anchors": 2.0}, {"swap_bands": "yes"}]),
+    "key_coverage": ({"points": "values", "metric": "cosine", "anchors": 0.25, "alpha": 1.0},
+                     [{"points": "queries"}, {"metric": "manhattan"}, {"anchors": -0.1}, {"alpha": float("nan")}]),
+    "key_coverage_merge": ({"points": "keys+values", "metric": "cosine", "anchors": 0.5, "alpha": 0.2},
+                           [{"points": "keys + values"}]),
+    "key_coverage_prefill": ({"points": "features", "start": "outlier", "renumber": True},
+                             [{"points": "keys"}, {"start": "middle"}]),
+    "divprune": ({"renumber": True}, [{"renumber": "no"}]),
+    "key_coverage_features": ({"renumber": True}, [{"renumber": 1}]),
+    "pooling": ({"renumber": True}, []),
+    "downsample": ({"renumber": True}, []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_parameter_is_a_checked_field(name):
+    """SnapKV(window=16)-style construction for every policy with parameters: each parameter is a dataclass field (listed
+    above, so a new one is tested), set at construction, and an out-of-range value is refused with a one-line
+    InputError; ``depth`` is a field of every policy (keyword only)."""
+    import dataclasses
+
+    from unicache_lib.core.errors import InputError
+
+    cls = POLICIES[name]
+    given, bad = POLICY_FIELDS.get(name, ({}, []))
+    assert {f.name for f in dataclasses.fields(cls)} - {"depth"} == set(given)
+    pol = cls(**given)
+    assert all(getattr(pol, k) == v for k, v in given.items()) and pol.name == name and pol.depth is None
+    for b in bad:
+        with pytest.raises(InputError) as e:
+            cls(**b)
+        assert "\n" not in str(e.value)
+
+
+def test_fields_change_what_a_policy_keeps(setup):
+    """A field is the policy's own parameter: SnapKV's window, H2O's recent share, key_coverage's distance change
+    what is kept; SnapKV's default window is the shipped model's 8 (the rule, :func:`observation_window`)."""
+    model, proc, sp, pre, future = setup
+    ctx = pre.context(seed=3, future=future)
+
+    def keep(pol):
+        return [k.tolist() for k in pol.select(ctx, 0.25)]
+
+    assert keep(POLICIES["snapkv"]()) == keep(POLICIES["snapkv"](window=8)) != keep(POLICIES["snapkv"](window=32))
+    assert keep(POLICIES["h2o"]()) != keep(POLICIES["h2o"](recent=0.0))
+    assert keep(POLICIES["key_coverage"]()) != keep(POLICIES["key_coverage"](metric="cosine"))
+
+
+def test_snapkv_window_is_one_rule_for_the_policy_and_the_peer():
+    """The policy's default observation window and the kvpress peer's are one function of the context's length: 8 of
+    the shipped model's 67 positions, 64 (kvpress's cap) of a 576-token context's 579, where the policy used 8 before."""
+    from unicache_lib.kv import peers
+    from unicache_lib.kv.cache import EvictionContext
+    from unicache_lib.kv.policies import snapkv
+
+    assert peers.observation_window is snapkv.observation_window
+    assert snapkv.observation_window(67) == 8 and snapkv.observation_window(579) == 64
+    g = torch.Generator().manual_seed(0)
+    C = 579
+    att = torch.rand(2, C, C, generator=g).tril()
+    ctx = EvictionContext(C, torch.arange(3, C), 1, [att / att.sum(-1, keepdim=True)])
+    default = POLICIES["snapkv"]().score(ctx, 0)
+    assert torch.equal(default, POLICIES["snapkv"](window=64).score(ctx, 0))
+    assert not torch.equal(default, POLICIES["snapkv"](window=8).score(ctx, 0))
+
+
+def test_depth_is_a_field_and_names_the_policy():
+    """``depth`` is a field: set at construction or by with_depth (a renamed copy); the name reads
+    ``"<name>@<schedule>"`` and the registry's name stays the class's; a prefill-stage policy refuses a schedule."""
+    import dataclasses
+
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.kv.policies.depth import pyramid
+
+    base = POLICIES["key_coverage"](alpha=0.2)
+    deep = base.with_depth(pyramid(4))
+    assert deep is not base and base.depth is None and base.name == "key_coverage"
+    assert deep.name == "key_coverage@pyramid(beta=20)" and deep.alpha == 0.2
+    assert POLICIES["key_coverage"](depth=pyramid(4)).name == deep.name
+    assert dataclasses.replace(deep, alpha=1.0).name == deep.name
+    assert deep.with_depth(pyramid(4, beta=10)).name == "key_coverage@pyramid(beta=10)"
+    with pytest.raises(InputError, match="prefill-stage"):
+        POLICIES["divprune"](depth=pyramid(4))
+
+
+def test_a_policy_says_how_it_acts_by_its_class_not_a_flag():
+    """The former kind flags (``stage = "prefill"``, ``merges = True``) are read by nothing: a class that sets one is
+    refused when it is defined, naming what to do instead."""
+    from unicache_lib.core.errors import ContractError
+    from unicache_lib.kv.policies import EvictionPolicy
+
+    for flag, value in (("stage", "prefill"), ("merges", True)):
+        with pytest.raises(ContractError, match="PrefillStagePolicy"):
+            type("Flagged", (EvictionPolicy,), {flag: value, "choose": lambda self, ctx, k: []})

@@ -15,43 +15,43 @@ How it stays equal to batch 1:
   numbered from its own original context length, and each answer read at its own last question token, under a
   per-sample attention mask.
 
-Greedy answers equal batch-1 answers on the shipped model on a CPU (``tests/test_kv.py`` checks ``torch.equal`` on the
-ids); logits agree to float rounding (a batched matrix product may sum in another order), so on a GPU in half
-precision an answer whose two best tokens nearly tie can differ from batch 1's. Memory: a prefill batch holds every
-sample's float32 attention maps at once (``[H, C, C]`` per layer and sample: about 1.5 GB per sample on a 7B model
-with 576 image tokens), so size ``batch_size`` to the device. Families that number positions themselves
-(M-RoPE), keep the image KV in cross-attention layers or need their own question forward are refused with what
-to use instead (batch size 1).
+The harness (:func:`~.evaluate.run_eviction`) answers here only a batch of more than one question; one question is
+answered by batch 1's own :func:`~.decode.answer`. Greedy answers equal batch-1 answers on the shipped model on a CPU
+(``tests/test_kv.py`` checks ``torch.equal`` on the ids); logits agree to float rounding (a batched matrix product may
+sum in another order), so on a GPU in half precision an answer whose two best tokens nearly tie can differ from
+batch 1's. Memory: a prefill batch holds every sample's float32 attention maps at once (``[H, C, C]`` per layer and
+sample: about 1.5 GB per sample on a 7B model with 576 image tokens), so size ``batch_size`` to the device. Families
+that number positions themselves (M-RoPE), keep the image KV in cross-attention layers or need their own question
+forward are refused with what to use instead (batch size 1).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 
-from ..capture.runner import to_model
 from ..core.errors import InputError, UnsupportedError
 from ..core.models import transformers
-from ..families import family_of
 from ..families.base import VLMFamily
-from .cache import (Prefill, PromptSplit, answer, copy_layers, forward_context, full_positions, is_ragged, located,
-                    placement, prefill)
+from .cache import Prefill, prefill_contexts
+from .decode import is_ragged, layer_masks
+from .prompt import PromptSplit, placement
 
 
-def check_batchable(model, split: PromptSplit) -> None:
-    """Raise :class:`~unicache_lib.core.errors.UnsupportedError` (saying to use batch size 1) when ``model``'s
-    family cannot run eviction in batches here."""
-    fam = family_of(model)
+def check_batchable(family) -> None:
+    """Raise :class:`~unicache_lib.core.errors.UnsupportedError` (saying to use batch size 1) when the family adapter
+    ``family`` (a split's ``family``, or ``family_of(model)``) cannot run eviction in batches here."""
     why = None
-    if fam.cross_attention:
+    if family.cross_attention:
         why = "keeps its image KV in cross-attention layers"
-    elif type(fam).forward_text is not VLMFamily.forward_text or type(fam).image_kv is not VLMFamily.image_kv:
+    elif type(family).forward_text is not VLMFamily.forward_text or type(family).image_kv is not VLMFamily.image_kv:
         why = "needs its own question forward or cache layout"
-    elif full_positions(fam, model, split) is not None:
+    elif type(family).position_ids is not VLMFamily.position_ids:
         why = "numbers its positions itself (M-RoPE)"
     if why:
-        raise UnsupportedError(f"{fam.name}: batched eviction is implemented for families whose image tokens sit in one "
-                               f"sequence with positions 0..S-1; this one {why}. Use batch_size=1.")
+        raise UnsupportedError(f"{family.name}: batched eviction is implemented for families whose image tokens sit in "
+                               f"one sequence with positions 0..S-1; this one {why}. Use batch_size=1.")
 
 
 def groups_by_context(splits: list[PromptSplit], batch_size: int) -> list[list[int]]:
@@ -66,61 +66,38 @@ def groups_by_context(splits: list[PromptSplit], batch_size: int) -> list[list[i
     return [ix[j:j + batch_size] for ix in buckets.values() for j in range(0, len(ix), batch_size)]
 
 
-def _stack(values: list):
-    """Batch rows of one processor output: tensors concatenated on dim 0, anything else taken from the first."""
-    v0 = values[0]
-    return torch.cat(values, 0) if torch.is_tensor(v0) and v0.dim() >= 1 else v0
-
-
 @torch.no_grad()
 def prefill_batch(model, splits: list[PromptSplit], attentions: bool = True) -> list[Prefill]:
     """Run the contexts of ``splits`` (one context length; see :func:`groups_by_context`) as one batch. Returns one
-    :class:`~.cache.Prefill` per sample, as :func:`~.cache.prefill` would (its cache is that sample's row of the
-    batch's cache, ``[1, H, C, D]`` per layer; its maps ``[H, C, C]`` float32 when ``attentions``)."""
-    if len(splits) <= 1:  # a batch of one is batch 1, for every family
-        return [prefill(model, sp, attentions=attentions) for sp in splits]
+    :class:`~.cache.Prefill` per sample, as :func:`~.cache.prefill` would (:func:`~.cache.prefill_contexts`)."""
     if len({sp.context_ids.shape[1] for sp in splits}) != 1:
         raise InputError("prefill_batch runs contexts of one length (no padding): group them with groups_by_context")
-    fam = family_of(model)
-    check_batchable(model, splits[0])
-    dev, dtype = placement(model)
-    cache = transformers.DynamicCache(config=model.config)
-    kw = dict(input_ids=torch.cat([sp.context_ids for sp in splits]).to(dev), past_key_values=cache, use_cache=True)
-    kw.update(to_model({k: _stack([sp.extra[k] for sp in splits]) for k in splits[0].extra}, dev, dtype))
-    if splits[0].pixel_values is not None:
-        kw["pixel_values"] = torch.cat([sp.pixel_values for sp in splits]).to(dev, dtype)
-    out, records = forward_context(model, kw, attentions, "prefill_batch", "attentions=False", range(len(splits)))
-    maps = [[] for _ in splits]
-    for r in records:
-        maps[int(r.sample)].append(r.probs)
-    pres = []
-    for b, sp in enumerate(splits):
-        sp.family = fam
-        row = copy_layers(out.past_key_values)
-        for layer in row.layers:
-            layer.keys, layer.values = layer.keys[b:b + 1], layer.values[b:b + 1]
-        pres.append(located(fam, model, row, maps[b], sp, None))
-    return pres
+    check_batchable(splits[0].family)
+    return prefill_contexts(model, splits, attentions)
 
 
 @torch.no_grad()
-def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentions: bool = False):
+def answer_batch(model, caches: list, splits: list[PromptSplit], output_attentions: bool = False,
+                 bias: dict | None = None):
     """The first answer token of every question on its (evicted) cache, in one forward.
 
     ``caches``: per sample a cache of batch 1 (e.g. :func:`~.cache.evict`'s), left as they are; ``splits``: the
-    samples' splits (questions of any length). Returns ``first [B, vocab]`` float32 and, with ``output_attentions``
-    (eager), per sample the question pass's attention of every layer, ``[1, H, Q_b, K_b]`` as
-    :func:`~.cache.answer` gives it (its padding removed)."""
+    samples' splits (questions of any length); ``bias``: cache layer -> ``[B, C]`` additive attention terms on the
+    first keys (a merge's ``log(size)``, :func:`~.decode.layer_masks`). Returns ``first [B, vocab]`` float32 and, with
+    ``output_attentions`` (eager), per sample the question pass's attention of every layer, ``[1, H, Q_b, K_b]`` as
+    :func:`~.decode.answer` gives it (its padding removed)."""
     if len(caches) != len(splits) or not caches:
         raise InputError(f"{len(caches)} caches for {len(splits)} questions")
-    if len(caches) == 1:  # a batch of one is batch 1, for every family
-        first, _, atts = answer(model, caches[0], splits[0], output_attentions=output_attentions)
-        return first[None], [atts] if output_attentions else None
-    check_batchable(model, splits[0])
+    dev = placement(model)[0]
+    with layer_masks(model, splits[0].family, bias) if bias else contextlib.nullcontext():
+        return _answer_batch(model, dev, caches, splits, output_attentions)
+
+
+def _answer_batch(model, dev, caches, splits, output_attentions):
+    check_batchable(splits[0].family)
     if any(is_ragged(c) for c in caches):
         raise UnsupportedError("caches whose layers hold different counts (a depth schedule) are answered one at a "
                                "time: use batch_size=1")
-    dev = placement(model)[0]
     B = len(caches)
     held = [c.get_seq_length() for c in caches]
     K = max(held)

@@ -1,12 +1,14 @@
 """Prefill a context, remove cache entries, continue with the question on the compressed cache.
 
+    split = split_prompt(processor, image, question, model=model)   # kv/prompt.py: context | question
+    pre = prefill(model, split)                                     # the context's cache (+ attention)
+    keep = POLICIES["h2o"]().select(pre.context(), budget=0.25)     # or policy.apply(model, pre, ctx, budget)
+    first, ids, _ = answer(model, evict(pre.cache, keep), split)     # kv/decode.py: the question on it
+
 The context is everything up to and including the last image token; the question (and the
 assistant prefix) comes after, as in a multi-turn chat where the image is cached once and
 questions arrive later. Eviction happens between the two, so every answer token is produced on
-the compressed cache. Positions continue from the *original* context (rotary embeddings of kept
-keys were applied at their original positions; M-RoPE families continue from the image's largest
-position), which is why the answer is decoded with an own loop rather than ``generate()`` (that
-would re-feed the context).
+the compressed cache (:mod:`~.decode`).
 
 Where the image KV lives depends on the family (:mod:`unicache_lib.families`): for models that
 splice image tokens into the sequence it is those positions in every self-attention layer; for a
@@ -15,115 +17,23 @@ while the self-attention cache holds only text.
 """
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from ..capture.runner import to_model
 from ..capture.vlm import AttentionCapture
-from ..core.errors import ContractError, InputError, PrefillPruningUnsupported, PromptError, UnsupportedModelError
+from ..core.errors import ContractError, InputError, PrefillPruningUnsupported
 from ..core.hooks import forward_hooks
 from ..core.models import language_attn_implementation, transformers
-from ..families import FAMILIES, family_of, supported
 from ..families.base import ImageKV  # declared with the adapters, which return it
-from .policies.base import EvictionContext, copy_layers, non_image
-from .policies.merge import layer_masks
-from ..inputs import encode, encode_batch
-
-
-@dataclass
-class PromptSplit:
-    """``context_ids [1, C]`` (ends with the last image token), ``question_ids [1, Q]``, the processor
-    output of the whole prompt (``inputs``), which context positions are image tokens
-    (``image_positions [n_image]``) and the family adapter."""
-
-    context_ids: torch.Tensor
-    question_ids: torch.Tensor
-    pixel_values: torch.Tensor
-    image_positions: torch.Tensor
-    extra: dict
-    inputs: dict = field(default_factory=dict)
-    family: object = None
-
-    @property
-    def full_ids(self) -> torch.Tensor:
-        return torch.cat([self.context_ids, self.question_ids], 1)
-
-
-def _family_of_processor(processor):
-    name = type(processor).__name__
-    for fam in FAMILIES.values():
-        if name == f"{fam.model_class.replace('ForConditionalGeneration', '')}Processor":
-            return fam
-    raise UnsupportedModelError(f"cannot tell the model family from a {name}: pass model= (supported: {supported()})")
-
-
-def split_prompt(processor, image, question: str | None, image_token_id: int | None = None, model=None, *,
-                 prompt: str | None = None) -> PromptSplit:
-    """Encode one (image, question) prompt and cut it after the last image token.
-
-    ``model`` (recommended) names the family; without it the family is inferred from the processor's
-    class. Per-token processor outputs (``token_type_ids``, Mllama's ``cross_attention_mask``) are
-    cut with the ids. The image and the prompt (``prompt``: a whole prompt of your own instead of the
-    family's template around ``question``) are checked by :func:`unicache_lib.inputs.encode`.
-    """
-    fam = family_of(model) if model is not None else _family_of_processor(processor)
-    enc = encode(processor, image, question, fam, prompt)
-    return split_inputs(fam, dict(enc), _image_token_id(processor) if image_token_id is None else image_token_id)
-
-
-def _image_token_id(processor) -> int:
-    """The processor's image token id (its attribute, or its image token through the tokenizer)."""
-    tid = getattr(processor, "image_token_id", None)
-    return processor.tokenizer.convert_tokens_to_ids(processor.image_token) if tid is None else tid
-
-
-def split_prompts(processor, images, questions, model) -> list[PromptSplit]:
-    """:func:`split_prompt` for many (image, question) pairs, encoded in one processor call
-    (:func:`~unicache_lib.inputs.encode_batch`); each split equals :func:`split_prompt`'s for its pair."""
-    fam = family_of(model)
-    tid = _image_token_id(processor)
-    return [split_inputs(fam, enc, tid) for enc in encode_batch(processor, images, questions, fam)]
-
-
-def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
-    """:func:`split_prompt` for inputs already encoded (e.g. built by hand when a processor is not
-    available): ``enc`` holds ``input_ids [1, S]`` and the image inputs; ``image_token_id`` is the
-    token after whose last occurrence the context ends (``model.config.image_token_id``)."""
-    ids = enc["input_ids"]
-    if ids.shape[0] != 1:
-        raise InputError(f"one prompt at a time: got a batch of {ids.shape[0]}")
-    tid = int(image_token_id)
-    img = (ids[0] == tid).nonzero().flatten()
-    if len(img) == 0:
-        raise PromptError(f"the prompt has no image token (id {tid}): the processor did not insert the image; put the "
-                          f"family's image marker {family.image_marker!r} in the prompt where the image goes, or build the "
-                          f"inputs with split_prompt(processor, image, question, model=model)")
-    cut = int(img[-1]) + 1
-    S = ids.shape[1]
-    extra = {}
-    for k, v in enc.items():
-        if k in ("input_ids", "attention_mask", "pixel_values", "labels"):
-            continue
-        if k in family.token_fields and torch.is_tensor(v) and v.dim() >= 2 and v.shape[1] == S:
-            v = v[:, :cut]
-        extra[k] = v
-    image_positions = torch.empty(0, dtype=torch.long) if family.cross_attention else img
-    return PromptSplit(ids[:, :cut], ids[:, cut:], enc.get("pixel_values"), image_positions, extra, dict(enc), family)
-
-
-def placement(model) -> tuple[torch.device, torch.dtype]:
-    """The device and dtype of ``model``'s parameters."""
-    p = next(model.parameters())
-    return p.device, p.dtype
-
-
-def full_positions(fam, model, split: PromptSplit):
-    """The family's own position ids of the whole prompt (M-RoPE), or None where positions are 0..S-1."""
-    dev, dtype = placement(model)
-    return fam.position_ids(model, split.full_ids.to(dev), to_model(split.inputs, dev, dtype))
+from ..inputs import check_fraction
+# the prompt's split (kv/prompt.py) and the answer on a cache (kv/decode.py), importable from here too
+from .decode import answer, forward_question, is_ragged, layer_masks  # noqa: F401
+from .prompt import PromptSplit, full_positions, placement, split_inputs, split_prompt, split_prompts  # noqa: F401
 
 
 @dataclass
@@ -149,38 +59,169 @@ class Prefill:
                                first_keys=self.first_keys)
 
 
+@dataclass
+class EvictionContext:
+    """What a policy may look at (:meth:`Prefill.context` builds it).
+
+    ``seq_len``: length C of the image-holding cache layers; ``image_positions [n_image]`` in them;
+    ``n_layers``: how many layers hold image KV (policy layer ``i`` is cache layer
+    ``cache_layers[i]``, all cache layers by default); ``attentions``: per such layer ``[H, Cq, C]``
+    float32 prefill attention (empty if not captured); ``future``: per such layer ``[C]`` attention mass
+    the question's queries put on each key (oracle only); ``keep_always``: positions every policy keeps
+    (default: every non-image position); ``grid``: indices into the image block of the tokens that tile the
+    picture row by row (None: the family's image tokens form no single grid); ``kv``: per such layer a
+    zero-argument callable returning that layer's cached ``(keys, values)``, each ``[H_kv, C, D]`` (read
+    lazily: a 7B model's float32 copies of every layer would not fit beside it); ``features``: ``[n_image, D]``
+    the image embeddings the language model receives (prefill-stage policies only); ``encode``: ``(rows, cols) ->
+    [rows * cols, D]``, the picture re-encoded at a coarser patch grid by the family's vision tower (the
+    downsampled-image control; :meth:`~unicache_lib.families.base.VLMFamily.image_features_at`); ``first_keys``:
+    ``(embeddings [n, hidden]) -> [n, H_kv * D]``, the keys the first language-model layer computes for them
+    (:meth:`~unicache_lib.families.base.VLMFamily.first_layer_keys`).
+    """
+
+    seq_len: int
+    image_positions: torch.Tensor
+    n_layers: int
+    attentions: list
+    seed: int = 0
+    future: list | None = None
+    cache_layers: list | None = None
+    n_cache_layers: int | None = None
+    keep_always: torch.Tensor | None = None
+    grid: torch.Tensor | None = None
+    kv: list | None = None
+    features: torch.Tensor | None = None
+    encode: object = None
+    first_keys: object = None
+
+    @property
+    def n_image(self) -> int:
+        return len(self.image_positions)
+
+    def k(self, budget: float) -> int:
+        """Image positions kept at ``budget`` (a fraction of the image tokens in [0, 1]; a string or a
+        count is refused by :func:`~unicache_lib.inputs.check_fraction`)."""
+        budget = check_fraction(budget, "budget", meaning="of the image tokens kept")
+        return int(round(budget * self.n_image))
+
+    def assemble(self, chosen: list) -> list:
+        """Per cache layer: the always-kept positions plus the chosen image positions (indices into
+        the image block, 0..n_image-1), as sorted cache positions; None for cache layers that hold no
+        image KV (left as they are)."""
+        img = self.image_positions
+        other = non_image(self.seq_len, img) if self.keep_always is None else self.keep_always
+        per = [torch.cat([other, img[torch.as_tensor(np.asarray(ch), dtype=torch.long).reshape(-1)]]).sort().values
+               for ch in chosen]
+        if self.cache_layers is None or list(self.cache_layers) == list(range(self.n_cache_layers or len(per))):
+            return per
+        out: list = [None] * self.n_cache_layers
+        for li, keep in zip(self.cache_layers, per):
+            out[li] = keep
+        return out
+
+    def image_reads(self, layer: int) -> torch.Tensor:
+        """``[n_image]``: attention each image key receives from all context queries, mean over heads."""
+        if not self.attentions:
+            raise InputError("this policy needs the prefill attention: prefill(..., attentions=True) on an eager model")
+        return self.attentions[layer].mean(0).sum(0)[self.image_positions]
+
+    def image_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(keys, values)`` of the image positions in policy layer ``layer``, each ``[H_kv, n_image, D]``
+        float32 (keys after the rotary embedding, as cached)."""
+        if not self.kv:
+            raise InputError("this policy reads the cached keys and values: build the context with Prefill.context()")
+        k, v = self.kv[layer]()
+        idx = self.image_positions.to(k.device)
+        return k.index_select(-2, idx).float(), v.index_select(-2, idx).float()
+
+
+@dataclass
+class Compressed:
+    """What a policy leaves of a prefilled context (:meth:`~.policies.base.EvictionPolicy.apply`): the ``cache`` to
+    answer on and the ``split`` to answer it with (the prefill's own, or a pruned one); ``keep``: per cache layer the
+    context positions kept (None: a layer left as it is); ``bias``: cache layer -> the additive attention term on its
+    keys for every later query (``[C]``; a merge's ``log(size)``), or None; ``prefill_tokens`` / ``prefill_ms``: the
+    positions and time of a prefill the policy ran itself (on the kept tokens only), None when it reused the full one."""
+
+    cache: object
+    split: PromptSplit
+    keep: list
+    bias: dict | None = None
+    prefill_tokens: int | None = None
+    prefill_ms: float | None = None
+
+    @property
+    def kept(self) -> list:
+        """Per image-KV layer, the context positions kept."""
+        return [k for k in self.keep if k is not None]
+
+
 @torch.no_grad()
 def prefill(model, split: PromptSplit, attentions: bool = True, locate: bool = True) -> Prefill:
     """Run the context once. ``attentions`` needs an eager model (the maps are captured). ``locate=False``
     leaves ``image_kv`` unset (the caller locates it, e.g. after pruning the sequence)."""
-    fam = family_of(model)
-    split.family = fam
+    return prefill_contexts(model, [split], attentions, locate)[0]
+
+
+@torch.no_grad()
+def prefill_contexts(model, splits: list[PromptSplit], attentions: bool = True, locate: bool = True) -> list[Prefill]:
+    """The contexts of ``splits`` in one forward, one :class:`Prefill` each, as :func:`prefill` gives it for one.
+
+    One split is batch 1 (the family's own positions, any family). Several (:func:`~.batch.prefill_batch`, the
+    harness's batches) must share one context length and a family :func:`~.batch.check_batchable` lets batch, so
+    nothing is padded: every sample's positions, maps and cache are those of its own prefill (its cache is its row of
+    the batch's, ``[1, H, C, D]`` per layer; its maps ``[H, C, C]`` float32 when ``attentions``). The family is the
+    one the splits were made for (``split.family``)."""
+    fam, one = splits[0].family, len(splits) == 1
     dev, dtype = placement(model)
-    full_pos = full_positions(fam, model, split)
-    cache = transformers.DynamicCache(config=model.config)
-    kw = dict(input_ids=split.context_ids.to(dev), past_key_values=cache, use_cache=True,
-              **to_model(split.extra, dev, dtype))
-    if split.pixel_values is not None:
-        kw["pixel_values"] = split.pixel_values.to(dev, dtype)
+    extra = splits[0].extra if one else {k: _stack([sp.extra[k] for sp in splits]) for k in splits[0].extra}
+    ids = splits[0].context_ids if one else torch.cat([sp.context_ids for sp in splits])
+    # on the model's device: the context's inputs, and (one prompt) the whole prompt's, for the family's positions
+    extra, whole = to_model(extra, dev, dtype), to_model(splits[0].inputs, dev, dtype) if one else None
+    full_pos = None if whole is None else fam.position_ids(model, splits[0].full_ids.to(dev), whole)
+    kw = dict(input_ids=ids.to(dev), past_key_values=transformers.DynamicCache(config=model.config), use_cache=True,
+              **extra)
+    if splits[0].pixel_values is not None:
+        pv = splits[0].pixel_values if one else torch.cat([sp.pixel_values for sp in splits])
+        kw["pixel_values"] = pv.to(dev, dtype)
     if full_pos is not None:
-        kw["position_ids"] = full_pos[..., : split.context_ids.shape[1]]
-    out, records = forward_context(model, kw, attentions, "prefill", "call prefill(..., attentions=False)")
-    maps = [r.probs for r in records]
-    if not locate:
-        return Prefill(out.past_key_values, maps, split, None, full_pos)
-    return located(fam, model, out.past_key_values, maps, split, full_pos)
+        kw["position_ids"] = full_pos[..., : ids.shape[1]]
+    who = ("prefill", "call prefill(..., attentions=False)") if one else ("prefill_batch", "attentions=False")
+    out, records = forward_context(model, fam, kw, attentions, *who, None if one else range(len(splits)))
+    if one:
+        maps = [[r.probs for r in records]]
+        if not locate:
+            return [Prefill(out.past_key_values, maps[0], splits[0], None, full_pos)]
+        return [located(fam, model, out.past_key_values, maps[0], splits[0], full_pos)]
+    maps = [[] for _ in splits]
+    for r in records:
+        maps[int(r.sample)].append(r.probs)
+    pres = []
+    for b, sp in enumerate(splits):
+        row = copy_layers(out.past_key_values)
+        for layer in row.layers:
+            layer.keys, layer.values = layer.keys[b:b + 1], layer.values[b:b + 1]
+        pres.append(located(fam, model, row, maps[b], sp, None))
+    return pres
 
 
-def forward_context(model, kw: dict, attentions: bool, who: str, instead: str, sample_ids=None):
+def _stack(values: list):
+    """Batch rows of one processor output: tensors concatenated on dim 0, anything else taken from the first."""
+    v0 = values[0]
+    return torch.cat(values, 0) if torch.is_tensor(v0) and v0.dim() >= 1 else v0
+
+
+def forward_context(model, family, kw: dict, attentions: bool, who: str, instead: str, sample_ids=None):
     """``(model(**kw), the captured attention records sorted by layer)``; with ``attentions`` False no records. The
-    maps need eager attention: another implementation is refused, naming ``who`` and the call to make ``instead``."""
+    maps need eager attention: another implementation is refused, naming ``who`` and the call to make ``instead``.
+    ``family``: the model's adapter (``split.family``)."""
     if not attentions:
         return model(**kw), []
     impl = language_attn_implementation(model)
     if impl != "eager":
         raise ContractError(f"{who} reads the context's attention, which {impl!r} does not return: load with "
                             f"attn_implementation='eager' (or {instead} for policies that need none)")
-    with AttentionCapture(model, "full", part=family_of(model).image_part, spans=None, sample_ids=sample_ids) as cap:
+    with AttentionCapture(model, "full", part=family.image_part, spans=None, sample_ids=sample_ids) as cap:
         out = model(**kw)
     return out, sorted(cap.result.records, key=lambda r: r.layer)
 
@@ -201,12 +242,13 @@ def picture_encoder(fam, model, split: PromptSplit):
     pv = split.pixel_values
     if pv is None or pv.dim() != 4 or pv.shape[0] != 1:
         return None
-    dev, dtype = placement(model)
+    return partial(_encode_picture, fam, model, pv)
 
-    @torch.no_grad()
-    def encode(rows, cols):
-        return fam.image_features_at(model, pv.to(dev, dtype), rows, cols)
-    return encode
+
+@torch.no_grad()
+def _encode_picture(fam, model, pixel_values, rows: int, cols: int):
+    dev, dtype = placement(model)
+    return fam.image_features_at(model, pixel_values.to(dev, dtype), rows, cols)
 
 
 @torch.no_grad()
@@ -226,7 +268,7 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
     language model) or cross-attention image KV are refused: the pruned sequence would be fed wrong positions
     or masks.
     """
-    fam = family_of(model)
+    fam = split.family
     if fam.cross_attention or full_positions(fam, model, split) is not None:
         raise PrefillPruningUnsupported(f"{fam.name}: prefill-stage pruning is implemented for families that splice image tokens into a "
                          f"sequence with positions 0..S-1; this one {'keeps its image KV in cross-attention layers' if fam.cross_attention else 'numbers positions itself (M-RoPE)'}. "
@@ -300,6 +342,18 @@ def _check_windows(cache, needed: int) -> None:
             )
 
 
+def non_image(n: int, img: torch.Tensor) -> torch.Tensor:
+    """The positions ``0..n-1`` not in ``img``, sorted."""
+    return torch.tensor(sorted(set(range(n)) - set(img.tolist())), dtype=torch.long)
+
+
+def copy_layers(cache):
+    """A shallow copy of ``cache`` with its own layer objects (tensors shared), so keys and values can be reassigned."""
+    new = copy.copy(cache)
+    new.layers = [copy.copy(layer) for layer in cache.layers]
+    return new
+
+
 def evict(cache, keep: list):
     """A copy of ``cache`` holding, in layer ``l``, only the positions ``keep[l]`` (None = the layer is
     left as it is). Layers may keep different counts (a depth schedule): :func:`answer` then gives each its own
@@ -324,56 +378,3 @@ def kv_bytes(cache) -> int:
     """Bytes of keys and values held."""
     return sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
                for layer in cache.layers)
-
-
-@torch.no_grad()
-def answer(model, cache, split: PromptSplit, max_new_tokens: int = 1, eos_token_id: int | None = None,
-           output_attentions: bool = False):
-    """Feed the question on ``cache`` (which is extended in place) and decode greedily.
-
-    Returns ``(first_logits [vocab] float32, generated ids list, attentions or None)``; with
-    ``output_attentions`` (eager) the question pass's attention of every image-KV layer,
-    ``[1, H, Q, K]`` each (K = the keys that layer holds). Positions continue from the original
-    context whatever the cache holds.
-    """
-    fam = family_of(model)
-    dev = placement(model)[0]
-    c = split.context_ids.shape[1]
-    q = split.question_ids.to(dev)
-    pos = fam.text_positions(full_positions(fam, model, split), c, q.shape[1], dev)
-    atts = None
-    if output_attentions:
-        with AttentionCapture(model, "full", part=fam.image_part, spans=None) as cap:
-            out = forward_question(fam, model, q, cache, pos)
-        atts = [r.probs[None] for r in sorted(cap.result.records, key=lambda r: r.layer)]
-    else:
-        out = forward_question(fam, model, q, cache, pos)
-    first = out.logits[0, -1].float()
-    ids = [int(first.argmax())]
-    nxt, p = ids[0], pos[..., -1:] + 1
-    for _ in range(max_new_tokens - 1):
-        if eos_token_id is not None and nxt == eos_token_id:
-            break
-        o = forward_question(fam, model, torch.tensor([[nxt]], device=dev), cache, p)
-        nxt = int(o.logits[0, -1].argmax())
-        ids.append(nxt)
-        p = p + 1
-    return first, ids, atts
-
-
-def forward_question(family, model, ids, cache, positions):
-    """One forward of text tokens ``ids [1, n]`` on ``cache`` at rotary ``positions``."""
-    custom = family.forward_text(model, ids, cache, positions)
-    if custom is not None:
-        return custom
-    held = cache.get_seq_length()
-    with layer_masks(model, every_layer=True) if is_ragged(cache) else contextlib.nullcontext():
-        return model(input_ids=ids, past_key_values=cache, position_ids=positions,
-                     attention_mask=torch.ones(1, held + ids.shape[1], dtype=torch.long, device=ids.device),
-                     use_cache=True)
-
-
-def is_ragged(cache) -> bool:
-    """Whether the cache's self-attention layers hold different numbers of positions."""
-    return len({layer.keys.shape[-2] for layer in cache.layers if getattr(layer, "keys", None) is not None}) > 1
-

@@ -3,10 +3,15 @@
 For each question: prefill the context once (eager, with attention), answer on the full cache
 (the reference, and the "future" the oracle and the simulation use), then for each (method,
 budget) evict a copy of the cache and answer on it. One tidy row per (question, method, budget).
+
+The path, in stages (:class:`_EvictionRun`): **prefill** (:func:`~.cache.prefill_contexts`: one question, or several
+of one context length in one forward) -> **choose, then evict or merge** (the policy's own
+:meth:`~.policies.base.EvictionPolicy.apply`, which may instead prune the image before a prefill of its own) ->
+**answer** (:func:`~.decode.answer`, or :func:`~.batch.answer_batch` for more than one). The family adapter is
+resolved once, when the prompts are split (``split.family``).
 """
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 
@@ -22,12 +27,12 @@ from ..inputs import check_fractions
 from ..intervals import difference_interval, extreme_of, ratio_interval
 from ..progress import bar
 from ..world.scenes import grid_cover
-from .batch import answer_batch, check_batchable, groups_by_context, prefill_batch
-from .cache import (PrefillPruningUnsupported, answer, evict, kv_bytes, prefill, prefill_pruned, split_prompt,
-                    split_prompts)
+from .batch import answer_batch, check_batchable, groups_by_context
+from .cache import PrefillPruningUnsupported, kv_bytes, prefill, prefill_contexts
+from .decode import answer
+from .prompt import split_prompt, split_prompts
 from .peers import MASKED_LABEL, attention_implementation, compression_ratio, masks_only
 from .policies import POLICIES
-from .policies.merge import log_size_bias, merge_cache
 
 
 def _future(atts, n_context: int) -> list[torch.Tensor]:
@@ -51,8 +56,9 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
 
     ``batch_size > 1``: questions of one context length are prefilled together and every cache-stage policy's
     answers come from one forward per batch (:mod:`~.batch`); ``ms`` and ``prefill_ms`` are then the batch's time
-    divided by its size. Prefill-stage policies and kvpress presses still run one question at a time. Answers equal
-    batch 1's; ``kl`` agrees to float rounding. Families :func:`~.batch.check_batchable` refuses need ``batch_size=1``.
+    divided by its size. Prefill-stage policies and kvpress presses still run one question at a time, and so does a
+    batch of one. Answers equal batch 1's; ``kl`` agrees to float rounding. Families :func:`~.batch.check_batchable`
+    refuses need ``batch_size=1``.
 
     ``question_ids``: each question's id in a larger set (a shard of a decisive run), so a seeded policy (``random``)
     draws ``seed + id`` and a sharded run equals a one-process one; default: its place in ``qas``.
@@ -70,25 +76,43 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     if len(ids) != len(qas):
         raise InputError(f"question_ids has {len(ids)} ids for {len(qas)} questions: give one per question")
     run = _EvictionRun(model, processor.tokenizer, budgets, policies, peers, seed, ids)
-    if batch_size == 1:
-        for qi, q in enumerate(bar(qas, progress, desc="eviction")):
-            run.batch([(qi, q, split_prompt(processor, q.scene.uint8(), q.question, model=model))])
-    else:
-        if qas:  # a family that cannot batch is told so before its processor is asked for a batch
-            check_batchable(model, split_prompt(processor, qas[0].scene.uint8(), qas[0].question, model=model))
-        splits = [sp for i in range(0, len(qas), 256)  # one processor call per 256 questions
-                  for sp in split_prompts(processor, [q.scene.uint8() for q in qas[i:i + 256]],
-                                          [q.question for q in qas[i:i + 256]], model)]
-        groups = groups_by_context(splits, batch_size)
-        for g in bar(groups, progress, desc=f"eviction (batches of {batch_size})"):
-            run.batch([(i, qas[i], splits[i]) for i in g])
+    for items in _batches(model, fam, processor, qas, batch_size, progress):
+        run.batch(items)
     out = pd.DataFrame([r for qi in sorted(run.rows) for r in run.rows[qi]])
     out.attrs["skipped"] = run.skipped
     return out
 
 
+def _batches(model, fam, processor, qas: list, batch_size: int, progress):
+    """The questions as ``(index, question, split)`` batches: one at a time, or up to ``batch_size`` of one context
+    length (a family that cannot batch is told so before its processor is asked for a batch)."""
+    if batch_size == 1:
+        for qi, q in enumerate(bar(qas, progress, desc="eviction")):
+            yield [(qi, q, split_prompt(processor, q.scene.uint8(), q.question, model=model))]
+        return
+    if qas:
+        check_batchable(fam)
+    splits = [sp for i in range(0, len(qas), 256)  # one processor call per 256 questions
+              for sp in split_prompts(processor, [q.scene.uint8() for q in qas[i:i + 256]],
+                                      [q.question for q in qas[i:i + 256]], model)]
+    for g in bar(groups_by_context(splits, batch_size), progress, desc=f"eviction (batches of {batch_size})"):
+        yield [(i, qas[i], splits[i]) for i in g]
+
+
+def _answer(model, done: list, output_attentions: bool = False):
+    """The last stage, answer: ``(first [B, vocab], per question the attentions or None)`` on each
+    :class:`~.cache.Compressed` cache with its ``bias`` (one forward for more than one)."""
+    if len(done) == 1:
+        c = done[0]
+        first, _, atts = answer(model, c.cache, c.split, output_attentions=output_attentions, bias=c.bias)
+        return first[None], [atts]
+    bias = {li: torch.stack([c.bias[li] for c in done]) for li in done[0].bias} if done[0].bias else None
+    return answer_batch(model, [c.cache for c in done], [c.split for c in done], output_attentions, bias=bias)
+
+
 class _EvictionRun:
-    """The rows of :func:`run_eviction`, one batch of questions at a time (a batch of one: the batch-1 path)."""
+    """The rows of :func:`run_eviction`, one batch of questions at a time, in stages: prefill, then per policy and
+    budget choose and evict or merge (:meth:`~.policies.base.EvictionPolicy.apply`), then answer."""
 
     def __init__(self, model, tok, budgets, policies, peers, seed, ids):
         self.model, self.tok, self.budgets, self.policies, self.peers, self.seed = model, tok, budgets, policies, peers, seed
@@ -98,17 +122,19 @@ class _EvictionRun:
 
     def batch(self, items: list) -> None:
         """``items``: ``(question index, question, split)``; one context length when more than one."""
-        model, budgets = self.model, self.budgets
+        model, n = self.model, len(items)
         sps = [sp for _, _, sp in items]
-        pres = prefill_batch(model, sps, attentions=True)
-        fulls = [evict(p.cache, POLICIES["full"]().select(p.context(), 1.0)) for p in pres]
-        full_bytes = [kv_bytes(c) for c in fulls]
-        refs, atts = answer_batch(model, fulls, sps, output_attentions=True)
-        futures = [_future(a, p.context().seq_len) for a, p in zip(atts, pres)]
+        pres = prefill_contexts(model, sps, attentions=True)  # stage 1: prefill (one forward for the batch)
+        plain = [p.context() for p in pres]
+        full = POLICIES["full"]()
+        fulls = [full.apply(model, p, c, 1.0) for p, c in zip(pres, plain)]  # the reference: every position kept
+        full_bytes = [kv_bytes(c.cache) for c in fulls]
+        refs, atts = _answer(model, fulls, output_attentions=True)
+        futures = [_future(a, c.seq_len) for a, c in zip(atts, plain)]
         ctxs = [p.context(seed=self.seed + self.ids[qi], future=f) for (qi, _, _), p, f in zip(items, pres, futures)]
         t0 = time.perf_counter()
-        prefill_batch(model, sps, attentions=False)
-        full_prefill_ms = 1e3 * (time.perf_counter() - t0) / len(items)
+        prefill_contexts(model, sps, attentions=False)
+        full_prefill_ms = 1e3 * (time.perf_counter() - t0) / n
         rows = [self.rows.setdefault(qi, []) for qi, _, _ in items]
 
         def row(b, method, kind, budget, logits, nbytes, ms, retained, memory="freed", prefill_tokens=None, prefill_ms=None):
@@ -122,37 +148,30 @@ class _EvictionRun:
                     "prefill_ms": full_prefill_ms if prefill_ms is None else prefill_ms}
 
         for name, pol in self.policies.items():
-            for bud in budgets:
-                if getattr(pol, "stage", "cache") == "prefill":
-                    if name in self.skipped:
-                        continue
-                    try:
-                        for b in range(len(items)):
-                            rows[b].append(_prefill_stage_row(model, sps[b], pol, ctxs[b], bud, futures[b],
-                                                              lambda *a, b=b, **k: row(b, *a, **k)))
-                    except PrefillPruningUnsupported as e:
-                        self.skipped[name] = str(e)
-                        warnings.warn(f"{name} skipped: {e}", stacklevel=3)
+            for bud in self.budgets:
+                if name in self.skipped:
                     continue
-                keeps = [pol.select(ctx, bud) for ctx in ctxs]
-                caches = [evict(p.cache, keep) for p, keep in zip(pres, keeps)]
-                bias = None
-                if getattr(pol, "merges", False):  # the evicted image KV folded into the kept (policies/merge.py)
-                    merged = [merge_cache(ctx, c, keep) for ctx, c, keep in zip(ctxs, caches, keeps)]
-                    caches = [c for c, _ in merged]
-                    bias = {li: torch.stack([b[li] for _, b in merged]) for li in merged[0][1]}
-                nbytes = [kv_bytes(c) for c in caches]
-                t0 = time.perf_counter()
-                with log_size_bias(model, bias) if bias else contextlib.nullcontext():
-                    logits = answer_batch(model, caches, sps)[0]
-                ms = 1e3 * (time.perf_counter() - t0) / len(items)
-                for b, keep in enumerate(keeps):
-                    kept = [k for k in keep if k is not None] if len(keep) != len(futures[b]) else keep
-                    rows[b].append(row(b, name, "policy", bud, logits[b], nbytes[b], ms, _retained(futures[b], kept)))
+                try:  # stage 2: the policy chooses, then drops, merges, or prunes before a prefill of its own
+                    done = [pol.apply(model, p, c, bud) for p, c in zip(pres, ctxs)]
+                except PrefillPruningUnsupported as e:
+                    self.skipped[name] = str(e)
+                    warnings.warn(f"{name} skipped: {e}", stacklevel=3)
+                    continue
+                nbytes = [kv_bytes(c.cache) for c in done]  # before the answer extends a cache
+                # stage 3: answer as prefilled: together from the shared prefill, one at a time after a prefill of its own
+                at = [[b] for b in range(n)] if done[0].prefill_ms is not None else [list(range(n))]
+                for group in at:
+                    t0 = time.perf_counter()
+                    logits = _answer(model, [done[b] for b in group])[0]
+                    ms = 1e3 * (time.perf_counter() - t0) / len(group)
+                    for j, b in enumerate(group):
+                        c = done[b]
+                        rows[b].append(row(b, name, "policy", bud, logits[j], nbytes[b], ms, _retained(futures[b], c.kept),
+                                           prefill_tokens=c.prefill_tokens, prefill_ms=c.prefill_ms))
         for name, make in (self.peers or {}).items():
             for b, (_, _, sp) in enumerate(items):
                 C, n_img = sp.context_ids.shape[1], ctxs[b].n_image
-                for bud in budgets:
+                for bud in self.budgets:
                     press = make(compression_ratio(C, n_img, bud), C)
                     impl = "sdpa" if masks_only(name) else language_attn_implementation(model)
                     with attention_implementation(model, impl):
@@ -167,20 +186,6 @@ class _EvictionRun:
                                             f"{nbytes} of {full_bytes[b]} bytes: check the kvpress version")
                     rows[b].append(row(b, name, "kvpress", bud, logits, nbytes, ms, float("nan"),
                                        MASKED_LABEL if masks_only(name) else "freed"))
-
-
-def _prefill_stage_row(model, sp, pol, ctx, budget, future, row) -> dict:
-    """One row for a prefill-stage policy: prune the image tokens before the language model, prefill on the
-    kept tokens (timed), answer on that cache."""
-    t0 = time.perf_counter()
-    pre, reduced, keep = prefill_pruned(model, sp, pol.token_picker(ctx, budget), renumber=pol.renumber)
-    pms = 1e3 * (time.perf_counter() - t0)
-    nbytes = kv_bytes(pre.cache)
-    t0 = time.perf_counter()
-    logits, _, _ = answer(model, pre.cache, reduced)
-    ms = 1e3 * (time.perf_counter() - t0)
-    return row(pol.name, "policy", budget, logits, nbytes, ms, _retained(future, [keep] * len(future)),
-               prefill_tokens=len(keep), prefill_ms=pms)
 
 
 def _retained(future: list, keeps: list) -> float:
@@ -278,17 +283,12 @@ def kept_patches(model, processor, qa, budget: float, policies: dict, seed: int 
         objects = len(on) if share is None else int(sum((share[o] >= 0.5).any() for o in on))
         return {"answer": a, "correct": same_answer(a, qa.answer), "objects": objects}
 
-    full = evict(pre.cache, POLICIES["full"]().select(ctx, 1.0))
-    out = {"full": {"share": np.ones(len(grid), np.float32), **said(answer(model, full, split)[0])}}
+    full = POLICIES["full"]().apply(model, pre, ctx, 1.0)
+    out = {"full": {"share": np.ones(len(grid), np.float32), **said(answer(model, full.cache, split)[0])}}
     for name, pol in policies.items():
-        if getattr(pol, "stage", "cache") == "prefill":
-            pp, reduced, keep = prefill_pruned(model, split, pol.token_picker(ctx, budget), renumber=pol.renumber)
-            per_layer = [keep]
-            logits = answer(model, pp.cache, reduced)[0]
-        else:
-            keep = pol.select(ctx, budget)
-            per_layer = [k for k in keep if k is not None]
-            logits = answer(model, evict(pre.cache, keep), split)[0]
+        done = pol.apply(model, pre, ctx, budget)  # drop, merge, or prune before a prefill of its own
+        per_layer = done.kept
+        logits = answer(model, done.cache, done.split, bias=done.bias)[0]
         counts = np.zeros(ctx.n_image, np.float32)
         for k in per_layer:
             for p in k.tolist():

@@ -10,9 +10,10 @@ Configured as their authors intend on *this* context:
   question). Here the image is cached before the question arrives, so the only queries that exist at
   eviction time are the context's own; on the shipped 67-position context a 64-query window would
   leave 3 scored keys and tie all 64 image keys (one contiguous block kept, the same in every head).
-  The window is sized to the context: :func:`observation_window`, one eighth of it (the shipped
-  model: the last 8 context positions, i.e. the bottom row of the 8x8 image grid), at most kvpress's
-  64. Keys inside the window are always kept, as in SnapKV.
+  The window is sized to the context by the rule the workbench's own ``snapkv`` policy uses
+  (:func:`~unicache_lib.kv.policies.snapkv.observation_window`): one eighth of it (the shipped model: the last 8
+  context positions, i.e. the bottom row of the 8x8 image grid), at most kvpress's 64. Keys inside the window are
+  always kept, as in SnapKV.
 - **AdaKV** masks keys per head instead of shrinking the cache: memory stays full (``kv_fraction``
   1.0), so it is labelled :data:`MASKED_LABEL` and must not be read on the same bytes axis as presses
   that free memory. It needs sdpa.
@@ -21,21 +22,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..core.errors import InputError
 from ..core.models import language_attention
 from ..inputs import check_fraction
+from .policies.snapkv import KVPRESS_DEFAULT_WINDOW, observation_window  # one window rule for the policy and the peer
 
 MASKED_LABEL = "masked, full memory"
 ADAKV = f"kvpress:adakv_snapkv ({MASKED_LABEL})"
-KVPRESS_DEFAULT_WINDOW = 64
-
-
-def observation_window(n_context: int) -> int:
-    """SnapKV's observation window for a context of ``n_context`` positions: the last
-    ``n_context // 8`` queries (at least 1, at most kvpress's default 64)."""
-    if n_context < 2:
-        raise InputError(f"a context of {n_context} positions leaves nothing to score")
-    return max(1, min(KVPRESS_DEFAULT_WINDOW, n_context // 8))
+__all__ = ["ADAKV", "KVPRESS_DEFAULT_WINDOW", "MASKED_LABEL", "attention_implementation", "compression_ratio",
+           "masks_only", "observation_window", "press_factories"]
 
 
 def press_factories() -> dict:

@@ -41,10 +41,11 @@ from ..core.errors import ContractError, InputError, UnsupportedModelError
 from ..core.hooks import forward_hooks
 from ..families import family_of
 from ..inputs import check_fraction
+from .cache import EvictionContext
+from .decode import layer_masks
 from .policies.ablations import DivPruneKeys
-from .policies.base import EvictionContext, EvictionPolicy
+from .policies.base import EvictionPolicy
 from .policies.key_coverage import KeyCoverage
-from .policies.merge import layer_masks, merge_groups, place_merged
 
 try:  # kvpress is a dependency of the project; the import error, if any, names the install
     from kvpress.presses.base_press import BasePress, is_prefilling
@@ -73,10 +74,10 @@ class PolicyPress(BasePress):
     _layers: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
-        if not isinstance(self.policy, EvictionPolicy) or self.policy.stage != "cache":
+        if not isinstance(self.policy, EvictionPolicy):
             raise InputError(f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got "
-                             f"{self.policy!r}: a prefill-stage policy chooses before the language model runs, where no "
-                             "press is called")
+                             f"{self.policy!r}")
+        self.policy.require_cache("a press")
         check_fraction(self.compression_ratio, "compression_ratio", upper_inclusive=False,
                        meaning="the share of the prompt's KV removed")
         if self.image_token_id is not None and (isinstance(self.image_token_id, bool) or
@@ -128,11 +129,11 @@ class PolicyPress(BasePress):
         model._unicache_press = self
         self._bias = {}
         self._layers = {id(m): i for i, m in enumerate(sites)}  # module -> its place among the compressed layers
-        depth = self.policy.depth is not None  # a ragged cache: every later forward needs one mask per layer
-        bias = layer_masks(model, self._bias, every_layer=depth) if getattr(self.policy, "merges", False) or depth \
-            else contextlib.nullcontext()
+        # the terms a layer's compress_layer returns (a merge's log(size)), read by every later forward; with a depth
+        # schedule the cache is ragged, so every later forward needs one mask per layer
+        masks = layer_masks(model, fam, self._bias, every_layer=self.policy.depth is not None)
         try:
-            with forward_hooks(pre + [(m, "forward", self.forward_hook) for m in sites]), bias:
+            with forward_hooks(pre + [(m, "forward", self.forward_hook) for m in sites]), masks:
                 yield
         finally:
             self._image = self._prompt_len = None
@@ -171,29 +172,20 @@ class PolicyPress(BasePress):
                              "positions (e.g. processor.tokenizer.convert_tokens_to_ids('<image>')), or run a text-only "
                              "prompt without the press")
         kept = min(n, max(1, compute_n_kept(S, self.compression_ratio) - (S - n)))  # kvpress's rounding, image only
-        if self.policy.depth is not None:  # this layer's count of the depth schedule, the same total as `kept` per layer
-            kept = self.policy.depth.counts(len(self._layers), n, kept)[self._layers[id(module)]]
+        # this layer's count (a depth schedule's, the same total as `kept` per layer; else `kept`)
+        kept = self.policy.counts(len(self._layers), n, kept)[self._layers[id(module)]]
         if kept == n:
             return keys, values
         img = img.to(keys.device)
         chosen = self.choose(keys, values, kept, attentions, img)
-        keep = torch.ones(S, dtype=torch.bool, device=keys.device)
-        keep[img] = False
-        keep[img[torch.as_tensor(chosen, device=keys.device)]] = True
-        idx = keep.nonzero().flatten()
-        if not getattr(self.policy, "merges", False):
-            return keys.index_select(2, idx), values.index_select(2, idx)
-        # a merging policy (policies/merge.py): the evicted image KV folded into the kept, log(size) for later forwards
-        merged = merge_groups(keys[0].index_select(1, img), values[0].index_select(1, img),
-                              torch.as_tensor(sorted(chosen), device=keys.device))
-        keys, values = keys.index_select(2, idx), values.index_select(2, idx)
-        at = torch.isin(idx, img).nonzero().flatten()  # the kept image positions, in order, in the compressed layer
-        self._bias[module.layer_idx] = place_merged(keys, values, at, merged)
+        keys, values, bias = self.policy.compress_layer(keys, values, img, chosen)  # drop, or merge (policies/merge.py)
+        if bias is not None:
+            self._bias[module.layer_idx] = bias
         return keys, values
 
     def choose(self, keys: torch.Tensor, values: torch.Tensor, k: int, attentions, img: torch.Tensor) -> list[int]:
         """``k`` of the layer's image positions to keep (indices into ``img``), chosen by the press's ``policy`` itself
-        on a one-layer :class:`~unicache_lib.kv.policies.base.EvictionContext` of this layer's cache (``keys`` /
+        on a one-layer :class:`~unicache_lib.kv.cache.EvictionContext` of this layer's cache (``keys`` /
         ``values`` ``[1, H_kv, S, D]``, ``attentions [1, H, S, S]`` or None): the press adds no rule of its own."""
         ctx = EvictionContext(seq_len=keys.shape[2], image_positions=img, n_layers=1,
                               attentions=[] if attentions is None else [attentions[0].float()],

@@ -11,7 +11,9 @@ distance started at the token whose nearest neighbour is farthest). Each ablatio
   started at the largest-norm feature (no attention exists yet to find the most-read one) — the rule of
   key_coverage in the place of DivPrune, at original positions as DivPrune runs here.
 """
-from .base import EvictionPolicy, register
+from dataclasses import dataclass
+
+from .base import EvictionPolicy, PrefillStagePolicy, register
 from .divprune import max_min_diverse
 from .key_coverage import farthest_point
 
@@ -30,9 +32,12 @@ class DivPruneKeys(EvictionPolicy):
 
 
 @register
-class KeyCoverageFeatures(EvictionPolicy):
-    name, stage, renumber = "key_coverage_features", "prefill", False
+@dataclass(eq=False)
+class KeyCoverageFeatures(PrefillStagePolicy):
+    name = "key_coverage_features"
     description = "ablation: key_coverage's k-center on the projected image features (before the prefill)"
+
+    renumber: bool = False
 
     def choose(self, ctx, k):
         x = ctx.features.float()

@@ -3,119 +3,63 @@
 A policy picks, for every layer, which *image* positions of the context keep their keys and
 values; non-image context positions are always kept. ``budget`` is the fraction of image
 positions kept, the same count in every layer (a transformers cache is rectangular across
-layers: one causal mask serves them all).
+layers: one causal mask serves them all), unless a depth schedule moves it between layers.
+
+A policy is a dataclass: its parameters are fields with the published or tuned defaults, checked when it is built
+(``SnapKV(window=16)``, ``H2O(recent=0.25)``, ``KeyCoverage(metric="cosine")``). How it acts on a prefilled context
+is its own method, :meth:`EvictionPolicy.apply`: a cache-stage policy chooses from the prefilled cache and drops what
+it does not keep (``key_coverage_merge`` merges it into what it keeps); a :class:`PrefillStagePolicy` chooses the
+image tokens before the language model runs and prefills only those. A press calls
+:meth:`EvictionPolicy.compress_layer` on one layer instead.
 """
 from __future__ import annotations
 
 import copy
+import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 
-from ...core.errors import ContractError, InputError
+from ...core.errors import ContractError, InputError, InputTypeError
 from ...core.registry import Registry, registrar
-from ...inputs import check_fraction
+from ..cache import Compressed, EvictionContext, copy_layers, evict, non_image, prefill_pruned
+
+if TYPE_CHECKING:
+    from .depth import DepthSchedule
 
 POLICIES: dict[str, type["EvictionPolicy"]] = Registry("eviction policy")
 register = registrar(POLICIES, "policy")
 
-
-@dataclass
-class EvictionContext:
-    """What a policy may look at.
-
-    ``seq_len``: length C of the image-holding cache layers; ``image_positions [n_image]`` in them;
-    ``n_layers``: how many layers hold image KV (policy layer ``i`` is cache layer
-    ``cache_layers[i]``, all cache layers by default); ``attentions``: per such layer ``[H, Cq, C]``
-    float32 prefill attention (empty if not captured); ``future``: per such layer ``[C]`` attention mass
-    the question's queries put on each key (oracle only); ``keep_always``: positions every policy keeps
-    (default: every non-image position); ``grid``: indices into the image block of the tokens that tile the
-    picture row by row (None: the family's image tokens form no single grid); ``kv``: per such layer a
-    zero-argument callable returning that layer's cached ``(keys, values)``, each ``[H_kv, C, D]`` (read
-    lazily: a 7B model's float32 copies of every layer would not fit beside it); ``features``: ``[n_image, D]``
-    the image embeddings the language model receives (prefill-stage policies only); ``encode``: ``(rows, cols) ->
-    [rows * cols, D]``, the picture re-encoded at a coarser patch grid by the family's vision tower (the
-    downsampled-image control; :meth:`~unicache_lib.families.base.VLMFamily.image_features_at`); ``first_keys``:
-    ``(embeddings [n, hidden]) -> [n, H_kv * D]``, the keys the first language-model layer computes for them
-    (:meth:`~unicache_lib.families.base.VLMFamily.first_layer_keys`).
-    """
-
-    seq_len: int
-    image_positions: torch.Tensor
-    n_layers: int
-    attentions: list
-    seed: int = 0
-    future: list | None = None
-    cache_layers: list | None = None
-    n_cache_layers: int | None = None
-    keep_always: torch.Tensor | None = None
-    grid: torch.Tensor | None = None
-    kv: list | None = None
-    features: torch.Tensor | None = None
-    encode: object = None
-    first_keys: object = None
-
-    @property
-    def n_image(self) -> int:
-        return len(self.image_positions)
-
-    def k(self, budget: float) -> int:
-        """Image positions kept at ``budget`` (a fraction of the image tokens in [0, 1]; a string or a
-        count is refused by :func:`~unicache_lib.inputs.check_fraction`)."""
-        budget = check_fraction(budget, "budget", meaning="of the image tokens kept")
-        return int(round(budget * self.n_image))
-
-    def assemble(self, chosen: list) -> list:
-        """Per cache layer: the always-kept positions plus the chosen image positions (indices into
-        the image block, 0..n_image-1), as sorted cache positions; None for cache layers that hold no
-        image KV (left as they are)."""
-        img = self.image_positions
-        other = non_image(self.seq_len, img) if self.keep_always is None else self.keep_always
-        per = [torch.cat([other, img[torch.as_tensor(np.asarray(ch), dtype=torch.long).reshape(-1)]]).sort().values
-               for ch in chosen]
-        if self.cache_layers is None or list(self.cache_layers) == list(range(self.n_cache_layers or len(per))):
-            return per
-        out: list = [None] * self.n_cache_layers
-        for li, keep in zip(self.cache_layers, per):
-            out[li] = keep
-        return out
-
-    def image_reads(self, layer: int) -> torch.Tensor:
-        """``[n_image]``: attention each image key receives from all context queries, mean over heads."""
-        if not self.attentions:
-            raise InputError("this policy needs the prefill attention: prefill(..., attentions=True) on an eager model")
-        return self.attentions[layer].mean(0).sum(0)[self.image_positions]
-
-    def image_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(keys, values)`` of the image positions in policy layer ``layer``, each ``[H_kv, n_image, D]``
-        float32 (keys after the rotary embedding, as cached)."""
-        if not self.kv:
-            raise InputError("this policy reads the cached keys and values: build the context with Prefill.context()")
-        k, v = self.kv[layer]()
-        idx = self.image_positions.to(k.device)
-        return k.index_select(-2, idx).float(), v.index_select(-2, idx).float()
+__all__ = ["POLICIES", "EvictionContext", "EvictionPolicy", "PrefillStagePolicy", "ScorerPolicy", "copy_layers",
+           "greedy_max_min", "non_image", "register", "top_k"]
 
 
 @dataclass(eq=False)
 class EvictionPolicy(ABC):
-    """Subclasses set ``name`` (and a one-line ``description``) and implement ``choose``.
+    """Subclasses set ``name`` (the registry's) and a one-line ``description``, declare their parameters as dataclass
+    fields (checked in ``__post_init__``, which calls this one) and implement ``choose``.
 
-    ``stage``: ``"cache"`` (default) — the context is prefilled in full and the policy chooses what the cache
-    keeps afterwards, per layer; ``"prefill"`` — the policy chooses image tokens from ``ctx.features`` before
-    the language model runs, the context is prefilled on the kept tokens only (prefill compute saved too) and
-    ``choose`` returns one index list (``ctx.n_layers`` is 1). ``renumber`` (prefill stage): the kept tokens
-    get consecutive positions, as when the pruned sequence is fed to the model (else their original ones).
-    A prefill-stage ``choose`` may return ``(indices, features [len(indices), D])``: the kept tokens take those
-    embeddings (a merge, e.g. pooling); ``exact_budget = False`` lets it keep fewer than the budget allows.
-    """
+    ``depth`` (keyword only): a :class:`~.depth.DepthSchedule` (:mod:`~.depth`): per-layer counts instead of one
+    budget in every layer; the policy is then named ``"<name>@<schedule>"`` (:meth:`with_depth`)."""
 
-    name = ""
-    description = ""
-    stage = "cache"
-    renumber = True
-    exact_budget = True
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    depth: DepthSchedule | None = field(default=None, kw_only=True)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for flag in ("stage", "merges"):  # the kind flags of an earlier interface: read by nothing any more
+            if flag in cls.__dict__:
+                raise ContractError(f"policy {cls.__name__}: `{flag}` is no longer read; how a policy acts is its class "
+                                    f"and its apply(): subclass PrefillStagePolicy to choose before the prefill, or "
+                                    f"override apply / compress_layer (policies/merge.py) to merge")
+
+    def __post_init__(self):
+        if self.depth is not None:
+            self._set_depth(self.depth)
 
     def choose(self, ctx: EvictionContext, k: int) -> list:
         """Per layer, ``k`` indices into the image block. Every policy implements it, or overrides :meth:`select`
@@ -123,26 +67,32 @@ class EvictionPolicy(ABC):
         raise ContractError(f"policy {self.name!r} defines neither choose(ctx, k) nor select(ctx, budget): implement "
                             f"choose, returning per layer k indices into the image block")
 
-    depth = None  # a DepthSchedule (policies/depth.py): per-layer counts instead of one budget in every layer
+    def require_cache(self, use: str) -> None:
+        """Nothing: a cache-stage policy chooses from a prefilled cache, which ``use`` (a press, a depth schedule)
+        needs. :class:`PrefillStagePolicy` refuses."""
+
+    def _set_depth(self, schedule) -> None:
+        if not callable(getattr(schedule, "counts", None)):
+            raise InputError(f"with_depth takes a DepthSchedule (unicache_lib.kv.policies.depth: pyramid, by_profile, "
+                             f"keep_then_drop), got {schedule!r}")
+        self.require_cache("a depth schedule")
+        self.depth, self.name = schedule, f"{type(self).name}@{schedule.name}"
 
     def with_depth(self, schedule) -> "EvictionPolicy":
         """A copy of this (cache-stage) policy that keeps per layer the counts ``schedule`` gives
         (:mod:`~unicache_lib.kv.policies.depth`), named ``"<name>@<schedule>"``."""
-        if not callable(getattr(schedule, "counts", None)):
-            raise InputError(f"with_depth takes a DepthSchedule (unicache_lib.kv.policies.depth: pyramid, by_profile, "
-                             f"keep_then_drop), got {schedule!r}")
-        if self.stage != "cache":
-            raise InputError(f"policy {self.name!r} chooses before the language model runs (one token list for every "
-                             f"layer): a depth schedule needs a cache-stage policy such as key_coverage")
         new = copy.copy(self)
-        new.depth, new.name = schedule, f"{self.name}@{schedule.name}"
+        new._set_depth(schedule)
         return new
 
+    def counts(self, n_layers: int, n_image: int, k: int) -> list[int]:
+        """Per policy layer, the image positions kept when the budget allows ``k`` in each: ``k``, or the depth
+        schedule's counts (the same total for an equal-bytes schedule)."""
+        return [k] * n_layers if self.depth is None else self.depth.counts(n_layers, n_image, k)
+
     def layer_counts(self, ctx: EvictionContext, budget: float) -> list[int]:
-        """Per policy layer, the image positions kept at ``budget``: ``ctx.k(budget)`` in each, or the depth
-        schedule's counts."""
-        k = ctx.k(budget)
-        return [k] * ctx.n_layers if self.depth is None else self.depth.counts(ctx.n_layers, ctx.n_image, k)
+        """Per policy layer, the image positions kept at ``budget`` (:meth:`counts` of ``ctx.k(budget)``)."""
+        return self.counts(ctx.n_layers, ctx.n_image, ctx.k(budget))
 
     def select(self, ctx: EvictionContext, budget: float) -> list[torch.Tensor]:
         """Per cache layer, the positions kept when ``budget`` (a fraction in [0, 1]) of the image
@@ -159,10 +109,56 @@ class EvictionPolicy(ABC):
                 raise ContractError(f"policy {self.name!r} kept {len(c)} image positions, budget allows {k}")
         return ctx.assemble(chosen)
 
+    def apply(self, model, pre, ctx: EvictionContext, budget: float) -> Compressed:
+        """What this policy leaves of the prefilled context ``pre`` (a :class:`~unicache_lib.kv.cache.Prefill`; ``ctx``
+        its :meth:`~unicache_lib.kv.cache.Prefill.context`) at ``budget``: here a copy of the cache holding, per
+        layer, the positions :meth:`select` keeps, the rest dropped (``model`` is not needed to drop)."""
+        keep = self.select(ctx, budget)
+        return Compressed(evict(pre.cache, keep), pre.split, keep)
+
+    def compress_layer(self, keys: torch.Tensor, values: torch.Tensor, img: torch.Tensor, chosen) -> tuple:
+        """The same action on one layer inside a press: ``keys`` / ``values`` ``[1, H_kv, S, D]`` of the prompt,
+        ``img`` its image positions, ``chosen`` the kept ones (indices into ``img``) -> ``(keys, values, bias)`` with
+        the other image positions dropped; ``bias`` (the layer's additive attention term, :attr:`Compressed.bias`)
+        None."""
+        idx = kept_index(keys.shape[2], img, chosen)
+        return keys.index_select(2, idx), values.index_select(2, idx), None
+
+
+@dataclass(eq=False)
+class PrefillStagePolicy(EvictionPolicy):
+    """A policy that chooses the image tokens from ``ctx.features`` *before* the language model runs: the context is
+    prefilled on the kept tokens only (prefill compute saved too), and ``choose`` returns one index list (``ctx.n_layers``
+    is 1), or ``(indices, features [len(indices), D])`` for the kept tokens to take those embeddings (a merge, e.g.
+    pooling). ``renumber``: the kept tokens get consecutive positions, as when the pruned sequence is fed to the model
+    (else their original ones). ``exact_budget = False`` lets ``choose`` keep fewer than the budget allows."""
+
+    exact_budget: ClassVar[bool] = True
+    renumber: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.renumber, (bool, np.bool_)):
+            raise InputTypeError(f"{self.name}: renumber must be True or False, got {self.renumber!r}")
+
+    def require_cache(self, use: str) -> None:
+        raise InputError(f"{use} needs a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), and "
+                         f"{self.name!r} is a prefill-stage policy: it chooses before the language model runs (one "
+                         f"token list for every layer), where there is no cache to compress")
+
+    def apply(self, model, pre, ctx: EvictionContext, budget: float) -> Compressed:
+        """Prune the image tokens before the language model and prefill the kept ones only (timed,
+        :func:`~unicache_lib.kv.cache.prefill_pruned`): ``pre`` gives the split and ``ctx`` the picture's grid; its
+        cache is not used."""
+        t0 = time.perf_counter()
+        pp, split, keep = prefill_pruned(model, pre.split, self.token_picker(ctx, budget), renumber=self.renumber)
+        ms = 1e3 * (time.perf_counter() - t0)
+        return Compressed(pp.cache, split, [keep] * ctx.n_layers, prefill_tokens=len(keep), prefill_ms=ms)
+
     def token_picker(self, ctx: EvictionContext, budget: float):
-        """Prefill-stage policies: the ``choose(features [n_image, D]) -> indices`` callable that
-        :func:`~unicache_lib.kv.cache.prefill_pruned` takes, keeping ``budget`` of the image tokens and checking
-        that the policy returned one list of that many distinct indices."""
+        """The ``choose(features [n_image, D]) -> indices`` callable that :func:`~unicache_lib.kv.cache.prefill_pruned`
+        takes, keeping ``budget`` of the image tokens and checking that the policy returned one list of that many
+        distinct indices."""
         k = ctx.k(budget)
 
         def pick(features):
@@ -176,12 +172,13 @@ class EvictionPolicy(ABC):
         return pick
 
 
+@dataclass(eq=False)
 class ScorerPolicy(EvictionPolicy):
     """Score, then keep the ``k`` best: subclasses implement ``score(ctx, layer) -> [n_image]`` (high = keep).
     ``per_layer = False``: one ranking (``score(ctx, 0)``) for every layer. kvpress factors its presses alike
     (``ScorerPress``)."""
 
-    per_layer = True
+    per_layer: ClassVar[bool] = True
 
     @abstractmethod
     def score(self, ctx, layer: int):
@@ -193,16 +190,12 @@ class ScorerPolicy(EvictionPolicy):
         return [top_k(self.score(ctx, li), k) for li in range(ctx.n_layers)]
 
 
-def non_image(n: int, img: torch.Tensor) -> torch.Tensor:
-    """The positions ``0..n-1`` not in ``img``, sorted."""
-    return torch.tensor(sorted(set(range(n)) - set(img.tolist())), dtype=torch.long)
-
-
-def copy_layers(cache):
-    """A shallow copy of ``cache`` with its own layer objects (tensors shared), so keys and values can be reassigned."""
-    new = copy.copy(cache)
-    new.layers = [copy.copy(layer) for layer in cache.layers]
-    return new
+def kept_index(n: int, img: torch.Tensor, chosen) -> torch.Tensor:
+    """The positions ``0..n-1`` kept when of the image positions ``img`` only ``img[chosen]`` stay, in order."""
+    keep = torch.ones(n, dtype=torch.bool, device=img.device)
+    keep[img] = False
+    keep[img[torch.as_tensor(chosen, device=img.device)]] = True
+    return keep.nonzero().flatten()
 
 
 def top_k(scores, k: int) -> np.ndarray:

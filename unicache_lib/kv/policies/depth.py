@@ -21,8 +21,8 @@ The schedules:
   cannot hold the uniform bytes (the first layers alone hold more), so it is the one schedule that is *not*
   equal-bytes: its rows report their own, larger, ``kv_fraction``.
 
-The transformers cache then holds layers of different lengths; :func:`~unicache_lib.kv.cache.answer` gives every
-layer its own attention mask (:func:`~unicache_lib.kv.cache.layer_masks`). One prompt at a time (batch 1).
+The transformers cache then holds layers of different lengths; :func:`~unicache_lib.kv.decode.answer` gives every
+layer its own attention mask (:func:`~unicache_lib.kv.decode.layer_masks`). One prompt at a time (batch 1).
 """
 from __future__ import annotations
 

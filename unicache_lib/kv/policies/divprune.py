@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import InputError
-from .base import EvictionPolicy, greedy_max_min, register
+from .base import PrefillStagePolicy, greedy_max_min, register
 
 
 def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
@@ -33,14 +33,14 @@ def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
 
 @register
 @dataclass(eq=False)
-class DivPrune(EvictionPolicy):
-    name, stage = "divprune", "prefill"
+class DivPrune(PrefillStagePolicy):
+    name = "divprune"
     description = "peer (Alvar et al. 2025): max-min cosine diversity over the image features, pruned before the prefill"
 
-    renumber: bool = False
+    renumber: bool = False  # original positions: the shipped model's setting (module docstring)
 
     def choose(self, ctx, k):
         if ctx.features is None:
-            raise InputError("DivPrune chooses from the image features before the prefill (stage 'prefill'): run it "
+            raise InputError("DivPrune chooses from the image features before the prefill (a prefill-stage policy): run it "
                              "through run_eviction or prefill_pruned, which hand them over")
         return [max_min_diverse(ctx.features, k)]

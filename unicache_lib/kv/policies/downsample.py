@@ -8,15 +8,20 @@ sees less. Each token takes the position of its window's centre patch (``renumbe
 whose tower runs at one resolution only, or whose image tokens are no single grid, are skipped with the reason
 (:meth:`~unicache_lib.families.base.VLMFamily.image_features_at`). A prefill-stage policy.
 """
+from dataclasses import dataclass
+
 from ...core.errors import ContractError, PrefillPruningUnsupported
-from .base import EvictionPolicy, register
+from .base import PrefillStagePolicy, register
 from .pooling import grid_side, pooled_grid, window_positions
 
 
 @register
-class DownsampledImage(EvictionPolicy):
-    name, stage, renumber, exact_budget = "downsample", "prefill", False, False
+@dataclass(eq=False)
+class DownsampledImage(PrefillStagePolicy):
+    name, exact_budget = "downsample", False
     description = "control: the picture resized to at most the budget's patches, through the vision tower, before the prefill"
+
+    renumber: bool = False
 
     def choose(self, ctx, k):
         side = grid_side(ctx, PrefillPruningUnsupported("the downsampled-image control needs the image tokens as one "

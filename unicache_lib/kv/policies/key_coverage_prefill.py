@@ -11,19 +11,51 @@ Chosen on the design set only (``benchmarks/tune_prefill_cover.py``, ``heldout_s
 where it led at every budget, `key_coverage` included. **That did not carry to held-out questions** (``benchmarks/prefill_cover.py``, quoted in
 ``docs/CACHING.md``): it is kept as the measured example that a 100-question design set cannot tell these covers apart.
 """
-from ...core.errors import ContractError
-from .base import EvictionPolicy, register
+from dataclasses import dataclass
+
+import torch
+
+from ...core.errors import ContractError, InputError
+from .base import PrefillStagePolicy, register
 from .key_coverage import farthest_point
+
+POINTS = ("first_keys", "features", "unit_features")
+STARTS = ("norm", "outlier")
 
 
 @register
-class KeyCoveragePrefill(EvictionPolicy):
-    name, stage, renumber = "key_coverage_prefill", "prefill", False
+@dataclass(eq=False)
+class KeyCoveragePrefill(PrefillStagePolicy):
+    """The cover's design choices, as fields (``benchmarks/tune_prefill_cover.py`` sweeps them). ``points``: what is
+    covered — ``"first_keys"`` (the first layer's keys of the image tokens), ``"features"`` (the projected image
+    features) or ``"unit_features"`` (those L2-normalised per token); ``start``: ``"norm"`` (the largest-norm point) or
+    ``"outlier"`` (the point farthest from their mean)."""
+
+    name = "key_coverage_prefill"
     description = "key_coverage before the prefill: a k-center cover of the first layer's keys of the image tokens"
 
+    renumber: bool = False
+    points: str = "first_keys"
+    start: str = "norm"
+
+    def __post_init__(self):
+        super().__post_init__()
+        for what, value, allowed in (("points", self.points, POINTS), ("start", self.start, STARTS)):
+            if value not in allowed:
+                raise InputError(f"key_coverage_prefill {what} must be one of {', '.join(map(repr, allowed))}, got "
+                                 f"{value!r}")
+
     def choose(self, ctx, k):
+        x = self.points_of(ctx)  # [n_image, F]
+        s = x.norm(dim=1) if self.start == "norm" else (x - x.mean(0)).norm(dim=1)
+        return [farthest_point(x, k, int(s.argmax()))]
+
+    def points_of(self, ctx) -> torch.Tensor:
+        """``[n_image, F]``: the points covered, from the image tokens the language model would receive."""
+        if self.points != "first_keys":
+            x = ctx.features.float()
+            return torch.nn.functional.normalize(x, dim=-1) if self.points == "unit_features" else x
         if ctx.first_keys is None:
             raise ContractError("key_coverage_prefill reads the first layer's keys: build the context with "
                                 "prefill(...).context(), which carries the model")
-        x = ctx.first_keys(ctx.features)  # [n_image, H_kv * D]
-        return [farthest_point(x, k, int(x.norm(dim=1).argmax()))]
+        return ctx.first_keys(ctx.features)  # [n_image, H_kv * D]

@@ -11,21 +11,21 @@ for them with their mean. The correction is an additive term on each layer's att
 pre-hook on the language model's attention modules (:func:`log_size_bias`) for the question's forwards, and removed
 on exit.
 
-Its dropping twin is ``key_coverage`` itself: the same positions kept, the evicted ones dropped. The harness
-(``run_eviction``) merges after it evicts, for a policy with ``merges = True``; the kvpress form is
-``PolicyPress(policy=POLICIES["key_coverage_merge"]())``, which merges in kvpress's compress and applies the
-correction in the forwards that follow inside its ``with`` block.
+Its dropping twin is ``key_coverage`` itself: the same positions kept, the evicted ones dropped. The policy's own
+:meth:`KeyCoverageMerge.apply` merges after it evicts (``run_eviction`` answers with its ``bias``); the kvpress form is
+``PolicyPress(policy=POLICIES["key_coverage_merge"]())``, whose compress calls :meth:`KeyCoverageMerge.compress_layer`
+and applies the correction in the forwards that follow inside its ``with`` block.
 """
 from __future__ import annotations
 
-import contextlib
+from dataclasses import dataclass
 
 import torch
 
-from ...core.errors import InputError
-from ...core.hooks import forward_hooks
 from ...families import family_of
-from .base import copy_layers, register
+from ..cache import Compressed, copy_layers, evict
+from ..decode import layer_masks
+from .base import kept_index, register
 from .key_coverage import KeyCoverage
 
 
@@ -78,66 +78,34 @@ def place_merged(keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor, mer
     return bias
 
 
-@contextlib.contextmanager
-def layer_masks(model, bias: dict[int, torch.Tensor] | None = None, every_layer: bool = False):
-    """While open, the language model's self-attention in layer ``l`` gets a mask of its own: sized to the keys *that
-    layer* holds (a cache whose layers keep different counts, :mod:`~.depth`: the model builds one mask for the first
-    layer's length, so a layer of another length gets its own causal mask; batch 1, no padding), plus
-    ``bias[l]`` (``[C]`` or ``[B, C]``: one term per cached position, the first ``C`` keys; keys beyond get 0; read at
-    each call). A layer is touched when it has a term, or always with ``every_layer``. A missing mask (sdpa without
-    padding) is made causal first, a boolean one additive. The hooks are removed on exit, even on error."""
-    bias = {} if bias is None else bias
-    sites = {s.layer: s.module for s in family_of(model).sites(model, ("language",))}
-    missing = sorted(set(bias) - set(sites))
-    if missing:
-        raise InputError(f"log_size_bias: no self-attention module in layers {missing}")
-
-    def hook_for(layer):
-        def pre(module, args, kwargs):
-            if layer not in bias and not every_layer:  # read at call time: a press fills it while its prefill runs
-                return args, kwargs
-            hidden = kwargs.get("hidden_states", args[0] if args else None)
-            q = hidden.shape[1]
-            cache = kwargs.get("past_key_values")
-            keys = getattr(cache.layers[layer], "keys", None) if cache is not None and len(cache.layers) > layer else None
-            held = 0 if keys is None else keys.shape[-2]  # (a layer not yet filled holds nothing)
-            mask = kwargs.get("attention_mask")
-            dtype = hidden.dtype
-            low = torch.finfo(dtype).min
-            if mask is None or mask.shape[-1] != held + q:  # none, or built for another layer's length (ragged)
-                if mask is not None and mask.shape[0] > 1:
-                    raise InputError(f"layer {layer} holds {held} positions but the batch's mask covers "
-                                     f"{mask.shape[-1] - q}: caches of different lengths per layer run one at a time")
-                kv = held + q
-                allowed = torch.arange(kv, device=hidden.device)[None, :] <= held + torch.arange(q, device=hidden.device)[:, None]
-                mask = torch.zeros(1, 1, q, kv, dtype=dtype, device=hidden.device).masked_fill(~allowed, low)
-            elif mask.dtype == torch.bool:
-                mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, low)
-            if layer in bias:
-                b = bias[layer].to(mask.device, mask.dtype)
-                b = b.reshape(-1, 1, 1, b.shape[-1])
-                if b.shape[-1] > mask.shape[-1]:
-                    raise InputError(f"log_size_bias: layer {layer} has a term for {b.shape[-1]} positions but attends "
-                                     f"over {mask.shape[-1]}")
-                pad = torch.zeros(b.shape[0], 1, 1, mask.shape[-1] - b.shape[-1], dtype=mask.dtype, device=mask.device)
-                mask = mask + torch.cat([b, pad], -1)
-            kwargs["attention_mask"] = mask
-            return args, kwargs
-        return pre
-
-    with forward_hooks([(m, "forward_pre", hook_for(li)) for li, m in sites.items()]):
-        yield
-
-
 def log_size_bias(model, bias: dict[int, torch.Tensor]):
-    """:func:`layer_masks` with the merge's ``log(size)`` terms (ToMe's proportional attention) on the layers in
-    ``bias``."""
-    return layer_masks(model, bias)
+    """:func:`~unicache_lib.kv.decode.layer_masks` with the merge's ``log(size)`` terms (ToMe's proportional attention)
+    on the layers in ``bias``."""
+    return layer_masks(model, family_of(model), bias)
 
 
 @register
+@dataclass(eq=False)
 class KeyCoverageMerge(KeyCoverage):
+    """``key_coverage`` (the same fields, the same kept positions), merging what it does not keep."""
+
     name = "key_coverage_merge"
     description = ("key_coverage's kept positions, each evicted image key/value merged into its nearest kept one "
                    "(size-weighted mean, log-size attention)")
-    merges = True
+
+    def apply(self, model, pre, ctx, budget) -> Compressed:
+        """Evict as ``key_coverage``, then merge each evicted image key and value into its nearest kept one
+        (:func:`merge_cache`); the answer adds ``log(size)`` to the merged keys' logits (``bias``)."""
+        keep = self.select(ctx, budget)
+        cache, bias = merge_cache(ctx, evict(pre.cache, keep), keep)
+        return Compressed(cache, pre.split, keep, bias)
+
+    def compress_layer(self, keys, values, img, chosen) -> tuple:
+        """In a press: the layer's kept image positions become their groups' means (:func:`merge_groups`), and the
+        layer's ``log(size)`` term is returned for the forwards that follow."""
+        idx = kept_index(keys.shape[2], img, chosen)
+        merged = merge_groups(keys[0].index_select(1, img), values[0].index_select(1, img),
+                              torch.as_tensor(sorted(chosen), device=keys.device))
+        keys, values = keys.index_select(2, idx), values.index_select(2, idx)
+        at = torch.isin(idx, img).nonzero().flatten()  # the kept image positions, in order, in the compressed layer
+        return keys, values, place_merged(keys, values, at, merged)

@@ -10,12 +10,13 @@ patch (``renumber=False``, as DivPrune runs here; the shipped ``tiny-llava`` doe
 positions). A prefill-stage policy: the prefill runs on the pooled tokens only.
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ...core.errors import InputError
-from .base import EvictionPolicy, register
+from .base import PrefillStagePolicy, register
 
 
 def pooled_grid(side: int, k: int) -> tuple[int, int]:
@@ -46,9 +47,12 @@ def window_positions(ctx, side: int, a: int, b: int) -> list[int]:
 
 
 @register
-class ImagePooling(EvictionPolicy):
-    name, stage, renumber, exact_budget = "pooling", "prefill", False, False
+@dataclass(eq=False)
+class ImagePooling(PrefillStagePolicy):
+    name, exact_budget = "pooling", False
     description = "control: average-pool the image features to a coarser grid (at most the budget), before the prefill"
+
+    renumber: bool = False
 
     def choose(self, ctx, k):
         side = grid_side(ctx, InputError("image pooling needs the image tokens as one square grid over the picture; this "
