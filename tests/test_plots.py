@@ -131,22 +131,18 @@ def test_explorer_offers_only_captured_layers_and_redraws_at_each():
     toks = {s: [f"t{i}" for i in range(19)] + ["circle", "?", ":"] for s in ("s0", "s1")}
     imgs = {s: np.zeros((32, 32, 3), np.uint8) for s in ("s0", "s1")}
     panel = attention_explorer(res, imgs, toks, questions={"s0": "where is the red circle ?"})
-    controls = {w.description: w for box in panel.children[:2] for w in box.children}
-    assert set(controls) == {"sample", "query token", "layer", "head"}
-    assert controls["layer"].options == (0, 2, 5) and controls["head"].max == 1  # only captured layers
-    assert controls["query token"].label == "19 'circle'"  # opens on the object word, not the closing ':'
-    assert [o[1] for o in controls["query token"].options] == [0, 1, 18, 19, 20, 21]  # every text position offered
-    seen, pngs = [], []
-    picture = panel.children[-1]
-    for layer in (2, 5, 0):  # every stop of the slider redraws (a missing record would raise here)
-        controls["layer"].value = layer
+    p = panel.data.spec["models"][0]["panels"][0]
+    assert p["axes"] == [{"name": "layer", "values": [0, 2, 5]}] and p["heads"] == 2  # only captured layers
+    assert p["words"][p["open_word"]] == "19 'circle'"  # opens on the object word, not the closing ':'
+    assert [int(w.split()[0]) for w in p["words"]] == [0, 1, 18, 19, 20, 21]  # every text position offered
+    seen, maps = [], []
+    for layer in (2, 5, 0):  # every stop (a missing record would raise here), each its own map
+        panel.select(layer=layer)
         seen.append(panel.caption.value)
-        (shown,) = picture.outputs  # the picture is the Output widget's state (one PNG), not captured output
-        pngs.append(shown["data"]["image/png"])
+        maps.append(panel.values().tobytes())
         assert f"layer {layer}" in seen[-1] and "where is the red circle ?" in seen[-1] and "19 &#x27;circle&#x27;" in seen[-1]
-    assert len(set(pngs)) == 3  # a new picture at every layer
-    controls["head"].value = 1
-    controls["sample"].value = "s1"
+    assert len(set(maps)) == 3
+    panel.select(head=1, sample="s1")
     assert "sample s1" in panel.caption.value and "head 1" in panel.caption.value
     holey = CaptureResult.from_records([_full("s0", 0), _full("s0", 2), _full("s1", 0)])  # s1 lacks layer 2
     with pytest.raises(ValueError, match=r"'sample': 's1', 'layer': 2.*capture them all alike"):
@@ -166,13 +162,12 @@ def test_step_explorer_offers_only_captured_steps_and_layers():
     recs = [_full("p0", layer, n=20, step=step, part="joint", meta=meta) for layer in (0, 3) for step in (0, 4, 9)]
     toks = {"p0": ["a", "red", "cube", "."]}
     panel = step_explorer(CaptureResult.from_records(recs), {"p0": np.zeros((32, 32, 3), np.uint8)}, toks)
-    controls = {w.description: w for box in panel.children[:2] for w in box.children}
-    assert controls["step"].options == (0, 4, 9) and controls["layer"].options == (0, 3)
-    assert controls["word"].options[3] == ("3 '.'", 3)
+    p = panel.data.spec["models"][0]["panels"][0]
+    assert p["axes"] == [{"name": "step", "values": [0, 4, 9]}, {"name": "layer", "values": [0, 3]}]
+    assert p["words"][3] == "3 '.'"
     for layer in (3, 0):
-        controls["layer"].value = layer
         for step in (4, 9, 0):
-            controls["step"].value = step
+            panel.select(layer=layer, step=step)
             assert f"step {step} · layer {layer}" in panel.caption.value and "a red cube ." in panel.caption.value
     with pytest.raises(ValueError, match="'step': 9"):
         step_explorer(CaptureResult.from_records(recs[:-1]), {"p0": None}, toks)

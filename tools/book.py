@@ -13,7 +13,9 @@ is reported and left without a target.
 
 ipywidgets explorers cannot run without a kernel: each widget output is shown as its opening view, read from the
 widget state saved in the notebook, with a note to open the lesson in JupyterLab and a link to the static figure the
-notebook shows beside it (and to a slider explorer of unicache_lib/static_explorer.py when the notebook displays one).
+notebook shows beside it (and to a kernel-free explorer when the notebook displays one). The attention explorer
+(unicache_lib/explorer) is the exception: its widget output carries its own kernel-free HTML form, shown as it is, so
+it runs on the page.
 
 Everything the pages need is in the output folder (_static/: JupyterLab's notebook CSS from nbconvert, Pygments' CSS,
 the layout's CSS); images are data: URIs; nothing is fetched at build or view time. ``--ref HEAD`` builds from the
@@ -291,6 +293,11 @@ def prepare_notebook(nb) -> tuple[int, int, list[str]]:
             if view is None:
                 continue
             widgets += 1
+            own = "".join(out.get("data", {}).get("text/html", ""))
+            if own.startswith('<div class="ucx"'):  # the explorer's widget carries its kernel-free form: shown as is
+                cell.outputs[j] = {"output_type": "display_data", "metadata": {}, "data": {
+                    "text/html": own, "text/plain": "attention explorer (runs in the page)"}}
+                continue
             model_id = view.get("model_id", "")
             snapshot = widget_snapshot(model_id, state)
             figs = sorted({f for c in range(i - 3, i + 4) for f in fig_of_cell.get(c, [])})

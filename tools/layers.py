@@ -32,8 +32,9 @@ LAYERS = [
      r"capture(\..*)?|store|zoo|zoo\.(loaders|sampling|checksums|pipelines|shipping|controls)"),
     ("features", "analyses, KV eviction, step reuse, head pruning",
      r"analysis|analysis\.(?!\w+_claims$)\w+|kv(\..*)?|reuse(\..*)?|pruning(\..*)?"),
-    ("reporting", "each lesson's claims, diagnostics, scoreboards, plots, widgets, notebook parameters",
-     r"claims|analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|static_explorer|params|replicate"),
+    ("reporting", "each lesson's claims, diagnostics, scoreboards, plots, widgets and the explorer, notebook parameters",
+     r"claims|analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|static_explorer|explorer(\..*)?|"
+     r"params|replicate"),
 ]
 # training scripts, test and stand-in builders, make-target drivers: outside the runtime graph
 OUTSIDE = r"zoo\.(train|builders)(\..*)?|rehearsal"

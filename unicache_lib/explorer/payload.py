@@ -1,0 +1,650 @@
+"""What an explorer draws from, as it travels: the captured maps cut into the pieces the views need, quantised to one
+byte a value, with the labels and shapes in a JSON ``spec`` and the numbers in one binary ``blob``.
+
+Pieces, per panel (one model's sample), frame (a layer, or a (step, layer)) and head:
+
+- ``t2i``: each word's row over the image keys (the word reading the picture), in multiples of the uniform weight
+  (the row times the number of keys it can see), one byte a cell with a float32 scale per row (the row's maximum);
+- ``i2t``: each word's column over the image queries (the picture reading the word), the same units, the words that
+  some image query can see only (a causal model's image tokens cannot see the words after them);
+- ``full``: the whole map, block-averaged to at most ``full_side`` cells a side, log-quantised (byte 0: weight 0,
+  1..255: log10 of the weight between the map's own ``lo`` and ``hi``, float32), the lower triangle only when
+  every map of the panel is causal;
+- the picture, at most :data:`IMAGE_SIDE` pixels a side, as PNG or JPEG (whichever is smaller).
+
+The size of all that is known from the shapes alone (:func:`plan`), so an explorer over its budget is refused before
+a single map is quantised, naming the parameter to lower. :func:`build` then fills the blob."""
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.token_classes import content_position
+from ..capture.record import CaptureResult, Record
+from ..core.errors import InputError
+from ..plots import quoted
+
+BUDGET_BYTES = 2_000_000  # one explorer's HTML form, all in: the spec's JSON, the blob in base64, the module, the markup
+FORM_OVERHEAD = 4_000  # bytes of the HTML form besides the spec, the blob and the module (markup, start-up script)
+MIN_FULL_SIDE = 16  # the full map is not shrunk below this many cells a side to fit the budget: refused instead
+IMAGE_SIDE = 256  # the picture's longest side in the payload (pixels)
+LOG_DECADES = 6  # the log quantisation of a full map spans at most this many powers of ten below its maximum
+VIEWS = {"t2i": "the word reading the picture", "i2t": "the picture reading the word", "full": "the whole map"}
+
+
+JS_PATH = Path(__file__).with_name("explorer.js")
+
+
+@functools.lru_cache(maxsize=1)
+def module_source() -> str:
+    """The explorer's ES module (explorer.js, shipped with the package)."""
+    return JS_PATH.read_text(encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------- records -> panels
+
+
+def index_records(recs: list[Record], fields: tuple[str, ...], what: str) -> tuple[dict, list[list]]:
+    """``{(field values): record}`` over ``recs`` and the captured values of each field (samples in capture order,
+    the rest sorted); raises InputError naming the first missing combination, so no slider reaches a record that is
+    not there."""
+    by = {tuple(getattr(r, f) for f in fields): r for r in recs}
+    axes = [list(dict.fromkeys(k[i] for k in by)) for i in range(len(fields))]
+    axes = [axes[0]] + [sorted(a) for a in axes[1:]]
+    missing = [k for k in product(*axes) if k not in by]
+    if missing:
+        raise InputError(f"{what}: no record for {dict(zip(fields, missing[0]))} ({len(missing)} of "
+                         f"{len(by) + len(missing)} combinations missing); every sample needs the same "
+                         f"{' and '.join(f + 's' for f in fields[1:])}: capture them all alike, or pass only "
+                         f"the complete samples (CaptureResult.from_records([...]))")
+    return by, axes
+
+
+def head_count(recs: list[Record], what: str) -> int:
+    """The one head count of ``recs`` (each ``probs [H, ...]``); raises if the records disagree."""
+    heads = {int(r.probs.shape[0]) for r in recs}
+    if len(heads) != 1:
+        raise InputError(f"{what}: records with different head counts {sorted(heads)}: pass one part's records")
+    return heads.pop()
+
+
+def need(mapping: dict, keys, name: str, what: str):
+    """Raise (when the explorer is built, not when a slider moves) when ``mapping`` lacks one of ``keys``."""
+    gone = [k for k in keys if k not in (mapping or {})]
+    if gone:
+        raise InputError(f"{what}: {name} has no entry for sample {gone[0]!r}: pass {name} for every sample")
+
+
+def full_maps(result: CaptureResult, images: dict, tokens: dict, what: str):
+    """``(records, (sample, layer) -> record, samples, layers)`` of the full-mode records of ``result``'s part (or the
+    first part holding maps), ``images`` and ``tokens`` checked to cover every sample."""
+    recs = [r for r in result.records if "probs" in r.data]
+    if not recs:
+        raise InputError(f"{what} needs full-mode records (capture with mode='full')")
+    parts = {r.part for r in recs}
+    part = result.part if result.part in parts else recs[0].part
+    recs = [r for r in recs if r.part == part]
+    by, (samples, layers) = index_records(recs, ("sample", "layer"), what)
+    for name, m in (("images", images), ("tokens", tokens)):
+        need(m, samples, name, what)
+    return recs, by, samples, layers
+
+
+def step_maps(result: CaptureResult, images: dict, tokens: dict, part: str | None, what: str):
+    """``(records, (sample, layer, step) -> record, samples, layers, steps)`` of the full-mode records with text keys
+    of ``part`` (default: the first part holding them), ``images`` and ``tokens`` checked to cover every sample."""
+    recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
+            and (part is None or r.part == part)]
+    if not recs:
+        raise InputError(f"{what} needs full-mode records with text keys (DiffusionCapture(mode='full'))")
+    recs = [r for r in recs if r.part == recs[0].part]
+    by, (samples, layers, steps) = index_records(recs, ("sample", "layer", "step"), what)
+    for name, m in (("images", images), ("tokens", tokens)):
+        need(m, samples, name, what)
+    return recs, by, samples, layers, steps
+
+
+def _pick(values: list, chosen, name: str, what: str) -> list:
+    """``values`` restricted to ``chosen`` (in ``values``' order); None keeps all. Unknown values are refused."""
+    if chosen is None:
+        return list(values)
+    chosen = list(chosen)
+    bad = [c for c in chosen if c not in values]
+    if bad:
+        raise InputError(f"{what}: {name} {bad[0]!r} was not captured (captured: {values})")
+    if not chosen:
+        raise InputError(f"{what}: {name} is empty: pass at least one, or None for all")
+    return [v for v in values if v in chosen]
+
+
+def _maps(t) -> np.ndarray:
+    """A record's ``probs`` as a float32 numpy array (a view of a float32 CPU tensor, no copy)."""
+    if hasattr(t, "detach"):
+        t = t.detach().cpu()
+        if str(t.dtype) != "torch.float32":
+            t = t.float()
+        return t.numpy()
+    return np.asarray(t, np.float32)
+
+
+@dataclass
+class Panel:
+    """One model's sample: its frames (``maps[f]`` is ``[H, Sq, Sk]``, frames row-major over ``axes``) and where the
+    words and the picture are in them."""
+
+    sample: str
+    note_name: str  # "question" / "prompt"
+    note: str | None
+    words: list[str]  # word labels (quoted position and token)
+    open_word: int
+    axes: list[tuple[str, list]]  # [("layer", [0, 1, 2])] or [("step", [...]), ("layer", [...])]
+    maps: list  # per frame: [H, Sq, Sk] float32
+    image: np.ndarray
+    grid: tuple[int, int]
+    img_cols: np.ndarray  # image keys in grid order (t2i cells)
+    t2i_rows: np.ndarray | None  # the words' query rows
+    img_rows: np.ndarray | None  # image queries in grid order (i2t cells)
+    i2t_cols: np.ndarray | None  # the words' key columns
+    i2t_words: list[int] = field(default_factory=list)  # which words have an i2t column (some image query sees them)
+    t2i_blind: list[int] = field(default_factory=list)  # words that see no image key (before the picture, causal)
+    vis: np.ndarray | None = None  # [Sq] keys each query row can see
+    causal: bool = False
+    key_band: tuple[int, int] | None = None  # the image keys, when one block
+    query_band: tuple[int, int] | None = None  # the image queries, when one block
+    part: str = "language"
+    kind: str = "attention"  # or "steps"
+
+    @property
+    def heads(self) -> int:
+        return int(self.maps[0].shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(int(x) for x in self.maps[0].shape[1:])
+
+    @property
+    def cells(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+
+def _band(idx: np.ndarray) -> tuple[int, int] | None:
+    idx = np.sort(np.asarray(idx))
+    if len(idx) == 0 or idx[-1] - idx[0] + 1 != len(idx):
+        return None
+    return int(idx[0]), int(idx[-1]) + 1
+
+
+def _grid_cells(n: int, grid, grid_tokens, what: str, sample) -> tuple[tuple[int, int], np.ndarray]:
+    """``((rows, cols), cells)``: ``cells`` index the ``n`` image tokens in grid order (``grid_tokens``, or all)."""
+    cells = np.arange(n) if grid_tokens is None else np.asarray(grid_tokens, np.int64).ravel()
+    if len(cells) and (cells.min() < 0 or cells.max() >= n):
+        raise InputError(f"{what}: grid_tokens of sample {sample!r} index outside its {n} image tokens")
+    if grid is None:
+        g = int(round(len(cells) ** 0.5))
+        if g * g != len(cells):
+            raise InputError(f"{what}: the {len(cells)} image tokens of sample {sample!r} do not form a square grid: "
+                             f"pass grids={{sample: ((rows, cols), grid_tokens)}}")
+        grid = (g, g)
+    rows, cols = (int(x) for x in grid)
+    if rows * cols != len(cells):
+        raise InputError(f"{what}: {len(cells)} image tokens of sample {sample!r} for a {rows} x {cols} grid")
+    return (rows, cols), cells
+
+
+def _visible(rec: Record, sq: int, sk: int, causal: bool) -> np.ndarray:
+    """Keys each query row can see: the record's mask when it kept one, else all but the future (causal) or all."""
+    if "visible" in rec.data:
+        v = np.asarray(_maps(rec.data["visible"]) > 0.5)
+        if v.shape == (sq, sk):
+            return np.maximum(v.sum(1), 1).astype(np.float32)
+    if causal and sq == sk:
+        return np.arange(1, sq + 1, dtype=np.float32)
+    return np.full(sq, float(sk), np.float32)
+
+
+def _is_causal(maps: list) -> bool:
+    """Every map square and nothing above its diagonal (a causal mask): then only the lower triangle travels."""
+    for P in maps:
+        if P.shape[-1] != P.shape[-2] or P.shape[-1] < 2:
+            return False
+        iu = np.triu_indices(P.shape[-1], 1)
+        if np.any(P[:, iu[0], iu[1]] != 0):
+            return False
+    return True
+
+
+def attention_panels(result, images, tokens, grids=None, questions=None, *, samples=None, layers=None,
+                     what="attention_explorer") -> list[Panel]:
+    """The panels of an understanding model's full-mode capture, one per sample (``samples``: a subset; ``layers``:
+    a subset of the captured layers)."""
+    recs, by, all_samples, all_layers = full_maps(result, images, tokens, what)
+    head_count(recs, what)
+    chosen = _pick(all_samples, samples, "sample", what)
+    lays = _pick(all_layers, layers, "layer", what)
+    panels = []
+    for s in chosen:
+        r0 = by[s, lays[0]]
+        if r0.query_stride > 1 or r0.key_stride > 1:
+            raise InputError(f"{what}: the maps of sample {s!r} are thinned (query_stride {r0.query_stride}): capture "
+                             f"them with query_stride=1")
+        maps = [_maps(by[s, lay].probs) for lay in lays]
+        H, sq, sk = maps[0].shape
+        toks = list(tokens[s])
+        cross = r0.part == "cross"
+        grid, cells = (grids or {}).get(s, (None, None))
+        if cross:  # text queries x vision keys
+            positions = list(range(sq))
+            if len(toks) < sq:
+                raise InputError(f"{what}: sample {s!r} has {len(toks)} tokens for {sq} text positions")
+            grid, cells = _grid_cells(sk, grid, cells, what, s)
+            img_cols, img_rows, i2t_cols = cells, None, None
+            t2i_rows = np.asarray(positions)
+            key_band, query_band = (0, sk), None
+        else:
+            if r0.spans is None:
+                raise InputError(f"{what}: the records of sample {s!r} have no spans (which positions are the image)")
+            r0.spans.check(sk)
+            img = r0.spans.image_index
+            positions = [int(i) for i in r0.spans.text_index]
+            if len(toks) < sk:
+                raise InputError(f"{what}: sample {s!r} has {len(toks)} tokens for a sequence of {sk}")
+            grid, cells = _grid_cells(len(img), grid, cells, what, s)
+            img_cols = img[cells]
+            img_rows = img[cells]
+            t2i_rows = i2t_cols = np.asarray(positions)
+            key_band = query_band = _band(img)
+        causal = _is_causal(maps)
+        vis = _visible(r0, sq, sk, causal)
+        i2t_words = []
+        if i2t_cols is not None:
+            if "visible" in r0.data:
+                v = np.asarray(_maps(r0.data["visible"]) > 0.5)
+                seen = v[np.ix_(img_rows, i2t_cols)].any(0)
+            elif causal:
+                seen = i2t_cols <= img_rows.max()
+            else:
+                seen = np.ones(len(i2t_cols), bool)
+            i2t_words = [int(i) for i in np.flatnonzero(seen)]
+        if "visible" in r0.data:
+            v = np.asarray(_maps(r0.data["visible"]) > 0.5)
+            t2i_blind = [int(i) for i in np.flatnonzero(~v[np.ix_(t2i_rows, img_cols)].any(1))]
+        elif causal:
+            t2i_blind = [int(i) for i in np.flatnonzero(t2i_rows < np.min(img_cols))]
+        else:
+            t2i_blind = []
+        q = (questions or {}).get(s)
+        open_pos = content_position(toks, positions)
+        panels.append(Panel(
+            sample=str(s), note_name="question", note=None if q is None else str(q),
+            words=[quoted(p, toks[p]) for p in positions], open_word=positions.index(open_pos),
+            axes=[("layer", list(lays))], maps=maps, image=images[s], grid=grid, img_cols=np.asarray(img_cols),
+            t2i_rows=t2i_rows, img_rows=None if img_rows is None else np.asarray(img_rows),
+            i2t_cols=i2t_cols, i2t_words=i2t_words, t2i_blind=t2i_blind, vis=vis, causal=causal, key_band=key_band,
+            query_band=query_band, part=r0.part, kind="attention"))
+    return panels
+
+
+def step_panels(result, images, tokens, part=None, *, samples=None, layers=None, steps=None,
+                what="step_explorer") -> list[Panel]:
+    """The panels of a generator's full-mode capture, one per prompt, frames over (step, layer)."""
+    recs, by, all_samples, all_layers, all_steps = step_maps(result, images, tokens, part, what)
+    head_count(recs, what)
+    chosen = _pick(all_samples, samples, "sample", what)
+    lays = _pick(all_layers, layers, "layer", what)
+    stps = _pick(all_steps, steps, "step", what)
+    panels = []
+    for s in chosen:
+        r0 = by[s, lays[0], stps[0]]
+        if r0.query_stride > 1 or r0.key_stride > 1:
+            raise InputError(f"{what}: the maps of prompt {s!r} are thinned (query_stride {r0.query_stride}): the "
+                             f"picture reading a word needs every image query; capture with query_stride=1")
+        maps = [_maps(by[s, lay, st].probs) for st in stps for lay in lays]
+        H, sq, sk = maps[0].shape
+        n_img, n_text = int(r0.meta["n_image"]), int(r0.meta["n_text"])
+        toks = list(tokens[s])
+        if not toks:
+            raise InputError(f"{what}: prompt {s!r} has no tokens")
+        if len(toks) > n_text:
+            raise InputError(f"{what}: prompt {s!r} has {len(toks)} tokens but its maps {n_text} text keys")
+        joint = r0.part == "joint"
+        text_first = joint and r0.meta.get("token_order", "image|text").startswith("text")
+        img0 = n_text if text_first else 0
+        txt0 = 0 if text_first else n_img
+        grid, cells = _grid_cells(n_img, None, None, what, s)
+        words = list(range(len(toks)))
+        if joint:
+            if sq != n_img + n_text or sk != n_img + n_text:
+                raise InputError(f"{what}: prompt {s!r}: a joint map of {sq} x {sk} for {n_img} image and {n_text} "
+                                 f"text tokens")
+            img_rows = img_cols = img0 + cells
+            t2i_rows = i2t_cols = txt0 + np.asarray(words)
+            key_band = query_band = (img0, img0 + n_img)
+        else:  # cross: image queries x text keys
+            if sq != n_img or sk != n_text:
+                raise InputError(f"{what}: prompt {s!r}: a cross map of {sq} x {sk} for {n_img} image queries and "
+                                 f"{n_text} text keys")
+            img_rows, img_cols, t2i_rows = cells, None, None
+            i2t_cols = np.asarray(words)
+            key_band, query_band = None, (0, n_img)
+        prompt = r0.meta.get("prompt")
+        panels.append(Panel(
+            sample=str(s), note_name="prompt", note=None if prompt is None else str(prompt),
+            words=[quoted(w, toks[w]) for w in words], open_word=0,
+            axes=[("step", list(stps)), ("layer", list(lays))], maps=maps, image=images[s], grid=grid,
+            img_cols=np.asarray(img_cols) if img_cols is not None else np.zeros(0, np.int64),
+            t2i_rows=t2i_rows, img_rows=np.asarray(img_rows), i2t_cols=i2t_cols, i2t_words=list(words),
+            vis=np.full(sq, float(sk), np.float32), causal=False, key_band=key_band, query_band=query_band,
+            part=r0.part, kind="steps"))
+    return panels
+
+
+# ----------------------------------------------------------------------------------------------- the views, exactly
+
+
+def head_maps(panel: Panel, frame: int, head: int) -> np.ndarray:
+    """``[Sq, Sk]`` of one head (``head == heads``: the mean of the heads)."""
+    P = panel.maps[frame]
+    return P.mean(0) if head >= P.shape[0] else P[head]
+
+
+def view_values(panel: Panel, view: str, frame: int, head: int, word: int) -> np.ndarray | None:
+    """The exact numbers a view shows: ``t2i`` / ``i2t`` a ``[rows, cols]`` grid in multiples of the uniform weight,
+    ``full`` the ``[Sq, Sk]`` map; None where the view has nothing for this word (``t2i`` of a word that sees no image
+    key, ``i2t`` of a word no image query sees: a causal mask)."""
+    P = head_maps(panel, frame, head)
+    if view == "t2i":
+        if word in panel.t2i_blind:
+            return None
+        row = int(panel.t2i_rows[word])
+        return (P[row, panel.img_cols] * panel.vis[row]).reshape(panel.grid).astype(np.float32)
+    if view == "i2t":
+        if word not in panel.i2t_words:
+            return None
+        col = int(panel.i2t_cols[word])
+        return (P[panel.img_rows, col] * panel.vis[panel.img_rows]).reshape(panel.grid).astype(np.float32)
+    if view == "full":
+        return np.asarray(P, np.float32)
+    raise InputError(f"no view {view!r}: one of {sorted(VIEWS)}")
+
+
+def panel_views(panel: Panel) -> list[str]:
+    return [v for v, ok in (("t2i", panel.t2i_rows is not None and len(panel.img_cols) > 0),
+                            ("i2t", panel.i2t_cols is not None and panel.img_rows is not None),
+                            ("full", True)) if ok]
+
+
+# ----------------------------------------------------------------------------------------------- plan and size
+
+
+def pool_factor(shape: tuple[int, int], full_side: int | None) -> int:
+    """Block size that brings the longer side of ``shape`` to at most ``full_side`` cells (1: no pooling)."""
+    if full_side is None:
+        return 1
+    return max(1, math.ceil(max(shape) / max(1, int(full_side))))
+
+
+def _pooled_shape(shape, k):
+    return math.ceil(shape[0] / k), math.ceil(shape[1] / k)
+
+
+def full_cells(panel: Panel, k: int) -> int:
+    n, m = _pooled_shape(panel.shape, k)
+    return n * (n + 1) // 2 if panel.causal and n == m else n * m
+
+
+def b64_len(n: int) -> int:
+    return 4 * math.ceil(n / 3)
+
+
+def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
+    """``(bytes, mime, width, height)`` of ``image [H, W, 3]`` (uint8, or floats in 0..1) at most ``side`` pixels a
+    side: PNG or JPEG, whichever is smaller."""
+    from PIL import Image
+
+    a = np.asarray(image)
+    if a.ndim not in (2, 3) or a.size == 0:
+        raise InputError(f"an explorer's picture must be [H, W, 3] (or [H, W]); got shape {a.shape}")
+    if a.dtype != np.uint8:
+        a = np.clip(a.astype(np.float64) * (255.0 if a.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+    if a.ndim == 3 and a.shape[2] == 4:
+        a = a[..., :3]
+    im = Image.fromarray(a).convert("RGB")
+    if max(im.size) > side:
+        r = side / max(im.size)
+        im = im.resize((max(1, round(im.size[0] * r)), max(1, round(im.size[1] * r))), Image.LANCZOS)
+    best = None
+    for fmt, mime, kw in (("PNG", "image/png", {"optimize": True}), ("JPEG", "image/jpeg", {"quality": 88})):
+        buf = io.BytesIO()
+        im.save(buf, fmt, **kw)
+        if best is None or len(buf.getvalue()) < len(best[0]):
+            best = (buf.getvalue(), mime)
+    return best[0], best[1], im.size[0], im.size[1]
+
+
+def _encoded(p: Panel) -> tuple[bytes, str, int, int]:
+    """The panel's picture encoded once (:func:`encode_image`), kept on the panel for the next plan."""
+    if getattr(p, "_png", None) is None:
+        p._png = encode_image(p.image)
+    return p._png
+
+
+@dataclass
+class Plan:
+    """What the payload will hold and its size, known before any map is quantised."""
+
+    k: dict  # model index -> pooling factor of its full maps
+    spec: dict  # the JSON spec (offsets filled)
+    images: list  # (offset, bytes) per picture
+    blob_len: int
+    spec_len: int
+
+    @property
+    def nbytes(self) -> int:
+        """The explorer's HTML form: the spec's JSON, the blob in base64, the module and the markup around them."""
+        return self.spec_len + b64_len(self.blob_len)
+
+
+def spec_json(spec: dict) -> str:
+    """The spec as JSON that is safe inside ``<script>`` (``<``, ``>``, ``&`` and the line separators escaped)."""
+    s = json.dumps(spec, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return (s.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _title_axes(panels):
+    return " × ".join(f"{len(v)} {n}s" for n, v in panels[0].axes)
+
+
+def make_plan(models: list[tuple[str, list[Panel]]], title: str, full_side, opening: dict) -> Plan:
+    """Lay out the blob for ``models`` (label, panels) with the full maps pooled to at most ``full_side`` cells a side
+    (None: not pooled); fills every offset of the spec. Encodes the pictures (small, once), quantises nothing."""
+    off = 0
+    images = []
+    spec_models, ks = [], {}
+    for mi, (label, panels) in enumerate(models):
+        k = max(pool_factor(p.shape, full_side) for p in panels)
+        ks[mi] = k
+        spec_panels = []
+        for p in panels:
+            F, H, C = len(p.maps), p.heads, p.cells
+            views = panel_views(p)
+            entry = {"sample": p.sample, "note_name": p.note_name, "note": p.note, "words": p.words,
+                     "open_word": p.open_word, "axes": [{"name": n, "values": list(map(int, v))} for n, v in p.axes],
+                     "heads": H, "grid": list(p.grid), "views": views, "part": p.part, "shape": list(p.shape),
+                     "key_band": list(p.key_band) if p.key_band else None,
+                     "query_band": list(p.query_band) if p.query_band else None, "causal": p.causal,
+                     "rows": None if p.t2i_rows is None else [int(x) for x in p.t2i_rows],
+                     "cols": None if p.i2t_cols is None else [int(x) for x in p.i2t_cols]}
+            for v, nw in (("t2i", len(p.words)), ("i2t", len(p.i2t_words))):
+                if v in views:
+                    entry[v] = {"off": off, "soff": off + F * H * nw * C, "words": nw}
+                    off += F * H * nw * (C + 4)
+            entry["i2t_words"] = list(p.i2t_words) if "i2t" in views else []
+            entry["t2i_blind"] = list(p.t2i_blind) if "t2i" in views else []
+            n, m = _pooled_shape(p.shape, k)
+            cells = full_cells(p, k)
+            entry["full"] = {"off": off, "soff": off + F * H * cells, "rows": n, "cols": m, "k": k,
+                             "tri": bool(p.causal and n == m), "cells": cells}
+            off += F * H * (cells + 8)
+            data, mime, w, h = _encoded(p)
+            entry["image"] = {"off": off, "len": len(data), "mime": mime, "width": w, "height": h}
+            images.append((off, data))
+            off += len(data)
+            spec_panels.append(entry)
+        spec_models.append({"label": label, "panels": spec_panels, "scale": {}})
+    spec = {"version": 1, "title": title, "kind": models[0][1][0].kind, "models": spec_models,
+            "view_names": VIEWS, "open": opening}
+    # the colour scales are filled when the maps are read (:func:`build`): their JSON is a few numbers per model
+    spec_len = (len(spec_json(spec).encode()) + 120 * len(models) + FORM_OVERHEAD + len(module_source().encode())
+                + 6 * len(title.encode()))  # the title again, escaped, in the form's fallback line
+    return Plan(ks, spec, images, off, spec_len)
+
+
+def fit(models: list[tuple[str, list[Panel]]], title: str, full_side, budget_bytes: int, what: str,
+        opening: dict, lower: str) -> Plan:
+    """The plan within ``budget_bytes``: with ``full_side`` given, that one or a refusal naming ``full_side``; with
+    None, the full maps at full size when they fit, else pooled to the largest side that fits (never below
+    :data:`MIN_FULL_SIDE`); a refusal naming ``lower`` (the parameter that multiplies the size) otherwise."""
+    budget_bytes = int(budget_bytes)
+    n = sum(len(ps) for _, ps in models)
+    kind = "prompt" if models[0][1][0].kind == "steps" else "sample"
+    shape = f"{n} {kind}{'s' if n > 1 else ''} × {_title_axes(models[0][1])} × {models[0][1][0].heads} heads"
+    if full_side is not None:
+        if int(full_side) < 1:
+            raise InputError(f"{what}: full_side must be at least 1 cell, got {full_side}")
+        plan = make_plan(models, title, int(full_side), opening)
+        if plan.nbytes <= budget_bytes:
+            return plan
+        fits = next((s for s in _sides(models, int(full_side))
+                     if make_plan(models, title, s, opening).nbytes <= budget_bytes), None)
+        hint = f" ({fits} fits)" if fits else f" (none fits: pass fewer {lower})"
+        raise InputError(f"{what}: {shape} make {plan.nbytes / 1e6:.3f} MB, over the budget of "
+                         f"{budget_bytes / 1e6:.3f} MB: lower full_side (now {int(full_side)}){hint}")
+    plan = make_plan(models, title, None, opening)
+    if plan.nbytes <= budget_bytes:
+        return plan
+    for side in _sides(models):
+        plan = make_plan(models, title, side, opening)
+        if plan.nbytes <= budget_bytes:
+            return plan
+    raise InputError(f"{what}: {shape} make {plan.nbytes / 1e6:.3f} MB even with the full maps at {MIN_FULL_SIDE} "
+                     f"cells a side, over the budget of {budget_bytes / 1e6:.3f} MB: pass fewer {lower}")
+
+
+def _sides(models, below: int | None = None) -> list[int]:
+    """The full-map sides worth trying, largest first: each side at which some model's pooling factor changes, down
+    to :data:`MIN_FULL_SIDE` (and below ``below`` when given)."""
+    sides = set()
+    for _, ps in models:
+        longest = max(max(p.shape) for p in ps)
+        for k in range(2, longest + 1):
+            side = math.ceil(longest / k)
+            if side < MIN_FULL_SIDE:
+                break
+            sides.add(side)
+    return sorted((s for s in sides if below is None or s < below), reverse=True)
+
+
+# ----------------------------------------------------------------------------------------------- quantise and fill
+
+
+def quantise_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x [..., C] >= 0`` as bytes with one float32 scale (the maximum) per row: ``x ~ q / 255 * scale``."""
+    x = np.maximum(np.asarray(x, np.float32), 0)
+    s = x.max(-1).astype(np.float32)
+    q = np.where(s[..., None] > 0, np.rint(x / np.where(s > 0, s, 1)[..., None] * 255), 0)
+    return q.astype(np.uint8), s
+
+
+def quantise_log(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x [..., N] >= 0`` as bytes on a log scale per map: 0 is weight 0, ``1 + round(254 * (log10 x - lo) / (hi -
+    lo))`` the rest, with ``[lo, hi]`` (float32, per map) from the map's smallest positive weight (at most
+    :data:`LOG_DECADES` below) to its largest."""
+    x = np.asarray(x, np.float64)
+    pos = x > 0
+    with np.errstate(divide="ignore"):
+        lg = np.where(pos, np.log10(np.where(pos, x, 1)), np.nan)
+    hi = np.nanmax(np.where(pos, lg, -np.inf), axis=-1)
+    lo = np.nanmin(np.where(pos, lg, np.inf), axis=-1)
+    none = ~np.isfinite(hi)
+    hi = np.where(none, 0.0, hi)
+    lo = np.where(none, 0.0, np.maximum(lo, hi - LOG_DECADES))
+    span = np.where(hi > lo, hi - lo, 1.0)
+    q = 1 + np.rint(254 * np.clip((lg - lo[..., None]) / span[..., None], 0, 1))
+    q = np.where(pos, q, 0).astype(np.uint8)
+    return q, np.stack([lo, hi], -1).astype(np.float32)
+
+
+def pool(P: np.ndarray, k: int) -> np.ndarray:
+    """``P [..., n, m]`` block-averaged over ``k x k`` blocks (the last blocks over what is left)."""
+    if k == 1:
+        return P
+    n, m = P.shape[-2:]
+    N, M = math.ceil(n / k), math.ceil(m / k)
+    pad = np.zeros(P.shape[:-2] + (N * k, M * k), np.float64)
+    pad[..., :n, :m] = P
+    cnt = np.zeros((N * k, M * k))
+    cnt[:n, :m] = 1
+    s = pad.reshape(P.shape[:-2] + (N, k, M, k)).sum((-3, -1))
+    c = cnt.reshape(N, k, M, k).sum((1, 3))
+    return (s / c).astype(np.float32)
+
+
+def build(models: list[tuple[str, list[Panel]]], plan: Plan) -> tuple[dict, bytes]:
+    """Quantise every panel's maps into the plan's blob; returns ``(spec, blob)`` with each model's colour scales (one
+    per view: ``t2i`` / ``i2t`` from 0 to the largest value, at least 1 = even reading; ``full`` the log10 range)."""
+    blob = bytearray(plan.blob_len)
+    spec = plan.spec
+    for mi, (label, panels) in enumerate(models):
+        k = plan.k[mi]
+        top = {"t2i": 1.0, "i2t": 1.0}
+        lo_all, hi_all = np.inf, -np.inf
+        for p, entry in zip(panels, spec["models"][mi]["panels"]):
+            for v in ("t2i", "i2t"):
+                if v not in entry:
+                    continue
+                words = range(len(p.words)) if v == "t2i" else p.i2t_words
+                vals = []
+                for P in p.maps:  # [H, Sq, Sk] -> [H, W, C]
+                    if v == "t2i":
+                        rows = p.t2i_rows[list(words)]
+                        x = P[:, rows][:, :, p.img_cols] * p.vis[rows][None, :, None]
+                    else:
+                        cols = p.i2t_cols[list(words)]
+                        x = np.transpose(P[:, p.img_rows][:, :, cols], (0, 2, 1)) * p.vis[p.img_rows][None, None, :]
+                    vals.append(x)
+                x = np.stack(vals)  # [F, H, W, C]
+                top[v] = max(top[v], float(x.max()) if x.size else 0.0)
+                q, s = quantise_rows(x)
+                o, so = entry[v]["off"], entry[v]["soff"]
+                blob[o:o + q.size] = q.tobytes()
+                blob[so:so + 4 * s.size] = s.astype("<f4").tobytes()
+            f = entry["full"]
+            Q = np.stack([pool(P, k) for P in p.maps])  # [F, H, n, m]
+            if f["tri"]:
+                il = np.tril_indices(f["rows"])
+                Q = Q[:, :, il[0], il[1]]
+            else:
+                Q = Q.reshape(Q.shape[0], Q.shape[1], -1)
+            q, lohi = quantise_log(Q)
+            blob[f["off"]:f["off"] + q.size] = q.tobytes()
+            blob[f["soff"]:f["soff"] + 4 * lohi.size] = lohi.astype("<f4").tobytes()
+            has = (q > 0).any(-1)
+            if has.any():
+                lo_all = min(lo_all, float(lohi[..., 0][has].min()))
+                hi_all = max(hi_all, float(lohi[..., 1][has].max()))
+        for off, data in plan.images:
+            blob[off:off + len(data)] = data
+        if not np.isfinite(hi_all):
+            lo_all, hi_all = -1.0, 0.0
+        lo_all = max(lo_all, hi_all - LOG_DECADES)
+        spec["models"][mi]["scale"] = {"t2i": round(top["t2i"], 4), "i2t": round(top["i2t"], 4),
+                                       "full": [round(lo_all, 4), round(hi_all, 4)]}
+    return spec, bytes(blob)
