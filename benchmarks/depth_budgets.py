@@ -40,6 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate import KEEP, parse_budgets, read_shards, write_shard  # noqa: E402  (the decisive runs' shard format)
 
+from unicache_lib.core.errors import UnicacheError  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate_depth"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -68,7 +70,7 @@ DEPTH_RULES = (
 
 
 def _model():
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
     torch.manual_seed(0)
     return load_understanding(MODEL, attn_implementation="eager")
 
@@ -227,13 +229,29 @@ def decide(R: pd.DataFrame, n_image: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(rows), pd.DataFrame(shares).sort_values(["tokens", "share_of_full"], ascending=[True, False])
 
 
+def merged(out: Path):
+    """``(rows, n, world, metas)`` of one complete run in ``out``: every (method, budget) holds every one of the ``n``
+    questions exactly once (a duplicated or missing question is refused, naming the cell)."""
+    R, metas, n, world = read_shards(out, ("n", "world", "model", "budgets", "gamma"), "evaluate-depth")
+    cells = R.groupby(["method", "budget"]).question.agg(["nunique", "size"])
+    bad = cells[(cells["nunique"] != n) | (cells["size"] != n)]
+    if len(bad):
+        (m, b), r = next(iter(bad.iterrows()))
+        raise SystemExit(f"the shards in {out} do not hold each of the {n} questions exactly once: {m} at budget "
+                         f"{b:.4f} has {r['size']} rows for {r['nunique']} questions; remove the shards and run again")
+    return R, n, world, metas
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--design", action="store_true", help="measure the widths and choose gamma on the design split")
     ap.add_argument("--merge", action="store_true", help="merge the shards and decide DEPTH_RULES")
     ap.add_argument("--questions", type=int, default=FULL)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
+    if not args.out.strip():
+        ap.error("--out is empty: name the folder the ranks write (default outputs/evaluate_depth)")
+    args.out = Path(args.out)
     torch.set_num_threads(1)
     if args.design:
         rec = design()
@@ -241,13 +259,18 @@ def main(argv=None) -> int:
         print(pd.concat({"accuracy": pd.DataFrame(rec["accuracy"]).T, "kl": pd.DataFrame(rec["kl"]).T}, axis=1).to_string())
         return 0
     if args.merge:
-        R, metas, n, world = read_shards(args.out, ("n", "world", "model", "budgets", "gamma"), "evaluate-depth")
+        try:
+            R, n, world, metas = merged(args.out)
+        except (UnicacheError, SystemExit) as e:  # one line, no traceback: what is wrong and what to do
+            print(f"depth_budgets.py --merge: {e}", file=sys.stderr)
+            return 2
         results = RESULTS if n >= FULL else args.out / "results"
         results.mkdir(parents=True, exist_ok=True)
         verdicts, shares = decide(R, metas[0]["n_image"])
         verdicts.assign(model=MODEL, gamma=metas[0]["gamma"]).to_csv(results / f"evaluate_depth_{MODEL}.csv", index=False)
         shares.assign(model=MODEL).to_csv(results / f"evaluate_depth_shares_{MODEL}.csv", index=False)
-        print(f"{n} questions over {world} process(es), slowest shard {max(m['seconds'] for m in metas) / 60:.1f} min")
+        print(f"{n} questions over {world} process(es), slowest shard {max(m['seconds'] for m in metas) / 60:.1f} min; "
+              f"verdicts and shares written to {results}")
         print(verdicts.round(4).to_string(index=False))
         print(shares.round(4).to_string(index=False))
         return 0

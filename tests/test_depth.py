@@ -45,8 +45,8 @@ def test_reading_width_counts_keys_read():
 
 
 def test_depth_schedule_holds_the_uniform_bytes_on_the_model():
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, proc = load_understanding("tiny-llava")
     q = heldout_set(2, seed=5)[0]
@@ -57,3 +57,17 @@ def test_depth_schedule_holds_the_uniform_bytes_on_the_model():
     keep = deep.select(ctx, 0.25)
     assert len({len(k) for k in keep}) > 1 and kv_bytes(evict(pre.cache, keep)) == flat
     assert deep.name.startswith("key_coverage@") and POLICIES["key_coverage"]().depth is None
+
+
+def test_schedules_hold_at_any_weight_scale_and_refuse_what_is_not_a_schedule():
+    """Found by the adversarial round: counts depended on the weights' scale, bools passed as numbers, keep_then_drop
+    never checked k, full accepted a schedule."""
+    assert equal_bytes_counts([8, 1, 1, 2], 64, 16) == equal_bytes_counts([8e62, 1e62, 1e62, 2e62], 64, 16)
+    assert by_profile([1e300, 1, 1, 1]).counts(4, 576, 64)[0] > 64
+    for bad in (lambda: keep_then_drop(1).counts(4, 16, 20), lambda: keep_then_drop(1).counts(4, 16, 0),
+                lambda: keep_then_drop(True), lambda: by_profile([1, 2], gamma=True), lambda: pyramid(4, beta=True),
+                lambda: pyramid(4, beta="20"), lambda: by_profile([1, 2], gamma="2"), lambda: pyramid(0),
+                lambda: pyramid(2.5), lambda: equal_bytes_counts([True, False], 10, 2),
+                lambda: POLICIES["full"]().with_depth(pyramid(4))):
+        with pytest.raises(InputError):
+            bad()

@@ -44,6 +44,7 @@ class DepthSchedule:
     keep_all: int = 0
 
     def counts(self, n_layers: int, n_image: int, k: int) -> list[int]:
+        _check_k(n_image, k)
         if self.weights is None:  # keep-then-drop
             if not 0 < self.keep_all < n_layers:
                 raise InputError(f"keep_then_drop: layers must be in 1..{n_layers - 1} on a model with {n_layers} "
@@ -63,13 +64,11 @@ def equal_bytes_counts(weights, n_image: int, k: int) -> list[int]:
     """Integer counts proportional to ``weights`` (finite, >= 0, not all 0), each in ``[1, n_image]``, adding up to
     ``len(weights) * k`` exactly: a layer whose share falls outside ``[1, n_image]`` is clamped and the others share
     what is left (water-filling), then the largest remainders round."""
-    w = np.asarray(weights, float)
-    if w.ndim != 1 or not np.all(np.isfinite(w)) or (w < 0).any() or w.sum() <= 0:
-        raise InputError(f"depth weights must be finite, non-negative and not all zero, got {w.tolist()}")
-    if not 1 <= k <= n_image:
-        raise InputError(f"a depth schedule needs 1 <= k <= {n_image} image positions per layer, got {k}")
+    w = _weights(weights)
+    _check_k(n_image, k)
     L, total = len(w), len(w) * k
-    w = w + 1e-12 * w.max()  # a zero weight still takes what the capped layers cannot
+    w = w / w.max()  # the schedule depends on the weights' ratios only, whatever their scale
+    w = w + 1e-12  # a zero weight still takes what the capped layers cannot
     lo, hi = 0.0, 1.0
     while np.clip(hi * w, 1, n_image).sum() < total:  # water level: sum(clip(level * w, 1, n_image)) == total
         hi *= 2.0
@@ -87,6 +86,33 @@ def equal_bytes_counts(weights, n_image: int, k: int) -> list[int]:
     return [int(c) for c in counts]
 
 
+def _weights(weights) -> np.ndarray:
+    """One finite, non-negative weight per layer, not all zero (a bool is not a weight)."""
+    try:
+        w = np.asarray(weights, float)
+    except (TypeError, ValueError):
+        raise InputError(f"depth weights must be numbers, one per layer, got {weights!r}") from None
+    if w.ndim != 1 or not len(w) or np.asarray(weights).dtype == bool or not np.all(np.isfinite(w)) or (w < 0).any() \
+            or w.sum() <= 0:
+        raise InputError(f"depth weights must be one finite, non-negative number per layer, not all zero, got "
+                         f"{w.tolist() if w.ndim else weights!r}")
+    return w
+
+
+def _check_k(n_image, k) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n_image:
+        raise InputError(f"a depth schedule needs a whole number 1 <= k <= {n_image} of image positions per layer "
+                         f"(the budget), got {k!r}")
+
+
+def _number(name: str, v, lo: float, hi: float) -> float:
+    """A real number in [lo, hi] (not a bool, not a string), or a one-line InputError naming ``name``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v) \
+            or not lo <= v <= hi:
+        raise InputError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
 def uniform(n_layers: int) -> DepthSchedule:
     """Every layer the same share (the counts equal the uniform budget's; a control for the schedule machinery)."""
     return DepthSchedule("uniform", (1.0,) * n_layers)
@@ -95,8 +121,10 @@ def uniform(n_layers: int) -> DepthSchedule:
 def pyramid(n_layers: int, beta: float = 20.0) -> DepthSchedule:
     """PyramidKV's linear schedule: layer ``l`` weighs ``max - l * (max - min) / (L - 1)`` with ``min = 1 / beta``
     and ``max = 2 - 1 / beta`` (kvpress's ``PyramidKVPress.get_layer_budget``, in units of the mean budget)."""
-    if not (np.isfinite(beta) and beta >= 1):
-        raise InputError(f"pyramid: beta must be a finite number >= 1 (kvpress asserts the same), got {beta}")
+    if isinstance(n_layers, bool) or not isinstance(n_layers, (int, np.integer)) or n_layers < 1:
+        raise InputError(f"pyramid: n_layers must be the model's number of image-KV layers (an integer >= 1), got "
+                         f"{n_layers!r}")
+    beta = _number("pyramid: beta (kvpress asserts >= 1)", beta, 1.0, 1e6)
     lo, hi = 1.0 / beta, 2.0 - 1.0 / beta
     w = [hi - i * (hi - lo) / (n_layers - 1) for i in range(n_layers)] if n_layers > 1 else [1.0]
     return DepthSchedule(f"pyramid(beta={beta:g})", tuple(w))
@@ -104,19 +132,19 @@ def pyramid(n_layers: int, beta: float = 20.0) -> DepthSchedule:
 
 def keep_then_drop(layers: int) -> DepthSchedule:
     """DIPrune's shape: the first ``layers`` layers keep every image position, the rest the budget (more bytes)."""
-    if not isinstance(layers, (int, np.integer)) or layers < 1:
+    if isinstance(layers, bool) or not isinstance(layers, (int, np.integer)) or layers < 1:
         raise InputError(f"keep_then_drop: layers must be a positive integer, got {layers!r}")
     return DepthSchedule(f"keep_then_drop({layers})", None, int(layers))
 
 
 def by_profile(widths, gamma: float = 1.0, label: str = "profile") -> DepthSchedule:
     """Weights ``widths ** gamma`` per layer (``widths``: :func:`reading_widths`); ``gamma = 0`` is uniform."""
-    w = np.asarray(widths, float)
-    if w.ndim != 1 or not np.all(np.isfinite(w)) or (w <= 0).any():
-        raise InputError(f"by_profile: widths must be one finite, positive number per layer, got {w.tolist()}")
-    if not np.isfinite(gamma) or abs(gamma) > 8:
-        raise InputError(f"by_profile: gamma must be a finite number in [-8, 8], got {gamma}")
-    return DepthSchedule(f"{label}(gamma={gamma:g})", tuple(float(x) for x in w ** gamma))
+    w = _weights(widths)
+    if (w <= 0).any():
+        raise InputError(f"by_profile: widths must be positive (keys read per layer), got {w.tolist()}")
+    gamma = _number("by_profile: gamma", gamma, -8.0, 8.0)
+    w = np.exp(gamma * (np.log(w) - np.log(w).max()))  # widths ** gamma over its largest: no overflow at any scale
+    return DepthSchedule(f"{label}(gamma={gamma:g})", tuple(float(x) for x in w))
 
 
 def reading_width(future: torch.Tensor, image_positions: torch.Tensor) -> float:

@@ -1,6 +1,7 @@
 """Keep everything (the reference; ignores the budget)."""
 import numpy as np
 
+from ...core.errors import InputError
 from .base import EvictionPolicy, register
 
 
@@ -8,6 +9,11 @@ from .base import EvictionPolicy, register
 class Full(EvictionPolicy):
     name = "full"
     description = "no eviction"
+
+    def require_cache(self, use: str) -> None:
+        if use == "a depth schedule":
+            raise InputError("full keeps every position whatever the budget: a depth schedule would change nothing "
+                             "(apply it to a policy that evicts, e.g. POLICIES['key_coverage_merge']())")
 
     def select(self, ctx, budget):
         """Every position, whatever ``budget`` (which is still checked: a string is refused)."""
