@@ -49,17 +49,18 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
-import textwrap
-
 from IPython.display import display
 
 from unicache_lib.claims import claims_table, of
+from unicache_lib.tables import wrap
 
 display(claims_table("03_diffusion_steps"))  # the claims themselves (unicache_lib/claims.py)
 for c in of("03_diffusion_steps"):  # each claim's rule: what is measured and its thresholds, written before any run
-    print(textwrap.fill(f"{c.id} rule: {c.rule}", 115, subsequent_indent="  "))
+    print(wrap(f"{c.id} rule: {c.rule}"))
 
 # %%
+import os
+
 import numpy as np
 import pandas as pd
 import torch
@@ -78,7 +79,7 @@ from unicache_lib.widgets import step_explorer
 from unicache_lib.world.segment import score_object
 from unicache_lib.world.text import load_prompts, named_words, single_object
 from unicache_lib.gen_families import gen_family_of
-from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
+from unicache_lib.runtime.loaders import is_stand_in, load_generator, model_label
 
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started
@@ -167,10 +168,11 @@ for m, run in look.items():
     print("   " + (said or "not measurable with these prompts: none lists objects the detector knows (add 'objects' to prompts.jsonl)"))
     patch = gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))  # pixels per image token's side
     wr = word_region_table(run, [p], patch)
-    print("   word regions on the drawn objects: " + (", ".join(
+    print(wrap("   word regions on the drawn objects: " + (", ".join(
         f"{p['objects'][r.object][r.role]!r} IoU {r.iou:.2f} (chance {r.chance:.2f})" for r in wr[wr.role != "binding overlap"].itertuples())
-        or "none (no asked object was drawn)"))
-    print("   each word's brightest patch: " + (", ".join(peak_words(img, p, word_maps.get(m, {}), patch)) or "not measurable here"))
+        or "none (no asked object was drawn)")))
+    print("   each word's brightest patch:" + ("".join(f"\n     {w}" for w in peak_words(img, p, word_maps.get(m, {}), patch))
+                                               or " not measurable here"))
 
 # %% [markdown]
 # **What to look at.** Judge a word map only against an object the model drew: healthy is a bright blob on *its*
@@ -179,7 +181,10 @@ for m, run in look.items():
 #
 # The MMDiT drew both objects, and its brightest word reaches
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform, but off target:
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch" re="patch: (.*)"-->'green' on background, 'circle' on background, 'blue' on the green circle (100% of the patch) <- another object, 'triangle' on background<!--/num-->
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'green' on" re="('green' on .*)$"-->'green' on background<!--/num-->,
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'circle' on" re="('circle' on .*)$"-->'circle' on background<!--/num-->,
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'blue' on" re="('blue' on .*)$"-->'blue' on the green circle (100% of the patch) <- another object<!--/num-->,
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'triangle' on" re="('triangle' on .*)$"-->'triangle' on background<!--/num-->
 # ("another object": a word lighting the object it does *not* name, a binding error); 'circle', the best placed,
 # reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> (chance
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->). Bright is not placed.
@@ -188,7 +193,7 @@ for m, run in look.items():
 # put their weight on other prompt tokens, so no named word exceeds <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform, the top of its
 # colour bar. Yet the colour word's top patches are the object's: IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> (chance
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->). 'triangle''s brightest patch is only
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > each word's brightest patch" re="'triangle' on the green triangle [(]([0-9]+%)"-->19%<!--/num--> triangle, below the
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > each word's brightest patch > 'triangle' on" re="'triangle' on the green triangle [(]([0-9]+%)"-->19%<!--/num--> triangle, below the
 # <!--const the cover at which IoU counts a patch as an object's (patch_grid_masks)-->25%<!--/const--> IoU needs to count a patch as the object's, hence IoU
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.00<!--/num-->. Section 9 measures all prompts (G9).
 #
@@ -202,7 +207,7 @@ for m, g in gens.items():
           f"{sites[0].module.heads} heads, {g.image_tokens} image tokens, {g.image_size} px"
           + (f", sampled through {type(g.pipe).__name__}" if getattr(g, "pipe", None) is not None else ""))
 print(f"{len(prompts)} prompts ({N_SINGLE} single, {N_PAIRS} pairs), each short and long; {STEPS} steps, guidance {GUIDANCE}")
-print("e.g.", repr(prompts[0]["short"]), "/", repr(prompts[0]["long"]))
+print(wrap(f"e.g. {prompts[0]['short']!r} / {prompts[0]['long']!r}"))
 
 # %% [markdown]
 # ## 1. Capture every step
@@ -215,7 +220,7 @@ print("e.g.", repr(prompts[0]["short"]), "/", repr(prompts[0]["long"]))
 # %%
 # NBVAL_CHECK_OUTPUT
 from unicache_lib.capture.diffusion import DiffusionCapture
-from unicache_lib.zoo.sampling import sample
+from unicache_lib.runtime.sampling import sample
 
 for m, g in gens.items():
     few = [p["short"] for p in prompts[:2]]
@@ -406,15 +411,18 @@ for col, c in (("sim", ""), ("out_sim_img", "out ")):
 shown = knees.drop(columns="n_steps").round(3)  # n_steps is STEPS on every row
 for c in [c for c in shown if c.startswith("knee")]:  # a step number, or "never" where the curve never settles
     shown[c] = shown[c].astype("Int64").astype(str).replace("<NA>", "never")
-print(shown.to_string())
+knees.to_csv(out / "knees.csv")  # every column: the outputs' knees and similarities too
+print(shown[[c for c in shown if not c.startswith("knee (outputs)") and " out " not in c]].rename(
+    columns=lambda c: c.replace("knee (maps) ", "knee ")).to_string())  # the maps' knees; the outputs' below
+print("the outputs' knees and similarities per layer:", os.path.relpath(out / "knees.csv", project_path(".")))
 for (m, p), d in short_T.groupby(["model", "part"]):  # the outputs' curve per step, mean over layers and prompts
     o = d.groupby("step").out_sim_img.mean()
-    print(f"{m} {p}: output cosine highest {o.max():.3f} (step {int(o.idxmax())}), {o.iloc[-1]:.3f} at the last step; "
+    print(f"{m} {p}: output cosine highest {o.max():.3f} (step {int(o.idxmax())}), {o.iloc[-1]:.3f} at the last step;\n  "
           f"output knee at {STRICT_THRESHOLD:g}: never in {int(knees.loc[(m, p), f'knee (outputs) @{STRICT_THRESHOLD:g}'].isna().sum())} of {d.layer.nunique()} layers")
 window = {(m, t): G.reuse_window(knees.loc[m, f"knee (maps) @{t:g}"], STEPS) for m in GENERATORS for t in (THRESHOLD, STRICT_THRESHOLD)}
 for m in GENERATORS:
-    print(f"{m}: lowest adjacent-step cosine {knees.loc[m, 'min sim'].min():.3f}; " + "; ".join(
-        f"at {t:g} " + (f"every layer has settled by step {w['start']}: whole steps {w['start']}..{STEPS - 2} could be reused "
+    print(f"{m}: lowest adjacent-step cosine {knees.loc[m, 'min sim'].min():.3f}" + "".join(
+        f"\n  at {t:g} " + (f"every layer has settled by step {w['start']}: whole steps {w['start']}..{STEPS - 2} could be reused "
                         f"({w['reusable']} of {STEPS})" if w["start"] is not None else "some layer never settles: no whole-step reuse")
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
 
@@ -430,7 +438,7 @@ print(board.criteria_lines("G1", "G2"))
 # clears it is computed every step. **This run**: the lowest adjacent-step cosine of any layer is
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> on the MMDiT and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
 # on PixArt, so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> the knee is step
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@2"-->1<!--/num--> for every layer. That threshold cannot tell these layers apart: adjacent
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num--> for every layer. That threshold cannot tell these layers apart: adjacent
 # steps are nearly identical from the start, likely because of the 64 image tokens (the study's early
 # <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images). G2 is
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G2 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: late above <!--const G2's threshold, written before the numbers-->0.8<!--/const--> holds, early
@@ -438,7 +446,7 @@ print(board.criteria_lines("G1", "G2"))
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->, early minus late [<!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@1"-->-0.06917<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@2"-->-0.06265<!--/num-->]. The *outputs* fall late,
 # to <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="([0-9.]+) at the last step"-->0.938<!--/num--> at the MMDiT's last step
 # (PixArt self-attention: <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart self: output cosine" re="([0-9.]+) at the last step"-->0.965<!--/num-->); at the strict line the MMDiT's outputs never
-# settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable,
+# settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine > output knee" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable,
 # which notebook 06's G3 (reuse in the last third) puts to the test.
 
 # %% [markdown]
@@ -481,7 +489,8 @@ for m in GENERATORS:
         row["text share early"], row["text share late"] = ph.loc["early", "text_share"], ph.loc["late", "text_share"]
         cond_rows.append(row)
 cond = pd.DataFrame(cond_rows).set_index(["model", "kind"])
-print(cond.round(3).to_string())
+print("guidance strength and the text's reads by phase, mean over prompts:")
+print(cond.set_axis(pd.MultiIndex.from_tuples([tuple(c.rsplit(" ", 1)) for c in cond.columns]), axis=1).round(3).to_string())
 g_ends = {}  # model -> guidance strength at step 0 and at the last step (the decision table reads it)
 for m in GENERATORS:  # the phase means above hide the last step: read it per step
     g_step = gdf[(gdf.model == m) & (gdf.kind == "short")].drop(columns=["model", "kind"]).to_numpy(dtype=float)
@@ -489,7 +498,7 @@ for m in GENERATORS:  # the phase means above hide the last step: read it per st
         g_step = np.nanmean(g_step, 0)
         g_ends[m] = (float(g_step[0]), float(g_step[-1]))
         print(f"{m} (short): guidance strength {g_step[0]:.2f} at step 0, lowest {np.nanmin(g_step):.2f} (step {int(np.nanargmin(g_step))}), "
-              f"{g_step[-1]:.2f} at the last step ({STEPS - 1}): "
+              f"{g_step[-1]:.2f} at the last step ({STEPS - 1})\n  "
               + ("the last step pulls harder than the first" if g_step[-1] > g_step[0] else "the first step pulls hardest"))
 
 # %%
@@ -500,12 +509,12 @@ print(board.criteria_lines("G6"))
 # %% [markdown]
 # **What to look at.** Guidance falling after the first steps; long prompts' middle-phase text entropy near 1 (a
 # collapse). **This run**: averaged over a phase, guidance is strongest early (MMDiT
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-mmdit  short@0" fmt="{:.3f}"-->0.182<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-mmdit  short@2" fmt="{:.3f}"-->0.088<!--/num--> late; PixArt
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short@0" fmt="{:.3f}"-->0.134<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short@2" fmt="{:.3f}"-->0.039<!--/num-->), but both curves
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short@0" fmt="{:.3f}"-->0.182<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short@2" fmt="{:.3f}"-->0.088<!--/num--> late; PixArt
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@0" fmt="{:.3f}"-->0.134<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@2" fmt="{:.3f}"-->0.039<!--/num-->), but both curves
 # spike again at the last step, the MMDiT's (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@4" fmt="{:.2f}"-->0.32<!--/num-->) above its step 0
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@0" fmt="{:.2f}"-->0.30<!--/num-->): dropping the prompt side after the first steps would miss
-# it. Long prompts do not collapse: middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
-# (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:guidance early > tiny-pixart short > long@4" fmt="{:.3f}"-->0.732<!--/num--> (PixArt), below G6's
+# it. Long prompts do not collapse: middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
+# (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short > long@4" fmt="{:.3f}"-->0.732<!--/num--> (PixArt), below G6's
 # <!--const G6's threshold, written before the numbers-->0.9<!--/const-->.
 #
 # G6 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: guidance does fall after the first steps (a), but long prompts' text entropy exceeds the short ones' by only
@@ -565,8 +574,9 @@ for m, g in gens.items():
                "image KV bytes/layer": g.image_tokens * per_tok, "text KV bytes/layer": n_text * per_tok,
                "image/text": g.image_tokens / n_text})
 kv = pd.DataFrame(kv).set_index("model")
-print(kv.round(2).to_string())
-print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x); PixArt-alpha 1024: 4096 vs 120 (34x)")
+print(kv.rename(columns=lambda c: c.replace(" tokens (mean)", " (mean)").replace(" bytes/layer", "/layer")).round(2).to_string())
+print("(KV: fp16 bytes of keys and values per layer)")
+print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x);\n  PixArt-alpha 1024: 4096 vs 120 (34x)")
 DC.measure_cache_pressure(board, kv, GENERATORS, n_prompts)  # G5, weaker model
 print(board.criteria_lines("G5"))
 
@@ -575,7 +585,7 @@ print(board.criteria_lines("G5"))
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values, far from G5's
 # <!--const G5's threshold, written before the numbers-->4×<!--/const-->; half the text positions are padding
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@2" fmt="{:.0f}"-->24<!--/num--> real tokens on average). At 1024² the image side is
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@7"-->34<!--/num-->× larger (the last line): G5 fails here because of the toy resolution, not
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× larger (the last line): G5 fails here because of the toy resolution, not
 # the architecture.
 
 # %% [markdown]
@@ -657,17 +667,17 @@ for m in GENERATORS:
     _ = plots.save(fig, out, f"word_regions_{m}")
     drawn = "; ".join(f"{d['asked']} -> {d['drawn'] or 'nothing in that colour'}" for d in drawn_objects(run.images[i], prompts[i]))
     patch = gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))
-    print(f"{m}: another pair, prompt {i}, drawn: {drawn}; each word's brightest patch: "
-          + ", ".join(peak_words(run.images[i], prompts[i], show, patch)))
-    print(f"{m}: × uniform per word, peak (share of patches above even): " + ", ".join(
+    print(wrap(f"{m}: another pair, prompt {i}, drawn: {drawn}"))
+    print(wrap("  each word's brightest patch: " + ", ".join(peak_words(run.images[i], prompts[i], show, patch))))
+    print(f"{m}: × uniform per word, peak (share of patches above even):\n  " + ", ".join(
         f"{w!r} {float(np.max(v)) * keys:.1f} ({float(np.mean(np.asarray(v) * keys > 1)):.0%})" for w, v in show.items()))
 
 # %% [markdown]
 # **This run**: on the MMDiT a word map points at what was drawn in its colour, not at its shape:
-# only 'orange' rises above even (peak <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word" re="'orange' ([0-9.]+)"-->7.1<!--/num--> × uniform), and only on the left object;
-# 'circle' and 'square' stay below even everywhere (peaks <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word" re="'circle' ([0-9.]+)"-->0.7<!--/num--> and
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word" re="'square' ([0-9.]+)"-->0.9<!--/num-->): the shape words read nothing. On PixArt, which drew only the square,
-# 'square' is above even on <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: × uniform per word" re="'square' [0-9.]+ [(]([0-9]+%)"-->100%<!--/num--> of the patches: spread over the whole
+# only 'orange' rises above even (peak <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'orange'" re="'orange' ([0-9.]+)"-->7.1<!--/num--> × uniform), and only on the left object;
+# 'circle' and 'square' stay below even everywhere (peaks <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'circle'" re="'circle' ([0-9.]+)"-->0.7<!--/num--> and
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'square'" re="'square' ([0-9.]+)"-->0.9<!--/num-->): the shape words read nothing. On PixArt, which drew only the square,
+# 'square' is above even on <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: × uniform per word > 'square'" re="'square' [0-9.]+ [(]([0-9]+%)"-->100%<!--/num--> of the patches: spread over the whole
 # image, not placed.
 
 # %% [markdown]
@@ -732,7 +742,7 @@ static_step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_i
 # %%
 # NBVAL_CHECK_OUTPUT
 board.save(out / "scoreboard.json")  # every claim as its section measured it (sections 4-9)
-print({c: r.verdict for c, r in board.rows.items()})
+print(wrap("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items())))
 
 # %%
 board.show()
