@@ -1,5 +1,6 @@
 """A real reader: JupyterLab on loopback, a notebook built from its source opened in headless Chromium,
-run, a slider of its explorer widget moved with the keyboard, and the picture must change (notebook 02:
+run, a slider of its explorer widget (unicache_lib/explorer, drawn on a canvas in the page) moved with the keyboard,
+and the picture must change (notebook 02:
 the layer slider of the attention explorer, over all layers and over a LAYERS subset, where the next
 stop is the next captured layer; notebook 03: the step slider of the step explorer; notebook 08: the layer slider
 of the model explorer). And a glossary link clicked in a notebook served as `make lab` serves it opens the
@@ -143,16 +144,18 @@ def test_slider_redraws_in_jupyterlab(tmp_path, case):
         page.wait_for_selector("text=Kernel status: Idle", state="attached", timeout=90_000)
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-        img = page.locator(".widget-output img").first
-        img.wait_for(timeout=300_000)
-        before = img.get_attribute("src")
-        layer = page.locator(".widget-hslider", has_text=slider)
-        layer.locator(".noUi-handle").focus()
+        # the explorer (unicache_lib/explorer) draws on a canvas in the page: wait for it and its picture
+        mount = page.locator(".ucx-mount").first
+        mount.locator("canvas").wait_for(timeout=300_000)
+        page.wait_for_function("m => m.ucxExplorer && m.ucxExplorer.images.size > 0 && "
+                               "[...m.ucxExplorer.images.values()].every(v => v !== 'pending')",
+                               arg=mount.element_handle(), timeout=60_000)
+        before = mount.locator("canvas").evaluate("c => c.toDataURL()")
+        layer = mount.locator(f"input.ucx-range[data-name='{slider}']")
+        layer.focus()
         page.keyboard.press("ArrowRight")
-        page.wait_for_function(
-            "s => { const i = document.querySelector('.widget-output img'); return i && i.src !== s; }",
-            arg=before, timeout=60_000)
-        expect(layer.locator(".widget-readout")).to_have_text(readout, timeout=10_000)
+        expect(layer.locator("xpath=following-sibling::output")).to_have_text(readout, timeout=10_000)
+        assert mount.locator("canvas").evaluate("c => c.toDataURL()") != before  # redrawn in the page
         page.screenshot(path=str(tmp_path / "after.png"))
         browser.close()
     assert (tmp_path / "out" / "scoreboard.json").exists()  # the whole notebook ran in the browser
