@@ -24,8 +24,8 @@ def main(argv=None) -> int:
     from unicache_lib.intervals import interleaved_timings, speedup_interval
     from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import run_eviction
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-llava")

@@ -96,9 +96,9 @@ def eviction_standin(repeats=10):
     from unicache_lib.intervals import interleaved_timings, speedup_interval
     from unicache_lib.kv import POLICIES, evict, kv_bytes, prefill, split_prompt
     from unicache_lib.kv.cache import forward_question, prefill_pruned
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo.builders import standins
-    from unicache_lib.zoo.loaders import load_understanding
 
     with tempfile.TemporaryDirectory() as tmp:
         model, proc = load_understanding(str(standins.build("llava-1.5-7b", tmp)), attn_implementation="eager")
@@ -148,8 +148,8 @@ def eviction_standin(repeats=10):
 def reuse(steps=20, prompts=8, repeats=10):
     from unicache_lib.reuse.control import control_table
     from unicache_lib.reuse.evaluate import methods_for, run_reuse
+    from unicache_lib.runtime.loaders import load_generator
     from unicache_lib.world.text import prompt_set
-    from unicache_lib.zoo.loaders import load_generator
 
     ps = prompt_set(prompts + 4, 0, 0)  # the last 4 are held out for MagCache's calibration
     texts, objs = [p["short"] for p in ps[:prompts]], [p["objects"][0] for p in ps[:prompts]]
@@ -177,9 +177,9 @@ def standin_step_skip(name="sd3-medium", steps=20, repeats=3, prompts=("a red ci
     from unicache_lib.core.hooks import forward_hooks
     from unicache_lib.intervals import interleaved_timings
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
+    from unicache_lib.runtime.loaders import load_generator
+    from unicache_lib.runtime.sampling import sample
     from unicache_lib.zoo.builders import gen_standins
-    from unicache_lib.zoo.loaders import load_generator
-    from unicache_lib.zoo.sampling import sample
 
     with tempfile.TemporaryDirectory() as tmp:
         gen = load_generator(gen_standins.build(name, tmp))

@@ -91,8 +91,8 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = 
     from unicache_lib.families import family_of
     from unicache_lib.kv.evaluate import run_eviction
     from unicache_lib.kv.peers import press_factories
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.store import shard_samples
-    from unicache_lib.zoo.loaders import load_understanding
 
     torch.manual_seed(0)
     from unicache_lib.world.questions import scene_size

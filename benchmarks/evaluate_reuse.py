@@ -91,8 +91,8 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, generators=GENERAT
     values as JSON lists, written atomically. Returns the file."""
     from unicache_lib.progress import bar
     from unicache_lib.reuse.evaluate import score_methods
+    from unicache_lib.runtime.loaders import load_generator
     from unicache_lib.store import shard_samples
-    from unicache_lib.zoo.loaders import load_generator
 
     if n % CHUNK:
         raise ValueError(f"--prompts must be a multiple of {CHUNK} (the chunk every rank samples together), got {n}")
@@ -122,7 +122,7 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, generators=GENERAT
 def run_timing(repeats: int, out: Path = OUT, generators=GENERATORS) -> Path:
     """06's timing rounds for every method on the first chunk, one process; written atomically as JSON."""
     from unicache_lib.reuse.evaluate import score_methods, time_methods
-    from unicache_lib.zoo.loaders import load_generator
+    from unicache_lib.runtime.loaders import load_generator
 
     part = prompt_units(CHUNK)
     res = {}
@@ -180,8 +180,8 @@ def decide(R: pd.DataFrame, timing: dict | None, repeats: int) -> tuple[pd.DataF
     from unicache_lib.intervals import n_to_settle
     from unicache_lib.reuse.control import control_table
     from unicache_lib.reuse.evaluate import pareto_check
+    from unicache_lib.runtime.loaders import load_generator
     from unicache_lib.scoreboard import INCONCLUSIVE, Scoreboard
-    from unicache_lib.zoo.loaders import load_generator
 
     RU = tables(R, timing)
     families = {g: load_generator(g).family for g in RU}

@@ -87,9 +87,9 @@ def understanding(a, out: Path, device: str, dtype: torch.dtype, real: bool) -> 
     from unicache_lib.intervals import interleaved_timings, speedup_interval
     from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill, split_prompt
     from unicache_lib.kv.cache import forward_question
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world import samples as sample_set
     from unicache_lib.zoo.builders.standins import build
-    from unicache_lib.zoo.loaders import load_understanding
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     print(f"device: {torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu (smoke run)'}, torch {torch.__version__}")

@@ -35,8 +35,8 @@ def main(argv=None) -> int:
 
     from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import scene_size
-    from unicache_lib.zoo.loaders import load_understanding
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=int, default=2700)

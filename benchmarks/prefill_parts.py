@@ -46,8 +46,8 @@ def measure(args, impl: str) -> str:
     """The parts under one attention implementation (the decisive run uses eager: its policies read the maps)."""
     from unicache_lib.families import family_of
     from unicache_lib.kv.cache import placement, split_prompt
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set, scene_size
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, processor = load_understanding(args.model, attn_implementation=impl)
     fam = family_of(model)

@@ -51,8 +51,8 @@ def run(gen_name: str, steps: int, prompts: int, repeats: int, strides=(3, 5, 8)
     from unicache_lib.reuse.evaluate import run_reuse
     from unicache_lib.reuse.peers import DiffusersCache
     from unicache_lib.reuse.policies.step_skip import StepSkip
+    from unicache_lib.runtime.loaders import load_generator
     from unicache_lib.world.text import prompt_set
-    from unicache_lib.zoo.loaders import load_generator
 
     gen = load_generator(gen_name)
     ps = prompt_set(prompts, 0, 0)
@@ -104,9 +104,9 @@ def standins(names, steps: int, repeats: int, prompt: str = "a red circle on the
     from unicache_lib.intervals import interleaved_timings
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
     from unicache_lib.reuse.policies.step_skip import StepSkip
+    from unicache_lib.runtime.loaders import load_generator
+    from unicache_lib.runtime.sampling import sample
     from unicache_lib.zoo.builders import gen_standins
-    from unicache_lib.zoo.loaders import load_generator
-    from unicache_lib.zoo.sampling import sample
 
     tuned = tuned_50() if steps == 50 else None
     policy = StepSkip(**tuned) if tuned else StepSkip()
@@ -155,8 +155,8 @@ def settle(gen_name: str, steps: int, seeds_per_text: int, bar: float = 3.0):
     from unicache_lib.reuse.control import control_psnr_at, control_rows, fewer_steps_methods
     from unicache_lib.reuse.evaluate import score_methods
     from unicache_lib.reuse.policies.step_skip import StepSkip
+    from unicache_lib.runtime.loaders import load_generator
     from unicache_lib.world.text import COLOURS, POSITIONS, SHAPES, prompt_set
-    from unicache_lib.zoo.loaders import load_generator
 
     n_combos = len(COLOURS) * len(SHAPES) * len(POSITIONS)
     design = {p["short"] for p in prompt_set(52, 0, 0)[36:52]}  # benchmarks/tune_step_skip.py's design prompts

@@ -80,8 +80,8 @@ def run(gen_name: str, prompts: int, strides, steps: int, seed: int = 0):
     """``(generator, {stride: step_table})``: one exact capture and one per stride of the same samples."""
     from unicache_lib.analysis.generation import step_table
     from unicache_lib.capture.gen_runner import capture_generation
+    from unicache_lib.runtime.loaders import load_generator
     from unicache_lib.world.text import prompt_set
-    from unicache_lib.zoo.loaders import load_generator
 
     gen = load_generator(gen_name)
     texts = [p["short"] for p in prompt_set(prompts, 0, seed)]

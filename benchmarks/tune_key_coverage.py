@@ -15,8 +15,8 @@ import argparse
 
 from unicache_lib.kv import POLICIES
 from unicache_lib.kv.evaluate import run_eviction, summary
+from unicache_lib.runtime.loaders import load_understanding
 from unicache_lib.world.questions import heldout_set, scene_size
-from unicache_lib.zoo.loaders import load_understanding
 
 # the sweep: row label -> the fields changed from key_coverage's defaults (the first row is the chosen design)
 VARIANTS = {

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from unicache_lib.kv import POLICIES
 from unicache_lib.kv.evaluate import run_eviction, summary
+from unicache_lib.runtime.loaders import load_understanding
 from unicache_lib.world.questions import heldout_set
-from unicache_lib.zoo.loaders import load_understanding
 
 # the sweep over key_coverage_prefill's fields: (points, start); its defaults are ("first_keys", "norm")
 SPACES = {"features": "features", "unit": "unit_features", "keys0": "first_keys"}

@@ -48,8 +48,8 @@ def main(argv=None):
     from unicache_lib.quality import psnr
     from unicache_lib.reuse import ReuseCache
     from unicache_lib.reuse.policies.step_skip import StepSkip, step_schedule
-    from unicache_lib.zoo.loaders import load_generator
-    from unicache_lib.zoo.sampling import sample, to_uint8
+    from unicache_lib.runtime.loaders import load_generator
+    from unicache_lib.runtime.sampling import sample, to_uint8
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=STEPS, choices=sorted(GRIDS))

@@ -18,7 +18,7 @@ SAMPLE_SEED = 2024
 
 @functools.lru_cache(maxsize=None)
 def _model(name=MODEL):
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding(name, attn_implementation="eager")
 

@@ -21,7 +21,7 @@ SAMPLE_SEED = 2024
 
 @functools.lru_cache(maxsize=None)
 def _model(dtype: str = "float32", vision_eager: bool = False):
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding(MODEL, attn_implementation="eager", dtype=dtype,
                               vision_attn_implementation="eager" if vision_eager else "sdpa")
@@ -230,7 +230,7 @@ def exercise_5(quick: bool = False) -> dict:
     id>``); its scoreboard is read.
     ``--quick`` measures the same M-claims through the notebook's library calls on the shipped shape: the trained
     ``tiny-llava`` against the same model with its language model re-initialised
-    (:func:`unicache_lib.zoo.controls.untrained_language_model`), on 5 samples.
+    (:func:`unicache_lib.runtime.controls.untrained_language_model`), on 5 samples.
 
     Expected, measured (quick, 5 samples): M2 (repeatability) is a property of the code, not of the weights: two
     captures agree exactly (max |difference| 0) on both models. M3 is a property of the model: batch-averaged anchors
@@ -241,7 +241,7 @@ def exercise_5(quick: bool = False) -> dict:
     """
     from unicache_lib.analysis.anchors import batching_overlap, image_reads
     from unicache_lib.capture.runner import capture_samples
-    from unicache_lib.zoo.controls import untrained_language_model
+    from unicache_lib.runtime.controls import untrained_language_model
 
     checkpoint = None  # the starter cell's gap: None is the qwen2-vl-2b stand-in; a path or hub id, your model
     out = {}

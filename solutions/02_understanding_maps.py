@@ -17,7 +17,7 @@ SAMPLE_SEED = 2024
 
 @functools.lru_cache(maxsize=None)
 def _model():
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding(MODEL, attn_implementation="eager")
 
@@ -196,7 +196,7 @@ def exercise_5(quick: bool = False) -> dict:
     ``N_CAPTIONS = 2`` (minutes on a CPU), then reads its ``scoreboard.json``: every verdict must read "not
     meaningful (random weights)". ``--quick`` makes the same comparison through the notebook's library calls on the
     shipped shape: the trained ``tiny-llava`` against the same model with its language model re-initialised
-    (:func:`unicache_lib.zoo.controls.untrained_language_model`, what any random-weight language model does).
+    (:func:`unicache_lib.runtime.controls.untrained_language_model`, what any random-weight language model does).
 
     Expected, measured (quick, 5 samples): the random-weight model's rows are uniform in every band (normalised
     entropy 1.00 against 0.68 / 0.72 / 0.81 for the trained model's shallow / middle / deep bands), it has no focused
@@ -225,7 +225,7 @@ def exercise_5(quick: bool = False) -> dict:
         board = json.loads((tmp / "out" / "scoreboard.json").read_text())
         out["stand-in verdicts"] = sorted({r["verdict"] for r in board})
     from unicache_lib.capture.runner import capture_samples
-    from unicache_lib.zoo.controls import untrained_language_model
+    from unicache_lib.runtime.controls import untrained_language_model
 
     samples, recs, grids, _ = _capture(1 if quick else 4)
     model, processor = _model()

@@ -24,7 +24,7 @@ def _steps(quick):
 
 @functools.lru_cache(maxsize=None)
 def _gen(name):
-    from unicache_lib.zoo.loaders import load_generator
+    from unicache_lib.runtime.loaders import load_generator
 
     return load_generator(name)
 
@@ -93,8 +93,8 @@ def exercise_2(quick: bool = False) -> dict:
     """
     from unicache_lib.analysis import generation as G
     from unicache_lib.capture.diffusion import DiffusionCapture
+    from unicache_lib.runtime.sampling import sample
     from unicache_lib.world.text import prompt_set
-    from unicache_lib.zoo.sampling import sample
 
     steps = _steps(quick)
     prompts = [p["short"] for p in prompt_set(2 if quick else 8, 0, SEED)]
@@ -242,9 +242,9 @@ def exercise_5(quick: bool = False) -> dict:
 
     from unicache_lib.analysis import generation as G
     from unicache_lib.capture.gen_runner import capture_generation
+    from unicache_lib.runtime.loaders import is_stand_in, load_generator
     from unicache_lib.world.text import prompt_set
     from unicache_lib.zoo.builders import tiny_pipelines as tp
-    from unicache_lib.zoo.loaders import is_stand_in, load_generator
 
     steps = 4 if quick else 8
     d = tp.build_tiny("sd3", Path(tempfile.mkdtemp()) / "sd3-stand-in")

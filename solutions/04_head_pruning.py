@@ -28,9 +28,9 @@ def _setup(n_questions: int):
     from unicache_lib.capture.runner import capture_samples
     from unicache_lib.pruning import HeadSpace
     from unicache_lib.pruning import evaluate as E
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world import samples as sample_set
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, processor = load_understanding(MODEL, attn_implementation="eager")
     space = HeadSpace.of(model)
@@ -207,9 +207,9 @@ def exercise_4(quick: bool = False) -> dict:
     from unicache_lib.pruning import HeadSpace, ScoringContext
     from unicache_lib.pruning.downstream import downstream_changes, random_heads
     from unicache_lib.pruning.scorers import head_statistics
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world import samples as sample_set
     from unicache_lib.zoo import tiny_llava as tl
-    from unicache_lib.zoo.loaders import load_understanding
 
     d = Path(tempfile.mkdtemp()) / "random-llava"
     tok = tl.build_tokenizer()

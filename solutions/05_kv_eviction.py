@@ -22,7 +22,7 @@ OUT = Path(tempfile.gettempdir()) / "unicache-solutions-05"
 
 @functools.lru_cache(maxsize=None)
 def _model(name=MODEL):
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding(name, attn_implementation="eager")
 
@@ -161,9 +161,9 @@ def exercise_3(quick: bool = False) -> dict:
     from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import run_eviction
     from unicache_lib.kv.peers import press_factories
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
     from unicache_lib.zoo import tiny_llava as tl
-    from unicache_lib.zoo.loaders import load_understanding
 
     d = OUT / "random-llava"
     if not (d / "config.json").exists():

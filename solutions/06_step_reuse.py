@@ -22,7 +22,7 @@ OUT = Path(tempfile.gettempdir()) / "unicache-solutions-06"
 
 @functools.lru_cache(maxsize=None)
 def _gen(name):
-    from unicache_lib.zoo.loaders import load_generator
+    from unicache_lib.runtime.loaders import load_generator
 
     return load_generator(name)
 
@@ -150,9 +150,9 @@ def exercise_3(quick: bool = False) -> dict:
     from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
     from unicache_lib.reuse.control import control_table, fewer_steps_methods
     from unicache_lib.reuse.evaluate import run_reuse
+    from unicache_lib.runtime.loaders import load_generator
     from unicache_lib.world.text import prompt_set
     from unicache_lib.zoo.builders.tiny_pipelines import build_tiny
-    from unicache_lib.zoo.loaders import load_generator
 
     d = OUT / "random-sana"
     if not (d / "model_index.json").exists():

@@ -21,7 +21,7 @@ QTYPES = ("exists", "colour", "exists", "shape", "position")  # the notebook's m
 
 @functools.lru_cache(maxsize=None)
 def _model():
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding(MODEL, attn_implementation="eager")
 
@@ -160,8 +160,8 @@ def _random_llava():
     import torch
     from transformers import LlavaForConditionalGeneration
 
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.zoo import tiny_llava as tl
-    from unicache_lib.zoo.loaders import load_understanding
 
     d = Path(tempfile.gettempdir()) / "unicache-solutions-06" / "random-llava"
     if not (d / "config.json").exists():

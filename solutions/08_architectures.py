@@ -19,7 +19,7 @@ SEED = 0
 
 @functools.lru_cache(maxsize=None)
 def _model(name):
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding(name, attn_implementation="eager", vision_attn_implementation="eager")
 

@@ -32,7 +32,7 @@ def random_llava_dir(tmp_path_factory, tokenizer):
 @pytest.fixture()
 def llava(random_llava_dir):
     """(model, processor) in eager mode, fp32."""
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding(str(random_llava_dir), attn_implementation="eager")
 

@@ -29,7 +29,7 @@ QUESTION = "where is the red circle ?"
 def encoder(request, tmp_path_factory, samples):
     import transformers
 
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     fam_name, shape = ENCODERS[request.param]
     fam = FAMILIES[fam_name]
@@ -196,7 +196,7 @@ def test_janus_drawing_is_self_consistent_and_counts_the_image_span():
     (``model.generate(generation_mode="image")`` is not the reference: in transformers 5.2 it re-feeds
     ``<begin_of_image>`` instead of the drawn token from the second step on.)"""
     from unicache_lib.capture.unified import generate_image_with_capture
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     model, proc = load_understanding("tiny-janus", attn_implementation="eager")
     gc = model.generation_config

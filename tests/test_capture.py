@@ -47,7 +47,7 @@ def test_outputs_identical_and_full_equals_stats(llava, one_input):
 
 
 def test_recompute_keeps_sdpa_and_matches_eager(random_llava_dir, llava, one_input):
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     eager, _ = llava
     inputs, spans = one_input
@@ -77,7 +77,7 @@ def test_restored_after_exception(llava, one_input):
 
 
 def test_recompute_restored_after_exception(random_llava_dir):
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     sdpa, _ = load_understanding(str(random_llava_dir), attn_implementation="sdpa")
     with pytest.raises(KeyError):
@@ -87,7 +87,7 @@ def test_recompute_restored_after_exception(random_llava_dir):
 
 
 def test_sdpa_without_weights_names_the_fix(random_llava_dir, one_input):
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     sdpa, _ = load_understanding(str(random_llava_dir), attn_implementation="sdpa")
     before = _hooks(sdpa)
@@ -143,7 +143,7 @@ def test_nan_weights_are_reported(llava, one_input):
 
 
 def test_fp16_model_statistics_match_fp32(random_llava_dir, samples):
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     m32, proc = load_understanding(str(random_llava_dir))
     m16, _ = load_understanding(str(random_llava_dir), dtype=torch.float16)
@@ -222,7 +222,7 @@ def test_recompute_leaves_no_function_behind_and_negative_layers_resolve(random_
 
     from unicache_lib.capture.runner import inputs_for
     from unicache_lib.capture.vlm import _RECOMPUTE_NAME
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     sdpa, proc = load_understanding(str(random_llava_dir), attn_implementation="sdpa")
     inputs = inputs_for(sdpa, proc, samples[0].image, samples[0].question)

@@ -45,8 +45,8 @@ def test_auroc_interval_is_stratified_and_reads_the_direction():
 
 @pytest.fixture(scope="module")
 def llava():
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world import samples as sample_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     m, p = load_understanding("tiny-llava")
     return m, p, sample_set.load(per_type=1)
@@ -107,8 +107,8 @@ def test_report_renders_from_small_stores(llava, tmp_path):
     from unicache_lib.capture.gen_runner import capture_generation
     from unicache_lib.capture.runner import capture_samples
     from unicache_lib.diagnostics.report import build_report, main
+    from unicache_lib.runtime.loaders import load_generator
     from unicache_lib.store import Store
-    from unicache_lib.zoo.loaders import load_generator
 
     m, p, ss = llava
     capture_samples(m, p, ss[:2], Store(tmp_path / "u", meta={"model": "tiny-llava"}), progress=False)

@@ -9,9 +9,9 @@ from unicache_lib.capture.vlm import CaptureError
 from unicache_lib.core.errors import LayerError
 from unicache_lib.core.modality import BLOCKS
 from unicache_lib.gen_families import gen_family_of
+from unicache_lib.runtime.loaders import load_generator
+from unicache_lib.runtime.sampling import sample
 from unicache_lib.store import Store, StoreError
-from unicache_lib.zoo.loaders import load_generator
-from unicache_lib.zoo.sampling import sample
 
 PROMPTS = ["a red circle on the left", "a blue square at the top and a red triangle on the right"]
 
@@ -46,7 +46,7 @@ def test_output_unchanged_and_every_step_recorded(gen):
 def test_recomputed_probabilities_reproduce_the_processor_output(gen):
     """probs @ V through to_out equals what the stock processor returns (so the map is the one used)."""
     from unicache_lib.gen_families.base import heads_view as _heads_view
-    from unicache_lib.zoo.tiny_generators import encode_prompts, transformer_forward
+    from unicache_lib.runtime.tiny_layouts import encode_prompts, transformer_forward
 
     seen = {}
 
@@ -185,8 +185,8 @@ def test_real_diffusers_pipeline_with_step_callback():
     )
     from transformers import AutoTokenizer
 
+    from unicache_lib.runtime.loaders import MODELS_DIR
     from unicache_lib.zoo import tiny_generators as tg
-    from unicache_lib.zoo.loaders import MODELS_DIR
 
     tok = AutoTokenizer.from_pretrained(MODELS_DIR / "tiny-mmdit" / "tokenizer")
     tok.model_max_length = 16

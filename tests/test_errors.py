@@ -73,8 +73,8 @@ def _bad_inputs():
     from unicache_lib.kv import POLICIES
     from unicache_lib.params import check_params
     from unicache_lib.paths import project_path
+    from unicache_lib.runtime.loaders import load_generator, load_understanding
     from unicache_lib.store import Store
-    from unicache_lib.zoo.loaders import load_generator, load_understanding
 
     return {
         "an image of the wrong shape": lambda: prepare_image(np.zeros((2, 2, 7), np.uint8)),

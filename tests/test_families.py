@@ -44,7 +44,7 @@ def _build(case, tmp_path_factory, samples):
     """(model eager, model sdpa, processor or None, inputs, family) for one case, saved and reloaded."""
     import transformers
 
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     fam_name, shape, _ = CASES[case]
     case = case.split("-")[0]
@@ -66,7 +66,7 @@ def _build(case, tmp_path_factory, samples):
         n = (shape.image_size // shape.patch) ** 2 // 4
         words = ["<s>", "user", ":", "<fake_token_around_image>", "<global-img>"] + ["<image>"] * n + \
             ["<fake_token_around_image>"] + QUESTION.split() + ["assistant", ":"]
-        from unicache_lib.zoo.tiny_llava import pixel_values
+        from unicache_lib.runtime.tiny_layouts import pixel_values
 
         px = torch.nn.functional.interpolate(pixel_values(image[None]), size=shape.image_size, mode="bilinear")
         inputs = {"input_ids": torch.tensor([tok.convert_tokens_to_ids(words)]), "pixel_values": px[:, None],
@@ -349,7 +349,7 @@ def _prefill_stage(model, sp, ctx):
 def test_unknown_family_is_refused_by_loader_and_capture(tmp_path, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                  num_attention_heads=2)).save_pretrained(tmp_path)

@@ -119,8 +119,8 @@ def test_embedded_report_frame_gets_the_page_exactly_and_runs_nothing_outside():
 def test_the_report_escapes_model_names_and_draws_dollar_labels(tmp_path):
     from unicache_lib.capture.runner import capture_samples
     from unicache_lib.diagnostics.report import build_report
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.store import Store
-    from unicache_lib.zoo.loaders import load_understanding
 
     evil = "tiny-llava<img src=x onerror=alert(1)>"
     m, p = load_understanding("tiny-llava")
@@ -308,8 +308,8 @@ def test_a_resume_in_another_dtype_is_refused_when_the_store_records_one(tmp_pat
 
     from unicache_lib.capture.runner import capture_samples
     from unicache_lib.core.errors import StoreError
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.store import Store
-    from unicache_lib.zoo.loaders import load_understanding
 
     m, p = load_understanding("tiny-llava")
     ss = load(per_type=1)[:2]

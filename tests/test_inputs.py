@@ -26,7 +26,7 @@ from unicache_lib.inputs import (
 
 @pytest.fixture(scope="module")
 def tiny():
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding("tiny-llava", attn_implementation="eager")
 

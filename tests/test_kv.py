@@ -9,8 +9,8 @@ from unicache_lib.kv.policies import PrefillStagePolicy
 
 @pytest.fixture(scope="module")
 def setup():
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, proc = load_understanding("tiny-llava")
     q = heldout_set(4, seed=11)[0]
@@ -415,7 +415,7 @@ def test_downsample_encodes_a_smaller_picture_through_the_tower(setup):
 
 @pytest.fixture(scope="module")
 def eager_tiny():
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     return load_understanding("tiny-llava", attn_implementation="eager")
 
@@ -476,8 +476,8 @@ def test_batched_eviction_refuses_what_it_cannot_batch():
     """A family with cross-attention image KV (Mllama) is refused, naming batch_size=1."""
     from unicache_lib.core.errors import UnsupportedError
     from unicache_lib.kv.batch import check_batchable
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, proc = load_understanding("tiny-mllama")
     q = heldout_set(1, seed=3)[0]
@@ -540,8 +540,8 @@ def test_a_batch_of_one_runs_batch_ones_own_path(eager_tiny):
     from unicache_lib.core.errors import UnsupportedError
     from unicache_lib.kv.batch import prefill_batch
     from unicache_lib.kv.evaluate import run_eviction
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, proc = eager_tiny
     qas = heldout_set(9, seed=21)

@@ -19,6 +19,16 @@ def test_every_import_keeps_to_the_layers():
     assert layers.violations(layers.import_graph()) == []
 
 
+def test_the_features_run_on_the_runtime_not_the_zoo():
+    """Loading and sampling any model is unicache_lib.runtime; the shipped toys, their builders and training stay in
+    zoo, which capture, kv, reuse, pruning and params never import (function-local imports included)."""
+    G = layers.import_graph()
+    users = re.compile(r"unicache_lib\.(capture|kv|reuse|pruning)(\..*)?|unicache_lib\.params")
+    found = sorted(f"{a} imports {b}" for a, b in G.edges()
+                   if users.fullmatch(a) and (b == "unicache_lib.zoo" or b.startswith("unicache_lib.zoo.")))
+    assert found == []
+    assert G.has_edge("unicache_lib.capture.runner", "unicache_lib.runtime.loaders")  # the check sees the imports
+
 def test_the_check_catches_what_it_forbids(tmp_path):
     """A planted upward import, a planted circle and a runtime module importing a training script are all named."""
     pkg = tmp_path / "unicache_lib"

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from unicache_lib.zoo.loaders import (UnsupportedModelError, load_generator, load_transformer, load_understanding,
+from unicache_lib.runtime.loaders import (UnsupportedModelError, load_generator, load_transformer, load_understanding,
                                       resolve, understanding_family)
 
 
@@ -27,12 +27,13 @@ def test_generator_families_load_by_class(tmp_path, tokenizer, family):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from unicache_lib.gen_families import GEN_FAMILIES
+    from unicache_lib.runtime.sampling import sample
+    from unicache_lib.runtime.tiny_layouts import Generator
     from unicache_lib.zoo import tiny_generators as tg
-    from unicache_lib.zoo.sampling import sample
 
     adapter = next(f for f in GEN_FAMILIES.values() if f.key == family)
     torch.manual_seed(0)
-    gen = tg.Generator(adapter, tg.build_transformer(adapter, layers=2), tg.build_text_encoder(tokenizer, layers=1),
+    gen = Generator(adapter, tg.build_transformer(adapter, layers=2), tg.build_text_encoder(tokenizer, layers=1),
                        tokenizer, FlowMatchEulerDiscreteScheduler())
     gen.save_pretrained(tmp_path)
     tr, fam = load_transformer(str(tmp_path))
@@ -54,7 +55,7 @@ def test_dit_family_is_recognised(tmp_path):
 
 
 def test_device_and_dtype_parameters(random_llava_dir):
-    from unicache_lib.zoo.loaders import resolve_device, resolve_dtype
+    from unicache_lib.runtime.loaders import resolve_device, resolve_dtype
 
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -97,7 +98,7 @@ def online(monkeypatch):
 def test_a_typo_fails_at_once_listing_the_shipped_models_and_families(online):
     import time
 
-    from unicache_lib.zoo.loaders import SHIPPED, ModelNotFoundError
+    from unicache_lib.runtime.loaders import SHIPPED, ModelNotFoundError
 
     for load, typo, meant in [(load_understanding, "tiny-lava", "tiny-llava"), (load_generator, "tiny-mdit", "tiny-mmdit")]:
         t0 = time.perf_counter()
@@ -111,7 +112,7 @@ def test_a_typo_fails_at_once_listing_the_shipped_models_and_families(online):
 
 
 def test_a_missing_folder_says_no_such_folder(tmp_path, online):
-    from unicache_lib.zoo.loaders import ModelNotFoundError
+    from unicache_lib.runtime.loaders import ModelNotFoundError
 
     for missing in [str(tmp_path / "nope"), "./no/such/folder", "~/no-such-model-folder", tmp_path / "nope"]:
         with pytest.raises(ModelNotFoundError, match="no such folder"):
@@ -124,7 +125,7 @@ def test_a_hub_id_offline_must_be_in_the_cache(tmp_path, monkeypatch):
 
     import huggingface_hub.constants
 
-    from unicache_lib.zoo.loaders import ModelNotFoundError
+    from unicache_lib.runtime.loaders import ModelNotFoundError
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -140,7 +141,7 @@ def test_a_hub_id_offline_must_be_in_the_cache(tmp_path, monkeypatch):
 
 
 def test_a_hub_id_passes_through_when_online(online, monkeypatch):
-    from unicache_lib.zoo import loaders
+    from unicache_lib.runtime import loaders
 
     monkeypatch.setattr(loaders, "_hub_reachable", lambda timeout=3.0: True)
     assert resolve("llava-hf/llava-1.5-7b-hf") == "llava-hf/llava-1.5-7b-hf"  # from_pretrained downloads it
@@ -153,7 +154,7 @@ def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(online, tmp_path,
 
     import huggingface_hub.constants
 
-    from unicache_lib.zoo.loaders import ModelNotFoundError
+    from unicache_lib.runtime.loaders import ModelNotFoundError
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     t0 = time.perf_counter()
@@ -164,7 +165,7 @@ def test_a_hub_id_fails_at_once_when_the_hub_cannot_be_reached(online, tmp_path,
 
 
 def test_a_near_typo_suggests_the_model_of_the_same_length_first(online):
-    from unicache_lib.zoo.loaders import ModelNotFoundError
+    from unicache_lib.runtime.loaders import ModelNotFoundError
 
     with pytest.raises(ModelNotFoundError, match="Did you mean 'tiny-llava' or 'tiny-mllama'"):
         load_understanding("tiny-llama")  # the README's typo
@@ -241,7 +242,7 @@ def test_corrupted_weights_are_named_and_the_suggested_fixes_work(tmp_path):
     import subprocess
     import sys
 
-    from unicache_lib.zoo.loaders import MODELS_DIR, ChecksumError
+    from unicache_lib.runtime.loaders import MODELS_DIR, ChecksumError
 
     d = tmp_path / "llava"
     shutil.copytree(MODELS_DIR / "tiny-llava", d)
@@ -253,7 +254,7 @@ def test_corrupted_weights_are_named_and_the_suggested_fixes_work(tmp_path):
     msg = str(e.value)
     assert str(d / "model.safetensors") in msg and expected in msg and actual in msg and "verify=False" in msg
     load_understanding(str(d), verify=False)  # loading an edited model on purpose
-    cmd = _suggested_command(msg, "python -m unicache_lib.zoo.checksums")  # or recording its new weights
+    cmd = _suggested_command(msg, "python -m unicache_lib.runtime.checksums")  # or recording its new weights
     subprocess.run([sys.executable, *cmd[1:]], check=True, capture_output=True)
     load_understanding(str(d))
     (d / "extra.bin").write_bytes(b"x")  # a weight file the card does not record
@@ -264,7 +265,7 @@ def test_corrupted_weights_are_named_and_the_suggested_fixes_work(tmp_path):
 def test_a_damaged_generator_names_its_file(tmp_path):
     import shutil
 
-    from unicache_lib.zoo.loaders import MODELS_DIR, ChecksumError
+    from unicache_lib.runtime.loaders import MODELS_DIR, ChecksumError
 
     d = tmp_path / "mmdit"
     shutil.copytree(MODELS_DIR / "tiny-mmdit", d)
@@ -284,7 +285,7 @@ def test_a_damaged_shipped_model_is_restored_by_the_suggested_git_command(tmp_pa
     import shutil
     import subprocess
 
-    from unicache_lib.zoo import loaders
+    from unicache_lib.runtime import loaders
 
     repo = tmp_path / "repo"  # a clone of its own, so the real data/models is never touched
     shutil.copytree(loaders.MODELS_DIR / "tiny-llava", repo / "data" / "models" / "tiny-llava")
@@ -309,7 +310,7 @@ def test_an_in_place_edit_with_size_and_mtime_restored_is_still_caught(tmp_path)
     import os
     import shutil
 
-    from unicache_lib.zoo.loaders import MODELS_DIR, ChecksumError
+    from unicache_lib.runtime.loaders import MODELS_DIR, ChecksumError
 
     d = tmp_path / "llava"
     shutil.copytree(MODELS_DIR / "tiny-llava", d)

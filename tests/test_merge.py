@@ -14,8 +14,8 @@ from unicache_lib.kv.policies.merge import log_size_bias, merge_cache, merge_gro
 
 @pytest.fixture(scope="module")
 def llava():
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, processor = load_understanding("tiny-llava", attn_implementation="eager")
     return model, processor, heldout_set(3, seed=2024)

@@ -618,7 +618,7 @@ def test_03_on_a_pipeline_whose_tokenizers_split_words(tmp_path):
     runs to its scoreboard on the folder by parameters alone."""
     from unicache_lib.analysis.generation import word_positions
     from unicache_lib.world.text import prompt_set
-    from unicache_lib.zoo.loaders import load_generator
+    from unicache_lib.runtime.loaders import load_generator
 
     folder = _subword_sd3(tmp_path / "subword-sd3")
     gen = load_generator(str(folder))

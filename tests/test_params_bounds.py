@@ -78,7 +78,7 @@ def test_check_count_has_an_upper_bound():
 
 @pytest.mark.parametrize("same", ["folders", "twice"])
 def test_two_generators_under_one_name_are_refused_naming_both(tmp_path, same):
-    from unicache_lib.zoo.loaders import resolve
+    from unicache_lib.runtime.loaders import resolve
 
     src = resolve("tiny-mmdit", reach=False)
     if same == "folders":

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from unicache_lib.runtime.loaders import UnsupportedModelError, load_generator
+from unicache_lib.runtime.sampling import sample, to_uint8
 from unicache_lib.zoo.builders import tiny_pipelines as tp
-from unicache_lib.zoo.loaders import UnsupportedModelError, load_generator
-from unicache_lib.zoo.sampling import sample, to_uint8
 
 PROMPTS = ["a red circle on the left", "two blue squares at the top"]
 SEEDS = [3, 5]
@@ -161,7 +161,7 @@ def test_tiny_layout_is_unchanged():
 
 def test_quality_takes_decoded_pixels_at_512():
     from unicache_lib.quality import psnr, ssim
-    from unicache_lib.zoo.sampling import to_uint8
+    from unicache_lib.runtime.sampling import to_uint8
 
     g = torch.Generator().manual_seed(0)
     a = torch.rand(2, 3, 512, 512, generator=g)
@@ -176,8 +176,8 @@ def test_quality_takes_decoded_pixels_at_512():
 @pytest.mark.parametrize("name", ["sd3-medium", "pixart-sigma", "flux-dev"])
 def test_real_shape_standin_runs_one_step(tmp_path, name):
     """Build the stand-in and run one denoising step in a child process (its own peak RSS)."""
+    from unicache_lib.runtime.loaders import is_stand_in, model_card
     from unicache_lib.zoo.builders.gen_standins import GEN_STANDINS
-    from unicache_lib.zoo.loaders import is_stand_in, model_card
 
     out = subprocess.run([sys.executable, "-m", "unicache_lib.zoo.builders.gen_standins", "--out", str(tmp_path), "--only", name,
                           "--step"], capture_output=True, text=True, timeout=300)

@@ -11,8 +11,8 @@ from unicache_lib.kv.presses import KeyCoveragePress
 
 @pytest.fixture(scope="module")
 def llava():
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, processor = load_understanding("tiny-llava", attn_implementation="eager")
     return model, processor, heldout_set(4, seed=2024)
@@ -100,7 +100,7 @@ def test_press_refusals_name_the_fix(llava, monkeypatch):
 
 def test_press_refuses_a_cross_attention_vlm():
     """Mllama keeps its image KV in cross-attention layers: a press would compress nothing of the image, silently."""
-    from unicache_lib.zoo.loaders import load_understanding
+    from unicache_lib.runtime.loaders import load_understanding
 
     mllama, _ = load_understanding("tiny-mllama", attn_implementation="eager")
     with pytest.raises(ValueError, match="cross-attention layers.*run_eviction"):

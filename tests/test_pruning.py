@@ -13,9 +13,9 @@ from unicache_lib.quality import psnr, ssim
 @pytest.fixture(scope="module")
 def vlm():
     from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world import samples as sample_set
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, proc = load_understanding("tiny-llava")
     recs = capture_samples(model, proc, sample_set.load(per_type=1), progress=False).records
@@ -108,8 +108,8 @@ def test_mask_is_exact_and_physical_pruning_matches(vlm):
 
 @pytest.mark.parametrize("name", ["tiny-mmdit", "tiny-pixart"])
 def test_generator_masking(name):
-    from unicache_lib.zoo.loaders import load_generator
-    from unicache_lib.zoo.sampling import sample
+    from unicache_lib.runtime.loaders import load_generator
+    from unicache_lib.runtime.sampling import sample
 
     gen = load_generator(name)
     space = HeadSpace.of(gen.transformer)
@@ -167,7 +167,7 @@ def pipe_folders(tmp_path_factory):
 
 
 def _pipe(pipe_folders, kind):
-    from unicache_lib.zoo.loaders import load_generator
+    from unicache_lib.runtime.loaders import load_generator
 
     return load_generator(pipe_folders[kind])
 
@@ -200,7 +200,7 @@ def test_pipeline_head_space_and_exact_masking(pipe_folders, kind):
     mask exactly: masking a head equals zeroing the weights that read it; all ones changes no pixel;
     masking all heads of any one unit changes the image; physical pruning refuses."""
     from unicache_lib.pruning.evaluate import record_transformer_call
-    from unicache_lib.zoo.sampling import sample
+    from unicache_lib.runtime.sampling import sample
 
     gen = _pipe(pipe_folders, kind)
     tr = gen.transformer

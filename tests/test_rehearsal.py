@@ -70,9 +70,9 @@ def test_gpu_script_code_path_on_the_cpu(tmp_path):
 
 
 def test_a_stand_in_card_records_its_weight_checksums(tmp_path):
+    from unicache_lib.runtime.checksums import weight_checksums
+    from unicache_lib.runtime.loaders import ChecksumError, load_understanding
     from unicache_lib.zoo.builders.standins import build
-    from unicache_lib.zoo.checksums import weight_checksums
-    from unicache_lib.zoo.loaders import ChecksumError, load_understanding
 
     d = build("qwen2-vl-2b", tmp_path)
     card = json.loads((d / "model_card.json").read_text())

@@ -32,9 +32,9 @@ def stores(tmp_path_factory):
     """The same two samples captured by the shipped tiny-llava in stats mode (``runs/a/store``) and in
     full mode (``runs/b/store``): two stores whose folders share the name ``store``."""
     from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.store import Store
     from unicache_lib.world import samples as sample_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     root = tmp_path_factory.mktemp("report")
     m, p = load_understanding("tiny-llava")
@@ -166,9 +166,9 @@ def test_a_store_after_repair_names_the_recapture_and_the_recapture_fixes_it(tmp
     """A record dropped by repair(): one line, exit 2, nothing written; running the same capture again (the fix the
     message names) recaptures it and the report builds."""
     from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.store import Store
     from unicache_lib.world import samples as sample_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     m, p = load_understanding("tiny-llava")
     ss, path = sample_set.load(per_type=1)[:2], tmp_path / "store"

@@ -9,8 +9,8 @@ from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
 from unicache_lib.reuse.cache import AttentionCallCounter
 from unicache_lib.reuse.flops import TransformerFlops
 from unicache_lib.reuse.peers import FAMILY_PEERS, PEERS, DiffusersCache, PeerUnsupported, magcache_ratios
-from unicache_lib.zoo.loaders import load_generator
-from unicache_lib.zoo.sampling import sample
+from unicache_lib.runtime.loaders import load_generator
+from unicache_lib.runtime.sampling import sample
 
 PROMPTS = ["a red circle on the left", "a blue square at the top"]
 
@@ -322,7 +322,7 @@ def test_a_scrambled_control_sweep_is_refused_naming_the_rows():
 
 def test_fewer_steps_curve(gen):
     from unicache_lib.reuse.control import fewer_steps_curve
-    from unicache_lib.zoo.sampling import to_uint8
+    from unicache_lib.runtime.sampling import to_uint8
 
     ref = to_uint8(sample(gen, PROMPTS, 4, seed=0))
     df = fewer_steps_curve(gen, PROMPTS, ref, [2, 3, 4], 3.0, 0, full_steps=4, repeats=2, timing_prompts=1)
@@ -447,7 +447,7 @@ def test_step_skip_hook_matches_reuse_cache_on_the_library_sampler(gen):
 
 def test_calibrate_step_skip_picks_from_its_grid(gen):
     from unicache_lib.reuse.diffusers_hook import calibrate_step_skip
-    from unicache_lib.zoo.sampling import to_uint8
+    from unicache_lib.runtime.sampling import to_uint8
 
     cfg, rows = calibrate_step_skip(lambda: to_uint8(sample(gen, PROMPTS, 8, seed=0)), to_uint8(gen.ref), 8,
                                     gen.transformer, strides=(2, 3), weights=(0.0, 0.5))

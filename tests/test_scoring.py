@@ -45,8 +45,8 @@ def marked(tokenizer):
 @pytest.fixture(scope="module")
 def tiny():
     """The shipped tiny LLaVA (trained: most answers right), eager for the diagnostics' attention, and 8 questions."""
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     model, proc = load_understanding("tiny-llava", attn_implementation="eager")
     return model, proc, heldout_set(8, seed=7)
@@ -130,8 +130,8 @@ def test_lesson_08_fusion_encoder_answers_score_sentencepiece_labels(tmp_path):
 
     from unicache_lib.analysis.architectures import fusion_correct
     from unicache_lib.families import FAMILIES, Shape
+    from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world.questions import heldout_set
-    from unicache_lib.zoo.loaders import load_understanding
 
     fam, shape = FAMILIES["ViLT"], Shape(layers=2, heads=2, head_dim=8, image_size=32, patch=8)
     tok = fam.tokenizer()

@@ -13,7 +13,7 @@ from unicache_lib.core.models import quiet
 def test_importing_and_loading_change_no_global_setting():
     import unicache_lib.kv.peers  # noqa: F401 - once set the kvpress logger to ERROR at import
     from unicache_lib.kv.peers import press_factories
-    from unicache_lib.zoo.loaders import load_understanding  # once disabled the bars at import
+    from unicache_lib.runtime.loaders import load_understanding  # once disabled the bars at import
 
     before = logging.getLogger("kvpress").level
     press_factories()

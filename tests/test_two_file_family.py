@@ -14,10 +14,10 @@ from unicache_lib.gen_families import GEN_FAMILIES, gen_family_of
 from unicache_lib.pruning.evaluate import generation_loss_fns
 from unicache_lib.pruning.heads import HeadMask, HeadSpace
 from unicache_lib.reuse import REUSE_POLICIES, ReuseCache
+from unicache_lib.runtime.pipelines import PipelineGenerator, default_image_size
+from unicache_lib.runtime.sampling import sample
 from unicache_lib.zoo.builders import tiny_pipelines as tp
 from unicache_lib.zoo.builders.tiny_random import forward_inputs, tiny_transformer
-from unicache_lib.zoo.pipelines import PipelineGenerator, default_image_size
-from unicache_lib.zoo.sampling import sample
 
 # file 1: unicache_lib/gen_families/fork.py in a fork (its own transformer class, a cross-attention DiT)
 ADAPTER = '''

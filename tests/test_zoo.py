@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from unicache_lib.zoo.loaders import MODELS_DIR, SHIPPED, load_generator, load_understanding
+from unicache_lib.runtime.loaders import MODELS_DIR, SHIPPED, load_generator, load_understanding
 
 
 def test_shipped_weights_fit_the_size_budget():
@@ -18,7 +18,7 @@ def test_shipped_weights_fit_the_size_budget():
 def test_shipped_cards_record_the_checksum_of_every_weight_file(name):
     import time
 
-    from unicache_lib.zoo.checksums import _digests, verify_checksums, weight_checksums
+    from unicache_lib.runtime.checksums import _digests, verify_checksums, weight_checksums
 
     card = json.loads((MODELS_DIR / name / "model_card.json").read_text())
     assert card["checksums"] and card["checksums"] == weight_checksums(MODELS_DIR / name)
@@ -61,8 +61,8 @@ def test_tiny_llava_576_has_llava_15s_image_tokens_meets_its_bar_and_uses_the_im
 
 
 def test_tiny_llava_processor_matches_training_encoding():
+    from unicache_lib.runtime import tiny_layouts as tl
     from unicache_lib.world.samples import load
-    from unicache_lib.zoo import tiny_llava as tl
 
     model, processor = load_understanding("tiny-llava")
     s = load(per_type=1)[1]

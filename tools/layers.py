@@ -24,12 +24,12 @@ PACKAGE = "unicache_lib"
 LAYERS = [
     ("core", "errors, model plumbing, registries, modalities, similarity, scoring, intervals, paths, progress, locks",
      r"core(\..*)?|paths|progress|locks|intervals|quality|__root__"),
-    ("world", "the synthetic world, its held-out data, and the shipped models' architectures",
-     r"world(\..*)?|zoo\.tiny_llava|zoo\.tiny_generators"),
+    ("world", "the synthetic world, its held-out data, the shipped models' architectures and their input layouts",
+     r"world(\..*)?|zoo|zoo\.tiny_llava|zoo\.tiny_generators|runtime\.tiny_layouts"),
     ("adapters", "per-family facts (VLM and generator adapters), input checking, attention statistics",
      r"families(\..*)?|gen_families(\..*)?|inputs|stats"),
     ("capture", "attention capture, the store, model loading and sampling",
-     r"capture(\..*)?|store|zoo|zoo\.(loaders|sampling|checksums|pipelines|shipping|controls)"),
+     r"capture(\..*)?|store|runtime|runtime\.(loaders|sampling|checksums|pipelines|controls)"),
     ("features", "analyses, KV eviction, step reuse, head pruning",
      r"analysis|analysis\.(?!\w+_claims$)\w+|kv(\..*)?|reuse(\..*)?|pruning(\..*)?"),
     ("reporting", "each lesson's claims, diagnostics, scoreboards, plots, widgets and the explorer, notebook parameters",
@@ -37,7 +37,7 @@ LAYERS = [
      r"params|replicate"),
 ]
 # training scripts, test and stand-in builders, make-target drivers: outside the runtime graph
-OUTSIDE = r"zoo\.(train|builders)(\..*)?|rehearsal"
+OUTSIDE = r"zoo\.(train|builders)(\..*)?|zoo\.shipping|rehearsal"
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -111,7 +111,7 @@ def picture(G: nx.DiGraph) -> str:
         by = {}
         for m in mods:
             top = ".".join(m.split(".")[:2]) if m.startswith(("zoo.train", "zoo.builders")) else \
-                m.split(".")[0] if not m.startswith("zoo.") else m
+                m.split(".")[0] if not m.startswith(("zoo.", "runtime.tiny_layouts")) else m
             by.setdefault(top, []).append(m)
         return ", ".join(f"{k} ({len(v)})" if len(v) > 1 else k for k, v in sorted(by.items()))
     names = [n for n, _, _ in LAYERS] + ["outside"]

@@ -31,10 +31,10 @@ import torch
 
 from .core.errors import InputError, ParameterError, UnicacheError
 from .inputs import budget_shares, check_fraction, check_fractions
-from .paths import output_path_refusal, project_path
+from .paths import notebook_output, notebook_output_refusal, project_path
+from .runtime.loaders import DTYPES, SHIPPED, closest_shipped, model_label, resolve
 from .world.samples import MAX_PER_TYPE, PER_TYPE as SHIPPED_PER_TYPE, SEED as SHIPPED_SEED, load
 from .world.text import read_prompts
-from .zoo.loaders import DTYPES, SHIPPED, closest_shipped, model_label, resolve
 
 # former name -> its one name in every notebook; the former still accepted, with a FutureWarning, for one release
 RENAMED = {"UNDERSTANDING_MODEL": "MODEL", "MODELS": "GENERATORS"}
@@ -183,23 +183,40 @@ def fraction(name, v):
 
 
 def fractions(name, v):
+    """Shares of the heads pruned (04's ``FRACTIONS``): each in [0, 1) (pruning every head leaves no model), none
+    twice (each is one row per scorer: a repeat would write its rows twice)."""
     v = _as_list(name, v)
     try:
-        if not len(check_fractions(v, name)):
-            _fail(name, v, "must hold at least one fraction")
+        got = check_fractions(v, "fraction", upper_inclusive=False, meaning="of the heads pruned")
     except (TypeError, InputError) as e:
         _fail(name, v, str(e))
+    if not got:
+        _fail(name, v, "must hold at least one fraction")
+    _no_repeats(name, v, got, "fraction")
     return v
+
+
+def _no_repeats(name, v, values, what: str) -> None:
+    seen = {}
+    for given, x in zip(v, values):
+        if x in seen:
+            _fail(name, v, f"{what} {given!r} is given twice: each {what} is one row of the sweep, and a repeat would "
+                  f"write its rows twice and double its n; drop one")
+        seen[x] = given
 
 
 def budgets(name, v):
     """Shares of the image tokens, or token counts as ``"64t"`` (read against the model once it is loaded)."""
     v = _as_list(name, v)
+    if isinstance(v, str):
+        _fail(name, v, f"must be a list of shares or token counts, e.g. [0.1, '64t'] (from the command line: "
+              f"-p {name} \"[0.1, 0.25]\" or -y '{name}: [0.1, 0.25]')")
     try:
-        if not len(budget_shares(v, 10**9, name)):
-            _fail(name, v, "must hold at least one budget")
+        got = budget_shares(v, 10**9, "budget", tokens_known=False)  # token counts judged once the model says its tokens
     except (TypeError, InputError) as e:
         _fail(name, v, str(e))
+    if not got:
+        _fail(name, v, "must hold at least one budget")
     return v
 
 
@@ -210,6 +227,7 @@ def counts_or_none(name, v):
             _fail(name, v, "must be None or a non-empty list of step counts")
         for i in v:
             _integer(f"{name}[...]", i, 1, MAX_STEPS)
+        _no_repeats(name, v, [int(i) for i in v], "step count")
     return v
 
 
@@ -277,14 +295,16 @@ def prompts_file(name, v):
 
 
 def out_dir(name, v):
-    """A folder the notebook may write to (:func:`unicache_lib.paths.output_path_refusal`, the check every output
-    folder gets): not empty, not a file, not the repository, a folder above it or one of its own folders (``docs``,
-    ``notebooks``, ``data`` ...), not a folder another tool's ``.unicache-output`` claims (a site, a report)."""
+    """A folder the notebook may write to (:func:`unicache_lib.paths.notebook_output_refusal`, the check every output
+    folder gets, and more): not empty, not a file, not the repository, a folder above it or inside it but under
+    ``outputs/``, not a folder another tool's ``.unicache-output`` claims (a site, a report), and not a folder holding
+    anything without the marker a notebook leaves (your home, /tmp, a folder of your files: a notebook replaces and
+    removes files in its OUT_DIR). :func:`check_params` then creates the folder and marks it as a notebook's."""
     if not isinstance(v, (str, Path)) or not str(v).strip():
         _fail(name, v, "must be a folder path, e.g. 'outputs/mine'")
     if project_path(v).exists() and not project_path(v).is_dir():
         _fail(name, v, f"names a file ({project_path(v)}), not a folder: pick another {name}")
-    folder, why = output_path_refusal(project_path(v), name, "a notebook")
+    folder, why = notebook_output_refusal(project_path(v), name)
     if folder is None:
         _fail(name, v, why)
 
@@ -297,7 +317,7 @@ KINDS = {
     "MEMORY_BUDGET_GB": number(hi=10_000), "GUIDANCE": number(hi=100), "THRESHOLD": fraction, "STRICT_THRESHOLD": fraction,
     "BUDGETS": budgets, "FRACTIONS": fractions, "PICTURE_BUDGET": fraction, "PEERS": flag, "FEWER_STEPS": counts_or_none,
     "DEPTH_TOKENS": count(1, 4096), "DEPTH_SCHEDULES": subset(("profile", "pyramid", "keep_then_drop")),
-    "PER_TYPE": count(1, MAX_ITEMS), "MAP_PER_TYPE": count(0, MAX_ITEMS), "MASK_FROM_LAYER": count(0, 10_000),
+    "PER_TYPE": count(1, MAX_ITEMS), "MAP_PER_TYPE": count(1, MAX_ITEMS), "MASK_FROM_LAYER": count(0, 10_000),
     **{k: count(1, MAX_STEPS) for k in ("STEPS", "GEN_STEPS")},
     **{k: count(1, MAX_REPEATS) for k in ("RANDOM_SEEDS", "TIMING_REPEATS", "REPEATS")},
     **{k: count(1, MAX_ITEMS) for k in ("ANCHOR_K", "TOP_K", "N_CAPTIONS", "N_SINGLE", "N_QUESTIONS", "N_GRADIENT",
@@ -343,7 +363,9 @@ def check_params(namespace: dict, names=None) -> None:
     :data:`KINDS` found there, or exactly ``names``. Raises :class:`ParameterError` naming the first bad one. A
     parameter papermill passed under a former name (:data:`RENAMED`) is moved to its name with a warning; one the
     notebook does not define is refused with the closest names it does. A list given as a string (papermill's
-    ``-p LAYERS "[0, 15, 31]"``) is replaced by the list it spells."""
+    ``-p LAYERS "[0, 15, 31]"``) is replaced by the list it spells. Called with ``names`` None (a notebook's check
+    cell), it then creates ``OUT_DIR`` and marks it as a notebook's output folder
+    (:func:`unicache_lib.paths.notebook_output`), so a later run takes it again."""
     injected, own = _injected(namespace)
     if not own:  # no cell of the notebook's own ran before (a fork whose parameters cell starts "# Parameters", or
         injected = []  # "run all below" from papermill's cell): nothing to tell an unknown name from a defined one
@@ -367,12 +389,19 @@ def check_params(namespace: dict, names=None) -> None:
         if value is not None:  # a list spelt as a string, now the list
             namespace[name] = value
     _check_together(namespace)
+    if names is None and "OUT_DIR" in namespace:  # a notebook's check cell: its output folder made and marked as one
+        try:
+            notebook_output(project_path(namespace["OUT_DIR"]))
+        except InputError as e:  # changed since the check above
+            _fail("OUT_DIR", namespace["OUT_DIR"], str(e))
 
 
 def _check_together(namespace: dict) -> None:
     """Values that are only wrong together, caught here instead of after the model loaded: ``PER_TYPE`` with the
     standard sets (``SAMPLES`` None): above the shipped set's samples per scene type on its seed, above
-    :data:`~unicache_lib.world.samples.MAX_PER_TYPE` on another seed (that set is built in memory)."""
+    :data:`~unicache_lib.world.samples.MAX_PER_TYPE` on another seed (that set is built in memory); 05's
+    ``DEPTH_TOKENS`` with ``SCALE_MODEL``: a token count the committed depth-budget run measured."""
+    _depth_tokens(namespace)
     per = namespace.get("PER_TYPE")
     if not (isinstance(per, int) and "SAMPLES" in namespace and namespace["SAMPLES"] is None):
         return
@@ -384,3 +413,22 @@ def _check_together(namespace: dict) -> None:
     elif per > MAX_PER_TYPE:
         _fail("PER_TYPE", per, f"SAMPLE_SEED={namespace['SAMPLE_SEED']} builds its set in memory, at most "
               f"{MAX_PER_TYPE:,} samples per scene type: pass PER_TYPE <= {MAX_PER_TYPE:,}")
+
+
+def _depth_tokens(namespace: dict) -> None:
+    """05 §8 draws the committed depth-budget run (``make evaluate-depth``) at ``DEPTH_TOKENS``: a count that run did
+    not measure is refused now, not after the whole notebook ran (no committed run on ``SCALE_MODEL``: nothing to
+    check, §8 says so)."""
+    tok, model_name = namespace.get("DEPTH_TOKENS"), namespace.get("SCALE_MODEL")
+    if not isinstance(tok, int) or isinstance(tok, bool) or not isinstance(model_name, str):
+        return
+    from .analysis.caching_claims import decisive  # local: pandas, only for notebook 05
+
+    try:
+        shares = decisive(model_name, "depth_shares")
+        measured = sorted({int(t) for t in shares.tokens}) if shares is not None and "tokens" in shares else []
+    except (OSError, ValueError, KeyError):
+        return
+    if measured and tok not in measured:
+        _fail("DEPTH_TOKENS", tok, f"the committed depth-budget run on {model_name} measured {measured} image tokens: "
+              f"pick one of them (make evaluate-depth measures others)")

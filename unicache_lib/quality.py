@@ -1,6 +1,6 @@
 """Image quality against a reference: PSNR and SSIM (float32, images in [0, 1] or uint8; channels last
-``[N, H, W, C]`` as :func:`~unicache_lib.zoo.sampling.to_uint8` gives, or channels first ``[N, C, H, W]``
-as :func:`~unicache_lib.zoo.sampling.sample` returns).
+``[N, H, W, C]`` as :func:`~unicache_lib.runtime.sampling.to_uint8` gives, or channels first ``[N, C, H, W]``
+as :func:`~unicache_lib.runtime.sampling.sample` returns).
 
 Used wherever a change to a generator (pruned heads, reused attention) is judged by what it does
 to the picture: the reference is the unchanged model's image for the same prompt and seed.

@@ -50,7 +50,7 @@ from unicache_lib.core.modality import BLOCKS
 from unicache_lib.paths import project_path
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.scenes import patch_grid_masks
-from unicache_lib.zoo.loaders import load_understanding
+from unicache_lib.runtime.loaders import load_understanding
 
 torch.manual_seed(SEED)
 out = project_path(OUT_DIR)  # relative: from the repository root, wherever the kernel started

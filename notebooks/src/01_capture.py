@@ -55,7 +55,7 @@ from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store, remove_store
 from unicache_lib.tables import wrap
 from unicache_lib.world import samples as sample_set
-from unicache_lib.zoo.loaders import is_stand_in, load_understanding
+from unicache_lib.runtime.loaders import is_stand_in, load_understanding
 
 torch.manual_seed(SEED)
 torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -61,8 +61,8 @@ from unicache_lib.store import Store, remove_store
 from unicache_lib.widgets import attention_explorer
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.scenes import SCENE_TYPES, grid_cover, patch_grid_masks
-from unicache_lib.zoo.controls import untrained_language_model
-from unicache_lib.zoo.loaders import is_stand_in, load_understanding
+from unicache_lib.runtime.controls import untrained_language_model
+from unicache_lib.runtime.loaders import is_stand_in, load_understanding
 
 # %%
 torch.manual_seed(SEED)

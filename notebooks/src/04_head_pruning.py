@@ -71,7 +71,7 @@ from unicache_lib.tables import WrappedTable
 from unicache_lib.store import Store
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.text import prompt_set
-from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding, model_label
+from unicache_lib.runtime.loaders import is_stand_in, load_generator, load_understanding, model_label
 from unicache_lib.world.questions import heldout_set
 
 # %%

@@ -59,7 +59,7 @@ from unicache_lib.kv.peers import press_factories
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.zoo.loaders import is_stand_in, load_understanding
+from unicache_lib.runtime.loaders import is_stand_in, load_understanding
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.questions import heldout_set, scene_size
 

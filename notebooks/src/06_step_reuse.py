@@ -55,7 +55,7 @@ from unicache_lib.reuse.evaluate import (PSNR_CAP, attention_share, gallery, met
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.world.text import load_prompts, single_object
-from unicache_lib.zoo.loaders import is_stand_in, load_generator, model_label
+from unicache_lib.runtime.loaders import is_stand_in, load_generator, model_label
 
 # %%
 if not GENERATORS:

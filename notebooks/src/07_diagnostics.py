@@ -61,7 +61,7 @@ from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.tables import wrap
 from unicache_lib.world import samples as sample_set
-from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding
+from unicache_lib.runtime.loaders import is_stand_in, load_generator, load_understanding
 from unicache_lib.world.questions import heldout_set
 from unicache_lib.world.scenes import patch_grid_masks
 

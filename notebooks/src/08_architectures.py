@@ -75,7 +75,7 @@ from unicache_lib.widgets import model_explorer
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.scenes import patch_grid_masks
 from unicache_lib.world.text import prompt_set
-from unicache_lib.zoo.loaders import is_stand_in, load_generator, load_understanding, model_card
+from unicache_lib.runtime.loaders import is_stand_in, load_generator, load_understanding, model_card
 from unicache_lib.world.questions import heldout_set
 
 # %% [markdown]

@@ -16,9 +16,9 @@ import os
 import torch
 
 from ..paths import cli_output_path
+from ..runtime.loaders import load_understanding
 from ..store import Store, shard_samples
 from ..world import samples as sample_set
-from ..zoo.loaders import load_understanding
 from .runner import capture_samples
 
 

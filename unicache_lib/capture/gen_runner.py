@@ -14,10 +14,10 @@ import numpy as np
 
 from ..core.errors import InputError
 from ..progress import bar
+from ..runtime.sampling import sample, to_uint8
+from ..runtime.tiny_layouts import Generator, tokenize_prompts
 from ..store import Store, remove_store
 from ..world.text import prompt_set
-from ..zoo.sampling import sample, to_uint8
-from ..zoo.tiny_generators import Generator, tokenize_prompts
 from .diffusion import DiffusionCapture
 from .record import CaptureResult
 

@@ -16,10 +16,10 @@ from ..core.models import first_token_logits, to_model
 from ..families import family_of
 from ..inputs import check_question, default_family, encode, prepare_image, resolve_layers
 from ..progress import bar
+from ..runtime.loaders import load_understanding
+from ..runtime.tiny_layouts import answer_logits as tiny
 from ..store import Store, key_str, remove_store
 from ..world import samples as sample_set
-from ..zoo.loaders import load_understanding
-from ..zoo.tiny_llava import answer_logits as tiny
 from .record import CaptureResult
 from .vlm import AttentionCapture, attention_sites, check_memory, full_capture_bytes
 

@@ -93,5 +93,5 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
 
 def signed_to_uint8(decoded: torch.Tensor) -> np.ndarray:
     """Channels-last ``[B, H, W, 3]`` in [-1, 1] (``model.decode_image_tokens`` output, the processor's range) -> uint8
-    ``[B, H, W, 3]``; for a sampler's channels-first [0, 1] images, :func:`unicache_lib.zoo.sampling.to_uint8`."""
+    ``[B, H, W, 3]``; for a sampler's channels-first [0, 1] images, :func:`unicache_lib.runtime.sampling.to_uint8`."""
     return ((decoded.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()

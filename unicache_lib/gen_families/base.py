@@ -440,8 +440,8 @@ class GenFamily:
             return out[:, n_text:], out[:, :n_text]
         return out[:, :-n_text], out[:, -n_text:]
 
-    # ---- sampling and training: what zoo.pipelines and pruning.evaluate ask of the family -------------------
-    #: diffusers pipeline classes :func:`~unicache_lib.zoo.sampling.sample` drives (its step callbacks, guidance
+    # ---- sampling and training: what runtime.pipelines and pruning.evaluate ask of the family -------------------
+    #: diffusers pipeline classes :func:`~unicache_lib.runtime.sampling.sample` drives (its step callbacks, guidance
     #: batching and decoding); () where the family is captured, reused and pruned on its transformer alone
     sampled_pipelines: tuple[str, ...] = ()
     #: the checkpoint's training objective: ``"flow"`` (flow matching, velocity ``eps - x0``), ``"epsilon"`` (DDPM

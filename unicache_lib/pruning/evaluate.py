@@ -18,10 +18,10 @@ from ..gen_families.base import GEN_FAMILIES, gen_family_of
 from ..inputs import check_fractions
 from ..progress import bar
 from ..quality import PSNR_CAP, psnr, ssim
+from ..runtime.sampling import sample, to_uint8
+from ..runtime.tiny_layouts import encode_prompts, transformer_forward
 from ..world.segment import score_object
-from ..world.text import prompt_set
-from ..zoo import tiny_generators as tg
-from ..zoo.sampling import sample, to_uint8
+from ..world.text import generation_example, prompt_set
 from .heads import HeadMask
 
 
@@ -78,7 +78,7 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
     the tiny text encoder: ``x_t = (1 - s) x0 + s eps``, ``s = sigmoid(N(0, 1))``, timestep ``1000 s``,
     ``MSE(v, eps - x0)``. ``steps`` and ``guidance`` are not used.
 
-    **Pipeline** (:class:`~unicache_lib.zoo.pipelines.PipelineGenerator`; ``batch`` defaults to 4): latent
+    **Pipeline** (:class:`~unicache_lib.runtime.pipelines.PipelineGenerator`; ``batch`` defaults to 4): latent
     models have no training images here, so the clean latents ``x0`` are the pipeline's own samples and the
     conditioning is the pipeline's own. Per batch: ``batch`` prompts of
     :func:`~unicache_lib.world.text.prompt_set` (30% two-object, short or long wording at random, as the
@@ -119,7 +119,7 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
     rng = np.random.default_rng(seed)
     fns = []
     for _ in range(n_batches):
-        ex = [tg.training_example(rng) for _ in range(batch)]
+        ex = [generation_example(rng) for _ in range(batch)]
         x0 = torch.from_numpy(np.stack([sc.image for sc, _ in ex])).permute(0, 3, 1, 2).float() * 2 - 1
         sigma = torch.sigmoid(torch.from_numpy(rng.normal(0, 1, batch)).float())
         noise = torch.from_numpy(rng.standard_normal(x0.shape)).float()
@@ -128,8 +128,8 @@ def generation_loss_fns(gen, n_batches: int = 4, batch: int | None = None, seed:
 
         def fn(xt=xt, sigma=sigma, noise=noise, x0=x0, prompts=prompts):
             with torch.no_grad():
-                cond = tg.encode_prompts(gen.text_encoder, gen.tokenizer, prompts)
-            v = tg.transformer_forward(gen.transformer, gen.adapter, xt, sigma * 1000, cond)
+                cond = encode_prompts(gen.text_encoder, gen.tokenizer, prompts)
+            v = transformer_forward(gen.transformer, gen.adapter, xt, sigma * 1000, cond)
             return torch.nn.functional.mse_loss(v.float(), noise - x0)
         fns.append(fn)
     return fns
@@ -210,7 +210,7 @@ def _cond_rows(v, rows: int, half: slice):
 
 
 def record_transformer_call(gen, prompts: list[str], steps: int, guidance: float, seed) -> tuple[dict, torch.Tensor]:
-    """Sample ``prompts`` through the pipeline (:func:`~unicache_lib.zoo.sampling.sample`) and return
+    """Sample ``prompts`` through the pipeline (:func:`~unicache_lib.runtime.sampling.sample`) and return
     ``(kwargs, latents)``: the arguments of the transformer's first call by name, exactly as the pipeline
     passed them (where it batches classifier-free guidance as ``[uncond | cond]``, the conditional rows
     only), and the latents after the last step (``on_step_end``; Flux: packed)."""
@@ -325,7 +325,7 @@ def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, step
                      progress: bool | None = None):
     """PSNR / SSIM vs the unpruned images and prompt following for every (scorer, fraction), on the
     decoded images of ``sample(gen, prompts, steps, guidance, seed)``: the tiny generators' pixels or a
-    pipeline's VAE-decoded output (:class:`~unicache_lib.zoo.pipelines.PipelineGenerator`), every run with
+    pipeline's VAE-decoded output (:class:`~unicache_lib.runtime.pipelines.PipelineGenerator`), every run with
     the same seeds. Returns ``(DataFrame with one row per (scorer, fraction), reference uint8 images)``."""
     check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
     fractions = list(fractions)

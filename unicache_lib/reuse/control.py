@@ -19,7 +19,7 @@ import pandas as pd
 from ..core.errors import InputError
 from ..intervals import Interval, difference_interval, interleaved_timings, speedup_interval
 from ..quality import PSNR_CAP, psnr
-from ..zoo.sampling import sample, to_uint8
+from ..runtime.sampling import sample, to_uint8
 from .flops import TransformerFlops
 
 PREFIX = "steps:"

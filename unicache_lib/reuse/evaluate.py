@@ -16,8 +16,8 @@ from ..intervals import (MIN_TIMING_REPEATS, difference_interval, extreme_of, in
                          speedup_interval)
 from ..progress import bar
 from ..quality import PSNR_CAP, psnr, ssim
+from ..runtime.sampling import sample, to_uint8
 from ..world.segment import score_object
-from ..zoo.sampling import sample, to_uint8
 from .cache import AttentionCallCounter, ReuseCache
 from .control import PREFIX, fewer_steps_methods
 from .flops import TransformerFlops

@@ -56,7 +56,7 @@ from ..core import compat
 from ..core.errors import InputError, PeerUnsupported
 from ..core.models import diffusers, quiet, unwrap
 from ..gen_families import GEN_FAMILIES, gen_family_of
-from ..zoo.sampling import sample
+from ..runtime.sampling import sample
 
 PEERS = ("pab", "fastercache", "first_block", "taylorseer", "magcache")
 

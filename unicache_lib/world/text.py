@@ -138,6 +138,19 @@ def long_prompt(objects, rng: np.random.Generator, min_words: int = 30) -> str:
     return " ".join(words)
 
 
+GENERATED_SIZE = 32  # the shipped pixel-space generators' image side
+GENERATED_RADIUS = (0.16, 0.20)
+
+
+def generation_example(rng: np.random.Generator, size: int = GENERATED_SIZE):
+    """One (scene, prompt) of the shipped generators' training distribution: one object (70%) or two, a short or a
+    long prompt."""
+    n = 1 if rng.random() < 0.7 else 2
+    sc = make_scene(rng, "single", size, n_objects=n, radius_range=GENERATED_RADIUS)
+    objs = sc.describe()
+    prompt = short_prompt(objs) if rng.random() < 0.5 else long_prompt(objs, rng)
+    return sc, prompt
+
 def vocabulary() -> list[str]:
     """Every word the world can produce (questions, answers, captions, prompts)."""
     words: set[str] = set()

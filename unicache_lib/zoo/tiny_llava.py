@@ -5,18 +5,17 @@ The model is a stock ``transformers.LlavaForConditionalGeneration``: once saved 
 ``llava-hf/llava-1.5-7b-hf``. Prompt layout, as in LLaVA-1.5: image first, then the text::
 
     <s> user : <image>x64 {question} assistant : {answer} </s>
+
+How a model in this layout is fed (:data:`~unicache_lib.runtime.tiny_layouts.PROMPT`, ``encode``, ``pixel_values``,
+``answer_logits``) is in :mod:`unicache_lib.runtime.tiny_layouts`.
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from ..core.models import first_token_logits
 from ..world.text import vocabulary
 
 SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
-PROMPT = "user : <image> {question} assistant :"
 IMAGE_SIZE, PATCH = 64, 8  # the shipped layout: 64 px images, 8 px patches
 N_IMG = (IMAGE_SIZE // PATCH) ** 2
 
@@ -74,58 +73,3 @@ def build_config(tokenizer, image_size=64, patch=8, vision_hidden=128, vision_la
     return LlavaConfig(vision_config=vc, text_config=tc, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
                        vision_feature_layer=-1, vision_feature_select_strategy="default",
                        image_seq_length=(image_size // patch) ** 2, projector_hidden_act="gelu")
-
-
-def pixel_values(images_uint8: np.ndarray) -> torch.Tensor:
-    """``[B, H, W, 3]`` uint8 -> ``[B, 3, H, W]`` float32 normalised like the image processor."""
-    x = torch.from_numpy(np.ascontiguousarray(images_uint8)).float().div_(255.0)
-    return x.permute(0, 3, 1, 2).sub_(0.5).div_(0.5).contiguous()
-
-
-def encode(tokenizer, questions: list[str], answers: list[str] | None, n_image_tokens: int):
-    """Token ids for a batch, identical to what the processor produces (tested).
-
-    Returns ``input_ids [B, S]``, ``attention_mask [B, S]`` and, when answers are given,
-    ``labels [B, S]`` (-100 everywhere except the answer tokens and the closing ``</s>``).
-    Prompts without answers are left-padded (ready for generation); training batches are
-    right-padded.
-    """
-    vocab = tokenizer.get_vocab()
-    img = vocab["<image>"]
-    rows, labs = [], []
-    for i, q in enumerate(questions):
-        prompt = [vocab["<s>"], vocab["user"], vocab[":"]] + [img] * n_image_tokens
-        prompt += [vocab.get(w, vocab["<unk>"]) for w in q.split()] + [vocab["assistant"], vocab[":"]]
-        if answers is None:
-            rows.append(prompt)
-            continue
-        ans = [vocab[w] for w in answers[i].split()] + [vocab["</s>"]]
-        rows.append(prompt + ans)
-        labs.append([-100] * len(prompt) + ans)
-    S = max(len(r) for r in rows)
-    pad = vocab["<pad>"]
-    ids = torch.full((len(rows), S), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), S), dtype=torch.long)
-    labels = torch.full((len(rows), S), -100, dtype=torch.long) if answers is not None else None
-    for i, r in enumerate(rows):
-        if answers is None:  # left pad
-            ids[i, S - len(r):] = torch.tensor(r)
-            mask[i, S - len(r):] = 1
-        else:
-            ids[i, : len(r)] = torch.tensor(r)
-            mask[i, : len(r)] = 1
-            labels[i, : len(r)] = torch.tensor(labs[i])
-    return ids, mask, labels
-
-
-def answer_logits(model, tokenizer, questions, images_uint8, batch=100) -> torch.Tensor:
-    """``[N, vocab]`` float32 logits of the first answer token (gradients flow when enabled); the number of image
-    tokens is the model's own (``config.image_seq_length``: 64 for tiny-llava, 576 for tiny-llava-576)."""
-    n_img = int(getattr(model.config, "image_seq_length", N_IMG))
-    model.eval()
-
-    def inputs_of(qs, imgs):
-        ids, mask, _ = encode(tokenizer, qs, None, n_img)
-        return dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                    pixel_values=pixel_values(imgs))
-    return first_token_logits(model, inputs_of, questions, images_uint8, batch)

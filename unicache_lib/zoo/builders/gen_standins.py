@@ -25,8 +25,8 @@ import torch
 
 from ...core.errors import UnknownNameError
 from ...paths import cli_output_path
-from ..loaders import load_generator
-from ..sampling import sample
+from ...runtime.loaders import load_generator
+from ...runtime.sampling import sample
 from .tiny_pipelines import build_pipeline, kinds, save_pipeline
 
 IMAGE_SIZE = 512

@@ -23,7 +23,7 @@ import transformers
 from ...core.errors import InputError, UnknownNameError
 from ...families import FAMILIES, Shape
 from ...paths import cli_output_path
-from ..checksums import write_card
+from ...runtime.checksums import write_card
 
 
 @dataclass(frozen=True)

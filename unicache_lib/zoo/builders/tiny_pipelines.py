@@ -26,8 +26,8 @@ from diffusers import AutoencoderDC, AutoencoderKL
 
 from ...core.errors import UnknownNameError
 from ...gen_families import GEN_FAMILIES
+from ...runtime.checksums import write_card
 from ...world.text import vocabulary
-from ..checksums import write_card
 from ..tiny_generators import build_text_encoder
 
 CLIP_LENGTH = 77

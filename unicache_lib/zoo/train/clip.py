@@ -21,8 +21,8 @@ from transformers import CLIPModel
 
 from ...families import FAMILIES
 from ...families.base import Shape
+from ...runtime.checksums import write_card
 from ...world.text import caption, make_qa
-from ..checksums import write_card
 from ..shipping import load_previous, save_and_reload
 from .llava import TRAIN_QTYPES, heldout_set
 from .loop import Stage, fit, parse, recipe_parser, warmup

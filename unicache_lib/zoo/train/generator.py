@@ -18,14 +18,14 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from ...gen_families import GEN_FAMILIES
+from ...runtime.checksums import write_card
+from ...runtime.loaders import load_generator
+from ...runtime.sampling import sample, to_uint8
+from ...runtime.tiny_layouts import MAX_TEXT, Generator, encode_prompts, transformer_forward
 from ...world.scenes import COLOURS, POSITIONS, SHAPES
 from ...world.segment import score_object
-from ...world.text import long_prompt, short_prompt
+from ...world.text import generation_example, long_prompt, short_prompt
 from .. import tiny_generators as tg
-from ..checksums import write_card
-from ..loaders import load_generator
-from ..sampling import sample, to_uint8
-from ..tiny_generators import training_example
 from ..tiny_llava import build_tokenizer
 from .loop import Stage, fit, parse, recipe_parser
 
@@ -38,7 +38,7 @@ def eval_prompts(n: int = 120, seed: int = 777) -> list[dict]:
     return [combos[i] for i in idx]
 
 
-def evaluate(gen: tg.Generator, objs: list[dict], long: bool = False, steps=20, guidance=3.0, seed=0,
+def evaluate(gen: Generator, objs: list[dict], long: bool = False, steps=20, guidance=3.0, seed=0,
              batch=40) -> dict:
     """Colour / position / shape correct rates over single-object prompts."""
     rng = np.random.default_rng(seed)
@@ -74,7 +74,7 @@ def main(argv=None):
         if gen.family != args.family:
             raise SystemExit(f"--init-from {args.init_from} is a {gen.family} model, not {args.family}")
     else:
-        gen = tg.Generator(adapter, tg.build_transformer(adapter), tg.build_text_encoder(tok, kind=args.text_encoder),
+        gen = Generator(adapter, tg.build_transformer(adapter), tg.build_text_encoder(tok, kind=args.text_encoder),
                            tok, FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0))
     log = []
     quick = eval_prompts(30, seed=5)
@@ -82,15 +82,15 @@ def main(argv=None):
     def step_loss(step):
         gen.transformer.train()
         gen.text_encoder.train()
-        ex = [training_example(rng) for _ in range(args.batch)]
+        ex = [generation_example(rng) for _ in range(args.batch)]
         prompts = ["" if rng.random() < 0.1 else pr for _, pr in ex]
         x0 = torch.from_numpy(np.stack([sc.image for sc, _ in ex])).permute(0, 3, 1, 2) * 2 - 1
         sigma = torch.sigmoid(torch.from_numpy(rng.normal(0, 1, args.batch)).float())  # logit-normal
         noise = torch.from_numpy(rng.standard_normal(x0.shape)).float()
         s = sigma[:, None, None, None]
         xt = (1 - s) * x0 + s * noise
-        cond = tg.encode_prompts(gen.text_encoder, tok, prompts)
-        v = tg.transformer_forward(gen.transformer, adapter, xt, sigma * 1000, cond)
+        cond = encode_prompts(gen.text_encoder, tok, prompts)
+        v = transformer_forward(gen.transformer, adapter, xt, sigma * 1000, cond)
         loss = torch.nn.functional.mse_loss(v, noise - x0)
         return loss, lambda: {"loss": loss.item()}
 
@@ -114,7 +114,7 @@ def main(argv=None):
     card = {
         "model": out.name, "family": args.family, "class": type(gen.transformer).__name__,
         "seed": args.seed, "args": vars(args), "image_size": tg.IMAGE_SIZE, "patch": tg.PATCH,
-        "image_tokens": shipped.image_tokens, "text_tokens": tg.MAX_TEXT, "train_minutes": train_min,
+        "image_tokens": shipped.image_tokens, "text_tokens": MAX_TEXT, "train_minutes": train_min,
         "sampling": {"steps": 20, "guidance": 3.0, "scheduler": "FlowMatchEulerDiscreteScheduler"},
         "eval_short_prompts": evaluate(shipped, objs), "eval_long_prompts": evaluate(shipped, objs, long=True),
         "storage_dtype": "float16", "torch": torch.__version__, "log": log,

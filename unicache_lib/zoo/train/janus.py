@@ -33,10 +33,10 @@ from transformers import GenerationConfig, JanusForConditionalGeneration
 from ...capture.unified import generate_image_with_capture, signed_to_uint8
 from ...families import FAMILIES
 from ...families.base import Shape
+from ...runtime.checksums import write_card
 from ...world.scenes import make_scene
 from ...world.segment import score_object
 from ...world.text import make_qa, short_prompt
-from ..checksums import write_card
 from ..shipping import load_previous, save_and_reload
 from .generator import eval_prompts
 from .llava import TRAIN_QTYPES, heldout_set, sample_batch

@@ -27,12 +27,14 @@ import torch
 from transformers import LlavaForConditionalGeneration
 
 from ...families import family_of
+from ...runtime import tiny_layouts as layout
+from ...runtime.checksums import write_card
+from ...runtime.tiny_layouts import answer_logits
 from ...world.questions import TRAIN_QTYPES, heldout_set, question_images, score_answers, score_captions  # noqa: F401
 from ...world.text import CAPTION_QUESTION, QA, caption, make_qa
 from .. import tiny_llava as tl
-from ..checksums import write_card
 from ..shipping import load_previous, save_and_reload
-from ..tiny_llava import IMAGE_SIZE, N_IMG, PATCH, answer_logits  # noqa: F401
+from ..tiny_llava import IMAGE_SIZE, N_IMG, PATCH  # noqa: F401
 from .loop import Stage, fit, parse, recipe_parser, warmup
 from .patch_heads import patch_labels as _patch_labels
 from .patch_heads import train_patch_heads
@@ -71,7 +73,7 @@ def train_tower(model, rng, steps, batch, lr, log):
     tower = model.model.vision_tower
     vc = tower.config
     return train_patch_heads(
-        lambda imgs: tower(tl.pixel_values(imgs), output_hidden_states=True).hidden_states[-1][:, 1:],
+        lambda imgs: tower(layout.pixel_values(imgs), output_hidden_states=True).hidden_states[-1][:, 1:],
         tower.parameters(), vc.hidden_size, vc.image_size // vc.patch_size, vc.patch_size, rng, steps, batch, lr, log,
         size=vc.image_size)
 
@@ -89,9 +91,9 @@ def generate_captions(model, tokenizer, images_uint8, max_new_tokens=16, batch=5
     model.eval()
     for s in range(0, len(images_uint8), batch):
         n = len(images_uint8[s : s + batch])
-        ids, mask, _ = tl.encode(tokenizer, [CAPTION_QUESTION] * n, None, n_image_tokens(model))
+        ids, mask, _ = layout.encode(tokenizer, [CAPTION_QUESTION] * n, None, n_image_tokens(model))
         gen = model.generate(input_ids=ids, attention_mask=mask,
-                             pixel_values=tl.pixel_values(images_uint8[s : s + batch]),
+                             pixel_values=layout.pixel_values(images_uint8[s : s + batch]),
                              max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         out += tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
@@ -120,8 +122,8 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
         model.train()
         model.model.vision_tower.eval()
         items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights, size=size)
-        ids, mask, labels = tl.encode(tokenizer, [q for _, q, _ in items], [a for _, _, a in items], n_img)
-        px = tl.pixel_values(np.stack([qa.scene.uint8() for qa, _, _ in items]))
+        ids, mask, labels = layout.encode(tokenizer, [q for _, q, _ in items], [a for _, _, a in items], n_img)
+        px = layout.pixel_values(np.stack([qa.scene.uint8() for qa, _, _ in items]))
         out = model(input_ids=ids, attention_mask=mask, pixel_values=px)
         # the label of position t is predicted from position t-1
         logits = out.logits[:, :-1].flatten(0, 1)
@@ -195,7 +197,7 @@ def main(argv=None):
     cap = evaluate_captions(model, tok, [q.scene for q in heldout_set(args.n_captions, seed=4321, size=size)])
     card = {
         "model": "tiny-llava" if n_image_tokens(model) == N_IMG else f"tiny-llava-{n_image_tokens(model)}", "class": "LlavaForConditionalGeneration", "seed": args.seed,
-        "args": vars(args), "prompt": tl.PROMPT, "image_size": size, "patch": model.config.vision_config.patch_size,
+        "args": vars(args), "prompt": layout.PROMPT, "image_size": size, "patch": model.config.vision_config.patch_size,
         "image_tokens": n_image_tokens(model), "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
         "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a / 60, "train_minutes": train_min,
         "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",

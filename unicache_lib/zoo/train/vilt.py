@@ -21,8 +21,8 @@ from transformers import ViltForQuestionAnswering
 from ...families import FAMILIES
 from ...families.base import Shape
 from ...families.vilt import grid_ordered
+from ...runtime.checksums import write_card
 from ...world.text import ANSWERS
-from ..checksums import write_card
 from ..shipping import load_previous, save_and_reload
 from .llava import TRAIN_QTYPES, held_out, heldout_set, question_images, score_answers
 from .llava import sample_batch as _sample

@@ -27,8 +27,8 @@ from transformers import MllamaForConditionalGeneration
 from ...core.models import first_token_logits
 from ...families import FAMILIES
 from ...families.base import Shape
+from ...runtime.checksums import write_card
 from ...world.text import CAPTION_QUESTION
-from ..checksums import write_card
 from ..shipping import load_previous, save_and_reload
 from .llava import (
     TRAIN_QTYPES,

@@ -10,7 +10,7 @@ Both go through the real ``from_pretrained`` code path, so ``load_understanding(
 ``load_understanding("llava-hf/llava-1.5-7b-hf")`` differ only in where the files come from. Where is
 decided by :func:`resolve` without the network (a typo fails at once, naming the shipped models), and
 a local folder's weights are checked against the sha256 checksums of its ``model_card.json`` first
-(:mod:`unicache_lib.zoo.checksums`; ``verify=False`` skips the check).
+(:mod:`unicache_lib.runtime.checksums`; ``verify=False`` skips the check).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from ..families.base import images_only
 from ..gen_families import GEN_FAMILIES, gen_family_of
 from ..gen_families import supported as gen_supported
 from .checksums import ChecksumError, read_json, verify_checksums  # noqa: F401 - ChecksumError is re-exported
-from .tiny_generators import Generator
+from .tiny_layouts import Generator
 from .pipelines import PipelineGenerator, default_image_size
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
@@ -44,7 +44,7 @@ SHIPPED = {"tiny-llava": "understanding", "tiny-llava-576": "understanding", "ti
 
 # transformer/config.json _class_name -> family key (capture, reuse and peers know every registered family)
 GENERATION_FAMILIES = {cls: fam.key for fam in GEN_FAMILIES.values() for cls in fam.transformer_classes}
-# model_index.json _class_name -> family key: the pipelines :func:`~unicache_lib.zoo.sampling.sample` drives
+# model_index.json _class_name -> family key: the pipelines :func:`~unicache_lib.runtime.sampling.sample` drives
 PIPELINE_FAMILIES = {cls: fam.key for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines}
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -353,16 +353,16 @@ def load_processor(where, family):
 @quiet(loading_bars=True)  # weight-loading bars would flood notebooks and test logs
 def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.float32, device: str | None = None,
                    verify: bool = True, image_size: int | None = None, max_sequence_length: int | None = None):
-    """Load a text-to-image generator for :func:`unicache_lib.zoo.sampling.sample` and the capture code.
+    """Load a text-to-image generator for :func:`unicache_lib.runtime.sampling.sample` and the capture code.
 
     Two layouts:
 
     * a diffusers pipeline folder (``model_index.json``) of SD3 / SD3.5 (``StableDiffusion3Pipeline``),
       PixArt-alpha / -sigma, Flux.1 dev / schnell (``FluxPipeline``), Sana, HunyuanDiT or DiT, loaded with
-      ``DiffusionPipeline.from_pretrained`` into a :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`
+      ``DiffusionPipeline.from_pretrained`` into a :class:`~unicache_lib.runtime.pipelines.PipelineGenerator`
       (sampled through the pipeline: its scheduler, guidance and VAE decode);
     * the tiny layout (``transformer/``, one ``text_encoder/``, ``tokenizer/``, ``scheduler/``: the shipped
-      ``tiny-mmdit`` / ``tiny-pixart``) into a :class:`~unicache_lib.zoo.tiny_generators.Generator`
+      ``tiny-mmdit`` / ``tiny-pixart``) into a :class:`~unicache_lib.runtime.tiny_layouts.Generator`
       (sampled by the library's pixel-space loop).
 
     Both have ``adapter`` (the family's :class:`~unicache_lib.gen_families.base.GenFamily`), ``family`` (its key:
@@ -398,7 +398,7 @@ def load_generator(name_or_path="tiny-mmdit", dtype: torch.dtype | str = torch.f
 
 
 def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | None, max_sequence_length: int | None):
-    """A diffusers pipeline folder -> :class:`~unicache_lib.zoo.pipelines.PipelineGenerator`."""
+    """A diffusers pipeline folder -> :class:`~unicache_lib.runtime.pipelines.PipelineGenerator`."""
     cls_name = index.get("_class_name")
     sampled = {cls: fam for fam in GEN_FAMILIES.values() for cls in fam.sampled_pipelines}  # + added since import
     if cls_name not in sampled:

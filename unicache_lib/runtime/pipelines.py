@@ -2,8 +2,8 @@
 DiT), sampled through the pipeline's own ``__call__``: its scheduler, guidance, text encoders and VAE decode; what
 differs by family is asked of the family's :class:`~unicache_lib.gen_families.base.GenFamily` adapter.
 
-:func:`unicache_lib.zoo.loaders.load_generator` returns a :class:`PipelineGenerator` for a pipeline folder
-(one with ``model_index.json``); :func:`unicache_lib.zoo.sampling.sample` hands it to :func:`sample_pipeline`,
+:func:`unicache_lib.runtime.loaders.load_generator` returns a :class:`PipelineGenerator` for a pipeline folder
+(one with ``model_index.json``); :func:`unicache_lib.runtime.sampling.sample` hands it to :func:`sample_pipeline`,
 which adapts the library's step callbacks to the pipeline:
 
 ``on_step_begin(step, t)``   from a forward pre-hook on the transformer, before the first transformer call
@@ -37,11 +37,11 @@ from ..core.hooks import forward_hooks
 @dataclass
 class PipelineGenerator:
     """A loaded diffusers text-to-image pipeline, usable wherever a tiny-layout
-    :class:`~unicache_lib.zoo.tiny_generators.Generator` is.
+    :class:`~unicache_lib.runtime.tiny_layouts.Generator` is.
 
     ``adapter``: the family's :class:`~unicache_lib.gen_families.base.GenFamily`, which owns every per-family fact
     used here (token naming and counts, the latent patch); ``pipe``: the pipeline; ``path``: where it was loaded from;
-    ``image_size``: side of the (square) images :func:`~unicache_lib.zoo.sampling.sample` asks for, in pixels;
+    ``image_size``: side of the (square) images :func:`~unicache_lib.runtime.sampling.sample` asks for, in pixels;
     ``max_sequence_length``: the T5 / Gemma prompt length passed to the pipeline.
     """
 

@@ -6,7 +6,7 @@ which adds ``"checksums": {"relative/path": "sha256hex", ...}`` for each weight 
 The loaders call :func:`verify_checksums`. After changing a model's weights on purpose, record the new
 ones with
 
-    python -m unicache_lib.zoo.checksums FOLDER [FOLDER ...]
+    python -m unicache_lib.runtime.checksums FOLDER [FOLDER ...]
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def verify_checksums(folder: str | Path, remedy: str | None = None, required: bo
     card = read_json(card_path) if card_path.is_file() else {}
     remedy = remedy or (f"re-copy or re-save the model; if you changed its weights on purpose, load it with "
                         f"verify=False or record the new checksums with "
-                        f"`python -m unicache_lib.zoo.checksums {shlex.quote(str(folder))}`")
+                        f"`python -m unicache_lib.runtime.checksums {shlex.quote(str(folder))}`")
     expected = card.get(KEY)
     if expected is None:
         if required:

@@ -1,6 +1,6 @@
 """Sampling with step callbacks: the library's loop for the tiny generators (SD3 / PixArt transformers in
 pixel space, on a real diffusers scheduler, with classifier-free guidance), and a diffusers pipeline's own
-``__call__`` for pipeline folders (:mod:`unicache_lib.zoo.pipelines`: SD3, PixArt, Flux, Sana, VAE-decoded).
+``__call__`` for pipeline folders (:mod:`unicache_lib.runtime.pipelines`: SD3, PixArt, Flux, Sana, VAE-decoded).
 
 Capture and reuse code hang on the callbacks: each callback object may define
 ``on_step_begin(step, timestep)``, ``on_velocity(step, timestep, v_uncond, v_cond)`` (guidance on:
@@ -14,7 +14,7 @@ import torch
 
 from ..core.errors import InputError
 from .pipelines import PipelineGenerator, emit, sample_pipeline
-from .tiny_generators import Generator, TextConditioning, encode_prompts, transformer_forward
+from .tiny_layouts import Generator, TextConditioning, encode_prompts, transformer_forward
 
 
 def initial_noise(seeds: list[int], shape: tuple[int, int, int]) -> torch.Tensor:
@@ -27,7 +27,7 @@ def initial_noise(seeds: list[int], shape: tuple[int, int, int]) -> torch.Tensor
 def sample(gen: Generator | PipelineGenerator, prompts: list[str], steps: int = 20, guidance: float = 3.0,
            seed: int | list[int] = 0, callbacks: list | tuple = ()) -> torch.Tensor:
     """Generate images for ``prompts``: a tiny-layout generator with the library's loop, a pipeline
-    (``gen.pipe`` set) through the pipeline itself (:func:`~unicache_lib.zoo.pipelines.sample_pipeline`). No progress
+    (``gen.pipe`` set) through the pipeline itself (:func:`~unicache_lib.runtime.pipelines.sample_pipeline`). No progress
     bar: the callers' loops (capture, sweeps, timing rounds) carry one, and timed runs must not draw one.
 
     Args:
