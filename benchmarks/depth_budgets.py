@@ -189,7 +189,7 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT) -> Path:
 
 def decide(R: pd.DataFrame, n_image: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(verdicts by DEPTH_RULES, each method's share of full accuracy and KV fraction per budget)``."""
-    from unicache_lib.intervals import difference_interval, ratio_interval
+    from unicache_lib.intervals import difference_interval, n_to_settle, ratio_interval
     from unicache_lib.kv.evaluate import correct_matrix
 
     tok = {round(b * n_image): b for b in sorted(R.budget.unique())}
@@ -216,7 +216,8 @@ def decide(R: pd.DataFrame, n_image: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         verdict = "holds" if iv.lo >= thr and (against == "full" or iv.lo > thr) else \
             "does not hold" if iv.hi < thr or (against != "full" and iv.hi <= thr) else "inconclusive"
         rows.append({"claim": cid, "method": method, "tokens": t, "against": against, "value": iv.value, "lo": iv.lo,
-                     "hi": iv.hi, "n": iv.n if hasattr(iv, "n") else len(full), "threshold": thr, "verdict": verdict})
+                     "hi": iv.hi, "n": iv.n if hasattr(iv, "n") else len(full), "threshold": thr, "verdict": verdict,
+                     "n_to_settle": n_to_settle(iv, thr) if verdict == "inconclusive" else np.nan})
     shares = []
     for m in R.method.unique():
         for t, b in tok.items():
