@@ -159,18 +159,18 @@ def test_resumed_capture_in_another_mode_is_refused_before_skipping_anything(tmp
 def _counting(monkeypatch):
     """Bytes read from index files and lines whose records were parsed, from now on."""
     seen = {"bytes": 0, "lines": 0}
-    read_from, entries = store_mod._read_from, store_mod._Log.entries
+    blocks, entries = store_mod._index_blocks, store_mod._Log.entries
 
     def counted_read(path, offset):
-        data = read_from(path, offset)
-        seen["bytes"] += len(data)
-        return data
+        for block in blocks(path, offset):
+            seen["bytes"] += len(block)
+            yield block
 
     def counted_entries(log, n):
         seen["lines"] += 1
         return entries(log, n)
 
-    monkeypatch.setattr(store_mod, "_read_from", counted_read)
+    monkeypatch.setattr(store_mod, "_index_blocks", counted_read)
     monkeypatch.setattr(store_mod._Log, "entries", counted_entries)
     return seen
 

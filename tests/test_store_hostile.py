@@ -140,7 +140,7 @@ def test_a_new_key_with_a_wrong_slot_never_costs_a_sound_record(tmp_path, chunk_
     st_ = Store(tmp_path / "s")
     problems = st_.verify()
     assert len(problems) == 1 and "7|language|0|-1" in problems[0] and "line 3 of index-rank00000.jsonl" in problems[0]
-    with pytest.raises(StoreError, match="line 1 wrote: an alias"):
+    with pytest.raises(StoreError, match="names slot 7 of .*, which holds 1 record"):  # (the file says what it holds)
         st_.read(sample="7")
     assert len(st_.read(sample="0")) == 1 and len(st_.read(sample="1")) == 1
     before = files_of(tmp_path / "s" / "rank00000")
@@ -158,8 +158,11 @@ def test_an_alias_of_another_samples_slot_is_never_read_as_it(tmp_path, sha):
     s = Store(tmp_path / "s")
     with pytest.raises(StoreError) as e:
         s.read(sample="7")
-    assert "record 7|language|0|-1 (line 3 of index-rank00000.jsonl)" in one_line(e.value)
-    assert "alias" in str(e.value) and "never read" in str(e.value)
+    if sha == "same":  # the file says its slot 0 holds record 0|language|0|-1
+        assert "record 7|language|0|-1 (line 3 of index-rank00000.jsonl)" in one_line(e.value)
+        assert "alias" in str(e.value) and "never read" in str(e.value)
+    else:  # not even the file the entry gives
+        assert "checksum mismatch" in one_line(e.value) and "record 7|language|0|-1" in str(e.value)
     (problem,) = s.verify()
     assert "7|language|0|-1" in problem and "alias" in problem
     got = s.read(sample="0")  # the sound records stay readable, exactly
@@ -180,7 +183,8 @@ def test_a_wrong_checksum_in_a_sound_line_costs_that_record_only(tmp_path):
     with pytest.raises(StoreError, match=r"checksum mismatch.*record 1\|language\|0\|-1"):
         s.read(sample="1")
     (problem,) = s.verify()
-    assert "record 1|language|0|-1 gives a checksum" in problem and "file stays" in problem
+    assert "record 1|language|0|-1 (line 1 of index-rank00000.jsonl) gives a checksum" in problem
+    assert "file stays" in problem
     before = files_of(tmp_path / "s")
     assert s.repair() == [K1] and files_of(tmp_path / "s") == before
     assert check_intact(s) == {"0"} and s.missing(["0", "1"], [0]) == ["1"]
@@ -371,3 +375,314 @@ def test_property_index_lines_load_exactly_or_are_refused(tmp_path_factory, soun
         assert key in written, key  # no record under a key nobody wrote
         want = written[key]
         assert all(torch.equal(r.data[k], want.data[k]) for k in want.data), r.key  # nothing invented
+
+
+# ---- 5. (#60, second round) bounded reads, chunk ownership by content, remove_store by exact names, bound records ----
+def _lines(log):
+    return [json.loads(x) for x in log.read_text().split("\n") if x]
+
+
+def _put(log, lines):
+    log.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+
+
+@contextmanager
+def peak_memory(limit_mib: int):
+    """Fail when the body allocates more than ``limit_mib`` MiB at its peak (Python and numpy allocations)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        yield
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < limit_mib << 20, f"peak {peak >> 20} MiB"
+
+
+@pytest.mark.parametrize("where", ["index tail", "index of zero lines", "chunk file", "chunk file, older entry",
+                                   "meta.json"])
+def test_reads_are_bounded_by_what_the_format_holds(tmp_path, monkeypatch, where):
+    """S9: the index, a chunk file and meta.json were read whole, so a sparse file (`truncate -s 100G`) filled memory.
+    Now every read is bounded: an index line (or unfinished tail) by MAX_LINE_BYTES, a chunk file by the size its entry
+    gives (an older entry: hashed block by block before it is read), meta.json by MAX_META_BYTES; each refused in one
+    line, and the advice works."""
+    from unicache_lib import store as store_mod
+
+    path = tmp_path / "s"
+    log = two_samples(path)
+    entry = _lines(log)[0][1][0]
+    chunk = path / entry["file"]
+    monkeypatch.setattr(store_mod, "MAX_LINE_BYTES", 1 << 20)  # (the bounds made small: the test reads little)
+    monkeypatch.setattr(store_mod, "_READ_WHOLE", 1 << 20)
+    end = log.stat().st_size
+    if where == "index tail":
+        os.truncate(log, end + (100 << 30))
+    elif where == "index of zero lines":  # a line end every 512 KiB of zeros: each line short enough, none a line
+        with open(log, "r+b") as f:
+            for i in range(1, 200):
+                f.seek(end + i * (512 << 10))
+                f.write(b"\n")
+    elif where == "meta.json":
+        os.truncate(path / "meta.json", 100 << 30)
+    else:
+        if where == "chunk file, older entry":  # an entry that gives no size: the file is hashed, never held
+            lines = _lines(log)
+            for e in lines[0][1]:
+                e.pop("bytes")
+            _put(log, lines)
+        os.truncate(chunk, chunk.stat().st_size + (16 << 20))
+    with no_hang(), peak_memory(8), pytest.raises(StoreError) as e:
+        s = Store(path)
+        s.read_meta() if where == "meta.json" else s.read(sample="0")
+    msg = one_line(e.value)
+    if where == "index tail":
+        assert "run past 1 MiB without a line end" in msg and f"os.truncate('{log}', {end})" in msg
+        os.truncate(log, end)  # the advice, followed: every line before it stays
+        assert check_intact(Store(path)) == {"0", "1"}
+    elif where == "index of zero lines":
+        assert "line 3 of index" in msg and "is corrupt" in msg
+    elif where == "meta.json":
+        assert "meta.json" in msg and "more than the 1 MiB such a file can hold: it is never read" in msg
+    else:
+        assert (f"not the {entry['bytes']} the entry" if where == "chunk file" else "checksum mismatch") in msg
+        with peak_memory(8):
+            (problem,) = Store(path).verify()
+        assert problem.startswith(f"damaged file {entry['file']}")
+        assert Store(path).repair() == [K0] and check_intact(Store(path)) == {"1"}
+    big = tmp_path / "big"  # past the real bounds (16 GiB a chunk file): refused from the size alone
+    two_samples(big)
+    os.truncate(big / entry["file"], 100 << 30)
+    with no_hang(), peak_memory(8), pytest.raises(StoreError, match="100 GiB .* more than the 16 GiB"):
+        Store(big).read(sample="0")
+
+
+def test_a_write_never_makes_what_a_reader_refuses(tmp_path, monkeypatch):
+    """The writer keeps to the same bounds: a meta.json over MAX_META_BYTES, an index line over MAX_LINE_BYTES are
+    refused before anything is written."""
+    from unicache_lib import store as store_mod
+
+    with pytest.raises(StoreError) as e:
+        Store(tmp_path / "m", meta={"model": "m", "notes": "x" * (2 << 20)}).write([rec(0, 0)])
+    assert "meta.json may hold" in one_line(e.value) and not (tmp_path / "m" / "meta.json").exists()
+    monkeypatch.setattr(store_mod, "MAX_LINE_BYTES", 2000)
+    s = Store(tmp_path / "s")
+    with pytest.raises(StoreError) as e:
+        s.write([rec(i, 0) for i in range(20)])
+    assert "write fewer records at once" in one_line(e.value) and s.keys() == set()
+    assert not list((tmp_path / "s").rglob("*.npz"))  # no chunk file written either
+    s.write([rec(0, 0)])
+    assert check_intact(Store(tmp_path / "s")) == {"0"}
+
+
+@pytest.mark.parametrize("before", ["line 1", "line 2"])
+def test_a_line_placed_before_the_owner_line_never_takes_its_chunk(tmp_path, before):
+    """S2 / S2b (lost): a hand-made line copying line 1 (or 2) under the key 'evil', placed BEFORE it, was the first to
+    name the chunk and so its owner: 'evil' read sample 0's data, sample 0 was refused as an alias, and repair() dropped
+    sample 0 and kept 'evil'. Ownership is no longer decided by order: every chunk file records which record each of
+    its slots holds, so 'evil' is refused (an alias of the record the file holds), the genuine record reads exactly,
+    verify() names the forged line, repair() drops it alone."""
+    log = two_samples(tmp_path / "s")
+    n = int(before[-1]) - 1
+    lines = _lines(log)
+    head, recs = json.loads(json.dumps(lines[n]))
+    head["keys"] = ["evil|language|0|-1"]
+    recs[0].update(key="evil|language|0|-1", sample="evil")
+    _put(log, lines[:n] + [[head, recs]] + lines[n:])
+    s = Store(tmp_path / "s")
+    with pytest.raises(StoreError) as e:
+        s.read(sample="evil")
+    assert f"(line {n + 1} of index-rank00000.jsonl)" in one_line(e.value) and "alias" in str(e.value)
+    (got,) = s.read(sample=str(n))
+    assert torch.equal(got.data["entropy"], rec(n, 0).data["entropy"])
+    (problem,) = s.verify()
+    assert problem.startswith("record evil|language|0|-1") and f"holds record {n}|language|0|-1" in problem
+    before_files = files_of(tmp_path / "s" / "rank00000")
+    assert s.repair() == ["evil|language|0|-1"] and files_of(tmp_path / "s" / "rank00000") == before_files
+    assert check_intact(Store(tmp_path / "s")) == {"0", "1"} and Store(tmp_path / "s").verify() == []
+
+
+def _as_older(path):
+    """Rewrite a store as one written before chunk files recorded their records: no __records__ in the files, no
+    "bytes" in the entries (their checksums made anew)."""
+    import hashlib
+    import io
+
+    import numpy as np
+
+    log = path / "index-rank00000.jsonl"
+    lines = _lines(log)
+    for f in {e["file"] for _, recs in lines for e in recs}:
+        with np.load(path / f) as z:
+            arrays = {k: z[k] for k in z.files if k != "__records__"}
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        (path / f).write_bytes(buf.getvalue())
+        for _, recs in lines:
+            for e in recs:
+                if e["file"] == f:
+                    e.pop("bytes")
+                    e["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    _put(log, lines)
+    return log
+
+
+@pytest.mark.parametrize("edit", ["none", "line placed before", "seq_len", "spans"])
+def test_an_older_store_still_reads_and_is_never_guessed_at(tmp_path, edit):
+    """A store written before chunk files recorded their records reads as before. There, two lines naming one chunk
+    cannot be told apart by content: neither is read, verify() names both, repair() refuses and deletes nothing (it
+    used to give the chunk to the first line); once the forged line is deleted everything reads. An entry whose seq_len
+    or spans cannot describe its arrays is refused (a capture writes spans covering seq_len positions)."""
+    path = tmp_path / "s"
+    two_samples(path)
+    log = _as_older(path)
+    lines = _lines(log)
+    if edit == "line placed before":
+        head, recs = json.loads(json.dumps(lines[0]))
+        head["keys"] = ["evil|language|0|-1"]
+        recs[0].update(key="evil|language|0|-1", sample="evil")
+        _put(log, [[head, recs]] + lines)
+    elif edit != "none":
+        lines[0][1][0].update({"seq_len": 500} if edit == "seq_len" else {"spans": {"runs": [[1, 1], [0, 1]]}})
+        _put(log, lines)
+    s = Store(path)
+    if edit == "none":
+        assert check_intact(s) == {"0", "1"} and s.verify() == []
+        s.write([rec(2, 0)])  # a resumed capture adds records of the new kind beside them
+        assert check_intact(Store(path)) == {"0", "1", "2"} and Store(path).verify() == []
+        return
+    for sample in (["evil", "0"] if edit == "line placed before" else ["0"]):
+        with pytest.raises(StoreError) as e:
+            s.read(sample=sample)
+        assert (("do not say which line wrote it" if edit == "line placed before" else "a capture never writes")
+                in one_line(e.value))
+    assert len(s.read(sample="1")) == 1
+    problems = s.verify()
+    if edit == "line placed before":
+        assert len(problems) == 2 and all("do not say which line wrote it" in p for p in problems)
+        raw = log.read_bytes()
+        with pytest.raises(StoreError, match="repair\\(\\) deletes nothing"):
+            s.repair()
+        assert log.read_bytes() == raw
+        _put(log, lines)  # the forged line deleted, as the message says
+        assert check_intact(Store(path)) == {"0", "1"} and Store(path).verify() == []
+    else:
+        assert len(problems) == 1 and "a capture never writes" in problems[0]
+        assert s.repair() == [K0] and check_intact(Store(path)) == {"1"}
+
+
+@pytest.mark.parametrize("swap", ["slot", "file+sha256"])
+def test_swapped_slots_or_files_within_a_line_are_refused(tmp_path, swap):
+    """S1 / S1b (silent): swapping the slot (or the file and its checksum) of two entries of one line read each record
+    as the other, and verify() said nothing (the checksum is per file). Now each file records the record of each slot:
+    both are refused when read, verify() names both, repair() drops them and keeps the sound file."""
+    path = tmp_path / "s"
+    s = Store(path, meta={"model": "m"})
+    s.write([rec(0, 0), rec(1, 0)] if swap == "slot" else [rec(0, 0), rec(0, 1)])
+    s.write([rec(5, 0)])
+    s.close()
+    log = path / "index-rank00000.jsonl"
+    lines = _lines(log)
+    a, b = lines[0][1]
+    fields = ("slot",) if swap == "slot" else ("file", "sha256", "bytes")
+    for k in fields:
+        a[k], b[k] = b[k], a[k]
+    _put(log, lines)
+    s = Store(path)
+    for e in (a, b):
+        with pytest.raises(StoreError) as err:
+            s.read(sample=e["sample"], layer=e["layer"])
+        assert f"record {e['key']}" in one_line(err.value) and "alias" in str(err.value)
+    problems = s.verify()
+    assert len(problems) == 2 and all("alias of that record" in p for p in problems)
+    before = files_of(path)
+    assert sorted(s.repair()) == sorted([a["key"], b["key"]]) and files_of(path) == before
+    assert check_intact(Store(path)) == {"5"} and Store(path).verify() == []
+
+
+@pytest.mark.parametrize("edit", ["spans swapped", "seq_len and spans"])
+def test_edited_spans_or_seq_len_are_refused(tmp_path, edit):
+    """S17 / S17b (silent): spans edited from [[1,5],[0,4]] to [[0,5],[1,4]] read back with image and text swapped;
+    seq_len 500 with spans of 2 positions on a [4, 9] array read back as is; verify() said nothing. Now the entry must
+    say what the file recorded for its slot."""
+    log = two_samples(tmp_path / "s")
+    lines = _lines(log)
+    e = lines[0][1][0]
+    e.update({"spans": {"runs": [[0, 5], [1, 4]]}} if edit == "spans swapped"
+             else {"seq_len": 500, "spans": {"runs": [[1, 1], [0, 1]]}})
+    _put(log, lines)
+    s = Store(tmp_path / "s")
+    with pytest.raises(StoreError) as err:
+        s.read(sample="0")
+    assert "gives spans" in one_line(err.value) or "gives seq_len" in str(err.value)
+    (problem,) = s.verify()
+    assert K0 in problem and "recorded for it when it was written" in problem
+    assert s.repair() == [K0] and check_intact(s) == {"1"} and s.missing(["0", "1"], [0]) == ["0"]
+
+
+def test_drop_refuses_a_bare_string(tmp_path):
+    """S13 (silent): Store.drop("0|language|0|-1") iterated the characters, dropped nothing and returned []."""
+    two_samples(tmp_path / "s")
+    s = Store(tmp_path / "s")
+    for bad in (K0, K0.encode(), 7, [K0, 7]):
+        with pytest.raises(UnicacheError) as e:
+            s.drop(bad)
+        assert "drop takes" in one_line(e.value)
+    assert s.keys() == {K0, K1}
+    assert s.drop([K0]) == [K0] and s.keys() == {K1}
+
+
+@pytest.mark.parametrize("extra, shown", [
+    ("rankings/thesis.csv", "rankings"), ("index-rank-notes.txt", "index-rank-notes.txt"),
+    ("rank00000/my_notes.txt", "rank00000/my_notes.txt"),
+    ("rank00000/chunk000000/notes.txt", "rank00000/chunk000000/notes.txt"),
+    ("rank00000/chunk000000/sub/L0000_language.npz", "rank00000/chunk000000/sub"), ("rank0/x.npz", "rank0")])
+def test_remove_store_removes_only_what_a_store_wrote(tmp_path, extra, shown):
+    """S11 / S12 / S12b (lost): remove_store deleted a folder whose top-level names only started with 'rank' or
+    'index-rank' (a user's rankings/ with a thesis CSV) and never looked below the top level (a note in rank00000/).
+    Now every name at every depth must be one a store gives its own files; anything else is refused in one line and
+    the folder is left exactly as it was."""
+    path = tmp_path / "s"
+    if not extra.startswith("rankings"):
+        two_samples(path)
+    (path / extra).parent.mkdir(parents=True, exist_ok=True)
+    (path / extra).write_text("mine")
+    before = files_of(path)
+    with pytest.raises(StoreError) as e:
+        remove_store(path)
+    assert f"holds more than a store ({shown}: names a store never writes)" in one_line(e.value)
+    assert files_of(path) == before and (path / extra).read_text() == "mine"
+
+
+def test_remove_store_removes_a_store_with_its_own_leftovers(tmp_path):
+    """What a store writes (its lock files, an orphaned chunk, temporary files, *.damaged, an index set aside as .bad)
+    goes with it; an empty folder too."""
+    path = tmp_path / "s"
+    log = two_samples(path)
+    (path / "rank00000" / "chunk000007").mkdir()
+    (path / "rank00000" / "chunk000007" / "L0003_language.npz").write_bytes(b"half")
+    (path / "rank00000" / "chunk000007" / ".L0003_language.npz.a1b2c3d4.tmp").write_bytes(b"half")
+    (path / ".meta.json.0f0f0f0f.tmp").write_text("{")
+    (path / "rank00000" / "chunk000000" / "L0000_language.npz.damaged").write_bytes(b"bad")
+    shutil.copy(log, path / "index-rank00001.jsonl.bad")
+    assert remove_store(path) and not path.exists()
+    (tmp_path / "empty").mkdir()
+    assert remove_store(tmp_path / "empty") and not (tmp_path / "empty").exists()
+
+
+@pytest.mark.parametrize("line", ["nested 100,000 deep", "no records of another mode"])
+def test_odd_lines_are_one_line_errors_or_harmless(tmp_path, line):
+    """S19: a line nested 100,000 deep raised a raw RecursionError, now a StoreError naming the line. S20: a
+    hand-added line listing no records but mode 'full' blocked every resumed stats capture; a line without records
+    holds no mode."""
+    path = tmp_path / "s"
+    log = two_samples(path)
+    if line.startswith("nested"):
+        log.write_text(log.read_text() + '[{"keys":' + "[" * 100_000 + "]" * 100_000 + "}]\n")
+        with pytest.raises(StoreError) as e:
+            Store(path).keys()
+        assert "line 3 of index" in one_line(e.value)
+    else:
+        _append(log, [{"keys": [], "mode": "full", "chunk": "rank00000/chunk000009"}, []])
+        Store(path).write([rec(2, 0)])
+        assert check_intact(Store(path)) == {"0", "1", "2"}

@@ -4,7 +4,8 @@ Layout of a store directory::
 
     meta.json                       model id, dtype, library version (written once, checked after)
     index-rank00000.jsonl           the chunks one writer (rank) has committed: an append-only log, a line each
-    rank00000/chunk000000/L0003_language.npz   one compressed file per layer and chunk
+    rank00000/chunk000000/L0003_language.npz   one compressed file per layer and chunk (its records' arrays and
+                                               what it holds at each slot)
 
 Every write is one *chunk*: its layer files are written to temporary names and renamed into place, then one line
 listing its records is appended to the rank's index and fsync'd. That line is the commit. A write interrupted
@@ -39,16 +40,26 @@ recaptures them.
 A store someone shared is untrusted input (see :mod:`unicache_lib.core.untrusted`). Every file the store opens, writes
 or removes -- lock, index, ``meta.json``, rank and chunk folders, chunk and temporary files -- is checked inside the
 store folder first: a symbolic link is never followed or written through (a store never makes one), a FIFO or device
-is refused before it is opened, a name no file can have is refused as such; each in one line. A line's records must
-name files of the chunk folder that line wrote (the first line naming a folder owns it): a hand-appended line that
-aliases another line's record, or an entry whose checksum is not its file's, is refused when read, reported by
+is refused before it is opened, a name no file can have is refused as such; each in one line. Every read is bounded by
+what the format holds (an index line :data:`MAX_LINE_BYTES`, ``meta.json`` :data:`MAX_META_BYTES`, a chunk file the
+size its entry gives and :data:`MAX_CHUNK_BYTES` at most; Store.write keeps to the same bounds), so a sparse file
+grown to 100 GB is refused in one line instead of filling memory.
+
+A line's records must name files of the chunk folder that line's head names, and each chunk file records, in its
+array ``__records__``, what it holds at each slot (key, spans, seq_len, strides, meta, array names): an entry is read
+only when it says exactly that, so which line wrote a chunk is decided by content, never by the order of the lines.
+A hand-made line aliasing another line's record (before or after it), two entries with swapped slots or files, an
+edited ``spans`` or ``seq_len``, or a checksum or size that is not its file's is refused when read, reported by
 :meth:`Store.verify` and dropped by :meth:`Store.repair`, which never drops a record that a sound line names nor
-renames a sound file.
+renames a sound file. A store written before files recorded their records still reads; there, two lines naming one
+chunk cannot be told apart, so neither is read and ``repair()`` deletes nothing until a person deletes one.
+:func:`remove_store` removes only the names a store gives its own files, at every depth.
 """
 from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -66,14 +77,28 @@ from .capture.record import Record
 from .core.errors import InputError, InputTypeError, MissingFileError, StoreError, StoreLockedError
 from .core.modality import Spans
 from .core.untrusted import (file_kind, folder_inside, name_problem, open_inside, read_inside, stat_inside,
-                             write_inside)
+                             too_big, write_inside)
 from .locks import LockedError, acquire, describe, forget, held_here, holder_if_held
 
 FORMAT = 1
 
 
 _ENTRY_KEYS = {"key", "sample", "part", "layer", "step", "file", "slot", "arrays", "mode", "heads", "seq_len",
-               "query_stride", "key_stride", "spans"}  # every field Store.write gives an entry ("meta", "sha256" too)
+               "query_stride", "key_stride", "spans"}  # every field Store.write gives an entry ("meta", "sha256",
+#                                                         "bytes" too)
+# What a chunk file records of each of its records (the array "__records__": one JSON object per slot, in slot order),
+# so an entry is read only when it describes the record its file and slot hold: a record key, spans or seq_len edited
+# in the index, or two entries' slots or files swapped, never read as the other record.
+_BOUND = ("key", "sample", "part", "layer", "step", "mode", "heads", "seq_len", "query_stride", "key_stride", "arrays",
+          "spans", "meta")
+_RECORDS = "__records__"
+# Bounds on every read, from what the format holds: the store never reads more than these from a file it did not write
+# (a sparse file grown by `truncate -s 100G` reads as 100 GB of zeros).
+MAX_LINE_BYTES = 64 << 20  # an index line (Store.write refuses to commit a longer one): a torn tail is shorter too
+MAX_META_BYTES = 1 << 20  # meta.json (Store.write refuses to write a bigger one)
+MAX_CHUNK_BYTES = 16 << 30  # a chunk file (Store.write refuses to write a bigger one)
+_READ_WHOLE = 64 << 20  # a chunk file larger than this is read into memory only once its SHA-256 matches its entry's
+_BLOCK = 1 << 20
 _MAX_POSITIONS = 1 << 24  # spans longer than any sequence a model takes: a hand-edited index, never expanded
 _LOCK_ADVICE = ("Wait for it to finish or stop it (a JupyterLab kernel: call store.close() there or restart the kernel), "
                 "or write to another folder (another OUT_DIR; a distributed capture gives each process its own rank).")
@@ -133,11 +158,20 @@ def _index_fix(p: Path) -> str:
             f"every sample that no index lists")
 
 
-def _read_from(path: Path, offset: int) -> bytes:
-    """The bytes of ``path`` from ``offset`` on: the only way an index is read (a regular file of the store folder,
-    never through a symbolic link, never a FIFO or device)."""
-    return read_inside(path.parent, path.name, offset=offset, links=False, error=StoreError, what="index",
-                       fix=_index_fix(path))
+def _index_blocks(path: Path, offset: int):
+    """The bytes of ``path`` from ``offset`` on, in blocks of at most 1 MiB: the only way an index is read (a regular
+    file of the store folder, never through a symbolic link, never a FIFO or device). The reader parses each line as
+    it arrives, so it never holds more than one line beside what it keeps."""
+    fd = open_inside(path.parent, path.name, links=False, error=StoreError, what="index", fix=_index_fix(path))
+    try:
+        os.lseek(fd, offset, os.SEEK_SET)
+        while True:
+            block = os.read(fd, _BLOCK)
+            if not block:
+                return
+            yield block
+    finally:
+        os.close(fd)
 
 
 def _open_index(path: Path, flags: int) -> int:
@@ -191,15 +225,51 @@ def _entry_ok(e: dict) -> bool:
             and _int(e["slot"]) and isinstance(e["file"], str) and _strs(e["arrays"]) and isinstance(e["mode"], str)
             and all(_int(e[k]) for k in ("heads", "seq_len", "query_stride", "key_stride")) and _spans_ok(e["spans"])
             and isinstance(e.get("meta", {}), dict) and isinstance(e.get("sha256", ""), str)
+            and _int(e.get("bytes", 0)) and e.get("bytes", 0) >= 0
             and e["key"] == key_str((e["sample"], e["part"], e["layer"], e["step"])))
+
+
+def _canon(x) -> str:
+    """``x`` as canonical JSON text (keys sorted), so an entry and what its file recorded compare as data."""
+    return json.dumps(x, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def _npy_shape(z, name: str) -> tuple | None:
+    """The shape of the array ``name`` of the archive ``z``, from its header alone (None when it cannot be read)."""
+    try:
+        with z.zip.open(name + ".npy") as fp:
+            version = np.lib.format.read_magic(fp)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            return tuple(header(fp)[0])
+    except Exception:  # noqa: BLE001 - a member that is not an array: its read says why
+        return None
+
+
+def _shape_problem(e: dict, z) -> str | None:
+    """Why the fields of entry ``e`` cannot describe the arrays of a file written before files recorded their records
+    (a hand-edited spans or seq_len), or None. What every capture writes: spans cover seq_len positions (the keys), and
+    a full map is [heads, queries, seq_len / key_stride] (rounded up)."""
+    runs = (e["spans"] or {}).get("runs") or []
+    total = sum(r[1] for r in runs)
+    if e["spans"] and e["seq_len"] > 0 and total != e["seq_len"]:
+        return f"gives spans covering {total} positions and seq_len {e['seq_len']}, which a capture never writes"
+    if e["mode"] == "full" and "probs" in e["arrays"]:
+        shape = _npy_shape(z, f"r{e['slot']}__probs")
+        if shape is not None and len(shape) == 3:
+            if e["heads"] > 0 and shape[0] != e["heads"]:
+                return f"gives heads {e['heads']} for a map of {shape[0]} heads"
+            if e["seq_len"] > 0 and e["key_stride"] > 0 and shape[2] != -(-e["seq_len"] // e["key_stride"]):
+                return (f"gives seq_len {e['seq_len']} (key_stride {e['key_stride']}) for a map of {shape[2]} keys")
+    return None
 
 
 class _Log:
     """One rank's index as a :class:`Store` last read it. ``lines``: ``(head, text)`` of each line, in order (the
     text is parsed when a record of it is read); ``live``: record key -> its line, in index order; ``samples``:
     sample -> the lines that hold it; ``end``: the byte after the last whole line; ``torn``: bytes after it;
-    ``owner``: chunk folder -> the first line that names it (the line that wrote it); ``refused``: record key -> why
-    its entry is never read (found when its line is parsed)."""
+    ``claimants``: chunk folder -> the lines that name it (Store.write gives each line a folder of its own: two are a
+    hand-made line, and which wrote the folder is decided by what its files recorded, never by order); ``refused``:
+    record key -> why its entry is never read (found when its line is parsed)."""
 
     def __init__(self, path: Path):
         self.path, self.sig, self.end, self.torn, self.last = path, None, 0, 0, b""
@@ -210,13 +280,14 @@ class _Log:
         self.modes: set = set()
         self.chunks = 0
         self.conflicts: list[str] = []  # a key listed twice (in one line, or again while live): refused, not guessed
-        self.owner: dict[str, int] = {}
+        self.claimants: dict[str, list[int]] = {}
         self.claims: list[str | None] = []  # the chunk folder of each line looked at so far (None: a drop line)
         self.refused: dict[str, str] = {}
 
     def refresh(self) -> list[str] | None:
         """Read what the file gained since the last call. Returns the keys it added, or None when anything else
-        changed (records dropped, the file replaced or rewritten)."""
+        changed (records dropped, the file replaced or rewritten). Lines are parsed as they are read, one at a time;
+        a line (or a torn tail) longer than :data:`MAX_LINE_BYTES` is refused before more of it is read."""
         st = stat_inside(self.path.parent, self.path.name, links=False, error=StoreError, what="index",
                          fix=_index_fix(self.path))
         if st is None:
@@ -225,38 +296,73 @@ class _Log:
         if sig == self.sig:
             return []
         ok = self.sig is not None and self.sig[:2] == sig[:2] and st.st_size >= self.end
-        data = _read_from(self.path, self.end - len(self.last)) if ok else b""
-        fresh = not ok or not data.startswith(self.last)
+        start = b""
+        if ok:  # the bytes before self.end must be the ones read last time (else the file was rewritten)
+            blocks = _index_blocks(self.path, self.end - len(self.last))
+            for block in blocks:
+                start += block
+                if len(start) >= len(self.last):
+                    break
+            ok = start.startswith(self.last)
+            if not ok:
+                blocks.close()
+        fresh = not ok
         if fresh:  # not just appended to: read it all again
             self.__init__(self.path)
-            data = _read_from(self.path, 0)
+            blocks, start = _index_blocks(self.path, 0), b""
         else:
-            data = data[len(self.last):]
+            start = start[len(self.last):]
         dropped, added = False, []
-        done = data.rfind(b"\n") + 1
-        for raw in data[:done].split(b"\n")[:-1]:  # lines end at "\n" only (U+2028 inside a string is text)
-            n = len(self.lines)
-            try:
-                text = raw.decode()
-                head = _HEAD(text, 1)[0] if text.startswith("[{") else None
-            except (UnicodeDecodeError, ValueError) as e:
-                raise self.corrupt(n, f"is corrupt ({e})") from e
-            if isinstance(head, dict) and _strs(head.get("drop")):
-                for k in head["drop"]:
-                    self.live.pop(k, None)
-                self.lines.append((head, text))
-                dropped = True
-            elif isinstance(head, dict) and _strs(head.get("keys")) and isinstance(head.get("mode"), str) \
-                    and isinstance(head.get("chunk", ""), str):
-                added += self._add(head, text)
-            else:
-                raise self.corrupt(n, 'is corrupt: not a store index line ([{"keys": [...], "mode": ..., '
-                                      '"chunk": ...}, [records]])')
+        pending = bytearray(start)
+        for block in itertools.chain([b""], blocks):
+            pending += block
+            pos = 0
+            while True:
+                nl = pending.find(b"\n", pos)
+                if nl < 0:
+                    break
+                raw = bytes(pending[pos:nl])  # lines end at "\n" only (U+2028 inside a string is text)
+                if len(raw) > MAX_LINE_BYTES:
+                    raise self._too_long()
+                d, a = self._take(raw)
+                dropped, added = dropped or d, added + a
+                self.end += nl - pos + 1
+                self.last = (self.last + raw[-64:] + b"\n")[-64:]
+                pos = nl + 1
+            del pending[:pos]
+            if len(pending) > MAX_LINE_BYTES:
+                raise self._too_long()
         if dropped:
             self.modes = {self.lines[n][0]["mode"] for n in set(self.live.values())}
-        self.end += done
-        self.torn, self.last, self.sig = len(data) - done, data[max(0, done - 64):done] or self.last, sig
+        self.torn, self.sig = len(pending), sig
         return None if fresh or dropped else added
+
+    def _too_long(self) -> "StoreError":
+        return StoreError(
+            f"index {self.path}: the bytes from offset {self.end} on run past {MAX_LINE_BYTES >> 20} MiB without a line "
+            f"end, longer than any line (or unfinished line) a store writes: a damaged file, or one grown by truncate "
+            f"into zeros; it is not read further. Cut it there (os.truncate({str(self.path)!r}, {self.end}) keeps every "
+            f"line before it; a resumed capture recaptures what the rest held), or {_index_fix(self.path)[0].lower()}"
+            f"{_index_fix(self.path)[1:]}")
+
+    def _take(self, raw: bytes) -> tuple[bool, list[str]]:
+        """Parse the whole line ``raw`` (its head only): ``(a drop line, the keys it adds)``."""
+        n = len(self.lines)
+        try:
+            text = raw.decode()
+            head = _HEAD(text, 1)[0] if text.startswith("[{") else None
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise self.corrupt(n, f"is corrupt ({' '.join(str(e).split())[:200]})") from None
+        if isinstance(head, dict) and _strs(head.get("drop")):
+            for k in head["drop"]:
+                self.live.pop(k, None)
+            self.lines.append((head, text))
+            return True, []
+        if isinstance(head, dict) and _strs(head.get("keys")) and isinstance(head.get("mode"), str) \
+                and isinstance(head.get("chunk", ""), str):
+            return False, self._add(head, text)
+        raise self.corrupt(n, 'is corrupt: not a store index line ([{"keys": [...], "mode": ..., "chunk": ...}, '
+                              '[records]])')
 
     def _add(self, head: dict, text: str) -> list[str]:
         n = len(self.lines)
@@ -272,13 +378,14 @@ class _Log:
             s = self.samples.setdefault(k.rsplit("|", 3)[0], [])
             if not s or s[-1] != n:
                 s.append(n)
-        self.modes.add(head["mode"])
+        if head["keys"]:  # (a hand-made line without records holds no mode)
+            self.modes.add(head["mode"])
         self.chunks += 1
         return head["keys"]
 
     def claim(self, n: int) -> str | None:
         """The chunk folder line ``n`` wrote: its head's ``chunk`` (a line written before heads named it: the folder of
-        its first record); None for a drop line. The first line naming a folder owns it (``owner``)."""
+        its first record); None for a drop line. Every line naming a folder is noted in ``claimants``."""
         while len(self.claims) < len(self.lines):
             head, text = self.lines[len(self.claims)]
             c = head.get("chunk") if "keys" in head else None
@@ -288,7 +395,7 @@ class _Log:
                 except (ValueError, LookupError, TypeError):
                     c = None
             if c is not None:
-                self.owner.setdefault(c, len(self.claims))
+                self.claimants.setdefault(c, []).append(len(self.claims))
             self.claims.append(c)
         return self.claims[n]
 
@@ -305,9 +412,6 @@ class _Log:
             return f"names {f!r}, outside the chunk folder {folder} its line wrote"
         if folder.rpartition("/")[0] != self.folder:
             return f"names a chunk of {folder}, outside {self.folder}/, the only folder {self.path.name} writes"
-        if self.owner[folder] != n:
-            return (f"names {f!r} of chunk {folder}, which line {self.owner[folder] + 1} wrote: an alias of that "
-                    f"line's records, never read as them")
         if (f, slot) in slots:
             return f"names slot {slot} of {f!r}, which record {slots[f, slot]} of the same line holds"
         slots[f, slot] = e["key"]
@@ -318,8 +422,8 @@ class _Log:
         head, text = self.lines[n]
         try:
             line = json.loads(text)
-        except ValueError as e:
-            raise self.corrupt(n, f"is corrupt ({e})") from e
+        except (ValueError, RecursionError) as e:
+            raise self.corrupt(n, f"is corrupt ({' '.join(str(e).split())[:200]})") from None
         recs = line[1] if isinstance(line, list) and len(line) == 2 else None
         if not isinstance(recs, list) or any(not isinstance(e, dict) or not _ENTRY_KEYS <= e.keys() for e in recs) \
                 or [e["key"] for e in recs] != head["keys"]:
@@ -328,7 +432,8 @@ class _Log:
         if bad is not None:
             raise self.corrupt(n, f"is corrupt: the entry of record {bad} has fields of the wrong type (layer, step, "
                                   f"slot, heads, seq_len and strides are whole numbers; sample, part, mode, file and "
-                                  f"sha256 texts; spans runs of [0 or 1, length]; meta an object) or a key that is not "
+                                  f"sha256 texts; bytes a whole number; spans runs of [0 or 1, length]; meta an "
+                                  f"object) or a key that is not "
                                   f"its own")
         folder, slots = self.claim(n), {}
         for e in recs:
@@ -339,6 +444,12 @@ class _Log:
                 else:
                     self.refused.pop(e["key"], None)
         return [e for e in recs if self.live.get(e["key"]) == n]
+
+    def sharing(self, key: str) -> list[int]:
+        """The other lines that name the chunk folder of the line holding ``key`` (none in a store Store.write made)."""
+        n = self.live[key]
+        folder = self.claim(n)
+        return [m for m in self.claimants.get(folder, ()) if m != n] if folder is not None else []
 
     def corrupt(self, n: int, what: str) -> "StoreError":
         return StoreError(f"line {n + 1} of index {self.path} {what}. {_index_fix(self.path)}")
@@ -527,8 +638,12 @@ class Store:
             self.check_resume()
             return self.read_meta()
         meta = {"format": FORMAT, "library_version": library_version(), **self.meta}
-        write_inside(self.path, "meta.json", json.dumps(meta, indent=1).encode(), error=StoreError, what="file",
-                     fix=_links_fix(mp))
+        data = json.dumps(meta, indent=1).encode()
+        if len(data) > MAX_META_BYTES:
+            raise StoreError(f"the store's meta ({len(data)} bytes as JSON) is more than the {MAX_META_BYTES >> 10} KiB "
+                             f"meta.json may hold: keep meta to what describes the store (model, dtype, sample set); "
+                             f"nothing was written")
+        write_inside(self.path, "meta.json", data, error=StoreError, what="file", fix=_links_fix(mp))
         return meta
 
     def write(self, records: list[Record]) -> int:
@@ -571,26 +686,43 @@ class Store:
         for i, r in enumerate(records):
             by_layer.setdefault((r.part, r.layer), []).append(i)
         new_entries: list[dict | None] = [None] * len(records)  # kept in the order written
+        files = []  # (rel, bytes): every file of the chunk, built before any is written
         for (part, layer), idx in by_layer.items():
             rel = f"{chunk}/L{layer:04d}_{part}.npz"
-            arrays = {}
+            arrays, bound = {}, []
             for j, i in enumerate(idx):
-                for name, t in records[i].data.items():
+                r = records[i]
+                for name, t in r.data.items():
                     t = t.detach().cpu()
                     arrays[f"r{j}__{name}"] = (t if t.dtype == torch.bool else t.float()).numpy()
+                bound.append({"key": key_str(r.key), "sample": r.sample, "part": r.part, "layer": r.layer,
+                              "step": r.step, "mode": r.mode, "heads": r.heads, "seq_len": r.seq_len,
+                              "query_stride": r.query_stride, "key_stride": r.key_stride, "arrays": sorted(r.data),
+                              "spans": r.spans.to_json() if r.spans is not None else None, "meta": r.meta})
+            try:  # what the file holds of each slot: the entry must say the same to be read (never another's)
+                told = json.dumps(bound, separators=(",", ":"), allow_nan=True)
+            except (TypeError, ValueError) as e:
+                raise InputTypeError(f"record {bound[0]['key']!r}: its meta must be JSON (texts, numbers, lists, "
+                                     f"objects): {e}") from None
+            arrays[_RECORDS] = np.frombuffer(told.encode(), dtype=np.uint8)
             buf = io.BytesIO()
             np.savez_compressed(buf, **arrays)
             data = buf.getvalue()
-            write_inside(self.path, rel, data, error=StoreError, what="chunk file", fix=_links_fix(self.path / rel))
+            if len(data) > MAX_CHUNK_BYTES:
+                raise StoreError(f"the records of layer {layer} ({part}) make a file of {len(data)} bytes, more than "
+                                 f"the {MAX_CHUNK_BYTES >> 30} GiB a chunk file may hold: write fewer samples at once, "
+                                 f"or capture with query_stride / key_stride (nothing was written)")
             digest = hashlib.sha256(data).hexdigest()
             for j, i in enumerate(idx):
-                r = records[i]
-                new_entries[i] = {
-                    "key": key_str(r.key), "sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
-                    "mode": r.mode, "heads": r.heads, "seq_len": r.seq_len, "query_stride": r.query_stride,
-                    "key_stride": r.key_stride, "file": rel, "slot": j, "arrays": sorted(r.data), "sha256": digest,
-                    "spans": r.spans.to_json() if r.spans is not None else None, "meta": r.meta}
-        self._append(self.rank, {"keys": keys, "mode": records[0].mode, "chunk": chunk}, new_entries)
+                new_entries[i] = {**bound[j], "file": rel, "slot": j, "sha256": digest, "bytes": len(data)}
+            files.append((rel, data))
+        head = {"keys": keys, "mode": records[0].mode, "chunk": chunk}
+        if len(_line(head, new_entries)) > MAX_LINE_BYTES:  # (ASCII JSON: as many bytes as characters)
+            raise StoreError(f"one write of {len(records)} records makes an index line over {MAX_LINE_BYTES >> 20} "
+                             f"MiB (their spans and meta): write fewer records at once (nothing was written)")
+        for rel, data in files:
+            write_inside(self.path, rel, data, error=StoreError, what="chunk file", fix=_links_fix(self.path / rel))
+        self._append(self.rank, head, new_entries)
         return len(records)
 
     def _append(self, rank: int, head: dict, records: list) -> None:
@@ -606,12 +738,14 @@ class Store:
         mp = self.path / "meta.json"
         if not os.path.lexists(mp):
             raise StoreError(f"{self.path} has no meta.json: not a store, or nothing was written yet")
-        data = read_inside(self.path, "meta.json", links=False, error=StoreError, what="file", fix=_links_fix(mp))
+        data = read_inside(self.path, "meta.json", links=False, limit=MAX_META_BYTES, error=StoreError, what="file",
+                           fix=f"It only describes the store (model, dtype): rewrite it as {{\"model\": \"<name>\"}} "
+                               f"or capture again into a new folder")
         try:
             meta = json.loads(data.decode())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise StoreError(f"{mp} is corrupt ({e}): it only describes the store (model, dtype); rewrite it as "
-                             f'{{"model": "<name>"}} or capture again into a new folder') from e
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise StoreError(f"{mp} is corrupt ({' '.join(str(e).split())[:200]}): it only describes the store (model, "
+                             f'dtype); rewrite it as {{"model": "<name>"}} or capture again into a new folder') from None
         if not isinstance(meta, dict):
             raise StoreError(f"{mp} holds a {type(meta).__name__}, not an object: rewrite it as {{\"model\": \"<name>\"}}")
         return meta
@@ -620,41 +754,148 @@ class Store:
         return (f"Run Store({str(self.path)!r}).repair() to drop its records from the index (the other records stay "
                 f"readable), then run the capture again: a resumed capture recaptures exactly those samples")
 
-    def _open(self, rel: str) -> tuple[bytes, str]:
-        """The bytes of the chunk file ``rel`` and their SHA-256: a regular file inside the store, reached without a
-        symbolic link (never a FIFO or device, never opened when it is not)."""
-        data = read_inside(self.path, rel, links=False, error=StoreError, what="file listed in the index",
-                           fix=self._fix())
-        return data, hashlib.sha256(data).hexdigest()
+    def _line_of(self, key: str) -> tuple["_Log", int] | tuple[None, None]:
+        log = next((lg for _, lg in sorted(self._logs.items()) if key in lg.live), None)
+        return (log, log.live[key]) if log is not None else (None, None)
 
-    def _load(self, rel: str, data: bytes):
+    def _where(self, key: str) -> str:
+        log, n = self._line_of(key)
+        return f"line {n + 1} of {log.path.name}" if log is not None else "a line no longer in the index"
+
+    def _content(self, rel: str, ents: list[dict]) -> tuple[int, str | None, bytearray | None]:
+        """``(size, SHA-256, bytes)`` of the chunk file ``rel`` (a regular file inside the store, reached without a
+        symbolic link, never a FIFO or device), read only as far as the entries ``ents`` that name it vouch for: a file
+        over :data:`MAX_CHUNK_BYTES`, or of a size no entry gives, is never read (digest and bytes None); one over
+        :data:`_READ_WHOLE` is hashed block by block first and read into memory only when its SHA-256 is an entry's."""
+        fd = open_inside(self.path, rel, links=False, error=StoreError, what="file listed in the index",
+                         fix=self._fix())
         try:
-            return np.load(io.BytesIO(data))  # (allow_pickle=False: no code in an archive is ever run)
-        except Exception as e:  # noqa: BLE001 - an unreadable archive without a recorded checksum
-            raise StoreError(f"file {rel} in {self.path} cannot be read ({' '.join(str(e).split())}). "
-                             f"{self._fix()}") from e
+            size = os.fstat(fd).st_size
+            if size > MAX_CHUNK_BYTES:
+                raise StoreError(f"file listed in the index {rel!r} in {self.path} {too_big(size, MAX_CHUNK_BYTES)}. "
+                                 f"{self._fix()}")
+            if ents and all("bytes" in e for e in ents) and size not in {e["bytes"] for e in ents}:
+                return size, None, None  # every entry gives another size: not the file they describe
+            if size > _READ_WHOLE:
+                h = hashlib.sha256()
+                for block in iter(lambda: os.read(fd, _BLOCK), b""):
+                    h.update(block)
+                digest = h.hexdigest()
+                if digest not in {e.get("sha256") for e in ents}:
+                    return size, digest, None
+                os.lseek(fd, 0, os.SEEK_SET)
+            buf = bytearray(size)
+            with io.FileIO(fd, "rb", closefd=False) as f:
+                got = 0
+                while got < size:
+                    n = f.readinto(memoryview(buf)[got:])
+                    if not n:
+                        break
+                    got += n
+                if got != size or f.read(1):
+                    raise StoreError(f"file {rel} in {self.path} changed while it was read (another process writes "
+                                     f"it?): read again once it is done")
+            digest = hashlib.sha256(buf).hexdigest()
+            return size, digest, buf
+        finally:
+            os.close(fd)
 
-    def _archive(self, e: dict, cache: dict):
-        """The archive that holds the record of entry ``e``, after every check: its line wrote it (no alias, no file
-        outside its chunk), the file is a regular one inside the store whose SHA-256 is the one ``e`` gives, and it
-        holds ``e``'s arrays. Raises :class:`StoreError` naming what is wrong."""
+    def _chunk(self, rel: str, ents: list[dict]) -> dict:
+        """The chunk file ``rel`` as the entries ``ents`` name it: ``{"size", "digest", "z" (the archive, None when no
+        entry vouches for the file: its size and SHA-256 are none of theirs), "told" (what the file recorded of each
+        slot; None for a file written before files recorded it), "err" (why the whole file is unreadable)}``."""
+        c = {"size": None, "digest": None, "z": None, "told": None, "err": None}
+        try:
+            c["size"], c["digest"], data = self._content(rel, ents)
+        except StoreError as e:
+            c["err"] = str(e)
+            return c
+        if data is None or not any(self._vouches(e, c) for e in ents):
+            return c
+        try:
+            z = np.load(io.BytesIO(data))  # (allow_pickle=False: no code in an archive is ever run)
+            told = json.loads(bytes(z[_RECORDS]).decode()) if _RECORDS in z.files else None
+            if told is not None and not (isinstance(told, list) and all(isinstance(d, dict) for d in told)):
+                raise ValueError(f"its {_RECORDS} is not a list of records")
+        except Exception as e:  # noqa: BLE001 - an unreadable archive (its checksum matched an entry or none was given)
+            c["err"] = f"file {rel} in {self.path} cannot be read ({' '.join(str(e).split())[:200]}). {self._fix()}"
+            return c
+        c["z"], c["told"] = z, told
+        return c
+
+    @staticmethod
+    def _vouches(e: dict, c: dict) -> bool:
+        """The entry ``e`` describes the file ``c`` holds: its size and SHA-256 (where it gives them) are the file's."""
+        return c["digest"] is not None and e.get("bytes", c["size"]) == c["size"] \
+            and (not e.get("sha256") or e["sha256"] == c["digest"])
+
+    def _problem(self, e: dict, c: dict) -> tuple[str, str] | None:
+        """Why the record of entry ``e`` is not read from the chunk file ``c`` (:meth:`_chunk`), as ``(why, kind)``,
+        or None. Kinds: ``"file"`` (the file is not one any entry describes: missing, unreadable, another size or
+        SHA-256), ``"record"`` (this entry alone: it is not what the file recorded for its slot, an alias of another
+        record, or gives a size, checksum or slot the sound file does not have), ``"undecided"`` (a file written
+        before files recorded their records, whose chunk two lines name: which wrote it is not guessed)."""
+        k, f, slot = e["key"], e["file"], e["slot"]
+        at = f"record {k} ({self._where(k)})"
+        if c["err"]:
+            return c["err"], "file"
+        if c["z"] is None:
+            if c["digest"] is None:
+                return (f"file {f} in {self.path} is corrupt (it is {c['size']} bytes, not the {e.get('bytes')} the "
+                        f"entry of record {k} gives: damaged or grown, it is never read). {self._fix()}"), "file"
+            if not e.get("sha256"):
+                return (f"file {f} in {self.path} is over {_READ_WHOLE >> 20} MiB and the entry of record {k} gives no "
+                        f"SHA-256 to check it by (a hand-edited entry): it is never read. {self._fix()}"), "file"
+            return (f"file {f} in {self.path} is corrupt (checksum mismatch: it is not the file the entry of record {k} "
+                    f"gives; the file or that index line is damaged). {self._fix()}"), "file"
+        told = c["told"]
+        if told is not None:
+            d = told[slot] if 0 <= slot < len(told) else None
+            if d is None:
+                return f"{at} names slot {slot} of {f}, which holds {len(told)} record(s)", "record"
+            if d.get("key") != k:
+                return f"{at} names slot {slot} of {f}, which holds record {d.get('key')}: an alias of that record", \
+                    "record"
+            want = {x: e.get(x, {} if x == "meta" else None) for x in _BOUND}
+            diff = [x for x in _BOUND if _canon(d.get(x, {} if x == "meta" else None)) != _canon(want[x])]
+            if diff:
+                return (f"{at} gives {', '.join(diff)} other than {f} recorded for it when it was written (e.g. "
+                        f"{diff[0]} {_canon(want[diff[0]])[:60]} for {_canon(d.get(diff[0]))[:60]})"), "record"
+        if not self._vouches(e, c):
+            return (f"{at} gives a {'size' if e.get('bytes', c['size']) != c['size'] else 'checksum'} that {f} does "
+                    f"not have (another record's entry matches the file)"), "record"
+        if any(f"r{slot}__{n}" not in c["z"].files for n in e["arrays"]):
+            return f"{at} names slot {slot} of {f}, which does not hold its arrays", "record"
+        if told is None:  # a file of a store written before files recorded their records
+            log, n = self._line_of(k)
+            others = log.sharing(k) if log is not None else []
+            if others:
+                return (f"{at} names chunk {log.claim(n)}, which line {', '.join(str(m + 1) for m in others)} of "
+                        f"{log.path.name} names too, and its files (written before a chunk file recorded its records) "
+                        f"do not say which line wrote it: neither is read, and repair() does not guess. Delete the line "
+                        f"that should not be there"), "undecided"
+            why = _shape_problem(e, c["z"])
+            if why:
+                return f"{at} {why}", "record"
+        return None
+
+    def _check(self, e: dict, cache: dict, ents: list[dict]):
+        """The archive that holds the record of entry ``e``, after every check: its line may hold it (no file outside
+        its chunk), the file is a regular one inside the store whose size and SHA-256 are the ones ``e`` gives, the
+        file recorded this record at ``e``'s slot (key, spans, seq_len, ... as the entry gives them), and it holds
+        ``e``'s arrays. Raises :class:`StoreError` naming what is wrong."""
         k, f = e["key"], e["file"]
         why = self._refused(k)
         if why:
             raise StoreError(f"{why}: a hand-edited or damaged index; it is never read. {self._fix()}")
         if f not in cache:
-            cache[f] = [*self._open(f), None]
-        got = cache[f]
-        if e.get("sha256") and e["sha256"] != got[1]:
-            raise StoreError(f"file {f} in {self.path} is corrupt (checksum mismatch: it is not the file the entry of "
-                             f"record {k} gives; the file or that index line is damaged). {self._fix()}")
-        if got[2] is None:
-            got[2] = self._load(f, got[0])
-        lost = [n for n in e["arrays"] if f"r{e['slot']}__{n}" not in got[2].files]
-        if lost:
-            raise StoreError(f"record {k}: file {f} in {self.path} holds no {lost[0]!r} for its slot {e['slot']} (a "
-                             f"hand-edited or damaged index). {self._fix()}")
-        return got[2]
+            cache[f] = self._chunk(f, ents)
+        problem = self._problem(e, cache[f])
+        if problem is not None:
+            why, kind = problem
+            raise StoreError(f"{why}: a hand-edited or damaged index; it is never read. {self._fix()}"
+                             if kind == "record" else why)
+        return cache[f]["z"]
 
     def read(self, sample=None, layer=None, part=None, step=None) -> list[Record]:
         """Records matching the filters (None = any), in index order, exactly as written."""
@@ -667,10 +908,13 @@ class Store:
                         for e in log.entries(n) if e["sample"] == str(sample)]
         ents = [e for e in ents if (layer is None or e["layer"] == layer) and (part is None or e["part"] == part)
                 and (step is None or e["step"] == step)]
-        cache: dict[str, list] = {}
+        by_file: dict[str, list[dict]] = {}
+        for e in ents:
+            by_file.setdefault(e["file"], []).append(e)
+        cache: dict[str, dict] = {}
         out = []
         for e in ents:
-            z = self._archive(e, cache)
+            z = self._check(e, cache, by_file[e["file"]])
             try:
                 data = {n: torch.from_numpy(z[f"r{e['slot']}__{n}"]) for n in e["arrays"]}
             except Exception as err:  # noqa: BLE001 - an archive without a checksum holding what np.load refuses
@@ -682,11 +926,13 @@ class Store:
                 heads=e["heads"], query_stride=e["query_stride"], key_stride=e["key_stride"], meta=e.get("meta", {})))
         return out
 
-    def _inspect(self) -> list[tuple[str, list[str], str, bool]]:
-        """Every record that cannot be read, as ``(file, keys, why, whole file)``. A whole file is damaged when it is
-        missing, not a regular file of the store, unreadable, or has the checksum of no entry that names it (then all
-        its records are); a record alone when its entry is not one its line wrote (an alias of another line's record,
-        a file outside its chunk), or gives a checksum or slot its sound file does not have. Reads every file once."""
+    def _inspect(self) -> list[tuple[str, list[str], str, str]]:
+        """Every record that cannot be read, as ``(file, keys, why, kind)``, kind ``"file"`` (the whole file is
+        damaged: missing, not a regular file of the store, unreadable, or of a size and SHA-256 no entry naming it
+        gives; then all its records are), ``"record"`` (this entry alone: one its line may not hold, such as a file
+        outside its chunk, or not what its sound file recorded for its slot, such as an alias of another record or an
+        edited seq_len, or a size, checksum or slot that file does not have) or ``"undecided"`` (two lines name the
+        chunk of a file that does not say which wrote it). Reads every file once."""
         by_file: dict[str, list[dict]] = {}
         for e in self.index():
             by_file.setdefault(e["file"], []).append(e)
@@ -695,26 +941,18 @@ class Store:
             sound = []
             for e in ents:
                 why = self._refused(e["key"])
-                out += [(f, [e["key"]], why, False)] if why else []
+                out += [(f, [e["key"]], why, "record")] if why else []
                 sound += [] if why else [e]
             if not sound:
                 continue
-            try:
-                data, digest = self._open(f)
-                ok = {e["key"] for e in sound if not e.get("sha256") or e["sha256"] == digest}
-                names = set(self._load(f, data).files) if ok else set()
-            except StoreError:
-                ok = set()
-            if not ok:
-                out.append((f, [e["key"] for e in sound], "", True))
+            c = self._chunk(f, sound)
+            if c["err"] or c["z"] is None:
+                out.append((f, [e["key"] for e in sound], "", "file"))
                 continue
             for e in sound:
-                if e["key"] not in ok:
-                    out.append((f, [e["key"]], f"record {e['key']} gives a checksum that {f} does not have (another "
-                                               f"record's entry matches the file)", False))
-                elif any(f"r{e['slot']}__{n}" not in names for n in e["arrays"]):
-                    out.append((f, [e["key"]], f"record {e['key']} names slot {e['slot']} of {f}, which does not hold "
-                                               f"its arrays", False))
+                problem = self._problem(e, c)
+                if problem is not None:
+                    out.append((f, [e["key"]], problem[0], problem[1]))
         return out
 
     def damaged(self) -> dict[str, list[str]]:
@@ -801,10 +1039,11 @@ class Store:
         problems = [f"{p.relative_to(self.path).as_posix()} is {kind}: a store never makes one, so it is never "
                     f"followed, opened, written or removed (repair() leaves it); remove it yourself "
                     f"(os.unlink({str(p)!r})) if it should not be there" for p, kind in strangers]
-        for f, keys, why, whole in self._inspect():
+        for f, keys, why, kind in self._inspect():
             problems.append(f"damaged file {f}: {len(keys)} record(s) unreadable ({', '.join(keys[:3])}"
                             f"{', ...' if len(keys) > 3 else ''}); Store.repair() drops them so a resumed capture "
-                            f"recaptures them" if whole else
+                            f"recaptures them" if kind == "file" else f"{why}; reads of it are refused until then"
+                            if kind == "undecided" else
                             f"{why}: a hand-edited or damaged index, never read; Store.repair() drops the record (the "
                             f"file stays as it is) so a resumed capture recaptures it")
         writing = {}
@@ -840,7 +1079,14 @@ class Store:
         """Remove the records ``keys`` (``"sample|part|layer|step"``) from their ranks' indexes: one line appended
         to each rank's log that holds any, under that rank's writer lock. Their data files stay on disk. Returns
         the keys dropped."""
-        keys, dropped = set(keys), []
+        if isinstance(keys, (str, bytes)) or not hasattr(keys, "__iter__"):
+            raise InputTypeError(f"drop takes a list of record keys, not {type(keys).__name__} {keys!r:.80}: pass "
+                                 f"[{keys!r:.80}] (a text would be read as its characters, and nothing dropped)")
+        keys, dropped = list(keys), []
+        odd = next((k for k in keys if not isinstance(k, str)), None)
+        if odd is not None:
+            raise InputTypeError(f"drop takes record keys as texts 'sample|part|layer|step', got {odd!r:.80}")
+        keys = set(keys)
         self._refresh()
         for rank in sorted(self._logs):
             lock = _locked(self._lock_path(rank), f"rank {rank} of store {self.path}")
@@ -848,9 +1094,14 @@ class Store:
                 with lock.mutex, self._guard:
                     self._refresh()  # what the rank holds now that nobody else writes it
                     gone = [k for k in self._logs[rank].live if k in keys] if rank in self._logs else []
-                    if gone:
-                        self._append(rank, {"drop": gone}, [])
-                        dropped += gone
+                    while gone:  # lines no longer than a reader takes
+                        n, size = 0, 0
+                        while n < len(gone) and (n == 0 or size + len(json.dumps(gone[n])) < MAX_LINE_BYTES // 2):
+                            size += len(json.dumps(gone[n])) + 1
+                            n += 1
+                        self._append(rank, {"drop": gone[:n]}, [])
+                        dropped += gone[:n]
+                        gone = gone[n:]
             finally:
                 lock.release()
         return dropped
@@ -887,8 +1138,12 @@ class Store:
             for r in ranks:  # nobody else may write while we decide what is an orphan
                 locks.append(_locked(self._lock_path(r), f"rank {r} of store {self.path}"))
             bad = self._inspect()
+            undecided = [why for _, _, why, kind in bad if kind == "undecided"]
+            if undecided:
+                raise StoreError(f"{undecided[0]}{f' (and {len(undecided) - 1} more)' if len(undecided) > 1 else ''}. "
+                                 f"repair() deletes nothing until then (Store.verify() lists them all)")
             dropped = self.drop([k for _, keys, _, _ in bad for k in keys])
-            for f in dict.fromkeys(f for f, _, _, whole in bad if whole):
+            for f in dict.fromkeys(f for f, _, _, kind in bad if kind == "file"):
                 self._set_aside(f)
             for p in self._leftovers():  # (brings the index up to date)
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
@@ -900,11 +1155,93 @@ class Store:
                 lk.release()
 
 
+# The names a store gives its own files and folders (remove_store removes only these). Temporary files: write_inside's
+# ".NAME.XXXXXXXX.tmp" (and an earlier version's mkstemp names of the same form) beside meta.json or a chunk file.
+_TOP_FILES = re.compile(r"meta\.json|index-rank\d{5,}\.jsonl(?:\.bad)?|index-rank\d{5,}\.json|\.lock-rank\d{5,}"
+                        r"|\.(?:meta\.json|index-rank\d{5,}\.jsonl)\.[0-9A-Za-z_]{8}\.tmp")
+_RANK_DIR = re.compile(r"rank(\d{5,})")
+_CHUNK_DIR = re.compile(r"chunk(\d{6,})")
+_CHUNK_FILES = re.compile(r"L\d{4,}_[^/]+\.npz(?:\.damaged)?|\.L\d{4,}_[^/]*\.[0-9A-Za-z_]{8}\.tmp")
+
+
+def _store_tree(p: Path) -> tuple[dict, list[str], list[tuple[str, str]]]:
+    """``(tree, foreign, strange)`` of the folder ``p``: ``tree`` the store's own files and folders in it
+    (``{"files": [names], "dirs": {name: tree}}``), ``foreign`` the paths whose names a store never gives (a user's
+    file or folder), ``strange`` the ``(path, kind)`` under a store's name that is not what a store makes there (a
+    symbolic link, FIFO or device; a folder for a file). Nothing is followed: every entry is looked at with lstat."""
+    foreign, strange = [], []
+
+    def look(folder: Path, rel: str, depth: int) -> dict:
+        node = {"files": [], "dirs": {}}
+        for d in sorted(os.scandir(folder), key=lambda d: d.name):
+            n, here = d.name, f"{rel}{d.name}"
+            mode = d.stat(follow_symlinks=False).st_mode
+            if depth == 0:
+                rank = _RANK_DIR.fullmatch(n)
+                is_dir = bool(rank) and n == f"rank{int(rank[1]):05d}"
+                is_file = not is_dir and bool(_TOP_FILES.fullmatch(n)) and _canonical(n)
+            elif depth == 1:
+                chunk = _CHUNK_DIR.fullmatch(n)
+                is_dir, is_file = bool(chunk) and n == f"chunk{int(chunk[1]):06d}", False
+            else:
+                is_dir, is_file = False, bool(_CHUNK_FILES.fullmatch(n))
+            if not (is_dir or is_file):
+                foreign.append(here)
+            elif is_dir and stat.S_ISDIR(mode):
+                node["dirs"][n] = look(folder / n, here + "/", depth + 1)
+            elif is_file and stat.S_ISREG(mode):
+                node["files"].append(n)
+            else:
+                kind = f"a symbolic link to {os.readlink(d.path)}" if stat.S_ISLNK(mode) else file_kind(mode)
+                strange.append((here, kind))
+        return node
+
+    return look(p, "", 0), foreign, strange
+
+
+def _canonical(name: str) -> bool:
+    """A top-level name with a rank number is the one the store gives that rank (``index-rank0.jsonl`` is none's)."""
+    m = re.search(r"rank(\d+)", name)
+    return m is None or m[1] == f"{int(m[1]):05d}"
+
+
+def _remove_tree(fd: int, node: dict, rel: str) -> None:
+    """Remove the files and folders of ``node`` (:func:`_store_tree`) under the folder open as ``fd``: each folder
+    opened with O_NOFOLLOW, each name removed by its folder's descriptor, so nothing outside is ever reached."""
+    for name, sub in node["dirs"].items():
+        try:
+            sfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise StoreError(f"{rel}{name} changed while the store was removed ({e.strerror}): the rest is left as it "
+                             f"is; look at it and call remove_store again") from None
+        try:
+            _remove_tree(sfd, sub, f"{rel}{name}/")
+        finally:
+            os.close(sfd)
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StoreError(f"{rel}{name} was not removed ({e.strerror}: something was added to it meanwhile, and "
+                             f"only what the store wrote is removed); look at it and call remove_store again") from None
+    for name in node["files"]:
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+
+
 def remove_store(path) -> bool:
     """Delete the store folder ``path`` (a notebook's own output of an earlier run), refused with
-    :class:`StoreLockedError` while another process writes to it, and refused for a folder that holds anything but a
-    store (a symbolic link, FIFO or device under a store's name included: what it points to is never touched). A
-    writer of this process is released first (re-running a notebook cell). Returns True if something was removed."""
+    :class:`StoreLockedError` while another process writes to it. Only what a store writes is removed, by its exact
+    names (``meta.json``, ``index-rankNNNNN.jsonl``, ``.lock-rankNNNNN``, ``rankNNNNN/chunkNNNNNN/LNNNN_part.npz``, their
+    temporary and ``*.damaged`` files): a folder holding anything else, at any depth (a user's ``rankings/``, a note in
+    ``rank00000/``), or a symbolic link, FIFO or device under a store's name, is refused in one line and left exactly as
+    it is (what a link points to is never touched). A writer of this process is released first (re-running a notebook
+    cell). Returns True if something was removed."""
     _check_name(path)
     p = Path(path)
     if p.is_symlink():
@@ -914,29 +1251,38 @@ def remove_store(path) -> bool:
         return False
     if not p.is_dir():
         raise StoreError(f"{p} is a file, not a store folder; remove it yourself if it is yours")
-    kinds = {q.name: os.lstat(q).st_mode for q in p.iterdir()}
-
-    def tmp(n: str) -> bool:
-        return n.startswith(".") and n.endswith(".tmp")
-
-    other = [n for n in kinds if not (n == "meta.json" or n.startswith(("index-rank", ".lock-rank", "rank")) or tmp(n))]
-    if other:
-        shown = ", ".join(n if n.isprintable() else repr(n) for n in sorted(other)[:5])
-        raise StoreError(f"{p} holds more than a store ({shown}): not removed. Point OUT_DIR to a folder of its own")
-    strange = sorted(n for n, m in kinds.items() if not tmp(n) and not (stat.S_ISDIR(m) if n.startswith("rank")
-                                                                        else stat.S_ISREG(m)))
+    try:
+        tree, foreign, strange = _store_tree(p)
+    except OSError as e:
+        raise StoreError(f"{p} cannot be looked through ({e.strerror}): not removed") from None
+    if foreign:
+        shown = ", ".join(n if n.isprintable() else repr(n) for n in foreign[:5])
+        raise StoreError(f"{p} holds more than a store ({shown}{', ...' if len(foreign) > 5 else ''}: names a store "
+                         f"never writes): not removed, nothing in it touched. Point OUT_DIR to a folder of its own, or "
+                         f"move those out and call remove_store again")
     if strange:
-        raise StoreError(f"{p} holds {', '.join(f'{n} ({file_kind(kinds[n])})' for n in strange[:3])}, which a store "
-                         f"never makes: not removed, and nothing a link points to is touched. Remove "
+        raise StoreError(f"{p} holds {', '.join(f'{n} ({kind})' for n, kind in strange[:3])}, which a store never "
+                         f"makes: not removed, and nothing a link points to is touched. Remove "
                          f"{'it' if len(strange) == 1 else 'them'} yourself (os.unlink) if that is right, then call "
                          f"remove_store again")
     locks = []
     try:
-        for lp in sorted(p.glob(".lock-rank*")):
-            if held_here(lp) is not None:
-                forget(lp)  # this process's own earlier writer (a re-run cell): its lock goes with the files
-            locks.append(_locked(lp, f"store {p}"))
-        shutil.rmtree(p)
+        for name in tree["files"]:
+            if name.startswith(".lock-rank"):
+                lp = p / name
+                if held_here(lp) is not None:
+                    forget(lp)  # this process's own earlier writer (a re-run cell): its lock goes with the files
+                locks.append(_locked(lp, f"store {p}"))
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            _remove_tree(fd, tree, "")
+        finally:
+            os.close(fd)
+        try:
+            os.rmdir(p)
+        except OSError as e:
+            raise StoreError(f"{p} was emptied of the store but not removed ({e.strerror}: something was added "
+                             f"meanwhile, and only what the store wrote is removed)") from None
     finally:
         for lk in locks:
             lk.release()

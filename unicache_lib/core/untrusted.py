@@ -273,13 +273,37 @@ def open_inside(base, rel, flags: int = os.O_RDONLY, mode: int = 0o644, *, links
         _fail(error, what, base, rel, str(e), fix)
 
 
-def read_inside(base, rel, *, offset: int = 0, links: bool = True, error=InputError, what: str = "file",
-                fix: str = "") -> bytes:
-    """The bytes of the regular file ``base/rel`` from ``offset`` on, opened by :func:`open_inside` (same checks)."""
+def read_inside(base, rel, *, offset: int = 0, links: bool = True, limit: int | None = None, error=InputError,
+                what: str = "file", fix: str = "") -> bytes:
+    """The bytes of the regular file ``base/rel`` from ``offset`` on, opened by :func:`open_inside` (same checks).
+    ``limit``: the most bytes such a file can hold; a bigger one (a sparse file grown by ``truncate`` reads as gigabytes
+    of zeros) is refused in one line from its size, before a byte is read, and never more than ``limit`` bytes are
+    read (a file that grows meanwhile is refused too)."""
     fd = open_inside(base, rel, links=links, error=error, what=what, fix=fix)
     with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size - offset
+        if limit is not None and size > limit:
+            _fail(error, what, base, rel, too_big(size + offset, limit), fix)
         f.seek(offset)
-        return f.read()
+        if limit is None:
+            return f.read()
+        data = f.read(limit + 1)
+        if len(data) > limit:
+            _fail(error, what, base, rel, too_big(len(data) + offset, limit), fix)
+        return data
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def too_big(size: int, limit: int) -> str:
+    """Why a file of ``size`` bytes is refused where at most ``limit`` fit (a reason to follow its name)."""
+    return (f"is {_size(size)} ({size} bytes), more than the {_size(limit)} such a file can hold: it is never read "
+            f"(a damaged file, or one grown by truncate into gigabytes of zeros)")
 
 
 def folder_inside(base, rel: str, *, create: bool = False, error=InputError, what: str = "folder",
