@@ -21,6 +21,11 @@ def _no_progress_bars(monkeypatch):
 def run_notebook(name: str, out_dir: Path, **params) -> Path:
     import papermill as pm
 
+    from unicache_lib.paths import mark_notebook_output
+
+    # the test's own folder, marked as a notebook's output folder: papermill writes the executed notebook into it
+    # before the check cell runs, and OUT_DIR refuses a folder holding files without that marker
+    mark_notebook_output(out_dir)
     out_nb = out_dir / name
     pm.execute_notebook(str(ROOT / "notebooks" / name), str(out_nb), parameters={"OUT_DIR": str(out_dir), **params},
                         cwd=str(ROOT), kernel_name="python3", progress_bar=False)

@@ -26,7 +26,8 @@ import pytest
 
 from tests.test_book import _book
 from unicache_lib.core.errors import InputError, MissingFileError, ParameterError, ReportError
-from unicache_lib.paths import OUTPUT_MARKER, check_output_path, inside_regular_file, output_folder
+from unicache_lib.paths import (NOTEBOOK, OUTPUT_MARKER, check_output_path, inside_regular_file, notebook_output,
+                                 output_folder, record_output_files)
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "UNICACHE_SECRET_4711"
@@ -134,6 +135,110 @@ def test_a_committed_symlink_out_fails_a_build_from_the_commit_in_one_line(tmp_p
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("make book: error: ") and "docs/env.txt" in err, err
     assert "PATH=" not in _site_text(out)
+
+
+def _commit(root: Path) -> None:
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    if not (root / ".git").exists():
+        subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+
+
+INSIDE_SECRETS = {  # a committed symlink that stays inside the repository -> what it leads to, and how a page names it
+    ".git/config": ("docs/gitconfig.txt", "../.git/config", "[cfg](gitconfig.txt)"),
+    ".env": ("docs/dotenv.txt", "../.env", "[env](dotenv.txt)"),
+    "outputs/": ("docs/res.json", "../outputs/private.json", "[res](res.json)"),
+    "a dot folder's picture": ("docs/pic.png", "../.secret/id.png", '<img src="pic.png">'),
+    "an untracked file": ("docs/notes.txt", "../secret.txt", "[notes](notes.txt)"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(INSIDE_SECRETS))
+def test_a_symlink_inside_the_repository_to_what_is_never_published_fails_the_build(tmp_path, kind, monkeypatch, capsys):
+    """#60, second round: `docs/gitconfig.txt -> ../.git/config` stays inside the repository, so "leads outside" never
+    caught it and `make book` published the remote's token; the same for `../.env`, `../outputs/private.json`, an
+    <img> into a dot folder (inlined as base64) and a file git does not track. The resolved target must itself be a
+    tracked file outside dot folders and outputs/: refused in one line, exit 2, nothing of it in the site."""
+    book = _book()
+    link, target, page_link = INSIDE_SECRETS[kind]
+    root = _tree(tmp_path)
+    (root / "docs" / "GLOSSARY.md").write_text(f"# Glossary\n\n## the term\n\nWhat it is. {page_link}\n")
+    (root / ".gitignore").write_text("outputs/\n.env\n.secret/\nsecret.txt\n")
+    _commit(root)  # .git exists from here on
+    subprocess.run(["git", "-C", str(root), "config", "remote.origin.url",
+                    f"https://user:{SECRET}@github.com/x/y"], check=True)
+    (root / ".env").write_text(f"TOKEN={SECRET}\n")
+    (root / "outputs").mkdir()
+    (root / "outputs" / "private.json").write_text(json.dumps({"token": SECRET}))
+    (root / ".secret").mkdir()
+    (root / ".secret" / "id.png").write_bytes(_png() + SECRET.encode())
+    (root / "secret.txt").write_text(SECRET)
+    (root / link).symlink_to(target)
+    _commit(root)  # the link is committed; what it leads to is not (or is git's own)
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    book._GIT_LISTS.clear()
+    out = tmp_path / "site"
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"make book: error: {link}: not published: it is a symbolic link"), err
+    assert SECRET not in _site_text(out) and not out.exists()
+    import base64
+
+    assert base64.b64encode(_png() + SECRET.encode()).decode()[:40] not in _site_text(out)
+    (root / link).unlink()  # the fix: without the link the site builds
+    book._GIT_LISTS.clear()
+    assert book.main(["--out", str(out)]) == 0 and SECRET not in _site_text(out)
+
+
+def test_a_committed_link_to_a_tracked_file_is_still_published(tmp_path, monkeypatch):
+    book = _book()
+    root = _tree(tmp_path, " [alias](docs/alias.md)")
+    (root / "docs" / "alias.md").symlink_to("GLOSSARY.md")
+    _commit(root)
+    book._GIT_LISTS.clear()
+    book.build(tmp_path / "site", root, log=lambda *a: None)
+    assert "What it is." in (tmp_path / "site" / "docs" / "alias.html").read_text()
+
+
+def test_a_folder_symlink_loop_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """`docs/loop -> ..` and a page linking loop/docs/GLOSSARY.md: it used to build 407 pages nested 800 levels deep,
+    then raise a raw OSError (File name too long)."""
+    book = _book()
+    root = _tree(tmp_path, " [again](docs/loop/docs/GLOSSARY.md) [up](docs/loop/)")
+    (root / "docs" / "loop").symlink_to("..")
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    with deadline(60):
+        assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "docs/loop is a symbolic link to a folder" in err, err
+    assert not out.exists()
+
+
+def test_a_failed_rebuild_leaves_the_earlier_site_as_it_was(tmp_path):
+    """A rebuild that fails (a link out of the repository added since) used to remove the earlier site first (57 pages
+    became 17); the pages are now built in a temporary folder beside --out and swapped in only on success."""
+    book = _book()
+    root = _tree(tmp_path, " [extra](docs/EXTRA.md)")
+    (root / "docs" / "EXTRA.md").write_text("# Extra\n")
+    out = tmp_path / "site"
+    book.build(out, root, log=lambda *a: None)
+    before = _snapshot(out)
+    assert "docs/EXTRA.html" in before
+    (root / "docs" / "EXTRA.md").write_text("# Extra\n\n[env](env.txt)\n")
+    (root / "docs" / "env.txt").symlink_to(_outside(tmp_path) / "environ")
+    with pytest.raises(book.BookError, match="docs/env.txt: not published"):
+        book.build(out, root, log=lambda *a: None)
+    assert _snapshot(out) == before  # every page of the earlier site, byte for byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "repo", "site"]  # no temporary folder left
+    (root / "docs" / "env.txt").unlink()
+    (root / "docs" / "EXTRA.md").write_text("# Extra, again\n")
+    book.build(out, root, log=lambda *a: None)  # and a good rebuild replaces it
+    assert "Extra, again" in (out / "docs" / "EXTRA.html").read_text()
+    assert set(json.loads((out / OUTPUT_MARKER).read_text())["files"]) == set(_snapshot(out)) - {OUTPUT_MARKER}
 
 
 # ------------------------------------------------------------------------------------------ make book: where it writes
@@ -277,8 +382,106 @@ def test_a_notebook_out_dir_refuses_the_repository_and_another_tools_folder(valu
         (tmp_path / "site" / OUTPUT_MARKER).write_text(json.dumps({"written_by": "make book", "files": []}))
     with pytest.raises(ParameterError, match=r"OUT_DIR="):
         check_params({"OUT_DIR": value})
-    check_params({"OUT_DIR": str(tmp_path / "fresh")})  # a folder of its own passes
-    assert not (tmp_path / "fresh").exists()  # and the check creates nothing
+    check_params({"OUT_DIR": str(tmp_path / "fresh")})  # a folder of its own passes: made and marked as a notebook's
+    assert json.loads((tmp_path / "fresh" / OUTPUT_MARKER).read_text())["written_by"] == NOTEBOOK
+    assert [p.name for p in (tmp_path / "fresh").iterdir()] == [OUTPUT_MARKER]  # and nothing else is created
+
+
+@pytest.mark.parametrize("where", ["a user's folder", "home", "/tmp", "a folder holding 05's file name"])
+def test_a_notebook_out_dir_refuses_a_folder_holding_files_no_notebook_wrote(where, tmp_path, monkeypatch):
+    """#60, second round: OUT_DIR accepted any folder, and notebook 02's own cleanup (its remove_store loop over
+    OUT_DIR/stats and OUT_DIR/maps) then deleted a user's file there. A folder that holds anything and has no
+    .unicache-output made by a notebook is refused by the check cell, before any cell could remove a thing."""
+    from unicache_lib.params import check_params
+
+    home = tmp_path / "home"
+    (home / "thesis").mkdir(parents=True)
+    (home / "thesis" / "ch3.tex").write_text("years of work")
+    monkeypatch.setenv("HOME", str(home))
+    user = tmp_path / "thesis"
+    (user / "stats" / "ranking_tables").mkdir(parents=True)
+    (user / "stats" / "ranking_tables" / "ch3.csv").write_text("x")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "eviction_rows.csv").write_text("my own rows")
+    value = {"a user's folder": str(user), "home": "~", "/tmp": "/tmp", "a folder holding 05's file name": str(mine)}[where]
+    with pytest.raises(ParameterError, match=r"OUT_DIR=.* holds files no notebook wrote \(e\.g\. .*\) and no "
+                                             r"\.unicache-output made by a notebook.*e\.g\. OUT_DIR='outputs/mine'") as e:
+        check_params({"OUT_DIR": value})
+    assert "\n" not in str(e.value)
+    assert (user / "stats" / "ranking_tables" / "ch3.csv").read_text() == "x"
+    assert (mine / "eviction_rows.csv").read_text() == "my own rows" and not (mine / OUTPUT_MARKER).exists()
+    assert (home / "thesis" / "ch3.tex").exists() and not (home / OUTPUT_MARKER).exists()
+
+
+def test_a_notebook_out_dir_marked_by_a_notebook_is_taken_again(tmp_path, monkeypatch):
+    """The check cell makes and marks OUT_DIR (unicache_lib.paths.notebook_output), so the next run takes the folder
+    full of its own outputs; an empty folder is taken and marked too, and a folder under the repository's outputs/ an
+    earlier version filled (no marker) is still the notebooks' own."""
+    from unicache_lib.params import check_params
+
+    out = tmp_path / "run"
+    check_params({"OUT_DIR": str(out)})
+    (out / "stats").mkdir()
+    (out / "stats" / "meta.json").write_text("{}")
+    check_params({"OUT_DIR": str(out)})  # a second run: its own folder
+    (tmp_path / "empty").mkdir()
+    assert notebook_output(tmp_path / "empty") == (tmp_path / "empty").resolve()
+    assert json.loads((tmp_path / "empty" / OUTPUT_MARKER).read_text())["written_by"] == NOTEBOOK
+    repo = tmp_path / "repo"
+    (repo / "outputs" / "02_understanding_maps").mkdir(parents=True)
+    (repo / "outputs" / "02_understanding_maps" / "scoreboard.json").write_text("[]")
+    (repo / "pyproject.toml").write_text('[project]\nname = "unicache-workbench"\n')
+    monkeypatch.chdir(repo)
+    check_params({"OUT_DIR": "outputs/02_understanding_maps"})  # the default OUT_DIR of an earlier `make run`
+    assert (repo / "outputs" / "02_understanding_maps" / OUTPUT_MARKER).exists()
+    with pytest.raises(ParameterError, match=r"inside the repository .*\(docs/sub/, in its docs/\)"):
+        check_params({"OUT_DIR": "docs/sub"})
+
+
+@pytest.mark.parametrize("value", ["data/samples/manifest", "data/samples/x", "docs/sub", "notebooks/site", ".git/site",
+                                   "newtop"])
+def test_an_output_path_inside_the_repository_but_outputs_is_refused(value, monkeypatch):
+    """Only the repository's top-level folders were protected: `explorer.save("data/samples/manifest")` replaced the
+    shipped manifest.json and save('data/samples/x') dropped files into the shipped set. Every path inside the
+    repository but under outputs/ (and runs/) is refused now, for every tool (unicache_lib.paths.check_output_path)."""
+    monkeypatch.chdir(ROOT)
+    before = {p: p.stat().st_mtime_ns for p in (ROOT / "data" / "samples").iterdir()}
+    with pytest.raises(InputError, match=r"(inside the repository|the repository's own folder).*writes inside the "
+                                         r"repository only under outputs/") as e:
+        check_output_path(str(Path(value).parent) if value.startswith("data/samples/") else value, option="path",
+                          tool="Explorer.save")
+    assert "\n" not in str(e.value)
+    assert before == {p: p.stat().st_mtime_ns for p in before}
+    assert check_output_path("outputs/some/new/folder") == ROOT / "outputs" / "some" / "new" / "folder"
+
+
+def test_a_tool_writing_single_files_never_replaces_one_it_did_not_write(tmp_path):
+    """check_output_path(files=...): a file that is there already is replaced only when the folder's marker says this
+    tool wrote it (record_output_files, as Explorer.save does); in a notebook's folder the tool's files are listed
+    beside the notebook's marker, which stays the notebook's."""
+    folder = tmp_path / "figs"
+    folder.mkdir()
+    (folder / "view.json").write_text("the user's own")
+    with pytest.raises(InputError, match=r"view.json is there already and Explorer.save did not write it"):
+        check_output_path(folder, option="path", tool="Explorer.save", files=["view.npz", "view.json"])
+    assert check_output_path(folder, option="path", tool="Explorer.save", files=["map.npz", "map.json"]) == folder
+    record_output_files(folder, "Explorer.save", ["map.npz", "map.json"])
+    (folder / "map.npz").write_bytes(b"1")
+    assert check_output_path(folder, option="path", tool="Explorer.save", files=["map.npz", "map.json"]) == folder
+    with pytest.raises(InputError, match=r"holds the output of Explorer.save, not of another tool"):
+        check_output_path(folder, option="path", tool="another tool", files=["map.npz"])
+    nb = notebook_output(tmp_path / "nb")
+    (nb / "scoreboard.json").write_text("[]")
+    with pytest.raises(InputError, match=r"scoreboard.json is there already"):
+        check_output_path(nb, option="path", tool="Explorer.save", files=["scoreboard.json"])
+    record_output_files(nb, "Explorer.save", ["view.npz"])
+    (nb / "view.npz").write_bytes(b"1")
+    assert check_output_path(nb, option="path", tool="Explorer.save", files=["view.npz"]) == nb
+    marker = json.loads((nb / OUTPUT_MARKER).read_text())
+    assert marker["written_by"] == NOTEBOOK and marker["also"] == {"Explorer.save": ["view.npz"]}
+    with pytest.raises(InputError, match="holds files make book did not write"):  # still not a site's folder
+        output_folder(nb, "make book")
 
 
 CLIS = {

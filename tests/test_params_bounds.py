@@ -2,6 +2,7 @@
 each is refused where it enters, in one line naming the parameter and the fix.
 
 docs/FAULTS.md's "Hostile samples and parameters (#60)" table counts the cases below."""
+import re
 import shutil
 
 import pytest
@@ -90,3 +91,60 @@ def test_two_generators_under_one_name_are_refused_naming_both(tmp_path, same):
         gens, msg = ["tiny-mmdit", "tiny-mmdit"], r"'tiny-mmdit' and 'tiny-mmdit' are both named .*list each model once"
     with pytest.raises(ParameterError, match=rf"GENERATORS=.*{msg}"):
         check_params({"GENERATORS": gens})
+
+
+# ---- second round (#60): what passed the check cell and ran silently wrong, or failed only after the model ran ----
+@pytest.mark.parametrize("share", [1e-6, 5e-4, 0.5 / 576])
+def test_a_share_that_rounds_to_no_token_is_refused_where_the_tokens_are_known(share):
+    """budget_shares([1e-6], 576) was accepted and a uniform policy then kept 0 image tokens in every layer."""
+    import torch
+
+    from unicache_lib.kv.cache import EvictionContext
+    from unicache_lib.kv.policies import POLICIES
+
+    with pytest.raises(InputError, match=rf"budget {re.escape(repr(share))} keeps no image token of this model's 576: round\(.*\) = 0; "
+                                         r"the smallest budget that keeps one is 1/576 = 0.00174, or '1t'"):
+        budget_shares([share], 576)
+    ctx = EvictionContext(600, torch.arange(12, 588), 2, [])
+    with pytest.raises(InputError, match=r"keeps no image token of this picture's 576: .* 1/576"):
+        POLICIES["random"]().select(ctx, share)
+    assert budget_shares([1 / 576, 0.5], 576) == [1 / 576, 0.5] and budget_shares(["1t"], 576) == [1 / 576]
+    check_params({"BUDGETS": [1e-6]})  # the check cell does not know the model's tokens yet: 05 refuses it after loading
+
+
+@pytest.mark.parametrize("name,value,msg", [
+    ("FRACTIONS", [0.2, 0.2], r"fraction 0.2 is given twice: each fraction is one row of the sweep"),
+    ("FRACTIONS", [0.0, 1.0], r"fraction must be a fraction in \[0, 1\) \(of the heads pruned\), got 1.0"),
+    ("FRACTIONS", [], r"must hold at least one fraction$"),
+    ("FEWER_STEPS", [10, 10], r"step count 10 is given twice"),
+    ("MAP_PER_TYPE", 0, r"must be >= 1"),
+    ("BUDGETS", "0.1,0.2", r"must be a list of shares or token counts.*-p BUDGETS \"\[0.1, 0.25\]\""),
+])
+def test_duplicates_and_values_the_run_refuses_late_stop_in_the_check_cell(name, value, msg):
+    with pytest.raises(ParameterError, match=rf"{name}=.*{msg}") as e:
+        check_params({name: value})
+    assert str(e.value).count("notebook parameter") == 1  # said once, not wrapped in itself
+
+
+def test_depth_tokens_the_committed_run_did_not_measure_are_refused_in_the_check_cell(tmp_path, monkeypatch):
+    """DEPTH_TOKENS=65 passed the check cell and was refused only at 05 §8, after the whole run."""
+    from unicache_lib.analysis import caching_claims as CC
+
+    (tmp_path / "evaluate_depth_shares_tiny-llava-576.csv").write_text(
+        "model,method,tokens,n\ntiny-llava-576,random,64,10\ntiny-llava-576,random,128,10\n")
+    monkeypatch.setattr(CC, "DECISIVE", tmp_path)
+    with pytest.raises(ParameterError, match=r"DEPTH_TOKENS=65: the committed depth-budget run on tiny-llava-576 "
+                                             r"measured \[64, 128\] image tokens: pick one"):
+        check_params({"DEPTH_TOKENS": 65, "SCALE_MODEL": "tiny-llava-576"})
+    check_params({"DEPTH_TOKENS": 128, "SCALE_MODEL": "tiny-llava-576"})
+
+
+def test_a_report_store_path_holding_an_equals_sign_is_a_path(tmp_path):
+    """`unicache-report runs/lr=0.1/store` was split at '=' as LABEL=PATH ('no store at 0.1/store')."""
+    from unicache_lib.diagnostics.report import cli_stores
+
+    store = tmp_path / "runs" / "lr=0.1" / "store"
+    store.mkdir(parents=True)
+    assert cli_stores([str(store)]) == {"store": str(store)}
+    assert cli_stores(["runs/lr=0.2/store"]) == {"store": "runs/lr=0.2/store"}  # not there yet: a '/' before '=' too
+    assert cli_stores([f"mine={store}"]) == {"mine": str(store)}  # LABEL=PATH as before

@@ -67,7 +67,7 @@ def test_bad_folders_are_refused_naming_the_file_and_the_fix(tmp_path, folder):
         S.load(tmp_path)
     np.savez(tmp_path / "masks.npz", **{"a.png": np.zeros((1, 8, 8), bool)})
     assert S.load(tmp_path)[0].masks.shape == (1, 8, 8)
-    with pytest.raises(UnicacheError, match="pass SAMPLE_SEED=None"):
+    with pytest.raises(UnicacheError, match="pass SAMPLE_SEED=2024 \\(the default\\)"):
         S.load(folder, seed=7)
     assert len(S.load(folder, seed=S.SEED)) == len(S.load(folder, seed=None)) == 20  # the fix: the default seed
     with pytest.raises(UnicacheError, match="imagefolder layout"):

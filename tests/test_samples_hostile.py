@@ -185,17 +185,34 @@ def test_the_shipped_manifest_still_loads_exactly():
 
 
 # ---- 3. the generator and a folder of your own images ----------------------------------------------------------
-def test_a_folder_of_plain_images_is_told_how_to_write_its_metadata_and_the_way_works(tmp_path):
-    root = tmp_path / "photos"
-    root.mkdir()
+@pytest.mark.parametrize("name", ["photos", "bob's photos", "a$(touch PWNED)b", 'say "cheese" `id` ; ls', "two  spaces"])
+def test_a_folder_of_plain_images_is_told_how_to_write_its_metadata_and_the_way_works(tmp_path, name):
+    """The hint's shell command quotes the folder (shlex.quote): `bob's photos` used to make it unparseable and
+    `a$(touch PWNED)b` ran `touch PWNED` when pasted. Run through bash as printed, it writes metadata.jsonl and
+    nothing else, whatever the folder's name."""
+    import shlex
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    root = work / name
+    root.mkdir(parents=True)
     for n in ("cat.png", "dog.png"):
         _png(root / n)
     with pytest.raises(UnicacheError, match=r"holds 2 images \(cat.png, dog.png\) but no metadata.jsonl.*one JSON line "
                                             r"per image.*your images stay as they are") as e:
         S.load(root)
-    assert "--out" not in str(e.value)  # the generator is not suggested for a folder of your images
-    code = re.search(r'python -c "(.*?)", then', str(e.value)).group(1)
-    exec(code, {})  # the way the message names
+    msg = str(e.value)
+    assert "--out" not in msg and "\n" not in msg  # the generator is not suggested for a folder of your images
+    command = S.metadata_command(root, (".png",))
+    assert f"the shell command  {command}  (then edit" in msg
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "-c"] and len(argv) == 3  # one program, one word, the folder inside it as a literal
+    done = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} {command[len('python '):]}"], cwd=work,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in work.iterdir()) == [name]  # no PWNED, nothing beside the folder
+    assert sorted(p.name for p in root.iterdir()) == ["cat.png", "dog.png", "metadata.jsonl"]
     assert [(s.id, s.question) for s in S.load(root)] == [("cat", "what is in the image ?"), ("dog", "what is in the image ?")]
 
 
@@ -208,12 +225,129 @@ def test_the_generator_never_writes_beside_files_it_did_not_make(tmp_path, folde
     with pytest.raises(SystemExit) as e:
         S.main(args)
     assert e.value.code == 2
-    assert re.search(r"already holds files the sample generator did not write \(cat.png\)", capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert re.search(r"error: --out .* holds files the sample generator did not write \(e\.g\. cat.png", err), err
     assert sorted(p.name for p in root.iterdir()) == ["cat.png"]  # nothing written
     fresh = tmp_path / "fresh"
     S.main(["--out", str(fresh)] + (["--folder"] if folder else []))
     S.main(["--out", str(fresh)] + (["--folder"] if folder else []))  # over its own output: allowed
     assert len(S.load(fresh)) == 20
+    S.main(["--out", str(fresh)] + ([] if folder else ["--folder"]))  # the other layout: its earlier files go
+    assert len(S.load(fresh)) == 20 and len(list(fresh.glob("*.json*"))) == 1
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_the_generator_never_replaces_your_manifest_or_metadata(tmp_path, folder, capsys):
+    """#60, second round: the generator decided what it owned by file name, so `--out` a folder holding only a user's
+    manifest.json (a web app's) or metadata.jsonl (their samples) replaced it. It owns what its .unicache-output lists
+    (or, for a folder an earlier version wrote, files exactly as it writes them)."""
+    mine = tmp_path / "proj"
+    mine.mkdir()
+    own = "metadata.jsonl" if folder else "manifest.json"
+    text = ('{"file_name": "images/x.png", "question": "mine"}\n' if folder else '{"name": "my web app"}')
+    (mine / own).write_text(text)
+    with pytest.raises(SystemExit) as e:
+        S.main(["--out", str(mine)] + (["--folder"] if folder else []))
+    assert e.value.code == 2 and f"did not write (e.g. {own}" in capsys.readouterr().err
+    assert (mine / own).read_text() == text and sorted(p.name for p in mine.iterdir()) == [own]
+    earlier = tmp_path / "earlier"  # what `make samples` wrote before the marker existed: still the generator's
+    S.main(["--out", str(earlier)] + (["--folder"] if folder else []))
+    (earlier / ".unicache-output").unlink()
+    S.main(["--out", str(earlier)] + (["--folder"] if folder else []))
+    assert (earlier / ".unicache-output").exists() and len(S.load(earlier)) == 20
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_the_generator_refuses_an_empty_out(tmp_path, value, capsys, monkeypatch):
+    """`--out ''` wrote 22 files into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        S.main(["--out", value])
+    assert e.value.code == 2 and "is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit) as e:
+        S.main(["--out", str(tmp_path / "s"), "--seed", "-5"])
+    assert e.value.code == 2 and "--seed=-5 is outside 0..4294967295" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sid,why", [("../../ESCAPED", "holds a path separator"), ("..", "is '..', a folder's name"),
+                                     ("a\\b", "holds a path separator"), ("a\x00b", "holds a NUL byte"),
+                                     ("x" * 201, "is 201 bytes long, more than the 200")])
+def test_a_sample_id_is_a_plain_name_in_load_and_in_the_writers(tmp_path, sid, why):
+    """#60, second round: load() accepted the id '../../ESCAPED' from a metadata.jsonl, and export_folder / save then
+    wrote base/ESCAPED.png, outside their folder. An id is a plain name: refused on load and by both writers."""
+    base = tmp_path / "base"
+    src = _write_layout(base / "in", "metadata", [{"file_name": "a.png", "question": "q", "id": sid}])
+    _png(src / "a.png")
+    with pytest.raises(UnicacheError, match=rf"line 1: sample id .* {re.escape(why)}.*plain name"):
+        S.load(src)
+    ok = _write_layout(base / "ok", "metadata", [{"file_name": "a.png", "question": "q"}])
+    _png(ok / "a.png")
+    sample = S.load(ok)[0]
+    sample.id = sid  # as a caller may build it
+    for write in (S.export_folder, S.save):
+        with pytest.raises(UnicacheError, match=rf"sample id .* {re.escape(why)}.*nothing was written"):
+            write([sample], base / "exp" / "out")
+    assert sorted(p.relative_to(base).as_posix() for p in base.rglob("*")) == [
+        "in", "in/a.png", "in/metadata.jsonl", "ok", "ok/a.png", "ok/metadata.jsonl"]
+
+
+def test_one_folder_two_layouts_or_two_llava_files_is_refused_naming_both(tmp_path):
+    """A generator folder (manifest.json) with the user's metadata.jsonl added: the manifest won and the user's lines
+    were ignored without a word; train.json and val.json: only train.json was read."""
+    gen = tmp_path / "gen"
+    S.main(["--out", str(gen)])
+    (gen / "metadata.jsonl").write_text('{"file_name": "mine.png", "question": "q"}\n')
+    with pytest.raises(UnicacheError, match=r"holds both manifest.json .* and metadata.jsonl .*keep one"):
+        S.load(gen)
+    two = tmp_path / "llava"
+    two.mkdir()
+    _png(two / "a.png")
+    for f in ("train.json", "val.json"):
+        (two / f).write_text(json.dumps([{"image": "a.png", "id": f, "conversations": [{"from": "human", "value": "q"}]}]))
+    with pytest.raises(UnicacheError, match=r"holds 2 LLaVA-style conversation files \(train.json, val.json\).*folder "
+                                            r"of its own"):
+        S.load(two)
+    (two / "val.json").unlink()  # the fix: one per folder
+    assert [s.id for s in S.load(two)] == ["train.json"]
+
+
+@pytest.mark.parametrize("answer,msg", [(2.0, r"got float 2\.0: write it as the text .* e\.g\. \"2\""),
+                                        (float("nan"), r"got float nan: write it as the text"),
+                                        (3, r"got int 3: write it as the text .* e\.g\. \"3\"")])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_answer_must_be_text(tmp_path, layout, answer, msg):
+    """A pandas-exported count (2.0) became '2.0', never scored right; NaN became 'nan'."""
+    root = _write_layout(tmp_path / "f", layout, [{"file_name": "a.png", "question": "how many ?", "answer": answer}])
+    _png(root / "a.png")
+    with pytest.raises(UnicacheError, match=rf"'answer' must be a text \(or left out\), {msg}"):
+        S.load(root)
+
+
+def test_subsets_take_lists_of_exact_names():
+    """scene_types='singleclutter' matched as a substring (8 samples of two types); ids='single-0' was read character
+    by character; per_type=0 returned [] without a word."""
+    with pytest.raises(UnicacheError, match=r"scene_types must be a list of exact names.*pass \['singleclutter'\]"):
+        S.load(scene_types="singleclutter")
+    with pytest.raises(UnicacheError, match=r"scene_types: no scene type 'singleclutter'"):
+        S.load(scene_types=["singleclutter"])
+    with pytest.raises(UnicacheError, match=r"ids must be a list of exact names, e\.g\. ids=\['single-0'"):
+        S.load(ids="single-0")
+    with pytest.raises(UnicacheError, match=r"per_type=0 is outside 1\.\."):
+        S.load(per_type=0)
+    assert {s.scene_type for s in S.load(scene_types=["single", "clutter"])} == {"single", "clutter"}
+    assert [s.id for s in S.load(ids=["single-0"])] == ["single-0"]
+
+
+@pytest.mark.parametrize("mode,arr,kind", [("I;16", np.full((8, 8), 40000, np.uint16), "16-bit"),
+                                           ("F", np.full((8, 8), 0.5, np.float32), "32-bit floating-point")])
+def test_a_high_bit_image_is_refused_once_not_wrapped_in_a_contradiction(tmp_path, mode, arr, kind):
+    """The 16-bit refusal used to arrive inside 'is not a readable image (...): re-save it as PNG or JPEG'."""
+    root = _write_layout(tmp_path / "f", "metadata", [{"file_name": "a.tif", "question": "q"}])
+    Image.fromarray(arr).save(root / "a.tif")
+    with pytest.raises(UnicacheError, match=rf"a.tif is a {kind} image") as e:
+        S.load(root)
+    assert "not a readable image" not in str(e.value) and "re-save it as PNG" not in str(e.value)
 
 
 # ---- 4. statistics: NaN or inf is never "healthy" ---------------------------------------------------------------

@@ -26,9 +26,14 @@ What it reads and where it writes (issue #60): every file it reads or publishes 
 file inside the repository (unicache_lib.paths.inside_regular_file, judged by stat before anything opens it); a
 committed symlink that leads outside it (``docs/env.txt -> /proc/self/environ``), a symlinked folder outside, a FIFO
 or a device fails the build with one line naming it (exit status 2), so nothing outside the repository is ever
-published. The output folder is checked by unicache_lib.paths.output_folder: refused when empty, the repository or a
-folder above it, one of its own folders (docs/, notebooks/ ...), or a folder holding files this builder did not write;
-the builder records what it wrote in the folder's ``.unicache-output`` and a rebuild removes only those files."""
+published. A symlink that stays inside is published only when what it leads to is: a tracked file (in a git checkout)
+outside dot folders and files and outputs/ (``docs/gitconfig.txt -> ../.git/config``, ``-> ../.env``,
+``-> ../outputs/private.json`` each fail the build in one line); a symlink to a folder is never followed (``docs/loop
+-> ..`` would nest the site without end). The output folder is checked by unicache_lib.paths.output_folder: refused
+when empty, the repository or a folder above it, a folder inside it but under outputs/, or a folder holding files this
+builder did not write; the pages are built in a temporary folder beside it and moved in only once every page is built
+(a failed build leaves the earlier site as it was), the builder records what it wrote in the folder's
+``.unicache-output`` and a rebuild removes only those files."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +41,7 @@ import base64
 import html
 import io
 import json
+import os
 import posixpath
 import re
 import shutil
@@ -68,22 +74,90 @@ class BookError(Exception):
     must not write: `make book` prints it as one line and exits with status 2."""
 
 
+UNPUBLISHED = ("outputs", "runs", "__pycache__")  # the tools' outputs and caches: never pages, never link targets
+
+
+def unpublished_part(rel: str) -> str | None:
+    """The first part of repository path ``rel`` that keeps it off the site: a dot folder or file (``.git``,
+    ``.env``), ``outputs/``, ``runs/`` or ``__pycache__``; None when there is none."""
+    return next((part for part in rel.split("/") if part.startswith(".") or part in UNPUBLISHED), None)
+
+
+_GIT_LISTS: dict = {}
+
+
+def git_files(root: Path) -> tuple[set[str], set[str]] | None:
+    """``(tracked, untracked but not ignored)`` files of ``root`` when it is the top of a git work tree (``git
+    ls-files``), None otherwise (a tree ``--ref`` unpacked, a test's folder): read once per root."""
+    key = str(root)
+    if key not in _GIT_LISTS:
+        def ls(*extra):
+            r = subprocess.run(["git", "-C", key, "ls-files", "-z", *extra], capture_output=True)
+            return set(r.stdout.decode("utf-8", "surrogateescape").split("\0")) - {""} if r.returncode == 0 else None
+
+        top = subprocess.run(["git", "-C", key, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        inside = top.returncode == 0 and Path(top.stdout.strip()).resolve() == root
+        tracked = ls("--cached") if inside else None
+        others = ls("--others", "--exclude-standard") if inside else None
+        _GIT_LISTS[key] = None if tracked is None or others is None else (tracked, others)
+    return _GIT_LISTS[key]
+
+
 def entry(root: Path, rel: str) -> tuple[str | None, Path | None]:
     """``(kind, real path)`` of repository path ``rel``: ("file", ...) for a regular file, ("dir", ...) for a folder,
-    (None, None) when nothing is there (a dangling link included). Every symlink is resolved first and judged by stat
-    before anything opens it: one that leaves ``root``, a FIFO, a socket or a device raises :class:`BookError`."""
+    (None, None) when nothing is there (a dangling link included) or nothing the site publishes is (a file git
+    ignores, in a git checkout). Every symlink is resolved first and judged by stat before anything opens it: one that
+    leaves ``root``, a FIFO, a socket or a device raises :class:`BookError`; so does a symlink to a folder (or a folder
+    reached through one: ``docs/loop -> ..`` would nest the site without end), and a symlink whose target is not
+    itself published: in a dot folder or dot file (``.git/config``, ``.env``), under ``outputs/``, or, in a git
+    checkout, not a tracked file."""
     try:
-        return "dir", inside_folder(root, rel)
+        kind, real = "dir", inside_folder(root, rel)
     except MissingFileError:
         return None, None
     except InputError:
-        pass
-    try:
-        return "file", inside_regular_file(root, rel)
-    except MissingFileError:
-        return None, None
-    except InputError as e:
-        raise BookError(f"{rel}: not published: {e}") from e
+        try:
+            kind, real = "file", inside_regular_file(root, rel)
+        except MissingFileError:
+            return None, None
+        except InputError as e:
+            raise BookError(f"{rel}: not published: {e}") from e
+    return published(root, rel, kind, real)
+
+
+def published(root: Path, rel: str, kind: str, real: Path) -> tuple[str | None, Path | None]:
+    """:func:`entry`'s judgement of ``rel`` once it resolved (inside ``root``) to ``real``, a ``kind``."""
+    base = Path(root).resolve()
+    parts = [q for q in Path(rel).parts if q not in ("", ".")]
+    for i in range(1, len(parts) + 1):  # every folder on the way, and the entry itself when it is a folder
+        q = base.joinpath(*parts[:i])
+        if q.is_symlink() and (i < len(parts) or kind == "dir"):
+            raise BookError(f"{rel}: not published: {'/'.join(parts[:i])} is a symbolic link to a folder "
+                            f"({os.readlink(q)}): the site publishes folders only as themselves (a link to a folder "
+                            f"can loop, e.g. docs/loop -> ..); link the files themselves or remove the link")
+    target = real.relative_to(base).as_posix()
+    linked = target != "/".join(parts)
+    bad = unpublished_part(target)
+    if bad is not None:
+        if not linked:
+            return None, None
+        where = f"in {bad}/" if target != bad and not target.endswith("/" + bad) else "a dot file"
+        raise BookError(f"{rel}: not published: it is a symbolic link to {target} ({where}), which the site never "
+                        f"publishes: only tracked files outside dot folders (.git/, .env ...) and outputs/ are; remove "
+                        f"the link")
+    listed = git_files(base)
+    if listed is not None and kind == "file":
+        tracked, others = listed
+        if linked and target not in tracked:
+            raise BookError(f"{rel}: not published: it is a symbolic link to {target}, which git does not track: "
+                            f"a link is published only when it leads to a committed file; remove the link")
+        if not linked and target not in tracked | others:
+            return None, None  # a file git ignores: not part of the course
+    if listed is not None and kind == "dir" and target:
+        tracked, others = listed
+        if not any(f.startswith(target + "/") for f in tracked | others):
+            return None, None  # a folder of ignored files only (an egg-info, a build folder)
+    return kind, real
 
 
 def repo_file(root: Path, rel: str) -> Path:
@@ -582,17 +656,22 @@ def site_folder(out, root: Path = ROOT):
 
 def build(out, root: Path = ROOT, log=print) -> Site:
     """Build the site of the repository at ``root`` into ``out``. ``out`` must be new, empty or a site this builder
-    wrote (:func:`site_folder`); the files it wrote last time are removed first, nothing else."""
+    wrote (:func:`site_folder`). The pages are written into a temporary folder beside ``out`` first; only once every
+    page is built do they replace the earlier site (the files it wrote last time that this build does not write are
+    removed, nothing else), so a build that fails leaves the earlier site as it was."""
     t0 = time.perf_counter()
     folder = site_folder(out, root)
     out = folder.path
-    site = Site(root)  # the table of contents read (and checked) before anything of an earlier site is removed
-    folder.clean()
-    out.mkdir(parents=True, exist_ok=True)
+    site = Site(root)  # the table of contents read (and checked) before anything is written
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.building-"))
     try:
-        done = _write_pages(site, out, root)
+        done = _write_pages(site, tmp, root)
+        new = sorted(Path(os.path.relpath(os.path.join(top, f), tmp)).as_posix()
+                     for top, _, files in os.walk(tmp) for f in files)
+        _move_in(folder, tmp, new)
     finally:
-        folder.record(folder.present())  # what this build wrote: the next one removes exactly these
+        shutil.rmtree(tmp, ignore_errors=True)
     for p in site.by_src.values():
         for w in p.warnings:
             log(f"warning: {p.src}: {w}")
@@ -600,6 +679,28 @@ def build(out, root: Path = ROOT, log=print) -> Site:
     log(f"built {done} pages into {out} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s; "
         f"open {out / 'index.html'} or serve it: .venv/bin/python -m http.server -d {out}")
     return site
+
+
+def _move_in(folder, tmp: Path, new: list[str]) -> None:
+    """Put the built files ``new`` (paths relative to ``tmp``) in place of the earlier site in ``folder``: listed in
+    its marker first (a crash leaves nothing unlisted), a link the marker lists removed (never followed), each file
+    renamed over its earlier version, then the earlier site's files this build does not write removed."""
+    out = folder.path
+    folder.record(folder.files | set(new))
+    for rel, p in folder._listed():
+        if p.is_symlink():
+            p.unlink()
+    for rel in new:
+        dest = out / rel
+        there = dest.parent
+        while not os.path.lexists(there):
+            there = there.parent
+        if there.resolve() != there:  # a folder of the site swapped for a link: never written through
+            raise BookError(f"{there} is a symbolic link in the site folder: not written through; remove it (make "
+                            f"book did not make it)")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / rel, dest)
+    folder.clean(keep=new)
 
 
 def _write_pages(site: Site, out: Path, root: Path) -> int:
@@ -639,7 +740,7 @@ def main(argv=None) -> int:
                                   "tree holds now) instead of the working tree")
     args = ap.parse_args(argv)
     try:
-        site_folder(args.out)  # refused before anything is read or extracted
+        site_folder(args.out, ROOT)  # refused before anything is read or extracted
         if args.ref:
             with tempfile.TemporaryDirectory() as tmp:
                 archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", args.ref], check=True,
@@ -651,9 +752,12 @@ def main(argv=None) -> int:
                                     f"({type(e).__name__}): not published; remove it from the commit") from e
                 build(args.out, Path(tmp))
         else:
-            build(args.out)
+            build(args.out, ROOT)
     except BookError as e:
         print(f"make book: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a name too long, a full disk: one line, the earlier site as it was
+        print(f"make book: error: {' '.join(str(e).split())}: nothing was replaced", file=sys.stderr)
         return 2
     return 0
 

@@ -427,12 +427,15 @@ def _token_count(v: str, what: str) -> int:
     return int(v[:-1])
 
 
-def budget_shares(values, n_image: int | None, what: str = "budget") -> list[float]:
+def budget_shares(values, n_image: int | None, what: str = "budget", tokens_known: bool = True) -> list[float]:
     """Budgets as shares of the image tokens: a number is a share (checked in (0, 1]); a string ``"64t"`` counts
     tokens and becomes ``64 / n_image`` (64 of LLaVA-1.5's 576: 0.111), refused when ``n_image`` is unknown or the
-    count is outside 1..``n_image``. A zero budget (``0``, ``0.0``, ``'0t'``) keeps no image token and is refused;
-    two budgets that come to one share (``["16t", 0.25]`` on 64 tokens, or one value twice) are refused naming
-    both, since each budget is a row of the sweep and a repeat would count its questions twice."""
+    count is outside 1..``n_image``. A zero budget (``0``, ``0.0``, ``'0t'``) keeps no image token and is refused, and
+    so is a share that rounds to no token of the model's ``n_image`` (``1e-6`` of 576: the eviction keeps
+    ``round(share * n_image)`` tokens) unless ``tokens_known`` is False (the check cell, before the model is loaded,
+    passes a bound for ``n_image``); two budgets that come to one share (``["16t", 0.25]`` on 64 tokens, or one value
+    twice) are refused naming both, since each budget is a row of the sweep and a repeat would count its questions
+    twice."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InputTypeError(f"{what}s must be a list of shares or token counts, got {values!r}; e.g. [0.1, '64t']")
     if iter(values) is values:
@@ -455,6 +458,9 @@ def budget_shares(values, n_image: int | None, what: str = "budget") -> list[flo
             if share == 0:
                 raise InputError(f"{what} {v!r} keeps no image token: a budget is a share in (0, 1], e.g. 0.05 (or a "
                                  f"token count such as '1t')")
+            if tokens_known and n_image and round(share * n_image) == 0:
+                raise InputError(f"{what} {v!r} keeps no image token of this model's {n_image}: round({v!r} x {n_image}) "
+                                 f"= 0; the smallest budget that keeps one is 1/{n_image} = {1 / n_image:.3g}, or '1t'")
         for u, s in zip(given, out):
             if abs(s - share) <= 1e-12:
                 said = (f"{what} {v!r} is given twice" if u == v else f"{what}s {u!r} and {v!r} are one share "

@@ -1,7 +1,9 @@
 """Where a notebook's relative paths point: the repository root, wherever the kernel was started; files read from
 inside a root (:func:`inside_regular_file`), and the one check of every output folder (:func:`output_folder`,
-:func:`check_output_path`): never empty, never the repository's own folders, never a folder holding files the tool
-did not write (its :data:`OUTPUT_MARKER` lists what it wrote)."""
+:func:`check_output_path`): never empty, never the repository or a folder inside it but under its git-ignored
+``outputs/`` (and ``runs/``), never a folder holding files the tool did not write (its :data:`OUTPUT_MARKER` lists
+what it wrote), never a file it did not write (``files=``, :func:`record_output_files`). A notebook's ``OUT_DIR``
+(:func:`notebook_output`) is new, empty or marked by a notebook, since a notebook replaces and removes files there."""
 import json
 import os
 import stat
@@ -100,6 +102,7 @@ def _kind(st: os.stat_result) -> str:
 # ----------------------------------------------------------------------------------------------- output folders
 
 OUTPUT_MARKER = ".unicache-output"  # in a folder a tool writes: which tool, and the files it wrote there
+NOTEBOOK = "a notebook"  # the tool a notebook's OUT_DIR marker names (notebook_output)
 PACKAGE_REPO = Path(__file__).resolve().parents[1]  # the checkout this package runs from (when it is one)
 
 
@@ -119,12 +122,29 @@ def _eg(option: str) -> str:
     return f"e.g. {option} outputs/mine" if option.startswith("-") else f"e.g. {option}='outputs/mine'"
 
 
-def output_path_refusal(path, option: str = "--out", tool: str = "this tool", roots=()) -> tuple[Path | None, str]:
+OUTPUT_AREAS = ("outputs", "runs")  # a repository's git-ignored folders the tools write into (.gitignore)
+
+
+def _inside_repository(p: Path, r: Path, within=()) -> str:
+    """Why output folder ``p`` (resolved) inside repository ``r`` is refused ("" when it is under one of
+    :data:`OUTPUT_AREAS` or a folder of ``within``, repository-relative folders a tool rewrites on purpose)."""
+    rel = p.relative_to(r)
+    if rel.parts[0] in OUTPUT_AREAS or any(p.is_relative_to((r / w).resolve()) for w in within):
+        return ""
+    top = rel.parts[0]
+    if len(rel.parts) == 1 and (p.exists() or top.startswith(".")):
+        return f"is the repository's own folder {top}/"
+    return f"is inside the repository {r} ({rel.as_posix()}/, in its {top}/)"
+
+
+def output_path_refusal(path, option: str = "--out", tool: str = "this tool", roots=(),
+                        within=()) -> tuple[Path | None, str]:
     """``(resolved folder, "")`` for an output folder ``path`` may name (relative: from the current directory), or
-    ``(None, why and what to do)`` when it is empty, a file, the repository itself or a folder above it, one of the
-    repository's own top-level folders (``docs/``, ``notebooks/``, ``data/``, ``unicache_lib/``, ``tests/`` ...;
-    ``outputs/`` is the tools' own), or a folder another tool's :data:`OUTPUT_MARKER` claims. Reads no file but
-    that marker; creates nothing."""
+    ``(None, why and what to do)`` when it is empty, a file, the repository itself or a folder above it, any folder
+    inside the repository but under its git-ignored :data:`OUTPUT_AREAS` (``outputs/``, ``runs/``) or a folder of
+    ``within`` (repository-relative folders the tool rewrites on purpose, such as the shipped models), or a folder
+    another tool's :data:`OUTPUT_MARKER` claims (a notebook's output folder, :data:`NOTEBOOK`, is shared: tools may add
+    files there). Reads no file but that marker; creates nothing."""
     eg = _eg(option)
     if path is None or not str(path).strip():
         return None, f"is empty: name the folder {tool} writes to, {eg} (an empty value writes into the current folder)"
@@ -133,35 +153,101 @@ def output_path_refusal(path, option: str = "--out", tool: str = "this tool", ro
         if p == r or p in r.parents:
             what = f"the repository {r} itself" if p == r else f"a folder above the repository {r}"
             return None, f"is {what}: {tool} writes only to a folder of its own, {eg}"
-        if p.parent == r and p.name != "outputs" and (p.exists() or p.name.startswith(".")):
-            return None, f"is the repository's own folder {p.name}/: {tool} writes only to a folder of its own, {eg}"
+        if p.is_relative_to(r):
+            why = _inside_repository(p, r, within)
+            if why:
+                return None, (f"{why}: {tool} writes inside the repository only under outputs/ (or anywhere outside "
+                              f"it), never over the repository's own files, {eg}")
     if p.exists() and not p.is_dir():
         return None, f"is a file ({p}), not a folder: choose a folder, {eg}"
     if os.path.lexists(p / OUTPUT_MARKER):
-        try:
-            by = json.loads(Path(inside_regular_file(p, OUTPUT_MARKER)).read_text())["written_by"]
-        except (UnicacheError, OSError, ValueError, KeyError, TypeError):
-            by = None
-        if by != tool:
+        info = _marker(p)
+        by = info.get("written_by") if info is not None else None
+        if by != tool and by != NOTEBOOK:
             return None, (f"holds the output of {by}, not of {tool}: choose another folder, {eg}" if isinstance(by, str)
                           else f"has a damaged {OUTPUT_MARKER}: delete the folder yourself if nothing in it is yours, "
                                f"or choose another, {eg}")
     return p, ""
 
 
-def check_output_path(path, option: str = "--out", tool: str = "this tool", roots=()) -> Path:
+def _marker(folder: Path) -> dict | None:
+    """The folder's :data:`OUTPUT_MARKER` as read (a regular file inside it holding a JSON object with a text
+    ``written_by`` and a list of texts ``files``), None when it is absent or damaged."""
+    try:
+        info = json.loads(Path(inside_regular_file(folder, OUTPUT_MARKER)).read_text())
+    except (UnicacheError, OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("written_by"), str) \
+            or not isinstance(info.get("files"), list) or not all(isinstance(f, str) for f in info["files"]):
+        return None
+    return info
+
+
+def _written_by(info: dict | None, tool: str) -> set[str]:
+    """The files a marker says ``tool`` wrote: its ``files`` when ``tool`` wrote the folder, else what ``tool`` added
+    to another tool's folder (``also``)."""
+    if info is None:
+        return set()
+    also = info.get("also")
+    mine = also.get(tool, []) if isinstance(also, dict) else []
+    return (set(info["files"]) if info["written_by"] == tool else set()) | {f for f in mine if isinstance(f, str)}
+
+
+def _write_marker(folder: Path, info: dict) -> None:
+    """Write ``info`` as the folder's :data:`OUTPUT_MARKER` (a temporary file renamed over it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{OUTPUT_MARKER}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(info, indent=1) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / OUTPUT_MARKER)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def record_output_files(folder, tool: str, names) -> None:
+    """Note in ``folder``'s :data:`OUTPUT_MARKER` that ``tool`` wrote ``names`` there (for :func:`check_output_path`'s
+    ``files``: a later call may overwrite them, nothing else): in the marker's ``files`` when the folder is ``tool``'s
+    or has no marker yet, under ``also`` in a folder another tool (a notebook) marked."""
+    folder = Path(folder)
+    info = _marker(folder) if os.path.lexists(folder / OUTPUT_MARKER) else None
+    names = {str(n) for n in names}
+    if info is None:
+        info = {"written_by": tool, "files": [], "note": f"{tool} overwrites only the files listed here"}
+    if info["written_by"] == tool:
+        info["files"] = sorted(set(info["files"]) | names)
+    else:
+        also = info["also"] if isinstance(info.get("also"), dict) else {}
+        also[tool] = sorted(_written_by(info, tool) | names)
+        info["also"] = also
+    _write_marker(folder, info)
+
+
+def check_output_path(path, option: str = "--out", tool: str = "this tool", roots=(), within=(), files=()) -> Path:
     """The resolved folder ``path`` names, or :class:`InputError` in one line saying why not and what to do
-    (:func:`output_path_refusal`). For a tool that writes into a folder without listing what it wrote."""
-    p, why = output_path_refusal(path, option, tool, roots)
+    (:func:`output_path_refusal`). For a tool that writes into a folder without listing what it wrote. ``files``: the
+    names the tool is about to write there; one that exists is refused unless the folder's marker says ``tool`` wrote
+    it (:func:`record_output_files`, called as the tool writes them), so nothing it did not write is ever replaced."""
+    p, why = output_path_refusal(path, option, tool, roots, within)
     if p is None:
         raise InputError(f"{option} {str(path)!r} {why}")
+    there = [str(n) for n in files if os.path.lexists(p / str(n))]
+    if there:
+        mine = _written_by(_marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None, tool)
+        theirs = [n for n in there if n not in mine]
+        if theirs:
+            raise InputError(f"{option} {str(path)!r}: {', '.join(theirs)} {'is' if len(theirs) == 1 else 'are'} there "
+                             f"already and {tool} did not write {'it' if len(theirs) == 1 else 'them'} (its "
+                             f"{OUTPUT_MARKER} lists what it wrote): choose another name, or move the file away")
     return p
 
 
-def cli_output_path(path, tool: str, option: str = "--out", roots=()) -> Path:
+def cli_output_path(path, tool: str, option: str = "--out", roots=(), within=()) -> Path:
     """:func:`check_output_path` for a command line: a refusal is one line on stderr and exit status 2."""
     try:
-        return check_output_path(path, option, tool, roots)
+        return check_output_path(path, option, tool, roots, within)
     except InputError as e:
         print(f"{tool}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from e
@@ -205,18 +291,8 @@ class OutputFolder:
     def record(self, files) -> None:
         """Write the marker: this tool wrote ``files`` (paths relative to the folder) here."""
         self.files = {str(f) for f in files} - {OUTPUT_MARKER}
-        self.path.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"written_by": self.tool, "files": sorted(self.files),
-                           "note": f"{self.tool} cleans and overwrites only the files listed here"}, indent=1)
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f"{OUTPUT_MARKER}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(data + "\n")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path / OUTPUT_MARKER)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write_marker(self.path, {"written_by": self.tool, "files": sorted(self.files),
+                                  "note": f"{self.tool} cleans and overwrites only the files listed here"})
 
     def present(self) -> set[str]:
         """Every file (or link) under the folder now, the marker aside, relative to it."""
@@ -230,14 +306,14 @@ def _entries(folder: Path):
             yield Path(os.path.relpath(os.path.join(top, name), folder)).as_posix()
 
 
-def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None) -> OutputFolder:
+def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None, within=()) -> OutputFolder:
     """The folder ``path`` names, for ``tool`` to write to: :func:`check_output_path`'s refusals, then, where the
     folder exists and holds anything, it must be ``tool``'s own: its :data:`OUTPUT_MARKER` names ``tool`` and every
     file in it is one the marker lists. ``legacy(folder)``: for a folder without a marker, the set of files an
     earlier version of ``tool`` wrote there, or None when it is not such a folder. Refused in one line that says what
     to do: a folder another tool wrote, one holding files ``tool`` did not write. Creates nothing; the caller
     :meth:`~OutputFolder.clean`\\ s what it wrote before and :meth:`~OutputFolder.record`\\ s what it writes."""
-    p = check_output_path(path, option, tool, roots)
+    p = check_output_path(path, option, tool, roots, within)
     if not p.exists():
         return OutputFolder(p, tool, set())
     marker = p / OUTPUT_MARKER
@@ -250,7 +326,7 @@ def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None)
         except (UnicacheError, OSError, ValueError, KeyError, TypeError) as e:
             raise InputError(f"{option} {str(path)!r} has a damaged {OUTPUT_MARKER} ({type(e).__name__}): delete the "
                              f"folder yourself if nothing in it is yours, or choose another") from e
-        owned = set(files)
+        owned = set(files) if by == tool else set()  # a notebook's folder (shared): none of its files are the tool's
     else:
         first = next(_entries(p), None)
         if first is None:
@@ -269,3 +345,54 @@ def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None)
         raise InputError(f"{option} {str(path)!r} holds files {tool} did not write ({', '.join(foreign)}): move them "
                          f"out or choose another folder")
     return OutputFolder(p, tool, owned)
+
+
+# ----------------------------------------------------------------------------------------------- a notebook's OUT_DIR
+
+
+def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None, str]:
+    """``(resolved folder, "")`` when a notebook may use ``path`` as its output folder, else ``(None, why and what to
+    do)``: :func:`output_path_refusal`'s refusals, and a folder that holds anything but has no :data:`OUTPUT_MARKER`
+    made by a notebook (your home, /tmp, a folder of your files): a notebook replaces and removes files in its output
+    folder (the stores it rewrites), so it takes only a new or empty folder, one a notebook marked
+    (:func:`notebook_output`), or one under the repository's outputs/ (written before notebooks marked their folder).
+    Reads only the folder's listing and its marker; creates nothing."""
+    p, why = output_path_refusal(path, option, NOTEBOOK)
+    if p is None or not p.exists():
+        return p, why
+    try:
+        with os.scandir(p) as it:
+            first = next((e.name for e in it), None)
+    except OSError as e:
+        return None, f"cannot be listed ({e.strerror or e}): choose another folder, {_eg(option)}"
+    if first is None:
+        return p, ""
+    info = _marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None
+    if info is not None and info["written_by"] == NOTEBOOK:
+        return p, ""
+    if any(p.is_relative_to(r / "outputs") for r in repository_roots()):
+        return p, ""  # the repository's outputs/: notebooks wrote there before they marked their folder
+    return None, (f"holds files no notebook wrote (e.g. {first}) and no {OUTPUT_MARKER} made by a notebook: a notebook "
+                  f"replaces and removes files in its {option} (the stores it rewrites), so it takes only a new or empty "
+                  f"folder or one a notebook made, {_eg(option)}")
+
+
+def notebook_output(path, option: str = "OUT_DIR") -> Path:
+    """The folder ``path`` names, checked (:func:`notebook_output_refusal`; :class:`InputError` in one line otherwise),
+    created and marked as a notebook's output folder (its :data:`OUTPUT_MARKER` names :data:`NOTEBOOK`), so a later
+    run takes it again and no other tool's check mistakes it for one of yours."""
+    p, why = notebook_output_refusal(path, option)
+    if p is None:
+        raise InputError(f"{option}={str(path)!r} {why}")
+    mark_notebook_output(p)
+    return p
+
+
+def mark_notebook_output(folder) -> None:
+    """Mark ``folder`` (created if need be) as a notebook's output folder, unchecked: for a caller that made the
+    folder itself (a test's temporary folder); a marker a notebook already wrote is kept as it is."""
+    folder = Path(folder)
+    info = _marker(folder) if os.path.lexists(folder / OUTPUT_MARKER) else None
+    if info is None or info["written_by"] != NOTEBOOK:
+        _write_marker(folder, {"written_by": NOTEBOOK, "files": [], "note": "a notebook's output folder (OUT_DIR): "
+                               "the notebooks write, replace and remove files here; other tools may add theirs"})

@@ -277,9 +277,13 @@ def cli_stores(args: list[str]) -> dict:
     """``label -> path`` from the CLI's ``PATH`` / ``LABEL=PATH`` arguments. A plain path is labelled
     by its folder name, or, where folder names collide (``runs/a/store``, ``runs/b/store``), by as many
     trailing folders as tell them apart (``a/store``, ``b/store``). Raises :class:`ReportError` for a
-    store or label given twice."""
-    named = [tuple(s.split("=", 1)) for s in args if "=" in s]
-    plain = [s for s in args if "=" not in s]
+    store or label given twice. An argument that exists as a path, or whose part before ``=`` holds a ``/``, is a
+    path, ``=`` in it or not (``runs/lr=0.1/store``)."""
+    def labelled(s: str) -> bool:
+        return "=" in s and not os.path.lexists(s) and "/" not in s.split("=", 1)[0]
+
+    named = [tuple(s.split("=", 1)) for s in args if labelled(s)]
+    plain = [s for s in args if not labelled(s)]
     full = [Path(os.path.abspath(s)) for s in plain]  # the names as given (symlinks kept)
     real = [Path(s).resolve() for s in plain]
     dup = [s for s, f in zip(plain, real) if real.count(f) > 1]

@@ -13,10 +13,11 @@ import numpy as np
 
 from ..core.errors import InputError
 from ..core.untrusted import html_text, name_problem, write_inside
-from ..paths import check_output_path
+from ..paths import check_output_path, record_output_files
 from . import payload as P
 from .payload import VIEWS, module_source
 
+SAVE_TOOL = "the explorer's save"  # one name for every explorer's exports in a folder's .unicache-output
 JSON_MAP_CELLS = 100_000  # save(): the map goes into the JSON too when it has at most this many cells (always in the .npz)
 
 
@@ -147,7 +148,9 @@ class ExplorerData:
         """Write the current view's exact numbers: ``path.npz`` (``map``: the view; ``heads``: the same view for each
         head, ``[H, ...]``) and ``path.json`` (settings, labels, unit, shape and, when small, the map). ``path``'s
         folder is checked like every output folder (:func:`unicache_lib.paths.check_output_path`: not the repository
-        or one of its own folders, not another tool's) and files are written without following a symbolic link."""
+        or a folder of it but outputs/, not another tool's), an existing file is replaced only when an earlier save
+        wrote it (the folder's .unicache-output lists what it wrote), and files are written without following a
+        symbolic link."""
         sel = self.normal(sel)
         p = Path(str(path))
         if p.suffix in (".npz", ".json"):
@@ -156,7 +159,8 @@ class ExplorerData:
         if why:
             raise InputError(f"{self.what}.save: path {str(path)!r} {why}: name the file to write, e.g. "
                              f"'outputs/mine/view'")
-        folder = check_output_path(p.parent, option="path", tool=f"{self.what}.save")  # resolved: no link above it
+        names = [p.name + ".npz", p.name + ".json"]  # an existing one only when an earlier save wrote it (its marker)
+        folder = check_output_path(p.parent, option="path", tool=SAVE_TOOL, files=names)  # resolved: no link above it
         folder.mkdir(parents=True, exist_ok=True)
         panel = self.panel(sel)
         values = self.values(sel)
@@ -182,6 +186,7 @@ class ExplorerData:
                             "no image token can see this word (it comes after the picture: causal mask)")
         elif values.size <= JSON_MAP_CELLS:
             info["map"] = [[float(f"{x:.7g}") for x in row] for row in np.atleast_2d(values)]
+        record_output_files(folder, SAVE_TOOL, names)  # listed first: a later save may replace these, nothing else
         out_npz = write_inside(folder, p.name + ".npz", buf.getvalue(), what="explorer export")
         out_json = write_inside(folder, p.name + ".json", (json.dumps(info, indent=1, ensure_ascii=False) + "\n").encode(),
                                 what="explorer export")

@@ -102,7 +102,12 @@ class EvictionContext:
         """Image positions kept at ``budget`` (a fraction of the image tokens in [0, 1]; a string or a
         count is refused by :func:`~unicache_lib.inputs.check_fraction`)."""
         budget = check_fraction(budget, "budget", meaning="of the image tokens kept")
-        return int(round(budget * self.n_image))
+        k = int(round(budget * self.n_image))
+        if k == 0 and budget > 0 and self.n_image:  # a budget meant to keep something that keeps nothing: said, never run silently
+            raise InputError(f"budget {budget:g} keeps no image token of this picture's {self.n_image}: round({budget:g} "
+                             f"x {self.n_image}) = 0; the smallest budget that keeps one is 1/{self.n_image} = "
+                             f"{1 / self.n_image:.3g} (or '1t' through unicache_lib.inputs.budget_shares)")
+        return k
 
     def assemble(self, chosen: list) -> list:
         """Per cache layer: the always-kept positions plus the chosen image positions (indices into

@@ -103,7 +103,9 @@ def recipe_parser(doc: str, *, out: str | None, lr: float, eval_every: int = 500
 def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """Parse the command line and apply ``--threads``."""
     args = ap.parse_args(argv)
-    cli_output_path(args.out, ap.prog)  # not empty, not the repository or one of its own folders (data/ itself)
+    # not empty, not the repository or a folder of it but outputs/, runs/ and data/models/ (the shipped models a recipe
+    # retrains: `make models`)
+    cli_output_path(args.out, ap.prog, within=("data/models",))
     if args.threads:
         torch.set_num_threads(args.threads)
     return args
