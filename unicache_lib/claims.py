@@ -167,7 +167,7 @@ _ALL = [
        {"a": {"above": 1.1}, "b": {"above": 0.02}},
        advice=Advice("positive: deep layers spread, do not cut them harder than shallow ones; negative: deep layers "
                      "focus, fewer keys may do there. Measure it: 05 §8 compares a depth schedule with one budget per "
-                     "layer at equal bytes", (Place("05", 8, what="budgets by depth"),))),
+                     "layer at equal bytes", (Place("05", 8, what="budgets by depth", params=("DEPTH_SCHEDULES",)),))),
     _c("U2b", f"Shallow layers are near-uniform; deep layers focus (some heads' max weight > {FOCUSED:g}).",
        "which layers' KV to cut by score", "02_understanding_maps",
        "(a) shallow-band normalised entropy above 0.8, (b) the most focused deep head's mean max weight above "

@@ -837,6 +837,7 @@ def depth_budgets(widths, counts: dict, shares, methods, tokens: int, title: str
         st = method_style(name)
         ax.plot(layers, c, marker=st["marker"], color=st["color"], lw=st["lw"], label=f"kept: {name.split('@')[-1]}")
     ax.axhline(tokens, color="k", lw=0.8, ls="--", label=f"uniform: {tokens} per layer")
+    ax.set_yscale("log")  # a whole layer (hundreds) beside a few positions
     ax.set_xticks(layers)
     ax.set_xlabel("layer")
     ax.set_ylabel("image positions")
@@ -855,7 +856,7 @@ def depth_budgets(widths, counts: dict, shares, methods, tokens: int, title: str
         ax.set_yticks(range(len(methods)), methods if ax is axes[1] else [""] * len(methods), fontsize=8)
         ax.invert_yaxis()
         ax.set_title(f"{tok} image tokens: share of full accuracy", fontsize=9)
-    lo = min(float(shares[shares.method.isin(methods)].lo.min()), 0.95)
+    lo = min(float(shares[shares.method.isin(methods)].lo.min()), 0.95)  # the methods shown decide the scale
     for ax in axes[1:]:
         ax.set_xlim(lo - 0.005, 1.02)
     fig.suptitle(title, fontsize=10)

@@ -17,7 +17,8 @@
 # vision-language checkpoint (`MODEL`, `DEVICE`, `DTYPE`). **Terms**: [H2O](../docs/GLOSSARY.md#h2o),
 # [DivPrune](../docs/GLOSSARY.md#divprune), [FastV](../docs/GLOSSARY.md#fastv), [SnapKV](../docs/GLOSSARY.md#snapkv),
 # [StreamingLLM](../docs/GLOSSARY.md#streamingllm), [kvpress presses](../docs/GLOSSARY.md#kvpress-presses).
-# **Claims**: U7 and the targets E1–E4 (§6), S1–S6 at LLaVA-1.5's 576 image tokens (§7).
+# **Claims**: U7 and the targets E1–E4 (§6), S1–S6 at LLaVA-1.5's 576 image tokens (§7), D1–D5 on budgets by depth
+# (§8).
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -29,6 +30,8 @@ BUDGETS = [0.1, 0.25, 0.5, 0.75]  # shares of the image tokens, or token counts:
 PEERS = True                  # also run the kvpress presses
 PICTURE_BUDGET = 0.1          # the budget of the first picture
 SCALE_MODEL = "tiny-llava-576"  # §7: the model whose decisive run at 64 / 128 image tokens is read (LLaVA-1.5's 576)
+DEPTH_TOKENS = 64             # §8: the budget whose per-layer schedules are drawn (64 or 128)
+DEPTH_SCHEDULES = ["profile", "pyramid", "keep_then_drop"]  # §8: schedules shown beside one budget per layer
 SEED = 0
 OUT_DIR = "outputs/05_kv_eviction"
 
@@ -258,7 +261,7 @@ print(f"time to answer on the compressed caches vs the full one: {mt['time vs fu
 # %% [markdown]
 # On the shipped model's short context, attention over the cache is a small part of each forward: bytes scale with
 # the budget, but answering is no faster,
-# <!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.02<!--/num-->×
+# <!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->0.98<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.04<!--/num-->×
 # the full cache's time.
 
 # %% [markdown]
@@ -457,8 +460,8 @@ print("\n".join(line for line in sb[1:] if line.split()[0] in ("cache", "full") 
 # **Reading it.** On the shipped model's short context DivPrune prefills
 # <!--num "notebooks/05_kv_eviction.ipynb#out:positions prefilled > divprune@0" fmt="{:.0f}"-->9<!--/num--> positions at 10% instead of
 # <!--num "notebooks/05_kv_eviction.ipynb#out:positions prefilled > full@0" fmt="{:.0f}"-->67<!--/num--> and takes
-# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > divprune@0" fmt="{:.2f}"-->2.96<!--/num--> ms against the full prefill's
-# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > full@0" fmt="{:.2f}"-->4.07<!--/num-->: a real saving but a small one,
+# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > divprune@0" fmt="{:.2f}"-->8.18<!--/num--> ms against the full prefill's
+# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > full@0" fmt="{:.2f}"-->9.92<!--/num-->: a real saving but a small one,
 # since much of a prefill this short is fixed overhead. At LLaVA-1.5-7B's shape (a random-weight stand-in,
 # <!--num "notebooks/05_kv_eviction.ipynb#out:make benchmark, LLaVA-1.5-7B stand-in" re="(\d+)-position"-->579<!--/num--> positions) DivPrune's
 # prefill takes
@@ -699,11 +702,73 @@ else:
 # <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S5,method=key_coverage_prefill].value" fmt="{:.3f}"-->0.365<!--/num-->× the full one's time (bar <!--const S5's threshold, fixed before the run-->0.35<!--/const-->).
 # The tower encodes all 576 patches either way; pooling, which selects nothing, prefills at
 # <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=pooling,tokens=128].prefill_vs_full" fmt="{:.3f}"-->0.324<!--/num-->×,
-# so the gap is the cover's own selection step. On LLaVA-1.5 the
+# so the gap is the cover's own selection step. Where the time goes (`benchmarks/prefill_parts.py`): under eager
+# attention, as here, the tower takes <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#eager attention > tower:@3" fmt="{:.2f}"-->0.16<!--/num--> of the full
+# prefill and no selection after it can go below <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#eager attention > bound:@2" fmt="{:.2f}"-->0.25<!--/num-->×; under
+# sdpa the tower takes <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#sdpa attention > tower:@3" fmt="{:.2f}"-->0.42<!--/num--> and the bound is
+# <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#sdpa attention > bound:@2" fmt="{:.2f}"-->0.60<!--/num-->×: on this model S5 is out of reach with sdpa. On LLaVA-1.5 the
 # 32-layer language model dominates the tower, so the saving is larger there: measure it on your model (`prefill_vs_full` in `benchmarks/results/evaluate_shares_*.csv`).
 # U7 changes: this notebook on `tiny-llava-576` (`benchmarks/results/05_kv_eviction_tiny-llava-576.json`) finds
 # shallow locality *behind* the swapped assignment, <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re=": ([-+0-9.]+) points"-->-4.4<!--/num--> points
 # [<!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re="\[([-+0-9.]+),"-->-9.8<!--/num-->, <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re=", ([-+0-9.]+)\]"-->-0.4<!--/num-->]: U7 <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re="\], (.+)$"-->does not hold<!--/num--> there (on tiny-llava: inconclusive).
+
+# %% [markdown]
+# ## 8. Budgets by depth
+#
+# Every policy above keeps the same number of image positions in every layer. Lesson 02 §2 found that reading spreads
+# with depth on the shipped model, and the strongest published results at 576 tokens vary the budget with depth
+# (DIPrune keeps every image token in the first layers; PyramidKV shrinks the budget layer by layer). Does moving the
+# same bytes between layers help? `benchmarks/depth_budgets.py` measured, on design questions only, how many image
+# keys each layer's question reads (`exp` of the entropy of its reading over the image), gave each layer a share
+# proportional to that width to a power chosen on the same questions, and then decided its rules (`DEPTH_RULES`,
+# committed before any held-out number) on new held-out questions. Left: the widths and each schedule; right: the
+# results.
+
+# %%
+depth_design = project_path(f"benchmarks/results/depth_design_{SCALE_MODEL}.json")
+dv, dsh = CC.decisive(SCALE_MODEL, "depth"), CC.decisive(SCALE_MODEL, "depth_shares")
+if not depth_design.exists() or dv is None or dsh is None:
+    print(f"not measurable here: no depth-budget run on {SCALE_MODEL} is committed (make evaluate-depth writes it)")
+else:
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.kv.policies.depth import by_profile, keep_then_drop, pyramid
+
+    design = json.loads(depth_design.read_text())
+    L, n_img, tok = len(design["widths"]), design["n_image"], DEPTH_TOKENS
+    if tok not in set(dsh.tokens):
+        raise InputError(f"DEPTH_TOKENS = {tok}: the committed run has {sorted(set(dsh.tokens))} image tokens; pick one")
+    schedules = {"key_coverage_merge@profile": by_profile(design["widths"], design["gamma"]),
+                 "key_coverage_merge@pyramid": pyramid(L), "key_coverage_merge@keep_then_drop": keep_then_drop(1)}
+    counts = {m: s.counts(L, n_img, tok) for m, s in schedules.items() if m.split("@")[1] in DEPTH_SCHEDULES}
+    shown = ["oracle", "key_coverage_merge", *counts, "divprune", "random"]  # kvpress's press: its D4 line below
+    fig = plots.depth_budgets(design["widths"], counts, dsh, [m for m in shown if m in set(dsh.method)], tok,
+                              f"{SCALE_MODEL}: budgets by depth, {int(dsh.n.iloc[0]):,} held-out questions")
+    _ = plots.save(fig, out, "depth_budgets")
+    print(f"design ({design['n']} questions): widths {', '.join(f'{w:.0f}' for w in design['widths'])}; "
+          f"gamma {design['gamma']:g}; at {tok} tokens the schedule keeps {counts.get('key_coverage_merge@profile')}")
+    for r in dv.itertuples():  # one line per rule, DEPTH_RULES' order
+        f = "{:.3f}" if r.against == "full" or r.against.startswith("bytes") else "{:+.3f}"  # a share, or a difference
+        shown_v = f.format(r.value)
+        iv = "" if np.isnan(r.lo) else f" [{f.format(r.lo)}, {f.format(r.hi)}]"
+        print(f"{r.claim} {r.tokens}t vs {r.against}: {shown_v}{iv} -> {r.verdict}")
+    kf = dsh[dsh.method == "key_coverage_merge@keep_then_drop"].set_index("tokens").kv_fraction
+    print("keep_then_drop keeps " + ", ".join(f"{v:.2f} of the full cache's bytes at {t} tokens" for t, v in kf.items())
+          + " (every other row: the uniform bytes)")
+
+# %% [markdown]
+# **Reading it.** Moving bytes by reading width changes nothing here: the width schedule minus one budget per layer is
+# <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].value" fmt="{:+.3f}"-->+0.000<!--/num--> [<!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].lo" fmt="{:+.3f}"-->-0.002<!--/num-->, <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].hi" fmt="{:+.3f}"-->+0.002<!--/num-->] at 64 tokens
+# (D3 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].verdict" fmt="{}"-->inconclusive<!--/num-->: a tie, no gain above a quarter point). The widths are nearly flat (left), so
+# the schedule barely moves from uniform. Shrinking deep layers hurts: PyramidKV's shape on the same policy keeps
+# <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge@pyramid,tokens=64].share_of_full" fmt="{:.3f}"-->0.958<!--/num--> of full accuracy against
+# <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].share_of_full" fmt="{:.3f}"-->0.990<!--/num--> (D4 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D4,against=key_coverage_merge@pyramid].verdict" fmt="{}"-->holds<!--/num-->),
+# as 02 §2 predicts for a model whose deep layers spread. Keeping the first layer whole costs
+# <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge@keep_then_drop,tokens=64].kv_fraction" fmt="{:.2f}"-->0.34<!--/num--> of the full cache, not
+# <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].kv_fraction" fmt="{:.2f}"-->0.12<!--/num-->, for no gain.
+#
+# **On your model.** Measure the widths first (`depth_budgets.py --design`): budget by depth only where they differ
+# between layers, and never shrink a layer whose reading spreads. The press form:
+# `PolicyPress(policy=POLICIES["key_coverage_merge"]().with_depth(schedule))` keeps what the harness keeps.
 
 # %% [markdown]
 # ## Recap: what this notebook showed on the shipped model
