@@ -605,6 +605,7 @@ Markdown("\n".join(line for line in recap if line))
 # %%
 import re
 
+from unicache_lib.analysis.caching_claims import depth_finding  # what 05 §8's committed run found, generated
 from unicache_lib.claims import decision_table
 
 u3_note = re.sub(r"[0-9]+[.][0-9]{4,}", lambda x: f"{float(x.group()):.3f}", tab.loc["U3", "note"] or "")
@@ -613,7 +614,7 @@ decision_table([  # each row: the claim, what was measured, its value here; what
     ("U3", f"anchor Jaccard, layer {lo} vs {mid} / chance (U3 (a), bar 3x); within- minus across-type Jaccard (U3 (b), bar 0)",
      f"{shallow_mid / chance_jaccard:.1f}x chance; 95% intervals {iv3}", u3_note),
     ("U4", "text reads on the first 3 positions vs on the anchors (U4 (b))", f"{np.mean(sink):.2f} vs {np.mean(anchor_mass):.2f}"),
-    ("U2a", "deep minus shallow normalised entropy (U2a (b))", f"{d_ent:+.2f}"),
+    ("U2a", "deep minus shallow normalised entropy (U2a (b))", f"{d_ent:+.2f}", depth_finding()),  # 05 §8's run
     ("U9", "smallest per-layer cross-modal share (U9 (b))", f"{blocks.cross_modal.min():.2f}"),
     ("U11", "best median selectivity of object words (U11 (a))", f"{sel['trained'].max():.2f}" if not loc.empty else "-"),
     ("U8", "share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict())),
