@@ -2,6 +2,8 @@
 left must say why on its line (``# local: <reason>``: an optional dependency, a heavy framework the module must not
 import at import time, an import cycle), and there may be at most :data:`MOST` of them in the package."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "unicache_lib"
@@ -44,3 +46,30 @@ def test_the_count_sees_nested_and_method_imports(tmp_path):
     (tmp_path / "m.py").write_text("import os\n\nclass A:\n    def f(self):\n        if os:\n            import json\n"
                                    "        def g():\n            from . import x  # local: a reason\n")
     assert [(p, n) for p, n, _ in local_imports(tmp_path)] == [("m.py", 6), ("m.py", 8)]
+
+
+def test_importing_kv_and_reuse_loads_no_framework():
+    """The frameworks are imported one way (core.compat's lazy proxies, TYPE_CHECKING imports for type checkers):
+    importing the eviction and reuse packages in a fresh interpreter loads neither transformers nor diffusers."""
+    code = ("import sys, unicache_lib.kv, unicache_lib.reuse, unicache_lib.reuse.diffusers_hook; "
+            "print(sorted(m for m in ('transformers', 'diffusers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    assert out.strip() == "[]"
+
+
+def test_frameworks_come_from_core_compat_only():
+    """No module imports transformers or diffusers itself, or takes the proxies from another module than
+    core.compat (the adapter bases re-exported them)."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] in ("transformers", "diffusers")
+                                                    for a in node.names):
+                bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and (
+                    (not node.level and (node.module or "").split(".")[0] in ("transformers", "diffusers"))
+                    or (node.level and node.module != "core.compat" and node.module != "compat"
+                        and any(a.name in ("transformers", "diffusers") for a in node.names))):
+                bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert [b for b in bad if not b.startswith("core/compat.py")] == []

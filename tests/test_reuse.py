@@ -445,6 +445,26 @@ def test_step_skip_hook_matches_reuse_cache_on_the_library_sampler(gen):
     assert StepSkipConfig(20).pattern() == "CC.C..C..C..C..C..CC"
 
 
+
+def test_one_driver_of_step_reuse_per_transformer(gen):
+    """step_skip's diffusers hook and a step-level ReuseCache register through one helper with one duplicate check
+    (core.hooks.add_model_hook): neither lands on a transformer the other already drives, under either name."""
+    from unicache_lib.reuse.diffusers_hook import StepSkipConfig, apply_step_skip, remove_step_skip
+
+    apply_step_skip(gen.transformer, StepSkipConfig(20))
+    try:
+        with pytest.raises(ValueError, match="a hook named 'step_skip' is already on this"):
+            with ReuseCache(gen.transformer, StepSkip(), 20):
+                pass
+        with pytest.raises(ValueError, match="already applied; remove_step_skip"):
+            apply_step_skip(gen.transformer, StepSkipConfig(20))
+    finally:
+        remove_step_skip(gen.transformer)
+    with ReuseCache(gen.transformer, StepSkip(), 20):
+        with pytest.raises(ValueError, match="a hook named 'unicache_reuse' is already on this"):
+            apply_step_skip(gen.transformer, StepSkipConfig(20))
+    assert not remove_step_skip(gen.transformer)
+
 def test_calibrate_step_skip_picks_from_its_grid(gen):
     from unicache_lib.reuse.diffusers_hook import calibrate_step_skip
     from unicache_lib.runtime.sampling import to_uint8
@@ -502,16 +522,19 @@ def test_peer_options_override_the_config_and_lite_taylorseer_skips_blocks(gen):
     assert out.isfinite().all() and fl.flops < 0.5 * full.flops  # 3 warm-up steps, then one in 6 computed
 
 
-def test_step_skip_config_is_step_skip_with_a_step_count():
-    """One set of fields: the diffusers hook's config is the policy itself (its defaults and checks) plus the step count."""
-    from dataclasses import fields
+def test_step_skip_config_is_a_plain_config_of_step_skip_s_fields():
+    """One set of fields: the diffusers hook's config is a plain dataclass holding the step count and the policy's
+    fields, with the policy's defaults and checks; the hook drives the policy it makes."""
+    from dataclasses import asdict, fields
 
     from unicache_lib.reuse.diffusers_hook import StepSkipConfig
 
     cfg = StepSkipConfig(20, stride=2)
-    assert isinstance(cfg, StepSkip) and cfg.num_inference_steps == 20
-    assert [(f.name, getattr(cfg, f.name)) for f in fields(StepSkip)] == \
-        [(f.name, getattr(StepSkip(stride=2), f.name)) for f in fields(StepSkip)]
+    assert [f.name for f in fields(StepSkipConfig)] == ["num_inference_steps"] + [f.name for f in fields(StepSkip)]
+    assert not isinstance(cfg, StepSkip) and cfg.num_inference_steps == 20
+    assert isinstance(cfg.policy(), StepSkip) and asdict(cfg.policy()) == asdict(StepSkip(stride=2))
+    assert [(f.name, getattr(StepSkipConfig(20), f.name)) for f in fields(StepSkip)] == \
+        [(f.name, getattr(StepSkip(), f.name)) for f in fields(StepSkip)]
     assert cfg.schedule(20) == StepSkip(stride=2).schedule(20) and repr(cfg).startswith("StepSkipConfig(num_inference_steps=20, head=")
     with pytest.raises(ValueError, match="order must be 1 or 2"):
         StepSkipConfig(20, order=3)  # StepSkip's own check

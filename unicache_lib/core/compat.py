@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import types
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,8 +43,12 @@ class LazyModule:
         return f"<lazily imported module {self._name!r}>"
 
 
-transformers = LazyModule("transformers")
-diffusers = LazyModule("diffusers")
+if TYPE_CHECKING:  # type checkers and IDEs see the real modules (go-to-definition, signatures)
+    import diffusers
+    import transformers
+else:  # every module imports these two from here: ``from ..core.compat import transformers``
+    transformers = LazyModule("transformers")
+    diffusers = LazyModule("diffusers")
 
 
 # ---- torch -------------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ even on error. Three kinds of site, one context manager each:
 ``forward_hooks``: each entry is ``(module, kind, fn)`` with ``kind`` ``"forward"`` (``fn(module, args, kwargs,
 output)``) or ``"forward_pre"`` (``fn(module, args, kwargs)``, returning None or new ``(args, kwargs)``); both are
 registered ``with_kwargs=True``, in order (several on one module fire in that order). ``processors``: every
-wrapper subclasses :class:`ProcessorWrapper`. ``model_hook``: a :class:`~diffusers.hooks.ModelHook` in the
-module's ``HookRegistry``, the registry diffusers' own caches use, so the workbench's reuse and theirs sit side by
-side and one refuses to stack on the other under the same name.
+wrapper subclasses :class:`ProcessorWrapper`. ``model_hook`` (and :func:`add_model_hook` /
+:func:`remove_model_hook` for a hook that stays, as ``apply_step_skip``'s): a :class:`~diffusers.hooks.ModelHook` in
+the module's ``HookRegistry``, the registry diffusers' own caches use, so the workbench's reuse and theirs sit side by
+side, and one duplicate check refuses a second hook under the same name or of the same kind.
 """
 from __future__ import annotations
 
@@ -97,25 +98,63 @@ def processors(modules: dict, make):
         yield
 
 
+@functools.cache
+def _model_hook_class():
+    """The diffusers ``ModelHook`` every workbench forward replacement is registered as (made on first use, so that
+    importing the workbench does not import diffusers)."""
+    class WorkbenchHook(diffusers.hooks.ModelHook):
+        def __init__(self, forward):
+            super().__init__()
+            self.replacement = forward
+            self._is_stateful = hasattr(forward, "reset_state")  # diffusers pipelines reset it after each call
+
+        def initialize_hook(self, module):
+            init = getattr(self.replacement, "initialize_hook", None)
+            return module if init is None else init(module)
+
+        def new_forward(self, module, *args, **kwargs):
+            return self.replacement(self.fn_ref.original_forward, *args, **kwargs)
+
+        def reset_state(self, module):
+            return self.replacement.reset_state(module) if self._is_stateful else module
+
+    return WorkbenchHook
+
+
+def add_model_hook(module: torch.nn.Module, name: str, new_forward, fix: str = "remove it first"):
+    """Replace ``module``'s forward, registered as ``name`` in the module's diffusers ``HookRegistry`` (where
+    diffusers' own caches register; forward hooks still run around it); returns ``new_forward``.
+
+    ``new_forward(original_forward, *args, **kwargs)``: a function, or an object with that ``__call__`` and, where it
+    needs them, ``initialize_hook(module)`` (at registration) and ``reset_state(module)`` (a stateful hook: diffusers
+    pipelines reset it at the end of each call). The one duplicate check of the workbench's hooks: a hook already
+    under ``name``, or an object of the same class under any name (two drivers of step reuse on one transformer),
+    is refused, the message ending with ``fix``."""
+    registry = diffusers.hooks.HookRegistry.check_if_exists_or_initialize(module)
+    for other, hook in registry.hooks.items():
+        same_kind = not inspect.isfunction(new_forward) and type(getattr(hook, "replacement", None)) is type(new_forward)
+        if other == name or same_kind:
+            raise InputError(f"a hook named {other!r} is already on this {type(module).__name__}: {fix}")
+    registry.register_hook(_model_hook_class()(new_forward), name)
+    return new_forward
+
+
+def remove_model_hook(module: torch.nn.Module, name: str):
+    """Remove the hook :func:`add_model_hook` registered as ``name``; returns its ``new_forward`` (None when there
+    was none)."""
+    registry = diffusers.hooks.HookRegistry.check_if_exists_or_initialize(module)
+    hook = registry.get_hook(name)
+    if hook is None:
+        return None
+    registry.remove_hook(name, recurse=False)
+    return getattr(hook, "replacement", hook)
+
+
 @contextmanager
 def model_hook(module: torch.nn.Module, name: str, new_forward):
-    """Replace ``module``'s forward for the block, registered as ``name`` in the module's diffusers ``HookRegistry``
-    (forward hooks still run around it). ``new_forward``: a function ``new_forward(original_forward, *args,
-    **kwargs)``, or a :class:`~diffusers.hooks.ModelHook` registered as it is. A hook already registered under
-    ``name`` is refused rather than replaced."""
-    if isinstance(new_forward, diffusers.hooks.ModelHook):
-        hook = new_forward
-    else:
-        class _Forward(diffusers.hooks.ModelHook):
-            def new_forward(self, mod, *args, **kwargs):
-                return new_forward(self.fn_ref.original_forward, *args, **kwargs)
-        hook = _Forward()
-
-    registry = diffusers.hooks.HookRegistry.check_if_exists_or_initialize(module)
-    if registry.get_hook(name) is not None:
-        raise InputError(f"a hook named {name!r} is already on this {type(module).__name__}: remove it first")
-    registry.register_hook(hook, name)
+    """:func:`add_model_hook` for the block: removed on exit, also on error."""
+    add_model_hook(module, name, new_forward)
     try:
         yield
     finally:
-        registry.remove_hook(name, recurse=False)
+        remove_model_hook(module, name)

@@ -20,7 +20,7 @@ import torch
 
 from ..core.errors import InputError, PrefillPruningUnsupported, UnsupportedError, UnsupportedModelError
 from ..core.modality import Spans, spans_from_input_ids
-from ..core.models import transformers, unwrap  # noqa: F401 - the family files' lazily imported transformers
+from ..core.models import unwrap
 from ..core.registry import Registry, registrar
 from ..zoo.tiny_llava import build_tokenizer
 

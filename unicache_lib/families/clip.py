@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from ..core.compat import transformers
 from ..core.modality import TEXT, Spans
 from ..zoo.tiny_llava import build_tokenizer
-from .base import Shape, UnsupportedModelError, VLMFamily, patch_grid, register, transformers, vit_dims
+from .base import Shape, UnsupportedModelError, VLMFamily, patch_grid, register, vit_dims
 
 
 @register

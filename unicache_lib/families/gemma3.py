@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .base import VLMFamily, chat_template, decoder_dims, register, transformers, vit_dims
+from ..core.compat import transformers
+from .base import VLMFamily, chat_template, decoder_dims, register, vit_dims
 
 
 @register

@@ -3,7 +3,8 @@ tokens wrapped in ``<fake_token_around_image>`` markers, Llama-style causal deco
 ``model.model.text_model``. Large images are split into tiles, each its own block of tokens."""
 from __future__ import annotations
 
-from .base import VLMFamily, chat_template, decoder_dims, register, transformers, vit_dims
+from ..core.compat import transformers
+from .base import VLMFamily, chat_template, decoder_dims, register, vit_dims
 
 
 @register

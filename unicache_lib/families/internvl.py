@@ -3,7 +3,8 @@
 video processor (torchvision)."""
 from __future__ import annotations
 
-from .base import VLMFamily, chat_template, decoder_dims, images_only, register, transformers, vit_dims
+from ..core.compat import transformers
+from .base import VLMFamily, chat_template, decoder_dims, images_only, register, vit_dims
 
 
 @register

@@ -7,7 +7,8 @@ positions are the image span. Generation mode (the generated VQ tokens as their 
 """
 from __future__ import annotations
 
-from .base import Shape, VLMFamily, chat_template, decoder_dims, patch_grid, register, transformers
+from ..core.compat import transformers
+from .base import Shape, VLMFamily, chat_template, decoder_dims, patch_grid, register
 
 
 @register

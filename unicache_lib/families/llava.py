@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from .base import Shape, VLMFamily, chat_template, decoder_dims, images_only, patch_grid, register, transformers, vit_dims
+from ..core.compat import transformers
+from .base import Shape, VLMFamily, chat_template, decoder_dims, images_only, patch_grid, register, vit_dims
 
 
 def _clip(shape: Shape):

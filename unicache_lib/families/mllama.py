@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import torch
 
+from ..core.compat import transformers
 from ..core.errors import InputError
 from ..core.modality import IMAGE, TEXT, Spans
-from .base import ImageKV, Site, VLMFamily, chat_template, module_names, patch_grid, register, transformers, vit_dims
+from .base import ImageKV, Site, VLMFamily, chat_template, module_names, patch_grid, register, vit_dims
 
 
 @register

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import VLMFamily, decoder_dims, patch_grid, register, transformers, vit_dims
+from ..core.compat import transformers
+from .base import VLMFamily, decoder_dims, patch_grid, register, vit_dims
 
 
 @register

@@ -3,7 +3,8 @@ and M-RoPE (three rotary position streams: time, row, column), so text after an 
 from the image's largest position, not from its sequence index."""
 from __future__ import annotations
 
-from .base import Shape, VLMFamily, chat_template, images_only, register, transformers
+from ..core.compat import transformers
+from .base import Shape, VLMFamily, chat_template, images_only, register
 
 
 @register

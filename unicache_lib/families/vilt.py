@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from ..core.compat import transformers
 from ..core.errors import InputError
 from ..core.modality import IMAGE, TEXT, Spans
 from ..world.text import ANSWERS
-from .base import Shape, Site, UnsupportedModelError, VLMFamily, module_names, patch_grid, register, transformers
+from .base import Shape, Site, UnsupportedModelError, VLMFamily, module_names, patch_grid, register
 
 
 def grid_ordered(model, inputs: dict) -> dict:

@@ -32,7 +32,7 @@ import torch
 
 from ..core.errors import CaptureError, UnsupportedError
 from ..core.modality import IMAGE, TEXT
-from ..core.models import diffusers, unwrap  # noqa: F401 - the family files' lazily imported diffusers
+from ..core.models import unwrap
 from ..core.registry import Registry, registrar
 from ..families.base import UnsupportedModelError
 from ..stats import LogitRows

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import FamilyPeers, GenFamily, diffusers, positions_named, register, sdpa_mask, softmax_map, standard_qk
+from ..core.compat import diffusers
+from .base import FamilyPeers, GenFamily, positions_named, register, sdpa_mask, softmax_map, standard_qk
 
 
 def hunyuan_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,

@@ -31,8 +31,8 @@ import copy
 
 import torch
 
+from ..core.compat import transformers
 from ..core.errors import InputError, UnsupportedError
-from ..core.models import transformers
 from ..families.base import VLMFamily
 from .cache import Prefill, prefill_contexts
 from .decode import is_ragged, layer_masks

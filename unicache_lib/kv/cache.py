@@ -26,9 +26,10 @@ import torch
 
 from ..capture.runner import to_model
 from ..capture.vlm import AttentionCapture
+from ..core.compat import transformers
 from ..core.errors import ContractError, InputError, PrefillPruningUnsupported
 from ..core.hooks import forward_hooks
-from ..core.models import language_attn_implementation, transformers
+from ..core.models import language_attn_implementation
 from ..families.base import ImageKV  # declared with the adapters, which return it
 from ..inputs import check_fraction
 # the prompt's split (kv/prompt.py) and the answer on a cache (kv/decode.py), importable from here too

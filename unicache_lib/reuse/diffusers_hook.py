@@ -4,14 +4,14 @@
 
     hook = apply_step_skip(pipe.transformer, StepSkipConfig(num_inference_steps=20))
     image = pipe(prompt, num_inference_steps=20).images[0]
-    hook.calls, hook.computed          # transformer calls made / actually run (9 of 20 at the defaults)
+    hook.calls, hook.computed          # transformer calls made / actually run
     remove_step_skip(pipe.transformer)
 
 It follows diffusers' own cache hooks (``first_block_cache.py``, ``taylorseer_cache.py``): a config dataclass, a
-:class:`~diffusers.hooks.ModelHook` registered under ``"step_skip"`` in the transformer's ``HookRegistry`` beside
-diffusers' caches, removable (which frees the outputs it kept), its state reset by ``reset_state`` (diffusers
-pipelines call it at the end of ``__call__`` for transformers with ``CacheMixin``; for the others a rising timestep
-starts the next run).
+hook registered under ``"step_skip"`` in the transformer's ``HookRegistry`` beside diffusers' caches
+(:func:`~unicache_lib.core.hooks.add_model_hook`, which refuses a second driver of step reuse), removable (which
+frees the outputs it kept), its state reset by ``reset_state`` (diffusers pipelines call it at the end of
+``__call__`` for transformers with ``CacheMixin``; for the others a rising timestep starts the next run).
 
 Steps are counted from the ``timestep`` the pipeline hands the transformer: a call with a new timestep
 starts the next step; calls with the same timestep (a pipeline that runs the conditional and unconditional
@@ -33,13 +33,13 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
 
 from ..core.errors import InputError, InputTypeError
+from ..core.hooks import add_model_hook, remove_model_hook
 from ..inputs import check_count
 from ..quality import psnr
 from .policies.step_skip import StepSkip
@@ -47,22 +47,32 @@ from .policies.step_skip import StepSkip
 HOOK_NAME = "step_skip"
 
 
-class StepSkipConfig(StepSkip):
-    """:class:`~unicache_lib.reuse.policies.step_skip.StepSkip` itself (its fields, tuned defaults and checks: one set,
-    ``benchmarks/results/tune_step_skip.txt``) plus the step count its schedule is laid out for, the pipeline's
-    ``num_inference_steps``: ``StepSkipConfig(20)``, ``StepSkipConfig(20, stride=2, weight=0.0)``."""
+@dataclass
+class StepSkipConfig:
+    """The hook's settings: the step count its schedule is laid out for (the pipeline's ``num_inference_steps``) and
+    :class:`~unicache_lib.reuse.policies.step_skip.StepSkip`'s fields, with its defaults and checks (one set,
+    ``benchmarks/results/tune_step_skip.txt``): ``StepSkipConfig(20)``, ``StepSkipConfig(20, stride=2, weight=0.0)``."""
 
-    def __init__(self, num_inference_steps: int, *args, **settings):
+    num_inference_steps: int
+    head: float = StepSkip.head
+    tail: float = StepSkip.tail
+    stride: int = StepSkip.stride
+    weight: float = StepSkip.weight
+    order: int = StepSkip.order
+
+    def __post_init__(self):
         try:
-            check_count(num_inference_steps, "num_inference_steps", 1)
+            check_count(self.num_inference_steps, "num_inference_steps", 1)
         except InputError as e:
             raise type(e)(f"{e}: pass the step count you will call the pipeline with") from None
-        super().__init__(*args, **settings)  # StepSkip's fields, checked by StepSkip
-        self.num_inference_steps = num_inference_steps
+        self.policy()  # StepSkip's checks
 
-    def __repr__(self) -> str:
-        fields = super().__repr__()[len(type(self).__name__) + 1:]
-        return f"{type(self).__name__}(num_inference_steps={self.num_inference_steps}, {fields}"
+    def policy(self) -> StepSkip:
+        """The policy these settings make."""
+        return StepSkip(self.head, self.tail, self.stride, self.weight, self.order)
+
+    def schedule(self, n_steps: int) -> list[bool]:
+        return self.policy().schedule(n_steps)
 
     def pattern(self) -> str:
         """The steps the transformer runs, e.g. ``CC.C..C..C..C..C..CC`` (C computed, . extrapolated)."""
@@ -92,7 +102,7 @@ def _with_prediction(template, pred: torch.Tensor):
     raise InputTypeError(f"cannot rebuild a transformer output of type {type(template).__name__}")
 
 
-class StepReuseHook(ModelHook):
+class StepReuseHook:
     """The one driver of step-level reuse: a step-level policy (``policy.level == "step"``) asked once per
     transformer call. A skipped call returns the policy's extrapolation from the kept outputs in the model's
     output form; a call is computed when the policy says so, the history is too short, the timestep was seen,
@@ -101,12 +111,10 @@ class StepReuseHook(ModelHook):
 
     Steps are counted from the timestep the transformer receives (see the module doc), or, with ``clock``,
     from ``clock() -> (step, t)``, a sampler's own count (:class:`~unicache_lib.reuse.cache.ReuseCache`).
-    ``calls`` / ``computed``: transformer calls made / actually run, since the hook was made."""
-
-    _is_stateful = True
+    ``calls`` / ``computed``: transformer calls made / actually run, since the hook was made. Registered with
+    :func:`~unicache_lib.core.hooks.add_model_hook` (called as ``hook(original_forward, *args, **kwargs)``)."""
 
     def __init__(self, policy, num_inference_steps: int, clock=None):
-        super().__init__()
         self.policy, self.num_inference_steps, self.clock = policy, num_inference_steps, clock
         self.calls = self.computed = 0
         self._timestep_at = None
@@ -138,7 +146,7 @@ class StepReuseHook(ModelHook):
             raise InputError("the transformer was called without a timestep: step_skip cannot tell the steps apart")
         return float(torch.as_tensor(ts).reshape(-1)[0])
 
-    def _advance(self, module, args, kwargs) -> float:
+    def _advance(self, args, kwargs) -> float:
         """Move to the step this call belongs to; its timestep."""
         if self.clock is not None:
             step, t = self.clock()
@@ -148,7 +156,7 @@ class StepReuseHook(ModelHook):
         t = self._timestep(args, kwargs)
         if self._t is None or t != self._t:
             if self._t is not None and t > self._t:  # timesteps fall within a run: a rise is a new run
-                self.reset_state(module)
+                self.reset_state(None)
             self.step, self._t, self._slot = self.step + 1, t, 0
         n = self.num_inference_steps
         if self.step >= n:
@@ -157,8 +165,8 @@ class StepReuseHook(ModelHook):
                              f"<the steps you pass the pipeline>)")
         return t
 
-    def new_forward(self, module, *args, **kwargs):
-        t = self._advance(module, args, kwargs)
+    def __call__(self, forward, *args, **kwargs):
+        t = self._advance(args, kwargs)
         policy, slot = self.policy, self._slot
         self._slot += 1
         self.calls += 1
@@ -170,7 +178,7 @@ class StepReuseHook(ModelHook):
         same_batch = bool(outs) and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])
         if d == "reuse" and same_batch and len(outs) >= policy.min_history and t not in ts:
             return _with_prediction(outs[-1][1], policy.extrapolate(ts, [o[0] for o in outs], t))
-        out = self.fn_ref.original_forward(*args, **kwargs)
+        out = forward(*args, **kwargs)
         self.computed += 1
         pred = _prediction(out)
         if outs and outs[-1][0].shape != pred.shape:  # another batch: the history does not apply
@@ -186,26 +194,21 @@ class StepReuseHook(ModelHook):
 def apply_step_skip(transformer: torch.nn.Module, config: StepSkipConfig) -> StepReuseHook:
     """Register ``step_skip`` on a diffusers transformer (``pipe.transformer``); returns the hook (``config``
     its config; ``calls`` / ``computed`` count the work over every pipeline call since it was applied, not reset
-    between runs). Applying it twice raises: remove it first."""
-    transformer = getattr(transformer, "transformer", transformer)
-    registry = HookRegistry.check_if_exists_or_initialize(transformer)
-    if registry.get_hook(HOOK_NAME) is not None:
-        raise InputError("step_skip is already applied to this transformer: remove_step_skip(transformer) first")
-    hook = StepReuseHook(config, config.num_inference_steps)
+    between runs). Applying it twice, or over a :class:`~unicache_lib.reuse.cache.ReuseCache` driving step reuse,
+    raises: remove it first."""
+    hook = StepReuseHook(config.policy(), config.num_inference_steps)
     hook.config = config
-    registry.register_hook(hook, HOOK_NAME)
-    return hook
+    return add_model_hook(getattr(transformer, "transformer", transformer), HOOK_NAME, hook,
+                          "step_skip (or another step reuse) is already applied; remove_step_skip(transformer) first")
 
 
 def remove_step_skip(transformer: torch.nn.Module) -> bool:
     """Remove the hook; ``False`` when there was none."""
     transformer = getattr(transformer, "transformer", transformer)
-    registry = HookRegistry.check_if_exists_or_initialize(transformer)
-    hook = registry.get_hook(HOOK_NAME)
+    hook = remove_model_hook(transformer, HOOK_NAME)
     if hook is None:
         return False
     hook.reset_state(transformer)  # frees the outputs it kept (and warns after a short run)
-    registry.remove_hook(HOOK_NAME, recurse=False)
     return True
 
 
@@ -232,7 +235,7 @@ def calibrate_step_skip(run, reference: list, num_inference_steps: int, transfor
                 imgs = run()
             finally:
                 remove_step_skip(transformer)
-            rows.append({"num_inference_steps": num_inference_steps, **asdict(cfg), "schedule": cfg.pattern(),
+            rows.append({**asdict(cfg), "schedule": cfg.pattern(),
                          "computed": hook.computed / max(hook.calls, 1), "psnr": score(reference, imgs)})
     best = max(r["psnr"] for r in rows)
     ok = [r for r in rows if r["psnr"] >= best - 1.0]

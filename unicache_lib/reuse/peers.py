@@ -53,8 +53,9 @@ from collections.abc import Mapping
 import torch
 
 from ..core import compat
+from ..core.compat import diffusers
 from ..core.errors import InputError, PeerUnsupported
-from ..core.models import diffusers, quiet, unwrap
+from ..core.models import quiet, unwrap
 from ..gen_families import GEN_FAMILIES, gen_family_of
 from ..runtime.sampling import sample
 

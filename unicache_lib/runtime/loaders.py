@@ -27,15 +27,16 @@ from urllib.parse import urlparse
 
 import torch
 
+from ..core.compat import diffusers, transformers
 from ..core.errors import ContractError, InputError, MissingFileError, ModelNotFoundError
-from ..core.models import diffusers, quiet, transformers
+from ..core.models import quiet
 from ..families import UnsupportedModelError, family_for_type, supported
 from ..families.base import images_only
 from ..gen_families import GEN_FAMILIES, gen_family_of
 from ..gen_families import supported as gen_supported
 from .checksums import ChecksumError, read_json, verify_checksums  # noqa: F401 - ChecksumError is re-exported
-from .tiny_layouts import Generator
 from .pipelines import PipelineGenerator, default_image_size
+from .tiny_layouts import Generator
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 SHIPPED = {"tiny-llava": "understanding", "tiny-llava-576": "understanding", "tiny-mmdit": "generation",

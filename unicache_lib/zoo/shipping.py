@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from ..core.compat import transformers
+
 
 def save_and_reload(model, processor, out: str | Path):
     """Save ``model`` (as float16) and ``processor`` under ``out``; returns the reloaded float32 model."""
@@ -19,9 +21,8 @@ def save_and_reload(model, processor, out: str | Path):
 
 def load_previous(init_from: str | Path, model_class: str):
     """``(model float32, processor, previous card)`` of a checkpoint a second schedule continues from."""
-    import transformers  # local: transformers (2.5 s) only when shipping a model
-    from transformers import AutoProcessor  # local: transformers (2.5 s) only when shipping a model
 
     model = getattr(transformers, model_class).from_pretrained(init_from, dtype=torch.float32)
     card = Path(init_from) / "model_card.json"
-    return model, AutoProcessor.from_pretrained(init_from), json.loads(card.read_text()) if card.exists() else None
+    processor = transformers.AutoProcessor.from_pretrained(init_from)
+    return model, processor, json.loads(card.read_text()) if card.exists() else None

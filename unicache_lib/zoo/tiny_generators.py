@@ -15,6 +15,7 @@ training distribution is :func:`unicache_lib.world.text.generation_example`.
 """
 from __future__ import annotations
 
+from ..core.compat import diffusers, transformers
 from ..core.errors import InputError
 from ..runtime.tiny_layouts import MAX_TEXT
 from ..world.text import GENERATED_SIZE as IMAGE_SIZE
@@ -27,27 +28,25 @@ def build_text_encoder(tokenizer, hidden=128, layers=2, kind: str = "clip", max_
     """A tiny text encoder: ``"clip"`` (causal, with a pooled projection; ``projection=False``: a plain
     ``CLIPTextModel``, as Flux uses) or ``"t5"`` (bidirectional). ``max_positions``: CLIP's position
     table (77 in real checkpoints)."""
-    from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection,  # local: heavy builder path
-                              T5Config, T5EncoderModel)
 
     if kind == "t5":
-        cfg = T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=hidden // 4, d_ff=4 * hidden,
-                       num_layers=layers, num_heads=4, pad_token_id=tokenizer.pad_token_id,
-                       eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
-        return T5EncoderModel(cfg)
+        cfg = transformers.T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=hidden // 4, d_ff=4 * hidden,
+                                    num_layers=layers, num_heads=4, pad_token_id=tokenizer.pad_token_id,
+                                    eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
+        return transformers.T5EncoderModel(cfg)
     if kind != "clip":
         raise InputError(f"text encoder kind must be 'clip' or 't5', got {kind!r}")
-    cfg = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=max_positions,
-                         projection_dim=hidden, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    return CLIPTextModelWithProjection(cfg) if projection else CLIPTextModel(cfg)
+    cfg = transformers.CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                                      num_hidden_layers=layers, num_attention_heads=4,
+                                      max_position_embeddings=max_positions, projection_dim=hidden,
+                                      bos_token_id=tokenizer.bos_token_id,
+                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return transformers.CLIPTextModelWithProjection(cfg) if projection else transformers.CLIPTextModel(cfg)
 
 
 def build_transformer(adapter, text_dim=128, layers=4, heads=4, head_dim=32):
     """The pixel-space transformer of a generator family (its :class:`~unicache_lib.gen_families.base.GenFamily`
     adapter's ``pixel_transformer``): 32 x 32 RGB, patch 4, ``text_dim``-wide text states."""
-    import diffusers  # local: heavy builder path (diffusers)
 
     kw = adapter.pixel_transformer(IMAGE_SIZE, PATCH, text_dim, layers, heads, head_dim)
     return getattr(diffusers, adapter.transformer_classes[0])(**kw)

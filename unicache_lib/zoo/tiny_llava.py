@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
+from ..core.compat import transformers
 from ..world.text import vocabulary
 
 SPECIAL = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
@@ -30,7 +31,6 @@ def build_tokenizer(extra_special=(), named: dict | None = None, close: bool = F
     """
     named = dict(named or {})
     extra_special = list(extra_special) + list(named.values())
-    from transformers import PreTrainedTokenizerFast  # local: heavy builder path (transformers, 2.5 s)
 
     extra = [t for t in dict.fromkeys(extra_special) if t not in SPECIAL]
     vocab = {t: i for i, t in enumerate(SPECIAL + vocabulary() + extra)}
@@ -40,7 +40,7 @@ def build_tokenizer(extra_special=(), named: dict | None = None, close: bool = F
         single="<s> $A </s>" if close else "<s> $A", pair="<s> $A $B </s>" if close else "<s> $A $B",
         special_tokens=[("<s>", vocab["<s>"])] + ([("</s>", vocab["</s>"])] if close else []),
     )
-    fast = PreTrainedTokenizerFast(
+    fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
         pad_token="<pad>", additional_special_tokens=["<image>"] + extra,
         **({"extra_special_tokens": named} if named else {}),
@@ -50,26 +50,24 @@ def build_tokenizer(extra_special=(), named: dict | None = None, close: bool = F
 
 
 def build_processor(tokenizer, image_size: int = 64, patch: int = 8):
-    from transformers import CLIPImageProcessor, LlavaProcessor  # local: heavy builder path (transformers, 2.5 s)
-
-    ip = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
-                            do_resize=True, do_center_crop=True, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    return LlavaProcessor(image_processor=ip, tokenizer=tokenizer, patch_size=patch,
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    ip = transformers.CLIPImageProcessor(size={"shortest_edge": image_size},
+                                         crop_size={"height": image_size, "width": image_size}, do_resize=True,
+                                         do_center_crop=True, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return transformers.LlavaProcessor(image_processor=ip, tokenizer=tokenizer, patch_size=patch,
+                                       vision_feature_select_strategy="default", num_additional_image_tokens=1)
 
 
 def build_config(tokenizer, image_size=64, patch=8, vision_hidden=128, vision_layers=2,
                  lm_hidden=128, lm_layers=4, lm_heads=8, kv_heads=8, max_positions=256):
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig  # local: heavy builder path (transformers)
-
-    vc = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=4 * vision_hidden,
-                          num_hidden_layers=vision_layers, num_attention_heads=4, image_size=image_size,
-                          patch_size=patch, projection_dim=vision_hidden)
-    tc = LlamaConfig(vocab_size=len(tokenizer), hidden_size=lm_hidden, intermediate_size=4 * lm_hidden,
-                     num_hidden_layers=lm_layers, num_attention_heads=lm_heads, num_key_value_heads=kv_heads,
-                     max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
-                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                     tie_word_embeddings=False)
-    return LlavaConfig(vision_config=vc, text_config=tc, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-                       vision_feature_layer=-1, vision_feature_select_strategy="default",
-                       image_seq_length=(image_size // patch) ** 2, projector_hidden_act="gelu")
+    vc = transformers.CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=4 * vision_hidden,
+                                       num_hidden_layers=vision_layers, num_attention_heads=4, image_size=image_size,
+                                       patch_size=patch, projection_dim=vision_hidden)
+    tc = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=lm_hidden, intermediate_size=4 * lm_hidden,
+                                  num_hidden_layers=lm_layers, num_attention_heads=lm_heads,
+                                  num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                  pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    return transformers.LlavaConfig(vision_config=vc, text_config=tc,
+                                    image_token_id=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_layer=-1,
+                                    vision_feature_select_strategy="default",
+                                    image_seq_length=(image_size // patch) ** 2, projector_hidden_act="gelu")

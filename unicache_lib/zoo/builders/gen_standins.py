@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import diffusers
 import torch
 
+from ...core.compat import diffusers
 from ...core.errors import UnknownNameError
 from ...paths import cli_output_path
 from ...runtime.loaders import load_generator

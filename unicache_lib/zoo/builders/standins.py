@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import transformers
 
+from ...core.compat import transformers
 from ...core.errors import InputError, UnknownNameError
 from ...families import FAMILIES, Shape
 from ...paths import cli_output_path

@@ -17,13 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-import diffusers
 import torch
-from transformers import (BertConfig, BertModel, BertTokenizer, CLIPTokenizer, Gemma2Config, Gemma2Model,
-                          GemmaTokenizerFast, T5TokenizerFast)
 from tokenizers import trainers
-from diffusers import AutoencoderDC, AutoencoderKL
 
+from ...core.compat import diffusers, transformers
 from ...core.errors import UnknownNameError
 from ...gen_families import GEN_FAMILIES
 from ...runtime.checksums import write_card
@@ -63,29 +60,30 @@ def clip_tokenizer(max_length: int = CLIP_LENGTH):
     """A ``CLIPTokenizer`` (byte-level BPE, ``<|startoftext|> ... <|endoftext|>``, padded with
     ``<|endoftext|>``) over the world's vocabulary; ``model_max_length`` is what SD3 / Flux pad CLIP to."""
     special = ["<|startoftext|>", "<|endoftext|>"]
-    vocab, merges = _train_bpe(CLIPTokenizer, vocabulary(), special, end_of_word_suffix="</w>")
-    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
+    vocab, merges = _train_bpe(transformers.CLIPTokenizer, vocabulary(), special, end_of_word_suffix="</w>")
+    return transformers.CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 
 def t5_tokenizer():
     """A ``T5TokenizerFast`` (Unigram, ``▁word`` pieces, ``</s>`` appended, ``<pad>`` = 0) over the world's
     vocabulary."""
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("▁" + w, -1.0) for w in vocabulary()]
-    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
+    return transformers.T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
 
 
 def bert_tokenizer():
     """A ``BertTokenizer`` (WordPiece, ``[CLS] ... [SEP]``, ``[PAD]`` = 0) over the world's vocabulary (HunyuanDiT)."""
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    return BertTokenizer(vocab={w: i for i, w in enumerate(special + vocabulary())}, model_max_length=CLIP_LENGTH)
+    vocab = {w: i for i, w in enumerate(special + vocabulary())}
+    return transformers.BertTokenizer(vocab=vocab, model_max_length=CLIP_LENGTH)
 
 
 def gemma_tokenizer():
     """A ``GemmaTokenizerFast`` (BPE on ``▁``-joined text, as Gemma 2's) over the world's vocabulary."""
     words = vocabulary()
     special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
-    vocab, merges = _train_bpe(GemmaTokenizerFast, words + ["▁" + w for w in words], special)
-    return GemmaTokenizerFast(vocab=vocab, merges=merges)
+    vocab, merges = _train_bpe(transformers.GemmaTokenizerFast, words + ["▁" + w for w in words], special)
+    return transformers.GemmaTokenizerFast(vocab=vocab, merges=merges)
 
 
 # ---- text encoders, VAE, scheduler ------------------------------------------------------------------
@@ -103,17 +101,19 @@ def t5_encoder(tokenizer, width: int, layers: int = 1):
 
 def bert_encoder(tokenizer, width: int, layers: int = 1):
     """A random ``BertModel`` of hidden size ``width`` (HunyuanDiT's first text encoder)."""
-    return BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=width, num_hidden_layers=layers, num_attention_heads=2,
-                                intermediate_size=2 * width, max_position_embeddings=CLIP_LENGTH, pad_token_id=0))
+    cfg = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=width, num_hidden_layers=layers,
+                                  num_attention_heads=2, intermediate_size=2 * width,
+                                  max_position_embeddings=CLIP_LENGTH, pad_token_id=0)
+    return transformers.BertModel(cfg)
 
 
 def gemma2_encoder(tokenizer, width: int, layers: int = 1):
     """A random ``Gemma2Model`` (Sana's text encoder) of hidden size ``width``."""
-    cfg = Gemma2Config(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
-                       num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=width // 2,
-                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id)
-    return Gemma2Model(cfg)
+    cfg = transformers.Gemma2Config(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
+                                    num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                                    head_dim=width // 2, pad_token_id=tokenizer.pad_token_id,
+                                    bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return transformers.Gemma2Model(cfg)
 
 
 def vae(family: str, latent_channels: int, channels: int = 8, blocks: int = 4):
@@ -129,7 +129,7 @@ def vae(family: str, latent_channels: int, channels: int = 8, blocks: int = 4):
 def kl_vae(latent_channels: int, channels: int = 8, blocks: int = 4, **settings):
     """A random ``AutoencoderKL`` with ``blocks`` resolution levels (4: the real 8x down-sampling) of ``channels``
     channels (real: 128-512) and ``settings`` (the checkpoint's scaling)."""
-    return AutoencoderKL(
+    return diffusers.AutoencoderKL(
         in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * blocks,
         up_block_types=("UpDecoderBlock2D",) * blocks, block_out_channels=(channels,) * blocks, layers_per_block=1,
         latent_channels=latent_channels, norm_num_groups=min(channels, 32), **settings)
@@ -138,7 +138,7 @@ def kl_vae(latent_channels: int, channels: int = 8, blocks: int = 4, **settings)
 def dc_vae(latent_channels: int, channels: int = 8, blocks: int = 4):
     """Sana's ``AutoencoderDC`` (``blocks`` levels: 2^(blocks-1) down-sampling; real DC-AE: 6 levels, 32x)."""
     n = blocks
-    return AutoencoderDC(
+    return diffusers.AutoencoderDC(
         in_channels=3, latent_channels=latent_channels, attention_head_dim=channels // 2,
         encoder_block_types=("ResBlock",) * (n - 1) + ("EfficientViTBlock",),
         decoder_block_types=("ResBlock",) * (n - 1) + ("EfficientViTBlock",),

@@ -11,9 +11,9 @@ encoders and rotary embeddings, PixArt's masked cross-attention, DiT's class con
 """
 from __future__ import annotations
 
-import diffusers
 import torch
 
+from ...core.compat import diffusers
 from ...core.errors import UnknownNameError
 from ...gen_families import GEN_FAMILIES
 

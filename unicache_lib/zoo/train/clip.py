@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import CLIPModel
 
+from ...core.compat import transformers
 from ...families import FAMILIES
 from ...families.base import Shape
 from ...runtime.checksums import write_card
@@ -39,7 +39,7 @@ def build(seed: int, layers: int = 4, heads: int = 8, head_dim: int = 16):
     shape = Shape(layers=layers, heads=heads, head_dim=head_dim, vision_layers=layers, vision_heads=heads,
                   vision_head_dim=head_dim, image_size=IMAGE_SIZE, patch=PATCH)
     torch.manual_seed(seed)
-    return CLIPModel(fam.config(tok, shape)), fam.processor(tok, shape)
+    return transformers.CLIPModel(fam.config(tok, shape)), fam.processor(tok, shape)
 
 
 def encode(processor, texts, images_uint8) -> dict:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
 
+from ...core.compat import diffusers
 from ...gen_families import GEN_FAMILIES
 from ...runtime.checksums import write_card
 from ...runtime.loaders import load_generator
@@ -75,7 +75,7 @@ def main(argv=None):
             raise SystemExit(f"--init-from {args.init_from} is a {gen.family} model, not {args.family}")
     else:
         gen = Generator(adapter, tg.build_transformer(adapter), tg.build_text_encoder(tok, kind=args.text_encoder),
-                           tok, FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0))
+                           tok, diffusers.FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0))
     log = []
     quick = eval_prompts(30, seed=5)
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import GenerationConfig, JanusForConditionalGeneration
 
+from ...core.compat import transformers
 from ...capture.unified import generate_image_with_capture, signed_to_uint8
 from ...families import FAMILIES
 from ...families.base import Shape
@@ -58,10 +58,10 @@ def build(seed: int):
     fam = FAMILIES["Janus"]
     tok = fam.tokenizer()
     torch.manual_seed(seed)
-    model = JanusForConditionalGeneration(fam.config(tok, shape()))
+    model = transformers.JanusForConditionalGeneration(fam.config(tok, shape()))
 
     # an explicit generation config (one derived from the model config is rebuilt on load, losing boi_token_id)
-    model.generation_config = GenerationConfig(
+    model.generation_config = transformers.GenerationConfig(
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, guidance_scale=3.0,
         max_length=256, num_return_sequences=1,
         generation_kwargs={"boi_token_id": tok.convert_tokens_to_ids("<begin_of_image>")})
@@ -259,7 +259,7 @@ def main(argv=None):
         model, proc, previous = load_previous(args.init_from, fam.model_class)
         fam.adapt_processor(proc, model.config)
 
-        model.generation_config = GenerationConfig.from_pretrained(args.init_from)  # keeps boi_token_id
+        model.generation_config = transformers.GenerationConfig.from_pretrained(args.init_from)  # keeps boi_token_id
     else:
         model, proc = build(args.seed)
     log: list = []

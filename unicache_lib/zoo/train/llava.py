@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import LlavaForConditionalGeneration
 
+from ...core.compat import transformers
 from ...families import family_of
 from ...runtime import tiny_layouts as layout
 from ...runtime.checksums import write_card
@@ -168,10 +168,11 @@ def main(argv=None):
         tok = tl.build_tokenizer()
         n_img = (args.image_size // args.patch) ** 2
         proc = tl.build_processor(tok, args.image_size, args.patch)
-        model = LlavaForConditionalGeneration(tl.build_config(tok, args.image_size, args.patch, vision_layers=args.vision_layers,
-                                                              max_positions=max(256, 2 ** (n_img + 64).bit_length())))
+        cfg = tl.build_config(tok, args.image_size, args.patch, vision_layers=args.vision_layers,
+                              max_positions=max(256, 2 ** (n_img + 64).bit_length()))
+        model = transformers.LlavaForConditionalGeneration(cfg)
         if args.init_lm_from:
-            donor = LlavaForConditionalGeneration.from_pretrained(args.init_lm_from, dtype=torch.float32)
+            donor = transformers.LlavaForConditionalGeneration.from_pretrained(args.init_lm_from, dtype=torch.float32)
             if donor.config.text_config.vocab_size != model.config.text_config.vocab_size:
                 raise SystemExit(f"--init-lm-from {args.init_lm_from}: its vocabulary differs from this run's")
             keep = {k: v for k, v in donor.state_dict().items() if "vision_tower" not in k}

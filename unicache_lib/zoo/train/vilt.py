@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import ViltForQuestionAnswering
 
+from ...core.compat import transformers
 from ...families import FAMILIES
 from ...families.base import Shape
 from ...families.vilt import grid_ordered
@@ -40,7 +40,7 @@ def build(seed: int, layers: int = 6, heads: int = 8, head_dim: int = 16):
     tok = fam.tokenizer()
     shape = Shape(layers=layers, heads=heads, head_dim=head_dim, image_size=IMAGE_SIZE, patch=PATCH, extra={"labels": LABELS})
     torch.manual_seed(seed)
-    return ViltForQuestionAnswering(fam.config(tok, shape)), fam.processor(tok, shape)
+    return transformers.ViltForQuestionAnswering(fam.config(tok, shape)), fam.processor(tok, shape)
 
 
 def encode(processor, questions, images_uint8) -> dict:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import MllamaForConditionalGeneration
 
+from ...core.compat import transformers
 from ...core.models import first_token_logits
 from ...families import FAMILIES
 from ...families.base import Shape
@@ -163,7 +163,7 @@ class MllamaRecipe(Recipe):
         fam = FAMILIES[self.family]
         tok = fam.tokenizer()
         torch.manual_seed(seed)
-        model = MllamaForConditionalGeneration(fam.config(tok, self.shape()))
+        model = transformers.MllamaForConditionalGeneration(fam.config(tok, self.shape()))
         fam.activate(model)  # cross-attention gates start open (tanh(1)), not at 0
         return model, fam.processor(tok, self.shape())
 
