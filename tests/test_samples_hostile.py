@@ -420,3 +420,24 @@ def test_property_every_samples_layout_loads_exactly_or_refuses(tmp_path_factory
     assert [(s.id, s.question, s.answer) for s in got] == [_expected(layout, r) for r in rows]
     assert all(r["file_name"] in ("a.png", "b.png", "sub/a.png") for r in rows)  # only files inside, regular, real
     assert all(int(s.image[0, 0, 0]) == 7 for s in got)  # never the outside file's pixels
+
+
+def test_an_image_stored_turned_by_exif_is_refused_naming_the_fix(tmp_path):
+    """Found by the third adversarial round: an EXIF orientation tag was ignored (the model reads the stored pixels,
+    a viewer shows them turned); now refused in one line, and the fix it names works."""
+    import json
+
+    from PIL import Image, ImageOps
+
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.world import samples as S
+
+    im = Image.fromarray(np.zeros((4, 8, 3), np.uint8))
+    ex = Image.Exif()
+    ex[0x0112] = 6
+    im.save(tmp_path / "a.jpg", exif=ex)
+    (tmp_path / "metadata.jsonl").write_text(json.dumps({"file_name": "a.jpg", "question": "q"}) + "\n")
+    with pytest.raises(InputError, match="EXIF orientation 6.*exif_transpose"):
+        S.load(tmp_path)
+    ImageOps.exif_transpose(Image.open(tmp_path / "a.jpg")).save(tmp_path / "a.jpg")
+    assert S.load(tmp_path)[0].image.shape == (8, 4, 3)

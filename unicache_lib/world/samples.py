@@ -617,6 +617,12 @@ def _read_image(data: bytes, name: str, where: str) -> np.ndarray:
                 raise ImageError(f"{where}: {name} is a {kind} image (mode {im.mode}): only 8-bit images are read "
                                  f"exactly; save it as 8-bit RGB PNG, e.g. Image.fromarray((arr / arr.max() * 255)"
                                  f".round().astype('uint8')).convert('RGB').save(...)")
+            turned = im.getexif().get(0x0112, 1)  # EXIF orientation: the pixels are stored rotated or mirrored
+            if turned not in (1, None):
+                raise ImageError(f"{where}: {name} carries EXIF orientation {turned}: its pixels are stored turned and "
+                                 f"viewers show it upright, but models (and transformers' processors) read the stored "
+                                 f"pixels, so 'left' and 'top' would be wrong; save it upright first, e.g. "
+                                 f"PIL.ImageOps.exif_transpose(Image.open(path)).save(path)")
             im.load()
             alpha = im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info
             rgba = np.asarray(im.convert("RGBA")) if alpha else None
