@@ -54,6 +54,7 @@ def test_no_not_implemented_error_in_the_package():
 def test_the_kinds_keep_the_builtin_bases_callers_catch():
     assert issubclass(E.InputError, ValueError) and issubclass(E.InputTypeError, TypeError)
     assert issubclass(E.UnknownNameError, KeyError) and str(E.UnknownNameError("no 'x' here")) == "no 'x' here"
+    assert issubclass(E.DuplicateNameError, E.InputError) and not issubclass(E.DuplicateNameError, E.UnknownNameError)
     assert issubclass(E.ContractError, RuntimeError) and issubclass(E.CaptureError, E.ContractError)
     assert issubclass(E.LayerError, E.InputError) and not issubclass(E.LayerError, RuntimeError)  # one kind
     assert issubclass(E.ModelNotFoundError, FileNotFoundError) and issubclass(E.ChecksumError, OSError)
@@ -88,6 +89,26 @@ def _bad_inputs():
         "no path": lambda: project_path(None),
         "a file where a store should be": lambda: Store(ROOT / "README.md"),
     }
+
+
+def test_a_name_registered_twice_is_its_own_error():
+    """A clash is not an unknown name: DuplicateNameError names both classes; the registry keeps the first."""
+    from unicache_lib.core.registry import Registry, registrar
+
+    reg = Registry("thing")
+    register = registrar(reg, "thing")
+
+    @register
+    class A:
+        name = "x"
+
+    class B:
+        name = "x"
+
+    with pytest.raises(E.DuplicateNameError, match=r"thing 'x' registered twice: .*A holds the name already; give .*B "
+                                                   r"another name"):
+        register(B)
+    assert reg["x"] is A
 
 
 @pytest.mark.parametrize("what", list(_bad_inputs()))

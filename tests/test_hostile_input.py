@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from unicache_lib.core.errors import UnicacheError
-from unicache_lib.core.untrusted import html_text, iframe_srcdoc, inside
+from unicache_lib.core.errors import InputError, UnicacheError
+from unicache_lib.core.untrusted import html_text, iframe_srcdoc, path_inside, stat_inside
 from unicache_lib.params import check_params
 from unicache_lib.world.samples import load
 
@@ -65,12 +65,13 @@ def test_a_samples_folder_never_reads_outside_itself(tmp_path, case):
         check_params({"SAMPLES": str(folder)})
 
 
-def test_inside_keeps_paths_in_their_folder(tmp_path):
+def test_paths_from_data_stay_in_their_folder(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "ok.png").write_bytes(b"")
-    assert inside(tmp_path, "sub/ok.png") == tmp_path / "sub" / "ok.png"
+    assert path_inside(tmp_path, "sub/ok.png") == (tmp_path / "sub" / "ok.png").resolve()
     for bad in ("../x", "/etc/passwd", "", None, 3, "sub/../../x", "a\x00b"):
-        assert inside(tmp_path, bad) is None
+        with pytest.raises(InputError):
+            stat_inside(tmp_path, bad)
 
 
 # ---- 2. escaped at every HTML boundary --------------------------------------------------------------------------
@@ -509,4 +510,5 @@ def test_remove_store_on_a_symlink_names_the_link(tmp_path):
 def test_a_symlink_loop_is_refused_not_a_crash(tmp_path):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
-    assert inside(tmp_path, "a") is None
+    with pytest.raises(InputError, match="symbolic link loop"):
+        stat_inside(tmp_path, "a")

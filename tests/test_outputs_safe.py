@@ -1,7 +1,7 @@
 """What the tools read and where they write (issue #60): `make book` publishes only regular files inside the
 repository, and no tool writes into a folder it must not.
 
-- tools/book.py resolves every file it reads or publishes (unicache_lib.paths.inside_regular_file): a committed symlink
+- tools/book.py resolves every file it reads or publishes (unicache_lib.core.untrusted.path_inside): a committed symlink
   that leaves the repository (a file, a PNG it would inline, a folder it would list), a FIFO or a device fails the
   build with one line naming it, and nothing of the outside file reaches the site; a symlink that stays inside is
   published as before;
@@ -26,7 +26,8 @@ import pytest
 
 from tests.test_book import _book
 from unicache_lib.core.errors import InputError, MissingFileError, ParameterError, ReportError
-from unicache_lib.paths import (NOTEBOOK, OUTPUT_MARKER, check_output_path, inside_regular_file, notebook_output,
+from unicache_lib.core.untrusted import path_inside
+from unicache_lib.paths import (NOTEBOOK, OUTPUT_MARKER, check_output_path, notebook_output,
                                  output_folder, record_output_files)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +109,7 @@ def test_a_fifo_is_refused_before_it_is_opened(tmp_path):
     book = _book()
     root = _tree(tmp_path, " [log](docs/pipe.txt)")
     os.mkfifo(root / "docs" / "pipe.txt")
-    with deadline(60), pytest.raises(book.BookError, match=r"docs/pipe.txt.*not a regular file \(a FIFO\)"):
+    with deadline(60), pytest.raises(book.BookError, match=r"docs/pipe.txt.*a FIFO \(named pipe\), not a regular file"):
         book.build(tmp_path / "site", root, log=lambda *a: None)
 
 
@@ -518,7 +519,9 @@ def test_every_out_option_refuses_the_repository_its_folders_and_an_empty_value(
 # ------------------------------------------------------------------------------------------ the helpers themselves
 
 
-def test_inside_regular_file_refuses_links_out_special_files_and_folders(tmp_path):
+def test_path_inside_refuses_links_out_special_files_and_folders(tmp_path):
+    """The one path-safety family (core.untrusted) as the site and the output folders use it: the real path of a file
+    inside a root, a link that stays inside followed, everything else refused by lstat before anything is opened."""
     root = tmp_path / "root"
     root.mkdir()
     (root / "ok.txt").write_text("ok")
@@ -526,17 +529,20 @@ def test_inside_regular_file_refuses_links_out_special_files_and_folders(tmp_pat
     (root / "out.txt").symlink_to(_outside(tmp_path) / "environ")
     os.mkfifo(root / "pipe")
     (root / "dangling").symlink_to(root / "nothing")
-    assert inside_regular_file(root, "alias.txt") == (root / "ok.txt").resolve()
-    with pytest.raises(InputError, match="leads outside"):
-        inside_regular_file(root, "out.txt")
-    with deadline(30), pytest.raises(InputError, match="not a regular file .a FIFO"):
-        inside_regular_file(root, "pipe")
-    with pytest.raises(InputError, match="not a regular file .a device"):
-        inside_regular_file("/dev", "null")
-    with pytest.raises(InputError, match="a folder"):
-        inside_regular_file(tmp_path, "root")
+    assert path_inside(root, "alias.txt") == (root / "ok.txt").resolve()
+    assert path_inside(tmp_path, "root", folder=True) == root.resolve()
+    with pytest.raises(InputError, match="points outside the folder"):
+        path_inside(root, "out.txt")
+    with deadline(30), pytest.raises(InputError, match="is a FIFO .named pipe., not a regular file"):
+        path_inside(root, "pipe")
+    with pytest.raises(InputError, match="is a character device, not a regular file"):
+        path_inside("/dev", "null")
+    with pytest.raises(InputError, match="is a folder, not a regular file"):
+        path_inside(tmp_path, "root")
+    with pytest.raises(InputError, match="is a regular file, not a folder"):
+        path_inside(root, "ok.txt", folder=True)
     with pytest.raises(MissingFileError):
-        inside_regular_file(root, "dangling")
+        path_inside(root, "dangling")
     with pytest.raises(InputError, match="is empty"):
         check_output_path("  ")
     assert output_folder(tmp_path / "new", "t").files == set()

@@ -23,7 +23,7 @@ committed files (git archive) instead of the working tree. Why not Jupyter Book 
 docs/FORKING.md, "Publishing the course as a website".
 
 What it reads and where it writes (issue #60): every file it reads or publishes is resolved first and must be a regular
-file inside the repository (unicache_lib.paths.inside_regular_file, judged by stat before anything opens it); a
+file inside the repository (unicache_lib.core.untrusted.path_inside, judged lstat by lstat before anything opens it); a
 committed symlink that leads outside it (``docs/env.txt -> /proc/self/environ``), a symlinked folder outside, a FIFO
 or a device fails the build with one line naming it (exit status 2), so nothing outside the repository is ever
 published. A symlink that stays inside is published only when what it leads to is: a tracked file (in a git checkout)
@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from unicache_lib.core.errors import InputError, MissingFileError
-from unicache_lib.paths import inside_folder, inside_regular_file, output_folder
+from unicache_lib.core.untrusted import html_text, path_inside, read_inside, stat_inside
+from unicache_lib.paths import output_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,12 +113,12 @@ def entry(root: Path, rel: str) -> tuple[str | None, Path | None]:
     itself published: in a dot folder or dot file (``.git/config``, ``.env``), under ``outputs/``, or, in a git
     checkout, not a tracked file."""
     try:
-        kind, real = "dir", inside_folder(root, rel)
+        kind, real = "dir", path_inside(root, rel, folder=True, what="folder")
     except MissingFileError:
         return None, None
     except InputError:
         try:
-            kind, real = "file", inside_regular_file(root, rel)
+            kind, real = "file", path_inside(root, rel)
         except MissingFileError:
             return None, None
         except InputError as e:
@@ -294,17 +295,17 @@ def markdown_html(text: str) -> str:
 def _control(model: dict) -> str:
     """A widget control as words: its description and the value it opens on (with what it offers)."""
     s, name = model["state"], model["model_name"]
-    desc = html.escape(s.get("description") or name.replace("Model", ""))
+    desc = html_text(s.get("description") or name.replace("Model", ""))
     if name in ("DropdownModel", "SelectionSliderModel", "SelectionRangeSliderModel", "RadioButtonsModel",
                 "ToggleButtonsModel", "SelectModel"):
         labels = [str(x) for x in s.get("_options_labels", [])]
         i = s.get("index")
         value = labels[i] if isinstance(i, int) and 0 <= i < len(labels) else ""
         offer = (", ".join(labels) if len(labels) <= 12 else f"{len(labels)} choices")
-        return f'<span class="book-control">{desc}: <b>{html.escape(value)}</b> <small>({html.escape(offer)})</small></span>'
+        return f'<span class="book-control">{desc}: <b>{html_text(value)}</b> <small>({html_text(offer)})</small></span>'
     if name in ("IntSliderModel", "FloatSliderModel"):
-        return (f'<span class="book-control">{desc}: <b>{html.escape(str(s.get("value")))}</b> '
-                f'<small>({html.escape(str(s.get("min")))}–{html.escape(str(s.get("max")))})</small></span>')
+        return (f'<span class="book-control">{desc}: <b>{html_text(str(s.get("value")))}</b> '
+                f'<small>({html_text(str(s.get("min")))}–{html_text(str(s.get("max")))})</small></span>')
     return ""
 
 
@@ -322,7 +323,7 @@ def widget_snapshot(model_id: str, state: dict, depth: int = 0) -> str:
     if name in ("HTMLModel", "HTMLMathModel"):
         return f'<div class="book-widget-html">{s.get("value", "")}</div>'
     if name == "LabelModel":
-        return f'<div>{html.escape(str(s.get("value", "")))}</div>'
+        return f'<div>{html_text(str(s.get("value", "")))}</div>'
     if name == "OutputModel":
         parts = []
         for out in s.get("outputs", []):
@@ -337,7 +338,7 @@ def widget_snapshot(model_id: str, state: dict, depth: int = 0) -> str:
                     parts.append("".join(data["text/html"]))
                 elif "text/plain" in data or out.get("output_type") == "stream":
                     text = "".join(data.get("text/plain", out.get("text", "")))
-                    parts.append(f"<pre>{html.escape(text)}</pre>")
+                    parts.append(f"<pre>{html_text(text)}</pre>")
         return "".join(parts)
     return _control(model)
 
@@ -420,7 +421,7 @@ def notebook_html(path: Path) -> tuple[str, int, int, list[str]]:
 def source_html(path: Path, rel: str) -> str:
     lang = {".py": "python", ".md": "markdown", ".json": "json", ".toml": "toml", ".yml": "yaml", ".yaml": "yaml",
             ".sh": "bash", ".cfg": "ini"}.get(path.suffix, "text")
-    return f'<h1><code>{html.escape(rel)}</code></h1>\n' + highlight(path.read_text(errors="replace"), lang)
+    return f'<h1><code>{html_text(rel)}</code></h1>\n' + highlight(path.read_text(errors="replace"), lang)
 
 
 def folder_html(site, rel: str) -> str:
@@ -436,9 +437,9 @@ def folder_html(site, rel: str) -> str:
             continue
         name = p.name + ("/" if kind == "dir" else "")
         target = site.page_for(child, False) if kind == "file" else None
-        items.append(f'<li><a href="{html.escape(p.name)}">{html.escape(name)}</a></li>' if target
-                     else f"<li><code>{html.escape(name)}</code></li>")
-    return f"<h1><code>{html.escape(rel)}</code></h1>\n<ul>\n" + "\n".join(items) + "\n</ul>"
+        items.append(f'<li><a href="{html_text(p.name)}">{html_text(name)}</a></li>' if target
+                     else f"<li><code>{html_text(name)}</code></li>")
+    return f"<h1><code>{html_text(rel)}</code></h1>\n<ul>\n" + "\n".join(items) + "\n</ul>"
 
 
 # ----------------------------------------------------------------------------------------------- links
@@ -501,9 +502,9 @@ class Site:
                 target = self.page_for(rel, entry(self.root, rel)[0] == "dir")
             if target is None:
                 page.warnings.append(f"link to {url!r}: not in the repository; left without a target")
-                return m.group(1).rsplit(" ", 1)[0] + ' data-missing="' + html.escape(url) + m.group(3)
+                return m.group(1).rsplit(" ", 1)[0] + ' data-missing="' + html_text(url) + m.group(3)
             href = posixpath.relpath(target.out, posixpath.dirname(page.out))
-            return m.group(1) + html.escape(href + (f"#{frag}" if frag else "")) + m.group(3)
+            return m.group(1) + html_text(href + (f"#{frag}" if frag else "")) + m.group(3)
 
         return ATTR.sub(fix, body)
 
@@ -556,7 +557,7 @@ a.anchor-link { visibility: hidden; margin-left: 0.3em; text-decoration: none; }
 
 def nav_html(site: Site, current: Page) -> str:
     rel = posixpath.dirname(current.out)
-    out = [f'<a class="book-site" href="{posixpath.relpath("index.html", rel)}">{html.escape(SITE_TITLE)}</a>']
+    out = [f'<a class="book-site" href="{posixpath.relpath("index.html", rel)}">{html_text(SITE_TITLE)}</a>']
     for section in ("Course", "Lessons", "Reference", "Solutions"):
         items = [p for p in site.pages if p.section == section]
         if not items:
@@ -565,7 +566,7 @@ def nav_html(site: Site, current: Page) -> str:
         for p in items:
             label = "Home" if p.src == "README.md" else p.title
             cur = ' aria-current="page"' if p is current else ""
-            out.append(f'<li><a href="{html.escape(posixpath.relpath(p.out, rel))}"{cur}>{html.escape(label)}</a></li>')
+            out.append(f'<li><a href="{html_text(posixpath.relpath(p.out, rel))}"{cur}>{html_text(label)}</a></li>')
         out.append("</ol>")
     return "\n".join(out)
 
@@ -577,8 +578,8 @@ def page_html(site: Site, page: Page) -> str:
     pager = ""
     if page in toc:
         i = toc.index(page)
-        prev = f'<a rel="prev" href="{html.escape(posixpath.relpath(toc[i - 1].out, rel))}">← {html.escape(toc[i - 1].title)}</a>' if i else "<span></span>"
-        nxt = (f'<a rel="next" href="{html.escape(posixpath.relpath(toc[i + 1].out, rel))}">{html.escape(toc[i + 1].title)} →</a>'
+        prev = f'<a rel="prev" href="{html_text(posixpath.relpath(toc[i - 1].out, rel))}">← {html_text(toc[i - 1].title)}</a>' if i else "<span></span>"
+        nxt = (f'<a rel="next" href="{html_text(posixpath.relpath(toc[i + 1].out, rel))}">{html_text(toc[i + 1].title)} →</a>'
                if i + 1 < len(toc) else "<span></span>")
         pager = f'<nav class="book-pager">{prev}{nxt}</nav>'
     wrap = "jp-Notebook" if page.kind == "notebook" else "book-doc jp-RenderedHTMLCommon"
@@ -587,7 +588,7 @@ def page_html(site: Site, page: Page) -> str:
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1.0">
-<title>{html.escape(page.title)} · {html.escape(SITE_TITLE)}</title>
+<title>{html_text(page.title)} · {html_text(SITE_TITLE)}</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="{static}/jupyterlab.css">
 <link rel="stylesheet" href="{static}/theme-light.css">
@@ -599,7 +600,7 @@ def page_html(site: Site, page: Page) -> str:
 {nav_html(site, page)}
 </nav>
 <main class="book-main">
-<div class="{wrap}" data-source="{html.escape(page.src)}">
+<div class="{wrap}" data-source="{html_text(page.src)}">
 {page.body}
 </div>
 {pager}
@@ -637,9 +638,10 @@ def earlier_site(folder: Path) -> set[str] | None:
     """The files a build from before ``.unicache-output`` existed wrote into ``folder`` (the pages its
     _static/pages.json lists and _static/), or None when ``folder`` is no such site."""
     try:
-        pages = json.loads(inside_regular_file(folder, "_static/pages.json").read_text())
+        pages = json.loads(read_inside(folder, "_static/pages.json"))
         outs = {p["out"] for p in pages}
-        inside_regular_file(folder, "_static/book.css")
+        if stat_inside(folder, "_static/book.css") is None:
+            return None
     except (InputError, OSError, ValueError, TypeError, KeyError):
         return None
     return outs | STATIC_FILES if all(isinstance(o, str) for o in outs) else None

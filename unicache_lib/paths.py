@@ -1,18 +1,19 @@
-"""Where a notebook's relative paths point: the repository root, wherever the kernel was started; files read from
-inside a root (:func:`inside_regular_file`), and the one check of every output folder (:func:`output_folder`,
-:func:`check_output_path`): never empty, never the repository or a folder inside it but under its git-ignored
-``outputs/`` (and ``runs/``), never a folder holding files the tool did not write (its :data:`OUTPUT_MARKER` lists
-what it wrote), never a file it did not write (``files=``, :func:`record_output_files`). A notebook's ``OUT_DIR``
-(:func:`notebook_output`) is new, empty or marked by a notebook, since a notebook replaces and removes files there."""
+"""Where a notebook's relative paths point: the repository root, wherever the kernel was started; and the one check
+of every output folder (:func:`output_folder`, :func:`check_output_path`): never empty, never the repository or a
+folder inside it but under its git-ignored ``outputs/`` (and ``runs/``), never a folder holding files the tool did not
+write (its :data:`OUTPUT_MARKER` lists what it wrote), never a file it did not write (``files=``,
+:func:`record_output_files`). A notebook's ``OUT_DIR`` (:func:`notebook_output`) is new, empty or marked by a
+notebook, since a notebook replaces and removes files there. Files inside a root are read through
+:mod:`unicache_lib.core.untrusted` (the marker with :func:`~unicache_lib.core.untrusted.read_inside`)."""
 import json
 import os
-import stat
 import sys
 import tempfile
 import tomllib
 from pathlib import Path
 
-from .core.errors import InputError, InputTypeError, MissingFileError, UnicacheError
+from .core.errors import InputError, InputTypeError, UnicacheError
+from .core.untrusted import read_inside
 
 PROJECT_NAME = "unicache-workbench"  # [project] name in this repository's pyproject.toml
 
@@ -50,53 +51,6 @@ def project_path(path: str | Path) -> Path:
         return p
     root = project_root()
     return p if root is None else root / p
-
-
-# ----------------------------------------------------------------------------------------------- reading inside a root
-
-
-def _real_inside(root: str | Path, path: str | Path) -> tuple[Path, os.stat_result]:
-    """``(real path, stat)`` of ``path`` (a relative one taken from ``root``) once every symlink is resolved, refused
-    when that leaves ``root``; :class:`MissingFileError` when nothing is there (a dangling link included)."""
-    root, p = Path(root), Path(path)
-    p = p if p.is_absolute() else root / p
-    try:
-        real = p.resolve(strict=True)
-        st = os.stat(real)  # stat, never open: a FIFO or a device is judged without blocking on it
-    except FileNotFoundError as e:
-        raise MissingFileError(f"{p}: nothing there (a missing file or a symlink to nothing)") from e
-    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python 3.11's resolve)
-        raise InputError(f"{p} cannot be resolved ({e}): a symlink loop or an unreadable folder; remove it") from e
-    if not real.is_relative_to(root.resolve()):
-        raise InputError(f"{p} leads outside {root} (a symlink to {real}): only files inside it are read; remove the "
-                         f"link or put the file itself there")
-    return real, st
-
-
-def inside_regular_file(root: str | Path, path: str | Path) -> Path:
-    """The real path of ``path`` (absolute, or relative to ``root``) when it is a regular file inside ``root`` after
-    every symlink is resolved, judged by ``stat`` before anything opens it. Raises :class:`InputError` for a symlink
-    that leaves ``root``, a FIFO, device, socket or folder, and :class:`MissingFileError` when nothing is there."""
-    real, st = _real_inside(root, path)
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{path} is not a regular file ({_kind(st)}): only regular files are read; remove it")
-    return real
-
-
-def inside_folder(root: str | Path, path: str | Path) -> Path:
-    """:func:`inside_regular_file` for a folder: its real path, refused when it (or a symlink on the way) leaves
-    ``root`` or is not a folder."""
-    real, st = _real_inside(root, path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{path} is not a folder ({_kind(st)})")
-    return real
-
-
-def _kind(st: os.stat_result) -> str:
-    m = st.st_mode
-    return ("a folder" if stat.S_ISDIR(m) else "a FIFO" if stat.S_ISFIFO(m) else "a socket" if stat.S_ISSOCK(m)
-            else "a device" if stat.S_ISCHR(m) or stat.S_ISBLK(m) else "a regular file" if stat.S_ISREG(m)
-            else "a special file")
 
 
 # ----------------------------------------------------------------------------------------------- output folders
@@ -174,7 +128,7 @@ def _marker(folder: Path) -> dict | None:
     """The folder's :data:`OUTPUT_MARKER` as read (a regular file inside it holding a JSON object with a text
     ``written_by`` and a list of texts ``files``), None when it is absent or damaged."""
     try:
-        info = json.loads(Path(inside_regular_file(folder, OUTPUT_MARKER)).read_text())
+        info = json.loads(read_inside(folder, OUTPUT_MARKER))
     except (UnicacheError, OSError, ValueError, RecursionError):
         return None
     if not isinstance(info, dict) or not isinstance(info.get("written_by"), str) \
@@ -319,7 +273,7 @@ def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None,
     marker = p / OUTPUT_MARKER
     if os.path.lexists(marker):
         try:
-            info = json.loads(Path(inside_regular_file(p, OUTPUT_MARKER)).read_text())
+            info = json.loads(read_inside(p, OUTPUT_MARKER))
             by, files = info["written_by"], info["files"]
             if not isinstance(by, str) or not isinstance(files, list) or not all(isinstance(f, str) for f in files):
                 raise InputError("wrong types")

@@ -80,6 +80,10 @@ class UnknownNameError(InputError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class DuplicateNameError(InputError):
+    """A second piece registered under a name a registry already holds (a plug-in's name clash: rename one)."""
+
+
 class UnsupportedError(UnicacheError):
     """This model or family cannot do what was asked; the message says why and what can."""
 

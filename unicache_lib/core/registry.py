@@ -9,7 +9,7 @@ import difflib
 import importlib
 import pkgutil
 
-from .errors import UnknownNameError
+from .errors import DuplicateNameError, UnknownNameError
 
 
 class Registry(dict):
@@ -37,7 +37,8 @@ def registrar(registry: dict, kind: str):
 
     def register(cls):
         if cls.name in registry:
-            raise UnknownNameError(f"{kind} {cls.name!r} registered twice")
+            raise DuplicateNameError(f"{kind} {cls.name!r} registered twice: {registry[cls.name].__qualname__} holds "
+                                     f"the name already; give {cls.__qualname__} another name")
         registry[cls.name] = cls
         return cls
 

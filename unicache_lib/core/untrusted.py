@@ -3,8 +3,10 @@
 A samples folder, a prompts file, a store's index or a decisive run's shard is untrusted input. Three rules, each with
 one helper here, used wherever such input is read or shown:
 
-- a path read from data names a file *inside* the folder it came from (:func:`inside`, :func:`file_inside`): no
-  ``..``, no absolute path, no symlink that leaves the folder;
+- a path read from data names a file *inside* the folder it came from, and a regular one: no ``..``, no absolute
+  path, no symlink that leaves the folder, no FIFO or device; one family does it, lstat by lstat with every part
+  opened with O_NOFOLLOW (:func:`open_inside`, :func:`read_inside`, :func:`write_inside`, :func:`folder_inside`;
+  :func:`stat_inside` and :func:`path_inside` judge without opening);
 - text from data that meets HTML is escaped (:func:`html_text`), quotes included, so it can sit in an attribute;
 - a text file from data is decoded as UTF-8 with a refusal that names the file and the line (:func:`read_utf8`).
 
@@ -21,35 +23,6 @@ import stat
 from pathlib import Path
 
 from .errors import InputError, MissingFileError, UnicacheError
-
-
-def inside(base: str | Path, rel) -> Path | None:
-    """``base / rel`` when ``rel`` is a non-empty relative path that stays inside ``base``, also after every symlink
-    is resolved; ``None`` for ``..``, an absolute path, a symlink that leaves ``base``, or anything not a string."""
-    if not isinstance(rel, str) or not rel or "\x00" in rel:
-        return None
-    r = Path(rel)
-    if r.is_absolute() or r.drive or ".." in r.parts:
-        return None
-    base = Path(base)
-    p = base / r
-    try:
-        p.resolve().relative_to(base.resolve())
-    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11's resolve)
-        return None
-    return p
-
-
-def file_inside(base: str | Path, rel, where: str, key: str = "file_name") -> Path:
-    """:func:`inside`, refusing with a message that names ``where`` (a file and line) and the fix; the file must exist."""
-    p = inside(base, rel)
-    if p is None:
-        raise InputError(f"{where}: {key} {rel!r} points outside {base} (an absolute path, '..' or a symlink that "
-                         f"leaves the folder). Only files inside the folder are read: copy the image into it and give "
-                         f"{key} relative to it, e.g. 'images/x.png'")
-    if not p.is_file():
-        raise MissingFileError(f"{where}: {p} is listed but not there: put the image beside it or fix {key}")
-    return p
 
 
 def html_text(text) -> str:
@@ -231,6 +204,24 @@ def stat_inside(base, rel, *, links: bool = True, write: bool = False, error=Inp
         _fail(error, what, base, rel, _kind_reason(st.st_mode), fix)
     return st
 
+
+
+def path_inside(base, rel, *, folder: bool = False, error=InputError, what: str = "file", fix: str = "") -> Path:
+    """The real path of ``base/rel`` once the symbolic links inside ``base`` are followed (the walk of
+    :func:`open_inside`, judged by lstat without opening anything), when it is a regular file (``folder``: a folder).
+    Raises ``error`` as :func:`stat_inside` does, and :class:`MissingFileError` when nothing is there (a dangling link
+    included). For a caller that hands the path on (a site that publishes it); one that reads should open it with
+    :func:`open_inside` / :func:`read_inside`."""
+    try:
+        root, parts, st = _walk(base, rel, False, True)
+    except _Refused as e:
+        _fail(error, what, base, rel, str(e), fix)
+    if st is None:
+        _fail(MissingFileError, what, base, rel, "is not there (a missing file or a symbolic link to nothing)", fix)
+    if not (stat.S_ISDIR if folder else stat.S_ISREG)(st.st_mode):
+        _fail(error, what, base, rel, f"is {file_kind(st.st_mode)}, not a {'folder' if folder else 'regular file'}",
+              fix)
+    return Path(root, *parts)
 
 def _kind_reason(mode: int) -> str:
     kind = file_kind(mode)

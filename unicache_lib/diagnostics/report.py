@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import html
 import os
 import re
 import sys
@@ -42,7 +41,8 @@ from ..analysis.generation import step_table
 from ..analysis.understanding import layer_table
 from ..core.errors import InputError, ReportError
 from ..core.modality import BLOCKS
-from ..paths import OUTPUT_MARKER, OutputFolder, inside_regular_file, output_folder
+from ..core.untrusted import html_text, read_inside
+from ..paths import OUTPUT_MARKER, OutputFolder, output_folder
 from ..plots import literal_text
 from ..store import Store, StoreError, _atomic_write_bytes
 from .neglect import detect_neglect
@@ -174,7 +174,7 @@ def _earlier_report(folder: Path) -> set | None:
     """What a report written before ``.unicache-output`` existed left in ``folder`` (its page, marked, and the
     figures the page shows), or None when ``folder`` holds no such report."""
     try:
-        text = inside_regular_file(folder, "report.html").read_text(errors="replace")
+        text = read_inside(folder, "report.html").decode(errors="replace")
     except (InputError, OSError):
         return None
     if MARK not in text[:200]:
@@ -227,15 +227,15 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
                     notes += [x if one else f"{part}: {x}" for x in n]
             plt.close("all")
             files += figs
-            imgs = "".join(f'<img alt="{html.escape(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
+            imgs = "".join(f'<img alt="{html_text(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
                            for p in figs)
-            sections.append(f"<h2>{html.escape(str(label))} <small>({'generator' if gen else 'understanding'}; "
-                            f"{html.escape(str(meta.get('model', '?')))}, {len(recs)} records)</small></h2>"
-                            + "".join(f"<p>{html.escape(n)}</p>" for n in ([note] if note else []) + notes)
+            sections.append(f"<h2>{html_text(str(label))} <small>({'generator' if gen else 'understanding'}; "
+                            f"{html_text(str(meta.get('model', '?')))}, {len(recs)} records)</small></h2>"
+                            + "".join(f"<p>{html_text(n)}</p>" for n in ([note] if note else []) + notes)
                             + f"<div>{imgs}</div>")
-        doc = (f"{MARK}\n<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) +
+        doc = (f"{MARK}\n<!doctype html><html><head><meta charset='utf-8'><title>" + html_text(title) +
                "</title><style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:48%;margin:4px}"
-               "</style></head><body><h1>" + html.escape(title) + "</h1>" + "".join(sections) + "</body></html>")
+               "</style></head><body><h1>" + html_text(title) + "</h1>" + "".join(sections) + "</body></html>")
         _put_in_place(folder, [(out / f.name, f.read_bytes()) for f in files] + [(page, doc.encode())])
     return page
 

@@ -75,7 +75,7 @@ class StepSkipConfig:
         return self.policy().schedule(n_steps)
 
     def pattern(self) -> str:
-        """The steps the transformer runs, e.g. ``CC.C..C..C..C..C..CC`` (C computed, . extrapolated)."""
+        """The steps the transformer runs, one letter a step: ``C`` computed, ``.`` extrapolated."""
         return "".join("C" if c else "." for c in self.schedule(self.num_inference_steps))
 
 

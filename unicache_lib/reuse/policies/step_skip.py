@@ -15,15 +15,9 @@ Schedule, relative to ``n_steps`` so it works for any step count: the first ``he
 (at least two) and the last ``tail`` share (at least one) are computed, and in between every
 ``stride``-th step; everything else is extrapolated.
 
-The defaults were chosen by ``benchmarks/tune_step_skip.py`` on DESIGN prompts only:
-``prompt_set(52, 0, 0)[36:52]`` (16 one-object prompts, sampled with seed 1000), disjoint by construction
-from the notebook's scored prompts ``prompt_set(36, 0, 0)`` (the first 36 of the same permutation of the
-90 colour x shape x position combinations), on tiny-mmdit and tiny-pixart at 20 steps, guidance 3.0,
-PSNR against each generator's own 20-step images. Chosen: ``head=0.1, tail=0.05, stride=3, weight=0.5, order=1``,
-at 20 steps computing steps 0, 1, 3, 6, 9, 12, 15, 18, 19 (9 of 20; ``CC.C..C..C..C..C..CC``). A second-order
-extrapolation and extrapolating the denoised estimate ``x - sigma * v`` instead of ``v`` were no better on the
-design prompts. The grid and the design PSNRs: ``benchmarks/results/tune_step_skip.txt``; held out (the notebook's
-scored prompts): ``benchmarks/results/step_skip_heldout.txt`` and notebook 06.
+The defaults were tuned on design prompts disjoint from the ones notebook 06 scores (``benchmarks/tune_step_skip.py``):
+how they were chosen and what they give is in docs/CACHING.md (``step_skip``), ``benchmarks/results/tune_step_skip.txt``
+and ``benchmarks/results/step_skip_heldout.txt``.
 """
 from __future__ import annotations
 
