@@ -14,6 +14,7 @@ over it is refused before its maps are quantised, naming the parameter to lower 
 ``dpi`` is accepted for the former signature and not used: the browser draws the maps at the screen's resolution."""
 from __future__ import annotations
 
+from .core.errors import InputError
 from .explorer import BUDGET_BYTES, StaticExplorer, explorer_data, model_explorers_data
 from .explorer import payload as _payload
 
@@ -73,6 +74,4 @@ def static_model_explorer(per_model: dict, *, head: int = 0, budget_bytes: int =
 
 def _no_more(options: dict, what: str) -> None:
     if options:
-        from .core.errors import InputError
-
         raise InputError(f"{what}: unknown option(s) {sorted(options)}")

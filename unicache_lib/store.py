@@ -816,7 +816,7 @@ class Store:
             z = np.load(io.BytesIO(data))  # (allow_pickle=False: no code in an archive is ever run)
             told = json.loads(bytes(z[_RECORDS]).decode()) if _RECORDS in z.files else None
             if told is not None and not (isinstance(told, list) and all(isinstance(d, dict) for d in told)):
-                raise ValueError(f"its {_RECORDS} is not a list of records")
+                raise StoreError(f"its {_RECORDS} is not a list of records")
         except Exception as e:  # noqa: BLE001 - an unreadable archive (its checksum matched an entry or none was given)
             c["err"] = f"file {rel} in {self.path} cannot be read ({' '.join(str(e).split())[:200]}). {self._fix()}"
             return c

@@ -21,7 +21,7 @@ def attention_explorer(result, images: dict, tokens: dict, grids: dict | None = 
     """Sample / view / layer / head / query-token explorer over an understanding model's full-mode records: see
     :func:`unicache_lib.explorer.attention_explorer` (``options``: ``samples``, ``layers``, ``full_side``,
     ``budget_bytes``, ``title``). Returns the widget; its ``caption.value`` names the view in words."""
-    from .explorer import attention_explorer as build
+    from .explorer import attention_explorer as build  # local: anywidget is imported only when an explorer is built
 
     return build(result, images, tokens, grids, questions, **options)
 
@@ -30,7 +30,7 @@ def model_explorer(per_model: dict, **options):
     """A model menu over the attention explorers of several models, one widget: see
     :func:`unicache_lib.explorer.model_explorer` (``per_model``: label -> ``(result, images, tokens, grids,
     questions)``)."""
-    from .explorer import model_explorer as build
+    from .explorer import model_explorer as build  # local: anywidget is imported only when an explorer is built
 
     return build(per_model, **options)
 
@@ -39,6 +39,6 @@ def step_explorer(result, images: dict, tokens: dict, part: str | None = None, *
     """Prompt / view / step / layer / head / word explorer over a generator's full-mode records: see
     :func:`unicache_lib.explorer.step_explorer` (``options``: ``samples``, ``layers``, ``steps``, ``full_side``,
     ``budget_bytes``, ``title``)."""
-    from .explorer import step_explorer as build
+    from .explorer import step_explorer as build  # local: anywidget is imported only when an explorer is built
 
     return build(result, images, tokens, part, **options)

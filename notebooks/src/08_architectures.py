@@ -691,7 +691,7 @@ board.show()
 
 # %%
 # the measurement -> action table, assembled in unicache_lib/analysis/architectures.py (`decisions`)
-WrappedTable(AR.decisions(healthy, blind, summary if three else None, best, CF, describe, answer, series, role_share))
+WrappedTable(ACL.decisions(healthy, blind, summary if three else None, best, CF, describe, answer, series, role_share))
 
 # %% [markdown]
 # ## Exercises

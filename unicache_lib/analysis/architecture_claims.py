@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..claims import rules_of
+from ..claims import DECISION_COLUMNS, decision_rows, rules_of
 from ..diagnostics.roc import auroc_interval
 from ..intervals import bootstrap, difference_interval, mean_interval, ratio_interval
 from .architectures import lag1
@@ -119,3 +119,32 @@ def measure_unified(board, describe, answer, series: list, thirds: pd.DataFrame 
         board.measure("A6", None, criterion="b", note=f"{n_err} of {0 if thirds is None else len(thirds)} caption thirds "
                       f"hold an error: too few errors to tell drift from chance (raise DRIFT_CAPTIONS); (a) alone: "
                       f"lag-1 correlation {a6.value:.2f} [{a6.lo:.2f}, {a6.hi:.2f}] over {a6.n} captions")
+
+
+def decisions(healthy=None, blind=None, cross=None, iou_best=None, cls_frame=None, describe=None, answer=None,
+              series=(), role_share=None) -> pd.DataFrame:
+    """Notebook 08's measurement -> action table: one row per measurement this run has (``None`` leaves a row out).
+    ``healthy`` / ``blind``: ViLT's per-question correctness (:func:`fusion_correct`); ``cross``: Mllama's per-level
+    table with the object focus in column 1 (three levels); ``iou_best``: word -> object IoU over chance per model;
+    ``cls_frame``: :func:`cls_focus`; ``describe`` / ``answer`` / ``series``: :func:`task_switch`; ``role_share``:
+    share of heads per role per model."""
+    short = lambda d: ", ".join(f"{m.split(' (')[0]} {x}" for m, x in d.items())  # noqa: E731
+    rows = []  # (claim, measurement, value here): what to do, and where, is the claim's advice (unicache_lib/claims.py)
+    if healthy is not None:
+        rows.append(("A2", "ViLT: accuracy healthy vs image queries blind to the text (A2 (b))",
+                     f"{healthy.mean():.3f} vs {blind.mean():.3f}"))
+    if cross is not None:
+        rows.append(("A3", "Mllama: object words' focus per cross layer (A3 (b))", short(cross.iloc[:, 1].round(1))))
+    if iou_best is not None:
+        rows.append(("U11", "word → object IoU over chance, best band (section 6; 02's U11 measured by IoU)",
+                     short(iou_best.sort_values(ascending=False).map("{:.1f}x".format))))
+    if cls_frame is not None:
+        last = cls_frame[cls_frame.layer == cls_frame.layer.max()]
+        rows.append(("A4", "CLIP: class token's object mass / area, last layer (A4)", f"{last.object_mass.mean() / last.area_share.mean():.1f}x"))
+    if describe is not None and len(describe) >= 2:
+        rows.append(("A5", "Janus: image share answering / describing (A5)", f"{answer.mean() / describe.mean():.2f}"))
+        rows.append(("A6", "Janus: lag-1 correlation of the per-token image share (A6 (a))", f"{lag1(series):+.2f}"))
+    if role_share is not None:
+        rows.append(("U8", "share of focused heads per model (section 4; 02's U8)",
+                     short(role_share.focused[role_share.focused > 0].round(2)) + "; the others 0"))
+    return pd.DataFrame(decision_rows(rows, "08_architectures"), columns=list(DECISION_COLUMNS))

@@ -25,6 +25,7 @@ from ..tables import WrappedTable
 from ..scoreboard import Criterion, Measurement
 from ..reuse.evaluate import readings, worst_generator, worst_pareto_gap
 from ..kv.evaluate import against_peers, share_of_full, worst_peer_difference
+from .understanding_claims import scene_type_note
 
 MILD = "step_skip (stride 2)"
 DECISIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # make evaluate's committed results
@@ -232,8 +233,6 @@ def scene_kind(scene: pd.Series) -> np.ndarray:
 def scene_kind_note(scene: pd.Series) -> str:
     """"" where clutter can be set against the other scenes (two scene types or more among ``scene``, one per
     question); else "; clutter against other scenes: not measurable with these samples: ..." saying what to add."""
-    from .understanding_claims import scene_type_note
-
     note = scene_type_note(dict(enumerate(scene.fillna(""))))
     return "" if note is None else f"; clutter against other scenes: {note}"
 

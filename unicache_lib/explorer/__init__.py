@@ -69,7 +69,7 @@ def attention_explorer(result, images: dict, tokens: dict, grids: dict | None = 
     Returns:
         an :class:`~unicache_lib.explorer.widget.Explorer` widget, opening on the first sample, layer and head and on
         the last text position naming an object or a colour."""
-    from .widget import Explorer
+    from .widget import Explorer  # local: the widget imports anywidget, needed only when an explorer is built
 
     what = "attention_explorer"
     panels = _attention_models(what, result, images, tokens, grids, questions, samples, layers)
@@ -85,7 +85,7 @@ def step_explorer(result, images: dict, tokens: dict, part: str | None = None, *
     ``"cross"`` (default: the first part holding text keys); ``samples`` / ``layers`` / ``steps``: a subset to
     carry; the rest as :func:`attention_explorer`. Opens on the picture reading the first word, first step and
     layer."""
-    from .widget import Explorer
+    from .widget import Explorer  # local: the widget imports anywidget, needed only when an explorer is built
 
     what = "step_explorer"
     panels = P.step_panels(result, images, tokens, part, samples=samples, layers=layers, steps=steps, what=what)
@@ -112,6 +112,6 @@ def model_explorer(per_model: dict, *, full_side: int | None = None, budget_byte
     """One explorer over several models (the signature of the former ``widgets.model_explorer``): ``per_model`` maps
     a label to the arguments of :func:`attention_explorer` (``(result, images, tokens, grids, questions)``); a model
     menu picks the model, the other controls as :func:`attention_explorer`. One budget for all the models."""
-    from .widget import Explorer
+    from .widget import Explorer  # local: the widget imports anywidget, needed only when an explorer is built
 
     return Explorer(model_explorers_data(per_model, full_side=full_side, budget_bytes=budget_bytes, title=title))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import InputError
+from ..core.errors import ContractError, InputError
 from ..core.untrusted import html_text, name_problem, write_inside
 from ..paths import check_output_path, record_output_files
 from . import payload as P
@@ -211,7 +211,7 @@ class ExplorerData:
         that runs the scripts of a notebook's HTML (an nbconvert export, the course site). Nothing is fetched."""
         js = module_source()
         if "</script" in js.lower():
-            raise RuntimeError("explorer.js holds '</script': it would end its own inline script")
+            raise ContractError("explorer.js holds '</script': it would end its own inline script")
         data = {"spec": self.spec, "data": base64.b64encode(self.blob).decode("ascii"), "selection": self.normal(sel)}
         boot = _BOOT.replace("@@KEY@@", self.key)
         return (f'<div class="ucx" data-ucx="{self.key}" style="margin:4px 0">\n'

@@ -406,7 +406,7 @@ def b64_len(n: int) -> int:
 def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
     """``(bytes, mime, width, height)`` of ``image [H, W, 3]`` (uint8, or floats in 0..1) at most ``side`` pixels a
     side: PNG or JPEG, whichever is smaller."""
-    from PIL import Image
+    from PIL import Image  # local: PIL is needed only when a picture is encoded
 
     a = np.asarray(image)
     if a.ndim not in (2, 3) or a.size == 0:
