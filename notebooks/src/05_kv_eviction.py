@@ -690,11 +690,7 @@ else:
 # **What changes at 576 tokens.** On tiny-llava, E2 (≥ <!--const E2's threshold-->97%<!--/const--> at 10%, six tokens)
 # <!--num data/results/05_kv_eviction.json#[claim=E2].verdict-->does not hold<!--/num-->; at 64 of 576 tokens the same dropping cover
 # clears that bar (S1): dropping falls short at six tokens, not at the literature's budgets. E1's bar (≥ <!--const E1's threshold-->99%<!--/const-->) at 128 tokens
-# is S2: undecided for dropping, cleared by merging. E4 holds here too (worst peer cell
-# <!--num "notebooks/05_kv_eviction.ipynb#out:E4 on tiny-llava-576" re="cell.: ([-+0-9.]+)"-->+0.010<!--/num--> [<!--num "notebooks/05_kv_eviction.ipynb#out:E4 on tiny-llava-576" re="\[([-+0-9.]+),"-->+0.003<!--/num-->, <!--num "notebooks/05_kv_eviction.ipynb#out:E4 on tiny-llava-576" re=", ([-+0-9.]+)\]"-->+0.017<!--/num-->]), and
-# the gaps widen: at 64 tokens DivPrune keeps <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=divprune,tokens=64].share_of_full" fmt="{:.3f}"-->0.951<!--/num-->, the expected-attention
-# press <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=kvpress:expected_attention,tokens=64].share_of_full" fmt="{:.3f}"-->0.703<!--/num-->, `random` <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=random,tokens=64].share_of_full" fmt="{:.3f}"-->0.910<!--/num-->
-# and the downsampled picture <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=downsample,tokens=64].share_of_full" fmt="{:.3f}"-->0.731<!--/num-->.
+# is S2: undecided for dropping, cleared by merging.
 
 # %% [markdown]
 # **Before the prefill.** Moving the cover before the
@@ -702,27 +698,18 @@ else:
 # <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S5,method=key_coverage_prefill].value" fmt="{:.3f}"-->0.365<!--/num-->× the full one's time (bar <!--const S5's threshold, fixed before the run-->0.35<!--/const-->).
 # The tower encodes all 576 patches either way; pooling, which selects nothing, prefills at
 # <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=pooling,tokens=128].prefill_vs_full" fmt="{:.3f}"-->0.324<!--/num-->×,
-# so the gap is the cover's own selection step. Where the time goes (`benchmarks/prefill_parts.py`): under eager
-# attention, as here, the tower takes <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#eager attention > tower:@3" fmt="{:.2f}"-->0.16<!--/num--> of the full
+# so the gap is the cover's own selection step (`benchmarks/prefill_parts.py`): under eager attention the tower takes <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#eager attention > tower:@3" fmt="{:.2f}"-->0.16<!--/num--> of the full
 # prefill and no selection after it can go below <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#eager attention > bound:@2" fmt="{:.2f}"-->0.25<!--/num-->×; under
 # sdpa the tower takes <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#sdpa attention > tower:@3" fmt="{:.2f}"-->0.42<!--/num--> and the bound is
-# <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#sdpa attention > bound:@2" fmt="{:.2f}"-->0.60<!--/num-->×: on this model S5 is out of reach with sdpa. On LLaVA-1.5 the
-# 32-layer language model dominates the tower, so the saving is larger there: measure it on your model (`prefill_vs_full` in `benchmarks/results/evaluate_shares_*.csv`).
-# U7 changes: this notebook on `tiny-llava-576` (`benchmarks/results/05_kv_eviction_tiny-llava-576.json`) finds
-# shallow locality *behind* the swapped assignment, <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re=": ([-+0-9.]+) points"-->-4.4<!--/num--> points
-# [<!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re="\[([-+0-9.]+),"-->-9.8<!--/num-->, <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re=", ([-+0-9.]+)\]"-->-0.4<!--/num-->]: U7 <!--num "notebooks/05_kv_eviction.ipynb#out:U7 on tiny-llava-576" re="\], (.+)$"-->does not hold<!--/num--> there (on tiny-llava: inconclusive).
+# <!--num "benchmarks/results/prefill_parts_tiny-llava-576.txt#sdpa attention > bound:@2" fmt="{:.2f}"-->0.60<!--/num-->×: on this model S5 is out of reach with sdpa.
 
 # %% [markdown]
 # ## 8. Budgets by depth
 #
-# Every policy above keeps the same number of image positions in every layer. Lesson 02 §2 found that reading spreads
-# with depth on the shipped model, and the strongest published results at 576 tokens vary the budget with depth
-# (DIPrune keeps every image token in the first layers; PyramidKV shrinks the budget layer by layer). Does moving the
-# same bytes between layers help? `benchmarks/depth_budgets.py` measured, on design questions only, how many image
-# keys each layer's question reads (`exp` of the entropy of its reading over the image), gave each layer a share
-# proportional to that width to a power chosen on the same questions, and then decided its rules (`DEPTH_RULES`,
-# committed before any held-out number) on new held-out questions. Left: the widths and each schedule; right: the
-# results.
+# Does moving the same bytes between layers help? `benchmarks/depth_budgets.py` measured on design questions how many
+# image keys each layer's question reads (`exp` of its reading's entropy), budgeted layers by that width, and decided
+# `DEPTH_RULES`, fixed first, on held-out questions, beside PyramidKV's shrinking schedule and DIPrune's
+# keep-all-then-drop.
 
 # %%
 depth_design = project_path(f"benchmarks/results/depth_design_{SCALE_MODEL}.json")
@@ -756,19 +743,17 @@ else:
           + " (every other row: the uniform bytes)")
 
 # %% [markdown]
-# **Reading it.** Moving bytes by reading width changes nothing here: the width schedule minus one budget per layer is
+# **Reading it.** The width schedule ties one budget per layer:
 # <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].value" fmt="{:+.3f}"-->+0.000<!--/num--> [<!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].lo" fmt="{:+.3f}"-->-0.002<!--/num-->, <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].hi" fmt="{:+.3f}"-->+0.002<!--/num-->] at 64 tokens
-# (D3 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].verdict" fmt="{}"-->inconclusive<!--/num-->: a tie, no gain above a quarter point). The widths are nearly flat (left), so
-# the schedule barely moves from uniform. Shrinking deep layers hurts: PyramidKV's shape on the same policy keeps
+# (D3 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].verdict" fmt="{}"-->inconclusive<!--/num-->). Shrinking deep layers hurts: PyramidKV's shape on the same policy keeps
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge@pyramid,tokens=64].share_of_full" fmt="{:.3f}"-->0.958<!--/num--> of full accuracy against
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].share_of_full" fmt="{:.3f}"-->0.990<!--/num--> (D4 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D4,against=key_coverage_merge@pyramid].verdict" fmt="{}"-->holds<!--/num-->),
-# as 02 §2 predicts for a model whose deep layers spread. Keeping the first layer whole costs
+# as 02 §2's spreading deep layers predict. Keeping the first layer whole costs
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge@keep_then_drop,tokens=64].kv_fraction" fmt="{:.2f}"-->0.34<!--/num--> of the full cache, not
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].kv_fraction" fmt="{:.2f}"-->0.12<!--/num-->, for no gain.
 #
-# **On your model.** Measure the widths first (`depth_budgets.py --design`): budget by depth only where they differ
-# between layers, and never shrink a layer whose reading spreads. The press form:
-# `PolicyPress(policy=POLICIES["key_coverage_merge"]().with_depth(schedule))` keeps what the harness keeps.
+# **On your model.** Measure the widths (`depth_budgets.py --design`); never shrink layers that spread.
+# As a press: `PolicyPress(policy=POLICIES["key_coverage_merge"]().with_depth(schedule))`.
 
 # %% [markdown]
 # ## Recap: what this notebook showed on the shipped model
@@ -800,21 +785,11 @@ else:
 #   <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_merge].value" fmt="{:.3f}"-->0.989<!--/num--> and
 #   <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S2,method=key_coverage_merge].value" fmt="{:.3f}"-->0.995<!--/num-->, ahead of DivPrune and the downsampled
 #   picture; as high as TOPS / VScan publish (a toy task: not a comparison with those methods).
-# - **Selecting beats pooling** by
-#   <!--num "notebooks/05_kv_eviction.ipynb#out:this run (key_coverage answers > pooling@1" fmt="{:.1f}"-->57.3<!--/num-->
-#   points at 10%; on 64 tokens the gain comes from the cover's *rule*, not from selecting after the prefill (§3's
-#   controls); at 576 tokens selecting after it matters
-#   (<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
-#   vs <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage_prefill].value" fmt="{:.3f}"-->0.954<!--/num-->).
 # - **The targets** (<!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].n fmt="{:,}"-->2,700<!--/num-->
 #   questions): E1 <!--num data/results/05_kv_eviction.json#[claim=E1].verdict-->holds<!--/num-->, E2
 #   <!--num data/results/05_kv_eviction.json#[claim=E2].verdict-->does not hold<!--/num--> (merging clears it), E3 <!--num data/results/05_kv_eviction.json#[claim=E3].verdict-->holds<!--/num-->, E4
 #   <!--num data/results/05_kv_eviction.json#[claim=E4].verdict-->holds<!--/num-->. **U7** is
-#   <!--num data/results/05_kv_eviction.json#[claim=U7].verdict-->inconclusive<!--/num--> and points the wrong way: one coverage
-#   rule for every layer.
-# - **The simulation** ranks policies with rho
-#   <!--num "notebooks/05_kv_eviction.ipynb#out:Spearman rho(retained, accuracy)@1" fmt="{:.2f}"-->0.70<!--/num-->:
-#   screen with it, decide on real answers.
+#   <!--num data/results/05_kv_eviction.json#[claim=U7].verdict-->inconclusive<!--/num-->. **By depth** (§8): one budget per layer.
 #
 # The decision table below comes from this run.
 
@@ -824,9 +799,7 @@ CC.eviction_decisions(acc, BUDGETS, len(qas), u7_iv, rho, t576, SCALE_MODEL)  # 
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a filter) to ★★★ (a library change or a new model). Each starter cell below leaves one
-# gap, `... # <- fill in`: fill it and run the cell (★ in under a minute, on 30 questions).
-# Solutions, with what they find: [solutions/05_kv_eviction.py](../solutions/05_kv_eviction.py).
+# ★ to ★★★; each starter leaves one gap, `... # <- fill in`. Solutions: [solutions/05_kv_eviction.py](../solutions/05_kv_eviction.py).
 #
 # 1. ★★★ (a new file under `unicache_lib/kv/policies/`, imported in its `__init__.py`) Write a policy that keeps
 #    notebook 02's anchors (top read frequency from *text* queries of the standard samples) and register it. Where does it land between H2O, `random` and
