@@ -54,6 +54,7 @@ from unicache_lib.reuse.evaluate import (PSNR_CAP, attention_share, gallery, met
                                          versus)
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
+from unicache_lib.tables import wrap
 from unicache_lib.world.text import load_prompts, single_object
 from unicache_lib.runtime.loaders import is_stand_in, load_generator, model_label
 
@@ -97,8 +98,8 @@ for g, gen in gens.items():
     fig = plots.reuse_gallery({m: v["image"] for m, v in G.items()}, {m: v["psnr"] for m, v in G.items()},
                               {m: v["schedule"] for m, v in G.items()}, STEPS, f"{g}: '{texts[0]}'")
     _ = plots.save(fig, out, f"gallery_{g}")
-    print(f"{g}: " + "; ".join(f"{m} " + ("identical" if v["psnr"] >= PSNR_CAP else f"{v['psnr']:.1f} dB")
-                               + (f" ({sum(v['schedule'])} transformer calls)" if v["schedule"] else "") for m, v in G.items()))
+    print(wrap(f"{g}: " + "; ".join(f"{m} " + ("identical" if v["psnr"] >= PSNR_CAP else f"{v['psnr']:.1f} dB")
+                                    + (f" ({sum(v['schedule'])} calls)" if v["schedule"] else "") for m, v in G.items())))
 
 # %% [markdown]
 # **What to look at.** The images look alike; their PSNRs do not. At the same number of transformer calls,
@@ -161,12 +162,12 @@ for g in RU:
     for m, why in readings(RU[g]).items():
         if "bit-identical" in why:
             r = RU[g].loc[m]
-            print(f"{g} · {m}: {why}; computed {r.computed:.2f}, speed-up {r.speedup:.2f}x.")
+            print(wrap(f"{g} · {m}: {why}; computed {r.computed:.2f}, speed-up {r.speedup:.2f}x."))
             if gfamily[g] not in ("sd3", "flux") and m == "text_side":
-                print("  Why: on a cross-attention DiT the text side is the cross-attention's text keys and values, projected "
+                print(wrap("  Why: on a cross-attention DiT the text side is the cross-attention's text keys and values, projected "
                       "from the prompt embedding, which does not change across steps. Reusing them is exact: the attention "
                       "itself still runs every step (computed 1.0), only the K/V projections are saved. Read this row as a "
-                      "free, lossless cache on this family, not as a quality/speed trade-off; it is left out of the figures.")
+                      "free, lossless cache on this family, not as a quality/speed trade-off; it is left out of the figures."))
     best = RU[g].drop(index=[i for i in RU[g].index if i == "none" or str(i).startswith("steps:")]).psnr.dropna()
     best = best[best < PSNR_CAP]
     if len(best):
@@ -220,8 +221,8 @@ _ = plots.save(fig, out, "reuse_vs_control")
 # than fewer steps at the same speed-up (left) or the same work (right; less work to the right). The dotted line is
 # <!--const R1's threshold, written before the numbers-->42 dB<!--/const-->, the PSNR that target R1 (§5) asks of `step_skip`.
 #
-# **This run.** Only `step_skip`, at both settings, lies above the control: the default by <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal FLOPs > step_skip@0" fmt="{:+.2f}"-->+3.51<!--/num--> / <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal FLOPs > step_skip@3" fmt="{:+.2f}"-->+3.66<!--/num--> dB at equal FLOPs and <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@0" fmt="{:+.2f}"-->+3.51<!--/num--> [<!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@1" fmt="{:+.2f}"-->+1.26<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@2" fmt="{:+.2f}"-->+5.12<!--/num-->] /
-# <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@3" fmt="{:+.2f}"-->+3.47<!--/num--> [<!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@4" fmt="{:+.2f}"-->+1.35<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@5" fmt="{:+.2f}"-->+5.69<!--/num-->] dB at equal wall-clock
+# **This run.** Only `step_skip`, at both settings, lies above the control: the default by <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal FLOPs > step_skip@0" fmt="{:+.2f}"-->+3.51<!--/num--> / <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal FLOPs > step_skip@3" fmt="{:+.2f}"-->+3.66<!--/num--> dB at equal FLOPs and <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@0" fmt="{:+.2f}"-->+2.93<!--/num--> [<!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@1" fmt="{:+.2f}"-->+0.66<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@2" fmt="{:+.2f}"-->+4.56<!--/num-->] /
+# <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@3" fmt="{:+.2f}"-->+3.26<!--/num--> [<!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@4" fmt="{:+.2f}"-->+1.14<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:PSNR over the fewer-step control at equal wall-clock > step_skip@5" fmt="{:+.2f}"-->+5.45<!--/num-->] dB at equal wall-clock
 # (MMDiT / PixArt; 95% intervals over prompts). Every diffusers cache and attention-level schedule in the control's
 # range lies below it; the rest save less than 16 steps do.
 #
@@ -244,7 +245,8 @@ def margins(by):
     return pd.DataFrame({g: with_interval(CT[g], c, c + "_lo", c + "_hi") for g in gpaths}).reindex(ROWS).fillna("did not run")
 
 
-print("PSNR over the fewer-step control at equal FLOPs (dB) [95% interval over prompts]; outside: saves more or less than every control point")
+print("PSNR over the fewer-step control at equal FLOPs (dB) [95% interval over prompts]\n"
+      "(outside: saves more or less than every control point)")
 print(margins("flops").to_string())
 
 # %%
@@ -265,8 +267,8 @@ H2H = pd.concat({g: pd.DataFrame({
 if H2H["that setting"].nunique() == 1:  # one setting matches every cache: named in the header, not on every row
     setting = H2H["that setting"].iloc[0]
     H2H = H2H.drop(columns="that setting").rename(columns={"best saving as much - cache": f"{setting} - cache"})
-print(f"{NEW_REUSE} against each diffusers cache: PSNR difference (dB) [95% interval]; time ratio: the cache's time / {NEW_REUSE}'s;"
-      f" then the best {NEW_REUSE} setting that saves at least as much wall-clock")
+print(wrap(f"{NEW_REUSE} against each diffusers cache: PSNR difference (dB) [95% interval]; time ratio: the cache's time / "
+           f"{NEW_REUSE}'s; then the best {NEW_REUSE} setting that saves at least as much wall-clock"))
 print(H2H.to_string())
 for g in gpaths:  # the same check by FLOPs, printed only where it picks other settings or other margins
     if not PARETO[g, "flops"].round(2).equals(PARETO[g, "speedup"].round(2)):
@@ -294,15 +296,15 @@ shares = {g: attention_share(gen, texts[:TIMING_PROMPTS], STEPS, GUIDANCE, SEED,
           for g, gen in gens.items()}
 for g, a in shares.items():
     print(f"{g}: attention {a['share']:.0%} of a sampling run ({a['step_s']:.2f} s per step, batch of "
-          f"{min(TIMING_PROMPTS, len(texts))}) -> attention-only reuse can reach at most {a['cap']:.2f}x")
+          f"{min(TIMING_PROMPTS, len(texts))})\n  -> attention-only reuse can reach at most {a['cap']:.2f}x")
 
 # %% [markdown]
 # **Reading it.** Attention is
-# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention@0"-->39<!--/num-->% of a sampling run on the MMDiT and
-# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention@0"-->46<!--/num-->% on PixArt, so even reusing every
+# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention@0"-->35<!--/num-->% of a sampling run on the MMDiT and
+# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention@0"-->42<!--/num-->% on PixArt, so even reusing every
 # attention call could make a run at most
-# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention" re="at most ([0-9.]+)x"-->1.64<!--/num-->× /
-# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention" re="at most ([0-9.]+)x"-->1.86<!--/num-->× faster:
+# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention > at most" re="at most ([0-9.]+)x"-->1.55<!--/num-->× /
+# <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention > at most" re="at most ([0-9.]+)x"-->1.72<!--/num-->× faster:
 # below the <!--const R1's threshold-->2×<!--/const--> of target R1 (§5). Skipping whole transformer calls (`step_skip`) has no such cap.
 
 # %% [markdown]
@@ -334,29 +336,29 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %%
-print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
+print("\n".join(wrap(line) for line in board.why_inconclusive()) or "no verdict is inconclusive")
 
 # %% [markdown]
 # **How the verdicts were settled** (on `make evaluate-reuse`'s prompts and timing rounds):
-# - **R1: partly.** `step_skip` runs <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@0" fmt="{:.2f}×"-->2.28×<!--/num--> on the generator with the smaller speed-up over the decisive run's timing rounds, so (a) holds (this
-#   run's rounds: <!--num "data/results/06_step_reuse.json#[claim=R1].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])"-->2.21 [2.19, 2.25]<!--/num-->;
+# - **R1: partly.** `step_skip` runs <!--num data/results/06_step_reuse.json#[claim=R1].criteria[name=a].value fmt="{:.2f}×"-->2.28×<!--/num--> on the generator with the smaller speed-up over the decisive run's timing rounds, so (a) holds (this
+#   run's rounds: <!--num "data/results/06_step_reuse.json#[claim=R1].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])"-->2.22 [2.14, 2.31]<!--/num-->;
 #   bar <!--const R1's threshold-->2×<!--/const-->); PixArt's mean
-#   PSNR is <!--num "notebooks/06_step_reuse.ipynb#out:R1 · > value@1" fmt="{:.1f}"-->40.4<!--/num--> dB, its interval wholly below the target, so (b) does not.
-# - **R2: holds**: <!--num "notebooks/06_step_reuse.ipynb#out:R2 · > value@0" fmt="{:+.1f}"-->+4.3<!--/num--> dB above fewer steps at equal wall-clock on the generator with the smaller
+#   PSNR is <!--num data/results/06_step_reuse.json#[claim=R1].criteria[name=b].value fmt="{:.1f}"-->40.4<!--/num--> dB, its interval wholly below the target, so (b) does not.
+# - **R2: holds**: <!--num data/results/06_step_reuse.json#[claim=R2].value fmt="{:+.1f}"-->+4.3<!--/num--> dB above fewer steps at equal wall-clock on the generator with the smaller
 #   margin, its interval above the threshold.
-# - **R3: inconclusive, a tie.** MagCache on PixArt against `step_skip` every 2nd step: <!--num "notebooks/06_step_reuse.ipynb#out:R3 · > value@0" fmt="{:+.2f}"-->+0.09<!--/num--> dB
-#   [<!--num "notebooks/06_step_reuse.ipynb#out:R3 · > interval@1" fmt="{:+.2f}"-->-0.24<!--/num-->, <!--num "notebooks/06_step_reuse.ipynb#out:R3 · > interval@2" fmt="{:+.2f}"-->+0.40<!--/num-->]; settling it would take about
+# - **R3: inconclusive, a tie.** MagCache on PixArt against `step_skip` every 2nd step: <!--num data/results/06_step_reuse.json#[claim=R3].value fmt="{:+.2f}"-->+0.09<!--/num--> dB
+#   [<!--num data/results/06_step_reuse.json#[claim=R3].lo fmt="{:+.2f}"-->-0.24<!--/num-->, <!--num data/results/06_step_reuse.json#[claim=R3].hi fmt="{:+.2f}"-->+0.40<!--/num-->]; settling it would take about
 #   <!--num "notebooks/06_step_reuse.ipynb#out:R3 (a): > settle@1" fmt="{:,}"-->23,253<!--/num--> prompts. Every other cache is behind.
-# - **G3 holds**: reusing in the last third only keeps SSIM at <!--num "notebooks/06_step_reuse.ipynb#out:G3 · > value@0" fmt="{:.3f}"-->0.992<!--/num--> on the weaker generator (a),
-#   <!--num "notebooks/06_step_reuse.ipynb#out:G3 · > value@1" fmt="{:.5f}"-->0.00256<!--/num--> above reusing every 2nd step throughout where that gap is smallest (b), but at unequal
+# - **G3 holds**: reusing in the last third only keeps SSIM at <!--num data/results/06_step_reuse.json#[claim=G3].criteria[name=a].value fmt="{:.3f}"-->0.992<!--/num--> on the weaker generator (a),
+#   <!--num data/results/06_step_reuse.json#[claim=G3].criteria[name=b].value fmt="{:.5f}"-->0.00256<!--/num--> above reusing every 2nd step throughout where that gap is smallest (b), but at unequal
 #   work: the last third keeps <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > static_last_third@5" fmt="{:.2f}"-->0.92<!--/num--> of PixArt's FLOPs (too many for the control to place), every 2nd step <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > every_2@5" fmt="{:.2f}"-->0.77<!--/num-->.
 #   Late reuse is safe because it reuses little: by output the last steps are the least reusable ([03](03_diffusion_steps.ipynb) §4).
-# - **G8 holds** on the decisive run (speed-up <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num-->;
-#   this run's own rounds: <!--num "data/results/06_step_reuse.json#[claim=G8].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])" missing="see the scoreboard"-->1.15 [1.15, 1.17]<!--/num-->).
+# - **G8 holds** on the decisive run (speed-up <!--num data/results/06_step_reuse.json#[claim=G8].criteria[name=a].value fmt="{:.2f}×"-->1.16×<!--/num-->;
+#   this run's own rounds: <!--num "data/results/06_step_reuse.json#[claim=G8].shown" re="timing rounds; this run.s [0-9]+: ([0-9.]+ \[[0-9., ]+\])" missing="see the scoreboard"-->1.18 [1.13, 1.24]<!--/num-->).
 
 # %% [markdown]
-# **Reading the results.** G8's decisive <!--num "notebooks/06_step_reuse.ipynb#out:G8 · > value@0" fmt="{:.2f}×"-->1.16×<!--/num--> matches the study's ~<!--const the study's reported figure-->15%<!--/const--> latency cut, but
-# fewer steps beat it: on the MMDiT `text_side` runs <!--num "notebooks/06_step_reuse.ipynb#out:speed-up over no reuse: median paired > text_side@0" fmt="{:.2f}"-->1.15<!--/num-->× at
+# **Reading the results.** G8's decisive <!--num data/results/06_step_reuse.json#[claim=G8].criteria[name=a].value fmt="{:.2f}×"-->1.16×<!--/num--> matches the study's ~<!--const the study's reported figure-->15%<!--/const--> latency cut, but
+# fewer steps beat it: on the MMDiT `text_side` runs <!--num "notebooks/06_step_reuse.ipynb#out:speed-up over no reuse: median paired > text_side@0" fmt="{:.2f}"-->1.18<!--/num-->× at
 # <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > text_side@0" fmt="{:.1f}"-->47.4<!--/num--> dB, 16 steps <!--num "notebooks/06_step_reuse.ipynb#out:speed-up over no reuse: median paired > steps:16@1" fmt="{:.2f}"-->1.26<!--/num-->× at
 # <!--num "notebooks/06_step_reuse.ipynb#out:PSNR (dB) and SSIM against no reuse > steps:16@1" fmt="{:.1f}"-->52.8<!--/num--> dB, faster and closer: on a joint-attention model sample with fewer steps instead. The
 # SD3-medium [stand-in](../docs/GLOSSARY.md#stand-in) (<!--num "benchmarks/results/step_skip_sd3_medium_standin.txt#step_skip on" re="\(([0-9]+) image tokens"-->1024<!--/num--> image tokens) gives `step_skip`
@@ -367,7 +369,7 @@ print("\n".join(board.why_inconclusive()) or "no verdict is inconclusive")
 # ## Recap: what this run showed
 #
 # - **Fewer steps is a hard control**: no cache or attention-level schedule in its range beats it.
-# - **Attention-only reuse is capped** at <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention" re="at most ([0-9.]+)x"-->1.64<!--/num-->× / <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention" re="at most ([0-9.]+)x"-->1.86<!--/num-->× (§4).
+# - **Attention-only reuse is capped** at <!--num "notebooks/06_step_reuse.ipynb#out:tiny-mmdit: attention > at most" re="at most ([0-9.]+)x"-->1.55<!--/num-->× / <!--num "notebooks/06_step_reuse.ipynb#out:tiny-pixart: attention > at most" re="at most ([0-9.]+)x"-->1.72<!--/num-->× (§4).
 # - **Only whole-step skipping clears it**: tune `step_skip` on your design prompts; adopt a cache only if it clears
 #   the control at equal FLOPs and wall-clock.
 #

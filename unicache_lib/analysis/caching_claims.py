@@ -385,7 +385,9 @@ def _group_margins(CT: dict, members) -> tuple[str, float]:
 
 
 def reuse_decisions(RU: dict, CT: dict, shares: dict):
-    """The measurement -> action table of the reuse lesson (a :class:`~unicache_lib.tables.WrappedTable`)."""
+    """The measurement -> action table of the reuse lesson (a :class:`~unicache_lib.tables.WrappedTable`), at most eight
+    rows for two generators (tests/test_output_limits.py): per generator its ``step_skip`` margin and its bit-identical
+    methods, then one row each for attention's share, the diffusers caches, the attention-level schedules and G3."""
     rows = []
     for g in RU:
         c = CT[g].loc[NEW_REUSE]
@@ -404,10 +406,13 @@ def reuse_decisions(RU: dict, CT: dict, shares: dict):
             rows.append({"measurement": f"{g}: methods bit-identical to no reuse", "value here": ", ".join(noop),
                          "what it suggests on your model": "exact caches on this family (e.g. cross-attention text K/V): "
                          "always on, they save only their projections", "where": "§2 (the bit-identical lines)"})
-        if g in shares:
-            rows.append({"measurement": f"{g}: attention share of a sampling run", "value here": f"{shares[g]['share']:.0%}",
-                         "what it suggests on your model": f"attention-only reuse can reach at most {shares[g]['cap']:.2f}x: "
-                         "to go further skip whole blocks or steps", "where": "§4 (attention_share)"})
+    shared = [g for g in RU if g in shares]  # one row for every generator: the table stays within eight rows
+    if shared:
+        rows.append({"measurement": "attention share of a sampling run",
+                     "value here": ", ".join(f"{g} {shares[g]['share']:.0%}" for g in shared),
+                     "what it suggests on your model": "attention-only reuse can reach at most "
+                     + ", ".join(f"{shares[g]['cap']:.2f}x ({g})" for g in shared) + ": to go further skip whole blocks "
+                     "or steps", "where": "§4 (attention_share)"})
     beaten = "below the control where comparable: at these settings sample with fewer steps instead"
     for what, members, act, where in (
             ("diffusers caches", lambda m: m.startswith("diffusers:"),
