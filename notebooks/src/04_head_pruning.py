@@ -75,12 +75,11 @@ from unicache_lib.runtime.loaders import is_stand_in, load_generator, load_under
 from unicache_lib.world.questions import heldout_set
 
 # %%
-import textwrap
-
 from unicache_lib.claims import claims_table, of
+from unicache_lib.tables import wrap
 
 for c in of("04_head_pruning"):  # each claim's rule: what is measured and its thresholds, written before any run
-    print(textwrap.fill(f"{c.id} rule: {c.rule}", 115, subsequent_indent="  "))
+    print(wrap(f"{c.id} rule: {c.rule}"))
 claims_table("04_head_pruning")  # the claims themselves (unicache_lib/claims.py); §6 gives the verdicts
 
 # %%
@@ -94,9 +93,9 @@ grad_qas = heldout_set(N_GRADIENT, seed=SEED + 777)
 ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", MODEL,
                                        sample_seed=SAMPLE_SEED, model=model, processor=processor)
 urecs = Store(ustore).read()
-print(f"{MODEL}: {len(space.units)} layers x {space.shape[1]} heads = {space.n_heads} heads; "
-      f"{len(qas)} held-out questions; statistics from {len(urecs)} records in {ustore}{' (captured now)' if fresh else ''}")
-print("scorers:", ", ".join(f"{n} ({c.description})" for n, c in SCORERS.items()))
+print(f"{MODEL}: {len(space.units)} layers x {space.shape[1]} heads = {space.n_heads} heads; {len(qas)} held-out questions")
+print(wrap(f"statistics from {len(urecs)} records in {ustore}{' (captured now)' if fresh else ''}"))
+print("scorers:\n" + "\n".join(wrap(f"  {n}: {c.description}", indent="    ") for n, c in SCORERS.items()))
 
 # %% [markdown]
 # ## 1. Score every head
@@ -238,7 +237,7 @@ exp = PC.near_uniform_experiment(model, processor, space, qas, ref_logp, std_sam
 p3, rand_labels = exp["table"], exp["random"]
 base_acc = float(acc_tab[0.0].iloc[0])
 print(f"unpruned accuracy {base_acc:.3f}; shallow band = layers {shallow}, mean normalised entropy of the pruned heads "
-      f"{exp['entropy']:.3f}; control: {len(rand_labels)} random draws of {exp['n']} shallow heads")
+      f"{exp['entropy']:.3f}\ncontrol: {len(rand_labels)} random draws of {exp['n']} shallow heads")
 print(p3[["heads pruned", "accuracy", "kl", "deep d_entropy", "deep d_image_share"]].astype(float).round(4).to_string())
 print("deeper layers' entropy move per layer:\n" + exp["per_layer"].round(4).to_string())
 deep_move, rand_move = PC.per_sample_moves(exp)
@@ -358,12 +357,12 @@ if kept is not None:
 del small
 if TIMING_REPEATS >= 2:
     sp = speedup_interval(times["full"], times["pruned 30%"], min_repeats=2)
-    print(f"speed-up {sp.value:.2f}x [{sp.lo:.2f}, {sp.hi:.2f}] over {TIMING_REPEATS} shuffled interleaved repeats "
-          "(only the language model's attention heads shrink; its MLPs, embeddings and the vision tower do not)")
+    print(f"speed-up {sp.value:.2f}x [{sp.lo:.2f}, {sp.hi:.2f}] over {TIMING_REPEATS} shuffled interleaved repeats\n"
+          "  (only the language model's attention heads shrink; its MLPs, embeddings and the vision tower do not)")
 
 # %% [markdown]
 # **This run**: the physically pruned model gives the masked model's answers exactly (largest log-probability
-# difference <!--num "notebooks/04_head_pruning.ipynb#out:heads kept per layer" re="= ([0-9.]+e[+-][0-9]+)"-->0.0e+00<!--/num-->) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.13×<!--/num--> faster (timings vary from run to run), less than
+# difference <!--num "notebooks/04_head_pruning.ipynb#out:heads kept per layer" re="= ([0-9.]+e[+-][0-9]+)"-->0.0e+00<!--/num-->) and runs <!--num "notebooks/04_head_pruning.ipynb#out:speed-up@0" fmt="{:.2f}×"-->1.16×<!--/num--> faster (timings vary from run to run), less than
 # the share of heads removed, because what the heads do not own (the MLPs, the embeddings, the vision tower)
 # does not shrink. Measure that share on your model before promising a gain.
 
@@ -397,8 +396,8 @@ board.show()
 #   points at 10%, every scorer about a point or less, yet over `RANDOM_SEEDS` draws random's band is wide: at 10%
 #   <!--num "notebooks/04_head_pruning.ipynb#out:10% pruned:" re="above it: ([0-9]+ of [0-9]+)"-->0 of 5<!--/num--> charted scorers are above it,
 #   at 50% <!--num "notebooks/04_head_pruning.ipynb#out:50% pruned:" re="above it: ([0-9]+ of [0-9]+)"-->5 of 5<!--/num-->. The gradient is best.
-#   The combined statistics lose <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@1" fmt="{:.1f}"-->0.9<!--/num--> points at 10%
-#   and <!--num "notebooks/04_head_pruning.ipynb#out:P1 · > measured@3" fmt="{:.1f}"-->5.0<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->: P1's shape, but the 10% drop's interval straddles P1's one-point
+#   The combined statistics lose <!--num data/results/04_head_pruning.json#[claim=P1].shown@1 fmt="{:.1f}"-->0.9<!--/num--> points at 10%
+#   and <!--num data/results/04_head_pruning.json#[claim=P1].shown@3 fmt="{:.1f}"-->5.0<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->: P1's shape, but the 10% drop's interval straddles P1's one-point
 #   line (inconclusive).
 # - **P2 is inconclusive**: its rule, fixed before the run, reads the study's "more stable" as mean accuracy over
 #   the pruned fractions and pits the *combined* statistics against the data-free weight norms, and they tie (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@2" fmt="{:.3f}"-->0.855<!--/num-->). low_variance's
@@ -488,7 +487,7 @@ from unicache_lib.pruning import HeadScorer  # noqa: E402
 from unicache_lib.pruning.scorers.base import register  # noqa: E402
 my_score = ...  # <- fill in: a function ctx -> float array [layers, heads], high = keep (e.g. from ctx.records)
 if my_score is ...:
-    print("Fill in `my_score`, then run this cell again. Registered scorers: " + ", ".join(SCORERS))
+    print(wrap("Fill in `my_score`, then run this cell again. Registered scorers: " + ", ".join(SCORERS)))
 else:
     if "my_scorer" not in SCORERS:
         @register
