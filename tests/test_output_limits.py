@@ -129,9 +129,7 @@ def problems(nb) -> list[str]:
 # failure, so the day one fits, this test fails until its entry is deleted. Nothing else may be added here.
 NOT_YET = {"00_primer": "two printed lines over 110 characters",
            "02_understanding_maps": "tables of 7-18 lines and wide lines, from before #62",
-           "05_kv_eviction": "eleven cells print lines over 110 characters",
-           "04_head_pruning": "re-executed within the limits by the #62 work in progress",
-           "06_step_reuse": "re-executed within the limits by the #62 work in progress"}
+           "05_kv_eviction": "eleven cells print lines over 110 characters"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(p.stem in NOT_YET, reason=NOT_YET.get(p.stem, ""),
