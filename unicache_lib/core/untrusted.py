@@ -39,7 +39,12 @@ def iframe_srcdoc(page: str, height: int = 500) -> str:
 def read_utf8(path: str | Path) -> str:
     """The text of ``path`` decoded as UTF-8; a file in another encoding is refused naming the file and the line."""
     path = Path(path)
-    data = path.read_bytes()
+    return decode_utf8(path.read_bytes(), path)
+
+
+def decode_utf8(data: bytes, path) -> str:
+    """``data`` (the bytes of ``path``) decoded as UTF-8; refused naming the file and the line otherwise."""
+    path = Path(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

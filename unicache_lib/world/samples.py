@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from ..core.errors import ImageError, InputError, InputTypeError, MissingFileError, UnicacheError, UnknownNameError
-from ..core.untrusted import open_inside, stat_inside
+from ..core.untrusted import decode_utf8, open_inside, stat_inside
 from ..paths import OutputFolder, output_folder, project_path
 from .questions import TRAIN_QTYPES
 from .scenes import SCENE_TYPES
@@ -462,14 +462,8 @@ def _read_own(root: Path, name: str, limit: int) -> bytes:
 
 
 def _text(data: bytes, path: Path) -> str:
-    """``data`` decoded as UTF-8, refused naming the file and the line (as :func:`~unicache_lib.core.untrusted.read_utf8`)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise InputError(f"{path}, line {line}: not UTF-8 (byte {data[e.start]:#04x} at offset {e.start}): save the "
-                         f"file as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path.name} > fixed && mv fixed "
-                         f"{path.name}`") from e
+    """``data`` decoded as UTF-8, refused naming the file and the line (:func:`~unicache_lib.core.untrusted.decode_utf8`)."""
+    return decode_utf8(data, path)
 
 
 def _json(data: bytes, path: Path):
