@@ -1,6 +1,6 @@
 """nbval plugin: the workbook's one rule for checked outputs (docs/TESTING.md, "Checked outputs").
 
-A cell marked ``# NBVAL_CHECK_OUTPUT`` prints only what the computation guarantees, and this plugin compares
+A cell tagged ``nbval-check-output`` prints only what the computation guarantees, and this plugin compares
 its printed numbers accordingly:
 
 - the text around the numbers must be identical (a verdict, a word such as "above", a count);

@@ -169,3 +169,14 @@ def test_the_counting():
     assert "decision table: 9 rows" in problems(nb(new_output("display_data", data={"text/html": wide + "</tbody>",
                                                                                     "text/plain": "m"})))[0]
     assert problems(nb(new_output("display_data", data={WIDGET: {}, "text/plain": "V" * 300}))) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py")),
+                         ids=lambda p: p.name)
+def test_no_test_marker_in_code(path):
+    """nbval's markers are cell tags (``nbval-check-output``), never comments a reader sees on the page (#65)."""
+    if path.suffix == ".ipynb":
+        code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    else:
+        code = path.read_text()
+    assert not re.search(r"NBVAL_|PYTEST_VALIDATE_", code), f"{path.name}: move the marker to a cell tag"

@@ -82,8 +82,7 @@ print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.sce
 # The first two must agree exactly; we check on one sample, then show one head's map of it and, right, a content
 # word's attention over the picture in × uniform.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 s0 = samples[0]
 inputs = inputs_for(model, processor, s0.image, s0.question)
 spans = family.spans(model.config, inputs["input_ids"], inputs)
@@ -100,8 +99,7 @@ if family.cross_attention:
           f"{cap.result.select(part='cross')[0].seq_len} vision tokens")
 print(f"output_attentions vs hooks: {len(way1)} layers, max |difference| = {diff:.1e}")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 from unicache_lib.analysis.localisation import reading_head
 from unicache_lib.world.scenes import patch_grid_masks
 
@@ -167,8 +165,7 @@ print("under sdpa, output_attentions gives:", None if att is None else [type(a).
 # with `part="vision"` the vision tower's. Another family is refused with the list of supported ones; explicit names,
 # regular expressions or a filter function also work.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 lang = find_attention_modules(model)
 vis = find_attention_modules(model, part="vision")
 print(f"{family.name}: {len(lang)} language attention modules, e.g. {next(iter(lang))}")
@@ -228,8 +225,7 @@ print(f"stats mode keeps {memory['full'] / memory['stats']:.0f}x less than full 
 #
 # A model too big to keep every layer's maps is captured a few layers per forward; the result equals one pass:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 in_batches = capture_samples(model, processor, samples[:1], mode="full", layer_batch=2,
                              memory_budget_gb=MEMORY_BUDGET_GB)
 same = all(torch.equal(r.probs, cap.result[r.layer].probs) for r in in_batches)
@@ -296,7 +292,7 @@ print("per layer, mean over samples: normalised entropy", " ".join(f"{x:.2f}" fo
 # [glossary](../docs/GLOSSARY.md#anchors)); two anchor sets are compared by their [Jaccard](../docs/GLOSSARY.md#jaccard)
 # overlap |A ∩ B| / |A ∪ B| (1 = the same positions, 0 = disjoint).
 
-# %%
+# %% tags=["nbval-check-output"]
 def message(fn):
     try:
         fn()
@@ -324,7 +320,6 @@ def padded_batch():
     with AttentionCapture(model, mode="stats"):
         model(**b)
 
-# NBVAL_CHECK_OUTPUT
 for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa_weights), ("padded batch", padded_batch)]:
     print(f"- {name}:\n" + wrap(f"    {message(fn)}"))
 
@@ -351,8 +346,7 @@ BIAS = CL.BIAS  # M1's threshold (unicache_lib/claims.py)
 for claim, r in board.rows.items():
     print(wrap(f"{claim}: {r.rule_text}"))
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 check = lambda: check_memory(full_capture_bytes(model, inputs), MEMORY_BUDGET_GB, "M1, one sample's full maps at a time")
 m1 = CL.measure_fp16_bias(board, model, processor, samples, check)
 # fp16 arithmetic moves these digits from machine to machine: the check against ±BIAS is printed, the values are in
@@ -392,8 +386,7 @@ board.save(out / "scoreboard.json")  # the verdicts with their intervals; read i
 #
 # Written from this run's scoreboard (on your model, your numbers), then the decision table.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 import json
 import math
 

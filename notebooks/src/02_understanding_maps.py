@@ -148,8 +148,7 @@ fig = plots.layer_overlays(first.image, q_maps, f"{first.id}: {first.question!r}
                            grid=grids[first.id][0], grid_tokens=grids[first.id][1], uniform=True)
 _ = plots.save(fig, out, "object_word_over_layers")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 if grids[first.id][0]:
     k0 = A.token_kinds(first.masks, len(next(iter(q_maps.values()))), *grids[first.id])  # 0 object, 1 edge, 2 background
     on_obj = {li: round(float(w[k0 == 0].sum() / w[k0 >= 0].sum()), 2) for li, w in q_maps.items()}
@@ -185,8 +184,7 @@ print(f"question {first.question!r}; objects: {', '.join(o['colour'] + ' ' + o['
 # and [attention distance](../docs/GLOSSARY.md#attention-distance); the table groups layers into
 # [depth bands](../docs/GLOSSARY.md#depth-bands) (on `tiny-llava` the shallow and deep bands are one layer each).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 def per_layer(col):
     return L.pivot(index="sample", columns="layer", values=col).to_numpy()
 
@@ -260,8 +258,7 @@ print("mean over samples: brightest image positions (index within the image bloc
 # for an even read)? Do anchors persist (U3)? Where do they sit (U4)? Anchor sets are compared by
 # [Jaccard](../docs/GLOSSARY.md#jaccard) overlap; chance for two random sets of k of n positions is ≈ k/(2n−k).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 AS = anchor_sets(recs, TOP_K)
 persist = np.mean([A.layer_persistence(img_reads[i], TOP_K) for i in range(len(img_reads))], 0)
 lo, mid = bands["shallow"][0], bands["middle"][0]
@@ -315,8 +312,7 @@ print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccar
 # Every text position after the image, its [image share](../docs/GLOSSARY.md#image-share) (its attention on image keys,
 # mean over heads), grouped by [token class](../docs/GLOSSARY.md#token-classes) and layer band.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 F = token_flow(recs, tokens, set(tok.all_special_tokens))
 flow = F.pivot_table(index="class", columns="band", values="image_share", aggfunc="mean").reindex(
     [c for c in CLASSES if c in set(F["class"])])[["shallow", "middle", "deep"]]
@@ -348,8 +344,7 @@ print(f"deep band: punctuation {flow.loc['punctuation', 'deep']:.3f} vs object w
 # ([selectivity](../docs/GLOSSARY.md#selectivity); 1 = no preference). The control is the same model with its language
 # model and projector re-initialised ([untrained-LM control](../docs/GLOSSARY.md#untrained-lm-control)).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 loc = object_word_selectivity(model, processor, samples)
 ctrl = object_word_selectivity(untrained_language_model(model, SEED), processor, samples)
 sel = pd.DataFrame({"trained": loc.groupby("layer").selectivity.median(), "untrained LM": ctrl.groupby("layer").selectivity.median(),
@@ -388,8 +383,7 @@ else:
 # [cross-modal share](../docs/GLOSSARY.md#cross-modal-share) (image→text + text→image). Text→image is small partly
 # because the text has far fewer rows than the image. Then [head roles](../docs/GLOSSARY.md#head-roles): how many heads are focused.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 blocks = L.groupby("layer")[["image->image", "text->text", "image->text", "text->image", "cross_modal"]].mean()
 print("shares of the whole map's attention mass (the four blocks sum to 1; X→Y = X queries reading Y keys):")
 print(blocks.rename(columns=BLOCK_LABELS).round(3).T.to_string())
@@ -461,8 +455,7 @@ print(f"while decoding: content words {c_dec:.3f} vs function words and punctuat
 # %% [markdown]
 # ## 9. Scene types
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 print(UC.scene_type_table(L))  # mean per scene type, the spread across types; without two scene types: not measurable
 
 # %% [markdown]
@@ -534,8 +527,7 @@ claims_table("02_understanding_maps")  # each claim (statement, why, rule) is wr
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
 UC.declare(board, TOP_K, chance_jaccard)  # U1-U13's rules, written before any number: unicache_lib/claims.py
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 # each group's statistics and 95% intervals over samples: unicache_lib/analysis/understanding_claims.py
 UC.measure_depth_claims(board, L, H, bands, CROSS)  # U1, U2a, U2b, U8, U9, U13
 UC.measure_anchor_claims(board, L, img_reads, AS, bands, scene_of, placement, sink, anchor_mass,  # U3, U4
@@ -563,8 +555,7 @@ Markdown("\n".join(["| claim | verdict | measured | value | 95% interval | n | n
 # Written from this run's scoreboard. On the shipped model it says, for a cache: keep the sink, select image keys per
 # layer, and do not select them by the question's words.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 v, tab = board.verdicts(), board.table()  # the scoreboard's cells: value, 95% interval and note per claim
 recap, SHOWN = [], {"holds": "shown", "does not hold": "contradicted", "partly": "partly shown"}  # else: not yet shown
 iv3 = "; ".join(f"({k}) [{m.lo:.2f}, {m.hi:.2f}]" for k, m in board.rows["U3"].measured.items() if m.value is not None)

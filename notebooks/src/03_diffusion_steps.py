@@ -157,8 +157,7 @@ for m, g in gens.items():  # each generator's first candidate drawn in full: pai
     print(f"{m}: an image query reads {keys} keys (1 × uniform = 1/{keys}); the brightest word peaks at "
           f"{max(float(v.max()) for v in word_maps[m].values()) * keys:.1f} × uniform")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 for m, run in look.items():
     p, img = prompts[look_at[m]], run.images[0]
     print(f"{m}: prompt {look_at[m]}, {len(p.get('objects') or [])} object(s), "
@@ -217,8 +216,7 @@ print(wrap(f"e.g. {prompts[0]['short']!r} / {prompts[0]['long']!r}"))
 # step). Full maps are kept for `MAP_PROMPTS` prompts only. First, the promise
 # that capture changes nothing:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 from unicache_lib.capture.diffusion import DiffusionCapture
 from unicache_lib.runtime.sampling import sample
 
@@ -254,8 +252,7 @@ print(T.groupby(["model", "part"]).agg(records=("step", "size"), prompts=("sampl
 # Word→region maps only mean something if the model drew what was asked. Each single-object image is
 # segmented by colour and scored (colour, position, shape correct).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 follow = []
 for (m, kind), run in runs.items():
     if kind == "maps":
@@ -273,8 +270,7 @@ else:
 # The two-object prompts: each object's pixels (split at the middle for a same-colour pair) read back as a shape.
 # "swapped" is a binding error (each shape drawn on the other's side); "one missing": an asked colour has no pixels.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 def pair_outcome(img, p):
     d = drawn_objects(img, p)
     if all(x["shape_ok"] for x in d):
@@ -349,8 +345,7 @@ for ax, (m, p) in zip(axes[0], views):
 fig.tight_layout()
 _ = plots.save(fig, out, "layer_step_grid")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 phase_tab = (T[T.kind == "short"].groupby(["model", "part", "layer", "phase"]).img_entropy.mean()
              .unstack("phase")[list(G.PHASES)])
 phase_tab["early-late"] = phase_tab["early"] - phase_tab["late"]
@@ -371,8 +366,7 @@ print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to 
 # %% [markdown]
 # The joint attention's four blocks, each with its own entropy (rows restricted to the block's keys):
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 jt = T[(T.part == "joint") & (T.kind == "short")]
 if len(jt):
     print(jt.groupby("phase")[["entropy_ii", "entropy_it", "entropy_ti", "entropy_tt", "share_ii", "share_it", "share_ti", "share_tt"]]
@@ -401,8 +395,7 @@ for ax, (m, p) in zip(axes[0], views):
 fig.tight_layout()
 _ = plots.save(fig, out, "adjacent_similarity")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 short_T = T[T.kind == "short"]
 knees = G.knee_table(short_T, (THRESHOLD, STRICT_THRESHOLD))  # one row per (model, part, layer)
 for col, c in (("sim", ""), ("out_sim_img", "out ")):
@@ -426,8 +419,7 @@ for m in GENERATORS:
                         f"({w['reusable']} of {STEPS})" if w["start"] is not None else "some layer never settles: no whole-step reuse")
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 # G1 (section 3's entropy, early minus late) and G2 (these similarities), each on the weaker model, over prompts
 drop = DC.measure_focus_and_similarity(board, DC.with_prompt(T), GENERATORS, n_prompts,
                                        f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02", knees, STEPS)
@@ -472,8 +464,7 @@ for m in GENERATORS:
 fig.tight_layout()
 _ = plots.save(fig, out, "text_conditioning")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 cond_rows = []
 for m in GENERATORS:
     for k in ("short", "long"):
@@ -501,8 +492,7 @@ for m in GENERATORS:  # the phase means above hide the last step: read it per st
               f"{g_step[-1]:.2f} at the last step ({STEPS - 1})\n  "
               + ("the last step pulls harder than the first" if g_step[-1] > g_step[0] else "the first step pulls hardest"))
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 DC.measure_conditioning(board, DC.with_prompt(T), gdf, cond, GENERATORS, n_prompts, STEPS)  # G6, weaker model
 print(board.criteria_lines("G6"))
 
@@ -530,8 +520,7 @@ print(board.criteria_lines("G6"))
 # MMDiT only: step-to-step similarity of each block of the joint map (`ti`: text queries on image keys) and of the
 # two output streams.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 jall = T[(T.part == "joint") & (T.step > 0)]
 if len(jall):
     asym = jall.groupby("layer")[["sim_ii", "sim_it", "sim_ti", "sim_tt", "out_sim_img", "out_sim_txt"]].mean()
@@ -543,8 +532,7 @@ if len(jall):
                             "joint blocks: cosine with previous step", "cosine")
     _ = plots.save(fig, out, "joint_asymmetry")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 change = DC.measure_joint_asymmetry(board, jall, n_prompts, asym if len(jall) else None)  # G4, MMDiT only
 print(board.criteria_lines("G4"))
 
@@ -562,8 +550,7 @@ print(board.criteria_lines("G4"))
 # Keys and values per attention layer, in fp16, for one image: image positions vs the padded text sequence (real
 # prompt tokens in brackets).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 kv = []
 for m, g in gens.items():
     a = gen_family_of(g.transformer).sites(g.transformer)[0].module
@@ -594,8 +581,7 @@ print(board.criteria_lines("G5"))
 # Mean pairwise cosine of the head maps within a layer (1 = every head draws the same map); the understanding
 # model's from notebook 02's store.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", MODEL, sample_seed=SAMPLE_SEED)
 if fresh:
     print(f"notebook 02's store not found: captured {MODEL} on the standard set into {ustore}")
@@ -610,8 +596,7 @@ per_layer_red = pd.concat([T[(T.model == m) & (T.kind == "short")].groupby("laye
                           + [U.groupby("layer").redundancy.mean().rename("understanding")], axis=1)
 print(per_layer_red.round(3).to_string())
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 gen_red, u_red = DC.measure_redundancy(board, DC.with_prompt(T), U, GENERATORS, n_prompts)  # G7, weaker generator
 print(board.criteria_lines("G7"))
 
@@ -630,8 +615,7 @@ print(board.criteria_lines("G7"))
 # k-patch region's. For two-object prompts, the overlap of the two *shape* words' regions, same-colour vs
 # different-colour pairs (binding).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 R = pd.concat([word_region_table(runs[m, "short"], prompts, gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))).assign(model=m)
                for m in GENERATORS], ignore_index=True)
 loc = R[R.role != "binding overlap"].groupby(["model", "role"]).agg(iou=("iou", "mean"), chance=("chance", "mean"), n=("iou", "size"))
@@ -739,8 +723,7 @@ static_step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_i
 # Each section's verdict, together. A claim about generators must hold on both, so the *weaker* model's
 # 95% interval decides ([verdicts](../docs/GLOSSARY.md#verdicts)).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 board.save(out / "scoreboard.json")  # every claim as its section measured it (sections 4-9)
 print(wrap("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items())))
 

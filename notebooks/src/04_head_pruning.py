@@ -117,8 +117,7 @@ fig = plots.grid_panels(ranks, "head", "layer", "importance rank (1 = kept longe
 _ = plots.save(fig, out, "head_scores")
 
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 def rank_corr(a, b):
     ra, rb = a.ravel().argsort().argsort(), b.ravel().argsort().argsort()
     return float(np.corrcoef(ra, rb)[0, 1])
@@ -163,8 +162,7 @@ ref_logp = E.answer_logprobs(model, processor, qas)
 U = E.sweep_understanding(model, processor, space, scores, FRACTIONS, qas, ref_logp)
 U["family"] = U.scorer.str.replace(r"#\d+$", "", regex=True)
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 from scipy import stats as st
 
 def curves(df, metric):
@@ -228,8 +226,7 @@ for f, lo, hi in zip(acc_tab.columns, r_m - r_h, r_m + r_h):  # scorers above ra
 # **control**: as many *random* shallow heads, drawn `RANDOM_SEEDS` times. Any pruning moves the layers above a
 # little; the claim concerns these heads only if they move them *more* than random ones do.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 hs = head_statistics(ctx)
 shallow = band_layers(len(space.units))["shallow"]
 std_samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
@@ -285,8 +282,7 @@ Gdf["family"] = Gdf.scorer.str.replace(r"#\d+$", "", regex=True)
 if not GENERATORS:
     print("GENERATORS is empty: the generator half is skipped")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 if GENERATORS:  # the two measures the figure draws, at the fractions the prose reads (the figure has them all)
     read_at = [f for f in FRACTIONS if f in (0.2, 0.5)] or FRACTIONS[-1:]
     gtab = Gdf[Gdf.fraction.isin(read_at)].pivot_table(index=["model", "family"], columns="fraction",
@@ -373,8 +369,7 @@ if TIMING_REPEATS >= 2:
 # entropy change is resampled over the standard samples. How an interval becomes a verdict:
 # [verdicts](../docs/GLOSSARY.md#verdicts).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 board = Scoreboard(random_weights=any(is_stand_in(m) for m in [MODEL, *GENERATORS]),
                    unstable=unstable_claims([MODEL, *gpaths]))
 PC.declare(board)  # the rules of P1-P3, as data in unicache_lib/analysis/pruning_claims.py

@@ -195,8 +195,7 @@ fig.tight_layout()
 plots.shared_legend(fig, axes, ncol=7, fontsize=8)
 _ = plots.save(fig, out, "eviction")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 S.to_csv(out / "eviction_summary.csv")  # every column (agree, kl, kv_fraction, retained) of every (method, budget)
 order = [m for m in acc.index if not m.startswith("kvpress:")] + [m for m in acc.index if m.startswith("kvpress:")]
 pv = acc.loc[[m for m in order if m != "unicache_swapped"]]  # the swapped control is §5's
@@ -291,8 +290,7 @@ print(f"time to answer on the compressed caches vs the full one: {mt['time vs fu
 # against `key_coverage`'s
 # <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage:@0" fmt="{:.3f}"-->0.973<!--/num-->.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 design = heldout_set(100, seed=7000, size=scene_size(model))
 overlap = {(q.question, q.scene.uint8().tobytes()) for q in design} & {(q.question, q.scene.uint8().tobytes()) for q in qas}
 print(f"design set: {len(design)} questions (heldout_set(100, seed=7000)); scored here: {len(qas)} "
@@ -332,8 +330,7 @@ print(f"merge_eviction.csv (benchmarks/merge_eviction.py, {mg.n.iloc[0]:,.0f} ne
 # Cluttered scenes (three or four objects, textured background, distractor dots) and "is there …?" questions (an
 # absent object must be *missing* from what is kept, a present one must survive) are where errors sit.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 show = [m for m in ["full", NEW, "divprune", "oracle", "kvpress:expected_attention", "unicache", "random"] if m in set(R.method)]
 hard = R[R.method.isin(show)]
 hard = hard.assign(subset=CC.scene_kind(hard.scene))  # clutter / other scenes ("no scene_type": your own samples)
@@ -370,8 +367,7 @@ print(f"questions {NEW} answers wrongly where the full cache is right, net, at {
 # Euclidean cover, or cosine max-min); two ablations swap one each (`kv/policies/ablations.py`). Each cell: the
 # other's accuracy, then `key_coverage` minus it, paired over the same questions, with its 95% interval.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 ctl = CC.controls_table(R)
 ORDER = ["pooling", "downsample", "divprune", "key_coverage_features", "divprune_keys"]
 
@@ -506,8 +502,7 @@ _ = plots.save(fig, out, "eviction_pareto")
 # kept positions (a simulation: no answer is generated). Per (policy, budget) cell, how well does it rank real
 # accuracy?
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 cells = S.loc["policy"].drop(index=["full"], level=0)
 rho, pval = st.spearmanr(cells["retained"], cells["accuracy"])
 print(f"Spearman rho(retained, accuracy) over {len(cells)} (policy, budget) cells = {rho:.2f} (p = {pval:.1g})")
@@ -556,8 +551,7 @@ print(f"Reading: rho {rho:.2f} over cells -> the simulation " + ("ranks policies
 # band](../docs/GLOSSARY.md#depth-bands) and the most-read positions deeper; `unicache_swapped` does the opposite.
 # Same budgets, same questions.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 u7 = S.loc["policy"].loc[["unicache", "unicache_swapped", "h2o", "random"], "accuracy"].unstack("budget")
 print("accuracy, the band rule against its swap (and two references):\n" + u7.round(3).to_string())
 u7_iv = difference_interval(per_question_accuracy(R, "unicache"), per_question_accuracy(R, "unicache_swapped"), "questions")

@@ -139,8 +139,7 @@ gfamily = {g: gen.family for g, gen in gens.items()}
 reuse = pd.concat(RU, names=["model"])
 reuse["reading"] = pd.concat({g: readings(RU[g]) for g in RU}, names=["model"])
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 ORDER = list(dict.fromkeys(reuse.index.get_level_values("method")))  # methods in the order they ran
 q = reuse[["psnr", "ssim", "flops"]].unstack("model").swaplevel(axis=1).reindex(ORDER)
 print(f"n = {N_PROMPTS} prompts; PSNR (dB) and SSIM against no reuse; flops: transformer FLOPs / no reuse")
@@ -230,8 +229,7 @@ _ = plots.save(fig, out, "reuse_vs_control")
 # `step_skip` minus the cache (positive = `step_skip` better; `dominates`: ahead on PSNR and speed, both intervals clear
 # of a tie, at no more FLOPs), and the cache against the `step_skip` setting that saves at least as much.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 CT = {g: control_table(RU[g]) for g in gpaths}
 ROWS = [m for m in ORDER if m != "none" and not str(m).startswith("steps:")]
 

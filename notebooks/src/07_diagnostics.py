@@ -143,8 +143,7 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 # of that mass; **confidence** = the answer's probability. AUROC for detecting *wrong* answers, each score oriented the
 # claim's way (low = suspect): below chance it still separates, inverted, with strength max(AUROC, 1 − AUROC).
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 wrong = ~A.correct  # A: the first cell's answers and their attention, one row per question
 print(f"{int(wrong.sum())} wrong answers of {len(A)}; accuracy per type: {A.groupby('qtype').correct.mean().round(3).to_dict()}")
 print("wrong answers by (question type, reference answer):", A[wrong].groupby(["qtype", "answer"]).size().to_dict())
@@ -228,8 +227,7 @@ masked_name = DG.masked_name(MASK_FROM_LAYER)
 variants, BREAKS = DG.broken_variants(model, processor, samples, MASK_FROM_LAYER, SEED)  # healthy + four breaks
 det, shares = DG.detector_table(variants, BREAKS, family.image_part)
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 import dataclasses  # noqa: E402
 
 from unicache_lib.pruning import evaluate as E  # noqa: E402
@@ -357,8 +355,7 @@ claims_table("07_diagnostics")  # each claim (statement, why, rule) is written o
 # - **U12** (AUROCs resampled stratified, in the claim's direction): (a) coverage's AUROC above
 #   <!--const U12's bar, written before the numbers-->0.7<!--/const-->, whichever way it points (`measured` names the direction); (b) coverage's AUROC minus confidence's above 0.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
 DG.declare(board)  # the rules of U10 and U12, as data in unicache_lib/analysis/diagnostics_claims.py
 DG.measure_neglect(board, det, shares, family.cross_attention)

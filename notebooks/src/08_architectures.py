@@ -131,8 +131,7 @@ print("\n".join(wrap(f"{c}: {text}") for c, (text, _) in ACL.RULES.items()))
 # Stock transformers / diffusers classes, trained here (recipe, seed, log and checksums in each
 # `model_card.json`). What each has learned, from its card:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 def card_line(role, name):
     card = model_card(name)
     if "heldout" in card:
@@ -157,8 +156,7 @@ print("\n".join(wrap(card_line(r, n)) for r, n in NAME.items() if n is not None)
 # **Did every model reach its bar?** Attention in a model that has not learned its task is noise: the cell below
 # prints every card whose training target was missed.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 missed = []
 for role, name in NAME.items():
     target = model_card(name).get("target", {}) if name is not None else {}
@@ -241,8 +239,7 @@ axes[1].set(title="normalised entropy of the reading queries", xlabel="relative 
 plots.shared_legend(fig, axes, ncol=4)
 _ = plots.save(fig, out, "reading_by_depth")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 print("mean per depth band (× even: the share over an even reading's; —: no such path)\n" + by_band.to_string(na_rep="—"))
 ev = Pr.groupby("model", sort=False).even.mean().dropna()
 print("\n- an even reading's image share (the image's share of the keys a text row sees):\n    "
@@ -289,8 +286,7 @@ ax.set(xlabel="share of heads", ylabel="", title="head roles per model")
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside the bars
 _ = plots.save(fig, out, "head_roles")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 print(role_share.round(2).to_string())
 print(f"\n- most focused heads: {role_share.focused.idxmax()} ({role_share.focused.max():.0%} of its heads); most spread: "
       f"{role_share.spread.idxmax()} ({role_share.spread.max():.0%})\n"
@@ -310,8 +306,7 @@ print(f"\n- most focused heads: {role_share.focused.idxmax()} ({role_share.focus
 # reads on the top <!--const a fixed tenth of the positions, by definition-->10%<!--/const--> of image positions (chance
 # <!--const a tenth of the positions, by definition-->0.10<!--/const-->), per band.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 anch = []
 for role, r in recs.items():
     if READ_PART.get(family_of(models[role][0]).name, "language") != "language":
@@ -356,8 +351,7 @@ for role, run in runs.items():
 IoU = pd.concat(iou_rows, ignore_index=True)
 iou_band = IoU.groupby(["model", "band"], sort=False)[["iou", "chance_iou"]].mean().round(3)
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 print(iou_band.to_string())
 best = IoU.groupby(["model", "band"], sort=False)[["iou", "chance_iou"]].mean()
 best = (best.iou / best.chance_iou).groupby(level="model", sort=False).max()
@@ -411,8 +405,7 @@ fig = plots.map_panel(rec0.probs[0], rec0.spans, ims0[sid], tpos, toks0[sid], f"
                       f"{rec0.layer} · head 0", cross=cross0, grid=grids0[sid][0], grid_tokens=grids0[sid][1], question=qs0[sid])
 _ = plots.save(fig, out, "explorer_static")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 row = rec0.probs[0, tpos].float()
 on_image = float(row.sum() if cross0 else row[torch.as_tensor(rec0.spans.array == IMAGE)].sum())
 print(f"{role0}, layer {rec0.layer}, head 0: the query {toks0[sid][tpos]!r} (position {tpos}) puts {on_image:.3f} of its "
@@ -452,8 +445,7 @@ if VL in models:
     ax.legend(fontsize=7)
     _ = plots.save(fig, out, "vilt_blocks")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 if VL in models:
     print(FB_layer.rename(columns=LABEL).round(3).to_string())
     print(f"\n- image queries keep {fb.image_queries_on_image.mean():.2f} of their attention on image keys (an even reading: "
@@ -468,8 +460,7 @@ if VL in models:
 # (the text still reads the image): if no text was injected, the answers cannot change. Accuracy on `N_QUESTIONS`
 # held-out questions, paired.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 healthy = blind = None
 if VL in models:
     qas = heldout_set(N_QUESTIONS, seed=SEED + 707)
@@ -497,8 +488,7 @@ print(board.criteria_lines("A1", "A2", fmt="#.3g", shown=False))
 # cross-attention layer. Object words: mass on *their* object against its area share (1 = even). Position words:
 # mass on the matching half against the opposite one. Every content word: mass on the background.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 CW, three = None, False
 if ML in models:
     CW = AR.cross_caption_rows(*models[ML], [q.scene for q in heldout_set(N_CAPTIONS, seed=SEED + 4321)])
@@ -546,8 +536,7 @@ if CL in models:
     caps = np.array([s.caption for s in samples])
     retrieved = caps[o.logits_per_text.float().cpu().numpy().argmax(1)] == caps
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 if CL in models:
     by_layer = CF.groupby("layer")[["object_mass", "area_share"]].mean()
     print(by_layer.round(3).to_string())
@@ -580,8 +569,7 @@ if JN in models:
     describe, answer, series = AR.task_switch(*models[JN], heldout_set(N_CAPTIONS, seed=SEED + 99))
     TH = AR.caption_thirds(*models[JN], AR.hard_caption_scenes(DRIFT_CAPTIONS, seed=SEED + 7))
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 if JN in models:
     print(f"image share of the generated tokens: describing {describe.mean():.3f}, answering {answer.mean():.3f}\n  "
           f"({len(describe)} of {N_CAPTIONS} images captioned; an empty caption leaves its image out of both tasks)")
@@ -627,8 +615,7 @@ if JN in models:
     fig.tight_layout()
     _ = plots.save(fig, out, "janus_drawing")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 if drawings:
     ok = [d["score"]["colour"] for d in drawings]
     placed = [d["score"]["position"] for d in drawings if d["score"]["colour"]]
@@ -656,8 +643,7 @@ if drawings:
 #
 # Sections 8–11 measured claims A1–A6 (a model left out marks its claims "not measurable here"); together:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 board.save(out / "scoreboard.json")
 print("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items()))
 
