@@ -91,7 +91,11 @@ def test_code_cells_are_short(nb):
 # unfilled; tools/record_results.py keeps papermill's per-cell seconds in data/results/NN_*.run.json).
 STARTER_SECONDS = 5.0
 STARTER_RE = r"^# Exercise (\d+) starter"
-GAP_RE = r"^[ \t]*[A-Za-z_]\w*[ \t]*=[ \t]*\.\.\.[ \t]+# <- fill in: \S.*$"
+GAP_RE = r"^[ \t]*(?:[A-Za-z_]\w*[ \t]*=[ \t]*)?\.\.\.[ \t]+# <- (?:fill in|write): \S.*$"
+# Issue #62 item 5: a gap is a value to choose (`k = ...  # <- fill in: ...`) or code to write: an expression over
+# the run's objects (`hits = ...  # <- write: ...`) or a function's body (`    ...  # <- write: ...` under a `def`),
+# which the starter cell checks once it is filled.
+CODE_GAP_RE = r"^[ \t]*(?:[A-Za-z_]\w*[ \t]*=[ \t]*)?\.\.\.[ \t]+# <- write: \S.*$"
 
 
 def scaffold_problems(src_cells: list, executed_cells: list | None, seconds: dict | None) -> list[str]:
@@ -183,3 +187,28 @@ def test_a_lesson_opens_on_its_picture(nb):
     assert cell0.cell_type == "markdown" and cell0.source.rstrip().endswith(LP.link(nb.stem))
     assert (ROOT / "docs" / "figures" / f"{nb.stem}.png").read_bytes() == LP.picture(nb), \
         f"docs/figures/{nb.stem}.png is not {nb.name}'s first figure: python tools/lesson_pictures.py {nb}"
+
+
+def gap_counts(nb: Path) -> tuple[int, int]:
+    """(gaps, of which code to write) in a lesson's starter cells."""
+    import re
+
+    starters = [s for kind, s, _ in cells(jupytext.read(ROOT / "notebooks" / "src" / f"{nb.stem}.py"))
+                if kind == "code" and re.match(STARTER_RE, s)]
+    return (sum(len(re.findall(GAP_RE, s, re.M)) for s in starters),
+            sum(len(re.findall(CODE_GAP_RE, s, re.M)) for s in starters))
+
+
+def test_exercises_make_you_write_code():
+    """#62 item 5: at least two thirds of the course's gaps, and at least one in every lesson, are code to write;
+    no starter is a papermill run of "your checkpoint" (those are in each lesson's "Next steps" box)."""
+    import re
+
+    counts = {nb.stem: gap_counts(nb) for nb in NOTEBOOKS}
+    none = [k for k, (_, code) in counts.items() if code == 0]
+    total, code = sum(g for g, _ in counts.values()), sum(c for _, c in counts.values())
+    runs = [nb.stem for nb in NOTEBOOKS for kind, s, _ in cells(jupytext.read(ROOT / "notebooks" / "src" / f"{nb.stem}.py"))
+            if kind == "code" and re.match(STARTER_RE, s) and "papermill" in s]
+    assert not none and 3 * code >= 2 * total and not runs, (
+        f"{code} of {total} gaps are code to write (want >= 2/3); lessons without one: {none}; "
+        f"papermill starters (move to 'Next steps'): {runs}; per lesson (gaps, code): {counts}")
