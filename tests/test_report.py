@@ -209,3 +209,46 @@ def test_an_unwritable_output_is_one_line_and_leaves_nothing(stores, tmp_path, m
     with pytest.raises(report.ReportError, match="cannot write the report .*No space left on device.*another --out"):
         report.build_report({"a": stores[0]}, out)
     assert not out.exists()  # the two files it did write are gone, and the folder it made
+
+
+def test_report_embeds_the_explorer_kernel_free_escaped_and_within_its_budget(stores, tmp_path):
+    """#64: an explorer passed to build_report is embedded as its HTML form (module and data inline): its sliders work
+    in the page without a kernel; no external URL (nothing fetched); hostile labels, tokens and questions escaped;
+    over the budget or not an explorer: a one-line ReportError and nothing written."""
+    import re
+
+    from tests.test_explorer import EVIL, lesson_02
+    from unicache_lib.core.errors import ReportError
+    from unicache_lib.diagnostics.report import build_report
+    from unicache_lib.explorer import BUDGET_BYTES, attention_explorer, module_source
+
+    ex = attention_explorer(*lesson_02(n_samples=2, layers=2, heads=2, evil=True))
+    page = build_report({"a": stores[0]}, tmp_path / "r", explorers={EVIL: ex})
+    html = page.read_text()
+    assert module_source().strip()[:400] in html and html.count('<script type="module">') == 1
+    assert 'class="ucx"' in html and 'class="ucx-data"' in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html and EVIL not in html  # the heading, the data, the fallback
+    assert not re.search(r"(?:https?:)?//[A-Za-z0-9.-]+\.[A-Za-z]{2,}", html), "an external URL in the report"
+    assert len(ex.html().encode()) <= BUDGET_BYTES
+    assert build_report({"a": stores[0]}, tmp_path / "s", explorers={"x": ex.static()}).read_text().count('class="ucx"') == 1
+    for bad, match in ((object(), "not an explorer"), (ex.data, None)):
+        out = tmp_path / f"bad{id(bad)}"
+        if match is None:  # ExplorerData is accepted: it is the explorer's data with its HTML form
+            assert 'class="ucx"' in build_report({"a": stores[0]}, out, explorers={"x": bad}).read_text()
+            continue
+        with pytest.raises(ReportError, match=match):
+            build_report({"a": stores[0]}, out, explorers={"x": bad})
+        assert not out.exists()
+
+
+def test_report_refuses_an_explorer_over_the_budget(stores, tmp_path, monkeypatch):
+    from unicache_lib.core.errors import ReportError
+    from unicache_lib.diagnostics import report as R
+    from unicache_lib.explorer import attention_explorer
+    from tests.test_explorer import lesson_02
+
+    ex = attention_explorer(*lesson_02(n_samples=1, layers=2, heads=2))
+    monkeypatch.setattr(R, "BUDGET_BYTES", len(ex.html().encode()) - 1)
+    with pytest.raises(ReportError, match="over the explorer's budget.*samples=") as e:
+        R.build_report({"a": stores[0]}, tmp_path / "r", explorers={"x": ex})
+    assert "\n" not in str(e.value) and not (tmp_path / "r").exists()

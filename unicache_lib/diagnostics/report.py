@@ -5,6 +5,10 @@ embedded, no network needed to open it).
                   "tiny-mmdit": "outputs/03_diffusion_steps/store/tiny-mmdit"}, "outputs/report")
 
 or from a shell: ``unicache-report outputs/02_understanding_maps/stats --out outputs/report``.
+``build_report(..., explorers={"tiny-llava": ex})`` also embeds each explorer's HTML form (:mod:`unicache_lib.explorer`:
+an ``attention_explorer(...)`` widget, its ``.static()`` or its data), so the page's reader moves the layer, head and
+query-token sliders without a kernel; each within the explorer's budget (:data:`~unicache_lib.explorer.BUDGET_BYTES`),
+its text escaped by the explorer, nothing fetched. (The CLI draws figures only: a store holds no pictures or tokens.)
 Understanding stores (step -1) get entropy curves, a read-frequency heatmap, modality bars, the
 anchors over the image grid and the neglect verdict; generator stores (steps >= 0) get step curves.
 An understanding store captured in ``full`` mode (maps instead of statistics) is reported from the
@@ -42,6 +46,7 @@ from ..analysis.understanding import layer_table
 from ..core.errors import InputError, ReportError
 from ..core.modality import BLOCKS
 from ..core.untrusted import html_text, read_inside
+from ..explorer.payload import BUDGET_BYTES
 from ..paths import OUTPUT_MARKER, OutputFolder, output_folder
 from ..plots import literal_text
 from ..store import Store, StoreError, _atomic_write_bytes
@@ -190,9 +195,26 @@ def report_folder(out_dir, option: str = "out_dir") -> OutputFolder:
         raise ReportError(str(e)) from e
 
 
-def build_report(stores: dict, out_dir, title: str = "UniCache attention report", option: str = "out_dir") -> Path:
+def explorer_html(ex, label: str = "explorer") -> str:
+    """The HTML form of ``ex`` (an explorer widget, its ``.static()``, or its :class:`~unicache_lib.explorer.ExplorerData`),
+    checked against the explorer's budget; :class:`ReportError` for anything else or a form over the budget."""
+    form = getattr(ex, "html", None)
+    form = form() if callable(form) else form
+    if not isinstance(form, str) or 'class="ucx"' not in form:
+        raise ReportError(f"explorer {label!r} is a {type(ex).__name__}, not an explorer: pass what "
+                          f"unicache_lib.explorer.attention_explorer(...) returns (or its .static())")
+    size = len(form.encode("utf-8"))
+    if size > BUDGET_BYTES:
+        raise ReportError(f"explorer {label!r} takes {size / 1e6:.2f} MB, over the explorer's budget of "
+                          f"{BUDGET_BYTES / 1e6:.0f} MB: build it on fewer samples or layers (samples=[...], layers=[...])")
+    return form
+
+
+def build_report(stores: dict, out_dir, title: str = "UniCache attention report", option: str = "out_dir",
+                 explorers: dict | None = None) -> Path:
     """Write ``out_dir/report.html`` and the PNGs it shows; returns the HTML path. ``stores``: label ->
-    store directory; each label gets its own section and its own file names.
+    store directory; each label gets its own section and its own file names. ``explorers``: label -> an explorer
+    (:func:`explorer_html`), embedded after the figures under its own heading: its sliders work in the page, no kernel.
 
     All stores are read and checked first (:func:`load_store`); any :class:`ReportError` leaves
     ``out_dir`` untouched. Refuses (:class:`ReportError`, a ``FileExistsError``) an ``out_dir`` that is empty, the
@@ -206,6 +228,7 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
     if not stores:
         raise ReportError("no stores given")
     loaded = {label: load_store(path) for label, path in stores.items()}  # everything checked before drawing
+    forms = {str(label): explorer_html(ex, str(label)) for label, ex in (explorers or {}).items()}
     sections, taken = [], set()
 
     # labels, model names and prompts from the stores drawn as typed (math text off: `$\frac{$` shows, not fails)
@@ -233,6 +256,9 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
                             f"{html_text(str(meta.get('model', '?')))}, {len(recs)} records)</small></h2>"
                             + "".join(f"<p>{html_text(n)}</p>" for n in ([note] if note else []) + notes)
                             + f"<div>{imgs}</div>")
+        for label, form in forms.items():
+            sections.append(f"<h2>{html_text(label)} <small>(explorer: layer, head or their mean, query token; views "
+                            f"t2i, i2t, full; PNG and JSON export)</small></h2>{form}")
         doc = (f"{MARK}\n<!doctype html><html><head><meta charset='utf-8'><title>" + html_text(title) +
                "</title><style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:48%;margin:4px}"
                "</style></head><body><h1>" + html_text(title) + "</h1>" + "".join(sections) + "</body></html>")
