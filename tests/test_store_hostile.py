@@ -686,3 +686,36 @@ def test_odd_lines_are_one_line_errors_or_harmless(tmp_path, line):
         _append(log, [{"keys": [], "mode": "full", "chunk": "rank00000/chunk000009"}, []])
         Store(path).write([rec(2, 0)])
         assert check_intact(Store(path)) == {"0", "1", "2"}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "sparse 100 GiB", "a link out"])
+def test_the_stats_store_meta_is_read_bounded_and_never_through_a_link(tmp_path, kind):
+    """#60, fourth round: capture.runner.stats_store_or_capture read a store's meta.json with read_text(), without a
+    bound: a FIFO there hung it, a link to /dev/zero filled memory. It now reads through core.untrusted.read_inside
+    (a regular file inside the store, at most store.MAX_META_BYTES): each refused in one line, nothing captured."""
+    from unicache_lib.capture.runner import stats_store_or_capture
+
+    store = tmp_path / "stats"
+    store.mkdir()
+    meta = store / "meta.json"
+    if kind == "fifo":
+        os.mkfifo(meta)
+    elif kind == "/dev/zero":
+        meta.symlink_to("/dev/zero")
+    elif kind == "a link out":
+        (tmp_path / "elsewhere.json").write_text('{"model": "tiny-llava"}')
+        meta.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        with open(meta, "wb") as f:
+            f.truncate(100 << 30)
+    fallback = tmp_path / "fallback"
+    with no_hang(), pytest.raises(InputError) as e:
+        stats_store_or_capture(store, fallback, model="never loaded", processor=None)
+    msg = one_line(e.value)
+    assert "meta.json" in msg and {"fifo": "FIFO", "/dev/zero": "link to /dev/zero", "a link out": "symbolic link",
+                                   "sparse 100 GiB": "100 GiB"}[kind] in msg, msg
+    assert not fallback.exists()
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    (ok / "meta.json").write_text('{"model": "tiny-llava", "sample_seed": 0}')
+    assert stats_store_or_capture(ok, fallback, sample_seed=0) == (ok, False)

@@ -6,6 +6,7 @@ continues where it stopped and a finished one is a no-op.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +14,13 @@ import torch
 
 from ..core.errors import InputError
 from ..core.models import first_token_logits, to_model
+from ..core.untrusted import decode_utf8, read_inside
 from ..families import family_of
 from ..inputs import check_question, default_family, encode, prepare_image, resolve_layers
 from ..progress import bar
 from ..runtime.loaders import load_understanding
 from ..runtime.tiny_layouts import answer_logits as tiny
-from ..store import Store, key_str, remove_store
+from ..store import MAX_META_BYTES, Store, key_str, remove_store
 from ..world import samples as sample_set
 from .record import CaptureResult
 from .vlm import AttentionCapture, attention_sites, check_memory, full_capture_bytes
@@ -140,6 +142,21 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     return result
 
 
+def _store_meta(path: Path) -> dict:
+    """The store's ``meta.json`` read through the bounded reader (:func:`~unicache_lib.core.untrusted.read_inside`: a
+    regular file inside the store, at most :data:`~unicache_lib.store.MAX_META_BYTES`; a FIFO, a link out or a sparse
+    file of gigabytes refused in one line before it is read) and parsed as a JSON object."""
+    fix = "Point to notebook 02's OUT_DIR/stats store, or to a missing path to capture afresh"
+    data = read_inside(path, "meta.json", links=False, limit=MAX_META_BYTES, what="store meta", fix=fix)
+    try:
+        meta = json.loads(decode_utf8(data, path / "meta.json"))
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"{path / 'meta.json'} is not JSON ({' '.join(str(e).split())[:120]}): {fix}") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path / 'meta.json'} holds a {type(meta).__name__}, not an object: {fix}")
+    return meta
+
+
 def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progress: bool | None = None,
                            sample_seed: int | None = None, model=None, processor=None):
     """The understanding model's stats store at ``path`` (notebook 02 writes one), or, when there
@@ -148,8 +165,8 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
     loaded). A store of another model or another sample set is refused. Returns ``(path, captured)``."""
     path, fallback = Path(path), Path(fallback)
     want = sample_set.SEED if sample_seed is None else int(sample_seed)
-    if (path / "meta.json").exists():
-        meta = json.loads((path / "meta.json").read_text())
+    if os.path.lexists(path / "meta.json"):
+        meta = _store_meta(path)
         have = meta.get("sample_seed", sample_set.SEED)
         if int(have) != want:
             raise InputError(f"the store at {path} was captured on the standard set of sample seed {have}, not {want}: "
