@@ -120,8 +120,16 @@ def pyramid_press():
                                                                       window_size=observation_window(n))}
 
 
-def design() -> dict:
-    """Measure the reading widths per layer on the design split and choose gamma there."""
+def results_folder(out: Path | None, full: bool) -> Path:
+    """Where a step writes what it decides (the design, the merged verdicts and shares): the committed
+    :data:`RESULTS` only for the default ``--out`` (``out`` None) and a full-size run (``full``: the design, or
+    :data:`FULL` held-out questions), else ``out/results``, so a run given its own ``--out`` writes nothing outside it."""
+    return RESULTS if out is None and full else (OUT if out is None else out) / "results"
+
+
+def design(results: Path = RESULTS) -> dict:
+    """Measure the reading widths per layer on the design split and choose gamma there; written to
+    ``results`` (:func:`results_folder`)."""
     from unicache_lib.families import family_of
     from unicache_lib.kv.cache import answer, evict, prefill, split_prompt
     from unicache_lib.kv.evaluate import run_eviction
@@ -159,20 +167,21 @@ def design() -> dict:
            "n_image": n_image, "gamma": best, "counts": counts,
            "accuracy": {k: {f"{b * n_image:.0f}": round(float(v), 4) for b, v in row.items()} for k, row in acc.iterrows()},
            "kl": {k: {f"{b * n_image:.0f}": round(float(v), 5) for b, v in row.items()} for k, row in kl.iterrows()}}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = DESIGN_FILE.with_suffix(".tmp")
+    results.mkdir(parents=True, exist_ok=True)
+    dest = results / DESIGN_FILE.name
+    tmp = dest.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1))
-    os.replace(tmp, DESIGN_FILE)
+    os.replace(tmp, dest)
     return rec
 
 
-def run_shard(n: int, rank: int, world: int, out: Path = OUT) -> Path:
+def run_shard(n: int, rank: int, world: int, out: Path = OUT, design_file: Path = DESIGN_FILE) -> Path:
     from unicache_lib.families import family_of
     from unicache_lib.kv.evaluate import run_eviction
     from unicache_lib.store import shard_samples
     from unicache_lib.world.questions import scene_size
 
-    rec = json.loads(DESIGN_FILE.read_text())
+    rec = json.loads(design_file.read_text())
     model, processor = _model()
     n_image = family_of(model).image_tokens_per_picture(model.config)
     budgets = parse_budgets(BUDGETS, n_image)
@@ -248,14 +257,17 @@ def main(argv=None) -> int:
     ap.add_argument("--design", action="store_true", help="measure the widths and choose gamma on the design split")
     ap.add_argument("--merge", action="store_true", help="merge the shards and decide DEPTH_RULES")
     ap.add_argument("--questions", type=int, default=FULL)
-    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--out", default=None, help="the folder every step writes to: the ranks' shards, and the design's "
+                    "and the merge's results under its results/ (default outputs/evaluate_depth; only then does the "
+                    "design or a full-size merge replace the committed files in benchmarks/results)")
     args = ap.parse_args(argv)
-    if not args.out.strip():
+    if args.out is not None and not args.out.strip():
         ap.error("--out is empty: name the folder the ranks write (default outputs/evaluate_depth)")
-    args.out = Path(args.out)
+    given = None if args.out is None else Path(args.out)
+    args.out = OUT if given is None else given
     torch.set_num_threads(1)
     if args.design:
-        rec = design()
+        rec = design(results_folder(given, full=True))
         print(json.dumps({k: rec[k] for k in ("widths", "gamma", "counts")}))
         print(pd.concat({"accuracy": pd.DataFrame(rec["accuracy"]).T, "kl": pd.DataFrame(rec["kl"]).T}, axis=1).to_string())
         return 0
@@ -265,7 +277,7 @@ def main(argv=None) -> int:
         except (UnicacheError, SystemExit) as e:  # one line, no traceback: what is wrong and what to do
             print(f"depth_budgets.py --merge: {e}", file=sys.stderr)
             return 2
-        results = RESULTS if n >= FULL else args.out / "results"
+        results = results_folder(given, full=n >= FULL)  # --out given: never the committed results
         results.mkdir(parents=True, exist_ok=True)
         verdicts, shares = decide(R, metas[0]["n_image"])
         verdicts.assign(model=MODEL, gamma=metas[0]["gamma"]).to_csv(results / f"evaluate_depth_{MODEL}.csv", index=False)
@@ -276,7 +288,8 @@ def main(argv=None) -> int:
         print(shares.round(4).to_string(index=False))
         return 0
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    print(f"rank {rank} of {world}: {run_shard(args.questions, rank, world, args.out)}")
+    own = results_folder(given, full=True) / DESIGN_FILE.name  # a design run with this --out, else the committed one
+    print(f"rank {rank} of {world}: {run_shard(args.questions, rank, world, args.out, own if own.exists() else DESIGN_FILE)}")
     return 0
 
 

@@ -516,6 +516,44 @@ def test_every_out_option_refuses_the_repository_its_folders_and_an_empty_value(
         assert e.value.code == 2 and err.count("\n") == 1 and ": error: --out " in err, (value, err)
 
 
+@pytest.mark.parametrize("step", ["merge of 2,700", "merge of 300", "design"])
+def test_depth_budgets_writes_every_result_under_its_own_out(step, tmp_path, monkeypatch, capsys):
+    """#60, fourth round: benchmarks/depth_budgets.py --merge --out mine, with 2,700 questions or more, wrote its
+    verdicts into the repository's benchmarks/results (the committed files notebook 05 reads) instead of under --out.
+    Every step now writes under the --out it is given (mine/results); only the default --out (make evaluate-depth)
+    replaces the committed files."""
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import depth_budgets as DB
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    committed, default = tmp_path / "committed", tmp_path / "default"
+    monkeypatch.setattr(DB, "RESULTS", committed)
+    monkeypatch.setattr(DB, "OUT", default)
+    n = 300 if step == "merge of 300" else 2700
+    monkeypatch.setattr(DB, "merged", lambda out: (None, n, 2, [{"n_image": 576, "gamma": 0.0, "seconds": 60.0}]))
+    monkeypatch.setattr(DB, "decide", lambda R, n_image: (pd.DataFrame({"rule": ["D1"]}), pd.DataFrame({"share": [1]})))
+
+    def design(results):
+        results.mkdir(parents=True)
+        (results / DB.DESIGN_FILE.name).write_text("{}")
+        return {"widths": [], "gamma": 0.0, "counts": {}, "accuracy": {}, "kl": {}}
+
+    monkeypatch.setattr(DB, "design", design)
+    args = ["--design"] if step == "design" else ["--merge"]
+    mine = tmp_path / "mine"
+    assert DB.main([*args, "--out", str(mine)]) == 0
+    capsys.readouterr()
+    assert not committed.exists() and not default.exists()
+    written = sorted(p.name for p in (mine / "results").iterdir())
+    assert written == ([DB.DESIGN_FILE.name] if step == "design" else
+                       [f"evaluate_depth_shares_{DB.MODEL}.csv", f"evaluate_depth_{DB.MODEL}.csv"]), written
+    assert DB.main(args) == 0  # the default --out: a full-size run (or the design) replaces the committed files
+    assert (committed if n >= DB.FULL else default / "results").is_dir()
+
+
 # ------------------------------------------------------------------------------------------ the helpers themselves
 
 
