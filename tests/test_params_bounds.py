@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from unicache_lib.core.errors import InputError, ParameterError
-from unicache_lib.inputs import budget_shares, check_count
+from unicache_lib.inputs import MAX_IMAGE_TOKENS, budget_shares, check_count, check_fractions
 from unicache_lib.params import check_params
 
 
@@ -109,7 +109,36 @@ def test_a_share_that_rounds_to_no_token_is_refused_where_the_tokens_are_known(s
     with pytest.raises(InputError, match=r"keeps no image token of this picture's 576: .* 1/576"):
         POLICIES["random"]().select(ctx, share)
     assert budget_shares([1 / 576, 0.5], 576) == [1 / 576, 0.5] and budget_shares(["1t"], 576) == [1 / 576]
-    check_params({"BUDGETS": [1e-6]})  # the check cell does not know the model's tokens yet: 05 refuses it after loading
+    check_params({"BUDGETS": [5e-4]})  # the check cell does not know the model's tokens yet: 05 refuses it after loading
+
+
+@pytest.mark.parametrize("budgets,msg", [
+    ([1e-9], r"budget 1e-09 is below 0.0001 \(1/10,000\) of the image tokens.*give a share >= 0.0001"),
+    ([1e-6, 0.5], r"budget 1e-06 is below 0.0001"),
+    (["200000t"], r"budget '200000t' counts more than 100,000 image tokens"),
+    ([1.5], r"budget must be a fraction in \[0, 1\]"),
+])
+def test_budgets_no_model_could_keep_are_refused_in_the_check_cell_before_the_model_loads(budgets, msg):
+    """#60, fourth round: BUDGETS=[1e-9] passed notebook 05's check cell (it judged shares against no model) and was
+    refused only after the model loaded. The rule, where budgets enter (inputs.budget_shares, the check cell's
+    params.budgets): a share is at least inputs.MIN_SHARE = 1/10,000 (below it no image under 10,000 tokens keeps a
+    token), a count at most inputs.MAX_IMAGE_TOKENS; a count and a share are compared only once the model is known."""
+    with pytest.raises(ParameterError, match=rf"BUDGETS=.*{msg}") as e:
+        check_params({"BUDGETS": budgets})
+    assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match=msg):
+        budget_shares(budgets, MAX_IMAGE_TOKENS, tokens_known=False)
+    check_params({"BUDGETS": [1e-4, "25000t", 0.25]})  # the smallest share passes; '25000t' is no repeat of 0.25 yet
+
+
+def test_check_fractions_refuses_a_repeat_with_its_own_message():
+    """#60, fourth round: check_fractions([0.5, 0.5]) was accepted (kv.evaluate.run_eviction then wrote every row of
+    that budget twice)."""
+    with pytest.raises(InputError, match=r"^budget 0.5 is given twice: each budget is one row of the sweep.*drop one$"):
+        check_fractions([0.5, 0.5])
+    with pytest.raises(InputError, match=r"^fraction 0.25 is given twice"):
+        check_fractions([0.25, 0.1, 0.25], "fraction", upper_inclusive=False)
+    assert check_fractions([0.1, 0.5]) == [0.1, 0.5]
 
 
 @pytest.mark.parametrize("name,value,msg", [

@@ -34,6 +34,8 @@ from .core.modality import SpanError, Spans
 from .families import FAMILIES
 
 MIN_IMAGE_SIDE = 2
+MIN_SHARE = 1e-4  # the smallest budget share: below it a budget keeps no token of any image under 10,000 tokens
+MAX_IMAGE_TOKENS = 100_000  # the most image tokens a token-count budget may name before the model says its own
 EXPECTED_IMAGE = ("an (H, W, 3) uint8 RGB array (also accepted: (H, W) grayscale, (H, W, 4) RGBA, channels-first "
                   "(3, H, W), float values in [0, 1], a PIL image or a torch tensor)")
 
@@ -433,7 +435,8 @@ def budget_shares(values, n_image: int | None, what: str = "budget", tokens_know
     count is outside 1..``n_image``. A zero budget (``0``, ``0.0``, ``'0t'``) keeps no image token and is refused, and
     so is a share that rounds to no token of the model's ``n_image`` (``1e-6`` of 576: the eviction keeps
     ``round(share * n_image)`` tokens) unless ``tokens_known`` is False (the check cell, before the model is loaded,
-    passes a bound for ``n_image``); two budgets that come to one share (``["16t", 0.25]`` on 64 tokens, or one value
+    passes :data:`MAX_IMAGE_TOKENS` for ``n_image``); a share below :data:`MIN_SHARE` (1/10,000: no token of any image
+    under 10,000 tokens) is refused always, so ``[1e-9]`` stops in the check cell; two budgets that come to one share (``["16t", 0.25]`` on 64 tokens, or one value
     twice) are refused naming both, since each budget is a row of the sweep and a repeat would count its questions
     twice."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
@@ -451,7 +454,9 @@ def budget_shares(values, n_image: int | None, what: str = "budget", tokens_know
                 raise InputError(f"{what} {v!r} counts tokens, but this model does not say how many image tokens it has "
                                  "(config.image_seq_length): give the budget as a share, e.g. 0.1")
             if k > n_image:
-                raise InputError(f"{what} {v!r}: the model has {n_image} image tokens; keep between 1 and {n_image}")
+                raise InputError(f"{what} {v!r}: the model has {n_image} image tokens; keep between 1 and {n_image}"
+                                 if tokens_known else f"{what} {v!r} counts more than {n_image:,} image tokens, more "
+                                 f"than any model has: give a count such as '64t', or a share such as 0.25")
             share = k / n_image
         else:
             share = check_fraction(v, what, True, "of the image tokens kept")
@@ -461,8 +466,12 @@ def budget_shares(values, n_image: int | None, what: str = "budget", tokens_know
             if tokens_known and n_image and round(share * n_image) == 0:
                 raise InputError(f"{what} {v!r} keeps no image token of this model's {n_image}: round({v!r} x {n_image}) "
                                  f"= 0; the smallest budget that keeps one is 1/{n_image} = {1 / n_image:.3g}, or '1t'")
-        for u, s in zip(given, out):
-            if abs(s - share) <= 1e-12:
+            if share < MIN_SHARE:
+                raise InputError(f"{what} {v!r} is below {MIN_SHARE:g} (1/10,000) of the image tokens, which keeps no "
+                                 f"token of any image under 10,000 tokens: give a share >= {MIN_SHARE:g}, e.g. 0.05, "
+                                 f"or a token count such as '1t'")
+        for u, s in zip(given, out):  # a count and a share meet only once the model says its tokens
+            if abs(s - share) <= 1e-12 and (tokens_known or isinstance(u, str) == isinstance(v, str)):
                 said = (f"{what} {v!r} is given twice" if u == v else f"{what}s {u!r} and {v!r} are one share "
                         f"({share:g}" + (f" of {n_image} image tokens)" if n_image else ")"))
                 raise InputError(f"{said}: each budget is one row of the sweep, and a repeat would write its rows twice "
@@ -473,9 +482,17 @@ def budget_shares(values, n_image: int | None, what: str = "budget", tokens_know
 
 
 def check_fractions(values, what: str = "budget", upper_inclusive: bool = True, meaning: str = "") -> list[float]:
-    """:func:`check_fraction` for each of ``values`` (a single number is refused: pass a list)."""
+    """:func:`check_fraction` for each of ``values`` (a single number is refused: pass a list); one value twice
+    (``[0.5, 0.5]``) is refused with its own message: each is one row of a sweep, a repeat would count it twice."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InputTypeError(f"{what}s must be a list of numbers (fractions in [0, 1]), got {values!r}; e.g. [0.25, 0.5]")
     if iter(values) is values:
         raise InputTypeError(f"{what}s must be a list (or tuple / array), not a one-shot iterator: pass list({what}s)")
-    return [check_fraction(v, what, upper_inclusive, meaning) for v in values]
+    out = []
+    for v in values:
+        x = check_fraction(v, what, upper_inclusive, meaning)
+        if x in out:
+            raise InputError(f"{what} {v!r} is given twice: each {what} is one row of the sweep, and a repeat would "
+                             f"write its rows twice and double its n; drop one")
+        out.append(x)
+    return out

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .core.errors import InputError, ParameterError, UnicacheError
-from .inputs import budget_shares, check_fraction, check_fractions
+from .inputs import MAX_IMAGE_TOKENS, budget_shares, check_fraction, check_fractions
 from .paths import notebook_output, notebook_output_refusal, project_path
 from .runtime.loaders import DTYPES, SHIPPED, closest_shipped, model_label, resolve
 from .world.samples import MAX_PER_TYPE, PER_TYPE as SHIPPED_PER_TYPE, SEED as SHIPPED_SEED, load
@@ -206,13 +206,16 @@ def _no_repeats(name, v, values, what: str) -> None:
 
 
 def budgets(name, v):
-    """Shares of the image tokens, or token counts as ``"64t"`` (read against the model once it is loaded)."""
+    """Shares of the image tokens, or token counts as ``"64t"`` (read against the model once it is loaded), checked
+    here before the model loads (:func:`~unicache_lib.inputs.budget_shares`): a share at least
+    :data:`~unicache_lib.inputs.MIN_SHARE` (1/10,000) and at most 1, a count at most
+    :data:`~unicache_lib.inputs.MAX_IMAGE_TOKENS`, no zero, no repeat."""
     v = _as_list(name, v)
     if isinstance(v, str):
         _fail(name, v, f"must be a list of shares or token counts, e.g. [0.1, '64t'] (from the command line: "
               f"-p {name} \"[0.1, 0.25]\" or -y '{name}: [0.1, 0.25]')")
     try:
-        got = budget_shares(v, 10**9, "budget", tokens_known=False)  # token counts judged once the model says its tokens
+        got = budget_shares(v, MAX_IMAGE_TOKENS, "budget", tokens_known=False)  # counts judged again by the model
     except (TypeError, InputError) as e:
         _fail(name, v, str(e))
     if not got:
@@ -319,7 +322,7 @@ KINDS = {
     "DEPTH_TOKENS": count(1, 4096), "DEPTH_SCHEDULES": subset(("profile", "pyramid", "keep_then_drop")),
     "PER_TYPE": count(1, MAX_ITEMS), "MAP_PER_TYPE": count(1, MAX_ITEMS), "MASK_FROM_LAYER": count(0, 10_000),
     **{k: count(1, MAX_STEPS) for k in ("STEPS", "GEN_STEPS")},
-    **{k: count(1, MAX_REPEATS) for k in ("RANDOM_SEEDS", "TIMING_REPEATS", "REPEATS")},
+    **{k: count(1, MAX_REPEATS) for k in ("RANDOM_SEEDS", "CONTROL_DRAWS", "TIMING_REPEATS", "REPEATS")},
     **{k: count(1, MAX_ITEMS) for k in ("ANCHOR_K", "TOP_K", "N_CAPTIONS", "N_SINGLE", "N_QUESTIONS", "N_GRADIENT",
                                         "N_PROMPTS", "N_EVICTION", "TIMING_PROMPTS", "DRIFT_CAPTIONS", "N_GEN_PROMPTS",
                                         "MAP_QUERY_STRIDE", "GEN_STATS_PROMPTS", "N_DRAWINGS")},
