@@ -37,8 +37,8 @@ def _maps(sentence: str) -> dict:
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★), the starter's gap ``sink``: per layer, over all heads, how many times the uniform share do the
-    rows after the first put on the first token of a longer sentence? Is the first token a sink on a plain sentence?
+    """Exercise 1 (★), the starter's ``sink_ratio(P)`` (its body to write): per layer, over all heads, how many times
+    the uniform share do the rows after the first put on the first token of a longer sentence? Is the first token a sink on a plain sentence?
 
     Both sentences are captured; for every row after the first (row 0 can only read itself), the weight on the first
     token, averaged over rows and heads, per layer, beside the uniform share ``1 / (keys visible)`` averaged the same
@@ -58,14 +58,20 @@ def exercise_1(quick: bool = False) -> dict:
         uniform = float(np.mean([1 / (i + 1) for i in range(1, S)]))  # mean over rows 1..S-1 of 1 / (keys visible)
         out[name] = {"tokens": S, "uniform": round(uniform, 3),
                      **{f"layer {li}": round(P[:, 1:, 0].mean().item(), 3) for li, P in sorted(maps.items())}}
-        # the starter's gap: sink = [rec.probs[:, 1:, 0].float().mean() / uniform for rec in cap.result]
-        ratios[name] = [round(P[:, 1:, 0].mean().item() / uniform, 2) for _, P in sorted(maps.items())]
+        ratios[name] = [round(sink_ratio(P), 2) for _, P in sorted(maps.items())]  # the starter's function
     return {"weight on the first token, rows after the first, mean over heads": out,
-            "x uniform per layer (the starter's `sink`)": ratios, "_out": out}
+            "x uniform per layer (the starter's `sink_ratio`)": ratios, "_out": out}
+
+
+def sink_ratio(P) -> float:
+    """The starter's function: ``P`` one layer's maps ``[heads, S, S]``; the mean weight rows 1..S-1 put on key 0,
+    over rows and heads, divided by the uniform share (1 / keys visible, averaged over the same rows)."""
+    S = P.shape[-1]
+    return P[:, 1:, 0].float().mean().item() / float(np.mean([1 / (i + 1) for i in range(1, S)]))
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2 (★★), the starter's gap ``per_head``: for the sample of §4, which head of the last layer puts the most of the content word's weight
+    """Exercise 2 (★★), the starter's expression ``per_head`` (code to write): for the sample of §4, which head of the last layer puts the most of the content word's weight
     on the image?
 
     The notebook's sample and content word (``content_position``) are captured again; per head of the last layer, the
@@ -90,7 +96,7 @@ def exercise_2(quick: bool = False) -> dict:
         model(**inputs)
     r = cap.result[-1]
     word = content_position(toks, r.spans.text_index)
-    per_head = r.probs[:, word, r.spans.image_index].float().sum(-1).numpy()
+    per_head = r.probs[:, word, r.spans.image_index].float().sum(-1).numpy()  # the starter's expression
     return {"word": toks[word], "layer": r.layer, "per head": np.round(per_head, 3).tolist(),
             "most image-reading head": int(per_head.argmax()), "mean over heads": round(float(per_head.mean()), 3),
             "_per_head": per_head}

@@ -109,10 +109,12 @@ maps = {r.layer: r.probs.float() for r in cap.result}  # layer -> [heads, S, S]
 first = maps[min(maps)][0]
 _ = plots.save(plots.token_map(first, words, f"layer {min(maps)}, head 0: '{SENTENCE}'"), out, "sentence_map")
 above = torch.triu(first, 1)
-print(f"{len(words)} tokens {words}; rows sum to {first.sum(-1).min():.3f}-{first.sum(-1).max():.3f}; "
+sink0, even = first[1:, 0].mean().item(), np.mean([1 / (i + 1) for i in range(1, len(words))])  # even: rows 1..S-1
+print(f"{len(words)} tokens {words}")
+print(f"rows sum to {first.sum(-1).min():.3f}-{first.sum(-1).max():.3f}; "
       f"largest weight above the diagonal (masked): {above.max():.1e}")
-print(f"rows 1-{len(words) - 1} put on average {first[1:, 0].mean():.2f} of their weight on the first token '{words[0]}' "
-      f"(an even reading: {np.mean([1 / (i + 1) for i in range(1, len(words))]):.2f})")
+print(f"rows 1-{len(words) - 1} put on average {sink0:.2f} of their weight on the first token '{words[0]}' "
+      f"(an even reading: {even:.2f})")
 print(f"the last token '{words[-1]}' reads most: '{words[int(first[-1].argmax())]}' ({first[-1].max():.2f})")
 
 # %% [markdown]
@@ -141,8 +143,8 @@ for h, ax in enumerate(np.ravel(axes)[:H]):
 fig.colorbar(np.ravel(axes)[0].images[0], ax=axes, shrink=0.8, label="attention weight (grey: masked)")
 fig.suptitle(f"layer {layer}: the {H} heads on '{SENTENCE}'", fontsize=10)
 _ = plots.save(fig, out, "heads")
-print(f"layer {layer}: normalised entropy per head {np.round(ent.numpy(), 2)}; most focused head {int(ent.argmin())} "
-      f"({ent.min():.2f}), most spread head {int(ent.argmax())} ({ent.max():.2f})")
+print(f"layer {layer}: normalised entropy per head {np.round(ent.numpy(), 2)}")
+print(f"most focused head {int(ent.argmin())} ({ent.min():.2f}), most spread head {int(ent.argmax())} ({ent.max():.2f})")
 
 # %% [markdown]
 # **What to look at.** The heads of one layer disagree (one colour bar for all; row 0 is always 1, the first token
@@ -188,13 +190,13 @@ if maps:
     print(f"sample {s.id}: '{s.question}', {spans.n_image} image + {spans.n_text} text positions")
     print("share of all attention per block: " + ", ".join(f"{b} {v:.2f}" for b, v in zip(BLOCKS, shares.tolist())))
     print(f"'{toks[word]}' (position {word}) puts {img.sum():.2f} of its weight on the {spans.n_image} image keys "
-          f"(an even reading of its {word + 1} visible keys: {spans.n_image / (word + 1):.2f}); its most-read patch "
-          f"gets {img.max() * (word + 1):.1f}x the uniform level")
+          f"(even over its {word + 1} visible keys: {spans.n_image / (word + 1):.2f})")
+    print(f"its most-read patch gets {img.max() * (word + 1):.1f}x the uniform level")
     named = [i for i, o in enumerate(s.objects) if toks[word] in (o["shape"], o["colour"])]  # the object the word names
     if named and grid is not None:
         on = patch_grid_masks(s.masks, grid) == named[0]
-        print(f"on the {s.objects[named[0]]['colour']} {s.objects[named[0]]['shape']}'s {on.sum()} patches: {img[on].sum() / img.sum():.3f} "
-              f"of that image weight, where its share of the patches is {on.mean():.3f}")
+        print(f"on the {s.objects[named[0]]['colour']} {s.objects[named[0]]['shape']}'s {on.sum()} patches: "
+              f"{img[on].sum() / img.sum():.3f} of that image weight, where its share of the patches is {on.mean():.3f}")
         top2 = img[family.grid_tokens(model.config, inputs)][: 2 * grid[1]] * (word + 1)
         print(f"the top two rows of patches: {top2.mean():.1f}x uniform on average")
         top = int(img.argmax())
@@ -213,7 +215,7 @@ if maps:
 # Right: the word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the image,
 # slightly under an even reading (<!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->).
 # Inside the picture it is uneven: its top patch got
-# <!--num "notebooks/00_primer.ipynb#out:of its weight on the@5"-->5.3<!--/num-->× uniform, and the top two rows of
+# <!--num "notebooks/00_primer.ipynb#out:its most-read patch gets@0"-->5.3<!--/num-->× uniform, and the top two rows of
 # patches, background it does not name, <!--num "notebooks/00_primer.ipynb#out:the top two rows of patches:@0"-->2.1<!--/num-->×;
 # the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.131<!--/num--> of that
 # weight on <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.047<!--/num--> of the patches,
@@ -239,10 +241,9 @@ if maps:
 # %%
 from unicache_lib.claims import decision_table
 
-even = np.mean([1 / (i + 1) for i in range(1, len(words))])  # §2's even reading of the first token
 decision_table([  # (claim, what you measured here, its value); what it means and where to act: the claim's advice
     ("U4", "a sink column: the rows' weight on the first token (§2; 02 measures it as U4 (b))",
-     f"{first[1:, 0].mean():.2f} (even {even:.2f})"),
+     f"{sink0:.2f} (even {even:.2f})"),
     ("U8", "heads with different entropies: normalised entropy per head of one layer (§3; 02's U8)",
      f"{ent.min():.2f} to {ent.max():.2f}"),
     ("U11", "a word's reading of the picture: its weight on the object it names / the object's share of the patches "
@@ -252,40 +253,48 @@ decision_table([  # (claim, what you measured here, its value); what it means an
 # %% [markdown]
 # ## Exercises
 #
-# Each starter cell sets the work up and leaves one gap, `... # <- fill in`: fill it, run the cell (seconds).
-# Answers: [solutions/00_primer.py](../solutions/00_primer.py).
+# Each starter cell sets the work up and leaves one gap of code to write, `... # <- write`: write it, run the cell
+# (seconds); the cell checks what you wrote against a number this notebook printed. Answers:
+# [solutions/00_primer.py](../solutions/00_primer.py).
 #
-# 1. ★ §2 read one head. On a longer sentence, per layer and over all heads: how many times the uniform share do
-#    the rows after the first put on the first token? In which layers is it a sink
-#    (above <!--const this exercise's threshold, chosen before the answer-->2<!--/const-->× uniform)?
-# 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Sum
-#    each head's weights from the word's row over the image keys: how far apart are the heads?
+# 1. ★ §2 read one head. Write `sink_ratio(P)`: for one layer's maps `P` (`[heads, S, S]`), the mean weight the
+#    rows after the first put on the first token, over rows and heads, divided by the uniform share. The starter
+#    checks it on §2's head, then runs it on every layer of a longer sentence: in which layers is the first token a
+#    sink (above <!--const this exercise's threshold, chosen before the answer-->2<!--/const-->× uniform)?
+# 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Write
+#    the sum of each head's weights from the word's row over the image keys; the starter checks that their mean is
+#    §4's reading (mean over heads): how far apart are the heads?
 
 # %%
-# Exercise 1 starter: a longer sentence through the same capture as §2, every layer and head
-longer = "is there a blue square ? what color is the circle ?"
-ids = processor.tokenizer(longer, return_tensors="pt")["input_ids"].to(model.device)
-with torch.no_grad(), AttentionCapture(model, mode="full") as cap:
-    model(input_ids=ids)
-S = ids.shape[-1]
-uniform = np.mean([1 / (i + 1) for i in range(1, S)])  # rows 1..S-1: 1 / (keys visible), averaged
-print(f"{S} tokens; uniform share of the first token, mean over rows after the first: {uniform:.3f}")
-sink = ...  # <- fill in: per layer of cap.result, the mean weight rows 1..S-1 put on key 0 (all heads), / uniform
-if sink is ...:
-    print("Fill in `sink`, then run this cell again.")
+# Exercise 1 starter: the first token's share, every head of every layer of a longer sentence
+def sink_ratio(P):
+    """P: one layer's maps [heads, S, S]. Returns a float: the mean weight rows 1..S-1 put on key 0 (over rows and
+    heads), divided by the uniform share (1 / keys visible, averaged over the same rows)."""
+    ...  # <- write: the body (the uniform share as §2 computed `even`)
+
+
+if sink_ratio(first[None]) is None:
+    print("Write the body of `sink_ratio`, then run this cell again.")
 else:
-    for rec, x in zip(cap.result, sink):
-        print(f"layer {rec.layer}: weight on the first token {float(x):.2f}x uniform")
+    got, want = float(sink_ratio(first[None])), sink0 / even  # §2: head 0 of the first layer, as printed there
+    print(f"§2's head: {got:.3f}x uniform; " + ("correct" if abs(got - want) < 1e-3 else f"§2 printed {want:.3f}x"))
+    longer = "is there a blue square ? what color is the circle ?"
+    ids = processor.tokenizer(longer, return_tensors="pt")["input_ids"].to(model.device)
+    with torch.no_grad(), AttentionCapture(model, mode="full") as cap:
+        model(input_ids=ids)
+    for rec in cap.result:
+        print(f"layer {rec.layer}: weight on the first token {float(sink_ratio(rec.probs.float())):.2f}x uniform")
 
 # %%
 # Exercise 2 starter: the content word's weight on the image, head by head (§4's sample, layer `r.layer`)
-per_head = ...  # <- fill in: per head, the weight row `word` of r.probs puts on the image keys, summed
+per_head = ...  # <- write: an expression over r.probs, word and spans.image_index: one sum per head
 if not maps:
     print("§4 found no image block for this model: nothing to measure")
 elif per_head is ...:
-    print("Fill in `per_head`, then run this cell again.")
+    print("Write `per_head`, then run this cell again.")
 else:
     per_head = np.asarray(per_head, dtype=float)
-    print(f"layer {r.layer}, '{toks[word]}': " + ", ".join(f"head {h} {v:.2f}" for h, v in enumerate(per_head)))
+    check = "correct" if abs(per_head.mean() - float(img.sum())) < 1e-4 else f"§4 printed {float(img.sum()):.2f}"
+    print(f"mean over heads {per_head.mean():.2f} ({check}); " + ", ".join(f"h{h} {v:.2f}" for h, v in enumerate(per_head)))
     print(f"most image-reading head {int(per_head.argmax())}, least {int(per_head.argmin())}; "
           f"spread {per_head.max() - per_head.min():.2f}")
