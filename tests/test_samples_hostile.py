@@ -292,6 +292,37 @@ def test_a_sample_id_is_a_plain_name_in_load_and_in_the_writers(tmp_path, sid, w
         "in", "in/a.png", "in/metadata.jsonl", "ok", "ok/a.png", "ok/metadata.jsonl"]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", ["NFC and NFD", "case", "leading dot", "newline"])
+def test_ids_that_collide_on_a_file_system_or_hide_their_file_are_refused(tmp_path, layout, case):
+    """#60, fourth round: ids that differ only by Unicode normalisation ('caf\u00e9' NFC and NFD) or by case ('Cat-1',
+    'cat-1'), or that start with a dot or hold a newline, were accepted in every layout; written as <id>.png the twins
+    are one file on macOS / Windows. One set of checks (samples._id_problem, samples._id_key) refuses each in one line
+    naming both ids, on load in each layout and in both writers."""
+    ids = {"NFC and NFD": ["caf\u00e9", "cafe\u0301"], "case": ["Cat-1", "cat-1"], "leading dot": [".hidden"],
+           "newline": ["a\nb"]}[case]
+    why = {"NFC and NFD": "differ only in case or Unicode normalisation", "case": "differ only in case",
+           "leading dot": "starts with a dot", "newline": "holds the control character '\\n' (U+000A)"}[case]
+    src = _write_layout(tmp_path / "in", layout, [{"file_name": f"{i}.png", "question": "q", "answer": "a", "id": sid}
+                                                  for i, sid in enumerate(ids)], ascii_only=False)
+    for i in range(len(ids)):
+        _png(src / f"{i}.png")
+    with pytest.raises(UnicacheError, match=re.escape(why)) as e:
+        S.load(src)
+    msg = str(e.value)
+    assert "\n" not in msg.replace("'\\n'", "") and all(repr(sid) in msg for sid in ids), msg
+    ok = _write_layout(tmp_path / "ok", "metadata", [{"file_name": f"{i}.png", "question": "q"} for i in range(2)])
+    for i in range(2):
+        _png(ok / f"{i}.png")
+    samples = S.load(ok)[: len(ids)]
+    for sample, sid in zip(samples, ids):
+        sample.id = sid  # as a caller may build them
+    for write in (S.export_folder, S.save):
+        with pytest.raises(UnicacheError, match=re.escape(why) + ".*nothing was written"):
+            write(samples, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_one_folder_two_layouts_or_two_llava_files_is_refused_naming_both(tmp_path):
     """A generator folder (manifest.json) with the user's metadata.jsonl added: the manifest won and the user's lines
     were ignored without a word; train.json and val.json: only train.json was read."""

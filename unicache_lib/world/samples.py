@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shlex
+import unicodedata
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -166,30 +167,50 @@ MAX_ID_BYTES = 200  # a sample id becomes a file name (<id>.png): a plain name w
 def _id_problem(sid: str) -> str | None:
     """Why ``sid`` cannot be a sample id (None: it can): an id names the sample's records and its file
     (``<id>.png`` when the set is written), so it is a plain name: no path separator, not ``.`` or ``..``, no NUL
-    byte, at most :data:`MAX_ID_BYTES` bytes."""
+    byte or other control character (a newline, a tab, DEL), no leading dot (a hidden file), at most
+    :data:`MAX_ID_BYTES` bytes."""
     if "\x00" in sid:
         return "holds a NUL byte"
     if "/" in sid or "\\" in sid:
         return "holds a path separator ('/' or '\\')"
     if sid.strip() in (".", ".."):
         return f"is {sid.strip()!r}, a folder's name"
+    bad = next((c for c in sid if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        return f"holds the control character {bad!r} (U+{ord(bad):04X})"
+    if sid.startswith("."):
+        return "starts with a dot (its file <id>.png would be hidden)"
     if len(sid.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
         return f"is {len(sid.encode('utf-8', 'surrogatepass')):,} bytes long, more than the {MAX_ID_BYTES} an id may be"
     return None
 
 
+def _id_key(sid: str) -> str:
+    """The file an id names on every file system: NFC-normalised and case-folded (macOS and Windows file systems
+    ignore case, and macOS also normalisation), so two ids with one key would be one file ``<id>.png``."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", sid).casefold())
+
+
+TWIN_IDS = ("differ only in case or Unicode normalisation (NFC / NFD): on a case-insensitive file system (macOS, "
+            "Windows) their images <id>.png are one file; rename one")  # why two ids of one _id_key are refused
+
+
 def _check_ids(samples) -> None:
-    """Refuse a set whose ids could not be file names inside the output folder (:func:`_id_problem`) or repeat."""
-    seen = set()
+    """Refuse a set whose ids could not be file names inside the output folder (:func:`_id_problem`), repeat, or
+    collide once normalised and case-folded (:func:`_id_key`)."""
+    seen: dict[str, str] = {}
     for s in samples:
         why = _id_problem(str(s.id))
         if why:
             raise InputError(f"sample id {str(s.id)[:80]!r} {why}: an id becomes a file name (<id>.png), so it must be a "
                              f"plain name such as 'cat-1'; nothing was written")
-        if s.id in seen:
+        other = seen.get(_id_key(str(s.id)))
+        if other == s.id:
             raise InputError(f"sample id {s.id!r} is given twice: each sample's image is written as <id>.png, so one "
                              f"would replace the other; nothing was written")
-        seen.add(s.id)
+        if other is not None:
+            raise InputError(f"sample ids {other!r} and {s.id!r} {TWIN_IDS}; nothing was written")
+        seen[_id_key(str(s.id))] = s.id
 
 
 def _generator_folder(out, samples) -> OutputFolder | None:
@@ -697,6 +718,7 @@ def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path
     for where, row in rows:  # every image file located before any is read
         _locate(path, row["file_name"], where, key, MAX_IMAGE_BYTES)
     seen: dict[str, str] = {}
+    keys: dict[str, tuple[str, str]] = {}  # _id_key -> (id, where)
     for where, row in rows:
         sid = str(row.get("id", Path(str(row["file_name"])).stem))
         why = _id_problem(sid)
@@ -707,7 +729,12 @@ def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path
         if sid in seen:
             raise InputError(f"{where}: sample id {sid!r} is also {seen[sid]}'s: ids name a sample's records, so two "
                              f"samples cannot share one; give every line its own 'id'")
+        if _id_key(sid) in keys:
+            other, there = keys[_id_key(sid)]
+            raise InputError(f"{where}: sample id {sid!r} and {there}'s {other!r} {TWIN_IDS} (give it its own "
+                             f"'id')")
         seen[sid] = where
+        keys[_id_key(sid)] = (sid, where)
     masks = _read_masks(path)
     out = []
     for (where, row), sid in zip(rows, seen):
