@@ -41,8 +41,8 @@ def _entropy_curve(records) -> np.ndarray:
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (gap ``curve``): capture the vision tower (``part="vision"``) and compare its per-layer entropy curve to the
-    language model's; the gap is the curve itself (:func:`_entropy_curve`).
+    """Exercise 1 (code to write: the body of ``curve(records)``): capture the vision tower (``part="vision"``) and compare
+    its per-layer entropy curve to the language model's; the body is :func:`_entropy_curve`'s.
 
     The vision tower's attention is only returned by an eager kernel, so the model is loaded with
     ``vision_attn_implementation="eager"`` (the default ``"sdpa"`` makes the capture raise, naming this fix or
@@ -58,7 +58,7 @@ def exercise_1(quick: bool = False) -> dict:
     from unicache_lib.capture.runner import capture_samples
 
     part = "vision"
-    curve = _entropy_curve  # the starter cell's gap
+    curve = _entropy_curve  # the starter cell's function
     model, processor = _model(vision_eager=True)
     samples = _samples(1 if quick else 4)
     vis = capture_samples(model, processor, samples, mode="stats", part=part, progress=False)
@@ -70,7 +70,7 @@ def exercise_1(quick: bool = False) -> dict:
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2 (gap ``jaccard_at``): M3 with ``k = ANCHOR_K = 6`` anchors on batches of 1, 2, 3, ... samples: how does the overlap
+    """Exercise 2 (code to write: the body of ``jaccard_at(b)``): M3 with ``k = ANCHOR_K = 6`` anchors on batches of 1, 2, 3, ... samples: how does the overlap
     change with the batch size?
 
     M3 asks how many of a sample's top-k image anchors survive when anchors are taken from the batch-averaged
@@ -96,7 +96,7 @@ def exercise_2(quick: bool = False) -> dict:
     k = 6  # ANCHOR_K: the batch of all samples reproduces M3's value
     sizes = sorted({1, 2, 3, n // 2, n} - {0})
 
-    def jaccard_at(b):  # the starter cell's gap
+    def jaccard_at(b):  # the starter cell's function
         return float(np.mean([batching_overlap(reads[i:i + b], k)["mean_jaccard"] for i in range(0, n - b + 1, b)]))
 
     by_size = {b: jaccard_at(b) for b in sizes}
@@ -105,7 +105,7 @@ def exercise_2(quick: bool = False) -> dict:
 
 
 def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3 (gap ``gap``, the element-wise |fp16 - fp32| over finite entries): load the model in ``torch.float16`` and check that the ``stats`` mode's statistics still
+    """Exercise 3 (code to write: the body of ``gap(a, b)``, the element-wise |fp16 - fp32| over finite entries): load the model in ``torch.float16`` and check that the ``stats`` mode's statistics still
     match the float32 model to 3 decimals.
 
     Both models capture the same samples in ``stats`` mode; the statistics are always computed in float32
@@ -128,7 +128,7 @@ def exercise_3(quick: bool = False) -> dict:
     dtype = "float16"
     b = capture_samples(*_model(dtype), samples, mode="stats", progress=False)
 
-    def gap(x, y):  # the starter cell's gap
+    def gap(x, y):  # the starter cell's function
         d = (x.float() - y.float()).abs()
         return d[torch.isfinite(d)]
 
@@ -150,7 +150,7 @@ def exercise_3(quick: bool = False) -> dict:
 
 
 def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4 (gap ``per_sample``, records per sample id, e.g. ``collections.Counter(r.sample for r in recs)``): write one store with two processes, then run the same command again. Does the second run
+    """Exercise 4 (code to write: the body of ``per_sample(records)``, records per sample id): write one store with two processes, then run the same command again. Does the second run
     capture anything, and does the merged store hold every sample exactly once?
 
     ``torchrun --nproc_per_node 2 -m unicache_lib.capture.distributed --out /tmp/store``: each rank reads ``RANK`` /
@@ -202,7 +202,7 @@ def exercise_4(quick: bool = False) -> dict:
     recs = store.read()
     import collections
 
-    def per_sample(records):  # the starter cell's gap
+    def per_sample(records):  # the starter cell's function
         return collections.Counter(r.sample for r in records)
 
     counts = per_sample(recs)
@@ -220,8 +220,8 @@ def exercise_4(quick: bool = False) -> dict:
             "rank logs": logs, "_n": n, "_first": first, "_again": captured_again}
 
 
-def exercise_5(quick: bool = False) -> dict:
-    """Exercise 5 (gap ``checkpoint``; on your own checkpoint): run notebook 01 on a random-weight stand-in of a real checkpoint (or a
+def next_steps(quick: bool = False) -> dict:
+    """The lesson's "Next steps" checkpoint (not an exercise: a run of the whole lesson): run notebook 01 on a random-weight stand-in of a real checkpoint (or a
     real checkpoint path) and compare its M-claims with the shipped model's.
 
     Full run: ``.venv/bin/python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture`` builds the
@@ -243,7 +243,7 @@ def exercise_5(quick: bool = False) -> dict:
     from unicache_lib.capture.runner import capture_samples
     from unicache_lib.runtime.controls import untrained_language_model
 
-    checkpoint = None  # the starter cell's gap: None is the qwen2-vl-2b stand-in; a path or hub id, your model
+    checkpoint = None  # None is the qwen2-vl-2b stand-in; a path or hub id, your model
     out = {}
     if not quick and checkpoint is None:
         import json

@@ -76,7 +76,7 @@ def test_01_two_ranks_write_one_store_and_resume(s01):
 
 
 def test_01_own_checkpoint_m2_is_code_m3_is_model(s01):
-    t = s01.exercise_5(quick=True)["_table"]
+    t = s01.next_steps(quick=True)["_table"]
     assert (t["M2 max |difference|"] == 0).all()
     assert t.loc["random LM", "M3 mean Jaccard (k=6)"] > t.loc["trained", "M3 mean Jaccard (k=6)"] + 0.05
 

@@ -128,7 +128,7 @@ _ALL = [
                      "before loading your model in bf16/fp16 to save memory, check that its maps match fp32",
                      (Place("01", 7, params=("DTYPE",), also=("exercise 3",)),)),
        meaning={"holds": "compute statistics in fp32", "partly": "compute the biased ones in fp32",
-                "does not hold": "fp16 is safe for these statistics"}),
+                "does not hold": "no fp16 bias: fp16 arithmetic is safe for these statistics"}),
     _c("M2", "With fixed seeds, attention statistics reproduce to 4 decimal places.",
        "a policy designed on one capture must see the same numbers on the next", "01_capture",
        "holds if the largest |difference| of any statistic between two captures (95% interval over samples of the "

@@ -252,31 +252,13 @@ print(f"captured {len(res.samples)} samples x {len(res.layers)} layers = {len(re
       f"second call captured {len(again)} (resume); store problems: {store.verify()}")
 print(f"read back layer 0 for {len(back)} samples, max |diff| vs memory = {roundtrip:.1e}")
 
-# %%
-ent = np.stack([[np.nanmean(r.data["norm_entropy"].numpy()) for r in sorted(res.select(sample=s), key=lambda r: r.layer)]
-                for s in res.samples])
-mw = np.stack([[r.data["max_weight"].numpy().mean() for r in sorted(res.select(sample=s), key=lambda r: r.layer)]
-               for s in res.samples])
-fig = plots.layer_curves({"normalised entropy": ent, "mean max weight": mw}, "per-layer statistics from the store",
-                         "value (0 to 1)")
-_ = plots.save(fig, out, "layer_curves")
-print("per layer, mean over samples: normalised entropy", " ".join(f"{x:.2f}" for x in ent.mean(0)),
-      "; max weight", " ".join(f"{x:.2f}" for x in mw.mean(0)))
-
 # %% [markdown]
-# **What to look at.** Two statistics read back from the store, per layer, mean over samples (band: ±1 standard
-# deviation): [normalised entropy](../docs/GLOSSARY.md#normalised-entropy) (1 = a row spread evenly) and
-# [max weight](../docs/GLOSSARY.md#max-weight) (the row's largest weight) move in opposite directions, as they should.
-# Here entropy goes from
-# <!--num "notebooks/01_capture.ipynb#out:per layer, mean over samples: normalised entropy@0" fmt="{:.2f}"-->0.64<!--/num--> in the
-# first layer to <!--num "notebooks/01_capture.ipynb#out:per layer, mean over samples: normalised entropy" re="entropy(?: [0-9.]+)* ([0-9.]+) ;"-->0.85<!--/num-->
-# in the last, and the max weight from
-# <!--num "notebooks/01_capture.ipynb#out:per layer, mean over samples: normalised entropy" re="max weight ([0-9.]+)"-->0.36<!--/num--> to
-# <!--num "notebooks/01_capture.ipynb#out:per layer, mean over samples: normalised entropy" re="max weight(?: [0-9.]+)* ([0-9.]+)$"-->0.20<!--/num-->;
-# 02 asks what that means (shading: the [depth bands](../docs/GLOSSARY.md#depth-bands)). An unhealthy capture shows
-# entropy flat at 1 (rows read evenly: wrong module or untrained model) or a band of zero width (the image is not
-# reaching the model).
-
+# **What to look at.** The second call captured
+# <!--num "notebooks/01_capture.ipynb#out:second call captured" re="second call captured ([0-9]+)"-->0<!--/num--> records:
+# every (sample, layer) was already in the store. The records read back equal the ones in memory (max difference
+# <!--num "notebooks/01_capture.ipynb#out:read back layer 0 for@2" fmt="{:.0e}"-->0e+00<!--/num-->), so an analysis
+# can start from the store alone. What these statistics do with depth (entropy and max weight per layer, the depth
+# bands) is measured once, in [02 §2](02_understanding_maps.ipynb), on a store `capture_samples` writes as here.
 
 # %% [markdown]
 # ## 6. The troubleshooting table, live
@@ -374,7 +356,7 @@ print(f"widest interval of A - B: {reach.idxmax()}, reaching {reach.max():.4f}")
 # The method claims: can the measurements be trusted before any of them feeds a cache decision?
 
 # %%
-from unicache_lib.claims import Markdown, claims_table, read  # read: a verdict with what it means
+from unicache_lib.claims import REGISTRY, Markdown, claims_table
 
 claims_table("01_capture")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
@@ -400,15 +382,22 @@ worst_bias = max(abs(iv.value) for iv in m1.values())
 m4_note = board.table().loc["M4", "note"]
 n_img = spans.n_image  # M3's chance level: the mean Jaccard of two random top-k sets of the image positions
 chance = sum(math.comb(ANCHOR_K, t) * math.comb(n_img - ANCHOR_K, ANCHOR_K - t) * t / (2 * ANCHOR_K - t)
-             for t in range(ANCHOR_K + 1)) / math.comb(n_img, ANCHOR_K)  # inconclusive: the rough number of samples per set that would settle it
+             for t in range(ANCHOR_K + 1)) / math.comb(n_img, ANCHOR_K)
+
+
+def forwards(claim):  # what the verdict means for you first (Claim.meaning), then the claim and its verdict
+    m = REGISTRY[claim].meaning.get(v[claim])
+    return f"**{m[0].upper() + m[1:]}** ({claim} {v[claim]})" if m else f"**{claim} {v[claim]}**"
+
+
 Markdown("\n".join([
-    f"- **M1 {read('M1', v['M1'])}**: the signed fp16 bias is at most {worst_bias:.0e}, {'inside' if worst_bias < BIAS else 'outside'} "
+    f"- {forwards('M1')}: the signed fp16 bias is at most {worst_bias:.0e}, {'inside' if worst_bias < BIAS else 'outside'} "
     f"±{BIAS:g}" + (" (the library computes them in fp32 anyway); whether fp16/bf16 weights change the maps themselves "
                     "is exercise 3." if worst_bias < BIAS else ": compute the statistics in fp32."),
-    f"- **M2 {v['M2']}**: two captures differ by at most {m2.value:.0e}" + (", identical on one machine." if m2.value == 0 else "."),
-    f"- **M3 {read('M3', v['M3'])}**: batch averaging leaves a sample a Jaccard of {m3.value:.2f} [{m3.lo:.2f}, {m3.hi:.2f}] of its "
+    f"- {forwards('M2')}: two captures differ by at most {m2.value:.0e}" + (", identical on one machine." if m2.value == 0 else "."),
+    f"- {forwards('M3')}: batch averaging leaves a sample a Jaccard of {m3.value:.2f} [{m3.lo:.2f}, {m3.hi:.2f}] of its "
     f"top-{ANCHOR_K} anchors (two random sets of {ANCHOR_K} of its {n_img} image positions: {chance:.2f}).",
-    f"- **M4 {v['M4']}**: the largest headline difference between two disjoint sets is {m4.value:.4f}, its 95% interval "
+    f"- {forwards('M4')}: the largest headline difference between two disjoint sets is {m4.value:.4f}, its 95% interval "
     f"[{m4.lo:.4f}, {m4.hi:.4f}] " + ("reaching past ±0.02: use more samples per set before comparing models at 2 decimals"
                                       if m4.hi >= 0.02 else "inside ±0.02: sets compare at 2 decimals")
     + (f" ({m4_note})." if m4_note else "."),
@@ -430,32 +419,41 @@ decision_table([  # each claim's row: what was measured here; what to do and whe
 ], "01_capture", v)
 
 # %% [markdown]
-# **Reading the decision table.** Run it on your model (exercise 5) before trusting numbers from 02–08.
+# **Reading the decision table.** Run it on your model (see "Next steps" below) before trusting numbers from 02–08.
 
 # %% [markdown]
 # ## Exercises
 #
-# Each starter cell sets the work up and leaves one gap, `... # <- fill in`: fill it, run the cell (★, ★★: under a
-# minute). Solutions with measured outcomes: `solutions/01_capture.py` (`--only K`).
+# Each starter cell sets the work up and leaves one gap of code to write, `... # <- write`: write it, run the cell
+# (under a minute); the cell checks what you wrote. Solutions with measured outcomes: `solutions/01_capture.py`
+# (`--only K`).
 #
 # 1. ★ Capture the vision tower (`part="vision"`, loaded with `vision_attn_implementation="eager"`) and compare its
-#    per-layer mean entropy with the language model's: which is more focused?
-# 2. ★ M3 at other batch sizes: average the reads of `b` consecutive samples (`batching_overlap` does, and returns
-#    the mean Jaccard); how does a sample's anchor overlap change as `b` grows?
+#    per-layer mean entropy with the language model's: which is more focused? Write `curve(records)`.
+# 2. ★ M3 at other batch sizes: write `jaccard_at(b)`, the mean anchor overlap when the reads of `b` consecutive
+#    samples are averaged (`batching_overlap` averages one batch and returns its `mean_jaccard`). The starter checks
+#    it against M3 (one batch of every sample); how does a sample's overlap change as `b` grows?
 # 3. ★★ Load the model in fp16: do the `stats` mode's statistics match the fp32 model to 3 decimals — the largest and
-#    the median entry?
+#    the median entry? Write `gap(a, b)`, the differences over the entries where both are finite.
 # 4. ★★ Write one store with several processes (the starter runs each rank as `torchrun -m
 #    unicache_lib.capture.distributed --out /tmp/store` would), then run it again. Does the second run capture
-#    anything? Count the records per sample: is each sample there once per layer, as `Store.verify()` says?
-# 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) or your checkpoint (the
-#    starter prints the command): which M-claims belong to the code, which to the weights?
+#    anything? Write `per_sample(records)`: is each sample there once per layer, as `Store.verify()` says?
 
 # %%
 # Exercise 1 starter: the vision tower, beside the language model (`res`, §5's stats capture)
 part = "vision"
-curve = ...  # <- fill in: a function of records: per layer (sorted), mean of np.nanmean(r.data["norm_entropy"])
-if curve is ...:
-    print("Fill in `curve`, then run this cell again.")
+
+
+def curve(records):
+    """One value per layer (in layer order): the mean over the layer's records of np.nanmean(r.data["norm_entropy"])."""
+    ...  # <- write: the body
+
+
+mine = curve(res.records)
+if mine is None:
+    print("Write the body of `curve`, then run this cell again.")
+elif len(mine) != len(res.layers) or not all(0 <= float(x) <= 1 for x in mine):
+    print(f"want one value in [0, 1] per layer ({len(res.layers)} layers); got {mine}")
 else:
     vis_model, _ = load_understanding(MODEL, attn_implementation="eager", vision_attn_implementation="eager",
                                       dtype=DTYPE, device=DEVICE)
@@ -468,19 +466,38 @@ else:
 k = ANCHOR_K  # anchors per sample, as M3
 deep = max(r.layer for r in res)
 reads = [image_reads(res[sid, deep]) for sid in res.samples]
-jaccard_at = ...  # <- fill in: a function of b: mean over the batches reads[i:i + b] of batching_overlap's mean_jaccard
-if jaccard_at is ...:
-    print(f"Fill in `jaccard_at`, then run this cell again ({len(reads)} samples' reads are ready, layer {deep}).")
+
+
+def jaccard_at(b):
+    """The mean, over the full batches reads[0:b], reads[b:2b], ... (a last, shorter one left out), of
+    batching_overlap(batch, k)["mean_jaccard"]."""
+    ...  # <- write: the body
+
+
+if jaccard_at(1) is None:
+    print(f"Write the body of `jaccard_at`, then run this cell again ({len(reads)} samples' reads, layer {deep}).")
 else:
+    whole = jaccard_at(len(reads))
+    print(f"one batch of all {len(reads)}: {whole:.2f}; " + ("correct (M3's value)" if abs(whole - m3.value) < 1e-9
+                                                             else f"M3 measured {m3.value:.2f}"))
     for b in sorted({1, 2, 3, len(samples) // 2, len(samples)} - {0}):
         print(f"batch of {b}: a sample keeps a mean Jaccard of {jaccard_at(b):.2f} of its top-{k} anchors")
 
 # %%
 # Exercise 3 starter: the same statistics from a lower-precision model, against fp32, on five samples
 dtype = "float16"
-gap = ...  # <- fill in: a function of two tensors: |a - b| (in float32) over the entries where it is finite
-if gap is ...:
-    print("Fill in `gap`, then run this cell again.")
+
+
+def gap(a, b):
+    """|a - b| computed in float32, as a 1-D tensor of the entries where both a and b are finite."""
+    ...  # <- write: the body
+
+
+probe = (torch.tensor([1.0, float("nan"), 3.0, 2.0]), torch.tensor([1.5, 2.0, float("inf"), 2.0]))
+if gap(*probe) is None:
+    print("Write the body of `gap`, then run this cell again.")
+elif not torch.equal(torch.as_tensor(gap(*probe)).flatten(), torch.tensor([0.5, 0.0])):
+    print(f"on {probe[0].tolist()} and {probe[1].tolist()} want [0.5, 0.0], got {gap(*probe)}")
 else:
     model16, _ = load_understanding(MODEL, attn_implementation="eager", dtype=dtype, device=DEVICE)
     a, b = (capture_samples(m, processor, samples[:5], mode="stats", progress=False) for m in (model, model16))
@@ -498,9 +515,17 @@ else:
 import contextlib, io, os, tempfile  # noqa: E401,E402
 from unicache_lib.capture import distributed  # noqa: E402
 world_size = 2
-per_sample = ...  # <- fill in: a function of a list of records: sample id -> how many records it holds
-if per_sample is ...:
-    print("Fill in `per_sample`, then run this cell again.")
+
+
+def per_sample(records):
+    """A dict: sample id -> how many of `records` belong to that sample."""
+    ...  # <- write: the body
+
+
+if per_sample(res.records) is None:
+    print("Write the body of `per_sample`, then run this cell again.")
+elif sum(per_sample(res.records).values()) != len(res) or set(per_sample(res.records)) != set(res.samples):
+    print(f"on §5's {len(res)} records of {len(res.samples)} samples: the counts do not add up to the records")
 else:
     shared, env = tempfile.mkdtemp(prefix="unicache-dist-"), dict(os.environ)
     for run in (1, 2):
@@ -514,12 +539,14 @@ else:
     counts = per_sample(Store(shared).read())
     print(f"{len(counts)} samples, records per sample {sorted(set(counts.values()))}; verify(): {Store(shared).verify()}")
 
-# %%
-# Exercise 5 starter: this lesson on a stand-in or your checkpoint
-checkpoint = ...  # <- fill in: a path or hub id of your model (None: the qwen2-vl-2b stand-in)
-if checkpoint is ...:
-    print("Fill in `checkpoint`, then run this cell again.")
-elif checkpoint is None:
-    print("python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme")
-else:
-    print(f".venv/bin/papermill notebooks/01_capture.ipynb outputs/01_mine.ipynb -p MODEL {checkpoint} -p DEVICE cuda")
+# %% [markdown]
+# ## Next steps
+#
+# > **Your checkpoint.** Run this lesson on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) or on your
+# > model, then read its decision table: which M-claims belong to the code (they hold on random weights too), which
+# > to the weights?
+# >
+# > - the `qwen2-vl-2b` stand-in: `python -m unicache_lib.rehearsal --models qwen2-vl-2b --notebooks 01_capture --no-readme`
+# > - your checkpoint: `.venv/bin/papermill notebooks/01_capture.ipynb outputs/01_mine.ipynb -p MODEL <path or hub id>`
+# >
+# > `solutions/01_capture.py` (`next_steps`) does it for the stand-in and prints the table.
