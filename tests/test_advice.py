@@ -209,10 +209,10 @@ def test_a_row_names_its_claim_and_a_verdict_reads_forwards():
     with pytest.raises(claims.InputError, match="names it in its measurement"):
         claims.decision_rows([("U4", "a sink column", "0.8")])
     row = claims.decision_rows([("M1", "fp16 bias (M1)", "3e-05", "measured here")], "01_capture", {"M1": "does not hold"})[0]
-    assert row[ADVICE] == (claims.REGISTRY["M1"].advice.act + ". Here: does not hold — fp16 is safe for these statistics "
-                           "(measured here)")
+    assert row[ADVICE] == (claims.REGISTRY["M1"].advice.act + ". Here: does not hold — no fp16 bias: fp16 arithmetic is "
+                           "safe for these statistics (measured here)")
     assert row[WHERE] == "§7, `DTYPE`, exercise 3"
-    assert claims.read("M1", "does not hold") == "does not hold — fp16 is safe for these statistics"
+    assert claims.read("M1", "does not hold") == "does not hold — no fp16 bias: fp16 arithmetic is safe for these statistics"
     assert claims.read("M2", "holds") == "holds"  # no meaning written: the verdict alone
     with pytest.raises(claims.InputError, match="a meaning is for"):
         claims.Claim("X1", "s", "w", "01_capture", "r", {"": {"above": 0}}, meaning={"maybe": "?"})
