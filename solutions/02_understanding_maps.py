@@ -39,22 +39,29 @@ def _capture(per_type: int):
     return samples, recs, grids, tokens
 
 
+def persistence(reads, k: int, i: int = 0, j: int = 1) -> float:
+    """Exercise 1's gap: the Jaccard overlap of the top-``k`` image positions of layers ``i`` and ``j`` (rows of
+    ``reads [layers, n_image]``, one sample's text reads); the notebook's ``lo`` and ``mid`` are layers 0 and 1 on
+    tiny-llava."""
+    a, b = set(np.argsort(reads[i])[::-1][:k].tolist()), set(np.argsort(reads[j])[::-1][:k].tolist())
+    return len(a & b) / len(a | b)
+
+
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1: set ``TOP_K = 3`` and ``TOP_K = 12``. Which anchor conclusions survive?
+    """Exercise 1: write ``persistence`` (the Jaccard of two layers' top-k anchor sets) and read U3 (a) at
+    k = 3, 6 and 12.
 
-    The anchor conclusions of section 4 are recomputed for k = 3, 6 (the notebook's) and 12 with the same
-    library calls: U3(a) the top-k Jaccard between the first shallow and the first middle layer against 3x
-    chance (chance = k / (2n - k) for n image positions), U3(b) within- minus across-scene-type Jaccard (needs
-    2+ samples per type: the full run), U4(a) the share of anchors on object patches over the share of random
-    patches on objects (above 1.5).
+    The body (:func:`persistence`): the k most-read image positions of each layer (``np.argsort`` from the top),
+    then shared / either. Its mean over samples at the notebook's k = 6 equals section 4's ``shallow_mid``
+    (:func:`unicache_lib.analysis.anchors.layer_persistence`, to 0.01: ties may be ordered differently). Beside it,
+    for each k, U3 (a)'s chance level k / (2n - k) for n image positions, and U4 (a) (anchors on object patches over
+    random patches, :func:`~unicache_lib.analysis.understanding.anchor_sets` at that k) for comparison.
 
-    Expected on tiny-llava, measured (20 samples; quick run, 5 samples, in brackets): U4(a) survives at every
-    k — anchors land on objects 5.7x / 4.6x / 3.3x (4.3x / 3.2x / 2.6x) more often than random patches at
-    k = 3 / 6 / 12, the ratio shrinking as background patches fill a larger set. U3(a) does not survive
-    k = 12: the layer 0 vs layer 1 Jaccard stays about 0.2-0.25 at every k, but chance rises with k (0.02,
-    0.05, 0.10), so it is 7.9x chance at k = 3, 4.7x at k = 6 (2.7x with 5 samples: under the bar) and only
-    2.4x at k = 12, under the 3x bar. U3(b) (within- minus across-scene-type, full run only) stays slightly
-    positive (+0.03 to +0.06) at every k. "Anchors persist across layers" is a small-k statement.
+    Expected on tiny-llava, measured (20 samples; quick run, 5 samples, in brackets): the layer 0 vs layer 1 Jaccard
+    stays about 0.2-0.25 at every k, but chance rises with k (0.02, 0.05, 0.10), so it is 7.9x chance at k = 3,
+    4.7x at k = 6 (2.7x with 5 samples: under the bar) and only 2.4x at k = 12, under the 3x bar. "Anchors persist
+    across layers" is a small-k statement. U4 (a) holds at every k: anchors land on objects 5.7x / 4.6x / 3.3x
+    (4.3x / 3.2x / 2.6x) more often than random patches, the ratio shrinking as background patches fill a larger set.
     """
     from unicache_lib.analysis import anchors as A
     from unicache_lib.analysis.layers import band_layers
@@ -68,56 +75,53 @@ def exercise_1(quick: bool = False) -> dict:
                           for s in samples])
     n_image = img_reads.shape[-1]
     kinds = {s.id: A.token_kinds(s.masks, n_image, *grids[s.id]) for s in samples}
-    scene_of = {s.id: s.scene_type for s in samples}
-    table = {}
-    for k in (3, 6, 12):  # the starter cell's gap `k`, filled once per value
-        AS = anchor_sets(recs, k)
-        persist = np.mean([A.layer_persistence(img_reads[i], k)[layers.index(lo), layers.index(mid)] for i in range(len(samples))])
+    i, j = layers.index(lo), layers.index(mid)
+    table, library = {}, {}
+    for k in (3, 6, 12):
+        jac = float(np.mean([persistence(r, k, i, j) for r in img_reads]))
+        library[k] = float(np.mean([A.layer_persistence(r, k)[i, j] for r in img_reads]))
         chance = k / (2 * n_image - k)
+        AS = anchor_sets(recs, k)
         pl = pd.DataFrame([A.anchor_placement(AS[(s.id, li)], kinds[s.id]) for s in samples for li in layers])
-        within_across = float("nan")  # needs two samples of a scene type
-        if len(samples) > len(set(scene_of.values())):
-            stab = [A.group_stability({s.id: AS[(s.id, li)] for s in samples}, scene_of) for li in layers]
-            within_across = float(np.nanmean([v["within"] - v["across"] for v in stab]))
-        table[k] = {"U3a Jaccard": persist, "chance": chance, "U3a / chance": persist / chance,
-                    "U3a holds (> 3x chance)": bool(persist > 3 * chance),
-                    "U3b within - across": within_across,
+        table[k] = {"U3a Jaccard": jac, "chance": chance, "U3a / chance": jac / chance,
+                    "U3a holds (> 3x chance)": bool(jac > 3 * chance),
                     "U4a object / chance": pl.object.mean() / pl.object_chance.mean(),
                     "U4a holds (> 1.5)": bool(pl.object.mean() / pl.object_chance.mean() > 1.5)}
     t = pd.DataFrame(table).T
-    return {"layers compared": (lo, mid), "table": "\n" + t.round(3).to_string(), "_table": t}
+    return {"layers compared": (lo, mid), "table": "\n" + t.round(3).to_string(), "_table": t, "_library": library}
+
+
+def u5(df) -> float:
+    """Exercise 2's gap: U5's ratio, the mean image share of content words over that of function words and
+    punctuation."""
+    content = df[df["class"].isin(["object", "attribute", "position"])].image_share.mean()
+    return content / df[df["class"].isin(["function", "punctuation"])].image_share.mean()
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2: count "color" as a function word instead of an attribute. Does U5 change?
+    """Exercise 2: write ``u5`` (U5's ratio) and count "color" as a function word instead of an attribute. Does U5
+    change?
 
-    ``unicache_lib.analysis.token_classes.token_class`` puts ``color`` / ``colour`` with the attributes. Rather
-    than editing the library, the token-flow table of section 5 (:func:`~unicache_lib.analysis.understanding.token_flow`)
-    is built once and its ``color`` rows are relabelled ``function``; U5 is the image share of content words
-    (object, attribute, position) over that of function words and punctuation (rule: above 2). To make the
-    change permanent, add ``"color"`` to the function branch of ``token_class``.
+    The body (:func:`u5`): the mean ``image_share`` of the rows whose class is object, attribute or position over
+    that of the rows whose class is function or punctuation, on the token-flow table of section 5
+    (:func:`~unicache_lib.analysis.understanding.token_flow`); it equals section 5's ``content / function``. The
+    starter then relabels the ``color`` rows ``function`` (``token_class`` puts ``color`` / ``colour`` with the
+    attributes; to make the change permanent, add it to the function branch there).
 
     Expected on tiny-llava, measured: "color" occurs only in the colour questions (5 of the 20 samples: 20 of
     660 token rows over 4 layers), and it reads the image a lot (image share 0.81), so moving it lowers the
     content share a little and raises the function share: the U5 ratio falls by about 1% (1.042 -> 1.031; quick
     run 1.087 -> 1.074), far from the rule's 2 both ways. The verdict (does not hold) does not change: the
-    class of one question word is not what U5 rests on. (An almost trivial exercise on this model.)
+    class of one question word is not what U5 rests on.
     """
     from unicache_lib.analysis.understanding import token_flow
 
     samples, recs, _, tokens = _capture(1 if quick else 4)
     special = set(_model()[1].tokenizer.all_special_tokens)
     F = token_flow(recs, tokens, special)
-    content, function = ["object", "attribute", "position"], ["function", "punctuation"]
-
-    def ratio(df):
-        return df[df["class"].isin(content)].image_share.mean() / df[df["class"].isin(function)].image_share.mean()
-
-    relabel = "function"  # the starter cell's gap
-    moved = F.copy()
-    is_color = moved.token.str.lower().isin(["color", "colour"])
-    moved.loc[is_color, "class"] = relabel
-    before, after = ratio(F), ratio(moved)
+    is_color = F.token.str.lower().isin(["color", "colour"])
+    moved = F.assign(**{"class": F["class"].mask(is_color, "function")})
+    before, after = u5(F), u5(moved)
     return {"'color' token rows": int(is_color.sum()), "of rows": len(F),
             "'color' image share": round(float(F[is_color].image_share.mean()), 3) if is_color.any() else None,
             "U5 ratio, color = attribute": round(float(before), 3), "U5 ratio, color = function": round(float(after), 3),
@@ -125,70 +129,85 @@ def exercise_2(quick: bool = False) -> dict:
             "_n_color": int(is_color.sum())}
 
 
-def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3: section 6 on shape questions (*what shape is the red object ?*) with the colour word as the
-    query. Is colour a better pointer than shape?
+def my_selectivity(w, patch_object, target) -> float:
+    """Exercise 3's gap: mean weight per patch on the target object over the mean per patch on the other objects."""
+    w, po = np.asarray(w, dtype=float), np.asarray(patch_object)
+    on, other = po == target, (po >= 0) & (po != target)
+    if not on.any() or not other.any():
+        return float("nan")
+    return float(w[on].mean() / w[other].mean())
 
-    :func:`~unicache_lib.analysis.localisation.object_word_selectivity` takes the question template and the
-    query position (``question="what shape is the {colour} object ?", query="colour"``); the notebook's setting
-    (``where is the {colour} {shape} ?``, query ``shape``) is measured beside it on the same multi-object samples.
-    Selectivity = mean attention per patch on the named object / on the other objects (1 = no preference).
+
+def exercise_3(quick: bool = False) -> dict:
+    """Exercise 3: write ``my_selectivity`` and run it on the shape word of *where is the {colour} {shape} ?* and on
+    the colour word of *what shape is the {colour} object ?*. Is colour a better pointer than shape?
+
+    The body (:func:`my_selectivity`): the mean weight per patch on the named object over the mean per patch on
+    the other objects (background left out; NaN when either is empty), what
+    :func:`~unicache_lib.analysis.localisation.selectivity` computes. The starter feeds it the mean over heads of
+    each question's readings (:func:`~unicache_lib.analysis.localisation.object_readings`); on the shape word its
+    per-layer medians equal section 6's.
 
     Expected on tiny-llava, measured (39 object questions; quick: 11): yes, in one layer — the colour word's
     median selectivity peaks at 3.0 in layer 1 (quick: 4.1), while the shape word never exceeds 1.2 in any layer
-    (no preference for its object). Top-1 on target is about the same for both (~0.3-0.45). The objects of a
-    picture differ by colour first: a colour is visible in a single patch embedding, a shape needs several
-    patches' layout.
+    (no preference for its object). The objects of a picture differ by colour first: a colour is visible in a
+    single patch embedding, a shape needs several patches' layout.
     """
-    from unicache_lib.analysis.localisation import object_word_selectivity
+    from unicache_lib.analysis.localisation import object_readings, object_word_selectivity
     from unicache_lib.world import samples as sample_set
 
     model, processor = _model()
     samples = sample_set.load(per_type=1 if quick else 4, seed=SAMPLE_SEED)
-    shape_q = object_word_selectivity(model, processor, samples)
-    query = "colour"  # the starter cell's gap
-    colour_q = object_word_selectivity(model, processor, samples, question="what shape is the {colour} object ?", query=query)
-    t = pd.DataFrame({"shape word (where is ...)": shape_q.groupby("layer").selectivity.median(),
-                      "colour word (what shape ...)": colour_q.groupby("layer").selectivity.median(),
-                      "shape top-1 on target": shape_q.groupby("layer").top_on_target.mean(),
-                      "colour top-1 on target": colour_q.groupby("layer").top_on_target.mean()})
-    return {"object questions": int((shape_q.layer == shape_q.layer.min()).sum()), "table": "\n" + t.round(2).to_string(),
+    med = {}
+    for label, q, word in (("shape word (where is ...)", "where is the {colour} {shape} ?", "shape"),
+                           ("colour word (what shape ...)", "what shape is the {colour} object ?", "colour")):
+        rows = [(li, my_selectivity(W.mean(0).float().numpy(), po, t))
+                for _, t, li, W, po in object_readings(model, processor, samples, question=q, query=word)]
+        med[label] = pd.DataFrame(rows, columns=["layer", "sel"]).groupby("layer").sel.median()
+    t = pd.DataFrame(med)
+    library = object_word_selectivity(model, processor, samples).groupby("layer").selectivity.median()
+    return {"object questions": int(len(rows) // len(t)), "table": "\n" + t.round(2).to_string(),
             "best layer, colour vs shape": (round(float(t.iloc[:, 1].max()), 2), round(float(t.iloc[:, 0].max()), 2)),
-            "_table": t}
+            "_table": t, "_library": library}
+
+
+def head_score(w, patch_object, target) -> float:
+    """Exercise 4's gap, one defensible answer: 1 when the head's most-attended patch lies on the asked object, else
+    0 (its mean over questions is the head's hit rate). Selectivity (exercise 3) is another; it ranks a head that
+    puts almost nothing on the other objects first even where its top patch misses."""
+    return float(np.asarray(patch_object)[int(np.argmax(w))] == target)
 
 
 def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4: in the explorer, find a head whose image overlay for the last token lights up only the asked
-    object.
+    """Exercise 4: write ``head_score``, a per-head score of the last prompt position (the one that produces the
+    answer) on *where is the {colour} {shape} ?*, and find the head that finds the asked object.
 
-    What the explorer shows by eye, measured for every head: each object of each multi-object sample is asked
-    about (``where is the {colour} {shape} ?``), and the *last* prompt position's attention over the image is
-    scored per head (``object_word_selectivity(..., query="last", per_head=True)``). The head to look at in the
-    widget is the one whose top patch is most often on the asked object, ties broken by median selectivity.
+    What the explorer shows by eye, measured for every head: each object of each multi-object sample is asked about,
+    the last position's attention over the patches is read per head
+    (:func:`~unicache_lib.analysis.localisation.object_readings` with ``query="last"``) and scored by
+    :func:`head_score` (top patch on the asked object: 1, else 0), averaged over the questions per (layer, head).
 
     Expected on tiny-llava, measured: such a head exists in layer 1 — its top patch is on the asked object in
-    every question (39 of 39; quick 11 of 11), and its median selectivity is enormous (it puts almost nothing
-    on the other objects); layer 2's best head reaches ~0.8-0.9, layer 0's only ~0.3 (chance level for 2-4
+    every question (39 of 39; quick 11 of 11); layer 0's best head reaches only ~0.3 (chance level for 2-4
     objects). Open the explorer on that (layer, head) and the last token to see the overlay.
     """
-    from unicache_lib.analysis.localisation import object_word_selectivity
+    from unicache_lib.analysis.localisation import object_readings
     from unicache_lib.world import samples as sample_set
 
     model, processor = _model()
     samples = sample_set.load(per_type=1 if quick else 4, seed=SAMPLE_SEED)
-    position = "last"  # the starter cell's gap
-    d = object_word_selectivity(model, processor, samples, query=position, per_head=True)
-    g = d.groupby(["layer", "head"]).agg(top_on_target=("top_on_target", "mean"), selectivity=("selectivity", "median"))
-    best = g.sort_values(["top_on_target", "selectivity"], ascending=False)
-    (li, h), row = best.index[0], best.iloc[0]
-    by_layer = g.groupby("layer").top_on_target.max()
-    return {"best head (layer, head)": (int(li), int(h)), "its top patch on the asked object": round(float(row.top_on_target), 2),
-            "its median selectivity": round(float(row.selectivity), 2), "object questions": int(len(d) // len(g)),
-            "best head's hit rate per layer": by_layer.round(2).to_dict(), "_g": g}
+    rows = [(li, h, head_score(w.float().numpy(), po, t))
+            for _, t, li, W, po in object_readings(model, processor, samples, query="last") for h, w in enumerate(W)]
+    g = pd.DataFrame(rows, columns=["layer", "head", "score"]).groupby(["layer", "head"]).score.mean()
+    (li, h), best = g.idxmax(), g.max()
+    by_layer = g.groupby("layer").max()
+    return {"best head (layer, head)": (int(li), int(h)), "its top patch on the asked object": round(float(best), 2),
+            "object questions": int(len(rows) // len(g)), "best head's hit rate per layer": by_layer.round(2).to_dict(),
+            "_g": g}
 
 
-def exercise_5(quick: bool = False) -> dict:
-    """Exercise 5 (on your own checkpoint): run notebook 02 with papermill on a random-weight stand-in of
+def next_steps(quick: bool = False) -> dict:
+    """Next steps (your checkpoint, not an exercise): run notebook 02 with papermill on a random-weight stand-in of
     LLaVA-1.5-7B (or a real checkpoint) and compare the depth table and the U-claims with the shipped model's.
 
     Full run: builds the stand-in (``python -m unicache_lib.zoo.builders.standins --only llava-1.5-7b``) and executes the
@@ -211,8 +230,9 @@ def exercise_5(quick: bool = False) -> dict:
 
     from unicache_lib.analysis import anchors as A
     from unicache_lib.analysis.understanding import anchor_sets, head_table, layer_table
+    from unicache_lib.core.scoring import FOCUSED
 
-    checkpoint = None  # the starter cell's gap: None builds the LLaVA-1.5-7B stand-in; a path or hub id, your model
+    checkpoint = None  # None builds the LLaVA-1.5-7B stand-in; a path or hub id: your model
     out = {}
     if not quick and checkpoint is None:
         tmp = Path(tempfile.mkdtemp(prefix="unicache-ex5-"))
@@ -239,7 +259,7 @@ def exercise_5(quick: bool = False) -> dict:
         AS = anchor_sets(rr, 6)
         pl = pd.DataFrame([A.anchor_placement(AS[(r.sample, r.layer)], kinds[r.sample]) for r in rr])
         rows[name] = {**L.groupby("band").norm_entropy.mean().reindex(["shallow", "middle", "deep"]).add_prefix("entropy ").to_dict(),
-                      "focused heads": float((H.groupby(["layer", "head"]).max_weight.mean() > 0.45).mean()),
+                      "focused heads": float((H.groupby(["layer", "head"]).max_weight.mean() > FOCUSED).mean()),
                       "anchors on objects / chance": float(pl.object.mean() / pl.object_chance.mean())}
     t = pd.DataFrame(rows).T
     return {**out, "table": "\n" + t.round(3).to_string(), "_table": t}

@@ -82,7 +82,10 @@ def test_01_own_checkpoint_m2_is_code_m3_is_model(s01):
 
 
 def test_02_anchor_conclusions_by_top_k(s02):
-    t = s02.exercise_1(quick=True)["_table"]
+    r = s02.exercise_1(quick=True)
+    t = r["_table"]
+    for k, lib in r["_library"].items():  # the written body agrees with the library's layer_persistence
+        assert abs(t.loc[k, "U3a Jaccard"] - lib) < 0.01
     assert t["U4a holds (> 1.5)"].all()  # anchors on objects at every k
     assert bool(t.loc[3, "U3a holds (> 3x chance)"]) and not bool(t.loc[12, "U3a holds (> 3x chance)"])
     assert t.loc[3, "U4a object / chance"] > t.loc[12, "U4a object / chance"]
@@ -96,12 +99,14 @@ def test_02_color_as_function_word_barely_moves_u5(s02):
 
 
 def test_02_colour_word_is_a_better_pointer(s02):
-    t = s02.exercise_3(quick=True)["_table"]
+    r = s02.exercise_3(quick=True)
+    t = r["_table"]
+    assert np.allclose(t.iloc[:, 0].to_numpy(), r["_library"].to_numpy(), rtol=1e-4)  # the written body = section 6's
     assert t.iloc[:, 1].max() > 2 * t.iloc[:, 0].max()  # colour query's best layer vs the shape word's
 
 
 def test_02_random_weights_look_uniform_and_ungrounded(s02):
-    t = s02.exercise_5(quick=True)["_table"]
+    t = s02.next_steps(quick=True)["_table"]
     for b in ("shallow", "middle", "deep"):
         assert t.loc["random LM", f"entropy {b}"] > 0.95 > t.loc["trained", f"entropy {b}"]
     assert t.loc["random LM", "focused heads"] == 0

@@ -6,7 +6,7 @@
 # - how much each kind of word reads the image, in the prompt and while captioning, against an even reading;
 # - whether a word that names an object looks at *that* object; exploring maps by sample, layer, head, token.
 #
-# *§1's first look:* of <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="of ([0-9]+) multi-object"-->10<!--/num-->
+# *§1's first look:* of <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="of ([0-9]+) multi-object"-->10<!--/num-->
 # multi-object samples, the one where 'triangle' reads its object most: the picture, then the word over it in each
 # layer, one shared × uniform scale (cyan: even).
 #
@@ -46,10 +46,12 @@ import torch
 from unicache_lib import plots
 from unicache_lib.analysis import anchors as A
 from unicache_lib.analysis.layers import band_layers, require_bands
-from unicache_lib.analysis.localisation import object_word_selectivity, query_over_image, reading_head
+from unicache_lib.analysis.localisation import object_readings, object_word_selectivity, query_over_image, reading_head
 from unicache_lib.analysis.token_classes import CLASSES, token_class
 from unicache_lib.analysis.understanding import BLOCK_LABELS, anchor_sets, head_table, layer_table, token_flow
 from unicache_lib.analysis import understanding_claims as UC
+from unicache_lib.claims import NEGLECT_CUTOFF
+from unicache_lib.core.scoring import FOCUSED
 from unicache_lib.capture.decode import decode_with_capture, producing_rows
 from unicache_lib.capture.record import CaptureResult
 from unicache_lib.capture.runner import capture_samples, inputs_for
@@ -58,6 +60,7 @@ from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
 from unicache_lib.store import Store, remove_store
+from unicache_lib.tables import wrap
 from unicache_lib.widgets import attention_explorer
 from unicache_lib.world import samples as sample_set
 from unicache_lib.world.scenes import SCENE_TYPES, grid_cover, patch_grid_masks
@@ -78,7 +81,8 @@ scene_of = {s.id: s.scene_type for s in samples}
 n_layers = model.config.get_text_config().num_hidden_layers
 bands = band_layers(n_layers) if LAYERS is None else require_bands(LAYERS, n_layers)  # a subset needs every band
 print(f"{MODEL} ({family.name}): {n_layers} layers, {model.config.get_text_config().num_attention_heads} heads; "
-      f"{len(samples)} samples over {len(set(scene_of.values()) - {''})} scene types; bands {bands}; image read in part {PART!r}")
+      f"{len(samples)} samples over {len(set(scene_of.values()) - {''})} scene types")
+print(wrap(f"depth bands {bands}; the image is read in part {PART!r}"))
 
 # %% [markdown]
 # ## 1. Capture once
@@ -143,7 +147,8 @@ q_maps = query_over_image(maps, first.id, q_pos, uniform=True)  # layer -> [n_im
 if candidates:
     above = sum(v[0] > 1 for v in candidates.values())
     print(f"chosen {first.id}: its object word reads its own object at {candidates[first.id][0]:.1f}x the object's area "
-          f"share (layer {candidates[first.id][2]}); {above} of {len(candidates)} multi-object samples with full maps read theirs above 1x")
+          f"share (layer {candidates[first.id][2]})")
+    print(f"{above} of {len(candidates)} multi-object samples with full maps: the object word reads its own object above 1x")
 fig = plots.layer_overlays(first.image, q_maps, f"{first.id}: {first.question!r} — the word {toks[q_pos]!r} reading the image",
                            grid=grids[first.id][0], grid_tokens=grids[first.id][1], uniform=True)
 _ = plots.save(fig, out, "object_word_over_layers")
@@ -152,8 +157,8 @@ _ = plots.save(fig, out, "object_word_over_layers")
 if grids[first.id][0]:
     k0 = A.token_kinds(first.masks, len(next(iter(q_maps.values()))), *grids[first.id])  # 0 object, 1 edge, 2 background
     on_obj = {li: round(float(w[k0 == 0].sum() / w[k0 >= 0].sum()), 2) for li, w in q_maps.items()}
-    print(f"share of the word {toks[q_pos]!r}'s attention on the picture that lands on object patches, per layer: {on_obj} "
-          f"(object patches are {np.mean(k0[k0 >= 0] == 0):.2f} of the picture)")
+    print(wrap(f"the word {toks[q_pos]!r}: share on object patches per layer: {on_obj}"))
+    print(f"object patches are {np.mean(k0[k0 >= 0] == 0):.2f} of the picture")
     if candidates:  # the best layer's brightest patch: which kind of cell it is
         li_b = candidates[first.id][2]
         kind = A.PATCH_KINDS[k0[int(np.asarray(q_maps[li_b]).argmax())]]
@@ -163,12 +168,12 @@ print(f"question {first.question!r}; objects: {', '.join(o['colour'] + ' ' + o['
 # %% [markdown]
 # **What to look at.** In layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word puts
 # <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->× its object's area share on that object, and
-# <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="; ([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num--> multi-object samples with full maps read their
+# <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="^([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num--> multi-object samples with full maps read their
 # own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer. The first line
 # above gives the word's share on *any* object's patches (cells at least
 # <!--const patch_kinds' object cover, a definition-->75%<!--/const--> covered), layers 0–3:
-# <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@1"-->0.18<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@3"-->0.12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@5"-->0.29<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@7"-->0.06<!--/num-->, where the objects
-# cover <!--num "notebooks/02_understanding_maps.ipynb#out:lands on object patches, per layer@8"-->0.05<!--/num--> of the picture.
+# <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@1"-->0.18<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@3"-->0.12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@5"-->0.29<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@7"-->0.06<!--/num-->, where the objects
+# cover <!--num "notebooks/02_understanding_maps.ipynb#out:object patches are@0"-->0.05<!--/num--> of the picture.
 # Layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num-->'s is low because its brightest patch, the triangle's tip, is
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch is" re="is (an? [a-z]+) cell"-->an edge<!--/num--> cell:
 # counted in the × but not here. The question ('<!--num "notebooks/02_understanding_maps.ipynb#out:question '" re="question '([^']*)'"-->is there a purple triangle ?<!--/num-->')
@@ -270,11 +275,19 @@ kinds = {s.id: A.token_kinds(s.masks, n_image, *grids[s.id]) if grids[s.id][0] e
 placement = pd.DataFrame([{"sample": s.id, "layer": li, **A.anchor_placement(AS[(s.id, li)], kinds[s.id])}
                           for s in samples for li in captured])
 chance_jaccard = TOP_K / (2 * n_image - TOP_K)
-print("anchor Jaccard between layers (mean over samples):\n", np.round(persist, 2))
+jac = pd.DataFrame(persist, index=captured, columns=captured).rename_axis("layer")  # the tables whole: CSVs in `out`
+stab_t = pd.DataFrame(stab).T[["within", "across", "n_within", "n_across"]].rename_axis("layer")
+place_t = placement.groupby("layer")[["object", "object_chance", "edge", "edge_chance", "background", "background_chance"]].mean()
+for name, t_ in {"anchor_jaccard": jac, "anchor_stability": stab_t, "anchor_placement": place_t}.items():
+    t_.to_csv(out / f"{name}.csv")
+print("anchor Jaccard between layers (mean over samples):")
+print(jac.round(2).to_string() if len(captured) <= 8 else wrap(f"next layer: {dict(zip(captured, np.diag(persist, 1).round(2)))}"))
 print(f"layer {lo} vs layer {mid}: {shallow_mid:.2f} (chance {chance_jaccard:.2f})")
 print(f"U1: the top 10% of image positions take {L.top10_share.mean():.2f} of the text's image reads (an even read: 0.10)")
-print(pd.DataFrame(stab).T[["within", "across", "n_within", "n_across"]].round(3).to_string())
-print(placement.groupby("layer")[["object", "object_chance", "edge", "edge_chance", "background", "background_chance"]].mean().round(3).to_string())
+print(UC.scene_type_note(scene_of) or f"anchor Jaccard within a scene type above across types in "
+      f"{int((stab_t.within > stab_t.across).sum())} of {len(stab_t)} layers")
+print(wrap(f"share of anchors on object patches, per layer: {place_t.object.round(2).to_dict()}; "
+           f"random patches: {place_t.object_chance.mean():.2f}"))
 
 # %%
 # sink test: share of the text's reads that land on the first 3 positions (before the image) vs on the anchors
@@ -288,10 +301,10 @@ for r in recs:
 print(f"text reads on the first 3 positions: {np.mean(sink):.3f}; on the {TOP_K} image anchors: {np.mean(anchor_mass):.3f} "
       f"({len(recs)} sample-layers)")
 obj_ratio = placement.object.mean() / placement.object_chance.mean()
-print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccard:.1f}x chance; " + (
-      f"they land on object patches {obj_ratio:.1f}x as often as random patches" if not sample_set.missing(samples, "masks")
-      else "where they land: " + sample_set.missing(samples, "masks")) + "; the first 3 positions take "
-      f"{np.mean(sink) / max(np.mean(anchor_mass), 1e-9):.1f}x the mass of the {TOP_K} anchors")
+print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccard:.1f}x chance")
+print(f"anchors on object patches: {obj_ratio:.1f}x as often as random patches" if not sample_set.missing(samples, "masks")
+      else wrap("where anchors land: " + sample_set.missing(samples, "masks")))
+print(f"the first 3 positions take {np.mean(sink) / max(np.mean(anchor_mass), 1e-9):.1f}x the mass of the {TOP_K} anchors")
 
 # %% [markdown]
 # **Reading the anchor tables.** *U1*: the top tenth of image positions takes
@@ -300,8 +313,9 @@ print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccar
 # reading some of the same positions through the layers (layer 0 vs 1: <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@2" fmt="{:.2f}"-->0.23<!--/num-->,
 # chance <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@3" fmt="{:.2f}"-->0.05<!--/num-->), but U3 (a)'s bar is
 # <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance, and its interval (printed in §11) reaches below it;
-# *stability*: anchors overlap more within a scene type than across in most layers. *Placement*, the clearest result:
-# anchors land on object patches <!--num "notebooks/02_understanding_maps.ipynb#out:they land on object patches@3"-->4.6<!--/num-->× as often as random patches. *Sink test*:
+# *stability*: anchors overlap more within a scene type than across in
+# <!--num "notebooks/02_understanding_maps.ipynb#out:anchor Jaccard within a scene type" re="in ([0-9]+ of [0-9]+) layers"-->3 of 4<!--/num--> layers. *Placement*, the clearest result:
+# anchors land on object patches <!--num "notebooks/02_understanding_maps.ipynb#out:anchors on object patches:@0"-->4.6<!--/num-->× as often as random patches. *Sink test*:
 # the positions before the image take <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@1"-->0.334<!--/num--> of the text's reads, the
 # anchors <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@3"-->0.207<!--/num-->: a cache keeping anchors but dropping the sink would
 # lose the larger share.
@@ -356,8 +370,8 @@ if loc.empty:  # your samples without object masks (or with one object each)
     print(sample_set.missing(samples, "masks") or "not measurable here: no sample has two or more objects")
 else:
     print(f"{n_loc} object questions (median selectivity per layer):\n{sel.round(2).to_string()}")
-    print(f"layers where the object word looks AWAY from its object (median selectivity < 1): {away}; "
-          f"best layer {sel['trained'].idxmax()} at {sel['trained'].max():.2f}")
+    print(wrap(f"layers where the object word looks AWAY (median selectivity < 1): {away}; "
+               f"best layer {sel['trained'].idxmax()} at {sel['trained'].max():.2f}"))
     t1, c1 = sel["trained top-1 on target"], sel["untrained top-1 on target"]
     print(f"the untrained control's median selectivity over the layers: {sel['untrained LM'].min():.2f}-"
           f"{sel['untrained LM'].max():.2f}")
@@ -367,8 +381,8 @@ else:
 # %% [markdown]
 # **What to look at.** Healthy grounding: selectivity well above 1 (U11's bar:
 # <!--const U11's bar, written before the numbers-->1.5<!--/const-->) and the control at 1 (here
-# <!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@1" fmt="{:.2f}"-->1.01<!--/num-->). The trained model's median peaks in layer <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer (\S+) at"-->0<!--/num--> at only
-# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re="best layer \S+ at (\S+)"-->1.22<!--/num--> and is below 1 in layers <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY from its object" re=": (\[.*\]);"-->[1, 2, 3]<!--/num-->:
+# <!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@1" fmt="{:.2f}"-->1.01<!--/num-->). The trained model's median peaks in layer <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re="best layer (\S+) at"-->0<!--/num--> at only
+# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re="best layer \S+ at (\S+)"-->1.22<!--/num--> and is below 1 in layers <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re=": (\[.*\]);"-->[1, 2, 3]<!--/num-->:
 # more attention per patch on the *other* objects. Yet its brightest patch lands on the named object in
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@0"-->0.31<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@1"-->0.44<!--/num--> of the questions against the control's
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@2"-->0.05<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. §11 decides U11
@@ -390,25 +404,25 @@ print(blocks.rename(columns=BLOCK_LABELS).round(3).T.to_string())
 print(f"cross-modal share over the layers: {blocks.cross_modal.min():.2f} to {blocks.cross_modal.max():.2f}")
 fig = plots.per_layer_boxes(H.groupby(["layer", "head"]).cross_modal.mean().unstack().to_numpy(),
                             "per-head cross-modal share", "share")
-fig.axes[0].axhline(0.05, color="r", ls="--", lw=0.8, label="0.05: a modality cut-off (07)")
+fig.axes[0].axhline(NEGLECT_CUTOFF, color="r", ls="--", lw=0.8, label=f"{NEGLECT_CUTOFF:g}: a modality cut-off (07)")
 fig.axes[0].legend(fontsize=7)
 _ = plots.save(fig, out, "head_cross_modal")
 hcm = H.groupby(["layer", "head"]).cross_modal.mean()
 print(f"per-head cross-modal share: median {hcm.median():.2f}, highest head {hcm.max():.2f} (layer {hcm.idxmax()[0]}, "
       f"head {hcm.idxmax()[1]}), lowest {hcm.min():.2f}")
 focused = H.groupby(["layer", "head"]).max_weight.mean().unstack()
-frac_focused = (focused > 0.45).mean(1)
-print("share of heads whose rows put > 0.45 on one key (on average), per layer:", frac_focused.round(2).to_dict())
-print(f"focused heads in layer {focused.index[0]}: {int((focused.iloc[0] > 0.45).sum())} of {focused.shape[1]}")
+frac_focused = (focused > FOCUSED).mean(1)  # FOCUSED: the study's threshold, one home (core.scoring)
+print(wrap(f"share of heads whose rows put > {FOCUSED:g} on one key (on average), per layer: {frac_focused.round(2).to_dict()}"))
+print(f"focused heads in layer {focused.index[0]}: {int((focused.iloc[0] > FOCUSED).sum())} of {focused.shape[1]}")
 
 # %% [markdown]
 # **What to look at.** image→image dominates every layer, and the cross-modal share stays within
 # <!--num "notebooks/02_understanding_maps.ipynb#out:cross-modal share over the layers:@0"-->0.17<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:cross-modal share over the layers:@1"-->0.25<!--/num-->: text and image meet in every layer (unhealthy: under
-# ~<!--const U10's cut-off, fixed before any run-->0.05<!--/const-->, a modality cut-off, notebook 07). In the boxes,
+# ~<!--const U10's cut-off, fixed before any run (claims.NEGLECT_CUTOFF)-->0.05<!--/const-->, a modality cut-off, notebook 07). In the boxes,
 # heads sit around a median of <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@0" fmt="{:.2f}"-->0.21<!--/num--> with one outlier at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@1" fmt="{:.2f}"-->0.52<!--/num-->
 # (layer <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@2"-->0<!--/num-->), the lowest at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@4" fmt="{:.2f}"-->0.09<!--/num-->. The surprise: only layer 0 has focused
 # heads (<!--num "notebooks/02_understanding_maps.ipynb#out:focused heads in layer" re=": ([0-9]+ of [0-9]+)"-->1 of 8<!--/num--> heads); from layer 1 on no head averages more than
-# <!--const U8's focused-head threshold, fixed before any run-->0.45<!--/const--> on one key: the study's "a few
+# <!--num "notebooks/02_understanding_maps.ipynb#out:share of heads whose rows put >@0"-->0.45<!--/num--> on one key: the study's "a few
 # focused heads in every layer" (U8) is not this model.
 
 # %% [markdown]
@@ -468,27 +482,9 @@ print(UC.scene_type_table(L))  # mean per scene type, the spread across types; w
 # %% [markdown]
 # ## 10. Explore
 #
-# Sample, layer, head and query token; left to right: the raw map, the map in blocks, the chosen token over
-# the image (redrawn from the maps store).
-
-# %% tags=["nbval-ignore-output"]
-explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids,
-                              questions={s.id: s.question for s in map_samples})
-explorer
-
-# %% [markdown]
-# Without a kernel (the course website, `make book`): the explorer's picture at every captured layer, with a layer
-# slider.
-
-# %% tags=["nbval-ignore-output"]
-from unicache_lib.static_explorer import static_attention_explorer
-
-static_attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids,
-                          questions={s.id: s.question for s in map_samples})
-
-# %% [markdown]
-# The same view as a static figure: the first look's picture, layer 1, the last prompt position (which produces the
-# answer) in the head where it reads the picture most.
+# One view first, as a static figure (what prints): the first look's picture, layer 1, the last prompt position
+# (the one that produces the answer) in the head where it reads the picture most. Then the explorer, opened on the
+# same view.
 
 # %%
 rec1 = next(r for r in maps if r.sample == first.id and r.layer == captured[min(1, len(captured) - 1)])
@@ -504,12 +500,26 @@ fig = plots.map_panel(rec1.probs[h1], rec1.spans, first.image, last, toks, f"sam
                       cross=CROSS, grid=grids[first.id][0], grid_tokens=grids[first.id][1], question=first.question)
 _ = plots.save(fig, out, "explorer_static")
 
+# %% tags=["nbval-ignore-output"]
+explorer = attention_explorer(CaptureResult.from_records(maps), {s.id: s.image for s in map_samples}, tokens, grids,
+                              questions={s.id: s.question for s in map_samples})
+explorer.select(sample=first.id, layer=rec1.layer, head=h1, word=last, view="t2i")  # the figure's view
+
 # %% [markdown]
-# **What to look at.** Left: the raw map; middle: in blocks; right: the last position over the picture, its brightest patch at
+# **What to look at.** In the figure, left: the raw map; middle: in blocks; right: the last position over the
+# picture, its brightest patch at
 # <!--num "notebooks/02_understanding_maps.ipynb#out:the last position's brightest patch gets@2" fmt="{:.1f}"-->40.8<!--/num-->× uniform. That patch is a failure:
 # it is only <!--num "notebooks/02_understanding_maps.ipynb#out:that patch:@0"-->20<!--/num-->% object, the edge of the purple circle, the question's colour (§1): this head reads
-# the colour, not a triangle. In the widget, try the
-# last token in layer 1 across heads (exercise 4).
+# the colour, not a triangle.
+#
+# **The explorer** is drawn in your browser from the maps store: a slider move redraws at once, with no kernel,
+# the same on the course site. Pick a sample and a view: **t2i**, the query token reading the picture (× uniform,
+# the even reading marked on the colour bar, one colour scale per view); **i2t**, the picture's patches reading that
+# token; **full**, the whole map with the image block outlined. Sliders: layer, head (its last stop is the mean of
+# heads) and query token. The buttons under the picture save the view as PNG and its numbers as JSON; from Python,
+# `explorer.save("outputs/mine/view")` writes the exact numbers (`.npz` + `.json`) and
+# `explorer.select(layer=..., head="mean", view="full")` moves the sliders. Try the last token in layer 1 across
+# heads: one head finds the asked object (exercise 4 measures it).
 
 # %% [markdown]
 # ## 11. Claims scoreboard
@@ -552,8 +562,8 @@ Markdown("\n".join(["| claim | verdict | measured | value | 95% interval | n | n
 #
 # ## What this run showed
 #
-# Written from this run's scoreboard. On the shipped model it says, for a cache: keep the sink, select image keys per
-# layer, and do not select them by the question's words.
+# Written from this run's scoreboard; what each result means for a cache is in the table after it, written once beside
+# each claim, so this lesson and 05, which tests the policies, say the same.
 
 # %% tags=["nbval-check-output"]
 v, tab = board.verdicts(), board.table()  # the scoreboard's cells: value, 95% interval and note per claim
@@ -564,7 +574,7 @@ recap.append(f"- **Depth**: normalised entropy goes {depth.loc['shallow', 'norm_
 recap.append(f"- **Low layers**: the shallow band's cross-modal share is {depth.loc['shallow', 'cross_modal']:.2f} (the claim: 0.2-0.5) "
       f"and its normalised entropy {depth.loc['shallow', 'norm_entropy']:.2f} against the middle band's "
       f"{depth.loc['middle', 'norm_entropy']:.2f} (the claim: shallow above middle) (U13 {v['U13']}).")
-recap.append(f"- **Focused heads** (rows > 0.45 on one key on average) per layer: {frac_focused.round(2).to_dict()}; the claim wants "
+recap.append(f"- **Focused heads** (rows > {FOCUSED:g} on one key on average) per layer: {frac_focused.round(2).to_dict()}; the claim wants "
       f"some but not all heads focused in every layer (U8 {v['U8']}).")
 recap.append(f"- **Image reads are only mildly uneven**: the top 10% of image positions take {L.top10_share.mean():.2f} of the text's "
       f"image reads (chance 0.10, the claim needs 0.5: U1 {v['U1']}).")
@@ -614,77 +624,107 @@ decision_table([  # each row: the claim, what was measured, its value here; what
 # %% [markdown]
 # ## Exercises
 #
-# Each starter leaves one gap, `... # <- fill in` (★, ★★: under a minute). Solutions: `solutions/02_understanding_maps.py` (`--only K`).
+# Each starter leaves one gap, `... # <- write`: a function body. Fill it and run the cell: it checks your code
+# against the notebook's own number, then uses it (★, ★★: a few minutes). Solutions:
+# `solutions/02_understanding_maps.py` (`--only K`).
 #
-# 1. ★ Try a smaller and a larger `k` than §4's `TOP_K`. Which anchor conclusions (U3 (a), U4 (a)) survive?
-# 2. ★ Is "color" really an attribute word? Move it to the class you think fits (the token-flow table). Does U5 change?
-# 3. ★★ Run section 6 on *what shape is the {colour} object ?* with the colour word as the query (the starter shows
-#    the call). Is colour a better pointer than shape, and in which layer?
-# 4. ★★ In the explorer, find a head whose overlay for some prompt position lights up only the asked object; then
-#    measure that position per head (`per_head=True`).
-# 5. ★★★ Run this notebook on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) of LLaVA-1.5-7B (the starter
-#    prints the commands) or a real checkpoint on a GPU. How does an untrained model's depth table differ from this run's?
+# 1. ★ Write `persistence`, the Jaccard overlap of two layers' anchor sets (§4), and read U3 (a) at k = 3, 6 and 12.
+#    Is "anchors persist across layers" a statement about every k?
+# 2. ★ Write `u5`, U5's ratio (§5). Then 'color' is counted as a function word instead of an attribute: does U5 move?
+# 3. ★★ Write `my_selectivity` (§6's measure); the starter runs it on the shape word of *where is the {colour}
+#    {shape} ?* and on the colour word of *what shape is the {colour} object ?*. Which word points at its object,
+#    and in which layer?
+# 4. ★★ Write `head_score`, a score of your own for one head's last prompt position (the one that answers): high
+#    when it finds the asked object. Which head does your score rank first, and is it the one you saw in §10's
+#    explorer (last token, layer 1, across heads)?
 
 # %%
-# Exercise 1 starter: §4's anchor conclusions at another k, from the notebook's own reads (`img_reads`, `kinds`)
-k = ...  # <- fill in: the number of anchors per (sample, layer) to try
-if k is ...:
-    print(f"Fill in `k`, then run this cell again (§4 used TOP_K = {TOP_K}).")
+# Exercise 1 starter: anchor persistence between layers `lo` and `mid`, from §4's text reads `img_reads`
+def persistence(reads, k):
+    """reads [layers, n_image]: one sample's text reads per image position, layers in the order of `captured`.
+    Returns the Jaccard overlap (shared / either) of the k most-read positions of layer `lo` and of layer `mid`."""
+    ...  # <- write: the two layers' top-k position sets, then their Jaccard
+
+
+if persistence(img_reads[0], TOP_K) is None:
+    print(f"Write the body of `persistence`, then run this cell again (§4: k = {TOP_K}, layers {lo} and {mid}).")
 else:
-    AS_k = anchor_sets(recs, k)
-    jac = np.mean([A.layer_persistence(img_reads[i], k)[captured.index(lo), captured.index(mid)]
-                   for i in range(len(img_reads))])
-    pl = pd.DataFrame([A.anchor_placement(AS_k[(s.id, li)], kinds[s.id]) for s in samples for li in captured])
-    print(f"k = {k}: U3 (a) layer {lo} vs {mid} Jaccard {jac:.2f}, {jac / (k / (2 * n_image - k)):.1f}x chance (bar 3x); "
-          f"U4 (a) anchors on objects {pl.object.mean() / pl.object_chance.mean():.1f}x random patches (bar 1.5)")
+    mine = np.mean([persistence(r, TOP_K) for r in img_reads])
+    print(f"k = {TOP_K}: yours {mine:.3f}, §4's {shallow_mid:.3f}: "
+          + ("correct" if abs(mine - shallow_mid) < 0.01 else "they differ: top k by reads, then |A & B| / |A | B|"))
+    for k in (3, 6, 12):
+        jac_k, chance_k = np.mean([persistence(r, k) for r in img_reads]), k / (2 * n_image - k)
+        print(f"k = {k:2d}: Jaccard {jac_k:.2f}, chance {chance_k:.2f}: {jac_k / chance_k:.1f}x chance (U3 (a)'s bar: 3x)")
 
 # %%
-# Exercise 2 starter: "color" as a function word, in §5's token-flow table `F`
-relabel = ...  # <- fill in: the token class "color" should count as
-is_color = F.token.str.lower().isin(["color", "colour"])
-moved = F.copy()
+# Exercise 2 starter: U5 from §5's token-flow table `F` (a row per text token and layer: `class`, `image_share`)
+def u5(df):
+    """Mean image share of the content words (classes object, attribute, position) over the mean image share of
+    the function words and punctuation (classes function, punctuation), over the rows of `df`."""
+    ...  # <- write: the ratio of the two groups' mean `image_share`
 
 
-def u5(df):  # image share of content words over that of function words and punctuation (rule: above 2)
-    c = df[df["class"].isin(["object", "attribute", "position"])].image_share.mean()
-    return c / df[df["class"].isin(["function", "punctuation"])].image_share.mean()
-
-
-if relabel is ...:
-    print(f"Fill in `relabel`, then run this cell again ('color' counts as {token_class('color')} now, "
-          f"{int(is_color.sum())} rows).")
+if u5(F) is None:
+    print(f"Write the body of `u5`, then run this cell again (U5's bar: 2; 'color' is a {token_class('color')} now).")
 else:
-    moved.loc[is_color, "class"] = relabel
-    print(f"U5 ratio: 'color' as {token_class('color')} {u5(F):.3f}; as {relabel} {u5(moved):.3f}")
+    print(f"U5 ratio: yours {u5(F):.3f}, §5's {content / function:.3f}: "
+          + ("correct" if np.isclose(u5(F), content / function) else "they differ: check the classes in each group"))
+    moved = F.assign(**{"class": F["class"].mask(F.token.str.lower().isin(["color", "colour"]), "function")})
+    print(f"'color' as a function word: U5 {u5(moved):.3f} ({int((moved['class'] != F['class']).sum())} rows moved)")
 
 # %%
-# Exercise 3 starter: section 6 with the colour word as the pointer, beside §6's shape word (`loc`)
-query = ...  # <- fill in: which word of the question reads the image (a placeholder of the template, as a string)
-if query is ...:
-    print("Fill in `query`, then run this cell again.")
+# Exercise 3 starter: §6's selectivity, written by you, on the shape word and on the colour word
+def my_selectivity(w, patch_object, target):
+    """w [n_patches]: one word's attention over the picture's patches; patch_object [n_patches]: the object index
+    under each patch (-1: background); target: the named object's index. 1: no preference for the target."""
+    ...  # <- write: the mean weight per patch on the target over the mean weight per patch on the other objects
+
+
+if my_selectivity(np.ones(3), np.array([0, 1, -1]), 0) is None:
+    print("Write the body of `my_selectivity`, then run this cell again.")
 else:
-    col = object_word_selectivity(model, processor, samples, question="what shape is the {colour} object ?", query=query)
-    print(pd.DataFrame({"shape word (§6)": loc.groupby("layer").selectivity.median(),
-                        f"{query} word": col.groupby("layer").selectivity.median()}).round(2).to_string())
+    med = {}
+    for label, q, word in (("shape word", "where is the {colour} {shape} ?", "shape"),
+                           ("colour word", "what shape is the {colour} object ?", "colour")):
+        rows = [(li, my_selectivity(W.mean(0).float().numpy(), po, t))
+                for _, t, li, W, po in object_readings(model, processor, samples, question=q, query=word)]
+        med[label] = pd.DataFrame(rows, columns=["layer", "sel"]).groupby("layer").sel.median()
+    ok = np.allclose(med["shape word"], loc.groupby("layer").selectivity.median(), rtol=1e-4)
+    print("shape word vs §6:", "correct" if ok else "they differ: per patch means, on the target and on the others")
+    print(pd.DataFrame(med).round(2).T.to_string())
 
 # %%
-# Exercise 4 starter: the head that finds the asked object, per head (what the explorer shows by eye)
-position = ...  # <- fill in: the prompt position the explorer showed, as a `query=` value: "shape", "colour" or "last"
-if position is ...:
-    print("Fill in `position`, then run this cell again.")
-else:
-    d = object_word_selectivity(model, processor, samples, query=position, per_head=True)
-    g = d.groupby(["layer", "head"]).agg(on_target=("top_on_target", "mean"), selectivity=("selectivity", "median"))
-    print(g.sort_values(["on_target", "selectivity"], ascending=False).head(5).round(2).to_string())
+# Exercise 4 starter: your per-head score of the last prompt position, on where is the {colour} {shape} ?
+def head_score(w, patch_object, target):
+    """One head on one question: w [n_patches] its attention over the patches, patch_object [n_patches] the object
+    index under each patch (-1: background), target the asked object's index. High: the head finds the target."""
+    ...  # <- write: a number from w, patch_object and target (any score you can defend)
 
-# %%
-# Exercise 5 starter: this lesson on a stand-in or your checkpoint
-checkpoint = ...  # <- fill in: a path or hub id of your model (None: the LLaVA-1.5-7B stand-in)
-if checkpoint is ...:
-    print("Fill in `checkpoint`, then run this cell again.")
+
+if head_score(np.ones(3), np.array([0, 1, -1]), 0) is None:
+    print("Write the body of `head_score`, then run this cell again.")
 else:
-    if checkpoint is None:
-        print("python -m unicache_lib.zoo.builders.standins --out outputs/rehearsal/models --only llava-1.5-7b")
-        checkpoint = "outputs/rehearsal/models/llava-1.5-7b"
-    print(f".venv/bin/papermill notebooks/02_understanding_maps.ipynb outputs/02_mine.ipynb -p MODEL {checkpoint} "
-          "-p LAYERS '[0, 15, 31]' -p PER_TYPE 1 -p MAP_PER_TYPE 1 -p N_CAPTIONS 2")
+    rows = [(li, h, head_score(w.float().numpy(), po, t), po[int(w.argmax())] == t)
+            for _, t, li, W, po in object_readings(model, processor, samples, query="last") for h, w in enumerate(W)]
+    g = pd.DataFrame(rows, columns=["layer", "head", "your score", "top patch on target"]).groupby(["layer", "head"]).mean()
+    print(g.sort_values("your score", ascending=False).head(5).round(2).to_string())
+    hit = g["top patch on target"]
+    print(f"your first head's top patch is on the asked object in {hit[g['your score'].idxmax()]:.0%} of the "
+          f"questions; the best head's: {hit.max():.0%}")
+
+# %% [markdown]
+# ## Next steps
+#
+# **Your checkpoint.** Run this lesson on a random-weight [stand-in](../docs/GLOSSARY.md#stand-in) of LLaVA-1.5-7B
+# (its scoreboard must read "not meaningful (random weights)" on every row) or on a real checkpoint with a GPU, and
+# compare its depth table (§2) with this run's:
+#
+# ```
+# python -m unicache_lib.zoo.builders.standins --out outputs/rehearsal/models --only llava-1.5-7b
+# .venv/bin/papermill notebooks/02_understanding_maps.ipynb outputs/02_mine.ipynb \
+#     -p MODEL outputs/rehearsal/models/llava-1.5-7b -y "LAYERS: [0, 15, 31]" -p PER_TYPE 1 -p MAP_PER_TYPE 1 -p N_CAPTIONS 2
+# ```
+#
+# For a real model set `MODEL = "llava-hf/llava-1.5-7b-hf"` (or your own path). **Your samples**: `SAMPLES = "path"`,
+# a folder of images with a `metadata.jsonl` (`make samples` writes an example; a `scene_type` per sample enables
+# the scene-type comparisons). Then lesson 05 turns these maps into cache policies.

@@ -44,31 +44,19 @@ def selectivity(weights, patch_object: np.ndarray, target: int) -> float:
 QUERIES = ("shape", "colour", "last")
 
 
-def object_word_selectivity(model, processor, samples, grid=None, question: str = "where is the {colour} {shape} ?",
-                            query: str = "shape", per_head: bool = False) -> "pd.DataFrame":
-    """Ask ``question`` (default ``where is the {colour} {shape} ?``) about every object of every multi-object
-    sample, and measure the ``query`` position's attention on that object vs the other objects, per layer.
+def object_readings(model, processor, samples, grid=None, question: str = "where is the {colour} {shape} ?",
+                    query: str = "shape"):
+    """For every object of every multi-object sample with masks, ``question`` asked about it, and per layer the
+    ``query`` position's attention over the picture's patches, every head: what :func:`object_word_selectivity`
+    scores, unscored (so a score of your own can run on it; lesson 02's exercises do).
 
-    ``question`` is formatted with the object's ``colour`` and ``shape`` (e.g. ``"what shape is the {colour}
-    object ?"``); ``query`` is the position read: ``"shape"`` / ``"colour"`` (the last occurrence of the object's
-    shape / colour word, which the question must contain) or ``"last"`` (the last prompt position, the one that
-    produces the answer). ``per_head``: one row per head (column ``head``) instead of the mean over heads.
-
-    The map read is the one whose keys are the image: the language model's self-attention (image
-    tokens in the sequence) or, for a cross-attention VLM, its cross-attention layers. The image
-    tokens are placed over the picture by the family's token grid (``grid=(rows, cols)`` overrides
-    it); a family whose tokens form no single grid (tiles with newline tokens) raises.
-
-    Returns one row per (sample, object, layer), or per (sample, object, layer, head) with ``per_head``:
-    ``selectivity`` (of the map averaged over heads, or of one head's, then :func:`selectivity`), ``top_on_target`` (is
-    the most-attended patch on the object), ``iou`` (the word's k most-read patches against the object's k patches)
-    and ``chance_iou`` (the same for k random patches).
-    """
+    ``question``, ``query`` and ``grid`` as in :func:`object_word_selectivity`. Yields ``(sample id, target object
+    index, layer, W, patch_object)``: ``W [heads, n_patches]`` (a tensor), ``patch_object [n_patches]`` the object
+    index under each patch, -1 for background (:func:`~unicache_lib.world.scenes.patch_grid_masks`)."""
     if query not in QUERIES:
         raise InputError(f"query must be one of {QUERIES}, got {query!r}")
     fam = family_of(model)
     part = fam.image_part
-    rows = []
     for s in samples:
         if len(s.objects) < 2 or len(s.masks) != len(s.objects):  # one object, or no masks to say where they are
             continue
@@ -97,13 +85,39 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
                     w_img = r.probs[:, pos, :]
                 else:
                     w_img = r.probs[:, pos, torch.as_tensor(r.spans.image_index)]
-                per = list(enumerate(w_img[:, cells])) if per_head else [(None, w_img.mean(0)[cells])]
-                k = int((po == t).sum())
-                for h, w in per:
-                    rows.append({"sample": s.id, "object": t, "layer": r.layer, **({"head": h} if per_head else {}),
-                                 "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t),
-                                 "iou": iou(top_region(w.numpy(), k), po == t) if k else float("nan"),
-                                 "chance_iou": chance_iou(k, len(po))})
+                yield s.id, t, r.layer, w_img[:, cells], po
+
+
+def object_word_selectivity(model, processor, samples, grid=None, question: str = "where is the {colour} {shape} ?",
+                            query: str = "shape", per_head: bool = False) -> "pd.DataFrame":
+    """Ask ``question`` (default ``where is the {colour} {shape} ?``) about every object of every multi-object
+    sample, and measure the ``query`` position's attention on that object vs the other objects, per layer.
+
+    ``question`` is formatted with the object's ``colour`` and ``shape`` (e.g. ``"what shape is the {colour}
+    object ?"``); ``query`` is the position read: ``"shape"`` / ``"colour"`` (the last occurrence of the object's
+    shape / colour word, which the question must contain) or ``"last"`` (the last prompt position, the one that
+    produces the answer). ``per_head``: one row per head (column ``head``) instead of the mean over heads.
+
+    The map read is the one whose keys are the image: the language model's self-attention (image
+    tokens in the sequence) or, for a cross-attention VLM, its cross-attention layers. The image
+    tokens are placed over the picture by the family's token grid (``grid=(rows, cols)`` overrides
+    it); a family whose tokens form no single grid (tiles with newline tokens) raises. The readings come from
+    :func:`object_readings`.
+
+    Returns one row per (sample, object, layer), or per (sample, object, layer, head) with ``per_head``:
+    ``selectivity`` (of the map averaged over heads, or of one head's, then :func:`selectivity`), ``top_on_target`` (is
+    the most-attended patch on the object), ``iou`` (the word's k most-read patches against the object's k patches)
+    and ``chance_iou`` (the same for k random patches).
+    """
+    rows = []
+    for sid, t, layer, W, po in object_readings(model, processor, samples, grid, question, query):
+        per = list(enumerate(W)) if per_head else [(None, W.mean(0))]
+        k = int((po == t).sum())
+        for h, w in per:
+            rows.append({"sample": sid, "object": t, "layer": layer, **({"head": h} if per_head else {}),
+                         "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t),
+                         "iou": iou(top_region(w.numpy(), k), po == t) if k else float("nan"),
+                         "chance_iou": chance_iou(k, len(po))})
     return pd.DataFrame(rows, columns=["sample", "object", "layer", *(["head"] if per_head else []), "selectivity",
                                        "top_on_target", "iou", "chance_iou"])
 
