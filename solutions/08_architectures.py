@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from contextlib import contextmanager
 
 import _common  # noqa: F401  (repository root on sys.path)
 import numpy as np
@@ -24,29 +23,12 @@ def _model(name):
     return load_understanding(name, attn_implementation="eager", vision_attn_implementation="eager")
 
 
-@contextmanager
-def text_queries_blind_to_image(model, n_image: int):
-    """The mirror of ``image_queries_blind_to_text``: ViLT's text queries cannot see the image keys."""
-    from unicache_lib.families import family_of
-
-    handles = []
-
-    def pre(module, args, kwargs):
-        h = args[0]
-        S = h.shape[1]
-        m = torch.zeros(1, 1, S, S, dtype=h.dtype, device=h.device)
-        n_text = S - n_image
-        blocked = (slice(0, n_text), slice(n_text, None))  # the starter cell's gap: text queries' rows, image keys' columns
-        m[..., blocked[0], blocked[1]] = torch.finfo(h.dtype).min
-        return (args[0], m if args[1] is None else args[1] + m) + tuple(args[2:]), kwargs
-
-    try:
-        for s in family_of(model).sites(model, ("language",)):
-            handles.append(s.module.register_forward_pre_hook(pre, with_kwargs=True))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+def text_blind_mask(n_text: int, seq_len: int) -> torch.Tensor:
+    """The starter cell's gap of exercise 1: bool ``[seq_len, seq_len]``, True where a text query (rows before
+    ``n_text``) reads an image key (columns from ``n_text``)."""
+    mask = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    mask[:n_text, n_text:] = True
+    return mask
 
 
 def exercise_1(quick: bool = False) -> dict:
@@ -55,6 +37,7 @@ def exercise_1(quick: bool = False) -> dict:
     Expected on tiny-vilt: accuracy falls from 0.998 to 0.283 on 400 held-out questions, the text prior (images
     shuffled: 0.30): the answer is pooled from the first text position, so the text must read the image.
     """
+    from unicache_lib.analysis import architectures as AR
     from unicache_lib.core.scoring import accuracy
     from unicache_lib.families import family_of
     from unicache_lib.world.questions import heldout_set
@@ -68,7 +51,8 @@ def exercise_1(quick: bool = False) -> dict:
     n_img = fam.n_image(model.config, inp)
     with torch.no_grad():
         healthy = model(**inp).logits.argmax(-1)
-        with text_queries_blind_to_image(model, n_img):
+        S = inp["input_ids"].shape[1] + n_img  # the stream: [text | image]
+        with AR.blind_cells(model, text_blind_mask(S - n_img, S)):
             blind = model(**inp).logits.argmax(-1)
     acc = lambda pred: accuracy([model.config.id2label[int(j)] for j in pred], [q.answer for q in qas])  # noqa: E731
     out = {"healthy": acc(healthy), "text blind to the image": acc(blind)}
@@ -77,8 +61,8 @@ def exercise_1(quick: bool = False) -> dict:
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2 (★★): does the wording move the focus? Section 6's word -> object measure on Mllama with the model's
-    own yes/no question ``is there a {colour} {shape} ?`` against section 6's ``where is the {colour} {shape} ?``:
+    """Exercise 2 (★★): does the wording move the focus? §3's word -> object measure on Mllama with the model's
+    own yes/no question ``is there a {colour} {shape} ?`` against §3's ``where is the {colour} {shape} ?``:
     which cross-attention layer lands best with each, and is the shape word selective there?
 
     Expected on tiny-mllama (all 20 samples, medians): with ``where is ...`` the low cross-attention layer (1) lands
@@ -136,9 +120,16 @@ def exercise_3(quick: bool = False) -> dict:
     return {"_by_layer": t}
 
 
+def focused_share(hr: pd.DataFrame, cut: float) -> pd.Series:
+    """The starter cell's gap of exercise 4: per model (first-seen order), the share of its heads whose mean largest
+    weight is above ``cut``."""
+    return (hr.max_weight > cut).groupby(hr.model, sort=False).mean()
+
+
 def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4 (★): lower the "focused" cut-off of the head roles from 0.45 to 0.3
-    (``AR.head_roles(..., focused=0.3)``). Which models gain focused heads, and does the ranking of the models change?
+    """Exercise 4 (★★): write the share of focused heads per model at any cut-off (``focused_share``, from the per-head
+    table of ``AR.head_roles``), then lower the cut-off from 0.45 (``FOCUSED``) to 0.3. Which models gain focused
+    heads, and does the ranking of the models change?
 
     Expected on tiny-llava and tiny-vilt (20 samples): focused heads go from 0.03 to 0.16 of LLaVA's and from 0.00 to
     0.04 of ViLT's; the ranking stays (LLaVA's heads are the more focused) — the cut-off moves the counts, not the
@@ -146,7 +137,7 @@ def exercise_4(quick: bool = False) -> dict:
     """
     from unicache_lib.analysis import architectures as AR
     from unicache_lib.capture.runner import capture_samples
-    from unicache_lib.families import family_of
+    from unicache_lib.core.scoring import FOCUSED
     from unicache_lib.world import samples as sample_set
 
     samples = sample_set.load(per_type=1 if quick else 4)
@@ -155,10 +146,10 @@ def exercise_4(quick: bool = False) -> dict:
         model, proc = _model(name)
         recs = [r for r in capture_samples(model, proc, samples, mode="stats", part="language", progress=False).records
                 if r.part == "language"]
-        focused = 0.3  # the starter cell's gap
-        for cut in (0.45, focused):
-            roles = AR.head_roles(recs, name, focused=cut).role
-            out[(name, cut)] = float((roles == "focused").mean())
+        hr = AR.head_roles(recs, name)
+        for cut in (FOCUSED, 0.3):
+            out[(name, cut)] = float(focused_share(hr, cut).iloc[0])
+            assert out[(name, cut)] == float((AR.head_roles(recs, name, focused=cut).role == "focused").mean())
     t = pd.Series(out).unstack()
     print("share of focused heads per cut-off:\n" + t.round(2).to_string())
     return {"_focused": t}

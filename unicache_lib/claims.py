@@ -350,7 +350,7 @@ _ALL = [
        "queries cannot see the text below 0.02 (text that is not injected cannot be missed)",
        {"a": {"below": 0.15}, "b": {"below": 0.02}},
        advice=Advice("a drop: the fused stream injects text into the image tokens; keep text keys for image queries (at "
-                     "least in the layers where the drop comes from, exercise 6)", (Place("08", 8, also=("exercise 6",)),))),
+                     "least in the layers where the drop comes from, exercise 6)", (Place("08", 4, also=("exercise 6",)),))),
     _c("A3", "Cross-attention VLM: low cross layers spread, middle ones focus on the named object, top ones refine.",
        "which layers' vision KV can be thinned", "08_architectures",
        "Mllama, teacher-forced captions, cross layers low / middle / top: (a) low minus middle normalised entropy of "

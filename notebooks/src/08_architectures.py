@@ -1,12 +1,23 @@
 # %% [markdown]
-# # 08 · The study's other architectures, side by side
+# # 08 · Seven ways to join image and text, one question each
 #
-# **What you will learn**
+# **What you will learn**: how the attention of seven architectures differs, one question for each, answered on the
+# shipped tiny models:
 #
-# - where, and how much, the text reads the image in seven ways of joining the two, against an even reading;
-# - which heads focus, and whether a word's attention lands on its object, alike on every model;
-# - what changes in one model when it switches from describing to answering;
-# - which of the study's claims A1–A6 hold here (section 12).
+# - **all seven** (§2): does the text read the image more than the image's size says?
+# - **LLaVA, the concat decoder** (§3), against the others: how many heads focus, and does a word find its object?
+#   (LLaVA's numbers are notebook 02's, read from 02's store);
+# - **ViLT, one fused stream** (§4): is the text injected into the image tokens (A1, A2)?
+# - **Mllama, cross-attention layers** (§5): do low layers spread, middle ones focus, top ones refine (A3)?
+# - **CLIP, two towers** (§6): does the image embedding come from the named objects (A4)?
+# - **Janus, one model that answers and draws** (§7): does answering read the image more than describing (A5, A6)?
+# - and what each answer means for a cache on your model (§8). The two generators are notebook 03's; here they
+#   only join §2's comparison.
+#
+# *What you see:* who may read whom in each of the seven, on five image (`img`) and three text (`txt`) tokens:
+# rows are queries, columns keys, colour the modality block, white a path the architecture lacks. LLaVA's text
+# reads the image but never the reverse; ViLT's stream and the MMDiT read both ways; a Mllama cross-attention
+# layer has only text queries on image keys; CLIP's towers never meet.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/08_architectures.png)
 
@@ -24,9 +35,10 @@ PER_TYPE = 4                  # standard samples per scene type (4: all 20)
 N_QUESTIONS = 400             # held-out questions for ViLT's accuracy with and without image->text (A2)
 N_CAPTIONS = 100              # captions per model for A3 (teacher-forced) and A5 / A6 (a) (decoded); 100 settles A5 (a)
 DRIFT_CAPTIONS = 180          # A6 (b): captions of four-object scenes, where the captioner does make errors
-N_GEN_PROMPTS = 8             # generator prompts for the side-by-side profile and word -> region IoU
+N_GEN_PROMPTS = 8             # generator prompts for the side-by-side profile (§2) and head roles (§3)
 GEN_STEPS = 10                # sampling steps of those generator runs
 N_DRAWINGS = 4                # images the unified model draws with capture on
+UNDERSTANDING_STORE = "outputs/02_understanding_maps/stats"  # notebook 02's stats store of LLAVA (missing: captured here)
 OUT_DIR = "outputs/08_architectures"
 SEED = 0
 SAMPLE_SEED = 2024            # the shipped standard set; another seed builds another set of the same recipe
@@ -38,12 +50,9 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
-# The seven: a concatenating decoder (LLaVA), one fused encoder stream (ViLT), cross-attention layers (Mllama), two
-# separate towers (CLIP), a model that understands and draws (Janus) and notebook 03's two generators (MMDiT,
-# PixArt).
-#
-# **What it needs**: notebooks 01–03's ideas. Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches)
-# or on checkpoints of the same families, one parameter each, above (`None` leaves one out). Terms:
+# **What it needs**: notebooks 01–03's ideas; for LLaVA, notebook 02's stats store (`UNDERSTANDING_STORE`; when it
+# is missing the same capture runs here). Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches) or on
+# checkpoints of the same families, one parameter each (`None` leaves one out). Terms:
 # [the glossary](../docs/GLOSSARY.md).
 
 # %%
@@ -60,39 +69,40 @@ from unicache_lib.analysis.layers import BANDS
 from unicache_lib.analysis.localisation import object_word_selectivity
 from unicache_lib.analysis.token_classes import content_position
 from unicache_lib.analysis.understanding import layer_table
-from unicache_lib.analysis.word_regions import word_region_table
 from unicache_lib.capture import AttentionCapture
 from unicache_lib.capture.gen_runner import capture_generation
-from unicache_lib.capture.runner import capture_samples, inputs_for
-from unicache_lib.families import family_of
+from unicache_lib.capture.runner import capture_samples, inputs_for, stats_store_or_capture
+from unicache_lib.claims import of as claims_of
 from unicache_lib.core.modality import IMAGE
+from unicache_lib.core.scoring import FOCUSED, correct
+from unicache_lib.families import family_of
 from unicache_lib.paths import project_path
+from unicache_lib.runtime.loaders import is_stand_in, load_generator, load_understanding, model_card
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.tables import wrap
-from unicache_lib.tables import WrappedTable
-from unicache_lib.static_explorer import static_model_explorer
+from unicache_lib.store import Store
+from unicache_lib.tables import WrappedTable, wrap
 from unicache_lib.widgets import model_explorer
 from unicache_lib.world import samples as sample_set
+from unicache_lib.world.questions import heldout_set
 from unicache_lib.world.scenes import patch_grid_masks
 from unicache_lib.world.text import prompt_set
-from unicache_lib.runtime.loaders import is_stand_in, load_generator, load_understanding, model_card
-from unicache_lib.world.questions import heldout_set
 
 # %% [markdown]
-# ## 0. Seven ways to let a query read a key
+# ## 1. Seven ways to let a query read a key
 #
-# Who may read whom, on five image (`img`) and three text (`txt`) tokens: rows are queries, columns keys, colour
-# says which modality reads which. White is masked: a path the architecture lacks, where a zero is no finding.
+# The seven: a concatenating decoder (LLaVA), one fused encoder stream (ViLT), cross-attention layers (Mllama), two
+# separate towers (CLIP), a model that understands and draws (Janus) and notebook 03's two generators (MMDiT,
+# PixArt). The opening figure, drawn by the library:
 
 # %%
 fig = plots.attention_layouts(AR.layout_masks())
 _ = plots.save(fig, project_path(OUT_DIR), "attention_layouts")
 
 # %% [markdown]
-# **Reading the picture.** In LLaVA's causal decoder the text reads every image token, no image token the text.
-# Janus is drawn *drawing* (its image reads the prompt); answering, it is laid out like LLaVA. ViLT's image tokens
-# *can* read the question (A1, A2). A Mllama cross-attention layer has only text queries and image keys; CLIP's
-# towers never meet. MMDiT mixes both ways; PixArt reads the prompt through cross-attention.
+# **Reading the picture.** Where a block is white, a zero is no finding: the path does not exist. Janus is drawn
+# *drawing* (its image reads the prompt); answering, it is laid out like LLaVA. The models are stock transformers /
+# diffusers classes, trained here (recipe, seed, log and checksums in each `model_card.json`). What each has
+# learned, from its card:
 
 # %%
 torch.manual_seed(SEED)
@@ -101,7 +111,7 @@ samples = sample_set.load(SAMPLES, per_type=PER_TYPE, seed=SAMPLE_SEED)
 ROLES = {"LLaVA (concat)": LLAVA, "ViLT (fusion)": VILT, "Mllama (cross-attention)": MLLAMA,
          "CLIP (dual tower)": CLIP, "Janus (unified)": UNIFIED}
 GEN_ROLES = {"MMDiT (joint)": MMDIT, "PixArt (cross-attention DiT)": PIXART}
-VL, ML, CL, JN = "ViLT (fusion)", "Mllama (cross-attention)", "CLIP (dual tower)", "Janus (unified)"
+LV, VL, ML, CL, JN = "LLaVA (concat)", "ViLT (fusion)", "Mllama (cross-attention)", "CLIP (dual tower)", "Janus (unified)"
 models = {}  # eager attention: capture in stats / full mode reads the weights the model computes
 for role, name in ROLES.items():
     if name is not None:
@@ -110,26 +120,17 @@ for role, name in ROLES.items():
 gens = {role: load_generator(name, device=None if DEVICE == "auto" else DEVICE)
         for role, name in GEN_ROLES.items() if name is not None}
 NAME = {**ROLES, **GEN_ROLES}
-print(f"{len(models)} understanding-side models, {len(gens)} generators; {len(samples)} standard samples")
-
-# %% [markdown]
-# **The claims and their rules, before any number.** Each claim is decided on a 95% interval over its unit; the
-# [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson; each claim is one entry of
-# `unicache_lib/claims.py`:
-
-# %%
-from unicache_lib.claims import claims_table
-
-display(claims_table("08_architectures"))
 board = Scoreboard(random_weights=any(is_stand_in(n) for n in NAME.values() if n is not None))
-ACL.declare(board)
-print("\n".join(wrap(f"{c}: {text}") for c, (text, _) in ACL.RULES.items()))
+ACL.declare(board)  # A1-A6's rules, written before any number (unicache_lib/claims.py); each section prints its own
+STATEMENT = {c.id: c.statement for c in claims_of("08_architectures")}
 
-# %% [markdown]
-# ## 1. The models
-#
-# Stock transformers / diffusers classes, trained here (recipe, seed, log and checksums in each
-# `model_card.json`). What each has learned, from its card:
+
+def rules(*ids):
+    """Each claim's statement (the study's) and the rule it is decided by, printed where it is measured."""
+    print("\n".join(wrap(f"{c}: {STATEMENT[c]}\n  rule: {ACL.RULES[c][0]}") for c in ids))
+
+
+print(f"{len(models)} understanding-side models, {len(gens)} generators; {len(samples)} standard samples")
 
 # %% tags=["nbval-check-output"]
 def card_line(role, name):
@@ -149,55 +150,58 @@ def card_line(role, name):
         what += f"; drawn images: colour {g['colour']:.2f}, position {g['position']:.2f}, shape {g['shape']:.2f}"
     return f"{role}: {name} ({card.get('class', '?')}), {what}"
 
-
 print("\n".join(wrap(card_line(r, n)) for r, n in NAME.items() if n is not None))
-
-# %% [markdown]
-# **Did every model reach its bar?** Attention in a model that has not learned its task is noise: the cell below
-# prints every card whose training target was missed.
-
-# %% tags=["nbval-check-output"]
-missed = []
+missed = []  # attention in a model that has not learned its task is noise: every card whose target was missed
 for role, name in NAME.items():
     target = model_card(name).get("target", {}) if name is not None else {}
     reached = target.get("reached", True)
     if target and not (all(reached.values()) if isinstance(reached, dict) else reached):
         missed.append(f"{role} ({name}): {target['note']}")
-print("\n\n".join(missed) or f"all {sum(n is not None for n in NAME.values())} models reached the targets their cards set")
+print("\n".join(wrap(m) for m in missed) or f"all {sum(n is not None for n in NAME.values())} models reached the "
+      "targets their cards set")
 
 # %% [markdown]
-# ## 2. Capture once per model
-#
-# Each understanding-side model reads the standard samples and their questions in `stats` mode, laid out as in
-# section 0 (ViLT's stream: `[question | image class token, 64 patches]`). The generators
-# draw `N_GEN_PROMPTS` prompts (notebook 03).
+# **Capture once per model.** Each understanding-side model reads the standard samples and their questions in
+# `stats` mode, laid out as in the figure (ViLT's stream: `[question | image class token, 64 patches]`). **LLaVA's
+# records are notebook 02's**: read from its stats store (`UNDERSTANDING_STORE`, the same model and samples), so
+# every LLaVA number below is the number 02 measured, not a second measurement. The generators draw
+# `N_GEN_PROMPTS` prompts at `GEN_STEPS` steps of their own: 03 does not measure §2's share against an even
+# reading, and a mean over steps needs no more.
 
 # %%
-recs = {}
+recs = {}  # role -> the records of its stats capture
 for role, (m, proc) in models.items():
     fam = family_of(m)
-    if fam.name == "CLIP":  # image and caption, both towers
-        recs[role] = AR.capture_both_towers(m, proc, samples, mode="stats", part="all")
+    if role == LV and SAMPLES is None:  # notebook 02's store (captured here, into OUT_DIR, when it is missing)
+        ustore, fresh = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", LLAVA,
+                                               sample_seed=SAMPLE_SEED, model=m, processor=proc)
+        ids = {s.id for s in samples}
+        recs[role] = [r for r in Store(ustore).read(part="language") if r.sample in ids]
+    elif fam.name == "CLIP":  # image and caption, both towers
+        recs[role] = AR.capture_both_towers(m, proc, samples, mode="stats", part="all").records
     else:
-        recs[role] = capture_samples(m, proc, samples, mode="stats", part="cross" if fam.image_part == "cross" else "language")
+        recs[role] = capture_samples(m, proc, samples, mode="stats",
+                                     part="cross" if fam.image_part == "cross" else "language").records
 prompts = prompt_set(N_GEN_PROMPTS // 2, N_GEN_PROMPTS - N_GEN_PROMPTS // 2, seed=SEED)
 runs = {role: capture_generation(g, [p["short"] for p in prompts], "gen", steps=GEN_STEPS, seed=SEED)
         for role, g in gens.items()}
-counts = {role: len(r.records) for role, r in recs.items()} | {role: len(r.result.records) for role, r in runs.items()}
+counts = {role: len(r) for role, r in recs.items()} | {role: len(r.result.records) for role, r in runs.items()}
 print(wrap("records captured: " + ", ".join(f"{role} {n}" for role, n in counts.items())))
+if LV in recs and SAMPLES is None:
+    print(wrap(f"LLaVA's records: {'captured afresh (no store at UNDERSTANDING_STORE)' if fresh else 'notebook 02’s store'}"))
 
 # %% [markdown]
-# ## 3. Where and how much the text reads the image, by depth
+# ## 2. All seven: does the text read the image more than its size says?
 #
 # Per layer: the **text's image share** (text queries' mass on image keys), against an **even reading**'s (the
 # image's share of the keys a text row sees, as in notebook 02), and those queries'
 # [normalised entropy](../docs/GLOSSARY.md#normalised-entropy), by relative depth and
 # [band](../docs/GLOSSARY.md#depth-bands). A cross-attention layer (Mllama, PixArt) reads *only* the image, so no
-# share; CLIP's entropy is its image tower's.
+# share; CLIP's entropy is its image tower's. LLaVA's curve is 02 §2's, from the same records.
 
 # %%
 READ_PART = {"CLIP": "vision", "Mllama": "cross"}
-prof = [AR.reading_profile(r.records, role, READ_PART.get(family_of(models[role][0]).name, "language"))
+prof = [AR.reading_profile(r, role, READ_PART.get(family_of(models[role][0]).name, "language"))
         for role, r in recs.items()]
 prof += [AR.generator_profile(run.result.records, role) for role, run in runs.items()]
 Pr = pd.concat(prof, ignore_index=True)
@@ -215,7 +219,7 @@ def even_share(rec, causal):
 EVEN = {}
 for role, r in recs.items():  # ViLT's stream is bidirectional (every row sees every key); the decoders are causal
     causal = family_of(models[role][0]).name != "ViLT"
-    EVEN |= {(role, x.sample): even_share(x, causal) for x in r.records if x.part == "language" and x.spans is not None}
+    EVEN |= {(role, x.sample): even_share(x, causal) for x in r if x.part == "language" and x.spans is not None}
 for role, run in runs.items():  # joint attention: a text row sees every image and text token
     EVEN |= {(role, x.sample): gens[role].image_tokens / x.seq_len for x in run.result.records if x.part == "joint"}
 Pr["even"] = [EVEN.get(k, np.nan) for k in zip(Pr.model, Pr["sample"])]
@@ -264,19 +268,24 @@ print(f"- the lowest single layer: {low[0]} at relative depth {low[1]:.2f} ({cur
 # (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@6" fmt="{:.3f}"-->0.363<!--/num--> → <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@8" fmt="{:.3f}"-->0.561<!--/num-->), the MMDiT's is nearly uniform deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > MMDiT (joint)@8" fmt="{:.3f}"-->0.982<!--/num-->).
 
 # %% [markdown]
-# ## 4. Head roles
+# **The answer.** No: in every understanding architecture the text reads the image *less* than its size says; only
+# the MMDiT's joint attention reads it a little more. A large image share is the image's size, not a pull.
+
+# %% [markdown]
+# ## 3. LLaVA against the others: how many heads focus, and does a word find its object?
 #
-# A head is **focused** when a query's largest weight is above <!--const the head-role cut-off, the same as notebook 02's U8, fixed before the run-->0.45<!--/const-->
-# on average, **spread** when its normalised entropy is above <!--const the head-role cut-off, the same as notebook 02's U8, fixed before the run-->0.8<!--/const-->,
-# else **mixed**. Queries: every query of the map section 3 reads (Mllama: its text queries; CLIP: its image tower's);
+# **Focused heads.** A head is **focused** when a query's largest weight is above
+# <!--const FOCUSED in unicache_lib/core/scoring.py, 02's U8 cut-off, fixed before the run-->0.45<!--/const--> on
+# average (`FOCUSED`, the cut-off of 02's U8), **spread** when its normalised entropy is above
+# <!--const the head-role cut-off, fixed before the run-->0.8<!--/const-->, else **mixed**. Queries: those §2 reads;
 # generators: their image queries, averaged over steps.
 
 # %%
 roles_tab = []
 for role, r in recs.items():
     part = READ_PART.get(family_of(models[role][0]).name, "language")
-    roles_tab.append(AR.head_roles([x for x in r.records if x.part == part], role))
-roles_tab += [AR.head_roles(run.result.records, role) for role, run in runs.items()]
+    roles_tab.append(AR.head_roles([x for x in r if x.part == part], role, focused=FOCUSED))
+roles_tab += [AR.head_roles(run.result.records, role, focused=FOCUSED) for role, run in runs.items()]
 HR = pd.concat(roles_tab, ignore_index=True)
 role_share = HR.groupby("model", sort=False).role.value_counts(normalize=True).unstack().reindex(
     columns=["focused", "mixed", "spread"]).fillna(0)
@@ -287,53 +296,47 @@ ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside the
 _ = plots.save(fig, out, "head_roles")
 
 # %% tags=["nbval-check-output"]
-print(role_share.round(2).to_string())
-print(f"\n- most focused heads: {role_share.focused.idxmax()} ({role_share.focused.max():.0%} of its heads); most spread: "
-      f"{role_share.spread.idxmax()} ({role_share.spread.max():.0%})\n"
-      + wrap(f"  models with no focused head: {', '.join(role_share.index[role_share.focused == 0]) or 'none'}"))
+n_focused = HR[HR.role == "focused"].groupby("model", sort=False).size()
+where_focused = HR[HR.role == "focused"].groupby("model", sort=False).layer.unique()
+print(wrap("focused heads: " + "; ".join(
+    f"{m.split(' (')[0]} {n_focused.get(m, 0)} of {n} (layer{'s' * (len(where_focused[m]) > 1)} "
+    f"{', '.join(map(str, sorted(where_focused[m])))})"
+    if n_focused.get(m, 0) else f"{m.split(' (')[0]} 0 of {n}" for m, n in HR.groupby("model", sort=False).size().items())))
+print(f"mostly spread: {role_share.spread.idxmax()} ({role_share.spread.max():.0%} of its heads)")
 
 # %% [markdown]
-# **Reading it.** Focused heads are rare: Mllama's cross-attention has the most (<!--num "notebooks/08_architectures.ipynb#out:most focused heads:@0"-->8<!--/num-->% of its
-# heads), LLaVA a few, the other five models none. ViLT's stream and CLIP's image tower are mostly spread
-# (<!--num "notebooks/08_architectures.ipynb#out:focused  mixed  spread > ViLT (fusion)@2" fmt="{:.2f}"-->0.90<!--/num--> and <!--num "notebooks/08_architectures.ipynb#out:focused  mixed  spread > CLIP (dual tower)@2" fmt="{:.2f}"-->0.88<!--/num-->
-# of their heads); every PixArt head is mixed. Spread heads are the candidates notebook 04 tests; focused heads are what a
-# cache policy must serve.
-
-# %% [markdown]
-# ## 5. Anchors: how uneven are the image reads?
+# **Reading it.** Focused heads are rare: LLaVA has
+# <!--num "notebooks/08_architectures.ipynb#out:focused heads:@0"-->1<!--/num--> of
+# <!--num "notebooks/08_architectures.ipynb#out:focused heads:@1"-->32<!--/num--> (in layer
+# <!--num "notebooks/08_architectures.ipynb#out:focused heads:@2"-->0<!--/num-->: the one 02's U8 found, from the
+# same store), Mllama's cross-attention
+# <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama ([0-9]+) of"-->2<!--/num--> of
+# <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama [0-9]+ of ([0-9]+)"-->24<!--/num-->, the others none. ViLT's stream and CLIP's image tower are mostly
+# spread. Spread heads are the candidates notebook 04 tests; focused heads are what a cache policy must serve.
 #
-# For the models whose text reads image keys in the same map (LLaVA, ViLT, Janus): the share of the text's image
-# reads on the top <!--const a fixed tenth of the positions, by definition-->10%<!--/const--> of image positions (chance
-# <!--const a tenth of the positions, by definition-->0.10<!--/const-->), per band.
+# **How uneven are the image reads?** For the models whose text reads image keys in the same map (LLaVA, ViLT,
+# Janus): the share of the text's image reads on the top
+# <!--const a fixed tenth of the positions, by definition-->10%<!--/const--> of image positions (chance
+# <!--const a tenth of the positions, by definition-->0.10<!--/const-->), mean over samples and layers: 02's U1
+# statistic.
 
 # %% tags=["nbval-check-output"]
-anch = []
+top10 = {}
 for role, r in recs.items():
-    if READ_PART.get(family_of(models[role][0]).name, "language") != "language":
-        continue
-    L = layer_table(r.records)
-    anch.append(L.groupby("band")[["top10_share"]].mean().reindex(BANDS).assign(model=role))
-anchors = pd.concat(anch).reset_index().pivot(index="model", columns="band", values=["top10_share"])
-anchors = anchors.reindex(columns=BANDS, level=1).round(3)  # shallow, middle, deep
-print(anchors.to_string())
-top10 = anchors["top10_share"].mean(axis=1)
-print(f"\n- the top 10% of image positions take {top10.min():.2f} to {top10.max():.2f} of the text's image reads "
-      f"({top10.min() / 0.1:.1f}x to {top10.max() / 0.1:.1f}x chance)\n  most concentrated: {top10.idxmax()}")
+    if READ_PART.get(family_of(models[role][0]).name, "language") == "language":
+        top10[role] = layer_table(r).top10_share.mean()  # over (sample, layer) rows, as 02's U1
+print("top-10% share of the text's image reads (chance 0.10): "
+      + ", ".join(f"{m.split(' (')[0]} {x:.2f}" for m, x in top10.items()))
 
 # %% [markdown]
-# **Reading it.** The most-read tenth of the image positions takes
-# <!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take@1" fmt="{:.2f}"-->0.30<!--/num--> to
-# <!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take@2" fmt="{:.2f}"-->0.40<!--/num--> of the text's
-# image reads (chance <!--const an even reading's share of the top tenth-->0.1<!--/const-->), most in
-# <!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take > most concentrated" re="most concentrated: (.*)$"-->LLaVA (concat)<!--/num-->:
-# every model reads its image unevenly, none piles onto a handful of positions.
-
-# %% [markdown]
-# ## 6. Does a word look at its object? (word → region IoU)
+# **Reading it.** Every model reads its image unevenly, none piles onto a handful of positions. LLaVA's
+# <!--num "notebooks/08_architectures.ipynb#out:top-10% share of the text's image reads" re="LLaVA ([0-9.]+)"-->0.41<!--/num-->
+# is 02's U1 (<!--num "data/results/02_understanding_maps.json#[claim=U1].value" fmt="{:.2f}"-->0.41<!--/num-->,
+# the same store).
 #
-# Understanding models: ask `where is the {colour} {shape} ?` of every object of the multi-object samples; the shape
-# word's `k` most-read patches against the object's `k` patches (IoU; chance: `k` random patches). Generators: the
-# same IoU over notebook 03's drawings. CLIP has no word-to-patch attention.
+# **Does a word look at its object?** Ask `where is the {colour} {shape} ?` of every object of the multi-object
+# samples; the shape word's `k` most-read patches against the object's `k` patches (IoU), over a random region's
+# (`k` random patches). CLIP has no word-to-patch attention.
 
 # %%
 iou_rows = []
@@ -344,31 +347,35 @@ for role, (m, proc) in models.items():
     n = t.layer.max() + 1
     t["band"] = [BANDS[min(2, int(3 * (li + 0.5) / n))] for li in t.layer]
     iou_rows.append(t.assign(model=role))
-for role, run in runs.items():
-    g = gens[role]
-    t = word_region_table(run, prompts, g.image_size // int(round(g.image_tokens ** 0.5)))
-    iou_rows.append(t[t.role == "shape"].rename(columns={"chance": "chance_iou"}).assign(model=role, band="all layers"))
 IoU = pd.concat(iou_rows, ignore_index=True)
-iou_band = IoU.groupby(["model", "band"], sort=False)[["iou", "chance_iou"]].mean().round(3)
+means = IoU.groupby(["model", "band"], sort=False)[["iou", "chance_iou"]].mean()
+best = (means.iou / means.chance_iou).groupby(level="model", sort=False).max()
+best_band = (means.iou / means.chance_iou).groupby(level="model", sort=False).idxmax().map(lambda x: x[1])
 
 # %% tags=["nbval-check-output"]
-print(iou_band.to_string())
-best = IoU.groupby(["model", "band"], sort=False)[["iou", "chance_iou"]].mean()
-best = (best.iou / best.chance_iou).groupby(level="model", sort=False).max()
-short = {m: m.split(" (")[0] for m in best.index}  # "ViLT (fusion)" -> "ViLT"
-print(f"\n- best band's IoU over chance: {', '.join(f'{short[m]} {x:.1f}x' for m, x in best.items())}")
+print("best band's IoU over chance: " + ", ".join(f"{m.split(' (')[0]} {x:.1f}x ({best_band[m]})"
+                                                  for m, x in best.items()))
 
 # %% [markdown]
-# **Reading it.** (Means, no intervals; the bar is a random region, easier than 02's U11, which compares with the
-# *other* objects.) In its best band every understanding model's shape word overlaps its object several times more
-# than chance: ViLT <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×, Mllama <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@2"-->5.3<!--/num-->×, LLaVA <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->×, Janus <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@3"-->3.2<!--/num-->×. The generators' words overlap less
-# (MMDiT <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@4"-->1.5<!--/num-->×, PixArt <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@5"-->2.5<!--/num-->×, over all layers and steps): no bar was fixed, so read a ranking.
-
-# %% [markdown]
-# ## 7. Explore any model, layer and head
+# **Reading it.** (Means, no intervals: no bar was fixed, so read a ranking.) In its best band every understanding
+# model's shape word overlaps its object several times more than a random region: ViLT
+# <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×, LLaVA
+# <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->×. LLaVA's maps are
+# the ones 02's U11 reads against a harder bar, the *other* objects: selectivity
+# <!--num "data/results/02_understanding_maps.json#[claim=U11].value" fmt="{:.2f}"-->1.22<!--/num-->, inconclusive;
+# near its object, not singling it out. The generators' word maps are 03 §9's (G9, colour and shape words, 03's
+# prompts): IoU <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-mmdit: IoU ([0-9.]+)"-->0.07<!--/num-->
+# on the MMDiT against a random region's
+# <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-mmdit: IoU [0-9.]+ .chance ([0-9.]+)"-->0.08<!--/num-->,
+# <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-pixart: IoU ([0-9.]+)"-->0.46<!--/num--> on
+# PixArt against <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-pixart: IoU [0-9.]+ .chance ([0-9.]+)"-->0.07<!--/num-->:
+# cross-attention localises, the MMDiT's joint attention does not.
 #
-# Full maps of one sample per model: pick model, layer, head and query token to see where attention lands (live
-# in JupyterLab; on the course website, a layer slider per model).
+# **Explore any model, layer and head.** Full maps of one sample per model in one explorer, drawn in the browser
+# (JupyterLab and the course website alike, no kernel needed once drawn): a model menu; sliders for layer, head
+# (or the mean of heads) and query token; views *t2i* (the chosen word's reading over the picture, × uniform),
+# *i2t* (what each image patch reads of the text) and *full* (the whole map, the image block outlined); buttons
+# save the view as PNG and its numbers as JSON, as `explorer.save(...)` does from Python.
 
 # %% tags=["nbval-ignore-output"]
 explore = {}
@@ -386,12 +393,11 @@ for role, (m, proc) in models.items():
     cells = fam.grid_tokens(m.config, inputs)
     explore[role] = (cap.result, {s.id: s.image}, {s.id: toks},
                      {s.id: (fam.image_grid(m.config, inputs), None if cells is None else cells.numpy())}, {s.id: s.question})
-live = model_explorer(explore)._repr_mimebundle_()  # JupyterLab draws the widget; a page without a kernel, this line:
-display({**live, "text/plain": "(the live explorer: run this cell in JupyterLab; below, its static pages)"}, raw=True)
-static_model_explorer(explore)
+explorer = model_explorer(explore)
+explorer
 
 # %% [markdown]
-# The same view as a figure: the first model's sample, its middle layer, head 0.
+# The same view as a figure, for print: the first model's sample, its middle layer, head 0.
 
 # %%
 role0 = next(iter(explore))
@@ -423,18 +429,23 @@ if len(img_keys) == len(owner):  # one key per patch, row-major: the head's imag
 # **Reading it.** The query `square` (asked: a yellow square) puts
 # <!--num "notebooks/08_architectures.ipynb#out:of its attention on the image" re="puts ([0-9.]+) of its"-->0.856<!--/num--> of its attention on the image; its palest, most-read patch lies on the
 # <!--num "notebooks/08_architectures.ipynb#out:of its image reads: > its most-read patch" re="lies on the (.+)$"-->blue triangle<!--/num-->, which takes <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="blue triangle ([0-9.]+)"-->0.52<!--/num--> of the image reads; the orange square, the only square, takes
-# <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="orange square ([0-9.]+)"-->0.29<!--/num-->, the yellow triangle <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="yellow triangle ([0-9.]+)"-->0.05<!--/num-->: this head misses the square. One head, one sample: section 6 measured every sample.
+# <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="orange square ([0-9.]+)"-->0.29<!--/num-->, the yellow triangle <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="yellow triangle ([0-9.]+)"-->0.05<!--/num-->: this head misses the square. One head, one sample: the IoU above measured every sample.
 
 # %% [markdown]
-# ## 8. ViLT: one stream, two modalities (A1, A2)
+# ## 4. ViLT: is the text injected into the image tokens? (A1, A2)
 #
 # Each layer's map split into its [modality blocks](../docs/GLOSSARY.md#modality-blocks): the image queries' share
 # on image keys, and on text keys against the text's share of the positions (what even attention would give it).
+# The claims and their rules, fixed before the numbers (a 95% interval over the unit each names; the
+# [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson):
+
+# %%
+rules("A1", "A2")
 
 # %%
 fb = FB_layer = None
 if VL in models:
-    FB = AR.four_block_rows(recs[VL].records)
+    FB = AR.four_block_rows(recs[VL])
     cols = ["image_queries_on_image", "image_queries_on_text", "text_position_share", "cross_modal"]
     fb, FB_layer = FB.groupby("sample")[cols].mean(), FB.groupby("layer")[cols].mean()
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -467,7 +478,7 @@ if VL in models:
     healthy, blind = AR.fusion_correct(*models[VL], qas), AR.fusion_correct(*models[VL], qas, blind=True)
     print(f"ViLT on {len(qas)} held-out questions: accuracy {healthy.mean():.3f} healthy, {blind.mean():.3f} with image "
           f"queries blind to the text")
-ACL.measure_fusion(board, fb, healthy, blind)  # A1 and A2 on this section's tables, by the rules printed above
+ACL.measure_fusion(board, fb, healthy, blind)  # A1 and A2 on this section's tables, by the rules printed at the top of this section
 print(board.criteria_lines("A1", "A2", fmt="#.3g", shown=False))
 
 # %% [markdown]
@@ -482,11 +493,18 @@ print(board.criteria_lines("A1", "A2", fmt="#.3g", shown=False))
 # outputs tells whether a path can be cut.
 
 # %% [markdown]
-# ## 9. Mllama: what do the cross-attention layers read? (A3)
+# **The answer.** Yes: the text is injected into the image tokens, and the answer needs it. Only an ablation scored
+# on outputs tells whether a path can be cut; a small share did not mean no injection.
+
+# %% [markdown]
+# ## 5. Mllama: do the cross-attention layers spread, then focus? (A3)
 #
 # Teacher-forced captions (`describe the image .` then the true caption): every caption word's row in each
 # cross-attention layer. Object words: mass on *their* object against its area share (1 = even). Position words:
 # mass on the matching half against the opposite one. Every content word: mass on the background.
+
+# %%
+rules("A3")
 
 # %% tags=["nbval-check-output"]
 CW, three = None, False
@@ -517,10 +535,13 @@ print(board.criteria_lines("A3", fmt="#.3g", shown=False))
 # more background than the top (d); (a), spread then focus, and (c), position words preferring their half, fail.
 
 # %% [markdown]
-# ## 10. CLIP: where does the image tower's pooled query look? (A4)
+# ## 6. CLIP: does the image embedding come from the named objects? (A4)
 #
 # The class token's attention mass on the objects the caption names, against their area share; and retrieval among
 # the standard samples, to show the towers match.
+
+# %%
+rules("A4")
 
 # %%
 CF = None
@@ -555,12 +576,15 @@ print(board.criteria_lines("A4", fmt="#.3g", shown=False))
 # <!--num "notebooks/08_architectures.ipynb#out:text->image recall@1 among the@2" fmt="{:.2f}"-->1.00<!--/num-->), so the towers match. The embedding is built from the objects, not the background.
 
 # %% [markdown]
-# ## 11. Janus: one model, two tasks, and drawing (A5, A6)
+# ## 7. Janus: does answering read the image more than describing? (A5, A6)
 #
 # **Task switch.** The same images described (`describe the image .`) and questioned (one answer token): the image
 # share of the query behind each generated token. **Suppression**: does an image-heavy token make the next read the
 # image less? **Drift**: does a caption third with a low image share more often name an object the scene lacks
 # (on `DRIFT_CAPTIONS` four-object scenes, where the captioner slips)?
+
+# %%
+rules("A5", "A6")
 
 # %%
 describe = answer = TH = None
@@ -639,9 +663,9 @@ if drawings:
 # (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@2" fmt="{:.2f}"-->0.95<!--/num-->×).
 
 # %% [markdown]
-# ## 12. Claims scoreboard
+# ## 8. Claims scoreboard, and what to do on your model
 #
-# Sections 8–11 measured claims A1–A6 (a model left out marks its claims "not measurable here"); together:
+# Sections 4–7 measured claims A1–A6 (a model left out marks its claims "not measurable here"); one line each:
 
 # %% tags=["nbval-check-output"]
 board.save(out / "scoreboard.json")
@@ -651,13 +675,21 @@ print("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items()))
 board.show()
 
 # %% [markdown]
+# **Reading the scoreboard.** A claim stays "inconclusive" while any criterion is undecided, even when another
+# already fails (A2). **What each measurement means for a cache** (each row's advice is written once, beside its
+# claim in `unicache_lib/claims.py`):
+
+# %%
+WrappedTable(ACL.decisions(healthy, blind, summary if three else None, best, CF, describe, answer, series, role_share))
+
+# %% [markdown]
 # ## What this run showed, against the study
 #
-# - **Section 3**: except in the MMDiT (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->× even), the text reads the image less than an even reading
+# - **§2**: except in the MMDiT (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->× even), the text reads the image less than an even reading
 #   would: a large image share is the image's size, not a pull.
-# - **Sections 4–6**: focused heads are rare; the most-read tenth of the image takes
-#   <!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take@1" fmt="{:.2f}"-->0.30<!--/num-->–<!--num "notebooks/08_architectures.ipynb#out:the top 10% of image positions take@2" fmt="{:.2f}"-->0.40<!--/num--> of the text's reads; shape words land on their object <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@4"-->1.5<!--/num-->× (MMDiT) to <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×
-#   (ViLT) chance.
+# - **§3**: focused heads are rare (LLaVA: one, as 02 found); shape words land on their object
+#   <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->× (LLaVA) to
+#   <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->× (ViLT) a random region.
 # - **A1, undecided**: ViLT's image queries keep most attention on image keys, as an even reading would; whether
 #   they give the text less than even is undecided (<!--num "data/results/08_architectures.json#[claim=A1].criteria[name=b].value" fmt="{:.2f}"-->0.88<!--/num--> of even): more early, less late.
 # - **A2, against the study's reading**: the cross-modal share sits on the threshold, yet blinding the image tokens
@@ -665,72 +697,66 @@ board.show()
 # - **A3, opposite order**: Mllama's lowest cross-attention layer focuses most, focus fades upward, and position
 #   words barely prefer their half.
 # - **A4 holds**: CLIP's class token reads the named objects <!--num "data/results/08_architectures.json#[claim=A4].value" fmt="{:.1f}"-->3.8<!--/num-->× their area share.
-# - **A5 does not hold**: Janus reads the image slightly less answering than describing, not the study's <!--const the study's level, from its text-->~40%<!--/const--> / <!--const the study's level, from its text-->~60%<!--/const-->.
+# - **A5 does not hold**, so one image-KV budget serves both tasks: Janus reads the image slightly less answering
+#   than describing, not the study's <!--const the study's level, from its text-->~40%<!--/const--> / <!--const the study's level, from its text-->~60%<!--/const-->.
 # - **A6, opposite sign**: image-heavy tokens come in runs; drift is undecided.
-
-# %% [markdown]
-# **Reading the scoreboard.** A claim stays "inconclusive" while any criterion is undecided, even when another
-# already fails (A2). These are small models of coloured shapes: to test a
-# claim on a real checkpoint, point its parameter there (e.g. `VILT = "dandelin/vilt-b32-finetuned-vqa"`, on a GPU).
-#
-# ## Measurement → what to do on your model
-
-# %%
-# the measurement -> action table, assembled in unicache_lib/analysis/architectures.py (`decisions`)
-WrappedTable(ACL.decisions(healthy, blind, summary if three else None, best, CF, describe, answer, series, role_share))
 
 # %% [markdown]
 # ## Exercises
 #
 # Graded ★ (a parameter) to ★★★ (a new measurement); answers in
-# [solutions/08_architectures.py](../solutions/08_architectures.py). Each starter
-# leaves one gap, `... # <- fill in` (★, ★★: under a minute).
+# [solutions/08_architectures.py](../solutions/08_architectures.py). Each starter leaves one gap: code to write
+# (`... # <- write`) or a value to choose (`... # <- fill in`), and checks it once filled.
 #
-# 1. ★★ In section 8, blind the *text* to the image instead (mask text queries on image keys). What happens to
-#    ViLT's accuracy, and where is the answer read? Compare with the cards' "images shuffled" accuracy.
-# 2. ★★ Does the wording move the focus? Section 6's word → object measure on Mllama with the model's own yes/no
-#    question (template in `unicache_lib/world/text.py`) against section 6's: which cross-attention layer lands
-#    best with each, and is the shape word [selective](../docs/GLOSSARY.md#selectivity) there?
-# 3. ★★★ Measure A5 per layer from the capture records: in which layers does answering read the image more than
-#    describing?
-# 4. ★ Lower section 4's "focused" cut-off to <!--const a cut-off the exercise sets-->0.3<!--/const-->
-#    (`AR.head_roles(records, name, focused=0.3)`). Which models gain focused heads; does the ranking change?
-# 5. ★★ Give every CLIP sample another sample's caption (`AR.capture_both_towers`, then `torch.equal` map by
-#    map). Does the image tower look elsewhere?
+# 1. ★★ In §4, blind the *text* to the image instead: write the mask of the map cells where a text query reads an
+#    image key. What happens to ViLT's accuracy, and where is the answer read? Compare with the cards' "images
+#    shuffled" accuracy.
+# 2. ★★ Does the wording move the focus? §3's word → object measure on Mllama with the model's own yes/no
+#    question (template in `unicache_lib/world/text.py`) against §3's: which cross-attention layer lands best with
+#    each, and is the shape word [selective](../docs/GLOSSARY.md#selectivity) there?
+# 3. ★★★ Measure A5 per layer from the capture records: write the function that reads one layer's image share of
+#    the generated tokens. In which layers does answering read the image more than describing?
+# 4. ★★ Write the share of focused heads at any cut-off from §3's per-head table `HR`, then lower the cut-off to
+#    <!--const a cut-off the exercise sets-->0.3<!--/const-->. Which models gain focused heads; does the ranking change?
+# 5. ★★ Give every CLIP sample another sample's caption (write the list), capture again (`AR.capture_both_towers`)
+#    and compare the maps with `torch.equal`. Does the image tower look elsewhere?
 # 6. ★★ Blind ViLT's image queries to the text one layer at a time (`AR.fusion_correct(..., blind=True,
 #    layers=[k])`). Which layer's text injection does the answer need most?
 
 # %%
-# Exercise 1 starter: ViLT with its *text* queries blind to the image keys (the mirror of §8), on 100 of §8's questions
+# Exercise 1 starter: ViLT with its *text* queries blind to the image keys (the mirror of §4), on 100 of §4's questions
 from unicache_lib.zoo.train import vilt as TV  # noqa: E402
-if VL in models:
+
+
+def text_blind_mask(n_text, seq_len):
+    """bool [seq_len, seq_len]: True at (query row, key column) where a text query reads an image key (the stream
+    is [text positions | image positions]); those cells are masked."""
+    ...  # <- write: the mask (torch.zeros(seq_len, seq_len, dtype=torch.bool), then set the blocked cells)
+
+
+if VL not in models:
+    print("no ViLT in this run: nothing to blind")
+else:
     vm, vp = models[VL]
     few = qas[:100]
     enc = TV.encode(vp, [q.question for q in few], np.stack([q.scene.uint8() for q in few]))
     inp = family_of(vm).canonical_inputs(vm, {k: v.to(vm.device) for k, v in enc.items()})
     n_text = inp["input_ids"].shape[1]  # the text positions come first, then the image's
-blocked = ...  # <- fill in: (query rows, key columns) of the map to mask, as slices (use n_text)
-if VL not in models:
-    print("no ViLT in this run: nothing to blind")
-elif blocked is ...:
-    print(f"Fill in `blocked`, then run this cell again ({n_text} text positions first, then the image's).")
-else:
-    def blind_text(module, args, kwargs):
-        m = torch.zeros(1, 1, args[0].shape[1], args[0].shape[1], dtype=args[0].dtype, device=args[0].device)
-        m[..., blocked[0], blocked[1]] = torch.finfo(m.dtype).min
-        return (args[0], m if args[1] is None else args[1] + m) + tuple(args[2:]), kwargs
-
-    hooks = [x.module.register_forward_pre_hook(blind_text, with_kwargs=True) for x in family_of(vm).sites(vm, ("language",))]
-    try:
-        with torch.no_grad():
+    n_all = n_text + family_of(vm).n_image(vm.config, inp)
+    mask = text_blind_mask(n_text, n_all)
+    if mask is None:
+        print(f"Write `text_blind_mask`, then run this cell again ({n_text} text positions first, then the image's).")
+    elif tuple(mask.shape) != (n_all, n_all) or mask[n_text:].any() or mask[:, :n_text].any():
+        print(f"not yet: the mask must be [{n_all}, {n_all}] and block only text rows (< {n_text}) on image columns")
+    else:
+        with torch.no_grad(), AR.blind_cells(vm, mask):
             pred = vm(**inp).logits.argmax(-1)
-    finally:
-        [h.remove() for h in hooks]
-    acc = np.mean([vm.config.id2label[int(j)] == q.answer for j, q in zip(pred, few)])
-    print(f"ViLT, text blind to the image: accuracy {acc:.3f} (healthy {healthy[:100].mean():.3f}, {len(few)} questions)")
+        acc = correct([vm.config.id2label[int(j)] for j in pred], [q.answer for q in few]).mean()  # the one scoring rule
+        print(f"{'all' if mask.sum() == n_text * (n_all - n_text) else 'some'} text->image cells blocked; ViLT, text "
+              f"blind to the image: accuracy {acc:.3f} (healthy {healthy[:100].mean():.3f}, {len(few)} questions)")
 
 # %%
-# Exercise 2 starter: Mllama's word -> object focus per cross-attention layer, section 6's question against another
+# Exercise 2 starter: Mllama's word -> object focus per cross-attention layer, §3's question against another
 question = ...  # <- fill in: the model's yes/no question about an object, a template with {colour} and {shape}
 if ML not in models:
     print("no Mllama in this run")
@@ -743,46 +769,67 @@ else:
 
 # %%
 # Exercise 3 starter: A5 per layer: describe, then answer, 20 images; the image share of each generated token
+from unicache_lib.analysis.architectures import generated_share  # noqa: E402
 from unicache_lib.capture.decode import decode_with_capture  # noqa: E402
 from unicache_lib.world.text import CAPTION_QUESTION  # noqa: E402
-per_layer = ...  # <- fill in: a function (res, sid, n_tokens) -> array [layers], the image share of the rows that
-# produced sample sid's n_tokens generated tokens, mean over tokens and heads. In layer li, token k's row is
-# res.select(f"{sid}/t{k}", li)[0].data["image_share"][:, -1] (one value per head); layers: the records' of part "language"
+
+
+def per_layer(res, sid, n_tokens):
+    """[layers]: the image share of the query rows that produced sample ``sid``'s ``n_tokens`` generated tokens,
+    mean over tokens and heads. In layer li, token k's row is ``res.select(f"{sid}/t{k}", li)[0].data["image_share"]
+    [:, -1]`` (one value per head); the layers: those of the records of part "language"."""
+    ...  # <- write: the array, one value per layer
+
+
 if JN not in models:
     print("no Janus in this run")
-elif per_layer is ...:
-    print("Fill in `per_layer`, then run this cell again.")
 else:
-    rows = []
-    for i, q in enumerate(heldout_set(20, seed=SEED + 99)):
-        toks, res = decode_with_capture(*models[JN], q.scene.uint8(), CAPTION_QUESTION, sample_id=f"d{i}", max_new_tokens=16)
-        _, ares = decode_with_capture(*models[JN], q.scene.uint8(), q.question, sample_id=f"a{i}", max_new_tokens=1)
-        if toks:
-            d, a = per_layer(res, f"d{i}", len(toks)), per_layer(ares, f"a{i}", 1)
-            rows += [{"layer": li, "describe": float(d[li]), "answer": float(a[li])} for li in range(len(d))]
-    print(pd.DataFrame(rows).groupby("layer").mean().round(3).to_string())
+    toks, res = decode_with_capture(*models[JN], heldout_set(1, seed=SEED + 99)[0].scene.uint8(), CAPTION_QUESTION,
+                                    sample_id="d0", max_new_tokens=16)
+    check = per_layer(res, "d0", len(toks)) if toks else None
+    if toks and check is None:
+        print("Write `per_layer`, then run this cell again.")
+    elif toks and not np.allclose(check, generated_share(res, "d0", len(toks)).mean(0), atol=1e-5):
+        print("not yet: on one caption, per_layer differs from the library's reading (analysis.architectures."
+              "generated_share, mean over tokens)")
+    elif toks:
+        rows = []
+        for i, q in enumerate(heldout_set(20, seed=SEED + 99)):
+            toks, res = decode_with_capture(*models[JN], q.scene.uint8(), CAPTION_QUESTION, sample_id=f"d{i}",
+                                            max_new_tokens=16)
+            _, ares = decode_with_capture(*models[JN], q.scene.uint8(), q.question, sample_id=f"a{i}", max_new_tokens=1)
+            if toks:
+                d, a = per_layer(res, f"d{i}", len(toks)), per_layer(ares, f"a{i}", 1)
+                rows += [{"layer": li, "describe": float(d[li]), "answer": float(a[li])} for li in range(len(d))]
+        print(pd.DataFrame(rows).groupby("layer").mean().round(3).to_string())
 
 # %%
-# Exercise 4 starter: §4's head roles at another "focused" cut-off, the share of focused heads per model
-focused = ...  # <- fill in: the lower cut-off on a head's mean largest weight
-if focused is ...:
-    print("Fill in `focused`, then run this cell again (§4 used 0.45).")
+# Exercise 4 starter: the share of focused heads per model at any cut-off, from §3's per-head table HR
+
+
+def focused_share(hr, cut):
+    """pandas Series, one value per model (index: ``hr.model``, first-seen order): the share of its heads whose mean
+    largest weight (column ``max_weight``) is above ``cut``."""
+    ...  # <- write: an expression over hr's columns model and max_weight
+
+
+mine = focused_share(HR, FOCUSED)
+if mine is None:
+    print(f"Write `focused_share`, then run this cell again (§3's cut-off: FOCUSED = {FOCUSED}).")
+elif not np.allclose(mine.reindex(role_share.index).to_numpy(float), role_share.focused.to_numpy(float)):
+    print("not yet: at FOCUSED your shares differ from §3's role_share.focused")
 else:
-    share = {}
-    for role, r in recs.items():
-        part = READ_PART.get(family_of(models[role][0]).name, "language")
-        for cut in (0.45, focused):
-            hr = AR.head_roles([x for x in r.records if x.part == part], role, focused=cut)
-            share[(role, cut)] = float((hr.role == "focused").mean())
-    print(pd.Series(share).unstack().round(2).to_string())
+    print(f"matches §3 at {FOCUSED}; at 0.3:\n" + pd.DataFrame({FOCUSED: mine, 0.3: focused_share(HR, 0.3)}).round(2).to_string())
 
 # %%
-# Exercise 5 starter: CLIP with every sample given another sample's caption; the image tower's maps against §10's
-captions = ...  # <- fill in: one caption per sample, each another sample's
+# Exercise 5 starter: CLIP with every sample given another sample's caption; the image tower's maps against §6's
+captions = ...  # <- write: an expression over samples: one caption per sample, each another sample's
 if CL not in models:
     print("no CLIP in this run")
 elif captions is ...:
     print("Fill in `captions`, then run this cell again.")
+elif len(captions) != len(samples) or any(c == s.caption for c, s in zip(captions, samples)):
+    print(f"not yet: {len(samples)} captions, none a sample's own")
 else:
     recap = [s.__class__(**{**s.__dict__, "caption": c}) for s, c in zip(samples, captions)]
     again = AR.capture_both_towers(cm_, cp, recap, mode="full", part="vision")
@@ -795,7 +842,7 @@ else:
           f"{(pick == np.arange(len(samples))).mean():.2f}; its own true caption: {(np.array(captions)[pick] == caps).mean():.2f}")
 
 # %%
-# Exercise 6 starter: ViLT's image queries blind to the text in one layer at a time, on 200 of §8's questions
+# Exercise 6 starter: ViLT's image queries blind to the text in one layer at a time, on 200 of §4's questions
 layers = ...  # <- fill in: the ViLT layers to try, one at a time
 if VL not in models:
     print("no ViLT in this run")
@@ -805,3 +852,13 @@ else:
     few = qas[:200]
     print(f"none {healthy[:200].mean():.3f}; all {blind[:200].mean():.3f}; " + "; ".join(
         f"layer {k} {AR.fusion_correct(*models[VL], few, blind=True, layers=[k]).mean():.3f}" for k in layers))
+
+# %% [markdown]
+# ## Next steps
+#
+# > **Your checkpoint.** Every claim here was tested on small models of coloured shapes. To test one on a real
+# > checkpoint, point its parameter there and run this notebook with papermill on a GPU, e.g.
+# > `papermill notebooks/08_architectures.ipynb outputs/08_vilt.ipynb -p VILT dandelin/vilt-b32-finetuned-vqa -p
+# > LLAVA None -p MLLAMA None -p CLIP None -p UNIFIED None -p MMDIT None -p PIXART None -p OUT_DIR
+# > outputs/08_vilt` (A1, A2 on that model); `None` leaves a model out and marks its claims "not measurable here".
+# > With your own samples (`SAMPLES`), LLaVA is captured afresh instead of read from 02's store.

@@ -136,7 +136,7 @@ def decisions(healthy=None, blind=None, cross=None, iou_best=None, cls_frame=Non
     if cross is not None:
         rows.append(("A3", "Mllama: object words' focus per cross layer (A3 (b))", short(cross.iloc[:, 1].round(1))))
     if iou_best is not None:
-        rows.append(("U11", "word → object IoU over chance, best band (section 6; 02's U11 measured by IoU)",
+        rows.append(("U11", "word → object IoU over a random region, best band (§3; 02's U11 against the other objects)",
                      short(iou_best.sort_values(ascending=False).map("{:.1f}x".format))))
     if cls_frame is not None:
         last = cls_frame[cls_frame.layer == cls_frame.layer.max()]
@@ -145,6 +145,6 @@ def decisions(healthy=None, blind=None, cross=None, iou_best=None, cls_frame=Non
         rows.append(("A5", "Janus: image share answering / describing (A5)", f"{answer.mean() / describe.mean():.2f}"))
         rows.append(("A6", "Janus: lag-1 correlation of the per-token image share (A6 (a))", f"{lag1(series):+.2f}"))
     if role_share is not None:
-        rows.append(("U8", "share of focused heads per model (section 4; 02's U8)",
+        rows.append(("U8", "share of focused heads per model (§3; 02's U8)",
                      short(role_share.focused[role_share.focused > 0].round(2)) + "; the others 0"))
     return pd.DataFrame(decision_rows(rows, "08_architectures"), columns=list(DECISION_COLUMNS))

@@ -131,9 +131,39 @@ def image_queries_blind_to_text(model, n_image: int, layers=None):
     """Inside the block, ViLT's image queries (the last ``n_image`` positions) cannot see the text keys: a
     pre-hook on every self-attention module (or those of ``layers``, layer indices) adds a 4-D mask with ``-inf``
     on (image row, text column). The text still reads the image. Hooks are removed on exit, also on error."""
+    def cells(S):
+        m = torch.zeros(S, S, dtype=torch.bool)
+        m[S - n_image:, : S - n_image] = True
+        return m
+
+    with _blind(model, cells, layers, "image_queries_blind_to_text"):
+        yield model
+
+
+@contextmanager
+def blind_cells(model, mask: torch.Tensor, layers=None):
+    """Inside the block, ViLT's queries cannot read the keys where ``mask`` (bool ``[S, S]``, query rows x key
+    columns, over the whole stream) is True, in every self-attention layer (or those of ``layers``); as
+    :func:`image_queries_blind_to_text`, for any cells. A stream of another length than the mask's is refused."""
+    mask = torch.as_tensor(mask, dtype=torch.bool)
+
+    def cells(S):
+        if tuple(mask.shape) != (S, S):
+            raise InputError(f"blind_cells: the mask is {tuple(mask.shape)}, the stream {S} positions: give a [{S}, {S}] "
+                             "mask (query rows x key columns)")
+        return mask
+
+    with _blind(model, cells, layers, "blind_cells"):
+        yield model
+
+
+@contextmanager
+def _blind(model, cells, layers, what: str):
+    """The hook behind :func:`image_queries_blind_to_text` and :func:`blind_cells`: ``cells(S)`` gives the bool
+    ``[S, S]`` cells to mask (``-inf`` added to the attention mask) for a stream of ``S`` positions."""
     fam = family_of(model)
     if fam.name != "ViLT":  # other families pass their masks otherwise (kwargs, causal implied): a mask added here would
-        raise InputError(f"image_queries_blind_to_text edits ViLT's additive attention mask; {fam.name} builds its masks "
+        raise InputError(f"{what} edits ViLT's additive attention mask; {fam.name} builds its masks "
                          f"otherwise and would attend over a mask this hook did not mean. Pass a ViLT model")
     sites = fam.sites(model, ("language",))
     if layers is not None:
@@ -142,11 +172,12 @@ def image_queries_blind_to_text(model, n_image: int, layers=None):
             raise InputError(f"layers {unknown} are not self-attention layers of this model (it has "
                              f"{sorted(x.layer for x in sites)})")
         sites = [x for x in sites if x.layer in set(layers)]
+
     def pre(module, args, kwargs):
         h = args[0] if args else kwargs["hidden_states"]
         S = h.shape[1]
         m = torch.zeros(1, 1, S, S, dtype=h.dtype, device=h.device)
-        m[..., S - n_image:, : S - n_image] = torch.finfo(h.dtype).min
+        m[..., cells(S).to(h.device)] = torch.finfo(h.dtype).min
         am = args[1] if len(args) > 1 else kwargs.get("attention_mask")
         m = m if am is None else am + m  # keep the padding mask ([B, 1, 1, S] broadcasts)
         if len(args) > 1:
