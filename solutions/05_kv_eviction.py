@@ -1,7 +1,7 @@
 """Solutions to the exercises of notebook 05 (KV eviction), on the shipped ``tiny-llava``.
 
 Run ``python solutions/05_kv_eviction.py [--quick] [--only K]``. Change ``MODEL`` for your own model
-(exercise 3 shows the calls on a random-weight stand-in).
+(:func:`next_steps`, the lesson's "Next steps", shows the calls on a random-weight stand-in).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _anchor_policy():
     if "notebook_anchors" in POLICIES:
         return POLICIES["notebook_anchors"]
 
-    def choose(reads, k):  # the starter cell's gap: one layer's k most-read image positions
+    def choose(reads, k):  # the starter cell's gap: one layer's k most-read image positions, most-read first
         return top_k(reads, k)
 
     @register
@@ -76,8 +76,8 @@ def _eviction(qas, budgets, names, extra=None, model_name=MODEL):
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★★★, a new file under ``unicache_lib/kv/policies/``): write a policy that keeps the anchors of notebook 02 (top read frequency from *text* queries
-    of the standard samples) and register it. Where does it land?
+    """Exercise 1 (★★★): write the rule of a policy that keeps notebook 02's anchors (the image positions the *text* of
+    the standard samples reads most, per layer) and register it. Where does it land?
 
     ``NotebookAnchors`` (defined and registered here as ``notebook_anchors``; to keep it, move the class into a
     new file ``unicache_lib/kv/policies/notebook_anchors.py`` and import it in that package's ``__init__``)
@@ -140,7 +140,43 @@ def exercise_2(quick: bool = False) -> dict:
 
 
 def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3 (★★★, on your own checkpoint): on your own model, does ``key_coverage`` still beat DivPrune and the
+    """Exercise 3 (★★): write the score the attention-score rules rank by, from the prefill's attention, and check it
+    against the library's (``EvictionContext.image_reads``). Do its top positions cluster?
+
+    The starter's gap is one expression over ``att`` (the deepest image-holding layer's prefill attention,
+    ``[heads, queries, keys]`` over the context) and ``img`` (the image positions): what every context query gives
+    each image key, summed over the queries and averaged over the heads, ``att.mean(0).sum(0)[img]``. Shown on the
+    notebook's first held-out question (``heldout_set(150, seed=2024)[0]``; the notebook uses §1's question).
+
+    Expected on tiny-llava, measured: equal to ``ctx.image_reads(layer)`` to float precision (``torch.allclose``);
+    summing over the heads instead (or averaging the queries) scales it and fails the check, though the ranking
+    (and so the top-k kept) is the same. At 10% (6 of 64 positions) the top six sit in two rows of the 8x8 grid, in
+    two runs of neighbouring patches ((0, 0)-(0, 3) and (2, 3)-(2, 4) on this question): the clustering that puts
+    score rules below ``random`` in §2.
+    """
+    import torch
+
+    from unicache_lib.kv.cache import prefill
+    from unicache_lib.kv.policies.base import top_k
+    from unicache_lib.kv.prompt import split_prompt
+    from unicache_lib.world.questions import heldout_set
+
+    model, processor = _model()
+    q = heldout_set(1, seed=SEED + 2024)[0]
+    ctx = prefill(model, split_prompt(processor, q.scene.uint8(), q.question, model=model)).context(seed=SEED)
+    layer = ctx.n_layers - 1
+    att, img = ctx.attentions[layer], ctx.image_positions
+    reads = att.mean(0).sum(0)[img]  # the starter cell's gap
+    same = bool(torch.allclose(reads.float(), ctx.image_reads(layer), rtol=1e-4, atol=1e-6))
+    patch = {int(i): p for p, i in enumerate(ctx.grid.tolist())}
+    side = int(round(len(patch) ** 0.5))
+    cells = sorted(patch[int(i)] for i in top_k(reads, round(0.1 * len(img))))
+    return {"layer": layer, "same as the library's": same, "top 10% (row, column)": [(c // side, c % side) for c in cells],
+            "_same": same, "_cells": cells, "_side": side}
+
+
+def next_steps(quick: bool = False) -> dict:
+    """The lesson's "Next steps" (not an exercise): on your own model, does ``key_coverage`` still beat DivPrune and the
     kvpress presses, and does random still beat the score-based rules? Tune on your own design questions first.
 
     The calls are the notebook's with ``MODEL`` set to your checkpoint; tune first with ``python
@@ -171,7 +207,7 @@ def exercise_3(quick: bool = False) -> dict:
         torch.manual_seed(SEED)
         LlavaForConditionalGeneration(tl.build_config(tok, lm_layers=3, lm_heads=4, kv_heads=2)).save_pretrained(d)
         tl.build_processor(tok).save_pretrained(d)
-    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your model's path or hub id
+    checkpoint = str(d)  # here a stand-in folder; yours is your model's path or hub id
     model, processor = load_understanding(checkpoint, attn_implementation="eager", verify=False)
     qas = heldout_set(3 if quick else 50, seed=SEED + 2024)
     try:

@@ -274,8 +274,14 @@ def test_05_absent_objects_under_eviction(s05):
     assert w.loc["full"].nunique() == 1  # the full cache does not depend on the budget
 
 
-def test_05_own_model_calls_run_on_a_random_stand_in(s05):
+def test_05_the_read_score_is_the_librarys_and_its_top_positions_cluster(s05):
     r = s05.exercise_3(quick=True)
+    assert r["_same"] and len(r["_cells"]) == 6
+    assert len({c // r["_side"] for c in r["_cells"]}) <= 2  # the top 10% sit in at most two rows of the grid
+
+
+def test_05_own_model_calls_run_on_a_random_stand_in(s05):
+    r = s05.next_steps(quick=True)
     assert r["methods"] == ["divprune", "full", "key_coverage", "random"]
     assert r["rows"] == r["_n"] * 4
 

@@ -279,78 +279,74 @@ def _at(acc, m, b) -> float:
 
 def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float,
                        scale: pd.DataFrame | None = None, scale_model: str = ""):
-    """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`).
-    ``scale``: the literature's-scale targets of a decisive run (``make evaluate MODEL=tiny-llava-576
-    BUDGETS=64t,128t``: :func:`decisive` ``(scale_model, "targets")``), a row for the share kept at 64 and 128 tokens."""
-    full, rows, value, act, tops = _at(acc, "full", budgets[0]), [], [], [], set()
-    for b in budgets:  # one row for every budget: the two best, and the score-based H2O beside them
+    """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`), at most
+    eight rows and 40 printed lines (tests/test_output_limits.py). ``scale``: the literature's-scale targets of a
+    decisive run (``make evaluate MODEL=tiny-llava-576 BUDGETS=64t,128t``: :func:`decisive` ``(scale_model,
+    "targets")``), a row for the share kept at 64 and 128 tokens; 05 leaves it out (that run is read in
+    docs/EVICTION_APPENDIX.md)."""
+    full, rows, value, act, tops, tied = _at(acc, "full", budgets[0]), [], [], [], set(), True
+    for b in budgets:  # one entry per budget: the two best
         cand = {m: _at(acc, m, b) for m in (NEW, f"{NEW}_merge", "divprune", "h2o", "snapkv", "unicache", "random",
                                              "kvpress:expected_attention")}
         cand = {m: v for m, v in cand.items() if np.isfinite(v)}
         best, second = sorted(cand, key=cand.get, reverse=True)[:2]
         gap, tops = round((cand[best] - cand[second]) * n), tops | {best, second}
-        value.append(f"{b:.0%}: {best} {cand[best]:.3f}, {second} {cand[second]:.3f}"
-                     + (f", h2o {cand['h2o']:.3f}" if "h2o" in cand else ""))
-        act.append(f"{b:.0%}: " + (f"{best} and {second} tied" if gap == 0 else f"{best} or {second} (within {gap} "
-                                   f"question{'s' * (gap > 1)})" if gap <= 2 else f"pick {best}"))
-    rows.append({"measurement": f"accuracy per budget, the two best and score-based H2O (full {full:.3f})",
+        value.append(f"{b:.0%}: {best} {cand[best]:.3f}, {second} {cand[second]:.3f}")
+        act.append(f"{b:.0%}: " + (f"{best} or {second}" if gap <= 2 else f"pick {best}"))
+        tied &= gap <= 2
+    rows.append({"measurement": f"accuracy per budget, the two best (full {full:.3f})",
                  "value here": "; ".join(value),
-                 "what it suggests on your model": "; ".join(act) + f"; within 2 questions is a tie at n = {n}"
-                 + ("; DivPrune also saves prefill compute, key_coverage leaves the prefill untouched"
-                    if "divprune" in tops else ""),
+                 "what it suggests on your model": (f"the two best tie at every budget (within 2 questions at n = {n})"
+                                                    ": choose by cost" if tied else "; ".join(act)
+                                                    + f" (within 2 questions is a tie at n = {n})")
+                 + ("; DivPrune also saves prefill compute" if "divprune" in tops else ""),
                  "where": "§2-§3: MODEL, BUDGETS, N_EVICTION"})
     ctls = [c for c in ("pooling", "downsample") if c in acc.index]
     if ctls:
-        rows.append({"measurement": f"{NEW} minus the {' / '.join(ctls)} control, per budget",
+        rows.append({"measurement": f"{NEW} minus the {' / '.join(ctls)} control",
                      "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, NEW, b) - _at(acc, c, b)):+.1f}"
                                                                       for c in ctls) + " pt" for b in budgets),
-                     "what it suggests on your model": "where a control ties the designed policy, use it: it is simpler "
-                     "and prefills fewer tokens; a selection method earns its place only where it beats both",
-                     "where": "§3 (controls), " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
+                     "what it suggests on your model": "where a control ties the designed policy, use it (simpler, "
+                     "prefills fewer tokens)", "where": "§3, " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
     var = [v for v in ("key_coverage_prefill", "key_coverage_merge") if v in acc.index]
     if var:  # the cover moved before the prefill; the evicted image KV merged into the kept instead of dropped
-        rows.append({"measurement": f"{' / '.join(var)} minus {NEW}, per budget",
+        rows.append({"measurement": f"{' / '.join(var)} minus {NEW}",
                      "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}"
                                                                       for v in var) + " pt" for b in budgets),
-                     "what it suggests on your model": "where the prefill-stage cover ties or leads, choose before the "
-                     "prefill: it then runs on the kept tokens only (benchmarks/results/eviction_standin.txt: its time); "
-                     "where merging leads, fold the evicted keys and values into the kept ones (the same bytes; "
-                     "PolicyPress adds the log-size term inside its with block); where it ties, dropping is simpler",
-                     "where": "§3, kv/policies/key_coverage_prefill.py and merge.py, benchmarks/prefill_cover.py and "
-                     "merge_eviction.py"})
+                     "what it suggests on your model": "where the prefill-stage cover ties, choose before the prefill "
+                     "(it prefills the kept tokens only); where merging leads, merge (the same bytes)",
+                     "where": "§3, kv/policies/key_coverage_prefill.py, merge.py"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
         s1 = {r.method: r.value for r in scale.itertuples() if r.against == "full" and r.tokens == 64} if scale is not None else {}
-        late = (f" on this context; on {scale_model} selecting after the prefill matters ({NEW} {s1[NEW]:.3f} against "
-                f"key_coverage_prefill {s1['key_coverage_prefill']:.3f} of full accuracy at 64 tokens, §7)"
+        late = (f"; on {scale_model} selecting after the prefill matters ({NEW} {s1[NEW]:.3f} against "
+                f"key_coverage_prefill {s1['key_coverage_prefill']:.3f} of full accuracy at 64 tokens)"
                 if {NEW, "key_coverage_prefill"} <= set(s1) else "")
-        rows.append({"measurement": f"the two halves of {NEW}'s design, per budget (place: minus the same cover on the "
-                     "features; rule: minus DivPrune's rule on the keys)",
-                     "value here": ", ".join(f"{b:.0%}: place {100 * (_at(acc, NEW, b) - _at(acc, 'key_coverage_features', b)):+.1f}, "
-                                             f"rule {100 * (_at(acc, NEW, b) - _at(acc, 'divprune_keys', b)):+.1f} pt" for b in budgets),
-                     "what it suggests on your model": "the half with the larger gap carries the gain: keep it; where "
-                     "neither gap is clear, the cheaper prefill-stage variant does as well" + late,
-                     "where": "§3 (controls), kv/policies/ablations.py"})
-    rows.append({"measurement": "random minus the study's rule (unicache), per budget",
+        rows.append({"measurement": f"the halves of {NEW}'s design (place: minus the cover on the features; rule: minus "
+                     "DivPrune's rule on the keys)",
+                     "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, 'key_coverage_features', b)):+.1f}"
+                                             f" / {100 * (_at(acc, NEW, b) - _at(acc, 'divprune_keys', b)):+.1f} pt" for b in budgets),
+                     "what it suggests on your model": "keep the half with the larger gap; where neither is clear, the "
+                     "cheaper prefill-stage variant does as well" + late, "where": "§3, kv/policies/ablations.py"})
+    rows.append({"measurement": "random minus the study's rule (unicache)",
                  "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
-                 "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions cluster "
-                 "(§1's picture): use a coverage policy, not a most-read one", "where": "§2, notebook 02 (Gini, anchors)"})
+                 "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions "
+                 "cluster: use a coverage policy", "where": "§2, notebook 02 (Gini, anchors)"})
     if u7 is not None:  # what to do, and where, is U7's advice (unicache_lib/claims.py); the verdict by its own rule
         verdict = Criterion(**REGISTRY["U7"].criteria[""]).decide(u7.lo, u7.hi)
         rows += decision_rows([("U7", "U7: locality-shallow minus swapped",
                                 f"{100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]")],
                               "05_kv_eviction", {"U7": verdict})
     rows.append({"measurement": "rho(retained, accuracy)", "value here": f"{rho:.2f}", "what it suggests on your model":
-                 "above ~0.6: screen candidate policies with the simulation, then confirm the best few on real answers",
+                 "above ~0.6: screen policies with the simulation, confirm the best few on real answers",
                  "where": "§4"})
     if scale is not None and len(scale):
         kept = scale[scale.against == "full"]
-        rows.append({"measurement": f"share of full accuracy at 64 / 128 image tokens on {scale_model} (LLaVA-1.5's 576; "
-                     f"decisive run, {int(kept.n.iloc[0]):,} questions)",
+        rows.append({"measurement": f"share of full accuracy at 64 / 128 image tokens on {scale_model} (decisive run, "
+                     f"{int(kept.n.iloc[0]):,} questions)",
                      "value here": "; ".join(f"{m} " + " / ".join(f"{r.value:.3f} ({r.verdict})" for r in g.itertuples())
                                              for m, g in kept.groupby("method", sort=False)),
-                     "what it suggests on your model": "at the literature's budgets compare with TOPS / VScan (about 0.97 at "
-                     "64, 0.98-0.99 at 128); where the dropping cover falls short, merge the evicted keys into the kept",
-                     "where": "§7, make evaluate MODEL=... BUDGETS=64t,128t"})
+                     "what it suggests on your model": "where the dropping cover falls short, merge the evicted keys "
+                     "into the kept", "where": "§7, make evaluate MODEL=... BUDGETS=64t,128t"})
     return WrappedTable(pd.DataFrame(rows))
 
 
