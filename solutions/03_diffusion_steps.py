@@ -48,9 +48,64 @@ def _knees(name, n_prompts, steps, thresholds):
     return K, {t: G.reuse_window(K.loc[name, f"knee (maps) @{t:g}"], steps) for t in thresholds}
 
 
+def knee(sims, threshold):
+    """Exercise 1's gap: the first step s >= 1 from which sims[s:] all stay >= threshold, None if there is none."""
+    for s in range(1, len(sims)):
+        if all(x >= threshold for x in sims[s:]):
+            return s
+    return None
+
+
+def reuse_start(layer_knees):
+    """Exercise 2's gap: the first step every layer has settled by (its latest knee), None if one never settles."""
+    return None if any(k is None for k in layer_knees) else max(layer_knees)
+
+
+def top_iou(a, b, k):
+    """Exercise 4's gap: IoU of the k largest patches of ``a`` and of ``b``."""
+    ta, tb = set(np.argsort(np.asarray(a))[-k:].tolist()), set(np.argsort(np.asarray(b))[-k:].tolist())
+    return len(ta & tb) / len(ta | tb)
+
+
+def token_shares(W):
+    """Exercise 5's gap: each token's share of the image queries' attention, mean over the image queries."""
+    return np.asarray(W).mean(1)
+
+
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★★): fewer, farther steps. Section 4 with ``few_steps = 8`` (the starter's gap) instead of 20 and read the
-    knees at 0.95 and 0.99: from which step could whole steps be reused on each model, and how many?
+    """Exercise 1 (★★): write ``knee(sims, threshold)`` and check it on every curve of section 4 (maps and outputs,
+    at 0.7 and 0.99), then read the knees of the curve section 4 draws (PixArt's cross-attention outputs at 0.99).
+
+    Expected: the written knee equals :func:`~unicache_lib.analysis.generation.knee` (section 4's table) on every
+    curve. At 0.7 every curve's knee is step 1 (nothing to read); at 0.99 PixArt's cross-attention outputs settle
+    layer by layer (the notebook's run, 24 prompts, 20 steps: steps 1, 13, 11, 2), so a whole-step window would
+    open only at the latest, while a per-layer reuse could start each layer at its own knee.
+    """
+    from unicache_lib.analysis import generation as G
+
+    steps = _steps(quick)
+    rows, agree, n = [], 0, 0
+    for m in GENERATORS:
+        T = G.step_table(_short_run(m, 2 if quick else 8, steps).result.records)
+        for (part, layer), d in T.groupby(["part", "layer"]):
+            for col in ("sim", "out_sim_img"):
+                sims = d.groupby("step")[col].mean().to_numpy()
+                for t in (0.7, 0.99):
+                    mine = knee(sims, t)
+                    agree += mine == G.knee(sims, t)
+                    n += 1
+                    rows.append({"model": m, "part": part, "layer": layer, "curve": "maps" if col == "sim" else "outputs",
+                                 "threshold": t, "knee": mine})
+    R = pd.DataFrame(rows)
+    strict = R[(R.curve == "outputs") & (R.threshold == 0.99)].set_index(["model", "part", "layer"]).knee
+    return {"agree with G.knee": f"{agree} of {n} curves", "output knees at 0.99": "\n" + strict.to_string(),
+            "_agree": agree, "_n": n, "_R": R}
+
+
+def exercise_2(quick: bool = False) -> dict:
+    """Exercise 2 (★★): write ``reuse_start(layer_knees)`` (the step every layer has settled by) and apply it to the
+    knees at 20 steps and at 8 (the starter's fixed fewer steps), at 0.95 and 0.99: from which step could whole steps
+    be reused on each model, and how many?
 
     At 20 steps the curves sit near 0.99 from step 1 on (section 4). Eight steps are 2.5x farther apart, so
     adjacent steps differ more: does the reuse window (:func:`~unicache_lib.analysis.generation.reuse_window`,
@@ -64,20 +119,22 @@ def exercise_1(quick: bool = False) -> dict:
     not of the model alone:
     a knee measured at 20 steps does not carry over to an 8-step schedule.
     """
-    few_steps = 8  # the starter cell's gap
+    few_steps = 8  # the starter cell's fewer steps
     rows = []
     for steps in (20, few_steps):
         for m in GENERATORS:
             K, win = _knees(m, 2 if quick else 8, steps, (0.95, 0.99))
             for t, w in win.items():
+                ks = [None if np.isnan(k) else int(k) for k in K.loc[m, f"knee (maps) @{t:g}"]]
+                assert reuse_start(ks) == w["start"]  # the gap's answer is the library's window start
                 rows.append({"model": m, "steps": steps, "threshold": t, "window start": w["start"],
                              "reusable steps": w["reusable"], "lowest cosine": round(float(K["min sim"].min()), 4)})
     R = pd.DataFrame(rows).set_index(["model", "steps", "threshold"])
     return {"table": "\n" + R.to_string(), "_table": R}
 
 
-def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2: capture the unconditional branch (``DiffusionCapture(..., branch="uncond")``) and compare its
+def exercise_3(quick: bool = False) -> dict:
+    """Exercise 3: capture the unconditional branch (``DiffusionCapture(..., branch="uncond")``) and compare its
     text entropy with the conditional one: what does the model attend to when the prompt is empty?
 
     The same prompts and seeds are sampled twice with the capture on, once recording the conditional half of
@@ -129,9 +186,9 @@ def _pair_prompts(n: int, same_shape: bool):
     return out
 
 
-def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3: make all pairs the same colour *and* the same shape, different positions. Do the two shape
-    words' regions still separate?
+def exercise_4(quick: bool = False) -> dict:
+    """Exercise 4: write ``top_iou(a, b, k)`` (the starter's gap), then make all pairs the same colour *and* the same
+    shape, different positions. Do the two shape words' regions still separate?
 
     Pair prompts ``a red circle on the left and a red circle on the right`` are sampled with capture; the
     notebook's binding overlap (IoU of the two shape words' top-12.5% regions,
@@ -153,7 +210,7 @@ def exercise_3(quick: bool = False) -> dict:
     rows = []
     for m in GENERATORS:
         g = _gen(m)
-        for same_shape in (True, False):  # the starter cell's gap, True (False: the comparison)
+        for same_shape in (True, False):  # the starter runs both
             ps = _pair_prompts(n, same_shape)
             run = capture_generation(g, [p["short"] for p in ps], "pairs", None, steps, GUIDANCE, SEED, progress=False)
             for i, p in enumerate(ps):
@@ -163,14 +220,15 @@ def exercise_3(quick: bool = False) -> dict:
                 a, b = (pos[0][0], pos[0][1]) if same_shape else (pos[0][0], pos[1][0])
                 kk = max(1, int(round(0.125 * W.shape[1])))
                 rows.append({"model": m, "pairs": "same colour, same shape" if same_shape else "same colour, two shapes",
-                             "overlap": G.iou(G.top_region(W[a], kk), G.top_region(W[b], kk)),
+                             "overlap": top_iou(W[a], W[b], kk),  # = G.iou(G.top_region(W[a], kk), G.top_region(W[b], kk))
                              "chance": G.chance_iou(kk, W.shape[1])})
     R = pd.DataFrame(rows).groupby(["model", "pairs"]).agg(overlap=("overlap", "mean"), chance=("chance", "mean"), n=("overlap", "size"))
     return {"table": "\n" + R.round(3).to_string(), "_table": R}
 
 
-def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4: ``step_explorer`` on PixArt (``m0 = "tiny-pixart"``): which prompt tokens do its image queries
+def exercise_5(quick: bool = False) -> dict:
+    """Exercise 5: write ``token_shares(W)`` (the starter's gap) and rank PixArt's prompt tokens (the starter's
+    generator, the last of ``GENERATORS``); then ``step_explorer`` on it: which prompt tokens do its image queries
     read, and what does that say about where colour and position information reach the image?
 
     The widget shows one (step, layer, head, word) at a time; the same question answered for all of them:
@@ -192,14 +250,14 @@ def exercise_4(quick: bool = False) -> dict:
     from unicache_lib.analysis import generation as G
     from unicache_lib.world.text import COLOURS, POSITIONS, SHAPES
 
-    m_look = "tiny-pixart"  # the starter cell's gap
+    m_look = "tiny-pixart"  # the starter's generator
     steps = _steps(quick)
     run = _short_run(m_look, 2 if quick else 8, steps)
     pos_words = {w for p in POSITIONS for w in str(p).split()} | {"left", "right", "top", "bottom", "middle", "centre", "center"}
     rows = []
     for i, sid in enumerate(run.sample_ids):
         W = G.word_maps(run.result.records, sid)  # [tokens, image]
-        per_tok = W.mean(1)
+        per_tok = token_shares(W)
         for t, v in zip(run.tokens[i], per_tok):
             role = ("colour" if t in COLOURS else "shape" if t in SHAPES else "position" if t in pos_words
                     else "end of text" if t.startswith("<") or t.startswith("[") else "function")
@@ -221,8 +279,8 @@ def exercise_4(quick: bool = False) -> dict:
     return out
 
 
-def exercise_5(quick: bool = False) -> dict:
-    """Exercise 5 (★★★, on your own checkpoint): run the notebook on a diffusers pipeline folder of SD3 / PixArt /
+def next_steps(quick: bool = False) -> dict:
+    """Next steps (★★★, on your own checkpoint; not an exercise): run the notebook on a diffusers pipeline folder of SD3 / PixArt /
     Flux / Sana with papermill, e.g.
     ``.venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -y 'GENERATORS: ["/path/to/sd3"]'
     -p DEVICE cuda -y 'LAYERS: [0, 11, 23]' -p MAP_QUERY_STRIDE 8`` (lists go in with ``-y``), and compare with the
@@ -248,7 +306,7 @@ def exercise_5(quick: bool = False) -> dict:
 
     steps = 4 if quick else 8
     d = tp.build_tiny("sd3", Path(tempfile.mkdtemp()) / "sd3-stand-in")
-    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your pipeline's folder
+    checkpoint = str(d)  # here a stand-in folder; yours is your pipeline's folder
     gen = load_generator(checkpoint)
     run = capture_generation(gen, [p["short"] for p in prompt_set(2, 0, SEED)], "own", None, steps, GUIDANCE, SEED, progress=False)
     T = G.step_table(run.result.records).assign(model="stand-in")

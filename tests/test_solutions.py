@@ -124,8 +124,15 @@ def s03():
     return load("03_diffusion_steps")
 
 
+def test_03_written_knee_is_the_librarys(s03):
+    r = s03.exercise_1(quick=True)
+    assert r["_n"] >= 2 * 2 * 8 and r["_agree"] == r["_n"]  # both generators' layers, maps and outputs, both lines
+    assert s03.knee([0.0, 0.2, 0.9, 0.95], 0.7) == 2 and s03.knee([0.0, 0.9, 0.5], 0.7) is None
+    assert s03.reuse_start([1, 3, 2]) == 3 and s03.reuse_start([1, None]) is None
+
+
 def test_03_fewer_steps_shrink_the_reuse_window(s03):
-    t = s03.exercise_1(quick=True)["_table"]
+    t = s03.exercise_2(quick=True)["_table"]
     for m in ("tiny-mmdit", "tiny-pixart"):
         assert t.loc[(m, 20, 0.95), "window start"] == 1 and t.loc[(m, 20, 0.95), "reusable steps"] == 18
         assert t.loc[(m, 8, 0.95), "reusable steps"] < 8 - 2  # farther steps: the window starts later
@@ -136,7 +143,7 @@ def test_03_fewer_steps_shrink_the_reuse_window(s03):
 
 
 def test_03_own_checkpoint_calls_run_on_a_pipeline_stand_in(s03):
-    r = s03.exercise_5(quick=True)
+    r = s03.next_steps(quick=True)
     assert r["random weights"] and r["parts"] == ["joint"]
     K = r["_K"]
     assert len(K) >= 2 and (K["n_steps"] == r["_steps"]).all() and "knee (maps) @0.99" in K
@@ -144,7 +151,7 @@ def test_03_own_checkpoint_calls_run_on_a_pipeline_stand_in(s03):
 
 
 def test_03_unconditional_branch_spreads_its_text_attention(s03):
-    t = s03.exercise_2(quick=True)["_table"]
+    t = s03.exercise_3(quick=True)["_table"]
     for m in ("tiny-mmdit", "tiny-pixart"):
         assert t.loc[(m, "uncond"), "text_entropy"] > t.loc[(m, "cond"), "text_entropy"] + 0.05
         assert t.loc[(m, "uncond"), "text_entropy"] > 0.95
@@ -152,7 +159,7 @@ def test_03_unconditional_branch_spreads_its_text_attention(s03):
 
 
 def test_03_repeated_shape_word_regions_do_not_separate(s03):
-    t = s03.exercise_3(quick=True)["_table"]
+    t = s03.exercise_4(quick=True)["_table"]
     same, two = "same colour, same shape", "same colour, two shapes"
     assert t.loc[("tiny-pixart", same), "overlap"] > 0.9 > t.loc[("tiny-pixart", two), "overlap"]
     for m in ("tiny-mmdit", "tiny-pixart"):
@@ -160,7 +167,7 @@ def test_03_repeated_shape_word_regions_do_not_separate(s03):
 
 
 def test_03_pixart_reads_end_of_text_and_not_position_words(s03):
-    r = s03.exercise_4(quick=True)
+    r = s03.exercise_5(quick=True)
     assert r["_real"] == pytest.approx(1.0, abs=1e-3)
     assert r["_by_role"].idxmax() == "end of text" and r["_by_role"]["position"] < 0.05
 

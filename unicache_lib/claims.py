@@ -230,32 +230,53 @@ _ALL = [
     _c("G1", "Early denoising steps attend diffusely, late steps concentrate.",
        "settled late maps are the cheap ones to reuse", "03_diffusion_steps",
        "image-query normalised entropy, early-phase mean minus late-phase mean (over parts and layers), on the weaker "
-       "model, above 0.02", {"": {"above": 0.02}}, "3"),
+       "model, above 0.02", {"": {"above": 0.02}}, "3",
+       advice=Advice("above 0.02: late steps are focused, pick the steps to reuse late; at or below 0: the steps do not "
+                     "focus, choose them by step-to-step similarity instead",
+                     (Place("03", 4, what="the knees"),))),
     _c("G2", "Adjacent-step similarity is ~0.3-0.5 early and > 0.8 late.",
        "where reuse may start (06's `step_skip`, `adaptive`)", "03_diffusion_steps",
        "adjacent-step cosine similarity of the maps: (a) late phase, weaker model, above 0.8, (b) early phase, most "
-       "similar model, below 0.6", {"a": {"above": 0.8}, "b": {"below": 0.6}}, "4"),
+       "similar model, below 0.6", {"a": {"above": 0.8}, "b": {"below": 0.6}}, "4",
+       advice=Advice("start whole-step reuse no earlier than the latest knee over the layers, on a line that separates "
+                     "them (one every layer clears from step 1 says nothing); a layer that never settles leaves no "
+                     "whole-step window; knees move with the step count",
+                     (Place("03", 4, params=("STRICT_THRESHOLD", "STEPS")), Place("06", 3, policies=("step_skip",))))),
     _c("G4", "In joint attention, text->image is stable across steps, image->text varies.",
        "the text side would be safer to reuse (06's `text_side`)", "03_diffusion_steps",
        "MMDiT, mean step-to-step change (1 - cosine): (a) image->text map / text->image map above 1.5, (b) image "
-       "stream's attention output / text stream's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}}, "6"),
+       "stream's attention output / text stream's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}}, "6",
+       advice=Advice("above 1.5: the text side is steadier, reuse it first; near 1: neither side is the safer one",
+                     (Place("06", 3, policies=("text_side",)),))),
     _c("G5", "Image tokens far outnumber text tokens: cache pressure is on the image side.",
        "cache memory goes to the image side", "03_diffusion_steps",
-       "image / text KV bytes per attention layer, weaker model, above 4", {"": {"above": 4.0}}, "7"),
+       "image / text KV bytes per attention layer, weaker model, above 4", {"": {"above": 4.0}}, "7",
+       advice=Advice("above 4: the cache memory is on the image side, evict or reuse image keys first; the ratio grows "
+                     "with the resolution, so measure it at the size you generate",
+                     (Place("03", 7, params=("GENERATORS",)),))),
     _c("G6", "Text conditioning is strongest early; long prompts collapse in middle steps.",
        "whether the prompt side can be cached after the first steps", "03_diffusion_steps",
        "weaker model: (a) short prompts' guidance strength, early minus late, above 0, (b) long prompts' middle-phase "
        "text entropy above 0.9, (c) that entropy minus the short prompts' above 0.05",
-       {"a": {"above": 0.0}, "b": {"above": 0.9}, "c": {"above": 0.05}}, "5"),
+       {"a": {"above": 0.0}, "b": {"above": 0.9}, "c": {"above": 0.05}}, "5",
+       advice=Advice("guidance as strong at the last step as at the first: keep the text side computed in the last "
+                     "steps; fading to the end: reusing the text side late is worth trying",
+                     (Place("03", 5), Place("06", 3, policies=("text_side",))))),
     _c("G7", "Generation models have more redundant heads than understanding models.",
        "heads that could share maps (04)", "03_diffusion_steps",
        "mean head redundancy, weaker generator minus the understanding model, above 0.05 (prompts and samples "
-       "resampled separately)", {"": {"above": 0.05}}, "8"),
+       "resampled separately)", {"": {"above": 0.05}}, "8",
+       advice=Advice("well above the understanding model: the generator's heads could share maps or be pruned; at or "
+                     "below it: no more room than in an understanding model",
+                     (Place("04", 4, params=("GENERATORS", "FRACTIONS")),))),
     _c("G9", "An object word's attention lands on the object's region.",
        "whether word maps can pick the image tokens to keep", "03_diffusion_steps",
        "weaker model: (a) object words' region IoU / a random region's above 2, (b) shape-word region overlap, "
        "same-colour minus different-colour pairs, above 0 (pair prompts resampled within their kind)",
-       {"a": {"above": 2.0}, "b": {"above": 0.0}}, "9"),
+       {"a": {"above": 2.0}, "b": {"above": 0.0}}, "9",
+       advice=Advice("above 2x chance: word maps point at objects and could pick the image tokens to keep; near 1: do "
+                     "not use them",
+                     (Place("03", 9), Place("02", 6)))),
     # 04: which heads can go
     _c("P1", "Pruning 10% of heads by attention statistics barely hurts; 20% starts to hurt.",
        "how many heads' keys and values can go", "04_head_pruning",

@@ -3,21 +3,33 @@
 #
 # **What you will learn**: to capture a diffusion transformer's attention at every denoising step without changing
 # a pixel; how entropy and step-to-step similarity move from the noisy first steps to the last, and from which step
-# maps could be reused (the [knee](../docs/GLOSSARY.md#knee)); how hard the prompt pulls per step; and whether a
-# word's attention lands on the object it names.
+# on a layer's attention could be reused: its [knee](../docs/GLOSSARY.md#knee), the first step from which the cosine
+# between adjacent steps stays above a line. **On these toy generators the study's line shows no knee**: their
+# adjacent maps are alike from the first step on, so at
+# <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> every layer's knee is step
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->.
+# The knee shows on a stricter line, in the attention *outputs*: section 4 draws
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->'s outputs at
+# <!--const STRICT_THRESHOLD, a parameter-->0.99<!--/const-->, where one layer settles only at step
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->. Then: how hard
+# the prompt pulls per step, and whether a word's attention lands on the object it names.
 #
-# *§0's figure:* tiny-mmdit's colour and shape words over its picture, × uniform; a miss: 'blue' lights the green circle.
+# *What you see:* section 0's first look: tiny-mmdit's picture, and its colour and shape words' attention over it,
+# in × uniform (1 = an even spread); a miss: 'blue' lights the green circle.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% [markdown]
-# Claims G1, G2, G4–G7, G9 and their rules: below the parameters; verdicts: in each section, then section 11 (G3, G8: 06).
-#
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
 # `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on a diffusers
 # SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana folder (`GENERATORS`, `DEVICE`, `DTYPE`; at real sizes `LAYERS` and
 # `MAP_QUERY_STRIDE` thin the capture).
+#
+# **How claims are judged.** Sections 3–9 each test one of the study's claims (G1, G2, G4–G7, G9; G3 and G8 are 06's)
+# by a rule fixed before any run, printed where it is measured; section 11 gathers the verdicts. A claim about
+# generators must hold on both, so the *weaker model* decides: the generator whose 95% interval is less favourable
+# to the claim ([verdicts](../docs/GLOSSARY.md#verdicts)).
 #
 # Terms: [phase](../docs/GLOSSARY.md#phase) (early = the first <!--const the phase boundaries, a definition fixed before any run-->20%<!--/const-->
 # of the steps, middle = up to <!--const the phase boundaries, a definition fixed before any run-->60%<!--/const-->, late = the rest),
@@ -49,16 +61,6 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %%
-from IPython.display import display
-
-from unicache_lib.claims import claims_table, of
-from unicache_lib.tables import wrap
-
-display(claims_table("03_diffusion_steps"))  # the claims themselves (unicache_lib/claims.py)
-for c in of("03_diffusion_steps"):  # each claim's rule: what is measured and its thresholds, written before any run
-    print(wrap(f"{c.id} rule: {c.rule}"))
-
-# %%
 import os
 
 import numpy as np
@@ -72,10 +74,10 @@ from unicache_lib.capture.gen_runner import capture_generation
 from unicache_lib.capture.runner import stats_store_or_capture
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
+from unicache_lib.claims import REGISTRY
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.tables import WrappedTable
+from unicache_lib.tables import WrappedTable, wrap
 from unicache_lib.store import Store, remove_store
-from unicache_lib.widgets import step_explorer
 from unicache_lib.world.segment import score_object
 from unicache_lib.world.text import load_prompts, named_words, single_object
 from unicache_lib.gen_families import gen_family_of
@@ -90,7 +92,8 @@ GENERATORS = list(gens)
 prompts = load_prompts(PROMPTS, N_SINGLE, N_PAIRS, SEED)  # N_SINGLE prompts, then N_PAIRS two-object ones
 n_prompts = len(prompts)
 board = Scoreboard(random_weights=any(is_stand_in(p) for p in paths.values()), unstable=unstable_claims([*GENERATORS, MODEL]))
-DC.declare(board)  # the rules above, as data (unicache_lib/analysis/diffusion_claims.py); each section measures its claim
+DC.declare(board)  # the claims' rules, as data (unicache_lib/analysis/diffusion_claims.py); each section measures its claim
+rule = lambda cid: wrap(f"{cid}, the study's claim: {REGISTRY[cid].statement}\n  rule: {REGISTRY[cid].rule}")  # noqa: E731
 
 # %%
 # Section 0's helpers: the prompt a generator draws, its word maps, and where each word's brightest patch lies
@@ -190,8 +193,11 @@ for m, run in look.items():
 #
 # PixArt drew none of the tried two-object prompts in full, so it shows a one-object prompt. Its image queries
 # put their weight on other prompt tokens, so no named word exceeds <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform, the top of its
-# colour bar. Yet the colour word's top patches are the object's: IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> (chance
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->). 'triangle''s brightest patch is only
+# colour bar.
+#
+# Yet the colour word's top patches are the object's: IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> (chance
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->).
+# 'triangle''s brightest patch is only
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > each word's brightest patch > 'triangle' on" re="'triangle' on the green triangle [(]([0-9]+%)"-->19%<!--/num--> triangle, below the
 # <!--const the cover at which IoU counts a patch as an object's (patch_grid_masks)-->25%<!--/const--> IoU needs to count a patch as the object's, hence IoU
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.00<!--/num-->. Section 9 measures all prompts (G9).
@@ -291,7 +297,9 @@ if len(pairs):
 # %% [markdown]
 # **This run**: the MMDiT follows single-object prompts perfectly; PixArt gets colour and position right but the
 # shape only in <!--num "notebooks/03_diffusion_steps.ipynb#out:colour  position  shape > tiny-pixart long > short@2" fmt="{:.3f}"-->0.688<!--/num--> of the short prompts. Pairs are
-# harder: the MMDiT gets every different-colour pair right but swaps or repeats shapes in same-colour pairs;
+# harder: the MMDiT gets every different-colour pair right, but of its same-colour pairs it swaps the shapes in
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:both right  one missing > tiny-mmdit > same@2"-->2<!--/num--> and draws a wrong shape in
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:both right  one missing > tiny-mmdit > same@3"-->1<!--/num-->;
 # PixArt draws only one object of every same-colour pair and no different-colour pair fully right.
 
 # %%
@@ -352,13 +360,14 @@ phase_tab["early-late"] = phase_tab["early"] - phase_tab["late"]
 print(phase_tab.round(3).to_string())
 g1_layers = phase_tab["early-late"] >= 0.02
 print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to late: {int(g1_layers.sum())} of {len(g1_layers)}")
+print(rule("G1"))  # judged in section 4, with G2
 
 # %% [markdown]
 # **What to look at.** Coarse to fine is entropy that falls (and max weight that rises) from the first step to the
 # last. The first figure averages the table over layers; the grid shows each layer per step (left to right: early
 # to late). **This run**: only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
-# early, <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@3" fmt="{:.3f}"-->0.317<!--/num--> late); the MMDiT's entropy *rises* late in blocks 0 and 1
-# (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
+# early, <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@3" fmt="{:.3f}"-->0.317<!--/num--> late); the MMDiT's entropy *rises* late in every block but the last (the negative early-late
+# values; block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
 # <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but the claim is about generators in general, so it is
 # judged on the weaker model, whose mean rises (decided with G2 in section 4).
@@ -419,27 +428,72 @@ for m in GENERATORS:
                         f"({w['reusable']} of {STEPS})" if w["start"] is not None else "some layer never settles: no whole-step reuse")
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
 
-# %% tags=["nbval-check-output"]
-# G1 (section 3's entropy, early minus late) and G2 (these similarities), each on the weaker model, over prompts
-drop = DC.measure_focus_and_similarity(board, DC.with_prompt(T), GENERATORS, n_prompts,
-                                       f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02", knees, STEPS)
-print(board.criteria_lines("G1", "G2"))
-
 # %% [markdown]
 # **What to look at.** A curve good for reuse climbs over the threshold at the knee and stays; one that never
 # clears it is computed every step. **This run**: the lowest adjacent-step cosine of any layer is
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> on the MMDiT and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
 # on PixArt, so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> the knee is step
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num--> for every layer. That threshold cannot tell these layers apart: adjacent
-# steps are nearly identical from the start, likely because of the 64 image tokens (the study's early
-# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images). G2 is
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G2 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: late above <!--const G2's threshold, written before the numbers-->0.8<!--/const--> holds, early
-# below <!--const G2's threshold, written before the numbers-->0.6<!--/const--> fails (<!--num "notebooks/03_diffusion_steps.ipynb#out:G2 (b):@0" fmt="{:.2f}"-->0.99<!--/num-->); G1
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->, early minus late [<!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@1"-->-0.06917<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@2"-->-0.06265<!--/num-->]. The *outputs* fall late,
-# to <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="([0-9.]+) at the last step"-->0.938<!--/num--> at the MMDiT's last step
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num--> for every layer: that line cannot tell these layers apart.
+#
+# Adjacent steps are nearly identical from the start, and this run cannot say why: the study's early
+# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images, which the toy does not
+# reach. The *outputs* fall late, to <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="([0-9.]+) at the last step"-->0.938<!--/num--> at the MMDiT's last step
 # (PixArt self-attention: <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart self: output cosine" re="([0-9.]+) at the last step"-->0.965<!--/num-->); at the strict line the MMDiT's outputs never
 # settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine > output knee" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable,
 # which notebook 06's G3 (reuse in the last third) puts to the test.
+
+# %% [markdown]
+# **The knee, where it shows.** At the study's line every curve above sits over it from step 1, so its knee is step 1
+# and says nothing. Below, the curve whose knee at `STRICT_THRESHOLD` comes latest: one line per layer, the cosine
+# of each step's attention output with the previous step's (step 0 has none), the strict line dashed and each layer's
+# knee dotted in its colour. The y-axis is zoomed: every point is near 1.
+
+# %% tags=["nbval-check-output"]
+kcol = f"knee (outputs) @{STRICT_THRESHOLD:g}"
+latest = knees[kcol].groupby(level=["model", "part"]).max()  # each (model, part): its latest knee over layers
+if latest.notna().any() and latest.max() > 1:
+    km, kp = latest.idxmax()
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    for layer, dl in short_T[(short_T.model == km) & (short_T.part == kp)].groupby("layer"):
+        curve, k = dl[dl.step > 0].groupby("step").out_sim_img.mean(), knees.loc[(km, kp, layer), kcol]
+        line, = ax.plot(curve.index, curve.values, marker=".", label=f"layer {layer}: knee "
+                        + (f"step {int(k)}" if k == k else "never"))
+        if k == k:
+            ax.axvline(k, color=line.get_color(), ls=":", lw=1)
+    ax.axhline(STRICT_THRESHOLD, color="k", ls="--", lw=0.8)
+    ax.set(xlabel="denoising step", ylabel="output cosine with previous step", title=f"{km} · {kp}: the knee")
+    ax.legend(fontsize=7)
+    _ = plots.save(fig, out, "knee")
+    print(f"a knee shows: {km} {kp} outputs at {STRICT_THRESHOLD:g}, latest knee step {int(latest.max())}")
+    print(wrap("  per layer: " + ", ".join(f"layer {l} " + (f"step {int(k)}" if k == k else "never")
+                                          for l, k in knees.loc[(km, kp), kcol].items())))
+else:
+    print(f"no knee after step 1 at {STRICT_THRESHOLD:g} on any output curve: raise STRICT_THRESHOLD or lower STEPS")
+
+# %% [markdown]
+# **What you see.** A knee: each curve dips below the strict line in the early and middle steps, then climbs over it
+# and stays; the knee is where it crosses for the last time. On
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->
+# the layers settle at different steps (<!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows: > per layer:" re="per layer: (.*)$"-->layer 0 step 1, layer 1 step 13, layer 2 step 11, layer 3 step 2<!--/num-->),
+# so a whole-step reuse, which needs every layer settled, could start only at the latest,
+# step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->;
+# a per-layer reuse could start each layer at its own knee. The knee depends on the line: the same curves are all
+# above the study's line from step 1.
+
+# %% tags=["nbval-check-output"]
+# G1 (section 3's entropy, early minus late) and G2 (these similarities), each on the weaker model, over prompts
+drop = DC.measure_focus_and_similarity(board, DC.with_prompt(T), GENERATORS, n_prompts,
+                                       f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02", knees, STEPS)
+print(rule("G2"))
+print(board.criteria_lines("G1", "G2"))
+
+# %% [markdown]
+# **Verdicts.** G2 is
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G2 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: late above <!--const G2's threshold, written before the numbers-->0.8<!--/const--> holds, early
+# below <!--const G2's threshold, written before the numbers-->0.6<!--/const--> fails (<!--num "notebooks/03_diffusion_steps.ipynb#out:G2 (b):@0" fmt="{:.2f}"-->0.99<!--/num-->).
+#
+# G1 <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->: early minus late is [<!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@1"-->-0.06917<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@2"-->-0.06265<!--/num-->]
+# on the weaker model, the MMDiT, whose entropy rises late (section 3).
 
 # %% [markdown]
 # ## 5. How hard does the prompt pull, step by step? (G6)
@@ -494,21 +548,26 @@ for m in GENERATORS:  # the phase means above hide the last step: read it per st
 
 # %% tags=["nbval-check-output"]
 DC.measure_conditioning(board, DC.with_prompt(T), gdf, cond, GENERATORS, n_prompts, STEPS)  # G6, weaker model
+print(rule("G6"))
 print(board.criteria_lines("G6"))
 
 # %% [markdown]
 # **What to look at.** Guidance falling after the first steps; long prompts' middle-phase text entropy near 1 (a
 # collapse). **This run**: averaged over a phase, guidance is strongest early (MMDiT
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short@0" fmt="{:.3f}"-->0.182<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short@2" fmt="{:.3f}"-->0.088<!--/num--> late; PixArt
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@0" fmt="{:.3f}"-->0.134<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@2" fmt="{:.3f}"-->0.039<!--/num-->), but both curves
-# spike again at the last step, the MMDiT's (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@4" fmt="{:.2f}"-->0.32<!--/num-->) above its step 0
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@0" fmt="{:.3f}"-->0.134<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@2" fmt="{:.3f}"-->0.039<!--/num-->).
+#
+# But both curves spike again at the last step, the MMDiT's (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@4" fmt="{:.2f}"-->0.32<!--/num-->) above its step 0
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@0" fmt="{:.2f}"-->0.30<!--/num-->): dropping the prompt side after the first steps would miss
-# it. Long prompts do not collapse: middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
+# it.
+#
+# Long prompts do not collapse: middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
 # (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short > long@4" fmt="{:.3f}"-->0.732<!--/num--> (PixArt), below G6's
 # <!--const G6's threshold, written before the numbers-->0.9<!--/const-->.
 #
 # G6 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: guidance does fall after the first steps (a), but long prompts' text entropy exceeds the short ones' by only
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 (c):@0" fmt="{:.3f}"-->0.012<!--/num--> (rule (c): above <!--const G6's threshold, written before the numbers-->0.05<!--/const-->): on the weaker model the extra clauses change nothing.
+#
 # The MMDiT's text share is the same for short and long prompts because it counts every text position, padding
 # included (of the <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@0"-->112<!--/num--> keys, all but the
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: SD3Transformer2DModel" re="([0-9]+) image tokens"-->64<!--/num--> image tokens): it
@@ -534,6 +593,7 @@ if len(jall):
 
 # %% tags=["nbval-check-output"]
 change = DC.measure_joint_asymmetry(board, jall, n_prompts, asym if len(jall) else None)  # G4, MMDiT only
+print(rule("G4"))
 print(board.criteria_lines("G4"))
 
 # %% [markdown]
@@ -541,8 +601,8 @@ print(board.criteria_lines("G4"))
 # **This run**: all blocks move most at the first steps and near the end, together; image→text changes only
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (a):@0" fmt="{:.2f}"-->1.22<!--/num--> times as much as text→image (the rule asks
 # <!--const G4's threshold, written before the numbers-->1.5<!--/const-->), the image output stream
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (b):@0" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's (intervals
-# [<!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (a):@1"-->1.162<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (a):@2"-->1.304<!--/num-->] and [<!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (b):@1"-->1.045<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (b):@2"-->1.238<!--/num-->]; G4 <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->). Neither side is the safer one to reuse.
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (b):@0" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's: G4 <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->
+# (both intervals, in the criteria lines above, sit below the rule's line). Neither side is the safer one to reuse.
 
 # %% [markdown]
 # ## 7. Where is the cache pressure? (G5)
@@ -565,14 +625,17 @@ print(kv.rename(columns=lambda c: c.replace(" tokens (mean)", " (mean)").replace
 print("(KV: fp16 bytes of keys and values per layer)")
 print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x);\n  PixArt-alpha 1024: 4096 vs 120 (34x)")
 DC.measure_cache_pressure(board, kv, GENERATORS, n_prompts)  # G5, weaker model
+print(rule("G5"))
 print(board.criteria_lines("G5"))
 
 # %% [markdown]
-# **This run**: 64 image tokens against 48 text positions, so the image side needs only
+# **This run**: <!--num "notebooks/03_diffusion_steps.ipynb#out:image tokens  text positions > tiny-mmdit@0"-->64<!--/num--> image tokens against
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:image tokens  text positions > tiny-mmdit@1"-->48<!--/num--> text positions, so the image side needs only
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values, far from G5's
-# <!--const G5's threshold, written before the numbers-->4×<!--/const-->; half the text positions are padding
-# (<!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@2" fmt="{:.0f}"-->24<!--/num--> real tokens on average). At 1024² the image side is
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× larger (the last line): G5 fails here because of the toy resolution, not
+# <!--const G5's threshold, written before the numbers-->4×<!--/const-->.
+#
+# Half the text positions are padding (<!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@2" fmt="{:.0f}"-->24<!--/num--> real tokens on average). At 1024² the image side is
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× larger (the last lines): G5 fails here because of the toy resolution, not
 # the architecture.
 
 # %% [markdown]
@@ -598,6 +661,7 @@ print(per_layer_red.round(3).to_string())
 
 # %% tags=["nbval-check-output"]
 gen_red, u_red = DC.measure_redundancy(board, DC.with_prompt(T), U, GENERATORS, n_prompts)  # G7, weaker generator
+print(rule("G7"))
 print(board.criteria_lines("G7"))
 
 # %% [markdown]
@@ -605,7 +669,7 @@ print(board.criteria_lines("G7"))
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer, its cross-attention heads most, though maps over few text keys match
 # more easily), the MMDiT's are not
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@0" fmt="{:.2f}"-->0.41<!--/num-->; above the understanding model in one layer only). G7, judged on the weaker
-# generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num--> (interval [<!--num "notebooks/03_diffusion_steps.ipynb#out:G7:@1"-->-0.04951<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7:@2"-->-0.004051<!--/num-->]).
+# generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num--> (its interval, in the criteria lines above, is below 0).
 
 # %% [markdown]
 # ## 9. Does a word look at what it names? (G9)
@@ -624,6 +688,7 @@ bind = R[R.role == "binding overlap"].groupby(["model", "pair"]).agg(overlap=("i
 print(bind.round(3).to_string())
 print("\n".join(DC.word_region_lines(loc, GENERATORS)))
 DC.measure_word_regions(board, R, loc, GENERATORS, prompts)  # G9, weaker model
+print(rule("G9"))
 print(board.criteria_lines("G9"))
 
 # %% [markdown]
@@ -631,7 +696,9 @@ print(board.criteria_lines("G9"))
 # apart whatever the colours (the study expected more overlap for same-colour pairs). **This run**:
 # PixArt's cross-attention localises (colour words <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: colour words@0"-->9.2<!--/num-->× chance), the MMDiT's joint
 # attention does not (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: colour words@0"-->0.7<!--/num-->×): word maps are a usable pointer on the cross-attention
-# model only (G9 (a) and the decision table pool colour and shape words). **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
+# model only (G9 (a) and the decision table pool colour and shape words).
+#
+# **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-pixart > same@0" fmt="{:.3f}"-->0.000<!--/num-->), on which the verdict rests, measures no binding. The MMDiT, which
 # drew both objects, shows the study's direction (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit > same@0" fmt="{:.3f}"-->0.415<!--/num--> same-colour against
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit@0" fmt="{:.3f}"-->0.130<!--/num--> different-colour).
@@ -667,9 +734,9 @@ for m in GENERATORS:
 # %% [markdown]
 # ## 10. Explore: step, layer, head and word
 #
-# Full maps of the first `MAP_PROMPTS` prompts: left, the head's map (MMDiT: the joint map with its image|text
-# borders; PixArt: image queries × text keys); right, the chosen word's column over the image. First a static view
-# (middle step, last layer, head 0, the shape word), then the widget.
+# Full maps of the first `MAP_PROMPTS` prompts. First one view drawn here, for print (middle step, last layer, head 0,
+# the shape word): left, the head's map (MMDiT: the joint map with its image|text borders; PixArt: image queries ×
+# text keys); right, the shape word's column over the image. Then the explorer, which draws any view.
 
 # %%
 m0 = GENERATORS[0]
@@ -699,29 +766,28 @@ print(f"query rows whose largest weight is highest: {sorted(np.argsort(P.max(1))
 # has structure (bands, a diagonal), a degenerate one is flat or puts its mass on one column (a
 # [sink](../docs/GLOSSARY.md#sink)); on the right, bright on the object is a hit. **This
 # run** shows a miss: the shape word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num-->, below the drawn shape (patch row
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num--> (patch row
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="row ([0-9]+)"-->3<!--/num-->, column <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="column ([0-9]+)"-->2<!--/num-->), and in the left panel query rows
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands). The sliders show how little changes from step to step and how much from head to head.
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands).
+#
+# **The explorer** below draws every view of these maps in the browser, without the kernel (so it also runs on the
+# course website): a menu for the prompt and the view (`i2t`: the picture reading a word, in × uniform; `t2i`: the
+# word reading the picture; `full`: the whole map, the image block outlined), sliders for the step, the layer and the
+# head (its last stop: the mean of the heads), and the word. It opens on the view drawn above. Move the step slider
+# to see how little changes from step to step (section 4's cosines near 1), the head slider to see how much changes
+# from head to head. *Save view (PNG)* and *Save numbers (JSON)* under the picture export what you see;
+# `explorer.save("outputs/mine/view")` writes the same numbers from Python (`.npz` + `.json`).
 
 # %% tags=["nbval-ignore-output"]
-explorer = step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].images)),
-                         dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].tokens)))
-explorer
+from unicache_lib.widgets import step_explorer
 
-# %% [markdown]
-# The same pictures without a kernel (the course website; `make book`): a step slider over pictures drawn now.
-
-# %% tags=["nbval-ignore-output"]
-from unicache_lib.static_explorer import static_step_explorer
-
-static_step_explorer(runs[m0, "maps"].result, dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].images)),
-                     dict(zip(runs[m0, "maps"].sample_ids, runs[m0, "maps"].tokens)))
+explorer = step_explorer(mrun.result, dict(zip(mrun.sample_ids, mrun.images)), dict(zip(mrun.sample_ids, mrun.tokens)))
+explorer.select(step=mid_step, layer=last_layer, head=0, word=wpos[0])  # the view drawn above; the sliders follow
 
 # %% [markdown]
 # ## 11. Claims scoreboard
 #
-# Each section's verdict, together. A claim about generators must hold on both, so the *weaker* model's
-# 95% interval decides ([verdicts](../docs/GLOSSARY.md#verdicts)).
+# Each section's verdict, together; the weaker model decides each (see the introduction).
 
 # %% tags=["nbval-check-output"]
 board.save(out / "scoreboard.json")  # every claim as its section measured it (sections 4-9)
@@ -731,14 +797,18 @@ print(wrap("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items())))
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** These are two small generators' verdicts: G2's (b) and G5 fail from 64 image tokens; a real SD3 or PixArt checkpoint (`GENERATORS = [path]`) may move each number.
-#
+# **Reading the scoreboard.** These are two small generators' verdicts. G5 fails because the toy's pictures have few image tokens
+# (section 7's last lines: the image side is <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× the text side at 1024²); whether G2 (b) fails for the same reason
+# this run cannot test (section 4). A real SD3 or PixArt checkpoint (`GENERATORS = [path]`) may move each number.
+
+# %% [markdown]
 # ## Recap: what this run showed
 #
 # - **Capture changes nothing** (identical images).
 # - **Coarse to fine (G1)** holds for PixArt's cross-attention only; the MMDiT's entropy rises late.
-# - **Adjacent maps (G2)** are alike from step 1 on: the study's threshold carries no information here. Their
-#   outputs fall late: by output the last steps are the least reusable.
+# - **Adjacent maps (G2)** are alike from step 1 on: at the study's threshold every knee is step 1. A knee shows on
+#   the outputs at the strict line (PixArt's cross-attention settles layer by layer), and the outputs fall late: by
+#   output the last steps are the least reusable.
 # - **The text side is steadier, but too little for a policy of its own (G4)**, and the image side holds only
 #   <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values at this resolution (G5).
 # - **The prompt pulls hardest early on average (G6)**, and again at the last step; long prompts do not collapse.
@@ -746,99 +816,104 @@ board.show()
 # - **Word maps point at objects on PixArt, not on the MMDiT (G9)**; G9 (b) rests on pictures with one object of
 #   two and says nothing about binding.
 #
-# The decision table. Notebook 06 runs `step_skip` at its tuned `head`; a window found here goes in a `ReuseCache` with `REUSE_POLICIES["step_skip"](head=…)` in 06's `METHODS`.
+# The decision table: what each measurement suggests for your model is written once, beside its claim
+# (`unicache_lib/claims.py`), so every lesson says the same; this run adds its values. A window found here goes in a
+# `ReuseCache` with `REUSE_POLICIES["step_skip"](head=…)` in 06's `METHODS`.
 
 # %%
-from IPython.display import display
-
+from unicache_lib.claims import decision_rows
 from unicache_lib.reuse import REUSE_POLICIES
 
-ss_head, ad_cos = REUSE_POLICIES["step_skip"]().head, REUSE_POLICIES["adaptive"]().threshold  # as 06 runs them
+ss_head = REUSE_POLICIES["step_skip"]().head  # as 06 runs it
 start = lambda w, t: f"from step {w['start']} at {t:g}" if w["start"] is not None else f"none at {t:g}"  # noqa: E731
 strict = {m: window[m, STRICT_THRESHOLD] for m in GENERATORS}
-w_rows = [{"measurement": "whole-step reuse: latest knee over layers (maps), lowest adjacent cosine",
-           "value here": "; ".join(f"{m} {start(window[m, THRESHOLD], THRESHOLD)}, {start(w, STRICT_THRESHOLD)}, lowest "
-                                   f"{knees.loc[m, 'min sim'].min():.3f}" for m, w in strict.items()),
-           "what it suggests on your model": (f"every layer settles by step 1 at {THRESHOLD:g}: too loose to inform, judge at "
-           f"{STRICT_THRESHOLD:g}; " if all((window[m, THRESHOLD]["start"] or STEPS) <= 1 for m in GENERATORS) else "")
-           + ("no whole-step window where a layer never settles; " if any(w["start"] is None for w in strict.values()) else "")
-           + "start whole-step reuse no earlier than the latest knee",
-           "notebook / parameter": ("; ".join(f"06: add step_skip(head={w['head']}) for {m}" for m, w in strict.items() if w["start"] is not None)
-                                    or f"06: keep step_skip's tuned head={ss_head:g}")
-           + f"; adaptive (06: threshold {ad_cos:g}) compares module inputs, not maps; knees move with STEPS ({STEPS})"}]
-
-# %%
-drop_by_model = {m: float(d.mean()) for m, d in zip(GENERATORS, drop)}
+windows = "; ".join(f"{m} {start(window[m, THRESHOLD], THRESHOLD)}, {start(w, STRICT_THRESHOLD)}" for m, w in strict.items())
+g2_found = ("; ".join(f"06: step_skip(head={w['head']}) for {m}" for m, w in strict.items() if w["start"] is not None)
+            or f"no window here: 06 keeps step_skip's tuned head={ss_head:g}")
+rows = [("G2", "G2: whole-step reuse window (latest knee of the maps)", windows, g2_found),
+        ("G1", "G1: image-query entropy, early minus late", ", ".join(f"{m} {float(d.mean()):+.3f}" for m, d in zip(GENERATORS, drop)))]
 if g_ends:
-    late_pull = [m for m, (a, b) in g_ends.items() if b >= a]
-    w_rows.append({"measurement": "guidance strength, step 0 / last step (G6)", "value here": ", ".join(f"{m} {a:.2f} / {b:.2f}" for m, (a, b) in g_ends.items()),
-                   "what it suggests on your model": (f"{', '.join(late_pull)}: the prompt pulls again at the end; keep the text side computed "
-                   "in the last steps" if late_pull else "the prompt's pull fades: reusing the text side late is worth trying"),
-                   "notebook / parameter": "06: the text_side policy; this notebook, section 5"})
-w_rows.append({"measurement": "image-query entropy, early minus late (G1)", "value here": ", ".join(f"{m} {v:+.3f}" for m, v in drop_by_model.items()),
-               "what it suggests on your model": "> 0.02: late steps are focused, pick reuse steps late; <= 0: choose them by similarity, not focus",
-               "notebook / parameter": "this notebook, section 3"})
+    rows.append(("G6", "G6: guidance strength, step 0 / last step", ", ".join(f"{m} {a:.2f} / {b:.2f}" for m, (a, b) in g_ends.items())))
 if len(jall):
-    w_rows.append({"measurement": "MMDiT change, image->text / text->image (G4)", "value here": f"{change['sim_it'].mean() / change['sim_ti'].mean():.2f}",
-                   "what it suggests on your model": "> 1.5: the text side is steadier, reuse it first; near 1: no side is safer",
-                   "notebook / parameter": "06: the text_side policy (REUSE_POLICIES['text_side'])"})
-w_rows.append({"measurement": "image / text KV bytes per layer (G5)", "value here": ", ".join(f"{m} {v:.2f}x" for m, v in kv["image/text"].items()),
-               "what it suggests on your model": "> 4: the cache pressure is on the image side, evict or reuse image keys first",
-               "notebook / parameter": "06: GENERATORS (reuse); no lesson evicts a generator's KV (05 evicts a VLM's)"})
-w_rows.append({"measurement": "head redundancy, generators vs understanding (G7)",
-               "value here": ", ".join(f"{m} {v:.2f}" for m, v in zip(GENERATORS, gen_red.mean(0))) + f" vs {u_red.mean():.2f}",
-               "what it suggests on your model": "well above the understanding model: heads could share maps or be pruned",
-               "notebook / parameter": "04: GENERATORS, FRACTIONS"})
-w_rows.append({"measurement": "word-region IoU / chance, colour and shape words pooled (G9)",
-               "value here": ", ".join(f"{m} {loc.loc[m].iou.sum() / loc.loc[m].chance.sum():.1f}x" for m in GENERATORS if m in loc.index.get_level_values(0)),
-               "what it suggests on your model": "> 2: word maps point at objects, usable to pick image tokens; near 1: do not use them",
-               "notebook / parameter": "this notebook, section 9; 02 for understanding models"})
-WrappedTable(pd.DataFrame(w_rows))  # every cell whole, also as plain text
+    rows.append(("G4", "G4: MMDiT change, image->text / text->image", f"{change['sim_it'].mean() / change['sim_ti'].mean():.2f}"))
+rows += [("G5", "G5: image / text KV bytes per layer", ", ".join(f"{m} {v:.2f}x" for m, v in kv["image/text"].items())),
+         ("G7", "G7: head redundancy, generators vs understanding",
+          ", ".join(f"{m} {v:.2f}" for m, v in zip(GENERATORS, gen_red.mean(0))) + f" vs {u_red.mean():.2f}"),
+         ("G9", "G9: word-region IoU / chance, colour and shape words pooled",
+          ", ".join(f"{m} {loc.loc[m].iou.sum() / loc.loc[m].chance.sum():.1f}x" for m in GENERATORS if m in loc.index.get_level_values(0)))]
+WrappedTable(pd.DataFrame(decision_rows(rows, "03_diffusion_steps", board.verdicts())))  # advice: unicache_lib/claims.py
 
 # %% [markdown]
-# **Reading the table.** No whole-step window is trustworthy (knee at step 1 everywhere, or never): keep `step_skip`'s
-# tuned head, as 06 does, or let `adaptive` decide per module and step. Word maps are a pointer on PixArt
-# (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance, colour and shape words pooled (G9) > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:word-region IoU / chance, colour and shape words pooled (G9) > value here@0"-->1.0<!--/num-->×); neither
+# **Reading the table.** No whole-step window is trustworthy here: at the study's line every knee is step 1, at the
+# strict line some layer never settles. Keep `step_skip`'s tuned head, as 06 does, or let `adaptive` decide per module
+# and step. Word maps are a pointer on PixArt
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×); neither
 # side nor the image keys earn a policy of their own at this size; only PixArt's heads point to notebook 04.
 
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter) to ★★★ (your own checkpoint); `solutions/03_diffusion_steps.py` holds each measured
-# answer (`--only K` runs one). Each starter leaves one
-# gap, `... # <- fill in` (★, ★★: under a minute).
+# Each starter leaves one gap, `... # <- write` (code) or `... # <- fill in` (a value), and checks what you wrote.
+# Answers: `solutions/03_diffusion_steps.py` (`--only K`).
 #
-# 1. ★★ Choose fewer steps (`few_steps`) and read section 4's knees at <!--const a threshold the exercise sets-->0.95<!--/const-->
-#    and <!--const STRICT_THRESHOLD, a parameter-->0.99<!--/const-->: from which step could whole steps be reused,
-#    and how many? Does a knee belong to a model or to a step count?
-# 2. ★ Capture the half of the guidance batch that sees the empty prompt (`DiffusionCapture`'s `branch`; see its
+# 1. ★★ Write `knee(sims, threshold)`: the first step from which a layer's adjacent-step cosines stay at or above
+#    the line. The starter checks it on every curve of section 4 and prints your knees for the curve drawn there.
+# 2. ★★ Whole-step reuse needs every layer settled. Write `reuse_start(layer_knees)`; the starter applies it to
+#    section 4's knees at `STEPS` and at 8 steps (four prompts): does a knee belong to a model or to a step count?
+# 3. ★ Capture the half of the guidance batch that sees the empty prompt (`DiffusionCapture`'s `branch`; see its
 #    docstring) and compare its text entropy with the prompted half's: what does the model attend to then?
-# 3. ★★ Keep both objects of every pair one colour, in different places, and run the starter with both settings
-#    of `same_shape`. Do the two shape words' regions separate, and does it matter whether they name one shape?
-# 4. ★ Use `step_explorer` on the generator whose word maps localise (section 9): which prompt tokens do its image
-#    queries read, and where do colour and position reach the image?
-# 5. ★★★ Run this notebook on your diffusers SD3 / PixArt / Flux / Sana folder (the starter prints the papermill
-#    command). Compare the lowest adjacent
-#    cosine and the knee with this run's and the study's, then add a `step_skip(head=…)` from the decision
-#    table's window to notebook 06's `METHODS`.
+# 4. ★★ Binding: write `top_iou(a, b, k)`, the IoU of two word maps' k brightest patches (section 9's overlap). The
+#    starter draws pairs of one colour, with two shapes and with one shape twice: do the shape words' regions separate?
+# 5. ★★ Which prompt tokens do the image queries read? Write `token_shares(W)` for section 9's word maps (tokens ×
+#    image patches); the starter ranks PixArt's tokens. Where do colour and position reach the picture?
 
 # %%
-# Exercise 1 starter: §4's knees at fewer, farther steps, on four of the notebook's prompts, beside STEPS
-few_steps = ...  # <- fill in: a smaller number of denoising steps than STEPS
-thresholds = (0.95, STRICT_THRESHOLD)
-if few_steps is ...:
-    print(f"Fill in `few_steps`, then run this cell again (STEPS is {STEPS}).")
+# Exercise 1 starter: the knee, checked against section 4's table on every curve (maps and outputs, both lines)
+def knee(sims, threshold):
+    """sims[s]: cosine of step s with step s-1 (sims[0] has no previous step: ignore it). Returns the first step
+    s >= 1 from which sims[s], sims[s+1], ... are all >= threshold, or None when there is no such step."""
+    ...  # <- write: the body
+
+
+if knee([0.0, 0.2, 0.9, 0.95], 0.7) is None:
+    print("Write the body of `knee`, then run this cell again (on [0.0, 0.2, 0.9, 0.95] at 0.7 it is step 2).")
+else:
+    bad = []
+    for (m, p, layer), d in short_T.groupby(["model", "part", "layer"]):
+        for name, col in (("maps", "sim"), ("outputs", "out_sim_img")):
+            sims = d.groupby("step")[col].mean().to_numpy()
+            for t in (THRESHOLD, STRICT_THRESHOLD):
+                want, got = knees.loc[(m, p, layer), f"knee ({name}) @{t:g}"], knee(sims, t)
+                if (got is None) != bool(np.isnan(want)) or (got is not None and got != want):
+                    bad.append(f"{m} {p} layer {layer} {name} @{t:g}: yours {got}, section 4's {want}")
+    print("correct: every knee is section 4's" if not bad else "\n".join(bad[:6]))
+    if not bad and latest.notna().any() and latest.max() > 1:  # the curve section 4 draws
+        d = short_T[(short_T.model == km) & (short_T.part == kp)]
+        print(f"{km} {kp} outputs at {STRICT_THRESHOLD:g}: " + ", ".join(
+            f"layer {l} {knee(dl.groupby('step').out_sim_img.mean().to_numpy(), STRICT_THRESHOLD)}" for l, dl in d.groupby("layer")))
+
+# %%
+# Exercise 2 starter: whole-step reuse from the layers' knees, at STEPS and at 8 steps (four prompts, each generator)
+def reuse_start(layer_knees):
+    """layer_knees: one knee per layer (a step, or None where the layer never settles). Returns the first step from
+    which every layer has settled, or None when some layer never does."""
+    ...  # <- write: the body
+
+
+if reuse_start([1, 3, 2]) is None:
+    print("Write the body of `reuse_start`, then run this cell again (for knees [1, 3, 2] it is step 3).")
 else:
     for m, g in gens.items():
-        for n in (STEPS, few_steps):
-            run = capture_generation(g, [p["short"] for p in prompts[:4]], f"steps{n}", None, n, GUIDANCE, SEED,
-                                     progress=False)
-            K = G.knee_table(G.step_table(run.result.records).assign(model=m), thresholds)
-            print(f"{m}, {n} steps: lowest adjacent cosine {K['min sim'].min():.3f}; " + "; ".join(
-                f"at {t:g} window {G.reuse_window(K.loc[m, f'knee (maps) @{t:g}'], n)}" for t in thresholds))
+        for n in (STEPS, 8):
+            run = capture_generation(g, [p["short"] for p in prompts[:4]], f"steps{n}", None, n, GUIDANCE, SEED, progress=False)
+            K = G.knee_table(G.step_table(run.result.records).assign(model=m), (0.95,))  # one row per (part, layer)
+            ks = [None if np.isnan(k) else int(k) for k in K["knee (maps) @0.95"]]
+            want = G.reuse_window(K["knee (maps) @0.95"], n)["start"]
+            print(f"{m}, {n} steps: lowest cosine {K['min sim'].min():.3f}; at 0.95 reuse from step {reuse_start(ks)}"
+                  + ("" if reuse_start(ks) == want else f"  <- G.reuse_window says {want}"))
 
 # %%
-# Exercise 2 starter: the text attention of both halves of the guidance batch, on two prompts per generator
+# Exercise 3 starter: the text attention of both halves of the guidance batch, on two prompts per generator
 branch = ...  # <- fill in: the branch name of the half that sees the empty prompt
 if branch is ...:
     print("Fill in `branch`, then run this cell again (the notebook captured branch 'cond').")
@@ -853,44 +928,62 @@ else:
         print(m, B[B.part != "self"].groupby("branch")[["text_share", "text_entropy"]].mean().round(3).to_string(), sep="\n")
 
 # %%
-# Exercise 3 starter: pairs of one colour, left and right; the overlap of the two shape words' regions (as in §9)
+# Exercise 4 starter: pairs of one colour, left and right; the overlap of the two shape words' regions (as in §9)
 from unicache_lib.world.text import COLOURS, SHAPES, short_prompt  # noqa: E402
-same_shape = ...  # <- fill in: True or False, whether the right-hand object takes the left one's shape
-if same_shape is ...:
-    print("Fill in `same_shape`, then run this cell again.")
+
+
+def top_iou(a, b, k):
+    """a, b: two word maps (one weight per image patch). Returns the IoU (intersection over union) of the sets of
+    the k patches where a is largest and the k patches where b is largest."""
+    ...  # <- write: the body
+
+
+if top_iou(np.arange(4.0), np.arange(4.0), 2) is None:
+    print("Write the body of `top_iou`, then run this cell again.")
 else:
-    shapes = list(SHAPES)
-    objs = [[{"colour": c, "shape": shapes[i % len(shapes)], "position": "left"},
-             {"colour": c, "shape": shapes[(i + (0 if same_shape else 1)) % len(shapes)], "position": "right"}]
-            for i, c in enumerate(list(COLOURS)[:4])]
-    for m, g in gens.items():
-        run = capture_generation(g, [short_prompt(o) for o in objs], "same", None, STEPS, GUIDANCE, SEED, progress=False)
-        ov = []
-        for i, o in enumerate(objs):
-            W = G.word_maps(run.result.records, run.sample_ids[i])
-            pos = [j for x in o for j in G.word_positions(run.tokens[i], x["shape"])]
-            kk = max(1, round(0.125 * W.shape[1]))
-            ov.append(G.iou(G.top_region(W[pos[0]], kk), G.top_region(W[pos[-1]], kk)))
-        print(f"{m}: shape-word region overlap {np.mean(ov):.2f} (chance {G.chance_iou(kk, W.shape[1]):.2f})")
+    x, y = np.random.default_rng(0).random((2, 64))
+    print("check:", "correct" if abs(top_iou(x, y, 8) - G.iou(G.top_region(x, 8), G.top_region(y, 8))) < 1e-9 else "differs from G.iou")
+    for same_shape in (False, True):
+        objs = [[{"colour": c, "shape": list(SHAPES)[i % len(SHAPES)], "position": "left"},
+                 {"colour": c, "shape": list(SHAPES)[(i + 1 - same_shape) % len(SHAPES)], "position": "right"}]
+                for i, c in enumerate(list(COLOURS)[:4])]
+        for m, g in gens.items():
+            run = capture_generation(g, [short_prompt(o) for o in objs], "same", None, STEPS, GUIDANCE, SEED, progress=False)
+            Ws = [G.word_maps(run.result.records, sid) for sid in run.sample_ids]
+            pos = [[j for x in o for j in G.word_positions(run.tokens[i], x["shape"])] for i, o in enumerate(objs)]
+            kk = max(1, round(0.125 * Ws[0].shape[1]))
+            ov = [top_iou(W[p[0]], W[p[-1]], kk) for W, p in zip(Ws, pos)]
+            W = Ws[0]
+            print(f"{m}, {'one shape twice' if same_shape else 'two shapes'}: shape-word overlap {np.mean(ov):.2f} "
+                  f"(chance {G.chance_iou(kk, W.shape[1]):.2f})")
 
 # %%
-# Exercise 4 starter: what one generator's image queries read, by prompt token (§9's word maps), and its explorer
-m_look = ...  # <- fill in: the generator to look at, one of GENERATORS
-if m_look is ...:
-    print(f"Fill in `m_look`, then run this cell again (one of {GENERATORS}).")
+# Exercise 5 starter: what a generator's image queries read, by prompt token (§9's word maps)
+def token_shares(W):
+    """W: a prompt's word maps, [tokens, image patches]: W[j, i] is image query i's attention to token j (mean over
+    heads, layers and steps). Returns one number per token: its share of the image queries' attention, mean over
+    the image queries."""
+    ...  # <- write: the body
+
+
+run = runs[GENERATORS[-1], "short"]
+if token_shares(np.ones((2, 3))) is None:
+    print(f"Write the body of `token_shares`, then run this cell again (it ranks {GENERATORS[-1]}'s tokens).")
 else:
-    run = runs[m_look, "short"]
-    share = pd.concat([pd.Series(G.word_maps(run.result.records, sid).mean(1), index=run.tokens[i])
+    W0 = G.word_maps(run.result.records, run.sample_ids[0])
+    print("check:", "correct" if np.allclose(token_shares(W0), W0.mean(1)) else "not the mean over the image queries")
+    share = pd.concat([pd.Series(np.asarray(token_shares(G.word_maps(run.result.records, sid))), index=run.tokens[i])
                        for i, sid in enumerate(run.sample_ids)])
-    print(share.groupby(level=0).mean().sort_values(ascending=False).head(10).round(3).to_string())
-    full = runs[m_look, "maps"]  # the full maps captured in section 1
-    display(step_explorer(full.result, dict(zip(full.sample_ids, full.images)), dict(zip(full.sample_ids, full.tokens))))
+    print(wrap(f"{GENERATORS[-1]}, most-read tokens (mean share over prompts): " + ", ".join(
+        f"{t!r} {v:.3f}" for t, v in share.groupby(level=0).mean().sort_values(ascending=False).head(8).items())))
 
-# %%
-# Exercise 5 starter: this lesson on your pipeline
-checkpoint = ...  # <- fill in: the path of your diffusers pipeline folder (SD3, PixArt, Flux or Sana)
-if checkpoint is ...:
-    print("Fill in `checkpoint`, then run this cell again.")
-else:
-    print(f".venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -y 'GENERATORS: [\"{checkpoint}\"]' "
-          "-p DEVICE cuda -y 'LAYERS: [0, 11, 23]' -p MAP_QUERY_STRIDE 8")
+# %% [markdown]
+# ## Next steps
+#
+# > **Your checkpoint.** Run this lesson on your diffusers SD3 / PixArt / Flux / Sana folder, on a GPU:
+# >
+# > `.venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -y 'GENERATORS: ["<your folder>"]' -p DEVICE cuda -y 'LAYERS: [0, 11, 23]' -p MAP_QUERY_STRIDE 8`
+# >
+# > Compare the lowest adjacent cosine and the knees (section 4) with this run's and the study's, then add a
+# > `step_skip(head=…)` from the decision table's window to notebook 06's `METHODS`. `solutions/03_diffusion_steps.py`
+# > (`next_steps`) runs the same calls on a random-weight SD3-class stand-in.
