@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -293,9 +294,10 @@ def test_rebuilding_into_its_own_folder_works_and_removes_only_what_it_wrote(tmp
         book.build(out, root, log=lambda *a: None)
     assert (out / "notes.txt").read_text() == "mine"
     (out / "notes.txt").unlink()
-    (out / OUTPUT_MARKER).unlink()  # as an earlier version left it
-    book.build(out, root, log=lambda *a: None)
-    assert (out / OUTPUT_MARKER).exists() and (out / "index.html").exists()
+    (out / OUTPUT_MARKER).unlink()  # as an earlier version left it: nothing recorded what it wrote (#60, 4th round)
+    with pytest.raises(book.BookError, match=r"no \.unicache-output.*"):
+        book.build(out, root, log=lambda *a: None)
+    assert (out / "index.html").exists()  # refused, nothing removed
 
 
 def test_the_site_refuses_another_tools_folder_and_a_marker_that_lies(tmp_path):
@@ -315,8 +317,82 @@ def test_the_site_refuses_another_tools_folder_and_a_marker_that_lies(tmp_path):
     (site / "index.html").symlink_to(victim)
     (site / OUTPUT_MARKER).write_text(json.dumps({"written_by": "make book", "files": ["../victim.txt", str(victim),
                                                                                          "index.html"]}))
-    book.build(site, root, log=lambda *a: None)
-    assert victim.read_text() == "keep me" and not (site / "index.html").is_symlink()
+    with pytest.raises(book.BookError, match=r"names '\.\./victim\.txt', a path outside the folder"):
+        book.build(site, root, log=lambda *a: None)
+    (site / OUTPUT_MARKER).write_text(json.dumps({"written_by": "make book", "files": ["index.html"], "content": {
+        "index.html": [{"sha256": "0" * 64, "size": 7}]}}))
+    with pytest.raises(book.BookError, match=r"index.html is a symbolic link, and make book never writes one"):
+        book.build(site, root, log=lambda *a: None)
+    assert victim.read_text() == "keep me" and (site / "index.html").is_symlink()  # refused: left where it is
+
+
+FORGERIES = {"an older marker (no SHA-256)": None, "a wrong SHA-256": [{"sha256": "0" * 64, "size": 13}],
+             "the SHA-256 of other bytes of one size": [{"sha256": __import__("hashlib").sha256(b"something else")
+                                                        .hexdigest(), "size": 13}]}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+@pytest.mark.parametrize("tool", ["make book", "unicache-report", "the sample generator"])
+def test_a_forged_marker_listing_your_file_never_gets_it_removed(tool, forgery, tmp_path, capsys):
+    """#60, fourth round: a `.unicache-output` someone wrote by hand (or an older one) listing your thesis.tex made
+    `make book`, `unicache-report` and the sample generator delete it as their own. A marker records each file with
+    its SHA-256 and size (unicache_lib.paths.digest); a tool removes or replaces only a listed file that still holds
+    what it recorded, so each refuses the folder in one line saying what to do, and thesis.tex stays."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "thesis.tex").write_bytes(b"years of work")  # 13 bytes
+    marker = {"written_by": tool, "files": ["thesis.tex"]}
+    if FORGERIES[forgery] is not None:
+        marker["content"] = {"thesis.tex": FORGERIES[forgery]}
+    (out / OUTPUT_MARKER).write_text(json.dumps(marker))
+    why = r"without its SHA-256" if FORGERIES[forgery] is None else r"thesis.tex's content is not what"
+    if tool == "make book":
+        book = _book()
+        with pytest.raises(book.BookError, match=why) as e:
+            book.build(out, _tree(tmp_path), log=lambda *a: None)
+        err = str(e.value)
+    elif tool == "unicache-report":
+        assert _report_main(tmp_path / "no-store", "--out", out) == 2
+        err = capsys.readouterr().err
+    else:
+        from unicache_lib.world import samples as S
+
+        with pytest.raises(SystemExit) as e:
+            S.main(["--out", str(out)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+    assert re.search(why, err) and err.strip().count("\n") == 0 and "nothing was removed" in err, err
+    assert (out / "thesis.tex").read_bytes() == b"years of work"
+
+
+def test_clean_removes_only_files_that_still_hold_what_the_tool_wrote(tmp_path):
+    """OutputFolder.clean (what every tool's re-run calls): a listed file whose content changed since the tool wrote
+    it, or that became a symbolic link to a file outside, is left where it is, named in one warning and returned; the
+    files still as written go; the marker then lists what was kept, with its content."""
+    folder = output_folder(tmp_path / "out", "t")
+    out = folder.path
+    names = ["a.txt", "b.txt", "sub/c.txt", "d.txt"]
+    folder.record(names)
+    for n in names:
+        (out / n).parent.mkdir(exist_ok=True)
+        (out / n).write_text(f"tool wrote {n}")
+    folder.record(names, wrote=names)
+    marker = json.loads((out / OUTPUT_MARKER).read_text())
+    assert sorted(marker["content"]) == sorted(names) and marker["content"]["a.txt"][0]["size"] == 16
+    folder = output_folder(out, "t")  # its own folder again
+    (out / "b.txt").write_text("edited by you")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (out / "d.txt").unlink()
+    (out / "d.txt").symlink_to(victim)
+    with pytest.warns(UserWarning, match=r"t left 2 file\(s\) in .* no longer hold what it wrote \(e.g. b.txt\)"):
+        left = folder.clean(keep=["a.txt"])
+    assert left == ["b.txt", "d.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "a.txt", "b.txt", "d.txt"]  # sub/ emptied, gone
+    assert (out / "b.txt").read_text() == "edited by you" and victim.read_text() == "keep me"
+    assert json.loads((out / OUTPUT_MARKER).read_text())["files"] == ["a.txt"]
+    with pytest.raises(InputError, match=r"holds files t did not write \(b.txt, d.txt\)"):
+        output_folder(out, "t")  # what it left is yours now
 
 
 # ------------------------------------------------------------------------------------------ unicache-report --out
@@ -348,16 +424,21 @@ def test_the_report_refuses_folders_it_does_not_own_before_reading_a_store(where
 
 
 def test_the_report_overwrites_and_removes_only_what_it_wrote(tmp_path):
-    """A report folder written before the marker existed (its page marked, its figures named by the page) is the
-    report's; the new report's files are listed before they are written, and a figure of the earlier report that
-    the new one does not draw goes, while nothing unlisted is touched."""
+    """A report folder written before the marker existed is refused now (nothing recorded what it wrote, so a page
+    naming your figure would make it the report's); the new report's files are listed before they are written, and a
+    figure of the earlier report that the new one does not draw goes, while nothing unlisted is touched."""
     from unicache_lib.diagnostics.report import MARK, _put_in_place, report_folder
 
+    earlier = tmp_path / "earlier"  # an earlier version's report (no marker): nothing recorded what it wrote (#60)
+    earlier.mkdir()
+    (earlier / "report.html").write_text(f'{MARK}\n<img alt="thesis" src="x">')
+    (earlier / "thesis.png").write_bytes(b"maybe yours")
+    with pytest.raises(ReportError, match=r"earlier version of unicache-report .*no SHA-256.*rm -r"):
+        report_folder(earlier)
+    assert (earlier / "thesis.png").read_bytes() == b"maybe yours"
     out = tmp_path / "rep"
-    out.mkdir()
-    (out / "report.html").write_text(f'{MARK}\n<img alt="a_entropy" src="x"><img alt="old_blocks" src="y">')
-    (out / "a_entropy.png").write_bytes(b"old")
-    (out / "old_blocks.png").write_bytes(b"old")
+    _put_in_place(report_folder(out), [(out / "a_entropy.png", b"old"), (out / "old_blocks.png", b"old"),
+                                       (out / "report.html", MARK.encode())])
     folder = report_folder(out)
     assert folder.files == {"report.html", "a_entropy.png", "old_blocks.png"}
     _put_in_place(folder, [(out / "a_entropy.png", b"new"), (out / "report.html", MARK.encode())])
@@ -468,7 +549,7 @@ def test_a_tool_writing_single_files_never_replaces_one_it_did_not_write(tmp_pat
     with pytest.raises(InputError, match=r"view.json is there already and Explorer.save did not write it"):
         check_output_path(folder, option="path", tool="Explorer.save", files=["view.npz", "view.json"])
     assert check_output_path(folder, option="path", tool="Explorer.save", files=["map.npz", "map.json"]) == folder
-    record_output_files(folder, "Explorer.save", ["map.npz", "map.json"])
+    record_output_files(folder, "Explorer.save", {"map.npz": b"1", "map.json": b"{}"})
     (folder / "map.npz").write_bytes(b"1")
     assert check_output_path(folder, option="path", tool="Explorer.save", files=["map.npz", "map.json"]) == folder
     with pytest.raises(InputError, match=r"holds the output of Explorer.save, not of another tool"):
@@ -477,7 +558,7 @@ def test_a_tool_writing_single_files_never_replaces_one_it_did_not_write(tmp_pat
     (nb / "scoreboard.json").write_text("[]")
     with pytest.raises(InputError, match=r"scoreboard.json is there already"):
         check_output_path(nb, option="path", tool="Explorer.save", files=["scoreboard.json"])
-    record_output_files(nb, "Explorer.save", ["view.npz"])
+    record_output_files(nb, "Explorer.save", {"view.npz": b"1"})
     (nb / "view.npz").write_bytes(b"1")
     assert check_output_path(nb, option="path", tool="Explorer.save", files=["view.npz"]) == nb
     marker = json.loads((nb / OUTPUT_MARKER).read_text())

@@ -250,11 +250,14 @@ def test_the_generator_never_replaces_your_manifest_or_metadata(tmp_path, folder
         S.main(["--out", str(mine)] + (["--folder"] if folder else []))
     assert e.value.code == 2 and f"did not write (e.g. {own}" in capsys.readouterr().err
     assert (mine / own).read_text() == text and sorted(p.name for p in mine.iterdir()) == [own]
-    earlier = tmp_path / "earlier"  # what `make samples` wrote before the marker existed: still the generator's
-    S.main(["--out", str(earlier)] + (["--folder"] if folder else []))
+    earlier = tmp_path / "earlier"  # what `make samples` wrote before the marker existed: refused now, nothing recorded
+    S.main(["--out", str(earlier)] + (["--folder"] if folder else []))  # what it wrote (#60, fourth round)
+    S.main(["--out", str(earlier)] + (["--folder"] if folder else []))  # its own folder, marked: taken again
     (earlier / ".unicache-output").unlink()
-    S.main(["--out", str(earlier)] + (["--folder"] if folder else []))
-    assert (earlier / ".unicache-output").exists() and len(S.load(earlier)) == 20
+    with pytest.raises(SystemExit) as e:
+        S.main(["--out", str(earlier)] + (["--folder"] if folder else []))
+    assert e.value.code == 2 and "earlier version of the sample generator" in capsys.readouterr().err
+    assert len(S.load(earlier)) == 20
 
 
 @pytest.mark.parametrize("value", ["", " "])

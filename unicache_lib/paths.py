@@ -1,19 +1,23 @@
 """Where a notebook's relative paths point: the repository root, wherever the kernel was started; and the one check
 of every output folder (:func:`output_folder`, :func:`check_output_path`): never empty, never the repository or a
 folder inside it but under its git-ignored ``outputs/`` (and ``runs/``), never a folder holding files the tool did not
-write (its :data:`OUTPUT_MARKER` lists what it wrote), never a file it did not write (``files=``,
-:func:`record_output_files`). A notebook's ``OUT_DIR`` (:func:`notebook_output`) is new, empty or marked by a
+write (its :data:`OUTPUT_MARKER` lists what it wrote, each file with its SHA-256 and size, and a file is removed or
+replaced only while its content is what was recorded: a forged or older marker's word is not enough), never a file it
+did not write (``files=``, :func:`record_output_files`). A notebook's ``OUT_DIR`` (:func:`notebook_output`) is new, empty or marked by a
 notebook, since a notebook replaces and removes files there. Files inside a root are read through
 :mod:`unicache_lib.core.untrusted` (the marker with :func:`~unicache_lib.core.untrusted.read_inside`)."""
+import hashlib
 import json
 import os
+import shlex
 import sys
 import tempfile
 import tomllib
+import warnings
 from pathlib import Path
 
 from .core.errors import InputError, InputTypeError, UnicacheError
-from .core.untrusted import read_inside
+from .core.untrusted import name_problem, open_inside, read_inside, unlink_inside
 
 PROJECT_NAME = "unicache-workbench"  # [project] name in this repository's pyproject.toml
 
@@ -128,13 +132,83 @@ def _marker(folder: Path) -> dict | None:
     """The folder's :data:`OUTPUT_MARKER` as read (a regular file inside it holding a JSON object with a text
     ``written_by`` and a list of texts ``files``), None when it is absent or damaged."""
     try:
-        info = json.loads(read_inside(folder, OUTPUT_MARKER))
+        info = json.loads(read_inside(folder, OUTPUT_MARKER, links=False, limit=MARKER_LIMIT))
     except (UnicacheError, OSError, ValueError, RecursionError):
         return None
     if not isinstance(info, dict) or not isinstance(info.get("written_by"), str) \
             or not isinstance(info.get("files"), list) or not all(isinstance(f, str) for f in info["files"]):
         return None
     return info
+
+
+MARKER_LIMIT = 64 << 20  # bytes of a marker read (a site lists a few thousand files)
+
+
+def digest(data: bytes) -> dict:
+    """What a marker records of a file a tool wrote: ``{"sha256": hex digest, "size": bytes}``."""
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def _fd_digest(fd: int, sizes=None) -> dict | None:
+    """:func:`digest` of the file open at ``fd``, read block by block; None at once when its size is not one of
+    ``sizes`` (it cannot match)."""
+    if sizes is not None and os.fstat(fd).st_size not in sizes:
+        return None
+    h, n = hashlib.sha256(), 0
+    while block := os.read(fd, 1 << 20):
+        h.update(block)
+        n += len(block)
+    return {"sha256": h.hexdigest(), "size": n}
+
+
+def file_digest(folder, rel: str) -> dict | None:
+    """:func:`digest` of the regular file ``folder/rel``, opened with no symbolic link on the way or at the end
+    (:func:`~unicache_lib.core.untrusted.open_inside`, ``links=False``); None when it is missing, a link, a special
+    file, outside the folder or unreadable."""
+    try:
+        fd = open_inside(folder, rel, links=False)
+    except (UnicacheError, OSError):
+        return None
+    try:
+        return _fd_digest(fd)
+    finally:
+        os.close(fd)
+
+
+def _content(info: dict | None) -> dict[str, list[dict]]:
+    """A marker's ``content``: for each file it lists, the contents (:func:`digest`) the tool recorded writing there
+    (two while a write is under way: the earlier and the new); entries of another shape are dropped."""
+    got = info.get("content") if isinstance(info, dict) else None
+    out = {}
+    for rel, ds in (got.items() if isinstance(got, dict) else ()):
+        good = [{"sha256": d["sha256"], "size": d["size"]} for d in (ds if isinstance(ds, list) else [])
+                if isinstance(d, dict) and isinstance(d.get("sha256"), str) and len(d["sha256"]) == 64
+                and type(d.get("size")) is int]
+        if isinstance(rel, str) and good:
+            out[rel] = good
+    return out
+
+
+def _not_a_name(rel: str) -> bool:
+    """True for a name no marker of ours holds: empty, absolute, with '..', a NUL byte, too long, the marker itself."""
+    return (not rel or rel.startswith("/") or ".." in rel.split("/") or name_problem(rel) is not None
+            or rel == OUTPUT_MARKER)
+
+
+def _not_ours(folder: Path, rel: str, accepted: list[dict] | None, tool: str) -> str:
+    """Why the file ``folder/rel``, which a marker lists, is not one ``tool`` may remove or replace ("" when its content
+    is one the marker recorded, :func:`digest`)."""
+    if os.path.islink(folder / rel):
+        return f"{rel} is a symbolic link, and {tool} never writes one"
+    if not accepted:
+        return (f"{rel} is listed without its SHA-256 (an older {OUTPUT_MARKER}, or a run cut short), so {tool} cannot "
+                f"tell it wrote it")
+    d = file_digest(folder, rel)
+    if d is None:
+        return f"{rel} is not a regular file inside the folder"
+    if d not in accepted:
+        return f"{rel}'s content is not what {tool} recorded writing there"
+    return ""
 
 
 def _written_by(info: dict | None, tool: str) -> set[str]:
@@ -161,21 +235,30 @@ def _write_marker(folder: Path, info: dict) -> None:
         raise
 
 
-def record_output_files(folder, tool: str, names) -> None:
-    """Note in ``folder``'s :data:`OUTPUT_MARKER` that ``tool`` wrote ``names`` there (for :func:`check_output_path`'s
-    ``files``: a later call may overwrite them, nothing else): in the marker's ``files`` when the folder is ``tool``'s
-    or has no marker yet, under ``also`` in a folder another tool (a notebook) marked."""
+def record_output_files(folder, tool: str, data: dict) -> None:
+    """Note in ``folder``'s :data:`OUTPUT_MARKER` that ``tool`` writes ``data`` there (name -> the bytes it writes), before
+    it writes them: each name with the SHA-256 and size of those bytes (:func:`digest`), beside the content the name
+    holds now when the marker recorded it (so a write cut short leaves either version recognised), for
+    :func:`check_output_path`'s ``files``: a later call may replace a file whose content is one recorded here, nothing
+    else. In the marker's ``files`` when the folder is ``tool``'s or has no marker yet, under ``also`` in a folder
+    another tool (a notebook) marked."""
     folder = Path(folder)
     info = _marker(folder) if os.path.lexists(folder / OUTPUT_MARKER) else None
-    names = {str(n) for n in names}
+    names = {str(n) for n in data}
     if info is None:
-        info = {"written_by": tool, "files": [], "note": f"{tool} overwrites only the files listed here"}
+        info = {"written_by": tool, "files": [], "note": f"{tool} overwrites only the files listed here, while their "
+                "content is what it recorded"}
     if info["written_by"] == tool:
         info["files"] = sorted(set(info["files"]) | names)
     else:
         also = info["also"] if isinstance(info.get("also"), dict) else {}
         also[tool] = sorted(_written_by(info, tool) | names)
         info["also"] = also
+    content = _content(info)
+    for name, raw in data.items():
+        now = file_digest(folder, str(name))
+        content[str(name)] = [d for d in content.get(str(name), []) if d == now] + [digest(bytes(raw))]
+    info["content"] = {k: content[k] for k in sorted(content)}
     _write_marker(folder, info)
 
 
@@ -189,12 +272,14 @@ def check_output_path(path, option: str = "--out", tool: str = "this tool", root
         raise InputError(f"{option} {str(path)!r} {why}")
     there = [str(n) for n in files if os.path.lexists(p / str(n))]
     if there:
-        mine = _written_by(_marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None, tool)
-        theirs = [n for n in there if n not in mine]
+        info = _marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None
+        mine, content = _written_by(info, tool), _content(info)
+        theirs = [n for n in there if n not in mine or _not_ours(p, n, content.get(n), tool)]
         if theirs:
             raise InputError(f"{option} {str(path)!r}: {', '.join(theirs)} {'is' if len(theirs) == 1 else 'are'} there "
                              f"already and {tool} did not write {'it' if len(theirs) == 1 else 'them'} (its "
-                             f"{OUTPUT_MARKER} lists what it wrote): choose another name, or move the file away")
+                             f"{OUTPUT_MARKER} lists what it wrote, with its SHA-256): choose another name, or move "
+                             f"the file away")
     return p
 
 
@@ -210,8 +295,9 @@ def cli_output_path(path, tool: str, option: str = "--out", roots=(), within=())
 class OutputFolder:
     """A folder ``tool`` writes to, and what it wrote there (its :data:`OUTPUT_MARKER`); see :func:`output_folder`."""
 
-    def __init__(self, path: Path, tool: str, files: set[str]):
+    def __init__(self, path: Path, tool: str, files: set[str], content: dict | None = None):
         self.path, self.tool, self.files = path, tool, set(files)
+        self.content = {k: list(v) for k, v in (content or {}).items()}  # rel -> contents recorded (digest)
 
     def _listed(self):
         """The listed files that are safely inside the folder (lexically, and their parent folder after symlinks)."""
@@ -226,27 +312,55 @@ class OutputFolder:
                 continue
             yield rel, p
 
-    def clean(self, keep=()) -> None:
-        """Remove every file the marker lists but ``keep`` (a link itself, never what it points to) and the folders
-        that leaves empty, then list only what was kept; nothing the marker does not list is touched."""
+    def clean(self, keep=()) -> list[str]:
+        """Remove every file the marker lists but ``keep`` (the files the tool has just written) whose content is still
+        what the marker recorded (:func:`digest`), and the folders that leaves empty, then list only ``keep``, with
+        their content now. A listed file whose content differs, or that is a symbolic link, a special file or outside
+        the folder, is left where it is, named in one warning, and returned; nothing the marker does not list is
+        touched."""
         keep = {str(k) for k in keep}
-        folders = set()
+        folders, left = set(), []
         for rel, p in self._listed():
-            if rel in keep:
+            if rel in keep or not os.path.lexists(p):
                 continue
-            if p.is_symlink() or p.is_file():
-                p.unlink()
+            accepted = self.content.get(rel, [])
+            differs = lambda fd, a=accepted: not a or _fd_digest(fd, {d["size"] for d in a}) not in a  # noqa: E731
+            try:
+                gone = not os.path.islink(p) and unlink_inside(self.path, rel, keep=differs)
+            except (UnicacheError, OSError):
+                gone = False
+            if gone:
                 folders.update(q for q in p.parents if q != self.path and q.is_relative_to(self.path))
+            else:
+                left.append(rel)
         for d in sorted(folders, key=lambda q: len(q.parts), reverse=True):
             if d.is_dir() and not d.is_symlink() and not any(d.iterdir()):
                 d.rmdir()
-        self.record(self.files & keep)
+        self.record(self.files & keep, wrote=self.files & keep)
+        if left:
+            warnings.warn(f"{self.tool} left {len(left)} file(s) in {self.path} that its {OUTPUT_MARKER} listed but that "
+                          f"no longer hold what it wrote (e.g. {left[0]}): they are yours now; move them out or delete "
+                          f"them yourself", stacklevel=2)
+        return left
 
-    def record(self, files) -> None:
-        """Write the marker: this tool wrote ``files`` (paths relative to the folder) here."""
+    def record(self, files, wrote=()) -> None:
+        """Write the marker: this tool wrote ``files`` (paths relative to the folder) here, or is about to (list them
+        first, so a run cut short leaves nothing unlisted). ``wrote``: those it has just written: their content now
+        (SHA-256 and size, :func:`digest`) is recorded, and only a file whose content is recorded is ever removed or
+        replaced later; the others keep what was recorded of them before."""
         self.files = {str(f) for f in files} - {OUTPUT_MARKER}
+        content = {rel: ds for rel, ds in self.content.items() if rel in self.files}
+        for rel in {str(w) for w in wrote} & self.files:
+            d = file_digest(self.path, rel)
+            if d is not None:
+                content[rel] = [d]
+            else:
+                content.pop(rel, None)
+        self.content = content
         _write_marker(self.path, {"written_by": self.tool, "files": sorted(self.files),
-                                  "note": f"{self.tool} cleans and overwrites only the files listed here"})
+                                  "content": {k: content[k] for k in sorted(content)},
+                                  "note": f"{self.tool} cleans and overwrites only the files listed here, while their "
+                                          f"content is the one recorded"})
 
     def present(self) -> set[str]:
         """Every file (or link) under the folder now, the marker aside, relative to it."""
@@ -262,43 +376,65 @@ def _entries(folder: Path):
 
 def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None, within=()) -> OutputFolder:
     """The folder ``path`` names, for ``tool`` to write to: :func:`check_output_path`'s refusals, then, where the
-    folder exists and holds anything, it must be ``tool``'s own: its :data:`OUTPUT_MARKER` names ``tool`` and every
-    file in it is one the marker lists. ``legacy(folder)``: for a folder without a marker, the set of files an
-    earlier version of ``tool`` wrote there, or None when it is not such a folder. Refused in one line that says what
-    to do: a folder another tool wrote, one holding files ``tool`` did not write. Creates nothing; the caller
-    :meth:`~OutputFolder.clean`\\ s what it wrote before and :meth:`~OutputFolder.record`\\ s what it writes."""
+    folder exists and holds anything, it must be ``tool``'s own: its :data:`OUTPUT_MARKER` names ``tool``, names no
+    path outside the folder, and every file in it is one the marker lists with the content it holds now (its SHA-256
+    and size: a forged or edited marker that lists your file does not make it the tool's). ``legacy(folder)``: for a
+    folder without a marker, the set of files an earlier version of ``tool`` wrote there, or None; such a folder is
+    refused too (nothing recorded what it wrote), with a message that says so and how to proceed. Refused in one line
+    that says what to do. Creates nothing; the caller :meth:`~OutputFolder.clean`\\ s what it wrote before and
+    :meth:`~OutputFolder.record`\\ s what it writes."""
     p = check_output_path(path, option, tool, roots, within)
     if not p.exists():
         return OutputFolder(p, tool, set())
+    gone = f"delete the folder (rm -r {shlex.quote(str(p))}) and run again, or choose another, {_eg(option)}"
     marker = p / OUTPUT_MARKER
     if os.path.lexists(marker):
         try:
-            info = json.loads(read_inside(p, OUTPUT_MARKER))
+            info = json.loads(read_inside(p, OUTPUT_MARKER, links=False, limit=MARKER_LIMIT))
             by, files = info["written_by"], info["files"]
             if not isinstance(by, str) or not isinstance(files, list) or not all(isinstance(f, str) for f in files):
                 raise InputError("wrong types")
-        except (UnicacheError, OSError, ValueError, KeyError, TypeError) as e:
-            raise InputError(f"{option} {str(path)!r} has a damaged {OUTPUT_MARKER} ({type(e).__name__}): delete the "
-                             f"folder yourself if nothing in it is yours, or choose another") from e
+        except (UnicacheError, OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            raise InputError(f"{option} {str(path)!r} has a damaged {OUTPUT_MARKER} ({type(e).__name__}): if nothing "
+                             f"in it is yours, {gone}") from e
+        outside = next((f for f in files if _not_a_name(f)), None)
+        if outside is not None:
+            raise InputError(f"{option} {str(path)!r}: its {OUTPUT_MARKER} names {outside[:80]!r}, a path outside the "
+                             f"folder that {tool} never writes, so the marker is not {tool}'s; nothing was removed. If "
+                             f"nothing in it is yours, {gone}")
         owned = set(files) if by == tool else set()  # a notebook's folder (shared): none of its files are the tool's
+        content = _content(info) if by == tool else {}
     else:
         first = next(_entries(p), None)
         if first is None:
             return OutputFolder(p, tool, set())
-        owned = legacy(p) if legacy is not None else None
-        if owned is None:
-            raise InputError(f"{option} {str(path)!r} holds files {tool} did not write (e.g. {first}; no "
-                             f"{OUTPUT_MARKER}): choose an empty or new folder, {_eg(option)}")
-    foreign = []
+        if legacy is not None and legacy(p) is not None:
+            raise InputError(f"{option} {str(path)!r} looks like what an earlier version of {tool} wrote (no "
+                             f"{OUTPUT_MARKER}), which recorded no SHA-256 of its files, so {tool} cannot tell them "
+                             f"from yours: if nothing in it is yours, {gone}")
+        raise InputError(f"{option} {str(path)!r} holds files {tool} did not write (e.g. {first}; no "
+                         f"{OUTPUT_MARKER}): choose an empty or new folder, {_eg(option)}")
+    foreign, differ, unrecorded = [], [], []
     for rel in _entries(p):
-        if rel != OUTPUT_MARKER and rel not in owned:
+        if rel == OUTPUT_MARKER:
+            continue
+        if rel not in owned:
             foreign.append(rel)
-            if len(foreign) == 3:
-                break
+        elif why := _not_ours(p, rel, content.get(rel), tool):
+            (unrecorded if rel not in content else differ).append(why)
+        if len(foreign) == 3:
+            break
     if foreign:
         raise InputError(f"{option} {str(path)!r} holds files {tool} did not write ({', '.join(foreign)}): move them "
                          f"out or choose another folder")
-    return OutputFolder(p, tool, owned)
+    if differ:
+        raise InputError(f"{option} {str(path)!r} holds files {tool} did not write ({differ[0]}"
+                         f"{f', and {len(differ) - 1} more' if len(differ) > 1 else ''}): nothing was removed; move "
+                         f"them out or choose another folder")
+    if unrecorded:
+        raise InputError(f"{option} {str(path)!r}: {unrecorded[0]}{f' (and {len(unrecorded) - 1} more)' if len(unrecorded) > 1 else ''}; "
+                         f"nothing was removed. If nothing in it is yours, {gone}")
+    return OutputFolder(p, tool, owned, content)
 
 
 # ----------------------------------------------------------------------------------------------- a notebook's OUT_DIR

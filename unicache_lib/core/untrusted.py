@@ -5,8 +5,8 @@ one helper here, used wherever such input is read or shown:
 
 - a path read from data names a file *inside* the folder it came from, and a regular one: no ``..``, no absolute
   path, no symlink that leaves the folder, no FIFO or device; one family does it, lstat by lstat with every part
-  opened with O_NOFOLLOW (:func:`open_inside`, :func:`read_inside`, :func:`write_inside`, :func:`folder_inside`;
-  :func:`stat_inside` and :func:`path_inside` judge without opening);
+  opened with O_NOFOLLOW (:func:`open_inside`, :func:`read_inside`, :func:`write_inside`, :func:`folder_inside`,
+  :func:`unlink_inside`; :func:`stat_inside` and :func:`path_inside` judge without opening);
 - text from data that meets HTML is escaped (:func:`html_text`), quotes included, so it can sit in an attribute;
 - a text file from data is decoded as UTF-8 with a refusal that names the file and the line (:func:`read_utf8`).
 
@@ -287,6 +287,49 @@ def read_inside(base, rel, *, offset: int = 0, links: bool = True, limit: int | 
         if len(data) > limit:
             _fail(error, what, base, rel, too_big(len(data) + offset, limit), fix)
         return data
+
+
+def unlink_inside(base, rel, keep=None, *, error=InputError, what: str = "file", fix: str = "") -> bool:
+    """Remove the regular file ``base/rel``, found as :func:`open_inside` finds it with ``links=False`` (no symbolic
+    link on the way or at the end: a link is never removed or followed), through a descriptor of its folder; True when
+    it was removed. ``keep(fd)``: given a read descriptor of the file, True to leave it where it is (its content is not
+    what the caller may remove); the name is removed only while it still is that file (same device and inode).
+    Raises ``error`` (one line) when the name cannot exist, leaves ``base``, passes through a link, or is not a
+    regular file; a missing file is False."""
+    try:
+        root, parts, st = _walk(base, rel, False, False)
+        if st is None:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            raise _Refused(_kind_reason(st.st_mode))
+        dfd = _folder_fd(root, parts[:-1], create=False)
+    except _Refused as e:
+        _fail(error, what, base, rel, str(e), fix)
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise _Refused("changed while it was opened (it became a symbolic link or a special file)"
+                           if e.errno in (errno.ELOOP, errno.ENXIO) else f"cannot be opened ({e.strerror})") from None
+        try:
+            fst = os.fstat(fd)
+            if not stat.S_ISREG(fst.st_mode):
+                raise _Refused(_kind_reason(fst.st_mode))
+            if keep is not None and keep(fd):
+                return False
+            now = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) != (fst.st_dev, fst.st_ino):
+                raise _Refused("changed while it was looked at (another file took its name): it was left alone")
+            os.unlink(parts[-1], dir_fd=dfd)
+            return True
+        finally:
+            os.close(fd)
+    except _Refused as e:
+        _fail(error, what, base, rel, str(e), fix)
+    finally:
+        os.close(dfd)
 
 
 def _size(n: int) -> str:

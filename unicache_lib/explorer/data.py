@@ -186,10 +186,9 @@ class ExplorerData:
                             "no image token can see this word (it comes after the picture: causal mask)")
         elif values.size <= JSON_MAP_CELLS:
             info["map"] = [[float(f"{x:.7g}") for x in row] for row in np.atleast_2d(values)]
-        record_output_files(folder, SAVE_TOOL, names)  # listed first: a later save may replace these, nothing else
-        out_npz = write_inside(folder, p.name + ".npz", buf.getvalue(), what="explorer export")
-        out_json = write_inside(folder, p.name + ".json", (json.dumps(info, indent=1, ensure_ascii=False) + "\n").encode(),
-                                what="explorer export")
+        data = {names[0]: buf.getvalue(), names[1]: (json.dumps(info, indent=1, ensure_ascii=False) + "\n").encode()}
+        record_output_files(folder, SAVE_TOOL, data)  # listed first, with their SHA-256: a later save may replace these
+        out_npz, out_json = (write_inside(folder, n, b, what="explorer export") for n, b in data.items())
         return out_npz, out_json
 
     # ------------------------------------------------------------------------------------------- sizes, HTML
