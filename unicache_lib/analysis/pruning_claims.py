@@ -5,22 +5,131 @@ measurements on a :class:`~unicache_lib.scoreboard.Scoreboard`, so the notebook'
 once there); :func:`declare` writes them on a board. :func:`near_uniform_experiment` prunes the shallow band's most
 uniform heads and, as the control, as many random shallow heads, and measures answers and the deeper layers'
 statistics; :func:`measure` records P1-P3 from the pruning sweep and that experiment. Intervals resample held-out
-questions (paired) or standard samples (paired).
+questions (paired) or standard samples (paired). :func:`against_random` applies section 2's rule (a scorer against
+random's band over seeds); :func:`attention_share` times the pruned attention modules' share of a forward.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pandas as pd
 import torch
+from scipy import stats
 
 from ..claims import rules_of
+from ..core.errors import InputError
 from ..capture.runner import capture_samples
-from ..intervals import difference_interval
+from ..intervals import difference_interval, proportion_interval
 from ..pruning.downstream import downstream_changes, random_heads
 from ..pruning import HeadMask, evaluate as E
 
 RULES = rules_of("04_head_pruning")
 NEAR_UNIFORM = "near-uniform shallow heads"
+
+
+SEPARATION_RULE = ("a scorer is ahead of random at a fraction when its accuracy's 95% Wilson interval over the "
+                   "questions lies wholly above random's band (the 95% t-interval of random's mean accuracy over its "
+                   "seeds), behind when wholly below, inconclusive when the two overlap")
+
+
+def random_band(acc_by_seed, level: float = 0.95) -> tuple[float, float]:
+    """Random's band at one fraction: the ``level`` t-interval of the mean of one accuracy per random seed
+    (``acc_by_seed [seeds]``, at least 2); it narrows as 1/sqrt(seeds)."""
+    a = np.asarray(acc_by_seed, float)
+    if a.size < 2:
+        raise InputError(f"random's band needs at least 2 seeds, got {a.size}: raise RANDOM_SEEDS")
+    half = stats.t.ppf(0.5 + level / 2, a.size - 1) * a.std(ddof=1) / np.sqrt(a.size)
+    return float(a.mean() - half), float(a.mean() + half)
+
+
+def against_random(U: pd.DataFrame) -> pd.DataFrame:
+    """:data:`SEPARATION_RULE` on the pruning sweep ``U`` (``family``, ``fraction``, ``accuracy`` and ``correct_q``,
+    per-question outcomes; one row per random seed). One row per (pruned fraction, scorer family other than random):
+    ``accuracy`` with its Wilson ``lo``/``hi`` over questions, random's ``band_lo``/``band_hi`` and mean, ``seeds``
+    and ``verdict`` ("ahead of random", "behind random" or "inconclusive")."""
+    rows = []
+    for f in sorted(x for x in U.fraction.unique() if x > 0):
+        at = U[U.fraction == f]
+        r = at[at.family == "random"].accuracy.to_numpy()
+        b_lo, b_hi = random_band(r)
+        for fam, d in at[at.family != "random"].groupby("family"):
+            iv = proportion_interval(d.correct_q.iloc[0], "questions")  # a scorer is deterministic: one row
+            verdict = "ahead of random" if iv.lo > b_hi else "behind random" if iv.hi < b_lo else "inconclusive"
+            rows.append({"fraction": f, "scorer": fam, "accuracy": iv.value, "lo": iv.lo, "hi": iv.hi,
+                         "random": float(r.mean()), "band_lo": b_lo, "band_hi": b_hi, "seeds": len(r),
+                         "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def attention_share(space, run, repeats: int = 5, threads: int = 1) -> dict:
+    """How much of ``run()`` (one forward of the model, e.g. answering a batch) the pruned units take: seconds inside
+    ``space.modules`` (each attention module whole: its q/k/v/o projections and the attention itself, what physical
+    pruning shrinks) over the whole call, timed by forward hooks with ``threads`` torch threads (restored after).
+    ``repeats`` timed runs after a warm-up, each interleaved with an unhooked run so the hooks' own cost shows.
+    Returns ``share`` (median), ``shares`` (per run), ``hook_overhead`` (median hooked / unhooked time - 1) and
+    ``cap(fraction)``: the speed-up that removing ``fraction`` of every unit's heads would give if attention's cost
+    shrank in proportion and nothing else changed, ``1 / (1 - fraction * share)``."""
+    cuda = any(p.is_cuda for p in space.model.parameters())
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    inside, starts = [0.0], {}
+
+    def pre(mod, args):
+        sync()
+        starts[id(mod)] = time.perf_counter()
+
+    def post(mod, args, output):
+        sync()
+        inside[0] += time.perf_counter() - starts.pop(id(mod))
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    shares, overhead = [], []
+    try:
+        with torch.no_grad():
+            run()  # warm-up
+            for _ in range(repeats):
+                sync()
+                t0 = time.perf_counter()
+                run()
+                sync()
+                plain = time.perf_counter() - t0
+                handles = [m.register_forward_pre_hook(pre) for m in space.modules]
+                handles += [m.register_forward_hook(post) for m in space.modules]
+                inside[0] = 0.0
+                try:
+                    t0 = time.perf_counter()
+                    run()
+                    sync()
+                    hooked = time.perf_counter() - t0
+                finally:
+                    for h in handles:
+                        h.remove()
+                shares.append(inside[0] / hooked)
+                overhead.append(hooked / plain - 1)
+    finally:
+        torch.set_num_threads(before)
+    share = float(np.median(shares))
+    return {"share": share, "shares": shares, "hook_overhead": float(np.median(overhead)),
+            "cap": lambda fraction: 1.0 / (1.0 - fraction * share)}
+
+
+def band_mask_problems(keep, score, layers, n_heads: int) -> list[str]:
+    """What is wrong with ``keep`` as the mask that prunes the ``n_heads`` lowest of ``score [layers, heads]`` among the
+    rows ``layers`` only (lesson 04's exercise 1 checks a learner's mask with it): the shape, the count pruned, a head
+    pruned outside those rows, a kept head in them scoring below a pruned one. Empty when it is right."""
+    keep = np.asarray(keep, float)
+    score = np.asarray(score, float)
+    if keep.shape != score.shape:
+        return [f"shape {keep.shape}, want {score.shape}"]
+    inside = np.zeros(score.shape, bool)
+    inside[list(layers)] = True
+    pruned, kept = score[(keep == 0) & inside], score[(keep == 1) & inside & np.isfinite(score)]
+    checks = [(f"{int((keep == 0).sum())} heads pruned, want {n_heads}", (keep == 0).sum() != n_heads),
+              ("a head pruned outside the band", ((keep == 0) & ~inside).any()),
+              ("a kept head scores lower than a pruned one", pruned.size and kept.size and pruned.max() > kept.min()),
+              ("values other than 0 and 1", not np.isin(keep, (0, 1)).all())]
+    return [text for text, bad in checks if bad]
 
 
 def declare(board) -> None:
