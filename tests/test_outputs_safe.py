@@ -499,8 +499,8 @@ def test_a_notebook_out_dir_refuses_a_folder_holding_files_no_notebook_wrote(whe
 
 def test_a_notebook_out_dir_marked_by_a_notebook_is_taken_again(tmp_path, monkeypatch):
     """The check cell makes and marks OUT_DIR (unicache_lib.paths.notebook_output), so the next run takes the folder
-    full of its own outputs; an empty folder is taken and marked too, and a folder under the repository's outputs/ an
-    earlier version filled (no marker) is still the notebooks' own."""
+    full of its own outputs; an empty folder is taken and marked too; in a fresh clone the default OUT_DIR under
+    outputs/ is made, marked and taken again (`make run`)."""
     from unicache_lib.params import check_params
 
     out = tmp_path / "run"
@@ -512,14 +512,45 @@ def test_a_notebook_out_dir_marked_by_a_notebook_is_taken_again(tmp_path, monkey
     assert notebook_output(tmp_path / "empty") == (tmp_path / "empty").resolve()
     assert json.loads((tmp_path / "empty" / OUTPUT_MARKER).read_text())["written_by"] == NOTEBOOK
     repo = tmp_path / "repo"
-    (repo / "outputs" / "02_understanding_maps").mkdir(parents=True)
-    (repo / "outputs" / "02_understanding_maps" / "scoreboard.json").write_text("[]")
+    repo.mkdir()
     (repo / "pyproject.toml").write_text('[project]\nname = "unicache-workbench"\n')
     monkeypatch.chdir(repo)
-    check_params({"OUT_DIR": "outputs/02_understanding_maps"})  # the default OUT_DIR of an earlier `make run`
+    check_params({"OUT_DIR": "outputs/02_understanding_maps"})  # the default OUT_DIR in a fresh clone (`make run`)
+    (repo / "outputs" / "02_understanding_maps" / "scoreboard.json").write_text("[]")
+    check_params({"OUT_DIR": "outputs/02_understanding_maps"})  # `make run` again: the folder it made
     assert (repo / "outputs" / "02_understanding_maps" / OUTPUT_MARKER).exists()
     with pytest.raises(ParameterError, match=r"inside the repository .*\(docs/sub/, in its docs/\)"):
         check_params({"OUT_DIR": "docs/sub"})
+
+
+@pytest.mark.parametrize("case", ["your file under outputs/", "an earlier run's folder without a marker"])
+def test_a_notebook_out_dir_under_outputs_holding_files_no_notebook_marked_is_refused(case, tmp_path, monkeypatch):
+    """#60, fourth round: OUT_DIR under the repository's outputs/ was taken whatever it held (an exemption for the
+    folders notebooks filled before they marked them), so `OUT_DIR='outputs/mine'` holding your thesis.tex was
+    accepted and the notebook's cleanup could remove files there. No exemption now: refused in one line (the check
+    cell, before anything runs) unless a notebook's marker says a notebook made it; the message says how to proceed,
+    and doing so works."""
+    from unicache_lib.params import check_params
+
+    repo = tmp_path / "repo"
+    (repo / "outputs").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text('[project]\nname = "unicache-workbench"\n')
+    monkeypatch.chdir(repo)
+    name, file = (("mine", "thesis.tex") if case.startswith("your") else ("02_understanding_maps", "scoreboard.json"))
+    (repo / "outputs" / name).mkdir()
+    (repo / "outputs" / name / file).write_text("years of work")
+    with pytest.raises(ParameterError, match=rf"OUT_DIR='outputs/{name}': holds files no notebook wrote \(e.g. {file}\)"
+                                             rf".*delete it \(rm -r .*outputs/{name}\) and run again") as e:
+        check_params({"OUT_DIR": f"outputs/{name}"})
+    assert "\n" not in str(e.value)
+    assert (repo / "outputs" / name / file).read_text() == "years of work"
+    assert not (repo / "outputs" / name / OUTPUT_MARKER).exists()
+    if case.startswith("an earlier"):  # what the message says, done
+        import shutil
+
+        shutil.rmtree(repo / "outputs" / name)
+        check_params({"OUT_DIR": f"outputs/{name}"})
+        assert (repo / "outputs" / name / OUTPUT_MARKER).exists()
 
 
 @pytest.mark.parametrize("value", ["data/samples/manifest", "data/samples/x", "docs/sub", "notebooks/site", ".git/site",

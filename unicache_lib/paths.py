@@ -444,9 +444,10 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     """``(resolved folder, "")`` when a notebook may use ``path`` as its output folder, else ``(None, why and what to
     do)``: :func:`output_path_refusal`'s refusals, and a folder that holds anything but has no :data:`OUTPUT_MARKER`
     made by a notebook (your home, /tmp, a folder of your files): a notebook replaces and removes files in its output
-    folder (the stores it rewrites), so it takes only a new or empty folder, one a notebook marked
-    (:func:`notebook_output`), or one under the repository's outputs/ (written before notebooks marked their folder).
-    Reads only the folder's listing and its marker; creates nothing."""
+    folder (the stores it rewrites), so it takes only a new or empty folder or one a notebook marked
+    (:func:`notebook_output`); a folder under the repository's outputs/ gets no exemption (one written before notebooks
+    marked their folders is refused with the way to proceed: delete it and run again). Reads only the folder's listing
+    and its marker; creates nothing."""
     p, why = output_path_refusal(path, option, NOTEBOOK)
     if p is None or not p.exists():
         return p, why
@@ -460,11 +461,12 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     info = _marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None
     if info is not None and info["written_by"] == NOTEBOOK:
         return p, ""
-    if any(p.is_relative_to(r / "outputs") for r in repository_roots()):
-        return p, ""  # the repository's outputs/: notebooks wrote there before they marked their folder
+    earlier = (f"; if an earlier run of a notebook made it (before notebooks marked their folders), delete it (rm -r "
+               f"{shlex.quote(str(p))}) and run again" if any(p.is_relative_to(r / "outputs") for r in repository_roots())
+               else "")
     return None, (f"holds files no notebook wrote (e.g. {first}) and no {OUTPUT_MARKER} made by a notebook: a notebook "
                   f"replaces and removes files in its {option} (the stores it rewrites), so it takes only a new or empty "
-                  f"folder or one a notebook made, {_eg(option)}")
+                  f"folder or one a notebook made, {_eg(option)}{earlier}")
 
 
 def notebook_output(path, option: str = "OUT_DIR") -> Path:
