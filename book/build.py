@@ -463,8 +463,8 @@ def build(out, root: Path = ROOT, log=print) -> dict:
         for extra in (".buildinfo", ".buildinfo.bak", ".doctrees"):
             p = tmp / extra
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-        for p in (tmp / "_static").rglob("*.map"):  # the theme's source maps (3.4 MB): only a debugger reads them
-            p.unlink()
+        for p in [*(tmp / "_static").rglob("*.map"), *(tmp / "_static").glob("*macros.html")]:
+            p.unlink()  # the theme's source maps (3.4 MB: only a debugger reads them) and its template macros
         manifest = [{k: p[k] for k in ("src", "out", "title", "section", "kind")} for p in site.pages]
         (tmp / "_static").mkdir(exist_ok=True)
         (tmp / "_static" / "pages.json").write_text(json.dumps(manifest, indent=1))

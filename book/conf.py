@@ -36,8 +36,11 @@ html_theme = "sphinx_book_theme"
 html_title = "UniCache Workbench"
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
-html_copy_source = False  # the downloads button offers the notebook itself (.ipynb), not a copy of the staged text
+html_js_files = ["course.js"]  # the article header's menu buttons open the menu (a theme bug; see the file)
+html_favicon = "_static/favicon.svg"  # (without one, every page asks the server for /favicon.ico: a 404)
+html_copy_source = True  # the download button offers each lesson's .ipynb (and each page's markdown)
 html_show_sourcelink = False
+smartquotes = False  # titles and prose keep their straight quotes (code names, the sidebar's lesson titles)
 html_last_updated_fmt = None
 html_theme_options = {
     "show_toc_level": 2,
