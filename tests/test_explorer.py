@@ -351,27 +351,6 @@ def test_the_module_ships_with_the_package():
     assert (files("unicache_lib.explorer") / "explorer.js").read_text().rstrip().endswith("export default { render };")
 
 
-def test_the_course_site_keeps_the_explorer_of_a_widget_output(explorers):
-    """tools/book.py: a widget output that carries the explorer's HTML form is shown as that form (it runs on the
-    site), not as a snapshot of its saved state."""
-    import nbformat
-    from nbformat.v4 import new_code_cell, new_notebook, new_output
-
-    from tests.test_book import _book
-
-    book = _book()
-    bundle = explorers["evil"]._repr_mimebundle_()
-    mid = bundle["application/vnd.jupyter.widget-view+json"]["model_id"]
-    nb = new_notebook(cells=[new_code_cell("explorer", outputs=[new_output("display_data", data=bundle)])])
-    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {mid: {
-        "model_name": "AnyModel", "state": {}}}, "version_major": 2, "version_minor": 0}}
-    figures, widgets, warnings = book.prepare_notebook(nb)
-    out = nb.cells[0].outputs[0]
-    assert widgets == 1 and not warnings and set(out["data"]) == {"text/html", "text/plain"}
-    assert out["data"]["text/html"] == bundle["text/html"] and "widgets" not in nb.metadata
-    assert nbformat.validate(nb) is None
-
-
 # ------------------------------------------------------------------------------------------------ in the browser
 
 
