@@ -169,11 +169,14 @@ print(f"question {first.question!r}; objects: {', '.join(o['colour'] + ' ' + o['
 # **What to look at.** In layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word puts
 # <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->× its object's area share on that object, and
 # <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="^([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num--> multi-object samples with full maps read their
-# own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer. The first line
+# own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer.
+#
+# The first line
 # above gives the word's share on *any* object's patches (cells at least
 # <!--const patch_kinds' object cover, a definition-->75%<!--/const--> covered), layers 0–3:
 # <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@1"-->0.18<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@3"-->0.12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@5"-->0.29<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@7"-->0.06<!--/num-->, where the objects
 # cover <!--num "notebooks/02_understanding_maps.ipynb#out:object patches are@0"-->0.05<!--/num--> of the picture.
+#
 # Layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num-->'s is low because its brightest patch, the triangle's tip, is
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch is" re="is (an? [a-z]+) cell"-->an edge<!--/num--> cell:
 # counted in the × but not here. The question ('<!--num "notebooks/02_understanding_maps.ipynb#out:question '" re="question '([^']*)'"-->is there a purple triangle ?<!--/num-->')
@@ -309,13 +312,18 @@ print(f"the first 3 positions take {np.mean(sink) / max(np.mean(anchor_mass), 1e
 # %% [markdown]
 # **Reading the anchor tables.** *U1*: the top tenth of image positions takes
 # <!--num "notebooks/02_understanding_maps.ipynb#out:U1: the top 10%@1"-->0.41<!--/num--> of the text's image reads, well above an even read but under U1's bar of
-# <!--const U1's bar, written before the numbers-->0.5<!--/const-->: uneven, not very. *Jaccard*: the text keeps
+# <!--const U1's bar, written before the numbers-->0.5<!--/const-->: uneven, not very.
+#
+# *Jaccard*: the text keeps
 # reading some of the same positions through the layers (layer 0 vs 1: <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@2" fmt="{:.2f}"-->0.23<!--/num-->,
 # chance <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@3" fmt="{:.2f}"-->0.05<!--/num-->), but U3 (a)'s bar is
 # <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance, and its interval (printed in §11) reaches below it;
-# *stability*: anchors overlap more within a scene type than across in
+#
+# *Stability*: anchors overlap more within a scene type than across in
 # <!--num "notebooks/02_understanding_maps.ipynb#out:anchor Jaccard within a scene type" re="in ([0-9]+ of [0-9]+) layers"-->3 of 4<!--/num--> layers. *Placement*, the clearest result:
-# anchors land on object patches <!--num "notebooks/02_understanding_maps.ipynb#out:anchors on object patches:@0"-->4.6<!--/num-->× as often as random patches. *Sink test*:
+# anchors land on object patches <!--num "notebooks/02_understanding_maps.ipynb#out:anchors on object patches:@0"-->4.6<!--/num-->× as often as random patches.
+#
+# *Sink test*:
 # the positions before the image take <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@1"-->0.334<!--/num--> of the text's reads, the
 # anchors <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@3"-->0.207<!--/num-->: a cache keeping anchors but dropping the sink would
 # lose the larger share.
