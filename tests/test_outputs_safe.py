@@ -598,6 +598,58 @@ def test_a_tool_writing_single_files_never_replaces_one_it_did_not_write(tmp_pat
         output_folder(nb, "make book")
 
 
+@pytest.fixture(scope="module")
+def small_explorer():
+    from tests.test_explorer import lesson_02
+    from unicache_lib.explorer import attention_explorer
+
+    return attention_explorer(*lesson_02(n_samples=1, layers=2, heads=2, n_img=16))
+
+
+@pytest.mark.parametrize("case", ["its folder a link to /etc", "a link to /etc on the way, the folder new",
+                                  "a relative path through a link", "a link at the file", "a file it did not write",
+                                  "a forged marker listing the file"])
+def test_explorer_save_never_writes_through_a_link_or_over_a_file_it_did_not_write(case, small_explorer, tmp_path,
+                                                                                    monkeypatch):
+    """#60, fourth round: Explorer.save("ln/view") with ln -> /etc wrote /etc/view.npz, view.json and a
+    .unicache-output there (the folder was resolved, and a folder outside the repository is allowed). Save goes through
+    the output checks on the folder where it leads (paths.check_output_path, files it did not write with the content
+    they hold refused) and through core.untrusted.folder_inside / write_inside on the folder as named: no symbolic
+    link below the top level, none at the file. Each case is refused in one line and nothing outside is written."""
+    etc = tmp_path / "etc"  # stands in for /etc
+    etc.mkdir()
+    (etc / "passwd").write_text("root:x:0:0")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "ln").symlink_to(etc)
+    real = home / "real"
+    real.mkdir()
+    monkeypatch.chdir(home)
+    path, why = {
+        "its folder a link to /etc": (home / "ln" / "view", r"ln. in .* is a symbolic link \(to .*etc\)"),
+        "a link to /etc on the way, the folder new": (home / "ln" / "new" / "view", r"passes through .*ln, a symbolic link"),
+        "a relative path through a link": ("ln/view", r"ln. in .* is a symbolic link \(to .*etc\)"),
+        "a link at the file": (real / "view", r"view.json is there already and the explorer's save did not write it"),
+        "a file it did not write": (real / "view", r"view.json is there already and the explorer's save did not write"),
+        "a forged marker listing the file": (real / "view", r"view.json is there already and the explorer's save did not"),
+    }[case]
+    if case == "a link at the file":
+        (real / "view.json").symlink_to(etc / "passwd")
+    elif case != "a link to /etc on the way, the folder new" and "link" not in case:
+        (real / "view.json").write_text("your notes")
+    if case == "a forged marker listing the file":
+        (real / OUTPUT_MARKER).write_text(json.dumps({"written_by": "the explorer's save", "files": ["view.json"],
+                                                      "content": {"view.json": [{"sha256": "0" * 64, "size": 10}]}}))
+    before = {p.name: p.read_bytes() for p in [*etc.iterdir(), *real.iterdir()] if not p.is_symlink()}
+    with pytest.raises(InputError, match=why) as e:
+        small_explorer.save(path)
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in etc.iterdir()) == ["passwd"] and (etc / "passwd").read_text() == "root:x:0:0"
+    assert {p.name: p.read_bytes() for p in [*etc.iterdir(), *real.iterdir()] if not p.is_symlink()} == before
+    npz, js = small_explorer.save(home / "mine" / "view")  # a real folder: saved, and saved again over its own
+    assert small_explorer.save("mine/view") == (npz, js) and json.loads(js.read_text())["npz"]["file"] == "view.npz"
+
+
 CLIS = {
     "replicate": ("unicache_lib.replicate", []),
     "rehearsal": ("unicache_lib.rehearsal", []),

@@ -7,12 +7,13 @@ import base64
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from ..core.errors import ContractError, InputError
-from ..core.untrusted import html_text, name_problem, write_inside
+from ..core.untrusted import folder_inside, html_text, name_problem, write_inside
 from ..paths import check_output_path, record_output_files
 from . import payload as P
 from .payload import VIEWS, module_source
@@ -149,8 +150,10 @@ class ExplorerData:
         head, ``[H, ...]``) and ``path.json`` (settings, labels, unit, shape and, when small, the map). ``path``'s
         folder is checked like every output folder (:func:`unicache_lib.paths.check_output_path`: not the repository
         or a folder of it but outputs/, not another tool's), an existing file is replaced only when an earlier save
-        wrote it (the folder's .unicache-output lists what it wrote), and files are written without following a
-        symbolic link."""
+        wrote it with the content it holds now (the folder's .unicache-output lists what it wrote, with each file's
+        SHA-256), and nothing is written through a symbolic link: not the files, not the folder, not a folder on the
+        way to it (a link at the top level, such as macOS's /tmp -> /private/tmp, aside), so a link to /etc in the
+        path is refused, never followed (core.untrusted.folder_inside, write_inside)."""
         sel = self.normal(sel)
         p = Path(str(path))
         if p.suffix in (".npz", ".json"):
@@ -160,7 +163,15 @@ class ExplorerData:
             raise InputError(f"{self.what}.save: path {str(path)!r} {why}: name the file to write, e.g. "
                              f"'outputs/mine/view'")
         names = [p.name + ".npz", p.name + ".json"]  # an existing one only when an earlier save wrote it (its marker)
-        folder = check_output_path(p.parent, option="path", tool=SAVE_TOOL, files=names)  # resolved: no link above it
+        named = os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(str(p.parent))))  # the folder as named
+        folder = check_output_path(named, option="path", tool=SAVE_TOOL, files=names)  # where it leads: the policy
+        top, _, rest = named.lstrip(os.sep).partition(os.sep)
+        if rest:  # below the top level no symbolic link is followed: the folder named is the folder written
+            base = os.path.realpath(os.sep + top)
+            folder_inside(base, rest, create=True, what=f"{self.what}.save: folder",
+                          fix=f"Name the real folder (save never writes through a symbolic link), e.g. "
+                              f"'outputs/mine/view'")
+            folder = Path(base, rest)
         folder.mkdir(parents=True, exist_ok=True)
         panel = self.panel(sel)
         values = self.values(sel)
