@@ -567,7 +567,7 @@ NOTHING_RUNS = {  # notebook -> its parameters on the random models (vlm, gen); 
     "08_architectures.ipynb": lambda v, g, o: {
         "LLAVA": v, "MMDIT": g, "VILT": None, "MLLAMA": None, "CLIP": None, "UNIFIED": None, "PIXART": None,
         "PER_TYPE": 1, "N_QUESTIONS": 10, "N_CAPTIONS": 2, "N_GEN_PROMPTS": 2, "GEN_STEPS": 3, "N_DRAWINGS": 1,
-        "DRIFT_CAPTIONS": 2},
+        "DRIFT_CAPTIONS": 2, "UNDERSTANDING_STORE": str(o / "none")},
 }
 
 
