@@ -69,11 +69,13 @@ run: setup
 ##       included,
 ##       <!--num data/results/make_test.json#cpu_minutes fmt="{:.0f} CPU-minutes" missing="?"-->35 CPU-minutes<!--/num-->
 ##       (`data/results/make_test.json`). `RECORD=1` keeps its seconds per file and minutes (`tests/costs.json`,
-##       `data/results/make_test.json`, TESTING.md's table) for the next run's lanes and the README
+##       `data/results/make_test.json`, TESTING.md's table) for the next run's lanes and the README. `RUNNER=xdist`
+##       runs the same work as one pytest run over pytest-xdist's 2 workers instead of the lanes (`-n 2 --dist
+##       loadgroup`; docs/TESTING.md)
 # the clock starts when make does, so the set-up time is printed with the stages
 TEST_T0 := $(shell date +%s)
 test: setup
-	$(BIN)/python tools/run_tests.py --setup-seconds $$(( $$(date +%s) - $(TEST_T0) )) $(if $(RECORD),--record)
+	$(BIN)/python tools/run_tests.py --setup-seconds $$(( $$(date +%s) - $(TEST_T0) )) $(if $(RECORD),--record) $(if $(RUNNER),--runner $(RUNNER))
 
 ## test-fast: unit tests only (no notebook runs, nothing marked slow or extended) in two lanes like `make test`: the
 ##            loop while you change code (its files took

@@ -17,6 +17,6 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session):
     path = os.environ.get("UNICACHE_TEST_COSTS")
-    if path:
+    if path and not hasattr(session.config, "workerinput"):  # under xdist the controller, which gets every report
         with open(path, "w") as f:
             json.dump({k: round(v, 2) for k, v in sorted(_seconds.items())}, f, indent=1)

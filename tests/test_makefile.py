@@ -97,6 +97,46 @@ def test_the_lanes_are_dealt_longest_first():
     assert run_tests.plan(1, only="nbval", costs=costs) == [{"nbval": sorted(items["nbval"])}]
 
 
+def test_make_test_runner_xdist_runs_the_same_work_in_one_run(monkeypatch, capsys):
+    """`make test RUNNER=xdist` (issue #65): one pytest run, `-n 2 --dist loadgroup`, every test file and notebook
+    once, nbval as the lanes run it, the slowest tests and the CPU time printed; tests/xdist_plan.py gets a plan where
+    each file is its own group and 02's readers share 02's group, groups ranked longest first."""
+    import subprocess as sp
+
+    run_tests = _tool("run_tests")
+    assert re.search(r"^test: setup\n\t.*tools/run_tests\.py.*\$\(if \$\(RUNNER\),--runner \$\(RUNNER\)\)", MAKEFILE, re.M)
+    calls = []
+
+    class Done:
+        returncode = 0
+
+        def __init__(self, cmd, cwd, env, **kw):
+            calls.append((cmd, env, json.loads(Path(env["UNICACHE_XDIST_PLAN"]).read_text())))
+
+    monkeypatch.setattr(sp, "Popen", Done)
+    monkeypatch.setattr(run_tests, "_wait", lambda proc, block: (0, 600.0))
+    assert run_tests.main(["--runner", "xdist"]) == 0
+    printed = capsys.readouterr().out
+    assert len(calls) == 1 and "CPU of the tests: 10.0 CPU-minutes" in printed and "2 xdist workers" in printed
+    cmd, env, plan = calls[0]
+    assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--dist") + 1] == "loadgroup"
+    assert {"tests.xdist_plan", "tests.costs_plugin", "tests.nbval_digits", "--nbval-lax", "no:randomly",
+            f"--durations={run_tests.SLOWEST}"} <= set(cmd) and env["OMP_NUM_THREADS"] == "1"
+    items = run_tests._items()
+    targets = [c for c in cmd if c.startswith(("tests/test_", "notebooks/"))]
+    assert sorted(targets) == sorted(items["unit"] + items["nbval"]) == sorted(plan)
+    assert len({plan[t][0] for t in items["unit"]}) == len(items["unit"])
+    assert len({plan[f"notebooks/{n}"][0] for n in ("02_understanding_maps.ipynb", "03_diffusion_steps.ipynb",
+                                                     "04_head_pruning.ipynb", "07_diagnostics.ipynb")}) == 1
+    costs = run_tests.recorded_costs()
+    by_group = {}
+    for t, (g, rank) in plan.items():
+        by_group.setdefault((rank, g), 0.0)
+        by_group[(rank, g)] += costs.get(t, run_tests.DEFAULT_COST)
+    ranked = [c for _, c in sorted(by_group.items())]
+    assert ranked == sorted(ranked, reverse=True)  # longest first
+
+
 # ------------------------------------------------------------------------------ make lab: a clone that stays clean
 
 LAB_SETTINGS = {  # what make lab installs (tools/lab_overrides.json): plugin -> setting -> value

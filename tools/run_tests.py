@@ -2,7 +2,7 @@
 part and the CPU-minutes of the whole.
 
     python tools/run_tests.py [--serial] [--threads N] [--nbval-threads N] [--setup-seconds S] [--only unit|nbval]
-                              [--record] [-- PYTEST ARGS]
+                              [--runner lanes|xdist] [--record] [-- PYTEST ARGS]
 
 Two kinds of work, each run by pytest:
 
@@ -22,6 +22,13 @@ process and everything it waited for: papermill kernels, the browser, torchrun r
 part (``--durations``) and the sum of the CPU times. Every run writes the seconds per file and notebook to
 ``outputs/test_costs.json``; ``--record`` also writes them to ``tests/costs.json`` and docs/TESTING.md's cost table, and
 the run's minutes to ``data/results/make_test.json`` (which README.md quotes).
+
+``--runner xdist`` (`make test RUNNER=xdist`, issue #65) runs the same work as one pytest run over pytest-xdist's
+workers instead of the two planned lanes: ``-n 2 --dist loadgroup``, unit tests and nbval together, a test file and a
+chain of notebooks each one group (``tests/xdist_plan.py``), groups handed out longest first (by ``tests/costs.json``)
+to whichever worker is free, so no lane waits on a plan that guessed wrong. Same threads (nbval's ``--nbval-threads``
+is not separate there: both run at ``--threads``), the same slowest tests, the same CPU time and records; the lane
+planner stays the default until the two are measured side by side on a clean clone (docs/TESTING.md).
 """
 from __future__ import annotations
 
@@ -71,6 +78,43 @@ def command(py: str, kind: str, targets: list[str], extra: list[str], mode: str 
         return [py, "-m", "pytest", "-q", "-m", MARKS[mode], *slow, *extra, *targets]
     return [py, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
             "-p", "no:randomly", "-p", "tests.nbval_digits", "-q", *slow, *extra, *targets]
+
+
+XDIST_WORKERS = 2
+
+
+def xdist_plan(mode: str = "test", only: str | None = None, costs: dict[str, float] | None = None
+               ) -> tuple[dict[str, list[str]], dict[str, tuple[str, int]]]:
+    """The work of one xdist run: ``({kind: [file, ...]}, {file: (group, rank)})``: every test file its own group,
+    each :func:`nbval_groups` chain one group, ranked longest first by the recorded seconds (tests/xdist_plan.py)."""
+    costs = recorded_costs(mode) if costs is None else costs
+    items = _items(mode == "extended")
+    only = "unit" if mode != "test" else only
+    work, groups = {}, []
+    if only in (None, "unit"):
+        work["unit"] = items["unit"]
+        groups += [(costs.get(t, DEFAULT_COST), t, [t]) for t in items["unit"]]
+    if only in (None, "nbval"):
+        work["nbval"] = items["nbval"]
+        groups += [(sum(costs.get(t, DEFAULT_COST) for t in g), "nbval:" + Path(g[0]).stem, g)
+                   for g in nbval_groups(items["nbval"])]
+    plan = {}
+    for rank, (_, name, members) in enumerate(sorted(groups, key=lambda g: (-g[0], g[1]))):
+        for t in members:
+            plan[t] = (name, rank)
+    return work, plan
+
+
+def xdist_command(py: str, work: dict[str, list[str]], extra: list[str], mode: str = "test",
+                  workers: int = XDIST_WORKERS) -> list[str]:
+    """One pytest run over ``workers`` xdist workers: the unit tests (``-m`` as :func:`command`) and, when ``work``
+    has them, the committed notebooks under nbval, as :func:`command` runs them (cells in order: no random order)."""
+    cmd = [py, "-m", "pytest", "-q", "-n", str(workers), "--dist", "loadgroup", "-p", "tests.xdist_plan",
+           "-m", MARKS[mode], f"--durations={SLOWEST}", "--durations-min=1", "-p", "tests.costs_plugin",
+           "-p", "no:randomly"]
+    if work.get("nbval"):
+        cmd += ["--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "-p", "tests.nbval_digits"]
+    return cmd + [*extra, *work.get("unit", []), *work.get("nbval", [])]
 
 
 def nbval_groups(notebooks: list[str]) -> list[list[str]]:
@@ -168,6 +212,8 @@ def main(argv=None) -> int:
                     "(make test-fast), in two lanes like make test")
     ap.add_argument("--record", action="store_true", help="write this run's seconds to tests/costs.json and "
                     "docs/TESTING.md's cost table")
+    ap.add_argument("--runner", choices=("lanes", "xdist"), default="lanes", help="lanes (default): two planned lanes "
+                    "side by side; xdist: one pytest run over pytest-xdist's workers (-n 2 --dist loadgroup)")
     ap.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = ap.parse_args(argv)
     if min(args.threads, args.nbval_threads) < 1:
@@ -196,8 +242,22 @@ def main(argv=None) -> int:
             with lock:
                 results.append((f"lane {i + 1} {what}", rc, time.time() - t, cpu))
 
-    logs = [None] + [tempfile.TemporaryFile(mode="w+") for _ in lanes[1:]]
-    workers = [threading.Thread(target=run_lane, args=(i, lane, logs[i])) for i, lane in enumerate(lanes)]
+    def run_xdist() -> None:
+        work, xplan = xdist_plan(mode, args.only)
+        (tmp / "plan.json").write_text(json.dumps(xplan))
+        n = str(args.threads)
+        env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "UNICACHE_XDIST_PLAN": str(tmp / "plan.json"),
+               "UNICACHE_TEST_COSTS": str(tmp / "xdist.json")}
+        what = " and ".join(f"{len(v)} {'notebooks' if k == 'nbval' else 'test files'}" for k, v in work.items())
+        print(f"== xdist: {what} in one run, {XDIST_WORKERS} workers, {n} thread{'s' * (int(n) > 1)} each", flush=True)
+        t = time.time()
+        proc = subprocess.Popen(xdist_command(sys.executable, work, args.pytest_args, mode), cwd=ROOT, env=env)
+        rc, cpu = _wait(proc, block=True)
+        results.append((f"xdist ({what})", rc, time.time() - t, cpu))
+
+    logs = [None] + [tempfile.TemporaryFile(mode="w+") for _ in lanes[1:]] if args.runner == "lanes" else [None]
+    workers = ([threading.Thread(target=run_lane, args=(i, lane, logs[i])) for i, lane in enumerate(lanes)]
+               if args.runner == "lanes" else [threading.Thread(target=run_xdist)])
     t0 = time.time()
     for w in workers:
         w.start()
@@ -226,9 +286,10 @@ def main(argv=None) -> int:
                 (ROOT / "data" / "results" / "make_test.json").write_text(json.dumps({
                     "wall_minutes": round((wall + (args.setup_seconds or 0)) / 60, 1),
                     "setup_minutes": round((args.setup_seconds or 0) / 60, 1), "cpu_minutes": round(cpu_min, 1),
-                    "lanes": len(lanes), "cpu_count": os.cpu_count(),
+                    "lanes": len(lanes) if args.runner == "lanes" else 1, "runner": args.runner,
+                    "cpu_count": os.cpu_count(),
                     "passed": all(rc == 0 for _, rc, _, _ in results)}, indent=1) + "\n")
-    print(f"\n== times ({'one lane' if len(lanes) == 1 else f'{len(lanes)} lanes side by side'})")
+    print(f"\n== times ({f'one run, {XDIST_WORKERS} xdist workers' if args.runner == 'xdist' else 'one lane' if len(lanes) == 1 else f'{len(lanes)} lanes side by side'})")
     if args.setup_seconds is not None:
         print(f"  setup   {_minutes(args.setup_seconds)}")
     for part, rc, secs, cpu in results:
