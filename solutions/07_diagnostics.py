@@ -56,8 +56,8 @@ def _detector(samples):
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★): mask image attention from layer 1, then from layer 3: does accuracy fall with the first
-    cut-off layer?
+    """Exercise 1 (★, code to write: the body of ``masked(from_layer)``): mask image attention from layer 1, then
+    from layer 3: does accuracy fall with the first cut-off layer?
 
     :func:`~unicache_lib.diagnostics.broken.mask_image_attention` hides the image keys from text queries in every
     layer from ``from_layer`` on; under it the held-out questions (the notebook's mix) are answered again and the
@@ -75,7 +75,7 @@ def exercise_1(quick: bool = False) -> dict:
     qas = _qas(100 if quick else 1500)
     samples = _samples(quick)
     rows = [{"masked from": "none", "accuracy": _accuracy(qas), "first cut-off layer": _detector(samples).first_cutoff_layer}]
-    for from_layer in (1, 2, 3):  # the starter cell's gap, filled once per layer
+    for from_layer in (1, 2, 3):  # the starter's masked(from_layer), once per layer
         with mask_image_attention(model, from_layer):
             rows.append({"masked from": from_layer, "accuracy": _accuracy(qas), "first cut-off layer": _detector(samples).first_cutoff_layer})
     t = pd.DataFrame(rows).set_index("masked from")
@@ -83,7 +83,8 @@ def exercise_1(quick: bool = False) -> dict:
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2 (★★): swap coverage for the *shallow* layers' coverage only. Does the AUROC change, and in which
+    """Exercise 2 (★★, code to write: the body of ``coverage_auroc(layers)``): swap coverage for the *shallow*
+    layers' coverage only. Does the AUROC change, and in which
     direction? Report it with its stratified interval.
 
     :func:`~unicache_lib.diagnostics.hallucination.answer_attention` takes ``layers=`` (here the shallow band of
@@ -109,7 +110,10 @@ def exercise_2(quick: bool = False) -> dict:
     n_layers = model.config.get_text_config().num_hidden_layers
     shallow = band_layers(n_layers)["shallow"]
     every = answer_attention(model, processor, qas, progress=False)
-    layers = shallow  # the starter cell's gap: band_layers(n_layers)["shallow"]
+    # the starter's coverage_auroc(layers), on its questions [qas[i] for i in pick] and §1's answers to them (sub):
+    #     low = answer_attention(model, processor, [qas[i] for i in pick], progress=False, layers=layers)
+    #     return auroc(-low.coverage.to_numpy(), ~sub.correct.to_numpy())
+    layers = shallow  # the starter asks it of the shallow band
     low = answer_attention(model, processor, qas, progress=False, layers=layers)
     wrong = ~every.correct
     t = auroc_table({"coverage, all layers": -every.coverage, f"coverage, shallow layers {shallow}": -low.coverage,
@@ -119,7 +123,7 @@ def exercise_2(quick: bool = False) -> dict:
 
 
 def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3 (★★): add another broken variant — images shuffled across samples — and predict the detector's
+    """Exercise 3 (★★, code to write: the body of ``shuffle_images(samples, offset)``): add another broken variant — images shuffled across samples — and predict the detector's
     verdict first. Is it a modality cut-off at all?
 
     Prediction: the detector stays quiet. It measures how much the text *reads* the image tokens, and a
@@ -137,10 +141,8 @@ def exercise_3(quick: bool = False) -> dict:
 
     model, processor = _model()
     samples = _samples(quick)
-    offset = 1  # the starter cell's gap
-    shuffled = [copy.copy(s) for s in samples]
-    for i, s in enumerate(shuffled):
-        s.image = samples[(i + offset) % len(samples)].image
+    offset = 1
+    shuffled = shuffle_images(samples, offset)
     qas = _qas(100 if quick else 1500)
     moved = tuple(dataclasses.replace(q, scene=qas[(i + offset) % len(qas)].scene) for i, q in enumerate(qas))
     rows = {}
@@ -172,8 +174,16 @@ def _random_llava():
     return d, load_understanding(str(d), attn_implementation="eager", verify=False)
 
 
-def exercise_4(quick: bool = False) -> dict:
-    """Exercise 4 (★★★, on your own checkpoint): run the notebook on your model and compare with the shipped one:
+def shuffle_images(samples, offset):
+    """The starter's function: copies of the samples, sample i showing the image of sample (i + offset) % n."""
+    shuffled = [copy.copy(s) for s in samples]
+    for i, s in enumerate(shuffled):
+        s.image = samples[(i + offset) % len(samples)].image
+    return shuffled
+
+
+def next_steps(quick: bool = False) -> dict:
+    """The lesson's "Next steps" checkpoint (not an exercise: a run of the whole lesson): run the notebook on your model and compare with the shipped one:
     the healthy lowest share against 5%, the blank image's image dependence against the healthy one, and the
     coverage AUROC — its direction and whether its interval excludes 0.5. How many wrong answers, and is that
     enough to decide U12?
@@ -198,7 +208,7 @@ def exercise_4(quick: bool = False) -> dict:
     from unicache_lib.world.questions import heldout_set
 
     d, (model, processor) = _random_llava()
-    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your model's path or hub id
+    checkpoint = str(d)  # here a stand-in folder; yours is your model's path or hub id
     samples = _samples(quick)
     blank = [copy.copy(s) for s in samples]
     for s in blank:

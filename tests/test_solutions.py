@@ -229,7 +229,7 @@ def test_07_shallow_coverage_does_not_beat_confidence(s07):
 
 
 def test_07_own_checkpoint_calls_run_and_refuse_an_auroc_without_right_answers(s07):
-    r = s07.exercise_4(quick=True)
+    r = s07.next_steps(quick=True)
     t = r["_t"]
     assert not t.fires.any() and (t["lowest share"] > 0.05).all()  # random attention spreads over the image: quiet
     assert (t["image dependence (KL)"] < 0.1).all()  # random weights barely use the picture

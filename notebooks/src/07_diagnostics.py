@@ -5,7 +5,15 @@
 # - whether the answer position's attention tells right answers from wrong (U12), beside the model's confidence, and
 #   how to read an [AUROC](../docs/GLOSSARY.md#auroc) that points the unexpected way;
 # - how the study's [modality-neglect](../docs/GLOSSARY.md#modality-neglect) detector (U10) fares on a healthy model and three broken ones;
-# - how to turn [stores](../docs/GLOSSARY.md#store) (folders of captured attention statistics) into a report.
+# - how to turn [stores](../docs/GLOSSARY.md#store) (folders of captured attention statistics) into a report, with
+#   an explorer of every layer, head and token in it.
+#
+# *What you see:* two held-out questions, one answered right (left) and one wrong (right); the colour is where the
+# answer position (the last prompt position) reads the picture in its last image-reading layer, mean over heads, in
+# × uniform on one scale for both (1 = even). The wrong answer reads the picture no less than the right one
+# (coverage <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="coverage ([0-9.]+)"-->0.58<!--/num-->
+# against <!--num "notebooks/07_diagnostics.ipynb#out:right:  > coverage" re="coverage ([0-9.]+)"-->0.55<!--/num-->): it
+# looked, and still answered wrong. §1 asks whether that holds over all the questions.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/07_diagnostics.png)
 
@@ -79,16 +87,19 @@ qas = heldout_set(N_QUESTIONS, seed=SEED + 4242, qtypes=("exists", "colour", "ex
 # reading the picture in its last image-reading layer (mean over heads), both panels on one × uniform scale.
 
 # %%
+import dataclasses  # noqa: E402
+
 A = answer_attention(model, processor, qas)  # one row per question: its answer, right or wrong, coverage (§1)
 ok = A.correct.to_numpy()
 picked = ({"right": int(np.flatnonzero(ok)[0]), "wrong": int(np.flatnonzero(~ok)[0])} if (~ok).any() else
           {"right": int(np.flatnonzero(ok)[0]), "least confident": int(A.confidence.to_numpy().argmin())}) if ok.any() else {}
-reads = {}
+reads, kept = {}, {}
 for kind, i in picked.items():  # the answer position (the last prompt position) over the image keys it reads
     inp = inputs_for(model, processor, qas[i].scene.uint8(), qas[i].question)
     with torch.no_grad(), AttentionCapture(model, mode="full", part=family.image_part) as cap:
         model(**inp)
-    r = cap.result.select(part=family.image_part)[-1]
+    kept[kind] = [dataclasses.replace(x, sample=kind) for x in cap.result.select(part=family.image_part)]  # §3
+    r = kept[kind][-1]
     on = torch.as_tensor(r.spans.array == 1)  # the image keys (cross-attention: every key)
     reads[kind] = (r.probs.float().mean(0)[-1][on] * r.probs.shape[-1], r.layer, inp)  # × uniform: all keys visible
 if not picked:
@@ -228,8 +239,6 @@ variants, BREAKS = DG.broken_variants(model, processor, samples, MASK_FROM_LAYER
 det, shares = DG.detector_table(variants, BREAKS, family.image_part)
 
 # %% tags=["nbval-check-output"]
-import dataclasses  # noqa: E402
-
 from unicache_lib.pruning import evaluate as E  # noqa: E402
 
 few_qas = qas[:200]  # each variant's accuracy, on 200 of §1's questions
@@ -301,10 +310,16 @@ print(f"{masked_name}: fires {bool(det.loc[masked_name, 'fires'])} from layer {d
 # %% [markdown]
 # ## 3. One call, one report
 #
-# `build_report` turns stores into figures and one self-contained HTML page. From a shell: `unicache-report outputs/02_understanding_maps/stats tiny-mmdit=outputs/03_diffusion_steps/store/tiny-mmdit --out outputs/report`.
+# `build_report` turns stores into figures and one self-contained HTML page; given explorers, it embeds them too. From
+# a shell (figures only: a store holds no pictures or tokens): `unicache-report outputs/02_understanding_maps/stats
+# tiny-mmdit=outputs/03_diffusion_steps/store/tiny-mmdit --out outputs/report`. Here the page also gets an explorer
+# of the two questions above, every layer and head, so a reader can follow the answer position without a kernel.
 
 # %%
 import os  # noqa: E402
+
+from unicache_lib.capture.record import CaptureResult  # noqa: E402
+from unicache_lib.explorer import attention_explorer  # noqa: E402
 
 ustore, _ = stats_store_or_capture(project_path(UNDERSTANDING_STORE), out / "understanding_stats", MODEL, sample_seed=SAMPLE_SEED,
                                    model=model, processor=processor)
@@ -312,32 +327,41 @@ stores = {Path(MODEL).name: ustore}
 if GENERATION_STORE:
     gname = Path(GENERATION_STORE).name
     stores[gname], _ = generation_store_or_capture(project_path(GENERATION_STORE), out / "generation_stats" / gname, load_generator(gname), gname)
-page = build_report(stores, out / "report")
-print(f"report: {os.path.relpath(page, project_path('.'))} ({page.stat().st_size // 1024} KB, {page.read_text().count('<img')} figures)")
+
+# %%
+explorers = {}
+if picked:  # the two questions of the first figure: every layer and head, the answer position first
+    explorer = attention_explorer(
+        CaptureResult.from_records([x for recs in kept.values() for x in recs]),
+        {k: qas[i].scene.uint8() for k, i in picked.items()},
+        {k: processor.tokenizer.convert_ids_to_tokens(reads[k][2]["input_ids"][0].tolist()) for k in picked},
+        {k: (family.image_grid(model.config, reads[k][2]), family.grid_tokens(model.config, reads[k][2])) for k in picked},
+        {k: f"{qas[i].question} -> {A.prediction.iloc[i]} ({k})" for k, i in picked.items()})
+    r_open = kept[next(iter(picked))][-1]  # the first figure's view: its layer, mean of heads, the answer position
+    explorer.select(layer=r_open.layer, word=r_open.probs.shape[1] - 1, head="mean", view="t2i")
+    explorers[f"{Path(MODEL).name}: the answer position, right and wrong"] = explorer
+page = build_report(stores, out / "report", explorers=explorers)
+html = page.read_text()
+n_ex = html.count('class="ucx"')  # explorers embedded in the page
+print(f"report: {os.path.relpath(page, project_path('.'))} ({page.stat().st_size // 1024} KB, {html.count('<img')} figures, "
+      f"{n_ex} explorer{'s' * (n_ex != 1)})")
+if explorers:
+    print(f"explorer: {explorer.data.summary()}; {explorer.nbytes / 1e6:.2f} MB of the 2 MB budget")
 
 # %% [markdown]
 # The page gathers 02's and 03's figures (focus per layer, read frequency, modality blocks, where text reads the
-# image; the MMDiT per step), each read in its own lesson. One of them, as a static PNG:
+# image; the MMDiT per step), each measured and read in its own lesson: the modality blocks, for one, are
+# [02 §7](02_understanding_maps.ipynb)'s. What the page adds is the explorer, the same one shown below: it is drawn
+# by the browser from the captured maps, so a slider move redraws at once, in JupyterLab, on the course site or in
+# the report opened from disk. Pick the question (right or wrong) and a view: **t2i**, the query token reading the
+# picture (× uniform, the even reading marked on the colour bar); **i2t**, the patches reading that token; **full**,
+# the whole map with the image block outlined. Sliders: layer, head (its last stop is the mean of the heads) and
+# query token; it opens on the answer position, mean of heads, as the first figure. The buttons under the picture
+# save the view as PNG and its numbers as JSON; from Python, `explorer.save("outputs/mine/view")` writes the exact
+# numbers. Try the wrong answer's last layer head by head: which heads read the object it took for the asked one?
 
 # %% tags=["nbval-ignore-output"]
-from IPython.display import Image, display  # noqa: E402
-
-from unicache_lib.core.modality import BLOCKS  # noqa: E402
-from unicache_lib.diagnostics.report import load_store  # noqa: E402
-
-blocks = [r for r in load_store(ustore)[0] if "blocks" in r.data]  # the records the modality-blocks figure averages
-if blocks:
-    b = np.mean([r.data["blocks"].mean(0).numpy() for r in blocks], 0)
-    print(f"{Path(MODEL).name}: modality blocks, share of the whole map (mean of {len(blocks)} records):\n  "
-          + ", ".join(f"{k} {v:.3f}" for k, v in zip(BLOCKS, b)))
-for png in sorted(page.parent.glob("*_blocks.png"))[:1]:
-    display(Image(filename=str(png)))
-
-# %% [markdown]
-# **Reading it.** Text queries reading the image take
-# <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share > text->image" re="text->image ([0-9.]+)"-->0.082<!--/num--> of the whole map, image queries
-# reading it <!--num "notebooks/07_diagnostics.ipynb#out:modality blocks, share > image->image" re="image->image ([0-9.]+)"-->0.709<!--/num-->: the text's share is small because image tokens are most of the
-# queries, whatever the text does. §2's detector divides by what the text queries read instead (healthy: <!--num "notebooks/07_diagnostics.ipynb#out:Healthy: lowest layer@0"-->0.394<!--/num--> or more per layer).
+explorer if explorers else None
 
 # %% [markdown]
 # ## 4. Claims scoreboard
@@ -395,75 +419,108 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter or a line) to ★★★ (a new measurement). Each starter cell leaves one gap, `... # <- fill in`
-# (★ and ★★ run in under a minute). Solutions with measured outcomes: `solutions/07_diagnostics.py`.
+# Graded ★ (a few lines) to ★★ (a measurement of your own). Each starter cell leaves one gap of code to write,
+# `... # <- write`, and checks what you wrote against what this notebook measured (each runs in a minute or two
+# once written). Solutions with measured outcomes: `solutions/07_diagnostics.py`.
 #
-# 1. ★ Mask image attention from layer 1, then from layer 3: does accuracy fall with the first cut-off layer, and does
-#    the detector's first cut-off layer follow the masked one?
-# 2. ★★ Use only the *shallow* layers' coverage (`answer_attention(..., layers=...)`). Does the AUROC change, and in
-#    which direction?
-# 3. ★★ Add another broken variant — images shuffled across samples — and predict the detector's verdict first. Is
-#    it a modality cut-off at all? What do image dependence and accuracy say?
-# 4. ★★★ Run this notebook on your checkpoint (the starter prints the papermill command) and compare the healthy
-#    lowest share, the blank image's image dependence and the coverage AUROC (direction, interval, number of wrong
-#    answers) with this run's.
+# 1. ★ Write `masked(from_layer)`: under `mask_image_attention(model, from_layer)`, the accuracy on `few_qas` and the
+#    detector's first cut-off layer on `few_samples`. The starter checks the accuracy at §2's layer, then masks from
+#    layer 1 and from layer 3: does accuracy fall with the first cut-off layer, and does the detector follow?
+# 2. ★★ Write `coverage_auroc(layers)`: the AUROC for wrong answers of low coverage read from `layers` only
+#    (`answer_attention(..., layers=...)`, on the questions `pick`). The starter checks it with every layer against
+#    §1's coverage, then asks it of the *shallow* band: does the AUROC change, and in which direction?
+# 3. ★★ Add another broken variant — images shuffled across samples — and predict the detector's verdict first.
+#    Write `shuffle_images(samples, offset)`: copies of the samples, each showing the picture `offset` places along
+#    the list. Is it a modality cut-off at all? What do image dependence and accuracy say?
 
 # %%
-# What the exercises share: `few_samples` (five standard samples, exercise 1), §2's 200 questions `few_qas` and `accuracy`
+# What the exercises share: `few_samples` (five standard samples), §2's 200 questions `few_qas` and `accuracy`
 import copy  # noqa: E402
+from unicache_lib.analysis.layers import band_layers  # noqa: E402
 from unicache_lib.capture.runner import capture_samples  # noqa: E402
 from unicache_lib.diagnostics.neglect import detect_neglect, image_dependence  # noqa: E402
 few_samples = samples[:5]
 
 
+def image_records(ss):  # the detector's input: the captured records of the part that reads the image
+    return [r for r in capture_samples(model, processor, ss, progress=False) if r.part == family.image_part]
+
+
 # %%
-# Exercise 1 starter: image attention masked from another layer; accuracy on 200 of the questions, the detector on
-# five standard samples, beside the unmasked model
-from_layer = ...  # <- fill in: the first layer whose text queries may no longer read the image
-if from_layer is ...:
-    print(f"Fill in `from_layer`, then run this cell again (§2's variant masked from {MASK_FROM_LAYER}).")
+# Exercise 1 starter: image attention masked from another layer; accuracy on §2's 200 questions, the detector on
+# five standard samples
+def masked(from_layer):
+    """(accuracy on few_qas, the detector's first cut-off layer on few_samples) with the text's attention on the
+    image masked from `from_layer` on."""
+    ...  # <- write: the body (detect_neglect(image_records(...)) gives the detector's verdict)
+
+
+mine = masked(MASK_FROM_LAYER)  # §2's variant
+if mine is None:
+    print(f"Write the body of `masked`, then run this cell again (§2's variant masked from {MASK_FROM_LAYER}).")
 else:
-    print(f"unmasked: accuracy {accuracy(few_qas):.3f}")
-    with mask_image_attention(model, from_layer):
-        v = detect_neglect([r for r in capture_samples(model, processor, few_samples, progress=False)
-                            if r.part == family.image_part])
-        print(f"masked from layer {from_layer}: accuracy {accuracy(few_qas):.3f}; detector fires {v.fires}, "
-              f"first cut-off layer {v.first_cutoff_layer}")
+    acc, cut = mine
+    print(f"from layer {MASK_FROM_LAYER}: accuracy {acc:.3f} " + ("(correct: §2's)" if abs(acc - ACC[masked_name]) < 1e-9
+                                                                  else f"(§2 measured {ACC[masked_name]:.3f})"))
+    print(f"unmasked: accuracy {ACC[DG.HEALTHY]:.3f}")
+    for layer in (1, 3):
+        acc, cut = masked(layer)
+        print(f"masked from layer {layer}: accuracy {acc:.3f}; detector's first cut-off layer {cut}")
 
 # %%
 # Exercise 2 starter: coverage from some layers only, on §1's wrong answers and 300 right ones (an AUROC does not
 # depend on the share of wrong answers), beside all-layer coverage and confidence
-layers = ...  # <- fill in: the indices of the shallow layers (hint: band_layers from unicache_lib.analysis.layers)
 pick = list(np.flatnonzero(wrong.to_numpy())) + list(np.flatnonzero(~wrong.to_numpy())[:300])
-if layers is ...:
-    print(f"Fill in `layers`, then run this cell again ({n_wrong} wrong answers of {len(A)}).")
+sub = A.iloc[pick]  # §1's answers to those questions
+
+
+def coverage_auroc(layers):
+    """The AUROC for sub's wrong answers of low coverage (-coverage) read from `layers` only (None: every layer),
+    answer_attention run again on [qas[i] for i in pick]."""
+    ...  # <- write: the body (auroc(score, is_wrong) from unicache_lib.diagnostics.roc)
+
+
+if n_wrong < 2:
+    print(f"{n_wrong} wrong answers: too few for an AUROC (raise N_QUESTIONS)")
+elif (every := coverage_auroc(None)) is None:
+    print(f"Write the body of `coverage_auroc`, then run this cell again ({n_wrong} wrong answers of {len(A)}).")
 else:
-    low = answer_attention(model, processor, [qas[i] for i in pick], progress=False, layers=layers)
-    sub = A.iloc[pick]
-    print(auroc_table({"coverage, all layers": -sub.coverage.to_numpy(),
-                       f"coverage, layers {layers}": -low.coverage.to_numpy(),
-                       "confidence (baseline)": -sub.confidence.to_numpy()}, ~sub.correct.to_numpy()).round(3).to_string())
+    want = auroc(-sub.coverage.to_numpy(), ~sub.correct.to_numpy())  # §1's coverage on the same questions
+    print(f"every layer: {every:.3f} " + ("(correct: §1's coverage)" if abs(every - want) < 1e-6 else f"(§1's: {want:.3f})"))
+    shallow = band_layers(model.config.get_text_config().num_hidden_layers)["shallow"]
+    print(f"shallow layers {shallow}: {coverage_auroc(shallow):.3f}; confidence (baseline): "
+          f"{auroc(-sub.confidence.to_numpy(), ~sub.correct.to_numpy()):.3f}")
 
 # %%
 # Exercise 3 starter: every standard sample shown another sample's picture (questions likewise moved to another
 # scene); detector, image dependence and accuracy against the healthy row of §2's table
-offset = ...  # <- fill in: how many places along the list each sample's picture comes from (not 0)
-if offset is ...:
-    print(f"Fill in `offset`, then run this cell again ({len(samples)} samples).")
+offset = 1
+
+
+def shuffle_images(ss, offset):
+    """Copies of the samples `ss` (copy.copy), sample i showing the image of sample (i + offset) % len(ss)."""
+    ...  # <- write: the body
+
+
+shuffled = shuffle_images(samples, offset)
+if shuffled is None:
+    print(f"Write the body of `shuffle_images`, then run this cell again ({len(samples)} samples).")
+elif [s.image is samples[(i + offset) % len(samples)].image for i, s in enumerate(shuffled)] != [True] * len(samples) \
+        or any(a is b for a, b in zip(shuffled, samples)):
+    print("want new sample objects (copy.copy), sample i with the image of sample (i + offset) % n")
 else:
-    shuffled = [copy.copy(s) for s in samples]
-    for i, s in enumerate(shuffled):
-        s.image = samples[(i + offset) % len(samples)].image
     moved = [dataclasses.replace(q, scene=few_qas[(i + offset) % len(few_qas)].scene) for i, q in enumerate(few_qas)]
-    v = detect_neglect([r for r in capture_samples(model, processor, shuffled, progress=False) if r.part == family.image_part])
+    v = detect_neglect(image_records(shuffled))
     print(f"shuffled images: fires {v.fires}, lowest layer share {v.shares.min():.3f}, image dependence (KL) "
           f"{image_dependence(model, processor, shuffled, SEED):.2f}, accuracy {accuracy(moved):.3f} (200 questions)")
     print(det.loc[["healthy"], ["fires", "image dependence (KL)"]].to_string())
 
-# %%
-# Exercise 4 starter: this lesson on your checkpoint
-checkpoint = ...  # <- fill in: a path or hub id of your LLaVA-family model
-if checkpoint is ...:
-    print("Fill in `checkpoint`, then run this cell again.")
-else:
-    print(f".venv/bin/papermill notebooks/07_diagnostics.ipynb outputs/07_mine.ipynb -p MODEL {checkpoint} -p N_QUESTIONS 1500")
+# %% [markdown]
+# ## Next steps
+#
+# > **Your checkpoint.** Run this lesson on your model and compare with this run: the healthy lowest share against
+# > <!--const the detector's cut-off, the study's figure fixed before any run-->5%<!--/const-->, the blank image's
+# > image dependence against the healthy one's, and the coverage AUROC (its direction, its interval, the number of
+# > wrong answers: enough to decide U12?):
+# > `.venv/bin/papermill notebooks/07_diagnostics.ipynb outputs/07_mine.ipynb -p MODEL <path or hub id> -p N_QUESTIONS 1500`.
+# > `solutions/07_diagnostics.py` (`next_steps`) does it on a random-weight stand-in of the LLaVA family.
