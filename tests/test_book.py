@@ -289,24 +289,16 @@ def test_html_like_text_is_caught():
     assert html_like("```text\nuser : <image>\n```\n") == []
 
 
-# cells whose fix is pending (notebook id, cell id): the test fails on any other hit, and once one is fixed
-NOT_YET = {("05_kv_eviction", "97686a12")}  # `user : <image>` in the prose (issue #65): backticks, in its source
-
-
 def test_the_notebooks_markdown_holds_no_raw_html_like_text_outside_code():
-    hits, found = [], set()
+    hits = []
     for nb in NOTEBOOKS:
         cells = json.loads(_committed(nb.relative_to(ROOT).as_posix()))["cells"]
         for i, cell in enumerate(cells):
             if cell["cell_type"] == "markdown":
                 tags = html_like("".join(cell["source"]))
                 if tags:
-                    found.add((nb.stem, cell.get("id")))
                     hits.append(f"{nb.name} cell {i} (id {cell.get('id')}): {', '.join(tags)}: put it in backticks")
-    assert found <= NOT_YET, [h for h in hits if not any(f"id {c})" in h for _, c in NOT_YET)]
-    assert NOT_YET <= found, f"fixed: {sorted(NOT_YET - found)}: take them out of NOT_YET"
-    if found:
-        pytest.xfail(f"not fixed yet: {hits}")
+    assert not hits, hits
 
 
 def test_explorers_show_their_html_form_never_the_widget_view(site):
