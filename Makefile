@@ -291,7 +291,7 @@ clean-outputs:
 ##       mobile menu; offline, nothing fetched (publishing it: docs/FORKING.md#f-publishing-the-course-as-a-website).
 ##       `REF=HEAD` builds the committed files only, whatever the working tree holds; `RECORD=1` keeps the build's time
 ##       and size in `data/results/book.json`; the last recorded build took
-##       <!--num data/results/book.json#seconds fmt="{:.0f} s" missing="not recorded yet"-->19 s<!--/num--> for a site of
+##       <!--num data/results/book.json#seconds fmt="{:.0f} s" missing="not recorded yet"-->18 s<!--/num--> for a site of
 ##       <!--num data/results/book.json#megabytes fmt="{:.0f} MB" missing="?"-->22 MB<!--/num-->
 REF ?=
 book: setup
