@@ -1,5 +1,6 @@
 """Relative notebook paths (OUT_DIR, stores of earlier notebooks) point into the repository root
 wherever the kernel starts: `make run` starts it in the root, `make lab` in notebooks/."""
+import ast
 import re
 from pathlib import Path
 
@@ -50,6 +51,14 @@ def test_none_is_refused_with_what_to_pass():
 PATH_PARAMS = re.compile(r"^([A-Z_]*(?:OUT_DIR|_STORE)) *=", re.M)
 
 
+def _names_the_folder(n, parent) -> bool:
+    """``X.name`` or ``Path(X).name``: the folder's name, not a path opened."""
+    up = parent.get(n)
+    if isinstance(up, ast.Call) and getattr(up.func, "id", None) == "Path" and up.args == [n]:
+        up = parent.get(up)
+    return isinstance(up, ast.Attribute) and up.attr == "name"
+
+
 @pytest.mark.parametrize("src", sorted(SRC.glob("[0-9][0-9]_*.py")), ids=lambda p: p.stem)
 def test_every_notebook_resolves_its_path_parameters_with_project_path(src):
     """Every path parameter of the parameters cell is opened only through project_path: `Path(X)` or a
@@ -59,11 +68,15 @@ def test_every_notebook_resolves_its_path_parameters_with_project_path(src):
     body = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("#"))
     names = PATH_PARAMS.findall(params)
     assert "OUT_DIR" in names
+    tree = ast.parse(body)  # as code: a name inside a string ("no store at UNDERSTANDING_STORE") is text, not a use
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    tests = {id(n.test) for n in ast.walk(tree) if isinstance(n, (ast.If, ast.IfExp, ast.While))}
     for name in names:
-        uses = [m.start() for m in re.finditer(rf"\b{name}\b", body)]
-        assert any(body[:i].endswith("project_path(") for i in uses), f"{src.name}: {name} never resolved"
-        bare = [body[max(0, i - 30):i + len(name) + 10] for i in uses
-                if not body[:i].endswith("project_path(")
-                and not re.match(rf"{name}\)?\.name\b|{name}:", body[i:])   # the folder's name, or `if X:`
-                and not body[:i].rstrip().endswith("if")]
+        uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+        resolved = [n for n in uses if isinstance(parent.get(n), ast.Call) and n in parent[n].args
+                    and getattr(parent[n].func, "id", None) == "project_path"]
+        assert resolved, f"{src.name}: {name} never resolved"
+        bare = [f"line {n.lineno}: {ast.get_source_segment(body, parent.get(n, n))}" for n in uses if n not in resolved
+                and not _names_the_folder(n, parent)                                               # `X.name`
+                and id(n) not in tests]                                                          # `if X:`
         assert not bare, f"{src.name}: {name} used without project_path: {bare}"
