@@ -233,7 +233,8 @@ _ALL = [
        "model, above 0.02", {"": {"above": 0.02}}, "3",
        advice=Advice("above 0.02: late steps are focused, pick the steps to reuse late; at or below 0: the steps do not "
                      "focus, choose them by step-to-step similarity instead",
-                     (Place("03", 4, what="the knees"),))),
+                     (Place("03", 4, what="the knees"),)),
+       meaning={"holds": "reuse the late, focused steps", "does not hold": "pick reuse steps by similarity"}),
     _c("G2", "Adjacent-step similarity is ~0.3-0.5 early and > 0.8 late.",
        "where reuse may start (06's `step_skip`, `adaptive`)", "03_diffusion_steps",
        "adjacent-step cosine similarity of the maps: (a) late phase, weaker model, above 0.8, (b) early phase, most "
@@ -241,19 +242,23 @@ _ALL = [
        advice=Advice("start whole-step reuse no earlier than the latest knee over the layers, on a line that separates "
                      "them (one every layer clears from step 1 says nothing); a layer that never settles leaves no "
                      "whole-step window; knees move with the step count",
-                     (Place("03", 4, params=("STRICT_THRESHOLD", "STEPS")), Place("06", 3, policies=("step_skip",))))),
+                     (Place("03", 4, params=("STRICT_THRESHOLD", "STEPS")), Place("06", 3, policies=("step_skip",)))),
+       meaning={"holds": "reuse late steps, compute early ones", "partly": "place reuse by the knees (§4)",
+               "does not hold": "place reuse by the knees (§4)"}),
     _c("G4", "In joint attention, text->image is stable across steps, image->text varies.",
        "the text side would be safer to reuse (06's `text_side`)", "03_diffusion_steps",
        "MMDiT, mean step-to-step change (1 - cosine): (a) image->text map / text->image map above 1.5, (b) image "
        "stream's attention output / text stream's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}}, "6",
        advice=Advice("above 1.5: the text side is steadier, reuse it first; near 1: neither side is the safer one",
-                     (Place("06", 3, policies=("text_side",)),))),
+                     (Place("06", 3, policies=("text_side",)),)),
+       meaning={"holds": "reuse the text side first", "does not hold": "neither side is safer to reuse"}),
     _c("G5", "Image tokens far outnumber text tokens: cache pressure is on the image side.",
        "cache memory goes to the image side", "03_diffusion_steps",
        "image / text KV bytes per attention layer, weaker model, above 4", {"": {"above": 4.0}}, "7",
        advice=Advice("above 4: the cache memory is on the image side, evict or reuse image keys first; the ratio grows "
                      "with the resolution, so measure it at the size you generate",
-                     (Place("03", 7, params=("GENERATORS",)),))),
+                     (Place("03", 7, params=("GENERATORS",)),)),
+       meaning={"holds": "evict or reuse image keys first", "does not hold": "text KV matters too at this size"}),
     _c("G6", "Text conditioning is strongest early; long prompts collapse in middle steps.",
        "whether the prompt side can be cached after the first steps", "03_diffusion_steps",
        "weaker model: (a) short prompts' guidance strength, early minus late, above 0, (b) long prompts' middle-phase "
@@ -261,14 +266,17 @@ _ALL = [
        {"a": {"above": 0.0}, "b": {"above": 0.9}, "c": {"above": 0.05}}, "5",
        advice=Advice("guidance as strong at the last step as at the first: keep the text side computed in the last "
                      "steps; fading to the end: reusing the text side late is worth trying",
-                     (Place("03", 5), Place("06", 3, policies=("text_side",))))),
+                     (Place("03", 5), Place("06", 3, policies=("text_side",)))),
+       meaning={"holds": "cache the prompt side late", "partly": "a failing (b) or (c) is good: no collapse",
+               "does not hold": "keep the prompt side computed"}),
     _c("G7", "Generation models have more redundant heads than understanding models.",
        "heads that could share maps (04)", "03_diffusion_steps",
        "mean head redundancy, weaker generator minus the understanding model, above 0.05 (prompts and samples "
        "resampled separately)", {"": {"above": 0.05}}, "8",
        advice=Advice("well above the understanding model: the generator's heads could share maps or be pruned; at or "
                      "below it: no more room than in an understanding model",
-                     (Place("04", 4, params=("GENERATORS", "FRACTIONS")),))),
+                     (Place("04", 4, params=("GENERATORS", "FRACTIONS")),)),
+       meaning={"holds": "its heads could share maps (04)", "does not hold": "no more shared heads than a VLM"}),
     _c("G9", "An object word's attention lands on the object's region.",
        "whether word maps can pick the image tokens to keep", "03_diffusion_steps",
        "weaker model: (a) object words' region IoU / a random region's above 2, (b) shape-word region overlap, "
@@ -276,7 +284,9 @@ _ALL = [
        {"a": {"above": 2.0}, "b": {"above": 0.0}}, "9",
        advice=Advice("above 2x chance: word maps point at objects and could pick the image tokens to keep; near 1: do "
                      "not use them",
-                     (Place("03", 9), Place("02", 6)))),
+                     (Place("03", 9), Place("02", 6))),
+       meaning={"holds": "word maps can pick image tokens", "partly": "word maps point, binding unsettled",
+               "does not hold": "do not pick image tokens by word maps"}),
     # 04: which heads can go
     _c("P1", "Pruning 10% of heads by attention statistics barely hurts; 20% starts to hurt.",
        "how many heads' keys and values can go", "04_head_pruning",
@@ -364,14 +374,18 @@ _ALL = [
        "the image side is most of the KV and reads itself", "08_architectures",
        "ViLT, mean over layers: (a) image queries' share on image keys above 0.5; (b) image queries' share on text "
        "keys / the text's share of the positions (what even attention would give it) below 1",
-       {"a": {"above": 0.5}, "b": {"below": 1.0}}),
+       {"a": {"above": 0.5}, "b": {"below": 1.0}},
+       meaning={"holds": "image KV mostly reads itself", "does not hold": "text shapes the image tokens",
+               "inconclusive": "open: A2's ablation decides"}),
     _c("A2", "Fusion encoder: a cross-modal share under ~15% means the text is not injected into the image tokens.",
        "whether text→image paths can be cut", "08_architectures",
        "ViLT: (a) cross-modal share of the healthy model (mean over layers) below 0.15; (b) accuracy lost when image "
        "queries cannot see the text below 0.02 (text that is not injected cannot be missed)",
        {"a": {"below": 0.15}, "b": {"below": 0.02}},
        advice=Advice("a drop: the fused stream injects text into the image tokens; keep text keys for image queries (at "
-                     "least in the layers where the drop comes from, exercise 6)", (Place("08", 4, also=("exercise 6",)),))),
+                     "least in the layers where the drop comes from, exercise 6)", (Place("08", 4, also=("exercise 6",)),)),
+       meaning={"holds": "text->image paths can be cut", "does not hold": "keep text keys for image queries",
+               "inconclusive": "a failing (b): keep the text keys"}),
     _c("A3", "Cross-attention VLM: low cross layers spread, middle ones focus on the named object, top ones refine.",
        "which layers' vision KV can be thinned", "08_architectures",
        "Mllama, teacher-forced captions, cross layers low / middle / top: (a) low minus middle normalised entropy of "
@@ -382,20 +396,24 @@ _ALL = [
        {"a": {"above": 0.02}, "b": {"above": 1.5}, "c": {"above": 1.5}, "d": {"above": 0.0}},
        advice=Advice("above ~1.5: that layer's words find their objects, but which objects depends on the question: "
                      "thin its vision KV by a cover, not by these reads; near 1: keep it whole",
-                     (Place("05", 3, policies=("key_coverage",), params=("BUDGETS",)),))),
+                     (Place("05", 3, policies=("key_coverage",), params=("BUDGETS",)),)),
+       meaning={"holds": "thin low and top layers' vision KV", "partly": "not the study's order: thin by a cover",
+               "does not hold": "not the study's order: thin by a cover"}),
     _c("A4", "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
        "keep object patches", "08_architectures",
        "CLIP image tower, last layer: the class token's attention mass on the objects the caption names / their area "
        "share above 1.5", {"": {"above": 1.5}},
        advice=Advice("well above 1: the embedding comes from the object patches; when thinning the image tokens, merge "
                      "background patches into kept ones rather than drop objects",
-                     (Place("05", 3, policies=("key_coverage_merge",)),))),
+                     (Place("05", 3, policies=("key_coverage_merge",)),)),
+       meaning={"holds": "keep object patches, merge background", "does not hold": "the embedding is not object-led"}),
     _c("A5", "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
        "one image budget for describing and answering, or two", "08_architectures",
        "Janus, same images: (a) image share of the answer token minus the mean image share of the caption tokens above "
        "0; (b) their ratio above 1.2 (the study: ~60% / ~40% = 1.5)", {"a": {"above": 0.0}, "b": {"above": 1.2}},
        advice=Advice("near 1: one image-KV budget serves both tasks; above ~1.2: give answers a larger budget",
-                     (Place("05", params=("BUDGETS",)),))),
+                     (Place("05", params=("BUDGETS",)),)),
+       meaning={"holds": "give answers a larger image budget", "does not hold": "one image-KV budget serves both tasks"}),
     _c("A6", "Unified model: after an image-heavy token the next reads the image less; late image-share drops go with "
        "drift.", "bursty decode-time reads of the image KV", "08_architectures",
        "Janus captions: (a) lag-1 correlation of the per-token image share (each position's mean removed) below 0 "
@@ -404,7 +422,9 @@ _ALL = [
        {"a": {"below": 0.0}, "b": {"above": 0.6}},
        advice=Advice("below 0: a heavy read is followed by a light one; above 0: reads persist over a few tokens. Either "
                      "way evict by a cover (05 §3), not by the last reads: 05 finds read-ranked rules below random",
-                     (Place("05", 3, policies=("key_coverage",)),))),
+                     (Place("05", 3, policies=("key_coverage",)),)),
+       meaning={"holds": "evict by a cover, not by recent reads", "does not hold": "evict by a cover, not by recent reads",
+               "inconclusive": "evict by a cover, not by recent reads"}),
 ]
 REGISTRY: dict[str, Claim] = {c.id: c for c in _ALL}
 if len(REGISTRY) != len(_ALL):
