@@ -115,12 +115,11 @@ def test_word_and_localisation_claims_are_measured_on_sample_intervals():
 def test_every_lesson_declares_its_rules_as_data_on_a_fresh_board():
     """Each lesson's claims module: its rule tables write cleanly on a board (known claim ids, valid criteria), the
     text parameters are filled, and a rule cannot be rewritten once its claim is measured."""
-    import importlib
-
     import pytest
 
     from unicache_lib.scoreboard import Scoreboard
 
+    from unicache_lib import lessons
     from unicache_lib.claims import LESSONS, rules_of
 
     fill = {"k": 6, "top_k": 5, "u3_bar": 0.3}  # the values the rules of 01 (M3) and 02 (U3) name

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from unicache_lib import lessons
+
 from unicache_lib import claims
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,14 +81,8 @@ def check_rows(board: dict, notebook: str) -> None:
             assert c["lo"] <= c["value"] <= c["hi"] and c["n"] >= 2 and c["unit"], r
 
 
-QUICK = {  # the quick parameters of the runs that several tests read (quick_run executes each once)
-    "01_capture.ipynb": dict(PER_TYPE=1, ANCHOR_K=4),
-    "02_understanding_maps.ipynb": dict(PER_TYPE=1, MAP_PER_TYPE=1, N_CAPTIONS=2),
-    "03_diffusion_steps.ipynb": dict(N_SINGLE=2, N_PAIRS=2, STEPS=5, MAP_PROMPTS=1, UNDERSTANDING_STORE="OUT/no-such-store"),
-    "06_step_reuse.ipynb": dict(N_PROMPTS=4, STEPS=5, TIMING_PROMPTS=2, REPEATS=2),
-    "07_diagnostics.ipynb": dict(N_QUESTIONS=60, PER_TYPE=1, UNDERSTANDING_STORE="OUT/none",
-                                 GENERATION_STORE="OUT/none/tiny-mmdit"),
-}
+QUICK = {f"{k}.ipynb": lesson.quick for k, lesson in lessons.discover().items()}  # from each lesson's record:
+# its quick parameters (unicache_lib/lessons.py); quick_run executes each once for the tests that read it
 
 
 def test_01_capture_quick(quick_run):
@@ -192,10 +188,8 @@ def test_03_runs_to_its_scoreboard_on_other_random_pipelines(tmp_path, kind):
     assert {"G1", "G9"} <= set(board)
 
 
-def test_04_head_pruning_quick(tmp_path):
-    run_notebook("04_head_pruning.ipynb", tmp_path, N_QUESTIONS=100, N_GRADIENT=16, FRACTIONS=[0.0, 0.1, 0.2], RANDOM_SEEDS=2,
-                 N_PROMPTS=4, STEPS=4, TIMING_REPEATS=2, UNDERSTANDING_STORE=str(tmp_path / "none"),
-                 GENERATION_STORE=str(tmp_path / "none"))
+def test_04_head_pruning_quick(quick_run):
+    tmp_path = quick_run("04_head_pruning.ipynb", **QUICK["04_head_pruning.ipynb"])
     board = scoreboard(tmp_path)
     check_rows(board, "04_head_pruning")
     for r in board.values():
@@ -206,14 +200,13 @@ def test_04_head_pruning_quick(tmp_path):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
     assert (tmp_path / "understanding_stats" / "meta.json").exists()
     assert (tmp_path / "generation_stats" / "tiny-pixart" / "meta.json").exists()
-    check_first_figure(tmp_path, "04_head_pruning.ipynb")
 
 
-def test_00_primer_quick(tmp_path):
+def test_00_primer_quick(quick_run):
     """The primer runs at its defaults (it is small); its pictures are written and its printed read-outs hold the facts
     the prose states: weights sum to 1, nothing above the diagonal, the word's weight on the image."""
-    out = run_notebook("00_primer.ipynb", tmp_path)
-    check_first_figure(tmp_path, "00_primer.ipynb")
+    tmp_path = quick_run("00_primer.ipynb", **QUICK["00_primer.ipynb"])
+    out = tmp_path / "00_primer.ipynb"
     for fig in ("one_query", "sentence_map", "heads", "image_in_the_map"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
     text = "\n".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code"
@@ -247,9 +240,8 @@ def test_05_on_the_576_token_model_with_token_budgets(tmp_path):
     assert board["E4"]["n"] == 2700 and re.search(r"worst: \S+ at (11|22)%", board["E4"]["shown"])
 
 
-def test_05_kv_eviction_quick(tmp_path):
-    run_notebook("05_kv_eviction.ipynb", tmp_path, N_EVICTION=6, BUDGETS=[0.25, 0.5])
-    check_first_figure(tmp_path, "05_kv_eviction.ipynb")
+def test_05_kv_eviction_quick(quick_run):
+    tmp_path = quick_run("05_kv_eviction.ipynb", **QUICK["05_kv_eviction.ipynb"])
     board = scoreboard(tmp_path)
     check_rows(board, "05_kv_eviction")
     assert board["U7"]["n"] == 6 and board["U7"]["unit"] == "questions"
@@ -310,10 +302,8 @@ def test_07_diagnostics_quick(quick_run):
     assert (tmp_path / "neglect_detector.png").stat().st_size > 1000
 
 
-def test_08_architectures_quick(tmp_path):
-    run_notebook("08_architectures.ipynb", tmp_path, PER_TYPE=1, N_QUESTIONS=60, N_CAPTIONS=4, N_GEN_PROMPTS=2,
-                 GEN_STEPS=3, N_DRAWINGS=1, DRIFT_CAPTIONS=6)
-    check_first_figure(tmp_path, "08_architectures.ipynb")
+def test_08_architectures_quick(quick_run):
+    tmp_path = quick_run("08_architectures.ipynb", **QUICK["08_architectures.ipynb"])
     board = scoreboard(tmp_path)
     check_rows(board, "08_architectures")
     assert board["A1"]["n"] == 5 and board["A1"]["unit"] == "samples"
@@ -335,19 +325,8 @@ def test_08_leaves_a_model_out_by_parameter(tmp_path):
     assert board["A3"]["verdict"] != "not measurable here"
 
 
-def _lesson_pictures():
-    """tools/lesson_pictures.py, where each lesson's first figure is named once (tools/ is no package)."""
-    import importlib
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        return importlib.import_module("lesson_pictures")
-    finally:
-        sys.path.pop(0)
-
-
-FIRST_FIGURES = {f"{k}.ipynb": v for k, v in _lesson_pictures().FIRST_FIGURES.items()}  # lesson -> (names, what it shows)
+FIRST_FIGURES = {f"{k}.ipynb": (lesson.first_figure, lesson.figure_kind)  # lesson -> (names, what it shows)
+                 for k, lesson in lessons.discover().items()}
 
 
 def check_first_figure(out: Path, nb: str):
@@ -385,9 +364,9 @@ def check_first_figure(out: Path, nb: str):
         assert max(peaks) > 1.0, peaks
 
 
-@pytest.mark.parametrize("nb", sorted(n for n in FIRST_FIGURES if n in QUICK))
+@pytest.mark.parametrize("nb", sorted(FIRST_FIGURES))
 def test_a_lessons_first_figure_teaches(quick_run, nb):
-    """#46: see check_first_figure; the lessons without a shared quick run check it in their own quick test."""
+    """#46: see check_first_figure, on the lesson's shared quick run."""
     check_first_figure(quick_run(nb, **QUICK[nb]), nb)
 
 

@@ -32,8 +32,9 @@ LAYERS = [
      r"capture(\..*)?|store|runtime|runtime\.(loaders|sampling|checksums|pipelines|controls)"),
     ("features", "analyses, KV eviction, step reuse, head pruning",
      r"analysis|analysis\.(?!\w+_claims$)\w+|kv(\..*)?|reuse(\..*)?|pruning(\..*)?"),
-    ("reporting", "each lesson's claims, diagnostics, scoreboards, plots, widgets and the explorer, notebook parameters",
-     r"claims|analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|static_explorer|explorer(\..*)?|"
+    ("reporting", "each lesson's record and claims, diagnostics, scoreboards, plots, widgets and the explorer, notebook "
+                  "parameters",
+     r"lessons|claims|analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|static_explorer|explorer(\..*)?|"
      r"params|replicate"),
 ]
 # training scripts, test and stand-in builders, make-target drivers: outside the runtime graph

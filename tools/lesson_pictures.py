@@ -4,8 +4,8 @@ into ``docs/figures/<lesson>.png``, which the lesson's first cell shows under "W
     python tools/lesson_pictures.py                       # every lesson
     python tools/lesson_pictures.py notebooks/05_kv_eviction.ipynb
 
-:data:`FIRST_FIGURES` names each lesson's first figure (the name ``plots.save`` writes it under; two names where the
-lesson draws one per generator, the first shown). The picture is taken from the output of the cell that saves it, so
+Each lesson's record (``first_figure`` in its source's header, :mod:`unicache_lib.lessons`) names its first figure
+(the name ``plots.save`` writes it under; two names where the lesson draws one per generator, the first shown). The picture is taken from the output of the cell that saves it, so
 it is the run's own figure and cannot drift from it: ``make notebooks`` runs this after each execution, and
 ``tests/test_notebook_sources.py`` checks every ``docs/figures`` file equals its notebook's output and that cell 0
 shows it.
@@ -22,17 +22,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "figures"
 
-FIRST_FIGURES = {  # lesson -> (the names its first figure is saved under, what that figure must show to teach)
-    "00_primer": (["image_in_the_map"], "overlay"),  # its first picture with an image (the toy bars come before)
-    "01_capture": (["one_map"], "overlay"),
-    "02_understanding_maps": (["object_word_over_layers"], "overlay"),
-    "03_diffusion_steps": (["first_look_tiny-mmdit", "first_look_tiny-pixart"], "overlay"),
-    "04_head_pruning": (["understanding_pruning"], "against random"),  # its message: a scorer against random
-    "05_kv_eviction": (["what_each_rule_keeps"], "answers"),
-    "06_step_reuse": (["gallery_tiny-mmdit", "gallery_tiny-pixart"], "psnr"),
-    "07_diagnostics": (["right_and_wrong"], "overlay"),
-    "08_architectures": (["attention_layouts"], "named"),
-}
+def first_figure(notebook: Path) -> tuple:
+    """(the names the lesson's first figure is saved under, what it must show to teach): the lesson's record, in the
+    header of its source beside the notebook (``src/<lesson>.py``; unicache_lib/lessons.py)."""
+    from unicache_lib import lessons
+
+    lesson = lessons.read(Path(notebook).parent / "src" / f"{Path(notebook).stem}.py")
+    return lesson.first_figure, lesson.figure_kind
+
+
 SAVE = re.compile(r"plots\.save\(\s*\w+\s*,\s*[^,]+,\s*(f?)\"([^\"]+)\"")
 
 
@@ -47,8 +45,7 @@ def _saves(source: str, name: str) -> bool:
 
 def picture(notebook: Path) -> bytes:
     """The PNG bytes of the lesson's first figure, from the output of the cell that saves it."""
-    lesson = Path(notebook).stem
-    name = FIRST_FIGURES[lesson][0][0]
+    name = first_figure(notebook)[0][0]
     for cell in json.loads(Path(notebook).read_text())["cells"]:
         if cell["cell_type"] == "code" and _saves("".join(cell["source"]), name):
             for o in cell.get("outputs", []):
@@ -56,7 +53,7 @@ def picture(notebook: Path) -> bytes:
                 if png:
                     return base64.b64decode("".join(png) if isinstance(png, list) else png)
             raise SystemExit(f"{notebook}: the cell that saves {name!r} has no figure output (not executed?)")
-    raise SystemExit(f"{notebook}: no cell saves {name!r} (FIRST_FIGURES in {Path(__file__).name} names it)")
+    raise SystemExit(f"{notebook}: no cell saves {name!r} (the lesson's record, first_figure, names it)")
 
 
 def link(lesson: str) -> str:
@@ -76,10 +73,11 @@ def write(notebook: Path, out: Path = OUT) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    books = [Path(a) for a in argv] or [ROOT / "notebooks" / f"{k}.ipynb" for k in FIRST_FIGURES]
+    from unicache_lib import lessons
+
+    books = [Path(a) for a in argv] or [lesson.notebook for lesson in lessons.discover(ROOT).values()]
     for nb in books:
-        if nb.stem in FIRST_FIGURES:
-            print("wrote", write(nb).relative_to(ROOT))
+        print("wrote", write(nb).relative_to(ROOT))
     return 0
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from .core.errors import InputError, UnknownNameError
 from .core.scoring import FOCUSED
+from .lessons import ids as lesson_ids
 from .intervals import MIN_TIMING_REPEATS
 
 # constants that are a claim's rule and also steer the code that measures it (imported from here, written once)
@@ -31,8 +32,8 @@ STATISTICS = ("entropy", "max_weight", "sum_sq")  # M1: the row statistics compu
 NEGLECT_CUTOFF = 0.05  # U10: the study's cut-off, also the neglect detector's (diagnostics.neglect.CUTOFF)
 NEGLECT_WARN = 0.15  # U9: text reads under this share of the image are not reaching it (diagnostics.neglect.WARN)
 NEW, NEW_REUSE = "key_coverage", "step_skip"  # the designed policies the workbench's targets E1-E4 and R1-R3 are about
-LESSONS = ("01_capture", "02_understanding_maps", "03_diffusion_steps", "04_head_pruning", "05_kv_eviction",
-           "06_step_reuse", "07_diagnostics", "08_architectures")
+COURSE = lesson_ids()  # the course's lessons, from their sources (unicache_lib/lessons.py); LESSONS, those with claims,
+# follows the registry below
 DECISION_COLUMNS = ("measurement", "value here", "what it suggests on your model", "where")  # every decision table
 
 
@@ -52,8 +53,8 @@ class Place:
     also: tuple = ()
 
     def __post_init__(self):
-        if self.lesson not in {nb[:2] for nb in LESSONS}:
-            raise InputError(f"place {self.lesson!r}: a lesson is two digits, one of {', '.join(nb[:2] for nb in LESSONS)}")
+        if COURSE and self.lesson not in {nb[:2] for nb in COURSE}:
+            raise InputError(f"place {self.lesson!r}: a lesson is two digits, one of {', '.join(nb[:2] for nb in COURSE)}")
 
     def text(self, lesson: str | None = None) -> str:
         """As a decision table's "where" shows it; ``lesson``: the lesson showing it (its own places drop the number)."""
@@ -102,8 +103,8 @@ class Claim:
     meaning: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.notebook not in LESSONS:
-            raise InputError(f"claim {self.id}: notebook {self.notebook!r} is none of {', '.join(LESSONS)}")
+        if COURSE and self.notebook not in COURSE:
+            raise InputError(f"claim {self.id}: notebook {self.notebook!r} is none of {', '.join(COURSE)}")
         if not self.criteria:
             raise InputError(f"claim {self.id}: a rule needs at least one criterion")
         unknown = set(self.meaning) - {"holds", "does not hold", "partly", "inconclusive"}
@@ -430,6 +431,7 @@ REGISTRY: dict[str, Claim] = {c.id: c for c in _ALL}
 if len(REGISTRY) != len(_ALL):
     raise InputError("two claims share an id in unicache_lib/claims.py")
 CLAIMS: dict[str, str] = {c.id: c.statement for c in _ALL}  # id -> statement, what the scoreboard prints
+LESSONS = tuple(dict.fromkeys(sorted(c.notebook for c in _ALL)))  # the lessons that rule on claims, in order
 
 
 def of(notebook: str) -> list[Claim]:

@@ -1,3 +1,11 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: overlay
+#     first_figure:
+#     - image_in_the_map
+# ---
+
 # %% [markdown]
 # # 00 · A primer: queries, keys, heads and the attention map
 #

@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: overlay
+#     first_figure:
+#     - one_map
+#     quick:
+#       ANCHOR_K: 4
+#       PER_TYPE: 1
+# ---
+
 # %% [markdown]
 # # 01 · Capturing attention from a vision-language model
 #

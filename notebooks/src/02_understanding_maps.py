@@ -1,3 +1,15 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: overlay
+#     first_figure:
+#     - object_word_over_layers
+#     quick:
+#       MAP_PER_TYPE: 1
+#       N_CAPTIONS: 2
+#       PER_TYPE: 1
+# ---
+
 # %% [markdown]
 # # 02 · Attention maps of an understanding model (LLaVA-style)
 #

@@ -1,3 +1,20 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: overlay
+#     first_figure:
+#     - first_look_tiny-mmdit
+#     - first_look_tiny-pixart
+#     quick:
+#       MAP_PROMPTS: 1
+#       N_PAIRS: 2
+#       N_SINGLE: 2
+#       STEPS: 5
+#       UNDERSTANDING_STORE: OUT/no-such-store
+#     rules:
+#     - unicache_lib.analysis.diffusion_claims:RULES
+# ---
+
 # %% [markdown]
 # # 03 · How attention evolves over denoising steps (MMDiT and cross-attention DiT)
 #

@@ -1,3 +1,27 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: against random
+#     first_figure:
+#     - understanding_pruning
+#     quick:
+#       CONTROL_DRAWS: 2
+#       FRACTIONS:
+#       - 0.0
+#       - 0.1
+#       - 0.2
+#       GENERATION_STORE: OUT/none
+#       N_GRADIENT: 16
+#       N_PROMPTS: 4
+#       N_QUESTIONS: 100
+#       RANDOM_SEEDS: 2
+#       STEPS: 4
+#       TIMING_REPEATS: 2
+#       UNDERSTANDING_STORE: OUT/none
+#     rules:
+#     - unicache_lib.analysis.pruning_claims:RULES
+# ---
+
 # %% [markdown]
 # # 04 · Pruning attention heads by their attention statistics
 #

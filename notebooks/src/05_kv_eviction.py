@@ -1,3 +1,18 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: answers
+#     first_figure:
+#     - what_each_rule_keeps
+#     quick:
+#       BUDGETS:
+#       - 0.25
+#       - 0.5
+#       N_EVICTION: 6
+#     rules:
+#     - unicache_lib.analysis.caching_claims:EVICTION_RULES
+# ---
+
 # %% [markdown]
 # # 05 · KV eviction: keep a cover of the image, not its most-read patches
 #

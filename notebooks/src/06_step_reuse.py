@@ -1,3 +1,19 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: psnr
+#     first_figure:
+#     - gallery_tiny-mmdit
+#     - gallery_tiny-pixart
+#     quick:
+#       N_PROMPTS: 4
+#       REPEATS: 2
+#       STEPS: 5
+#       TIMING_PROMPTS: 2
+#     rules:
+#     - unicache_lib.analysis.caching_claims:REUSE_RULES
+# ---
+
 # %% [markdown]
 # # 06 · Cross-step reuse: skip whole steps, and beat sampling with fewer of them
 #

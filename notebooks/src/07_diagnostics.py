@@ -1,3 +1,18 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: overlay
+#     first_figure:
+#     - right_and_wrong
+#     quick:
+#       GENERATION_STORE: OUT/none/tiny-mmdit
+#       N_QUESTIONS: 60
+#       PER_TYPE: 1
+#       UNDERSTANDING_STORE: OUT/none
+#     rules:
+#     - unicache_lib.analysis.diagnostics_claims:RULES
+# ---
+
 # %% [markdown]
 # # 07 · Diagnostics: a hallucination signal, a modality-neglect detector, and a one-call report
 #

@@ -1,3 +1,21 @@
+# ---
+# jupyter:
+#   unicache:
+#     figure_kind: named
+#     first_figure:
+#     - attention_layouts
+#     quick:
+#       DRIFT_CAPTIONS: 6
+#       GEN_STEPS: 3
+#       N_CAPTIONS: 4
+#       N_DRAWINGS: 1
+#       N_GEN_PROMPTS: 2
+#       N_QUESTIONS: 60
+#       PER_TYPE: 1
+#     rules:
+#     - unicache_lib.analysis.architecture_claims:RULES
+# ---
+
 # %% [markdown]
 # # 08 · Seven ways to join image and text, one question each
 #

@@ -1,0 +1,110 @@
+"""A lesson as one record: what the course's tools and tests need to know about a lesson, written once, in the header
+of the lesson's own notebook source (``notebooks/src/NN_topic.py``, jupytext's YAML header, key ``unicache``)::
+
+    # ---
+    # jupyter:
+    #   unicache:
+    #     first_figure: [what_each_rule_keeps]     # the plots.save names of the lesson's picture (first one shown)
+    #     figure_kind: answers                      # what that picture must show to teach (tools/lesson_pictures.py)
+    #     quick: {N_EVICTION: 6, BUDGETS: [0.25, 0.5]}   # papermill parameters of the tests' quick run
+    #     rules: [unicache_lib.analysis.caching_claims:EVICTION_RULES]   # its claims' rule tables (views of claims.py)
+    # ---
+
+The lesson's id is the file's stem, its title the source's first ``# `` heading; its notebook, solution and claims
+follow from the id (``notebooks/<id>.ipynb``, ``solutions/<id>.py``, ``claims.of(<id>)``). ``tools/lesson_pictures.py``,
+the quick notebook runs, the solutions test, the site's table of contents and ``claims.LESSONS`` read these records,
+so a lesson is its source, its executed notebook and its solution (plus, if it rules on claims, their entries in
+``claims.py`` and an analysis module): docs/FORKING.md, "(g) a lesson"."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .core.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+ID = re.compile(r"^\d\d_[a-z0-9_]+$")
+FIELDS = {"first_figure", "figure_kind", "quick", "rules"}
+
+
+@dataclass(frozen=True)
+class Lesson:
+    id: str
+    title: str
+    source: Path
+    first_figure: tuple = ()
+    figure_kind: str = ""
+    quick: dict = field(default_factory=dict)
+    rules: tuple = ()
+
+    @property
+    def notebook(self) -> Path:
+        return self.source.parents[1] / f"{self.id}.ipynb"
+
+    @property
+    def solution(self) -> Path:
+        return self.source.parents[2] / "solutions" / f"{self.id}.py"
+
+    def rule_tables(self) -> dict:
+        """``"module:ATTR"`` -> the table it names (imported)."""
+        import importlib
+
+        out = {}
+        for ref in self.rules:
+            mod, _, attr = ref.partition(":")
+            out[ref] = getattr(importlib.import_module(mod), attr)
+        return out
+
+
+def _header(text: str) -> str:
+    lines = text.split("\n")
+    if not lines or lines[0].strip() != "# ---":
+        return ""
+    body = []
+    for line in lines[1:]:
+        if line.strip() == "# ---":
+            return "\n".join(body)
+        body.append(line[2:] if line.startswith("# ") else line.lstrip("#"))
+    return ""
+
+
+def read(source: Path) -> Lesson:
+    """The record in one lesson source; :class:`InputError` naming the file and the field when it is malformed."""
+    import yaml
+
+    source = Path(source)
+    if not ID.match(source.stem):
+        raise InputError(f"{source.name}: a lesson's file is NN_topic.py (two digits, lower-case words)")
+    text = source.read_text(encoding="utf-8")
+    try:
+        head = yaml.safe_load(_header(text) or "{}") or {}
+    except yaml.YAMLError as e:
+        raise InputError(f"{source.name}: its jupytext header is not YAML ({str(e).splitlines()[0]})") from None
+    rec = (head.get("jupyter") or {}).get("unicache") if isinstance(head, dict) else None
+    if not isinstance(rec, dict):
+        raise InputError(f"{source.name}: no lesson record; add `unicache:` under `jupyter:` in its header "
+                         f"(fields {', '.join(sorted(FIELDS))}; see unicache_lib/lessons.py)")
+    if set(rec) - FIELDS:
+        raise InputError(f"{source.name}: unknown lesson field(s) {sorted(set(rec) - FIELDS)}; known: {sorted(FIELDS)}")
+    figs, quick, rules = rec.get("first_figure", []), rec.get("quick", {}), rec.get("rules", [])
+    if not (isinstance(figs, list) and figs and all(isinstance(f, str) and f for f in figs)):
+        raise InputError(f"{source.name}: first_figure must be a list of plots.save names, the first one shown")
+    if not isinstance(rec.get("figure_kind"), str) or not rec["figure_kind"]:
+        raise InputError(f"{source.name}: figure_kind must say what the first figure shows (a few words)")
+    if not (isinstance(quick, dict) and all(isinstance(k, str) and k.isupper() for k in quick)):
+        raise InputError(f"{source.name}: quick must map the lesson's UPPER_CASE parameters to quick values")
+    if not (isinstance(rules, list) and all(isinstance(r, str) and re.fullmatch(r"[\w.]+:\w+", r) for r in rules)):
+        raise InputError(f"{source.name}: rules must be a list of 'module:ATTR' names")
+    title = next((m.group(1).strip() for m in re.finditer(r"^# # (.+)$", text, re.M)), source.stem)
+    return Lesson(source.stem, title, source, tuple(figs), rec["figure_kind"], dict(quick), tuple(rules))
+
+
+def ids(root: Path = ROOT) -> tuple:
+    """The lessons' ids in order (file names only: no record is read)."""
+    return tuple(sorted(p.stem for p in (Path(root) / "notebooks" / "src").glob("[0-9][0-9]_*.py")))
+
+
+def discover(root: Path = ROOT) -> dict:
+    """Every lesson of the course at ``root``: id -> :class:`Lesson`, in order."""
+    return {k: read(Path(root) / "notebooks" / "src" / f"{k}.py") for k in ids(root)}
