@@ -18,13 +18,12 @@
 #
 # **What you will learn**: what an attention-score rule, a diversity rule and a cover of the cached keys keep of one
 # image, and why that decides the answer; how to evict image KV from a real transformers cache; how this workbench's
-# `key_coverage` compares with published peers and with simply pooling the image, at 10–75% of the image KV.
+# `key_coverage` compares with published peers and with pooling the image, at 10–75% of the image KV.
 #
-# **What you see** (the figure below, from §1): one held-out question with 10% of the image KV kept. Each panel is the
-# picture, bright where a rule kept a patch (brighter: kept in more layers), dark where it dropped one; under it, the
-# answer. H2O keeps patches of
-# <!--num "notebooks/05_kv_eviction.ipynb#out:h2o: keeps" re="(\d+ of \d+) objects"-->1 of 3<!--/num--> objects and
-# answers <!--num "notebooks/05_kv_eviction.ipynb#out:h2o: keeps" re="answers ('\w+' \(\w+\))"-->'top' (wrong)<!--/num-->;
+# **What you see** (from §1): one held-out question, 10% of the image KV kept. Each panel is the picture, bright where a
+# rule kept a patch (brighter: in more layers), with the rule's answer under it. H2O keeps patches of
+# <!--num "notebooks/05_kv_eviction.ipynb#out:h2o: keeps" re="(\d+ of \d+) objects"-->1 of 3<!--/num--> objects and answers
+# <!--num "notebooks/05_kv_eviction.ipynb#out:h2o: keeps" re="answers ('\w+' \(\w+\))"-->'top' (wrong)<!--/num-->;
 # `key_coverage` keeps
 # <!--num "notebooks/05_kv_eviction.ipynb#out:key_coverage: keeps" re="(\d+ of \d+) objects"-->3 of 3<!--/num-->.
 #
@@ -36,12 +35,12 @@
 # prefill and answers on what is left. The image is prefilled once (`user : <image>`); the question arrives after the
 # cache was compressed, as in a multi-turn chat.
 #
-# **Needs**: notebook 02 (how the text reads the image). Runs on the shipped `tiny-llava` or any supported
-# vision-language checkpoint (`MODEL`, `DEVICE`, `DTYPE`). **Terms**: [H2O](../docs/GLOSSARY.md#h2o),
+# **Needs**: notebook 02 (how the text reads the image); the shipped `tiny-llava` or any supported vision-language
+# checkpoint (`MODEL`, `DEVICE`, `DTYPE`). **Terms**: [H2O](../docs/GLOSSARY.md#h2o),
 # [DivPrune](../docs/GLOSSARY.md#divprune), [FastV](../docs/GLOSSARY.md#fastv), [SnapKV](../docs/GLOSSARY.md#snapkv),
 # [StreamingLLM](../docs/GLOSSARY.md#streamingllm), [kvpress presses](../docs/GLOSSARY.md#kvpress-presses).
-# **Claims**: U7 and the targets E1–E4 (§6); at LLaVA-1.5's 576 image tokens S1–S6 (§7) and budgets by depth D1–D5
-# (§8), detailed in the [appendix](../docs/EVICTION_APPENDIX.md).
+# **Claims**: U7 and the targets E1–E4 (§6); at 576 image tokens S1–S6 (§7) and budgets by depth D1–D5 (§8), in the
+# [appendix](../docs/EVICTION_APPENDIX.md).
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -111,10 +110,10 @@ if family.context_note():
 # %% [markdown]
 # ## 1. The idea in one picture
 #
-# One held-out question, three rules at 10% of the image KV: **H2O** keeps the positions the context read most (an
-# attention score); **DivPrune** keeps a diverse subset of the image features before the prefill; **`key_coverage`**,
-# this workbench's policy, keeps in every layer a cover of that layer's cached image keys. The question is the first
-# where the full cache is right and the rules disagree.
+# Three rules at 10% of the image KV: **H2O** keeps the positions the context read most (an attention score);
+# **DivPrune** keeps a diverse subset of the image features before the prefill; **`key_coverage`**, this workbench's
+# policy, keeps in every layer a cover of that layer's cached image keys. The question is the first where the full
+# cache is right and the rules disagree.
 
 # %%
 PICTURE = {n: POLICIES[n]() for n in ("h2o", "divprune", NEW)}
@@ -143,14 +142,13 @@ if kept:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:h2o: keeps" re="(\d+ of \d+) objects"-->1 of 3<!--/num--> objects;
 # DivPrune <!--num "notebooks/05_kv_eviction.ipynb#out:divprune: keeps" re="(\d+ of \d+) objects"-->3 of 3<!--/num-->,
 # `key_coverage` <!--num "notebooks/05_kv_eviction.ipynb#out:key_coverage: keeps" re="(\d+ of \d+) objects"-->3 of 3<!--/num-->.
-# The score rule spends its few positions on the most-read patches, which here cluster on one object, so a question
-# about another object is answered from nothing. The coverage rules spread the same budget over the image features
-# (DivPrune) or each layer's keys (`key_coverage`). §2 tests this on every question and budget.
+# The most-read patches cluster on one object, so a question about another is answered from nothing; the coverage
+# rules spread the same budget over the image features (DivPrune) or each layer's keys (`key_coverage`).
 #
-# **The policy in three short functions.** Every eviction policy is one file under
+# **The policy in code.** Every eviction policy is one file under
 # [unicache_lib/kv/policies/](../unicache_lib/kv/policies/) implementing `choose(ctx, k)`: per layer, `k` indices into
 # the image block. `key_coverage` starts at the most-read position and adds, greedily, the key farthest from
-# everything kept so far (a k-center cover). Below, the three functions without their docstrings:
+# everything kept so far (a k-center cover):
 
 # %%
 import re  # noqa: E402
@@ -164,24 +162,24 @@ for fn in (KeyCoverage.choose, farthest_point, greedy_max_min):  # docstrings an
 # %% [markdown]
 # ## 2. KV eviction, for real
 #
-# For each question: prefill the context, answer on the full cache (the reference), then for each method and budget
-# evict a copy of the cache and answer again. **Budget** = the share of image positions kept in every layer (the other
-# context positions always stay); **`kv_fraction`** = the bytes the cache holds / the full cache's. The figure's
-# panels: exact-match accuracy, how far the answer distribution moved ([KL](../docs/GLOSSARY.md#kl), nats; 0 =
-# unchanged) and the share of answers equal to the full cache's.
+# For each question: prefill the context, answer on the full cache (the reference), then per method and budget evict a
+# copy of the cache and answer again. **Budget**: the share of image positions kept in every layer (other context
+# positions stay); **`kv_fraction`**: the cache's bytes / the full cache's. Panels: exact-match accuracy, how far the
+# answer distribution moved ([KL](../docs/GLOSSARY.md#kl), nats; 0 = unchanged), the share of answers equal to the full
+# cache's.
 
 # %% [markdown]
-# **The methods**, besides the Terms above and `key_coverage`:
-# - `unicache`: the study's rule (an even spatial grid in the shallow layers, the most-read positions deeper; §5);
-# - [`oracle`](../docs/GLOSSARY.md#oracle): keeps what the question will read, known only afterwards (a reference);
+# **The methods**, besides the Terms above:
+# - `unicache`: the study's rule (a spatial grid in shallow layers, the most-read positions deeper; §5);
+#   [`oracle`](../docs/GLOSSARY.md#oracle): keeps what the question will read, known only afterwards (a reference);
 #   `random`: a random spread;
-# - controls that prefill only the budget's tokens (§3): `pooling` average-pools the image features, `downsample`
-#   shrinks the picture;
-# - variants (§3): `key_coverage_merge` folds each dropped key and value into a kept one; `key_coverage_features`
-#   and `key_coverage_prefill` choose before the prefill, from the image features or the first layer's keys;
-#   `divprune_keys` runs DivPrune's rule on the cached keys;
+# - controls that prefill only the budget's tokens (§3): `pooling` (average-pooled image features), `downsample` (a
+#   smaller picture);
+# - `key_coverage`'s variants (§3): `key_coverage_merge` folds each dropped key and value into a kept one;
+#   `key_coverage_features` and `key_coverage_prefill` choose before the prefill (from the features, or the first
+#   layer's keys); `divprune_keys` runs DivPrune's rule on the cached keys;
 # - kvpress presses (dashed), at the ratio that leaves as many context positions; AdaKV masks keys per head and keeps
-#   the whole cache in memory ("masked, full memory"). On a cross-attention model (Mllama) the presses do not apply.
+#   the whole cache ("masked, full memory"). Presses do not apply to cross-attention models (Mllama).
 
 # %%
 policies = {n: c() for n, c in POLICIES.items()}
@@ -225,15 +223,15 @@ print(pv.rename(columns=lambda b: f"{b:.0%}").round(3).to_string())
 
 
 # %% [markdown]
-# **What to look at.** Red is always the designed policy. Healthy: a line flat on the dotted full-cache level, KL
-# near 0, "same answer" near 1 — `key_coverage` and DivPrune. The expected-attention press (dashed), the best press,
-# bends earlier. Pooling is the lowest line drawn at 10%, yet some rules sit below it there: StreamingLLM
+# **What to look at.** Red is the designed policy. Healthy: a line flat on the dotted full-cache level, KL near 0,
+# "same answer" near 1 — `key_coverage` and DivPrune; the expected-attention press (dashed, the best press) bends
+# earlier. Pooling is the lowest line drawn at 10%, yet StreamingLLM
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > streaming:@0" fmt="{:.3f}"-->0.353<!--/num-->)
 # and the knorm press
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > kvpress:knorm:@0" fmt="{:.3f}"-->0.240<!--/num-->)
-# against pooling's
+# sit below its
 # <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > pooling:@0" fmt="{:.3f}"-->0.400<!--/num-->. The
-# warning sign is a rule below `random`, which keeps a spread of positions by chance (the lines below).
+# warning sign is a rule below `random` (the lines below).
 
 # %%
 for b in BUDGETS:
@@ -257,11 +255,10 @@ for m in masked:
 # %% [markdown]
 # **Where random beats the score-based rules.** Score-based rules below `random` (paired interval below 0): at 10%
 # <!--num "notebooks/05_kv_eviction.ipynb#out:10%: " re="([0-9]+ of [0-9]+) score-based"-->1 of 10<!--/num-->, at 50%
-# <!--num "notebooks/05_kv_eviction.ipynb#out:50%: " re="([0-9]+ of [0-9]+) score-based"-->8 of 10<!--/num-->. They keep
-# the positions the context read most (or the largest keys), which cluster on few objects (§1's picture), so a
-# question about another object finds nothing; `random` keeps a spread, a crude cover of every object. At 10%
-# (<!--num "notebooks/05_kv_eviction.ipynb#out:budgets " re="10% \((\d+) tokens"-->6<!--/num--> image positions) that
-# spread is too thin. Hence §3's design: keep a *cover* of the image keys, not their most-read members.
+# <!--num "notebooks/05_kv_eviction.ipynb#out:50%: " re="([0-9]+ of [0-9]+) score-based"-->8 of 10<!--/num-->. Their top positions
+# cluster on few objects (§1); `random`'s spread is a crude cover of every object, too thin at 10%
+# (<!--num "notebooks/05_kv_eviction.ipynb#out:budgets " re="10% \((\d+) tokens"-->6<!--/num--> image positions). Hence §3: keep a *cover* of the image keys,
+# not their most-read members.
 
 # %% [markdown]
 # **Memory and time.** Bytes held and the time to answer on the compressed cache (question prefill + first token),
@@ -276,27 +273,27 @@ print(wrap(f"time to answer on the compressed caches vs the full one: {mt['time 
            "appear only when attention over the cache dominates a step"))
 
 # %% [markdown]
-# On the shipped model's short context, attention over the cache is a small part of each forward: bytes scale with
-# the budget, but answering is no faster,
-# <!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->0.99<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.01<!--/num-->×
-# the full cache's time.
+# On the shipped model's short context attention over the cache is a small part of each forward: bytes scale with
+# the budget, answering is no faster
+# (<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->0.94<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.18<!--/num-->×
+# the full cache's time).
 
 # %% [markdown]
 # ## 3. The designed policy against the peers: key coverage
 #
 # **Why this design.** Which object a question reads depends on the question, which has not arrived when the cache is
-# compressed; even the [oracle](../docs/GLOSSARY.md#oracle), knowing the question's reads, loses at 10%
-# (<!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > oracle:@0" fmt="{:.3f}"-->0.947<!--/num-->
-# against the full cache's
-# <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > full:@0" fmt="{:.3f}"-->0.987<!--/num-->). What
+# compressed; even the oracle, knowing the question's reads, answers
+# <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > oracle:@0" fmt="{:.3f}"-->0.947<!--/num-->
+# at 10% against the full cache's
+# <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > full:@0" fmt="{:.3f}"-->0.987<!--/num-->. What
 # survives is **coverage**: a later query can only find what some kept key still resembles. `key_coverage` keeps a
-# k-center cover of each layer's cached image keys (all heads concatenated): unusual keys, meant to be the objects,
-# come first, and one key stands for each cluster of near-identical background keys. It was tuned on *design*
-# questions (`benchmarks/tune_key_coverage.py`) and is scored here once, on held-out ones.
+# k-center cover of each layer's cached image keys (all heads concatenated): unusual keys (the objects) come first, one
+# key stands for each cluster of near-identical background keys. It was tuned on *design* questions
+# (`benchmarks/tune_key_coverage.py`) and is scored here once, on held-out ones (the first line below).
 #
 # **The bar: DivPrune** (Alvar et al., CVPR 2025) picks a max-min diverse subset of the image *features* before the
-# language model runs, so it also saves prefill compute. It keeps the original positions here, since the shipped
-# model was trained on one layout (`DivPrune(renumber=True)` renumbers as published).
+# language model runs. It keeps the original positions here, since the shipped model was
+# trained on one layout (`DivPrune(renumber=True)` renumbers as published).
 
 # %% [markdown]
 # **Merge, don't only drop.** `key_coverage_merge` keeps `key_coverage`'s positions and folds each dropped image key
@@ -330,8 +327,7 @@ print(f"{NEW}'s mean KL to the full answer, nats: " + ", ".join(f"{b:.0%} {kl.lo
 # <!--num data/results/05_kv_eviction.json#[claim=E4].shown re="this run's .*behind in (\d+)"-->0<!--/num-->. It
 # cannot be told apart from DivPrune, the other coverage method: at 10%
 # <!--num "notebooks/05_kv_eviction.ipynb#out:against the best peer > divprune@3" scale=100 fmt="{:+.1f}"-->+3.3<!--/num-->
-# points with an interval across zero, level from 50% on. This run's questions cannot separate such differences: the
-# targets are decided on `make evaluate`'s larger run (§6; [appendix](../docs/EVICTION_APPENDIX.md#the-decisive-run)).
+# points with an interval across zero, level from 50% on. Such differences are decided on a larger run (§6).
 
 # %% [markdown]
 # **The hard cases on their own.** The shipped world flatters coverage: few, distinct objects at five fixed spots.
@@ -365,10 +361,10 @@ print("  " + ", ".join(f"{qt} {int(h0.loc[qt, 'full'] - h0.loc[qt, NEW])} of {n_
 
 # %% [markdown]
 # **Two controls, two ablations.** Simply shrinking the image beats many published token-pruning methods (VTC-Bench,
-# `arXiv:2510.07143`), hence the two controls. `key_coverage` differs from DivPrune in *where* it selects (cached keys
-# after the prefill, or features before it) and *how* (a Euclidean cover, or cosine max-min); two ablations swap one
-# each (`kv/policies/ablations.py`). Each cell: `key_coverage` minus the other, in points, paired over the same
-# questions, with its 95% interval.
+# `arXiv:2510.07143`): hence the controls. `key_coverage` differs from DivPrune in *where* it selects (cached keys, or
+# features before the prefill) and *how* (a Euclidean cover, or cosine max-min); each ablation swaps one
+# (`kv/policies/ablations.py`). A cell: `key_coverage` minus the other, in points, paired over the questions, with its
+# 95% interval.
 
 # %% tags=["nbval-check-output"]
 ctl = CC.controls_table(R)
@@ -387,24 +383,24 @@ if len(ctl):
     print("\n".join(f"{p}: {why}" for p, why in CC.CONTROLS.items()))
 
 # %% [markdown]
-# **What the controls show.** Selecting beats both controls by a wide margin up to 50%: at 10% `key_coverage` is
+# **What the controls show.** Selecting beats both controls up to 50%: at 10% `key_coverage` is
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > pooling@0" fmt="{:.1f}"-->57.3<!--/num--> points
 # ahead of pooling and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > downsample@0" fmt="{:.1f}"-->46.7<!--/num--> ahead
-# of the downsampled picture. Caveat: the shipped model never saw a smaller picture or pooled features in training; a
-# model trained on many resolutions may tolerate both far better: run the controls on yours.
+# of the downsampled picture. The shipped model never saw a smaller picture or pooled features in training; one trained
+# on many resolutions may tolerate both better: run the controls on yours.
 #
-# **Which half carries the gain.** The last two rows swap one half of the design: the *place* (the same cover on the
-# features before the prefill) and the *rule* (DivPrune's max-min on the same cached keys). At 10% `key_coverage` is
+# **Which half carries the gain.** Against the same cover on the features (the *place*) and DivPrune's max-min on the
+# same keys (the *rule*) `key_coverage` is
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > key_coverage_features@0" fmt="{:+.1f}"-->+2.0<!--/num-->
 # and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > divprune_keys@0" fmt="{:+.1f}"-->+4.0<!--/num-->
-# points ahead of them, both intervals across zero on this run's questions. `make evaluate`'s larger run decides it:
-# the rule carries the gain, the place does not ([appendix](../docs/EVICTION_APPENDIX.md#which-half-carries-the-gain)).
+# points ahead at 10%, both intervals across zero here. `make evaluate`'s larger run decides it: the rule carries the
+# gain, the place does not ([appendix](../docs/EVICTION_APPENDIX.md#which-half-carries-the-gain)).
 
 # %% [markdown]
 # **What the prefill-stage peer saves.** A cache-stage policy pays the whole prefill, then frees memory; DivPrune
-# prefills only the kept tokens. Below: positions prefilled and median prefill time.
+# prefills only the kept tokens:
 
 # %%
 pf = R[R.method.isin(["full", NEW, "divprune"])].groupby(["method", "budget"]).agg(
@@ -413,12 +409,12 @@ for col, what in (("prefill_tokens", "positions prefilled"), ("prefill_ms", "med
     print(f"{what}:\n" + pf[col].unstack("budget").rename(columns=lambda b: f"{b:.0%}").round(2).to_string())
 
 # %% [markdown]
-# **Reading it.** On the shipped model's short context DivPrune prefills
+# **Reading it.** DivPrune prefills
 # <!--num "notebooks/05_kv_eviction.ipynb#out:positions prefilled > divprune@0" fmt="{:.0f}"-->9<!--/num--> positions at 10% instead of
-# <!--num "notebooks/05_kv_eviction.ipynb#out:positions prefilled > full@0" fmt="{:.0f}"-->67<!--/num--> and takes
-# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > divprune@0" fmt="{:.2f}"-->31.85<!--/num--> ms against the full prefill's
-# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > full@0" fmt="{:.2f}"-->39.57<!--/num-->: a real saving but a small one,
-# since much of a prefill this short is fixed overhead. At LLaVA-1.5-7B's shape: the
+# <!--num "notebooks/05_kv_eviction.ipynb#out:positions prefilled > full@0" fmt="{:.0f}"-->67<!--/num-->, in
+# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > divprune@0" fmt="{:.2f}"-->14.17<!--/num--> ms against
+# <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > full@0" fmt="{:.2f}"-->15.67<!--/num-->: a small saving, since
+# much of a prefill this short is fixed overhead. At LLaVA-1.5-7B's shape: the
 # [appendix](../docs/EVICTION_APPENDIX.md#the-prefill-at-llava-15-7bs-shape).
 
 # %% [markdown]
@@ -442,13 +438,12 @@ fig.tight_layout()
 _ = plots.save(fig, out, "eviction_pareto")
 
 # %% [markdown]
-# **Reading the Pareto view.** What it adds to §2's figure is the intervals: at 10% `key_coverage`'s and DivPrune's
-# overlap (not told apart on these questions), and the other four methods', `random`'s (grey) included, lie below.
-# DivPrune reaches the full-cache line at
+# **Reading the Pareto view.** It adds intervals to §2's figure: at 10% `key_coverage`'s and DivPrune's overlap, and
+# the other four methods', `random`'s (grey) included, lie below. DivPrune reaches the full-cache line at
 # <!--num "notebooks/05_kv_eviction.ipynb#out:divprune: KV held@2" fmt="{:.2f}"-->0.28<!--/num-->
 # of the bytes (`key_coverage`
 # <!--num "notebooks/05_kv_eviction.ipynb#out:key_coverage: KV held@3" fmt="{:.3f}"-->0.980<!--/num--> there);
-# the score-based `unicache` approaches it only at
+# the score-based `unicache` only at
 # <!--num "notebooks/05_kv_eviction.ipynb#out:unicache: KV held@6" fmt="{:.2f}"-->0.76<!--/num-->.
 
 # %% [markdown]
@@ -468,6 +463,11 @@ print(f"retained / accuracy at {b1:.0%}: " + ", ".join(f"{m}: {cells.loc[(m, b1)
 per_q = R[(R.kind == "policy") & (R.method != "full")]
 rho_q = st.spearmanr(per_q.retained, per_q.kl).statistic
 print(f"per question: rho(retained, KL) = {rho_q:.2f} over {len(per_q)} rows")
+vo = against_peers(R, NEW, ["oracle"]).iloc[0]  # the smallest budget, paired over the questions
+print(f"at {vo.budget:.0%}: the oracle retains {cells.loc[('oracle', vo.budget), 'retained']:.3f} and answers "
+      f"{vo.peer_acc:.3f}, {NEW} retains {cells.loc[(NEW, vo.budget), 'retained']:.3f} and answers {vo.method_acc:.3f}")
+print(f"  {NEW} minus oracle: {100 * vo['diff']:+.1f} points [{100 * vo.lo:+.1f}, {100 * vo.hi:+.1f}] -> the oracle "
+      f"answers {'better' if vo.verdict == 'behind' else 'no better'}")
 fig, ax = plt.subplots(figsize=(4.5, 3.5))
 for m, d in cells.groupby(level=0):  # every cell counts in rho; six methods and the oracle are drawn
     if m in SHOWN + ["oracle"]:
@@ -483,15 +483,15 @@ print(wrap(f"Reading: rho {rho:.2f} over cells -> the simulation " + ("ranks pol
            "with smaller answer changes; screen policies with the simulation, decide on real answers"))
 
 # %% [markdown]
-# **What to look at.** Healthy for the simulation: all lines on one rising band, so that retained mass alone predicts
+# **What to look at.** Healthy for the simulation: all lines on one rising band, retained mass alone predicting
 # accuracy (rho counts every policy; the presses have no simulated value). It ranks policies usefully (rho
 # <!--num "notebooks/05_kv_eviction.ipynb#out:Spearman rho(retained, accuracy)@1" fmt="{:.2f}"-->0.70<!--/num-->), but
 # the band is loose: at 25% `key_coverage` retains barely more of the question's attention than `unicache`
-# (<!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at" re="key_coverage: ([0-9.]+)"-->0.470<!--/num-->
-# against <!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at" re="unicache: ([0-9.]+)"-->0.446<!--/num-->)
-# yet answers far better (the line above), and the oracle, which maximises retained mass, falls behind `key_coverage`
-# at 10% (§2's table). Retained mass rewards keeping what the question read; the model needs *some* key that still
-# resembles the object.
+# (<!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at 25%" re="key_coverage: ([0-9.]+)"-->0.470<!--/num-->
+# against <!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at 25%" re="unicache: ([0-9.]+)"-->0.446<!--/num-->)
+# yet answers far better, and at the smallest budget the oracle, which retains the most,
+# <!--num "notebooks/05_kv_eviction.ipynb#out:minus oracle" re="the oracle answers (.+)$"-->no better<!--/num--> than `key_coverage` (the `minus oracle` line).
+# The model needs *some* key that still resembles the object, not the keys the question read.
 
 # %% [markdown]
 # ## 5. Shallow by locality, deep by content? (U7)
@@ -508,15 +508,15 @@ print(f"mean accuracy gap, locality-shallow minus locality-deep: {100 * u7_iv.va
       f"[{100 * u7_iv.lo:+.1f}, {100 * u7_iv.hi:+.1f}] (95% interval)")
 
 # %% [markdown]
-# **Reading U7.** If the study's band rule were right, the first row would sit above the second at every budget. It
-# does not: the swapped rule loses at 10% and wins from 25% on, and the mean gap's interval includes zero. Both rows
-# are score- or grid-based: at 10% both are far below the coverage policies of §3
+# **Reading U7.** Were the band rule right, the first row would sit above the second at every budget. It does not:
+# the swap loses at 10% and wins from 25% on, and the mean gap's interval includes zero. At 10% both sit far below §3's
+# coverage policies
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > unicache:@0" fmt="{:.3f}"-->0.573<!--/num-->
 # and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:band rule against its swap > unicache_swapped@0" fmt="{:.3f}"-->0.453<!--/num-->
 # against `key_coverage`'s
-# <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage:@0" fmt="{:.3f}"-->0.973<!--/num-->).
-# The depth band is not what decides eviction quality here; coverage is.
+# <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage:@0" fmt="{:.3f}"-->0.973<!--/num-->):
+# coverage, not the depth band, decides eviction quality here.
 
 # %% [markdown]
 # ## 6. Claims scoreboard
@@ -527,12 +527,12 @@ from unicache_lib.claims import claims_table
 claims_table("05_kv_eviction")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 
 # %% [markdown]
-# E1–E4 are this workbench's own targets for `key_coverage`, not the study's. Each is decided on a rule written before the numbers
-# ([unicache_lib/claims.py](../unicache_lib/claims.py); [verdicts](../docs/GLOSSARY.md#verdicts)). U7 is decided on this run; E1–E4 on
-# `make evaluate`'s committed run
-# (<!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].n fmt="{:,}"-->2,700<!--/num--> held-out questions this
-# notebook does not score, `benchmarks/evaluate.py`) where it was made on this model, with this run's interval beside
-# it.
+# E1–E4 are this workbench's own targets for `key_coverage`, not the study's, each decided on a rule written before the
+# numbers ([unicache_lib/claims.py](../unicache_lib/claims.py); [verdicts](../docs/GLOSSARY.md#verdicts)). U7 is decided
+# on this run; E1–E4 (this run's questions leave E1, E2 and E4 inconclusive) on `make evaluate`'s committed run
+# (<!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].n fmt="{:,}"-->2,700<!--/num--> held-out questions,
+# [appendix](../docs/EVICTION_APPENDIX.md#the-decisive-run)) where it was made on this model, this run's interval
+# beside it.
 
 # %%
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
@@ -558,17 +558,9 @@ for r in settled.itertuples():  # make settle: this notebook rerun on more quest
 
 
 # %% [markdown]
-# **What decided each verdict** ("about n": the questions that would settle an interval if the value stayed where it
-# is). **E1–E4**: on this run's questions alone E1, E2 and E4 would stay inconclusive, so each is decided on `make
-# evaluate`'s committed run: E1 <!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].verdict-->holds<!--/num-->,
-# E2 <!--num benchmarks/results/evaluate_eviction.csv#[claim=E2].verdict-->does not hold<!--/num-->, E3
-# <!--num benchmarks/results/evaluate_eviction.csv#[claim=E3].verdict-->holds<!--/num-->, E4
-# <!--num benchmarks/results/evaluate_eviction.csv#[claim=E4].verdict-->holds<!--/num--> (values and intervals: the
-# scoreboard above; the run itself: [appendix](../docs/EVICTION_APPENDIX.md#the-decisive-run)).
-#
-# **U7** is this run's: band rule minus swapped
+# **U7** ("about n": the questions that would settle an interval if the value stayed where it is) is this run's: band rule minus swapped
 # <!--num "notebooks/05_kv_eviction.ipynb#out:locality-shallow minus locality-deep@0" fmt="{:+.1f}"-->-2.0<!--/num-->
-# points against a bar of +1, the point on the *wrong* side; about
+# points against a bar of +1, on the *wrong* side; about
 # <!--num data/results/05_kv_eviction.json#[claim=U7].note re="about (\d+) questions"-->267<!--/num--> questions would
 # settle it. `make settle`'s
 # <!--num data/replicate/settled.csv#[notebook=05_kv_eviction,claim=U7].n-->450<!--/num--> questions did:
@@ -578,14 +570,12 @@ for r in settled.itertuples():  # make settle: this notebook rerun on more quest
 # %% [markdown]
 # ## 7. At the literature's scale: 576 image tokens
 #
-# Published eviction results are on LLaVA-1.5, whose tower yields 576 image tokens, at budgets of 64 and 128 tokens.
-# `tiny-llava-576` has that token count, and `make evaluate MODEL=tiny-llava-576 BUDGETS=64t,128t` scores this
-# lesson's policies on it with rules S1–S6 fixed before it ran. At 64 tokens the dropping cover keeps
+# Published results are on LLaVA-1.5's 576 image tokens, at budgets of 64 and 128. On `tiny-llava-576` (`make evaluate
+# MODEL=tiny-llava-576 BUDGETS=64t,128t`, rules S1–S6 fixed first) the dropping cover keeps at 64 tokens
 # <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
 # of full accuracy (S1 <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].verdict"-->holds<!--/num-->):
-# E2's bar, missed at six tokens on `tiny-llava`, is cleared at the literature's budgets. The six targets, the chart,
-# and why moving the cover before the prefill costs accuracy there:
-# [the appendix](../docs/EVICTION_APPENDIX.md#at-576-image-tokens).
+# E2's bar, missed at six tokens here, is cleared at the literature's budgets. The six targets and the chart: the
+# [appendix](../docs/EVICTION_APPENDIX.md#at-576-image-tokens).
 
 # %% [markdown]
 # ## 8. Budgets by depth
@@ -629,8 +619,7 @@ else:
 # of full accuracy against
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].share_of_full" fmt="{:.3f}"-->0.990<!--/num-->
 # (D4 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D4,against=key_coverage_merge@pyramid].verdict" fmt="{}"-->holds<!--/num-->),
-# as 02 §2's spreading deep layers predict. The widths, the keep-all-then-drop bytes and the design run:
-# [appendix](../docs/EVICTION_APPENDIX.md#budgets-by-depth).
+# as 02 §2's spreading deep layers predict. Details: [appendix](../docs/EVICTION_APPENDIX.md#budgets-by-depth).
 #
 # **On your model.** Measure the widths (`depth_budgets.py --design`); never shrink layers that spread.
 # As a press: `PolicyPress(policy=POLICIES["key_coverage_merge"]().with_depth(schedule))`.
@@ -642,11 +631,11 @@ else:
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage:@0" fmt="{:.3f}"-->0.973<!--/num-->,
 #   H2O <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > h2o:@0" fmt="{:.3f}"-->0.533<!--/num--> and
 #   `random` <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > random:@0" fmt="{:.3f}"-->0.500<!--/num-->
-#   (§2): the most-read positions cluster, a cover keeps every object (§1).
-# - **Merge, don't only drop**: `key_coverage_merge` answers
+#   (§2): the most-read positions cluster; a cover keeps every object (§1).
+# - **Merge, don't only drop** (`key_coverage_merge`
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage_merge:@0" fmt="{:.3f}"-->0.987<!--/num-->
-#   at 10% (§3). **Select, don't shrink**: pooling and the downsampled picture fall far behind up to 50% (§3).
-# - **The targets**, decided on `make evaluate`'s run: E1
+#   at 10%); **select, don't shrink**: pooling and the downsampled picture fall far behind up to 50% (§3).
+# - **The targets** (§6): E1
 #   <!--num data/results/05_kv_eviction.json#[claim=E1].verdict-->holds<!--/num-->, E2
 #   <!--num data/results/05_kv_eviction.json#[claim=E2].verdict-->does not hold<!--/num-->, E3
 #   <!--num data/results/05_kv_eviction.json#[claim=E3].verdict-->holds<!--/num-->, E4
@@ -662,17 +651,16 @@ CC.eviction_decisions(acc, BUDGETS, len(qas), u7_iv, rho)  # every cell whole, a
 # %% [markdown]
 # ## Exercises
 #
-# ★ to ★★★; each starter leaves one gap, code to write (`... # <- write`), and checks it once written. Solutions:
+# ★ to ★★★; each starter leaves one gap, code to write, and checks it once written. Solutions:
 # [solutions/05_kv_eviction.py](../solutions/05_kv_eviction.py).
 #
-# 1. ★★★ Write the rule of a policy that keeps notebook 02's anchors (the image positions the *text* of the standard
-#    samples reads most, per layer); the starter registers it and sweeps it. Where does it land between H2O, `random`
-#    and `key_coverage`, and why? (To keep it: a new file under `unicache_lib/kv/policies/`.)
-# 2. ★ On questions about absent objects only (the starter builds them), write the measure: each rule's share of
-#    wrong answers minus the full cache's. Which rules make the model see absent objects more often than the full
-#    cache, and which less?
-# 3. ★★ Write the score the attention-score rules rank by (H2O's heavy hitters, `unicache`'s deep layers) from the
-#    prefill's attention on §1's question, and check it against the library's. Do its top positions cluster?
+# 1. ★★★ Write the rule of a policy that keeps notebook 02's anchors (per layer, the image positions the *text* of the
+#    standard samples reads most); the starter registers and sweeps it. Where does it land between H2O, `random` and
+#    `key_coverage`, and why?
+# 2. ★ On questions about absent objects (the starter builds them), write each rule's share of wrong answers minus the
+#    full cache's. Which rules make the model see absent objects more often than the full cache?
+# 3. ★★ Write the score attention-score rules rank by (H2O, `unicache`'s deep layers) from the prefill's attention on
+#    §1's question; the starter checks it against the library's. Do its top positions cluster?
 
 
 # %%
@@ -761,5 +749,5 @@ else:
 # **On your own checkpoint**: tune `key_coverage` on your design questions (`python benchmarks/tune_key_coverage.py
 # --help`), then run this lesson with papermill,
 # `.venv/bin/papermill notebooks/05_kv_eviction.ipynb outputs/05_mine.ipynb -p MODEL /path/to/llava -p DEVICE cuda`.
-# Does `key_coverage` still beat DivPrune and the presses at 10% / 25% (`against_peers`), and `random` the
-# score-based rules? A random-weight stand-in runs the sweep, but "beats" needs a trained checkpoint.
+# Does `key_coverage` still beat DivPrune and the presses at 10% / 25% (`against_peers`), and `random` the score-based
+# rules? "Beats" needs a trained checkpoint, not a random-weight stand-in.
