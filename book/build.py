@@ -19,7 +19,9 @@ What it reads and where it writes (issue #60): every file it stages is resolved 
 inside the repository (unicache_lib.core.untrusted.path_inside, judged lstat by lstat before anything opens it); a
 committed symlink that leads outside it, a symlinked folder, a FIFO or a device fails the build with one line naming
 it (exit status 2). A symlink that stays inside is published only when what it leads to is: a tracked file (in a git
-checkout) outside dot folders and files and outputs/. The output folder is checked by unicache_lib.paths.output_folder
+checkout) outside dot folders and files and outputs/. A path inside a page's text (an ``{include}``,
+``{literalinclude}``, image or download that climbs out of the staged course, a ``:file:``/``:url:`` option) is never
+read: book/_ext/course.py records it and the build fails in one line naming the page and the path. The output folder is checked by unicache_lib.paths.output_folder
 (refused when empty, the repository or a folder above it, a repository folder other than under outputs/, or a folder
 holding files this builder did not write); the site is built in a temporary folder beside it and moved in only once
 Sphinx succeeded (a failed build leaves the earlier site as it was); the builder records what it wrote in the folder's
@@ -438,9 +440,27 @@ def sphinx(src: Path, out: Path, doctrees: Path, log) -> list[str]:
                        "-w", str(warnings), str(src), str(out)])
     lines = [" ".join(w.replace(str(src) + os.sep, "").split()) for w in warnings.read_text().splitlines()
              if w.strip()] if warnings.exists() else []
+    refused = _refused(src)
+    if refused:
+        raise BookError(refused)
     if code != 0:
         raise BookError(f"Sphinx failed (exit {code}): " + ("; ".join(lines[:3]) or "see the output above"))
     return lines
+
+
+def _refused(src: Path) -> str | None:
+    """The paths pages named outside the staged course (book/_ext/course.py records them and never reads them), as
+    the build's one-line error, or None."""
+    course = sys.modules.get("course")
+    if course is None or not getattr(course, "REFUSED", None):
+        return None
+    said = []
+    for page, path in course.REFUSED:
+        page = str(page).replace(str(src) + os.sep, "")
+        said.append(f"{page}: {path!r}")
+    return (f"{said[0]} leads outside the course (an include, literalinclude, image, download or :file: option): not "
+            f"published; name a file inside the repository instead"
+            + (f" (and {len(said) - 1} more: {'; '.join(said[1:4])})" if len(said) > 1 else ""))
 
 
 def build(out, root: Path = ROOT, log=print) -> dict:

@@ -748,3 +748,62 @@ def test_path_inside_refuses_links_out_special_files_and_folders(tmp_path):
     with pytest.raises(InputError, match="is empty"):
         check_output_path("  ")
     assert output_folder(tmp_path / "new", "t").files == set()
+
+
+CLIMBS = {  # a page's text naming a file outside the staged course (#60 round IV: U1-U3)
+    "literalinclude": "```{literalinclude} ../../../../../../../../../../{p}/environ\n```\n",
+    "include": "```{include} ../../../../../../../../../../{p}/environ\n```\n",
+    "image": "![pw](../../../../../../../../../../{p}/secret.png)\n",
+    "html image": '<img src="../../../../../../../../../../{p}/secret.png">\n',
+    "download": "{download}`x <../../../../../../../../../../{p}/environ>`\n",
+    "raw file": "```{raw} html\n:file: ../../../../../../../../../../{p}/environ\n```\n",
+    "csv-table file": "```{csv-table}\n:file: ../../../../../../../../../../{p}/environ\n```\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CLIMBS))
+def test_a_directive_or_image_path_out_of_the_course_fails_the_build_in_one_line(tmp_path, kind, monkeypatch, capsys):
+    """U1/U2: `{literalinclude}`, `{include}`, an image, a download or a `:file:` option in a docs page that climbs
+    out of the staging folder: Sphinx read the file into the page and searchindex.js (rc 0). Now never read: the
+    build fails in one line naming the page and the path, nothing is published."""
+    book = _book()
+    outside = _outside(tmp_path)
+    root = _tree(tmp_path)
+    (root / "docs" / "GLOSSARY.md").write_text("# Glossary\n\n## the term\n\nWhat it is.\n\n"
+                                               + CLIMBS[kind].replace("{p}", str(outside).lstrip("/")))
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("make book: error: docs/GLOSSARY.md: ") and "outside" in err, err
+    assert "environ" in err or "secret.png" in err, err
+    assert SECRET not in _site_text(out) and "hunter2" not in _site_text(out) and not out.exists()
+
+
+def test_a_notebook_cell_climbing_out_of_the_course_fails_the_build(tmp_path, monkeypatch, capsys):
+    """U3: the same `{literalinclude}` in a notebook's markdown cell."""
+    book = _book()
+    outside = _outside(tmp_path)
+    root = _tree(tmp_path)
+    (root / "notebooks").mkdir()
+    cell = CLIMBS["literalinclude"].replace("{p}", str(outside).lstrip("/"))
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# Primer\n\n" + cell}],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (root / "notebooks" / "00_primer.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "notebooks/00_primer.ipynb" in err and "outside" in err, err
+    assert SECRET not in _site_text(out)
+
+
+def test_a_directive_path_inside_the_course_still_builds(tmp_path):
+    book = _book()
+    root = _tree(tmp_path)
+    (root / "docs" / "GLOSSARY.md").write_text("# Glossary\n\n## the term\n\n```{literalinclude} ../README.md\n```\n")
+    book.build(tmp_path / "site", root, log=lambda *a: None)
+    assert "Mini course" in (tmp_path / "site" / "docs" / "GLOSSARY.html").read_text()

@@ -4,12 +4,23 @@ A notebook figure takes its alt text from its cell's metadata where the cell has
 ``mystnb: {image: {alt: ...}}`` and ``mystnb: {figure: {caption: ...}}`` itself); otherwise from the prose just before
 it: the lessons put the sentence that says what the picture shows right before the picture's cell. A picture in a
 page's markdown without one gets its file name. A screen reader then reads the lesson's words, never the image's
-address or "No description has been provided for this image"."""
+address or "No description has been provided for this image".
+
+Nothing outside the staged course is read into a page (issue #60): every path a page names that Sphinx resolves
+(``{include}``, ``{literalinclude}``, an image, a download) must resolve inside the staging folder, and ``{raw}`` /
+``{csv-table}`` may not read a ``:file:`` or ``:url:`` at all. A path that climbs out is refused: recorded in
+:data:`REFUSED` (page, path), never read; book/build.py fails the build in one line naming both."""
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from docutils import nodes
+from docutils.parsers.rst.directives.misc import Raw
+from sphinx.directives.patches import CSVTable
+
+REFUSED: list[tuple[str, str]] = []  # (page, path) a page named outside the staged course; book/build.py reads it
 
 ALT_CHARS = 300
 
@@ -52,6 +63,59 @@ def give_alt_text(app, doctree) -> None:
             node["alt"] = _short(name) or "figure"
 
 
+def _refuse(page: str, path: str) -> None:
+    if (page, path) not in REFUSED:
+        REFUSED.append((page, path))
+
+
+def _inside(root: Path, path: str) -> bool:
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _guard_paths(app) -> None:
+    """Wrap the environment's ``relfn2path`` (what include, literalinclude, images and downloads resolve their paths
+    with), on its class (the environment is pickled): a path that resolves outside the staging folder is recorded and
+    replaced by one that does not exist."""
+    from sphinx.environment import BuildEnvironment
+
+    REFUSED.clear()
+    if not getattr(BuildEnvironment.relfn2path, "course_guard", False):
+        BuildEnvironment.relfn2path = _guarded(BuildEnvironment.relfn2path)
+
+
+def _guarded(plain):
+    def relfn2path(env, filename, docname=None):
+        rel, full = plain(env, filename, docname)
+        if not _inside(env.srcdir, full):
+            _refuse(os.fspath(env.doc2path(docname or env.docname, False)), os.fspath(filename))
+            return "_refused_path_outside_the_course", os.fspath(Path(env.srcdir) / "_refused_path_outside_the_course")
+        return rel, full
+
+    relfn2path.course_guard = True
+    return relfn2path
+
+
+def _no_file_option(cls):
+    """``cls`` (raw, csv-table) with its ``:file:`` and ``:url:`` options refused (they read any file or URL)."""
+    class Guarded(cls):
+        def run(self):
+            for opt in ("file", "url"):
+                if opt in self.options:
+                    _refuse(self.state.document.get("source", "?"), f":{opt}: {self.options[opt]}")
+                    return []
+            return super().run()
+
+    Guarded.__name__ = f"Guarded{cls.__name__}"
+    return Guarded
+
+
 def setup(app):
     app.connect("doctree-read", give_alt_text)
+    app.connect("builder-inited", _guard_paths)
+    app.add_directive("raw", _no_file_option(Raw), override=True)
+    app.add_directive("csv-table", _no_file_option(CSVTable), override=True)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1"}
