@@ -16,7 +16,7 @@ launcher) over Python's http.server:
 - in Chromium: search finds a glossary term's page and anchor, a lesson shows its in-page contents, dark mode
   toggles, at 390 px the menu collapses (and opens) and no page is wider than the screen, every page loads with no
   console error, every request stays on the site, every notebook figure is drawn and every explorer's slider redraws;
-- the kernel-free explorers (unicache_lib/static_explorer.py): self-contained HTML within its size budget, text
+- the kernel-free explorers (an explorer's HTML form, ``Explorer.static()``): self-contained HTML within its size budget, text
   escaped.
 
 The build's safety (what it publishes, where it writes) is tested in tests/test_outputs_safe.py."""
@@ -340,21 +340,24 @@ EVIL = "<img src=x onerror=alert(1)>"
 
 @pytest.fixture(scope="module")
 def explorers():
-    """A static attention explorer (layers 0, 2, 5; a hostile question) and a step explorer (steps 0, 4, 9)."""
-    from unicache_lib import static_explorer as SE
+    """The HTML forms of an attention explorer (layers 0, 2, 5; a hostile question) and of a step explorer (steps 0,
+    4, 9; opened on its last captured layer)."""
+    from unicache_lib import widgets as W
 
     (res, imgs, toks), steps = _records()
-    return SE.static_attention_explorer(res, imgs, toks, questions={"s0": EVIL}), SE.static_step_explorer(*steps)
+    return (W.attention_explorer(res, imgs, toks, questions={"s0": EVIL}).static(),
+            W.step_explorer(*steps).select(layer=3).static())
 
 
 def test_static_explorers_are_self_contained_escaped_and_within_budget(explorers):
-    from unicache_lib import static_explorer as SE
+    from unicache_lib import widgets as W
     from unicache_lib.core.errors import InputError
+    from unicache_lib.explorer import BUDGET_BYTES
 
     (res, imgs, toks), steps = _records()
     evil = EVIL
     ex, st = explorers
-    assert ex.stops == ["0", "2", "5"] and ex.nbytes <= SE.BUDGET_BYTES
+    assert ex.stops == ["0", "2", "5"] and ex.nbytes <= BUDGET_BYTES
     assert ex._repr_html_() == ex.html and "3 stops" in repr(ex)
     page = _Parsed()
     page.feed(ex.html)
@@ -363,17 +366,17 @@ def test_static_explorers_are_self_contained_escaped_and_within_budget(explorers
     assert evil not in ex.html and "\\u003cimg src=x onerror=alert(1)\\u003e" in ex.html  # the question, escaped
     assert ex.data.settings(ex.selection)["word"] == "19 'circle'"  # the widget's opening query
     assert st.stops == ["0", "4", "9"] and "<script>alert" not in st.html
-    assert st.data.settings(st.selection)["layer"] == 3  # the step explorer opens on the last captured layer
+    assert st.data.settings(st.selection)["layer"] == 3  # the HTML form opens on the view selected
     # one budget for a model explorer; over it, refused before the maps are quantised, the parameter named
-    both = SE.static_model_explorer({"LLaVA": (res, imgs, toks), "ViLT <b>": (res, imgs, toks)}, budget_bytes=300_000)
+    both = W.model_explorer({"LLaVA": (res, imgs, toks), "ViLT <b>": (res, imgs, toks)}, budget_bytes=300_000).static()
     assert both.html.count('class="ucx"') == 1 and "ViLT <b>" not in both.html and "ViLT \\u003cb\\u003e" in both.html
     assert both.nbytes <= 300_000
     with pytest.raises(InputError, match="over the budget of 0.030 MB"):
-        SE.static_attention_explorer(res, imgs, toks, budget_bytes=30_000)
+        W.attention_explorer(res, imgs, toks, budget_bytes=30_000)
     with pytest.raises(InputError, match="no sample"):
-        SE.static_attention_explorer(res, imgs, toks, sample="s9")
+        W.attention_explorer(res, imgs, toks).select(sample="s9")
     with pytest.raises(InputError, match="layer 7 was not captured"):
-        SE.static_step_explorer(*steps, layer=7)
+        W.step_explorer(*steps).select(layer=7)
 
 
 def _png(seed: int) -> str:
@@ -522,8 +525,7 @@ def test_the_site_in_a_browser(site, pages, server, explorers, mini_site):
         page.locator(".theme-switch-button").first.click()
         page.locator(".theme-change-button[data-mode='light']").first.click()
         pw.expect(page.locator("html")).to_have_attribute("data-theme", "light")
-        # kernel-free explorers: one step right redraws (unicache_lib/explorer's canvas; the former pre-drawn frames
-        # of unicache_lib/static_explorer: the next stop's picture and label)
+        # kernel-free explorers: one step right redraws the explorer's canvas (unicache_lib/explorer)
         moved = 0
         for rel in with_sliders:
             page.goto(url + rel)

@@ -1,6 +1,6 @@
 """The one attention explorer (unicache_lib/explorer, issue #64): its payload within the budget (refused before any
 map is quantised when over it), the quantised views equal to the exact maps, hostile text escaped, `save()` through
-the output checks, the former `widgets` / `static_explorer` functions as wrappers over it, and the explorer in
+the output checks, the former `widgets` functions as wrappers over it, and the explorer in
 headless Chromium: its HTML form on a page of its own and in an nbconvert export of a notebook that displays the
 widget: every slider changes the canvas, a redraw takes at most 50 ms (performance.now in the page), the PNG and
 JSON exports download, no console error, no dialog, no request leaves the page.
@@ -308,8 +308,8 @@ def test_save_writes_the_exact_view_through_the_output_checks(explorers, tmp_pat
 
 
 def test_the_widget_bundle_carries_its_html_form_and_the_former_functions_wrap_it(explorers, l02, l03):
-    from unicache_lib import static_explorer as SE
     from unicache_lib import widgets
+    from unicache_lib.explorer import BUDGET_BYTES
     from unicache_lib.explorer.widget import Explorer
 
     ex = explorers["02"]
@@ -327,17 +327,17 @@ def test_the_widget_bundle_carries_its_html_form_and_the_former_functions_wrap_i
     assert isinstance(widgets.attention_explorer(*small), Explorer)
     assert isinstance(widgets.step_explorer(*lesson_03(n_prompts=1, steps=3, layers=2, heads=2)), Explorer)
     assert isinstance(widgets.model_explorer({"a": small}), Explorer)
-    st = SE.static_attention_explorer(*small, sample="single-1", head=1, token=71)
+    st = widgets.attention_explorer(*small).select(sample="single-1", head=1, word=71).static()  # the HTML form alone
     assert st.stops == ["0", "1", "2"] and "3 stops" in repr(st) and st._repr_html_() == st.html
     assert st.selection == {"model": 0, "sample": 1, "view": "t2i", "axes": [0], "head": 1, "word": 7}
-    assert st.nbytes <= SE.BUDGET_BYTES
-    s3 = SE.static_step_explorer(*lesson_03(n_prompts=1, steps=3, layers=2, heads=2), word=2)
+    assert st.nbytes <= BUDGET_BYTES
+    s3 = widgets.step_explorer(*lesson_03(n_prompts=1, steps=3, layers=2, heads=2)).select(word=2, layer=1).static()
     assert s3.stops == ["0", "1", "2"] and s3.selection["axes"] == [0, 1] and s3.selection["word"] == 2
     with pytest.raises(InputError, match="layer 7 was not captured"):
-        SE.static_step_explorer(*lesson_03(n_prompts=1, steps=3, layers=2, heads=2), layer=7)
+        widgets.step_explorer(*lesson_03(n_prompts=1, steps=3, layers=2, heads=2)).select(layer=7)
     with pytest.raises(InputError, match="no sample 's9'"):
-        SE.static_attention_explorer(*small, sample="s9")
-    both = SE.static_model_explorer({"LLaVA": small, "ViLT <b>": small}, budget_bytes=300_000)
+        widgets.attention_explorer(*small).select(sample="s9")
+    both = widgets.model_explorer({"LLaVA": small, "ViLT <b>": small}, budget_bytes=300_000).static()
     assert both.nbytes <= 300_000 and "ViLT <b>" not in both.html and both.html.count('class="ucx"') == 1
 
 

@@ -34,7 +34,7 @@ LAYERS = [
      r"analysis|analysis\.(?!\w+_claims$)\w+|kv(\..*)?|reuse(\..*)?|pruning(\..*)?"),
     ("reporting", "each lesson's record and claims, diagnostics, scoreboards, plots, widgets and the explorer, notebook "
                   "parameters",
-     r"lessons|claims|analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|static_explorer|explorer(\..*)?|"
+     r"lessons|claims|analysis\.\w+_claims|diagnostics(\..*)?|scoreboard|tables|plots|widgets|explorer(\..*)?|"
      r"params|replicate"),
 ]
 # training scripts, test and stand-in builders, make-target drivers: outside the runtime graph

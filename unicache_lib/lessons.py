@@ -17,9 +17,12 @@ so a lesson is its source, its executed notebook and its solution (plus, if it r
 ``claims.py`` and an analysis module): docs/FORKING.md, "(g) a lesson"."""
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from .core.errors import InputError
 
@@ -48,8 +51,6 @@ class Lesson:
 
     def rule_tables(self) -> dict:
         """``"module:ATTR"`` -> the table it names (imported)."""
-        import importlib
-
         out = {}
         for ref in self.rules:
             mod, _, attr = ref.partition(":")
@@ -71,8 +72,6 @@ def _header(text: str) -> str:
 
 def read(source: Path) -> Lesson:
     """The record in one lesson source; :class:`InputError` naming the file and the field when it is malformed."""
-    import yaml
-
     source = Path(source)
     if not ID.match(source.stem):
         raise InputError(f"{source.name}: a lesson's file is NN_topic.py (two digits, lower-case words)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .explorer import payload as _payload
 
-# the helpers' former names (unicache_lib.static_explorer and older code import them from here)
+# the helpers' former names (older code imports them from here)
 _index = _payload.index_records
 _heads = _payload.head_count
 _need = _payload.need
