@@ -19,18 +19,15 @@
 # %% [markdown]
 # # 08 · Seven ways to join image and text, one question each
 #
-# **What you will learn**: how the attention of seven architectures differs, one question for each, answered on the
-# shipped tiny models:
+# **What you will learn**: how seven architectures' attention differs, one question each, on the shipped tiny models:
 #
-# - **all seven** (§2): does the text read the image more than the image's size says?
-# - **LLaVA, the concat decoder** (§3), against the others: how many heads focus, and does a word find its object?
-#   (LLaVA's numbers are notebook 02's, read from 02's store);
-# - **ViLT, one fused stream** (§4): is the text injected into the image tokens (A1, A2)?
-# - **Mllama, cross-attention layers** (§5): do low layers spread, middle ones focus, top ones refine (A3)?
-# - **CLIP, two towers** (§6): does the image embedding come from the named objects (A4)?
-# - **Janus, one model that answers and draws** (§7): does answering read the image more than describing (A5, A6)?
-# - and what each answer means for a cache on your model (§8). The two generators are notebook 03's; here they
-#   only join §2's comparison.
+# - **§2, all seven**: does the text read the image more than its size says?
+# - **§3, LLaVA** (02's numbers) against the others: how many heads focus; does a word find its object?
+# - **§4, ViLT** (one fused stream): is the text injected into the image tokens (A1, A2)?
+# - **§5, Mllama** (cross-attention layers): do low layers spread, middle ones focus, top ones refine (A3)?
+# - **§6, CLIP** (two towers): does the image embedding come from the named objects (A4)?
+# - **§7, Janus** (answers and draws): does answering read the image more than describing (A5, A6)?
+# - **§8**: what each answer means for a cache on your model.
 #
 # *What you see:* who may read whom in each of the seven, on five image (`img`) and three text (`txt`) tokens:
 # rows are queries, columns keys, colour the modality block, white a path the architecture lacks. LLaVA's text
@@ -68,10 +65,9 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
-# **What it needs**: notebooks 01–03's ideas; for LLaVA, notebook 02's stats store (`UNDERSTANDING_STORE`; when it
-# is missing the same capture runs here). Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches) or on
-# checkpoints of the same families, one parameter each (`None` leaves one out). Terms:
-# [the glossary](../docs/GLOSSARY.md).
+# **What it needs**: notebooks 01–03's ideas; for LLaVA, notebook 02's stats store (`UNDERSTANDING_STORE`, captured
+# here when missing). Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches) or on checkpoints of the
+# same families, one parameter each (`None` leaves one out). Terms: [the glossary](../docs/GLOSSARY.md).
 
 # %%
 import matplotlib.pyplot as plt
@@ -108,9 +104,7 @@ from unicache_lib.world.text import prompt_set
 # %% [markdown]
 # ## 1. Seven ways to let a query read a key
 #
-# The seven: a concatenating decoder (LLaVA), one fused encoder stream (ViLT), cross-attention layers (Mllama), two
-# separate towers (CLIP), a model that understands and draws (Janus) and notebook 03's two generators (MMDiT,
-# PixArt). The opening figure, drawn by the library:
+# The five understanding models and 03's two generators (MMDiT, PixArt), as the opening figure draws them:
 
 # %%
 fig = plots.attention_layouts(AR.layout_masks())
@@ -119,8 +113,7 @@ _ = plots.save(fig, project_path(OUT_DIR), "attention_layouts")
 # %% [markdown]
 # **Reading the picture.** Where a block is white, a zero is no finding: the path does not exist. Janus is drawn
 # *drawing* (its image reads the prompt); answering, it is laid out like LLaVA. The models are stock transformers /
-# diffusers classes, trained here (recipe, seed, log and checksums in each `model_card.json`). What each has
-# learned, from its card:
+# diffusers classes trained here (recipe and checksums: `model_card.json`); what each learned:
 
 # %%
 torch.manual_seed(SEED)
@@ -179,12 +172,9 @@ print("\n".join(wrap(m) for m in missed) or f"all {sum(n is not None for n in NA
       "targets their cards set")
 
 # %% [markdown]
-# **Capture once per model.** Each understanding-side model reads the standard samples and their questions in
-# `stats` mode, laid out as in the figure (ViLT's stream: `[question | image class token, 64 patches]`). **LLaVA's
-# records are notebook 02's**: read from its stats store (`UNDERSTANDING_STORE`, the same model and samples), so
-# every LLaVA number below is the number 02 measured, not a second measurement. The generators draw
-# `N_GEN_PROMPTS` prompts at `GEN_STEPS` steps of their own: 03 does not measure §2's share against an even
-# reading, and a mean over steps needs no more.
+# **Capture once per model**, in `stats` mode, laid out as in the figure (ViLT's stream: `[question | image class
+# token, 64 patches]`). LLaVA's records are read from 02's store, so every LLaVA number below is 02's, not a second
+# measurement. The generators draw `N_GEN_PROMPTS` prompts at `GEN_STEPS` steps here: 03 has no even-reading share.
 
 # %%
 recs = {}  # role -> the records of its stats capture
@@ -211,11 +201,11 @@ if LV in recs and SAMPLES is None:
 # %% [markdown]
 # ## 2. All seven: does the text read the image more than its size says?
 #
-# Per layer: the **text's image share** (text queries' mass on image keys), against an **even reading**'s (the
-# image's share of the keys a text row sees, as in notebook 02), and those queries'
+# Per layer: the **text's image share** (text queries' mass on image keys) against an **even reading**'s (the
+# image's share of the keys a text row sees, as in 02), and those queries'
 # [normalised entropy](../docs/GLOSSARY.md#normalised-entropy), by relative depth and
-# [band](../docs/GLOSSARY.md#depth-bands). A cross-attention layer (Mllama, PixArt) reads *only* the image, so no
-# share; CLIP's entropy is its image tower's. LLaVA's curve is 02 §2's, from the same records.
+# [band](../docs/GLOSSARY.md#depth-bands). A cross-attention layer (Mllama, PixArt) reads *only* the image, so has
+# no share; CLIP's entropy is its image tower's.
 
 # %%
 READ_PART = {"CLIP": "vision", "Mllama": "cross"}
@@ -276,26 +266,23 @@ print(f"- the lowest single layer: {low[0]} at relative depth {low[1]:.2f} ({cur
       f"{curve.x_even[low]:.2f}x even)")
 
 # %% [markdown]
-# **Reading it.** Image keys are most of what a text row sees: an even reading puts
-# <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share > LLaVA@0" fmt="{:.2f}"-->0.89<!--/num--> (LLaVA) to <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share > LLaVA@1" fmt="{:.2f}"-->0.90<!--/num--> (ViLT) on the image, <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share > LLaVA@3" fmt="{:.2f}"-->0.57<!--/num--> in the MMDiT. Against that bar (dotted, left) the
-# understanding models' text reads the image *less* than evenly at every depth (ViLT lowest,
-# <!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@2" fmt="{:.2f}"-->0.82<!--/num-->× even over layers); only the MMDiT's reads it more (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->×). So the raw shares
-# (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@0" fmt="{:.2f}"-->0.61<!--/num-->–<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@1" fmt="{:.2f}"-->0.75<!--/num-->) mostly measure the image's size. LLaVA's ratio rises from <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@3" fmt="{:.2f}"-->0.60<!--/num-->× shallow to
-# <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@5" fmt="{:.2f}"-->0.95<!--/num-->× deep, Janus's drops deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > Janus (unified)@5" fmt="{:.2f}"-->0.68<!--/num-->×), the MMDiT's dips at a third of its depth
-# (<!--num "notebooks/08_architectures.ipynb#out:the lowest single layer@2" fmt="{:.2f}"-->0.76<!--/num-->×). Entropies compare only within a model (normalised entropy depends on the number of keys and the mask): LLaVA's reading spreads with depth
-# (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@6" fmt="{:.3f}"-->0.363<!--/num--> → <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@8" fmt="{:.3f}"-->0.561<!--/num-->), the MMDiT's is nearly uniform deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > MMDiT (joint)@8" fmt="{:.3f}"-->0.982<!--/num-->).
-
-# %% [markdown]
-# **The answer.** No: in every understanding architecture the text reads the image *less* than its size says; only
-# the MMDiT's joint attention reads it a little more. A large image share is the image's size, not a pull.
+# **Reading it.** An even reading puts <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share > LLaVA@0" fmt="{:.2f}"-->0.89<!--/num--> (LLaVA) to <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share > LLaVA@1" fmt="{:.2f}"-->0.90<!--/num--> (ViLT) on
+# the image, <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share > LLaVA@3" fmt="{:.2f}"-->0.57<!--/num--> in the MMDiT.
+#
+# Against that bar (dotted, left) the understanding models' text reads the image *less* at every depth
+# (ViLT lowest, <!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@2" fmt="{:.2f}"-->0.82<!--/num-->× even over layers); only the MMDiT's reads it more (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->×). LLaVA's ratio rises from <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@3" fmt="{:.2f}"-->0.60<!--/num-->×
+# shallow to <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@5" fmt="{:.2f}"-->0.95<!--/num-->× deep, Janus's drops deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > Janus (unified)@5" fmt="{:.2f}"-->0.68<!--/num-->×).
+#
+# Entropies compare only within a model (they depend on the number of keys and the mask): LLaVA's reading spreads
+# with depth (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@6" fmt="{:.3f}"-->0.363<!--/num--> → <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@8" fmt="{:.3f}"-->0.561<!--/num-->), the MMDiT's is nearly uniform deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > MMDiT (joint)@8" fmt="{:.3f}"-->0.982<!--/num-->).
+#
+# **The answer.** No: a large image share is the image's size, not a pull.
 
 # %% [markdown]
 # ## 3. LLaVA against the others: how many heads focus, and does a word find its object?
 #
-# **Focused heads.** A head is **focused** when a query's largest weight is above
-# <!--const FOCUSED in unicache_lib/core/scoring.py, 02's U8 cut-off, fixed before the run-->0.45<!--/const--> on
-# average (`FOCUSED`, the cut-off of 02's U8), **spread** when its normalised entropy is above
-# <!--const the head-role cut-off, fixed before the run-->0.8<!--/const-->, else **mixed**. Queries: those §2 reads;
+# **Focused heads.** A head is **focused** when its queries' largest weight averages above <!--const FOCUSED in unicache_lib/core/scoring.py, 02's U8 cut-off, fixed before the run-->0.45<!--/const--> (`FOCUSED`, 02's U8
+# cut-off), **spread** when its normalised entropy is above <!--const the head-role cut-off, fixed before the run-->0.8<!--/const-->, else **mixed**. Queries: those §2 reads;
 # generators: their image queries, averaged over steps.
 
 # %%
@@ -323,20 +310,12 @@ print(wrap("focused heads: " + "; ".join(
 print(f"mostly spread: {role_share.spread.idxmax()} ({role_share.spread.max():.0%} of its heads)")
 
 # %% [markdown]
-# **Reading it.** Focused heads are rare: LLaVA has
-# <!--num "notebooks/08_architectures.ipynb#out:focused heads:@0"-->1<!--/num--> of
-# <!--num "notebooks/08_architectures.ipynb#out:focused heads:@1"-->32<!--/num--> (in layer
-# <!--num "notebooks/08_architectures.ipynb#out:focused heads:@2"-->0<!--/num-->: the one 02's U8 found, from the
-# same store), Mllama's cross-attention
-# <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama ([0-9]+) of"-->2<!--/num--> of
-# <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama [0-9]+ of ([0-9]+)"-->24<!--/num-->, the others none. ViLT's stream and CLIP's image tower are mostly
-# spread. Spread heads are the candidates notebook 04 tests; focused heads are what a cache policy must serve.
+# **Reading it.** Focused heads are rare: LLaVA has <!--num "notebooks/08_architectures.ipynb#out:focused heads:@0"-->1<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:focused heads:@1"-->32<!--/num--> (layer <!--num "notebooks/08_architectures.ipynb#out:focused heads:@2"-->0<!--/num-->, 02's U8 head), Mllama's
+# cross-attention <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama ([0-9]+) of"-->2<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama [0-9]+ of ([0-9]+)"-->24<!--/num-->, the others none. Spread heads are what 04 tests for pruning; focused heads are what a
+# cache must serve.
 #
-# **How uneven are the image reads?** For the models whose text reads image keys in the same map (LLaVA, ViLT,
-# Janus): the share of the text's image reads on the top
-# <!--const a fixed tenth of the positions, by definition-->10%<!--/const--> of image positions (chance
-# <!--const a tenth of the positions, by definition-->0.10<!--/const-->), mean over samples and layers: 02's U1
-# statistic.
+# **How uneven are the image reads?** Where text reads image keys in the same map (LLaVA, ViLT, Janus): the share
+# of the text's image reads on the top <!--const a fixed tenth of the positions, by definition-->10%<!--/const--> of image positions (chance <!--const a tenth of the positions, by definition-->0.10<!--/const-->), 02's U1 statistic.
 
 # %% tags=["nbval-check-output"]
 top10 = {}
@@ -347,14 +326,12 @@ print("top-10% share of the text's image reads (chance 0.10): "
       + ", ".join(f"{m.split(' (')[0]} {x:.2f}" for m, x in top10.items()))
 
 # %% [markdown]
-# **Reading it.** Every model reads its image unevenly, none piles onto a handful of positions. LLaVA's
-# <!--num "notebooks/08_architectures.ipynb#out:top-10% share of the text's image reads" re="LLaVA ([0-9.]+)"-->0.41<!--/num-->
-# is 02's U1 (<!--num "data/results/02_understanding_maps.json#[claim=U1].value" fmt="{:.2f}"-->0.41<!--/num-->,
-# the same store).
+# **Reading it.** Every model reads its image unevenly; none piles onto a handful of positions. LLaVA's <!--num "notebooks/08_architectures.ipynb#out:top-10% share of the text's image reads" re="LLaVA ([0-9.]+)"-->0.41<!--/num--> is
+# 02's U1 (<!--num "data/results/02_understanding_maps.json#[claim=U1].value" fmt="{:.2f}"-->0.41<!--/num-->).
 #
 # **Does a word look at its object?** Ask `where is the {colour} {shape} ?` of every object of the multi-object
-# samples; the shape word's `k` most-read patches against the object's `k` patches (IoU), over a random region's
-# (`k` random patches). CLIP has no word-to-patch attention.
+# samples: the IoU of the shape word's `k` most-read patches with the object's `k` patches, over a random
+# region's. CLIP has no word-to-patch attention.
 
 # %%
 iou_rows = []
@@ -375,25 +352,16 @@ print("best band's IoU over chance: " + ", ".join(f"{m.split(' (')[0]} {x:.1f}x 
                                                   for m, x in best.items()))
 
 # %% [markdown]
-# **Reading it.** (Means, no intervals: no bar was fixed, so read a ranking.) In its best band every understanding
-# model's shape word overlaps its object several times more than a random region: ViLT
-# <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×, LLaVA
-# <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->×. LLaVA's maps are
-# the ones 02's U11 reads against a harder bar, the *other* objects: selectivity
-# <!--num "data/results/02_understanding_maps.json#[claim=U11].value" fmt="{:.2f}"-->1.22<!--/num-->, inconclusive;
-# near its object, not singling it out. The generators' word maps are 03 §9's (G9, colour and shape words, 03's
-# prompts): IoU <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-mmdit: IoU ([0-9.]+)"-->0.07<!--/num-->
-# on the MMDiT against a random region's
-# <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-mmdit: IoU [0-9.]+ .chance ([0-9.]+)"-->0.08<!--/num-->,
-# <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-pixart: IoU ([0-9.]+)"-->0.46<!--/num--> on
-# PixArt against <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-pixart: IoU [0-9.]+ .chance ([0-9.]+)"-->0.07<!--/num-->:
-# cross-attention localises, the MMDiT's joint attention does not.
+# **Reading it.** (Means, no intervals: read a ranking.) In its best band every understanding model's shape word
+# overlaps its object several times more than a random region: ViLT <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->×, LLaVA <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->×. Against the *other* objects
+# (02's U11) LLaVA's selectivity is <!--num "data/results/02_understanding_maps.json#[claim=U11].value" fmt="{:.2f}"-->1.22<!--/num-->, inconclusive: near its object, not singling it out.
 #
-# **Explore any model, layer and head.** Full maps of one sample per model in one explorer, drawn in the browser
-# (JupyterLab and the course website alike, no kernel needed once drawn): a model menu; sliders for layer, head
-# (or the mean of heads) and query token; views *t2i* (the chosen word's reading over the picture, × uniform),
-# *i2t* (what each image patch reads of the text) and *full* (the whole map, the image block outlined); buttons
-# save the view as PNG and its numbers as JSON, as `explorer.save(...)` does from Python.
+# The generators' word maps are 03's (G9): IoU <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-mmdit: IoU ([0-9.]+)"-->0.07<!--/num--> on the MMDiT against a random region's <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-mmdit: IoU [0-9.]+ .chance ([0-9.]+)"-->0.08<!--/num-->, <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-pixart: IoU ([0-9.]+)"-->0.46<!--/num--> on PixArt
+# against <!--num "data/results/03_diffusion_steps.json#[claim=G9].shown" re="tiny-pixart: IoU [0-9.]+ .chance ([0-9.]+)"-->0.07<!--/num-->: cross-attention localises, joint attention does not.
+#
+# **Explore any model, layer and head** in the browser, no kernel needed: a model menu; sliders for layer, head (or
+# their mean) and query token; views *t2i* (the word over the picture), *i2t* (each patch's reading of the text) and
+# *full*; PNG and JSON buttons, as `explorer.save(...)`.
 
 # %% tags=["nbval-ignore-output"]
 explore = {}
@@ -444,18 +412,16 @@ if len(img_keys) == len(owner):  # one key per patch, row-major: the head's imag
           + f"\n  its most-read patch lies on the {name(owner[int(reads.argmax())])}")
 
 # %% [markdown]
-# **Reading it.** The query `square` (asked: a yellow square) puts
-# <!--num "notebooks/08_architectures.ipynb#out:of its attention on the image" re="puts ([0-9.]+) of its"-->0.856<!--/num--> of its attention on the image; its palest, most-read patch lies on the
-# <!--num "notebooks/08_architectures.ipynb#out:of its image reads: > its most-read patch" re="lies on the (.+)$"-->blue triangle<!--/num-->, which takes <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="blue triangle ([0-9.]+)"-->0.52<!--/num--> of the image reads; the orange square, the only square, takes
-# <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="orange square ([0-9.]+)"-->0.29<!--/num-->, the yellow triangle <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="yellow triangle ([0-9.]+)"-->0.05<!--/num-->: this head misses the square. One head, one sample: the IoU above measured every sample.
+# **Reading it.** The query `square` (asked: a yellow square) puts <!--num "notebooks/08_architectures.ipynb#out:of its attention on the image" re="puts ([0-9.]+) of its"-->0.856<!--/num--> of its attention on the image; its
+# most-read patch lies on the <!--num "notebooks/08_architectures.ipynb#out:of its image reads: > its most-read patch" re="lies on the (.+)$"-->blue triangle<!--/num-->, which takes <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="blue triangle ([0-9.]+)"-->0.52<!--/num--> of the image reads; the orange square, the only square, takes
+# <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="orange square ([0-9.]+)"-->0.29<!--/num-->, the yellow triangle <!--num "notebooks/08_architectures.ipynb#out:of its image reads:" re="yellow triangle ([0-9.]+)"-->0.05<!--/num-->: this head misses (the IoU above measured every sample).
 
 # %% [markdown]
 # ## 4. ViLT: is the text injected into the image tokens? (A1, A2)
 #
 # Each layer's map split into its [modality blocks](../docs/GLOSSARY.md#modality-blocks): the image queries' share
-# on image keys, and on text keys against the text's share of the positions (what even attention would give it).
-# The claims and their rules, fixed before the numbers (a 95% interval over the unit each names; the
-# [verdicts](../docs/GLOSSARY.md#verdicts) read as in every lesson):
+# on image keys, and on text keys against the text's share of the positions (an even reading's). The claims and
+# their rules, fixed before the numbers ([verdicts](../docs/GLOSSARY.md#verdicts)):
 
 # %%
 rules("A1", "A2")
@@ -485,9 +451,9 @@ if VL in models:
     print("- their share on text keys / even, per layer: " + ", ".join(f"L{k} {x:.2f}x" for k, x in even.items()))
 
 # %% [markdown]
-# **A2's test: take the text away from the image tokens.** The same model with image queries masked from text keys
-# (the text still reads the image): if no text was injected, the answers cannot change. Accuracy on `N_QUESTIONS`
-# held-out questions, paired.
+# **A2's test: take the text away from the image tokens.** Image queries masked from text keys (the text still
+# reads the image): if no text was injected, the answers cannot change. Accuracy on `N_QUESTIONS` held-out
+# questions, paired.
 
 # %% tags=["nbval-check-output"]
 healthy = blind = None
@@ -500,24 +466,20 @@ ACL.measure_fusion(board, fb, healthy, blind)  # A1 and A2 on this section's tab
 print(board.criteria_lines("A1", "A2", fmt="#.3g", shown=False))
 
 # %% [markdown]
-# **Reading it.** ViLT's image queries keep <!--num "notebooks/08_architectures.ipynb#out:image queries keep@0" fmt="{:.2f}"-->0.91<!--/num--> of their attention on image keys; an even reading keeps
-# <!--num "notebooks/08_architectures.ipynb#out:image queries keep@1" fmt="{:.2f}"-->0.90<!--/num-->. So A1 (a), "above <!--const A1 (a)'s threshold, fixed before the run-->0.5<!--/const-->" as the study framed it, is met by any even reading and says
-# nothing here; (b) is the test. They give the text <!--num "notebooks/08_architectures.ipynb#out:image queries keep > they give the text@0" fmt="{:.3f}"-->0.088<!--/num-->, a little under even (<!--num "notebooks/08_architectures.ipynb#out:image queries keep > they give the text@1" fmt="{:.3f}"-->0.100<!--/num-->): more
-# in layers 0 and 1 (<!--num "notebooks/08_architectures.ipynb#out:per layer: L0@0" fmt="{:.2f}"-->1.51<!--/num-->×, <!--num "notebooks/08_architectures.ipynb#out:per layer: L0@1" fmt="{:.2f}"-->1.26<!--/num-->× even), less from layer 3 on (<!--num "notebooks/08_architectures.ipynb#out:per layer: L0@3" fmt="{:.2f}"-->0.55<!--/num-->×, <!--num "notebooks/08_architectures.ipynb#out:per layer: L0@4" fmt="{:.2f}"-->0.57<!--/num-->×,
-# <!--num "notebooks/08_architectures.ipynb#out:per layer: L0@5" fmt="{:.2f}"-->0.41<!--/num-->×), so (b)'s interval reaches <!--num "notebooks/08_architectures.ipynb#out:A1 (b):@2" fmt="{:.2f}"-->1.00<!--/num--> and A1 is <!--num "notebooks/08_architectures.ipynb#out:A1 verdict" re="verdict: (.+)$"-->inconclusive<!--/num-->. Blinding them to the text drops
-# accuracy from <!--num "notebooks/08_architectures.ipynb#out:ViLT on > accuracy@1" fmt="{:.3f}"-->0.998<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:ViLT on > accuracy@2" fmt="{:.3f}"-->0.560<!--/num-->: the text *is* injected into the image tokens and the answer needs
-# it. A2 (b) fails decisively; A2 stays <!--num "notebooks/08_architectures.ipynb#out:A2 verdict" re="verdict: (.+)$"-->inconclusive<!--/num--> only because (a), the
-# [cross-modal share](../docs/GLOSSARY.md#cross-modal-share), sits on its threshold. Only an ablation scored on
-# outputs tells whether a path can be cut.
-
-# %% [markdown]
-# **The answer.** Yes: the text is injected into the image tokens, and the answer needs it. Only an ablation scored
-# on outputs tells whether a path can be cut; a small share did not mean no injection.
+# **Reading it.** ViLT's image queries keep <!--num "notebooks/08_architectures.ipynb#out:image queries keep@0" fmt="{:.2f}"-->0.91<!--/num--> of their attention on image keys, an even reading <!--num "notebooks/08_architectures.ipynb#out:image queries keep@1" fmt="{:.2f}"-->0.90<!--/num-->: A1 (a),
+# "above <!--const A1 (a)'s threshold, fixed before the run-->0.5<!--/const-->", is met by any even reading; (b) is the test.
+#
+# They give the text <!--num "notebooks/08_architectures.ipynb#out:image queries keep > they give the text@0" fmt="{:.3f}"-->0.088<!--/num-->, a little under even (<!--num "notebooks/08_architectures.ipynb#out:image queries keep > they give the text@1" fmt="{:.3f}"-->0.100<!--/num-->): more in the first layers, less in the upper ones (the
+# per-layer line): (b)'s interval reaches <!--num "notebooks/08_architectures.ipynb#out:A1 (b):@2" fmt="{:.2f}"-->1.00<!--/num--> and A1 is <!--num "notebooks/08_architectures.ipynb#out:A1 verdict" re="verdict: (.+)$"-->inconclusive<!--/num-->.
+#
+# **The answer.** Yes: blinding the image queries to the text drops accuracy from <!--num "notebooks/08_architectures.ipynb#out:ViLT on > accuracy@1" fmt="{:.3f}"-->0.998<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:ViLT on > accuracy@2" fmt="{:.3f}"-->0.560<!--/num-->. A2 stays <!--num "notebooks/08_architectures.ipynb#out:A2 verdict" re="verdict: (.+)$"-->inconclusive<!--/num--> only
+# because (a), the [cross-modal share](../docs/GLOSSARY.md#cross-modal-share), sits on its threshold: a small share
+# did not mean no injection, and only an ablation scored on outputs tells whether a path can be cut.
 
 # %% [markdown]
 # ## 5. Mllama: do the cross-attention layers spread, then focus? (A3)
 #
-# Teacher-forced captions (`describe the image .` then the true caption): every caption word's row in each
+# Teacher-forced captions (`describe the image .` then the true caption): each caption word's row in each
 # cross-attention layer. Object words: mass on *their* object against its area share (1 = even). Position words:
 # mass on the matching half against the opposite one. Every content word: mass on the background.
 
@@ -544,19 +506,18 @@ ACL.measure_cross_layers(board, CW)  # A3, resampled by caption
 print(board.criteria_lines("A3", fmt="#.3g", shown=False))
 
 # %% [markdown]
-# **Reading it: the opposite of the study's order.** The study expects spread → focus → refine from low to top.
-# Here the *low* layer is the most focused: the lowest entropy
-# (<!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@0" fmt="{:.3f}"-->0.861<!--/num--> against <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > middle@0" fmt="{:.3f}"-->0.911<!--/num-->
-# in the middle), object words on their object <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@1" fmt="{:.1f}"-->4.2<!--/num-->× its area share
-# (middle <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > middle@1" fmt="{:.1f}"-->3.6<!--/num-->×, top <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > top@1" fmt="{:.1f}"-->2.3<!--/num-->×)
-# and the least background (<!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@3" fmt="{:.3f}"-->0.404<!--/num-->). Focus fades with height. A3 is <!--num "notebooks/08_architectures.ipynb#out:A3 verdict" re="verdict: (.+)$"-->partly<!--/num--> only because the middle layer still focuses (b) and reads
-# more background than the top (d); (a), spread then focus, and (c), position words preferring their half, fail.
+# **Reading it: the opposite of the study's order** (spread → focus → refine, low to top). The *low* layer is the
+# most focused: the lowest entropy (<!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@0" fmt="{:.3f}"-->0.861<!--/num-->; middle <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > middle@0" fmt="{:.3f}"-->0.911<!--/num-->) and the least background (<!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@3" fmt="{:.3f}"-->0.404<!--/num-->).
+#
+# Object words read their object <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > low@1" fmt="{:.1f}"-->4.2<!--/num-->× its area share low, <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > middle@1" fmt="{:.1f}"-->3.6<!--/num-->× middle, <!--num "notebooks/08_architectures.ipynb#out:half_selectivity (position words) > top@1" fmt="{:.1f}"-->2.3<!--/num-->× top: focus fades with height. A3 is
+# <!--num "notebooks/08_architectures.ipynb#out:A3 verdict" re="verdict: (.+)$"-->partly<!--/num--> only because the middle layer still focuses (b) and reads more background than the top (d); (a) and (c),
+# position words preferring their half, fail.
 
 # %% [markdown]
 # ## 6. CLIP: does the image embedding come from the named objects? (A4)
 #
-# The class token's attention mass on the objects the caption names, against their area share; and retrieval among
-# the standard samples, to show the towers match.
+# The class token's attention mass on the objects the caption names, against their area share; and retrieval
+# among the standard samples, to show the towers match.
 
 # %%
 rules("A4")
@@ -587,19 +548,19 @@ ACL.measure_dual_tower(board, CF)  # A4
 print(board.criteria_lines("A4", fmt="#.3g", shown=False))
 
 # %% [markdown]
-# **Reading it.** The class token, whose output is the image embedding, reads the named objects
-# <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@0"-->4.6<!--/num-->× their area share at most (layer <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@1"-->1<!--/num-->) and
-# <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@2"-->3.8<!--/num-->× in the last layer, the one A4 decides on (interval
-# <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects > A4: @1"-->3.21<!--/num-->–<!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects > A4: @2"-->4.67<!--/num-->: A4 <!--num "notebooks/08_architectures.ipynb#out:A4 verdict" re="verdict: (.+)$"-->holds<!--/num-->); every caption retrieves its own image (recall@1
-# <!--num "notebooks/08_architectures.ipynb#out:text->image recall@1 among the@2" fmt="{:.2f}"-->1.00<!--/num-->), so the towers match. The embedding is built from the objects, not the background.
+# **Reading it.** The class token, whose output is the image embedding, reads the named objects <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@0"-->4.6<!--/num-->× their area
+# share at most (layer <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@1"-->1<!--/num-->) and <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@2"-->3.8<!--/num-->× in the last layer, the one A4 decides on ([<!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects > A4: @1"-->3.21<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects > A4: @2"-->4.67<!--/num-->]: A4 <!--num "notebooks/08_architectures.ipynb#out:A4 verdict" re="verdict: (.+)$"-->holds<!--/num-->).
+#
+# Every caption retrieves its own image (recall@1 <!--num "notebooks/08_architectures.ipynb#out:text->image recall@1 among the@2" fmt="{:.2f}"-->1.00<!--/num-->): the towers match, and the embedding is built from the
+# objects, not the background.
 
 # %% [markdown]
 # ## 7. Janus: does answering read the image more than describing? (A5, A6)
 #
-# **Task switch.** The same images described (`describe the image .`) and questioned (one answer token): the image
+# **Task switch**: the same images described (`describe the image .`) and questioned (one answer token); the image
 # share of the query behind each generated token. **Suppression**: does an image-heavy token make the next read the
 # image less? **Drift**: does a caption third with a low image share more often name an object the scene lacks
-# (on `DRIFT_CAPTIONS` four-object scenes, where the captioner slips)?
+# (`DRIFT_CAPTIONS` four-object scenes)?
 
 # %%
 rules("A5", "A6")
@@ -625,19 +586,17 @@ ACL.measure_unified(board, describe, answer, series, TH, N_CAPTIONS)  # A5, A6
 print(board.criteria_lines("A5", "A6", fmt="#.3g", shown=False))
 
 # %% [markdown]
-# **Reading it.** Janus reads the image slightly *less* answering (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@1" fmt="{:.3f}"-->0.615<!--/num-->) than describing
-# (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@0" fmt="{:.3f}"-->0.631<!--/num-->): answer − describe lies in
-# [<!--num "notebooks/08_architectures.ipynb#out:A5 (a):@1"-->-0.0306<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A5 (a):@2"-->-0.000402<!--/num-->], wholly below 0, so A5 <!--num "notebooks/08_architectures.ipynb#out:A5 verdict" re="verdict: (.+)$"-->does not hold<!--/num-->. The study
-# reports <!--const the study's level, from its text-->~40%<!--/const--> describing and <!--const the study's level, from its text-->~60%<!--/const--> answering; here the two
-# nearly coincide. Suppression has the opposite sign: the lag-1 correlation is
-# <!--num "notebooks/08_architectures.ipynb#out:A6 (a):@0" fmt="{:+.2f}"-->+0.26<!--/num--> ([<!--num "notebooks/08_architectures.ipynb#out:A6 (a):@1" fmt="{:.2f}"-->0.18<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A6 (a):@2" fmt="{:.2f}"-->0.33<!--/num-->]): image-heavy tokens come in runs.
-# Drift is undecided: thirds with an error read the image about as much (<!--num "notebooks/08_architectures.ipynb#out:four-object scenes: > image share of thirds@0" fmt="{:.3f}"-->0.642<!--/num-->) as those without
-# (<!--num "notebooks/08_architectures.ipynb#out:four-object scenes: > image share of thirds@1" fmt="{:.3f}"-->0.653<!--/num-->); the AUROC, <!--num "notebooks/08_architectures.ipynb#out:A6 (b):@0" fmt="{:.2f}"-->0.58<!--/num--> ([<!--num "notebooks/08_architectures.ipynb#out:A6 (b):@1" fmt="{:.2f}"-->0.50<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A6 (b):@2" fmt="{:.2f}"-->0.67<!--/num-->]), straddles <!--const A6 (b)'s threshold, fixed before the run-->0.6<!--/const-->.
+# **Reading it.** Janus reads the image slightly *less* answering (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@1" fmt="{:.3f}"-->0.615<!--/num-->) than describing (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@0" fmt="{:.3f}"-->0.631<!--/num-->): answer − describe
+# lies in [<!--num "notebooks/08_architectures.ipynb#out:A5 (a):@1"-->-0.0306<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A5 (a):@2"-->-0.000402<!--/num-->], so A5 <!--num "notebooks/08_architectures.ipynb#out:A5 verdict" re="verdict: (.+)$"-->does not hold<!--/num-->; the study reports <!--const the study's level, from its text-->~40%<!--/const--> describing and <!--const the study's level, from its text-->~60%<!--/const--> answering.
+#
+# Suppression has the opposite sign: the lag-1 correlation is <!--num "notebooks/08_architectures.ipynb#out:A6 (a):@0" fmt="{:+.2f}"-->+0.26<!--/num--> ([<!--num "notebooks/08_architectures.ipynb#out:A6 (a):@1" fmt="{:.2f}"-->0.18<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A6 (a):@2" fmt="{:.2f}"-->0.33<!--/num-->]): image-heavy tokens come in runs.
+#
+# Drift is undecided: thirds with an error read the image about as much (<!--num "notebooks/08_architectures.ipynb#out:four-object scenes: > image share of thirds@0" fmt="{:.3f}"-->0.642<!--/num-->) as those without (<!--num "notebooks/08_architectures.ipynb#out:four-object scenes: > image share of thirds@1" fmt="{:.3f}"-->0.653<!--/num-->); the AUROC,
+# <!--num "notebooks/08_architectures.ipynb#out:A6 (b):@0" fmt="{:.2f}"-->0.58<!--/num--> ([<!--num "notebooks/08_architectures.ipynb#out:A6 (b):@1" fmt="{:.2f}"-->0.50<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A6 (b):@2" fmt="{:.2f}"-->0.67<!--/num-->]), straddles <!--const A6 (b)'s threshold, fixed before the run-->0.6<!--/const-->.
 
 # %% [markdown]
-# **Drawing.** Janus draws an image as a sequence of image tokens (codes of its image quantiser), one per step; the
-# image share of the query producing each, against an even reading's, says how much the drawing leans on itself. The world's checker judges
-# colour and position.
+# **Drawing.** Janus draws an image as a sequence of image tokens (codes of its image quantiser); the image share of
+# the query producing each, against an even reading's, says how much the drawing leans on itself.
 
 # %%
 drawings = []
@@ -673,17 +632,18 @@ if drawings:
     print(f"share / even by third of the drawing: {', '.join(f'{t.mean():.2f}x' for t in np.array_split(x, 3))}")
 
 # %% [markdown]
-# **Reading it.** Janus drew <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@0"-->4<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@1"-->4<!--/num--> pictures
-# (<!--num "notebooks/08_architectures.ipynb#out:drawings of" re="of (\d+x\d+) pixels"-->32x32<!--/num--> pixels, <!--num "notebooks/08_architectures.ipynb#out:drawings of" re="(\d+) image tokens"-->64<!--/num--> tokens) in the asked colour, <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@2"-->4<!--/num--> of those in the asked place.
-# Its image share climbs from <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > the image share goes@0" fmt="{:.2f}"-->0.09<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > the image share goes@1" fmt="{:.2f}"-->0.79<!--/num-->, but so does an even reading's (<!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > an even reading's from@0" fmt="{:.2f}"-->0.08<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > an even reading's from@1" fmt="{:.2f}"-->0.84<!--/num-->) as its
-# own tokens fill the keys: the drawing leans on itself more than even early (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@0" fmt="{:.2f}"-->1.22<!--/num-->× over the first third,
-# peaking at <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@1" fmt="{:.2f}"-->1.43<!--/num-->× after <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@2"-->4<!--/num--> tokens), barely in the middle third (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@1" fmt="{:.2f}"-->1.03<!--/num-->×) and less in the last
-# (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@2" fmt="{:.2f}"-->0.95<!--/num-->×).
+# **Reading it.** Janus drew <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@0"-->4<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@1"-->4<!--/num--> pictures (<!--num "notebooks/08_architectures.ipynb#out:drawings of" re="of (\d+x\d+) pixels"-->32x32<!--/num--> pixels, <!--num "notebooks/08_architectures.ipynb#out:drawings of" re="(\d+) image tokens"-->64<!--/num--> tokens) in the asked colour, <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@2"-->4<!--/num--> of those in
+# the asked place.
+#
+# Its image share climbs from <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > the image share goes@0" fmt="{:.2f}"-->0.09<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > the image share goes@1" fmt="{:.2f}"-->0.79<!--/num-->, but so does an even reading's (<!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > an even reading's from@0" fmt="{:.2f}"-->0.08<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > an even reading's from@1" fmt="{:.2f}"-->0.84<!--/num-->) as its own tokens fill the keys.
+#
+# Against even, the drawing leans on itself early (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@0" fmt="{:.2f}"-->1.22<!--/num-->× over the first third, peaking at <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@1" fmt="{:.2f}"-->1.43<!--/num-->× after <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@2"-->4<!--/num--> tokens),
+# barely in the middle (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@1" fmt="{:.2f}"-->1.03<!--/num-->×) and less at the end (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@2" fmt="{:.2f}"-->0.95<!--/num-->×).
 
 # %% [markdown]
 # ## 8. Claims scoreboard, and what to do on your model
 #
-# Sections 4–7 measured claims A1–A6 (a model left out marks its claims "not measurable here"); one line each:
+# Sections 4–7's claims, one line each, with what each verdict means for you:
 
 # %% tags=["nbval-check-output"]
 board.save(out / "scoreboard.json")
@@ -694,8 +654,7 @@ board.show()
 
 # %% [markdown]
 # **Reading the scoreboard.** A claim stays "inconclusive" while any criterion is undecided, even when another
-# already fails (A2). **What each measurement means for a cache** (each row's advice is written once, beside its
-# claim in `unicache_lib/claims.py`):
+# already fails (A2). What each measurement means for a cache (advice from `unicache_lib/claims.py`):
 
 # %%
 WrappedTable(ACL.decisions(healthy, blind, summary if three else None, best, CF, describe, answer, series, role_share))
@@ -703,43 +662,33 @@ WrappedTable(ACL.decisions(healthy, blind, summary if three else None, best, CF,
 # %% [markdown]
 # ## What this run showed, against the study
 #
-# - **§2**: except in the MMDiT (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->× even), the text reads the image less than an even reading
-#   would: a large image share is the image's size, not a pull.
-# - **§3**: focused heads are rare (LLaVA: one, as 02 found); shape words land on their object
-#   <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->× (LLaVA) to
+# - **§2**: the text reads the image less than an even reading would, except in the MMDiT (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->× even).
+# - **§3**: focused heads are rare; shape words land on their object <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@0"-->4.0<!--/num-->× (LLaVA) to
 #   <!--num "notebooks/08_architectures.ipynb#out:best band's IoU over chance@1"-->10.2<!--/num-->× (ViLT) a random region.
-# - **A1, undecided**: ViLT's image queries keep most attention on image keys, as an even reading would; whether
-#   they give the text less than even is undecided (<!--num "data/results/08_architectures.json#[claim=A1].criteria[name=b].value" fmt="{:.2f}"-->0.88<!--/num--> of even): more early, less late.
-# - **A2, against the study's reading**: the cross-modal share sits on the threshold, yet blinding the image tokens
-#   to the text costs <!--num "data/results/08_architectures.json#[claim=A2].criteria[name=b].value" fmt="{:.2f}"-->0.44<!--/num--> of accuracy: a small share did not mean no injection.
-# - **A3, opposite order**: Mllama's lowest cross-attention layer focuses most, focus fades upward, and position
-#   words barely prefer their half.
+# - **A1, undecided**: ViLT's image queries give the text <!--num "data/results/08_architectures.json#[claim=A1].criteria[name=b].value" fmt="{:.2f}"-->0.88<!--/num--> of even: more early, less late.
+# - **A2**: blinding image tokens to the text costs <!--num "data/results/08_architectures.json#[claim=A2].criteria[name=b].value" fmt="{:.2f}"-->0.44<!--/num--> of accuracy.
+# - **A3, opposite order**: focus fades upward from Mllama's lowest cross-attention layer.
 # - **A4 holds**: CLIP's class token reads the named objects <!--num "data/results/08_architectures.json#[claim=A4].value" fmt="{:.1f}"-->3.8<!--/num-->× their area share.
-# - **A5 does not hold**, so one image-KV budget serves both tasks: Janus reads the image slightly less answering
-#   than describing, not the study's <!--const the study's level, from its text-->~40%<!--/const--> / <!--const the study's level, from its text-->~60%<!--/const-->.
+# - **A5 does not hold**: one image-KV budget serves both tasks.
 # - **A6, opposite sign**: image-heavy tokens come in runs; drift is undecided.
 
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a parameter) to ★★★ (a new measurement); answers in
-# [solutions/08_architectures.py](../solutions/08_architectures.py). Each starter leaves one gap: code to write
-# (`... # <- write`) or a value to choose (`... # <- fill in`), and checks it once filled.
+# Answers: [solutions/08_architectures.py](../solutions/08_architectures.py). Each starter leaves one gap, code to
+# write (`# <- write`) or a value (`# <- fill in`), and checks it.
 #
-# 1. ★★ In §4, blind the *text* to the image instead: write the mask of the map cells where a text query reads an
-#    image key. What happens to ViLT's accuracy, and where is the answer read? Compare with the cards' "images
-#    shuffled" accuracy.
-# 2. ★★ Does the wording move the focus? §3's word → object measure on Mllama with the model's own yes/no
-#    question (template in `unicache_lib/world/text.py`) against §3's: which cross-attention layer lands best with
-#    each, and is the shape word [selective](../docs/GLOSSARY.md#selectivity) there?
-# 3. ★★★ Measure A5 per layer from the capture records: write the function that reads one layer's image share of
-#    the generated tokens. In which layers does answering read the image more than describing?
-# 4. ★★ Write the share of focused heads at any cut-off from §3's per-head table `HR`, then lower the cut-off to
-#    <!--const a cut-off the exercise sets-->0.3<!--/const-->. Which models gain focused heads; does the ranking change?
-# 5. ★★ Give every CLIP sample another sample's caption (write the list), capture again (`AR.capture_both_towers`)
-#    and compare the maps with `torch.equal`. Does the image tower look elsewhere?
-# 6. ★★ Blind ViLT's image queries to the text one layer at a time (`AR.fusion_correct(..., blind=True,
-#    layers=[k])`). Which layer's text injection does the answer need most?
+# 1. ★★ Blind the *text* to the image instead: write the mask of the cells where a text query reads an image key.
+#    What happens to ViLT's accuracy?
+# 2. ★★ §3's word → object measure on Mllama with its own yes/no question (`unicache_lib/world/text.py`): which
+#    layer lands best, and is the shape word [selective](../docs/GLOSSARY.md#selectivity) there?
+# 3. ★★★ A5 per layer: write the function that reads each layer's image share of the generated tokens. Where
+#    does answering read the image more than describing?
+# 4. ★★ Write the share of focused heads at any cut-off (§3's `HR`), then lower it to <!--const a cut-off the exercise sets-->0.3<!--/const-->. Which models gain
+#    focused heads; does the ranking change?
+# 5. ★★ Give every CLIP sample another sample's caption (write the list): does the image tower look elsewhere?
+# 6. ★★ Write `layer_drop(k)`, the accuracy ViLT loses when only layer k's image queries are blind to the text.
+#    Which layer's injection does the answer need most; do the layers' losses add up to blinding them all?
 
 # %%
 # Exercise 1 starter: ViLT with its *text* queries blind to the image keys (the mirror of §4), on 100 of §4's questions
@@ -861,22 +810,34 @@ else:
 
 # %%
 # Exercise 6 starter: ViLT's image queries blind to the text in one layer at a time, on 200 of §4's questions
-layers = ...  # <- fill in: the ViLT layers to try, one at a time
+def layer_drop(k):
+    """The accuracy ViLT loses on ``qas[:200]`` when only layer ``k``'s image queries are blind to the text keys:
+    the healthy accuracy on those questions minus the blinded one. ``AR.fusion_correct(*models[VL], questions,
+    blind=True, layers=[k])`` gives one 1 (right) or 0 (wrong) per question; ``healthy`` holds §4's healthy ones."""
+    ...  # <- write: the body
+
+
+vl_layers = sorted(x.layer for x in family_of(models[VL][0]).sites(models[VL][0], ("language",))) if VL in models else []
+first = layer_drop(vl_layers[0]) if vl_layers else None
 if VL not in models:
     print("no ViLT in this run")
-elif layers is ...:
-    print("Fill in `layers`, then run this cell again.")
+elif first is None:
+    print("Write the body of `layer_drop`, then run this cell again.")
 else:
-    few = qas[:200]
-    print(f"none {healthy[:200].mean():.3f}; all {blind[:200].mean():.3f}; " + "; ".join(
-        f"layer {k} {AR.fusion_correct(*models[VL], few, blind=True, layers=[k]).mean():.3f}" for k in layers))
+    drops = {vl_layers[0]: float(first)} | {k: float(layer_drop(k)) for k in vl_layers[1:]}
+    k1 = vl_layers[1]  # one layer checked against a run of its own
+    want = float(healthy[:200].mean() - AR.fusion_correct(*models[VL], qas[:200], blind=True, layers=[k1]).mean())
+    if abs(drops[k1] - want) > 1e-9:
+        print(f"not yet: layer {k1} loses {want:.3f} of accuracy, yours says {drops[k1]:.3f}")
+    else:
+        print("correct; accuracy lost with one layer blind: " + ", ".join(f"L{k} {d:.3f}" for k, d in drops.items()))
+        print(f"summed over layers {sum(drops.values()):.3f}; every layer blind at once "
+              f"{float(healthy[:200].mean() - blind[:200].mean()):.3f}")
 
 # %% [markdown]
 # ## Next steps
 #
-# > **Your checkpoint.** Every claim here was tested on small models of coloured shapes. To test one on a real
-# > checkpoint, point its parameter there and run this notebook with papermill on a GPU, e.g.
+# > **Your checkpoint.** To test a claim on a real checkpoint, set its parameter and run on a GPU, e.g.
 # > `papermill notebooks/08_architectures.ipynb outputs/08_vilt.ipynb -p VILT dandelin/vilt-b32-finetuned-vqa -p
 # > LLAVA None -p MLLAMA None -p CLIP None -p UNIFIED None -p MMDIT None -p PIXART None -p OUT_DIR
-# > outputs/08_vilt` (A1, A2 on that model); `None` leaves a model out and marks its claims "not measurable here".
-# > With your own samples (`SAMPLES`), LLaVA is captured afresh instead of read from 02's store.
+# > outputs/08_vilt` (A1, A2 on that model; `None` marks a model's claims "not measurable here").
