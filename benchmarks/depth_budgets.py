@@ -40,7 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate import KEEP, parse_budgets, read_shards, write_shard  # noqa: E402  (the decisive runs' shard format)
 
-from unicache_lib.core.errors import UnicacheError  # noqa: E402
+from unicache_lib.core.errors import InputError, UnicacheError  # noqa: E402
+from unicache_lib.paths import check_output_path, record_output_files  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate_depth"
@@ -54,6 +55,41 @@ GAMMAS = (-4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0)
 DESIGN_FILE = RESULTS / f"depth_design_{MODEL}.json"
 BASE = "key_coverage_merge"
 DEPTH = f"{BASE}@profile"
+TOOL = "depth_budgets.py"
+
+
+def write_owned(path: Path, data: bytes, out: Path | None) -> Path:
+    """Write ``data`` to ``path`` atomically (a temporary file renamed over it). ``out``: the ``--out`` the user gave
+    (None for the default folders, the tool's own): then ``path`` must lie under it and goes through the project's
+    output-folder check (:func:`unicache_lib.paths.check_output_path`: never a repository folder, never over a file
+    this tool did not write: its ``.unicache-output`` marker lists what it wrote with the SHA-256), recorded in that
+    marker before it is written; the folder is locked meanwhile (the ranks write at once)."""
+    import fcntl
+
+    if out is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return path
+    base = check_output_path(out, "--out", TOOL)
+    rel = Path(os.path.abspath(path)).relative_to(base).as_posix()
+    base.mkdir(parents=True, exist_ok=True)
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        check_output_path(out, "--out", TOOL, files=[rel])
+        record_output_files(base, TOOL, {rel: data})
+        dest = base / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.parent.resolve() != dest.parent.absolute():
+            raise InputError(f"--out {str(out)!r}: {dest.parent} is a symbolic link: {TOOL} never writes through one")
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+    finally:
+        os.close(fd)
+    return base / rel
 
 # Written before any held-out number (issue #63). (id, method, tokens, against, threshold): against "full" -> the share
 # of the full cache's accuracy must reach the threshold; a method -> the paired accuracy difference must exceed it;
@@ -127,9 +163,9 @@ def results_folder(out: Path | None, full: bool) -> Path:
     return RESULTS if out is None and full else (OUT if out is None else out) / "results"
 
 
-def design(results: Path = RESULTS) -> dict:
+def design(results: Path = RESULTS, out: Path | None = None) -> dict:
     """Measure the reading widths per layer on the design split and choose gamma there; written to
-    ``results`` (:func:`results_folder`)."""
+    ``results`` (:func:`results_folder`; :func:`write_owned`, ``out`` the ``--out`` given)."""
     from unicache_lib.families import family_of
     from unicache_lib.kv.cache import answer, evict, prefill, split_prompt
     from unicache_lib.kv.evaluate import run_eviction
@@ -167,15 +203,12 @@ def design(results: Path = RESULTS) -> dict:
            "n_image": n_image, "gamma": best, "counts": counts,
            "accuracy": {k: {f"{b * n_image:.0f}": round(float(v), 4) for b, v in row.items()} for k, row in acc.iterrows()},
            "kl": {k: {f"{b * n_image:.0f}": round(float(v), 5) for b, v in row.items()} for k, row in kl.iterrows()}}
-    results.mkdir(parents=True, exist_ok=True)
-    dest = results / DESIGN_FILE.name
-    tmp = dest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=1))
-    os.replace(tmp, dest)
+    write_owned(results / DESIGN_FILE.name, json.dumps(rec, indent=1).encode(), out)
     return rec
 
 
-def run_shard(n: int, rank: int, world: int, out: Path = OUT, design_file: Path = DESIGN_FILE) -> Path:
+def run_shard(n: int, rank: int, world: int, out: Path = OUT, design_file: Path = DESIGN_FILE,
+              given: Path | None = None) -> Path:
     from unicache_lib.families import family_of
     from unicache_lib.kv.evaluate import run_eviction
     from unicache_lib.store import shard_samples
@@ -193,7 +226,26 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, design_file: Path 
     R["question"] = [ids[i] for i in R["question"]]
     meta = {"n": n, "rank": rank, "world": world, "model": MODEL, "budgets": list(budgets), "gamma": rec["gamma"],
             "question_seed": QUESTION_SEED, "n_image": n_image, "seconds": round(time.perf_counter() - t0, 1)}
-    return write_shard(out, R[KEEP], meta)
+    if given is None:
+        return write_shard(out, R[KEEP], meta)
+    return write_owned_shard(out, R[KEEP], meta, given)
+
+
+def shard_names(rank: int, world: int) -> list[str]:
+    return [f"rows-rank{rank}-of-{world}.csv", f"rows-rank{rank}-of-{world}.json"]
+
+
+def write_owned_shard(out: Path, rows: pd.DataFrame, meta: dict, given: Path) -> Path:
+    """benchmarks/evaluate.py's shard format (the CSV, then its settings with the CSV's row count and SHA-256, the
+    settings last), each file through :func:`write_owned` into the ``--out`` the user gave."""
+    import hashlib
+
+    csv_name, json_name = shard_names(meta["rank"], meta["world"])
+    data = rows.to_csv(index=False).encode()
+    meta = {**meta, "rows": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
+    path = write_owned(out / csv_name, data, given)
+    write_owned(out / json_name, json.dumps(meta).encode(), given)
+    return path
 
 
 def decide(R: pd.DataFrame, n_image: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -265,31 +317,43 @@ def main(argv=None) -> int:
         ap.error("--out is empty: name the folder the ranks write (default outputs/evaluate_depth)")
     given = None if args.out is None else Path(args.out)
     args.out = OUT if given is None else given
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if given is not None:  # before anything loads: not a repository folder, nothing of yours replaced
+        names = ([f"results/{DESIGN_FILE.name}"] if args.design else
+                 [f"results/evaluate_depth_{MODEL}.csv", f"results/evaluate_depth_shares_{MODEL}.csv"] if args.merge
+                 else shard_names(rank, world))
+        try:
+            given = check_output_path(given, "--out", TOOL, files=names)
+        except InputError as e:
+            print(f"{TOOL}: error: {e}", file=sys.stderr)
+            return 2
+        args.out = given
     torch.set_num_threads(1)
     if args.design:
-        rec = design(results_folder(given, full=True))
+        rec = design(results_folder(given, full=True), given)
         print(json.dumps({k: rec[k] for k in ("widths", "gamma", "counts")}))
         print(pd.concat({"accuracy": pd.DataFrame(rec["accuracy"]).T, "kl": pd.DataFrame(rec["kl"]).T}, axis=1).to_string())
         return 0
     if args.merge:
         try:
             R, n, world, metas = merged(args.out)
+            results = results_folder(given, full=n >= FULL)  # --out given: never the committed results
+            verdicts, shares = decide(R, metas[0]["n_image"])
+            write_owned(results / f"evaluate_depth_{MODEL}.csv",
+                        verdicts.assign(model=MODEL, gamma=metas[0]["gamma"]).to_csv(index=False).encode(), given)
+            write_owned(results / f"evaluate_depth_shares_{MODEL}.csv",
+                        shares.assign(model=MODEL).to_csv(index=False).encode(), given)
         except (UnicacheError, SystemExit) as e:  # one line, no traceback: what is wrong and what to do
             print(f"depth_budgets.py --merge: {e}", file=sys.stderr)
             return 2
-        results = results_folder(given, full=n >= FULL)  # --out given: never the committed results
-        results.mkdir(parents=True, exist_ok=True)
-        verdicts, shares = decide(R, metas[0]["n_image"])
-        verdicts.assign(model=MODEL, gamma=metas[0]["gamma"]).to_csv(results / f"evaluate_depth_{MODEL}.csv", index=False)
-        shares.assign(model=MODEL).to_csv(results / f"evaluate_depth_shares_{MODEL}.csv", index=False)
         print(f"{n} questions over {world} process(es), slowest shard {max(m['seconds'] for m in metas) / 60:.1f} min; "
               f"verdicts and shares written to {results}")
         print(verdicts.round(4).to_string(index=False))
         print(shares.round(4).to_string(index=False))
         return 0
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     own = results_folder(given, full=True) / DESIGN_FILE.name  # a design run with this --out, else the committed one
-    print(f"rank {rank} of {world}: {run_shard(args.questions, rank, world, args.out, own if own.exists() else DESIGN_FILE)}")
+    design_file = own if own.exists() else DESIGN_FILE
+    print(f"rank {rank} of {world}: {run_shard(args.questions, rank, world, args.out, design_file, given)}")
     return 0
 
 

@@ -700,7 +700,7 @@ def test_depth_budgets_writes_every_result_under_its_own_out(step, tmp_path, mon
     monkeypatch.setattr(DB, "merged", lambda out: (None, n, 2, [{"n_image": 576, "gamma": 0.0, "seconds": 60.0}]))
     monkeypatch.setattr(DB, "decide", lambda R, n_image: (pd.DataFrame({"rule": ["D1"]}), pd.DataFrame({"share": [1]})))
 
-    def design(results):
+    def design(results, out=None):
         results.mkdir(parents=True)
         (results / DB.DESIGN_FILE.name).write_text("{}")
         return {"widths": [], "gamma": 0.0, "counts": {}, "accuracy": {}, "kl": {}}
@@ -716,6 +716,77 @@ def test_depth_budgets_writes_every_result_under_its_own_out(step, tmp_path, mon
                        [f"evaluate_depth_shares_{DB.MODEL}.csv", f"evaluate_depth_{DB.MODEL}.csv"]), written
     assert DB.main(args) == 0  # the default --out: a full-size run (or the design) replaces the committed files
     assert (committed if n >= DB.FULL else default / "results").is_dir()
+
+
+def _depth_budgets(monkeypatch, tmp_path):
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import depth_budgets as DB
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.setattr(DB, "RESULTS", tmp_path / "committed")
+    monkeypatch.setattr(DB, "OUT", tmp_path / "default")
+    monkeypatch.setattr(DB, "merged", lambda out: (None, 300, 1, [{"n_image": 576, "gamma": 0.0, "seconds": 6.0}]))
+    monkeypatch.setattr(DB, "decide", lambda R, n_image: (pd.DataFrame({"rule": ["D1"]}), pd.DataFrame({"share": [1]})))
+    monkeypatch.setattr(DB, "run_shard", lambda *a, **k: pytest.fail("the run started before --out was checked"))
+    return DB
+
+
+@pytest.mark.parametrize("value", ["docs", ".", "notebooks", "data"])
+def test_depth_budgets_out_refuses_the_repository_folders(value, tmp_path, monkeypatch, capsys):
+    """U4/U5 (#60 round IV): `depth_budgets.py --questions 2 --out docs` wrote its shards into docs/, `--merge --out
+    docs` docs/results/: --out went through no output-folder check. Now unicache_lib.paths.check_output_path, before
+    anything loads: one line, exit 2, nothing written, for a shard run, the merge and the design."""
+    DB = _depth_budgets(monkeypatch, tmp_path)
+    monkeypatch.chdir(ROOT)
+    before = subprocess.run(["git", "-C", str(ROOT), "status", "--short", "--", value], capture_output=True,
+                            text=True).stdout
+    for step in ([], ["--merge"], ["--design"]):
+        assert DB.main([*step, "--questions", "2", "--out", value]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("depth_budgets.py: error: --out ") and "repository" in err, err
+    after = subprocess.run(["git", "-C", str(ROOT), "status", "--short", "--", value], capture_output=True,
+                           text=True).stdout
+    assert after == before
+
+
+def test_depth_budgets_never_replaces_a_file_it_did_not_write(tmp_path, monkeypatch, capsys):
+    """L3: `--merge --out mine` replaced mine/results/evaluate_depth_tiny-llava-576.csv ("my notes") with its verdicts.
+    Now every file goes through the output-folder marker (SHA-256 per file): yours is refused in one line and kept;
+    the tool's own earlier output is replaced; a shard of yours named rows-rank0-of-1.csv is refused too, and a shard
+    the tool wrote reads back through evaluate.read_shards."""
+    import pandas as pd
+
+    DB = _depth_budgets(monkeypatch, tmp_path)
+    mine = tmp_path / "mine"
+    (mine / "results").mkdir(parents=True)
+    notes = mine / "results" / f"evaluate_depth_{DB.MODEL}.csv"
+    notes.write_text("my notes")
+    assert DB.main(["--merge", "--out", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did not write" in err and f"evaluate_depth_{DB.MODEL}.csv" in err, err
+    assert notes.read_text() == "my notes"
+    notes.unlink()
+    assert DB.main(["--merge", "--out", str(mine)]) == 0  # its own folder: written, then replaced on a re-run
+    assert DB.main(["--merge", "--out", str(mine)]) == 0
+    capsys.readouterr()
+    assert notes.read_text().startswith("rule,")
+    # the shards: through the same marker, in evaluate.py's format
+    rows = pd.DataFrame({"question": [0, 1], "method": ["full", "full"]})
+    meta = {"n": 2, "rank": 0, "world": 1, "model": DB.MODEL}
+    DB.write_owned_shard(mine, rows, meta, mine)
+    from evaluate import read_shards
+
+    back, metas, n, world = read_shards(mine, ("n", "world", "model"), "evaluate-depth")
+    assert len(back) == 2 and n == 2 and world == 1
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "rows-rank0-of-1.csv").write_text("mine")
+    with pytest.raises(InputError, match="did not write"):
+        DB.write_owned_shard(theirs, rows, meta, theirs)
+    assert (theirs / "rows-rank0-of-1.csv").read_text() == "mine"
 
 
 # ------------------------------------------------------------------------------------------ the helpers themselves
