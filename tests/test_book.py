@@ -568,8 +568,9 @@ def test_the_site_in_a_browser(site, pages, server, explorers, mini_site):
         pw.expect(drawer.locator("a[href='notebooks/00_primer.html']")).to_be_visible()
         browser.close()
     assert {"_test/explorers.html", "_test/mini/notebooks/00_demo.html"} <= set(with_sliders) and moved >= 4
-    # the lessons whose explorers have a kernel-free form redraw in the page (02: layers, 03: steps)
-    assert {f"notebooks/{n}.html" for n in ("02_understanding_maps", "03_diffusion_steps")} <= set(with_sliders), \
+    # every lesson's explorer redraws in the page (02: layers, 03: steps, 07: the right and wrong answers, 08: models)
+    lessons_with = ("02_understanding_maps", "03_diffusion_steps", "07_diagnostics", "08_architectures")
+    assert {f"notebooks/{n}.html" for n in lessons_with} <= set(with_sliders), \
         with_sliders
     assert not too_wide, too_wide[:10]
     assert not outside, outside[:10]
