@@ -128,11 +128,9 @@ def test_every_lesson_declares_its_rules_as_data_on_a_fresh_board():
         board.declare(rules_of(nb, **fill))
         assert set(board.rows) == set(rules_of(nb, **fill)), nb
         assert all("{" not in r.rule_text for r in board.rows.values()), f"{nb}: an unfilled text field"
-    views = {("diffusion_claims", "RULES"): "03_diffusion_steps", ("pruning_claims", "RULES"): "04_head_pruning",
-             ("diagnostics_claims", "RULES"): "07_diagnostics", ("architecture_claims", "RULES"): "08_architectures",
-             ("caching_claims", "EVICTION_RULES"): "05_kv_eviction", ("caching_claims", "REUSE_RULES"): "06_step_reuse"}
-    for (mod, name), nb in views.items():  # the modules' tables are views of the one source, not copies
-        assert getattr(importlib.import_module(f"unicache_lib.analysis.{mod}"), name) == rules_of(nb), (mod, name)
+    for nb, lesson in lessons.discover().items():  # the modules' tables its record names are views of the one source
+        for ref, table in lesson.rule_tables().items():
+            assert table == rules_of(nb), (nb, ref)
     board = Scoreboard()
     board.declare(rules_of("01_capture", k=3))
     assert "top-3 anchors" in board.rows["M3"].rule_text
