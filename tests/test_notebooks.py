@@ -374,7 +374,7 @@ YOUR_DATA_RUNS = {  # notebook -> (its quick parameters, the data parameter, how
     "01_capture.ipynb": (QUICK["01_capture.ipynb"], "SAMPLES", "samples"),
     "02_understanding_maps.ipynb": (QUICK["02_understanding_maps.ipynb"], "SAMPLES", "samples"),
     "04_head_pruning.ipynb": (dict(N_QUESTIONS=60, N_GRADIENT=8, FRACTIONS=[0.0, 0.1], RANDOM_SEEDS=2, GENERATORS=[],
-                                   TIMING_REPEATS=2, PER_TYPE=1, UNDERSTANDING_STORE="OUT/none"), "SAMPLES", "samples"),
+                                   CONTROL_DRAWS=2, TIMING_REPEATS=2, PER_TYPE=1, UNDERSTANDING_STORE="OUT/none"), "SAMPLES", "samples"),
     "07_diagnostics.ipynb": (QUICK["07_diagnostics.ipynb"], "SAMPLES", "samples"),
     "03_diffusion_steps.ipynb": (QUICK["03_diffusion_steps.ipynb"], "PROMPTS", (2, 2)),
     "06_step_reuse.ipynb": (QUICK["06_step_reuse.ipynb"], "PROMPTS", (8, 0)),
