@@ -89,6 +89,42 @@ def test_a_lock_file_linked_outside_is_never_written_through(tmp_path, op):
     assert outside.read_text() == "mine"
 
 
+@pytest.mark.parametrize("op", ["repair", "resumed write", "drop", "remove_store", "index append"])
+def test_a_lock_or_index_hard_linked_to_a_file_outside_is_never_written_through(tmp_path, op):
+    """U6-U8 (#60 round IV): a hard link passes every lstat check (a regular file in the folder). `.lock-rank00000`
+    hard-linked to a file outside: repair() and a resumed write overwrote it with the holder's JSON; the index
+    hard-linked: a write appended its line to the outside file. Now a file the store opens for writing must have one
+    name (core.untrusted.open_inside / stat_inside, locks.acquire): refused in one line, the outside file keeps its
+    bytes, verify() names the link; removing the name (the advice) lets the operation run."""
+    path = tmp_path / "s"
+    log = two_samples(path)
+    outside = tmp_path / "precious.txt"
+    if op == "index append":
+        outside.write_bytes(log.read_bytes())
+        name = log
+    else:
+        outside.write_text("mine")
+        name = path / ".lock-rank00000"
+    before = outside.read_bytes()
+    name.unlink()
+    os.link(outside, name)
+    calls = {"repair": lambda: Store(path).repair(), "resumed write": lambda: Store(path).write([rec(2, 0)]),
+             "drop": lambda: Store(path).drop([K0]), "remove_store": lambda: remove_store(path),
+             "index append": lambda: Store(path).write([rec(2, 0)])}
+    with pytest.raises(UnicacheError) as e:
+        calls[op]()
+    assert name.name in one_line(e.value) and "hard link" in str(e.value), str(e.value)
+    assert outside.read_bytes() == before
+    assert any(name.name in p and "hard link" in p for p in Store(path).verify())
+    if op == "index append":
+        name.unlink()
+        shutil.copyfile(outside, name)  # the advice: a copy, not a link
+    else:
+        name.unlink()
+    calls[op]()
+    assert outside.read_bytes() == before
+
+
 @pytest.mark.parametrize("op", ["verify and repair", "write"])
 def test_a_rank_folder_linked_outside_is_never_followed(tmp_path, op):
     """rank00001 a symlink to a folder outside: verify() used to list that folder's contents as leftovers and repair()

@@ -134,6 +134,10 @@ def acquire(path, what: str, advice: str) -> WriterLock:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise InputError(f"lock file {path} is not a regular file (a FIFO, device or folder): it is "
                                      f"never written. Remove it (os.unlink) and try again")
+                if os.fstat(fd).st_nlink > 1:
+                    raise InputError(f"lock file {path} has {os.fstat(fd).st_nlink} names (a hard link: the same file "
+                                     f"may sit outside the folder under another name): it is never written. Remove "
+                                     f"it (os.unlink) and try again")
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)

@@ -981,7 +981,7 @@ class Store:
     def _scan(self) -> tuple[list[Path], list[tuple[Path, str]]]:
         """``(leftovers, strangers)``. Leftovers of interrupted writes: temporary files and chunk folders no line of
         any index names. Strangers: a symbolic link, FIFO, device or socket under a name the store uses for its own
-        files and folders (``meta.json``, ``index-rank*``, ``.lock-rank*``, ``rank*``, ``rank*/chunk*``), with what
+        files and folders, or a hard link under the name of a file it writes (lock, index, meta) (``meta.json``, ``index-rank*``, ``.lock-rank*``, ``rank*``, ``rank*/chunk*``), with what
         it is. Only real folders of the store are looked into: a link is never followed."""
         with self._guard:
             self._current()
@@ -996,11 +996,16 @@ class Store:
             for d in found:
                 p, n = Path(d.path), d.name
                 try:
-                    mode = d.stat(follow_symlinks=False).st_mode
+                    lst = d.stat(follow_symlinks=False)
                 except OSError:
                     continue
+                mode = lst.st_mode
                 own = (n == "meta.json" or n.startswith(("index-rank", ".lock-rank", "rank"))) if depth == 0 else \
                     depth == 1 and n.startswith("chunk")
+                if own and depth == 0 and stat.S_ISREG(mode) and lst.st_nlink > 1:  # a lock, index or meta it writes
+                    strangers.append((p, f"a hard link ({lst.st_nlink} names: the same file may sit outside the "
+                                         f"store), never written through"))
+                    continue
                 if n.startswith(".") and n.endswith(".tmp") and not stat.S_ISDIR(mode):
                     tmp.append(p)  # (removing a link or FIFO removes the name, never what it points to)
                 elif own and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):

@@ -4,7 +4,8 @@ A samples folder, a prompts file, a store's index or a decisive run's shard is u
 one helper here, used wherever such input is read or shown:
 
 - a path read from data names a file *inside* the folder it came from, and a regular one: no ``..``, no absolute
-  path, no symlink that leaves the folder, no FIFO or device; one family does it, lstat by lstat with every part
+  path, no symlink that leaves the folder, no FIFO or device, and a file opened for writing has one name (no hard
+  link that may sit outside); one family does it, lstat by lstat with every part
   opened with O_NOFOLLOW (:func:`open_inside`, :func:`read_inside`, :func:`write_inside`, :func:`folder_inside`,
   :func:`unlink_inside`; :func:`stat_inside` and :func:`path_inside` judge without opening);
 - text from data that meets HTML is escaped (:func:`html_text`), quotes included, so it can sit in an attribute;
@@ -207,6 +208,8 @@ def stat_inside(base, rel, *, links: bool = True, write: bool = False, error=Inp
         _fail(error, what, base, rel, str(e), fix)
     if st is not None and not stat.S_ISREG(st.st_mode):
         _fail(error, what, base, rel, _kind_reason(st.st_mode), fix)
+    if write and st is not None and st.st_nlink > 1:
+        _fail(error, what, base, rel, _hard_link_reason(st.st_nlink), fix)
     return st
 
 
@@ -227,6 +230,11 @@ def path_inside(base, rel, *, folder: bool = False, error=InputError, what: str 
         _fail(error, what, base, rel, f"is {file_kind(st.st_mode)}, not a {'folder' if folder else 'regular file'}",
               fix)
     return Path(root, *parts)
+
+def _hard_link_reason(n: int) -> str:
+    return (f"has {n} names (a hard link: the same file may sit outside the folder under another name): it is never "
+            f"written through; copy it (cp, not ln) or remove this name (os.unlink)")
+
 
 def _kind_reason(mode: int) -> str:
     kind = file_kind(mode)
@@ -249,6 +257,8 @@ def open_inside(base, rel, flags: int = os.O_RDONLY, mode: int = 0o644, *, links
             raise _Refused("is missing")
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise _Refused(_kind_reason(st.st_mode))
+        if write and st is not None and st.st_nlink > 1:
+            raise _Refused(_hard_link_reason(st.st_nlink))
         dfd = _folder_fd(root, parts[:-1], create=False)
         try:
             fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode, dir_fd=dfd)
@@ -264,6 +274,9 @@ def open_inside(base, rel, flags: int = os.O_RDONLY, mode: int = 0o644, *, links
         if not stat.S_ISREG(fst.st_mode):
             os.close(fd)
             raise _Refused(_kind_reason(fst.st_mode))
+        if write and fst.st_nlink > 1:
+            os.close(fd)
+            raise _Refused(_hard_link_reason(fst.st_nlink))
         return fd
     except _Refused as e:
         _fail(error, what, base, rel, str(e), fix)
