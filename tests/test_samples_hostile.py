@@ -273,6 +273,43 @@ def test_the_generator_refuses_an_empty_out(tmp_path, value, capsys, monkeypatch
     assert e.value.code == 2 and "--seed=-5 is outside 0..4294967295" in capsys.readouterr().err
 
 
+def _snap(d: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+@pytest.mark.parametrize("args,says", [(["--seed", "5"], "would change"), (["--folder"], "would change"),
+                                       (["--folder", "--seed", "5"], "would change")])
+def test_the_shipped_set_is_regenerated_only_byte_for_byte(tmp_path, monkeypatch, capsys, args, says):
+    """L1/L2 (#60 round IV): the data/samples exemption checked file names only, so `--seed 5 --out data/samples`
+    rewrote 22 committed files (load() then silently returned the seed-5 set) and `--folder --out data/samples` left
+    it unloadable (metadata.jsonl beside manifest.json, masks.npz rekeyed). Now the set is written into a temporary
+    folder and each file must match the committed one's SHA-256: refused in one line, exit 2, nothing written. The
+    byte-identical regeneration still runs, and restores a committed file that went missing; a local edit is refused."""
+    shipped = tmp_path / "data" / "samples"
+    shipped.mkdir(parents=True)
+    for p in S.SAMPLES_DIR.iterdir():
+        (shipped / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setattr(S, "SAMPLES_DIR", shipped)
+    before = _snap(shipped)
+    with pytest.raises(SystemExit) as e:
+        S.main([*args, "--out", str(shipped)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and says in err and "shipped sample set" in err, err
+    assert _snap(shipped) == before
+    assert [s.answer for s in S.load(shipped)] == [s.answer for s in S.load()]
+    (shipped / "single-0.png").unlink()
+    S.main(["--out", str(shipped)])  # the default seed: byte for byte, the missing image restored
+    capsys.readouterr()
+    assert _snap(shipped) == before
+    man = json.loads((shipped / "manifest.json").read_text())
+    man["samples"][0]["answer"] = "my edit"
+    (shipped / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(SystemExit) as e:
+        S.main(["--out", str(shipped)])
+    assert e.value.code == 2 and "manifest.json" in capsys.readouterr().err
+    assert "my edit" in (shipped / "manifest.json").read_text()
+
+
 @pytest.mark.parametrize("sid,why", [("../../ESCAPED", "holds a path separator"), ("..", "is '..', a folder's name"),
                                      ("a\\b", "holds a path separator"), ("a\x00b", "holds a NUL byte"),
                                      ("x" * 201, "is 201 bytes long, more than the 200")])
