@@ -276,8 +276,7 @@ _ALL = [
        "resampled separately)", {"": {"above": 0.05}}, "8",
        advice=Advice("well above the understanding model: the generator's heads could share maps or be pruned; at or "
                      "below it: no more room than in an understanding model",
-                     (Place("04", 4, params=("GENERATORS", "FRACTIONS")),)),
-       meaning={"holds": "its heads could share maps (04)", "does not hold": "no more shared heads than a VLM"}),
+                     (Place("04", 4, params=("GENERATORS", "FRACTIONS")),))),
     _c("G9", "An object word's attention lands on the object's region.",
        "whether word maps can pick the image tokens to keep", "03_diffusion_steps",
        "weaker model: (a) object words' region IoU / a random region's above 2, (b) shape-word region overlap, "

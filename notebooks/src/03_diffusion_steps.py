@@ -19,17 +19,11 @@
 # # 03 · How attention evolves over denoising steps (MMDiT and cross-attention DiT)
 #
 # **What you will learn**: to capture a diffusion transformer's attention at every denoising step without changing
-# a pixel; how entropy and step-to-step similarity move from the noisy first steps to the last, and from which step
-# on a layer's attention could be reused: its [knee](../docs/GLOSSARY.md#knee), the first step from which the cosine
-# between adjacent steps stays above a line. **On these toy generators the study's line shows no knee**: their
-# adjacent maps are alike from the first step on, so at
-# <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> every layer's knee is step
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->.
-# The knee shows on a stricter line, in the attention *outputs*: section 4 draws
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->'s outputs at
-# <!--const STRICT_THRESHOLD, a parameter-->0.99<!--/const-->, where one layer settles only at step
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->. Then: how hard
-# the prompt pulls per step, and whether a word's attention lands on the object it names.
+# a pixel; how entropy and step-to-step similarity move from the first steps to the last; from which step a layer's
+# attention could be reused, its [knee](../docs/GLOSSARY.md#knee) (the first step from which the cosine between
+# adjacent steps stays above a line); how hard the prompt pulls per step; whether a word's attention lands on the
+# object it names. On these toy generators the study's line, <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const-->, puts every knee at step <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->; a stricter line on
+# the attention outputs shows a knee (section 4).
 #
 # *What you see:* section 0's first look: tiny-mmdit's picture, and its colour and shape words' attention over it,
 # in × uniform (1 = an even spread); a miss: 'blue' lights the green circle.
@@ -39,17 +33,15 @@
 # %% [markdown]
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
-# `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on a diffusers
-# SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana folder (`GENERATORS`, `DEVICE`, `DTYPE`; at real sizes `LAYERS` and
+# `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on diffusers
+# SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana folders (`GENERATORS`, `DEVICE`, `DTYPE`; at real sizes `LAYERS` and
 # `MAP_QUERY_STRIDE` thin the capture).
 #
-# **How claims are judged.** Sections 3–9 each test one of the study's claims (G1, G2, G4–G7, G9; G3 and G8 are 06's)
-# by a rule fixed before any run, printed where it is measured; section 11 gathers the verdicts. A claim about
-# generators must hold on both, so the *weaker model* decides: the generator whose 95% interval is less favourable
-# to the claim ([verdicts](../docs/GLOSSARY.md#verdicts)).
+# **Claims.** Sections 3–9 each test one of the study's claims (G1, G2, G4–G7, G9; G3 and G8 are 06's) by a rule
+# fixed before any run, printed where it is measured. A claim must hold on both generators, so the *weaker model*
+# decides: the one whose 95% interval is less favourable to the claim ([verdicts](../docs/GLOSSARY.md#verdicts)).
 #
-# Terms: [phase](../docs/GLOSSARY.md#phase) (early = the first <!--const the phase boundaries, a definition fixed before any run-->20%<!--/const-->
-# of the steps, middle = up to <!--const the phase boundaries, a definition fixed before any run-->60%<!--/const-->, late = the rest),
+# Terms: [phase](../docs/GLOSSARY.md#phase) (early = the first <!--const the phase boundaries, a definition fixed before any run-->20%<!--/const--> of the steps, middle = up to <!--const the phase boundaries, a definition fixed before any run-->60%<!--/const-->, late = the rest),
 # [CFG](../docs/GLOSSARY.md#cfg), [IoU](../docs/GLOSSARY.md#iou). `X->Y` = queries of X reading keys of Y.
 
 # %% tags=["parameters"]
@@ -155,11 +147,10 @@ def peak_words(img, p, maps, patch):
 # %% [markdown]
 # ## 0. A first look: does a word look at what it names?
 #
-# For each generator, the first prompt it draws in full: two-object prompts whose objects differ in colour and shape
-# (each word names one object) first, else a one-object one. Left, the picture;
-# right, the image queries' attention to each colour and shape word, averaged over heads, layers and steps, in
-# × uniform (1 = an even spread over the keys, marked on the colour bar). Panels of one figure share a scale; the
-# two figures do not: read each colour bar's top.
+# For each generator, the first prompt it draws in full (two-object prompts whose objects differ in colour and shape
+# first, else a one-object one). Left, the picture; right, the image queries' attention to each colour and shape
+# word, averaged over heads, layers and steps, in × uniform (1 = an even spread, marked on the colour bar). The two
+# figures have different scales: read each colour bar's top.
 
 # %%
 cands = [i for i in range(N_SINGLE, N_SINGLE + N_PAIRS) if distinct_objects(prompts[i])] + list(range(min(N_SINGLE, 2)))
@@ -194,32 +185,24 @@ for m, run in look.items():
                                                or " not measurable here"))
 
 # %% [markdown]
-# **What to look at.** Judge a word map only against an object the model drew: healthy is a bright blob on *its*
-# object. Two scales: brightness in × uniform, and the IoU of the word's top patches (as many as the object has)
-# with its object against a random region's ("chance"). **This run** shows a failure on the MMDiT.
+# **What to look at.** Healthy: a bright blob on the drawn object the word names. Two scales: brightness in × uniform, and the IoU of the word's top patches with its object against a
+# random region's ("chance").
 #
-# The MMDiT drew both objects, and its brightest word reaches
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform, but off target:
+# The MMDiT drew both objects and its brightest word reaches <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform, but off target:
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'green' on" re="('green' on .*)$"-->'green' on background<!--/num-->,
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'circle' on" re="('circle' on .*)$"-->'circle' on background<!--/num-->,
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'blue' on" re="('blue' on .*)$"-->'blue' on the green circle (100% of the patch) <- another object<!--/num-->,
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'triangle' on" re="('triangle' on .*)$"-->'triangle' on background<!--/num-->
-# ("another object": a word lighting the object it does *not* name, a binding error); 'circle', the best placed,
-# reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> (chance
+# ("another object": a binding error); 'circle' reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> (chance
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->). Bright is not placed.
 #
-# PixArt drew none of the tried two-object prompts in full, so it shows a one-object prompt. Its image queries
-# put their weight on other prompt tokens, so no named word exceeds <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform, the top of its
-# colour bar.
+# PixArt drew no tried two-object prompt in full, so it shows a one-object one. Its image queries weigh other
+# prompt tokens, so no named word exceeds <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform; yet the colour word's top patches are the object's: IoU
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> (chance <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->).
 #
-# Yet the colour word's top patches are the object's: IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> (chance
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->).
-# 'triangle''s brightest patch is only
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > each word's brightest patch > 'triangle' on" re="'triangle' on the green triangle [(]([0-9]+%)"-->19%<!--/num--> triangle, below the
+# 'triangle''s brightest patch is only <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > each word's brightest patch > 'triangle' on" re="'triangle' on the green triangle [(]([0-9]+%)"-->19%<!--/num--> triangle, below the
 # <!--const the cover at which IoU counts a patch as an object's (patch_grid_masks)-->25%<!--/const--> IoU needs to count a patch as the object's, hence IoU
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.00<!--/num-->. Section 9 measures all prompts (G9).
-#
-# The two models, the prompts and the run:
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.00<!--/num-->. Section 9 measures all prompts (G9). The models, the prompts and the run:
 
 # %%
 for m, g in gens.items():
@@ -236,8 +219,7 @@ print(wrap(f"e.g. {prompts[0]['short']!r} / {prompts[0]['long']!r}"))
 #
 # `capture_generation` wraps each attention module's processor: the original still produces the output, and the
 # wrapper recomputes `softmax(QKᵀ/√d + mask)` in float32 for the statistics, one record per (prompt, part, layer,
-# step). Full maps are kept for `MAP_PROMPTS` prompts only. First, the promise
-# that capture changes nothing:
+# step); full maps only for `MAP_PROMPTS` prompts. First, the promise that capture changes nothing:
 
 # %% tags=["nbval-check-output"]
 from unicache_lib.capture.diffusion import DiffusionCapture
@@ -272,8 +254,8 @@ print(T.groupby(["model", "part"]).agg(records=("step", "size"), prompts=("sampl
 # %% [markdown]
 # ## 2. Are the pictures right?
 #
-# Word→region maps only mean something if the model drew what was asked. Each single-object image is
-# segmented by colour and scored (colour, position, shape correct).
+# Word maps mean something only where the model drew what was asked. Each single-object image is segmented by
+# colour and scored:
 
 # %% tags=["nbval-check-output"]
 follow = []
@@ -290,8 +272,8 @@ else:
     print("not measurable with these prompts: none lists an object the detector knows (add 'objects' to prompts.jsonl)")
 
 # %% [markdown]
-# The two-object prompts: each object's pixels (split at the middle for a same-colour pair) read back as a shape.
-# "swapped" is a binding error (each shape drawn on the other's side); "one missing": an asked colour has no pixels.
+# Two-object prompts: "swapped" is a binding error (each shape drawn on the other's side); "one missing": an asked
+# colour has no pixels.
 
 # %% tags=["nbval-check-output"]
 def pair_outcome(img, p):
@@ -312,11 +294,9 @@ if len(pairs):
     print(f"n = {N_PAIRS} two-object prompts per model (short)")
 
 # %% [markdown]
-# **This run**: the MMDiT follows single-object prompts perfectly; PixArt gets colour and position right but the
-# shape only in <!--num "notebooks/03_diffusion_steps.ipynb#out:colour  position  shape > tiny-pixart long > short@2" fmt="{:.3f}"-->0.688<!--/num--> of the short prompts. Pairs are
-# harder: the MMDiT gets every different-colour pair right, but of its same-colour pairs it swaps the shapes in
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:both right  one missing > tiny-mmdit > same@2"-->2<!--/num--> and draws a wrong shape in
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:both right  one missing > tiny-mmdit > same@3"-->1<!--/num-->;
+# The MMDiT follows single-object prompts; PixArt gets colour and position right, the shape in only <!--num "notebooks/03_diffusion_steps.ipynb#out:colour  position  shape > tiny-pixart long > short@2" fmt="{:.3f}"-->0.688<!--/num--> of the
+# short prompts. The MMDiT gets every different-colour pair right but of its same-colour pairs swaps the shapes in
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:both right  one missing > tiny-mmdit > same@2"-->2<!--/num--> and draws a wrong shape in <!--num "notebooks/03_diffusion_steps.ipynb#out:both right  one missing > tiny-mmdit > same@3"-->1<!--/num-->;
 # PixArt draws only one object of every same-colour pair and no different-colour pair fully right.
 
 # %%
@@ -334,16 +314,13 @@ fig.tight_layout()
 _ = plots.save(fig, out, "samples")
 
 # %% [markdown]
-# Every third prompt (single objects first, then pairs): the failures counted above are visible here, e.g. a pair
-# with one object missing on PixArt's row.
-
+# Every third prompt, single objects first: e.g. a pair with one object missing on PixArt's row.
 
 # %% [markdown]
 # ## 3. From diffuse to focused? Entropy per step and layer (G1)
 #
-# Normalised entropy of the image queries' rows (1 = uniform over their keys) and their mean maximum weight; for
-# PixArt, self-attention (image keys) and cross-attention (text keys) apart. Bands: one standard deviation over
-# the short prompts.
+# Normalised entropy of the image queries' rows (1 = uniform over their keys) and their mean maximum weight,
+# PixArt's self- and cross-attention apart; bands: one standard deviation over the short prompts.
 
 # %%
 def per_step(df, col):
@@ -380,17 +357,15 @@ print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to 
 print(rule("G1"))  # judged in section 4, with G2
 
 # %% [markdown]
-# **What to look at.** Coarse to fine is entropy that falls (and max weight that rises) from the first step to the
-# last. The first figure averages the table over layers; the grid shows each layer per step (left to right: early
-# to late). **This run**: only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
-# early, <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@3" fmt="{:.3f}"-->0.317<!--/num--> late); the MMDiT's entropy *rises* late in every block but the last (the negative early-late
-# values; block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
+# **What to look at.** Coarse to fine is entropy falling (max weight rising) from the first step to the last; the
+# grid shows each layer. Only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
+# early, <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@3" fmt="{:.3f}"-->0.317<!--/num--> late); the MMDiT's entropy *rises* late in every block but the last (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
+#
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
-# <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but the claim is about generators in general, so it is
-# judged on the weaker model, whose mean rises (decided with G2 in section 4).
+# <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but G1 is judged on the weaker model, whose mean rises (decided with G2 in section 4).
 
 # %% [markdown]
-# The joint attention's four blocks, each with its own entropy (rows restricted to the block's keys):
+# The joint attention's four blocks, each with its own entropy:
 
 # %% tags=["nbval-check-output"]
 jt = T[(T.part == "joint") & (T.kind == "short")]
@@ -399,17 +374,15 @@ if len(jt):
           .mean().loc[list(G.PHASES)].round(3).to_string())
 
 # %% [markdown]
-# **This run**: every block grows *more* diffuse late, the text queries' rows most (text→image
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > early@2" fmt="{:.3f}"-->0.839<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > late@2" fmt="{:.3f}"-->0.945<!--/num--> late), so the late rise is not an image-side
-# effect alone; the blocks' shares of the mass stay put. The steps change how evenly attention spreads, not where
-# it goes.
+# Every block grows *more* diffuse late, the text queries' rows most (text→image
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > early@2" fmt="{:.3f}"-->0.839<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > late@2" fmt="{:.3f}"-->0.945<!--/num--> late), while the blocks' shares stay put: the steps change how evenly attention spreads, not
+# where it goes.
 
 # %% [markdown]
 # ## 4. When do adjacent steps look alike? (G2)
 #
-# Cosine similarity between step *s* and step *s−1*, per layer, of the maps and of the attention *outputs* (what a
-# reuse cache would hand on). Dashed: `THRESHOLD` (the study's); dotted: `STRICT_THRESHOLD`. The
-# [knee](../docs/GLOSSARY.md#knee) is the first step from which a curve stays above a threshold.
+# Cosine between step *s* and step *s−1*, per layer, of the maps and of the attention *outputs* (what a reuse cache
+# would hand on). Dashed: `THRESHOLD` (the study's); dotted: `STRICT_THRESHOLD`.
 
 # %%
 fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 3.2), squeeze=False)
@@ -446,24 +419,18 @@ for m in GENERATORS:
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
 
 # %% [markdown]
-# **What to look at.** A curve good for reuse climbs over the threshold at the knee and stays; one that never
-# clears it is computed every step. **This run**: the lowest adjacent-step cosine of any layer is
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> on the MMDiT and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
-# on PixArt, so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> the knee is step
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num--> for every layer: that line cannot tell these layers apart.
+# **What to look at.** The lowest adjacent-step cosine of any layer is <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
+# (PixArt), so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> every knee is step
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->: that line cannot tell layers apart. The study's early
+# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images, which the toy does not reach.
 #
-# Adjacent steps are nearly identical from the start, and this run cannot say why: the study's early
-# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images, which the toy does not
-# reach. The *outputs* fall late, to <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="([0-9.]+) at the last step"-->0.938<!--/num--> at the MMDiT's last step
-# (PixArt self-attention: <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart self: output cosine" re="([0-9.]+) at the last step"-->0.965<!--/num-->); at the strict line the MMDiT's outputs never
-# settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine > output knee" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable,
-# which notebook 06's G3 (reuse in the last third) puts to the test.
+# The *outputs* fall late, to <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="([0-9.]+) at the last step"-->0.938<!--/num--> at the MMDiT's last step
+# (PixArt self-attention <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart self: output cosine" re="([0-9.]+) at the last step"-->0.965<!--/num-->); at the strict line the MMDiT's outputs never
+# settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine > output knee" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable, which 06's G3 tests.
 
 # %% [markdown]
-# **The knee, where it shows.** At the study's line every curve above sits over it from step 1, so its knee is step 1
-# and says nothing. Below, the curve whose knee at `STRICT_THRESHOLD` comes latest: one line per layer, the cosine
-# of each step's attention output with the previous step's (step 0 has none), the strict line dashed and each layer's
-# knee dotted in its colour. The y-axis is zoomed: every point is near 1.
+# **The knee, where it shows.** The output curve whose knee at `STRICT_THRESHOLD` comes latest: one line per layer,
+# the strict line dashed, each layer's knee dotted in its colour. The y-axis is zoomed: every point is near 1.
 
 # %% tags=["nbval-check-output"]
 kcol = f"knee (outputs) @{STRICT_THRESHOLD:g}"
@@ -488,14 +455,11 @@ else:
     print(f"no knee after step 1 at {STRICT_THRESHOLD:g} on any output curve: raise STRICT_THRESHOLD or lower STEPS")
 
 # %% [markdown]
-# **What you see.** A knee: each curve dips below the strict line in the early and middle steps, then climbs over it
-# and stays; the knee is where it crosses for the last time. On
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->
+# **What you see.** Each curve dips below the strict line early, then climbs over it and stays; the knee is its
+# last crossing. On <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->
 # the layers settle at different steps (<!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows: > per layer:" re="per layer: (.*)$"-->layer 0 step 1, layer 1 step 13, layer 2 step 11, layer 3 step 2<!--/num-->),
-# so a whole-step reuse, which needs every layer settled, could start only at the latest,
-# step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->;
-# a per-layer reuse could start each layer at its own knee. The knee depends on the line: the same curves are all
-# above the study's line from step 1.
+# so whole-step reuse, which needs every layer settled, could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->;
+# per-layer reuse could start each layer at its own knee.
 
 # %% tags=["nbval-check-output"]
 # G1 (section 3's entropy, early minus late) and G2 (these similarities), each on the weaker model, over prompts
@@ -505,20 +469,18 @@ print(rule("G2"))
 print(board.criteria_lines("G1", "G2"))
 
 # %% [markdown]
-# **Verdicts.** G2 is
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G2 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: late above <!--const G2's threshold, written before the numbers-->0.8<!--/const--> holds, early
-# below <!--const G2's threshold, written before the numbers-->0.6<!--/const--> fails (<!--num "notebooks/03_diffusion_steps.ipynb#out:G2 (b):@0" fmt="{:.2f}"-->0.99<!--/num-->).
+# **Verdicts.** G2 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G2 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: late above <!--const G2's threshold, written before the numbers-->0.8<!--/const--> holds, early below <!--const G2's threshold, written before the numbers-->0.6<!--/const--> fails (<!--num "notebooks/03_diffusion_steps.ipynb#out:G2 (b):@0" fmt="{:.2f}"-->0.99<!--/num-->).
 #
 # G1 <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->: early minus late is [<!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@1"-->-0.06917<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@2"-->-0.06265<!--/num-->]
-# on the weaker model, the MMDiT, whose entropy rises late (section 3).
+# on the weaker model, the MMDiT.
 
 # %% [markdown]
 # ## 5. How hard does the prompt pull, step by step? (G6)
 #
 # Short vs long prompts (the long ones add clauses that do not change the picture):
 # - **guidance strength** `‖v_cond − v_uncond‖ / ‖v_uncond‖`: how much the prompt changes the update;
-# - **text share**: image queries' mass on text keys (MMDiT only; PixArt's cross-attention reads only text);
-# - **text entropy**: how evenly image queries spread over the real prompt tokens (1 = uniform, "collapse").
+# - **text share**: image queries' mass on text keys (MMDiT only: PixArt's cross-attention reads only text);
+# - **text entropy**: how evenly image queries spread over the real prompt tokens (near 1: a "collapse").
 
 # %%
 gdf = pd.concat([pd.DataFrame(runs[m, k].guidance).assign(model=m, kind=k) for m in GENERATORS for k in ("short", "long")])
@@ -569,26 +531,19 @@ print(rule("G6"))
 print(board.criteria_lines("G6"))
 
 # %% [markdown]
-# **What to look at.** Guidance falling after the first steps; long prompts' middle-phase text entropy near 1 (a
-# collapse). **This run**: averaged over a phase, guidance is strongest early (MMDiT
+# **What to look at.** Averaged over a phase, guidance is strongest early (MMDiT
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short@0" fmt="{:.3f}"-->0.182<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short@2" fmt="{:.3f}"-->0.088<!--/num--> late; PixArt
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@0" fmt="{:.3f}"-->0.134<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@2" fmt="{:.3f}"-->0.039<!--/num-->).
 #
 # But both curves spike again at the last step, the MMDiT's (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@4" fmt="{:.2f}"-->0.32<!--/num-->) above its step 0
-# (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@0" fmt="{:.2f}"-->0.30<!--/num-->): dropping the prompt side after the first steps would miss
-# it.
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@0" fmt="{:.2f}"-->0.30<!--/num-->): dropping the prompt side after the first steps would miss it.
 #
 # Long prompts do not collapse: middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
 # (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short > long@4" fmt="{:.3f}"-->0.732<!--/num--> (PixArt), below G6's
-# <!--const G6's threshold, written before the numbers-->0.9<!--/const-->.
+# <!--const G6's threshold, written before the numbers-->0.9<!--/const-->, and only <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 (c):@0" fmt="{:.3f}"-->0.012<!--/num--> above the short prompts' (rule (c): <!--const G6's threshold, written before the numbers-->0.05<!--/const-->). So G6 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: guidance falls, nothing collapses.
 #
-# G6 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: guidance does fall after the first steps (a), but long prompts' text entropy exceeds the short ones' by only
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 (c):@0" fmt="{:.3f}"-->0.012<!--/num--> (rule (c): above <!--const G6's threshold, written before the numbers-->0.05<!--/const-->): on the weaker model the extra clauses change nothing.
-#
-# The MMDiT's text share is the same for short and long prompts because it counts every text position, padding
-# included (of the <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@0"-->112<!--/num--> keys, all but the
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: SD3Transformer2DModel" re="([0-9]+) image tokens"-->64<!--/num--> image tokens): it
-# measures reading the text *stream*, not the prompt's words. The text entropy counts real prompt tokens only.
+# The MMDiT's text share counts every text position, padding included (all <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@0"-->112<!--/num--> keys but the
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: SD3Transformer2DModel" re="([0-9]+) image tokens"-->64<!--/num--> image tokens): it measures reading the text *stream*, not the prompt's words.
 
 # %% [markdown]
 # ## 6. Joint attention: which side is steadier? (G4)
@@ -614,18 +569,15 @@ print(rule("G4"))
 print(board.criteria_lines("G4"))
 
 # %% [markdown]
-# **What to look at.** G4 expects the image→text block (`it`) to change clearly more than text→image (`ti`).
-# **This run**: all blocks move most at the first steps and near the end, together; image→text changes only
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (a):@0" fmt="{:.2f}"-->1.22<!--/num--> times as much as text→image (the rule asks
-# <!--const G4's threshold, written before the numbers-->1.5<!--/const-->), the image output stream
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (b):@0" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's: G4 <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->
-# (both intervals, in the criteria lines above, sit below the rule's line). Neither side is the safer one to reuse.
+# **What to look at.** G4 expects the image→text block (`it`) to change clearly more than text→image (`ti`). All
+# blocks move most at the first and last steps, together; `it` changes only
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (a):@0" fmt="{:.2f}"-->1.22<!--/num--> times as much as `ti` (the rule asks <!--const G4's threshold, written before the numbers-->1.5<!--/const-->), the image output stream
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (b):@0" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's: G4 <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->. Neither side is the safer one to reuse.
 
 # %% [markdown]
 # ## 7. Where is the cache pressure? (G5)
 #
-# Keys and values per attention layer, in fp16, for one image: image positions vs the padded text sequence (real
-# prompt tokens in brackets).
+# Keys and values per attention layer, in fp16, for one image: image positions vs the padded text sequence.
 
 # %% tags=["nbval-check-output"]
 kv = []
@@ -646,14 +598,11 @@ print(rule("G5"))
 print(board.criteria_lines("G5"))
 
 # %% [markdown]
-# **This run**: <!--num "notebooks/03_diffusion_steps.ipynb#out:image tokens  text positions > tiny-mmdit@0"-->64<!--/num--> image tokens against
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:image tokens  text positions > tiny-mmdit@1"-->48<!--/num--> text positions, so the image side needs only
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values, far from G5's
-# <!--const G5's threshold, written before the numbers-->4×<!--/const-->.
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:image tokens  text positions > tiny-mmdit@0"-->64<!--/num--> image tokens against <!--num "notebooks/03_diffusion_steps.ipynb#out:image tokens  text positions > tiny-mmdit@1"-->48<!--/num--> text positions: the image side needs only
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values, far from G5's <!--const G5's threshold, written before the numbers-->4×<!--/const-->.
 #
 # Half the text positions are padding (<!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@2" fmt="{:.0f}"-->24<!--/num--> real tokens on average). At 1024² the image side is
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× larger (the last lines): G5 fails here because of the toy resolution, not
-# the architecture.
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× larger (the last lines): G5 fails for the toy resolution, not the architecture.
 
 # %% [markdown]
 # ## 8. Are a generator's heads more alike than an understanding model's? (G7)
@@ -682,19 +631,17 @@ print(rule("G7"))
 print(board.criteria_lines("G7"))
 
 # %% [markdown]
-# **This run**: PixArt's heads are more alike than tiny-llava's (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@1" fmt="{:.2f}"-->0.75<!--/num--> against
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer, its cross-attention heads most, though maps over few text keys match
-# more easily), the MMDiT's are not
-# (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@0" fmt="{:.2f}"-->0.41<!--/num-->; above the understanding model in one layer only). G7, judged on the weaker
-# generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num--> (its interval, in the criteria lines above, is below 0).
+# PixArt's heads are more alike than tiny-llava's (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@1" fmt="{:.2f}"-->0.75<!--/num--> against
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer; its cross-attention heads most, though maps over few text keys match more easily), the
+# MMDiT's are not (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@0" fmt="{:.2f}"-->0.41<!--/num-->). G7, judged on the weaker generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->.
 
 # %% [markdown]
 # ## 9. Does a word look at what it names? (G9)
 #
-# Each prompt word's column of the image→text attention (averaged over heads, layers and steps) is an 8×8 map.
-# Its *region* is its top-k patches, k = the drawn object's patch count; IoU with the object, against a random
-# k-patch region's. For two-object prompts, the overlap of the two *shape* words' regions, same-colour vs
-# different-colour pairs (binding).
+# Each prompt word's column of the image→text attention (mean over heads, layers and steps) is an 8×8 map. Its
+# *region*: its top-k patches, k = the drawn object's patch count; IoU with the object, against a random k-patch
+# region's. For two-object prompts, the overlap of the two *shape* words' regions, same-colour vs different-colour
+# pairs (binding).
 
 # %% tags=["nbval-check-output"]
 R = pd.concat([word_region_table(runs[m, "short"], prompts, gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))).assign(model=m)
@@ -709,16 +656,13 @@ print(rule("G9"))
 print(board.criteria_lines("G9"))
 
 # %% [markdown]
-# **What to look at.** IoU well above chance: a word's top patches sit on its object; two shape words' regions
-# apart whatever the colours (the study expected more overlap for same-colour pairs). **This run**:
-# PixArt's cross-attention localises (colour words <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: colour words@0"-->9.2<!--/num-->× chance), the MMDiT's joint
-# attention does not (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: colour words@0"-->0.7<!--/num-->×): word maps are a usable pointer on the cross-attention
-# model only (G9 (a) and the decision table pool colour and shape words).
+# **What to look at.** IoU well above chance: a word's top patches sit on its object. PixArt's cross-attention
+# localises (colour words <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: colour words@0"-->9.2<!--/num-->× chance), the MMDiT's joint attention does not
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: colour words@0"-->0.7<!--/num-->×): word maps are a pointer on the cross-attention model only.
 #
 # **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
-# (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-pixart > same@0" fmt="{:.3f}"-->0.000<!--/num-->), on which the verdict rests, measures no binding. The MMDiT, which
-# drew both objects, shows the study's direction (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit > same@0" fmt="{:.3f}"-->0.415<!--/num--> same-colour against
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit@0" fmt="{:.3f}"-->0.130<!--/num--> different-colour).
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-pixart > same@0" fmt="{:.3f}"-->0.000<!--/num-->), on which the verdict rests, measures no binding. The MMDiT, which drew both, shows the study's direction
+# (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit > same@0" fmt="{:.3f}"-->0.415<!--/num--> same-colour against <!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit@0" fmt="{:.3f}"-->0.130<!--/num--> different-colour).
 
 # %%
 for m in GENERATORS:
@@ -741,19 +685,16 @@ for m in GENERATORS:
         f"{w!r} {float(np.max(v)) * keys:.1f} ({float(np.mean(np.asarray(v) * keys > 1)):.0%})" for w, v in show.items()))
 
 # %% [markdown]
-# **This run**: on the MMDiT a word map points at what was drawn in its colour, not at its shape:
-# only 'orange' rises above even (peak <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'orange'" re="'orange' ([0-9.]+)"-->7.1<!--/num--> × uniform), and only on the left object;
-# 'circle' and 'square' stay below even everywhere (peaks <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'circle'" re="'circle' ([0-9.]+)"-->0.7<!--/num--> and
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'square'" re="'square' ([0-9.]+)"-->0.9<!--/num-->): the shape words read nothing. On PixArt, which drew only the square,
-# 'square' is above even on <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: × uniform per word > 'square'" re="'square' [0-9.]+ [(]([0-9]+%)"-->100%<!--/num--> of the patches: spread over the whole
-# image, not placed.
+# On the MMDiT a word map follows the colour drawn, not the shape: only 'orange' rises above even (peak
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'orange'" re="'orange' ([0-9.]+)"-->7.1<!--/num--> × uniform), on the left object; 'circle' and 'square' stay below even everywhere (peaks <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'circle'" re="'circle' ([0-9.]+)"-->0.7<!--/num--> and
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'square'" re="'square' ([0-9.]+)"-->0.9<!--/num-->). On PixArt, which drew only the square, 'square' is above even on <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: × uniform per word > 'square'" re="'square' [0-9.]+ [(]([0-9]+%)"-->100%<!--/num--> of the patches: spread, not placed.
 
 # %% [markdown]
 # ## 10. Explore: step, layer, head and word
 #
-# Full maps of the first `MAP_PROMPTS` prompts. First one view drawn here, for print (middle step, last layer, head 0,
-# the shape word): left, the head's map (MMDiT: the joint map with its image|text borders; PixArt: image queries ×
-# text keys); right, the shape word's column over the image. Then the explorer, which draws any view.
+# Full maps of the first `MAP_PROMPTS` prompts. First one view, for print (middle step, last layer, head 0): left,
+# the head's map (MMDiT: the joint map with its image|text borders; PixArt: image queries × text keys); right, the
+# shape word's column over the image.
 
 # %%
 m0 = GENERATORS[0]
@@ -779,21 +720,18 @@ print(f"query rows whose largest weight is highest: {sorted(np.argsort(P.max(1))
       f"(weights up to {P.max():.2f}; an even read is {1 / P.shape[1]:.3f})")
 
 # %% [markdown]
-# **What to look at.** The image|text borders split the joint map into section 6's four blocks; a healthy head
-# has structure (bands, a diagonal), a degenerate one is flat or puts its mass on one column (a
-# [sink](../docs/GLOSSARY.md#sink)); on the right, bright on the object is a hit. **This
-# run** shows a miss: the shape word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num--> (patch row
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="row ([0-9]+)"-->3<!--/num-->, column <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="column ([0-9]+)"-->2<!--/num-->), and in the left panel query rows
+# **What to look at.** The borders split the joint map into section 6's four blocks; a healthy head has structure
+# (bands, a diagonal), a degenerate one is flat or piles onto one column (a [sink](../docs/GLOSSARY.md#sink)). Here
+# the shape word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num-->
+# (patch row <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="row ([0-9]+)"-->3<!--/num-->, column <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="column ([0-9]+)"-->2<!--/num-->): a miss. Query rows
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands).
 #
-# **The explorer** below draws every view of these maps in the browser, without the kernel (so it also runs on the
-# course website): a menu for the prompt and the view (`i2t`: the picture reading a word, in × uniform; `t2i`: the
-# word reading the picture; `full`: the whole map, the image block outlined), sliders for the step, the layer and the
-# head (its last stop: the mean of the heads), and the word. It opens on the view drawn above. Move the step slider
-# to see how little changes from step to step (section 4's cosines near 1), the head slider to see how much changes
-# from head to head. *Save view (PNG)* and *Save numbers (JSON)* under the picture export what you see;
-# `explorer.save("outputs/mine/view")` writes the same numbers from Python (`.npz` + `.json`).
+# **The explorer** draws any view in the browser, without a kernel (also on the course website): menus for the
+# prompt and the view (`i2t`: the picture reading a word, in × uniform; `t2i`: the word reading the picture;
+# `full`: the whole map, image block outlined), sliders for step, layer, head (last stop: the mean of the heads) and
+# word: little changes from step to step, much from head to head. *Save view (PNG)* and *Save numbers (JSON)*
+# export what you see;
+# `explorer.save("outputs/mine/view")` writes the same numbers from Python.
 
 # %% tags=["nbval-ignore-output"]
 from unicache_lib.widgets import step_explorer
@@ -804,7 +742,7 @@ explorer.select(step=mid_step, layer=last_layer, head=0, word=wpos[0])  # the vi
 # %% [markdown]
 # ## 11. Claims scoreboard
 #
-# Each section's verdict, together; the weaker model decides each (see the introduction).
+# Each section's verdict and what it means for you; the weaker model decides each.
 
 # %% tags=["nbval-check-output"]
 board.save(out / "scoreboard.json")  # every claim as its section measured it (sections 4-9)
@@ -814,28 +752,24 @@ print(wrap("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items())))
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** These are two small generators' verdicts. G5 fails because the toy's pictures have few image tokens
-# (section 7's last lines: the image side is <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× the text side at 1024²); whether G2 (b) fails for the same reason
-# this run cannot test (section 4). A real SD3 or PixArt checkpoint (`GENERATORS = [path]`) may move each number.
+# **Reading the scoreboard.** Two small generators' verdicts: G5 fails for the toy's few image tokens (section 7),
+# and whether G2 (b) fails for the same reason this run cannot test (a real checkpoint can: Next steps).
 
 # %% [markdown]
-# ## Recap: what this run showed
+# ## Recap
 #
-# - **Capture changes nothing** (identical images).
-# - **Coarse to fine (G1)** holds for PixArt's cross-attention only; the MMDiT's entropy rises late.
-# - **Adjacent maps (G2)** are alike from step 1 on: at the study's threshold every knee is step 1. A knee shows on
-#   the outputs at the strict line (PixArt's cross-attention settles layer by layer), and the outputs fall late: by
-#   output the last steps are the least reusable.
-# - **The text side is steadier, but too little for a policy of its own (G4)**, and the image side holds only
-#   <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values at this resolution (G5).
-# - **The prompt pulls hardest early on average (G6)**, and again at the last step; long prompts do not collapse.
-# - **Only PixArt's heads are more alike than the understanding model's (G7).**
-# - **Word maps point at objects on PixArt, not on the MMDiT (G9)**; G9 (b) rests on pictures with one object of
-#   two and says nothing about binding.
+# - Capture changes nothing (identical images).
+# - **G1**: only PixArt's cross-attention goes from diffuse to focused; the MMDiT's entropy rises late.
+# - **G2**: adjacent maps are alike from the first step; at the strict line PixArt's cross-attention outputs
+#   settle layer by layer, and the last steps' outputs are the least reusable.
+# - **G4, G5**: the text side is steadier, too little for a policy of its own; the image side holds only
+#   <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values at this resolution.
+# - **G6**: the prompt pulls hardest early, and again at the last step; long prompts do not collapse.
+# - **G7**: only PixArt's heads are more alike than the understanding model's.
+# - **G9**: word maps point at objects on PixArt, not on the MMDiT; (b) says nothing about binding.
 #
-# The decision table: what each measurement suggests for your model is written once, beside its claim
-# (`unicache_lib/claims.py`), so every lesson says the same; this run adds its values. A window found here goes in a
-# `ReuseCache` with `REUSE_POLICIES["step_skip"](head=…)` in 06's `METHODS`.
+# The decision table: advice from `unicache_lib/claims.py`, values from this run. A window found here goes in 06's
+# `METHODS` as `REUSE_POLICIES["step_skip"](head=…)`.
 
 # %%
 from unicache_lib.claims import decision_rows
@@ -861,28 +795,26 @@ rows += [("G5", "G5: image / text KV bytes per layer", ", ".join(f"{m} {v:.2f}x"
 WrappedTable(pd.DataFrame(decision_rows(rows, "03_diffusion_steps", board.verdicts())))  # advice: unicache_lib/claims.py
 
 # %% [markdown]
-# **Reading the table.** No whole-step window is trustworthy here: at the study's line every knee is step 1, at the
-# strict line some layer never settles. Keep `step_skip`'s tuned head, as 06 does, or let `adaptive` decide per module
-# and step. Word maps are a pointer on PixArt
-# (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×); neither
-# side nor the image keys earn a policy of their own at this size; only PixArt's heads point to notebook 04.
+# **Reading the table.** No whole-step window is trustworthy here: at the study's line every knee is the first step,
+# at the strict line some layer never settles. Keep `step_skip`'s tuned head, as 06 does, or let `adaptive` decide
+# per module and step. Word maps point on PixArt (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×).
 
 # %% [markdown]
 # ## Exercises
 #
-# Each starter leaves one gap, `... # <- write` (code) or `... # <- fill in` (a value), and checks what you wrote.
-# Answers: `solutions/03_diffusion_steps.py` (`--only K`).
+# Each starter leaves one gap, code to write (`# <- write`) or a value (`# <- fill in`), and checks it. Answers:
+# `solutions/03_diffusion_steps.py` (`--only K`).
 #
-# 1. ★★ Write `knee(sims, threshold)`: the first step from which a layer's adjacent-step cosines stay at or above
-#    the line. The starter checks it on every curve of section 4 and prints your knees for the curve drawn there.
-# 2. ★★ Whole-step reuse needs every layer settled. Write `reuse_start(layer_knees)`; the starter applies it to
-#    section 4's knees at `STEPS` and at 8 steps (four prompts): does a knee belong to a model or to a step count?
-# 3. ★ Capture the half of the guidance batch that sees the empty prompt (`DiffusionCapture`'s `branch`; see its
-#    docstring) and compare its text entropy with the prompted half's: what does the model attend to then?
-# 4. ★★ Binding: write `top_iou(a, b, k)`, the IoU of two word maps' k brightest patches (section 9's overlap). The
-#    starter draws pairs of one colour, with two shapes and with one shape twice: do the shape words' regions separate?
-# 5. ★★ Which prompt tokens do the image queries read? Write `token_shares(W)` for section 9's word maps (tokens ×
-#    image patches); the starter ranks PixArt's tokens. Where do colour and position reach the picture?
+# 1. ★★ Write `knee(sims, threshold)`; the starter checks it on every curve of section 4.
+# 2. ★★ Write `reuse_start(layer_knees)`, the first step at which every layer has settled; the starter tries
+#    `STEPS` and 8 steps: does a knee belong to a model or to a step count?
+# 3. ★ Capture the guidance batch's empty-prompt half (`DiffusionCapture`'s `branch`) and compare its text entropy
+#    with the prompted half's: what does the model attend to then?
+# 4. ★★ Binding: write `top_iou(a, b, k)`, the IoU of two word maps' k brightest patches. The starter draws
+#    same-colour pairs with two shapes and with one shape twice: do the shape words' regions separate?
+# 5. ★★ Write `token_shares(W)`, each prompt token's share of the image queries' attention (section 9's word maps).
+#    The starter ranks the last generator's tokens (`GENERATORS[-1]`, tiny-pixart here): where do colour and
+#    position reach the picture?
 
 # %%
 # Exercise 1 starter: the knee, checked against section 4's table on every curve (maps and outputs, both lines)
@@ -1001,6 +933,5 @@ else:
 # >
 # > `.venv/bin/papermill notebooks/03_diffusion_steps.ipynb outputs/03_mine.ipynb -y 'GENERATORS: ["<your folder>"]' -p DEVICE cuda -y 'LAYERS: [0, 11, 23]' -p MAP_QUERY_STRIDE 8`
 # >
-# > Compare the lowest adjacent cosine and the knees (section 4) with this run's and the study's, then add a
-# > `step_skip(head=…)` from the decision table's window to notebook 06's `METHODS`. `solutions/03_diffusion_steps.py`
-# > (`next_steps`) runs the same calls on a random-weight SD3-class stand-in.
+# > Compare the knees (section 4) with this run's, then put the decision table's `step_skip(head=…)` in 06's
+# > `METHODS`. `solutions/03_diffusion_steps.py` (`next_steps`) runs the same calls on a random-weight stand-in.
