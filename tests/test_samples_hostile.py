@@ -512,3 +512,79 @@ def test_an_image_stored_turned_by_exif_is_refused_naming_the_fix(tmp_path):
         S.load(tmp_path)
     ImageOps.exif_transpose(Image.open(tmp_path / "a.jpg")).save(tmp_path / "a.jpg")
     assert S.load(tmp_path)[0].image.shape == (8, 4, 3)
+
+
+# ---- #60 round IV: one rule for every layout (seed, masks, conversations) -----------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("how", ["seed", "seed and per_type", "check cell"])
+def test_your_own_folder_in_any_layout_never_becomes_the_synthetic_set(tmp_path, layout, how):
+    """S1-S3: a manifest.json folder of your own images loaded with seed=1 (with per_type=1, or SAMPLES + SAMPLE_SEED=1
+    + PER_TYPE=2 in the check cell) returned the synthetic standard set (single-0, overlap-0, ...) without a word; the
+    metadata.jsonl layout refused it. Now one rule for every layout: refused naming the folder and the seed to pass."""
+    root = _write_layout(tmp_path / "mine", layout, [{"file_name": "cat.png", "question": "what animal ?",
+                                                       "answer": "cat", "id": "cat"}])
+    _png(root / "cat.png")
+    with pytest.raises(UnicacheError) as e:
+        if how == "check cell":
+            check_params({"SAMPLES": str(root), "SAMPLE_SEED": 1, "PER_TYPE": 2},
+                         names=["SAMPLES", "SAMPLE_SEED", "PER_TYPE"])
+        else:
+            S.load(root, seed=1, per_type=1 if how == "seed and per_type" else None)
+    msg = str(e.value)
+    assert "\n" not in msg and "your own sample folder" in msg and "SAMPLE_SEED=" in msg, msg
+    assert [s.id for s in S.load(root, seed=S.SEED)] == ["cat"]  # its own seed: your samples
+
+
+def test_a_standard_set_in_a_manifest_still_draws_another_seed(tmp_path):
+    S.save(S.build(S.SEED, 1), tmp_path / "std")
+    assert [s.id for s in S.load(tmp_path / "std", seed=5)] == [s.id for s in S.build(5, 1)]
+    assert S.load(tmp_path / "std", seed=5)[0].question == S.build(5, 1)[0].question
+
+
+MASK_CASES = {  # (file_name of the line, its objects, masks.npz content) -> what the refusal says (None: loads)
+    "key in another case": ("a.png", [], {"A.png": 1}, "key 'A.png' names no sample"),
+    "only keys of no sample": ("a.png", [], {"zzz.png": 1}, "key 'zzz.png' names no sample"),
+    "more masks than objects": ("a.png", [{"colour": "red", "shape": "circle"}], {"a.png": 3}, "holds 3 mask(s) but"),
+    "./a.png keyed a.png": ("./a.png", [], {"a.png": 2}, None),
+    "keyed by id": ("a.png", [], {"a": 2}, None),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", sorted(MASK_CASES))
+def test_masks_name_their_samples_in_every_layout(tmp_path, layout, case):
+    """S4-S8: masks.npz keyed "A.png" for file_name "a.png", keyed "a.png" for "./a.png", holding only keys of no
+    sample, keyed by file name in the manifest layout (it keys by id): every mask silently dropped; 3 masks for 1
+    listed object accepted. Now a key names a sample by its file_name (as a path) or its id, in every layout; a key
+    that names none is refused with the closest name, and a sample's masks must match its listed objects."""
+    name, objects, masks, says = MASK_CASES[case]
+    row = {"file_name": name, "question": "what ?", "answer": "x", "id": "a"}
+    if objects:
+        row["objects"] = objects
+    if layout == "llava" and objects:
+        pytest.skip("a LLaVA entry lists no objects")
+    root = _write_layout(tmp_path / "f", layout, [row])
+    _png(root / "a.png")
+    np.savez(root / "masks.npz", **{k: np.zeros((n, 16, 16), bool) for k, n in masks.items()})
+    if says is None:
+        (s,) = S.load(root)
+        assert s.masks.shape == (next(iter(masks.values())), 16, 16)
+        return
+    with pytest.raises(UnicacheError) as e:
+        S.load(root)
+    assert "\n" not in str(e.value) and says in str(e.value), str(e.value)
+    if case == "key in another case":
+        assert "did you mean 'a.png'" in str(e.value)
+
+
+def test_a_llava_conversation_of_several_turns_is_refused_not_cut(tmp_path):
+    """S9: a LLaVA entry with two human/gpt turns kept only the first question; the second ("and the shape ?" ->
+    "circle") was dropped without a word. Now refused naming the entry and how to split it."""
+    _png(tmp_path / "a.png")
+    turns = [{"from": "human", "value": "<image>\nwhat colour ?"}, {"from": "gpt", "value": "red"},
+             {"from": "human", "value": "and the shape ?"}, {"from": "gpt", "value": "circle"}]
+    (tmp_path / "data.json").write_text(json.dumps([{"id": "a", "image": "a.png", "conversations": turns}]))
+    with pytest.raises(UnicacheError, match=r"entry 0: a conversation of 2 questions and 2 answers.*split the entry"):
+        S.load(tmp_path)
+    (tmp_path / "data.json").write_text(json.dumps([{"id": "a", "image": "a.png", "conversations": turns[:2]}]))
+    assert S.load(tmp_path)[0].answer == "red"

@@ -405,6 +405,13 @@ def _check_together(namespace: dict) -> None:
     :data:`~unicache_lib.world.samples.MAX_PER_TYPE` on another seed (that set is built in memory); 05's
     ``DEPTH_TOKENS`` with ``SCALE_MODEL``: a token count the committed depth-budget run measured."""
     _depth_tokens(namespace)
+    folder, sample_seed = namespace.get("SAMPLES"), namespace.get("SAMPLE_SEED")
+    if folder is not None and isinstance(sample_seed, int) and not isinstance(sample_seed, bool):
+        from .world.samples import seed_refusal
+
+        why = seed_refusal(folder, sample_seed)
+        if why:
+            _fail("SAMPLE_SEED", sample_seed, why)
     per = namespace.get("PER_TYPE")
     if not (isinstance(per, int) and "SAMPLES" in namespace and namespace["SAMPLES"] is None):
         return

@@ -369,14 +369,14 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
     seed = None if seed is None else _whole(seed, "seed", 0, 2**32 - 1)
     path = SAMPLES_DIR if path is None else project_path(path)  # None: the shipped set; relative: from the repository
     layout, llava = _layout(path)
-    if layout == "folder":
-        if seed is not None and seed != SEED:
-            raise InputError(f"{path} is your own sample folder: it has no seed to draw another set from; pass "
-                             f"SAMPLE_SEED={SEED} (the default) with it (in code: seed=None or {SEED})")
-        return _select(read_folder(path, llava), ids, scene_types, per_type)
     if layout is None:
         raise MissingFileError(_no_sample_set(path))
-    set_seed, rows = _rows_from_manifest(path)
+    set_seed, rows = _rows_from_manifest(path) if layout == "manifest" else (None, None)
+    why = _seed_problem(path, layout, seed, set_seed, rows)
+    if why:
+        raise InputError(why)
+    if layout == "folder":
+        return _select(read_folder(path, llava), ids, scene_types, per_type)
     counts: dict = {}
     for _, row in rows:
         counts[row.get("scene_type")] = counts.get(row.get("scene_type"), 0) + 1
@@ -389,6 +389,49 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
                          f"pass another SAMPLE_SEED (a set of the same recipe is built with {per_type} per type), or "
                          f"PER_TYPE <= {n_per}")
     return _select(_samples_from_records(path, rows, path / MANIFEST, "image", "id"), ids, scene_types, per_type)
+
+
+def _generated(path: Path, rows) -> bool:
+    """Whether the manifest folder ``path`` is a standard set (the shipped folder, one the generator marked, or every
+    entry a standard sample ``<scene type>-<n>`` of its scene type): only such a set has a recipe another seed can
+    draw from. A manifest of your own images is your own folder, as a metadata.jsonl is."""
+    try:
+        if path.resolve() == SAMPLES_DIR.resolve():
+            return True
+    except OSError:
+        return False
+    from ..paths import _marker
+
+    info = _marker(path) if os.path.lexists(path / OUTPUT_MARKER) else None
+    if info is not None and info.get("written_by") == TOOL:
+        return True
+    return bool(rows) and all(isinstance(r.get("id"), str) and _GENERATED_PNG.fullmatch(f"{r['id']}.png")
+                              and r["id"].rsplit("-", 1)[0] == r.get("scene_type") for _, r in rows)
+
+
+def _seed_problem(path: Path, layout: str, seed, set_seed, rows) -> str | None:
+    """Why ``seed`` cannot be used with the samples at ``path`` (one rule for every layout): another seed draws another
+    standard set, so it is refused for your own folder (a metadata.jsonl, a LLaVA JSON or a manifest of your own
+    images), which has no recipe to draw from; None when it can."""
+    if seed is None or seed == (set_seed if layout == "manifest" else SEED):
+        return None
+    if layout == "manifest" and _generated(path, rows):
+        return None
+    return (f"{path} is your own sample folder: it has no seed to draw another set from (SAMPLE_SEED={seed} would "
+            f"measure a synthetic standard set in place of your samples); pass "
+            + (f"SAMPLE_SEED={set_seed} (its manifest's)" if layout == "manifest" else f"SAMPLE_SEED={SEED} (the default)")
+            + f" with it (in code: seed=None)")
+
+
+def seed_refusal(path, seed) -> str | None:
+    """For a notebook's check cell: why ``SAMPLE_SEED=seed`` cannot go with ``SAMPLES=path`` (:func:`_seed_problem`),
+    or None."""
+    path = project_path(path)
+    layout, _ = _layout(path)
+    if layout is None:
+        return None
+    set_seed, rows = _rows_from_manifest(path) if layout == "manifest" else (None, None)
+    return _seed_problem(path, layout, seed, set_seed, rows)
 
 
 def _whole(value, what: str, lo: int, hi: int) -> int:
@@ -631,6 +674,12 @@ def _rows_from_llava(f: Path, entries: list) -> list[tuple[str, dict]]:
             raise InputError(f"{where}: a LLaVA-style entry is an object with an 'image' and a 'conversations' list "
                              "whose 'human' turn has a text 'value'; fix it, or convert the file to metadata.jsonl "
                              "(file_name, question)")
+        n_q = sum(t.get("from") == "human" for t in turns)
+        n_a = sum(t.get("from") == "gpt" for t in turns)
+        if n_q > 1 or n_a > 1:
+            raise InputError(f"{where}: a conversation of {n_q} questions and {n_a} answers; a sample is one question "
+                             f"and its answer, and the later turns would be dropped: split the entry into one entry "
+                             f"per turn (the same image, each with its own 'id')")
         answer = next((t.get("value") for t in turns if t.get("from") == "gpt"), None)
         row = {"file_name": e["image"], "question": human.replace("<image>", "").strip(), "answer": answer}
         if "id" in e:
@@ -792,12 +841,18 @@ def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path
                              f"'id')")
         seen[sid] = where
         keys[_id_key(sid)] = (sid, where)
-    masks = _read_masks(path)
+    masks = _masks_by_sample(path, rows, list(seen), masks_by)
     out = []
     for (where, row), sid in zip(rows, seen):
         img = _read_image(_read_bytes(path, row["file_name"], where, key, MAX_IMAGE_BYTES), row["file_name"], where)
-        mk = row["file_name"] if masks_by == "file_name" else sid
-        m = masks[mk] if mk in masks else np.zeros((0, *img.shape[:2]), bool)
+        mk, m = masks.get(sid, (None, None))
+        if m is None:
+            m = np.zeros((0, *img.shape[:2]), bool)
+        objects = list(row.get("objects") or [])
+        if mk is not None and objects and len(m) != len(objects):
+            raise InputError(f"{where}: masks.npz[{mk!r}] holds {len(m)} mask(s) but the line lists {len(objects)} "
+                             f"object(s) ({', '.join(map(str, objects[:3]))}{', ...' if len(objects) > 3 else ''}): "
+                             f"mask i is object i's, so save one mask per listed object, in the same order")
         if m.shape[1:] != img.shape[:2]:
             raise InputError(f"masks.npz[{mk!r}] is {tuple(m.shape)}, not [n_objects, {img.shape[0]}, "
                              f"{img.shape[1]}] like its image: save one boolean mask per object at the image's size")
@@ -805,6 +860,41 @@ def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path
         out.append(Sample(sid, row.get("scene_type") or "", img, m, list(row.get("objects") or []), row["question"],
                           None if a is None else str(a), row.get("qtype") or "", row.get("caption") or "",
                           row.get("short_prompt") or "", row.get("long_prompt") or ""))
+    return out
+
+
+def _masks_by_sample(path: Path, rows, ids: list[str], masks_by: str) -> dict[str, tuple[str, np.ndarray]]:
+    """``{sample id: (masks.npz key, masks)}``, one rule for every layout: a key names a sample by its ``file_name``
+    (as a path: ``./a.png`` is ``a.png``) or by its ``id`` (the shipped manifest's convention, ``masks_by``); every
+    key must name exactly one sample, and a sample be named by one key: a key that matches no sample (``A.png`` for
+    ``a.png``, a typo, another folder's masks) is refused naming it, never silently ignored."""
+    import difflib
+    import posixpath
+
+    masks = _read_masks(path)
+    if not masks:
+        return {}
+    by_name: dict[str, str] = {}
+    for (_, row), sid in zip(rows, ids):
+        by_name.setdefault(posixpath.normpath(str(row["file_name"])), sid)
+    by_id = {sid: sid for sid in ids}
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    for k, m in masks.items():
+        named = {x for x in (by_name.get(posixpath.normpath(k)), by_id.get(k)) if x is not None}
+        if not named:
+            close = difflib.get_close_matches(k, sorted(set(by_name) | (set(by_id) if masks_by == "id" else set())), 3)
+            raise InputError(f"{path / 'masks.npz'}: key {k[:80]!r} names no sample of the folder (keys are the "
+                             f"samples' file_name{', or their id' if masks_by == 'id' else ''}, exactly, case "
+                             f"included)" + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
+                             + ": rename the key or remove it; a mask no sample uses is never silently dropped")
+        if len(named) > 1:
+            raise InputError(f"{path / 'masks.npz'}: key {k[:80]!r} is one sample's file_name and another's id "
+                             f"({' and '.join(sorted(named))}): key the masks by file_name only")
+        (sid,) = named
+        if sid in out:
+            raise InputError(f"{path / 'masks.npz'}: sample {sid!r} has masks under two keys ({out[sid][0]!r} and "
+                             f"{k!r}): keep one")
+        out[sid] = (k, m)
     return out
 
 
