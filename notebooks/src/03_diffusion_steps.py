@@ -185,8 +185,8 @@ for m, run in look.items():
                                                or " not measurable here"))
 
 # %% [markdown]
-# **What to look at.** Healthy: a bright blob on the drawn object the word names. Two scales: brightness in × uniform, and the IoU of the word's top patches with its object against a
-# random region's ("chance").
+# **What to look at.** Healthy: a bright blob on the drawn object the word names. Two scales: brightness in
+# × uniform, and the IoU of the word's top patches with its object against a random region's ("chance").
 #
 # The MMDiT drew both objects and its brightest word reaches <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform, but off target:
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'green' on" re="('green' on .*)$"-->'green' on background<!--/num-->,
