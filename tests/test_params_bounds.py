@@ -177,3 +177,26 @@ def test_a_report_store_path_holding_an_equals_sign_is_a_path(tmp_path):
     assert cli_stores([str(store)]) == {"store": str(store)}
     assert cli_stores(["runs/lr=0.2/store"]) == {"store": "runs/lr=0.2/store"}  # not there yet: a '/' before '=' too
     assert cli_stores([f"mine={store}"]) == {"mine": str(store)}  # LABEL=PATH as before
+
+
+@pytest.mark.parametrize("budgets,n_image,kept", [([0.111, "64t"], 576, 64), ([0.25, 0.2501], 576, 144),
+                                                   ([0.111, 0.1105], 576, 64)])
+def test_two_budgets_that_keep_the_same_token_count_are_refused_where_the_model_is_known(budgets, n_image, kept):
+    """S10-S12 (#60 round IV): [0.111, '64t'] on 576 tokens became [0.111, 0.1111], both keeping round(x 576) = 64
+    tokens, so the sweep measured one kept count twice (the doubling the exact-duplicate check prevents); the same
+    for [0.25, 0.2501] and 0.1 next to 0.1 + 1e-17. Refused naming both budgets and the count; in the check cell
+    (model not yet known) only exact repeats are."""
+    with pytest.raises(InputError) as e:
+        budget_shares(budgets, n_image)
+    msg = str(e.value)
+    assert "\n" not in msg and repr(budgets[0]) in msg and repr(budgets[1]) in msg and f"same {kept} of" in msg, msg
+    assert budget_shares([0.111, 0.25], 576) == [0.111, 0.25]
+
+
+def test_check_fractions_takes_one_float_apart_as_a_repeat():
+    """S12: FRACTIONS=[0.1, 0.1 + 1e-17] (0.1 and 0.10000000000000002) passed as two fractions."""
+    with pytest.raises(InputError, match=r"given twice"):
+        check_fractions([0.1, 0.1 + 1e-17], "fraction")
+    with pytest.raises(ParameterError, match=r"FRACTIONS=.*given twice"):
+        check_params({"FRACTIONS": [0.1, 0.1 + 1e-17]})
+    assert check_fractions([0.1, 0.1001]) == [0.1, 0.1001]

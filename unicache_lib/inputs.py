@@ -476,6 +476,11 @@ def budget_shares(values, n_image: int | None, what: str = "budget", tokens_know
                         f"({share:g}" + (f" of {n_image} image tokens)" if n_image else ")"))
                 raise InputError(f"{said}: each budget is one row of the sweep, and a repeat would write its rows twice "
                                  f"and double its n; drop one")
+            if tokens_known and n_image and round(s * n_image) == round(share * n_image):
+                raise InputError(f"{what}s {u!r} and {v!r} keep the same {round(share * n_image)} of this model's "
+                                 f"{n_image} image tokens (the eviction keeps round(share x {n_image})): one row of the "
+                                 f"sweep would be measured twice and its n doubled; drop one, or give budgets as token "
+                                 f"counts ('64t')")
         given.append(v)
         out.append(share)
     return out
@@ -491,7 +496,7 @@ def check_fractions(values, what: str = "budget", upper_inclusive: bool = True, 
     out = []
     for v in values:
         x = check_fraction(v, what, upper_inclusive, meaning)
-        if x in out:
+        if any(abs(x - o) <= 1e-9 for o in out):  # 0.1 and 0.1 + 1e-17 (one float apart) are one fraction
             raise InputError(f"{what} {v!r} is given twice: each {what} is one row of the sweep, and a repeat would "
                              f"write its rows twice and double its n; drop one")
         out.append(x)
