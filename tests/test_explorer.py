@@ -103,6 +103,51 @@ def explorers(l02, l03):
     return {"02": a, "evil": h, "03": s, "models": m, "build_s": build_s}
 
 
+PICTURES = {  # what an explorer's picture was -> what it is drawn as (mean of the PNG), or the refusal
+    "uint16 mid-grey": (np.full((32, 32, 3), 32768, np.uint16), 127),
+    "channels first": (np.full((3, 32, 32), 200, np.uint8), 200),
+    "float NaN": (np.full((32, 32, 3), np.nan, np.float32), "NaN or infinite"),
+    "int64 out of range": (np.full((32, 32, 3), 1000, np.int64), "outside 0..255"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PICTURES))
+def test_a_picture_is_drawn_as_it_is_or_refused_in_one_line(case):
+    """S13/S14 (#60 round IV): a uint16 picture (mid-grey 32768) was drawn pure white, a float picture of NaN black;
+    a channels-first [3, H, W] one raised a raw PIL TypeError. uint16 is scaled (65535 is white), channels-first
+    turned, NaN and values outside 0..255 refused in one line."""
+    import io
+
+    from PIL import Image
+
+    from unicache_lib.explorer.payload import encode_image
+
+    image, want = PICTURES[case]
+    if isinstance(want, str):
+        with pytest.raises(InputError, match=want) as e:
+            encode_image(image)
+        assert "\n" not in str(e.value)
+        return
+    data, _, w, h = encode_image(image)
+    assert (w, h) == (32, 32) and abs(float(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).mean()) - want) <= 1
+
+
+@pytest.mark.parametrize("case", ["all NaN", "rows sum to 3", "negative"])
+def test_maps_that_are_not_probabilities_are_refused(case):
+    """S15/S16: a record whose probs were all NaN built an explorer (values() 100% NaN); maps whose rows sum to 3
+    were shown (max 84.7). Now AttentionValueError in one line naming the sample and layer."""
+    from unicache_lib.core.errors import AttentionValueError
+    from unicache_lib.explorer import attention_explorer
+
+    result, images, tokens, grids, qs = lesson_02(n_samples=1, layers=2, heads=2, n_img=16)
+    rec = next(r for r in result if r.sample == "single-0" and r.layer == 1)
+    rec.data["probs"] = {"all NaN": torch.full_like(rec.probs, float("nan")), "rows sum to 3": rec.probs * 3,
+                         "negative": rec.probs - 0.5}[case]
+    with pytest.raises(AttentionValueError, match=r"sample 'single-0', layer 1") as e:
+        attention_explorer(result, images, tokens, grids, qs)
+    assert "\n" not in str(e.value)
+
+
 # ------------------------------------------------------------------------------------------------ the payload
 
 

@@ -275,7 +275,8 @@ def test_fault_table_counts_come_from_the_tests():
                                                                "test_inputs", "test_capture", "test_reuse", "test_params",
                                                                "test_hostile_input", "test_benchmarks", "test_presses",
                                                                "test_samples_hostile", "test_params_bounds",
-                                                               "test_outputs_safe", "test_store_hostile")]
+                                                               "test_outputs_safe", "test_store_hostile",
+                                                               "test_explorer", "test_depth")]
     funcs = {k: v for m in mods for k, v in vars(m).items() if k.startswith("test_")}
     rows = fault_table_rows(FAULTS_PAGE.read_text())
     assert len(rows) >= 10

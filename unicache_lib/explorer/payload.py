@@ -134,6 +134,27 @@ def _maps(t) -> np.ndarray:
     return np.asarray(t, np.float32)
 
 
+def _probabilities(m: np.ndarray, where: str) -> np.ndarray:
+    """``m`` when it holds attention probabilities: finite, >= 0, each query row summing to at most 1 (a strided
+    capture keeps some keys, so a row may sum to less); else :class:`AttentionValueError` naming ``where``, never a
+    picture of NaN or of numbers that are not shares."""
+    from ..core.errors import AttentionValueError
+
+    if not np.isfinite(m).all():
+        bad = float(np.mean(~np.isfinite(m)))
+        raise AttentionValueError(f"{where}: {bad:.0%} of the attention values are NaN or infinite (a capture that "
+                                  f"overflowed, e.g. in float16): recapture it in float32; nothing is drawn from it")
+    if m.size and float(m.min()) < -1e-6:
+        raise AttentionValueError(f"{where}: attention values down to {float(m.min()):.3g}: these are not "
+                                  f"probabilities (scores before the softmax?); pass the softmax's output")
+    rows = m.sum(-1) if m.ndim else m
+    if m.size and float(rows.max()) > 1.01:  # (float16 softmax rows sum to 1 within a few 1e-3)
+        raise AttentionValueError(f"{where}: a query's attention sums to {float(rows.max()):.3g}, more than 1: these "
+                                  f"are not one softmax's probabilities (summed over heads or layers?); pass each "
+                                  f"head's softmax output")
+    return m
+
+
 @dataclass
 class Panel:
     """One model's sample: its frames (``maps[f]`` is ``[H, Sq, Sk]``, frames row-major over ``axes``) and where the
@@ -234,7 +255,7 @@ def attention_panels(result, images, tokens, grids=None, questions=None, *, samp
         if r0.query_stride > 1 or r0.key_stride > 1:
             raise InputError(f"{what}: the maps of sample {s!r} are thinned (query_stride {r0.query_stride}): capture "
                              f"them with query_stride=1")
-        maps = [_maps(by[s, lay].probs) for lay in lays]
+        maps = [_probabilities(_maps(by[s, lay].probs), f"{what}: sample {s!r}, layer {lay}") for lay in lays]
         H, sq, sk = maps[0].shape
         toks = list(tokens[s])
         cross = r0.part == "cross"
@@ -305,7 +326,8 @@ def step_panels(result, images, tokens, part=None, *, samples=None, layers=None,
         if r0.query_stride > 1 or r0.key_stride > 1:
             raise InputError(f"{what}: the maps of prompt {s!r} are thinned (query_stride {r0.query_stride}): the "
                              f"picture reading a word needs every image query; capture with query_stride=1")
-        maps = [_maps(by[s, lay, st].probs) for st in stps for lay in lays]
+        maps = [_probabilities(_maps(by[s, lay, st].probs), f"{what}: sample {s!r}, layer {lay}, step {st}")
+                for st in stps for lay in lays]
         H, sq, sk = maps[0].shape
         n_img, n_text = int(r0.meta["n_image"]), int(r0.meta["n_text"])
         toks = list(tokens[s])
@@ -408,10 +430,28 @@ def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
     side: PNG or JPEG, whichever is smaller."""
     from PIL import Image  # local: PIL is needed only when a picture is encoded
 
+    if hasattr(image, "detach"):
+        image = image.detach().cpu().numpy()
     a = np.asarray(image)
-    if a.ndim not in (2, 3) or a.size == 0:
+    if a.ndim == 3 and a.shape[0] in (1, 3, 4) and a.shape[2] not in (1, 3, 4):  # channels first, as a tensor holds it
+        a = np.moveaxis(a, 0, -1)
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[..., 0]
+    if a.ndim not in (2, 3) or a.size == 0 or (a.ndim == 3 and a.shape[2] not in (3, 4)):
         raise InputError(f"an explorer's picture must be [H, W, 3] (or [H, W]); got shape {a.shape}")
-    if a.dtype != np.uint8:
+    if a.dtype == np.bool_ or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise InputError(f"an explorer's picture must be uint8, uint16 or floats in 0..1; got {a.dtype}")
+    if a.dtype == np.uint16:  # 16-bit: 65535 is white (it used to be clipped at 255: mid-grey drawn white)
+        a = (a.astype(np.uint32) // 257).astype(np.uint8)
+    elif np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8:
+        if a.min() < 0 or a.max() > 255:
+            raise InputError(f"an explorer's picture of {a.dtype} holds values {a.min()}..{a.max()}, outside 0..255: "
+                             f"pass uint8 (0..255), uint16 or floats in 0..1")
+        a = a.astype(np.uint8)
+    elif a.dtype != np.uint8:
+        if not np.isfinite(a).all():
+            raise InputError(f"an explorer's picture holds NaN or infinite values ({float(np.mean(~np.isfinite(a))):.0%} "
+                             f"of them): nothing would be drawn there; pass the picture itself (uint8, or floats in 0..1)")
         a = np.clip(a.astype(np.float64) * (255.0 if a.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
     if a.ndim == 3 and a.shape[2] == 4:
         a = a[..., :3]
