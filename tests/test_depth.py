@@ -71,3 +71,15 @@ def test_schedules_hold_at_any_weight_scale_and_refuse_what_is_not_a_schedule():
                 lambda: POLICIES["full"]().with_depth(pyramid(4))):
         with pytest.raises(InputError):
             bad()
+
+
+@pytest.mark.parametrize("future,positions,says", [
+    (torch.rand(10), torch.arange(0), "none were given"),
+    (torch.full((10,), float("nan")), torch.arange(4), "not finite"),
+    (torch.zeros(10), torch.arange(4), "zero"),
+])
+def test_reading_width_refuses_a_reading_it_cannot_measure(future, positions, says):
+    """S19 (#60 round IV): reading_width(torch.rand(10), torch.arange(0)) returned 1.0, as if the question read
+    exactly one image key; NaN or zero attention gave NaN or a made-up width. Now each refused in one line."""
+    with pytest.raises(InputError, match=says):
+        reading_width(future, positions)

@@ -151,7 +151,13 @@ def reading_width(future: torch.Tensor, image_positions: torch.Tensor) -> float:
     """``exp`` of the entropy of one layer's question reading (``future``: ``[C]`` attention on each context key,
     mean over heads and question tokens) restricted to the image keys and renormalised: how many image keys the
     question reads, in tokens (``n_image`` for an even reading, 1 for one key). float32."""
+    if len(image_positions) == 0:
+        raise InputError("reading_width needs the image positions of the context: none were given, so there is no "
+                         "image reading to measure (pass ctx.image_positions of a prompt that holds an image)")
     p = future.float()[image_positions]
+    if not bool(torch.isfinite(p).all()) or float(p.sum()) <= 0:
+        raise InputError(f"reading_width: the attention on the image keys is {'not finite' if not bool(torch.isfinite(p).all()) else 'zero'}, "
+                         f"so no reading width can be measured from it")
     p = p / p.sum().clamp_min(1e-30)
     h = -(p * p.clamp_min(1e-30).log()).sum()
     return float(h.exp())
