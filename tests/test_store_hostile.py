@@ -755,3 +755,22 @@ def test_the_stats_store_meta_is_read_bounded_and_never_through_a_link(tmp_path,
     ok.mkdir()
     (ok / "meta.json").write_text('{"model": "tiny-llava", "sample_seed": 0}')
     assert stats_store_or_capture(ok, fallback, sample_seed=0) == (ok, False)
+
+
+@pytest.mark.parametrize("dtype,value", [(torch.int64, 2**40 + 1), (torch.int32, 3), (torch.complex64, 1 + 2j)])
+def test_a_record_whose_data_a_float_cast_would_change_is_refused(tmp_path, dtype, value):
+    """S17/S18 (#60 round IV): an int64 tensor [2**40 + 1] read back as float32 1099511627776.0, a complex [1+2j] as
+    1.0: Store._write cast every array with t.float(). A store holds float32 (or bool) data: other dtypes are refused
+    in one line, nothing written; a float64 or bool array is stored as before. Not a list of Records: one line too."""
+    s = Store(tmp_path / "s", meta={"model": "m"})
+    r = rec(0, 0)
+    r.data["extra"] = torch.tensor([value], dtype=dtype)
+    with pytest.raises(UnicacheError) as e:
+        s.write([r])
+    assert str(dtype) in one_line(e.value) and "float32" in str(e.value)
+    assert not (tmp_path / "s" / "index-rank00000.jsonl").exists()
+    r.data["extra"] = torch.tensor([0.5], dtype=torch.float64)
+    s.write([r])
+    for bad in (r, [{"key": 1}]):
+        with pytest.raises(UnicacheError, match="list of Records"):
+            s.write(bad)

@@ -649,9 +649,24 @@ class Store:
     def write(self, records: list[Record]) -> int:
         """Append ``records`` as one chunk. Returns the number written. Raises :class:`StoreError` if a
         key is already stored (nothing is written then)."""
+        if isinstance(records, Record) or isinstance(records, (str, bytes, dict)) or not hasattr(records, "__iter__"):
+            raise InputTypeError(f"Store.write takes a list of Records, got {type(records).__name__}: pass [record]")
         records = list(records)
         if not records:
             return 0
+        bad = next((r for r in records if not isinstance(r, Record)), None)
+        if bad is not None:
+            raise InputTypeError(f"Store.write takes a list of Records (unicache_lib.capture.record.Record), got a "
+                                 f"{type(bad).__name__} in it; nothing was written")
+        for r in records:  # what is stored is float32 (or bool): a cast that changes values is refused, not done
+            for name, t in r.data.items():
+                if not isinstance(t, torch.Tensor):
+                    raise InputTypeError(f"record {r.key!r}: array {name!r} is a {type(t).__name__}, not a torch "
+                                         f"tensor; nothing was written")
+                if t.dtype != torch.bool and not t.dtype.is_floating_point:
+                    raise InputTypeError(f"record {r.key!r}: array {name!r} is {t.dtype}, but a store holds float32 "
+                                         f"(or bool) data, and the cast would change it ({'the imaginary part dropped' if t.is_complex() else 'integers above 2**24 rounded'}): "
+                                         f"store t.float() yourself if that is what you mean; nothing was written")
         self.path.mkdir(parents=True, exist_ok=True)
         with self._writer_lock().mutex, self._guard:
             return self._write(records)
