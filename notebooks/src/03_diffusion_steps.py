@@ -751,6 +751,11 @@ print(wrap("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items())))
 # %%
 board.show()
 
+# %%
+from unicache_lib.claims import claims_table
+
+claims_table("03_diffusion_steps")  # the claims beside their verdicts, each written once, in unicache_lib/claims.py
+
 # %% [markdown]
 # **Reading the scoreboard.** Two small generators' verdicts: G5 fails for the toy's few image tokens (section 7),
 # and whether G2 (b) fails for the same reason this run cannot test (a real checkpoint can: Next steps).

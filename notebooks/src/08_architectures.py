@@ -652,6 +652,11 @@ print("; ".join(f"{c} {r.verdict}" for c, r in board.rows.items()))
 # %%
 board.show()
 
+# %%
+from unicache_lib.claims import claims_table
+
+claims_table("08_architectures")  # the claims beside their verdicts, each written once, in unicache_lib/claims.py
+
 # %% [markdown]
 # **Reading the scoreboard.** A claim stays "inconclusive" while any criterion is undecided, even when another
 # already fails (A2). What each measurement means for a cache (advice from `unicache_lib/claims.py`):
