@@ -158,6 +158,7 @@ _ALL = [
        "then a few image keys keep most of what the text reads ([eviction](../docs/GLOSSARY.md#eviction))",
        "02_understanding_maps", "share of the text's image reads on the top 10% of image positions (mean over layers; "
        "chance 0.1) above 0.5", {"": {"above": 0.5}},
+       meaning={"holds": "a few image keys take most reads", "does not hold": "the reads spread over many image keys"},
        advice=Advice("above ~0.5: a few image keys carry most of the reads and a small budget can keep them, by a cover "
                      "rather than by score (05 §2: score-based rules fall below random where the reads cluster); near "
                      "0.1: the reads are spread, keep a larger budget",
@@ -173,7 +174,8 @@ _ALL = [
        "which layers' KV to cut by score", "02_understanding_maps",
        "(a) shallow-band normalised entropy above 0.8, (b) the most focused deep head's mean max weight above "
        f"{FOCUSED:g}",
-       {"a": {"above": 0.8}, "b": {"above": FOCUSED}}),
+       {"a": {"above": 0.8}, "b": {"above": FOCUSED}},
+       meaning={"holds": "deep layers focus on a few keys", "does not hold": "deep layers spread out, not focus"}),
     _c("U3", "Visual anchors persist across layers; moderately stable across images.",
        "one selection of image keys serves every layer", "02_understanding_maps",
        "(a) top-{top_k} anchor Jaccard between the first shallow and first middle layer above 3x chance, (b) "
@@ -195,16 +197,19 @@ _ALL = [
                       Place("05", 3, policies=("key_coverage",))))),
     _c("U5", "Content words read the image far more than function words.",
        "which queries to watch when scoring image keys", "02_understanding_maps",
-       "image share of content words / of function words and punctuation above 2", {"": {"above": 2.0}}),
+       "image share of content words / of function words and punctuation above 2", {"": {"above": 2.0}},
+       meaning={"holds": "content words single out image keys", "does not hold": "no word class singles out image keys"}),
     _c("U6", "Image reads rise while naming image content during decoding.",
        "which decoding steps to watch when scoring image keys", "02_understanding_maps",
        "image share of generated content words / of generated function words and punctuation above 1.2",
-       {"": {"above": 1.2}}),
+       {"": {"above": 1.2}},
+       meaning={"holds": "naming steps single out image keys", "does not hold": "no decoding step singles out image keys"}),
     _c("U8", "Healthy layers: a few focused heads, the rest moderately spread.",
        "which heads a per-head budget should favour", "02_understanding_maps",
        f"share of layers in which some but not all heads put > {FOCUSED:g} on one key on average above 0.99 (every "
        "layer)",
        {"": {"above": 0.99}},
+       meaning={"holds": "a few focused heads per layer", "does not hold": "almost no head focuses on one key"},
        advice=Advice("heads of one layer read differently: score and budget them one by one, never by the layer's mean; "
                      "the diffuse ones are pruning candidates only once a test on outputs agrees (04's P3)",
                      (Place("04", 3, params=("FRACTIONS",)),))),
