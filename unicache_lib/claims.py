@@ -159,34 +159,38 @@ _ALL = [
        "02_understanding_maps", "share of the text's image reads on the top 10% of image positions (mean over layers; "
        "chance 0.1) above 0.5", {"": {"above": 0.5}},
        meaning={"holds": "a few image keys take most reads", "does not hold": "the reads spread over many image keys"},
-       advice=Advice("above ~0.5: a few image keys carry most of the reads and a small budget can keep them, by a cover "
-                     "rather than by score (05 §2: score-based rules fall below random where the reads cluster); near "
-                     "0.1: the reads are spread, keep a larger budget",
+       advice=Advice("above ~0.5: a few image keys carry most of the reads, yet keep a cover of the image keys, not the "
+                     "most-read ones (05 §2 counts the score-based rules below random at each budget); near 0.1: the "
+                     "reads are spread, keep a larger budget",
                      (Place("05", 3, policies=("key_coverage",), params=("BUDGETS",)),))),
     _c("U2a", "Shallow layers are local/positional; deep layers aggregate globally and spread out.",
-       "which layers' KV to cut by locality", "02_understanding_maps",
+       "whether depth should change the image-KV budget (05 §8: one budget per layer ties a width schedule; "
+       "shrinking the deep layers loses)", "02_understanding_maps",
        "(a) deep / shallow mean attention distance above 1.1, (b) deep minus shallow normalised entropy above 0.02",
        {"a": {"above": 1.1}, "b": {"above": 0.02}},
        advice=Advice("positive: deep layers spread, do not cut them harder than shallow ones; negative: deep layers "
                      "focus, fewer keys may do there. Measure it: 05 §8 compares a depth schedule with one budget per "
                      "layer at equal bytes", (Place("05", 8, what="budgets by depth", params=("DEPTH_SCHEDULES",)),))),
     _c("U2b", f"Shallow layers are near-uniform; deep layers focus (some heads' max weight > {FOCUSED:g}).",
-       "which layers' KV to cut by score", "02_understanding_maps",
+       "whether deep layers could keep fewer image keys (05 §8: shrinking them loses)", "02_understanding_maps",
        "(a) shallow-band normalised entropy above 0.8, (b) the most focused deep head's mean max weight above "
        f"{FOCUSED:g}",
        {"a": {"above": 0.8}, "b": {"above": FOCUSED}},
        meaning={"holds": "deep layers focus on a few keys", "does not hold": "deep layers spread out, not focus"}),
     _c("U3", "Visual anchors persist across layers; moderately stable across images.",
-       "one selection of image keys serves every layer", "02_understanding_maps",
+       "whether one selection of image keys could serve every layer (05's larger runs: selecting per layer from the "
+       "cache wins)", "02_understanding_maps",
        "(a) top-{top_k} anchor Jaccard between the first shallow and first middle layer above 3x chance, (b) "
        "within-scene-type minus across-type anchor Jaccard above 0", {"a": {"above": "u3_bar"}, "b": {"above": 0.0}},
-       advice=Advice("(a)'s whole interval above 3x chance: one selection of image keys can serve several layers, as "
-                     "DivPrune and `key_coverage_prefill` choose once before the prefill; near chance: select per layer, "
-                     "as `key_coverage` does", (Place("05", 3, policies=("key_coverage", "key_coverage_prefill")),)),
-       meaning={"holds": "one selection serves several layers", "does not hold": "select per layer",
-                "inconclusive": "select per layer until settled"}),
+       advice=Advice("whatever (a) shows, select each layer's image keys from its own cache after the prefill, as "
+                     "`key_coverage` does: on 05's larger runs the covers that choose once before the prefill "
+                     "(DivPrune, `key_coverage_prefill`) fall behind it (05's appendix)",
+                     (Place("05", 3, policies=("key_coverage",)),)),
+       meaning={"holds": "anchors persist; still select per layer (05)", "does not hold": "select per layer",
+                "inconclusive": "select per layer"}),
     _c("U4", "Anchors sit on salient objects, unlike text attention sinks.",
-       "keep object patches *and* [sinks](../docs/GLOSSARY.md#sink)", "02_understanding_maps",
+       "keep the [sinks](../docs/GLOSSARY.md#sink) and a cover of the image, not its most-read (object) patches (05)",
+       "02_understanding_maps",
        "(a) anchors on object patches / random patches on objects above 1.5, (b) the text's reads on its anchors minus "
        "on the first 3 positions (a sink) above 0", {"a": {"above": 1.5}, "b": {"above": 0.0}},
        advice=Advice("a sink (the first positions) taking as much of the text's reads as the anchors or more: keep it in "
@@ -205,21 +209,25 @@ _ALL = [
        {"": {"above": 1.2}},
        meaning={"holds": "naming steps single out image keys", "does not hold": "no decoding step singles out image keys"}),
     _c("U8", "Healthy layers: a few focused heads, the rest moderately spread.",
-       "which heads a per-head budget should favour", "02_understanding_maps",
+       "whether heads need image-KV budgets of their own (05: a cover over all heads together is best)",
+       "02_understanding_maps",
        f"share of layers in which some but not all heads put > {FOCUSED:g} on one key on average above 0.99 (every "
        "layer)",
        {"": {"above": 0.99}},
        meaning={"holds": "a few focused heads per layer", "does not hold": "almost no head focuses on one key"},
-       advice=Advice("heads of one layer read differently: score and budget them one by one, never by the layer's mean; "
-                     "the diffuse ones are pruning candidates only once a test on outputs agrees (04's P3)",
-                     (Place("04", 3, params=("FRACTIONS",)),))),
+       advice=Advice("heads of one layer read differently, yet budget the image KV by a cover over all heads together: "
+                     "05's best policy covers each layer's keys with every head concatenated, and AdaKV, its one "
+                     "per-head budget, kept less than random at 10% and frees no memory. Whether a head can go is "
+                     "decided by a test on outputs (04's P3), not by its spread",
+                     (Place("05", 3, policies=("key_coverage",)), Place("04", 3, params=("FRACTIONS",))))),
     _c("U9", "Image tokens dominate; text<->image share under ~15% means text is not reaching the image.",
-       "where image KV is read", "02_understanding_maps",
+       "where image KV is read (the whole map's cross-modal share, not 07's detector quantity)", "02_understanding_maps",
        "(a) image->image minus the largest other block, in its worst layer, above 0, (b) cross-modal share in its "
        f"worst layer above {NEGLECT_WARN:g}", {"a": {"above": 0.0}, "b": {"above": NEGLECT_WARN}},
-       advice=Advice(f"under {NEGLECT_WARN:g} the text barely reads the image; under {NEGLECT_CUTOFF:g} in a layer: a "
-                     "modality cut-off (07's U10): run the neglect detector after any cache change",
-                     (Place("07", 2, what="the neglect detector"),))),
+       advice=Advice(f"under {NEGLECT_WARN:g} the text barely reads the image. After a cache change, check image "
+                     "dependence and accuracy, not a share: 07's neglect detector stayed quiet on the real breaks it "
+                     "was meant to catch, and only accuracy caught them all",
+                     (Place("07", 2, what="image dependence, accuracy"),))),
     _c("U11", "Object words attend to their object's patches.",
        "whether a question predicts the patches it needs", "02_understanding_maps",
        "best layer (of the full data): (a) median selectivity above 1.5, (b) median selectivity / the untrained-LM "
@@ -229,7 +237,7 @@ _ALL = [
                      "compressed. Either way keep a cover of the image keys, not the patches the question reads",
                      (Place("05", 3, policies=("key_coverage",)),))),
     _c("U13", "Low layers spread (~35% cross-modal), middle layers focus, high layers refine.",
-       "which depth band's image KV is read by the text", "02_understanding_maps",
+       "where in depth the text reads the image (05 §5: one rule serves every depth band)", "02_understanding_maps",
        "(a) shallow-band cross-modal share within [0.2, 0.5], (b) shallow minus middle normalised entropy above 0.02",
        {"a": {"between": (0.2, 0.5)}, "b": {"above": 0.02}}),
     # 03: how a diffusion transformer's attention moves over the denoising steps
@@ -426,7 +434,8 @@ _ALL = [
        "in that third (a phrase naming no object of the scene) above 0.6 (drift)",
        {"a": {"below": 0.0}, "b": {"above": 0.6}},
        advice=Advice("below 0: a heavy read is followed by a light one; above 0: reads persist over a few tokens. Either "
-                     "way evict by a cover (05 §3), not by the last reads: 05 finds read-ranked rules below random",
+                     "way evict by a cover (05 §3), not by the last reads (05 §2 counts the read-ranked rules below "
+                     "random at each budget)",
                      (Place("05", 3, policies=("key_coverage",)),)),
        meaning={"holds": "evict by a cover, not by recent reads", "does not hold": "evict by a cover, not by recent reads",
                "inconclusive": "evict by a cover, not by recent reads"}),

@@ -13,6 +13,7 @@ Units resampled: questions (paired) for eviction, prompts for quality, timing ro
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -29,11 +30,67 @@ from .understanding_claims import scene_type_note
 
 MILD = "step_skip (stride 2)"
 DECISIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # make evaluate's committed results
+SETTLED = Path(__file__).resolve().parents[2] / "data" / "replicate" / "settled.csv"  # make settle's committed reruns
+LESSON_05 = Path(__file__).resolve().parents[2] / "notebooks" / "05_kv_eviction.ipynb"  # the committed lesson
 PEERS = ("divprune", "fastv", "snapkv", "h2o", "streaming")  # the eviction peers beside every kvpress press
 ATTENTION_LEVEL = ("adaptive", "every_2", "static_last_third", "text_side")  # the study's attention-level schedules
 
 EVICTION_RULES = rules_of("05_kv_eviction")
 REUSE_RULES = rules_of("06_step_reuse")
+
+
+def settled_u7(model_name: str, path=None) -> Interval | None:
+    """U7's interval from ``make settle``'s committed rerun of notebook 05 on more questions
+    (``data/replicate/settled.csv``; the rerun is of the shipped ``tiny-llava``), None for another model or none."""
+    path = Path(path or SETTLED)
+    if model_name != "tiny-llava" or not path.exists():
+        return None
+    d = pd.read_csv(path).query("notebook == '05_kv_eviction' and claim == 'U7'")
+    if not len(d):
+        return None
+    r = d.iloc[-1]
+    return Interval(float(r.value), float(r.lo), float(r.hi), int(r.n), str(r.unit))
+
+
+def below_random_finding(notebook=None) -> str:
+    """What 05 §2 printed about the score-based rules below ``random`` (paired interval below 0), per budget, read from
+    the committed lesson (generated, never typed): ``"05 §2: score-based rules below random at 10% 1 of 10, ..."``;
+    "" when the lesson printed none."""
+    path = Path(notebook or LESSON_05)
+    if not path.exists():
+        return ""
+    text = "".join("".join(o.get("text", "")) for c in json.loads(path.read_text())["cells"]
+                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    found = re.findall(r"^(\d+%): (\d+ of \d+) score-based rules below random", text, re.M)
+    return ("05 §2: score-based rules below random (paired interval): " + ", ".join(f"{k} at {b}" for b, k in found)
+            if found else "")
+
+
+def cover_finding(results=None, scale_model: str = "tiny-llava-576") -> str:
+    """What 05's larger runs found for the covers that choose before the prefill, in one clause (generated from the
+    committed results, never typed): ``key_coverage`` minus DivPrune on the decisive run (``evaluate_controls.csv``),
+    minus ``key_coverage_prefill`` (``prefill_cover.csv``), and the shares each keeps at 64 of 576 tokens."""
+    def pts(r):
+        return f"{100 * r['diff']:+.1f} [{100 * r.lo:+.1f}, {100 * r.hi:+.1f}] pt at {r.budget:.0%}"
+    out, root = [], Path(results or DECISIVE)
+    c = decisive("tiny-llava", "controls", root)
+    if c is not None and "divprune" in set(c.peer):
+        dp = c[c.peer == "divprune"]
+        out.append(f"decisive run ({int(dp.n.iloc[0]):,} questions): {NEW} minus DivPrune "
+                   + ", ".join(pts(r) for _, r in dp.iterrows()))
+    pc = root / "prefill_cover.csv"
+    if pc.exists():
+        m = pd.read_csv(pc).query("kind == 'minus' and method == @NEW")  # key_coverage_prefill minus key_coverage
+        out += [f"minus key_coverage_prefill " + ", ".join(
+            f"{-100 * r['diff']:+.1f} pt at {r.budget:.0%} ({ {'behind': 'ahead', 'ahead': 'behind'}.get(r.verdict, r.verdict)})"
+            for _, r in m.iterrows())] if len(m) else []
+    sh = decisive(scale_model, "shares", root)
+    if sh is not None:
+        k = sh[sh.tokens == 64].set_index("method").share_of_full
+        names = [x for x in (NEW, "key_coverage_prefill", "key_coverage_features") if x in k.index]
+        if NEW in names and len(names) > 1:
+            out.append(f"share of full accuracy at 64 of 576 tokens: " + ", ".join(f"{x} {k[x]:.3f}" for x in names))
+    return "; ".join(out)
 
 
 def budget_label(budget: float, n_image: int | None, sep: str = " ") -> str:
@@ -98,13 +155,18 @@ def _overrule(board, decisive: pd.DataFrame, run: str) -> None:
 
 
 def measure_eviction(board, R: pd.DataFrame, budgets, u7: Interval | None, peer_methods: list[str],
-                     grid_note: str | None = None, decisive: pd.DataFrame | None = None) -> None:
+                     grid_note: str | None = None, decisive: pd.DataFrame | None = None,
+                     settled: Interval | None = None) -> None:
     """U7 and E1-E4 from the eviction rows ``R`` (:func:`~unicache_lib.kv.evaluate.run_eviction`). ``u7``: the paired
     interval of locality-shallow minus swapped (None with ``grid_note``, the reason: the family's image tokens form
     no grid); ``peer_methods``: the peers E4 compares with. ``decisive`` (:func:`decisive`): where it has a
-    claim, that claim is decided on the decisive run's interval and its row says so, with this run's beside it."""
+    claim, that claim is decided on the decisive run's interval and its row says so, with this run's beside it;
+    ``settled`` (:func:`settled_u7`): U7 decided on ``make settle``'s rerun on more questions, this run's beside it."""
     if u7 is None:
         board.measure("U7", None, note=grid_note or "not measured")
+    elif settled is not None:
+        board.measure("U7", settled, shown=f"decided by the settled run (make settle, {settled.n} questions); this "
+                      f"run's {u7.n}: {100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]")
     else:
         board.measure("U7", u7, shown=f"vs swapped {100 * u7.value:+.1f} pt (mean over {len(budgets)} budgets)")
 
@@ -278,12 +340,14 @@ def _at(acc, m, b) -> float:
 
 
 def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float,
-                       scale: pd.DataFrame | None = None, scale_model: str = ""):
+                       scale: pd.DataFrame | None = None, scale_model: str = "", u7_run: str = "", results=None):
     """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`), at most
     eight rows and 40 printed lines (tests/test_output_limits.py). ``scale``: the literature's-scale targets of a
     decisive run (``make evaluate MODEL=tiny-llava-576 BUDGETS=64t,128t``: :func:`decisive` ``(scale_model,
     "targets")``), a row for the share kept at 64 and 128 tokens; 05 leaves it out (that run is read in
-    docs/EVICTION_APPENDIX.md)."""
+    docs/EVICTION_APPENDIX.md). ``u7``: the interval U7 is decided on, ``u7_run`` the run it comes from (the settled
+    one, :func:`settled_u7`, where committed). The advice about the covers chosen before the prefill comes from the
+    larger runs (:func:`cover_finding`, ``results``), not from this run's ties."""
     full, rows, value, act, tops, tied = _at(acc, "full", budgets[0]), [], [], [], set(), True
     for b in budgets:  # one entry per budget: the two best
         cand = {m: _at(acc, m, b) for m in (NEW, f"{NEW}_merge", "divprune", "h2o", "snapkv", "unicache", "random",
@@ -294,13 +358,14 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
         value.append(f"{b:.0%}: {best} {cand[best]:.3f}, {second} {cand[second]:.3f}")
         act.append(f"{b:.0%}: " + (f"{best} or {second}" if gap <= 2 else f"pick {best}"))
         tied &= gap <= 2
+    larger = cover_finding(results)
     rows.append({"measurement": f"accuracy per budget, the two best (full {full:.3f})",
                  "value here": "; ".join(value),
-                 "what it suggests on your model": (f"the two best tie at every budget (within 2 questions at n = {n})"
-                                                    ": choose by cost" if tied else "; ".join(act)
+                 "what it suggests on your model": (f"the two best tie at every budget (within 2 questions at n = {n}):"
+                                                    " too few questions to separate them" if tied else "; ".join(act)
                                                     + f" (within 2 questions is a tie at n = {n})")
-                 + ("; DivPrune also saves prefill compute" if "divprune" in tops else ""),
-                 "where": "§2-§3: MODEL, BUDGETS, N_EVICTION"})
+                 + (f". The larger runs do: select from the cache after the prefill ({NEW}); {larger}" if larger else ""),
+                 "where": "§2-§3: MODEL, BUDGETS, N_EVICTION; appendix"})
     ctls = [c for c in ("pooling", "downsample") if c in acc.index]
     if ctls:
         rows.append({"measurement": f"{NEW} minus the {' / '.join(ctls)} control",
@@ -313,8 +378,8 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
         rows.append({"measurement": f"{' / '.join(var)} minus {NEW}",
                      "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}"
                                                                       for v in var) + " pt" for b in budgets),
-                     "what it suggests on your model": "where the prefill-stage cover ties, choose before the prefill "
-                     "(it prefills the kept tokens only); where merging leads, merge (the same bytes)",
+                     "what it suggests on your model": "a prefill-stage tie here is too few questions: the larger runs "
+                     "put it behind (row 1), so cover after the prefill; where merging leads, merge (the same bytes)",
                      "where": "§3, kv/policies/key_coverage_prefill.py, merge.py"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
         s1 = {r.method: r.value for r in scale.itertuples() if r.against == "full" and r.tokens == 64} if scale is not None else {}
@@ -325,15 +390,16 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      "DivPrune's rule on the keys)",
                      "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, 'key_coverage_features', b)):+.1f}"
                                              f" / {100 * (_at(acc, NEW, b) - _at(acc, 'divprune_keys', b)):+.1f} pt" for b in budgets),
-                     "what it suggests on your model": "keep the half with the larger gap; where neither is clear, the "
-                     "cheaper prefill-stage variant does as well" + late, "where": "§3, kv/policies/ablations.py"})
+                     "what it suggests on your model": "the larger runs decide: the rule carries the gain (ahead of "
+                     "DivPrune's rule on the same keys); the place ties on tiny-llava but the feature cover falls behind "
+                     "at 576 (row 1): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
     rows.append({"measurement": "random minus the study's rule (unicache)",
                  "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
                  "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions "
                  "cluster: use a coverage policy", "where": "§2, notebook 02 (Gini, anchors)"})
     if u7 is not None:  # what to do, and where, is U7's advice (unicache_lib/claims.py); the verdict by its own rule
         verdict = Criterion(**REGISTRY["U7"].criteria[""]).decide(u7.lo, u7.hi)
-        rows += decision_rows([("U7", "U7: locality-shallow minus swapped",
+        rows += decision_rows([("U7", "U7: locality-shallow minus swapped" + (f" ({u7_run})" if u7_run else ""),
                                 f"{100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]")],
                               "05_kv_eviction", {"U7": verdict})
     rows.append({"measurement": "rho(retained, accuracy)", "value here": f"{rho:.2f}", "what it suggests on your model":
