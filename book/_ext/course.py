@@ -21,6 +21,7 @@ from docutils.parsers.rst.directives.misc import Raw
 from sphinx.directives.patches import CSVTable
 
 REFUSED: list[tuple[str, str]] = []  # (page, path) a page named outside the staged course; book/build.py reads it
+OUTPUTS: list[Path] = []  # myst-nb's folder of the notebooks' own outputs (images it writes from the committed cells)
 
 ALT_CHARS = 300
 
@@ -83,6 +84,7 @@ def _guard_paths(app) -> None:
     from sphinx.environment import BuildEnvironment
 
     REFUSED.clear()
+    OUTPUTS[:] = [Path(app.outdir).parent.joinpath("jupyter_execute").resolve()]  # myst_nb.sphinx_ext.OUTPUT_FOLDER
     if not getattr(BuildEnvironment.relfn2path, "course_guard", False):
         BuildEnvironment.relfn2path = _guarded(BuildEnvironment.relfn2path)
 
@@ -90,7 +92,7 @@ def _guard_paths(app) -> None:
 def _guarded(plain):
     def relfn2path(env, filename, docname=None):
         rel, full = plain(env, filename, docname)
-        if not _inside(env.srcdir, full):
+        if not _inside(env.srcdir, full) and not any(_inside(root, full) for root in OUTPUTS):
             _refuse(os.fspath(env.doc2path(docname or env.docname, False)), os.fspath(filename))
             return "_refused_path_outside_the_course", os.fspath(Path(env.srcdir) / "_refused_path_outside_the_course")
         return rel, full
