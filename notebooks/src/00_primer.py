@@ -14,7 +14,10 @@
 # image sits in the map ([modality blocks](../docs/GLOSSARY.md#modality-blocks), a word's reading of the picture in
 # [× uniform](../docs/GLOSSARY.md#x-uniform): 1 = every visible key read equally).
 #
-# *§4's figure:* left, a sample's map, image positions first (log10 colours); right, the word 'triangle' over each patch in × uniform (cyan: even).
+# *§4's figure:* left, a sample's map, image positions first; right, the word 'triangle' over the picture (× uniform).
+# **What you see**: the word puts <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its
+# weight on the image, and its brightest patch is on the triangle, which draws
+# <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="[(]([0-9.]+x)"-->2.8x<!--/num--> its share of the patches.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/00_primer.png)
 
@@ -35,8 +38,7 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
-# Every later lesson measures attention maps; this one shows what a map *is*, one picture per idea, on the shipped
-# `tiny-llava`. If you know self-attention, skim the pictures and go on to 01.
+# What a map *is*, one picture per idea, on the shipped `tiny-llava`. If you know self-attention, skim the pictures.
 #
 # **Terms**: a **query** is the vector a position looks with, a **key** the one it is found by, a **value** what it
 # hands over; a **head** is one set of queries and keys in a layer. Also: [eager](../docs/GLOSSARY.md#eager),
@@ -98,9 +100,11 @@ print("weights:", np.round(weights.numpy(), 3), f"sum = {weights.sum():.3f}; key
 
 # %% [markdown]
 # **What to look at.** Key 2's score is the largest, and softmax makes it by far the largest weight
-# (<!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num-->): softmax exaggerates differences, so real
-# maps are often *concentrated* on a few keys. A weight is the share of the query's reading that goes to a key, not
-# a measure of how much that key matters to the answer.
+# (<!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num-->): softmax exaggerates differences. Real maps
+# are less extreme than this toy: on notebook 02's trained model the top tenth of the image positions takes
+# <!--num data/results/02_understanding_maps.json#[claim=U1].value fmt="{:.2f}"-->0.41<!--/num--> of the text's image
+# reads (U1 <!--num data/results/02_understanding_maps.json#[claim=U1].verdict-->does not hold<!--/num-->: mildly
+# uneven). A weight is the share of the query's reading that goes to a key.
 #
 # ## 2. A sentence, and the causal mask
 #
@@ -159,8 +163,8 @@ print(f"most focused head {int(ent.argmin())} ({ent.min():.2f}), most spread hea
 # reading itself): the most focused head's
 # rows have normalised entropy <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most focused head \d+ [(]([0-9.]+)[)]"-->0.64<!--/num-->,
 # the most spread head's <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most spread head \d+ [(]([0-9.]+)[)]"-->0.90<!--/num-->.
-# So the workbench keeps every head (a mean hides the focused ones), pruning scores heads one by one (04), and a
-# cache policy that treats all heads alike can drop what one head needs.
+# So the workbench keeps every head when it measures (a mean hides the focused ones) and pruning scores heads one by
+# one (04). A cache is another matter: 05's best policy keeps one cover of the image keys over all heads together.
 #
 # ## 4. An image in the map
 #
@@ -214,7 +218,7 @@ if maps:
 # %% [markdown]
 # **What to look at.** Left (log10 scale; masked cells in the darkest colour): the dark band just below the border is the prompt tokens *before* the
 # image, which cannot see it; their keys (the first a sink) are the bright column right of the border. Image rows (top)
-# read the image and those tokens; bright stripes are patches many rows read (02 asks which of these the text reads: anchors). Of all attention,
+# read the image and those tokens; bright stripes are patches many rows read. Of all attention,
 # image→image takes <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@0"-->0.69<!--/num--> and
 # text→image <!--num "notebooks/00_primer.ipynb#out:share of all attention per block:@3"-->0.09<!--/num-->, small partly
 # because text has <!--num "notebooks/00_primer.ipynb#out:image + " re="([0-9]+) text positions"-->11<!--/num--> rows to
@@ -223,13 +227,13 @@ if maps:
 # Right: the word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the image,
 # slightly under an even reading (<!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->).
 # Inside the picture it is uneven: its top patch got
-# <!--num "notebooks/00_primer.ipynb#out:its most-read patch gets@0"-->5.3<!--/num-->× uniform, and the top two rows of
-# patches, background it does not name, <!--num "notebooks/00_primer.ipynb#out:the top two rows of patches:@0"-->2.1<!--/num-->×;
-# the object it names drew <!--num "notebooks/00_primer.ipynb#out:of that image weight@1"-->0.131<!--/num--> of that
-# weight on <!--num "notebooks/00_primer.ipynb#out:of that image weight@2"-->0.047<!--/num--> of the patches,
-# <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="[(]([0-9.]+x)"-->2.8x<!--/num--> its share, and
-# the brightest patch is <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="patch is ([onf]+) the"-->on<!--/num-->
-# it (the light square on the triangle, not the orange one above: heat mixed with its green): a word's reading leans towards what it names, but it is not a segmentation.
+# <!--num "notebooks/00_primer.ipynb#out:its most-read patch gets@0"-->5.3<!--/num-->× uniform, the top two rows of
+# patches, background it does not name, <!--num "notebooks/00_primer.ipynb#out:the top two rows of patches:@0"-->2.1<!--/num-->×.
+#
+# The object it names drew <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="[(]([0-9.]+x)"-->2.8x<!--/num-->
+# its share of the patches (the `on the ... patches` line), and the brightest patch is
+# <!--num "notebooks/00_primer.ipynb#out:the brightest patch is" re="patch is ([onf]+) the"-->on<!--/num--> it (the light
+# square on the triangle): a word's reading leans towards what it names, but it is not a segmentation.
 
 # %% [markdown]
 # ## Recap
@@ -237,20 +241,23 @@ if maps:
 # On this run: softmax gave the key pointing the query's way
 # <!--num "notebooks/00_primer.ipynb#out:weights:@2"-->0.985<!--/num--> of the weight; the rows of a sentence put
 # <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@2"-->0.82<!--/num--> of their weight on the
-# first token (even: <!--num "notebooks/00_primer.ipynb#out:of their weight on the first token@3"-->0.27<!--/num-->; a sink); the heads of one layer ranged from normalised entropy
-# <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most focused head \d+ [(]([0-9.]+)[)]"-->0.64<!--/num--> to
-# <!--num "notebooks/00_primer.ipynb#out:most spread head" re="most spread head \d+ [(]([0-9.]+)[)]"-->0.90<!--/num-->; and a
-# question word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the
-# image (even: <!--num "notebooks/00_primer.ipynb#out:of its weight on the@4"-->0.89<!--/num-->), leaning towards the object it names.
+# first token, a sink.
 #
-# What each of these means for a cache is the advice of the claim that measures it in a later lesson, written once
-# beside the claim (`unicache_lib/claims.py`): the table below and the lessons' own decision tables say the same.
+# The heads of one layer ranged from normalised entropy
+# <!--num "notebooks/00_primer.ipynb#out:most focused head" re="most focused head \d+ [(]([0-9.]+)[)]"-->0.64<!--/num--> to
+# <!--num "notebooks/00_primer.ipynb#out:most spread head" re="most spread head \d+ [(]([0-9.]+)[)]"-->0.90<!--/num-->; a
+# question word put <!--num "notebooks/00_primer.ipynb#out:of its weight on the@1"-->0.83<!--/num--> of its weight on the
+# image, leaning towards the object it names.
+#
+# What each means for a cache, from the lesson that measures it (`unicache_lib/claims.py`). Terms: a **budget**, the
+# share of the image KV kept ([eviction](../docs/GLOSSARY.md#eviction)); a **cover**, kept keys such that every image
+# key is near one ([k-center](../docs/GLOSSARY.md#k-center)), what 05's `key_coverage` keeps; P3, 04's head-pruning test.
 
 # %%
 from unicache_lib.claims import decision_table
 
 decision_table([  # (claim, what you measured here, its value); what it means and where to act: the claim's advice
-    ("U4", "a sink column: the rows' weight on the first token (§2; 02 measures it as U4 (b))",
+    ("U4", "a sink column: the rows' weight on the first token (§2; 02's U4)",
      f"{sink0:.2f} (even {even:.2f})"),
     ("U8", "heads with different entropies: normalised entropy per head of one layer (§3; 02's U8)",
      f"{ent.min():.2f} to {ent.max():.2f}"),
@@ -261,17 +268,15 @@ decision_table([  # (claim, what you measured here, its value); what it means an
 # %% [markdown]
 # ## Exercises
 #
-# Each starter cell sets the work up and leaves one gap of code to write, `... # <- write`: write it, run the cell
-# (seconds); the cell checks what you wrote against a number this notebook printed. Answers:
-# [solutions/00_primer.py](../solutions/00_primer.py).
+# Each starter leaves one gap of code, `... # <- write`: write it and run the cell (seconds); it checks your code
+# against a number printed above. Answers: [solutions/00_primer.py](../solutions/00_primer.py).
 #
 # 1. ★ §2 read one head. Write `sink_ratio(P)`: for one layer's maps `P` (`[heads, S, S]`), the mean weight the
 #    rows after the first put on the first token, over rows and heads, divided by the uniform share. The starter
 #    checks it on §2's head, then runs it on every layer of a longer sentence: in which layers is the first token a
 #    sink (above <!--const this exercise's threshold, chosen before the answer-->2<!--/const-->× uniform)?
-# 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image? Write
-#    the sum of each head's weights from the word's row over the image keys; the starter checks that their mean is
-#    §4's reading (mean over heads): how far apart are the heads?
+# 2. ★★ For §4's sample, which head of the last layer puts most of the content word's weight on the image, and how
+#    far apart are the heads? The starter checks your per-head sums against §4's mean over heads.
 
 # %%
 # Exercise 1 starter: the first token's share, every head of every layer of a longer sentence
@@ -306,3 +311,9 @@ else:
     print(f"mean over heads {per_head.mean():.2f} ({check}); " + ", ".join(f"h{h} {v:.2f}" for h, v in enumerate(per_head)))
     print(f"most image-reading head {int(per_head.argmax())}, least {int(per_head.argmin())}; "
           f"spread {per_head.max() - per_head.min():.2f}")
+
+# %% [markdown]
+# ## Next steps
+#
+# > **Your model.** Run this lesson on it and compare §3's heads and §4's word with this run's:
+# > `.venv/bin/papermill notebooks/00_primer.ipynb outputs/00_mine.ipynb -p MODEL <path or hub id>`. Then 01.
