@@ -63,7 +63,7 @@ from unicache_lib.families import family_of
 from unicache_lib.paths import project_path
 from unicache_lib.replicate import unstable_claims
 from unicache_lib.scoreboard import Scoreboard
-from unicache_lib.store import Store, remove_store
+from unicache_lib.store import Store, StoreError, remove_store
 from unicache_lib.tables import wrap
 from unicache_lib.world import samples as sample_set
 from unicache_lib.runtime.loaders import is_stand_in, load_understanding
@@ -87,8 +87,8 @@ print(f"samples: {len(samples)} of the standard set, scene types: {sorted({s.sce
 #    only under the eager kernel.
 # 2. **Forward hooks** on the attention modules (`AttentionCapture`): each layer's map is kept, or reduced to
 #    statistics, during the forward, then dropped.
-# 3. **Reading it from the outputs** fails: logits and hidden states hold no attention, and fused kernels (sdpa, flash)
-#    never materialise it.
+# 3. **Reading it from the outputs** fails: logits and hidden states hold no attention, and fused kernels (sdpa, flash:
+#    attention computed in one pass that never writes the weights out) never materialise it.
 #
 # The first two must agree exactly; we check on one sample, then show one head's map of it and, right, a content
 # word's attention over the picture in × uniform.
@@ -143,20 +143,21 @@ if r0.part != "cross":  # what this head's image rows avoid, and where the word'
           f"{P0[word0].max():.2f} of its row on key {top}, which image rows read {P0[keys[keys >= top], top].mean():.3f}")
 
 # %% [markdown]
-# **What to look at.** The difference printed above is exactly 0: the hooks see the tensor the model returns. The
-# head shown is the one whose word row peaks hardest on one patch, and it is positional: its image rows read along
+# **What to look at.** The difference printed above is exactly 0: the hooks see the tensor the model returns.
+#
+# The head shown is the one whose word row peaks hardest on one patch, and it is positional: its image rows read along
 # diagonal stripes (patches at fixed distances back) and avoid two columns of the left panel, sequence positions
 # <!--num "notebooks/01_capture.ipynb#out:image rows read keys" re="keys \[([0-9, ]+)\]"-->37, 28<!--/num--> (<!--num "notebooks/01_capture.ipynb#out:image rows read keys@2" fmt="{:.3f}"-->0.001<!--/num--> of a row
-# on average; the median key <!--num "notebooks/01_capture.ipynb#out:image rows read keys@3" fmt="{:.3f}"-->0.022<!--/num-->). The word's row is the opposite: it
+# on average; the median key <!--num "notebooks/01_capture.ipynb#out:image rows read keys@3" fmt="{:.3f}"-->0.022<!--/num-->).
+#
+# The word's row is the opposite: it
 # puts <!--num "notebooks/01_capture.ipynb#out:image rows read keys > the word puts@0"-->0.99<!--/num--> of its weight on one key,
-# <!--num "notebooks/01_capture.ipynb#out:image rows read keys > the word puts@1"-->36<!--/num-->, a patch the image rows barely read
-# (<!--num "notebooks/01_capture.ipynb#out:image rows read keys > the word puts@2" fmt="{:.3f}"-->0.006<!--/num-->) lying
+# <!--num "notebooks/01_capture.ipynb#out:image rows read keys > the word puts@1"-->36<!--/num-->, a patch the image rows barely read, lying
 # <!--num "notebooks/01_capture.ipynb#out:its brightest patch is" re="patch is ([onf]+) the"-->on<!--/num--> the
 # triangle it names: <!--num "notebooks/01_capture.ipynb#out:shown: layer@2" fmt="{:.1f}"-->71.5<!--/num-->× uniform,
-# so the right panel's scale runs so high that the even line (1, cyan) sits at its foot; every other patch is below
-# it and renders black. Most heads read the picture
-# far less sharply (02 asks how often a word lands on its object). Next, the fused kernel
-# returns no weights: capture needs eager attention or `recompute` (§3).
+# so the right panel's scale runs so high that the even line (cyan) sits at its foot and every other patch renders
+# black. Most heads read the picture far less sharply (02 asks how often a word lands on its object). Next, the fused
+# kernel returns no weights: capture needs eager attention, or §3's `recompute` mode.
 
 # %%
 from transformers.utils import logging as hf_logging
@@ -173,8 +174,7 @@ print("under sdpa, output_attentions gives:", None if att is None else [type(a).
 #
 # The model's *family adapter* (`unicache_lib.families`) names the modules that attend: the language model's
 # `layers.N.self_attn` (for a cross-attention model such as Mllama, also `layers.N.cross_attn`, part `cross`), and
-# with `part="vision"` the vision tower's. Another family is refused with the list of supported ones; explicit names,
-# regular expressions or a filter function also work.
+# with `part="vision"` the vision tower's.
 
 # %% tags=["nbval-check-output"]
 lang = find_attention_modules(model)
@@ -190,7 +190,8 @@ print(f"{len(vis)} vision attention modules, e.g. {next(iter(vis))}")
 # and recomputes the probabilities from the layer's queries and keys for the statistics.
 
 # %%
-print(pd.Series(stats.LAYER_STATS, name="shape").to_frame().to_string())
+print(wrap("statistics kept per layer (H heads, Sq queries, Sk keys): "
+           + "; ".join(f"{k} {v.split(']')[0]}]" for k, v in stats.LAYER_STATS.items())))  # what each is: stats.LAYER_STATS
 
 # %%
 with torch.no_grad():  # the same sample in the two reduced modes, against the statistics of its full maps
@@ -213,24 +214,27 @@ print(f"recompute (sdpa) vs stats (eager): max |diff| = {re_vs_stats:.1e}")
 fig = plots.bars({k: v / 1024 for k, v in memory.items()}, "memory kept per sample", "KiB", log=True)
 _ = plots.save(fig, out, "memory_by_mode")
 print(f"stats mode keeps {memory['full'] / memory['stats']:.0f}x less than full maps for this sample")
+bench = project_path("benchmarks/results/capture_overhead.txt").read_text().split("\n\n")  # the committed benchmark
+for block in bench[1:3]:  # attention-dominated (head dim 4); real width (2 LLaVA-1.5-7B layers)
+    head, cols, *rows = block.splitlines()
+    print(head.split(";")[0] + "\n" + cols)
+    print("\n".join(r for r in rows if r.split()[0] in ("output_attentions", "stats", "recompute")))
 
 # %% [markdown]
 # **What to look at.** The bars (log scale) are the bytes each mode keeps for one sample: `stats` and `recompute`
 # keep the same statistics; `full` keeps <!--num "notebooks/01_capture.ipynb#out:stats mode keeps@0"-->11<!--/num-->× more here, and the ratio
-# grows with the sequence (maps grow as S², statistics as S). At LLaVA-1.5's shape (32 layers × 32 heads, a
-# <!--num "benchmarks/results/capture_overhead.txt#attention-dominated@3"-->776<!--/num-->-token sequence) the
-# committed benchmark (`benchmarks/results/capture_overhead.txt`) kept
-# <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > output_attentions@4" fmt="{:.0f}"-->2352<!--/num--> MB
-# of full maps against <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > stats@4" fmt="{:.0f}"-->21<!--/num--> MB
-# of statistics; in time, `stats` cost
-# <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > stats / eager@0"-->1.23<!--/num-->× eager and
-# `recompute` <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > recompute / sdpa@0"-->2.41<!--/num-->×
-# sdpa, an upper bound (head dim <!--num "benchmarks/results/capture_overhead.txt#attention-dominated@2"-->4<!--/num-->, so attention dominates); at real 7B width the same file gives
-# <!--num "benchmarks/results/capture_overhead.txt#real width > stats / eager@0"-->1.01<!--/num-->× and
-# <!--num "benchmarks/results/capture_overhead.txt#real width > recompute / sdpa@0"-->1.03<!--/num-->×. Every full capture is checked against `MEMORY_BUDGET_GB` before the model runs.
+# grows with the sequence (maps grow as S², statistics as S).
 #
-# **The mask is read, not assumed**: statistics that depend on which keys a query could see use the mask the model
-# applied (Gemma 3's bidirectional image tokens, PaliGemma's prefix, sliding windows, Mllama's padded tiles).
+# The benchmark lines are at LLaVA-1.5's shape: full maps kept
+# <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > output_attentions@4" fmt="{:.0f}"-->2352<!--/num--> MB
+# against <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > stats@4" fmt="{:.0f}"-->21<!--/num--> MB
+# of statistics. In time, `stats` cost
+# <!--num "benchmarks/results/capture_overhead.txt#attention-dominated > stats / eager@0"-->1.23<!--/num-->× eager with
+# attention dominating (head dim 4), an upper bound.
+#
+# At real 7B width `stats` cost <!--num "benchmarks/results/capture_overhead.txt#real width > stats / eager@0"-->1.01<!--/num-->×
+# eager and `recompute` <!--num "benchmarks/results/capture_overhead.txt#real width > recompute / sdpa@0"-->1.03<!--/num-->×
+# sdpa. Every full capture is checked against `MEMORY_BUDGET_GB` before the model runs.
 #
 # ## 4. Capturing in batches of layers
 #
@@ -247,8 +251,8 @@ print(f"layers captured in batches of 2: {[r.layer for r in in_batches][:8]}{' .
 # ## 5. The store: capture once, analyse many times
 #
 # `capture_samples` writes one record per sample and layer into a store: one compressed file per layer
-# and chunk, one index per writer, every write atomic. Running it again resumes (only missing samples
-# are captured); writing a record twice is refused. This notebook starts from an empty store each run.
+# and chunk, one index per writer. Running it again resumes (only missing samples are captured). This notebook
+# starts from an empty store each run.
 
 # %%
 store_dir = out / "store"
@@ -262,11 +266,17 @@ roundtrip = max((b.data[k] - res[b.sample, 0].data[k]).abs().nan_to_num().max().
 print(f"captured {len(res.samples)} samples x {len(res.layers)} layers = {len(res)} records; "
       f"second call captured {len(again)} (resume); store problems: {store.verify()}")
 print(f"read back layer 0 for {len(back)} samples, max |diff| vs memory = {roundtrip:.1e}")
+e0 = np.mean([np.nanmean(b.data["norm_entropy"].numpy()) for b in back])  # an analysis from the store alone
+print(f"from the store alone: layer 0's mean normalised entropy {e0:.3f}")
+try:
+    store.write(back[:1])
+except StoreError as e:
+    print(f"writing a stored record again: StoreError: {str(e).split(';')[0]}")
 
 # %% [markdown]
 # **What to look at.** The second call captured
 # <!--num "notebooks/01_capture.ipynb#out:second call captured" re="second call captured ([0-9]+)"-->0<!--/num--> records:
-# every (sample, layer) was already in the store. The records read back equal the ones in memory (max difference
+# every (sample, layer) was already in the store, and writing one again is refused. The records read back equal the ones in memory (max difference
 # <!--num "notebooks/01_capture.ipynb#out:read back layer 0 for@2" fmt="{:.0e}"-->0e+00<!--/num-->), so an analysis
 # can start from the store alone. What these statistics do with depth (entropy and max weight per layer, the depth
 # bands) is measured once, in [02 §2](02_understanding_maps.ipynb), on a store `capture_samples` writes as here.
@@ -456,16 +466,18 @@ part = "vision"
 
 
 def curve(records):
-    """One value per layer (in layer order): the mean over the layer's records of np.nanmean(r.data["norm_entropy"])."""
+    """One value per layer (in layer order): how evenly that layer reads, over its records, heads and rows (0: every
+    row on one key, 1: even). Which statistic of §3's list is it, and how do you average it as §5 did?"""
     ...  # <- write: the body
 
 
 mine = curve(res.records)
 if mine is None:
     print("Write the body of `curve`, then run this cell again.")
-elif len(mine) != len(res.layers) or not all(0 <= float(x) <= 1 for x in mine):
-    print(f"want one value in [0, 1] per layer ({len(res.layers)} layers); got {mine}")
+elif len(mine) != len(res.layers) or abs(float(mine[0]) - e0) > 1e-4:
+    print(f"want one value per layer ({len(res.layers)} layers), layer 0's equal to §5's {e0:.3f}; got {mine}")
 else:
+    print(f"layer 0: {float(mine[0]):.3f}, correct (§5's value)")
     vis_model, _ = load_understanding(MODEL, attn_implementation="eager", vision_attn_implementation="eager",
                                       dtype=DTYPE, device=DEVICE)
     other = capture_samples(vis_model, processor, samples, mode="stats", part=part, progress=False)
@@ -480,8 +492,8 @@ reads = [image_reads(res[sid, deep]) for sid in res.samples]
 
 
 def jaccard_at(b):
-    """The mean, over the full batches reads[0:b], reads[b:2b], ... (a last, shorter one left out), of
-    batching_overlap(batch, k)["mean_jaccard"]."""
+    """M3's overlap when the reads are averaged in batches of b consecutive samples (full batches only), as one
+    number for all the batches."""
     ...  # <- write: the body
 
 
