@@ -18,9 +18,12 @@
 # - how much each kind of word reads the image, in the prompt and while captioning, against an even reading;
 # - whether a word that names an object looks at *that* object; exploring maps by sample, layer, head, token.
 #
-# *§1's first look:* of <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="of ([0-9]+) multi-object"-->10<!--/num-->
-# multi-object samples, the one where 'triangle' reads its object most: the picture, then the word over it in each
-# layer, one shared × uniform scale (cyan: even).
+# *§1's first look:* the picture, then the word 'triangle' over it in each layer (× uniform, cyan: even). **What you
+# see**: in layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word
+# lights the triangle's tip and puts <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->×
+# its object's area share on the triangle (the best sample); the other layers light it faintly. In
+# <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="^([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num-->
+# multi-object samples the word reads its own object above even.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/02_understanding_maps.png)
 
@@ -45,7 +48,8 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
-# The study's claims U1–U13 (U7 is tested in 05, U10 and U12 in 07) and this run's verdicts: the scoreboard (§11).
+# The study's claims U1–U13 (U7 is tested in 05, U10 and U12 in 07): each claim and its rule, fixed before any run,
+# are printed in the section that measures it; this run's verdicts are in the scoreboard (§11).
 #
 # **What it needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
 # 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
@@ -62,7 +66,7 @@ from unicache_lib.analysis.localisation import object_readings, object_word_sele
 from unicache_lib.analysis.token_classes import CLASSES, token_class
 from unicache_lib.analysis.understanding import BLOCK_LABELS, anchor_sets, head_table, layer_table, token_flow
 from unicache_lib.analysis import understanding_claims as UC
-from unicache_lib.claims import NEGLECT_CUTOFF
+from unicache_lib.claims import CLAIMS, NEGLECT_CUTOFF, rules_of
 from unicache_lib.core.scoring import FOCUSED
 from unicache_lib.capture.decode import decode_with_capture, producing_rows
 from unicache_lib.capture.record import CaptureResult
@@ -126,6 +130,13 @@ captured = sorted(L["layer"].unique())
 bands = require_bands(captured, n_layers, "the captured layers")  # (cross-attention models: the layers that read the image)
 print(f"stats store: {len(all_recs)} records, {len(recs)} of part {PART!r} ({L['sample'].nunique()} samples x "
       f"{L.layer.nunique()} layers); maps store: {len(maps)} records")
+RULES = rules_of("02_understanding_maps", top_k=TOP_K, u3_bar=float("nan"))  # U3's bar (3x chance) is known in §4
+
+
+def show_claims(*ids):
+    """Each claim and its rule (unicache_lib/claims.py, written before any run), in the section that measures it."""
+    for c in ids:
+        print(wrap(f"{c}: {CLAIMS[c]}\n  rule: {RULES[c][0]}", indent="    "))
 
 
 # %% [markdown]
@@ -178,17 +189,10 @@ if grids[first.id][0]:
 print(f"question {first.question!r}; objects: {', '.join(o['colour'] + ' ' + o['shape'] for o in first.objects)}")
 
 # %% [markdown]
-# **What to look at.** In layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word puts
-# <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->× its object's area share on that object, and
-# <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="^([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num--> multi-object samples with full maps read their
-# own object above <!--const even reading, the unit's chance level-->1×<!--/const--> in their best layer.
-#
-# The first line
-# above gives the word's share on *any* object's patches (cells at least
-# <!--const patch_kinds' object cover, a definition-->75%<!--/const--> covered), layers 0–3:
-# <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@1"-->0.18<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@3"-->0.12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@5"-->0.29<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:share on object patches per layer@7"-->0.06<!--/num-->, where the objects
-# cover <!--num "notebooks/02_understanding_maps.ipynb#out:object patches are@0"-->0.05<!--/num--> of the picture.
-#
+# **What to look at.** The first two lines are the lesson's opening read-out. The third gives the word's share on
+# *any* object's patches (cells at least
+# <!--const patch_kinds' object cover, a definition-->75%<!--/const--> covered) per layer, against the objects'
+# <!--num "notebooks/02_understanding_maps.ipynb#out:object patches are@0"-->0.05<!--/num--> of the picture.
 # Layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num-->'s is low because its brightest patch, the triangle's tip, is
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch is" re="is (an? [a-z]+) cell"-->an edge<!--/num--> cell:
 # counted in the × but not here. The question ('<!--num "notebooks/02_understanding_maps.ipynb#out:question '" re="question '([^']*)'"-->is there a purple triangle ?<!--/num-->')
@@ -228,15 +232,16 @@ d_ent = depth.loc["deep", "norm_entropy"] - depth.loc["shallow", "norm_entropy"]
 print(f"uniform causal rows would read at mean distance (S-1)/4 = {unif_dist:.1f} (mean over samples; the dashed line)")
 print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d_ent > 0 else 'focuses'} with depth); "
       f"distance deep / shallow: {depth.loc['deep', 'distance'] / depth.loc['shallow', 'distance']:.2f}")
+show_claims("U2a", "U2b", "U13")
 
 # %% [markdown]
 # **Reading the curves.** The study expects deep layers to spread out and reach further (U2a) or to focus (U2b).
 # Only the spreading happens: deep minus shallow entropy is <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@0" fmt="{:+.3f}"-->+0.172<!--/num--> (U2a's (b)), the
 # within-row `variance` (0 for uniform rows) and max weight fall (no focusing, against U2b), and `diag` (a row's
-# weight on itself) stays low (<!--num "notebooks/02_understanding_maps.ipynb#out:norm_entropy > shallow@2"-->0.065<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:norm_entropy > middle@2"-->0.088<!--/num-->). Distance does not grow
+# weight on itself) stays low. Distance does not grow
 # (deep / shallow <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->, against U2a's (a)) and sits near what uniform causal rows give
 # (<!--num "notebooks/02_understanding_maps.ipynb#out:uniform causal rows would read at mean distance@2"-->18.6<!--/num-->, the dashed line): it measures sequence length more than reach.
-# (`cross_modal`: image→text plus text→image share; `head_max_weight`: the most focused head's.) Unhealthy: entropy pinned near 1 or 0.
+# (`cross_modal`: image→text plus text→image share, U13's; `head_max_weight`: the most focused head's max weight.)
 #
 # ## 3. Which positions are read: the read-frequency heatmap
 #
@@ -268,8 +273,8 @@ print("mean over samples: brightest image positions (index within the image bloc
 # every layer, the [sink](../docs/GLOSSARY.md#sink); inside the image, keys
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re="reads?[^:]*: ([0-9]+),"-->28<!--/num--> and <!--num "notebooks/02_understanding_maps.ipynb#out:brightest image keys over the layers" re=", ([0-9]+)$"-->36<!--/num--> stay bright through the layers:
 # anchor candidates (the text's reads, all heads; not 01 §1's one head's image rows). The second (x: index within the image block) averages the text's reads over samples, so what survives is
-# read on *every* picture, a position bias: brightest <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@0"-->12<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@1"-->11<!--/num-->,
-# <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@2"-->33<!--/num-->, <!--num "notebooks/02_understanding_maps.ipynb#out:mean over samples: brightest image positions@3"-->30<!--/num-->. Unhealthy: the image block dark everywhere.
+# read on *every* picture, a position bias (its brightest positions: the last line above). Unhealthy: the image block
+# dark everywhere.
 #
 # ## 4. Visual anchors
 #
@@ -320,6 +325,8 @@ print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccar
 print(f"anchors on object patches: {obj_ratio:.1f}x as often as random patches" if not sample_set.missing(samples, "masks")
       else wrap("where anchors land: " + sample_set.missing(samples, "masks")))
 print(f"the first 3 positions take {np.mean(sink) / max(np.mean(anchor_mass), 1e-9):.1f}x the mass of the {TOP_K} anchors")
+show_claims("U1", "U3", "U4")
+print(f"  (U3 (a)'s bar: 3 x chance = {3 * chance_jaccard:.3f})")
 
 # %% [markdown]
 # **Reading the anchor tables.** *U1*: the top tenth of image positions takes
@@ -329,7 +336,7 @@ print(f"the first 3 positions take {np.mean(sink) / max(np.mean(anchor_mass), 1e
 # *Jaccard*: the text keeps
 # reading some of the same positions through the layers (layer 0 vs 1: <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@2" fmt="{:.2f}"-->0.23<!--/num-->,
 # chance <!--num "notebooks/02_understanding_maps.ipynb#out:layer 0 vs layer 1:@3" fmt="{:.2f}"-->0.05<!--/num-->), but U3 (a)'s bar is
-# <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance, and its interval (printed in §11) reaches below it;
+# <!--const U3 (a)'s bar, written before the numbers-->3<!--/const-->× chance, and its interval (§11) reaches below it.
 #
 # *Stability*: anchors overlap more within a scene type than across in
 # <!--num "notebooks/02_understanding_maps.ipynb#out:anchor Jaccard within a scene type" re="in ([0-9]+ of [0-9]+) layers"-->3 of 4<!--/num--> layers. *Placement*, the clearest result:
@@ -360,12 +367,12 @@ print(f"content words {content:.3f} vs function words and punctuation {function:
 print(f"deep band: punctuation {flow.loc['punctuation', 'deep']:.3f} vs object words {flow.loc['object', 'deep']:.3f}; "
       f"shallow band: punctuation {flow.loc['punctuation', 'shallow']:.3f} vs object words {flow.loc['object', 'shallow']:.3f}"
       if {"punctuation", "object"} <= set(flow.index) else "")
+show_claims("U5")
 
 # %% [markdown]
 # **What to look at.** `even_reading` is the image's share of the keys a row can see: what it would put on the
 # image reading every key alike (high: the text follows the image). No class beats it in any band: the deep
-# band sits at or just under it (punctuation <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@0"-->0.849<!--/num-->, object words <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@1"-->0.814<!--/num-->), the shallow
-# band far under (punctuation <!--num "notebooks/02_understanding_maps.ipynb#out:deep band: punctuation@2"-->0.359<!--/num-->). U5 expects content words to read the image far more than function
+# band sits at or just under it, the shallow band far under (the `deep band` line). U5 expects content words to read the image far more than function
 # words (a ratio of 2 or more); they lead only slightly (<!--num "notebooks/02_understanding_maps.ipynb#out:content words@0"-->0.773<!--/num--> vs <!--num "notebooks/02_understanding_maps.ipynb#out:content words@1"-->0.742<!--/num-->). Punctuation
 # rises most with depth, but only up to an even reading: it stops avoiding the image rather than collecting it. For a
 # cache: the prompt's words do not single out image keys.
@@ -397,18 +404,20 @@ else:
           f"{sel['untrained LM'].max():.2f}")
     print(f"brightest patch on the named object: trained {t1.min():.2f}-{t1.max():.2f}, untrained {c1.min():.2f}-"
           f"{c1.max():.2f} of the questions, over the layers")
+show_claims("U11")
 
 # %% [markdown]
 # **What to look at.** Healthy grounding: selectivity well above 1 (U11's bar:
 # <!--const U11's bar, written before the numbers-->1.5<!--/const-->) and the control at 1 (here
-# <!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@1" fmt="{:.2f}"-->1.01<!--/num-->). The trained model's median peaks in layer <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re="best layer (\S+) at"-->0<!--/num--> at only
-# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re="best layer \S+ at (\S+)"-->1.22<!--/num--> and is below 1 in layers <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re=": (\[.*\]);"-->[1, 2, 3]<!--/num-->:
-# more attention per patch on the *other* objects. Yet its brightest patch lands on the named object in
+# <!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@1" fmt="{:.2f}"-->1.01<!--/num-->).
+#
+# The trained model's median peaks at only
+# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re="best layer \S+ at (\S+)"-->1.22<!--/num-->, and in the layers the AWAY line lists it is under
+# 1: more attention per patch on the *other* objects (the `trained top-1 on target` column: how often the brightest
+# patch is on the named object). Yet that brightest patch lands on the named object in
 # <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@0"-->0.31<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@1"-->0.44<!--/num--> of the questions against the control's
-# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@2"-->0.05<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. §11 decides U11
-# on the best layer's interval over samples. Perhaps that position reads the scene
-# while the lookup happens at the last prompt position (exercise 4). For a cache: do not pick image keys from the
-# question's words.
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@2"-->0.05<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. For a cache: do not
+# pick image keys from the question's words.
 
 # %% [markdown]
 # ## 7. Modality blocks and head roles
@@ -434,17 +443,18 @@ focused = H.groupby(["layer", "head"]).max_weight.mean().unstack()
 frac_focused = (focused > FOCUSED).mean(1)  # FOCUSED: the study's threshold, one home (core.scoring)
 print(wrap(f"share of heads whose rows put > {FOCUSED:g} on one key (on average), per layer: {frac_focused.round(2).to_dict()}"))
 print(f"focused heads in layer {focused.index[0]}: {int((focused.iloc[0] > FOCUSED).sum())} of {focused.shape[1]}")
+show_claims("U8", "U9")
 
 # %% [markdown]
 # **What to look at.** image→image dominates every layer, and the cross-modal share stays within
 # <!--num "notebooks/02_understanding_maps.ipynb#out:cross-modal share over the layers:@0"-->0.17<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:cross-modal share over the layers:@1"-->0.25<!--/num-->: text and image meet in every layer. The red line is
 # 07's cut-off, drawn for scale only: 07 applies it to another quantity (the image share of the text queries' reads,
-# not this share of the whole map), and 07 found that its detector misses real breaks. In the boxes,
-# heads sit around a median of <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@0" fmt="{:.2f}"-->0.21<!--/num--> with one outlier at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@1" fmt="{:.2f}"-->0.52<!--/num-->
-# (layer <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@2"-->0<!--/num-->), the lowest at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@4" fmt="{:.2f}"-->0.09<!--/num-->. The surprise: only layer 0 has focused
-# heads (<!--num "notebooks/02_understanding_maps.ipynb#out:focused heads in layer" re=": ([0-9]+ of [0-9]+)"-->1 of 8<!--/num--> heads); from layer 1 on no head averages more than
-# <!--num "notebooks/02_understanding_maps.ipynb#out:share of heads whose rows put >@0"-->0.45<!--/num--> on one key: the study's "a few
-# focused heads in every layer" (U8) is not this model.
+# not this share of the whole map), and 07 found that its detector misses real breaks.
+#
+# In the boxes, heads sit around a median of <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@0" fmt="{:.2f}"-->0.21<!--/num-->, the highest at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@1" fmt="{:.2f}"-->0.52<!--/num-->,
+# the lowest at <!--num "notebooks/02_understanding_maps.ipynb#out:per-head cross-modal share: median@4" fmt="{:.2f}"-->0.09<!--/num-->. The surprise is the
+# focused heads (rows over <!--num "notebooks/02_understanding_maps.ipynb#out:share of heads whose rows put >@0"-->0.45<!--/num--> on one key, on average): the per-layer shares above
+# show most layers with none, so the study's "a few focused heads in every layer" (U8) is not this model.
 
 # %% [markdown]
 # ## 8. Decoding: image reads while writing a caption
@@ -477,12 +487,13 @@ _ = plots.save(fig, out, "decoding_image_share")
 c_dec = D[D["class"].isin(UC.CONTENT)].image_share.mean()
 f_dec = D[D["class"].isin(UC.FUNCTION)].image_share.mean()
 print(f"while decoding: content words {c_dec:.3f} vs function words and punctuation {f_dec:.3f} (ratio {c_dec / f_dec:.2f})")
+show_claims("U6")
 
 # %% [markdown]
 # **What to look at.** Generated tokens read the image *less* than an even reading would (every class mean under its
 # `even_reading`; the cyan marks for one caption): captioning leans on the text written so far. U6 expects image reads to
-# *rise* on words naming image content. The bars (`single-0`'s three-word caption) rise with position instead: colour
-# <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@1"-->0.523<!--/num-->, shape <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@2"-->0.565<!--/num-->, position <!--num "notebooks/02_understanding_maps.ipynb#out:bars below@3"-->0.732<!--/num-->. Over all captions punctuation
+# *rise* on words naming image content. The bars (`single-0`'s three-word caption) rise with position instead (the
+# `bars below` line). Over all captions punctuation
 # reads the image most (<!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@1"-->0.767<!--/num-->), so the content / function ratio is
 # <!--num "notebooks/02_understanding_maps.ipynb#out:while decoding:@2" fmt="{:.2f}"-->0.80<!--/num-->; but punctuation is few rows (the `count` column), late in each caption, so the
 # ratio partly compares positions.
@@ -497,8 +508,7 @@ print(UC.scene_type_table(L))  # mean per scene type, the spread across types; w
 # **What to look at.** Clutter gives the most focused rows (lowest entropy, highest max weight) and the most
 # concentrated reads by [Gini](../docs/GLOSSARY.md#gini), though not by top-10% share; `PER_TYPE` samples per type,
 # no interval: a hint. The
-# entropy spread across types (<!--num "notebooks/02_understanding_maps.ipynb#out:spread across scene types:@0"-->0.082<!--/num-->) is about half the depth effect (§2): tune a cache policy on a
-# mix of scene types, not one. Unhealthy: one type far off the rest.
+# entropy spread across types (<!--num "notebooks/02_understanding_maps.ipynb#out:spread across scene types:@0"-->0.082<!--/num-->) is about half the depth effect (§2). Unhealthy: one type far off the rest.
 
 # %% [markdown]
 # ## 10. Explore
@@ -540,19 +550,14 @@ explorer.select(sample=first.id, layer=rec1.layer, head=h1, word=last, view="t2i
 # heads) and query token. The buttons under the picture save the view as PNG and its numbers as JSON; from Python,
 # `explorer.save("outputs/mine/view")` writes the exact numbers (`.npz` + `.json`) and
 # `explorer.select(layer=..., head="mean", view="full")` moves the sliders. Try the last token in layer 1 across
-# heads: one head finds the asked object (exercise 4 measures it).
+# heads: does any head find the asked object? (Exercise 4 measures it.)
 
 # %% [markdown]
 # ## 11. Claims scoreboard
 #
-# Why each claim matters for a KV cache. Verdicts follow the
-# [interval rule](../docs/GLOSSARY.md#interval), fixed before any number; criteria (a), (b) are decided apart,
-# "partly" when some hold.
-
-# %%
-from unicache_lib.claims import Markdown, claims_table, read
-
-claims_table("02_understanding_maps")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
+# Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number; criteria (a), (b) are
+# decided apart, "partly" when some hold. Each verdict is followed by what it means for you; under the scoreboard,
+# folded, why each claim matters for a KV cache.
 
 # %%
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
@@ -568,61 +573,68 @@ UC.measure_localisation_claims(board, loc, ctrl, sample_set.missing(samples, "ma
 board.save(out / "scoreboard.json")  # shown next
 
 # %%
-t = board.table()  # one line per claim (board.show() gives every field whole); read: a verdict with its meaning
-Markdown("\n".join(["| claim | verdict | measured | value | 95% interval | n | note |", "|---|---|---|---|---|---|---|"] + [
-    f"| {c} | {read(c, r['verdict'])} | {r['measured']} | {r['value']} | {r['interval (95%)']} | {r['n']} {r['unit']} | {r['note']} |"
-    for c, r in t.iterrows()]))
+board.show()  # one line per claim, each verdict with its meaning; a row's details (HTML): statement, rule, note
+
+# %%
+from IPython.display import display
+from mistune import html as md_to_html  # Jupyter's own markdown renderer (nbconvert's)
+
+from unicache_lib.claims import Markdown, claims_table, read
+
+claims = claims_table("02_understanding_maps")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
+display({"text/markdown": claims, "text/html": "<details><summary>the claims, and why each matters for a cache</summary>"
+         + md_to_html(claims) + "</details>"}, raw=True)
 
 # %% [markdown]
 # **Reading the scoreboard.** Each verdict is what the shipped model does, not what the study says; a real
 # checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU) may differ.
-# [Inconclusive](../docs/GLOSSARY.md#inconclusive): the note says roughly how many samples would settle it. Rules
-# behind four values: U8's is the share of layers meeting it (no sampling spread), U4 (b) anchor minus sink reads
-# (negative: the sink takes more), U9 (a) image→image minus the next-largest block in its worst layer, U11 (b) the
-# trained median over the control's.
+# [Inconclusive](../docs/GLOSSARY.md#inconclusive): a row's note says roughly how many samples would settle it. Each
+# value is its rule's quantity, printed in its section (U4 (b) negative: the sink takes more; U8: a share of layers,
+# no sampling spread).
 #
 # ## What this run showed
 #
-# Written from this run's scoreboard; what each result means for a cache is in the table after it, written once beside
-# each claim, so this lesson and 05, which tests the policies, say the same.
+# Written from this run's scoreboard; what each result means for a cache: the table after it.
 
 # %% tags=["nbval-check-output"]
 v, tab = board.verdicts(), board.table()  # the scoreboard's cells: value, 95% interval and note per claim
+rv = {c: read(c, x) for c, x in v.items()}  # each verdict with its meaning (unicache_lib/claims.py)
 recap, SHOWN = [], {"holds": "shown", "does not hold": "contradicted", "partly": "partly shown"}  # else: not yet shown
 iv3 = "; ".join(f"({k}) [{m.lo:.2f}, {m.hi:.2f}]" for k, m in board.rows["U3"].measured.items() if m.value is not None)
 recap.append(f"- **Depth**: normalised entropy goes {depth.loc['shallow', 'norm_entropy']:.2f} → {depth.loc['deep', 'norm_entropy']:.2f} "
-      f"from the shallow to the deep band (U2a {v['U2a']}, U2b {v['U2b']}).")
+      f"from the shallow to the deep band (U2a {rv['U2a']}, U2b {rv['U2b']}).")
 recap.append(f"- **Low layers**: the shallow band's cross-modal share is {depth.loc['shallow', 'cross_modal']:.2f} (the claim: 0.2-0.5) "
       f"and its normalised entropy {depth.loc['shallow', 'norm_entropy']:.2f} against the middle band's "
-      f"{depth.loc['middle', 'norm_entropy']:.2f} (the claim: shallow above middle) (U13 {v['U13']}).")
+      f"{depth.loc['middle', 'norm_entropy']:.2f} (the claim: shallow above middle) (U13 {rv['U13']}).")
 recap.append(f"- **Focused heads** (rows > {FOCUSED:g} on one key on average) per layer: {frac_focused.round(2).to_dict()}; the claim wants "
-      f"some but not all heads focused in every layer (U8 {v['U8']}).")
+      f"some but not all heads focused in every layer (U8 {rv['U8']}).")
 recap.append(f"- **Image reads are only mildly uneven**: the top 10% of image positions take {L.top10_share.mean():.2f} of the text's "
-      f"image reads (chance 0.10, the claim needs 0.5: U1 {v['U1']}).")
-recap.append(f"- **Anchors**: that anchors persist is {SHOWN.get(v['U3'], 'not yet shown')} (U3 {v['U3']}): (a) layer {lo} vs {mid} anchor "
+      f"image reads (chance 0.10, the claim needs 0.5: U1 {rv['U1']}).")
+recap.append(f"- **Anchors**: that anchors persist is {SHOWN.get(v['U3'], 'not yet shown')} (U3 {rv['U3']}): (a) layer {lo} vs {mid} anchor "
       f"Jaccard {shallow_mid:.2f}, {shallow_mid / chance_jaccard:.1f}x chance against a bar of 3x = {3 * chance_jaccard:.3f}; "
       f"(b) within- minus across-scene-type Jaccard against a bar of 0; 95% intervals {iv3}.")
 recap.append((f"- **Anchors** land on objects ({obj_ratio:.1f}x chance) but the first 3 positions take more of the text's reads "
        if not sample_set.missing(samples, "masks") else "- **Anchors**: where anchors land is not measurable with these samples; the first 3 "
        "positions take more of the text's reads ")
-      + f"({np.mean(sink):.2f}) than the {TOP_K} anchors ({np.mean(anchor_mass):.2f}): U4 {v['U4']}.")
-recap.append(f"- **Words**: content vs function words and punctuation read the image {content:.2f} vs {function:.2f} (U5 {v['U5']}); "
+      + f"({np.mean(sink):.2f}) than the {TOP_K} anchors ({np.mean(anchor_mass):.2f}): U4 {rv['U4']}.")
+recap.append(f"- **Words**: content vs function words and punctuation read the image {content:.2f} vs {function:.2f} (U5 {rv['U5']}); "
       f"in the deep band punctuation {flow.loc['punctuation', 'deep']:.2f}, object words {flow.loc['object', 'deep']:.2f}."
       if {"punctuation", "object"} <= set(flow.index) else "")
 recap.append(f"- **Captions**: while writing captions, generated content words read the image {c_dec:.2f} vs function words and punctuation "
-      f"{f_dec:.2f} (ratio {c_dec / f_dec:.2f}, the claim needs 1.2: U6 {v['U6']}).")
+      f"{f_dec:.2f} (ratio {c_dec / f_dec:.2f}, the claim needs 1.2: U6 {rv['U6']}).")
 recap.append(f"- **Object words** barely prefer their own object: median selectivity {sel['trained'].max():.2f} at best "
-      f"(layer {sel['trained'].idxmax()}), below 1 (looking away) in layers {away} (U11 {v['U11']})." if not loc.empty
-      else f"- **Object words**' selectivity: U11 {v['U11']} (no sample with two objects and their masks).")
-recap.append(f"- **Text and image meet in every layer**: cross-modal share {blocks.cross_modal.min():.2f}-{blocks.cross_modal.max():.2f} (U9 {v['U9']}).")
+      f"(layer {sel['trained'].idxmax()}), below 1 (looking away) in layers {away} (U11 {rv['U11']})." if not loc.empty
+      else f"- **Object words**' selectivity: U11 {rv['U11']} (no sample with two objects and their masks).")
+recap.append(f"- **Text and image meet in every layer**: cross-modal share {blocks.cross_modal.min():.2f}-{blocks.cross_modal.max():.2f} (U9 {rv['U9']}).")
 Markdown("\n".join(line for line in recap if line))
 
 # %% [markdown]
 # ## Measurement → what to do on your model
 #
-# What each claim's result means for your model is written once, beside the claim (`unicache_lib/claims.py`), so
-# every lesson that shows it says the same; this table adds this run's numbers and verdicts. Terms:
-# [sink](../docs/GLOSSARY.md#sink), [anchors](../docs/GLOSSARY.md#anchors), a cover ([k-center](../docs/GLOSSARY.md#k-center)).
+# Each row's advice is written once, beside its claim (`unicache_lib/claims.py`); this run adds its numbers and
+# verdicts. Terms:
+# [sink](../docs/GLOSSARY.md#sink), [anchors](../docs/GLOSSARY.md#anchors); a cover: keys chosen so that every image
+# key is near a kept one ([k-center](../docs/GLOSSARY.md#k-center)).
 
 # %%
 import re
