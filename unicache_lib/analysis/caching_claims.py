@@ -72,24 +72,24 @@ def cover_finding(results=None, scale_model: str = "tiny-llava-576") -> str:
     minus ``key_coverage_prefill`` (``prefill_cover.csv``), and the shares each keeps at 64 of 576 tokens."""
     def pts(r):
         return f"{100 * r['diff']:+.1f} [{100 * r.lo:+.1f}, {100 * r.hi:+.1f}] pt at {r.budget:.0%}"
-    out, root = [], Path(results or DECISIVE)
+    out, root, budgets = [], Path(results or DECISIVE), (0.1, 0.25)  # the budgets the decisive run's rules name
     c = decisive("tiny-llava", "controls", root)
     if c is not None and "divprune" in set(c.peer):
-        dp = c[c.peer == "divprune"]
+        dp = c[(c.peer == "divprune") & c.budget.isin(budgets)]
         out.append(f"decisive run ({int(dp.n.iloc[0]):,} questions): {NEW} minus DivPrune "
                    + ", ".join(pts(r) for _, r in dp.iterrows()))
     pc = root / "prefill_cover.csv"
     if pc.exists():
-        m = pd.read_csv(pc).query("kind == 'minus' and method == @NEW")  # key_coverage_prefill minus key_coverage
+        m = pd.read_csv(pc).query("kind == 'minus' and method == @NEW and budget in @budgets")  # prefill minus ours
         out += [f"minus key_coverage_prefill " + ", ".join(
-            f"{-100 * r['diff']:+.1f} pt at {r.budget:.0%} ({ {'behind': 'ahead', 'ahead': 'behind'}.get(r.verdict, r.verdict)})"
+            f"{-100 * r['diff']:+.1f} ({ {'behind': 'ahead', 'ahead': 'behind'}.get(r.verdict, r.verdict)})"
             for _, r in m.iterrows())] if len(m) else []
     sh = decisive(scale_model, "shares", root)
     if sh is not None:
         k = sh[sh.tokens == 64].set_index("method").share_of_full
         names = [x for x in (NEW, "key_coverage_prefill", "key_coverage_features") if x in k.index]
         if NEW in names and len(names) > 1:
-            out.append(f"share of full accuracy at 64 of 576 tokens: " + ", ".join(f"{x} {k[x]:.3f}" for x in names))
+            out.append(f"share of full at 64 of 576 tokens: " + ", ".join(f"{x} {k[x]:.3f}" for x in names))
     return "; ".join(out)
 
 
@@ -364,7 +364,7 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                  "what it suggests on your model": (f"the two best tie at every budget (within 2 questions at n = {n}):"
                                                     " too few questions to separate them" if tied else "; ".join(act)
                                                     + f" (within 2 questions is a tie at n = {n})")
-                 + (f". The larger runs do: select from the cache after the prefill ({NEW}); {larger}" if larger else ""),
+                 + (f". The larger runs do: pick {NEW} ({larger})" if larger else ""),
                  "where": "§2-§3: MODEL, BUDGETS, N_EVICTION; appendix"})
     ctls = [c for c in ("pooling", "downsample") if c in acc.index]
     if ctls:
@@ -378,21 +378,20 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
         rows.append({"measurement": f"{' / '.join(var)} minus {NEW}",
                      "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}"
                                                                       for v in var) + " pt" for b in budgets),
-                     "what it suggests on your model": "a prefill-stage tie here is too few questions: the larger runs "
-                     "put it behind (row 1), so cover after the prefill; where merging leads, merge (the same bytes)",
+                     "what it suggests on your model": "a tie here is too few questions; the larger runs put the "
+                     "prefill-stage cover behind (row 1): cover after the prefill; where merging leads, merge",
                      "where": "§3, kv/policies/key_coverage_prefill.py, merge.py"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
         s1 = {r.method: r.value for r in scale.itertuples() if r.against == "full" and r.tokens == 64} if scale is not None else {}
         late = (f"; on {scale_model} selecting after the prefill matters ({NEW} {s1[NEW]:.3f} against "
                 f"key_coverage_prefill {s1['key_coverage_prefill']:.3f} of full accuracy at 64 tokens)"
                 if {NEW, "key_coverage_prefill"} <= set(s1) else "")
-        rows.append({"measurement": f"the halves of {NEW}'s design (place: minus the cover on the features; rule: minus "
-                     "DivPrune's rule on the keys)",
+        rows.append({"measurement": f"{NEW} minus each half swapped (place: its cover on the features / rule: DivPrune's "
+                     "on the keys)",
                      "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, 'key_coverage_features', b)):+.1f}"
                                              f" / {100 * (_at(acc, NEW, b) - _at(acc, 'divprune_keys', b)):+.1f} pt" for b in budgets),
-                     "what it suggests on your model": "the larger runs decide: the rule carries the gain (ahead of "
-                     "DivPrune's rule on the same keys); the place ties on tiny-llava but the feature cover falls behind "
-                     "at 576 (row 1): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
+                     "what it suggests on your model": "the larger runs decide: the rule carries the gain; the place ties "
+                     "on tiny-llava but loses at 576 tokens (row 1): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
     rows.append({"measurement": "random minus the study's rule (unicache)",
                  "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
                  "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions "
