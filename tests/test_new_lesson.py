@@ -139,6 +139,9 @@ def test_every_shipped_lesson_has_a_record_the_tools_read():
             assert table == claims.rules_of(lesson.id), (lesson.id, ref)
 
 
+_HEAD = "# ---\n# jupyter:\n#   unicache:\n#     first_figure: [a]\n#     figure_kind: k\n"
+
+
 @pytest.mark.parametrize("header, message", [
     ("", "no lesson record"),
     ("# ---\n# jupyter:\n#   unicache:\n#     first_figure: x\n#     figure_kind: named\n# ---\n", "first_figure must"),
@@ -147,7 +150,10 @@ def test_every_shipped_lesson_has_a_record_the_tools_read():
      "unknown lesson field"),
     ("# ---\n# jupyter:\n#   unicache:\n#     first_figure: [a]\n#     figure_kind: k\n#     quick: {n: 1}\n# ---\n",
      "UPPER_CASE"),
-    ("# ---\n# jupyter:\n#   unicache: [\n# ---\n", "not YAML"),
+    ("# ---\n# jupyter:\n#   unicache: [\n# ---\n", "cannot be read as YAML"),
+    (_HEAD + "#     quick: {SEED: 010}\n# ---\n", "leading zero .* write 10"),   # YAML 1.1 would read octal 8
+    (_HEAD + "#     quick: {A: 1, A: 2}\n# ---\n", "'A' is written twice"),       # a reader would keep the last
+    (_HEAD + "#     quick: {A: [1, {b: 2}]}\n# ---\n", "not a number, a word"),
 ])
 def test_a_malformed_record_names_the_file_and_the_field(tmp_path, header, message):
     src = tmp_path / "notebooks" / "src" / "97_bad.py"
@@ -156,3 +162,13 @@ def test_a_malformed_record_names_the_file_and_the_field(tmp_path, header, messa
     with pytest.raises(InputError, match=message) as e:
         lessons.discover(tmp_path)
     assert "97_bad.py" in str(e.value)
+
+
+def test_a_record_reads_words_and_dates_as_written_and_a_source_that_is_not_utf8_is_refused(tmp_path):
+    src = tmp_path / "notebooks" / "src" / "97_x.py"
+    src.parent.mkdir(parents=True)
+    src.write_text(_HEAD + "#     quick: {DEVICE: on, SEED: 10, DAY: 2024-01-01, ON: true}\n# ---\n")
+    assert lessons.discover(tmp_path)["97_x"].quick == {"DEVICE": "on", "SEED": 10, "DAY": "2024-01-01", "ON": True}
+    src.write_bytes(b"# ---\n# \xff\n# ---\n")
+    with pytest.raises(InputError, match="97_x.py: not UTF-8"):
+        lessons.discover(tmp_path)

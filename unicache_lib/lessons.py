@@ -29,6 +29,32 @@ from .core.errors import InputError
 ROOT = Path(__file__).resolve().parents[1]
 ID = re.compile(r"^\d\d_[a-z0-9_]+$")
 FIELDS = {"first_figure", "figure_kind", "quick", "rules"}
+MAX_SOURCE_BYTES = 2_000_000  # a lesson's source is a few hundred KB at most
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML without version 1.1's surprises: ``on``/``yes``/``no`` stay words, a date stays text, ``010`` is not
+    octal 8 (it is refused below), and a key written twice is refused (a YAML reader would keep the last)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in rules if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
+                                                          "tag:yaml.org,2002:timestamp")]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
+
+
+def _mapping(loader, node, deep=False):
+    keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+    twice = sorted({str(k) for k in keys if keys.count(k) > 1})
+    if twice:
+        raise yaml.constructor.ConstructorError(None, None, f"the key {twice[0]!r} is written twice", node.start_mark)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: dict(_mapping(loader, node, deep=True)))
 
 
 @dataclass(frozen=True)
@@ -75,11 +101,17 @@ def read(source: Path) -> Lesson:
     source = Path(source)
     if not ID.match(source.stem):
         raise InputError(f"{source.name}: a lesson's file is NN_topic.py (two digits, lower-case words)")
-    text = source.read_text(encoding="utf-8")
     try:
-        head = yaml.safe_load(_header(text) or "{}") or {}
+        data = source.read_bytes()
+        text = data.decode("utf-8") if len(data) <= MAX_SOURCE_BYTES else None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{source.name}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    if text is None:
+        raise InputError(f"{source.name}: {len(data):,} bytes, over a lesson source's {MAX_SOURCE_BYTES:,}")
+    try:
+        head = yaml.load(_header(text) or "{}", Loader=_Loader) or {}
     except yaml.YAMLError as e:
-        raise InputError(f"{source.name}: its jupytext header is not YAML ({str(e).splitlines()[0]})") from None
+        raise InputError(f"{source.name}: its jupytext header cannot be read as YAML ({str(e).splitlines()[0]})") from None
     rec = (head.get("jupyter") or {}).get("unicache") if isinstance(head, dict) else None
     if not isinstance(rec, dict):
         raise InputError(f"{source.name}: no lesson record; add `unicache:` under `jupyter:` in its header "
@@ -93,6 +125,13 @@ def read(source: Path) -> Lesson:
         raise InputError(f"{source.name}: figure_kind must say what the first figure shows (a few words)")
     if not (isinstance(quick, dict) and all(isinstance(k, str) and k.isupper() for k in quick)):
         raise InputError(f"{source.name}: quick must map the lesson's UPPER_CASE parameters to quick values")
+    for k, v in quick.items():
+        for x in (v if isinstance(v, list) else [v]):
+            if isinstance(x, str) and re.fullmatch(r"[-+]?0\d+", x):
+                raise InputError(f"{source.name}: quick {k}: {x!r} has a leading zero (YAML 1.1 reads it as octal, "
+                                 f"another reader as {int(x)}); write {int(x)}")
+            if not (x is None or isinstance(x, (bool, int, float, str))):
+                raise InputError(f"{source.name}: quick {k}: {x!r} is not a number, a word, true/false or null")
     if not (isinstance(rules, list) and all(isinstance(r, str) and re.fullmatch(r"[\w.]+:\w+", r) for r in rules)):
         raise InputError(f"{source.name}: rules must be a list of 'module:ATTR' names")
     title = next((m.group(1).strip() for m in re.finditer(r"^# # (.+)$", text, re.M)), source.stem)
