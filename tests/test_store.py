@@ -87,6 +87,40 @@ def test_interrupted_write_leaves_previous_store(tmp_path, monkeypatch, cut):
     assert st.verify() == [] and {r.sample for r in Store(tmp_path / "s").read()} == {"0", "1"}
 
 
+@pytest.mark.parametrize("then", ["resumed write", "repair"])
+def test_whole_last_line_without_newline_is_a_record(tmp_path, then):
+    """#60 N2: a last line that is whole (it parses, its chunk checks out) but lacks its newline (an editor that strips
+    it) is a record: read, never cut; a resumed write or repair() adds the newline, and the chunk stays."""
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    st.write([rec(0, 0)])
+    st.write([rec(1, 0)])
+    st.close()
+    p = tmp_path / "s" / "index-rank00000.jsonl"
+    p.write_bytes(p.read_bytes().rstrip(b"\n"))
+    reader = Store(tmp_path / "s")
+    assert sorted(r.sample for r in reader.read()) == ["0", "1"] and reader.verify() == []
+    if then == "repair":
+        assert Store(tmp_path / "s").repair() == []
+    else:
+        w = Store(tmp_path / "s")
+        w.write([rec(7, 0)])
+        w.close()
+    assert p.read_bytes().endswith(b"\n") and b"]]\n[" in p.read_bytes()  # the newline added, nothing cut
+    assert (tmp_path / "s" / "rank00000" / "chunk000001").is_dir()
+    want = ["0", "1"] + (["7"] if then != "repair" else [])
+    assert sorted(r.sample for r in reader.read()) == want  # the earlier reader takes the newline in its stride
+    assert sorted(r.sample for r in Store(tmp_path / "s").read()) == want and Store(tmp_path / "s").verify() == []
+    # a half line is still a torn write (cut), and a whole one whose chunk fails its checksum is damage, reported
+    p.write_bytes(p.read_bytes() + p.read_bytes().splitlines(keepends=True)[0][:40])
+    assert any("unfinished line" in x for x in Store(tmp_path / "s").verify())
+    Store(tmp_path / "s").repair()
+    p.write_bytes(p.read_bytes().rstrip(b"\n"))
+    f = sorted((tmp_path / "s" / "rank00000").rglob("*.npz"))[-1]
+    f.write_bytes(f.read_bytes()[:-10] + b"0123456789")
+    with pytest.raises(StoreError, match="corrupt|checksum|SHA-256"):
+        Store(tmp_path / "s").read()
+
+
 def test_missing_and_corrupt_files_are_reported(tmp_path):
     st = Store(tmp_path / "s")
     st.write([rec(0, 0), rec(0, 1)])

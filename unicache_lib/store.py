@@ -273,6 +273,7 @@ class _Log:
 
     def __init__(self, path: Path):
         self.path, self.sig, self.end, self.torn, self.last = path, None, 0, 0, b""
+        self.open = False  # the last line read is whole but has no newline yet (``end`` is its last byte's end)
         self.folder = path.name[len("index-"):-len(".jsonl")]  # rank00000: the folder every chunk of this log lies in
         self.lines: list[tuple[dict, str]] = []
         self.live: dict[str, int] = {}
@@ -312,6 +313,15 @@ class _Log:
             blocks, start = _index_blocks(self.path, 0), b""
         else:
             start = start[len(self.last):]
+            if self.open and not start:
+                start = next(blocks, b"")
+            if self.open and start[:1] == b"\n":  # the newline the whole last line lacked: it ends there
+                start, self.end, self.open = start[1:], self.end + 1, False
+                self.last = (self.last + b"\n")[-64:]
+            elif self.open and start:  # bytes glued to a line read as whole: the file was not written by a store
+                blocks.close()
+                self.__init__(self.path)
+                blocks, start, fresh = _index_blocks(self.path, 0), b"", True
         dropped, added = False, []
         pending = bytearray(start)
         for block in itertools.chain([b""], blocks):
@@ -332,10 +342,31 @@ class _Log:
             del pending[:pos]
             if len(pending) > MAX_LINE_BYTES:
                 raise self._too_long()
+        if pending and self._whole(bytes(pending)):  # a whole line that only lacks its newline: a record, not torn
+            raw = bytes(pending)
+            d, a = self._take(raw)
+            dropped, added = dropped or d, added + a
+            self.end += len(raw)
+            self.last = (self.last + raw[-64:])[-64:]
+            self.open, pending = True, b""
         if dropped:
             self.modes = {self.lines[n][0]["mode"] for n in set(self.live.values())}
         self.torn, self.sig = len(pending), sig
         return None if fresh or dropped else added
+
+    @staticmethod
+    def _whole(raw: bytes) -> bool:
+        """Whether the tail ``raw`` (bytes after the last newline) is a whole index line: ``[head, records]`` parses
+        to its last byte. A write cut off inside a line never does (no proper prefix of that array is JSON), so such
+        a tail is the line an editor or a full disk left without its final newline: its records are read and checked
+        like any other line's (a chunk that fails its SHA-256 is damage, reported), never cut off."""
+        if not raw.startswith(b"[{") or not raw.endswith(b"]"):
+            return False
+        try:
+            line = json.loads(raw.decode())
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return False
+        return isinstance(line, list) and len(line) == 2 and isinstance(line[0], dict) and isinstance(line[1], list)
 
     def _too_long(self) -> "StoreError":
         return StoreError(
@@ -455,7 +486,13 @@ class _Log:
         return StoreError(f"line {n + 1} of index {self.path} {what}. {_index_fix(self.path)}")
 
     def cut(self) -> None:
-        """Cut a torn last line off (a write of this rank that was interrupted: the caller holds its lock)."""
+        """Cut a torn last line off (a write of this rank that was interrupted: the caller holds its lock); a whole
+        last line without its newline gets the newline instead (its records stay)."""
+        if self.open and not self.torn:
+            _append_line(self.path, b"\n")
+            self.end, self.open, self.last = self.end + 1, False, (self.last + b"\n")[-64:]
+            st = os.lstat(self.path)
+            self.sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if self.torn:
             fd = _open_index(self.path, os.O_WRONLY)
             try:
