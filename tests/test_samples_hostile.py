@@ -383,6 +383,32 @@ def test_one_folder_two_layouts_or_two_llava_files_is_refused_naming_both(tmp_pa
     assert [s.id for s in S.load(two)] == ["train.json"]
 
 
+@pytest.mark.parametrize("first", ["metadata.jsonl", "manifest.json"])
+def test_a_layout_file_beside_a_llava_json_is_refused_naming_both(tmp_path, first):
+    """#60 SA21/SA41: metadata.jsonl (or manifest.json) with a LLaVA data.json: only the first was read, the LLaVA
+    entries left out without a word, and the check cell accepted the folder."""
+    d = tmp_path / "mix"
+    if first == "manifest.json":
+        S.main(["--out", str(d)])
+    else:
+        d.mkdir()
+        _png(d / "a.png")
+        (d / "metadata.jsonl").write_text('{"file_name": "a.png", "question": "what ?"}\n')
+    _png(d / "b.png")
+    (d / "data.json").write_text(json.dumps([{"image": "b.png", "conversations": [
+        {"from": "human", "value": "<image>\nwhat colour?"}, {"from": "gpt", "value": "blue"}]}]))
+    msg = rf"holds both {re.escape(first)} .* and data.json \(a LLaVA-style conversations file\).*keep one"
+    with pytest.raises(UnicacheError, match=msg):
+        S.load(d)
+    if first == "metadata.jsonl":
+        with pytest.raises(UnicacheError, match=msg):
+            S.read_folder(d)
+    with pytest.raises(UnicacheError, match=msg):
+        check_params({"SAMPLES": str(d)}, names=["SAMPLES"])
+    (d / "data.json").rename(tmp_path / "data.json")  # the fix: one layout per folder
+    assert S.load(d)
+
+
 @pytest.mark.parametrize("answer,msg", [(2.0, r"got float 2\.0: write it as the text .* e\.g\. \"2\""),
                                         (float("nan"), r"got float nan: write it as the text"),
                                         (3, r"got int 3: write it as the text .* e\.g\. \"3\"")])

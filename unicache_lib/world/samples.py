@@ -454,16 +454,28 @@ def _layout(path: Path) -> tuple[str | None, tuple | None]:
                 raise InputError(f"{path} holds both {MANIFEST} (the generator's layout) and {METADATA} (your samples' "
                                  f"layout): only one would be read, the other's samples silently left out; keep one "
                                  f"(move the other and its images to a folder of their own)")
+            _no_llava_beside(path, MANIFEST, "the generator's layout")
             return "manifest", None
         if not path.is_dir():
             return None, None
         if os.path.lexists(path / METADATA):
+            _no_llava_beside(path, METADATA, "your samples' layout")
             return "folder", None
         llava = _llava_json(path)
         return ("folder", llava) if llava else (None, None)
     except OSError as e:
         raise InputError(f"{path}: cannot be read as a samples folder ({e.strerror or e}): pass an existing folder "
                          f"with a short path") from e
+
+
+def _no_llava_beside(path: Path, name: str, what: str) -> None:
+    """Refuse a folder holding ``name`` (``manifest.json`` or ``metadata.jsonl``) and a LLaVA-style conversations JSON
+    too: only one layout would be read, the other's samples left out without a word."""
+    llava = _llava_json(path)
+    if llava is not None:
+        raise InputError(f"{path} holds both {name} ({what}) and {llava[0].name} (a LLaVA-style conversations file): "
+                         f"only one would be read, the other's samples silently left out; keep one (move the other and "
+                         f"its images to a folder of their own)")
 
 
 def metadata_command(path: Path, suffixes=_IMAGE_SUFFIXES) -> str:
@@ -806,6 +818,8 @@ def read_folder(path: str | Path, llava: tuple | None = None) -> list[Sample]:
     path = Path(path)
     if llava is None and not os.path.lexists(path / METADATA):
         llava = _llava_json(path)
+    elif llava is None:
+        _no_llava_beside(path, METADATA, "your samples' layout")
     if llava is not None:
         return _samples_from_records(path, _rows_from_llava(*llava), llava[0], "image", "file_name")
     return _samples_from_records(path, _rows_from_metadata(path), path / METADATA, "file_name", "file_name")
