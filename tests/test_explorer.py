@@ -11,6 +11,7 @@ tokens)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -350,6 +351,26 @@ def test_save_writes_the_exact_view_through_the_output_checks(explorers, tmp_pat
         ex.save(tmp_path / "out" / "link")  # the .npz goes in, the .json would be written through a link: refused
     assert not (tmp_path / "elsewhere.json").exists()
     ex.select(view="t2i", layer=0, head=0)
+
+
+@pytest.mark.parametrize("how", ["trailing separator", "existing folder", "Path of a folder", "bytes"])
+def test_save_into_a_folder_writes_inside_it(explorers, tmp_path, how):
+    """#60 X7: save('/dir/') wrote /dir.npz and /dir.json beside the folder. A path ending in a separator or naming
+    an existing folder means inside it (view.npz, view.json); bytes are refused in one line."""
+    ex = explorers["02"]
+    d = tmp_path / "views"
+    if how != "trailing separator":
+        d.mkdir()
+    arg = {"trailing separator": str(d) + os.sep, "existing folder": str(d), "Path of a folder": d,
+           "bytes": os.fsencode(str(d))}[how]
+    if how == "bytes":
+        with pytest.raises(InputError, match=r"path must be a text or a Path, got bytes"):
+            ex.save(arg)
+        assert list(tmp_path.iterdir()) == [d] and not list(d.iterdir())
+        return
+    npz, js = ex.save(arg)
+    assert (npz, js) == (d / "view.npz", d / "view.json") and npz.is_file() and js.is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["views"]  # nothing beside the folder
 
 
 def test_the_widget_bundle_carries_its_html_form_and_the_former_functions_wrap_it(explorers, l02, l03):

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import ContractError, InputError
+from ..core.errors import ContractError, InputError, InputTypeError
 from ..core.untrusted import folder_inside, html_text, name_problem, write_inside
 from ..paths import check_output_path, record_output_files
 from . import payload as P
 from .payload import VIEWS, module_source
 
+DEFAULT_STEM = "view"  # save(): the file name (without .npz / .json) when the path names a folder
 SAVE_TOOL = "the explorer's save"  # one name for every explorer's exports in a folder's .unicache-output
 JSON_MAP_CELLS = 100_000  # save(): the map goes into the JSON too when it has at most this many cells (always in the .npz)
 
@@ -147,7 +148,8 @@ class ExplorerData:
 
     def save(self, path, sel: dict | None = None) -> tuple[Path, Path]:
         """Write the current view's exact numbers: ``path.npz`` (``map``: the view; ``heads``: the same view for each
-        head, ``[H, ...]``) and ``path.json`` (settings, labels, unit, shape and, when small, the map). ``path``'s
+        head, ``[H, ...]``) and ``path.json`` (settings, labels, unit, shape and, when small, the map). A ``path`` that
+        ends in a separator or names an existing folder means inside it: ``path/view.npz`` and ``path/view.json``. ``path``'s
         folder is checked like every output folder (:func:`unicache_lib.paths.check_output_path`: not the repository
         or a folder of it but outputs/, not another tool's), an existing file is replaced only when an earlier save
         wrote it with the content it holds now (the folder's .unicache-output lists what it wrote, with each file's
@@ -155,8 +157,17 @@ class ExplorerData:
         way to it (a link at the top level, such as macOS's /tmp -> /private/tmp, aside), so a link to /etc in the
         path is refused, never followed (core.untrusted.folder_inside, write_inside)."""
         sel = self.normal(sel)
-        p = Path(str(path))
-        if p.suffix in (".npz", ".json"):
+        if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+            raise InputTypeError(f"{self.what}.save: path must be a text or a Path, got {type(path).__name__} "
+                                 f"{path!r:.80}: e.g. 'outputs/mine/view'")
+        text = os.fspath(path)
+        if not isinstance(text, str):
+            raise InputTypeError(f"{self.what}.save: path must be a text or a Path, got {type(path).__name__} "
+                                 f"{path!r:.80}: e.g. 'outputs/mine/view'")
+        p = Path(text)
+        if text and (text.endswith(("/", os.sep)) or os.path.isdir(os.path.expanduser(text))):
+            p = p / DEFAULT_STEM  # a folder: the files go inside it (never beside it as <folder>.npz)
+        elif p.suffix in (".npz", ".json"):
             p = p.with_suffix("")
         why = name_problem(p.name) if p.name else "is empty"
         if why:
