@@ -74,6 +74,10 @@ class BookError(Exception):
 UNPUBLISHED = ("outputs", "runs", "__pycache__")  # the tools' outputs and caches: never pages, never link targets
 
 
+class UntrackedError(BookError):
+    """A file the site would publish that git does not track (in a git checkout): the build fails naming it."""
+
+
 def unpublished_part(rel: str) -> str | None:
     """The first part of repository path ``rel`` that keeps it off the site: a dot folder or file (``.git``,
     ``.env``), ``outputs/``, ``runs/`` or ``__pycache__``; None when there is none."""
@@ -148,11 +152,18 @@ def _published(root: Path, rel: str, kind: str, real: Path) -> tuple[str | None,
         if linked and target not in tracked:
             raise BookError(f"{rel}: not published: it is a symbolic link to {target}, which git does not track: "
                             f"a link is published only when it leads to a committed file; remove the link")
-        if not linked and target not in tracked | others:
+        if not linked and target in others:  # (#60 B6) a file of the working tree git does not track: perhaps yours
+            raise UntrackedError(f"{rel}: not published: git does not track it (the site publishes only committed "
+                                 f"files, never an untracked one of the working tree); commit it (git add {rel}) or "
+                                 f"remove what names it")
+        if not linked and target not in tracked:
             return None, None  # a file git ignores: not part of the course
     if listed is not None and kind == "dir" and target:
         tracked, others = listed
-        if not any(f.startswith(target + "/") for f in tracked | others):
+        if not any(f.startswith(target + "/") for f in tracked):
+            if any(f.startswith(target + "/") for f in others):
+                raise UntrackedError(f"{rel}/: not published: git tracks no file in it (the site publishes only "
+                                     f"committed files); commit them or remove what names the folder")
             return None, None  # a folder of ignored files only (an egg-info, a build folder)
     return kind, real
 
@@ -358,7 +369,10 @@ def _folder_page(site: Site, page: dict) -> str:
         child = p.relative_to(site.root).as_posix()
         if unpublished_part(child) is not None:
             continue
-        kind, _ = entry(site.root, child)
+        try:
+            kind, _ = entry(site.root, child)
+        except UntrackedError:  # listed by no link of its own: an untracked file is left out of the listing
+            continue
         if kind is None:
             continue
         lines.append(f"- `{p.name}{'/' if kind == 'dir' else ''}`")

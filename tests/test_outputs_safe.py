@@ -243,6 +243,33 @@ def test_a_failed_rebuild_leaves_the_earlier_site_as_it_was(tmp_path):
     assert set(json.loads((out / OUTPUT_MARKER).read_text())["files"]) == set(_snapshot(out)) - {OUTPUT_MARKER}
 
 
+def test_an_untracked_file_a_page_names_fails_the_build_and_is_never_published(tmp_path, monkeypatch, capsys):
+    """#60 B6: a plain untracked (not ignored) file linked from a page was published in full, as a page and under
+    _sources/. In a git checkout the site publishes committed files only: a link to an untracked one fails the build
+    in one line naming it (exit 2, nothing written); a folder listing leaves untracked files out; committed, it is
+    published."""
+    book = _book()
+    root = _tree(tmp_path, " [the docs](docs/)")
+    _commit(root)
+    (root / "docs" / "untracked_secret.txt").write_text(f"{SECRET}=hunter2\n")  # not committed, not ignored
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    book._GIT_LISTS.clear()
+    assert book.main(["--out", str(out)]) == 0  # only listed in a folder: left out of the listing, not published
+    assert SECRET not in _site_text(out) and "untracked_secret" not in _site_text(out)
+    (root / "docs" / "GLOSSARY.md").write_text("# Glossary\n\n## the term\n\nWhat it is. [notes](untracked_secret.txt)\n")
+    book._GIT_LISTS.clear()
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("make book: error: docs/untracked_secret.txt: not published: git "
+                                                   "does not track it") and "git add docs/untracked_secret.txt" in err, err
+    assert SECRET not in _site_text(out)
+    _commit(root)  # the fix the message names: committed, it is part of the course
+    book._GIT_LISTS.clear()
+    assert book.main(["--out", str(out)]) == 0 and SECRET in _site_text(out)
+
+
 # ------------------------------------------------------------------------------------------ make book: where it writes
 
 
