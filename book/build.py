@@ -490,7 +490,10 @@ def build(out, root: Path = ROOT, log=print) -> dict:
     site = Site(root)  # the table of contents read (and checked) before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="unicache-book-"))
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.building-"))
+    private = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.building-"))
+    tmp = private / "html"  # (#60 B2) Sphinx's outdir one level down: myst-nb writes the notebooks' output images to
+    # outdir.parent / "jupyter_execute", which is then this build's own temporary folder, removed below (it used to
+    # be --out's parent: ~/jupyter_execute for --out ~/site); book/_ext/course.py lets pages read only that folder
     try:
         stage(site, work / "src")
         warnings = sphinx(work / "src", tmp, work, log)
@@ -506,7 +509,7 @@ def build(out, root: Path = ROOT, log=print) -> dict:
                      for top, _, files in os.walk(tmp) for f in files)
         _move_in(folder, tmp, new)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     for w in site.warnings + warnings:
         log(f"warning: {w}")

@@ -270,6 +270,36 @@ def test_an_untracked_file_a_page_names_fails_the_build_and_is_never_published(t
     assert book.main(["--out", str(out)]) == 0 and SECRET in _site_text(out)
 
 
+def test_the_notebooks_output_images_stay_inside_the_build_never_beside_out(tmp_path):
+    """#60 B2: myst-nb writes the notebooks' output images to Sphinx's outdir.parent / jupyter_execute, and the build's
+    outdir sat beside --out: `--out tmp/a/site` left tmp/a/jupyter_execute/ (with --out ~/site, ~/jupyter_execute),
+    and book/_ext/course.py let pages read that folder. Sphinx now builds into <private>/html: nothing but site/ in
+    tmp/a, the picture still on the page, and only a build's own temporary folder readable."""
+    from nbformat import write
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import course
+
+    book = _book()
+    root = _tree(tmp_path)
+    (root / "notebooks").mkdir()
+    import base64
+
+    nb = new_notebook(cells=[new_markdown_cell("# 00 · Demo\n\nA picture."), new_code_cell("plot()", outputs=[
+        new_output("display_data", data={"image/png": base64.b64encode(_png()).decode()})])])
+    write(nb, root / "notebooks" / "00_demo.ipynb")
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "keep.txt").write_text("mine")
+    book.build(a / "site", root, log=lambda *a: None)
+    assert sorted(p.name for p in a.iterdir()) == ["keep.txt", "site"]  # no jupyter_execute/, no temporary folder
+    assert list((a / "site" / "_images").glob("*.png")) and "_images/" in (a / "site" / "notebooks" / "00_demo.html").read_text()
+    assert course.private_outputs(a / "site") == [] and course.private_outputs(a / "html") == []
+    private = a / ".site.building-x1_y"
+    assert course.private_outputs(private / "html") == [private.resolve() / "jupyter_execute"]
+
+
 # ------------------------------------------------------------------------------------------ make book: where it writes
 
 

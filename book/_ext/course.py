@@ -77,6 +77,17 @@ def _inside(root: Path, path: str) -> bool:
         return False
 
 
+def private_outputs(outdir: Path) -> list[Path]:
+    """The folder pages may read besides the staged course: myst-nb's ``outdir.parent / "jupyter_execute"``
+    (myst_nb.sphinx_ext.OUTPUT_FOLDER: the images it writes from the committed cells), only where ``outdir`` is
+    book/build.py's ``<private>/html`` and that parent its own temporary folder (``.<name>.building-XXXX``); none
+    otherwise, so no folder a user keeps beside a site is ever read into a page."""
+    parent = Path(outdir).resolve().parent
+    if Path(outdir).name == "html" and re.fullmatch(r"\..+\.building-\w+", parent.name):
+        return [parent / "jupyter_execute"]
+    return []
+
+
 def _guard_paths(app) -> None:
     """Wrap the environment's ``relfn2path`` (what include, literalinclude, images and downloads resolve their paths
     with), on its class (the environment is pickled): a path that resolves outside the staging folder is recorded and
@@ -84,7 +95,7 @@ def _guard_paths(app) -> None:
     from sphinx.environment import BuildEnvironment
 
     REFUSED.clear()
-    OUTPUTS[:] = [Path(app.outdir).parent.joinpath("jupyter_execute").resolve()]  # myst_nb.sphinx_ext.OUTPUT_FOLDER
+    OUTPUTS[:] = private_outputs(Path(app.outdir))
     if not getattr(BuildEnvironment.relfn2path, "course_guard", False):
         BuildEnvironment.relfn2path = _guarded(BuildEnvironment.relfn2path)
 
