@@ -30,10 +30,8 @@
 # model's answers and generators' pictures, always **against pruning as many random heads**: a scorer that does not
 # beat random tells you nothing about the heads it picked.
 #
-# *What you see:* section 2's result on `tiny-llava`: accuracy (left) and the answers' KL to the unpruned model (right)
-# as a growing fraction of heads is masked. Random's dashed line falls fastest, and its grey band (95% over
-# `RANDOM_SEEDS` random draws) lies below every scorer at 10%; the gradient (green) stays near the top up to 50%,
-# while the statistics scorers and the weight norms stay together to 30% and part at 50%.
+# *What you see:* §2 on `tiny-llava`: accuracy (left) and KL to the unpruned answers (right) as more heads are
+# masked. Random (dashed, its band grey) falls fastest and lies below every scorer; the gradient (green) stays on top.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/04_head_pruning.png)
 
@@ -184,11 +182,9 @@ print(f"most alike: {' / '.join(off.idxmax())} ({off.max():.2f}); least: {' / '.
 # ## 2. Prune and answer: accuracy and KL
 #
 # For each scorer and fraction, the lowest-scoring heads are masked (at least one head per layer stays) and all
-# `N_QUESTIONS` questions are answered again; KL is averaged over questions. The random scorer is drawn
-# `RANDOM_SEEDS` times: its **band** is the 95% t-interval of its mean accuracy over those draws. One draw may
-# hit a head the answers need and another miss it, so the draws spread widely; the band narrows only as
-# 1/√seeds, and with too few seeds it is so wide that no scorer can be told apart from random. The rule that
-# compares a scorer with random is printed under the chart. The claims this section measures:
+# `N_QUESTIONS` questions are answered again; KL is averaged over questions. Random is drawn `RANDOM_SEEDS` times:
+# its **band** is the 95% t-interval of its mean accuracy over the draws. The draws spread widely (one hits a head
+# the answers need, another misses it), so with few seeds the band holds every scorer. The claims measured here:
 
 # %%
 show_claims("P1", "P2")
@@ -263,14 +259,13 @@ for f, d in sep[sep.fraction > f1].groupby("fraction"):
 # about a point or less at 10%. The gradient is best throughout (<!--num "notebooks/04_head_pruning.ipynb#out:family > gradient@4" fmt="{:.3f}"-->0.917<!--/num--> at 50%); the
 # statistics scorers and the weight norms fall further, close to one another (P2, §6).
 #
-# **Against random, by the rule** (the lines under the chart; every fraction in `against_random.csv` of the run's
-# folder). At 10% random's draws spread widely: at this spread, 3 seeds would give a band reaching
+# **Against random, by the rule** (under the chart; all fractions in `against_random.csv`). At this spread, 3 seeds
+# would give a band reaching
 # <!--num "notebooks/04_head_pruning.ipynb#out:10% pruned: random's band > band half-width" re="([0-9.]+) with 3"-->0.332<!--/num--> either side of its mean and hold
 # every scorer. With `RANDOM_SEEDS` draws the band is
 # [<!--num "notebooks/04_head_pruning.ipynb#out:10% pruned: random's band@1" fmt="{:.3f}"-->0.744<!--/num-->, <!--num "notebooks/04_head_pruning.ipynb#out:10% pruned: random's band@2" fmt="{:.3f}"-->0.935<!--/num-->], and
 # <!--num "notebooks/04_head_pruning.ipynb#out:10% pruned: random's band > scorers ahead of random" re="([0-9]+ of [0-9]+) scorers"-->6 of 6<!--/num--> scorers' intervals lie above it: at
-# 10% each of them is shown to beat random. To choose the seeds on your model, read random's spread (sd) here:
-# the band's half-width is t·sd/√seeds, with t about 2 from ten seeds on (exercise 4 computes it).
+# 10% each is shown to beat random. On your model, pick the seeds from random's spread: half-width ≈ 2·sd/√seeds.
 
 # %% [markdown]
 # ## 3. Near-uniform shallow heads (P3)
@@ -384,10 +379,8 @@ if GENERATORS:
 #
 # Masking costs as much as the full model. Slicing the pruned heads out of the q/k/v/o projections gives a smaller
 # model with the mask's outputs (checked below); its forward time is measured interleaved with the full model's,
-# `TIMING_REPEATS` times on a batch of 100 questions. How much can it gain? Only what the pruned heads cost, so the
-# same cell times **attention's share** of the full model's forward: the seconds spent inside the language model's
-# attention modules (their q/k/v/o projections and the attention itself) over the whole call, timed by hooks with
-# one torch thread, each hooked run interleaved with a plain one so the hooks' own cost shows.
+# `TIMING_REPEATS` times on a batch of 100 questions. The same cell times **attention's share** of the forward: the
+# seconds inside the language model's attention modules over the whole call (hooks, one torch thread).
 
 # %%
 keep30 = space.keep_mask(scores["attention_combined"], 0.3)
@@ -431,7 +424,7 @@ if kept is not None and TIMING_REPEATS >= 2:
 # attention time, about <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward > removing@1" fmt="{:.0f}%"-->12%<!--/num--> of the whole, a speed-up near
 # <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward > at most" re="at most ([0-9.]+x)"-->1.14x<!--/num-->: the measured interval above is of that size. The rest of
 # the forward, outside the attention modules, does not shrink, so the gain stays far below the share of heads
-# removed. Measure attention's share on your model (`PC.attention_share`) before promising a gain.
+# removed. Measure that share on your model (`PC.attention_share`) before promising a gain.
 
 # %% [markdown]
 # ## 6. Claims scoreboard
@@ -511,21 +504,17 @@ WrappedTable(pd.DataFrame(d_rows))  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a value to choose) to ★★ (code to write). Each starter cell below sets the work up on §2's objects and
-# leaves one gap: `... # <- write` (code: the cell checks it once written) or `... # <- fill in` (a value). Fill it
-# and run the cell (each in under a minute). Solutions, with measured outcomes: `solutions/04_head_pruning.py`
-# (`--only K` runs one).
+# ★ a value to choose, ★★ code to write. Each starter leaves one gap (`# <- write` or `# <- fill in`) and checks
+# what you wrote (each under a minute). Solutions: `solutions/04_head_pruning.py` (`--only K` runs one).
 #
-# 1. ★★ Write `prune_in_band`: the keep mask that prunes the lowest-scoring heads inside some layers only. The cell
-#    then prunes the most diffuse heads (`high_entropy`) in the deep band, then in the shallow band. Are diffuse heads
-#    as costly to lose in deep layers as in shallow ones?
+# 1. ★★ Write `prune_in_band` (prune the lowest-scoring heads inside some layers only); the cell prunes the most
+#    diffuse heads in the deep, then the shallow band. Are diffuse heads as costly to lose deep as shallow?
 # 2. ★★ Write a scorer of your own (the body of `my_score`, e.g. by image share from `ctx.records`); the cell
 #    registers it and reruns §2 beside `gradient`. Does it beat `gradient`?
 # 3. ★ How few gradient questions (`n_grad`; §2 used `N_GRADIENT`) can the gradient scorer use before its curve
 #    falls to random's?
-# 4. ★★ Write random's band (§2's rule): the 95% t-interval of the mean of one accuracy per seed. The cell checks
-#    it against §2's band, then recomputes it over the first 2, 3, ... seeds. How many seeds does the band need
-#    before `attention_combined`'s interval clears it at 10%?
+# 4. ★★ Write random's band (§2): the 95% t-interval of the mean of one accuracy per seed. Over the first 2, 3, ...
+#    seeds, when does `attention_combined`'s interval clear it at 10%?
 
 # %%
 # Exercise 1 starter: §2's high_entropy scores, pruned inside one band only; accuracy on 100 held-out questions
@@ -630,5 +619,4 @@ else:
 #   Do the near-uniform shallow heads beat their random control (§3, decision table; on this lesson's model they do
 #   not)? Compare the "minus random" numbers, not the raw drops. `solutions/04_head_pruning.py`'s `next_steps`
 #   runs §3's procedure on a random-weight stand-in with grouped-query attention.
-# - **More seeds for your generators**: `CONTROL_DRAWS` sets §3's and §4's random draws; raise it until random's
-#   band in §4's chart is narrow enough to place a scorer.
+# - **More control draws**: raise `CONTROL_DRAWS` until random's band in §4's chart can place a scorer.
