@@ -36,9 +36,16 @@ def _reuse(gen_name, methods: dict, n_prompts, steps):
                      SEED, timing_prompts=1, repeats=2, progress=False)
 
 
+def dominated(point, static) -> bool:
+    """The starter cell's gap of exercise 1: True when a row of ``static`` (columns ``computed``, ``psnr``) computes
+    no more than ``point`` at a PSNR no lower."""
+    return bool(((static.computed <= point.computed + 1e-9) & (static.psnr >= point.psnr)).any())
+
+
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★): run the adaptive schedule at a stricter and a looser threshold than the notebook's (0.995) and
-    plot its points. Is the adaptive rule ever better than the static schedules at equal ``computed``?
+    """Exercise 1 (★★): write ``dominated`` (is a point beaten by a static schedule that computes no more at a PSNR no
+    lower?), then run the adaptive schedule at a stricter and a looser threshold than the notebook's (0.995). Is the
+    adaptive rule ever better than the static schedules at equal ``computed``?
 
     ``adaptive`` at thresholds 0.99, 0.995 (default) and 0.999 and the static schedules (``static_last_third``,
     ``every_2``) are run with :func:`~unicache_lib.reuse.evaluate.run_reuse` on each generator; PSNR against
@@ -68,15 +75,14 @@ def exercise_1(quick: bool = False) -> dict:
     for ax, g in zip(axes[0], gens):
         gen = _gen(g)
         methods = {n: (lambda n=n: ReuseCache(gen.transformer, REUSE_POLICIES[n](), steps)) for n in ("none", "static_last_third", "every_2")}
-        thresholds = (0.99, 0.995, 0.999)  # the starter cell's gap
+        thresholds = (0.99, 0.995, 0.999)  # as in the starter cell
         for th in thresholds:
             methods[f"adaptive {th}"] = lambda th=th: ReuseCache(gen.transformer, REUSE_POLICIES["adaptive"](threshold=th), steps)
         df = _reuse(g, methods, 2 if quick else 16, steps)
         static = df.loc[["static_last_third", "every_2"]]
         for m in [m for m in df.index if m.startswith("adaptive")]:
             r = df.loc[m]
-            dominated = bool(((static.computed <= r.computed + 1e-9) & (static.psnr >= r.psnr)).any())
-            verdict = ("reuses nothing" if r.computed >= 1 else "no (dominated)" if dominated
+            verdict = ("reuses nothing" if r.computed >= 1 else "no (dominated)" if dominated(r, static)
                        else "not comparable (outside the static range)"
                        if not static.computed.min() <= r.computed <= static.computed.max() else "yes")
             rows.append({"model": g, "method": m, "computed": r.computed, "psnr": r.psnr, "beats static": verdict})
@@ -97,8 +103,8 @@ def exercise_1(quick: bool = False) -> dict:
 
 
 def exercise_2(quick: bool = False) -> dict:
-    """Exercise 2 (★★): ``step_skip`` with ``weight=0`` reuses the last computed output unchanged. Write that method
-    beside the default and compare their margins over the fewer-step control: what does the extrapolation buy?
+    """Exercise 2 (★★): ``step_skip`` with ``weight=0`` reuses the last computed output unchanged. Write ``plain``, that
+    method's cache, beside the default and compare their margins over the fewer-step control: what does the extrapolation buy?
 
     ``step_skip`` (weight 0.5, the default) and ``step_skip`` with ``weight=0`` (same schedule, plain reuse) are run
     beside the fewer-step control (``steps:N``) with :func:`~unicache_lib.reuse.evaluate.run_reuse`;
@@ -116,7 +122,9 @@ def exercise_2(quick: bool = False) -> dict:
     from unicache_lib.reuse.control import control_table, fewer_steps_methods
 
     steps = 20
-    plain = lambda gen: ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](weight=0.0), steps)  # noqa: E731  (the gap)
+    def plain(gen):  # the starter cell's gap, the body of `plain`
+        return ReuseCache(gen.transformer, REUSE_POLICIES["step_skip"](weight=0.0), steps)
+
     rows = {}
     for g in GENERATORS[:1] if quick else GENERATORS:
         gen = _gen(g)
@@ -132,8 +140,8 @@ def exercise_2(quick: bool = False) -> dict:
     return {"steps": steps, "table": "\n" + t.round(3).to_string(), "_t": t}
 
 
-def exercise_3(quick: bool = False) -> dict:
-    """Exercise 3 (★★★, on your own pipeline): does ``step_skip`` still beat fewer steps on your pipeline? Tune its
+def next_steps(quick: bool = False) -> dict:
+    """Next steps (★★★, on your own pipeline; not an exercise): does ``step_skip`` still beat fewer steps on your pipeline? Tune its
     schedule on your own design prompts first.
 
     The calls are the notebook's with ``GENERATORS`` set to your pipeline folder; tune first with ``python
@@ -157,7 +165,7 @@ def exercise_3(quick: bool = False) -> dict:
     d = OUT / "random-sana"
     if not (d / "model_index.json").exists():
         build_tiny("sana", d, seed=SEED)
-    checkpoint = str(d)  # the starter cell's gap: here a stand-in folder; yours is your pipeline's folder
+    checkpoint = str(d)  # here a stand-in folder; yours is your pipeline's folder
     gen = load_generator(checkpoint)
     steps = 20
     methods = {"none": lambda: ReuseCache(gen.transformer, REUSE_POLICIES["none"](), steps),

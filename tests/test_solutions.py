@@ -199,11 +199,35 @@ def test_04_few_gradient_questions_suffice(s04):
 
 
 def test_04_p3_procedure_runs_on_a_grouped_query_stand_in(s04):
-    r = s04.exercise_4(quick=True)
+    r = s04.next_steps(quick=True)
     assert r["layers x heads"] == (3, 4) and r["heads pruned"] >= 1
     for m in r["_moves"].values():
         assert len(m) == r["_n"] == 5 and (m >= 0).all()
     assert "samples" in r["near-uniform minus random (deeper entropy move)"]
+
+
+def test_04_random_band_needs_seeds_to_clear_a_scorer(s04):
+    r = s04.exercise_4(quick=True)
+    t = r["_t"].set_index("seeds")
+    assert not t.loc[3, "clears"]  # three seeds separate nothing
+    assert r["_first"] is not None and r["_first"] <= 10  # the notebook's RANDOM_SEEDS suffice
+    assert (t["band hi"] - t["band lo"]).iloc[-1] < (t["band hi"] - t["band lo"]).loc[3] / 2  # it narrows
+
+
+def test_04_06_starter_checks_accept_the_solutions_and_catch_a_wrong_mask(s04):
+    import pandas as pd
+
+    from unicache_lib.analysis.pruning_claims import band_mask_problems
+
+    score = np.arange(12.0).reshape(3, 4)
+    assert band_mask_problems(s04.prune_in_band(score, [2], 2), score, [2], 2) == []
+    wrong = np.ones((3, 4))
+    wrong[0, :2] = 0  # pruned outside the band
+    assert any("outside" in p for p in band_mask_problems(wrong, score, [2], 2))
+    s06 = load("06_step_reuse")
+    static = pd.DataFrame([(0.55, 47.7)], columns=["computed", "psnr"])
+    assert s06.dominated(pd.Series({"computed": 0.6, "psnr": 44.4}), static)
+    assert not s06.dominated(pd.Series({"computed": 0.47, "psnr": 39.7}), static)
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +335,7 @@ def test_06_extrapolation_beats_plain_reuse_at_20_steps(s06):
 
 
 def test_06_own_pipeline_calls_run_on_a_random_stand_in(s06):
-    r = s06.exercise_3(quick=True)
+    r = s06.next_steps(quick=True)
     df = r["_df"]
     assert r["family"] == "sana" and {"none", "step_skip", "steps:9"} <= set(df.index)
     assert df.loc["step_skip", "flops"] == pytest.approx(0.45) == df.loc["steps:9", "flops"]  # 9 of 20 calls either way

@@ -452,11 +452,14 @@ def reuse_decisions(RU: dict, CT: dict, shares: dict):
     rows = []
     for g in RU:
         c = CT[g].loc[NEW_REUSE]
+        timed = bool(np.isfinite(c.margin_speedup))  # NaN: this run's speed-up lies outside the control's range
+        wall = (f"{c.margin_speedup:+.1f} [{c.margin_speedup_lo:+.1f}, {c.margin_speedup_hi:+.1f}] dB" if timed
+                else "outside the control's range")
         rows.append({"measurement": f"{g}: {NEW_REUSE} over fewer steps at equal FLOPs / wall-clock",
-                     "value here": f"{c.margin_flops:+.1f} [{c.margin_flops_lo:+.1f}, {c.margin_flops_hi:+.1f}] / "
-                                   f"{c.margin_speedup:+.1f} [{c.margin_speedup_lo:+.1f}, {c.margin_speedup_hi:+.1f}] dB",
+                     "value here": f"{c.margin_flops:+.1f} [{c.margin_flops_lo:+.1f}, {c.margin_flops_hi:+.1f}] dB / {wall}",
                      "what it suggests on your model": ("use step_skip: it beats fewer steps here at equal FLOPs (interval "
-                     "above 0)" + ("" if c.margin_speedup_lo > 0 else ", at equal wall-clock not settled (interval across 0)")
+                     "above 0)" + ("" if c.margin_speedup_lo > 0 else ", at equal wall-clock not settled (interval across 0)"
+                                   if timed else ", at equal wall-clock not measured (speed-up outside the control's range)")
                      + "; tune its schedule on your design prompts" if c.margin_flops_lo > 0 else "sample with fewer steps: "
                      "step_skip does not beat it here (tune its schedule on design prompts before trying again)")
                      + "; a diffusers cache must clear the same control before you adopt it",
