@@ -126,8 +126,24 @@ def _no_file_option(cls):
     return Guarded
 
 
+MD_LINK = re.compile(r'(href=")((?![a-z][a-z0-9+.-]*:|/|#)[^"#?]+)\.(?:md|ipynb)((?:#[^"]*)?")')
+
+
+def html_output_links(app, doctree, docname) -> None:
+    """A notebook's HTML output linking a page as the repository names it (``../docs/GLOSSARY.md#sink``, as JupyterLab
+    and GitHub open it) links the site's page (``../docs/GLOSSARY.html#sink``): myst-nb rewrites the links of
+    markdown, not of raw HTML. Relative links only; the site keeps the repository's layout."""
+    for node in list(doctree.findall(nodes.raw)):
+        if "html" in node.get("format", "").split():
+            text = node.astext()
+            new = MD_LINK.sub(lambda m: f"{m.group(1)}{m.group(2)}.html{m.group(3)}", text)
+            if new != text:
+                node.replace_self(nodes.raw(new, new, format=node["format"]))
+
+
 def setup(app):
     app.connect("doctree-read", give_alt_text)
+    app.connect("doctree-resolved", html_output_links)
     app.connect("builder-inited", _guard_paths)
     app.add_directive("raw", _no_file_option(Raw), override=True)
     app.add_directive("csv-table", _no_file_option(CSVTable), override=True)
