@@ -371,8 +371,7 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
         rows.append({"measurement": f"{NEW} minus the {' / '.join(ctls)} control",
                      "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, NEW, b) - _at(acc, c, b)):+.1f}"
                                                                       for c in ctls) + " pt" for b in budgets),
-                     "what it suggests on your model": "where a control ties the designed policy, use it (simpler, "
-                     "prefills fewer tokens)", "where": "§3, " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
+                     "what it suggests on your model": "where a control ties the designed policy, use it (simpler)", "where": "§3, " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
     var = [v for v in ("key_coverage_prefill", "key_coverage_merge") if v in acc.index]
     if var:  # the cover moved before the prefill; the evicted image KV merged into the kept instead of dropped
         rows.append({"measurement": f"{' / '.join(var)} minus {NEW}",
