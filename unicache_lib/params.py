@@ -33,7 +33,7 @@ from .core.errors import InputError, ParameterError, UnicacheError
 from .inputs import MAX_IMAGE_TOKENS, budget_shares, check_fraction, check_fractions
 from .paths import notebook_output, notebook_output_refusal, project_path
 from .runtime.loaders import DTYPES, SHIPPED, closest_shipped, model_label, resolve
-from .world.samples import MAX_PER_TYPE, PER_TYPE as SHIPPED_PER_TYPE, SEED as SHIPPED_SEED, load
+from .world.samples import MAX_PER_TYPE, PER_TYPE as SHIPPED_PER_TYPE, SEED as SHIPPED_SEED, load, seed_refusal
 from .world.text import read_prompts
 
 # former name -> its one name in every notebook; the former still accepted, with a FutureWarning, for one release
@@ -407,7 +407,6 @@ def _check_together(namespace: dict) -> None:
     _depth_tokens(namespace)
     folder, sample_seed = namespace.get("SAMPLES"), namespace.get("SAMPLE_SEED")
     if folder is not None and isinstance(sample_seed, int) and not isinstance(sample_seed, bool):
-        from .world.samples import seed_refusal
 
         why = seed_refusal(folder, sample_seed)
         if why:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..analysis.token_classes import content_position
 from ..capture.record import CaptureResult, Record
-from ..core.errors import InputError
+from ..core.errors import AttentionValueError, InputError
 from ..plots import quoted
 
 BUDGET_BYTES = 2_000_000  # one explorer's HTML form, all in: the spec's JSON, the blob in base64, the module, the markup
@@ -138,7 +138,6 @@ def _probabilities(m: np.ndarray, where: str) -> np.ndarray:
     """``m`` when it holds attention probabilities: finite, >= 0, each query row summing to at most 1 (a strided
     capture keeps some keys, so a row may sum to less); else :class:`AttentionValueError` naming ``where``, never a
     picture of NaN or of numbers that are not shares."""
-    from ..core.errors import AttentionValueError
 
     if not np.isfinite(m).all():
         bad = float(np.mean(~np.isfinite(m)))

@@ -13,12 +13,17 @@ rotate), a caption, and a short and a long generation prompt for the same object
 from __future__ import annotations
 
 import argparse
+import difflib
+import hashlib
 import io
 import json
 import math
 import os
+import posixpath
 import re
 import shlex
+import shutil
+import tempfile
 import unicodedata
 import warnings
 import zipfile
@@ -30,7 +35,7 @@ from PIL import Image, UnidentifiedImageError
 
 from ..core.errors import ImageError, InputError, InputTypeError, MissingFileError, UnicacheError, UnknownNameError
 from ..core.untrusted import decode_utf8, open_inside, stat_inside
-from ..paths import OUTPUT_MARKER, OutputFolder, output_folder, project_path
+from ..paths import OUTPUT_MARKER, OutputFolder, _marker, output_folder, project_path
 from .questions import TRAIN_QTYPES
 from .scenes import SCENE_TYPES
 from .text import QA, caption, jsonl_rows, long_prompt, make_qa, short_prompt
@@ -247,9 +252,6 @@ def _into_shipped(samples, write) -> Path:
     ``--folder`` layout's ``masks.npz`` or a local edit all differ and are refused, nothing written); a file that is
     missing there is restored, unless it would make a second layout beside the first (``metadata.jsonl`` beside
     ``manifest.json``)."""
-    import hashlib
-    import shutil
-    import tempfile
 
     _refuse_foreign(SAMPLES_DIR, samples)
     sha = lambda data: hashlib.sha256(data).hexdigest()  # noqa: E731
@@ -400,7 +402,6 @@ def _generated(path: Path, rows) -> bool:
             return True
     except OSError:
         return False
-    from ..paths import _marker
 
     info = _marker(path) if os.path.lexists(path / OUTPUT_MARKER) else None
     if info is not None and info.get("written_by") == TOOL:
@@ -882,8 +883,6 @@ def _masks_by_sample(path: Path, rows, ids: list[str], masks_by: str) -> dict[st
     (as a path: ``./a.png`` is ``a.png``) or by its ``id`` (the shipped manifest's convention, ``masks_by``); every
     key must name exactly one sample, and a sample be named by one key: a key that matches no sample (``A.png`` for
     ``a.png``, a typo, another folder's masks) is refused naming it, never silently ignored."""
-    import difflib
-    import posixpath
 
     masks = _read_masks(path)
     if not masks:
