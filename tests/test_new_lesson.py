@@ -167,8 +167,10 @@ def test_a_malformed_record_names_the_file_and_the_field(tmp_path, header, messa
 def test_a_record_reads_words_and_dates_as_written_and_a_source_that_is_not_utf8_is_refused(tmp_path):
     src = tmp_path / "notebooks" / "src" / "97_x.py"
     src.parent.mkdir(parents=True)
-    src.write_text(_HEAD + "#     quick: {DEVICE: on, SEED: 10, DAY: 2024-01-01, ON: true}\n# ---\n")
-    assert lessons.discover(tmp_path)["97_x"].quick == {"DEVICE": "on", "SEED": 10, "DAY": "2024-01-01", "ON": True}
+    src.write_text(_HEAD + "#     quick: {DEVICE: on, SEED: 10, DAY: 2024-01-01, ON: true, G: 1:30.0, F: [0.5, 1e-3, .5]}"
+                           "\n# ---\n")
+    assert lessons.discover(tmp_path)["97_x"].quick == {"DEVICE": "on", "SEED": 10, "DAY": "2024-01-01", "ON": True,
+                                                         "G": "1:30.0", "F": [0.5, 0.001, 0.5]}
     src.write_bytes(b"# ---\n# \xff\n# ---\n")
     with pytest.raises(InputError, match="97_x.py: not UTF-8"):
         lessons.discover(tmp_path)

@@ -34,13 +34,20 @@ MAX_SOURCE_BYTES = 2_000_000  # a lesson's source is a few hundred KB at most
 
 class _Loader(yaml.SafeLoader):
     """YAML without version 1.1's surprises: ``on``/``yes``/``no`` stay words, a date stays text, ``010`` is not
-    octal 8 (it is refused below), and a key written twice is refused (a YAML reader would keep the last)."""
+    octal 8 (it is refused below), ``1:30.0`` is not base-60 90.0 (it stays text), and a key written twice is refused
+    (a YAML reader would keep the last)."""
 
 
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in rules if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
                                                           "tag:yaml.org,2002:timestamp")]
     for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.yaml_implicit_resolvers = {  # floats as YAML 1.2 writes them: no base 60 (1:30.0 read as 90.0), no "1_0.5"
+    first: [(tag, rx) for tag, rx in rules if tag != "tag:yaml.org,2002:float"]
+    for first, rules in _Loader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^(?:[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                               list("tTfF"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
