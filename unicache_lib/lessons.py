@@ -110,7 +110,7 @@ def read(source: Path) -> Lesson:
         raise InputError(f"{source.name}: a lesson's file is NN_topic.py (two digits, lower-case words)")
     try:
         data = source.read_bytes()
-        text = data.decode("utf-8") if len(data) <= MAX_SOURCE_BYTES else None
+        text = data.decode("utf-8-sig") if len(data) <= MAX_SOURCE_BYTES else None  # (a BOM: an editor's, read past)
     except UnicodeDecodeError as e:
         raise InputError(f"{source.name}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     if text is None:
