@@ -1,5 +1,8 @@
 import json
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -118,6 +121,103 @@ def test_whole_last_line_without_newline_is_a_record(tmp_path, then):
     f = sorted((tmp_path / "s" / "rank00000").rglob("*.npz"))[-1]
     f.write_bytes(f.read_bytes()[:-10] + b"0123456789")
     with pytest.raises(StoreError, match="corrupt|checksum|SHA-256"):
+        Store(tmp_path / "s").read()
+
+
+TAILS = {"space": lambda b: b.rstrip(b"\n") + b" ",  # ST1
+         "crlf file, last newline gone": lambda b: b.replace(b"\n", b"\r\n").rstrip(b"\n"),  # ST2: ends "]\r"
+         "cr": lambda b: b.rstrip(b"\n") + b"\r",  # ST21
+         "spaces, tab, cr": lambda b: b.rstrip(b"\n") + b" \t \r"}
+
+
+@pytest.mark.parametrize("then", ["resumed write", "repair"])
+@pytest.mark.parametrize("tail", list(TAILS))
+def test_whole_last_line_with_trailing_whitespace_is_a_record(tmp_path, tail, then):
+    """#60 ST1/ST2/ST21: a whole last line followed by JSON whitespace (spaces, a tab, a CR) and no newline is a record:
+    read, never cut; a resumed write or repair() normalises the tail (drops the whitespace, adds the newline)."""
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    st.write([rec(0, 0)])
+    st.write([rec(1, 0)])
+    st.close()
+    p = tmp_path / "s" / "index-rank00000.jsonl"
+    p.write_bytes(TAILS[tail](p.read_bytes()))
+    reader = Store(tmp_path / "s")
+    assert sorted(r.sample for r in reader.read()) == ["0", "1"] and reader.verify() == []
+    if then == "repair":
+        assert Store(tmp_path / "s").repair() == []
+    else:
+        w = Store(tmp_path / "s")
+        w.write([rec(7, 0)])
+        w.close()
+    b = p.read_bytes()
+    assert b.endswith(b"]]\n") and b.count(b"\n") == (3 if then != "repair" else 2)  # normalised, nothing cut
+    assert b" \n" not in b and b"\t" not in b and b.count(b"\r") == (1 if "crlf" in tail else 0)
+    assert (tmp_path / "s" / "rank00000" / "chunk000001").is_dir()
+    want = ["0", "1"] + (["7"] if then != "repair" else [])
+    assert sorted(r.sample for r in reader.read()) == want  # the earlier reader follows the rewritten tail
+    assert sorted(r.sample for r in Store(tmp_path / "s").read()) == want and Store(tmp_path / "s").verify() == []
+
+
+def test_reader_keeps_an_open_line_when_spaces_are_appended(tmp_path):
+    """#60 ST15: a reader that read the last line as whole and open (no newline) still sees its record after spaces
+    are appended to it (they were taken for a torn tail: read() returned [] without a word)."""
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    st.write([rec(0, 0)])
+    st.close()
+    p = tmp_path / "s" / "index-rank00000.jsonl"
+    reader = Store(tmp_path / "s")
+    assert [r.sample for r in reader.read()] == ["0"]
+    p.write_bytes(p.read_bytes().rstrip(b"\n"))
+    assert [r.sample for r in reader.read()] == ["0"]
+    with open(p, "ab") as f:
+        f.write(b"  ")
+    assert [r.sample for r in reader.read()] == ["0"] and reader.verify() == []
+    with open(p, "ab") as f:
+        f.write(b"\r\n")
+    assert [r.sample for r in reader.read()] == ["0"] and reader.verify() == []
+
+
+@pytest.mark.parametrize("newline", [True, False])
+def test_index_with_a_byte_order_mark_is_refused_never_cut(tmp_path, newline):
+    """#60 ST4/ST5: an index saved with a UTF-8 byte-order mark (Notepad: a BOM and, often, no final newline) is
+    refused in one line naming the file and how to remove the mark; read, a resumed write and repair() change
+    nothing (it read as [] and the next write truncated it to 0 bytes)."""
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    st.write([rec(0, 0)])
+    st.close()
+    p = tmp_path / "s" / "index-rank00000.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes()[:None if newline else -1])
+    before = p.read_bytes()
+    for act in (lambda s: s.read(), lambda s: s.write([rec(7, 0)]), lambda s: s.repair(), lambda s: s.verify()):
+        with pytest.raises(StoreError, match=r"line 1 of index .*index-rank00000\.jsonl starts with a UTF-8 "
+                                             r"byte-order mark.*Remove those 3 bytes") as e:
+            act(Store(tmp_path / "s"))
+        assert "\n" not in str(e.value)
+    assert p.read_bytes() == before and (tmp_path / "s" / "rank00000" / "chunk000000").is_dir()
+    cmd = re.search(r'python -c "(.*)"', str(e.value))[1]  # the advice, followed
+    subprocess.run([sys.executable, "-c", cmd], check=True)
+    assert [r.sample for r in Store(tmp_path / "s").read()] == ["0"] and Store(tmp_path / "s").verify() == []
+
+
+@pytest.mark.parametrize("where", ["between lines", "at the end"])
+def test_blank_lines_in_an_index_are_skipped(tmp_path, where):
+    """#60 ST6/ST11: a blank line (an editor's) holds nothing: it is skipped, the records around it read, line numbers
+    in messages still count it (the store was unreadable: "line 3 ... is corrupt")."""
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    st.write([rec(0, 0)])
+    st.write([rec(1, 0)])
+    st.close()
+    p = tmp_path / "s" / "index-rank00000.jsonl"
+    a, b = p.read_bytes().splitlines(keepends=True)
+    p.write_bytes(a + b"\n" + b if where == "between lines" else a + b + b" \r\n")
+    assert sorted(r.sample for r in Store(tmp_path / "s").read()) == ["0", "1"] and Store(tmp_path / "s").verify() == []
+    w = Store(tmp_path / "s")
+    w.write([rec(7, 0)])
+    w.close()
+    assert sorted(r.sample for r in Store(tmp_path / "s").read()) == ["0", "1", "7"]
+    with open(p, "ab") as f:
+        f.write(b"not json\n")
+    with pytest.raises(StoreError, match="line 5 of index"):
         Store(tmp_path / "s").read()
 
 

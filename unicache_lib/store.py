@@ -151,6 +151,8 @@ def key_str(key: tuple) -> str:
 
 _INDEX_NAME = re.compile(r"index-rank(\d{5,})\.jsonl")  # a rank's log (the name _index_path gives it)
 _HEAD = json.JSONDecoder().raw_decode
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark (Notepad's): a store never writes one
+_BLANK = b" \t\r"  # the JSON whitespace a line may hold besides its newline
 
 
 def _index_fix(p: Path) -> str:
@@ -274,6 +276,7 @@ class _Log:
     def __init__(self, path: Path):
         self.path, self.sig, self.end, self.torn, self.last = path, None, 0, 0, b""
         self.open = False  # the last line read is whole but has no newline yet (``end`` is its last byte's end)
+        self.pad = 0  # the spaces, tabs and CRs that end that open line (cut() drops them before the newline)
         self.folder = path.name[len("index-"):-len(".jsonl")]  # rank00000: the folder every chunk of this log lies in
         self.lines: list[tuple[dict, str]] = []
         self.live: dict[str, int] = {}
@@ -316,7 +319,7 @@ class _Log:
             if self.open and not start:
                 start = next(blocks, b"")
             if self.open and start[:1] == b"\n":  # the newline the whole last line lacked: it ends there
-                start, self.end, self.open = start[1:], self.end + 1, False
+                start, self.end, self.open, self.pad = start[1:], self.end + 1, False, 0
                 self.last = (self.last + b"\n")[-64:]
             elif self.open and start:  # bytes glued to a line read as whole: the file was not written by a store
                 blocks.close()
@@ -342,13 +345,15 @@ class _Log:
             del pending[:pos]
             if len(pending) > MAX_LINE_BYTES:
                 raise self._too_long()
-        if pending and self._whole(bytes(pending)):  # a whole line that only lacks its newline: a record, not torn
+        if pending and (self._whole(bytes(pending)) or pending.startswith(_BOM)):
+            # a whole line that only lacks its newline (trailing spaces or a CR after it too): a record, not torn; a
+            # tail that starts with a byte-order mark is no store's write either (_take refuses it, naming the fix)
             raw = bytes(pending)
             d, a = self._take(raw)
             dropped, added = dropped or d, added + a
             self.end += len(raw)
             self.last = (self.last + raw[-64:])[-64:]
-            self.open, pending = True, b""
+            self.open, self.pad, pending = True, len(raw) - len(raw.rstrip(_BLANK)), b""
         if dropped:
             self.modes = {self.lines[n][0]["mode"] for n in set(self.live.values())}
         self.torn, self.sig = len(pending), sig
@@ -358,8 +363,10 @@ class _Log:
     def _whole(raw: bytes) -> bool:
         """Whether the tail ``raw`` (bytes after the last newline) is a whole index line: ``[head, records]`` parses
         to its last byte. A write cut off inside a line never does (no proper prefix of that array is JSON), so such
-        a tail is the line an editor or a full disk left without its final newline: its records are read and checked
+        a tail is the line an editor or a full disk left without its final newline (spaces, tabs or a CR after its
+        ``]`` included; a leading byte-order mark too, which :meth:`_take` refuses naming the fix): its records are read and checked
         like any other line's (a chunk that fails its SHA-256 is damage, reported), never cut off."""
+        raw = raw.removeprefix(_BOM).rstrip(_BLANK)  # JSON whitespace after the ``]`` (an editor's) is still the line
         if not raw.startswith(b"[{") or not raw.endswith(b"]"):
             return False
         try:
@@ -379,6 +386,16 @@ class _Log:
     def _take(self, raw: bytes) -> tuple[bool, list[str]]:
         """Parse the whole line ``raw`` (its head only): ``(a drop line, the keys it adds)``."""
         n = len(self.lines)
+        if raw.startswith(_BOM):
+            p = str(self.path)
+            raise StoreError(
+                f"line {n + 1} of index {p} starts with a UTF-8 byte-order mark (an editor such as Notepad saved the "
+                f"file; a store never writes one), so it is not read and nothing is cut. Remove those 3 bytes: "
+                f"python -c \"import pathlib; p = pathlib.Path({p!r}); b = p.read_bytes(); "
+                f"p.write_bytes(b.replace(bytes.fromhex('efbbbf'), b''))\"; every line then reads as before")
+        if not raw.strip(_BLANK):  # a blank line (an editor's) holds nothing: kept as a placeholder (line numbers stay)
+            self.lines.append(({}, raw.decode("ascii")))
+            return False, []
         try:
             text = raw.decode()
             head = _HEAD(text, 1)[0] if text.startswith("[{") else None
@@ -487,8 +504,17 @@ class _Log:
 
     def cut(self) -> None:
         """Cut a torn last line off (a write of this rank that was interrupted: the caller holds its lock); a whole
-        last line without its newline gets the newline instead (its records stay)."""
+        last line without its newline gets the newline instead (its records stay; the spaces, tabs or CR after its
+        ``]`` are dropped first, so the tail is what a store writes)."""
         if self.open and not self.torn:
+            if self.pad:
+                fd = _open_index(self.path, os.O_WRONLY)
+                try:
+                    os.ftruncate(fd, self.end - self.pad)
+                finally:
+                    os.close(fd)
+                self.end, self.last = self.end - self.pad, self.last[:max(len(self.last) - self.pad, 0)]
+                self.pad = 0
             _append_line(self.path, b"\n")
             self.end, self.open, self.last = self.end + 1, False, (self.last + b"\n")[-64:]
             st = os.lstat(self.path)
