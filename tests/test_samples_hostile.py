@@ -5,6 +5,7 @@ attention statistics are never "healthy".
 
 docs/FAULTS.md's "Hostile samples and parameters (#60)" table counts the cases below
 (tests/test_store_faults.py::test_fault_table_counts_come_from_the_tests)."""
+import codecs
 import contextlib
 import json
 import os
@@ -407,6 +408,48 @@ def test_a_layout_file_beside_a_llava_json_is_refused_naming_both(tmp_path, firs
         check_params({"SAMPLES": str(d)}, names=["SAMPLES"])
     (d / "data.json").rename(tmp_path / "data.json")  # the fix: one layout per folder
     assert S.load(d)
+
+
+BOM_CASES = {  # #60 round 3: what each folder holds beside a.png/b.png, and what load must say
+    "metadata + BOM data.json (SA1)": (["metadata.jsonl", "data.json:bom"], r"holds both metadata.jsonl .* and data.json"),
+    "plain a.json + BOM b.json (SA24)": (["a.json", "b.json:bom"], r"holds 2 LLaVA-style conversation files \(a.json, b.json\)"),
+    "BOM data.json alone (SA2)": (["data.json:bom"], None),
+    "metadata + cut-short data.json (SA8)": (["metadata.jsonl", "data.json:cut"], r"data.json, line 1: not JSON .*move it out"),
+    "metadata + UTF-16 data.json (SA26)": (["metadata.jsonl", "data.json:utf16"], r"data.json: not UTF-8 text \(byte 0, a UTF-16 file\).*save it as UTF-8"),
+    "metadata + a JSON that is no sample file": (["metadata.jsonl", "dataset_info.json:other"], None),
+}
+
+
+@pytest.mark.parametrize("case", list(BOM_CASES))
+def test_a_json_with_a_bom_or_that_does_not_parse_is_never_passed_over(tmp_path, case):
+    """#60 SA1/SA24/SA2/SA8/SA26: a LLaVA JSON with a UTF-8 byte-order mark (Windows tools write one) was skipped
+    without a word, so a folder holding it and metadata.jsonl (or another LLaVA JSON) loaded only the other's samples;
+    a *.json that does not parse (cut short, UTF-16) was passed over too. A BOM is read past (the two-layout
+    refusals see the file); a *.json that does not parse is refused naming it; a JSON that parses but is no
+    conversations list (dataset_info.json) is still left alone."""
+    files, msg = BOM_CASES[case]
+    d = tmp_path / "f"
+    d.mkdir()
+    _png(d / "a.png")
+    _png(d / "b.png")
+    llava = json.dumps([{"image": "b.png", "conversations": [{"from": "human", "value": "<image>\nwhat?"},
+                                                             {"from": "gpt", "value": "x"}]}])
+    for spec in files:
+        name, _, how = spec.partition(":")
+        data = {"": llava.encode(), "bom": codecs.BOM_UTF8 + llava.encode(), "cut": llava.encode()[:40],
+                "utf16": llava.encode("utf-16"), "other": b'{"description": "my set"}'}[how]
+        if name == "metadata.jsonl":
+            data = b'{"file_name": "a.png", "question": "q ?"}\n'
+        (d / name).write_bytes(data)
+    if msg is None:
+        want = ["b"] if files[0].startswith("data.json") else ["a"]
+        assert [s.id for s in S.load(d)] == [s.id for s in S.read_folder(d)] == want
+        check_params({"SAMPLES": str(d)}, names=["SAMPLES"])  # accepted
+        return
+    for act in (S.load, S.read_folder, lambda p: check_params({"SAMPLES": str(p)}, names=["SAMPLES"])):
+        with pytest.raises(UnicacheError, match=msg) as e:
+            act(d)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("answer,msg", [(2.0, r"got float 2\.0: write it as the text .* e\.g\. \"2\""),

@@ -13,6 +13,7 @@ rotate), a caption, and a short and a long generation prompt for the same object
 from __future__ import annotations
 
 import argparse
+import codecs
 import difflib
 import hashlib
 import io
@@ -653,17 +654,30 @@ def _rows_from_metadata(path: Path) -> list[tuple[str, dict]]:
 
 def _llava_json(path: Path) -> tuple[Path, list] | None:
     """The one LLaVA-style conversations JSON of a folder (a list of ``{"image", "conversations"}``) and its parsed
-    entries, if any. JSON files that are not such a list are passed over; one that is a symlink out of the folder,
-    a FIFO, a device or too large is refused (it is never opened)."""
+    entries, if any. JSON files that parse but are not such a list (``manifest.json``, a ``dataset_info.json``) are
+    passed over; a ``*.json`` that does not parse (cut short, UTF-16, not JSON) is refused naming it, since it may be a
+    conversations file whose samples would be left out without a word; a UTF-8 byte-order mark (Windows tools write
+    one) is read past. One that is a symlink out of the folder, a FIFO, a device or too large is refused (it is never
+    opened)."""
     found = []
     for f in sorted(path.glob("*.json")):
         if f.is_dir() and not f.is_symlink():
             continue
         data = _read_own(path, f.name, MAX_TEXT_BYTES)
+        why = (f"a *.json in a samples folder is read as a LLaVA-style conversations file if it is one, and one that "
+               f"cannot be read would leave its samples out without a word")
         try:
-            entries = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            continue
+            entries = json.loads(data.decode("utf-8-sig"))
+        except UnicodeDecodeError as e:
+            utf16 = ", a UTF-16 file" if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else ""
+            raise InputError(f"{f}: not UTF-8 text (byte {e.start}{utf16}): {why}; save it as UTF-8, or move it out of "
+                             f"the folder") from None
+        except json.JSONDecodeError as e:
+            raise InputError(f"{f}, line {e.lineno}: not JSON ({e.msg}): {why}; fix it (a list of {{\"image\", "
+                             f"\"conversations\"}} objects), or move it out of the folder") from None
+        except RecursionError:
+            raise InputError(f"{f}: nested too deeply to read as JSON: {why}; write flat records, or move it out of "
+                             f"the folder") from None
         if isinstance(entries, list) and entries and isinstance(entries[0], dict) and "conversations" in entries[0]:
             found.append((f, entries))
     if len(found) > 1:
