@@ -657,3 +657,26 @@ def test_a_llava_conversation_of_several_turns_is_refused_not_cut(tmp_path):
         S.load(tmp_path)
     (tmp_path / "data.json").write_text(json.dumps([{"id": "a", "image": "a.png", "conversations": turns[:2]}]))
     assert S.load(tmp_path)[0].answer == "red"
+
+
+@pytest.mark.parametrize("case", ["question twice", "file_name twice", "llava image twice"])
+def test_a_json_object_naming_a_key_twice_is_refused(tmp_path, case):
+    """#60 round 4's NSA1/NSA2/NSA14: a samples record naming one key twice loaded the last value without a word
+    (the second question; sample b.png instead of a.png); it is refused naming the file, the line and the key."""
+    d = tmp_path / "own"
+    d.mkdir()
+    _png(d / "a.png")
+    _png(d / "b.png")
+    if case == "llava image twice":
+        (d / "data.json").write_text('[{"image": "a.png", "image": "b.png", "conversations": [{"from": "human", '
+                                     '"value": "<image>\\nwhat colour?"}, {"from": "gpt", "value": "blue"}]}]')
+        key, where = "image", "data.json"
+    else:
+        row = ('{"file_name": "a.png", "question": "what colour?", "question": "what shape?"}' if case == "question twice"
+               else '{"file_name": "a.png", "file_name": "b.png", "question": "what colour?"}')
+        (d / "metadata.jsonl").write_text(row + "\n")
+        key, where = case.split()[0], "metadata.jsonl, line 1"
+    with pytest.raises(UnicacheError, match=rf"{re.escape(where)}: the key '{key}' is written twice.*keep one"):
+        S.load(d)
+    with pytest.raises(UnicacheError, match=rf"the key '{key}' is written twice"):
+        check_params({"SAMPLES": str(d)}, names=["SAMPLES"])

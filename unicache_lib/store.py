@@ -345,6 +345,10 @@ class _Log:
             del pending[:pos]
             if len(pending) > MAX_LINE_BYTES:
                 raise self._too_long()
+        if b"\r[" in pending:  # lines that end in a CR only (an old-Mac conversion): no line is whole; never cut them
+            raise StoreError(f"index {self.path}: its lines end in a carriage return only (\\r, an old Mac's line end), "
+                             f"so none can be read; nothing was changed: convert them back, python -c \"import pathlib; "
+                             f"p = pathlib.Path('{self.path}'); p.write_bytes(p.read_bytes().replace(b'\\r', b'\\n'))\"")
         if pending and (self._whole(bytes(pending)) or pending.startswith(_BOM)):
             # a whole line that only lacks its newline (trailing spaces or a CR after it too): a record, not torn; a
             # tail that starts with a byte-order mark is no store's write either (_take refuses it, naming the fix)

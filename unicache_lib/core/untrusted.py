@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import html
+import json
 import os
 import secrets
 import stat
@@ -35,6 +36,25 @@ def iframe_srcdoc(page: str, height: int = 500) -> str:
     """An ``<iframe>`` showing the HTML document ``page`` inline (``srcdoc``): the whole page escaped as the attribute's
     value, so the frame receives it exactly as written (its own escaping intact) and nothing of it runs outside."""
     return f'<iframe srcdoc="{html_text(page)}" width="100%" height="{int(height)}"></iframe>'
+
+
+class RepeatedKeyError(ValueError):
+    """A JSON object that names one key twice (a reader keeps the last, silently): raised by :func:`json_loads`."""
+
+
+def _one_of_each(pairs: list) -> dict:
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise RepeatedKeyError(f"the key {k!r} is written twice in one object (which one is meant?)")
+        seen.add(k)
+    return dict(pairs)
+
+
+def json_loads(text):
+    """``json.loads`` for text from data: an object naming a key twice is refused (:class:`RepeatedKeyError`) instead
+    of keeping the last value."""
+    return json.loads(text, object_pairs_hook=_one_of_each)
 
 
 def read_utf8(path: str | Path) -> str:

@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from ..core.errors import ImageError, InputError, InputTypeError, MissingFileError, UnicacheError, UnknownNameError
-from ..core.untrusted import decode_utf8, open_inside, stat_inside
+from ..core.untrusted import RepeatedKeyError, decode_utf8, json_loads, open_inside, stat_inside
 from ..paths import OUTPUT_MARKER, OutputFolder, _marker, output_folder, project_path
 from .questions import TRAIN_QTYPES
 from .scenes import SCENE_TYPES
@@ -605,7 +605,9 @@ def _json(data: bytes, path: Path):
     """``data`` parsed as one JSON document, refused naming the file (nesting too deep to parse included)."""
     text = _text(data, path)
     try:
-        return json.loads(text)
+        return json_loads(text)
+    except RepeatedKeyError as e:
+        raise InputError(f"{path}: {e}: keep one") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}, line {e.lineno}: not JSON ({e.msg}): fix the file, or write the samples as a "
                          f"{METADATA} (one JSON object per line)") from e
@@ -667,7 +669,9 @@ def _llava_json(path: Path) -> tuple[Path, list] | None:
         why = (f"a *.json in a samples folder is read as a LLaVA-style conversations file if it is one, and one that "
                f"cannot be read would leave its samples out without a word")
         try:
-            entries = json.loads(data.decode("utf-8-sig"))
+            entries = json_loads(data.decode("utf-8-sig"))
+        except RepeatedKeyError as e:
+            raise InputError(f"{f}: {e}: keep one") from None
         except UnicodeDecodeError as e:
             utf16 = ", a UTF-16 file" if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else ""
             raise InputError(f"{f}: not UTF-8 text (byte {e.start}{utf16}): {why}; save it as UTF-8, or move it out of "

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import InputError, MissingFileError
-from ..core.untrusted import read_utf8
+from ..core.untrusted import RepeatedKeyError, json_loads, read_utf8
 from .scenes import COLOURS, POSITIONS, SCENE_TYPES, SHAPES, Scene, make_scene
 
 QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "position", "exists", "count")
@@ -212,7 +212,9 @@ def jsonl_rows(path, text: str | None = None) -> list[tuple[int, object]]:
     for n, line in enumerate((read_utf8(path) if text is None else text).split("\n"), 1):
         if line.strip():
             try:
-                out.append((n, json.loads(line)))
+                out.append((n, json_loads(line)))
+            except RepeatedKeyError as e:
+                raise InputError(f"{path}, line {n}: {e}: keep one") from None
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}, line {n}: not JSON ({e.msg}): write one JSON object per line") from e
             except RecursionError:
