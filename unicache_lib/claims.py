@@ -304,18 +304,34 @@ _ALL = [
     _c("P1", "Pruning 10% of heads by attention statistics barely hurts; 20% starts to hurt.",
        "how many heads' keys and values can go", "04_head_pruning",
        "combined attention-statistics scorer: (a) accuracy drop from pruning 10% below 0.01 (1 point), (b) further "
-       "drop from 10% to 20% above 0.005 (half a point)", {"a": {"below": 0.01}, "b": {"above": 0.005}}, "2"),
+       "drop from 10% to 20% above 0.005 (half a point)", {"a": {"below": 0.01}, "b": {"above": 0.005}}, "2",
+       advice=Advice("a drop under 1 point at 10% (its whole interval): a tenth of the heads can go; a further drop "
+                     "by 20% marks where to stop. Judge each fraction against random's band over seeds, not only "
+                     "against no pruning", (Place("04", 2, params=("FRACTIONS", "RANDOM_SEEDS")),)),
+       meaning={"holds": "a tenth can go, a fifth costs", "partly": "(a) failing: prune fewer; (b) failing: more can go",
+                "does not hold": "a tenth already costs: prune fewer",
+                "inconclusive": "too few questions to fix a safe fraction"}),
     _c("P2", "Scoring heads by attention statistics is more stable than by weight norms.",
        "whether a cache's own statistics can choose what to drop", "04_head_pruning",
        "accuracy averaged over the pruned fractions (> 0), combined statistics scorer minus (a) weight norms, (b) "
-       "random's mean over seeds, each above 0", {"a": {"above": 0.0}, "b": {"above": 0.0}}, "2"),
+       "random's mean over seeds, each above 0", {"a": {"above": 0.0}, "b": {"above": 0.0}}, "2",
+       advice=Advice("ahead of both (intervals above 0): the cache's own statistics can choose the heads; tied with "
+                     "the data-free weight norms: they earn no place over them. Where labelled questions are at hand, "
+                     "compare the gradient scorer too",
+                     (Place("04", 2, params=("FRACTIONS", "RANDOM_SEEDS", "N_GRADIENT"), also=("exercise 3",)),)),
+       meaning={"holds": "the statistics can choose heads", "partly": "they beat random, not both",
+                "does not hold": "the statistics choose no better", "inconclusive": "no edge over weight norms shown"}),
     _c("P3", "Near-uniform shallow heads are not automatically redundant.",
        "a \"diffuse, so unimportant\" rule is unsafe", "04_head_pruning",
        "pruning only the near-uniform shallow heads: (a) accuracy drop above 0.01 (1 point, interval over questions), "
        "(b) the deeper layers' normalised-entropy move (mean |change|) minus the move from pruning as many random "
        "shallow heads (mean over the random draws), above 0 (paired interval over samples)",
        {"a": {"above": 0.01}, "b": {"above": 0.0}}, "3",
-       meaning={"holds": "do not prune heads for being diffuse", "does not hold": "the diffuse shallow heads can go"}),
+       advice=Advice("a drop over 1 point from pruning the near-uniform shallow heads: they are not redundant, whatever "
+                     "their entropy. Never prune a head for being diffuse; judge a downstream effect against as many "
+                     "random shallow heads", (Place("04", 3, params=("PER_TYPE", "CONTROL_DRAWS")),)),
+       meaning={"holds": "do not prune heads for being diffuse", "does not hold": "the diffuse shallow heads can go",
+                "partly": "diffuse is no reason to prune: test on outputs"}),
     # 05: KV eviction
     _c("U7", "Shallow-layer KV can be evicted by locality; deep-layer KV must be kept.",
        "whether an eviction rule should differ by depth band", "05_kv_eviction",

@@ -412,17 +412,17 @@ if kept is not None and TIMING_REPEATS >= 2:
     gone = float((keep30 == 0).sum()) / space.n_heads
     print(f"attention's share of the full forward: {att['share']:.0%} (median of {TIMING_REPEATS} hooked runs, "
           f"hooks' own cost {att['hook_overhead']:+.0%})\n  removing {gone:.0%} of the heads removes about "
-          f"{gone * att['share']:.0%} of the time: at most {att['cap'](gone):.2f}x if attention shrank in proportion")
+          f"{gone * att['share']:.0%} of the time: expect about {att['cap'](gone):.2f}x (measured {sp.value:.2f}x)")
 
 # %% [markdown]
 # **This run**: the physically pruned model gives the masked model's answers exactly (largest log-probability
 # difference <!--num "notebooks/04_head_pruning.ipynb#out:heads kept per layer" re="= ([0-9.]+e[+-][0-9]+)"-->0.0e+00<!--/num-->) and runs faster:
-# <!--num "notebooks/04_head_pruning.ipynb#out:speed-up" re="speed-up ([0-9.]+x \[[0-9.]+, [0-9.]+\])"-->1.18x [1.13, 1.34]<!--/num--> (timings vary from run to run).
+# <!--num "notebooks/04_head_pruning.ipynb#out:speed-up" re="speed-up ([0-9.]+x \[[0-9.]+, [0-9.]+\])"-->1.13x [1.10, 1.15]<!--/num--> (timings vary from run to run).
 #
-# **Why not faster?** Attention takes <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward@0" fmt="{:.0f}%"-->38%<!--/num--> of the full forward (the last two
+# **Why not faster?** Attention takes <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward@0" fmt="{:.0f}%"-->35%<!--/num--> of the full forward (the last two
 # lines). Removing <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward > removing@0" fmt="{:.0f}%"-->31%<!--/num--> of the heads removes that share of the
-# attention time, about <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward > removing@1" fmt="{:.0f}%"-->12%<!--/num--> of the whole, a speed-up near
-# <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward > at most" re="at most ([0-9.]+x)"-->1.14x<!--/num-->: the measured interval above is of that size. The rest of
+# attention time, about <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward > removing@1" fmt="{:.0f}%"-->11%<!--/num--> of the whole, a speed-up near
+# <!--num "notebooks/04_head_pruning.ipynb#out:attention's share of the full forward > expect about" re="expect about ([0-9.]+x)"-->1.12x<!--/num-->: the measured interval above is of that size. The rest of
 # the forward, outside the attention modules, does not shrink, so the gain stays far below the share of heads
 # removed. Measure that share on your model (`PC.attention_share`) before promising a gain.
 
@@ -432,6 +432,11 @@ if kept is not None and TIMING_REPEATS >= 2:
 # The claims and their rules are printed in §2 (P1, P2) and §3 (P3). Accuracy differences are paired over the `N_QUESTIONS` questions (95% interval over questions); the deeper layers'
 # entropy change is resampled over the standard samples. How an interval becomes a verdict:
 # [verdicts](../docs/GLOSSARY.md#verdicts).
+
+# %%
+from unicache_lib.claims import claims_table
+
+claims_table("04_head_pruning")  # each claim (statement, why) is written once, in unicache_lib/claims.py
 
 # %% tags=["nbval-check-output"]
 board = Scoreboard(random_weights=any(is_stand_in(m) for m in [MODEL, *GENERATORS]),
@@ -467,38 +472,38 @@ board.show()
 #   the statistics cost PixArt detail. **Physical pruning** (§5) matches the mask exactly, but speeds up only the
 #   heads' share of the forward.
 #
-# The decision table, from this run's numbers:
+# The decision table (advice: `unicache_lib/claims.py`):
 
 # %%
+from unicache_lib.claims import decision_rows
+
 drop10 = {f: float(acc_tab.loc[f, 0.0] - acc_tab.loc[f, 0.1]) for f in acc_tab.index if 0.1 in acc_tab.columns}
+p1 = board.rows["P1"].measured.get("a")  # attention_combined's drop at 10%, with its interval over questions
+d20 = (f", at 20% {100 * float(acc_tab.loc['attention_combined', 0.0] - acc_tab.loc['attention_combined', 0.2]):.1f}"
+       if 0.2 in acc_tab.columns else "")
+p1_found = f"attention_combined at 10% {100 * p1.value:.1f} [{100 * p1.lo:.1f}, {100 * p1.hi:.1f}]{d20}" if p1 and p1.value is not None else ""
 best = max(mean_over_f, key=lambda k: mean_over_f[k].mean())
 P2_SHOWN = ("attention_combined", "low_variance", "weight_norm", "random")
-d_rows = [
-    {"measurement": "accuracy drop at 10% pruned, per scorer (points)", "value here": ", ".join(f"{k} {100 * v:.1f}" for k, v in drop10.items()),
-     "what it suggests on your model": "a scorer within ~1 point of unpruned at 10% and far from random is a candidate; one near random tells you nothing",
-     "notebook / parameter": "this notebook: MODEL, FRACTIONS, RANDOM_SEEDS"},
-    {"measurement": "best scorer by accuracy averaged over the pruned fractions", "value here": f"{best} ({mean_over_f[best].mean():.3f})",
-     "what it suggests on your model": "prune with it; if the gradient wins (as here), the statistics are a cheap proxy, not the answer",
-     "notebook / parameter": "this notebook: N_GRADIENT (exercise 3)"},
-    {"measurement": "statistics vs weight norms vs random, accuracy averaged over the pruned fractions (P2)",
-     "value here": ", ".join(f"{k} {mean_over_f[k].mean():.3f}" for k in P2_SHOWN if k in mean_over_f),
-     "what it suggests on your model": "a statistics scorer that only ties the data-free weight norms earns no place; use it only where it beats them and random on your model",
-     "notebook / parameter": "this notebook, section 2: FRACTIONS, RANDOM_SEEDS"},
-    {"measurement": "near-uniform shallow heads: accuracy, and deeper-entropy move minus random's", "value here": f"accuracy {base_acc:.3f}→{float(u['accuracy']):.3f} (random shallow {p3.loc[rand_labels, 'accuracy'].mean():.3f}); move {excess.mean():+.4f}",
-     "what it suggests on your model": "never prune shallow heads for being diffuse; judge a downstream effect only against its random control",
-     "notebook / parameter": "this notebook, section 3: PER_TYPE (samples), CONTROL_DRAWS"},
-]
+d_rows = decision_rows([  # (claim, what was measured, its value here, this run's note); what to do and where: the advice
+    ("P1", "P1: accuracy drop at 10% pruned, per scorer (points)", ", ".join(f"{k} {100 * v:.1f}" for k, v in drop10.items()), p1_found),
+    ("P2", "P2: statistics vs weight norms vs random, accuracy averaged over the pruned fractions",
+     ", ".join(f"{k} {mean_over_f[k].mean():.3f}" for k in P2_SHOWN if k in mean_over_f),
+     f"best here: {best} {mean_over_f[best].mean():.3f}"),
+    ("P3", "P3: near-uniform shallow heads: accuracy, and deeper-entropy move minus random's",
+     f"accuracy {base_acc:.3f}→{float(u['accuracy']):.3f} (random shallow {p3.loc[rand_labels, 'accuracy'].mean():.3f}); "
+     f"move {excess.mean():+.4f}"),
+], "04_head_pruning", board.verdicts())
 if GENERATORS:  # at the largest fraction: SSIM / colour correct of the combined statistics, the gradient, random
     top = Gdf[Gdf.fraction == max(FRACTIONS)].groupby(["model", "family"])[["ssim", "colour"]].mean().round(2)
     gv = "; ".join(f"{g}: " + ", ".join(f"{k} {top.loc[(g, k), 'ssim']}/{top.loc[(g, k), 'colour']}"
                                         for k in ("attention_combined", "gradient", "random")) for g in gpaths)
     d_rows.append({"measurement": f"generators at {max(FRACTIONS):.0%} pruned: SSIM / colour correct", "value here": gv,
                    "what it suggests on your model": "a scorer that wins on answers can break a generator's prompt following: check each generator against random before pruning it",
-                   "notebook / parameter": "this notebook, section 4: GENERATORS, N_PROMPTS"})
+                   "where": "§4, `GENERATORS`, `N_PROMPTS`"})
 if kept is not None and TIMING_REPEATS >= 2:
     d_rows.append({"measurement": "physical pruning at 30%: speed-up", "value here": f"{sp.value:.2f}x [{sp.lo:.2f}, {sp.hi:.2f}]",
-                   "what it suggests on your model": "the gain is bounded by attention's share of the forward; measure it interleaved before promising one",
-                   "notebook / parameter": "this notebook: TIMING_REPEATS (>= 10 for a verdict)"})
+                   "what it suggests on your model": "the gain is about what attention's share of the forward allows (§5); measure it interleaved before promising one",
+                   "where": "§5, `TIMING_REPEATS` (>= 10 for a verdict)"})
 WrappedTable(pd.DataFrame(d_rows))  # every cell whole, also as plain text
 
 # %% [markdown]
