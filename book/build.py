@@ -557,6 +557,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         site_folder(args.out, ROOT)  # refused before anything is read or extracted
+        if args.record:
+            record_refusal(Path(args.record))
         if args.ref:
             with tempfile.TemporaryDirectory() as tmp:
                 archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", args.ref], check=True,
@@ -577,8 +579,30 @@ def main(argv=None) -> int:
         return 2
     if args.record:  # the whole command's time (with --ref: unpacking the commit too)
         record["seconds"] = round(time.perf_counter() - t0, 1)
-        Path(args.record).write_text(json.dumps(record, indent=1) + "\n")
+        tmp = Path(args.record).with_name(f".{Path(args.record).name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, args.record)  # a new file, never written through a link
     return 0
+
+
+RECORD_KEYS = {"seconds", "megabytes", "pages", "files", "cpu_seconds", "cpu_count", "warnings"}
+
+
+def record_refusal(path: Path) -> None:
+    """``--record`` replaces only an earlier build record (or writes a new file): never a file it did not write."""
+    if not os.path.lexists(path):
+        if not path.parent.is_dir():
+            raise BookError(f"--record {path}: its folder does not exist")
+        return
+    if path.is_symlink() or not path.is_file():
+        raise BookError(f"--record {path}: not a plain file (a link, a folder or a device): name a new file")
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8")) if path.stat().st_size < 100_000 else None
+    except (UnicodeDecodeError, ValueError):
+        earlier = None
+    if not (isinstance(earlier, dict) and set(earlier) <= RECORD_KEYS and "seconds" in earlier):
+        raise BookError(f"--record {path}: this file is not an earlier build record, so it is not replaced; name a "
+                        f"new file (e.g. data/results/book.json)")
 
 
 if __name__ == "__main__":

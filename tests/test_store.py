@@ -9,6 +9,7 @@ import torch
 
 from unicache_lib import store as store_mod
 from unicache_lib.capture.record import Record
+from unicache_lib.core.errors import InputTypeError
 from unicache_lib.core.modality import Spans
 from unicache_lib.store import Store, StoreError, shard_samples
 
@@ -357,3 +358,15 @@ def test_an_index_whose_lines_end_in_cr_only_is_refused_never_cut(tmp_path, then
     code = str(e.value).split('python -c "', 1)[1].rstrip('"')  # the fix the message names, run as printed
     subprocess.run([sys.executable, "-c", code], check=True)
     assert sorted(r.sample for r in Store(tmp_path / "s").read()) == ["0", "1"]
+
+
+def test_read_refuses_a_filter_of_the_wrong_type(tmp_path):
+    """#60 round 5's NS2: read(layer="0") matched nothing and returned [] without a word while two records exist."""
+    import numpy as np
+
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    st.write([rec(0, 0), rec(1, 0)])
+    for bad in ({"layer": "0"}, {"step": "1"}, {"layer": True}, {"part": 0}):
+        with pytest.raises(InputTypeError, match=rf"read\({next(iter(bad))}="):
+            st.read(**bad)
+    assert len(st.read(layer=0)) == len(st.read(layer=np.int64(0))) == 2

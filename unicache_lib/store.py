@@ -61,6 +61,7 @@ import hashlib
 import io
 import itertools
 import json
+import numbers
 import os
 import re
 import shutil
@@ -980,7 +981,16 @@ class Store:
         return cache[f]["z"]
 
     def read(self, sample=None, layer=None, part=None, step=None) -> list[Record]:
-        """Records matching the filters (None = any), in index order, exactly as written."""
+        """Records matching the filters (None = any), in index order, exactly as written. ``layer`` and ``step`` are
+        whole numbers and ``part`` a name: a filter of another type (``layer="0"``) could match nothing without a
+        word, so it is refused."""
+        for name, value, kind in (("layer", layer, "a whole number"), ("step", step, "a whole number"),
+                                  ("part", part, "a name (a string)")):
+            ok = value is None or (isinstance(value, str) if name == "part" else
+                                   isinstance(value, numbers.Integral) and not isinstance(value, bool))
+            if not ok:
+                raise InputTypeError(f"read({name}={value!r}): {name} is {kind}; e.g. read({name}="
+                                     f"{'0' if name != 'part' else repr('language')})")
         if sample is None:
             ents = self.index()
         else:  # only the lines that hold the sample are parsed
