@@ -937,7 +937,8 @@ def test_a_directive_path_inside_the_course_still_builds(tmp_path):
     assert "Mini course" in (tmp_path / "site" / "docs" / "GLOSSARY.html").read_text()
 
 
-def test_the_site_record_replaces_only_an_earlier_record(tmp_path):
+@pytest.mark.parametrize("target", ["notes.md", "link.json", "nowhere/b.json"])
+def test_the_site_record_replaces_only_an_earlier_record(tmp_path, target):
     """#60 round 5's BK15: `book/build.py --record README.md` replaced the repository's README with the build's JSON;
     --record now writes a new file or replaces an earlier build record, and refuses anything else before building."""
     import subprocess
@@ -946,9 +947,9 @@ def test_the_site_record_replaces_only_an_earlier_record(tmp_path):
     mine = tmp_path / "notes.md"
     mine.write_text("my notes\n")
     (tmp_path / "link.json").symlink_to(mine)
-    for target, why in ((mine, "not an earlier build record"), (tmp_path / "link.json", "not a plain file"),
-                        (tmp_path / "nowhere" / "b.json", "its folder does not exist")):
-        r = subprocess.run([sys.executable, "book/build.py", "--out", str(tmp_path / "site"), "--record", str(target)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    why = {"notes.md": "not an earlier build record", "link.json": "not a plain file",
+           "nowhere/b.json": "its folder does not exist"}[target]
+    r = subprocess.run([sys.executable, "book/build.py", "--out", str(tmp_path / "site"), "--record",
+                        str(tmp_path / target)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert mine.read_text() == "my notes\n" and not (tmp_path / "site").exists()
