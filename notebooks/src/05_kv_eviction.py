@@ -333,7 +333,7 @@ print(f"{NEW}'s mean KL to the full answer, nats: " + ", ".join(f"{b:.0%} {kl.lo
 # by <!--num benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune].diff fmt="{:+.1f}" scale=100-->+1.7<!--/num-->
 # points [<!--num benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune].lo fmt="{:+.1f}" scale=100-->+0.7<!--/num-->,
 # <!--num benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune].hi fmt="{:+.1f}" scale=100-->+2.7<!--/num-->]:
-# ahead, not tied ([appendix](../docs/EVICTION_APPENDIX.md#which-half-carries-the-gain)); the decision table (Recap)
+# ahead, not tied ([appendix](../docs/EVICTION_APPENDIX.md)); the decision table (Recap)
 # reads the larger runs, not this run's tie.
 
 # %% [markdown]
@@ -404,7 +404,7 @@ if len(ctl):
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > divprune_keys@0" fmt="{:+.1f}"-->+4.0<!--/num-->
 # points ahead at 10%, both intervals across zero here. `make evaluate`'s larger run decides it: the rule carries the
 # gain, the place ties on this model; at 576 image tokens the cover moved before the prefill loses (§7,
-# [appendix](../docs/EVICTION_APPENDIX.md#which-half-carries-the-gain)): select from the cache after the prefill.
+# [appendix](../docs/EVICTION_APPENDIX.md)): select from the cache after the prefill.
 
 # %% [markdown]
 # **What the prefill-stage peer saves.** A cache-stage policy pays the whole prefill, then frees memory; DivPrune
@@ -423,7 +423,7 @@ for col, what in (("prefill_tokens", "positions prefilled"), ("prefill_ms", "med
 # <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > divprune@0" fmt="{:.2f}"-->5.72<!--/num--> ms against
 # <!--num "notebooks/05_kv_eviction.ipynb#out:median prefill time > full@0" fmt="{:.2f}"-->6.76<!--/num-->: a small saving, since
 # much of a prefill this short is fixed overhead. At LLaVA-1.5-7B's shape: the
-# [appendix](../docs/EVICTION_APPENDIX.md#the-prefill-at-llava-15-7bs-shape).
+# [appendix](../docs/EVICTION_APPENDIX.md).
 
 # %% [markdown]
 # **[Pareto](../docs/GLOSSARY.md#pareto) view.** §2's six methods, accuracy against the bytes the cache holds (text
@@ -541,7 +541,7 @@ claims_table("05_kv_eviction")  # each claim (statement, why, rule) is written o
 # on `make settle`'s rerun of this notebook on more questions (`data/replicate/settled.csv`), E1–E4 (this run's
 # questions leave E1, E2 and E4 inconclusive) on `make evaluate`'s committed run
 # (<!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].n fmt="{:,}"-->2,700<!--/num--> held-out questions,
-# [appendix](../docs/EVICTION_APPENDIX.md#the-decisive-run)) where it was made on this model, this run's interval
+# [appendix](../docs/EVICTION_APPENDIX.md)) where it was made on this model, this run's interval
 # beside it.
 
 # %%
@@ -580,7 +580,7 @@ print(wrap("\n".join(board.why_inconclusive()) or "no verdict is inconclusive"))
 # <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
 # of full accuracy (S1 <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].verdict"-->holds<!--/num-->):
 # E2's bar, missed at six tokens here, is cleared at the literature's budgets. The six targets and the chart: the
-# [appendix](../docs/EVICTION_APPENDIX.md#at-576-image-tokens).
+# [appendix](../docs/EVICTION_APPENDIX.md).
 
 # %% [markdown]
 # ## 8. Budgets by depth
@@ -624,7 +624,7 @@ else:
 # of full accuracy against
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].share_of_full" fmt="{:.3f}"-->0.990<!--/num-->
 # (D4 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D4,against=key_coverage_merge@pyramid].verdict" fmt="{}"-->holds<!--/num-->),
-# as 02 §2's spreading deep layers predict. Details: [appendix](../docs/EVICTION_APPENDIX.md#budgets-by-depth).
+# as 02 §2's spreading deep layers predict. Details: [appendix](../docs/EVICTION_APPENDIX.md).
 #
 # **On your model.** Measure the widths (`depth_budgets.py --design`); never shrink layers that spread.
 # As a press: `PolicyPress(policy=POLICIES["key_coverage_merge"]().with_depth(schedule))`.
