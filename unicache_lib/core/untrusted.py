@@ -38,7 +38,7 @@ def iframe_srcdoc(page: str, height: int = 500) -> str:
     return f'<iframe srcdoc="{html_text(page)}" width="100%" height="{int(height)}"></iframe>'
 
 
-class RepeatedKeyError(ValueError):
+class RepeatedKeyError(InputError):
     """A JSON object that names one key twice (a reader keeps the last, silently): raised by :func:`json_loads`."""
 
 
