@@ -61,6 +61,20 @@ def test_never_overwrites(tmp_path):
         Store(tmp_path / "s", meta={"model": "other"}).write([rec(5, 0)])
 
 
+def _read_all_then_finish(path, then: str):
+    """Both records read (and nothing reported) from an index whose last line was edited, then the store finished
+    by ``repair()`` or by a resumed write of sample 7; returns the reader that read it before."""
+    reader = Store(path)
+    assert sorted(r.sample for r in reader.read()) == ["0", "1"] and reader.verify() == []
+    if then == "repair":
+        assert Store(path).repair() == []
+    else:
+        w = Store(path)
+        w.write([rec(7, 0)])
+        w.close()
+    return reader
+
+
 @pytest.mark.parametrize("cut", ["before the index line", "inside the index line"])
 def test_interrupted_write_leaves_previous_store(tmp_path, monkeypatch, cut):
     st = Store(tmp_path / "s")
@@ -101,14 +115,7 @@ def test_whole_last_line_without_newline_is_a_record(tmp_path, then):
     st.close()
     p = tmp_path / "s" / "index-rank00000.jsonl"
     p.write_bytes(p.read_bytes().rstrip(b"\n"))
-    reader = Store(tmp_path / "s")
-    assert sorted(r.sample for r in reader.read()) == ["0", "1"] and reader.verify() == []
-    if then == "repair":
-        assert Store(tmp_path / "s").repair() == []
-    else:
-        w = Store(tmp_path / "s")
-        w.write([rec(7, 0)])
-        w.close()
+    reader = _read_all_then_finish(tmp_path / "s", then)
     assert p.read_bytes().endswith(b"\n") and b"]]\n[" in p.read_bytes()  # the newline added, nothing cut
     assert (tmp_path / "s" / "rank00000" / "chunk000001").is_dir()
     want = ["0", "1"] + (["7"] if then != "repair" else [])
@@ -142,14 +149,7 @@ def test_whole_last_line_with_trailing_whitespace_is_a_record(tmp_path, tail, th
     st.close()
     p = tmp_path / "s" / "index-rank00000.jsonl"
     p.write_bytes(TAILS[tail](p.read_bytes()))
-    reader = Store(tmp_path / "s")
-    assert sorted(r.sample for r in reader.read()) == ["0", "1"] and reader.verify() == []
-    if then == "repair":
-        assert Store(tmp_path / "s").repair() == []
-    else:
-        w = Store(tmp_path / "s")
-        w.write([rec(7, 0)])
-        w.close()
+    reader = _read_all_then_finish(tmp_path / "s", then)
     b = p.read_bytes()
     assert b.endswith(b"]]\n") and b.count(b"\n") == (3 if then != "repair" else 2)  # normalised, nothing cut
     assert b" \n" not in b and b"\t" not in b and b.count(b"\r") == (1 if "crlf" in tail else 0)
