@@ -35,16 +35,19 @@ def _free_port() -> int:
 
 
 Q02 = {"PER_TYPE": 1, "MAP_PER_TYPE": 1, "N_CAPTIONS": 1}
-CASES = {  # case -> (notebook, parameters, slider, its readout after one step right)
-    "02_understanding_maps": ("02_understanding_maps", Q02, "layer", "1"),
+CASES = {  # case -> (notebook, parameters, slider, its readouts from first stop to last)
+    # the explorers open on their lesson's chosen view, not on stop 0: the test walks the slider from Home to End
+    "02_understanding_maps": ("02_understanding_maps", Q02, "layer", ("0", "1", "2", "3")),
     # tiny-llava has 4 language layers (bands: shallow 0, middle 1-2, deep 3; the notebook needs a layer of each);
-    # with LAYERS=[0, 2, 3] the slider's next stop after 0 is layer 2, not the uncaptured 1
-    "02_layer_subset": ("02_understanding_maps", {**Q02, "LAYERS": [0, 2, 3]}, "layer", "2"),
+    # with LAYERS=[0, 2, 3] the slider's stops are the captured layers only, not the uncaptured 1
+    "02_layer_subset": ("02_understanding_maps", {**Q02, "LAYERS": [0, 2, 3]}, "layer", ("0", "2", "3")),
     "03_diffusion_steps": ("03_diffusion_steps", {"N_SINGLE": 2, "N_PAIRS": 2, "STEPS": 5, "MAP_PROMPTS": 1,
-                                                  "UNDERSTANDING_STORE": "no-such-store"}, "step", "1"),
-    # the model explorer opens on LLaVA (4 language layers, all captured): one step right is layer 1
+                                                  "UNDERSTANDING_STORE": "no-such-store"}, "step",
+                           ("0", "1", "2", "3", "4")),
+    # the model explorer opens on LLaVA (4 language layers, all captured)
     "08_architectures": ("08_architectures", {"PER_TYPE": 1, "N_QUESTIONS": 20, "N_CAPTIONS": 2, "DRIFT_CAPTIONS": 2,
-                                              "N_GEN_PROMPTS": 2, "GEN_STEPS": 2, "N_DRAWINGS": 1}, "layer", "1"),
+                                              "N_GEN_PROMPTS": 2, "GEN_STEPS": 2, "N_DRAWINGS": 1}, "layer",
+                         ("0", "1", "2", "3")),
 }
 
 
@@ -111,7 +114,7 @@ def test_glossary_link_opens_its_term_in_make_lab(tmp_path):
 @pytest.mark.extended
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_slider_redraws_in_jupyterlab(tmp_path, case):
-    name, params, slider, readout = CASES[case]
+    name, params, slider, readouts = CASES[case]
     pw = _need_browser()
     sync_playwright, expect = pw.sync_playwright, pw.expect
     import papermill as pm
@@ -150,12 +153,18 @@ def test_slider_redraws_in_jupyterlab(tmp_path, case):
         page.wait_for_function("m => m.ucxExplorer && m.ucxExplorer.images.size > 0 && "
                                "[...m.ucxExplorer.images.values()].every(v => v !== 'pending')",
                                arg=mount.element_handle(), timeout=60_000)
-        before = mount.locator("canvas").evaluate("c => c.toDataURL()")
         layer = mount.locator(f"input.ucx-range[data-name='{slider}']")
+        readout = layer.locator("xpath=following-sibling::output")
         layer.focus()
-        page.keyboard.press("ArrowRight")
-        expect(layer.locator("xpath=following-sibling::output")).to_have_text(readout, timeout=10_000)
-        assert mount.locator("canvas").evaluate("c => c.toDataURL()") != before  # redrawn in the page
+        page.keyboard.press("Home")  # the first stop, wherever the lesson opened the explorer
+        expect(readout).to_have_text(readouts[0], timeout=10_000)
+        first = mount.locator("canvas").evaluate("c => c.toDataURL()")
+        for want in readouts[1:]:  # one step right at a time: every stop, and only the captured ones
+            page.keyboard.press("ArrowRight")
+            expect(readout).to_have_text(want, timeout=10_000)
+        page.keyboard.press("ArrowRight")  # past the last stop: the slider stays
+        expect(readout).to_have_text(readouts[-1], timeout=10_000)
+        assert mount.locator("canvas").evaluate("c => c.toDataURL()") != first  # redrawn in the page
         page.screenshot(path=str(tmp_path / "after.png"))
         browser.close()
     assert (tmp_path / "out" / "scoreboard.json").exists()  # the whole notebook ran in the browser
