@@ -289,7 +289,7 @@ except StoreError as e:
 # | nothing recorded, or nonsense | hook on the wrong module | error naming the module and what to hook |
 # | weights are `None` | model runs sdpa / flash | error naming the fix (eager, or mode `recompute`) |
 # | anchors blur | batch > 1 averaged together | padded batches are refused; measure per sample (M3) |
-# | entropy off in the 3rd decimal | statistics computed in fp16 (M1, §7, measures this bias on your model: if small, look elsewhere) | everything is cast to fp32 anyway |
+# | entropy off in the 3rd decimal | weights loaded in fp16/bf16 (`DTYPE`): rounded hidden states move single entries of the maps (exercise 3 measures by how much); not fp16 arithmetic on the statistics, which M1 (§7) tests | statistics are computed in fp32 whatever the weights; load in fp32 to compare |
 #
 # *Anchors* are, per sample and layer, the image positions the text reads most (the top `ANCHOR_K`;
 # [glossary](../docs/GLOSSARY.md#anchors)); two anchor sets are compared by their [Jaccard](../docs/GLOSSARY.md#jaccard)
@@ -327,7 +327,7 @@ for name, fn in [("hook on an MLP", wrong_module), ("sdpa without weights", sdpa
     print(f"- {name}:\n" + wrap(f"    {message(fn)}"))
 
 # %% [markdown]
-# Each mistake stops with an error naming the cause and the fix; fp16 statistics (the fourth row) are no error.
+# Each mistake stops with an error naming the cause and the fix; half-precision weights (the fourth row) are no error.
 
 # %% [markdown]
 # ## 7. The method claims, measured
