@@ -198,26 +198,20 @@ class AttentionCapture:
     def _begin_forward(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         am = kwargs.get("attention_mask")
-        if ids is None:  # e.g. inputs_embeds: batch from the embeddings
-            emb = kwargs.get("inputs_embeds")
-            bsz = emb.shape[0] if emb is not None else 1
-        else:
-            bsz = ids.shape[0]
+        emb = kwargs.get("inputs_embeds")  # e.g. inputs_embeds: batch from the embeddings
+        bsz = ids.shape[0] if ids is not None else emb.shape[0] if emb is not None else 1
         if am is not None and torch.is_tensor(am) and am.dim() == 2 and bool((am == 0).any()):
             raise CaptureError(
                 "the batch is padded (attention_mask has zeros): padding positions would mix into the "
                 "statistics and shift positions between samples. Capture one sample per forward (batch size 1)."
             )
         self._inputs = dict(kwargs, input_ids=ids)
-        self._check_length(ids if ids is not None else kwargs.get("inputs_embeds"))
+        self._check_length(ids if ids is not None else emb)
         self._check_inputs(ids)
         self._seen = set()
-        names = []
-        for _ in range(bsz):
-            nxt = next(self.sample_ids, None) if self.sample_ids is not None else None
-            names.append(str(nxt) if nxt is not None else str(self._n_forward))
-            self._n_forward += 1
-        self._current = names
+        nxt = [next(self.sample_ids, None) if self.sample_ids is not None else None for _ in range(bsz)]
+        self._current = [str(n) if n is not None else str(self._n_forward + i) for i, n in enumerate(nxt)]
+        self._n_forward += bsz
 
     def _check_length(self, x) -> None:
         """A sequence longer than the language model's ``max_position_embeddings`` runs on positions the model was
@@ -289,7 +283,8 @@ class AttentionCapture:
                 live = (gate[b if gate.shape[0] > 1 else 0].reshape(-1)[-sq:] != 0).to(P.device)
                 vis = (torch.ones(sq, sk, dtype=torch.bool, device=P.device) if vis is None else vis) & live[:, None]
             vis = vis.to(P.device) if vis is not None else None
-            if site.part == "cross" and vis is not None and bool(vis.any()) and not bool(vis.any(0).all()):
+            cross = site.part == "cross"  # queries are text positions, keys the vision tokens
+            if cross and vis is not None and bool(vis.any()) and not bool(vis.any(0).all()):
                 seen = vis.any(0)  # keys no query can see (padded tiles): not part of the image, dropped
                 P = P.materialize() if isinstance(P, S.LogitRows) else P
                 P, vis, sk = P[..., seen], vis[:, seen], int(seen.sum())
@@ -299,17 +294,15 @@ class AttentionCapture:
                 sp = Spans(sp.kinds[-sk:])  # a sliding-window layer's cache holds only the last keys
             if sp is not None:
                 sp.check(sk, f"{site.name} attention map")
-            cross = site.part == "cross"  # queries are text positions, keys the vision tokens
             qpos = None if cross else torch.arange(sk - sq, sk)
             if mode == "full":
                 P = P.materialize() if isinstance(P, S.LogitRows) else P
                 S.check_mask(P, S.Visibility.of(P, causal), f"{site.name} attention map")
-                qi = torch.arange(0, sq, self.query_stride)
-                ki = torch.arange(0, sk, self.key_stride)
+                qi, ki = torch.arange(0, sq, self.query_stride), torch.arange(0, sk, self.key_stride)
                 strided = self.query_stride > 1 or self.key_stride > 1
-                data = {"probs": P[:, qi][:, :, ki].cpu() if strided else P.cpu().clone()}
                 v = vis if vis is not None else torch.ones(sq, sk, dtype=torch.bool)
-                data["visible"] = (v[qi][:, ki] if strided else v).cpu().clone()
+                data = {"probs": P[:, qi][:, :, ki].cpu() if strided else P.cpu().clone(),
+                        "visible": (v[qi][:, ki] if strided else v).cpu().clone()}
             else:
                 stats = S.layer_statistics(P, sp, causal, qpos, [TEXT] * sq if cross else None)
                 data = {k: v.cpu() for k, v in stats.items()}
@@ -376,9 +369,8 @@ class AttentionCapture:
                 # exactly sdpa's rule (transformers' sdpa_attention_forward): causal only without a mask
                 flag = kw.get("is_causal")
                 flag = flag if flag is not None else getattr(module, "is_causal", True)
-                implicit = bool(sq > 1 and attention_mask is None and flag)
                 mask = attention_mask[..., :sk] if attention_mask is not None else None
-                if implicit:  # torch's is_causal: top-left aligned lower triangle
+                if sq > 1 and attention_mask is None and flag:  # torch's is_causal: top-left aligned lower triangle
                     mask = ~torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1)[None, None]
                 # the map of each batch row from its logits, one chunk of query rows at a time (never whole
                 # in stats mode); keep="full" materialises it. A mask of another layout (not 4-D, per head) is
@@ -391,15 +383,8 @@ class AttentionCapture:
     # ---- context management --------------------------------------------------------------------
     def _dropout_in_training(self) -> list[str]:
         """Attention modules that would drop out attention weights now: in ``train()`` mode with a dropout > 0."""
-        out = []
-        for s in self.sites:
-            m = s.module
-            p = getattr(m, "attention_dropout", None)
-            if p is None:
-                p = getattr(getattr(m, "dropout", None), "p", getattr(m, "dropout", 0.0))
-            if m.training and isinstance(p, (int, float)) and p > 0:
-                out.append(f"{s.name} (dropout {p:g})")
-        return out
+        return [f"{s.name} (dropout {p:g})" for s, p in ((s, _dropout(s.module)) for s in self.sites)
+                if s.module.training and isinstance(p, (int, float)) and p > 0]
 
     def __enter__(self) -> "AttentionCapture":
         if self._stack is not None:
@@ -412,10 +397,10 @@ class AttentionCapture:
                                f"{', ...' if len(dropping) > 2 else ''}): the weights it returns are dropped-out "
                                f"probabilities whose rows do not sum to 1, not attention. Call model.eval() before "
                                f"capturing")
-        hooks = [(self.model, "forward_pre", self._begin_forward)]
         captured = {s.name for s in self.sites}
-        hooks += [(layer, "forward_pre", self._gate_hook(name, kwarg))
-                  for name, (layer, kwarg) in self._gate_defs.items() if name in captured]
+        hooks = [(self.model, "forward_pre", self._begin_forward)] + [
+            (layer, "forward_pre", self._gate_hook(name, kwarg))
+            for name, (layer, kwarg) in self._gate_defs.items() if name in captured]
         if self.mode != "recompute":
             ask = self.family.weights_argument  # modules that return weights only when asked
             for s in self.sites:
@@ -437,6 +422,12 @@ class AttentionCapture:
         return False
 
 
+def _dropout(m):
+    """An attention module's dropout rate: its ``attention_dropout``, else its ``dropout`` (a module or a number)."""
+    p = getattr(m, "attention_dropout", None)
+    return p if p is not None else getattr(getattr(m, "dropout", None), "p", getattr(m, "dropout", 0.0))
+
+
 def _ask_weights(index: int, name: str):
     """A pre-hook that turns on the module's own switch for returning its weights (``output_attentions``,
     positional at ``index`` or by keyword); what the module computes is unchanged."""
@@ -455,16 +446,10 @@ def full_capture_bytes(model, inputs: dict, layers=None, part="language") -> int
     vision tokens (counted from the family)."""
     fam = family_of(model)
     S = int(inputs["input_ids"].shape[-1])
-    sites = attention_sites(model, part)
-    if layers is not None:
-        want = set(layers)
-        sites = [s for s in sites if s.layer in want]
-    total = 0
-    for s in sites:
-        heads = getattr(s.module, "num_heads", None) or model.config.get_text_config().num_attention_heads
-        sk = fam.cross_keys(model.config, inputs) if s.part == "cross" else S
-        total += S * sk * (4 * int(heads) + 1)
-    return total
+    sites = [s for s in attention_sites(model, part) if layers is None or s.layer in set(layers)]
+    heads = [getattr(s.module, "num_heads", None) or model.config.get_text_config().num_attention_heads for s in sites]
+    return sum(S * (fam.cross_keys(model.config, inputs) if s.part == "cross" else S) * (4 * int(h) + 1)
+               for s, h in zip(sites, heads))
 
 
 def _size(n_bytes: float) -> str:
