@@ -29,6 +29,20 @@ def _np(x) -> np.ndarray:
     return x.detach().float().cpu().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float32)
 
 
+def _axes(ax, figsize):
+    """``(figure, ax)``: a new figure of ``figsize`` when ``ax`` is None, else ``(None, ax)`` (the caller returns
+    ``fig or ax.figure``)."""
+    return _plt().subplots(figsize=figsize) if ax is None else (None, ax)
+
+
+def _finish(fig, title: str = "", fontsize: int = 10):
+    """``fig`` with ``title`` over it (when there is one), laid out."""
+    if title:
+        fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    return fig
+
+
 SPAN_COLOUR = "red"  # image/text boundaries on every map (legend entry: what the line marks)
 
 
@@ -94,8 +108,7 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
     ``layers``: the layer index of each column (a subset such as ``[0, 15, 31]``, or a cross-attention
     VLM's cross layers ``[3, 8, ...]``; default ``0..n-1``); ``n_layers``: the model's depth, for the bands.
     """
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = _plt().subplots(figsize=(6, 3.2))
     n = _mean_bands(ax, values, "n_layers", "o", layers)
     x = list(range(n)) if (layers is None and n) else list(layers or [])
     if n:
@@ -119,13 +132,10 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
                   cbar: bool = True):
     """One head's map ``probs [Sq, Sk]`` with a colour bar; the image keys (one block in ``spans``,
     which covers ``Sk``) are outlined and named in a legend."""
-    plt = _plt()
     P = _np(probs)
     if P.ndim != 2:
         raise InputError(f"attention_map expects one head's map [Sq, Sk], got shape {P.shape}: pick a head first")
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(4.6, 4))
+    fig, ax = _axes(ax, (4.6, 4))
     im = ax.imshow(np.log10(P + 1e-6) if log else P, cmap="viridis", interpolation="nearest", aspect="auto")
     block = _image_block(spans, P.shape[-1])
     if block:
@@ -142,8 +152,7 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
 
 
 def bars(values: dict[str, float], title: str = "", ylabel: str = "", log: bool = False):
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig, ax = _plt().subplots(figsize=(5, 3))
     names = list(values)
     ax.bar(names, [values[n] for n in names], color=[f"C{i}" for i in range(len(names))])
     for i, n in enumerate(names):
@@ -206,11 +215,10 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
     heatmap, coloured by ``quantity`` (log10 with ``log``); the image block (``spans`` over ``S``) is
     marked by two lines named in a legend. ``layers``: the layer number of each row (a subset such as
     ``[0, 15, 31]``; default ``0..n_layers-1``). Anchors show up as vertical bands."""
-    plt = _plt()
     R = _np(reads)
     if R.ndim != 2:
         raise InputError(f"expected [n_layers, seq], got shape {R.shape}")
-    fig, ax = plt.subplots(figsize=(7, 2.8))
+    fig, ax = _plt().subplots(figsize=(7, 2.8))
     im = ax.imshow(np.log10(R + 1e-6) if log else R, aspect="auto", cmap="magma", interpolation="nearest")
     block = _image_block(spans, R.shape[1])
     if block:
@@ -233,11 +241,10 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
 
 def per_layer_boxes(values, title: str = "", ylabel: str = ""):
     """``values [n_layers, n]`` (e.g. per-head cross-modal share): one box per layer."""
-    plt = _plt()
     V = _np(values)
     if V.ndim != 2:
         raise InputError(f"expected [n_layers, n], got shape {V.shape}")
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig, ax = _plt().subplots(figsize=(5, 3))
     ax.boxplot([v[~np.isnan(v)] for v in V], positions=np.arange(len(V)))
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
@@ -257,7 +264,6 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
     ``vmin`` / ``vmax``: a fixed colour scale (e.g. shared by several panels); ``chance``: the weight a key would get
     if the query read evenly, marked on the colour bar, so a near-uniform map does not look hot.
     """
-    plt = _plt()
     w = _np(weights).ravel()
     if grid_tokens is not None:
         w = w[np.asarray(grid_tokens)]
@@ -272,9 +278,7 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
     img = np.asarray(image)
     if chance is not None:  # the scale always reaches even reading: a map that never does looks dark, as it should
         vmax = max(float(w.max()) if vmax is None else vmax, chance)
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(3.6, 3))
+    fig, ax = _axes(ax, (3.6, 3))
     ax.imshow(img)
     im = ax.imshow(w.reshape(rows, cols), cmap="inferno", alpha=alpha, extent=(0, img.shape[1], img.shape[0], 0),
                    interpolation="nearest", vmin=vmin, vmax=vmax)
@@ -310,25 +314,19 @@ def layer_overlays(image, maps: dict, title: str = "", grid=None, grid_tokens=No
         else:
             image_overlay(image, w, f"{label} {li} (max {peak:.2f})", ax=ax, grid=grid,
                           grid_tokens=grid_tokens, cbar="weight (own scale)")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=None, log: bool = True):
     """One head's map ``probs [S, S]`` (``spans`` over ``S``) with positions regrouped image-first,
     text-second, so the four modality blocks are contiguous; the image|text border is drawn and named
     in a legend; colour bar of the (log10) weight."""
-    plt = _plt()
     P = _np(probs)
     if P.ndim != 2 or P.shape[0] != P.shape[1]:
         raise InputError(f"blocked_map expects one head's square map [S, S], got shape {P.shape}")
     spans.check(P.shape[0])
     order = np.concatenate([spans.image_index, spans.text_index])
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(4.6, 4))
+    fig, ax = _axes(ax, (4.6, 4))
     Q = P[np.ix_(order, order)]
     im = ax.imshow(np.log10(Q + 1e-6) if log else Q, cmap="viridis", interpolation="nearest")
     n = spans.n_image - 0.5
@@ -352,11 +350,10 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
     over vision tokens with ``cross``); ``spans`` over ``S``; ``token_pos`` indexes the text sequence,
     ``tokens`` its strings; ``title`` (e.g. sample, layer, head) and ``question`` head the figure;
     ``grid`` / ``grid_tokens`` as in :func:`image_overlay`."""
-    plt = _plt()
     P = _np(probs)
     if not 0 <= token_pos < P.shape[0]:
         raise InputError(f"token_pos {token_pos} outside the sequence of {P.shape[0]}")
-    fig, axes = plt.subplots(1, 2 if cross else 3, figsize=(9 if cross else 14, 4.2))
+    fig, axes = _plt().subplots(1, 2 if cross else 3, figsize=(9 if cross else 14, 4.2))
     query = quoted(token_pos, tokens[token_pos]) if tokens else str(token_pos)
     if cross:
         attention_map(P, None, "cross-attention: text queries x vision keys", ax=axes[0])
@@ -384,10 +381,7 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
     ``values``: name -> ``[n_samples, n_steps]`` (NaN allowed, e.g. step 0 of a similarity); line =
     mean over samples, band = +-1 standard deviation. ``threshold`` draws a horizontal line.
     """
-    plt = _plt()
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = _axes(ax, (6, 3.2))
     n_steps = _mean_bands(ax, values, "n_steps", ".")
     if n_steps:
         for i, (lab, lo, hi) in enumerate((("early", 0, 0.2), ("middle", 0.2, 0.6), ("late", 0.6, 1.0))):
@@ -408,13 +402,10 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
 def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, vmax=None, layers=None):
     """``grid [n_layers, n_steps]`` as a heatmap (layer rows, step columns) with a colour bar labelled
     ``cbar``; ``layers``: the layer number of each row (a subset such as ``[0, 11, 23]``; default 0..)."""
-    plt = _plt()
     G = _np(grid)
     if G.ndim != 2:
         raise InputError(f"expected [n_layers, n_steps], got shape {G.shape}")
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(6, 0.5 * G.shape[0] + 1.5))
+    fig, ax = _axes(ax, (6, 0.5 * G.shape[0] + 1.5))
     im = ax.imshow(G, aspect="auto", cmap="viridis", interpolation="nearest", vmin=vmin, vmax=vmax)
     ax.set_xlabel("denoising step")
     ax.set_ylabel("layer")
@@ -430,8 +421,7 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
 
 def _picture_row(image, title: str, n_panels: int, panel_size: tuple[float, float], fontsize: int):
     """A figure of ``1 + n_panels`` axes in a row, the first showing ``image [H, W, 3]`` under ``title``."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, n_panels + 1, figsize=(panel_size[0] * (n_panels + 1), panel_size[1]), squeeze=False)
+    fig, axes = _plt().subplots(1, n_panels + 1, figsize=(panel_size[0] * (n_panels + 1), panel_size[1]), squeeze=False)
     axes = axes[0]
     axes[0].imshow(np.asarray(image))
     axes[0].set_axis_off()
@@ -466,8 +456,7 @@ def line_styles(names) -> dict[str, dict]:
     """name -> ``{"color", "marker"}``, distinct for every name (tab20 colours, then the markers cycle
     too), in the order given; pass ``**styles[name]`` to ``ax.plot`` so one name looks the same on
     every panel of a figure."""
-    plt = _plt()
-    colours = plt.get_cmap("tab20").colors
+    colours = _plt().get_cmap("tab20").colors
     names = list(dict.fromkeys(names))
     if len(names) > len(colours) * len(MARKERS):
         raise InputError(f"{len(names)} lines are too many to tell apart: plot fewer per figure")
@@ -495,13 +484,12 @@ def step_panel(rec, head: int, image, word: int, tokens: list[str], title: str =
     ``[text | image]`` with meta ``token_order``; cross: image queries x text keys) with meta
     ``n_image``, ``n_text``; ``image [H, W, 3]``; ``word`` indexes ``tokens`` (the real text tokens).
     """
-    plt = _plt()
     P = _np(rec.probs[head])
     n_img, joint = rec.meta["n_image"], rec.part == "joint"
     text_first = joint and rec.meta.get("token_order", "image|text").startswith("text")  # Flux: [text | image]
     img0 = rec.meta["n_text"] if text_first else 0  # first image row / column
     col = (0 if text_first else n_img) + word if joint else word
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 4))
+    fig, axes = _plt().subplots(1, 2, figsize=(9.5, 4))
     attention_map(P, None, f"{rec.part} attention" + (": image and text" if joint else ": image queries x text keys"),
                   ax=axes[0])
     if joint:
@@ -515,23 +503,19 @@ def step_panel(rec, head: int, image, word: int, tokens: list[str], title: str =
     # × uniform: each image query's weight on the word over what an even read of its P.shape[1] visible keys gives
     image_overlay(image, P[img0:img0 + n_img, col] * P.shape[1], f"image reading word {quoted(word, tokens[word])}",
                   ax=axes[1], cbar="× uniform (1 = even over the visible keys)", vmin=0.0, chance=1.0)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool = False):
     """One heatmap per entry of ``grids`` (name -> ``[rows, cols]``, e.g. a scorer's ``[n_layers, n_heads]``
     head scores), side by side, each with a colour bar labelled ``cbar``: on one shared colour scale with
     ``shared``, else each on its own scale (and ``cbar`` is suffixed "(per-panel scale)")."""
-    plt = _plt()
     G = {n: _np(g) for n, g in grids.items()}
     bad = {n: g.shape for n, g in G.items() if g.ndim != 2}
     if not G or bad:
         raise InputError(f"grid_panels expects name -> [rows, cols] grids, got shapes {bad or 'none'}")
     lo, hi = (min(np.nanmin(g) for g in G.values()), max(np.nanmax(g) for g in G.values())) if shared else (None, None)
-    fig, axes = plt.subplots(1, len(G), figsize=(2.9 * len(G), 2.8), squeeze=False)
+    fig, axes = _plt().subplots(1, len(G), figsize=(2.9 * len(G), 2.8), squeeze=False)
     for ax, (n, g) in zip(axes[0], G.items()):
         im = ax.imshow(g, cmap="viridis", aspect="auto", interpolation="nearest", vmin=lo, vmax=hi)
         ax.set_title(n, fontsize=8)
@@ -554,10 +538,9 @@ def attention_layouts(layouts: dict, title: str = "who can read whom: query rows
     from matplotlib.colors import ListedColormap  # local: matplotlib loads at the first figure (see _plt)
     from matplotlib.patches import Patch  # local: matplotlib loads at the first figure (see _plt)
 
-    plt = _plt()
     names = list(LAYOUT_COLOURS)
     cmap = ListedColormap(["white"] + [LAYOUT_COLOURS[n] for n in names])
-    fig, axes = plt.subplots(1, len(layouts), figsize=(2.1 * len(layouts), 2.9))
+    fig, axes = _plt().subplots(1, len(layouts), figsize=(2.1 * len(layouts), 2.9))
     for ax, (name, (q, k, allowed)) in zip(np.atleast_1d(axes), layouts.items()):
         code = np.zeros(allowed.shape, int)
         for i, qa in enumerate(q):
@@ -621,38 +604,6 @@ def method_style(name: str) -> dict:
             "lw": 2.5 if designed else 1.2}
 
 
-def shares_of_full(shares, methods, targets: dict | None = None, title: str = ""):
-    """Share of the full cache's accuracy with its interval, one panel per token budget (one shared x scale), a row per
-    method (at most :data:`MAX_METHODS` plus two controls). ``shares``: rows of ``method``, ``tokens``,
-    ``share_of_full``, ``lo``, ``hi`` (``make evaluate``'s shares table); ``targets``: tokens -> the bar to clear,
-    drawn dashed; the full cache (1.0) dotted."""
-    plt = _plt()
-    methods = check_methods(methods, MAX_METHODS + 2)
-    budgets = sorted(shares.tokens.unique())
-    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 0.42 * len(methods) + 1.2), sharey=True,
-                             sharex=True, squeeze=False)
-    for ax, tok in zip(axes[0], budgets):
-        for i, m in enumerate(methods):
-            r = shares[(shares.method == m) & (shares.tokens == tok)]
-            if not len(r):
-                continue
-            r, st = r.iloc[0], method_style(m)
-            ax.errorbar(r.share_of_full, i, xerr=[[r.share_of_full - r.lo], [r.hi - r.share_of_full]], fmt=st["marker"],
-                        color=st["color"], ms=8 if st["lw"] > 2 else 5, capsize=3)
-            ax.text(r.hi + 0.005, i, f"{r.share_of_full:.3f}", va="center", fontsize=7)
-        ax.axvline(1.0, color="0.5", lw=0.8, ls=":", label="full cache")
-        if targets and tok in targets:
-            ax.axvline(targets[tok], color="k", lw=1, ls="--", label=f"target {targets[tok]:.2f}")
-        ax.legend(fontsize=7, loc="lower left")
-        ax.set_title(f"{tok} image tokens")
-    axes[0][0].set_yticks(range(len(methods)), methods)
-    axes[0][0].invert_yaxis()
-    fig.supxlabel("share of the full cache's accuracy (95% interval over questions)", fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
 def check_methods(names, limit: int = MAX_METHODS) -> list:
     """The methods of one chart, refused beyond ``limit`` (a chart of 18 lines teaches nothing: plot the few
     that decide, put the rest in a table)."""
@@ -663,17 +614,24 @@ def check_methods(names, limit: int = MAX_METHODS) -> list:
     return names
 
 
+def _framed(ax, colour) -> None:
+    """A picture panel framed in its method's ``colour``, without ticks."""
+    ax.set(xticks=[], yticks=[])
+    for sp in ax.spines.values():
+        sp.set_edgecolor(colour)
+        sp.set_linewidth(3)
+
+
 def kept_patches(image, kept: dict, answers: dict | None = None, title: str = "", grid=None):
     """What each eviction policy keeps of one image: one panel per policy, the picture dimmed where the policy
     dropped a patch and shown where it kept it. ``kept``: name -> ``[n_patches]`` share of the image-KV layers
     that keep each patch (1: every layer; a prefill-stage policy keeps the same patches in all), in row-major
     grid order; ``answers``: name -> the answer given on that cache (shown under the panel); ``grid``: ``(rows,
     cols)`` (default square)."""
-    plt = _plt()
     if not kept:
         raise InputError("kept_patches: no policy given")
     img = np.asarray(image).astype(np.float32) / (255.0 if np.asarray(image).dtype == np.uint8 else 1.0)
-    fig, axes = plt.subplots(1, len(kept) + 1, figsize=(2.6 * (len(kept) + 1), 2.9))
+    fig, axes = _plt().subplots(1, len(kept) + 1, figsize=(2.6 * (len(kept) + 1), 2.9))
     axes[0].imshow(img)
     axes[0].set_title("the image", fontsize=9)
     for ax, (name, share) in zip(axes[1:], kept.items()):
@@ -685,19 +643,12 @@ def kept_patches(image, kept: dict, answers: dict | None = None, title: str = ""
         up = up[:img.shape[0], :img.shape[1], None]
         ax.imshow(img * (0.15 + 0.85 * up))  # dropped patches dark, kept ones as they are
         c = method_style(name)["color"]
-        for sp in ax.spines.values():
-            sp.set_edgecolor(c)
-            sp.set_linewidth(3)
-        ax.set_xticks([])
-        ax.set_yticks([])
+        _framed(ax, c)
         ax.set_title(name, fontsize=9, color=c)
         if answers and name in answers:
             ax.set_xlabel(answers[name], fontsize=8)
     axes[0].set_axis_off()
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title: str = ""):
@@ -706,20 +657,15 @@ def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title:
     reused or predicted. ``schedules``: name -> booleans, one per step the method samples (``steps`` of them, or
     fewer for the fewer-step control, drawn stretched over the same width: a coarser grid), or None when the
     method decides inside a step (a strip would mislead; "decided per block" is written instead)."""
-    plt = _plt()
     if not images:
         raise InputError("reuse_gallery: no image given")
     n = len(images)
-    fig, axes = plt.subplots(2, n, figsize=(2.5 * n, 3.3), gridspec_kw={"height_ratios": [8, 1]}, squeeze=False)
+    fig, axes = _plt().subplots(2, n, figsize=(2.5 * n, 3.3), gridspec_kw={"height_ratios": [8, 1]}, squeeze=False)
     for j, (name, im) in enumerate(images.items()):
         c = method_style(name)["color"]
         ax = axes[0, j]
         ax.imshow(np.asarray(im))
-        ax.set_xticks([])
-        ax.set_yticks([])
-        for sp in ax.spines.values():
-            sp.set_edgecolor(c)
-            sp.set_linewidth(3)
+        _framed(ax, c)
         p = psnrs.get(name)
         label = "uncached (reference)" if name == "none" else "identical" if p is not None and p >= 100 else (
             "" if p is None else f"{p:.1f} dB")
@@ -736,25 +682,19 @@ def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title:
         s.set_xlim(0, steps)
         s.set_xlabel(f"{int(sched.sum())} of {steps} steps run" if len(sched) == steps
                      else f"{len(sched)} steps: a coarser grid", fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = True):
     """One head's map ``probs [S, S]`` over a short text, its rows and columns labelled with the ``tokens`` (``[S]``);
     keys a query cannot see (the causal mask: above the diagonal) are drawn grey, so "zero because masked" and
     "zero because not read" look different. Linear colour scale, weights in [0, 1]."""
-    plt = _plt()
     P = _np(probs)
     if P.ndim != 2 or P.shape[0] != P.shape[1] or P.shape[0] != len(tokens):
         raise InputError(f"token_map expects one head's square map [S, S] and S tokens, got {P.shape} and {len(tokens)} tokens")
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(4.8, 4.2))
+    fig, ax = _axes(ax, (4.8, 4.2))
     masked = np.triu(np.ones_like(P, dtype=bool), 1)
-    cmap = plt.get_cmap("viridis").copy()
+    cmap = _plt().get_cmap("viridis").copy()
     cmap.set_bad("#d9d9d9")
     im = ax.imshow(np.ma.masked_array(P, masked), cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
     ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
@@ -825,10 +765,9 @@ def depth_budgets(widths, counts: dict, shares, methods, tokens: int, title: str
     the image positions each schedule keeps at ``tokens`` (``counts``: name -> per-layer counts, lines; the uniform
     budget dashed). Right, one panel per token budget: each method's share of the full cache's accuracy with its 95%
     interval (``shares``: rows of ``method``, ``tokens``, ``share_of_full``, ``lo``, ``hi``)."""
-    plt = _plt()
     methods = check_methods(methods, MAX_METHODS + 2)
     budgets = sorted(shares.tokens.unique())
-    fig, axes = plt.subplots(1, 1 + len(budgets), figsize=(4.4 + 3.6 * len(budgets), 0.4 * len(methods) + 1.9),
+    fig, axes = _plt().subplots(1, 1 + len(budgets), figsize=(4.4 + 3.6 * len(budgets), 0.4 * len(methods) + 1.9),
                              gridspec_kw={"width_ratios": [1.25] + [1] * len(budgets)})
     ax = axes[0]
     layers = np.arange(len(widths))
