@@ -47,10 +47,6 @@ def explorer_data(models: list, title: str, *, full_side=None, budget_bytes: int
     return ExplorerData(models, spec, blob, what)
 
 
-def _attention_models(what, result, images, tokens, grids, questions, samples, layers):
-    return P.attention_panels(result, images, tokens, grids, questions, samples=samples, layers=layers, what=what)
-
-
 def attention_explorer(result, images: dict, tokens: dict, grids: dict | None = None, questions: dict | None = None,
                        *, samples=None, layers=None, full_side: int | None = None,
                        budget_bytes: int = BUDGET_BYTES, title: str | None = None):
@@ -72,7 +68,7 @@ def attention_explorer(result, images: dict, tokens: dict, grids: dict | None = 
     from .widget import Explorer  # local: the widget imports anywidget, needed only when an explorer is built
 
     what = "attention_explorer"
-    panels = _attention_models(what, result, images, tokens, grids, questions, samples, layers)
+    panels = P.attention_panels(result, images, tokens, grids, questions, samples=samples, layers=layers, what=what)
     data = explorer_data([("", panels)], title or f"{panels[0].part} attention: where each word reads the picture",
                          full_side=full_side, budget_bytes=budget_bytes, what=what, lower="samples (samples=[...])")
     return Explorer(data)
@@ -99,9 +95,7 @@ def model_explorers_data(per_model: dict, *, full_side=None, budget_bytes: int =
                          what: str = "model_explorer", title: str | None = None, opening: dict | None = None):
     if not per_model:
         raise InputError(f"{what} needs at least one model's full-mode capture")
-    models = []
-    for label, args in per_model.items():
-        models.append((str(label), P.attention_panels(*args, what=f"{what} ({label})")))
+    models = [(str(label), P.attention_panels(*args, what=f"{what} ({label})")) for label, args in per_model.items()]
     return explorer_data(models, title or "attention by model: where each word reads the picture",
                          full_side=full_side, budget_bytes=budget_bytes, what=what,
                          lower="models or samples (one sample a model)", opening=opening)

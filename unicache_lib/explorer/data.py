@@ -115,12 +115,9 @@ class ExplorerData:
     def settings(self, sel: dict) -> dict:
         sel = self.normal(sel)
         p = self.panel(sel)
-        out = {"model": self.models[sel["model"]][0], "sample": p.sample, "view": sel["view"]}
-        for i, (name, vals) in enumerate(p.axes):
-            out[name] = vals[sel["axes"][i]]
-        out["head"] = "mean" if sel["head"] >= p.heads else sel["head"]
-        out["word"] = p.words[sel["word"]]
-        return out
+        return {"model": self.models[sel["model"]][0], "sample": p.sample, "view": sel["view"],
+                **{name: vals[sel["axes"][i]] for i, (name, vals) in enumerate(p.axes)},
+                "head": "mean" if sel["head"] >= p.heads else sel["head"], "word": p.words[sel["word"]]}
 
     def caption(self, sel: dict | None) -> str:
         """The current view in words, as HTML: every piece from the data escaped (``html_text``)."""
@@ -128,12 +125,8 @@ class ExplorerData:
         p, st = self.panel(sel), self.settings(sel)
         head = f"mean of {p.heads} heads" if st["head"] == "mean" else f"head {st['head']}"
         where = " · ".join(f"{n} {st[n]}" for n, _ in p.axes)
-        if p.kind == "steps":
-            title = f"{p.part} · {where} · {head}"
-            what = "word"
-        else:
-            title = f"sample {p.sample} · {where} · {head}"
-            what = "query token"
+        title, what = ((f"{p.part} · {where} · {head}", "word") if p.kind == "steps"
+                       else (f"sample {p.sample} · {where} · {head}", "query token"))
         if len(self.models) > 1:
             title = f"{st['model']} · {title}"
         note = f" · {p.note_name}: <i>{html_text(p.note)}</i>" if p.note else ""
@@ -157,10 +150,7 @@ class ExplorerData:
         way to it (a link at the top level, such as macOS's /tmp -> /private/tmp, aside), so a link to /etc in the
         path is refused, never followed (core.untrusted.folder_inside, write_inside)."""
         sel = self.normal(sel)
-        if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
-            raise InputTypeError(f"{self.what}.save: path must be a text or a Path, got {type(path).__name__} "
-                                 f"{path!r:.80}: e.g. 'outputs/mine/view'")
-        text = os.fspath(path)
+        text = os.fspath(path) if isinstance(path, (str, os.PathLike)) and not isinstance(path, bytes) else None
         if not isinstance(text, str):
             raise InputTypeError(f"{self.what}.save: path must be a text or a Path, got {type(path).__name__} "
                                  f"{path!r:.80}: e.g. 'outputs/mine/view'")
@@ -188,10 +178,8 @@ class ExplorerData:
         values = self.values(sel)
         heads = [P.view_values(panel, sel["view"], self.frame(sel), h, sel["word"]) for h in range(panel.heads)]
         buf = io.BytesIO()
-        arrays = {"map": values if values is not None else np.zeros(0, np.float32)}
-        if all(h is not None for h in heads):
-            arrays["heads"] = np.stack(heads)
-        np.savez_compressed(buf, **arrays)
+        np.savez_compressed(buf, map=values if values is not None else np.zeros(0, np.float32),
+                            **({"heads": np.stack(heads)} if all(h is not None for h in heads) else {}))
         view = sel["view"]
         info = {
             "explorer": self.spec["title"], "settings": self.settings(sel), "view": VIEWS[view],
@@ -220,12 +208,8 @@ class ExplorerData:
         return [str(v) for v in self.models[0][1][0].axes[0][1]]
 
     def summary(self) -> str:
-        ps = self.models[0][1]
-        what = " × ".join(f"{len(v)} {n}s" for n, v in ps[0].axes)
         models = f"{len(self.models)} models, " if len(self.models) > 1 else ""
-        kind = "prompt" if ps[0].kind == "steps" else "sample"
-        n = sum(len(m[1]) for m in self.models)
-        return f"{models}{n} {kind}{'s' if n > 1 else ''} × {what} × {ps[0].heads} heads"
+        return models + P.size_words(self.models)
 
     def html(self, sel: dict | None = None) -> str:
         """The explorer's HTML form: its data and its module inline, started by a module script; runs in any page

@@ -82,19 +82,22 @@ def need(mapping: dict, keys, name: str, what: str):
         raise InputError(f"{what}: {name} has no entry for sample {gone[0]!r}: pass {name} for every sample")
 
 
+def _indexed(recs: list[Record], fields: tuple[str, ...], images: dict, tokens: dict, what: str):
+    """``(recs, by, *axes)`` of :func:`index_records`, ``images`` and ``tokens`` checked to cover every sample."""
+    by, axes = index_records(recs, fields, what)
+    for name, m in (("images", images), ("tokens", tokens)):
+        need(m, axes[0], name, what)
+    return (recs, by, *axes)
+
+
 def full_maps(result: CaptureResult, images: dict, tokens: dict, what: str):
     """``(records, (sample, layer) -> record, samples, layers)`` of the full-mode records of ``result``'s part (or the
     first part holding maps), ``images`` and ``tokens`` checked to cover every sample."""
     recs = [r for r in result.records if "probs" in r.data]
     if not recs:
         raise InputError(f"{what} needs full-mode records (capture with mode='full')")
-    parts = {r.part for r in recs}
-    part = result.part if result.part in parts else recs[0].part
-    recs = [r for r in recs if r.part == part]
-    by, (samples, layers) = index_records(recs, ("sample", "layer"), what)
-    for name, m in (("images", images), ("tokens", tokens)):
-        need(m, samples, name, what)
-    return recs, by, samples, layers
+    part = result.part if result.part in {r.part for r in recs} else recs[0].part
+    return _indexed([r for r in recs if r.part == part], ("sample", "layer"), images, tokens, what)
 
 
 def step_maps(result: CaptureResult, images: dict, tokens: dict, part: str | None, what: str):
@@ -104,11 +107,7 @@ def step_maps(result: CaptureResult, images: dict, tokens: dict, part: str | Non
             and (part is None or r.part == part)]
     if not recs:
         raise InputError(f"{what} needs full-mode records with text keys (DiffusionCapture(mode='full'))")
-    recs = [r for r in recs if r.part == recs[0].part]
-    by, (samples, layers, steps) = index_records(recs, ("sample", "layer", "step"), what)
-    for name, m in (("images", images), ("tokens", tokens)):
-        need(m, samples, name, what)
-    return recs, by, samples, layers, steps
+    return _indexed([r for r in recs if r.part == recs[0].part], ("sample", "layer", "step"), images, tokens, what)
 
 
 def _pick(values: list, chosen, name: str, what: str) -> list:
@@ -127,10 +126,7 @@ def _pick(values: list, chosen, name: str, what: str) -> list:
 def _maps(t) -> np.ndarray:
     """A record's ``probs`` as a float32 numpy array (a view of a float32 CPU tensor, no copy)."""
     if hasattr(t, "detach"):
-        t = t.detach().cpu()
-        if str(t.dtype) != "torch.float32":
-            t = t.float()
-        return t.numpy()
+        return t.detach().cpu().float().numpy()  # .float() of a float32 tensor is the tensor itself
     return np.asarray(t, np.float32)
 
 
@@ -282,23 +278,15 @@ def attention_panels(result, images, tokens, grids=None, questions=None, *, samp
             key_band = query_band = _band(img)
         causal = _is_causal(maps)
         vis = _visible(r0, sq, sk, causal)
+        v = np.asarray(_maps(r0.data["visible"]) > 0.5) if "visible" in r0.data else None
         i2t_words = []
         if i2t_cols is not None:
-            if "visible" in r0.data:
-                v = np.asarray(_maps(r0.data["visible"]) > 0.5)
-                seen = v[np.ix_(img_rows, i2t_cols)].any(0)
-            elif causal:
-                seen = i2t_cols <= img_rows.max()
-            else:
-                seen = np.ones(len(i2t_cols), bool)
+            seen = (v[np.ix_(img_rows, i2t_cols)].any(0) if v is not None
+                    else i2t_cols <= img_rows.max() if causal else np.ones(len(i2t_cols), bool))
             i2t_words = [int(i) for i in np.flatnonzero(seen)]
-        if "visible" in r0.data:
-            v = np.asarray(_maps(r0.data["visible"]) > 0.5)
-            t2i_blind = [int(i) for i in np.flatnonzero(~v[np.ix_(t2i_rows, img_cols)].any(1))]
-        elif causal:
-            t2i_blind = [int(i) for i in np.flatnonzero(t2i_rows < np.min(img_cols))]
-        else:
-            t2i_blind = []
+        blind = (~v[np.ix_(t2i_rows, img_cols)].any(1) if v is not None
+                 else t2i_rows < np.min(img_cols) if causal else np.zeros(0, bool))
+        t2i_blind = [int(i) for i in np.flatnonzero(blind)]
         q = (questions or {}).get(s)
         open_pos = content_position(toks, positions)
         panels.append(Panel(
@@ -452,19 +440,17 @@ def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
             raise InputError(f"an explorer's picture holds NaN or infinite values ({float(np.mean(~np.isfinite(a))):.0%} "
                              f"of them): nothing would be drawn there; pass the picture itself (uint8, or floats in 0..1)")
         a = np.clip(a.astype(np.float64) * (255.0 if a.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
-    if a.ndim == 3 and a.shape[2] == 4:
-        a = a[..., :3]
-    im = Image.fromarray(a).convert("RGB")
+    im = Image.fromarray(a[..., :3] if a.ndim == 3 else a).convert("RGB")
     if max(im.size) > side:
         r = side / max(im.size)
         im = im.resize((max(1, round(im.size[0] * r)), max(1, round(im.size[1] * r))), Image.LANCZOS)
-    best = None
+    encoded = []
     for fmt, mime, kw in (("PNG", "image/png", {"optimize": True}), ("JPEG", "image/jpeg", {"quality": 88})):
         buf = io.BytesIO()
         im.save(buf, fmt, **kw)
-        if best is None or len(buf.getvalue()) < len(best[0]):
-            best = (buf.getvalue(), mime)
-    return best[0], best[1], im.size[0], im.size[1]
+        encoded.append((buf.getvalue(), mime))
+    data, mime = min(encoded, key=lambda e: len(e[0]))  # PNG on a tie
+    return data, mime, im.size[0], im.size[1]
 
 
 def _encoded(p: Panel) -> tuple[bytes, str, int, int]:
@@ -497,8 +483,11 @@ def spec_json(spec: dict) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def _title_axes(panels):
-    return " × ".join(f"{len(v)} {n}s" for n, v in panels[0].axes)
+def size_words(models) -> str:
+    """``"3 samples × 4 layers × 8 heads"``: what the explorer over ``models`` (label, panels) holds."""
+    n, first = sum(len(ps) for _, ps in models), models[0][1][0]
+    axes = " × ".join(f"{len(v)} {name}s" for name, v in first.axes)
+    return f"{n} {'prompt' if first.kind == 'steps' else 'sample'}{'s' if n > 1 else ''} × {axes} × {first.heads} heads"
 
 
 def make_plan(models: list[tuple[str, list[Panel]]], title: str, full_side, opening: dict) -> Plan:
@@ -552,9 +541,7 @@ def fit(models: list[tuple[str, list[Panel]]], title: str, full_side, budget_byt
     None, the full maps at full size when they fit, else pooled to the largest side that fits (never below
     :data:`MIN_FULL_SIDE`); a refusal naming ``lower`` (the parameter that multiplies the size) otherwise."""
     budget_bytes = int(budget_bytes)
-    n = sum(len(ps) for _, ps in models)
-    kind = "prompt" if models[0][1][0].kind == "steps" else "sample"
-    shape = f"{n} {kind}{'s' if n > 1 else ''} × {_title_axes(models[0][1])} × {models[0][1][0].heads} heads"
+    shape = size_words(models)
     if full_side is not None:
         if int(full_side) < 1:
             raise InputError(f"{what}: full_side must be at least 1 cell, got {full_side}")
@@ -566,10 +553,7 @@ def fit(models: list[tuple[str, list[Panel]]], title: str, full_side, budget_byt
         hint = f" ({fits} fits)" if fits else f" (none fits: pass fewer {lower})"
         raise InputError(f"{what}: {shape} make {plan.nbytes / 1e6:.3f} MB, over the budget of "
                          f"{budget_bytes / 1e6:.3f} MB: lower full_side (now {int(full_side)}){hint}")
-    plan = make_plan(models, title, None, opening)
-    if plan.nbytes <= budget_bytes:
-        return plan
-    for side in _sides(models):
+    for side in [None, *_sides(models)]:  # the full maps at full size first, then pooled ever more
         plan = make_plan(models, title, side, opening)
         if plan.nbytes <= budget_bytes:
             return plan
