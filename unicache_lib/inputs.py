@@ -282,9 +282,7 @@ def resolve_layers(layers, have, what: str = "the model") -> list[int]:
 def _ranges(xs) -> str:
     """``[0..3]`` for a contiguous run, else the list."""
     xs = list(xs)
-    if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2:
-        return f"[{xs[0]}..{xs[-1]}]"
-    return str(xs)
+    return f"[{xs[0]}..{xs[-1]}]" if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2 else str(xs)
 
 
 # ---- spans and image tokens of a forward ----------------------------------------------------------

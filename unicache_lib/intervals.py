@@ -208,10 +208,8 @@ def _ratio_of_shares(a: np.ndarray, b: np.ndarray, paired: bool, level: float) -
     sh = _shares(a, b, paired, level)
     est = sh[0] / sh[3]
     low, high = (lambda c: _mover(*sh, c)[0]), (lambda c: _mover(*sh, c)[1])
-    if sh[1] <= 0:  # the numerator share's Wilson limit is 0: so is the ratio's
-        lo = 0.0
-    else:
-        lo = optimize.brentq(low, 0.0, est) if low(est) < 0 else est
+    # the numerator share's Wilson limit is 0: so is the ratio's
+    lo = 0.0 if sh[1] <= 0 else optimize.brentq(low, 0.0, est) if low(est) < 0 else est
     top = max(est, 1e-12) * 2
     while high(top) > 0 and top < 1e9:
         top *= 2

@@ -14,6 +14,7 @@ overwrite the file it points to) and a FIFO never blocks; what a holder wrote is
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -167,10 +168,8 @@ def _after_fork_in_child() -> None:
     global _HELD_GUARD
     for lock in list(_HELD.values()):
         if lock.fd >= 0:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(lock.fd)
-            except OSError:
-                pass
             lock.fd = -1
     _HELD.clear()
     _HELD_GUARD = threading.Lock()  # another thread may have held it at the fork

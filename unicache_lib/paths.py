@@ -90,9 +90,8 @@ def _inside_repository(p: Path, r: Path, within=()) -> str:
     if rel.parts[0] in OUTPUT_AREAS or any(p.is_relative_to((r / w).resolve()) for w in within):
         return ""
     top = rel.parts[0]
-    if len(rel.parts) == 1 and (p.exists() or top.startswith(".")):
-        return f"is the repository's own folder {top}/"
-    return f"is inside the repository {r} ({rel.as_posix()}/, in its {top}/)"
+    return (f"is the repository's own folder {top}/" if len(rel.parts) == 1 and (p.exists() or top.startswith("."))
+            else f"is inside the repository {r} ({rel.as_posix()}/, in its {top}/)")
 
 
 def output_path_refusal(path, option: str = "--out", tool: str = "this tool", roots=(),
@@ -206,9 +205,7 @@ def _not_ours(folder: Path, rel: str, accepted: list[dict] | None, tool: str) ->
     d = file_digest(folder, rel)
     if d is None:
         return f"{rel} is not a regular file inside the folder"
-    if d not in accepted:
-        return f"{rel}'s content is not what {tool} recorded writing there"
-    return ""
+    return "" if d in accepted else f"{rel}'s content is not what {tool} recorded writing there"
 
 
 def _written_by(info: dict | None, tool: str) -> set[str]:

@@ -171,9 +171,7 @@ def _image_block(spans: Spans | None, n: int) -> tuple[int, int] | None:
         return None
     spans.check(n, "figure's key axis")
     idx = spans.image_index
-    if len(idx) == 0 or idx[-1] - idx[0] + 1 != len(idx):
-        return None
-    return int(idx[0]), int(idx[-1]) + 1
+    return None if len(idx) == 0 or idx[-1] - idx[0] + 1 != len(idx) else (int(idx[0]), int(idx[-1]) + 1)
 
 
 def save(fig, out_dir: str | Path, name: str) -> Path:

@@ -24,9 +24,7 @@ def _as_float(x) -> torch.Tensor:
     if t.dim() == 3:
         t = t[None]
     t = t.float() / 255.0 if t.dtype == torch.uint8 or t.max() > 1.5 else t.float()
-    if t.shape[-1] not in (1, 3) and t.shape[1] in (1, 3):
-        return t  # channels first already
-    return t.permute(0, 3, 1, 2)
+    return t if t.shape[-1] not in (1, 3) and t.shape[1] in (1, 3) else t.permute(0, 3, 1, 2)  # (channels first already)
 
 
 def psnr(images, reference, max_value: float = 1.0) -> np.ndarray:

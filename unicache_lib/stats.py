@@ -48,9 +48,8 @@ def as_probs(P: torch.Tensor, check: bool = True) -> torch.Tensor:
 
 def _query_positions(P: torch.Tensor, query_positions=None) -> torch.Tensor:
     sq, sk = P.shape[-2], P.shape[-1]
-    if query_positions is None:
-        return torch.arange(sk - sq, sk, device=P.device)
-    return torch.as_tensor(query_positions, device=P.device)
+    return (torch.arange(sk - sq, sk, device=P.device) if query_positions is None
+            else torch.as_tensor(query_positions, device=P.device))
 
 
 @dataclass
@@ -377,9 +376,7 @@ def sample_rows(q_kinds, stride: int) -> tuple[np.ndarray, np.ndarray]:
 def map_rows(P, r0: int, r1: int) -> torch.Tensor:
     """Rows ``r0:r1`` of a map ``[H, Sq, Sk]`` as float32 ``[H, r1 - r0, Sk]``: sliced from a tensor, or computed from
     the logits of a :class:`LogitRows` (so a streamed map and a materialised one are read alike)."""
-    if isinstance(P, LogitRows):
-        return P.parts(r0, r1)[0]
-    return P[:, r0:r1].float().contiguous()
+    return P.parts(r0, r1)[0] if isinstance(P, LogitRows) else P[:, r0:r1].float().contiguous()
 
 
 class _RowSums:
@@ -753,10 +750,8 @@ class _SimilaritySums:
 
     def cosines(self, q_kinds: torch.Tensor, wq: torch.Tensor | None) -> dict[str, torch.Tensor]:
         H = self.ab.shape[0]
-        if wq is None:
-            sim_all = cosine_from_sums(self.ab.sum((1, 2)), self.aa.sum((1, 2)), self.bb.sum((1, 2)))
-        else:  # each row stands for wq rows of the whole map
-            sim_all = cosine_from_sums(self.ab.sum(2) @ wq, self.aa.sum(2) @ wq, self.bb.sum(2) @ wq)
+        sums = [x.sum((1, 2)) if wq is None else x.sum(2) @ wq for x in (self.ab, self.aa, self.bb)]  # a row: wq rows
+        sim_all = cosine_from_sums(*sums)
         sim_blocks = torch.full((H, len(BLOCKS)), float("nan"), device=self.ab.device)
         for i, blk in enumerate(BLOCKS):
             src, dst = blk.split("->")

@@ -57,6 +57,7 @@ chunk cannot be told apart, so neither is read and ``repair()`` deletes nothing 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import itertools
@@ -591,10 +592,8 @@ class Store:
         self.close()
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     # ---- index ---------------------------------------------------------------------------------
     def _index_path(self, rank: int | None = None) -> Path:
@@ -1114,10 +1113,6 @@ class Store:
         look(self.path, 0)
         return tmp + orphans, strangers
 
-    def _leftovers(self) -> list[Path]:
-        """Traces of interrupted writes: temporary files and chunk folders no line of any index names."""
-        return self._scan()[0]
-
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record keys; entries a
         line may not hold: an alias of another line's record, a checksum or slot its file does not have), leftovers
@@ -1207,14 +1202,12 @@ class Store:
         """Rename the damaged file (or folder) ``rel`` to ``*.damaged``, kept for inspection: only one of the store's
         own, reached without a symbolic link; a link, FIFO or device is left where it is, never followed."""
         folder, _, name = rel.rpartition("/")
-        try:
+        with contextlib.suppress(StoreError, OSError, ValueError):  # outside, gone, or a name no file can have
             if folder:
                 folder_inside(self.path, folder, error=StoreError)
             p = self.path / rel
             if stat.S_ISREG(os.lstat(p).st_mode) or stat.S_ISDIR(os.lstat(p).st_mode):
                 os.replace(p, p.with_name(name + ".damaged"))
-        except (StoreError, OSError, ValueError):  # outside, gone, or a name no file can have: nothing to keep
-            pass
 
     def repair(self) -> list[str]:
         """Make a damaged store whole again: drop damaged records from the index (their files are kept, renamed
@@ -1230,10 +1223,9 @@ class Store:
         ranks = sorted(set(self._logs) | {int(n[len(".lock-rank"):]) for n in os.listdir(self.path)
                                           if n.startswith(".lock-rank") and n[len(".lock-rank"):].isdigit()
                                           and n == self._lock_path(int(n[len(".lock-rank"):])).name})
-        locks = []
-        try:
+        with contextlib.ExitStack() as held:
             for r in ranks:  # nobody else may write while we decide what is an orphan
-                locks.append(_locked(self._lock_path(r), f"rank {r} of store {self.path}"))
+                held.callback(_locked(self._lock_path(r), f"rank {r} of store {self.path}").release)
             bad = self._inspect()
             undecided = [why for _, _, why, kind in bad if kind == "undecided"]
             if undecided:
@@ -1242,14 +1234,11 @@ class Store:
             dropped = self.drop([k for _, keys, _, _ in bad for k in keys])
             for f in dict.fromkeys(f for f, _, _, kind in bad if kind == "file"):
                 self._set_aside(f)
-            for p in self._leftovers():  # (brings the index up to date)
+            for p in self._scan()[0]:  # leftovers of interrupted writes (brings the index up to date)
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             for log in self._logs.values():
                 log.cut()
             return dropped
-        finally:
-            for lk in locks:
-                lk.release()
 
 
 # The names a store gives its own files and folders (remove_store removes only these). Temporary files: write_inside's
@@ -1325,10 +1314,8 @@ def _remove_tree(fd: int, node: dict, rel: str) -> None:
             raise StoreError(f"{rel}{name} was not removed ({e.strerror}: something was added to it meanwhile, and "
                              f"only what the store wrote is removed); look at it and call remove_store again") from None
     for name in node["files"]:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=fd)
-        except FileNotFoundError:
-            pass
 
 
 def remove_store(path) -> bool:
@@ -1362,14 +1349,13 @@ def remove_store(path) -> bool:
                          f"makes: not removed, and nothing a link points to is touched. Remove "
                          f"{'it' if len(strange) == 1 else 'them'} yourself (os.unlink) if that is right, then call "
                          f"remove_store again")
-    locks = []
-    try:
+    with contextlib.ExitStack() as held:
         for name in tree["files"]:
             if name.startswith(".lock-rank"):
                 lp = p / name
                 if held_here(lp) is not None:
                     forget(lp)  # this process's own earlier writer (a re-run cell): its lock goes with the files
-                locks.append(_locked(lp, f"store {p}"))
+                held.callback(_locked(lp, f"store {p}").release)
         fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             _remove_tree(fd, tree, "")
@@ -1380,9 +1366,6 @@ def remove_store(path) -> bool:
         except OSError as e:
             raise StoreError(f"{p} was emptied of the store but not removed ({e.strerror}: something was added "
                              f"meanwhile, and only what the store wrote is removed)") from None
-    finally:
-        for lk in locks:
-            lk.release()
     return True
 
 
