@@ -134,15 +134,11 @@ def settle(out: Path, quick: bool = False):
     settled claim: its verdict, value, interval, n and note there."""
     overrides = {nb: params for nb, (params, _) in SETTLE.items()}
     boards = run_seed("settle", SEED_SETTLE, SEED_SETTLE, out, quick, overrides, notebooks=tuple(SETTLE))
-    rows = []
-    for nb, (params, claims) in SETTLE.items():
-        for r in boards[nb]:
-            if r["claim"] in claims:
-                rows.append({"notebook": nb, "claim": r["claim"], "parameters": json.dumps(params), "verdict": r["verdict"],
-                             "value": r.get("value"), "lo": r.get("lo"), "hi": r.get("hi"), "n": r.get("n"),
-                             "unit": r.get("unit"),  # the replication's own mark is what this run answers
-                             "note": (r.get("note") or "").replace(f"; {UNSTABLE}", "").replace(UNSTABLE, "")})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"notebook": nb, "claim": r["claim"], "parameters": json.dumps(params), "verdict": r["verdict"],
+                          "value": r.get("value"), "lo": r.get("lo"), "hi": r.get("hi"), "n": r.get("n"),
+                          "unit": r.get("unit"),  # the replication's own mark is what this run answers
+                          "note": (r.get("note") or "").replace(f"; {UNSTABLE}", "").replace(UNSTABLE, "")}
+                         for nb, (params, claims) in SETTLE.items() for r in boards[nb] if r["claim"] in claims])
 
 
 def settle_section(df) -> str:
@@ -180,9 +176,8 @@ def readme_section(df, quick: bool = False) -> str:
              "A claim whose verdict changes with the sample set is noted \"unstable across sample sets\" on its scoreboard."
              + (" **Quick parameters: a smoke run, nothing is decided on it.**" if quick else ""), "",
              head, "|" + "---|" * (len(seeds) + 3)]
-    for d in df.to_dict("records"):
-        lines.append(f"| {d['notebook'][:2]} | {d['claim']} | " + " | ".join(str(d[s]) for s in seeds)
-                     + f" | {'yes' if d['stable'] else '**no**'} |")
+    lines += [f"| {d['notebook'][:2]} | {d['claim']} | " + " | ".join(str(d[s]) for s in seeds)
+              + f" | {'yes' if d['stable'] else '**no**'} |" for d in df.to_dict("records")]
     unstable = df[~df.stable]
     lines += ["", f"{len(unstable)} of {len(df)} verdicts differ across sample sets"
               + (f": {', '.join(unstable.claim)}." if len(unstable) else "."), "", END]
@@ -215,9 +210,8 @@ def main(argv=None):
     else:
         if any(s == sample_set.SEED for s in a.seeds):
             ap.error(f"seed {sample_set.SEED} is the shipped standard set; pick further seeds")
-        runs = {f"shipped (SAMPLE_SEED {sample_set.SEED}, SEED 0)": run_seed("shipped", None, 0, out, a.quick)}
-        for s in a.seeds:
-            runs[f"seed {s}"] = run_seed(f"seed-{s}", s, s, out, a.quick)
+        runs = {f"shipped (SAMPLE_SEED {sample_set.SEED}, SEED 0)": run_seed("shipped", None, 0, out, a.quick),
+                **{f"seed {s}": run_seed(f"seed-{s}", s, s, out, a.quick) for s in a.seeds}}
         df, (name, default) = verdict_table(runs), ("verdicts.csv", VERDICTS_CSV)
     csv = Path(a.csv) if a.csv else (out / name if a.quick else default)
     csv.parent.mkdir(parents=True, exist_ok=True)
