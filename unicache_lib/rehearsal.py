@@ -116,28 +116,7 @@ def run_measured(nb: str, params: dict, out_nb: Path, timeout: int = 7200) -> di
 def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32", progress: bool | None = None) -> list[dict]:
     """Build each stand-in and run ``notebooks`` on it. Returns one row per (model, notebook). ``progress``: a bar
     over the runs and a line per run (None: :func:`unicache_lib.progress.enabled`; False: silent)."""
-    rows = []
-    runs = bar(total=len(models) * len(notebooks), progress=progress, desc="rehearsal")
-    for name in models:
-        t0 = time.perf_counter()
-        model_dir = standins.build(name, out / "models")
-        build_s = time.perf_counter() - t0
-        card = json.loads((model_dir / "model_card.json").read_text())
-        for nb in notebooks:
-            # each run in a fresh child; RUSAGE_CHILDREN is the max over all children so far, so run the
-            # measurement itself in a grandchild that reports only its own subtree
-            res = _isolated(nb, notebook_params(nb, model_dir, out / name, device, dtype), out / name / f"{nb}.ipynb")
-            board = json.loads((out / name / nb / "scoreboard.json").read_text())
-            verdicts = sorted({r["verdict"] for r in board})
-            row = {"model": name, "imitates": card["imitates"], "notebook": nb, **res, "device": device, "dtype": dtype,
-                   "image_tokens": card["image_tokens"], "layers": card["shape"]["layers"], "verdicts": "; ".join(verdicts),
-                   "build_s": round(build_s, 1)}
-            rows.append(row)
-            runs.update()
-            if progress is not False:
-                runs.write(f"{name:22s} {nb:24s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['verdicts']}")
-    runs.close()
-    return rows
+    return _rehearse(models, notebooks, out, device, dtype, progress, generation=False)
 
 
 def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32",
@@ -145,33 +124,49 @@ def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype
     """Build each pipeline stand-in and run the generator ``notebooks`` on it; one row per (model, notebook),
     with notebook 06's reuse speed-ups in ``reuse``. Each finished row is also appended to
     ``out/partial.csv``, and pairs already there are not run again (a failed or interrupted run resumes)."""
+    return _rehearse(models, notebooks, out, device, dtype, progress, generation=True)
+
+
+def _rehearse(models, notebooks, out: Path, device: str, dtype: str, progress, generation: bool) -> list[dict]:
+    """:func:`rehearse` (``generation`` False) or :func:`rehearse_generation` (True)."""
     partial = out / "partial.csv"
     done = {(r["model"], r["notebook"]): r for r in pd.read_csv(partial, keep_default_na=False).to_dict("records")} \
-        if partial.exists() else {}
+        if generation and partial.exists() else {}
     rows = []
-    runs = bar(total=len(models) * len(notebooks), progress=progress, desc="rehearsal (generation)")
+    runs = bar(total=len(models) * len(notebooks), progress=progress,
+               desc="rehearsal (generation)" if generation else "rehearsal")
     for name in models:
         t0 = time.perf_counter()
-        model_dir = gen_standins.build(name, out / "models")
+        model_dir = (gen_standins if generation else standins).build(name, out / "models")
         build_s = time.perf_counter() - t0
         card = json.loads((model_dir / "model_card.json").read_text())
-        blocks = sum(int(x) for x in re.findall(r"\d+", card["blocks"]))
         for nb in notebooks:
-            runs.update()
             if (name, nb) in done:
+                runs.update()
                 rows.append(done[(name, nb)])
                 continue
-            res = _isolated(nb, gen_notebook_params(nb, model_dir, out / name, device, dtype, blocks), out / name / f"{nb}.ipynb")
+            # each run in a fresh child; RUSAGE_CHILDREN is the max over all children so far, so run the
+            # measurement itself in a grandchild that reports only its own subtree
+            params = (gen_notebook_params(nb, model_dir, out / name, device, dtype,
+                                          sum(int(x) for x in re.findall(r"\d+", card["blocks"]))) if generation
+                      else notebook_params(nb, model_dir, out / name, device, dtype))
+            res = _isolated(nb, params, out / name / f"{nb}.ipynb")
             board = json.loads((out / name / nb / "scoreboard.json").read_text())
             row = {"model": name, "imitates": card["imitates"], "notebook": nb, **res, "device": device, "dtype": dtype,
-                   "image_tokens": card["image_tokens"], "text_tokens": card["text_tokens"], "blocks": card["blocks"],
-                   "verdicts": "; ".join(sorted({r["verdict"] for r in board})), "build_s": round(build_s, 1), "reuse": ""}
-            if nb == "06_step_reuse":
-                row["reuse"] = reuse_summary(out / name / nb)
+                   "image_tokens": card["image_tokens"],
+                   **({"text_tokens": card["text_tokens"], "blocks": card["blocks"]} if generation
+                      else {"layers": card["shape"]["layers"]}),
+                   "verdicts": "; ".join(sorted({r["verdict"] for r in board})), "build_s": round(build_s, 1)}
+            if generation:
+                row["reuse"] = reuse_summary(out / name / nb) if nb == "06_step_reuse" else ""
+                _write_csv(pd.DataFrame([*done.values(), *[r for r in rows if (r["model"], r["notebook"]) not in done],
+                                         row]), partial)
             rows.append(row)
-            _write_csv(pd.DataFrame([*done.values(), *[r for r in rows if (r["model"], r["notebook"]) not in done]]), partial)
+            runs.update()
             if progress is not False:
-                runs.write(f"{name:14s} {nb:20s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['reuse']}")
+                runs.write(f"{name:14s} {nb:20s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['reuse']}"
+                           if generation else
+                           f"{name:22s} {nb:24s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['verdicts']}")
     runs.close()
     return rows
 
@@ -218,11 +213,10 @@ def write_results(rows: list[dict], csv: Path = RESULTS_CSV, readme: Path | None
     _write_csv(df, csv)
     if readme is None:
         return
-    lines = _cost_lines(df, list(dict.fromkeys(df.model)))
-    cpu = f"{os.cpu_count()} cores, {platform.machine()}"
     total = f"; the whole run took {total_s / 60:.0f} minutes" if total_s else ""
     seen = sorted({v.strip() for vs in df.verdicts for v in str(vs).split(";")})
-    text = (f"{BEGIN}\n" + "\n".join(lines) + f"\n\nDevice {df.device.iloc[0]}, weights {df.dtype.iloc[0]}, {cpu}{total}. "
+    text = (f"{BEGIN}\n" + "\n".join(_cost_lines(df, list(dict.fromkeys(df.model))))
+            + f"\n\nDevice {df.device.iloc[0]}, weights {df.dtype.iloc[0]}, {os.cpu_count()} cores, {platform.machine()}{total}. "
             f"Verdicts on the stand-ins' scoreboards: {', '.join(repr(v) for v in seen)} (random weights decide nothing; "
             f"'not measurable here' where a measurement is undefined, e.g. a share that is 1 by construction on a "
             f"cross-attention VLM). Source: `{_rel(csv)}`.\n{END}")
@@ -238,12 +232,11 @@ def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CS
     if readme is None:
         return
     models = list(dict.fromkeys(df.model))
-    lines = _cost_lines(df, models)
     speed = [f"- {m} ({df[df.model == m].iloc[0].image_tokens} image + {df[df.model == m].iloc[0].text_tokens} text tokens, "
              f"{df[df.model == m].iloc[0].blocks} blocks): {df[(df.model == m) & (df.notebook == '06_step_reuse')].reuse.iloc[0]}"
              for m in models if ((df.model == m) & (df.notebook == "06_step_reuse")).any()]
     total = f"; the whole run took {total_s / 60:.0f} minutes" if total_s else ""
-    text = (f"{GEN_BEGIN}\n" + "\n".join(lines) + f"\n\nDevice {df.device.iloc[0]}, weights {df.dtype.iloc[0]}, "
+    text = (f"{GEN_BEGIN}\n" + "\n".join(_cost_lines(df, models)) + f"\n\nDevice {df.device.iloc[0]}, weights {df.dtype.iloc[0]}, "
             f"{os.cpu_count()} cores{total}. Cross-step reuse, speed-up over no reuse (median of 2 interleaved rounds, one "
             f"prompt, 3 steps: a smoke measurement, see notebook 06 for intervals):\n" + "\n".join(speed)
             + f"\n- shipped generators (64 image tokens, notebook 06's committed run): {shipped}\n\nSource: `{_rel(csv)}`.\n{GEN_END}")
