@@ -58,11 +58,9 @@ def prepare_image(image) -> np.ndarray:
                          f"and pass the image")
     if image is None:
         raise ImageError(f"the image is None: pass {EXPECTED_IMAGE}")
-    try:
-        from PIL import Image  # local: optional at import time; None when absent
-    except ImportError:  # pragma: no cover - PIL comes with transformers' image processors
-        Image = None
-    if Image is not None and isinstance(image, Image.Image):
+    from PIL import Image  # local: loaded at the first image, not at import (pillow is a dependency)
+
+    if isinstance(image, Image.Image):
         if image.mode not in ("L", "RGB", "RGBA"):
             alpha = "A" in image.mode or "transparency" in image.info
             image = image.convert("RGBA" if alpha else "RGB")

@@ -58,6 +58,7 @@ chunk cannot be told apart, so neither is read and ``repair()`` deletes nothing 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import itertools
@@ -1138,13 +1139,10 @@ class Store:
                             if kind == "undecided" else
                             f"{why}: a hand-edited or damaged index, never read; Store.repair() drops the record (the "
                             f"file stays as it is) so a resumed capture recaptures it")
-        writing = {}
-
+        @functools.cache
         def live(rank) -> dict | None:  # another live process that holds the rank's writer lock, if any
-            if rank not in writing:
-                lock = self._lock_path(rank) if rank is not None else None
-                writing[rank] = None if lock is None or held_here(lock) else holder_if_held(lock)
-            return writing[rank]
+            lock = self._lock_path(rank) if rank is not None else None
+            return None if lock is None or held_here(lock) else holder_if_held(lock)
 
         def in_flight(what: str, rank) -> str:
             return (f"{what}: possibly a write in flight, not damage (rank {rank} is held by a live writer, "
