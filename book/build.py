@@ -64,6 +64,9 @@ WIDGET_NOTE = ('<div class="course-widget-note"><b>Live explorer: open in Jupyte
                "move its controls: it needs a kernel, which a static page does not have.</div>")
 
 
+MARKUP_IN_NAME = re.compile(r"[<>\"'&`\x00-\x1f\x7f]")  # what a page's own name may not hold
+
+
 class BookError(Exception):
     """Something the builder must not publish (a symlink that leaves the repository, a FIFO, a device), a folder it
     must not write, or a Sphinx build that failed: `make book` prints it as one line and exits with status 2."""
@@ -254,6 +257,9 @@ class Site:
             self._add(src, "Solutions", "source", f"Solutions: {lesson}" if lesson else f"Solutions: {py.name}")
 
     def _add(self, src: str, section: str, kind: str, title: str) -> dict:
+        if MARKUP_IN_NAME.search(src):
+            raise BookError(f"{src!r}: a file named with <, >, a quote, & or a backtick cannot be a page or file of the "
+                            "site (the name reaches its HTML, its links and its search index): rename it")
         staged = staged_name(src, kind)
         page = {"src": src, "staged": staged, "out": out_name(staged), "title": title, "section": section,
                 "kind": kind}
@@ -348,9 +354,28 @@ def _notebook(site: Site, page: dict, raw: str) -> str:
     return json.dumps(nb)
 
 
+def _fence(text: str, least: int) -> str:
+    """A run of backticks longer than any in ``text`` (and at least ``least``): the fence no text can close."""
+    return "`" * max(least, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+
+
+def _code(name: str) -> str:
+    """``name`` (a file name from the repository: untrusted) as an inline code span it cannot close, so no text of it
+    reaches the page as markup or HTML."""
+    fence = _fence(name, 1)
+    pad = " " if name.startswith("`") or name.endswith("`") else ""
+    return f"{fence}{pad}{name}{pad}{fence}"
+
+
+def _text(name: str) -> str:
+    """``name`` as plain text in MyST: every ASCII punctuation mark backslash-escaped (CommonMark), so a ``<`` is
+    shown, never parsed as HTML."""
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", name)
+
+
 def _source_page(page: dict, text: str, site: Site) -> str:
     lang = LANGS.get(Path(page["src"]).suffix, "text")
-    fence = "`" * max(4, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+    fence = _fence(text, 4)
     intro = ""
     if page["section"] == "Solutions":
         nb = next((p for p in site.pages if p["kind"] == "notebook" and
@@ -359,12 +384,12 @@ def _source_page(page: dict, text: str, site: Site) -> str:
             link = posixpath.relpath(nb["staged"], posixpath.dirname(page["staged"]))
             intro = (f"The expected answers to the exercises of [{nb['title']}]({link}), as tested by "
                      f"`tests/test_solutions.py`: `{page['src']}`.\n\n")
-    return (f"# {page['title']}\n\n{intro}{fence}{lang}\n{text.rstrip()}\n{fence}\n")
+    return (f"# {_text(page['title'])}\n\n{intro}{fence}{lang}\n{text.rstrip()}\n{fence}\n")
 
 
 def _folder_page(site: Site, page: dict) -> str:
     rel = page["src"].rstrip("/")
-    lines = [f"# `{rel}/`", ""]
+    lines = [f"# {_code(rel + '/')}", ""]
     for p in sorted((site.root / rel).iterdir()):
         child = p.relative_to(site.root).as_posix()
         if unpublished_part(child) is not None:
@@ -375,7 +400,7 @@ def _folder_page(site: Site, page: dict) -> str:
             continue
         if kind is None:
             continue
-        lines.append(f"- `{p.name}{'/' if kind == 'dir' else ''}`")
+        lines.append(f"- {_code(p.name + ('/' if kind == 'dir' else ''))}")
     return "---\norphan: true\n---\n\n" + "\n".join(lines) + "\n"
 
 

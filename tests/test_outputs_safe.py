@@ -886,6 +886,9 @@ CLIMBS = {  # a page's text naming a file outside the staged course (#60 round I
     "download": "{download}`x <../../../../../../../../../../{p}/environ>`\n",
     "raw file": "```{raw} html\n:file: ../../../../../../../../../../{p}/environ\n```\n",
     "csv-table file": "```{csv-table}\n:file: ../../../../../../../../../../{p}/environ\n```\n",
+    # docutils' own form `<name>` joins the name to its standard include folder without asking Sphinx (round 6: U1, U2)
+    "include, standard form": "```{include} <" + "../" * 16 + "{p}/environ>\n:literal:\n```\n",
+    "rst include, standard form": "```{eval-rst}\n.. include:: <" + "../" * 16 + "{p}/environ>\n   :literal:\n```\n",
 }
 
 
@@ -927,6 +930,41 @@ def test_a_notebook_cell_climbing_out_of_the_course_fails_the_build(tmp_path, mo
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "notebooks/00_primer.ipynb" in err and "outside" in err, err
     assert SECRET not in _site_text(out)
+
+
+def test_names_and_titles_with_markup_never_reach_the_page_as_html(tmp_path):
+    """Round 6's U3: a committed file named ``b`<svg onload=alert(2)>`.txt`` closed the folder page's code span and its
+    <svg> went live; sphinx-book-theme writes a page title unescaped into its print header. A listed name is now a
+    code span it cannot close, and titles are escaped after the theme."""
+    book = _book()
+    root = _tree(tmp_path, " [the folder](docs/odd/)")
+    (root / "docs" / "odd").mkdir()
+    (root / "docs" / "odd" / "b`<svg onload=alert(2)>`.txt").write_text("y\n")
+    (root / "docs" / "odd" / "``<b>x``").write_text("y\n")
+    (root / "docs" / "GLOSSARY.md").write_text("# A \\<svg onload=alert(4)\\> heading\n\n## the term\n\nWhat it is.\n")
+    out = tmp_path / "site"
+    book.build(out, root, log=lambda *a: None)
+    listing = (out / "docs" / "odd" / "index.html").read_text()
+    assert "<svg" not in listing and "<b>x" not in listing, listing
+    assert "&lt;svg" in listing and "onload=alert(2)&gt;" in listing and "&lt;b&gt;x" in listing  # shown, as text
+    assert "<svg" not in _site_text(out / "docs") and "&lt;svg onload=alert(4)&gt;" in (out / "docs" / "GLOSSARY.html").read_text()
+
+
+def test_a_page_named_with_markup_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """A page's own name reaches its HTML, its links and the search index: refused, with what to do."""
+    book = _book()
+    root = _tree(tmp_path)
+    (root / "solutions").mkdir()
+    (root / "solutions" / "<img src=x onerror=alert>.py").write_text("x = 1\n")
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "<img src=x onerror=alert>.py" in err and "rename it" in err, err
+    assert not out.exists()
+    (root / "solutions" / "<img src=x onerror=alert>.py").rename(root / "solutions" / "img.py")  # the fix it names
+    assert book.main(["--out", str(out)]) == 0
 
 
 def test_a_directive_path_inside_the_course_still_builds(tmp_path):

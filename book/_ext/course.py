@@ -12,6 +12,7 @@ Nothing outside the staged course is read into a page (issue #60): every path a 
 :data:`REFUSED` (page, path), never read; book/build.py fails the build in one line naming both."""
 from __future__ import annotations
 
+import html
 import os
 import re
 from pathlib import Path
@@ -112,6 +113,27 @@ def _guarded(plain):
     return relfn2path
 
 
+def _read_inside(app, doctree) -> None:
+    """Every file a page read while it was parsed (docutils records each include: ``{include}``, ``.. include::``,
+    ``{literalinclude}``, ``:file:``) lies inside the staging folder or myst-nb's private outputs. Docutils' own form
+    ``<name>`` joins the name to its standard include folder without asking ``relfn2path``, so it is checked here, on
+    what was read, not on how it was named."""
+    deps = getattr(doctree.settings, "record_dependencies", None)
+    for dep in getattr(deps, "list", None) or []:
+        full = os.path.join(os.getcwd(), dep)
+        if not _inside(app.srcdir, full) and not any(_inside(root, full) for root in OUTPUTS):
+            _refuse(os.fspath(app.env.doc2path(app.env.docname, False)), os.fspath(dep))
+
+
+def escape_theme_titles(app, pagename, templatename, context, doctree) -> None:
+    """sphinx-book-theme puts a page's title and the site's as plain text (``astext()``) into its context and writes
+    them unescaped (``<h1>{{ pagetitle }}</h1>`` in its print header, ``{{ root_title }}`` in its sidebar): a title
+    holding ``<`` (a file name, a heading about ``<tag>``) would become markup. Escaped here, after the theme."""
+    for key in ("pagetitle", "root_title"):
+        if isinstance(context.get(key), str):
+            context[key] = html.escape(context[key])
+
+
 def _no_file_option(cls):
     """``cls`` (raw, csv-table) with its ``:file:`` and ``:url:`` options refused (they read any file or URL)."""
     class Guarded(cls):
@@ -143,8 +165,10 @@ def html_output_links(app, doctree, docname) -> None:
 
 def setup(app):
     app.connect("doctree-read", give_alt_text)
+    app.connect("doctree-read", _read_inside)
     app.connect("doctree-resolved", html_output_links)
     app.connect("builder-inited", _guard_paths)
+    app.connect("html-page-context", escape_theme_titles, priority=900)
     app.add_directive("raw", _no_file_option(Raw), override=True)
     app.add_directive("csv-table", _no_file_option(CSVTable), override=True)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1"}
