@@ -360,9 +360,11 @@ def test_an_index_whose_lines_end_in_cr_only_is_refused_never_cut(tmp_path, then
     assert sorted(r.sample for r in Store(tmp_path / "s").read()) == ["0", "1"]
 
 
-@pytest.mark.parametrize("bad", [{"layer": "0"}, {"step": "1"}, {"layer": True}, {"part": 0}], ids=str)
+@pytest.mark.parametrize("bad", [{"layer": "0"}, {"step": "1"}, {"layer": True}, {"part": 0}, {"sample": ["0", "1"]},
+                                 {"sample": ("0",)}, {"sample": 0.0}, {"sample": False}], ids=str)
 def test_read_refuses_a_filter_of_the_wrong_type(tmp_path, bad):
-    """#60 round 5's NS2: read(layer="0") matched nothing and returned [] without a word while two records exist."""
+    """#60 round 5's NS2: read(layer="0") matched nothing and returned [] without a word while two records exist;
+    round 6's S1: the same for read(sample=["0", "1"]), a list made into its text."""
     import numpy as np
 
     st = Store(tmp_path / "s", meta={"model": "m"})
@@ -370,3 +372,4 @@ def test_read_refuses_a_filter_of_the_wrong_type(tmp_path, bad):
     with pytest.raises(InputTypeError, match=rf"read\({next(iter(bad))}="):
         st.read(**bad)
     assert len(st.read(layer=0)) == len(st.read(layer=np.int64(0))) == 2
+    assert [r.sample for r in st.read(sample="1")] == [r.sample for r in st.read(sample=1)] == ["1"]  # the fix it names

@@ -982,15 +982,17 @@ class Store:
 
     def read(self, sample=None, layer=None, part=None, step=None) -> list[Record]:
         """Records matching the filters (None = any), in index order, exactly as written. ``layer`` and ``step`` are
-        whole numbers and ``part`` a name: a filter of another type (``layer="0"``) could match nothing without a
-        word, so it is refused."""
+        whole numbers, ``part`` a name and ``sample`` one id (a whole number reads as its text): a filter of another
+        type (``layer="0"``, ``sample=["0", "1"]``) could match nothing without a word, so it is refused."""
         for name, value, kind in (("layer", layer, "a whole number"), ("step", step, "a whole number"),
-                                  ("part", part, "a name (a string)")):
+                                  ("part", part, "a name (a string)"), ("sample", sample, "one id (a string)")):
+            whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
             ok = value is None or (isinstance(value, str) if name == "part" else
-                                   isinstance(value, numbers.Integral) and not isinstance(value, bool))
+                                   isinstance(value, str) or whole if name == "sample" else whole)
             if not ok:
                 raise InputTypeError(f"read({name}={value!r}): {name} is {kind}; e.g. read({name}="
-                                     f"{'0' if name != 'part' else repr('language')})")
+                                     f"{ {'part': repr('language'), 'sample': repr('0')}.get(name, '0')})"
+                                     + (": read each sample on its own" if name == "sample" else ""))
         if sample is None:
             ents = self.index()
         else:  # only the lines that hold the sample are parsed
