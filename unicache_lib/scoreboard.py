@@ -137,9 +137,7 @@ class Row:
     def settle_note(self) -> str:
         """For an inconclusive row: per undecided criterion, the rough n that would settle it."""
         parts = []
-        for k, v in self._criterion_verdicts().items():
-            if v != INCONCLUSIVE:
-                continue
+        for k in [k for k, v in self._criterion_verdicts().items() if v == INCONCLUSIVE]:
             m, c = self.measured[k], self.criteria[k]
             need = n_to_settle(m.interval(), c.nearest_threshold(m.value))
             tag = f"({k}) " if len(self.criteria) > 1 else ""
