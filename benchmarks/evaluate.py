@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -148,6 +149,15 @@ def _shard_rows(path: Path, meta: dict, read_csv: dict) -> pd.DataFrame:
     rows = pd.read_csv(path, **read_csv)
     if len(rows) != meta["rows"]:  # (a checksum match makes this a belt-and-braces check)
         raise StoreError(f"shard {path} holds {len(rows)} rows, its rank wrote {meta['rows']}: {again}")
+    for col, ok, what in (("correct", lambda v: v.isin([0, 1, True, False]), "0 or 1"),
+                          ("kv_bytes", lambda v: np.isfinite(v) & (v >= 0), "a finite count of bytes, 0 or more"),
+                          ("kv_fraction", lambda v: np.isfinite(v) & (v >= 0), "a finite fraction, 0 or more")):
+        if col in rows:  # no rank writes these: a hand-edited shard whose checksum was forged to match
+            values = pd.to_numeric(rows[col], errors="coerce")
+            bad = rows.index[~ok(values)]
+            if len(bad):
+                raise StoreError(f"shard {path}, row {bad[0] + 1}: {col} is {rows[col].iloc[bad[0]]}, not {what}: "
+                                 f"{again}")
     return rows
 
 
@@ -156,6 +166,10 @@ def read_shards(out: Path, settings: tuple[str, ...], target: str, **read_csv) -
     differ in ``settings`` (keys of the meta, ``n`` and ``world`` first) or if a rank is missing. ``target``: the make
     target that writes them."""
     metas = []
+    for p in sorted(out.glob("rows-rank*-of-*.*")):
+        if p.suffix in (".json", ".csv") and (p.is_symlink() or not p.is_file()):
+            raise StoreError(f"shard {p} is {'a symbolic link' if p.is_symlink() else 'not a regular file'}: a shard "
+                             f"is a file its rank wrote into {out}; remove it and run that rank again")
     for p in sorted(out.glob("rows-rank*-of-*.json")):
         try:
             metas.append(json.loads(p.read_text()))

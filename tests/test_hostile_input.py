@@ -484,6 +484,44 @@ def test_property_shards_merge_exactly_or_refuse(tmp_path_factory, sound_shards,
     assert got.equals(rows) or got.astype(str).equals(rows.astype(str))  # only the untouched shard merges
 
 
+FORGED = {  # round 6's D12, D16: a shard edited by hand, its SHA-256 recomputed so the checksum matches
+    "correct is 2": ("correct", 2, r"row 1: correct is 2, not 0 or 1"),
+    "kv_bytes is NaN": ("kv_bytes", float("nan"), r"row 1: kv_bytes is nan, not a finite count"),
+    "kv_fraction is inf": ("kv_fraction", float("inf"), r"row 1: kv_fraction is inf, not a finite fraction"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORGED))
+def test_a_forged_shard_value_is_refused_naming_its_row(tmp_path, sound_shards, case):
+    from unicache_lib.core.errors import StoreError
+
+    E, _, rows = sound_shards
+    col, value, msg = FORGED[case]
+    bad = rows.assign(kv_bytes=100)
+    bad.loc[0, col] = value
+    E.write_shard(tmp_path, bad, {"n": 2, "world": 1, "model": "m", "peers": False, "budgets": [0.1], "rank": 0})
+    with pytest.raises(StoreError, match=msg):
+        E.read_shards(tmp_path, ("n", "world", "model", "peers", "budgets"), "evaluate")
+
+
+@pytest.mark.parametrize("which", ["csv", "json"])
+def test_a_shard_that_is_a_symlink_is_refused(tmp_path, sound_shards, which):
+    """Round 6's D19: a shard's .json linked to a file outside --out was followed and read."""
+    import shutil
+
+    from unicache_lib.core.errors import StoreError
+
+    E, out, rows = sound_shards
+    d, elsewhere = tmp_path / "x", tmp_path / "elsewhere"
+    shutil.copytree(out, d)
+    elsewhere.mkdir()
+    name = f"rows-rank0-of-1.{which}"
+    shutil.move(d / name, elsewhere / name)
+    (d / name).symlink_to(elsewhere / name)
+    with pytest.raises(StoreError, match=rf"shard .*{name} is a symbolic link"):
+        E.read_shards(d, ("n", "world", "model", "peers", "budgets"), "evaluate")
+
+
 def test_a_hand_typed_entry_of_the_wrong_type_is_refused_by_read_and_verify(tmp_path):
     from unicache_lib.core.errors import StoreError
     from unicache_lib.store import Store
