@@ -78,8 +78,8 @@ def exercise_1(quick: bool = False) -> dict:
 
     Expected: the written knee equals :func:`~unicache_lib.analysis.generation.knee` (section 4's table) on every
     curve. At 0.7 every curve's knee is step 1 (nothing to read); at 0.99 PixArt's cross-attention outputs settle
-    layer by layer (the notebook's run, 24 prompts, 20 steps: steps 1, 13, 11, 2), so a whole-step window would
-    open only at the latest, while a per-layer reuse could start each layer at its own knee.
+    layer by layer (the notebook's run, 24 prompts, 20 steps: steps 1, 13, 11, 2), so a window to reuse whole
+    steps unchanged would open only at the latest, while a per-layer reuse could start each layer at its own knee.
     """
     from unicache_lib.analysis import generation as G
 
@@ -115,7 +115,8 @@ def exercise_2(quick: bool = False) -> dict:
     models has settled above 0.95 by step 1 (window: steps 1..18, 18 of 20 reusable); at 8 steps the lowest
     adjacent cosine falls from ~0.98 to ~0.94: the MMDiT's last layer settles only at step 7, so no whole step is
     left to reuse at 0.95 (0 of 8), and PixArt's window starts at step 2 (5 of 8). At 0.99 some layer never
-    settles at either step count: no whole-step window. Map similarity is a property of the *step spacing*,
+    settles at either step count: no window to reuse whole steps unchanged (06's ``step_skip`` skips them all the
+    same, by extrapolating). Map similarity is a property of the *step spacing*,
     not of the model alone:
     a knee measured at 20 steps does not carry over to an 8-step schedule.
     """

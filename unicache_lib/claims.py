@@ -242,23 +242,27 @@ _ALL = [
        {"a": {"between": (0.2, 0.5)}, "b": {"above": 0.02}}),
     # 03: how a diffusion transformer's attention moves over the denoising steps
     _c("G1", "Early denoising steps attend diffusely, late steps concentrate.",
-       "settled late maps are the cheap ones to reuse", "03_diffusion_steps",
+       "whether focus marks the steps to reuse (by output the last steps are the least reusable, §4)",
+       "03_diffusion_steps",
        "image-query normalised entropy, early-phase mean minus late-phase mean (over parts and layers), on the weaker "
        "model, above 0.02", {"": {"above": 0.02}}, "3",
-       advice=Advice("above 0.02: late steps are focused, pick the steps to reuse late; at or below 0: the steps do not "
-                     "focus, choose them by step-to-step similarity instead",
+       advice=Advice("above 0.02 late maps focus; either way pick the steps to reuse by how alike adjacent outputs "
+                     "are, not by focus: by output the last steps are the least reusable, and late-only reuse saves "
+                     "too little (06's G3)",
                      (Place("03", 4, what="the knees"),)),
-       meaning={"holds": "reuse the late, focused steps", "does not hold": "pick reuse steps by similarity"}),
+       meaning={"holds": "late maps focus; still pick reuse steps by output similarity",
+                "does not hold": "pick reuse steps by output similarity"}),
     _c("G2", "Adjacent-step similarity is ~0.3-0.5 early and > 0.8 late.",
-       "where reuse may start (06's `step_skip`, `adaptive`)", "03_diffusion_steps",
+       "where reusing whole steps unchanged is safe (06's `step_skip` extrapolates them instead)", "03_diffusion_steps",
        "adjacent-step cosine similarity of the maps: (a) late phase, weaker model, above 0.8, (b) early phase, most "
        "similar model, below 0.6", {"a": {"above": 0.8}, "b": {"below": 0.6}}, "4",
-       advice=Advice("start whole-step reuse no earlier than the latest knee over the layers, on a line that separates "
-                     "them (one every layer clears from step 1 says nothing); a layer that never settles leaves no "
-                     "whole-step window; knees move with the step count",
+       advice=Advice("the latest knee over the layers, on a line that separates them (not one every layer clears at "
+                     "step 1), is where reusing whole steps unchanged turns safe; knees move with the step count. "
+                     "Skipping steps by extrapolation needs no knee: 06's `step_skip` beat the fewer-step control at "
+                     "equal FLOPs (06 §3)",
                      (Place("03", 4, params=("STRICT_THRESHOLD", "STEPS")), Place("06", 3, policies=("step_skip",)))),
-       meaning={"holds": "reuse late steps, compute early ones", "partly": "place reuse by the knees (§4)",
-               "does not hold": "place reuse by the knees (§4)"}),
+       meaning={"holds": "reuse late steps, compute early ones", "partly": "unchanged reuse by the knees (§4)",
+               "does not hold": "unchanged reuse by the knees (§4)"}),
     _c("G4", "In joint attention, text->image is stable across steps, image->text varies.",
        "the text side would be safer to reuse (06's `text_side`)", "03_diffusion_steps",
        "MMDiT, mean step-to-step change (1 - cosine): (a) image->text map / text->image map above 1.5, (b) image "
@@ -284,11 +288,11 @@ _ALL = [
        meaning={"holds": "cache the prompt side late", "partly": "a failing (b) or (c) is good: no collapse",
                "does not hold": "keep the prompt side computed"}),
     _c("G7", "Generation models have more redundant heads than understanding models.",
-       "heads that could share maps (04)", "03_diffusion_steps",
+       "whether a generator has more heads to prune (04 §4 prunes them)", "03_diffusion_steps",
        "mean head redundancy, weaker generator minus the understanding model, above 0.05 (prompts and samples "
        "resampled separately)", {"": {"above": 0.05}}, "8",
-       advice=Advice("well above the understanding model: the generator's heads could share maps or be pruned; at or "
-                     "below it: no more room than in an understanding model",
+       advice=Advice("well above the understanding model: the generator's heads may be pruned, judged on outputs as 04 "
+                     "§4 does; at or below it: no more room than in an understanding model",
                      (Place("04", 4, params=("GENERATORS", "FRACTIONS")),))),
     _c("G9", "An object word's attention lands on the object's region.",
        "whether word maps can pick the image tokens to keep", "03_diffusion_steps",

@@ -415,7 +415,8 @@ window = {(m, t): G.reuse_window(knees.loc[m, f"knee (maps) @{t:g}"], STEPS) for
 for m in GENERATORS:
     print(f"{m}: lowest adjacent-step cosine {knees.loc[m, 'min sim'].min():.3f}" + "".join(
         f"\n  at {t:g} " + (f"every layer has settled by step {w['start']}: whole steps {w['start']}..{STEPS - 2} could be reused "
-                        f"({w['reusable']} of {STEPS})" if w["start"] is not None else "some layer never settles: no whole-step reuse")
+                        f"unchanged ({w['reusable']} of {STEPS})" if w["start"] is not None
+                        else "some layer never settles: no window to reuse whole steps unchanged")
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
 
 # %% [markdown]
@@ -458,7 +459,7 @@ else:
 # **What you see.** Each curve dips below the strict line early, then climbs over it and stays; the knee is its
 # last crossing. On <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->
 # the layers settle at different steps (<!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows: > per layer:" re="per layer: (.*)$"-->layer 0 step 1, layer 1 step 13, layer 2 step 11, layer 3 step 2<!--/num-->),
-# so whole-step reuse, which needs every layer settled, could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->;
+# so reusing whole steps unchanged, which needs every layer settled, could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->;
 # per-layer reuse could start each layer at its own knee.
 
 # %% tags=["nbval-check-output"]
@@ -778,15 +779,12 @@ claims_table("03_diffusion_steps")  # the claims beside their verdicts, each wri
 
 # %%
 from unicache_lib.claims import decision_rows
-from unicache_lib.reuse import REUSE_POLICIES
 
-ss_head = REUSE_POLICIES["step_skip"]().head  # as 06 runs it
 start = lambda w, t: f"from step {w['start']} at {t:g}" if w["start"] is not None else f"none at {t:g}"  # noqa: E731
 strict = {m: window[m, STRICT_THRESHOLD] for m in GENERATORS}
 windows = "; ".join(f"{m} {start(window[m, THRESHOLD], THRESHOLD)}, {start(w, STRICT_THRESHOLD)}" for m, w in strict.items())
-g2_found = ("; ".join(f"06: step_skip(head={w['head']}) for {m}" for m, w in strict.items() if w["start"] is not None)
-            or f"no window here: 06 keeps step_skip's tuned head={ss_head:g}")
-rows = [("G2", "G2: whole-step reuse window (latest knee of the maps)", windows, g2_found),
+g2_found = "; ".join(f"06: step_skip(head={w['head']}) for {m}" for m, w in strict.items() if w["start"] is not None)
+rows = [("G2", "G2: window to reuse whole steps unchanged (latest knee of the maps)", windows, g2_found),
         ("G1", "G1: image-query entropy, early minus late", ", ".join(f"{m} {float(d.mean()):+.3f}" for m, d in zip(GENERATORS, drop)))]
 if g_ends:
     rows.append(("G6", "G6: guidance strength, step 0 / last step", ", ".join(f"{m} {a:.2f} / {b:.2f}" for m, (a, b) in g_ends.items())))
@@ -800,9 +798,10 @@ rows += [("G5", "G5: image / text KV bytes per layer", ", ".join(f"{m} {v:.2f}x"
 WrappedTable(pd.DataFrame(decision_rows(rows, "03_diffusion_steps", board.verdicts())))  # advice: unicache_lib/claims.py
 
 # %% [markdown]
-# **Reading the table.** No whole-step window is trustworthy here: at the study's line every knee is the first step,
-# at the strict line some layer never settles. Keep `step_skip`'s tuned head, as 06 does, or let `adaptive` decide
-# per module and step. Word maps point on PixArt (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×).
+# **Reading the table.** The maps give no trustworthy window for reusing whole steps *unchanged*: at the study's line
+# every knee is the first step, at the strict line some layer never settles. That does not rule out skipping whole
+# steps: 06's `step_skip` predicts each skipped step from the last two computed ones, needs no knee, and is the only
+# method there above the fewer-step control at equal FLOPs. Keep its tuned head, as 06 does. Word maps point on PixArt (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×).
 
 # %% [markdown]
 # ## Exercises
