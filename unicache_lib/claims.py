@@ -386,7 +386,7 @@ _ALL = [
        "shuffled interleaved rounds), (b) SSIM above 0.98", {"a": {"above": 1.10}, "b": {"above": 0.98}}),
     # 07: diagnostics
     _c("U10", "A layer with cross-modal share under ~5% marks a modality cut-off.",
-       "an eviction rule keeping few image keys can *cause* a cut-off; a cheap detector lets a cache watch for it",
+       "an eviction rule keeping few image keys can *cause* a cut-off: whether a cheap share detector can catch one",
        "07_diagnostics",
        f"(a) healthy model: its lowest layer's image share of text queries' reads above the {NEGLECT_CUTOFF:.0%} "
        f"cut-off (quiet), (b) broken variants not caught by construction (zeroed features, blank image, zeroed image "

@@ -25,10 +25,13 @@
 #
 # *What you see:* two held-out questions, one answered right (left) and one wrong (right); the colour is where the
 # answer position (the last prompt position) reads the picture in its last image-reading layer, mean over heads, in
-# × uniform on one scale for both (1 = even). The wrong answer reads the picture no less than the right one
-# (coverage <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="coverage ([0-9.]+)"-->0.58<!--/num-->
-# against <!--num "notebooks/07_diagnostics.ipynb#out:right:  > coverage" re="coverage ([0-9.]+)"-->0.55<!--/num-->): it
-# looked, and still answered wrong. §1 asks whether that holds over all the questions.
+# × uniform on one scale for both (1 = even). In this layer the right answer's peak is the brighter
+# (<!--num "notebooks/07_diagnostics.ipynb#out:right:  > coverage" re="peak ([0-9.]+)x"-->14.1<!--/num-->× against
+# <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="peak ([0-9.]+)x"-->8.5<!--/num-->×), but over all
+# layers the wrong answer puts no less of its attention on the image (coverage
+# <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="coverage ([0-9.]+)"-->0.58<!--/num--> against
+# <!--num "notebooks/07_diagnostics.ipynb#out:right:  > coverage" re="coverage ([0-9.]+)"-->0.55<!--/num-->): it looked,
+# and still answered wrong. §1 asks whether that holds over all the questions.
 #
 # ![This lesson's first figure, from its last run](../docs/figures/07_diagnostics.png)
 
@@ -147,9 +150,9 @@ if picked:
               f"  coverage {A.coverage.iloc[i]:.2f} (mean over layers), peak {float(w.max()):.1f}x uniform{where}")
 
 # %% [markdown]
-# **What to look at.** Whether the wrong answer's position reads the picture less than the right one's: coverage (its
-# attention mass on the image, mean over layers)
-# <!--num "notebooks/07_diagnostics.ipynb#out:right:  > coverage" re="coverage ([0-9.]+)"-->0.55<!--/num--> for the right answer,
+# **What to look at.** Whether the wrong answer's position reads the picture less than the right one's. In the layer
+# drawn its peak is the dimmer, but over all layers its coverage (its attention mass on the image, mean over layers)
+# is no lower: <!--num "notebooks/07_diagnostics.ipynb#out:right:  > coverage" re="coverage ([0-9.]+)"-->0.55<!--/num--> for the right answer,
 # <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="coverage ([0-9.]+)"-->0.58<!--/num--> for the wrong one, whose
 # brightest patch lies on
 # <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="brightest patch on (.*)$" missing="(not measurable here)"-->the orange circle<!--/num-->.
