@@ -262,9 +262,8 @@ def lag1(series: list[np.ndarray]) -> float:
     dev = M - np.nanmean(M, 0, keepdims=True)
     a, b = dev[:, :-1].ravel(), dev[:, 1:].ravel()
     ok = ~(np.isnan(a) | np.isnan(b))
-    if ok.sum() < 3 or a[ok].std() == 0 or b[ok].std() == 0:
-        return float("nan")
-    return float(np.corrcoef(a[ok], b[ok])[0, 1])
+    return float("nan") if ok.sum() < 3 or a[ok].std() == 0 or b[ok].std() == 0 else \
+        float(np.corrcoef(a[ok], b[ok])[0, 1])
 
 
 def caption_errors(tokens: list[str], scene) -> np.ndarray:
@@ -424,9 +423,8 @@ def draw_with_capture(model, processor, prompts) -> list[dict]:
 def drawing_label(score: dict) -> str:
     """A drawing's verdict in words: position and shape are judged on the pixels of the asked colour, so when the
     colour is wrong they are "not judged", not "wrong"."""
-    if not score["colour"]:
-        return "colour wrong (position not judged)"
-    return f"colour ok, position {'ok' if score['position'] else 'wrong'}"
+    return (f"colour ok, position {'ok' if score['position'] else 'wrong'}" if score["colour"]
+            else "colour wrong (position not judged)")
 
 
 def layout_masks(n_image: int = 5, n_text: int = 3) -> dict[str, tuple[str, str, np.ndarray]]:

@@ -125,9 +125,8 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
 def _image_row(r, P, query_pos: int):
     """Query row ``query_pos`` of ``P [..., Sq, Sk]`` on the image keys (cross-attention: every vision token), and the
     keys that row sees (the unit of the uniform weight: ``query_pos + 1`` under a causal mask)."""
-    if r.part == "cross":
-        return P[..., query_pos, :], P.shape[-1]
-    return P[..., query_pos, :][..., r.spans.image_index], query_pos + 1
+    row = P[..., query_pos, :]
+    return (row, P.shape[-1]) if r.part == "cross" else (row[..., r.spans.image_index], query_pos + 1)
 
 
 def query_over_image(records, sample: str, query_pos: int, head: int | None = None,

@@ -22,9 +22,7 @@ def token_class(token: str, special: set[str] | frozenset = frozenset()) -> str:
         return "object"
     if t in ATTRIBUTE_WORDS or t in {"color", "colour"}:
         return "attribute"
-    if t in POSITION_WORDS:
-        return "position"
-    return "function"
+    return "position" if t in POSITION_WORDS else "function"
 
 
 def classify_ids(tokenizer, input_ids) -> list[str]:

@@ -38,9 +38,7 @@ def _n_layers(records) -> int:
 def _rows(t: torch.Tensor, part: str = "language") -> torch.Tensor:
     """``[H, Sq]`` -> the rows that see at least MIN_KEYS keys (self-attention prompt captures: Sq ==
     Sk). Cross-attention rows all see the vision tokens: none skipped (dead rows are NaN)."""
-    if part == "cross":
-        return t
-    return t[:, MIN_KEYS - 1:] if t.shape[1] >= MIN_KEYS else t
+    return t[:, MIN_KEYS - 1:] if part != "cross" and t.shape[1] >= MIN_KEYS else t
 
 
 def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:

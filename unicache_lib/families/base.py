@@ -265,9 +265,8 @@ class VLMFamily:
 
     # ---- tokens and spans -------------------------------------------------------------------------
     def image_token_id(self, config) -> int:
-        tid = getattr(config, "image_token_id", None)
-        if tid is None:
-            tid = getattr(config, "image_token_index", None)
+        tid = next((t for t in (getattr(config, "image_token_id", None), getattr(config, "image_token_index", None))
+                    if t is not None), None)
         if tid is None:
             raise UnsupportedModelError(f"{self.name}: the config has no image_token_id / image_token_index")
         return int(tid)

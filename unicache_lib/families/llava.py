@@ -19,9 +19,8 @@ def _text(cls, tok, shape: Shape, **kw):
 
 def _llama_text(tok, shape: Shape):
     """Llama, or Mistral where ``shape`` has a sliding window."""
-    if shape.sliding_window:
-        return _text(transformers.MistralConfig, tok, shape, sliding_window=shape.sliding_window)
-    return _text(transformers.LlamaConfig, tok, shape)
+    return (_text(transformers.MistralConfig, tok, shape, sliding_window=shape.sliding_window) if shape.sliding_window
+            else _text(transformers.LlamaConfig, tok, shape))
 
 
 def _clip_processor(shape: Shape):

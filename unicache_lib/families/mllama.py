@@ -46,8 +46,7 @@ class Mllama(VLMFamily):
 
     def spans(self, config, input_ids, inputs=None):
         """Self-attention sequence: text only (``<|image|>`` is a marker, not image content)."""
-        ids = torch.as_tensor(input_ids)
-        return Spans((TEXT,) * ids.shape[-1])
+        return Spans((TEXT,) * torch.as_tensor(input_ids).shape[-1])
 
     def cross_spans(self, n_keys: int) -> Spans:
         """The cross-attention keys as captured: the vision tokens of the real tiles (capture drops padded
@@ -77,9 +76,8 @@ class Mllama(VLMFamily):
 
     def image_grid(self, config, inputs):
         ids = inputs.get("aspect_ratio_ids")
-        if ids is None or int(ids.flatten()[0]) != 1:  # aspect ratio id 1 = one tile (1 x 1 canvas)
-            return None
-        return patch_grid(config.vision_config)
+        one_tile = ids is not None and int(ids.flatten()[0]) == 1  # aspect ratio id 1 = one tile (1 x 1 canvas)
+        return patch_grid(config.vision_config) if one_tile else None
 
     def grid_tokens(self, config, inputs):
         """Indices of the grid tokens within the image span: the first tile, after its class token."""

@@ -105,9 +105,7 @@ class Vilt(VLMFamily):
 
     def image_grid(self, config, inputs):
         px = inputs.get("pixel_values")
-        if px is not None:
-            return (px.shape[-2] // config.patch_size, px.shape[-1] // config.patch_size)
-        return patch_grid(config)
+        return patch_grid(config) if px is None else (px.shape[-2] // config.patch_size, px.shape[-1] // config.patch_size)
 
     def grid_tokens(self, config, inputs):
         """The grid cells within the image span (after its class token), only for grid-ordered inputs: ViLT's own

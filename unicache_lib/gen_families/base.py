@@ -78,9 +78,8 @@ def gen_family_of(transformer) -> "GenFamily":
     for fam in GEN_FAMILIES.values():
         if cls in fam.transformer_classes:
             return fam
-    hint = ""
-    if hasattr(tr, "transformer") and not isinstance(tr, torch.nn.Module):
-        hint = " This looks like a pipeline: pass pipe.transformer."
+    hint = " This looks like a pipeline: pass pipe.transformer." if hasattr(tr, "transformer") and not isinstance(
+        tr, torch.nn.Module) else ""
     for base in type(tr).__mro__[1:]:
         fam = next((f for f in GEN_FAMILIES.values() if base.__name__ in f.transformer_classes), None)
         if fam is not None:
@@ -351,12 +350,9 @@ class GenFamily:
     # ---- modules ------------------------------------------------------------------------------------
     def sites(self, transformer) -> list[GenSite]:
         """Every attention module (captured or not), sorted by (layer, part)."""
-        out = []
-        for name, mod in unwrap(transformer).named_modules():
-            for pat, part in self.site_patterns:
-                m = re.fullmatch(pat, name)
-                if m:
-                    out.append(GenSite(name, int(m.group(1)), part, mod, part not in self.uncaptured))
+        out = [GenSite(name, int(m.group(1)), part, mod, part not in self.uncaptured)
+               for name, mod in unwrap(transformer).named_modules() for pat, part in self.site_patterns
+               if (m := re.fullmatch(pat, name))]
         return sorted(out, key=lambda s: (s.layer, s.part))
 
     def reuse_kind(self, site: GenSite) -> str:
@@ -436,9 +432,7 @@ class GenFamily:
             return out[0], out[1]
         if part != "joint" or not n_text:
             return out, None
-        if self.joint_order[0] == "text":
-            return out[:, n_text:], out[:, :n_text]
-        return out[:, :-n_text], out[:, -n_text:]
+        return (out[:, n_text:], out[:, :n_text]) if self.joint_order[0] == "text" else (out[:, :-n_text], out[:, -n_text:])
 
     # ---- sampling and training: what runtime.pipelines and pruning.evaluate ask of the family -------------------
     #: diffusers pipeline classes :func:`~unicache_lib.runtime.sampling.sample` drives (its step callbacks, guidance

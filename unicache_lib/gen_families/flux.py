@@ -50,9 +50,7 @@ def flux_image_side(attn, h, e, rope, keys=None):
         k = diffusers.models.embeddings.apply_rotary_emb(k, rope, sequence_dim=1)
     o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
     o = o.flatten(2, 3).to(q.dtype)
-    if keys is not None:
-        return o
-    return attn.to_out[1](attn.to_out[0](o))
+    return o if keys is not None else attn.to_out[1](attn.to_out[0](o))
 
 
 @register

@@ -196,9 +196,8 @@ def prefill_contexts(model, splits: list[PromptSplit], attentions: bool = True, 
     out, records = forward_context(model, fam, kw, attentions, *who, None if one else range(len(splits)))
     if one:
         maps = [[r.probs for r in records]]
-        if not locate:
-            return [Prefill(out.past_key_values, maps[0], splits[0], None, full_pos)]
-        return [located(fam, model, out.past_key_values, maps[0], splits[0], full_pos)]
+        return [located(fam, model, out.past_key_values, maps[0], splits[0], full_pos) if locate
+                else Prefill(out.past_key_values, maps[0], splits[0], None, full_pos)]
     maps = [[] for _ in splits]
     for r in records:
         maps[int(r.sample)].append(r.probs)
@@ -246,9 +245,7 @@ def picture_encoder(fam, model, split: PromptSplit):
     """``(rows, cols) -> [rows * cols, D]``: the split's picture re-encoded at a coarser patch grid by the family's tower
     (:meth:`~unicache_lib.families.base.VLMFamily.image_features_at`); None when the split holds no single picture."""
     pv = split.pixel_values
-    if pv is None or pv.dim() != 4 or pv.shape[0] != 1:
-        return None
-    return partial(_encode_picture, fam, model, pv)
+    return None if pv is None or pv.dim() != 4 or pv.shape[0] != 1 else partial(_encode_picture, fam, model, pv)
 
 
 @torch.no_grad()
