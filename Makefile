@@ -71,7 +71,7 @@ run: setup
 ##       (`data/results/make_test.json`). `RECORD=1` keeps its seconds per file and minutes (`tests/costs.json`,
 ##       `data/results/make_test.json`, TESTING.md's table) for the next run's lanes and the README. `RUNNER=xdist`
 ##       runs the same work as one pytest run over pytest-xdist's 2 workers instead of the lanes (`-n 2 --dist
-##       loadgroup`; docs/TESTING.md)
+##       loadscope` with the plan's scopes; docs/TESTING.md)
 # the clock starts when make does, so the set-up time is printed with the stages
 TEST_T0 := $(shell date +%s)
 test: setup

@@ -98,7 +98,7 @@ def test_the_lanes_are_dealt_longest_first():
 
 
 def test_make_test_runner_xdist_runs_the_same_work_in_one_run(monkeypatch, capsys):
-    """`make test RUNNER=xdist` (issue #65): one pytest run, `-n 2 --dist loadgroup`, every test file and notebook
+    """`make test RUNNER=xdist` (issue #65): one pytest run, `-n 2 --dist loadscope` (scopes from the plan), every test file and notebook
     once, nbval as the lanes run it, the slowest tests and the CPU time printed; tests/xdist_plan.py gets a plan where
     each file is its own group and 02's readers share 02's group, groups ranked longest first."""
     import subprocess as sp
@@ -119,7 +119,7 @@ def test_make_test_runner_xdist_runs_the_same_work_in_one_run(monkeypatch, capsy
     printed = capsys.readouterr().out
     assert len(calls) == 1 and "CPU of the tests: 10.0 CPU-minutes" in printed and "2 xdist workers" in printed
     cmd, env, plan = calls[0]
-    assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--dist") + 1] == "loadgroup"
+    assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--dist") + 1] == "loadscope"
     assert {"tests.xdist_plan", "tests.costs_plugin", "tests.nbval_digits", "--nbval-lax", "no:randomly",
             f"--durations={run_tests.SLOWEST}"} <= set(cmd) and env["OMP_NUM_THREADS"] == "1"
     items = run_tests._items()
@@ -278,3 +278,34 @@ def test_the_help_lines_type_no_time_by_hand():
     assert "@run_minutes" in sources["run"]
     assert {"data/results/make_test.json#wall_minutes", "data/results/make_test.json#cpu_minutes"} <= sources["test"]
     assert ROOT / "Makefile" in dn.doc_files()  # its markers: checked by test_doc_numbers, refreshed by `make docs`
+
+
+def test_the_xdist_plan_keeps_a_file_and_a_chain_on_one_worker(tmp_path):
+    """`--dist loadgroup` silently stopped grouping on pytest 9.2 (pytest-dev/pytest-xdist#1386): a notebook's cells
+    ran on both workers and every cell after the first failed with a NameError. tests/xdist_plan.py's scheduler reads
+    the scopes from the plan instead: each file's tests on one worker, and the two files of one chain on one worker,
+    in the plan's order."""
+    for name in ("test_a.py", "test_b.py", "test_c.py", "test_d.py"):
+        (tmp_path / name).write_text(
+            "import os, pytest\n"
+            "@pytest.mark.parametrize('i', range(6))\n"
+            "def test_where(i):\n"
+            f"    open({str(tmp_path / 'log.txt')!r}, 'a').write(f'{name} {{os.environ[\"PYTEST_XDIST_WORKER\"]}}\\n')\n")
+    plan = {"test_a.py": ["chain", 0], "test_b.py": ["chain", 0], "test_c.py": ["test_c.py", 1],
+            "test_d.py": ["test_d.py", 2]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {**os.environ, "UNICACHE_XDIST_PLAN": str(tmp_path / "plan.json"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-p", "tests.xdist_plan",
+                          "-p", "no:randomly", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    lines = (tmp_path / "log.txt").read_text().split()
+    where = {}
+    for name, worker in zip(lines[::2], lines[1::2]):
+        where.setdefault(name, set()).add(worker)
+    assert sorted(where) == ["test_a.py", "test_b.py", "test_c.py", "test_d.py"]
+    assert all(len(w) == 1 for w in where.values()), where  # a file never split
+    assert where["test_a.py"] == where["test_b.py"], where  # a chain never split
+    order = [n for n in lines[::2] if n in ("test_a.py", "test_b.py")]
+    assert order == sorted(order), order  # and run in its order: a before b

@@ -24,7 +24,7 @@ part (``--durations``) and the sum of the CPU times. Every run writes the second
 the run's minutes to ``data/results/make_test.json`` (which README.md quotes).
 
 ``--runner xdist`` (`make test RUNNER=xdist`, issue #65) runs the same work as one pytest run over pytest-xdist's
-workers instead of the two planned lanes: ``-n 2 --dist loadgroup``, unit tests and nbval together, a test file and a
+workers instead of the two planned lanes: ``-n 2 --dist loadscope`` with the plan's scopes, unit tests and nbval together, a test file and a
 chain of notebooks each one group (``tests/xdist_plan.py``), groups handed out longest first (by ``tests/costs.json``)
 to whichever worker is free, so no lane waits on a plan that guessed wrong. Same threads (nbval's ``--nbval-threads``
 is not separate there: both run at ``--threads``), the same slowest tests, the same CPU time and records; the lane
@@ -109,7 +109,7 @@ def xdist_command(py: str, work: dict[str, list[str]], extra: list[str], mode: s
                   workers: int = XDIST_WORKERS) -> list[str]:
     """One pytest run over ``workers`` xdist workers: the unit tests (``-m`` as :func:`command`) and, when ``work``
     has them, the committed notebooks under nbval, as :func:`command` runs them (cells in order: no random order)."""
-    cmd = [py, "-m", "pytest", "-q", "-n", str(workers), "--dist", "loadgroup", "-p", "tests.xdist_plan",
+    cmd = [py, "-m", "pytest", "-q", "-n", str(workers), "--dist", "loadscope", "-p", "tests.xdist_plan",
            "-m", MARKS[mode], f"--durations={SLOWEST}", "--durations-min=1", "-p", "tests.costs_plugin",
            "-p", "no:randomly"]
     if work.get("nbval"):
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--record", action="store_true", help="write this run's seconds to tests/costs.json and "
                     "docs/TESTING.md's cost table")
     ap.add_argument("--runner", choices=("lanes", "xdist"), default="lanes", help="lanes (default): two planned lanes "
-                    "side by side; xdist: one pytest run over pytest-xdist's workers (-n 2 --dist loadgroup)")
+                    "side by side; xdist: one pytest run over pytest-xdist's workers (-n 2, the plan's scopes)")
     ap.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = ap.parse_args(argv)
     if min(args.threads, args.nbval_threads) < 1:
