@@ -581,13 +581,25 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
+        for name in ("ref", "record"):
+            if getattr(args, name) is not None and not getattr(args, name).strip():
+                raise BookError(f"--{name} is empty: name a {'git revision (e.g. HEAD)' if name == 'ref' else 'file'}, "
+                                f"or leave --{name} out")
+        if args.ref and args.ref.startswith("-"):
+            raise BookError(f"--ref {args.ref!r}: a revision does not start with '-' (git would read it as an option): "
+                            f"name a commit, branch or tag, e.g. --ref HEAD")
         site_folder(args.out, ROOT)  # refused before anything is read or extracted
         if args.record:
             record_refusal(Path(args.record))
         if args.ref:
             with tempfile.TemporaryDirectory() as tmp:
-                archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", args.ref], check=True,
-                                         capture_output=True).stdout
+                got = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", args.ref, "--"],
+                                     capture_output=True)
+                if got.returncode != 0:
+                    why = " ".join(got.stderr.decode(errors="replace").split()) or f"exit {got.returncode}"
+                    raise BookError(f"--ref {args.ref!r}: git cannot read that revision ({why}): name a commit, branch "
+                                    f"or tag of this repository, e.g. --ref HEAD")
+                archive = got.stdout
                 try:
                     tarfile.open(fileobj=io.BytesIO(archive)).extractall(tmp, filter="data")
                 except tarfile.FilterError as e:  # a committed symlink that leaves the repository, an absolute path

@@ -991,3 +991,21 @@ def test_the_site_record_replaces_only_an_earlier_record(tmp_path, target):
                         str(tmp_path / target)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert mine.read_text() == "my notes\n" and not (tmp_path / "site").exists()
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--record", ""], "--record is empty"),
+    (["--ref", " "], "--ref is empty"),
+    (["--ref", "HEAD~99999"], "git cannot read that revision"),
+    (["--ref=--output=x.tar"], "does not start with '-'"),
+], ids=["empty record", "empty ref", "no such revision", "an option as ref"])
+def test_a_bad_ref_or_record_is_refused_in_one_line_before_building(tmp_path, args, why):
+    """Round 5's BK16 and round 6: `--ref HEAD~99999` ended in a raw CalledProcessError traceback, `--record ''` built
+    and recorded nothing without a word; a ref starting with '-' reached git as an option."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "book/build.py", "--out", str(tmp_path / "site"), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "site").exists() and not (ROOT / "x.tar").exists()
