@@ -175,21 +175,23 @@ def layer(name, v):
         _fail(name, v, "must be a whole-number layer index (-1: the last)")
 
 
-def fraction(name, v):
+def _checked(name, v, check, *args, **kwargs):
+    """``check(*args, **kwargs)``; its refusal (a TypeError or InputError) as parameter ``name``'s."""
     try:
-        check_fraction(v, name)
+        return check(*args, **kwargs)
     except (TypeError, InputError) as e:
         _fail(name, v, str(e))
+
+
+def fraction(name, v):
+    _checked(name, v, check_fraction, v, name)
 
 
 def fractions(name, v):
     """Shares of the heads pruned (04's ``FRACTIONS``): each in [0, 1) (pruning every head leaves no model), none
     twice (each is one row per scorer: a repeat would write its rows twice)."""
     v = _as_list(name, v)
-    try:
-        got = check_fractions(v, "fraction", upper_inclusive=False, meaning="of the heads pruned")
-    except (TypeError, InputError) as e:
-        _fail(name, v, str(e))
+    got = _checked(name, v, check_fractions, v, "fraction", upper_inclusive=False, meaning="of the heads pruned")
     if not got:
         _fail(name, v, "must hold at least one fraction")
     _no_repeats(name, v, got, "fraction")
@@ -214,10 +216,7 @@ def budgets(name, v):
     if isinstance(v, str):
         _fail(name, v, f"must be a list of shares or token counts, e.g. [0.1, '64t'] (from the command line: "
               f"-p {name} \"[0.1, 0.25]\" or -y '{name}: [0.1, 0.25]')")
-    try:
-        got = budget_shares(v, MAX_IMAGE_TOKENS, "budget", tokens_known=False)  # counts judged again by the model
-    except (TypeError, InputError) as e:
-        _fail(name, v, str(e))
+    got = _checked(name, v, budget_shares, v, MAX_IMAGE_TOKENS, "budget", tokens_known=False)  # counts judged again by the model
     if not got:
         _fail(name, v, "must hold at least one budget")
     return v

@@ -289,15 +289,13 @@ def main(argv=None):
     if bad:
         raise SystemExit(f"unknown notebook {bad[0]!r}; the {'generator ' * gen}rehearsal runs {', '.join(known)}")
     t0 = time.perf_counter()
+    rows = _rehearse(models, notebooks, out / "generation" if gen else out, a.device, a.dtype, None, generation=gen)
+    total = time.perf_counter() - t0
     if gen:
-        rows = rehearse_generation(models, notebooks, out / "generation", a.device, a.dtype)
-        total = time.perf_counter() - t0
         shipped = reuse_summary(ROOT / "outputs" / "06_step_reuse") or "run notebook 06 first"
         write_gen_results(rows, shipped, out / "rehearsal_generation.csv" if a.no_readme else GEN_RESULTS_CSV,
                           None if a.no_readme else REHEARSAL_MD, total)
     else:
-        rows = rehearse(models, notebooks, out, a.device, a.dtype)
-        total = time.perf_counter() - t0
         write_results(rows, out / "rehearsal.csv" if a.no_readme else RESULTS_CSV,
                       None if a.no_readme else REHEARSAL_MD, total)
     print(f"rehearsal{' (generation)' * gen}: {len(rows)} runs in {total / 60:.1f} min")
