@@ -216,9 +216,10 @@ _ALL = [
        {"": {"above": 0.99}},
        meaning={"holds": "a few focused heads per layer", "does not hold": "almost no head focuses on one key"},
        advice=Advice("heads of one layer read differently, yet budget the image KV by a cover over all heads together: "
-                     "05's best policy covers each layer's keys with every head concatenated, and AdaKV, its one "
-                     "per-head budget, kept less than random at 10% and frees no memory. Whether a head can go is "
-                     "decided by a test on outputs (04's P3), not by its spread",
+                     "05's best policy covers each layer's keys with every head concatenated, while AdaKV (a kvpress "
+                     "press that gives each head a budget of its own) did no better than random in 05 §2's paired "
+                     "test and frees no memory. Whether a head can go is decided by a test on outputs (04's P3), not "
+                     "by its spread",
                      (Place("05", 3, policies=("key_coverage",)), Place("04", 3, params=("FRACTIONS",))))),
     _c("U9", "Image tokens dominate; text<->image share under ~15% means text is not reaching the image.",
        "where image KV is read (the whole map's cross-modal share, not 07's detector quantity)", "02_understanding_maps",
@@ -433,13 +434,14 @@ _ALL = [
        meaning={"holds": "thin low and top layers' vision KV", "partly": "not the study's order: thin by a cover",
                "does not hold": "not the study's order: thin by a cover"}),
     _c("A4", "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
-       "keep object patches", "08_architectures",
+       "which image tokens an embedding needs (05: keep a cover, merge the rest)", "08_architectures",
        "CLIP image tower, last layer: the class token's attention mass on the objects the caption names / their area "
        "share above 1.5", {"": {"above": 1.5}},
-       advice=Advice("well above 1: the embedding comes from the object patches; when thinning the image tokens, merge "
-                     "background patches into kept ones rather than drop objects",
+       advice=Advice("well above 1: the embedding leans on the named objects; to thin the image tokens keep a cover "
+                     "and merge each dropped token into a kept one, not the object patches alone",
                      (Place("05", 3, policies=("key_coverage_merge",)),)),
-       meaning={"holds": "keep object patches, merge background", "does not hold": "the embedding is not object-led"}),
+       meaning={"holds": "object-led: keep a cover, merge the rest",
+                "does not hold": "the embedding is not object-led"}),
     _c("A5", "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
        "one image budget for describing and answering, or two", "08_architectures",
        "Janus, same images: (a) image share of the answer token minus the mean image share of the caption tokens above "

@@ -311,8 +311,9 @@ print(f"mostly spread: {role_share.spread.idxmax()} ({role_share.spread.max():.0
 
 # %% [markdown]
 # **Reading it.** Focused heads are rare: LLaVA has <!--num "notebooks/08_architectures.ipynb#out:focused heads:@0"-->1<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:focused heads:@1"-->32<!--/num--> (layer <!--num "notebooks/08_architectures.ipynb#out:focused heads:@2"-->0<!--/num-->, 02's U8 head), Mllama's
-# cross-attention <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama ([0-9]+) of"-->2<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama [0-9]+ of ([0-9]+)"-->24<!--/num-->, the others none. Spread heads are what 04 tests for pruning; focused heads are what a
-# cache must serve.
+# cross-attention <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama ([0-9]+) of"-->2<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama [0-9]+ of ([0-9]+)"-->24<!--/num-->, the others none. Spread heads are what 04 tests for pruning (a diffuse head is no
+# reason to prune, 04's P3); a cache need not budget per head: 05's best policy keeps one cover over all heads together
+# (the U8 row of §8's decision table).
 #
 # **How uneven are the image reads?** Where text reads image keys in the same map (LLaVA, ViLT, Janus): the share
 # of the text's image reads on the top <!--const a fixed tenth of the positions, by definition-->10%<!--/const--> of image positions (chance <!--const a tenth of the positions, by definition-->0.10<!--/const-->), 02's U1 statistic.
