@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import KEEP, parse_budgets, read_shards, write_shard  # noqa: E402  (the decisive runs' shard format)
+from evaluate import KEEP, count, launch_rank, parse_budgets, read_shards, write_shard  # noqa: E402  (the decisive runs' shard format)
 
 from unicache_lib.core.errors import InputError, UnicacheError  # noqa: E402
 from unicache_lib.paths import check_output_path, record_output_files  # noqa: E402
@@ -308,7 +308,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--design", action="store_true", help="measure the widths and choose gamma on the design split")
     ap.add_argument("--merge", action="store_true", help="merge the shards and decide DEPTH_RULES")
-    ap.add_argument("--questions", type=int, default=FULL)
+    ap.add_argument("--questions", type=count, default=FULL)
     ap.add_argument("--out", default=None, help="the folder every step writes to: the ranks' shards, and the design's "
                     "and the merge's results under its results/ (default outputs/evaluate_depth; only then does the "
                     "design or a full-size merge replace the committed files in benchmarks/results)")
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
         ap.error("--out is empty: name the folder the ranks write (default outputs/evaluate_depth)")
     given = None if args.out is None else Path(args.out)
     args.out = OUT if given is None else given
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = launch_rank(ap)
     if given is not None:  # before anything loads: not a repository folder, nothing of yours replaced
         names = ([f"results/{DESIGN_FILE.name}"] if args.design else
                  [f"results/evaluate_depth_{MODEL}.csv", f"results/evaluate_depth_shares_{MODEL}.csv"] if args.merge

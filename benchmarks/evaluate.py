@@ -46,6 +46,29 @@ KEEP = ["question", "method", "kind", "budget", "correct", "kl", "agree", "kv_fr
 TIMING = ["prefill_ms"]  # wall-clock: the one column in which a merged run and a one-process run may differ
 
 
+def count(text: str) -> int:
+    """An argparse ``type`` for a count of questions or prompts: a whole number, at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: a whole number, at least 1 (e.g. 2700)")
+    return int(text)
+
+
+def launch_rank(ap: argparse.ArgumentParser) -> tuple[int, int]:
+    """``(rank, world size)`` from the launcher's ``RANK`` / ``WORLD_SIZE`` (torchrun sets both; neither set: one
+    process); anything else ends the command in one line through ``ap.error``."""
+    got = {}
+    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1")):
+        text = os.environ.get(name, default)
+        if not text.strip().isdigit():
+            ap.error(f"{name}={text!r} is not a whole number: the launcher (torchrun) sets it; unset RANK and "
+                     f"WORLD_SIZE to run one process")
+        got[name] = int(text)
+    if got["WORLD_SIZE"] < 1 or got["RANK"] >= got["WORLD_SIZE"]:
+        ap.error(f"RANK={got['RANK']} with WORLD_SIZE={got['WORLD_SIZE']}: a rank runs from 0 to WORLD_SIZE - 1 and "
+                 f"WORLD_SIZE is at least 1; unset both to run one process")
+    return got["RANK"], got["WORLD_SIZE"]
+
+
 def parse_budgets(spec: str | None, n_image: int | None) -> list[float]:
     """Budgets as shares of the image tokens from ``"0.1,0.25"`` or ``"64t,128t"`` (token counts over the model's
     ``n_image`` image tokens: :func:`~unicache_lib.inputs.budget_shares`). None: :data:`BUDGETS`."""
@@ -309,7 +332,7 @@ def shares(R: pd.DataFrame, n_image: int | None = None) -> pd.DataFrame:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", type=int, default=2700, help="held-out questions in all (E1/E4's notes: ~2,700)")
+    ap.add_argument("--questions", type=count, default=2700, help="held-out questions in all (E1/E4's notes: ~2,700)")
     ap.add_argument("--merge", action="store_true", help="merge the shards and decide (after every rank finished)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--results", type=Path, default=None,
@@ -346,7 +369,7 @@ def main(argv=None) -> int:
             print("targets at the literature's scale (rules fixed before the run: SCALE_TARGETS):")
             print(targets.drop(columns="budget").round(4).to_string(index=False))
         return 0
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = launch_rank(ap)
     path = run_shard(args.questions, rank, world, args.out, args.model, budgets=args.budgets or BUDGETS)
     print(f"rank {rank} of {world}: {path}")
     return 0

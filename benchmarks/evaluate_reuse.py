@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import read_shards, write_shard  # noqa: E402 - the shard files every decisive run shares
+from evaluate import count, launch_rank, read_shards, write_shard  # noqa: E402 - the shard files every decisive run shares
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate_reuse"
@@ -212,7 +212,7 @@ def decide(R: pd.DataFrame, timing: dict | None, repeats: int) -> tuple[pd.DataF
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=FULL, help=f"prompts in all, a multiple of {CHUNK} (R3's note: ~1,460)")
+    ap.add_argument("--prompts", type=count, default=FULL, help=f"prompts in all, a multiple of {CHUNK} (R3's note: ~1,460)")
     ap.add_argument("--timing", action="store_true", help="run the timing rounds (one process, nothing else running)")
     ap.add_argument("--repeats", type=int, default=20, help="timing rounds (06: 10)")
     ap.add_argument("--merge", action="store_true", help="merge the shards and the timing, and decide")
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
         cols = ["claim", "criterion", "value", "lo", "hi", "n", "verdict", "n_to_settle", "cpu_hours_to_settle"]
         print(claims[[c for c in cols if c in claims]].round(4).to_string(index=False))
         return 0
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = launch_rank(ap)
     path = run_shard(args.prompts, rank, world, args.out)
     print(f"rank {rank} of {world}: {path}")
     return 0

@@ -550,3 +550,28 @@ def test_a_symlink_loop_is_refused_not_a_crash(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with pytest.raises(InputError, match="symbolic link loop"):
         stat_inside(tmp_path, "a")
+
+
+@pytest.mark.parametrize("env,why", [({"RANK": "abc"}, "RANK='abc' is not a whole number"),
+                                     ({"WORLD_SIZE": "0"}, "WORLD_SIZE is at least 1"),
+                                     ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 with WORLD_SIZE=2"),
+                                     ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' is not a whole number")], ids=str)
+def test_the_decisive_runs_refuse_a_launcher_setting_in_one_line(sound_shards, monkeypatch, capsys, env, why):
+    """Rounds 5-6: `RANK=abc` or `WORLD_SIZE=0` ended evaluate / depth_budgets / evaluate_reuse in a raw ValueError or a
+    ZeroDivisionError deep in the run; `--questions 0` in a traceback. Now one usage line before anything loads."""
+    import argparse
+
+    E = sound_shards[0]
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as e:
+        E.launch_rank(argparse.ArgumentParser(prog="evaluate.py"))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and why in err and "unset" in err and err.strip().count("\n") == 1, err  # usage + error
+    for name in env:  # the fix it names: unset, one process
+        monkeypatch.delenv(name)
+    assert E.launch_rank(argparse.ArgumentParser()) == (0, 1)
+    with pytest.raises(argparse.ArgumentTypeError, match="not a count"):
+        E.count("0")
