@@ -154,6 +154,10 @@ _HEAD = "# ---\n# jupyter:\n#   unicache:\n#     first_figure: [a]\n#     figure
     (_HEAD + "#     quick: {SEED: 010}\n# ---\n", "leading zero .* write 10"),   # YAML 1.1 would read octal 8
     (_HEAD + "#     quick: {A: 1, A: 2}\n# ---\n", "'A' is written twice"),       # a reader would keep the last
     (_HEAD + "#     quick: {A: [1, {b: 2}]}\n# ---\n", "not a number, a word"),
+    # round 6: seven levels of aliases ("billion laughs") expanded into a 52 MB one-line refusal
+    ("# ---\n# x: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"# {chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(7))
+     + "# jupyter:\n#   unicache:\n#     first_figure: [a]\n#     figure_kind: k\n# ---\n", "an alias"),
 ])
 def test_a_malformed_record_names_the_file_and_the_field(tmp_path, header, message):
     src = tmp_path / "notebooks" / "src" / "97_bad.py"
@@ -161,7 +165,7 @@ def test_a_malformed_record_names_the_file_and_the_field(tmp_path, header, messa
     src.write_text(header + "# %% [markdown]\n# # 97 · bad\n")
     with pytest.raises(InputError, match=message) as e:
         lessons.discover(tmp_path)
-    assert "97_bad.py" in str(e.value)
+    assert "97_bad.py" in str(e.value) and len(str(e.value)) < 400
 
 
 def test_a_record_reads_words_and_dates_as_written_and_a_source_that_is_not_utf8_is_refused(tmp_path):

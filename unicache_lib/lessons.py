@@ -64,6 +64,18 @@ def _mapping(loader, node, deep=False):
 _Loader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: dict(_mapping(loader, node, deep=True)))
 
 
+def _no_alias(loader, parent, index):
+    """A lesson record has no anchors or aliases: refused where met, before a chain of them (``*a`` ten times in ``&b``,
+    ``*b`` ten times in ``&c``...) can expand into millions of items."""
+    if loader.check_event(yaml.events.AliasEvent):
+        raise yaml.composer.ComposerError(None, None, "an alias (*name): a lesson record has none; write the value "
+                                          "out", loader.peek_event().start_mark)
+    return yaml.SafeLoader.compose_node(loader, parent, index)
+
+
+_Loader.compose_node = _no_alias
+
+
 @dataclass(frozen=True)
 class Lesson:
     id: str
