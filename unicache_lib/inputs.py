@@ -21,6 +21,7 @@ Every refusal is an :class:`InputError` (a ``ValueError``) or, for a value of th
 """
 from __future__ import annotations
 
+import itertools
 import numbers
 import operator
 import re
@@ -289,15 +290,8 @@ def _runs(idx) -> str:
     idx = [int(i) for i in idx]
     if not idx:
         return "nowhere"
-    out, start, prev = [], idx[0], idx[0]
-    for i in idx[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(f"{start}..{prev}" if prev > start else f"{start}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(out) + f" ({len(idx)} positions)"
+    runs = [[i for _, i in run] for _, run in itertools.groupby(enumerate(idx), lambda t: t[1] - t[0])]  # i - k fixed
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs) + f" ({len(idx)} positions)"
 
 
 def check_spans(spans: Spans, family, config, input_ids, inputs: dict | None = None) -> None:

@@ -68,12 +68,7 @@ def repository_roots(*extra: str | Path) -> list[Path]:
     """The repositories an output folder must stay clear of: ``extra`` (a tool's own root, a tree it builds from), the
     project around the current directory and the checkout this package was imported from."""
     roots = [Path(r) for r in extra] + [r for r in (project_root(), project_root(PACKAGE_REPO)) if r is not None]
-    out = []
-    for r in roots:
-        r = r.resolve()
-        if r not in out:
-            out.append(r)
-    return out
+    return list(dict.fromkeys(r.resolve() for r in roots))
 
 
 def _eg(option: str) -> str:

@@ -243,10 +243,8 @@ class Scoreboard:
             if not (m.lo <= m.value <= m.hi):
                 raise InputError(f"{claim}: value {m.value} lies outside its interval [{m.lo}, {m.hi}]")
             r.measured[key] = m
-        if shown:
-            r.shown = f"{r.shown}; {shown}" if r.shown else shown
-        if note:
-            r.note = f"{r.note}; {note}" if r.note else note
+        r.shown = "; ".join(filter(None, (r.shown, shown)))
+        r.note = "; ".join(filter(None, (r.note, note)))
 
     def _check_complete(self):
         missing = [c for c, r in self.rows.items() if not r.complete]
