@@ -76,7 +76,7 @@ def _eviction(qas, budgets, names, extra=None, model_name=MODEL):
 
 
 def exercise_1(quick: bool = False) -> dict:
-    """Exercise 1 (★★★): write the rule of a policy that keeps notebook 02's anchors (the image positions the *text* of
+    """Exercise 1 (★): write the rule of a policy that keeps notebook 02's anchors (the image positions the *text* of
     the standard samples reads most, per layer) and register it. Where does it land?
 
     ``NotebookAnchors`` (defined and registered here as ``notebook_anchors``; to keep it, move the class into a
