@@ -674,12 +674,10 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
     iq, tq = qk == IMAGE, qk == TEXT
     ent = torch.empty(H, sq, 4, device=dev)  # per row and key group: sum p log p
     word = torch.empty(sq, int(text_real.sum()), device=dev)
-    if prev is not None:
-        sums = _SimilaritySums(H, sq, kk)
+    sums = _SimilaritySums(H, sq, kk) if prev is not None else None
     streamed = isinstance(P, LogitRows)
     groups = G if streamed else [G[:, 0], G[:, 1], G[:, 2], None]  # one matrix product, or products with vectors
-    if not streamed:
-        buf = torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
+    buf = None if streamed else torch.empty(max(default_chunk_bytes(dev) // 4, H * sk), device=dev)
 
     def read(r0, r1):
         if streamed:
