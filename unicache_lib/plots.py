@@ -120,8 +120,7 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
                         ha="center", va="bottom", fontsize=8)
     if x and len(x) <= 40:
         ax.set_xticks(x, [str(li) for li in x], fontsize=7 if len(x) > 16 else None)
-    ax.set_xlabel("layer")
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel="layer", ylabel=ylabel)
     ax.set_title(title, pad=14)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -140,8 +139,7 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
     block = _image_block(spans, P.shape[-1])
     if block:
         ax.axvspan(block[0] - 0.5, block[1] - 0.5, fill=False, edgecolor=SPAN_COLOUR, lw=1, label="image keys")
-    ax.set_xlabel("key position")
-    ax.set_ylabel("query position")
+    ax.set(xlabel="key position", ylabel="query position")
     ax.set_title(title, fontsize=9)
     _integer_ticks(ax.xaxis, ax.yaxis)
     if block:
@@ -227,8 +225,7 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
         if len(layers) != R.shape[0]:
             raise InputError(f"{len(layers)} layer numbers for {R.shape[0]} rows")
         ax.set_yticks(range(len(layers)), [str(li) for li in layers])
-    ax.set_xlabel("key position")
-    ax.set_ylabel("layer")
+    ax.set(xlabel="key position", ylabel="layer")
     ax.set_title(title, fontsize=9)
     if block:
         _span_legend(ax)
@@ -244,8 +241,7 @@ def per_layer_boxes(values, title: str = "", ylabel: str = ""):
         raise InputError(f"expected [n_layers, n], got shape {V.shape}")
     fig, ax = _plt().subplots(figsize=(5, 3))
     ax.boxplot([v[~np.isnan(v)] for v in V], positions=np.arange(len(V)))
-    ax.set_xlabel("layer")
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel="layer", ylabel=ylabel)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
@@ -330,8 +326,7 @@ def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=N
     n = spans.n_image - 0.5
     ax.axhline(n, color=SPAN_COLOUR, lw=1, label="image | text border")
     ax.axvline(n, color=SPAN_COLOUR, lw=1)
-    ax.set_xlabel("keys: image | text")
-    ax.set_ylabel("queries: image | text")
+    ax.set(xlabel="keys: image | text", ylabel="queries: image | text")
     ax.set_title(title, fontsize=9)
     _integer_ticks(ax.xaxis, ax.yaxis)
     _span_legend(ax)
@@ -355,8 +350,7 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
     query = quoted(token_pos, tokens[token_pos]) if tokens else str(token_pos)
     if cross:
         attention_map(P, None, "cross-attention: text queries x vision keys", ax=axes[0])
-        axes[0].set_xlabel("key: vision token")
-        axes[0].set_ylabel("query: text position")
+        axes[0].set(xlabel="key: vision token", ylabel="query: text position")
         pick = P[token_pos]
     else:
         attention_map(P, spans, "all positions, in sequence order", ax=axes[0])
@@ -388,8 +382,7 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
                     va="bottom", fontsize=8)
     if threshold is not None:
         ax.axhline(threshold, color="k", ls="--", lw=0.8)
-    ax.set_xlabel("denoising step")
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel="denoising step", ylabel=ylabel)
     ax.set_title(title, pad=14, fontsize=10)
     ax.legend(fontsize=7)
     if fig is not None:
@@ -405,8 +398,7 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
         raise InputError(f"expected [n_layers, n_steps], got shape {G.shape}")
     fig, ax = _axes(ax, (6, 0.5 * G.shape[0] + 1.5))
     im = ax.imshow(G, aspect="auto", cmap="viridis", interpolation="nearest", vmin=vmin, vmax=vmax)
-    ax.set_xlabel("denoising step")
-    ax.set_ylabel("layer")
+    ax.set(xlabel="denoising step", ylabel="layer")
     if layers is not None and len(layers) != G.shape[0]:
         raise InputError(f"{len(layers)} layer numbers for {G.shape[0]} rows")
     ax.set_yticks(range(G.shape[0]), [str(li) for li in (range(G.shape[0]) if layers is None else layers)])
@@ -496,8 +488,7 @@ def step_panel(rec, head: int, image, word: int, tokens: list[str], title: str =
         axes[0].axhline(cut, color=SPAN_COLOUR, lw=1)
         _span_legend(axes[0])
     else:
-        axes[0].set_xlabel("key: text token")
-        axes[0].set_ylabel("query: image token")
+        axes[0].set(xlabel="key: text token", ylabel="query: image token")
     # × uniform: each image query's weight on the word over what an even read of its P.shape[1] visible keys gives
     image_overlay(image, P[img0:img0 + n_img, col] * P.shape[1], f"image reading word {quoted(word, tokens[word])}",
                   ax=axes[1], cbar="× uniform (1 = even over the visible keys)", vmin=0.0, chance=1.0)
@@ -517,8 +508,7 @@ def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool =
     for ax, (n, g) in zip(axes[0], G.items()):
         im = ax.imshow(g, cmap="viridis", aspect="auto", interpolation="nearest", vmin=lo, vmax=hi)
         ax.set_title(n, fontsize=8)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel=xlabel, ylabel=ylabel)
         _integer_ticks(ax.xaxis, ax.yaxis)
         _colorbar(ax, im, cbar if shared else f"{cbar} (per-panel scale)")
     fig.tight_layout()
@@ -670,8 +660,7 @@ def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title:
         ax.set_title(f"{name}\n{label}", fontsize=8, color=c)
         s = axes[1, j]
         sched = schedules.get(name)
-        s.set_xticks([])
-        s.set_yticks([])
+        s.set(xticks=[], yticks=[])
         if sched is None:
             s.text(0.5, 0.5, "decided per block", ha="center", va="center", fontsize=7, transform=s.transAxes)
             continue
@@ -697,8 +686,7 @@ def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = T
     im = ax.imshow(np.ma.masked_array(P, masked), cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
     ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
     ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
-    ax.set_xlabel("key (what is read)")
-    ax.set_ylabel("query (who reads)")
+    ax.set(xlabel="key (what is read)", ylabel="query (who reads)")
     ax.set_title(title, fontsize=9)
     if cbar:
         _colorbar(ax, im, "attention weight (grey: masked)")
@@ -776,8 +764,7 @@ def depth_budgets(widths, counts: dict, shares, methods, tokens: int, title: str
     ax.axhline(tokens, color="k", lw=0.8, ls="--", label=f"uniform: {tokens} per layer")
     ax.set_yscale("log")  # a whole layer (hundreds) beside a few positions
     ax.set_xticks(layers)
-    ax.set_xlabel("layer")
-    ax.set_ylabel("image positions")
+    ax.set(xlabel="layer", ylabel="image positions")
     ax.set_title(f"per layer, at {tokens} image tokens", fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     for ax, tok in zip(axes[1:], budgets):
