@@ -157,8 +157,7 @@ def bars(values: dict[str, float], title: str = "", ylabel: str = "", log: bool 
         ax.text(i, values[n], f"{values[n]:.3g}", ha="center", va="bottom", fontsize=8)
     if log:
         ax.set_yscale("log")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(ylabel=ylabel, title=title)
     fig.tight_layout()
     return fig
 
