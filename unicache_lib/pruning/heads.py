@@ -49,10 +49,7 @@ def _out_projections(module) -> list[torch.nn.Linear]:
     to_out = getattr(module, "to_out", None)
     if to_out is None:
         return []
-    outs = [to_out[0]]
-    if getattr(module, "to_add_out", None) is not None:
-        outs.append(module.to_add_out)
-    return outs
+    return [to_out[0]] + ([module.to_add_out] if getattr(module, "to_add_out", None) is not None else [])
 
 
 def _output_weight(model, name: str, module) -> torch.Tensor:
@@ -92,14 +89,11 @@ class HeadSpace:
         random scorers score them, but the attention-statistics scorers cannot (they raise): pass
         ``mapless=False`` to prune the softmax attention only."""
         model = unwrap(model)
-        units = []
         if any(hasattr(m, "to_q") and hasattr(m, "processor") for m in model.modules()):
-            for s in gen_family_of(model).sites(model):
-                if s.captured or mapless:
-                    mod = s.module
-                    head_dim = mod.to_q.out_features // mod.heads
-                    units.append(Unit(s.name, s.layer, s.part, mod.heads, head_dim, s.captured))
+            units = [Unit(s.name, s.layer, s.part, s.module.heads, s.module.to_q.out_features // s.module.heads, s.captured)
+                     for s in gen_family_of(model).sites(model) if s.captured or mapless]
         else:
+            units = []
             for site in attention_sites(model, part):  # a cross-attention VLM's cross layers are part "cross"
                 mod = site.module
                 cfg = getattr(mod, "config", None)

@@ -176,9 +176,8 @@ def _verified(where, verify: bool):
     """``where`` after checking its weights against its card (local folders; a shipped model must have checksums,
     and its error says how to restore it)."""
     if verify and isinstance(where, Path):
-        remedy = None
-        if where.resolve().parent == MODELS_DIR.resolve() and where.name in SHIPPED:
-            remedy = (f"restore the shipped copy with `git -C {shlex.quote(str(MODELS_DIR.parents[1]))} checkout -- "
+        shipped = where.resolve().parent == MODELS_DIR.resolve() and where.name in SHIPPED
+        remedy = None if not shipped else (f"restore the shipped copy with `git -C {shlex.quote(str(MODELS_DIR.parents[1]))} checkout -- "
                       f"data/models/{where.name}` (or re-clone the repository; `make models` retrains it), or pass "
                       f"verify=False to load it as it is")
         verify_checksums(where, remedy, required=remedy is not None)
@@ -217,9 +216,7 @@ def model_label(name_or_path) -> str:
     if name in SHIPPED:
         return name
     p = Path(name).expanduser()
-    if p.exists():
-        return p.resolve().name
-    return name.strip("/").replace("/", "--")
+    return p.resolve().name if p.exists() else name.strip("/").replace("/", "--")
 
 
 def model_card(name_or_path) -> dict:

@@ -47,10 +47,7 @@ def encode(tokenizer, questions: list[str], answers: list[str] | None, n_image_t
     for i, q in enumerate(questions):
         prompt = [vocab["<s>"], vocab["user"], vocab[":"]] + [img] * n_image_tokens
         prompt += [vocab.get(w, vocab["<unk>"]) for w in q.split()] + [vocab["assistant"], vocab[":"]]
-        if answers is None:
-            rows.append(prompt)
-            continue
-        ans = [vocab[w] for w in answers[i].split()] + [vocab["</s>"]]
+        ans = [] if answers is None else [vocab[w] for w in answers[i].split()] + [vocab["</s>"]]
         rows.append(prompt + ans)
         labs.append([-100] * len(prompt) + ans)
     S = max(len(r) for r in rows)
@@ -59,13 +56,11 @@ def encode(tokenizer, questions: list[str], answers: list[str] | None, n_image_t
     mask = torch.zeros((len(rows), S), dtype=torch.long)
     labels = torch.full((len(rows), S), -100, dtype=torch.long) if answers is not None else None
     for i, r in enumerate(rows):
-        if answers is None:  # left pad
-            ids[i, S - len(r):] = torch.tensor(r)
-            mask[i, S - len(r):] = 1
-        else:
-            ids[i, : len(r)] = torch.tensor(r)
-            mask[i, : len(r)] = 1
-            labels[i, : len(r)] = torch.tensor(labs[i])
+        at = slice(S - len(r), None) if answers is None else slice(None, len(r))  # prompts alone: left pad
+        ids[i, at] = torch.tensor(r)
+        mask[i, at] = 1
+        if labels is not None:
+            labels[i, at] = torch.tensor(labs[i])
     return ids, mask, labels
 
 

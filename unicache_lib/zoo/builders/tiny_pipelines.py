@@ -175,9 +175,7 @@ def build_pipeline(kind: str, transformer, text_layers: int = 1, vae_channels: i
     torch.manual_seed(seed)
     parts = {"transformer": transformer, "scheduler": scheduler(kind)}
     parts |= fam.tiny_pipeline_parts(kind, transformer, sys.modules[__name__], text_layers, vae_channels, vae_blocks)
-    for name, m in parts.items():
-        if isinstance(m, torch.nn.Module):
-            parts[name] = m.eval()
+    parts = {name: m.eval() if isinstance(m, torch.nn.Module) else m for name, m in parts.items()}
     pipe = getattr(diffusers, pipeline)(**parts)
     unsaved = {k: v for k, v in parts.items() if k not in pipe.components and k not in pipe.config}
     if unsaved:  # settings the pipeline does not record itself (DiT's id2label), so save_pretrained keeps them

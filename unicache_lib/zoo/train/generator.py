@@ -43,10 +43,8 @@ def evaluate(gen: Generator, objs: list[dict], long: bool = False, steps=20, gui
     """Colour / position / shape correct rates over single-object prompts."""
     rng = np.random.default_rng(seed)
     prompts = [long_prompt([o], rng) if long else short_prompt([o]) for o in objs]
-    imgs = []
-    for s in range(0, len(prompts), batch):
-        imgs.append(to_uint8(sample(gen, prompts[s : s + batch], steps, guidance, seed=seed + s)))
-    imgs = np.concatenate(imgs)
+    imgs = np.concatenate([to_uint8(sample(gen, prompts[s : s + batch], steps, guidance, seed=seed + s))
+                           for s in range(0, len(prompts), batch)])
     scores = [score_object(im, o) for im, o in zip(imgs, objs)]
     return {k: float(np.mean([sc[k] for sc in scores])) for k in scores[0]} | {"n": len(objs)}
 

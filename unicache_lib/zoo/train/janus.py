@@ -141,10 +141,8 @@ def vq_quality(model, processor, n=100, seed=31) -> dict:
 
 def gen_batch(rng, n):
     """``n`` one-object generation items: (prompt, scene)."""
-    out = []
-    for o in eval_prompts(n, seed=int(rng.integers(1 << 31))):
-        out.append((short_prompt([o]), make_scene(rng, "single", IMAGE_SIZE, fixed=[o])))
-    return out
+    return [(short_prompt([o]), make_scene(rng, "single", IMAGE_SIZE, fixed=[o]))
+            for o in eval_prompts(n, seed=int(rng.integers(1 << 31)))]
 
 
 def gen_inputs(processor, prompts) -> dict:
