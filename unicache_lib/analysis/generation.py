@@ -69,11 +69,8 @@ def step_table(records) -> pd.DataFrame:
                    "sim": float(np.nanmean(d["sim_prev_all"].numpy())) if r.step > 0 else np.nan,
                    "out_sim_img": float(d["out_sim_prev"][0]), "out_sim_txt": float(d["out_sim_prev"][1]),
                    "redundancy": float(mean_offdiag(d["head_sim"]))}
-            for i, b in enumerate(BLOCKS):
-                row[f"share_{_BLK[b]}"] = sh[i]
-                row[f"entropy_{_BLK[b]}"] = be[i]
-                row[f"sim_{_BLK[b]}"] = sp[i]
-            rows.append(row)
+            rows.append(row | {f"{name}_{_BLK[b]}": v[i] for i, b in enumerate(BLOCKS)
+                               for name, v in (("share", sh), ("entropy", be), ("sim", sp))})
     if not rows:
         raise InputError("no records: capture a sampling run first")
     return pd.DataFrame(rows)
@@ -104,10 +101,8 @@ def knee_table(steps: pd.DataFrame, thresholds=(0.7,), by=("model", "part", "lay
         curve_map = d.groupby("step").sim.mean().to_numpy()
         curve_out = d.groupby("step").out_sim_img.mean().to_numpy()
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        for t in thresholds:
-            for name, c in (("maps", curve_map), ("outputs", curve_out)):
-                k = knee(c, t)
-                row[f"knee ({name}) @{t:g}"] = np.nan if k is None else k
+        row |= {f"knee ({name}) @{t:g}": np.nan if (k := knee(c, t)) is None else k
+                for t in thresholds for name, c in (("maps", curve_map), ("outputs", curve_out))}
         row["min sim"] = float(np.nanmin(curve_map[1:])) if len(curve_map) > 1 else np.nan
         row["n_steps"] = len(curve_map)
         rows.append(row)

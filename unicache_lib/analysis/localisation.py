@@ -81,10 +81,7 @@ def object_readings(model, processor, samples, grid=None, question: str = "where
             with torch.no_grad(), AttentionCapture(model, "full", part=part) as cap:
                 model(**inputs)
             for r in cap.result.select(part=part):
-                if part == "cross":
-                    w_img = r.probs[:, pos, :]
-                else:
-                    w_img = r.probs[:, pos, torch.as_tensor(r.spans.image_index)]
+                w_img = r.probs[:, pos, :] if part == "cross" else r.probs[:, pos, torch.as_tensor(r.spans.image_index)]
                 yield s.id, t, r.layer, w_img[:, cells], po
 
 

@@ -33,7 +33,6 @@ def decode_with_capture(model, processor, image, question: str, sample_id: str =
     inputs = inputs_for(model, processor, image, question)
     kinds = list(fam.spans(model.config, inputs["input_ids"], inputs).kinds)
     positions = fam.position_ids(model, inputs["input_ids"], inputs)
-    result = CaptureResult()
     generated: list[int] = []
     step_kw = {k: v for k, v in inputs.items() if k in fam.token_fields and k != "token_type_ids"}
     with AttentionCapture(model, mode, layers=layers, spans=Spans(tuple(kinds)), sample_ids=[f"{sample_id}/t0"]) as cap:
@@ -58,8 +57,7 @@ def decode_with_capture(model, processor, image, question: str, sample_id: str =
             out = model(input_ids=torch.tensor([[nxt]], device=dev), attention_mask=torch.ones(1, n, dtype=torch.long, device=dev),
                         cache_position=torch.tensor([n - 1], device=dev),  # Mllama slices its cross mask with it
                         past_key_values=out.past_key_values, use_cache=True, **extra)
-    result.records = cap.result.records
-    return tok.convert_ids_to_tokens(generated), result
+    return tok.convert_ids_to_tokens(generated), CaptureResult.from_records(cap.result.records)
 
 
 def producing_rows(result: CaptureResult, sample_id: str, n_tokens: int, layer: int, name: str = "image_share",

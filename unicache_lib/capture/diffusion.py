@@ -334,10 +334,9 @@ class DiffusionCapture:
             data = S.step_statistics(P, qk, kk, kreal, q_weights=qw, prev=fused)
             if k > 1:
                 del data["word_map"]  # a word map needs every image query
-            if isinstance(P, S.LogitRows):  # held for the next step as queries and keys, not as a map
-                Pk = P.thin(self.query_stride)
-            else:
-                Pk = P[:, :: self.query_stride] if self.query_stride > 1 else P
+            # held for the next step: a LogitRows as queries and keys, not as a map
+            Pk = P.thin(self.query_stride) if isinstance(P, S.LogitRows) else \
+                P[:, :: self.query_stride] if self.query_stride > 1 else P
             oi = out_img[b].float()
             ot = out_txt[b].float() if (out_txt is not None and part == "joint") else None
             data.update(_adjacent(Pk, oi, ot, prev, qk[:: self.query_stride], kk, qw_held, data))

@@ -83,12 +83,10 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
             if cap is not None:
                 cap.spans = Spans((TEXT,) * P + (IMAGE,) * (k + 1))
                 cap.sample_ids = iter([f"{sample_id}/t{k + 1}", "uncond"])
-    result = CaptureResult()
-    if cap is not None:
-        # the unconditional row is guidance machinery, not the drawing: keep the conditional row only;
-        # the last step's forward (after the last token) never ran, so steps are t0 .. t{n-1}
-        result.records = [r for r in cap.result.records if r.sample != "uncond"]
-    return tokens.cpu(), result
+    # the unconditional row is guidance machinery, not the drawing: keep the conditional row only;
+    # the last step's forward (after the last token) never ran, so steps are t0 .. t{n-1}
+    return tokens.cpu(), CaptureResult.from_records([r for r in cap.result.records if r.sample != "uncond"]
+                                                    if cap is not None else [])
 
 
 def signed_to_uint8(decoded: torch.Tensor) -> np.ndarray:

@@ -126,10 +126,7 @@ def visible_from_mask(mask: torch.Tensor | None, sq: int, sk: int, row: int = 0)
     if m.shape[0] != 1 and not bool((m == m[:1]).all()):
         raise CaptureError("per-head attention masks are not supported by capture")
     m = m[0][..., -sq:, :sk] if m.shape[-2] >= sq else m[0][..., :sk]
-    if m.dtype == torch.bool:
-        vis = m
-    else:
-        vis = torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
+    vis = m if m.dtype == torch.bool else torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
     return vis.expand(sq, sk)
 
 
