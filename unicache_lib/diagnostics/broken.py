@@ -84,12 +84,8 @@ def mask_image_attention(model, from_layer: int):
     """Text queries cannot attend to image keys in layers >= ``from_layer`` (eager attention). Caught by
     construction: it forces the image share of the text queries' reads to 0, so a detector of low shares sees it."""
     fam = family_of(model)
-    if fam.cross_attention:
-        with _gate_cross_attention(model, fam, from_layer):
-            yield model
-        return
-
-    with hide_keys(model, lambda layer, img: None if layer < from_layer else (~img)[:, None] & img[None, :]):
+    with (_gate_cross_attention(model, fam, from_layer) if fam.cross_attention else
+          hide_keys(model, lambda layer, img: None if layer < from_layer else (~img)[:, None] & img[None, :])):
         yield model
 
 
@@ -116,9 +112,8 @@ def zero_image_values(model, from_layer: int):
     Cross-attention layers: every key is a vision token, so all their values are zeroed."""
     def zero(module, args, kwargs, out):
         img = state.get("img")
-        if img is None or out.shape[1] != img.shape[0]:
-            return None
-        return out.masked_fill(img[None, :, None].to(out.device), 0.0)
+        return None if img is None or out.shape[1] != img.shape[0] else \
+            out.masked_fill(img[None, :, None].to(out.device), 0.0)
 
     state, track = _track_image(model)
     with forward_hooks([track] + [(mod.v_proj, "forward", (lambda m, a, k, out: torch.zeros_like(out))

@@ -87,9 +87,7 @@ def image_dependence(model, processor, samples, seed: int = 0) -> float:
 
     perm = np.random.default_rng(seed).permutation(len(samples))
     perm = np.where(perm == np.arange(len(samples)), np.roll(perm, 1), perm)
-    kls = []
     with torch.no_grad():
-        for i, s in enumerate(samples):
-            a, b = answer_logits(s.image, s.question), answer_logits(samples[perm[i]].image, s.question)
-            kls.append(float(kl_divergence(a, b)))
+        kls = [float(kl_divergence(answer_logits(s.image, s.question), answer_logits(samples[perm[i]].image, s.question)))
+               for i, s in enumerate(samples)]
     return float(np.mean(kls))

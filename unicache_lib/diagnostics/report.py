@@ -182,9 +182,7 @@ def _earlier_report(folder: Path) -> set | None:
         text = read_inside(folder, "report.html").decode(errors="replace")
     except (InputError, OSError):
         return None
-    if MARK not in text[:200]:
-        return None
-    return {"report.html"} | {alt + ".png" for alt in re.findall(r'<img alt="([A-Za-z0-9._-]+)"', text)}
+    return None if MARK not in text[:200] else {"report.html"} | {alt + ".png" for alt in re.findall(r'<img alt="([A-Za-z0-9._-]+)"', text)}
 
 
 def report_folder(out_dir, option: str = "out_dir") -> OutputFolder:
