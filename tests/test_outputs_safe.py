@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.deadline import deadline
 from tests.test_book import _book
 from unicache_lib.core.errors import InputError, MissingFileError, ParameterError, ReportError
 from unicache_lib.core.untrusted import path_inside
@@ -35,18 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SECRET = "UNICACHE_SECRET_4711"
 
 
-@contextmanager
-def deadline(seconds: int = 60):
-    """Fail instead of hanging (a FIFO opened for reading blocks until a writer comes)."""
-    def stop(*_):
-        raise TimeoutError(f"still running after {seconds} s: something opened a FIFO")
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _png() -> bytes:

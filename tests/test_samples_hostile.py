@@ -6,11 +6,9 @@ attention statistics are never "healthy".
 docs/FAULTS.md's "Hostile samples and parameters (#60)" table counts the cases below
 (tests/test_store_faults.py::test_fault_table_counts_come_from_the_tests)."""
 import codecs
-import contextlib
 import json
 import os
 import re
-import signal
 import types
 from pathlib import Path
 
@@ -21,23 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from tests.deadline import deadline
 from unicache_lib.core.errors import UnicacheError
 from unicache_lib.params import check_params
 from unicache_lib.world import samples as S
 
 
-@contextlib.contextmanager
-def within(seconds: int = 20):
-    """Fail (instead of hanging the suite) when the body blocks, as a FIFO read would."""
-    def alarm(*_):
-        raise TimeoutError(f"blocked for {seconds} s")
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _png(path, arr=None):
@@ -102,7 +89,7 @@ def test_a_fifo_in_place_of_a_file_is_refused_not_waited_on(tmp_path, special):
     _png(root / "a.png")
     (root / special).unlink(missing_ok=True)
     os.mkfifo(root / special)
-    with within(20), pytest.raises(UnicacheError, match=r"is a FIFO \(named pipe\), not a regular file"):
+    with deadline(20), pytest.raises(UnicacheError, match=r"is a FIFO \(named pipe\), not a regular file"):
         S.load(root)
 
 
@@ -112,7 +99,7 @@ def test_a_link_to_dev_zero_or_a_huge_file_is_refused_before_it_is_read(tmp_path
     _png(root / "a.png")
     (root / special).unlink(missing_ok=True)
     (root / special).symlink_to("/dev/zero")
-    with within(20), pytest.raises(UnicacheError, match=r"(outside|not a regular file)"):
+    with deadline(20), pytest.raises(UnicacheError, match=r"(outside|not a regular file)"):
         S.load(root)
     # and a regular file past the size read from a samples folder (a sparse file: no disk used)
     (root / special).unlink()
@@ -553,7 +540,7 @@ def _expected(layout, r):
 def test_property_every_samples_layout_loads_exactly_or_refuses(tmp_path_factory, layout, rows, ascii_only):
     root = _write_layout(_hostile_folder(tmp_path_factory.mktemp("h") / "f"), layout, rows, ascii_only)
     try:
-        with within(30):
+        with deadline(30):
             got = S.load(root)
     except UnicacheError:
         return

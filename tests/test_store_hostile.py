@@ -8,7 +8,6 @@ tests/test_store_faults.py::test_fault_table_counts_come_from_the_tests checks i
 import json
 import os
 import shutil
-import signal
 from contextlib import contextmanager
 
 import pytest
@@ -21,25 +20,13 @@ from unicache_lib.core.untrusted import open_inside, read_inside, write_inside
 from unicache_lib.locks import describe
 from unicache_lib.store import Store, remove_store
 
+from .deadline import deadline
 from .test_store_faults import check_intact, rec
 
 K0, K1 = "0|language|0|-1", "1|language|0|-1"
 HOLDER = '{"pid": 1, "host": "the outside file"}'
 
 
-@contextmanager
-def no_hang(seconds: int = 20):
-    """Fail (instead of hanging the suite) when the body blocks, e.g. on a FIFO."""
-    def alarm(*_):
-        raise TimeoutError(f"blocked for {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def one_line(e: BaseException) -> str:
@@ -249,7 +236,7 @@ def test_a_fifo_or_a_device_under_a_store_name_is_refused_before_it_is_opened(tm
               "chunk file": path / json.loads(log.read_text().splitlines()[0])[1][0]["file"]}[where]
     target.unlink()
     os.mkfifo(target) if kind == "fifo" else target.symlink_to("/dev/zero")
-    with no_hang():
+    with deadline():
         with pytest.raises(StoreError) as e:
             s = Store(path)
             s.read_meta() if where == "meta.json" else s.read(sample="0")
@@ -327,7 +314,7 @@ def test_the_open_helpers_refuse_what_the_store_refuses(tmp_path):
     assert read_inside(tmp_path / "in", "link") == b"ok"  # a read may follow a link that stays inside
     for rel, says in [("out", "points outside"), ("fifo", "FIFO"), ("../out.txt", "points outside"),
                       ("nope", "missing"), ("a\x00", "NUL")]:
-        with no_hang(), pytest.raises(InputError, match=says):
+        with deadline(), pytest.raises(InputError, match=says):
             read_inside(tmp_path / "in", rel)
     with pytest.raises(InputError, match="links are not followed"):
         read_inside(tmp_path / "in", "link", links=False)
@@ -468,7 +455,7 @@ def test_reads_are_bounded_by_what_the_format_holds(tmp_path, monkeypatch, where
                 e.pop("bytes")
             _put(log, lines)
         os.truncate(chunk, chunk.stat().st_size + (16 << 20))
-    with no_hang(), peak_memory(8), pytest.raises(StoreError) as e:
+    with deadline(), peak_memory(8), pytest.raises(StoreError) as e:
         s = Store(path)
         s.read_meta() if where == "meta.json" else s.read(sample="0")
     msg = one_line(e.value)
@@ -489,7 +476,7 @@ def test_reads_are_bounded_by_what_the_format_holds(tmp_path, monkeypatch, where
     big = tmp_path / "big"  # past the real bounds (16 GiB a chunk file): refused from the size alone
     two_samples(big)
     os.truncate(big / entry["file"], 100 << 30)
-    with no_hang(), peak_memory(8), pytest.raises(StoreError, match="100 GiB .* more than the 16 GiB"):
+    with deadline(), peak_memory(8), pytest.raises(StoreError, match="100 GiB .* more than the 16 GiB"):
         Store(big).read(sample="0")
 
 
@@ -745,7 +732,7 @@ def test_the_stats_store_meta_is_read_bounded_and_never_through_a_link(tmp_path,
         with open(meta, "wb") as f:
             f.truncate(100 << 30)
     fallback = tmp_path / "fallback"
-    with no_hang(), pytest.raises(InputError) as e:
+    with deadline(), pytest.raises(InputError) as e:
         stats_store_or_capture(store, fallback, model="never loaded", processor=None)
     msg = one_line(e.value)
     assert "meta.json" in msg and {"fifo": "FIFO", "/dev/zero": "link to /dev/zero", "a link out": "symbolic link",
