@@ -373,3 +373,31 @@ def test_read_refuses_a_filter_of_the_wrong_type(tmp_path, bad):
         st.read(**bad)
     assert len(st.read(layer=0)) == len(st.read(layer=np.int64(0))) == 2
     assert [r.sample for r in st.read(sample="1")] == [r.sample for r in st.read(sample=1)] == ["1"]  # the fix it names
+
+
+def test_a_store_dropped_while_another_takes_its_lock_does_not_deadlock(tmp_path, monkeypatch):
+    """A Store collected by the garbage collector while this thread is inside locks.acquire (its mkdir allocates) ran
+    __del__ -> close -> WriterLock.release, which waited forever on the non-reentrant guard acquire held: the hostile
+    tests hung in futex_wait. The guard is re-entrant now."""
+    import pathlib
+    import sys
+
+    from tests.deadline import deadline
+
+    old = Store(tmp_path / "a", meta={"model": "m"})
+    old.write([rec(0, 0)])  # holds its writer lock
+    real_mkdir, dropped = pathlib.Path.mkdir, []
+
+    def mkdir_that_collects(self, *a, **k):
+        if not dropped and sys._getframe(1).f_code.co_name == "acquire":  # inside locks.acquire, holding its guard:
+            # what the collector does at an unlucky moment: the last reference goes, __del__ runs here
+            dropped.append(True)
+            old.close()  # (what __del__ runs; __del__ itself would swallow the timeout)
+        return real_mkdir(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir_that_collects)
+    with deadline(20):
+        new = Store(tmp_path / "b", meta={"model": "m"})
+        new.write([rec(0, 0)])
+    assert dropped and [r.sample for r in new.read()] == ["0"]
+    new.close()

@@ -66,7 +66,9 @@ def read_holder(path: Path) -> dict:
 
 
 _HELD: dict[str, "WriterLock"] = {}  # lock file (absolute path) -> the lock this process holds on it
-_HELD_GUARD = threading.Lock()
+# re-entrant: a Store dropped while this process takes a lock (the garbage collector can run inside acquire's mkdir or
+# open) releases its own lock from __del__ on the same thread, which a plain Lock would wait for forever
+_HELD_GUARD = threading.RLock()
 
 
 class WriterLock:
