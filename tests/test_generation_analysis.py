@@ -179,7 +179,7 @@ def test_knee_table_and_reuse_window():
     assert K.loc[("m", "joint", 1), "knee (maps) @0.7"] == 2 and K.loc[("m", "joint", 1), "min sim"] == pytest.approx(0.5)
     w = G.reuse_window(K["knee (maps) @0.9"], 5)
     assert w == {"start": 3, "reusable": 1, "head": 0.6}  # the latest layer decides; the last step is computed
-    assert G.reuse_window([1, np.nan], 5)["start"] is None  # a layer that never settles: no whole-step reuse
+    assert G.reuse_window([1, np.nan], 5)["start"] is None  # a layer that never settles: no window to reuse whole steps unchanged
     with pytest.raises(ValueError, match="one knee per layer"):
         G.reuse_window([], 5)
     with pytest.raises(ValueError, match="n_steps"):
