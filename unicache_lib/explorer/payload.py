@@ -633,17 +633,14 @@ def build(models: list[tuple[str, list[Panel]]], plan: Plan) -> tuple[dict, byte
             for v in ("t2i", "i2t"):
                 if v not in entry:
                     continue
-                words = range(len(p.words)) if v == "t2i" else p.i2t_words
-                vals = []
-                for P in p.maps:  # [H, Sq, Sk] -> [H, W, C]
-                    if v == "t2i":
-                        rows = p.t2i_rows[list(words)]
-                        x = P[:, rows][:, :, p.img_cols] * p.vis[rows][None, :, None]
-                    else:
-                        cols = p.i2t_cols[list(words)]
-                        x = np.transpose(P[:, p.img_rows][:, :, cols], (0, 2, 1)) * p.vis[p.img_rows][None, None, :]
-                    vals.append(x)
-                x = np.stack(vals)  # [F, H, W, C]
+                # each frame's [H, Sq, Sk] -> [H, W, C], stacked: [F, H, W, C]
+                if v == "t2i":
+                    rows = p.t2i_rows[list(range(len(p.words)))]
+                    x = np.stack([P[:, rows][:, :, p.img_cols] * p.vis[rows][None, :, None] for P in p.maps])
+                else:
+                    cols = p.i2t_cols[list(p.i2t_words)]
+                    x = np.stack([np.transpose(P[:, p.img_rows][:, :, cols], (0, 2, 1)) * p.vis[p.img_rows][None, None, :]
+                                  for P in p.maps])
                 top[v] = max(top[v], float(x.max()) if x.size else 0.0)
                 q, s = quantise_rows(x)
                 o, so = entry[v]["off"], entry[v]["soff"]
