@@ -111,9 +111,9 @@ class _ReuseProcessor(ProcessorWrapper):
         rc, pol = self.rc, self.rc.policy
         a = self.arguments(args, kwargs)
         h, e = a.get("hidden_states"), a.get("encoder_hidden_states")
+        rc._calls += 1
         if not torch.is_tensor(h):  # a call this wrapper cannot read: pass it through, as a full compute
             rc._work += 1.0
-            rc._calls += 1
             return self.orig(attn, *args, **kwargs)
         if self.kind == "joint" and e is not None:
             rc._n_text = int(e.shape[1])
@@ -121,18 +121,15 @@ class _ReuseProcessor(ProcessorWrapper):
         sim = float(cosine(h.flatten(), self.inp.flatten())) if not fresh and pol.uses_similarity else math.nan
         d = pol.decide(rc.step, rc.n_steps, sim, key=self.name)
         if d == "reuse" and not fresh:
-            rc._calls += 1
             return self.out
         if d == "reuse_text" and not fresh:
             got = self._image_side(attn, h, e, a.get("attention_mask"), a.get("image_rotary_emb"), args, kwargs)
             if got is not None:
                 rc._work += got[1]
-                rc._calls += 1
                 return got[0]
         out = self.orig(attn, *args, **kwargs)
         self.out, self.inp = out, h.detach()
         rc._work += 1.0
-        rc._calls += 1
         return out
 
 

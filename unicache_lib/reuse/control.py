@@ -72,9 +72,8 @@ def fewer_steps_curve(gen, prompts, ref_images, steps_list, guidance: float = 3.
         fns = {n: (lambda n=n: sample(gen, tp, n, guidance, seed=seed)) for n in [full_steps, *df.index]}
         times = interleaved_timings(fns, repeats, seed)
         ivs = {n: speedup_interval(times[full_steps], times[n], min_repeats=2) for n in df.index}
-        df["speedup"] = [ivs[n].value for n in df.index]
-        df["speedup_lo"] = [ivs[n].lo for n in df.index]
-        df["speedup_hi"] = [ivs[n].hi for n in df.index]
+        df = df.assign(speedup=[ivs[n].value for n in df.index], speedup_lo=[ivs[n].lo for n in df.index],
+                       speedup_hi=[ivs[n].hi for n in df.index])
     return df
 
 

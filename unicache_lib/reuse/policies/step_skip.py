@@ -15,9 +15,7 @@ Schedule, relative to ``n_steps`` so it works for any step count: the first ``he
 (at least two) and the last ``tail`` share (at least one) are computed, and in between every
 ``stride``-th step; everything else is extrapolated.
 
-The defaults were tuned on design prompts disjoint from the ones notebook 06 scores (``benchmarks/tune_step_skip.py``):
-how they were chosen and what they give is in docs/CACHING.md (``step_skip``), ``benchmarks/results/tune_step_skip.txt``
-and ``benchmarks/results/step_skip_heldout.txt``.
+How the defaults were chosen and what they give: docs/CACHING.md (``step_skip``) and ``benchmarks/tune_step_skip.py``.
 """
 from __future__ import annotations
 
