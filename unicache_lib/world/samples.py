@@ -111,9 +111,7 @@ def missing(samples, what: str) -> str | None:
         fix = "add an 'answer' to every line of metadata.jsonl"
     else:
         raise InputError(f"what must be 'masks' or 'answers', got {what!r}")
-    if not lacking:
-        return None
-    return (f"not measurable with these samples: {len(lacking)} of {len(samples)} have no {what} "
+    return None if not lacking else (f"not measurable with these samples: {len(lacking)} of {len(samples)} have no {what} "
             f"({', '.join(lacking[:3])}{', ...' if len(lacking) > 3 else ''}); {fix}")
 
 
@@ -144,7 +142,10 @@ def save(samples: list[Sample], out: Path, seed: int = SEED) -> None:
     folder = _generator_folder(out, samples)
     out = folder.path
     names = [f"{s.id}.png" for s in samples] + ["masks.npz", MANIFEST]
-    _replace_own(folder, names)
+    # what the generator wrote here before removed; `names` listed before they are written (a run cut short leaves
+    # nothing unlisted)
+    folder.clean()
+    folder.record(names)
     out.mkdir(parents=True, exist_ok=True)
     manifest = {"seed": seed, "n": len(samples), "image_size": int(samples[0].image.shape[0]),
                 "scene_types": list(SCENE_TYPES), "samples": []}
@@ -159,7 +160,7 @@ def save(samples: list[Sample], out: Path, seed: int = SEED) -> None:
         })
     np.savez_compressed(out / "masks.npz", **masks)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    _wrote(folder, names)
+    folder.record(names, wrote=names)  # their SHA-256: a later run replaces only files that still hold this
 
 
 MANIFEST = "manifest.json"  # the shipped set's layout (what save writes): a seed and one entry per sample
@@ -280,21 +281,6 @@ def _into_shipped(samples, write) -> Path:
             shutil.copyfile(made / n, SAMPLES_DIR / (n + ".tmp"))
             os.replace(SAMPLES_DIR / (n + ".tmp"), SAMPLES_DIR / n)
     return SAMPLES_DIR
-
-
-def _replace_own(folder: OutputFolder | None, names: list[str]) -> None:
-    """Remove what the generator wrote in ``folder`` before and list ``names`` (what it writes now) in the marker
-    before writing them, so a run that stops half-way leaves nothing unlisted."""
-    if folder is not None:
-        folder.clean()
-        folder.record(names)
-
-
-def _wrote(folder: OutputFolder | None, names: list[str]) -> None:
-    """Record in the marker the content of what the generator has just written (each file's SHA-256 and size), so a
-    later run removes or replaces only files that still hold it."""
-    if folder is not None:
-        folder.record(names, wrote=names)
 
 
 _SAVED_KEYS = {"id", "scene_type", "image", "objects", "question", "answer", "qtype", "caption", "short_prompt",
@@ -523,7 +509,10 @@ def export_folder(samples: list[Sample], out: str | Path) -> Path:
     folder = _generator_folder(out, samples)
     out = folder.path
     names = [f"{s.id}.png" for s in samples] + ["masks.npz", METADATA, METADATA + ".tmp"]
-    _replace_own(folder, names)
+    # what the generator wrote here before removed; `names` listed before they are written (a run cut short leaves
+    # nothing unlisted)
+    folder.clean()
+    folder.record(names)
     out.mkdir(parents=True, exist_ok=True)
     lines, masks = [], {}
     for s in samples:
@@ -537,7 +526,7 @@ def export_folder(samples: list[Sample], out: str | Path) -> Path:
     tmp = out / (METADATA + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(out / METADATA)
-    _wrote(folder, names)
+    folder.record(names, wrote=names)  # their SHA-256: a later run replaces only files that still hold this
     return out
 
 
@@ -596,14 +585,9 @@ def _read_own(root: Path, name: str, limit: int) -> bytes:
     return _read_bytes(root, name, str(root), name, limit, listed=False)
 
 
-def _text(data: bytes, path: Path) -> str:
-    """``data`` decoded as UTF-8, refused naming the file and the line (:func:`~unicache_lib.core.untrusted.decode_utf8`)."""
-    return decode_utf8(data, path)
-
-
 def _json(data: bytes, path: Path):
     """``data`` parsed as one JSON document, refused naming the file (nesting too deep to parse included)."""
-    text = _text(data, path)
+    text = decode_utf8(data, path)
     try:
         return json_loads(text)
     except RepeatedKeyError as e:
@@ -644,7 +628,7 @@ def _rows_from_metadata(path: Path) -> list[tuple[str, dict]]:
     U+2028 inside a string stays in it)."""
     meta = path / METADATA
     rows = []
-    for n, row in jsonl_rows(meta, _text(_read_own(path, METADATA, MAX_TEXT_BYTES), meta)):
+    for n, row in jsonl_rows(meta, decode_utf8(_read_own(path, METADATA, MAX_TEXT_BYTES), meta)):
         where = f"{meta}, line {n}"
         missing = [k for k in FOLDER_KEYS if not isinstance(row, dict) or k not in row]
         if missing:
@@ -839,9 +823,9 @@ def read_folder(path: str | Path, llava: tuple | None = None) -> list[Sample]:
         llava = _llava_json(path)
     elif llava is None:
         _no_llava_beside(path, METADATA, "your samples' layout")
-    if llava is not None:
-        return _samples_from_records(path, _rows_from_llava(*llava), llava[0], "image", "file_name")
-    return _samples_from_records(path, _rows_from_metadata(path), path / METADATA, "file_name", "file_name")
+    rows, source, key = ((_rows_from_llava(*llava), llava[0], "image") if llava is not None
+                         else (_rows_from_metadata(path), path / METADATA, "file_name"))
+    return _samples_from_records(path, rows, source, key, "file_name")
 
 
 def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path, key: str,

@@ -81,13 +81,11 @@ def make_qa(rng: np.random.Generator, qtype: str | None = None, scene_type: str 
         present = {(o.colour, o.shape) for o in sc.objects}
         if exists_negatives == "random":
             cands = [(c, s) for c in COLOURS for s in SHAPES if (c, s) not in present]
-            c, s = cands[int(rng.integers(len(cands)))]
-            return QA(sc, qtype, f"is there a {c} {s} ?", answer, None)
-        # hard negatives: share the colour or the shape of a present object
-        ref = sc.objects[int(rng.integers(len(sc.objects)))]
-        cands = [(ref.colour, s) for s in SHAPES] + [(c, ref.shape) for c in COLOURS]
-        cands = [c for c in cands if c not in present] or [(c, s) for c in COLOURS for s in SHAPES
-                                                            if (c, s) not in present]
+        else:  # hard negatives: share the colour or the shape of a present object
+            ref = sc.objects[int(rng.integers(len(sc.objects)))]
+            cands = [(ref.colour, s) for s in SHAPES] + [(c, ref.shape) for c in COLOURS]
+            cands = [c for c in cands if c not in present] or [(c, s) for c in COLOURS for s in SHAPES
+                                                                if (c, s) not in present]
         c, s = cands[int(rng.integers(len(cands)))]
         return QA(sc, qtype, f"is there a {c} {s} ?", answer, None)
     # count
@@ -121,8 +119,7 @@ _FILLERS = (
 
 def short_prompt(objects) -> str:
     """``"a red circle on the left"`` (and ``"and a blue square at the top"`` for more)."""
-    parts = [f"a {o['colour']} {o['shape']} {_POS_PHRASE[o['position']]}" for o in objects]
-    return " and ".join(parts)
+    return " and ".join(f"a {o['colour']} {o['shape']} {_POS_PHRASE[o['position']]}" for o in objects)
 
 
 def long_prompt(objects, rng: np.random.Generator, min_words: int = 30) -> str:
@@ -148,21 +145,15 @@ def generation_example(rng: np.random.Generator, size: int = GENERATED_SIZE):
     n = 1 if rng.random() < 0.7 else 2
     sc = make_scene(rng, "single", size, n_objects=n, radius_range=GENERATED_RADIUS)
     objs = sc.describe()
-    prompt = short_prompt(objs) if rng.random() < 0.5 else long_prompt(objs, rng)
-    return sc, prompt
+    return sc, short_prompt(objs) if rng.random() < 0.5 else long_prompt(objs, rng)
 
 def vocabulary() -> list[str]:
     """Every word the world can produce (questions, answers, captions, prompts)."""
-    words: set[str] = set()
-    words |= set(COLOURS) | set(SHAPES) | set(POSITIONS) | set(PLURAL.values()) | set(COUNT_WORDS)
-    words |= {"yes", "no", "user", "assistant", ":", "?", ".", ","}
-    for q in ("what color is the", "what shape is the object", "where is the", "is there a",
-              "how many", CAPTION_QUESTION, "a picture that shows and also"):
-        words |= set(q.split())
-    for p in _POS_PHRASE.values():
-        words |= set(p.split())
-    for f in _FILLERS:
-        words |= set(f.split())
+    words = set(COLOURS) | set(SHAPES) | set(POSITIONS) | set(PLURAL.values()) | set(COUNT_WORDS) | {
+        "yes", "no", "user", "assistant", ":", "?", ".", ","}
+    for text in ("what color is the", "what shape is the object", "where is the", "is there a", "how many",
+                 CAPTION_QUESTION, "a picture that shows and also", *_POS_PHRASE.values(), *_FILLERS):
+        words |= set(text.split())
     return sorted(words)
 
 
