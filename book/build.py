@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = Path(__file__).resolve().parent  # conf.py, _ext/, _static/
 if str(ROOT) not in sys.path:
@@ -65,6 +67,34 @@ WIDGET_NOTE = ('<div class="course-widget-note"><b>Live explorer: open in Jupyte
 
 
 MARKUP_IN_NAME = re.compile(r"[<>\"'&`\x00-\x1f\x7f]")  # what a page's own name may not hold
+CONTROL_IN_NAME = re.compile(r"[\x00-\x1f\x7f]")  # what no name the site shows may hold (a line break starts markup)
+FRONT_MATTER = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)^---[ \t]*$", re.S | re.M)
+PAGE_SETTINGS = {"orphan", "title"}  # what a page's front matter may set; MyST and myst-nb read the rest as build settings
+
+
+def _no_build_settings(src: str, text: str | None = None, metadata: dict | None = None) -> None:
+    """A page may not change how the site is built: front matter (a markdown page) or notebook metadata that sets
+    MyST or myst-nb options could enable Jinja2 substitutions (any Python at build time), execute the page
+    (``execution_mode: force``) or read it as a text notebook; ``book/conf.py``'s settings are only defaults a page can
+    override, so such a page is refused in one line before Sphinx sees it."""
+    if metadata is not None:
+        keys = sorted(k for k in metadata if str(k).lower().startswith(("myst", "jupyter_book", "substitutions")))
+    else:
+        m = FRONT_MATTER.match(text or "")
+        if m is None:
+            return
+        try:
+            head = yaml.safe_load(m.group(1))
+        except yaml.YAMLError:
+            head = None
+        if not isinstance(head, dict):
+            raise BookError(f"{src}: its front matter (the --- block at the top) is not a YAML mapping: remove it")
+        keys = sorted(str(k) for k in head if str(k) not in PAGE_SETTINGS)
+    if keys:
+        raise BookError(f"{src}: its {'metadata' if metadata is not None else 'front matter'} sets {keys}, which would "
+                        f"change how the site is built (MyST or myst-nb settings: templates, execution, file format): "
+                        f"not published; remove {'them' if len(keys) > 1 else 'it'}"
+                        + ("" if metadata is not None else f" (a page may set only {sorted(PAGE_SETTINGS)})"))
 
 
 class BookError(Exception):
@@ -339,6 +369,7 @@ def _notebook(site: Site, page: dict, raw: str) -> str:
     """The notebook as staged: markdown links rewritten, its saved widget state dropped, a widget output that has no
     HTML form of its own (it needs a kernel) replaced by a note to open the lesson in JupyterLab."""
     nb = json.loads(raw)
+    _no_build_settings(page["src"], metadata=nb.get("metadata", {}))
     nb.get("metadata", {}).pop("widgets", None)
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "markdown":
@@ -400,6 +431,9 @@ def _folder_page(site: Site, page: dict) -> str:
             continue
         if kind is None:
             continue
+        if CONTROL_IN_NAME.search(p.name):
+            raise BookError(f"{child!r}: a file named with a line break or another control character cannot be listed "
+                            f"on the site (it would start markup in the folder's page): rename it")
         lines.append(f"- {_code(p.name + ('/' if kind == 'dir' else ''))}")
     return "---\norphan: true\n---\n\n" + "\n".join(lines) + "\n"
 
@@ -435,7 +469,9 @@ def stage(site: Site, where: Path) -> None:
             dest.write_text(("---\norphan: true\n---\n\n" if not page["section"] else "")
                             + _source_page(page, repo_file(site.root, src).read_text(errors="replace"), site))
         else:
-            text = rewrite_links(site, page, repo_text(site.root, src))
+            raw = repo_text(site.root, src)
+            _no_build_settings(src, raw)
+            text = rewrite_links(site, page, raw)
             if src == "README.md":
                 text += _toctrees(site)
             elif not page["section"]:

@@ -996,3 +996,65 @@ def test_a_bad_ref_or_record_is_refused_in_one_line_before_building(tmp_path, ar
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "site").exists() and not (ROOT / "x.tar").exists()
+
+
+SETTINGS = {  # round 7's K1, K3, K4: a page that changes how the site is built, each would publish the secret
+    "substitutions in front matter": ("docs/GLOSSARY.md", "---\nmyst:\n  enable_extensions: [\"substitution\"]\n---\n"
+                                      "# Glossary\n\n{{ cycler.__init__.__globals__.__builtins__.open('{p}').read() }}\n"),
+    "a text notebook run at build": ("docs/GLOSSARY.md", "---\nfile_format: mystnb\nkernelspec:\n  name: python3\n  "
+                                     "display_name: Python 3\nmystnb:\n  execution_mode: force\n---\n# Glossary\n\n"
+                                     "```{code-cell} python3\nprint(open('{p}').read())\n```\n"),
+    "a notebook asking to be run": ("notebooks/00_primer.ipynb", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SETTINGS))
+def test_a_page_that_changes_how_the_site_is_built_is_refused(tmp_path, monkeypatch, capsys, case):
+    """MyST and myst-nb read a page's front matter (a notebook's metadata) as build settings that override
+    book/conf.py: Jinja2 substitutions (not sandboxed: any Python at build time) or execution_mode: force published
+    a file outside the repository, exit 0. Refused in one line naming the page and the keys, nothing published."""
+    book = _book()
+    secret = _outside(tmp_path) / "environ"
+    root = _tree(tmp_path)
+    where, text = SETTINGS[case]
+    if text is None:
+        (root / "notebooks").mkdir()
+        nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# Primer\n"},
+                        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                         "source": f"print(open({str(secret)!r}).read())"}],
+              "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                           "mystnb": {"execution_mode": "force"}}, "nbformat": 4, "nbformat_minor": 5}
+        (root / where).write_text(json.dumps(nb))
+    else:
+        (root / where).write_text(text.replace("{p}", str(secret)))
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and where in err and "change how the site is built" in err, err
+    assert SECRET not in _site_text(out) and not out.exists()
+
+
+def test_front_matter_with_only_page_settings_still_builds(tmp_path):
+    book = _book()
+    root = _tree(tmp_path)
+    (root / "docs" / "GLOSSARY.md").write_text("---\ntitle: Terms\n---\n# Glossary\n\nWhat it is.\n")
+    book.build(tmp_path / "site", root, log=lambda *a: None)
+    assert "What it is." in (tmp_path / "site" / "docs" / "GLOSSARY.html").read_text()
+
+
+def test_a_listed_name_with_a_line_break_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """Round 7's K5: a committed file named 'a' + newline + '<details open ontoggle=alert(5)>' broke out of the folder
+    listing's code span into a live HTML block."""
+    book = _book()
+    root = _tree(tmp_path, " [the folder](docs/odd/)")
+    (root / "docs" / "odd").mkdir()
+    (root / "docs" / "odd" / "a\n<details open ontoggle=alert(5)>").write_text("y\n")
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line break" in err and "rename it" in err, err
+    assert not out.exists()
