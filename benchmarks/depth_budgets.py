@@ -38,10 +38,11 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import KEEP, count, launch_rank, parse_budgets, read_shards, write_shard  # noqa: E402  (the decisive runs' shard format)
+from evaluate import KEEP, count, launch_rank, parse_budgets, read_shards, write_shard  # noqa: E402
+from evaluate import write_owned as evaluate_write_owned  # noqa: E402  (the decisive runs' shard format)
 
 from unicache_lib.core.errors import InputError, UnicacheError  # noqa: E402
-from unicache_lib.paths import check_output_path, record_output_files  # noqa: E402
+from unicache_lib.paths import check_output_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate_depth"
@@ -59,37 +60,8 @@ TOOL = "depth_budgets.py"
 
 
 def write_owned(path: Path, data: bytes, out: Path | None) -> Path:
-    """Write ``data`` to ``path`` atomically (a temporary file renamed over it). ``out``: the ``--out`` the user gave
-    (None for the default folders, the tool's own): then ``path`` must lie under it and goes through the project's
-    output-folder check (:func:`unicache_lib.paths.check_output_path`: never a repository folder, never over a file
-    this tool did not write: its ``.unicache-output`` marker lists what it wrote with the SHA-256), recorded in that
-    marker before it is written; the folder is locked meanwhile (the ranks write at once)."""
-    import fcntl
-
-    if out is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        return path
-    base = check_output_path(out, "--out", TOOL)
-    rel = Path(os.path.abspath(path)).relative_to(base).as_posix()
-    base.mkdir(parents=True, exist_ok=True)
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        check_output_path(out, "--out", TOOL, files=[rel])
-        record_output_files(base, TOOL, {rel: data})
-        dest = base / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.parent.resolve() != dest.parent.absolute():
-            raise InputError(f"--out {str(out)!r}: {dest.parent} is a symbolic link: {TOOL} never writes through one")
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
-    finally:
-        os.close(fd)
-    return base / rel
+    """:func:`evaluate.write_owned` as this tool (its name in the output folder's marker and in refusals)."""
+    return evaluate_write_owned(path, data, out, TOOL)
 
 # Written before any held-out number (issue #63). (id, method, tokens, against, threshold): against "full" -> the share
 # of the full cache's accuracy must reach the threshold; a method -> the paired accuracy difference must exceed it;

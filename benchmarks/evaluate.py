@@ -33,11 +33,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from unicache_lib.core.errors import MissingFileError, StoreError
+from unicache_lib.core.errors import InputError, MissingFileError, StoreError
+from unicache_lib.paths import check_output_path, record_output_files
 from unicache_lib.inputs import budget_shares
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate"
+TOOL = "evaluate.py"
 RESULTS = ROOT / "benchmarks" / "results"
 FULL = 2700            # the size E1-E4's notes ask for; smaller runs never replace the committed results
 QUESTION_SEED = 9000   # not 7000 (the design set), not SEED + 2024 (the notebook's), not 12345 (the model card's)
@@ -153,6 +155,41 @@ def write_shard(out: Path, rows: pd.DataFrame, meta: dict) -> Path:
     side.with_suffix(".tmp").write_text(json.dumps(meta))
     os.replace(side.with_suffix(".tmp"), side)
     return path
+
+
+def write_owned(path: Path, data: bytes, out: Path | None, tool: str = "evaluate.py",
+                option: str = "--out") -> Path:
+    """Write ``data`` to ``path`` atomically (a temporary file renamed over it). ``out``: the folder the user gave (``option``, e.g. ``--out``)
+    (None for the default folders, the tool's own): then ``path`` must lie under it and goes through the project's
+    output-folder check (:func:`unicache_lib.paths.check_output_path`: never a repository folder, never over a file
+    this tool did not write: its ``.unicache-output`` marker lists what it wrote with the SHA-256), recorded in that
+    marker before it is written; the folder is locked meanwhile (the ranks write at once)."""
+    import fcntl
+
+    if out is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return path
+    base = check_output_path(out, option, tool)
+    rel = Path(os.path.abspath(path)).relative_to(base).as_posix()
+    base.mkdir(parents=True, exist_ok=True)
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        check_output_path(out, option, tool, files=[rel])
+        record_output_files(base, tool, {rel: data})
+        dest = base / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.parent.resolve() != dest.parent.absolute():
+            raise InputError(f"{option} {str(out)!r}: {dest.parent} is a symbolic link: {tool} never writes through one")
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+    finally:
+        os.close(fd)
+    return base / rel
 
 
 def _shard_rows(path: Path, meta: dict, read_csv: dict) -> pd.DataFrame:
@@ -334,32 +371,50 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=count, default=2700, help="held-out questions in all (E1/E4's notes: ~2,700)")
     ap.add_argument("--merge", action="store_true", help="merge the shards and decide (after every rank finished)")
-    ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--results", type=Path, default=None,
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--results", default=None,
                     help=f"where the merged CSVs go (default: {RESULTS.relative_to(ROOT)} for a run of the full 2,700 "
                          "questions, which notebook 05 reads; outputs/evaluate/results for a smaller one)")
     ap.add_argument("--model", default="tiny-llava")
     ap.add_argument("--budgets", default=None, help="shares of the image tokens (0.1,0.25) or token counts (64t,128t); "
                     "default " + ",".join(map(str, BUDGETS)))
     args = ap.parse_args(argv)
+    for name in ("out", "results"):  # Path('') would be the current folder
+        if isinstance(getattr(args, name), str):
+            if not getattr(args, name).strip():
+                ap.error(f"--{name} is empty: name a folder, or leave --{name} out")
+            setattr(args, name, Path(getattr(args, name)))
     torch.set_num_threads(1)
     if args.merge:
         R = merge(args.out)
+        given = args.results
         if args.results is None:  # only a full-size run replaces the committed results notebook 05 decides on
             args.results = RESULTS if R.attrs["n"] >= FULL else args.out / "results"
-        claims, controls = decide(R)
-        args.results.mkdir(parents=True, exist_ok=True)
+        # the folder the user named (--results, or --out's results/) is checked like every output folder: never a
+        # repository folder, never over a file this tool did not write; the default folders are the tool's own
+        owner, option = ((given, "--results") if given is not None else
+                         (args.out, "--out") if args.out != OUT and args.results != RESULTS else (None, "--out"))
+        model = R.attrs["model"]  # one file per model: a run on tiny-llava-576 never replaces tiny-llava's
         from unicache_lib.analysis.caching_claims import decisive_file
 
-        model = R.attrs["model"]  # one file per model: a run on tiny-llava-576 never replaces tiny-llava's
-        claims.assign(model=model, processes=R.attrs["world"]).to_csv(decisive_file("eviction", model, args.results), index=False)
-        controls.assign(model=model, n=R.attrs["n"]).to_csv(decisive_file("controls", model, args.results), index=False)
+        kinds = ["eviction", "controls", "shares", "targets"]
+        if owner is not None:  # before anything is decided or written
+            try:
+                check_output_path(owner, option, TOOL, files=[os.path.relpath(decisive_file(k, model, args.results),
+                                                                              owner) for k in kinds])
+            except InputError as e:
+                ap.error(str(e))
+        claims, controls = decide(R)
         n_image = R.attrs.get("n_image")  # None for a run written before it was recorded: no token columns, no targets
         sh = shares(R, n_image)
-        sh.assign(model=model).to_csv(decisive_file("shares", model, args.results), index=False)
         targets = scale_targets(R, n_image) if n_image else pd.DataFrame()
-        if len(targets):
-            targets.assign(model=model).to_csv(decisive_file("targets", model, args.results), index=False)
+        tables = {"eviction": claims.assign(model=model, processes=R.attrs["world"]),
+                  "controls": controls.assign(model=model, n=R.attrs["n"]), "shares": sh.assign(model=model),
+                  "targets": targets.assign(model=model) if len(targets) else None}
+        for kind, table in tables.items():
+            if table is not None:
+                write_owned(decisive_file(kind, model, args.results), table.to_csv(index=False).encode(), owner, TOOL,
+                            option)
         print(f"{R.attrs['n']} questions over {R.attrs['world']} process(es), slowest shard {R.attrs['seconds'] / 60:.1f} min")
         print(claims[["claim", "value", "lo", "hi", "n", "verdict", "n_to_settle", "cpu_hours_to_settle"]].round(4).to_string(index=False))
         print(controls[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(4).to_string(index=False))

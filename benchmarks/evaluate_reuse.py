@@ -37,10 +37,14 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import count, launch_rank, read_shards, write_shard  # noqa: E402 - the shard files every decisive run shares
+from evaluate import count, launch_rank, read_shards, write_owned, write_shard  # noqa: E402 - the shard files every decisive run shares
+
+from unicache_lib.core.errors import InputError  # noqa: E402
+from unicache_lib.paths import check_output_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate_reuse"
+TOOL = "evaluate_reuse.py"
 RESULTS = ROOT / "benchmarks" / "results"
 FULL = 1600             # R3's note asks for ~1,460 prompts, R2's ~530, R1 (b)'s ~320
 CHUNK = 8               # prompts sampled together; also the timing batch (06's TIMING_PROMPTS)
@@ -216,11 +220,16 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", action="store_true", help="run the timing rounds (one process, nothing else running)")
     ap.add_argument("--repeats", type=int, default=20, help="timing rounds (06: 10)")
     ap.add_argument("--merge", action="store_true", help="merge the shards and the timing, and decide")
-    ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--results", type=Path, default=None,
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--results", default=None,
                     help=f"where the merged CSVs go (default: {RESULTS.relative_to(ROOT)} for a run of at least {FULL} "
                          "prompts, which notebook 06 reads; outputs/evaluate_reuse/results for a smaller one)")
     args = ap.parse_args(argv)
+    for name in ("out", "results"):  # Path('') would be the current folder
+        if isinstance(getattr(args, name), str):
+            if not getattr(args, name).strip():
+                ap.error(f"--{name} is empty: name a folder, or leave --{name} out")
+            setattr(args, name, Path(getattr(args, name)))
     torch.set_num_threads(1)
     if args.timing:
         print(f"timing: {run_timing(args.repeats, args.out)}")
@@ -232,15 +241,25 @@ def main(argv=None) -> int:
         if timing is None:
             print(f"no {tpath}: the wall-clock criteria stay unmeasured (run --timing first)")
         repeats = timing["repeats"] if timing else 0
+        given = args.results
         if args.results is None:
             args.results = RESULTS if R.attrs["n"] >= FULL else args.out / "results"
+        # a folder the user named is checked like every output folder (evaluate.write_owned); the defaults are ours
+        owner, option = ((given, "--results") if given is not None else
+                         (args.out, "--out") if args.out != OUT and args.results != RESULTS else (None, "--out"))
+        names = ["evaluate_reuse.csv", "evaluate_reuse_methods.csv"]
+        if owner is not None:  # before anything is decided or written
+            try:
+                check_output_path(owner, option, TOOL, files=[os.path.relpath(args.results / n, owner) for n in names])
+            except InputError as e:
+                ap.error(str(e))
         claims, RU = decide(R, timing["timing"] if timing else None, repeats)
-        args.results.mkdir(parents=True, exist_ok=True)
-        claims.assign(generators=",".join(RU), steps=STEPS, guidance=GUIDANCE, processes=R.attrs["world"],
-                      timing_rounds=repeats).to_csv(args.results / "evaluate_reuse.csv", index=False)
         keep = ["psnr", "ssim", "colour", "position", "shape", "computed", "flops", "n", "speedup", "speedup_lo", "speedup_hi"]
-        pd.concat({g: t[[c for c in keep if c in t]] for g, t in RU.items()}, names=["generator"]).to_csv(
-            args.results / "evaluate_reuse_methods.csv")
+        tables = [claims.assign(generators=",".join(RU), steps=STEPS, guidance=GUIDANCE, processes=R.attrs["world"],
+                                timing_rounds=repeats).to_csv(index=False),
+                  pd.concat({g: t[[c for c in keep if c in t]] for g, t in RU.items()}, names=["generator"]).to_csv()]
+        for name, text in zip(names, tables):
+            write_owned(args.results / name, text.encode(), owner, TOOL, option)
         print(f"{R.attrs['n']} prompts over {R.attrs['world']} process(es), slowest shard {R.attrs['seconds'] / 60:.1f} min;"
               f" {repeats} timing rounds")
         cols = ["claim", "criterion", "value", "lo", "hi", "n", "verdict", "n_to_settle", "cpu_hours_to_settle"]

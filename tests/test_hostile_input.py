@@ -4,6 +4,7 @@ the workbench read outside their folder, put live markup into HTML, lose or inve
 docs/FAULTS.md's "Hostile input" table lists these cases; tests/test_hostile_input.py::test_faults_table_counts
 checks its counts against the cases below."""
 import json
+import os
 import warnings
 from html.parser import HTMLParser
 
@@ -575,3 +576,49 @@ def test_the_decisive_runs_refuse_a_launcher_setting_in_one_line(sound_shards, m
     assert E.launch_rank(argparse.ArgumentParser()) == (0, 1)
     with pytest.raises(argparse.ArgumentTypeError, match="not a count"):
         E.count("0")
+
+
+def _eviction_shards(E, folder):
+    """A complete one-rank run of evaluate.py's shard format: every method at two budgets, two questions."""
+    import pandas as pd
+
+    methods = ["full", "oracle", "random", "divprune", "downsample", "key_coverage", "key_coverage_prefill",
+               "key_coverage_merge", "key_coverage_features", "h2o", "snapkv"]
+    rows = [dict(question=q, method=m, kind="x", budget=1.0 if m == "full" else b, correct=q % 2, kl=0.1, agree=1,
+                 kv_fraction=b, kv_bytes=100.0, prefill_ms=1.0) for m in methods for b in (0.1, 0.25) for q in range(2)]
+    R = pd.DataFrame(rows)[E.KEEP].drop_duplicates(["method", "budget", "question"])
+    E.write_shard(folder, R, {"n": 2, "world": 1, "model": "tiny-llava", "peers": False, "budgets": [0.1, 0.25],
+                              "rank": 0, "n_image": 64, "seconds": 1.0})
+    return folder
+
+
+@pytest.mark.parametrize("case", ["your table in --out's results", "your table in --results", "--results ''",
+                                  "--results docs"])
+def test_the_eviction_merge_writes_only_where_it_may(tmp_path, sound_shards, monkeypatch, capsys, case):
+    """Round 7's EV3b/EV3c (lost) and EV4/EV5 (silent): `evaluate.py --merge` replaced a user's own CSV, wrote into the
+    current folder for `--results ''` and into the repository's docs/. Now one usage line before anything is written;
+    a re-run into its own folder still works."""
+    from tests.test_benchmarks import ROOT
+
+    E = sound_shards[0]
+    out = _eviction_shards(E, tmp_path / "run")
+    mine = {"your table in --out's results": out / "results" / "evaluate_eviction.csv",
+            "your table in --results": tmp_path / "mine" / "evaluate_shares.csv"}.get(case)
+    if mine is not None:
+        mine.parent.mkdir()
+        mine.write_text("MY OWN TABLE\n")
+    results = {"your table in --results": ["--results", str(tmp_path / "mine")], "--results ''": ["--results", ""],
+               "--results docs": ["--results", str(ROOT / "docs")]}.get(case, [])
+    monkeypatch.chdir(tmp_path)
+    before = sorted(os.listdir(ROOT / "docs"))
+    with pytest.raises(SystemExit) as e:
+        E.main(["--merge", "--out", str(out), *results])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: --" in err.strip().splitlines()[-1], err  # argparse's usage, one error line
+    assert sorted(os.listdir(ROOT / "docs")) == before and not list(tmp_path.glob("evaluate_*.csv"))
+    if mine is not None:
+        assert mine.read_text() == "MY OWN TABLE\n" and "did not write it" in err
+    ours = _eviction_shards(E, tmp_path / "ours")  # the fix: a folder of its own, merged twice
+    for _ in range(2):
+        assert E.main(["--merge", "--out", str(ours)]) == 0
+    assert (ours / "results" / "evaluate_eviction.csv").exists()
