@@ -65,6 +65,8 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
+# **Time**: about <!--num @read_minutes:08_architectures fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/08_architectures.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->64 s<!--/num--> on 2 CPU cores.
+#
 # **What it needs**: notebooks 01–03's ideas; for LLaVA, notebook 02's stats store (`UNDERSTANDING_STORE`, captured
 # here when missing). Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches) or on checkpoints of the
 # same families, one parameter each (`None` leaves one out). Terms: [the glossary](../docs/GLOSSARY.md).
@@ -174,7 +176,8 @@ print("\n".join(wrap(m) for m in missed) or f"all {sum(n is not None for n in NA
 # %% [markdown]
 # **Capture once per model**, in `stats` mode, laid out as in the figure (ViLT's stream: `[question | image class
 # token, 64 patches]`). LLaVA's records are read from 02's store, so every LLaVA number below is 02's, not a second
-# measurement. The generators draw `N_GEN_PROMPTS` prompts at `GEN_STEPS` steps here: 03 has no even-reading share.
+# measurement. The generators are captured again here
+# (`N_GEN_PROMPTS` prompts, `GEN_STEPS` steps): 03 did not record the even-reading share this lesson compares with.
 
 # %%
 recs = {}  # role -> the records of its stats capture
@@ -270,7 +273,9 @@ print(f"- the lowest single layer: {low[0]} at relative depth {low[1]:.2f} ({cur
 # the image, <!--num "notebooks/08_architectures.ipynb#out:an even reading's image share > LLaVA@3" fmt="{:.2f}"-->0.57<!--/num--> in the MMDiT.
 #
 # Against that bar (dotted, left) the understanding models' text reads the image *less* at every depth
-# (ViLT lowest, <!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@2" fmt="{:.2f}"-->0.82<!--/num-->× even over layers); only the MMDiT's reads it more (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->×). LLaVA's ratio rises from <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@3" fmt="{:.2f}"-->0.60<!--/num-->×
+# (ViLT lowest, <!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@2" fmt="{:.2f}"-->0.82<!--/num-->× even over layers); only the MMDiT's reads it more (<!--num "notebooks/08_architectures.ipynb#out:mean over layers: image share@3" fmt="{:.2f}"-->1.06<!--/num-->×).
+#
+# By depth, LLaVA's ratio rises from <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@3" fmt="{:.2f}"-->0.60<!--/num-->×
 # shallow to <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@5" fmt="{:.2f}"-->0.95<!--/num-->× deep, Janus's drops deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > Janus (unified)@5" fmt="{:.2f}"-->0.68<!--/num-->×).
 #
 # Entropies compare only within a model (they depend on the number of keys and the mask): LLaVA's reading spreads
@@ -310,7 +315,7 @@ print(wrap("focused heads: " + "; ".join(
 print(f"mostly spread: {role_share.spread.idxmax()} ({role_share.spread.max():.0%} of its heads)")
 
 # %% [markdown]
-# **Reading it.** Focused heads are rare: LLaVA has <!--num "notebooks/08_architectures.ipynb#out:focused heads:@0"-->1<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:focused heads:@1"-->32<!--/num--> (layer <!--num "notebooks/08_architectures.ipynb#out:focused heads:@2"-->0<!--/num-->, 02's U8 head), Mllama's
+# **Reading it.** Focused heads are rare: LLaVA has <!--num "notebooks/08_architectures.ipynb#out:focused heads:@0"-->1<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:focused heads:@1"-->32<!--/num--> (02's U8 head), Mllama's
 # cross-attention <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama ([0-9]+) of"-->2<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:focused heads:" re="Mllama [0-9]+ of ([0-9]+)"-->24<!--/num-->, the others none. Spread heads are what 04 tests for pruning (a diffuse head is no
 # reason to prune, 04's P3); a cache need not budget per head: 05's best policy keeps one cover over all heads together
 # (the U8 row of §8's decision table).
@@ -550,7 +555,7 @@ print(board.criteria_lines("A4", fmt="#.3g", shown=False))
 
 # %% [markdown]
 # **Reading it.** The class token, whose output is the image embedding, reads the named objects <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@0"-->4.6<!--/num-->× their area
-# share at most (layer <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@1"-->1<!--/num-->) and <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@2"-->3.8<!--/num-->× in the last layer, the one A4 decides on ([<!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects > A4: @1"-->3.21<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects > A4: @2"-->4.67<!--/num-->]: A4 <!--num "notebooks/08_architectures.ipynb#out:A4 verdict" re="verdict: (.+)$"-->holds<!--/num-->).
+# share at most (layer <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@1"-->1<!--/num-->) and <!--num "notebooks/08_architectures.ipynb#out:the class token reads the objects@2"-->3.8<!--/num-->× in the last layer, the one A4 decides on (its interval, printed above, clears the bar: A4 <!--num "notebooks/08_architectures.ipynb#out:A4 verdict" re="verdict: (.+)$"-->holds<!--/num-->).
 #
 # Every caption retrieves its own image (recall@1 <!--num "notebooks/08_architectures.ipynb#out:text->image recall@1 among the@2" fmt="{:.2f}"-->1.00<!--/num-->): the towers match, and the embedding is built from the
 # objects, not the background.
@@ -587,13 +592,17 @@ ACL.measure_unified(board, describe, answer, series, TH, N_CAPTIONS)  # A5, A6
 print(board.criteria_lines("A5", "A6", fmt="#.3g", shown=False))
 
 # %% [markdown]
-# **Reading it.** Janus reads the image slightly *less* answering (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@1" fmt="{:.3f}"-->0.615<!--/num-->) than describing (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@0" fmt="{:.3f}"-->0.631<!--/num-->): answer − describe
-# lies in [<!--num "notebooks/08_architectures.ipynb#out:A5 (a):@1"-->-0.0306<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A5 (a):@2"-->-0.000402<!--/num-->], so A5 <!--num "notebooks/08_architectures.ipynb#out:A5 verdict" re="verdict: (.+)$"-->does not hold<!--/num-->; the study reports <!--const the study's level, from its text-->~40%<!--/const--> describing and <!--const the study's level, from its text-->~60%<!--/const--> answering.
+# **Reading it.** Janus reads the image slightly *less* answering (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@1" fmt="{:.3f}"-->0.615<!--/num-->) than describing (<!--num "notebooks/08_architectures.ipynb#out:image share of the generated tokens@0" fmt="{:.3f}"-->0.631<!--/num-->), where the study
+# reports <!--const the study's level, from its text-->~40%<!--/const--> describing and <!--const the study's level, from its text-->~60%<!--/const--> answering.
 #
-# Suppression has the opposite sign: the lag-1 correlation is <!--num "notebooks/08_architectures.ipynb#out:A6 (a):@0" fmt="{:+.2f}"-->+0.26<!--/num--> ([<!--num "notebooks/08_architectures.ipynb#out:A6 (a):@1" fmt="{:.2f}"-->0.18<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A6 (a):@2" fmt="{:.2f}"-->0.33<!--/num-->]): image-heavy tokens come in runs.
+# The difference's interval (A5 (a), printed above) lies below zero, so A5 <!--num "notebooks/08_architectures.ipynb#out:A5 verdict" re="verdict: (.+)$"-->does not hold<!--/num-->: one image budget serves
+# both tasks.
 #
-# Drift is undecided: thirds with an error read the image about as much (<!--num "notebooks/08_architectures.ipynb#out:four-object scenes: > image share of thirds@0" fmt="{:.3f}"-->0.642<!--/num-->) as those without (<!--num "notebooks/08_architectures.ipynb#out:four-object scenes: > image share of thirds@1" fmt="{:.3f}"-->0.653<!--/num-->); the AUROC,
-# <!--num "notebooks/08_architectures.ipynb#out:A6 (b):@0" fmt="{:.2f}"-->0.58<!--/num--> ([<!--num "notebooks/08_architectures.ipynb#out:A6 (b):@1" fmt="{:.2f}"-->0.50<!--/num-->, <!--num "notebooks/08_architectures.ipynb#out:A6 (b):@2" fmt="{:.2f}"-->0.67<!--/num-->]), straddles <!--const A6 (b)'s threshold, fixed before the run-->0.6<!--/const-->.
+# Suppression has the opposite sign: the lag-1 correlation is <!--num "notebooks/08_architectures.ipynb#out:A6 (a):@0" fmt="{:+.2f}"-->+0.26<!--/num-->, its interval above zero: image-heavy
+# tokens come in runs.
+#
+# Drift is undecided: thirds with an error read the image about as much (<!--num "notebooks/08_architectures.ipynb#out:four-object scenes: > image share of thirds@0" fmt="{:.3f}"-->0.642<!--/num-->) as those without
+# (<!--num "notebooks/08_architectures.ipynb#out:four-object scenes: > image share of thirds@1" fmt="{:.3f}"-->0.653<!--/num-->); the AUROC, <!--num "notebooks/08_architectures.ipynb#out:A6 (b):@0" fmt="{:.2f}"-->0.58<!--/num-->, has an interval that straddles its bar, <!--const A6 (b)'s threshold, fixed before the run-->0.6<!--/const-->.
 
 # %% [markdown]
 # **Drawing.** Janus draws an image as a sequence of image tokens (codes of its image quantiser); the image share of
@@ -633,13 +642,12 @@ if drawings:
     print(f"share / even by third of the drawing: {', '.join(f'{t.mean():.2f}x' for t in np.array_split(x, 3))}")
 
 # %% [markdown]
-# **Reading it.** Janus drew <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@0"-->4<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@1"-->4<!--/num--> pictures (<!--num "notebooks/08_architectures.ipynb#out:drawings of" re="of (\d+x\d+) pixels"-->32x32<!--/num--> pixels, <!--num "notebooks/08_architectures.ipynb#out:drawings of" re="(\d+) image tokens"-->64<!--/num--> tokens) in the asked colour, <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@2"-->4<!--/num--> of those in
-# the asked place.
+# **Reading it.** Janus drew <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@0"-->4<!--/num--> of <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@1"-->4<!--/num--> pictures in the asked colour, <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour@2"-->4<!--/num--> of those in the asked place.
 #
 # Its image share climbs from <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > the image share goes@0" fmt="{:.2f}"-->0.09<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > the image share goes@1" fmt="{:.2f}"-->0.79<!--/num-->, but so does an even reading's (<!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > an even reading's from@0" fmt="{:.2f}"-->0.08<!--/num--> to <!--num "notebooks/08_architectures.ipynb#out:drawings in the asked colour > an even reading's from@1" fmt="{:.2f}"-->0.84<!--/num-->) as its own tokens fill the keys.
 #
-# Against even, the drawing leans on itself early (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@0" fmt="{:.2f}"-->1.22<!--/num-->× over the first third, peaking at <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@1" fmt="{:.2f}"-->1.43<!--/num-->× after <!--num "notebooks/08_architectures.ipynb#out:share / even over the drawing@2"-->4<!--/num--> tokens),
-# barely in the middle (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@1" fmt="{:.2f}"-->1.03<!--/num-->×) and less at the end (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@2" fmt="{:.2f}"-->0.95<!--/num-->×).
+# Against even (the last printed line), the drawing leans on itself early (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@0" fmt="{:.2f}"-->1.22<!--/num-->× over the first third), barely in
+# the middle (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@1" fmt="{:.2f}"-->1.03<!--/num-->×) and less at the end (<!--num "notebooks/08_architectures.ipynb#out:by third of the drawing@2" fmt="{:.2f}"-->0.95<!--/num-->×).
 
 # %% [markdown]
 # ## 8. Claims scoreboard, and what to do on your model
