@@ -401,3 +401,14 @@ def test_a_store_dropped_while_another_takes_its_lock_does_not_deadlock(tmp_path
         new.write([rec(0, 0)])
     assert dropped and [r.sample for r in new.read()] == ["0"]
     new.close()
+
+
+@pytest.mark.parametrize("call", ['missing("12", [0])', 'missing(["12"], 0)', 'missing(12, [0])'])
+def test_missing_refuses_a_text_or_a_number_for_a_list(tmp_path, call):
+    """Round 7's SC3: missing("12", [0]) read the text as samples "1" and "2", found both captured and returned [],
+    so sample 12 was never captured."""
+    st = Store(tmp_path / "s", meta={"model": "m"})
+    st.write([rec(1, 0), rec(2, 0)])
+    with pytest.raises(InputTypeError, match="missing takes a list of"):
+        eval(f"st.{call}")
+    assert st.missing(["12"], [0]) == ["12"] and st.missing(["1", "2"], [0]) == []  # the fix it names

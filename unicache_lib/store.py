@@ -672,7 +672,12 @@ class Store:
             return set(self._owner)
 
     def missing(self, samples, layers, part: str = "language", step: int = -1) -> list:
-        """Samples of ``samples`` that lack any of ``layers`` (what a resumed capture still has to do)."""
+        """Samples of ``samples`` that lack any of ``layers`` (what a resumed capture still has to do). Both are lists:
+        a text for either would be read as its characters (``missing("12", [0])`` asks about samples "1" and "2")."""
+        for name, value in (("samples", samples), ("layers", layers)):
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise InputTypeError(f"missing takes a list of {name}, not {type(value).__name__} {value!r:.80}: pass "
+                                     f"[{value!r:.80}] (a text would be read as its characters)")
         have = self.keys()
         return [s for s in samples if any(key_str((str(s), part, int(li), step)) not in have for li in layers)]
 
