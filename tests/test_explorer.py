@@ -109,6 +109,12 @@ PICTURES = {  # what an explorer's picture was -> what it is drawn as (mean of t
     "channels first": (np.full((3, 32, 32), 200, np.uint8), 200),
     "float NaN": (np.full((32, 32, 3), np.nan, np.float32), "NaN or infinite"),
     "int64 out of range": (np.full((32, 32, 3), 1000, np.int64), "outside 0..255"),
+    # round 7's EX6c: a 0..1 float picture with one pixel overshooting to 1.02 was read as 0..255 and drawn black
+    "float 0..1 with an overshoot": (np.full((32, 32, 3), 0.8, np.float32)
+                                     + np.eye(32, dtype=np.float32)[:, :, None] * 0.22, 205.6),
+    "float 0..255": (np.full((32, 32, 3), 200.0, np.float32), 200),
+    "float, neither reading": (np.full((32, 32, 3), 1.5, np.float32), "neither 0..1 nor 0..255"),
+    "float, normalised": (np.full((32, 32, 3), -1.8, np.float32), "undo the normalisation"),
 }
 
 

@@ -412,6 +412,9 @@ def b64_len(n: int) -> int:
     return 4 * math.ceil(n / 3)
 
 
+FLOAT_SLACK = 0.05  # how far past 0..1 a float picture may overshoot and still be read as 0..1 (then clipped)
+
+
 def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
     """``(bytes, mime, width, height)`` of ``image [H, W, 3]`` (uint8, or floats in 0..1) at most ``side`` pixels a
     side: PNG or JPEG, whichever is smaller."""
@@ -439,7 +442,15 @@ def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
         if not np.isfinite(a).all():
             raise InputError(f"an explorer's picture holds NaN or infinite values ({float(np.mean(~np.isfinite(a))):.0%} "
                              f"of them): nothing would be drawn there; pass the picture itself (uint8, or floats in 0..1)")
-        a = np.clip(a.astype(np.float64) * (255.0 if a.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+        lo, hi = float(a.min()), float(a.max())
+        if lo >= -FLOAT_SLACK and hi <= 1 + FLOAT_SLACK:  # 0..1, a resize's or de-normalisation's overshoot clipped
+            a = np.clip(a.astype(np.float64) * 255.0, 0, 255).astype(np.uint8)
+        elif lo >= 0 and 2 <= hi <= 255:  # 0..255 held as floats
+            a = np.clip(a.astype(np.float64), 0, 255).astype(np.uint8)
+        else:  # neither reading is safe: 1.3 is a bright 0..1 pixel or a black 0..255 one
+            raise InputError(f"an explorer's picture of floats holds {lo:.3g}..{hi:.3g}: neither 0..1 nor 0..255, so "
+                             f"it cannot be drawn without a guess; pass np.clip(picture, 0, 1) for a 0..1 picture (a "
+                             f"normalised one: undo the normalisation first) or uint8 for 0..255")
     im = Image.fromarray(a[..., :3] if a.ndim == 3 else a).convert("RGB")
     if max(im.size) > side:
         r = side / max(im.size)
