@@ -344,8 +344,8 @@ print(f"  (U3 (a)'s bar: 3 x chance = {3 * chance_jaccard:.3f})")
 #
 # *Sink test*:
 # the positions before the image take <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@1"-->0.334<!--/num--> of the text's reads, the
-# anchors <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@3"-->0.207<!--/num-->: a cache keeping anchors but dropping the sink would
-# lose the larger share.
+# anchors <!--num "notebooks/02_understanding_maps.ipynb#out:text reads on the first 3 positions@3"-->0.207<!--/num-->: the sink, not the anchors, takes
+# the larger share of the reads.
 
 # %% [markdown]
 # ## 5. Which words read the image
@@ -412,11 +412,10 @@ show_claims("U11")
 # <!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:the untrained control's median selectivity@1" fmt="{:.2f}"-->1.01<!--/num-->).
 #
 # The trained model's median peaks at only
-# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re="best layer \S+ at (\S+)"-->1.22<!--/num-->, and in the layers the AWAY line lists it is under
-# 1: more attention per patch on the *other* objects (the `trained top-1 on target` column: how often the brightest
-# patch is on the named object). Yet that brightest patch lands on the named object in
-# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@0"-->0.31<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@1"-->0.44<!--/num--> of the questions against the control's
-# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@2"-->0.05<!--/num-->–<!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. For a cache: do not
+# <!--num "notebooks/02_understanding_maps.ipynb#out:looks AWAY" re="best layer \S+ at (\S+)"-->1.22<!--/num-->, and in the AWAY layers it is under
+# 1: more attention per patch on the *other* objects. Yet its brightest patch lands on the named object in up to
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@1"-->0.44<!--/num--> of the questions, the control's in at most
+# <!--num "notebooks/02_understanding_maps.ipynb#out:brightest patch on the named object:@3"-->0.21<!--/num-->: training points one patch, not the whole reading. For a cache: do not
 # pick image keys from the question's words.
 
 # %% [markdown]
@@ -543,21 +542,18 @@ explorer.select(sample=first.id, layer=rec1.layer, head=h1, word=last, view="t2i
 # it is only <!--num "notebooks/02_understanding_maps.ipynb#out:that patch:@0"-->20<!--/num-->% object, the edge of the purple circle, the question's colour (§1): this head reads
 # the colour, not a triangle.
 #
-# **The explorer** is drawn in your browser from the maps store: a slider move redraws at once, with no kernel,
-# the same on the course site. Pick a sample and a view: **t2i**, the query token reading the picture (× uniform,
-# the even reading marked on the colour bar, one colour scale per view); **i2t**, the picture's patches reading that
-# token; **full**, the whole map with the image block outlined. Sliders: layer, head (its last stop is the mean of
-# heads) and query token. The buttons under the picture save the view as PNG and its numbers as JSON; from Python,
-# `explorer.save("outputs/mine/view")` writes the exact numbers (`.npz` + `.json`) and
-# `explorer.select(layer=..., head="mean", view="full")` moves the sliders. Try the last token in layer 1 across
-# heads: does any head find the asked object? (Exercise 4 measures it.)
+# **The explorer** is drawn in your browser from the maps store, with no kernel. Views: **t2i** (the query token
+# reading the picture, × uniform), **i2t** (the patches reading that token), **full** (the whole map, image block
+# outlined); sliders: layer, head (last stop: the mean of heads), query token; `explorer.save("outputs/mine/view")`
+# writes the exact numbers. Try the last token in layer 1 across heads: does any head find the asked object?
+# (Exercise 4 measures it.)
 
 # %% [markdown]
 # ## 11. Claims scoreboard
 #
 # Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number; criteria (a), (b) are
-# decided apart, "partly" when some hold. Each verdict is followed by what it means for you; under the scoreboard,
-# folded, why each claim matters for a KV cache.
+# decided apart, "partly" when some hold. Shown: the seven claims the decision table below acts on; the other four
+# in one line.
 
 # %%
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
@@ -573,60 +569,54 @@ UC.measure_localisation_claims(board, loc, ctrl, sample_set.missing(samples, "ma
 board.save(out / "scoreboard.json")  # shown next
 
 # %%
-board.show()  # one line per claim, each verdict with its meaning; a row's details (HTML): statement, rule, note
+from IPython.display import display
+
+from unicache_lib.claims import Markdown, read
+
+DECIDE = ["U1", "U3", "U4", "U2a", "U8", "U9", "U11"]  # the claims the decision table acts on
+v = board.verdicts()
+view = board.view()  # one line per claim, each verdict with its meaning; a row's details (HTML): statement, rule, note
+view.table = view.table.loc[[c for c in view.table.index if c in DECIDE]]
+display(view)
+print(wrap(f"the other {len(v) - len(DECIDE)}, printed where measured: "
+           + "; ".join(f"{c} {read(c, x)}" for c, x in v.items() if c not in DECIDE) + f". All {len(v)}: {OUT_DIR}/scoreboard.json"))
 
 # %%
-from IPython.display import display
 from mistune import html as md_to_html  # Jupyter's own markdown renderer (nbconvert's)
 
-from unicache_lib.claims import Markdown, claims_table, read
+from unicache_lib.claims import claims_table
 
 claims = claims_table("02_understanding_maps")  # each claim (statement, why, rule) is written once, in unicache_lib/claims.py
 display({"text/markdown": claims, "text/html": "<details><summary>the claims, and why each matters for a cache</summary>"
          + md_to_html(claims) + "</details>"}, raw=True)
 
 # %% [markdown]
-# **Reading the scoreboard.** Each verdict is what the shipped model does, not what the study says; a real
-# checkpoint (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU) may differ.
-# [Inconclusive](../docs/GLOSSARY.md#inconclusive): a row's note says roughly how many samples would settle it. Each
-# value is its rule's quantity, printed in its section (U4 (b) negative: the sink takes more; U8: a share of layers,
-# no sampling spread).
+# Each verdict is the shipped model's, not the study's; a real checkpoint
+# (`MODEL = "llava-hf/llava-1.5-7b-hf"`, a GPU) may differ. An [inconclusive](../docs/GLOSSARY.md#inconclusive)
+# row's details say about how many samples would settle it.
 #
 # ## What this run showed
 #
-# Written from this run's scoreboard; what each result means for a cache: the table after it.
+# The four claims the decision table does not act on, from this run's scoreboard; the other seven: the table after it.
 
 # %% tags=["nbval-check-output"]
-v, tab = board.verdicts(), board.table()  # the scoreboard's cells: value, 95% interval and note per claim
-rv = {c: read(c, x) for c, x in v.items()}  # each verdict with its meaning (unicache_lib/claims.py)
-recap, SHOWN = [], {"holds": "shown", "does not hold": "contradicted", "partly": "partly shown"}  # else: not yet shown
-iv3 = "; ".join(f"({k}) [{m.lo:.2f}, {m.hi:.2f}]" for k, m in board.rows["U3"].measured.items() if m.value is not None)
-recap.append(f"- **Depth**: normalised entropy goes {depth.loc['shallow', 'norm_entropy']:.2f} → {depth.loc['deep', 'norm_entropy']:.2f} "
-      f"from the shallow to the deep band (U2a {rv['U2a']}, U2b {rv['U2b']}).")
-recap.append(f"- **Low layers**: the shallow band's cross-modal share is {depth.loc['shallow', 'cross_modal']:.2f} (the claim: 0.2-0.5) "
-      f"and its normalised entropy {depth.loc['shallow', 'norm_entropy']:.2f} against the middle band's "
-      f"{depth.loc['middle', 'norm_entropy']:.2f} (the claim: shallow above middle) (U13 {rv['U13']}).")
-recap.append(f"- **Focused heads** (rows > {FOCUSED:g} on one key on average) per layer: {frac_focused.round(2).to_dict()}; the claim wants "
-      f"some but not all heads focused in every layer (U8 {rv['U8']}).")
-recap.append(f"- **Image reads are only mildly uneven**: the top 10% of image positions take {L.top10_share.mean():.2f} of the text's "
-      f"image reads (chance 0.10, the claim needs 0.5: U1 {rv['U1']}).")
-recap.append(f"- **Anchors**: that anchors persist is {SHOWN.get(v['U3'], 'not yet shown')} (U3 {rv['U3']}): (a) layer {lo} vs {mid} anchor "
-      f"Jaccard {shallow_mid:.2f}, {shallow_mid / chance_jaccard:.1f}x chance against a bar of 3x = {3 * chance_jaccard:.3f}; "
-      f"(b) within- minus across-scene-type Jaccard against a bar of 0; 95% intervals {iv3}.")
-recap.append((f"- **Anchors** land on objects ({obj_ratio:.1f}x chance) but the first 3 positions take more of the text's reads "
-       if not sample_set.missing(samples, "masks") else "- **Anchors**: where anchors land is not measurable with these samples; the first 3 "
-       "positions take more of the text's reads ")
-      + f"({np.mean(sink):.2f}) than the {TOP_K} anchors ({np.mean(anchor_mass):.2f}): U4 {rv['U4']}.")
-recap.append(f"- **Words**: content vs function words and punctuation read the image {content:.2f} vs {function:.2f} (U5 {rv['U5']}); "
-      f"in the deep band punctuation {flow.loc['punctuation', 'deep']:.2f}, object words {flow.loc['object', 'deep']:.2f}."
-      if {"punctuation", "object"} <= set(flow.index) else "")
-recap.append(f"- **Captions**: while writing captions, generated content words read the image {c_dec:.2f} vs function words and punctuation "
-      f"{f_dec:.2f} (ratio {c_dec / f_dec:.2f}, the claim needs 1.2: U6 {rv['U6']}).")
-recap.append(f"- **Object words** barely prefer their own object: median selectivity {sel['trained'].max():.2f} at best "
-      f"(layer {sel['trained'].idxmax()}), below 1 (looking away) in layers {away} (U11 {rv['U11']})." if not loc.empty
-      else f"- **Object words**' selectivity: U11 {rv['U11']} (no sample with two objects and their masks).")
-recap.append(f"- **Text and image meet in every layer**: cross-modal share {blocks.cross_modal.min():.2f}-{blocks.cross_modal.max():.2f} (U9 {rv['U9']}).")
-Markdown("\n".join(line for line in recap if line))
+def decided(claim, k):  # one criterion's decision on this run (what a "partly" is made of)
+    r = board.rows[claim]
+    m = r.measured.get(k)
+    return r.criteria[k].decide(m.lo, m.hi) if m is not None and m.value is not None else "not measurable"
+
+
+ent = depth.norm_entropy
+recap = [f"- **Depth** (U2a {v['U2a']}, U2b {read('U2b', v['U2b'])}): normalised entropy goes {ent['shallow']:.2f} → "
+         f"{ent['deep']:.2f} from the shallow to the deep band; U2a's (a), deep layers reading farther: {decided('U2a', 'a')}.",
+         f"- **Low layers** (U13 {v['U13']}): (a) the shallow band's cross-modal share, {depth.loc['shallow', 'cross_modal']:.2f}, "
+         f"in the claim's range: {decided('U13', 'a')}; (b) it spreads more than the middle band ({ent['shallow']:.2f} vs "
+         f"{ent['middle']:.2f}): {decided('U13', 'b')}.",
+         f"- **Words** (U5 {read('U5', v['U5'])}): content words put {content:.2f} of their reads on the image, function "
+         f"words and punctuation {function:.2f}.",
+         f"- **Captions** (U6 {read('U6', v['U6'])}): generated content words over function words, {c_dec / f_dec:.2f}; "
+         f"the claim needs 1.2."]
+Markdown("\n".join(recap))
 
 # %% [markdown]
 # ## Measurement → what to do on your model
@@ -637,18 +627,13 @@ Markdown("\n".join(line for line in recap if line))
 # key is near a kept one ([k-center](../docs/GLOSSARY.md#k-center)).
 
 # %%
-import re
-
-from unicache_lib.analysis.caching_claims import below_random_finding, cover_finding, depth_finding  # 05's runs, generated
 from unicache_lib.claims import decision_table
 
-u3_note = re.sub(r"[0-9]+[.][0-9]{4,}", lambda x: f"{float(x.group()):.3f}", tab.loc["U3", "note"] or "")
 decision_table([  # each row: the claim, what was measured, its value here; what to do and where: the claim's advice
-    ("U1", "top-10% share of the text's image reads (U1)", f"{L.top10_share.mean():.2f}", below_random_finding()),
-    ("U3", f"anchor Jaccard, layer {lo} vs {mid} / chance (U3 (a), bar 3x); within- minus across-type Jaccard (U3 (b), bar 0)",
-     f"{shallow_mid / chance_jaccard:.1f}x chance; 95% intervals {iv3}", "; ".join(x for x in (u3_note, cover_finding()) if x)),
+    ("U1", "top-10% share of the text's image reads (U1)", f"{L.top10_share.mean():.2f}"),
+    ("U3", f"anchor overlap, layer {lo} vs {mid}, over chance (U3 (a), bar 3x)", f"{shallow_mid / chance_jaccard:.1f}x"),
     ("U4", "text reads on the first 3 positions vs on the anchors (U4 (b))", f"{np.mean(sink):.2f} vs {np.mean(anchor_mass):.2f}"),
-    ("U2a", "deep minus shallow normalised entropy (U2a (b))", f"{d_ent:+.2f}", depth_finding()),  # 05 §8's run
+    ("U2a", "deep minus shallow normalised entropy (U2a (b))", f"{d_ent:+.2f}"),
     ("U9", "smallest per-layer cross-modal share (U9 (b))", f"{blocks.cross_modal.min():.2f}"),
     ("U11", "best median selectivity of object words (U11 (a))", f"{sel['trained'].max():.2f}" if not loc.empty else "-"),
     ("U8", "share of focused heads, per layer (U8)", str(frac_focused.round(2).to_dict())),
