@@ -31,6 +31,8 @@
 # ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% [markdown]
+# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->73 s<!--/num--> on 2 CPU cores.
+#
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
 # `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on diffusers
@@ -314,9 +316,11 @@ fig.tight_layout()
 _ = plots.save(fig, out, "samples")
 
 # %% [markdown]
-# Every third prompt, single objects first: e.g. a pair with one object missing on PixArt's row.
-
-# %% [markdown]
+# **What you see.** Every third prompt, single objects first (the MMDiT above, PixArt below). Both place single
+# objects where asked, PixArt with ragged edges. The two pairs on the right show the table's failures: the MMDiT's
+# orange "circle" is barely rounder than the square beside it; PixArt drops the circle of the same-colour pair and
+# draws the last pair both purple, shapes swapped.
+#
 # ## 3. From diffuse to focused? Entropy per step and layer (G1)
 #
 # Normalised entropy of the image queries' rows (1 = uniform over their keys) and their mean maximum weight,
@@ -351,20 +355,25 @@ _ = plots.save(fig, out, "layer_step_grid")
 phase_tab = (T[T.kind == "short"].groupby(["model", "part", "layer", "phase"]).img_entropy.mean()
              .unstack("phase")[list(G.PHASES)])
 phase_tab["early-late"] = phase_tab["early"] - phase_tab["late"]
-print(phase_tab.round(3).to_string())
+phase_tab.round(4).to_csv(out / "entropy_phases.csv")  # every (model, part, layer): early, middle, late, early-late
 g1_layers = phase_tab["early-late"] >= 0.02
-print(f"(model, part, layer) cells whose entropy falls by >= 0.02 from early to late: {int(g1_layers.sum())} of {len(g1_layers)}")
+fall = phase_tab["early-late"].unstack("layer").round(3)  # one row per (model, part), one column per layer
+fall.columns = [f"layer {layer}" for layer in fall.columns]
+print("image-query entropy, early minus late (above 0: focuses late):")
+print(fall.to_string())
+print(f"cells whose entropy falls by >= 0.02 from early to late: {int(g1_layers.sum())} of {len(g1_layers)}"
+      f"\n(every phase's entropy per layer: {os.path.relpath(out / 'entropy_phases.csv', project_path('.'))})")
 print(rule("G1"))  # judged in section 4, with G2
 
 # %% [markdown]
 # **What to look at.** Coarse to fine is entropy falling (max weight rising) from the first step to the last; the
-# grid shows each layer. Only PixArt's cross-attention falls in every layer (layer 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@1" fmt="{:.3f}"-->0.443<!--/num-->
-# early, <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-pixart cross 0@3" fmt="{:.3f}"-->0.317<!--/num--> late); the MMDiT's entropy *rises* late in every block but the last (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@1" fmt="{:.3f}"-->0.669<!--/num--> → <!--num "notebooks/03_diffusion_steps.ipynb#out:early-late > tiny-mmdit  joint 0@3" fmt="{:.3f}"-->0.824<!--/num-->).
+# grid shows each layer, the table each layer's fall from the early phase to the late one. Only PixArt's
+# cross-attention falls in every layer (layer 0 by <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-pixart cross@0" fmt="{:.3f}"-->0.127<!--/num-->); the MMDiT's entropy *rises* late in every block but
+# the last (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-mmdit@0" fmt="{:+.3f}"-->-0.155<!--/num-->).
 #
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
 # <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but G1 is judged on the weaker model, whose mean rises (decided with G2 in section 4).
-
-# %% [markdown]
+#
 # The joint attention's four blocks, each with its own entropy:
 
 # %% tags=["nbval-check-output"]
@@ -377,8 +386,7 @@ if len(jt):
 # Every block grows *more* diffuse late, the text queries' rows most (text→image
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > early@2" fmt="{:.3f}"-->0.839<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > late@2" fmt="{:.3f}"-->0.945<!--/num--> late), while the blocks' shares stay put: the steps change how evenly attention spreads, not
 # where it goes.
-
-# %% [markdown]
+#
 # ## 4. When do adjacent steps look alike? (G2)
 #
 # Cosine between step *s* and step *s−1*, per layer, of the maps and of the attention *outputs* (what a reuse cache
@@ -400,13 +408,13 @@ knees = G.knee_table(short_T, (THRESHOLD, STRICT_THRESHOLD))  # one row per (mod
 for col, c in (("sim", ""), ("out_sim_img", "out ")):
     by_phase = short_T.groupby(["model", "part", "layer", "phase"])[col].mean().unstack("phase").reindex(columns=list(G.PHASES))
     knees[f"early {c}sim"], knees[f"late {c}sim"] = by_phase["early"], by_phase["late"]  # step 0 has no previous step
-shown = knees.drop(columns="n_steps").round(3)  # n_steps is STEPS on every row
-for c in [c for c in shown if c.startswith("knee")]:  # a step number, or "never" where the curve never settles
-    shown[c] = shown[c].astype("Int64").astype(str).replace("<NA>", "never")
-knees.to_csv(out / "knees.csv")  # every column: the outputs' knees and similarities too
-print(shown[[c for c in shown if not c.startswith("knee (outputs)") and " out " not in c]].rename(
-    columns=lambda c: c.replace("knee (maps) ", "knee ")).to_string())  # the maps' knees; the outputs' below
-print("the outputs' knees and similarities per layer:", os.path.relpath(out / "knees.csv", project_path(".")))
+knees.to_csv(out / "knees.csv")  # one row per (model, part, layer): knees and similarities, maps and outputs
+per_part = knees.groupby(level=["model", "part"])  # the layers of one (model, part) on one line
+knee_list = lambda ks: " ".join("never" if k != k else str(int(k)) for k in ks)  # noqa: E731 - "never": no settling
+print(pd.DataFrame({**{f"maps' knees @{t:g}": per_part[f"knee (maps) @{t:g}"].agg(knee_list) for t in (THRESHOLD, STRICT_THRESHOLD)},
+                    "min sim": per_part["min sim"].min(), "early sim": per_part["early sim"].mean(),
+                    "late sim": per_part["late sim"].mean()}).round(3).to_string())  # knees: layer 0 first
+print("every layer's knees and similarities, maps and outputs:", os.path.relpath(out / "knees.csv", project_path(".")))
 for (m, p), d in short_T.groupby(["model", "part"]):  # the outputs' curve per step, mean over layers and prompts
     o = d.groupby("step").out_sim_img.mean()
     print(f"{m} {p}: output cosine highest {o.max():.3f} (step {int(o.idxmax())}), {o.iloc[-1]:.3f} at the last step;\n  "
@@ -422,14 +430,12 @@ for m in GENERATORS:
 # %% [markdown]
 # **What to look at.** The lowest adjacent-step cosine of any layer is <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
 # (PixArt), so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> every knee is step
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->: that line cannot tell layers apart. The study's early
-# <!--const the study's early similarity, quoted-->0.3–0.5<!--/const--> comes from 1024² images, which the toy does not reach.
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->: that line cannot tell layers apart.
 #
 # The *outputs* fall late, to <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="([0-9.]+) at the last step"-->0.938<!--/num--> at the MMDiT's last step
 # (PixArt self-attention <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart self: output cosine" re="([0-9.]+) at the last step"-->0.965<!--/num-->); at the strict line the MMDiT's outputs never
 # settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine > output knee" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable, which 06's G3 tests.
-
-# %% [markdown]
+#
 # **The knee, where it shows.** The output curve whose knee at `STRICT_THRESHOLD` comes latest: one line per layer,
 # the strict line dashed, each layer's knee dotted in its colour. The y-axis is zoomed: every point is near 1.
 
@@ -458,8 +464,7 @@ else:
 # %% [markdown]
 # **What you see.** Each curve dips below the strict line early, then climbs over it and stays; the knee is its
 # last crossing. On <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->
-# the layers settle at different steps (<!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows: > per layer:" re="per layer: (.*)$"-->layer 0 step 1, layer 1 step 13, layer 2 step 11, layer 3 step 2<!--/num-->),
-# so reusing whole steps unchanged, which needs every layer settled, could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->;
+# the layers settle at different steps (the per-layer line printed with the figure), so reusing whole steps unchanged, which needs every layer settled, could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->;
 # per-layer reuse could start each layer at its own knee.
 
 # %% tags=["nbval-check-output"]
@@ -472,10 +477,9 @@ print(board.criteria_lines("G1", "G2"))
 # %% [markdown]
 # **Verdicts.** G2 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G2 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: late above <!--const G2's threshold, written before the numbers-->0.8<!--/const--> holds, early below <!--const G2's threshold, written before the numbers-->0.6<!--/const--> fails (<!--num "notebooks/03_diffusion_steps.ipynb#out:G2 (b):@0" fmt="{:.2f}"-->0.99<!--/num-->).
 #
-# G1 <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->: early minus late is [<!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@1"-->-0.06917<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:G1:@2"-->-0.06265<!--/num-->]
-# on the weaker model, the MMDiT.
-
-# %% [markdown]
+# G1 <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->: on the weaker model, the MMDiT, early minus late
+# lies below zero (the G1 line above): its maps spread late instead of focusing.
+#
 # ## 5. How hard does the prompt pull, step by step? (G6)
 #
 # Short vs long prompts (the long ones add clauses that do not change the picture):
@@ -541,12 +545,11 @@ print(board.criteria_lines("G6"))
 #
 # Long prompts do not collapse: middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
 # (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short > long@4" fmt="{:.3f}"-->0.732<!--/num--> (PixArt), below G6's
-# <!--const G6's threshold, written before the numbers-->0.9<!--/const-->, and only <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 (c):@0" fmt="{:.3f}"-->0.012<!--/num--> above the short prompts' (rule (c): <!--const G6's threshold, written before the numbers-->0.05<!--/const-->). So G6 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: guidance falls, nothing collapses.
+# <!--const G6's threshold, written before the numbers-->0.9<!--/const-->, and only <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 (c):@0" fmt="{:.3f}"-->0.012<!--/num--> above the short prompts' (rule (c)). So G6 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: guidance falls, nothing collapses.
 #
 # The MMDiT's text share counts every text position, padding included (all <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@0"-->112<!--/num--> keys but the
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: SD3Transformer2DModel" re="([0-9]+) image tokens"-->64<!--/num--> image tokens): it measures reading the text *stream*, not the prompt's words.
-
-# %% [markdown]
+#
 # ## 6. Joint attention: which side is steadier? (G4)
 #
 # MMDiT only: step-to-step similarity of each block of the joint map (`ti`: text queries on image keys) and of the
@@ -574,8 +577,7 @@ print(board.criteria_lines("G4"))
 # blocks move most at the first and last steps, together; `it` changes only
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (a):@0" fmt="{:.2f}"-->1.22<!--/num--> times as much as `ti` (the rule asks <!--const G4's threshold, written before the numbers-->1.5<!--/const-->), the image output stream
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 (b):@0" fmt="{:.2f}"-->1.14<!--/num--> times the text stream's: G4 <!--num "notebooks/03_diffusion_steps.ipynb#out:G4 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->. Neither side is the safer one to reuse.
-
-# %% [markdown]
+#
 # ## 7. Where is the cache pressure? (G5)
 #
 # Keys and values per attention layer, in fp16, for one image: image positions vs the padded text sequence.
@@ -604,8 +606,7 @@ print(board.criteria_lines("G5"))
 #
 # Half the text positions are padding (<!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@2" fmt="{:.0f}"-->24<!--/num--> real tokens on average). At 1024² the image side is
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× larger (the last lines): G5 fails for the toy resolution, not the architecture.
-
-# %% [markdown]
+#
 # ## 8. Are a generator's heads more alike than an understanding model's? (G7)
 #
 # Mean pairwise cosine of the head maps within a layer (1 = every head draws the same map); the understanding
@@ -633,10 +634,9 @@ print(board.criteria_lines("G7"))
 
 # %% [markdown]
 # PixArt's heads are more alike than tiny-llava's (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@1" fmt="{:.2f}"-->0.75<!--/num--> against
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer; its cross-attention heads most, though maps over few text keys match more easily), the
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer; its cross-attention heads most), the
 # MMDiT's are not (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@0" fmt="{:.2f}"-->0.41<!--/num-->). G7, judged on the weaker generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->.
-
-# %% [markdown]
+#
 # ## 9. Does a word look at what it names? (G9)
 #
 # Each prompt word's column of the image→text attention (mean over heads, layers and steps) is an 8×8 map. Its
@@ -689,8 +689,7 @@ for m in GENERATORS:
 # On the MMDiT a word map follows the colour drawn, not the shape: only 'orange' rises above even (peak
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'orange'" re="'orange' ([0-9.]+)"-->7.1<!--/num--> × uniform), on the left object; 'circle' and 'square' stay below even everywhere (peaks <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'circle'" re="'circle' ([0-9.]+)"-->0.7<!--/num--> and
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'square'" re="'square' ([0-9.]+)"-->0.9<!--/num-->). On PixArt, which drew only the square, 'square' is above even on <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: × uniform per word > 'square'" re="'square' [0-9.]+ [(]([0-9]+%)"-->100%<!--/num--> of the patches: spread, not placed.
-
-# %% [markdown]
+#
 # ## 10. Explore: step, layer, head and word
 #
 # Full maps of the first `MAP_PROMPTS` prompts. First one view, for print (middle step, last layer, head 0): left,
@@ -723,9 +722,8 @@ print(f"query rows whose largest weight is highest: {sorted(np.argsort(P.max(1))
 # %% [markdown]
 # **What to look at.** The borders split the joint map into section 6's four blocks; a healthy head has structure
 # (bands, a diagonal), a degenerate one is flat or piles onto one column (a [sink](../docs/GLOSSARY.md#sink)). Here
-# the shape word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num-->
-# (patch row <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="row ([0-9]+)"-->3<!--/num-->, column <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="column ([0-9]+)"-->2<!--/num-->): a miss. Query rows
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands).
+# the shape word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num-->: a miss.
+# Query rows <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands).
 #
 # **The explorer** draws any view in the browser, without a kernel (also on the course website): menus for the
 # prompt and the view (`i2t`: the picture reading a word, in × uniform; `t2i`: the word reading the picture;
@@ -760,8 +758,7 @@ claims_table("03_diffusion_steps")  # the claims beside their verdicts, each wri
 # %% [markdown]
 # **Reading the scoreboard.** Two small generators' verdicts: G5 fails for the toy's few image tokens (section 7),
 # and whether G2 (b) fails for the same reason this run cannot test (a real checkpoint can: Next steps).
-
-# %% [markdown]
+#
 # ## Recap
 #
 # - Capture changes nothing (identical images).
@@ -802,8 +799,7 @@ WrappedTable(pd.DataFrame(decision_rows(rows, "03_diffusion_steps", board.verdic
 # every knee is the first step, at the strict line some layer never settles. That does not rule out skipping whole
 # steps: 06's `step_skip` predicts each skipped step from the last two computed ones, needs no knee, and is the only
 # method there above the fewer-step control at equal FLOPs. Keep its tuned head, as 06 does. Word maps point on PixArt (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×).
-
-# %% [markdown]
+#
 # ## Exercises
 #
 # Each starter leaves one gap, code to write (`# <- write`) or a value (`# <- fill in`), and checks it. Answers:
