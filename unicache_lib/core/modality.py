@@ -100,8 +100,7 @@ def spans_from_input_ids(input_ids, image_token_id: int, expected_image_tokens: 
         if ids.shape[0] != 1:
             raise SpanError(f"spans are per sample: got a batch of {ids.shape[0]} sequences; pass one row")
         ids = ids[0]
-    kinds = (ids == image_token_id).to(torch.int8).tolist()
-    sp = Spans(tuple(kinds))
+    sp = Spans(tuple((ids == image_token_id).to(torch.int8).tolist()))
     if expected_image_tokens is not None and sp.n_image != expected_image_tokens:
         raise SpanError(
             f"found {sp.n_image} image tokens (id {image_token_id}) but the model expects "

@@ -34,11 +34,8 @@ def first_token_logits(model, inputs_of, questions, images, batch: int = 100) ->
     (gradients flow when enabled): ``inputs_of(questions, images)`` makes a slice's model inputs, which go to the
     model's device (floating ones in its weight dtype). The one loop behind every ``answer_logits``."""
     p = next(model.parameters())
-    out = []
-    for s in range(0, len(questions), batch):
-        inp = to_model(inputs_of(questions[s : s + batch], images[s : s + batch]), p.device, p.dtype)
-        out.append(model(**inp).logits[:, -1].float())
-    return torch.cat(out)
+    return torch.cat([model(**to_model(inputs_of(questions[s : s + batch], images[s : s + batch]), p.device, p.dtype))
+                      .logits[:, -1].float() for s in range(0, len(questions), batch)])
 
 
 def attn_implementations(model) -> dict | str:

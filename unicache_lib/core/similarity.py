@@ -22,6 +22,4 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 def jaccard(a, b) -> float:
     """|A & B| / |A | B| of two index sets (1.0 for two empty sets)."""
     a, b = set(int(x) for x in a), set(int(x) for x in b)
-    if not a and not b:
-        return 1.0
-    return len(a & b) / len(a | b)
+    return len(a & b) / len(a | b) if a or b else 1.0

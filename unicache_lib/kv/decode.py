@@ -42,13 +42,10 @@ def _answer(model, cache, split, max_new_tokens, eos_token_id, output_attentions
     c = split.context_ids.shape[1]
     q = split.question_ids.to(dev)
     pos = fam.text_positions(full_positions(fam, model, split), c, q.shape[1], dev)
-    atts = None
-    if output_attentions:
-        with AttentionCapture(model, "full", part=fam.image_part, spans=None) as cap:
-            out = forward_question(fam, model, q, cache, pos)
-        atts = [r.probs[None] for r in sorted(cap.result.records, key=lambda r: r.layer)]
-    else:
+    with (AttentionCapture(model, "full", part=fam.image_part, spans=None) if output_attentions
+          else contextlib.nullcontext()) as cap:
         out = forward_question(fam, model, q, cache, pos)
+    atts = [r.probs[None] for r in sorted(cap.result.records, key=lambda r: r.layer)] if output_attentions else None
     first = out.logits[0, -1].float()
     ids = [int(first.argmax())]
     nxt, p = ids[0], pos[..., -1:] + 1

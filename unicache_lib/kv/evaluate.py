@@ -289,11 +289,8 @@ def kept_patches(model, processor, qa, budget: float, policies: dict, seed: int 
         done = pol.apply(model, pre, ctx, budget)  # drop, merge, or prune before a prefill of its own
         per_layer = done.kept
         logits = answer(model, done.cache, done.split, bias=done.bias)[0]
-        counts = np.zeros(ctx.n_image, np.float32)
-        for k in per_layer:
-            for p in k.tolist():
-                if p in pos_to_img:
-                    counts[pos_to_img[p]] += 1
+        counts = np.zeros(ctx.n_image, np.float32)  # how many layers keep each image token
+        np.add.at(counts, [pos_to_img[p] for k in per_layer for p in k.tolist() if p in pos_to_img], 1)
         share = counts[grid.numpy()] / len(per_layer)
         out[name] = {"share": share, **said(logits, share)}
     return out

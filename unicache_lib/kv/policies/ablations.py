@@ -24,11 +24,9 @@ class DivPruneKeys(EvictionPolicy):
     description = "ablation: DivPrune's cosine max-min on each layer's cached image keys (after the prefill)"
 
     def choose(self, ctx, k):
-        out = []
-        for li in range(ctx.n_layers):
-            keys, _ = ctx.image_kv(li)  # [H_kv, n_image, D]
-            out.append(max_min_diverse(keys.permute(1, 0, 2).reshape(ctx.n_image, -1), k))
-        return out
+        # each layer's image keys [H_kv, n_image, D], heads side by side per position
+        return [max_min_diverse(ctx.image_kv(li)[0].permute(1, 0, 2).reshape(ctx.n_image, -1), k)
+                for li in range(ctx.n_layers)]
 
 
 @register

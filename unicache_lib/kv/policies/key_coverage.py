@@ -9,12 +9,9 @@ resembles. Per layer, take the cached image keys (after the rotary embedding, al
 ``[n_image, H_kv * D]``), start at the position the context reads most (the anchor) and add, greedily, the key
 farthest (Euclidean) from every key kept so far — a k-center cover of the key space, in which large-norm,
 unusual keys (the objects) come early and one key stands for each cluster of near-identical background keys.
-Each layer chooses for itself (its keys differ); the budget is the same in every layer.
-
-Tuned on a design set disjoint from every scored set — ``heldout_set(100, seed=7000)`` of
-:mod:`unicache_lib.zoo.train.llava` on ``tiny-llava``, budgets 5/10/25% (``benchmarks/tune_key_coverage.py``
-prints the grid, a sweep over :class:`KeyCoverage`'s fields): keys alone beat keys+values, values alone, cosine
-distance, per-head normalised keys, a larger anchor set and read-weighted distances.
+Each layer chooses for itself (its keys differ); the budget is the same in every layer. How the design was chosen
+(on a design set disjoint from every scored set): docs/CACHING.md and ``benchmarks/tune_key_coverage.py``, a sweep
+over :class:`KeyCoverage`'s fields.
 """
 from dataclasses import dataclass
 

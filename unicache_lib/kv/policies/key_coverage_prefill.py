@@ -6,10 +6,8 @@ them (:meth:`~unicache_lib.families.base.VLMFamily.first_layer_keys`: input norm
 a Euclidean k-center cover started at the largest-norm key. The prefill then runs on the kept tokens only, at their
 original positions (``renumber=False``, as DivPrune runs here: the shipped model was trained on one layout).
 
-Chosen on the design set only (``benchmarks/tune_prefill_cover.py``, ``heldout_set(100, seed=7000)`` on
-``tiny-llava``, against covers of the projected or per-token normalised features and a start farthest from the mean),
-where it led at every budget, `key_coverage` included. **That did not carry to held-out questions** (``benchmarks/prefill_cover.py``, quoted in
-``docs/CACHING.md``): it is kept as the measured example that a 100-question design set cannot tell these covers apart.
+Kept as a measured example, not a recommendation: how it was chosen and how it did on held-out questions is in
+docs/CACHING.md (``benchmarks/tune_prefill_cover.py``, ``benchmarks/prefill_cover.py``).
 """
 from dataclasses import dataclass
 

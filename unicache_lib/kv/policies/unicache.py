@@ -49,10 +49,5 @@ class UniCache(EvictionPolicy):
         if len(grid) < m:  # more budget than grid cells: the rest in sequence order
             grid += [i for i in range(ctx.n_image) if i not in anchors and i not in grid][: m - len(grid)]
         local = np.array(anchors + grid, dtype=int)
-        out = []
-        for li in range(ctx.n_layers):
-            if (li in bands["shallow"]) != self.swap_bands:
-                out.append(local)
-            else:
-                out.append(top_k(ctx.image_reads(li).numpy() + 1e-3 * shallow_reads, k))
-        return out
+        return [local if (li in bands["shallow"]) != self.swap_bands
+                else top_k(ctx.image_reads(li).numpy() + 1e-3 * shallow_reads, k) for li in range(ctx.n_layers)]
