@@ -90,13 +90,24 @@ def _make_fault(kind, tmp, good):
         return [tmp / "strided"]
     if kind == "good_then_missing":  # the good store must not get its figures written
         return [good, tmp / "nowhere"]
+    if kind in ("nan_statistics", "inf_statistics"):  # round 7's RP7i: drawn as an empty curve, legend "n=1", exit 0
+        import dataclasses
+
+        from unicache_lib.store import Store
+
+        bad = float("nan") if kind == "nan_statistics" else float("inf")
+        recs = [dataclasses.replace(r, data={k: v.float().fill_(bad) if k == "norm_entropy" else v
+                                             for k, v in r.data.items()}) for r in Store(good).read()]
+        with Store(tmp / kind, meta=Store(good).read_meta()) as st:
+            st.write(recs)
+        return [tmp / kind]
     if kind == "label_twice":
         return [f"x={good}", f"x={good}"]
     raise ValueError(kind)
 
 
 FAULTS = ["missing", "empty_dir", "regular_file", "not_a_store", "no_records", "damaged_index", "corrupt_chunk",
-          "strided_maps", "good_then_missing", "label_twice"]
+          "strided_maps", "good_then_missing", "label_twice", "nan_statistics", "inf_statistics"]
 
 
 @pytest.mark.parametrize("kind", FAULTS)

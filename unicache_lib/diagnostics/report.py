@@ -159,6 +159,15 @@ def load_store(path):
         if lack:
             raise ReportError(f"store {p}: record {r.key} ({r.mode} mode) lacks {', '.join(lack)}, which the "
                               f"{'generator' if gen else 'understanding'} report needs")
+        # NaN marks a query row a statistic is undefined for (one key: no entropy) and is left out of the means; a
+        # statistic that is NaN everywhere would draw an empty curve still counted in the legend, and inf is never one
+        odd = next((k for k in need if (a := np.asarray(r.data[k])).dtype.kind == "f" and a.size
+                    and (np.isinf(a).any() or not np.isfinite(a).any())), None)
+        if odd is not None:
+            what = "infinite" if np.isinf(np.asarray(r.data[odd])).any() else "NaN everywhere"
+            raise ReportError(f"store {p}: record {r.key}'s {odd} is {what} "
+                              f"(a capture that overflowed, e.g. in float16): nothing honest can be drawn from it; "
+                              f"recapture it in float32 (drop its records with Store.drop, then run the capture again)")
     return recs, meta, note
 
 
