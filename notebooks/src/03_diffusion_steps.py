@@ -369,7 +369,7 @@ print(rule("G1"))  # judged in section 4, with G2
 # **What to look at.** Coarse to fine is entropy falling (max weight rising) from the first step to the last; the
 # grid shows each layer, the table each layer's fall from the early phase to the late one. Only PixArt's
 # cross-attention falls in every layer (layer 0 by <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-pixart cross@0" fmt="{:.3f}"-->0.127<!--/num-->); the MMDiT's entropy *rises* late in every block but
-# the last (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-mmdit@0" fmt="{:+.3f}"-->-0.155<!--/num-->).
+# the last (block 0: early minus late <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-mmdit@0" fmt="{:+.3f}"-->-0.155<!--/num-->).
 #
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
 # <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but G1 is judged on the weaker model, whose mean rises (decided with G2 in section 4).
