@@ -52,10 +52,8 @@ def reading_profile(records, model: str, part: str | None = None) -> pd.DataFram
         ent = d["norm_entropy"].float()
         if r.spans is None and r.part != "cross":  # a tower without the other modality (CLIP): no split
             share, cm, e = float("nan"), float("nan"), float(torch.nanmean(ent))
-        elif r.part == "cross":
-            live = ~torch.isnan(ent[0])
-            share, cm = float("nan"), float("nan")
-            e = float(ent[:, live].mean())
+        elif r.part == "cross":  # the rows that read the image (not NaN)
+            share, cm, e = float("nan"), float("nan"), float(ent[:, ~torch.isnan(ent[0])].mean())
         else:
             if r.spans is None or "image_share" not in d:
                 raise InputError(f"record {r.key} has no spans: capture with spans to split text from image")
@@ -98,10 +96,9 @@ def head_roles(records, model: str, focused: float = FOCUSED, spread: float = 0.
     records = list(records)
     stats_stride_of(records)  # exact and sampled records are not averaged together
     if records and "row_entropy" in records[0].data:  # a generator's records: its image queries, over the steps
-        rows = [{"layer": r.layer, "head": h, "max_weight": float(r.data["max_weight"][h, 0]),
-                 "norm_entropy": float(r.data["row_entropy"][h, 0])} for r in records for h in range(r.heads)
-                if r.part in ("joint", "cross")]
-        H = pd.DataFrame(rows)
+        H = pd.DataFrame([{"layer": r.layer, "head": h, "max_weight": float(r.data["max_weight"][h, 0]),
+                           "norm_entropy": float(r.data["row_entropy"][h, 0])} for r in records for h in range(r.heads)
+                          if r.part in ("joint", "cross")])
     else:
         H = head_table(records)
     H = H.groupby(["layer", "head"])[["max_weight", "norm_entropy"]].mean().reset_index()

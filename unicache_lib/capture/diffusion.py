@@ -285,9 +285,7 @@ class DiffusionCapture:
             raise CaptureError(f"sample {self.sample_ids[j]!r} has {n} text tokens but the model got {n_text}")
         if known is not None and int(known.sum()) == n:
             return known
-        real = np.zeros(n_text, bool)
-        real[:n] = True
-        return real
+        return np.arange(n_text) < n
 
     def _record(self, w: _Wrapped, probs: torch.Tensor, out, enc, mask, rows) -> None:
         """``probs [len(rows), H, Sq, Sk]`` (or one :class:`~unicache_lib.stats.LogitRows` per row): the maps of batch
