@@ -168,6 +168,9 @@ _ALL = [
        "shrinking the deep layers loses)", "02_understanding_maps",
        "(a) deep / shallow mean attention distance above 1.1, (b) deep minus shallow normalised entropy above 0.02",
        {"a": {"above": 1.1}, "b": {"above": 0.02}},
+       meaning={"holds": "deep layers read farther and spread: do not cut them harder",
+                "partly": "one sign of depth only: keep one budget per layer (05 §8)",
+                "does not hold": "depth gives no reason to change the budget"},
        advice=Advice("positive: deep layers spread, do not cut them harder than shallow ones; negative: deep layers "
                      "focus, fewer keys may do there. Measure it: 05 §8 compares a depth schedule with one budget per "
                      "layer at equal bytes", (Place("05", 8, what="budgets by depth", params=("DEPTH_SCHEDULES",)),))),
@@ -193,6 +196,9 @@ _ALL = [
        "02_understanding_maps",
        "(a) anchors on object patches / random patches on objects above 1.5, (b) the text's reads on its anchors minus "
        "on the first 3 positions (a sink) above 0", {"a": {"above": 1.5}, "b": {"above": 0.0}},
+       meaning={"holds": "anchors on objects, above the sink; still keep a cover (05)",
+                "partly": "keep the sinks and a cover of the image, not the object patches",
+                "does not hold": "neither objects nor sinks stand out: keep a cover"},
        advice=Advice("a sink (the first positions) taking as much of the text's reads as the anchors or more: keep it in "
                      "every budget; every 05 policy does, since eviction there drops image keys only and keeps every "
                      "other context position. Anchors on objects: spend the image budget on a cover of the picture, not "
@@ -225,6 +231,9 @@ _ALL = [
        "where image KV is read (the whole map's cross-modal share, not 07's detector quantity)", "02_understanding_maps",
        "(a) image->image minus the largest other block, in its worst layer, above 0, (b) cross-modal share in its "
        f"worst layer above {NEGLECT_WARN:g}", {"a": {"above": 0.0}, "b": {"above": NEGLECT_WARN}},
+       meaning={"holds": "the text reads the image in every layer",
+                "partly": "one sign only: after a cache change check accuracy (07)",
+                "does not hold": "some layer barely reads the image: check accuracy (07)"},
        advice=Advice(f"under {NEGLECT_WARN:g} the text barely reads the image. After a cache change, check image "
                      "dependence and accuracy, not a share: 07's neglect detector stayed quiet on the real breaks it "
                      "was meant to catch, and only accuracy caught them all",
@@ -233,6 +242,10 @@ _ALL = [
        "whether a question predicts the patches it needs", "02_understanding_maps",
        "best layer (of the full data): (a) median selectivity above 1.5, (b) median selectivity / the untrained-LM "
        "control's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}},
+       meaning={"holds": "words point at their patches; still keep a cover",
+                "partly": "a weak sign only: do not select image KV by the question",
+                "does not hold": "words do not point at their patches: do not select by them",
+                "inconclusive": "no sign words single out their patches: keep a cover"},
        advice=Advice("near or below 1: a question's words do not point at their object, so do not select image KV by "
                      "them; well above 1: they do, but that helps only when the question is known before the cache is "
                      "compressed. Either way keep a cover of the image keys, not the patches the question reads",
@@ -240,7 +253,10 @@ _ALL = [
     _c("U13", "Low layers spread (~35% cross-modal), middle layers focus, high layers refine.",
        "where in depth the text reads the image (05 §5: one rule serves every depth band)", "02_understanding_maps",
        "(a) shallow-band cross-modal share within [0.2, 0.5], (b) shallow minus middle normalised entropy above 0.02",
-       {"a": {"between": (0.2, 0.5)}, "b": {"above": 0.02}}),
+       {"a": {"between": (0.2, 0.5)}, "b": {"above": 0.02}},
+       meaning={"holds": "the bands differ; one rule still serves every band (05 §5)",
+                "partly": "the bands differ in part; one rule serves every band (05 §5)",
+                "does not hold": "no band pattern: one rule for every band"}),
     # 03: how a diffusion transformer's attention moves over the denoising steps
     _c("G1", "Early denoising steps attend diffusely, late steps concentrate.",
        "whether focus marks the steps to reuse (by output the last steps are the least reusable, §4)",
