@@ -43,7 +43,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = Path(__file__).resolve().parent  # conf.py, _ext/, _static/
@@ -68,7 +67,6 @@ WIDGET_NOTE = ('<div class="course-widget-note"><b>Live explorer: open in Jupyte
 
 MARKUP_IN_NAME = re.compile(r"[<>\"'&`\x00-\x1f\x7f]")  # what a page's own name may not hold
 CONTROL_IN_NAME = re.compile(r"[\x00-\x1f\x7f]")  # what no name the site shows may hold (a line break starts markup)
-FRONT_MATTER = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)^---[ \t]*$", re.S | re.M)
 PAGE_SETTINGS = {"orphan", "title"}  # what a page's front matter may set; MyST and myst-nb read the rest as build settings
 
 
@@ -80,15 +78,18 @@ def _no_build_settings(src: str, text: str | None = None, metadata: dict | None 
     if metadata is not None:
         keys = sorted(k for k in metadata if str(k).lower().startswith(("myst", "jupyter_book", "substitutions")))
     else:
-        m = FRONT_MATTER.match(text or "")
-        if m is None:
+        from myst_parser.config.main import read_topmatter  # what MyST itself reads as a page's settings
+
+        text = (text or "").lstrip("\ufeff")  # Sphinx reads sources as utf-8-sig
+        if not text.startswith(("---", "+++")):
             return
         try:
-            head = yaml.safe_load(m.group(1))
-        except yaml.YAMLError:
+            head = read_topmatter(text)
+        except Exception:  # noqa: BLE001 - MyST's own error for a block it cannot read
             head = None
         if not isinstance(head, dict):
-            raise BookError(f"{src}: its front matter (the --- block at the top) is not a YAML mapping: remove it")
+            raise BookError(f"{src}: it opens with a {text[:3]} line that is not YAML front matter MyST can read: "
+                            f"remove the block, or start the page with its title")
         keys = sorted(str(k) for k in head if str(k) not in PAGE_SETTINGS)
     if keys:
         raise BookError(f"{src}: its {'metadata' if metadata is not None else 'front matter'} sets {keys}, which would "

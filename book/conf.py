@@ -19,6 +19,8 @@ suppress_warnings = ["mystnb.unknown_mime_type", "myst.header", "misc.highlighti
 
 # the notebooks are shown as committed: executed by `make notebooks`, never re-executed here
 nb_execution_mode = "off"
+# a page can override the mode in its own settings (book/build.py refuses such a page); excluded here as well
+nb_execution_excludepatterns = ["*", "**/*"]
 nb_merge_streams = True
 # the explorer's widget output carries its kernel-free HTML form (unicache_lib/explorer): show that, never the
 # widget view (it needs a kernel and a widget manager); and no ipywidgets scripts from a CDN on any page
