@@ -200,24 +200,11 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, design_file: Path 
             "question_seed": QUESTION_SEED, "n_image": n_image, "seconds": round(time.perf_counter() - t0, 1)}
     if given is None:
         return write_shard(out, R[KEEP], meta)
-    return write_owned_shard(out, R[KEEP], meta, given)
+    return write_shard(out, R[KEEP], meta, given, TOOL)
 
 
 def shard_names(rank: int, world: int) -> list[str]:
     return [f"rows-rank{rank}-of-{world}.csv", f"rows-rank{rank}-of-{world}.json"]
-
-
-def write_owned_shard(out: Path, rows: pd.DataFrame, meta: dict, given: Path) -> Path:
-    """benchmarks/evaluate.py's shard format (the CSV, then its settings with the CSV's row count and SHA-256, the
-    settings last), each file through :func:`write_owned` into the ``--out`` the user gave."""
-    import hashlib
-
-    csv_name, json_name = shard_names(meta["rank"], meta["world"])
-    data = rows.to_csv(index=False).encode()
-    meta = {**meta, "rows": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
-    path = write_owned(out / csv_name, data, given)
-    write_owned(out / json_name, json.dumps(meta).encode(), given)
-    return path
 
 
 def decide(R: pd.DataFrame, n_image: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -295,7 +282,7 @@ def main(argv=None) -> int:
                  [f"results/evaluate_depth_{MODEL}.csv", f"results/evaluate_depth_shares_{MODEL}.csv"] if args.merge
                  else shard_names(rank, world))
         try:
-            given = check_output_path(given, "--out", TOOL, files=names)
+            given = check_output_path(given, "--out", TOOL, roots=(ROOT,), files=names)
         except InputError as e:
             print(f"{TOOL}: error: {e}", file=sys.stderr)
             return 2

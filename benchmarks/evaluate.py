@@ -71,6 +71,16 @@ def launch_rank(ap: argparse.ArgumentParser) -> tuple[int, int]:
     return got["RANK"], got["WORLD_SIZE"]
 
 
+def claim_out(ap: argparse.ArgumentParser, out: Path, names: list[str], tool: str, option: str = "--out") -> Path:
+    """The folder the user named, checked before anything runs (never the repository or one of its folders, wherever
+    the library was imported from; never over a file ``names`` lists that ``tool`` did not write); a refusal ends the
+    command in one usage line."""
+    try:
+        return check_output_path(out, option, tool, roots=(ROOT,), files=names)
+    except InputError as e:
+        ap.error(str(e))
+
+
 def parse_budgets(spec: str | None, n_image: int | None) -> list[float]:
     """Budgets as shares of the image tokens from ``"0.1,0.25"`` or ``"64t,128t"`` (token counts over the model's
     ``n_image`` image tokens: :func:`~unicache_lib.inputs.budget_shares`). None: :data:`BUDGETS`."""
@@ -111,7 +121,7 @@ def _policies():
 
 
 def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = "tiny-llava", peers: bool = True,
-              budgets=BUDGETS, progress: bool | None = None) -> Path:
+              budgets=BUDGETS, progress: bool | None = None, given: Path | None = None) -> Path:
     """Rows of this rank's questions (global question ids), written atomically; returns the file. ``budgets``: shares,
     or a :func:`parse_budgets` spec (``"64t,128t"``) read against the loaded model."""
     from unicache_lib.families import family_of
@@ -135,16 +145,24 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, model_name: str = 
     R = R[KEEP]
     meta = {"n": n, "rank": rank, "world": world, "model": model_name, "peers": peers, "budgets": list(budgets),
             "question_seed": QUESTION_SEED, "n_image": n_image, "seconds": round(time.perf_counter() - t0, 1)}
-    return write_shard(out, R, meta)
+    return write_shard(out, R, meta, given)
 
 
-def write_shard(out: Path, rows: pd.DataFrame, meta: dict) -> Path:
+def write_shard(out: Path, rows: pd.DataFrame, meta: dict, given: Path | None = None, tool: str = "evaluate.py") -> Path:
     """One rank's rows as ``rows-rank<r>-of-<w>.csv``, written atomically, then its settings (``.json``; ``meta``
     holds ``rank`` and ``world``) with the CSV's row count and SHA-256, written last and atomically: the settings file
     is the shard's commit, and the merge refuses a CSV that is missing, cut or altered after it. Shared by every
-    decisive run (``evaluate_reuse.py`` too)."""
+    decisive run (``evaluate_reuse.py``, ``depth_budgets.py`` too). ``given``: the ``--out`` the user named: then each
+    file goes through :func:`write_owned` (checked, recorded in the folder's marker, never over a file of yours)."""
     import hashlib
 
+    if given is not None:
+        csv_name, json_name = f"rows-rank{meta['rank']}-of-{meta['world']}.csv", f"rows-rank{meta['rank']}-of-{meta['world']}.json"
+        data = rows.to_csv(index=False).encode()
+        meta = {**meta, "rows": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
+        path = write_owned(out / csv_name, data, given, tool)
+        write_owned(out / json_name, json.dumps(meta).encode(), given, tool)
+        return path
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"rows-rank{meta['rank']}-of-{meta['world']}.csv"
     tmp = path.with_suffix(".tmp")
@@ -172,13 +190,13 @@ def write_owned(path: Path, data: bytes, out: Path | None, tool: str = "evaluate
         tmp.write_bytes(data)
         os.replace(tmp, path)
         return path
-    base = check_output_path(out, option, tool)
+    base = check_output_path(out, option, tool, roots=(ROOT,))
     rel = Path(os.path.abspath(path)).relative_to(base).as_posix()
     base.mkdir(parents=True, exist_ok=True)
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        check_output_path(out, option, tool, files=[rel])
+        check_output_path(out, option, tool, roots=(ROOT,), files=[rel])
         record_output_files(base, tool, {rel: data})
         dest = base / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -400,8 +418,8 @@ def main(argv=None) -> int:
         kinds = ["eviction", "controls", "shares", "targets"]
         if owner is not None:  # before anything is decided or written
             try:
-                check_output_path(owner, option, TOOL, files=[os.path.relpath(decisive_file(k, model, args.results),
-                                                                              owner) for k in kinds])
+                check_output_path(owner, option, TOOL, roots=(ROOT,),
+                                  files=[os.path.relpath(decisive_file(k, model, args.results), owner) for k in kinds])
             except InputError as e:
                 ap.error(str(e))
         claims, controls = decide(R)
@@ -425,7 +443,9 @@ def main(argv=None) -> int:
             print(targets.drop(columns="budget").round(4).to_string(index=False))
         return 0
     rank, world = launch_rank(ap)
-    path = run_shard(args.questions, rank, world, args.out, args.model, budgets=args.budgets or BUDGETS)
+    given = claim_out(ap, args.out, [f"rows-rank{rank}-of-{world}.{x}" for x in ("csv", "json")], TOOL) \
+        if args.out != OUT else None
+    path = run_shard(args.questions, rank, world, args.out, args.model, budgets=args.budgets or BUDGETS, given=given)
     print(f"rank {rank} of {world}: {path}")
     return 0
 

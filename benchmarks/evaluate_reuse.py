@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import count, launch_rank, read_shards, write_owned, write_shard  # noqa: E402 - the shard files every decisive run shares
+from evaluate import claim_out, count, launch_rank, read_shards, write_owned, write_shard  # noqa: E402 - the shard files every decisive run shares
 
 from unicache_lib.core.errors import InputError  # noqa: E402
 from unicache_lib.paths import check_output_path  # noqa: E402
@@ -90,7 +90,8 @@ def methods(gen, scored: list[str]) -> dict:
     return out
 
 
-def run_shard(n: int, rank: int, world: int, out: Path = OUT, generators=GENERATORS, progress: bool | None = None) -> Path:
+def run_shard(n: int, rank: int, world: int, out: Path = OUT, generators=GENERATORS, progress: bool | None = None,
+              given: Path | None = None) -> Path:
     """Scores this rank's chunks on every generator; one row per (generator, method, chunk) with the per-prompt
     values as JSON lists, written atomically. Returns the file."""
     from unicache_lib.progress import bar
@@ -120,10 +121,10 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, generators=GENERAT
                              **{k: json.dumps([float(v) for v in row[k]]) for k in LIST_COLUMNS if k in row}})
     meta = {"n": n, "rank": rank, "world": world, "generators": list(generators), "chunk": CHUNK,
             "noise_seed": NOISE_SEED, "seconds": round(time.perf_counter() - t0, 1)}
-    return write_shard(out, pd.DataFrame(rows), meta)
+    return write_shard(out, pd.DataFrame(rows), meta, given, TOOL)
 
 
-def run_timing(repeats: int, out: Path = OUT, generators=GENERATORS) -> Path:
+def run_timing(repeats: int, out: Path = OUT, generators=GENERATORS, given: Path | None = None) -> Path:
     """06's timing rounds for every method on the first chunk, one process; written atomically as JSON."""
     from unicache_lib.reuse.evaluate import score_methods, time_methods
     from unicache_lib.runtime.loaders import load_generator
@@ -137,12 +138,8 @@ def run_timing(repeats: int, out: Path = OUT, generators=GENERATORS) -> Path:
         _, usable, _ = score_methods(gen, methods(gen, texts), texts, objs, STEPS, GUIDANCE, seeds, progress=False)
         T = time_methods(gen, usable, texts, STEPS, GUIDANCE, seeds, repeats, order_seed=0)  # 06 runs only `usable`
         res[g] = {k: {c: (v.tolist() if isinstance(v, np.ndarray) else v) for c, v in cols.items()} for k, cols in T.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "timing.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"repeats": repeats, "generators": list(generators), "timing": res}))
-    os.replace(tmp, path)
-    return path
+    data = json.dumps({"repeats": repeats, "generators": list(generators), "timing": res}).encode()
+    return write_owned(out / "timing.json", data, given, TOOL)  # atomic; a folder you named: checked and recorded
 
 
 def merge(out: Path = OUT) -> pd.DataFrame:
@@ -232,7 +229,8 @@ def main(argv=None) -> int:
             setattr(args, name, Path(getattr(args, name)))
     torch.set_num_threads(1)
     if args.timing:
-        print(f"timing: {run_timing(args.repeats, args.out)}")
+        given = claim_out(ap, args.out, ["timing.json"], TOOL) if args.out != OUT else None
+        print(f"timing: {run_timing(args.repeats, args.out, given=given)}")
         return 0
     if args.merge:
         R = merge(args.out)
@@ -250,7 +248,8 @@ def main(argv=None) -> int:
         names = ["evaluate_reuse.csv", "evaluate_reuse_methods.csv"]
         if owner is not None:  # before anything is decided or written
             try:
-                check_output_path(owner, option, TOOL, files=[os.path.relpath(args.results / n, owner) for n in names])
+                check_output_path(owner, option, TOOL, roots=(ROOT,),
+                                  files=[os.path.relpath(args.results / n, owner) for n in names])
             except InputError as e:
                 ap.error(str(e))
         claims, RU = decide(R, timing["timing"] if timing else None, repeats)
@@ -266,7 +265,9 @@ def main(argv=None) -> int:
         print(claims[[c for c in cols if c in claims]].round(4).to_string(index=False))
         return 0
     rank, world = launch_rank(ap)
-    path = run_shard(args.prompts, rank, world, args.out)
+    given = claim_out(ap, args.out, [f"rows-rank{rank}-of-{world}.{x}" for x in ("csv", "json")], TOOL) \
+        if args.out != OUT else None
+    path = run_shard(args.prompts, rank, world, args.out, given=given)
     print(f"rank {rank} of {world}: {path}")
     return 0
 

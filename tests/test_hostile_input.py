@@ -622,3 +622,38 @@ def test_the_eviction_merge_writes_only_where_it_may(tmp_path, sound_shards, mon
     for _ in range(2):
         assert E.main(["--merge", "--out", str(ours)]) == 0
     assert (ours / "results" / "evaluate_eviction.csv").exists()
+
+
+@pytest.mark.parametrize("case", ["evaluate: your shard", "evaluate: --out docs", "reuse --timing: your timing.json",
+                                  "reuse --timing: --out docs", "reuse: your shard"])
+def test_the_decisive_runs_write_shards_and_timing_only_where_they_may(tmp_path, sound_shards, monkeypatch, capsys,
+                                                                        case):
+    """Round 8's EV8a/b, EVR8a/b: `evaluate.py --out mine` replaced your mine/rows-rank0-of-1.csv, `evaluate_reuse.py
+    --timing --out mine` your timing.json, and both wrote into the repository's docs/. One usage line now, before any
+    model loads."""
+    import sys
+
+    from tests.test_benchmarks import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate_reuse as ER
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    E = sound_shards[0]
+    tool, mode = case.split(":")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    name = "timing.json" if "timing" in case else "rows-rank0-of-1.csv"
+    (mine / name).write_text("MINE\n")
+    out = str(ROOT / "docs") if "docs" in case else str(mine)
+    argv = {"evaluate": ["--questions", "1", "--out", out], "reuse --timing": ["--timing", "--out", out],
+            "reuse": ["--prompts", "8", "--out", out]}[tool]
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    before = sorted(os.listdir(ROOT / "docs"))
+    with pytest.raises(SystemExit) as e:
+        (E if tool == "evaluate" else ER).main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: --out" in err.strip().splitlines()[-1], err
+    assert (mine / name).read_text() == "MINE\n" and sorted(os.listdir(ROOT / "docs")) == before

@@ -820,7 +820,7 @@ def test_depth_budgets_never_replaces_a_file_it_did_not_write(tmp_path, monkeypa
     # the shards: through the same marker, in evaluate.py's format
     rows = pd.DataFrame({"question": [0, 1], "method": ["full", "full"]})
     meta = {"n": 2, "rank": 0, "world": 1, "model": DB.MODEL}
-    DB.write_owned_shard(mine, rows, meta, mine)
+    DB.write_shard(mine, rows, meta, mine, DB.TOOL)
     from evaluate import read_shards
 
     back, metas, n, world = read_shards(mine, ("n", "world", "model"), "evaluate-depth")
@@ -829,7 +829,7 @@ def test_depth_budgets_never_replaces_a_file_it_did_not_write(tmp_path, monkeypa
     theirs.mkdir()
     (theirs / "rows-rank0-of-1.csv").write_text("mine")
     with pytest.raises(InputError, match="did not write"):
-        DB.write_owned_shard(theirs, rows, meta, theirs)
+        DB.write_shard(theirs, rows, meta, theirs, DB.TOOL)
     assert (theirs / "rows-rank0-of-1.csv").read_text() == "mine"
 
 

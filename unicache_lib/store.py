@@ -678,6 +678,11 @@ class Store:
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
                 raise InputTypeError(f"missing takes a list of {name}, not {type(value).__name__} {value!r:.80}: pass "
                                      f"[{value!r:.80}] (a text would be read as its characters)")
+        layers = list(layers)
+        odd = [x for x in [*layers, step] if not isinstance(x, numbers.Integral) or isinstance(x, bool)]
+        if odd or not isinstance(part, str):  # int(0.7) would ask about layer 0 without a word
+            raise InputTypeError(f"missing takes whole numbers for layers and step and a name for part; got "
+                                 f"{odd[0] if odd else part!r:.80}")
         have = self.keys()
         return [s for s in samples if any(key_str((str(s), part, int(li), step)) not in have for li in layers)]
 
