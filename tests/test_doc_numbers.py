@@ -33,7 +33,8 @@ def test_the_pages_quote_the_numbers_the_issue_named_through_markers():
     for model in ("tiny-llava", "tiny-mllama", "tiny-vilt", "tiny-janus"):
         assert f'data/models/{model}/model_card.json#heldout.accuracy fmt="{{:.1%}}"' in specs, model
     assert any("@train_minutes" == dn.parse_spec(s)[0] for s in readme)
-    assert any("PSNR over the fewer-step control at equal wall-clock > step_skip@3" in s for s in readme)  # PixArt
+    assert any("speed-up over no reuse: median paired > step_skip@3" in s for s in readme)  # PixArt's step_skip
+    assert any("06_step_reuse.json#[claim=R2].value" in s for s in readme)  # R2's margin over fewer steps
     assert sum(dn.parse_spec(s)[0].startswith("@read_minutes:") for s in readme) == \
         len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 

@@ -799,7 +799,8 @@ WrappedTable(pd.DataFrame(decision_rows(rows, "03_diffusion_steps", board.verdic
 # every knee is the first step, at the strict line some layer never settles. That does not rule out skipping whole
 # steps: 06's `step_skip` predicts each skipped step from the last two computed ones, needs no knee, and is the only
 # method there above the fewer-step control at equal FLOPs. Keep its tuned head, as 06 does. Word maps point on PixArt (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×).
-#
+
+# %% [markdown]
 # ## Exercises
 #
 # Each starter leaves one gap, code to write (`# <- write`) or a value (`# <- fill in`), and checks it. Answers:

@@ -470,19 +470,19 @@ board.show()
 
 # %% [markdown]
 # **Reading the scoreboard.** These verdicts concern a 4-layer, 8-head model; a 7B model has far more slack.
-#
+
+# %% [markdown]
 # ## Recap: what this notebook showed on the shipped models
 #
 # - **Scores** (§1): the statistics agree with one another, moderately with the gradient, not with the weight norms.
 # - **Answers** (§2): random's mean loses <!--num "notebooks/04_head_pruning.ipynb#out:drop at 10% pruned > value here > random" re="random ([0-9.]+)"-->14.1<!--/num-->
-#   points at 10%, every scorer about a point or less. Random's draws spread widely, so its band needs seeds: over
-#   `RANDOM_SEEDS` of them, <!--num "notebooks/04_head_pruning.ipynb#out:10% pruned: random's band > scorers ahead of random" re="([0-9]+ of [0-9]+) scorers"-->6 of 6<!--/num--> scorers are
+#   points at 10%, every scorer about a point or less. Over `RANDOM_SEEDS` random draws, <!--num "notebooks/04_head_pruning.ipynb#out:10% pruned: random's band > scorers ahead of random" re="([0-9]+ of [0-9]+) scorers"-->6 of 6<!--/num--> scorers are
 #   ahead of random at 10%, <!--num "notebooks/04_head_pruning.ipynb#out:50% pruned: random's band" re="ahead of it: ([0-9]+ of [0-9]+)"-->6 of 6<!--/num--> at 50%. The gradient is best.
 # - **P1 is <!--num data/results/04_head_pruning.json#[claim=P1].verdict-->inconclusive<!--/num-->**: the combined statistics lose <!--num data/results/04_head_pruning.json#[claim=P1].shown@1 fmt="{:.1f}"-->0.9<!--/num--> points at 10%
 #   and <!--num data/results/04_head_pruning.json#[claim=P1].shown@3 fmt="{:.1f}"-->5.0<!--/num--> at <!--const FRACTIONS, a parameter-->20%<!--/const-->: P1's shape, but the 10% drop's interval straddles P1's one-point
 #   line, so these questions cannot fix a safe fraction.
-# - **P2 is <!--num data/results/04_head_pruning.json#[claim=P2].verdict-->inconclusive<!--/num-->**: its rule, fixed before the run, reads the study's "more stable" as mean accuracy over
-#   the pruned fractions and pits the *combined* statistics against the data-free weight norms, and they tie (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@2" fmt="{:.3f}"-->0.855<!--/num-->). low_variance's
+# - **P2 is <!--num data/results/04_head_pruning.json#[claim=P2].verdict-->inconclusive<!--/num-->**: on mean accuracy over the pruned fractions (the rule fixed before the run), the
+#   combined statistics and the data-free weight norms tie (<!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@0" fmt="{:.3f}"-->0.855<!--/num--> against <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@2" fmt="{:.3f}"-->0.855<!--/num-->). low_variance's
 #   <!--num "notebooks/04_head_pruning.ipynb#out:statistics vs weight norms > value here@1" fmt="{:.3f}"-->0.877<!--/num--> is ahead, but picking the best of five scorers after the fact proves nothing.
 # - **P3 is <!--num data/results/04_head_pruning.json#[claim=P3].verdict-->partly<!--/num-->** (§3): layer 0's near-uniform heads are needed (a), but so are random ones, and the control's
 #   band cannot tell them apart; deeper layers move no more than under random removal (b). Diffuse is no reason to
@@ -491,7 +491,8 @@ board.show()
 #   on PixArt's colour); the combined statistics cost PixArt detail. **Physical pruning** (§5) matches the mask
 #   exactly but speeds up only attention's share of the forward: measure that share on your model
 #   (`PC.attention_share`) before promising a gain.
-#
+
+# %% [markdown]
 # The decision table, one row per claim (the advice: `unicache_lib/claims.py`; §4's and §5's suggestions above have
 # no claim, so no row):
 
