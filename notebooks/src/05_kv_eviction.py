@@ -633,7 +633,7 @@ else:
 #   E3 <!--num "notebooks/05_kv_eviction.ipynb#out:E3: " re="E3: (.+)$"-->holds -> the answers barely move<!--/num-->;
 #   E4 <!--num "notebooks/05_kv_eviction.ipynb#out:E4: " re="E4: (.+)$"-->holds -> no peer beats it<!--/num-->.
 # - **U7** <!--num data/results/05_kv_eviction.json#[claim=U7].verdict-->does not hold<!--/num--> (§5–§6): one
-#   coverage rule for every depth band. **By depth** (§8): one budget per layer; never shrink deep layers.
+#   coverage rule for every depth band. **By depth** (§8): one budget per layer; never shrink layers that spread.
 #
 # The decision table reads this run, and the larger runs where this one cannot separate methods.
 
