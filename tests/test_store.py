@@ -403,7 +403,7 @@ def test_a_store_dropped_while_another_takes_its_lock_does_not_deadlock(tmp_path
     new.close()
 
 
-@pytest.mark.parametrize("call", ['missing("12", [0])', 'missing(["12"], 0)', 'missing(12, [0])', 'missing(["12"], [0.7])',
+@pytest.mark.parametrize("call", ['missing("12", [0])', 'missing(["12"], "0")', 'missing(12, [0])', 'missing(["12"], [0.7])',
                                   'missing(["12"], [0], step=None)', 'missing(["12"], [float("nan")])'])
 def test_missing_refuses_a_text_or_a_number_for_a_list(tmp_path, call):
     """Round 7's SC3: missing("12", [0]) read the text as samples "1" and "2", found both captured and returned [],
@@ -413,3 +413,4 @@ def test_missing_refuses_a_text_or_a_number_for_a_list(tmp_path, call):
     with pytest.raises(InputTypeError, match="missing t"):  # round 8's SM5: int(0.7) asked about layer 0
         eval(f"st.{call}")
     assert st.missing(["12"], [0]) == ["12"] and st.missing(["1", "2"], [0]) == []  # the fix it names
+    assert st.missing(["1", "12"], 0) == ["12"]  # one layer number is that layer

@@ -674,11 +674,10 @@ class Store:
     def missing(self, samples, layers, part: str = "language", step: int = -1) -> list:
         """Samples of ``samples`` that lack any of ``layers`` (what a resumed capture still has to do). Both are lists:
         a text for either would be read as its characters (``missing("12", [0])`` asks about samples "1" and "2")."""
-        for name, value in (("samples", samples), ("layers", layers)):
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-                raise InputTypeError(f"missing takes a list of {name}, not {type(value).__name__} {value!r:.80}: pass "
-                                     f"[{value!r:.80}] (a text would be read as its characters)")
-        layers = list(layers)
+        if isinstance(samples, (str, bytes)) or not hasattr(samples, "__iter__"):
+            raise InputTypeError(f"missing takes a list of samples, not {type(samples).__name__} {samples!r:.80}: pass "
+                                 f"[{samples!r:.80}] (a text would be read as its characters)")
+        layers = list(layers) if hasattr(layers, "__iter__") else [layers]  # one layer number: that layer
         odd = [x for x in [*layers, step] if not isinstance(x, numbers.Integral) or isinstance(x, bool)]
         if odd or not isinstance(part, str):  # int(0.7) would ask about layer 0 without a word
             raise InputTypeError(f"missing takes whole numbers for layers and step and a name for part; got "

@@ -164,8 +164,8 @@ def load_store(path):
         odd = next((k for k in need if (a := np.asarray(r.data[k])).dtype.kind == "f" and a.size
                     and (np.isinf(a).any() or not np.isfinite(a).any())), None)
         if odd is not None:
-            what = "infinite" if np.isinf(np.asarray(r.data[odd])).any() else "NaN everywhere"
-            raise ReportError(f"store {p}: record {r.key}'s {odd} is {what} "
+            raise ReportError(f"store {p}: record {r.key}'s {odd} is "
+                              f"{'infinite' if np.isinf(np.asarray(r.data[odd])).any() else 'NaN everywhere'} "
                               f"(a capture that overflowed, e.g. in float16): nothing honest can be drawn from it; "
                               f"recapture it in float32 (drop its records with Store.drop, then run the capture again)")
     return recs, meta, note

@@ -443,14 +443,13 @@ def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
             raise InputError(f"an explorer's picture holds NaN or infinite values ({float(np.mean(~np.isfinite(a))):.0%} "
                              f"of them): nothing would be drawn there; pass the picture itself (uint8, or floats in 0..1)")
         lo, hi = float(a.min()), float(a.max())
-        if lo >= -FLOAT_SLACK and hi <= 1 + FLOAT_SLACK:  # 0..1, a resize's or de-normalisation's overshoot clipped
-            a = np.clip(a.astype(np.float64) * 255.0, 0, 255).astype(np.uint8)
-        elif lo >= 0 and 2 <= hi <= 255:  # 0..255 held as floats
-            a = np.clip(a.astype(np.float64), 0, 255).astype(np.uint8)
-        else:  # neither reading is safe: 1.3 is a bright 0..1 pixel or a black 0..255 one
+        # 0..1 (a resize's or de-normalisation's overshoot clipped) or 0..255 held as floats; between them neither
+        # reading is safe: 1.3 is a bright 0..1 pixel or a black 0..255 one
+        if not (lo >= -FLOAT_SLACK and hi <= 1 + FLOAT_SLACK or lo >= 0 and 2 <= hi <= 255):
             raise InputError(f"an explorer's picture of floats holds {lo:.3g}..{hi:.3g}: neither 0..1 nor 0..255, so "
                              f"it cannot be drawn without a guess; pass np.clip(picture, 0, 1) for a 0..1 picture (a "
                              f"normalised one: undo the normalisation first) or uint8 for 0..255")
+        a = np.clip(a.astype(np.float64) * (255.0 if hi <= 1 + FLOAT_SLACK else 1.0), 0, 255).astype(np.uint8)
     im = Image.fromarray(a[..., :3] if a.ndim == 3 else a).convert("RGB")
     if max(im.size) > side:
         r = side / max(im.size)
