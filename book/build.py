@@ -67,7 +67,23 @@ WIDGET_NOTE = ('<div class="course-widget-note"><b>Live explorer: open in Jupyte
 
 MARKUP_IN_NAME = re.compile(r"[<>\"'&`\x00-\x1f\x7f]")  # what a page's own name may not hold
 CONTROL_IN_NAME = re.compile(r"[\x00-\x1f\x7f]")  # what no name the site shows may hold (a line break starts markup)
+NOTEBOOK_METADATA = {"kernelspec", "language_info", "jupytext", "papermill", "unicache", "widgets", "colab", "vscode",
+                     "toc", "celltoolbar", "interpreter"}  # what a lesson's notebook metadata may hold (editors' own)
+DIRECTIVE_TRICKS = re.compile(  # options and forms that make docutils import a module or read outside the course
+    r"^[ \t>]*:?parser:|(?:include|literalinclude)(?:::|\})[ \t]*<", re.M | re.I)
 PAGE_SETTINGS = {"orphan", "title"}  # what a page's front matter may set; MyST and myst-nb read the rest as build settings
+
+
+def _no_directive_tricks(src: str, text: str) -> None:
+    """An include's ``:parser:`` option makes docutils import the module it names (any module: a committed
+    ``docs/x.py`` too) while it reads the options, before any check in a directive can run, and that parser may read
+    the included text's front matter as settings; docutils' ``<name>`` form reads a file before Sphinx is asked (a
+    FIFO hangs the build). Neither is used by the course: a page holding one is refused before Sphinx sees it."""
+    m = DIRECTIVE_TRICKS.search(text)
+    if m:
+        line = text[text.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0].strip()
+        raise BookError(f"{src}: {line[:160]!r}: an include's :parser: option imports a module at build time and the "
+                        f"<name> form reads outside the course: not published; remove it")
 
 
 def _no_build_settings(src: str, text: str | None = None, metadata: dict | None = None) -> None:
@@ -75,18 +91,23 @@ def _no_build_settings(src: str, text: str | None = None, metadata: dict | None 
     MyST or myst-nb options could enable Jinja2 substitutions (any Python at build time), execute the page
     (``execution_mode: force``) or read it as a text notebook; ``book/conf.py``'s settings are only defaults a page can
     override, so such a page is refused in one line before Sphinx sees it."""
-    if metadata is not None:
-        keys = sorted(k for k in metadata if str(k).lower().startswith(("myst", "jupyter_book", "substitutions")))
+    if metadata is not None:  # what MyST and myst-nb read from a notebook's metadata as settings is not a lesson's
+        keys = sorted(k for k in metadata if str(k) not in NOTEBOOK_METADATA)
     else:
         from myst_parser.config.main import read_topmatter  # what MyST itself reads as a page's settings
 
         text = (text or "").lstrip("\ufeff")  # Sphinx reads sources as utf-8-sig
         if not text.startswith(("---", "+++")):
             return
+        lines = text.splitlines()
+        if len(lines) > 1 and lines[1].startswith(("---", "...")):  # an empty block: no settings
+            return
         try:
             head = read_topmatter(text)
         except Exception:  # noqa: BLE001 - MyST's own error for a block it cannot read
-            head = None
+            head = "unreadable"
+        if head is None:  # +++ (MyST reads only ---): plain text, no settings
+            return
         if not isinstance(head, dict):
             raise BookError(f"{src}: it opens with a {text[:3]} line that is not YAML front matter MyST can read: "
                             f"remove the block, or start the page with its title")
@@ -371,6 +392,9 @@ def _notebook(site: Site, page: dict, raw: str) -> str:
     HTML form of its own (it needs a kernel) replaced by a note to open the lesson in JupyterLab."""
     nb = json.loads(raw)
     _no_build_settings(page["src"], metadata=nb.get("metadata", {}))
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            _no_directive_tricks(page["src"], _source(cell))
     nb.get("metadata", {}).pop("widgets", None)
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "markdown":
@@ -472,6 +496,7 @@ def stage(site: Site, where: Path) -> None:
         else:
             raw = repo_text(site.root, src)
             _no_build_settings(src, raw)
+            _no_directive_tricks(src, raw)
             text = rewrite_links(site, page, raw)
             if src == "README.md":
                 text += _toctrees(site)

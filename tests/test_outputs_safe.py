@@ -1071,7 +1071,6 @@ FRONT_FORMS = {  # round 8: front matter MyST reads that a regex of the builder'
     "a byte-order mark": "\ufeff---\n" + SUBST + "---\n# T\n",
     "a text notebook closed by ...": "---\nfile_format: mystnb\nkernelspec:\n  name: python3\nmystnb:\n  execution_mode: "
                                      "force\n...\n# T\n",
-    "TOML-style +++": "+++\nmyst = 1\n+++\n# T\n",
     "not YAML": "---\n: : [\n---\n# T\n",
 }
 
@@ -1086,3 +1085,53 @@ def test_every_front_matter_form_myst_reads_is_checked(form):
     assert "\n" not in str(e.value)
     book._no_build_settings("docs/X.md", "---\ntitle: T\norphan: true\n...\n# T\n")  # page settings pass
     book._no_build_settings("docs/X.md", "# T\n\n---\n\nmyst: not front matter below the title\n")
+    book._no_build_settings("docs/X.md", "---\n---\n# T\n")  # an empty block: no settings (round 9)
+    book._no_build_settings("docs/X.md", "+++\nmyst = 1\n+++\n# T\n")  # MyST reads only ---: plain text
+
+
+TRICKS = {  # round 9's S1, S2 and its FIFO case: directive options that import a module or read before any check
+    "rst include with :parser:": "# T\n\n```{eval-rst}\n.. include:: OTHER.md\n   :start-after: MARK\n   :parser: "
+                                 "myst_parser.docutils_\n```\n",
+    "MyST include with :parser:": "# T\n\n```{include} OTHER.md\n:parser: docs.pwn\n```\n",
+    "MyST include with a YAML parser option": "# T\n\n```{include} OTHER.md\n---\nparser: docs.pwn\n---\n```\n",
+    "the <name> form": "# T\n\n```{include} <../../fifo>\n```\n",
+}
+
+
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+def test_an_include_that_imports_a_module_or_reads_before_the_check_is_refused(tmp_path, monkeypatch, capsys, trick):
+    """Round 9: an include's :parser: option made docutils import any module (a committed docs/pwn.py ran at build
+    time; myst_parser's docutils parser read the included text's front matter and ran Jinja2), and the <name> form
+    read a FIFO before course.py could look (the build hung). Refused in one line before Sphinx sees the page."""
+    book = _book()
+    root = _tree(tmp_path)
+    (root / "docs" / "pwn.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('ran')\n")
+    (root / "docs" / "OTHER.md").write_text("MARK\n\nother\n")
+    (root / "docs" / "GLOSSARY.md").write_text(TRICKS[trick])
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "docs/GLOSSARY.md" in err and "remove it" in err, err
+    assert not (tmp_path / "ran").exists() and not out.exists()
+
+
+def test_notebook_metadata_beyond_a_lessons_own_is_refused(tmp_path, monkeypatch, capsys):
+    """Round 9's S3: a lesson notebook's metadata.html_meta (a refresh to another site) was published as a <meta>."""
+    book = _book()
+    root = _tree(tmp_path)
+    (root / "notebooks").mkdir()
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# Primer\n"}],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                       "html_meta": {"http-equiv=refresh": "0; url=https://example.invalid/"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (root / "notebooks" / "00_primer.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    assert book.main(["--out", str(tmp_path / "site")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "html_meta" in err, err
+    del nb["metadata"]["html_meta"]  # the fix it names
+    (root / "notebooks" / "00_primer.ipynb").write_text(json.dumps(nb))
+    assert book.main(["--out", str(tmp_path / "site")]) == 0

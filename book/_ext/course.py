@@ -164,6 +164,11 @@ def html_output_links(app, doctree, docname) -> None:
 
 
 def setup(app):
+    from docutils.parsers.rst.directives.misc import Include  # Sphinx's and MyST's include read its options
+
+    # docutils imports the module an include's :parser: names while it reads the options (book/build.py refuses such
+    # a page before Sphinx sees it; here the option does not exist either)
+    Include.option_spec = {k: v for k, v in Include.option_spec.items() if k != "parser"}
     app.connect("doctree-read", give_alt_text)
     app.connect("doctree-read", _read_inside)
     app.connect("doctree-resolved", html_output_links)
