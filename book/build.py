@@ -71,7 +71,8 @@ NOTEBOOK_METADATA = {"kernelspec", "language_info", "jupytext", "papermill", "un
                      "toc", "celltoolbar", "interpreter"}  # what a lesson's notebook metadata may hold (editors' own)
 DIRECTIVE_TRICKS = re.compile(  # options and forms that make docutils import a module or read outside the course
     r"^[ \t>]*:?parser:|(?:include|literalinclude)(?:::|\})[ \t]*<", re.M | re.I)
-PAGE_SETTINGS = {"orphan", "title"}  # what a page's front matter may set; MyST and myst-nb read the rest as build settings
+PAGE_SETTINGS = {"orphan", "title"}
+SPHINX_OWN = {"search.html", "genindex.html", "py-modindex.html", "objects.inv", "searchindex.js"}  # its own outputs  # what a page's front matter may set; MyST and myst-nb read the rest as build settings
 
 
 def _no_directive_tricks(src: str, text: str) -> None:
@@ -313,6 +314,11 @@ class Site:
             raise BookError(f"{src!r}: a file named with <, >, a quote, & or a backtick cannot be a page or file of the "
                             "site (the name reaches its HTML, its links and its search index): rename it")
         staged = staged_name(src, kind)
+        taken = next((p["src"] for p in self.pages if out_name(p["staged"]) == out_name(staged)), None)
+        if taken is not None or out_name(staged).split("/")[0] in SPHINX_OWN or staged.startswith("_"):
+            raise BookError(f"{src!r} would be published as {out_name(staged)}, which "
+                            + (f"{taken!r} already is" if taken is not None else "Sphinx writes itself")
+                            + ": rename it (two files of one name would replace each other without a word)")
         page = {"src": src, "staged": staged, "out": out_name(staged), "title": title, "section": section,
                 "kind": kind}
         self.pages.append(page)

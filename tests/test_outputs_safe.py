@@ -1135,3 +1135,24 @@ def test_notebook_metadata_beyond_a_lessons_own_is_refused(tmp_path, monkeypatch
     del nb["metadata"]["html_meta"]  # the fix it names
     (root / "notebooks" / "00_primer.ipynb").write_text(json.dumps(nb))
     assert book.main(["--out", str(tmp_path / "site")]) == 0
+
+
+@pytest.mark.parametrize("case", ["a root index.md beside README.md", "docs/index.md and a link to docs/",
+                                  "a root search.md", "x.py beside x.py.md"])
+def test_two_files_published_under_one_name_are_refused(tmp_path, monkeypatch, capsys, case):
+    """Round 10's N1/N2: a committed index.md replaced the home page (README.md's) and a docs/index.md was replaced by
+    the folder listing of docs/, each without a word; a search.md by Sphinx's own search page."""
+    book = _book()
+    link, files = {"a root index.md beside README.md": (" [i](index.md)", {"index.md": "# I\n"}),
+                   "docs/index.md and a link to docs/": (" [i](docs/index.md) [d](docs/)", {"docs/index.md": "# I\n"}),
+                   "a root search.md": (" [s](search.md)", {"search.md": "# S\n"}),
+                   "x.py beside x.py.md": (" [a](docs/x.py) [b](docs/x.py.md)", {"docs/x.py": "x = 1\n",
+                                                                              "docs/x.py.md": "# X\n"})}[case]
+    root = _tree(tmp_path, link)
+    for name, text in files.items():
+        (root / name).write_text(text)
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    assert book.main(["--out", str(tmp_path / "site")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "would be published as" in err and "rename it" in err, err
