@@ -281,12 +281,14 @@ _ALL = [
        meaning={"holds": "reuse late steps, compute early ones", "partly": "unchanged reuse by the knees (§4)",
                "does not hold": "unchanged reuse by the knees (§4)"}),
     _c("G4", "In joint attention, text->image is stable across steps, image->text varies.",
-       "the text side would be safer to reuse (06's `text_side`)", "03_diffusion_steps",
+       "which stream of joint attention is steadier (06's `text_side` tests reusing it)", "03_diffusion_steps",
        "MMDiT, mean step-to-step change (1 - cosine): (a) image->text map / text->image map above 1.5, (b) image "
        "stream's attention output / text stream's above 1.5", {"a": {"above": 1.5}, "b": {"above": 1.5}}, "6",
-       advice=Advice("above 1.5: the text side is steadier, reuse it first; near 1: neither side is the safer one",
+       advice=Advice("above 1.5 the text side is steadier, but 06's `text_side` loses to fewer steps; near 1: "
+                     "neither side is steadier",
                      (Place("06", 3, policies=("text_side",)),)),
-       meaning={"holds": "reuse the text side first", "does not hold": "neither side is safer to reuse"}),
+       meaning={"holds": "the text side is steadier; fewer steps still win (06)",
+                "does not hold": "neither side is safer to reuse"}),
     _c("G5", "Image tokens far outnumber text tokens: cache pressure is on the image side.",
        "cache memory goes to the image side", "03_diffusion_steps",
        "image / text KV bytes per attention layer, weaker model, above 4", {"": {"above": 4.0}}, "7",
@@ -299,10 +301,11 @@ _ALL = [
        "weaker model: (a) short prompts' guidance strength, early minus late, above 0, (b) long prompts' middle-phase "
        "text entropy above 0.9, (c) that entropy minus the short prompts' above 0.05",
        {"a": {"above": 0.0}, "b": {"above": 0.9}, "c": {"above": 0.05}}, "5",
-       advice=Advice("guidance as strong at the last step as at the first: keep the text side computed in the last "
-                     "steps; fading to the end: reusing the text side late is worth trying",
+       advice=Advice("guidance as strong at the last step as at the first: keep the text side computed late; fading: "
+                     "caching it late may save a little, but 06's `text_side` loses to fewer steps",
                      (Place("03", 5), Place("06", 3, policies=("text_side",)))),
-       meaning={"holds": "cache the prompt side late", "partly": "a failing (b) or (c) is good: no collapse",
+       meaning={"holds": "the prompt side could be cached late; fewer steps win (06)",
+                "partly": "a failing (b) or (c) is good: no collapse",
                "does not hold": "keep the prompt side computed"}),
     _c("G7", "Generation models have more redundant heads than understanding models.",
        "whether a generator has more heads to prune (04 §4 prunes them)", "03_diffusion_steps",

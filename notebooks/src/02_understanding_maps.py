@@ -55,6 +55,8 @@ check_params(globals())  # every parameter above, before anything loads: a bad v
 # 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
 
 # %%
+import os
+
 import numpy as np
 import pandas as pd
 import torch
@@ -579,7 +581,7 @@ view = board.view()  # one line per claim, each verdict with its meaning; a row'
 view.table = view.table.loc[[c for c in view.table.index if c in DECIDE]]
 display(view)
 print(wrap(f"the other {len(v) - len(DECIDE)}, printed where measured: "
-           + "; ".join(f"{c} {read(c, x)}" for c, x in v.items() if c not in DECIDE) + f". All {len(v)}: {OUT_DIR}/scoreboard.json"))
+           + "; ".join(f"{c} {read(c, x)}" for c, x in v.items() if c not in DECIDE) + f". All {len(v)}: {os.path.relpath(out / 'scoreboard.json', project_path('.'))}"))
 
 # %%
 from mistune import html as md_to_html  # Jupyter's own markdown renderer (nbconvert's)

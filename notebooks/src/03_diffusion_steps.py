@@ -31,7 +31,7 @@
 # ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% [markdown]
-# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->73 s<!--/num--> on 2 CPU cores.
+# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->68 s<!--/num--> on 2 CPU cores.
 #
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
@@ -464,8 +464,10 @@ else:
 # %% [markdown]
 # **What you see.** Each curve dips below the strict line early, then climbs over it and stays; the knee is its
 # last crossing. On <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->
-# the layers settle at different steps (the per-layer line printed with the figure), so reusing whole steps unchanged, which needs every layer settled, could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->;
-# per-layer reuse could start each layer at its own knee.
+# the layers settle at different steps (the per-layer line printed with the figure), so reusing this attention's
+# outputs unchanged, which needs every layer settled, could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->, or each layer at its own knee.
+# That is one kind of attention only: the same generator's self-attention outputs never settle in some layers (the
+# table above), so no window opens for reusing whole steps unchanged.
 
 # %% tags=["nbval-check-output"]
 # G1 (section 3's entropy, early minus late) and G2 (these similarities), each on the weaker model, over prompts

@@ -159,15 +159,17 @@ def load_store(path):
         if lack:
             raise ReportError(f"store {p}: record {r.key} ({r.mode} mode) lacks {', '.join(lack)}, which the "
                               f"{'generator' if gen else 'understanding'} report needs")
-        # NaN marks a query row a statistic is undefined for (one key: no entropy) and is left out of the means; a
-        # statistic that is NaN everywhere would draw an empty curve still counted in the legend, and inf is never one
-        odd = next((k for k in need if (a := np.asarray(r.data[k])).dtype.kind == "f" and a.size
-                    and (np.isinf(a).any() or not np.isfinite(a).any())), None)
-        if odd is not None:
-            raise ReportError(f"store {p}: record {r.key}'s {odd} is "
-                              f"{'infinite' if np.isinf(np.asarray(r.data[odd])).any() else 'NaN everywhere'} "
-                              f"(a capture that overflowed, e.g. in float16): nothing honest can be drawn from it; "
-                              f"recapture it in float32 (drop its records with Store.drop, then run the capture again)")
+    # NaN marks what a statistic is undefined for (a query row with one key; step 0's similarity to the step before)
+    # and is left out of the means; a statistic NaN in every record would draw an empty curve still counted in the
+    # legend, and inf is never one
+    bad = next((k for k in need if (arrays := [a for r in recs if (a := np.asarray(r.data[k])).dtype.kind == "f"
+                                               and a.size])
+                and (any(np.isinf(a).any() for a in arrays) or not any(np.isfinite(a).any() for a in arrays))), None)
+    if bad is not None:  # (arrays: the statistic that stopped the search)
+        raise ReportError(f"store {p}: {bad} is "
+                          f"{'infinite in a record' if any(np.isinf(a).any() for a in arrays) else 'NaN in every record'}"
+                          f" (a capture that overflowed, e.g. in float16): nothing honest can be drawn from it; "
+                          f"recapture it in float32 (Store.drop its records, then run the capture again)")
     return recs, meta, note
 
 
