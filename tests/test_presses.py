@@ -179,3 +179,9 @@ def test_any_cache_stage_policy_runs_as_a_press(llava, name):
         assert torch.equal(policy_cache.layers[li].keys, pressed.cache.layers[li].keys), f"layer {li}"
     with pytest.raises(ValueError, match="cache-stage eviction policy.*prefill-stage"):
         PolicyPress(compression_ratio=0.5, policy=POLICIES["divprune"]())
+    # round 11: fastv ranks once from one layer for every layer; in a press each layer was ranked by its own attention
+    one_ranking = [n for n, cls in POLICIES.items() if getattr(cls, "per_layer", True) is False]
+    assert "fastv" in one_ranking
+    for n in one_ranking:
+        with pytest.raises(ValueError, match="ranks the image keys once.*run_eviction"):
+            PolicyPress(compression_ratio=0.5, policy=POLICIES[n]())

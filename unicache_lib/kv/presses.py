@@ -74,9 +74,13 @@ class PolicyPress(BasePress):
     _layers: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
-        if not isinstance(self.policy, EvictionPolicy):
-            raise InputError(f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got "
-                             f"{self.policy!r}")
+        if not isinstance(self.policy, EvictionPolicy) or not getattr(self.policy, "per_layer", True):
+            raise InputError(  # kvpress's hook hands a press one layer at a time
+                f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got {self.policy!r}"
+                if not isinstance(self.policy, EvictionPolicy) else
+                f"{self.policy.name!r} ranks the image keys once, from one layer, for every layer; a press sees one "
+                f"layer at a time and would rank each by its own attention, keeping other positions than the harness: "
+                f"run it with run_eviction, or choose a per-layer policy")
         self.policy.require_cache("a press")
         check_fraction(self.compression_ratio, "compression_ratio", upper_inclusive=False,
                        meaning="the share of the prompt's KV removed")
