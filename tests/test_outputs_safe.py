@@ -865,6 +865,17 @@ def test_path_inside_refuses_links_out_special_files_and_folders(tmp_path):
     assert output_folder(tmp_path / "new", "t").files == set()
 
 
+def _build_refused(book, root, tmp_path, monkeypatch, capsys):
+    """`make book` on the course at ``root``: exit status 2, one line on stderr, no site written; ``(err, out)``."""
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "site"
+    assert book.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists(), err
+    return err, out
+
+
 CLIMBS = {  # a page's text naming a file outside the staged course (#60 round IV: U1-U3)
     "literalinclude": "```{literalinclude} ../../../../../../../../../../{p}/environ\n```\n",
     "include": "```{include} ../../../../../../../../../../{p}/environ\n```\n",
@@ -943,13 +954,8 @@ def test_a_page_named_with_markup_is_refused_in_one_line(tmp_path, monkeypatch, 
     root = _tree(tmp_path)
     (root / "solutions").mkdir()
     (root / "solutions" / "<img src=x onerror=alert>.py").write_text("x = 1\n")
-    monkeypatch.setattr(book, "ROOT", root)
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "site"
-    assert book.main(["--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "<img src=x onerror=alert>.py" in err and "rename it" in err, err
-    assert not out.exists()
+    err, out = _build_refused(book, root, tmp_path, monkeypatch, capsys)
+    assert "<img src=x onerror=alert>.py" in err and "rename it" in err, err
     (root / "solutions" / "<img src=x onerror=alert>.py").rename(root / "solutions" / "img.py")  # the fix it names
     assert book.main(["--out", str(out)]) == 0
 
@@ -1027,13 +1033,9 @@ def test_a_page_that_changes_how_the_site_is_built_is_refused(tmp_path, monkeypa
         (root / where).write_text(json.dumps(nb))
     else:
         (root / where).write_text(text.replace("{p}", str(secret)))
-    monkeypatch.setattr(book, "ROOT", root)
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "site"
-    assert book.main(["--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and where in err and "change how the site is built" in err, err
-    assert SECRET not in _site_text(out) and not out.exists()
+    err, out = _build_refused(book, root, tmp_path, monkeypatch, capsys)
+    assert where in err and "change how the site is built" in err, err
+    assert SECRET not in _site_text(out)
 
 
 def test_front_matter_with_only_page_settings_still_builds(tmp_path):
@@ -1051,13 +1053,8 @@ def test_a_listed_name_with_a_line_break_is_refused_in_one_line(tmp_path, monkey
     root = _tree(tmp_path, " [the folder](docs/odd/)")
     (root / "docs" / "odd").mkdir()
     (root / "docs" / "odd" / "a\n<details open ontoggle=alert(5)>").write_text("y\n")
-    monkeypatch.setattr(book, "ROOT", root)
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "site"
-    assert book.main(["--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "line break" in err and "rename it" in err, err
-    assert not out.exists()
+    err, out = _build_refused(book, root, tmp_path, monkeypatch, capsys)
+    assert "line break" in err and "rename it" in err, err
 
 
 SUBST = 'myst:\n  enable_extensions: ["substitution"]\n'
@@ -1108,13 +1105,9 @@ def test_an_include_that_imports_a_module_or_reads_before_the_check_is_refused(t
     (root / "docs" / "pwn.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('ran')\n")
     (root / "docs" / "OTHER.md").write_text("MARK\n\nother\n")
     (root / "docs" / "GLOSSARY.md").write_text(TRICKS[trick])
-    monkeypatch.setattr(book, "ROOT", root)
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "site"
-    assert book.main(["--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "docs/GLOSSARY.md" in err and "remove it" in err, err
-    assert not (tmp_path / "ran").exists() and not out.exists()
+    err, out = _build_refused(book, root, tmp_path, monkeypatch, capsys)
+    assert "docs/GLOSSARY.md" in err and "remove it" in err, err
+    assert not (tmp_path / "ran").exists()
 
 
 def test_notebook_metadata_beyond_a_lessons_own_is_refused(tmp_path, monkeypatch, capsys):
