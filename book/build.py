@@ -70,7 +70,7 @@ CONTROL_IN_NAME = re.compile(r"[\x00-\x1f\x7f]")  # what no name the site shows 
 NOTEBOOK_METADATA = {"kernelspec", "language_info", "jupytext", "papermill", "unicache", "widgets", "colab", "vscode",
                      "toc", "celltoolbar", "interpreter"}  # what a lesson's notebook metadata may hold (editors' own)
 DIRECTIVE_TRICKS = re.compile(  # options and forms that make docutils import a module or read outside the course
-    r"^[ \t>]*:?parser:|(?:include|literalinclude)(?:::|\})[ \t]*<", re.M | re.I)
+    r"^[\s>]*:?parser:|(?:include|literalinclude)(?:::|\})\s*<", re.M | re.I)  # \s: a next line, an NBSP too
 PAGE_SETTINGS = {"orphan", "title"}
 SPHINX_OWN = {"search.html", "genindex.html", "py-modindex.html", "objects.inv", "searchindex.js"}  # its own outputs  # what a page's front matter may set; MyST and myst-nb read the rest as build settings
 
@@ -280,7 +280,8 @@ def staged_name(src: str, kind: str) -> str:
 
 
 def out_name(staged: str) -> str:
-    return staged.rsplit(".", 1)[0] + ".html"
+    """The page Sphinx writes for staged source ``staged`` (a dot in a folder's name is not a suffix)."""
+    return posixpath.splitext(staged)[0] + ".html"
 
 
 class Site:
@@ -314,8 +315,10 @@ class Site:
             raise BookError(f"{src!r}: a file named with <, >, a quote, & or a backtick cannot be a page or file of the "
                             "site (the name reaches its HTML, its links and its search index): rename it")
         staged = staged_name(src, kind)
-        taken = next((p["src"] for p in self.pages if out_name(p["staged"]) == out_name(staged)), None)
-        if taken is not None or out_name(staged).split("/")[0] in SPHINX_OWN or staged.startswith("_"):
+        # a picture or a download is copied, not made a page: it shares no page's name (a.png beside a.md)
+        taken = next((p["src"] for p in self.pages if "file" not in (kind, p["kind"]) and p["out"] == out_name(staged)),
+                     None)
+        if taken is not None or (kind != "file" and out_name(staged).split("/")[0] in SPHINX_OWN) or staged.startswith("_"):
             raise BookError(f"{src!r} would be published as {out_name(staged)}, which "
                             + (f"{taken!r} already is" if taken is not None else "Sphinx writes itself")
                             + ": rename it (two files of one name would replace each other without a word)")

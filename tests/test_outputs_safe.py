@@ -1092,6 +1092,8 @@ TRICKS = {  # round 9's S1, S2 and its FIFO case: directive options that import 
     "MyST include with :parser:": "# T\n\n```{include} OTHER.md\n:parser: docs.pwn\n```\n",
     "MyST include with a YAML parser option": "# T\n\n```{include} OTHER.md\n---\nparser: docs.pwn\n---\n```\n",
     "the <name> form": "# T\n\n```{include} <../../fifo>\n```\n",
+    "the <name> form on the next line": "# T\n\n```{eval-rst}\n.. include::\n   <../../fifo>\n```\n",  # round 11 T11
+    "the <name> form after an NBSP": "# T\n\n```{include}\u00a0<../../fifo>\n```\n",  # round 11 T18
 }
 
 
@@ -1149,3 +1151,22 @@ def test_two_files_published_under_one_name_are_refused(tmp_path, monkeypatch, c
     assert book.main(["--out", str(tmp_path / "site")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "would be published as" in err and "rename it" in err, err
+
+
+@pytest.mark.parametrize("case", ["a file in a dotted folder beside a page", "a picture beside a page of one stem"])
+def test_files_that_share_no_published_name_are_built(tmp_path, monkeypatch, capsys, case):
+    """Round 11's poor 1 and 2: v1.2/LICENSE beside v1.md was refused as "published as v1.html" (the name was cut at
+    the folder's dot), and docs/a.png beside docs/a.md as docs/a.html (a picture is copied, not made a page)."""
+    book = _book()
+    link, files = {"a file in a dotted folder beside a page": (" [l](v1.2/LICENSE) [v](v1.md)",
+                                                              {"v1.2/LICENSE": "MIT\n", "v1.md": "# V1\n"}),
+                   "a picture beside a page of one stem": (" ![a](docs/a.png) [p](docs/a.md)",
+                                                          {"docs/a.png": _png(), "docs/a.md": "# A\n"})}[case]
+    root = _tree(tmp_path, link)
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    monkeypatch.setattr(book, "ROOT", root)
+    monkeypatch.chdir(tmp_path)
+    assert book.main(["--out", str(tmp_path / "site")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "site" / ("v1.html" if "dotted" in case else "docs/a.html")).is_file()

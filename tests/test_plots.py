@@ -325,3 +325,19 @@ def test_figures_made_with_math_text_off_stay_with_pyplot(monkeypatch):
     fig = plots.bars({"a": 1.0, "$x$": 2.0})
     assert fig.number in plt.get_fignums() and matplotlib.rcParams["text.parse_math"] is True
     assert dict(matplotlib.rcParams) == dict(before)  # nothing else of the rc touched
+
+
+def test_a_curve_counts_only_the_samples_it_is_a_mean_over():
+    """#60 round 11 (silent 2): a statistic NaN in every layer of one sample was drawn as the other sample's curve
+    while the legend said n=2."""
+    from unicache_lib import plots
+
+    v = np.array([[np.nan, np.nan, np.nan], [0.2, 0.3, 0.4]])
+    labels = lambda fig: [t.get_text() for t in fig.axes[0].get_legend().get_texts()]  # noqa: E731
+    assert labels(plots.layer_curves({"entropy": v})) == ["entropy (n=1 of 2)"]
+    v[0, 2] = 0.5  # one layer of the first sample is finite: its points are means over 1 or 2 samples
+    assert labels(plots.layer_curves({"entropy": v})) == ["entropy (n=1–2 of 2)"]
+    v[0] = [0.1, 0.2, 0.3]
+    assert labels(plots.layer_curves({"entropy": v})) == ["entropy (n=2)"]
+    v[:, 0] = np.nan  # a column undefined for every sample (step 0's similarity) is a gap, not a smaller n
+    assert labels(plots.layer_curves({"entropy": v})) == ["entropy (n=2)"]

@@ -82,7 +82,8 @@ def quoted(pos: int, token: str) -> str:
 def _mean_bands(ax, values: dict, axis_name: str, marker: str, x=None) -> int | None:
     """Plot each ``[n_samples, n]`` array of ``values`` as its mean over samples with a +-1 s.d. band,
     at positions ``x`` (default ``0..n-1``); returns ``n`` (None for no values). NaN entries are skipped
-    (an all-NaN column, e.g. step 0 of an adjacent-step similarity, gives a gap)."""
+    (an all-NaN column, e.g. step 0 of an adjacent-step similarity, gives a gap), and the label's ``n`` counts the
+    samples a point is a mean over ("n=1 of 2" where one sample is NaN there)."""
     n = None
     for name, v in values.items():
         v = _np(v)
@@ -95,7 +96,10 @@ def _mean_bands(ax, values: dict, axis_name: str, marker: str, x=None) -> int | 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             m, s = np.nanmean(v, 0), np.nanstd(v, 0)
-        ax.plot(x, m, marker=marker, label=f"{name} (n={v.shape[0]})")
+        k = np.isfinite(v).sum(0)  # the samples each point is a mean over: a sample NaN there is not counted
+        lo, hi = (int(k[k > 0].min()), int(k.max())) if k.any() else (0, 0)
+        counted = f"{v.shape[0]}" if lo == v.shape[0] else f"{lo}{'' if lo == hi else f'–{hi}'} of {v.shape[0]}"
+        ax.plot(x, m, marker=marker, label=f"{name} (n={counted})")
         ax.fill_between(x, m - s, m + s, alpha=0.2)
     return n
 
