@@ -404,7 +404,8 @@ def test_a_store_dropped_while_another_takes_its_lock_does_not_deadlock(tmp_path
 
 
 @pytest.mark.parametrize("call", ['missing("12", [0])', 'missing(["12"], "0")', 'missing(12, [0])', 'missing(["12"], [0.7])',
-                                  'missing(["12"], [0], step=None)', 'missing(["12"], [float("nan")])'])
+                                  'missing(["12"], [0], step=None)', 'missing(["12"], [float("nan")])',
+                                  'missing(["1"], [-1])', 'missing(["1"], [0], step=-2)'])  # round 11's poor 4
 def test_missing_refuses_a_text_or_a_number_for_a_list(tmp_path, call):
     """Round 7's SC3: missing("12", [0]) read the text as samples "1" and "2", found both captured and returned [],
     so sample 12 was never captured."""

@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -207,6 +208,7 @@ def test_not_a_folder_and_bad_meta(tmp_path):
         st.read_meta()
     with pytest.raises(TypeError, match="rank"):
         Store(tmp_path / "s", rank="0")
+    assert Store(tmp_path / "s", rank=np.int64(2)).rank == 2  # round 11's poor 3: numpy's ints, as missing takes
 
 
 def test_remove_store_respects_other_writers(tmp_path):

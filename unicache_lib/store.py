@@ -551,9 +551,9 @@ class Store:
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"{self.path} is a file, not a store folder: pass the folder a capture writes to "
                              f"(e.g. outputs/02_understanding_maps/stats)")
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:  # numpy's ints too
             raise InputTypeError(f"rank must be an int >= 0, got {rank!r}")
-        self.rank = rank
+        self.rank = int(rank)
         self.meta = dict(meta or {})
         self._lock = None
         self._logs: dict[int, _Log] = {}  # every rank's index as last read (see the module docstring)
@@ -678,9 +678,11 @@ class Store:
             raise InputTypeError(f"missing takes a list of samples, not {type(samples).__name__} {samples!r:.80}: pass "
                                  f"[{samples!r:.80}] (a text would be read as its characters)")
         layers = list(layers) if hasattr(layers, "__iter__") else [layers]  # one layer number: that layer
-        odd = [x for x in [*layers, step] if not isinstance(x, numbers.Integral) or isinstance(x, bool)]
+        odd = [x for x, low in [*((li, 0) for li in layers), (step, -1)]  # a layer of -1 is not the last: no record
+               if not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < low]
         if odd or not isinstance(part, str):  # int(0.7) would ask about layer 0 without a word
-            raise InputTypeError(f"missing takes whole numbers for layers and step and a name for part; got "
+            raise InputTypeError(f"missing takes whole numbers for layers (from 0) and step (-1: none) and a name for "
+                                 f"part; got "
                                  f"{odd[0] if odd else part!r:.80}")
         have = self.keys()
         return [s for s in samples if any(key_str((str(s), part, int(li), step)) not in have for li in layers)]
