@@ -313,7 +313,9 @@ _ALL = [
        "resampled separately)", {"": {"above": 0.05}}, "8",
        advice=Advice("well above the understanding model: the generator's heads may be pruned, judged on outputs as 04 "
                      "§4 does; at or below it: no more room than in an understanding model",
-                     (Place("04", 4, params=("GENERATORS", "FRACTIONS")),))),
+                     (Place("04", 4, params=("GENERATORS", "FRACTIONS")),)),
+       meaning={"holds": "generators have heads to spare (prune as 04 §4)",
+                "does not hold": "not every generator has heads to spare"}),
     _c("G9", "An object word's attention lands on the object's region.",
        "whether word maps can pick the image tokens to keep", "03_diffusion_steps",
        "weaker model: (a) object words' region IoU / a random region's above 2, (b) shape-word region overlap, "
