@@ -11,21 +11,15 @@ identical captions cannot be told apart) and the control with captions shuffled 
 """
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from ...core.compat import transformers
 from ...families import FAMILIES
 from ...families.base import Shape
-from ...runtime.checksums import write_card
 from ...world.text import caption, make_qa
-from ..shipping import load_previous, save_and_reload
 from .llava import TRAIN_QTYPES, heldout_set
-from .loop import Stage, fit, parse, recipe_parser, warmup
+from .loop import Stage, fit, parse, recipe_parser, ship, start, warmup
 from .patch_heads import PatchHeads, patch_labels
 
 IMAGE_SIZE, PATCH = 64, 8
@@ -110,31 +104,16 @@ def main(argv=None):
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
     ap.add_argument("--n-heldout", type=int, default=200)
     args = parse(ap, argv)
-    rng = np.random.default_rng(args.seed)
-    t0 = time.time()
-    previous = None
-    if args.init_from:
-        model, proc, previous = load_previous(args.init_from, "CLIPModel")
-    else:
-        model, proc = build(args.seed)
-    log: list = []
-    train(model, proc, rng, args.steps, args.batch, args.lr, args.aux, log, args.eval_every,
+    run = start(args, "CLIPModel", lambda: build(args.seed))
+    train(run.model, run.processor, run.rng, args.steps, args.batch, args.lr, args.aux, run.log, args.eval_every,
           [q.scene for q in heldout_set(200, seed=999)] if args.eval_every else None)
-    train_min = (time.time() - t0) / 60
-    out = Path(args.out)
-    model = save_and_reload(model, proc, out)  # every number below is measured on what ships
     held = [q.scene for q in heldout_set(args.n_heldout)]
-    card = {
-        "model": "tiny-clip", "class": type(model).__name__, "family": "CLIP", "seed": args.seed, "args": vars(args),
+    ship(run, lambda model: {
         "text": "a caption, e.g. 'red circle left , blue square top' (the tokenizer adds <s> and </s>)",
         "image_size": IMAGE_SIZE, "patch": PATCH, "recipe": (__doc__ or "").strip().split("\n\n", 2)[2],
-        "train_minutes": train_min, "heldout_recall": recall_at_1(model, proc, held),
-        "heldout_recall_captions_shuffled": recall_at_1(model, proc, held, shuffle_seed=1),
-        "storage_dtype": "float16", "torch": torch.__version__, "log": log, "previous_run": previous,
-    }
-    write_card(out, card)
-    print(json.dumps({k: card[k] for k in ("heldout_recall", "heldout_recall_captions_shuffled", "train_minutes")}, indent=1))
-
+        "heldout_recall": recall_at_1(model, run.processor, held),
+        "heldout_recall_captions_shuffled": recall_at_1(model, run.processor, held, shuffle_seed=1)},
+        ("heldout_recall", "heldout_recall_captions_shuffled"), model="tiny-clip", family="CLIP")
 
 if __name__ == "__main__":
     main()

@@ -22,10 +22,6 @@ guided loop (:func:`generate_images` says why not ``model.generate``).
 """
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -33,14 +29,12 @@ from ...core.compat import transformers
 from ...capture.unified import generate_image_with_capture, signed_to_uint8
 from ...families import FAMILIES
 from ...families.base import Shape
-from ...runtime.checksums import write_card
 from ...world.scenes import make_scene
 from ...world.segment import score_object
 from ...world.text import make_qa, short_prompt
-from ..shipping import load_previous, save_and_reload
 from .generator import eval_prompts
 from .llava import TRAIN_QTYPES, heldout_set, sample_batch
-from .loop import Stage, fit, parse, recipe_parser, warmup
+from .loop import Stage, fit, parse, qtype_weights, recipe_parser, ship, start, vqa_options, warmup
 from .patch_heads import train_patch_heads
 from .vlm import GRID, IMAGE_SIZE, PATCH, encode, evaluate, evaluate_captions
 
@@ -233,67 +227,44 @@ def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, ev
 def main(argv=None):
     ap = recipe_parser(__doc__, out="data/models/tiny-janus", lr=2e-3)
     ap.add_argument("--steps-vq", type=int, default=1000)
-    ap.add_argument("--steps-a", type=int, default=1100)
-    ap.add_argument("--steps-b", type=int, default=3000)
     ap.add_argument("--batch-vq", type=int, default=32)
-    ap.add_argument("--batch-a", type=int, default=64)
-    ap.add_argument("--batch-b", type=int, default=32)
-    ap.add_argument("--n-heldout", type=int, default=1500)
+    vqa_options(ap, steps_b=3000, batch_b=32, weights_help="e.g. colour=3,exists=3 (others 1): skew the question mix",
+                curriculum=True)
     ap.add_argument("--n-generate", type=int, default=100)
-    ap.add_argument("--n-captions", type=int, default=200)
-    ap.add_argument("--qtype-weights", default="", help="e.g. colour=3,exists=3 (others 1): skew the question mix")
-    ap.add_argument("--single-frac", type=float, default=None,
-                    help="share of stage-b steps on one-object scenes only (default: 0.08, or 0 with --init-from)")
-    ap.add_argument("--exists-negatives", default="hard", choices=("hard", "random"),
-                    help="'is there a ...?' negatives in training: 'hard' (as every held-out set) or 'random' (any absent "
-                         "colour x shape): an easier curriculum")
     args = parse(ap, argv)
 
     fam = FAMILIES["Janus"]
-    rng = np.random.default_rng(args.seed)
-    t0 = time.time()
-    previous = None
+    run = start(args, fam.model_class, lambda: build(args.seed))
+    model, proc, log = run.model, run.processor, run.log
     if args.init_from:
-        model, proc, previous = load_previous(args.init_from, fam.model_class)
         fam.adapt_processor(proc, model.config)
-
         model.generation_config = transformers.GenerationConfig.from_pretrained(args.init_from)  # keeps boi_token_id
-    else:
-        model, proc = build(args.seed)
-    log: list = []
     if args.steps_vq:
-        train_vq(model.model.vqmodel, proc, rng, args.steps_vq, args.batch_vq, 1e-3, log)
-    vq_min = (time.time() - t0) / 60
+        train_vq(model.model.vqmodel, proc, run.rng, args.steps_vq, args.batch_vq, 1e-3, log)
+    vq_min = run.minutes()
     tower = model.model.vision_model
     patch_acc = train_patch_heads(lambda imgs: tower(pixels(proc, imgs)).last_hidden_state, tower.parameters(),
-                                  tower.config.hidden_size, GRID, PATCH, rng, args.steps_a, args.batch_a, args.lr, log) \
-        if args.steps_a else (previous or {}).get("stage_a_patch_accuracy", float("nan"))
-    a_min = (time.time() - t0) / 60 - vq_min
-    weights = {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
-    train_lm(fam, model, proc, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every,
+                                  tower.config.hidden_size, GRID, PATCH, run.rng, args.steps_a, args.batch_a, args.lr, log) \
+        if args.steps_a else (run.previous or {}).get("stage_a_patch_accuracy", float("nan"))
+    a_min = run.minutes() - vq_min
+    train_lm(fam, model, proc, run.rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every,
              heldout_set(200, seed=999) if args.eval_every else None,
              single_frac=args.single_frac if args.single_frac is not None else (0.0 if args.init_from else 0.08),
-             weights=weights, exists_negatives=args.exists_negatives)
-    train_min = (time.time() - t0) / 60
-    out = Path(args.out)
-    model = save_and_reload(model, proc, out)  # every number below is measured on what ships
-    fam.adapt_processor(proc, model.config)
+             weights=qtype_weights(args), exists_negatives=args.exists_negatives)
     held = heldout_set(args.n_heldout)
-    card = {
-        "model": "tiny-janus", "class": type(model).__name__, "family": "Janus", "seed": args.seed, "args": vars(args),
-        "prompt": fam.layout, "generation_prompt": GEN_LAYOUT + " <begin_of_image>", "image_size": IMAGE_SIZE,
-        "patch": PATCH, "vq_tokens": GRID * GRID, "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
-        "recipe": (__doc__ or "").strip().split("\n\n", 2)[2], "vq_minutes": vq_min, "stage_a_minutes": a_min,
-        "stage_a_patch_accuracy": patch_acc, "train_minutes": train_min,
-        "heldout": evaluate(fam, model, proc, held), "heldout_images_shuffled": evaluate(fam, model, proc, held, shuffle_seed=1),
-        "captions": evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)]),
-        "vq_reconstruction": vq_quality(model, proc), "generation": evaluate_generation(model, proc, args.n_generate),
-        "storage_dtype": "float16", "torch": torch.__version__, "log": log, "previous_run": previous,
-    }
-    write_card(out, card)
-    print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "vq_reconstruction",
-                                           "generation", "train_minutes")}, indent=1))
 
+    def measure(model):  # every number on the card is measured on what ships
+        fam.adapt_processor(proc, model.config)
+        return {
+            "prompt": fam.layout, "generation_prompt": GEN_LAYOUT + " <begin_of_image>", "image_size": IMAGE_SIZE,
+            "patch": PATCH, "vq_tokens": GRID * GRID, "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
+            "recipe": (__doc__ or "").strip().split("\n\n", 2)[2], "vq_minutes": vq_min, "stage_a_minutes": a_min,
+            "stage_a_patch_accuracy": patch_acc, "heldout": evaluate(fam, model, proc, held),
+            "heldout_images_shuffled": evaluate(fam, model, proc, held, shuffle_seed=1),
+            "captions": evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)]),
+            "vq_reconstruction": vq_quality(model, proc), "generation": evaluate_generation(model, proc, args.n_generate)}
+    ship(run, measure, ("heldout", "heldout_images_shuffled", "captions", "vq_reconstruction", "generation"),
+         model="tiny-janus", family="Janus")
 
 if __name__ == "__main__":
     main()

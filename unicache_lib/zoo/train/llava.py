@@ -18,24 +18,18 @@ written next to the weights.
 """
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from ...core.compat import transformers
 from ...families import family_of
 from ...runtime import tiny_layouts as layout
-from ...runtime.checksums import write_card
 from ...runtime.tiny_layouts import answer_logits
 from ...world.questions import TRAIN_QTYPES, heldout_set, question_images, score_answers, score_captions  # noqa: F401
 from ...world.text import CAPTION_QUESTION, QA, caption, make_qa
 from .. import tiny_llava as tl
-from ..shipping import load_previous, save_and_reload
 from ..tiny_llava import IMAGE_SIZE, N_IMG, PATCH  # noqa: F401
-from .loop import Stage, fit, parse, recipe_parser, warmup
+from .loop import Stage, fit, parse, qtype_weights, recipe_parser, ship, start, vqa_options, warmup
 from .patch_heads import patch_labels as _patch_labels
 from .patch_heads import train_patch_heads
 
@@ -142,13 +136,7 @@ def held_out(r: dict) -> tuple[dict, str]:
 
 def main(argv=None):
     ap = recipe_parser(__doc__, out="data/models/tiny-llava", lr=2e-3)
-    ap.add_argument("--steps-a", type=int, default=1100)
-    ap.add_argument("--steps-b", type=int, default=4200)
-    ap.add_argument("--batch-a", type=int, default=64)
-    ap.add_argument("--batch-b", type=int, default=48)
-    ap.add_argument("--n-heldout", type=int, default=1500)
-    ap.add_argument("--n-captions", type=int, default=200)
-    ap.add_argument("--qtype-weights", default="", help="e.g. colour=2,exists=2 (others 1)")
+    vqa_options(ap, steps_b=4200, batch_b=48, weights_help="e.g. colour=2,exists=2 (others 1)")
     ap.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="image side in px (96 with --patch 4: 576 tokens)")
     ap.add_argument("--patch", type=int, default=PATCH)
     ap.add_argument("--vision-layers", type=int, default=2,
@@ -157,56 +145,47 @@ def main(argv=None):
                     help="a saved tiny-llava whose projector and language model start this run (the tower is new)")
     args = parse(ap, argv)
     torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
-    t0 = time.time()
-
-    previous = None
-    if args.init_from:
-        model, proc, previous = load_previous(args.init_from, "LlavaForConditionalGeneration")
-        tok = proc.tokenizer
-    else:
-        tok = tl.build_tokenizer()
-        n_img = (args.image_size // args.patch) ** 2
-        proc = tl.build_processor(tok, args.image_size, args.patch)
-        cfg = tl.build_config(tok, args.image_size, args.patch, vision_layers=args.vision_layers,
-                              max_positions=max(256, 2 ** (n_img + 64).bit_length()))
-        model = transformers.LlavaForConditionalGeneration(cfg)
-        if args.init_lm_from:
-            donor = transformers.LlavaForConditionalGeneration.from_pretrained(args.init_lm_from, dtype=torch.float32)
-            if donor.config.text_config.vocab_size != model.config.text_config.vocab_size:
-                raise SystemExit(f"--init-lm-from {args.init_lm_from}: its vocabulary differs from this run's")
-            keep = {k: v for k, v in donor.state_dict().items() if "vision_tower" not in k}
-            missing, unexpected = model.load_state_dict(keep, strict=False)
-            if unexpected or any("vision_tower" not in k for k in missing):
-                raise SystemExit(f"--init-lm-from {args.init_lm_from}: weights do not match ({missing}, {unexpected})")
-            del donor
-    log: list = []
-    patch_acc = train_tower(model, rng, args.steps_a, args.batch_a, args.lr, log) if args.steps_a else \
-        (previous or {}).get("stage_a_patch_accuracy", float("nan"))
-    t_a = time.time() - t0
+    run = start(args, "LlavaForConditionalGeneration", lambda: build(args))
+    model, tok = run.model, run.processor.tokenizer
+    patch_acc = train_tower(model, run.rng, args.steps_a, args.batch_a, args.lr, run.log) if args.steps_a else \
+        (run.previous or {}).get("stage_a_patch_accuracy", float("nan"))
+    t_a = run.minutes()
     size = model.config.vision_config.image_size
     quick = heldout_set(200, seed=999, size=size) if args.eval_every else None
-    weights = {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
-    train_lm(model, tok, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick, weights,
-             single_frac=0.0 if args.init_from else 0.08)
-    train_min = (time.time() - t0) / 60
-    out = Path(args.out)
-    model = save_and_reload(model, proc, out)  # the bar is measured on what ships: the fp16 checkpoint, reloaded
+    train_lm(model, tok, run.rng, args.steps_b, args.batch_b, args.lr, run.log, args.eval_every, quick,
+             qtype_weights(args), single_frac=0.0 if args.init_from else 0.08)
     held = heldout_set(args.n_heldout, size=size)
-    res = evaluate(model, tok, held)
-    shuf = evaluate(model, tok, held, shuffle_seed=1)
-    cap = evaluate_captions(model, tok, [q.scene for q in heldout_set(args.n_captions, seed=4321, size=size)])
-    card = {
-        "model": "tiny-llava" if n_image_tokens(model) == N_IMG else f"tiny-llava-{n_image_tokens(model)}", "class": "LlavaForConditionalGeneration", "seed": args.seed,
-        "args": vars(args), "prompt": layout.PROMPT, "image_size": size, "patch": model.config.vision_config.patch_size,
-        "image_tokens": n_image_tokens(model), "trained_question_types": list(TRAIN_QTYPES) + ["caption"],
-        "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a / 60, "train_minutes": train_min,
-        "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",
-        "torch": torch.__version__, "log": log, "previous_run": previous,
-    }
-    write_card(out, card)
-    print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "train_minutes")}, indent=1))
 
+    def measure(model):  # the bar is measured on what ships: the fp16 checkpoint, reloaded
+        n = n_image_tokens(model)
+        return {"model": "tiny-llava" if n == N_IMG else f"tiny-llava-{n}", "prompt": layout.PROMPT, "image_size": size,
+                "patch": model.config.vision_config.patch_size, "image_tokens": n,
+                "trained_question_types": list(TRAIN_QTYPES) + ["caption"], "stage_a_patch_accuracy": patch_acc,
+                "stage_a_minutes": t_a, "heldout": evaluate(model, tok, held),
+                "heldout_images_shuffled": evaluate(model, tok, held, shuffle_seed=1),
+                "captions": evaluate_captions(model, tok, [q.scene for q in heldout_set(args.n_captions, seed=4321,
+                                                                                         size=size)])}
+    ship(run, measure, ("heldout", "heldout_images_shuffled", "captions"))
+
+
+def build(args):
+    """-> (model, processor) from code at ``--image-size`` / ``--patch`` / ``--vision-layers``; projector and language
+    model from ``--init-lm-from`` when given."""
+    tok = tl.build_tokenizer()
+    n_img = (args.image_size // args.patch) ** 2
+    proc = tl.build_processor(tok, args.image_size, args.patch)
+    cfg = tl.build_config(tok, args.image_size, args.patch, vision_layers=args.vision_layers,
+                          max_positions=max(256, 2 ** (n_img + 64).bit_length()))
+    model = transformers.LlavaForConditionalGeneration(cfg)
+    if args.init_lm_from:
+        donor = transformers.LlavaForConditionalGeneration.from_pretrained(args.init_lm_from, dtype=torch.float32)
+        if donor.config.text_config.vocab_size != model.config.text_config.vocab_size:
+            raise SystemExit(f"--init-lm-from {args.init_lm_from}: its vocabulary differs from this run's")
+        keep = {k: v for k, v in donor.state_dict().items() if "vision_tower" not in k}
+        missing, unexpected = model.load_state_dict(keep, strict=False)
+        if unexpected or any("vision_tower" not in k for k in missing):
+            raise SystemExit(f"--init-lm-from {args.init_lm_from}: weights do not match ({missing}, {unexpected})")
+    return model, proc
 
 if __name__ == "__main__":
     main()

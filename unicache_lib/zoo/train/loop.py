@@ -14,14 +14,20 @@ cosine down to 2%), AdamW, gradients clipped to norm 1. The log gets ``{"stage",
 from __future__ import annotations
 
 import argparse
+import json
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ...paths import cli_output_path
 from ...progress import bar, write
+from ...runtime.checksums import write_card
+from ..shipping import load_previous, save_and_reload
 
 
 def lr_at(step, total, warmup, floor=0.02):
@@ -100,6 +106,27 @@ def recipe_parser(doc: str, *, out: str | None, lr: float, eval_every: int = 500
     return ap
 
 
+def vqa_options(ap: argparse.ArgumentParser, *, steps_b: int, batch_b: int, weights_help: str,
+                curriculum: bool = False) -> None:
+    """The options of the recipes that train a vision tower (stage a, patch heads) and then a language model (stage b)
+    on the world's questions; ``curriculum``: ``--single-frac`` and ``--exists-negatives`` too."""
+    for name, default in (("--steps-a", 1100), ("--steps-b", steps_b), ("--batch-a", 64), ("--batch-b", batch_b),
+                          ("--n-heldout", 1500), ("--n-captions", 200)):
+        ap.add_argument(name, type=int, default=default)
+    ap.add_argument("--qtype-weights", default="", help=weights_help)
+    if curriculum:
+        ap.add_argument("--single-frac", type=float, default=None,
+                        help="share of stage-b steps on one-object scenes only (default: 0.08, or 0 with --init-from)")
+        ap.add_argument("--exists-negatives", default="hard", choices=("hard", "random"),
+                        help="'is there a ...?' negatives in training: 'hard' (share a colour or shape with a present "
+                             "object, as every held-out set) or 'random' (any absent colour x shape): an easier curriculum")
+
+
+def qtype_weights(args: argparse.Namespace) -> dict[str, float]:
+    """``--qtype-weights colour=3,exists=3`` as ``{"colour": 3.0, "exists": 3.0}`` (the other types weigh 1)."""
+    return {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
+
+
 def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """Parse the command line and apply ``--threads``."""
     args = ap.parse_args(argv)
@@ -109,3 +136,42 @@ def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     if args.threads:
         torch.set_num_threads(args.threads)
     return args
+
+
+@dataclass
+class Run:
+    """A recipe's run (:func:`start`): its command line, the model and processor (built, or continued from
+    ``--init-from`` with that run's card as ``previous``), the seeded ``rng``, the clock and the training ``log``."""
+
+    args: argparse.Namespace
+    model: object
+    processor: object
+    previous: dict | None
+    rng: np.random.Generator
+    t0: float
+    log: list = field(default_factory=list)
+
+    def minutes(self) -> float:
+        return (time.time() - self.t0) / 60
+
+
+def start(args: argparse.Namespace, model_class: str, build: Callable) -> Run:
+    """The run: ``build() -> (model, processor)``, or the checkpoint ``--init-from`` names (as ``model_class``)."""
+    rng, t0 = np.random.default_rng(args.seed), time.time()
+    if args.init_from:
+        return Run(args, *load_previous(args.init_from, model_class), rng, t0)
+    return Run(args, *build(), None, rng, t0)
+
+
+def ship(run: Run, measure: Callable, show: tuple, **head) -> None:
+    """Save the model where ``--out`` says and write its card: ``head``, then ``measure(model) -> {name: entry}`` on
+    the reloaded fp16 checkpoint (every number on the card is measured on what ships), then the run's own entries;
+    print the ``show`` entries and the training minutes."""
+    train_min = run.minutes()
+    out = Path(run.args.out)
+    model = save_and_reload(run.model, run.processor, out)
+    card = {**head, "class": type(model).__name__, "seed": run.args.seed, "args": vars(run.args), **measure(model),
+            "train_minutes": train_min, "storage_dtype": "float16", "torch": torch.__version__, "log": run.log,
+            "previous_run": run.previous}
+    write_card(out, card)
+    print(json.dumps({k: card[k] for k in (*show, "train_minutes")}, indent=1))

@@ -10,10 +10,6 @@ accuracy per question type and the image-shuffle control.
 """
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -21,12 +17,10 @@ from ...core.compat import transformers
 from ...families import FAMILIES
 from ...families.base import Shape
 from ...families.vilt import grid_ordered
-from ...runtime.checksums import write_card
 from ...world.text import ANSWERS
-from ..shipping import load_previous, save_and_reload
 from .llava import TRAIN_QTYPES, held_out, heldout_set, question_images, score_answers
 from .llava import sample_batch as _sample
-from .loop import Stage, fit, parse, recipe_parser, warmup
+from .loop import Stage, fit, parse, recipe_parser, ship, start, warmup
 from .patch_heads import PatchHeads, patch_labels
 
 IMAGE_SIZE, PATCH = 64, 8
@@ -96,31 +90,16 @@ def main(argv=None):
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
     ap.add_argument("--n-heldout", type=int, default=1500)
     args = parse(ap, argv)
-    rng = np.random.default_rng(args.seed)
-    t0 = time.time()
-    previous = None
-    if args.init_from:
-        model, proc, previous = load_previous(args.init_from, "ViltForQuestionAnswering")
-    else:
-        model, proc = build(args.seed)
-    log: list = []
-    train(model, proc, rng, args.steps, args.batch, args.lr, args.aux, log, args.eval_every,
+    run = start(args, "ViltForQuestionAnswering", lambda: build(args.seed))
+    train(run.model, run.processor, run.rng, args.steps, args.batch, args.lr, args.aux, run.log, args.eval_every,
           heldout_set(200, seed=999) if args.eval_every else None)
-    train_min = (time.time() - t0) / 60
-    out = Path(args.out)
-    model = save_and_reload(model, proc, out)  # every number below is measured on what ships
     held = heldout_set(args.n_heldout)
-    card = {
-        "model": "tiny-vilt", "class": type(model).__name__, "family": "ViLT", "seed": args.seed, "args": vars(args),
+    ship(run, lambda model: {
         "prompt": "{question} (text first, then the image's class token and 64 patches)", "image_size": IMAGE_SIZE,
         "patch": PATCH, "trained_question_types": list(TRAIN_QTYPES), "recipe": (__doc__ or "").strip().split("\n\n", 2)[2],
-        "train_minutes": train_min, "heldout": evaluate(model, proc, held),
-        "heldout_images_shuffled": evaluate(model, proc, held, shuffle_seed=1), "storage_dtype": "float16",
-        "torch": torch.__version__, "log": log, "previous_run": previous,
-    }
-    write_card(out, card)
-    print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "train_minutes")}, indent=1))
-
+        "heldout": evaluate(model, run.processor, held),
+        "heldout_images_shuffled": evaluate(model, run.processor, held, shuffle_seed=1)},
+        ("heldout", "heldout_images_shuffled"), model="tiny-vilt", family="ViLT")
 
 if __name__ == "__main__":
     main()

@@ -15,11 +15,6 @@ log and weight checksums) is written next to the weights.
 """
 from __future__ import annotations
 
-import json
-import time
-from abc import ABC, abstractmethod
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -27,9 +22,7 @@ from ...core.compat import transformers
 from ...core.models import first_token_logits
 from ...families import FAMILIES
 from ...families.base import Shape
-from ...runtime.checksums import write_card
 from ...world.text import CAPTION_QUESTION
-from ..shipping import load_previous, save_and_reload
 from .llava import (
     TRAIN_QTYPES,
     held_out,
@@ -39,38 +32,11 @@ from .llava import (
     score_answers,
     score_captions,
 )
-from .loop import Stage, fit, parse, recipe_parser, warmup
+from .loop import Stage, fit, parse, qtype_weights, recipe_parser, ship, start, vqa_options, warmup
 from .patch_heads import train_patch_heads
 
 IMAGE_SIZE, PATCH = 64, 8
 GRID = IMAGE_SIZE // PATCH
-
-
-class Recipe(ABC):
-    """What differs between families: how to build the model and where its patch features are."""
-
-    family = ""
-    model_name = ""
-
-    @abstractmethod
-    def build(self, seed: int):
-        """-> (model, processor) built from code at the shipped shape."""
-
-    @abstractmethod
-    def patch_features(self, model, processor, images_uint8) -> torch.Tensor:
-        """``[B, GRID*GRID, d]`` features of the grid patches (row-major) from the vision tower."""
-
-    @abstractmethod
-    def tower(self, model) -> torch.nn.Module:
-        """The vision tower."""
-
-    @abstractmethod
-    def tower_dim(self, model) -> int:
-        """The vision tower's feature width."""
-
-    @abstractmethod
-    def lm_params(self, model) -> tuple[list, list]:
-        """(projector-like params trained at 3x the rate, the other trainable params)."""
 
 
 def encode(fam, processor, questions, images_uint8, answers=None) -> tuple[dict, torch.Tensor | None]:
@@ -147,9 +113,13 @@ def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_eve
         evaluate=(lambda: held_out(evaluate(fam, model, processor, eval_qas))) if eval_qas else None)
 
 
-class MllamaRecipe(Recipe):
+class MllamaRecipe:
     """Llama-3.2-Vision layout at tiny width: a one-tile 64 px vision encoder (2 local + 1 global layers),
-    a text model of 6 layers of which 1, 3 and 5 are cross-attention layers (low / middle / top)."""
+    a text model of 6 layers of which 1, 3 and 5 are cross-attention layers (low / middle / top). A recipe (one per
+    family in :data:`RECIPES`) says what differs between families: how to build the model (``build(seed) -> (model,
+    processor)`` at the shipped shape), its vision tower (``tower``, ``tower_dim``), the ``[B, GRID*GRID, d]``
+    features of its grid patches (``patch_features``, row-major) and its language-model parameters (``lm_params``:
+    projector-like ones trained at 3x the rate, then the others)."""
 
     family = "Mllama"
     model_name = "tiny-mllama"
@@ -191,58 +161,32 @@ RECIPES = {r.family: r for r in (MllamaRecipe(),)}
 def main(argv=None):
     ap = recipe_parser(__doc__, out=None, lr=2e-3)
     ap.add_argument("--family", default="Mllama", choices=sorted(RECIPES))
-    ap.add_argument("--steps-a", type=int, default=1100)
-    ap.add_argument("--steps-b", type=int, default=3000)
-    ap.add_argument("--batch-a", type=int, default=64)
-    ap.add_argument("--batch-b", type=int, default=48)
-    ap.add_argument("--n-heldout", type=int, default=1500)
-    ap.add_argument("--n-captions", type=int, default=200)
-    ap.add_argument("--qtype-weights", default="", help="e.g. exists=3 (others 1): skew the question mix")
-    ap.add_argument("--single-frac", type=float, default=None,
-                    help="share of stage-b steps on one-object scenes only (default: 0.08, or 0 with --init-from)")
-    ap.add_argument("--exists-negatives", default="hard", choices=("hard", "random"),
-                    help="'is there a ...?' negatives in training: 'hard' (share a colour or shape with a present object, "
-                         "as every held-out set) or 'random' (any absent colour x shape): an easier curriculum")
+    vqa_options(ap, steps_b=3000, batch_b=48, weights_help="e.g. exists=3 (others 1): skew the question mix",
+                curriculum=True)
     args = parse(ap, argv)
 
     recipe = RECIPES[args.family]
     fam = FAMILIES[recipe.family]
-    rng = np.random.default_rng(args.seed)
-    t0 = time.time()
-    previous = None
+    run = start(args, fam.model_class, lambda: recipe.build(args.seed))
     if args.init_from:
-        model, proc, previous = load_previous(args.init_from, fam.model_class)
-        proc = fam.adapt_processor(proc, model.config)
-    else:
-        model, proc = recipe.build(args.seed)
-    log: list = []
+        run.processor = fam.adapt_processor(run.processor, run.model.config)
+    model, proc = run.model, run.processor
     patch_acc = train_patch_heads(lambda imgs: recipe.patch_features(model, proc, imgs), recipe.tower(model).parameters(),
-                                  recipe.tower_dim(model), GRID, PATCH, rng, args.steps_a, args.batch_a, args.lr, log) \
-        if args.steps_a else (previous or {}).get("stage_a_patch_accuracy", float("nan"))
-    t_a = time.time() - t0
+                                  recipe.tower_dim(model), GRID, PATCH, run.rng, args.steps_a, args.batch_a, args.lr,
+                                  run.log) if args.steps_a else (run.previous or {}).get("stage_a_patch_accuracy", float("nan"))
+    t_a = run.minutes()
     quick = heldout_set(200, seed=999) if args.eval_every else None
-    weights = {k: float(v) for k, v in (kv.split("=") for kv in args.qtype_weights.split(",") if kv)}
-    train_lm(recipe, fam, model, proc, rng, args.steps_b, args.batch_b, args.lr, log, args.eval_every, quick,
+    train_lm(recipe, fam, model, proc, run.rng, args.steps_b, args.batch_b, args.lr, run.log, args.eval_every, quick,
              single_frac=args.single_frac if args.single_frac is not None else (0.0 if args.init_from else 0.08),
-             weights=weights, exists_negatives=args.exists_negatives)
-    train_min = (time.time() - t0) / 60
-    out = Path(args.out)
-    model = save_and_reload(model, proc, out)  # every number below is measured on what ships
+             weights=qtype_weights(args), exists_negatives=args.exists_negatives)
     held = heldout_set(args.n_heldout)
-    res = evaluate(fam, model, proc, held)
-    shuf = evaluate(fam, model, proc, held, shuffle_seed=1)
-    cap = evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)])
-    card = {
-        "model": recipe.model_name, "class": type(model).__name__, "family": recipe.family, "seed": args.seed,
-        "args": vars(args), "prompt": fam.layout, "image_size": IMAGE_SIZE, "patch": PATCH,
+    ship(run, lambda model: {
+        "prompt": fam.layout, "image_size": IMAGE_SIZE, "patch": PATCH,
         "trained_question_types": list(TRAIN_QTYPES) + ["caption"], "recipe": (recipe.__doc__ or "").strip(),
-        "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a / 60, "train_minutes": train_min,
-        "heldout": res, "heldout_images_shuffled": shuf, "captions": cap, "storage_dtype": "float16",
-        "torch": torch.__version__, "log": log, "previous_run": previous,
-    }
-    write_card(out, card)
-    print(json.dumps({k: card[k] for k in ("heldout", "heldout_images_shuffled", "captions", "train_minutes")}, indent=1))
-
+        "stage_a_patch_accuracy": patch_acc, "stage_a_minutes": t_a, "heldout": evaluate(fam, model, proc, held),
+        "heldout_images_shuffled": evaluate(fam, model, proc, held, shuffle_seed=1),
+        "captions": evaluate_captions(fam, model, proc, [q.scene for q in heldout_set(args.n_captions, seed=4321)])},
+        ("heldout", "heldout_images_shuffled", "captions"), model=recipe.model_name, family=recipe.family)
 
 if __name__ == "__main__":
     main()
