@@ -667,3 +667,44 @@ def test_a_json_object_naming_a_key_twice_is_refused(tmp_path, case):
         S.load(d)
     with pytest.raises(UnicacheError, match=rf"the key '{key}' is written twice"):
         check_params({"SAMPLES": str(d)}, names=["SAMPLES"])
+
+
+@pytest.mark.parametrize("key,near", [("anwser", "answer"), ("Question", "question"), ("filename", "file_name")])
+@pytest.mark.parametrize("layout", ["metadata", "manifest"])
+def test_a_misspelt_field_is_refused_naming_the_field_meant(tmp_path, layout, key, near):
+    """Round 11's poor 7: "anwser": "red" left the sample with no answer (never scored), "Question" beside "question"
+    was ignored, without a word. A key of your own that is no near-miss (qid, license) is still left alone."""
+    row = {"file_name": "a.png", "question": "what colour ?", key: "red"}
+    root = _write_layout(tmp_path / "f", layout, [row])
+    _png(root / "a.png")
+    with pytest.raises(UnicacheError, match=rf"key '{key}' is not a field; did you mean '{near}'\?"):
+        S.load(root)
+    root = _write_layout(tmp_path / "g", layout, [{"file_name": "a.png", "question": "q", "qid": 7, "license": "cc"}])
+    _png(root / "a.png")
+    assert [s.question for s in S.load(root)] == ["q"]  # the fix: your own columns pass
+
+
+def test_a_manifest_entry_with_image_and_file_name_is_refused(tmp_path):
+    """Round 11: a manifest entry holding both used 'image' without a word."""
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "manifest.json").write_text(json.dumps({"seed": S.SEED, "samples": [
+        {"image": "a.png", "file_name": "b.png", "question": "q"}]}))
+    _png(tmp_path / "f" / "a.png")
+    with pytest.raises(UnicacheError, match="both 'image' and 'file_name'.*remove 'file_name'"):
+        S.load(tmp_path / "f")
+
+
+@pytest.mark.parametrize("kind", ["animated GIF", "multi-page TIFF", "LAB TIFF"])
+def test_a_picture_that_is_not_one_rgb_frame_is_refused(tmp_path, kind):
+    """Round 11's poor 5 and 6: animations and page stacks were read as their first frame, a LAB image converted
+    inexactly (pure red read as 86.7, not 85), without a word."""
+    name = "a.gif" if "GIF" in kind else "a.tif"
+    root = _write_layout(tmp_path / "f", "metadata", [{"file_name": name, "question": "q"}])
+    frames = [Image.new("RGB", (8, 8), c) for c in ("red", "blue")]
+    if kind == "LAB TIFF":
+        Image.new("LAB", (8, 8), (54, 208, 195)).save(root / name)
+    else:
+        frames[0].save(root / name, save_all=True, append_images=frames[1:])
+    with pytest.raises(UnicacheError, match=r"holds 2 frames|is in mode LAB") as e:
+        S.load(root)
+    assert "save the picture you mean as an 8-bit RGB PNG" in str(e.value)

@@ -617,7 +617,10 @@ def _rows_from_manifest(path: Path) -> tuple[int, list[tuple[str, dict]]]:
         if not isinstance(e, dict) or "image" not in e or "question" not in e:
             raise InputError(f"{where}: every sample needs an 'image' and a 'question' (id, answer, objects and the "
                              f"rest are optional); fix the entry")
-        row = {k: v for k, v in e.items() if k not in ("image", "file_name")}
+        if "file_name" in e:  # a manifest names its image 'image': which of the two was meant is not ours to guess
+            raise InputError(f"{where}: both 'image' and 'file_name': a manifest entry names its image 'image'; "
+                             f"remove 'file_name'")
+        row = {k: v for k, v in e.items() if k != "image"}
         row["file_name"] = e["image"]
         rows.append((where, row))
     return seed, rows
@@ -710,7 +713,15 @@ _HIGH_BIT_MODES = {"I": 32, "I;16": 16, "I;16B": 16, "I;16L": 16, "I;16N": 16, "
 
 
 def _check_row(where: str, row: dict) -> dict:
-    """The fields of one record, type by type; a wrong one is refused naming ``where``, the field and the fix."""
+    """The fields of one record, type by type; a wrong one is refused naming ``where``, the field and the fix. A key
+    of your own is left alone, but one that looks like a misspelt field (``anwser``, ``Question``) is refused: its
+    value would be ignored, and the sample left unscored, without a word."""
+    for k in row:
+        low = str(k).lower()  # a short key (qid, type) is more likely one of your own than a misspelling
+        near = [] if k in _EXPORTED_KEYS else difflib.get_close_matches(low, _EXPORTED_KEYS, 1, 0.82 if len(low) > 4 else 1)
+        if near:
+            raise InputError(f"{where}: key {str(k)[:40]!r} is not a field; did you mean {near[0]!r}? (rename it; a "
+                             f"misspelt field is ignored)")
     q = row.get("question")
     if not isinstance(q, str) or not q.strip():
         raise InputError(f"{where}: 'question' must be a non-empty text, got {q!r}: write the question the model is "
@@ -753,6 +764,11 @@ def _read_image(data: bytes, name: str, where: str) -> np.ndarray:
                 raise ImageError(f"{where}: {name} is a {kind} image (mode {im.mode}): only 8-bit images are read "
                                  f"exactly; save it as 8-bit RGB PNG, e.g. Image.fromarray((arr / arr.max() * 255)"
                                  f".round().astype('uint8')).convert('RGB').save(...)")
+            if getattr(im, "n_frames", 1) > 1 or im.mode in ("LAB", "HSV"):  # read as frame 0 / converted inexactly
+                raise ImageError(f"{where}: {name} " + (f"holds {im.n_frames} frames (an animation or pages): only the "
+                                 f"first would be read" if getattr(im, "n_frames", 1) > 1 else f"is in mode {im.mode}, "
+                                 f"which PIL converts to RGB inexactly") + ": save the picture you mean as an 8-bit "
+                                 f"RGB PNG")
             turned = im.getexif().get(0x0112, 1)  # EXIF orientation: the pixels are stored rotated or mirrored
             if turned not in (1, None):
                 raise ImageError(f"{where}: {name} carries EXIF orientation {turned}: its pixels are stored turned and "
