@@ -152,6 +152,9 @@ _HEAD = "# ---\n# jupyter:\n#   unicache:\n#     first_figure: [a]\n#     figure
      "UPPER_CASE"),
     ("# ---\n# jupyter:\n#   unicache: [\n# ---\n", "cannot be read as YAML"),
     (_HEAD + "#     quick: {SEED: 010}\n# ---\n", "leading zero .* write 10"),   # YAML 1.1 would read octal 8
+    (_HEAD + "#     quick: {N: 1_000}\n# ---\n", "write 1000"),   # round 11: YAML 1.1 reads 1000, 1.2 a text
+    (_HEAD + "#     quick: {G: .nan}\n# ---\n", "not a finite number"),
+    (_HEAD + "#     quick: {G: [1.0, -.inf]}\n# ---\n", "not a finite number"),
     (_HEAD + "#     quick: {A: 1, A: 2}\n# ---\n", "'A' is written twice"),       # a reader would keep the last
     (_HEAD + "#     quick: {A: [1, {b: 2}]}\n# ---\n", "not a number, a word"),
     # round 6: seven levels of aliases ("billion laughs") expanded into a 52 MB one-line refusal

@@ -18,6 +18,7 @@ so a lesson is its source, its executed notebook and its solution (plus, if it r
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
     list("-+0123456789."))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                               list("tTfF"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
 
 
 def _mapping(loader, node, deep=False):
@@ -149,6 +150,12 @@ def read(source: Path) -> Lesson:
             if isinstance(x, str) and re.fullmatch(r"[-+]?0\d+", x):
                 raise InputError(f"{source.name}: quick {k}: {x!r} has a leading zero (YAML 1.1 reads it as octal, "
                                  f"another reader as {int(x)}); write {int(x)}")
+            if isinstance(x, str) and re.fullmatch(r"[-+]?\d[\d_]*_\d*", x):  # 1_000: 1000 in YAML 1.1, a text in 1.2
+                raise InputError(f"{source.name}: quick {k}: {x!r} is a number to one YAML reader and a text to "
+                                 f"another; write {x.replace('_', '')}")
+            if isinstance(x, float) and not math.isfinite(x):
+                raise InputError(f"{source.name}: quick {k}: {x!r} is not a finite number; a quick run needs a value "
+                                 f"its notebook can run with")
             if not (x is None or isinstance(x, (bool, int, float, str))):
                 raise InputError(f"{source.name}: quick {k}: {x!r} is not a number, a word, true/false or null")
     if not (isinstance(rules, list) and all(isinstance(r, str) and re.fullmatch(r"[\w.]+:\w+", r) for r in rules)):
