@@ -224,12 +224,9 @@ def stat_inside(base, rel, *, links: bool = True, write: bool = False, error=Inp
     ``base``, passes through a symbolic link it may not follow, or is not a regular file."""
     try:
         _, _, st = _walk(base, rel, write, links and not write)
+        _refuse_unless_file(st, write)
     except _Refused as e:
         _fail(error, what, base, rel, str(e), fix)
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        _fail(error, what, base, rel, _kind_reason(st.st_mode), fix)
-    if write and st is not None and st.st_nlink > 1:
-        _fail(error, what, base, rel, _hard_link_reason(st.st_nlink), fix)
     return st
 
 
@@ -251,14 +248,19 @@ def path_inside(base, rel, *, folder: bool = False, error=InputError, what: str 
               fix)
     return Path(root, *parts)
 
-def _hard_link_reason(n: int) -> str:
-    return (f"has {n} names (a hard link: the same file may sit outside the folder under another name): it is never "
-            f"written through; copy it (cp, not ln) or remove this name (os.unlink)")
-
-
-def _kind_reason(mode: int) -> str:
-    kind = file_kind(mode)
-    return f"is {kind}, not a {'file' if stat.S_ISDIR(mode) else 'regular file'}: it is never opened"
+def _refuse_unless_file(st, write: bool = False, fd: int | None = None) -> None:
+    """Raise :class:`_Refused` (closing ``fd`` first) when the stat ``st`` is not a regular file, or is one opened for
+    writing that has several names (a hard link); nothing when ``st`` is None (no file there)."""
+    why = "" if st is None else (
+        f"is {file_kind(st.st_mode)}, not a {'file' if stat.S_ISDIR(st.st_mode) else 'regular file'}: it is never "
+        "opened" if not stat.S_ISREG(st.st_mode) else
+        f"has {st.st_nlink} names (a hard link: the same file may sit outside the folder under another name): it is "
+        f"never written through; copy it (cp, not ln) or remove this name (os.unlink)" if write and st.st_nlink > 1
+        else "")
+    if why:
+        if fd is not None:
+            os.close(fd)
+        raise _Refused(why)
 
 
 def open_inside(base, rel, flags: int = os.O_RDONLY, mode: int = 0o644, *, links: bool = True, error=InputError,
@@ -275,10 +277,7 @@ def open_inside(base, rel, flags: int = os.O_RDONLY, mode: int = 0o644, *, links
         root, parts, st = _walk(base, rel, write, links and not write)
         if st is None and not flags & os.O_CREAT:
             raise _Refused("is missing")
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise _Refused(_kind_reason(st.st_mode))
-        if write and st is not None and st.st_nlink > 1:
-            raise _Refused(_hard_link_reason(st.st_nlink))
+        _refuse_unless_file(st, write)
         dfd = _folder_fd(root, parts[:-1], create=False)
         try:
             fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode, dir_fd=dfd)
@@ -290,13 +289,7 @@ def open_inside(base, rel, flags: int = os.O_RDONLY, mode: int = 0o644, *, links
             raise _Refused(f"cannot be opened ({e.strerror})") from None
         finally:
             os.close(dfd)
-        fst = os.fstat(fd)
-        if not stat.S_ISREG(fst.st_mode):
-            os.close(fd)
-            raise _Refused(_kind_reason(fst.st_mode))
-        if write and fst.st_nlink > 1:
-            os.close(fd)
-            raise _Refused(_hard_link_reason(fst.st_nlink))
+        _refuse_unless_file(os.fstat(fd), write, fd)
         return fd
     except _Refused as e:
         _fail(error, what, base, rel, str(e), fix)
@@ -333,8 +326,7 @@ def unlink_inside(base, rel, keep=None, *, error=InputError, what: str = "file",
         root, parts, st = _walk(base, rel, False, False)
         if st is None:
             return False
-        if not stat.S_ISREG(st.st_mode):
-            raise _Refused(_kind_reason(st.st_mode))
+        _refuse_unless_file(st)
         dfd = _folder_fd(root, parts[:-1], create=False)
     except _Refused as e:
         _fail(error, what, base, rel, str(e), fix)
@@ -348,8 +340,7 @@ def unlink_inside(base, rel, keep=None, *, error=InputError, what: str = "file",
                            if e.errno in (errno.ELOOP, errno.ENXIO) else f"cannot be opened ({e.strerror})") from None
         try:
             fst = os.fstat(fd)
-            if not stat.S_ISREG(fst.st_mode):
-                raise _Refused(_kind_reason(fst.st_mode))
+            _refuse_unless_file(fst)
             if keep is not None and keep(fd):
                 return False
             now = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
@@ -401,8 +392,7 @@ def write_inside(base, rel: str, data: bytes, *, error=InputError, what: str = "
     is written through a symbolic link. Returns ``base/rel``."""
     try:
         root, parts, st = _walk(base, rel, True, False)
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise _Refused(_kind_reason(st.st_mode))
+        _refuse_unless_file(st)  # a name with several links is replaced by the rename, never written through
         dfd = _folder_fd(root, parts[:-1], create=True)
     except _Refused as e:
         _fail(error, what, base, rel, str(e), fix)
