@@ -370,24 +370,30 @@ _ALL = [
     _c("E1", "Target: a designed eviction policy keeps >= 99% of full-cache accuracy at 25% of the image KV.",
        "how far the image KV can be cut", "05_kv_eviction",
        f"{NEW} accuracy at 25% of the image KV / the full cache's, held-out questions (ratio of means, 95% interval "
-       "over questions), above 0.99", {"": {"above": 0.99}}),
+       "over questions), above 0.99", {"": {"above": 0.99}},
+       meaning={"holds": "a quarter of the image KV is enough", "does not hold": "keep more than a quarter"}),
     _c("E2", "Target: the designed eviction policy keeps >= 97% of full-cache accuracy at 10% of the image KV.",
        "how far the image KV can be cut", "05_kv_eviction",
-       f"{NEW} accuracy at 10% / the full cache's, above 0.97", {"": {"above": 0.97}}),
+       f"{NEW} accuracy at 10% / the full cache's, above 0.97", {"": {"above": 0.97}},
+       meaning={"holds": "a tenth is enough", "does not hold": "at a tenth, merge rather than drop (§3)"}),
     _c("E3", "Target: its answers stay close to the full cache's: mean KL <= 0.05 at 25%.",
        "whether the answers survive, not only their accuracy", "05_kv_eviction",
-       f"{NEW} mean KL(full || evicted) at 25%, interval over questions, below 0.05 nats", {"": {"below": 0.05}}),
+       f"{NEW} mean KL(full || evicted) at 25%, interval over questions, below 0.05 nats", {"": {"below": 0.05}},
+       meaning={"holds": "the answers barely move", "does not hold": "check the answers, not only accuracy"}),
     _c("E4", "Target: it is at least as accurate as every peer (kvpress, DivPrune, FastV ...) at every budget.",
        "which eviction method to adopt", "05_kv_eviction",
        f"{NEW} minus every peer (kvpress presses, DivPrune, FastV, SnapKV, H2O, StreamingLLM), the worst (budget, "
        "peer) cell of the paired accuracy difference, interval over questions, above -0.01 (1 point)",
-       {"": {"above": -0.01}}),
+       {"": {"above": -0.01}},
+       meaning={"holds": "no peer beats it", "does not hold": "a peer beats it somewhere (§3)"}),
     # 06: cross-step reuse
     _c("R1", "Target: a designed step-reuse policy reaches >= 2x wall-clock at >= 42 dB PSNR on both generators.",
        "whether cross-step reuse pays at all", "06_step_reuse",
        f"{NEW_REUSE} on every generator: (a) wall-clock speed-up (interval over >= {MIN_TIMING_REPEATS} timing "
        "rounds, the slower generator) above 2.0, (b) mean PSNR vs no reuse (interval over prompts, the lower "
-       "generator) above 42 dB", {"a": {"above": 2.0}, "b": {"above": 42.0}}),
+       "generator) above 42 dB", {"a": {"above": 2.0}, "b": {"above": 42.0}},
+       meaning={"holds": "fast and sharp enough", "partly": "fast or sharp enough, not yet both",
+                "does not hold": "neither fast nor sharp enough"}),
     _c("R2", "Target: it sits >= 3 dB above simply sampling with fewer steps at equal wall-clock.",
        "whether reuse beats the trivial control", "06_step_reuse",
        f"{NEW_REUSE} PSNR minus the fewer-step control's at its own wall-clock speed-up (interval over prompts, the "
@@ -401,11 +407,15 @@ _ALL = [
     _c("G3", "Reusing only in the last third of the steps loses almost no quality.",
        "where in the schedule reuse is safe", "06_step_reuse",
        "weaker generator: (a) SSIM of reuse in the last third of the steps above 0.98, (b) that SSIM minus reusing "
-       "throughout (every 2nd step) above 0", {"a": {"above": 0.98}, "b": {"above": 0.0}}),
+       "throughout (every 2nd step) above 0", {"a": {"above": 0.98}, "b": {"above": 0.0}},
+       meaning={"holds": "late reuse is safe but saves little", "partly": "late reuse safe or safer, not both",
+                "does not hold": "late reuse is neither safe nor safer"}),
     _c("G8", "Caching text-side features over similar steps cut latency ~15% with no visible loss.",
        "whether the text side is worth caching", "06_step_reuse",
        f"joint-attention model, text-side reuse: (a) speed-up above 1.10 (interval over >= {MIN_TIMING_REPEATS} "
-       "shuffled interleaved rounds), (b) SSIM above 0.98", {"a": {"above": 1.10}, "b": {"above": 0.98}}),
+       "shuffled interleaved rounds), (b) SSIM above 0.98", {"a": {"above": 1.10}, "b": {"above": 0.98}},
+       meaning={"holds": "cheap, but fewer steps do better", "partly": "cheap or lossless, not both",
+                "does not hold": "text-side caching does not pay"}),
     # 07: diagnostics
     _c("U10", "A layer with cross-modal share under ~5% marks a modality cut-off.",
        "an eviction rule keeping few image keys can *cause* a cut-off: whether a cheap share detector can catch one",

@@ -72,6 +72,7 @@ from scipy import stats as st
 from unicache_lib import plots
 from unicache_lib.analysis import caching_claims as CC
 from unicache_lib.capture.runner import inputs_for
+from unicache_lib.claims import REGISTRY, read
 from unicache_lib.families import family_of
 from unicache_lib.inputs import budget_shares
 from unicache_lib.intervals import difference_interval, proportion_interval
@@ -220,10 +221,6 @@ CC.declare(targets, CC.EVICTION_RULES)
 CC.measure_eviction(targets, R, BUDGETS, None, PEER_METHODS, grid_note="measured in §5", decisive=decisive)
 WHAT = {"E1": "share of full accuracy at 25%", "E2": "share of full accuracy at 10%",
         "E3": "mean KL at 25%, nats", "E4": "worst paired difference to a peer"}
-MEANS = {"E1": {"holds": "a quarter of the image KV is enough"},  # a verdict -> what it means for you
-         "E2": {"holds": "a tenth is enough", "does not hold": "at a tenth, merge rather than drop (§3)"},
-         "E3": {"holds": "the answers barely move", "does not hold": "check the answers, not only accuracy"},
-         "E4": {"holds": "no peer beats it", "does not hold": "a peer beats it somewhere (§3)"}}
 
 
 def target(cid):  # one line: the bar, value [95% interval] on n, the verdict and what it means for you
@@ -232,7 +229,8 @@ def target(cid):  # one line: the bar, value [95% interval] on n, the verdict an
         return print(f"{cid} ({WHAT[cid]}): not measurable here: {r.note}")
     m = next(iter(r.measured.values()))
     mine = re.search(r"this run's \d+: \S+ \[[^\]]*\]", r.shown)  # where the larger run decides, this run's beside it
-    mean = MEANS[cid].get(r.verdict, "too few questions to decide" if r.verdict == "inconclusive" else "")
+    mean = REGISTRY[cid].meaning.get(r.verdict,  # what the verdict means for you, written once beside the claim
+                                     "too few questions to decide" if r.verdict == "inconclusive" else "")
     f = "{:+.3f}" if cid == "E4" else "{:.3f}"  # a difference, or a share / a KL
     print(wrap(f"{cid} ({WHAT[cid]}, bar {next(iter(r.criteria.values()))}): {f.format(m.value)} "
                f"[{f.format(m.lo)}, {f.format(m.hi)}],"
@@ -282,7 +280,7 @@ print(wrap(f"time to answer on the compressed caches vs the full one: {mt['time 
 
 # %% [markdown]
 # Bytes scale with the budget; answering is no faster
-# (<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.12<!--/num-->×
+# (<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.01<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.07<!--/num-->×
 # the full cache's time). At LLaVA-1.5-7B's shape the decode step does get faster
 # ([appendix](../docs/EVICTION_APPENDIX.md)).
 
@@ -539,9 +537,8 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %%
-for cid in ("E1", "E2", "E3", "E4"):  # what each target's verdict means for you (§2-§3 print each with its interval)
-    v = board.rows[cid].verdict
-    print(f"{cid}: {v}" + (f" -> {MEANS[cid][v]}" if v in MEANS[cid] else ""))
+for cid in ("E1", "E2", "E3", "E4"):  # each target's verdict and what it means for you (Claim.meaning in claims.py)
+    print(f"{cid}: {read(cid, board.rows[cid].verdict)}")
 
 # %%
 print(wrap("\n".join(board.why_inconclusive()) or "no verdict is inconclusive"))
@@ -628,10 +625,10 @@ else:
 # - **Merge, don't only drop; select, don't shrink**: pooling and the downsampled picture fall far behind up to 50%
 #   (§3).
 # - **The targets** (each with its interval in §2–§3): E1
-#   <!--num "notebooks/05_kv_eviction.ipynb#out:E1: " re="E1: (.+)$"-->holds -> a quarter of the image KV is enough<!--/num-->;
-#   E2 <!--num "notebooks/05_kv_eviction.ipynb#out:E2: " re="E2: (.+)$"-->does not hold -> at a tenth, merge rather than drop (§3)<!--/num-->;
-#   E3 <!--num "notebooks/05_kv_eviction.ipynb#out:E3: " re="E3: (.+)$"-->holds -> the answers barely move<!--/num-->;
-#   E4 <!--num "notebooks/05_kv_eviction.ipynb#out:E4: " re="E4: (.+)$"-->holds -> no peer beats it<!--/num-->.
+#   <!--num "notebooks/05_kv_eviction.ipynb#out:E1: " re="E1: (.+)$"-->holds — a quarter of the image KV is enough<!--/num-->;
+#   E2 <!--num "notebooks/05_kv_eviction.ipynb#out:E2: " re="E2: (.+)$"-->does not hold — at a tenth, merge rather than drop (§3)<!--/num-->;
+#   E3 <!--num "notebooks/05_kv_eviction.ipynb#out:E3: " re="E3: (.+)$"-->holds — the answers barely move<!--/num-->;
+#   E4 <!--num "notebooks/05_kv_eviction.ipynb#out:E4: " re="E4: (.+)$"-->holds — no peer beats it<!--/num-->.
 # - **U7** <!--num data/results/05_kv_eviction.json#[claim=U7].verdict-->does not hold<!--/num--> (§5–§6): one
 #   coverage rule for every depth band. **By depth** (§8): one budget per layer; never shrink layers that spread.
 #

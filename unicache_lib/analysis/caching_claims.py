@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..claims import NEW, NEW_REUSE, REGISTRY, decision_rows, rules_of
+from ..claims import NEW, NEW_REUSE, REGISTRY, decision_rows, read, rules_of
 from ..intervals import MIN_TIMING_REPEATS, Interval, mean_interval
 from ..tables import WrappedTable
 from ..scoreboard import Criterion, Measurement
@@ -66,31 +66,27 @@ def below_random_finding(notebook=None) -> str:
             if found else "")
 
 
-def cover_finding(results=None, scale_model: str = "tiny-llava-576") -> str:
-    """What 05's larger runs found for the covers that choose before the prefill, in one clause (generated from the
-    committed results, never typed): ``key_coverage`` minus DivPrune on the decisive run (``evaluate_controls.csv``),
-    minus ``key_coverage_prefill`` (``prefill_cover.csv``), and the shares each keeps at 64 of 576 tokens."""
-    def pts(r):
-        return f"{100 * r['diff']:+.1f} [{100 * r.lo:+.1f}, {100 * r.hi:+.1f}] pt at {r.budget:.0%}"
+def cover_finding(results=None) -> str:
+    """What 05's decisive run found for the covers that choose before the prefill, in one clause of words (no number:
+    the decision row holding it carries this run's; the appendix, docs/EVICTION_APPENDIX.md, prints the intervals),
+    generated from the committed results, never typed: ``key_coverage`` against DivPrune (``evaluate_controls.csv``)
+    and against ``key_coverage_prefill`` (``prefill_cover.csv``), each by its paired interval at the decisive run's
+    budgets. "" where neither file is committed."""
+    def count(verdicts, word, what):  # "at both budgets" / "at 1 of 2 budgets" (of the decisive run's budgets)
+        k, m = sum(v == word for v in verdicts), len(verdicts)
+        return f"{what} at {'both' if k == m == 2 else 'every' if k == m else f'{k} of {m}'} budgets"
     out, root, budgets = [], Path(results or DECISIVE), (0.1, 0.25)  # the budgets the decisive run's rules name
     c = decisive("tiny-llava", "controls", root)
     if c is not None and "divprune" in set(c.peer):
-        dp = c[(c.peer == "divprune") & c.budget.isin(budgets)]
-        out.append(f"decisive run ({int(dp.n.iloc[0]):,} questions): {NEW} minus DivPrune "
-                   + ", ".join(pts(r) for _, r in dp.iterrows()))
+        dp = list(c[(c.peer == "divprune") & c.budget.isin(budgets)].verdict)
+        out.append(count(dp, "ahead", "ahead of DivPrune") if "ahead" in dp else "not ahead of DivPrune")  # its pick
     pc = root / "prefill_cover.csv"
     if pc.exists():
-        m = pd.read_csv(pc).query("kind == 'minus' and method == @NEW and budget in @budgets")  # prefill minus ours
-        out += [f"minus key_coverage_prefill " + ", ".join(
-            f"{-100 * r['diff']:+.1f} ({ {'behind': 'ahead', 'ahead': 'behind'}.get(r.verdict, r.verdict)})"
-            for _, r in m.iterrows())] if len(m) else []
-    sh = decisive(scale_model, "shares", root)
-    if sh is not None:
-        k = sh[sh.tokens == 64].set_index("method").share_of_full
-        names = [x for x in (NEW, "key_coverage_prefill", "key_coverage_features") if x in k.index]
-        if NEW in names and len(names) > 1:
-            out.append(f"share of full at 64 of 576 tokens: " + ", ".join(f"{x} {k[x]:.3f}" for x in names))
-    return "; ".join(out)
+        m = list(pd.read_csv(pc).query("kind == 'minus' and method == @NEW and budget in @budgets").verdict)
+        if m:  # key_coverage_prefill minus ours: its "ahead" is ours behind
+            out.append("never behind key_coverage_prefill" if "ahead" not in m
+                       else count(m, "ahead", "behind key_coverage_prefill"))
+    return ("on the decisive run it is " + " and ".join(out) + " (appendix)") if out else ""
 
 
 def budget_label(budget: float, n_image: int | None, sep: str = " ") -> str:
@@ -348,23 +344,27 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
     docs/EVICTION_APPENDIX.md). ``u7``: the interval U7 is decided on, ``u7_run`` the run it comes from (the settled
     one, :func:`settled_u7`, where committed). The advice about the covers chosen before the prefill comes from the
     larger runs (:func:`cover_finding`, ``results``), not from this run's ties."""
-    full, rows, value, act, tops, tied = _at(acc, "full", budgets[0]), [], [], [], set(), True
-    for b in budgets:  # one entry per budget: the two best
+    full, rows, value, picks, tied = _at(acc, "full", budgets[0]), [], "", [], True
+    for b in budgets:  # the two best per budget; the row prints the smallest budget's (at most four numbers a row)
         cand = {m: _at(acc, m, b) for m in (NEW, f"{NEW}_merge", "divprune", "h2o", "snapkv", "unicache", "random",
                                              "kvpress:expected_attention")}
         cand = {m: v for m, v in cand.items() if np.isfinite(v)}
         best, second = sorted(cand, key=cand.get, reverse=True)[:2]
-        gap, tops = round((cand[best] - cand[second]) * n), tops | {best, second}
-        value.append(f"{b:.0%}: {best} {cand[best]:.3f}, {second} {cand[second]:.3f}")
-        act.append(f"{b:.0%}: " + (f"{best} or {second}" if gap <= 2 else f"pick {best}"))
+        gap = round((cand[best] - cand[second]) * n)  # in questions: within two is a tie
+        value = value or f"{b:.0%}: {best} {cand[best]:.3f}, {second} {cand[second]:.3f}"
+        picks.append(f"{best} or {second}" if gap <= 2 else best)
         tied &= gap <= 2
     larger = cover_finding(results)
-    rows.append({"measurement": f"accuracy per budget, the two best (full {full:.3f})",
-                 "value here": "; ".join(value),
-                 "what it suggests on your model": (f"the two best tie at every budget (within 2 questions at n = {n}):"
-                                                    " too few questions to separate them" if tied else "; ".join(act)
-                                                    + f" (within 2 questions is a tie at n = {n})")
-                 + (f". The larger runs do: pick {NEW} ({larger})" if larger else ""),
+    one = len(set(picks)) == 1
+    act = ("the two best tie at every budget (within two questions): too few questions to separate them" if tied
+           else f"pick {picks[0]} at every budget" if one
+           else f"the best differs by budget (smallest first: {'; '.join(picks)}); a tie is within two questions")
+    rows.append({"measurement": f"accuracy at the smallest budget, the two best (full {full:.3f}; every budget: "
+                                "accuracy.csv)",
+                 "value here": value,
+                 "what it suggests on your model": act + (f". The larger runs separate them: pick {NEW}; {larger}"
+                                                          if " is ahead of DivPrune" in larger
+                                                          else f". The larger runs: {larger}" if larger else ""),
                  "where": "§2-§3: MODEL, BUDGETS, N_EVICTION; appendix"})
     ctls = [c for c in ("pooling", "downsample") if c in acc.index]
     if ctls:
@@ -377,8 +377,8 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
         rows.append({"measurement": f"{' / '.join(var)} minus {NEW}",
                      "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}"
                                                                       for v in var) + " pt" for b in budgets),
-                     "what it suggests on your model": "a tie here is too few questions; the larger runs put the "
-                     "prefill-stage cover behind (row 1): cover after the prefill; where merging leads, merge",
+                     "what it suggests on your model": "a tie here is too few questions; the larger runs never find "
+                     "the prefill-stage cover ahead (row 1): cover after the prefill; where merging leads, merge",
                      "where": "§3, kv/policies/key_coverage_prefill.py, merge.py"})
     if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
         s1 = {r.method: r.value for r in scale.itertuples() if r.against == "full" and r.tokens == 64} if scale is not None else {}
@@ -390,7 +390,7 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, 'key_coverage_features', b)):+.1f}"
                                              f" / {100 * (_at(acc, NEW, b) - _at(acc, 'divprune_keys', b)):+.1f} pt" for b in budgets),
                      "what it suggests on your model": "the larger runs decide: the rule carries the gain; the place ties "
-                     "on tiny-llava but loses at 576 tokens (row 1): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
+                     "on tiny-llava but loses at 576 tokens (appendix): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
     rows.append({"measurement": "random minus the study's rule (unicache)",
                  "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
                  "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions "
@@ -427,7 +427,7 @@ def reuse_recap(RU: dict, CT: dict, shares: dict, board) -> list[str]:
                      + (f" ({', '.join(outside)} outside)" if outside else "") if len(dif) else "")
                      + (f"; attention is {shares[g]['share']:.0%} of a run (attention-only cap {shares[g]['cap']:.2f}x)."
                         if g in shares else "."))
-    lines.append("Verdicts: " + ", ".join(f"{c} {r.verdict}" for c, r in board.rows.items()))
+    lines.append("Verdicts: " + "; ".join(f"{c} {read(c, r.verdict)}" for c, r in board.rows.items()))  # with meanings
     return lines
 
 
