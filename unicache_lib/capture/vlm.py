@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterable
 
 import torch
@@ -184,12 +184,10 @@ class AttentionCapture:
         self._stack: ExitStack | None = None
         self._by_module = {id(s.module): s for s in sites}
         self._gates = {}
-        self._gate_defs = self.family.row_gates(self.model)
         self._current: list[str] = []
         self._n_forward = 0
         self._inputs: dict = {}
         self._seen: set = set()
-        self._mask_arg: dict = {}
 
     # ---- sample bookkeeping -------------------------------------------------------------------
     def _begin_forward(self, module, args, kwargs):
@@ -295,11 +293,9 @@ class AttentionCapture:
             if mode == "full":
                 P = P.materialize() if isinstance(P, S.LogitRows) else P
                 S.check_mask(P, S.Visibility.of(P, causal), f"{site.name} attention map")
-                qi, ki = torch.arange(0, sq, self.query_stride), torch.arange(0, sk, self.key_stride)
-                strided = self.query_stride > 1 or self.key_stride > 1
                 v = vis if vis is not None else torch.ones(sq, sk, dtype=torch.bool)
-                data = {"probs": P[:, qi][:, :, ki].cpu() if strided else P.cpu().clone(),
-                        "visible": (v[qi][:, ki] if strided else v).cpu().clone()}
+                data = {"probs": P[:, :: self.query_stride, :: self.key_stride].cpu().clone(),
+                        "visible": v[:: self.query_stride, :: self.key_stride].cpu().clone()}
             else:
                 stats = S.layer_statistics(P, sp, causal, qpos, [TEXT] * sq if cross else None)
                 data = {k: v.cpu() for k, v in stats.items()}
@@ -312,11 +308,8 @@ class AttentionCapture:
     def _mask_of(self, module, args, kwargs):
         if "attention_mask" in kwargs:
             return kwargs["attention_mask"]
-        sig = self._mask_arg.get(id(module))
-        if sig is None:
-            sig = self._mask_arg[id(module)] = inspect.signature(module.forward)
         try:
-            return sig.bind_partial(*args, **kwargs).arguments.get("attention_mask")
+            return inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments.get("attention_mask")
         except TypeError:
             return None
 
@@ -378,17 +371,14 @@ class AttentionCapture:
         return out
 
     # ---- context management --------------------------------------------------------------------
-    def _dropout_in_training(self) -> list[str]:
-        """Attention modules that would drop out attention weights now: in ``train()`` mode with a dropout > 0."""
-        return [f"{s.name} (dropout {p:g})" for s, p in ((s, _dropout(s.module)) for s in self.sites)
-                if s.module.training and isinstance(p, (int, float)) and p > 0]
-
     def __enter__(self) -> "AttentionCapture":
         if self._stack is not None:
             raise CaptureError("this AttentionCapture is already active: a capture cannot be entered inside itself "
                                "(its hooks would be installed twice and the outer exit would leave some behind). Use "
                                "one `with AttentionCapture(...)` block, or a second AttentionCapture object")
-        dropping = self._dropout_in_training()
+        # attention modules that would drop out attention weights now: in train() mode with a dropout > 0
+        dropping = [f"{s.name} (dropout {p:g})" for s, p in ((s, _dropout(s.module)) for s in self.sites)
+                    if s.module.training and isinstance(p, (int, float)) and p > 0]
         if dropping:
             raise CaptureError(f"the model is in train() mode with attention dropout ({', '.join(dropping[:2])}"
                                f"{', ...' if len(dropping) > 2 else ''}): the weights it returns are dropped-out "
@@ -397,7 +387,7 @@ class AttentionCapture:
         captured = {s.name for s in self.sites}
         hooks = [(self.model, "forward_pre", self._begin_forward)] + [
             (layer, "forward_pre", self._gate_hook(name, kwarg))
-            for name, (layer, kwarg) in self._gate_defs.items() if name in captured]
+            for name, (layer, kwarg) in self.family.row_gates(self.model).items() if name in captured]
         if self.mode != "recompute":
             ask = self.family.weights_argument  # modules that return weights only when asked
             for s in self.sites:
@@ -470,26 +460,22 @@ def check_memory(n_bytes: int, budget_gb: float | None, what: str = "a full capt
             f"keep the maps of fewer samples, or raise the budget")
 
 
-class _attn_impl:
+@contextmanager
+def _attn_impl(model, fn, parts=("language",)):
     """Route every attention call of the captured sub-models through ``fn`` (registered in
     transformers' ``AttentionInterface``, with sdpa's mask function registered under the same name so
     the model builds the masks sdpa would get), restoring every sub-model's implementation on exit."""
-
-    def __init__(self, model, fn, parts=("language",)):
-        self.model, self.fn = model, fn
-        self.subs = ({"text_config"} if {"language", "cross"} & set(parts) else set()) | (
-            {"vision_config"} if "vision" in parts else set())
-
-    def __enter__(self):
-        self.old = attn_implementations(self.model)
-        # the registries are global: keep what was there (an enclosing capture's function) to put it back
-        self.before = attention_functions(_RECOMPUTE_NAME)
-        transformers.AttentionInterface.register(_RECOMPUTE_NAME, self.fn)
-        transformers.masking_utils.AttentionMaskInterface.register(_RECOMPUTE_NAME, transformers.masking_utils.sdpa_mask)
-        new = ({k: (_RECOMPUTE_NAME if k in self.subs else v) for k, v in self.old.items()}
-               if isinstance(self.old, dict) else _RECOMPUTE_NAME)
-        set_attn_implementations(self.model, new)
-
-    def __exit__(self, *exc):
-        set_attn_implementations(self.model, self.old)
-        restore_attention_functions(self.before, _RECOMPUTE_NAME)  # no reference to this capture (and its model) stays
+    subs = ({"text_config"} if {"language", "cross"} & set(parts) else set()) | (
+        {"vision_config"} if "vision" in parts else set())
+    old = attn_implementations(model)
+    # the registries are global: keep what was there (an enclosing capture's function) to put it back
+    before = attention_functions(_RECOMPUTE_NAME)
+    transformers.AttentionInterface.register(_RECOMPUTE_NAME, fn)
+    transformers.masking_utils.AttentionMaskInterface.register(_RECOMPUTE_NAME, transformers.masking_utils.sdpa_mask)
+    set_attn_implementations(model, {k: (_RECOMPUTE_NAME if k in subs else v) for k, v in old.items()}
+                             if isinstance(old, dict) else _RECOMPUTE_NAME)
+    try:
+        yield
+    finally:
+        set_attn_implementations(model, old)
+        restore_attention_functions(before, _RECOMPUTE_NAME)  # no reference to this capture (and its model) stays
