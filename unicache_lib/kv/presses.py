@@ -33,6 +33,7 @@ One prompt at a time (batch 1), as the workbench's harness; kvpress's own pipeli
 from __future__ import annotations
 
 import contextlib
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -74,19 +75,16 @@ class PolicyPress(BasePress):
     _layers: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
-        if not isinstance(self.policy, EvictionPolicy) or not getattr(self.policy, "per_layer", True):
-            raise InputError(  # kvpress's hook hands a press one layer at a time
-                f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got {self.policy!r}"
-                if not isinstance(self.policy, EvictionPolicy) else
-                f"{self.policy.name!r} ranks the image keys once, from one layer, for every layer; a press sees one "
-                f"layer at a time and would rank each by its own attention, keeping other positions than the harness: "
-                f"run it with run_eviction, or choose a per-layer policy")
-        self.policy.require_cache("a press")
+        if not isinstance(self.policy, EvictionPolicy):
+            raise InputError(f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got "
+                             f"{self.policy!r}")
+        self.policy.require_cache("a press")  # the policy says whether it can choose from one layer at a time
         check_fraction(self.compression_ratio, "compression_ratio", upper_inclusive=False,
                        meaning="the share of the prompt's KV removed")
-        if self.image_token_id is not None and (isinstance(self.image_token_id, bool) or
-                                                not isinstance(self.image_token_id, int) or self.image_token_id < 0):
+        if self.image_token_id is not None and (isinstance(self.image_token_id, bool) or  # numpy's ints too
+                                                not isinstance(self.image_token_id, numbers.Integral) or self.image_token_id < 0):
             raise InputError(f"image_token_id must be a token id (an int >= 0) or None, got {self.image_token_id!r}")
+        self.image_token_id = None if self.image_token_id is None else int(self.image_token_id)
 
     def post_init_from_model(self, model):
         fam = family_of(model)  # an unsupported model is refused here, with the supported families listed

@@ -69,7 +69,13 @@ class EvictionPolicy(ABC):
 
     def require_cache(self, use: str) -> None:
         """Nothing: a cache-stage policy chooses from a prefilled cache, which ``use`` (a press, a depth schedule)
-        needs. :class:`PrefillStagePolicy` refuses."""
+        needs. :class:`PrefillStagePolicy` refuses, and so does a policy that cannot choose from one layer's cache
+        alone when ``use`` is a press (kvpress hands a press one layer at a time): :meth:`_one_layer_at_a_time`."""
+
+    def _one_layer_at_a_time(self, use: str, why: str) -> None:
+        if use == "a press":
+            raise InputError(f"{self.name!r} {why}; a press sees one layer at a time, so it would keep other positions "
+                             f"than the harness (or fail at the first forward): run it with run_eviction")
 
     def _set_depth(self, schedule) -> None:
         if not callable(getattr(schedule, "counts", None)):
@@ -179,6 +185,10 @@ class ScorerPolicy(EvictionPolicy):
     (``ScorerPress``)."""
 
     per_layer: ClassVar[bool] = True
+
+    def require_cache(self, use: str) -> None:
+        if not self.per_layer:
+            self._one_layer_at_a_time(use, "ranks the image keys once, from one layer, for every layer")
 
     @abstractmethod
     def score(self, ctx, layer: int):

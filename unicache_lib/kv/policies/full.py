@@ -14,6 +14,7 @@ class Full(EvictionPolicy):
         if use == "a depth schedule":
             raise InputError("full keeps every position whatever the budget: a depth schedule would change nothing "
                              "(apply it to a policy that evicts, e.g. POLICIES['key_coverage_merge']())")
+        self._one_layer_at_a_time(use, "keeps every position, whatever compression_ratio asks")
 
     def select(self, ctx, budget):
         """Every position, whatever ``budget`` (which is still checked: a string is refused)."""

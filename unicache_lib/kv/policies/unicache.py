@@ -37,6 +37,9 @@ class UniCache(EvictionPolicy):
         if not isinstance(self.swap_bands, (bool, np.bool_)):
             raise InputTypeError(f"unicache swap_bands must be True or False, got {self.swap_bands!r}")
 
+    def require_cache(self, use: str) -> None:
+        self._one_layer_at_a_time(use, "keeps in every layer the positions the shallow layers read most, together")
+
     def choose(self, ctx, k):
         bands = band_layers(ctx.n_layers)
         shallow_reads = sum(ctx.image_reads(li) for li in bands["shallow"]).numpy()
