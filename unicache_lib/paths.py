@@ -379,16 +379,11 @@ def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None,
     if not p.exists():
         return OutputFolder(p, tool, set())
     gone = f"delete the folder (rm -r {shlex.quote(str(p))}) and run again, or choose another, {_eg(option)}"
-    marker = p / OUTPUT_MARKER
-    if os.path.lexists(marker):
-        try:
-            info = json.loads(read_inside(p, OUTPUT_MARKER, links=False, limit=MARKER_LIMIT))
-            by, files = info["written_by"], info["files"]
-            if not isinstance(by, str) or not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-                raise InputError("wrong types")
-        except (UnicacheError, OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-            raise InputError(f"{option} {str(path)!r} has a damaged {OUTPUT_MARKER} ({type(e).__name__}): if nothing "
-                             f"in it is yours, {gone}") from e
+    if os.path.lexists(p / OUTPUT_MARKER):
+        info = _marker(p)  # None: not a regular file inside the folder, not JSON, or not of the marker's shape
+        if info is None:
+            raise InputError(f"{option} {str(path)!r} has a damaged {OUTPUT_MARKER}: if nothing in it is yours, {gone}")
+        by, files = info["written_by"], info["files"]
         outside = next((f for f in files if _not_a_name(f)), None)
         if outside is not None:
             raise InputError(f"{option} {str(path)!r}: its {OUTPUT_MARKER} names {outside[:80]!r}, a path outside the "

@@ -69,12 +69,9 @@ GEN_PARAMS = {
 
 def gen_notebook_params(nb: str, model_dir: Path, out: Path, device: str, dtype: str, blocks: int) -> dict:
     """The parameters one generator rehearsal run passes (nothing else about the notebook changes)."""
-    p = {"DEVICE": device, "DTYPE": dtype, "OUT_DIR": str(out / nb), **GEN_PARAMS[nb]}
+    p = {"DEVICE": device, "DTYPE": dtype, "OUT_DIR": str(out / nb), **GEN_PARAMS[nb], "GENERATORS": [str(model_dir)]}
     if nb == "03_diffusion_steps":
-        p.update(GENERATORS=[str(model_dir)], LAYERS=sorted({0, blocks // 2, blocks - 1}),
-                 UNDERSTANDING_STORE=str(out / "no-understanding-store"))
-    else:
-        p.update(GENERATORS=[str(model_dir)])
+        p.update(LAYERS=sorted({0, blocks // 2, blocks - 1}), UNDERSTANDING_STORE=str(out / "no-understanding-store"))
     if nb == "04_head_pruning":  # statistics of every block (notebook 03 here keeps three): captured by 04 itself
         p.update(GENERATION_STORE=str(out / "no-generation-store"), GEN_STATS_PROMPTS=1,
                  UNDERSTANDING_STORE=str(out / "no-understanding-store"))
@@ -198,11 +195,9 @@ def _cost_lines(df, models: list) -> list[str]:
     lines = ["| notebook | " + " | ".join(f"{m}: wall-clock / peak RSS" for m in models) + " |",
              "|---|" + "---|" * len(models)]
     for nb in dict.fromkeys(df.notebook):
-        cells = []
-        for m in models:
-            r = df[(df.notebook == nb) & (df.model == m)]
-            cells.append(f"{r.wall_s.iloc[0]:.0f} s / {r.peak_rss_mb.iloc[0] / 1024:.1f} GB" if len(r) else "not run")
-        lines.append(f"| {nb} | " + " | ".join(cells) + " |")
+        runs = [df[(df.notebook == nb) & (df.model == m)] for m in models]
+        lines.append(f"| {nb} | " + " | ".join(f"{r.wall_s.iloc[0]:.0f} s / {r.peak_rss_mb.iloc[0] / 1024:.1f} GB"
+                                                if len(r) else "not run" for r in runs) + " |")
     return lines
 
 

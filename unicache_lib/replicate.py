@@ -74,12 +74,8 @@ def parameters(src: Path) -> dict:
 
 
 def models_of(params: dict) -> str:
-    out = []
-    for k in MODEL_PARAMS:
-        v = params.get(k)
-        if v is not None:
-            out += list(v) if isinstance(v, (list, tuple)) else [v]
-    return _key(out)
+    given = [params.get(k) for k in MODEL_PARAMS]
+    return _key([m for v in given if v is not None for m in (v if isinstance(v, (list, tuple)) else [v])])
 
 
 def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: bool, overrides: dict | None = None,
@@ -184,13 +180,15 @@ def readme_section(df, quick: bool = False) -> str:
     return "\n".join(lines)
 
 
-def update_readme(readme: Path, section: str) -> None:
+def update_readme(readme: Path, section: str, begin: str = BEGIN, end: str = END, absent=None) -> None:
+    """``section`` in place of the one between ``begin`` and ``end`` on the page; a page without one gets it from
+    ``absent(text)``, or (default) at its end under a heading of its own."""
     text = readme.read_text()
-    if BEGIN in text and END in text:
-        a, b = text.index(BEGIN), text.index(END) + len(END)
+    if begin in text and end in text:
+        a, b = text.index(begin), text.index(end) + len(end)
         text = text[:a] + section + text[b:]
     else:
-        text = text.rstrip("\n") + "\n\n## Replication on other sample sets\n\n" + section + "\n"
+        text = absent(text) if absent else text.rstrip("\n") + "\n\n## Replication on other sample sets\n\n" + section + "\n"
     readme.write_text(text)
 
 
@@ -217,14 +215,9 @@ def main(argv=None):
     csv.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(csv, index=False)
     if a.settle and not a.quick:
-        page = ROOT / "docs" / "VERDICTS.md"
-        text, section = page.read_text(), settle_section(df)
-        if SETTLE_BEGIN in text:
-            i, j = text.index(SETTLE_BEGIN), text.index(SETTLE_END) + len(SETTLE_END)
-            text = text[:i] + section + text[j:]
-        else:
-            text = text.replace(END, END + "\n\n" + section, 1)
-        page.write_text(text)
+        section = settle_section(df)  # after the replication's table when the page has none yet
+        update_readme(ROOT / "docs" / "VERDICTS.md", section, SETTLE_BEGIN, SETTLE_END,
+                      lambda text: text.replace(END, END + "\n\n" + section, 1))
     elif not a.settle:
         section = readme_section(df, a.quick)
         if a.readme or not a.quick:

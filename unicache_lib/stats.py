@@ -709,14 +709,9 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
             return nan
         return x[:, q].mean(-1) if wq is None else (x[:, q] * wq[q]).sum(-1) / wq[q].sum()
 
-    block_mass, bent = [], []
-    for blk in BLOCKS:
-        src, dst = blk.split("->")
-        q = iq if src == "image" else tq
-        g = 0 if dst == "image" else 1
-        block_mass.append(mass[:, q, g].sum(-1) if wq is None else mass[:, q, g] @ wq[q])
-        bent.append(rows_mean(_group_entropy(ent[..., g], mass[..., g], widths[g]), q))
-    block_mass = torch.stack(block_mass, -1)
+    cells = _blocks(qk)
+    block_mass = torch.stack([mass[:, q, g].sum(-1) if wq is None else mass[:, q, g] @ wq[q] for q, g in cells], -1)
+    bent = [rows_mean(_group_entropy(ent[..., g], mass[..., g], widths[g]), q) for q, g in cells]
     whole = _group_entropy(ent[..., 3], mass[..., 3], sk)
     out = {
         "blocks": block_mass / block_mass.sum(-1, keepdim=True).clamp(min=1e-30),
@@ -732,6 +727,13 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
     if prev is not None:
         out.update(sums.cosines(qk, wq))
     return out
+
+
+def _blocks(q_kinds: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """Per block of :data:`BLOCKS` (``src->dst``): the ``src`` query rows ``[Sq]`` (bool) and the ``dst`` key group
+    (0: image keys, 1: text keys)."""
+    return [(q_kinds == (IMAGE if src == "image" else TEXT), 0 if dst == "image" else 1)
+            for src, dst in (b.split("->") for b in BLOCKS)]
 
 
 class _SimilaritySums:
@@ -751,10 +753,7 @@ class _SimilaritySums:
         sums = [x.sum((1, 2)) if wq is None else x.sum(2) @ wq for x in (self.ab, self.aa, self.bb)]  # a row: wq rows
         sim_all = cosine_from_sums(*sums)
         sim_blocks = torch.full((H, len(BLOCKS)), float("nan"), device=self.ab.device)
-        for i, blk in enumerate(BLOCKS):
-            src, dst = blk.split("->")
-            qs = q_kinds == (IMAGE if src == "image" else TEXT)
-            g = 0 if dst == "image" else 1
+        for i, (qs, g) in enumerate(_blocks(q_kinds)):
             if bool(qs.any()) and bool(self.G[:, g].any()):  # within one kind rows weigh alike: no weights needed
                 sim_blocks[:, i] = cosine_from_sums(self.ab[:, qs, g].sum(-1), self.aa[:, qs, g].sum(-1),
                                                     self.bb[:, qs, g].sum(-1))

@@ -298,25 +298,30 @@ def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, g
     return [functools.partial(fn, lb) for lb in pipeline_loss_batches(gen, n_batches, batch, seed, steps, guidance)]
 
 
+def _sweep(space, scores: dict, fractions: list, reference, run, metrics, progress) -> pd.DataFrame:
+    """One row per (scorer, fraction): ``metrics(out)`` of ``out = run()`` with the heads that scorer ranks last
+    pruned at that fraction (``reference`` at fraction 0: nothing pruned, nothing run)."""
+    rows = []
+    for label, s in bar(scores.items(), progress, desc="pruning sweep"):
+        for f in fractions:
+            keep = space.keep_mask(s, f)
+            if f == 0:
+                out = reference
+            else:
+                with HeadMask(space, keep):
+                    out = run()
+            rows.append({"scorer": label, "fraction": f, "pruned": int((keep == 0).sum()), **metrics(out)})
+    return pd.DataFrame(rows)
+
+
 def sweep_understanding(model, processor, space, scores: dict, fractions, qas, ref_logp=None, progress: bool | None = None):
     """Accuracy / agreement / KL for every (scorer, fraction). ``scores``: label -> ``[units, heads]``.
     Returns a tidy DataFrame with one row per (label, fraction); ``correct_q`` holds the per-question
     outcomes (bool ``[N]``)."""
     check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
-    fractions = list(fractions)
     ref = answer_logprobs(model, processor, qas) if ref_logp is None else ref_logp
-    rows = []
-    for label, s in bar(scores.items(), progress, desc="pruning sweep"):
-        for f in fractions:
-            keep = space.keep_mask(s, f)
-            if f == 0:  # nothing pruned: the reference itself
-                lp = ref
-            else:
-                with HeadMask(space, keep):
-                    lp = answer_logprobs(model, processor, qas)
-            rows.append({"scorer": label, "fraction": f, "pruned": int((keep == 0).sum()),
-                         **understanding_metrics(lp, ref, processor, qas)})
-    return pd.DataFrame(rows)
+    return _sweep(space, scores, list(fractions), ref, lambda: answer_logprobs(model, processor, qas),
+                  lambda lp: understanding_metrics(lp, ref, processor, qas), progress)
 
 
 def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, steps=20, guidance=3.0, seed=0,
@@ -326,14 +331,6 @@ def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, step
     pipeline's VAE-decoded output (:class:`~unicache_lib.runtime.pipelines.PipelineGenerator`), every run with
     the same seeds. Returns ``(DataFrame with one row per (scorer, fraction), reference uint8 images)``."""
     check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
-    fractions = list(fractions)
     ref = to_uint8(sample(gen, prompts, steps, guidance, seed=seed))
-    rows = []
-    for label, s in bar(scores.items(), progress, desc="pruning sweep"):
-        for f in fractions:
-            keep = space.keep_mask(s, f)
-            with HeadMask(space, keep):
-                imgs = ref if f == 0 else to_uint8(sample(gen, prompts, steps, guidance, seed=seed))
-            rows.append({"scorer": label, "fraction": f, "pruned": int((keep == 0).sum()),
-                         **generation_metrics(imgs, ref, objects)})
-    return pd.DataFrame(rows), ref
+    return _sweep(space, scores, list(fractions), ref, lambda: to_uint8(sample(gen, prompts, steps, guidance, seed=seed)),
+                  lambda imgs: generation_metrics(imgs, ref, objects), progress), ref
