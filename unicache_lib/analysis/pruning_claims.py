@@ -19,6 +19,7 @@ from scipy import stats
 
 from ..claims import rules_of
 from ..core.errors import InputError
+from ..core.hooks import forward_hooks
 from ..capture.runner import capture_samples
 from ..intervals import difference_interval, proportion_interval
 from ..pruning.downstream import downstream_changes, random_heads
@@ -74,13 +75,20 @@ def attention_share(space, run, repeats: int = 5, threads: int = 1) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     inside, starts = [0.0], {}
 
-    def pre(mod, args):
+    def pre(mod, args, kwargs):
         sync()
         starts[id(mod)] = time.perf_counter()
 
-    def post(mod, args, output):
+    def post(mod, args, kwargs, output):
         sync()
         inside[0] += time.perf_counter() - starts.pop(id(mod))
+
+    def timed() -> float:  # seconds of one run()
+        sync()
+        t0 = time.perf_counter()
+        run()
+        sync()
+        return time.perf_counter() - t0
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -89,22 +97,11 @@ def attention_share(space, run, repeats: int = 5, threads: int = 1) -> dict:
         with torch.no_grad():
             run()  # warm-up
             for _ in range(repeats):
-                sync()
-                t0 = time.perf_counter()
-                run()
-                sync()
-                plain = time.perf_counter() - t0
-                handles = [m.register_forward_pre_hook(pre) for m in space.modules]
-                handles += [m.register_forward_hook(post) for m in space.modules]
+                plain = timed()
                 inside[0] = 0.0
-                try:
-                    t0 = time.perf_counter()
-                    run()
-                    sync()
-                    hooked = time.perf_counter() - t0
-                finally:
-                    for h in handles:
-                        h.remove()
+                with forward_hooks([(m, "forward_pre", pre) for m in space.modules]
+                                   + [(m, "forward", post) for m in space.modules]):
+                    hooked = timed()
                 shares.append(inside[0] / hooked)
                 overhead.append(hooked / plain - 1)
     finally:

@@ -162,26 +162,25 @@ class DiffusionCapture:
                  text_tokens: list[list[str]] | None = None, branch: str = "cond", store=None,
                  adjacent: bool = True, query_stride: int = 1, meta: dict | list[dict] | None = None,
                  stats_stride: int = 1):
-        if mode not in MODES:
-            raise InputError(f"mode must be one of {MODES}, got {mode!r}")
-        if branch not in BRANCHES:
-            raise InputError(f"branch must be one of {BRANCHES}, got {branch!r}")
         self.sample_ids = [str(s) for s in sample_ids]
-        if not self.sample_ids or len(set(self.sample_ids)) != len(self.sample_ids):
-            raise InputError("sample_ids must be non-empty and unique")
-        if text_tokens is not None and len(text_tokens) != len(self.sample_ids):
-            raise InputError(f"{len(text_tokens)} token lists for {len(self.sample_ids)} samples")
-        if query_stride < 1 or stats_stride < 1:
-            raise InputError(f"query_stride and stats_stride must be >= 1, got {query_stride} and {stats_stride}")
-        if stats_stride > 1 and mode == "full":
-            raise InputError("stats_stride estimates the statistics from a subset of query rows, and mode 'full' keeps "
-                             "the whole map: thin a kept map with query_stride, or use mode 'stats' or 'recompute'")
+        n = len(self.sample_ids)
+        self.metas = meta if isinstance(meta, list) else [dict(meta or {})] * n
+        for bad, why in (
+                (mode not in MODES, f"mode must be one of {MODES}, got {mode!r}"),
+                (branch not in BRANCHES, f"branch must be one of {BRANCHES}, got {branch!r}"),
+                (not n or len(set(self.sample_ids)) != n, "sample_ids must be non-empty and unique"),
+                (text_tokens is not None and len(text_tokens) != n, f"{len(text_tokens or ())} token lists for {n} samples"),
+                (query_stride < 1 or stats_stride < 1,
+                 f"query_stride and stats_stride must be >= 1, got {query_stride} and {stats_stride}"),
+                (stats_stride > 1 and mode == "full",
+                 "stats_stride estimates the statistics from a subset of query rows, and mode 'full' keeps the whole "
+                 "map: thin a kept map with query_stride, or use mode 'stats' or 'recompute'"),
+                (len(self.metas) != n, f"{len(self.metas)} meta dicts for {n} samples")):
+            if bad:
+                raise InputError(why)
         self.transformer = unwrap(transformer)
         self.mode, self.branch, self.store, self.text_tokens = mode, branch, store, text_tokens
         self.adjacent, self.query_stride, self.stats_stride = adjacent, query_stride, stats_stride
-        self.metas = meta if isinstance(meta, list) else [dict(meta or {})] * len(self.sample_ids)
-        if len(self.metas) != len(self.sample_ids):
-            raise InputError(f"{len(self.metas)} meta dicts for {len(self.sample_ids)} samples")
 
         self.family = gen_family_of(self.transformer)
         all_sites = self.family.sites(self.transformer)
@@ -343,13 +342,10 @@ class DiffusionCapture:
             if self.mode == "full":
                 data["probs"] = Pk.cpu().clone()
             meta = {"timestep": self.timestep, "n_image": int(n_img), "n_text": int(n_text),
-                    "n_text_real": int(real.sum()), **w.site.meta, **self.metas[j]}
-            if k > 1:
-                meta["stats_stride"] = k
-            if part == "joint":
-                meta["token_order"] = "|".join(fam.joint_order)
-            if self.text_tokens is not None:
-                meta["tokens"] = [t for t in self.text_tokens[j] if t is not None]
+                    "n_text_real": int(real.sum()), **w.site.meta, **self.metas[j],
+                    **({"stats_stride": k} if k > 1 else {}),
+                    **({"token_order": "|".join(fam.joint_order)} if part == "joint" else {}),
+                    **({"tokens": [t for t in self.text_tokens[j] if t is not None]} if self.text_tokens is not None else {})}
             self._pending.append(Record(
                 sample=sid, layer=w.layer, part=w.part, mode=self.mode,
                 data={k: v.detach().float().cpu() for k, v in data.items()}, step=self.step,

@@ -71,6 +71,7 @@ class Record:
         return S.layer_statistics(P, self.spans, self.visible, qpos, [TEXT] * sq if cross else None)
 
 
+@dataclass(eq=False)
 class CaptureResult:
     """Records of one capture, in capture order.
 
@@ -79,16 +80,13 @@ class CaptureResult:
     ``result.samples``; iteration yields records.
     """
 
-    def __init__(self, part: str = "language"):
-        self.records: list[Record] = []
-        self.part = part
+    part: str = "language"
+    records: list[Record] = field(default_factory=list)
 
     @classmethod
     def from_records(cls, records, part: str = "language") -> "CaptureResult":
         """Wrap records (e.g. read back from a store)."""
-        res = cls(part)
-        res.records = list(records)
-        return res
+        return cls(part, list(records))
 
     def __len__(self) -> int:
         return len(self.records)
@@ -121,10 +119,7 @@ class CaptureResult:
                 and (part is None or r.part == part) and (step is None or r.step == step)]
 
     def __getitem__(self, key) -> Record:
-        if not isinstance(key, tuple):
-            key = (None, key)
-        sample, layer, *rest = key
-        step = rest[0] if rest else None
+        sample, layer, step = (*key, None)[:3] if isinstance(key, tuple) else (None, key, None)
         found = self.select(sample, layer, None, step)
         if len({r.part for r in found}) > 1:  # e.g. language and vision layer 0: the result's own part first
             found = [r for r in found if r.part == self.part] or found

@@ -158,12 +158,11 @@ class AttentionCapture:
     def __init__(self, model, mode: str = "stats", layers: Iterable[int] | None = None, part="language",
                  modules=None, spans: Spans | Callable | str | None = "auto", sample_ids: Iterable[str] | None = None,
                  query_stride: int = 1, key_stride: int = 1, keep: str = "stats"):
-        if mode not in MODES:
-            raise InputError(f"mode must be one of {MODES}, got {mode!r}")
-        if keep not in ("stats", "full"):
-            raise InputError(f"keep must be 'stats' or 'full', got {keep!r}")
-        if query_stride < 1 or key_stride < 1:
-            raise InputError("strides must be >= 1")
+        for bad, why in ((mode not in MODES, f"mode must be one of {MODES}, got {mode!r}"),
+                         (keep not in ("stats", "full"), f"keep must be 'stats' or 'full', got {keep!r}"),
+                         (query_stride < 1 or key_stride < 1, "strides must be >= 1")):
+            if bad:
+                raise InputError(why)
         self.model = unwrap(model)
         self.family = family_of(self.model)
         if mode == "recompute" and not self.family.attention_interface:

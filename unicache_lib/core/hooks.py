@@ -67,9 +67,7 @@ class ProcessorWrapper:
 
     def arguments(self, args, kwargs) -> dict:
         """The call's arguments after ``attn`` by name."""
-        a = dict(zip(self.names, args))
-        a.update(kwargs)
-        return a
+        return {**dict(zip(self.names, args)), **kwargs}
 
 
 def innermost(processor):
