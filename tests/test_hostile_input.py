@@ -332,6 +332,9 @@ def test_a_resume_in_another_dtype_is_refused_when_the_store_records_one(tmp_pat
     (dict(num_inference_steps=20, weight=float("nan")), ValueError, r"weight must be a finite number in \[0, 2\]"),
     (dict(num_inference_steps=20, stride=1.5), TypeError, r"stride must be a whole number"),
     (dict(num_inference_steps=20, order=3), ValueError, r"order must be 1 or 2"),
+    # round 11: stride 1 computed every step without a word; 100 extrapolated 17 of 20 steps from the first 2
+    (dict(num_inference_steps=20, stride=1), ValueError, r"stride=1 computes every step: a schedule with no reuse"),
+    (dict(num_inference_steps=20, stride=100), ValueError, r"stride=100 is more than 50"),
 ])
 def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
     from unicache_lib.reuse.diffusers_hook import StepSkipConfig
@@ -340,6 +343,8 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
         StepSkipConfig(**kwargs)
     StepSkipConfig(20, head=0.95, tail=0.05)  # exactly 1: a schedule that reuses nothing, which 03 may advise
     StepSkipConfig(20, head=0.1, tail=0.05, stride=3, weight=0.5, order=2)  # the tuned values pass
+    with pytest.raises(TypeError, match=r"n_steps must be a whole number >= 1; got float 2.5"):
+        StepSkipConfig(20).schedule(2.5)  # round 11: a raw TypeError from range()
 
 
 # ---- 6. the parsers, property-based: any input loads correctly or raises one of the project's errors ------------

@@ -32,10 +32,7 @@ def step_schedule(n_steps: int, head: float, tail: float, stride: int) -> list[b
     """``[n_steps]`` booleans, True where the transformer is called: the first ``max(2, round(head * n))``
     steps (two computed points before any extrapolation), the last ``max(1, round(tail * n))``, and every
     ``stride``-th step (``step % stride == 0``) in between."""
-    if n_steps < 1:
-        raise InputError(f"n_steps must be >= 1, got {n_steps}")
-    if stride < 1:
-        raise InputError(f"stride must be >= 1, got {stride}")
+    n_steps, stride = check_count(n_steps, "n_steps", 1), check_count(stride, "stride", 1)
     h = min(n_steps, max(2, round(head * n_steps)))
     k = min(n_steps, max(1, round(tail * n_steps)))
     return [i < h or i >= n_steps - k or i % stride == 0 for i in range(n_steps)]
@@ -61,6 +58,9 @@ def extrapolate(ts: list[float], outs: list[torch.Tensor], t: float, weight: flo
     return (last + weight * (p - last)).to(outs[-1].dtype)
 
 
+MAX_STRIDE = 50  # past it nearly every step is extrapolated from the first few: no schedule any lesson tunes
+
+
 @register
 @dataclass(eq=False)  # instances stay hashable, compared by identity
 class StepSkip(ReusePolicy):
@@ -80,7 +80,9 @@ class StepSkip(ReusePolicy):
         if self.head + self.tail > 1:  # (exactly 1 is a schedule that reuses nothing: notebook 03 may advise it)
             raise InputError(f"head + tail = {self.head + self.tail:g} > 1: the two always-computed ends overlap; keep "
                              f"head + tail at most 1 (the tuned values: head=0.1, tail=0.05)")
-        check_count(self.stride, "stride", 1)
+        if check_count(self.stride, "stride", 1, MAX_STRIDE) == 1:  # (the tuning searched strides 3..12)
+            raise InputError("stride=1 computes every step: a schedule with no reuse; pass stride >= 2 (the tuned "
+                             "value is 3), or run without a reuse policy for the reference")
         check_number(self.weight, "weight", 0.0, 2.0)  # the damping of the extrapolation (0: reuse the last output)
         if isinstance(self.order, bool) or self.order not in (1, 2):
             raise InputError(f"order must be 1 or 2, got {self.order!r}")
