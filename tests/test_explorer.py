@@ -649,3 +649,14 @@ def test_the_widget_in_jupyterlab(tmp_path):
     assert not ours, ours[:5]
     outside = [u for u in seen["requests"] if not u.startswith((url, "blob:", "data:", "ws://127.0.0.1"))]
     assert not outside, outside[:5]
+
+
+def test_a_name_that_is_not_text_is_refused_in_one_line(monkeypatch):
+    """Round 11: a sample id holding a lone surrogate (os.fsdecode of a file name that is not UTF-8) raised a raw
+    UnicodeEncodeError while the explorer was built."""
+    from unicache_lib.explorer import attention_explorer
+
+    monkeypatch.setitem(globals(), "EVIL", "cat-\udcff")
+    with pytest.raises(InputError, match=r"is not text \(a lone surrogate.*rename it") as e:
+        attention_explorer(*lesson_02(n_samples=2, layers=2, heads=2, evil=True))
+    assert "\n" not in str(e.value)

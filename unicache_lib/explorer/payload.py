@@ -20,6 +20,7 @@ import functools
 import io
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -489,6 +490,10 @@ class Plan:
 def spec_json(spec: dict) -> str:
     """The spec as JSON that is safe inside ``<script>`` (``<``, ``>``, ``&`` and the line separators escaped)."""
     s = json.dumps(spec, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    odd = re.search("[\ud800-\udfff]", s)  # a lone surrogate: os.fsdecode of a file name that is not UTF-8
+    if odd:
+        raise InputError(f"a name in the explorer ({s[max(0, odd.start() - 40):odd.start()].encode('ascii', 'replace')!r}"
+                         f"...) is not text (a lone surrogate, from a file name that is not UTF-8): rename it")
     return (s.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
