@@ -52,16 +52,14 @@ def step_table(records) -> pd.DataFrame:
     records = list(records)
     stride = stats_stride_of(records)
     rows = []
-    n_steps = {}
-    for r in records:
-        n_steps[r.sample] = max(n_steps.get(r.sample, 0), r.step + 1)
+    n_steps = {r.sample: r.step + 1 for r in sorted(records, key=lambda r: r.step)}  # the last step wins
     with warnings.catch_warnings():  # blocks a part does not have: NaN, said once by the table, not per record
         warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
         for r in records:
             d = r.data
             nm = lambda k: np.nanmean(d[k].numpy(), 0)  # noqa: E731 - head mean
             re, mw, sp, be, sh = nm("row_entropy"), nm("max_weight"), nm("sim_prev"), nm("block_entropy"), nm("blocks")
-            row = {"sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
+            rows.append({"sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
                    "phase": phase_of(r.step, n_steps[r.sample]), "timestep": r.meta.get("timestep"),
                    "kind": r.meta.get("kind", ""), "pair": r.meta.get("pair", ""), "stats_stride": stride,
                    "img_entropy": re[0], "txt_entropy": re[1], "img_max": mw[0],
@@ -69,8 +67,8 @@ def step_table(records) -> pd.DataFrame:
                    "sim": float(np.nanmean(d["sim_prev_all"].numpy())) if r.step > 0 else np.nan,
                    "out_sim_img": float(d["out_sim_prev"][0]), "out_sim_txt": float(d["out_sim_prev"][1]),
                    "redundancy": float(mean_offdiag(d["head_sim"]))}
-            rows.append(row | {f"{name}_{_BLK[b]}": v[i] for i, b in enumerate(BLOCKS)
-                               for name, v in (("share", sh), ("entropy", be), ("sim", sp))})
+                        | {f"{name}_{_BLK[b]}": v[i] for i, b in enumerate(BLOCKS)
+                           for name, v in (("share", sh), ("entropy", be), ("sim", sp))})
     if not rows:
         raise InputError("no records: capture a sampling run first")
     return pd.DataFrame(rows)
@@ -100,12 +98,11 @@ def knee_table(steps: pd.DataFrame, thresholds=(0.7,), by=("model", "part", "lay
     for key, d in steps.groupby(list(by)):
         curve_map = d.groupby("step").sim.mean().to_numpy()
         curve_out = d.groupby("step").out_sim_img.mean().to_numpy()
-        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        row |= {f"knee ({name}) @{t:g}": np.nan if (k := knee(c, t)) is None else k
-                for t in thresholds for name, c in (("maps", curve_map), ("outputs", curve_out))}
-        row["min sim"] = float(np.nanmin(curve_map[1:])) if len(curve_map) > 1 else np.nan
-        row["n_steps"] = len(curve_map)
-        rows.append(row)
+        rows.append(dict(zip(by, key if isinstance(key, tuple) else (key,)))
+                    | {f"knee ({name}) @{t:g}": np.nan if (k := knee(c, t)) is None else k
+                       for t in thresholds for name, c in (("maps", curve_map), ("outputs", curve_out))}
+                    | {"min sim": float(np.nanmin(curve_map[1:])) if len(curve_map) > 1 else np.nan,
+                       "n_steps": len(curve_map)})
     return pd.DataFrame(rows).set_index(list(by))
 
 

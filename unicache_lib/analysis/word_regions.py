@@ -40,16 +40,10 @@ def object_masks(image: np.ndarray, prompt: dict) -> np.ndarray:
     objs = prompt.get("objects")
     if not objs:
         raise InputError("the prompt has no 'objects': pass an entry of unicache_lib.world.text.prompt_set")
-    masks = []
-    for j, o in enumerate(objs):
-        cm = colour_mask(image, o["colour"])
-        if prompt.get("pair") == "same":
-            half = np.zeros_like(cm)
-            half[:, : cm.shape[1] // 2] = j == 0
-            half[:, cm.shape[1] // 2:] = j == 1
-            cm = cm & half
-        masks.append(cm)
-    return np.stack(masks)
+    same = prompt.get("pair") == "same"  # one colour twice: the first object's pixels left of the middle, the second's right
+    left = np.arange(image.shape[1]) < image.shape[1] // 2
+    return np.stack([colour_mask(image, o["colour"]) & ((not same) | (left if j == 0 else ~left if j == 1 else False))
+                     for j, o in enumerate(objs)])
 
 
 def drawn_objects(image: np.ndarray, prompt: dict, min_pixels: int = 3) -> list[dict]:

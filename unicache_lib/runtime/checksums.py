@@ -42,11 +42,8 @@ def sha256_file(path: str | Path) -> str:
     st = path.stat()
     key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if key not in _digests:
-        h = hashlib.sha256()
         with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _digests[key] = h.hexdigest()
+            _digests[key] = hashlib.file_digest(f, "sha256").hexdigest()
     return _digests[key]
 
 

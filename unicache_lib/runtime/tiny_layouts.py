@@ -169,8 +169,5 @@ class Generator:
         return MAX_TEXT
 
     def save_pretrained(self, out: str | Path) -> None:
-        out = Path(out)
-        self.transformer.save_pretrained(out / "transformer")
-        self.text_encoder.save_pretrained(out / "text_encoder")
-        self.tokenizer.save_pretrained(out / "tokenizer")
-        self.scheduler.save_pretrained(out / "scheduler")
+        for part in ("transformer", "text_encoder", "tokenizer", "scheduler"):
+            getattr(self, part).save_pretrained(Path(out) / part)
