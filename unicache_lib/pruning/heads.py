@@ -68,6 +68,12 @@ def _output_weight(model, name: str, module) -> torch.Tensor:
                            f"proj_out reading [attention | MLP]: the heads' output weight is unknown")
 
 
+def _heads(module) -> int:
+    """A transformers attention module's head count: its config's, else its query width over the head width."""
+    return int(getattr(getattr(module, "config", None), "num_attention_heads", None)
+               or module.q_proj.out_features // module.head_dim)
+
+
 class HeadSpace:
     """The prunable heads of a model, as an ordered list of :class:`Unit`."""
 
@@ -92,13 +98,9 @@ class HeadSpace:
         if any(hasattr(m, "to_q") and hasattr(m, "processor") for m in model.modules()):
             units = [Unit(s.name, s.layer, s.part, s.module.heads, s.module.to_q.out_features // s.module.heads, s.captured)
                      for s in gen_family_of(model).sites(model) if s.captured or mapless]
-        else:
-            units = []
-            for site in attention_sites(model, part):  # a cross-attention VLM's cross layers are part "cross"
-                mod = site.module
-                cfg = getattr(mod, "config", None)
-                heads = getattr(cfg, "num_attention_heads", None) or mod.q_proj.out_features // mod.head_dim
-                units.append(Unit(site.name, site.layer, site.part, int(heads), int(mod.head_dim)))
+        else:  # a cross-attention VLM's cross layers are part "cross"
+            units = [Unit(s.name, s.layer, s.part, _heads(s.module), int(s.module.head_dim))
+                     for s in attention_sites(model, part)]
         return cls(model, units)
 
     @property

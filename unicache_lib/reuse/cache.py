@@ -150,11 +150,8 @@ class ReuseCache:
             if self.level != "step":
                 raise
             self.targets = {}  # step level: attention modules only size the work count; each call is one unit
-        self.step = 0
-        self._last_step = -1
-        self.t = math.nan
-        self._work = 0.0  # attention level: work done / calls made, counted by the processors
-        self._calls = 0
+        self.step, self._last_step, self.t = 0, -1, math.nan
+        self._work, self._calls = 0.0, 0  # attention level: work done / calls made, counted by the processors
         self._n_text = None
         self._hook = None  # step level: the StepReuseHook driving the run
         self._stack: ExitStack | None = None
@@ -237,9 +234,7 @@ class AttentionCallCounter:
     def __init__(self, transformer):
         tr = getattr(transformer, "transformer", transformer)
         self.targets = gen_family_of(tr).modules(tr)
-        self.calls = 0
-        self.rows = 0
-        self.seconds = 0.0
+        self.calls, self.rows, self.seconds = 0, 0, 0.0
         self._stack: ExitStack | None = None
 
     def __enter__(self):

@@ -43,8 +43,7 @@ class TransformerFlops:
 
     def __init__(self, transformer):
         self.transformer = getattr(transformer, "transformer", transformer)
-        self.flops = 0
-        self.calls = 0
+        self.flops, self.calls = 0, 0
         self.per_call: list[int] = []
         self._mode = None
         self._stack = ExitStack()

@@ -79,19 +79,25 @@ def answer_questions(model, tokenizer, questions, images_uint8, batch=100):
 
 
 @torch.no_grad()
-def generate_captions(model, tokenizer, images_uint8, max_new_tokens=16, batch=50):
-    """Greedy captions via ``model.generate``. Returns a list of strings."""
+def greedy_captions(model, tokenizer, images_uint8, inputs, max_new_tokens=16, batch=50) -> list[str]:
+    """Greedy captions via ``model.generate``, ``batch`` images at a time: ``inputs(images) -> generate's inputs``
+    (the caption question laid out for the model). Returns a list of strings."""
     out = []
     model.eval()
     for s in range(0, len(images_uint8), batch):
-        n = len(images_uint8[s : s + batch])
-        ids, mask, _ = layout.encode(tokenizer, [CAPTION_QUESTION] * n, None, n_image_tokens(model))
-        gen = model.generate(input_ids=ids, attention_mask=mask,
-                             pixel_values=layout.pixel_values(images_uint8[s : s + batch]),
-                             max_new_tokens=max_new_tokens, do_sample=False,
+        inp = inputs(images_uint8[s : s + batch])
+        gen = model.generate(**inp, max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        out += tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
+        out += tokenizer.batch_decode(gen[:, inp["input_ids"].shape[1]:], skip_special_tokens=True)
     return [" ".join(c.split()) for c in out]
+
+
+def generate_captions(model, tokenizer, images_uint8, max_new_tokens=16, batch=50):
+    """Greedy captions via ``model.generate``. Returns a list of strings."""
+    def inputs(imgs):
+        ids, mask, _ = layout.encode(tokenizer, [CAPTION_QUESTION] * len(imgs), None, n_image_tokens(model))
+        return {"input_ids": ids, "attention_mask": mask, "pixel_values": layout.pixel_values(imgs)}
+    return greedy_captions(model, tokenizer, images_uint8, inputs, max_new_tokens, batch)
 
 
 def evaluate(model, tokenizer, qas, shuffle_seed=None) -> dict:

@@ -25,6 +25,7 @@ from ...families.base import Shape
 from ...world.text import CAPTION_QUESTION
 from .llava import (
     TRAIN_QTYPES,
+    greedy_captions,
     held_out,
     heldout_set,
     question_images,
@@ -69,20 +70,12 @@ def evaluate(fam, model, processor, qas, shuffle_seed=None) -> dict:
     return score_answers(processor.tokenizer.convert_ids_to_tokens(ids.tolist()), qas)
 
 
-@torch.no_grad()
 def generate_captions(fam, model, processor, images_uint8, max_new_tokens=16, batch=50) -> list[str]:
-    """Greedy captions through ``model.generate``."""
-    tok = processor.tokenizer
-    out = []
-    model.eval()
-    for s in range(0, len(images_uint8), batch):
-        imgs = images_uint8[s : s + batch]
-        inp, _ = encode(fam, processor, [CAPTION_QUESTION] * len(imgs), imgs)
-        inp.pop("position_ids")
-        gen = model.generate(**inp, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        out += tok.batch_decode(gen[:, inp["input_ids"].shape[1]:], skip_special_tokens=True)
-    return [" ".join(c.split()) for c in out]
+    """Greedy captions through ``model.generate`` (:func:`~unicache_lib.zoo.train.llava.greedy_captions`)."""
+    def inputs(imgs):  # generate numbers the positions itself
+        return {k: v for k, v in encode(fam, processor, [CAPTION_QUESTION] * len(imgs), imgs)[0].items()
+                if k != "position_ids"}
+    return greedy_captions(model, processor.tokenizer, images_uint8, inputs, max_new_tokens, batch)
 
 
 def evaluate_captions(fam, model, processor, scenes) -> dict:
