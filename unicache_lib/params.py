@@ -151,9 +151,12 @@ def device(name, v):
         _fail(name, v, "this machine has no MPS device: pass 'auto' or 'cpu'")
 
 
-def dtype(name, v):
-    if not (v == "auto" or str(v).replace("torch.", "") in DTYPES):
-        _fail(name, v, f"must be 'auto' or one of {sorted(DTYPES)}")
+def _simple(ok, want: str):
+    """A check that refuses, saying ``want``, every value ``ok(value)`` does not accept."""
+    return lambda name, v: None if ok(v) else _fail(name, v, want)
+
+
+dtype = _simple(lambda v: v == "auto" or str(v).replace("torch.", "") in DTYPES, f"must be 'auto' or one of {sorted(DTYPES)}")
 
 
 def layers(name, v):
@@ -170,9 +173,8 @@ def layers(name, v):
     return v
 
 
-def layer(name, v):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        _fail(name, v, "must be a whole-number layer index (-1: the last)")
+layer = _simple(lambda v: not isinstance(v, bool) and isinstance(v, numbers.Integral),
+                "must be a whole-number layer index (-1: the last)")
 
 
 def _checked(name, v, check, *args, **kwargs):
@@ -246,19 +248,10 @@ def subset(allowed: tuple):
     return check
 
 
-def flag(name, v):
-    if not isinstance(v, bool):
-        _fail(name, v, "must be True or False")
-
-
-def text(name, v):
-    if not isinstance(v, str) or not v.strip():
-        _fail(name, v, "must be a non-empty string")
-
-
-def path_or_none(name, v):
-    if v is not None and (not isinstance(v, (str, Path)) or not str(v).strip()):
-        _fail(name, v, "must be a folder path or None")
+flag = _simple(lambda v: isinstance(v, bool), "must be True or False")
+text = _simple(lambda v: isinstance(v, str) and bool(v.strip()), "must be a non-empty string")
+path_or_none = _simple(lambda v: v is None or (isinstance(v, (str, Path)) and bool(str(v).strip())),
+                       "must be a folder path or None")
 
 
 def _your_data(name, v, found, read, expected: str) -> None:

@@ -418,16 +418,16 @@ def _group_sums(flat: torch.Tensor, groups, k1: int) -> torch.Tensor:
     matrix product when ``groups`` is a ``[Sk, g]`` matrix."""
     if torch.is_tensor(groups):
         return flat @ groups[:k1]
-    out = []
-    for g in groups:
-        if g is None:
-            out.append(flat.sum(-1))
-        elif torch.is_tensor(g):
-            out.append(torch.mv(flat, g[:k1]))
-        else:
-            zero = torch.zeros(len(flat), device=flat.device)
-            out.append(sum((flat[:, a:min(b, k1)].sum(-1) for a, b in g if a < k1), zero))
-    return torch.stack(out, -1)
+    return torch.stack([_group_sum(flat, g, k1) for g in groups], -1)
+
+
+def _group_sum(flat: torch.Tensor, g, k1: int) -> torch.Tensor:
+    """``[n]``: one key group's sums (:func:`_group_sums`)."""
+    if g is None:
+        return flat.sum(-1)
+    if torch.is_tensor(g):
+        return torch.mv(flat, g[:k1])
+    return sum((flat[:, a:min(b, k1)].sum(-1) for a, b in g if a < k1), torch.zeros(len(flat), device=flat.device))
 
 
 def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions=None,
