@@ -104,8 +104,8 @@ def exercise_1(quick: bool = False) -> dict:
 
 def exercise_2(quick: bool = False) -> dict:
     """Exercise 2 (★★): write ``reuse_start(layer_knees)`` (the step every layer has settled by) and apply it to the
-    knees at 20 steps and at 8 (the starter's fixed fewer steps), at 0.95 and 0.99: from which step could whole steps
-    be reused on each model, and how many?
+    knees at 20 steps and at 8 (the starter's fixed fewer steps), on the line 0.95 (here also 0.99): how many whole
+    steps could each generator reuse at 8 steps, and which of its layers holds the window back?
 
     At 20 steps the curves sit near 0.99 from step 1 on (section 4). Eight steps are 2.5x farther apart, so
     adjacent steps differ more: does the reuse window (:func:`~unicache_lib.analysis.generation.reuse_window`,
@@ -113,7 +113,8 @@ def exercise_2(quick: bool = False) -> dict:
 
     Expected on the shipped generators, measured (quick run, 2 prompts): yes. At 20 steps every layer of both
     models has settled above 0.95 by step 1 (window: steps 1..18, 18 of 20 reusable); at 8 steps the lowest
-    adjacent cosine falls from ~0.98 to ~0.94: the MMDiT's last layer settles only at step 7, so no whole step is
+    adjacent cosine falls from ~0.98 to ~0.94: some of the MMDiT's layers (its middle ones in the notebook's
+    starter) settle only at step 7, so no whole step is
     left to reuse at 0.95 (0 of 8), and PixArt's window starts at step 2 (5 of 8). At 0.99 some layer never
     settles at either step count: no window to reuse whole steps unchanged (06's ``step_skip`` skips them all the
     same, by extrapolating). Map similarity is a property of the *step spacing*,

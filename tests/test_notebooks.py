@@ -144,7 +144,7 @@ def test_03_diffusion_steps_quick(quick_run):
         assert len({r.sample for r in recs}) == 8  # 4 prompts x short/long, every one at the last step
         assert len(Store(tmp_path / "maps" / m).read(step=0)) > 0
     assert (tmp_path / "understanding_stats" / "meta.json").exists()  # notebook 02's store was absent
-    for fig in ("entropy_per_step", "adjacent_similarity", "text_conditioning", "layer_step_grid", "word_regions_tiny-pixart"):
+    for fig in ("entropy_per_step", "adjacent_similarity", "text_conditioning", "samples", "step_panel"):
         assert (tmp_path / f"{fig}.png").stat().st_size > 1000
 
 

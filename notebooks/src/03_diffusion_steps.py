@@ -19,10 +19,9 @@
 # # 03 · How attention evolves over denoising steps (MMDiT and cross-attention DiT)
 #
 # **What you will learn**: to capture a diffusion transformer's attention at every denoising step without changing
-# a pixel; how entropy and step-to-step similarity move from the first steps to the last; from which step a layer's
-# attention could be reused, its [knee](../docs/GLOSSARY.md#knee) (the first step from which the cosine between
-# adjacent steps stays above a line); how hard the prompt pulls per step; whether a word's attention lands on the
-# object it names. On these toy generators the study's line, <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const-->, puts every knee at step <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->; a stricter line on
+# a pixel; how focus and step-to-step similarity move over the steps; from which step a layer's attention could be
+# reused, its [knee](../docs/GLOSSARY.md#knee) (the first step from which the cosine between adjacent steps stays
+# above a line); how hard the prompt pulls per step; whether a word's attention lands on what it names. On these toy generators the study's line, <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const-->, puts every knee at step <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->; a stricter line on
 # the attention outputs shows a knee (section 4).
 #
 # *What you see:* section 0's first look: tiny-mmdit's picture, and its colour and shape words' attention over it,
@@ -31,17 +30,16 @@
 # ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% [markdown]
-# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->68 s<!--/num--> on 2 CPU cores.
+# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->158 s<!--/num--> on 2 CPU cores.
 #
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
-# `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on diffusers
-# SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana folders (`GENERATORS`, `DEVICE`, `DTYPE`; at real sizes `LAYERS` and
-# `MAP_QUERY_STRIDE` thin the capture).
+# `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on your diffusers
+# folders (Next steps).
 #
-# **Claims.** Sections 3–9 each test one of the study's claims (G1, G2, G4–G7, G9; G3 and G8 are 06's) by a rule
-# fixed before any run, printed where it is measured. A claim must hold on both generators, so the *weaker model*
-# decides: the one whose 95% interval is less favourable to the claim ([verdicts](../docs/GLOSSARY.md#verdicts)).
+# **Claims.** Sections 3–9 each test one of the study's claims by a rule fixed before any run, printed where it is
+# measured. The *weaker model* decides: the one whose 95% interval is less favourable to the claim
+# ([verdicts](../docs/GLOSSARY.md#verdicts)).
 #
 # Terms: [phase](../docs/GLOSSARY.md#phase) (early = the first <!--const the phase boundaries, a definition fixed before any run-->20%<!--/const--> of the steps, middle = up to <!--const the phase boundaries, a definition fixed before any run-->60%<!--/const-->, late = the rest),
 # [CFG](../docs/GLOSSARY.md#cfg), [IoU](../docs/GLOSSARY.md#iou). `X->Y` = queries of X reading keys of Y.
@@ -149,10 +147,9 @@ def peak_words(img, p, maps, patch):
 # %% [markdown]
 # ## 0. A first look: does a word look at what it names?
 #
-# For each generator, the first prompt it draws in full (two-object prompts whose objects differ in colour and shape
-# first, else a one-object one). Left, the picture; right, the image queries' attention to each colour and shape
-# word, averaged over heads, layers and steps, in × uniform (1 = an even spread, marked on the colour bar). The two
-# figures have different scales: read each colour bar's top.
+# For each generator, the first prompt it draws in full (two different objects if it can). Left, the picture; right,
+# the image queries' attention to each colour and shape word, averaged over heads, layers and steps, in × uniform
+# (1 = an even spread). The two figures have different scales: read each colour bar's top.
 
 # %%
 cands = [i for i in range(N_SINGLE, N_SINGLE + N_PAIRS) if distinct_objects(prompts[i])] + list(range(min(N_SINGLE, 2)))
@@ -190,21 +187,16 @@ for m, run in look.items():
 # **What to look at.** Healthy: a bright blob on the drawn object the word names. Two scales: brightness in
 # × uniform, and the IoU of the word's top patches with its object against a random region's ("chance").
 #
-# The MMDiT drew both objects and its brightest word reaches <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform, but off target:
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'green' on" re="('green' on .*)$"-->'green' on background<!--/num-->,
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'circle' on" re="('circle' on .*)$"-->'circle' on background<!--/num-->,
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'blue' on" re="('blue' on .*)$"-->'blue' on the green circle (100% of the patch) <- another object<!--/num-->,
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'triangle' on" re="('triangle' on .*)$"-->'triangle' on background<!--/num-->
-# ("another object": a binding error); 'circle' reaches IoU <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num--> (chance
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->). Bright is not placed.
+# The MMDiT drew both objects and its brightest word reaches <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@4" fmt="{:.1f}"-->12.1<!--/num--> × uniform, but off target: no word's
+# brightest patch is on its own object, and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > each word's brightest patch > 'blue' on" re="('blue' on .*)$"-->'blue' on the green circle (100% of the patch) <- another object<!--/num-->
+# (a binding error). Its best IoU, 'circle''s <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.12<!--/num-->, is near chance (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: prompt > word regions on the drawn objects@3" fmt="{:.2f}"-->0.08<!--/num-->). Bright is not placed.
 #
 # PixArt drew no tried two-object prompt in full, so it shows a one-object one. Its image queries weigh other
 # prompt tokens, so no named word exceeds <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: an image query reads@4" fmt="{:.1f}"-->1.0<!--/num--> × uniform; yet the colour word's top patches are the object's: IoU
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@0" fmt="{:.2f}"-->1.00<!--/num--> (chance <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@1" fmt="{:.2f}"-->0.03<!--/num-->).
 #
-# 'triangle''s brightest patch is only <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > each word's brightest patch > 'triangle' on" re="'triangle' on the green triangle [(]([0-9]+%)"-->19%<!--/num--> triangle, below the
-# <!--const the cover at which IoU counts a patch as an object's (patch_grid_masks)-->25%<!--/const--> IoU needs to count a patch as the object's, hence IoU
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.00<!--/num-->. Section 9 measures all prompts (G9). The models, the prompts and the run:
+# ('triangle''s IoU, <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > word regions on the drawn objects@2" fmt="{:.2f}"-->0.00<!--/num-->, is no miss: its brightest patch is only <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: prompt > each word's brightest patch > 'triangle' on" re="'triangle' on the green triangle [(]([0-9]+%)"-->19%<!--/num--> triangle, under the
+# <!--const the cover at which IoU counts a patch as an object's (patch_grid_masks)-->25%<!--/const--> IoU needs.) Section 9 measures all prompts (G9). The models, the prompts and the run:
 
 # %%
 for m, g in gens.items():
@@ -257,7 +249,8 @@ print(T.groupby(["model", "part"]).agg(records=("step", "size"), prompts=("sampl
 # ## 2. Are the pictures right?
 #
 # Word maps mean something only where the model drew what was asked. Each single-object image is segmented by
-# colour and scored:
+# colour and scored (share right); each two-object prompt gets one outcome: "swapped" is a binding error (each shape
+# drawn on the other's side), "one missing" an asked colour with no pixels.
 
 # %% tags=["nbval-check-output"]
 follow = []
@@ -273,11 +266,7 @@ if follow.colour.notna().any():
 else:
     print("not measurable with these prompts: none lists an object the detector knows (add 'objects' to prompts.jsonl)")
 
-# %% [markdown]
-# Two-object prompts: "swapped" is a binding error (each shape drawn on the other's side); "one missing": an asked
-# colour has no pixels.
 
-# %% tags=["nbval-check-output"]
 def pair_outcome(img, p):
     d = drawn_objects(img, p)
     if all(x["shape_ok"] for x in d):
@@ -316,15 +305,14 @@ fig.tight_layout()
 _ = plots.save(fig, out, "samples")
 
 # %% [markdown]
-# **What you see.** Every third prompt, single objects first (the MMDiT above, PixArt below). Both place single
-# objects where asked, PixArt with ragged edges. The two pairs on the right show the table's failures: the MMDiT's
-# orange "circle" is barely rounder than the square beside it; PixArt drops the circle of the same-colour pair and
-# draws the last pair both purple, shapes swapped.
+# **What you see.** Every third prompt (the MMDiT above, PixArt below). Both place single objects where asked,
+# PixArt with ragged edges. The two pairs on the right show the table's failures: the MMDiT's orange "circle" is
+# barely rounder than its square; PixArt drops the circle and draws the last pair both purple, shapes swapped.
 #
 # ## 3. From diffuse to focused? Entropy per step and layer (G1)
 #
-# Normalised entropy of the image queries' rows (1 = uniform over their keys) and their mean maximum weight,
-# PixArt's self- and cross-attention apart; bands: one standard deviation over the short prompts.
+# Normalised entropy of the image queries' rows (1 = uniform over their keys) and their mean maximum weight;
+# bands: one standard deviation over the short prompts.
 
 # %%
 def per_step(df, col):
@@ -341,16 +329,6 @@ axes[0][0].set_ylim(0, 1)  # both are shares: 0 to 1 on every panel
 fig.tight_layout()
 _ = plots.save(fig, out, "entropy_per_step")
 
-# %%
-fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 2.8), squeeze=False)
-for ax, (m, p) in zip(axes[0], views):
-    d = T[(T.model == m) & (T.part == p) & (T.kind == "short")]
-    grid = d.groupby(["layer", "step"]).img_entropy.mean().unstack("step")
-    plots.layer_step_grid(grid.to_numpy(), f"{m} · {p}: entropy", "normalised entropy", ax=ax, layers=list(grid.index),
-                          vmin=0.0, vmax=1.0)  # one colour scale on every panel
-fig.tight_layout()
-_ = plots.save(fig, out, "layer_step_grid")
-
 # %% tags=["nbval-check-output"]
 phase_tab = (T[T.kind == "short"].groupby(["model", "part", "layer", "phase"]).img_entropy.mean()
              .unstack("phase")[list(G.PHASES)])
@@ -366,31 +344,18 @@ print(f"cells whose entropy falls by >= 0.02 from early to late: {int(g1_layers.
 print(rule("G1"))  # judged in section 4, with G2
 
 # %% [markdown]
-# **What to look at.** Coarse to fine is entropy falling (max weight rising) from the first step to the last; the
-# grid shows each layer, the table each layer's fall from the early phase to the late one. Only PixArt's
-# cross-attention falls in every layer (layer 0 by <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-pixart cross@0" fmt="{:.3f}"-->0.127<!--/num-->); the MMDiT's entropy *rises* late in every block but
-# the last (block 0: early minus late <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-mmdit@0" fmt="{:+.3f}"-->-0.155<!--/num-->).
+# **What to look at.** Coarse to fine is entropy falling (max weight rising) over the steps. Only PixArt's
+# cross-attention does so; the other two sink to the middle steps and climb late. Per layer (the table), PixArt's
+# cross-attention falls in every layer (layer 0 by
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-pixart cross@0" fmt="{:.3f}"-->0.127<!--/num-->); the MMDiT's *rises* in every block but the last (block 0: <!--num "notebooks/03_diffusion_steps.ipynb#out:early minus late (above 0 > tiny-mmdit@0" fmt="{:+.3f}"-->-0.155<!--/num-->).
 #
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@1"-->7<!--/num--> of <!--num "notebooks/03_diffusion_steps.ipynb#out:cells whose entropy falls by@2"-->12<!--/num--> cells fall by at least
-# <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but G1 is judged on the weaker model, whose mean rises (decided with G2 in section 4).
-#
-# The joint attention's four blocks, each with its own entropy:
-
-# %% tags=["nbval-check-output"]
-jt = T[(T.part == "joint") & (T.kind == "short")]
-if len(jt):
-    print(jt.groupby("phase")[["entropy_ii", "entropy_it", "entropy_ti", "entropy_tt", "share_ii", "share_it", "share_ti", "share_tt"]]
-          .mean().loc[list(G.PHASES)].round(3).to_string())
-
-# %% [markdown]
-# Every block grows *more* diffuse late, the text queries' rows most (text→image
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > early@2" fmt="{:.3f}"-->0.839<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:entropy_ii > late@2" fmt="{:.3f}"-->0.945<!--/num--> late), while the blocks' shares stay put: the steps change how evenly attention spreads, not
-# where it goes.
+# <!--const G1's threshold, written before the numbers-->0.02<!--/const-->, but the weaker model, the MMDiT, decides G1 (section 4).
 #
 # ## 4. When do adjacent steps look alike? (G2)
 #
-# Cosine between step *s* and step *s−1*, per layer, of the maps and of the attention *outputs* (what a reuse cache
-# would hand on). Dashed: `THRESHOLD` (the study's); dotted: `STRICT_THRESHOLD`.
+# Cosine between step *s* and step *s−1* of the maps and of the attention *outputs* (what a reuse cache would hand
+# on). Dashed: `THRESHOLD` (the study's); dotted: `STRICT_THRESHOLD`.
 
 # %%
 fig, axes = plt.subplots(1, len(views), figsize=(4.2 * len(views), 3.2), squeeze=False)
@@ -428,7 +393,8 @@ for m in GENERATORS:
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
 
 # %% [markdown]
-# **What to look at.** The lowest adjacent-step cosine of any layer is <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
+# **What to look at.** Every curve dips at step 1; then the maps stay near 1 while the outputs fall again over the
+# last steps. The lowest adjacent-step cosine of any layer is <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
 # (PixArt), so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> every knee is step
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->: that line cannot tell layers apart.
 #
@@ -436,8 +402,8 @@ for m in GENERATORS:
 # (PixArt self-attention <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart self: output cosine" re="([0-9.]+) at the last step"-->0.965<!--/num-->); at the strict line the MMDiT's outputs never
 # settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine > output knee" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable, which 06's G3 tests.
 #
-# **The knee, where it shows.** The output curve whose knee at `STRICT_THRESHOLD` comes latest: one line per layer,
-# the strict line dashed, each layer's knee dotted in its colour. The y-axis is zoomed: every point is near 1.
+# **The knee, where it shows.** The output curve whose knee at `STRICT_THRESHOLD` comes latest, one line per layer
+# (strict line dashed, each knee dotted). The y-axis is zoomed: every point is near 1.
 
 # %% tags=["nbval-check-output"]
 kcol = f"knee (outputs) @{STRICT_THRESHOLD:g}"
@@ -445,8 +411,10 @@ latest = knees[kcol].groupby(level=["model", "part"]).max()  # each (model, part
 if latest.notna().any() and latest.max() > 1:
     km, kp = latest.idxmax()
     fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    below = {}  # layer -> the steps its curve lies under the strict line
     for layer, dl in short_T[(short_T.model == km) & (short_T.part == kp)].groupby("layer"):
         curve, k = dl[dl.step > 0].groupby("step").out_sim_img.mean(), knees.loc[(km, kp, layer), kcol]
+        below[layer] = curve[curve < STRICT_THRESHOLD]
         line, = ax.plot(curve.index, curve.values, marker=".", label=f"layer {layer}: knee "
                         + (f"step {int(k)}" if k == k else "never"))
         if k == k:
@@ -456,37 +424,39 @@ if latest.notna().any() and latest.max() > 1:
     ax.legend(fontsize=7)
     _ = plots.save(fig, out, "knee")
     print(f"a knee shows: {km} {kp} outputs at {STRICT_THRESHOLD:g}, latest knee step {int(latest.max())}")
-    print(wrap("  per layer: " + ", ".join(f"layer {l} " + (f"step {int(k)}" if k == k else "never")
-                                          for l, k in knees.loc[(km, kp), kcol].items())))
+    for layer, k in knees.loc[(km, kp), kcol].items():  # where each curve lies under the line, and its knee
+        b, spans = below[layer], []
+        for s in b.index:  # consecutive steps joined: 8, 9, 10 -> "8-10"
+            spans[-1:] = [[spans[-1][0], s]] if spans and s == spans[-1][1] + 1 else spans[-1:] + [[s, s]]
+        print(f"  layer {layer}: knee " + (f"step {int(k)}" if k == k else "never") + "; under the line at "
+              + (", ".join(f"step {a}" if a == z else f"steps {a}-{z}" for a, z in spans)
+                 + f" (lowest {b.min():.3f})" if len(b) else "no step"))
 else:
     print(f"no knee after step 1 at {STRICT_THRESHOLD:g} on any output curve: raise STRICT_THRESHOLD or lower STEPS")
 
 # %% [markdown]
-# **What you see.** Each curve dips below the strict line early, then climbs over it and stays; the knee is its
-# last crossing. On <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num-->
-# the layers settle at different steps (the per-layer line printed with the figure), so reusing this attention's
-# outputs unchanged, which needs every layer settled, could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->, or each layer at its own knee.
-# That is one kind of attention only: the same generator's self-attention outputs never settle in some layers (the
-# table above), so no window opens for reusing whole steps unchanged.
+# **What you see.** A knee is a curve's last crossing of the strict line (the lines printed above). Layer 0 never
+# drops under it; the others start under it, and layers 1 and 2 drop under it again mid-run (layer 1 at <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows: > layer 1:" re="(steps [0-9]+-[0-9]+)"-->steps 8-12<!--/num-->), so their knees come late. Reusing these outputs unchanged, which needs every layer settled,
+# could start only at step <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="latest knee step ([0-9]+)"-->13<!--/num-->, or each layer at its own knee. That holds for
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:a knee shows:" re="shows: (.*) outputs at"-->tiny-pixart cross<!--/num--> only: PixArt's self-attention outputs never settle (the table above).
 
 # %% tags=["nbval-check-output"]
 # G1 (section 3's entropy, early minus late) and G2 (these similarities), each on the weaker model, over prompts
-drop = DC.measure_focus_and_similarity(board, DC.with_prompt(T), GENERATORS, n_prompts,
-                                       f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02", knees, STEPS)
+DC.measure_focus_and_similarity(board, DC.with_prompt(T), GENERATORS, n_prompts,
+                                f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02", knees, STEPS)
 print(rule("G2"))
 print(board.criteria_lines("G1", "G2"))
 
 # %% [markdown]
 # **Verdicts.** G2 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G2 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: late above <!--const G2's threshold, written before the numbers-->0.8<!--/const--> holds, early below <!--const G2's threshold, written before the numbers-->0.6<!--/const--> fails (<!--num "notebooks/03_diffusion_steps.ipynb#out:G2 (b):@0" fmt="{:.2f}"-->0.99<!--/num-->).
 #
-# G1 <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->: on the weaker model, the MMDiT, early minus late
-# lies below zero (the G1 line above): its maps spread late instead of focusing.
+# G1 <!--num "notebooks/03_diffusion_steps.ipynb#out:G1 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->: the MMDiT's early minus late lies below zero (its maps spread late).
 #
 # ## 5. How hard does the prompt pull, step by step? (G6)
 #
 # Short vs long prompts (the long ones add clauses that do not change the picture):
 # - **guidance strength** `‖v_cond − v_uncond‖ / ‖v_uncond‖`: how much the prompt changes the update;
-# - **text share**: image queries' mass on text keys (MMDiT only: PixArt's cross-attention reads only text);
+# - **text share**: image queries' mass on text keys, padding included (MMDiT only);
 # - **text entropy**: how evenly image queries spread over the real prompt tokens (near 1: a "collapse").
 
 # %%
@@ -538,19 +508,16 @@ print(rule("G6"))
 print(board.criteria_lines("G6"))
 
 # %% [markdown]
-# **What to look at.** Averaged over a phase, guidance is strongest early (MMDiT
+# **What to look at.** Guidance (left) is strongest early (MMDiT
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short@0" fmt="{:.3f}"-->0.182<!--/num--> early, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short@2" fmt="{:.3f}"-->0.088<!--/num--> late; PixArt
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@0" fmt="{:.3f}"-->0.134<!--/num-->, <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short@2" fmt="{:.3f}"-->0.039<!--/num-->).
 #
-# But both curves spike again at the last step, the MMDiT's (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@4" fmt="{:.2f}"-->0.32<!--/num-->) above its step 0
+# It rises again at the last step, the MMDiT's (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@4" fmt="{:.2f}"-->0.32<!--/num-->) above its step 0
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit (short): guidance strength@0" fmt="{:.2f}"-->0.30<!--/num-->): dropping the prompt side after the first steps would miss it.
 #
-# Long prompts do not collapse: middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
+# Long prompts do not collapse (right): middle-phase text entropy <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-mmdit  short > long@4" fmt="{:.3f}"-->0.843<!--/num-->
 # (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:the text's reads by phase > tiny-pixart short > long@4" fmt="{:.3f}"-->0.732<!--/num--> (PixArt), below G6's
 # <!--const G6's threshold, written before the numbers-->0.9<!--/const-->, and only <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 (c):@0" fmt="{:.3f}"-->0.012<!--/num--> above the short prompts' (rule (c)). So G6 is <!--num "notebooks/03_diffusion_steps.ipynb#out:G6 verdict" re="verdict: (\w[\w ]*)"-->partly<!--/num-->: guidance falls, nothing collapses.
-#
-# The MMDiT's text share counts every text position, padding included (all <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: an image query reads@0"-->112<!--/num--> keys but the
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: SD3Transformer2DModel" re="([0-9]+) image tokens"-->64<!--/num--> image tokens): it measures reading the text *stream*, not the prompt's words.
 #
 # ## 6. Joint attention: which side is steadier? (G4)
 #
@@ -607,7 +574,7 @@ print(board.criteria_lines("G5"))
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values, far from G5's <!--const G5's threshold, written before the numbers-->4×<!--/const-->.
 #
 # Half the text positions are padding (<!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@2" fmt="{:.0f}"-->24<!--/num--> real tokens on average). At 1024² the image side is
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× larger (the last lines): G5 fails for the toy resolution, not the architecture.
+# <!--num "notebooks/03_diffusion_steps.ipynb#out:for scale:@3"-->12.3<!--/num-->–<!--num "notebooks/03_diffusion_steps.ipynb#out:for scale: > PixArt-alpha@3"-->34<!--/num-->× larger (the "for scale" lines): G5 fails for the toy resolution, not the architecture.
 #
 # ## 8. Are a generator's heads more alike than an understanding model's? (G7)
 #
@@ -637,7 +604,8 @@ print(board.criteria_lines("G7"))
 # %% [markdown]
 # PixArt's heads are more alike than tiny-llava's (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@1" fmt="{:.2f}"-->0.75<!--/num--> against
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@2" fmt="{:.2f}"-->0.44<!--/num-->, in every layer; its cross-attention heads most), the
-# MMDiT's are not (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@0" fmt="{:.2f}"-->0.41<!--/num-->). G7, judged on the weaker generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->.
+# MMDiT's are not (<!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict@0" fmt="{:.2f}"-->0.41<!--/num-->). G7, judged on the weaker generator, <!--num "notebooks/03_diffusion_steps.ipynb#out:G7 verdict" re="verdict: (\w[\w ]*)"-->does not hold<!--/num-->: not every
+# generator has heads to spare. Measure yours; where they are alike, prune them judged on outputs, as 04 §4 does.
 #
 # ## 9. Does a word look at what it names? (G9)
 #
@@ -666,37 +634,11 @@ print(board.criteria_lines("G9"))
 # **Caveat on G9 (b)**: PixArt drew one object in every same-colour pair, so its same-colour overlap
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-pixart > same@0" fmt="{:.3f}"-->0.000<!--/num-->), on which the verdict rests, measures no binding. The MMDiT, which drew both, shows the study's direction
 # (<!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit > same@0" fmt="{:.3f}"-->0.415<!--/num--> same-colour against <!--num "notebooks/03_diffusion_steps.ipynb#out:overlap  n > tiny-mmdit@0" fmt="{:.3f}"-->0.130<!--/num--> different-colour).
-
-# %%
-for m in GENERATORS:
-    run = runs[m, "short"]
-    pairs = [k for k in range(N_SINGLE, min(N_SINGLE + N_PAIRS, len(prompts))) if k != look_at.get(m)]
-    if not pairs or not prompts[pairs[0]].get("objects"):
-        print(f"{m}: no two-object prompt besides section 0's: nothing more to draw")
-        continue
-    i = pairs[0]  # the first two-object prompt section 0 did not show for this generator
-    W = G.word_maps(run.result.records, run.sample_ids[i])
-    show = {t: W[j] for j, t in enumerate(run.tokens[i]) if t in {o[r] for o in prompts[i]["objects"] for r in ("colour", "shape")}}
-    keys = keys_read(m, W.shape[0])  # as in section 0: × uniform over the keys read
-    fig = plots.word_regions(run.images[i], show, f"{m}: {prompts[i]['short']!r} ({prompts[i]['pair']} colour)", keys=keys)
-    _ = plots.save(fig, out, f"word_regions_{m}")
-    drawn = "; ".join(f"{d['asked']} -> {d['drawn'] or 'nothing in that colour'}" for d in drawn_objects(run.images[i], prompts[i]))
-    patch = gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))
-    print(wrap(f"{m}: another pair, prompt {i}, drawn: {drawn}"))
-    print(wrap("  each word's brightest patch: " + ", ".join(peak_words(run.images[i], prompts[i], show, patch))))
-    print(f"{m}: × uniform per word, peak (share of patches above even):\n  " + ", ".join(
-        f"{w!r} {float(np.max(v)) * keys:.1f} ({float(np.mean(np.asarray(v) * keys > 1)):.0%})" for w, v in show.items()))
-
-# %% [markdown]
-# On the MMDiT a word map follows the colour drawn, not the shape: only 'orange' rises above even (peak
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'orange'" re="'orange' ([0-9.]+)"-->7.1<!--/num--> × uniform), on the left object; 'circle' and 'square' stay below even everywhere (peaks <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'circle'" re="'circle' ([0-9.]+)"-->0.7<!--/num--> and
-# <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: × uniform per word > 'square'" re="'square' ([0-9.]+)"-->0.9<!--/num-->). On PixArt, which drew only the square, 'square' is above even on <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: × uniform per word > 'square'" re="'square' [0-9.]+ [(]([0-9]+%)"-->100%<!--/num--> of the patches: spread, not placed.
 #
 # ## 10. Explore: step, layer, head and word
 #
-# Full maps of the first `MAP_PROMPTS` prompts. First one view, for print (middle step, last layer, head 0): left,
-# the head's map (MMDiT: the joint map with its image|text borders; PixArt: image queries × text keys); right, the
-# shape word's column over the image.
+# Full maps of the first `MAP_PROMPTS` prompts. One view for print (middle step, last layer, head 0): left, the
+# head's map; right, the shape word's column over the image.
 
 # %%
 m0 = GENERATORS[0]
@@ -723,16 +665,13 @@ print(f"query rows whose largest weight is highest: {sorted(np.argsort(P.max(1))
 
 # %% [markdown]
 # **What to look at.** The borders split the joint map into section 6's four blocks; a healthy head has structure
-# (bands, a diagonal), a degenerate one is flat or piles onto one column (a [sink](../docs/GLOSSARY.md#sink)). Here
+# (bands, a diagonal), a degenerate one piles onto one column (a [sink](../docs/GLOSSARY.md#sink)). Here
 # the shape word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num-->: a miss.
 # Query rows <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands).
 #
-# **The explorer** draws any view in the browser, without a kernel (also on the course website): menus for the
-# prompt and the view (`i2t`: the picture reading a word, in × uniform; `t2i`: the word reading the picture;
-# `full`: the whole map, image block outlined), sliders for step, layer, head (last stop: the mean of the heads) and
-# word: little changes from step to step, much from head to head. *Save view (PNG)* and *Save numbers (JSON)*
-# export what you see;
-# `explorer.save("outputs/mine/view")` writes the same numbers from Python.
+# **The explorer** draws any view in the browser, without a kernel: views `i2t` (the picture reading a word),
+# `t2i` (the word reading the picture) and `full`; sliders for step, layer, head (last stop: the mean of the heads)
+# and word; *Save view (PNG)*, *Save numbers (JSON)*, or `explorer.save("outputs/mine/view")` from Python.
 
 # %% tags=["nbval-ignore-output"]
 from unicache_lib.widgets import step_explorer
@@ -758,23 +697,21 @@ from unicache_lib.claims import claims_table
 claims_table("03_diffusion_steps")  # the claims beside their verdicts, each written once, in unicache_lib/claims.py
 
 # %% [markdown]
-# **Reading the scoreboard.** Two small generators' verdicts: G5 fails for the toy's few image tokens (section 7),
-# and whether G2 (b) fails for the same reason this run cannot test (a real checkpoint can: Next steps).
+# **Reading the scoreboard.** G5 fails for the toy's few image tokens (section 7); whether G2 (b) fails for the same
+# reason this run cannot test (a real checkpoint can: Next steps).
 #
 # ## Recap
 #
 # - Capture changes nothing (identical images).
-# - **G1**: only PixArt's cross-attention goes from diffuse to focused; the MMDiT's entropy rises late.
-# - **G2**: adjacent maps are alike from the first step; at the strict line PixArt's cross-attention outputs
-#   settle layer by layer, and the last steps' outputs are the least reusable.
-# - **G4, G5**: the text side is steadier, too little for a policy of its own; the image side holds only
-#   <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values at this resolution.
+# - **G1**: only PixArt's cross-attention goes from diffuse to focused.
+# - **G2**: adjacent maps are alike from the first step; on the strict line PixArt's cross-attention outputs settle
+#   layer by layer; by output the last steps are the least reusable.
+# - **G4, G5**: neither side of joint attention is clearly steadier; the image side holds only
+#   <!--num "notebooks/03_diffusion_steps.ipynb#out:image/text > tiny-mmdit@5" fmt="{:.2f}"-->1.33<!--/num-->× the text side's keys and values at this size.
 # - **G6**: the prompt pulls hardest early, and again at the last step; long prompts do not collapse.
-# - **G7**: only PixArt's heads are more alike than the understanding model's.
-# - **G9**: word maps point at objects on PixArt, not on the MMDiT; (b) says nothing about binding.
+# - **G7, G9**: PixArt's heads are alike and its word maps point at objects; the MMDiT's do neither.
 #
-# The decision table: advice from `unicache_lib/claims.py`, values from this run. A window found here goes in 06's
-# `METHODS` as `REUSE_POLICIES["step_skip"](head=…)`.
+# The decision table: advice from `unicache_lib/claims.py`, values from this run.
 
 # %%
 from unicache_lib.claims import decision_rows
@@ -783,8 +720,8 @@ start = lambda w, t: f"from step {w['start']} at {t:g}" if w["start"] is not Non
 strict = {m: window[m, STRICT_THRESHOLD] for m in GENERATORS}
 windows = "; ".join(f"{m} {start(window[m, THRESHOLD], THRESHOLD)}, {start(w, STRICT_THRESHOLD)}" for m, w in strict.items())
 g2_found = "; ".join(f"06: step_skip(head={w['head']}) for {m}" for m, w in strict.items() if w["start"] is not None)
-rows = [("G2", "G2: window to reuse whole steps unchanged (latest knee of the maps)", windows, g2_found),
-        ("G1", "G1: image-query entropy, early minus late", ", ".join(f"{m} {float(d.mean()):+.3f}" for m, d in zip(GENERATORS, drop)))]
+# G1 gets no row: whatever the focus, the steps to reuse are picked by the knees (G2's row)
+rows = [("G2", "G2: window to reuse whole steps unchanged (latest knee of the maps)", windows, g2_found)]
 if g_ends:
     rows.append(("G6", "G6: guidance strength, step 0 / last step", ", ".join(f"{m} {a:.2f} / {b:.2f}" for m, (a, b) in g_ends.items())))
 if len(jall):
@@ -798,26 +735,25 @@ WrappedTable(pd.DataFrame(decision_rows(rows, "03_diffusion_steps", board.verdic
 
 # %% [markdown]
 # **Reading the table.** The maps give no trustworthy window for reusing whole steps *unchanged*: at the study's line
-# every knee is the first step, at the strict line some layer never settles. That does not rule out skipping whole
-# steps: 06's `step_skip` predicts each skipped step from the last two computed ones, needs no knee, and is the only
-# method there above the fewer-step control at equal FLOPs. Keep its tuned head, as 06 does. Word maps point on PixArt (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×).
+# every knee is the first step, at the strict line some layer never settles. Skipping steps by extrapolation
+# (06's `step_skip`) needs no knee. G1 has no row: focus or not, the steps to reuse are picked by the knees (G2). Word maps point on PixArt (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@1"-->6.3<!--/num-->× chance), not on the MMDiT (<!--num "notebooks/03_diffusion_steps.ipynb#out:G9: word-region IoU > value here@0"-->1.0<!--/num-->×).
 
 # %% [markdown]
 # ## Exercises
 #
-# Each starter leaves one gap, code to write (`# <- write`) or a value (`# <- fill in`), and checks it. Answers:
+# Each starter leaves one gap (`# <- write` or `# <- fill in`) and checks it. Answers:
 # `solutions/03_diffusion_steps.py` (`--only K`).
 #
 # 1. ★★ Write `knee(sims, threshold)`; the starter checks it on every curve of section 4.
-# 2. ★★ Write `reuse_start(layer_knees)`, the first step at which every layer has settled; the starter tries
-#    `STEPS` and 8 steps: does a knee belong to a model or to a step count?
-# 3. ★ Capture the guidance batch's empty-prompt half (`DiffusionCapture`'s `branch`) and compare its text entropy
-#    with the prompted half's: what does the model attend to then?
-# 4. ★★ Binding: write `top_iou(a, b, k)`, the IoU of two word maps' k brightest patches. The starter draws
-#    same-colour pairs with two shapes and with one shape twice: do the shape words' regions separate?
+# 2. ★★ Write `reuse_start(layer_knees)`, the first step at which every layer has settled. The starter applies it
+#    at `STEPS` and at 8 steps, on the line `0.95`: how many whole steps could each generator reuse at 8 steps, and
+#    which of its layers holds the window back?
+# 3. ★ Capture the guidance batch's empty-prompt half (`DiffusionCapture`'s `branch`): what do the image queries
+#    read when the prompt is empty?
+# 4. ★★ Write `top_iou(a, b, k)`, the IoU of two word maps' k brightest patches. On same-colour pairs with two
+#    shapes and with one shape twice: do the shape words' regions separate?
 # 5. ★★ Write `token_shares(W)`, each prompt token's share of the image queries' attention (section 9's word maps).
-#    The starter ranks the last generator's tokens (`GENERATORS[-1]`, tiny-pixart here): where do colour and
-#    position reach the picture?
+#    The starter ranks `GENERATORS[-1]`'s tokens: which do its image queries read; do colour and position words?
 
 # %%
 # Exercise 1 starter: the knee, checked against section 4's table on every curve (maps and outputs, both lines)
@@ -853,31 +789,36 @@ def reuse_start(layer_knees):
 
 
 if reuse_start([1, 3, 2]) is None:
-    print("Write the body of `reuse_start`, then run this cell again (for knees [1, 3, 2] it is step 3).")
+    print("Write the body of `reuse_start`, then run this cell again.")
 else:
     for m, g in gens.items():
         for n in (STEPS, 8):
             run = capture_generation(g, [p["short"] for p in prompts[:4]], f"steps{n}", None, n, GUIDANCE, SEED, progress=False)
-            K = G.knee_table(G.step_table(run.result.records).assign(model=m), (0.95,))  # one row per (part, layer)
-            ks = [None if np.isnan(k) else int(k) for k in K["knee (maps) @0.95"]]
-            want = G.reuse_window(K["knee (maps) @0.95"], n)["start"]
-            print(f"{m}, {n} steps: lowest cosine {K['min sim'].min():.3f}; at 0.95 reuse from step {reuse_start(ks)}"
-                  + ("" if reuse_start(ks) == want else f"  <- G.reuse_window says {want}"))
+            col = G.knee_table(G.step_table(run.result.records).assign(model=m), (0.95,))["knee (maps) @0.95"]
+            first, want = reuse_start([None if np.isnan(k) else int(k) for k in col]), G.reuse_window(col, n)["start"]
+            per_part = ", ".join(f"{p} " + " ".join("never" if k != k else str(int(k)) for k in c)
+                                 for p, c in col.groupby(level="part"))  # layer 0 first
+            print(f"{m}, {n} steps, knees at 0.95: {per_part}; reusable from step {first}: "
+                  f"{0 if first is None else max(0, n - 1 - first)} of {n}"
+                  + ("" if first == want else f"  <- G.reuse_window says {want}"))
 
 # %%
-# Exercise 3 starter: the text attention of both halves of the guidance batch, on two prompts per generator
+# Exercise 3 starter: the text attention of the prompted half of the guidance batch and of yours, two prompts each
 branch = ...  # <- fill in: the branch name of the half that sees the empty prompt
 if branch is ...:
-    print("Fill in `branch`, then run this cell again (the notebook captured branch 'cond').")
+    print("Fill in `branch` (DiffusionCapture's docstring names the halves), then run this cell again.")
 else:
     for m, g in gens.items():
         tabs = []
-        for b in ("cond", branch):
-            with DiffusionCapture(g.transformer, [f"{b}/0", f"{b}/1"], branch=b) as cap:
+        for label, kw in (("prompted (default)", {}), (f"branch={branch!r}", {"branch": branch})):
+            with DiffusionCapture(g.transformer, [f"{label}/0", f"{label}/1"], **kw) as cap:
                 sample(g, [p["short"] for p in prompts[:2]], STEPS, GUIDANCE, seed=SEED, callbacks=[cap])
-            tabs.append(G.step_table(cap.result.records).assign(branch=b))
+            tabs.append(G.step_table(cap.result.records).assign(half=label))
         B = pd.concat(tabs)
-        print(m, B[B.part != "self"].groupby("branch")[["text_share", "text_entropy"]].mean().round(3).to_string(), sep="\n")
+        tab = B[B.part != "self"].groupby("half")[["text_share", "text_entropy"]].mean()
+        print(m, tab.round(3).to_string(), sep="\n")
+        if np.allclose(tab.iloc[0], tab.iloc[1]):
+            print("  the same numbers twice: that branch is the prompted half; pick the other one")
 
 # %%
 # Exercise 4 starter: pairs of one colour, left and right; the overlap of the two shape words' regions (as in §9)
