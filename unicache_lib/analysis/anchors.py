@@ -100,8 +100,5 @@ def anchor_placement(anchors, kinds: np.ndarray) -> dict:
     kinds = np.asarray(kinds)
     on = kinds[anchors] if len(anchors) else kinds[:0]
     on, all_ = on[on >= 0], kinds[kinds >= 0]
-    out = {}
-    for i, name in enumerate(PATCH_KINDS):
-        out[name] = float(np.mean(on == i)) if len(on) else float("nan")
-        out[f"{name}_chance"] = float(np.mean(all_ == i)) if len(all_) else float("nan")
-    return out
+    return {key: float(np.mean(among == i)) if len(among) else float("nan") for i, name in enumerate(PATCH_KINDS)
+            for key, among in ((name, on), (f"{name}_chance", all_))}

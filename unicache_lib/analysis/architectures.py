@@ -6,7 +6,7 @@ scoreboard resamples (samples, or (sample, token) pairs grouped by sample).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pandas as pd
@@ -42,8 +42,7 @@ def reading_profile(records, model: str, part: str | None = None) -> pd.DataFram
     recs = [r for r in records if part is None or r.part == part]
     if not recs:
         raise InputError(f"no records of part {part!r}")
-    layers = sorted({r.layer for r in recs})
-    n = max(layers) + 1
+    n = max(r.layer for r in recs) + 1
     rows = []
     for r in recs:
         d = r.data
@@ -83,10 +82,7 @@ def generator_profile(records, model: str) -> pd.DataFrame:
     T["cross_modal"] = np.where(T.part == "joint", T.share_it + T.share_ti, np.nan)
     g = T.groupby(["sample", "part", "layer"])[["text_image_share", "norm_entropy", "cross_modal"]].mean().reset_index()
     n = g.layer.max() + 1
-    g["depth"] = g.layer / max(1, n - 1)
-    g["band"] = [layer_band(int(li), n) for li in g.layer]
-    g["model"] = model
-    return g
+    return g.assign(depth=g.layer / max(1, n - 1), band=[layer_band(int(li), n) for li in g.layer], model=model)
 
 
 def head_roles(records, model: str, focused: float = FOCUSED, spread: float = 0.8) -> pd.DataFrame:
@@ -102,9 +98,8 @@ def head_roles(records, model: str, focused: float = FOCUSED, spread: float = 0.
     else:
         H = head_table(records)
     H = H.groupby(["layer", "head"])[["max_weight", "norm_entropy"]].mean().reset_index()
-    H["role"] = np.where(H.max_weight > focused, "focused", np.where(H.norm_entropy > spread, "spread", "mixed"))
-    H["model"] = model
-    return H
+    return H.assign(model=model, role=np.where(H.max_weight > focused, "focused",
+                                               np.where(H.norm_entropy > spread, "spread", "mixed")))
 
 
 def four_block_rows(records) -> pd.DataFrame:
@@ -128,10 +123,8 @@ def image_queries_blind_to_text(model, n_image: int, layers=None):
     """Inside the block, ViLT's image queries (the last ``n_image`` positions) cannot see the text keys: a
     pre-hook on every self-attention module (or those of ``layers``, layer indices) adds a 4-D mask with ``-inf``
     on (image row, text column). The text still reads the image. Hooks are removed on exit, also on error."""
-    def cells(S):
-        m = torch.zeros(S, S, dtype=torch.bool)
-        m[S - n_image:, : S - n_image] = True
-        return m
+    def cells(S):  # image rows (the last n_image) x text columns
+        return (torch.arange(S)[:, None] >= S - n_image) & (torch.arange(S)[None, :] < S - n_image)
 
     with _blind(model, cells, layers, "image_queries_blind_to_text"):
         yield model
@@ -215,8 +208,8 @@ def caption_word_rows(records, tokens: list[str], scene, grid_tokens, grid) -> p
             w = P[start + j][torch.as_tensor(grid_tokens)].numpy()  # the word's own row
             w = w / max(w.sum(), 1e-12)
             kind = ("colour", "shape", "position")[j % 4]
-            ent = float(-(w * np.log(np.clip(w, 1e-30, None))).sum() / np.log(len(w)))
-            row = {"sample": r.sample, "layer": r.layer, "word": word, "kind": kind, "norm_entropy": ent,
+            row = {"sample": r.sample, "layer": r.layer, "word": word, "kind": kind,
+                   "norm_entropy": float(-(w * np.log(np.clip(w, 1e-30, None))).sum() / np.log(len(w))),
                    "object_mass": float(w[po == t].sum()), "area_share": float((po == t).mean()),
                    "background_mass": float(w[po < 0].sum())}
             if kind == "position" and word in halves:
@@ -238,22 +231,20 @@ def cls_focus(records, masks_by_sample: dict, grid, grid_tokens) -> pd.DataFrame
         rows.append({"sample": r.sample, "layer": r.layer, "object_mass": float(w[po >= 0].sum()),
                      "area_share": float((po >= 0).mean())})
     out = pd.DataFrame(rows)
-    out["focus"] = out.object_mass / out.area_share
-    return out
+    return out.assign(focus=out.object_mass / out.area_share)
 
 
 def generated_share(result, sample_id: str, n_tokens: int) -> np.ndarray:
     """``[n_tokens, L]``: the image share (mean over heads) of the query row that produced each generated token,
     per captured layer, from :func:`~unicache_lib.capture.decode.decode_with_capture` records."""
-    layers = sorted({r.layer for r in result.records if r.part == "language"})
-    return np.stack([producing_rows(result, sample_id, n_tokens, li).float().mean(-1).numpy() for li in layers], -1)
+    return np.stack([producing_rows(result, sample_id, n_tokens, li).float().mean(-1).numpy()
+                     for li in sorted({r.layer for r in result.records if r.part == "language"})], -1)
 
 
 def lag1(series: list[np.ndarray]) -> float:
     """Pooled lag-1 correlation of per-token values after removing each token position's mean over the series
     (so a shared rise or fall along the sequence is not read as suppression)."""
-    L = max(len(s) for s in series)
-    M = np.full((len(series), L), np.nan)
+    M = np.full((len(series), max(len(s) for s in series)), np.nan)
     for i, s in enumerate(series):
         M[i, : len(s)] = s
     dev = M - np.nanmean(M, 0, keepdims=True)
@@ -268,12 +259,8 @@ def caption_errors(tokens: list[str], scene) -> np.ndarray:
     that is not in the picture)? Other words are never errors."""
     have = {"colour": {o.colour for o in scene.objects}, "shape": {o.shape for o in scene.objects},
             "position": {o.position for o in scene.objects}}
-    vocab = {"colour": set(COLOURS), "shape": set(SHAPES), "position": set(POSITIONS)}
-    out = []
-    for w in tokens:
-        kind = next((k for k, v in vocab.items() if w in v), None)
-        out.append(bool(kind is not None and w not in have[kind]))
-    return np.array(out, bool)
+    kind = {w: k for k, words in (("position", POSITIONS), ("shape", SHAPES), ("colour", COLOURS)) for w in words}
+    return np.array([w in kind and w not in have[kind[w]] for w in tokens], bool)
 
 
 def phrase_errors(tokens: list[str], scene) -> np.ndarray:
@@ -333,10 +320,8 @@ def fusion_correct(model, processor, questions, blind: bool = False, batch: int 
                         padding=True)
         inp = {k: v.to(model.device) for k, v in inp.items()}
         inp = fam.canonical_inputs(model, inp)
-        if blind:
-            with image_queries_blind_to_text(model, n_image=fam.n_image(model.config, inp), layers=layers):
-                logits = model(**inp).logits
-        else:
+        with (image_queries_blind_to_text(model, n_image=fam.n_image(model.config, inp), layers=layers) if blind
+              else nullcontext()):
             logits = model(**inp).logits
         ok += [same_answer(model.config.id2label[int(j)], q.answer) for j, q in zip(logits.argmax(-1), part)]
     return np.array(ok, float)
@@ -357,9 +342,7 @@ def cross_caption_rows(model, processor, scenes) -> pd.DataFrame:
     CW = pd.concat(rows, ignore_index=True)
     layers = sorted(CW.layer.unique())
     names = ("low", "middle", "top") if len(layers) == 3 else [f"cross {k}" for k in range(len(layers))]
-    CW["level"] = CW.layer.map(dict(zip(layers, names)))
-    CW["object_focus"] = CW.object_mass / CW.area_share
-    return CW
+    return CW.assign(level=CW.layer.map(dict(zip(layers, names))), object_focus=CW.object_mass / CW.area_share)
 
 
 def task_switch(model, processor, questions, max_new_tokens: int = 16):

@@ -43,9 +43,8 @@ def measure_fp16_bias(board, model, processor, samples, memory_check=None) -> di
         memory_check()
     bias = {k: [] for k in STATISTICS}
     for s in bar(samples, desc="M1: fp16 vs fp32 statistics"):
-        full = capture_samples(model, processor, [s], mode="full", progress=False)  # one sample's maps at a time
         per = [(row_statistics_in_dtype(r.probs, torch.float16), row_statistics_in_dtype(r.probs, torch.float32))
-               for r in full]
+               for r in capture_samples(model, processor, [s], mode="full", progress=False)]  # one sample's maps
         for k in bias:
             bias[k].append(float(np.mean([(lo[k] - hi[k]).mean().item() for lo, hi in per])))
     m1 = {k: mean_interval(v, "samples") for k, v in bias.items()}
@@ -60,8 +59,8 @@ def measure_repeatability(board, model, processor, samples, res):
     res2 = capture_samples(model, processor, samples, mode="stats")
     per_sample = {}
     for a, b in zip(res, res2):
-        d = max((a.data[k] - b.data[k]).abs().nan_to_num().max().item() for k in a.data)
-        per_sample[a.sample] = max(per_sample.get(a.sample, 0.0), d)
+        per_sample[a.sample] = max(per_sample.get(a.sample, 0.0),
+                                   max((a.data[k] - b.data[k]).abs().nan_to_num().max().item() for k in a.data))
     m2 = bootstrap(list(per_sample.values()), max, "samples")
     board.measure("M2", m2, shown=f"max |Δ| = {m2.value:.1e}")
     return m2
@@ -71,8 +70,8 @@ def measure_batch_anchors(board, res, image_part: str, anchor_k: int):
     """M3: in the deepest layer that reads the image, each sample's top-``anchor_k`` anchors against the anchors of the
     batch-averaged reads (Jaccard per sample, mean interval over samples)."""
     deep = max(r.layer for r in res if r.part == image_part)
-    ov = batching_overlap([image_reads(res[s, deep]) for s in res.samples], anchor_k)
-    m3 = mean_interval(ov["per_sample"], "samples")
+    m3 = mean_interval(batching_overlap([image_reads(res[s, deep]) for s in res.samples], anchor_k)["per_sample"],
+                       "samples")
     board.measure("M3", m3, shown=f"mean Jaccard {m3.value:.2f} (layer {deep})")
     return m3
 

@@ -115,16 +115,12 @@ def measure_hallucination(board, coverage: np.ndarray, confidence: np.ndarray, w
                       "(raise N_QUESTIONS)")
 
 
-def _healthy(det: pd.DataFrame) -> tuple[pd.Series, float, list[str]]:
-    """The healthy model's image share per layer, its image dependence, and the breaks not forced onto the share."""
-    layer_cols = [k for k in det.columns if str(k).startswith("L")]
-    return det.loc[HEALTHY, layer_cols].astype(float), det.loc[HEALTHY, "image dependence (KL)"], not_by_construction(det)
-
-
 def decisions(roc: pd.DataFrame, det: pd.DataFrame, n_wrong: int, n: int):
     """The measurement -> action table of the lesson (a :class:`~unicache_lib.tables.WrappedTable`)."""
     c = roc.loc["coverage (low = suspect)"]
-    hl, dep0, others = _healthy(det)
+    # the healthy model's image share per layer, its image dependence, and the breaks not forced onto the share
+    hl = det.loc[HEALTHY, [k for k in det.columns if str(k).startswith("L")]].astype(float)
+    dep0, others = det.loc[HEALTHY, "image dependence (KL)"], not_by_construction(det)
     missed = [x for x in others if not det.loc[x, "fires"]]
     caught = [x for x in missed if det.loc[x, "image dependence (KL)"] < 0.1 * dep0]  # as in §2
     both = ", ".join(f"{x} (keeps {det.loc[x, 'image dependence (KL)'] / dep0:.0%} of the healthy KL)" for x in missed

@@ -84,8 +84,8 @@ def measure_joint_asymmetry(board, jall: pd.DataFrame, n_prompts: int, asym: pd.
 def measure_cache_pressure(board, kv: pd.DataFrame, models, n_prompts: int) -> None:
     """G5: image / text KV bytes per attention layer (``kv["image/text"]`` per model: token counts, exact, so the
     interval is a point)."""
-    ratio = [np.full(n_prompts, kv.loc[m, "image/text"]) for m in models]
-    board.measure("G5", weakest(ratio), shown=", ".join(f"{m}: {v:.2f}x" for m, v in kv["image/text"].items()))
+    board.measure("G5", weakest([np.full(n_prompts, kv.loc[m, "image/text"]) for m in models]),
+                  shown=", ".join(f"{m}: {v:.2f}x" for m, v in kv["image/text"].items()))
 
 
 def measure_conditioning(board, T, gdf: pd.DataFrame, cond: pd.DataFrame, models, n_prompts: int, steps: int) -> None:
@@ -93,11 +93,9 @@ def measure_conditioning(board, T, gdf: pd.DataFrame, cond: pd.DataFrame, models
     guidance-distilled models have none), (b) long prompts' middle-phase text entropy, (c) its excess over short
     prompts'. ``cond``: the per-(model, kind) summary shown beside the verdict."""
     gsteps = {f: [s for s in range(steps) if phase_of(s, steps) == f] for f in PHASES}
-    gdrop = []
-    for m in models:
-        gv = gdf[(gdf.model == m) & (gdf.kind == "short")].drop(columns=["model", "kind"]).to_numpy(dtype=float)
-        if np.isfinite(gv).any():  # guidance-distilled models (no unconditional branch) have no guidance strength
-            gdrop.append(gv[:, gsteps["early"]].mean(1) - gv[:, gsteps["late"]].mean(1))
+    gvs = [gdf[(gdf.model == m) & (gdf.kind == "short")].drop(columns=["model", "kind"]).to_numpy(dtype=float)
+           for m in models]  # guidance-distilled models (no unconditional branch) have no guidance strength
+    gdrop = [gv[:, gsteps["early"]].mean(1) - gv[:, gsteps["late"]].mean(1) for gv in gvs if np.isfinite(gv).any()]
     mid = {(m, k): by_prompt(T[(T.model == m) & (T.kind == k) & (T.part != "self") & (T.phase == "middle")],
                              "text_entropy", n_prompts) for m in models for k in ("short", "long")}
     if gdrop:

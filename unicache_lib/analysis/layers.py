@@ -14,10 +14,7 @@ def layer_band(layer: int, n_layers: int) -> str:
 
 
 def band_layers(n_layers: int) -> dict[str, list[int]]:
-    out = {b: [] for b in BANDS}
-    for i in range(n_layers):
-        out[layer_band(i, n_layers)].append(i)
-    return out
+    return {b: [i for i in range(n_layers) if layer_band(i, n_layers) == b] for b in BANDS}
 
 
 def require_bands(layers, n_layers: int, name: str = "LAYERS") -> dict[str, list[int]]:

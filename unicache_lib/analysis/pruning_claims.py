@@ -56,10 +56,10 @@ def against_random(U: pd.DataFrame) -> pd.DataFrame:
         b_lo, b_hi = random_band(r)
         for fam, d in at[at.family != "random"].groupby("family"):
             iv = proportion_interval(d.correct_q.iloc[0], "questions")  # a scorer is deterministic: one row
-            verdict = "ahead of random" if iv.lo > b_hi else "behind random" if iv.hi < b_lo else "inconclusive"
             rows.append({"fraction": f, "scorer": fam, "accuracy": iv.value, "lo": iv.lo, "hi": iv.hi,
                          "random": float(r.mean()), "band_lo": b_lo, "band_hi": b_hi, "seeds": len(r),
-                         "verdict": verdict})
+                         "verdict": "ahead of random" if iv.lo > b_hi else "behind random" if iv.hi < b_lo
+                         else "inconclusive"})
     return pd.DataFrame(rows)
 
 
@@ -71,8 +71,7 @@ def attention_share(space, run, repeats: int = 5, threads: int = 1) -> dict:
     Returns ``share`` (median), ``shares`` (per run), ``hook_overhead`` (median hooked / unhooked time - 1) and
     ``cap(fraction)``: the speed-up that removing ``fraction`` of every unit's heads would give if attention's cost
     shrank in proportion and nothing else changed, ``1 / (1 - fraction * share)``."""
-    cuda = any(p.is_cuda for p in space.model.parameters())
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = torch.cuda.synchronize if any(p.is_cuda for p in space.model.parameters()) else (lambda: None)
     inside, starts = [0.0], {}
 
     def pre(mod, args, kwargs):

@@ -28,9 +28,8 @@ def token_class(token: str, special: set[str] | frozenset = frozenset()) -> str:
 def classify_ids(tokenizer, input_ids) -> list[str]:
     """Class of every position of a ``[S]`` id sequence (image placeholders come out as 'special')."""
     ids = [int(i) for i in (input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids)]
-    toks = tokenizer.convert_ids_to_tokens(ids)
     special = set(tokenizer.all_special_tokens)
-    return [token_class(t, special) for t in toks]
+    return [token_class(t, special) for t in tokenizer.convert_ids_to_tokens(ids)]
 
 
 def content_position(tokens: list[str], positions) -> int:

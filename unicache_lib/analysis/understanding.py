@@ -31,10 +31,6 @@ def cross_modal(blocks):
     return blocks[..., BLOCKS.index("image->text")] + blocks[..., BLOCKS.index("text->image")]
 
 
-def _n_layers(records) -> int:
-    return max(r.layer for r in records) + 1
-
-
 def _rows(t: torch.Tensor, part: str = "language") -> torch.Tensor:
     """``[H, Sq]`` -> the rows that see at least MIN_KEYS keys (self-attention prompt captures: Sq ==
     Sk). Cross-attention rows all see the vision tokens: none skipped (dead rows are NaN)."""
@@ -44,7 +40,7 @@ def _rows(t: torch.Tensor, part: str = "language") -> torch.Tensor:
 def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
     """One row per (sample, layer): statistics averaged over heads (and over query rows that see at
     least ``MIN_KEYS`` keys)."""
-    n = _n_layers(records)
+    n = max(r.layer for r in records) + 1
     rows = []
     for r in records:
         d = r.data
@@ -62,8 +58,7 @@ def layer_table(records, scene_of: dict | None = None) -> pd.DataFrame:
             row["cross_modal"] = row["image->text"] + row["text->image"]
             if r.spans is not None and r.spans.n_image:  # (a cross-attention VLM's self layers hold no image)
                 reads = image_reads(r)
-                row["top10_share"] = float(top_share(reads, 0.1))
-                row["gini"] = float(gini(reads))
+                row.update(top10_share=float(top_share(reads, 0.1)), gini=float(gini(reads)))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -88,7 +83,7 @@ def token_flow(records, tokens: dict[str, list[str]], special: set[str] | frozen
     attention on image keys (mean over heads). Positions before the image (the prompt prefix) cannot
     read it and are left out; image positions are not rows. Cross-attention records: every text
     position whose row reads the vision tokens (rows before the image are dead, NaN)."""
-    n = _n_layers(records)
+    n = max(r.layer for r in records) + 1
     rows = []
     for r in records:
         if "image_share" not in r.data:

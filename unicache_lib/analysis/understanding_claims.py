@@ -43,11 +43,6 @@ def over_samples(stat, n: int, units=None, unit: str = "samples"):
     return bootstrap(list(range(n)) if units is None else units, lambda u: stat(np.asarray(u)), unit)
 
 
-def _band_idx(bands: dict, captured: list) -> dict:
-    col = {li: captured.index(li) for li in captured}
-    return {b: [col[li] for li in ls] for b, ls in bands.items()}
-
-
 def measure_depth_claims(board, L: pd.DataFrame, H: pd.DataFrame, bands: dict, cross: bool) -> dict:
     """U1, U2a, U2b, U8, U9, U13.
 
@@ -60,7 +55,7 @@ def measure_depth_claims(board, L: pd.DataFrame, H: pd.DataFrame, bands: dict, c
         ``{"X": column -> [n_samples, n_layers], "HM": [n_samples, n_layers, n_heads] max weight}`` for read-outs.
     """
     ids, captured = sorted(L["sample"].unique()), sorted(L["layer"].unique())
-    n_s, band_idx = len(ids), _band_idx(bands, captured)
+    n_s, band_idx = len(ids), {b: [captured.index(li) for li in ls] for b, ls in bands.items()}  # band -> columns
     X = {c: L.pivot(index="sample", columns="layer", values=c).loc[ids].to_numpy()
          for c in ("top10_share", "distance", "norm_entropy", "cross_modal", *BLOCKS)}
     depth = L.groupby("band")[["norm_entropy", "distance"]].mean()
@@ -128,8 +123,7 @@ def measure_anchor_claims(board, L: pd.DataFrame, img_reads: np.ndarray, anchor_
     ids, captured = sorted(L["sample"].unique()), sorted(L["layer"].unique())
     n_s, col = len(ids), {li: captured.index(li) for li in captured}
     lo, mid = bands["shallow"][0], bands["middle"][0]
-    n_image = img_reads.shape[-1]
-    chance = top_k / (2 * n_image - top_k)
+    chance = top_k / (2 * img_reads.shape[-1] - top_k)
     jac_layers = np.array([A.layer_persistence(img_reads[k], top_k)[col[lo], col[mid]] for k in range(n_s)])
     board.measure("U3", over_samples(lambda i: jac_layers[i].mean(), n_s), criterion="a",
                   shown=f"layer {lo} vs {mid} (chance {chance:.2f})")
@@ -213,16 +207,14 @@ def scene_pairs_note(scene_of: dict, ids=None) -> str | None:
     note = scene_type_note(of)
     if note is not None:
         return note
-    counts = pd.Series([t for t in of.values() if t]).value_counts()
-    if counts.max() < 2:
-        return "one sample per scene type: no within-type pairs (PER_TYPE >= 2 needed)"
-    return None
+    return ("one sample per scene type: no within-type pairs (PER_TYPE >= 2 needed)"
+            if pd.Series([t for t in of.values() if t]).value_counts().max() < 2 else None)
 
 
 def class_sums(df: pd.DataFrame, classes) -> np.ndarray:
     """``[n_samples, 2]``: per sample (sorted), sum and count of ``image_share`` over the tokens of ``classes``."""
-    g = df[df["class"].isin(classes)].groupby("sample").image_share.agg(["sum", "count"])
-    return g.reindex(sorted(df["sample"].unique())).fillna(0).to_numpy()
+    return (df[df["class"].isin(classes)].groupby("sample").image_share.agg(["sum", "count"])
+            .reindex(sorted(df["sample"].unique())).fillna(0).to_numpy())
 
 
 def ratio_of_means(a: np.ndarray, b: np.ndarray):
@@ -274,8 +266,7 @@ def measure_localisation_claims(board, loc: pd.DataFrame, ctrl: pd.DataFrame, no
         for c in ("a", "b"):
             board.measure("U11", None, criterion=c, note=why)
         return
-    sel = loc.groupby("layer").selectivity.median()
-    best = sel.idxmax()
+    best = loc.groupby("layer").selectivity.median().idxmax()
     n_loc = loc[loc.layer == loc.layer.min()].shape[0]
     lt, lc = loc[loc.layer == best], ctrl[ctrl.layer == best]
     multi = sorted(lt["sample"].unique())

@@ -128,9 +128,9 @@ def word_region_table(run, prompts: list[dict], patch: int) -> pd.DataFrame:
             for role in ("colour", "shape"):
                 pos = G.word_positions(toks, o[role])
                 if pos:
-                    w = W[pos[min(j, len(pos) - 1)]]
                     rows.append({"prompt": p["id"], "pair": p["pair"], "object": j, "role": role,
-                                 "iou": G.iou(G.top_region(w, k), obj_patches), "chance": G.chance_iou(k, W.shape[1]), "k": k})
+                                 "iou": G.iou(G.top_region(W[pos[min(j, len(pos) - 1)]], k), obj_patches),
+                                 "chance": G.chance_iou(k, W.shape[1]), "k": k})
         if p["pair"]:
             pos = [G.word_positions(toks, o["shape"]) for o in p["objects"]]
             if all(pos):

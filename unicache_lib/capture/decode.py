@@ -50,9 +50,9 @@ def decode_with_capture(model, processor, image, question: str, sample_id: str =
             if positions is not None:  # M-RoPE: continue from the largest position so far
                 extra["position_ids"] = fam.text_positions(positions, n - 1, 1, positions.device)
                 positions = torch.cat([positions, extra["position_ids"]], -1)
-            for key, v in step_kw.items():  # per-token inputs (Mllama's cross mask): the new row repeats the last
-                step_kw[key] = torch.cat([v, v[:, -1:]], 1)
-                extra[key] = step_kw[key]
+            # per-token inputs (Mllama's cross mask): the new row repeats the last
+            step_kw = {key: torch.cat([v, v[:, -1:]], 1) for key, v in step_kw.items()}
+            extra.update(step_kw)
             dev = inputs["input_ids"].device
             out = model(input_ids=torch.tensor([[nxt]], device=dev), attention_mask=torch.ones(1, n, dtype=torch.long, device=dev),
                         cache_position=torch.tensor([n - 1], device=dev),  # Mllama slices its cross mask with it

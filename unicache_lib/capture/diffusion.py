@@ -189,10 +189,9 @@ class DiffusionCapture:
         found = {s.name: s for s in all_sites if s.captured}
         if not found:
             raise CaptureError(f"{type(self.transformer).__name__} has no attention module with a softmax map to capture")
-        have_layers = sorted({s.layer for s in found.values()})
         have_parts = sorted({s.part for s in found.values()})
         if layers is not None:  # negative indices count from the last block
-            want = set(resolve_layers(layers, have_layers, "the transformer"))
+            want = set(resolve_layers(layers, sorted({s.layer for s in found.values()}), "the transformer"))
             found = {n: s for n, s in found.items() if s.layer in want}
         if parts is not None:
             hidden = sorted(set(parts) & set(self.family.uncaptured))
@@ -206,13 +205,12 @@ class DiffusionCapture:
         for s in found.values():
             self.family.check_processor(s, s.module.processor)
         if parts is None and self.not_captured:
-            why = "; ".join(sorted({self.family.uncaptured[s.part] for s in all_sites if not s.captured}))
             warnings.warn(f"{len(self.not_captured)} attention modules of this {self.family.name} transformer are not "
-                          f"captured (listed in .not_captured): {why}", stacklevel=2)
+                          f"captured (listed in .not_captured): {'; '.join(sorted(set(self.not_captured.values())))}",
+                          stacklevel=2)
         self.sites = found
         self.result = CaptureResult(part=have_parts[0])
-        self.step = 0
-        self.timestep = float("nan")
+        self.step, self.timestep = 0, float("nan")
         self._pending: list[Record] = []
         self._seen: set = set()
         self._prev: dict = {}
@@ -231,8 +229,7 @@ class DiffusionCapture:
     def pipeline_callback(self, pipe, step: int, timestep, callback_kwargs: dict) -> dict:
         """diffusers pipeline ``callback_on_step_end``: closes step ``step``, opens the next."""
         self._flush()
-        self.step = int(step) + 1
-        self.timestep = float("nan")
+        self.step, self.timestep = int(step) + 1, float("nan")
         return callback_kwargs
 
     def _see_forward(self, module, args, kwargs):
@@ -282,9 +279,7 @@ class DiffusionCapture:
         n = len(toks)
         if n > n_text:
             raise CaptureError(f"sample {self.sample_ids[j]!r} has {n} text tokens but the model got {n_text}")
-        if known is not None and int(known.sum()) == n:
-            return known
-        return np.arange(n_text) < n
+        return known if known is not None and int(known.sum()) == n else np.arange(n_text) < n
 
     def _record(self, w: _Wrapped, probs: torch.Tensor, out, enc, mask, rows) -> None:
         """``probs [len(rows), H, Sq, Sk]`` (or one :class:`~unicache_lib.stats.LogitRows` per row): the maps of batch
@@ -319,16 +314,16 @@ class DiffusionCapture:
             P = probs[j]
             if k > 1:
                 P = P.thin(rows=sel) if isinstance(P, S.LogitRows) else P[:, sel.to(P.device)]
-            mrow = mask[b] if (mask is not None and part == "cross") else None
-            real = self._real_text(j, b, n_text, mrow) if n_text else np.zeros(0, bool)
+            real = (self._real_text(j, b, n_text, mask[b] if (mask is not None and part == "cross") else None) if n_text
+                    else np.zeros(0, bool))
             kreal = np.ones(n_k, bool)
             kreal[kk == TEXT] = real
             sid = self.sample_ids[j]
             prev_key = (sid, w.name)
             prev = self._prev.get(prev_key)
             # the step-to-step map cosines in the statistics' own pass when the previous map holds the same rows
-            fused = prev[0] if (prev is not None and self.query_stride == 1) else None
-            data = S.step_statistics(P, qk, kk, kreal, q_weights=qw, prev=fused)
+            data = S.step_statistics(P, qk, kk, kreal, q_weights=qw,
+                                     prev=prev[0] if (prev is not None and self.query_stride == 1) else None)
             if k > 1:
                 del data["word_map"]  # a word map needs every image query
             # held for the next step: a LogitRows as queries and keys, not as a map

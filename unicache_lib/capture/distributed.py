@@ -24,18 +24,17 @@ from .runner import capture_samples
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny-llava")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--mode", default="stats", choices=["stats", "full", "recompute"])
-    ap.add_argument("--n-samples", type=int, default=20)
-    ap.add_argument("--layer-batch", type=int, default=0)
-    ap.add_argument("--device-map", default=None)
+    for flag, kw in (("--model", dict(default="tiny-llava")), ("--out", dict(required=True)),
+                     ("--mode", dict(default="stats", choices=["stats", "full", "recompute"])),
+                     ("--n-samples", dict(type=int, default=20)), ("--layer-batch", dict(type=int, default=0)),
+                     ("--device-map", dict(default=None))):
+        ap.add_argument(flag, **kw)
     args = ap.parse_args(argv)
     cli_output_path(args.out, "unicache-capture")  # not empty, not the repository or one of its own folders
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(1)
-    attn = "sdpa" if args.mode == "recompute" else "eager"
-    model, processor = load_understanding(args.model, attn_implementation=attn, device_map=args.device_map)
+    model, processor = load_understanding(args.model, attn_implementation="sdpa" if args.mode == "recompute" else "eager",
+                                          device_map=args.device_map)
     mine = shard_samples(sample_set.load()[: args.n_samples], rank, world)
     store = Store(args.out, rank=rank, meta={"model": args.model, "dtype": str(next(model.parameters()).dtype),
                                              "world_size": world})

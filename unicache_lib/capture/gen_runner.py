@@ -22,16 +22,16 @@ from .diffusion import DiffusionCapture
 from .record import CaptureResult
 
 
+@dataclass(eq=False)
 class GuidanceProbe:
     """Sampling-loop callback: per sample and step, ``||v_cond - v_uncond|| / ||v_uncond||``
     (the relative pull of the prompt on the update)."""
 
-    def __init__(self):
-        self.rows: list[np.ndarray] = []
+    rows: list[np.ndarray] = field(default_factory=list)
 
     def on_velocity(self, step, timestep, v_un, v_c):
-        d = (v_c - v_un).flatten(1).norm(dim=1) / v_un.flatten(1).norm(dim=1).clamp(min=1e-12)
-        self.rows.append(d.float().cpu().numpy())
+        self.rows.append(((v_c - v_un).flatten(1).norm(dim=1) / v_un.flatten(1).norm(dim=1).clamp(min=1e-12))
+                         .float().cpu().numpy())
 
     @property
     def values(self) -> np.ndarray:
@@ -106,6 +106,6 @@ def generation_store_or_capture(path, fallback, gen: Generator, model_name: str,
         return path, False
     if fallback.exists():
         remove_store(fallback)  # the caller's own output of an earlier run (refused while another process writes it)
-    prompts = [p["short"] for p in prompt_set(n_prompts, 0, seed)]
-    capture_generation(gen, prompts, "short", Store(fallback, meta={"model": model_name}), steps, guidance, seed)
+    capture_generation(gen, [p["short"] for p in prompt_set(n_prompts, 0, seed)], "short",
+                       Store(fallback, meta={"model": model_name}), steps, guidance, seed)
     return fallback, True

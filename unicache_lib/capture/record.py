@@ -67,8 +67,8 @@ class Record:
         P = self.probs
         sq, sk = P.shape[-2:]
         cross = self.part == "cross"
-        qpos = None if cross else torch.arange(sk - sq, sk)
-        return S.layer_statistics(P, self.spans, self.visible, qpos, [TEXT] * sq if cross else None)
+        return S.layer_statistics(P, self.spans, self.visible, None if cross else torch.arange(sk - sq, sk),
+                                  [TEXT] * sq if cross else None)
 
 
 @dataclass(eq=False)

@@ -124,8 +124,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         todo = [s for s in todo if any(key_str((s.id, p, li, -1)) not in have for p, li in wanted)]
     result = CaptureResult(part)
     if mode == "full" and todo:
-        first = inputs_for(model, processor, todo[0].image, todo[0].question)
-        per = full_capture_bytes(model, first, ls, part)
+        per = full_capture_bytes(model, inputs_for(model, processor, todo[0].image, todo[0].question), ls, part)
         check_memory(per * len(todo), memory_budget_gb, f"full maps of {len(todo)} sample{'s' * (len(todo) != 1)}",
                      say=progress is not False)  # a caller that turned the bar off (a step of a measurement): quiet
     for s in bar(todo, progress, desc=f"capture ({mode})"):

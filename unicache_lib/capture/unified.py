@@ -29,8 +29,7 @@ def _check(model):
     if fam.name != "Janus":
         raise CaptureError(f"image generation capture needs a Janus model (generation_head, generation_embeddings); "
                            f"got {fam.name}")
-    gc = model.generation_config
-    kw = getattr(gc, "generation_kwargs", None) or {}
+    kw = getattr(model.generation_config, "generation_kwargs", None) or {}
     if "boi_token_id" not in kw:
         raise CaptureError("the model's generation_config has no generation_kwargs['boi_token_id'] (the "
                            "<begin_of_image> token id): set it, as Janus checkpoints do, before generating images")
@@ -77,8 +76,7 @@ def generate_image_with_capture(model, input_ids: torch.Tensor, guidance: float 
                         logits_to_keep=1)
             cache = out.past_key_values
             scores = model.model.generation_head(hidden["h"][:, -1]).float()
-            mixed = scores[1] + guidance * (scores[0] - scores[1])  # uncond + g * (cond - uncond)
-            tokens[k] = mixed.argmax()
+            tokens[k] = (scores[1] + guidance * (scores[0] - scores[1])).argmax()  # uncond + g * (cond - uncond)
             emb = model.prepare_embeddings_for_image_generation(tokens[k].repeat(2)[:, None])
             if cap is not None:
                 cap.spans = Spans((TEXT,) * P + (IMAGE,) * (k + 1))

@@ -86,15 +86,14 @@ def attention_sites(model: torch.nn.Module, part: str | Iterable[str] = "languag
         known = {s.name: s for s in fam.sites(model, PARTS)}
         sites = []
         for name, mod in model.named_modules():
-            ok = modules(name, mod) if callable(modules) else any(name == m or re.fullmatch(m, name) for m in modules)
-            if not ok:
+            if not (modules(name, mod) if callable(modules) else any(name == m or re.fullmatch(m, name) for m in modules)):
                 continue
             if name in known:
                 sites.append(known[name])
                 continue
             m = re.search(r"(?:layers|blocks|layer)\.(\d+)\.", name + ".")
-            kind = "vision" if ("vision" in name or "visual" in name) else "language"
-            sites.append(Site(name, int(m.group(1)) if m else len(sites), kind, mod))
+            sites.append(Site(name, int(m.group(1)) if m else len(sites),
+                              "vision" if ("vision" in name or "visual" in name) else "language", mod))
     if not sites:
         raise CaptureError(
             f"no attention modules matched (part={part!r}, modules={modules!r}) in {type(model).__name__}. "
@@ -110,11 +109,6 @@ def find_attention_modules(model: torch.nn.Module, part: str | Iterable[str] = "
     return {s.name: (s.layer, s.module) for s in attention_sites(model, part, modules)}
 
 
-def _slides(module) -> bool:
-    """Whether an attention module may attend over a sliding window (its own setting, or its config's)."""
-    return bool(getattr(module, "sliding_window", None) or getattr(getattr(module, "config", None), "sliding_window", None))
-
-
 def visible_from_mask(mask: torch.Tensor | None, sq: int, sk: int, row: int = 0) -> torch.Tensor | None:
     """The bool ``[Sq, Sk]`` visibility of batch row ``row`` of an attention mask as transformers
     passes it (bool: True = attend; float: additive, large negative = hidden), or None for no mask."""
@@ -126,8 +120,7 @@ def visible_from_mask(mask: torch.Tensor | None, sq: int, sk: int, row: int = 0)
     if m.shape[0] != 1 and not bool((m == m[:1]).all()):
         raise CaptureError("per-head attention masks are not supported by capture")
     m = m[0][..., -sq:, :sk] if m.shape[-2] >= sq else m[0][..., :sk]
-    vis = m if m.dtype == torch.bool else torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
-    return vis.expand(sq, sk)
+    return (m if m.dtype == torch.bool else torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)).expand(sq, sk)
 
 
 class AttentionCapture:
@@ -213,8 +206,8 @@ class AttentionCapture:
         if x is None or not torch.is_tensor(x) or x.dim() < 2:
             return
         cfg = unwrap(self.model).config
-        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        limit = getattr(text, "max_position_embeddings", None)
+        limit = getattr(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg, "max_position_embeddings",
+                        None)
         if isinstance(limit, int) and x.shape[1] > limit:
             raise CaptureError(f"the sequence has {x.shape[1]} tokens, more than the model's max_position_embeddings "
                                f"= {limit}: positions past it were never trained. Shorten the prompt (or fewer image "
@@ -284,11 +277,12 @@ class AttentionCapture:
                 P, vis, sk = P[..., seen], vis[:, seen], int(seen.sum())
             causal = vis if vis is not None else False
             sp = self._spans_for(b, site, sk)
-            if sp is not None and len(sp) > sk and _slides(site.module):
+            m = site.module  # a layer that may attend over a sliding window (its own setting, or its config's)
+            if sp is not None and len(sp) > sk and (getattr(m, "sliding_window", None)
+                                                     or getattr(getattr(m, "config", None), "sliding_window", None)):
                 sp = Spans(sp.kinds[-sk:])  # a sliding-window layer's cache holds only the last keys
             if sp is not None:
                 sp.check(sk, f"{site.name} attention map")
-            qpos = None if cross else torch.arange(sk - sq, sk)
             if mode == "full":
                 P = P.materialize() if isinstance(P, S.LogitRows) else P
                 S.check_mask(P, S.Visibility.of(P, causal), f"{site.name} attention map")
@@ -296,8 +290,8 @@ class AttentionCapture:
                 data = {"probs": P[:, :: self.query_stride, :: self.key_stride].cpu().clone(),
                         "visible": v[:: self.query_stride, :: self.key_stride].cpu().clone()}
             else:
-                stats = S.layer_statistics(P, sp, causal, qpos, [TEXT] * sq if cross else None)
-                data = {k: v.cpu() for k, v in stats.items()}
+                data = {k: v.cpu() for k, v in S.layer_statistics(P, sp, causal, None if cross else torch.arange(sk - sq, sk),
+                                                                  [TEXT] * sq if cross else None).items()}
             self.result.records.append(Record(
                 sample=sample, layer=site.layer, part=site.part, mode=mode, data=data, spans=sp, seq_len=sk,
                 heads=P.shape[0], query_stride=self.query_stride if mode == "full" else 1,

@@ -73,8 +73,8 @@ def attention_functions(name: str) -> list:
     """``[(registry, function or None)]``: what transformers' global attention and attention-mask registries hold
     under ``name`` (``AttentionInterface`` / ``AttentionMaskInterface``), to put back with
     :func:`restore_attention_functions`."""
-    ifaces = (transformers.AttentionInterface, transformers.masking_utils.AttentionMaskInterface)
-    return [(iface, iface._global_mapping.get(name)) for iface in ifaces]
+    return [(iface, iface._global_mapping.get(name))
+            for iface in (transformers.AttentionInterface, transformers.masking_utils.AttentionMaskInterface)]
 
 
 def restore_attention_functions(saved: list, name: str) -> None:
@@ -129,9 +129,8 @@ def unregister_block_metadata(cls) -> None:
 def set_cache_context(transformer, step: int | None = None, n_steps: int | None = None, timestep: float | None = None):
     """The per-call cache context a diffusers pipeline sets with ``transformer.cache_context(...)``, for transformers
     without ``CacheMixin`` (``hooks._set_cache_context``); ``step=None`` clears it."""
-    ctx = None if step is None else diffusers.hooks.hooks.CacheContext(
-        "cfg", step_index=int(step), num_inference_steps=n_steps, timestep=float(timestep))
-    diffusers.hooks.hooks._set_cache_context(transformer, ctx)
+    diffusers.hooks.hooks._set_cache_context(transformer, None if step is None else diffusers.hooks.hooks.CacheContext(
+        "cfg", step_index=int(step), num_inference_steps=n_steps, timestep=float(timestep)))
 
 
 def transformer_block_list_names() -> tuple:

@@ -125,10 +125,8 @@ class LockedError(UnicacheError, RuntimeError):
 
 
 class StoreLockedError(StoreError, LockedError):
-    """Another process is writing this store (the same rank). ``holder``: its pid, host, since, cmd."""
-
-    def __init__(self, message: str, holder: dict):
-        LockedError.__init__(self, message, holder)
+    """Another process is writing this store (the same rank). ``holder``: its pid, host, since, cmd (``__init__`` is
+    :class:`LockedError`'s, next in the method order)."""
 
 
 class MissingFileError(InputError, FileNotFoundError):

@@ -37,8 +37,7 @@ def forward_hooks(entries):
         for module, kind, fn in entries:
             if kind not in _REGISTER:
                 raise InputError(f"hook kind must be one of {sorted(_REGISTER)}, got {kind!r}")
-            handle = getattr(module, _REGISTER[kind])(fn, with_kwargs=True)
-            stack.callback(handle.remove)
+            stack.callback(getattr(module, _REGISTER[kind])(fn, with_kwargs=True).remove)
         yield
 
 

@@ -75,9 +75,7 @@ def quiet(loggers: tuple[str, ...] = (), warning_messages: tuple[str, ...] = (),
     ``warning_messages`` ignored, and (``loading_bars``) transformers' and diffusers' weight-loading bars hidden.
     Everything is put back on exit, also on error: importing or calling the workbench changes no global setting."""
     levels = {name: logging.getLogger(name).level for name in loggers}
-    bars = []
-    if loading_bars:
-        bars += [transformers.utils.logging, diffusers.utils.logging]
+    bars = [transformers.utils.logging, diffusers.utils.logging] if loading_bars else []
     shown = [b.is_progress_bar_enabled() for b in bars]
     try:
         with warnings.catch_warnings():

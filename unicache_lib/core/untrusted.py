@@ -128,8 +128,7 @@ def _shown(rel) -> str:
 
 def _fail(error, what: str, base, rel, reason: str, fix: str):
     """Raise ``error`` with one line: what, the name, where, the reason, the fix."""
-    err = error(f"{what} {_shown(rel)} in {base} {reason}" + (f". {fix}" if fix else ""))
-    raise err from None
+    raise error(f"{what} {_shown(rel)} in {base} {reason}" + (f". {fix}" if fix else "")) from None
 
 
 def _link_reason(root: str, here: str, sub: str, write: bool, links: bool) -> tuple[str, str | None]:
@@ -181,8 +180,7 @@ def _walk(base, rel, write: bool, links: bool) -> tuple[str, list[str], os.stat_
             hops += 1
             if why or hops > _MAX_LINKS:
                 raise _Refused(why or f"{sub} a symbolic link loop (it never reaches a file)")
-            below = os.path.relpath(real, root)
-            parts, todo = [], [p for p in below.split(os.sep) if p not in ("", ".")] + todo
+            parts, todo = [], [p for p in os.path.relpath(real, root).split(os.sep) if p not in ("", ".")] + todo
             continue
         if todo and not stat.S_ISDIR(st.st_mode):
             raise _Refused(f"passes through {'/'.join(parts + [name])}, which is {file_kind(st.st_mode)}, not a folder")

@@ -69,8 +69,7 @@ def family_for_type(model_type: str | None) -> "VLMFamily":
 
 def family_of(model) -> "VLMFamily":
     """The family of a transformers model (wrappers such as DataParallel or ``torch.compile`` unwrapped)."""
-    cfg = getattr(unwrap(model), "config", None)
-    return family_for_type(getattr(cfg, "model_type", None))
+    return family_for_type(getattr(getattr(unwrap(model), "config", None), "model_type", None))
 
 
 @dataclass(frozen=True)
@@ -167,6 +166,7 @@ class VLMFamily:
     image_part = "language"  # the captured part whose keys are the image (Mllama: "cross")
     attention_interface = True  # ViLT: False (its attention is not routed through transformers' interface)
     weights_argument: tuple[int, str] | None = None  # ViLT: (2, "output_attentions")
+    grid_offset = 0  # image tokens before the grid cells in the image span (a class token: CLIP, Mllama, ViLT: 1)
 
     # ---- hooks for families whose attention or cache is laid out differently ---------------------------
     def row_gates(self, model) -> dict:
@@ -272,8 +272,10 @@ class VLMFamily:
         return int(tid)
 
     def expected_image_tokens(self, config, inputs: dict) -> int | None:
-        """How many image tokens the processor should have placed for ``inputs`` (None = no check)."""
-        return None
+        """How many image tokens the processor should have placed for ``inputs`` (None = no check): by default
+        :meth:`image_tokens_per_picture` where ``inputs`` carry pixel values."""
+        n = self.image_tokens_per_picture(config)
+        return n if n and inputs.get("pixel_values") is not None else None
 
     def image_tokens_per_picture(self, config) -> int | None:
         """The image tokens one picture always becomes (LLaVA-1.5: 576), what a budget of ``"64t"`` is a share of;
@@ -282,8 +284,8 @@ class VLMFamily:
 
     def spans(self, config, input_ids, inputs: dict | None = None) -> Spans:
         """Modality of every position of the language model's self-attention sequence."""
-        n = self.expected_image_tokens(config, inputs or {})
-        return spans_from_input_ids(input_ids, self.image_token_id(config), n)
+        return spans_from_input_ids(input_ids, self.image_token_id(config),
+                                    self.expected_image_tokens(config, inputs or {}))
 
     def cross_keys(self, config, inputs: dict) -> int:
         """Number of cross-attention keys (vision tokens) for ``inputs``; 0 for a family without them."""
@@ -297,7 +299,7 @@ class VLMFamily:
     def grid_tokens(self, config, inputs: dict) -> torch.Tensor | None:
         """Indices, within the image span, of the tokens that form :meth:`image_grid` (row-major)."""
         g = self.image_grid(config, inputs)
-        return None if g is None else torch.arange(g[0] * g[1])
+        return None if g is None else torch.arange(self.grid_offset, self.grid_offset + g[0] * g[1])
 
     # ---- prompts and positions --------------------------------------------------------------------
     def prompt(self, processor, question: str) -> str:
@@ -319,8 +321,8 @@ class VLMFamily:
         in every stream, as Qwen2-VL numbers text after an image."""
         if full_positions is None:
             return torch.arange(start, start + n, device=device)[None]
-        last = full_positions[..., :start].amax()
-        return (last + 1 + torch.arange(n, device=full_positions.device)).expand(*full_positions.shape[:-1], n).to(device)
+        return ((full_positions[..., :start].amax() + 1 + torch.arange(n, device=full_positions.device))
+                .expand(*full_positions.shape[:-1], n).to(device))
 
     def context_note(self) -> str:
         """What changes when the context (image) is cached before the question arrives (notebook 05)."""

@@ -28,6 +28,7 @@ class Clip(VLMFamily):
     special_tokens = ()
     token_fields = ()
     layout = "{question}"
+    grid_offset = 1  # the image tower's class token, then the patch grid
 
     def language_model(self, model):
         return model.text_model.encoder
@@ -47,11 +48,6 @@ class Clip(VLMFamily):
 
     def image_grid(self, config, inputs):
         return patch_grid(config.vision_config)
-
-    def grid_tokens(self, config, inputs):
-        """The patch grid within the image tower's sequence: after the class token."""
-        g = self.image_grid(config, inputs)
-        return torch.arange(1, 1 + g[0] * g[1])
 
     def config(self, tok, shape: Shape):
         proj = shape.extra.get("projection_dim", shape.hidden)

@@ -29,9 +29,6 @@ class Janus(VLMFamily):
     def vision_model(self, model):
         return model.model.vision_model
 
-    def expected_image_tokens(self, config, inputs):
-        return self.image_tokens_per_picture(config) if inputs.get("pixel_values") is not None else None
-
     def image_tokens_per_picture(self, config):
         return int(config.vision_config.num_image_tokens)
 

@@ -38,10 +38,6 @@ class Llava(VLMFamily):
     model_types = ("llava",)
     model_class = "LlavaForConditionalGeneration"
 
-    def expected_image_tokens(self, config, inputs):
-        n = self.image_tokens_per_picture(config)
-        return n if n and inputs.get("pixel_values") is not None else None
-
     def image_tokens_per_picture(self, config):
         n = getattr(config, "image_seq_length", None)
         return int(n) if n else None
@@ -61,8 +57,7 @@ class Llava(VLMFamily):
                               align_corners=False).to(pixel_values.dtype)
         out = model.model.get_image_features(pixel_values=small, vision_feature_layer=cfg.vision_feature_layer,
                                              vision_feature_select_strategy="default", interpolate_pos_encoding=True)
-        feats = out.pooler_output[0] if hasattr(out, "pooler_output") else out[0]
-        return feats.reshape(rows * cols, -1).float()
+        return (out.pooler_output[0] if hasattr(out, "pooler_output") else out[0]).reshape(rows * cols, -1).float()
 
     def config(self, tok, shape):
         return transformers.LlavaConfig(vision_config=_clip(shape), text_config=_llama_text(tok, shape),
@@ -82,9 +77,6 @@ class _Tiled:
     count follows the picture's size (``config.image_seq_length`` is not it)."""
 
     image_features_at = VLMFamily.image_features_at
-
-    def expected_image_tokens(self, config, inputs):
-        return None
 
     def image_tokens_per_picture(self, config):
         return None

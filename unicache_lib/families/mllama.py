@@ -32,6 +32,7 @@ class Mllama(VLMFamily):
     cross_attention = True
     image_part = "cross"
     layout = "{image} user : {question} assistant :"
+    grid_offset = 1  # the grid tokens: the first tile's, after its class token
 
     def vision_model(self, model):
         return model.model.vision_model
@@ -79,11 +80,6 @@ class Mllama(VLMFamily):
         one_tile = ids is not None and int(ids.flatten()[0]) == 1  # aspect ratio id 1 = one tile (1 x 1 canvas)
         return patch_grid(config.vision_config) if one_tile else None
 
-    def grid_tokens(self, config, inputs):
-        """Indices of the grid tokens within the image span: the first tile, after its class token."""
-        g = self.image_grid(config, inputs)
-        return None if g is None else torch.arange(1, 1 + g[0] * g[1])
-
     def activate(self, model) -> None:
         """Open the cross-attention gates: they are initialised at 0 (tanh(0) = 0), so a random model's
         cross-attention layers would change nothing and every image path would go untested."""
@@ -119,8 +115,7 @@ class Mllama(VLMFamily):
         """Text tokens after the image on a (possibly evicted) cache: self-attention continues the text
         cache; every cross-attention layer reads all vision tokens its cache still holds."""
         cross = self.cross_layers(model)
-        self_idx = next(i for i in range(len(cache.layers)) if i not in cross)
-        held = cache.get_seq_length(self_idx)
+        held = cache.get_seq_length(next(i for i in range(len(cache.layers)) if i not in cross))
         n = ids.shape[1]
         K = cache.layers[cross[0]].keys.shape[-2]
         dev, dtype = ids.device, next(model.parameters()).dtype

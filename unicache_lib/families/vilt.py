@@ -34,8 +34,8 @@ def grid_ordered(model, inputs: dict) -> dict:
     order = (patch_index[..., 0] * w + patch_index[..., 1]).argsort(-1)  # [B, patches]
     idx = torch.cat([torch.zeros_like(order[:, :1]), order + 1], 1)  # class token first
     x = torch.gather(x, 1, idx[..., None].expand(-1, -1, x.shape[-1]))
-    out = {k: v for k, v in inputs.items() if k not in ("pixel_values", "pixel_mask")}
-    return out | {"image_embeds": x, "pixel_mask": torch.ones_like(x_mask)}
+    return ({k: v for k, v in inputs.items() if k not in ("pixel_values", "pixel_mask")}
+            | {"image_embeds": x, "pixel_mask": torch.ones_like(x_mask)})
 
 
 def _vilt(model):
@@ -58,6 +58,7 @@ class Vilt(VLMFamily):
     layout = "{question}"
     attention_interface = False
     weights_argument = (2, "output_attentions")  # ViltSelfAttention(hidden, mask, output_attentions)
+    grid_offset = 1  # the image's class token, then the patches
 
     def canonical_inputs(self, model, inputs):
         """Grid-ordered image patches (:func:`grid_ordered`), so image position ``1 + r * cols + c`` is cell (r, c)."""
@@ -95,13 +96,12 @@ class Vilt(VLMFamily):
         p = config.patch_size
         if pm is None:
             return 1 + (px.shape[-2] // p) * (px.shape[-1] // p)
-        m = torch.nn.functional.interpolate(pm[:1, None].float(), size=(px.shape[-2] // p, px.shape[-1] // p))
-        return 1 + int(m.sum())
+        return 1 + int(torch.nn.functional.interpolate(pm[:1, None].float(),
+                                                       size=(px.shape[-2] // p, px.shape[-1] // p)).sum())
 
     def spans(self, config, input_ids, inputs=None):
         """``[text tokens | image class token, patches]``."""
-        ids = torch.as_tensor(input_ids)
-        return Spans((TEXT,) * ids.shape[-1] + (IMAGE,) * self.n_image(config, inputs or {}))
+        return Spans((TEXT,) * torch.as_tensor(input_ids).shape[-1] + (IMAGE,) * self.n_image(config, inputs or {}))
 
     def image_grid(self, config, inputs):
         px = inputs.get("pixel_values")
@@ -114,8 +114,7 @@ class Vilt(VLMFamily):
             raise InputError("ViLT draws its image patches in a random order on every forward, so image position i is "
                              "not grid cell i: run the model on unicache_lib.families.vilt.grid_ordered(model, inputs) "
                              "to lay attention over the picture")
-        g = self.image_grid(config, inputs)
-        return torch.arange(1, 1 + g[0] * g[1])
+        return super().grid_tokens(config, inputs)
 
     def config(self, tok, shape: Shape):
         labels = shape.extra.get("labels") or sorted({a for v in ANSWERS.values() for a in v})

@@ -280,12 +280,9 @@ def word_names(pieces: list[str], special=frozenset()) -> list[str]:
         else:
             groups[-1].append(p)
     out = []
-    for g in groups:
-        if len(g) == 1 and (g[0] in special or not bare(g[0])):
-            out.append(g[0] if g[0] in special else bare(g[0]))
-            continue
+    for g in groups:  # a special token is a group of its own, named as it is
         texts = [bare(p) for p in g]
-        out += ["".join(texts)] + ["##" + t for t in texts[1:]]
+        out += [g[0]] if g[0] in special else ["".join(texts)] + ["##" + t for t in texts[1:]]
     return out
 
 
@@ -410,8 +407,8 @@ class GenFamily:
         attend to; None = unknown) and ``text_real`` (``[B, n_text]`` bool, False for padding; None = unknown)."""
         e, m = kwargs.get("encoder_hidden_states"), kwargs.get("encoder_attention_mask")
         n = int(e.shape[1]) if torch.is_tensor(e) and e.dim() == 3 else None
-        real = (m > 0.5) if torch.is_tensor(m) and m.dim() == 2 and m.shape[-1] == n else None
-        return {"n_text": n, "text_real": real}
+        return {"n_text": n, "text_real": (m > 0.5) if torch.is_tensor(m) and m.dim() == 2 and m.shape[-1] == n
+                else None}
 
     def kinds(self, part: str, n_query: int, n_key: int, n_text: int) -> tuple[np.ndarray, np.ndarray]:
         """Modality (IMAGE / TEXT) of every query ``[Sq]`` and key ``[Sk]`` of a map of ``part``; a joint

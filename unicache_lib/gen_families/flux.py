@@ -81,12 +81,9 @@ class Flux(GenFamily):
     def sites(self, transformer):
         sites = super().sites(transformer)
         n_double = sum(s.name.startswith("transformer_blocks.") for s in sites)
-        out = []
-        for s in sites:
-            single = s.name.startswith("single_")
-            out.append(GenSite(s.name, s.layer + n_double * single, s.part, s.module, s.captured,
-                               {"block": "single" if single else "double"}))
-        return sorted(out, key=lambda s: s.layer)
+        return sorted((GenSite(s.name, s.layer + n_double * s.name.startswith("single_"), s.part, s.module, s.captured,
+                               {"block": "single" if s.name.startswith("single_") else "double"}) for s in sites),
+                      key=lambda s: s.layer)
 
     def reuse_kind(self, site):
         return "single" if site.meta.get("block") == "single" else site.part
@@ -99,11 +96,9 @@ class Flux(GenFamily):
         """A 4 x 4 grid of packed latent tokens with their (0, row, column) ids; the timestep in [0, 1], as Flux's
         pipeline hands it."""
         c, h, w = transformer.config, 4, 4
-        img_ids = torch.zeros(h, w, 3)
-        img_ids[..., 1] = torch.arange(h)[:, None]
-        img_ids[..., 2] = torch.arange(w)[None, :]
+        img_ids = torch.cat([torch.zeros(h * w, 1), torch.cartesian_prod(torch.arange(h), torch.arange(w)).float()], 1)
         return dict(hidden_states=rn(batch, h * w, c.in_channels), encoder_hidden_states=rn(batch, n_text, c.joint_attention_dim),
-                    pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t / 1000, img_ids=img_ids.reshape(-1, 3),
+                    pooled_projections=rn(batch, c.pooled_projection_dim), timestep=t / 1000, img_ids=img_ids,
                     txt_ids=torch.zeros(n_text, 3), guidance=None, return_dict=False)
 
     tiny_pipelines = {

@@ -48,8 +48,8 @@ class HunyuanDiT(GenFamily):
         if not (torch.is_tensor(e) and torch.is_tensor(e5)):
             return super().forward_context(kwargs)
         m, m5 = kwargs.get("text_embedding_mask"), kwargs.get("text_embedding_mask_t5")
-        real = torch.cat([m, m5], -1) > 0 if torch.is_tensor(m) and torch.is_tensor(m5) else None
-        return {"n_text": int(e.shape[1] + e5.shape[1]), "text_real": real}
+        return {"n_text": int(e.shape[1] + e5.shape[1]),
+                "text_real": torch.cat([m, m5], -1) > 0 if torch.is_tensor(m) and torch.is_tensor(m5) else None}
 
     sampled_pipelines = ("HunyuanDiTPipeline",)
     objective = "v"

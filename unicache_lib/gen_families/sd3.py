@@ -50,8 +50,7 @@ class SD3(GenFamily):
     sampled_pipelines = ("StableDiffusion3Pipeline",)
     objective = "flow"
     site_patterns = ((r"transformer_blocks\.(\d+)\.attn", "joint"), (r"transformer_blocks\.(\d+)\.attn2", "self"))
-    parts = ("joint", "self")
-    joint_order = ("image", "text")
+    parts = ("joint", "self")  # joint sequences are [image | text], the base order
     processors = {"JointAttnProcessor2_0": joint_probs}
     image_sides = {"JointAttnProcessor2_0": joint_image_side}
     default_processors = {"joint": "diffusers.models.attention_processor:JointAttnProcessor2_0",
@@ -109,5 +108,4 @@ class SD3(GenFamily):
         clip = positions_named(pipe.tokenizer, prompts, pipe.tokenizer_max_length)
         if getattr(pipe, "tokenizer_3", None) is None:  # no T5: the pipeline feeds zeros there
             return [c + [None] * max_sequence_length for c in clip]
-        t5 = positions_named(pipe.tokenizer_3, prompts, max_sequence_length, "t5:")
-        return [c + t for c, t in zip(clip, t5)]
+        return [c + t for c, t in zip(clip, positions_named(pipe.tokenizer_3, prompts, max_sequence_length, "t5:"))]

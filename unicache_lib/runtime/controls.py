@@ -23,8 +23,7 @@ def untrained_language_model(model, seed: int = 0):
                 # RMSNorm has no reset_parameters; Gemma-style norms scale by (1 + weight), so 0 is their identity
                 (torch.nn.init.zeros_ if "gemma" in type(m).__name__.lower() else torch.nn.init.ones_)(m.weight)
             if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
-                std = getattr(ctrl.config.get_text_config(), "initializer_range", 0.02)
-                torch.nn.init.normal_(m.weight, std=std)
+                torch.nn.init.normal_(m.weight, std=getattr(ctrl.config.get_text_config(), "initializer_range", 0.02))
                 if getattr(m, "bias", None) is not None:
                     torch.nn.init.zeros_(m.bias)
     return ctrl.eval()

@@ -221,8 +221,7 @@ def model_label(name_or_path) -> str:
 
 def model_card(name_or_path) -> dict:
     """The ``model_card.json`` of a local model folder; ``{}`` for folders without one and for hub ids."""
-    p = Path(str(resolve(name_or_path)))
-    f = p / "model_card.json"
+    f = Path(str(resolve(name_or_path))) / "model_card.json"
     return read_json(f) if f.is_file() else {}
 
 
@@ -268,11 +267,10 @@ def load_understanding(name_or_path="tiny-llava", attn_implementation: str = "ea
     fam = family_for_type(mt)
     _check_tokenizers(where, "understanding")
     dev = resolve_device(device) if device is not None else None
-    where_weights = dev or ("cuda" if device_map is not None and torch.cuda.is_available() else "cpu")
-    dt = resolve_dtype(dtype, where_weights)
-    cls = getattr(transformers, fam.model_class_for(mt))
-    impl = {"text_config": attn_implementation, "vision_config": vision_attn_implementation}
-    model = cls.from_pretrained(where, dtype=dt, attn_implementation=impl, device_map=device_map)
+    dt = resolve_dtype(dtype, dev or ("cuda" if device_map is not None and torch.cuda.is_available() else "cpu"))
+    model = getattr(transformers, fam.model_class_for(mt)).from_pretrained(
+        where, dtype=dt, device_map=device_map,
+        attn_implementation={"text_config": attn_implementation, "vision_config": vision_attn_implementation})
     if dev is not None and device_map is None:
         model.to(dev)
     model.eval()
@@ -421,8 +419,8 @@ def _load_tiny_layout(where, dtype: torch.dtype):
         raise UnsupportedModelError(f"text encoder model_type {mt!r} is not supported; supported: {', '.join(te_cls)}")
     te = te_cls[mt].from_pretrained(Path(where) / "text_encoder", dtype=dtype).eval()
     tok = transformers.AutoTokenizer.from_pretrained(Path(where) / "tokenizer")
-    sched = diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(Path(where) / "scheduler")
-    return Generator(gen_family_of(transformer), transformer, te, tok, sched, str(where))
+    return Generator(gen_family_of(transformer), transformer, te, tok,
+                     diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(Path(where) / "scheduler"), str(where))
 
 
 @quiet(loading_bars=True)  # weight-loading bars would flood notebooks and test logs
@@ -434,5 +432,5 @@ def load_transformer(name_or_path, dtype: torch.dtype = torch.float32, verify: b
     if cls_name not in GENERATION_FAMILIES:
         raise UnsupportedModelError(f"transformer class {cls_name!r} is not a supported generation family; "
                                     f"supported: {gen_supported()}")
-    model = getattr(diffusers, cls_name).from_pretrained(where, subfolder="transformer", dtype=dtype)
-    return model.eval(), GENERATION_FAMILIES[cls_name]
+    return (getattr(diffusers, cls_name).from_pretrained(where, subfolder="transformer", dtype=dtype).eval(),
+            GENERATION_FAMILIES[cls_name])

@@ -117,9 +117,9 @@ def pipeline_kwargs(gen: PipelineGenerator, prompts: list[str], steps: int, guid
     params = inspect.signature(type(gen.pipe).__call__).parameters
     kw = dict(gen.adapter.call_kwargs(gen.pipe, prompts), num_inference_steps=int(steps), guidance_scale=float(guidance),
               generator=[torch.Generator().manual_seed(int(s)) for s in seeds], output_type="pt", return_dict=False)
-    optional = dict(height=gen.image_size, width=gen.image_size, max_sequence_length=gen.max_sequence_length,
-                    use_resolution_binning=False, clean_caption=False)
-    return kw | {k: v for k, v in optional.items() if k in params}
+    return kw | {k: v for k, v in dict(height=gen.image_size, width=gen.image_size, use_resolution_binning=False,
+                                       max_sequence_length=gen.max_sequence_length, clean_caption=False).items()
+                 if k in params}
 
 
 def emit(callbacks, name: str, *args) -> None:

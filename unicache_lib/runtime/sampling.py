@@ -62,8 +62,8 @@ def sample(gen: Generator | PipelineGenerator, prompts: list[str], steps: int = 
     for i, t in enumerate(sched.timesteps):
         emit(callbacks, "on_step_begin", i, float(t))
         xin = torch.cat([x, x]) if use_cfg else x
-        tt = t.expand(xin.shape[0]).to(dtype)
-        v = transformer_forward(gen.transformer, gen.adapter, xin.to(dtype), tt, cond).float()
+        v = transformer_forward(gen.transformer, gen.adapter, xin.to(dtype), t.expand(xin.shape[0]).to(dtype),
+                                cond).float()
         if use_cfg:
             v_un, v_c = v.chunk(2)
             emit(callbacks, "on_velocity", i, float(t), v_un, v_c)

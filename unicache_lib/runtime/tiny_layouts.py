@@ -51,8 +51,7 @@ def encode(tokenizer, questions: list[str], answers: list[str] | None, n_image_t
         rows.append(prompt + ans)
         labs.append([-100] * len(prompt) + ans)
     S = max(len(r) for r in rows)
-    pad = vocab["<pad>"]
-    ids = torch.full((len(rows), S), pad, dtype=torch.long)
+    ids = torch.full((len(rows), S), vocab["<pad>"], dtype=torch.long)
     mask = torch.zeros((len(rows), S), dtype=torch.long)
     labels = torch.full((len(rows), S), -100, dtype=torch.long) if answers is not None else None
     for i, r in enumerate(rows):
