@@ -664,8 +664,7 @@ print(f"query rows whose largest weight is highest: {sorted(np.argsort(P.max(1))
       f"(weights up to {P.max():.2f}; an even read is {1 / P.shape[1]:.3f})")
 
 # %% [markdown]
-# **What to look at.** The borders split the joint map into section 6's four blocks; a healthy head has structure
-# (bands, a diagonal), a degenerate one piles onto one column (a [sink](../docs/GLOSSARY.md#sink)). Here
+# **What to look at.** The red borders split the joint map into section 6's four blocks. Here
 # the shape word peaks at <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re="peaks at ([0-9.]+)"-->2.2<!--/num--> × uniform <!--num "notebooks/03_diffusion_steps.ipynb#out:× uniform, patch row" re=": (on .*)"-->on background<!--/num-->: a miss.
 # Query rows <!--num "notebooks/03_diffusion_steps.ipynb#out:query rows whose largest weight" re="highest: (\[.*?\])"-->[11, 20]<!--/num--> concentrate on few keys (the dark bands).
 #
@@ -697,8 +696,8 @@ from unicache_lib.claims import claims_table
 claims_table("03_diffusion_steps")  # the claims beside their verdicts, each written once, in unicache_lib/claims.py
 
 # %% [markdown]
-# **Reading the scoreboard.** G5 fails for the toy's few image tokens (section 7); whether G2 (b) fails for the same
-# reason this run cannot test (a real checkpoint can: Next steps).
+# **Reading the scoreboard.** G5 fails for the toy's few image tokens (section 7); whether G2 (b) does too, only a
+# real checkpoint can tell (Next steps).
 #
 # ## Recap
 #
@@ -741,8 +740,7 @@ WrappedTable(pd.DataFrame(decision_rows(rows, "03_diffusion_steps", board.verdic
 # %% [markdown]
 # ## Exercises
 #
-# Each starter leaves one gap (`# <- write` or `# <- fill in`) and checks it. Answers:
-# `solutions/03_diffusion_steps.py` (`--only K`).
+# Each starter leaves one gap and checks it; answers: `solutions/03_diffusion_steps.py` (`--only K`).
 #
 # 1. ★★ Write `knee(sims, threshold)`; the starter checks it on every curve of section 4.
 # 2. ★★ Write `reuse_start(layer_knees)`, the first step at which every layer has settled. The starter applies it
