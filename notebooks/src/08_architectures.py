@@ -65,7 +65,7 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
-# **Time**: about <!--num @read_minutes:08_architectures fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/08_architectures.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->64 s<!--/num--> on 2 CPU cores.
+# **Time**: about <!--num @read_minutes:08_architectures fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/08_architectures.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->100 s<!--/num--> on 2 CPU cores.
 #
 # **What it needs**: notebooks 01–03's ideas; for LLaVA, notebook 02's stats store (`UNDERSTANDING_STORE`, captured
 # here when missing). Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches) or on checkpoints of the
@@ -700,7 +700,8 @@ WrappedTable(ACL.decisions(healthy, blind, summary if three else None, best, CF,
 #    does answering read the image more than describing?
 # 4. ★★ Write the share of focused heads at any cut-off (§3's `HR`), then lower it to <!--const a cut-off the exercise sets-->0.3<!--/const-->. Which models gain
 #    focused heads; does the ranking change?
-# 5. ★★ Give every CLIP sample another sample's caption (write the list): does the image tower look elsewhere?
+# 5. ★★ Give every CLIP sample another sample's caption (write an expression that builds the list): does the image
+#    tower look elsewhere?
 # 6. ★★ Write `layer_drop(k)`, the accuracy ViLT loses when only layer k's image queries are blind to the text.
 #    Which layer's injection does the answer need most; do the layers' losses add up to blinding them all?
 
@@ -808,7 +809,7 @@ captions = ...  # <- write: an expression over samples: one caption per sample, 
 if CL not in models:
     print("no CLIP in this run")
 elif captions is ...:
-    print("Fill in `captions`, then run this cell again.")
+    print("Write the expression for `captions`, then run this cell again.")
 elif len(captions) != len(samples) or any(c == s.caption for c, s in zip(captions, samples)):
     print(f"not yet: {len(samples)} captions, none a sample's own")
 else:

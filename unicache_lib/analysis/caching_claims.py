@@ -13,7 +13,6 @@ Units resampled: questions (paired) for eviction, prompts for quality, timing ro
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -31,7 +30,6 @@ from .understanding_claims import scene_type_note
 MILD = "step_skip (stride 2)"
 DECISIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # make evaluate's committed results
 SETTLED = Path(__file__).resolve().parents[2] / "data" / "replicate" / "settled.csv"  # make settle's committed reruns
-LESSON_05 = Path(__file__).resolve().parents[2] / "notebooks" / "05_kv_eviction.ipynb"  # the committed lesson
 PEERS = ("divprune", "fastv", "snapkv", "h2o", "streaming")  # the eviction peers beside every kvpress press
 ATTENTION_LEVEL = ("adaptive", "every_2", "static_last_third", "text_side")  # the study's attention-level schedules
 
@@ -50,20 +48,6 @@ def settled_u7(model_name: str, path=None) -> Interval | None:
         return None
     r = d.iloc[-1]
     return Interval(float(r.value), float(r.lo), float(r.hi), int(r.n), str(r.unit))
-
-
-def below_random_finding(notebook=None) -> str:
-    """What 05 §2 printed about the score-based rules below ``random`` (paired interval below 0), per budget, read from
-    the committed lesson (generated, never typed): ``"05 §2: score-based rules below random at 10% 1 of 10, ..."``;
-    "" when the lesson printed none."""
-    path = Path(notebook or LESSON_05)
-    if not path.exists():
-        return ""
-    text = "".join("".join(o.get("text", "")) for c in json.loads(path.read_text())["cells"]
-                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
-    found = re.findall(r"^(\d+%): (\d+ of \d+) score-based rules below random", text, re.M)
-    return ("05 §2: score-based rules below random (paired interval): " + ", ".join(f"{k} at {b}" for b, k in found)
-            if found else "")
 
 
 def cover_finding(results=None) -> str:
