@@ -263,3 +263,51 @@ def test_report_refuses_an_explorer_over_the_budget(stores, tmp_path, monkeypatc
     with pytest.raises(ReportError, match="over the explorer's budget.*samples=") as e:
         R.build_report({"a": stores[0]}, tmp_path / "r", explorers={"x": ex})
     assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
+
+
+def test_figures_of_two_stores_never_share_a_file_and_cross_layers_are_named(stores, tmp_path):
+    """Round 12's N7: store m of a cross-attention model draws m_cross_*.png, and a store labelled m_cross drew over
+    them in --out without a word (the page's copies were right). N1: the neglect verdict numbered the captured layers
+    0, 1, 2 (tiny-mllama's cross layers are 1, 3, 5) and called cross-attention "healthy" (a share of 1 by
+    construction). Every picture in the page is now the file its name gives."""
+    import base64
+    import re
+
+    from unicache_lib.capture.runner import capture_samples
+    from unicache_lib.diagnostics.report import build_report
+    from unicache_lib.runtime.loaders import load_understanding
+    from unicache_lib.store import Store
+    from unicache_lib.world import samples as sample_set
+
+    ss = sample_set.load(per_type=1)[:2]
+    mllama, sub = tmp_path / "mllama", tmp_path / "sub"
+    capture_samples(*load_understanding("tiny-mllama"), ss, Store(mllama, meta={"model": "tiny-mllama"}), mode="stats",
+                    progress=False)
+    capture_samples(*load_understanding("tiny-llava"), ss, Store(sub, meta={"model": "tiny-llava"}), mode="stats",
+                    layers=[1, 3], progress=False)
+    page = build_report({"m": mllama, "m_cross": stores[0], "sub": sub}, tmp_path / "out").read_text()
+    imgs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
+    assert len(imgs) == len({a for a, _ in imgs}) == len(list((tmp_path / "out").glob("*.png")))
+    for alt, data in imgs:
+        assert (tmp_path / "out" / f"{alt}.png").read_bytes() == base64.b64decode(data), alt
+    assert "<p>cross: neglect detector: not measurable here: in cross-attention layers" in page
+    verdicts = re.findall(r"<p>neglect detector: ([^<]+)</p>", page)  # m_cross's (every layer), then sub's
+    assert len(verdicts) == 2 and re.findall(r"\bL(\d+) ", verdicts[1]) == ["1", "3"], verdicts
+
+
+def test_a_generator_store_missing_records_is_refused_naming_the_recapture(tmp_path):
+    """Round 12's N10: a generator store missing some layers and steps of one prompt was drawn as complete ("2
+    prompts x 4 layers x 6 steps"), one step's "mean over layers" over layer 0 alone."""
+    from unicache_lib.capture.gen_runner import capture_generation
+    from unicache_lib.runtime.loaders import load_generator
+    from unicache_lib.store import Store
+
+    path = tmp_path / "gen"
+    capture_generation(load_generator("tiny-mmdit"), ["a red cube", "a blue ball"], "r", Store(path), steps=3,
+                       progress=False)
+    st = Store(path)
+    keys = [k.split("|") for k in st.keys()]  # sample|part|layer|step
+    assert st.drop(["|".join(k) for k in keys if k[0] == "r/1" and int(k[2]) > 0 and k[3] == "2"])
+    r = run_report(path, "--out", tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "step 2" in r.stderr, r.stderr
+    assert "run the same capture on this store again" in r.stderr and not (tmp_path / "out").exists()

@@ -478,14 +478,14 @@ def test_a_high_bit_image_is_refused_once_not_wrapped_in_a_contradiction(tmp_pat
 
 
 # ---- 4. statistics: NaN or inf is never "healthy" ---------------------------------------------------------------
-def _records(value):
+def _records(value, layers=(0, 1)):
     from unicache_lib.core.modality import BLOCKS
 
     out = []
     for s in range(2):
-        for layer in range(2):
+        for layer in layers:
             b = torch.full((2, len(BLOCKS)), 0.25)
-            if (s, layer) == (1, 1):
+            if (s, layer) == (1, layers[1]):
                 b[:, BLOCKS.index("text->image")] = value
             out.append(types.SimpleNamespace(sample=str(s), layer=layer, part="language", data={"blocks": b}))
     return out
@@ -501,6 +501,18 @@ def test_nan_or_inf_statistics_are_not_measurable_never_healthy(value):
         detect_neglect(_records(value))
     with pytest.raises(UnicacheError, match=r"cutoff must be a share in \[0, 1\]"):
         detect_neglect(_records(0.25), cutoff=float("nan"))
+
+
+def test_the_verdict_names_the_captured_layers_and_the_thresholds_used():
+    """Round 12's N1: a capture of layers [1, 3] was reported as "cut-off from layer 0 ... L0, L1", with the default
+    5% / 15% printed whatever thresholds were passed."""
+    from unicache_lib.diagnostics.neglect import detect_neglect
+
+    v = detect_neglect(_records(0.25, layers=(1, 3)), cutoff=0.6, warn=0.7)
+    assert v.fires and str(v).startswith("MODALITY CUT-OFF from layer 1 (share < 60%)") and " L1 " in str(v)
+    assert " L3 " in str(v) and " L0 " not in str(v)
+    assert str(detect_neglect(_records(0.25, layers=(1, 3)), cutoff=0.1, warn=0.7)).startswith(
+        "warning: text reads the image weakly in layers [1, 3] (< 70%)")
 
 
 # ---- 5. property: every layout loads exactly as written or raises the workbench's error -----------------------

@@ -53,17 +53,24 @@ def text_image_share(records) -> np.ndarray:
 
 @dataclass
 class NeglectVerdict:
+    """``shares[i]``: captured layer ``layers[i]``'s share; ``first_cutoff_layer`` and ``warn_layers`` are positions
+    in ``layers`` (a capture of ``layers=[0, 15, 31]`` has three); the text names the layers and the thresholds used."""
     shares: np.ndarray
     fires: bool
     first_cutoff_layer: int | None
     warn_layers: list[int]
+    layers: list[int] | None = None  # the captured layer numbers (default 0..n-1)
+    cutoff: float = CUTOFF
+    warn: float = WARN
 
     def __str__(self) -> str:
-        s = "image share of text queries' reads " + ", ".join(f"L{i} {v:.1%}" for i, v in enumerate(self.shares))
+        L = list(range(len(self.shares))) if self.layers is None else self.layers
+        s = "image share of text queries' reads " + ", ".join(f"L{li} {v:.1%}" for li, v in zip(L, self.shares))
         if self.fires:
-            return f"MODALITY CUT-OFF from layer {self.first_cutoff_layer} (share < {CUTOFF:.0%}): {s}"
+            return f"MODALITY CUT-OFF from layer {L[self.first_cutoff_layer]} (share < {self.cutoff:.0%}): {s}"
         if self.warn_layers:
-            return f"warning: text reads the image weakly in layers {self.warn_layers} (< {WARN:.0%}): {s}"
+            return (f"warning: text reads the image weakly in layers {[L[i] for i in self.warn_layers]} "
+                    f"(< {self.warn:.0%}): {s}")
         return f"healthy: {s}"
 
 
@@ -73,9 +80,11 @@ def detect_neglect(records, cutoff: float = CUTOFF, warn: float = WARN) -> Negle
     for what, v in (("cutoff", cutoff), ("warn", warn)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not 0 <= float(v) <= 1:
             raise InputError(f"{what} must be a share in [0, 1] (the study's: cutoff {CUTOFF}, warn {WARN}), got {v!r}")
+    records = list(records)
     sh = text_image_share(records)
     low = [i for i, v in enumerate(sh) if v < cutoff]
-    return NeglectVerdict(sh, bool(low), low[0] if low else None, [i for i, v in enumerate(sh) if v < warn])
+    return NeglectVerdict(sh, bool(low), low[0] if low else None, [i for i, v in enumerate(sh) if v < warn],
+                          sorted({r.layer for r in records}), float(cutoff), float(warn))
 
 
 def image_dependence(model, processor, samples, seed: int = 0) -> float:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
+import itertools
 import os
 import re
 import sys
@@ -83,6 +84,9 @@ def _understanding_figures(label, recs, out, stem):
             fig.axes[0].set_ylabel("patch row")
             figs.append(plots.save(fig, out, f"{stem}_anchors"))
         try:
+            if recs[0].part == "cross":  # a cross-attention layer's queries read nothing but the image
+                raise InputError("not measurable here: in cross-attention layers the text's queries read only the "
+                                 "image (a share of 1 by construction); the detector reads self-attention layers")
             notes.append(f"neglect detector: {detect_neglect(recs)}")
         except InputError as e:  # NaN / inf shares (or cells missing): said as not measurable, never "healthy"
             notes.append(f"neglect detector: {e}")
@@ -145,14 +149,14 @@ def load_store(path):
     if not gen and any("probs" in r.data and "norm_entropy" not in r.data for r in recs):
         recs = [_from_maps(r, p) if "norm_entropy" not in r.data and "probs" in r.data else r for r in recs]
         note = "statistics computed from the attention maps of a full-mode capture"
-    if not gen:  # every (sample, layer) of each part: what repair() dropped must be recaptured first
-        for part in sorted({r.part for r in recs}):
-            have = {(r.sample, r.layer) for r in recs if r.part == part}
-            lost = sorted({(s, li) for s, _ in have for _, li in have} - have)
-            if lost:
-                raise ReportError(f"store {p} misses {len(lost)} {part} records, e.g. sample {lost[0][0]} layer "
-                                  f"{lost[0][1]} (dropped by repair(), or an interrupted capture): run the same capture "
-                                  f"on this store again, it recaptures only what is missing")
+    for part in sorted({r.part for r in recs}):  # every (sample, layer, step): what repair() dropped is recaptured first
+        have = {(r.sample, r.layer, r.step) for r in recs if r.part == part}
+        lost = sorted(set(itertools.product(*({h[i] for h in have} for i in range(3)))) - have)
+        if lost:
+            raise ReportError(f"store {p} misses {len(lost)} {part} records, e.g. sample {lost[0][0]} layer "
+                              f"{lost[0][1]}{f' step {lost[0][2]}' if gen else ''} (dropped by repair(), or an "
+                              f"interrupted capture): run the same capture on this store again, it recaptures only "
+                              f"what is missing")
     need = GENERATOR_KEYS if gen else UNDERSTANDING_KEYS
     for r in recs:
         lack = [k for k in need if k not in r.data]
@@ -242,25 +246,33 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
 
     # labels, model names and prompts from the stores drawn as typed (math text off: `$\frac{$` shows, not fails)
     with tempfile.TemporaryDirectory(prefix="unicache-report-") as tmp, literal_text():
-        files = []
-        for label, (recs, meta, note) in loaded.items():
-            stem = _stem(str(label), taken)
+        files, used = [], set()  # (file name in out, drawn file); the names given, lower-case
+        for i, (label, (recs, meta, note)) in enumerate(loaded.items()):
+            stem, tmp_i = _stem(str(label), taken), Path(tmp) / str(i)  # each store's figures in their own folder
+            tmp_i.mkdir()
             gen = any(r.step >= 0 for r in recs)
             if gen:
-                figs, notes = _generation_figures(label, recs, tmp, stem)
+                figs, notes = _generation_figures(label, recs, tmp_i, stem)
             else:  # one set of figures per part (a cross-attention VLM: self- and cross-attention layers)
                 parts = sorted({r.part for r in recs})
                 figs, notes = [], []
                 for part in parts:
                     one = len(parts) == 1
                     f, n = _understanding_figures(label if one else f"{label}_{part}",
-                                                  [r for r in recs if r.part == part], tmp, stem if one else f"{stem}_{part}")
+                                                  [r for r in recs if r.part == part], tmp_i, stem if one else f"{stem}_{part}")
                     figs += f
                     notes += [x if one else f"{part}: {x}" for x in n]
             plt.close("all")
-            files += figs
-            imgs = "".join(f'<img alt="{html_text(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
-                           for p in figs)
+            named = []  # a name another store's figure already has (store m's m_cross_*, store m_cross's) gets -2, -3
+            for p in figs:
+                name, k = p.name, 2
+                while name.lower() in used:
+                    name, k = f"{p.stem}-{k}{p.suffix}", k + 1
+                used.add(name.lower())
+                named.append((name, p))
+            files += named
+            imgs = "".join(f'<img alt="{html_text(Path(name).stem)}" src="data:image/png;base64,'
+                           f'{base64.b64encode(p.read_bytes()).decode()}">' for name, p in named)
             sections.append(f"<h2>{html_text(str(label))} <small>({'generator' if gen else 'understanding'}; "
                             f"{html_text(str(meta.get('model', '?')))}, {len(recs)} records)</small></h2>"
                             + "".join(f"<p>{html_text(n)}</p>" for n in ([note] if note else []) + notes)
@@ -271,7 +283,7 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
         doc = (f"{MARK}\n<!doctype html><html><head><meta charset='utf-8'><title>" + html_text(title) +
                "</title><style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:48%;margin:4px}"
                "</style></head><body><h1>" + html_text(title) + "</h1>" + "".join(sections) + "</body></html>")
-        _put_in_place(folder, [(out / f.name, f.read_bytes()) for f in files] + [(page, doc.encode())])
+        _put_in_place(folder, [(out / name, f.read_bytes()) for name, f in files] + [(page, doc.encode())])
     return page
 
 
