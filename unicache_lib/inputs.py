@@ -63,8 +63,7 @@ def prepare_image(image) -> np.ndarray:
 
     if isinstance(image, Image.Image):
         if image.mode not in ("L", "RGB", "RGBA"):
-            alpha = "A" in image.mode or "transparency" in image.info
-            image = image.convert("RGBA" if alpha else "RGB")
+            image = image.convert("RGBA" if "A" in image.mode or "transparency" in image.info else "RGB")
         arr = np.asarray(image)
     elif torch.is_tensor(image):
         arr = image.detach().cpu().numpy()
@@ -228,20 +227,15 @@ def encode_batch(processor, images, questions, family=None) -> list[dict]:
     texts = [_templated(processor, q, fam) for q in questions]
     enc = processor(images=[prepare_image(im) for im in images], text=texts, return_tensors="pt",
                     input_data_format="channels_last", padding=True)
-    ids, mask, n, out = enc["input_ids"], enc.get("attention_mask"), len(images), []
-    for b in range(n):
-        keep = mask[b].bool() if mask is not None else torch.ones(ids.shape[1], dtype=torch.bool)
-        one = {}
-        for k, v in enc.items():
-            if torch.is_tensor(v) and v.dim() >= 2 and v.shape[:2] == ids.shape:  # one entry per token
-                one[k] = v[b:b + 1][:, keep]
-            elif torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == n:  # one entry per sample
-                one[k] = v[b:b + 1]
-            else:
-                raise InputError(f"{type(processor).__name__} returned {k!r} with a layout encode_batch cannot cut per "
-                                 f"sample ({tuple(getattr(v, 'shape', ()))}): encode the samples one at a time")
-        out.append(one)
-    return out
+    ids, mask, n = enc["input_ids"], enc.get("attention_mask"), len(images)
+    per_token = {k for k, v in enc.items() if torch.is_tensor(v) and v.dim() >= 2 and v.shape[:2] == ids.shape}
+    per_sample = {k for k, v in enc.items() if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == n}
+    odd = [k for k in enc if k not in per_token | per_sample]
+    if odd:
+        raise InputError(f"{type(processor).__name__} returned {odd[0]!r} with a layout encode_batch cannot cut per "
+                         f"sample ({tuple(getattr(enc[odd[0]], 'shape', ()))}): encode the samples one at a time")
+    keep = [mask[b].bool() if mask is not None else torch.ones(ids.shape[1], dtype=torch.bool) for b in range(n)]
+    return [{k: v[b:b + 1][:, keep[b]] if k in per_token else v[b:b + 1] for k, v in enc.items()} for b in range(n)]
 
 
 # ---- layers ---------------------------------------------------------------------------------------
@@ -303,8 +297,7 @@ def check_spans(spans: Spans, family, config, input_ids, inputs: dict | None = N
         SpanError: naming both placements and how to get correct spans.
     """
     ids = torch.as_tensor(input_ids)
-    if ids.dim() == 2:
-        ids = ids[:1]
+    ids = ids[:1] if ids.dim() == 2 else ids
     if len(spans) != ids.shape[-1]:
         return
     try:
@@ -334,9 +327,9 @@ def check_image_tokens(family, config, input_ids, inputs: dict) -> None:
     rows = ids if ids.dim() == 2 else ids[None]
     empty = [b for b in range(rows.shape[0]) if not bool((rows[b] == tid).any())]
     if empty:
-        where = f" (batch rows {empty})" if rows.shape[0] > 1 else ""
         raise PromptError(
-            f"the prompt has no image token (id {tid}) but the forward gets an image (pixel_values){where}: "
+            f"the prompt has no image token (id {tid}) but the forward gets an image (pixel_values)"
+            f"{f' (batch rows {empty})' if rows.shape[0] > 1 else ''}: "
             f"put the processor's image token {family.image_marker!r} in the prompt where the image goes, or let the "
             f"family lay out the prompt: unicache_lib.capture.runner.build_prompt(processor, question, family) / "
             f"model_inputs(processor, image, question, family=family)")

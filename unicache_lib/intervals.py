@@ -95,8 +95,7 @@ def _expanded(level: float, n: int) -> float:
     """The level whose normal quantile is ``sqrt(n / (n - 1)) * t[n-1]`` at ``level``: a resampling interval
     uses the plug-in spread and normal quantiles, and so is too narrow on few units (Hesterberg's expanded
     interval; 0.95 becomes 0.9625 at n = 30 and 0.9526 at n = 150)."""
-    q = np.sqrt(n / (n - 1)) * stats.t.ppf(0.5 + level / 2, n - 1)
-    return float(2 * stats.norm.cdf(q) - 1)
+    return float(2 * stats.norm.cdf(np.sqrt(n / (n - 1)) * stats.t.ppf(0.5 + level / 2, n - 1)) - 1)
 
 
 def _bca(data: tuple, statistic: Callable, value: float, n: int, unit: str, level: float, n_boot: int, seed: int,
@@ -213,8 +212,7 @@ def _ratio_of_shares(a: np.ndarray, b: np.ndarray, paired: bool, level: float) -
     top = max(est, 1e-12) * 2
     while high(top) > 0 and top < 1e9:
         top *= 2
-    hi = optimize.brentq(high, est, top) if high(est) > 0 else est
-    return lo, hi
+    return lo, (optimize.brentq(high, est, top) if high(est) > 0 else est)
 
 
 def ratio_interval(a, b, unit: str, paired: bool = True, n_boot: int = N_BOOT, seed: int = SEED,

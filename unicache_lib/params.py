@@ -167,9 +167,8 @@ def layers(name, v):
         hint = (f" (from the command line: -y '{name}: [0, 15, 31]' or -p {name} \"[0, 15, 31]\"; "
                 f"{v!r} is not a list)") if isinstance(v, str) else ""
         _fail(name, v, f"must be None (every layer) or a non-empty list of layer indices, e.g. [0, 15, 31]{hint}")
-    for i in v:
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
-            _fail(name, v, "must hold whole-number layer indices")
+    if any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in v):
+        _fail(name, v, "must hold whole-number layer indices")
     return v
 
 

@@ -40,8 +40,7 @@ def decide(environ=None, stderr=None, in_kernel: bool | None = None) -> bool:
         return False
     if _in_jupyter_kernel() if in_kernel is None else in_kernel:
         return True
-    err = sys.stderr if stderr is None else stderr
-    return bool(getattr(err, "isatty", lambda: False)())
+    return bool(getattr(sys.stderr if stderr is None else stderr, "isatty", lambda: False)())
 
 
 @lru_cache(maxsize=1)

@@ -21,8 +21,7 @@ def _as_float(x) -> torch.Tensor:
     """``[N, H, W, C]`` (or ``[N, C, H, W]``: C of 1 or 3 first and not last) uint8 / float ->
     ``[N, C, H, W]`` float32 in [0, 1]; channels last wins when both ends could be channels."""
     t = torch.as_tensor(np.asarray(x.detach().cpu() if torch.is_tensor(x) else x))
-    if t.dim() == 3:
-        t = t[None]
+    t = t[None] if t.dim() == 3 else t
     t = t.float() / 255.0 if t.dtype == torch.uint8 or t.max() > 1.5 else t.float()
     return t if t.shape[-1] not in (1, 3) and t.shape[1] in (1, 3) else t.permute(0, 3, 1, 2)  # (channels first already)
 

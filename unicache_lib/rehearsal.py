@@ -110,22 +110,13 @@ def run_measured(nb: str, params: dict, out_nb: Path, timeout: int = 7200) -> di
     return {"wall_s": round(wall, 1), "peak_rss_mb": round(peak)}
 
 
-def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32", progress: bool | None = None) -> list[dict]:
+def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32", progress: bool | None = None,
+             generation: bool = False) -> list[dict]:
     """Build each stand-in and run ``notebooks`` on it. Returns one row per (model, notebook). ``progress``: a bar
-    over the runs and a line per run (None: :func:`unicache_lib.progress.enabled`; False: silent)."""
-    return _rehearse(models, notebooks, out, device, dtype, progress, generation=False)
-
-
-def rehearse_generation(models, notebooks, out: Path, device: str = "cpu", dtype: str = "float32",
-                        progress: bool | None = None) -> list[dict]:
-    """Build each pipeline stand-in and run the generator ``notebooks`` on it; one row per (model, notebook),
-    with notebook 06's reuse speed-ups in ``reuse``. Each finished row is also appended to
-    ``out/partial.csv``, and pairs already there are not run again (a failed or interrupted run resumes)."""
-    return _rehearse(models, notebooks, out, device, dtype, progress, generation=True)
-
-
-def _rehearse(models, notebooks, out: Path, device: str, dtype: str, progress, generation: bool) -> list[dict]:
-    """:func:`rehearse` (``generation`` False) or :func:`rehearse_generation` (True)."""
+    over the runs and a line per run (None: :func:`unicache_lib.progress.enabled`; False: silent). ``generation``: the
+    pipeline stand-ins and the generator notebooks, with notebook 06's reuse speed-ups in ``reuse``; each finished row
+    is also appended to ``out/partial.csv``, and pairs already there are not run again (a failed or interrupted run
+    resumes)."""
     partial = out / "partial.csv"
     done = {(r["model"], r["notebook"]): r for r in pd.read_csv(partial, keep_default_na=False).to_dict("records")} \
         if generation and partial.exists() else {}
@@ -284,7 +275,7 @@ def main(argv=None):
     if bad:
         raise SystemExit(f"unknown notebook {bad[0]!r}; the {'generator ' * gen}rehearsal runs {', '.join(known)}")
     t0 = time.perf_counter()
-    rows = _rehearse(models, notebooks, out / "generation" if gen else out, a.device, a.dtype, None, generation=gen)
+    rows = rehearse(models, notebooks, out / "generation" if gen else out, a.device, a.dtype, None, generation=gen)
     total = time.perf_counter() - t0
     if gen:
         shipped = reuse_summary(ROOT / "outputs" / "06_step_reuse") or "run notebook 06 first"

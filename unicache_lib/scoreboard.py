@@ -62,16 +62,16 @@ class Criterion:
             raise InputError(f"a band (lo, hi) needs lo < hi, got {band}")
 
     def decide(self, lo: float, hi: float) -> str:
+        """HOLDS when the whole interval ``[lo, hi]`` is on the claim's side, NOT when it is wholly on the other."""
         if self.above is not None:
-            return HOLDS if lo > self.above else NOT if hi <= self.above else INCONCLUSIVE
-        if self.below is not None:
-            return HOLDS if hi < self.below else NOT if lo >= self.below else INCONCLUSIVE
-        a, b = self.between or self.outside
-        inside = a <= lo and hi <= b
-        beyond = hi < a or lo > b
-        if self.between is not None:
-            return HOLDS if inside else NOT if beyond else INCONCLUSIVE
-        return HOLDS if beyond else NOT if inside else INCONCLUSIVE
+            holds, fails = lo > self.above, hi <= self.above
+        elif self.below is not None:
+            holds, fails = hi < self.below, lo >= self.below
+        else:
+            a, b = self.between or self.outside
+            inside, beyond = a <= lo and hi <= b, hi < a or lo > b
+            holds, fails = (inside, beyond) if self.between is not None else (beyond, inside)
+        return HOLDS if holds else NOT if fails else INCONCLUSIVE
 
     def nearest_threshold(self, value: float) -> float:
         band = self.between or self.outside

@@ -236,8 +236,7 @@ def row_chunks(heads: int, sq: int, sk: int, chunk_bytes: int) -> list[tuple[int
 def map_chunks(P) -> list[tuple[int, int]]:
     """The query-row chunks a map ``[H, Sq, Sk]`` (a tensor or a :class:`LogitRows`) is read in."""
     H, sq, sk = P.shape
-    chunk_bytes = stream_chunk_bytes if isinstance(P, LogitRows) else default_chunk_bytes
-    return row_chunks(H, sq, sk, chunk_bytes(P.device))
+    return row_chunks(H, sq, sk, (stream_chunk_bytes if isinstance(P, LogitRows) else default_chunk_bytes)(P.device))
 
 
 class LogitRows:
@@ -363,13 +362,10 @@ def sample_rows(q_kinds, stride: int) -> tuple[np.ndarray, np.ndarray]:
     qk = np.asarray(q_kinds)
     if stride < 1:
         raise InputError(f"stride must be >= 1, got {stride}")
-    rows = []
-    for kind in np.unique(qk):
-        idx = np.flatnonzero(qk == kind)
-        # from the middle of the first stride, not its first row (a text sequence's first token, often an attention
-        # sink, would otherwise always stand for k rows); at least one row of every kind
-        rows.append(idx[min(stride // 2, (len(idx) - 1) // 2)::stride])
-    rows = np.sort(np.concatenate(rows))
+    # per kind from the middle of the first stride, not its first row (a text sequence's first token, often an
+    # attention sink, would otherwise always stand for k rows); at least one row of every kind
+    rows = np.sort(np.concatenate([idx[min(stride // 2, (len(idx) - 1) // 2)::stride]
+                                   for idx in (np.flatnonzero(qk == kind) for kind in np.unique(qk))]))
     return rows, row_weights(qk[rows], qk)
 
 
@@ -499,12 +495,10 @@ def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions
             return blk, None, ent
         blk = held[: H * (r1 - r0) * k1].view(H, r1 - r0, k1)
         blk.copy_(P[:, r0:r1, :k1])  # one copy of the chunk, in cache and in float32
-        if gone is not None:
-            blk = blk.masked_fill(gone[None, :, None], 0.0)
+        blk = blk.masked_fill(gone[None, :, None], 0.0) if gone is not None else blk
         if k1 < sk:  # keys right of the chunk's last row are hidden from all its rows: read once, for the check
             right = P[:, r0:r1, k1:].float().sum(-1)
-            if gone is not None:
-                right = right.masked_fill(gone[None], 0.0)
+            right = right.masked_fill(gone[None], 0.0) if gone is not None else right
             if not bool(torch.isfinite(right).all()):
                 _raise_nonfinite()
             hidden[:, r0:r1] = right
@@ -647,8 +641,7 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
     matrix. Temporaries are chunk-sized, so beyond the map itself memory stays bounded (SD3-medium at
     1,024 px: 24 heads x 4,429^2 = 1.9 GB of float32 per map).
     """
-    if not isinstance(P, LogitRows):
-        P = torch.as_tensor(P)
+    P = P if isinstance(P, LogitRows) else torch.as_tensor(P)
     if len(P.shape) != 3:
         raise InputError(f"step_statistics expects [heads, Sq, Sk], got {tuple(P.shape)}")
     H, sq, sk = P.shape

@@ -128,8 +128,6 @@ def _answer_batch(model, dev, caches, splits, output_attentions):
     first = torch.stack([out.logits[b, qlen[b] - 1] for b in range(B)]).float()
     if not output_attentions:
         return first, None
-    atts = []
-    for b in range(B):
-        keys = torch.cat([torch.arange(K - held[b], K), torch.arange(K, K + qlen[b])]).to(dev)
-        atts.append([a[b:b + 1, :, : qlen[b]].index_select(-1, keys).float().cpu() for a in out.attentions])  # as answer()
-    return first, atts
+    keys = [torch.cat([torch.arange(K - held[b], K), torch.arange(K, K + qlen[b])]).to(dev) for b in range(B)]
+    return first, [[a[b:b + 1, :, : qlen[b]].index_select(-1, keys[b]).float().cpu() for a in out.attentions]  # as answer()
+                   for b in range(B)]

@@ -198,9 +198,7 @@ def prefill_contexts(model, splits: list[PromptSplit], attentions: bool = True, 
         maps = [[r.probs for r in records]]
         return [located(fam, model, out.past_key_values, maps[0], splits[0], full_pos) if locate
                 else Prefill(out.past_key_values, maps[0], splits[0], None, full_pos)]
-    maps = [[] for _ in splits]
-    for r in records:
-        maps[int(r.sample)].append(r.probs)
+    maps = [[r.probs for r in records if int(r.sample) == b] for b in range(len(splits))]
     pres = []
     for b, sp in enumerate(splits):
         row = copy_layers(out.past_key_values)
@@ -292,9 +290,8 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
             raise PrefillPruningUnsupported(f"{fam.name}: the model hands its language model a prebuilt {type(mask).__name__} mask; "
                              f"prefill-stage pruning only rewrites a 2-D padding mask. Use a cache-stage policy.")
         picked = choose(emb[0, img.to(emb.device)].float())
-        merged = None
-        if isinstance(picked, tuple):  # (indices, the embeddings those tokens take): a merge such as pooling
-            picked, merged = picked
+        # (indices, the embeddings those tokens take): a merge such as pooling
+        picked, merged = picked if isinstance(picked, tuple) else (picked, None)
         chosen = torch.as_tensor(picked, dtype=torch.long).reshape(-1).cpu()
         if len(set(chosen.tolist())) != len(chosen) or (len(chosen) and (chosen.min() < 0 or chosen.max() >= len(img))):
             raise ContractError(f"a prefill-stage policy must choose distinct indices in 0..{len(img) - 1}")
@@ -316,9 +313,9 @@ def prefill_pruned(model, split: PromptSplit, choose, renumber: bool = True) -> 
     with forward_hooks([(fam.language_model(model), "forward_pre", prune)]):
         out = prefill(model, split, attentions=False, locate=False)
     keep = state["keep"]
-    kept_img = torch.isin(keep, img).nonzero().flatten()
     # answered with the original split (positions from the original length) unless renumbered
-    reduced = PromptSplit(split.context_ids[:, keep], split.question_ids, None, kept_img, {}, {}, fam)
+    reduced = PromptSplit(split.context_ids[:, keep], split.question_ids, None, torch.isin(keep, img).nonzero().flatten(),
+                          {}, {}, fam)
     out.split = reduced if renumber else split
     out.image_kv = locate_image_kv(fam, model, out.cache, reduced)
     return out, out.split, keep

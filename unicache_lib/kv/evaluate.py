@@ -87,16 +87,16 @@ def _batches(model, fam, processor, qas: list, batch_size: int, progress):
     """The questions as ``(index, question, split)`` batches: one at a time, or up to ``batch_size`` of one context
     length (a family that cannot batch is told so before its processor is asked for a batch)."""
     if batch_size == 1:
-        for qi, q in enumerate(bar(qas, progress, desc="eviction")):
-            yield [(qi, q, split_prompt(processor, q.scene.uint8(), q.question, model=model))]
+        yield from ([(qi, q, split_prompt(processor, q.scene.uint8(), q.question, model=model))]
+                    for qi, q in enumerate(bar(qas, progress, desc="eviction")))
         return
     if qas:
         check_batchable(fam)
     splits = [sp for i in range(0, len(qas), 256)  # one processor call per 256 questions
               for sp in split_prompts(processor, [q.scene.uint8() for q in qas[i:i + 256]],
                                       [q.question for q in qas[i:i + 256]], model)]
-    for g in bar(groups_by_context(splits, batch_size), progress, desc=f"eviction (batches of {batch_size})"):
-        yield [(i, qas[i], splits[i]) for i in g]
+    yield from ([(i, qas[i], splits[i]) for i in g]
+                for g in bar(groups_by_context(splits, batch_size), progress, desc=f"eviction (batches of {batch_size})"))
 
 
 def _answer(model, done: list, output_attentions: bool = False):

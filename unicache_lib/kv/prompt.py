@@ -61,8 +61,8 @@ def split_prompt(processor, image, question: str | None, image_token_id: int | N
     family's template around ``question``) are checked by :func:`unicache_lib.inputs.encode`.
     """
     fam = family_of(model) if model is not None else _family_of_processor(processor)
-    enc = encode(processor, image, question, fam, prompt)
-    return split_inputs(fam, dict(enc), _image_token_id(processor) if image_token_id is None else image_token_id)
+    return split_inputs(fam, dict(encode(processor, image, question, fam, prompt)),
+                        _image_token_id(processor) if image_token_id is None else image_token_id)
 
 
 def _image_token_id(processor) -> int:
@@ -94,13 +94,8 @@ def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
                           f"inputs with split_prompt(processor, image, question, model=model)")
     cut = int(img[-1]) + 1
     S = ids.shape[1]
-    extra = {}
-    for k, v in enc.items():
-        if k in ("input_ids", "attention_mask", "pixel_values", "labels"):
-            continue
-        if k in family.token_fields and torch.is_tensor(v) and v.dim() >= 2 and v.shape[1] == S:
-            v = v[:, :cut]
-        extra[k] = v
+    extra = {k: v[:, :cut] if k in family.token_fields and torch.is_tensor(v) and v.dim() >= 2 and v.shape[1] == S else v
+             for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values", "labels")}
     image_positions = torch.empty(0, dtype=torch.long) if family.cross_attention else img
     return PromptSplit(ids[:, :cut], ids[:, cut:], enc.get("pixel_values"), image_positions, extra, dict(enc), family)
 

@@ -28,8 +28,7 @@ def random_heads(eligible: np.ndarray, n: int, seed: int) -> np.ndarray:
     if not 0 <= n <= len(cells):
         raise InputError(f"cannot draw {n} heads from {len(cells)} eligible ones: pass 0 <= n <= eligible.sum()")
     out = np.zeros(eligible.shape, bool)
-    for i in np.random.default_rng(seed).choice(len(cells), n, replace=False):
-        out[tuple(cells[i])] = True
+    out[tuple(cells[np.random.default_rng(seed).choice(len(cells), n, replace=False)].T)] = True
     return out
 
 
@@ -40,8 +39,7 @@ def downstream_changes(model, processor, space: HeadSpace, samples, keep, skip_l
 
     ``samples``: a standard sample list (:func:`unicache_lib.world.samples.load`); ``base``: the unpruned
     stats records of those samples, to reuse over several masks (captured here when None)."""
-    if base is None:
-        base = capture_samples(model, processor, samples, progress=False).records
+    base = capture_samples(model, processor, samples, progress=False).records if base is None else base
     with HeadMask(space, torch.as_tensor(keep, dtype=torch.float32)):
         pruned = capture_samples(model, processor, samples, progress=False).records
     if len(base) != len(pruned):

@@ -28,8 +28,8 @@ from .heads import HeadMask
 @torch.no_grad()
 def answer_logprobs(model, processor, qas, batch: int = 100) -> torch.Tensor:
     """``[N, vocab]`` log-probabilities of the first answer token for world questions."""
-    imgs = np.stack([q.scene.uint8() for q in qas])
-    return torch.log_softmax(answer_logits(model, processor, [q.question for q in qas], imgs, batch), -1)
+    return torch.log_softmax(answer_logits(model, processor, [q.question for q in qas],
+                                           np.stack([q.scene.uint8() for q in qas]), batch), -1)
 
 
 def understanding_metrics(logp: torch.Tensor, ref_logp: torch.Tensor, processor, qas) -> dict:
@@ -141,8 +141,7 @@ def flow_timestep(gen, s: torch.Tensor) -> torch.Tensor:
     timesteps, as DPM-Solver does for Sana), then the family's :meth:`~unicache_lib.gen_families.base.GenFamily.
     flow_timestep` (SD3: as is, Flux: ``/ 1000``, Sana: ``* timestep_scale``)."""
     t = s.double() * int(gen.scheduler.config.num_train_timesteps)
-    if not torch.is_floating_point(torch.as_tensor(gen.scheduler.timesteps)):
-        t = t.floor()
+    t = t if torch.is_floating_point(torch.as_tensor(gen.scheduler.timesteps)) else t.floor()
     return gen_family_of(gen.transformer).flow_timestep(t, gen.transformer).float()
 
 
@@ -291,8 +290,8 @@ def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, g
     def fn(lb: LossBatch):
         out = tr(**lb.kwargs, hidden_states=lb.xt, timestep=lb.timestep)
         out = out[0] if isinstance(out, (tuple, list)) else out.sample
-        if gen.adapter.learned_sigma and out.shape[1] == 2 * latent_c:
-            out = out[:, :latent_c]  # as the pipeline: the first latent_c channels predict the noise
+        # as the pipeline: the first latent_c channels predict the noise
+        out = out[:, :latent_c] if gen.adapter.learned_sigma and out.shape[1] == 2 * latent_c else out
         return torch.nn.functional.mse_loss(out.float(), lb.target)
 
     return [functools.partial(fn, lb) for lb in pipeline_loss_batches(gen, n_batches, batch, seed, steps, guidance)]

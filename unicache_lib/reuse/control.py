@@ -102,8 +102,8 @@ def check_monotone(control: pd.DataFrame, by: str) -> None:
     bad = np.flatnonzero(np.diff(xs) >= 0) if by == "speedup" else np.flatnonzero(np.diff(xs) <= 0)
     if len(bad):
         pairs = ", ".join(f"{steps[i]} steps {xs[i]:.3g} vs {steps[i + 1]} steps {xs[i + 1]:.3g}" for i in bad)
-        want = "fall" if by == "speedup" else "rise"
-        raise InputError(f"the fewer-step control's {by} does not {want} with the step count ({pairs}): its cost is "
+        raise InputError(f"the fewer-step control's {by} does not {'fall' if by == 'speedup' else 'rise'} with the "
+                         f"step count ({pairs}): its cost is "
                          f"not monotone, so no margin is read off it; re-time the sweep (more interleaved repeats, an "
                          f"idle machine)" + ("" if by == "speedup" else " or check the FLOP counter"))
 
@@ -131,8 +131,7 @@ def control_margin(df: pd.DataFrame, method: str, by: str = "speedup") -> Interv
     """PSNR of ``method`` minus the fewer-step control's at the method's own ``by`` (``"speedup"`` or
     ``"flops"``), mean over prompts in dB, with a paired bootstrap interval over prompts (the uncertainty of
     the method's speed-up itself is not propagated: read it from its own interval)."""
-    x = float(df.loc[method, by])
-    ctrl = control_psnr_at(control_rows(df), x, by)
+    ctrl = control_psnr_at(control_rows(df), float(df.loc[method, by]), by)
     return difference_interval(np.asarray(df.loc[method, "psnr_per_prompt"], dtype=np.float64), ctrl, "prompts")
 
 

@@ -259,8 +259,7 @@ def worst_pareto_gap(tables: dict, pareto: dict):
     if len(n) != 1:
         raise InputError(f"per-prompt PSNRs of different lengths {sorted(n)}: score every generator on the same prompts")
     worst = min(cells, key=lambda c: pp[c].mean())
-    iv = extreme_of([mean_interval(pp[c], "prompts") for c in cells])
-    return iv, (*worst, float(pp[worst].mean())), unmatched
+    return extreme_of([mean_interval(pp[c], "prompts") for c in cells]), (*worst, float(pp[worst].mean())), unmatched
 
 
 def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", minus: str | None = None):
@@ -268,8 +267,7 @@ def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", 
     ``minus``, paired per prompt — with its interval from each generator's interval over prompts. ``tables``:
     generator -> :func:`run_reuse` table, scored on the same prompts."""
     vals = {g: _per_prompt(df, method, column) for g, df in tables.items()}
-    if minus:
-        vals = {g: v - _per_prompt(tables[g], minus, column) for g, v in vals.items()}
+    vals = {g: v - _per_prompt(tables[g], minus, column) for g, v in vals.items()} if minus else vals
     n = {len(v) for v in vals.values()}
     if len(n) != 1:
         raise InputError(f"{column} of different lengths {sorted(n)}: score every generator on the same prompts")

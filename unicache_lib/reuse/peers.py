@@ -98,8 +98,7 @@ def _resolve(target) -> tuple[object, str]:
     tr = unwrap(target if tr is None else tr)
     fam = getattr(target, "family", None) if tr is not target else None
     fam = FAMILY_ALIASES.get(fam, fam)
-    if fam not in FAMILY_PEERS:
-        fam = peer_family_key(tr)
+    fam = fam if fam in FAMILY_PEERS else peer_family_key(tr)
     return tr, fam
 
 
@@ -136,10 +135,9 @@ class DiffusersCache:
         self.spec = FAMILY_PEERS[self.family]
         self.kind, self.n_steps, self.guidance = kind, n_steps, guidance
         self.calibration = calibration
-        self.t = 1000.0
-        self.step = 0
-        self._added: list = []
-        self._registered: list = []
+        self.t, self.step = 1000.0, 0
+        self._added: list = []  # (module, hook name) this cache added
+        self._registered: list = []  # block classes whose metadata it registered
 
     def config(self):
         """The diffusers config object for this peer on this family (raises :class:`PeerUnsupported`), with

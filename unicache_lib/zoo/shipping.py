@@ -24,5 +24,5 @@ def load_previous(init_from: str | Path, model_class: str):
 
     model = getattr(transformers, model_class).from_pretrained(init_from, dtype=torch.float32)
     card = Path(init_from) / "model_card.json"
-    processor = transformers.AutoProcessor.from_pretrained(init_from)
-    return model, processor, json.loads(card.read_text()) if card.exists() else None
+    return (model, transformers.AutoProcessor.from_pretrained(init_from),
+            json.loads(card.read_text()) if card.exists() else None)

@@ -109,6 +109,5 @@ def rank01(x: np.ndarray) -> np.ndarray:
     """Ranks scaled to [0, 1] over the non-NaN entries (NaN stays NaN)."""
     out = np.full(x.shape, np.nan)
     ok = ~np.isnan(x)
-    r = x[ok].argsort(kind="stable").argsort(kind="stable")
-    out[ok] = r / max(1, ok.sum() - 1)
+    out[ok] = x[ok].argsort(kind="stable").argsort(kind="stable") / max(1, ok.sum() - 1)
     return out

@@ -13,7 +13,6 @@ and time at real shapes; their images and statistics mean nothing.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import time
@@ -24,9 +23,9 @@ import torch
 
 from ...core.compat import diffusers
 from ...core.errors import UnknownNameError
-from ...paths import cli_output_path
 from ...runtime.loaders import load_generator
 from ...runtime.sampling import sample
+from .standins import standins_cli
 from .tiny_pipelines import build_pipeline, kinds, save_pipeline
 
 IMAGE_SIZE = 512
@@ -156,13 +155,7 @@ def one_step(folder: str | Path, prompts=("a red circle on the left",), guidance
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="outputs/rehearsal/models")
-    ap.add_argument("--only", nargs="*", default=None, help=f"subset of {', '.join(GEN_STANDINS)}")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--step", action="store_true", help="then load it and time one denoising step (JSON line)")
-    a = ap.parse_args(argv)
-    cli_output_path(a.out, "gen_standins")  # not empty, not the repository or one of its own folders
+    a = standins_cli(__doc__, GEN_STANDINS, "gen_standins", argv, step=True)
     for name in a.only or GEN_STANDINS:
         d = build(name, Path(a.out), a.seed)
         print(d, json.dumps({"full_map_memory": memory_estimate(GEN_STANDINS[name])}))

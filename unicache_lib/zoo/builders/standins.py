@@ -114,9 +114,9 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
     d.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(d)
     fam.processor(tok, shape).save_pretrained(d)
-    n_params = sum(p.numel() for p in model.parameters())
     card = {"model": name, "stand_in": True, "imitates": spec.imitates, "family": spec.family, "seed": seed,
-            "class": type(model).__name__, "real": spec.real, "shape": asdict(shape), "parameters": n_params,
+            "class": type(model).__name__, "real": spec.real, "shape": asdict(shape),
+            "parameters": sum(p.numel() for p in model.parameters()),
             "real_width": real_width,
             "image_tokens": spec.image_tokens, "notes": spec.notes,
             "what_it_is_for": "code paths, memory and time at the real model's token counts and depth; random "
@@ -126,13 +126,22 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
     return d
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def standins_cli(doc: str, names, tool: str, argv=None, step: bool = False) -> argparse.Namespace:
+    """The command line of a stand-in builder: ``--out`` (checked), ``--only`` a subset of ``names``, ``--seed`` and,
+    with ``step``, ``--step``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--out", default="outputs/rehearsal/models")
-    ap.add_argument("--only", nargs="*", default=None, help=f"subset of {', '.join(STANDINS)}")
+    ap.add_argument("--only", nargs="*", default=None, help=f"subset of {', '.join(names)}")
     ap.add_argument("--seed", type=int, default=0)
+    if step:
+        ap.add_argument("--step", action="store_true", help="then load it and time one denoising step (JSON line)")
     a = ap.parse_args(argv)
-    cli_output_path(a.out, "standins")  # not empty, not the repository or one of its own folders
+    cli_output_path(a.out, tool)  # not empty, not the repository or one of its own folders
+    return a
+
+
+def main(argv=None):
+    a = standins_cli(__doc__, STANDINS, "standins", argv)
     for name in a.only or STANDINS:
         print(build(name, Path(a.out), a.seed))
 

@@ -198,7 +198,6 @@ def build_tiny(kind: str, out: str | Path, seed: int = 0) -> Path:
     fam, (pipeline, *_) = _spec(kind)
     blocks = fam.tiny_vae_blocks
     pipe = build_pipeline(kind, tiny_transformer(kind, seed), vae_blocks=blocks, seed=seed)
-    size = 8 * 2 ** (blocks - 1)
-    card = {"model": f"tiny-{kind}", "stand_in": True, "kind": kind, "family": fam.key, "seed": seed,
-            "image_size": size, "what_it_is_for": "tests of the pipeline code path; random weights"}
-    return save_pipeline(pipe, out, card)
+    return save_pipeline(pipe, out, {"model": f"tiny-{kind}", "stand_in": True, "kind": kind, "family": fam.key,
+                                     "seed": seed, "image_size": 8 * 2 ** (blocks - 1),
+                                     "what_it_is_for": "tests of the pipeline code path; random weights"})

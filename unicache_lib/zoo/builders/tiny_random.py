@@ -39,8 +39,8 @@ def tiny_transformer(family: str, seed: int = 0, dtype: torch.dtype = torch.floa
     """A random-weight transformer of the tiny config ``family`` (a tag of :func:`tiny_configs`), in eval mode."""
     cls, kw = _owner(family).tiny[family]
     torch.manual_seed(seed)
-    model_cls = cls if isinstance(cls, type) else getattr(diffusers, cls)  # a fork's own class, or diffusers' by name
-    return model_cls(**kw).to(dtype).eval()
+    # a fork's own class, or diffusers' by name
+    return (cls if isinstance(cls, type) else getattr(diffusers, cls))(**kw).to(dtype).eval()
 
 
 def forward_inputs(family: str, transformer, batch: int = 2, n_text: int = 5, seed: int = 0,

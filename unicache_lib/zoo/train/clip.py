@@ -64,9 +64,8 @@ def recall_at_1(model, processor, scenes, shuffle_seed=None) -> dict:
     sim = txt @ img.T  # [text, image]
     t2i = caps[sim.argmax(1).numpy()] == caps
     i2t = caps[sim.argmax(0).numpy()] == caps
-    dup = float(np.mean([(caps == c).sum() - 1 for c in caps]))
     return {"text_to_image": float(t2i.mean()), "image_to_text": float(i2t.mean()), "n": len(scenes),
-            "mean_duplicate_captions": dup}
+            "mean_duplicate_captions": float(np.mean([(caps == c).sum() - 1 for c in caps]))}
 
 
 def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_scenes=None):

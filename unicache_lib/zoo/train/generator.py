@@ -10,7 +10,6 @@ on the reloaded checkpoint by segmenting generated images by colour; a model car
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from ...world.segment import score_object
 from ...world.text import generation_example, long_prompt, short_prompt
 from .. import tiny_generators as tg
 from ..tiny_llava import build_tokenizer
-from .loop import Stage, fit, parse, recipe_parser
+from .loop import Stage, fit, parse, recipe_parser, start
 
 
 def eval_prompts(n: int = 120, seed: int = 777) -> list[dict]:
@@ -62,19 +61,14 @@ def main(argv=None):
     adapter = pixel[args.family]
     args.text_encoder = args.text_encoder or adapter.pixel_text_encoder
     torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
-    t0 = time.time()
-
     tok = build_tokenizer()
-    if args.init_from:
-
-        gen = load_generator(args.init_from)  # float32 weights
-        if gen.family != args.family:
-            raise SystemExit(f"--init-from {args.init_from} is a {gen.family} model, not {args.family}")
-    else:
-        gen = Generator(adapter, tg.build_transformer(adapter), tg.build_text_encoder(tok, kind=args.text_encoder),
-                           tok, diffusers.FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0))
-    log = []
+    run = start(args, lambda path: (load_generator(path), tok, None),  # float32 weights
+                lambda: (Generator(adapter, tg.build_transformer(adapter), tg.build_text_encoder(tok, kind=args.text_encoder),
+                                   tok, diffusers.FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)),
+                         tok))
+    gen, rng, log = run.model, run.rng, run.log
+    if args.init_from and gen.family != args.family:
+        raise SystemExit(f"--init-from {args.init_from} is a {gen.family} model, not {args.family}")
     quick = eval_prompts(30, seed=5)
 
     def step_loss(step):
@@ -101,7 +95,7 @@ def main(argv=None):
     fit(Stage(None, f"training tiny {args.family}", args.steps, args.lr, 200, (0.9, 0.99), log_last=False,
               eval_every=args.eval_every), list(gen.transformer.parameters()) + list(gen.text_encoder.parameters()),
         step_loss, log, held_out)
-    train_min = (time.time() - t0) / 60
+    train_min = run.minutes()
     out = Path(args.out)
     gen.transformer.to(torch.float16)
     gen.text_encoder.to(torch.float16)

@@ -124,10 +124,8 @@ def vq_quality(model, processor, n=100, seed=31) -> dict:
     imgs = np.stack([make_scene(rng, "single", IMAGE_SIZE, fixed=[o]).uint8() for o in objs])
     vq = model.model.vqmodel.eval()
     px = vq_pixels(processor, imgs)
-    tokens = vq.encode(px).image_tokens.view(len(imgs), -1)
-    rec = signed_to_uint8(model.decode_image_tokens(tokens))
-    ref = signed_to_uint8(px.permute(0, 2, 3, 1))
-    mse = ((rec.astype(np.float64) - ref) ** 2).mean(axis=(1, 2, 3))
+    rec = signed_to_uint8(model.decode_image_tokens(vq.encode(px).image_tokens.view(len(imgs), -1)))
+    mse = ((rec.astype(np.float64) - signed_to_uint8(px.permute(0, 2, 3, 1))) ** 2).mean(axis=(1, 2, 3))
     scores = [score_object(r, o) for r, o in zip(rec, objs)]
     return {"psnr_db": float(np.mean(10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-9)))), "n": n} | {
         k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
@@ -158,10 +156,9 @@ def generation_loss(model, processor, prompts, codes, blank=0.1, rng=None):
     P = ids.shape[1]
     emb = torch.cat([model.get_input_embeddings()(ids), model.prepare_embeddings_for_image_generation(codes[:, :-1])], 1)
     mask = torch.cat([inp["attention_mask"], torch.ones_like(codes[:, :-1])], 1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    h = model.model.language_model(inputs_embeds=emb, attention_mask=mask, position_ids=pos).last_hidden_state
-    logits = model.model.generation_head(h[:, P - 1 :])
-    return F.cross_entropy(logits.flatten(0, 1), codes.flatten())
+    h = model.model.language_model(inputs_embeds=emb, attention_mask=mask,
+                                   position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).last_hidden_state
+    return F.cross_entropy(model.model.generation_head(h[:, P - 1 :]).flatten(0, 1), codes.flatten())
 
 
 @torch.no_grad()

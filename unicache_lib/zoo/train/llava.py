@@ -124,9 +124,8 @@ def train_lm(model, tokenizer, rng, steps, batch, lr, log, eval_every=0, eval_qa
         items = sample_batch(rng, batch, single_only=step < single_frac * steps, weights=weights, size=size)
         ids, mask, labels = layout.encode(tokenizer, [q for _, q, _ in items], [a for _, _, a in items], n_img)
         px = layout.pixel_values(np.stack([qa.scene.uint8() for qa, _, _ in items]))
-        out = model(input_ids=ids, attention_mask=mask, pixel_values=px)
         # the label of position t is predicted from position t-1
-        logits = out.logits[:, :-1].flatten(0, 1)
+        logits = model(input_ids=ids, attention_mask=mask, pixel_values=px).logits[:, :-1].flatten(0, 1)
         loss = torch.nn.functional.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
         return loss, lambda: {"loss": loss.item()}
 

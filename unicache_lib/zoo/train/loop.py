@@ -155,11 +155,13 @@ class Run:
         return (time.time() - self.t0) / 60
 
 
-def start(args: argparse.Namespace, model_class: str, build: Callable) -> Run:
-    """The run: ``build() -> (model, processor)``, or the checkpoint ``--init-from`` names (as ``model_class``)."""
+def start(args: argparse.Namespace, model_class: str | Callable, build: Callable) -> Run:
+    """The run: ``build() -> (model, processor)``, or the checkpoint ``--init-from`` names, loaded as ``model_class``
+    (:func:`~unicache_lib.zoo.shipping.load_previous`) or by ``model_class(path) -> (model, processor, previous)``."""
     rng, t0 = np.random.default_rng(args.seed), time.time()
     if args.init_from:
-        return Run(args, *load_previous(args.init_from, model_class), rng, t0)
+        load = model_class if callable(model_class) else (lambda path: load_previous(path, model_class))
+        return Run(args, *load(args.init_from), rng, t0)
     return Run(args, *build(), None, rng, t0)
 
 

@@ -49,9 +49,9 @@ class PatchHeads(torch.nn.Module):
         pos = torch.arange(n)
         logits = self.cls(feats)
         F = torch.nn.functional
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        loss = loss + 0.5 * F.cross_entropy(self.row(feats).flatten(0, 1), (pos // self.grid).repeat(B))
-        loss = loss + 0.5 * F.cross_entropy(self.col(feats).flatten(0, 1), (pos % self.grid).repeat(B))
+        loss = (F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+                + 0.5 * F.cross_entropy(self.row(feats).flatten(0, 1), (pos // self.grid).repeat(B))
+                + 0.5 * F.cross_entropy(self.col(feats).flatten(0, 1), (pos % self.grid).repeat(B)))
         return loss, (logits.argmax(-1) == labels).float().mean().item()
 
 

@@ -43,8 +43,7 @@ def encode(processor, questions, images_uint8) -> dict:
 
 def forward(model, processor, questions, images_uint8):
     """-> (answer logits ``[B, n_labels]``, last hidden states ``[B, S, d]``), image tokens in grid order."""
-    inp = grid_ordered(model, encode(processor, questions, images_uint8))
-    out = model.vilt(**inp)
+    out = model.vilt(**grid_ordered(model, encode(processor, questions, images_uint8)))
     return model.classifier(out.pooler_output), out.last_hidden_state
 
 
@@ -55,8 +54,8 @@ def evaluate(model, processor, qas, shuffle_seed=None, batch=100) -> dict:
     pred = []
     for s in range(0, len(qas), batch):
         inp = grid_ordered(model, encode(processor, [q.question for q in qas[s : s + batch]], imgs[s : s + batch]))
-        logits = model(**inp).logits  # (grid order: the same answers on every run)
-        pred += [model.config.id2label[int(i)] for i in logits.argmax(-1)]
+        # (grid order: the same answers on every run)
+        pred += [model.config.id2label[int(i)] for i in model(**inp).logits.argmax(-1)]
     return score_answers(pred, qas)
 
 

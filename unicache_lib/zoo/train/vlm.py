@@ -51,8 +51,7 @@ def encode(fam, processor, questions, images_uint8, answers=None) -> tuple[dict,
         prompts = [f"{p} {a} {tok.eos_token}" for p, a in zip(prompts, answers)]
     tok.padding_side = "left"
     inp = processor(text=prompts, images=[[im] for im in images_uint8], return_tensors="pt", padding=True)
-    mask = inp["attention_mask"]
-    inp["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    inp["position_ids"] = (inp["attention_mask"].cumsum(-1) - 1).clamp(min=0)
     if answers is None:
         return dict(inp), None
     labels = torch.full_like(inp["input_ids"], -100)
@@ -168,8 +167,8 @@ def main(argv=None):
                                   recipe.tower_dim(model), GRID, PATCH, run.rng, args.steps_a, args.batch_a, args.lr,
                                   run.log) if args.steps_a else (run.previous or {}).get("stage_a_patch_accuracy", float("nan"))
     t_a = run.minutes()
-    quick = heldout_set(200, seed=999) if args.eval_every else None
-    train_lm(recipe, fam, model, proc, run.rng, args.steps_b, args.batch_b, args.lr, run.log, args.eval_every, quick,
+    train_lm(recipe, fam, model, proc, run.rng, args.steps_b, args.batch_b, args.lr, run.log, args.eval_every,
+             heldout_set(200, seed=999) if args.eval_every else None,
              single_frac=args.single_frac if args.single_frac is not None else (0.0 if args.init_from else 0.08),
              weights=qtype_weights(args), exists_negatives=args.exists_negatives)
     held = heldout_set(args.n_heldout)
