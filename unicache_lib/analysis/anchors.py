@@ -17,9 +17,8 @@ def image_reads(record, heads: str = "mean") -> torch.Tensor:
     """
     if record.spans is None:
         raise InputError("the record has no modality spans: capture with spans to find image anchors")
-    rf = record.data.get("text_read_freq")
-    if rf is None:
-        rf = text_read_frequency(record.probs, record.spans)
+    rf = (record.data["text_read_freq"] if "text_read_freq" in record.data
+          else text_read_frequency(record.probs, record.spans))
     idx = torch.as_tensor(record.spans.image_index)  # image tokens in sequence order (tiles may be apart)
     if len(idx) == 0:
         raise InputError(f"record {record.key} has no image keys (a cross-attention VLM's self-attention layer?): "
@@ -96,8 +95,7 @@ def anchor_placement(anchors, kinds: np.ndarray) -> dict:
     """Where anchors fall vs chance: share of anchors on each patch kind, and the share of all
     patches of that kind (what a random choice of anchors would give). Tokens of kind -1 (not on the
     picture's grid) count in neither."""
-    anchors = np.asarray(anchors)
-    kinds = np.asarray(kinds)
+    anchors, kinds = np.asarray(anchors), np.asarray(kinds)
     on = kinds[anchors] if len(anchors) else kinds[:0]
     on, all_ = on[on >= 0], kinds[kinds >= 0]
     return {key: float(np.mean(among == i)) if len(among) else float("nan") for i, name in enumerate(PATCH_KINDS)

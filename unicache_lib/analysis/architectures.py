@@ -98,8 +98,8 @@ def head_roles(records, model: str, focused: float = FOCUSED, spread: float = 0.
     else:
         H = head_table(records)
     H = H.groupby(["layer", "head"])[["max_weight", "norm_entropy"]].mean().reset_index()
-    return H.assign(model=model, role=np.where(H.max_weight > focused, "focused",
-                                               np.where(H.norm_entropy > spread, "spread", "mixed")))
+    return H.assign(role=np.where(H.max_weight > focused, "focused",
+                                  np.where(H.norm_entropy > spread, "spread", "mixed")), model=model)
 
 
 def four_block_rows(records) -> pd.DataFrame:
@@ -194,13 +194,12 @@ def caption_word_rows(records, tokens: list[str], scene, grid_tokens, grid) -> p
               "bottom": rows_g >= grid[0] / 2}
     opposite = {"left": "right", "right": "left", "top": "bottom", "bottom": "top"}
     start = max(i for i, t in enumerate(tokens) if t == ":") + 1
-    cap = tokens[start:]
     # caption = "colour shape position , colour shape position ..." in reading order
     objs = sorted(range(len(scene.objects)), key=lambda i: POSITION_ORDER.index(scene.objects[i].position))
     out = []
     for r in records:
         P = r.probs.float().mean(0)  # [T, K]
-        for j, word in enumerate(cap):
+        for j, word in enumerate(tokens[start:]):  # the caption
             k = j // 4  # the object this triple describes (",": 4th token)
             if k >= len(objs) or j % 4 == 3:
                 continue

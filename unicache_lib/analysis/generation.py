@@ -78,10 +78,7 @@ def knee(sim, threshold: float = 0.7) -> int | None:
     """First step ``s >= 1`` from which the adjacent-step similarity stays ``>= threshold``
     (``sim[s]`` compares step s with s-1; ``sim[0]`` is ignored). None if it never settles."""
     sim = np.asarray(sim, dtype=float)
-    for s in range(1, len(sim)):
-        if np.all(sim[s:] >= threshold):
-            return s
-    return None
+    return next((s for s in range(1, len(sim)) if np.all(sim[s:] >= threshold)), None)
 
 
 def knee_table(steps: pd.DataFrame, thresholds=(0.7,), by=("model", "part", "layer")) -> pd.DataFrame:

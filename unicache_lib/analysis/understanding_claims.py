@@ -73,9 +73,8 @@ def measure_depth_claims(board, L: pd.DataFrame, H: pd.DataFrame, bands: dict, c
                   criterion="b", shown=f"entropy {depth.loc['shallow', 'norm_entropy']:.2f}→{depth.loc['deep', 'norm_entropy']:.2f}")
     HM = np.stack([H[H["sample"] == s].pivot(index="layer", columns="head", values="max_weight").loc[captured].to_numpy()
                    for s in ids])
-    deep_i = band_idx["deep"]
     board.measure("U2b", over_samples(lambda i: band("norm_entropy", "shallow", i), n_s), criterion="a", shown="shallow entropy")
-    board.measure("U2b", over_samples(lambda i: HM[i][:, deep_i].mean((0, 1)).max(), n_s), criterion="b",
+    board.measure("U2b", over_samples(lambda i: HM[i][:, band_idx["deep"]].mean((0, 1)).max(), n_s), criterion="b",
                   shown="top deep head max weight")
 
     def some_not_all(i):
@@ -174,11 +173,9 @@ def scene_type_note(scene_of: dict) -> str | None:
     untyped = sum(1 for t in scene_of.values() if not t)
     if len(types) >= 2:
         return None
-    if not types:
-        what = (f"none of the {untyped} samples has a scene_type" if untyped != 1
-                else "the one sample has no scene_type")
-    else:
-        what = f"every sample with a scene_type is '{types[0]}'" + (f" ({untyped} have none)" if untyped else "")
+    what = ((f"none of the {untyped} samples has a scene_type" if untyped != 1 else "the one sample has no scene_type")
+            if not types else
+            f"every sample with a scene_type is '{types[0]}'" + (f" ({untyped} have none)" if untyped else ""))
     return (f"not measurable with these samples: {what}, so no two scene types can be compared; add a 'scene_type' "
             f"(one of {', '.join(SCENE_TYPES)}) to the lines of metadata.jsonl, two samples or more of each of two "
             f"types or more")
@@ -262,9 +259,8 @@ def measure_localisation_claims(board, loc: pd.DataFrame, ctrl: pd.DataFrame, no
         note: why ``loc`` may be empty (e.g. :func:`~unicache_lib.world.samples.missing` masks), for the scoreboard.
     """
     if loc.empty:
-        why = (note or "no sample with two or more objects and their masks")
         for c in ("a", "b"):
-            board.measure("U11", None, criterion=c, note=why)
+            board.measure("U11", None, criterion=c, note=note or "no sample with two or more objects and their masks")
         return
     best = loc.groupby("layer").selectivity.median().idxmax()
     n_loc = loc[loc.layer == loc.layer.min()].shape[0]

@@ -87,9 +87,8 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
         with DiffusionCapture(gen.transformer, ids[sl], mode=mode, layers=layers, parts=parts, store=store,
                               text_tokens=toks[sl] if toks is not None else None, meta=metas[sl],
                               query_stride=query_stride, stats_stride=stats_stride) as cap:
-            x = sample(gen, prompts[sl], steps, guidance, seed=[seed + i for i in range(s, min(s + batch, len(prompts)))],
-                       callbacks=[cap, probe])
-        imgs.append(to_uint8(x))
+            imgs.append(to_uint8(sample(gen, prompts[sl], steps, guidance, callbacks=[cap, probe],
+                                        seed=[seed + i for i in range(s, min(s + batch, len(prompts)))])))
         res.records += cap.result.records
         probe_rows.append(probe.values)
     g = np.concatenate(probe_rows) if guidance != 1.0 else np.zeros((len(prompts), 0))

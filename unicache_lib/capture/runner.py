@@ -112,8 +112,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         layers = resolve_layers(layers, have, f"the model's {part} part")
     ls = list(layers) if layers is not None else sorted({s.layer for s in sites})
     groups = [ls[i : i + layer_batch] for i in range(0, len(ls), layer_batch)] if layer_batch else [ls]
-    chosen = set(ls)
-    wanted = {(s.part, s.layer) for s in sites if s.layer in chosen}
+    wanted = {(s.part, s.layer) for s in sites if s.layer in ls}
     if not wanted:
         raise InputError(f"no attention module of part {part!r} in layers {layers}")
     todo = list(samples)

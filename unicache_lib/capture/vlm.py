@@ -164,8 +164,8 @@ class AttentionCapture:
         self.mode, self.keep = mode, keep
         sites = attention_sites(self.model, part, modules)
         if layers is not None:  # negative indices count from the last; a bad index is a LayerError (ValueError)
-            all_layers = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
-            want = set(resolve_layers(layers, all_layers, f"the model's {part} part"))
+            want = set(resolve_layers(layers, sorted({s.layer for s in sites if s.part != "vision"}
+                                                     or {s.layer for s in sites}), f"the model's {part} part"))
             sites = [s for s in sites if s.layer in want]
         self.sites = sites
         self._family_sites = {s.name for s in self.family.sites(self.model, PARTS)}
@@ -318,8 +318,7 @@ class AttentionCapture:
             )
         weights = output[1] if len(output) > 1 else None
         if weights is None:
-            cfg = getattr(module, "config", None)
-            impl = (config_attn_implementation(cfg) if cfg is not None else None) or language_attn_implementation(self.model)
+            impl = config_attn_implementation(getattr(module, "config", None)) or language_attn_implementation(self.model)
             fix = "vision_attn_implementation='eager'" if site.part == "vision" else "attn_implementation='eager'"
             raise CaptureError(
                 f"attention weights are not returned under {impl!r} ({site.name}): load with {fix} "

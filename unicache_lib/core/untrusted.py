@@ -93,8 +93,7 @@ class _Refused(UnicacheError):
 def name_problem(name) -> str | None:
     """Why no file can have the path ``name`` (a reason to follow the name in a sentence), or ``None``: not a path,
     empty, a NUL byte, a part longer than :data:`NAME_MAX` bytes or a whole longer than :data:`PATH_MAX`."""
-    if isinstance(name, os.PathLike):
-        name = os.fspath(name)
+    name = os.fspath(name) if isinstance(name, os.PathLike) else name
     if not isinstance(name, str):
         return f"is not a path but a {type(name).__name__}"
     if not name:
@@ -128,7 +127,8 @@ def _shown(rel) -> str:
 
 def _fail(error, what: str, base, rel, reason: str, fix: str):
     """Raise ``error`` with one line: what, the name, where, the reason, the fix."""
-    raise error(f"{what} {_shown(rel)} in {base} {reason}" + (f". {fix}" if fix else "")) from None
+    err = error(f"{what} {_shown(rel)} in {base} {reason}" + (f". {fix}" if fix else ""))  # the caller's class
+    raise err from None
 
 
 def _link_reason(root: str, here: str, sub: str, write: bool, links: bool) -> tuple[str, str | None]:
@@ -161,8 +161,6 @@ def _walk(base, rel, write: bool, links: bool) -> tuple[str, list[str], os.stat_
         raise _Refused("points outside the folder (an absolute path or '..'): only files inside it are opened")
     root = os.path.realpath(base)
     todo = [p for p in rel.split("/") if p not in ("", ".")]
-    if not todo:
-        raise _Refused("names the folder itself, not a file in it")
     parts: list[str] = []
     hops = 0
     while todo:
@@ -185,7 +183,7 @@ def _walk(base, rel, write: bool, links: bool) -> tuple[str, list[str], os.stat_
         if todo and not stat.S_ISDIR(st.st_mode):
             raise _Refused(f"passes through {'/'.join(parts + [name])}, which is {file_kind(st.st_mode)}, not a folder")
         parts.append(name)
-    if not parts:
+    if not parts:  # no part left (".", "./"), or a link back to the folder itself
         raise _Refused("names the folder itself, not a file in it")
     return root, parts, st
 
@@ -305,10 +303,8 @@ def read_inside(base, rel, *, offset: int = 0, links: bool = True, limit: int | 
         if limit is not None and size > limit:
             _fail(error, what, base, rel, too_big(size + offset, limit), fix)
         f.seek(offset)
-        if limit is None:
-            return f.read()
-        data = f.read(limit + 1)
-        if len(data) > limit:
+        data = f.read() if limit is None else f.read(limit + 1)  # one byte past the limit: a file that grew meanwhile
+        if limit is not None and len(data) > limit:
             _fail(error, what, base, rel, too_big(len(data) + offset, limit), fix)
         return data
 

@@ -243,10 +243,8 @@ class VLMFamily:
         if "vision" in parts:
             vis = self.vision_model(model)
             prefix = names[id(vis)]
-            for n, m in vis.named_modules():
-                hit = _VISION_ATTN.search(n)
-                if hit:
-                    out.append(Site(f"{prefix}.{n}", int(hit.group(1)), "vision", m))
+            out += [Site(f"{prefix}.{n}", int(hit.group(1)), "vision", m) for n, m in vis.named_modules()
+                    if (hit := _VISION_ATTN.search(n))]
         return out
 
     def adapt_processor(self, processor, config):
@@ -357,10 +355,9 @@ def chat_template(layout: str, image: str) -> str:
     turn) and ``{question}`` (the user turn's text). Real checkpoints bring their own template."""
     pre, rest = layout.split("{image}")
     mid, post = rest.split("{question}")
-    user = "{% for m in messages if m.role == 'user' %}"
-    imgs = "{% for c in m.content if c.type == 'image' %}" + image + "{% endfor %}"
-    text = "{% for c in m.content if c.type == 'text' %}{{ c.text }}{% endfor %}"
-    return user + pre + imgs + mid + text + "{% endfor %}" + post
+    return ("{% for m in messages if m.role == 'user' %}" + pre  # the user turns: the layout around images and text
+            + "{% for c in m.content if c.type == 'image' %}" + image + "{% endfor %}" + mid
+            + "{% for c in m.content if c.type == 'text' %}{{ c.text }}{% endfor %}{% endfor %}" + post)
 
 
 def images_only(processor_cls):

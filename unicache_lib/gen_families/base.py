@@ -157,18 +157,13 @@ def softmax_map(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = No
     :func:`streamed_maps`: a list of ``B`` :class:`~unicache_lib.stats.LogitRows` (``[H, Sq, Sk]`` each, formed
     one row chunk at a time when read), so no map-sized tensor is allocated."""
     if _STREAM.get():
-        B, H, sq, _ = q.shape
-        sk = k.shape[2]
-        out = []
-        for b in range(B):
-            m = None
-            if mask is not None:
-                mb = mask.expand(B, H, mask.shape[-2], sk)[b]
-                if not bool((mb == mb[:1]).all()):
-                    raise CaptureError("a mask that differs across heads cannot be streamed: capture with mode='stats'")
-                m = mb[0]  # [Sq or 1, Sk]
-            out.append(LogitRows(q[b], k[b], q.shape[-1] ** -0.5, m))
-        return out
+        B, H = q.shape[:2]
+        if mask is not None:
+            mask = mask.expand(B, H, mask.shape[-2], k.shape[2])
+            if not bool((mask == mask[:, :1]).all()):
+                raise CaptureError("a mask that differs across heads cannot be streamed: capture with mode='stats'")
+        # per batch row, the mask of its first head: [Sq or 1, Sk]
+        return [LogitRows(q[b], k[b], q.shape[-1] ** -0.5, None if mask is None else mask[b, 0]) for b in range(B)]
     logits = (q.float() @ k.float().transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
     if mask is not None:
         logits = logits.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else logits.add_(mask.float())
@@ -293,8 +288,7 @@ def positions_named(tok, prompts, length: int, prefix: str = "") -> list[list[st
     special = set(tok.all_special_tokens)
     out = []
     for ids, mask in zip(enc["input_ids"], enc["attention_mask"]):
-        real = [i for i, m in enumerate(mask) if m]
-        named = iter(word_names(tok.convert_ids_to_tokens([ids[i] for i in real]), special))
+        named = iter(word_names(tok.convert_ids_to_tokens([i for i, m in zip(ids, mask) if m]), special))
         out.append([prefix + next(named) if m else None for m in mask])
     return out
 
@@ -347,10 +341,9 @@ class GenFamily:
     # ---- modules ------------------------------------------------------------------------------------
     def sites(self, transformer) -> list[GenSite]:
         """Every attention module (captured or not), sorted by (layer, part)."""
-        out = [GenSite(name, int(m.group(1)), part, mod, part not in self.uncaptured)
-               for name, mod in unwrap(transformer).named_modules() for pat, part in self.site_patterns
-               if (m := re.fullmatch(pat, name))]
-        return sorted(out, key=lambda s: (s.layer, s.part))
+        return sorted((GenSite(name, int(m.group(1)), part, mod, part not in self.uncaptured)
+                       for name, mod in unwrap(transformer).named_modules() for pat, part in self.site_patterns
+                       if (m := re.fullmatch(pat, name))), key=lambda s: (s.layer, s.part))
 
     def reuse_kind(self, site: GenSite) -> str:
         """How cross-step reuse treats the module: ``joint`` (image and text streams in one attention; the text

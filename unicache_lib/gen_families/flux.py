@@ -24,10 +24,9 @@ def flux_probs(attn, hidden_states, encoder_hidden_states=None, attention_mask=N
     if image_rotary_emb is not None:
         q = diffusers.models.embeddings.apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
         k = diffusers.models.embeddings.apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
-    mask = attention_mask
-    if mask is not None and mask.dim() == 2:  # [B, Sk], as diffusers' native backend reshapes it
-        mask = mask[:, None, None]
-    return softmax_map(q.transpose(1, 2), k.transpose(1, 2), mask)
+    mask = attention_mask  # [B, Sk] is reshaped as diffusers' native backend does
+    return softmax_map(q.transpose(1, 2), k.transpose(1, 2),
+                       mask[:, None, None] if mask is not None and mask.dim() == 2 else mask)
 
 
 def flux_image_side(attn, h, e, rope, keys=None):

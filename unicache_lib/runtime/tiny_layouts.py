@@ -45,8 +45,8 @@ def encode(tokenizer, questions: list[str], answers: list[str] | None, n_image_t
     img = vocab["<image>"]
     rows, labs = [], []
     for i, q in enumerate(questions):
-        prompt = [vocab["<s>"], vocab["user"], vocab[":"]] + [img] * n_image_tokens
-        prompt += [vocab.get(w, vocab["<unk>"]) for w in q.split()] + [vocab["assistant"], vocab[":"]]
+        prompt = ([vocab["<s>"], vocab["user"], vocab[":"]] + [img] * n_image_tokens
+                  + [vocab.get(w, vocab["<unk>"]) for w in q.split()] + [vocab["assistant"], vocab[":"]])
         ans = [] if answers is None else [vocab[w] for w in answers[i].split()] + [vocab["</s>"]]
         rows.append(prompt + ans)
         labs.append([-100] * len(prompt) + ans)
