@@ -463,7 +463,7 @@ def test_verify_tells_a_write_in_flight_from_an_interrupted_one(tmp_path):
         from unicache_lib.store import Store
         st = Store({str(path)!r})
         st.write([rec(1, 0)])                                    # holds rank 0's writer lock from here on
-        (st.path / "rank00000" / ".L0000.npz.tmp").write_bytes(b"half")  # as if mid-write
+        (st.path / "rank00000" / "chunk000000" / ".L0000_language.npz.a1b2c3d4.tmp").write_bytes(b"half")  # mid-write
         print("ready", flush=True)
         time.sleep(60)
         """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)

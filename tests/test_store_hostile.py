@@ -761,3 +761,79 @@ def test_a_record_whose_data_a_float_cast_would_change_is_refused(tmp_path, dtyp
     for bad in (r, [{"key": 1}]):
         with pytest.raises(UnicacheError, match="list of Records"):
             s.write(bad)
+
+
+# ---- round 12: names that only start like the store's, a user's meta.json, what a write would change -----------
+def test_repair_and_verify_leave_names_that_only_start_like_the_stores(tmp_path):
+    """Round 12's N8: repair() deleted a user's rankings/chunk_by_entropy/ (notes inside) and any hidden *.tmp file
+    of the store's folder or a rank folder, judging names by their first letters. Now only the store's exact names
+    (remove_store's) are leftovers; a chunk folder holding a user's file is not an orphan."""
+    path = tmp_path / "s"
+    Store(path, meta={"model": "m"}).write([rec(0, 0)])
+    mine = {"rankings/chunk_by_entropy/my_notes.txt": b"notes", ".my_draft.tmp": b"draft",
+            "rank00000/.keep.tmp": b"keep", "rank00000/chunk000009/notes.txt": b"a note in a chunk-named folder"}
+    for rel, data in mine.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_bytes(data)
+    (path / "rank00000" / "chunk000000" / ".L0000_language.npz.a1b2c3d4.tmp").write_bytes(b"half")  # the store's
+    problems = Store(path).verify()
+    assert len(problems) == 1 and ".L0000_language.npz.a1b2c3d4.tmp" in problems[0], problems
+    assert Store(path).repair() == [] and Store(path).verify() == []
+    assert {rel: (path / rel).read_bytes() for rel in mine} == mine  # every file of the user's kept
+    assert check_intact(Store(path)) == {"0"}
+
+
+@pytest.mark.parametrize("files", [{"meta.json": '{"my": "dataset description"}'},
+                                   {"meta.json": "{}", "index-rank00000.json": "[]"}])
+def test_remove_store_refuses_a_folder_no_store_wrote(tmp_path, files):
+    """Round 12's N4: a folder holding only a user's meta.json (or with an index-rank00000.json) was deleted, since
+    those are names a store gives."""
+    path = tmp_path / "mine"
+    path.mkdir()
+    for name, text in files.items():
+        (path / name).write_text(text)
+    with pytest.raises(StoreError, match="no store wrote") as e:
+        remove_store(path)
+    one_line(e.value)
+    assert {p.name: p.read_text() for p in path.iterdir()} == files
+    Store(tmp_path / "s", meta={"model": "m"}).write([rec(0, 0)])
+    (tmp_path / "s" / "meta.json").write_text('{"model": "m"}')  # rewritten as a store's refusal advises: still a store
+    assert remove_store(tmp_path / "s") and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("case", ["float64 beyond float32", "float64 below float32's least", "an array named 0",
+                                  "a meta key 1", "another sample seed"])
+def test_a_write_that_would_store_other_values_or_skip_samples_is_refused(tmp_path, case):
+    """Round 12's N2, N9 and poor 1, 4: a float64 1e300 was stored as inf and 1e-50 as 0; an array named 0 was written,
+    after which read(), verify() and repair() of the whole store raised; a meta key 1 read back as "1"; a resumed
+    capture of the standard set of another seed skipped every sample (the two sets share their ids)."""
+    import dataclasses
+
+    st = Store(tmp_path / "s", meta={"model": "m", "sample_seed": 2024})
+    st.write([rec(0, 0)])
+    r = rec(1, 0)
+    bad = {"float64 beyond float32": dataclasses.replace(r, data={"x": torch.tensor([1e300, 1.0], dtype=torch.float64)}),
+           "float64 below float32's least": dataclasses.replace(r, data={"x": torch.tensor([1e-50], dtype=torch.float64)}),
+           "an array named 0": dataclasses.replace(r, data={0: torch.zeros(2)}),
+           "a meta key 1": dataclasses.replace(r, meta={"grid": {1: "one"}})}.get(case)
+    msg = {"float64 beyond float32": "float32 cannot hold", "float64 below float32's least": "float32 cannot hold",
+           "an array named 0": "array name 0 is not a printable text", "a meta key 1": "a key that is not a text",
+           "another sample seed": "sample_seed=2024, this capture is sample_seed=5"}[case]
+    with pytest.raises(UnicacheError, match=msg) as e:
+        (Store(tmp_path / "s", meta={"model": "m", "sample_seed": 5}) if bad is None else st).write([bad or r])
+    one_line(e.value)
+    assert check_intact(Store(tmp_path / "s")) == {"0"}  # nothing written
+    st.write([dataclasses.replace(r, data={"x": torch.tensor([1e30, 1e-30], dtype=torch.float64)})])  # the fix: in range
+
+
+def test_a_store_keeps_its_folder_when_the_working_folder_changes(tmp_path, monkeypatch):
+    """Round 12's poor 3: Store("relative"), then os.chdir: the next write went to <new folder>/relative, under the
+    lock of the old one."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    st = Store("s", meta={"model": "m"})
+    st.write([rec(0, 0)])
+    monkeypatch.chdir(tmp_path / "b")
+    st.write([rec(1, 0)])
+    assert not (tmp_path / "b" / "s").exists() and len(Store(tmp_path / "a" / "s").index()) == 2

@@ -547,7 +547,7 @@ class Store:
 
     def __init__(self, path, rank: int = 0, meta: dict | None = None):
         _check_name(path)
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # a later os.chdir must not move it under the lock of this one
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"{self.path} is a file, not a store folder: pass the folder a capture writes to "
                              f"(e.g. outputs/02_understanding_maps/stats)")
@@ -688,7 +688,8 @@ class Store:
         return [s for s in samples if any(key_str((str(s), part, int(li), step)) not in have for li in layers)]
 
     # ---- writing -------------------------------------------------------------------------------
-    RESUME_KEYS = ("model", "dtype")  # meta fields a resumed capture must share with the store
+    RESUME_KEYS = ("model", "dtype", "sample_seed")  # meta fields a resumed capture must share with the store (the
+    # standard sets of two seeds share their ids: a resume of another seed would skip every sample)
 
     def check_resume(self, mode: str | None = None) -> None:
         """Refuse to add to this store what does not belong beside what it holds: another model or weight dtype (its
@@ -738,10 +739,22 @@ class Store:
             raise InputTypeError(f"Store.write takes a list of Records (unicache_lib.capture.record.Record), got a "
                                  f"{type(bad).__name__} in it; nothing was written")
         for r in records:  # what is stored is float32 (or bool): a cast that changes values is refused, not done
+            if _odd_keys(r.meta) is not None:
+                raise InputTypeError(f"record {r.key!r}: its meta holds a key that is not a text ({_odd_keys(r.meta)}), "
+                                     f"which would read back as another (1 as '1'); nothing was written")
             for name, t in r.data.items():
+                if not (isinstance(name, str) and name.isprintable() and name):  # it names the array in its file
+                    raise InputTypeError(f"record {r.key!r}: array name {name!r:.80} is not a printable text; name it "
+                                         f"e.g. 'probs'; nothing was written")
                 if not isinstance(t, torch.Tensor):
                     raise InputTypeError(f"record {r.key!r}: array {name!r} is a {type(t).__name__}, not a torch "
                                          f"tensor; nothing was written")
+                if t.dtype == torch.float64 and t.numel():  # float32 would turn a finite value infinite, or non-zero 0
+                    f = t.detach().float()
+                    if ((f.isinf() & t.isfinite()) | ((f == 0) & (t != 0))).any():
+                        raise InputError(f"record {r.key!r}: array {name!r} holds float64 values float32 cannot hold "
+                                         f"(beyond ±3.4e38, or non-zero below 1.4e-45): the store would keep inf or 0; "
+                                         f"rescale them first; nothing was written")
                 if t.dtype != torch.bool and not t.dtype.is_floating_point:
                     raise InputTypeError(f"record {r.key!r}: array {name!r} is {t.dtype}, but a store holds float32 "
                                          f"(or bool) data, and the cast would change it ({'the imaginary part dropped' if t.is_complex() else 'integers above 2**24 rounded'}): "
@@ -1105,22 +1118,22 @@ class Store:
                 except OSError:
                     continue
                 mode = lst.st_mode
-                own = (n == "meta.json" or n.startswith(("index-rank", ".lock-rank", "rank"))) if depth == 0 else \
-                    depth == 1 and n.startswith("chunk")
+                own = _own_name(n, depth)  # exact names, as remove_store's: a user's rankings/ or .x.tmp is not one
                 if own and depth == 0 and stat.S_ISREG(mode) and lst.st_nlink > 1:  # a lock, index or meta it writes
                     strangers.append((p, f"a hard link ({lst.st_nlink} names: the same file may sit outside the "
                                          f"store), never written through"))
                     continue
-                if n.startswith(".") and n.endswith(".tmp") and not stat.S_ISDIR(mode):
+                if own and n.startswith(".") and n.endswith(".tmp") and not stat.S_ISDIR(mode):
                     tmp.append(p)  # (removing a link or FIFO removes the name, never what it points to)
                 elif own and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                     kind = f"a symbolic link to {os.readlink(p)}" if stat.S_ISLNK(mode) else file_kind(mode)
                     strangers.append((p, kind))
-                elif stat.S_ISDIR(mode) and depth == 0 and n.startswith("rank"):
+                elif stat.S_ISDIR(mode) and own and depth == 0:  # a rank folder
                     look(p, 1)
-                elif stat.S_ISDIR(mode) and own:  # a chunk folder
-                    if p.relative_to(self.path).as_posix() not in used and not any(
-                            q.endswith(".damaged") for q in os.listdir(p)):  # (repair's kept *.damaged: not an orphan)
+                elif stat.S_ISDIR(mode) and own and depth == 1:  # a chunk folder
+                    inside = os.listdir(p)  # repair's kept *.damaged, or a file of a user's: not an orphan
+                    if p.relative_to(self.path).as_posix() not in used and all(
+                            _own_name(q, 2) and not q.endswith(".damaged") for q in inside):
                         orphans.append(p)
                     look(p, 2)
 
@@ -1273,16 +1286,9 @@ def _store_tree(p: Path) -> tuple[dict, list[str], list[tuple[str, str]]]:
         for d in sorted(os.scandir(folder), key=lambda d: d.name):
             n, here = d.name, f"{rel}{d.name}"
             mode = d.stat(follow_symlinks=False).st_mode
-            if depth == 0:
-                rank = _RANK_DIR.fullmatch(n)
-                is_dir = bool(rank) and n == f"rank{int(rank[1]):05d}"
-                is_file = not is_dir and bool(_TOP_FILES.fullmatch(n)) and _canonical(n)
-            elif depth == 1:
-                chunk = _CHUNK_DIR.fullmatch(n)
-                is_dir, is_file = bool(chunk) and n == f"chunk{int(chunk[1]):06d}", False
-            else:
-                is_dir, is_file = False, bool(_CHUNK_FILES.fullmatch(n))
-            if not (is_dir or is_file):
+            own = _own_name(n, depth)
+            is_dir, is_file = own == "dir", own == "file"
+            if not own:
                 foreign.append(here)
             elif is_dir and stat.S_ISDIR(mode):
                 node["dirs"][n] = look(folder / n, here + "/", depth + 1)
@@ -1294,6 +1300,43 @@ def _store_tree(p: Path) -> tuple[dict, list[str], list[tuple[str, str]]]:
         return node
 
     return look(p, "", 0), foreign, strange
+
+
+def _own_name(n: str, depth: int) -> str | None:
+    """``"dir"`` or ``"file"`` when ``n`` is a name the store gives at ``depth`` (0: its folder, 1: a rank folder,
+    2: a chunk folder), by its exact form (``rank00000``, not ``rankings``); else None (a user's)."""
+    if depth == 0:
+        rank = _RANK_DIR.fullmatch(n)
+        return "dir" if rank and n == f"rank{int(rank[1]):05d}" else \
+            "file" if _TOP_FILES.fullmatch(n) and _canonical(n) else None
+    if depth == 1:
+        chunk = _CHUNK_DIR.fullmatch(n)
+        return "dir" if chunk and n == f"chunk{int(chunk[1]):06d}" else None
+    return "file" if _CHUNK_FILES.fullmatch(n) else None
+
+
+def _odd_keys(x):
+    """The repr of the first mapping key under ``x`` that is not a text (JSON would turn it into one), or None."""
+    if isinstance(x, dict):
+        bad = [k for k in x if not isinstance(k, str)]
+        if bad:
+            return repr(bad[0])
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        return next((o for o in map(_odd_keys, x) if o is not None), None)
+    return None
+
+
+def _looks_written(p: Path, tree: dict) -> bool:
+    """Whether a store wrote the folder ``p`` (:func:`_store_tree` ``tree``): a rank folder, an index log or a lock, or
+    a meta.json holding the ``format`` a store writes (a user's own meta.json is not a store's)."""
+    if tree["dirs"] or any(n.startswith((".lock-rank", ".meta.json.")) or ".jsonl" in n for n in tree["files"]):
+        return True
+    try:
+        meta = json.loads(read_inside(p, "meta.json", links=False, limit=MAX_META_BYTES, error=StoreError))
+    except (StoreError, OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "format" in meta
 
 
 def _canonical(name: str) -> bool:
@@ -1355,6 +1398,10 @@ def remove_store(path) -> bool:
         raise StoreError(f"{p} holds more than a store ({shown}{', ...' if len(foreign) > 5 else ''}: names a store "
                          f"never writes): not removed, nothing in it touched. Point OUT_DIR to a folder of its own, or "
                          f"move those out and call remove_store again")
+    if (tree["files"] or tree["dirs"]) and not _looks_written(p, tree):
+        raise StoreError(f"{p} holds only {', '.join(tree['files'])}, and no store wrote {'it' if len(tree['files']) == 1 else 'them'} "
+                         f"(no index, lock or rank folder; a meta.json without a store's 'format'): not removed, "
+                         f"nothing in it touched; remove it yourself if it is yours")
     if strange:
         raise StoreError(f"{p} holds {', '.join(f'{n} ({kind})' for n, kind in strange[:3])}, which a store never "
                          f"makes: not removed, and nothing a link points to is touched. Remove "
