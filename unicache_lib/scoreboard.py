@@ -129,10 +129,8 @@ class Row:
             return NOT_MEASURABLE
         if self.random_weights:
             return RANDOM_WEIGHTS
-        vs = set(self._criterion_verdicts().values())
-        if INCONCLUSIVE in vs:
-            return INCONCLUSIVE
-        return vs.pop() if len(vs) == 1 else PARTLY  # holds / does not hold for every criterion, else partly
+        vs = set(self._criterion_verdicts().values())  # holds / does not hold for every criterion, else partly
+        return INCONCLUSIVE if INCONCLUSIVE in vs else vs.pop() if len(vs) == 1 else PARTLY
 
     def settle_note(self) -> str:
         """For an inconclusive row: per undecided criterion, the rough n that would settle it."""
@@ -167,10 +165,11 @@ def _cells(ms: list[tuple[str, Measurement | None]]) -> dict:
     ns = {m.n for _, m in ms if m and m.n is not None}
     units = {m.unit for _, m in ms if m and m.unit}
     if len(ns) <= 1 and len(units) <= 1:
-        return {"value": value, "interval": interval, "n": str(ns.pop()) if ns else "-", "unit": units.pop() if units else ""}
+        return {"value": value, "interval (95%)": interval, "n": str(ns.pop()) if ns else "-",
+                "unit": units.pop() if units else ""}
     # criteria counted in different units: each count beside its own unit, "(a) 20 timing rounds; (b) 1600 prompts"
     n = "; ".join(f"{tag(k)}{m.n} {m.unit or ''}".rstrip() for k, m in ms if m and m.n is not None) or "-"
-    return {"value": value, "interval": interval, "n": n, "unit": ""}
+    return {"value": value, "interval (95%)": interval, "n": n, "unit": ""}
 
 
 class Scoreboard:
@@ -254,12 +253,9 @@ class Scoreboard:
     def table(self):
         """One row per claim: statement, measured, value, interval, n, unit, rule, verdict, note."""
         self._check_complete()
-        rows = []
-        for r in self.rows.values():
-            c = _cells([(k, r.measured.get(k)) for k in r.criteria])
-            rows.append({"claim": r.claim, "statement": CLAIMS[r.claim], "measured": r.shown, "value": c["value"],
-                         "interval (95%)": c["interval"], "n": c["n"], "unit": c["unit"], "rule": r.rule_text,
-                         "verdict": r.verdict, "note": r.full_note()})
+        rows = [{"claim": r.claim, "statement": CLAIMS[r.claim], "measured": r.shown,
+                 **_cells([(k, r.measured.get(k)) for k in r.criteria]), "rule": r.rule_text, "verdict": r.verdict,
+                 "note": r.full_note()} for r in self.rows.values()]
         return pd.DataFrame(rows).set_index("claim")
 
     def show(self):

@@ -77,17 +77,14 @@ class Visibility:
             V = V.reshape(-1, sq, sk)[0]
         if bool(V.all()):
             return cls("all", q, sk)
-        if bool(torch.equal(V, torch.arange(sk, device=V.device)[None, :] <= q[:, None])):
-            return cls("causal", q, sk)
-        return cls("mask", q, sk, V)
+        is_causal = bool(torch.equal(V, torch.arange(sk, device=V.device)[None, :] <= q[:, None]))
+        return cls("causal", q, sk) if is_causal else cls("mask", q, sk, V)
 
     def counts(self) -> torch.Tensor:
         """``[Sq]`` visible keys per query row (0 for a dead row)."""
         if self.kind == "all":
             return torch.full((len(self.q),), self.sk, device=self.q.device)
-        if self.kind == "causal":
-            return (self.q + 1).clamp(max=self.sk)
-        return self.V.sum(-1)
+        return (self.q + 1).clamp(max=self.sk) if self.kind == "causal" else self.V.sum(-1)
 
     def seeing(self) -> torch.Tensor:
         """``[Sk]`` how many query rows can see each key (at least 1, to divide by)."""
@@ -698,9 +695,7 @@ def step_statistics(P, q_kinds, k_kinds, k_real=None, q_weights=None, prev=None)
         _raise_nonfinite()
 
     def rows_mean(x, q):  # x [H, Sq] -> [H], mean over the query rows q (weighted: q_weights); NaN without rows
-        if not bool(q.any()):
-            return nan
-        return x[:, q].mean(-1) if wq is None else (x[:, q] * wq[q]).sum(-1) / wq[q].sum()
+        return nan if not bool(q.any()) else x[:, q].mean(-1) if wq is None else (x[:, q] * wq[q]).sum(-1) / wq[q].sum()
 
     cells = _blocks(qk)
     block_mass = torch.stack([mass[:, q, g].sum(-1) if wq is None else mass[:, q, g] @ wq[q] for q, g in cells], -1)

@@ -120,10 +120,8 @@ class EvictionContext:
                for ch in chosen]
         if self.cache_layers is None or list(self.cache_layers) == list(range(self.n_cache_layers or len(per))):
             return per
-        out: list = [None] * self.n_cache_layers
-        for li, keep in zip(self.cache_layers, per):
-            out[li] = keep
-        return out
+        placed = dict(zip(self.cache_layers, per))
+        return [placed.get(li) for li in range(self.n_cache_layers)]
 
     def image_reads(self, layer: int) -> torch.Tensor:
         """``[n_image]``: attention each image key receives from all context queries, mean over heads."""

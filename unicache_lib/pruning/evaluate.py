@@ -39,9 +39,8 @@ def understanding_metrics(logp: torch.Tensor, ref_logp: torch.Tensor, processor,
     tokenizer = getattr(processor, "tokenizer", processor)
     pred = tokenizer.convert_ids_to_tokens(logp.argmax(-1).tolist())
     ok = correct(pred, [q.answer for q in qas])
-    kl = kl_divergence(ref_logp, logp)
     return {"accuracy": float(ok.mean()), "agreement": float((logp.argmax(-1) == ref_logp.argmax(-1)).float().mean()),
-            "kl": float(kl.mean()), "n": len(qas), "correct_q": ok}
+            "kl": float(kl_divergence(ref_logp, logp).mean()), "n": len(qas), "correct_q": ok}
 
 
 def generation_metrics(images: np.ndarray, reference: np.ndarray, objects: list[dict]) -> dict:

@@ -82,8 +82,8 @@ def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_
         target = same / same.sum(1, keepdim=True)
         lt = out.logits_per_text
         loss = 0.5 * (F.cross_entropy(lt, target) + F.cross_entropy(lt.T, target))
-        feats = out.vision_model_output.last_hidden_state[:, 1:]
-        aux_loss, patch_acc = heads.loss(feats, torch.from_numpy(np.stack([patch_labels(s, PATCH) for s in scenes])))
+        aux_loss, patch_acc = heads.loss(out.vision_model_output.last_hidden_state[:, 1:],
+                                         torch.from_numpy(np.stack([patch_labels(s, PATCH) for s in scenes])))
         return loss + aux * aux_loss, lambda: {
             "loss": loss.item(), "aux_loss": aux_loss.item(),
             "batch_recall": (lt.argmax(1) == torch.arange(batch)).float().mean().item(), "patch_acc": patch_acc}

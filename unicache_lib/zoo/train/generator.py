@@ -81,8 +81,7 @@ def main(argv=None):
         noise = torch.from_numpy(rng.standard_normal(x0.shape)).float()
         s = sigma[:, None, None, None]
         xt = (1 - s) * x0 + s * noise
-        cond = encode_prompts(gen.text_encoder, tok, prompts)
-        v = transformer_forward(gen.transformer, adapter, xt, sigma * 1000, cond)
+        v = transformer_forward(gen.transformer, adapter, xt, sigma * 1000, encode_prompts(gen.text_encoder, tok, prompts))
         loss = torch.nn.functional.mse_loss(v, noise - x0)
         return loss, lambda: {"loss": loss.item()}
 

@@ -203,8 +203,7 @@ def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, ev
                              exists_negatives=exists_negatives)
         inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
                              [a for _, _, a in items])
-        logits = model(**inp).logits[:, :-1].flatten(0, 1)
-        u_loss = F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
+        u_loss = F.cross_entropy(model(**inp).logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
         gen = gen_batch(rng, batch)
         with torch.no_grad():
             codes = m.vqmodel.encode(vq_pixels(processor, np.stack([s.uint8() for _, s in gen]))).image_tokens.view(batch, -1)

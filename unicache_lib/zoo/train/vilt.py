@@ -66,8 +66,7 @@ def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_
     def step_loss(step):
         model.train()
         items = _sample(rng, batch, caption_rate=0.0)
-        imgs = np.stack([qa.scene.uint8() for qa, _, _ in items])
-        logits, hidden = forward(model, processor, [q for _, q, _ in items], imgs)
+        logits, hidden = forward(model, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]))
         y = torch.tensor([label2id[a] for _, _, a in items])
         loss = torch.nn.functional.cross_entropy(logits, y)
         n_img = 1 + GRID * GRID

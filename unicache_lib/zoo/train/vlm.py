@@ -96,8 +96,9 @@ def train_lm(recipe, fam, model, processor, rng, steps, batch, lr, log, eval_eve
                              exists_negatives=exists_negatives)
         inp, labels = encode(fam, processor, [q for _, q, _ in items], np.stack([qa.scene.uint8() for qa, _, _ in items]),
                              [a for _, _, a in items])
-        logits = model(**inp).logits[:, :-1].flatten(0, 1)  # the label of position t is predicted at t-1
-        loss = torch.nn.functional.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
+        # the label of position t is predicted at t-1
+        loss = torch.nn.functional.cross_entropy(model(**inp).logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
+                                                 ignore_index=-100)
         return loss, lambda: {"loss": loss.item()}
 
     fit(Stage("b", "stage b: language model", steps, lr, warmup(steps), (0.9, 0.98), eval_every=eval_every),
