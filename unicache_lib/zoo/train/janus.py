@@ -169,11 +169,10 @@ def generate_images(model, processor, prompts, guidance=3.0) -> np.ndarray:
     of the token just drawn (``prepare_inputs_for_generation`` keeps ``inputs_embeds`` only on a first iteration that
     Janus never marks), so its images do not follow the prompt."""
     model.eval()
-    out = []
-    for p in prompts:
-        tokens, _ = generate_image_with_capture(model, gen_inputs(processor, [p])["input_ids"], guidance, capture=False)
-        out.append(signed_to_uint8(model.decode_image_tokens(tokens[None].to(next(model.parameters()).device)))[0])
-    return np.stack(out)
+    drawn = [generate_image_with_capture(model, gen_inputs(processor, [p])["input_ids"], guidance, capture=False)[0]
+             for p in prompts]
+    return np.stack([signed_to_uint8(model.decode_image_tokens(t[None].to(next(model.parameters()).device)))[0]
+                     for t in drawn])
 
 
 def evaluate_generation(model, processor, n=100, guidance=3.0) -> dict:
