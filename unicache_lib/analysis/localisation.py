@@ -108,9 +108,8 @@ def object_word_selectivity(model, processor, samples, grid=None, question: str 
     """
     rows = []
     for sid, t, layer, W, po in object_readings(model, processor, samples, grid, question, query):
-        per = list(enumerate(W)) if per_head else [(None, W.mean(0))]
         k = int((po == t).sum())
-        for h, w in per:
+        for h, w in (enumerate(W) if per_head else [(None, W.mean(0))]):
             rows.append({"sample": sid, "object": t, "layer": layer, **({"head": h} if per_head else {}),
                          "selectivity": selectivity(w, po, t), "top_on_target": bool(po[int(w.argmax())] == t),
                          "iou": iou(top_region(w.numpy(), k), po == t) if k else float("nan"),

@@ -405,8 +405,9 @@ def _load_pipeline(where, index: dict, dtype: torch.dtype, image_size: int | Non
     pipe = diffusers.DiffusionPipeline.from_pretrained(where, dtype=dtype)  # every model in eval mode
     card = model_card(where) if Path(str(where)).exists() else {}
     size = image_size or card.get("image_size") or default_image_size(pipe)
-    msl = max_sequence_length or card.get("max_sequence_length") or sampled[cls_name].max_sequence_length(pipe)
-    return PipelineGenerator(sampled[cls_name], pipe, str(where), int(size), int(msl))
+    return PipelineGenerator(sampled[cls_name], pipe, str(where), int(size),
+                             int(max_sequence_length or card.get("max_sequence_length")
+                                 or sampled[cls_name].max_sequence_length(pipe)))
 
 
 def _load_tiny_layout(where, dtype: torch.dtype):
