@@ -39,7 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate import claim_out, count, launch_rank, read_shards, write_owned, write_shard  # noqa: E402 - the shard files every decisive run shares
 
-from unicache_lib.core.errors import InputError  # noqa: E402
+from unicache_lib.core.errors import InputError, StoreError, UnicacheError  # noqa: E402
+from unicache_lib.core.untrusted import read_inside  # noqa: E402
 from unicache_lib.paths import check_output_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,6 +155,23 @@ def merge(out: Path = OUT) -> pd.DataFrame:
     return R.sort_values(["generator", "method", "chunk"], ignore_index=True)
 
 
+def read_timing(out: Path, generators) -> dict | None:
+    """``out/timing.json`` (None when there is none), refused in one line when it is a link, not this run's
+    generators, or not what :func:`run_timing` writes."""
+    if not os.path.lexists(out / "timing.json"):
+        return None
+    try:
+        t = json.loads(read_inside(out, "timing.json", links=False, limit=2**26, error=StoreError, what="timing file"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise StoreError(f"{out / 'timing.json'} is not readable JSON ({e}): run --timing again") from None
+    ok = (isinstance(t, dict) and isinstance(t.get("repeats"), int) and t["repeats"] >= 1
+          and isinstance(t.get("timing"), dict) and all(isinstance(v, dict) for v in t["timing"].values()))
+    if not ok or set(t["timing"]) != set(generators):
+        raise StoreError(f"{out / 'timing.json'} is not the timing of these shards (generators "
+                         f"{sorted(t['timing']) if ok else '?'}, the shards' {sorted(generators)}): run --timing again")
+    return t
+
+
 def tables(R: pd.DataFrame, timing: dict | None) -> dict[str, pd.DataFrame]:
     """06's per-generator table (:func:`~unicache_lib.reuse.evaluate.run_reuse`'s columns) from the merged rows and
     the timing rounds: means over every prompt, work and FLOPs summed over chunks before the ratio."""
@@ -233,9 +251,13 @@ def main(argv=None) -> int:
         print(f"timing: {run_timing(args.repeats, args.out, given=given)}")
         return 0
     if args.merge:
-        R = merge(args.out)
+        try:  # one line, no traceback: what is wrong and what to do
+            R = merge(args.out)
+            timing = read_timing(args.out, R.generator.unique())
+        except UnicacheError as e:
+            print(f"{TOOL}: error: {e}", file=sys.stderr)
+            return 2
         tpath = args.out / "timing.json"
-        timing = json.loads(tpath.read_text()) if tpath.exists() else None
         if timing is None:
             print(f"no {tpath}: the wall-clock criteria stay unmeasured (run --timing first)")
         repeats = timing["repeats"] if timing else 0

@@ -147,7 +147,7 @@ def test_reuse_at_two_step_counts_runs_small(capsys):
 
 
 @pytest.mark.extended
-def test_decisive_reuse_run_shards_and_merges_equal_to_one_process(tmp_path):
+def test_decisive_reuse_run_shards_and_merges_equal_to_one_process(tmp_path, capsys):
     """`make evaluate-reuse`: prompts disjoint from 06's and the tuning set's; two ranks' chunks merge into exactly the
     one-process rows; the merge decides 06's claims with 06's code, and 06 reads the result only for its own
     generators and settings, saying it decided the row."""
@@ -175,6 +175,22 @@ def test_decisive_reuse_run_shards_and_merges_equal_to_one_process(tmp_path):
     E.run_shard(16, 0, 2, two, generators=("tiny-pixart",), progress=False)
     pd.testing.assert_frame_equal(E.merge(one), E.merge(two))
     assert E.main(["--merge", "--out", str(two), "--results", str(tmp_path / "res")]) == 0  # no timing: said, not faked
+    # round 11: no shards was a 10-line traceback; a timing.json of other generators a raw KeyError; a link was read
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"repeats": 3, "generators": ["x"], "timing": {"x": {}}}))
+    bad = {"empty": (tmp_path / "empty", "no shards in"), "other": (two, "is not the timing of these shards"),
+           "link": (two, "link")}
+    for case, (out, msg) in bad.items():
+        t = two / "timing.json"
+        t.unlink(missing_ok=True)
+        if case == "other":
+            t.write_text((tmp_path / "elsewhere.json").read_text())
+        elif case == "link":
+            t.symlink_to(tmp_path / "elsewhere.json")
+        assert E.main(["--merge", "--out", str(out), "--results", str(tmp_path / "res2")]) == 2, case
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and msg in err and "Traceback" not in err, (case, err)
+    (two / "timing.json").unlink()
     d = CC.decisive_reuse(["tiny-pixart"], E.STEPS, E.GUIDANCE, results=tmp_path / "res")
     assert ("R1", "b") in d.index and pd.isna(d.loc[("R1", "a"), "value"]) and d.loc[("R1", "b"), "n"] == 16
     assert CC.decisive_reuse(["tiny-mmdit", "tiny-pixart"], E.STEPS, E.GUIDANCE, results=tmp_path / "res") is None
