@@ -345,6 +345,12 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
     StepSkipConfig(20, head=0.1, tail=0.05, stride=3, weight=0.5, order=2)  # the tuned values pass
     with pytest.raises(TypeError, match=r"n_steps must be a whole number >= 1; got float 2.5"):
         StepSkipConfig(20).schedule(2.5)  # round 11: a raw TypeError from range()
+    from unicache_lib.reuse.policies.step_skip import StepSkip
+
+    pol = StepSkip()
+    pol.stride = 1  # round 12: a field set after the policy was made is checked when the schedule is made
+    with pytest.raises(ValueError, match="stride=1 computes every step"):
+        pol.schedule(20)
 
 
 # ---- 6. the parsers, property-based: any input loads correctly or raises one of the project's errors ------------

@@ -194,3 +194,26 @@ def test_every_policy_runs_as_a_press_keeping_what_the_harness_keeps_or_is_refus
     for li in range(len(harness.layers)):
         assert torch.equal(harness.layers[li].keys, pressed.cache.layers[li].keys), f"layer {li}"
         assert torch.equal(harness.layers[li].values, pressed.cache.layers[li].values), f"layer {li}"
+
+
+@pytest.mark.parametrize("field,value,msg", [("compression_ratio", 70, r"compression_ratio must be a fraction"),
+                                             ("compression_ratio", 1.0, r"compression_ratio must be a fraction"),
+                                             ("compression_ratio", True, r"compression_ratio"),
+                                             ("compression_ratio", -0.5, r"compression_ratio must be a fraction"),
+                                             ("compression_ratio", float("nan"), r"compression_ratio"),
+                                             ("compression_ratio", "0.5", r"not the string '0.5'"),
+                                             ("policy", "fastv", r"'fastv' ranks the image keys once.*run_eviction")])
+def test_a_field_set_after_the_press_is_made_is_checked_at_the_forward(llava, field, value, msg):
+    """Round 12's N5: kvpress's evaluation loop sets press.compression_ratio by assignment, past every check of the
+    press's __init__: 70, 1.0 or True kept one image key per layer, -0.5 compressed nothing, and an assigned fastv
+    kept other positions than the harness, all without a word."""
+    model, processor, qas = llava
+    sp = split_prompt(processor, qas[0].scene.uint8(), qas[0].question, model=model)
+    press = KeyCoveragePress(compression_ratio=0.5)
+    setattr(press, field, POLICIES[value]() if field == "policy" else value)
+    with pytest.raises((ValueError, TypeError), match=msg) as e, press(model):
+        prefill(model, sp, attentions=False)
+    assert "\n" not in str(e.value)
+    press.compression_ratio, press.policy = 0.5, POLICIES["key_coverage"]()  # the fix: a ratio in [0, 1), a per-layer rule
+    with press(model):
+        assert prefill(model, sp, attentions=False).cache.get_seq_length() < sp.context_ids.shape[1]

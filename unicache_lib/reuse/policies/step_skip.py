@@ -88,6 +88,7 @@ class StepSkip(ReusePolicy):
             raise InputError(f"order must be 1 or 2, got {self.order!r}")
 
     def schedule(self, n_steps: int) -> list[bool]:
+        self.__post_init__()  # a field set since it was made (pol.stride = 1) is checked too
         return step_schedule(n_steps, self.head, self.tail, self.stride)
 
     def decide(self, step, n_steps, similarity, key="transformer"):
