@@ -183,6 +183,14 @@ def test_a_folder_without_scene_types_says_how_many_it_kept(tmp_path):
     with pytest.warns(UserWarning, match=r"kept the first 4 of your 10 samples without a scene_type.*PER_TYPE=10"):
         assert len(load(root, per_type=4)) == 4
     assert len(load(root, per_type=10)) == len(load(root)) == 10  # the fix it names
+    # round 12's N3: a folder whose samples carry a scene_type was thinned to 4 of 7 without a word
+    root = _folder(tmp_path / "g", [{"file_name": n, "question": "q", "scene_type": "single"} for n in names[:7]],
+                   names[:7])
+    with pytest.warns(UserWarning, match=r"kept 4 of your 7 samples, the first 4 of each scene type.*PER_TYPE=7"):
+        assert len(load(root, per_type=4)) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load(root, per_type=7)) == 7 and len(load(per_type=2)) == 10  # the shipped set is thinned by design
 
 
 def test_images_that_cannot_be_read_exactly_are_refused_or_warned(tmp_path):

@@ -15,6 +15,8 @@ import pytest
 from unicache_lib import lessons
 from unicache_lib.core.errors import InputError
 
+from .deadline import deadline
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # file 1: notebooks/src/98_toy.py, the lesson with its record in the header
@@ -181,3 +183,19 @@ def test_a_record_reads_words_and_dates_as_written_and_a_source_that_is_not_utf8
     src.write_bytes(b"# ---\n# \xff\n# ---\n")
     with pytest.raises(InputError, match="97_x.py: not UTF-8"):
         lessons.discover(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["a link out", "a FIFO", "a folder"])
+def test_a_lesson_source_that_is_no_file_of_the_repository_is_refused(tmp_path, kind):
+    """Round 12's N6: a source that was a symlink out of the repository was read (its title, quick values and the
+    rule modules rule_tables() would import); a FIFO blocked the reader; a folder was a raw IsADirectoryError."""
+    import os
+
+    src = tmp_path / "notebooks" / "src"
+    src.mkdir(parents=True)
+    (tmp_path / "outside.py").write_text(_HEAD + "# ---\n# # SECRET-TITLE\n")
+    {"a link out": lambda p: p.symlink_to(tmp_path / "outside.py"), "a FIFO": os.mkfifo,
+     "a folder": os.mkdir}[kind](src / "08_x.py")
+    with deadline(20), pytest.raises(InputError, match="08_x.py") as e:
+        lessons.discover(tmp_path)
+    assert "\n" not in str(e.value) and "SECRET" not in str(e.value)

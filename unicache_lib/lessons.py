@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from .core.errors import InputError
+from .core.untrusted import read_inside
 
 ROOT = Path(__file__).resolve().parents[1]
 ID = re.compile(r"^\d\d_[a-z0-9_]+$")
@@ -121,13 +122,13 @@ def read(source: Path) -> Lesson:
     source = Path(source)
     if not ID.match(source.stem):
         raise InputError(f"{source.name}: a lesson's file is NN_topic.py (two digits, lower-case words)")
+    # a regular file inside its folder (no link out, no FIFO to block on), read up to its bound, as data is read
+    data = read_inside(source.parent, source.name, links=False, limit=MAX_SOURCE_BYTES, what="lesson source",
+                       fix="a lesson's source is a file of the repository's notebooks/src")
     try:
-        data = source.read_bytes()
-        text = data.decode("utf-8-sig") if len(data) <= MAX_SOURCE_BYTES else None  # (a BOM: an editor's, read past)
+        text = data.decode("utf-8-sig")  # (a BOM: an editor's, read past)
     except UnicodeDecodeError as e:
         raise InputError(f"{source.name}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
-    if text is None:
-        raise InputError(f"{source.name}: {len(data):,} bytes, over a lesson source's {MAX_SOURCE_BYTES:,}")
     try:
         head = yaml.load(_header(text) or "{}", Loader=_Loader) or {}
     except yaml.YAMLError as e:

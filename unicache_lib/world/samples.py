@@ -365,7 +365,7 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
     if why:
         raise InputError(why)
     if layout == "folder":
-        return _select(read_folder(path, llava), ids, scene_types, per_type)
+        return _select(read_folder(path, llava), ids, scene_types, per_type, own=True)
     counts: dict = {}
     for _, row in rows:
         counts[row.get("scene_type")] = counts.get(row.get("scene_type"), 0) + 1
@@ -377,7 +377,8 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
         raise InputError(f"the committed set at {path} has {n_per} samples per scene type, {per_type} were asked for: "
                          f"pass another SAMPLE_SEED (a set of the same recipe is built with {per_type} per type), or "
                          f"PER_TYPE <= {n_per}")
-    return _select(_samples_from_records(path, rows, path / MANIFEST, "image", "id"), ids, scene_types, per_type)
+    return _select(_samples_from_records(path, rows, path / MANIFEST, "image", "id"), ids, scene_types, per_type,
+                   own=not _generated(path, rows))
 
 
 def _generated(path: Path, rows) -> bool:
@@ -948,7 +949,9 @@ def _names(value, what: str, e_g: str, allowed=None) -> set | None:
     return set(value)
 
 
-def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | None = None) -> list[Sample]:
+def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | None = None,
+            own: bool = False) -> list[Sample]:
+    """The samples asked for; ``own``: a folder of yours, which PER_TYPE never thins without a word."""
     ids = _names(ids, "ids", "['single-0', 'clutter-1']")
     scene_types = _names(scene_types, "scene_types", "['single', 'clutter']", SCENE_TYPES)
     rank, seen = [], {}
@@ -957,11 +960,12 @@ def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | N
         seen[s.scene_type] = rank[-1] + 1
     out = [s for s, r in zip(samples, rank) if (ids is None or s.id in ids)
            and (scene_types is None or s.scene_type in scene_types) and (per_type is None or r < per_type)]
-    untyped = seen.get("", 0)
-    if per_type is not None and untyped > per_type and ids is None:  # your folder without scene types: say so
-        warnings.warn(f"kept the first {per_type} of your {untyped} samples without a scene_type (per_type / PER_TYPE="
-                      f"{per_type} counts them as one type): pass PER_TYPE={untyped} to take them all", UserWarning,
-                      stacklevel=3)
+    untyped, most = seen.get("", 0), max(seen.values(), default=0)
+    if own and per_type is not None and most > per_type and ids is None:  # your folder thinned: say so
+        kept = (f"the first {per_type} of your {untyped} samples without a scene_type (per_type / PER_TYPE={per_type} "
+                f"counts them as one type)" if untyped == len(samples) else f"{len(out)} of your {len(samples)} samples, "
+                f"the first {per_type} of each scene type (per_type / PER_TYPE={per_type})")
+        warnings.warn(f"kept {kept}: pass PER_TYPE={most} to take them all", UserWarning, stacklevel=3)
     if ids is not None:
         unknown = set(ids) - {s.id for s in out}
         if unknown:
