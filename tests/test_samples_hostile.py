@@ -720,3 +720,18 @@ def test_a_picture_that_is_not_one_rgb_frame_is_refused(tmp_path, kind):
     with pytest.raises(UnicacheError, match=r"holds 2 frames|is in mode LAB") as e:
         S.load(root)
     assert "save the picture you mean as an 8-bit RGB PNG" in str(e.value)
+
+
+@pytest.mark.parametrize("layout", ["metadata", "llava"])
+def test_one_picture_with_two_questions_gives_both_its_masks(tmp_path, layout):
+    """Round 5's NSB1 (round 12 again): one image asked two questions, masks.npz keyed by its file_name: only the first
+    sample got the masks, the second none, without a word (the LLaVA refusal's own advice, one entry per turn,
+    leads there)."""
+    rows = [{"file_name": "a.png", "question": "what colour ?", "id": "a-1"},
+            {"file_name": "a.png", "question": "what shape ?", "id": "a-2"}]
+    root = _write_layout(tmp_path / "f", layout, rows)
+    _png(root / "a.png")
+    np.savez(root / "masks.npz", **{"a.png": np.ones((2, 16, 16), bool)})
+    got = S.load(root)
+    assert [s.id for s in got] == ["a-1", "a-2"] and all(s.masks is not None and s.masks.shape == (2, 16, 16)
+                                                          for s in got)

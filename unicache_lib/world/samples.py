@@ -906,27 +906,28 @@ def _masks_by_sample(path: Path, rows, ids: list[str], masks_by: str) -> dict[st
     masks = _read_masks(path)
     if not masks:
         return {}
-    by_name: dict[str, str] = {}
+    by_name: dict[str, list[str]] = {}  # one picture, several questions: its masks are every such sample's
     for (_, row), sid in zip(rows, ids):
-        by_name.setdefault(posixpath.normpath(str(row["file_name"])), sid)
+        by_name.setdefault(posixpath.normpath(str(row["file_name"])), []).append(sid)
     by_id = {sid: sid for sid in ids}
     out: dict[str, tuple[str, np.ndarray]] = {}
     for k, m in masks.items():
-        named = {x for x in (by_name.get(posixpath.normpath(k)), by_id.get(k)) if x is not None}
+        via_name, via_id = by_name.get(posixpath.normpath(k), []), by_id.get(k)
+        named = set(via_name) or ({via_id} if via_id else set())
         if not named:
             close = difflib.get_close_matches(k, sorted(set(by_name) | (set(by_id) if masks_by == "id" else set())), 3)
             raise InputError(f"{path / 'masks.npz'}: key {k[:80]!r} names no sample of the folder (keys are the "
                              f"samples' file_name{', or their id' if masks_by == 'id' else ''}, exactly, case "
                              f"included)" + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
                              + ": rename the key or remove it; a mask no sample uses is never silently dropped")
-        if len(named) > 1:
+        if via_name and via_id and via_id not in via_name:
             raise InputError(f"{path / 'masks.npz'}: key {k[:80]!r} is one sample's file_name and another's id "
-                             f"({' and '.join(sorted(named))}): key the masks by file_name only")
-        (sid,) = named
-        if sid in out:
-            raise InputError(f"{path / 'masks.npz'}: sample {sid!r} has masks under two keys ({out[sid][0]!r} and "
-                             f"{k!r}): keep one")
-        out[sid] = (k, m)
+                             f"({' and '.join(sorted(named | {via_id}))}): key the masks by file_name only")
+        for sid in sorted(named):
+            if sid in out:
+                raise InputError(f"{path / 'masks.npz'}: sample {sid!r} has masks under two keys ({out[sid][0]!r} and "
+                                 f"{k!r}): keep one")
+            out[sid] = (k, m)
     return out
 
 
