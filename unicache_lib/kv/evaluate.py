@@ -139,9 +139,9 @@ class _EvictionRun:
 
         def row(b, method, kind, budget, logits, nbytes, ms, retained, memory="freed", prefill_tokens=None, prefill_ms=None):
             qi, q, sp = items[b]
-            pred = self.tok.convert_ids_to_tokens(int(logits.argmax()))
             return {"question": qi, "qtype": q.qtype, "scene": q.scene.scene_type, "method": method, "kind": kind,
-                    "budget": budget, "correct": same_answer(pred, q.answer), "agree": int(logits.argmax()) == int(refs[b].argmax()),
+                    "budget": budget, "correct": same_answer(self.tok.convert_ids_to_tokens(int(logits.argmax())), q.answer),
+                    "agree": int(logits.argmax()) == int(refs[b].argmax()),
                     "kl": float(kl_divergence(refs[b], logits)), "kv_bytes": nbytes,
                     "kv_fraction": nbytes / full_bytes[b], "ms": ms, "retained": retained, "memory": memory,
                     "prefill_tokens": sp.context_ids.shape[1] if prefill_tokens is None else prefill_tokens,

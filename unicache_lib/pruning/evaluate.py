@@ -36,8 +36,7 @@ def understanding_metrics(logp: torch.Tensor, ref_logp: torch.Tensor, processor,
     """Accuracy (:func:`~unicache_lib.core.scoring.same_answer`: word mark and case ignored), agreement with the
     reference answers and mean KL(ref || this); per question in ``correct_q`` (bool ``[N]``, for intervals over
     questions)."""
-    tokenizer = getattr(processor, "tokenizer", processor)
-    pred = tokenizer.convert_ids_to_tokens(logp.argmax(-1).tolist())
+    pred = getattr(processor, "tokenizer", processor).convert_ids_to_tokens(logp.argmax(-1).tolist())
     ok = correct(pred, [q.answer for q in qas])
     return {"accuracy": float(ok.mean()), "agreement": float((logp.argmax(-1) == ref_logp.argmax(-1)).float().mean()),
             "kl": float(kl_divergence(ref_logp, logp).mean()), "n": len(qas), "correct_q": ok}

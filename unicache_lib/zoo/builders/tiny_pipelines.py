@@ -59,8 +59,8 @@ def _train_bpe(tokenizer_cls, words: list[str], special: list[str], **trainer_kw
 def clip_tokenizer(max_length: int = CLIP_LENGTH):
     """A ``CLIPTokenizer`` (byte-level BPE, ``<|startoftext|> ... <|endoftext|>``, padded with
     ``<|endoftext|>``) over the world's vocabulary; ``model_max_length`` is what SD3 / Flux pad CLIP to."""
-    special = ["<|startoftext|>", "<|endoftext|>"]
-    vocab, merges = _train_bpe(transformers.CLIPTokenizer, vocabulary(), special, end_of_word_suffix="</w>")
+    vocab, merges = _train_bpe(transformers.CLIPTokenizer, vocabulary(), ["<|startoftext|>", "<|endoftext|>"],
+                               end_of_word_suffix="</w>")
     return transformers.CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 
@@ -73,8 +73,7 @@ def t5_tokenizer():
 
 def bert_tokenizer():
     """A ``BertTokenizer`` (WordPiece, ``[CLS] ... [SEP]``, ``[PAD]`` = 0) over the world's vocabulary (HunyuanDiT)."""
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab = {w: i for i, w in enumerate(special + vocabulary())}
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + vocabulary())}
     return transformers.BertTokenizer(vocab=vocab, model_max_length=CLIP_LENGTH)
 
 

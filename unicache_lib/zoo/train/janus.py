@@ -76,8 +76,7 @@ def vq_pixels(processor, images_uint8) -> torch.Tensor:
 
 def quantize(vq, px):
     """Straight-through quantisation of ``px`` -> (decoded pixels, codebook loss, token ids ``[B, n]``)."""
-    h = vq.quant_conv(vq.encoder(px))
-    q, loss, idx = vq.quantize(h)
+    q, loss, idx = vq.quantize(vq.quant_conv(vq.encoder(px)))
     return vq.decoder(vq.post_quant_conv(q)), loss, idx.view(px.shape[0], -1)
 
 

@@ -102,8 +102,8 @@ def generate_captions(model, tokenizer, images_uint8, max_new_tokens=16, batch=5
 
 def evaluate(model, tokenizer, qas, shuffle_seed=None) -> dict:
     """Exact-match accuracy overall and per question type (optionally with images shuffled)."""
-    imgs = question_images(qas, shuffle_seed)
-    return score_answers(answer_questions(model, tokenizer, [q.question for q in qas], imgs), qas)
+    return score_answers(answer_questions(model, tokenizer, [q.question for q in qas], question_images(qas, shuffle_seed)),
+                         qas)
 
 
 def evaluate_captions(model, tokenizer, scenes) -> dict:
