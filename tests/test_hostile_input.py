@@ -73,6 +73,8 @@ def test_paths_from_data_stay_in_their_folder(tmp_path):
     for bad in ("../x", "/etc/passwd", "", None, 3, "sub/../../x", "a\x00b"):
         with pytest.raises(InputError):
             stat_inside(tmp_path, bad)
+    with pytest.raises(InputError, match="holds '..' .it comes back inside"):  # round 12: not "points outside"
+        stat_inside(tmp_path, "sub/../sub/ok.png")
 
 
 # ---- 2. escaped at every HTML boundary --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import errno
 import html
 import json
 import os
+import posixpath
 import secrets
 import stat
 from pathlib import Path
@@ -158,7 +159,9 @@ def _walk(base, rel, write: bool, links: bool) -> tuple[str, list[str], os.stat_
         raise _Refused(why)
     rel = os.fspath(rel)
     if rel.startswith("/") or ".." in rel.split("/"):
-        raise _Refused("points outside the folder (an absolute path or '..'): only files inside it are opened")
+        raise _Refused("points outside the folder (an absolute path or '..'): only files inside it are opened"
+                       if rel.startswith("/") or posixpath.normpath(rel).startswith("..") else "holds '..' (it comes "
+                       "back inside, but a path through a parent folder is never followed): write it without '..'")
     root = os.path.realpath(base)
     todo = [p for p in rel.split("/") if p not in ("", ".")]
     parts: list[str] = []
