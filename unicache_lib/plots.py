@@ -35,8 +35,11 @@ def _axes(ax, figsize):
     return _plt().subplots(figsize=figsize) if ax is None else (None, ax)
 
 
-def _finish(fig, title: str = "", fontsize: int = 10):
-    """``fig`` with ``title`` over it (when there is one), laid out."""
+def _finish(fig, title: str = "", fontsize: int = 10, ax=None):
+    """``fig`` with ``title`` over it (when there is one), laid out; ``ax.figure`` as it is when ``fig`` is None (the
+    caller's axes, see :func:`_axes`)."""
+    if fig is None:
+        return ax.figure
     if title:
         fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
@@ -52,6 +55,20 @@ def _colorbar(ax, im, label: str):
     cb.set_label(label, fontsize=8)
     cb.ax.tick_params(labelsize=7)
     return cb
+
+
+def _heatmap(ax, values, title: str, xlabel: str, ylabel: str, cbar: str | None = None, ticks: bool = True,
+             fontsize: int = 9, **imshow):
+    """``values`` drawn on ``ax`` (nearest cells), its axes labelled and titled, whole-number ticks with ``ticks`` and a
+    colour bar labelled ``cbar`` (None: none); returns the image."""
+    im = ax.imshow(values, interpolation="nearest", **imshow)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=fontsize)
+    if ticks:
+        _integer_ticks(ax.xaxis, ax.yaxis)
+    if cbar:
+        _colorbar(ax, im, cbar)
+    return im
 
 
 def _span_legend(ax):
@@ -127,8 +144,7 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
     ax.set(xlabel="layer", ylabel=ylabel)
     ax.set_title(title, pad=14)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool = True, ax=None,
@@ -139,17 +155,12 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
     if P.ndim != 2:
         raise InputError(f"attention_map expects one head's map [Sq, Sk], got shape {P.shape}: pick a head first")
     fig, ax = _axes(ax, (4.6, 4))
-    im = ax.imshow(np.log10(P + 1e-6) if log else P, cmap="viridis", interpolation="nearest", aspect="auto")
+    _heatmap(ax, np.log10(P + 1e-6) if log else P, title, "key position", "query position",
+             _weight_label(log) if cbar else None, cmap="viridis", aspect="auto")
     block = _image_block(spans, P.shape[-1])
     if block:
         ax.axvspan(block[0] - 0.5, block[1] - 0.5, fill=False, edgecolor=SPAN_COLOUR, lw=1, label="image keys")
-    ax.set(xlabel="key position", ylabel="query position")
-    ax.set_title(title, fontsize=9)
-    _integer_ticks(ax.xaxis, ax.yaxis)
-    if block:
         _span_legend(ax)
-    if cbar:
-        _colorbar(ax, im, _weight_label(log))
     return fig or ax.figure
 
 
@@ -162,8 +173,7 @@ def bars(values: dict[str, float], title: str = "", ylabel: str = "", log: bool 
     if log:
         ax.set_yscale("log")
     ax.set(ylabel=ylabel, title=title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 def _image_block(spans: Spans | None, n: int) -> tuple[int, int] | None:
@@ -218,23 +228,18 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
     if R.ndim != 2:
         raise InputError(f"expected [n_layers, seq], got shape {R.shape}")
     fig, ax = _plt().subplots(figsize=(7, 2.8))
-    im = ax.imshow(np.log10(R + 1e-6) if log else R, aspect="auto", cmap="magma", interpolation="nearest")
-    block = _image_block(spans, R.shape[1])
-    if block:
-        ax.axvline(block[0] - 0.5, color="c", lw=1, label="image block")
-        ax.axvline(block[1] - 0.5, color="c", lw=1)
-    _integer_ticks(ax.xaxis, ax.yaxis)
+    _heatmap(ax, np.log10(R + 1e-6) if log else R, title, "key position", "layer",
+             f"log10({quantity})" if log else quantity, aspect="auto", cmap="magma")
     if layers is not None:
         if len(layers) != R.shape[0]:
             raise InputError(f"{len(layers)} layer numbers for {R.shape[0]} rows")
         ax.set_yticks(range(len(layers)), [str(li) for li in layers])
-    ax.set(xlabel="key position", ylabel="layer")
-    ax.set_title(title, fontsize=9)
+    block = _image_block(spans, R.shape[1])
     if block:
+        ax.axvline(block[0] - 0.5, color="c", lw=1, label="image block")
+        ax.axvline(block[1] - 0.5, color="c", lw=1)
         _span_legend(ax)
-    _colorbar(ax, im, f"log10({quantity})" if log else quantity)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 def per_layer_boxes(values, title: str = "", ylabel: str = ""):
@@ -246,8 +251,7 @@ def per_layer_boxes(values, title: str = "", ylabel: str = ""):
     ax.boxplot([v[~np.isnan(v)] for v in V], positions=np.arange(len(V)))
     ax.set(xlabel="layer", ylabel=ylabel)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, grid=None, grid_tokens=None,
@@ -325,15 +329,12 @@ def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=N
     order = np.concatenate([spans.image_index, spans.text_index])
     fig, ax = _axes(ax, (4.6, 4))
     Q = P[np.ix_(order, order)]
-    im = ax.imshow(np.log10(Q + 1e-6) if log else Q, cmap="viridis", interpolation="nearest")
+    _heatmap(ax, np.log10(Q + 1e-6) if log else Q, title, "keys: image | text", "queries: image | text",
+             _weight_label(log), cmap="viridis")
     n = spans.n_image - 0.5
     ax.axhline(n, color=SPAN_COLOUR, lw=1, label="image | text border")
     ax.axvline(n, color=SPAN_COLOUR, lw=1)
-    ax.set(xlabel="keys: image | text", ylabel="queries: image | text")
-    ax.set_title(title, fontsize=9)
-    _integer_ticks(ax.xaxis, ax.yaxis)
     _span_legend(ax)
-    _colorbar(ax, im, _weight_label(log))
     return fig or ax.figure
 
 
@@ -362,11 +363,7 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
     visible = P.shape[1] if cross else token_pos + 1  # keys the query row can see (causal self-attention)
     image_overlay(image, pick * visible, f"query token {query} reading the image", ax=axes[-1], grid=grid,
                   grid_tokens=grid_tokens, cbar="× uniform (1 = even over the visible keys)", vmin=0.0, chance=1.0)
-    head = " · ".join(t for t in (title, f"question: {question!r}" if question else "") if t)
-    if head:
-        fig.suptitle(head, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, " · ".join(t for t in (title, f"question: {question!r}" if question else "") if t))
 
 
 def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", threshold: float | None = None,
@@ -388,9 +385,7 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
     ax.set(xlabel="denoising step", ylabel=ylabel)
     ax.set_title(title, pad=14, fontsize=10)
     ax.legend(fontsize=7)
-    if fig is not None:
-        fig.tight_layout()
-    return fig or ax.figure
+    return _finish(fig, ax=ax)
 
 
 def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, vmax=None, layers=None):
@@ -400,16 +395,13 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
     if G.ndim != 2:
         raise InputError(f"expected [n_layers, n_steps], got shape {G.shape}")
     fig, ax = _axes(ax, (6, 0.5 * G.shape[0] + 1.5))
-    im = ax.imshow(G, aspect="auto", cmap="viridis", interpolation="nearest", vmin=vmin, vmax=vmax)
-    ax.set(xlabel="denoising step", ylabel="layer")
+    im = _heatmap(ax, G, title, "denoising step", "layer", ticks=False, aspect="auto", cmap="viridis", vmin=vmin,
+                  vmax=vmax)
     if layers is not None and len(layers) != G.shape[0]:
         raise InputError(f"{len(layers)} layer numbers for {G.shape[0]} rows")
     ax.set_yticks(range(G.shape[0]), [str(li) for li in (range(G.shape[0]) if layers is None else layers)])
-    ax.set_title(title, fontsize=9)
     ax.figure.colorbar(im, ax=ax, fraction=0.04, label=cbar)
-    if fig is not None:
-        fig.tight_layout()
-    return fig or ax.figure
+    return _finish(fig, ax=ax)
 
 
 def _picture_row(image, title: str, n_panels: int, panel_size: tuple[float, float], fontsize: int):
@@ -437,9 +429,8 @@ def word_regions(image, maps: dict[str, np.ndarray], title: str = "", chance: fl
     top = max(top, chance) if chance is not None else top
     for ax, (w, m) in zip(axes[1:], maps.items()):
         image_overlay(image, m, repr(w), ax=ax, cbar=unit, vmin=0.0, vmax=top, chance=chance)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return fig
+    fig.suptitle(title, fontsize=9)  # even an empty one: it keeps the row's layout
+    return _finish(fig)
 
 
 MARKERS = "ovs^D<>ph*Xd8P"
@@ -509,13 +500,9 @@ def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool =
     lo, hi = (min(np.nanmin(g) for g in G.values()), max(np.nanmax(g) for g in G.values())) if shared else (None, None)
     fig, axes = _plt().subplots(1, len(G), figsize=(2.9 * len(G), 2.8), squeeze=False)
     for ax, (n, g) in zip(axes[0], G.items()):
-        im = ax.imshow(g, cmap="viridis", aspect="auto", interpolation="nearest", vmin=lo, vmax=hi)
-        ax.set_title(n, fontsize=8)
-        ax.set(xlabel=xlabel, ylabel=ylabel)
-        _integer_ticks(ax.xaxis, ax.yaxis)
-        _colorbar(ax, im, cbar if shared else f"{cbar} (per-panel scale)")
-    fig.tight_layout()
-    return fig
+        _heatmap(ax, g, n, xlabel, ylabel, cbar if shared else f"{cbar} (per-panel scale)", fontsize=8, cmap="viridis",
+                 aspect="auto", vmin=lo, vmax=hi)
+    return _finish(fig)
 
 
 LAYOUT_COLOURS = {"image->image": "#f4a261", "image->text": "#264653", "text->image": "#e76f51", "text->text": "#2a9d8f"}
@@ -533,11 +520,8 @@ def attention_layouts(layouts: dict, title: str = "who can read whom: query rows
     cmap = ListedColormap(["white"] + [LAYOUT_COLOURS[n] for n in names])
     fig, axes = _plt().subplots(1, len(layouts), figsize=(2.1 * len(layouts), 2.9))
     for ax, (name, (q, k, allowed)) in zip(np.atleast_1d(axes), layouts.items()):
-        code = np.zeros(allowed.shape, int)
-        for i, qa in enumerate(q):
-            for j, ka in enumerate(k):
-                pair = f"{'image' if qa == 'I' else 'text'}->{'image' if ka == 'I' else 'text'}"
-                code[i, j] = names.index(pair) + 1 if allowed[i, j] else 0
+        # 1 + the pair's place in LAYOUT_COLOURS (image->image, image->text, text->image, text->text); 0: masked
+        code = np.where(allowed, 1 + 2 * np.not_equal(q, "I")[:, None] + np.not_equal(k, "I")[None, :], 0)
         ax.imshow(code, cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
         ax.set_xticks(range(len(k)), ["img" if a == "I" else "txt" for a in k], fontsize=5, rotation=90)
         ax.set_yticks(range(len(q)), ["img" if a == "I" else "txt" for a in q], fontsize=5)
@@ -622,9 +606,7 @@ def kept_patches(image, kept: dict, answers: dict | None = None, title: str = ""
     if not kept:
         raise InputError("kept_patches: no policy given")
     img = np.asarray(image).astype(np.float32) / (255.0 if np.asarray(image).dtype == np.uint8 else 1.0)
-    fig, axes = _plt().subplots(1, len(kept) + 1, figsize=(2.6 * (len(kept) + 1), 2.9))
-    axes[0].imshow(img)
-    axes[0].set_title("the image", fontsize=9)
+    fig, axes = _picture_row(img, "the image", len(kept), (2.6, 2.9), 9)
     for ax, (name, share) in zip(axes[1:], kept.items()):
         s = _np(share).ravel()
         rows, cols = grid or (int(round(len(s) ** 0.5)),) * 2
@@ -638,7 +620,6 @@ def kept_patches(image, kept: dict, answers: dict | None = None, title: str = ""
         ax.set_title(name, fontsize=9, color=c)
         if answers and name in answers:
             ax.set_xlabel(answers[name], fontsize=8)
-    axes[0].set_axis_off()
     return _finish(fig, title)
 
 
@@ -686,13 +667,10 @@ def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = T
     masked = np.triu(np.ones_like(P, dtype=bool), 1)
     cmap = _plt().get_cmap("viridis").copy()
     cmap.set_bad("#d9d9d9")
-    im = ax.imshow(np.ma.masked_array(P, masked), cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+    _heatmap(ax, np.ma.masked_array(P, masked), title, "key (what is read)", "query (who reads)",
+             "attention weight (grey: masked)" if cbar else None, ticks=False, cmap=cmap, vmin=0, vmax=1)
     ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
     ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
-    ax.set(xlabel="key (what is read)", ylabel="query (who reads)")
-    ax.set_title(title, fontsize=9)
-    if cbar:
-        _colorbar(ax, im, "attention weight (grey: masked)")
     return fig or ax.figure
 
 
@@ -786,6 +764,5 @@ def depth_budgets(widths, counts: dict, shares, methods, tokens: int, title: str
     lo = min(float(shares[shares.method.isin(methods)].lo.min()), 0.95)  # the methods shown decide the scale
     for ax in axes[1:]:
         ax.set_xlim(lo - 0.005, 1.02)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    fig.suptitle(title, fontsize=10)  # even an empty one: it keeps the layout
+    return _finish(fig)

@@ -6,15 +6,6 @@ and an incomplete capture (a layer or step missing for some sample) is refused w
 slider position can reach a missing record."""
 from __future__ import annotations
 
-from .explorer import payload as _payload
-
-# the helpers' former names (older code imports them from here)
-_index = _payload.index_records
-_heads = _payload.head_count
-_need = _payload.need
-_full_maps = _payload.full_maps
-_step_maps = _payload.step_maps
-
 
 def attention_explorer(result, images: dict, tokens: dict, grids: dict | None = None, questions: dict | None = None,
                        **options):
