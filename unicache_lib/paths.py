@@ -129,10 +129,8 @@ def _marker(folder: Path) -> dict | None:
         info = json.loads(read_inside(folder, OUTPUT_MARKER, links=False, limit=MARKER_LIMIT))
     except (UnicacheError, OSError, ValueError, RecursionError):
         return None
-    if not isinstance(info, dict) or not isinstance(info.get("written_by"), str) \
-            or not isinstance(info.get("files"), list) or not all(isinstance(f, str) for f in info["files"]):
-        return None
-    return info
+    return info if isinstance(info, dict) and isinstance(info.get("written_by"), str) \
+        and isinstance(info.get("files"), list) and all(isinstance(f, str) for f in info["files"]) else None
 
 
 MARKER_LIMIT = 64 << 20  # bytes of a marker read (a site lists a few thousand files)

@@ -164,8 +164,7 @@ def reuse_summary(out_dir: Path) -> str:
     f = Path(out_dir) / "reuse.csv"
     if not f.exists():
         return ""
-    d = pd.read_csv(f).dropna(subset=["speedup"])
-    d = d[d.method != "none"]
+    d = pd.read_csv(f).dropna(subset=["speedup"]).loc[lambda t: t.method != "none"]
     return "; ".join(f"{model}: " + ", ".join(f"{m} {v:.2f}x" for m, v in zip(g.method, g.speedup))
                      for model, g in d.groupby("model", sort=False))
 

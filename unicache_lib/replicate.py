@@ -57,8 +57,7 @@ def unstable_claims(models, path: str | Path = VERDICTS_CSV) -> set[str]:
     path = Path(path)
     if not path.exists():
         return set()
-    df = pd.read_csv(path)
-    df = df[df.models == _key(models)]
+    df = pd.read_csv(path).loc[lambda t: t.models == _key(models)]
     return set(df.loc[~df.stable.astype(bool), "claim"])
 
 
