@@ -111,6 +111,14 @@ def step_maps(result: CaptureResult, images: dict, tokens: dict, part: str | Non
     return _indexed([r for r in recs if r.part == recs[0].part], ("sample", "layer", "step"), images, tokens, what)
 
 
+def _chosen(found: tuple, picks: tuple, what: str) -> tuple:
+    """``(by, samples, layers[, steps])`` of ``found`` (:func:`full_maps` / :func:`step_maps`): the records' one head
+    count checked, each axis cut to its pick in ``picks`` (samples, layers[, steps]; :func:`_pick`)."""
+    recs, by, *axes = found
+    head_count(recs, what)
+    return (by, *(_pick(a, c, n, what) for a, c, n in zip(axes, picks, ("sample", "layer", "step"))))
+
+
 def _pick(values: list, chosen, name: str, what: str) -> list:
     """``values`` restricted to ``chosen`` (in ``values``' order); None keeps all. Unknown values are refused."""
     if chosen is None:
@@ -215,12 +223,11 @@ def _grid_cells(n: int, grid, grid_tokens, what: str, sample) -> tuple[tuple[int
     return (rows, cols), cells
 
 
-def _visible(rec: Record, sq: int, sk: int, causal: bool) -> np.ndarray:
-    """Keys each query row can see: the record's mask when it kept one, else all but the future (causal) or all."""
-    if "visible" in rec.data:
-        v = np.asarray(_maps(rec.data["visible"]) > 0.5)
-        if v.shape == (sq, sk):
-            return np.maximum(v.sum(1), 1).astype(np.float32)
+def _visible(v: np.ndarray | None, sq: int, sk: int, causal: bool) -> np.ndarray:
+    """Keys each query row can see: the record's mask ``v`` when it kept one, else all but the future (causal) or
+    all."""
+    if v is not None and v.shape == (sq, sk):
+        return np.maximum(v.sum(1), 1).astype(np.float32)
     if causal and sq == sk:
         return np.arange(1, sq + 1, dtype=np.float32)
     return np.full(sq, float(sk), np.float32)
@@ -228,23 +235,14 @@ def _visible(rec: Record, sq: int, sk: int, causal: bool) -> np.ndarray:
 
 def _is_causal(maps: list) -> bool:
     """Every map square and nothing above its diagonal (a causal mask): then only the lower triangle travels."""
-    for P in maps:
-        if P.shape[-1] != P.shape[-2] or P.shape[-1] < 2:
-            return False
-        iu = np.triu_indices(P.shape[-1], 1)
-        if np.any(P[:, iu[0], iu[1]] != 0):
-            return False
-    return True
+    return all(P.shape[-1] == P.shape[-2] >= 2 and not np.triu(P, 1).any() for P in maps)
 
 
 def attention_panels(result, images, tokens, grids=None, questions=None, *, samples=None, layers=None,
                      what="attention_explorer") -> list[Panel]:
     """The panels of an understanding model's full-mode capture, one per sample (``samples``: a subset; ``layers``:
     a subset of the captured layers)."""
-    recs, by, all_samples, all_layers = full_maps(result, images, tokens, what)
-    head_count(recs, what)
-    chosen = _pick(all_samples, samples, "sample", what)
-    lays = _pick(all_layers, layers, "layer", what)
+    by, chosen, lays = _chosen(full_maps(result, images, tokens, what), (samples, layers), what)
     panels = []
     for s in chosen:
         r0 = by[s, lays[0]]
@@ -254,9 +252,8 @@ def attention_panels(result, images, tokens, grids=None, questions=None, *, samp
         maps = [_probabilities(_maps(by[s, lay].probs), f"{what}: sample {s!r}, layer {lay}") for lay in lays]
         H, sq, sk = maps[0].shape
         toks = list(tokens[s])
-        cross = r0.part == "cross"
         grid, cells = (grids or {}).get(s, (None, None))
-        if cross:  # text queries x vision keys
+        if r0.part == "cross":  # text queries x vision keys
             positions = list(range(sq))
             if len(toks) < sq:
                 raise InputError(f"{what}: sample {s!r} has {len(toks)} tokens for {sq} text positions")
@@ -273,41 +270,31 @@ def attention_panels(result, images, tokens, grids=None, questions=None, *, samp
             if len(toks) < sk:
                 raise InputError(f"{what}: sample {s!r} has {len(toks)} tokens for a sequence of {sk}")
             grid, cells = _grid_cells(len(img), grid, cells, what, s)
-            img_cols = img[cells]
-            img_rows = img[cells]
+            img_cols = img_rows = img[cells]
             t2i_rows = i2t_cols = np.asarray(positions)
             key_band = query_band = _band(img)
         causal = _is_causal(maps)
-        vis = _visible(r0, sq, sk, causal)
         v = np.asarray(_maps(r0.data["visible"]) > 0.5) if "visible" in r0.data else None
-        i2t_words = []
-        if i2t_cols is not None:
-            seen = (v[np.ix_(img_rows, i2t_cols)].any(0) if v is not None
-                    else i2t_cols <= img_rows.max() if causal else np.ones(len(i2t_cols), bool))
-            i2t_words = [int(i) for i in np.flatnonzero(seen)]
+        seen = (np.zeros(0, bool) if i2t_cols is None else v[np.ix_(img_rows, i2t_cols)].any(0) if v is not None
+                else i2t_cols <= img_rows.max() if causal else np.ones(len(i2t_cols), bool))
         blind = (~v[np.ix_(t2i_rows, img_cols)].any(1) if v is not None
                  else t2i_rows < np.min(img_cols) if causal else np.zeros(0, bool))
-        t2i_blind = [int(i) for i in np.flatnonzero(blind)]
         q = (questions or {}).get(s)
-        open_pos = content_position(toks, positions)
         panels.append(Panel(
             sample=str(s), note_name="question", note=None if q is None else str(q),
-            words=[quoted(p, toks[p]) for p in positions], open_word=positions.index(open_pos),
+            words=[quoted(p, toks[p]) for p in positions], open_word=positions.index(content_position(toks, positions)),
             axes=[("layer", list(lays))], maps=maps, image=images[s], grid=grid, img_cols=np.asarray(img_cols),
             t2i_rows=t2i_rows, img_rows=None if img_rows is None else np.asarray(img_rows),
-            i2t_cols=i2t_cols, i2t_words=i2t_words, t2i_blind=t2i_blind, vis=vis, causal=causal, key_band=key_band,
-            query_band=query_band, part=r0.part, kind="attention"))
+            i2t_cols=i2t_cols, i2t_words=[int(i) for i in np.flatnonzero(seen)],
+            t2i_blind=[int(i) for i in np.flatnonzero(blind)], vis=_visible(v, sq, sk, causal), causal=causal,
+            key_band=key_band, query_band=query_band, part=r0.part, kind="attention"))
     return panels
 
 
 def step_panels(result, images, tokens, part=None, *, samples=None, layers=None, steps=None,
                 what="step_explorer") -> list[Panel]:
     """The panels of a generator's full-mode capture, one per prompt, frames over (step, layer)."""
-    recs, by, all_samples, all_layers, all_steps = step_maps(result, images, tokens, part, what)
-    head_count(recs, what)
-    chosen = _pick(all_samples, samples, "sample", what)
-    lays = _pick(all_layers, layers, "layer", what)
-    stps = _pick(all_steps, steps, "step", what)
+    by, chosen, lays, stps = _chosen(step_maps(result, images, tokens, part, what), (samples, layers, steps), what)
     panels = []
     for s in chosen:
         r0 = by[s, lays[0], stps[0]]
@@ -325,8 +312,7 @@ def step_panels(result, images, tokens, part=None, *, samples=None, layers=None,
             raise InputError(f"{what}: prompt {s!r} has {len(toks)} tokens but its maps {n_text} text keys")
         joint = r0.part == "joint"
         text_first = joint and r0.meta.get("token_order", "image|text").startswith("text")
-        img0 = n_text if text_first else 0
-        txt0 = 0 if text_first else n_img
+        img0, txt0 = (n_text, 0) if text_first else (0, n_img)  # first image / text row and column
         grid, cells = _grid_cells(n_img, None, None, what, s)
         words = list(range(len(toks)))
         if joint:
@@ -340,8 +326,7 @@ def step_panels(result, images, tokens, part=None, *, samples=None, layers=None,
             if sq != n_img or sk != n_text:
                 raise InputError(f"{what}: prompt {s!r}: a cross map of {sq} x {sk} for {n_img} image queries and "
                                  f"{n_text} text keys")
-            img_rows, img_cols, t2i_rows = cells, None, None
-            i2t_cols = np.asarray(words)
+            img_rows, img_cols, t2i_rows, i2t_cols = cells, None, None, np.asarray(words)
             key_band, query_band = None, (0, n_img)
         prompt = r0.meta.get("prompt")
         panels.append(Panel(
@@ -358,17 +343,12 @@ def step_panels(result, images, tokens, part=None, *, samples=None, layers=None,
 # ----------------------------------------------------------------------------------------------- the views, exactly
 
 
-def head_maps(panel: Panel, frame: int, head: int) -> np.ndarray:
-    """``[Sq, Sk]`` of one head (``head == heads``: the mean of the heads)."""
-    P = panel.maps[frame]
-    return P.mean(0) if head >= P.shape[0] else P[head]
-
-
 def view_values(panel: Panel, view: str, frame: int, head: int, word: int) -> np.ndarray | None:
     """The exact numbers a view shows: ``t2i`` / ``i2t`` a ``[rows, cols]`` grid in multiples of the uniform weight,
     ``full`` the ``[Sq, Sk]`` map; None where the view has nothing for this word (``t2i`` of a word that sees no image
-    key, ``i2t`` of a word no image query sees: a causal mask)."""
-    P = head_maps(panel, frame, head)
+    key, ``i2t`` of a word no image query sees: a causal mask); ``head == heads``: the mean of the heads."""
+    P = panel.maps[frame]
+    P = P.mean(0) if head >= P.shape[0] else P[head]
     if view == "t2i":
         if word in panel.t2i_blind:
             return None
@@ -407,10 +387,6 @@ def _pooled_shape(shape, k):
 def full_cells(panel: Panel, k: int) -> int:
     n, m = _pooled_shape(panel.shape, k)
     return n * (n + 1) // 2 if panel.causal and n == m else n * m
-
-
-def b64_len(n: int) -> int:
-    return 4 * math.ceil(n / 3)
 
 
 FLOAT_SLACK = 0.05  # how far past 0..1 a float picture may overshoot and still be read as 0..1 (then clipped)
@@ -464,13 +440,6 @@ def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
     return data, mime, im.size[0], im.size[1]
 
 
-def _encoded(p: Panel) -> tuple[bytes, str, int, int]:
-    """The panel's picture encoded once (:func:`encode_image`), kept on the panel for the next plan."""
-    if getattr(p, "_png", None) is None:
-        p._png = encode_image(p.image)
-    return p._png
-
-
 @dataclass
 class Plan:
     """What the payload will hold and its size, known before any map is quantised."""
@@ -484,7 +453,7 @@ class Plan:
     @property
     def nbytes(self) -> int:
         """The explorer's HTML form: the spec's JSON, the blob in base64, the module and the markup around them."""
-        return self.spec_len + b64_len(self.blob_len)
+        return self.spec_len + 4 * math.ceil(self.blob_len / 3)  # the blob in base64
 
 
 def spec_json(spec: dict) -> str:
@@ -536,7 +505,9 @@ def make_plan(models: list[tuple[str, list[Panel]]], title: str, full_side, open
             entry["full"] = {"off": off, "soff": off + F * H * cells, "rows": n, "cols": m, "k": k,
                              "tri": bool(p.causal and n == m), "cells": cells}
             off += F * H * (cells + 8)
-            data, mime, w, h = _encoded(p)
+            if getattr(p, "_png", None) is None:  # the picture encoded once, kept on the panel for the next plan
+                p._png = encode_image(p.image)
+            data, mime, w, h = p._png
             entry["image"] = {"off": off, "len": len(data), "mime": mime, "width": w, "height": h}
             images.append((off, data))
             off += len(data)
@@ -579,14 +550,8 @@ def fit(models: list[tuple[str, list[Panel]]], title: str, full_side, budget_byt
 def _sides(models, below: int | None = None) -> list[int]:
     """The full-map sides worth trying, largest first: each side at which some model's pooling factor changes, down
     to :data:`MIN_FULL_SIDE` (and below ``below`` when given)."""
-    sides = set()
-    for _, ps in models:
-        longest = max(max(p.shape) for p in ps)
-        for k in range(2, longest + 1):
-            side = math.ceil(longest / k)
-            if side < MIN_FULL_SIDE:
-                break
-            sides.add(side)
+    longest = [max(max(p.shape) for p in ps) for _, ps in models]
+    sides = {side for n in longest for k in range(2, n + 1) if (side := math.ceil(n / k)) >= MIN_FULL_SIDE}
     return sorted((s for s in sides if below is None or s < below), reverse=True)
 
 
@@ -628,10 +593,8 @@ def pool(P: np.ndarray, k: int) -> np.ndarray:
     N, M = math.ceil(n / k), math.ceil(m / k)
     pad = np.zeros(P.shape[:-2] + (N * k, M * k), np.float64)
     pad[..., :n, :m] = P
-    cnt = np.zeros((N * k, M * k))
-    cnt[:n, :m] = 1
     s = pad.reshape(P.shape[:-2] + (N, k, M, k)).sum((-3, -1))
-    c = cnt.reshape(N, k, M, k).sum((1, 3))
+    c = np.outer(np.minimum(k, n - k * np.arange(N)), np.minimum(k, m - k * np.arange(M)))  # cells in each block
     return (s / c).astype(np.float32)
 
 
