@@ -96,12 +96,10 @@ def shape_mask(shape: str, cx: float, cy: float, r: float, size: int) -> np.ndar
 
 
 def _place(rng: np.random.Generator, position: str, size: int, radius: float, jitter: float) -> tuple[float, float]:
-    fx, fy = POSITIONS[position]
-    j = jitter * size
-    cx = fx * size + rng.uniform(-j, j)
-    cy = fy * size + rng.uniform(-j, j)
-    lo, hi = radius, size - radius
-    return float(np.clip(cx, lo, hi)), float(np.clip(cy, lo, hi))
+    """``(cx, cy)`` of an object at ``position``, jittered by up to ``jitter`` of the side (x drawn first), its
+    ``radius`` inside the picture."""
+    return tuple(float(np.clip(f * size + rng.uniform(-jitter * size, jitter * size), radius, size - radius))
+                 for f in POSITIONS[position])
 
 
 def _draw_glyph_strips(rng, img, size):
@@ -177,8 +175,7 @@ def make_scene(rng: np.random.Generator, scene_type: str = "single", size: int =
         spec["position"] = str(rng.choice(free))
         used_p.add(spec["position"])
 
-    img = np.empty((size, size, 3), np.float32)
-    img[:] = BACKGROUND
+    img = np.full((size, size, 3), BACKGROUND, np.float32)
     extras: dict = {}
     if scene_type == "clutter":
         img += rng.normal(0, 0.04, img.shape).astype(np.float32)
@@ -191,20 +188,16 @@ def make_scene(rng: np.random.Generator, scene_type: str = "single", size: int =
         extras["dots"] = dots
     if scene_type == "text":
         extras["glyphs"] = _draw_glyph_strips(rng, img, size)
-    r_lo, r_hi = radius_range
-    if scene_type == "overlap":
-        r_lo, r_hi = 0.17, 0.20
+    r_lo, r_hi = (0.17, 0.20) if scene_type == "overlap" else radius_range
     objs = []
     for spec in specs:
         r = rng.uniform(r_lo, r_hi) * size
         cx, cy = _place(rng, spec["position"], size, r, jitter)
         objs.append(SceneObject(spec["colour"], spec["shape"], spec["position"], cx, cy, float(r)))
     if scene_type == "diagram":
-        lines = []
-        for a, b in zip(objs[:-1], objs[1:]):
-            _draw_line(img, a.cx, a.cy, b.cx, b.cy)
-            lines.append((a.cx, a.cy, b.cx, b.cy))
-        extras["lines"] = lines
+        extras["lines"] = [(a.cx, a.cy, b.cx, b.cy) for a, b in zip(objs[:-1], objs[1:])]
+        for line in extras["lines"]:
+            _draw_line(img, *line)
     masks = np.zeros((len(objs), size, size), bool)
     for i, o in enumerate(objs):
         m = shape_mask(o.shape, o.cx, o.cy, o.radius, size)
@@ -228,16 +221,13 @@ def grid_cover(masks: np.ndarray, grid) -> np.ndarray:
             raise InputError(f"image side {h}x{w} is not a multiple of the patch size {grid}")
         return masks.reshape(n, h // grid, grid, w // grid, grid).mean(axis=(2, 4)).reshape(n, -1)
     rows, cols = (int(x) for x in grid)
-    r_edges = np.linspace(0, h, rows + 1)
-    c_edges = np.linspace(0, w, cols + 1)
     # a cell covers pixel i with the overlap of [i, i+1) and the cell's span (fractional at the borders)
     def weights(edges, size):
         i = np.arange(size)
         lo, hi = edges[:-1, None], edges[1:, None]
         return np.clip(np.minimum(hi, i + 1) - np.maximum(lo, i), 0, None) / (hi - lo)
-    wr, wc = weights(r_edges, h), weights(c_edges, w)  # [rows, H], [cols, W]
-    cover = np.einsum("rh,nhw,cw->nrc", wr, masks.astype(np.float64), wc)
-    return cover.reshape(n, -1)
+    wr, wc = weights(np.linspace(0, h, rows + 1), h), weights(np.linspace(0, w, cols + 1), w)  # [rows, H], [cols, W]
+    return np.einsum("rh,nhw,cw->nrc", wr, masks.astype(np.float64), wc).reshape(n, -1)
 
 
 def patch_grid_masks(masks: np.ndarray, grid, min_cover: float = 0.25) -> np.ndarray:
@@ -254,5 +244,4 @@ def patch_grid_masks(masks: np.ndarray, grid, min_cover: float = 0.25) -> np.nda
     cover = grid_cover(masks, grid)
     if masks.shape[0] == 0:
         return np.full(cover.shape[1], -1, np.int64)
-    best = cover.argmax(0)
-    return np.where(cover.max(0) >= min_cover, best, -1).astype(np.int64)
+    return np.where(cover.max(0) >= min_cover, cover.argmax(0), -1).astype(np.int64)

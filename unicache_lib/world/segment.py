@@ -39,23 +39,20 @@ def classify_shape(mask: np.ndarray) -> str | None:
     ys, xs = np.nonzero(mask)
     cy, cx = ys.mean() + 0.5, xs.mean() + 0.5
     area_per_r2 = {"circle": np.pi, "square": 1.7 ** 2, "triangle": 0.5 * 2.1 * 1.8}
-    best, best_iou = None, -1.0
-    for s in SHAPES:
+
+    def iou(s):  # the template of shape s over the blob (a triangle's centroid sits below its centre)
         r = float(np.sqrt(area / area_per_r2[s]))
-        y0 = cy - 0.2 * r if s == "triangle" else cy  # a triangle's centroid sits below its centre
-        t = shape_mask(s, cx, y0, r, mask.shape[0])
-        iou = (t & mask).sum() / max(1, (t | mask).sum())
-        if iou > best_iou:
-            best, best_iou = s, iou
-    return best
+        t = shape_mask(s, cx, cy - 0.2 * r if s == "triangle" else cy, r, mask.shape[0])
+        return (t & mask).sum() / max(1, (t | mask).sum())
+
+    return max(SHAPES, key=iou)  # the first of equals
 
 
 def nearest_position(mask: np.ndarray) -> str | None:
     if mask.sum() == 0:
         return None
     ys, xs = np.nonzero(mask)
-    size = mask.shape[0]
-    fx, fy = (xs.mean() + 0.5) / size, (ys.mean() + 0.5) / size
+    fx, fy = (xs.mean() + 0.5) / mask.shape[0], (ys.mean() + 0.5) / mask.shape[0]
     return min(POSITIONS, key=lambda p: (POSITIONS[p][0] - fx) ** 2 + (POSITIONS[p][1] - fy) ** 2)
 
 

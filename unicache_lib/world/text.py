@@ -151,10 +151,9 @@ def vocabulary() -> list[str]:
     """Every word the world can produce (questions, answers, captions, prompts)."""
     words = set(COLOURS) | set(SHAPES) | set(POSITIONS) | set(PLURAL.values()) | set(COUNT_WORDS) | {
         "yes", "no", "user", "assistant", ":", "?", ".", ","}
-    for text in ("what color is the", "what shape is the object", "where is the", "is there a", "how many",
-                 CAPTION_QUESTION, "a picture that shows and also", *_POS_PHRASE.values(), *_FILLERS):
-        words |= set(text.split())
-    return sorted(words)
+    return sorted(words | {w for text in ("what color is the", "what shape is the object", "where is the", "is there a",
+                                          "how many", CAPTION_QUESTION, "a picture that shows and also",
+                                          *_POS_PHRASE.values(), *_FILLERS) for w in text.split()})
 
 
 def prompt_set(n_single: int, n_pairs: int, seed: int = 0) -> list[dict]:
