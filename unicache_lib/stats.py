@@ -345,8 +345,7 @@ def row_weights(kept_kinds, all_kinds) -> np.ndarray:
     ``n_kind(all) / n_kind(kept)``."""
     kept, every = np.asarray(kept_kinds), np.asarray(all_kinds)
     kinds, inverse, n_kept = np.unique(kept, return_inverse=True, return_counts=True)
-    n_all = np.array([(every == x).sum() for x in kinds])
-    return (n_all / n_kept)[inverse]
+    return (np.array([(every == x).sum() for x in kinds]) / n_kept)[inverse]  # n_kind(all) / n_kind(kept)
 
 
 def sample_rows(q_kinds, stride: int) -> tuple[np.ndarray, np.ndarray]:
@@ -586,8 +585,8 @@ def row_statistics_in_dtype(P: torch.Tensor, dtype: torch.dtype) -> dict[str, to
     every row of ``P [..., Sq, Sk]``, computed *in* ``dtype`` and returned as float32 ``[..., Sq]``.
     Only for claim M1 (what half-precision arithmetic does to statistics); real work uses float32."""
     Q = torch.as_tensor(P).to(dtype)
-    entropy = -(Q * torch.log(Q.clamp(min=torch.finfo(dtype).tiny))).sum(-1)
-    return {"entropy": entropy.float(), "max_weight": Q.amax(-1).float(), "sum_sq": (Q * Q).sum(-1).float()}
+    return {"entropy": (-(Q * torch.log(Q.clamp(min=torch.finfo(dtype).tiny))).sum(-1)).float(),
+            "max_weight": Q.amax(-1).float(), "sum_sq": (Q * Q).sum(-1).float()}
 
 
 # What a diffusion capture keeps for one (sample, part, layer, step); H heads, Si image queries,

@@ -270,9 +270,8 @@ class DiffusersCache:
 def _last_block(transformer):
     """The last block of the transformer's block lists, as FirstBlockCache picks its tail block."""
     names = compat.transformer_block_list_names()
-    blocks = [b for name, sub in transformer.named_children() if name in names and isinstance(sub, torch.nn.ModuleList)
-              for b in sub]
-    return blocks[-1]
+    return [b for name, sub in transformer.named_children() if name in names and isinstance(sub, torch.nn.ModuleList)
+            for b in sub][-1]
 
 
 def ratios_from_output(text: str) -> list[float]:
