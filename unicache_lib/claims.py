@@ -459,20 +459,23 @@ _ALL = [
        "middle minus top background mass above 0 (refine). The study's ~35% cross-modal share is not a criterion: a "
        "cross-attention layer reads only the image",
        {"a": {"above": 0.02}, "b": {"above": 1.5}, "c": {"above": 1.5}, "d": {"above": 0.0}},
-       advice=Advice("above ~1.5: that layer's words find their objects, but which objects depends on the question: "
-                     "thin its vision KV by a cover, not by these reads; near 1: keep it whole",
+       advice=Advice("measured here on Mllama: above ~1.5 a cross layer's words find their objects, near 1 they do "
+                     "not; which objects depends on the question, so these reads do not say what to thin. No eviction "
+                     "ran on a cross-attention model: to thin its vision KV, 05's finding (keep a cover, not the "
+                     "most-read patches) is a pointer, measured on LLaVA only; check it on your model's answers",
                      (Place("05", 3, policies=("key_coverage",), params=("BUDGETS",)),)),
-       meaning={"holds": "thin low and top layers' vision KV", "partly": "not the study's order: thin by a cover",
-               "does not hold": "not the study's order: thin by a cover"}),
+       meaning={"holds": "the study's order: spread, focus, refine", "partly": "not the study's order in every "
+                "criterion", "does not hold": "not the study's order"}),
     _c("A4", "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
-       "which image tokens an embedding needs (05: keep a cover, merge the rest)", "08_architectures",
+       "which image tokens an embedding needs", "08_architectures",
        "CLIP image tower, last layer: the class token's attention mass on the objects the caption names / their area "
        "share above 1.5", {"": {"above": 1.5}},
-       advice=Advice("well above 1: the embedding leans on the named objects; to thin the image tokens keep a cover "
-                     "and merge each dropped token into a kept one, not the object patches alone",
+       advice=Advice("measured here on CLIP: well above 1 the embedding leans on the named objects, near 1 it does "
+                     "not. No token was dropped on CLIP: to thin its image tokens, 05's finding (keep a cover and "
+                     "merge each dropped token into a kept one, not the object patches alone) is a pointer, measured "
+                     "on LLaVA only; check it on your model's retrieval",
                      (Place("05", 3, policies=("key_coverage_merge",)),)),
-       meaning={"holds": "object-led: keep a cover, merge the rest",
-                "does not hold": "the embedding is not object-led"}),
+       meaning={"holds": "the embedding is object-led", "does not hold": "the embedding is not object-led"}),
     _c("A5", "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
        "one image budget for describing and answering, or two", "08_architectures",
        "Janus, same images: (a) image share of the answer token minus the mean image share of the caption tokens above "

@@ -319,6 +319,52 @@ def _at(acc, m, b) -> float:
     return float(acc.loc[m, b]) if m in acc.index and b in acc.columns else float("nan")
 
 
+def _sides(acc, a: str, b: str, budgets, n: int) -> tuple[list, list]:
+    """The budgets where ``a`` answers more than two of the ``n`` questions more than ``b``, and where ``b`` does
+    (within two questions is a tie, as in the decision table's first row)."""
+    gap = {x: round((_at(acc, a, x) - _at(acc, b, x)) * n) for x in budgets}
+    return [x for x in budgets if gap[x] > 2], [x for x in budgets if gap[x] < -2]
+
+
+def _listed(bs, budgets) -> str:
+    return "every budget" if list(bs) == list(budgets) else ", ".join(f"{x:.0%}" for x in bs)
+
+
+def _read_out(acc, budgets, n: int, pairs) -> str:
+    """In words, who is ahead of whom beyond two questions, and where: ``pairs`` are ``(a, b)`` names; pairs with the
+    same leader and budgets are said once ("key_coverage ahead of pooling and downsample at every budget")."""
+    said, covered = {}, set()
+    for a, b in pairs:
+        for lead, other, bs in zip((a, b), (b, a), _sides(acc, a, b, budgets, n)):
+            if bs:
+                said.setdefault((lead, tuple(bs)), []).append(other)
+                covered |= set(bs)
+    if not said:
+        return "within two questions at every budget (a tie)"
+    words = "; ".join(f"{lead} ahead of {' and '.join(others)} at {_listed(bs, budgets)}"
+                      for (lead, bs), others in said.items())
+    return words + (" (more than two questions); a tie elsewhere" if covered != set(budgets) else
+                    " (more than two questions)")
+
+
+def _largest(acc, budgets, base: str, others) -> float:
+    """The budget where ``base`` and ``others`` differ most (the smallest such budget on a tie)."""
+    return max(budgets, key=lambda x: max(abs(_at(acc, base, x) - _at(acc, o, x)) for o in others))
+
+
+def _random_row(acc, budgets, n: int) -> str:
+    """Row 5's value: random minus ``unicache`` at the smallest budget, and, where random is ahead by more than two
+    questions, at which budgets and by how much at most (its point: random beating a score-based rule)."""
+    d = {b: 100 * (_at(acc, "random", b) - _at(acc, "unicache", b)) for b in budgets}
+    ahead, behind = _sides(acc, "random", "unicache", budgets, n)
+    text = f"{budgets[0]:.0%}: {d[budgets[0]]:+.1f} pt"
+    if ahead:
+        text += f"; random ahead of unicache at {_listed(ahead, budgets)} (up to {max(d[b] for b in ahead):+.1f} pt)"
+    else:
+        text += "; random never ahead of unicache by more than two questions"
+    return text + "; other budgets: accuracy.csv"
+
+
 def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float,
                        scale: pd.DataFrame | None = None, scale_model: str = "", u7_run: str = "", results=None):
     """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`), at most
@@ -350,33 +396,42 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                                                           if " is ahead of DivPrune" in larger
                                                           else f". The larger runs: {larger}" if larger else ""),
                  "where": "§2-§3: MODEL, BUDGETS, N_EVICTION; appendix"})
+    # rows 2-5 print one budget's values (at most four numbers a row), say in words who leads where, and leave the
+    # other budgets to accuracy.csv (the lesson writes it in §2)
+    b0 = budgets[0]
     ctls = [c for c in ("pooling", "downsample") if c in acc.index]
     if ctls:
         rows.append({"measurement": f"{NEW} minus the {' / '.join(ctls)} control",
-                     "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, NEW, b) - _at(acc, c, b)):+.1f}"
-                                                                      for c in ctls) + " pt" for b in budgets),
+                     "value here": f"{b0:.0%}: " + " / ".join(f"{100 * (_at(acc, NEW, b0) - _at(acc, c, b0)):+.1f}"
+                                                             for c in ctls) + " pt; "
+                     + _read_out(acc, budgets, n, [(NEW, c) for c in ctls]) + "; other budgets: accuracy.csv",
                      "what it suggests on your model": "where a control ties the designed policy, use it (simpler)", "where": "§3, " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
     var = [v for v in ("key_coverage_prefill", "key_coverage_merge") if v in acc.index]
     if var:  # the cover moved before the prefill; the evicted image KV merged into the kept instead of dropped
         rows.append({"measurement": f"{' / '.join(var)} minus {NEW}",
-                     "value here": ", ".join(f"{b:.0%}: " + " / ".join(f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}"
-                                                                      for v in var) + " pt" for b in budgets),
+                     "value here": (lambda b: f"{b:.0%} (the largest gap): " + " / ".join(
+                         f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}" for v in var) + " pt; ")(
+                         _largest(acc, budgets, NEW, var))
+                     + _read_out(acc, budgets, n, [(v, NEW) for v in var]) + "; other budgets: accuracy.csv",
                      "what it suggests on your model": "a tie here is too few questions; the larger runs never find "
                      "the prefill-stage cover ahead (row 1): cover after the prefill; where merging leads, merge",
                      "where": "§3, kv/policies/key_coverage_prefill.py, merge.py"})
-    if {"key_coverage_features", "divprune_keys"} <= set(acc.index):
+    halves = ("key_coverage_features", "divprune_keys")
+    if set(halves) <= set(acc.index):
         s1 = {r.method: r.value for r in scale.itertuples() if r.against == "full" and r.tokens == 64} if scale is not None else {}
         late = (f"; on {scale_model} selecting after the prefill matters ({NEW} {s1[NEW]:.3f} against "
                 f"key_coverage_prefill {s1['key_coverage_prefill']:.3f} of full accuracy at 64 tokens)"
                 if {NEW, "key_coverage_prefill"} <= set(s1) else "")
         rows.append({"measurement": f"{NEW} minus each half swapped (place: its cover on the features / rule: DivPrune's "
                      "on the keys)",
-                     "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, NEW, b) - _at(acc, 'key_coverage_features', b)):+.1f}"
-                                             f" / {100 * (_at(acc, NEW, b) - _at(acc, 'divprune_keys', b)):+.1f} pt" for b in budgets),
+                     "value here": (lambda b: f"{b:.0%} (the largest gap): " + " / ".join(
+                         f"{100 * (_at(acc, NEW, b) - _at(acc, h, b)):+.1f}" for h in halves) + " pt; ")(
+                         _largest(acc, budgets, NEW, halves))
+                     + _read_out(acc, budgets, n, [(NEW, h) for h in halves]) + "; other budgets: accuracy.csv",
                      "what it suggests on your model": "the larger runs decide: the rule carries the gain; the place ties "
                      "on tiny-llava but loses at 576 tokens (appendix): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
     rows.append({"measurement": "random minus the study's rule (unicache)",
-                 "value here": ", ".join(f"{b:.0%}: {100 * (_at(acc, 'random', b) - _at(acc, 'unicache', b)):+.1f} pt" for b in budgets),
+                 "value here": _random_row(acc, budgets, n),
                  "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions "
                  "cluster: use a coverage policy", "where": "§2, notebook 02 (Gini, anchors)"})
     if u7 is not None:  # what to do, and where, is U7's advice (unicache_lib/claims.py); the verdict by its own rule
