@@ -668,7 +668,9 @@ claims_table("08_architectures")  # the claims beside their verdicts, each writt
 
 # %% [markdown]
 # **Reading the scoreboard.** A claim stays "inconclusive" while any criterion is undecided, even when another
-# already fails (A2). What each measurement means for a cache (advice from `unicache_lib/claims.py`):
+# already fails (A2). What each measurement means for a cache (advice from `unicache_lib/claims.py`). No eviction
+# ran in this lesson: a row that points to 05 passes on 05's eviction finding, measured on LLaVA only, as a pointer
+# to check on your model, not as a result for the architecture the row measured.
 
 # %%
 WrappedTable(ACL.decisions(healthy, blind, summary if three else None, best, CF, describe, answer, series, role_share))

@@ -322,8 +322,9 @@ def _at(acc, m, b) -> float:
 def _sides(acc, a: str, b: str, budgets, n: int) -> tuple[list, list]:
     """The budgets where ``a`` answers more than two of the ``n`` questions more than ``b``, and where ``b`` does
     (within two questions is a tie, as in the decision table's first row)."""
-    gap = {x: round((_at(acc, a, x) - _at(acc, b, x)) * n) for x in budgets}
-    return [x for x in budgets if gap[x] > 2], [x for x in budgets if gap[x] < -2]
+    gap = {x: (_at(acc, a, x) - _at(acc, b, x)) * n for x in budgets}  # nan where either did not run: neither list
+    return ([x for x in budgets if np.isfinite(gap[x]) and round(gap[x]) > 2],
+            [x for x in budgets if np.isfinite(gap[x]) and round(gap[x]) < -2])
 
 
 def _listed(bs, budgets) -> str:
@@ -348,8 +349,8 @@ def _read_out(acc, budgets, n: int, pairs) -> str:
 
 
 def _largest(acc, budgets, base: str, others) -> float:
-    """The budget where ``base`` and ``others`` differ most (the smallest such budget on a tie)."""
-    return max(budgets, key=lambda x: max(abs(_at(acc, base, x) - _at(acc, o, x)) for o in others))
+    """The budget where ``base`` and ``others`` differ most (the smallest such budget on a tie; nan counts as 0)."""
+    return max(budgets, key=lambda x: max(np.nan_to_num(abs(_at(acc, base, x) - _at(acc, o, x))) for o in others))
 
 
 def _random_row(acc, budgets, n: int) -> str:
@@ -430,10 +431,11 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      + _read_out(acc, budgets, n, [(NEW, h) for h in halves]) + "; other budgets: accuracy.csv",
                      "what it suggests on your model": "the larger runs decide: the rule carries the gain; the place ties "
                      "on tiny-llava but loses at 576 tokens (appendix): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
-    rows.append({"measurement": "random minus the study's rule (unicache)",
-                 "value here": _random_row(acc, budgets, n),
-                 "what it suggests on your model": "if random ties or beats a score-based rule, the most-read positions "
-                 "cluster: use a coverage policy", "where": "§2, notebook 02 (Gini, anchors)"})
+    if {"random", "unicache"} <= set(acc.index):
+        rows.append({"measurement": "random minus the study's rule (unicache)",
+                     "value here": _random_row(acc, budgets, n),
+                     "what it suggests on your model": "if random ties or beats a score-based rule, the most-read "
+                     "positions cluster: use a coverage policy", "where": "§2, notebook 02 (Gini, anchors)"})
     if u7 is not None:  # what to do, and where, is U7's advice (unicache_lib/claims.py); the verdict by its own rule
         verdict = Criterion(**REGISTRY["U7"].criteria[""]).decide(u7.lo, u7.hi)
         rows += decision_rows([("U7", "U7: locality-shallow minus swapped" + (f" ({u7_run})" if u7_run else ""),
