@@ -162,7 +162,9 @@ def test_scoreboard_counts_each_criterion_in_its_own_unit():
     b.measure("R1", 2.3, interval=(2.2, 2.4), n=20, unit="timing rounds", criterion="a")
     b.measure("R1", 40.4, interval=(40.1, 40.7), n=1600, unit="prompts", criterion="b")
     assert b.table().loc["R1", "n"] == "(a) 20 timing rounds; (b) 1600 prompts"
-    assert "(a) 2.3 [2.2, 2.4] (n = 20 timing rounds); (b) 40.4 [40.1, 40.7] (n = 1600 prompts)" in repr(b.view())
+    both = "(a) 2.3 [2.2, 2.4] (n = 20 timing rounds); (b) 40.4 [40.1, 40.7] (n = 1600 prompts)"
+    assert both in b.view()._repr_html_()  # the one-line view may cut R1 (its meaning is long); the HTML holds it all
+    assert "(a) 2.3 [2.2, 2.4] (n = 20 timing rounds)" in repr(b.view())
     b.rule("R2", "one unit", criteria={"a": {"above": 2.0}, "b": {"above": 1.0}})
     b.measure("R2", 2.3, interval=(2.2, 2.4), n=20, unit="prompts", criterion="a")
     b.measure("R2", 2.3, interval=(2.2, 2.4), n=20, unit="prompts", criterion="b")
