@@ -43,8 +43,7 @@ def explorer_data(models: list, title: str, *, full_side=None, budget_bytes: int
     open_sel = {"model": 0, "sample": 0, "view": "i2t" if p0.kind == "steps" else P.panel_views(p0)[0],
                 "axes": [0] * len(p0.axes), "head": 0, "word": p0.open_word, **(opening or {})}
     plan = P.fit(models, title, full_side, budget_bytes, what, open_sel, lower)
-    spec, blob = P.build(models, plan)
-    return ExplorerData(models, spec, blob, what)
+    return ExplorerData(models, *P.build(models, plan), what)  # (spec, blob)
 
 
 def attention_explorer(result, images: dict, tokens: dict, grids: dict | None = None, questions: dict | None = None,
@@ -69,9 +68,9 @@ def attention_explorer(result, images: dict, tokens: dict, grids: dict | None = 
 
     what = "attention_explorer"
     panels = P.attention_panels(result, images, tokens, grids, questions, samples=samples, layers=layers, what=what)
-    data = explorer_data([("", panels)], title or f"{panels[0].part} attention: where each word reads the picture",
-                         full_side=full_side, budget_bytes=budget_bytes, what=what, lower="samples (samples=[...])")
-    return Explorer(data)
+    return Explorer(explorer_data([("", panels)], title or f"{panels[0].part} attention: where each word reads the "
+                                  f"picture", full_side=full_side, budget_bytes=budget_bytes, what=what,
+                                  lower="samples (samples=[...])"))
 
 
 def step_explorer(result, images: dict, tokens: dict, part: str | None = None, *, samples=None, layers=None,
@@ -86,19 +85,8 @@ def step_explorer(result, images: dict, tokens: dict, part: str | None = None, *
     what = "step_explorer"
     panels = P.step_panels(result, images, tokens, part, samples=samples, layers=layers, steps=steps, what=what)
     lower = "steps (steps=[...])" if len(panels[0].axes[0][1]) > 1 else "samples (samples=[...])"
-    data = explorer_data([("", panels)], title or f"{panels[0].part} attention, step by step: where each word lands",
-                         full_side=full_side, budget_bytes=budget_bytes, what=what, lower=lower)
-    return Explorer(data)
-
-
-def model_explorers_data(per_model: dict, *, full_side=None, budget_bytes: int = BUDGET_BYTES,
-                         what: str = "model_explorer", title: str | None = None, opening: dict | None = None):
-    if not per_model:
-        raise InputError(f"{what} needs at least one model's full-mode capture")
-    models = [(str(label), P.attention_panels(*args, what=f"{what} ({label})")) for label, args in per_model.items()]
-    return explorer_data(models, title or "attention by model: where each word reads the picture",
-                         full_side=full_side, budget_bytes=budget_bytes, what=what,
-                         lower="models or samples (one sample a model)", opening=opening)
+    return Explorer(explorer_data([("", panels)], title or f"{panels[0].part} attention, step by step: where each word "
+                                  f"lands", full_side=full_side, budget_bytes=budget_bytes, what=what, lower=lower))
 
 
 def model_explorer(per_model: dict, *, full_side: int | None = None, budget_bytes: int = BUDGET_BYTES,
@@ -108,4 +96,10 @@ def model_explorer(per_model: dict, *, full_side: int | None = None, budget_byte
     menu picks the model, the other controls as :func:`attention_explorer`. One budget for all the models."""
     from .widget import Explorer  # local: the widget imports anywidget, needed only when an explorer is built
 
-    return Explorer(model_explorers_data(per_model, full_side=full_side, budget_bytes=budget_bytes, title=title))
+    what = "model_explorer"
+    if not per_model:
+        raise InputError(f"{what} needs at least one model's full-mode capture")
+    models = [(str(label), P.attention_panels(*args, what=f"{what} ({label})")) for label, args in per_model.items()]
+    return Explorer(explorer_data(models, title or "attention by model: where each word reads the picture",
+                                  full_side=full_side, budget_bytes=budget_bytes, what=what,
+                                  lower="models or samples (one sample a model)"))

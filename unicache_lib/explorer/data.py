@@ -57,10 +57,8 @@ class ExplorerData:
         return self.models[sel["model"]][1][sel["sample"]]
 
     def frame(self, sel: dict) -> int:
-        p, f = self.panel(sel), 0
-        for i, (_, v) in enumerate(p.axes):
-            f = f * len(v) + sel["axes"][i]
-        return f
+        """The frame of ``sel``'s axis stops (frames are row-major over the panel's axes)."""
+        return int(np.ravel_multi_index(tuple(sel["axes"]), [len(v) for _, v in self.panel(sel).axes]))
 
     def choose(self, sel: dict | None, **values) -> dict:
         """``sel`` with ``values`` given by what they are: ``model`` (label), ``sample`` (id), ``view`` (t2i / i2t /
@@ -198,8 +196,7 @@ class ExplorerData:
             info["map"] = [[float(f"{x:.7g}") for x in row] for row in np.atleast_2d(values)]
         data = {names[0]: buf.getvalue(), names[1]: (json.dumps(info, indent=1, ensure_ascii=False) + "\n").encode()}
         record_output_files(folder, SAVE_TOOL, data)  # listed first, with their SHA-256: a later save may replace these
-        out_npz, out_json = (write_inside(folder, n, b, what="explorer export") for n, b in data.items())
-        return out_npz, out_json
+        return tuple(write_inside(folder, n, b, what="explorer export") for n, b in data.items())  # (.npz, .json)
 
     # ------------------------------------------------------------------------------------------- sizes, HTML
     @property
@@ -208,8 +205,7 @@ class ExplorerData:
         return [str(v) for v in self.models[0][1][0].axes[0][1]]
 
     def summary(self) -> str:
-        models = f"{len(self.models)} models, " if len(self.models) > 1 else ""
-        return models + P.size_words(self.models)
+        return (f"{len(self.models)} models, " if len(self.models) > 1 else "") + P.size_words(self.models)
 
     def html(self, sel: dict | None = None) -> str:
         """The explorer's HTML form: its data and its module inline, started by a module script; runs in any page
@@ -218,13 +214,12 @@ class ExplorerData:
         if "</script" in js.lower():
             raise ContractError("explorer.js holds '</script': it would end its own inline script")
         data = {"spec": self.spec, "data": base64.b64encode(self.blob).decode("ascii"), "selection": self.normal(sel)}
-        boot = _BOOT.replace("@@KEY@@", self.key)
         return (f'<div class="ucx" data-ucx="{self.key}" style="margin:4px 0">\n'
                 f'<div class="ucx-fallback" style="color:#555;font-size:90%">{html_text(self.spec["title"])} '
                 f'({html_text(self.summary())}): an explorer drawn by its script, in a page that runs it (JupyterLab, '
                 f'an HTML export, the course site).</div>\n'
                 f'<script type="application/json" class="ucx-data">{P.spec_json(data)}</script>\n'
-                f'<script type="module">\n{js}\n{boot}</script>\n</div>')
+                f'<script type="module">\n{js}\n{_BOOT.replace("@@KEY@@", self.key)}</script>\n</div>')
 
     @property
     def nbytes(self) -> int:

@@ -194,10 +194,6 @@ class Panel:
     def shape(self) -> tuple[int, int]:
         return tuple(int(x) for x in self.maps[0].shape[1:])
 
-    @property
-    def cells(self) -> int:
-        return self.grid[0] * self.grid[1]
-
 
 def _band(idx: np.ndarray) -> tuple[int, int] | None:
     idx = np.sort(np.asarray(idx))
@@ -373,22 +369,6 @@ def panel_views(panel: Panel) -> list[str]:
 # ----------------------------------------------------------------------------------------------- plan and size
 
 
-def pool_factor(shape: tuple[int, int], full_side: int | None) -> int:
-    """Block size that brings the longer side of ``shape`` to at most ``full_side`` cells (1: no pooling)."""
-    if full_side is None:
-        return 1
-    return max(1, math.ceil(max(shape) / max(1, int(full_side))))
-
-
-def _pooled_shape(shape, k):
-    return math.ceil(shape[0] / k), math.ceil(shape[1] / k)
-
-
-def full_cells(panel: Panel, k: int) -> int:
-    n, m = _pooled_shape(panel.shape, k)
-    return n * (n + 1) // 2 if panel.causal and n == m else n * m
-
-
 FLOAT_SLACK = 0.05  # how far past 0..1 a float picture may overshoot and still be read as 0..1 (then clipped)
 
 
@@ -481,11 +461,12 @@ def make_plan(models: list[tuple[str, list[Panel]]], title: str, full_side, open
     images = []
     spec_models, ks = [], {}
     for mi, (label, panels) in enumerate(models):
-        k = max(pool_factor(p.shape, full_side) for p in panels)
-        ks[mi] = k
+        # the block size that brings the longest side of the model's maps to at most full_side cells (1: no pooling)
+        ks[mi] = k = 1 if full_side is None else max(1, math.ceil(max(max(p.shape) for p in panels)
+                                                                  / max(1, int(full_side))))
         spec_panels = []
         for p in panels:
-            F, H, C = len(p.maps), p.heads, p.cells
+            F, H, C = len(p.maps), p.heads, p.grid[0] * p.grid[1]
             views = panel_views(p)
             entry = {"sample": p.sample, "note_name": p.note_name, "note": p.note, "words": p.words,
                      "open_word": p.open_word, "axes": [{"name": n, "values": list(map(int, v))} for n, v in p.axes],
@@ -500,8 +481,8 @@ def make_plan(models: list[tuple[str, list[Panel]]], title: str, full_side, open
                     off += F * H * nw * (C + 4)
             entry["i2t_words"] = list(p.i2t_words) if "i2t" in views else []
             entry["t2i_blind"] = list(p.t2i_blind) if "t2i" in views else []
-            n, m = _pooled_shape(p.shape, k)
-            cells = full_cells(p, k)
+            n, m = (math.ceil(d / k) for d in p.shape)
+            cells = n * (n + 1) // 2 if p.causal and n == m else n * m  # the lower triangle of a causal map
             entry["full"] = {"off": off, "soff": off + F * H * cells, "rows": n, "cols": m, "k": k,
                              "tri": bool(p.causal and n == m), "cells": cells}
             off += F * H * (cells + 8)
@@ -580,8 +561,7 @@ def quantise_log(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     hi = np.where(none, 0.0, hi)
     lo = np.where(none, 0.0, np.maximum(lo, hi - LOG_DECADES))
     span = np.where(hi > lo, hi - lo, 1.0)
-    q = 1 + np.rint(254 * np.clip((lg - lo[..., None]) / span[..., None], 0, 1))
-    q = np.where(pos, q, 0).astype(np.uint8)
+    q = np.where(pos, 1 + np.rint(254 * np.clip((lg - lo[..., None]) / span[..., None], 0, 1)), 0).astype(np.uint8)
     return q, np.stack([lo, hi], -1).astype(np.float32)
 
 
