@@ -569,11 +569,8 @@ def method_style(name: str) -> dict:
     checksum. The designed policies are thick."""
     base = str(name).split(" (")[0] if str(name) not in METHOD_COLOURS else str(name)
     key = "steps" if base.startswith("steps:") else base
-    if key in METHOD_COLOURS:
-        colour = METHOD_COLOURS[key]
-    else:
-        strong = [c for i, c in enumerate(_plt().get_cmap("tab10").colors) if i != 7]  # no grey: grey is the controls'
-        colour = strong[zlib.crc32(key.encode()) % len(strong)]
+    colour = METHOD_COLOURS[key] if key in METHOD_COLOURS else [  # tab10 without its grey: grey is the controls'
+        c for i, c in enumerate(_plt().get_cmap("tab10").colors) if i != 7][zlib.crc32(key.encode()) % 9]
     designed = base.split(" (")[0] in DESIGNED  # step_skip (stride 2) too, not the ablation key_coverage_features
     return {"color": colour, "marker": "*" if designed else MARKERS[zlib.crc32(key.encode()) % len(MARKERS)],
             "lw": 2.5 if designed else 1.2}
@@ -612,8 +609,8 @@ def kept_patches(image, kept: dict, answers: dict | None = None, title: str = ""
         rows, cols = grid or (int(round(len(s) ** 0.5)),) * 2
         if rows * cols != len(s):
             raise InputError(f"{name}: {len(s)} patch shares for a {rows} x {cols} grid: pass grid=(rows, cols)")
-        up = np.kron(s.reshape(rows, cols), np.ones((img.shape[0] // rows + 1, img.shape[1] // cols + 1)))
-        up = up[:img.shape[0], :img.shape[1], None]
+        up = np.kron(s.reshape(rows, cols), np.ones((img.shape[0] // rows + 1, img.shape[1] // cols + 1))
+                     )[:img.shape[0], :img.shape[1], None]  # each patch's share over its pixels
         ax.imshow(img * (0.15 + 0.85 * up))  # dropped patches dark, kept ones as they are
         c = method_style(name)["color"]
         _framed(ax, c)
@@ -633,16 +630,14 @@ def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title:
         raise InputError("reuse_gallery: no image given")
     n = len(images)
     fig, axes = _plt().subplots(2, n, figsize=(2.5 * n, 3.3), gridspec_kw={"height_ratios": [8, 1]}, squeeze=False)
-    for j, (name, im) in enumerate(images.items()):
+    for ax, s, (name, im) in zip(axes[0], axes[1], images.items()):
         c = method_style(name)["color"]
-        ax = axes[0, j]
         ax.imshow(np.asarray(im))
         _framed(ax, c)
         p = psnrs.get(name)
         label = "uncached (reference)" if name == "none" else "identical" if p is not None and p >= 100 else (
             "" if p is None else f"{p:.1f} dB")
         ax.set_title(f"{name}\n{label}", fontsize=8, color=c)
-        s = axes[1, j]
         sched = schedules.get(name)
         s.set(xticks=[], yticks=[])
         if sched is None:
@@ -740,8 +735,7 @@ def depth_budgets(widths, counts: dict, shares, methods, tokens: int, title: str
     layers = np.arange(len(widths))
     ax.bar(layers, widths, color="0.85", label="keys the question reads")
     for name, c in counts.items():
-        st = method_style(name)
-        ax.plot(layers, c, marker=st["marker"], color=st["color"], lw=st["lw"], label=f"kept: {name.split('@')[-1]}")
+        ax.plot(layers, c, **method_style(name), label=f"kept: {name.split('@')[-1]}")  # color, marker, lw
     ax.axhline(tokens, color="k", lw=0.8, ls="--", label=f"uniform: {tokens} per layer")
     ax.set_yscale("log")  # a whole layer (hundreds) beside a few positions
     ax.set_xticks(layers)

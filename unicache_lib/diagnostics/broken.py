@@ -63,11 +63,10 @@ def hide_keys(model, hidden):
         hide = hidden(layer, img)
         if hide is None:
             return None
-        S = hs.shape[1]
         m = kwargs.get("attention_mask")
         neg = torch.finfo(hs.dtype).min
         if m is None or m.dim() != 4:
-            m = torch.triu(torch.full((S, S), neg, dtype=hs.dtype, device=hs.device), 1)[None, None]
+            m = torch.triu(torch.full((hs.shape[1],) * 2, neg, dtype=hs.dtype, device=hs.device), 1)[None, None]
         hide = hide.to(m.device)
         kwargs["attention_mask"] = m & ~hide if m.dtype == torch.bool else m.masked_fill(hide, neg)
         return args, kwargs

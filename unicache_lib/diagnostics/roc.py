@@ -62,18 +62,15 @@ def read_auroc(iv) -> dict:
     in whichever direction it does), ``direction`` (``"as oriented"`` above 0.5, ``"inverted"`` below: the
     positives score *lower*), and ``separates``: ``"yes"`` when the interval excludes 0.5, ``"no evidence"`` when
     it straddles 0.5."""
-    strength = max(iv.value, 1 - iv.value)
-    direction = "as oriented" if iv.value > 0.5 else "inverted" if iv.value < 0.5 else "none"
-    separates = "yes" if (iv.lo > 0.5 or iv.hi < 0.5) else "no evidence (interval straddles 0.5)"
-    return {"strength": strength, "direction": direction, "separates": separates}
+    return {"strength": max(iv.value, 1 - iv.value),
+            "direction": "as oriented" if iv.value > 0.5 else "inverted" if iv.value < 0.5 else "none",
+            "separates": "yes" if (iv.lo > 0.5 or iv.hi < 0.5) else "no evidence (interval straddles 0.5)"}
 
 
 def auroc_table(scores: dict, labels, unit: str = "questions", n_boot: int = 2000, seed: int = 0):
     """One row per named score (``{name: [n] scores, high = positive}``): AUROC with its stratified 95% interval
     (:func:`auroc_interval`) and its reading (:func:`read_auroc`): columns ``auroc, lo, hi, strength,
     direction, separates``."""
-    rows = {}
-    for name, sc in scores.items():
-        iv = auroc_interval(sc, labels, unit, n_boot, seed)
-        rows[name] = {"auroc": iv.value, "lo": iv.lo, "hi": iv.hi, **read_auroc(iv)}
+    ivs = {name: auroc_interval(sc, labels, unit, n_boot, seed) for name, sc in scores.items()}
+    rows = {name: {"auroc": iv.value, "lo": iv.lo, "hi": iv.hi, **read_auroc(iv)} for name, iv in ivs.items()}
     return pd.DataFrame(rows).T.astype({"auroc": float, "lo": float, "hi": float, "strength": float})

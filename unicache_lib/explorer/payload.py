@@ -57,8 +57,7 @@ def index_records(recs: list[Record], fields: tuple[str, ...], what: str) -> tup
     the rest sorted); raises InputError naming the first missing combination, so no slider reaches a record that is
     not there."""
     by = {tuple(getattr(r, f) for f in fields): r for r in recs}
-    axes = [list(dict.fromkeys(k[i] for k in by)) for i in range(len(fields))]
-    axes = [axes[0]] + [sorted(a) for a in axes[1:]]
+    axes = [list(dict.fromkeys(k[0] for k in by))] + [sorted({k[i] for k in by}) for i in range(1, len(fields))]
     missing = [k for k in product(*axes) if k not in by]
     if missing:
         raise InputError(f"{what}: no record for {dict(zip(fields, missing[0]))} ({len(missing)} of "
@@ -377,9 +376,7 @@ def encode_image(image, side: int = IMAGE_SIDE) -> tuple[bytes, str, int, int]:
     side: PNG or JPEG, whichever is smaller."""
     from PIL import Image  # local: PIL is needed only when a picture is encoded
 
-    if hasattr(image, "detach"):
-        image = image.detach().cpu().numpy()
-    a = np.asarray(image)
+    a = np.asarray(image.detach().cpu().numpy() if hasattr(image, "detach") else image)
     if a.ndim == 3 and a.shape[0] in (1, 3, 4) and a.shape[2] not in (1, 3, 4):  # channels first, as a tensor holds it
         a = np.moveaxis(a, 0, -1)
     if a.ndim == 3 and a.shape[2] == 1:
@@ -584,7 +581,6 @@ def build(models: list[tuple[str, list[Panel]]], plan: Plan) -> tuple[dict, byte
     blob = bytearray(plan.blob_len)
     spec = plan.spec
     for mi, (label, panels) in enumerate(models):
-        k = plan.k[mi]
         top = {"t2i": 1.0, "i2t": 1.0}
         lo_all, hi_all = np.inf, -np.inf
         for p, entry in zip(panels, spec["models"][mi]["panels"]):
@@ -605,7 +601,7 @@ def build(models: list[tuple[str, list[Panel]]], plan: Plan) -> tuple[dict, byte
                 blob[o:o + q.size] = q.tobytes()
                 blob[so:so + 4 * s.size] = s.astype("<f4").tobytes()
             f = entry["full"]
-            Q = np.stack([pool(P, k) for P in p.maps])  # [F, H, n, m]
+            Q = np.stack([pool(P, plan.k[mi]) for P in p.maps])  # [F, H, n, m]
             if f["tri"]:
                 il = np.tril_indices(f["rows"])
                 Q = Q[:, :, il[0], il[1]]

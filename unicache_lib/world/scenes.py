@@ -141,8 +141,7 @@ def make_scene(rng: np.random.Generator, scene_type: str = "single", size: int =
     """
     if scene_type not in SCENE_TYPES:
         raise InputError(f"unknown scene type {scene_type!r}; expected one of {SCENE_TYPES}")
-    default_n = {"single": (1, 1), "overlap": (2, 3), "text": (1, 2), "clutter": (3, 4), "diagram": (2, 4)}
-    lo, hi = default_n[scene_type]
+    lo, hi = {"single": (1, 1), "overlap": (2, 3), "text": (1, 2), "clutter": (3, 4), "diagram": (2, 4)}[scene_type]
     fixed = list(fixed or [])
     if n_objects is None:
         n_objects = max(int(rng.integers(lo, hi + 1)), len(fixed))
@@ -151,14 +150,13 @@ def make_scene(rng: np.random.Generator, scene_type: str = "single", size: int =
     if len(fixed) > n_objects:
         raise InputError("more fixed objects than n_objects")
 
-    colours = list(COLOURS)
     used_c = {f["colour"] for f in fixed if "colour" in f}
     used_p = {f["position"] for f in fixed if "position" in f}
     specs = []
     for i in range(n_objects):
         spec = dict(fixed[i]) if i < len(fixed) else {}
         if "colour" not in spec:
-            spec["colour"] = str(rng.choice([c for c in colours if c not in used_c]))
+            spec["colour"] = str(rng.choice([c for c in COLOURS if c not in used_c]))
             used_c.add(spec["colour"])
         if "shape" not in spec:
             allowed = [s for s in SHAPES if s not in forbid_shapes] or list(SHAPES)

@@ -20,9 +20,7 @@ def colour_labels(image: np.ndarray, max_dist: float = 0.35) -> np.ndarray:
     or uint8."""
     img = image.astype(np.float32) / (255.0 if image.dtype == np.uint8 else 1.0)
     d = np.linalg.norm(img[:, :, None, :] - _PALETTE[None, None], axis=-1)
-    lab = d.argmin(-1)
-    lab[d.min(-1) > max_dist] = -1
-    return lab
+    return np.where(d.min(-1) > max_dist, -1, d.argmin(-1))
 
 
 def colour_mask(image: np.ndarray, colour: str) -> np.ndarray:

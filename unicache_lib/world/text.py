@@ -65,8 +65,8 @@ def make_qa(rng: np.random.Generator, qtype: str | None = None, scene_type: str 
     answer = str(rng.choice(ANSWERS[qtype]))
     if qtype == "colour":
         shape = str(rng.choice(SHAPES))
-        sc = make_scene(rng, st, size, fixed=[{"colour": answer, "shape": shape}], forbid_shapes=(shape,))
-        return QA(sc, qtype, f"what color is the {shape} ?", answer, 0)
+        return QA(make_scene(rng, st, size, fixed=[{"colour": answer, "shape": shape}], forbid_shapes=(shape,)), qtype,
+                  f"what color is the {shape} ?", answer, 0)
     if qtype == "shape":
         sc = make_scene(rng, st, size, fixed=[{"shape": answer}])
         return QA(sc, qtype, f"what shape is the {sc.objects[0].colour} object ?", answer, 0)
@@ -92,11 +92,10 @@ def make_qa(rng: np.random.Generator, qtype: str | None = None, scene_type: str 
     k = COUNT_WORDS.index(answer)
     shape = str(rng.choice(SHAPES))
     n = max(k, int(rng.integers(max(k, 1), 5)))
-    fixed = [{"shape": shape}] * k
     if st == "single" and n > 1:
         st = "clutter"
-    sc = make_scene(rng, st, size, n_objects=max(n, 1), fixed=fixed, forbid_shapes=(shape,))
-    return QA(sc, qtype, f"how many {PLURAL[shape]} ?", answer, None)
+    return QA(make_scene(rng, st, size, n_objects=max(n, 1), fixed=[{"shape": shape}] * k, forbid_shapes=(shape,)),
+              qtype, f"how many {PLURAL[shape]} ?", answer, None)
 
 
 def caption(scene: Scene) -> str:
