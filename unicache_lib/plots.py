@@ -64,8 +64,11 @@ def _heatmap(ax, values, title: str, xlabel: str, ylabel: str, cbar: str | None 
     im = ax.imshow(values, interpolation="nearest", **imshow)
     ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.set_title(title, fontsize=fontsize)
-    if ticks:
-        _integer_ticks(ax.xaxis, ax.yaxis)
+    if ticks:  # whole-number ticks on position / layer axes (no 2.5th token)
+        from matplotlib.ticker import MaxNLocator  # local: matplotlib loads at the first figure (see _plt)
+
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(MaxNLocator(integer=True))
     if cbar:
         _colorbar(ax, im, cbar)
     return im
@@ -77,14 +80,6 @@ def _span_legend(ax):
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, frameon=False, handlelength=1.2,
               borderaxespad=0.0, borderpad=0.2, ncol=2)
     ax.set_title(ax.get_title(), fontsize=9, pad=17)
-
-
-def _integer_ticks(*axes):
-    """Whole-number ticks on position / layer axes (no 2.5th token)."""
-    from matplotlib.ticker import MaxNLocator  # local: matplotlib loads at the first figure (see _plt)
-
-    for axis in axes:
-        axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _weight_label(log: bool) -> str:

@@ -36,9 +36,8 @@ def answer_attention(model, processor, qas, progress: bool | None = None, layers
         for r in cap.result.select(part=part):
             if layers is not None and r.layer not in layers:
                 continue
-            row = r.probs[:, -1]  # [H, Sk]: the answer position
             img = torch.as_tensor(r.spans.array == 1)  # cross-attention: every key is a vision token
-            on = row[:, img]
+            on = r.probs[:, -1][:, img]  # [H, n_image]: the answer position's reads of the image keys
             mass = on.sum(-1)
             d = on / mass.clamp(min=1e-12)[:, None]
             seen = r.data["visible"][-1][img] if "visible" in r.data else torch.ones(len(on[0]), dtype=torch.bool)

@@ -31,12 +31,9 @@ class ExplorerData:
         self.key = hashlib.sha256(P.spec_json(spec).encode() + blob).hexdigest()[:16]
 
     # ------------------------------------------------------------------------------------------- selection
-    def opening(self) -> dict:
-        return dict(self.spec["open"])
-
     def normal(self, sel: dict | None) -> dict:
         """``sel`` with every index clamped to what exists (as explorer.js does)."""
-        s = {**self.opening(), **(sel or {})}
+        s = {**self.spec["open"], **(sel or {})}
         mi = min(max(0, int(s.get("model", 0))), len(self.models) - 1)
         panels = self.models[mi][1]
         si = min(max(0, int(s.get("sample", 0))), len(panels) - 1)

@@ -75,18 +75,14 @@ def head_count(recs: list[Record], what: str) -> int:
     return heads.pop()
 
 
-def need(mapping: dict, keys, name: str, what: str):
-    """Raise (when the explorer is built, not when a slider moves) when ``mapping`` lacks one of ``keys``."""
-    gone = [k for k in keys if k not in (mapping or {})]
-    if gone:
-        raise InputError(f"{what}: {name} has no entry for sample {gone[0]!r}: pass {name} for every sample")
-
-
 def _indexed(recs: list[Record], fields: tuple[str, ...], images: dict, tokens: dict, what: str):
-    """``(recs, by, *axes)`` of :func:`index_records`, ``images`` and ``tokens`` checked to cover every sample."""
+    """``(recs, by, *axes)`` of :func:`index_records`, ``images`` and ``tokens`` checked to cover every sample (when
+    the explorer is built, not when a slider moves)."""
     by, axes = index_records(recs, fields, what)
     for name, m in (("images", images), ("tokens", tokens)):
-        need(m, axes[0], name, what)
+        gone = [k for k in axes[0] if k not in (m or {})]
+        if gone:
+            raise InputError(f"{what}: {name} has no entry for sample {gone[0]!r}: pass {name} for every sample")
     return (recs, by, *axes)
 
 
