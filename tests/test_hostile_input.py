@@ -330,6 +330,12 @@ def test_a_resume_in_another_dtype_is_refused_when_the_store_records_one(tmp_pat
     with pytest.raises(StoreError, match="holds dtype='torch.float32', this capture is dtype='torch.bfloat16'"):
         capture_samples(m.to(torch.bfloat16), p, ss, Store(tmp_path / "s", meta={"model": "tiny-llava"}), mode="stats",
                         progress=False)
+    # round 13's S2: a store made as Store(p), its meta naming no model, took another model's resume and captured
+    # nothing (the samples' ids were stored): the model's config is recorded unasked too
+    capture_samples(m.float(), p, ss[:1], Store(tmp_path / "bare"), mode="stats", progress=False)
+    with pytest.raises(StoreError, match="holds model_config='LlavaForConditionalGeneration:.*JanusForConditional"):
+        capture_samples(*load_understanding("tiny-janus"), ss, Store(tmp_path / "bare"), mode="stats", progress=False)
+    assert len(capture_samples(m, p, ss, Store(tmp_path / "bare"), mode="stats", progress=False).records) > 0
 
 
 # ---- 5. configs validated on construction -----------------------------------------------------------------------

@@ -784,18 +784,20 @@ def test_repair_and_verify_leave_names_that_only_start_like_the_stores(tmp_path)
 
 
 @pytest.mark.parametrize("files", [{"meta.json": '{"my": "dataset description"}'},
-                                   {"meta.json": "{}", "index-rank00000.json": "[]"}])
+                                   {"meta.json": "{}", "index-rank00000.json": "[]"},
+                                   {"meta.json": '{"format": "coco"}'},  # round 13's L1: a format of its own
+                                   {"meta.json": '{"format": 1}', "rank00000/": ""}])  # and an empty rank folder
 def test_remove_store_refuses_a_folder_no_store_wrote(tmp_path, files):
     """Round 12's N4: a folder holding only a user's meta.json (or with an index-rank00000.json) was deleted, since
     those are names a store gives."""
     path = tmp_path / "mine"
     path.mkdir()
     for name, text in files.items():
-        (path / name).write_text(text)
+        (path / name).mkdir() if name.endswith("/") else (path / name).write_text(text)
     with pytest.raises(StoreError, match="no store wrote") as e:
         remove_store(path)
     one_line(e.value)
-    assert {p.name: p.read_text() for p in path.iterdir()} == files
+    assert {p.name + "/" * p.is_dir(): "" if p.is_dir() else p.read_text() for p in path.iterdir()} == files
     Store(tmp_path / "s", meta={"model": "m"}).write([rec(0, 0)])
     (tmp_path / "s" / "meta.json").write_text('{"model": "m"}')  # rewritten as a store's refusal advises: still a store
     assert remove_store(tmp_path / "s") and not (tmp_path / "s").exists()

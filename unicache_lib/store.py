@@ -688,7 +688,7 @@ class Store:
         return [s for s in samples if any(key_str((str(s), part, int(li), step)) not in have for li in layers)]
 
     # ---- writing -------------------------------------------------------------------------------
-    RESUME_KEYS = ("model", "dtype", "sample_seed")  # meta fields a resumed capture must share with the store (the
+    RESUME_KEYS = ("model", "dtype", "sample_seed", "model_config")  # meta fields a resumed capture must share with the store (the
     # standard sets of two seeds share their ids: a resume of another seed would skip every sample)
 
     def check_resume(self, mode: str | None = None) -> None:
@@ -1330,13 +1330,14 @@ def _odd_keys(x):
 def _looks_written(p: Path, tree: dict) -> bool:
     """Whether a store wrote the folder ``p`` (:func:`_store_tree` ``tree``): a rank folder, an index log or a lock, or
     a meta.json holding the ``format`` a store writes (a user's own meta.json is not a store's)."""
-    if tree["dirs"] or any(n.startswith((".lock-rank", ".meta.json.")) or ".jsonl" in n for n in tree["files"]):
+    if any(rank["dirs"] for rank in tree["dirs"].values()) or any(  # a chunk folder, an index, a lock
+            n.startswith((".lock-rank", ".meta.json.")) or ".jsonl" in n for n in tree["files"]):
         return True
     try:
         meta = json.loads(read_inside(p, "meta.json", links=False, limit=MAX_META_BYTES, error=StoreError))
     except (StoreError, OSError, ValueError):
         return False
-    return isinstance(meta, dict) and "format" in meta
+    return isinstance(meta, dict) and meta.get("format") == FORMAT and "library_version" in meta  # not {"format": "coco"}
 
 
 def _canonical(name: str) -> bool:

@@ -5,6 +5,7 @@ continues where it stopped and a finished one is a no-op.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -118,6 +119,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     todo = list(samples)
     if store is not None:
         store.meta.setdefault("dtype", str(next(model.parameters()).dtype))  # so a resume in another dtype is refused
+        store.meta.setdefault("model_config", model_fingerprint(model))  # and one of another model (Store(p) alone)
         store.check_resume(mode=mode)  # another model, dtype or mode is refused before anything is skipped
         have = store.keys()
         todo = [s for s in todo if any(key_str((s.id, p, li, -1)) not in have for p, li in wanted)]
@@ -138,6 +140,16 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
             store.write([r for r in recs if key_str(r.key) not in have])
         result.records += recs
     return result
+
+
+def model_fingerprint(model) -> str:
+    """``"<class>:<digest>"`` of the model's config without its paths and versions: what a store records so that a
+    resumed capture of another model into it is refused even when its meta names no model."""
+    def clean(x):
+        return {k: clean(v) for k, v in x.items() if not str(k).startswith("_")
+                and k not in ("transformers_version", "torch_dtype", "dtype")} if isinstance(x, dict) else x
+    blob = json.dumps(clean(model.config.to_dict()), sort_keys=True, default=str).encode()
+    return f"{type(model).__name__}:{hashlib.sha256(blob).hexdigest()[:12]}"
 
 
 def _store_meta(path: Path) -> dict:
