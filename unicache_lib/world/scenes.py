@@ -159,8 +159,7 @@ def make_scene(rng: np.random.Generator, scene_type: str = "single", size: int =
             spec["colour"] = str(rng.choice([c for c in COLOURS if c not in used_c]))
             used_c.add(spec["colour"])
         if "shape" not in spec:
-            allowed = [s for s in SHAPES if s not in forbid_shapes] or list(SHAPES)
-            spec["shape"] = str(rng.choice(allowed))
+            spec["shape"] = str(rng.choice([s for s in SHAPES if s not in forbid_shapes] or list(SHAPES)))
         specs.append(spec)
     # positions: fixed first, then free ones; overlap scenes chain neighbours so objects touch
     for spec in specs:

@@ -239,10 +239,9 @@ def read_prompts(path) -> list[dict]:
             raise InputError(f"{path}, line {n}: prompt id {pid!r} is also line {ids[pid]}'s: ids name a prompt's "
                              f"records, so two prompts cannot share one; give every line its own 'id'")
         ids[pid] = n
-        pair = ""
-        if (len(objects) == 2 and all(scorable(o) for o in objects) and objects[0]["shape"] != objects[1]["shape"]
-                and [o["position"] for o in objects] == ["left", "right"]):  # G9's binding test, in prompt_set's layout
-            pair = "same" if objects[0]["colour"] == objects[1]["colour"] else "different"
+        binding = (len(objects) == 2 and all(scorable(o) for o in objects) and objects[0]["shape"] != objects[1]["shape"]
+                   and [o["position"] for o in objects] == ["left", "right"])  # G9's binding test, in prompt_set's layout
+        pair = ("same" if objects[0]["colour"] == objects[1]["colour"] else "different") if binding else ""
         out.append({"id": pid, "objects": list(objects), "pair": pair,
                     "short": row["prompt"], "long": row["long"] if isinstance(row.get("long"), str) else row["prompt"]})
     if not out:
