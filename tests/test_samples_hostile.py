@@ -735,3 +735,22 @@ def test_one_picture_with_two_questions_gives_both_its_masks(tmp_path, layout):
     got = S.load(root)
     assert [s.id for s in got] == ["a-1", "a-2"] and all(s.masks is not None and s.masks.shape == (2, 16, 16)
                                                           for s in got)
+
+
+@pytest.mark.parametrize("second", [[{"colour": "blue", "shape": "cube"}, {"colour": "red", "shape": "circle"}],
+                                    [{"colour": "green", "shape": "cube"}]])
+def test_two_questions_about_one_picture_must_list_its_objects_alike(tmp_path, second):
+    """Round 13's S1: masks shared by one picture's two lines were matched by position only: a second line listing
+    the objects in another order (or others) took the first line's masks without a word."""
+    first = [{"colour": "red", "shape": "circle"}, {"colour": "blue", "shape": "cube"}]
+    rows = [{"file_name": "a.png", "question": "q1", "id": "a-1", "objects": first},
+            {"file_name": "a.png", "question": "q2", "id": "a-2", "objects": second}]
+    root = _write_layout(tmp_path / "f", "metadata", rows)
+    _png(root / "a.png")
+    np.savez(root / "masks.npz", **{"a.png": np.ones((len(first), 16, 16), bool)})
+    with pytest.raises(UnicacheError, match="list the same objects in the same order") as e:
+        S.load(root)
+    assert "\n" not in str(e.value)
+    rows[1]["objects"] = first  # the fix
+    _write_layout(tmp_path / "f", "metadata", rows)
+    assert [s.masks.shape[0] for s in S.load(root)] == [2, 2]

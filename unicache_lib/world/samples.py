@@ -920,6 +920,11 @@ def _masks_by_sample(path: Path, rows, ids: list[str], masks_by: str) -> dict[st
                              f"samples' file_name{', or their id' if masks_by == 'id' else ''}, exactly, case "
                              f"included)" + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
                              + ": rename the key or remove it; a mask no sample uses is never silently dropped")
+        objs = {json.dumps(rows[ids.index(sid)][1].get("objects"), sort_keys=True) for sid in named}
+        if len(objs) > 1:  # a mask is the i-th listed object's: two lists would give one of them the wrong masks
+            raise InputError(f"{path / 'masks.npz'}: key {k[:80]!r} is the picture of {' and '.join(sorted(named))}, "
+                             f"whose lines list other objects: list the same objects in the same order on every line "
+                             f"about one picture")
         if via_name and via_id and via_id not in via_name:
             raise InputError(f"{path / 'masks.npz'}: key {k[:80]!r} is one sample's file_name and another's id "
                              f"({' and '.join(sorted(named | {via_id}))}): key the masks by file_name only")
