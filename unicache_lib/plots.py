@@ -516,7 +516,7 @@ def attention_layouts(layouts: dict, title: str = "who can read whom: query rows
     fig, axes = _plt().subplots(1, len(layouts), figsize=(2.1 * len(layouts), 2.9))
     for ax, (name, (q, k, allowed)) in zip(np.atleast_1d(axes), layouts.items()):
         # 1 + the pair's place in LAYOUT_COLOURS (image->image, image->text, text->image, text->text); 0: masked
-        code = np.where(allowed, 1 + 2 * np.not_equal(q, "I")[:, None] + np.not_equal(k, "I")[None, :], 0)
+        code = np.where(allowed, 1 + 2 * (np.array(list(q)) != "I")[:, None] + (np.array(list(k)) != "I")[None, :], 0)
         ax.imshow(code, cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
         ax.set_xticks(range(len(k)), ["img" if a == "I" else "txt" for a in k], fontsize=5, rotation=90)
         ax.set_yticks(range(len(q)), ["img" if a == "I" else "txt" for a in q], fontsize=5)
