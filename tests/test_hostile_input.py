@@ -367,6 +367,12 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
     pol.stride = 1  # round 12: a field set after the policy was made is checked when the schedule is made
     with pytest.raises(ValueError, match="stride=1 computes every step"):
         pol.schedule(20)
+    import dataclasses
+
+    cfg = StepSkipConfig(20)  # round 13's S3: a config changed after apply_step_skip ran its old schedule, silently
+    with pytest.raises(dataclasses.FrozenInstanceError, match="stride"):
+        cfg.stride = 5
+    assert dataclasses.replace(cfg, stride=5).stride == 5  # the fix its docstring names
 
 
 # ---- 6. the parsers, property-based: any input loads correctly or raises one of the project's errors ------------

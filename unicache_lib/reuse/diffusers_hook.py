@@ -47,11 +47,12 @@ from .policies.step_skip import StepSkip
 HOOK_NAME = "step_skip"
 
 
-@dataclass
+@dataclass(frozen=True)  # the hook made from it keeps its schedule: a field set later would not reach it
 class StepSkipConfig:
     """The hook's settings: the step count its schedule is laid out for (the pipeline's ``num_inference_steps``) and
     :class:`~unicache_lib.reuse.policies.step_skip.StepSkip`'s fields, with its defaults and checks (one set,
-    ``benchmarks/results/tune_step_skip.txt``): ``StepSkipConfig(20)``, ``StepSkipConfig(20, stride=2, weight=0.0)``."""
+    ``benchmarks/results/tune_step_skip.txt``): ``StepSkipConfig(20)``, ``StepSkipConfig(20, stride=2, weight=0.0)``;
+    frozen: ``dataclasses.replace(cfg, stride=4)`` makes another (apply it after ``remove_step_skip``)."""
 
     num_inference_steps: int
     head: float = StepSkip.head
