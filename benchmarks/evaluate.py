@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from unicache_lib.core.errors import InputError, MissingFileError, StoreError
+from unicache_lib.core.errors import InputError, MissingFileError, StoreError, UnicacheError
 from unicache_lib.paths import check_output_path, record_output_files
 from unicache_lib.inputs import budget_shares
 
@@ -262,6 +262,11 @@ def read_shards(out: Path, settings: tuple[str, ...], target: str, **read_csv) -
     if len(found) != 1:
         raise StoreError(f"{out} holds shards of {len(found)} different runs ({sorted(found)}): remove the old "
                            "shards and run again")
+    differ = sorted(k for k in set().union(*metas) - {"rank", "seconds", "rows", "sha256"}  # every other setting too
+                    if len({json.dumps(m.get(k), sort_keys=True) for m in metas}) > 1)  # (question_seed, n_image)
+    if differ:
+        raise StoreError(f"{out} holds shards whose {differ[0]} differs ({sorted({str(m.get(differ[0])) for m in metas})}"
+                         f"): they are of different runs; remove the old shards and run again")
     n, world, *_ = found.pop()
     ranks = sorted(m["rank"] for m in metas)
     if ranks != list(range(world)):
@@ -404,7 +409,11 @@ def main(argv=None) -> int:
             setattr(args, name, Path(getattr(args, name)))
     torch.set_num_threads(1)
     if args.merge:
-        R = merge(args.out)
+        try:  # one line, no traceback: what is wrong and what to do
+            R = merge(args.out)
+        except UnicacheError as e:
+            print(f"evaluate.py: error: {e}", file=sys.stderr)
+            return 2
         given = args.results
         if args.results is None:  # only a full-size run replaces the committed results notebook 05 decides on
             args.results = RESULTS if R.attrs["n"] >= FULL else args.out / "results"

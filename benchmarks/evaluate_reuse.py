@@ -149,7 +149,8 @@ def merge(out: Path = OUT) -> pd.DataFrame:
                                      keep_default_na=False, na_values=[""])
     per_cell = R.groupby(["generator", "method"]).chunk.agg(["nunique", "size"])
     if not ((per_cell["nunique"] == n // CHUNK) & (per_cell["size"] == n // CHUNK)).all():
-        raise RuntimeError(f"the merged shards do not hold every one of the {n // CHUNK} chunks exactly once per method")
+        raise StoreError(f"the merged shards do not hold every one of the {n // CHUNK} chunks exactly once per method: "
+                         f"remove them and run the ranks again")
     R["note"] = R["note"].fillna("")
     R.attrs.update(n=n, world=world, seconds=max(m["seconds"] for m in metas))
     return R.sort_values(["generator", "method", "chunk"], ignore_index=True)

@@ -68,7 +68,7 @@ def test_store_scale_runs_small_and_times_the_write_path():
         assert check in report and "(target <=" in report.split(check)[1].splitlines()[0]
 
 
-def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, monkeypatch):
+def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, monkeypatch, capsys):
     """`make evaluate`: two ranks' shards merge into exactly the one-process rows (so N processes settle the same
     verdicts), the questions are disjoint from the design and notebook sets, and a missing or foreign shard is refused."""
     import pandas as pd
@@ -109,6 +109,16 @@ def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, 
             csv.write_bytes(data.replace(b",0.", b",1.", 1))
         with pytest.raises(RuntimeError, match=f"shard {csv} (is {fault}|differs from what its rank wrote)"):
             E.merge(bad)
+    for key, value in (("question_seed", 7000), ("n_image", 16)):  # round 13's S4: shards of another question set
+        bad = tmp_path / f"bad-{key}"
+        shutil.copytree(two, bad)
+        side = bad / "rows-rank1-of-2.json"
+        side.write_text(json.dumps({**json.loads(side.read_text()), key: value}))
+        with pytest.raises(RuntimeError, match=f"shards whose {key} differs.*different runs"):
+            E.merge(bad)
+        assert E.main(["--merge", "--out", str(bad), "--results", str(tmp_path / "r")]) == 2  # one line, no traceback
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("evaluate.py: error: ") and "Traceback" not in err, err
     claims, controls = E.decide(E.merge(two))
     assert list(claims.claim) == ["E1", "E2", "E3", "E4"] and set(controls.peer) == {"pooling", "downsample", "key_coverage_features",
                                                                                       "divprune_keys", "divprune"}
