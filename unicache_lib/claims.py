@@ -460,9 +460,8 @@ _ALL = [
        "cross-attention layer reads only the image",
        {"a": {"above": 0.02}, "b": {"above": 1.5}, "c": {"above": 1.5}, "d": {"above": 0.0}},
        advice=Advice("measured here on Mllama: above ~1.5 a cross layer's words find their objects, near 1 they do "
-                     "not; which objects depends on the question, so these reads do not say what to thin. No eviction "
-                     "ran on a cross-attention model: to thin its vision KV, 05's finding (keep a cover, not the "
-                     "most-read patches) is a pointer, measured on LLaVA only; check it on your model's answers",
+                     "not; these reads do not say what to thin. No eviction ran on Mllama: to thin its vision KV, 05's "
+                     "cover (not the most-read patches) is a pointer, measured on LLaVA only",
                      (Place("05", 3, policies=("key_coverage",), params=("BUDGETS",)),)),
        meaning={"holds": "the study's order: spread, focus, refine", "partly": "not the study's order in every "
                 "criterion", "does not hold": "not the study's order"}),
@@ -470,10 +469,8 @@ _ALL = [
        "which image tokens an embedding needs", "08_architectures",
        "CLIP image tower, last layer: the class token's attention mass on the objects the caption names / their area "
        "share above 1.5", {"": {"above": 1.5}},
-       advice=Advice("measured here on CLIP: well above 1 the embedding leans on the named objects, near 1 it does "
-                     "not. No token was dropped on CLIP: to thin its image tokens, 05's finding (keep a cover and "
-                     "merge each dropped token into a kept one, not the object patches alone) is a pointer, measured "
-                     "on LLaVA only; check it on your model's retrieval",
+       advice=Advice("measured here on CLIP: well above 1 the embedding leans on the named objects. No token was "
+                     "dropped on CLIP: 05's cover-and-merge is a pointer, measured on LLaVA only",
                      (Place("05", 3, policies=("key_coverage_merge",)),)),
        meaning={"holds": "the embedding is object-led", "does not hold": "the embedding is not object-led"}),
     _c("A5", "Unified model: the text's image share is ~40% when describing and ~60% when answering.",
