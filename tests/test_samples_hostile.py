@@ -7,6 +7,7 @@ docs/FAULTS.md's "Hostile samples and parameters (#60)" table counts the cases b
 (tests/test_store_faults.py::test_fault_table_counts_come_from_the_tests)."""
 import codecs
 import json
+import warnings
 import os
 import re
 import types
@@ -754,3 +755,29 @@ def test_two_questions_about_one_picture_must_list_its_objects_alike(tmp_path, s
     rows[1]["objects"] = first  # the fix
     _write_layout(tmp_path / "f", "metadata", rows)
     assert [s.masks.shape[0] for s in S.load(root)] == [2, 2]
+
+
+@pytest.mark.parametrize("edit", ["a sample added", "a picture replaced"])
+def test_a_generated_folder_you_edited_is_yours(tmp_path, edit):
+    """Round 13's S5: a folder the generator wrote, then edited (two photos of the user's added to its manifest, or
+    single-0.png replaced), was still "a standard set": PER_TYPE=4 dropped the user's samples without a word and
+    SAMPLE_SEED=5 measured 30 synthetic samples in place of theirs. A marked folder is the generator's only while
+    every file it wrote holds what it wrote."""
+    d = tmp_path / "mine"
+    S.main(["--out", str(d)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(S.load(d, per_type=4)) == 20 and len(S.load(d, seed=5, per_type=4)) == 20  # as written: a standard set
+    if edit == "a sample added":
+        m = json.loads((d / "manifest.json").read_text())
+        m["samples"] += [{**m["samples"][0], "id": f"myphoto{i}", "image": f"myphoto{i}.png"} for i in range(2)]
+        (d / "manifest.json").write_text(json.dumps(m))
+        for i in range(2):
+            _png(d / f"myphoto{i}.png")
+    else:
+        _png(d / "single-0.png")
+    if edit == "a sample added":  # 6 of type single now: your folder, thinned with a word
+        with pytest.warns(UserWarning, match=r"kept 20 of your 22 samples.*PER_TYPE=6"):
+            S.load(d, per_type=4)
+    with pytest.raises(UnicacheError, match="your own sample folder"):
+        S.load(d, seed=5)

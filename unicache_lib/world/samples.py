@@ -36,7 +36,7 @@ from PIL import Image, UnidentifiedImageError
 
 from ..core.errors import ImageError, InputError, InputTypeError, MissingFileError, UnicacheError, UnknownNameError
 from ..core.untrusted import RepeatedKeyError, decode_utf8, json_loads, open_inside, stat_inside
-from ..paths import OUTPUT_MARKER, OutputFolder, _marker, output_folder, project_path
+from ..paths import OUTPUT_MARKER, OutputFolder, _content, _marker, _not_ours, _written_by, output_folder, project_path
 from .questions import TRAIN_QTYPES
 from .scenes import SCENE_TYPES
 from .text import QA, caption, jsonl_rows, long_prompt, make_qa, short_prompt
@@ -392,8 +392,9 @@ def _generated(path: Path, rows) -> bool:
         return False
 
     info = _marker(path) if os.path.lexists(path / OUTPUT_MARKER) else None
-    if info is not None and info.get("written_by") == TOOL:
-        return True
+    if info is not None and info.get("written_by") == TOOL:  # while every file holds what the generator wrote
+        content = _content(info)  # (a picture replaced, a sample added: the folder is yours now)
+        return not any(_not_ours(path, rel, content.get(rel), TOOL) for rel in _written_by(info, TOOL))
     return bool(rows) and all(isinstance(r.get("id"), str) and _GENERATED_PNG.fullmatch(f"{r['id']}.png")
                               and r["id"].rsplit("-", 1)[0] == r.get("scene_type") for _, r in rows)
 
