@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+from unicache_lib.core.errors import ContractError
 from unicache_lib.families import family_of
 from unicache_lib.kv import POLICIES, answer, evict, kv_bytes, prefill, split_prompt
 from unicache_lib.kv.peers import attention_implementation, compression_ratio
@@ -71,10 +72,17 @@ def test_press_refusals_name_the_fix(llava, monkeypatch):
         KeyCoveragePress(compression_ratio=0.5, image_token_id="4")
     assert KeyCoveragePress(compression_ratio=0.5, image_token_id=torch.tensor(4).numpy()[()]).image_token_id == 4
     with KeyCoveragePress(compression_ratio=0.5)(model):  # two presses nested: named, not called a StaticCache
-        with pytest.raises(ValueError, match=r"KeyCoveragePress is already applied to this model.*ComposedPress"):
+        with pytest.raises(ValueError, match=r"KeyCoveragePress is already applied to this model.*apply one press at a "
+                                             r"time.*ComposedPress cannot carry one"):
             with KeyCoveragePress(compression_ratio=0.25)(model):
                 pass
     assert not hasattr(model, "_unicache_press")  # and the first one's mark is gone on exit
+    from kvpress import ComposedPress  # round 13: the refusal used to advise ComposedPress, which then failed
+
+    with pytest.raises(ContractError, match=r"inside kvpress's ComposedPress.*apply it alone") as e, \
+            ComposedPress([KeyCoveragePress(compression_ratio=0.25)])(model):
+        prefill(model, sp, attentions=False)
+    assert "\n" not in str(e.value)
     with attention_implementation(model, "sdpa"), pytest.raises(ValueError, match="attn_implementation='eager'"):
         with KeyCoveragePress(compression_ratio=0.5)(model):
             prefill(model, sp, attentions=False)

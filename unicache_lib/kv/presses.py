@@ -108,8 +108,7 @@ class PolicyPress(BasePress):
         if ids.shape[0] != 1:
             raise InputError(f"{type(self).__name__} compresses one prompt at a time, got a batch of {ids.shape[0]}: loop "
                              "over the prompts")
-        self._image = (ids[0] == self.image_token_id).nonzero().flatten()
-        self._prompt_len = ids.shape[1]
+        self._image, self._prompt_len = (ids[0] == self.image_token_id).nonzero().flatten(), ids.shape[1]
         cache = kwargs.get("past_key_values")
         held = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
         if held and len(self._image):  # kvpress compresses only a prefill from an empty cache: it would do nothing
@@ -124,24 +123,24 @@ class PolicyPress(BasePress):
         active = getattr(model, "_unicache_press", None)
         if active is not None:  # a second press would compress what the first already compressed
             raise InputError(f"{type(active).__name__} is already applied to this model (a `with press(model):` inside "
-                             f"another): apply one press at a time, or combine them in one with kvpress's ComposedPress")
+                             f"another): apply one press at a time (a workbench press finds the image positions in its "
+                             f"own `with`, so kvpress's ComposedPress cannot carry one either)")
         self.post_init_from_model(model)
         fam = family_of(model)
         sites = [s.module for s in fam.sites(model, ("language",))]
-        # before the layers' hooks fire: the image positions of this forward
-        pre = [(model, "forward_pre", self._read_input_ids)]
         model._unicache_press = self
-        self._bias = {}
-        self._layers = {id(m): i for i, m in enumerate(sites)}  # module -> its place among the compressed layers
+        # module -> its place among the compressed layers
+        self._bias, self._layers = {}, {id(m): i for i, m in enumerate(sites)}
         # the terms a layer's compress_layer returns (a merge's log(size)), read by every later forward; with a depth
         # schedule the cache is ragged, so every later forward needs one mask per layer
         masks = layer_masks(model, fam, self._bias, every_layer=self.policy.depth is not None)
         try:
-            with forward_hooks(pre + [(m, "forward", self.forward_hook) for m in sites]), masks:
+            # the pre-hook first, before the layers' hooks fire: the image positions of this forward
+            with forward_hooks([(model, "forward_pre", self._read_input_ids)] +
+                               [(m, "forward", self.forward_hook) for m in sites]), masks:
                 yield
         finally:
-            self._image = self._prompt_len = None
-            self._bias = {}
+            self._image, self._prompt_len, self._bias = None, None, {}
             del model._unicache_press
 
     def forward_hook(self, module, input, kwargs, output):
@@ -161,11 +160,13 @@ class PolicyPress(BasePress):
         img = self._image
         S = keys.shape[2]
         if img is None:
-            raise ContractError(f"{type(self).__name__} was called outside `with press(model):`, so it never saw the prompt")
+            raise ContractError(f"{type(self).__name__} was called outside `with press(model):` (inside kvpress's "
+                                f"ComposedPress, say), so it never saw the prompt's image positions: apply it alone, "
+                                f"`with press(model):`")
         if S != self._prompt_len:  # the cache's positions would not line up with the prompt's
-            layer = kwargs["past_key_values"].layers[module.layer_idx]
             why = ("a sliding-window layer shorter than the prompt, which holds only the last keys; use a model without "
-                   "sliding windows shorter than the prompt") if getattr(layer, "is_sliding", False) and S < self._prompt_len \
+                   "sliding windows shorter than the prompt") if getattr(kwargs["past_key_values"].layers[module.layer_idx],
+                                                                         "is_sliding", False) and S < self._prompt_len \
                 else ("a pre-allocated cache (StaticCache, generate(cache_implementation='static')); use a DynamicCache, "
                       "the default")
             raise InputError(f"{type(self).__name__}: cache layer {module.layer_idx} holds {S} positions after a prefill of "
@@ -182,8 +183,8 @@ class PolicyPress(BasePress):
         if kept == n:
             return keys, values
         img = img.to(keys.device)
-        chosen = self.choose(keys, values, kept, attentions, img)
-        keys, values, bias = self.policy.compress_layer(keys, values, img, chosen)  # drop, or merge (policies/merge.py)
+        # drop, or merge (policies/merge.py)
+        keys, values, bias = self.policy.compress_layer(keys, values, img, self.choose(keys, values, kept, attentions, img))
         if bias is not None:
             self._bias[module.layer_idx] = bias
         return keys, values
