@@ -114,8 +114,7 @@ def _links_fix(path: Path) -> str:
 
 def _check_name(path) -> None:
     """Refuse a store path no folder can have (a NUL byte, a part over 255 bytes), before the OS is asked."""
-    why = name_problem(path)
-    if why:
+    if (why := name_problem(path)):
         raise InputError(f"store folder {str(path)!r:.100} {why}: pass a folder such as outputs/02_understanding_maps")
 
 
@@ -125,10 +124,6 @@ def _locked(path: Path, what: str):
         return acquire(path, what, _LOCK_ADVICE)
     except LockedError as e:
         raise StoreLockedError(str(e), e.holder) from None
-
-
-def library_version() -> str:
-    return __version__
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -170,10 +165,7 @@ def _index_blocks(path: Path, offset: int):
     fd = open_inside(path.parent, path.name, links=False, error=StoreError, what="index", fix=_index_fix(path))
     try:
         os.lseek(fd, offset, os.SEEK_SET)
-        while True:
-            block = os.read(fd, _BLOCK)
-            if not block:
-                return
+        while block := os.read(fd, _BLOCK):
             yield block
     finally:
         os.close(fd)
@@ -243,8 +235,8 @@ def _npy_shape(z, name: str) -> tuple | None:
     """The shape of the array ``name`` of the archive ``z``, from its header alone (None when it cannot be read)."""
     try:
         with z.zip.open(name + ".npy") as fp:
-            version = np.lib.format.read_magic(fp)
-            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            header = (np.lib.format.read_array_header_1_0 if np.lib.format.read_magic(fp) == (1, 0)
+                      else np.lib.format.read_array_header_2_0)
             return tuple(header(fp)[0])
     except Exception:  # noqa: BLE001 - a member that is not an array: its read says why
         return None
@@ -254,8 +246,7 @@ def _shape_problem(e: dict, z) -> str | None:
     """Why the fields of entry ``e`` cannot describe the arrays of a file written before files recorded their records
     (a hand-edited spans or seq_len), or None. What every capture writes: spans cover seq_len positions (the keys), and
     a full map is [heads, queries, seq_len / key_stride] (rounded up)."""
-    runs = (e["spans"] or {}).get("runs") or []
-    total = sum(r[1] for r in runs)
+    total = sum(r[1] for r in (e["spans"] or {}).get("runs") or [])
     if e["spans"] and e["seq_len"] > 0 and total != e["seq_len"]:
         return f"gives spans covering {total} positions and seq_len {e['seq_len']}, which a capture never writes"
     if e["mode"] == "full" and "probs" in e["arrays"]:
@@ -274,22 +265,18 @@ class _Log:
     sample -> the lines that hold it; ``end``: the byte after the last whole line; ``torn``: bytes after it;
     ``claimants``: chunk folder -> the lines that name it (Store.write gives each line a folder of its own: two are a
     hand-made line, and which wrote the folder is decided by what its files recorded, never by order); ``refused``:
-    record key -> why its entry is never read (found when its line is parsed)."""
+    record key -> why its entry is never read (found when its line is parsed); ``open``: the last line read is whole
+    but has no newline yet (``end`` is its last byte's end), ``pad`` the spaces, tabs and CRs that end it (cut() drops
+    them before the newline); ``folder``: rank00000, the folder every chunk of this log lies in; ``conflicts``: a key
+    listed twice (in one line, or again while live): refused, not guessed; ``claims``: the chunk folder of each line
+    looked at so far (None: a drop line)."""
 
     def __init__(self, path: Path):
-        self.path, self.sig, self.end, self.torn, self.last = path, None, 0, 0, b""
-        self.open = False  # the last line read is whole but has no newline yet (``end`` is its last byte's end)
-        self.pad = 0  # the spaces, tabs and CRs that end that open line (cut() drops them before the newline)
-        self.folder = path.name[len("index-"):-len(".jsonl")]  # rank00000: the folder every chunk of this log lies in
+        self.path, self.sig, self.end, self.torn, self.last, self.open, self.pad = path, None, 0, 0, b"", False, 0
+        self.folder = path.name[len("index-"):-len(".jsonl")]
         self.lines: list[tuple[dict, str]] = []
-        self.live: dict[str, int] = {}
-        self.samples: dict[str, list[int]] = {}
-        self.modes: set = set()
-        self.chunks = 0
-        self.conflicts: list[str] = []  # a key listed twice (in one line, or again while live): refused, not guessed
-        self.claimants: dict[str, list[int]] = {}
-        self.claims: list[str | None] = []  # the chunk folder of each line looked at so far (None: a drop line)
-        self.refused: dict[str, str] = {}
+        self.live, self.samples, self.claimants, self.refused = {}, {}, {}, {}
+        self.modes, self.chunks, self.conflicts, self.claims = set(), 0, [], []
 
     def refresh(self) -> list[str] | None:
         """Read what the file gained since the last call. Returns the keys it added, or None when anything else
@@ -310,25 +297,20 @@ class _Log:
                 start += block
                 if len(start) >= len(self.last):
                     break
-            ok = start.startswith(self.last)
-            if not ok:
-                blocks.close()
+            ok, start = start.startswith(self.last), start[len(self.last):]
+            if ok and self.open and not start:
+                start = next(blocks, b"")
+            if ok and self.open and start[:1] == b"\n":  # the newline the whole last line lacked: it ends there
+                start, self.end, self.open, self.pad = start[1:], self.end + 1, False, 0
+                self.last = (self.last + b"\n")[-64:]
+            elif not ok or (self.open and start):  # rewritten, or bytes glued to a line read as whole: the file was
+                blocks.close()  # not written by a store
+                ok = False
         fresh = not ok
         if fresh:  # not just appended to: read it all again
             self.__init__(self.path)
             blocks, start = _index_blocks(self.path, 0), b""
-        else:
-            start = start[len(self.last):]
-            if self.open and not start:
-                start = next(blocks, b"")
-            if self.open and start[:1] == b"\n":  # the newline the whole last line lacked: it ends there
-                start, self.end, self.open, self.pad = start[1:], self.end + 1, False, 0
-                self.last = (self.last + b"\n")[-64:]
-            elif self.open and start:  # bytes glued to a line read as whole: the file was not written by a store
-                blocks.close()
-                self.__init__(self.path)
-                blocks, start, fresh = _index_blocks(self.path, 0), b"", True
-        dropped, added = False, []
+        taken = []  # (a drop line, the keys it adds) of each line read
         pending = bytearray(start)
         for block in itertools.chain([b""], blocks):
             pending += block
@@ -340,8 +322,7 @@ class _Log:
                 raw = bytes(pending[pos:nl])  # lines end at "\n" only (U+2028 inside a string is text)
                 if len(raw) > MAX_LINE_BYTES:
                     raise self._too_long()
-                d, a = self._take(raw)
-                dropped, added = dropped or d, added + a
+                taken.append(self._take(raw))
                 self.end += nl - pos + 1
                 self.last = (self.last + raw[-64:] + b"\n")[-64:]
                 pos = nl + 1
@@ -356,11 +337,11 @@ class _Log:
             # a whole line that only lacks its newline (trailing spaces or a CR after it too): a record, not torn; a
             # tail that starts with a byte-order mark is no store's write either (_take refuses it, naming the fix)
             raw = bytes(pending)
-            d, a = self._take(raw)
-            dropped, added = dropped or d, added + a
+            taken.append(self._take(raw))
             self.end += len(raw)
             self.last = (self.last + raw[-64:])[-64:]
             self.open, self.pad, pending = True, len(raw) - len(raw.rstrip(_BLANK)), b""
+        dropped, added = any(d for d, _ in taken), [k for _, a in taken for k in a]
         if dropped:
             self.modes = {self.lines[n][0]["mode"] for n in set(self.live.values())}
         self.torn, self.sig = len(pending), sig
@@ -394,11 +375,11 @@ class _Log:
         """Parse the whole line ``raw`` (its head only): ``(a drop line, the keys it adds)``."""
         n = len(self.lines)
         if raw.startswith(_BOM):
-            p = str(self.path)
             raise StoreError(
-                f"line {n + 1} of index {p} starts with a UTF-8 byte-order mark (an editor such as Notepad saved the "
-                f"file; a store never writes one), so it is not read and nothing is cut. Remove those 3 bytes: "
-                f"python -c \"import pathlib; p = pathlib.Path({p!r}); b = p.read_bytes(); "
+                f"line {n + 1} of index {self.path} starts with a UTF-8 byte-order mark (an editor such as Notepad "
+                f"saved the file; a store never writes one), so it is not read and nothing is cut. Remove those 3 "
+                f"bytes: "
+                f"python -c \"import pathlib; p = pathlib.Path({str(self.path)!r}); b = p.read_bytes(); "
                 f"p.write_bytes(b.replace(bytes.fromhex('efbbbf'), b''))\"; every line then reads as before")
         if not raw.strip(_BLANK):  # a blank line (an editor's) holds nothing: kept as a placeholder (line numbers stay)
             self.lines.append(({}, raw.decode("ascii")))
@@ -425,8 +406,8 @@ class _Log:
         seen = set()
         for k in head["keys"]:
             if k in seen or k in self.live:  # Store.write never does this: a hand-edited or damaged log
-                where = "twice in that line" if k in seen else f"while line {self.live[k] + 1} still holds it"
-                self.conflicts.append(f"line {n + 1} of {self.path.name} lists record {k} {where}")
+                self.conflicts.append(f"line {n + 1} of {self.path.name} lists record {k} " + (
+                    "twice in that line" if k in seen else f"while line {self.live[k] + 1} still holds it"))
                 continue  # the first entry stays the record: nothing is read from the second
             seen.add(k)
             self.live[k] = n
@@ -458,8 +439,7 @@ class _Log:
         """Why the entry ``e`` of line ``n`` is not a record that line wrote, or None. Store.write gives every line a
         chunk folder of its own, in its rank's folder, and every record a slot of its own."""
         f, slot = e["file"], e["slot"]
-        why = name_problem(f)
-        if why:
+        if (why := name_problem(f)):
             return f"names a file {f!r:.80} that {why}"
         if f.startswith("/") or ".." in f.split("/"):
             return f"names {f!r}, a path that points outside the store"
@@ -483,8 +463,7 @@ class _Log:
         if not isinstance(recs, list) or any(not isinstance(e, dict) or not _ENTRY_KEYS <= e.keys() for e in recs) \
                 or [e["key"] for e in recs] != head["keys"]:
             raise self.corrupt(n, "is corrupt: its records are not one entry per key of its head")
-        bad = next((e["key"] for e in recs if not _entry_ok(e)), None)
-        if bad is not None:
+        if (bad := next((e["key"] for e in recs if not _entry_ok(e)), None)) is not None:
             raise self.corrupt(n, f"is corrupt: the entry of record {bad} has fields of the wrong type (layer, step, "
                                   f"slot, heads, seq_len and strides are whole numbers; sample, part, mode, file and "
                                   f"sha256 texts; bytes a whole number; spans runs of [0 or 1, length]; meta an "
@@ -515,24 +494,22 @@ class _Log:
         ``]`` are dropped first, so the tail is what a store writes)."""
         if self.open and not self.torn:
             if self.pad:
-                fd = _open_index(self.path, os.O_WRONLY)
-                try:
-                    os.ftruncate(fd, self.end - self.pad)
-                finally:
-                    os.close(fd)
-                self.end, self.last = self.end - self.pad, self.last[:max(len(self.last) - self.pad, 0)]
-                self.pad = 0
+                self._truncate(self.end - self.pad)
+                self.end, self.last, self.pad = self.end - self.pad, self.last[:max(len(self.last) - self.pad, 0)], 0
             _append_line(self.path, b"\n")
             self.end, self.open, self.last = self.end + 1, False, (self.last + b"\n")[-64:]
             st = os.lstat(self.path)
             self.sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if self.torn:
-            fd = _open_index(self.path, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, self.end)
-            finally:
-                os.close(fd)
+            self._truncate(self.end)
             self.torn = 0
+
+    def _truncate(self, size: int) -> None:
+        fd = _open_index(self.path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
 
 
 class Store:
@@ -553,12 +530,10 @@ class Store:
                              f"(e.g. outputs/02_understanding_maps/stats)")
         if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:  # numpy's ints too
             raise InputTypeError(f"rank must be an int >= 0, got {rank!r}")
-        self.rank = int(rank)
-        self.meta = dict(meta or {})
-        self._lock = None
-        self._logs: dict[int, _Log] = {}  # every rank's index as last read (see the module docstring)
-        self._owner: dict[str, int] = {}  # record key -> its rank, over all ranks
-        self._clash: str | None = None  # the first key two ranks hold
+        self.rank, self.meta, self._lock = int(rank), dict(meta or {}), None
+        # _logs: every rank's index as last read (see the module docstring); _owner: record key -> its rank, over all
+        # ranks; _clash: the first key two ranks hold
+        self._logs, self._owner, self._clash = {}, {}, None
         self._guard = threading.RLock()  # threads of this process sharing the object take turns on the above
 
     # ---- the writer lock -----------------------------------------------------------------------
@@ -612,11 +587,8 @@ class Store:
                         raise
 
     def _refresh_once(self) -> None:
-        files: dict[int, Path] = {}
-        for p in self.path.glob("index-rank*"):
-            m = _INDEX_NAME.fullmatch(p.name)
-            if m and p.name == self._index_path(int(m[1])).name:  # (index-rank0.jsonl is no rank's log)
-                files[int(m[1])] = p
+        files = {int(m[1]): p for p in self.path.glob("index-rank*")  # (index-rank0.jsonl is no rank's log)
+                 if (m := _INDEX_NAME.fullmatch(p.name)) and p.name == self._index_path(int(m[1])).name}
         rebuild = files.keys() != self._logs.keys()
         self._logs = {r: log for r, log in self._logs.items() if r in files and log.path == files[r]}
         added = []
@@ -643,8 +615,7 @@ class Store:
         self._refresh()
         if self._clash:
             raise StoreError(self._clash)
-        conflicts = self._conflicts()
-        if conflicts:
+        if (conflicts := self._conflicts()):
             raise StoreError(f"{conflicts[0]}{f' (and {len(conflicts) - 1} more)' if len(conflicts) > 1 else ''}: a "
                              f"hand-edited or damaged index, whose records could be the wrong sample's. Nothing is read "
                              f"until it is mended: delete the line that should not be there (Store.verify() lists them "
@@ -717,7 +688,7 @@ class Store:
         if os.path.lexists(mp):
             self.check_resume()
             return self.read_meta()
-        meta = {"format": FORMAT, "library_version": library_version(), **self.meta}
+        meta = {"format": FORMAT, "library_version": __version__, **self.meta}
         data = json.dumps(meta, indent=1).encode()
         if len(data) > MAX_META_BYTES:
             raise StoreError(f"the store's meta ({len(data)} bytes as JSON) is more than the {MAX_META_BYTES >> 10} KiB "
@@ -734,8 +705,7 @@ class Store:
         records = list(records)
         if not records:
             return 0
-        bad = next((r for r in records if not isinstance(r, Record)), None)
-        if bad is not None:
+        if (bad := next((r for r in records if not isinstance(r, Record)), None)) is not None:
             raise InputTypeError(f"Store.write takes a list of Records (unicache_lib.capture.record.Record), got a "
                                  f"{type(bad).__name__} in it; nothing was written")
         for r in records:  # what is stored is float32 (or bool): a cast that changes values is refused, not done
@@ -767,9 +737,8 @@ class Store:
         for r in records:  # what the line will say, checked before anything is written: a reader must accept it
             if not (isinstance(r.sample, str) and isinstance(r.part, str) and _int(r.layer) and _int(r.step)):
                 raise InputTypeError(f"record {r.key!r}: sample and part must be texts, layer and step whole numbers")
-            why = name_problem(f"L{r.layer:04d}_{r.part}.npz") or ("holds '/' or '|'" if set("/|") & set(r.part)
-                                                                   else None)
-            if why:
+            if (why := name_problem(f"L{r.layer:04d}_{r.part}.npz") or ("holds '/' or '|'" if set("/|") & set(r.part)
+                                                                        else None)):
                 raise InputError(f"record {r.key!r}: its part {r.part!r:.80} names its file, and that name {why}: use "
                                  f"a short part name such as 'language'")
         self._check_meta()
@@ -778,8 +747,7 @@ class Store:
             raise StoreError(f"one write mixes capture modes {sorted(modes)}: one store holds one mode")
         self.check_resume(mode=next(iter(modes)))  # brings the index up to date
         keys = [key_str(r.key) for r in records]
-        dup = [k for k in keys if k in self._owner] or [k for i, k in enumerate(keys) if k in keys[:i]]
-        if dup:
+        if (dup := [k for k in keys if k in self._owner] or [k for i, k in enumerate(keys) if k in keys[:i]]):
             raise StoreError(f"{len(dup)} record(s) already stored, e.g. {dup[0]!r}; stored data is never "
                              f"overwritten: skip them (Store.missing) or write to a new directory")
         n_chunk = self._logs[self.rank].chunks if self.rank in self._logs else 0
@@ -796,16 +764,13 @@ class Store:
         files = []  # (rel, bytes): every file of the chunk, built before any is written
         for (part, layer), idx in by_layer.items():
             rel = f"{chunk}/L{layer:04d}_{part}.npz"
-            arrays, bound = {}, []
-            for j, i in enumerate(idx):
-                r = records[i]
-                for name, t in r.data.items():
-                    t = t.detach().cpu()
-                    arrays[f"r{j}__{name}"] = (t if t.dtype == torch.bool else t.float()).numpy()
-                bound.append({"key": key_str(r.key), "sample": r.sample, "part": r.part, "layer": r.layer,
-                              "step": r.step, "mode": r.mode, "heads": r.heads, "seq_len": r.seq_len,
-                              "query_stride": r.query_stride, "key_stride": r.key_stride, "arrays": sorted(r.data),
-                              "spans": r.spans.to_json() if r.spans is not None else None, "meta": r.meta})
+            rs = [records[i] for i in idx]
+            arrays = {f"r{j}__{name}": (t.detach().cpu() if t.dtype == torch.bool else t.detach().cpu().float()).numpy()
+                      for j, r in enumerate(rs) for name, t in r.data.items()}
+            bound = [{"key": key_str(r.key), "sample": r.sample, "part": r.part, "layer": r.layer, "step": r.step,
+                      "mode": r.mode, "heads": r.heads, "seq_len": r.seq_len, "query_stride": r.query_stride,
+                      "key_stride": r.key_stride, "arrays": sorted(r.data),
+                      "spans": r.spans.to_json() if r.spans is not None else None, "meta": r.meta} for r in rs]
             try:  # what the file holds of each slot: the entry must say the same to be read (never another's)
                 told = json.dumps(bound, separators=(",", ":"), allow_nan=True)
             except (TypeError, ValueError) as e:
@@ -835,8 +800,7 @@ class Store:
     def _append(self, rank: int, head: dict, records: list) -> None:
         """Commit one line to ``rank``'s log, its writer lock held and the index just refreshed (a torn last line is
         cut off first)."""
-        log = self._logs.get(rank)
-        if log is not None:
+        if (log := self._logs.get(rank)) is not None:
             log.cut()
         _append_line(self._index_path(rank), (_line(head, records) + "\n").encode())
 
@@ -884,26 +848,19 @@ class Store:
             if ents and all("bytes" in e for e in ents) and size not in {e["bytes"] for e in ents}:
                 return size, None, None  # every entry gives another size: not the file they describe
             if size > _READ_WHOLE:
-                h = hashlib.sha256()
-                for block in iter(lambda: os.read(fd, _BLOCK), b""):
-                    h.update(block)
-                digest = h.hexdigest()
+                digest = hashlib.file_digest(io.FileIO(fd, "rb", closefd=False), "sha256").hexdigest()
                 if digest not in {e.get("sha256") for e in ents}:
                     return size, digest, None
                 os.lseek(fd, 0, os.SEEK_SET)
             buf = bytearray(size)
             with io.FileIO(fd, "rb", closefd=False) as f:
                 got = 0
-                while got < size:
-                    n = f.readinto(memoryview(buf)[got:])
-                    if not n:
-                        break
+                while got < size and (n := f.readinto(memoryview(buf)[got:])):
                     got += n
                 if got != size or f.read(1):
                     raise StoreError(f"file {rel} in {self.path} changed while it was read (another process writes "
                                      f"it?): read again once it is done")
-            digest = hashlib.sha256(buf).hexdigest()
-            return size, digest, buf
+            return size, hashlib.sha256(buf).hexdigest(), buf
         finally:
             os.close(fd)
 
@@ -964,8 +921,7 @@ class Store:
                 return f"{at} names slot {slot} of {f}, which holds record {d.get('key')}: an alias of that record", \
                     "record"
             want = {x: e.get(x, {} if x == "meta" else None) for x in _BOUND}
-            diff = [x for x in _BOUND if _canon(d.get(x, {} if x == "meta" else None)) != _canon(want[x])]
-            if diff:
+            if (diff := [x for x in _BOUND if _canon(d.get(x, {} if x == "meta" else None)) != _canon(want[x])]):
                 return (f"{at} gives {', '.join(diff)} other than {f} recorded for it when it was written (e.g. "
                         f"{diff[0]} {_canon(want[diff[0]])[:60]} for {_canon(d.get(diff[0]))[:60]})"), "record"
         if not self._vouches(e, c):
@@ -975,34 +931,34 @@ class Store:
             return f"{at} names slot {slot} of {f}, which does not hold its arrays", "record"
         if told is None:  # a file of a store written before files recorded their records
             log, n = self._line_of(k)
-            others = log.sharing(k) if log is not None else []
-            if others:
+            if (others := log.sharing(k) if log is not None else []):
                 return (f"{at} names chunk {log.claim(n)}, which line {', '.join(str(m + 1) for m in others)} of "
                         f"{log.path.name} names too, and its files (written before a chunk file recorded its records) "
                         f"do not say which line wrote it: neither is read, and repair() does not guess. Delete the line "
                         f"that should not be there"), "undecided"
-            why = _shape_problem(e, c["z"])
-            if why:
+            if (why := _shape_problem(e, c["z"])):
                 return f"{at} {why}", "record"
         return None
 
-    def _check(self, e: dict, cache: dict, ents: list[dict]):
-        """The archive that holds the record of entry ``e``, after every check: its line may hold it (no file outside
-        its chunk), the file is a regular one inside the store whose size and SHA-256 are the ones ``e`` gives, the
-        file recorded this record at ``e``'s slot (key, spans, seq_len, ... as the entry gives them), and it holds
+    def _arrays(self, e: dict, cache: dict, ents: list[dict]) -> dict:
+        """The arrays of the record of entry ``e`` (name -> tensor), after every check: its line may hold it (no file
+        outside its chunk), the file is a regular one inside the store whose size and SHA-256 are the ones ``e`` gives,
+        the file recorded this record at ``e``'s slot (key, spans, seq_len, ... as the entry gives them), and it holds
         ``e``'s arrays. Raises :class:`StoreError` naming what is wrong."""
-        k, f = e["key"], e["file"]
-        why = self._refused(k)
-        if why:
+        f = e["file"]
+        if (why := self._refused(e["key"])):
             raise StoreError(f"{why}: a hand-edited or damaged index; it is never read. {self._fix()}")
         if f not in cache:
             cache[f] = self._chunk(f, ents)
-        problem = self._problem(e, cache[f])
-        if problem is not None:
-            why, kind = problem
+        why, kind = self._problem(e, cache[f]) or (None, None)
+        if why is not None:
             raise StoreError(f"{why}: a hand-edited or damaged index; it is never read. {self._fix()}"
                              if kind == "record" else why)
-        return cache[f]["z"]
+        try:
+            return {n: torch.from_numpy(cache[f]["z"][f"r{e['slot']}__{n}"]) for n in e["arrays"]}
+        except Exception as err:  # noqa: BLE001 - an archive without a checksum holding what np.load refuses
+            raise StoreError(f"record {e['key']}: file {f} in {self.path} cannot be read "
+                             f"({' '.join(str(err).split())}). {self._fix()}") from err
 
     def read(self, sample=None, layer=None, part=None, step=None) -> list[Record]:
         """Records matching the filters (None = any), in index order, exactly as written. ``layer`` and ``step`` are
@@ -1010,10 +966,8 @@ class Store:
         type (``layer="0"``, ``sample=["0", "1"]``) could match nothing without a word, so it is refused."""
         for name, value, kind in (("layer", layer, "a whole number"), ("step", step, "a whole number"),
                                   ("part", part, "a name (a string)"), ("sample", sample, "one id (a string)")):
-            whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-            ok = value is None or (isinstance(value, str) if name == "part" else
-                                   isinstance(value, str) or whole if name == "sample" else whole)
-            if not ok:
+            if not (value is None or (isinstance(value, str) and name in ("part", "sample"))
+                    or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and name != "part")):
                 raise InputTypeError(f"read({name}={value!r}): {name} is {kind}; e.g. read({name}="
                                      f"{ {'part': repr('language'), 'sample': repr('0')}.get(name, '0')})"
                                      + (": read each sample on its own" if name == "sample" else ""))
@@ -1030,19 +984,11 @@ class Store:
         for e in ents:
             by_file.setdefault(e["file"], []).append(e)
         cache: dict[str, dict] = {}
-        out = []
-        for e in ents:
-            z = self._check(e, cache, by_file[e["file"]])
-            try:
-                data = {n: torch.from_numpy(z[f"r{e['slot']}__{n}"]) for n in e["arrays"]}
-            except Exception as err:  # noqa: BLE001 - an archive without a checksum holding what np.load refuses
-                raise StoreError(f"record {e['key']}: file {e['file']} in {self.path} cannot be read "
-                                 f"({' '.join(str(err).split())}). {self._fix()}") from err
-            out.append(Record(
-                sample=e["sample"], layer=e["layer"], part=e["part"], mode=e["mode"], data=data,
-                spans=Spans.from_json(e["spans"]) if e["spans"] else None, step=e["step"], seq_len=e["seq_len"],
-                heads=e["heads"], query_stride=e["query_stride"], key_stride=e["key_stride"], meta=e.get("meta", {})))
-        return out
+        return [Record(sample=e["sample"], layer=e["layer"], part=e["part"], mode=e["mode"],
+                       data=self._arrays(e, cache, by_file[e["file"]]),
+                       spans=Spans.from_json(e["spans"]) if e["spans"] else None, step=e["step"], seq_len=e["seq_len"],
+                       heads=e["heads"], query_stride=e["query_stride"], key_stride=e["key_stride"],
+                       meta=e.get("meta", {})) for e in ents]
 
     def _inspect(self) -> list[tuple[str, list[str], str, str]]:
         """Every record that cannot be read, as ``(file, keys, why, kind)``, kind ``"file"`` (the whole file is
@@ -1056,21 +1002,16 @@ class Store:
             by_file.setdefault(e["file"], []).append(e)
         out = []
         for f, ents in by_file.items():
-            sound = []
-            for e in ents:
-                why = self._refused(e["key"])
-                out += [(f, [e["key"]], why, "record")] if why else []
-                sound += [] if why else [e]
+            refused = {e["key"]: self._refused(e["key"]) for e in ents}
+            out += [(f, [k], why, "record") for k, why in refused.items() if why]
+            sound = [e for e in ents if not refused[e["key"]]]
             if not sound:
                 continue
             c = self._chunk(f, sound)
             if c["err"] or c["z"] is None:
                 out.append((f, [e["key"] for e in sound], "", "file"))
                 continue
-            for e in sound:
-                problem = self._problem(e, c)
-                if problem is not None:
-                    out.append((f, [e["key"]], problem[0], problem[1]))
+            out += [(f, [e["key"]], *problem) for e in sound if (problem := self._problem(e, c)) is not None]
         return out
 
     def damaged(self) -> dict[str, list[str]]:
@@ -1092,8 +1033,8 @@ class Store:
                 except ValueError:
                     continue
                 recs = line[1] if isinstance(line, list) and len(line) == 2 and isinstance(line[1], list) else []
-                used |= {str(e["file"]).rsplit("/", 1)[0] for e in recs if isinstance(e, dict) and "file" in e}
-                used |= {head["chunk"]} if isinstance(head.get("chunk"), str) else set()
+                used |= ({str(e["file"]).rsplit("/", 1)[0] for e in recs if isinstance(e, dict) and "file" in e}
+                         | ({head["chunk"]} if isinstance(head.get("chunk"), str) else set()))
         return used
 
     def _scan(self) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -1130,10 +1071,10 @@ class Store:
                     strangers.append((p, kind))
                 elif stat.S_ISDIR(mode) and own and depth == 0:  # a rank folder
                     look(p, 1)
-                elif stat.S_ISDIR(mode) and own and depth == 1:  # a chunk folder
-                    inside = os.listdir(p)  # repair's kept *.damaged, or a file of a user's: not an orphan
+                elif stat.S_ISDIR(mode) and own and depth == 1:  # a chunk folder; one holding repair's kept
+                    # *.damaged, or a file of a user's, is not an orphan
                     if p.relative_to(self.path).as_posix() not in used and all(
-                            _own_name(q, 2) and not q.endswith(".damaged") for q in inside):
+                            _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)):
                         orphans.append(p)
                     look(p, 2)
 
@@ -1158,13 +1099,14 @@ class Store:
         problems = [f"{p.relative_to(self.path).as_posix()} is {kind}: a store never makes one, so it is never "
                     f"followed, opened, written or removed (repair() leaves it); remove it yourself "
                     f"(os.unlink({str(p)!r})) if it should not be there" for p, kind in strangers]
-        for f, keys, why, kind in self._inspect():
-            problems.append(f"damaged file {f}: {len(keys)} record(s) unreadable ({', '.join(keys[:3])}"
-                            f"{', ...' if len(keys) > 3 else ''}); Store.repair() drops them so a resumed capture "
-                            f"recaptures them" if kind == "file" else f"{why}; reads of it are refused until then"
-                            if kind == "undecided" else
-                            f"{why}: a hand-edited or damaged index, never read; Store.repair() drops the record (the "
-                            f"file stays as it is) so a resumed capture recaptures it")
+        problems += [f"damaged file {f}: {len(keys)} record(s) unreadable ({', '.join(keys[:3])}"
+                     f"{', ...' if len(keys) > 3 else ''}); Store.repair() drops them so a resumed capture "
+                     f"recaptures them" if kind == "file" else f"{why}; reads of it are refused until then"
+                     if kind == "undecided" else
+                     f"{why}: a hand-edited or damaged index, never read; Store.repair() drops the record (the "
+                     f"file stays as it is) so a resumed capture recaptures it"
+                     for f, keys, why, kind in self._inspect()]
+
         @functools.cache
         def live(rank) -> dict | None:  # another live process that holds the rank's writer lock, if any
             lock = self._lock_path(rank) if rank is not None else None
@@ -1176,20 +1118,15 @@ class Store:
 
         for p in leftovers:
             rel = p.relative_to(self.path).as_posix()
-            head = rel.split("/", 1)[0]
-            rank = int(head[4:]) if head.startswith("rank") and head[4:].isdigit() else None
-            if live(rank):
-                problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank))
-                continue
-            problems.append(f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
+            rank = int(m[1]) if (m := _RANK_DIR.fullmatch(rel.split("/", 1)[0])) else None  # (a top-level file: None)
+            problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank) if live(rank) else
+                            f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
                             if p.is_dir() else f"temporary file {rel} left by an interrupted write; it is ignored, "
                             f"Store.repair() removes it")
-        for rank, log in sorted(self._logs.items()):
-            if log.torn:
-                problems.append(in_flight(f"{log.path.name} ends in {log.torn} bytes of an unfinished line", rank)
-                                if live(rank) else f"{log.path.name} ends in {log.torn} bytes of an unfinished line "
-                                f"(an interrupted write); it is ignored, Store.repair() removes it")
-        return problems
+        return problems + [in_flight(f"{log.path.name} ends in {log.torn} bytes of an unfinished line", rank)
+                           if live(rank) else f"{log.path.name} ends in {log.torn} bytes of an unfinished line "
+                           f"(an interrupted write); it is ignored, Store.repair() removes it"
+                           for rank, log in sorted(self._logs.items()) if log.torn]
 
     def drop(self, keys) -> list[str]:
         """Remove the records ``keys`` (``"sample|part|layer|step"``) from their ranks' indexes: one line appended
@@ -1199,8 +1136,7 @@ class Store:
             raise InputTypeError(f"drop takes a list of record keys, not {type(keys).__name__} {keys!r:.80}: pass "
                                  f"[{keys!r:.80}] (a text would be read as its characters, and nothing dropped)")
         keys, dropped = list(keys), []
-        odd = next((k for k in keys if not isinstance(k, str)), None)
-        if odd is not None:
+        if (odd := next((k for k in keys if not isinstance(k, str)), None)) is not None:
             raise InputTypeError(f"drop takes record keys as texts 'sample|part|layer|step', got {odd!r:.80}")
         keys = set(keys)
         self._refresh()
@@ -1251,8 +1187,7 @@ class Store:
             for r in ranks:  # nobody else may write while we decide what is an orphan
                 held.callback(_locked(self._lock_path(r), f"rank {r} of store {self.path}").release)
             bad = self._inspect()
-            undecided = [why for _, _, why, kind in bad if kind == "undecided"]
-            if undecided:
+            if (undecided := [why for _, _, why, kind in bad if kind == "undecided"]):
                 raise StoreError(f"{undecided[0]}{f' (and {len(undecided) - 1} more)' if len(undecided) > 1 else ''}. "
                                  f"repair() deletes nothing until then (Store.verify() lists them all)")
             dropped = self.drop([k for _, keys, _, _ in bad for k in keys])
@@ -1287,12 +1222,11 @@ def _store_tree(p: Path) -> tuple[dict, list[str], list[tuple[str, str]]]:
             n, here = d.name, f"{rel}{d.name}"
             mode = d.stat(follow_symlinks=False).st_mode
             own = _own_name(n, depth)
-            is_dir, is_file = own == "dir", own == "file"
             if not own:
                 foreign.append(here)
-            elif is_dir and stat.S_ISDIR(mode):
+            elif own == "dir" and stat.S_ISDIR(mode):
                 node["dirs"][n] = look(folder / n, here + "/", depth + 1)
-            elif is_file and stat.S_ISREG(mode):
+            elif own == "file" and stat.S_ISREG(mode):
                 node["files"].append(n)
             else:
                 kind = f"a symbolic link to {os.readlink(d.path)}" if stat.S_ISLNK(mode) else file_kind(mode)
@@ -1318,8 +1252,7 @@ def _own_name(n: str, depth: int) -> str | None:
 def _odd_keys(x):
     """The repr of the first mapping key under ``x`` that is not a text (JSON would turn it into one), or None."""
     if isinstance(x, dict):
-        bad = [k for k in x if not isinstance(k, str)]
-        if bad:
+        if (bad := [k for k in x if not isinstance(k, str)]):
             return repr(bad[0])
         x = list(x.values())
     if isinstance(x, (list, tuple)):
@@ -1395,8 +1328,8 @@ def remove_store(path) -> bool:
     except OSError as e:
         raise StoreError(f"{p} cannot be looked through ({e.strerror}): not removed") from None
     if foreign:
-        shown = ", ".join(n if n.isprintable() else repr(n) for n in foreign[:5])
-        raise StoreError(f"{p} holds more than a store ({shown}{', ...' if len(foreign) > 5 else ''}: names a store "
+        raise StoreError(f"{p} holds more than a store ({', '.join(n if n.isprintable() else repr(n) for n in foreign[:5])}"
+                         f"{', ...' if len(foreign) > 5 else ''}: names a store "
                          f"never writes): not removed, nothing in it touched. Point OUT_DIR to a folder of its own, or "
                          f"move those out and call remove_store again")
     if (tree["files"] or tree["dirs"]) and not _looks_written(p, tree):
