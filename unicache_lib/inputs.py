@@ -134,10 +134,9 @@ def _to_rgb_uint8(arr: np.ndarray) -> np.ndarray:
             arr = arr.astype(np.uint8)
     else:
         raise ImageError(f"an image of dtype {arr.dtype}: pass {EXPECTED_IMAGE}")
-    c = arr.shape[-1]
-    if c == 1:
+    if arr.shape[-1] == 1:
         arr = np.repeat(arr, 3, axis=-1)
-    elif c == 4:
+    elif arr.shape[-1] == 4:
         if (arr[..., 3] < 255).any():
             warnings.warn("the RGBA image has transparent pixels: its alpha channel is dropped (as PIL's convert('RGB') and "
                           "transformers' convert_to_rgb do), so transparent pixels show their stored colour. To put them "
@@ -284,8 +283,10 @@ def _runs(idx) -> str:
     idx = [int(i) for i in idx]
     if not idx:
         return "nowhere"
-    runs = [[i for _, i in run] for _, run in itertools.groupby(enumerate(idx), lambda t: t[1] - t[0])]  # i - k fixed
-    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs) + f" ({len(idx)} positions)"
+    # runs of consecutive positions: i - k fixed along each
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in
+                     ([i for _, i in run] for _, run in itertools.groupby(enumerate(idx), lambda t: t[1] - t[0]))) \
+        + f" ({len(idx)} positions)"
 
 
 def check_spans(spans: Spans, family, config, input_ids, inputs: dict | None = None) -> None:
@@ -389,16 +390,16 @@ def check_number(value, what: str, lo: float, hi: float) -> float:
 def _token_count(v: str, what: str) -> int:
     """The token count a string budget spells (``"64t"``), or a refusal that names what is wrong with it: a space, a
     sign, an upper-case ``T``, a number without ``t``, or no whole number before the ``t``."""
-    if not v.strip():
-        raise InputError(f"{what} {v!r} is empty: give a share such as 0.25 or a token count such as '64t'")
-    if any(c.isspace() for c in v):
-        raise InputError(f"{what} {v!r} holds a space: write the count and the 't' together, e.g. "
-                         f"{''.join(v.split())!r}")
-    if v[0] in "+-":
-        raise InputError(f"{what} {v!r} has a sign: a token count is a plain whole number of image tokens kept, "
-                         f"e.g. {v[1:] if v[0] == '+' else '64t'!r}")
-    if v.endswith("T"):
-        raise InputError(f"{what} {v!r} ends in 'T': token counts end in a lower-case 't', e.g. {v[:-1] + 't'!r}")
+    problems = ((not v.strip(), f"{what} {v!r} is empty: give a share such as 0.25 or a token count such as '64t'"),
+                (any(c.isspace() for c in v), f"{what} {v!r} holds a space: write the count and the 't' together, "
+                                              f"e.g. {''.join(v.split())!r}"),
+                (v[:1] in ("+", "-"), f"{what} {v!r} has a sign: a token count is a plain whole number of image tokens "
+                                      f"kept, e.g. {v[1:] if v[:1] == '+' else '64t'!r}"),
+                (v.endswith("T"), f"{what} {v!r} ends in 'T': token counts end in a lower-case 't', e.g. "
+                                  f"{v[:-1] + 't'!r}"))
+    why = next((m for bad, m in problems if bad), None)  # the first that applies, in this order
+    if why:
+        raise InputError(why)
     if not v.endswith("t"):
         try:
             num = float(v[:-1]) / 100 if v.endswith("%") else float(v)

@@ -67,8 +67,8 @@ PACKAGE_REPO = Path(__file__).resolve().parents[1]  # the checkout this package 
 def repository_roots(*extra: str | Path) -> list[Path]:
     """The repositories an output folder must stay clear of: ``extra`` (a tool's own root, a tree it builds from), the
     project around the current directory and the checkout this package was imported from."""
-    roots = [Path(r) for r in extra] + [r for r in (project_root(), project_root(PACKAGE_REPO)) if r is not None]
-    return list(dict.fromkeys(r.resolve() for r in roots))
+    return list(dict.fromkeys(r.resolve() for r in [Path(r) for r in extra] +
+                              [r for r in (project_root(), project_root(PACKAGE_REPO)) if r is not None]))
 
 
 def _eg(option: str) -> str:
@@ -113,8 +113,7 @@ def output_path_refusal(path, option: str = "--out", tool: str = "this tool", ro
     if p.exists() and not p.is_dir():
         return None, f"is a file ({p}), not a folder: choose a folder, {eg}"
     if os.path.lexists(p / OUTPUT_MARKER):
-        info = _marker(p)
-        by = info.get("written_by") if info is not None else None
+        by = (_marker(p) or {}).get("written_by")  # None: a damaged marker
         if by != tool and by != NOTEBOOK:
             return None, (f"holds the output of {by}, not of {tool}: choose another folder, {eg}" if isinstance(by, str)
                           else f"has a damaged {OUTPUT_MARKER}: delete the folder yourself if nothing in it is yours, "
@@ -206,8 +205,7 @@ def _written_by(info: dict | None, tool: str) -> set[str]:
     to another tool's folder (``also``)."""
     if info is None:
         return set()
-    also = info.get("also")
-    mine = also.get(tool, []) if isinstance(also, dict) else []
+    mine = info["also"].get(tool, []) if isinstance(info.get("also"), dict) else []
     return (set(info["files"]) if info["written_by"] == tool else set()) | {f for f in mine if isinstance(f, str)}
 
 
@@ -241,9 +239,8 @@ def record_output_files(folder, tool: str, data: dict) -> None:
     if info["written_by"] == tool:
         info["files"] = sorted(set(info["files"]) | names)
     else:
-        also = info["also"] if isinstance(info.get("also"), dict) else {}
-        also[tool] = sorted(_written_by(info, tool) | names)
-        info["also"] = also
+        info["also"] = {**(info["also"] if isinstance(info.get("also"), dict) else {}),
+                        tool: sorted(_written_by(info, tool) | names)}
     content = _content(info)
     for name, raw in data.items():
         now = file_digest(folder, str(name))
@@ -313,8 +310,7 @@ class OutputFolder:
         for rel, p in self._listed():
             if rel in keep or not os.path.lexists(p):
                 continue
-            accepted = self.content.get(rel, [])
-            differs = lambda fd, a=accepted: not a or _fd_digest(fd, {d["size"] for d in a}) not in a  # noqa: E731
+            differs = lambda fd, a=self.content.get(rel, []): not a or _fd_digest(fd, {d["size"] for d in a}) not in a  # noqa: E731
             try:
                 gone = not os.path.islink(p) and unlink_inside(self.path, rel, keep=differs)
             except (UnicacheError, OSError):
@@ -339,16 +335,11 @@ class OutputFolder:
         (SHA-256 and size, :func:`digest`) is recorded, and only a file whose content is recorded is ever removed or
         replaced later; the others keep what was recorded of them before."""
         self.files = {str(f) for f in files} - {OUTPUT_MARKER}
-        content = {rel: ds for rel, ds in self.content.items() if rel in self.files}
-        for rel in {str(w) for w in wrote} & self.files:
-            d = file_digest(self.path, rel)
-            if d is not None:
-                content[rel] = [d]
-            else:
-                content.pop(rel, None)
-        self.content = content
+        fresh = {rel: file_digest(self.path, rel) for rel in {str(w) for w in wrote} & self.files}  # None: gone
+        self.content = ({rel: ds for rel, ds in self.content.items() if rel in self.files and rel not in fresh}
+                        | {rel: [d] for rel, d in fresh.items() if d is not None})
         _write_marker(self.path, {"written_by": self.tool, "files": sorted(self.files),
-                                  "content": {k: content[k] for k in sorted(content)},
+                                  "content": {k: self.content[k] for k in sorted(self.content)},
                                   "note": f"{self.tool} cleans and overwrites only the files listed here, while their "
                                           f"content is the one recorded"})
 

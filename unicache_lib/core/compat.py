@@ -95,8 +95,7 @@ def hook_registry(module):
 
 def hook_names(module) -> list[str]:
     """Names of the diffusers hooks on ``module``, in registration order (``HookRegistry._hook_order``)."""
-    reg = hook_registry(module)
-    return list(reg._hook_order) if reg is not None else []
+    return list(getattr(hook_registry(module), "_hook_order", []))
 
 
 def forget_child_registries(modules) -> None:

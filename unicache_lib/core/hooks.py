@@ -53,10 +53,9 @@ class ProcessorWrapper:
 
     def __init__(self, orig):
         self.orig = orig
-        P = inspect.Parameter
         sig = inspect.signature(orig.forward if isinstance(orig, torch.nn.Module) else orig.__call__)
-        positional = (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)
-        self.names = [p.name for p in sig.parameters.values() if p.kind in positional][1:]
+        self.names = [p.name for p in sig.parameters.values()
+                      if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)][1:]
         call = functools.partial(type(self).__call__, self)
         functools.update_wrapper(call, orig.__call__)
         self.__call__ = call  # what inspect.signature(processor.__call__) sees; calls go through the class
@@ -129,8 +128,9 @@ def add_model_hook(module: torch.nn.Module, name: str, new_forward, fix: str = "
     is refused, the message ending with ``fix``."""
     registry = diffusers.hooks.HookRegistry.check_if_exists_or_initialize(module)
     for other, hook in registry.hooks.items():
-        same_kind = not inspect.isfunction(new_forward) and type(getattr(hook, "replacement", None)) is type(new_forward)
-        if other == name or same_kind:
+        # the same name, or an object of the same class (not a plain function) under any name
+        if other == name or (not inspect.isfunction(new_forward)
+                             and type(getattr(hook, "replacement", None)) is type(new_forward)):
             raise InputError(f"a hook named {other!r} is already on this {type(module).__name__}: {fix}")
     registry.register_hook(_model_hook_class()(new_forward), name)
     return new_forward

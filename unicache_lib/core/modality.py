@@ -35,8 +35,7 @@ class Spans:
     @classmethod
     def joint(cls, n_image: int, n_text: int, image_first: bool = True) -> "Spans":
         """The MMDiT joint sequence ``[image tokens | text tokens]`` (SD3's layout)."""
-        parts = [IMAGE] * n_image, [TEXT] * n_text
-        return cls(tuple(parts[0] + parts[1] if image_first else parts[1] + parts[0]))
+        return cls(tuple([IMAGE] * n_image + [TEXT] * n_text if image_first else [TEXT] * n_text + [IMAGE] * n_image))
 
     def __len__(self) -> int:
         return len(self.kinds)

@@ -23,9 +23,8 @@ class Registry(dict):
     def __missing__(self, name):
         known = sorted(self)
         close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5) if isinstance(name, str) else []
-        guess = f" Did you mean {close[0]!r}?" if close else ""
-        raise UnknownNameError(f"unknown {self.kind} {name!r}.{guess} Registered: {', '.join(map(repr, known)) or 'none'}.",
-                               name, known)
+        raise UnknownNameError(f"unknown {self.kind} {name!r}.{f' Did you mean {close[0]!r}?' if close else ''} "
+                               f"Registered: {', '.join(map(repr, known)) or 'none'}.", name, known)
 
     def __reduce__(self):  # pickle / copy keep the kind
         return (type(self), (self.kind, dict(self)))

@@ -14,8 +14,7 @@ one helper here, used wherever such input is read or shown:
 Matplotlib text from data is drawn with math text off (``parse_math=False``), so a label such as ``$\\frac{$`` is
 shown as typed instead of failing the figure.
 """
-from __future__ import annotations
-
+import contextlib
 import errno
 import html
 import json
@@ -60,8 +59,7 @@ def json_loads(text):
 
 def read_utf8(path: str | Path) -> str:
     """The text of ``path`` decoded as UTF-8; a file in another encoding is refused naming the file and the line."""
-    path = Path(path)
-    return decode_utf8(path.read_bytes(), path)
+    return decode_utf8(Path(path).read_bytes(), path)  # (decode_utf8 names it as a Path)
 
 
 def decode_utf8(data: bytes, path) -> str:
@@ -198,13 +196,10 @@ def _folder_fd(root: str, parts: list[str], create: bool) -> int:
     try:
         for p in parts:
             if create:
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(p, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            nfd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
+            fd, parent = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
     except FileNotFoundError:
         os.close(fd)
         raise _Refused("is missing") from None
@@ -407,10 +402,8 @@ def write_inside(base, rel: str, data: bytes, *, error=InputError, what: str = "
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
         raise
     finally:
         os.close(dfd)

@@ -80,8 +80,7 @@ class _ReuseProcessor(ProcessorWrapper):
         super().__init__(orig)
         self.rc, self.name, self.kind, self.family = rc, name, kind, family
         self.pname = type(orig).__name__
-        self.out = self.inp = None
-        self.kv: dict = {}
+        self.out, self.inp, self.kv = None, None, {}  # the kept output and input; cross-attention's text K/V
 
     # ---- image side only ----------------------------------------------------------------------------
     def _image_side(self, attn, h, e, mask, rope, args, kwargs):
@@ -152,8 +151,7 @@ class ReuseCache:
             self.targets = {}  # step level: attention modules only size the work count; each call is one unit
         self.step, self._last_step, self.t = 0, -1, math.nan
         self._work, self._calls = 0.0, 0  # attention level: work done / calls made, counted by the processors
-        self._n_text = None
-        self._hook = None  # step level: the StepReuseHook driving the run
+        self._n_text, self._hook = None, None  # step level: _hook, the StepReuseHook driving the run
         self._stack: ExitStack | None = None
 
     def on_step_begin(self, step, timestep):
@@ -162,9 +160,7 @@ class ReuseCache:
             raise InputError(f"ReuseCache was built for n_steps={self.n_steps} but the run reached step {step}: its "
                              f"schedule (which steps to compute, how far to reuse) is for another run. Build it with "
                              f"n_steps equal to the sampler's step count")
-        self.step = step
-        self._last_step = max(self._last_step, step)
-        self.t = float(timestep)
+        self.step, self._last_step, self.t = step, max(self._last_step, step), float(timestep)
 
     @property
     def computed_fraction(self) -> float:
@@ -214,11 +210,10 @@ class ReuseCache:
 
     def __exit__(self, *exc):
         self._stack.close()
-        last = self._last_step
-        if exc[0] is None and 0 <= last < self.n_steps - 1:
-            raise InputError(f"ReuseCache was built for n_steps={self.n_steps} but the run had {last + 1} steps: its "
-                             f"decisions were made on another schedule (a 20-step plan on 10 steps reuses nothing it "
-                             f"meant to). Build it with n_steps={last + 1}")
+        if exc[0] is None and 0 <= self._last_step < self.n_steps - 1:
+            raise InputError(f"ReuseCache was built for n_steps={self.n_steps} but the run had {self._last_step + 1} "
+                             f"steps: its decisions were made on another schedule (a 20-step plan on 10 steps reuses "
+                             f"nothing it meant to). Build it with n_steps={self._last_step + 1}")
         return False
 
 

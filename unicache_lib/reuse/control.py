@@ -56,16 +56,15 @@ def fewer_steps_curve(gen, prompts, ref_images, steps_list, guidance: float = 3.
     if ref_images.shape[0] != len(prompts):
         raise InputError(f"{ref_images.shape[0]} reference images for {len(prompts)} prompts")
     sub = list(prompts[:2])
-    with TransformerFlops(gen) as fl:
+    with TransformerFlops(gen) as full:
         sample(gen, sub, full_steps, guidance, seed=seed)
-    full_flops = fl.flops
     rows = []
     for n in steps_list:
         imgs = to_uint8(sample(gen, list(prompts), int(n), guidance, seed=seed))
         with TransformerFlops(gen) as fl:
             sample(gen, sub, int(n), guidance, seed=seed)
         p = np.minimum(psnr(imgs, ref_images), PSNR_CAP).astype(np.float64)
-        rows.append({"steps": int(n), "psnr": float(p.mean()), "psnr_per_prompt": p, "flops": fl.flops / full_flops})
+        rows.append({"steps": int(n), "psnr": float(p.mean()), "psnr_per_prompt": p, "flops": fl.flops / full.flops})
     df = pd.DataFrame(rows).set_index("steps")
     if repeats >= 2:
         tp = list(prompts[:timing_prompts])
@@ -154,6 +153,5 @@ def control_table(df: pd.DataFrame) -> pd.DataFrame:
             except ValueError as e:
                 row |= dict.fromkeys([f"ctrl_psnr_{by}", f"margin_{by}", f"margin_{by}_lo", f"margin_{by}_hi"], np.nan)
                 notes.append(f"{by}: {e}")
-        row["ctrl_note"] = "; ".join(notes)
-        out.append(row)
+        out.append(row | {"ctrl_note": "; ".join(notes)})
     return pd.DataFrame(out).set_index("method")

@@ -133,9 +133,9 @@ class StepReuseHook:
         return module
 
     def reset_state(self, module):
-        n = self.num_inference_steps
-        if self.clock is None and 0 <= getattr(self, "step", -1) < n - 1:
-            warnings.warn(f"step_skip was applied for num_inference_steps={n} but the run had {self.step + 1} steps: "
+        if self.clock is None and 0 <= getattr(self, "step", -1) < self.num_inference_steps - 1:
+            warnings.warn(f"step_skip was applied for num_inference_steps={self.num_inference_steps} but the run had "
+                          f"{self.step + 1} steps: "
                           f"its schedule was laid out for another run (the last steps it meant to compute were not "
                           f"reached). Apply it with StepSkipConfig(num_inference_steps={self.step + 1})", stacklevel=2)
         self.step, self._t, self._slot, self._history = -1, None, 0, {}
@@ -159,9 +159,9 @@ class StepReuseHook:
             if self._t is not None and t > self._t:  # timesteps fall within a run: a rise is a new run
                 self.reset_state(None)
             self.step, self._t, self._slot = self.step + 1, t, 0
-        n = self.num_inference_steps
-        if self.step >= n:
-            raise InputError(f"step_skip was applied for num_inference_steps={n} but the pipeline ran step {self.step + 1}: "
+        if self.step >= self.num_inference_steps:
+            raise InputError(f"step_skip was applied for num_inference_steps={self.num_inference_steps} but the pipeline "
+                             f"ran step {self.step + 1}: "
                              f"its schedule is for another run. Apply it again with StepSkipConfig(num_inference_steps="
                              f"<the steps you pass the pipeline>)")
         return t
@@ -176,19 +176,17 @@ class StepReuseHook:
         if d not in ("compute", "reuse"):
             raise InputError(f"step-level policy {policy.name!r} answered {d!r}; expected 'compute' or 'reuse'")
         h = kwargs.get("hidden_states", args[0] if args else None)
-        same_batch = bool(outs) and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])
-        if d == "reuse" and same_batch and len(outs) >= policy.min_history and t not in ts:
+        if (d == "reuse" and outs and (not torch.is_tensor(h) or h.shape[0] == outs[-1][0].shape[0])  # the same batch
+                and len(outs) >= policy.min_history and t not in ts):
             return _with_prediction(outs[-1][1], policy.extrapolate(ts, [o[0] for o in outs], t))
         out = forward(*args, **kwargs)
         self.computed += 1
         pred = _prediction(out)
         if outs and outs[-1][0].shape != pred.shape:  # another batch: the history does not apply
-            ts.clear()
-            outs.clear()
+            del ts[:], outs[:]
         ts.append(t)
         outs.append((pred.detach(), out))
-        keep = max(3, policy.min_history)
-        del ts[:-keep], outs[:-keep]
+        del ts[:-max(3, policy.min_history)], outs[:-max(3, policy.min_history)]
         return out
 
 
@@ -223,10 +221,8 @@ def calibrate_step_skip(run, reference: list, num_inference_steps: int, transfor
     result. Every (stride, weight) is applied and sampled once; the fastest stride whose best PSNR is within
     1 dB of the best overall wins, with its best weight. Returns the config and one row per setting (stride,
     weight, schedule, computed share, psnr). Calibrate on prompts you will not score on."""
-    def mean_psnr(ref, imgs):
-        return float(psnr(np.stack([np.asarray(i) for i in imgs]), np.stack([np.asarray(r) for r in ref])).mean())
-
-    score = score or mean_psnr
+    score = score or (lambda ref, imgs: float(psnr(np.stack([np.asarray(i) for i in imgs]),
+                                                   np.stack([np.asarray(r) for r in ref])).mean()))
     rows = []
     for stride in strides:
         for weight in weights:
@@ -239,6 +235,5 @@ def calibrate_step_skip(run, reference: list, num_inference_steps: int, transfor
             rows.append({**asdict(cfg), "schedule": cfg.pattern(),
                          "computed": hook.computed / max(hook.calls, 1), "psnr": score(reference, imgs)})
     best = max(r["psnr"] for r in rows)
-    ok = [r for r in rows if r["psnr"] >= best - 1.0]
-    pick = max(ok, key=lambda r: (r["stride"], r["psnr"]))
+    pick = max((r for r in rows if r["psnr"] >= best - 1.0), key=lambda r: (r["stride"], r["psnr"]))
     return StepSkipConfig(num_inference_steps, stride=pick["stride"], weight=pick["weight"]), rows

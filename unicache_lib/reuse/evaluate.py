@@ -41,12 +41,10 @@ def methods_for(gen, steps: int, guidance: float, calibration_prompts: list[str]
             raise InputError(f"MagCache calibration prompts overlap the scored prompts ({len(shared)}, e.g. {shared[0]!r}): "
                              "calibrate on held-out prompts, e.g. prompt_set(n + 4, 0, seed)[n:]")
     out = {name: (lambda cls=cls: ReuseCache(gen.transformer, cls(), steps)) for name, cls in REUSE_POLICIES.items()}
-    ratios = None
-    for p in peers:
-        if p == "magcache":
-            ratios = magcache_ratios(gen, calibration_prompts, steps, guidance)
-        out[f"diffusers:{p}"] = lambda p=p: DiffusersCache(gen, p, steps, guidance, calibration=ratios)
-    return out | fewer_steps_methods(fewer_steps)
+    peers = tuple(peers)
+    ratios = magcache_ratios(gen, calibration_prompts, steps, guidance) if "magcache" in peers else None
+    return (out | {f"diffusers:{p}": (lambda p=p: DiffusersCache(gen, p, steps, guidance, calibration=ratios)) for p in peers}
+            | fewer_steps_methods(fewer_steps))
 
 
 def _run(gen, make, prompts, steps, guidance, seed, count=True):
@@ -135,15 +133,13 @@ def time_methods(gen, methods: dict, prompts, steps=20, guidance=3.0, seed: int 
 
     times = interleaved_timings({k: timed(m) for k, m in methods.items()}, repeats,
                                 seed if order_seed is None else order_seed)
-    out = {}
-    for label, ts in times.items():
-        iv = speedup_interval(times["none"], ts, min_repeats=2) if repeats >= 2 else None
-        out[label] = {"seconds": ts, "median_s": float(np.median(ts)),
-                      "iqr_s": float(np.subtract(*np.percentile(ts, [75, 25]))),
-                      "speedup": iv.value if iv else float(np.median(times["none"] / ts)),
-                      "speedup_lo": iv.lo if iv else float("nan"), "speedup_hi": iv.hi if iv else float("nan"),
-                      "repeats": repeats}
-    return out
+    ivs = {label: speedup_interval(times["none"], ts, min_repeats=2) if repeats >= 2 else None
+           for label, ts in times.items()}
+    return {label: {"seconds": ts, "median_s": float(np.median(ts)), "iqr_s": float(np.subtract(*np.percentile(ts, [75, 25]))),
+                    "speedup": ivs[label].value if ivs[label] else float(np.median(times["none"] / ts)),
+                    "speedup_lo": ivs[label].lo if ivs[label] else float("nan"),
+                    "speedup_hi": ivs[label].hi if ivs[label] else float("nan"), "repeats": repeats}
+            for label, ts in times.items()}
 
 
 def attention_share(gen, prompts, steps: int = 20, guidance: float = 3.0, seed: int = 0, repeats: int = 3) -> dict:
@@ -208,12 +204,10 @@ def pareto_check(df: pd.DataFrame, ours: list[str], others: list[str], by: str =
     for o in _ran(df, others):
         r = df.loc[o]
         ok = [m for m in ours if m in df.index and (df.loc[m, by] >= r[by] if by == "speedup" else df.loc[m, by] <= r[by])]
-        if not ok:
-            rows.append({"other": o, "match": None, "psnr_diff": np.nan, "lo": np.nan, "hi": np.nan})
-            continue
-        m = max(ok, key=lambda x: df.loc[x, "psnr"])
-        iv = _psnr_gap(df, m, o)
-        rows.append({"other": o, "match": m, "psnr_diff": iv.value, "lo": iv.lo, "hi": iv.hi})
+        m = max(ok, key=lambda x: df.loc[x, "psnr"]) if ok else None
+        iv = _psnr_gap(df, m, o) if ok else None
+        rows.append({"other": o, "match": m, "psnr_diff": iv.value if ok else np.nan, "lo": iv.lo if ok else np.nan,
+                     "hi": iv.hi if ok else np.nan})
     return pd.DataFrame(rows).set_index("other") if rows else pd.DataFrame()
 
 
@@ -266,8 +260,8 @@ def worst_generator(tables: dict, method: str, column: str = "ssim_per_prompt", 
     """The lower of the generators' mean ``column`` (per prompt, e.g. SSIM) of ``method`` — or of ``method`` minus
     ``minus``, paired per prompt — with its interval from each generator's interval over prompts. ``tables``:
     generator -> :func:`run_reuse` table, scored on the same prompts."""
-    vals = {g: _per_prompt(df, method, column) for g, df in tables.items()}
-    vals = {g: v - _per_prompt(tables[g], minus, column) for g, v in vals.items()} if minus else vals
+    vals = {g: _per_prompt(df, method, column) - _per_prompt(df, minus, column) if minus else _per_prompt(df, method, column)
+            for g, df in tables.items()}
     n = {len(v) for v in vals.values()}
     if len(n) != 1:
         raise InputError(f"{column} of different lengths {sorted(n)}: score every generator on the same prompts")

@@ -32,8 +32,8 @@ def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
 def flop_counter() -> _fc.FlopCounterMode:
     """A FlopCounterMode (no printed table) that also counts CPU fused attention."""
     op = cpu_sdpa_op()
-    custom = {op: _sdpa_cpu_flops} if op is not None and op not in _fc.flop_registry else {}
-    return _fc.FlopCounterMode(display=False, custom_mapping=custom)
+    return _fc.FlopCounterMode(display=False, custom_mapping={op: _sdpa_cpu_flops} if op is not None and
+                               op not in _fc.flop_registry else {})
 
 
 class TransformerFlops:
@@ -43,9 +43,8 @@ class TransformerFlops:
 
     def __init__(self, transformer):
         self.transformer = getattr(transformer, "transformer", transformer)
-        self.flops, self.calls = 0, 0
+        self.flops, self.calls, self._mode = 0, 0, None
         self.per_call: list[int] = []
-        self._mode = None
         self._stack = ExitStack()
 
     def _pre(self, module, args, kwargs):
@@ -73,8 +72,8 @@ class TransformerFlops:
         self.per_call.append(n)
 
     def __enter__(self):
-        tr = self.transformer
-        self._stack.enter_context(forward_hooks([(tr, "forward_pre", self._pre), (tr, "forward", self._post)]))
+        self._stack.enter_context(forward_hooks([(self.transformer, "forward_pre", self._pre),
+                                                 (self.transformer, "forward", self._post)]))
         return self
 
     def __exit__(self, *exc):

@@ -94,12 +94,10 @@ def peer_family_key(transformer) -> str:
 
 def _resolve(target) -> tuple[object, str]:
     """(transformer, family) of a library Generator (``.transformer``, ``.family``) or a bare transformer."""
-    tr = getattr(target, "transformer", None)
-    tr = unwrap(target if tr is None else tr)
+    tr = unwrap(target if getattr(target, "transformer", None) is None else target.transformer)
     fam = getattr(target, "family", None) if tr is not target else None
     fam = FAMILY_ALIASES.get(fam, fam)
-    fam = fam if fam in FAMILY_PEERS else peer_family_key(tr)
-    return tr, fam
+    return tr, (fam if fam in FAMILY_PEERS else peer_family_key(tr))
 
 
 def _pass_encoder_through():
@@ -133,8 +131,7 @@ class DiffusersCache:
         self.options = dict(options or {})
         self.transformer, self.family = _resolve(target)
         self.spec = FAMILY_PEERS[self.family]
-        self.kind, self.n_steps, self.guidance = kind, n_steps, guidance
-        self.calibration = calibration
+        self.kind, self.n_steps, self.guidance, self.calibration = kind, n_steps, guidance, calibration
         self.t, self.step = 1000.0, 0
         self._added: list = []  # (module, hook name) this cache added
         self._registered: list = []  # block classes whose metadata it registered
@@ -164,29 +161,26 @@ class DiffusersCache:
             attr, reason = spec.unsupported_when[self.kind]
             if getattr(tr, attr, False):
                 raise PeerUnsupported(reason)
-        if self.kind == "pab":
-            return diffusers.hooks.PyramidAttentionBroadcastConfig(
-                spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 800),
-                spatial_attention_block_identifiers=spec.spatial,
-                cross_attention_block_skip_range=6 if spec.cross else None,
-                cross_attention_timestep_skip_range=(100, 800), cross_attention_block_identifiers=spec.cross or (),
-                current_timestep_callback=lambda: self.t)
-        if self.kind == "fastercache":
-            return diffusers.hooks.FasterCacheConfig(
-                current_timestep_callback=lambda: self.t, attention_weight_callback=lambda _: 0.3,
-                spatial_attention_block_identifiers=spec.spatial, tensor_format="BCHW", is_guidance_distilled=distilled,
-                _unconditional_conditional_input_kwargs_identifiers=spec.cfg_kwargs)
-        if self.kind == "first_block":
-            return diffusers.hooks.FirstBlockCacheConfig(threshold=0.2)
-        if self.kind == "taylorseer":
-            return diffusers.hooks.TaylorSeerCacheConfig(taylor_factors_dtype=next(tr.parameters()).dtype,
-                                         cache_identifiers=[spec.attention])
-        if self.kind == "magcache":
-            if isinstance(self.calibration, str) and self.calibration == "calibrate":
-                return diffusers.hooks.MagCacheConfig(calibrate=True, num_inference_steps=self.n_steps)
-            if self.calibration is None or len(self.calibration) == 0:
-                raise PeerUnsupported("MagCache needs mag_ratios from a calibration run: magcache_ratios(gen, ...)")
-            return diffusers.hooks.MagCacheConfig(mag_ratios=list(self.calibration), num_inference_steps=self.n_steps)
+        if self.kind != "magcache":
+            dh = diffusers.hooks
+            return {"pab": lambda: dh.PyramidAttentionBroadcastConfig(
+                        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 800),
+                        spatial_attention_block_identifiers=spec.spatial,
+                        cross_attention_block_skip_range=6 if spec.cross else None,
+                        cross_attention_timestep_skip_range=(100, 800), cross_attention_block_identifiers=spec.cross or (),
+                        current_timestep_callback=lambda: self.t),
+                    "fastercache": lambda: dh.FasterCacheConfig(
+                        current_timestep_callback=lambda: self.t, attention_weight_callback=lambda _: 0.3,
+                        spatial_attention_block_identifiers=spec.spatial, tensor_format="BCHW",
+                        is_guidance_distilled=distilled, _unconditional_conditional_input_kwargs_identifiers=spec.cfg_kwargs),
+                    "first_block": lambda: dh.FirstBlockCacheConfig(threshold=0.2),
+                    "taylorseer": lambda: dh.TaylorSeerCacheConfig(taylor_factors_dtype=next(tr.parameters()).dtype,
+                                                                   cache_identifiers=[spec.attention])}[self.kind]()
+        if isinstance(self.calibration, str) and self.calibration == "calibrate":
+            return diffusers.hooks.MagCacheConfig(calibrate=True, num_inference_steps=self.n_steps)
+        if self.calibration is None or len(self.calibration) == 0:
+            raise PeerUnsupported("MagCache needs mag_ratios from a calibration run: magcache_ratios(gen, ...)")
+        return diffusers.hooks.MagCacheConfig(mag_ratios=list(self.calibration), num_inference_steps=self.n_steps)
 
     # ---- applying and removing ---------------------------------------------------------------------
     def _hooks(self) -> list:
@@ -224,20 +218,18 @@ class DiffusersCache:
         self._quiet = quiet(loggers=("diffusers.hooks.faster_cache",), warning_messages=("torch.meshgrid",))
         self._quiet.__enter__()
         try:
-            if self.kind in ("first_block", "magcache"):
-                self._register_blocks()
-            if self.kind == "first_block" and self.spec.tail_passes_encoder:
-                dh.HookRegistry.check_if_exists_or_initialize(_last_block(self.transformer)).register_hook(
-                    _pass_encoder_through(), "unicache_tail_passes_encoder")
-            apply[self.kind](self.transformer, cfg)
-        except BaseException:
-            self._added = [h for h in self._hooks() if h not in before]
             try:
-                self._remove()
+                if self.kind in ("first_block", "magcache"):
+                    self._register_blocks()
+                if self.kind == "first_block" and self.spec.tail_passes_encoder:
+                    dh.HookRegistry.check_if_exists_or_initialize(_last_block(self.transformer)).register_hook(
+                        _pass_encoder_through(), "unicache_tail_passes_encoder")
+                apply[self.kind](self.transformer, cfg)
             finally:
-                self._quiet.__exit__(None, None, None)
+                self._added = [h for h in self._hooks() if h not in before]
+        except BaseException:
+            self.__exit__()  # removes what was added, then the silencing
             raise
-        self._added = [h for h in self._hooks() if h not in before]
         # diffusers caches each registry's list of child registries on first use; after hooks are added or
         # removed that list is stale (a cache context would then miss the new hooks)
         compat.forget_child_registries(self.transformer.modules())
@@ -296,5 +288,5 @@ def calibrate_magcache(target, n_steps: int, run, guidance: float = 3.0) -> list
 def magcache_ratios(gen, prompts: list[str], n_steps: int, guidance: float = 3.0, seed: int = 0) -> list[float]:
     """MagCache's magnitude ratios for this generator and schedule, from one calibration run of the
     library's loop on ``prompts`` (hold them out from the prompts the methods are scored on)."""
-    run = lambda pc: sample(gen, prompts, n_steps, guidance, seed=seed, callbacks=[pc])  # noqa: E731
-    return calibrate_magcache(gen, n_steps, run, guidance)
+    return calibrate_magcache(gen, n_steps, lambda pc: sample(gen, prompts, n_steps, guidance, seed=seed, callbacks=[pc]),
+                              guidance)

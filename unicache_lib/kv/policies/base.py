@@ -96,15 +96,11 @@ class EvictionPolicy(ABC):
         schedule's counts (the same total for an equal-bytes schedule)."""
         return [k] * n_layers if self.depth is None else self.depth.counts(n_layers, n_image, k)
 
-    def layer_counts(self, ctx: EvictionContext, budget: float) -> list[int]:
-        """Per policy layer, the image positions kept at ``budget`` (:meth:`counts` of ``ctx.k(budget)``)."""
-        return self.counts(ctx.n_layers, ctx.n_image, ctx.k(budget))
-
     def select(self, ctx: EvictionContext, budget: float) -> list[torch.Tensor]:
         """Per cache layer, the positions kept when ``budget`` (a fraction in [0, 1]) of the image
         tokens stays (see :meth:`EvictionContext.assemble`); with a depth schedule, layer ``l`` keeps its own count,
         chosen by the policy's own ``choose`` at that count."""
-        counts = self.layer_counts(ctx, budget)
+        counts = self.counts(ctx.n_layers, ctx.n_image, ctx.k(budget))
         by_k = {k: self.choose(ctx, k) for k in sorted(set(counts))}
         for per_layer in by_k.values():
             if len(per_layer) != ctx.n_layers:
@@ -158,8 +154,8 @@ class PrefillStagePolicy(EvictionPolicy):
         cache is not used."""
         t0 = time.perf_counter()
         pp, split, keep = prefill_pruned(model, pre.split, self.token_picker(ctx, budget), renumber=self.renumber)
-        ms = 1e3 * (time.perf_counter() - t0)
-        return Compressed(pp.cache, split, [keep] * ctx.n_layers, prefill_tokens=len(keep), prefill_ms=ms)
+        return Compressed(pp.cache, split, [keep] * ctx.n_layers, prefill_tokens=len(keep),
+                          prefill_ms=1e3 * (time.perf_counter() - t0))
 
     def token_picker(self, ctx: EvictionContext, budget: float):
         """The ``choose(features [n_image, D]) -> indices`` callable that :func:`~unicache_lib.kv.cache.prefill_pruned`

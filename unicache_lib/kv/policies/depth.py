@@ -67,8 +67,9 @@ def equal_bytes_counts(weights, n_image: int, k: int) -> list[int]:
     w = _weights(weights)
     _check_k(n_image, k)
     L, total = len(w), len(w) * k
-    w = w / w.max()  # the schedule depends on the weights' ratios only, whatever their scale
-    w = w + 1e-12  # a zero weight still takes what the capped layers cannot
+    # the schedule depends on the weights' ratios only, whatever their scale; a zero weight still takes what the
+    # capped layers cannot
+    w = w / w.max() + 1e-12
     lo, hi = 0.0, 1.0
     while np.clip(hi * w, 1, n_image).sum() < total:  # water level: sum(clip(level * w, 1, n_image)) == total
         hi *= 2.0
@@ -79,8 +80,7 @@ def equal_bytes_counts(weights, n_image: int, k: int) -> list[int]:
     share *= total / share.sum()
     counts = np.clip(np.floor(share + 1e-9).astype(int), 1, n_image)
     order = [i for i in np.argsort(-(share - counts), kind="stable") if counts[i] < n_image]
-    for i in order[: total - counts.sum()]:
-        counts[i] += 1
+    counts[order[: total - counts.sum()]] += 1  # distinct indices: one each
     if counts.sum() != total:
         raise InputError(f"no counts in [1, {n_image}] for weights {w.tolist()} add up to {total}")
     return [int(c) for c in counts]
@@ -159,8 +159,7 @@ def reading_width(future: torch.Tensor, image_positions: torch.Tensor) -> float:
         raise InputError(f"reading_width: the attention on the image keys is {'not finite' if not bool(torch.isfinite(p).all()) else 'zero'}, "
                          f"so no reading width can be measured from it")
     p = p / p.sum().clamp_min(1e-30)
-    h = -(p * p.clamp_min(1e-30).log()).sum()
-    return float(h.exp())
+    return float((-(p * p.clamp_min(1e-30).log()).sum()).exp())
 
 
 def reading_widths(futures: list) -> np.ndarray:

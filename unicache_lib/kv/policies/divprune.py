@@ -27,8 +27,8 @@ def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
         return []
     if dist.shape[0] == 1:
         return [0]
-    first = int(dist.topk(2, dim=0, largest=False).values[1].argmax())  # the farthest nearest neighbour
-    return greedy_max_min(dist, k, first)
+    # started at the farthest nearest neighbour
+    return greedy_max_min(dist, k, int(dist.topk(2, dim=0, largest=False).values[1].argmax()))
 
 
 @register

@@ -23,11 +23,8 @@ class H2O(EvictionPolicy):
         check_fraction(self.recent, "H2O recent", meaning="of the budget given to the most recent positions")
 
     def choose(self, ctx, k):
-        out = []
         n_recent = int(k * self.recent)
         recent = np.arange(ctx.n_image - n_recent, ctx.n_image)
-        for li in range(ctx.n_layers):
-            reads = ctx.image_reads(li).numpy().copy()
-            reads[recent] = -np.inf
-            out.append(np.r_[recent, top_k(reads, k - n_recent)])
-        return out
+        # the recent positions out of the heavy-hitter ranking
+        return [np.r_[recent, top_k(np.where(np.isin(np.arange(ctx.n_image), recent), -np.inf, ctx.image_reads(li).numpy()),
+                                    k - n_recent)] for li in range(ctx.n_layers)]

@@ -58,11 +58,8 @@ class KeyCoverage(EvictionPolicy):
         check_number(self.alpha, "key_coverage alpha (the reads' weight on distances)", 0.0, 16.0)
 
     def choose(self, ctx, k):
-        out = []
-        for li in range(ctx.n_layers):
-            x = self.points_of(*ctx.image_kv(li))  # [n_image, F]: the layer's image keys, all heads side by side
-            out.append(self.cover(x, k, ctx.image_reads(li)))
-        return out
+        # points_of: [n_image, F], the layer's image keys, all heads side by side
+        return [self.cover(self.points_of(*ctx.image_kv(li)), k, ctx.image_reads(li)) for li in range(ctx.n_layers)]
 
     def points_of(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """``[n_image, F]``: the points covered, from a layer's image ``keys`` / ``values`` ``[H_kv, n_image, D]``."""

@@ -59,8 +59,8 @@ def merge_cache(ctx, cache, keep: list) -> tuple[object, dict[int, torch.Tensor]
     for li, cl in enumerate(layers):
         k_pos = torch.as_tensor(keep[cl], dtype=torch.long).sort().values
         is_img = torch.isin(k_pos, img)
-        chosen = torch.searchsorted(img, k_pos[is_img])  # kept image positions as indices into the image block
-        merged = merge_groups(*ctx.image_kv(li), chosen)
+        # the kept image positions as indices into the image block, merged
+        merged = merge_groups(*ctx.image_kv(li), torch.searchsorted(img, k_pos[is_img]))
         layer = new.layers[cl]
         at = is_img.nonzero().flatten().to(layer.keys.device)  # where they sit in the evicted layer
         layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
@@ -71,10 +71,9 @@ def merge_cache(ctx, cache, keep: list) -> tuple[object, dict[int, torch.Tensor]
 def place_merged(keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor, merged: tuple) -> torch.Tensor:
     """Write :func:`merge_groups`' ``merged`` keys and values at positions ``at`` of a layer's ``keys`` / ``values``
     ``[1, H_kv, C, D]`` (in place); returns that layer's attention term ``[C]``: ``log(size)`` at ``at``, 0 elsewhere."""
-    mk, mv, sizes = merged
-    keys[0, :, at], values[0, :, at] = mk.to(keys.dtype), mv.to(values.dtype)
+    keys[0, :, at], values[0, :, at] = merged[0].to(keys.dtype), merged[1].to(values.dtype)
     bias = torch.zeros(keys.shape[-2])
-    bias[at.cpu()] = sizes.log().cpu()
+    bias[at.cpu()] = merged[2].log().cpu()  # the groups' sizes
     return bias
 
 

@@ -27,9 +27,8 @@ def pooled_grid(side: int, k: int) -> tuple[int, int]:
 
 def window_centres(side: int, n: int) -> torch.Tensor:
     """``[n]`` centre row (or column) of each of ``n`` adaptive pooling windows over ``side`` cells."""
-    starts = [(i * side) // n for i in range(n)]
-    ends = [-((-(i + 1) * side) // n) for i in range(n)]  # ceil, as adaptive_avg_pool2d
-    return torch.tensor([(s + e - 1) // 2 for s, e in zip(starts, ends)])
+    # window i spans [floor(i * side / n), ceil((i + 1) * side / n)), as adaptive_avg_pool2d lays it out
+    return torch.tensor([((i * side) // n + -((-(i + 1) * side) // n) - 1) // 2 for i in range(n)])
 
 
 def grid_side(ctx, refusal: Exception) -> int:
@@ -42,8 +41,7 @@ def grid_side(ctx, refusal: Exception) -> int:
 
 def window_positions(ctx, side: int, a: int, b: int) -> list[int]:
     """Indices into the image block of the centre patch of each of the ``a x b`` windows, row-major."""
-    rows, cols = window_centres(side, a), window_centres(side, b)
-    return ctx.grid.cpu()[(rows[:, None] * side + cols[None, :]).reshape(-1)].tolist()
+    return ctx.grid.cpu()[(window_centres(side, a)[:, None] * side + window_centres(side, b)[None, :]).reshape(-1)].tolist()
 
 
 @register
@@ -59,6 +57,5 @@ class ImagePooling(PrefillStagePolicy):
                                          "family's are not (tiles, newline tokens): pooling is not measurable here"))
         a, b = pooled_grid(side, k)
         feats = ctx.features[ctx.grid.to(ctx.features.device)].float()  # [side * side, D], row-major
-        grid = feats.T.reshape(1, -1, side, side)
-        pooled = F.adaptive_avg_pool2d(grid, (a, b))[0].reshape(feats.shape[1], -1).T  # [a * b, D]
+        pooled = F.adaptive_avg_pool2d(feats.T.reshape(1, -1, side, side), (a, b))[0].reshape(feats.shape[1], -1).T  # [a * b, D]
         return [(window_positions(ctx, side, a, b), pooled)]

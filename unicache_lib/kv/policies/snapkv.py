@@ -51,6 +51,5 @@ class SnapKV(ScorerPolicy):
         A = ctx.attentions[layer]  # [H, Cq, C]: the context queries' reads
         w = observation_window(A.shape[1]) if self.window is None else self.window
         votes = A[:, -w:, :].sum(1)[:, ctx.image_positions]  # [H, n_image]
-        pooled = torch.nn.functional.avg_pool1d(votes[:, None], self.kernel, 1, self.kernel // 2,
-                                                count_include_pad=False)[:, 0]
-        return pooled.mean(0)
+        return torch.nn.functional.avg_pool1d(votes[:, None], self.kernel, 1, self.kernel // 2,
+                                              count_include_pad=False)[:, 0].mean(0)  # pooled over keys, mean over heads

@@ -45,8 +45,7 @@ class UniCache(EvictionPolicy):
         shallow_reads = sum(ctx.image_reads(li) for li in bands["shallow"]).numpy()
         anchors = [int(i) for i in top_k(shallow_reads, int(k * self.anchors))]
         # the picture's token grid in row-major order (tiles, class and newline tokens are not on it)
-        cells = [int(i) for i in (ctx.grid if ctx.grid is not None else range(ctx.n_image))]
-        rest = [i for i in cells if i not in anchors]
+        rest = [int(i) for i in (ctx.grid if ctx.grid is not None else range(ctx.n_image)) if int(i) not in anchors]
         m = k - len(anchors)
         grid = [rest[int(j)] for j in np.linspace(0, len(rest) - 1, min(m, len(rest))).round()] if m > 0 else []
         if len(grid) < m:  # more budget than grid cells: the rest in sequence order

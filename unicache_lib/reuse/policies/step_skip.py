@@ -17,8 +17,7 @@ Schedule, relative to ``n_steps`` so it works for any step count: the first ``he
 
 How the defaults were chosen and what they give: docs/CACHING.md (``step_skip``) and ``benchmarks/tune_step_skip.py``.
 """
-from __future__ import annotations
-
+import math
 from dataclasses import dataclass
 
 import torch
@@ -48,13 +47,9 @@ def extrapolate(ts: list[float], outs: list[torch.Tensor], t: float, weight: flo
     if len(set(ts)) != len(ts):
         raise InputError(f"extrapolation points share a timestep ({ts}): no slope to extrapolate")
     last = outs[-1].float()
-    p = torch.zeros_like(last)
-    for i, (ti, oi) in enumerate(zip(ts, outs)):
-        li = 1.0
-        for j, tj in enumerate(ts):
-            if j != i:
-                li *= (t - tj) / (ti - tj)
-        p = p + li * oi.float()
+    # P(t): each output times its Lagrange basis polynomial at t, summed in order from zero
+    p = sum((math.prod((t - tj) / (ti - tj) for j, tj in enumerate(ts) if j != i) * oi.float()
+             for i, (ti, oi) in enumerate(zip(ts, outs))), torch.zeros_like(last))
     return (last + weight * (p - last)).to(outs[-1].dtype)
 
 
