@@ -19,8 +19,6 @@ naming what to do, wherever it enters:
 Every refusal is an :class:`InputError` (a ``ValueError``) or, for a value of the wrong type, a
 ``TypeError``.
 """
-from __future__ import annotations
-
 import itertools
 import numbers
 import operator

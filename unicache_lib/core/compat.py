@@ -5,8 +5,6 @@ things it needs that have no public API are here, each a small function with the
 framework upgrade that moves one breaks one function (and ``tests/test_layers.py`` keeps private framework names out
 of every other module). Checked against:
 """
-from __future__ import annotations
-
 import importlib
 import types
 from typing import TYPE_CHECKING

@@ -22,8 +22,6 @@ One class per kind; each keeps the built-in base callers already catch (``ValueE
 Every message says what to do instead; ``tests/test_errors.py`` checks that every ``raise`` in the package raises
 one of these.
 """
-from __future__ import annotations
-
 
 class UnicacheError(Exception):
     """The root of every error the workbench raises."""

@@ -16,8 +16,6 @@ wrapper subclasses :class:`ProcessorWrapper`. ``model_hook`` (and :func:`add_mod
 the module's ``HookRegistry``, the registry diffusers' own caches use, so the workbench's reuse and theirs sit side by
 side, and one duplicate check refuses a second hook under the same name or of the same kind.
 """
-from __future__ import annotations
-
 import functools
 import inspect
 from contextlib import ExitStack, contextmanager

@@ -4,8 +4,6 @@ Direction convention everywhere in the workbook: ``X->Y`` means *queries of X re
 So ``text->image`` is the text tokens' attention on the image (what U5 measures) and
 ``image->text`` is the image tokens' attention on the text.
 """
-from __future__ import annotations
-
 import itertools
 from dataclasses import dataclass
 

@@ -1,7 +1,5 @@
 """Model plumbing every layer needs: strip wrappers, read and switch the attention implementation of each
 sub-model (restored on exit, also on error)."""
-from __future__ import annotations
-
 import logging
 import warnings
 from contextlib import contextmanager

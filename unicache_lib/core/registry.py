@@ -3,8 +3,6 @@ each piece is a class with a ``name``, in its own module, decorated once with th
 ``register``; the package's ``__init__`` calls :func:`discover`, so a new piece is one new file.
 A :class:`Registry` is a dict whose unknown names raise :class:`UnknownNameError` listing the registered names
 (and the closest one), not a bare ``KeyError: 'nope'``."""
-from __future__ import annotations
-
 import difflib
 import importlib
 import pkgutil

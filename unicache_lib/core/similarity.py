@@ -1,6 +1,4 @@
 """Similarity of attention across steps, heads, layers and samples (pure functions)."""
-from __future__ import annotations
-
 import torch
 
 

@@ -30,8 +30,6 @@ prompt holds only the last keys, so its positions would not line up: refused, na
 
 One prompt at a time (batch 1), as the workbench's harness; kvpress's own pipeline runs one prompt per call too.
 """
-from __future__ import annotations
-
 import contextlib
 import numbers
 from dataclasses import dataclass, field

@@ -36,8 +36,6 @@ a skipped transformer call skips every attention module once.
 
 Processors are restored on exit, also on error.
 """
-from __future__ import annotations
-
 import math
 import time
 from contextlib import ExitStack

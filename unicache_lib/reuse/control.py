@@ -9,8 +9,6 @@ where it gives better images than the control at the same wall-clock (or the sam
 :func:`fewer_steps_curve` gives the control on its own (PSNR per prompt and FLOPs per step count, and
 optionally wall-clock interleaved with the full run).
 """
-from __future__ import annotations
-
 import contextlib
 
 import numpy as np

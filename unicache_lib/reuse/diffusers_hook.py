@@ -28,8 +28,6 @@ float rounding).
 
 :func:`calibrate_step_skip` chooses the schedule's stride and damping for a pipeline from a few prompts.
 """
-from __future__ import annotations
-
 import inspect
 import math
 import warnings

@@ -2,8 +2,6 @@
 following, attention work done, whole-transformer FLOPs, and wall-clock measured side by side
 (interleaved repeats). Fewer-step sampling, the control, runs as ``steps:N`` methods in the same table
 (:mod:`unicache_lib.reuse.control`)."""
-from __future__ import annotations
-
 import contextlib
 import time
 import warnings

@@ -15,8 +15,6 @@ attention kernel ``aten._scaled_dot_product_flash_attention_for_cpu`` (torch 2.1
 the GPU kernels (``2 * B * H * Sq * Sk * (D + Dv)``, two batched products); a masked call that falls back
 to the math path is decomposed into matmuls torch counts itself.
 """
-from __future__ import annotations
-
 from contextlib import ExitStack
 
 from torch.utils import flop_counter as _fc

@@ -42,8 +42,6 @@ Settings are the authors' defaults unless the family needs otherwise:
 (``benchmarks/reuse_steps.py``: TaylorSeer at the FLOPs of ``step_skip``); an unknown field is refused, naming
 the config's fields.
 """
-from __future__ import annotations
-
 import ast
 import contextlib
 import dataclasses

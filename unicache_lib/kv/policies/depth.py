@@ -24,8 +24,6 @@ The schedules:
 The transformers cache then holds layers of different lengths; :func:`~unicache_lib.kv.decode.answer` gives every
 layer its own attention mask (:func:`~unicache_lib.kv.decode.layer_masks`). One prompt at a time (batch 1).
 """
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import numpy as np

@@ -16,8 +16,6 @@ Its dropping twin is ``key_coverage`` itself: the same positions kept, the evict
 ``PolicyPress(policy=POLICIES["key_coverage_merge"]())``, whose compress calls :meth:`KeyCoverageMerge.compress_layer`
 and applies the correction in the forwards that follow inside its ``with`` block.
 """
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

@@ -5,8 +5,6 @@ afresh, or hand on the output cached at the last computed step? Decisions may us
 cheap at that point (step index, and a similarity signal computed from the module's *input*, never
 from the attention it would skip).
 """
-from __future__ import annotations
-
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
