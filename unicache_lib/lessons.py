@@ -57,8 +57,7 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[
 
 def _mapping(loader, node, deep=False):
     keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
-    twice = sorted({str(k) for k in keys if keys.count(k) > 1})
-    if twice:
+    if (twice := sorted({str(k) for k in keys if keys.count(k) > 1})):
         raise yaml.constructor.ConstructorError(None, None, f"the key {twice[0]!r} is written twice", node.start_mark)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -98,23 +97,16 @@ class Lesson:
 
     def rule_tables(self) -> dict:
         """``"module:ATTR"`` -> the table it names (imported)."""
-        out = {}
-        for ref in self.rules:
-            mod, _, attr = ref.partition(":")
-            out[ref] = getattr(importlib.import_module(mod), attr)
-        return out
+        return {ref: getattr(importlib.import_module(ref.partition(":")[0]), ref.partition(":")[2])
+                for ref in self.rules}
 
 
 def _header(text: str) -> str:
     lines = text.split("\n")
-    if not lines or lines[0].strip() != "# ---":
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "# ---"), None)
+    if lines[0].strip() != "# ---" or end is None:
         return ""
-    body = []
-    for line in lines[1:]:
-        if line.strip() == "# ---":
-            return "\n".join(body)
-        body.append(line[2:] if line.startswith("# ") else line.lstrip("#"))
-    return ""
+    return "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in lines[1:end])
 
 
 def read(source: Path) -> Lesson:

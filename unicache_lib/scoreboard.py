@@ -138,19 +138,15 @@ class Row:
         for k in [k for k, v in self._criterion_verdicts().items() if v == INCONCLUSIVE]:
             m, c = self.measured[k], self.criteria[k]
             need = n_to_settle(m.interval(), c.nearest_threshold(m.value))
-            tag = f"({k}) " if len(self.criteria) > 1 else ""
-            parts.append(f"{tag}interval straddles {c.nearest_threshold(m.value):g}: "
+            parts.append(f"{f'({k}) ' if len(self.criteria) > 1 else ''}interval straddles "
+                         f"{c.nearest_threshold(m.value):g}: "
                          + (f"about {need:,.0f} {m.unit} would settle it" if math.isfinite(need) and need <= 100 * max(1, m.n or 1)
                             else "the value sits on the threshold: no practical n settles it"))
         return "; ".join(parts)
 
     def full_note(self) -> str:
-        notes = [self.note] if self.note else []
-        if self.verdict == INCONCLUSIVE:
-            notes.append(self.settle_note())
-        if self.unstable:
-            notes.append(UNSTABLE)
-        return "; ".join(notes)
+        return "; ".join(filter(None, (self.note, self.settle_note() if self.verdict == INCONCLUSIVE else "",
+                                       UNSTABLE if self.unstable else "")))
 
 
 def _fmt(x) -> str:
@@ -182,8 +178,7 @@ class Scoreboard:
 
     def __init__(self, random_weights: bool = False, unstable=()):
         self.rows: dict[str, Row] = {}
-        self.random_weights = bool(random_weights)
-        self.unstable = set(unstable)
+        self.random_weights, self.unstable = bool(random_weights), set(unstable)
 
     def rule(self, claim: str, text: str, above: float | None = None, below: float | None = None,
              between: tuple[float, float] | None = None, outside: tuple[float, float] | None = None,
@@ -210,11 +205,8 @@ class Scoreboard:
         """Write a lesson's rules as data (``claim -> (text, {criterion: {"above": x} ...})``, one criterion named
         ``""``), before any measurement; ``fmt`` fills ``{name}`` fields of the texts (e.g. a notebook parameter)."""
         for claim, (text, criteria) in rules.items():
-            text = text.format(**fmt) if fmt else text
-            if list(criteria) == [""]:
-                self.rule(claim, text, **criteria[""])
-            else:
-                self.rule(claim, text, criteria=criteria)
+            self.rule(claim, text.format(**fmt) if fmt else text,
+                      **(criteria[""] if list(criteria) == [""] else {"criteria": criteria}))
 
     def measure(self, claim: str, value: float | Interval | None, interval: tuple[float, float] | None = None,
                 n: int | None = None, unit: str | None = None, criterion: str | None = None, shown: str = "",
@@ -246,8 +238,7 @@ class Scoreboard:
         r.note = "; ".join(filter(None, (r.note, note)))
 
     def _check_complete(self):
-        missing = [c for c, r in self.rows.items() if not r.complete]
-        if missing:
+        if (missing := [c for c, r in self.rows.items() if not r.complete]):
             raise ContractError(f"claims with a rule but no (complete) measurement: {missing}")
 
     def table(self):
@@ -354,10 +345,9 @@ class ScoreboardView:
     """
 
     def __init__(self, table, parts: dict[str, list[str]], criteria: dict[str, list[str]], width: int = 110):
-        self.table = table  # Scoreboard.table(): indexed by claim id
-        self.parts = parts  # claim -> ["(a) 0.91 [0.9, 0.92]", ...], one per criterion, in rule order
-        self.criteria = criteria  # claim -> ["(a) > 0.8: holds", ...]
-        self.width = int(width)
+        # table: Scoreboard.table(), indexed by claim id; parts: claim -> ["(a) 0.91 [0.9, 0.92]", ...], one per
+        # criterion, in rule order; criteria: claim -> ["(a) > 0.8: holds", ...]
+        self.table, self.parts, self.criteria, self.width = table, parts, criteria, int(width)
 
     def verdict(self, claim, row) -> str:
         """The verdict as shown (one place, so a suffix added to it shows in the text and the HTML alike): with what it
@@ -394,9 +384,8 @@ class ScoreboardView:
                 else:
                     line += " " + piece
             lines += fit(line, indent)
-        lines.append("(statement, rule, each criterion's decision, notes: the HTML view's details, "
-                     "Scoreboard.criteria_lines)")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + ["(statement, rule, each criterion's decision, notes: the HTML view's details, "
+                                  "Scoreboard.criteria_lines)"]) + "\n"
 
     def _repr_html_(self) -> str:
         td = 'style="text-align:left; vertical-align:top"'
@@ -407,9 +396,8 @@ class ScoreboardView:
                      ("criteria", "; ".join(self.criteria.get(claim, []))), ("note", row["note"])]
             details = "".join(f"<dt><b>{k}</b></dt><dd style=\"margin:0 0 0.4em 1em; white-space:pre-wrap\">"
                               f"{html_text(v)}</dd>" for k, v in facts if str(v).strip() not in ("", "-"))
-            cells = [claim, self.verdict(claim, row), "; ".join(self.parts.get(claim, [])) or "-",
-                     self.count(row) or "-"]
-            body.append("<tr>" + "".join(f"<td {td}>{html_text(v)}</td>" for v in cells)
+            body.append("<tr>" + "".join(f"<td {td}>{html_text(v)}</td>" for v in (
+                claim, self.verdict(claim, row), "; ".join(self.parts.get(claim, [])) or "-", self.count(row) or "-"))
                         + f'<td {td}><details><summary>rule, notes</summary><dl style="margin:0; min-width:24em">'
                         f"{details}</dl></details></td></tr>")
         return f'<table class="unicache-scoreboard"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'

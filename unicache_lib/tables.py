@@ -39,8 +39,7 @@ class WrappedTable:
     def __init__(self, df, width: int = WIDTH):
         if df is None or not len(df.columns):
             raise InputError("WrappedTable needs a DataFrame with at least one column")
-        self.df = df.reset_index(drop=True)
-        self.width = int(width)
+        self.df, self.width = df.reset_index(drop=True), int(width)
 
     @property
     def fields(self) -> list:
@@ -59,10 +58,8 @@ class WrappedTable:
         lines = []
         for key, row in self.df.iterrows():
             lines += textwrap.wrap(self.heading(key, row), **wrap) or [""]
-            for c in self.fields:
-                text = self.text(c, row[c])
-                if text is not None:
-                    lines += textwrap.wrap(f"{c}: {text}", initial_indent="  ", **wrap)
+            lines += [line for c in self.fields if (text := self.text(c, row[c])) is not None
+                      for line in textwrap.wrap(f"{c}: {text}", initial_indent="  ", **wrap)]
         return "\n".join(lines) + "\n"
 
     def _repr_html_(self) -> str:

@@ -33,12 +33,11 @@ def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
         cells[(str(r.sample), r.layer)] = float((ti / (ti + tt).clamp(min=1e-12)).mean())
     samples = sorted({s for s, _ in cells})
     layers = sorted({li for _, li in cells})
-    missing = [(s, li) for s in samples for li in layers if (s, li) not in cells]
-    if missing:
+    if (missing := [(s, li) for s in samples for li in layers if (s, li) not in cells]):
         raise InputError(f"records miss {len(missing)} (sample, layer) cells, e.g. {missing[0]}: capture every layer of "
                          "every sample")
-    bad = [(s, li) for s in samples for li in layers if not np.isfinite(cells[s, li])]
-    if bad:  # a NaN compares False with every threshold: it would read as "healthy"
+    # a NaN compares False with every threshold: it would read as "healthy"
+    if (bad := [(s, li) for s in samples for li in layers if not np.isfinite(cells[s, li])]):
         raise AttentionValueError(f"not measurable: {len(bad)} of {len(cells)} (sample, layer) cells have a NaN or "
                                   f"infinite share of image attention (e.g. sample {bad[0][0]}, layer {bad[0][1]}), so "
                                   f"the neglect detector cannot judge them: recapture in float32 (a half-precision "
@@ -97,6 +96,6 @@ def image_dependence(model, processor, samples, seed: int = 0) -> float:
     perm = np.random.default_rng(seed).permutation(len(samples))
     perm = np.where(perm == np.arange(len(samples)), np.roll(perm, 1), perm)
     with torch.no_grad():
-        kls = [float(kl_divergence(answer_logits(s.image, s.question), answer_logits(samples[perm[i]].image, s.question)))
-               for i, s in enumerate(samples)]
-    return float(np.mean(kls))
+        return float(np.mean([float(kl_divergence(answer_logits(s.image, s.question),
+                                                  answer_logits(samples[perm[i]].image, s.question)))
+                              for i, s in enumerate(samples)]))

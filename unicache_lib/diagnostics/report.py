@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -69,9 +70,9 @@ def _understanding_figures(label, recs, out, stem):
                            out, f"{stem}_entropy"))
     s0 = recs[0].sample
     mine = sorted((r for r in recs if r.sample == s0), key=lambda r: r.layer)
-    rf = np.stack([r.data["read_freq_norm"].mean(0).numpy() for r in mine])
-    figs.append(plots.save(plots.read_frequency_heatmap(rf, mine[0].spans, f"{label}: read frequency, sample {s0}"),
-                           out, f"{stem}_read_frequency"))
+    figs.append(plots.save(plots.read_frequency_heatmap(
+        np.stack([r.data["read_freq_norm"].mean(0).numpy() for r in mine]), mine[0].spans,
+        f"{label}: read frequency, sample {s0}"), out, f"{stem}_read_frequency"))
     if "blocks" in recs[0].data and all(r.spans is not None and r.spans.n_image for r in recs):
         b = np.mean([r.data["blocks"].mean(0).numpy() for r in recs], 0)
         figs.append(plots.save(plots.bars(dict(zip(BLOCKS, map(float, b))), f"{label}: modality blocks (mean of {len(recs)} records)",
@@ -80,8 +81,7 @@ def _understanding_figures(label, recs, out, stem):
         g = int(round(len(reads) ** 0.5))
         if g * g == len(reads):
             fig = plots.layer_step_grid(reads.reshape(g, g), f"{label}: where text reads the image (anchors bright)", "reads")
-            fig.axes[0].set_xlabel("patch column")
-            fig.axes[0].set_ylabel("patch row")
+            fig.axes[0].set(xlabel="patch column", ylabel="patch row")
             figs.append(plots.save(fig, out, f"{stem}_anchors"))
         try:
             if recs[0].part == "cross":  # a cross-attention layer's queries read nothing but the image
@@ -151,16 +151,14 @@ def load_store(path):
         note = "statistics computed from the attention maps of a full-mode capture"
     for part in sorted({r.part for r in recs}):  # every (sample, layer, step): what repair() dropped is recaptured first
         have = {(r.sample, r.layer, r.step) for r in recs if r.part == part}
-        lost = sorted(set(itertools.product(*({h[i] for h in have} for i in range(3)))) - have)
-        if lost:
+        if (lost := sorted(set(itertools.product(*({h[i] for h in have} for i in range(3)))) - have)):
             raise ReportError(f"store {p} misses {len(lost)} {part} records, e.g. sample {lost[0][0]} layer "
                               f"{lost[0][1]}{f' step {lost[0][2]}' if gen else ''} (dropped by repair(), or an "
                               f"interrupted capture): run the same capture on this store again, it recaptures only "
                               f"what is missing")
     need = GENERATOR_KEYS if gen else UNDERSTANDING_KEYS
     for r in recs:
-        lack = [k for k in need if k not in r.data]
-        if lack:
+        if (lack := [k for k in need if k not in r.data]):
             raise ReportError(f"store {p}: record {r.key} ({r.mode} mode) lacks {', '.join(lack)}, which the "
                               f"{'generator' if gen else 'understanding'} report needs")
     # NaN marks what a statistic is undefined for (a query row with one key; step 0's similarity to the step before)
@@ -271,15 +269,14 @@ def build_report(stores: dict, out_dir, title: str = "UniCache attention report"
                 used.add(name.lower())
                 named.append((name, p))
             files += named
-            imgs = "".join(f'<img alt="{html_text(Path(name).stem)}" src="data:image/png;base64,'
-                           f'{base64.b64encode(p.read_bytes()).decode()}">' for name, p in named)
             sections.append(f"<h2>{html_text(str(label))} <small>({'generator' if gen else 'understanding'}; "
                             f"{html_text(str(meta.get('model', '?')))}, {len(recs)} records)</small></h2>"
                             + "".join(f"<p>{html_text(n)}</p>" for n in ([note] if note else []) + notes)
-                            + f"<div>{imgs}</div>")
-        for label, form in forms.items():
-            sections.append(f"<h2>{html_text(label)} <small>(explorer: layer, head or their mean, query token; views "
-                            f"t2i, i2t, full; PNG and JSON export)</small></h2>{form}")
+                            + "<div>" + "".join(f'<img alt="{html_text(Path(name).stem)}" src="data:image/png;base64,'
+                                                f'{base64.b64encode(p.read_bytes()).decode()}">' for name, p in named)
+                            + "</div>")
+        sections += [f"<h2>{html_text(label)} <small>(explorer: layer, head or their mean, query token; views "
+                     f"t2i, i2t, full; PNG and JSON export)</small></h2>{form}" for label, form in forms.items()]
         doc = (f"{MARK}\n<!doctype html><html><head><meta charset='utf-8'><title>" + html_text(title) +
                "</title><style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:48%;margin:4px}"
                "</style></head><body><h1>" + html_text(title) + "</h1>" + "".join(sections) + "</body></html>")
@@ -311,10 +308,9 @@ def _put_in_place(folder: OutputFolder, items: list) -> None:
             if not any(out.iterdir()):
                 out.rmdir()
         else:
-            try:
+            # (if this fails, the marker still lists what this run meant to write: nothing unlisted is left)
+            with contextlib.suppress(OSError):
                 folder.record(before)
-            except OSError:
-                pass  # the marker still lists what this run meant to write: nothing unlisted is left
         raise ReportError(f"cannot write the report to {out} ({e.strerror or e}): free some space or choose another "
                           f"--out") from e
     folder.clean(keep=names)  # the earlier report's figures this one does not draw
@@ -333,8 +329,7 @@ def cli_stores(args: list[str]) -> dict:
     plain = [s for s in args if not labelled(s)]
     full = [Path(os.path.abspath(s)) for s in plain]  # the names as given (symlinks kept)
     real = [Path(s).resolve() for s in plain]
-    dup = [s for s, f in zip(plain, real) if real.count(f) > 1]
-    if dup:
+    if (dup := [s for s, f in zip(plain, real) if real.count(f) > 1]):
         raise ReportError(f"store {dup[0]} is given twice")
     depth = [1] * len(plain)
     while True:
@@ -342,8 +337,7 @@ def cli_stores(args: list[str]) -> dict:
         clash = [i for i, lab in enumerate(labels) if labels.count(lab) > 1]
         if not clash:
             break
-        for i in clash:
-            depth[i] += 1
+        depth = [d + (i in clash) for i, d in enumerate(depth)]
     stores = {}
     for label, path in named + list(zip(labels, plain)):
         if label in stores:
@@ -369,8 +363,7 @@ def main(argv=None):
     try:
         page = build_report(cli_stores(args.stores), args.out, args.title, option="--out")
     except (ReportError, FileExistsError) as e:
-        msg = " ".join(str(e).split())
-        print(f"unicache-report: error: {msg}", file=sys.stderr)
+        print(f"unicache-report: error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
     print(page)
 
