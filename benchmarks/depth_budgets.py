@@ -197,6 +197,7 @@ def run_shard(n: int, rank: int, world: int, out: Path = OUT, design_file: Path 
                      pyramid_press(), seed=0, progress=rank == 0, question_ids=ids)
     R["question"] = [ids[i] for i in R["question"]]
     meta = {"n": n, "rank": rank, "world": world, "model": MODEL, "budgets": list(budgets), "gamma": rec["gamma"],
+            "widths": rec["widths"],  # the design the schedules came from: ranks of two designs are refused by the merge
             "question_seed": QUESTION_SEED, "n_image": n_image, "seconds": round(time.perf_counter() - t0, 1)}
     if given is None:
         return write_shard(out, R[KEEP], meta)
