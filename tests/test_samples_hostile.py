@@ -781,3 +781,19 @@ def test_a_generated_folder_you_edited_is_yours(tmp_path, edit):
             S.load(d, per_type=4)
     with pytest.raises(UnicacheError, match="your own sample folder"):
         S.load(d, seed=5)
+
+
+def test_a_generated_set_copied_without_its_marker_is_standard_only_while_it_holds_the_recipe(tmp_path):
+    """Round 14's SN3: `cp gen/* mine/` drops the generator's marker; the folder was then judged a standard set by its
+    file names alone, so a replaced picture was measured as another seed's synthetic one."""
+    import shutil
+
+    S.main(["--out", str(tmp_path / "gen")])
+    (tmp_path / "mine").mkdir()
+    for p in (tmp_path / "gen").iterdir():
+        if not p.name.startswith("."):
+            shutil.copy(p, tmp_path / "mine" / p.name)
+    assert len(S.load(tmp_path / "mine", seed=5, per_type=4)) == 20  # as drawn: still a standard set
+    _png(tmp_path / "mine" / "single-0.png")  # a picture of the user's in its place
+    with pytest.raises(UnicacheError, match="your own sample folder"):
+        S.load(tmp_path / "mine", seed=5)

@@ -378,10 +378,10 @@ def load(path: str | Path | None = None, ids=None, scene_types=None, per_type: i
                          f"pass another SAMPLE_SEED (a set of the same recipe is built with {per_type} per type), or "
                          f"PER_TYPE <= {n_per}")
     return _select(_samples_from_records(path, rows, path / MANIFEST, "image", "id"), ids, scene_types, per_type,
-                   own=not _generated(path, rows))
+                   own=not _generated(path, rows, set_seed))
 
 
-def _generated(path: Path, rows) -> bool:
+def _generated(path: Path, rows, seed: int = SEED) -> bool:
     """Whether the manifest folder ``path`` is a standard set (the shipped folder, one the generator marked, or every
     entry a standard sample ``<scene type>-<n>`` of its scene type): only such a set has a recipe another seed can
     draw from. A manifest of your own images is your own folder, as a metadata.jsonl is."""
@@ -395,8 +395,19 @@ def _generated(path: Path, rows) -> bool:
     if info is not None and info.get("written_by") == TOOL:  # while every file holds what the generator wrote
         content = _content(info)  # (a picture replaced, a sample added: the folder is yours now)
         return not any(_not_ours(path, rel, content.get(rel), TOOL) for rel in _written_by(info, TOOL))
-    return bool(rows) and all(isinstance(r.get("id"), str) and _GENERATED_PNG.fullmatch(f"{r['id']}.png")
-                              and r["id"].rsplit("-", 1)[0] == r.get("scene_type") for _, r in rows)
+    if not (rows and all(isinstance(r.get("id"), str) and _GENERATED_PNG.fullmatch(f"{r['id']}.png")
+                         and r["id"].rsplit("-", 1)[0] == r.get("scene_type") for _, r in rows)):
+        return False
+    # no marker (copied without it): standard only if it holds what the recipe draws, questions and pictures alike
+    per = max(sum(r["scene_type"] == t for _, r in rows) for t in SCENE_TYPES)
+    built = {s.id: s for s in build(seed, per)} if isinstance(seed, int) and 0 < per <= MAX_PER_TYPE else {}
+    try:
+        return all(r["id"] in built and (r.get("question"), r.get("answer")) == (built[r["id"]].question,
+                                                                                  built[r["id"]].answer)
+                   and np.array_equal(_read_image(_read_bytes(path, str(r["file_name"]), "", "image", MAX_IMAGE_BYTES),
+                                                  str(r["file_name"]), ""), built[r["id"]].image) for _, r in rows)
+    except (UnicacheError, OSError, KeyError):
+        return False
 
 
 def _seed_problem(path: Path, layout: str, seed, set_seed, rows) -> str | None:
@@ -405,7 +416,7 @@ def _seed_problem(path: Path, layout: str, seed, set_seed, rows) -> str | None:
     images), which has no recipe to draw from; None when it can."""
     if seed is None or seed == (set_seed if layout == "manifest" else SEED):
         return None
-    if layout == "manifest" and _generated(path, rows):
+    if layout == "manifest" and _generated(path, rows, set_seed):
         return None
     return (f"{path} is your own sample folder: it has no seed to draw another set from (SAMPLE_SEED={seed} would "
             f"measure a synthetic standard set in place of your samples); pass "
