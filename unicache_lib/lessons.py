@@ -15,8 +15,6 @@ follow from the id (``notebooks/<id>.ipynb``, ``solutions/<id>.py``, ``claims.of
 the quick notebook runs, the solutions test, the site's table of contents and ``claims.LESSONS`` read these records,
 so a lesson is its source, its executed notebook and its solution (plus, if it rules on claims, their entries in
 ``claims.py`` and an analysis module): docs/FORKING.md, "(g) a lesson"."""
-from __future__ import annotations
-
 import importlib
 import math
 import re

@@ -17,8 +17,6 @@ interval is over. The verdict is computed, never typed in:
 
 Claim texts paraphrase the study's write-ups; each claim, with its rule, is one entry of :mod:`unicache_lib.claims`.
 """
-from __future__ import annotations
-
 import json
 import math
 import textwrap

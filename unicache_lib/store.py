@@ -55,8 +55,6 @@ renames a sound file. A store written before files recorded their records still 
 chunk cannot be told apart, so neither is read and ``repair()`` deletes nothing until a person deletes one.
 :func:`remove_store` removes only the names a store gives its own files, at every depth.
 """
-from __future__ import annotations
-
 import contextlib
 import functools
 import hashlib

@@ -5,8 +5,6 @@ plain text with one short block per row, each field a ``label: text`` line wrapp
 notebook's text output and nbval compare), e.g. the decision tables "measurement -> what to do on your model"; a
 decision table holds at most eight rows (tests/test_output_limits.py), a longer one goes to a CSV.
 """
-from __future__ import annotations
-
 import textwrap
 
 from .core.errors import InputError

@@ -5,8 +5,6 @@ over heads and samples, from stats-mode capture records (``blocks``). The study'
 ~15% in a concatenation model the text is not reaching the image (warning); under ~5% a layer marks
 a modality cut-off (the detector fires and names the first such layer).
 """
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import numpy as np

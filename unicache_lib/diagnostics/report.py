@@ -26,8 +26,6 @@ repository or one of its own folders, and new, empty or a report folder of its o
 removed (a figure of the previous report that this one does not draw). A folder holding anything else
 (a ``real_entropy.png`` of yours) is refused in one line before anything is read.
 """
-from __future__ import annotations
-
 import argparse
 import base64
 import contextlib
