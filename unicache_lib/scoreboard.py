@@ -297,11 +297,9 @@ class Scoreboard:
         lines = []
         for c in claims:
             r = self.rows[c]
-            for k, crit in r.criteria.items():
-                m, tag = r.measured.get(k), f"{c} ({k})" if k else c
-                if m is not None and m.value is not None:
-                    lines.append(f"{tag}: {m.value:{fmt}} [{m.lo:{fmt}}, {m.hi:{fmt}}] over {m.n} {m.unit}, needs {crit}: "
-                                 f"{crit.decide(m.lo, m.hi)}")
+            lines += [f"{f'{c} ({k})' if k else c}: {m.value:{fmt}} [{m.lo:{fmt}}, {m.hi:{fmt}}] over {m.n} {m.unit}, "
+                      f"needs {crit}: {crit.decide(m.lo, m.hi)}" for k, crit in r.criteria.items()
+                      if (m := r.measured.get(k)) is not None and m.value is not None]
             lines.append(f"{c} verdict: {r.verdict}" + (f" ({r.note})" if r.note else "")
                          + (f"; measured: {r.shown}" if shown and r.shown else ""))
         return "\n".join(wrap(line) for line in lines)
