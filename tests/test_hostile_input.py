@@ -336,6 +336,17 @@ def test_a_resume_in_another_dtype_is_refused_when_the_store_records_one(tmp_pat
     with pytest.raises(StoreError, match="holds model_config='LlavaForConditionalGeneration:.*JanusForConditional"):
         capture_samples(*load_understanding("tiny-janus"), ss, Store(tmp_path / "bare"), mode="stats", progress=False)
     assert len(capture_samples(m, p, ss, Store(tmp_path / "bare"), mode="stats", progress=False).records) > 0
+    # round 14's SN1: a fine-tune of the same architecture (one weight moved) is another model too
+    fine = load_understanding("tiny-llava")[0]
+    with torch.no_grad():
+        next(fine.parameters()).add_(0.01)
+    with pytest.raises(StoreError, match="holds model_config="):
+        capture_samples(fine, p, load(per_type=2), Store(tmp_path / "bare"), mode="stats", progress=False)
+    # SN2: a store from before captures recorded their model (its meta names none) refuses a resume it cannot check
+    meta = json.loads((tmp_path / "bare" / "meta.json").read_text())
+    (tmp_path / "bare" / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "model_config"}))
+    with pytest.raises(StoreError, match="names no model .*write to a new folder"):
+        capture_samples(*load_understanding("tiny-janus"), ss, Store(tmp_path / "bare"), mode="stats", progress=False)
 
 
 # ---- 5. configs validated on construction -----------------------------------------------------------------------

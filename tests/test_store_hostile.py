@@ -839,3 +839,23 @@ def test_a_store_keeps_its_folder_when_the_working_folder_changes(tmp_path, monk
     monkeypatch.chdir(tmp_path / "b")
     st.write([rec(1, 0)])
     assert not (tmp_path / "b" / "s").exists() and len(Store(tmp_path / "a" / "s").index()) == 2
+
+
+def test_an_index_set_aside_as_advised_keeps_its_chunks_and_a_users_meta_is_never_adopted(tmp_path):
+    """Round 14's LN1: renaming a damaged index to .bad, as the refusal advises, made every chunk it named an
+    "orphan" that repair() deleted (a sound record's too). LN2: Store.write took a user's own meta.json as the store's,
+    and remove_store then deleted it with the store."""
+    path = tmp_path / "s"
+    Store(path, meta={"model": "m"}).write([rec(0, 0)])
+    Store(path).write([rec(1, 0)])
+    (path / "index-rank00000.jsonl").rename(path / "index-rank00000.jsonl.bad")
+    assert not any("orphan" in p for p in Store(path).verify())
+    Store(path).repair()
+    assert len(list((path / "rank00000").iterdir())) == 2  # both chunks kept for a person to look at
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "meta.json").write_text('{"my": "dataset description"}')
+    with pytest.raises(StoreError, match="is not a store's") as e:
+        Store(mine, meta={"model": "m"}).write([rec(0, 0)])
+    one_line(e.value)
+    assert [p.name for p in mine.iterdir()] == ["meta.json"]

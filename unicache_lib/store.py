@@ -672,6 +672,10 @@ class Store:
                     raise StoreError(f"store {self.path} holds {k}={old[k]!r}, this capture is {k}={self.meta[k]!r}: "
                                      f"one store holds one {k}. Write to a new folder, or remove_store({str(self.path)!r}) "
                                      f"to start this one again")
+            if "model_config" in self.meta and not {"model", "model_config"} & set(old) and self._logs_on_disk():
+                raise StoreError(f"store {self.path} names no model (its records are older than captures recording "
+                                 f"theirs), so a resume cannot tell whether this model wrote them: write to a new "
+                                 f"folder, or remove_store({str(self.path)!r}) to start it again")
         if mode is not None and self.path.exists():
             with self._guard:
                 self._current()
@@ -680,6 +684,9 @@ class Store:
                 raise StoreError(f"store {self.path} holds mode={other[0]!r} records, this capture is mode={mode!r}: "
                                  f"one store holds one capture mode. Write to a new folder (e.g. {self.path.name}-{mode}), "
                                  f"or remove_store({str(self.path)!r}) to start this one again")
+
+    def _logs_on_disk(self) -> bool:
+        return any(_own_name(n, 0) == "file" and ".jsonl" in n for n in os.listdir(self.path))
 
     def _check_meta(self):
         mp = self.path / "meta.json"
@@ -727,6 +734,10 @@ class Store:
                     raise InputTypeError(f"record {r.key!r}: array {name!r} is {t.dtype}, but a store holds float32 "
                                          f"(or bool) data, and the cast would change it ({'the imaginary part dropped' if t.is_complex() else 'integers above 2**24 rounded'}): "
                                          f"store t.float() yourself if that is what you mean; nothing was written")
+        if os.path.lexists(self.path / "meta.json") and self.read_meta().get("format") != FORMAT \
+                and not self._logs_on_disk():  # a file of the user's, not a store's meta: never taken as its own
+            raise StoreError(f"{self.path / 'meta.json'} is not a store's (no index beside it, no store format in it): "
+                             f"write the store to a folder of its own; nothing was written")
         self.path.mkdir(parents=True, exist_ok=True)
         with self._writer_lock().mutex, self._guard:
             return self._write(records)
@@ -1033,6 +1044,11 @@ class Store:
                 recs = line[1] if isinstance(line, list) and len(line) == 2 and isinstance(line[1], list) else []
                 used |= ({str(e["file"]).rsplit("/", 1)[0] for e in recs if isinstance(e, dict) and "file" in e}
                          | ({head["chunk"]} if isinstance(head.get("chunk"), str) else set()))
+        for n in os.listdir(self.path):  # an index set aside as the store's refusal advises: its chunks are kept too
+            if n.endswith(".jsonl.bad") and _own_name(n, 0) == "file":
+                with contextlib.suppress(StoreError, OSError), os.fdopen(open_inside(
+                        self.path, n, links=False, error=StoreError), "rb") as f:
+                    used |= {m.decode() for line in f for m in re.findall(rb"rank\d{5,}/chunk\d{6,}", line)}
         return used
 
     def _scan(self) -> tuple[list[Path], list[tuple[Path, str]]]:

@@ -143,13 +143,17 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
 
 
 def model_fingerprint(model) -> str:
-    """``"<class>:<digest>"`` of the model's config without its paths and versions: what a store records so that a
-    resumed capture of another model into it is refused even when its meta names no model."""
+    """``"<class>:<digest>"`` of the model's config (without its paths and versions) and of a sample of its weights
+    (the first values of every eighth tensor, in float32: a fine-tune of one architecture differs there): what a store
+    records so that a resumed capture of another model into it is refused even when its meta names no model."""
     def clean(x):
         return {k: clean(v) for k, v in x.items() if not str(k).startswith("_")
                 and k not in ("transformers_version", "torch_dtype", "dtype")} if isinstance(x, dict) else x
-    blob = json.dumps(clean(model.config.to_dict()), sort_keys=True, default=str).encode()
-    return f"{type(model).__name__}:{hashlib.sha256(blob).hexdigest()[:12]}"
+    h = hashlib.sha256(json.dumps(clean(model.config.to_dict()), sort_keys=True, default=str).encode())
+    with torch.no_grad():
+        for p in list(model.parameters())[::8]:
+            h.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
+    return f"{type(model).__name__}:{h.hexdigest()[:12]}"
 
 
 def _store_meta(path: Path) -> dict:
