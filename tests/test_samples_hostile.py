@@ -514,6 +514,17 @@ def test_the_verdict_names_the_captured_layers_and_the_thresholds_used():
     assert " L3 " in str(v) and " L0 " not in str(v)
     assert str(detect_neglect(_records(0.25, layers=(1, 3)), cutoff=0.1, warn=0.7)).startswith(
         "warning: text reads the image weakly in layers [1, 3] (< 70%)")
+    # round 14's SN7: a cross-attention model's records: its cross layers read only the image (called "healthy"), its
+    # self-attention layers hold none (a "MODALITY CUT-OFF"), and both parts were judged as one
+    from unicache_lib.core.errors import AttentionValueError
+
+    cross = _records(0.25, layers=(1, 3))
+    for r in cross:
+        r.part = "cross"
+    with pytest.raises(UnicacheError, match=r"records of 2 parts \(cross, language\): pass one part's"):
+        detect_neglect(_records(0.25) + cross)
+    with pytest.raises(AttentionValueError, match=r"not measurable here: layer 1 \(cross\) reads only the image"):
+        detect_neglect(cross)
 
 
 # ---- 5. property: every layout loads exactly as written or raises the workbench's error -----------------------

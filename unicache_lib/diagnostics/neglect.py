@@ -23,7 +23,17 @@ def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
     """Sample ids and ``[n_samples, n_layers]``: text queries' share of attention on image keys
     (mean over heads), per sample and layer (for intervals over samples)."""
     cells: dict[tuple[str, int], float] = {}
+    records = list(records)
+    if len(parts := sorted({r.part for r in records})) > 1:  # one verdict over self- and cross-attention would mix
+        raise InputError(f"records of {len(parts)} parts ({', '.join(parts)}): pass one part's, e.g. "
+                         f"[r for r in records if r.part == {parts[-1]!r}]")
     for r in records:
+        spans = getattr(r, "spans", None)
+        if r.part == "cross" or (spans is not None and not spans.n_image):  # 1 or 0 by construction: no finding
+            raise AttentionValueError(f"not measurable here: layer {r.layer} ({r.part}) " + (
+                "reads only the image (a cross-attention layer)" if r.part == "cross" else "holds no image positions "
+                "(the image enters through cross-attention layers)") + "; the detector reads self-attention layers "
+                "that hold the image")
         if "blocks" not in r.data:
             raise InputError("records lack 'blocks': capture in stats mode with modality spans")
         b = r.data["blocks"].float()  # [H, 4] shares of all mass
