@@ -384,6 +384,11 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
     with pytest.raises(dataclasses.FrozenInstanceError, match="stride"):
         cfg.stride = 5
     assert dataclasses.replace(cfg, stride=5).stride == 5  # the fix its docstring names
+    from unicache_lib.reuse.diffusers_hook import StepReuseHook
+
+    hook = StepReuseHook(cfg.policy(), 20)  # round 14's SN6: hook.config = another was shown, never run
+    with pytest.raises(ValueError, match=r"keeps the schedule it was applied with: remove_step_skip"):
+        hook.config = dataclasses.replace(cfg, stride=5)
 
 
 # ---- 6. the parsers, property-based: any input loads correctly or raises one of the project's errors ------------

@@ -114,10 +114,20 @@ class StepReuseHook:
     :func:`~unicache_lib.core.hooks.add_model_hook` (called as ``hook(original_forward, *args, **kwargs)``)."""
 
     def __init__(self, policy, num_inference_steps: int, clock=None):
-        self.policy, self.num_inference_steps, self.clock = policy, num_inference_steps, clock
+        self.policy, self.num_inference_steps, self.clock, self._config = policy, num_inference_steps, clock, None
         self.calls = self.computed = 0
         self._timestep_at = None
         self.reset_state(None)
+
+    @property
+    def config(self) -> "StepSkipConfig | None":
+        """The :class:`StepSkipConfig` :func:`apply_step_skip` made the hook from (None for a ReuseCache's)."""
+        return self._config
+
+    @config.setter
+    def config(self, value):  # the hook runs the schedule it was made with: a new config would only be displayed
+        raise InputError("a hook keeps the schedule it was applied with: remove_step_skip(transformer), then "
+                         "apply_step_skip(transformer, new_config)")
 
     def initialize_hook(self, module):
         if self.clock is not None:
@@ -194,7 +204,7 @@ def apply_step_skip(transformer: torch.nn.Module, config: StepSkipConfig) -> Ste
     between runs). Applying it twice, or over a :class:`~unicache_lib.reuse.cache.ReuseCache` driving step reuse,
     raises: remove it first."""
     hook = StepReuseHook(config.policy(), config.num_inference_steps)
-    hook.config = config
+    hook._config = config
     return add_model_hook(getattr(transformer, "transformer", transformer), HOOK_NAME, hook,
                           "step_skip (or another step reuse) is already applied; remove_step_skip(transformer) first")
 
