@@ -225,3 +225,18 @@ def test_a_field_set_after_the_press_is_made_is_checked_at_the_forward(llava, fi
     press.compression_ratio, press.policy = 0.5, POLICIES["key_coverage"]()  # the fix: a ratio in [0, 1), a per-layer rule
     with press(model):
         assert prefill(model, sp, attentions=False).cache.get_seq_length() < sp.context_ids.shape[1]
+
+
+@pytest.mark.parametrize("field,value", [("alpha", -1.0), ("alpha", float("nan"))])
+def test_a_policy_field_set_after_it_is_made_is_checked_where_it_runs(llava, field, value):
+    """Round 14's SN5: key_coverage's alpha set to -1 or NaN by assignment ran (and kept other positions) in the
+    harness and in a press, though its constructor refuses both."""
+    from unicache_lib.kv.evaluate import run_eviction
+
+    model, processor, qas = llava
+    pol = POLICIES["key_coverage"]()
+    setattr(pol, field, value)
+    with pytest.raises(ValueError, match="key_coverage alpha"):
+        run_eviction(model, processor, qas[:1], [0.25], {"key_coverage": pol}, peers={}, progress=False)
+    with pytest.raises(ValueError, match="key_coverage alpha"):
+        KeyCoveragePress(compression_ratio=0.5, policy=pol)

@@ -148,6 +148,7 @@ class _EvictionRun:
                     "prefill_ms": full_prefill_ms if prefill_ms is None else prefill_ms}
 
         for name, pol in self.policies.items():
+            pol.__post_init__()  # its fields checked again: one set by assignment (pol.alpha = -1) never met __init__
             for bud in self.budgets:
                 if name in self.skipped:
                     continue
@@ -286,6 +287,7 @@ def kept_patches(model, processor, qa, budget: float, policies: dict, seed: int 
     full = POLICIES["full"]().apply(model, pre, ctx, 1.0)
     out = {"full": {"share": np.ones(len(grid), np.float32), **said(answer(model, full.cache, split)[0])}}
     for name, pol in policies.items():
+        pol.__post_init__()  # its fields checked again (one set by assignment)
         done = pol.apply(model, pre, ctx, budget)  # drop, merge, or prune before a prefill of its own
         per_layer = done.kept
         logits = answer(model, done.cache, done.split, bias=done.bias)[0]

@@ -78,6 +78,7 @@ class PolicyPress(BasePress):
         if not isinstance(self.policy, EvictionPolicy):
             raise InputError(f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got "
                              f"{self.policy!r}")
+        self.policy.__post_init__()  # its own fields too (press.policy.alpha = -1)
         self.policy.require_cache("a press")  # the policy says whether it can choose from one layer at a time
         check_fraction(self.compression_ratio, "compression_ratio", upper_inclusive=False,
                        meaning="the share of the prompt's KV removed")
