@@ -7,7 +7,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "unicache_lib"
 TARGET = 14_000  # issue #61 item 7
-CEILING = 14_802  # 2026-12-05, after the size commits of that day (from 15,142): lower it, never raise it
+CEILING = 14_052  # 2026-12-05 (evening), after the size commits of that day (from 14,802): lower it, never raise it
 
 
 def _docstring(node) -> bool:
