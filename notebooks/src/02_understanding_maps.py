@@ -21,7 +21,8 @@
 # *§1's first look:* the picture, then the word 'triangle' over it in each layer (× uniform, cyan: even). **What you
 # see**: in layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word
 # lights the triangle's tip and puts <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->×
-# its object's area share on the triangle (the best sample); the other layers light it faintly. In
+# its object's area share on the triangle (the best sample); the other layers light it less against its area, though
+# another puts the largest share of its reads on the triangle's patches (printed below the figure). In
 # <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="^([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num-->
 # multi-object samples the word reads its own object above even.
 #

@@ -30,7 +30,7 @@
 # ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% [markdown]
-# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; the last run took <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->158 s<!--/num--> on 2 CPU cores.
+# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read the prose (tables, figures and exercises extra); the last run took <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->158 s<!--/num--> on 2 CPU cores.
 #
 # **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
@@ -307,7 +307,8 @@ _ = plots.save(fig, out, "samples")
 # %% [markdown]
 # **What you see.** Every third prompt (the MMDiT above, PixArt below). Both place single objects where asked,
 # PixArt with ragged edges. The two pairs on the right show the table's failures: the MMDiT's orange "circle" is
-# barely rounder than its square; PixArt drops the circle and draws the last pair both purple, shapes swapped.
+# barely rounder than its square; PixArt drops the circle, and draws the last pair both purple (the blue object
+# missing), the shapes in each other's places.
 #
 # ## 3. From diffuse to focused? Entropy per step and layer (G1)
 #
@@ -393,8 +394,8 @@ for m in GENERATORS:
         for t in (THRESHOLD, STRICT_THRESHOLD) for w in [window[m, t]]))
 
 # %% [markdown]
-# **What to look at.** Every curve dips at step 1; then the maps stay near 1 while the outputs fall again over the
-# last steps. The lowest adjacent-step cosine of any layer is <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
+# **What to look at.** Every curve dips at step 1; then the maps stay near 1 while the MMDiT's and PixArt's
+# self-attention outputs fall again over the last steps (PixArt's cross-attention outputs dip mid-run instead, below). The lowest adjacent-step cosine of any layer is <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.977<!--/num--> (MMDiT) and <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart: lowest adjacent-step cosine@0" fmt="{:.3f}"-->0.971<!--/num-->
 # (PixArt), so at the study's <!--const the study's reuse threshold, the THRESHOLD parameter-->0.7<!--/const--> every knee is step
 # <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit: lowest adjacent-step cosine > settled by step@1"-->1<!--/num-->: that line cannot tell layers apart.
 #

@@ -469,7 +469,8 @@ print({c: r.verdict for c, r in board.rows.items()})
 board.show()
 
 # %% [markdown]
-# **Reading the scoreboard.** These verdicts concern a 4-layer, 8-head model; a 7B model has far more slack.
+# **Reading the scoreboard.** These verdicts concern a 4-layer, 8-head model; how much a 7B model can lose is its own
+# measurement (Next steps).
 
 # %% [markdown]
 # ## Recap: what this notebook showed on the shipped models

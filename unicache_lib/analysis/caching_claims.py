@@ -319,9 +319,14 @@ def _at(acc, m, b) -> float:
     return float(acc.loc[m, b]) if m in acc.index and b in acc.columns else float("nan")
 
 
-def _sides(acc, a: str, b: str, budgets, n: int) -> tuple[list, list]:
-    """The budgets where ``a`` answers more than two of the ``n`` questions more than ``b``, and where ``b`` does
-    (within two questions is a tie, as in the decision table's first row)."""
+def _sides(acc, a: str, b: str, budgets, n: int, rows=None) -> tuple[list, list]:
+    """The budgets where ``a`` is ahead of ``b``, and where ``b`` is ahead: by the paired interval over questions
+    (:func:`~unicache_lib.kv.evaluate.against_peers`) when the per-question ``rows`` are given, the lesson's rule; else
+    by more than two of the ``n`` questions."""
+    if rows is not None:
+        t = against_peers(rows, a, [b])
+        return ([x for x in budgets if (t[t.budget == x].verdict == "ahead").any()],
+                [x for x in budgets if (t[t.budget == x].verdict == "behind").any()])
     gap = {x: (_at(acc, a, x) - _at(acc, b, x)) * n for x in budgets}  # nan where either did not run: neither list
     return ([x for x in budgets if np.isfinite(gap[x]) and round(gap[x]) > 2],
             [x for x in budgets if np.isfinite(gap[x]) and round(gap[x]) < -2])
@@ -331,21 +336,22 @@ def _listed(bs, budgets) -> str:
     return "every budget" if list(bs) == list(budgets) else ", ".join(f"{x:.0%}" for x in bs)
 
 
-def _read_out(acc, budgets, n: int, pairs) -> str:
-    """In words, who is ahead of whom beyond two questions, and where: ``pairs`` are ``(a, b)`` names; pairs with the
+def _read_out(acc, budgets, n: int, pairs, rows=None) -> str:
+    """In words, who is ahead of whom (:func:`_sides`), and where: ``pairs`` are ``(a, b)`` names; pairs with the
     same leader and budgets are said once ("key_coverage ahead of pooling and downsample at every budget")."""
     said, covered = {}, set()
+    how = "interval above 0" if rows is not None else "more than two questions"
     for a, b in pairs:
-        for lead, other, bs in zip((a, b), (b, a), _sides(acc, a, b, budgets, n)):
+        for lead, other, bs in zip((a, b), (b, a), _sides(acc, a, b, budgets, n, rows)):
             if bs:
                 said.setdefault((lead, tuple(bs)), []).append(other)
                 covered |= set(bs)
     if not said:
-        return "within two questions at every budget (a tie)"
+        return ("a tie at every budget (each interval across 0)" if rows is not None else
+                "within two questions at every budget (a tie)")
     words = "; ".join(f"{lead} ahead of {' and '.join(others)} at {_listed(bs, budgets)}"
                       for (lead, bs), others in said.items())
-    return words + (" (more than two questions); a tie elsewhere" if covered != set(budgets) else
-                    " (more than two questions)")
+    return words + (f" ({how}); a tie elsewhere" if covered != set(budgets) else f" ({how})")
 
 
 def _largest(acc, budgets, base: str, others) -> float:
@@ -353,29 +359,33 @@ def _largest(acc, budgets, base: str, others) -> float:
     return max(budgets, key=lambda x: max(np.nan_to_num(abs(_at(acc, base, x) - _at(acc, o, x))) for o in others))
 
 
-def _random_row(acc, budgets, n: int) -> str:
-    """Row 5's value: random minus ``unicache`` at the smallest budget, and, where random is ahead by more than two
-    questions, at which budgets and by how much at most (its point: random beating a score-based rule)."""
+def _random_row(acc, budgets, n: int, rows=None) -> str:
+    """Row 5's value: random minus ``unicache`` at the smallest budget, and, where random is ahead (:func:`_sides`), at
+    which budgets and by how much at most (its point: random beating a score-based rule)."""
     d = {b: 100 * (_at(acc, "random", b) - _at(acc, "unicache", b)) for b in budgets}
-    ahead, behind = _sides(acc, "random", "unicache", budgets, n)
+    ahead, behind = _sides(acc, "random", "unicache", budgets, n, rows)
     text = f"{budgets[0]:.0%}: {d[budgets[0]]:+.1f} pt"
     if ahead:
         text += f"; random ahead of unicache at {_listed(ahead, budgets)} (up to {max(d[b] for b in ahead):+.1f} pt)"
     else:
-        text += "; random never ahead of unicache by more than two questions"
+        text += ("; random never ahead of unicache (no interval above 0)" if rows is not None else
+                 "; random never ahead of unicache by more than two questions")
     return text + "; other budgets: accuracy.csv"
 
 
 def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float,
-                       scale: pd.DataFrame | None = None, scale_model: str = "", u7_run: str = "", results=None):
+                       scale: pd.DataFrame | None = None, scale_model: str = "", u7_run: str = "", results=None,
+                       rows: pd.DataFrame | None = None):
     """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`), at most
     eight rows and 40 printed lines (tests/test_output_limits.py). ``scale``: the literature's-scale targets of a
     decisive run (``make evaluate MODEL=tiny-llava-576 BUDGETS=64t,128t``: :func:`decisive` ``(scale_model,
     "targets")``), a row for the share kept at 64 and 128 tokens; 05 leaves it out (that run is read in
     docs/EVICTION_APPENDIX.md). ``u7``: the interval U7 is decided on, ``u7_run`` the run it comes from (the settled
     one, :func:`settled_u7`, where committed). The advice about the covers chosen before the prefill comes from the
-    larger runs (:func:`cover_finding`, ``results``), not from this run's ties."""
-    full, rows, value, picks, tied = _at(acc, "full", budgets[0]), [], "", [], True
+    larger runs (:func:`cover_finding`, ``results``), not from this run's ties. ``rows``: the run's per-question rows
+    (:func:`~unicache_lib.kv.evaluate.run_eviction`): who is ahead is then read on paired intervals, as the lesson reads
+    them."""
+    full, out, value, picks, tied = _at(acc, "full", budgets[0]), [], "", [], True
     for b in budgets:  # the two best per budget; the row prints the smallest budget's (at most four numbers a row)
         cand = {m: _at(acc, m, b) for m in (NEW, f"{NEW}_merge", "divprune", "h2o", "snapkv", "unicache", "random",
                                              "kvpress:expected_attention")}
@@ -390,10 +400,10 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
     act = ("the two best tie at every budget (within two questions): too few questions to separate them" if tied
            else f"pick {picks[0]} at every budget" if one
            else f"the best differs by budget (smallest first: {'; '.join(picks)}); a tie is within two questions")
-    rows.append({"measurement": f"accuracy at the smallest budget, the two best (full {full:.3f}; every budget: "
+    out.append({"measurement": f"accuracy at the smallest budget, the two best (full {full:.3f}; every budget: "
                                 "accuracy.csv)",
                  "value here": value,
-                 "what it suggests on your model": act + (f". The larger runs separate them: pick {NEW}; {larger}"
+                 "what it suggests on your model": act + (f". The larger runs separate them: pick {NEW} (merge where E2 says so); {larger}"
                                                           if " is ahead of DivPrune" in larger
                                                           else f". The larger runs: {larger}" if larger else ""),
                  "where": "§2-§3: MODEL, BUDGETS, N_EVICTION; appendix"})
@@ -402,18 +412,18 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
     b0 = budgets[0]
     ctls = [c for c in ("pooling", "downsample") if c in acc.index]
     if ctls:
-        rows.append({"measurement": f"{NEW} minus the {' / '.join(ctls)} control",
+        out.append({"measurement": f"{NEW} minus the {' / '.join(ctls)} control",
                      "value here": f"{b0:.0%}: " + " / ".join(f"{100 * (_at(acc, NEW, b0) - _at(acc, c, b0)):+.1f}"
                                                              for c in ctls) + " pt; "
-                     + _read_out(acc, budgets, n, [(NEW, c) for c in ctls]) + "; other budgets: accuracy.csv",
+                     + _read_out(acc, budgets, n, [(NEW, c) for c in ctls], rows) + "; other budgets: accuracy.csv",
                      "what it suggests on your model": "where a control ties the designed policy, use it (simpler)", "where": "§3, " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
     var = [v for v in ("key_coverage_prefill", "key_coverage_merge") if v in acc.index]
     if var:  # the cover moved before the prefill; the evicted image KV merged into the kept instead of dropped
-        rows.append({"measurement": f"{' / '.join(var)} minus {NEW}",
+        out.append({"measurement": f"{' / '.join(var)} minus {NEW}",
                      "value here": (lambda b: f"{b:.0%} (the largest gap): " + " / ".join(
                          f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}" for v in var) + " pt; ")(
                          _largest(acc, budgets, NEW, var))
-                     + _read_out(acc, budgets, n, [(v, NEW) for v in var]) + "; other budgets: accuracy.csv",
+                     + _read_out(acc, budgets, n, [(v, NEW) for v in var], rows) + "; other budgets: accuracy.csv",
                      "what it suggests on your model": "a tie here is too few questions; the larger runs never find "
                      "the prefill-stage cover ahead (row 1): cover after the prefill; where merging leads, merge",
                      "where": "§3, kv/policies/key_coverage_prefill.py, merge.py"})
@@ -423,36 +433,36 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
         late = (f"; on {scale_model} selecting after the prefill matters ({NEW} {s1[NEW]:.3f} against "
                 f"key_coverage_prefill {s1['key_coverage_prefill']:.3f} of full accuracy at 64 tokens)"
                 if {NEW, "key_coverage_prefill"} <= set(s1) else "")
-        rows.append({"measurement": f"{NEW} minus each half swapped (place: its cover on the features / rule: DivPrune's "
+        out.append({"measurement": f"{NEW} minus each half swapped (place: its cover on the features / rule: DivPrune's "
                      "on the keys)",
                      "value here": (lambda b: f"{b:.0%} (the largest gap): " + " / ".join(
                          f"{100 * (_at(acc, NEW, b) - _at(acc, h, b)):+.1f}" for h in halves) + " pt; ")(
                          _largest(acc, budgets, NEW, halves))
-                     + _read_out(acc, budgets, n, [(NEW, h) for h in halves]) + "; other budgets: accuracy.csv",
+                     + _read_out(acc, budgets, n, [(NEW, h) for h in halves], rows) + "; other budgets: accuracy.csv",
                      "what it suggests on your model": "the larger runs decide: the rule carries the gain; the place ties "
                      "on tiny-llava but loses at 576 tokens (appendix): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
     if {"random", "unicache"} <= set(acc.index):
-        rows.append({"measurement": "random minus the study's rule (unicache)",
-                     "value here": _random_row(acc, budgets, n),
+        out.append({"measurement": "random minus the study's rule (unicache)",
+                     "value here": _random_row(acc, budgets, n, rows),
                      "what it suggests on your model": "if random ties or beats a score-based rule, the most-read "
                      "positions cluster: use a coverage policy", "where": "§2, notebook 02 (Gini, anchors)"})
     if u7 is not None:  # what to do, and where, is U7's advice (unicache_lib/claims.py); the verdict by its own rule
         verdict = Criterion(**REGISTRY["U7"].criteria[""]).decide(u7.lo, u7.hi)
-        rows += decision_rows([("U7", "U7: locality-shallow minus swapped" + (f" ({u7_run})" if u7_run else ""),
+        out += decision_rows([("U7", "U7: locality-shallow minus swapped" + (f" ({u7_run})" if u7_run else ""),
                                 f"{100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]")],
                               "05_kv_eviction", {"U7": verdict})
-    rows.append({"measurement": "rho(retained, accuracy)", "value here": f"{rho:.2f}", "what it suggests on your model":
+    out.append({"measurement": "rho(retained, accuracy)", "value here": f"{rho:.2f}", "what it suggests on your model":
                  "above ~0.6: screen policies with the simulation, confirm the best few on real answers",
                  "where": "§4"})
     if scale is not None and len(scale):
         kept = scale[scale.against == "full"]
-        rows.append({"measurement": f"share of full accuracy at 64 / 128 image tokens on {scale_model} (decisive run, "
+        out.append({"measurement": f"share of full accuracy at 64 / 128 image tokens on {scale_model} (decisive run, "
                      f"{int(kept.n.iloc[0]):,} questions)",
                      "value here": "; ".join(f"{m} " + " / ".join(f"{r.value:.3f} ({r.verdict})" for r in g.itertuples())
                                              for m, g in kept.groupby("method", sort=False)),
                      "what it suggests on your model": "where the dropping cover falls short, merge the evicted keys "
                      "into the kept", "where": "§7, make evaluate MODEL=... BUDGETS=64t,128t"})
-    return WrappedTable(pd.DataFrame(rows))
+    return WrappedTable(pd.DataFrame(out))
 
 
 def reuse_recap(RU: dict, CT: dict, shares: dict, board) -> list[str]:

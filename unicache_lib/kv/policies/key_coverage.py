@@ -59,7 +59,8 @@ class KeyCoverage(EvictionPolicy):
 
     def choose(self, ctx, k):
         # points_of: [n_image, F], the layer's image keys, all heads side by side
-        return [self.cover(self.points_of(*ctx.image_kv(li)), k, ctx.image_reads(li)) for li in range(ctx.n_layers)]
+        return [self.cover(self.points_of(*ctx.image_kv(li)), k, ctx.image_reads(li))
+                for li in range(ctx.n_layers)]
 
     def points_of(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """``[n_image, F]``: the points covered, from a layer's image ``keys`` / ``values`` ``[H_kv, n_image, D]``."""
