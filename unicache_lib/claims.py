@@ -463,8 +463,8 @@ _ALL = [
                      "not; these reads do not say what to thin. No eviction ran on Mllama: to thin its vision KV, 05's "
                      "cover (not the most-read patches) is a pointer, measured on LLaVA only",
                      (Place("05", 3, policies=("key_coverage",), params=("BUDGETS",)),)),
-       meaning={"holds": "the study's order: spread, focus, refine", "partly": "not the study's order in every "
-                "criterion", "does not hold": "not the study's order"}),
+       meaning={"holds": "the study's order: spread, focus, refine", "partly": "some criteria follow the study's "
+                "order", "does not hold": "not the study's order"}),
     _c("A4", "Dual tower (CLIP): the image tower's pooled query focuses on the regions the matching text names.",
        "which image tokens an embedding needs", "08_architectures",
        "CLIP image tower, last layer: the class token's attention mass on the objects the caption names / their area "
