@@ -365,11 +365,9 @@ def _random_row(acc, budgets, n: int, rows=None) -> str:
     d = {b: 100 * (_at(acc, "random", b) - _at(acc, "unicache", b)) for b in budgets}
     ahead, behind = _sides(acc, "random", "unicache", budgets, n, rows)
     text = f"{budgets[0]:.0%}: {d[budgets[0]]:+.1f} pt"
-    if ahead:
-        text += f"; random ahead of unicache at {_listed(ahead, budgets)} (up to {max(d[b] for b in ahead):+.1f} pt)"
-    else:
-        text += ("; random never ahead of unicache (no interval above 0)" if rows is not None else
-                 "; random never ahead of unicache by more than two questions")
+    text += (f"; random ahead of unicache at {_listed(ahead, budgets)} (up to {max(d[b] for b in ahead):+.1f} pt)"
+             if ahead else "; random never ahead of unicache (no interval above 0)" if rows is not None else
+             "; random never ahead of unicache by more than two questions")
     return text + "; other budgets: accuracy.csv"
 
 

@@ -151,8 +151,8 @@ def model_fingerprint(model) -> str:
                 and k not in ("transformers_version", "torch_dtype", "dtype")} if isinstance(x, dict) else x
     h = hashlib.sha256(json.dumps(clean(model.config.to_dict()), sort_keys=True, default=str).encode())
     with torch.no_grad():
-        for p in list(model.parameters())[::8]:
-            h.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
+        h.update(b"".join(p.detach().flatten()[:256].float().cpu().numpy().tobytes()
+                          for p in list(model.parameters())[::8]))
     return f"{type(model).__name__}:{h.hexdigest()[:12]}"
 
 

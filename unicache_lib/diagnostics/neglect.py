@@ -28,8 +28,7 @@ def text_image_share_per_sample(records) -> tuple[list[str], np.ndarray]:
         raise InputError(f"records of {len(parts)} parts ({', '.join(parts)}): pass one part's, e.g. "
                          f"[r for r in records if r.part == {parts[-1]!r}]")
     for r in records:
-        spans = getattr(r, "spans", None)
-        if r.part == "cross" or (spans is not None and not spans.n_image):  # 1 or 0 by construction: no finding
+        if r.part == "cross" or getattr(r, "spans", None) is not None and not r.spans.n_image:  # 1 or 0 by construction
             raise AttentionValueError(f"not measurable here: layer {r.layer} ({r.part}) " + (
                 "reads only the image (a cross-attention layer)" if r.part == "cross" else "holds no image positions "
                 "(the image enters through cross-attention layers)") + "; the detector reads self-attention layers "
