@@ -73,7 +73,7 @@ class PolicyPress(BasePress):
     _layers: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
-        """Every field checked when the press is made, and again by :meth:`compress` (kvpress's own loops set a
+        """Every field checked when the press is made, and again at each forward (kvpress's own loops set a
         press's ``compression_ratio`` by assignment, which no ``__init__`` sees)."""
         if not isinstance(self.policy, EvictionPolicy):
             raise InputError(f"policy must be a cache-stage eviction policy (e.g. POLICIES['key_coverage']()), got "
@@ -100,6 +100,7 @@ class PolicyPress(BasePress):
                                  "image positions") from e
 
     def _read_input_ids(self, module, args, kwargs):
+        self.__post_init__()  # once a forward: a field set since (press.compression_ratio = 70, press.policy = ...)
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
             raise InputError(f"{type(self).__name__} finds the image positions from input_ids; this forward got "
@@ -155,7 +156,6 @@ class PolicyPress(BasePress):
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         """``keys`` / ``values`` ``[1, H_kv, S, D]`` -> the same with the dropped image positions removed."""
-        self.__post_init__()  # a field set since (press.compression_ratio = 70, press.policy = ...) is checked too
         img = self._image
         S = keys.shape[2]
         if img is None:
