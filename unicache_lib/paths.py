@@ -11,13 +11,12 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 import tomllib
 import warnings
 from pathlib import Path
 
 from .core.errors import InputError, InputTypeError, UnicacheError
-from .core.untrusted import name_problem, open_inside, read_inside, unlink_inside
+from .core.untrusted import name_problem, open_inside, read_inside, unlink_inside, write_inside
 
 PROJECT_NAME = "unicache-workbench"  # [project] name in this repository's pyproject.toml
 
@@ -210,17 +209,10 @@ def _written_by(info: dict | None, tool: str) -> set[str]:
 
 
 def _write_marker(folder: Path, info: dict) -> None:
-    """Write ``info`` as the folder's :data:`OUTPUT_MARKER` (a temporary file renamed over it)."""
+    """Write ``info`` as the folder's :data:`OUTPUT_MARKER` (atomically: a temporary file renamed over it, never
+    written through a symbolic link)."""
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{OUTPUT_MARKER}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(info, indent=1) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, folder / OUTPUT_MARKER)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_inside(folder, OUTPUT_MARKER, (json.dumps(info, indent=1) + "\n").encode())
 
 
 def record_output_files(folder, tool: str, data: dict) -> None:
