@@ -66,7 +66,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import threading
 from pathlib import Path
 
@@ -125,19 +124,11 @@ def _locked(path: Path, what: str):
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`~unicache_lib.core.untrusted.write_inside`: a temporary file
+    beside it, fsync'd, mode 0644, renamed over it; never written through a symbolic link), its folder created."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; stored files are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_inside(path.parent, path.name, data)
 
 
 def key_str(key: tuple) -> str:
