@@ -30,7 +30,7 @@ import numpy as np
 from ..analysis.token_classes import content_position
 from ..capture.record import CaptureResult, Record
 from ..core.errors import AttentionValueError, InputError
-from ..plots import quoted
+from ..plots import _image_block, quoted
 
 BUDGET_BYTES = 2_000_000  # one explorer's HTML form, all in: the spec's JSON, the blob in base64, the module, the markup
 FORM_OVERHEAD = 4_000  # bytes of the HTML form besides the spec, the blob and the module (markup, start-up script)
@@ -67,14 +67,6 @@ def index_records(recs: list[Record], fields: tuple[str, ...], what: str) -> tup
     return by, axes
 
 
-def head_count(recs: list[Record], what: str) -> int:
-    """The one head count of ``recs`` (each ``probs [H, ...]``); raises if the records disagree."""
-    heads = {int(r.probs.shape[0]) for r in recs}
-    if len(heads) != 1:
-        raise InputError(f"{what}: records with different head counts {sorted(heads)}: pass one part's records")
-    return heads.pop()
-
-
 def _indexed(recs: list[Record], fields: tuple[str, ...], images: dict, tokens: dict, what: str):
     """``(recs, by, *axes)`` of :func:`index_records`, ``images`` and ``tokens`` checked to cover every sample (when
     the explorer is built, not when a slider moves)."""
@@ -108,9 +100,10 @@ def step_maps(result: CaptureResult, images: dict, tokens: dict, part: str | Non
 
 def _chosen(found: tuple, picks: tuple, what: str) -> tuple:
     """``(by, samples, layers[, steps])`` of ``found`` (:func:`full_maps` / :func:`step_maps`): the records' one head
-    count checked, each axis cut to its pick in ``picks`` (samples, layers[, steps]; :func:`_pick`)."""
+    count checked (one for all), each axis cut to its pick in ``picks`` (samples, layers[, steps]; :func:`_pick`)."""
     recs, by, *axes = found
-    head_count(recs, what)
+    if len(heads := {int(r.probs.shape[0]) for r in recs}) != 1:
+        raise InputError(f"{what}: records with different head counts {sorted(heads)}: pass one part's records")
     return (by, *(_pick(a, c, n, what) for a, c, n in zip(axes, picks, ("sample", "layer", "step"))))
 
 
@@ -129,9 +122,8 @@ def _pick(values: list, chosen, name: str, what: str) -> list:
 
 def _maps(t) -> np.ndarray:
     """A record's ``probs`` as a float32 numpy array (a view of a float32 CPU tensor, no copy)."""
-    if hasattr(t, "detach"):
-        return t.detach().cpu().float().numpy()  # .float() of a float32 tensor is the tensor itself
-    return np.asarray(t, np.float32)
+    # (.float() of a float32 tensor is the tensor itself)
+    return t.detach().cpu().float().numpy() if hasattr(t, "detach") else np.asarray(t, np.float32)
 
 
 def _probabilities(m: np.ndarray, where: str) -> np.ndarray:
@@ -188,13 +180,6 @@ class Panel:
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(int(x) for x in self.maps[0].shape[1:])
-
-
-def _band(idx: np.ndarray) -> tuple[int, int] | None:
-    idx = np.sort(np.asarray(idx))
-    if len(idx) == 0 or idx[-1] - idx[0] + 1 != len(idx):
-        return None
-    return int(idx[0]), int(idx[-1]) + 1
 
 
 def _grid_cells(n: int, grid, grid_tokens, what: str, sample) -> tuple[tuple[int, int], np.ndarray]:
@@ -263,7 +248,7 @@ def attention_panels(result, images, tokens, grids=None, questions=None, *, samp
             grid, cells = _grid_cells(len(img), grid, cells, what, s)
             img_cols = img_rows = img[cells]
             t2i_rows = i2t_cols = np.asarray(positions)
-            key_band = query_band = _band(img)
+            key_band = query_band = _image_block(r0.spans, sk)  # (None unless one block)
         causal = _is_causal(maps)
         v = np.asarray(_maps(r0.data["visible"]) > 0.5) if "visible" in r0.data else None
         seen = (np.zeros(0, bool) if i2t_cols is None else v[np.ix_(img_rows, i2t_cols)].any(0) if v is not None
