@@ -227,8 +227,7 @@ def encode_batch(processor, images, questions, family=None) -> list[dict]:
     ids, mask, n = enc["input_ids"], enc.get("attention_mask"), len(images)
     per_token = {k for k, v in enc.items() if torch.is_tensor(v) and v.dim() >= 2 and v.shape[:2] == ids.shape}
     per_sample = {k for k, v in enc.items() if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == n}
-    odd = [k for k in enc if k not in per_token | per_sample]
-    if odd:
+    if (odd := [k for k in enc if k not in per_token | per_sample]):
         raise InputError(f"{type(processor).__name__} returned {odd[0]!r} with a layout encode_batch cannot cut per "
                          f"sample ({tuple(getattr(enc[odd[0]], 'shape', ()))}): encode the samples one at a time")
     keep = [mask[b].bool() if mask is not None else torch.ones(ids.shape[1], dtype=torch.bool) for b in range(n)]
@@ -251,15 +250,13 @@ def resolve_layers(layers, have, what: str = "the model") -> list[int]:
         asked = list(layers)
     except TypeError:
         raise LayerError(f"layers must be a list of integers, got {layers!r}") from None
-    bad_type = [i for i in asked if isinstance(i, (bool, np.bool_)) or not isinstance(i, (numbers.Integral, np.integer))]
-    if bad_type:
+    if (bad_type := [i for i in asked if isinstance(i, (bool, np.bool_)) or not isinstance(i, (numbers.Integral, np.integer))]):
         raise LayerError(f"layers must be integers, got {bad_type!r}")
     asked = [operator.index(i) for i in asked]
     if not asked:
         raise LayerError(f"layers=[] selects no layer of {what}: pass layers=None for every layer, or a non-empty list")
     n = len(have)
-    missing = [i for i in asked if (i < 0 and i < -n) or (i >= 0 and i not in have)]
-    if missing:
+    if (missing := [i for i in asked if (i < 0 and i < -n) or (i >= 0 and i not in have)]):
         if n == 0:
             raise LayerError(f"layers {missing} do not exist: {what} has no layers")
         neg = (f"negative indices -{n}..-1 count from the last (-1 = layer {have[-1]}, -{n} = layer {have[0]})"
@@ -324,8 +321,7 @@ def check_image_tokens(family, config, input_ids, inputs: dict) -> None:
         return
     ids = torch.as_tensor(input_ids)
     rows = ids if ids.dim() == 2 else ids[None]
-    empty = [b for b in range(rows.shape[0]) if not bool((rows[b] == tid).any())]
-    if empty:
+    if (empty := [b for b in range(rows.shape[0]) if not bool((rows[b] == tid).any())]):
         raise PromptError(
             f"the prompt has no image token (id {tid}) but the forward gets an image (pixel_values)"
             f"{f' (batch rows {empty})' if rows.shape[0] > 1 else ''}: "
@@ -395,8 +391,7 @@ def _token_count(v: str, what: str) -> int:
                                       f"kept, e.g. {v[1:] if v[:1] == '+' else '64t'!r}"),
                 (v.endswith("T"), f"{what} {v!r} ends in 'T': token counts end in a lower-case 't', e.g. "
                                   f"{v[:-1] + 't'!r}"))
-    why = next((m for bad, m in problems if bad), None)  # the first that applies, in this order
-    if why:
+    if (why := next((m for bad, m in problems if bad), None)):  # the first that applies, in this order
         raise InputError(why)
     if not v.endswith("t"):
         try:

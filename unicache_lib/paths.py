@@ -105,8 +105,7 @@ def output_path_refusal(path, option: str = "--out", tool: str = "this tool", ro
             what = f"the repository {r} itself" if p == r else f"a folder above the repository {r}"
             return None, f"is {what}: {tool} writes only to a folder of its own, {eg}"
         if p.is_relative_to(r):
-            why = _inside_repository(p, r, within)
-            if why:
+            if (why := _inside_repository(p, r, within)):
                 return None, (f"{why}: {tool} writes inside the repository only under outputs/ (or anywhere outside "
                               f"it), never over the repository's own files, {eg}")
     if p.exists() and not p.is_dir():
@@ -249,12 +248,10 @@ def check_output_path(path, option: str = "--out", tool: str = "this tool", root
     p, why = output_path_refusal(path, option, tool, roots, within)
     if p is None:
         raise InputError(f"{option} {str(path)!r} {why}")
-    there = [str(n) for n in files if os.path.lexists(p / str(n))]
-    if there:
+    if (there := [str(n) for n in files if os.path.lexists(p / str(n))]):
         info = _marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None
         mine, content = _written_by(info, tool), _content(info)
-        theirs = [n for n in there if n not in mine or _not_ours(p, n, content.get(n), tool)]
-        if theirs:
+        if (theirs := [n for n in there if n not in mine or _not_ours(p, n, content.get(n), tool)]):
             raise InputError(f"{option} {str(path)!r}: {', '.join(theirs)} {'is' if len(theirs) == 1 else 'are'} there "
                              f"already and {tool} did not write {'it' if len(theirs) == 1 else 'them'} (its "
                              f"{OUTPUT_MARKER} lists what it wrote, with its SHA-256): choose another name, or move "
@@ -281,10 +278,9 @@ class OutputFolder:
     def _listed(self):
         """The listed files that are safely inside the folder (lexically, and their parent folder after symlinks)."""
         for rel in sorted(self.files):
-            r = Path(rel)
-            if not rel or r.is_absolute() or ".." in r.parts or rel == OUTPUT_MARKER:
+            if _not_a_name(rel):
                 continue
-            p = self.path / r
+            p = self.path / rel
             try:
                 p.parent.resolve().relative_to(self.path)
             except (ValueError, OSError, RuntimeError):
@@ -365,8 +361,7 @@ def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None,
         if info is None:
             raise InputError(f"{option} {str(path)!r} has a damaged {OUTPUT_MARKER}: if nothing in it is yours, {gone}")
         by, files = info["written_by"], info["files"]
-        outside = next((f for f in files if _not_a_name(f)), None)
-        if outside is not None:
+        if (outside := next((f for f in files if _not_a_name(f)), None)) is not None:
             raise InputError(f"{option} {str(path)!r}: its {OUTPUT_MARKER} names {outside[:80]!r}, a path outside the "
                              f"folder that {tool} never writes, so the marker is not {tool}'s; nothing was removed. If "
                              f"nothing in it is yours, {gone}")

@@ -129,8 +129,7 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
     x = list(range(n)) if (layers is None and n) else list(layers or [])
     if n:
         for i, (lab, ls) in enumerate(band_layers(n_layers or max(x) + 1).items()):
-            inside = [li for li in x if li in ls]
-            if inside:
+            if (inside := [li for li in x if li in ls]):
                 ax.axvspan(inside[0] - 0.5, inside[-1] + 0.5, color=f"C{i}", alpha=0.05)
                 ax.text((inside[0] + inside[-1]) / 2, 1.0, lab, transform=ax.get_xaxis_transform(),
                         ha="center", va="bottom", fontsize=8)
@@ -152,8 +151,7 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
     fig, ax = _axes(ax, (4.6, 4))
     _heatmap(ax, np.log10(P + 1e-6) if log else P, title, "key position", "query position",
              _weight_label(log) if cbar else None, cmap="viridis", aspect="auto")
-    block = _image_block(spans, P.shape[-1])
-    if block:
+    if (block := _image_block(spans, P.shape[-1])):
         ax.axvspan(block[0] - 0.5, block[1] - 0.5, fill=False, edgecolor=SPAN_COLOUR, lw=1, label="image keys")
         _span_legend(ax)
     return fig or ax.figure
@@ -229,8 +227,7 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
         if len(layers) != R.shape[0]:
             raise InputError(f"{len(layers)} layer numbers for {R.shape[0]} rows")
         ax.set_yticks(range(len(layers)), [str(li) for li in layers])
-    block = _image_block(spans, R.shape[1])
-    if block:
+    if (block := _image_block(spans, R.shape[1])):
         ax.axvline(block[0] - 0.5, color="c", lw=1, label="image block")
         ax.axvline(block[1] - 0.5, color="c", lw=1)
         _span_legend(ax)
@@ -401,8 +398,7 @@ def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, v
 
 def _picture_row(image, title: str, n_panels: int, panel_size: tuple[float, float], fontsize: int):
     """A figure of ``1 + n_panels`` axes in a row, the first showing ``image [H, W, 3]`` under ``title``."""
-    fig, axes = _plt().subplots(1, n_panels + 1, figsize=(panel_size[0] * (n_panels + 1), panel_size[1]), squeeze=False)
-    axes = axes[0]
+    fig, (axes,) = _plt().subplots(1, n_panels + 1, figsize=(panel_size[0] * (n_panels + 1), panel_size[1]), squeeze=False)
     axes[0].imshow(np.asarray(image))
     axes[0].set_axis_off()
     axes[0].set_title(title, fontsize=fontsize)

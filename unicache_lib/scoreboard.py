@@ -55,8 +55,7 @@ class Criterion:
     def __post_init__(self):
         if sum(x is not None for x in (self.above, self.below, self.between, self.outside)) != 1:
             raise InputError("a criterion needs exactly one of above=, below=, between=(lo, hi), outside=(lo, hi)")
-        band = self.between or self.outside
-        if band is not None and not band[0] < band[1]:
+        if (band := self.between or self.outside) is not None and not band[0] < band[1]:
             raise InputError(f"a band (lo, hi) needs lo < hi, got {band}")
 
     def decide(self, lo: float, hi: float) -> str:

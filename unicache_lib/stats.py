@@ -110,8 +110,7 @@ def check_mask(P: torch.Tensor, vis: "Visibility", what: str = "attention map", 
     keys the mask hides (``hidden``: that mass per row, when already computed)."""
     hidden = vis.hidden_mass(P) if hidden is None else hidden
     live = vis.counts() > 0
-    worst = float(hidden[..., live].max()) if bool(live.any()) and hidden.numel() else 0.0
-    if worst > HIDDEN_MASS_TOL:
+    if (worst := float(hidden[..., live].max()) if bool(live.any()) and hidden.numel() else 0.0) > HIDDEN_MASS_TOL:
         expect = {"causal": "a causal mask", "mask": "the mask the model applied"}.get(vis.kind, "no mask")
         raise AttentionMaskError(
             f"the {what} puts up to {worst:.3f} of a row's mass on keys that {expect} hides: the map and the "

@@ -638,9 +638,9 @@ class Store:
             raise InputTypeError(f"missing takes a list of samples, not {type(samples).__name__} {samples!r:.80}: pass "
                                  f"[{samples!r:.80}] (a text would be read as its characters)")
         layers = list(layers) if hasattr(layers, "__iter__") else [layers]  # one layer number: that layer
-        odd = [x for x, low in [*((li, 0) for li in layers), (step, -1)]  # a layer of -1 is not the last: no record
-               if not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < low]
-        if odd or not isinstance(part, str):  # int(0.7) would ask about layer 0 without a word
+        # a layer of -1 is not the last (no record); int(0.7) would ask about layer 0 without a word
+        if (odd := [x for x, low in [*((li, 0) for li in layers), (step, -1)]
+                    if not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < low]) or not isinstance(part, str):
             raise InputTypeError(f"missing takes whole numbers for layers (from 0) and step (-1: none) and a name for "
                                  f"part; got "
                                  f"{odd[0] if odd else part!r:.80}")
@@ -1151,11 +1151,9 @@ class Store:
                 with lock.mutex, self._guard:
                     self._refresh()  # what the rank holds now that nobody else writes it
                     gone = [k for k in self._logs[rank].live if k in keys] if rank in self._logs else []
-                    while gone:  # lines no longer than a reader takes
-                        n, size = 0, 0
-                        while n < len(gone) and (n == 0 or size + len(json.dumps(gone[n])) < MAX_LINE_BYTES // 2):
-                            size += len(json.dumps(gone[n])) + 1
-                            n += 1
+                    while gone:  # lines no longer than a reader takes: as many keys as fit in half a line (one at least)
+                        ends = itertools.accumulate(len(json.dumps(k)) + 1 for k in gone)  # each key's end, with its comma
+                        n = max(1, sum(1 for _ in itertools.takewhile(lambda end: end <= MAX_LINE_BYTES // 2, ends)))
                         self._append(rank, {"drop": gone[:n]}, [])
                         dropped += gone[:n]
                         gone = gone[n:]
@@ -1260,9 +1258,7 @@ def _odd_keys(x):
         if (bad := [k for k in x if not isinstance(k, str)]):
             return repr(bad[0])
         x = list(x.values())
-    if isinstance(x, (list, tuple)):
-        return next((o for o in map(_odd_keys, x) if o is not None), None)
-    return None
+    return next((o for o in map(_odd_keys, x) if o is not None), None) if isinstance(x, (list, tuple)) else None
 
 
 def _looks_written(p: Path, tree: dict) -> bool:

@@ -58,8 +58,7 @@ def index_records(recs: list[Record], fields: tuple[str, ...], what: str) -> tup
     not there."""
     by = {tuple(getattr(r, f) for f in fields): r for r in recs}
     axes = [list(dict.fromkeys(k[0] for k in by))] + [sorted({k[i] for k in by}) for i in range(1, len(fields))]
-    missing = [k for k in product(*axes) if k not in by]
-    if missing:
+    if (missing := [k for k in product(*axes) if k not in by]):
         raise InputError(f"{what}: no record for {dict(zip(fields, missing[0]))} ({len(missing)} of "
                          f"{len(by) + len(missing)} combinations missing); every sample needs the same "
                          f"{' and '.join(f + 's' for f in fields[1:])}: capture them all alike, or pass only "
@@ -72,8 +71,7 @@ def _indexed(recs: list[Record], fields: tuple[str, ...], images: dict, tokens: 
     the explorer is built, not when a slider moves)."""
     by, axes = index_records(recs, fields, what)
     for name, m in (("images", images), ("tokens", tokens)):
-        gone = [k for k in axes[0] if k not in (m or {})]
-        if gone:
+        if (gone := [k for k in axes[0] if k not in (m or {})]):
             raise InputError(f"{what}: {name} has no entry for sample {gone[0]!r}: pass {name} for every sample")
     return (recs, by, *axes)
 
@@ -112,8 +110,7 @@ def _pick(values: list, chosen, name: str, what: str) -> list:
     if chosen is None:
         return list(values)
     chosen = list(chosen)
-    bad = [c for c in chosen if c not in values]
-    if bad:
+    if (bad := [c for c in chosen if c not in values]):
         raise InputError(f"{what}: {name} {bad[0]!r} was not captured (captured: {values})")
     if not chosen:
         raise InputError(f"{what}: {name} is empty: pass at least one, or None for all")
@@ -417,8 +414,7 @@ class Plan:
 def spec_json(spec: dict) -> str:
     """The spec as JSON that is safe inside ``<script>`` (``<``, ``>``, ``&`` and the line separators escaped)."""
     s = json.dumps(spec, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    odd = re.search("[\ud800-\udfff]", s)  # a lone surrogate: os.fsdecode of a file name that is not UTF-8
-    if odd:
+    if (odd := re.search("[\ud800-\udfff]", s)):  # a lone surrogate: os.fsdecode of a file name that is not UTF-8
         raise InputError(f"a name in the explorer ({s[max(0, odd.start() - 40):odd.start()].encode('ascii', 'replace')!r}"
                          f"...) is not text (a lone surrogate, from a file name that is not UTF-8): rename it")
     return (s.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
