@@ -423,8 +423,7 @@ def budget_shares(values, n_image: int | None, what: str = "budget", tokens_know
     out, given = [], []
     for v in values:
         if isinstance(v, str):
-            k = _token_count(v, what)
-            if k == 0:
+            if (k := _token_count(v, what)) == 0:
                 raise InputError(f"{what} {v!r} keeps no image token: the smallest budget is '1t' (or a share > 0, "
                                  f"e.g. 0.05)")
             if not n_image:
@@ -436,8 +435,7 @@ def budget_shares(values, n_image: int | None, what: str = "budget", tokens_know
                                  f"than any model has: give a count such as '64t', or a share such as 0.25")
             share = k / n_image
         else:
-            share = check_fraction(v, what, True, "of the image tokens kept")
-            if share == 0:
+            if (share := check_fraction(v, what, True, "of the image tokens kept")) == 0:
                 raise InputError(f"{what} {v!r} keeps no image token: a budget is a share in (0, 1], e.g. 0.05 (or a "
                                  f"token count such as '1t')")
             if tokens_known and n_image and round(share * n_image) == 0:

@@ -276,8 +276,7 @@ def extreme_of(cells, reduce=min) -> Interval:
     cell's interval clears t, and does not hold when some cell's whole interval is below it. (A bootstrap of the
     minimum itself is biased — every resample's noise lowers it — and no bootstrap interval is reliable for it.)
     ``cells``: Intervals (a list, or a dict name -> Interval); nested use composes (the largest of minima)."""
-    ivs = list(cells.values()) if isinstance(cells, dict) else list(cells)
-    if not ivs:
+    if not (ivs := list(cells.values()) if isinstance(cells, dict) else list(cells)):
         raise InputError("extreme_of needs at least one cell")
     if reduce not in (min, max):
         raise InputError("reduce must be min or max")
@@ -336,8 +335,7 @@ def n_to_settle(iv: Interval, threshold: float) -> float:
     distance from the value to the interval's end on the threshold's side (``z * se`` of a normal
     interval) it takes ``n * (w / |value - threshold|)^2`` units. ``inf`` when the value sits on the
     threshold. Rough: it ignores that the value itself moves with more data."""
-    gap = abs(iv.value - threshold)
-    if gap == 0:
+    if (gap := abs(iv.value - threshold)) == 0:
         return float("inf")
     w = (iv.hi - iv.value) if threshold > iv.value else (iv.value - iv.lo)
     if not w > 0:

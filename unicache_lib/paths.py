@@ -192,8 +192,7 @@ def _not_ours(folder: Path, rel: str, accepted: list[dict] | None, tool: str) ->
     if not accepted:
         return (f"{rel} is listed without its SHA-256 (an older {OUTPUT_MARKER}, or a run cut short), so {tool} cannot "
                 f"tell it wrote it")
-    d = file_digest(folder, rel)
-    if d is None:
+    if (d := file_digest(folder, rel)) is None:
         return f"{rel} is not a regular file inside the folder"
     return "" if d in accepted else f"{rel}'s content is not what {tool} recorded writing there"
 
@@ -357,8 +356,8 @@ def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None,
         return OutputFolder(p, tool, set())
     gone = f"delete the folder (rm -r {shlex.quote(str(p))}) and run again, or choose another, {_eg(option)}"
     if os.path.lexists(p / OUTPUT_MARKER):
-        info = _marker(p)  # None: not a regular file inside the folder, not JSON, or not of the marker's shape
-        if info is None:
+        # None: not a regular file inside the folder, not JSON, or not of the marker's shape
+        if (info := _marker(p)) is None:
             raise InputError(f"{option} {str(path)!r} has a damaged {OUTPUT_MARKER}: if nothing in it is yours, {gone}")
         by, files = info["written_by"], info["files"]
         if (outside := next((f for f in files if _not_a_name(f)), None)) is not None:
@@ -368,8 +367,7 @@ def output_folder(path, tool: str, option: str = "--out", roots=(), legacy=None,
         owned = set(files) if by == tool else set()  # a notebook's folder (shared): none of its files are the tool's
         content = _content(info) if by == tool else {}
     else:
-        first = next(_entries(p), None)
-        if first is None:
+        if (first := next(_entries(p), None)) is None:
             return OutputFolder(p, tool, set())
         if legacy is not None and legacy(p) is not None:
             raise InputError(f"{option} {str(path)!r} looks like what an earlier version of {tool} wrote (no "

@@ -501,8 +501,8 @@ class _Log:
             os.close(fd)
 
 
-class Store:
-    """Read and append capture records.
+class Store(contextlib.AbstractContextManager):
+    """Read and append capture records (a context manager: ``with Store(...) as s:`` closes it on exit).
 
     Args:
         path: the store directory (created on first write).
@@ -549,9 +549,6 @@ class Store:
         lock, self._lock = getattr(self, "_lock", None), None
         if lock is not None:
             lock.release()
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         self.close()
@@ -829,10 +826,6 @@ class Store:
         log = next((lg for _, lg in sorted(self._logs.items()) if key in lg.live), None)
         return (log, log.live[key]) if log is not None else (None, None)
 
-    def _where(self, key: str) -> str:
-        log, n = self._line_of(key)
-        return f"line {n + 1} of {log.path.name}" if log is not None else "a line no longer in the index"
-
     def _content(self, rel: str, ents: list[dict]) -> tuple[int, str | None, bytearray | None]:
         """``(size, SHA-256, bytes)`` of the chunk file ``rel`` (a regular file inside the store, reached without a
         symbolic link, never a FIFO or device), read only as far as the entries ``ents`` that name it vouch for: a file
@@ -900,7 +893,8 @@ class Store:
         record, or gives a size, checksum or slot the sound file does not have), ``"undecided"`` (a file written
         before files recorded their records, whose chunk two lines name: which wrote it is not guessed)."""
         k, f, slot = e["key"], e["file"], e["slot"]
-        at = f"record {k} ({self._where(k)})"
+        log, line = self._line_of(k)
+        at = f"record {k} ({f'line {line + 1} of {log.path.name}' if log is not None else 'a line no longer in the index'})"
         if c["err"]:
             return c["err"], "file"
         if c["z"] is None:
@@ -914,8 +908,7 @@ class Store:
                     f"gives; the file or that index line is damaged). {self._fix()}"), "file"
         told = c["told"]
         if told is not None:
-            d = told[slot] if 0 <= slot < len(told) else None
-            if d is None:
+            if (d := told[slot] if 0 <= slot < len(told) else None) is None:
                 return f"{at} names slot {slot} of {f}, which holds {len(told)} record(s)", "record"
             if d.get("key") != k:
                 return f"{at} names slot {slot} of {f}, which holds record {d.get('key')}: an alias of that record", \
@@ -930,9 +923,8 @@ class Store:
         if any(f"r{slot}__{n}" not in c["z"].files for n in e["arrays"]):
             return f"{at} names slot {slot} of {f}, which does not hold its arrays", "record"
         if told is None:  # a file of a store written before files recorded their records
-            log, n = self._line_of(k)
             if (others := log.sharing(k) if log is not None else []):
-                return (f"{at} names chunk {log.claim(n)}, which line {', '.join(str(m + 1) for m in others)} of "
+                return (f"{at} names chunk {log.claim(line)}, which line {', '.join(str(m + 1) for m in others)} of "
                         f"{log.path.name} names too, and its files (written before a chunk file recorded its records) "
                         f"do not say which line wrote it: neither is read, and repair() does not guess. Delete the line "
                         f"that should not be there"), "undecided"
@@ -1004,8 +996,7 @@ class Store:
         for f, ents in by_file.items():
             refused = {e["key"]: self._refused(e["key"]) for e in ents}
             out += [(f, [k], why, "record") for k, why in refused.items() if why]
-            sound = [e for e in ents if not refused[e["key"]]]
-            if not sound:
+            if not (sound := [e for e in ents if not refused[e["key"]]]):
                 continue
             c = self._chunk(f, sound)
             if c["err"] or c["z"] is None:

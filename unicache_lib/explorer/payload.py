@@ -79,8 +79,7 @@ def _indexed(recs: list[Record], fields: tuple[str, ...], images: dict, tokens: 
 def full_maps(result: CaptureResult, images: dict, tokens: dict, what: str):
     """``(records, (sample, layer) -> record, samples, layers)`` of the full-mode records of ``result``'s part (or the
     first part holding maps), ``images`` and ``tokens`` checked to cover every sample."""
-    recs = [r for r in result.records if "probs" in r.data]
-    if not recs:
+    if not (recs := [r for r in result.records if "probs" in r.data]):
         raise InputError(f"{what} needs full-mode records (capture with mode='full')")
     part = result.part if result.part in {r.part for r in recs} else recs[0].part
     return _indexed([r for r in recs if r.part == part], ("sample", "layer"), images, tokens, what)
@@ -89,9 +88,8 @@ def full_maps(result: CaptureResult, images: dict, tokens: dict, what: str):
 def step_maps(result: CaptureResult, images: dict, tokens: dict, part: str | None, what: str):
     """``(records, (sample, layer, step) -> record, samples, layers, steps)`` of the full-mode records with text keys
     of ``part`` (default: the first part holding them), ``images`` and ``tokens`` checked to cover every sample."""
-    recs = [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
-            and (part is None or r.part == part)]
-    if not recs:
+    if not (recs := [r for r in result.records if "probs" in r.data and r.meta.get("n_text", 0) > 0
+                     and (part is None or r.part == part)]):
         raise InputError(f"{what} needs full-mode records with text keys (DiffusionCapture(mode='full'))")
     return _indexed([r for r in recs if r.part == recs[0].part], ("sample", "layer", "step"), images, tokens, what)
 
@@ -278,8 +276,7 @@ def step_panels(result, images, tokens, part=None, *, samples=None, layers=None,
                 for st in stps for lay in lays]
         H, sq, sk = maps[0].shape
         n_img, n_text = int(r0.meta["n_image"]), int(r0.meta["n_text"])
-        toks = list(tokens[s])
-        if not toks:
+        if not (toks := list(tokens[s])):
             raise InputError(f"{what}: prompt {s!r} has no tokens")
         if len(toks) > n_text:
             raise InputError(f"{what}: prompt {s!r} has {len(toks)} tokens but its maps {n_text} text keys")
