@@ -363,8 +363,8 @@ _ALL = [
        "whether an eviction rule should differ by depth band", "05_kv_eviction",
        "accuracy of locality in the shallow band + content deeper minus the swapped assignment, per question averaged "
        "over the budgets, above 0.01 (1 point)", {"": {"above": 0.01}},
-       advice=Advice("above 0 (the whole interval): one rule per depth band, locality in the shallow band and content "
-                     "deeper; across 0 or below it: do not build a per-band rule, one coverage rule for every layer",
+       advice=Advice("above +1 point (whole interval): a rule per band (locality shallow, content deeper); "
+                     "else one coverage rule in every layer",
                      (Place("05", 5, policies=("unicache",)),)),
        meaning={"holds": "one rule per depth band", "does not hold": "one rule serves every depth band"}),
     _c("E1", "Target: a designed eviction policy keeps >= 99% of full-cache accuracy at 25% of the image KV.",

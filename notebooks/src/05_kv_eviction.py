@@ -30,7 +30,8 @@
 
 # %% [markdown]
 # A vision-language model holds the image in its [KV cache](../docs/GLOSSARY.md#kv-cache), in every layer.
-# [Eviction](../docs/GLOSSARY.md#eviction) drops most image positions after the prefill of `user : <image>`; the
+# [Eviction](../docs/GLOSSARY.md#eviction) drops most image positions after the [prefill](../docs/GLOSSARY.md#prefill)
+# (the forward pass that fills the cache) of `user : <image>`; the
 # question arrives after the cache was compressed, as in a multi-turn chat.
 #
 # **Needs**: notebook 02; the shipped `tiny-llava` or any supported vision-language checkpoint (`MODEL`).
@@ -38,6 +39,7 @@
 # [DivPrune](../docs/GLOSSARY.md#divprune), [FastV](../docs/GLOSSARY.md#fastv), [SnapKV](../docs/GLOSSARY.md#snapkv),
 # [StreamingLLM](../docs/GLOSSARY.md#streamingllm), [kvpress presses](../docs/GLOSSARY.md#kvpress-presses).
 # **Claims**: the targets E1–E4 (§2–§3), U7 (§5), all in §6; larger runs: the [appendix](../docs/EVICTION_APPENDIX.md).
+# **Time**: about <!--num @read_minutes:05_kv_eviction fmt="{} min"-->15 min<!--/num--> to read the prose (tables, figures and exercises extra); the last run took <!--num data/results/05_kv_eviction.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->128 s<!--/num--> on 2 CPU cores.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -72,7 +74,7 @@ from scipy import stats as st
 from unicache_lib import plots
 from unicache_lib.analysis import caching_claims as CC
 from unicache_lib.capture.runner import inputs_for
-from unicache_lib.claims import REGISTRY, read
+from unicache_lib.claims import REGISTRY
 from unicache_lib.families import family_of
 from unicache_lib.inputs import budget_shares
 from unicache_lib.intervals import difference_interval, proportion_interval
@@ -144,7 +146,8 @@ if kept:
 #
 # **The policy in code.** Each policy is one file under [unicache_lib/kv/policies/](../unicache_lib/kv/policies/) with
 # `choose(ctx, k)`: per layer, `k` indices into the image block. `key_coverage` starts at the most-read position and
-# adds, greedily, the key farthest from all kept so far (a k-center cover: every dropped key has a kept key near it):
+# adds, greedily, the key farthest from all kept so far (a [k-center](../docs/GLOSSARY.md#k-center) cover: every
+# dropped key has a kept key near it):
 
 # %%
 import re  # noqa: E402
@@ -160,7 +163,7 @@ for fn in (KeyCoverage.choose, farthest_point, greedy_max_min):  # docstrings an
 #
 # Per question: prefill, answer on the full cache, then per method and **budget** (the share of image positions kept
 # in every layer) evict a copy of the cache and answer again. Only image positions are evicted: every other position,
-# the attention sink included, stays at every budget. Panels: accuracy, how far the answer distribution moved
+# the attention [sink](../docs/GLOSSARY.md#sink) included, stays at every budget. Panels: accuracy, how far the answer distribution moved
 # ([KL](../docs/GLOSSARY.md#kl), nats), the share of answers equal to the full cache's. Besides the Terms above: `unicache`, the study's rule (§5); [`oracle`](../docs/GLOSSARY.md#oracle), which keeps what the question
 # will read; `random`; §3's controls and variants; the kvpress presses (dashed; AdaKV masks keys and frees nothing).
 
@@ -190,7 +193,7 @@ for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accur
     ax.xaxis.set_minor_locator(NullLocator())  # only the budgets are labelled (no log minor labels among them)
 axes[0].axhline(full_acc, color="k", lw=0.8, ls=":", label="full cache (accuracy)")
 fig.suptitle(f"KV eviction on {MODEL}, n = {len(qas)} held-out questions: the designed policy (red), the "
-             "two peers closest to it, the study's rule, pooling and random; every method is in the table below", fontsize=10)
+             "two peers closest to it, the study's rule, pooling and random; every method: accuracy.csv", fontsize=10)
 fig.tight_layout()
 plots.shared_legend(fig, axes, ncol=7, fontsize=8)
 _ = plots.save(fig, out, "eviction")
@@ -212,7 +215,8 @@ print(pv.rename(columns=lambda b: f"{b:.0%}").round(3).to_string())
 
 # %% [markdown]
 # **The targets, fixed before the run.** E1 and E2: the share of full accuracy `key_coverage` keeps at 25% and 10%.
-# Each is decided on its 95% interval, from `make evaluate`'s larger run where one exists, this run's beside it.
+# Each is decided on its 95% interval, from the *decisive run* where one exists (`make evaluate`'s larger run on new
+# held-out questions), this run's beside it.
 
 # %% tags=["nbval-check-output"]
 PEER_METHODS = [m for m in R.method.unique() if m.startswith("kvpress:") or m in CC.PEERS]
@@ -290,7 +294,7 @@ print(wrap(f"time to answer on the compressed caches vs the full one: {mt['time 
 
 # %% [markdown]
 # Bytes scale with the budget; answering is no faster
-# (<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.07<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.12<!--/num-->×
+# (<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.05<!--/num-->×
 # the full cache's time). At LLaVA-1.5-7B's shape the decode step does get faster
 # ([appendix](../docs/EVICTION_APPENDIX.md)).
 
@@ -311,8 +315,8 @@ print(wrap(f"time to answer on the compressed caches vs the full one: {mt['time 
 # group mean; `log(size)` added to its attention logit). At 10% here it answers
 # <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage_merge:@0" fmt="{:.3f}"-->0.987<!--/num-->
 # against `key_coverage`'s
-# <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage:@0" fmt="{:.3f}"-->0.973<!--/num-->;
-# on `make evaluate`'s questions it clears E2's bar, which dropping misses (the `merging` line below).
+# <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage:@0" fmt="{:.3f}"-->0.973<!--/num-->
+# (a tie on these questions: §3's interval); on the decisive run's questions it clears E2's bar, which dropping misses (the `merging` line below).
 
 # %% tags=["nbval-check-output"]
 design = heldout_set(100, seed=7000, size=scene_size(model))
@@ -343,7 +347,9 @@ for cid in ("E3", "E4"):
 # <!--num "notebooks/05_kv_eviction.ipynb#out:against the best peer > divprune@3" scale=100 fmt="{:+.1f}"-->+3.3<!--/num-->
 # points at 10% with an interval across zero: too few questions to separate them.
 #
-# **The larger run separates them.** On `make evaluate`'s held-out questions `key_coverage` is ahead of DivPrune at 10%
+# **The decisive run separates them.** On the decisive run's
+# <!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].n fmt="{:,}"-->2,700<!--/num--> held-out questions
+# `key_coverage` is ahead of DivPrune at 10%
 # by <!--num benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune].diff fmt="{:+.1f}" scale=100-->+1.7<!--/num-->
 # points [<!--num benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune].lo fmt="{:+.1f}" scale=100-->+0.7<!--/num-->,
 # <!--num benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune].hi fmt="{:+.1f}" scale=100-->+2.7<!--/num-->]
@@ -414,7 +420,7 @@ if len(ctl):
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > key_coverage_features@0" fmt="{:+.1f}"-->+2.0<!--/num-->
 # and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > divprune_keys@0" fmt="{:+.1f}"-->+4.0<!--/num-->
-# points ahead at 10%, both intervals across zero. `make evaluate`'s larger run decides: the rule carries the gain; the
+# points ahead at 10%, both intervals across zero. The decisive run decides: the rule carries the gain; the
 # place ties on this model but loses at 576 image tokens, as does `key_coverage_prefill` (the first layer's keys,
 # covered before the prefill): select from the cache after the prefill ([appendix](../docs/EVICTION_APPENDIX.md), also
 # for what choosing before the prefill saves).
@@ -527,7 +533,7 @@ claims_table("05_kv_eviction")  # each claim (statement, why, rule) is written o
 # %% [markdown]
 # E1–E4 are this workbench's targets, not the study's; every rule was written before the numbers
 # ([verdicts](../docs/GLOSSARY.md#verdicts)). U7 is decided on `make settle`'s rerun on more questions, E1–E4 on
-# `make evaluate`'s
+# the decisive run
 # (<!--num benchmarks/results/evaluate_eviction.csv#[claim=E1].n fmt="{:,}"-->2,700<!--/num--> held-out questions),
 # this run's interval beside each (the HTML view's details).
 
@@ -544,14 +550,9 @@ board.save(out / "scoreboard.json")
 print({c: r.verdict for c, r in board.rows.items()})
 
 # %%
-board.show()
-
-# %%
-for cid in ("E1", "E2", "E3", "E4"):  # each target's verdict and what it means for you (Claim.meaning in claims.py)
-    print(f"{cid}: {read(cid, board.rows[cid].verdict)}")
-
-# %%
-print(wrap("\n".join(board.why_inconclusive()) or "no verdict is inconclusive"))
+board.show()  # each verdict with what it means for you (Claim.meaning in claims.py)
+for line in board.why_inconclusive():  # only where a verdict is inconclusive: why, and what would settle it
+    print(wrap(line))
 
 
 # %% [markdown]
@@ -568,8 +569,10 @@ print(wrap("\n".join(board.why_inconclusive()) or "no verdict is inconclusive"))
 # Published results use LLaVA-1.5's image-token count and budgets. On `tiny-llava-576`, which shares them, the
 # appendix's committed run (not this notebook's) finds that the dropping cover keeps
 # <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
-# of full accuracy at the smaller budget (S1 <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].verdict"-->holds<!--/num-->):
-# E2's bar, missed here at six tokens, is cleared at the literature's budgets. S1–S6: the
+# [<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].lo" fmt="{:.3f}"-->0.975<!--/num-->, <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].hi" fmt="{:.3f}"-->0.989<!--/num-->]
+# of full accuracy at 64 of 576 image tokens. Target S1 puts E2's bar there (above 0.97): it
+# <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].verdict"-->holds<!--/num-->. E2's bar, missed here at six tokens, is cleared at the literature's
+# budgets. S1–S6: the
 # [appendix](../docs/EVICTION_APPENDIX.md).
 
 # %% [markdown]
@@ -578,7 +581,8 @@ print(wrap("\n".join(board.why_inconclusive()) or "no verdict is inconclusive"))
 # Does moving the same bytes between layers help? A layer's *width*: how many image keys its question reads (`exp` of
 # the reading's entropy); the *profile* schedule budgets layers by it. Beside it: **PyramidKV** (a KV-cache method whose
 # budget falls linearly from the first layer to the last) and **DIPrune**'s keep-all-then-drop (an image-token pruner
-# that keeps every image token in the early layers; here the first). Rules D1–D5 were fixed first.
+# that keeps every image token in the early layers; here the first). Rules D1–D5, fixed first, all test the profile
+# schedule on `key_coverage_merge`; each line below names what it measures and its bar.
 
 # %%
 depth_design = project_path(f"benchmarks/results/depth_design_{SCALE_MODEL}.json")
@@ -603,10 +607,7 @@ else:
     print(f"left panel, per layer at {tok} tokens: width " + ", ".join(f"{w:.0f}" for w in design["widths"]))
     for m, c in counts.items():
         print(f"  kept, {m.split('@')[1]}: " + ", ".join(map(str, c)))
-    for r in dv.itertuples():  # one line per rule, DEPTH_RULES' order
-        f = "{:.3f}" if r.against == "full" or r.against.startswith("bytes") else "{:+.3f}"  # a share, or a difference
-        iv = "" if np.isnan(r.lo) else f" [{f.format(r.lo)}, {f.format(r.hi)}]"
-        print(f"{r.claim} {r.tokens}t vs {r.against}: {f.format(r.value)}{iv} -> {r.verdict}")
+    print("\n".join(CC.depth_rule_lines(dv)))  # D1-D5: each rule's subject, what it measures, its bar, its verdict
 
 # %% [markdown]
 # **Reading it.** Left: the question reads a broad spread of keys in every layer (grey, the `width` line), so the
@@ -619,7 +620,16 @@ else:
 # of full accuracy against
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].share_of_full" fmt="{:.3f}"-->0.990<!--/num-->
 # (D4 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D4,against=key_coverage_merge@pyramid].verdict" fmt="{}"-->holds<!--/num-->),
-# as 02 §2's spreading deep layers predict. Details: [appendix](../docs/EVICTION_APPENDIX.md).
+# as 02 §2's spreading deep layers predict. D1 and D2 are inconclusive: each interval straddles its bar. D5: the
+# profile moves bytes between layers, it adds none.
+#
+# `keep_then_drop` is not an equal-bytes rival: it holds all 576 positions in layer 0, so at 64 tokens it keeps
+# <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge@keep_then_drop,tokens=64].kv_fraction" fmt="{:.2f}"-->0.34<!--/num--> of the
+# image KV against <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].kv_fraction" fmt="{:.2f}"-->0.12<!--/num-->. Its
+# <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge@keep_then_drop,tokens=128].share_of_full" fmt="{:.3f}"-->0.993<!--/num--> at
+# 128 tokens (one budget per layer: <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=128].share_of_full" fmt="{:.3f}"-->0.992<!--/num-->) is bought with
+# those bytes. Details:
+# [appendix](../docs/EVICTION_APPENDIX.md).
 #
 # **On your model.** Measure the widths (`depth_budgets.py --design`); never shrink layers that spread.
 # As a press: `PolicyPress(policy=POLICIES["key_coverage_merge"]().with_depth(schedule))`.
@@ -635,14 +645,14 @@ else:
 # - **Merge, don't only drop; select, don't shrink**: pooling and the downsampled picture fall far behind up to 50%
 #   (§3).
 # - **The targets** (each with its interval in §2–§3): E1
-#   <!--num "notebooks/05_kv_eviction.ipynb#out:E1: " re="E1: (.+)$"-->holds — a quarter of the image KV is enough<!--/num-->;
-#   E2 <!--num "notebooks/05_kv_eviction.ipynb#out:E2: " re="E2: (.+)$"-->does not hold — at a tenth, merge rather than drop (§3)<!--/num-->;
-#   E3 <!--num "notebooks/05_kv_eviction.ipynb#out:E3: " re="E3: (.+)$"-->holds — the answers barely move<!--/num-->;
-#   E4 <!--num "notebooks/05_kv_eviction.ipynb#out:E4: " re="E4: (.+)$"-->holds — no peer beats it<!--/num-->.
+#   <!--num "notebooks/05_kv_eviction.ipynb#out:E1 · " re="E1 · (.+?)\s+·"-->holds — a quarter of the image KV is enough<!--/num-->;
+#   E2 <!--num "notebooks/05_kv_eviction.ipynb#out:E2 · " re="E2 · (.+?)\s+·"-->does not hold — at a tenth, merge rather than drop (§3)<!--/num-->;
+#   E3 <!--num "notebooks/05_kv_eviction.ipynb#out:E3 · " re="E3 · (.+?)\s+·"-->holds — the answers barely move<!--/num-->;
+#   E4 <!--num "notebooks/05_kv_eviction.ipynb#out:E4 · " re="E4 · (.+?)\s+·"-->holds — no peer beats it<!--/num-->.
 # - **U7** <!--num data/results/05_kv_eviction.json#[claim=U7].verdict-->does not hold<!--/num--> (§5–§6): one
 #   coverage rule for every depth band. **By depth** (§8): one budget per layer; never shrink layers that spread.
 #
-# The decision table reads this run, and the larger runs where this one cannot separate methods.
+# The decision table reads this run, and the decisive run where this one cannot separate methods.
 
 # %%
 CC.eviction_decisions(acc, BUDGETS, len(qas), u7_settled or u7_iv, rho,  # every cell whole, also as plain text

@@ -50,27 +50,36 @@ def settled_u7(model_name: str, path=None) -> Interval | None:
     return Interval(float(r.value), float(r.lo), float(r.hi), int(r.n), str(r.unit))
 
 
+def _by_verdict(a: str, b: str, verdicts: dict, flip: bool = False) -> str:
+    """``{budget: verdict}`` of ``a`` minus ``b``'s paired intervals in words, budgets grouped by verdict: "a ahead of
+    b at 10%, 25% (a tie at 50%)" (``flip``: the file's difference is ``b`` minus ``a``)."""
+    at = {v: [f"{x:.0%}" for x, w in sorted(verdicts.items()) if w == v] for v in ("ahead", "behind", "tie")}
+    if flip:
+        at["ahead"], at["behind"] = at["behind"], at["ahead"]
+    lead = [f"{word} {b} at {', '.join(at[v])}" for v, word in (("ahead", "ahead of"), ("behind", "behind"))
+            if at[v]]
+    if not lead:
+        return f"{a} and {b} tie at {', '.join(at['tie'])}"
+    return f"{a} " + ", ".join(lead) + (f" (a tie at {', '.join(at['tie'])})" if at["tie"] else "")
+
+
 def cover_finding(results=None) -> str:
-    """What 05's decisive run found for the covers that choose before the prefill, in one clause of words (no number:
-    the decision row holding it carries this run's; the appendix, docs/EVICTION_APPENDIX.md, prints the intervals),
-    generated from the committed results, never typed: ``key_coverage`` against DivPrune (``evaluate_controls.csv``)
-    and against ``key_coverage_prefill`` (``prefill_cover.csv``), each by its paired interval at the decisive run's
-    budgets. "" where neither file is committed."""
-    def count(verdicts, word, what):  # "at both budgets" / "at 1 of 2 budgets" (of the decisive run's budgets)
-        k, m = sum(v == word for v in verdicts), len(verdicts)
-        return f"{what} at {'both' if k == m == 2 else 'every' if k == m else f'{k} of {m}'} budgets"
-    out, root, budgets = [], Path(results or DECISIVE), (0.1, 0.25)  # the budgets the decisive run's rules name
-    c = decisive("tiny-llava", "controls", root)
-    if c is not None and "divprune" in set(c.peer):
-        dp = list(c[(c.peer == "divprune") & c.budget.isin(budgets)].verdict)
-        out.append(count(dp, "ahead", "ahead of DivPrune") if "ahead" in dp else "not ahead of DivPrune")  # its pick
-    pc = root / "prefill_cover.csv"
-    if pc.exists():
-        m = list(pd.read_csv(pc).query("kind == 'minus' and method == @NEW and budget in @budgets").verdict)
-        if m:  # key_coverage_prefill minus ours: its "ahead" is ours behind
-            out.append("never behind key_coverage_prefill" if "ahead" not in m
-                       else count(m, "ahead", "behind key_coverage_prefill"))
-    return ("on the decisive run it is " + " and ".join(out) + " (appendix)") if out else ""
+    """What 05's decisive run (``make evaluate``, 2,700 held-out questions) found for the two best covers and their
+    rivals, in words with the budgets and no number (the appendix, docs/EVICTION_APPENDIX.md, prints the intervals),
+    generated from the committed results, never typed, each by its paired interval at every budget measured:
+    ``key_coverage_merge`` against ``key_coverage`` (``merge_eviction.csv``), ``key_coverage`` against DivPrune
+    (``evaluate_controls.csv``) and against ``key_coverage_prefill`` (``prefill_cover.csv``). "" where none is
+    committed."""
+    out, root = [], Path(results or DECISIVE)
+    for name, what, query, flip in (  # what: (a, b); flip: the file's difference is b minus a
+            ("merge_eviction.csv", (f"{NEW}_merge", NEW), f"kind == 'minus' and method == '{NEW}'", False),
+            ("evaluate_controls.csv", (NEW, "DivPrune"), "peer == 'divprune'", False),
+            ("prefill_cover.csv", (NEW, f"{NEW}_prefill"), f"kind == 'minus' and method == '{NEW}'", True)):
+        path = root / name
+        d = pd.read_csv(path).query(query) if path.exists() else pd.DataFrame()
+        if len(d) and ("model" not in d or (d.model == "tiny-llava").all()):
+            out.append(_by_verdict(*what, dict(zip(d.budget, d.verdict)), flip))
+    return ("the decisive run: " + "; ".join(out)) if out else ""  # its intervals: the appendix
 
 
 def budget_label(budget: float, n_image: int | None, sep: str = " ") -> str:
@@ -371,6 +380,21 @@ def _random_row(acc, budgets, n: int, rows=None) -> str:
     return text + "; other budgets: accuracy.csv"
 
 
+def _control_ties(acc, budgets, n: int, ctls, rows, results) -> str:
+    """Where a control ties ``key_coverage`` in this run (:func:`_sides`), what the decisive run's paired interval
+    says at those budgets (``evaluate_controls.csv``): "" where no control ties."""
+    dc, said = decisive("tiny-llava", "controls", results), []
+    for c in ctls:
+        ahead, behind = _sides(acc, NEW, c, budgets, n, rows)
+        ties = [b for b in budgets if b not in ahead + behind]
+        if ties:
+            there = (dc[(dc.peer == c) & dc.budget.isin(ties)] if dc is not None else pd.DataFrame(columns=["verdict"]))
+            said.append(f"here {c} ties at {_listed(ties, budgets)}" + (
+                f", but the decisive run puts {NEW} ahead there: keep it" if len(there) == len(ties) and (there.verdict == "ahead").all()
+                else ""))
+    return ("; " + "; ".join(said)) if said else ""
+
+
 def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float,
                        scale: pd.DataFrame | None = None, scale_model: str = "", u7_run: str = "", results=None,
                        rows: pd.DataFrame | None = None):
@@ -389,22 +413,21 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                                              "kvpress:expected_attention")}
         cand = {m: v for m, v in cand.items() if np.isfinite(v)}
         best, second = sorted(cand, key=cand.get, reverse=True)[:2]
-        gap = round((cand[best] - cand[second]) * n)  # in questions: within two is a tie
+        ahead = bool(_sides(acc, best, second, [b], n, rows)[0])  # the paired interval (or, without rows, 2 questions)
         value = value or f"{b:.0%}: {best} {cand[best]:.3f}, {second} {cand[second]:.3f}"
-        picks.append(f"{best} or {second}" if gap <= 2 else best)
-        tied &= gap <= 2
+        picks.append(best if ahead else f"{best} or {second}")
+        tied &= not ahead
+    tie = "intervals across 0" if rows is not None else "within two questions"
+    act = (f"a tie at every budget ({tie})" if tied
+           else f"pick {picks[0]} at every budget" if len(set(picks)) == 1
+           else f"the best differs by budget (smallest first: {'; '.join(picks)}; a tie: {tie})")
     larger = cover_finding(results)
-    one = len(set(picks)) == 1
-    act = ("the two best tie at every budget (within two questions): too few questions to separate them" if tied
-           else f"pick {picks[0]} at every budget" if one
-           else f"the best differs by budget (smallest first: {'; '.join(picks)}); a tie is within two questions")
     out.append({"measurement": f"accuracy at the smallest budget, the two best (full {full:.3f}; every budget: "
                                 "accuracy.csv)",
-                 "value here": value,
-                 "what it suggests on your model": act + (f". The larger runs separate them: pick {NEW} (merge where E2 says so); {larger}"
-                                                          if " is ahead of DivPrune" in larger
-                                                          else f". The larger runs: {larger}" if larger else ""),
-                 "where": "§2-§3: MODEL, BUDGETS, N_EVICTION; appendix"})
+                "value here": value,
+                "what it suggests on your model": act + (f". {larger[0].upper()}{larger[1:]}. At your budget, pick the "
+                                                         "one ahead" if larger else ""),
+                "where": "§2-§3: MODEL, BUDGETS, N_EVICTION; appendix"})
     # rows 2-5 print one budget's values (at most four numbers a row), say in words who leads where, and leave the
     # other budgets to accuracy.csv (the lesson writes it in §2)
     b0 = budgets[0]
@@ -414,7 +437,9 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      "value here": f"{b0:.0%}: " + " / ".join(f"{100 * (_at(acc, NEW, b0) - _at(acc, c, b0)):+.1f}"
                                                              for c in ctls) + " pt; "
                      + _read_out(acc, budgets, n, [(NEW, c) for c in ctls], rows) + "; other budgets: accuracy.csv",
-                     "what it suggests on your model": "where a control ties the designed policy, use it (simpler)", "where": "§3, " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
+                     "what it suggests on your model": "where a control ties the designed policy, use it (simpler)"
+                     + _control_ties(acc, budgets, n, ctls, rows, results),
+                     "where": "§3, " + ", ".join(f"POLICIES['{c}']" for c in ctls)})
     var = [v for v in ("key_coverage_prefill", "key_coverage_merge") if v in acc.index]
     if var:  # the cover moved before the prefill; the evicted image KV merged into the kept instead of dropped
         out.append({"measurement": f"{' / '.join(var)} minus {NEW}",
@@ -422,8 +447,8 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                          f"{100 * (_at(acc, v, b) - _at(acc, NEW, b)):+.1f}" for v in var) + " pt; ")(
                          _largest(acc, budgets, NEW, var))
                      + _read_out(acc, budgets, n, [(v, NEW) for v in var], rows) + "; other budgets: accuracy.csv",
-                     "what it suggests on your model": "a tie here is too few questions; the larger runs never find "
-                     "the prefill-stage cover ahead (row 1): cover after the prefill; where merging leads, merge",
+                     "what it suggests on your model": "row 1's decisive run decides: cover after the prefill; merge "
+                     "where it leads",
                      "where": "§3, kv/policies/key_coverage_prefill.py, merge.py"})
     halves = ("key_coverage_features", "divprune_keys")
     if set(halves) <= set(acc.index):
@@ -437,7 +462,7 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                          f"{100 * (_at(acc, NEW, b) - _at(acc, h, b)):+.1f}" for h in halves) + " pt; ")(
                          _largest(acc, budgets, NEW, halves))
                      + _read_out(acc, budgets, n, [(NEW, h) for h in halves], rows) + "; other budgets: accuracy.csv",
-                     "what it suggests on your model": "the larger runs decide: the rule carries the gain; the place ties "
+                     "what it suggests on your model": "the decisive runs decide: the rule carries the gain; the place ties "
                      "on tiny-llava but loses at 576 tokens (appendix): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
     if {"random", "unicache"} <= set(acc.index):
         out.append({"measurement": "random minus the study's rule (unicache)",
@@ -548,6 +573,23 @@ def reuse_decisions(RU: dict, CT: dict, shares: dict):
                      "over fewer steps at equal FLOPs: " + ("it clears the control" if lo > 0 else "sample with fewer steps "
                      "instead")), "where": "§2, §5 (G3)"})
     return WrappedTable(pd.DataFrame(rows))
+
+
+def depth_rule_lines(dv: pd.DataFrame) -> list[str]:
+    """One line per rule of a committed depth-budget run (:func:`decisive` ``(model, "depth")``, DEPTH_RULES' order):
+    the schedule, the budget, what is measured, the value with its interval, the bar and the verdict."""
+    out = []
+    for r in dv.itertuples():
+        if r.against == "full":
+            what, f, bar = "share of full accuracy", "{:.3f}", f"> {r.threshold:g}"
+        elif r.against.startswith("bytes"):  # the schedule's KV bytes over one budget per layer's, every question
+            what, f, bar = f"KV bytes / {r.against.split()[-1]}'s", "{:.3f}", "= 1 on every question"
+        else:
+            what, f, bar = f"minus {r.against}", "{:+.3f}", f"> {r.threshold:g}"
+        iv = "" if np.isnan(r.lo) else f" [{f.format(r.lo)}, {f.format(r.hi)}]"
+        out.append(f"{r.claim} {r.method.split('@')[1]}, {r.tokens}t, {what}: {f.format(r.value)}{iv}, bar {bar} "
+                   f"-> {r.verdict}")
+    return out
 
 
 def depth_finding(model_name: str = "tiny-llava-576", results=None) -> str:
