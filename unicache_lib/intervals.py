@@ -127,9 +127,8 @@ def mean_interval(x, unit: str, n_boot: int = N_BOOT, seed: int = SEED, level: f
     _check_n(len(x), unit)
     if _binary(x):
         return proportion_interval(x, unit, level=level)
-    if x.min() == x.max():
-        return Interval(float(x[0]), float(x[0]), float(x[0]), len(x), unit, 0.0, IDENTICAL)
-    return _bca((x,), np.mean, float(x.mean()), len(x), unit, level, n_boot, seed)
+    return (Interval(float(x[0]), float(x[0]), float(x[0]), len(x), unit, 0.0, IDENTICAL) if x.min() == x.max()
+            else _bca((x,), np.mean, float(x.mean()), len(x), unit, level, n_boot, seed))
 
 
 def _wilson(k: int, n: int, level: float) -> tuple[float, float]:
@@ -195,10 +194,9 @@ def difference_interval(a, b, unit: str, paired: bool = True, n_boot: int = N_BO
         se = (a - b).std() / np.sqrt(n) if paired else np.sqrt(a.var() / len(a) + b.var() / len(b))
         return _result(a.mean() - b.mean(), lo, hi, n, unit, se,
                        "Newcombe score, paired" if paired else "Newcombe score")
-    if paired:
-        return mean_interval(a - b, unit, n_boot, seed, level)
-    return _bca((a, b), lambda x, y, axis=-1: x.mean(axis) - y.mean(axis), float(a.mean() - b.mean()), n, unit,
-                level, n_boot, seed)
+    return mean_interval(a - b, unit, n_boot, seed, level) if paired else \
+        _bca((a, b), lambda x, y, axis=-1: x.mean(axis) - y.mean(axis), float(a.mean() - b.mean()), n, unit, level,
+             n_boot, seed)
 
 
 def _ratio_of_shares(a: np.ndarray, b: np.ndarray, paired: bool, level: float) -> tuple[float, float]:

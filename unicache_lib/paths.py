@@ -168,14 +168,11 @@ def _content(info: dict | None) -> dict[str, list[dict]]:
     """A marker's ``content``: for each file it lists, the contents (:func:`digest`) the tool recorded writing there
     (two while a write is under way: the earlier and the new); entries of another shape are dropped."""
     got = info.get("content") if isinstance(info, dict) else None
-    out = {}
-    for rel, ds in (got.items() if isinstance(got, dict) else ()):
-        good = [{"sha256": d["sha256"], "size": d["size"]} for d in (ds if isinstance(ds, list) else [])
-                if isinstance(d, dict) and isinstance(d.get("sha256"), str) and len(d["sha256"]) == 64
-                and type(d.get("size")) is int]
-        if isinstance(rel, str) and good:
-            out[rel] = good
-    return out
+    return {rel: good for rel, ds in (got.items() if isinstance(got, dict) else ())
+            if isinstance(rel, str) and (good := [{"sha256": d["sha256"], "size": d["size"]}
+                                                  for d in (ds if isinstance(ds, list) else [])
+                                                  if isinstance(d, dict) and isinstance(d.get("sha256"), str)
+                                                  and len(d["sha256"]) == 64 and type(d.get("size")) is int])}
 
 
 def _not_a_name(rel: str) -> bool:

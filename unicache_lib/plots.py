@@ -29,6 +29,53 @@ def _np(x) -> np.ndarray:
     return x.detach().float().cpu().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float32)
 
 
+@contextmanager
+def literal_text():
+    """Math text off while figures are made: the one rcParam set and put back by hand, not with ``rc_context``, whose
+    exit restores the whole rc (the backend with it), which made the notebooks' inline backend drop every figure made
+    inside before the cell could show it."""
+    import matplotlib  # local: matplotlib loads at the first figure (see _plt)
+
+    old = matplotlib.rcParams["text.parse_math"]
+    matplotlib.rcParams["text.parse_math"] = False
+    try:
+        yield
+    finally:
+        matplotlib.rcParams["text.parse_math"] = old
+
+
+def _plain_log_ticks(fig) -> None:
+    """A log axis labels its ticks in math text (``$\\mathdefault{10^{2}}$``), which literal text would show raw: label
+    them as plain numbers (``100``, ``0.01``) instead, the minor ticks unlabelled."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter  # local: matplotlib loads at the first figure
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if isinstance(axis.get_major_formatter(), LogFormatter):
+                axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+                axis.set_minor_formatter(NullFormatter())
+
+
+def _literal_text(fn):
+    """Every text of the figure ``fn`` returns drawn as typed (math text off): a label, token or question from your
+    data holding ``$`` shows its dollars instead of failing the figure (``$\\frac{$``) or turning into math."""
+    @functools.wraps(fn)
+    def drawn(*args, **kwargs):
+        with literal_text():  # texts made (and laid out) inside: literal
+            out = fn(*args, **kwargs)
+        from matplotlib.figure import Figure  # local: matplotlib loads at the first figure (see _plt)
+        from matplotlib.text import Text  # local: matplotlib loads at the first figure (see _plt)
+
+        if isinstance(out, Figure):  # and those drawn later (a notebook's savefig) too
+            for t in out.findobj(Text):
+                t.set_parse_math(False)
+            _plain_log_ticks(out)
+        return out
+
+    return drawn
+
+
+
 def _axes(ax, figsize):
     """``(figure, ax)``: a new figure of ``figsize`` when ``ax`` is None, else ``(None, ax)`` (the caller returns
     ``fig or ax.figure``)."""
@@ -116,6 +163,7 @@ def _mean_bands(ax, values: dict, axis_name: str, marker: str, x=None) -> int | 
     return n
 
 
+@_literal_text
 def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", layers=None,
                  n_layers: int | None = None):
     """Per-layer curves with spread. ``values``: name -> ``[n_samples, n]``; the line is the mean over
@@ -141,6 +189,7 @@ def layer_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "
     return _finish(fig)
 
 
+@_literal_text
 def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool = True, ax=None,
                   cbar: bool = True):
     """One head's map ``probs [Sq, Sk]`` with a colour bar; the image keys (one block in ``spans``,
@@ -157,6 +206,7 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
     return fig or ax.figure
 
 
+@_literal_text
 def bars(values: dict[str, float], title: str = "", ylabel: str = "", log: bool = False):
     fig, ax = _plt().subplots(figsize=(5, 3))
     names = list(values)
@@ -211,6 +261,7 @@ def figure_facts(fig) -> dict:
                                                                  if not ln.get_label().startswith("_")])]}
 
 
+@_literal_text
 def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV read frequency", log: bool = True,
                            quantity: str = "normalised read frequency", layers=None):
     """``reads [n_layers, S]`` (e.g. normalised read frequency, mean over heads) as a layer x position
@@ -234,6 +285,7 @@ def read_frequency_heatmap(reads, spans: Spans | None = None, title: str = "KV r
     return _finish(fig)
 
 
+@_literal_text
 def per_layer_boxes(values, title: str = "", ylabel: str = ""):
     """``values [n_layers, n]`` (e.g. per-head cross-modal share): one box per layer."""
     V = _np(values)
@@ -246,6 +298,7 @@ def per_layer_boxes(values, title: str = "", ylabel: str = ""):
     return _finish(fig)
 
 
+@_literal_text
 def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, grid=None, grid_tokens=None,
                   cbar: str | None = "attention weight", vmin: float | None = None, vmax: float | None = None,
                   chance: float | None = None):
@@ -286,6 +339,7 @@ def image_overlay(image, weights, title: str = "", ax=None, alpha: float = 0.6, 
     return fig or ax.figure
 
 
+@_literal_text
 def layer_overlays(image, maps: dict, title: str = "", grid=None, grid_tokens=None, label: str = "layer",
                    uniform: bool = False):
     """The picture, then one panel per layer with a query's attention laid over it.
@@ -310,6 +364,7 @@ def layer_overlays(image, maps: dict, title: str = "", grid=None, grid_tokens=No
     return _finish(fig, title)
 
 
+@_literal_text
 def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=None, log: bool = True):
     """One head's map ``probs [S, S]`` (``spans`` over ``S``) with positions regrouped image-first,
     text-second, so the four modality blocks are contiguous; the image|text border is drawn and named
@@ -330,6 +385,7 @@ def blocked_map(probs, spans: Spans, title: str = "image first, then text", ax=N
     return fig or ax.figure
 
 
+@_literal_text
 def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | None = None, title: str = "",
               cross: bool = False, grid=None, grid_tokens=None, question: str | None = None):
     """Views of one head: raw map, modality-blocked map (self-attention only), and the chosen query
@@ -358,6 +414,7 @@ def map_panel(probs, spans: Spans, image, token_pos: int, tokens: list[str] | No
     return _finish(fig, " · ".join(t for t in (title, f"question: {question!r}" if question else "") if t))
 
 
+@_literal_text
 def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = "", threshold: float | None = None,
                 ax=None):
     """Per-step curves with spread and the study's phases shaded (early 0-20%, middle 20-60%, late).
@@ -380,6 +437,7 @@ def step_curves(values: dict[str, np.ndarray], title: str = "", ylabel: str = ""
     return _finish(fig, ax=ax)
 
 
+@_literal_text
 def layer_step_grid(grid, title: str = "", cbar: str = "", ax=None, vmin=None, vmax=None, layers=None):
     """``grid [n_layers, n_steps]`` as a heatmap (layer rows, step columns) with a colour bar labelled
     ``cbar``; ``layers``: the layer number of each row (a subset such as ``[0, 11, 23]``; default 0..)."""
@@ -405,6 +463,7 @@ def _picture_row(image, title: str, n_panels: int, panel_size: tuple[float, floa
     return fig, axes
 
 
+@_literal_text
 def word_regions(image, maps: dict[str, np.ndarray], title: str = "", chance: float | None = None,
                  keys: int | None = None):
     """The generated ``image [H, W, 3]`` next to each word's attention over the image patches
@@ -438,6 +497,7 @@ def line_styles(names) -> dict[str, dict]:
     return {n: {"color": colours[i % len(colours)], "marker": MARKERS[i % len(MARKERS)]} for i, n in enumerate(names)}
 
 
+@_literal_text
 def shared_legend(fig, axes, ncol: int = 4, fontsize: int = 7):
     """One legend for all ``axes`` of ``fig`` (each label once, first occurrence wins), under the figure
     (call after ``tight_layout``; :func:`save` and notebooks' inline display crop to include it)."""
@@ -452,6 +512,7 @@ def shared_legend(fig, axes, ncol: int = 4, fontsize: int = 7):
     return fig
 
 
+@_literal_text
 def step_panel(rec, head: int, image, word: int, tokens: list[str], title: str = ""):
     """One diffusion record's head next to a word's attention over the generated image.
 
@@ -480,6 +541,7 @@ def step_panel(rec, head: int, image, word: int, tokens: list[str], title: str =
     return _finish(fig, title)
 
 
+@_literal_text
 def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool = False):
     """One heatmap per entry of ``grids`` (name -> ``[rows, cols]``, e.g. a scorer's ``[n_layers, n_heads]``
     head scores), side by side, each with a colour bar labelled ``cbar``: on one shared colour scale with
@@ -499,6 +561,7 @@ def grid_panels(grids: dict, xlabel: str, ylabel: str, cbar: str, shared: bool =
 LAYOUT_COLOURS = {"image->image": "#f4a261", "image->text": "#264653", "text->image": "#e76f51", "text->text": "#2a9d8f"}
 
 
+@_literal_text
 def attention_layouts(layouts: dict, title: str = "who can read whom: query rows x key columns"):
     """One small panel per architecture: which queries (rows) may read which keys (columns), coloured by
     the modality pair (``X->Y``: queries of X reading keys of Y; white: masked). ``layouts``: name ->
@@ -585,6 +648,7 @@ def _framed(ax, colour) -> None:
         sp.set_linewidth(3)
 
 
+@_literal_text
 def kept_patches(image, kept: dict, answers: dict | None = None, title: str = "", grid=None):
     """What each eviction policy keeps of one image: one panel per policy, the picture dimmed where the policy
     dropped a patch and shown where it kept it. ``kept``: name -> ``[n_patches]`` share of the image-KV layers
@@ -611,6 +675,7 @@ def kept_patches(image, kept: dict, answers: dict | None = None, title: str = ""
     return _finish(fig, title)
 
 
+@_literal_text
 def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title: str = ""):
     """Images of one prompt under each reuse method side by side (PSNR vs the uncached image in the title), and
     under each a strip of the ``steps`` denoising steps: dark where the transformer ran, light where its output was
@@ -642,6 +707,7 @@ def reuse_gallery(images: dict, psnrs: dict, schedules: dict, steps: int, title:
     return _finish(fig, title)
 
 
+@_literal_text
 def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = True):
     """One head's map ``probs [S, S]`` over a short text, its rows and columns labelled with the ``tokens`` (``[S]``);
     keys a query cannot see (the causal mask: above the diagonal) are drawn grey, so "zero because masked" and
@@ -658,59 +724,6 @@ def token_map(probs, tokens: list[str], title: str = "", ax=None, cbar: bool = T
     ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
     ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
     return fig or ax.figure
-
-
-@contextmanager
-def literal_text():
-    """Math text off while figures are made: the one rcParam set and put back by hand, not with ``rc_context``, whose
-    exit restores the whole rc (the backend with it), which made the notebooks' inline backend drop every figure made
-    inside before the cell could show it."""
-    import matplotlib  # local: matplotlib loads at the first figure (see _plt)
-
-    old = matplotlib.rcParams["text.parse_math"]
-    matplotlib.rcParams["text.parse_math"] = False
-    try:
-        yield
-    finally:
-        matplotlib.rcParams["text.parse_math"] = old
-
-
-def _plain_log_ticks(fig) -> None:
-    """A log axis labels its ticks in math text (``$\\mathdefault{10^{2}}$``), which literal text would show raw: label
-    them as plain numbers (``100``, ``0.01``) instead, the minor ticks unlabelled."""
-    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter  # local: matplotlib loads at the first figure
-
-    for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            if isinstance(axis.get_major_formatter(), LogFormatter):
-                axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-                axis.set_minor_formatter(NullFormatter())
-
-
-def _literal_text(fn):
-    """Every text of the figure ``fn`` returns drawn as typed (math text off): a label, token or question from your
-    data holding ``$`` shows its dollars instead of failing the figure (``$\\frac{$``) or turning into math."""
-    @functools.wraps(fn)
-    def drawn(*args, **kwargs):
-        with literal_text():  # texts made (and laid out) inside: literal
-            out = fn(*args, **kwargs)
-        from matplotlib.figure import Figure  # local: matplotlib loads at the first figure (see _plt)
-        from matplotlib.text import Text  # local: matplotlib loads at the first figure (see _plt)
-
-        if isinstance(out, Figure):  # and those drawn later (a notebook's savefig) too
-            for t in out.findobj(Text):
-                t.set_parse_math(False)
-            _plain_log_ticks(out)
-        return out
-
-    return drawn
-
-
-for _name in ("layer_curves", "attention_map", "bars", "read_frequency_heatmap", "per_layer_boxes", "image_overlay",
-              "layer_overlays", "blocked_map", "map_panel", "step_curves", "layer_step_grid", "word_regions",
-              "shared_legend", "step_panel", "grid_panels", "attention_layouts", "kept_patches", "reuse_gallery",
-              "token_map"):
-    globals()[_name] = _literal_text(globals()[_name])
 
 
 def depth_budgets(widths, counts: dict, shares, methods, tokens: int, title: str = ""):

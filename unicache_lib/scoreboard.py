@@ -72,9 +72,8 @@ class Criterion:
 
     def nearest_threshold(self, value: float) -> float:
         band = self.between or self.outside
-        if band is None:
-            return self.above if self.above is not None else self.below
-        return min(band, key=lambda t: abs(value - t))
+        return min(band, key=lambda t: abs(value - t)) if band is not None else \
+            self.above if self.above is not None else self.below
 
     def __str__(self) -> str:
         if self.above is not None:

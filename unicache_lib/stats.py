@@ -82,9 +82,8 @@ class Visibility:
 
     def counts(self) -> torch.Tensor:
         """``[Sq]`` visible keys per query row (0 for a dead row)."""
-        if self.kind == "all":
-            return torch.full((len(self.q),), self.sk, device=self.q.device)
-        return (self.q + 1).clamp(max=self.sk) if self.kind == "causal" else self.V.sum(-1)
+        return (torch.full((len(self.q),), self.sk, device=self.q.device) if self.kind == "all"
+                else (self.q + 1).clamp(max=self.sk) if self.kind == "causal" else self.V.sum(-1))
 
     def seeing(self) -> torch.Tensor:
         """``[Sk]`` how many query rows can see each key (at least 1, to divide by)."""
@@ -407,9 +406,7 @@ def _group_sums(flat: torch.Tensor, groups, k1: int) -> torch.Tensor:
     """``[n, g]`` sums of the rows of ``flat [n, k1]`` over each key group of :class:`_RowSums` (keys from ``k1`` on
     left out): matrix-vector products and slice sums (a skinny matrix product is several times slower), or one
     matrix product when ``groups`` is a ``[Sk, g]`` matrix."""
-    if torch.is_tensor(groups):
-        return flat @ groups[:k1]
-    return torch.stack([_group_sum(flat, g, k1) for g in groups], -1)
+    return flat @ groups[:k1] if torch.is_tensor(groups) else torch.stack([_group_sum(flat, g, k1) for g in groups], -1)
 
 
 def _group_sum(flat: torch.Tensor, g, k1: int) -> torch.Tensor:

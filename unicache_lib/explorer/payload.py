@@ -197,11 +197,8 @@ def _grid_cells(n: int, grid, grid_tokens, what: str, sample) -> tuple[tuple[int
 def _visible(v: np.ndarray | None, sq: int, sk: int, causal: bool) -> np.ndarray:
     """Keys each query row can see: the record's mask ``v`` when it kept one, else all but the future (causal) or
     all."""
-    if v is not None and v.shape == (sq, sk):
-        return np.maximum(v.sum(1), 1).astype(np.float32)
-    if causal and sq == sk:
-        return np.arange(1, sq + 1, dtype=np.float32)
-    return np.full(sq, float(sk), np.float32)
+    return (np.maximum(v.sum(1), 1).astype(np.float32) if v is not None and v.shape == (sq, sk)
+            else np.arange(1, sq + 1, dtype=np.float32) if causal and sq == sk else np.full(sq, float(sk), np.float32))
 
 
 def _is_causal(maps: list) -> bool:
