@@ -108,6 +108,17 @@ def test_press_refusals_name_the_fix(llava, monkeypatch):
             prefill(model, sp, attentions=False)
     with KeyCoveragePress(compression_ratio=0.5, image_token_id=tid)(model):  # the fix: the processor's image id
         assert prefill(model, sp, attentions=False).cache.layers[0].keys.shape[2] < sp.context_ids.shape[1]
+    # round 14: one press on two models kept the first model's image id; the id read from a model is forgotten on exit
+    press = KeyCoveragePress(compression_ratio=0.5)
+    with press(model):
+        assert press.image_token_id == tid
+    assert press.image_token_id is None and explicit.image_token_id == tid  # a user's id is kept
+    monkeypatch.setattr(model.config, "image_token_index", None)
+    with pytest.raises(ValueError, match=r"pass KeyCoveragePress\(image_token_id=\.\.\.\)"):
+        with press(model):  # the next model's own id (here: none) is read afresh, not the last one's
+            pass
+    monkeypatch.undo()
+    assert not hasattr(model, "_unicache_press")  # a refused setup leaves the model free for the next press
 
 
 def test_press_refuses_a_cross_attention_vlm():

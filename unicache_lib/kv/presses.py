@@ -125,22 +125,23 @@ class PolicyPress(BasePress):
             raise InputError(f"{type(active).__name__} is already applied to this model (a `with press(model):` inside "
                              f"another): apply one press at a time (a workbench press finds the image positions in its "
                              f"own `with`, so kvpress's ComposedPress cannot carry one either)")
-        self.post_init_from_model(model)
-        fam = family_of(model)
-        sites = [s.module for s in fam.sites(model, ("language",))]
+        given = self.image_token_id  # None: this model's own, read now and forgotten on exit (a press on two models)
         model._unicache_press = self
-        # module -> its place among the compressed layers
-        self._bias, self._layers = {}, {id(m): i for i, m in enumerate(sites)}
-        # the terms a layer's compress_layer returns (a merge's log(size)), read by every later forward; with a depth
-        # schedule the cache is ragged, so every later forward needs one mask per layer
-        masks = layer_masks(model, fam, self._bias, every_layer=self.policy.depth is not None)
         try:
+            self.post_init_from_model(model)
+            fam = family_of(model)
+            sites = [s.module for s in fam.sites(model, ("language",))]
+            # module -> its place among the compressed layers
+            self._bias, self._layers = {}, {id(m): i for i, m in enumerate(sites)}
+            # the terms a layer's compress_layer returns (a merge's log(size)), read by every later forward; with a
+            # depth schedule the cache is ragged, so every later forward needs one mask per layer
+            masks = layer_masks(model, fam, self._bias, every_layer=self.policy.depth is not None)
             # the pre-hook first, before the layers' hooks fire: the image positions of this forward
             with forward_hooks([(model, "forward_pre", self._read_input_ids)] +
                                [(m, "forward", self.forward_hook) for m in sites]), masks:
                 yield
         finally:
-            self._image, self._prompt_len, self._bias = None, None, {}
+            self._image, self._prompt_len, self._bias, self.image_token_id = None, None, {}, given
             del model._unicache_press
 
     def forward_hook(self, module, input, kwargs, output):
