@@ -159,6 +159,13 @@ def test_same_folder_names_get_their_own_sections_and_files(stores, tmp_path):
     verdicts = [line for line in page.split("<p>") if line.startswith("neglect detector")]
     assert len(verdicts) == 2 and verdicts[0] == verdicts[1]
     assert "statistics computed from the attention maps" in page
+    # round 14: a 300-character label was a raw "File name too long"; its files take the first 80 characters
+    from unicache_lib.diagnostics.report import build_report
+
+    long = "x" * 300
+    page = build_report({long: stores[0], long + "y": stores[1]}, tmp_path / "long").read_text()
+    pngs = sorted(p.name for p in (tmp_path / "long").glob("*.png"))
+    assert len(pngs) == 8 and all(len(n) < 120 for n in pngs) and f"<h2>{long} <small>" in page
 
 
 def test_cli_labels():

@@ -174,8 +174,9 @@ def load_store(path):
 
 
 def _stem(label: str, taken: set) -> str:
-    """A file-name prefix for ``label``, not in ``taken`` (and added to it)."""
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "store"
+    """A file-name prefix for ``label`` (at most 80 characters of it: a figure's name stays under the file system's
+    limit), not in ``taken`` (and added to it)."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._")[:80].strip("._") or "store"  # a file name stays short
     stem, i = base, 2
     while stem.lower() in taken:
         stem, i = f"{base}-{i}", i + 1
