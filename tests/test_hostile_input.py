@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from unicache_lib.core.errors import InputError, UnicacheError
+from unicache_lib.core.errors import InputError, UnicacheError, UnknownNameError
 from unicache_lib.core.untrusted import html_text, iframe_srcdoc, path_inside, stat_inside
 from unicache_lib.params import check_params
 from unicache_lib.world.samples import load
@@ -193,6 +193,23 @@ def test_a_folder_without_scene_types_says_how_many_it_kept(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(load(root, per_type=7)) == 7 and len(load(per_type=2)) == 10  # the shipped set is thinned by design
+    # round 13's P2: scene_types=['clutter'] of 2 clutter and 5 single counted the unchosen singles as dropped
+    mixed = [{"file_name": n, "question": "q", "scene_type": "clutter" if i < 2 else "single", "id": f"s{i}"}
+             for i, n in enumerate(names[:7])]
+    root = _folder(tmp_path / "h", mixed, names[:7])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load(root, scene_types=["clutter"], per_type=4)) == 2  # nothing of the chosen type dropped
+    with pytest.warns(UserWarning, match=r"kept 4 of your 5 samples of these scene types.*PER_TYPE=5"):
+        load(root, scene_types=["single"], per_type=4)
+    # round 13's P1: an id left out by PER_TYPE (the 5th single) was "unknown", listed among the known ids
+    with pytest.raises(InputError, match=r"sample ids \['s6'\] are in the folder but left out by PER_TYPE=4"):
+        load(root, per_type=4, ids=["s6"])
+    with pytest.raises(InputError, match=r"\['s0'\] are in the folder but left out by scene_types"):
+        load(root, scene_types=["single"], ids=["s0"])
+    assert [s.id for s in load(root, per_type=5, ids=["s6"])] == ["s6"]  # the fix it names: a wider PER_TYPE
+    with pytest.raises(UnknownNameError, match=r"unknown sample ids \['s9'\]"):
+        load(root, ids=["s9"])
 
 
 def test_images_that_cannot_be_read_exactly_are_refused_or_warned(tmp_path):

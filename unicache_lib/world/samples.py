@@ -978,16 +978,21 @@ def _select(samples: list[Sample], ids=None, scene_types=None, per_type: int | N
         seen[s.scene_type] = rank[-1] + 1
     out = [s for s, r in zip(samples, rank) if (ids is None or s.id in ids)
            and (scene_types is None or s.scene_type in scene_types) and (per_type is None or r < per_type)]
-    untyped, most = seen.get("", 0), max(seen.values(), default=0)
+    chosen = {t: k for t, k in seen.items() if scene_types is None or t in scene_types}  # only these were thinned
+    untyped, most, of = seen.get("", 0), max(chosen.values(), default=0), sum(chosen.values())
     if own and per_type is not None and most > per_type and ids is None:  # your folder thinned: say so
         kept = (f"the first {per_type} of your {untyped} samples without a scene_type (per_type / PER_TYPE={per_type} "
-                f"counts them as one type)" if untyped == len(samples) else f"{len(out)} of your {len(samples)} samples, "
-                f"the first {per_type} of each scene type (per_type / PER_TYPE={per_type})")
+                f"counts them as one type)" if untyped == len(samples) else f"{len(out)} of your {of} samples"
+                f"{' of these scene types' if scene_types else ''}, the first {per_type} of each scene type (per_type "
+                f"/ PER_TYPE={per_type})")
         warnings.warn(f"kept {kept}: pass PER_TYPE={most} to take them all", UserWarning, stacklevel=3)
-    if ids is not None:
-        unknown = set(ids) - {s.id for s in out}
-        if unknown:
+    if ids is not None and (missing := set(ids) - {s.id for s in out}):
+        if unknown := missing - {s.id for s in samples}:
             raise UnknownNameError(f"unknown sample ids {sorted(unknown)}; known: {[s.id for s in samples]}")
+        by_type = scene_types is not None and any(s.scene_type not in scene_types for s in samples if s.id in missing)
+        raise InputError(f"sample ids {sorted(missing)} are in the folder but left out by " + (
+            "scene_types" if by_type else f"PER_TYPE={per_type}, which keeps the first {per_type} of each scene type")
+            + ": drop them from ids, or widen that choice")
     return out
 
 
