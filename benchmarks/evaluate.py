@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -249,6 +250,9 @@ def read_shards(out: Path, settings: tuple[str, ...], target: str, **read_csv) -
             raise StoreError(f"shard {p} is {'a symbolic link' if p.is_symlink() else 'not a regular file'}: a shard "
                              f"is a file its rank wrote into {out}; remove it and run that rank again")
     for p in sorted(out.glob("rows-rank*-of-*.json")):
+        if not (named := re.fullmatch(r"rows-rank(\d+)-of-\d+\.json", p.name)):
+            raise StoreError(f"{p.name} in {out} is not a shard's name (rows-rank<R>-of-<W>.json; a copy?): move it "
+                             "out of the folder and merge again")
         try:
             metas.append(json.loads(p.read_text()))
         except (ValueError, UnicodeDecodeError) as e:
@@ -256,6 +260,9 @@ def read_shards(out: Path, settings: tuple[str, ...], target: str, **read_csv) -
         if not isinstance(metas[-1], dict) or not {"rank", *settings} <= metas[-1].keys():
             raise StoreError(f"shard settings {p} lack {sorted({'rank', *settings} - set(metas[-1]))}: remove the "
                                f"shards and run again")
+        if metas[-1]["rank"] != int(named.group(1)):
+            raise StoreError(f"shard settings {p} say rank {metas[-1]['rank']!r}, its name rank {named.group(1)} (a "
+                             "copy of another rank's?): remove it and run that rank again")
     if not metas:
         raise MissingFileError(f"no shards in {out}: run the ranks first (make {target})")
     found = {tuple(tuple(m[k]) if isinstance(m[k], list) else m[k] for k in settings) for m in metas}

@@ -589,6 +589,26 @@ def test_a_shard_that_is_a_symlink_is_refused(tmp_path, sound_shards, which):
         E.read_shards(d, ("n", "world", "model", "peers", "budgets"), "evaluate")
 
 
+def test_a_copied_shard_settings_file_is_named_not_called_a_missing_shard(tmp_path, sound_shards):
+    """Round 13's M2: `rows-rank0-of-1 (copy).json` beside its original was refused as "ranks [0, 0] of 1 ... a shard
+    is missing"; a file renamed to another rank's name was read as that rank."""
+    import shutil
+
+    from unicache_lib.core.errors import StoreError
+
+    E, out, rows = sound_shards
+    d = tmp_path / "x"
+    shutil.copytree(out, d)
+    shutil.copy(d / "rows-rank0-of-1.json", d / "rows-rank0-of-1 (copy).json")
+    with pytest.raises(StoreError, match=r"rows-rank0-of-1 \(copy\).json in .* is not a shard's name.*move it out"):
+        E.read_shards(d, ("n", "world", "model", "peers", "budgets"), "evaluate")
+    (d / "rows-rank0-of-1 (copy).json").rename(d / "rows-rank1-of-1.json")
+    with pytest.raises(StoreError, match=r"say rank 0, its name rank 1"):
+        E.read_shards(d, ("n", "world", "model", "peers", "budgets"), "evaluate")
+    (d / "rows-rank1-of-1.json").unlink()  # the fix: the copy moved out
+    assert E.read_shards(d, ("n", "world", "model", "peers", "budgets"), "evaluate")[0].equals(rows)
+
+
 def test_a_hand_typed_entry_of_the_wrong_type_is_refused_by_read_and_verify(tmp_path):
     from unicache_lib.core.errors import StoreError
     from unicache_lib.store import Store
