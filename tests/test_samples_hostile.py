@@ -461,7 +461,7 @@ def test_subsets_take_lists_of_exact_names():
         S.load(scene_types=["singleclutter"])
     with pytest.raises(UnicacheError, match=r"ids must be a list of exact names, e\.g\. ids=\['single-0'"):
         S.load(ids="single-0")
-    with pytest.raises(UnicacheError, match=r"per_type=0 is outside 1\.\."):
+    with pytest.raises(UnicacheError, match=r"per_type=0 is outside 1\.\.\d+: keep at least one sample of each scene type$"):
         S.load(per_type=0)
     assert {s.scene_type for s in S.load(scene_types=["single", "clutter"])} == {"single", "clutter"}
     assert [s.id for s in S.load(ids=["single-0"])] == ["single-0"]

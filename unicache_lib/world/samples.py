@@ -442,6 +442,7 @@ def _whole(value, what: str, lo: int, hi: int) -> int:
     if not lo <= int(value) <= hi:
         raise InputError(f"{what}={value} is outside {lo}..{hi}" + (f": a set of {MAX_PER_TYPE} per scene type "
                          f"({MAX_PER_TYPE * len(SCENE_TYPES)} samples) is the most one run builds" if what == "per_type"
+                         and int(value) > hi else ": keep at least one sample of each scene type" if what == "per_type"
                          else ""))
     return int(value)
 
