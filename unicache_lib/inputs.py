@@ -252,8 +252,7 @@ def resolve_layers(layers, have, what: str = "the model") -> list[int]:
         raise LayerError(f"layers must be a list of integers, got {layers!r}") from None
     if (bad_type := [i for i in asked if isinstance(i, (bool, np.bool_)) or not isinstance(i, (numbers.Integral, np.integer))]):
         raise LayerError(f"layers must be integers, got {bad_type!r}")
-    asked = [operator.index(i) for i in asked]
-    if not asked:
+    if not (asked := [operator.index(i) for i in asked]):
         raise LayerError(f"layers=[] selects no layer of {what}: pass layers=None for every layer, or a non-empty list")
     n = len(have)
     if (missing := [i for i in asked if (i < 0 and i < -n) or (i >= 0 and i not in have)]):

@@ -189,9 +189,8 @@ def _not_ours(folder: Path, rel: str, accepted: list[dict] | None, tool: str) ->
     if not accepted:
         return (f"{rel} is listed without its SHA-256 (an older {OUTPUT_MARKER}, or a run cut short), so {tool} cannot "
                 f"tell it wrote it")
-    if (d := file_digest(folder, rel)) is None:
-        return f"{rel} is not a regular file inside the folder"
-    return "" if d in accepted else f"{rel}'s content is not what {tool} recorded writing there"
+    return (f"{rel} is not a regular file inside the folder" if (d := file_digest(folder, rel)) is None
+            else "" if d in accepted else f"{rel}'s content is not what {tool} recorded writing there")
 
 
 def _written_by(info: dict | None, tool: str) -> set[str]:

@@ -411,11 +411,8 @@ def _group_sums(flat: torch.Tensor, groups, k1: int) -> torch.Tensor:
 
 def _group_sum(flat: torch.Tensor, g, k1: int) -> torch.Tensor:
     """``[n]``: one key group's sums (:func:`_group_sums`)."""
-    if g is None:
-        return flat.sum(-1)
-    if torch.is_tensor(g):
-        return torch.mv(flat, g[:k1])
-    return sum((flat[:, a:min(b, k1)].sum(-1) for a, b in g if a < k1), torch.zeros(len(flat), device=flat.device))
+    return (flat.sum(-1) if g is None else torch.mv(flat, g[:k1]) if torch.is_tensor(g)
+            else sum((flat[:, a:min(b, k1)].sum(-1) for a, b in g if a < k1), torch.zeros(len(flat), device=flat.device)))
 
 
 def layer_statistics(P, spans: Spans | None = None, causal=True, query_positions=None,

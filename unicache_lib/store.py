@@ -695,8 +695,7 @@ class Store(contextlib.AbstractContextManager):
         key is already stored (nothing is written then)."""
         if isinstance(records, Record) or isinstance(records, (str, bytes, dict)) or not hasattr(records, "__iter__"):
             raise InputTypeError(f"Store.write takes a list of Records, got {type(records).__name__}: pass [record]")
-        records = list(records)
-        if not records:
+        if not (records := list(records)):
             return 0
         if (bad := next((r for r in records if not isinstance(r, Record)), None)) is not None:
             raise InputTypeError(f"Store.write takes a list of Records (unicache_lib.capture.record.Record), got a "
