@@ -397,13 +397,17 @@ _ALL = [
     _c("R2", "Target: it sits >= 3 dB above simply sampling with fewer steps at equal wall-clock.",
        "whether reuse beats the trivial control", "06_step_reuse",
        f"{NEW_REUSE} PSNR minus the fewer-step control's at its own wall-clock speed-up (interval over prompts, the "
-       "generator with the smaller margin) above 3 dB", {"": {"above": 3.0}}),
+       "generator with the smaller margin) above 3 dB", {"": {"above": 3.0}},
+       meaning={"holds": "step_skip beats fewer steps", "does not hold": "fewer steps do as well: use them",
+                "inconclusive": "not yet told apart from fewer steps"}),
     _c("R3", "Target: it is Pareto-ahead of every diffusers cache on (PSNR, wall-clock) and (PSNR, FLOPs).",
        "whether to adopt it over the caches diffusers ships", "06_step_reuse",
        f"every diffusers cache (diffusers' settings) on every generator against the best {NEW_REUSE} setting (every "
        "3rd or every 2nd step in the middle) that saves at least as much: the smallest paired PSNR difference, ours "
        "minus theirs (interval over prompts), above 0 dB, (a) at equal or higher wall-clock speed-up, (b) at equal or "
-       "fewer transformer FLOPs", {"a": {"above": 0.0}, "b": {"above": 0.0}}),
+       "fewer transformer FLOPs", {"a": {"above": 0.0}, "b": {"above": 0.0}},
+       meaning={"holds": "prefer step_skip to diffusers' caches", "partly": "ahead on time or on FLOPs, not both",
+                "does not hold": "a diffusers cache does better", "inconclusive": "ties a diffusers cache, not yet ahead of all"}),
     _c("G3", "Reusing only in the last third of the steps loses almost no quality.",
        "where in the schedule reuse is safe", "06_step_reuse",
        "weaker generator: (a) SSIM of reuse in the last third of the steps above 0.98, (b) that SSIM minus reusing "
@@ -426,14 +430,18 @@ _ALL = [
        "one)", {"a": {"above": NEGLECT_CUTOFF}, "b": {"below": NEGLECT_CUTOFF}},
        advice=Advice(f"under {NEGLECT_CUTOFF:.0%}: a modality cut-off, check the layer; above: the share says nothing "
                      "about whether the image content arrives, run image_dependence beside it",
-                     (Place("07", 2, params=("PER_TYPE",)),))),
+                     (Place("07", 2, params=("PER_TYPE",)),)),
+       meaning={"holds": "a share detector you can trust", "partly": "right on one side only: check accuracy too",
+                "does not hold": "the share misses cut-offs: check accuracy"}),
     _c("U12", "A noun whose attention barely covers the image is likely hallucinated.",
        "then a cache could keep more image KV exactly when coverage drops", "07_diagnostics",
        "(a) AUROC of low coverage for wrong answers above 0.7, (b) that AUROC minus the confidence baseline's above 0",
        {"a": {"above": 0.7}, "b": {"above": 0.0}},
        advice=Advice("use low coverage as a hallucination flag only if the interval sits above 0.7 and above the "
                      "confidence baseline's; inverted or straddling 0.5: do not key a cache's behaviour on it",
-                     (Place("07", 1, params=("MODEL", "N_QUESTIONS")),))),
+                     (Place("07", 1, params=("MODEL", "N_QUESTIONS")),)),
+       meaning={"holds": "low coverage flags hallucinations", "partly": "a flag, no better than confidence",
+                "does not hold": "no flag: monitor confidence instead"}),
     # 08: other architectures
     _c("A1", "Single-stream fusion (ViLT): image-image attention dominates; text barely shapes the image tokens.",
        "the image side is most of the KV and reads itself", "08_architectures",
