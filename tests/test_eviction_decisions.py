@@ -77,3 +77,19 @@ def test_a_control_tied_here_is_read_against_the_decisive_run(tmp_path):
         advice = table.iloc[1]["what it suggests on your model"]
         assert "here downsample ties at 50%" in advice
         assert ("the decisive run puts key_coverage ahead there: keep it" in advice) is keep, advice
+
+
+def test_the_simulation_rho_has_an_interval_over_questions():
+    """05 §4 decides "the simulation ranks policies usefully" on rho's interval against a bar fixed first
+    (CC.SCREEN_BAR), not on the point value; each resample recomputes every cell from the same questions."""
+    from scipy.stats import spearmanr
+
+    shares = {(f"m{i}", b): 0.3 + 0.1 * i + 0.2 * b for i in range(5) for b in BUDGETS}
+    R = _rows(shares)
+    R["retained"] = R.correct * 0.5 + R.budget * 0.1  # tracks the answers: a useful screen
+    cells = R[(R.kind == "policy")].groupby(["method", "budget"])[["retained", "correct"]].mean()
+    iv = CC.simulation_rho(R)
+    assert iv.value == spearmanr(cells.retained, cells.correct).statistic and iv.n == 200
+    assert CC.SCREEN_BAR < iv.lo <= iv.value <= iv.hi
+    R["retained"] = np.random.default_rng(1).random(len(R))  # unrelated to the answers: no useful screen
+    assert CC.simulation_rho(R).lo < CC.SCREEN_BAR

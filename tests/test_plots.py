@@ -261,6 +261,16 @@ def test_lesson_pictures_kept_patches_gallery_and_token_map():
     assert len(fig.axes) == 3
     with pytest.raises(ValueError, match="pass grid=\\(rows, cols\\)"):
         plots.kept_patches(img, {"h2o": np.ones(15)})
+    # each patch brightens exactly its own block (a 9-pixel block on a 64-pixel picture drifted by up to a patch and
+    # drew the last row as one pixel line): a one-hot share on the last patch lights the bottom-right 8 x 8 block only
+    white = np.full((64, 64, 3), 255, np.uint8)
+    for rows in (8, 7):  # 7 does not divide 64: the blocks are 9 or 10 pixels, none lost or shrunk to a line
+        one_hot = np.zeros(rows * rows)
+        one_hot[-1] = 1
+        shown = plots.kept_patches(white, {"h2o": one_hot}).axes[1].images[0].get_array()
+        bright = np.argwhere(np.asarray(shown)[..., 0] > 0.5)
+        first = -(-(rows - 1) * 64 // rows)  # the last patch's first pixel row: ceil(64 (rows - 1) / rows)
+        assert len(bright) == (64 - first) ** 2 and bright.min(0).tolist() == [first] * 2, rows
     fig = plots.reuse_gallery({"none": img, "step_skip": img, "steps:3": img, "diffusers:pab": img},
                               {"none": 100.0, "step_skip": 41.0, "steps:3": 35.0}, {"none": [True] * 5,
                               "step_skip": [True, True, False, True, True], "steps:3": [True] * 3, "diffusers:pab": None}, 5)

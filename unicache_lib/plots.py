@@ -603,6 +603,9 @@ METHOD_COLOURS = {
     "unicache": "#e377c2", "unicache_swapped": "#f7b6d2",
     "pooling": "#8c6d31", "downsample": "#bd9e39", "divprune_keys": "#9ecae1", "key_coverage_features": "#fc9272",  # control and ablations
     "key_coverage_prefill": "#a50f15",
+    # the merging variant and its depth schedules (05 §8): indigo / olive, never the designed red or oracle's cyan
+    "key_coverage_merge": "#393b79", "key_coverage_merge@profile": "#6b6ecf", "key_coverage_merge@keep_then_drop": "#9c9ede",
+    "key_coverage_merge@pyramid": "#637939", "kvpress:pyramidkv": "#b5cf6b",
     "kvpress:expected_attention": "#bcbd22", "kvpress:observed_attention": "#dbdb8d", "kvpress:snapkv": "#98df8a",
     "kvpress:tova": "#c5b0d5", "kvpress:knorm": "#c49c94", "kvpress:streaming": "#c7c7c7",
     "diffusers:pab": "#aec7e8", "diffusers:fastercache": "#ffbb78", "diffusers:first_block": "#1f77b4",
@@ -664,8 +667,8 @@ def kept_patches(image, kept: dict, answers: dict | None = None, title: str = ""
         rows, cols = grid or (int(round(len(s) ** 0.5)),) * 2
         if rows * cols != len(s):
             raise InputError(f"{name}: {len(s)} patch shares for a {rows} x {cols} grid: pass grid=(rows, cols)")
-        up = np.kron(s.reshape(rows, cols), np.ones((img.shape[0] // rows + 1, img.shape[1] // cols + 1))
-                     )[:img.shape[0], :img.shape[1], None]  # each patch's share over its pixels
+        H, W = img.shape[:2]  # pixel row y lies in patch row y * rows // H (so each patch covers its own block)
+        up = s.reshape(rows, cols)[np.arange(H) * rows // H][:, np.arange(W) * cols // W, None]
         ax.imshow(img * (0.15 + 0.85 * up))  # dropped patches dark, kept ones as they are
         c = method_style(name)["color"]
         _framed(ax, c)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..claims import NEW, NEW_REUSE, REGISTRY, decision_rows, read, rules_of
-from ..intervals import MIN_TIMING_REPEATS, Interval, mean_interval
+from ..intervals import MIN_TIMING_REPEATS, Interval, bootstrap, mean_interval
 from ..tables import WrappedTable
 from ..scoreboard import Criterion, Measurement
 from ..reuse.evaluate import readings, worst_generator, worst_pareto_gap
@@ -272,6 +272,22 @@ CONTROLS = {"pooling": "the control: average-pooled image features",
             "key_coverage_features": "place: the same cover, on the features before the prefill",
             "divprune_keys": "rule: DivPrune's max-min, on the same cached keys",
             "divprune": "both: DivPrune's rule on the features (the peer)"}
+
+
+SCREEN_BAR = 0.6  # 05 §4's bar, fixed before the run: the simulation screens policies usefully where rho is above it
+
+
+def simulation_rho(R: pd.DataFrame) -> Interval:
+    """Spearman's rho between the simulated ``retained`` attention and real accuracy over the (policy, budget) cells of
+    a :func:`~unicache_lib.kv.evaluate.run_eviction` run (the full cache and the presses left out), with its BCa
+    interval over questions: each resample recomputes every cell's two means from the same questions."""
+    from scipy.stats import spearmanr
+
+    d = R[(R.kind == "policy") & (R.method != "full")]
+    acc, ret = (d.pivot_table(index=["method", "budget"], columns="question", values=v).to_numpy(np.float64)
+                for v in ("correct", "retained"))
+    return bootstrap(range(acc.shape[1]), lambda q: spearmanr(ret[:, q].mean(1), acc[:, q].mean(1)).statistic,
+                     "questions")
 
 
 def scene_kind(scene: pd.Series) -> np.ndarray:
