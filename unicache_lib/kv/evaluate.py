@@ -23,7 +23,7 @@ from ..core.errors import ContractError, InputError, UnknownNameError
 from ..core.models import language_attn_implementation, quiet
 from ..core.scoring import kl_divergence, same_answer
 from ..families import family_of
-from ..inputs import check_fractions
+from ..inputs import budget_shares, check_fractions
 from ..intervals import difference_interval, extreme_of, ratio_interval
 from ..progress import bar
 from ..world.scenes import grid_cover
@@ -67,6 +67,7 @@ def run_eviction(model, processor, qas, budgets, policies=None, peers: dict | No
     budgets = list(budgets)
     policies = policies if policies is not None else {n: c() for n, c in POLICIES.items()}
     fam = family_of(model)
+    budget_shares(budgets, fam.image_tokens_per_picture(model.config))  # two budgets that keep one token count: refused
     if peers and fam.cross_attention:
         raise InputError(f"{fam.name}: kvpress presses compress self-attention caches during prefill; the image KV of a "
                          f"cross-attention VLM lives in its cross-attention layers, which the presses do not touch. "
