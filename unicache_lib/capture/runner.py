@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.errors import InputError
+from ..core.errors import InputError, StoreError
 from ..core.models import first_token_logits, to_model
 from ..core.untrusted import decode_utf8, read_inside
 from ..families import family_of
@@ -117,10 +117,16 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     if not wanted:
         raise InputError(f"no attention module of part {part!r} in layers {layers}")
     todo = list(samples)
+    digest = {str(s.id): sample_digest(s) for s in todo}  # in each record's meta: a resume with other pictures refused
     if store is not None:
         store.meta.setdefault("dtype", str(next(model.parameters()).dtype))  # so a resume in another dtype is refused
         store.meta.setdefault("model_config", model_fingerprint(model))  # and one of another model (Store(p) alone)
         store.check_resume(mode=mode)  # another model, dtype or mode is refused before anything is skipped
+        if store.path.exists() and (odd := sorted({e["sample"] for e in store.index() if e["sample"] in digest
+                           and e.get("meta", {}).get("sample_digest", digest[e["sample"]]) != digest[e["sample"]]})):
+            raise StoreError(f"sample {odd[0]!r} ({len(odd)} in all) is stored in {store.path} from another picture or "
+                             f"question (two sample sets of the same ids: another sample seed or folder): capture into "
+                             f"a new folder, or remove_store({str(store.path)!r}) to start it again")
         have = store.keys()
         todo = [s for s in todo if any(key_str((s.id, p, li, -1)) not in have for p, li in wanted)]
     result = CaptureResult(part)
@@ -135,11 +141,21 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
             with AttentionCapture(model, mode, layers=g, part=part, sample_ids=[s.id]) as cap:
                 model(**inputs)
             recs += cap.result.records
+        for r in recs:
+            r.meta["sample_digest"] = digest[str(s.id)]
         if store is not None:  # layers stored by an earlier, narrower capture are kept, not rewritten
             have = store.keys()
             store.write([r for r in recs if key_str(r.key) not in have])
         result.records += recs
     return result
+
+
+def sample_digest(sample) -> str:
+    """A digest of ``sample``'s picture (as :func:`~unicache_lib.inputs.prepare_image` reads it) and question: what a
+    capture records beside each record, so that a resume whose samples share the stored ids but not their content is
+    refused."""
+    im = prepare_image(sample.image)
+    return hashlib.sha256(f"{im.shape}|{sample.question}|".encode() + im.tobytes()).hexdigest()[:16]
 
 
 def model_fingerprint(model) -> str:

@@ -1,0 +1,43 @@
+"""Round 15 of #60: the capture cases (SN8, SN12, SN13, SN14, SN15)."""
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from unicache_lib.capture.runner import capture_samples
+from unicache_lib.core.errors import StoreError
+from unicache_lib.store import Store, remove_store
+from unicache_lib.world import samples as S
+
+
+def _folder(d, value):
+    d.mkdir()
+    for i in range(2):
+        Image.fromarray(np.full((64, 64, 3), value + i, np.uint8)).save(d / f"img{i}.png")
+    (d / "metadata.jsonl").write_text("".join(json.dumps({"file_name": f"img{i}.png", "question": "what is it?"}) + "\n"
+                                              for i in range(2)))
+    return S.load(d)
+
+
+def test_resume_with_another_sample_set_of_the_same_ids_is_refused(llava, tmp_path):
+    """Round 15's SN14: a Store(p) capture resumed with another seed's standard set, or another folder of the same
+    file names, captured 0 samples and kept the first set's records; now refused, and both fixes it names work."""
+    model, proc = llava
+    a, b = S.load(ids=["single-0", "text-0"]), S.load(ids=["single-0", "text-0"], seed=5)
+    assert [s.id for s in a] == [s.id for s in b]
+    p = tmp_path / "st"
+    capture_samples(model, proc, a, Store(p), layers=[0], progress=False)
+    assert len(capture_samples(model, proc, a, Store(p), layers=[0], progress=False)) == 0  # the same set resumes
+    with pytest.raises(StoreError, match=r"sample 'single-0' \(2 in all\) is stored in .* from another picture.*"
+                                         r"capture into a new folder, or remove_store"):
+        capture_samples(model, proc, b, Store(p, meta={"sample_seed": 5}), layers=[0], progress=False)
+    assert len(capture_samples(model, proc, b, Store(tmp_path / "new"), layers=[0], progress=False).samples) == 2
+    remove_store(p)  # the other fix the message names
+    assert len(capture_samples(model, proc, b, Store(p), layers=[0], progress=False).samples) == 2
+    jan, feb = _folder(tmp_path / "jan", 40), _folder(tmp_path / "feb", 200)
+    capture_samples(model, proc, jan, Store(tmp_path / "r2"), layers=[0], progress=False)
+    with pytest.raises(StoreError, match="sample 'img0' .* from another picture"):
+        capture_samples(model, proc, feb, Store(tmp_path / "r2"), layers=[0], progress=False)
+    assert {r.meta["sample_digest"] for r in Store(tmp_path / "r2").read()} == \
+        {r.meta["sample_digest"] for r in capture_samples(model, proc, jan, None, layers=[0], progress=False)}
