@@ -721,8 +721,9 @@ class Store(contextlib.AbstractContextManager):
                     raise InputTypeError(f"record {r.key!r}: array {name!r} is {t.dtype}, but a store holds float32 "
                                          f"(or bool) data, and the cast would change it ({'the imaginary part dropped' if t.is_complex() else 'integers above 2**24 rounded'}): "
                                          f"store t.float() yourself if that is what you mean; nothing was written")
-        if os.path.lexists(self.path / "meta.json") and self.read_meta().get("format") != FORMAT \
-                and not self._logs_on_disk():  # a file of the user's, not a store's meta: never taken as its own
+        if os.path.lexists(self.path / "meta.json") and ((m := self.read_meta()).get("format") != FORMAT or
+                                                         "library_version" not in m) and not self._logs_on_disk():
+            # a file of the user's, not a store's meta (remove_store's rule, _looks_written): never taken as its own
             raise StoreError(f"{self.path / 'meta.json'} is not a store's (no index beside it, no store format in it): "
                              f"write the store to a folder of its own; nothing was written")
         self.path.mkdir(parents=True, exist_ok=True)
