@@ -29,3 +29,28 @@ def test_run_eviction_refuses_two_budgets_that_keep_one_token_count(tiny):
         run_eviction(*tiny, qas, [0.01, 0.02], pols, progress=False)
     R = run_eviction(*tiny, qas, [0.25, 0.27], pols, progress=False)  # 16 and 17 tokens: two rows
     assert sorted(R.budget.unique()) == [0.25, 0.27]
+
+
+def test_a_pruning_sweep_refuses_two_fractions_that_prune_one_head_count(tiny):
+    """Round 15's SN17: on tiny-llava's 32 heads (4 units) fractions 0.12 and 0.14 both prune 4 heads, and 0.9 and
+    0.99 both prune the floor's 28: both sweeps measured the one mask twice under two labels (and labelled 28 pruned
+    heads 0.99). Refused before the reference runs, naming both fractions and the count; the advice works."""
+    import numpy as np
+
+    from unicache_lib.pruning.evaluate import sweep_generation, sweep_understanding
+    from unicache_lib.pruning.heads import HeadSpace
+    from unicache_lib.world.questions import heldout_set
+
+    space = HeadSpace.of(tiny[0])
+    scores = {"draw": np.random.default_rng(0).random(space.shape)}
+    with pytest.raises(InputError, match=r"fractions 0\.12 and 0\.14 both prune 4 of 32 heads: .*drop one"):
+        sweep_understanding(None, None, space, scores, [0.0, 0.12, 0.14], None)  # None: the reference never ran
+    with pytest.raises(InputError, match=r"at most 28 of 32 heads can be pruned \(one per unit stays\): fraction 0\.99 "
+                                         r"asks for 32; the largest fraction is 0\.875"):
+        sweep_generation(None, space, scores, [0.0, 0.99], None, None)
+    with pytest.raises(InputError, match=r"fractions 0\.86 and 0\.875 both prune 28 of 32"):
+        sweep_understanding(None, None, space, scores, [0.0, 0.86, 0.875], None)
+    with pytest.raises(InputError, match=r"fractions 0 and 0\.01 both prune 0 of 32"):
+        sweep_understanding(None, None, space, scores, [0, 0.01], None)
+    df = sweep_understanding(*tiny, space, scores, [0.0, 0.12, 0.875], heldout_set(1, seed=2024), progress=False)
+    assert df.pruned.tolist() == [0, 4, 28] and df.fraction.tolist() == [0.0, 0.12, 0.875]

@@ -295,6 +295,22 @@ def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, g
     return [functools.partial(fn, lb) for lb in pipeline_loss_batches(gen, n_batches, batch, seed, steps, guidance)]
 
 
+def _fractions(space, fractions) -> list[float]:
+    """The sweep's fractions, checked as fractions and as the head counts :meth:`~.heads.HeadSpace.keep_mask` prunes
+    (``round(fraction x n_heads)``, at most one head short of every unit): two fractions that prune one count, or a
+    fraction past the floor, would be rows labelled by a fraction that was not pruned."""
+    out = check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")
+    n, top = space.n_heads, space.n_heads - len(space.units)
+    for i, f in enumerate(out):
+        if round(f * n) > top:
+            raise InputError(f"at most {top} of {n} heads can be pruned (one per unit stays): fraction {f:g} asks for "
+                             f"{round(f * n)}; the largest fraction is {top / n:.4g}")
+        if (g := next((g for g in out[:i] if round(g * n) == round(f * n)), None)) is not None:
+            raise InputError(f"fractions {g:g} and {f:g} both prune {round(f * n)} of {n} heads: one row of the sweep "
+                             f"would be measured twice under two labels; drop one")
+    return out
+
+
 def _sweep(space, scores: dict, fractions: list, reference, run, metrics, progress) -> pd.DataFrame:
     """One row per (scorer, fraction): ``metrics(out)`` of ``out = run()`` with the heads that scorer ranks last
     pruned at that fraction (``reference`` at fraction 0: nothing pruned, nothing run)."""
@@ -315,9 +331,9 @@ def sweep_understanding(model, processor, space, scores: dict, fractions, qas, r
     """Accuracy / agreement / KL for every (scorer, fraction). ``scores``: label -> ``[units, heads]``.
     Returns a tidy DataFrame with one row per (label, fraction); ``correct_q`` holds the per-question
     outcomes (bool ``[N]``)."""
-    check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
+    fractions = _fractions(space, fractions)  # before the reference runs
     ref = answer_logprobs(model, processor, qas) if ref_logp is None else ref_logp
-    return _sweep(space, scores, list(fractions), ref, lambda: answer_logprobs(model, processor, qas),
+    return _sweep(space, scores, fractions, ref, lambda: answer_logprobs(model, processor, qas),
                   lambda lp: understanding_metrics(lp, ref, processor, qas), progress)
 
 
@@ -327,7 +343,7 @@ def sweep_generation(gen, space, scores: dict, fractions, prompts, objects, step
     decoded images of ``sample(gen, prompts, steps, guidance, seed)``: the tiny generators' pixels or a
     pipeline's VAE-decoded output (:class:`~unicache_lib.runtime.pipelines.PipelineGenerator`), every run with
     the same seeds. Returns ``(DataFrame with one row per (scorer, fraction), reference uint8 images)``."""
-    check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")  # before the reference runs
+    fractions = _fractions(space, fractions)  # before the reference runs
     ref = to_uint8(sample(gen, prompts, steps, guidance, seed=seed))
-    return _sweep(space, scores, list(fractions), ref, lambda: to_uint8(sample(gen, prompts, steps, guidance, seed=seed)),
+    return _sweep(space, scores, fractions, ref, lambda: to_uint8(sample(gen, prompts, steps, guidance, seed=seed)),
                   lambda imgs: generation_metrics(imgs, ref, objects), progress), ref
