@@ -262,6 +262,55 @@ def test_corrupted_weights_are_named_and_the_suggested_fixes_work(tmp_path):
         load_understanding(str(d))
 
 
+def test_recording_checksums_never_writes_through_a_link_and_a_card_names_no_file_outside(tmp_path):
+    """Round 15's UN1: on a `cp -rs` copy (every file a link) the ChecksumError's command rewrote the original's card
+    through the link, and the original stopped loading; a `cp -al` copy (one inode) the same. UN2: a card naming
+    '../secret.txt' or an absolute path made the loader hash a file outside the model folder and print its digest."""
+    import hashlib
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from unicache_lib.runtime.loaders import MODELS_DIR, ChecksumError
+
+    orig, soft, hard = tmp_path / "orig", tmp_path / "soft", tmp_path / "hard"
+    shutil.copytree(MODELS_DIR / "tiny-llava", orig)
+    card = (orig / "model_card.json").read_bytes()
+    for d, link in ((soft, os.symlink), (hard, os.link)):
+        d.mkdir()
+        for f in orig.iterdir():
+            link(f, d / f.name)
+        (d / "model.safetensors").unlink()  # the fine-tune's own weights, a regular file
+        shutil.copy(orig / "model.safetensors", d / "model.safetensors")
+        _flip_4kb(d / "model.safetensors")
+        with pytest.raises(ChecksumError) as e:
+            load_understanding(str(d))
+        cmd = [sys.executable, *_suggested_command(str(e.value), "python -m unicache_lib.runtime.checksums")[1:]]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if link is os.symlink:
+            assert r.returncode != 0 and "cp --remove-destination" in r.stderr and "Traceback" not in r.stderr
+            (d / "model_card.json").unlink()  # the fix it names: a copy of the file in place of the link
+            shutil.copy(orig / "model_card.json", d / "model_card.json")
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        load_understanding(str(d))  # the fine-tune loads with its new checksums ...
+        assert (orig / "model_card.json").read_bytes() == card  # ... and the original's card is untouched
+    load_understanding(str(orig))
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"not a weight")
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+    for name in ("../secret.txt", str(secret)):
+        d = tmp_path / f"named{len(name)}"
+        shutil.copytree(orig, d)
+        c = json.loads((d / "model_card.json").read_text())
+        c["checksums"][name] = "0" * 64
+        (d / "model_card.json").write_text(json.dumps(c))
+        with pytest.raises(ChecksumError, match="outside the model folder: re-copy the model") as e:
+            load_understanding(str(d))
+        assert digest not in str(e.value)
+
+
 def test_a_damaged_generator_names_its_file(tmp_path):
     import shutil
 

@@ -17,6 +17,7 @@ import shlex
 from pathlib import Path
 
 from ..core.errors import ChecksumError, InputError
+from ..core.untrusted import write_inside
 
 CARD = "model_card.json"
 KEY = "checksums"
@@ -64,8 +65,9 @@ def write_card(folder: str | Path, card: dict) -> Path:
     ``folder`` under ``"checksums"`` (last key; a previous value is replaced). Returns the card's path."""
     folder = Path(folder)
     card = {k: v for k, v in card.items() if k != KEY} | {KEY: weight_checksums(folder)}
-    (folder / CARD).write_text(json.dumps(card, indent=1))
-    return folder / CARD
+    return write_inside(folder, CARD, json.dumps(card, indent=1).encode(), what="model card", fix=(
+        "it may be another folder's (a `cp -rs` copy): replace the link by a copy of the file (cp --remove-destination)"
+        " before recording new checksums"))  # atomic: a hard-linked card is replaced, never written through
 
 
 def verify_checksums(folder: str | Path, remedy: str | None = None, required: bool = False) -> int:
@@ -86,15 +88,18 @@ def verify_checksums(folder: str | Path, remedy: str | None = None, required: bo
         if required:
             raise ChecksumError(f"{card_path} records no weight checksums. To fix: {remedy}")
         return 0
+    listed = set(weight_files(folder))  # a card names only these: never a file outside the folder, never opened
     for rel, digest in expected.items():
         f = folder / rel
-        if not f.is_file():
+        if rel not in listed and (Path(rel).is_absolute() or ".." in Path(rel).parts):
+            raise ChecksumError(f"{card_path} names {rel!r}, outside the model folder: re-copy the model")
+        if rel not in listed:
             raise ChecksumError(f"weight file {f} is missing (recorded in {card_path}). To fix: {remedy}")
         actual = sha256_file(f)
         if actual != digest:
             raise ChecksumError(f"weight file {f} is corrupted or changed: sha256 {actual}, but {card_path} records "
                                 f"{digest}. To fix: {remedy}")
-    extra = sorted(set(weight_files(folder)) - set(expected))
+    extra = sorted(listed - set(expected))
     if extra:
         raise ChecksumError(f"weight file {folder / extra[0]} is not recorded in {card_path}'s checksums. "
                             f"To fix: {remedy}")
@@ -110,7 +115,10 @@ def main(argv=None) -> None:
             raise SystemExit(f"no such folder: {folder}")
         card_path = folder / CARD
         card = json.loads(card_path.read_text()) if card_path.is_file() else {}
-        n = len(json.loads(write_card(folder, card).read_text())[KEY])
+        try:
+            n = len(json.loads(write_card(folder, card).read_text())[KEY])
+        except InputError as e:
+            raise SystemExit(f"checksums: {e}") from None  # one line, nothing written
         print(f"{card_path}: {n} weight files recorded")
 
 
