@@ -41,3 +41,26 @@ def test_resume_with_another_sample_set_of_the_same_ids_is_refused(llava, tmp_pa
         capture_samples(model, proc, feb, Store(tmp_path / "r2"), layers=[0], progress=False)
     assert {r.meta["sample_digest"] for r in Store(tmp_path / "r2").read()} == \
         {r.meta["sample_digest"] for r in capture_samples(model, proc, jan, None, layers=[0], progress=False)}
+
+
+def test_fingerprint_sees_a_fine_tune_of_one_projection_or_one_embedding_row(llava, random_llava_dir):
+    """Round 15's SN8: the weight sample read the first 256 values of every eighth tensor, so a LoRA merged into q_proj
+    alone or a textual-inversion row (the image token's embedding) kept the fingerprint; every tensor is sampled now."""
+    import torch
+
+    from unicache_lib.capture.runner import model_fingerprint
+    from unicache_lib.runtime.loaders import load_understanding
+
+    base = model_fingerprint(llava[0])
+    for what in ("q_proj", "embed_row", "bias"):
+        m, _ = load_understanding(str(random_llava_dir), attn_implementation="eager")
+        assert model_fingerprint(m) == base  # the same weights loaded again: the same fingerprint
+        with torch.no_grad():
+            if what == "q_proj":
+                next(p for n, p in m.named_parameters() if "language_model" in n and "q_proj" in n).add_(1e-3)
+            elif what == "embed_row":
+                m.get_input_embeddings().weight[m.config.image_token_id].add_(0.5)
+            else:  # one value of a vector past a 256 stride's reach
+                v = next(p for p in m.parameters() if p.dim() == 1 and p.numel() > 256)
+                v[v.numel() // 2 + 1] += 0.1
+        assert model_fingerprint(m) != base, what
