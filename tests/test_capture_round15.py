@@ -64,3 +64,22 @@ def test_fingerprint_sees_a_fine_tune_of_one_projection_or_one_embedding_row(lla
                 v = next(p for p in m.parameters() if p.dim() == 1 and p.numel() > 256)
                 v[v.numel() // 2 + 1] += 0.1
         assert model_fingerprint(m) != base, what
+
+
+def test_layer_batch_below_one_is_refused(llava, samples, tmp_path, capsys):
+    """Round 15's SN12: layer_batch=-1 (and unicache-capture --layer-batch -1) made no layer group, so every sample
+    ran no forward: nothing captured, nothing stored, no error. Refused now; the fixes it names capture."""
+    from unicache_lib.capture import distributed
+    from unicache_lib.core.errors import InputError, InputTypeError
+
+    model, proc = llava
+    for bad, err in ((-1, InputError), (0, InputError), (1.5, InputTypeError)):
+        with pytest.raises(err, match=r"layer_batch \(None: all layers in one forward\) must be"):
+            capture_samples(model, proc, samples[:1], Store(tmp_path / "s"), layer_batch=bad, progress=False)
+    assert not (tmp_path / "s").exists()
+    assert capture_samples(model, proc, samples[:1], None, layer_batch=None, progress=False).layers == [0, 1, 2]
+    with pytest.raises(SystemExit) as e:
+        distributed.main(["--out", str(tmp_path / "c"), "--n-samples", "1", "--layer-batch", "-1"])
+    assert e.value.code == 2 and "--layer-batch must be >= 1 (0, the default: all layers" in capsys.readouterr().err
+    distributed.main(["--out", str(tmp_path / "c"), "--n-samples", "1", "--layer-batch", "0"])
+    assert "captured 1 samples" in capsys.readouterr().out

@@ -30,6 +30,8 @@ def main(argv=None):
                      ("--device-map", dict(default=None))):
         ap.add_argument(flag, **kw)
     args = ap.parse_args(argv)
+    if args.layer_batch < 0:  # -1 captured nothing and exited 0
+        ap.error(f"--layer-batch must be >= 1 (0, the default: all layers in one forward), got {args.layer_batch}")
     cli_output_path(args.out, "unicache-capture")  # not empty, not the repository or one of its own folders
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(1)

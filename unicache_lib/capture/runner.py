@@ -17,7 +17,7 @@ from ..core.errors import InputError, StoreError
 from ..core.models import first_token_logits, to_model
 from ..core.untrusted import decode_utf8, read_inside
 from ..families import family_of
-from ..inputs import check_question, default_family, encode, prepare_image, resolve_layers
+from ..inputs import check_count, check_question, default_family, encode, prepare_image, resolve_layers
 from ..progress import bar
 from ..runtime.loaders import load_understanding
 from ..runtime.tiny_layouts import answer_logits as tiny
@@ -101,7 +101,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         store: when given, records are written there per sample and already-stored samples are
             skipped (resume); the returned result then holds only what this call captured.
         layers: layer subset; ``layer_batch``: capture at most this many layers per forward
-            (big models: less memory per pass, one forward per batch of layers).
+            (big models: less memory per pass, one forward per batch of layers); None: all in one forward.
         memory_budget_gb: with ``mode="full"``, the maps the call returns are estimated first (printed)
             and an estimate over this budget raises :class:`CaptureError` before any forward.
     Returns:
@@ -112,6 +112,8 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         have = sorted({s.layer for s in sites if s.part != "vision"} or {s.layer for s in sites})
         layers = resolve_layers(layers, have, f"the model's {part} part")
     ls = list(layers) if layers is not None else sorted({s.layer for s in sites})
+    if layer_batch is not None:  # -1 made no group at all: nothing captured, nothing said
+        check_count(layer_batch, "layer_batch (None: all layers in one forward)", 1)
     groups = [ls[i : i + layer_batch] for i in range(0, len(ls), layer_batch)] if layer_batch else [ls]
     wanted = {(s.part, s.layer) for s in sites if s.layer in ls}
     if not wanted:
