@@ -96,6 +96,8 @@ _RECORDS = "__records__"
 # (a sparse file grown by `truncate -s 100G` reads as 100 GB of zeros).
 MAX_LINE_BYTES = 64 << 20  # an index line (Store.write refuses to commit a longer one): a torn tail is shorter too
 MAX_META_BYTES = 1 << 20  # meta.json (Store.write refuses to write a bigger one)
+_META_FIX = ("It records which model wrote the records (model_config, dtype), so a resume can be checked: restore it "
+             "from a copy, or capture again into a new folder")  # (a hand-written one names no model_config: refused)
 MAX_CHUNK_BYTES = 16 << 30  # a chunk file (Store.write refuses to write a bigger one)
 _READ_WHOLE = 64 << 20  # a chunk file larger than this is read into memory only once its SHA-256 matches its entry's
 _BLOCK = 1 << 20
@@ -653,17 +655,26 @@ class Store(contextlib.AbstractContextManager):
         ``meta``) or records of another capture ``mode``. Capture calls it before deciding what is already done,
         so a resumed capture never mixes (nor silently skips samples stored in another mode). Raises
         :class:`StoreError` naming the difference and how to start a new store."""
-        if os.path.lexists(self.path / "meta.json"):
+        mp = self.path / "meta.json"  # (logs listed first: a writer writes meta.json before its first line)
+        if os.path.isdir(self.path) and self._logs_on_disk() and not os.path.lexists(mp):
+            raise StoreError(f"{mp} is missing but the store holds records: restore it, or capture into a new folder "
+                             f"(a fresh one would name this capture's model over records of another); nothing was "
+                             f"written")
+        if os.path.lexists(mp):
             old = self.read_meta()
             for k in self.RESUME_KEYS:
                 if k in self.meta and k in old and self.meta[k] != old[k]:
                     raise StoreError(f"store {self.path} holds {k}={old[k]!r}, this capture is {k}={self.meta[k]!r}: "
                                      f"one store holds one {k}. Write to a new folder, or remove_store({str(self.path)!r}) "
                                      f"to start this one again")
-            if "model_config" in self.meta and not {"model", "model_config"} & set(old) and self._logs_on_disk():
-                raise StoreError(f"store {self.path} names no model (its records are older than captures recording "
-                                 f"theirs), so a resume cannot tell whether this model wrote them: write to a new "
-                                 f"folder, or remove_store({str(self.path)!r}) to start it again")
+            # what this capture names must be checkable: a capture's model_config against the store's (a meta naming
+            # only "model" cannot check it); a model against a meta a store wrote (not one rewritten without it)
+            if (k := max({"model", "model_config"} & set(self.meta), default=None)) and self._logs_on_disk() and (
+                    k == "model_config" and k not in old or not {"model", "library_version"} & set(old)):
+                raise StoreError(f"store {self.path} names no model (no {k!r} in its meta.json: its records are older "
+                                 f"than captures recording theirs, or the file was rewritten), so a resume cannot tell "
+                                 f"whether this model wrote them: write to a new folder, or "
+                                 f"remove_store({str(self.path)!r}) to start it again")
         if mode is not None and self.path.exists():
             with self._guard:
                 self._current()
@@ -678,8 +689,8 @@ class Store(contextlib.AbstractContextManager):
 
     def _check_meta(self):
         mp = self.path / "meta.json"
+        self.check_resume()  # (refuses a meta.json missing beside records: a fresh one would name the wrong model)
         if os.path.lexists(mp):
-            self.check_resume()
             return self.read_meta()
         meta = {"format": FORMAT, "library_version": __version__, **self.meta}
         data = json.dumps(meta, indent=1).encode()
@@ -807,15 +818,13 @@ class Store(contextlib.AbstractContextManager):
         if not os.path.lexists(mp):
             raise StoreError(f"{self.path} has no meta.json: not a store, or nothing was written yet")
         data = read_inside(self.path, "meta.json", links=False, limit=MAX_META_BYTES, error=StoreError, what="file",
-                           fix=f"It only describes the store (model, dtype): rewrite it as {{\"model\": \"<name>\"}} "
-                               f"or capture again into a new folder")
+                           fix=_META_FIX)
         try:
             meta = json.loads(data.decode())
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-            raise StoreError(f"{mp} is corrupt ({' '.join(str(e).split())[:200]}): it only describes the store (model, "
-                             f'dtype); rewrite it as {{"model": "<name>"}} or capture again into a new folder') from None
+            raise StoreError(f"{mp} is corrupt ({' '.join(str(e).split())[:200]}). {_META_FIX}") from None
         if not isinstance(meta, dict):
-            raise StoreError(f"{mp} holds a {type(meta).__name__}, not an object: rewrite it as {{\"model\": \"<name>\"}}")
+            raise StoreError(f"{mp} holds a {type(meta).__name__}, not an object. {_META_FIX}")
         return meta
 
     def _fix(self) -> str:
