@@ -406,6 +406,25 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
     hook = StepReuseHook(cfg.policy(), 20)  # round 14's SN6: hook.config = another was shown, never run
     with pytest.raises(ValueError, match=r"keeps the schedule it was applied with: remove_step_skip"):
         hook.config = dataclasses.replace(cfg, stride=5)
+    # round 15's SN11: hook.policy.stride = 5, hook.policy = StepSkip(stride=5) or hook.num_inference_steps = 30 ran
+    # another schedule while hook.config showed the applied one: refused at the next call
+    def fresh():
+        h = StepReuseHook(cfg.policy(), 20)
+        h._config, h._timestep_at = cfg, 1  # as apply_step_skip and initialize_hook leave it
+        return h
+
+    def forward(x, timestep):
+        return x
+
+    import torch
+
+    x = torch.zeros(1, 2)
+    assert fresh()(forward, x, timestep=torch.tensor(999.0)) is x  # the applied schedule runs
+    for change in (lambda h: setattr(h.policy, "stride", 5), lambda h: setattr(h, "policy", StepSkip(stride=5)),
+                   lambda h: setattr(h, "num_inference_steps", 30)):
+        change(h := fresh())
+        with pytest.raises(ValueError, match=r"changed after it was applied: a hook keeps the schedule it was applied"):
+            h(forward, x, timestep=torch.tensor(999.0))
 
 
 # ---- 6. the parsers, property-based: any input loads correctly or raises one of the project's errors ------------

@@ -101,6 +101,10 @@ def _with_prediction(template, pred: torch.Tensor):
     raise InputTypeError(f"cannot rebuild a transformer output of type {type(template).__name__}")
 
 
+KEEPS = ("a hook keeps the schedule it was applied with: remove_step_skip(transformer), then apply_step_skip("
+         "transformer, new_config)")
+
+
 class StepReuseHook:
     """The one driver of step-level reuse: a step-level policy (``policy.level == "step"``) asked once per
     transformer call. A skipped call returns the policy's extrapolation from the kept outputs in the model's
@@ -126,8 +130,7 @@ class StepReuseHook:
 
     @config.setter
     def config(self, value):  # the hook runs the schedule it was made with: a new config would only be displayed
-        raise InputError("a hook keeps the schedule it was applied with: remove_step_skip(transformer), then "
-                         "apply_step_skip(transformer, new_config)")
+        raise InputError(KEEPS)
 
     def initialize_hook(self, module):
         if self.clock is not None:
@@ -175,6 +178,9 @@ class StepReuseHook:
         return t
 
     def __call__(self, forward, *args, **kwargs):
+        if (c := self._config) is not None and (self.num_inference_steps != c.num_inference_steps or (
+                type(self.policy), asdict(self.policy)) != (StepSkip, asdict(c.policy()))):
+            raise InputError(f"hook.policy or hook.num_inference_steps was changed after it was applied: {KEEPS}")
         t = self._advance(args, kwargs)
         policy, slot = self.policy, self._slot
         self._slot += 1
