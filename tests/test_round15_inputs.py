@@ -54,3 +54,26 @@ def test_a_pruning_sweep_refuses_two_fractions_that_prune_one_head_count(tiny):
         sweep_understanding(None, None, space, scores, [0, 0.01], None)
     df = sweep_understanding(*tiny, space, scores, [0.0, 0.12, 0.875], heldout_set(1, seed=2024), progress=False)
     assert df.pruned.tolist() == [0, 4, 28] and df.fraction.tolist() == [0.0, 0.12, 0.875]
+
+
+def test_the_explorer_refuses_a_token_list_longer_than_the_sequence_or_shifted():
+    """Round 15's SN16: a token list one longer than the sequence (a doubled '<s>' in front) or shifted by one was
+    taken, and every word label read the position beside it ("triangle" over the row of "the"); both are refused
+    naming the count or the first misplaced position, one short still is, and the captured tokens are taken."""
+    from tests.test_explorer import lesson_02
+    from unicache_lib.explorer import attention_explorer
+
+    res, imgs, toks, grids, qs = lesson_02(n_samples=2, layers=2, heads=2, seed=5)
+    s0, n = "single-0", len(toks["single-0"])
+    advice = r"give one token per position, tokenizer\.convert_ids_to_tokens of the captured input_ids"
+    with pytest.raises(InputError, match=rf"sample 'single-0' has {n + 1} tokens for a sequence of {n}: {advice}"):
+        attention_explorer(res, imgs, {**toks, s0: ["<s>"] + toks[s0]})
+    with pytest.raises(InputError, match=rf"has {n - 1} tokens for a sequence of {n}: {advice}"):
+        attention_explorer(res, imgs, {**toks, s0: toks[s0][:-1]})
+    first = toks[s0].index("<image>")
+    with pytest.raises(InputError, match=rf"has {n} tokens for a sequence of {n}, and position {first} holds "
+                                         rf"{toks[s0][first - 1]!r} where the image positions \({first}\.\.\d+\) hold "
+                                         rf"'<image>' and no other does \(shifted\): {advice}"):
+        attention_explorer(res, imgs, {**toks, s0: ["x"] + toks[s0][:-1]})
+    words = attention_explorer(res, imgs, toks).data.spec["models"][0]["panels"][0]["words"]
+    assert f"{first + 64} {toks[s0][first + 64]!r}" in words  # the first word after the picture, under its own label

@@ -223,8 +223,9 @@ def attention_panels(result, images, tokens, grids=None, questions=None, *, samp
         grid, cells = (grids or {}).get(s, (None, None))
         if r0.part == "cross":  # text queries x vision keys
             positions = list(range(sq))
-            if len(toks) < sq:
-                raise InputError(f"{what}: sample {s!r} has {len(toks)} tokens for {sq} text positions")
+            if len(toks) != sq:
+                raise InputError(f"{what}: sample {s!r} has {len(toks)} tokens for {sq} text positions: give one per "
+                                 f"position, tokenizer.convert_ids_to_tokens of the captured input_ids")
             grid, cells = _grid_cells(sk, grid, cells, what, s)
             img_cols, img_rows, i2t_cols = cells, None, None
             t2i_rows = np.asarray(positions)
@@ -235,8 +236,15 @@ def attention_panels(result, images, tokens, grids=None, questions=None, *, samp
             r0.spans.check(sk)
             img = r0.spans.image_index
             positions = [int(i) for i in r0.spans.text_index]
-            if len(toks) < sk:
-                raise InputError(f"{what}: sample {s!r} has {len(toks)} tokens for a sequence of {sk}")
+            at = set(img.tolist())
+            marks = [toks[i] for i in at if i < len(toks)]
+            mark = max(marks, key=marks.count, default=None)  # the image token, where one label repeats there
+            bad = [p for p in range(min(len(toks), sk)) if (toks[p] == mark) != (p in at)] if marks.count(mark) > 1 else []
+            if len(toks) != sk or bad:
+                raise InputError(f"{what}: sample {s!r} has {len(toks)} tokens for a sequence of {sk}" + (
+                    f", and position {bad[0]} holds {toks[bad[0]]!r} where the image positions ({img[0]}..{img[-1]}) "
+                    f"hold {mark!r} and no other does (shifted)" if len(toks) == sk else "") + ": give one token per "
+                    f"position, tokenizer.convert_ids_to_tokens of the captured input_ids (a doubled '<s>' adds one)")
             grid, cells = _grid_cells(len(img), grid, cells, what, s)
             img_cols = img_rows = img[cells]
             t2i_rows = i2t_cols = np.asarray(positions)
