@@ -37,6 +37,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
+    if a.out == OUT and vars(a) != vars(ap.parse_args([])):  # a smoke run never replaces the committed result
+        a.out = OUT.parents[2] / "outputs" / OUT.name
+        print(f"other settings than the committed run's: writing {a.out}, not {OUT} (--out to choose)")
     model, processor = load_understanding(a.model, attn_implementation="eager")
     qas = heldout_set(a.questions, seed=31)
     pols = {n: POLICIES[n]() for n in a.policies}

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-RESULTS = Path(__file__).parent / "results" / "stats_stride_error.txt"
+RESULTS = Path(__file__).resolve().parent / "results" / "stats_stride_error.txt"
 KEYS = ["sample", "part", "layer", "step"]
 # the statistics read in notebooks 03/06 and the diagnostics report (step_table's numeric columns); not out_sim_*:
 # the attention outputs' step-to-step cosines are computed from every row whatever the stride
@@ -103,6 +103,9 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
+    if a.out == RESULTS and vars(a) != vars(ap.parse_args([])):  # a smoke run never replaces the committed result
+        a.out = RESULTS.parents[2] / "outputs" / RESULTS.name
+        print(f"other settings than the committed run's: writing {a.out}, not {RESULTS} (--out to choose)")
     import torch
 
     from unicache_lib.stats import sample_rows

@@ -242,6 +242,39 @@ def test_stats_stride_error_runs_small_and_pairs_the_same_records(tmp_path):
         E.error_table(tables[1], tables[1][tables[1].layer == 0])
 
 
+def test_a_smoke_run_never_replaces_the_committed_result(monkeypatch, capsys):
+    """Round 15's LN4: `stats_stride_error.py --prompts 1` or `batch_eviction.py --questions 2` (no --out) replaced
+    benchmarks/results/*.txt, which docs/CAPTURE.md reads; a run at other settings now writes outputs/ and says so."""
+    import unicache_lib.runtime.loaders as loaders
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import batch_eviction
+        import stats_stride_error
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(stats_stride_error, "run", stop)
+    monkeypatch.setattr(loaders, "load_understanding", stop)
+    for tool, argv, name in ((stats_stride_error, ["--prompts", "1"], "stats_stride_error.txt"),
+                             (batch_eviction, ["--questions", "2"], "batch_eviction.txt")):
+        committed = (ROOT / "benchmarks" / "results" / name).read_bytes()
+        with pytest.raises(Stop):
+            tool.main(argv)
+        said = capsys.readouterr().out
+        assert f"writing {ROOT / 'outputs' / name}, not {ROOT / 'benchmarks' / 'results' / name}" in said, said
+        assert (ROOT / "benchmarks" / "results" / name).read_bytes() == committed
+        with pytest.raises(Stop):  # the default run (make benchmark) still writes the committed file
+            tool.main([])
+        assert "writing" not in capsys.readouterr().out
+
+
 def test_decisive_eviction_budgets_as_token_counts_and_the_scale_targets(tmp_path):
     """`make evaluate BUDGETS=64t,128t`: token counts become shares of the model's image tokens (refused, naming the
     fix, when out of range or malformed), the shards carry them, and the merge decides the literature's-scale targets
