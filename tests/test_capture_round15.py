@@ -83,3 +83,34 @@ def test_layer_batch_below_one_is_refused(llava, samples, tmp_path, capsys):
     assert e.value.code == 2 and "--layer-batch must be >= 1 (0, the default: all layers" in capsys.readouterr().err
     distributed.main(["--out", str(tmp_path / "c"), "--n-samples", "1", "--layer-batch", "0"])
     assert "captured 1 samples" in capsys.readouterr().out
+
+
+def test_stats_store_of_your_folder_or_of_another_model_is_refused(llava, samples, tmp_path):
+    """Round 15's SN13: stats_store_or_capture took a store 02 captured on the user's own folder (its meta records
+    the default seed) as the standard set's, and a Store(p) store of another model (meta with model_config only) as
+    this model's. Both refused now; the standard set's own store passes, and a missing path captures afresh."""
+    from unicache_lib.capture.runner import stats_store_or_capture
+    from unicache_lib.core.errors import InputError
+
+    model, proc = llava
+    meta = {"model": "tiny-llava", "dtype": "torch.float32", "sample_seed": 2024}  # what 02 writes
+    mine = _folder(tmp_path / "mine", 40)
+    capture_samples(model, proc, mine, Store(tmp_path / "own", meta=meta), layers=[0], progress=False)
+    with pytest.raises(InputError, match=r"holds samples that are not the standard set's of sample seed 2024 \('img0', "
+                                         r"2 in all.*or to a missing path to capture afresh"):
+        stats_store_or_capture(tmp_path / "own", tmp_path / "fb", model=model, processor=proc)
+    capture_samples(model, proc, samples[:2], Store(tmp_path / "std", meta=meta), layers=[0], progress=False)
+    assert stats_store_or_capture(tmp_path / "std", tmp_path / "fb", model=model, processor=proc) == (tmp_path / "std",
+                                                                                                      False)
+    recs = Store(tmp_path / "std").read()
+    Store(tmp_path / "janus", meta={"dtype": "torch.float32", "model_config": "JanusForConditionalGeneration:d700"}
+          ).write(recs)
+    for kw in ({}, {"model": model, "processor": proc}):
+        with pytest.raises(InputError, match=r"holds a capture of 'JanusForConditionalGeneration:d700', not of "
+                                             r"'tiny-llava' \(LlavaForConditionalGeneration\).*missing path"):
+            stats_store_or_capture(tmp_path / "janus", tmp_path / "fb", "tiny-llava", **kw)
+    Store(tmp_path / "llava", meta={"dtype": "torch.float32", "model_config": "LlavaForConditionalGeneration:8d2b"}
+          ).write(recs)
+    assert stats_store_or_capture(tmp_path / "llava", tmp_path / "fb")[1] is False
+    path, fresh = stats_store_or_capture(tmp_path / "missing", tmp_path / "fb", model=model, processor=proc)
+    assert fresh and path == tmp_path / "fb" and len(Store(path).read(layer=0)) == len(S.load())

@@ -19,7 +19,7 @@ from ..core.untrusted import decode_utf8, read_inside
 from ..families import family_of
 from ..inputs import check_count, check_question, default_family, encode, prepare_image, resolve_layers
 from ..progress import bar
-from ..runtime.loaders import load_understanding
+from ..runtime.loaders import _read_config, load_understanding, resolve
 from ..runtime.tiny_layouts import answer_logits as tiny
 from ..store import MAX_META_BYTES, Store, key_str, remove_store
 from ..world import samples as sample_set
@@ -207,6 +207,19 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
         if meta.get("model", model_name) != model_name:
             raise InputError(f"the store at {path} holds {meta['model']!r}, not {model_name!r}: point to that model's "
                              "store (notebook 02's OUT_DIR/stats), or to a missing path to capture afresh")
+        if "model" not in meta and "model_config" in meta:  # a Store(p) capture names its model by class and weights
+            cls = type(model).__name__ if model is not None else (_read_config(resolve(model_name)).get(
+                "architectures") or ["?"])[0]
+            if str(meta["model_config"]).split(":")[0] != cls:
+                raise InputError(f"the store at {path} holds a capture of {meta['model_config']!r}, not of "
+                                 f"{model_name!r} ({cls}): point to that model's store, or to a missing path to capture "
+                                 f"afresh")
+        std = {s.id: sample_digest(s) for s in sample_set.load(seed=want)}  # 02 on a folder of yours records seed too
+        if (odd := sorted({e["sample"] for e in Store(path).index() if std.get(e["sample"], "") != e.get(
+                "meta", {}).get("sample_digest", std.get(e["sample"]))})):
+            raise InputError(f"the store at {path} holds samples that are not the standard set's of sample seed {want} "
+                             f"({odd[0]!r}, {len(odd)} in all: a folder of your own?): point to the store of the "
+                             f"standard set, or to a missing path to capture afresh")
         return path, False
     if fallback.exists():
         remove_store(fallback)  # the caller's own output of an earlier run (refused while another process writes it)
