@@ -420,6 +420,11 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
 
     x = torch.zeros(1, 2)
     assert fresh()(forward, x, timestep=torch.tensor(999.0)) is x  # the applied schedule runs
+    from unicache_lib.reuse.diffusers_hook import apply_step_skip
+
+    for wrong in ({"num_inference_steps": 20}, StepSkip()):  # round 15's poor 7: a raw AttributeError
+        with pytest.raises(TypeError, match=r"apply_step_skip takes a StepSkipConfig, e.g. StepSkipConfig\("):
+            apply_step_skip(torch.nn.Linear(1, 1), wrong)
     for change in (lambda h: setattr(h.policy, "stride", 5), lambda h: setattr(h, "policy", StepSkip(stride=5)),
                    lambda h: setattr(h, "num_inference_steps", 30)):
         change(h := fresh())

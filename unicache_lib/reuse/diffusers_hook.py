@@ -209,6 +209,9 @@ def apply_step_skip(transformer: torch.nn.Module, config: StepSkipConfig) -> Ste
     its config; ``calls`` / ``computed`` count the work over every pipeline call since it was applied, not reset
     between runs). Applying it twice, or over a :class:`~unicache_lib.reuse.cache.ReuseCache` driving step reuse,
     raises: remove it first."""
+    if not isinstance(config, StepSkipConfig):  # a dict or a StepSkip policy was a raw AttributeError
+        raise InputTypeError(f"apply_step_skip takes a StepSkipConfig, e.g. StepSkipConfig(num_inference_steps=20, "
+                             f"stride=3), got {type(config).__name__} {config!r}")
     hook = StepReuseHook(config.policy(), config.num_inference_steps)
     hook._config = config
     return add_model_hook(getattr(transformer, "transformer", transformer), HOOK_NAME, hook,
