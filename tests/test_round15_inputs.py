@@ -77,3 +77,53 @@ def test_the_explorer_refuses_a_token_list_longer_than_the_sequence_or_shifted()
         attention_explorer(res, imgs, {**toks, s0: ["x"] + toks[s0][:-1]})
     words = attention_explorer(res, imgs, toks).data.spec["models"][0]["panels"][0]["words"]
     assert f"{first + 64} {toks[s0][first + 64]!r}" in words  # the first word after the picture, under its own label
+
+
+def test_a_markerless_copy_with_an_edited_mask_object_prompt_or_a_subset_is_your_own_folder(tmp_path):
+    """Round 15's SN10: a generated set copied without its marker stayed "standard" after its masks, objects or
+    prompts were edited, or once trimmed to one scene type (only questions, answers and pictures were compared), so
+    SAMPLE_SEED=5 measured a synthetic set in place of the user's. Each is now your own folder: seed 5 refused, the
+    advised seed (its manifest's) loads the user's edit, and an unedited copy still draws seed 5's set."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    from unicache_lib.world import samples as S
+
+    gen = tmp_path / "gen"
+    S.main(["--out", str(gen)])
+
+    def copy(name):  # `cp gen/* name/`: the marker (a dot file) stays behind
+        d = tmp_path / name
+        d.mkdir()
+        for f in gen.iterdir():
+            if not f.name.startswith("."):
+                shutil.copy(f, d / f.name)
+        return d, json.loads((d / "manifest.json").read_text())
+
+    plain, _ = copy("plain")
+    assert len(S.load(plain, seed=5)) == 20 and S.seed_refusal(plain, 5) is None  # unedited: still a standard set
+    masked, _ = copy("masked")
+    z = dict(np.load(masked / "masks.npz"))
+    z["single-0"] = np.zeros_like(z["single-0"])
+    z["single-0"][0, :10, :10] = True
+    np.savez_compressed(masked / "masks.npz", **z)
+    objects, m = copy("objects")
+    m["samples"][0]["objects"][0]["colour"] = "purple"
+    (objects / "manifest.json").write_text(json.dumps(m))
+    prompt, m = copy("prompt")
+    m["samples"][0]["long_prompt"] = "my own prompt"
+    (prompt / "manifest.json").write_text(json.dumps(m))
+    trimmed, m = copy("trimmed")
+    m["samples"] = [e for e in m["samples"] if e["scene_type"] == "single"]
+    (trimmed / "manifest.json").write_text(json.dumps(m))
+    np.savez_compressed(trimmed / "masks.npz", **{k: v for k, v in z.items() if k.startswith("single")})
+    for d in (masked, objects, prompt, trimmed):
+        with pytest.raises(InputError, match=rf"{d.name} is your own sample folder: .*SAMPLE_SEED=5 would measure a "
+                                             r"synthetic standard set .*pass SAMPLE_SEED=2024 \(its manifest's\)"):
+            S.load(d, seed=5)
+        assert S.seed_refusal(d, 5) is not None
+    assert int(S.load(masked, seed=2024, ids=["single-0"])[0].masks.sum()) == 100  # the advice: the user's mask
+    assert S.load(objects, seed=None, ids=["single-0"])[0].objects[0]["colour"] == "purple"
+    assert {s.scene_type for s in S.load(trimmed, seed=2024)} == {"single"}

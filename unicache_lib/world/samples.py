@@ -398,14 +398,15 @@ def _generated(path: Path, rows, seed: int = SEED) -> bool:
     if not (rows and all(isinstance(r.get("id"), str) and _GENERATED_PNG.fullmatch(f"{r['id']}.png")
                          and r["id"].rsplit("-", 1)[0] == r.get("scene_type") for _, r in rows)):
         return False
-    # no marker (copied without it): standard only if it holds what the recipe draws, questions and pictures alike
+    # no marker (copied without it): standard only if it holds every sample the recipe draws, each field, picture and
+    # mask as drawn (an edited mask, object or prompt, or a subset, is your own folder, as the marked rule has it)
     per = max(sum(r["scene_type"] == t for _, r in rows) for t in SCENE_TYPES)
     built = {s.id: s for s in build(seed, per)} if isinstance(seed, int) and 0 < per <= MAX_PER_TYPE else {}
     try:
-        return all(r["id"] in built and (r.get("question"), r.get("answer")) == (built[r["id"]].question,
-                                                                                  built[r["id"]].answer)
-                   and np.array_equal(_read_image(_read_bytes(path, str(r["file_name"]), "", "image", MAX_IMAGE_BYTES),
-                                                  str(r["file_name"]), ""), built[r["id"]].image) for _, r in rows)
+        mine = _samples_from_records(path, rows, path / MANIFEST, "image", "id")
+        return sorted(s.id for s in mine) == sorted(built) and all(
+            np.array_equal(x, y) if isinstance(y, np.ndarray) else json.dumps(x, sort_keys=True) == json.dumps(
+                y, sort_keys=True) for s in mine for x, y in ((v, getattr(built[s.id], k)) for k, v in vars(s).items()))
     except (UnicacheError, OSError, KeyError):
         return False
 
