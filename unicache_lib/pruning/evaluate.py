@@ -300,13 +300,13 @@ def _fractions(space, fractions) -> list[float]:
     (``round(fraction x n_heads)``, at most one head short of every unit): two fractions that prune one count, or a
     fraction past the floor, would be rows labelled by a fraction that was not pruned."""
     out = check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")
-    n, top = space.n_heads, space.n_heads - len(space.units)
     for i, f in enumerate(out):
-        if round(f * n) > top:
+        n, top, g = space.n_heads, space.n_heads - len(space.units), next((g for g in out[:i] if round(g * space.n_heads)
+                                                                           == round(f * space.n_heads)), None)
+        if round(f * n) > top or g is not None:
             raise InputError(f"at most {top} of {n} heads can be pruned (one per unit stays): fraction {f:g} asks for "
-                             f"{round(f * n)}; the largest fraction is {top / n:.4g}")
-        if (g := next((g for g in out[:i] if round(g * n) == round(f * n)), None)) is not None:
-            raise InputError(f"fractions {g:g} and {f:g} both prune {round(f * n)} of {n} heads: one row of the sweep "
+                             f"{round(f * n)}; the largest fraction is {top / n:.4g}" if round(f * n) > top else
+                             f"fractions {g:g} and {f:g} both prune {round(f * n)} of {n} heads: one row of the sweep "
                              f"would be measured twice under two labels; drop one")
     return out
 
