@@ -43,7 +43,11 @@ def test_an_index_set_aside_under_any_name_keeps_the_chunks_it_names(tmp_path, a
                                       for p in problems), problems
     assert Store(path).repair() == []
     assert sorted(p.name for p in (path / "rank00000").iterdir()) == ["chunk000000", "chunk000001"]
-    # moving the index back, as the report says, gives both records again
+    if aside == ".bak":  # the message's other way: kept aside as .jsonl.bad, the chunks it names are no one's business
+        (path / "index-rank00000.jsonl.bak").rename(path / "index-rank00000.jsonl.bad")
+        assert Store(path).verify() == []
+        (path / "index-rank00000.jsonl.bad").rename(path / "index-rank00000.jsonl.bak")
+    # moving the index back, as the message says, gives both records again
     src = tmp_path / "aside.jsonl" if aside in ("out of the folder", "a link .bad") else path / f"index-rank00000.jsonl{aside}"
     if aside == "a link .bad":
         (path / "index-rank00000.jsonl.bad").unlink()

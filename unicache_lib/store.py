@@ -1042,15 +1042,17 @@ class Store(contextlib.AbstractContextManager):
                     used |= {m.decode() for line in f for m in re.findall(rb"rank\d{5,}/chunk\d{6,}", line)}
         return used
 
-    def _scan(self) -> tuple[list[Path], list[tuple[Path, str]]]:
-        """``(leftovers, strangers)``. Leftovers of interrupted writes: temporary files and chunk folders no line of
-        any index names. Strangers: a symbolic link, FIFO, device or socket under a name the store uses for its own
+    def _scan(self) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
+        """``(leftovers, strangers, aside)``. Leftovers of interrupted writes: temporary files and chunk folders no line
+        of any index names, numbered above a chunk of their rank that one names (a write takes the next number). Aside:
+        the other unnamed chunk folders (an index set aside under a name the store does not read, or moved out: its
+        chunks are kept). Strangers: a symbolic link, FIFO, device or socket under a name the store uses for its own
         files and folders, or a hard link under the name of a file it writes (lock, index, meta) (``meta.json``, ``index-rank*``, ``.lock-rank*``, ``rank*``, ``rank*/chunk*``), with what
         it is. Only real folders of the store are looked into: a link is never followed."""
         with self._guard:
             self._current()
         used = self._named_chunks()
-        tmp, orphans, strangers = [], [], []
+        tmp, orphans, strangers, aside = [], [], [], []
 
         def look(folder: Path, depth: int) -> None:
             try:
@@ -1080,16 +1082,18 @@ class Store(contextlib.AbstractContextManager):
                     # *.damaged, or a file of a user's, is not an orphan
                     if p.relative_to(self.path).as_posix() not in used and all(
                             _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)):
-                        orphans.append(p)
+                        (orphans if any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u)) and int(m[1]) < int(n[5:])
+                                        for u in used) else aside).append(p)
                     look(p, 2)
 
         look(self.path, 0)
-        return tmp + orphans, strangers
+        return tmp + orphans, strangers, aside
 
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record keys; entries a
         line may not hold: an alias of another line's record, a checksum or slot its file does not have), leftovers
-        of interrupted writes (ignored by readers; :meth:`repair` removes them) and symbolic links, FIFOs or devices
+        of interrupted writes (ignored by readers; :meth:`repair` removes them), chunk folders no index names that are
+        no interrupted write's (an index set aside or moved out: kept, never removed) and symbolic links, FIFOs or devices
         under the store's own names (never followed nor removed). A leftover of a rank that a live process is writing
         right now is reported as a write in flight, not as damage. Empty when the store is sound. Records listed twice
         (a hand-edited log) are reported, each naming its file and line; nothing else is checked until they are
@@ -1100,7 +1104,7 @@ class Store(contextlib.AbstractContextManager):
         if conflicts:
             return [f"{c}: delete the line that should not be there (a hand-edited or damaged index); reads are refused "
                     f"until then" for c in conflicts]
-        leftovers, strangers = self._scan()
+        leftovers, strangers, aside = self._scan()
         problems = [f"{p.relative_to(self.path).as_posix()} is {kind}: a store never makes one, so it is never "
                     f"followed, opened, written or removed (repair() leaves it); remove it yourself "
                     f"(os.unlink({str(p)!r})) if it should not be there" for p, kind in strangers]
@@ -1121,10 +1125,13 @@ class Store(contextlib.AbstractContextManager):
             return (f"{what}: possibly a write in flight, not damage (rank {rank} is held by a live writer, "
                     f"{describe(live(rank))}); check again once it has closed the store")
 
-        for p in leftovers:
+        for p in leftovers + aside:
             rel = p.relative_to(self.path).as_posix()
             rank = int(m[1]) if (m := _RANK_DIR.fullmatch(rel.split("/", 1)[0])) else None  # (a top-level file: None)
             problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank) if live(rank) else
+                            f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed; "
+                            f"move its index back as index-rank{rank:05d}.jsonl (or .jsonl.bad to keep it aside), or "
+                            f"remove the folder yourself if it is not wanted" if p in aside else
                             f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
                             if p.is_dir() else f"temporary file {rel} left by an interrupted write; it is ignored, "
                             f"Store.repair() removes it")
