@@ -131,6 +131,18 @@ def test_press_refuses_a_cross_attention_vlm():
             pass
 
 
+def test_an_encoder_family_is_told_it_keeps_no_kv_cache():
+    """Round 15's poor 16: split_prompt on tiny-vilt / tiny-clip was a raw AttributeError on the processor."""
+    import numpy as np
+
+    from unicache_lib.runtime.loaders import load_understanding
+
+    for name in ("tiny-vilt", "tiny-clip"):
+        model, processor = load_understanding(name)
+        with pytest.raises(ValueError, match=r"puts no image token in its text and keeps no KV cache"):
+            split_prompt(processor, np.zeros((64, 64, 3), np.uint8), "what colour is the square ?", model=model)
+
+
 def test_divprune_keys_press_keeps_what_the_ablation_policy_keeps(llava):
     """DivPruneKeysPress: DivPrune's rule on each layer's cached image keys, the positions of POLICIES['divprune_keys']
     (torch.equal, every layer) and the same answers; it needs no attention weights, so it also runs under sdpa."""

@@ -62,11 +62,14 @@ def split_prompt(processor, image, question: str | None, image_token_id: int | N
     """
     fam = family_of(model) if model is not None else _family_of_processor(processor)
     return split_inputs(fam, dict(encode(processor, image, question, fam, prompt)),
-                        _image_token_id(processor) if image_token_id is None else image_token_id)
+                        _image_token_id(processor, fam) if image_token_id is None else image_token_id)
 
 
-def _image_token_id(processor) -> int:
+def _image_token_id(processor, fam) -> int:
     """The processor's image token id (its attribute, or its image token through the tokenizer)."""
+    if fam.image_marker is None:  # ViLT, CLIP: a raw AttributeError on the processor's image_token
+        raise InputError(f"{fam.name} puts no image token in its text and keeps no KV cache of the image: prompt "
+                         "splitting and eviction are for vision-language decoders (LLaVA, Qwen2-VL, ...)")
     tid = getattr(processor, "image_token_id", None)
     return processor.tokenizer.convert_tokens_to_ids(processor.image_token) if tid is None else tid
 
@@ -75,7 +78,7 @@ def split_prompts(processor, images, questions, model) -> list[PromptSplit]:
     """:func:`split_prompt` for many (image, question) pairs, encoded in one processor call
     (:func:`~unicache_lib.inputs.encode_batch`); each split equals :func:`split_prompt`'s for its pair."""
     fam = family_of(model)
-    tid = _image_token_id(processor)
+    tid = _image_token_id(processor, fam)
     return [split_inputs(fam, enc, tid) for enc in encode_batch(processor, images, questions, fam)]
 
 
