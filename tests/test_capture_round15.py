@@ -114,3 +114,28 @@ def test_stats_store_of_your_folder_or_of_another_model_is_refused(llava, sample
     assert stats_store_or_capture(tmp_path / "llava", tmp_path / "fb")[1] is False
     path, fresh = stats_store_or_capture(tmp_path / "missing", tmp_path / "fb", model=model, processor=proc)
     assert fresh and path == tmp_path / "fb" and len(Store(path).read(layer=0)) == len(S.load())
+
+
+def test_a_second_generator_into_a_generator_store_is_refused(tmp_path):
+    """Round 15's SN15: capture_generation recorded only the dtype in a store's meta, so tiny-pixart's run went into a
+    Store(p) store of tiny-mmdit (and into one whose meta names tiny-mmdit) and the report drew both as tiny-mmdit's.
+    The transformer's fingerprint is recorded now: refused; the same generator adds a run; both named fixes work."""
+    from unicache_lib.capture.gen_runner import capture_generation
+    from unicache_lib.runtime.loaders import load_generator
+
+    a, b = load_generator("tiny-mmdit"), load_generator("tiny-pixart")
+
+    def cap(gen, run, store):
+        return len(capture_generation(gen, ["a red circle"], run, store, steps=2, progress=False).result.records)
+
+    for p, meta in ((tmp_path / "g", None), (tmp_path / "m", {"model": "tiny-mmdit"})):
+        assert cap(a, "short", Store(p, meta=meta)) > 0
+        with pytest.raises(StoreError, match=r"holds model_config='SD3Transformer2DModel:\w+', this capture is "
+                                             r"model_config='PixArtTransformer2DModel:\w+'.*Write to a new folder, or "
+                                             r"remove_store"):
+            cap(b, "more", Store(p))
+    assert cap(load_generator("tiny-mmdit"), "again", Store(tmp_path / "g")) > 0  # the same generator, loaded anew
+    assert cap(b, "more", Store(tmp_path / "new")) > 0
+    remove_store(tmp_path / "g")
+    assert cap(b, "more", Store(tmp_path / "g")) > 0 and Store(tmp_path / "g").read_meta()["model_config"].startswith(
+        "PixArt")

@@ -65,6 +65,7 @@ from ..gen_families import gen_family_of, processor_probs
 from ..gen_families.base import streamed_maps
 from ..inputs import resolve_layers
 from .record import CaptureResult, Record
+from .runner import model_fingerprint
 
 PARTS = ("joint", "self", "cross")
 MODES = ("stats", "full", "recompute")
@@ -360,6 +361,7 @@ class DiffusionCapture:
     def __enter__(self) -> "DiffusionCapture":
         if self.store is not None:
             self.store.meta.setdefault("dtype", str(next(self.transformer.parameters()).dtype))  # resumed in another: refused
+            self.store.meta.setdefault("model_config", model_fingerprint(self.transformer))  # and another generator's
             self.store.check_resume()
             have = {k.split("|", 1)[0] for k in self.store.keys()}
             clash = [s for s in self.sample_ids if s in have]

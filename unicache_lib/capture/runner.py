@@ -167,7 +167,9 @@ def model_fingerprint(model) -> str:
     def clean(x):
         return {k: clean(v) for k, v in x.items() if not str(k).startswith("_")
                 and k not in ("transformers_version", "torch_dtype", "dtype")} if isinstance(x, dict) else x
-    h = hashlib.sha256(json.dumps(clean(model.config.to_dict()), sort_keys=True, default=str).encode())
+    cfg = getattr(model, "config", {})  # a diffusers transformer's is a FrozenDict (no to_dict)
+    h = hashlib.sha256(json.dumps(clean(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)), sort_keys=True,
+                                  default=str).encode())
     with torch.no_grad():  # every tensor: its first two rows and columns (an embedding row, a bias) and a stride of it
         for v in (p.detach().reshape(p.shape[0] if p.dim() else 1, -1) for p in model.parameters()):
             h.update(torch.cat([v[:, :2].flatten(), v[:2].flatten(), v.flatten()[:: max(1, v.numel() // 256)]])
