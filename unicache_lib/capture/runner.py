@@ -99,7 +99,8 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     Args:
         samples: objects with ``id``, ``image`` and ``question`` (the standard sample set).
         store: when given, records are written there per sample and already-stored samples are
-            skipped (resume); the returned result then holds only what this call captured.
+            skipped (resume); the returned result then holds only what this call captured. Each record's meta
+            holds its sample's ``sample_digest`` (picture and question): a stored id of other content is refused.
         layers: layer subset; ``layer_batch``: capture at most this many layers per forward
             (big models: less memory per pass, one forward per batch of layers); None: all in one forward.
         memory_budget_gb: with ``mode="full"``, the maps the call returns are estimated first (printed)
