@@ -401,8 +401,19 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
     with pytest.raises(dataclasses.FrozenInstanceError, match="stride"):
         cfg.stride = 5
     assert dataclasses.replace(cfg, stride=5).stride == 5  # the fix its docstring names
-    from unicache_lib.reuse.diffusers_hook import StepReuseHook
 
+
+def test_a_hook_runs_only_the_schedule_it_was_applied_with():
+    """Round 14's SN6 (hook.config replaced), round 15's SN11 (hook.policy or hook.num_inference_steps changed by hand)
+    and poor 7 (apply_step_skip given a dict): each refused, naming remove_step_skip / StepSkipConfig."""
+    import dataclasses
+
+    import torch
+
+    from unicache_lib.reuse.diffusers_hook import StepReuseHook, StepSkipConfig, apply_step_skip
+    from unicache_lib.reuse.policies.step_skip import StepSkip
+
+    cfg = StepSkipConfig(20)
     hook = StepReuseHook(cfg.policy(), 20)  # round 14's SN6: hook.config = another was shown, never run
     with pytest.raises(ValueError, match=r"keeps the schedule it was applied with: remove_step_skip"):
         hook.config = dataclasses.replace(cfg, stride=5)
@@ -416,12 +427,8 @@ def test_step_skip_configs_are_checked_on_construction(kwargs, err, msg):
     def forward(x, timestep):
         return x
 
-    import torch
-
     x = torch.zeros(1, 2)
     assert fresh()(forward, x, timestep=torch.tensor(999.0)) is x  # the applied schedule runs
-    from unicache_lib.reuse.diffusers_hook import apply_step_skip
-
     for wrong in ({"num_inference_steps": 20}, StepSkip()):  # round 15's poor 7: a raw AttributeError
         with pytest.raises(TypeError, match=r"apply_step_skip takes a StepSkipConfig, e.g. StepSkipConfig\("):
             apply_step_skip(torch.nn.Linear(1, 1), wrong)
