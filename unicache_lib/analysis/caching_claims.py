@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import spearmanr
 
 from ..claims import NEW, NEW_REUSE, REGISTRY, decision_rows, read, rules_of
 from ..intervals import MIN_TIMING_REPEATS, Interval, bootstrap, mean_interval
@@ -281,8 +282,6 @@ def simulation_rho(R: pd.DataFrame) -> Interval:
     """Spearman's rho between the simulated ``retained`` attention and real accuracy over the (policy, budget) cells of
     a :func:`~unicache_lib.kv.evaluate.run_eviction` run (the full cache and the presses left out), with its BCa
     interval over questions: each resample recomputes every cell's two means from the same questions."""
-    from scipy.stats import spearmanr
-
     d = R[(R.kind == "policy") & (R.method != "full")]
     acc, ret = (d.pivot_table(index=["method", "budget"], columns="question", values=v).to_numpy(np.float64)
                 for v in ("correct", "retained"))
