@@ -28,15 +28,16 @@ class Registry(dict):
         return (type(self), (self.kind, dict(self)))
 
 
-def registrar(registry: dict, kind: str):
-    """A ``register`` class decorator that adds ``cls`` to ``registry`` under ``cls.name``; a second
-    class with the same name is an error, not a silent replacement."""
+def registrar(registry: dict, kind: str, instance: bool = False):
+    """A ``register`` class decorator that adds ``cls`` to ``registry`` under ``cls.name`` (``instance``: one
+    instance of it, ``cls()``); a second class with the same name is an error, not a silent replacement."""
 
     def register(cls):
         if cls.name in registry:
-            raise DuplicateNameError(f"{kind} {cls.name!r} registered twice: {registry[cls.name].__qualname__} holds "
+            held = registry[cls.name] if isinstance(registry[cls.name], type) else type(registry[cls.name])
+            raise DuplicateNameError(f"{kind} {cls.name!r} registered twice: {held.__qualname__} holds "
                                      f"the name already; give {cls.__qualname__} another name")
-        registry[cls.name] = cls
+        registry[cls.name] = cls() if instance else cls
         return cls
 
     return register

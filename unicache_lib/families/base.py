@@ -25,7 +25,7 @@ from ..core.registry import Registry, registrar
 from ..zoo.tiny_llava import build_tokenizer
 
 FAMILIES: dict[str, "VLMFamily"] = Registry("model family")
-_register = registrar(FAMILIES, "model family")
+register = registrar(FAMILIES, "model family", instance=True)  # one instance of each VLMFamily subclass
 
 HOW_TO_ADD = ("To add one: write unicache_lib/families/<name>.py with a VLMFamily subclass (model_types, model_class, "
               "language_model, projector, config) decorated with @register (every module of that package is imported, "
@@ -44,13 +44,6 @@ class ImageKV:
     length: int
     key_index: torch.Tensor | None = None  # columns of the prefill maps that the cache still holds
     grid: torch.Tensor | None = None  # indices into the image block that tile the picture row by row
-
-
-def register(cls):
-    """Class decorator: register one instance of a :class:`VLMFamily` subclass under ``cls.name``."""
-    _register(cls)
-    FAMILIES[cls.name] = cls()
-    return cls
 
 
 def supported() -> str:

@@ -38,7 +38,7 @@ from ..families.base import UnsupportedModelError
 from ..stats import LogitRows
 
 GEN_FAMILIES: dict[str, "GenFamily"] = Registry("generator family")
-_register = registrar(GEN_FAMILIES, "generator family")
+register = registrar(GEN_FAMILIES, "generator family", instance=True)  # one instance of each GenFamily subclass
 
 HOW_TO_ADD = ("To add a family: write unicache_lib/gen_families/<name>.py with a GenFamily subclass (name, "
               "transformer_classes, pipeline_classes, site_patterns, processors, default_processors, its tiny test "
@@ -46,13 +46,6 @@ HOW_TO_ADD = ("To add a family: write unicache_lib/gen_families/<name>.py with a
               "not named there is computed in full, for sampling and pruning sampled_pipelines, objective and its tiny "
               "pipeline in tiny_pipelines / tiny_pipeline_parts) decorated with @register (every module of that package is "
               "imported, so the file registers itself), and add its line to EXPECT in tests/test_gen_families.py.")
-
-
-def register(cls):
-    """Class decorator: register one instance of a :class:`GenFamily` subclass under ``cls.name``."""
-    _register(cls)
-    GEN_FAMILIES[cls.name] = cls()
-    return cls
 
 
 def supported() -> str:
