@@ -665,8 +665,10 @@ class Store(contextlib.AbstractContextManager):
             for k in self.RESUME_KEYS:
                 if k in self.meta and k in old and self.meta[k] != old[k]:
                     raise StoreError(f"store {self.path} holds {k}={old[k]!r}, this capture is {k}={self.meta[k]!r}: "
-                                     f"one store holds one {k}. Write to a new folder, or remove_store({str(self.path)!r}) "
-                                     f"to start this one again")
+                                     f"one store holds one {k}" + (" (or, for a store captured before 2026-12-05, an "
+                                     "older fingerprint of the same weights)" if k == "model_config" else "") +
+                                     f". Write to a new folder, or remove_store({str(self.path)!r}) to start this one "
+                                     "again")
             # what this capture names must be checkable: a capture's model_config against the store's (a meta naming
             # only "model" cannot check it); a model against a meta a store wrote (not one rewritten without it)
             if (k := max({"model", "model_config"} & set(self.meta), default=None)) and self._logs_on_disk() and (
