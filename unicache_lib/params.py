@@ -192,20 +192,9 @@ def fractions(name, v):
     """Shares of the heads pruned (04's ``FRACTIONS``): each in [0, 1) (pruning every head leaves no model), none
     twice (each is one row per scorer: a repeat would write its rows twice)."""
     v = _as_list(name, v)
-    got = _checked(name, v, check_fractions, v, "fraction", upper_inclusive=False, meaning="of the heads pruned")
-    if not got:
-        _fail(name, v, "must hold at least one fraction")
-    _no_repeats(name, v, got, "fraction")
+    if not _checked(name, v, check_fractions, v, "fraction", upper_inclusive=False, meaning="of the heads pruned"):
+        _fail(name, v, "must hold at least one fraction")  # (a fraction given twice: check_fractions refuses it)
     return v
-
-
-def _no_repeats(name, v, values, what: str) -> None:
-    seen = {}
-    for given, x in zip(v, values):
-        if x in seen:
-            _fail(name, v, f"{what} {given!r} is given twice: each {what} is one row of the sweep, and a repeat would "
-                  f"write its rows twice and double its n; drop one")
-        seen[x] = given
 
 
 def budgets(name, v):
@@ -230,7 +219,9 @@ def counts_or_none(name, v):
             _fail(name, v, "must be None or a non-empty list of step counts")
         for i in v:
             _integer(f"{name}[...]", i, 1, MAX_STEPS)
-        _no_repeats(name, v, [int(i) for i in v], "step count")
+        if (twice := next((k for k in range(len(v)) if v[k] in v[:k]), None)) is not None:
+            _fail(name, v, f"step count {v[twice]!r} is given twice: each step count is one row of the sweep, and a "
+                  f"repeat would write its rows twice and double its n; drop one")
     return v
 
 
@@ -397,11 +388,9 @@ def _check_together(namespace: dict) -> None:
     ``DEPTH_TOKENS`` with ``SCALE_MODEL``: a token count the committed depth-budget run measured."""
     _depth_tokens(namespace)
     folder, sample_seed = namespace.get("SAMPLES"), namespace.get("SAMPLE_SEED")
-    if folder is not None and isinstance(sample_seed, int) and not isinstance(sample_seed, bool):
-
-        why = seed_refusal(folder, sample_seed)
-        if why:
-            _fail("SAMPLE_SEED", sample_seed, why)
+    if folder is not None and isinstance(sample_seed, int) and not isinstance(sample_seed, bool) \
+            and (why := seed_refusal(folder, sample_seed)):
+        _fail("SAMPLE_SEED", sample_seed, why)
     per = namespace.get("PER_TYPE")
     if not (isinstance(per, int) and "SAMPLES" in namespace and namespace["SAMPLES"] is None):
         return
