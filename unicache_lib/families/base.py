@@ -52,9 +52,8 @@ def supported() -> str:
 
 
 def family_for_type(model_type: str | None) -> "VLMFamily":
-    for fam in FAMILIES.values():
-        if model_type in fam.model_types:
-            return fam
+    if (fam := next((f for f in FAMILIES.values() if model_type in f.model_types), None)) is not None:
+        return fam
     raise UnsupportedModelError(
         f"model_type {model_type!r} is not a supported vision-language family. Supported: {supported()}. {HOW_TO_ADD}"
     )

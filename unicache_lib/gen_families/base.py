@@ -56,9 +56,9 @@ def supported() -> str:
 def gen_family_for(class_name: str) -> "GenFamily":
     """The family claiming a diffusers transformer or pipeline class name (``"FluxPipeline"``,
     ``"SanaTransformer2DModel"``; e.g. a checkpoint's ``model_index.json`` ``_class_name``)."""
-    for fam in GEN_FAMILIES.values():
-        if class_name in fam.transformer_classes or class_name in fam.pipeline_classes:
-            return fam
+    if (fam := next((f for f in GEN_FAMILIES.values()
+                     if class_name in f.transformer_classes or class_name in f.pipeline_classes), None)) is not None:
+        return fam
     raise UnsupportedModelError(f"{class_name!r} is not a supported generator class. Supported generator families: "
                                 f"{supported()}. {HOW_TO_ADD}")
 
@@ -68,19 +68,17 @@ def gen_family_of(transformer) -> "GenFamily":
     may change attention, so it is claimed explicitly (the error says how)."""
     tr = unwrap(transformer)
     cls = type(tr).__name__
-    for fam in GEN_FAMILIES.values():
-        if cls in fam.transformer_classes:
-            return fam
+    if (fam := next((f for f in GEN_FAMILIES.values() if cls in f.transformer_classes), None)) is not None:
+        return fam
     hint = " This looks like a pipeline: pass pipe.transformer." if hasattr(tr, "transformer") and not isinstance(
         tr, torch.nn.Module) else ""
-    for base in type(tr).__mro__[1:]:
-        fam = next((f for f in GEN_FAMILIES.values() if base.__name__ in f.transformer_classes), None)
-        if fam is not None:
-            a = type(fam)
-            hint = (f" {cls} subclasses {base.__name__} ({fam.name}); if its attention is unchanged, claim it with "
-                    f"`@register class Mine({a.__module__}.{a.__name__}): name = 'mine'; transformer_classes = ({cls!r},)` "
-                    f"(register from unicache_lib.gen_families).")
-            break
+    # the nearest base class a family claims (the first in the method resolution order)
+    if (claimed := next(((base, type(f)) for base in type(tr).__mro__[1:] for f in GEN_FAMILIES.values()
+                         if base.__name__ in f.transformer_classes), None)) is not None:
+        base, a = claimed
+        hint = (f" {cls} subclasses {base.__name__} ({a.name}); if its attention is unchanged, claim it with "
+                f"`@register class Mine({a.__module__}.{a.__name__}): name = 'mine'; transformer_classes = ({cls!r},)` "
+                f"(register from unicache_lib.gen_families).")
     raise UnsupportedModelError(f"{cls} is not a supported generator transformer.{hint} Supported generator families: "
                                 f"{supported()}. {HOW_TO_ADD}")
 
@@ -94,12 +92,12 @@ def restore_processors(transformer) -> None:
 
 def processor_probs(processor_name: str) -> Callable:
     """The map recomputation of a processor class any registered family knows; CaptureError otherwise."""
-    for fam in GEN_FAMILIES.values():
-        if processor_name in fam.processors:
-            return fam.processors[processor_name]
-    known = sorted({p for f in GEN_FAMILIES.values() for p in f.processors})
+    if (fn := next((f.processors[processor_name] for f in GEN_FAMILIES.values() if processor_name in f.processors),
+                   None)) is not None:
+        return fn
     raise CaptureError(f"no generator family knows the attention processor {processor_name}; capture recomputes "
-                       f"the maps of {', '.join(known)}. Put the stock processors back with "
+                       f"the maps of {', '.join(sorted({p for f in GEN_FAMILIES.values() for p in f.processors}))}. "
+                       f"Put the stock processors back with "
                        f"unicache_lib.gen_families.restore_processors(transformer).")
 
 
