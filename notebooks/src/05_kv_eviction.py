@@ -394,7 +394,9 @@ if (clut := hb[hb.subset == "clutter"]).question.nunique() > 1:  # paired over t
 # <!--num "notebooks/05_kv_eviction.ipynb#out:clutter, key_coverage minus full" re="full: (\S+) points"-->+0.0<!--/num-->
 # points [<!--num "notebooks/05_kv_eviction.ipynb#out:clutter, key_coverage minus full" re="\[(\S+),"-->-12.6<!--/num-->,
 # <!--num "notebooks/05_kv_eviction.ipynb#out:clutter, key_coverage minus full" re=", (\S+)\]"-->+12.6<!--/num-->]: inconclusive, so few
-# questions cannot tell whether clutter costs it accuracy. Its net errors:
+# questions cannot tell whether clutter costs it accuracy.
+#
+# Its net errors at 10%:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:answers wrongly where the full cache is right > exists" re="exists (\d+ of \d+)"-->1 of 37<!--/num-->
 # "is there …?" and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:answers wrongly where the full cache is right > position" re="position (\d+ of \d+)"-->1 of 37<!--/num-->
@@ -435,10 +437,19 @@ if len(ctl):
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > key_coverage_features@0" fmt="{:+.1f}"-->+2.0<!--/num-->
 # and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > divprune_keys@0" fmt="{:+.1f}"-->+4.0<!--/num-->
-# points ahead at 10%, both intervals across zero. The decisive run decides: the rule carries the gain; the
-# place ties on this model but loses at 576 image tokens, as does `key_coverage_prefill` (the first layer's keys,
-# covered before the prefill): select from the cache after the prefill ([appendix](../docs/EVICTION_APPENDIX.md), also
-# for what choosing before the prefill saves).
+# points ahead at 10%, both intervals across zero.
+#
+# The decisive run decides. The rule carries the gain: `key_coverage` is
+# <!--num "benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune_keys].diff" fmt="{:+.1f}" scale=100-->+1.6<!--/num--> points
+# [<!--num "benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune_keys].lo" fmt="{:+.1f}" scale=100-->+0.6<!--/num-->,
+# <!--num "benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune_keys].hi" fmt="{:+.1f}" scale=100-->+2.6<!--/num-->] ahead of DivPrune's rule on its keys at 10%.
+#
+# The place ties on this model but loses at 576 image tokens: at the smaller budget the cover on the features is
+# <!--num "benchmarks/results/evaluate_controls_tiny-llava-576.csv#[budget=0.1111111111111111,peer=key_coverage_features].diff" fmt="{:.1f}" scale=100-->10.6<!--/num--> points
+# [<!--num "benchmarks/results/evaluate_controls_tiny-llava-576.csv#[budget=0.1111111111111111,peer=key_coverage_features].lo" fmt="{:.1f}" scale=100-->9.2<!--/num-->,
+# <!--num "benchmarks/results/evaluate_controls_tiny-llava-576.csv#[budget=0.1111111111111111,peer=key_coverage_features].hi" fmt="{:.1f}" scale=100-->12.1<!--/num-->] behind, as is `key_coverage_prefill` (the first
+# layer's keys, covered before the prefill): select from the cache after the prefill
+# ([appendix](../docs/EVICTION_APPENDIX.md), also for what choosing before the prefill saves).
 
 # %% [markdown]
 # **[Pareto](../docs/GLOSSARY.md#pareto) view.** Accuracy against the bytes held, with 95% intervals; up and left is
@@ -515,9 +526,13 @@ print(wrap(f"Reading: rho {rho:.2f} over cells -> the simulation " + ("ranks pol
 # loosely: at 25% `key_coverage` retains barely more of the question's attention than `unicache`
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at 25%" re="key_coverage: ([0-9.]+)"-->0.470<!--/num-->
 # against <!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at 25%" re="unicache: ([0-9.]+)"-->0.446<!--/num-->)
-# yet answers far better, and at the smallest budget the oracle, which retains the most,
-# <!--num "notebooks/05_kv_eviction.ipynb#out:minus oracle" re="the oracle answers (.+)$"-->no better<!--/num--> (the `minus oracle` line).
-# The model needs *some* key that still resembles the object, not the keys the question read.
+# yet answers far better.
+#
+# At the smallest budget the oracle, which retains the most, answers
+# <!--num "notebooks/05_kv_eviction.ipynb#out:minus oracle" re="the oracle answers (.+)$"-->no better<!--/num--> (the
+# `minus oracle` line): on this model what matters is that *some* kept key still resembles the object. At 576 image
+# tokens the oracle does lead (§8's top row); it needs the question, which has not arrived when the cache is
+# compressed.
 
 # %% [markdown]
 # ## 5. Shallow by locality, deep by content? (U7)
@@ -646,7 +661,7 @@ else:
 # of full accuracy against
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].share_of_full" fmt="{:.3f}"-->0.990<!--/num-->
 # (D4 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D4,against=key_coverage_merge@pyramid].verdict" fmt="{}"-->holds<!--/num-->),
-# as 02 §2's spreading deep layers predict. D1 is <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D1].verdict"-->inconclusive<!--/num-->, D2
+# as the left panel predicts: every layer reads widely, the last one too. D1 is <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D1].verdict"-->inconclusive<!--/num-->, D2
 # <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D2].verdict"-->inconclusive<!--/num--> (intervals and bars: the lines above). D5: the profile
 # moves bytes between layers, it adds none.
 #
