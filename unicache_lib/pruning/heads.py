@@ -142,8 +142,9 @@ class HeadSpace:
         return torch.tensor(keep, dtype=torch.float32)
 
 
-class HeadMask:
-    """Context manager: multiply each head's output by ``mask[unit, head]`` (0 = pruned).
+class HeadMask(ExitStack):
+    """Context manager: multiply each head's output by ``mask[unit, head]`` (0 = pruned); its hooks are removed on
+    exit (an :class:`~contextlib.ExitStack` of them), also on error.
 
     ``mask`` may require grad (the gradient scorer differentiates through it).
     """
@@ -151,8 +152,8 @@ class HeadMask:
     def __init__(self, space: HeadSpace, mask: torch.Tensor):
         if tuple(mask.shape) != space.shape:
             raise InputError(f"mask has shape {tuple(mask.shape)}, the head space is {space.shape}")
+        super().__init__()
         self.space, self.mask = space, mask
-        self._stack: ExitStack | None = None
 
     def _apply(self, i: int, unit: Unit, x: torch.Tensor) -> torch.Tensor:
         m = self.mask[i, : unit.heads].to(x.dtype).to(x.device)
@@ -179,13 +180,8 @@ class HeadMask:
             if not outs:  # Flux single-stream (pre_only): mask the module's own output
                 _output_weight(self.space.model, u.name, mod)  # a known layout, or a clear error
                 hooks.append((mod, "forward", self._output_hook(i, u)))
-        self._stack = ExitStack()
-        self._stack.enter_context(forward_hooks(hooks))
+        self.enter_context(forward_hooks(hooks))
         return self
-
-    def __exit__(self, *exc):
-        self._stack.close()
-        return False
 
 
 def physical_pruning_unsupported(space: HeadSpace) -> str | None:

@@ -215,7 +215,7 @@ class ReuseCache:
         return False
 
 
-class AttentionCallCounter:
+class AttentionCallCounter(ExitStack):
     """Counts the attention work that actually ran under any caching scheme, e.g. a diffusers cache
     that skips modules or whole blocks: ``with AttentionCallCounter(tr) as c: ...``.
 
@@ -228,16 +228,11 @@ class AttentionCallCounter:
         tr = getattr(transformer, "transformer", transformer)
         self.targets = gen_family_of(tr).modules(tr)
         self.calls, self.rows, self.seconds = 0, 0, 0.0
-        self._stack: ExitStack | None = None
+        super().__init__()
 
     def __enter__(self):
-        self._stack = ExitStack()
-        self._stack.enter_context(processors(self.targets, lambda name, orig: _Counting(self, orig)))
+        self.enter_context(processors(self.targets, lambda name, orig: _Counting(self, orig)))
         return self
-
-    def __exit__(self, *exc):
-        self._stack.close()
-        return False
 
 
 class _Counting(ProcessorWrapper):
