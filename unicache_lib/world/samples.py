@@ -648,8 +648,7 @@ def _rows_from_metadata(path: Path) -> list[tuple[str, dict]]:
     rows = []
     for n, row in jsonl_rows(meta, decode_utf8(_read_own(path, METADATA, MAX_TEXT_BYTES), meta)):
         where = f"{meta}, line {n}"
-        missing = [k for k in FOLDER_KEYS if not isinstance(row, dict) or k not in row]
-        if missing:
+        if (missing := [k for k in FOLDER_KEYS if not isinstance(row, dict) or k not in row]):
             raise InputError(f"{where}: no {' or '.join(repr(k) for k in missing)}: every line needs "
                              f"{', '.join(FOLDER_KEYS)} (answer, objects and masks are optional)")
         rows.append((where, row))
@@ -714,10 +713,8 @@ def _rows_from_llava(f: Path, entries: list) -> list[tuple[str, dict]]:
                              f"and its answer, and the later turns would be dropped: split the entry into one entry "
                              f"per turn (the same image, each with its own 'id')")
         answer = next((t.get("value") for t in turns if t.get("from") == "gpt"), None)
-        row = {"file_name": e["image"], "question": human.replace("<image>", "").strip(), "answer": answer}
-        if "id" in e:
-            row["id"] = e["id"]
-        rows.append((where, row))
+        rows.append((where, {"file_name": e["image"], "question": human.replace("<image>", "").strip(), "answer": answer}
+                     | ({"id": e["id"]} if "id" in e else {})))
     return rows
 
 
@@ -733,16 +730,14 @@ def _check_row(where: str, row: dict) -> dict:
     value would be ignored, and the sample left unscored, without a word."""
     for k in row:
         low = str(k).lower()  # a short key (qid, type) is more likely one of your own than a misspelling
-        near = [] if k in _EXPORTED_KEYS else difflib.get_close_matches(low, _EXPORTED_KEYS, 1, 0.82 if len(low) > 4 else 1)
-        if near:
+        if (near := [] if k in _EXPORTED_KEYS else
+                difflib.get_close_matches(low, _EXPORTED_KEYS, 1, 0.82 if len(low) > 4 else 1)):
             raise InputError(f"{where}: key {str(k)[:40]!r} is not a field; did you mean {near[0]!r}? (rename it; a "
                              f"misspelt field is ignored)")
-    q = row.get("question")
-    if not isinstance(q, str) or not q.strip():
+    if not isinstance(q := row.get("question"), str) or not q.strip():
         raise InputError(f"{where}: 'question' must be a non-empty text, got {q!r}: write the question the model is "
                          f"asked about the image")
-    a = row.get("answer")
-    if a is not None and not isinstance(a, str):
+    if (a := row.get("answer")) is not None and not isinstance(a, str):
         hint = (f": write it as the text the model should answer, e.g. \"{int(a)}\" (a number from a spreadsheet export "
                 f"reads as {str(a)!r}, which is never scored right)" if isinstance(a, (int, float)) and not isinstance(a, bool)
                 and math.isfinite(a) and float(a).is_integer() else ": write it as the text the model should answer, "
@@ -753,17 +748,14 @@ def _check_row(where: str, row: dict) -> dict:
     for k in _TEXT_FIELDS:
         if row.get(k) is not None and not isinstance(row[k], str):
             raise InputError(f"{where}: {k!r} must be a text, got {row[k]!r}")
-    st = row.get("scene_type")
-    if st and st not in SCENE_TYPES:
+    if (st := row.get("scene_type")) and st not in SCENE_TYPES:
         raise InputError(f"{where}: scene_type {st!r} is not one of {SCENE_TYPES}: leave it out for your own images")
-    objs = row.get("objects")
-    if objs is not None:
+    if (objs := row.get("objects")) is not None:
         if not isinstance(objs, list) or not all(isinstance(o, dict) for o in objs):
             raise InputError(f"{where}: 'objects' must be a list of objects such as "
                              '{"colour": "red", "shape": "circle", "position": "left"}, got ' + repr(objs)[:80])
         for o in objs:
-            bad = {k: o.get(k) for k in _OBJECT_KEYS if k in o and not isinstance(o[k], str)}
-            if bad:
+            if (bad := {k: o.get(k) for k in _OBJECT_KEYS if k in o and not isinstance(o[k], str)}):
                 raise InputError(f"{where}: an object's {', '.join(bad)} must be text, got {bad}")
     return row
 
@@ -875,8 +867,7 @@ def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path
     keys: dict[str, tuple[str, str]] = {}  # _id_key -> (id, where)
     for where, row in rows:
         sid = str(row.get("id", Path(str(row["file_name"])).stem))
-        why = _id_problem(sid)
-        if why:
+        if (why := _id_problem(sid)):
             raise InputError(f"{where}: sample id {sid[:80]!r} {why}: an id names the sample's records and its file when "
                              f"the set is written (<id>.png), so it must be a plain name such as 'cat-1'; give the line "
                              f"its own 'id'")
@@ -893,9 +884,7 @@ def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path
     out = []
     for (where, row), sid in zip(rows, seen):
         img = _read_image(_read_bytes(path, row["file_name"], where, key, MAX_IMAGE_BYTES), row["file_name"], where)
-        mk, m = masks.get(sid, (None, None))
-        if m is None:
-            m = np.zeros((0, *img.shape[:2]), bool)
+        mk, m = masks.get(sid, (None, np.zeros((0, *img.shape[:2]), bool)))
         objects = list(row.get("objects") or [])
         if mk is not None and objects and len(m) != len(objects):
             raise InputError(f"{where}: masks.npz[{mk!r}] holds {len(m)} mask(s) but the line lists {len(objects)} "
@@ -904,9 +893,9 @@ def _samples_from_records(path: Path, rows: list[tuple[str, dict]], source: Path
         if m.shape[1:] != img.shape[:2]:
             raise InputError(f"masks.npz[{mk!r}] is {tuple(m.shape)}, not [n_objects, {img.shape[0]}, "
                              f"{img.shape[1]}] like its image: save one boolean mask per object at the image's size")
-        a = row.get("answer")
-        out.append(Sample(sid, row.get("scene_type") or "", img, m, list(row.get("objects") or []), row["question"],
-                          None if a is None else str(a), row.get("qtype") or "", row.get("caption") or "",
+        out.append(Sample(sid, row.get("scene_type") or "", img, m, objects, row["question"],
+                          None if row.get("answer") is None else str(row["answer"]), row.get("qtype") or "",
+                          row.get("caption") or "",
                           row.get("short_prompt") or "", row.get("long_prompt") or ""))
     return out
 
@@ -934,8 +923,7 @@ def _masks_by_sample(path: Path, rows, ids: list[str], masks_by: str) -> dict[st
                              f"samples' file_name{', or their id' if masks_by == 'id' else ''}, exactly, case "
                              f"included)" + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
                              + ": rename the key or remove it; a mask no sample uses is never silently dropped")
-        objs = {json.dumps(rows[ids.index(sid)][1].get("objects"), sort_keys=True) for sid in named}
-        if len(objs) > 1:  # a mask is the i-th listed object's: two lists would give one of them the wrong masks
+        if len({json.dumps(rows[ids.index(sid)][1].get("objects"), sort_keys=True) for sid in named}) > 1:  # a mask is the i-th listed object's: two lists would give one of them the wrong masks
             raise InputError(f"{path / 'masks.npz'}: key {k[:80]!r} is the picture of {' and '.join(sorted(named))}, "
                              f"whose lines list other objects: list the same objects in the same order on every line "
                              f"about one picture")
