@@ -126,13 +126,11 @@ def closest_shipped(name: str, cutoff: float = 0.8) -> list[str]:
 
 
 def _unknown_name_message(name: str) -> str:
-    close = closest_shipped(name)
-    shipped = ", ".join(f"{n} ({side})" for n, side in SHIPPED.items())
-    gen = ", ".join(f"{tag} ({cls})" for cls, tag in (GENERATION_FAMILIES | PIPELINE_FAMILIES).items())
-    hint = f" Did you mean {' or '.join(map(repr, close[:2]))}?" if close else ""
+    hint = f" Did you mean {' or '.join(map(repr, close[:2]))}?" if (close := closest_shipped(name)) else ""
     return (f"{name!r} is not a shipped model, an existing folder or a Hugging Face hub id (org/name).{hint} Shipped "
-            f"models: {shipped}. Supported understanding families: {supported()}. Supported generation families: "
-            f"{gen}.")
+            f"models: {', '.join(f'{n} ({side})' for n, side in SHIPPED.items())}. Supported understanding families: "
+            f"{supported()}. Supported generation families: "
+            f"{', '.join(f'{tag} ({cls})' for cls, tag in (GENERATION_FAMILIES | PIPELINE_FAMILIES).items())}.")
 
 
 def resolve(name_or_path: str | Path, reach: bool = True) -> Path | str:

@@ -626,9 +626,7 @@ def _rows_from_manifest(path: Path) -> tuple[int, list[tuple[str, dict]]]:
         if "file_name" in e:  # a manifest names its image 'image': which of the two was meant is not ours to guess
             raise InputError(f"{where}: both 'image' and 'file_name': a manifest entry names its image 'image'; "
                              f"remove 'file_name'")
-        row = {k: v for k, v in e.items() if k != "image"}
-        row["file_name"] = e["image"]
-        rows.append((where, row))
+        rows.append((where, {k: v for k, v in e.items() if k != "image"} | {"file_name": e["image"]}))
     return seed, rows
 
 
