@@ -410,7 +410,7 @@ def _control_ties(acc, budgets, n: int, ctls, rows, results) -> str:
     return ("; " + "; ".join(said)) if said else ""
 
 
-def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: float,
+def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: Interval | float,
                        scale: pd.DataFrame | None = None, scale_model: str = "", u7_run: str = "", results=None,
                        rows: pd.DataFrame | None = None):
     """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`), at most
@@ -489,8 +489,9 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
         out += decision_rows([("U7", "U7: locality-shallow minus swapped" + (f" ({u7_run})" if u7_run else ""),
                                 f"{100 * u7.value:+.1f} pt [{100 * u7.lo:+.1f}, {100 * u7.hi:+.1f}]")],
                               "05_kv_eviction", {"U7": verdict})
-    out.append({"measurement": "rho(retained, accuracy)", "value here": f"{rho:.2f}", "what it suggests on your model":
-                 "above ~0.6: screen policies with the simulation, confirm the best few on real answers",
+    out.append({"measurement": "rho(retained, accuracy)", "value here": f"{rho.value:.2f} [{rho.lo:.2f}, {rho.hi:.2f}]"
+                 if isinstance(rho, Interval) else f"{rho:.2f}", "what it suggests on your model": f"the whole interval "
+                 f"above {SCREEN_BAR}: screen policies with the simulation, confirm the best few on real answers",
                  "where": "§4"})
     if scale is not None and len(scale):
         kept = scale[scale.against == "full"]
