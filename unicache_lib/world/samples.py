@@ -138,28 +138,29 @@ def save(samples: list[Sample], out: Path, seed: int = SEED) -> None:
     if _is_shipped(out):
         _into_shipped(samples, lambda folder: save(samples, folder, seed))
         return
+    folder, names = _write_images(samples, out, [MANIFEST], lambda s: s.id)
+    (folder.path / MANIFEST).write_text(json.dumps(
+        {"seed": seed, "n": len(samples), "image_size": int(samples[0].image.shape[0]), "scene_types": list(SCENE_TYPES),
+         "samples": [{"id": s.id, "scene_type": s.scene_type, "image": f"{s.id}.png", "objects": s.objects,
+                      "question": s.question, "answer": s.answer, "qtype": s.qtype, "caption": s.caption,
+                      "short_prompt": s.short_prompt, "long_prompt": s.long_prompt} for s in samples]}, indent=1))
+    folder.record(names, wrote=names)  # their SHA-256: a later run replaces only files that still hold this
+
+
+def _write_images(samples, out, files: list[str], mask_key) -> tuple[OutputFolder, list[str]]:
+    """``(folder, names)``: the folder :func:`save` / :func:`export_folder` write ``samples`` to
+    (:func:`_generator_folder`), what the generator wrote there before removed, then ``names`` (every ``<id>.png``,
+    ``masks.npz`` and ``files``) listed before any is written (a run cut short leaves nothing unlisted), and the
+    images and ``masks.npz`` (keyed by ``mask_key(sample)``) written."""
     folder = _generator_folder(out, samples)
-    out = folder.path
-    names = [f"{s.id}.png" for s in samples] + ["masks.npz", MANIFEST]
-    # what the generator wrote here before removed; `names` listed before they are written (a run cut short leaves
-    # nothing unlisted)
+    names = [f"{s.id}.png" for s in samples] + ["masks.npz", *files]
     folder.clean()
     folder.record(names)
-    out.mkdir(parents=True, exist_ok=True)
-    manifest = {"seed": seed, "n": len(samples), "image_size": int(samples[0].image.shape[0]),
-                "scene_types": list(SCENE_TYPES), "samples": []}
-    masks = {}
+    folder.path.mkdir(parents=True, exist_ok=True)
     for s in samples:
-        Image.fromarray(s.image).save(out / f"{s.id}.png")
-        masks[s.id] = s.masks
-        manifest["samples"].append({
-            "id": s.id, "scene_type": s.scene_type, "image": f"{s.id}.png", "objects": s.objects,
-            "question": s.question, "answer": s.answer, "qtype": s.qtype, "caption": s.caption,
-            "short_prompt": s.short_prompt, "long_prompt": s.long_prompt,
-        })
-    np.savez_compressed(out / "masks.npz", **masks)
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    folder.record(names, wrote=names)  # their SHA-256: a later run replaces only files that still hold this
+        Image.fromarray(s.image).save(folder.path / f"{s.id}.png")
+    np.savez_compressed(folder.path / "masks.npz", **{mask_key(s): s.masks for s in samples})
+    return folder, names
 
 
 MANIFEST = "manifest.json"  # the shipped set's layout (what save writes): a seed and one entry per sample
@@ -512,28 +513,15 @@ def export_folder(samples: list[Sample], out: str | Path) -> Path:
     _check_ids(samples)
     if _is_shipped(out):
         return _into_shipped(samples, lambda folder: export_folder(samples, folder))
-    folder = _generator_folder(out, samples)
-    out = folder.path
-    names = [f"{s.id}.png" for s in samples] + ["masks.npz", METADATA, METADATA + ".tmp"]
-    # what the generator wrote here before removed; `names` listed before they are written (a run cut short leaves
-    # nothing unlisted)
-    folder.clean()
-    folder.record(names)
-    out.mkdir(parents=True, exist_ok=True)
-    lines, masks = [], {}
-    for s in samples:
-        name = f"{s.id}.png"
-        Image.fromarray(s.image).save(out / name)
-        masks[name] = s.masks
-        lines.append(json.dumps({"file_name": name, "id": s.id, "question": s.question, "answer": s.answer,
-                                 "qtype": s.qtype, "scene_type": s.scene_type, "objects": s.objects, "caption": s.caption,
-                                 "short_prompt": s.short_prompt, "long_prompt": s.long_prompt}))
-    np.savez_compressed(out / "masks.npz", **masks)
-    tmp = out / (METADATA + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(out / METADATA)
+    folder, names = _write_images(samples, out, [METADATA, METADATA + ".tmp"], lambda s: f"{s.id}.png")
+    tmp = folder.path / (METADATA + ".tmp")
+    tmp.write_text("\n".join(json.dumps({"file_name": f"{s.id}.png", "id": s.id, "question": s.question,
+                                         "answer": s.answer, "qtype": s.qtype, "scene_type": s.scene_type,
+                                         "objects": s.objects, "caption": s.caption, "short_prompt": s.short_prompt,
+                                         "long_prompt": s.long_prompt}) for s in samples) + "\n")
+    tmp.replace(folder.path / METADATA)
     folder.record(names, wrote=names)  # their SHA-256: a later run replaces only files that still hold this
-    return out
+    return folder.path
 
 
 # ---- a folder's files: inside it, regular files, of a bounded size --------------------------------------------
