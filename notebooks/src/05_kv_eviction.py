@@ -522,17 +522,21 @@ print(wrap(f"Reading: rho {rho:.2f} over cells -> the simulation " + ("ranks pol
 # **What to look at.** Healthy for the simulation: all lines on one rising band. It ranks policies usefully (rho
 # <!--num "notebooks/05_kv_eviction.ipynb#out:Spearman rho(retained, accuracy)@1" fmt="{:.2f}"-->0.70<!--/num-->
 # [<!--num "notebooks/05_kv_eviction.ipynb#out:Spearman rho(retained > 95% interval over questions" re="\[(\S+),"-->0.66<!--/num-->,
-# <!--num "notebooks/05_kv_eviction.ipynb#out:Spearman rho(retained > 95% interval over questions" re=", (\S+)\]"-->0.73<!--/num-->]), but
-# loosely: at 25% `key_coverage` retains barely more of the question's attention than `unicache`
+# <!--num "notebooks/05_kv_eviction.ipynb#out:Spearman rho(retained > 95% interval over questions" re=", (\S+)\]"-->0.73<!--/num-->]).
+#
+# But loosely: at 25% `key_coverage` retains barely more of the question's attention than `unicache`
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at 25%" re="key_coverage: ([0-9.]+)"-->0.470<!--/num-->
 # against <!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at 25%" re="unicache: ([0-9.]+)"-->0.446<!--/num-->)
 # yet answers far better.
 #
 # At the smallest budget the oracle, which retains the most, answers
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus oracle" re="the oracle answers (.+)$"-->no better<!--/num--> (the
-# `minus oracle` line): on this model what matters is that *some* kept key still resembles the object. At 576 image
-# tokens the oracle does lead (§8's top row); it needs the question, which has not arrived when the cache is
-# compressed.
+# `minus oracle` line): on this model what matters is that *some* kept key still resembles the object.
+#
+# At 576 image tokens the oracle does lead the dropping cover: at 64 tokens it keeps
+# <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=oracle,tokens=64].share_of_full" fmt="{:.3f}"-->0.997<!--/num--> of full accuracy against `key_coverage`'s
+# <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=key_coverage,tokens=64].share_of_full" fmt="{:.3f}"-->0.982<!--/num--> (intervals apart: the
+# [appendix](../docs/EVICTION_APPENDIX.md)). It needs the question, which has not arrived when the cache is compressed.
 
 # %% [markdown]
 # ## 5. Shallow by locality, deep by content? (U7)

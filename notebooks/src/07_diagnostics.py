@@ -171,9 +171,9 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 # its attention mass on image keys; **concentration** = 1 − [normalised entropy](../docs/GLOSSARY.md#normalised-entropy)
 # of that mass; **confidence** = the answer's probability. AUROC for detecting *wrong* answers, each score oriented the
 # claim's way (low = suspect): below chance it still separates, inverted, with strength max(AUROC, 1 − AUROC).
-# **U12's bar**, fixed before any number: coverage's AUROC clears
-# <!--const U12's bar, written before the numbers-->0.7<!--/const--> (either way; its interval, not its point) and beats
-# confidence's.
+# **U12's bar**, fixed before any number: coverage's AUROC, in the claim's direction (low coverage = suspect), clears
+# <!--const U12's bar, written before the numbers-->0.7<!--/const--> (its interval, not its point) and beats
+# confidence's. An inverted signal, however strong, does not pass it.
 
 # %% tags=["nbval-check-output"]
 wrong = ~A.correct  # A: the first cell's answers and their attention, one row per question
@@ -396,7 +396,7 @@ claims_table("07_diagnostics")  # each claim (statement, why, rule) is written o
 #   (b) the highest of the three unforced breaks' lowest layers below it (the detector fires on each: its recall, the
 #   side the claim, stated as "share under the cut-off → neglect", never tests);
 # - **U12** (AUROCs resampled stratified, in the claim's direction): (a) coverage's AUROC above
-#   <!--const U12's bar, written before the numbers-->0.7<!--/const-->, whichever way it points (`measured` names the direction); (b) coverage's AUROC minus confidence's above 0.
+#   <!--const U12's bar, written before the numbers-->0.7<!--/const--> in the claim's direction (an inverted signal does not pass; `measured` names the direction); (b) coverage's AUROC minus confidence's above 0.
 
 # %% tags=["nbval-check-output"]
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
