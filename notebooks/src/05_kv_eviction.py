@@ -785,7 +785,7 @@ from unicache_lib.kv.prompt import split_prompt  # noqa: E402
 ctx = prefill(model, split_prompt(processor, q_pic.scene.uint8(), q_pic.question, model=model)).context(seed=SEED)
 layer = ctx.n_layers - 1  # the deepest layer holding image KV
 att, img = ctx.attentions[layer], ctx.image_positions  # att [heads, queries, keys] over the context; img [n_image]
-reads = ...  # <- write: an expression over att and img: per image position, the attention it receives (mean over heads)
+reads = ...  # <- write: an expression over att and img: per image position, the attention it receives from every context query, summed (mean over heads)
 lib = ctx.image_reads(layer)
 if reads is ...:
     print("Write `reads`, then run this cell again.")
