@@ -301,13 +301,15 @@ def _fractions(space, fractions) -> list[float]:
     fraction past the floor, would be rows labelled by a fraction that was not pruned."""
     out = check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")
     for i, f in enumerate(out):
-        n, top, g = space.n_heads, space.n_heads - len(space.units), next((g for g in out[:i] if round(g * space.n_heads)
-                                                                           == round(f * space.n_heads)), None)
-        if round(f * n) > top or g is not None:
+        n, top, k, g = space.n_heads, space.n_heads - len(space.units), round(f * space.n_heads), next(
+            (g for g in out[:i] if round(g * space.n_heads) == round(f * space.n_heads)), None)
+        if k > top or g is not None or (f and not k):
             raise InputError(f"at most {top} of {n} heads can be pruned (one per unit stays): fraction {f:g} asks for "
-                             f"{round(f * n)}; the largest fraction is {top / n:.4g}" if round(f * n) > top else
-                             f"fractions {g:g} and {f:g} both prune {round(f * n)} of {n} heads: one row of the sweep "
-                             f"would be measured twice under two labels; drop one")
+                             f"{k}; the largest fraction is {top / n:.4g}" if k > top else
+                             f"fractions {g:g} and {f:g} both prune {k} of {n} heads: one row of the sweep would be "
+                             f"measured twice under two labels; drop one" if g is not None else
+                             f"fraction {f:g} prunes round({f:g} x {n}) = 0 heads (its row would be the unpruned "
+                             f"model): a fraction prunes a head from above {0.5 / n:g}; 1/{n} = {1 / n:.4g} prunes one")
     return out
 
 

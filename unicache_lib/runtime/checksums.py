@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -49,10 +50,10 @@ def sha256_file(path: str | Path) -> str:
 
 
 def weight_files(folder: str | Path) -> list[str]:
-    """The relative posix paths of the weight files under ``folder``, sorted."""
-    folder = Path(folder)
-    return sorted(f.relative_to(folder).as_posix() for f in folder.rglob("*")
-                  if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES))
+    """The relative posix paths of the weight files under ``folder``, sorted: a linked sub-folder (a text encoder shared
+    with ``ln -s``) is listed too, as the loader reads it (``rglob`` does not descend into a link)."""
+    return sorted(Path(d, f).relative_to(folder).as_posix() for d, _, names in os.walk(folder, followlinks=True)
+                  for f in names if f.endswith(WEIGHT_SUFFIXES) and Path(d, f).is_file())
 
 
 def weight_checksums(folder: str | Path) -> dict[str, str]:
