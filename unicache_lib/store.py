@@ -1025,10 +1025,11 @@ class Store(contextlib.AbstractContextManager):
             out.setdefault(f, []).extend(keys)
         return out
 
-    def _named_chunks(self) -> set[str]:
-        """Every chunk folder a line of any log names (its records live, dropped or in conflict): never an orphan."""
+    def _named_chunks(self, others: bool = False) -> set[str]:
+        """Every chunk folder a line of any log names (its records live, dropped or in conflict): never an orphan.
+        ``others``: those an index set aside under another name names (``.bak``, ...): kept aside, never orphans."""
         used = set()
-        for _, log in sorted(self._logs.items()):
+        for _, log in [] if others else sorted(self._logs.items()):
             for head, text in log.lines:
                 try:
                     line = json.loads(text)
@@ -1038,7 +1039,8 @@ class Store(contextlib.AbstractContextManager):
                 used |= ({str(e["file"]).rsplit("/", 1)[0] for e in recs if isinstance(e, dict) and "file" in e}
                          | ({head["chunk"]} if isinstance(head.get("chunk"), str) else set()))
         for n in os.listdir(self.path):  # an index set aside as the store's refusal advises: its chunks are kept too
-            if n.endswith(".jsonl.bad") and _own_name(n, 0) == "file":
+            if (n.startswith("index-rank") and not n.endswith((".jsonl", ".jsonl.bad")) if others else
+                    n.endswith(".jsonl.bad") and _own_name(n, 0) == "file"):
                 with contextlib.suppress(StoreError, OSError), os.fdopen(open_inside(
                         self.path, n, links=False, error=StoreError), "rb") as f:
                     used |= {m.decode() for line in f for m in re.findall(rb"rank\d{5,}/chunk\d{6,}", line)}
@@ -1053,7 +1055,7 @@ class Store(contextlib.AbstractContextManager):
         it is. Only real folders of the store are looked into: a link is never followed."""
         with self._guard:
             self._current()
-        used = self._named_chunks()
+        used, kept = self._named_chunks(), self._named_chunks(others=True)
         tmp, orphans, strangers, aside = [], [], [], []
 
         def look(folder: Path, depth: int) -> None:
@@ -1082,10 +1084,10 @@ class Store(contextlib.AbstractContextManager):
                     look(p, 1)
                 elif stat.S_ISDIR(mode) and own and depth == 1:  # a chunk folder; one holding repair's kept
                     # *.damaged, or a file of a user's, is not an orphan
-                    if p.relative_to(self.path).as_posix() not in used and all(
+                    if (rel := p.relative_to(self.path).as_posix()) not in used and all(
                             _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)):
-                        (orphans if any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u)) and int(m[1]) < int(n[5:])
-                                        for u in used) else aside).append(p)
+                        (orphans if rel not in kept and any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u))
+                                                            and int(m[1]) < int(n[5:]) for u in used) else aside).append(p)
                     look(p, 2)
 
         look(self.path, 0)
@@ -1132,8 +1134,11 @@ class Store(contextlib.AbstractContextManager):
             rank = int(m[1]) if (m := _RANK_DIR.fullmatch(rel.split("/", 1)[0])) else None  # (a top-level file: None)
             problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank) if live(rank) else
                             f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed; "
-                            f"move its index back as index-rank{rank:05d}.jsonl (or .jsonl.bad to keep it aside), or "
-                            f"remove the folder yourself if it is not wanted" if p in aside else
+                            + (f"index-rank{rank:05d}.jsonl is a newer capture's, never move another over it: keep "
+                               f"the set-aside index as index-rank{rank:05d}.jsonl.bad (its chunks are kept) and capture "
+                               f"its samples again" if (self.path / f"index-rank{rank:05d}.jsonl").exists() else
+                               f"move its index back as index-rank{rank:05d}.jsonl (or .jsonl.bad to keep it aside)")
+                            + ", or remove the folder yourself if it is not wanted" if p in aside else
                             f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
                             if p.is_dir() else f"temporary file {rel} left by an interrupted write; it is ignored, "
                             f"Store.repair() removes it")
