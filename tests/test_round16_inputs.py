@@ -63,3 +63,78 @@ def test_a_model_folder_with_a_linked_sub_folder_has_its_linked_weights_recorded
     (shared / "model.safetensors").write_bytes(bytes(b))
     with pytest.raises(ChecksumError, match=r"weight file .*/mine/text_encoder/model\.safetensors is corrupted"):
         load_generator(str(mine))
+
+
+def test_the_step_explorer_refuses_a_token_list_that_is_not_the_prompts_real_tokens():
+    """Round 16's SN25: the step explorer took any token list up to the padded text length (48), so a doubled '<s>'
+    (or one added and the last dropped) labelled the picture reading 'green' as 'a'. The records hold the real count
+    (n_text_real) and the captured tokens: both wrong lists are refused, and the capture's own tokens are taken."""
+    from tests.test_explorer import lesson_03
+    from unicache_lib.capture.gen_runner import capture_generation
+    from unicache_lib.explorer import step_explorer
+    from unicache_lib.runtime.loaders import load_generator
+
+    run = capture_generation(load_generator("tiny-mmdit"), ["a green triangle at the top"], "m", None, steps=2,
+                             mode="full", layers=[0], progress=False)
+    s, t = run.sample_ids[0], list(run.tokens[0])
+    imgs = dict(zip(run.sample_ids, run.images))
+    advice = r"give one token per real text key, the tokens capture_generation returned \(its \.tokens; a doubled"
+    for bad in (["<s>"] + t, ["<s>"] + t[:-1]):
+        with pytest.raises(InputError, match=rf"prompt 'm/0' has {len(bad)} tokens \['<s>', '<s>', 'a'\]\.\.\. but its "
+                                             rf"maps \d+ text keys, {len(t)} of them real, captured as \['<s>', 'a', "
+                                             rf"'green'\]\.\.\.: {advice}"):
+            step_explorer(run.result, imgs, {s: bad})
+    assert step_explorer(run.result, imgs, {s: t}).select(word=2).settings()["word"] == "2 'green'"
+    res, im3, tk3 = lesson_03(n_prompts=1, steps=2, layers=1, heads=2)  # records without tokens: the count alone
+    with pytest.raises(InputError, match=rf"has 9 tokens .* 8 of them real: {advice}"):
+        step_explorer(res, im3, {k: ["<s>"] + v for k, v in tk3.items()})
+
+
+def test_a_smoke_run_of_prefill_parts_or_a_rehearsal_subset_never_replaces_the_committed_result(monkeypatch, capsys,
+                                                                                                  tmp_path):
+    """Round 16's LN6: `prefill_parts.py --repeats 2` replaced benchmarks/results/prefill_parts_tiny-llava-576.txt,
+    which docs/EVICTION_APPENDIX.md reads (LN4's cause in a third tool); a run at other settings now writes outputs/
+    and says so, --out chooses, the default run still writes the committed file. The same for `python -m
+    unicache_lib.rehearsal` with a subset (it wrote benchmarks/results/rehearsal.csv and docs/REHEARSAL.md)."""
+    import sys
+    from pathlib import Path
+
+    import unicache_lib.rehearsal as rehearsal
+    import unicache_lib.runtime.loaders as loaders
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import prefill_parts
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(loaders, "load_understanding", stop)
+    monkeypatch.setattr(rehearsal, "rehearse", stop)
+    name = "prefill_parts_tiny-llava-576.txt"
+    committed = (root / "benchmarks" / "results" / name).read_bytes()
+    with pytest.raises(Stop):
+        prefill_parts.main(["--repeats", "2"])
+    assert f"writing {root / 'outputs' / name}, not {root / 'benchmarks' / 'results' / name} (--out to choose)" in \
+        capsys.readouterr().out
+    assert (root / "benchmarks" / "results" / name).read_bytes() == committed
+    for argv in ([], ["--out", str(tmp_path / "p.txt")]):  # the default run (and a chosen file) as asked
+        with pytest.raises(Stop):
+            prefill_parts.main(argv)
+        assert "writing" not in capsys.readouterr().out
+    files = [root / "benchmarks" / "results" / "rehearsal.csv", root / "docs" / "REHEARSAL.md"]
+    before = [f.read_bytes() for f in files]
+    with pytest.raises(Stop):
+        rehearsal.main(["--models", "tiny-llava", "--notebooks", "01_capture", "--out", str(tmp_path / "r")])
+    assert f"writing the CSV under {tmp_path / 'r'}, not {files[0]} nor {files[1]} (--no-readme)" in \
+        capsys.readouterr().out
+    assert [f.read_bytes() for f in files] == before
+    with pytest.raises(Stop):  # the committed run (make rehearsal) still writes them
+        rehearsal.main(["--out", str(tmp_path / "r")])
+    assert "writing" not in capsys.readouterr().out

@@ -283,8 +283,13 @@ def step_panels(result, images, tokens, part=None, *, samples=None, layers=None,
         n_img, n_text = int(r0.meta["n_image"]), int(r0.meta["n_text"])
         if not (toks := list(tokens[s])):
             raise InputError(f"{what}: prompt {s!r} has no tokens")
-        if len(toks) > n_text:
-            raise InputError(f"{what}: prompt {s!r} has {len(toks)} tokens but its maps {n_text} text keys")
+        if len(toks) > n_text or len(toks) != r0.meta.get("n_text_real", len(toks)) or toks != r0.meta.get("tokens",
+                                                                                                          toks):
+            raise InputError(f"{what}: prompt {s!r} has {len(toks)} tokens {toks[:3]}... but its maps {n_text} text "
+                             f"keys, {r0.meta.get('n_text_real', n_text)} of them real"
+                             + (", captured as %s..." % r0.meta["tokens"][:3] if "tokens" in r0.meta else "") +
+                             ": give one token per real text key, the tokens capture_generation returned (its "
+                             ".tokens; a doubled '<s>' adds one)")  # SN16's check, for prompts
         joint = r0.part == "joint"
         text_first = joint and r0.meta.get("token_order", "image|text").startswith("text")
         img0, txt0 = (n_text, 0) if text_first else (0, n_img)  # first image / text row and column
