@@ -30,12 +30,16 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="tiny-llava-576")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--kept", type=int, default=128)
+    ap.add_argument("--out", type=Path, default=None, help="default: results/prefill_parts_MODEL.txt")
     args = ap.parse_args(argv)
+    path = args.out or OUT / f"prefill_parts_{args.model}.txt"
+    if args.out is None and vars(args) != vars(ap.parse_args([])):  # a smoke run never replaces the committed result
+        path = OUT.parents[1] / "outputs" / path.name
+        print(f"other settings than the committed run's: writing {path}, not {OUT / path.name} (--out to choose)")
     torch.set_num_threads(1)
     text = "\n\n".join(measure(args, impl) for impl in ("eager", "sdpa"))
     print(text)
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"prefill_parts_{args.model}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text + "\n")
     tmp.replace(path)

@@ -267,6 +267,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     cli_output_path(a.out, "rehearsal")  # not empty, not the repository or one of its own folders
     out, gen = Path(a.out), a.side == "generation"
+    if not a.no_readme and (a.models or a.notebooks or (a.device, a.dtype) != ("cpu", "float32")):  # a smoke run
+        a.no_readme = print(f"a subset or other settings than the committed run's: writing the CSV under {out}, not "
+                            f"{GEN_RESULTS_CSV if gen else RESULTS_CSV} nor {REHEARSAL_MD} (--no-readme)") or True
     names, known, params = ((gen_standins.GEN_STANDINS, GEN_NOTEBOOKS, GEN_PARAMS) if gen
                              else (standins.STANDINS, NOTEBOOKS, PARAMS))
     models, notebooks = a.models or list(names), a.notebooks or list(known)
