@@ -248,7 +248,7 @@ _ALL = [
                 "inconclusive": "no sign words single out their patches: keep a cover"},
        advice=Advice("near or below 1: a question's words do not point at their object, so do not select image KV by "
                      "them; well above 1: they do, but that helps only when the question is known before the cache is "
-                     "compressed. Either way keep a cover of the image keys, not the patches the question reads",
+                     "compressed. Without it, keep a cover of the image keys, not the patches a question might read",
                      (Place("05", 3, policies=("key_coverage",)),))),
     _c("U13", "Low layers spread (~35% cross-modal), middle layers focus, high layers refine.",
        "where in depth the text reads the image (05 §5: one rule serves every depth band)", "02_understanding_maps",

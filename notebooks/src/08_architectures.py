@@ -65,7 +65,7 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
-# **Time**: about <!--num @read_minutes:08_architectures fmt="{} min"-->15 min<!--/num--> to read the prose (tables, figures and exercises extra); the last run took <!--num data/results/08_architectures.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->94 s<!--/num--> on 2 CPU cores.
+# **Time**: about <!--num @read_minutes:08_architectures fmt="{} min"-->15 min<!--/num--> to read the prose (tables, figures and exercises extra); the last run took <!--num data/results/08_architectures.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->146 s<!--/num--> on 2 CPU cores.
 #
 # **What it needs**: notebooks 01–03's ideas; for LLaVA, notebook 02's stats store (`UNDERSTANDING_STORE`, captured
 # here when missing). Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches) or on checkpoints of the
