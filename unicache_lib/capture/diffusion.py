@@ -65,7 +65,7 @@ from ..gen_families import gen_family_of, processor_probs
 from ..gen_families.base import streamed_maps
 from ..inputs import resolve_layers
 from .record import CaptureResult, Record
-from .runner import model_fingerprint
+from .runner import own_meta
 
 PARTS = ("joint", "self", "cross")
 MODES = ("stats", "full", "recompute")
@@ -157,13 +157,15 @@ class DiffusionCapture:
             refuse to mix them with exact records. A stride that shares no factor with the image grid's side
             (odd on SD3's 64 x 64) spreads the rows over it instead of sampling whole columns.
         meta: extra fields for every record's meta (e.g. the prompt kind).
+        encoders: the generator's text encoders, fingerprinted with the transformer in the store's ``model_config``
+            (so a store of the same transformer beside another text encoder refuses this capture).
     """
 
     def __init__(self, transformer, sample_ids, mode: str = "stats", layers=None, parts=None,
                  text_tokens: list[list[str]] | None = None, branch: str = "cond", store=None,
                  adjacent: bool = True, query_stride: int = 1, meta: dict | list[dict] | None = None,
-                 stats_stride: int = 1):
-        self.sample_ids = [str(s) for s in sample_ids]
+                 stats_stride: int = 1, encoders=()):
+        self.sample_ids, self.encoders = [str(s) for s in sample_ids], tuple(encoders)
         n = len(self.sample_ids)
         self.metas = meta if isinstance(meta, list) else [dict(meta or {})] * n
         for bad, why in (
@@ -360,8 +362,7 @@ class DiffusionCapture:
     # ---- context management --------------------------------------------------------------------
     def __enter__(self) -> "DiffusionCapture":
         if self.store is not None:
-            self.store.meta.setdefault("dtype", str(next(self.transformer.parameters()).dtype))  # resumed in another: refused
-            self.store.meta.setdefault("model_config", model_fingerprint(self.transformer))  # and another generator's
+            own_meta(self.store, self.transformer, *self.encoders)  # another generator, dtype or text encoder: refused
             self.store.check_resume()
             have = {k.split("|", 1)[0] for k in self.store.keys()}
             clash = [s for s in self.sample_ids if s in have]

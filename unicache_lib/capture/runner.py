@@ -122,8 +122,7 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
     todo = list(samples)
     digest = {str(s.id): sample_digest(s) for s in todo}  # in each record's meta: a resume with other pictures refused
     if store is not None:
-        store.meta.setdefault("dtype", str(next(model.parameters()).dtype))  # so a resume in another dtype is refused
-        store.meta.setdefault("model_config", model_fingerprint(model))  # and one of another model (Store(p) alone)
+        own_meta(store, model)
         store.check_resume(mode=mode)  # another model, dtype or mode is refused before anything is skipped
         if store.path.exists() and (odd := sorted({e["sample"] for e in store.index() if e["sample"] in digest
                            and e.get("meta", {}).get("sample_digest", digest[e["sample"]]) != digest[e["sample"]]})):
@@ -161,18 +160,30 @@ def sample_digest(sample) -> str:
     return hashlib.sha256(f"{im.shape}|{sample.question}|".encode() + im.tobytes()).hexdigest()[:16]
 
 
-def model_fingerprint(model) -> str:
+def own_meta(store: Store, model, *more) -> None:
+    """Set ``store.meta``'s ``dtype`` and ``model_config`` to ``model``'s (with ``more``: a generator's text encoders),
+    so that :meth:`~unicache_lib.store.Store.check_resume` refuses a store of another model or dtype; a caller's meta
+    naming other values (``Store(p, meta=Store(p).read_meta())`` given another model) is refused, never kept."""
+    for k, v in (("dtype", str(next(model.parameters()).dtype)), ("model_config", model_fingerprint(model, *more))):
+        if store.meta.setdefault(k, v) != v:
+            raise StoreError(f"the meta given to Store({str(store.path)!r}) names {k}={store.meta[k]!r}, this model "
+                             f"is {k}={v!r}: leave {k} out of meta (a capture records its model's own)")
+
+
+def model_fingerprint(model, *more) -> str:
     """``"<class>:<digest>"`` of the model's config (without its paths and versions) and of a sample of its weights
     (of every tensor, in float32: the first two values of each row and column and 256 values strided over it, so a
-    fine-tune of one projection or one embedding row differs there; a few MB read on a 7B model): what a store records so that a resumed capture of another model into it is refused even when its meta names no model."""
+    fine-tune of one projection or one embedding row differs there; a few MB read on a 7B model): what a store records so that a resumed capture of another model into it is refused even when its meta names no model.
+    ``more``: other modules hashed after it (a generator's text encoders); the name stays ``model``'s class."""
     def clean(x):
         return {k: clean(v) for k, v in x.items() if not str(k).startswith("_")
                 and k not in ("transformers_version", "torch_dtype", "dtype")} if isinstance(x, dict) else x
-    cfg = getattr(model, "config", {})  # a diffusers transformer's is a FrozenDict (no to_dict)
-    h = hashlib.sha256(json.dumps(clean(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)), sort_keys=True,
-                                  default=str).encode())
-    with torch.no_grad():  # every tensor: its first two rows and columns (an embedding row, a bias) and a stride of it
-        for v in (p.detach().reshape(p.shape[0] if p.dim() else 1, -1) for p in model.parameters()):
+    h = hashlib.sha256()
+    for m in (model, *more):  # every tensor: its first two rows and columns (an embedding row, a bias) and a stride
+        cfg = getattr(m, "config", {})  # a diffusers transformer's is a FrozenDict (no to_dict)
+        h.update(json.dumps(clean(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)), sort_keys=True,
+                            default=str).encode())
+        for v in (p.detach().reshape(p.shape[0] if p.dim() else 1, -1) for p in m.parameters()):
             h.update(torch.cat([v[:, :2].flatten(), v[:2].flatten(), v.flatten()[:: max(1, v.numel() // 256)]])
                      .float().cpu().numpy().tobytes())
     return f"{type(model).__name__}:{h.hexdigest()[:12]}"
