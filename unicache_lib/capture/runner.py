@@ -121,6 +121,9 @@ def capture_samples(model, processor, samples, store: Store | None = None, mode:
         raise InputError(f"no attention module of part {part!r} in layers {layers}")
     todo = list(samples)
     digest = {str(s.id): sample_digest(s) for s in todo}  # in each record's meta: a resume with other pictures refused
+    if len(digest) < len(todo):  # two folders merged: the second picture's digest over the first's records
+        raise InputError(f"sample ids {sorted({i for i in digest if [str(s.id) for s in todo].count(i) > 1})[:5]} are "
+                         f"given twice: each sample needs its own id (e.g. prefix them with their folder's name)")
     if store is not None:
         own_meta(store, model)
         store.check_resume(mode=mode)  # another model, dtype or mode is refused before anything is skipped
