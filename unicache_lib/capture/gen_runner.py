@@ -7,6 +7,7 @@ alongside.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from ..store import Store, remove_store
 from ..world.text import prompt_set
 from .diffusion import DiffusionCapture
 from .record import CaptureResult
+from .runner import _store_meta, model_fingerprint
 
 
 @dataclass(eq=False)
@@ -47,6 +49,13 @@ def prompt_tokens(gen: Generator, prompts: list[str]) -> list[list[str]] | list[
         return gen.token_names(prompts)
     ids, mask = tokenize_prompts(gen.tokenizer, prompts)
     return [gen.tokenizer.convert_ids_to_tokens(row[: int(m.sum())].tolist()) for row, m in zip(ids, mask)]
+
+
+def text_encoders(gen) -> list:
+    """The generator's text encoders (the tiny layout's one; a pipeline's ``text_encoder``, ``_2``, ``_3``): what a
+    generator store's ``model_config`` fingerprints with its transformer."""
+    return [m for m in (getattr(gen, "text_encoder", None), *(getattr(getattr(gen, "pipe", None), f"text_encoder{k}", None)
+                                                              for k in ("", "_2", "_3"))) if m is not None]
 
 
 @dataclass
@@ -84,7 +93,8 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
     for s in bar(range(0, len(prompts), batch), progress, desc=f"capture {run}"):
         sl = slice(s, s + batch)
         probe = GuidanceProbe()
-        with DiffusionCapture(gen.transformer, ids[sl], mode=mode, layers=layers, parts=parts, store=store,
+        with DiffusionCapture(gen.transformer, ids[sl], mode=mode, layers=layers, parts=parts, store=store, encoders=
+                              text_encoders(gen),
                               text_tokens=toks[sl] if toks is not None else None, meta=metas[sl],
                               query_stride=query_stride, stats_stride=stats_stride) as cap:
             imgs.append(to_uint8(sample(gen, prompts[sl], steps, guidance, callbacks=[cap, probe],
@@ -99,9 +109,15 @@ def capture_generation(gen: Generator, prompts: list[str], run: str, store=None,
 def generation_store_or_capture(path, fallback, gen: Generator, model_name: str, n_prompts: int = 8, steps: int = 20,
                                 guidance: float = 3.0, seed: int = 0):
     """A generator's stats store at ``path`` (notebook 03 writes one per model), or a fresh capture
-    of ``n_prompts`` short single-object prompts into ``fallback``. Returns ``(path, captured)``."""
+    of ``n_prompts`` short single-object prompts into ``fallback``. A store of another generator (its ``model`` or
+    ``model_config``: transformer and text encoders) is refused. Returns ``(path, captured)``."""
     path, fallback = Path(path), Path(fallback)
-    if (path / "meta.json").exists():
+    if os.path.lexists(path / "meta.json"):
+        meta, fp = _store_meta(path), model_fingerprint(gen.transformer, *text_encoders(gen))
+        if meta.get("model", model_name) != model_name or meta.get("model_config") != fp:
+            raise InputError(f"the store at {path} holds {meta.get('model', '?')!r} ({meta.get('model_config')}), not "
+                             f"{model_name!r} ({fp}): point to that generator's store (notebook 03's), or to a missing "
+                             f"path to capture afresh")
         return path, False
     if fallback.exists():
         remove_store(fallback)  # the caller's own output of an earlier run (refused while another process writes it)
