@@ -19,7 +19,7 @@ from ..core.untrusted import decode_utf8, read_inside
 from ..families import family_of
 from ..inputs import check_count, check_question, default_family, encode, prepare_image, resolve_layers
 from ..progress import bar
-from ..runtime.loaders import _read_config, load_understanding, resolve
+from ..runtime.loaders import load_understanding
 from ..runtime.tiny_layouts import answer_logits as tiny
 from ..store import MAX_META_BYTES, Store, key_str, remove_store
 from ..world import samples as sample_set
@@ -225,12 +225,16 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
             raise InputError(f"the store at {path} holds {meta['model']!r}, not {model_name!r}: point to that model's "
                              "store (notebook 02's OUT_DIR/stats), or to a missing path to capture afresh")
         if "model" not in meta and "model_config" in meta:  # a Store(p) capture names its model by class and weights
-            cls = type(model).__name__ if model is not None else (_read_config(resolve(model_name)).get(
-                "architectures") or ["?"])[0]
-            if str(meta["model_config"]).split(":")[0] != cls:
+            if model is None:
+                model, processor = load_understanding(model_name, attn_implementation="eager")
+            # the weights are sampled in their own dtype: a store captured in another dtype has another fingerprint of
+            # the same weights, so only the class can be compared then
+            cls = model_fingerprint(model) if meta.get("dtype") == str(next(model.parameters()).dtype) else \
+                type(model).__name__
+            if (str(meta["model_config"]) if ":" in cls else str(meta["model_config"]).split(":")[0]) != cls:
                 raise InputError(f"the store at {path} holds a capture of {meta['model_config']!r}, not of "
-                                 f"{model_name!r} ({cls}): point to that model's store, or to a missing path to capture "
-                                 f"afresh")
+                                 f"{model_name!r} ({type(model).__name__}), whose capture is {cls!r}: point to that "
+                                 f"model's store, or to a missing path to capture afresh")
         std = {s.id: sample_digest(s) for s in sample_set.load(seed=want)}  # 02 on a folder of yours records seed too
         if (odd := sorted({e["sample"] for e in Store(path).index() if std.get(e["sample"], "") != e.get(
                 "meta", {}).get("sample_digest", std.get(e["sample"]))})):
