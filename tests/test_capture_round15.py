@@ -109,9 +109,12 @@ def test_stats_store_of_your_folder_or_of_another_model_is_refused(llava, sample
         with pytest.raises(InputError, match=r"holds a capture of 'JanusForConditionalGeneration:d700', not of "
                                              r"'tiny-llava' \(LlavaForConditionalGeneration\).*missing path"):
             stats_store_or_capture(tmp_path / "janus", tmp_path / "fb", "tiny-llava", **kw)
-    Store(tmp_path / "llava", meta={"dtype": "torch.float32", "model_config": "LlavaForConditionalGeneration:8d2b"}
-          ).write(recs)
-    assert stats_store_or_capture(tmp_path / "llava", tmp_path / "fb")[1] is False
+    from unicache_lib.capture.runner import model_fingerprint
+    from unicache_lib.runtime.loaders import load_understanding
+
+    shipped = model_fingerprint(load_understanding("tiny-llava")[0])  # the name the call below defaults to
+    Store(tmp_path / "llava", meta={"dtype": "torch.float32", "model_config": shipped}).write(recs)
+    assert stats_store_or_capture(tmp_path / "llava", tmp_path / "fb")[1] is False  # tiny-llava's own store
     path, fresh = stats_store_or_capture(tmp_path / "missing", tmp_path / "fb", model=model, processor=proc)
     assert fresh and path == tmp_path / "fb" and len(Store(path).read(layer=0)) == len(S.load())
 
