@@ -138,3 +138,24 @@ def test_a_smoke_run_of_prefill_parts_or_a_rehearsal_subset_never_replaces_the_c
     with pytest.raises(Stop):  # the committed run (make rehearsal) still writes them
         rehearsal.main(["--out", str(tmp_path / "r")])
     assert "writing" not in capsys.readouterr().out
+
+
+def test_a_model_folder_lists_a_linked_component_folder_but_follows_no_other_link(tmp_path):
+    """SN19's fix follows a linked component folder (text_encoder -> a shared copy); a link to `/`, or back up, deeper
+    in the folder, is not followed (it would walk the disk, or loop), and a linked component's own sub-folders are not
+    walked."""
+    import os
+
+    from unicache_lib.runtime.checksums import weight_files
+
+    shared, m = tmp_path / "shared", tmp_path / "m"
+    (shared / "deep").mkdir(parents=True)
+    (shared / "model.safetensors").write_bytes(b"x")
+    (shared / "deep" / "z.bin").write_bytes(b"z")
+    (m / "transformer").mkdir(parents=True)
+    (m / "transformer" / "a.safetensors").write_bytes(b"a")
+    os.symlink(shared, m / "text_encoder")
+    os.symlink("/", m / "transformer" / "root")
+    os.symlink("..", m / "transformer" / "up")
+    os.symlink(tmp_path, m / "outer")
+    assert weight_files(m) == ["text_encoder/model.safetensors", "transformer/a.safetensors"]

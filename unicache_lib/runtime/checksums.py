@@ -50,10 +50,17 @@ def sha256_file(path: str | Path) -> str:
 
 
 def weight_files(folder: str | Path) -> list[str]:
-    """The relative posix paths of the weight files under ``folder``, sorted: a linked sub-folder (a text encoder shared
-    with ``ln -s``) is listed too, as the loader reads it (``rglob`` does not descend into a link)."""
-    return sorted(Path(d, f).relative_to(folder).as_posix() for d, _, names in os.walk(folder, followlinks=True)
-                  for f in names if f.endswith(WEIGHT_SUFFIXES) and Path(d, f).is_file())
+    """The relative posix paths of the weight files under ``folder``, sorted: a linked component folder directly in it
+    (a text encoder shared with ``ln -s``) is listed too, its own files only, as the loader reads it; no other link to a
+    folder is followed (a link to ``/`` or back up would walk the disk, or loop)."""
+    out = []
+    for d, dirs, names in os.walk(folder, followlinks=True):
+        top = os.path.dirname(d) == os.path.normpath(folder)  # a component folder (text_encoder/, transformer/)
+        dirs[:] = [] if top and os.path.islink(d) else [x for x in dirs if not os.path.islink(os.path.join(d, x))
+                                                         or os.path.normpath(d) == os.path.normpath(folder)]
+        out += [Path(d, f).relative_to(folder).as_posix() for f in names if f.endswith(WEIGHT_SUFFIXES)
+                and Path(d, f).is_file()]
+    return sorted(out)
 
 
 def weight_checksums(folder: str | Path) -> dict[str, str]:
