@@ -23,16 +23,22 @@ def test_a_pruning_sweep_refuses_a_nonzero_fraction_that_prunes_no_head(tiny):
     from unicache_lib.pruning.heads import HeadSpace
     from unicache_lib.world.questions import heldout_set
 
+    import warnings
+
     space = HeadSpace.of(tiny[0])
+    warnings.simplefilter("error", UserWarning)  # the warning stops the call before the reference runs
     scores = {"draw": np.random.default_rng(0).random(space.shape)}
     for f in (0.01, 0.015625):
-        with pytest.raises(InputError, match=rf"fraction {f:g} prunes round\({f:g} x 32\) = 0 heads \(its row would be "
+        with pytest.raises(UserWarning, match=rf"fraction {f:g} prunes round\({f:g} x 32\) = 0 heads \(its row is "
                                              r"the unpruned model\): a fraction prunes a head from above 0\.015625; "
                                              r"1/32 = 0\.03125 prunes one"):
             sweep_understanding(None, None, space, scores, [f, 0.25], None)  # None: the reference never ran
-    with pytest.raises(InputError, match=r"fraction 0\.01 prunes round\(0\.01 x 32\) = 0 heads"):
+    with pytest.raises(UserWarning, match=r"fraction 0\.01 prunes round\(0\.01 x 32\) = 0 heads"):
         sweep_generation(None, space, scores, [0.01], None, None)
-    df = sweep_understanding(*tiny, space, scores, [0.03125, 0.25], heldout_set(1, seed=2024), progress=False)
+    warnings.simplefilter("default", UserWarning)  # the fixes run without a word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        df = sweep_understanding(*tiny, space, scores, [0.03125, 0.25], heldout_set(1, seed=2024), progress=False)
     assert df.pruned.tolist() == [1, 8] and df.fraction.tolist() == [0.03125, 0.25]
 
 

@@ -491,7 +491,8 @@ cells = S.loc["policy"].drop(index=["full"], level=0)
 rho, pval = st.spearmanr(cells["retained"], cells["accuracy"])
 print(f"Spearman rho(retained, accuracy) over {len(cells)} (policy, budget) cells = {rho:.2f} (p = {pval:.1g})")
 rho_iv = CC.simulation_rho(R)  # BCa over questions: every cell's means recomputed from each resample
-print(f"  95% interval over questions [{rho_iv.lo:.2f}, {rho_iv.hi:.2f}]; the bar, fixed first: above {CC.SCREEN_BAR}")
+print(f"  95% interval over questions [{rho_iv.lo:.2f}, {rho_iv.hi:.2f}]; the bar, fixed first: above {CC.SCREEN_BAR}"
+      if rho_iv else "  not measurable here: every cell answers alike (or retains alike), so rho is undefined")
 b1 = sorted(BUDGETS)[min(1, len(BUDGETS) - 1)]  # the second-smallest budget (25%)
 print(f"retained / accuracy at {b1:.0%}: " + ", ".join(f"{m}: {cells.loc[(m, b1), 'retained']:.3f} / "
       f"{cells.loc[(m, b1), 'accuracy']:.3f}" for m in ("unicache", NEW, "oracle") if (m, b1) in cells.index))
@@ -513,8 +514,7 @@ ax.set_ylabel("accuracy (real)")
 ax.legend(fontsize=6)
 fig.tight_layout()
 _ = plots.save(fig, out, "simulation_vs_real")
-print(wrap(f"Reading: rho {rho:.2f} over cells -> the simulation " + ("ranks policies usefully" if rho_iv.lo > CC.SCREEN_BAR
-           else "ranks policies poorly" if rho_iv.hi < CC.SCREEN_BAR else "may or may not rank usefully (interval across the bar)")
+print(wrap(f"Reading: rho {rho:.2f} over cells -> the simulation {CC.screen_verdict(rho_iv)}"
            + f"; per question rho(retained, KL) {rho_q:.2f} -> more retained attention goes "
            "with smaller answer changes; screen policies with the simulation, decide on real answers"))
 
@@ -703,7 +703,7 @@ else:
 # The decision table reads this run, and the decisive run where this one cannot separate methods.
 
 # %%
-CC.eviction_decisions(acc, BUDGETS, len(qas), u7_settled or u7_iv, rho_iv,  # every cell whole, also as plain text
+CC.eviction_decisions(acc, BUDGETS, len(qas), u7_settled or u7_iv, rho_iv or rho,  # every cell whole, also as plain text
                       u7_run=f"settled run, {u7_settled.n} questions" if u7_settled else "", rows=R)
 
 # %% [markdown]

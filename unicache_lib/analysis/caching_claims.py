@@ -278,15 +278,22 @@ CONTROLS = {"pooling": "the control: average-pooled image features",
 SCREEN_BAR = 0.6  # 05 §4's bar, fixed before the run: the simulation screens policies usefully where rho is above it
 
 
-def simulation_rho(R: pd.DataFrame) -> Interval:
+def simulation_rho(R: pd.DataFrame) -> Interval | None:
     """Spearman's rho between the simulated ``retained`` attention and real accuracy over the (policy, budget) cells of
     a :func:`~unicache_lib.kv.evaluate.run_eviction` run (the full cache and the presses left out), with its BCa
-    interval over questions: each resample recomputes every cell's two means from the same questions."""
+    interval over questions: each resample recomputes every cell's two means from the same questions. None where rho
+    is not defined (accuracy or retained attention the same in every cell: a model that yields nothing)."""
     d = R[(R.kind == "policy") & (R.method != "full")]
     acc, ret = (d.pivot_table(index=["method", "budget"], columns="question", values=v).to_numpy(np.float64)
                 for v in ("correct", "retained"))
-    return bootstrap(range(acc.shape[1]), lambda q: spearmanr(ret[:, q].mean(1), acc[:, q].mean(1)).statistic,
-                     "questions")
+    rho = lambda q: spearmanr(ret[:, q].mean(1), acc[:, q].mean(1)).statistic  # noqa: E731
+    return bootstrap(range(acc.shape[1]), rho, "questions") if np.isfinite(rho(list(range(acc.shape[1])))) else None
+
+
+def screen_verdict(rho: Interval | None) -> str:
+    """05 §4's reading of :func:`simulation_rho` against :data:`SCREEN_BAR`, on its interval."""
+    return ("is not measurable here" if rho is None else "ranks policies usefully" if rho.lo > SCREEN_BAR else
+            "ranks policies poorly" if rho.hi < SCREEN_BAR else "may or may not rank usefully (interval across the bar)")
 
 
 def scene_kind(scene: pd.Series) -> np.ndarray:

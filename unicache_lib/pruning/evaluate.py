@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -298,18 +299,20 @@ def _pipeline_loss_fns(gen, n_batches: int, batch: int, seed: int, steps: int, g
 def _fractions(space, fractions) -> list[float]:
     """The sweep's fractions, checked as fractions and as the head counts :meth:`~.heads.HeadSpace.keep_mask` prunes
     (``round(fraction x n_heads)``, at most one head short of every unit): two fractions that prune one count, or a
-    fraction past the floor, would be rows labelled by a fraction that was not pruned."""
+    fraction past the floor, are rows labelled by a fraction that was not pruned: each is said in a warning (a lesson
+    run on a model of few heads still ends)."""
     out = check_fractions(fractions, "fraction", upper_inclusive=False, meaning="of the heads pruned")
     for i, f in enumerate(out):
         n, top, k, g = space.n_heads, space.n_heads - len(space.units), round(f * space.n_heads), next(
             (g for g in out[:i] if round(g * space.n_heads) == round(f * space.n_heads)), None)
-        if k > top or g is not None or (f and not k):
-            raise InputError(f"at most {top} of {n} heads can be pruned (one per unit stays): fraction {f:g} asks for "
-                             f"{k}; the largest fraction is {top / n:.4g}" if k > top else
-                             f"fractions {g:g} and {f:g} both prune {k} of {n} heads: one row of the sweep would be "
-                             f"measured twice under two labels; drop one" if g is not None else
-                             f"fraction {f:g} prunes round({f:g} x {n}) = 0 heads (its row would be the unpruned "
-                             f"model): a fraction prunes a head from above {0.5 / n:g}; 1/{n} = {1 / n:.4g} prunes one")
+        if k > top or g is not None or (f and not k):  # said, not refused: a lesson on a small model still runs
+            warnings.warn(f"at most {top} of {n} heads can be pruned (one per unit stays): fraction {f:g} asks for "
+                          f"{k}; its row prunes {top}; the largest fraction is {top / n:.4g}" if k > top else
+                          f"fractions {g:g} and {f:g} both prune {k} of {n} heads: their two rows are one measurement "
+                          f"under two labels; drop one" if g is not None else
+                          f"fraction {f:g} prunes round({f:g} x {n}) = 0 heads (its row is the unpruned model): a "
+                          f"fraction prunes a head from above {0.5 / n:g}; 1/{n} = {1 / n:.4g} prunes one",
+                          UserWarning, stacklevel=3)
     return out
 
 
