@@ -143,7 +143,7 @@ if kept:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:h2o: keeps" re="(\d+ of \d+) objects"-->1 of 3<!--/num--> objects;
 # DivPrune <!--num "notebooks/05_kv_eviction.ipynb#out:divprune: keeps" re="(\d+ of \d+) objects"-->3 of 3<!--/num-->,
 # `key_coverage` <!--num "notebooks/05_kv_eviction.ipynb#out:key_coverage: keeps" re="(\d+ of \d+) objects"-->3 of 3<!--/num-->.
-# The most-read patches sit on one object, so a question about another is answered from nothing.
+# The most-read patches sit on one object; a question about another finds nothing kept.
 #
 # **The policy in code.** Each policy is one file under [unicache_lib/kv/policies/](../unicache_lib/kv/policies/) with
 # `choose(ctx, k)`: per layer, `k` indices into the image block. `key_coverage` starts at the most-read position and
@@ -163,11 +163,11 @@ for fn in (KeyCoverage.choose, farthest_point, greedy_max_min):  # docstrings an
 # ## 2. KV eviction, for real
 #
 # Per question: prefill, answer on the full cache, then per method and **budget** (the share of image positions kept
-# in every layer) evict a copy of the cache and answer again. Only image positions are evicted: every other position,
+# in every layer) evict a copy and answer again. Only image positions are evicted: every other position,
 # the attention [sink](../docs/GLOSSARY.md#sink) included, stays at every budget. Panels: accuracy, how far the answer distribution moved
-# ([KL](../docs/GLOSSARY.md#kl), nats), the share of answers equal to the full cache's. Besides the Terms above: `unicache`, the study's rule (§5); [`oracle`](../docs/GLOSSARY.md#oracle), which keeps what the question
-# will read; `random`; §3's controls and variants; the kvpress presses (dashed; AdaKV, which gives each head its own
-# budget, masks keys and frees nothing).
+# ([KL](../docs/GLOSSARY.md#kl), nats), the share of answers equal to the full cache's. Also: `unicache`, the study's
+# rule (§5); [`oracle`](../docs/GLOSSARY.md#oracle), which keeps what the question will read; `random`; the kvpress
+# presses (dashed; AdaKV gives each head its own budget).
 
 # %%
 policies = {n: c() for n, c in POLICIES.items()}
@@ -275,19 +275,19 @@ for m in masked:
 
 # %% [markdown]
 # **Where random beats the score-based rules.** A *score-based rule* keeps the positions with the highest score
-# (attention read, key norm). It is below `random` when its *paired*
-# [interval](../docs/GLOSSARY.md#interval) (of the per-question difference, rule minus `random`) lies below 0:
+# (attention read, key norm); it is below `random` when its paired [interval](../docs/GLOSSARY.md#interval) lies
+# below 0:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:10%: " re="([0-9]+ of [0-9]+) score-based"-->1 of 10<!--/num--> at the
 # smallest budget,
 # <!--num "notebooks/05_kv_eviction.ipynb#out:50%: " re="([0-9]+ of [0-9]+) score-based"-->8 of 10<!--/num--> at 50%.
 # Most fall below it where `random` is already near the full cache (50%:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:50%: " re="\(([0-9.]+);"-->0.967<!--/num-->). On §1's question their top
-# positions sit on one object; `random`'s spread is a crude cover. (02's U1 finds the reads spread over many keys: that
-# is how much of the attention they take, not where the top few sit.) Hence §3: keep a *cover* of the keys.
+# positions sit on one object; `random`'s spread is a crude cover. (02's U1 measures how much attention the reads
+# take, not where the top few sit.) Hence §3: keep a *cover* of the keys.
 #
 # **AdaKV**, the kvpress press that gives each head a budget of its own, is one of them: below `random` at
 # <!--num "notebooks/05_kv_eviction.ipynb#out:AdaKV, one budget per head" re="below random at ([0-9]+ of [0-9]+) budgets"-->3 of 4<!--/num-->
-# budgets, and it frees no memory (the last line: it masks keys, the cache keeps them).
+# budgets, and it frees no memory (it masks keys).
 
 # %% [markdown]
 # **Memory and time.** The cache's bytes / the full cache's (`kv_fraction`); the median time to answer on it.
@@ -315,8 +315,8 @@ print(wrap(f"time to answer on the compressed caches vs the full one: {mt['time 
 # <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > full:@0" fmt="{:.3f}"-->0.987<!--/num-->. What
 # survives is **coverage**: a later query finds only what some kept key still resembles. `key_coverage` keeps a
 # [k-center](../docs/GLOSSARY.md#k-center) cover of each layer's cached image keys (all heads concatenated); tuned on
-# *design* questions, it is scored once, on held-out ones (the first line below). **The bar: DivPrune** (Alvar et al., CVPR 2025), a max-min diverse subset of the image *features* chosen
-# before the language model runs.
+# *design* questions, it is scored on held-out ones. **The bar: DivPrune** (Alvar et al., CVPR 2025), a max-min
+# diverse subset of the image *features* chosen before the language model runs.
 #
 # **Merge, don't only drop.** `key_coverage_merge` folds each dropped image key and value into its nearest kept one (a
 # group mean; `log(size)` added to its attention logit). At 10% here it answers
@@ -365,8 +365,8 @@ for cid in ("E3", "E4"):
 # %% [markdown]
 # **The hard cases on their own.** Does the toy world flatter coverage? Its busiest scenes are cluttered (three or four
 # objects, a textured background, distractor dots: [scenes.py](../unicache_lib/world/scenes.py)); below, accuracy per
-# scene kind and question type at the smallest budget. A clutter penalty would show as `key_coverage` minus the full
-# cache below 0 on cluttered scenes, the whole paired interval.
+# scene kind and question type at the smallest budget. A clutter penalty: `key_coverage` minus the full cache below 0
+# on cluttered scenes, the whole paired interval.
 
 # %% tags=["nbval-check-output"]
 show = [m for m in ["full", NEW, "divprune", "kvpress:expected_attention", "random"] if m in set(R.method)]
@@ -393,8 +393,7 @@ if (clut := hb[hb.subset == "clutter"]).question.nunique() > 1:  # paired over t
 # `key_coverage` minus the full cache is
 # <!--num "notebooks/05_kv_eviction.ipynb#out:clutter, key_coverage minus full" re="full: (\S+) points"-->+0.0<!--/num-->
 # points [<!--num "notebooks/05_kv_eviction.ipynb#out:clutter, key_coverage minus full" re="\[(\S+),"-->-12.6<!--/num-->,
-# <!--num "notebooks/05_kv_eviction.ipynb#out:clutter, key_coverage minus full" re=", (\S+)\]"-->+12.6<!--/num-->]: inconclusive, so few
-# questions cannot tell whether clutter costs it accuracy.
+# <!--num "notebooks/05_kv_eviction.ipynb#out:clutter, key_coverage minus full" re=", (\S+)\]"-->+12.6<!--/num-->]: inconclusive.
 #
 # Its net errors at 10%:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:answers wrongly where the full cache is right > exists" re="exists (\d+ of \d+)"-->1 of 37<!--/num-->
@@ -430,7 +429,7 @@ if len(ctl):
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > pooling@0" fmt="{:.1f}"-->57.3<!--/num--> points
 # ahead of pooling and
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > downsample@0" fmt="{:.1f}"-->46.7<!--/num--> ahead
-# of the downsampled picture. On your model, run them too: where one ties, use it (it is simpler).
+# of the downsampled picture.
 #
 # **Which half carries the gain.** Against its cover moved onto the features (the *place*) and DivPrune's max-min on
 # its keys (the *rule*), `key_coverage` is
@@ -444,12 +443,11 @@ if len(ctl):
 # [<!--num "benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune_keys].lo" fmt="{:+.1f}" scale=100-->+0.6<!--/num-->,
 # <!--num "benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune_keys].hi" fmt="{:+.1f}" scale=100-->+2.6<!--/num-->] ahead of DivPrune's rule on its keys at 10%.
 #
-# The place ties on this model but loses at 576 image tokens: at the smaller budget the cover on the features is
+# The place loses at 576 image tokens: at the smaller budget the cover on the features is
 # <!--num "benchmarks/results/evaluate_controls_tiny-llava-576.csv#[budget=0.1111111111111111,peer=key_coverage_features].diff" fmt="{:.1f}" scale=100-->10.6<!--/num--> points
 # [<!--num "benchmarks/results/evaluate_controls_tiny-llava-576.csv#[budget=0.1111111111111111,peer=key_coverage_features].lo" fmt="{:.1f}" scale=100-->9.2<!--/num-->,
-# <!--num "benchmarks/results/evaluate_controls_tiny-llava-576.csv#[budget=0.1111111111111111,peer=key_coverage_features].hi" fmt="{:.1f}" scale=100-->12.1<!--/num-->] behind, as is `key_coverage_prefill` (the first
-# layer's keys, covered before the prefill): select from the cache after the prefill
-# ([appendix](../docs/EVICTION_APPENDIX.md), also for what choosing before the prefill saves).
+# <!--num "benchmarks/results/evaluate_controls_tiny-llava-576.csv#[budget=0.1111111111111111,peer=key_coverage_features].hi" fmt="{:.1f}" scale=100-->12.1<!--/num-->] behind, as is `key_coverage_prefill`:
+# select from the cache after the prefill ([appendix](../docs/EVICTION_APPENDIX.md)).
 
 # %% [markdown]
 # **[Pareto](../docs/GLOSSARY.md#pareto) view.** Accuracy against the bytes held, with 95% intervals; up and left is
@@ -484,7 +482,7 @@ _ = plots.save(fig, out, "eviction_pareto")
 #
 # `retained` is the share of the question's full-cache attention on kept positions (a simulation: no answer is
 # generated). How well does it rank real accuracy, per (policy, budget) cell? The bar, fixed before the run: a useful
-# screen has [Spearman](../docs/GLOSSARY.md#spearman)'s rho above 0.6, the whole 95% interval.
+# screen has [Spearman](../docs/GLOSSARY.md#spearman)'s rho above <!--const the screen's bar, written before the numbers-->0.6<!--/const-->, the whole 95% interval.
 
 # %% tags=["nbval-check-output"]
 cells = S.loc["policy"].drop(index=["full"], level=0)
@@ -527,16 +525,16 @@ print(wrap(f"Reading: rho {rho:.2f} over cells -> the simulation {CC.screen_verd
 # But loosely: at 25% `key_coverage` retains barely more of the question's attention than `unicache`
 # (<!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at 25%" re="key_coverage: ([0-9.]+)"-->0.470<!--/num-->
 # against <!--num "notebooks/05_kv_eviction.ipynb#out:retained / accuracy at 25%" re="unicache: ([0-9.]+)"-->0.446<!--/num-->)
-# yet answers far better.
+# yet answers better.
 #
 # At the smallest budget the oracle, which retains the most, answers
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus oracle" re="the oracle answers (.+)$"-->no better<!--/num--> (the
-# `minus oracle` line): on this model what matters is that *some* kept key still resembles the object.
+# `minus oracle` line): here what matters is that some kept key still resembles the object.
 #
-# At 576 image tokens the oracle does lead the dropping cover: at 64 tokens it keeps
+# At 576 image tokens the oracle leads the dropping cover: at 64 tokens it keeps
 # <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=oracle,tokens=64].share_of_full" fmt="{:.3f}"-->0.997<!--/num--> of full accuracy against `key_coverage`'s
-# <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=key_coverage,tokens=64].share_of_full" fmt="{:.3f}"-->0.982<!--/num--> (intervals apart: the
-# [appendix](../docs/EVICTION_APPENDIX.md)). It needs the question, which has not arrived when the cache is compressed.
+# <!--num "benchmarks/results/evaluate_shares_tiny-llava-576.csv#[method=key_coverage,tokens=64].share_of_full" fmt="{:.3f}"-->0.982<!--/num--> (intervals apart). It needs the question,
+# which has not arrived when the cache is compressed.
 
 # %% [markdown]
 # ## 5. Shallow by locality, deep by content? (U7)
@@ -612,18 +610,18 @@ for line in board.why_inconclusive():  # only where a verdict is inconclusive: w
 # ## 7. At the literature's scale: 576 image tokens
 #
 # Published results use LLaVA-1.5's image-token count and budgets, and so does `tiny-llava-576`. Target S1 puts E2's
-# bar there: above 0.97 of full accuracy at 64 of its 576 image tokens (11%, about E2's tenth).
+# bar there: above <!--const E2's threshold, written before the numbers-->0.97<!--/const--> of full accuracy at 64 of its 576 image tokens.
 #
-# The appendix's committed run (not this notebook's) finds that the dropping cover keeps
+# The appendix's committed run finds that the dropping cover keeps
 # <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
 # [<!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].lo" fmt="{:.3f}"-->0.975<!--/num-->, <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].hi" fmt="{:.3f}"-->0.989<!--/num-->]: S1
-# <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].verdict"-->holds<!--/num-->. E2's bar, missed here at six tokens, is cleared at the literature's
-# budgets. S1–S6: the [appendix](../docs/EVICTION_APPENDIX.md).
+# <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].verdict"-->holds<!--/num-->: E2's bar, missed here at six tokens, is
+# cleared there ([appendix](../docs/EVICTION_APPENDIX.md)).
 
 # %% [markdown]
 # ## 8. Budgets by depth
 #
-# Does moving the same bytes between layers help? A layer's *width*: how many image keys its question reads (`exp` of
+# Does moving bytes between layers help? A layer's *width*: how many image keys its question reads (`exp` of
 # the reading's entropy); the *profile* schedule budgets layers by it. Beside it: **PyramidKV** (a KV-cache method whose
 # budget falls linearly from the first layer to the last) and **DIPrune**'s keep-all-then-drop (an image-token pruner
 # that keeps every image token in the early layers; here the first). Rules D1–D5, fixed first, all test the profile
@@ -655,8 +653,8 @@ else:
     print("\n".join(CC.depth_rule_lines(dv)))  # D1-D5: each rule's subject, what it measures, its bar, its verdict
 
 # %% [markdown]
-# **Reading it.** Left: the question reads a broad spread of keys in every layer (the grey bars, `width`), so the
-# profile stays near one budget per layer (dashed); PyramidKV starves the last layer. Right: the profile ties one
+# **Reading it.** Left: the question reads widely in every layer (grey bars), so the profile stays near one budget
+# per layer (dashed); PyramidKV starves the last layer. Right: the profile ties one
 # budget per layer at equal bytes (D3
 # <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].verdict" fmt="{}"-->inconclusive<!--/num-->,
 # <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D3].value" fmt="{:+.3f}"-->+0.000<!--/num-->).
@@ -669,7 +667,7 @@ else:
 # <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D2].verdict"-->inconclusive<!--/num--> (intervals and bars: the lines above). D5: the profile
 # moves bytes between layers, it adds none.
 #
-# `keep_then_drop` is not an equal-bytes rival: it holds all 576 positions in the first layer, so at 64 tokens it keeps
+# `keep_then_drop` holds all 576 positions in the first layer, so at 64 tokens it keeps
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge@keep_then_drop,tokens=64].kv_fraction" fmt="{:.2f}"-->0.34<!--/num--> of the
 # image KV against <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].kv_fraction" fmt="{:.2f}"-->0.12<!--/num-->.
 #
@@ -677,7 +675,7 @@ else:
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge@keep_then_drop,tokens=64].share_of_full" fmt="{:.3f}"-->0.988<!--/num--> of full
 # accuracy against one budget per layer's
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].share_of_full" fmt="{:.3f}"-->0.990<!--/num-->, and at 128 tokens the
-# two tie (the right panel's overlapping intervals). Details: [appendix](../docs/EVICTION_APPENDIX.md).
+# two tie. Details: [appendix](../docs/EVICTION_APPENDIX.md).
 #
 # **On your model.** Measure the widths (`depth_budgets.py --design`); never shrink layers that spread.
 # As a press: `PolicyPress(policy=POLICIES["key_coverage_merge"]().with_depth(schedule))`.
@@ -689,9 +687,8 @@ else:
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage:@0" fmt="{:.3f}"-->0.973<!--/num-->,
 #   H2O <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > h2o:@0" fmt="{:.3f}"-->0.533<!--/num--> and
 #   `random` <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > random:@0" fmt="{:.3f}"-->0.500<!--/num-->
-#   (§2): on §1's question the most-read positions sit on one object; a cover keeps every object.
-# - **Merge, don't only drop; select, don't shrink**: pooling and the downsampled picture fall far behind up to 50%
-#   (§3).
+#   (§2).
+# - **Select, don't shrink**: pooling and the downsampled picture fall far behind up to 50% (§3).
 # - **The targets** (each with its interval in §2–§3): E1
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:E1 · " re="E1 · (.+?)\s+·"-->holds — a quarter of the image KV is enough<!--/num-->;
 #   E2 <!--num "notebooks/05_kv_eviction.ipynb#out:E2 · " re="E2 · (.+?)\s+·"-->does not hold — at a tenth, merge rather than drop (§3)<!--/num-->;
@@ -700,7 +697,7 @@ else:
 # - **U7** <!--num data/results/05_kv_eviction.json#[claim=U7].verdict-->does not hold<!--/num--> (§5–§6): one
 #   coverage rule for every depth band. **By depth** (§8): one budget per layer; never shrink layers that spread.
 #
-# The decision table reads this run, and the decisive run where this one cannot separate methods.
+# The decision table reads this run, and the decisive run where this one cannot tell methods apart.
 
 # %%
 CC.eviction_decisions(acc, BUDGETS, len(qas), u7_settled or u7_iv, rho_iv or rho,  # every cell whole, also as plain text
