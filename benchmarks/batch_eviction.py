@@ -12,10 +12,14 @@ run one question at a time (``run_eviction``'s docstring).
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluate import committed_or_outputs  # noqa: E402 - one rule for where a result goes
 
 OUT = Path(__file__).resolve().parent / "results" / "batch_eviction.txt"
 
@@ -35,11 +39,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=0.25)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=None, help=f"default {OUT.name} in results/ (the committed run)")
     a = ap.parse_args(argv)
-    if a.out == OUT and vars(a) != vars(ap.parse_args([])):  # a smoke run never replaces the committed result
-        a.out = OUT.parents[2] / "outputs" / OUT.name
-        print(f"other settings than the committed run's: writing {a.out}, not {OUT} (--out to choose)")
+    a.out = committed_or_outputs(ap, a, OUT)
     model, processor = load_understanding(a.model, attn_implementation="eager")
     qas = heldout_set(a.questions, seed=31)
     pols = {n: POLICIES[n]() for n in a.policies}

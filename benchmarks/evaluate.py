@@ -82,6 +82,19 @@ def claim_out(ap: argparse.ArgumentParser, out: Path, names: list[str], tool: st
         ap.error(str(e))
 
 
+def committed_or_outputs(ap: argparse.ArgumentParser, args: argparse.Namespace, committed: Path) -> Path:
+    """Where a benchmark writes its result: the file ``--out`` names; else the committed file when every other argument
+    is at its default (the committed run, which the docs read); else ``outputs/`` under the same name, said in one
+    line, so a smoke run never replaces the committed result (rounds 15-16's LN4, LN6). ``--out`` defaults to None."""
+    if args.out is not None:
+        return args.out
+    if vars(args) == vars(ap.parse_args([])):
+        return committed
+    print(f"other settings than the committed run's: writing {ROOT / 'outputs' / committed.name}, not {committed} "
+          f"(--out to choose)")
+    return ROOT / "outputs" / committed.name
+
+
 def parse_budgets(spec: str | None, n_image: int | None) -> list[float]:
     """Budgets as shares of the image tokens from ``"0.1,0.25"`` or ``"64t,128t"`` (token counts over the model's
     ``n_image`` image tokens: :func:`~unicache_lib.inputs.budget_shares`). None: :data:`BUDGETS`."""

@@ -31,7 +31,7 @@ BAR = {0.1: 0.97}
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
-    from evaluate import question_set
+    from evaluate import committed_or_outputs, question_set
 
     from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full
@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="batch size of the cache-stage policies (answers as batch 1)")
     ap.add_argument("--out", type=Path, default=None, help=f"default {OUT.relative_to(HERE.parent)} for 2,700 on tiny-llava")
     a = ap.parse_args(argv)
+    out = committed_or_outputs(ap, a, OUT)
     torch.set_num_threads(1)
     model, processor = load_understanding(a.model, attn_implementation="eager")
     qas = question_set(a.questions, size=scene_size(model))
@@ -68,8 +69,6 @@ def main(argv=None) -> int:
     kl = R[R.method.isin(METHODS[1:3])].groupby(["method", "budget"]).kl.mean().unstack()
     print("mean KL(full || method) at the first answer token:")
     print(kl.to_string(float_format=lambda v: f"{v:.2e}"))
-    default = a.questions >= 2700 and a.model == "tiny-llava"
-    out = a.out or (OUT if default else HERE.parent / "outputs" / "merge_eviction.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.concat([shares.assign(kind="share", model=a.model),
                vs.rename(columns={"peer": "method"}).assign(kind="minus", model=a.model)]).to_csv(out, index=False)

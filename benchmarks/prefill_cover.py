@@ -30,7 +30,7 @@ TARGETS = {0.25: 0.99, 0.1: 0.97}
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
-    from evaluate import question_set
+    from evaluate import committed_or_outputs, question_set
 
     from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full
@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="batch size of the cache-stage policies (answers as batch 1)")
     ap.add_argument("--out", type=Path, default=None, help=f"default {OUT.relative_to(HERE.parent)} for the full 2,700")
     a = ap.parse_args(argv)
+    out = committed_or_outputs(ap, a, OUT)
     torch.set_num_threads(1)
     model, processor = load_understanding("tiny-llava", attn_implementation="eager")
     qas = question_set(a.questions)
@@ -59,7 +60,6 @@ def main(argv=None) -> int:
     print(shares.round(4).to_string(index=False))
     print("key_coverage_prefill minus each method (accuracy, paired over questions):")
     print(vs[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(4).to_string(index=False))
-    out = a.out or (OUT if a.questions >= 2700 else HERE.parent / "outputs" / "prefill_cover.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.concat([shares.assign(kind="share"), vs.rename(columns={"peer": "method"}).assign(kind="minus")]).to_csv(out, index=False)
     print(f"wrote {out}")

@@ -15,12 +15,16 @@ keeping 128 of them (the same text positions, as a prefill-stage policy feeds it
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluate import committed_or_outputs  # noqa: E402 - one rule for where a result goes
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -32,10 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kept", type=int, default=128)
     ap.add_argument("--out", type=Path, default=None, help="default: results/prefill_parts_MODEL.txt")
     args = ap.parse_args(argv)
-    path = args.out or OUT / f"prefill_parts_{args.model}.txt"
-    if args.out is None and vars(args) != vars(ap.parse_args([])):  # a smoke run never replaces the committed result
-        path = OUT.parents[1] / "outputs" / path.name
-        print(f"other settings than the committed run's: writing {path}, not {OUT / path.name} (--out to choose)")
+    path = committed_or_outputs(ap, args, OUT / f"prefill_parts_{Path(args.model).name}.txt")
     torch.set_num_threads(1)
     text = "\n\n".join(measure(args, impl) for impl in ("eager", "sdpa"))
     print(text)

@@ -22,10 +22,14 @@ is on another model is measured on that model (``--generators`` takes a diffuser
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluate import committed_or_outputs  # noqa: E402 - one rule for where a result goes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stats_stride_error.txt"
 KEYS = ["sample", "part", "layer", "step"]
@@ -101,11 +105,9 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--strides", type=int, nargs="+", default=[2, 4, 7, 13])
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help=f"default {RESULTS.name} in results/ (the committed run)")
     a = ap.parse_args(argv)
-    if a.out == RESULTS and vars(a) != vars(ap.parse_args([])):  # a smoke run never replaces the committed result
-        a.out = RESULTS.parents[2] / "outputs" / RESULTS.name
-        print(f"other settings than the committed run's: writing {a.out}, not {RESULTS} (--out to choose)")
+    a.out = committed_or_outputs(ap, a, RESULTS)
     import torch
 
     from unicache_lib.stats import sample_rows

@@ -242,15 +242,27 @@ def test_stats_stride_error_runs_small_and_pairs_the_same_records(tmp_path):
         E.error_table(tables[1], tables[1][tables[1].layer == 0])
 
 
-def test_a_smoke_run_never_replaces_the_committed_result(monkeypatch, capsys):
-    """Round 15's LN4: `stats_stride_error.py --prompts 1` or `batch_eviction.py --questions 2` (no --out) replaced
-    benchmarks/results/*.txt, which docs/CAPTURE.md reads; a run at other settings now writes outputs/ and says so."""
+SMOKE_RUNS = [("stats_stride_error", ["--prompts", "1"], "stats_stride_error.txt"),
+              ("batch_eviction", ["--questions", "2"], "batch_eviction.txt"),
+              ("prefill_parts", ["--repeats", "2"], "prefill_parts_tiny-llava-576.txt"),
+              ("merge_eviction", ["--questions", "20"], "merge_eviction.csv"),
+              ("prefill_cover", ["--questions", "8100"], "prefill_cover.csv")]
+
+
+@pytest.mark.parametrize("tool, argv, name", SMOKE_RUNS, ids=[t[0] for t in SMOKE_RUNS])
+def test_a_smoke_run_never_replaces_the_committed_result(monkeypatch, capsys, tmp_path, tool, argv, name):
+    """Rounds 15-16's LN4 and LN6: a benchmark run at other settings than the committed run's (`--prompts 1`,
+    `--repeats 2`, or `prefill_cover.py --questions 8100` without the `--out` its docs name) replaced
+    benchmarks/results/, which the docs read. Every such tool decides where it writes by one rule
+    (`evaluate.committed_or_outputs`) before it measures: outputs/ at other settings, said; the default run still writes
+    the committed file; `--out` chooses."""
+    import importlib
+
     import unicache_lib.runtime.loaders as loaders
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import batch_eviction
-        import stats_stride_error
+        mod = importlib.import_module(tool)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
 
@@ -260,18 +272,17 @@ def test_a_smoke_run_never_replaces_the_committed_result(monkeypatch, capsys):
     def stop(*a, **k):
         raise Stop
 
-    monkeypatch.setattr(stats_stride_error, "run", stop)
     monkeypatch.setattr(loaders, "load_understanding", stop)
-    for tool, argv, name in ((stats_stride_error, ["--prompts", "1"], "stats_stride_error.txt"),
-                             (batch_eviction, ["--questions", "2"], "batch_eviction.txt")):
-        committed = (ROOT / "benchmarks" / "results" / name).read_bytes()
+    monkeypatch.setattr(mod, "run", stop, raising=False)  # stats_stride_error measures generators
+    committed = (ROOT / "benchmarks" / "results" / name).read_bytes()
+    with pytest.raises(Stop):
+        mod.main(argv)
+    said = capsys.readouterr().out
+    assert f"writing {ROOT / 'outputs' / name}, not {ROOT / 'benchmarks' / 'results' / name} (--out to choose)" in said
+    assert (ROOT / "benchmarks" / "results" / name).read_bytes() == committed
+    for run in ([], argv + ["--out", str(tmp_path / name)]):  # the committed run (make benchmark), a chosen file
         with pytest.raises(Stop):
-            tool.main(argv)
-        said = capsys.readouterr().out
-        assert f"writing {ROOT / 'outputs' / name}, not {ROOT / 'benchmarks' / 'results' / name}" in said, said
-        assert (ROOT / "benchmarks" / "results" / name).read_bytes() == committed
-        with pytest.raises(Stop):  # the default run (make benchmark) still writes the committed file
-            tool.main([])
+            mod.main(run)
         assert "writing" not in capsys.readouterr().out
 
 

@@ -482,7 +482,7 @@ _ = plots.save(fig, out, "eviction_pareto")
 #
 # `retained` is the share of the question's full-cache attention on kept positions (a simulation: no answer is
 # generated). How well does it rank real accuracy, per (policy, budget) cell? The bar, fixed before the run: a useful
-# screen has [Spearman](../docs/GLOSSARY.md#spearman)'s rho above <!--const the screen's bar, written before the numbers-->0.6<!--/const-->, the whole 95% interval.
+# screen has [Spearman](../docs/GLOSSARY.md#spearman)'s rho above <!--num "notebooks/05_kv_eviction.ipynb#out:the bar, fixed first: above" re="above ([0-9.]+)"-->0.6<!--/num-->, the whole 95% interval.
 
 # %% tags=["nbval-check-output"]
 cells = S.loc["policy"].drop(index=["full"], level=0)
@@ -610,7 +610,7 @@ for line in board.why_inconclusive():  # only where a verdict is inconclusive: w
 # ## 7. At the literature's scale: 576 image tokens
 #
 # Published results use LLaVA-1.5's image-token count and budgets, and so does `tiny-llava-576`. Target S1 puts E2's
-# bar there: above <!--const E2's threshold, written before the numbers-->0.97<!--/const--> of full accuracy at 64 of its 576 image tokens.
+# bar there: above <!--num data/results/05_kv_eviction.json#[claim=E2].criteria[0].threshold re="[0-9.]+"-->0.97<!--/num--> of full accuracy at 64 of its 576 image tokens.
 #
 # The appendix's committed run finds that the dropping cover keeps
 # <!--num "benchmarks/results/evaluate_targets_tiny-llava-576.csv#[target=S1,method=key_coverage].value" fmt="{:.3f}"-->0.982<!--/num-->
