@@ -126,3 +126,27 @@ def test_stats_store_of_another_checkpoint_of_the_same_class_is_refused(llava, s
     q = tmp_path / "bf16"
     Store(q, meta={**Store(p).read_meta(), "dtype": "torch.bfloat16"}).write(Store(p).read())
     assert stats_store_or_capture(q, tmp_path / "fb", "tiny-llava") == (q, False)  # class only: same class
+
+
+def test_an_offloaded_model_is_refused_in_one_line_before_any_forward():
+    """A model offloaded by accelerate (its weights on the ``meta`` device: cpu_offload, a device_map with 'cpu' or
+    'disk' parts, init_empty_weights) failed deep inside: the fingerprint with "Cannot copy out of meta tensor", a
+    capture with "Tensor.item() cannot be called on meta tensors". Both now refuse it with one InputError naming the
+    fix (load the model whole onto one device), and the same model, loaded as advised, fingerprints as before."""
+    import torch
+
+    accelerate = pytest.importorskip("accelerate")
+    from unicache_lib.capture.runner import capture_samples, model_fingerprint
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.runtime.loaders import load_understanding
+    from unicache_lib.world.samples import load
+
+    model, processor = load_understanding("tiny-llava", attn_implementation="eager")
+    before = model_fingerprint(model)
+    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    for call in (lambda: model_fingerprint(model), lambda: capture_samples(model, processor, load()[:1], progress=False)):
+        with pytest.raises(InputError, match=r"meta device .* load the model whole onto one device"):
+            call()
+    again, _ = load_understanding("tiny-llava", attn_implementation="eager")  # the advice: loaded onto one device
+    assert model_fingerprint(again) == before

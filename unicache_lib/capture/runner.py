@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError, StoreError
-from ..core.models import first_token_logits, to_model
+from ..core.models import first_token_logits, loaded, placement, to_model
 from ..core.untrusted import decode_utf8, read_inside
 from ..families import family_of
 from ..inputs import check_count, check_question, default_family, encode, prepare_image, resolve_layers
@@ -50,9 +50,9 @@ def model_inputs(processor, image, question: str | None, device=None, family=Non
 
 def inputs_for(model, processor, image, question: str | None, *, prompt: str | None = None) -> dict:
     """:func:`model_inputs` for ``model``: its family's prompt, its device and weight dtype."""
-    p = next(model.parameters())
+    dev, dtype = placement(model)
     fam = family_of(model)
-    return fam.canonical_inputs(model, model_inputs(processor, image, question, p.device, fam, p.dtype, prompt=prompt))
+    return fam.canonical_inputs(model, model_inputs(processor, image, question, dev, fam, dtype, prompt=prompt))
 
 
 def answer_logits(model, processor, questions, images_uint8, batch: int = 100) -> torch.Tensor:
@@ -186,7 +186,7 @@ def model_fingerprint(model, *more) -> str:
         cfg = getattr(m, "config", {})  # a diffusers transformer's is a FrozenDict (no to_dict)
         h.update(json.dumps(clean(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)), sort_keys=True,
                             default=str).encode())
-        for v in (p.detach().reshape(p.shape[0] if p.dim() else 1, -1) for p in m.parameters()):
+        for v in (loaded(p).detach().reshape(p.shape[0] if p.dim() else 1, -1) for p in m.parameters()):
             h.update(torch.cat([v[:, :2].flatten(), v[:2].flatten(), v.flatten()[:: max(1, v.numel() // 256)]])
                      .float().cpu().numpy().tobytes())
     return f"{type(model).__name__}:{h.hexdigest()[:12]}"

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 import torch
 
 from .compat import compiled_original, config_attn_implementation, diffusers, transformers
+from .errors import InputError
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -21,6 +22,23 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def loaded(p: torch.Tensor) -> torch.Tensor:
+    """``p``, a parameter whose values are in memory; one on the ``meta`` device (a model offloaded by accelerate, or
+    built under ``init_empty_weights``) is refused: its values cannot be read nor its device given to the inputs."""
+    if p.is_meta:
+        raise InputError("the model's weights sit on the meta device (offloaded by accelerate: a device_map with 'cpu' "
+                         "or 'disk' parts, cpu_offload, or init_empty_weights): the library reads the weights and "
+                         "runs the inputs on their device; load the model whole onto one device (device_map={'': 0}, "
+                         "or .to(device)), in a lower dtype or capturing fewer layers (layers=) if memory is short")
+    return p
+
+
+def placement(model) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype of ``model``'s parameters (refused for an offloaded model: :func:`loaded`)."""
+    p = loaded(next(model.parameters()))
+    return p.device, p.dtype
+
+
 def to_model(inputs: dict, device=None, dtype=None) -> dict:
     """Tensors of ``inputs`` on ``device``, floating ones (pixel values) in ``dtype``; the rest unchanged."""
     return {k: v.to(device=device, dtype=dtype if (dtype is not None and v.is_floating_point()) else v.dtype)
@@ -31,8 +49,8 @@ def first_token_logits(model, inputs_of, questions, images, batch: int = 100) ->
     """``[N, vocab]`` float32 logits of the first answer token for (question, image) pairs, ``batch`` pairs a forward
     (gradients flow when enabled): ``inputs_of(questions, images)`` makes a slice's model inputs, which go to the
     model's device (floating ones in its weight dtype). The one loop behind every ``answer_logits``."""
-    p = next(model.parameters())
-    return torch.cat([model(**to_model(inputs_of(questions[s : s + batch], images[s : s + batch]), p.device, p.dtype))
+    dev, dtype = placement(model)
+    return torch.cat([model(**to_model(inputs_of(questions[s : s + batch], images[s : s + batch]), dev, dtype))
                       .logits[:, -1].float() for s in range(0, len(questions), batch)])
 
 

@@ -33,10 +33,11 @@ import torch
 
 from ..core.compat import transformers
 from ..core.errors import InputError, UnsupportedError
+from ..core.models import placement
 from ..families.base import VLMFamily
 from .cache import Prefill, prefill_contexts
 from .decode import is_ragged, layer_masks
-from .prompt import PromptSplit, placement
+from .prompt import PromptSplit
 
 
 def check_batchable(family) -> None:

@@ -29,12 +29,12 @@ from ..capture.vlm import AttentionCapture
 from ..core.compat import transformers
 from ..core.errors import ContractError, InputError, PrefillPruningUnsupported
 from ..core.hooks import forward_hooks
-from ..core.models import language_attn_implementation
+from ..core.models import language_attn_implementation, placement
 from ..families.base import ImageKV  # declared with the adapters, which return it
 from ..inputs import check_fraction
 # the prompt's split (kv/prompt.py) and the answer on a cache (kv/decode.py), importable from here too
 from .decode import answer, forward_question, is_ragged, layer_masks  # noqa: F401
-from .prompt import PromptSplit, full_positions, placement, split_inputs, split_prompt, split_prompts  # noqa: F401
+from .prompt import PromptSplit, full_positions, split_inputs, split_prompt, split_prompts  # noqa: F401
 
 
 @dataclass

@@ -18,7 +18,8 @@ import torch
 from ..capture.vlm import AttentionCapture
 from ..core.errors import InputError
 from ..core.hooks import forward_hooks
-from .prompt import PromptSplit, full_positions, placement
+from ..core.models import placement
+from .prompt import PromptSplit, full_positions
 
 
 @torch.no_grad()

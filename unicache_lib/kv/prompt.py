@@ -14,6 +14,7 @@ import torch
 
 from ..capture.runner import to_model
 from ..core.errors import ContractError, InputError, PromptError, UnsupportedModelError
+from ..core.models import placement
 from ..families import FAMILIES, family_of, supported
 from ..inputs import encode, encode_batch
 
@@ -101,12 +102,6 @@ def split_inputs(family, enc: dict, image_token_id: int) -> PromptSplit:
              for k, v in enc.items() if k not in ("input_ids", "attention_mask", "pixel_values", "labels")}
     image_positions = torch.empty(0, dtype=torch.long) if family.cross_attention else img
     return PromptSplit(ids[:, :cut], ids[:, cut:], enc.get("pixel_values"), image_positions, extra, dict(enc), family)
-
-
-def placement(model) -> tuple[torch.device, torch.dtype]:
-    """The device and dtype of ``model``'s parameters."""
-    p = next(model.parameters())
-    return p.device, p.dtype
 
 
 def full_positions(fam, model, split: PromptSplit):
