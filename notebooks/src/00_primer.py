@@ -44,7 +44,9 @@ check_params(globals())  # every parameter above, before anything loads: a bad v
 # hands over; a **head** is one set of queries and keys in a layer. Also: [eager](../docs/GLOSSARY.md#eager),
 # [sink](../docs/GLOSSARY.md#sink), [KV cache](../docs/GLOSSARY.md#kv-cache).
 #
-# **Needs**: nothing before it; a minute on 2 CPU cores; any supported vision-language model (`MODEL`).
+# **Needs**: nothing before it; any supported vision-language model (`MODEL`).
+#
+# **Time**: about <!--num @read_minutes:00_primer fmt="{} min"-->10 min<!--/num--> to read; last run <!--num data/results/00_primer.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->15 s<!--/num--> (2 CPU cores).
 
 # %%
 import matplotlib.pyplot as plt
@@ -268,8 +270,8 @@ decision_table([  # (claim, what you measured here, its value); what it means an
 # %% [markdown]
 # ## Exercises
 #
-# Each starter leaves one gap of code, `... # <- write`: write it and run the cell (seconds); it checks your code
-# against a number printed above. Answers: [solutions/00_primer.py](../solutions/00_primer.py).
+# Each starter leaves one gap (`# <- write`) and checks what you wrote. Solutions:
+# [solutions/00_primer.py](../solutions/00_primer.py) (`--only K` runs one).
 #
 # 1. ★ §2 read one head. Write `sink_ratio(P)`: for one layer's maps `P` (`[heads, S, S]`), the mean weight the
 #    rows after the first put on the first token, over rows and heads, divided by the uniform share. The starter

@@ -41,10 +41,12 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
-# **What it needs**: from [00](00_primer.ipynb), only how to read a map (rows are queries, columns keys, the causal
+# **Needs**: from [00](00_primer.ipynb), only how to read a map (rows are queries, columns keys, the causal
 # mask, × uniform); nothing run before it. The shipped `tiny-llava` on CPU, or a checkpoint of any supported family
 # ([docs/MODELS.md](../docs/MODELS.md)) as `MODEL`, on `DEVICE` in `DTYPE`. Convention: `text->image` means text
 # queries reading image keys.
+#
+# **Time**: about <!--num @read_minutes:01_capture fmt="{} min"-->10 min<!--/num--> to read; last run <!--num data/results/01_capture.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->59 s<!--/num--> (2 CPU cores).
 
 # %%
 import numpy as np
@@ -445,9 +447,8 @@ decision_table([  # each claim's row: what was measured here; what to do and whe
 # %% [markdown]
 # ## Exercises
 #
-# Each starter cell sets the work up and leaves one gap of code to write, `... # <- write`: write it, run the cell
-# (under a minute); the cell checks what you wrote. Solutions with measured outcomes: `solutions/01_capture.py`
-# (`--only K`).
+# Each starter leaves one gap (`# <- write`) and checks what you wrote. Solutions:
+# [solutions/01_capture.py](../solutions/01_capture.py) (`--only K` runs one).
 #
 # 1. ★ Capture the vision tower (`part="vision"`, loaded with `vision_attn_implementation="eager"`) and compare its
 #    per-layer mean entropy with the language model's: which is more focused? Write `curve(records)`.

@@ -52,8 +52,10 @@ check_params(globals())  # every parameter above, before anything loads: a bad v
 # The study's claims U1–U13 (U7 is tested in 05, U10 and U12 in 07): each claim and its rule, fixed before any run,
 # are printed in the section that measures it; this run's verdicts are in the scoreboard (§11).
 #
-# **What it needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
+# **Needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
 # 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
+#
+# **Time**: about <!--num @read_minutes:02_understanding_maps fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/02_understanding_maps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->33 s<!--/num--> (2 CPU cores).
 
 # %%
 import os
@@ -645,9 +647,8 @@ decision_table([  # each row: the claim, what was measured, its value here; what
 # %% [markdown]
 # ## Exercises
 #
-# Each starter leaves one gap, `... # <- write`: a function body. Fill it and run the cell: it checks your code
-# against the notebook's own number, then uses it (★, ★★: a few minutes). Solutions:
-# `solutions/02_understanding_maps.py` (`--only K`).
+# Each starter leaves one gap (`# <- write`) and checks what you wrote. Solutions:
+# [solutions/02_understanding_maps.py](../solutions/02_understanding_maps.py) (`--only K` runs one).
 #
 # 1. ★ Write `persistence`, the Jaccard overlap of two layers' anchor sets (§4), and read U3 (a) at k = 3, 6 and 12.
 #    Is "anchors persist across layers" a statement about every k?

@@ -30,12 +30,12 @@
 # ![This lesson's first figure, from its last run](../docs/figures/03_diffusion_steps.png)
 
 # %% [markdown]
-# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read the prose (tables, figures and exercises extra); the last run took <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->158 s<!--/num--> on 2 CPU cores.
-#
-# **What it needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
+# **Needs**: notebook 01 (capture, store) and, for G7, notebook 02's store (captured here if absent).
 # Runs on the shipped `tiny-mmdit` (SD3 class: [joint attention](../docs/GLOSSARY.md#joint-attention) over
 # `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on your diffusers
 # folders (Next steps).
+#
+# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->158 s<!--/num--> (2 CPU cores).
 #
 # **Claims.** Sections 3–9 each test one of the study's claims by a rule fixed before any run, printed where it is
 # measured. The *weaker model* decides: the one whose 95% interval is less favourable to the claim
@@ -741,7 +741,8 @@ WrappedTable(pd.DataFrame(decision_rows(rows, "03_diffusion_steps", board.verdic
 # %% [markdown]
 # ## Exercises
 #
-# Each starter leaves one gap and checks it; answers: `solutions/03_diffusion_steps.py` (`--only K`).
+# Each starter leaves one gap (`# <- write`) and checks what you wrote. Solutions:
+# [solutions/03_diffusion_steps.py](../solutions/03_diffusion_steps.py) (`--only K` runs one).
 #
 # 1. ★★ Write `knee(sims, threshold)`; the starter checks it on every curve of section 4.
 # 2. ★★ Write `reuse_start(layer_knees)`, the first step at which every layer has settled. The starter applies it

@@ -36,10 +36,12 @@
 # ![This lesson's first figure, from its last run](../docs/figures/04_head_pruning.png)
 
 # %% [markdown]
-# **What it needs**: the stats stores of notebooks 02 and 03 (captured here if absent). Runs on the shipped
+# **Needs**: the stats stores of notebooks 02 and 03 (captured here if absent). Runs on the shipped
 # `tiny-llava`, `tiny-mmdit` and `tiny-pixart`, or on your checkpoints (`MODEL`: any supported
 # vision-language family; `GENERATORS`: SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana pipelines, `[]` skips them;
 # `DEVICE`, `DTYPE`). Sana's linear attention heads form no map and are not scored.
+#
+# **Time**: about <!--num @read_minutes:04_head_pruning fmt="{} min"-->10 min<!--/num--> to read; last run <!--num data/results/04_head_pruning.run.json#duration_s scale=1/60 fmt="{:.0f} min" missing="not recorded yet"-->16 min<!--/num--> (2 CPU cores).
 #
 # **Terms**: [depth bands](../docs/GLOSSARY.md#depth-bands), [head mask](../docs/GLOSSARY.md#head-mask),
 # [KL](../docs/GLOSSARY.md#kl) (here of the first answer token's distribution, unpruned ‖ pruned, in nats),
@@ -521,8 +523,8 @@ WrappedTable(pd.DataFrame(d_rows))  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# ★ a value to choose, ★★ code to write. Each starter leaves one gap (`# <- write` or `# <- fill in`) and checks
-# what you wrote (each under a minute). Solutions: `solutions/04_head_pruning.py` (`--only K` runs one).
+# Each starter leaves one gap (`# <- write` or `# <- fill in`) and checks what you wrote. Solutions:
+# [solutions/04_head_pruning.py](../solutions/04_head_pruning.py) (`--only K` runs one).
 #
 # 1. ★★ Write `prune_in_band` (prune the lowest-scoring heads inside some layers only); the cell prunes the most
 #    diffuse heads in the deep, then the shallow band. Are diffuse heads as costly to lose deep as shallow?

@@ -39,7 +39,8 @@
 # [DivPrune](../docs/GLOSSARY.md#divprune), [FastV](../docs/GLOSSARY.md#fastv), [SnapKV](../docs/GLOSSARY.md#snapkv),
 # [StreamingLLM](../docs/GLOSSARY.md#streamingllm), [kvpress presses](../docs/GLOSSARY.md#kvpress-presses).
 # **Claims**: the targets E1–E4 (§2–§3), U7 (§5), all in §6; larger runs: the [appendix](../docs/EVICTION_APPENDIX.md).
-# **Time**: about <!--num @read_minutes:05_kv_eviction fmt="{} min"-->15 min<!--/num--> to read the prose (tables, figures and exercises extra); the last run took <!--num data/results/05_kv_eviction.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->141 s<!--/num--> on 2 CPU cores.
+#
+# **Time**: about <!--num @read_minutes:05_kv_eviction fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/05_kv_eviction.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->141 s<!--/num--> (2 CPU cores).
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -706,8 +707,8 @@ CC.eviction_decisions(acc, BUDGETS, len(qas), u7_settled or u7_iv, rho_iv or rho
 # %% [markdown]
 # ## Exercises
 #
-# Each starter leaves one gap, code to write, and checks it. Solutions:
-# [solutions/05_kv_eviction.py](../solutions/05_kv_eviction.py).
+# Each starter leaves one gap (`# <- write`) and checks what you wrote. Solutions:
+# [solutions/05_kv_eviction.py](../solutions/05_kv_eviction.py) (`--only K` runs one).
 #
 # 1. ★ Write the rule of a policy that keeps notebook 02's anchors (per layer, the image positions the standard
 #    samples' text reads most); the starter sweeps it. Where does it land between H2O, `random` and `key_coverage`?

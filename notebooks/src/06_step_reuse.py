@@ -34,8 +34,10 @@
 # [Pareto](../docs/GLOSSARY.md#pareto)-ahead (as good on every axis, better on one), [CFG](../docs/GLOSSARY.md#cfg),
 # [diffusers caches](../docs/GLOSSARY.md#diffusers-caches) (PAB, FasterCache, FirstBlockCache, TaylorSeer, MagCache).
 #
-# **What it needs**: [03](03_diffusion_steps.ipynb) §4 (adjacent steps nearly identical). Runs on the shipped `tiny-mmdit` and `tiny-pixart`,
+# **Needs**: [03](03_diffusion_steps.ipynb) §4 (adjacent steps nearly identical). Runs on the shipped `tiny-mmdit` and `tiny-pixart`,
 # or on diffusers pipeline folders of SD3 / SD3.5, PixArt-α / Σ, Flux.1 or Sana (`GENERATORS`, `DEVICE`, `DTYPE`).
+#
+# **Time**: about <!--num @read_minutes:06_step_reuse fmt="{} min"-->10 min<!--/num--> to read; last run <!--num data/results/06_step_reuse.run.json#duration_s scale=1/60 fmt="{:.0f} min" missing="not recorded yet"-->8 min<!--/num--> (2 CPU cores).
 
 # %% tags=["parameters"]
 DEVICE = "auto"               # "cpu", "cuda" or "auto"
@@ -441,7 +443,8 @@ CC.reuse_decisions(RU, CT, shares)  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Both ★★: each starter leaves one gap, `... # <- write`, checks it, then runs on four prompts (under a minute). Solutions: [solutions/06_step_reuse.py](../solutions/06_step_reuse.py).
+# Each starter leaves one gap (`# <- write`) and checks what you wrote. Solutions:
+# [solutions/06_step_reuse.py](../solutions/06_step_reuse.py) (`--only K` runs one).
 #
 # 1. ★★ Write `dominated` (a static schedule computes no more at a PSNR no lower); the cell then runs `adaptive` at
 #    other thresholds. Is the adaptive rule ever better than the static schedules at equal `computed`?

@@ -36,8 +36,10 @@
 # ![This lesson's first figure, from its last run](../docs/figures/07_diagnostics.png)
 
 # %% [markdown]
-# **What it needs**: 02's ideas (image shares, modality blocks) and, for the report, 02's and 03's stores (captured
+# **Needs**: 02's ideas (image shares, modality blocks) and, for the report, 02's and 03's stores (captured
 # here if absent). The shipped `tiny-llava` or any supported vision-language family (`MODEL`).
+#
+# **Time**: about <!--num @read_minutes:07_diagnostics fmt="{} min"-->10 min<!--/num--> to read; last run <!--num data/results/07_diagnostics.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->59 s<!--/num--> (2 CPU cores).
 #
 # **Terms.** AUROC: the probability that a random wrong answer scores as more suspect than a random right one (one
 # half: chance; 0: perfect *the other way*). **Image share of text queries' reads** (the detector's signal): of the
@@ -438,9 +440,8 @@ DG.decisions(roc, det, n_wrong, len(A))  # every cell whole, also as plain text
 # %% [markdown]
 # ## Exercises
 #
-# Graded ★ (a few lines) to ★★ (a measurement of your own). Each starter cell leaves one gap of code to write,
-# `... # <- write`, and checks what you wrote against what this notebook measured (each runs in a minute or two
-# once written). Solutions with measured outcomes: `solutions/07_diagnostics.py`.
+# Each starter leaves one gap (`# <- write`) and checks what you wrote. Solutions:
+# [solutions/07_diagnostics.py](../solutions/07_diagnostics.py) (`--only K` runs one).
 #
 # 1. ★ Write `masked(from_layer)`: under `mask_image_attention(model, from_layer)`, the accuracy on `few_qas` and the
 #    detector's first cut-off layer on `few_samples`. The starter checks the accuracy at §2's layer, then masks from

@@ -65,11 +65,11 @@ from unicache_lib.params import check_params
 check_params(globals())  # every parameter above, before anything loads: a bad value stops here, naming itself
 
 # %% [markdown]
-# **Time**: about <!--num @read_minutes:08_architectures fmt="{} min"-->15 min<!--/num--> to read the prose (tables, figures and exercises extra); the last run took <!--num data/results/08_architectures.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->146 s<!--/num--> on 2 CPU cores.
-#
-# **What it needs**: notebooks 01–03's ideas; for LLaVA, notebook 02's stats store (`UNDERSTANDING_STORE`, captured
+# **Needs**: notebooks 01–03's ideas; for LLaVA, notebook 02's stats store (`UNDERSTANDING_STORE`, captured
 # here when missing). Runs on the shipped tiny models (64×64 coloured shapes, 8×8 patches) or on checkpoints of the
 # same families, one parameter each (`None` leaves one out). Terms: [the glossary](../docs/GLOSSARY.md).
+#
+# **Time**: about <!--num @read_minutes:08_architectures fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/08_architectures.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->146 s<!--/num--> (2 CPU cores).
 
 # %%
 import matplotlib.pyplot as plt
@@ -691,8 +691,8 @@ WrappedTable(ACL.decisions(healthy, blind, summary if three else None, best, CF,
 # %% [markdown]
 # ## Exercises
 #
-# Answers: [solutions/08_architectures.py](../solutions/08_architectures.py). Each starter leaves one gap, code to
-# write (`# <- write`) or a value (`# <- fill in`), and checks it.
+# Each starter leaves one gap (`# <- write` or `# <- fill in`) and checks what you wrote. Solutions:
+# [solutions/08_architectures.py](../solutions/08_architectures.py) (`--only K` runs one).
 #
 # 1. ★★ Blind the *text* to the image instead: write the mask of the cells where a text query reads an image key.
 #    What happens to ViLT's accuracy?
