@@ -613,19 +613,3 @@ def depth_rule_lines(dv: pd.DataFrame) -> list[str]:
         out.append(f"{r.claim} {r.method.split('@')[1]}, {r.tokens}t, {what}: {f.format(r.value)}{iv}, bar {bar} "
                    f"-> {r.verdict}")
     return out
-
-
-def depth_finding(model_name: str = "tiny-llava-576", results=None) -> str:
-    """What 05 §8's decisive depth-budget run (``make evaluate-depth``: ``evaluate_depth_<model>.csv``) found, in one
-    clause for a decision row (generated from the committed run, never typed): the width-proportional schedule against
-    one budget per layer at equal bytes, per token budget the rule compared it at; "" when no run is committed."""
-    d = decisive(model_name, "depth", results)
-    if d is None:
-        return ""
-    def pts(r):
-        return f"{100 * r.value:+.1f} points [{100 * r.lo:+.1f}, {100 * r.hi:+.1f}] at {r.tokens} tokens"
-    flat = [pts(r) for r in d[d.against == "key_coverage_merge"].itertuples()]
-    pyr = [pts(r) for r in d[d.against == "key_coverage_merge@pyramid"].itertuples()]
-    n = int(d.n.max()) if "n" in d else 0
-    return (f"05 §8 on {model_name} ({n:,} questions, equal bytes): a schedule by reading width minus one budget per "
-            f"layer {'; '.join(flat)}" + (f"; it beats PyramidKV's shrinking schedule by {'; '.join(pyr)}" if pyr else ""))
