@@ -97,11 +97,9 @@ def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_
 
 
 def main(argv=None):
-    ap = recipe_parser(__doc__, out="data/models/tiny-clip", lr=1e-3)
-    ap.add_argument("--steps", type=int, default=2500)
-    ap.add_argument("--batch", type=int, default=64)
+    ap = recipe_parser(__doc__, out="data/models/tiny-clip", lr=1e-3,
+                       ints={"--steps": 2500, "--batch": 64, "--n-heldout": 200})
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
-    ap.add_argument("--n-heldout", type=int, default=200)
     args = parse(ap, argv)
     run = start(args, "CLIPModel", lambda: build(args.seed))
     train(run.model, run.processor, run.rng, args.steps, args.batch, args.lr, args.aux, run.log, args.eval_every,

@@ -49,12 +49,10 @@ def evaluate(gen: Generator, objs: list[dict], long: bool = False, steps=20, gui
 
 
 def main(argv=None):
-    ap = recipe_parser(__doc__, out=None, lr=1.5e-3, eval_every=1000)
+    ap = recipe_parser(__doc__, out=None, lr=1.5e-3, eval_every=1000,
+                       ints={"--steps": 4000, "--batch": 32, "--n-eval": 120})
     pixel = {f.key: f for f in GEN_FAMILIES.values() if f.pixel_text_encoder}  # the families with a pixel-space layout
     ap.add_argument("--family", choices=tuple(pixel), required=True)
-    ap.add_argument("--steps", type=int, default=4000)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--n-eval", type=int, default=120)
     ap.add_argument("--text-encoder", choices=("clip", "t5"), default=None,
                     help="default: the family's real kind (sd3: clip, pixart: t5)")
     args = parse(ap, argv)

@@ -219,12 +219,10 @@ def train_lm(fam, model, processor, rng, steps, batch, lr, log, eval_every=0, ev
 
 
 def main(argv=None):
-    ap = recipe_parser(__doc__, out="data/models/tiny-janus", lr=2e-3)
-    ap.add_argument("--steps-vq", type=int, default=1000)
-    ap.add_argument("--batch-vq", type=int, default=32)
+    ap = recipe_parser(__doc__, out="data/models/tiny-janus", lr=2e-3,
+                       ints={"--steps-vq": 1000, "--batch-vq": 32, "--n-generate": 100})
     vqa_options(ap, steps_b=3000, batch_b=32, weights_help="e.g. colour=3,exists=3 (others 1): skew the question mix",
                 curriculum=True)
-    ap.add_argument("--n-generate", type=int, default=100)
     args = parse(ap, argv)
 
     fam = FAMILIES["Janus"]

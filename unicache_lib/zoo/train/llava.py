@@ -140,10 +140,9 @@ def held_out(r: dict) -> tuple[dict, str]:
 
 
 def main(argv=None):
-    ap = recipe_parser(__doc__, out="data/models/tiny-llava", lr=2e-3)
+    ap = recipe_parser(__doc__, out="data/models/tiny-llava", lr=2e-3, ints={"--patch": PATCH})
     vqa_options(ap, steps_b=4200, batch_b=48, weights_help="e.g. colour=2,exists=2 (others 1)")
     ap.add_argument("--image-size", type=int, default=IMAGE_SIZE, help="image side in px (96 with --patch 4: 576 tokens)")
-    ap.add_argument("--patch", type=int, default=PATCH)
     ap.add_argument("--vision-layers", type=int, default=2,
                     help="tower depth (4 for tiny-llava-576: objects span about 3x more patches per side than at 64 tokens)")
     ap.add_argument("--init-lm-from", default=None,

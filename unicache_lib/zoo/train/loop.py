@@ -92,12 +92,15 @@ def fit(stage: Stage, params, step_loss: Callable, log: list, evaluate: Callable
     return last
 
 
-def recipe_parser(doc: str, *, out: str | None, lr: float, eval_every: int = 500) -> argparse.ArgumentParser:
+def recipe_parser(doc: str, *, out: str | None, lr: float, eval_every: int = 500,
+                  ints: dict[str, int] | None = None) -> argparse.ArgumentParser:
     """The command line every recipe shares (``--out``, ``--seed``, ``--lr``, ``--threads``, ``--eval-every``,
-    ``--init-from``); a recipe adds its own options and reads them with :func:`parse`. ``out=None``: required."""
+    ``--init-from``) and the recipe's own whole-number options ``ints`` (option -> default); a recipe adds its other
+    options and reads them with :func:`parse`. ``out=None``: required."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=out, required=out is None, help="where the weights and the model card go")
-    ap.add_argument("--seed", type=int, default=0)
+    for name, default in {"--seed": 0, **(ints or {})}.items():
+        ap.add_argument(name, type=int, default=default)
     ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--eval-every", type=int, default=eval_every, help="held-out evaluation every N steps (0: none)")

@@ -82,11 +82,9 @@ def train(model, processor, rng, steps, batch, lr, aux, log, eval_every=0, eval_
 
 
 def main(argv=None):
-    ap = recipe_parser(__doc__, out="data/models/tiny-vilt", lr=1e-3)
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch", type=int, default=48)
+    ap = recipe_parser(__doc__, out="data/models/tiny-vilt", lr=1e-3,
+                       ints={"--steps": 3000, "--batch": 48, "--n-heldout": 1500})
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the patch-head loss")
-    ap.add_argument("--n-heldout", type=int, default=1500)
     args = parse(ap, argv)
     run = start(args, "ViltForQuestionAnswering", lambda: build(args.seed))
     train(run.model, run.processor, run.rng, args.steps, args.batch, args.lr, args.aux, run.log, args.eval_every,
