@@ -418,13 +418,10 @@ def _control_ties(acc, budgets, n: int, ctls, rows, results) -> str:
 
 
 def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, rho: Interval | float,
-                       scale: pd.DataFrame | None = None, scale_model: str = "", u7_run: str = "", results=None,
-                       rows: pd.DataFrame | None = None):
+                       u7_run: str = "", results=None, rows: pd.DataFrame | None = None):
     """The measurement -> action table of the eviction lesson (a :class:`~unicache_lib.tables.WrappedTable`), at most
-    eight rows and 40 printed lines (tests/test_output_limits.py). ``scale``: the literature's-scale targets of a
-    decisive run (``make evaluate MODEL=tiny-llava-576 BUDGETS=64t,128t``: :func:`decisive` ``(scale_model,
-    "targets")``), a row for the share kept at 64 and 128 tokens; 05 leaves it out (that run is read in
-    docs/EVICTION_APPENDIX.md). ``u7``: the interval U7 is decided on, ``u7_run`` the run it comes from (the settled
+    eight rows and 40 printed lines (tests/test_output_limits.py); the literature's-scale run (64 and 128 tokens on
+    tiny-llava-576) is read in docs/EVICTION_APPENDIX.md, not here. ``u7``: the interval U7 is decided on, ``u7_run`` the run it comes from (the settled
     one, :func:`settled_u7`, where committed). The advice about the covers chosen before the prefill comes from the
     larger runs (:func:`cover_finding`, ``results``), not from this run's ties. ``rows``: the run's per-question rows
     (:func:`~unicache_lib.kv.evaluate.run_eviction`): who is ahead is then read on paired intervals, as the lesson reads
@@ -474,10 +471,6 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                      "where": "§3, kv/policies/key_coverage_prefill.py, merge.py"})
     halves = ("key_coverage_features", "divprune_keys")
     if set(halves) <= set(acc.index):
-        s1 = {r.method: r.value for r in scale.itertuples() if r.against == "full" and r.tokens == 64} if scale is not None else {}
-        late = (f"; on {scale_model} selecting after the prefill matters ({NEW} {s1[NEW]:.3f} against "
-                f"key_coverage_prefill {s1['key_coverage_prefill']:.3f} of full accuracy at 64 tokens)"
-                if {NEW, "key_coverage_prefill"} <= set(s1) else "")
         out.append({"measurement": f"{NEW} minus each half swapped (place: its cover on the features / rule: DivPrune's "
                      "on the keys)",
                      "value here": (lambda b: f"{b:.0%} (the largest gap): " + " / ".join(
@@ -485,7 +478,7 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                          _largest(acc, budgets, NEW, halves))
                      + _read_out(acc, budgets, n, [(NEW, h) for h in halves], rows) + "; other budgets: accuracy.csv",
                      "what it suggests on your model": "the decisive runs decide: the rule carries the gain; the place ties "
-                     "on tiny-llava but loses at 576 tokens (appendix): keep both halves" + late, "where": "§3, kv/policies/ablations.py; appendix"})
+                     "on tiny-llava but loses at 576 tokens (appendix): keep both halves", "where": "§3, kv/policies/ablations.py; appendix"})
     if {"random", "unicache"} <= set(acc.index):
         out.append({"measurement": "random minus the study's rule (unicache)",
                      "value here": _random_row(acc, budgets, n, rows),
@@ -500,14 +493,6 @@ def eviction_decisions(acc: pd.DataFrame, budgets, n: int, u7: Interval | None, 
                  if isinstance(rho, Interval) else f"{rho:.2f}", "what it suggests on your model": f"the whole interval "
                  f"above {SCREEN_BAR}: screen policies with the simulation, confirm the best few on real answers",
                  "where": "§4"})
-    if scale is not None and len(scale):
-        kept = scale[scale.against == "full"]
-        out.append({"measurement": f"share of full accuracy at 64 / 128 image tokens on {scale_model} (decisive run, "
-                     f"{int(kept.n.iloc[0]):,} questions)",
-                     "value here": "; ".join(f"{m} " + " / ".join(f"{r.value:.3f} ({r.verdict})" for r in g.itertuples())
-                                             for m, g in kept.groupby("method", sort=False)),
-                     "what it suggests on your model": "where the dropping cover falls short, merge the evicted keys "
-                     "into the kept", "where": "§7, make evaluate MODEL=... BUDGETS=64t,128t"})
     return WrappedTable(pd.DataFrame(out))
 
 
