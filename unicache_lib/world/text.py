@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import InputError, MissingFileError
-from ..core.untrusted import RepeatedKeyError, json_loads, read_utf8
+from ..core.untrusted import RepeatedKeyError, json_loads, read_utf8, write_inside
 from .scenes import COLOURS, POSITIONS, SCENE_TYPES, SHAPES, Scene, make_scene
 
 QUESTION_TYPES: tuple[str, ...] = ("colour", "shape", "position", "exists", "count")
@@ -34,7 +34,6 @@ POSITION_ORDER = ("left", "top", "centre", "bottom", "right")
 OBJECT_WORDS = frozenset(SHAPES) | frozenset(PLURAL.values()) | {"object", "objects"}
 ATTRIBUTE_WORDS = frozenset(COLOURS)
 POSITION_WORDS = frozenset(POSITIONS) | {"side"}
-PUNCTUATION = frozenset({"?", ".", ",", ":"})
 
 
 @dataclass
@@ -183,14 +182,12 @@ def prompt_set(n_single: int, n_pairs: int, seed: int = 0) -> list[dict]:
 
 def export_prompts(prompts: list[dict], out) -> "Path":
     """Generation prompts (:func:`prompt_set`'s dicts) as ``prompts.jsonl``: ``prompt`` (the short form), ``long``,
-    ``objects`` (what the prompt asks for, for the prompt-following checks) and ``id``; :func:`read_prompts` reads it."""
+    ``objects`` (what the prompt asks for, for the prompt-following checks) and ``id``; :func:`read_prompts` reads it.
+    Written atomically (:func:`~unicache_lib.core.untrusted.write_inside`: never through a link), its folder created."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps({"id": p["id"], "prompt": p["short"], "long": p["long"], "objects": p["objects"]})
-                           + "\n" for p in prompts))
-    tmp.replace(out)
-    return out
+    return write_inside(out.parent, out.name, "".join(json.dumps({"id": p["id"], "prompt": p["short"], "long": p["long"],
+                                                                  "objects": p["objects"]}) + "\n" for p in prompts).encode())
 
 
 def jsonl_rows(path, text: str | None = None) -> list[tuple[int, object]]:
