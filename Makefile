@@ -51,7 +51,7 @@ help:
 
 ## run: execute every notebook on the shipped models: executed copies under `outputs/notebooks/`, figures and
 ##      scoreboards under `outputs/<notebook>/`
-##      (<!--num @run_minutes fmt="about {:.0f} minutes" missing="not recorded yet"-->about 34 minutes<!--/num--> on 2
+##      (<!--num @run_minutes fmt="about {:.0f} minutes" missing="not recorded yet"-->about 32 minutes<!--/num--> on 2
 ##      CPU cores: the sum of the notebooks' recorded run times, `data/results/NN_*.run.json`, the README's run column)
 run: setup
 	@mkdir -p outputs/notebooks

@@ -158,7 +158,7 @@ _ALL = [
        "then a few image keys keep most of what the text reads ([eviction](../docs/GLOSSARY.md#eviction))",
        "02_understanding_maps", "share of the text's image reads on the top 10% of image positions (mean over layers; "
        "chance 0.1) above 0.5", {"": {"above": 0.5}},
-       meaning={"holds": "a few image keys take most reads", "does not hold": "the reads spread over many image keys"},
+       meaning={"holds": "a few image keys take most reads", "does not hold": "uneven, but not on a few keys"},
        advice=Advice("above ~0.5: a few image keys carry most of the reads, yet keep a cover of the image keys, not the "
                      "most-read ones (05 §2 counts the score-based rules below random at each budget); near 0.1: the "
                      "reads are spread, keep a larger budget",

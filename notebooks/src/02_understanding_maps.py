@@ -22,7 +22,7 @@
 # see**: in layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word
 # lights the triangle's tip and puts <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->×
 # its object's area share on the triangle (the best sample); the other layers light it less against its area, though
-# another puts the largest share of its reads on the triangle's patches (printed below the figure). In
+# another puts the largest share of its reads on object patches (printed below the figure). In
 # <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="^([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num-->
 # multi-object samples the word reads its own object above even.
 #
@@ -55,7 +55,7 @@ check_params(globals())  # every parameter above, before anything loads: a bad v
 # **Needs**: 01's ideas (capture, store, anchors); nothing run before it. The shipped `tiny-llava` (4 layers ×
 # 8 heads, 64 image tokens before the text) or any supported family as `MODEL`.
 #
-# **Time**: about <!--num @read_minutes:02_understanding_maps fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/02_understanding_maps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->33 s<!--/num--> (2 CPU cores).
+# **Time**: about <!--num @read_minutes:02_understanding_maps fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/02_understanding_maps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->18 s<!--/num--> (2 CPU cores).
 
 # %%
 import os
@@ -214,6 +214,9 @@ print(f"question {first.question!r}; objects: {', '.join(o['colour'] + ' ' + o['
 # [depth bands](../docs/GLOSSARY.md#depth-bands) (on `tiny-llava` the shallow and deep bands are one layer each).
 
 # %% tags=["nbval-check-output"]
+show_claims("U2a", "U2b", "U13")
+
+
 def per_layer(col):
     return L.pivot(index="sample", columns="layer", values=col).to_numpy()
 
@@ -237,14 +240,13 @@ d_ent = depth.loc["deep", "norm_entropy"] - depth.loc["shallow", "norm_entropy"]
 print(f"uniform causal rows would read at mean distance (S-1)/4 = {unif_dist:.1f} (mean over samples; the dashed line)")
 print(f"deep minus shallow normalised entropy: {d_ent:+.3f} ({'spreads out' if d_ent > 0 else 'focuses'} with depth); "
       f"distance deep / shallow: {depth.loc['deep', 'distance'] / depth.loc['shallow', 'distance']:.2f}")
-show_claims("U2a", "U2b", "U13")
 
 # %% [markdown]
 # **Reading the curves.** The study expects deep layers to spread out and reach further (U2a) or to focus (U2b).
-# Only the spreading happens: deep minus shallow entropy is <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@0" fmt="{:+.3f}"-->+0.172<!--/num--> (U2a's (b)), the
+# Only the spreading happens: deep minus shallow entropy is <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy:@0" fmt="{:+.3f}"-->+0.172<!--/num--> (U2a's (b)), the
 # within-row `variance` (0 for uniform rows) and max weight fall (no focusing, against U2b), and `diag` (a row's
 # weight on itself) stays low. Distance does not grow
-# (deep / shallow <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy@1" fmt="{:.2f}"-->0.98<!--/num-->, against U2a's (a)) and sits near what uniform causal rows give
+# (deep / shallow <!--num "notebooks/02_understanding_maps.ipynb#out:deep minus shallow normalised entropy:@1" fmt="{:.2f}"-->0.98<!--/num-->, against U2a's (a)) and sits near what uniform causal rows give
 # (<!--num "notebooks/02_understanding_maps.ipynb#out:uniform causal rows would read at mean distance@2"-->18.6<!--/num-->, the dashed line): it measures sequence length more than reach.
 # (`cross_modal`: image→text plus text→image share, U13's; `head_max_weight`: the most focused head's max weight.)
 #
@@ -289,17 +291,19 @@ print("mean over samples: brightest image positions (index within the image bloc
 # [Jaccard](../docs/GLOSSARY.md#jaccard) overlap; chance for two random sets of k of n positions is ≈ k/(2n−k).
 
 # %% tags=["nbval-check-output"]
+n_image = img_reads.shape[-1]
+chance_jaccard = TOP_K / (2 * n_image - TOP_K)
+show_claims("U1", "U3", "U4")
+print(f"  (U3 (a)'s bar: 3 x chance = {3 * chance_jaccard:.3f})")
 AS = anchor_sets(recs, TOP_K)
 persist = np.mean([A.layer_persistence(img_reads[i], TOP_K) for i in range(len(img_reads))], 0)
 lo, mid = bands["shallow"][0], bands["middle"][0]
 shallow_mid = float(persist[captured.index(lo), captured.index(mid)])
 stab = {li: A.group_stability({s: AS[(s, li)] for s in L["sample"].unique()}, scene_of) for li in captured}
-n_image = img_reads.shape[-1]
 kinds = {s.id: A.token_kinds(s.masks, n_image, *grids[s.id]) if grids[s.id][0] else np.full(n_image, -1)
          for s in samples}  # object / edge / background under each image token (-1: not on the picture's grid)
 placement = pd.DataFrame([{"sample": s.id, "layer": li, **A.anchor_placement(AS[(s.id, li)], kinds[s.id])}
                           for s in samples for li in captured])
-chance_jaccard = TOP_K / (2 * n_image - TOP_K)
 jac = pd.DataFrame(persist, index=captured, columns=captured).rename_axis("layer")  # the tables whole: CSVs in `out`
 stab_t = pd.DataFrame(stab).T[["within", "across", "n_within", "n_across"]].rename_axis("layer")
 place_t = placement.groupby("layer")[["object", "object_chance", "edge", "edge_chance", "background", "background_chance"]].mean()
@@ -330,8 +334,6 @@ print(f"anchors persist from layer {lo} to {mid} at {shallow_mid / chance_jaccar
 print(f"anchors on object patches: {obj_ratio:.1f}x as often as random patches" if not sample_set.missing(samples, "masks")
       else wrap("where anchors land: " + sample_set.missing(samples, "masks")))
 print(f"the first 3 positions take {np.mean(sink) / max(np.mean(anchor_mass), 1e-9):.1f}x the mass of the {TOP_K} anchors")
-show_claims("U1", "U3", "U4")
-print(f"  (U3 (a)'s bar: 3 x chance = {3 * chance_jaccard:.3f})")
 
 # %% [markdown]
 # **Reading the anchor tables.** *U1*: the top tenth of image positions takes
@@ -359,6 +361,7 @@ print(f"  (U3 (a)'s bar: 3 x chance = {3 * chance_jaccard:.3f})")
 # mean over heads), grouped by [token class](../docs/GLOSSARY.md#token-classes) and layer band.
 
 # %% tags=["nbval-check-output"]
+show_claims("U5")
 F = token_flow(recs, tokens, set(tok.all_special_tokens))
 flow = F.pivot_table(index="class", columns="band", values="image_share", aggfunc="mean").reindex(
     [c for c in CLASSES if c in set(F["class"])])[["shallow", "middle", "deep"]]
@@ -372,13 +375,12 @@ print(f"content words {content:.3f} vs function words and punctuation {function:
 print(f"deep band: punctuation {flow.loc['punctuation', 'deep']:.3f} vs object words {flow.loc['object', 'deep']:.3f}; "
       f"shallow band: punctuation {flow.loc['punctuation', 'shallow']:.3f} vs object words {flow.loc['object', 'shallow']:.3f}"
       if {"punctuation", "object"} <= set(flow.index) else "")
-show_claims("U5")
 
 # %% [markdown]
 # **What to look at.** `even_reading` is the image's share of the keys a row can see: what it would put on the
 # image reading every key alike (high: the text follows the image). No class beats it in any band: the deep
 # band sits at or just under it, the shallow band far under (the `deep band` line). U5 expects content words to read the image far more than function
-# words (a ratio of 2 or more); they lead only slightly (<!--num "notebooks/02_understanding_maps.ipynb#out:content words@0"-->0.773<!--/num--> vs <!--num "notebooks/02_understanding_maps.ipynb#out:content words@1"-->0.742<!--/num-->). Punctuation
+# words (a ratio of 2 or more); they lead only slightly (<!--num "notebooks/02_understanding_maps.ipynb#out:vs function words and punctuation@0"-->0.773<!--/num--> vs <!--num "notebooks/02_understanding_maps.ipynb#out:vs function words and punctuation@1"-->0.742<!--/num-->). Punctuation
 # rises most with depth, but only up to an even reading: it stops avoiding the image rather than collecting it. For a
 # cache: the prompt's words do not single out image keys.
 
@@ -391,6 +393,7 @@ show_claims("U5")
 # model and projector re-initialised ([untrained-LM control](../docs/GLOSSARY.md#untrained-lm-control)).
 
 # %% tags=["nbval-check-output"]
+show_claims("U11")
 loc = object_word_selectivity(model, processor, samples)
 ctrl = object_word_selectivity(untrained_language_model(model, SEED), processor, samples)
 sel = pd.DataFrame({"trained": loc.groupby("layer").selectivity.median(), "untrained LM": ctrl.groupby("layer").selectivity.median(),
@@ -409,7 +412,6 @@ else:
           f"{sel['untrained LM'].max():.2f}")
     print(f"brightest patch on the named object: trained {t1.min():.2f}-{t1.max():.2f}, untrained {c1.min():.2f}-"
           f"{c1.max():.2f} of the questions, over the layers")
-show_claims("U11")
 
 # %% [markdown]
 # **What to look at.** Healthy grounding: selectivity well above 1 (U11's bar:
@@ -431,6 +433,7 @@ show_claims("U11")
 # because the text has far fewer rows than the image. Then [head roles](../docs/GLOSSARY.md#head-roles): how many heads are focused.
 
 # %% tags=["nbval-check-output"]
+show_claims("U8", "U9")
 blocks = L.groupby("layer")[["image->image", "text->text", "image->text", "text->image", "cross_modal"]].mean()
 print("shares of the whole map's attention mass (the four blocks sum to 1; X→Y = X queries reading Y keys):")
 print(blocks.rename(columns=BLOCK_LABELS).round(3).T.to_string())
@@ -447,7 +450,6 @@ focused = H.groupby(["layer", "head"]).max_weight.mean().unstack()
 frac_focused = (focused > FOCUSED).mean(1)  # FOCUSED: the study's threshold, one home (core.scoring)
 print(wrap(f"share of heads whose rows put > {FOCUSED:g} on one key (on average), per layer: {frac_focused.round(2).to_dict()}"))
 print(f"focused heads in layer {focused.index[0]}: {int((focused.iloc[0] > FOCUSED).sum())} of {focused.shape[1]}")
-show_claims("U8", "U9")
 
 # %% [markdown]
 # **What to look at.** image→image dominates every layer, and the cross-modal share stays within
@@ -467,6 +469,7 @@ show_claims("U8", "U9")
 # image keys in the attention row that produced it.
 
 # %%
+show_claims("U6")
 rows = []
 for s in samples[:N_CAPTIONS]:
     gen_toks, res = decode_with_capture(model, processor, s.image, "describe the image .", s.id, max_new_tokens=16,
@@ -491,7 +494,6 @@ _ = plots.save(fig, out, "decoding_image_share")
 c_dec = D[D["class"].isin(UC.CONTENT)].image_share.mean()
 f_dec = D[D["class"].isin(UC.FUNCTION)].image_share.mean()
 print(f"while decoding: content words {c_dec:.3f} vs function words and punctuation {f_dec:.3f} (ratio {c_dec / f_dec:.2f})")
-show_claims("U6")
 
 # %% [markdown]
 # **What to look at.** Generated tokens read the image *less* than an even reading would (every class mean under its

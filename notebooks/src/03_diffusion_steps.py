@@ -35,7 +35,7 @@
 # `[image | text]`) and `tiny-pixart` (image self-attention plus image→text cross-attention), or on your diffusers
 # folders (Next steps).
 #
-# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->158 s<!--/num--> (2 CPU cores).
+# **Time**: about <!--num @read_minutes:03_diffusion_steps fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/03_diffusion_steps.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->82 s<!--/num--> (2 CPU cores).
 #
 # **Claims.** Sections 3–9 each test one of the study's claims by a rule fixed before any run, printed where it is
 # measured. The *weaker model* decides: the one whose 95% interval is less favourable to the claim
@@ -331,6 +331,7 @@ fig.tight_layout()
 _ = plots.save(fig, out, "entropy_per_step")
 
 # %% tags=["nbval-check-output"]
+print(rule("G1"))  # judged in section 4, with G2
 phase_tab = (T[T.kind == "short"].groupby(["model", "part", "layer", "phase"]).img_entropy.mean()
              .unstack("phase")[list(G.PHASES)])
 phase_tab["early-late"] = phase_tab["early"] - phase_tab["late"]
@@ -342,7 +343,6 @@ print("image-query entropy, early minus late (above 0: focuses late):")
 print(fall.to_string())
 print(f"cells whose entropy falls by >= 0.02 from early to late: {int(g1_layers.sum())} of {len(g1_layers)}"
       f"\n(every phase's entropy per layer: {os.path.relpath(out / 'entropy_phases.csv', project_path('.'))})")
-print(rule("G1"))  # judged in section 4, with G2
 
 # %% [markdown]
 # **What to look at.** Coarse to fine is entropy falling (max weight rising) over the steps. Only PixArt's
@@ -401,7 +401,7 @@ for m in GENERATORS:
 #
 # The *outputs* fall late, to <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine" re="([0-9.]+) at the last step"-->0.938<!--/num--> at the MMDiT's last step
 # (PixArt self-attention <!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-pixart self: output cosine" re="([0-9.]+) at the last step"-->0.965<!--/num-->); at the strict line the MMDiT's outputs never
-# settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine > output knee" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable, which 06's G3 tests.
+# settle (<!--num "notebooks/03_diffusion_steps.ipynb#out:tiny-mmdit joint: output cosine > output knee" re="never in ([0-9]+ of [0-9]+)"-->4 of 4<!--/num--> layers). By output the last steps are the least reusable; 06's G3 finds late-only reuse safe because it reuses little.
 #
 # **The knee, where it shows.** The output curve whose knee at `STRICT_THRESHOLD` comes latest, one line per layer
 # (strict line dashed, each knee dotted). The y-axis is zoomed: every point is near 1.
@@ -443,9 +443,9 @@ else:
 
 # %% tags=["nbval-check-output"]
 # G1 (section 3's entropy, early minus late) and G2 (these similarities), each on the weaker model, over prompts
+print(rule("G2"))
 DC.measure_focus_and_similarity(board, DC.with_prompt(T), GENERATORS, n_prompts,
                                 f"{int(g1_layers.sum())}/{len(g1_layers)} cells fall >= 0.02", knees, STEPS)
-print(rule("G2"))
 print(board.criteria_lines("G1", "G2"))
 
 # %% [markdown]
@@ -504,8 +504,8 @@ for m in GENERATORS:  # the phase means above hide the last step: read it per st
               + ("the last step pulls harder than the first" if g_step[-1] > g_step[0] else "the first step pulls hardest"))
 
 # %% tags=["nbval-check-output"]
-DC.measure_conditioning(board, DC.with_prompt(T), gdf, cond, GENERATORS, n_prompts, STEPS)  # G6, weaker model
 print(rule("G6"))
+DC.measure_conditioning(board, DC.with_prompt(T), gdf, cond, GENERATORS, n_prompts, STEPS)  # G6, weaker model
 print(board.criteria_lines("G6"))
 
 # %% [markdown]
@@ -538,8 +538,8 @@ if len(jall):
     _ = plots.save(fig, out, "joint_asymmetry")
 
 # %% tags=["nbval-check-output"]
-change = DC.measure_joint_asymmetry(board, jall, n_prompts, asym if len(jall) else None)  # G4, MMDiT only
 print(rule("G4"))
+change = DC.measure_joint_asymmetry(board, jall, n_prompts, asym if len(jall) else None)  # G4, MMDiT only
 print(board.criteria_lines("G4"))
 
 # %% [markdown]
@@ -553,6 +553,7 @@ print(board.criteria_lines("G4"))
 # Keys and values per attention layer, in fp16, for one image: image positions vs the padded text sequence.
 
 # %% tags=["nbval-check-output"]
+print(rule("G5"))
 kv = []
 for m, g in gens.items():
     a = gen_family_of(g.transformer).sites(g.transformer)[0].module
@@ -567,7 +568,6 @@ print(kv.rename(columns=lambda c: c.replace(" tokens (mean)", " (mean)").replace
 print("(KV: fp16 bytes of keys and values per layer)")
 print("for scale: SD3 at 1024x1024 holds 4096 image vs 333 text positions (12.3x);\n  PixArt-alpha 1024: 4096 vs 120 (34x)")
 DC.measure_cache_pressure(board, kv, GENERATORS, n_prompts)  # G5, weaker model
-print(rule("G5"))
 print(board.criteria_lines("G5"))
 
 # %% [markdown]
@@ -598,8 +598,8 @@ per_layer_red = pd.concat([T[(T.model == m) & (T.kind == "short")].groupby("laye
 print(per_layer_red.round(3).to_string())
 
 # %% tags=["nbval-check-output"]
-gen_red, u_red = DC.measure_redundancy(board, DC.with_prompt(T), U, GENERATORS, n_prompts)  # G7, weaker generator
 print(rule("G7"))
+gen_red, u_red = DC.measure_redundancy(board, DC.with_prompt(T), U, GENERATORS, n_prompts)  # G7, weaker generator
 print(board.criteria_lines("G7"))
 
 # %% [markdown]
@@ -616,6 +616,7 @@ print(board.criteria_lines("G7"))
 # pairs (binding).
 
 # %% tags=["nbval-check-output"]
+print(rule("G9"))
 R = pd.concat([word_region_table(runs[m, "short"], prompts, gens[m].image_size // int(round(gens[m].image_tokens ** 0.5))).assign(model=m)
                for m in GENERATORS], ignore_index=True)
 loc = R[R.role != "binding overlap"].groupby(["model", "role"]).agg(iou=("iou", "mean"), chance=("chance", "mean"), n=("iou", "size"))
@@ -624,7 +625,6 @@ bind = R[R.role == "binding overlap"].groupby(["model", "pair"]).agg(overlap=("i
 print(bind.round(3).to_string())
 print("\n".join(DC.word_region_lines(loc, GENERATORS)))
 DC.measure_word_regions(board, R, loc, GENERATORS, prompts)  # G9, weaker model
-print(rule("G9"))
 print(board.criteria_lines("G9"))
 
 # %% [markdown]

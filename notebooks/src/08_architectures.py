@@ -279,7 +279,7 @@ print(f"- the lowest single layer: {low[0]} at relative depth {low[1]:.2f} ({cur
 # shallow to <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@5" fmt="{:.2f}"-->0.95<!--/num-->× deep, Janus's drops deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > Janus (unified)@5" fmt="{:.2f}"-->0.68<!--/num-->×).
 #
 # Entropies compare only within a model (they depend on the number of keys and the mask): LLaVA's reading spreads
-# with depth (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@6" fmt="{:.3f}"-->0.363<!--/num--> → <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@8" fmt="{:.3f}"-->0.561<!--/num-->), the MMDiT's is nearly uniform deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > MMDiT (joint)@8" fmt="{:.3f}"-->0.982<!--/num-->).
+# with depth (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@6" fmt="{:.3f}"-->0.363<!--/num--> → <!--num "notebooks/08_architectures.ipynb#out:mean per depth band > LLaVA (concat)@8" fmt="{:.3f}"-->0.561<!--/num-->, text queries only; 02 §2 averages every row), the MMDiT's is nearly uniform deep (<!--num "notebooks/08_architectures.ipynb#out:mean per depth band > MMDiT (joint)@8" fmt="{:.3f}"-->0.982<!--/num-->).
 #
 # **The answer.** No: a large image share is the image's size, not a pull.
 
