@@ -215,7 +215,10 @@ class VLMFamily:
         return model.model.language_model
 
     def vision_model(self, model) -> torch.nn.Module:
-        return model.model.vision_tower
+        """The vision encoder, under either name transformers gives it: ``vision_tower`` (LLaVA and most) or
+        ``vision_model`` (Mllama, Janus, Idefics3)."""
+        inner = model.model
+        return inner.vision_tower if hasattr(inner, "vision_tower") else inner.vision_model
 
     def projector(self, model) -> torch.nn.Module:
         """The module whose output is the image features that enter the language model."""

@@ -20,9 +20,6 @@ class Idefics3(VLMFamily):
     def language_model(self, model):
         return model.model.text_model
 
-    def vision_model(self, model):
-        return model.model.vision_model
-
     def projector(self, model):
         return model.model.connector
 

@@ -26,9 +26,6 @@ class Janus(VLMFamily):
     def projector(self, model):
         return model.model.aligner
 
-    def vision_model(self, model):
-        return model.model.vision_model
-
     def image_tokens_per_picture(self, config):
         return int(config.vision_config.num_image_tokens)
 

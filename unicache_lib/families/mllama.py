@@ -34,9 +34,6 @@ class Mllama(VLMFamily):
     layout = "{image} user : {question} assistant :"
     grid_offset = 1  # the grid tokens: the first tile's, after its class token
 
-    def vision_model(self, model):
-        return model.model.vision_model
-
     def sites(self, model, parts=("language",)):
         out = super().sites(model, tuple(p for p in parts if p != "vision"))
         if "vision" in parts:  # local layers, then the global ones numbered after them
