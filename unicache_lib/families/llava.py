@@ -76,13 +76,10 @@ class _Tiled:
     """Tiles and newline tokens (LLaVA-NeXT, LLaVA-OneVision): no single patch grid to resize, and the image-token
     count follows the picture's size (``config.image_seq_length`` is not it)."""
 
+    # the base's answers, not LLaVA's: no resized tower (refused), no fixed count (None), no one grid (None)
     image_features_at = VLMFamily.image_features_at
-
-    def image_tokens_per_picture(self, config):
-        return None
-
-    def image_grid(self, config, inputs):
-        return None
+    image_tokens_per_picture = VLMFamily.image_tokens_per_picture
+    image_grid = VLMFamily.image_grid
 
 
 @register
