@@ -124,6 +124,14 @@ def patch_grid(vision_config) -> tuple[int, int]:
     return (side, side)
 
 
+class PatchGridImages:
+    """A family whose image tokens are one square patch grid of its vision config (``image_size / patch_size`` per
+    side): LLaVA-1.5, PaliGemma, Janus, CLIP. List it before :class:`VLMFamily` among the bases."""
+
+    def image_grid(self, config, inputs):
+        return patch_grid(config.vision_config)
+
+
 def module_names(model) -> dict[int, str]:
     """``{id(module): qualified name}`` of every module of ``model``."""
     return {id(m): n for n, m in model.named_modules()}

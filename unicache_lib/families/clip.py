@@ -14,11 +14,11 @@ import torch
 from ..core.compat import transformers
 from ..core.modality import TEXT, Spans
 from ..zoo.tiny_llava import build_tokenizer
-from .base import Shape, UnsupportedModelError, VLMFamily, patch_grid, register, vit_dims
+from .base import PatchGridImages, Shape, UnsupportedModelError, VLMFamily, register, vit_dims
 
 
 @register
-class Clip(VLMFamily):
+class Clip(PatchGridImages, VLMFamily):
     """CLIP (``openai/clip-vit-base-patch32``: 7 x 7 patches + class token, 77-token text)."""
 
     name = "CLIP"
@@ -45,9 +45,6 @@ class Clip(VLMFamily):
     def spans(self, config, input_ids, inputs=None):
         """The text tower's sequence: text only."""
         return Spans((TEXT,) * torch.as_tensor(input_ids).shape[-1])
-
-    def image_grid(self, config, inputs):
-        return patch_grid(config.vision_config)
 
     def config(self, tok, shape: Shape):
         proj = shape.extra.get("projection_dim", shape.hidden)

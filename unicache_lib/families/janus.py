@@ -8,11 +8,11 @@ positions are the image span. Generation mode (the generated VQ tokens as their 
 from __future__ import annotations
 
 from ..core.compat import transformers
-from .base import Shape, VLMFamily, chat_template, decoder_dims, patch_grid, register
+from .base import PatchGridImages, Shape, VLMFamily, chat_template, decoder_dims, register
 
 
 @register
-class Janus(VLMFamily):
+class Janus(PatchGridImages, VLMFamily):
     """Janus-1.3B / Janus-Pro: 576 image tokens (384 px, patch 16) for understanding, 576 VQ tokens
     (16x downsampling) for generation, Llama language model, plain causal mask."""
 
@@ -28,9 +28,6 @@ class Janus(VLMFamily):
 
     def image_tokens_per_picture(self, config):
         return int(config.vision_config.num_image_tokens)
-
-    def image_grid(self, config, inputs):
-        return patch_grid(config.vision_config)
 
     def adapt_processor(self, processor, config):
         """``JanusProcessor`` always expands ``<image_placeholder>`` to 576 tokens (its ``__init__`` sets it);

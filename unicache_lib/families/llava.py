@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from ..core.compat import transformers
-from .base import Shape, VLMFamily, chat_template, decoder_dims, images_only, patch_grid, register, vit_dims
+from .base import PatchGridImages, Shape, VLMFamily, chat_template, decoder_dims, images_only, register, vit_dims
 
 
 def _clip(shape: Shape):
@@ -30,7 +30,7 @@ def _clip_processor(shape: Shape):
 
 
 @register
-class Llava(VLMFamily):
+class Llava(PatchGridImages, VLMFamily):
     """LLaVA-1.5 (``llava-hf/llava-1.5-7b-hf``): 576 image tokens (24 x 24 patches of a 336-px CLIP
     ViT-L/14 with the class token dropped), Llama/Vicuna language model, plain causal mask."""
 
@@ -41,9 +41,6 @@ class Llava(VLMFamily):
     def image_tokens_per_picture(self, config):
         n = getattr(config, "image_seq_length", None)
         return int(n) if n else None
-
-    def image_grid(self, config, inputs):
-        return patch_grid(config.vision_config)
 
     def image_features_at(self, model, pixel_values, rows, cols):
         """The CLIP tower at ``rows x cols`` patches: the picture resized (bilinear, antialiased) to

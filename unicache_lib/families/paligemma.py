@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from ..core.compat import transformers
-from .base import VLMFamily, decoder_dims, patch_grid, register, vit_dims
+from .base import PatchGridImages, VLMFamily, decoder_dims, patch_grid, register, vit_dims
 
 
 @register
-class PaliGemma(VLMFamily):
+class PaliGemma(PatchGridImages, VLMFamily):
     name = "PaliGemma"
     model_types = ("paligemma",)
     model_class = "PaliGemmaForConditionalGeneration"
@@ -23,9 +23,6 @@ class PaliGemma(VLMFamily):
     def image_tokens_per_picture(self, config):
         rows, cols = patch_grid(config.vision_config)
         return rows * cols
-
-    def image_grid(self, config, inputs):
-        return patch_grid(config.vision_config)
 
     def position_ids(self, model, input_ids, inputs):
         """PaliGemma numbers positions from 1 (``cache_position + 1``)."""
