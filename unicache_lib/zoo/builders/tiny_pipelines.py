@@ -136,14 +136,13 @@ def kl_vae(latent_channels: int, channels: int = 8, blocks: int = 4, **settings)
 
 def dc_vae(latent_channels: int, channels: int = 8, blocks: int = 4):
     """Sana's ``AutoencoderDC`` (``blocks`` levels: 2^(blocks-1) down-sampling; real DC-AE: 6 levels, 32x)."""
-    n = blocks
     return diffusers.AutoencoderDC(
         in_channels=3, latent_channels=latent_channels, attention_head_dim=channels // 2,
-        encoder_block_types=("ResBlock",) * (n - 1) + ("EfficientViTBlock",),
-        decoder_block_types=("ResBlock",) * (n - 1) + ("EfficientViTBlock",),
-        encoder_block_out_channels=(channels,) * n, decoder_block_out_channels=(channels,) * n,
-        encoder_layers_per_block=(1,) * n, decoder_layers_per_block=(1,) * n,
-        encoder_qkv_multiscales=((),) * (n - 1) + ((5,),), decoder_qkv_multiscales=((),) * (n - 1) + ((5,),),
+        encoder_block_types=("ResBlock",) * (blocks - 1) + ("EfficientViTBlock",),
+        decoder_block_types=("ResBlock",) * (blocks - 1) + ("EfficientViTBlock",),
+        encoder_block_out_channels=(channels,) * blocks, decoder_block_out_channels=(channels,) * blocks,
+        encoder_layers_per_block=(1,) * blocks, decoder_layers_per_block=(1,) * blocks,
+        encoder_qkv_multiscales=((),) * (blocks - 1) + ((5,),), decoder_qkv_multiscales=((),) * (blocks - 1) + ((5,),),
         downsample_block_type="conv", upsample_block_type="interpolate", decoder_norm_types="rms_norm",
         decoder_act_fns="silu", scaling_factor=0.41407)
 
