@@ -210,9 +210,8 @@ def attention_map(probs, spans: Spans | None = None, title: str = "", log: bool 
 def bars(values: dict[str, float], title: str = "", ylabel: str = "", log: bool = False):
     fig, ax = _plt().subplots(figsize=(5, 3))
     names = list(values)
-    ax.bar(names, [values[n] for n in names], color=[f"C{i}" for i in range(len(names))])
-    for i, n in enumerate(names):
-        ax.text(i, values[n], f"{values[n]:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.bar_label(ax.bar(names, [values[n] for n in names], color=[f"C{i}" for i in range(len(names))]), fmt="{:.3g}",
+                 fontsize=8)
     if log:
         ax.set_yscale("log")
     ax.set(ylabel=ylabel, title=title)
@@ -646,9 +645,7 @@ def check_methods(names, limit: int = MAX_METHODS) -> list:
 def _framed(ax, colour) -> None:
     """A picture panel framed in its method's ``colour``, without ticks."""
     ax.set(xticks=[], yticks=[])
-    for sp in ax.spines.values():
-        sp.set_edgecolor(colour)
-        sp.set_linewidth(3)
+    _plt().setp(list(ax.spines.values()), edgecolor=colour, linewidth=3)
 
 
 @_literal_text
