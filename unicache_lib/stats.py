@@ -125,17 +125,15 @@ def row_entropy(P: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(P, P).sum(-1)
 
 
-def normalised_entropy(P: torch.Tensor, causal=True, query_positions=None,
-                       entropy: torch.Tensor | None = None) -> torch.Tensor:
+def normalised_entropy(P: torch.Tensor, causal=True, query_positions=None) -> torch.Tensor:
     """Row entropy divided by ``log(#visible keys)``: ``[..., Sq]`` in [0, 1]; 1 = uniform over what the
     row can see. Rows that see a single key (or none) have no spread to measure and give NaN.
     Raises :class:`AttentionMaskError` when rows put mass on keys the mask hides."""
     vis = Visibility.of(P, causal, query_positions)
-    if entropy is None:
-        P = as_probs(P)
-        check_mask(P, vis)
+    P = as_probs(P)
+    check_mask(P, vis)
     n = vis.counts().float()
-    h = row_entropy(P) if entropy is None else entropy
+    h = row_entropy(P)
     return torch.where(n > 1, h / torch.log(n).clamp(min=1e-12), torch.full_like(h, float("nan")))
 
 
