@@ -124,10 +124,9 @@ def models(empty_ok: bool = False):
             _fail(name, v, f"must be a list of model names or folders, e.g. {name}=['tiny-mmdit']")
         if not v and not empty_ok:
             _fail(name, v, "must name at least one model")
-        for m in v:
-            model()(f"{name}[...]", m)
         labels: dict = {}
         for m in v:  # outputs and tables are keyed by the label: two models under one label would lose one
+            model()(f"{name}[...]", m)
             lab = model_label(m)
             if lab in labels:
                 _fail(name, v, f"{labels[lab]!r} and {m!r} are both named {lab!r} (outputs and tables are keyed by the "
