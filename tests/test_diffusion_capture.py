@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from unicache_lib.capture.diffusion import DiffusionCapture, attention_probs
-from unicache_lib.capture.gen_runner import capture_generation
+from unicache_lib.capture.gen_runner import capture_generation, text_encoders
 from unicache_lib.capture.vlm import CaptureError
 from unicache_lib.core.errors import LayerError
 from unicache_lib.core.modality import BLOCKS
@@ -167,7 +167,7 @@ def test_a_block_that_does_not_exist_names_the_valid_range_and_negative_blocks_w
 def test_store_duplicate_is_refused_without_loss(tmp_path):
     gen = load_generator("tiny-pixart")
     store = Store(tmp_path / "s")
-    with DiffusionCapture(gen.transformer, ["x"], store=store, layers=[0]) as cap:
+    with DiffusionCapture(gen.transformer, ["x"], store=store, layers=[0], encoders=text_encoders(gen)) as cap:
         sample(gen, PROMPTS[:1], steps=1, callbacks=[cap])
     n = len(store.read())
     with pytest.raises(StoreError):

@@ -67,7 +67,8 @@ def lesson_03(n_prompts=2, steps=20, layers=4, heads=4, n_img=64, n_text=48, see
     words = ["<s>", "a", "green", "triangle", "at", "the", "top", "</s>"]
     recs = []
     for j in range(n_prompts):
-        meta = {"n_image": n_img, "n_text": n_text, "n_text_real": len(words), "prompt": "a green triangle at the top"}
+        meta = {"n_image": n_img, "n_text": n_text, "n_text_real": len(words), "prompt": "a green triangle at the top",
+                "text_positions": list(range(len(words)))}  # as a capture records them: real tokens, then padding
         for st in range(steps):
             for L in range(layers):
                 shape = (heads, n_img + n_text, n_img + n_text) if part == "joint" else (heads, n_img, n_text)

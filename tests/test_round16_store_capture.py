@@ -111,8 +111,7 @@ def test_generation_store_of_another_generator_or_text_encoder_is_refused(tmp_pa
 def test_stats_store_of_another_checkpoint_of_the_same_class_is_refused(llava, samples, tmp_path):
     """Round 16's SN21: stats_store_or_capture compared only the class of a Store(p) store's model_config, so a capture
     of another checkpoint of the same class (tiny-llava-576, a fine-tune) was read as tiny-llava's. The whole
-    fingerprint is compared when the store's dtype is the model's; in another dtype (another fingerprint of the same
-    weights) the class only."""
+    fingerprint is compared (in another dtype: tests/test_round17.py)."""
     from unicache_lib.capture.runner import capture_samples, stats_store_or_capture
     from unicache_lib.core.errors import InputError
 
@@ -120,12 +119,9 @@ def test_stats_store_of_another_checkpoint_of_the_same_class_is_refused(llava, s
     capture_samples(*llava, samples[:1], Store(p), layers=[0], progress=False)  # random weights, tiny-llava's class
     with pytest.raises(InputError, match=r"holds a capture of 'LlavaForConditionalGeneration:\w+', not of 'tiny-llava' "
                                          r"\(LlavaForConditionalGeneration\), whose capture is 'LlavaForConditionalGen"
-                                         r"eration:\w+': point to that model's store"):
+                                         r"eration:\w+'.*: point to that model's store"):
         stats_store_or_capture(p, tmp_path / "fb", "tiny-llava")
     assert stats_store_or_capture(p, tmp_path / "fb", model=llava[0], processor=llava[1]) == (p, False)
-    q = tmp_path / "bf16"
-    Store(q, meta={**Store(p).read_meta(), "dtype": "torch.bfloat16"}).write(Store(p).read())
-    assert stats_store_or_capture(q, tmp_path / "fb", "tiny-llava") == (q, False)  # class only: same class
 
 
 def test_an_offloaded_model_is_refused_in_one_line_before_any_forward():

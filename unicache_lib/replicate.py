@@ -200,6 +200,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     cli_output_path(a.out, "replicate")  # not empty, not the repository or one of its own folders
     out = Path(a.out)
+    if (aside := a.quick or not (a.settle or a.seeds == ap.get_default("seeds"))) and not a.quick:
+        print(f"other seeds than the committed run's {ap.get_default('seeds')}: writing the table and page section "
+              f"under {out}, not {VERDICTS_CSV} nor docs/VERDICTS.md (--csv, --readme to choose)")
     if a.settle:
         df, (name, default) = settle(out, a.quick), ("settled.csv", SETTLED_CSV)
     else:
@@ -208,7 +211,7 @@ def main(argv=None):
         runs = {f"shipped (SAMPLE_SEED {sample_set.SEED}, SEED 0)": run_seed("shipped", None, 0, out, a.quick),
                 **{f"seed {s}": run_seed(f"seed-{s}", s, s, out, a.quick) for s in a.seeds}}
         df, (name, default) = verdict_table(runs), ("verdicts.csv", VERDICTS_CSV)
-    csv = Path(a.csv) if a.csv else (out / name if a.quick else default)
+    csv = Path(a.csv) if a.csv else (out / name if aside else default)
     csv.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(csv, index=False)
     if a.settle and not a.quick:
@@ -217,7 +220,7 @@ def main(argv=None):
                       lambda text: text.replace(END, END + "\n\n" + section, 1))
     elif not a.settle:
         section = readme_section(df, a.quick)
-        if a.readme or not a.quick:
+        if a.readme or not aside:
             update_readme(Path(a.readme) if a.readme else ROOT / "docs" / "VERDICTS.md", section)
         else:
             (out / "README-section.md").write_text(section + "\n")

@@ -1083,15 +1083,24 @@ class Store(contextlib.AbstractContextManager):
                 elif stat.S_ISDIR(mode) and own and depth == 0:  # a rank folder
                     look(p, 1)
                 elif stat.S_ISDIR(mode) and own and depth == 1:  # a chunk folder; one holding repair's kept
-                    # *.damaged, or a file of a user's, is not an orphan
+                    # *.damaged, or a file of a user's, is not an orphan; nor one holding records no index names
                     if (rel := p.relative_to(self.path).as_posix()) not in used and all(
                             _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)):
-                        (orphans if rel not in kept and any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u))
-                                                            and int(m[1]) < int(n[5:]) for u in used) else aside).append(p)
+                        (orphans if rel not in kept and not self._held(rel) - self._owner.keys() else aside).append(p)
                     look(p, 2)
 
         look(self.path, 0)
         return tmp + orphans, strangers, aside
+
+    def _held(self, chunk: str) -> set[str]:
+        """The keys of the records the chunk folder ``chunk`` (``"rank00000/chunk000003"``) holds, as its files recorded
+        them (their own ``_RECORDS``), whatever an index says: a file that cannot be read holds none."""
+        keys = set()
+        for n in os.listdir(self.path / chunk):
+            with contextlib.suppress(Exception):  # noqa: BLE001 - a torn, foreign or unreadable file holds no record
+                with os.fdopen(open_inside(self.path, f"{chunk}/{n}", links=False, error=StoreError), "rb") as f:
+                    keys |= {d["key"] for d in json.loads(bytes(np.load(f)[_RECORDS]).decode())}
+        return keys
 
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record keys; entries a
@@ -1133,8 +1142,12 @@ class Store(contextlib.AbstractContextManager):
             rel = p.relative_to(self.path).as_posix()
             rank = int(m[1]) if (m := _RANK_DIR.fullmatch(rel.split("/", 1)[0])) else None  # (a top-level file: None)
             problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank) if live(rank) else
-                            f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed; "
-                            + (f"index-rank{rank:05d}.jsonl is a newer capture's, never move another over it: keep "
+                            f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed"
+                            + (f"; it holds records no index names ({', '.join(sorted(new)[:2])}, {len(new)} in all): if "
+                               f"a write was cut off before its index line, capture them again and repair() removes "
+                               f"this copy" if (new := self._held(rel) - self._owner.keys()) else "") + "; if an index "
+                            f"was set aside, "
+                            + (f"index-rank{rank:05d}.jsonl is live, never move another over it: keep "
                                f"the set-aside index as index-rank{rank:05d}.jsonl.bad (its chunks are kept) and capture "
                                f"its samples again" if (self.path / f"index-rank{rank:05d}.jsonl").exists() else
                                f"move its index back as index-rank{rank:05d}.jsonl (or .jsonl.bad to keep it aside)")

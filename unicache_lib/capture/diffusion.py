@@ -1,7 +1,7 @@
 """Capture attention from a diffusers transformer step by step, for every generator family of
 :mod:`unicache_lib.gen_families` (SD3 / SD3.5, PixArt, Flux.1, Sana, HunyuanDiT, DiT).
 
-    with DiffusionCapture(gen.transformer, sample_ids=["p0", "p1"], store=store) as cap:
+    with DiffusionCapture(gen.transformer, sample_ids=["p0", "p1"], store=store, encoders=text_encoders(gen)) as cap:
         sample(gen, prompts, steps=20, callbacks=[cap])           # the library's loop
     # or, with a diffusers pipeline:
     with DiffusionCapture(pipe.transformer, sample_ids=["p0"]) as cap:
@@ -157,15 +157,16 @@ class DiffusionCapture:
             refuse to mix them with exact records. A stride that shares no factor with the image grid's side
             (odd on SD3's 64 x 64) spreads the rows over it instead of sampling whole columns.
         meta: extra fields for every record's meta (e.g. the prompt kind).
-        encoders: the generator's text encoders, fingerprinted with the transformer in the store's ``model_config``
-            (so a store of the same transformer beside another text encoder refuses this capture).
+        encoders: the generator's text encoders (``text_encoders(gen)``; ``()`` for a generator without one), required
+            with a ``store``: fingerprinted with the transformer in its ``model_config``, so a store of the same
+            transformer beside another text encoder refuses this capture.
     """
 
     def __init__(self, transformer, sample_ids, mode: str = "stats", layers=None, parts=None,
                  text_tokens: list[list[str]] | None = None, branch: str = "cond", store=None,
                  adjacent: bool = True, query_stride: int = 1, meta: dict | list[dict] | None = None,
-                 stats_stride: int = 1, encoders=()):
-        self.sample_ids, self.encoders = [str(s) for s in sample_ids], tuple(encoders)
+                 stats_stride: int = 1, encoders=None):
+        self.sample_ids, self.encoders = [str(s) for s in sample_ids], encoders
         n = len(self.sample_ids)
         self.metas = meta if isinstance(meta, list) else [dict(meta or {})] * n
         for bad, why in (
@@ -343,6 +344,8 @@ class DiffusionCapture:
                     "n_text_real": int(real.sum()), **w.site.meta, **self.metas[j],
                     **({"stats_stride": k} if k > 1 else {}),
                     **({"token_order": "|".join(fam.joint_order)} if part == "joint" else {}),
+                    # where padding sits among the text keys, where the real ones are (SD3: CLIP's, padding, T5's)
+                    **({"text_positions": np.flatnonzero(real).tolist()} if not real.all() else {}),
                     **({"tokens": [t for t in self.text_tokens[j] if t is not None]} if self.text_tokens is not None else {})}
             self._pending.append(Record(
                 sample=sid, layer=w.layer, part=w.part, mode=self.mode,
@@ -362,6 +365,11 @@ class DiffusionCapture:
     # ---- context management --------------------------------------------------------------------
     def __enter__(self) -> "DiffusionCapture":
         if self.store is not None:
+            if self.encoders is None:  # a store of the transformer alone would take another text encoder's capture
+                raise InputError("a capture into a store fingerprints the generator's text encoders with its "
+                                 "transformer: pass encoders=text_encoders(gen) (unicache_lib.capture.gen_runner; "
+                                 "for a diffusers pipeline, its text_encoder, text_encoder_2 and _3 that exist; () "
+                                 "for a generator without one)")
             own_meta(self.store, self.transformer, *self.encoders)  # another generator, dtype or text encoder: refused
             self.store.check_resume()
             have = {k.split("|", 1)[0] for k in self.store.keys()}

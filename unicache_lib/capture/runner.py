@@ -173,11 +173,24 @@ def own_meta(store: Store, model, *more) -> None:
                              f"is {k}={v!r}: leave {k} out of meta (a capture records its model's own)")
 
 
-def model_fingerprint(model, *more) -> str:
+def _store_dtype(meta: dict, model, path: Path):
+    """The dtype a store's weights were sampled in, to sample ``model``'s as they were: float32 weights cast to a
+    store's half precision round as ``from_pretrained(dtype=...)`` rounds them; a store in another dtype than a
+    half-precision model's cannot be compared, and is refused naming the dtype to load the model in."""
+    have, dt = str(next(model.parameters()).dtype), getattr(torch, str(meta.get("dtype", "")).removeprefix("torch."), None)
+    if have == str(meta.get("dtype", have)) or (have == "torch.float32" and isinstance(dt, torch.dtype)):
+        return dt
+    raise InputError(f"the store at {path} was captured in {meta.get('dtype')!r}, the model is loaded in {have!r}: its "
+                     f"weights cannot be compared with the capture's; load the model in float32 or in the store's "
+                     f"dtype (DTYPE), or point to a missing path to capture afresh")
+
+
+def model_fingerprint(model, *more, as_dtype=None) -> str:
     """``"<class>:<digest>"`` of the model's config (without its paths and versions) and of a sample of its weights
     (of every tensor, in float32: the first two values of each row and column and 256 values strided over it, so a
     fine-tune of one projection or one embedding row differs there; a few MB read on a 7B model): what a store records so that a resumed capture of another model into it is refused even when its meta names no model.
-    ``more``: other modules hashed after it (a generator's text encoders); the name stays ``model``'s class."""
+    ``more``: other modules hashed after it (a generator's text encoders); the name stays ``model``'s class.
+    ``as_dtype``: each sampled value cast to it first (a float32 model compared with a half-precision capture)."""
     def clean(x):
         return {k: clean(v) for k, v in x.items() if not str(k).startswith("_")
                 and k not in ("transformers_version", "torch_dtype", "dtype")} if isinstance(x, dict) else x
@@ -188,7 +201,7 @@ def model_fingerprint(model, *more) -> str:
                             default=str).encode())
         for v in (loaded(p).detach().reshape(p.shape[0] if p.dim() else 1, -1) for p in m.parameters()):
             h.update(torch.cat([v[:, :2].flatten(), v[:2].flatten(), v.flatten()[:: max(1, v.numel() // 256)]])
-                     .float().cpu().numpy().tobytes())
+                     .to(as_dtype or v.dtype).float().cpu().numpy().tobytes())
     return f"{type(model).__name__}:{h.hexdigest()[:12]}"
 
 
@@ -224,16 +237,13 @@ def stats_store_or_capture(path, fallback, model_name: str = "tiny-llava", progr
         if meta.get("model", model_name) != model_name:
             raise InputError(f"the store at {path} holds {meta['model']!r}, not {model_name!r}: point to that model's "
                              "store (notebook 02's OUT_DIR/stats), or to a missing path to capture afresh")
-        if "model" not in meta and "model_config" in meta:  # a Store(p) capture names its model by class and weights
+        if "model_config" in meta:  # the class and sampled weights the capture recorded, whatever name it gives
             if model is None:
                 model, processor = load_understanding(model_name, attn_implementation="eager")
-            # the weights are sampled in their own dtype: a store captured in another dtype has another fingerprint of
-            # the same weights, so only the class can be compared then
-            cls = model_fingerprint(model) if meta.get("dtype") == str(next(model.parameters()).dtype) else \
-                type(model).__name__
-            if (str(meta["model_config"]) if ":" in cls else str(meta["model_config"]).split(":")[0]) != cls:
+            if (cls := model_fingerprint(model, as_dtype=_store_dtype(meta, model, path))) != str(meta["model_config"]):
                 raise InputError(f"the store at {path} holds a capture of {meta['model_config']!r}, not of "
-                                 f"{model_name!r} ({type(model).__name__}), whose capture is {cls!r}: point to that "
+                                 f"{model_name!r} ({type(model).__name__}), whose capture is {cls!r} (or, for a store "
+                                 f"captured before 2026-12-05, an older fingerprint of the same weights): point to that "
                                  f"model's store, or to a missing path to capture afresh")
         std = {s.id: sample_digest(s) for s in sample_set.load(seed=want)}  # 02 on a folder of yours records seed too
         if (odd := sorted({e["sample"] for e in Store(path).index() if std.get(e["sample"], "") != e.get(

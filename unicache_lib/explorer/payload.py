@@ -295,18 +295,23 @@ def step_panels(result, images, tokens, part=None, *, samples=None, layers=None,
         img0, txt0 = (n_text, 0) if text_first else (0, n_img)  # first image / text row and column
         grid, cells = _grid_cells(n_img, None, None, what, s)
         words = list(range(len(toks)))
+        if (pos := r0.meta.get("text_positions")) is None and r0.meta.get("n_text_real", n_text) < n_text:
+            raise InputError(f"{what}: prompt {s!r}'s records do not say which of their {n_text} text keys hold its "
+                             f"{len(toks)} real tokens (captured before they did; SD3 puts T5's after CLIP's padding): "
+                             f"capture it again")
+        pos = np.asarray(words if pos is None else pos)  # the text key of each word
         if joint:
             if sq != n_img + n_text or sk != n_img + n_text:
                 raise InputError(f"{what}: prompt {s!r}: a joint map of {sq} x {sk} for {n_img} image and {n_text} "
                                  f"text tokens")
             img_rows = img_cols = img0 + cells
-            t2i_rows = i2t_cols = txt0 + np.asarray(words)
+            t2i_rows = i2t_cols = txt0 + pos
             key_band = query_band = (img0, img0 + n_img)
         else:  # cross: image queries x text keys
             if sq != n_img or sk != n_text:
                 raise InputError(f"{what}: prompt {s!r}: a cross map of {sq} x {sk} for {n_img} image queries and "
                                  f"{n_text} text keys")
-            img_rows, img_cols, t2i_rows, i2t_cols = cells, None, None, np.asarray(words)
+            img_rows, img_cols, t2i_rows, i2t_cols = cells, None, None, pos
             key_band, query_band = None, (0, n_img)
         prompt = r0.meta.get("prompt")
         panels.append(Panel(

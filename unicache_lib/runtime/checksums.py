@@ -55,7 +55,7 @@ def weight_files(folder: str | Path) -> list[str]:
     folder is followed (a link to ``/`` or back up would walk the disk, or loop)."""
     out = []
     for d, dirs, names in os.walk(folder, followlinks=True):
-        top = os.path.dirname(d) == os.path.normpath(folder)  # a component folder (text_encoder/, transformer/)
+        top = os.path.normpath(os.path.dirname(d)) == os.path.normpath(folder)  # a component folder (text_encoder/)
         dirs[:] = [] if top and os.path.islink(d) else [x for x in dirs if not os.path.islink(os.path.join(d, x))
                                                          or os.path.normpath(d) == os.path.normpath(folder)]
         out += [Path(d, f).relative_to(folder).as_posix() for f in names if f.endswith(WEIGHT_SUFFIXES)
