@@ -21,8 +21,8 @@
 # *§1's first look:* the picture, then the word 'triangle' over it in each layer (× uniform, cyan: even). **What you
 # see**: in layer <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="[(]layer ([0-9]+)[)]"-->1<!--/num--> the word
 # lights the triangle's tip and puts <!--num "notebooks/02_understanding_maps.ipynb#out:chosen" re="at ([0-9.]+)x the object"-->12.6<!--/num-->×
-# its object's area share on the triangle (the best sample); the other layers light it less against its area, though
-# another puts the largest share of its reads on object patches (printed below the figure). In
+# its object's area share on the triangle (the best sample); the other layers light it less against its area
+# (printed below the figure). In
 # <!--num "notebooks/02_understanding_maps.ipynb#out:multi-object samples with full maps" re="^([0-9]+ of [0-9]+) multi-object"-->10 of 10<!--/num-->
 # multi-object samples the word reads its own object above even.
 #
@@ -660,7 +660,7 @@ decision_table([  # each row: the claim, what was measured, its value here; what
 #    and in which layer?
 # 4. ★★ Write `head_score`, a score of your own for one head's last prompt position (the one that answers): high
 #    when it finds the asked object. Which head does your score rank first, and is it the one you saw in §10's
-#    explorer (last token, layer 1, across heads)?
+#    explorer?
 
 # %%
 # Exercise 1 starter: anchor persistence between layers `lo` and `mid`, from §4's text reads `img_reads`

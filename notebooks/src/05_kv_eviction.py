@@ -40,7 +40,7 @@
 # [StreamingLLM](../docs/GLOSSARY.md#streamingllm), [kvpress presses](../docs/GLOSSARY.md#kvpress-presses).
 # **Claims**: the targets E1–E4 (§2–§3), U7 (§5), all in §6; larger runs: the [appendix](../docs/EVICTION_APPENDIX.md).
 #
-# **Time**: about <!--num @read_minutes:05_kv_eviction fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/05_kv_eviction.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->141 s<!--/num--> (2 CPU cores).
+# **Time**: about <!--num @read_minutes:05_kv_eviction fmt="{} min"-->15 min<!--/num--> to read; last run <!--num data/results/05_kv_eviction.run.json#duration_s fmt="{:.0f} s" missing="not recorded yet"-->124 s<!--/num--> (2 CPU cores).
 
 # %% tags=["parameters"]
 MODEL = "tiny-llava"
@@ -158,7 +158,8 @@ from unicache_lib.kv.policies.base import greedy_max_min, top_k  # noqa: E402
 from unicache_lib.kv.policies.key_coverage import KeyCoverage, farthest_point  # noqa: E402
 
 for fn in (KeyCoverage.choose, farthest_point, greedy_max_min):  # docstrings and comments left out
-    print(re.sub(r"  # [^\n]*", "", re.sub(r'\n\s*""".*?"""', "", inspect.getsource(fn), count=1, flags=re.S)))
+    text = re.sub(r"  # [^\n]*", "", re.sub(r'\n\s*""".*?"""', "", inspect.getsource(fn), count=1, flags=re.S))
+    print("\n".join(line for line in text.splitlines() if line.strip()) + "\n")
 
 # %% [markdown]
 # ## 2. KV eviction, for real
@@ -184,7 +185,8 @@ full_acc = float(acc.loc["full"].iloc[0])
 # %%
 from matplotlib.ticker import NullLocator
 
-SHOWN = [m for m in (NEW, "divprune", "kvpress:expected_attention", "unicache", "pooling", "random") if m in set(R.method)]
+SHOWN = [m for m in (NEW, f"{NEW}_merge", "divprune", "kvpress:expected_attention", "unicache", "random")
+         if m in set(R.method)]  # pooling, a control of its own kind, is §3's
 fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
 for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accuracy", "KL(full || evicted), nats",
                                                               "same answer as full cache")):
@@ -195,17 +197,19 @@ for ax, metric, lab in zip(axes, ("correct", "kl", "agree"), ("exact-match accur
     ax.set_xticks(BUDGETS, [f"{b:.0%}" + (f"\n{round(b * N_IMAGE)}" if N_IMAGE else "") for b in BUDGETS])
     ax.xaxis.set_minor_locator(NullLocator())  # only the budgets are labelled (no log minor labels among them)
 axes[0].axhline(full_acc, color="k", lw=0.8, ls=":", label="full cache (accuracy)")
-fig.suptitle(f"KV eviction on {MODEL}, n = {len(qas)} held-out questions: the designed policy (red), the "
-             "two peers closest to it, the study's rule, pooling and random; every method: accuracy.csv", fontsize=10)
+fig.suptitle(f"KV eviction on {MODEL}, n = {len(qas)} held-out questions: the designed policy (red) and its merging "
+             "variant (navy), the two peers closest to it, the study's rule and random; every method: "
+             "accuracy.csv", fontsize=10)
 fig.tight_layout()
 plots.shared_legend(fig, axes, ncol=7, fontsize=8)
 _ = plots.save(fig, out, "eviction")
 
 # %% [markdown]
 # **What to look at.** Red is the designed policy. Healthy: a line flat on the dotted full-cache level, KL near 0,
-# "same answer" near 1: `key_coverage`; DivPrune dips at 10% (a tie with it on these questions: §3's peers line). The
-# best press (expected attention, which keeps the keys future queries are expected to read; dashed) bends earlier; the
-# study's rule, pooling and `random` fall far below at 10%. The table holds the rows the lesson reads.
+# "same answer" near 1: `key_coverage`, and its merging variant (navy, §3) on the full-cache line at every budget;
+# DivPrune dips at 10% (a tie with it on these questions: §3's peers line). The best press (expected attention, which
+# keeps the keys future queries are expected to read; dashed) sits below the full-cache line at every budget; the
+# study's rule and `random` fall far below at 10% (pooling too: §3). The table holds the rows the lesson reads.
 
 # %% tags=["nbval-check-output"]
 S.to_csv(out / "eviction_summary.csv")  # every column (agree, kl, kv_fraction, retained) of every (method, budget)
@@ -283,15 +287,15 @@ for m in masked:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:50%: " re="([0-9]+ of [0-9]+) score-based"-->8 of 10<!--/num--> at 50%.
 # Most fall below it where `random` is already near the full cache (50%:
 # <!--num "notebooks/05_kv_eviction.ipynb#out:50%: " re="\(([0-9.]+);"-->0.967<!--/num-->). On §1's question their top
-# positions sit on one object; `random`'s spread is a crude cover. (02's U1 measures how much attention the reads
-# take, not where the top few sit.) Hence §3: keep a *cover* of the keys.
+# positions sit on one object; `random`'s spread is a crude cover. Hence §3: keep a *cover* of the keys.
 #
 # **AdaKV**, the kvpress press that gives each head a budget of its own, is one of them: below `random` at
 # <!--num "notebooks/05_kv_eviction.ipynb#out:AdaKV, one budget per head" re="below random at ([0-9]+ of [0-9]+) budgets"-->3 of 4<!--/num-->
 # budgets, and it frees no memory (it masks keys).
 
 # %% [markdown]
-# **Memory and time.** The cache's bytes / the full cache's (`kv_fraction`); the median time to answer on it.
+# **Memory and time.** The cache's bytes / the full cache's (`kv_fraction`: above the budget, since every non-image
+# position stays); the median time to answer on it.
 
 # %%
 mt = R[(R.kind == "policy") & (R.method != "full")].groupby("budget").agg(kv_fraction=("kv_fraction", "mean"), ms_median=("ms", "median"))
@@ -302,7 +306,7 @@ print(wrap(f"time to answer on the compressed caches vs the full one: {mt['time 
 
 # %% [markdown]
 # Bytes scale with the budget; answering is no faster
-# (<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.02<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.06<!--/num-->×
+# (<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@0" fmt="{:.2f}"-->1.00<!--/num-->–<!--num "notebooks/05_kv_eviction.ipynb#out:time to answer on the compressed caches@1" fmt="{:.2f}"-->1.05<!--/num-->×
 # the full cache's time). At LLaVA-1.5-7B's shape the decode step does get faster
 # ([appendix](../docs/EVICTION_APPENDIX.md)).
 
@@ -324,7 +328,7 @@ print(wrap(f"time to answer on the compressed caches vs the full one: {mt['time 
 # <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage_merge:@0" fmt="{:.3f}"-->0.987<!--/num-->
 # against `key_coverage`'s
 # <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > key_coverage:@0" fmt="{:.3f}"-->0.973<!--/num-->
-# (a tie on these questions: the decision table's row 3); on the decisive run's questions it clears E2's bar, which dropping misses (the `merging` line below).
+# (a tie here); on the decisive run it clears E2's bar, which dropping misses (Recap).
 
 # %% tags=["nbval-check-output"]
 design = heldout_set(100, seed=7000, size=scene_size(model))
@@ -439,7 +443,7 @@ if len(ctl):
 # <!--num "notebooks/05_kv_eviction.ipynb#out:minus the other, points > divprune_keys@0" fmt="{:+.1f}"-->+4.0<!--/num-->
 # points ahead at 10%, both intervals across zero.
 #
-# The decisive run decides. The rule carries the gain: `key_coverage` is
+# On the decisive run the rule carries the gain: `key_coverage` is
 # <!--num "benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune_keys].diff" fmt="{:+.1f}" scale=100-->+1.6<!--/num--> points
 # [<!--num "benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune_keys].lo" fmt="{:+.1f}" scale=100-->+0.6<!--/num-->,
 # <!--num "benchmarks/results/evaluate_controls.csv#[budget=0.1,peer=divprune_keys].hi" fmt="{:+.1f}" scale=100-->+2.6<!--/num-->] ahead of DivPrune's rule on its keys at 10%.
@@ -504,7 +508,7 @@ print(f"at {vo.budget:.0%}: the oracle retains {cells.loc[('oracle', vo.budget),
 print(f"  {NEW} minus oracle: {100 * vo['diff']:+.1f} points [{100 * vo.lo:+.1f}, {100 * vo.hi:+.1f}] -> the oracle "
       f"answers {'better' if vo.verdict == 'behind' else 'no better'}")
 fig, ax = plt.subplots(figsize=(4.5, 3.5))
-for m, d in cells.groupby(level=0):  # every cell counts in rho; six methods and the oracle are drawn
+for m, d in cells.groupby(level=0):  # every cell counts in rho; SHOWN's policies and the oracle are drawn
     if m in SHOWN + ["oracle"]:
         ax.plot(d.retained, d.accuracy, label=m, **plots.method_style(m))
 ax.set_title(f"{MODEL}: simulated retained attention vs real accuracy,\none point per budget", fontsize=9)
@@ -664,7 +668,7 @@ else:
 # of full accuracy against
 # <!--num "benchmarks/results/evaluate_depth_shares_tiny-llava-576.csv#[method=key_coverage_merge,tokens=64].share_of_full" fmt="{:.3f}"-->0.990<!--/num-->
 # (D4 <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D4,against=key_coverage_merge@pyramid].verdict" fmt="{}"-->holds<!--/num-->),
-# as the left panel predicts: every layer reads widely, the last one too. D1 is <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D1].verdict"-->inconclusive<!--/num-->, D2
+# as the left panel predicts. D1 is <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D1].verdict"-->inconclusive<!--/num-->, D2
 # <!--num "benchmarks/results/evaluate_depth_tiny-llava-576.csv#[claim=D2].verdict"-->inconclusive<!--/num--> (intervals and bars: the lines above). D5: the profile
 # moves bytes between layers, it adds none.
 #
@@ -690,6 +694,11 @@ else:
 #   `random` <!--num "notebooks/05_kv_eviction.ipynb#out:questions per row > random:@0" fmt="{:.3f}"-->0.500<!--/num-->
 #   (§2).
 # - **Select, don't shrink**: pooling and the downsampled picture fall far behind up to 50% (§3).
+# - **Merge at a tenth**: on the decisive run `key_coverage_merge` keeps
+#   <!--num benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage_merge,kind=share].share_of_full fmt="{:.3f}"-->0.993<!--/num-->
+#   [<!--num benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage_merge,kind=share].lo fmt="{:.3f}"-->0.989<!--/num-->,
+#   <!--num benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage_merge,kind=share].hi fmt="{:.3f}"-->0.997<!--/num-->]
+#   of full accuracy at 10%, dropping <!--num benchmarks/results/merge_eviction.csv#[budget=0.1,method=key_coverage,kind=share].share_of_full fmt="{:.3f}"-->0.962<!--/num--> (§3).
 # - **The targets** (each with its interval in §2–§3): E1
 #   <!--num "notebooks/05_kv_eviction.ipynb#out:E1 · " re="E1 · (.+?)\s+·"-->holds — a quarter of the image KV is enough<!--/num-->;
 #   E2 <!--num "notebooks/05_kv_eviction.ipynb#out:E2 · " re="E2 · (.+?)\s+·"-->does not hold — at a tenth, merge rather than drop (§3)<!--/num-->;

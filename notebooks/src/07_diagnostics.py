@@ -20,12 +20,12 @@
 # - whether the answer position's attention tells right answers from wrong (U12), beside the model's confidence, and
 #   how to read an [AUROC](../docs/GLOSSARY.md#auroc) that points the unexpected way;
 # - how the study's [modality-neglect](../docs/GLOSSARY.md#modality-neglect) detector (U10) fares on a healthy model and three broken ones;
-# - how to turn [stores](../docs/GLOSSARY.md#store) (folders of captured attention statistics) into a report, with
+# - how to turn [stores](../docs/GLOSSARY.md#store) of captured attention statistics into a report, with
 #   an explorer of every layer, head and token in it.
 #
 # *What you see:* two held-out questions, one answered right (left) and one wrong (right); the colour is where the
-# answer position (the last prompt position) reads the picture in its last image-reading layer, mean over heads, in
-# × uniform on one scale for both (1 = even). In this layer the right answer's peak is the brighter
+# answer position (the last prompt position) reads the picture in its last image-reading layer (× uniform, one scale
+# for both). In this layer the right answer's peak is the brighter
 # (<!--num "notebooks/07_diagnostics.ipynb#out:right:  > coverage" re="peak ([0-9.]+)x"-->14.1<!--/num-->× against
 # <!--num "notebooks/07_diagnostics.ipynb#out:wrong:  > coverage" re="peak ([0-9.]+)x"-->8.5<!--/num-->×), but over all
 # layers the wrong answer puts no less of its attention on the image (coverage
@@ -169,7 +169,8 @@ print(f"{MODEL}: {len(qas)} questions, {sum(q.qtype == 'exists' for q in qas)} o
 # %% [markdown]
 # ## 1. Does a wrong answer look at the image less? (U12)
 #
-# For every question, the query that produces the answer (the last prompt position), in every layer: **coverage** =
+# For every question, the query that produces the answer (the last prompt position), in every layer:
+# [**coverage**](../docs/GLOSSARY.md#answer-coverage) =
 # its attention mass on image keys; **concentration** = 1 − [normalised entropy](../docs/GLOSSARY.md#normalised-entropy)
 # of that mass; **confidence** = the answer's probability. AUROC for detecting *wrong* answers, each score oriented the
 # claim's way (low = suspect): below chance it still separates, inverted, with strength max(AUROC, 1 − AUROC).
@@ -208,6 +209,10 @@ print(f"coverage of right answers: {mid(A.coverage[~wrong])}; of wrong answers: 
 # answers' (blue). It sits right: the middle half of wrong answers lies at
 # <!--num "notebooks/07_diagnostics.ipynb#out:coverage of right answers" re="of wrong answers: middle half ([0-9.]+ to [0-9.]+)"-->0.61 to 0.66<!--/num-->,
 # of right ones at <!--num "notebooks/07_diagnostics.ipynb#out:coverage of right answers" re="right answers: middle half ([0-9.]+ to [0-9.]+)"-->0.55 to 0.64<!--/num-->: wrong answers read the image *more*.
+# Concentration (middle) points the claim's way, but weakly: AUROC
+# <!--num "notebooks/07_diagnostics.ipynb#out:AUROC for wrong answers > concentration (low = suspect)@0" fmt="{:.2f}"-->0.64<!--/num--> [<!--num "notebooks/07_diagnostics.ipynb#out:AUROC for wrong answers > concentration (low = suspect)@1" fmt="{:.2f}"-->0.52<!--/num-->,
+# <!--num "notebooks/07_diagnostics.ipynb#out:AUROC for wrong answers > concentration (low = suspect)@2" fmt="{:.2f}"-->0.73<!--/num-->], short of the bar. The right panel shows why confidence wins:
+# right answers pile up near 1, wrong ones spread far below.
 
 # %%
 n_wrong = int(wrong.sum())
@@ -395,10 +400,10 @@ claims_table("07_diagnostics")  # each claim (statement, why, rule) is written o
 # %% [markdown]
 # Verdicts follow the [interval rule](../docs/GLOSSARY.md#interval), fixed before any number, per criterion:
 # - **U10** (layer shares resampled over samples): (a) the healthy model's lowest layer above <!--const the detector's cut-off-->5%<!--/const--> (quiet);
-#   (b) the highest of the three unforced breaks' lowest layers below it (the detector fires on each: its recall, the
-#   side the claim, stated as "share under the cut-off → neglect", never tests);
+#   (b) the highest of the three unforced breaks' lowest layers below it: the detector fires on every break. The
+#   claim as worded does not promise this recall; the rule adds it because a cache must catch the cut-offs it causes;
 # - **U12** (AUROCs resampled stratified, in the claim's direction): (a) coverage's AUROC above
-#   <!--const U12's bar, written before the numbers-->0.7<!--/const--> in the claim's direction (an inverted signal does not pass; `measured` names the direction); (b) coverage's AUROC minus confidence's above 0.
+#   <!--const U12's bar, written before the numbers-->0.7<!--/const--> in the claim's direction (an inverted signal does not pass; the scoreboard's 'measured' line, under 'rule, notes', names the direction); (b) coverage's AUROC minus confidence's above 0.
 
 # %% tags=["nbval-check-output"]
 board = Scoreboard(random_weights=is_stand_in(MODEL), unstable=unstable_claims([MODEL]))
@@ -415,9 +420,9 @@ board.show()
 # **Reading the scoreboard.** U10
 # <!--num data/results/07_diagnostics.json#[claim=U10].verdict-->partly<!--/num-->: quiet when healthy (a), blind to the breaks
 # it is meant to catch (b): a share measures *where* the text looks, not whether what it finds carries anything. (a)
-# and (b) print one value: the break
-# with the highest lowest layer, zeroed image values, leaves the attention weights, and so the share, as healthy. U12
-# <!--num data/results/07_diagnostics.json#[claim=U12].verdict-->does not hold<!--/num-->, inverted; its (b), <!--num data/results/07_diagnostics.json#[claim=U12].criteria[name=b].value fmt="{:+.2f}"-->-0.64<!--/num-->, is coverage's AUROC minus confidence's. Both rest on stand-in quantities: U12 speaks of a *noun's*
+# and (b) print one value: the break whose lowest-layer share is highest, zeroed image values, has layer 0's share
+# exactly the healthy one's (values enter no layer-0 weight), and layer 0 is the lowest layer of both. U12
+# <!--num data/results/07_diagnostics.json#[claim=U12].verdict-->does not hold<!--/num-->, inverted; its (b), <!--num data/results/07_diagnostics.json#[claim=U12].criteria[name=b].value fmt="{:+.2f}"-->-0.64<!--/num-->, is coverage's AUROC minus confidence's. Both rest on proxies: U12 speaks of a *noun's*
 # attention, measured here at the last prompt position (answers are one word); U10 of a layer's
 # [cross-modal share](../docs/GLOSSARY.md#cross-modal-share), measured as the
 # [image share](../docs/GLOSSARY.md#image-share) of the text queries' reads (§2).

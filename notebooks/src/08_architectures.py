@@ -19,7 +19,7 @@
 # %% [markdown]
 # # 08 · Seven ways to join image and text, one question each
 #
-# **What you will learn**: how seven architectures' attention differs, one question each, on the shipped tiny models:
+# **What you will learn**, on the shipped tiny models:
 #
 # - **§2, all seven**: does the text read the image more than its size says?
 # - **§3, LLaVA** (02's numbers) against the others: how many heads focus; does a word find its object?
