@@ -216,8 +216,9 @@ def main(argv=None):
     df.to_csv(csv, index=False)
     if a.settle and not a.quick:
         section = settle_section(df)  # after the replication's table when the page has none yet
-        update_readme(ROOT / "docs" / "VERDICTS.md", section, SETTLE_BEGIN, SETTLE_END,
-                      lambda text: text.replace(END, END + "\n\n" + section, 1))
+        update_readme(Path(a.readme) if a.readme else ROOT / "docs" / "VERDICTS.md", section, SETTLE_BEGIN, SETTLE_END,
+                      lambda text: text.replace(END, END + "\n\n" + section, 1) if END in text else
+                      text.rstrip("\n") + "\n\n" + section + "\n")
     elif not a.settle:
         section = readme_section(df, a.quick)
         if a.readme or not aside:

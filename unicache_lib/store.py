@@ -1086,20 +1086,31 @@ class Store(contextlib.AbstractContextManager):
                     # *.damaged, or a file of a user's, is not an orphan; nor one holding records no index names
                     if (rel := p.relative_to(self.path).as_posix()) not in used and all(
                             _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)):
-                        (orphans if rel not in kept and not self._held(rel) - self._owner.keys() else aside).append(p)
+                        (orphans if rel not in kept and any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u))
+                                                            and int(m[1]) < int(n[5:]) for u in used)
+                         and (held := self._held(rel)) is not None and held <= set(
+                             getattr(self._logs.get(int(folder.name[4:])), "live", ())) else aside).append(p)
                     look(p, 2)
 
         look(self.path, 0)
         return tmp + orphans, strangers, aside
 
-    def _held(self, chunk: str) -> set[str]:
+    def _held(self, chunk: str) -> set[str] | None:
         """The keys of the records the chunk folder ``chunk`` (``"rank00000/chunk000003"``) holds, as its files recorded
-        them (their own ``_RECORDS``), whatever an index says: a file that cannot be read holds none."""
+        them (their own ``_RECORDS``, at most an index line's bytes), whatever an index says; None when a file of it
+        cannot be read so (a link, FIFO, a foreign or older file): what it holds is then not known. Temporary files of an
+        interrupted write hold nothing."""
         keys = set()
         for n in os.listdir(self.path / chunk):
-            with contextlib.suppress(Exception):  # noqa: BLE001 - a torn, foreign or unreadable file holds no record
+            if n.endswith(".tmp"):
+                continue  # an interrupted write's temporary file: it holds no record (and is never opened)
+            try:
                 with os.fdopen(open_inside(self.path, f"{chunk}/{n}", links=False, error=StoreError), "rb") as f:
-                    keys |= {d["key"] for d in json.loads(bytes(np.load(f)[_RECORDS]).decode())}
+                    if (z := np.load(f)).zip.getinfo(f"{_RECORDS}.npy").file_size > MAX_LINE_BYTES:
+                        return None
+                    keys |= {d["key"] for d in json.loads(bytes(z[_RECORDS]).decode())}
+            except Exception:  # noqa: BLE001 - a link, FIFO, foreign or older file: what it holds is not known
+                return None
         return keys
 
     def verify(self) -> list[str]:
@@ -1145,7 +1156,8 @@ class Store(contextlib.AbstractContextManager):
                             f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed"
                             + (f"; it holds records no index names ({', '.join(sorted(new)[:2])}, {len(new)} in all): if "
                                f"a write was cut off before its index line, capture them again and repair() removes "
-                               f"this copy" if (new := self._held(rel) - self._owner.keys()) else "") + "; if an index "
+                               f"this copy" if (new := (self._held(rel) or set()) - self._owner.keys()) else "") +
+                            "; if an index "
                             f"was set aside, "
                             + (f"index-rank{rank:05d}.jsonl is live, never move another over it: keep "
                                f"the set-aside index as index-rank{rank:05d}.jsonl.bad (its chunks are kept) and capture "

@@ -59,7 +59,7 @@ from .. import stats as S
 from ..core.errors import CaptureError, InputError
 from ..core.hooks import ProcessorWrapper, forward_hooks, innermost, processors
 from ..core.modality import BLOCKS, TEXT
-from ..core.models import unwrap
+from ..core.models import placement, unwrap
 from ..core.similarity import cosine
 from ..gen_families import gen_family_of, processor_probs
 from ..gen_families.base import streamed_maps
@@ -183,6 +183,7 @@ class DiffusionCapture:
             if bad:
                 raise InputError(why)
         self.transformer = unwrap(transformer)
+        placement(self.transformer)  # an offloaded (meta-device) transformer is refused in one line
         self.mode, self.branch, self.store, self.text_tokens = mode, branch, store, text_tokens
         self.adjacent, self.query_stride, self.stats_stride = adjacent, query_stride, stats_stride
 
@@ -367,9 +368,8 @@ class DiffusionCapture:
         if self.store is not None:
             if self.encoders is None:  # a store of the transformer alone would take another text encoder's capture
                 raise InputError("a capture into a store fingerprints the generator's text encoders with its "
-                                 "transformer: pass encoders=text_encoders(gen) (unicache_lib.capture.gen_runner; "
-                                 "for a diffusers pipeline, its text_encoder, text_encoder_2 and _3 that exist; () "
-                                 "for a generator without one)")
+                                 "transformer: pass encoders=text_encoders(gen) (unicache_lib.capture.gen_runner; gen "
+                                 "a loaded generator or a diffusers pipeline; () for a generator without one)")
             own_meta(self.store, self.transformer, *self.encoders)  # another generator, dtype or text encoder: refused
             self.store.check_resume()
             have = {k.split("|", 1)[0] for k in self.store.keys()}

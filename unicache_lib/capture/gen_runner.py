@@ -52,10 +52,11 @@ def prompt_tokens(gen: Generator, prompts: list[str]) -> list[list[str]] | list[
 
 
 def text_encoders(gen) -> list:
-    """The generator's text encoders (the tiny layout's one; a pipeline's ``text_encoder``, ``_2``, ``_3``): what a
-    generator store's ``model_config`` fingerprints with its transformer."""
-    return [m for m in (getattr(gen, "text_encoder", None), *(getattr(getattr(gen, "pipe", None), f"text_encoder{k}", None)
-                                                              for k in ("", "_2", "_3"))) if m is not None]
+    """The generator's text encoders (the tiny layout's one; a pipeline's ``text_encoder``, ``_2``, ``_3``, also of a
+    raw diffusers pipeline): what a generator store's ``model_config`` fingerprints with its transformer."""
+    pipe = gen if hasattr(gen, "components") else getattr(gen, "pipe", None)  # a raw diffusers pipeline is its own
+    return [m for m in (None if pipe is gen else getattr(gen, "text_encoder", None),
+                        *(getattr(pipe, f"text_encoder{k}", None) for k in ("", "_2", "_3"))) if m is not None]
 
 
 @dataclass

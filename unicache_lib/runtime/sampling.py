@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError
+from ..core.models import placement
 from .pipelines import PipelineGenerator, emit, sample_pipeline
 from .tiny_layouts import Generator, TextConditioning, encode_prompts, transformer_forward
 
@@ -48,8 +49,8 @@ def sample(gen: Generator | PipelineGenerator, prompts: list[str], steps: int = 
     if gen.pipe is not None:
         return sample_pipeline(gen, list(prompts), steps, guidance, seeds, callbacks)
     cfg = gen.transformer.config
-    x = initial_noise(seeds, (cfg.in_channels, cfg.sample_size, cfg.sample_size)).to(gen.transformer.device)
-    dtype = next(gen.transformer.parameters()).dtype
+    dev, dtype = placement(gen.transformer)  # an offloaded (meta-device) transformer is refused in one line
+    x = initial_noise(seeds, (cfg.in_channels, cfg.sample_size, cfg.sample_size)).to(dev)
     cond = encode_prompts(gen.text_encoder, gen.tokenizer, prompts)
     use_cfg = guidance != 1.0
     if use_cfg:  # batch order [uncond, cond], as diffusers' FasterCache expects
