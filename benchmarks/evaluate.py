@@ -416,7 +416,7 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", action="store_true", help="merge the shards and decide (after every rank finished)")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--results", default=None,
-                    help=f"where the merged CSVs go (default: {RESULTS.relative_to(ROOT)} for a run of the full 2,700 "
+                    help=f"where the merged CSVs go (default: {os.path.relpath(RESULTS, ROOT)} for a run of the full 2,700 "
                          "questions, which notebook 05 reads; outputs/evaluate/results for a smaller one)")
     ap.add_argument("--model", default="tiny-llava")
     ap.add_argument("--budgets", default=None, help="shares of the image tokens (0.1,0.25) or token counts (64t,128t); "
@@ -435,14 +435,20 @@ def main(argv=None) -> int:
             print(f"evaluate.py: error: {e}", file=sys.stderr)
             return 2
         given = args.results
-        if args.results is None:  # only a full-size run replaces the committed results notebook 05 decides on
-            args.results = RESULTS if R.attrs["n"] >= FULL else args.out / "results"
+        from unicache_lib.analysis.caching_claims import decisive_file
+
+        if args.results is None:  # only a full-size run at the committed budgets replaces the results 05 decides on
+            had = decisive_file("shares", R.attrs["model"], RESULTS)
+            other = had.exists() and set(pd.read_csv(had).budget.round(6)) != set(R[R.method != "full"].budget.round(6))
+            args.results = RESULTS if R.attrs["n"] >= FULL and not other else args.out / "results"
+            if R.attrs["n"] >= FULL and other:
+                print(f"other budgets than the committed run's ({had.name}): writing under {args.results}, not "
+                      f"{RESULTS} (--results to choose)")
         # the folder the user named (--results, or --out's results/) is checked like every output folder: never a
         # repository folder, never over a file this tool did not write; the default folders are the tool's own
         owner, option = ((given, "--results") if given is not None else
                          (args.out, "--out") if args.out != OUT and args.results != RESULTS else (None, "--out"))
         model = R.attrs["model"]  # one file per model: a run on tiny-llava-576 never replaces tiny-llava's
-        from unicache_lib.analysis.caching_claims import decisive_file
 
         kinds = ["eviction", "controls", "shares", "targets"]
         if owner is not None:  # before anything is decided or written

@@ -104,3 +104,29 @@ def test_an_offloaded_generator_is_refused_in_one_line():
     for call in (lambda: sample(gen, ["a red circle"], steps=1), lambda: DiffusionCapture(gen.transformer, ["p0"])):
         with pytest.raises(InputError, match="meta device .* load the model whole onto one device"):
             call()
+
+
+def test_a_full_size_decisive_run_at_other_budgets_never_replaces_the_committed_results(monkeypatch, capsys, tmp_path):
+    """Round 18's uncounted case: `benchmarks/evaluate.py --merge` chose the committed folder by question count alone,
+    so a full-size run at other --budgets replaced the CSVs notebook 05 reads. Other budgets than the committed run's
+    now write under --out and say so; the committed budgets still write the committed folder."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    monkeypatch.setattr(E, "RESULTS", committed)
+    monkeypatch.setattr(E, "FULL", 4)
+    E.run_shard(4, 0, 1, tmp_path / "rows", peers=False, budgets=(0.1, 0.25), progress=False)
+    for budgets, where in (((0.1, 0.5), tmp_path / "rows" / "results"), ((0.1, 0.25), committed)):
+        (committed / "evaluate_shares.csv").write_text("method,budget\n" + "".join(f"key_coverage,{b}\n" for b in budgets))
+        assert E.main(["--merge", "--out", str(tmp_path / "rows")]) == 0
+        said = capsys.readouterr().out
+        assert ("other budgets than the committed run's" in said) == (where != committed), said
+        assert (where / "evaluate_eviction.csv").is_file()
+        shutil.rmtree(tmp_path / "rows" / "results", ignore_errors=True)
