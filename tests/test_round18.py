@@ -130,3 +130,19 @@ def test_a_full_size_decisive_run_at_other_budgets_never_replaces_the_committed_
         assert ("other budgets than the committed run's" in said) == (where != committed), said
         assert (where / "evaluate_eviction.csv").is_file()
         shutil.rmtree(tmp_path / "rows" / "results", ignore_errors=True)
+
+
+def test_an_older_index_moved_over_the_live_one_loses_no_chunk(tmp_path):
+    """Round 16's residual (LN5's hand-made form, left open until now): an older index moved by hand over the live one
+    (what verify() advises against), the same samples in both: the newer capture's chunks, numbered above the older
+    index's and holding records it names below them, were "interrupted writes" and repair() deleted them. A chunk is a
+    cut-off write only when its records are written again *above* it, so they are kept; the older values read back."""
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    os.replace(p / "index-rank00000.jsonl", tmp_path / "older.jsonl")
+    Store(p).write([rec(0, 0)])  # the same sample captured again: chunk000001
+    os.replace(tmp_path / "older.jsonl", p / "index-rank00000.jsonl")  # by hand, over the live index
+    assert not [x for x in Store(p).verify() if "interrupted" in x]
+    Store(p).repair()
+    assert _chunks(p) == ["rank00000/chunk000000", "rank00000/chunk000001"]
+    assert {r.sample for r in Store(p).read()} == {"0"}

@@ -1088,8 +1088,7 @@ class Store(contextlib.AbstractContextManager):
                             _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)):
                         (orphans if rel not in kept and any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u))
                                                             and int(m[1]) < int(n[5:]) for u in used)
-                         and (held := self._held(rel)) is not None and held <= set(
-                             getattr(self._logs.get(int(folder.name[4:])), "live", ())) else aside).append(p)
+                         and self._rewritten(rel) else aside).append(p)
                     look(p, 2)
 
         look(self.path, 0)
@@ -1112,6 +1111,14 @@ class Store(contextlib.AbstractContextManager):
             except Exception:  # noqa: BLE001 - a link, FIFO, foreign or older file: what it holds is not known
                 return None
         return keys
+
+    def _rewritten(self, rel: str) -> bool:
+        """Every record the chunk folder ``rel`` holds (:meth:`_held`) is live in its rank's index in a chunk numbered
+        above it: what a write cut off before its index line leaves once it is written again. A set-aside index's chunk
+        (its records not named, or named below it), or a newer capture's whose index was overwritten, is not."""
+        log, at, held = self._logs.get(int(rel.split("/")[0][4:])), int(rel.rpartition("chunk")[2]), self._held(rel)
+        return held is not None and all(log is not None and k in log.live and int(str(log.lines[log.live[k]][0].get(
+            "chunk", "chunk-1")).rpartition("chunk")[2]) > at for k in held)
 
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record keys; entries a
