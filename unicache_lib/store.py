@@ -1048,7 +1048,8 @@ class Store(contextlib.AbstractContextManager):
 
     def _scan(self) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
         """``(leftovers, strangers, aside)``. Leftovers of interrupted writes: temporary files and chunk folders no line
-        of any index names, numbered above a chunk of their rank that one names (a write takes the next number). Aside:
+        of any index names, numbered above a chunk of their rank that one names (a write takes the next number), whose
+        records are all written again in a chunk numbered above them (:meth:`_rewritten`). Aside:
         the other unnamed chunk folders (an index set aside under a name the store does not read, or moved out: its
         chunks are kept). Strangers: a symbolic link, FIFO, device or socket under a name the store uses for its own
         files and folders, or a hard link under the name of a file it writes (lock, index, meta) (``meta.json``, ``index-rank*``, ``.lock-rank*``, ``rank*``, ``rank*/chunk*``), with what
