@@ -297,7 +297,7 @@ def main(argv=None) -> int:
     if args.merge:
         try:
             R, n, world, metas = merged(args.out)
-            results = results_folder(given, full=n >= FULL)  # --out given: never the committed results
+            results = results_folder(given, full=n == FULL)  # --out given, or another size: never the committed results
             verdicts, shares = decide(R, metas[0]["n_image"])
             write_owned(results / f"evaluate_depth_{MODEL}.csv",
                         verdicts.assign(model=MODEL, gamma=metas[0]["gamma"]).to_csv(index=False).encode(), given)

@@ -16,7 +16,7 @@ run (every question exactly once, the same settings), decides E1-E4 by the noteb
 ``benchmarks/results/evaluate_eviction.csv`` (one row per claim: value, interval, n, verdict) and
 ``benchmarks/results/evaluate_controls.csv`` (``key_coverage`` against pooling, the downsampled image and the two ablations, per budget)
 and ``evaluate_shares.csv`` (each selection method's share of full accuracy), which notebook 05 prints beside its own
-small run. A run of fewer questions writes under ``outputs/evaluate/results`` instead, so it never replaces them. A merged run equals a one-process run row for row
+small run. A run of another size or other budgets writes under ``outputs/evaluate/results`` instead, and says so. A merged run equals a one-process run row for row
 (``tests/test_benchmarks.py``), so more processes, GPUs or nodes settle the same verdicts in proportionally less
 time.
 """
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "evaluate"
 TOOL = "evaluate.py"
 RESULTS = ROOT / "benchmarks" / "results"
-FULL = 2700            # the size E1-E4's notes ask for; smaller runs never replace the committed results
+FULL = 2700            # the size E1-E4's notes ask for; runs of other sizes never replace the committed results
 QUESTION_SEED = 9000   # not 7000 (the design set), not SEED + 2024 (the notebook's), not 12345 (the model card's)
 BUDGETS = (0.1, 0.25, 0.5, 0.75)
 KEEP = ["question", "method", "kind", "budget", "correct", "kl", "agree", "kv_fraction", "kv_bytes", "prefill_ms"]
@@ -417,7 +417,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--results", default=None,
                     help=f"where the merged CSVs go (default: {os.path.relpath(RESULTS, ROOT)} for a run of the full 2,700 "
-                         "questions, which notebook 05 reads; outputs/evaluate/results for a smaller one)")
+                         "questions at the committed budgets, which notebook 05 reads; outputs/evaluate/results for "
+                         "another)")
     ap.add_argument("--model", default="tiny-llava")
     ap.add_argument("--budgets", default=None, help="shares of the image tokens (0.1,0.25) or token counts (64t,128t); "
                     "default " + ",".join(map(str, BUDGETS)))
@@ -440,10 +441,10 @@ def main(argv=None) -> int:
         if args.results is None:  # only a full-size run at the committed budgets replaces the results 05 decides on
             had = decisive_file("shares", R.attrs["model"], RESULTS)
             other = had.exists() and set(pd.read_csv(had).budget.round(6)) != set(R[R.method != "full"].budget.round(6))
-            args.results = RESULTS if R.attrs["n"] >= FULL and not other else args.out / "results"
-            if R.attrs["n"] >= FULL and other:
-                print(f"other budgets than the committed run's ({had.name}): writing under {args.results}, not "
-                      f"{RESULTS} (--results to choose)")
+            args.results = RESULTS if R.attrs["n"] == FULL and not other else args.out / "results"
+            if args.results != RESULTS:  # a smaller run writes aside as it always did; a larger or another one says so
+                print(f"{R.attrs['n']} questions at budgets {sorted(set(R.budget.round(4)))}, not the committed run's "
+                      f"{FULL} at its budgets: writing under {args.results}, not {RESULTS} (--results to choose)")
         # the folder the user named (--results, or --out's results/) is checked like every output folder: never a
         # repository folder, never over a file this tool did not write; the default folders are the tool's own
         owner, option = ((given, "--results") if given is not None else

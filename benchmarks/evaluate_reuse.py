@@ -15,8 +15,8 @@ alone: ``--repeats`` interleaved rounds of every method on the first :data:`CHUN
 **The merge** builds 06's tables from both and decides the claims with 06's own code
 (:func:`unicache_lib.analysis.caching_claims.measure_reuse`), writing ``benchmarks/results/evaluate_reuse.csv`` (one
 row per claim and criterion: value, interval, n, verdict, and for one still inconclusive the n that would settle it
-and its CPU hours) and ``evaluate_reuse_methods.csv`` (every method's means per generator). A run of fewer prompts
-than :data:`FULL` writes under ``outputs/evaluate_reuse/results`` instead.
+and its CPU hours) and ``evaluate_reuse_methods.csv`` (every method's means per generator). A run of another size
+than :data:`FULL`, or without its timing run, writes under ``outputs/evaluate_reuse/results`` instead, and says so.
 
 The prompts: 06 scores combinations 0-35 of ``prompt_set(90, 0, 0)`` with noise seeds 0-31 and calibrates MagCache on
 32-35; ``step_skip`` was tuned on 36-51 with seeds 1000-1015. This run cycles through the 38 combinations 52-89 with
@@ -238,8 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", action="store_true", help="merge the shards and the timing, and decide")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--results", default=None,
-                    help=f"where the merged CSVs go (default: {RESULTS.relative_to(ROOT)} for a run of at least {FULL} "
-                         "prompts, which notebook 06 reads; outputs/evaluate_reuse/results for a smaller one)")
+                    help=f"where the merged CSVs go (default: {os.path.relpath(RESULTS, ROOT)} for a run of {FULL} "
+                         "prompts with its timing, which notebook 06 reads; outputs/evaluate_reuse/results for another)")
     args = ap.parse_args(argv)
     for name in ("out", "results"):  # Path('') would be the current folder
         if isinstance(getattr(args, name), str):
@@ -264,7 +264,10 @@ def main(argv=None) -> int:
         repeats = timing["repeats"] if timing else 0
         given = args.results
         if args.results is None:
-            args.results = RESULTS if R.attrs["n"] >= FULL else args.out / "results"
+            args.results = RESULTS if R.attrs["n"] == FULL and timing is not None else args.out / "results"
+            if args.results != RESULTS:  # the committed run: FULL prompts and its timing rounds
+                print(f"{R.attrs['n']} prompts{'' if timing else ', no timing run'}, not the committed run's {FULL} with "
+                      f"its timing: writing under {args.results}, not {RESULTS} (--results to choose)")
         # a folder the user named is checked like every output folder (evaluate.write_owned); the defaults are ours
         owner, option = ((given, "--results") if given is not None else
                          (args.out, "--out") if args.out != OUT and args.results != RESULTS else (None, "--out"))

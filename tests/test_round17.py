@@ -22,8 +22,8 @@ def test_replicate_at_other_seeds_never_replaces_the_committed_table(monkeypatch
     before = [f.read_bytes() for f in files]
     R.main(["--seeds", *seeds, "--out", str(tmp_path / "r")])
     said = capsys.readouterr().out
-    assert f"other seeds than the committed run's [1, 2]: writing the table and page section under {tmp_path / 'r'}" \
-        in said
+    assert f"not the committed run (seeds [1, 2], or --csv and --readme both or neither): writing what is not named " \
+        f"under {tmp_path / 'r'}" in said
     assert [f.read_bytes() for f in files] == before
     assert (tmp_path / "r" / "verdicts.csv").is_file() and (tmp_path / "r" / "README-section.md").is_file()
 

@@ -127,7 +127,7 @@ def test_a_full_size_decisive_run_at_other_budgets_never_replaces_the_committed_
         (committed / "evaluate_shares.csv").write_text("method,budget\n" + "".join(f"key_coverage,{b}\n" for b in budgets))
         assert E.main(["--merge", "--out", str(tmp_path / "rows")]) == 0
         said = capsys.readouterr().out
-        assert ("other budgets than the committed run's" in said) == (where != committed), said
+        assert ("not the committed run's 4 at its budgets" in said) == (where != committed), said
         assert (where / "evaluate_eviction.csv").is_file()
         shutil.rmtree(tmp_path / "rows" / "results", ignore_errors=True)
 
@@ -146,3 +146,30 @@ def test_an_older_index_moved_over_the_live_one_loses_no_chunk(tmp_path):
     Store(p).repair()
     assert _chunks(p) == ["rank00000/chunk000000", "rank00000/chunk000001"]
     assert {r.sample for r in Store(p).read()} == {"0"}
+
+
+@pytest.mark.parametrize("argv", [["--settle", "--csv", "X"], ["--seeds", "1", "2", "--csv", "X"],
+                                  ["--quick", "--settle", "--readme", "MINE"], ["--settle", "--seeds", "3", "4"]],
+                         ids=["settle-csv", "seeds-csv", "quick-settle-readme", "settle-seeds"])
+def test_replicate_writes_the_committed_page_only_for_the_committed_run(monkeypatch, capsys, tmp_path, argv):
+    """Round 19's poor cases: `--settle --csv X` (or the committed seeds with --csv) rewrote docs/VERDICTS.md while the
+    table went to X; `--quick --settle --readme X` ignored --readme; `--settle --seeds 3 4` ignored the seeds. The page
+    is written where --readme says, the committed one only when neither --csv nor --readme names another place, and
+    --seeds with --settle is refused in one line."""
+    import unicache_lib.replicate as R
+
+    boards = {nb: json.loads((ROOT / "data" / "results" / f"{nb}.json").read_text()) for nb in R.NOTEBOOKS}
+    monkeypatch.setattr(R, "run_seed", lambda *a, **k: boards)
+    monkeypatch.setattr(R, "settle", lambda out, quick: R.pd.read_csv(R.SETTLED_CSV))
+    files = [R.VERDICTS_CSV, R.SETTLED_CSV, ROOT / "docs" / "VERDICTS.md"]
+    before = [f.read_bytes() for f in files]
+    (tmp_path / "MINE").write_text("# mine\n")
+    argv = [str(tmp_path / x) if x in ("X", "MINE") else x for x in argv] + ["--out", str(tmp_path / "r")]
+    if "--seeds" in argv and "--settle" in argv:
+        with pytest.raises(SystemExit):
+            R.main(argv)
+        assert "--seeds does not apply" in capsys.readouterr().err
+    else:
+        R.main(argv)
+        assert "--readme" not in argv or R.SETTLE_BEGIN in (tmp_path / "MINE").read_text()
+    assert [f.read_bytes() for f in files] == before

@@ -200,9 +200,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     cli_output_path(a.out, "replicate")  # not empty, not the repository or one of its own folders
     out = Path(a.out)
-    if (aside := a.quick or not (a.settle or a.seeds == ap.get_default("seeds"))) and not a.quick:
-        print(f"other seeds than the committed run's {ap.get_default('seeds')}: writing the table and page section "
-              f"under {out}, not {VERDICTS_CSV} nor docs/VERDICTS.md (--csv, --readme to choose)")
+    if a.settle and a.seeds != ap.get_default("seeds"):
+        ap.error("--settle re-decides the unstable claims on the shipped set at their settling sizes: --seeds does "
+                 "not apply to it (run the seeds without --settle)")
+    # the committed table and page only for the committed run, neither --csv nor --readme naming another place
+    if (aside := a.quick or a.seeds != ap.get_default("seeds") or bool(a.csv) != bool(a.readme)) and not a.quick:
+        print(f"not the committed run (seeds {ap.get_default('seeds')}, or --csv and --readme both or neither): "
+              f"writing what is not named under {out}, not {VERDICTS_CSV} nor docs/VERDICTS.md")
     if a.settle:
         df, (name, default) = settle(out, a.quick), ("settled.csv", SETTLED_CSV)
     else:
@@ -214,17 +218,17 @@ def main(argv=None):
     csv = Path(a.csv) if a.csv else (out / name if aside else default)
     csv.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(csv, index=False)
-    if a.settle and not a.quick:
-        section = settle_section(df)  # after the replication's table when the page has none yet
-        update_readme(Path(a.readme) if a.readme else ROOT / "docs" / "VERDICTS.md", section, SETTLE_BEGIN, SETTLE_END,
+    page = Path(a.readme) if a.readme else None if aside else ROOT / "docs" / "VERDICTS.md"
+    section = settle_section(df) if a.settle else readme_section(df, a.quick)
+    if page is None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ("settle-section.md" if a.settle else "README-section.md")).write_text(section + "\n")
+    elif a.settle:  # after the replication's table when the page has none yet
+        update_readme(page, section, SETTLE_BEGIN, SETTLE_END,
                       lambda text: text.replace(END, END + "\n\n" + section, 1) if END in text else
                       text.rstrip("\n") + "\n\n" + section + "\n")
-    elif not a.settle:
-        section = readme_section(df, a.quick)
-        if a.readme or not aside:
-            update_readme(Path(a.readme) if a.readme else ROOT / "docs" / "VERDICTS.md", section)
-        else:
-            (out / "README-section.md").write_text(section + "\n")
+    else:
+        update_readme(page, section)
     print(df.to_string(index=False))
     print(f"wrote {csv}")
 

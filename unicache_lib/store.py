@@ -1085,11 +1085,14 @@ class Store(contextlib.AbstractContextManager):
                     look(p, 1)
                 elif stat.S_ISDIR(mode) and own and depth == 1:  # a chunk folder; one holding repair's kept
                     # *.damaged, or a file of a user's, is not an orphan; nor one holding records no index names
-                    if (rel := p.relative_to(self.path).as_posix()) not in used and all(
-                            _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)):
-                        (orphans if rel not in kept and any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u))
-                                                            and int(m[1]) < int(n[5:]) for u in used)
-                         and self._rewritten(rel) else aside).append(p)
+                    names = os.listdir(p)  # a user's folder of that name is no chunk; one holding a user's file, or
+                    # repair's *.damaged, beside the store's is kept, and said
+                    if (rel := p.relative_to(self.path).as_posix()) not in used and (not names or any(
+                            _own_name(q, 2) for q in names)):
+                        (orphans if rel not in kept and all(_own_name(q, 2) and not q.endswith(".damaged")
+                                                            for q in names)
+                         and any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u)) and int(m[1]) < int(n[5:])
+                                 for u in used) and self._rewritten(rel) else aside).append(p)
                     look(p, 2)
 
         look(self.path, 0)
@@ -1163,8 +1166,10 @@ class Store(contextlib.AbstractContextManager):
             problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank) if live(rank) else
                             f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed"
                             + (f"; it holds records no index names ({', '.join(sorted(new)[:2])}, {len(new)} in all): if "
-                               f"a write was cut off before its index line, capture them again and repair() removes "
-                               f"this copy" if (new := (self._held(rel) or set()) - self._owner.keys()) else "") +
+                               f"a write was cut off before its index line, capture them again" if (new := (
+                                   self._held(rel) or set()) - self._owner.keys()) else "") + "; a cut-off write's "
+                            "copy, once written again, is removed by repair() when a chunk the index names lies below "
+                            "it, else it is for you to remove (the store cannot tell it from a set-aside index's)" +
                             "; if an index "
                             f"was set aside, "
                             + (f"index-rank{rank:05d}.jsonl is live, never move another over it: keep "

@@ -177,10 +177,10 @@ def _store_dtype(meta: dict, model, path: Path):
     """The dtype a store's weights were sampled in, to sample ``model``'s as they were: float32 weights cast to a
     store's half precision round as ``from_pretrained(dtype=...)`` rounds them; a store in another dtype than a
     half-precision model's cannot be compared, and is refused naming the dtype to load the model in."""
-    have, dt = str(next(model.parameters()).dtype), getattr(torch, str(meta.get("dtype", "")).removeprefix("torch."), None)
-    if have == str(meta.get("dtype", have)) or (have == "torch.float32" and isinstance(dt, torch.dtype)):
-        return dt
-    raise InputError(f"the store at {path} was captured in {meta.get('dtype')!r}, the model is loaded in {have!r}: its "
+    have, dt = next(model.parameters()).dtype, getattr(torch, str(meta.get("dtype", "")).removeprefix("torch."), None)
+    if "dtype" not in meta or isinstance(dt, torch.dtype) and have in (dt, torch.float32):
+        return dt if isinstance(dt, torch.dtype) else None
+    raise InputError(f"the store at {path} was captured in {meta.get('dtype')!r}, the model is loaded in {str(have)!r}: its "
                      f"weights cannot be compared with the capture's; load the model in float32 or in the store's "
                      f"dtype (DTYPE), or point to a missing path to capture afresh")
 

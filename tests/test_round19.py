@@ -1,0 +1,148 @@
+"""Round 19 of #60's adversarial testing (/work/team/adversarial_60_round19.md): each lost or silent case it found,
+as a test that fails on the code it was found in."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from unicache_lib.store import Store
+
+from .test_store_faults import rec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _chunks(p: Path) -> list[str]:
+    return sorted(q.relative_to(p).as_posix() for q in p.glob("rank*/chunk*"))
+
+
+def test_two_indexes_out_then_the_older_back_as_advised_keeps_the_newer_chunks(tmp_path):
+    """LN12: index A moved out, its samples captured again under B, B moved out too, then A moved back as verify
+    advises ("move its index back as index-rank00000.jsonl"): B's complete chunks hold records A names (below them),
+    and repair() deleted them as interrupted writes. A chunk is a cut-off write only when its records are written again
+    above it: B's are kept, and moving B back beside A (as .jsonl.bad) reads nothing twice."""
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    os.replace(p / "index-rank00000.jsonl", tmp_path / "A.jsonl")
+    Store(p).write([rec(0, 0)])
+    os.replace(p / "index-rank00000.jsonl", tmp_path / "B.jsonl")
+    assert any("move its index back as index-rank00000.jsonl" in x for x in Store(p).verify())
+    os.replace(tmp_path / "A.jsonl", p / "index-rank00000.jsonl")  # the advice
+    assert not [x for x in Store(p).verify() if "interrupted" in x]
+    Store(p).repair()
+    assert _chunks(p) == ["rank00000/chunk000000", "rank00000/chunk000001"]
+    os.replace(tmp_path / "B.jsonl", p / "index-rank00000.jsonl.bad")
+    assert Store(p).verify() == []
+
+
+@pytest.mark.parametrize("extra", ["notes.txt", "L0000_language.npz.damaged"])
+def test_a_leftover_chunk_holding_another_file_is_reported(tmp_path, extra):
+    """SN32: a cut-off write's leftover (its records written again above it) that also held a user's file, or
+    repair's *.damaged, was neither removed nor reported: verify() returned []. It is kept, and verify names it."""
+    import unicache_lib.store as store_mod
+
+    p = tmp_path / "s"
+    st = Store(p, meta={"model": "m"})
+    st.write([rec(0, 0)])
+
+    def power_cut(path, data):
+        raise KeyboardInterrupt("power cut")
+
+    real = store_mod._append_line
+    store_mod._append_line = power_cut
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            st.write([rec(1, 0)])
+    finally:
+        store_mod._append_line = real
+    st.write([rec(1, 0)])  # captured again: chunk000002
+    (p / "rank00000" / "chunk000001" / extra).write_bytes(b"mine")
+    problems = Store(p).verify()
+    assert len(problems) == 1 and problems[0].startswith("chunk rank00000/chunk000001 is not named by any index")
+    Store(p).repair()
+    assert (p / "rank00000" / "chunk000001" / extra).read_bytes() == b"mine"
+
+
+def test_a_first_write_cut_off_then_captured_again_is_said_to_be_yours_to_remove(tmp_path):
+    """Round 19's poor case 1: a store's first write cut off before its index line, then captured again: the chunk
+    cannot be told from a set-aside index's (both lie below every chunk the index names), so it is kept; verify said
+    repair() would remove it, which it never did. It now says the folder is the user's to remove."""
+    import unicache_lib.store as store_mod
+
+    p = tmp_path / "s"
+    st = Store(p, meta={"model": "m"})
+    real = store_mod._append_line
+    store_mod._append_line = lambda path, data: (_ for _ in ()).throw(KeyboardInterrupt("power cut"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            st.write([rec(0, 0)])
+    finally:
+        store_mod._append_line = real
+    st.write([rec(0, 0)])
+    st.repair()
+    (said,) = Store(p).verify()
+    assert "else it is for you to remove" in said and "chunk000000" in said
+
+
+@pytest.mark.parametrize("n", [5, 8], ids=["larger", "much-larger"])
+def test_a_decisive_run_of_another_size_never_replaces_the_committed_results(monkeypatch, capsys, tmp_path, n):
+    """LN13: evaluate.py --merge of a run larger than the committed one (at its budgets) replaced the committed CSVs:
+    the check was n >= FULL. Only the committed size writes there; another says so and writes under --out."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    monkeypatch.setattr(E, "RESULTS", committed)
+    monkeypatch.setattr(E, "FULL", 4)
+    E.run_shard(n, 0, 1, tmp_path / "rows", peers=False, budgets=(0.1, 0.25), progress=False)
+    assert E.main(["--merge", "--out", str(tmp_path / "rows")]) == 0
+    assert f"{n} questions at budgets" in capsys.readouterr().out
+    assert not list(committed.iterdir()) and (tmp_path / "rows" / "results" / "evaluate_eviction.csv").is_file()
+
+
+def test_a_reuse_merge_without_its_timing_run_never_replaces_the_committed_results(monkeypatch, capsys, tmp_path):
+    """LN14: evaluate_reuse.py --merge at the committed size without a --timing run replaced evaluate_reuse*.csv,
+    its wall-clock rows unmeasured (0 rounds). Without the timing it writes under --out and says so."""
+    import pandas as pd
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate_reuse as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    class Stop(Exception):
+        pass
+
+    R = pd.DataFrame({"generator": ["tiny-mmdit"]})
+    R.attrs.update(n=E.FULL, world=1, seconds=1.0)
+    monkeypatch.setattr(E, "merge", lambda out: R)
+    monkeypatch.setattr(E, "read_timing", lambda out, gens: None)
+    monkeypatch.setattr(E, "decide", lambda *a: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        E.main(["--merge", "--out", str(tmp_path / "rows")])
+    assert f"{E.FULL} prompts, no timing run, not the committed run's" in capsys.readouterr().out
+
+
+def test_a_store_dtype_written_without_its_prefix_is_read_as_that_dtype(samples, tmp_path):
+    """Round 18/19's poor case: a meta dtype of "bfloat16" (no "torch." prefix, a hand-edited meta) with a bf16 model
+    was refused with advice to load the model in the dtype it already had. It is read as torch.bfloat16."""
+    import json
+
+    import torch
+
+    from unicache_lib.capture.runner import capture_samples, stats_store_or_capture
+    from unicache_lib.runtime.loaders import load_understanding
+
+    half = load_understanding("tiny-llava", attn_implementation="eager", dtype=torch.bfloat16)
+    p = tmp_path / "s"
+    capture_samples(*half, samples[:1], Store(p), layers=[0], progress=False)
+    meta = json.loads((p / "meta.json").read_text())
+    (p / "meta.json").write_text(json.dumps({**meta, "dtype": "bfloat16"}))
+    assert stats_store_or_capture(p, tmp_path / "fb", "tiny-llava", model=half[0], processor=half[1]) == (p, False)
