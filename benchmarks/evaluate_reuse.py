@@ -264,10 +264,11 @@ def main(argv=None) -> int:
         repeats = timing["repeats"] if timing else 0
         given = args.results
         if args.results is None:
-            args.results = RESULTS if R.attrs["n"] == FULL and timing is not None else args.out / "results"
-            if args.results != RESULTS:  # the committed run: FULL prompts and its timing rounds
-                print(f"{R.attrs['n']} prompts{'' if timing else ', no timing run'}, not the committed run's {FULL} with "
-                      f"its timing: writing under {args.results}, not {RESULTS} (--results to choose)")
+            full = R.attrs["n"] == FULL and repeats == ap.get_default("repeats")  # the committed run's timing rounds
+            args.results = RESULTS if full else args.out / "results"
+            if not full:
+                print(f"{R.attrs['n']} prompts, {repeats} timing rounds: not the committed run's {FULL} and "
+                      f"{ap.get_default('repeats')}: writing under {args.results}, not {RESULTS} (--results to choose)")
         # a folder the user named is checked like every output folder (evaluate.write_owned); the defaults are ours
         owner, option = ((given, "--results") if given is not None else
                          (args.out, "--out") if args.out != OUT and args.results != RESULTS else (None, "--out"))

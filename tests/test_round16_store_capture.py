@@ -90,8 +90,9 @@ def test_generation_store_of_another_generator_or_text_encoder_is_refused(tmp_pa
     cap(pixart, "short", Store(tmp_path / "pixart", meta={"model": "tiny-pixart"}))
     cap(pixart, "short", Store(tmp_path / "plain"))
     for p in ("pixart", "plain"):
-        with pytest.raises(InputError, match=r"holds '(tiny-pixart|\?)' \(PixArtTransformer2DModel:\w+\), not "
-                                             r"'tiny-mmdit' \(SD3Transformer2DModel:\w+\): point to that generator's"):
+        with pytest.raises(InputError, match=r"holds '(tiny-pixart|\?)' \(PixArtTransformer2DModel:\w+, torch.float32\), "
+                                             r"not 'tiny-mmdit' \(SD3Transformer2DModel:\w+, torch.float32\): point to "
+                                             r"that generator's"):
             generation_store_or_capture(tmp_path / p, tmp_path / "fb", mmdit, "tiny-mmdit", steps=2)
     assert generation_store_or_capture(tmp_path / "pixart", tmp_path / "fb", pixart, "tiny-pixart") == (
         tmp_path / "pixart", False)

@@ -127,7 +127,11 @@ def test_a_reuse_merge_without_its_timing_run_never_replaces_the_committed_resul
     monkeypatch.setattr(E, "decide", lambda *a: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
         E.main(["--merge", "--out", str(tmp_path / "rows")])
-    assert f"{E.FULL} prompts, no timing run, not the committed run's" in capsys.readouterr().out
+    assert f"{E.FULL} prompts, 0 timing rounds: not the committed run's" in capsys.readouterr().out
+    monkeypatch.setattr(E, "read_timing", lambda out, gens: {"repeats": 1, "timing": {}})  # round 20's LN15: too few
+    with pytest.raises(Stop):
+        E.main(["--merge", "--out", str(tmp_path / "rows")])
+    assert f"{E.FULL} prompts, 1 timing rounds: not the committed run's" in capsys.readouterr().out
 
 
 def test_a_store_dtype_written_without_its_prefix_is_read_as_that_dtype(samples, tmp_path):
@@ -146,3 +150,62 @@ def test_a_store_dtype_written_without_its_prefix_is_read_as_that_dtype(samples,
     meta = json.loads((p / "meta.json").read_text())
     (p / "meta.json").write_text(json.dumps({**meta, "dtype": "bfloat16"}))
     assert stats_store_or_capture(p, tmp_path / "fb", "tiny-llava", model=half[0], processor=half[1]) == (p, False)
+
+
+def test_a_restored_copy_of_an_older_index_never_costs_the_newer_indexs_chunks(tmp_path):
+    """Round 20's LN16: an index copied aside, more captured, the live index moved out, the older copy put back, then
+    the newer one's sample captured again: the newer chunk's records were "written again above it", so repair()
+    deleted it as an interrupted write. A chunk records the index file it was written for (its inode); a restored copy
+    is another file, so the newer chunk is kept, and the newer index moved back beside it reads it."""
+    import shutil
+
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    shutil.copy(p / "index-rank00000.jsonl", tmp_path / "backup.jsonl")
+    Store(p).write([rec(1, 0)])  # chunk000001, the newer index's
+    os.replace(p / "index-rank00000.jsonl", tmp_path / "newer.jsonl")
+    shutil.copy(tmp_path / "backup.jsonl", p / "index-rank00000.jsonl")  # nothing live is overwritten
+    Store(p).write([rec(1, 0)])  # sample 1 captured again: chunk000002
+    assert not [x for x in Store(p).verify() if "interrupted" in x]
+    Store(p).repair()
+    assert _chunks(p) == ["rank00000/chunk000000", "rank00000/chunk000001", "rank00000/chunk000002"]
+    os.replace(p / "index-rank00000.jsonl", tmp_path / "restored.jsonl")
+    os.replace(tmp_path / "newer.jsonl", p / "index-rank00000.jsonl")
+    assert {r.sample for r in Store(p).read()} == {"0", "1"}
+
+
+@pytest.mark.parametrize("name", ["verdicts.csv", "README-section.md", "settled.csv", "settle-section.md"])
+def test_replicate_never_replaces_a_users_file_in_its_out_folder(monkeypatch, capsys, tmp_path, name):
+    """Round 20's LN17: `replicate --out DIR` overwrote the user's own verdicts.csv / README-section.md / settled.csv /
+    settle-section.md there. A file of those names it did not write is refused before any run; its own are replaced."""
+    import json
+
+    import unicache_lib.replicate as R
+
+    boards = {nb: json.loads((ROOT / "data" / "results" / f"{nb}.json").read_text()) for nb in R.NOTEBOOKS}
+    monkeypatch.setattr(R, "run_seed", lambda *a, **k: boards)
+    monkeypatch.setattr(R, "settle", lambda out, quick: R.pd.read_csv(R.SETTLED_CSV))
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / name).write_text("mine")
+    argv = ["--quick", "--out", str(out)] + (["--settle"] if name.startswith("settle") else [])
+    with pytest.raises(SystemExit):
+        R.main(argv)
+    assert name in capsys.readouterr().err and (out / name).read_text() == "mine"
+    (out / name).unlink()
+    R.main(argv)
+    R.main(argv)  # its own file, written by the run before: replaced
+    assert (out / name).read_text() != "mine"
+
+
+@pytest.mark.parametrize("argv, says", [(["--readme", "missing.md"], "is not a file"), (["--csv", "."], "is a folder"),
+                                        (["--seeds", "3", "3"], "names a seed twice")])
+def test_replicate_refuses_a_bad_page_table_or_seed_before_any_run(monkeypatch, capsys, tmp_path, argv, says):
+    """Round 20's poor cases: a --readme that does not exist or a --csv naming a folder crashed after every notebook
+    run (hours); --seeds 3 3 ran seed 3 twice. Each is refused in one line first."""
+    import unicache_lib.replicate as R
+
+    monkeypatch.setattr(R, "run_seed", lambda *a, **k: pytest.fail("ran before refusing"))
+    with pytest.raises(SystemExit):
+        R.main(argv + ["--out", str(tmp_path / "r")])
+    assert says in capsys.readouterr().err

@@ -254,10 +254,10 @@ def check_output_path(path, option: str = "--out", tool: str = "this tool", root
     return p
 
 
-def cli_output_path(path, tool: str, option: str = "--out", roots=(), within=()) -> Path:
+def cli_output_path(path, tool: str, option: str = "--out", roots=(), within=(), files=()) -> Path:
     """:func:`check_output_path` for a command line: a refusal is one line on stderr and exit status 2."""
     try:
-        return check_output_path(path, option, tool, roots, within)
+        return check_output_path(path, option, tool, roots, within, files)
     except InputError as e:
         print(f"{tool}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from e

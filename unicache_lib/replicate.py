@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from .core.errors import ContractError
-from .paths import cli_output_path
+from .paths import cli_output_path, record_output_files
 from .progress import enabled
 from .scoreboard import UNSTABLE
 from .world import samples as sample_set
@@ -189,6 +189,17 @@ def update_readme(readme: Path, section: str, begin: str = BEGIN, end: str = END
     readme.write_text(text)
 
 
+OWN_FILES = ("verdicts.csv", "settled.csv", "README-section.md", "settle-section.md")  # what it writes under --out
+
+
+def _write(path: Path, data: bytes, out: Path) -> None:
+    """``data`` to ``path``; one of :data:`OWN_FILES` under ``out`` is first recorded in the folder's marker as this
+    tool's (so a later run may replace it, and a user's file of that name never: main's check)."""
+    if path.parent.resolve() == out.resolve() and path.name in OWN_FILES:
+        record_output_files(out, "replicate", {path.name: data})
+    path.write_bytes(data)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="further seeds (SAMPLE_SEED = SEED = each)")
@@ -198,8 +209,14 @@ def main(argv=None):
     ap.add_argument("--readme", default=None, help="page to update (default docs/VERDICTS.md; --quick: OUT/README-section.md)")
     ap.add_argument("--settle", action="store_true", help="re-decide the unstable claims once at their settling sizes")
     a = ap.parse_args(argv)
-    cli_output_path(a.out, "replicate")  # not empty, not the repository or one of its own folders
-    out = Path(a.out)
+    # not empty, not the repository or one of its own folders, never over a file of these names it did not write
+    out = cli_output_path(a.out, "replicate", files=OWN_FILES)
+    for bad, why in ((a.readme and not Path(a.readme).is_file(), f"--readme {a.readme!r} is not a file: name a page "
+                      "that exists (its section is replaced or appended)"),
+                     (a.csv and Path(a.csv).is_dir(), f"--csv {a.csv!r} is a folder: name the table's file"),
+                     (len(set(a.seeds)) < len(a.seeds), f"--seeds {a.seeds} names a seed twice")):
+        if bad:  # before hours of notebook runs
+            ap.error(why)
     if a.settle and a.seeds != ap.get_default("seeds"):
         ap.error("--settle re-decides the unstable claims on the shipped set at their settling sizes: --seeds does "
                  "not apply to it (run the seeds without --settle)")
@@ -217,12 +234,12 @@ def main(argv=None):
         df, (name, default) = verdict_table(runs), ("verdicts.csv", VERDICTS_CSV)
     csv = Path(a.csv) if a.csv else (out / name if aside else default)
     csv.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(csv, index=False)
+    _write(csv, df.to_csv(index=False).encode(), out)
     page = Path(a.readme) if a.readme else None if aside else ROOT / "docs" / "VERDICTS.md"
     section = settle_section(df) if a.settle else readme_section(df, a.quick)
     if page is None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / ("settle-section.md" if a.settle else "README-section.md")).write_text(section + "\n")
+        _write(out / ("settle-section.md" if a.settle else "README-section.md"), (section + "\n").encode(), out)
     elif a.settle:  # after the replication's table when the page has none yet
         update_readme(page, section, SETTLE_BEGIN, SETTLE_END,
                       lambda text: text.replace(END, END + "\n\n" + section, 1) if END in text else

@@ -92,6 +92,7 @@ _ENTRY_KEYS = {"key", "sample", "part", "layer", "step", "file", "slot", "arrays
 _BOUND = ("key", "sample", "part", "layer", "step", "mode", "heads", "seq_len", "query_stride", "key_stride", "arrays",
           "spans", "meta")
 _RECORDS = "__records__"
+_INDEX_ID = "__index__"  # the inode of the index file a chunk file was written for (-1: the rank had none yet)
 # Bounds on every read, from what the format holds: the store never reads more than these from a file it did not write
 # (a sparse file grown by `truncate -s 100G` reads as 100 GB of zeros).
 MAX_LINE_BYTES = 64 << 20  # an index line (Store.write refuses to commit a longer one): a torn tail is shorter too
@@ -767,6 +768,9 @@ class Store(contextlib.AbstractContextManager):
         while os.path.lexists(self.path / f"{home}/chunk{n_chunk:06d}"):  # an orphan (or anything else): never reused
             n_chunk += 1
         chunk = f"rank{self.rank:05d}/chunk{n_chunk:06d}"
+        # which index this write is for (its file's inode; -1 before the rank's first line): a chunk left by a write cut
+        # off is the live index's leftover only if it was written for that same file (_rewritten)
+        log_id = np.array(os.stat(lp).st_ino if (lp := self._index_path()).exists() else -1, dtype=np.int64)
         by_layer: dict[tuple, list[int]] = {}
         for i, r in enumerate(records):
             by_layer.setdefault((r.part, r.layer), []).append(i)
@@ -786,7 +790,7 @@ class Store(contextlib.AbstractContextManager):
             except (TypeError, ValueError) as e:
                 raise InputTypeError(f"record {bound[0]['key']!r}: its meta must be JSON (texts, numbers, lists, "
                                      f"objects): {e}") from None
-            arrays[_RECORDS] = np.frombuffer(told.encode(), dtype=np.uint8)
+            arrays[_RECORDS], arrays[_INDEX_ID] = np.frombuffer(told.encode(), dtype=np.uint8), log_id
             buf = io.BytesIO()
             np.savez_compressed(buf, **arrays)
             data = buf.getvalue()
@@ -1098,12 +1102,13 @@ class Store(contextlib.AbstractContextManager):
         look(self.path, 0)
         return tmp + orphans, strangers, aside
 
-    def _held(self, chunk: str) -> set[str] | None:
-        """The keys of the records the chunk folder ``chunk`` (``"rank00000/chunk000003"``) holds, as its files recorded
-        them (their own ``_RECORDS``, at most an index line's bytes), whatever an index says; None when a file of it
-        cannot be read so (a link, FIFO, a foreign or older file): what it holds is then not known. Temporary files of an
-        interrupted write hold nothing."""
-        keys = set()
+    def _held(self, chunk: str) -> tuple[set[str], set[int]] | None:
+        """``(keys, index ids)`` of the chunk folder ``chunk`` (``"rank00000/chunk000003"``): the records its files hold
+        and the index files they were written for, as its files recorded them (their own ``_RECORDS``, at most an index
+        line's bytes, and ``_INDEX_ID``), whatever an index says; None when a file of it cannot be read so (a link,
+        FIFO, a foreign or older file): what it holds is then not known. Temporary files of an interrupted write hold
+        nothing."""
+        keys, ids = set(), set()
         for n in os.listdir(self.path / chunk):
             if n.endswith(".tmp"):
                 continue  # an interrupted write's temporary file: it holds no record (and is never opened)
@@ -1112,17 +1117,20 @@ class Store(contextlib.AbstractContextManager):
                     if (z := np.load(f)).zip.getinfo(f"{_RECORDS}.npy").file_size > MAX_LINE_BYTES:
                         return None
                     keys |= {d["key"] for d in json.loads(bytes(z[_RECORDS]).decode())}
+                    ids.add(int(z[_INDEX_ID]))
             except Exception:  # noqa: BLE001 - a link, FIFO, foreign or older file: what it holds is not known
                 return None
-        return keys
+        return keys, ids
 
     def _rewritten(self, rel: str) -> bool:
-        """Every record the chunk folder ``rel`` holds (:meth:`_held`) is live in its rank's index in a chunk numbered
-        above it: what a write cut off before its index line leaves once it is written again. A set-aside index's chunk
-        (its records not named, or named below it), or a newer capture's whose index was overwritten, is not."""
+        """The chunk folder ``rel`` was written for its rank's live index file (:meth:`_held`'s ids: the same file, not a
+        copy restored nor another moved in) and every record it holds is live there in a chunk numbered above it: what
+        a write cut off before its index line leaves once it is written again. A set-aside index's chunk, or a newer
+        capture's whose index was replaced, is not."""
         log, at, held = self._logs.get(int(rel.split("/")[0][4:])), int(rel.rpartition("chunk")[2]), self._held(rel)
-        return held is not None and all(log is not None and k in log.live and int(str(log.lines[log.live[k]][0].get(
-            "chunk", "chunk-1")).rpartition("chunk")[2]) > at for k in held)
+        return held is not None and log is not None and held[1] <= {log.sig[1]} and all(
+            k in log.live and int(str(log.lines[log.live[k]][0].get("chunk", "chunk-1")).rpartition("chunk")[2]) > at
+            for k in held[0])
 
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record keys; entries a
@@ -1167,9 +1175,9 @@ class Store(contextlib.AbstractContextManager):
                             f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed"
                             + (f"; it holds records no index names ({', '.join(sorted(new)[:2])}, {len(new)} in all): if "
                                f"a write was cut off before its index line, capture them again" if (new := (
-                                   self._held(rel) or set()) - self._owner.keys()) else "") + "; a cut-off write's "
-                            "copy, once written again, is removed by repair() when a chunk the index names lies below "
-                            "it, else it is for you to remove (the store cannot tell it from a set-aside index's)" +
+                                   self._held(rel) or (set(),))[0] - self._owner.keys()) else "") + "; a cut-off write's "
+                            "copy is removed by repair() once its records are written again above it for the same index "
+                            "file; else it is for you to remove (the store cannot tell it from a set-aside index's)" +
                             "; if an index "
                             f"was set aside, "
                             + (f"index-rank{rank:05d}.jsonl is live, never move another over it: keep "

@@ -116,9 +116,11 @@ def generation_store_or_capture(path, fallback, gen: Generator, model_name: str,
     if os.path.lexists(path / "meta.json"):
         meta, fp = _store_meta(path), model_fingerprint(gen.transformer, *text_encoders(gen))
         if meta.get("model", model_name) != model_name or meta.get("model_config") != fp:
-            raise InputError(f"the store at {path} holds {meta.get('model', '?')!r} ({meta.get('model_config')}), not "
-                             f"{model_name!r} ({fp}): point to that generator's store (notebook 03's), or to a missing "
-                             f"path to capture afresh")
+            raise InputError(f"the store at {path} holds {meta.get('model', '?')!r} ({meta.get('model_config')}, "
+                             f"{meta.get('dtype')}), not {model_name!r} ({fp}, "
+                             f"{next(gen.transformer.parameters()).dtype}): point to that generator's store (notebook "
+                             f"03's; in another dtype, load the generator in the store's), or to a missing path to "
+                             f"capture afresh")
         return path, False
     if fallback.exists():
         remove_store(fallback)  # the caller's own output of an earlier run (refused while another process writes it)
