@@ -66,10 +66,11 @@ def test_a_leftover_chunk_holding_another_file_is_reported(tmp_path, extra):
     assert (p / "rank00000" / "chunk000001" / extra).read_bytes() == b"mine"
 
 
-def test_a_first_write_cut_off_then_captured_again_is_said_to_be_yours_to_remove(tmp_path):
-    """Round 19's poor case 1: a store's first write cut off before its index line, then captured again: the chunk
-    cannot be told from a set-aside index's (both lie below every chunk the index names), so it is kept; verify said
-    repair() would remove it, which it never did. It now says the folder is the user's to remove."""
+def test_a_first_write_cut_off_then_captured_again_is_removed(tmp_path):
+    """Round 19's poor case 1: a store's first write cut off before its index line, then captured again, was kept for
+    ever (it could not be told from a set-aside index's chunk; verify said repair() would remove it, which it never
+    did). A committed chunk now carries a marker written after its index line, so a chunk without one is a cut-off
+    write: once its records are captured again, repair() removes it and verify() is empty."""
     import unicache_lib.store as store_mod
 
     p = tmp_path / "s"
@@ -81,10 +82,10 @@ def test_a_first_write_cut_off_then_captured_again_is_said_to_be_yours_to_remove
             st.write([rec(0, 0)])
     finally:
         store_mod._append_line = real
+    assert [x for x in Store(p).verify() if "chunk000000 holds a write cut off before its index line" in x]
     st.write([rec(0, 0)])
     st.repair()
-    (said,) = Store(p).verify()
-    assert "else it is for you to remove" in said and "chunk000000" in said
+    assert Store(p).verify() == [] and _chunks(p) == ["rank00000/chunk000001"]
 
 
 @pytest.mark.parametrize("n", [5, 8], ids=["larger", "much-larger"])
@@ -209,3 +210,55 @@ def test_replicate_refuses_a_bad_page_table_or_seed_before_any_run(monkeypatch, 
     with pytest.raises(SystemExit):
         R.main(argv + ["--out", str(tmp_path / "r")])
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["cp over the live one", "rm, then cp"])
+def test_a_committed_chunk_is_never_a_leftover_whatever_index_is_put_back(tmp_path, how):
+    """Round 21's LN18: the older index put back with cp over the live one (its inode kept) or after rm (an inode
+    reused), then the newer one's sample captured again: round 20's check (the index file's inode) took the newer
+    chunk for a cut-off write and repair() deleted it. A chunk whose index line was written carries a 'committed'
+    marker, and a committed chunk is never a leftover."""
+    import shutil
+
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    shutil.copy(p / "index-rank00000.jsonl", tmp_path / "older.jsonl")
+    Store(p).write([rec(1, 0)])  # chunk000001, committed
+    shutil.copy(p / "index-rank00000.jsonl", tmp_path / "newer.jsonl")
+    if how.startswith("rm"):
+        os.unlink(p / "index-rank00000.jsonl")
+    shutil.copyfile(tmp_path / "older.jsonl", p / "index-rank00000.jsonl")
+    Store(p).write([rec(1, 0)])  # captured again: chunk000002
+    Store(p).repair()
+    assert (p / "rank00000" / "chunk000001" / "committed").exists()
+    assert _chunks(p) == ["rank00000/chunk000000", "rank00000/chunk000001", "rank00000/chunk000002"]
+
+
+def test_replicate_never_writes_into_a_folder_of_a_users_nor_over_a_file_saved_during_its_run(monkeypatch, capsys,
+                                                                                               tmp_path):
+    """Round 21's LN19: `replicate --out DIR` wrote its notebooks over the user's files under DIR/shipped/ and
+    DIR/seed-N/; LN20: a verdicts.csv the user saved into --out during the hours-long run was overwritten. --out must
+    be new, empty or an earlier replicate run's (its marker), and each table or section is checked again as written."""
+    import json
+
+    from unicache_lib.core.errors import InputError
+    import unicache_lib.replicate as R
+
+    out = tmp_path / "r"
+    (out / "shipped").mkdir(parents=True)
+    (out / "shipped" / "02_understanding_maps.ipynb").write_text("my notebook")
+    monkeypatch.setattr(R, "run_seed", lambda *a, **k: pytest.fail("ran before refusing"))
+    with pytest.raises(SystemExit):
+        R.main(["--quick", "--out", str(out)])
+    assert "holds files replicate did not write" in capsys.readouterr().err
+    assert (out / "shipped" / "02_understanding_maps.ipynb").read_text() == "my notebook"
+    boards = {nb: json.loads((ROOT / "data" / "results" / f"{nb}.json").read_text()) for nb in R.NOTEBOOKS}
+
+    def run_seed(*a, **k):  # the user saves a table of their own into --out while the notebooks run
+        (tmp_path / "new" / "verdicts.csv").write_text("mine")
+        return boards
+
+    monkeypatch.setattr(R, "run_seed", run_seed)
+    with pytest.raises(InputError, match="verdicts.csv"):
+        R.main(["--quick", "--out", str(tmp_path / "new")])
+    assert (tmp_path / "new" / "verdicts.csv").read_text() == "mine"

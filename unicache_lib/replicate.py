@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from .core.errors import ContractError
-from .paths import cli_output_path, record_output_files
+from .paths import _marker, check_output_path, cli_output_path, record_output_files
 from .progress import enabled
 from .scoreboard import UNSTABLE
 from .world import samples as sample_set
@@ -195,7 +195,8 @@ OWN_FILES = ("verdicts.csv", "settled.csv", "README-section.md", "settle-section
 def _write(path: Path, data: bytes, out: Path) -> None:
     """``data`` to ``path``; one of :data:`OWN_FILES` under ``out`` is first recorded in the folder's marker as this
     tool's (so a later run may replace it, and a user's file of that name never: main's check)."""
-    if path.parent.resolve() == out.resolve() and path.name in OWN_FILES:
+    if path.parent.resolve() == out.resolve() and path.name in OWN_FILES:  # checked again: hours have passed
+        check_output_path(out, "--out", "replicate", files=[path.name])
         record_output_files(out, "replicate", {path.name: data})
     path.write_bytes(data)
 
@@ -211,6 +212,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     # not empty, not the repository or one of its own folders, never over a file of these names it did not write
     out = cli_output_path(a.out, "replicate", files=OWN_FILES)
+    if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != "replicate":
+        ap.error(f"--out {a.out!r} holds files replicate did not write (its notebooks and outputs would replace "
+                 f"them): choose a new or empty folder, or one an earlier replicate run wrote")
+    out.mkdir(parents=True, exist_ok=True)
+    record_output_files(out, "replicate", {})  # the folder is replicate's from now on (its marker)
     for bad, why in ((a.readme and not Path(a.readme).is_file(), f"--readme {a.readme!r} is not a file: name a page "
                       "that exists (its section is replaced or appended)"),
                      (a.csv and Path(a.csv).is_dir(), f"--csv {a.csv!r} is a folder: name the table's file"),

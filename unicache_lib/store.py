@@ -6,9 +6,11 @@ Layout of a store directory::
     index-rank00000.jsonl           the chunks one writer (rank) has committed: an append-only log, a line each
     rank00000/chunk000000/L0003_language.npz   one compressed file per layer and chunk (its records' arrays and
                                                what it holds at each slot)
+    rank00000/chunk000000/committed            empty, written once the chunk's index line is
 
 Every write is one *chunk*: its layer files are written to temporary names and renamed into place, then one line
-listing its records is appended to the rank's index and fsync'd. That line is the commit. A write interrupted
+listing its records is appended to the rank's index and fsync'd. That line is the commit (the chunk's ``committed``
+marker follows it, so a chunk whose index was later set aside is never taken for a cut-off write). A write interrupted
 before it leaves the previous store intact: an orphaned chunk folder is ignored (``verify`` reports it), and a write
 cut off inside the line leaves a torn last line (no newline at its end) that readers ignore as an interrupted write
 and the rank's next write (or :meth:`Store.repair`) cuts off. A record key (sample, part, layer, step) can be written
@@ -92,7 +94,7 @@ _ENTRY_KEYS = {"key", "sample", "part", "layer", "step", "file", "slot", "arrays
 _BOUND = ("key", "sample", "part", "layer", "step", "mode", "heads", "seq_len", "query_stride", "key_stride", "arrays",
           "spans", "meta")
 _RECORDS = "__records__"
-_INDEX_ID = "__index__"  # the inode of the index file a chunk file was written for (-1: the rank had none yet)
+_MARKED = "__marked__"  # in a chunk file whose write leaves a committed marker once its index line is written
 # Bounds on every read, from what the format holds: the store never reads more than these from a file it did not write
 # (a sparse file grown by `truncate -s 100G` reads as 100 GB of zeros).
 MAX_LINE_BYTES = 64 << 20  # an index line (Store.write refuses to commit a longer one): a torn tail is shorter too
@@ -768,9 +770,6 @@ class Store(contextlib.AbstractContextManager):
         while os.path.lexists(self.path / f"{home}/chunk{n_chunk:06d}"):  # an orphan (or anything else): never reused
             n_chunk += 1
         chunk = f"rank{self.rank:05d}/chunk{n_chunk:06d}"
-        # which index this write is for (its file's inode; -1 before the rank's first line): a chunk left by a write cut
-        # off is the live index's leftover only if it was written for that same file (_rewritten)
-        log_id = np.array(os.stat(lp).st_ino if (lp := self._index_path()).exists() else -1, dtype=np.int64)
         by_layer: dict[tuple, list[int]] = {}
         for i, r in enumerate(records):
             by_layer.setdefault((r.part, r.layer), []).append(i)
@@ -790,7 +789,7 @@ class Store(contextlib.AbstractContextManager):
             except (TypeError, ValueError) as e:
                 raise InputTypeError(f"record {bound[0]['key']!r}: its meta must be JSON (texts, numbers, lists, "
                                      f"objects): {e}") from None
-            arrays[_RECORDS], arrays[_INDEX_ID] = np.frombuffer(told.encode(), dtype=np.uint8), log_id
+            arrays[_RECORDS], arrays[_MARKED] = np.frombuffer(told.encode(), dtype=np.uint8), np.array(True)
             buf = io.BytesIO()
             np.savez_compressed(buf, **arrays)
             data = buf.getvalue()
@@ -809,6 +808,8 @@ class Store(contextlib.AbstractContextManager):
         for rel, data in files:
             write_inside(self.path, rel, data, error=StoreError, what="chunk file", fix=_links_fix(self.path / rel))
         self._append(self.rank, head, new_entries)
+        # committed: whichever index names it later (or none, set aside), this chunk is no cut-off write (_scan)
+        write_inside(self.path, f"{chunk}/{_COMMITTED}", b"", error=StoreError, what="chunk file")
         return len(records)
 
     def _append(self, rank: int, head: dict, records: list) -> None:
@@ -1052,8 +1053,8 @@ class Store(contextlib.AbstractContextManager):
 
     def _scan(self) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
         """``(leftovers, strangers, aside)``. Leftovers of interrupted writes: temporary files and chunk folders no line
-        of any index names, numbered above a chunk of their rank that one names (a write takes the next number), whose
-        records are all written again in a chunk numbered above them (:meth:`_rewritten`). Aside:
+        of any index names, without the ``committed`` marker, holding only the store's files, whose records are all
+        written again in a chunk numbered above them (:meth:`_rewritten`). Aside:
         the other unnamed chunk folders (an index set aside under a name the store does not read, or moved out: its
         chunks are kept). Strangers: a symbolic link, FIFO, device or socket under a name the store uses for its own
         files and folders, or a hard link under the name of a file it writes (lock, index, meta) (``meta.json``, ``index-rank*``, ``.lock-rank*``, ``rank*``, ``rank*/chunk*``), with what
@@ -1093,44 +1094,42 @@ class Store(contextlib.AbstractContextManager):
                     # repair's *.damaged, beside the store's is kept, and said
                     if (rel := p.relative_to(self.path).as_posix()) not in used and (not names or any(
                             _own_name(q, 2) for q in names)):
-                        (orphans if rel not in kept and all(_own_name(q, 2) and not q.endswith(".damaged")
-                                                            for q in names)
-                         and any((m := re.fullmatch(rf"{folder.name}/chunk(\d+)", u)) and int(m[1]) < int(n[5:])
-                                 for u in used) and self._rewritten(rel) else aside).append(p)
+                        (orphans if rel not in kept and _COMMITTED not in names and all(
+                            _own_name(q, 2) and not q.endswith(".damaged") for q in names) and self._rewritten(rel)
+                         else aside).append(p)
                     look(p, 2)
 
         look(self.path, 0)
         return tmp + orphans, strangers, aside
 
-    def _held(self, chunk: str) -> tuple[set[str], set[int]] | None:
-        """``(keys, index ids)`` of the chunk folder ``chunk`` (``"rank00000/chunk000003"``): the records its files hold
-        and the index files they were written for, as its files recorded them (their own ``_RECORDS``, at most an index
-        line's bytes, and ``_INDEX_ID``), whatever an index says; None when a file of it cannot be read so (a link,
-        FIFO, a foreign or older file): what it holds is then not known. Temporary files of an interrupted write hold
-        nothing."""
-        keys, ids = set(), set()
+    def _held(self, chunk: str) -> set[str] | None:
+        """The keys of the records the chunk folder ``chunk`` (``"rank00000/chunk000003"``) holds, as its files recorded
+        them (their own ``_RECORDS``, at most an index line's bytes), whatever an index says; None when a file of it
+        cannot be read so, or was written before chunks were marked committed (``_MARKED``): a link, FIFO, a foreign or
+        older file, whose chunk is not known to be a cut-off write. Temporary files hold nothing."""
+        keys = set()
         for n in os.listdir(self.path / chunk):
-            if n.endswith(".tmp"):
-                continue  # an interrupted write's temporary file: it holds no record (and is never opened)
+            if n.endswith(".tmp") or n == _COMMITTED:
+                continue  # an interrupted write's temporary file holds no record (and is never opened)
             try:
                 with os.fdopen(open_inside(self.path, f"{chunk}/{n}", links=False, error=StoreError), "rb") as f:
                     if (z := np.load(f)).zip.getinfo(f"{_RECORDS}.npy").file_size > MAX_LINE_BYTES:
                         return None
+                    if not bool(z[_MARKED]):
+                        return None
                     keys |= {d["key"] for d in json.loads(bytes(z[_RECORDS]).decode())}
-                    ids.add(int(z[_INDEX_ID]))
             except Exception:  # noqa: BLE001 - a link, FIFO, foreign or older file: what it holds is not known
                 return None
-        return keys, ids
+        return keys
 
     def _rewritten(self, rel: str) -> bool:
-        """The chunk folder ``rel`` was written for its rank's live index file (:meth:`_held`'s ids: the same file, not a
-        copy restored nor another moved in) and every record it holds is live there in a chunk numbered above it: what
-        a write cut off before its index line leaves once it is written again. A set-aside index's chunk, or a newer
-        capture's whose index was replaced, is not."""
+        """Every record the uncommitted chunk folder ``rel`` holds (:meth:`_held`) is live in its rank's index in a chunk
+        numbered above it: what a write cut off before its index line leaves once it is written again. A chunk an
+        older version wrote, without the committed marker, is not known to be one, and is kept."""
         log, at, held = self._logs.get(int(rel.split("/")[0][4:])), int(rel.rpartition("chunk")[2]), self._held(rel)
-        return held is not None and log is not None and held[1] <= {log.sig[1]} and all(
+        return held is not None and (not held or log is not None) and all(
             k in log.live and int(str(log.lines[log.live[k]][0].get("chunk", "chunk-1")).rpartition("chunk")[2]) > at
-            for k in held[0])
+            for k in held)
 
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record keys; entries a
@@ -1172,19 +1171,17 @@ class Store(contextlib.AbstractContextManager):
             rel = p.relative_to(self.path).as_posix()
             rank = int(m[1]) if (m := _RANK_DIR.fullmatch(rel.split("/", 1)[0])) else None  # (a top-level file: None)
             problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank) if live(rank) else
-                            f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed"
-                            + (f"; it holds records no index names ({', '.join(sorted(new)[:2])}, {len(new)} in all): if "
-                               f"a write was cut off before its index line, capture them again" if (new := (
-                                   self._held(rel) or (set(),))[0] - self._owner.keys()) else "") + "; a cut-off write's "
-                            "copy is removed by repair() once its records are written again above it for the same index "
-                            "file; else it is for you to remove (the store cannot tell it from a set-aside index's)" +
-                            "; if an index "
-                            f"was set aside, "
+                            (f"chunk {rel} holds a write cut off before its index line ({', '.join(sorted(held)[:2])}"
+                             f", {len(held)} records): kept until they are captured again, then repair() removes it"
+                             if not os.path.lexists(p / _COMMITTED) and (held := self._held(rel)) and all(
+                                 _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)) else
+                             f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed; "
+                             f"if an index was set aside, "
                             + (f"index-rank{rank:05d}.jsonl is live, never move another over it: keep "
                                f"the set-aside index as index-rank{rank:05d}.jsonl.bad (its chunks are kept) and capture "
                                f"its samples again" if (self.path / f"index-rank{rank:05d}.jsonl").exists() else
                                f"move its index back as index-rank{rank:05d}.jsonl (or .jsonl.bad to keep it aside)")
-                            + ", or remove the folder yourself if it is not wanted" if p in aside else
+                            + ", or remove the folder yourself if it is not wanted") if p in aside else
                             f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
                             if p.is_dir() else f"temporary file {rel} left by an interrupted write; it is ignored, "
                             f"Store.repair() removes it")
@@ -1269,7 +1266,9 @@ _TOP_FILES = re.compile(r"meta\.json|index-rank\d{5,}\.jsonl(?:\.bad)?|index-ran
                         r"|\.(?:meta\.json|index-rank\d{5,}\.jsonl)\.[0-9A-Za-z_]{8}\.tmp")
 _RANK_DIR = re.compile(r"rank(\d{5,})")
 _CHUNK_DIR = re.compile(r"chunk(\d{6,})")
-_CHUNK_FILES = re.compile(r"L\d{4,}_[^/]+\.npz(?:\.damaged)?|\.L\d{4,}_[^/]*\.[0-9A-Za-z_]{8}\.tmp")
+_COMMITTED = "committed"  # written into a chunk folder once its index line is: the write was not cut off
+_CHUNK_FILES = re.compile(r"L\d{4,}_[^/]+\.npz(?:\.damaged)?|\.L\d{4,}_[^/]*\.[0-9A-Za-z_]{8}\.tmp|committed"
+                          r"|\.committed\.[0-9A-Za-z_]{8}\.tmp")
 
 
 def _store_tree(p: Path) -> tuple[dict, list[str], list[tuple[str, str]]]:
