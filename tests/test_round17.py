@@ -95,6 +95,30 @@ def test_a_generator_capture_into_a_store_needs_its_text_encoders(tmp_path):
             pass
 
 
+def test_a_generator_store_refused_for_a_text_encoder_in_another_dtype_names_each_dtype(tmp_path):
+    """G5 (round 21, poor): a store captured with the text encoder in float32 was refused for the same generator with
+    its text encoder in bfloat16 naming only the transformer's dtype (float32 on both sides): the message now names
+    each text encoder's dtype, and the generator loaded as captured is taken."""
+    import torch
+
+    from unicache_lib.capture.diffusion import DiffusionCapture
+    from unicache_lib.capture.gen_runner import generation_store_or_capture, text_encoders
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.runtime.loaders import load_generator
+    from unicache_lib.runtime.sampling import sample
+    from unicache_lib.store import Store
+
+    gen = load_generator("tiny-mmdit")
+    with DiffusionCapture(gen.transformer, ["p0"], store=Store(tmp_path / "s"), layers=[0],
+                          encoders=text_encoders(gen)) as cap:
+        sample(gen, ["a red circle"], steps=2, callbacks=[cap])
+    gen.text_encoder.to(torch.bfloat16)
+    with pytest.raises(InputError, match=r"text encoders \['torch.bfloat16'\].*every text encoder in the dtypes"):
+        generation_store_or_capture(tmp_path / "s", tmp_path / "fb", gen, "tiny-mmdit")
+    gen = load_generator("tiny-mmdit")  # loaded as captured (the fix the message names)
+    assert generation_store_or_capture(tmp_path / "s", tmp_path / "fb", gen, "tiny-mmdit") == (tmp_path / "s", False)
+
+
 def test_the_step_explorer_puts_each_word_on_its_own_text_key_when_padding_sits_between(tmp_path):
     """SN29: on an SD3 pipeline (CLIP's 77 positions, padding, then T5's) the step explorer put word i at text key i,
     so every T5 word showed a CLIP padding key's attention. The capture now records the real tokens' positions where

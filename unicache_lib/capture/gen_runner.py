@@ -117,10 +117,11 @@ def generation_store_or_capture(path, fallback, gen: Generator, model_name: str,
         meta, fp = _store_meta(path), model_fingerprint(gen.transformer, *text_encoders(gen))
         if meta.get("model", model_name) != model_name or meta.get("model_config") != fp:
             raise InputError(f"the store at {path} holds {meta.get('model', '?')!r} ({meta.get('model_config')}, "
-                             f"{meta.get('dtype')}), not {model_name!r} ({fp}, "
-                             f"{next(gen.transformer.parameters()).dtype}): point to that generator's store (notebook "
-                             f"03's; in another dtype, load the generator in the store's), or to a missing path to "
-                             f"capture afresh")
+                             f"transformer {meta.get('dtype')}), not {model_name!r} ({fp}, transformer "
+                             f"{next(gen.transformer.parameters()).dtype}, text encoders "
+                             f"{[str(next(e.parameters()).dtype) for e in text_encoders(gen)]}): point to that "
+                             f"generator's store (notebook 03's; the transformer and every text encoder in the dtypes "
+                             f"it was captured in), or to a missing path to capture afresh")
         return path, False
     if fallback.exists():
         remove_store(fallback)  # the caller's own output of an earlier run (refused while another process writes it)
