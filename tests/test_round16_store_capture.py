@@ -90,9 +90,10 @@ def test_generation_store_of_another_generator_or_text_encoder_is_refused(tmp_pa
     cap(pixart, "short", Store(tmp_path / "pixart", meta={"model": "tiny-pixart"}))
     cap(pixart, "short", Store(tmp_path / "plain"))
     for p in ("pixart", "plain"):
-        with pytest.raises(InputError, match=r"holds '(tiny-pixart|\?)' \(PixArtTransformer2DModel:\w+, torch.float32\), "
-                                             r"not 'tiny-mmdit' \(SD3Transformer2DModel:\w+, torch.float32\): point to "
-                                             r"that generator's"):
+        with pytest.raises(InputError, match=r"holds '(tiny-pixart|\?)' \(PixArtTransformer2DModel:\w+, transformer "
+                                             r"torch.float32\), not 'tiny-mmdit' \(SD3Transformer2DModel:\w+, "
+                                             r"transformer torch.float32, text encoders \['torch.float32'\]\): point "
+                                             r"to that generator's"):
             generation_store_or_capture(tmp_path / p, tmp_path / "fb", mmdit, "tiny-mmdit", steps=2)
     assert generation_store_or_capture(tmp_path / "pixart", tmp_path / "fb", pixart, "tiny-pixart") == (
         tmp_path / "pixart", False)

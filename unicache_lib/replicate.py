@@ -90,7 +90,9 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
     for nb in notebooks:
         src = ROOT / "notebooks" / "src" / f"{nb}.py"
         defaults = parameters(src)
-        built = base / f"{nb}.ipynb"
+        built, done, names = base / f"{nb}.ipynb", base / f"{nb}.executed.ipynb", [f"{label}/{nb}.ipynb",
+                                                                                   f"{label}/{nb}.executed.ipynb"]
+        check_output_path(out, "--out", "replicate", files=names)  # never over a file of a user's (or one they edited)
         subprocess.run([sys.executable, "-m", "jupytext", "--quiet", "--to", "ipynb", "--set-kernel", "python3",
                         "--output", str(built), str(src)], check=True)
         params = {"OUT_DIR": str(base / nb), "SEED": seed, **(QUICK[nb] if quick else {}), **(overrides or {}).get(nb, {})}
@@ -99,12 +101,15 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
         params |= {k: v if k != "GENERATION_STORE" or nb != "07_diagnostics" else str(Path(v) / Path(defaults[k]).name)
                    for k, v in stores.items() if k in defaults}  # notebook 07 reads one generator's store
         print(f"== {label}: {nb} {params}", flush=True)
+        record_output_files(out, "replicate", {names[0]: built.read_bytes()})  # written: its own from now on
         try:
-            pm.execute_notebook(str(built), str(base / f"{nb}.executed.ipynb"), parameters=params, cwd=str(ROOT),
+            pm.execute_notebook(str(built), str(done), parameters=params, cwd=str(ROOT),
                                 kernel_name="python3", progress_bar=enabled())
         except Exception as e:  # papermill's error names the failing cell
             raise ContractError(f"notebook {nb} failed for {label} (parameters {params}): {e}; "
-                               f"the partly executed notebook is {base / f'{nb}.executed.ipynb'}") from e
+                               f"the partly executed notebook is {done}") from e
+        finally:
+            record_output_files(out, "replicate", {names[1]: done.read_bytes()} if done.is_file() else {})
         boards[nb] = json.loads((base / nb / "scoreboard.json").read_text())
     return boards
 
@@ -212,20 +217,22 @@ def main(argv=None):
     a = ap.parse_args(argv)
     # not empty, not the repository or one of its own folders, never over a file of these names it did not write
     out = cli_output_path(a.out, "replicate", files=OWN_FILES)
-    if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != "replicate":
-        ap.error(f"--out {a.out!r} holds files replicate did not write (its notebooks and outputs would replace "
-                 f"them): choose a new or empty folder, or one an earlier replicate run wrote")
-    out.mkdir(parents=True, exist_ok=True)
-    record_output_files(out, "replicate", {})  # the folder is replicate's from now on (its marker)
     for bad, why in ((a.readme and not Path(a.readme).is_file(), f"--readme {a.readme!r} is not a file: name a page "
                       "that exists (its section is replaced or appended)"),
                      (a.csv and Path(a.csv).is_dir(), f"--csv {a.csv!r} is a folder: name the table's file"),
-                     (len(set(a.seeds)) < len(a.seeds), f"--seeds {a.seeds} names a seed twice")):
+                     (len(set(a.seeds)) < len(a.seeds), f"--seeds {a.seeds} names a seed twice"),
+                     (not a.settle and sample_set.SEED in a.seeds, f"seed {sample_set.SEED} is the shipped standard "
+                      "set; pick further seeds")):
         if bad:  # before hours of notebook runs
             ap.error(why)
     if a.settle and a.seeds != ap.get_default("seeds"):
         ap.error("--settle re-decides the unstable claims on the shipped set at their settling sizes: --seeds does "
                  "not apply to it (run the seeds without --settle)")
+    if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != "replicate":
+        ap.error(f"--out {a.out!r} holds files replicate did not write (its notebooks and outputs would replace "
+                 f"them): choose a new or empty folder, or one an earlier replicate run wrote")
+    out.mkdir(parents=True, exist_ok=True)
+    record_output_files(out, "replicate", {})  # the folder is replicate's from now on (its marker)
     # the committed table and page only for the committed run, neither --csv nor --readme naming another place
     if (aside := a.quick or a.seeds != ap.get_default("seeds") or bool(a.csv) != bool(a.readme)) and not a.quick:
         print(f"not the committed run (seeds {ap.get_default('seeds')}, or --csv and --readme both or neither): "
@@ -233,8 +240,6 @@ def main(argv=None):
     if a.settle:
         df, (name, default) = settle(out, a.quick), ("settled.csv", SETTLED_CSV)
     else:
-        if any(s == sample_set.SEED for s in a.seeds):
-            ap.error(f"seed {sample_set.SEED} is the shipped standard set; pick further seeds")
         runs = {f"shipped (SAMPLE_SEED {sample_set.SEED}, SEED 0)": run_seed("shipped", None, 0, out, a.quick),
                 **{f"seed {s}": run_seed(f"seed-{s}", s, s, out, a.quick) for s in a.seeds}}
         df, (name, default) = verdict_table(runs), ("verdicts.csv", VERDICTS_CSV)

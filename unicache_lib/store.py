@@ -11,7 +11,8 @@ Layout of a store directory::
 Every write is one *chunk*: its layer files are written to temporary names and renamed into place, then one line
 listing its records is appended to the rank's index and fsync'd. That line is the commit (the chunk's ``committed``
 marker follows it, so a chunk whose index was later set aside is never taken for a cut-off write). A write interrupted
-before it leaves the previous store intact: an orphaned chunk folder is ignored (``verify`` reports it), and a write
+before it leaves the previous store intact: an orphaned chunk folder is ignored (``verify`` reports it; ``repair``
+removes it once every record it holds is live again as the same record, arrays equal bit for bit), and a write
 cut off inside the line leaves a torn last line (no newline at its end) that readers ignore as an interrupted write
 and the rank's next write (or :meth:`Store.repair`) cuts off. A record key (sample, part, layer, step) can be written
 once: writing it again raises instead of silently overwriting, and ``missing`` tells a resumed capture what is left
@@ -559,8 +560,10 @@ class Store(contextlib.AbstractContextManager):
         self.close()
 
     def __del__(self):
-        with contextlib.suppress(Exception):  # interpreter shutdown
+        try:  # (at interpreter shutdown modules may be gone: contextlib too)
             self.close()
+        except Exception:  # noqa: BLE001
+            pass
 
     # ---- index ---------------------------------------------------------------------------------
     def _index_path(self, rank: int | None = None) -> Path:
@@ -808,8 +811,11 @@ class Store(contextlib.AbstractContextManager):
         for rel, data in files:
             write_inside(self.path, rel, data, error=StoreError, what="chunk file", fix=_links_fix(self.path / rel))
         self._append(self.rank, head, new_entries)
-        # committed: whichever index names it later (or none, set aside), this chunk is no cut-off write (_scan)
-        write_inside(self.path, f"{chunk}/{_COMMITTED}", b"", error=StoreError, what="chunk file")
+        # committed: whichever index names it later (or none, set aside), this chunk is no cut-off write (_scan); the
+        # line above is the commit, so a marker that cannot be written (a full disk) fails nothing: the chunk is then
+        # kept unless the same records are live elsewhere (_scan, _same)
+        with contextlib.suppress(OSError, StoreError):
+            write_inside(self.path, f"{chunk}/{_COMMITTED}", b"", error=StoreError, what="chunk file")
         return len(records)
 
     def _append(self, rank: int, head: dict, records: list) -> None:
@@ -1053,8 +1059,8 @@ class Store(contextlib.AbstractContextManager):
 
     def _scan(self) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
         """``(leftovers, strangers, aside)``. Leftovers of interrupted writes: temporary files and chunk folders no line
-        of any index names, without the ``committed`` marker, holding only the store's files, whose records are all
-        written again in a chunk numbered above them (:meth:`_rewritten`). Aside:
+        of any index names, without the ``committed`` marker, holding only the store's files, whose records
+        (:meth:`_held`) are all live as the same records (:meth:`_same`): removing one loses nothing. Aside:
         the other unnamed chunk folders (an index set aside under a name the store does not read, or moved out: its
         chunks are kept). Strangers: a symbolic link, FIFO, device or socket under a name the store uses for its own
         files and folders, or a hard link under the name of a file it writes (lock, index, meta) (``meta.json``, ``index-rank*``, ``.lock-rank*``, ``rank*``, ``rank*/chunk*``), with what
@@ -1095,41 +1101,48 @@ class Store(contextlib.AbstractContextManager):
                     if (rel := p.relative_to(self.path).as_posix()) not in used and (not names or any(
                             _own_name(q, 2) for q in names)):
                         (orphans if rel not in kept and _COMMITTED not in names and all(
-                            _own_name(q, 2) and not q.endswith(".damaged") for q in names) and self._rewritten(rel)
+                            _own_name(q, 2) and not q.endswith(".damaged") for q in names) and (held := self._held(
+                            rel)) is not None and all(self._same(d, arrays) for d, arrays in held.values())
                          else aside).append(p)
                     look(p, 2)
 
         look(self.path, 0)
         return tmp + orphans, strangers, aside
 
-    def _held(self, chunk: str) -> set[str] | None:
-        """The keys of the records the chunk folder ``chunk`` (``"rank00000/chunk000003"``) holds, as its files recorded
-        them (their own ``_RECORDS``, at most an index line's bytes), whatever an index says; None when a file of it
-        cannot be read so, or was written before chunks were marked committed (``_MARKED``): a link, FIFO, a foreign or
-        older file, whose chunk is not known to be a cut-off write. Temporary files hold nothing."""
-        keys = set()
-        for n in os.listdir(self.path / chunk):
-            if n.endswith(".tmp") or n == _COMMITTED:
-                continue  # an interrupted write's temporary file holds no record (and is never opened)
+    def _held(self, chunk: str) -> dict[str, tuple[dict, dict]] | None:
+        """The records the chunk folder ``chunk`` (``"rank00000/chunk000003"``) holds, as its files recorded them
+        (their own ``_RECORDS``, at most an index line's bytes), whatever an index says: key -> (what its file recorded
+        of it, its arrays); None when a file of it cannot be read so, or was written before chunks were marked
+        committed (``_MARKED``): a link, FIFO, a foreign or older file, whose chunk is not known to be a cut-off write.
+        Temporary files hold nothing."""
+        held = {}
+        # (an interrupted write's temporary file holds no record, and is never opened; nor is the marker)
+        for n in (q for q in os.listdir(self.path / chunk) if not q.endswith(".tmp") and q != _COMMITTED):
             try:
                 with os.fdopen(open_inside(self.path, f"{chunk}/{n}", links=False, error=StoreError), "rb") as f:
-                    if (z := np.load(f)).zip.getinfo(f"{_RECORDS}.npy").file_size > MAX_LINE_BYTES:
+                    if (z := np.load(f)).zip.getinfo(f"{_RECORDS}.npy").file_size > MAX_LINE_BYTES or not z[_MARKED]:
                         return None
-                    if not bool(z[_MARKED]):
-                        return None
-                    keys |= {d["key"] for d in json.loads(bytes(z[_RECORDS]).decode())}
+                    held |= {d["key"]: (d, {a: z[f"r{j}__{a}"] for a in d["arrays"]})
+                             for j, d in enumerate(json.loads(bytes(z[_RECORDS]).decode()))}
             except Exception:  # noqa: BLE001 - a link, FIFO, foreign or older file: what it holds is not known
                 return None
-        return keys
+        return held
 
-    def _rewritten(self, rel: str) -> bool:
-        """Every record the uncommitted chunk folder ``rel`` holds (:meth:`_held`) is live in its rank's index in a chunk
-        numbered above it: what a write cut off before its index line leaves once it is written again. A chunk an
-        older version wrote, without the committed marker, is not known to be one, and is kept."""
-        log, at, held = self._logs.get(int(rel.split("/")[0][4:])), int(rel.rpartition("chunk")[2]), self._held(rel)
-        return held is not None and (not held or log is not None) and all(
-            k in log.live and int(str(log.lines[log.live[k]][0].get("chunk", "chunk-1")).rpartition("chunk")[2]) > at
-            for k in held)
+    def _same(self, d: dict, arrays: dict) -> bool:
+        """The live record of ``d``'s key, on any rank, is the record ``d`` (what a chunk file recorded of it) and
+        ``arrays`` describe: recorded alike, its arrays equal bit for bit; False when it is not live or cannot be read.
+        A write cut off before its index line and then run again is such a duplicate; other values under the same key
+        (another picture under an id, the chunk of an index moved out of the store) are not, and are kept."""
+        log, n = self._line_of(d["key"])
+        try:
+            e = next(x for x in log.entries(n) if x["key"] == d["key"])
+            (r,) = self.read(sample=d["sample"], layer=d["layer"], part=d["part"], step=d["step"])
+        except (AttributeError, StopIteration, ValueError, TypeError, KeyError, StoreError):  # (not live: no log)
+            return False
+        return all(_canon(d.get(x, {} if x == "meta" else None)) == _canon(e.get(x, {} if x == "meta" else None))
+                   for x in _BOUND) and r.data.keys() == arrays.keys() and all(
+            (v := r.data[a].numpy()).dtype == arrays[a].dtype and v.shape == arrays[a].shape
+            and v.tobytes() == arrays[a].tobytes() for a in arrays)
 
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record keys; entries a
@@ -1167,19 +1180,30 @@ class Store(contextlib.AbstractContextManager):
             return (f"{what}: possibly a write in flight, not damage (rank {rank} is held by a live writer, "
                     f"{describe(live(rank))}); check again once it has closed the store")
 
+        kept, have = self._named_chunks(others=True), self.keys()
         for p in leftovers + aside:
             rel = p.relative_to(self.path).as_posix()
             rank = int(m[1]) if (m := _RANK_DIR.fullmatch(rel.split("/", 1)[0])) else None  # (a top-level file: None)
+            held = self._held(rel) if p in aside else None  # what a kept chunk holds, named
+            ks = f" ({', '.join(sorted(held)[:2])}{', ...' if len(held) > 2 else ''}: {len(held)} records)" if held else ""
+            again = bool(held) and set(held) <= have  # every record it holds is live (in this chunk or not)
+            cut = rel not in kept and not os.path.lexists(p / _COMMITTED) and held and all(
+                _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p))
             problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank) if live(rank) else
-                            (f"chunk {rel} holds a write cut off before its index line ({', '.join(sorted(held)[:2])}"
-                             f", {len(held)} records): kept until they are captured again, then repair() removes it"
-                             if not os.path.lexists(p / _COMMITTED) and (held := self._held(rel)) and all(
-                                 _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p)) else
-                             f"chunk {rel} is not named by any index (an index set aside?): kept, never read nor removed; "
-                             f"if an index was set aside, "
+                            (f"chunk {rel} holds records{ks} the index holds with other values or cannot read: "
+                             f"captured again otherwise, or the chunk of an index moved out of the store; kept, never "
+                             f"read nor removed: move that index back, or remove the folder yourself if the live "
+                             f"records are the ones you want" if cut and again else
+                             f"chunk {rel} holds a write cut off before its index line{ks}, or the chunk of an index "
+                             f"moved out of the store: kept until the same capture writes its records again, then "
+                             f"repair() removes it (move a moved-out index back first)" if cut else
+                             f"chunk {rel}{ks} is not named by any index (an index set aside?): kept, never "
+                             f"read nor removed{'; its records are all live again' if again else ''}; if an index was "
+                             f"set aside, "
                             + (f"index-rank{rank:05d}.jsonl is live, never move another over it: keep "
-                               f"the set-aside index as index-rank{rank:05d}.jsonl.bad (its chunks are kept) and capture "
-                               f"its samples again" if (self.path / f"index-rank{rank:05d}.jsonl").exists() else
+                               f"the set-aside index as index-rank{rank:05d}.jsonl.bad (its chunks are kept)"
+                               f"{'' if again else ' and capture its samples again'}"
+                               if (self.path / f"index-rank{rank:05d}.jsonl").exists() else
                                f"move its index back as index-rank{rank:05d}.jsonl (or .jsonl.bad to keep it aside)")
                             + ", or remove the folder yourself if it is not wanted") if p in aside else
                             f"orphaned chunk {rel} (an interrupted write); it is ignored, Store.repair() removes it"
@@ -1399,7 +1423,7 @@ def remove_store(path) -> bool:
     if strange:
         raise StoreError(f"{p} holds {', '.join(f'{n} ({kind})' for n, kind in strange[:3])}, which a store never "
                          f"makes: not removed, and nothing a link points to is touched. Remove "
-                         f"{'it' if len(strange) == 1 else 'them'} yourself (os.unlink) if that is right, then call "
+                         f"{'it' if len(strange) == 1 else 'them'} yourself (os.unlink; shutil.rmtree for a folder) if that is right, then call "
                          f"remove_store again")
     with contextlib.ExitStack() as held:
         for name in tree["files"]:

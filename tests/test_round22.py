@@ -1,0 +1,220 @@
+"""Round 22 of #60's adversarial testing (/work/team/adversarial_60_round22.md): each lost case it found, and the
+poor ones fixed beside them, as a test that fails on the code it was found in."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unicache_lib.store import Store
+
+from .test_store_faults import rec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _chunks(p: Path) -> list[str]:
+    return sorted(q.relative_to(p).as_posix() for q in p.glob("rank*/chunk*"))
+
+
+def _other(sample: int, layer: int):
+    """The record of ``rec``'s key with other values (another picture under the same id)."""
+    r = rec(sample, layer)
+    r.data = {k: v * 2 for k, v in r.data.items()}
+    return r
+
+
+def _cut_off(st: Store, records) -> None:
+    """A write of ``records`` cut off before its index line (a power cut)."""
+    import unicache_lib.store as store_mod
+
+    real, store_mod._append_line = store_mod._append_line, lambda path, data: (_ for _ in ()).throw(
+        KeyboardInterrupt("power cut"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            st.write(records)
+    finally:
+        store_mod._append_line = real
+
+
+@pytest.mark.parametrize("how", ["marker deleted", "killed before the marker"])
+def test_a_committed_chunk_without_its_marker_is_kept_when_other_values_are_captured_under_its_keys(tmp_path, how):
+    """NM1: a committed chunk whose 'committed' marker is gone (``find STORE -empty -delete``, or a kill between the
+    index line and the marker), its index moved out of the store, the same ids captured with other pictures: repair()
+    took the chunk for a cut-off write written again and deleted it, and the old index put back found its records
+    gone. An uncommitted chunk is now removed only when every record it holds is live as the same record (recorded
+    alike, arrays equal bit for bit), so nothing is lost; verify says what the kept chunk holds."""
+    import unicache_lib.store as store_mod
+
+    p = tmp_path / "s"
+    if how == "marker deleted":
+        Store(p, meta={"model": "m"}).write([rec(0, 0), rec(0, 1)])
+        os.unlink(p / "rank00000" / "chunk000000" / "committed")
+    else:
+        real, store_mod.write_inside = store_mod.write_inside, lambda root, rel, *a, **k: (
+            (_ for _ in ()).throw(KeyboardInterrupt("killed")) if rel.endswith("/committed") else real(root, rel, *a, **k))
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                Store(p, meta={"model": "m"}).write([rec(0, 0), rec(0, 1)])
+        finally:
+            store_mod.write_inside = real
+    assert not (p / "rank00000" / "chunk000000" / "committed").exists()
+    os.rename(p / "index-rank00000.jsonl", tmp_path / "old.jsonl")  # moved out of the store
+    Store(p).write([_other(0, 0), _other(0, 1)])  # the same ids, other values
+    problems = Store(p).verify()
+    assert len(problems) == 1 and problems[0].startswith(
+        "chunk rank00000/chunk000000 holds records (0|language|0|-1, 0|language|1|-1: 2 records) the index holds with "
+        "other values or cannot read"), problems
+    Store(p).repair()
+    assert _chunks(p) == ["rank00000/chunk000000", "rank00000/chunk000001"]
+    shutil.copyfile(tmp_path / "old.jsonl", p / "index-rank00000.jsonl")  # the old index put back
+    got = {(r.sample, r.layer): r.data for r in Store(p).read()}
+    assert all(got[("0", i)].keys() == rec(0, i).data.keys() for i in (0, 1))
+    import torch
+    assert all(torch.equal(got[("0", i)][k], rec(0, i).data[k]) for i in (0, 1) for k in got[("0", i)])
+
+
+def test_a_cut_off_write_captured_again_with_the_same_values_is_still_removed(tmp_path):
+    """The other side of NM1's rule: a cut-off write, captured again as the same records, is a duplicate repair()
+    removes (verify() then empty); captured again with other values, it is kept and said."""
+    p = tmp_path / "s"
+    st = Store(p, meta={"model": "m"})
+    st.write([rec(0, 0)])
+    _cut_off(st, [rec(1, 0), rec(2, 0)])
+    st.write([rec(1, 0), _other(2, 0)])  # one the same, one other: kept
+    st.repair()
+    assert "rank00000/chunk000001" in _chunks(p)
+    _cut_off(st, [rec(3, 0)])
+    st.write([rec(3, 0)])
+    st.repair()
+    assert "rank00000/chunk000003" not in _chunks(p) and "rank00000/chunk000004" in _chunks(p)
+    assert [x for x in Store(p).verify() if "chunk000001" in x and "other values" in x]
+
+
+def test_a_cut_off_write_captured_again_on_another_rank_is_removed(tmp_path):
+    """R1 (poor): a write cut off on rank 0 and captured again on rank 1 (a distributed re-run) was kept for ever while
+    verify said repair() would remove it: the same records live on any rank make it a duplicate."""
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    _cut_off(Store(p), [rec(1, 0)])
+    Store(p, rank=1).write([rec(1, 0)])
+    Store(p).repair()
+    assert Store(p).verify() == [] and _chunks(p) == ["rank00000/chunk000000", "rank00001/chunk000000"]
+
+
+def test_a_cut_off_chunk_whose_rewrite_is_damaged_is_kept_and_verify_says_so(tmp_path):
+    """A (poor): a cut-off chunk holds A, A captured again in a chunk whose file is then damaged: verify said the
+    cut-off chunk (the only sound copy) was an orphan repair() removes. It is kept, and verify says so."""
+    p = tmp_path / "s"
+    st = Store(p, meta={"model": "m"})
+    _cut_off(st, [rec(0, 0)])
+    st.write([rec(0, 0)])
+    f = p / "rank00000" / "chunk000001" / "L0000_language.npz"
+    f.write_bytes(f.read_bytes()[:-40] + b"\0" * 40)
+    assert not [x for x in Store(p).verify() if x.startswith("orphaned chunk rank00000/chunk000000")]
+    Store(p).repair()
+    assert "rank00000/chunk000000" in _chunks(p)
+
+
+def test_a_marker_that_cannot_be_written_fails_no_committed_write(tmp_path, monkeypatch):
+    """M1 (poor): the committed marker's write failing (a full disk) after the index line made write() raise OSError
+    though its records were committed. The line is the commit: the write returns, its records read back."""
+    import errno
+
+    import unicache_lib.store as store_mod
+
+    real = store_mod.write_inside
+    monkeypatch.setattr(store_mod, "write_inside", lambda root, rel, *a, **k: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")) if rel.endswith("/committed") else real(root, rel, *a, **k))
+    assert Store(tmp_path / "s", meta={"model": "m"}).write([rec(0, 0)]) == 1
+    assert [r.sample for r in Store(tmp_path / "s").read()] == ["0"] and Store(tmp_path / "s").verify() == []
+
+
+def test_a_store_alive_at_interpreter_exit_says_nothing(tmp_path):
+    """DEL (poor): a Store alive when the interpreter exits printed 'Exception ignored in Store.__del__' (contextlib
+    already gone)."""
+    code = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport unicache_lib.store as S\nfrom unicache_lib.store "
+            f"import Store\nfrom tests.test_store_faults import rec\nst = Store({str(tmp_path / 's')!r}, meta="
+            f"{{'model': 'm'}})\nst.write([rec(0, 0)])\nst.close()\n")  # (round 22's script, as it was)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "Exception ignored" not in out.stderr, out.stderr
+
+
+def test_a_kept_committed_chunk_is_named_with_its_records(tmp_path):
+    """LN18's verify (poor): a committed chunk no index names was said to be kept without the records it holds, and
+    the advice to capture its samples again stayed after they were."""
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    shutil.copy(p / "index-rank00000.jsonl", tmp_path / "older.jsonl")
+    Store(p).write([rec(1, 0)])  # chunk000001, committed
+    shutil.copyfile(tmp_path / "older.jsonl", p / "index-rank00000.jsonl")
+    (kept,) = Store(p).verify()
+    assert kept.startswith("chunk rank00000/chunk000001 (1|language|0|-1: 1 records) is not named by any index") \
+        and "capture its samples again" in kept
+    Store(p).write([rec(1, 0)])
+    (kept,) = Store(p).verify()
+    assert "its records are all live again" in kept and "capture its samples again" not in kept
+
+
+def _fake_notebooks(monkeypatch, R):
+    """replicate's notebook runs in a second: jupytext's build writes the source, papermill's run copies it and
+    writes the committed scoreboard where the notebook would."""
+    import json
+    import types
+
+    def build(cmd, check):
+        Path(cmd[cmd.index("--output") + 1]).write_text(Path(cmd[-1]).read_text())
+
+    def execute_notebook(src, dst, parameters, **k):
+        Path(dst).write_text(Path(src).read_text() + json.dumps(parameters))
+        nb = Path(src).stem
+        (Path(parameters["OUT_DIR"])).mkdir(parents=True, exist_ok=True)
+        (Path(parameters["OUT_DIR"]) / "scoreboard.json").write_text(
+            (ROOT / "data" / "results" / f"{nb}.json").read_text())
+
+    monkeypatch.setattr(R.subprocess, "run", build)
+    monkeypatch.setitem(sys.modules, "papermill", types.SimpleNamespace(execute_notebook=execute_notebook))
+
+
+def test_replicate_never_writes_its_notebooks_over_a_users_file_whatever_the_marker_says(monkeypatch, tmp_path):
+    """RP1: a folder of a user's notebooks with a marker claiming replicate wrote it (copied, forged) passed the folder
+    check, and replicate wrote its notebooks over the user's; RP7 (poor): a notebook of replicate's the user edited
+    afterwards was replaced. Every notebook replicate writes is now recorded with its SHA-256 and checked before it is
+    written again: only one whose content is what replicate wrote is replaced."""
+    import json
+
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.paths import OUTPUT_MARKER
+    import unicache_lib.replicate as R
+
+    _fake_notebooks(monkeypatch, R)
+    out = tmp_path / "r"
+    (out / "shipped").mkdir(parents=True)
+    (out / "shipped" / "02_understanding_maps.ipynb").write_text("my notebook")
+    (out / OUTPUT_MARKER).write_text(json.dumps({"written_by": "replicate", "files": []}))
+    with pytest.raises(InputError, match="02_understanding_maps.ipynb is there already"):
+        R.main(["--quick", "--out", str(out)])
+    assert (out / "shipped" / "02_understanding_maps.ipynb").read_text() == "my notebook"
+    R.main(["--quick", "--out", str(tmp_path / "own")])
+    R.main(["--quick", "--out", str(tmp_path / "own")])  # its own notebooks, as it wrote them: replaced
+    done = tmp_path / "own" / "seed-1" / "05_kv_eviction.executed.ipynb"
+    done.write_text(done.read_text() + "my notes")
+    with pytest.raises(InputError, match="05_kv_eviction.executed.ipynb is there already"):
+        R.main(["--quick", "--out", str(tmp_path / "own")])
+    assert done.read_text().endswith("my notes")
+
+
+def test_a_refused_replicate_run_leaves_no_folder_behind(monkeypatch, capsys, tmp_path):
+    """RP6b: a run refused for its arguments (--readme naming no file, the shipped seed) had already created --out and
+    marked it replicate's, so a file the user saved there next was taken as replicate's own. Nothing is made first."""
+    import unicache_lib.replicate as R
+
+    monkeypatch.setattr(R, "run_seed", lambda *a, **k: pytest.fail("ran before refusing"))
+    for argv in (["--readme", str(tmp_path / "missing.md")], ["--seeds", str(R.sample_set.SEED)]):
+        with pytest.raises(SystemExit):
+            R.main(argv + ["--out", str(tmp_path / "r")])
+        assert not (tmp_path / "r").exists()
