@@ -561,8 +561,10 @@ def test_run_eviction_reproduces_the_rows_recorded_before_the_stages(eager_tiny)
     """Issue #61's rework (policies that apply themselves, the eviction path in stages) moved no output: run_eviction on
     tiny-llava, every policy of the recording plus a depth-scheduled merge at batch 1 and at batch 4, gives the rows
     recorded before it (tests/reference/eviction_tiny_llava.json): the same correct, agree and kv_bytes, and the same
-    KL float for float where torch, the CPU's kernels and the thread count are the recording's (elsewhere a matrix
-    product may sum in another order: to 1e-5 there)."""
+    KL float for float where torch, the CPU (its model and kernels) and the thread count are the recording's (elsewhere
+    a matrix product may sum in another order: on an AMD EPYC with the recording's AVX512 kernels and thread count the
+    KL moved by up to 1.2e-7 absolute, float32 rounding of logits in the tens; so to 1e-4 relative and 1e-6 absolute,
+    far below the median KL of 5e-4 that a change of policy would move)."""
     import json
     from pathlib import Path
 
@@ -571,7 +573,9 @@ def test_run_eviction_reproduces_the_rows_recorded_before_the_stages(eager_tiny)
     from unicache_lib.world.questions import heldout_set
 
     ref = json.loads((Path(__file__).parent / "reference" / "eviction_tiny_llava.json").read_text())
-    here = {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+    here = {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            "model": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                           if ln.startswith("model name")), "?") if Path("/proc/cpuinfo").exists() else "?"}
     model, proc = eager_tiny
     qas = heldout_set(12, seed=2024)
     names = list(dict.fromkeys(r[1] for r in ref["batch_4"]))
@@ -589,7 +593,7 @@ def test_run_eviction_reproduces_the_rows_recorded_before_the_stages(eager_tiny)
         if here == ref["recorded"]:
             assert np.array_equal(got.kl.to_numpy(), kl), key
         else:
-            np.testing.assert_allclose(got.kl.to_numpy(), kl, rtol=1e-5, atol=1e-9, err_msg=key)
+            np.testing.assert_allclose(got.kl.to_numpy(), kl, rtol=1e-4, atol=1e-6, err_msg=key)
 
 
 # every parameter of every policy, as a field: a value it takes, and values it refuses

@@ -218,3 +218,21 @@ def test_a_refused_replicate_run_leaves_no_folder_behind(monkeypatch, capsys, tm
         with pytest.raises(SystemExit):
             R.main(argv + ["--out", str(tmp_path / "r")])
         assert not (tmp_path / "r").exists()
+
+
+def test_a_chunk_write_makes_its_files_durable_before_its_index_line(tmp_path, monkeypatch):
+    """Round 22's note (durability): a chunk file's rename was not made durable (its folder never fsync'd), so after a
+    power cut the fsync'd index line could name a file the disk never kept. Each rename's folder, and a new folder's
+    parent, is synced before the line is appended."""
+    synced, real = [], os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    chunk, index = str(p / "rank00000" / "chunk000000"), str(p / "index-rank00000.jsonl")
+    assert str(p / "rank00000") in synced[:synced.index(index)]  # the chunk folder's name, in its rank folder
+    assert chunk in synced[synced.index(next(s for s in synced if s.startswith(chunk + "/"))):synced.index(index)]

@@ -231,8 +231,7 @@ def main(argv=None):
     if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != "replicate":
         ap.error(f"--out {a.out!r} holds files replicate did not write (its notebooks and outputs would replace "
                  f"them): choose a new or empty folder, or one an earlier replicate run wrote")
-    out.mkdir(parents=True, exist_ok=True)
-    record_output_files(out, "replicate", {})  # the folder is replicate's from now on (its marker)
+    record_output_files(out, "replicate", {})  # the folder (made) is replicate's from now on (its marker)
     # the committed table and page only for the committed run, neither --csv nor --readme naming another place
     if (aside := a.quick or a.seeds != ap.get_default("seeds") or bool(a.csv) != bool(a.readme)) and not a.quick:
         print(f"not the committed run (seeds {ap.get_default('seeds')}, or --csv and --readme both or neither): "
@@ -249,7 +248,6 @@ def main(argv=None):
     page = Path(a.readme) if a.readme else None if aside else ROOT / "docs" / "VERDICTS.md"
     section = settle_section(df) if a.settle else readme_section(df, a.quick)
     if page is None:
-        out.mkdir(parents=True, exist_ok=True)
         _write(out / ("settle-section.md" if a.settle else "README-section.md"), (section + "\n").encode(), out)
     elif a.settle:  # after the replication's table when the page has none yet
         update_readme(page, section, SETTLE_BEGIN, SETTLE_END,

@@ -20,9 +20,8 @@ def token_class(token: str, special: set[str] | frozenset = frozenset()) -> str:
         return "punctuation"
     if t in OBJECT_WORDS:
         return "object"
-    if t in ATTRIBUTE_WORDS or t in {"color", "colour"}:
-        return "attribute"
-    return "position" if t in POSITION_WORDS else "function"
+    return ("attribute" if t in ATTRIBUTE_WORDS or t in {"color", "colour"} else "position" if t in POSITION_WORDS
+            else "function")
 
 
 def classify_ids(tokenizer, input_ids) -> list[str]:

@@ -198,6 +198,8 @@ def _folder_fd(root: str, parts: list[str], create: bool) -> int:
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(p, 0o777, dir_fd=fd)
+                    with contextlib.suppress(OSError):  # (a file system that cannot sync a folder: as before)
+                        os.fsync(fd)  # the new folder's name durable in its parent (a power cut keeps it)
             fd, parent = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
             os.close(parent)
     except FileNotFoundError:
@@ -378,8 +380,8 @@ def folder_inside(base, rel: str, *, create: bool = False, error=InputError, wha
 
 
 def write_inside(base, rel: str, data: bytes, *, error=InputError, what: str = "file", fix: str = "") -> Path:
-    """Write ``data`` to ``base/rel`` atomically: a temporary file ``.NAME.XXXXXXXX.tmp`` beside it (created with O_EXCL
-    | O_NOFOLLOW), fsync'd, mode 0644, renamed over the name. The folders are checked and created as by
+    """Write ``data`` to ``base/rel`` atomically and durably: a temporary file ``.NAME.XXXXXXXX.tmp`` beside it (created
+    with O_EXCL | O_NOFOLLOW), fsync'd, mode 0644, renamed over the name, the folder fsync'd. The folders are checked and created as by
     :func:`folder_inside`; an existing ``rel`` that is not a regular file (a link, FIFO, folder) is refused, so nothing
     is written through a symbolic link. Returns ``base/rel``."""
     try:
@@ -401,6 +403,8 @@ def write_inside(base, rel: str, data: bytes, *, error=InputError, what: str = "
         finally:
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        with contextlib.suppress(OSError):  # (a file system that cannot sync a folder: as before)
+            os.fsync(dfd)  # the rename durable: a line committed after it never names a file a power cut took back
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dfd)

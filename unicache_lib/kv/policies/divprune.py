@@ -25,10 +25,8 @@ def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
     dist = 1.0 - x @ x.T  # [n, n]
     if k <= 0:
         return []
-    if dist.shape[0] == 1:
-        return [0]
-    # started at the farthest nearest neighbour
-    return greedy_max_min(dist, k, int(dist.topk(2, dim=0, largest=False).values[1].argmax()))
+    # started at the farthest nearest neighbour (a single candidate: itself)
+    return greedy_max_min(dist, k, int(dist.topk(min(2, len(dist)), dim=0, largest=False).values[-1].argmax()))
 
 
 @register
