@@ -734,7 +734,7 @@ def test_the_eviction_merge_writes_only_where_it_may(tmp_path, sound_shards, mon
     assert e.value.code == 2 and "error: --" in err.strip().splitlines()[-1], err  # argparse's usage, one error line
     assert sorted(os.listdir(ROOT / "docs")) == before and not list(tmp_path.glob("evaluate_*.csv"))
     if mine is not None:
-        assert mine.read_text() == "MY OWN TABLE\n" and "did not write it" in err
+        assert mine.read_text() == "MY OWN TABLE\n" and "is there already and is not a file" in err
     ours = _eviction_shards(E, tmp_path / "ours")  # the fix: a folder of its own, merged twice
     for _ in range(2):
         assert E.main(["--merge", "--out", str(ours)]) == 0

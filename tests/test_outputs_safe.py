@@ -621,7 +621,7 @@ def test_a_tool_writing_single_files_never_replaces_one_it_did_not_write(tmp_pat
     folder = tmp_path / "figs"
     folder.mkdir()
     (folder / "view.json").write_text("the user's own")
-    with pytest.raises(InputError, match=r"view.json is there already and Explorer.save did not write it"):
+    with pytest.raises(InputError, match=r"view.json is there already and is not a file Explorer.save wrote as it is now"):
         check_output_path(folder, option="path", tool="Explorer.save", files=["view.npz", "view.json"])
     assert check_output_path(folder, option="path", tool="Explorer.save", files=["map.npz", "map.json"]) == folder
     record_output_files(folder, "Explorer.save", {"map.npz": b"1", "map.json": b"{}"})
@@ -673,9 +673,9 @@ def test_explorer_save_never_writes_through_a_link_or_over_a_file_it_did_not_wri
         "its folder a link to /etc": (home / "ln" / "view", r"ln. in .* is a symbolic link \(to .*etc\)"),
         "a link to /etc on the way, the folder new": (home / "ln" / "new" / "view", r"passes through .*ln, a symbolic link"),
         "a relative path through a link": ("ln/view", r"ln. in .* is a symbolic link \(to .*etc\)"),
-        "a link at the file": (real / "view", r"view.json is there already and the explorer's save did not write it"),
-        "a file it did not write": (real / "view", r"view.json is there already and the explorer's save did not write"),
-        "a forged marker listing the file": (real / "view", r"view.json is there already and the explorer's save did not"),
+        "a link at the file": (real / "view", r"view.json is there already and is not a file the explorer.s save wrote as it is now"),
+        "a file it did not write": (real / "view", r"view.json is there already and is not a file the explorer's save wrote"),
+        "a forged marker listing the file": (real / "view", r"view.json is there already and is not a file the explorer's save"),
     }[case]
     if case == "a link at the file":
         (real / "view.json").symlink_to(etc / "passwd")
@@ -810,7 +810,7 @@ def test_depth_budgets_never_replaces_a_file_it_did_not_write(tmp_path, monkeypa
     notes.write_text("my notes")
     assert DB.main(["--merge", "--out", str(mine)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "did not write" in err and f"evaluate_depth_{DB.MODEL}.csv" in err, err
+    assert err.count("\n") == 1 and "is not a file depth_budgets.py wrote" in err and f"evaluate_depth_{DB.MODEL}.csv" in err, err
     assert notes.read_text() == "my notes"
     notes.unlink()
     assert DB.main(["--merge", "--out", str(mine)]) == 0  # its own folder: written, then replaced on a re-run
@@ -828,7 +828,7 @@ def test_depth_budgets_never_replaces_a_file_it_did_not_write(tmp_path, monkeypa
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "rows-rank0-of-1.csv").write_text("mine")
-    with pytest.raises(InputError, match="did not write"):
+    with pytest.raises(InputError, match="is not a file depth_budgets.py wrote"):
         DB.write_shard(theirs, rows, meta, theirs, DB.TOOL)
     assert (theirs / "rows-rank0-of-1.csv").read_text() == "mine"
 

@@ -180,14 +180,13 @@ def _fake_notebooks(monkeypatch, R):
     monkeypatch.setitem(sys.modules, "papermill", types.SimpleNamespace(execute_notebook=execute_notebook))
 
 
-def test_replicate_never_writes_its_notebooks_over_a_users_file_whatever_the_marker_says(monkeypatch, tmp_path):
+def test_replicate_never_writes_its_notebooks_over_a_users_file_whatever_the_marker_says(monkeypatch, capsys, tmp_path):
     """RP1: a folder of a user's notebooks with a marker claiming replicate wrote it (copied, forged) passed the folder
     check, and replicate wrote its notebooks over the user's; RP7 (poor): a notebook of replicate's the user edited
     afterwards was replaced. Every notebook replicate writes is now recorded with its SHA-256 and checked before it is
     written again: only one whose content is what replicate wrote is replaced."""
     import json
 
-    from unicache_lib.core.errors import InputError
     from unicache_lib.paths import OUTPUT_MARKER
     import unicache_lib.replicate as R
 
@@ -196,16 +195,18 @@ def test_replicate_never_writes_its_notebooks_over_a_users_file_whatever_the_mar
     (out / "shipped").mkdir(parents=True)
     (out / "shipped" / "02_understanding_maps.ipynb").write_text("my notebook")
     (out / OUTPUT_MARKER).write_text(json.dumps({"written_by": "replicate", "files": []}))
-    with pytest.raises(InputError, match="02_understanding_maps.ipynb is there already"):
+    with pytest.raises(SystemExit):
         R.main(["--quick", "--out", str(out)])
+    assert "02_understanding_maps.ipynb is there already" in capsys.readouterr().err  # one line, exit status 2
     assert (out / "shipped" / "02_understanding_maps.ipynb").read_text() == "my notebook"
     R.main(["--quick", "--out", str(tmp_path / "own")])
     R.main(["--quick", "--out", str(tmp_path / "own")])  # its own notebooks, as it wrote them: replaced
     done = tmp_path / "own" / "seed-1" / "05_kv_eviction.executed.ipynb"
     done.write_text(done.read_text() + "my notes")
-    with pytest.raises(InputError, match="05_kv_eviction.executed.ipynb is there already"):
+    with pytest.raises(SystemExit):
         R.main(["--quick", "--out", str(tmp_path / "own")])
-    assert done.read_text().endswith("my notes")
+    assert "05_kv_eviction.executed.ipynb is there already and is not a file replicate wrote as it is now" in \
+        capsys.readouterr().err and done.read_text().endswith("my notes")
 
 
 def test_a_refused_replicate_run_leaves_no_folder_behind(monkeypatch, capsys, tmp_path):
@@ -236,3 +237,100 @@ def test_a_chunk_write_makes_its_files_durable_before_its_index_line(tmp_path, m
     chunk, index = str(p / "rank00000" / "chunk000000"), str(p / "index-rank00000.jsonl")
     assert str(p / "rank00000") in synced[:synced.index(index)]  # the chunk folder's name, in its rank folder
     assert chunk in synced[synced.index(next(s for s in synced if s.startswith(chunk + "/"))):synced.index(index)]
+
+
+# ---- round 23 (/work/team/adversarial_60_round23.md)
+
+@pytest.mark.parametrize("where", ["seed-1", "shipped/02_understanding_maps"])
+def test_replicate_never_writes_through_a_link_under_its_out_folder(monkeypatch, capsys, tmp_path, where):
+    """RQ5 / RQ5b (unsafe): in a folder replicate wrote, a seed's folder or a notebook's output folder replaced by a
+    link to a user's folder elsewhere: the next run wrote its notebooks and outputs there. Every folder it writes
+    under --out is opened without following a link, and a link is refused in one line."""
+    import unicache_lib.replicate as R
+
+    _fake_notebooks(monkeypatch, R)
+    out, theirs = tmp_path / "own", tmp_path / "theirs"
+    R.main(["--quick", "--out", str(out)])
+    theirs.mkdir()
+    (theirs / "scoreboard.json").write_text("mine")
+    shutil.rmtree(out / where)
+    (out / where).symlink_to(theirs)
+    with pytest.raises(SystemExit):
+        R.main(["--quick", "--out", str(out)])
+    assert "symbolic link" in capsys.readouterr().err
+    assert sorted(os.listdir(theirs)) == ["scoreboard.json"] and (theirs / "scoreboard.json").read_text() == "mine"
+
+
+def test_replicate_refuses_a_users_file_in_a_notebooks_output_folder_before_it_runs(monkeypatch, capsys, tmp_path):
+    """RQ1 / RQ2: a user's scoreboard.json in a notebook's output folder under --out (a forged replicate marker above
+    it, or a seed's folder of a genuine one) was overwritten where the notebook's own check cell was not run. replicate
+    applies that check (new, empty or a notebook's folder) before each notebook runs."""
+    import unicache_lib.replicate as R
+
+    _fake_notebooks(monkeypatch, R)
+    out = tmp_path / "own"
+    R.main(["--quick", "--out", str(out)])
+    (out / "seed-4" / "02_understanding_maps").mkdir(parents=True)
+    (out / "seed-4" / "02_understanding_maps" / "scoreboard.json").write_text("mine")
+    with pytest.raises(SystemExit):
+        R.main(["--quick", "--seeds", "4", "--out", str(out)])
+    assert "holds files no notebook wrote" in capsys.readouterr().err
+    assert (out / "seed-4" / "02_understanding_maps" / "scoreboard.json").read_text() == "mine"
+
+
+def test_a_leftover_chunk_naming_a_key_twice_is_kept(tmp_path):
+    """I6 (silent, crafted): a leftover chunk recording one key twice, once with the live values and once with values
+    found nowhere else, was removed (one entry per key compared). Such a chunk is not known: it is kept."""
+    import numpy as np
+
+    p = tmp_path / "s"
+    st = Store(p, meta={"model": "m"})
+    _cut_off(st, [_other(0, 0)])
+    st.write([rec(0, 0)])
+    live = p / "rank00000" / "chunk000001" / "L0000_language.npz"
+    shutil.copy(live, p / "rank00000" / "chunk000000" / "L0001_language.npz")  # a copy of the live file beside it
+    assert np.load(p / "rank00000" / "chunk000000" / "L0000_language.npz")["r0__entropy"].sum() != \
+        np.load(live)["r0__entropy"].sum()
+    assert st._held("rank00000/chunk000000") is None  # whichever of its files is listed first: not known
+    st.repair()
+    assert "rank00000/chunk000000" in _chunks(p)
+
+
+def test_verify_lists_problems_when_two_ranks_name_one_key(tmp_path):
+    """T1 (poor): with two ranks listing the same key, verify() raised (it asked every live key through keys(), which
+    refuses them) instead of naming the conflict."""
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    Store(p, rank=1).write([rec(1, 0)])
+    shutil.copy(p / "index-rank00000.jsonl", p / "index-rank00002.jsonl")  # rank 2's index names rank 0's key
+    problems = Store(p).verify()
+    assert len(problems) == 1 and "is in both index-rank00000.jsonl and index-rank00002.jsonl" in problems[0] \
+        and "delete the line that should not be there" in problems[0], problems
+
+
+def test_a_kept_chunk_whose_keys_are_live_with_other_values_is_not_called_a_copy(tmp_path):
+    """V1 (poor): verify said 'its records are all live again … remove the folder yourself' of a kept chunk whose
+    values differ from the live ones (keys alone compared): it now says the values differ, and calls a chunk a copy
+    only when its values are the live ones."""
+    p = tmp_path / "s"
+    Store(p, meta={"model": "m"}).write([rec(0, 0)])
+    shutil.copy(p / "index-rank00000.jsonl", tmp_path / "older.jsonl")
+    Store(p).write([rec(1, 0)])  # chunk000001, committed
+    shutil.copyfile(tmp_path / "older.jsonl", p / "index-rank00000.jsonl")
+    Store(p).write([_other(1, 0)])
+    (kept,) = Store(p).verify()
+    assert "its keys are live again, with other values" in kept and "a copy" not in kept
+
+
+def test_repair_reads_each_live_file_once_for_a_leftover_of_many_records(tmp_path, monkeypatch):
+    """Q1 (poor): deciding whether a leftover chunk is a copy read the live chunk file again for every record it holds
+    (28 s for 400 records); each live file is now read once."""
+    p = tmp_path / "s"
+    st = Store(p, meta={"model": "m"})
+    _cut_off(st, [rec(i, 0) for i in range(40)])
+    st.write([rec(i, 0) for i in range(40)])
+    reads, real = [], Store._content
+    monkeypatch.setattr(Store, "_content", lambda self, rel, ents: reads.append(rel) or real(self, rel, ents))
+    st.repair()
+    # once for the damage check, once to compare: not once per record
+    assert _chunks(p) == ["rank00000/chunk000001"] and reads.count("rank00000/chunk000001/L0000_language.npz") <= 2

@@ -63,9 +63,7 @@ class Place:
         inner = [f"`{p}`" for p in self.policies] + ([self.what] if self.what else [])
         head += f" ({', '.join(inner)})" if inner else ""
         tail = [f"`{p}`" for p in self.params] + list(self.also)
-        if not tail:
-            return head
-        return head + (": " if head == self.lesson else ", " if head else "") + ", ".join(tail)
+        return head + ((": " if head == self.lesson else ", " if head else "") + ", ".join(tail) if tail else "")
 
 
 @dataclass(frozen=True)

@@ -248,8 +248,9 @@ def check_output_path(path, option: str = "--out", tool: str = "this tool", root
         mine, content = _written_by(info, tool), _content(info)
         if (theirs := [n for n in there if n not in mine or _not_ours(p, n, content.get(n), tool)]):
             raise InputError(f"{option} {str(path)!r}: {', '.join(theirs)} {'is' if len(theirs) == 1 else 'are'} there "
-                             f"already and {tool} did not write {'it' if len(theirs) == 1 else 'them'} (its "
-                             f"{OUTPUT_MARKER} lists what it wrote, with its SHA-256): choose another name, or move "
+                             f"already and {'is not a file' if len(theirs) == 1 else 'are not files'} {tool} wrote as "
+                             f"it is now (its {OUTPUT_MARKER} lists what it wrote, with its SHA-256: a file of yours, "
+                             f"one edited since, or one a run cut short left unrecorded): choose another name, or move "
                              f"the file away")
     return p
 

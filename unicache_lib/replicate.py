@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .core.errors import ContractError
-from .paths import _marker, check_output_path, cli_output_path, record_output_files
+from .core.errors import ContractError, InputError
+from .core.untrusted import folder_inside
+from .paths import _marker, check_output_path, cli_output_path, notebook_output, record_output_files
 from .progress import enabled
 from .scoreboard import UNSTABLE
 from .world import samples as sample_set
@@ -76,14 +77,16 @@ def models_of(params: dict) -> str:
     return _key([m for v in given if v is not None for m in (v if isinstance(v, (list, tuple)) else [v])])
 
 
+_LINK_FIX = "replicate writes only into real folders under --out: remove the link, or choose a new --out"
+
+
 def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: bool, overrides: dict | None = None,
              notebooks=NOTEBOOKS) -> dict[str, list]:
     """Build and execute ``notebooks`` (default 02-07) for one seed; returns notebook -> scoreboard rows.
     ``overrides``: notebook -> parameters to set on top (the settling runs' sample sizes)."""
     import papermill as pm  # local: optional dependency (the notebooks extra)
 
-    base = out / label
-    base.mkdir(parents=True, exist_ok=True)
+    base = folder_inside(out, label, create=True, what="replicate's folder", fix=_LINK_FIX)  # never through a link
     stores = {"UNDERSTANDING_STORE": str(base / "02_understanding_maps" / "stats"),
               "GENERATION_STORE": str(base / "03_diffusion_steps" / "store")}
     boards = {}
@@ -93,6 +96,8 @@ def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: b
         built, done, names = base / f"{nb}.ipynb", base / f"{nb}.executed.ipynb", [f"{label}/{nb}.ipynb",
                                                                                    f"{label}/{nb}.executed.ipynb"]
         check_output_path(out, "--out", "replicate", files=names)  # never over a file of a user's (or one they edited)
+        # the notebook's OUT_DIR as its check cell takes it (new, empty or a notebook's), made here: never a link
+        notebook_output(folder_inside(out, f"{label}/{nb}", create=True, what="a notebook's output folder", fix=_LINK_FIX))
         subprocess.run([sys.executable, "-m", "jupytext", "--quiet", "--to", "ipynb", "--set-kernel", "python3",
                         "--output", str(built), str(src)], check=True)
         params = {"OUT_DIR": str(base / nb), "SEED": seed, **(QUICK[nb] if quick else {}), **(overrides or {}).get(nb, {})}
@@ -236,12 +241,12 @@ def main(argv=None):
     if (aside := a.quick or a.seeds != ap.get_default("seeds") or bool(a.csv) != bool(a.readme)) and not a.quick:
         print(f"not the committed run (seeds {ap.get_default('seeds')}, or --csv and --readme both or neither): "
               f"writing what is not named under {out}, not {VERDICTS_CSV} nor docs/VERDICTS.md")
-    if a.settle:
-        df, (name, default) = settle(out, a.quick), ("settled.csv", SETTLED_CSV)
-    else:
-        runs = {f"shipped (SAMPLE_SEED {sample_set.SEED}, SEED 0)": run_seed("shipped", None, 0, out, a.quick),
-                **{f"seed {s}": run_seed(f"seed-{s}", s, s, out, a.quick) for s in a.seeds}}
-        df, (name, default) = verdict_table(runs), ("verdicts.csv", VERDICTS_CSV)
+    try:  # a file or folder found in the way as the runs go (a user's, a link): one line, exit status 2
+        df, (name, default) = (settle(out, a.quick), ("settled.csv", SETTLED_CSV)) if a.settle else (verdict_table({
+            f"shipped (SAMPLE_SEED {sample_set.SEED}, SEED 0)": run_seed("shipped", None, 0, out, a.quick),
+            **{f"seed {s}": run_seed(f"seed-{s}", s, s, out, a.quick) for s in a.seeds}}), ("verdicts.csv", VERDICTS_CSV))
+    except InputError as e:
+        ap.error(str(e))
     csv = Path(a.csv) if a.csv else (out / name if aside else default)
     csv.parent.mkdir(parents=True, exist_ok=True)
     _write(csv, df.to_csv(index=False).encode(), out)

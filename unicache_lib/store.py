@@ -226,6 +226,13 @@ def _canon(x) -> str:
     return json.dumps(x, sort_keys=True, separators=(",", ":"), allow_nan=True)
 
 
+def _npy_digest(a: np.ndarray) -> str:
+    """SHA-256 of the array as a chunk file holds it (its ``.npy`` member: header, dtype, shape and bytes)."""
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return hashlib.sha256(buf.getbuffer()).hexdigest()
+
+
 def _npy_shape(z, name: str) -> tuple | None:
     """The shape of the array ``name`` of the archive ``z``, from its header alone (None when it cannot be read)."""
     try:
@@ -813,7 +820,7 @@ class Store(contextlib.AbstractContextManager):
         self._append(self.rank, head, new_entries)
         # committed: whichever index names it later (or none, set aside), this chunk is no cut-off write (_scan); the
         # line above is the commit, so a marker that cannot be written (a full disk) fails nothing: the chunk is then
-        # kept unless the same records are live elsewhere (_scan, _same)
+        # kept unless the same records are live elsewhere (_scan, _copies)
         with contextlib.suppress(OSError, StoreError):
             write_inside(self.path, f"{chunk}/{_COMMITTED}", b"", error=StoreError, what="chunk file")
         return len(records)
@@ -1060,7 +1067,7 @@ class Store(contextlib.AbstractContextManager):
     def _scan(self) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
         """``(leftovers, strangers, aside)``. Leftovers of interrupted writes: temporary files and chunk folders no line
         of any index names, without the ``committed`` marker, holding only the store's files, whose records
-        (:meth:`_held`) are all live as the same records (:meth:`_same`): removing one loses nothing. Aside:
+        (:meth:`_held`) are all live as the same records (:meth:`_copies`): removing one loses nothing. Aside:
         the other unnamed chunk folders (an index set aside under a name the store does not read, or moved out: its
         chunks are kept). Strangers: a symbolic link, FIFO, device or socket under a name the store uses for its own
         files and folders, or a hard link under the name of a file it writes (lock, index, meta) (``meta.json``, ``index-rank*``, ``.lock-rank*``, ``rank*``, ``rank*/chunk*``), with what
@@ -1102,7 +1109,7 @@ class Store(contextlib.AbstractContextManager):
                             _own_name(q, 2) for q in names)):
                         (orphans if rel not in kept and _COMMITTED not in names and all(
                             _own_name(q, 2) and not q.endswith(".damaged") for q in names) and (held := self._held(
-                            rel)) is not None and all(self._same(d, arrays) for d, arrays in held.values())
+                            rel)) is not None and self._copies(held)
                          else aside).append(p)
                     look(p, 2)
 
@@ -1112,37 +1119,44 @@ class Store(contextlib.AbstractContextManager):
     def _held(self, chunk: str) -> dict[str, tuple[dict, dict]] | None:
         """The records the chunk folder ``chunk`` (``"rank00000/chunk000003"``) holds, as its files recorded them
         (their own ``_RECORDS``, at most an index line's bytes), whatever an index says: key -> (what its file recorded
-        of it, its arrays); None when a file of it cannot be read so, or was written before chunks were marked
+        of it, the SHA-256 of each array's member, :func:`_npy_digest`); None when a file of it cannot be read so, or was written before chunks were marked
         committed (``_MARKED``): a link, FIFO, a foreign or older file, whose chunk is not known to be a cut-off write.
         Temporary files hold nothing."""
-        held = {}
+        recs = []
         # (an interrupted write's temporary file holds no record, and is never opened; nor is the marker)
         for n in (q for q in os.listdir(self.path / chunk) if not q.endswith(".tmp") and q != _COMMITTED):
             try:
                 with os.fdopen(open_inside(self.path, f"{chunk}/{n}", links=False, error=StoreError), "rb") as f:
-                    if (z := np.load(f)).zip.getinfo(f"{_RECORDS}.npy").file_size > MAX_LINE_BYTES or not z[_MARKED]:
+                    if (z := np.load(f)).zip.getinfo(f"{_RECORDS}.npy").file_size > MAX_LINE_BYTES or not z[_MARKED] \
+                            or sum(i.file_size for i in z.zip.infolist()) > MAX_CHUNK_BYTES:  # (a zip bomb: unread)
                         return None
-                    held |= {d["key"]: (d, {a: z[f"r{j}__{a}"] for a in d["arrays"]})
-                             for j, d in enumerate(json.loads(bytes(z[_RECORDS]).decode()))}
+                    recs += [(d, {a: hashlib.file_digest(z.zip.open(f"r{j}__{a}.npy"), "sha256").hexdigest()
+                                  for a in d["arrays"]})  # streamed: memory stays small
+                             for j, d in enumerate(json.loads(bytes(z[_RECORDS]).decode()))]
             except Exception:  # noqa: BLE001 - a link, FIFO, foreign or older file: what it holds is not known
                 return None
-        return held
+        held = {d["key"]: (d, a) for d, a in recs}
+        return held if len(held) == len(recs) else None  # a key twice (no write makes one): not known which is which
 
-    def _same(self, d: dict, arrays: dict) -> bool:
-        """The live record of ``d``'s key, on any rank, is the record ``d`` (what a chunk file recorded of it) and
-        ``arrays`` describe: recorded alike, its arrays equal bit for bit; False when it is not live or cannot be read.
-        A write cut off before its index line and then run again is such a duplicate; other values under the same key
-        (another picture under an id, the chunk of an index moved out of the store) are not, and are kept."""
-        log, n = self._line_of(d["key"])
-        try:
-            e = next(x for x in log.entries(n) if x["key"] == d["key"])
-            (r,) = self.read(sample=d["sample"], layer=d["layer"], part=d["part"], step=d["step"])
-        except (AttributeError, StopIteration, ValueError, TypeError, KeyError, StoreError):  # (not live: no log)
-            return False
-        return all(_canon(d.get(x, {} if x == "meta" else None)) == _canon(e.get(x, {} if x == "meta" else None))
-                   for x in _BOUND) and r.data.keys() == arrays.keys() and all(
-            (v := r.data[a].numpy()).dtype == arrays[a].dtype and v.shape == arrays[a].shape
-            and v.tobytes() == arrays[a].tobytes() for a in arrays)
+    def _copies(self, held: dict) -> bool:
+        """Every record ``held`` (:meth:`_held`) names is live in the index, on any rank, as the same record: what its
+        file recorded of it alike, its arrays equal bit for bit (their digests); False when one is not live or cannot
+        be read. A write cut off before its index line and then run again is such a copy; other values under the same
+        key (another picture under an id, the chunk of an index moved out of the store) are not, and are kept. Each
+        live file is read once (``cache``)."""
+        cache: dict = {}
+        for d, arrays in held.values():
+            log, n = self._line_of(d["key"])
+            try:
+                e = next(x for x in log.entries(n) if x["key"] == d["key"])
+                data = self._arrays(e, cache, [e])
+            except (AttributeError, StopIteration, ValueError, TypeError, KeyError, StoreError):  # (not live: no log)
+                return False
+            if not (all(_canon(d.get(x, {} if x == "meta" else None)) == _canon(e.get(x, {} if x == "meta" else None))
+                        for x in _BOUND) and data.keys() == arrays.keys()
+                    and all(_npy_digest(data[a].numpy()) == arrays[a] for a in arrays)):
+                return False
+        return True
 
     def verify(self) -> list[str]:
         """Problems found, one line each: damaged records (missing or corrupt files, with their record keys; entries a
@@ -1155,7 +1169,7 @@ class Store(contextlib.AbstractContextManager):
         mended."""
         with self._guard:
             self._refresh()
-            conflicts = self._conflicts()
+            conflicts = self._conflicts() + [self._clash] * bool(self._clash)  # (a key two ranks hold, too)
         if conflicts:
             return [f"{c}: delete the line that should not be there (a hand-edited or damaged index); reads are refused "
                     f"until then" for c in conflicts]
@@ -1180,13 +1194,13 @@ class Store(contextlib.AbstractContextManager):
             return (f"{what}: possibly a write in flight, not damage (rank {rank} is held by a live writer, "
                     f"{describe(live(rank))}); check again once it has closed the store")
 
-        kept, have = self._named_chunks(others=True), self.keys()
+        kept, have = self._named_chunks(others=True), {k for log in self._logs.values() for k in log.live}
         for p in leftovers + aside:
             rel = p.relative_to(self.path).as_posix()
             rank = int(m[1]) if (m := _RANK_DIR.fullmatch(rel.split("/", 1)[0])) else None  # (a top-level file: None)
             held = self._held(rel) if p in aside else None  # what a kept chunk holds, named
             ks = f" ({', '.join(sorted(held)[:2])}{', ...' if len(held) > 2 else ''}: {len(held)} records)" if held else ""
-            again = bool(held) and set(held) <= have  # every record it holds is live (in this chunk or not)
+            again = bool(held) and set(held) <= have  # every key it holds is live (with its values or not)
             cut = rel not in kept and not os.path.lexists(p / _COMMITTED) and held and all(
                 _own_name(q, 2) and not q.endswith(".damaged") for q in os.listdir(p))
             problems.append(in_flight(("chunk " if p.is_dir() else "temporary file ") + rel, rank) if live(rank) else
@@ -1198,7 +1212,10 @@ class Store(contextlib.AbstractContextManager):
                              f"moved out of the store: kept until the same capture writes its records again, then "
                              f"repair() removes it (move a moved-out index back first)" if cut else
                              f"chunk {rel}{ks} is not named by any index (an index set aside?): kept, never "
-                             f"read nor removed{'; its records are all live again' if again else ''}; if an index was "
+                             f"read nor removed"
+                            + ("" if not again else "; its records are all live again, the same values (a copy)"
+                               if self._copies(held) else "; its keys are live again, with other values")
+                            + f"; if an index was "
                              f"set aside, "
                             + (f"index-rank{rank:05d}.jsonl is live, never move another over it: keep "
                                f"the set-aside index as index-rank{rank:05d}.jsonl.bad (its chunks are kept)"

@@ -111,9 +111,7 @@ def decisive(model_name: str, table: str = "eviction", results=None) -> pd.DataF
     if not path.exists():
         return None
     d = pd.read_csv(path)
-    if not len(d) or not (d.model == model_name).all():
-        return None
-    return d.set_index("claim") if table == "eviction" else d
+    return None if not len(d) or not (d.model == model_name).all() else d.set_index("claim") if table == "eviction" else d
 
 
 def decisive_reuse(generators: list[str], steps: int, guidance: float, results=None) -> pd.DataFrame | None:

@@ -47,9 +47,8 @@ def _out_projections(module) -> list[torch.nn.Linear]:
     if hasattr(module, "o_proj"):
         return [module.o_proj]
     to_out = getattr(module, "to_out", None)
-    if to_out is None:
-        return []
-    return [to_out[0]] + ([module.to_add_out] if getattr(module, "to_add_out", None) is not None else [])
+    return [] if to_out is None else [to_out[0]] + ([module.to_add_out] if getattr(module, "to_add_out", None)
+                                                    is not None else [])
 
 
 def _output_weight(model, name: str, module) -> torch.Tensor:

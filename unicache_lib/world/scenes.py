@@ -239,6 +239,5 @@ def patch_grid_masks(masks: np.ndarray, grid, min_cover: float = 0.25) -> np.nda
         patch tokens.
     """
     cover = grid_cover(masks, grid)
-    if masks.shape[0] == 0:
-        return np.full(cover.shape[1], -1, np.int64)
-    return np.where(cover.max(0) >= min_cover, cover.argmax(0), -1).astype(np.int64)
+    return (np.full(cover.shape[1], -1, np.int64) if masks.shape[0] == 0  # (no object: all background)
+            else np.where(cover.max(0) >= min_cover, cover.argmax(0), -1).astype(np.int64))

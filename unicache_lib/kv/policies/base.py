@@ -191,9 +191,8 @@ class ScorerPolicy(EvictionPolicy):
         """``[n_image]`` scores of layer ``layer``'s image positions, high = keep."""
 
     def choose(self, ctx, k):
-        if not self.per_layer:
-            return [top_k(self.score(ctx, 0), k)] * ctx.n_layers
-        return [top_k(self.score(ctx, li), k) for li in range(ctx.n_layers)]
+        return ([top_k(self.score(ctx, li), k) for li in range(ctx.n_layers)] if self.per_layer  # one ranking per layer
+                else [top_k(self.score(ctx, 0), k)] * ctx.n_layers)
 
 
 def kept_index(n: int, img: torch.Tensor, chosen) -> torch.Tensor:
