@@ -334,3 +334,44 @@ def test_repair_reads_each_live_file_once_for_a_leftover_of_many_records(tmp_pat
     st.repair()
     # once for the damage check, once to compare: not once per record
     assert _chunks(p) == ["rank00000/chunk000001"] and reads.count("rank00000/chunk000001/L0000_language.npz") <= 2
+
+
+# ---- round 24 (/work/team/adversarial_60_round24.md)
+
+@pytest.mark.parametrize("link", ["store", "focus_per_layer.png"])
+def test_a_notebooks_output_folder_with_a_link_inside_is_refused(tmp_path, link):
+    """L1 / L2 (unsafe): a notebook's marked OUT_DIR holding a link (OUT_DIR/store to a user's folder of stores, a
+    figure's name to a user's file) passed the check cell, and the notebook's remove_store, plots.save and to_csv went
+    through it: the user's store elsewhere deleted, their files replaced. A link anywhere inside is now refused in the
+    check cell (and by replicate, which applies it), and removing the link, as the message says, lets the run go on."""
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.paths import notebook_output
+
+    out, theirs = tmp_path / "out", tmp_path / "theirs"
+    notebook_output(out)  # an earlier run's folder
+    (out / "figures").mkdir()
+    theirs.mkdir()
+    (theirs / "mine.png").write_bytes(b"mine")
+    (out / "figures" / link).symlink_to(theirs if link == "store" else theirs / "mine.png")
+    with pytest.raises(InputError, match=r"holds a symbolic link, .*figures/" + link.replace(".", r"\.")
+                       + r" .*remove the link \(os.unlink\)"):
+        notebook_output(out)
+    assert (theirs / "mine.png").read_bytes() == b"mine"
+    os.unlink(out / "figures" / link)
+    assert notebook_output(out) == out
+
+
+def test_replicate_refuses_a_link_inside_a_notebooks_output_folder(monkeypatch, capsys, tmp_path):
+    """L1 through replicate: its own notebook output folder with a link inside (to a user's stores) is refused before
+    the notebook runs, and nothing the link points to is touched."""
+    import unicache_lib.replicate as R
+
+    _fake_notebooks(monkeypatch, R)
+    out, theirs = tmp_path / "own", tmp_path / "theirs"
+    R.main(["--quick", "--out", str(out)])
+    (theirs / "tiny-sd").mkdir(parents=True)
+    (theirs / "tiny-sd" / "meta.json").write_text("{}")
+    (out / "shipped" / "03_diffusion_steps" / "store").symlink_to(theirs)
+    with pytest.raises(SystemExit):
+        R.main(["--quick", "--out", str(out)])
+    assert "holds a symbolic link" in capsys.readouterr().err and (theirs / "tiny-sd" / "meta.json").exists()

@@ -404,8 +404,9 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     made by a notebook (your home, /tmp, a folder of your files): a notebook replaces and removes files in its output
     folder (the stores it rewrites), so it takes only a new or empty folder or one a notebook marked
     (:func:`notebook_output`); a folder under the repository's outputs/ gets no exemption (one written before notebooks
-    marked their folders is refused with the way to proceed: delete it and run again). Reads only the folder's listing
-    and its marker; creates nothing."""
+    marked their folders is refused with the way to proceed: delete it and run again), and a notebook's folder holding
+    a symbolic link anywhere inside is refused (its writes would follow it out). Reads only the folder's tree (never
+    through a link) and its marker; creates nothing."""
     p, why = output_path_refusal(path, option, NOTEBOOK)
     if p is None or not p.exists():
         return p, why
@@ -417,8 +418,13 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     if first is None:
         return p, ""
     info = _marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None
-    if info is not None and info["written_by"] == NOTEBOOK:
-        return p, ""
+    if info is not None and info["written_by"] == NOTEBOOK:  # a notebook's: never with a link inside (its writes and
+        # removals, plots.save, to_csv, remove_store of a sub-folder, would go where the link points)
+        link = next((q for r, ds, fs in os.walk(p) for n in ds + fs if os.path.islink(q := os.path.join(r, n))), None)
+        return (p, "") if link is None else (None, f"holds a symbolic link, {link} (to {os.readlink(link)}): a "
+                                                   f"notebook writes and removes files in its {option}, never through a "
+                                                   f"link: remove the link (os.unlink), or choose another folder, "
+                                                   f"{_eg(option)}")
     earlier = (f"; if an earlier run of a notebook made it (before notebooks marked their folders), delete it (rm -r "
                f"{shlex.quote(str(p))}) and run again" if any(p.is_relative_to(r / "outputs") for r in repository_roots())
                else "")

@@ -77,7 +77,7 @@ def models_of(params: dict) -> str:
     return _key([m for v in given if v is not None for m in (v if isinstance(v, (list, tuple)) else [v])])
 
 
-_LINK_FIX = "replicate writes only into real folders under --out: remove the link, or choose a new --out"
+_LINK_FIX = "replicate writes only into real folders under --out: remove what is in the way, or choose a new --out"
 
 
 def run_seed(label: str, sample_seed: int | None, seed: int, out: Path, quick: bool, overrides: dict | None = None,

@@ -1143,14 +1143,15 @@ class Store(contextlib.AbstractContextManager):
         file recorded of it alike, its arrays equal bit for bit (their digests); False when one is not live or cannot
         be read. A write cut off before its index line and then run again is such a copy; other values under the same
         key (another picture under an id, the chunk of an index moved out of the store) are not, and are kept. Each
-        live file is read once (``cache``)."""
+        live file and index line is read once (``cache``)."""
         cache: dict = {}
         for d, arrays in held.values():
             log, n = self._line_of(d["key"])
             try:
-                e = next(x for x in log.entries(n) if x["key"] == d["key"])
+                e = (cache.get(at := ("line", log.path.name, n)) or cache.setdefault(at, {x["key"]: x for x in
+                                                                                           log.entries(n)}))[d["key"]]
                 data = self._arrays(e, cache, [e])
-            except (AttributeError, StopIteration, ValueError, TypeError, KeyError, StoreError):  # (not live: no log)
+            except (AttributeError, ValueError, TypeError, KeyError, StoreError):  # (not live: no log, no entry)
                 return False
             if not (all(_canon(d.get(x, {} if x == "meta" else None)) == _canon(e.get(x, {} if x == "meta" else None))
                         for x in _BOUND) and data.keys() == arrays.keys()
@@ -1214,7 +1215,8 @@ class Store(contextlib.AbstractContextManager):
                              f"chunk {rel}{ks} is not named by any index (an index set aside?): kept, never "
                              f"read nor removed"
                             + ("" if not again else "; its records are all live again, the same values (a copy)"
-                               if self._copies(held) else "; its keys are live again, with other values")
+                               if self._copies(held) else "; its keys are live again, with other values or unreadable ones: keep it until the live records are "
+                               "checked")
                             + f"; if an index was "
                              f"set aside, "
                             + (f"index-rank{rank:05d}.jsonl is live, never move another over it: keep "
