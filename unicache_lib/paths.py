@@ -405,7 +405,8 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     folder (the stores it rewrites), so it takes only a new or empty folder or one a notebook marked
     (:func:`notebook_output`); a folder under the repository's outputs/ gets no exemption (one written before notebooks
     marked their folders is refused with the way to proceed: delete it and run again), and a notebook's folder holding
-    a symbolic link anywhere inside is refused (its writes would follow it out). Reads only the folder's tree (never
+    a symbolic link anywhere inside, or a hard link (a file with another name elsewhere), is refused (its writes would
+    follow it out). Reads only the folder's tree (never
     through a link) and its marker; creates nothing."""
     p, why = output_path_refusal(path, option, NOTEBOOK)
     if p is None or not p.exists():
@@ -420,11 +421,14 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     info = _marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None
     if info is not None and info["written_by"] == NOTEBOOK:  # a notebook's: never with a link inside (its writes and
         # removals, plots.save, to_csv, remove_store of a sub-folder, would go where the link points)
-        link = next((q for r, ds, fs in os.walk(p) for n in ds + fs if os.path.islink(q := os.path.join(r, n))), None)
-        return (p, "") if link is None else (None, f"holds a symbolic link, {link} (to {os.readlink(link)}): a "
-                                                   f"notebook writes and removes files in its {option}, never through a "
-                                                   f"link: remove the link (os.unlink), or choose another folder, "
-                                                   f"{_eg(option)}")
+        link = next((q for r, ds, fs in os.walk(p) for n in ds + fs if os.path.islink(q := os.path.join(r, n))
+                     or n in fs and os.lstat(q).st_nlink > 1), None)  # (a hard link: a file rewritten in place)
+        return (p, "") if link is None else (None, (
+            f"holds a symbolic link, {link} (to {os.readlink(link)})" if os.path.islink(link) else
+            f"holds {link}, a file with another name elsewhere (a hard link, as cp -al makes): rewritten in place, the "
+            f"other name would change too") + f": a notebook writes and removes files in its {option}, never through a "
+                                              f"link: remove the link (os.unlink), or choose another folder, "
+                                              f"{_eg(option)}")
     earlier = (f"; if an earlier run of a notebook made it (before notebooks marked their folders), delete it (rm -r "
                f"{shlex.quote(str(p))}) and run again" if any(p.is_relative_to(r / "outputs") for r in repository_roots())
                else "")
