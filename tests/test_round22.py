@@ -338,12 +338,12 @@ def test_repair_reads_each_live_file_once_for_a_leftover_of_many_records(tmp_pat
 
 # ---- round 24 (/work/team/adversarial_60_round24.md)
 
-@pytest.mark.parametrize("link", ["store", "focus_per_layer.png", "hard link"])
+@pytest.mark.parametrize("link", ["store", "focus_per_layer.png", "hard link", "entropy_phases.csv"])
 def test_a_notebooks_output_folder_with_a_link_inside_is_refused(tmp_path, link):
     """L1 / L2 (unsafe): a notebook's marked OUT_DIR holding a link (OUT_DIR/store to a user's folder of stores, a
     figure's name to a user's file) passed the check cell, and the notebook's remove_store, plots.save and to_csv went
-    through it: the user's store elsewhere deleted, their files replaced. A link anywhere inside is now refused in the
-    check cell (and by replicate, which applies it), and removing the link, as the message says, lets the run go on."""
+    through it: the user's store elsewhere deleted, their files replaced (round 25: a hard link too; a FIFO hung
+    to_csv). A link, hard link or FIFO anywhere inside is now refused in the check cell (and by replicate, which applies it), and removing the link, as the message says, lets the run go on."""
     from unicache_lib.core.errors import InputError
     from unicache_lib.paths import notebook_output
 
@@ -354,10 +354,12 @@ def test_a_notebooks_output_folder_with_a_link_inside_is_refused(tmp_path, link)
     (theirs / "mine.png").write_bytes(b"mine")
     if link == "hard link":  # (cp -al of a user's file: a notebook's to_csv would rewrite both names)
         os.link(theirs / "mine.png", out / "figures" / link)
+    elif link.endswith(".csv"):  # a FIFO: to_csv would hang
+        os.mkfifo(out / "figures" / link)
     else:
         (out / "figures" / link).symlink_to(theirs if link == "store" else theirs / "mine.png")
-    with pytest.raises(InputError, match=r"holds (a symbolic link, )?.*figures/" + link.replace(".", r"\.")
-                       + r"(,| ).*remove the link \(os.unlink\)"):
+    with pytest.raises(InputError, match=r"holds (a symbolic link, )?'.*figures/" + link.replace(".", r"\.")
+                       + r"'(,| ).*remove it \(os.unlink\)"):
         notebook_output(out)
     assert (theirs / "mine.png").read_bytes() == b"mine"
     os.unlink(out / "figures" / link)

@@ -10,13 +10,14 @@ import hashlib
 import json
 import os
 import shlex
+import stat
 import sys
 import tomllib
 import warnings
 from pathlib import Path
 
 from .core.errors import InputError, InputTypeError, UnicacheError
-from .core.untrusted import name_problem, open_inside, read_inside, unlink_inside, write_inside
+from .core.untrusted import file_kind, name_problem, open_inside, read_inside, unlink_inside, write_inside
 
 PROJECT_NAME = "unicache-workbench"  # [project] name in this repository's pyproject.toml
 
@@ -405,8 +406,8 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     folder (the stores it rewrites), so it takes only a new or empty folder or one a notebook marked
     (:func:`notebook_output`); a folder under the repository's outputs/ gets no exemption (one written before notebooks
     marked their folders is refused with the way to proceed: delete it and run again), and a notebook's folder holding
-    a symbolic link anywhere inside, or a hard link (a file with another name elsewhere), is refused (its writes would
-    follow it out). Reads only the folder's tree (never
+    a symbolic link anywhere inside, a hard link (a file with another name elsewhere), a FIFO or a device, is refused
+    (its writes would follow it out, or hang). Reads only the folder's tree (never
     through a link) and its marker; creates nothing."""
     p, why = output_path_refusal(path, option, NOTEBOOK)
     if p is None or not p.exists():
@@ -422,13 +423,15 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     if info is not None and info["written_by"] == NOTEBOOK:  # a notebook's: never with a link inside (its writes and
         # removals, plots.save, to_csv, remove_store of a sub-folder, would go where the link points)
         link = next((q for r, ds, fs in os.walk(p) for n in ds + fs if os.path.islink(q := os.path.join(r, n))
-                     or n in fs and os.lstat(q).st_nlink > 1), None)  # (a hard link: a file rewritten in place)
-        return (p, "") if link is None else (None, (
-            f"holds a symbolic link, {link} (to {os.readlink(link)})" if os.path.islink(link) else
-            f"holds {link}, a file with another name elsewhere (a hard link, as cp -al makes): rewritten in place, the "
-            f"other name would change too") + f": a notebook writes and removes files in its {option}, never through a "
-                                              f"link: remove the link (os.unlink), or choose another folder, "
-                                              f"{_eg(option)}")
+                     or n in fs and ((st := os.lstat(q)).st_nlink > 1 or not stat.S_ISREG(st.st_mode))), None)
+        return (p, "") if link is None else (None, (  # (a hard link: a file rewritten in place; a FIFO would hang)
+            f"holds a symbolic link, {link!r} (to {os.readlink(link)!r})" if os.path.islink(link) else
+            f"holds {link!r}, {file_kind(os.lstat(link).st_mode)}, which no notebook writes" if not
+            stat.S_ISREG(os.lstat(link).st_mode) else
+            f"holds {link!r}, a file with another name elsewhere (a hard link, as cp -al makes): rewritten in place, "
+            f"the other name would change too") + f": a notebook writes and removes files in its {option}, never "
+                                                  f"through a link: remove it (os.unlink), or choose another folder, "
+                                                  f"{_eg(option)}")
     earlier = (f"; if an earlier run of a notebook made it (before notebooks marked their folders), delete it (rm -r "
                f"{shlex.quote(str(p))}) and run again" if any(p.is_relative_to(r / "outputs") for r in repository_roots())
                else "")
