@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import committed_or_outputs  # noqa: E402 - one rule for where a result goes
+from evaluate import committed_or_outputs, write_result  # noqa: E402 - one rule for where a result goes
 
 OUT = Path(__file__).resolve().parent / "results" / "batch_eviction.txt"
 
@@ -64,8 +64,7 @@ def main(argv=None) -> int:
                      f"{statistics.median(t[f'batch {a.batch}']):.2f} s [{min(t[f'batch {a.batch}']):.2f}-"
                      f"{max(t[f'batch {a.batch}']):.2f}]: speed-up {s.value:.2f}x [{s.lo:.2f}, {s.hi:.2f}]")
     print("\n".join(lines))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("\n".join(lines) + "\n")
+    write_result(a.out, ("\n".join(lines) + "\n").encode(), ap.prog)
     print(f"wrote {a.out}")
     return 0
 

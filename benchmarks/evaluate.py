@@ -86,7 +86,12 @@ def committed_or_outputs(ap: argparse.ArgumentParser, args: argparse.Namespace, 
     """Where a benchmark writes its result: the file ``--out`` names; else the committed file when every other argument
     is at its default (the committed run, which the docs read); else ``outputs/`` under the same name, said in one
     line, so a smoke run never replaces the committed result (rounds 15-16's LN4, LN6). ``--out`` defaults to None."""
-    if args.out is not None:
+    if args.out is not None:  # checked now, before the measuring: never into the repository, never over a user's file
+        if not _own_folder(args.out):
+            try:
+                check_output_path(args.out.parent, "--out", ap.prog, roots=(ROOT,), files=[args.out.name])
+            except InputError as e:
+                ap.error(str(e))
         return args.out
     if vars(args) == vars(ap.parse_args([])):
         return committed
@@ -189,6 +194,20 @@ def write_shard(out: Path, rows: pd.DataFrame, meta: dict, given: Path | None = 
     return path
 
 
+def _own_folder(path: Path) -> bool:
+    """``path`` lies directly in the project's own result folders (benchmarks/results/, outputs/): the committed run's
+    and a smoke run's, written as they always are."""
+    return Path(os.path.abspath(path)).parent in {RESULTS, ROOT / "outputs"}
+
+
+def write_result(path: Path, data: bytes, tool: str) -> Path:
+    """A benchmark's result file (one rule for every tool with a file ``--out``): in the project's own result folders
+    written atomically as the committed run writes it; anywhere else through :func:`write_owned` (the output check:
+    never a repository folder such as docs/, never over a file ``tool`` did not write, a temporary name of its own so
+    no file beside it is touched)."""
+    return write_owned(path, data, None if _own_folder(path) else Path(os.path.abspath(path)).parent, tool)
+
+
 def write_owned(path: Path, data: bytes, out: Path | None, tool: str = "evaluate.py",
                 option: str = "--out") -> Path:
     """Write ``data`` to ``path`` atomically (a temporary file renamed over it). ``out``: the folder the user gave (``option``, e.g. ``--out``)
@@ -200,7 +219,7 @@ def write_owned(path: Path, data: bytes, out: Path | None, tool: str = "evaluate
 
     if out is None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
         return path

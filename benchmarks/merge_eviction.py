@@ -31,7 +31,7 @@ BAR = {0.1: 0.97}
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
-    from evaluate import committed_or_outputs, question_set
+    from evaluate import committed_or_outputs, question_set, write_result
 
     from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full
@@ -69,9 +69,8 @@ def main(argv=None) -> int:
     kl = R[R.method.isin(METHODS[1:3])].groupby(["method", "budget"]).kl.mean().unstack()
     print("mean KL(full || method) at the first answer token:")
     print(kl.to_string(float_format=lambda v: f"{v:.2e}"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pd.concat([shares.assign(kind="share", model=a.model),
-               vs.rename(columns={"peer": "method"}).assign(kind="minus", model=a.model)]).to_csv(out, index=False)
+    write_result(out, pd.concat([shares.assign(kind="share", model=a.model), vs.rename(columns={"peer": "method"}).assign(
+        kind="minus", model=a.model)]).to_csv(index=False).encode(), ap.prog)
     print(f"wrote {out}")
     return 0
 

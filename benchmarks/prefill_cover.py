@@ -30,7 +30,7 @@ TARGETS = {0.25: 0.99, 0.1: 0.97}
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
-    from evaluate import committed_or_outputs, question_set
+    from evaluate import committed_or_outputs, question_set, write_result
 
     from unicache_lib.kv import POLICIES
     from unicache_lib.kv.evaluate import against_peers, run_eviction, share_of_full
@@ -60,8 +60,8 @@ def main(argv=None) -> int:
     print(shares.round(4).to_string(index=False))
     print("key_coverage_prefill minus each method (accuracy, paired over questions):")
     print(vs[["budget", "peer", "method_acc", "peer_acc", "diff", "lo", "hi", "verdict"]].round(4).to_string(index=False))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pd.concat([shares.assign(kind="share"), vs.rename(columns={"peer": "method"}).assign(kind="minus")]).to_csv(out, index=False)
+    write_result(out, pd.concat([shares.assign(kind="share"), vs.rename(columns={"peer": "method"}).assign(kind="minus")])
+                 .to_csv(index=False).encode(), ap.prog)
     print(f"wrote {out}")
     return 0
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import committed_or_outputs  # noqa: E402 - one rule for where a result goes
+from evaluate import committed_or_outputs, write_result  # noqa: E402 - one rule for where a result goes
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -40,10 +40,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     text = "\n\n".join(measure(args, impl) for impl in ("eager", "sdpa"))
     print(text)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
+    write_result(path, (text + "\n").encode(), ap.prog)
     return 0
 
 

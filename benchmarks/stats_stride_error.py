@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import committed_or_outputs  # noqa: E402 - one rule for where a result goes
+from evaluate import committed_or_outputs, write_result  # noqa: E402 - one rule for where a result goes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stats_stride_error.txt"
 KEYS = ["sample", "part", "layer", "step"]
@@ -131,10 +131,7 @@ def main(argv=None) -> None:
                       + " (exact knees, step per layer: " + "; ".join(f"@{th:g}: {v}" for th, (_, _, v) in kn.items())
                       + ")"]
             print("\n".join(lines[-3:]), flush=True)
-    from unicache_lib.store import _atomic_write_bytes  # a unique temp file, fsync, replace: no half-written table
-
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(a.out, ("\n".join(lines) + "\n").encode())
+    write_result(a.out, ("\n".join(lines) + "\n").encode(), ap.prog)  # never over a user's file, nor half written
     print(f"wrote {a.out}")
 
 

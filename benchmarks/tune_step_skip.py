@@ -110,13 +110,13 @@ def main(argv=None):
           f"design PSNR mmdit {v['tiny-mmdit'][0]:.2f} dB (+{v['tiny-mmdit'][1]:.2f} over fewer steps), "
           f"pixart {v['tiny-pixart'][0]:.2f} dB (+{v['tiny-pixart'][1]:.2f}))")
     if a.out:
-        from unicache_lib.store import _atomic_write_bytes
+        from evaluate import write_result  # (benchmarks/results/ as the committed run; elsewhere never over a user's file)
 
         chosen = {"steps": steps, "max_computed": a.max_computed, "head": h, "tail": t, "stride": s, "weight": w,
                   "order": o, "computed": v["tiny-mmdit"][2],
                   "design_psnr": {k: round(x[0], 3) for k, x in v.items()},
                   "design_margin": {k: round(x[1], 3) for k, x in v.items()}}
-        _atomic_write_bytes(a.out, (json.dumps(chosen, indent=1) + "\n").encode())
+        write_result(a.out, (json.dumps(chosen, indent=1) + "\n").encode(), ap.prog)
         print(f"wrote {a.out}")
 
 

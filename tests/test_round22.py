@@ -380,3 +380,63 @@ def test_replicate_refuses_a_link_inside_a_notebooks_output_folder(monkeypatch, 
     with pytest.raises(SystemExit):
         R.main(["--quick", "--out", str(out)])
     assert "holds a symbolic link" in capsys.readouterr().err and (theirs / "tiny-sd" / "meta.json").exists()
+
+
+# ---- round 26 (/work/team/adversarial_60_round26.md)
+
+def _evaluate():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import evaluate as E
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return E
+
+
+def test_a_benchmark_result_never_touches_a_file_beside_it_nor_one_it_did_not_write(tmp_path):
+    """PP1 (lost): prefill_parts.py --out DIR/r.txt wrote DIR/r.tmp first, replacing a user's file of that name, which
+    no option named; BE1: batch_eviction.py (and five more) --out docs/GLOSSARY.md or a user's file replaced it. Every
+    benchmark with a file --out now writes through one rule (evaluate.write_result): a temporary name of its own, and
+    outside the project's result folders the output check (never a repository folder, never over a file it did not
+    write; its own is replaced)."""
+    from unicache_lib.core.errors import InputError
+
+    E = _evaluate()
+    (tmp_path / "r.tmp").write_text("mine")
+    E.write_result(tmp_path / "r.txt", b"one\n", "prefill_parts.py")
+    E.write_result(tmp_path / "r.txt", b"two\n", "prefill_parts.py")  # its own: replaced
+    assert (tmp_path / "r.tmp").read_text() == "mine" and (tmp_path / "r.txt").read_text() == "two\n"
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="notes.txt is there already"):
+        E.write_result(tmp_path / "home" / "notes.txt", b"x", "batch_eviction.py")
+    with pytest.raises(InputError):
+        E.write_result(ROOT / "docs" / "GLOSSARY.md", b"x", "batch_eviction.py")
+    assert (tmp_path / "home" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("target", ["docs/GLOSSARY.md", "a file of the user's"])
+def test_a_benchmark_refuses_a_bad_out_before_it_measures(tmp_path, capsys, target):
+    """BE1: the refusal comes before the measuring (minutes), in one line, exit status 2."""
+    import argparse
+
+    E = _evaluate()
+    path = ROOT / target if target.startswith("docs") else tmp_path / "mine.txt"
+    if not path.exists():
+        path.write_text("mine")
+    before = path.read_bytes()
+    ap = argparse.ArgumentParser(prog="batch_eviction.py")
+    ap.add_argument("--out", type=Path, default=None)
+    with pytest.raises(SystemExit):
+        E.committed_or_outputs(ap, ap.parse_args(["--out", str(path)]), tmp_path / "committed.txt")
+    assert "error: --out" in capsys.readouterr().err and path.read_bytes() == before
+
+
+@pytest.mark.parametrize("tool", ["batch_eviction", "merge_eviction", "prefill_cover", "prefill_parts",
+                                  "stats_stride_error", "store_scale", "tune_step_skip"])
+def test_every_benchmark_with_a_file_out_writes_through_the_one_rule(tool):
+    """The seven tools whose --out names a file write it only through evaluate.write_result (no write_text, to_csv
+    or rename of their own)."""
+    src = (ROOT / "benchmarks" / f"{tool}.py").read_text()
+    assert "write_result(" in src and not any(w in src for w in (".write_text(", ".to_csv(out", "_atomic_write_bytes",
+                                                                   "with_suffix(\".tmp\")"))
