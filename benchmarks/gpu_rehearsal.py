@@ -41,6 +41,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+TOOL = "gpu_rehearsal.py"
 
 
 def main(argv=None) -> int:
@@ -59,6 +60,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="check this script on a CPU: the reduced-width stand-in, fp32, no notebooks (numbers mean nothing)")
     a = ap.parse_args(argv)
+    from unicache_lib.paths import _marker, cli_output_path, record_output_files
+
+    out = cli_output_path(a.out, TOOL)  # not the repository nor one of its folders; new, empty or this tool's own
+    if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != TOOL:
+        ap.error(f"--out {a.out!r} holds files {TOOL} did not write (its stand-ins and outputs would replace them): "
+                 f"choose a new or empty folder, or one an earlier {TOOL} run wrote")
     device, dtype, real = ("cpu", torch.float32, False) if a.cpu_smoke else ("cuda", torch.float16, True)
     if a.cpu_smoke:
         a.skip_notebooks = True
@@ -68,7 +75,7 @@ def main(argv=None) -> int:
               "with a GPU; `make rehearsal` is the CPU version at reduced width.")
         return 0
     t_start = time.perf_counter()
-    out = Path(a.out)
+    record_output_files(out, TOOL, {})  # the folder is this tool's from now on (its marker)
     if not a.only_generators:
         understanding(a, out, device, dtype, real)
     if not a.skip_generators:

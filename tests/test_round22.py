@@ -440,3 +440,36 @@ def test_every_benchmark_with_a_file_out_writes_through_the_one_rule(tool):
     src = (ROOT / "benchmarks" / f"{tool}.py").read_text()
     assert "write_result(" in src and not any(w in src for w in (".write_text(", ".to_csv(out", "_atomic_write_bytes",
                                                                    "with_suffix(\".tmp\")"))
+
+
+# ---- round 27 (/work/team/adversarial_60_round27.md)
+
+def test_replicate_never_rewrites_a_hard_linked_kept_copy_of_its_table(monkeypatch, tmp_path):
+    """RL1 (unsafe): replicate rewrote its own verdicts.csv under --out in place, so a copy kept with ln (or a cp -al
+    backup) took the next run's table. Its files are written to a temporary name and renamed over theirs."""
+    import unicache_lib.replicate as R
+
+    _fake_notebooks(monkeypatch, R)
+    out = tmp_path / "own"
+    R.main(["--quick", "--out", str(out)])
+    os.link(out / "verdicts.csv", tmp_path / "kept.csv")
+    R.main(["--quick", "--out", str(out)])
+    assert os.stat(out / "verdicts.csv").st_ino != os.stat(tmp_path / "kept.csv").st_ino
+    assert os.stat(tmp_path / "kept.csv").st_nlink == 1
+
+
+def test_gpu_rehearsal_refuses_a_folder_of_a_users_before_anything(tmp_path, capsys):
+    """GR1 (lost): benchmarks/gpu_rehearsal.py --out checked nothing; with --cpu-smoke a user's
+    DIR/models/llava-1.5-7b/config.json was replaced by the stand-in's. --out must be new, empty or its own, refused in
+    one line before anything is built."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_rehearsal as G
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    mine = tmp_path / "d" / "models" / "llava-1.5-7b" / "config.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("mine")
+    with pytest.raises(SystemExit):
+        G.main(["--cpu-smoke", "--out", str(tmp_path / "d")])
+    assert "holds files gpu_rehearsal.py did not write" in capsys.readouterr().err and mine.read_text() == "mine"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from .core.errors import ContractError, InputError
-from .core.untrusted import folder_inside
+from .core.untrusted import folder_inside, write_inside
 from .paths import _marker, check_output_path, cli_output_path, notebook_output, record_output_files
 from .progress import enabled
 from .scoreboard import UNSTABLE
@@ -208,7 +208,7 @@ def _write(path: Path, data: bytes, out: Path) -> None:
     if path.parent.resolve() == out.resolve() and path.name in OWN_FILES:  # checked again: hours have passed
         check_output_path(out, "--out", "replicate", files=[path.name])
         record_output_files(out, "replicate", {path.name: data})
-    path.write_bytes(data)
+    write_inside(path.parent, path.name, data)  # renamed over the name: a hard-linked kept copy is never rewritten
 
 
 def main(argv=None):
