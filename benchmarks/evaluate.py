@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from unicache_lib.core.errors import InputError, MissingFileError, StoreError, UnicacheError
+from unicache_lib.core.untrusted import write_inside
 from unicache_lib.paths import check_output_path, record_output_files
 from unicache_lib.inputs import budget_shares
 
@@ -82,16 +83,25 @@ def claim_out(ap: argparse.ArgumentParser, out: Path, names: list[str], tool: st
         ap.error(str(e))
 
 
-def committed_or_outputs(ap: argparse.ArgumentParser, args: argparse.Namespace, committed: Path) -> Path:
-    """Where a benchmark writes its result: the file ``--out`` names; else the committed file when every other argument
-    is at its default (the committed run, which the docs read); else ``outputs/`` under the same name, said in one
-    line, so a smoke run never replaces the committed result (rounds 15-16's LN4, LN6). ``--out`` defaults to None."""
-    if args.out is not None:  # checked now, before the measuring: never into the repository, never over a user's file
+def check_out(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A file ``--out`` the user named (``args.out``, None: not named), checked now, before the measuring: never into
+    the repository, never over a file of the user's (:func:`write_result` checks again as it writes); a literal ``~``
+    is taken as the home folder, as the shell would, so the check and the write name one file."""
+    if args.out is not None:
+        args.out = Path(args.out).expanduser()
         if not _own_folder(args.out):
             try:
                 check_output_path(args.out.parent, "--out", ap.prog, roots=(ROOT,), files=[args.out.name])
             except InputError as e:
                 ap.error(str(e))
+
+
+def committed_or_outputs(ap: argparse.ArgumentParser, args: argparse.Namespace, committed: Path) -> Path:
+    """Where a benchmark writes its result: the file ``--out`` names; else the committed file when every other argument
+    is at its default (the committed run, which the docs read); else ``outputs/`` under the same name, said in one
+    line, so a smoke run never replaces the committed result (rounds 15-16's LN4, LN6). ``--out`` defaults to None."""
+    check_out(ap, args)
+    if args.out is not None:
         return args.out
     if vars(args) == vars(ap.parse_args([])):
         return committed
@@ -205,6 +215,7 @@ def write_result(path: Path, data: bytes, tool: str) -> Path:
     written atomically as the committed run writes it; anywhere else through :func:`write_owned` (the output check:
     never a repository folder such as docs/, never over a file ``tool`` did not write, a temporary name of its own so
     no file beside it is touched)."""
+    path = Path(path).expanduser()
     return write_owned(path, data, None if _own_folder(path) else Path(os.path.abspath(path)).parent, tool)
 
 
@@ -217,27 +228,19 @@ def write_owned(path: Path, data: bytes, out: Path | None, tool: str = "evaluate
     marker before it is written; the folder is locked meanwhile (the ranks write at once)."""
     import fcntl
 
-    if out is None:
+    if out is None:  # (a temporary name of its own, never through a link: write_inside)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        return path
+        return write_inside(path.parent, path.name, data, what=f"{tool}'s result")
     base = check_output_path(out, option, tool, roots=(ROOT,))
-    rel = Path(os.path.abspath(path)).relative_to(base).as_posix()
+    # (both as given, unresolved: a folder reached through a link is checked where it leads, base)
+    rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(out)).as_posix()
     base.mkdir(parents=True, exist_ok=True)
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         check_output_path(out, option, tool, roots=(ROOT,), files=[rel])
         record_output_files(base, tool, {rel: data})
-        dest = base / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.parent.resolve() != dest.parent.absolute():
-            raise InputError(f"{option} {str(out)!r}: {dest.parent} is a symbolic link: {tool} never writes through one")
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
+        write_inside(base, rel, data, what=f"{option} {str(out)!r}: {tool}'s result")  # never through a link
     finally:
         os.close(fd)
     return base / rel

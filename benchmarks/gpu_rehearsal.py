@@ -60,12 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="check this script on a CPU: the reduced-width stand-in, fp32, no notebooks (numbers mean nothing)")
     a = ap.parse_args(argv)
-    from unicache_lib.paths import _marker, cli_output_path, record_output_files
+    from unicache_lib.paths import claim_output_folder, cli_output_path
 
-    out = cli_output_path(a.out, TOOL)  # not the repository nor one of its folders; new, empty or this tool's own
-    if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != TOOL:
-        ap.error(f"--out {a.out!r} holds files {TOOL} did not write (its stand-ins and outputs would replace them): "
-                 f"choose a new or empty folder, or one an earlier {TOOL} run wrote")
+    cli_output_path(a.out, TOOL)  # not the repository nor one of its folders (checked again, and claimed, below)
     device, dtype, real = ("cpu", torch.float32, False) if a.cpu_smoke else ("cuda", torch.float16, True)
     if a.cpu_smoke:
         a.skip_notebooks = True
@@ -74,8 +71,9 @@ def main(argv=None) -> int:
               f"({'a CPU-only build' if not torch.version.cuda else 'no GPU visible'}). Run `make gpu-rehearsal` on a machine "
               "with a GPU; `make rehearsal` is the CPU version at reduced width.")
         return 0
+    # new, empty or this tool's own (then marked), before anything is built
+    out = claim_output_folder(a.out, TOOL, writes="its stand-ins and outputs")
     t_start = time.perf_counter()
-    record_output_files(out, TOOL, {})  # the folder is this tool's from now on (its marker)
     if not a.only_generators:
         understanding(a, out, device, dtype, real)
     if not a.skip_generators:

@@ -57,6 +57,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a small grid (a smoke run)")
     ap.add_argument("--out", type=Path, help="write the chosen setting here (JSON)")
     a = ap.parse_args(argv)
+    from evaluate import check_out, write_result  # (benchmarks/results/ as the committed run; elsewhere never over a
+    # user's file: evaluate's one rule)
+
+    check_out(ap, a)  # a bad --out refused now, not after the grid's runs
     prompts = design_prompts()
     steps = a.steps
     heads, tails, strides = GRIDS[steps]
@@ -110,8 +114,6 @@ def main(argv=None):
           f"design PSNR mmdit {v['tiny-mmdit'][0]:.2f} dB (+{v['tiny-mmdit'][1]:.2f} over fewer steps), "
           f"pixart {v['tiny-pixart'][0]:.2f} dB (+{v['tiny-pixart'][1]:.2f}))")
     if a.out:
-        from evaluate import write_result  # (benchmarks/results/ as the committed run; elsewhere never over a user's file)
-
         chosen = {"steps": steps, "max_computed": a.max_computed, "head": h, "tail": t, "stride": s, "weight": w,
                   "order": o, "computed": v["tiny-mmdit"][2],
                   "design_psnr": {k: round(x[0], 3) for k, x in v.items()},

@@ -1,4 +1,7 @@
+import importlib
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -6,6 +9,18 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def benchmark(name: str):
+    """The script benchmarks/NAME.py as a module, imported as the scripts import each other (their folder on sys.path
+    meanwhile, then taken off again)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from .conftest import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,11 +44,7 @@ def test_capture_overhead_memory_child_runs(config):
 
 
 def test_caching_benchmark_eviction_runs_at_a_tiny_shape(capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import caching
-    finally:
-        sys.path.pop(0)
+    caching = benchmark("caching")
     caching.eviction(layers=2, heads=2, head_dim=4, n_image=16, n_text=4, repeats=2)
     out = capsys.readouterr().out
     assert "key_coverage" in out and "25% image KV" in out
@@ -73,11 +70,7 @@ def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, 
     verdicts), the questions are disjoint from the design and notebook sets, and a missing or foreign shard is refused."""
     import pandas as pd
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    E = benchmark("evaluate")
     from unicache_lib.world.questions import heldout_set
 
     def key(q):
@@ -144,11 +137,7 @@ def test_decisive_eviction_run_shards_and_merges_equal_to_one_process(tmp_path, 
 def test_reuse_at_two_step_counts_runs_small(capsys):
     """benchmarks/reuse_steps.py (issue #31's 20- vs 50-step comparison) at a smoke size: every method's row and the
     control's verdict (or its refusal of a scrambled sweep) are printed."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import reuse_steps
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    reuse_steps = benchmark("reuse_steps")
     reuse_steps.main(["--prompts", "2", "--repeats", "2", "--steps", "10", "--generators", "tiny-mmdit"])
     out = capsys.readouterr().out
     assert "tiny-mmdit, 10 steps, 2 prompts" in out and "step_skip (stride 5)" in out and "steps:" in out
@@ -163,11 +152,7 @@ def test_decisive_reuse_run_shards_and_merges_equal_to_one_process(tmp_path, cap
     generators and settings, saying it decided the row."""
     import pandas as pd
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate_reuse as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    E = benchmark("evaluate_reuse")
     from unicache_lib.analysis import caching_claims as CC
     from unicache_lib.scoreboard import Scoreboard
     from unicache_lib.world.text import prompt_set
@@ -226,11 +211,7 @@ def test_stats_stride_error_runs_small_and_pairs_the_same_records(tmp_path):
     """benchmarks/stats_stride_error.py at a smoke size writes its table; its pairing refuses runs that captured
     different sites, and at stride 1 (the estimate is the exact capture) every error is zero."""
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import stats_stride_error as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    E = benchmark("stats_stride_error")
     out = tmp_path / "err.txt"
     E.main(["--prompts", "1", "--steps", "3", "--strides", "4", "--generators", "tiny-pixart", "--out", str(out)])
     text = out.read_text()
@@ -256,15 +237,9 @@ def test_a_smoke_run_never_replaces_the_committed_result(monkeypatch, capsys, tm
     benchmarks/results/, which the docs read. Every such tool decides where it writes by one rule
     (`evaluate.committed_or_outputs`) before it measures: outputs/ at other settings, said; the default run still writes
     the committed file; `--out` chooses."""
-    import importlib
-
     import unicache_lib.runtime.loaders as loaders
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        mod = importlib.import_module(tool)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    mod = benchmark(tool)
 
     class Stop(Exception):
         pass
@@ -290,11 +265,7 @@ def test_decisive_eviction_budgets_as_token_counts_and_the_scale_targets(tmp_pat
     """`make evaluate BUDGETS=64t,128t`: token counts become shares of the model's image tokens (refused, naming the
     fix, when out of range or malformed), the shards carry them, and the merge decides the literature's-scale targets
     on the rows it has (a target whose budget was not run is left out) with a verdict from its interval."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    E = benchmark("evaluate")
     from unicache_lib.core.errors import InputError
 
     assert E.parse_budgets("16t, 0.5", 64) == [0.25, 0.5] and E.parse_budgets(None, 64) == list(E.BUDGETS)

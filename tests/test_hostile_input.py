@@ -21,6 +21,7 @@ from unicache_lib.params import check_params
 from unicache_lib.world.samples import load
 
 from .test_plots import _full
+from .conftest import benchmark
 
 SCRIPTS = ['"><img src=x onerror=alert(1)>', "<script>alert(1)</script>", "x' onmouseover='alert(1)"]
 
@@ -545,17 +546,11 @@ def torch_equal(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def sound_shards(tmp_path_factory):
-    import sys
-
     import pandas as pd
 
     from .test_benchmarks import ROOT
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    E = benchmark("evaluate")
     out = tmp_path_factory.mktemp("shards")
     rows = pd.DataFrame({"question": [0, 1, 0, 1], "method": ["a", "a", "b", "b"], "kind": "x", "budget": 0.1,
                          "correct": [1, 0, 1, 1], "kl": [0.5224, 0.1, 0.2, 0.3], "agree": 1, "kv_fraction": 0.25})
@@ -748,15 +743,9 @@ def test_the_decisive_runs_write_shards_and_timing_only_where_they_may(tmp_path,
     """Round 8's EV8a/b, EVR8a/b: `evaluate.py --out mine` replaced your mine/rows-rank0-of-1.csv, `evaluate_reuse.py
     --timing --out mine` your timing.json, and both wrote into the repository's docs/. One usage line now, before any
     model loads."""
-    import sys
-
     from tests.test_benchmarks import ROOT
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate_reuse as ER
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    ER = benchmark("evaluate_reuse")
     E = sound_shards[0]
     tool, mode = case.split(":")
     mine = tmp_path / "mine"

@@ -29,6 +29,7 @@ from unicache_lib.core.errors import InputError, MissingFileError, ParameterErro
 from unicache_lib.core.untrusted import path_inside
 from unicache_lib.paths import (NOTEBOOK, OUTPUT_MARKER, check_output_path, notebook_output,
                                  output_folder, record_output_files)
+from .conftest import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "UNICACHE_SECRET_4711"
@@ -732,11 +733,7 @@ def test_depth_budgets_writes_every_result_under_its_own_out(step, tmp_path, mon
     replaces the committed files."""
     import pandas as pd
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import depth_budgets as DB
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    DB = benchmark("depth_budgets")
     committed, default = tmp_path / "committed", tmp_path / "default"
     monkeypatch.setattr(DB, "RESULTS", committed)
     monkeypatch.setattr(DB, "OUT", default)
@@ -765,11 +762,7 @@ def test_depth_budgets_writes_every_result_under_its_own_out(step, tmp_path, mon
 def _depth_budgets(monkeypatch, tmp_path):
     import pandas as pd
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import depth_budgets as DB
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    DB = benchmark("depth_budgets")
     monkeypatch.setattr(DB, "RESULTS", tmp_path / "committed")
     monkeypatch.setattr(DB, "OUT", tmp_path / "default")
     monkeypatch.setattr(DB, "merged", lambda out: (None, 300, 1, [{"n_image": 576, "gamma": 0.0, "seconds": 6.0}]))

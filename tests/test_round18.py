@@ -13,6 +13,7 @@ import pytest
 from unicache_lib.store import Store
 
 from .test_store_faults import rec
+from .conftest import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,13 +112,8 @@ def test_a_full_size_decisive_run_at_other_budgets_never_replaces_the_committed_
     so a full-size run at other --budgets replaced the CSVs notebook 05 reads. Other budgets than the committed run's
     now write under --out and say so; the committed budgets still write the committed folder."""
     import shutil
-    import sys
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    E = benchmark("evaluate")
     committed = tmp_path / "committed"
     committed.mkdir()
     monkeypatch.setattr(E, "RESULTS", committed)

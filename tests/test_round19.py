@@ -3,7 +3,6 @@ as a test that fails on the code it was found in."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from unicache_lib.store import Store
 
 from .test_store_faults import rec
+from .conftest import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,11 +92,7 @@ def test_a_first_write_cut_off_then_captured_again_is_removed(tmp_path):
 def test_a_decisive_run_of_another_size_never_replaces_the_committed_results(monkeypatch, capsys, tmp_path, n):
     """LN13: evaluate.py --merge of a run larger than the committed one (at its budgets) replaced the committed CSVs:
     the check was n >= FULL. Only the committed size writes there; another says so and writes under --out."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    E = benchmark("evaluate")
     committed = tmp_path / "committed"
     committed.mkdir()
     monkeypatch.setattr(E, "RESULTS", committed)
@@ -112,11 +108,7 @@ def test_a_reuse_merge_without_its_timing_run_never_replaces_the_committed_resul
     its wall-clock rows unmeasured (0 rounds). Without the timing it writes under --out and says so."""
     import pandas as pd
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate_reuse as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    E = benchmark("evaluate_reuse")
 
     class Stop(Exception):
         pass

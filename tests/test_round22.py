@@ -13,6 +13,7 @@ import pytest
 from unicache_lib.store import Store
 
 from .test_store_faults import rec
+from .conftest import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -384,15 +385,6 @@ def test_replicate_refuses_a_link_inside_a_notebooks_output_folder(monkeypatch, 
 
 # ---- round 26 (/work/team/adversarial_60_round26.md)
 
-def _evaluate():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import evaluate as E
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return E
-
-
 def test_a_benchmark_result_never_touches_a_file_beside_it_nor_one_it_did_not_write(tmp_path):
     """PP1 (lost): prefill_parts.py --out DIR/r.txt wrote DIR/r.tmp first, replacing a user's file of that name, which
     no option named; BE1: batch_eviction.py (and five more) --out docs/GLOSSARY.md or a user's file replaced it. Every
@@ -401,7 +393,7 @@ def test_a_benchmark_result_never_touches_a_file_beside_it_nor_one_it_did_not_wr
     write; its own is replaced)."""
     from unicache_lib.core.errors import InputError
 
-    E = _evaluate()
+    E = benchmark("evaluate")
     (tmp_path / "r.tmp").write_text("mine")
     E.write_result(tmp_path / "r.txt", b"one\n", "prefill_parts.py")
     E.write_result(tmp_path / "r.txt", b"two\n", "prefill_parts.py")  # its own: replaced
@@ -420,7 +412,7 @@ def test_a_benchmark_refuses_a_bad_out_before_it_measures(tmp_path, capsys, targ
     """BE1: the refusal comes before the measuring (minutes), in one line, exit status 2."""
     import argparse
 
-    E = _evaluate()
+    E = benchmark("evaluate")
     path = ROOT / target if target.startswith("docs") else tmp_path / "mine.txt"
     if not path.exists():
         path.write_text("mine")
@@ -462,14 +454,117 @@ def test_gpu_rehearsal_refuses_a_folder_of_a_users_before_anything(tmp_path, cap
     """GR1 (lost): benchmarks/gpu_rehearsal.py --out checked nothing; with --cpu-smoke a user's
     DIR/models/llava-1.5-7b/config.json was replaced by the stand-in's. --out must be new, empty or its own, refused in
     one line before anything is built."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_rehearsal as G
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    G = benchmark("gpu_rehearsal")
     mine = tmp_path / "d" / "models" / "llava-1.5-7b" / "config.json"
     mine.parent.mkdir(parents=True)
     mine.write_text("mine")
     with pytest.raises(SystemExit):
         G.main(["--cpu-smoke", "--out", str(tmp_path / "d")])
     assert "holds files gpu_rehearsal.py did not write" in capsys.readouterr().err and mine.read_text() == "mine"
+
+
+def _rows():
+    return [{"model": "m", "imitates": "M", "notebook": "01_capture", "wall_s": 1.0, "peak_rss_mb": 10, "device": "cpu",
+             "dtype": "float32", "image_tokens": 4, "layers": 2, "verdicts": "x", "build_s": 0.1}]
+
+
+def test_rehearsal_takes_only_a_new_empty_or_own_folder_and_writes_its_table_by_a_name_of_its_own(tmp_path,
+                                                                                                 monkeypatch, capsys):
+    """RH1 (lost): `python -m unicache_lib.rehearsal --out DIR --no-readme` checked DIR without its names and wrote
+    DIR/rehearsal.csv through DIR/rehearsal.tmp: a user's files of both names were replaced. Its --out is now new, empty
+    or rehearsal's own (refused in one line before anything is built), and the table goes through a temporary name of
+    its own, renamed over the old one (a hard-linked kept copy keeps the old table)."""
+    from unicache_lib import rehearsal
+
+    built = []
+    monkeypatch.setattr(rehearsal, "rehearse", lambda *a, **k: built.append(a) or _rows())
+    mine = tmp_path / "d"
+    mine.mkdir()
+    for name in ("rehearsal.csv", "rehearsal.tmp"):
+        (mine / name).write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        rehearsal.main(["--out", str(mine), "--no-readme", "--notebooks", "01_capture"])
+    assert e.value.code == 2 and not built and "holds files rehearsal did not write" in capsys.readouterr().err
+    assert [(mine / n).read_text() for n in ("rehearsal.csv", "rehearsal.tmp")] == ["mine", "mine"]
+    own = tmp_path / "own"
+    rehearsal.main(["--out", str(own), "--no-readme", "--notebooks", "01_capture"])
+    os.link(own / "rehearsal.csv", tmp_path / "kept.csv")
+    (own / "rehearsal.tmp").write_text("mine")  # a file of that name in its own folder is not its to replace
+    monkeypatch.setattr(rehearsal, "rehearse", lambda *a, **k: [{**_rows()[0], "wall_s": 2.0}])
+    rehearsal.main(["--out", str(own), "--no-readme", "--notebooks", "01_capture"])  # its own folder: taken again
+    assert ",2.0," in (own / "rehearsal.csv").read_text() and ",1.0," in (tmp_path / "kept.csv").read_text()
+    assert (own / "rehearsal.tmp").read_text() == "mine"
+
+
+def test_a_stand_in_builder_takes_only_a_new_empty_or_stand_in_folder(tmp_path, monkeypatch, capsys):
+    """SB1 (lost): `python -m unicache_lib.zoo.builders.standins --out DIR --only qwen2-vl-2b` (and gen_standins, the
+    same command line) saved into DIR/<name>/ in place: a user's config.json there was replaced. DIR is now new, empty
+    or a folder of stand-ins (the builders' or the rehearsal's models/, which the rehearsal marks), refused in one line
+    before anything is built; an unknown name in --only is refused by argparse."""
+    from unicache_lib.paths import record_output_files
+    from unicache_lib.zoo.builders import gen_standins, standins
+
+    mine = tmp_path / "d" / "qwen2-vl-2b" / "config.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("mine")
+    built = []
+    for mod, name in ((standins, "qwen2-vl-2b"), (gen_standins, "flux-dev")):
+        monkeypatch.setattr(mod, "build", lambda n, out, seed=0, **k: built.append(n) or out / n)
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--out", str(tmp_path / "d"), "--only", name])
+        assert e.value.code == 2 and "holds files standins did not write" in capsys.readouterr().err
+        with pytest.raises(SystemExit):
+            mod.main(["--out", str(tmp_path / "new"), "--only", "no-such-model"])
+    assert not built and mine.read_text() == "mine" and not (tmp_path / "new").exists()
+    rehearsed = tmp_path / "r" / "models"  # what the rehearsal's models/ looks like: marked for the builders
+    (rehearsed / "llava-1.5-7b").mkdir(parents=True)
+    record_output_files(rehearsed, standins.MODELS_TOOL, {})
+    standins.main(["--out", str(rehearsed), "--only", "llava-1.5-7b"])
+    assert built == ["llava-1.5-7b"]
+
+
+def test_a_file_out_through_a_linked_folder_or_with_a_literal_tilde_is_written_where_it_was_checked(tmp_path,
+                                                                                                    monkeypatch):
+    """Round 27 (poor): a file --out in a folder reached through a link passed the early check, then failed after the
+    measuring (its path taken relative to the resolved folder); a literal '~' was expanded by the check, not by the
+    write. Both now write the file the check approved."""
+    E = benchmark("evaluate")
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "via")
+    E.write_result(tmp_path / "via" / "r.txt", b"one\n", "prefill_parts.py")
+    assert (tmp_path / "real" / "r.txt").read_text() == "one\n"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    E.write_result(Path("~/r.txt"), b"two\n", "prefill_parts.py")
+    assert (tmp_path / "home" / "r.txt").read_text() == "two\n" and not Path("~").exists()
+
+
+@pytest.mark.parametrize("tool", ["store_scale", "tune_step_skip"])
+def test_store_scale_and_tune_step_skip_refuse_a_bad_out_before_they_measure(tool, tmp_path):
+    """Round 27 (poor): store_scale.py and tune_step_skip.py refused a bad --out only after measuring (minutes). Now
+    in one line before (here: a size that would take hours, and the grid; the refusal comes at once)."""
+    mine = tmp_path / "mine.txt"
+    mine.write_text("mine")
+    extra = ["--sizes", "100000000"] if tool == "store_scale" else []
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{tool}.py"), *extra, "--out", str(mine)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and "error: --out" in p.stderr and "mine.txt is there already" in p.stderr, p.stderr
+    assert mine.read_text() == "mine"
+
+
+@pytest.mark.parametrize("where", ["own result folder", "a folder the user named"])
+def test_a_benchmark_result_is_never_written_through_a_link_at_a_predictable_temporary_name(tmp_path, monkeypatch,
+                                                                                             where):
+    """Round 27 B4 (noted): write_owned wrote its temporary `.NAME.<pid>.tmp` with write_bytes, following a link planted
+    at that name (a file outside the folder took the result). Both of write_result's branches now write through
+    write_inside: a random temporary name, created O_EXCL | O_NOFOLLOW."""
+    E = benchmark("evaluate")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    if where == "own result folder":
+        monkeypatch.setattr(E, "RESULTS", folder)
+    far = tmp_path / "far.txt"
+    far.write_text("mine")
+    os.symlink(far, folder / f".r.txt.{os.getpid()}.tmp")
+    E.write_result(folder / "r.txt", b"result\n", "batch_eviction.py")
+    assert far.read_text() == "mine" and (folder / "r.txt").read_text() == "result\n"

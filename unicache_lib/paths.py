@@ -265,6 +265,21 @@ def cli_output_path(path, tool: str, option: str = "--out", roots=(), within=(),
         raise SystemExit(2) from e
 
 
+def claim_output_folder(path, tool: str, option: str = "--out", files=(), writes: str = "its outputs") -> Path:
+    """For a command line that writes many files under one folder (replicate, the rehearsals, the stand-in builders):
+    the folder ``path`` names, checked as :func:`cli_output_path` checks it (``files``: its own names it is about to
+    write there), and new, empty or one an earlier run of ``tool`` marked; then created and marked as ``tool``'s (its
+    :data:`OUTPUT_MARKER`), so a later run takes it again and no user's folder is ever written into. A refusal is one
+    line on stderr and exit status 2, before anything is written."""
+    out = cli_output_path(path, tool, option, files=files)
+    if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != tool:
+        print(f"{tool}: error: {option} {str(path)!r} holds files {tool} did not write ({writes} would replace them): "
+              f"choose a new or empty folder, or one {tool} wrote before", file=sys.stderr)
+        raise SystemExit(2)
+    record_output_files(out, tool, {})  # the folder (made) is the tool's from now on
+    return out
+
+
 class OutputFolder:
     """A folder ``tool`` writes to, and what it wrote there (its :data:`OUTPUT_MARKER`); see :func:`output_folder`."""
 

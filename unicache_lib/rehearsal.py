@@ -37,7 +37,8 @@ from pathlib import Path
 import pandas as pd
 
 from .core.errors import ContractError
-from .paths import cli_output_path
+from .core.untrusted import write_inside
+from .paths import claim_output_folder, record_output_files
 from .progress import bar
 from .zoo.builders import gen_standins, standins
 
@@ -123,6 +124,7 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
     rows = []
     runs = bar(total=len(models) * len(notebooks), progress=progress,
                desc="rehearsal (generation)" if generation else "rehearsal")
+    record_output_files(out / "models", standins.MODELS_TOOL, {})  # a stand-in builder's --out may take it again
     for name in models:
         t0 = time.perf_counter()
         model_dir = (gen_standins if generation else standins).build(name, out / "models")
@@ -229,10 +231,8 @@ def write_gen_results(rows: list[dict], shipped: str, csv: Path = GEN_RESULTS_CS
 
 
 def _write_csv(df, csv: Path) -> None:
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    tmp = csv.with_suffix(".tmp")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, csv)
+    """``df`` to ``csv`` through a temporary name of its own renamed over it (never through a link)."""
+    write_inside(csv.parent, csv.name, df.to_csv(index=False).encode())
 
 
 def _replace_section(readme: Path, begin: str, end: str, text: str) -> None:
@@ -243,9 +243,7 @@ def _replace_section(readme: Path, begin: str, end: str, text: str) -> None:
         body = body[: body.index(begin)] + text + body[body.index(end) + len(end):]
     else:
         body += "\n" + text + "\n"
-    tmp = readme.with_suffix(".tmp")
-    tmp.write_text(body)
-    os.replace(tmp, readme)
+    write_inside(readme.parent, readme.name, body.encode())
 
 
 def _rel(p: Path) -> str:
@@ -265,7 +263,6 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-readme", action="store_true", help="write the CSV under --out only")
     a = ap.parse_args(argv)
-    cli_output_path(a.out, "rehearsal")  # not empty, not the repository or one of its own folders
     out, gen = Path(a.out), a.side == "generation"
     if not a.no_readme and (a.models or a.notebooks or (a.device, a.dtype) != ("cpu", "float32")):  # a smoke run
         a.no_readme = print(f"a subset or other settings than the committed run's: writing the CSV under {out}, not "
@@ -276,6 +273,8 @@ def main(argv=None):
     bad = [nb for nb in notebooks if nb not in params]
     if bad:
         raise SystemExit(f"unknown notebook {bad[0]!r}; the {'generator ' * gen}rehearsal runs {', '.join(known)}")
+    # not the repository nor one of its folders; new, empty or rehearsal's own (then marked), before anything is built
+    out = claim_output_folder(a.out, "rehearsal", writes="its stand-ins, notebooks and tables")
     t0 = time.perf_counter()
     rows = rehearse(models, notebooks, out / "generation" if gen else out, a.device, a.dtype, None, generation=gen)
     total = time.perf_counter() - t0

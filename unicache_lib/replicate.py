@@ -25,7 +25,7 @@ import pandas as pd
 
 from .core.errors import ContractError, InputError
 from .core.untrusted import folder_inside, write_inside
-from .paths import _marker, check_output_path, cli_output_path, notebook_output, record_output_files
+from .paths import check_output_path, claim_output_folder, notebook_output, record_output_files
 from .progress import enabled
 from .scoreboard import UNSTABLE
 from .world import samples as sample_set
@@ -220,8 +220,6 @@ def main(argv=None):
     ap.add_argument("--readme", default=None, help="page to update (default docs/VERDICTS.md; --quick: OUT/README-section.md)")
     ap.add_argument("--settle", action="store_true", help="re-decide the unstable claims once at their settling sizes")
     a = ap.parse_args(argv)
-    # not empty, not the repository or one of its own folders, never over a file of these names it did not write
-    out = cli_output_path(a.out, "replicate", files=OWN_FILES)
     for bad, why in ((a.readme and not Path(a.readme).is_file(), f"--readme {a.readme!r} is not a file: name a page "
                       "that exists (its section is replaced or appended)"),
                      (a.csv and Path(a.csv).is_dir(), f"--csv {a.csv!r} is a folder: name the table's file"),
@@ -233,10 +231,9 @@ def main(argv=None):
     if a.settle and a.seeds != ap.get_default("seeds"):
         ap.error("--settle re-decides the unstable claims on the shipped set at their settling sizes: --seeds does "
                  "not apply to it (run the seeds without --settle)")
-    if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != "replicate":
-        ap.error(f"--out {a.out!r} holds files replicate did not write (its notebooks and outputs would replace "
-                 f"them): choose a new or empty folder, or one an earlier replicate run wrote")
-    record_output_files(out, "replicate", {})  # the folder (made) is replicate's from now on (its marker)
+    # not the repository or one of its folders, new, empty or replicate's own (then marked), never over a file of these
+    # names it did not write; after the arguments' checks, before hours of runs
+    out = claim_output_folder(a.out, "replicate", files=OWN_FILES, writes="its notebooks and outputs")
     # the committed table and page only for the committed run, neither --csv nor --readme naming another place
     if (aside := a.quick or a.seeds != ap.get_default("seeds") or bool(a.csv) != bool(a.readme)) and not a.quick:
         print(f"not the committed run (seeds {ap.get_default('seeds')}, or --csv and --readme both or neither): "

@@ -141,11 +141,9 @@ def _link_reason(root: str, here: str, sub: str, write: bool, links: bool) -> tu
     real = os.path.realpath(os.path.join(os.path.dirname(here), target))
     if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
         return f"{sub} a symbolic link to {target}, which points outside the folder: it is never followed", None
-    if write:
-        return f"{sub} a symbolic link (to {target}): nothing is ever written through a symbolic link", None
-    if not links:
-        return f"{sub} a symbolic link (to {target}), and links are not followed here", None
-    return "", real
+    return ((f"{sub} a symbolic link (to {target}): nothing is ever written through a symbolic link", None) if write
+            else (f"{sub} a symbolic link (to {target}), and links are not followed here", None) if not links
+            else ("", real))
 
 
 def _walk(base, rel, write: bool, links: bool) -> tuple[str, list[str], os.stat_result | None]:

@@ -155,7 +155,7 @@ def one_step(folder: str | Path, prompts=("a red circle on the left",), guidance
 
 
 def main(argv=None):
-    a = standins_cli(__doc__, GEN_STANDINS, "gen_standins", argv, step=True)
+    a = standins_cli(__doc__, GEN_STANDINS, argv, step=True)
     for name in a.only or GEN_STANDINS:
         d = build(name, Path(a.out), a.seed)
         print(d, json.dumps({"full_map_memory": memory_estimate(GEN_STANDINS[name])}))

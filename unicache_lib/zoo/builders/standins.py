@@ -22,7 +22,7 @@ import torch
 from ...core.compat import transformers
 from ...core.errors import InputError, UnknownNameError
 from ...families import FAMILIES, Shape
-from ...paths import cli_output_path
+from ...paths import claim_output_folder
 from ...runtime.checksums import write_card
 
 
@@ -126,22 +126,26 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
     return d
 
 
-def standins_cli(doc: str, names, tool: str, argv=None, step: bool = False) -> argparse.Namespace:
-    """The command line of a stand-in builder: ``--out`` (checked), ``--only`` a subset of ``names``, ``--seed`` and,
-    with ``step``, ``--step``."""
+MODELS_TOOL = "standins"  # the marker of a folder of stand-ins (both builders' and the rehearsal's models/)
+
+
+def standins_cli(doc: str, names, argv=None, step: bool = False) -> argparse.Namespace:
+    """The command line of a stand-in builder: ``--out`` (new, empty or a folder of stand-ins the builders or the
+    rehearsal made: each model is saved into its own sub-folder there, replacing an earlier build), ``--only`` a
+    subset of ``names``, ``--seed`` and, with ``step``, ``--step``."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--out", default="outputs/rehearsal/models")
-    ap.add_argument("--only", nargs="*", default=None, help=f"subset of {', '.join(names)}")
+    ap.add_argument("--only", nargs="*", default=None, choices=list(names), help=f"subset of {', '.join(names)}")
     ap.add_argument("--seed", type=int, default=0)
     if step:
         ap.add_argument("--step", action="store_true", help="then load it and time one denoising step (JSON line)")
     a = ap.parse_args(argv)
-    cli_output_path(a.out, tool)  # not empty, not the repository or one of its own folders
+    claim_output_folder(a.out, MODELS_TOOL, writes="the stand-ins saved there")  # never a folder of a user's
     return a
 
 
 def main(argv=None):
-    a = standins_cli(__doc__, STANDINS, "standins", argv)
+    a = standins_cli(__doc__, STANDINS, argv)
     for name in a.only or STANDINS:
         print(build(name, Path(a.out), a.seed))
 
