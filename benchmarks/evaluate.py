@@ -88,7 +88,11 @@ def check_out(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     the repository, never over a file of the user's (:func:`write_result` checks again as it writes); a literal ``~``
     is taken as the home folder, as the shell would, so the check and the write name one file."""
     if args.out is not None:
-        args.out = Path(args.out).expanduser()
+        args.out = Path(os.path.expanduser(args.out))
+        if _own_folder(args.out) and os.path.lexists(args.out) and (os.path.islink(args.out)
+                                                                    or not os.path.isfile(args.out)):
+            ap.error(f"--out {str(args.out)!r} is {'a symbolic link' if os.path.islink(args.out) else 'not a file'}: "
+                     f"{ap.prog} writes its result as a file of its own, never through a link: name another file")
         if not _own_folder(args.out):
             try:
                 check_output_path(args.out.parent, "--out", ap.prog, roots=(ROOT,), files=[args.out.name])
@@ -215,7 +219,7 @@ def write_result(path: Path, data: bytes, tool: str) -> Path:
     written atomically as the committed run writes it; anywhere else through :func:`write_owned` (the output check:
     never a repository folder such as docs/, never over a file ``tool`` did not write, a temporary name of its own so
     no file beside it is touched)."""
-    path = Path(path).expanduser()
+    path = Path(os.path.expanduser(path))
     return write_owned(path, data, None if _own_folder(path) else Path(os.path.abspath(path)).parent, tool)
 
 
@@ -232,8 +236,12 @@ def write_owned(path: Path, data: bytes, out: Path | None, tool: str = "evaluate
         path.parent.mkdir(parents=True, exist_ok=True)
         return write_inside(path.parent, path.name, data, what=f"{tool}'s result")
     base = check_output_path(out, option, tool, roots=(ROOT,))
-    # (both as given, unresolved: a folder reached through a link is checked where it leads, base)
-    rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(out)).as_posix()
+    path = Path(os.path.expanduser(path))
+    try:  # its folder as resolved, as base is: a folder reached through a link is written where it was checked
+        rel = (Path(os.path.realpath(path.parent)).relative_to(base) / path.name).as_posix()
+    except ValueError:
+        raise InputError(f"{option} {str(out)!r}: {path} is not inside it (a symbolic link on the way leads out): "
+                         f"{tool} never writes through one") from None
     base.mkdir(parents=True, exist_ok=True)
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -449,7 +457,7 @@ def main(argv=None) -> int:
         if isinstance(getattr(args, name), str):
             if not getattr(args, name).strip():
                 ap.error(f"--{name} is empty: name a folder, or leave --{name} out")
-            setattr(args, name, Path(getattr(args, name)))
+            setattr(args, name, Path(os.path.expanduser(getattr(args, name))))  # ~ as a shell would
     torch.set_num_threads(1)
     if args.merge:
         try:  # one line, no traceback: what is wrong and what to do

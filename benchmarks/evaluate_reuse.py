@@ -245,7 +245,7 @@ def main(argv=None) -> int:
         if isinstance(getattr(args, name), str):
             if not getattr(args, name).strip():
                 ap.error(f"--{name} is empty: name a folder, or leave --{name} out")
-            setattr(args, name, Path(getattr(args, name)))
+            setattr(args, name, Path(os.path.expanduser(getattr(args, name))))  # ~ as a shell would
     torch.set_num_threads(1)
     if args.timing:
         given = claim_out(ap, args.out, ["timing.json"], TOOL) if args.out != OUT else None

@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="check this script on a CPU: the reduced-width stand-in, fp32, no notebooks (numbers mean nothing)")
     a = ap.parse_args(argv)
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.core.untrusted import folder_inside
     from unicache_lib.paths import claim_output_folder, cli_output_path
 
     cli_output_path(a.out, TOOL)  # not the repository nor one of its folders (checked again, and claimed, below)
@@ -73,6 +75,11 @@ def main(argv=None) -> int:
         return 0
     # new, empty or this tool's own (then marked), before anything is built
     out = claim_output_folder(a.out, TOOL, writes="its stand-ins and outputs")
+    try:  # its folders under --out: real ones, never a link put there (checked again as each is used)
+        for sub in ("models", "runs"):
+            folder_inside(out, sub, create=True)
+    except InputError as e:
+        ap.error(str(e))
     t_start = time.perf_counter()
     if not a.only_generators:
         understanding(a, out, device, dtype, real)
@@ -94,12 +101,13 @@ def understanding(a, out: Path, device: str, dtype: torch.dtype, real: bool) -> 
     from unicache_lib.kv.cache import forward_question
     from unicache_lib.runtime.loaders import load_understanding
     from unicache_lib.world import samples as sample_set
+    from unicache_lib.core.untrusted import folder_inside
     from unicache_lib.zoo.builders.standins import build
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     print(f"device: {torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu (smoke run)'}, torch {torch.__version__}")
     t0 = time.perf_counter()
-    path = build("llava-1.5-7b", out / "models", real_width=real, device=device, dtype=dtype)
+    path = build("llava-1.5-7b", folder_inside(out, "models", create=True), real_width=real, device=device, dtype=dtype)
     if device == "cuda":
         torch.cuda.empty_cache()
     print(f"built {path} in {time.perf_counter() - t0:.0f} s")
@@ -179,7 +187,8 @@ def understanding(a, out: Path, device: str, dtype: torch.dtype, real: bool) -> 
 
         print("\nrehearsal notebooks at real width (DEVICE=cuda, DTYPE=float16)")
         for nb in a.notebooks or NOTEBOOKS:
-            res = _isolated(nb, notebook_params(nb, path, out / "runs", "cuda", "float16"), out / "runs" / f"{nb}.ipynb")
+            runs = folder_inside(out, f"runs/{nb}", create=True).parent  # its folders: never through a link
+            res = _isolated(nb, notebook_params(nb, path, runs, "cuda", "float16"), runs / f"{nb}.ipynb")
             print(f"  {nb:24s} {res['wall_s']:7.1f} s, peak host RSS {res['peak_rss_mb'] / 1024:.1f} GB")
 
 

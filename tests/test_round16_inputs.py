@@ -116,7 +116,7 @@ def test_a_rehearsal_subset_never_replaces_the_committed_result(monkeypatch, cap
     files = [root / "benchmarks" / "results" / "rehearsal.csv", root / "docs" / "REHEARSAL.md"]
     before = [f.read_bytes() for f in files]
     with pytest.raises(Stop):
-        rehearsal.main(["--models", "tiny-llava", "--notebooks", "01_capture", "--out", str(tmp_path / "r")])
+        rehearsal.main(["--models", "qwen2-vl-2b", "--notebooks", "01_capture", "--out", str(tmp_path / "r")])
     assert f"writing the CSV under {tmp_path / 'r'}, not {files[0]} nor {files[1]} (--no-readme)" in \
         capsys.readouterr().out
     assert [f.read_bytes() for f in files] == before

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from unicache_lib.core.errors import InputError
 from unicache_lib.store import Store
 
 from .test_store_faults import rec
@@ -499,9 +500,8 @@ def test_rehearsal_takes_only_a_new_empty_or_own_folder_and_writes_its_table_by_
 def test_a_stand_in_builder_takes_only_a_new_empty_or_stand_in_folder(tmp_path, monkeypatch, capsys):
     """SB1 (lost): `python -m unicache_lib.zoo.builders.standins --out DIR --only qwen2-vl-2b` (and gen_standins, the
     same command line) saved into DIR/<name>/ in place: a user's config.json there was replaced. DIR is now new, empty
-    or a folder of stand-ins (the builders' or the rehearsal's models/, which the rehearsal marks), refused in one line
-    before anything is built; an unknown name in --only is refused by argparse."""
-    from unicache_lib.paths import record_output_files
+    or a folder of stand-ins (marked "standins"), refused in one line before anything is built; an unknown name in
+    --only is refused by argparse."""
     from unicache_lib.zoo.builders import gen_standins, standins
 
     mine = tmp_path / "d" / "qwen2-vl-2b" / "config.json"
@@ -516,11 +516,35 @@ def test_a_stand_in_builder_takes_only_a_new_empty_or_stand_in_folder(tmp_path, 
         with pytest.raises(SystemExit):
             mod.main(["--out", str(tmp_path / "new"), "--only", "no-such-model"])
     assert not built and mine.read_text() == "mine" and not (tmp_path / "new").exists()
-    rehearsed = tmp_path / "r" / "models"  # what the rehearsal's models/ looks like: marked for the builders
-    (rehearsed / "llava-1.5-7b").mkdir(parents=True)
-    record_output_files(rehearsed, standins.MODELS_TOOL, {})
-    standins.main(["--out", str(rehearsed), "--only", "llava-1.5-7b"])
-    assert built == ["llava-1.5-7b"]
+
+
+@pytest.mark.parametrize("case", ["a forged marker", "a card the builders did not record"])
+def test_a_stand_in_is_saved_over_a_model_folder_only_when_a_builder_recorded_it(tmp_path, capsys, case):
+    """SB1's neighbour: in a folder marked as the builders' (a forged or copied marker, or a user's model moved into
+    one), a model folder is replaced only when its model card (which holds the weights' checksums) is recorded in the
+    marker with the content it holds: a user's model (no card, or a card of its own) is refused in one line before
+    anything is built; a stand-in a builder saved is rebuilt in place."""
+    from unicache_lib.paths import OUTPUT_MARKER
+    from unicache_lib.zoo.builders import standins
+
+    d = tmp_path / "models"
+    spec = standins.tiny("LLaVA-1.5")
+    first = standins.build("llava-1.5-7b", d, spec=spec)
+    assert standins.build("llava-1.5-7b", d, spec=spec) == first  # its own, recorded: rebuilt
+    theirs = d / "qwen2-vl-2b"
+    theirs.mkdir()
+    (theirs / "config.json").write_text("mine")
+    if case == "a forged marker":
+        (d / OUTPUT_MARKER).write_text('{"written_by": "standins", "files": ["qwen2-vl-2b/config.json"]}')
+    else:
+        (theirs / "model_card.json").write_text('{"stand_in": true}')
+    with pytest.raises(SystemExit) as e:
+        standins.main(["--out", str(d), "--only", "qwen2-vl-2b"])
+    assert e.value.code == 2 and (theirs / "config.json").read_text() == "mine"
+    assert "qwen2-vl-2b" in capsys.readouterr().err
+    with pytest.raises(InputError):
+        standins.build("qwen2-vl-2b", d, spec=spec)
+    assert (theirs / "config.json").read_text() == "mine"
 
 
 def test_a_file_out_through_a_linked_folder_or_with_a_literal_tilde_is_written_where_it_was_checked(tmp_path,
@@ -568,3 +592,206 @@ def test_a_benchmark_result_is_never_written_through_a_link_at_a_predictable_tem
     os.symlink(far, folder / f".r.txt.{os.getpid()}.tmp")
     E.write_result(folder / "r.txt", b"result\n", "batch_eviction.py")
     assert far.read_text() == "mine" and (folder / "r.txt").read_text() == "result\n"
+
+
+def test_an_unmarked_folder_under_outputs_is_refused_with_the_way_on_and_the_way_works(tmp_path, monkeypatch, capsys):
+    """A folder under a repository's outputs/ that an earlier version of a tool made (before it marked its folders) is
+    refused like any other, and the message says to delete it and run again; doing so works. A folder elsewhere is
+    never told to be deleted (it may be yours)."""
+    import shlex
+
+    import unicache_lib.paths as P
+
+    monkeypatch.setattr(P, "repository_roots", lambda *extra: [tmp_path])
+    old = tmp_path / "outputs" / "rehearsal"
+    old.mkdir(parents=True)
+    (old / "rehearsal.csv").write_text("an earlier run's")
+    with pytest.raises(SystemExit):
+        P.claim_output_folder(old, "rehearsal")
+    err = capsys.readouterr().err
+    assert f"delete it (rm -r {shlex.quote(str(old))}) and run again" in err
+    shutil.rmtree(old)  # as the message says
+    assert P.claim_output_folder(old, "rehearsal") == old.resolve()
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        P.claim_output_folder(elsewhere, "rehearsal")
+    assert "rm -r" not in capsys.readouterr().err
+
+
+# ---- round 28 (/work/team/adversarial_60_round28.md)
+
+def _mine_folder(tmp_path) -> tuple[Path, dict]:
+    """A user's folder of models outside any tool's folder, and what it holds."""
+    mine = tmp_path / "mine"
+    (mine / "qwen2-vl-2b").mkdir(parents=True)
+    (mine / "qwen2-vl-2b" / "config.json").write_text("my config")
+    (mine / "llava-1.5-7b").mkdir()
+    (mine / "llava-1.5-7b" / "config.json").write_text("my config")
+    return mine, {p.relative_to(mine).as_posix(): p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+
+
+def _held(mine: Path) -> dict:
+    return {p.relative_to(mine).as_posix(): p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+
+
+def test_the_rehearsal_never_builds_nor_runs_through_a_link_in_its_own_folder(tmp_path, monkeypatch, capsys):
+    """RM1 (unsafe): in --out the rehearsal had marked, the user made `models` a link to their own models folder; the
+    next run saved the stand-in through it (their config.json and weights replaced) and planted a marker there. Every
+    folder below --out is now opened with no link on the way (models/, generation/, each model's run folders),
+    refused in one line, exit status 2, before anything is built or run."""
+    from unicache_lib import rehearsal
+
+    monkeypatch.setattr(rehearsal, "rehearse", lambda *a, **k: _rows())
+    out = tmp_path / "o"
+    rehearsal.main(["--out", str(out), "--no-readme", "--notebooks", "01_capture"])  # its own from now on
+    monkeypatch.undo()
+    mine, before = _mine_folder(tmp_path)
+    ran = []
+    monkeypatch.setattr(rehearsal, "_isolated", lambda *a: ran.append(a) or {})
+    for link, args in (("models", []), ("generation", ["--side", "generation"]), ("qwen2-vl-2b", [])):
+        os.symlink(mine, out / link)
+        with pytest.raises(SystemExit) as e:
+            rehearsal.main(["--out", str(out), "--no-readme", "--models", "qwen2-vl-2b", "--notebooks", "01_capture",
+                            *args] if not args else ["--out", str(out), "--no-readme", "--models", "flux-dev",
+                                                     "--notebooks", "06_step_reuse", *args])
+        assert e.value.code == 2 and "symbolic link" in capsys.readouterr().err, link
+        os.unlink(out / link)
+        assert _held(mine) == before and not ran
+    assert not os.path.lexists(mine / ".unicache-output")
+
+
+def test_a_stand_in_is_never_saved_through_a_link_at_its_folder(tmp_path, capsys):
+    """SL1 (unsafe): in a folder of stand-ins, the user replaced `qwen2-vl-2b` by a link to their real model folder;
+    the next build saved through it. A model folder that is a link is refused (the command line in one line), and so
+    is a link at a stand-in's own folder that the marker recorded."""
+    from unicache_lib.zoo.builders import standins
+
+    d = tmp_path / "models"
+    spec = standins.tiny("LLaVA-1.5")
+    standins.build("llava-1.5-7b", d, spec=spec)
+    mine, before = _mine_folder(tmp_path)
+    os.symlink(mine / "qwen2-vl-2b", d / "qwen2-vl-2b")
+    with pytest.raises(SystemExit) as e:
+        standins.main(["--out", str(d), "--only", "qwen2-vl-2b"])
+    assert e.value.code == 2 and "symbolic link" in capsys.readouterr().err
+    shutil.move(d / "llava-1.5-7b", mine / "built")  # a recorded stand-in, now reached through a link
+    os.symlink(mine / "built", d / "llava-1.5-7b")
+    before = _held(mine)
+    with pytest.raises(InputError, match="symbolic link"):
+        standins.build("llava-1.5-7b", d, spec=spec)
+    assert _held(mine) == before
+
+
+def test_gpu_rehearsal_never_builds_through_a_link_in_its_own_folder(tmp_path, capsys):
+    """GL1 (unsafe): gpu_rehearsal's own --out with `models` made a link to a user's folder: the stand-in was saved
+    through it. Its folders below --out are opened with no link on the way, refused in one line before anything is
+    built."""
+    G = benchmark("gpu_rehearsal")
+    out = tmp_path / "o"
+    mine, before = _mine_folder(tmp_path)
+    from unicache_lib.paths import record_output_files
+
+    record_output_files(out, "gpu_rehearsal.py", {})  # an earlier run's folder
+    for link in ("models", "runs"):
+        os.symlink(mine, out / link)
+        with pytest.raises(SystemExit):
+            G.main(["--cpu-smoke", "--out", str(out)])
+        assert "symbolic link" in capsys.readouterr().err, link
+        os.unlink(out / link)
+    assert _held(mine) == before
+
+
+def test_the_rehearsal_never_writes_an_executed_notebook_through_a_link_or_into_a_shared_file(tmp_path, monkeypatch):
+    """RM1's neighbour: papermill writes the executed notebook in place, so a link at its name (or a hard-linked kept
+    copy) would take it. run_measured removes such a name first (the link, or the one name of the shared file), and
+    the new notebook is a file of its own."""
+    import subprocess as sp
+
+    from unicache_lib import rehearsal
+
+    class FakePapermill:  # writes its output path as papermill does: open(path, "w")
+        def __init__(self, cmd, **k):
+            self.path, self.returncode = cmd[cmd.index("python3") + 3], 0
+
+        def communicate(self, timeout=None):
+            Path(self.path).write_text("executed")
+            return "", ""
+
+    monkeypatch.setattr(sp, "Popen", FakePapermill)
+    far, kept = tmp_path / "far.ipynb", tmp_path / "kept.ipynb"
+    far.write_text("mine")
+    (tmp_path / "o").mkdir()
+    os.symlink(far, tmp_path / "o" / "a.ipynb")
+    (tmp_path / "o" / "b.ipynb").write_text("earlier")
+    os.link(tmp_path / "o" / "b.ipynb", kept)
+    for name in ("a", "b"):
+        rehearsal.run_measured("01_capture", {}, tmp_path / "o" / f"{name}.ipynb")
+        assert (tmp_path / "o" / f"{name}.ipynb").read_text() == "executed"
+    assert far.read_text() == "mine" and kept.read_text() == "earlier"
+
+
+def test_a_shard_written_under_an_out_reached_through_a_link_or_a_tilde_lands_where_it_was_checked(tmp_path,
+                                                                                                  monkeypatch):
+    """EV1/EV2 (poor): evaluate.py --out L (a link to a folder), or --out '~/ev', ran the whole evaluation and then
+    failed with a raw ValueError (the shard's path unresolved, the checked folder resolved). write_owned now takes the
+    path's folder as resolved; a link on the way below the checked folder that leads out is refused in one line."""
+    from unicache_lib.core.errors import InputError
+    from unicache_lib.paths import check_output_path
+
+    E = benchmark("evaluate")
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "L")
+    given = check_output_path(tmp_path / "L", "--out", "evaluate.py")
+    E.write_owned(tmp_path / "L" / "rows.csv", b"a\n", given)
+    assert (tmp_path / "real" / "rows.csv").read_text() == "a\n"
+    monkeypatch.setenv("HOME", str(tmp_path / "real"))
+    E.write_owned(Path("~/rows2.csv"), b"b\n", check_output_path("~", "--out", "evaluate.py"))
+    assert (tmp_path / "real" / "rows2.csv").read_text() == "b\n"
+    (tmp_path / "far").mkdir()
+    os.symlink(tmp_path / "far", tmp_path / "real" / "results")
+    with pytest.raises(InputError, match="never writes through one"):
+        E.write_owned(tmp_path / "L" / "results" / "x.csv", b"c\n", given)
+    assert not list((tmp_path / "far").iterdir())
+
+
+def test_an_unknown_user_after_a_tilde_is_taken_as_written_as_a_shell_does(tmp_path, monkeypatch):
+    """CL2 (poor): --out '~nosuchuser/x' raised a raw RuntimeError from Path.expanduser. It is now kept as written (a
+    folder of that name under the current one), as bash leaves it."""
+    from unicache_lib.paths import output_path_refusal
+
+    monkeypatch.chdir(tmp_path)
+    p, why = output_path_refusal("~nosuchuser-unicache/x", "--out", "t")
+    assert p == (tmp_path / "~nosuchuser-unicache" / "x").resolve() and why == ""
+
+
+@pytest.mark.parametrize("kind", ["a link", "a folder"])
+def test_a_link_or_folder_at_a_result_name_in_the_own_folders_is_refused_before_measuring(tmp_path, monkeypatch,
+                                                                                           capsys, kind):
+    """WR1 (poor): in benchmarks/results/ and outputs/, a link or a folder at the named file was refused only after
+    measuring, as a traceback. Now in one line before."""
+    import argparse
+
+    E = benchmark("evaluate")
+    monkeypatch.setattr(E, "RESULTS", tmp_path)
+    target = tmp_path / "r.txt"
+    if kind == "a link":
+        (tmp_path / "far.txt").write_text("mine")
+        os.symlink(tmp_path / "far.txt", target)
+    else:
+        target.mkdir()
+    ap = argparse.ArgumentParser(prog="batch_eviction.py")
+    ap.add_argument("--out", type=Path, default=None)
+    with pytest.raises(SystemExit):
+        E.check_out(ap, ap.parse_args(["--out", str(target)]))
+    assert "never through a link" in capsys.readouterr().err
+
+
+def test_the_rehearsal_refuses_an_unknown_model_before_it_claims_its_folder(tmp_path):
+    """RB1 (poor): --models bogus raised UnknownNameError after --out had been made and marked."""
+    from unicache_lib import rehearsal
+
+    with pytest.raises(SystemExit, match="unknown model or notebook 'bogus'"):
+        rehearsal.main(["--out", str(tmp_path / "o"), "--models", "bogus"])
+    assert not (tmp_path / "o").exists()

@@ -102,9 +102,8 @@ class Lesson:
 def _header(text: str) -> str:
     lines = text.split("\n")
     end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "# ---"), None)
-    if lines[0].strip() != "# ---" or end is None:
-        return ""
-    return "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in lines[1:end])
+    return ("" if lines[0].strip() != "# ---" or end is None
+            else "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in lines[1:end]))
 
 
 def read(source: Path) -> Lesson:

@@ -50,7 +50,7 @@ def project_path(path: str | Path) -> Path:
     current directory, as ``Path(path)`` would be."""
     if path is None:
         raise InputTypeError("project_path needs a path (str or Path), got None: pass a folder such as 'outputs/x'")
-    p = Path(path).expanduser()
+    p = Path(os.path.expanduser(path))
     if p.is_absolute():
         return p
     root = project_root()
@@ -100,7 +100,7 @@ def output_path_refusal(path, option: str = "--out", tool: str = "this tool", ro
     eg = _eg(option)
     if path is None or not str(path).strip():
         return None, f"is empty: name the folder {tool} writes to, {eg} (an empty value writes into the current folder)"
-    p = Path(os.path.abspath(Path(str(path)).expanduser())).resolve()
+    p = Path(os.path.abspath(os.path.expanduser(str(path)))).resolve()  # (~nosuchuser stays as written, as in a shell)
     for r in repository_roots(*roots):
         if p == r or p in r.parents:
             what = f"the repository {r} itself" if p == r else f"a folder above the repository {r}"
@@ -274,7 +274,11 @@ def claim_output_folder(path, tool: str, option: str = "--out", files=(), writes
     out = cli_output_path(path, tool, option, files=files)
     if out.is_dir() and any(out.iterdir()) and (_marker(out) or {}).get("written_by") != tool:
         print(f"{tool}: error: {option} {str(path)!r} holds files {tool} did not write ({writes} would replace them): "
-              f"choose a new or empty folder, or one {tool} wrote before", file=sys.stderr)
+              f"choose a new or empty folder, or one {tool} wrote before" + (
+                  f"; if an earlier version of {tool} made it (before it marked its folders), delete it (rm -r "
+                  f"{shlex.quote(str(out))}) and run again" if any(out.is_relative_to(r / "outputs")
+                                                                     for r in repository_roots()) else ""),
+              file=sys.stderr)
         raise SystemExit(2)
     record_output_files(out, tool, {})  # the folder (made) is the tool's from now on
     return out

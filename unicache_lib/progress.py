@@ -38,9 +38,8 @@ def decide(environ=None, stderr=None, in_kernel: bool | None = None) -> bool:
         raise InputError(f"{ENV}={env[ENV]!r}: set it to 1 (show progress bars) or 0 (hide them)")
     if env.get("CI", "").strip().lower() not in ("", "0", "false"):
         return False
-    if _in_jupyter_kernel() if in_kernel is None else in_kernel:
-        return True
-    return bool(getattr(sys.stderr if stderr is None else stderr, "isatty", lambda: False)())
+    return bool((_in_jupyter_kernel() if in_kernel is None else in_kernel)
+                or getattr(sys.stderr if stderr is None else stderr, "isatty", lambda: False)())
 
 
 @lru_cache(maxsize=1)

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .core.errors import ContractError
-from .core.untrusted import write_inside
-from .paths import claim_output_folder, record_output_files
+from .core.errors import ContractError, InputError
+from .core.untrusted import folder_inside, write_inside
+from .paths import claim_output_folder
 from .progress import bar
 from .zoo.builders import gen_standins, standins
 
@@ -92,6 +92,8 @@ def run_measured(nb: str, params: dict, out_nb: Path, timeout: int = 7200) -> di
     and everything it waited for (the kernel)."""
     src = ROOT / "notebooks" / f"{nb}.ipynb"
     out_nb.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(out_nb) or os.path.isfile(out_nb) and os.stat(out_nb).st_nlink > 1:
+        os.unlink(out_nb)  # papermill writes in place: never through a link, never into a file another name shares
     cmd = [sys.executable, "-m", "papermill", "--cwd", str(ROOT), "-k", "python3", "--no-progress-bar",
            str(src), str(out_nb), "-y", json.dumps(params)]
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), HF_HUB_OFFLINE="1",
@@ -124,10 +126,9 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
     rows = []
     runs = bar(total=len(models) * len(notebooks), progress=progress,
                desc="rehearsal (generation)" if generation else "rehearsal")
-    record_output_files(out / "models", standins.MODELS_TOOL, {})  # a stand-in builder's --out may take it again
     for name in models:
         t0 = time.perf_counter()
-        model_dir = (gen_standins if generation else standins).build(name, out / "models")
+        model_dir = (gen_standins if generation else standins).build(name, folder_inside(out, "models", create=True))
         build_s = time.perf_counter() - t0
         card = json.loads((model_dir / "model_card.json").read_text())
         for nb in notebooks:
@@ -140,6 +141,7 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
             params = (gen_notebook_params(nb, model_dir, out / name, device, dtype,
                                           sum(int(x) for x in re.findall(r"\d+", card["blocks"]))) if generation
                       else notebook_params(nb, model_dir, out / name, device, dtype))
+            folder_inside(out, f"{name}/{nb}", create=True)  # the run's folders: real ones inside out, never a link
             res = _isolated(nb, params, out / name / f"{nb}.ipynb")
             board = json.loads((out / name / nb / "scoreboard.json").read_text())
             row = {"model": name, "imitates": card["imitates"], "notebook": nb, **res, "device": device, "dtype": dtype,
@@ -270,13 +272,17 @@ def main(argv=None):
     names, known, params = ((gen_standins.GEN_STANDINS, GEN_NOTEBOOKS, GEN_PARAMS) if gen
                              else (standins.STANDINS, NOTEBOOKS, PARAMS))
     models, notebooks = a.models or list(names), a.notebooks or list(known)
-    bad = [nb for nb in notebooks if nb not in params]
-    if bad:
-        raise SystemExit(f"unknown notebook {bad[0]!r}; the {'generator ' * gen}rehearsal runs {', '.join(known)}")
+    if bad := [m for m in models if m not in names] + [nb for nb in notebooks if nb not in params]:  # before --out
+        raise SystemExit(f"unknown model or notebook {bad[0]!r}; the {'generator ' * gen}rehearsal builds "
+                         f"{', '.join(names)} and runs {', '.join(known)}")
     # not the repository nor one of its folders; new, empty or rehearsal's own (then marked), before anything is built
     out = claim_output_folder(a.out, "rehearsal", writes="its stand-ins, notebooks and tables")
     t0 = time.perf_counter()
-    rows = rehearse(models, notebooks, out / "generation" if gen else out, a.device, a.dtype, None, generation=gen)
+    try:  # a link or file found in the way below --out: one line, exit status 2
+        rows = rehearse(models, notebooks, folder_inside(out, "generation", create=True) if gen else out, a.device,
+                        a.dtype, None, generation=gen)
+    except InputError as e:
+        ap.error(str(e))
     total = time.perf_counter() - t0
     if gen:
         shipped = reuse_summary(ROOT / "outputs" / "06_step_reuse") or "run notebook 06 first"

@@ -59,9 +59,8 @@ def _by_verdict(a: str, b: str, verdicts: dict, flip: bool = False) -> str:
         at["ahead"], at["behind"] = at["behind"], at["ahead"]
     lead = [f"{word} {b} at {', '.join(at[v])}" for v, word in (("ahead", "ahead of"), ("behind", "behind"))
             if at[v]]
-    if not lead:
-        return f"{a} and {b} tie at {', '.join(at['tie'])}"
-    return f"{a} " + ", ".join(lead) + (f" (a tie at {', '.join(at['tie'])})" if at["tie"] else "")
+    return (f"{a} and {b} tie at {', '.join(at['tie'])}" if not lead
+            else f"{a} " + ", ".join(lead) + (f" (a tie at {', '.join(at['tie'])})" if at["tie"] else ""))
 
 
 def cover_finding(results=None) -> str:
@@ -122,9 +121,8 @@ def decisive_reuse(generators: list[str], steps: int, guidance: float, results=N
         return None
     d = pd.read_csv(path, keep_default_na=False, na_values=[""])
     d["criterion"] = d["criterion"].fillna("")
-    if not len(d) or not ((d.generators == ",".join(generators)) & (d.steps == steps) & (d.guidance == guidance)).all():
-        return None
-    return d.set_index(["claim", "criterion"])
+    return (None if not len(d) or not ((d.generators == ",".join(generators)) & (d.steps == steps)
+                                       & (d.guidance == guidance)).all() else d.set_index(["claim", "criterion"]))
 
 
 def _overrule(board, decisive: pd.DataFrame, run: str) -> None:

@@ -18,10 +18,8 @@ def token_class(token: str, special: set[str] | frozenset = frozenset()) -> str:
     t = token.replace("▁", "").replace("Ġ", "").strip().lower()
     if not any(c.isalnum() for c in t):  # punctuation, or a bare space marker
         return "punctuation"
-    if t in OBJECT_WORDS:
-        return "object"
-    return ("attribute" if t in ATTRIBUTE_WORDS or t in {"color", "colour"} else "position" if t in POSITION_WORDS
-            else "function")
+    return ("object" if t in OBJECT_WORDS else "attribute" if t in ATTRIBUTE_WORDS or t in {"color", "colour"}
+            else "position" if t in POSITION_WORDS else "function")
 
 
 def classify_ids(tokenizer, input_ids) -> list[str]:

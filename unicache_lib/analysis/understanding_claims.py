@@ -202,9 +202,7 @@ def scene_pairs_note(scene_of: dict, ids=None) -> str | None:
     None: there are pairs of both kinds."""
     of = {s: scene_of.get(s) or "" for s in (scene_of if ids is None else ids)}
     note = scene_type_note(of)
-    if note is not None:
-        return note
-    return ("one sample per scene type: no within-type pairs (PER_TYPE >= 2 needed)"
+    return (note if note is not None else "one sample per scene type: no within-type pairs (PER_TYPE >= 2 needed)"
             if pd.Series([t for t in of.values() if t]).value_counts().max() < 2 else None)
 
 

@@ -74,10 +74,8 @@ class NeglectVerdict:
         s = "image share of text queries' reads " + ", ".join(f"L{li} {v:.1%}" for li, v in zip(L, self.shares))
         if self.fires:
             return f"MODALITY CUT-OFF from layer {L[self.first_cutoff_layer]} (share < {self.cutoff:.0%}): {s}"
-        if self.warn_layers:
-            return (f"warning: text reads the image weakly in layers {[L[i] for i in self.warn_layers]} "
-                    f"(< {self.warn:.0%}): {s}")
-        return f"healthy: {s}"
+        return (f"warning: text reads the image weakly in layers {[L[i] for i in self.warn_layers]} "
+                f"(< {self.warn:.0%}): {s}" if self.warn_layers else f"healthy: {s}")
 
 
 def detect_neglect(records, cutoff: float = CUTOFF, warn: float = WARN) -> NeglectVerdict:

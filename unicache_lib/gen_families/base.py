@@ -411,9 +411,8 @@ class GenFamily:
         blocks) is split by :attr:`joint_order`."""
         if isinstance(out, tuple):
             return out[0], out[1]
-        if part != "joint" or not n_text:
-            return out, None
-        return (out[:, n_text:], out[:, :n_text]) if self.joint_order[0] == "text" else (out[:, :-n_text], out[:, -n_text:])
+        return ((out, None) if part != "joint" or not n_text else (out[:, n_text:], out[:, :n_text])
+                if self.joint_order[0] == "text" else (out[:, :-n_text], out[:, -n_text:]))
 
     # ---- sampling and training: what runtime.pipelines and pruning.evaluate ask of the family -------------------
     #: diffusers pipeline classes :func:`~unicache_lib.runtime.sampling.sample` drives (its step callbacks, guidance

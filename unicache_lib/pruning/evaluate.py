@@ -200,9 +200,8 @@ class _FirstCall:
 
 def _cond_rows(v, rows: int, half: slice):
     """The conditional ``half`` of every tensor batched with classifier-free guidance (``rows`` = twice the prompts)."""
-    if torch.is_tensor(v):
-        return v[half] if v.dim() and v.shape[0] == rows else v
-    return {k: _cond_rows(x, rows, half) for k, x in v.items()} if isinstance(v, dict) else v
+    return ((v[half] if v.dim() and v.shape[0] == rows else v) if torch.is_tensor(v)
+            else {k: _cond_rows(x, rows, half) for k, x in v.items()} if isinstance(v, dict) else v)
 
 
 def record_transformer_call(gen, prompts: list[str], steps: int, guidance: float, seed) -> tuple[dict, torch.Tensor]:

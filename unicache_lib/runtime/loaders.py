@@ -149,7 +149,7 @@ def resolve(name_or_path: str | Path, reach: bool = True) -> Path | str:
             raise MissingFileError(f"shipped model {name!r} is missing at {p}. It is committed with the repository; "
                                    f"re-clone, or rebuild it with `make models`.")
         return p
-    p = Path(name).expanduser()
+    p = Path(os.path.expanduser(name))
     if p.exists():
         return p
     if HUB_ID.fullmatch(name) and not isinstance(name_or_path, Path):
@@ -213,7 +213,7 @@ def model_label(name_or_path) -> str:
     name = str(name_or_path)
     if name in SHIPPED:
         return name
-    p = Path(name).expanduser()
+    p = Path(os.path.expanduser(name))
     return p.resolve().name if p.exists() else name.strip("/").replace("/", "--")
 
 

@@ -227,7 +227,7 @@ def _check_ids(samples) -> None:
 def _is_shipped(out) -> bool:
     """Whether ``out`` names the shipped set's own folder (``data/samples``)."""
     return out is not None and bool(str(out).strip()) and \
-        Path(os.path.abspath(Path(str(out)).expanduser())).resolve() == SAMPLES_DIR.resolve()
+        Path(os.path.abspath(os.path.expanduser(str(out)))).resolve() == SAMPLES_DIR.resolve()
 
 
 def _generator_folder(out, samples) -> OutputFolder:

@@ -25,7 +25,7 @@ from ...core.compat import diffusers
 from ...core.errors import UnknownNameError
 from ...runtime.loaders import load_generator
 from ...runtime.sampling import sample
-from .standins import standins_cli
+from .standins import model_folder, record_model, standins_cli
 from .tiny_pipelines import build_pipeline, kinds, save_pipeline
 
 IMAGE_SIZE = 512
@@ -97,9 +97,8 @@ def attention_shapes(spec: GenStandIn) -> list[tuple[int, int, int]]:
     h, img, txt = kw["num_attention_heads"], spec.image_tokens, spec.text_tokens
     if spec.kind in ("sd3", "sd3.5"):
         return [(h, img + txt, img + txt)] * kw["num_layers"]
-    if spec.kind.startswith("pixart"):
-        return [(h, img, img), (h, img, txt)] * kw["num_layers"]
-    return [(h, img + txt, img + txt)] * (kw["num_layers"] + kw["num_single_layers"])  # flux: joint everywhere
+    return ([(h, img, img), (h, img, txt)] * kw["num_layers"] if spec.kind.startswith("pixart")
+            else [(h, img + txt, img + txt)] * (kw["num_layers"] + kw["num_single_layers"]))  # flux: joint everywhere
 
 
 def memory_estimate(spec: GenStandIn, batch: int = 1) -> dict:
@@ -117,7 +116,7 @@ def build(name: str, out: str | Path, seed: int = 0) -> Path:
     """Build the stand-in ``name`` into ``out / name`` (pipeline folder and card)."""
     if name not in GEN_STANDINS:
         raise UnknownNameError(f"unknown generator stand-in {name!r}; known: {', '.join(GEN_STANDINS)}")
-    spec = GEN_STANDINS[name]
+    spec, d = GEN_STANDINS[name], model_folder(out, name)  # (refused before anything is built)
     t0 = time.perf_counter()
     cls, kw = spec.transformer
     torch.manual_seed(seed)
@@ -133,7 +132,7 @@ def build(name: str, out: str | Path, seed: int = 0) -> Path:
             "what_it_is_for": "code paths, memory and time at the real pipeline's token counts and depth; random "
                               "weights, so no image, statistic or verdict of it means anything",
             "build_seconds": round(time.perf_counter() - t0, 1)}
-    return save_pipeline(pipe, Path(out) / name, card)
+    return record_model(out, save_pipeline(pipe, d, card))
 
 
 def peak_rss_mb() -> float:

@@ -13,6 +13,7 @@ weights)" instead of verdicts for them.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,9 +22,10 @@ import torch
 
 from ...core.compat import transformers
 from ...core.errors import InputError, UnknownNameError
+from ...core.untrusted import folder_inside
 from ...families import FAMILIES, Shape
-from ...paths import claim_output_folder
-from ...runtime.checksums import write_card
+from ...paths import check_output_path, claim_output_folder, record_output_files
+from ...runtime.checksums import CARD, write_card
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
     if shape is None:
         raise InputError(f"stand-in {name!r} has no real-width shape; real widths exist for "
                          f"{', '.join(n for n, s in STANDINS.items() if s.real_width)}")
+    d = model_folder(out, name + ("-real-width" if real_width else ""))  # before anything is built
     fam = FAMILIES[spec.family]
     t0 = time.perf_counter()
     tok = fam.tokenizer()
@@ -110,7 +113,6 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
         fam.activate(model)
     finally:
         torch.set_default_dtype(old)
-    d = Path(out) / (name + ("-real-width" if real_width else ""))
     d.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(d)
     fam.processor(tok, shape).save_pretrained(d)
@@ -123,10 +125,33 @@ def build(name: str, out: Path, seed: int = 0, real_width: bool = False, device:
                               "weights, so no statistic or verdict of it means anything",
             "build_seconds": round(time.perf_counter() - t0, 1)}
     write_card(d, card)
-    return d
+    return record_model(out, d)
 
 
 MODELS_TOOL = "standins"  # the marker of a folder of stand-ins (both builders' and the rehearsal's models/)
+
+
+def model_folder(out, name: str) -> Path:
+    """``out/name``, where a stand-in is about to be saved: new, or a stand-in a builder saved there (its model card,
+    which holds the weights' checksums, recorded in ``out``'s marker with the content it holds now,
+    :func:`record_model`); never a folder of a user's model, whose files saving would replace in place. Refused in one
+    line (:class:`InputError`) before anything is built."""
+    d = Path(out) / name
+    if os.path.lexists(d):  # a real folder inside out, never a link to one elsewhere (saving would follow it)
+        folder_inside(out, name, what="stand-in folder", fix="a stand-in is never saved through a link: remove the "
+                      "link, or choose another --out")
+    if os.path.lexists(d) and not os.path.lexists(d / CARD):
+        raise InputError(f"{d} is there already and is not a stand-in a builder saved (no {CARD}; a model of yours?): "
+                         f"saving the stand-in would replace its files. Choose another --out, or move it away")
+    check_output_path(out, "--out", MODELS_TOOL, files=[f"{name}/{CARD}"])  # a card the builders did not record: refused
+    return d
+
+
+def record_model(out, d: Path) -> Path:
+    """Record the stand-in just saved in ``d`` (its model card) in ``out``'s marker as the builders', so a later build
+    may replace it (:func:`model_folder`)."""
+    record_output_files(out, MODELS_TOOL, {f"{d.name}/{CARD}": (d / CARD).read_bytes()})
+    return d
 
 
 def standins_cli(doc: str, names, argv=None, step: bool = False) -> argparse.Namespace:
@@ -141,6 +166,11 @@ def standins_cli(doc: str, names, argv=None, step: bool = False) -> argparse.Nam
         ap.add_argument("--step", action="store_true", help="then load it and time one denoising step (JSON line)")
     a = ap.parse_args(argv)
     claim_output_folder(a.out, MODELS_TOOL, writes="the stand-ins saved there")  # never a folder of a user's
+    try:  # nor a model folder of a user's in it: each checked before the first is built
+        for n in a.only or names:
+            model_folder(a.out, n)
+    except InputError as e:
+        ap.error(str(e))
     return a
 
 
