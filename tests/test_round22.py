@@ -795,3 +795,30 @@ def test_the_rehearsal_refuses_an_unknown_model_before_it_claims_its_folder(tmp_
     with pytest.raises(SystemExit, match="unknown model or notebook 'bogus'"):
         rehearsal.main(["--out", str(tmp_path / "o"), "--models", "bogus"])
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind", ["a link to a file of yours", "a hard-linked kept copy"])
+def test_a_stand_in_is_never_rebuilt_through_a_link_or_hard_link_inside_its_folder(tmp_path, capsys, kind):
+    """Round 28's neighbour: a recorded stand-in's folder with a link inside (tokenizer_config.json to a user's file) or
+    a weight file kept with `ln` (a `cp -al` backup): saving writes some files in place, through the link or into
+    the kept copy. A model folder holding a link, hard link, FIFO or device is refused in one line before anything is
+    built (paths.odd_entry, the check notebooks' folders have)."""
+    from unicache_lib.zoo.builders import standins
+
+    d = tmp_path / "models"
+    spec = standins.tiny("LLaVA-1.5")
+    built = standins.build("llava-1.5-7b", d, spec=spec)
+    mine = tmp_path / "mine.json"
+    if kind == "a link to a file of yours":
+        mine.write_text("mine")
+        name = next(p.name for p in built.iterdir() if p.name.startswith("tokenizer"))
+        os.unlink(built / name)
+        os.symlink(mine, built / name)
+    else:
+        os.link(built / "model.safetensors", mine)
+    before = mine.read_bytes()
+    with pytest.raises(InputError, match="a stand-in is saved only over files of its own"):
+        standins.build("llava-1.5-7b", d, spec=spec)
+    with pytest.raises(SystemExit) as e:
+        standins.main(["--out", str(d), "--only", "llava-1.5-7b"])
+    assert e.value.code == 2 and "llava-1.5-7b" in capsys.readouterr().err and mine.read_bytes() == before

@@ -441,22 +441,28 @@ def notebook_output_refusal(path, option: str = "OUT_DIR") -> tuple[Path | None,
     info = _marker(p) if os.path.lexists(p / OUTPUT_MARKER) else None
     if info is not None and info["written_by"] == NOTEBOOK:  # a notebook's: never with a link inside (its writes and
         # removals, plots.save, to_csv, remove_store of a sub-folder, would go where the link points)
-        link = next((q for r, ds, fs in os.walk(p) for n in ds + fs if os.path.islink(q := os.path.join(r, n))
-                     or n in fs and ((st := os.lstat(q)).st_nlink > 1 or not stat.S_ISREG(st.st_mode))), None)
-        return (p, "") if link is None else (None, (  # (a hard link: a file rewritten in place; a FIFO would hang)
-            f"holds a symbolic link, {link!r} (to {os.readlink(link)!r})" if os.path.islink(link) else
-            f"holds {link!r}, {file_kind(os.lstat(link).st_mode)}, which no notebook writes" if not
-            stat.S_ISREG(os.lstat(link).st_mode) else
-            f"holds {link!r}, a file with another name elsewhere (a hard link, as cp -al makes): rewritten in place, "
-            f"the other name would change too") + f": a notebook writes and removes files in its {option}, never "
-                                                  f"through a link: remove it (os.unlink), or choose another folder, "
-                                                  f"{_eg(option)}")
+        why = odd_entry(p, "no notebook")  # (a hard link: a file rewritten in place; a FIFO would hang)
+        return (p, "") if not why else (None, why + f": a notebook writes and removes files in its {option}, never "
+                                                    f"through a link: remove it (os.unlink), or choose another folder, "
+                                                    f"{_eg(option)}")
     earlier = (f"; if an earlier run of a notebook made it (before notebooks marked their folders), delete it (rm -r "
                f"{shlex.quote(str(p))}) and run again" if any(p.is_relative_to(r / "outputs") for r in repository_roots())
                else "")
     return None, (f"holds files no notebook wrote (e.g. {first}) and no {OUTPUT_MARKER} made by a notebook: a notebook "
                   f"replaces and removes files in its {option} (the stores it rewrites), so it takes only a new or empty "
                   f"folder or one a notebook made, {_eg(option)}{earlier}")
+
+
+def odd_entry(folder, who: str = "no tool") -> str:
+    """Why a tool that writes and replaces files in ``folder`` must not ("" when its tree holds only folders and regular
+    files of one name each): the first symbolic link, hard link (a file with another name elsewhere, which a write in
+    place would change too), FIFO or device inside it, named and quoted. Never follows a link."""
+    q = next((q for r, ds, fs in os.walk(folder) for n in ds + fs if os.path.islink(q := os.path.join(r, n))
+              or n in fs and ((st := os.lstat(q)).st_nlink > 1 or not stat.S_ISREG(st.st_mode))), None)
+    return ("" if q is None else f"holds a symbolic link, {q!r} (to {os.readlink(q)!r})" if os.path.islink(q) else
+            f"holds {q!r}, {file_kind(os.lstat(q).st_mode)}, which {who} writes" if not stat.S_ISREG(os.lstat(q).st_mode)
+            else f"holds {q!r}, a file with another name elsewhere (a hard link, as cp -al makes): rewritten in place, "
+                 f"the other name would change too")
 
 
 def notebook_output(path, option: str = "OUT_DIR") -> Path:

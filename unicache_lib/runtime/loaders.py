@@ -76,9 +76,8 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: torch.device
         return dtype
     dtype = "auto" if dtype is None else str(dtype).replace("torch.", "")
     if dtype == "auto":
-        if torch.device(device).type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-        return torch.float32
+        return ((torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16)
+                if torch.device(device).type == "cuda" else torch.float32)
     if dtype not in DTYPES:
         raise InputError(f"DTYPE must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]

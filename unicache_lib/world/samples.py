@@ -192,9 +192,8 @@ def _id_problem(sid: str) -> str | None:
         return f"holds the control character {bad!r} (U+{ord(bad):04X})"
     if sid.startswith("."):
         return "starts with a dot (its file <id>.png would be hidden)"
-    if len(sid.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
-        return f"is {len(sid.encode('utf-8', 'surrogatepass')):,} bytes long, more than the {MAX_ID_BYTES} an id may be"
-    return None
+    return (f"is {len(sid.encode('utf-8', 'surrogatepass')):,} bytes long, more than the {MAX_ID_BYTES} an id may be"
+            if len(sid.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES else None)
 
 
 def _id_key(sid: str) -> str:

@@ -24,7 +24,7 @@ from ...core.compat import transformers
 from ...core.errors import InputError, UnknownNameError
 from ...core.untrusted import folder_inside
 from ...families import FAMILIES, Shape
-from ...paths import check_output_path, claim_output_folder, record_output_files
+from ...paths import check_output_path, claim_output_folder, odd_entry, record_output_files
 from ...runtime.checksums import CARD, write_card
 
 
@@ -144,6 +144,8 @@ def model_folder(out, name: str) -> Path:
         raise InputError(f"{d} is there already and is not a stand-in a builder saved (no {CARD}; a model of yours?): "
                          f"saving the stand-in would replace its files. Choose another --out, or move it away")
     check_output_path(out, "--out", MODELS_TOOL, files=[f"{name}/{CARD}"])  # a card the builders did not record: refused
+    if os.path.lexists(d) and (why := odd_entry(d, "no stand-in builder")):  # saving would write through it
+        raise InputError(f"{d} {why}: a stand-in is saved only over files of its own; remove it, or choose another --out")
     return d
 
 
