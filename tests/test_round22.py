@@ -822,3 +822,102 @@ def test_a_stand_in_is_never_rebuilt_through_a_link_or_hard_link_inside_its_fold
     with pytest.raises(SystemExit) as e:
         standins.main(["--out", str(d), "--only", "llava-1.5-7b"])
     assert e.value.code == 2 and "llava-1.5-7b" in capsys.readouterr().err and mine.read_bytes() == before
+
+
+# ---- round 29 (/work/team/adversarial_60_round29.md)
+
+def _fake_generation_rehearsal(monkeypatch, tmp_path):
+    """rehearse's own reads and writes, with the stand-in's build and the notebook runs faked; returns the runs made."""
+    import json
+
+    from unicache_lib import rehearsal
+    from unicache_lib.zoo.builders import gen_standins, standins
+
+    def build(name, out, seed=0):
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (out / name / "model_card.json").write_text(json.dumps({"imitates": "X", "image_tokens": 4, "text_tokens": 2,
+                                                                "blocks": "2 blocks"}))
+        return standins.record_model(out, out / name)  # as the builders record what they saved
+
+    ran = []
+
+    def isolated(nb, params, out_nb):
+        ran.append(params["DTYPE"])
+        Path(params["OUT_DIR"]).mkdir(parents=True, exist_ok=True)
+        (Path(params["OUT_DIR"]) / "scoreboard.json").write_text('[{"verdict": "x"}]')
+        return {"wall_s": 1.0, "peak_rss_mb": 1}
+
+    monkeypatch.setattr(gen_standins, "build", build)
+    monkeypatch.setattr(rehearsal, "_isolated", isolated)
+    return rehearsal, ran
+
+
+def test_a_generation_rehearsal_resumes_only_runs_at_its_own_settings_and_a_finished_run_measures_anew(
+        tmp_path, monkeypatch, capsys):
+    """PR1 (silent): the generation rehearsal's resume file (partial.csv) was keyed on (model, notebook) only and kept
+    after a finished run, so a run at --dtype bfloat16 reported the float32 run's numbers, and any later run measured
+    nothing, without a word. Rows are resumed only at the same device and dtype, the resume is said, and a finished run
+    removes the file."""
+    R, ran = _fake_generation_rehearsal(monkeypatch, tmp_path)
+    out, nb = tmp_path / "o", R.GEN_NOTEBOOKS[0]
+    out.mkdir()
+    (out / "partial.csv").write_text("model,imitates,notebook,wall_s,peak_rss_mb,device,dtype,reuse\n"
+                                     f"pixart-sigma,X,{nb},9999.0,1,cpu,float32,\n")  # an interrupted float32 run
+    rows = R.rehearse(["pixart-sigma"], [nb], out, "cpu", "bfloat16", progress=False, generation=True)
+    assert ran == ["bfloat16"] and rows[0]["wall_s"] == 1.0 and not (out / "partial.csv").exists()
+    (out / "partial.csv").write_text("model,imitates,notebook,wall_s,peak_rss_mb,device,dtype,reuse\n"
+                                     f"pixart-sigma,X,{nb},9999.0,1,cpu,float32,\n")
+    rows = R.rehearse(["pixart-sigma"], [nb], out, "cpu", "float32", progress=False, generation=True)
+    assert ran == ["bfloat16"] and rows[0]["wall_s"] == 9999.0 and "resuming: 1 runs" in capsys.readouterr().out
+    R.rehearse(["pixart-sigma"], [nb], out, "cpu", "float32", progress=False, generation=True)  # finished: anew
+    assert ran == ["bfloat16", "float32"]
+
+
+def test_the_generation_rehearsal_never_reads_its_resume_file_through_a_link(tmp_path, monkeypatch, capsys):
+    """PL1 (unsafe, read): O/generation/partial.csv made a link to a user's CSV: its rows were read and reported as
+    this run's measurements. The file is read with no link on the way; a link is refused in one line."""
+    R, ran = _fake_generation_rehearsal(monkeypatch, tmp_path)
+    out = tmp_path / "o"
+    R.claim_output_folder(out, "rehearsal")  # an earlier run's folder
+    (out / "generation").mkdir()
+    theirs = tmp_path / "theirs.csv"
+    theirs.write_text("model,notebook,wall_s,device,dtype\npixart-sigma,03_diffusion_steps,9999.0,cpu,float32\n")
+    os.symlink(theirs, out / "generation" / "partial.csv")
+    with pytest.raises(SystemExit) as e:
+        R.main(["--out", str(out), "--no-readme", "--side", "generation", "--models", "pixart-sigma", "--notebooks",
+                R.GEN_NOTEBOOKS[0]])
+    assert e.value.code == 2 and "symbolic link" in capsys.readouterr().err and not ran
+    assert not (out / "rehearsal_generation.csv").exists()
+
+
+def test_a_pipeline_stand_in_is_never_rebuilt_through_a_linked_component_folder(tmp_path, capsys):
+    """IL2 (unsafe, round 29 on 03a7bfb; refused since 15ec8e1): a recorded pipeline stand-in whose `vae` folder the
+    user linked to their real pipeline's (the usual way to share a component): the rebuild saved the random VAE
+    through the link. Refused in one line before anything is built."""
+    from unicache_lib.zoo.builders import gen_standins
+
+    d = tmp_path / "models"
+    built = gen_standins.build("sd3-medium", d)
+    theirs = tmp_path / "real-sd3" / "vae"
+    shutil.copytree(built / "vae", theirs)
+    before = {p.name: p.read_bytes() for p in theirs.iterdir()}
+    shutil.rmtree(built / "vae")
+    os.symlink(theirs, built / "vae")
+    with pytest.raises(SystemExit) as e:
+        gen_standins.main(["--out", str(d), "--only", "sd3-medium", "--seed", "1"])
+    assert e.value.code == 2 and "symbolic link" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in theirs.iterdir()} == before
+
+
+def test_the_rehearsal_checks_every_model_folder_before_it_builds_the_first(tmp_path, monkeypatch, capsys):
+    """RL3 (poor): a user's model folder under the rehearsal's models/ was refused only after the earlier models'
+    notebooks had run, and their rows were thrown away. Every model folder is checked before the first build."""
+    R, ran = _fake_generation_rehearsal(monkeypatch, tmp_path)
+    out = tmp_path / "o"
+    R.claim_output_folder(out, "rehearsal")
+    (out / "generation" / "models" / "flux-dev").mkdir(parents=True)
+    (out / "generation" / "models" / "flux-dev" / "config.json").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        R.main(["--out", str(out), "--no-readme", "--side", "generation", "--models", "pixart-sigma", "flux-dev",
+                "--notebooks", R.GEN_NOTEBOOKS[0]])
+    assert e.value.code == 2 and "flux-dev" in capsys.readouterr().err and not ran

@@ -24,6 +24,7 @@ each stand-in's cross-step reuse speed-ups beside the shipped generators' (noteb
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -37,7 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from .core.errors import ContractError, InputError
-from .core.untrusted import folder_inside, write_inside
+from .core.untrusted import folder_inside, read_inside, write_inside
 from .paths import claim_output_folder
 from .progress import bar
 from .zoo.builders import gen_standins, standins
@@ -118,17 +119,25 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
     """Build each stand-in and run ``notebooks`` on it. Returns one row per (model, notebook). ``progress``: a bar
     over the runs and a line per run (None: :func:`unicache_lib.progress.enabled`; False: silent). ``generation``: the
     pipeline stand-ins and the generator notebooks, with notebook 06's reuse speed-ups in ``reuse``; each finished row
-    is also appended to ``out/partial.csv``, and pairs already there are not run again (a failed or interrupted run
-    resumes)."""
+    is also appended to ``out/partial.csv``, and pairs already there at the same ``device`` and ``dtype`` are not run
+    again (a failed or interrupted run resumes, and says so); a run that finishes removes it, so the next measures
+    anew. The file is read with no link on the way (:class:`InputError` otherwise)."""
     partial = out / "partial.csv"
-    done = {(r["model"], r["notebook"]): r for r in pd.read_csv(partial, keep_default_na=False).to_dict("records")} \
-        if generation and partial.exists() else {}
+    done = {(r["model"], r["notebook"]): r for r in pd.read_csv(io.BytesIO(read_inside(out, partial.name, links=False)),
+                                                                keep_default_na=False).to_dict("records")
+            if (str(r["device"]), str(r["dtype"])) == (device, dtype)} if generation and os.path.lexists(partial) else {}
+    if done:
+        print(f"resuming: {len(done)} runs measured before at {device}/{dtype} are taken from {partial} (remove it to "
+              f"measure them again)")
     rows = []
     runs = bar(total=len(models) * len(notebooks), progress=progress,
                desc="rehearsal (generation)" if generation else "rehearsal")
+    models_dir = folder_inside(out, "models", create=True)
+    for name in models:  # every model folder checked before the first is built: a refusal throws no run away
+        standins.model_folder(models_dir, name)
     for name in models:
         t0 = time.perf_counter()
-        model_dir = (gen_standins if generation else standins).build(name, folder_inside(out, "models", create=True))
+        model_dir = (gen_standins if generation else standins).build(name, models_dir)
         build_s = time.perf_counter() - t0
         card = json.loads((model_dir / "model_card.json").read_text())
         for nb in notebooks:
@@ -160,6 +169,7 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
                            if generation else
                            f"{name:22s} {nb:24s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['verdicts']}")
     runs.close()
+    partial.unlink(missing_ok=True)  # finished: a later run measures anew
     return rows
 
 

@@ -104,10 +104,8 @@ def name_problem(name) -> str | None:
     except UnicodeEncodeError:
         return "holds a lone surrogate, which no file name can be encoded with"
     longest = max(len(p) for p in raw.split(b"/"))
-    if longest > NAME_MAX or len(raw) >= PATH_MAX:
-        return (f"is too long to be a file name ({longest} bytes in its longest part, {len(raw)} in all; a file system "
-                f"takes {NAME_MAX} a part and {PATH_MAX - 1} in all)")
-    return None
+    return (f"is too long to be a file name ({longest} bytes in its longest part, {len(raw)} in all; a file system "
+            f"takes {NAME_MAX} a part and {PATH_MAX - 1} in all)" if longest > NAME_MAX or len(raw) >= PATH_MAX else None)
 
 
 def file_kind(mode: int) -> str:

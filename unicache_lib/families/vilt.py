@@ -94,10 +94,8 @@ class Vilt(VLMFamily):
             raise InputError("ViLT inputs carry neither pixel_values nor image_embeds")
         pm = inputs.get("pixel_mask")
         p = config.patch_size
-        if pm is None:
-            return 1 + (px.shape[-2] // p) * (px.shape[-1] // p)
-        return 1 + int(torch.nn.functional.interpolate(pm[:1, None].float(),
-                                                       size=(px.shape[-2] // p, px.shape[-1] // p)).sum())
+        return 1 + ((px.shape[-2] // p) * (px.shape[-1] // p) if pm is None else int(torch.nn.functional.interpolate(
+            pm[:1, None].float(), size=(px.shape[-2] // p, px.shape[-1] // p)).sum()))
 
     def spans(self, config, input_ids, inputs=None):
         """``[text tokens | image class token, patches]``."""

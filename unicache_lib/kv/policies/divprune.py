@@ -23,10 +23,9 @@ def max_min_diverse(features: torch.Tensor, k: int) -> list[int]:
     """Greedy max-min diversity under cosine distance. ``features [n, D]``; returns ``k`` indices in selection order."""
     x = torch.nn.functional.normalize(features.float(), dim=-1)
     dist = 1.0 - x @ x.T  # [n, n]
-    if k <= 0:
-        return []
     # started at the farthest nearest neighbour (a single candidate: itself)
-    return greedy_max_min(dist, k, int(dist.topk(min(2, len(dist)), dim=0, largest=False).values[-1].argmax()))
+    return [] if k <= 0 else greedy_max_min(dist, k, int(dist.topk(min(2, len(dist)), dim=0,
+                                                                    largest=False).values[-1].argmax()))
 
 
 @register
