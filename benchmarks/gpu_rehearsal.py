@@ -82,7 +82,10 @@ def main(argv=None) -> int:
         ap.error(str(e))
     t_start = time.perf_counter()
     if not a.only_generators:
-        understanding(a, out, device, dtype, real)
+        try:  # a link or special file in a model folder under --out (standins.model_folder): one line, exit status 2
+            understanding(a, out, device, dtype, real)
+        except InputError as e:
+            ap.error(str(e))
     if not a.skip_generators:
         generators(a, device, real)
     if not a.skip_capture:

@@ -857,20 +857,19 @@ def test_a_generation_rehearsal_resumes_only_runs_at_its_own_settings_and_a_fini
     """PR1 (silent): the generation rehearsal's resume file (partial.csv) was keyed on (model, notebook) only and kept
     after a finished run, so a run at --dtype bfloat16 reported the float32 run's numbers, and any later run measured
     nothing, without a word. Rows are resumed only at the same device and dtype, the resume is said, and a finished run
-    removes the file."""
+    removes the file (once its table is written)."""
     R, ran = _fake_generation_rehearsal(monkeypatch, tmp_path)
     out, nb = tmp_path / "o", R.GEN_NOTEBOOKS[0]
     out.mkdir()
     (out / "partial.csv").write_text("model,imitates,notebook,wall_s,peak_rss_mb,device,dtype,reuse\n"
                                      f"pixart-sigma,X,{nb},9999.0,1,cpu,float32,\n")  # an interrupted float32 run
     rows = R.rehearse(["pixart-sigma"], [nb], out, "cpu", "bfloat16", progress=False, generation=True)
-    assert ran == ["bfloat16"] and rows[0]["wall_s"] == 1.0 and not (out / "partial.csv").exists()
+    assert ran == ["bfloat16"] and rows[0]["wall_s"] == 1.0
     (out / "partial.csv").write_text("model,imitates,notebook,wall_s,peak_rss_mb,device,dtype,reuse\n"
                                      f"pixart-sigma,X,{nb},9999.0,1,cpu,float32,\n")
     rows = R.rehearse(["pixart-sigma"], [nb], out, "cpu", "float32", progress=False, generation=True)
     assert ran == ["bfloat16"] and rows[0]["wall_s"] == 9999.0 and "resuming: 1 runs" in capsys.readouterr().out
-    R.rehearse(["pixart-sigma"], [nb], out, "cpu", "float32", progress=False, generation=True)  # finished: anew
-    assert ran == ["bfloat16", "float32"]
+    # (a finished run measures anew: main removes the file once the table is written, the TL1 test below)
 
 
 def test_the_generation_rehearsal_never_reads_its_resume_file_through_a_link(tmp_path, monkeypatch, capsys):
@@ -921,3 +920,24 @@ def test_the_rehearsal_checks_every_model_folder_before_it_builds_the_first(tmp_
         R.main(["--out", str(out), "--no-readme", "--side", "generation", "--models", "pixart-sigma", "flux-dev",
                 "--notebooks", R.GEN_NOTEBOOKS[0]])
     assert e.value.code == 2 and "flux-dev" in capsys.readouterr().err and not ran
+
+
+# ---- round 30 (/work/team/adversarial_60_round30.md)
+
+def test_the_generation_rehearsal_keeps_its_measured_rows_until_the_table_is_written(tmp_path, monkeypatch, capsys):
+    """TL1 (lost, 435a00b): rehearse removed partial.csv before main wrote the table, so a failure at the end (a link or
+    folder at the table's name, a full disk) lost every measured row and a run again measured everything anew. The
+    file is removed only once the table is written; the failure is one line, exit status 2, and a run again resumes."""
+    R, ran = _fake_generation_rehearsal(monkeypatch, tmp_path)
+    out, nb = tmp_path / "o", R.GEN_NOTEBOOKS[0]
+    args = ["--out", str(out), "--no-readme", "--side", "generation", "--models", "pixart-sigma", "--notebooks", nb]
+    R.claim_output_folder(out, "rehearsal")  # an earlier run's folder
+    (out / "rehearsal_generation.csv").mkdir()  # something odd at the table's name
+    with pytest.raises(SystemExit) as e:
+        R.main(args)
+    assert e.value.code == 2 and "rehearsal_generation.csv" in capsys.readouterr().err and len(ran) == 1
+    assert (out / "generation" / "partial.csv").is_file()  # the measured row kept
+    (out / "rehearsal_generation.csv").rmdir()
+    R.main(args)  # resumes: nothing measured again, the table written, the resume file gone
+    assert len(ran) == 1 and "resuming: 1 runs" in capsys.readouterr().out
+    assert (out / "rehearsal_generation.csv").is_file() and not (out / "generation" / "partial.csv").exists()

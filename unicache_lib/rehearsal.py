@@ -120,8 +120,8 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
     over the runs and a line per run (None: :func:`unicache_lib.progress.enabled`; False: silent). ``generation``: the
     pipeline stand-ins and the generator notebooks, with notebook 06's reuse speed-ups in ``reuse``; each finished row
     is also appended to ``out/partial.csv``, and pairs already there at the same ``device`` and ``dtype`` are not run
-    again (a failed or interrupted run resumes, and says so); a run that finishes removes it, so the next measures
-    anew. The file is read with no link on the way (:class:`InputError` otherwise)."""
+    again (a failed or interrupted run resumes, and says so); :func:`main` removes it once the table is written, so the
+    next run measures anew. The file is read with no link on the way (:class:`InputError` otherwise)."""
     partial = out / "partial.csv"
     done = {(r["model"], r["notebook"]): r for r in pd.read_csv(io.BytesIO(read_inside(out, partial.name, links=False)),
                                                                 keep_default_na=False).to_dict("records")
@@ -169,7 +169,6 @@ def rehearse(models, notebooks, out: Path, device: str = "cpu", dtype: str = "fl
                            if generation else
                            f"{name:22s} {nb:24s} {row['wall_s']:8.1f} s {row['peak_rss_mb']:7d} MB  {row['verdicts']}")
     runs.close()
-    partial.unlink(missing_ok=True)  # finished: a later run measures anew
     return rows
 
 
@@ -288,19 +287,20 @@ def main(argv=None):
     # not the repository nor one of its folders; new, empty or rehearsal's own (then marked), before anything is built
     out = claim_output_folder(a.out, "rehearsal", writes="its stand-ins, notebooks and tables")
     t0 = time.perf_counter()
-    try:  # a link or file found in the way below --out: one line, exit status 2
-        rows = rehearse(models, notebooks, folder_inside(out, "generation", create=True) if gen else out, a.device,
-                        a.dtype, None, generation=gen)
-    except InputError as e:
-        ap.error(str(e))
-    total = time.perf_counter() - t0
-    if gen:
-        shipped = reuse_summary(ROOT / "outputs" / "06_step_reuse") or "run notebook 06 first"
-        write_gen_results(rows, shipped, out / "rehearsal_generation.csv" if a.no_readme else GEN_RESULTS_CSV,
+    try:  # a link or file found in the way below --out, or at the table's name: one line, exit status 2
+        rows = rehearse(models, notebooks, runs := folder_inside(out, "generation", create=True) if gen else out,
+                        a.device, a.dtype, None, generation=gen)
+        total = time.perf_counter() - t0
+        if gen:
+            shipped = reuse_summary(ROOT / "outputs" / "06_step_reuse") or "run notebook 06 first"
+            write_gen_results(rows, shipped, out / "rehearsal_generation.csv" if a.no_readme else GEN_RESULTS_CSV,
+                              None if a.no_readme else REHEARSAL_MD, total)
+            (runs / "partial.csv").unlink(missing_ok=True)  # the table written: a later run measures anew
+        else:
+            write_results(rows, out / "rehearsal.csv" if a.no_readme else RESULTS_CSV,
                           None if a.no_readme else REHEARSAL_MD, total)
-    else:
-        write_results(rows, out / "rehearsal.csv" if a.no_readme else RESULTS_CSV,
-                      None if a.no_readme else REHEARSAL_MD, total)
+    except InputError as e:  # (the generation side's measured rows stay in partial.csv: a run again resumes)
+        ap.error(str(e))
     print(f"rehearsal{' (generation)' * gen}: {len(rows)} runs in {total / 60:.1f} min")
 
 
